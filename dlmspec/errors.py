@@ -1,0 +1,101 @@
+"""Spec problems: one record per problem, reported all at once.
+
+A :class:`SpecIssue` names where the problem is (file, line, dotted key), the value the user
+wrote, why it is wrong and a value that works. :class:`SpecError` carries every error found
+in one pass, so a user fixes a spec in one edit instead of one problem per run. The CLI turns
+a ``SpecError`` into a table and exit code 2; nothing here prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["error", "warning"]
+
+#: Exit code of every command when the spec (or another user input) is wrong.
+EXIT_USAGE = 2
+
+
+@dataclass
+class SpecIssue:
+    """One problem with a spec.
+
+    Attributes:
+        key: dotted path of the offending key, e.g. ``"parallel.tensor_model_parallel_size"``.
+        message: why the value is wrong, in one sentence.
+        value: the value as written (or resolved), ``None`` when the key is missing.
+        hint: a value or change that works, e.g. ``"use one of 1, 2, 4, 8"``.
+        severity: ``"error"`` fails validation; ``"warning"`` is legal but probably unintended.
+        rule: short id of the rule (``"tp-divides-heads"``), stable for tests and ``--json``.
+        source: what the rule mirrors (a megatron-core module and function, or a reason).
+        file: the spec file the key was read from, when known.
+        line: 1-based line of the key in ``file``, when known.
+    """
+
+    key: str
+    message: str
+    value: Any = None
+    hint: str | None = None
+    severity: Severity = "error"
+    rule: str = "schema"
+    source: str | None = None
+    file: str | None = None
+    line: int | None = None
+
+    def where(self) -> str:
+        """``file:line`` (or just ``file``, or ``<spec>``) for messages."""
+        if self.file and self.line:
+            return f"{self.file}:{self.line}"
+        return self.file or "<spec>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form used by ``--json``."""
+        return {
+            "severity": self.severity,
+            "rule": self.rule,
+            "key": self.key,
+            "value": _jsonable(self.value),
+            "message": self.message,
+            "hint": self.hint,
+            "source": self.source,
+            "file": self.file,
+            "line": self.line,
+        }
+
+    def __str__(self) -> str:
+        text = f"{self.where()}: {self.severity}: {self.key}"
+        if self.value is not None:
+            text += f" = {self.value!r}"
+        text += f": {self.message}"
+        if self.hint:
+            text += f" Fix: {self.hint}"
+        return text
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+@dataclass
+class SpecError(Exception):
+    """A spec that cannot be used; ``issues`` holds every error (and the warnings) found.
+
+    Raised by :mod:`dlmspec.loader` (syntax, unknown keys, wrong types) and by
+    :func:`dlmspec.validate.check` (cross-field rules).
+    """
+
+    issues: list[SpecIssue] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[SpecIssue]:
+        return [i for i in self.issues if i.severity == "error"]
+
+    def __str__(self) -> str:
+        return "\n".join(str(i) for i in self.issues)

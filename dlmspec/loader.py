@@ -1,0 +1,316 @@
+"""Loading specs: TOML files, Python files, ``extends`` and ``--set`` overrides.
+
+The result is a :class:`LoadedSpec`: the validated :class:`~dlmspec.spec.Spec` plus where
+each key came from (file and line), so every later error can point at the line to edit.
+Every problem found while loading is raised as one :class:`~dlmspec.errors.SpecError`.
+
+Order of precedence, lowest first: the ``extends`` parent chain, the file itself, then each
+``--set section.key=value`` in the order given.
+"""
+
+from __future__ import annotations
+
+import re
+import runpy
+import sys
+import tomllib
+import traceback
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.spec import Spec
+
+#: Where a key was written: ``(file, line)``; line is None for keys from a Python spec.
+Origin = tuple[str, int | None]
+
+
+@dataclass
+class LoadedSpec:
+    """A validated spec and where its keys came from.
+
+    Attributes:
+        spec: the validated spec (schema-valid; cross-field rules are checked by
+            :func:`dlmspec.validate.check`).
+        path: the file it was loaded from.
+        origins: dotted key -> (file, line) of the value that won.
+        raw: the merged dict before validation (what the user wrote, after extends and --set).
+    """
+
+    spec: Spec
+    path: Path
+    origins: dict[str, Origin] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def locate(self, key: str) -> Origin:
+        """(file, line) for ``key`` or its nearest written ancestor (a table header)."""
+        parts = key.split(".")
+        while parts:
+            origin = self.origins.get(".".join(parts))
+            if origin:
+                return origin
+            parts.pop()
+        return (str(self.path), None)
+
+
+_HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"']+)\s*=")
+
+
+def line_map(text: str) -> dict[str, int]:
+    """Map each dotted key and table of a TOML document to its 1-based line.
+
+    A small scanner, not a TOML parser: it reads table headers (``[a.b]``, ``[[a]]``) and
+    ``key =`` lines at the start of a line, which is where a key's value begins; keys inside
+    multi-line arrays or inline tables map to the line of their enclosing key.
+    """
+    lines: dict[str, int] = {}
+    table = ""
+    depth = 0  # open brackets of a multi-line value
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.split("#", 1)[0] if '"' not in raw and "'" not in raw else raw
+        if depth == 0:
+            header = _HEADER.match(raw)
+            if header and not _KEY.match(raw):
+                table = header.group(1).replace('"', "").replace("'", "").replace(" ", "")
+                lines.setdefault(table, number)
+                continue
+            key = _KEY.match(raw)
+            if key:
+                name = key.group(1).replace('"', "").replace("'", "")
+                dotted = f"{table}.{name}" if table else name
+                lines.setdefault(dotted, number)
+        depth += stripped.count("[") + stripped.count("{") - stripped.count("]") - stripped.count("}")
+        depth = max(depth, 0)
+    return lines
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Return ``base`` updated by ``over``; tables merge key by key, anything else replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``data["a"]["b"] = value`` for ``key = "a.b"``, creating tables on the way.
+
+    Raises:
+        ValueError: a prefix of ``key`` holds a non-table value.
+    """
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"'{part}' is a value, not a table")
+        node = child
+    node[parts[-1]] = value
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        keys.append(dotted)
+        if isinstance(value, dict):
+            keys.extend(_flatten(value, dotted + "."))
+    return keys
+
+
+def parse_set_value(text: str) -> Any:
+    """Read the value of ``--set key=value`` as a TOML value (``2``, ``true``, ``"x"``,
+    ``[1, 2]``); anything that is not a TOML literal is taken as a plain string, which the
+    schema then types (``--set cluster.gpu=h200`` works without quotes)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _load_toml(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, Origin]]:
+    if path in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path))
+        raise SpecError([SpecIssue("extends", f"circular extends: {chain}", rule="extends", file=str(path))])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        where = str(seen[-1]) if seen else None
+        raise SpecError(
+            [SpecIssue("extends" if seen else "<file>", f"file not found: {path}", value=str(path),
+                       hint="check the path (extends is relative to the file that names it)",
+                       rule="file", file=where)]
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([SpecIssue("<file>", f"cannot read {path}: {exc}", rule="file", file=str(path))]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise SpecError(
+            [SpecIssue("<toml>", f"not valid TOML: {exc}", rule="toml", file=str(path),
+                       line=int(match.group(1)) if match else None,
+                       hint="strings need quotes, tables are [section], keys are key = value")]
+        ) from None
+    lines = line_map(text)
+    origins: dict[str, Origin] = {k: (str(path), lines.get(k)) for k in _flatten(data)}
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data, origins
+    if not isinstance(parent, str):
+        raise SpecError([SpecIssue("extends", "extends must be a file path string", value=parent,
+                                   rule="extends", file=str(path), line=lines.get("extends"))])
+    base, base_origins = _load_toml((path.parent / parent).resolve(), (*seen, path))
+    origins.pop("extends", None)
+    return deep_merge(base, data), {**base_origins, **origins}
+
+
+def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """Run a Python spec file and take its ``spec`` (a Spec or a dict)."""
+    try:
+        namespace = runpy.run_path(str(path), run_name="__dlmspec__")
+    except SpecError:
+        raise
+    except Exception as exc:  # a user's file may raise anything; report it without a traceback
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+        line = frames[-1].lineno if frames else None
+        if isinstance(exc, ValidationError):
+            message = _first_pydantic_message(exc)
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+        raise SpecError([SpecIssue("<python>", f"the spec file raised {message}", rule="python",
+                                   file=str(path), line=line)]) from None
+    value = namespace.get("spec")
+    if isinstance(value, BaseModel):
+        value = value.model_dump(exclude_none=True)
+    if not isinstance(value, dict):
+        raise SpecError([SpecIssue("spec", "a Python spec must assign `spec = Spec(...)` (or a dict)",
+                                   value=type(value).__name__ if value is not None else None,
+                                   hint="end the file with: spec = Spec(model=..., train=...)",
+                                   rule="python", file=str(path))])
+    return value, {}
+
+
+def _first_pydantic_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+
+
+def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -> SpecIssue:
+    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    key = ".".join(loc) or "<root>"
+    kind = err["type"]
+    value = err.get("input") if kind != "missing" else None
+    message = err["msg"]
+    hint = None
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        options = list(model.model_fields) if model else []
+        close = get_close_matches(loc[-1], options, n=1)
+        message = "unknown key"
+        hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(options)}" if options else None)
+        value = None
+    elif kind == "literal_error":
+        hint = "use " + message.removeprefix("Input should be ")
+        message = "not an allowed value"
+    elif kind == "missing":
+        hint = "add it to the spec, or set [model] preset = \"...\" for the model dimensions"
+    elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        hint = message[0].lower() + message[1:]
+        message = "wrong type or out of range"
+    file, line = (str(path), None)
+    parts = list(loc)
+    while parts:
+        origin = origins.get(".".join(parts))
+        if origin:
+            file, line = origin
+            break
+        parts.pop()
+    return SpecIssue(key=key, message=message, value=value, hint=hint, rule="schema", file=file, line=line)
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Spec
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = _first_model(annotation)
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found:
+            return found
+    return None
+
+
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
+    """Load, merge and schema-validate a spec file.
+
+    Args:
+        path: a ``.toml`` file or a ``.py`` file that assigns ``spec``.
+        overrides: ``"section.key=value"`` strings (``--set``), applied last.
+
+    Returns:
+        The :class:`LoadedSpec`.
+
+    Raises:
+        SpecError: unreadable file, invalid TOML, circular ``extends``, a malformed ``--set``,
+            unknown keys, wrong types, out-of-range values (all of them, at once).
+    """
+    path = Path(path)
+    if path.suffix == ".py":
+        data, origins = _load_python(path.resolve())
+    else:
+        data, origins = _load_toml(path.resolve(), ())
+    issues: list[SpecIssue] = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
+            issues.append(SpecIssue("--set", "expected section.key=value", value=item,
+                                    hint="e.g. --set parallel.tensor_model_parallel_size=2", rule="set"))
+            continue
+        try:
+            set_dotted(data, key, parse_set_value(text.strip()))
+        except ValueError as exc:
+            issues.append(SpecIssue(key, str(exc), value=item, rule="set"))
+            continue
+        origins[key] = ("--set", None)
+    if issues:
+        raise SpecError(issues)
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError([_schema_issue(e, origins, path) for e in exc.errors()]) from None
+    return LoadedSpec(spec=spec, path=path, origins=origins, raw=data)
+
+
+def load_text(text: str, name: str = "<string>.toml") -> LoadedSpec:
+    """Load a spec from TOML text (tests and ``dlmspec new``); see :func:`load`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(name).name
+        path.write_text(text, encoding="utf-8")
+        loaded = load(path)
+    loaded.path = Path(name)
+    loaded.origins = {k: (name, line) for k, (_, line) in loaded.origins.items()}
+    return loaded
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid
+    print(load(sys.argv[1]).spec.model_dump_json(indent=2))

@@ -1,0 +1,153 @@
+"""The resolved spec: every value a later stage needs, derived once.
+
+``spec -> Resolved -> plan -> rendered files``: :func:`resolve` fills what the user may leave
+unset (query groups, head dimension, expert TP, attention mask, mask token, train_iters) and
+derives what the user never writes (data-parallel size, microbatches per step, padded
+vocabulary, parameter counts). Later stages read a :class:`Resolved`, never the raw spec's
+defaults, so each rule about a default lives here only.
+
+:func:`resolve` never raises for cross-field problems (it clamps with ``max(1, ...)`` so the
+validator can still run on a broken spec); :func:`dlmspec.validate.check` reports them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dlmspec.gpus import GPU, GPUS
+from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
+from dlmspec.presets import MASK_TOKEN_IDS
+from dlmspec.spec import Spec
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    """Vocabulary padded to a multiple of ``divisible_by * tensor_parallel``, as Megatron-LM's
+    ``_vocab_size_with_padding`` (megatron/training/tokenizer/tokenizer.py) does."""
+    multiple = divisible_by * tensor_parallel
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A spec with every derived value.
+
+    Attributes:
+        spec: the validated spec.
+        world_size: GPUs in the job (nodes * gpus_per_node).
+        tp, pp, vpp, cp, ep, etp: parallel sizes (vpp is None without interleaving; etp
+            defaults to tp).
+        dp: data-parallel size, world / (tp * pp * cp) (megatron-core parallel_state).
+        expert_dp: expert data-parallel size, world / (etp * ep * pp).
+        num_microbatches: microbatches per step per DP rank, gbs / (mbs * dp).
+        padded_vocab_size: vocab padded for TP (see :func:`padded_vocab_size`).
+        num_query_groups, kv_channels, moe_ffn_hidden_size: model values with defaults filled.
+        attention_mask: bidirectional, causal or block_causal.
+        mask_token_id: [MASK] id for mdm (None for ar).
+        train_iters: optimizer steps (from train_iters or train_tokens / tokens per step).
+        tokens_per_step: global_batch_size * seq_length.
+        params: counts with the tokenizer vocabulary (compare with published figures).
+        params_padded: counts with the padded vocabulary (what is in memory).
+        moe_layers: 1 per MoE layer, 0 per dense layer.
+        gpu: the catalog entry of ``cluster.gpu`` (None if unknown; validate reports it).
+    """
+
+    spec: Spec
+    world_size: int
+    tp: int
+    pp: int
+    vpp: int | None
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    expert_dp: int
+    num_microbatches: int
+    padded_vocab_size: int
+    num_query_groups: int
+    kv_channels: int
+    moe_ffn_hidden_size: int | None
+    attention_mask: str
+    mask_token_id: int | None
+    train_iters: int
+    tokens_per_step: int
+    params: ParamCounts
+    params_padded: ParamCounts
+    moe_layers: tuple[int, ...]
+    gpu: GPU | None
+
+    def derived(self) -> dict[str, Any]:
+        """The derived values as a JSON-ready dict (``dlmspec show``)."""
+        return {
+            "world_size": self.world_size,
+            "data_parallel_size": self.dp,
+            "expert_data_parallel_size": self.expert_dp,
+            "num_microbatches": self.num_microbatches,
+            "padded_vocab_size": self.padded_vocab_size,
+            "num_query_groups": self.num_query_groups,
+            "kv_channels": self.kv_channels,
+            "expert_tensor_parallel_size": self.etp,
+            "attention_mask": self.attention_mask,
+            "mask_token_id": self.mask_token_id,
+            "train_iters": self.train_iters,
+            "tokens_per_step": self.tokens_per_step,
+            "parameters": {
+                "total": self.params.total,
+                "active": self.params.active,
+                "embedding": self.params.embedding,
+                "non_embedding": self.params.non_embedding,
+                "total_padded_vocab": self.params_padded.total,
+            },
+        }
+
+
+def resolve(spec: Spec) -> Resolved:
+    """Derive every value of :class:`Resolved` from ``spec`` (no errors raised; see module doc)."""
+    m, par, tr = spec.model, spec.parallel, spec.train
+    world = spec.cluster.world_size
+    tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
+    ep = par.expert_model_parallel_size
+    etp = par.expert_tensor_parallel_size or tp
+    dp = max(1, world // (tp * pp * cp))
+    expert_dp = max(1, world // (etp * ep * pp))
+    num_microbatches = max(1, tr.global_batch_size // (tr.micro_batch_size * dp))
+    padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    attention = spec.objective.attention_mask or ("bidirectional" if spec.objective.kind == "mdm" else "causal")
+    mask_id = None
+    if spec.objective.kind == "mdm":
+        mask_id = spec.objective.mask_token_id
+        if mask_id is None:
+            mask_id = MASK_TOKEN_IDS.get(m.preset or "", m.vocab_size)
+    tokens_per_step = tr.global_batch_size * tr.seq_length
+    if tr.train_iters is not None:
+        iters = tr.train_iters
+    elif tr.train_tokens is not None:
+        iters = max(1, math.ceil(tr.train_tokens / tokens_per_step))
+    else:
+        iters = 0
+    return Resolved(
+        spec=spec,
+        world_size=world,
+        tp=tp,
+        pp=pp,
+        vpp=par.virtual_pipeline_model_parallel_size,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        dp=dp,
+        expert_dp=expert_dp,
+        num_microbatches=num_microbatches,
+        padded_vocab_size=padded,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        kv_channels=m.kv_channels or max(1, m.hidden_size // m.num_attention_heads),
+        moe_ffn_hidden_size=(m.moe_ffn_hidden_size or m.ffn_hidden_size) if m.num_experts else None,
+        attention_mask=attention,
+        mask_token_id=mask_id,
+        train_iters=iters,
+        tokens_per_step=tokens_per_step,
+        params=count_parameters(m),
+        params_padded=count_parameters(m, padded),
+        moe_layers=tuple(moe_layer_pattern(m)),
+        gpu=GPUS.get(spec.cluster.gpu),
+    )

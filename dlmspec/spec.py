@@ -1,0 +1,358 @@
+"""The spec: what a user writes, as pydantic models, one class per TOML table.
+
+Key names are Megatron's (megatron-core's ``TransformerConfig``/``OptimizerConfig``/
+``DistributedDataParallelConfig`` fields, or Megatron-LM's argument names where megatron-core
+has no field), so a spec key maps to one megatron-core field wherever one exists; the mapping
+is in :mod:`dlmspec.compile`'s templates and tested against the installed megatron-core.
+
+Only per-field checks live here (types, ranges, enumerations, unknown keys). Rules that relate
+several fields (heads divisible by TP, batch divisible by DP, ...) live in
+:mod:`dlmspec.validate`; values derived from several fields live in :mod:`dlmspec.resolve`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from dlmspec.presets import PRESETS
+
+
+class Section(BaseModel):
+    """Base of every table: unknown keys are errors (a typo never passes silently)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+NonNegInt = Field(ge=0)
+
+
+class ModelSpec(Section):
+    """``[model]``: the transformer. Either ``preset`` or the explicit dimensions (or both:
+    explicit keys override the preset). Names follow megatron-core's ``TransformerConfig``
+    and ``GPTModel`` arguments; ``num_experts`` is Megatron-LM's ``--num-experts``
+    (``TransformerConfig.num_moe_experts``) and ``activation`` chooses ``activation_func`` plus
+    ``gated_linear_unit``."""
+
+    preset: str | None = Field(None, description="Published architecture id, e.g. 'qwen3-1.7b'.")
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    ffn_hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_query_groups: PositiveInt | None = Field(
+        None, description="Key/value heads (GQA). Default: num_attention_heads (MHA)."
+    )
+    kv_channels: PositiveInt | None = Field(
+        None, description="Head dimension. Default: hidden_size / num_attention_heads."
+    )
+    vocab_size: PositiveInt = Field(description="Tokenizer vocabulary size (before padding).")
+    make_vocab_size_divisible_by: PositiveInt = 128
+    max_position_embeddings: PositiveInt
+    position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
+    rotary_base: PositiveFloat = 10000.0
+    rotary_percent: float = Field(1.0, gt=0.0, le=1.0)
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    layernorm_epsilon: PositiveFloat = 1e-5
+    activation: Literal["swiglu", "geglu", "gelu", "relu", "squared_relu", "silu"] = "swiglu"
+    qk_layernorm: bool = False
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    untie_embeddings_and_output_weights: bool = True
+    hidden_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    init_method_std: PositiveFloat = 0.02
+    # Mixture of experts (megatron.core.transformer.moe).
+    num_experts: PositiveInt | None = Field(None, description="Routed experts; unset = dense MLP.")
+    moe_router_topk: PositiveInt = 2
+    moe_ffn_hidden_size: PositiveInt | None = Field(None, description="Default: ffn_hidden_size.")
+    moe_shared_expert_intermediate_size: PositiveInt | None = None
+    moe_layer_freq: PositiveInt | list[int] = Field(
+        1, description="1 = every layer MoE; N = every Nth; or a 0/1 list, one entry per layer."
+    )
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"] = "aux_loss"
+    moe_aux_loss_coeff: float = Field(1e-2, ge=0.0)
+    moe_token_dispatcher_type: Literal["allgather", "alltoall"] = "alltoall"
+    moe_grouped_gemm: bool = False
+    transformer_impl: Literal["auto", "transformer_engine", "local"] = Field(
+        "auto",
+        description="Layer implementation: Transformer Engine if importable where the job runs (auto), "
+        "or megatron-core's local modules with SDPA attention.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Fill keys from ``preset`` under the explicit ones. An unknown preset id is left for
+        :mod:`dlmspec.validate` to report with the list of ids (so the schema error names it)."""
+        if isinstance(data, dict) and isinstance(data.get("preset"), str):
+            preset = PRESETS.get(data["preset"])
+            if preset is not None:
+                return {**preset, **data}
+        return data
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+
+class ObjectiveSpec(Section):
+    """``[objective]``: what the model learns. ``mdm`` is masked (absorbing-state) diffusion
+    as in LLaDA (Nie et al. 2025, eq. 3) and MDLM (Sahoo et al. 2024); ``ar`` is next-token
+    prediction."""
+
+    kind: Literal["mdm", "ar"] = "mdm"
+    mask_token_id: int | None = Field(
+        None, ge=0, description="Id of [MASK]. Default: the preset's, else the first padded slot."
+    )
+    attention_mask: Literal["bidirectional", "causal", "block_causal"] | None = Field(
+        None, description="Default: bidirectional for mdm, causal for ar."
+    )
+    block_size: PositiveInt | None = Field(None, description="Block length for block_causal.")
+    noise_schedule: Literal["linear"] = Field(
+        "linear", description="Masking probability as a function of t: linear means p(mask) = t."
+    )
+    eps: float = Field(1e-3, gt=0.0, lt=1.0, description="t ~ U(eps, 1).")
+    loss_weighting: Literal["llada", "realised"] = Field(
+        "llada", description="llada: sum CE/t over masked / (b*s); realised: by the realised mask ratio."
+    )
+    variable_length_prob: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of sequences cut to a random length (LLaDA: 0.01)."
+    )
+
+
+class SFTSpec(Section):
+    """``[stage.sft]``: supervised fine-tuning on prompt/response pairs."""
+
+    chat_template: Literal["chatml", "llama3", "plain"] = "chatml"
+    mask_prompt: bool = Field(True, description="Never mask (or train on) prompt tokens.")
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+
+
+class RLSpec(Section):
+    """``[stage.rl]``: reinforcement learning from a reward."""
+
+    algorithm: Literal["diffu-grpo", "grpo"] = "diffu-grpo"
+    num_rollouts: PositiveInt = 8
+    reward: str = Field("exact_match", description="Reward function name.")
+    kl_coeff: float = Field(0.04, ge=0.0)
+
+
+class StageSpec(Section):
+    """``[stage]``: which phase of training this job is."""
+
+    kind: Literal["pretrain", "sft", "rl"] = "pretrain"
+    sft: SFTSpec | None = None
+    rl: RLSpec | None = None
+
+
+class ParallelSpec(Section):
+    """``[parallel]``: model and data parallelism. Names are megatron-core's
+    (``ModelParallelConfig`` and ``DistributedDataParallelConfig``). The data-parallel size is
+    derived (world size / (TP * PP * CP)), never written."""
+
+    tensor_model_parallel_size: PositiveInt = 1
+    pipeline_model_parallel_size: PositiveInt = 1
+    virtual_pipeline_model_parallel_size: PositiveInt | None = None
+    context_parallel_size: PositiveInt = 1
+    cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
+    expert_model_parallel_size: PositiveInt = 1
+    expert_tensor_parallel_size: PositiveInt | None = Field(None, description="Default: TP size.")
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = (
+        "no_shard"
+    )
+    fsdp: Literal["none", "megatron", "torch"] = "none"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+
+
+class RecomputeSpec(Section):
+    """``[recompute]``: activation recomputation (Korthikanti et al. 2022), megatron-core's
+    ``recompute_granularity``/``recompute_method``/``recompute_num_layers``/``recompute_modules``."""
+
+    granularity: Literal["none", "selective", "full"] = "none"
+    method: Literal["uniform", "block"] | None = None
+    num_layers: PositiveInt | None = None
+    modules: list[Literal["core_attn", "mlp", "moe", "moe_act", "layernorm", "shared_experts"]] | None = None
+
+
+class PrecisionSpec(Section):
+    """``[precision]``: compute dtype and fp8 (Transformer Engine only)."""
+
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fp8: Literal["none", "hybrid", "e4m3"] = "none"
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
+
+
+class TrainSpec(Section):
+    """``[train]``: batch, length, budget, optimizer and schedule. Optimizer keys are
+    megatron-core ``OptimizerConfig`` fields; schedule keys are Megatron-LM's arguments
+    (``OptimizerParamScheduler``)."""
+
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt
+    seq_length: PositiveInt
+    train_iters: PositiveInt | None = None
+    train_tokens: PositiveInt | None = Field(None, description="Budget in tokens; sets train_iters.")
+    seed: int = 1234
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: PositiveFloat = 3e-4
+    min_lr: float = Field(3e-5, ge=0.0)
+    lr_decay_style: Literal["cosine", "linear", "constant", "WSD", "inverse-square-root"] = "cosine"
+    lr_warmup_iters: int = Field(0, ge=0)
+    lr_warmup_fraction: float | None = Field(None, ge=0.0, le=1.0)
+    lr_decay_iters: PositiveInt | None = Field(None, description="Default: train_iters.")
+    lr_wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "exponential"
+    lr_wsd_decay_iters: PositiveInt | None = None
+    weight_decay: float = Field(0.1, ge=0.0)
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    adam_eps: PositiveFloat = 1e-8
+    clip_grad: float = Field(1.0, ge=0.0)
+    eval_interval: PositiveInt = 1000
+    eval_iters: PositiveInt = 10
+
+
+class BlendEntry(Section):
+    """One dataset of a blend: an indexed-dataset prefix (``PREFIX.bin``/``PREFIX.idx``)."""
+
+    prefix: str
+    weight: PositiveFloat = 1.0
+
+
+class TokenizerSpec(Section):
+    """``[data.tokenizer]``: Megatron's tokenizer types and files."""
+
+    type: Literal[
+        "HuggingFaceTokenizer", "GPT2BPETokenizer", "SentencePieceTokenizer", "TikTokenizer", "NullTokenizer"
+    ] = "HuggingFaceTokenizer"
+    model: str | None = Field(None, description="tokenizer.json / folder / .model file (tokenizer_model).")
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    vocab_size: PositiveInt | None = Field(None, description="NullTokenizer only.")
+
+
+class DataSpec(Section):
+    """``[data]``: train/valid blends of Megatron indexed datasets."""
+
+    train: list[BlendEntry] = Field(default_factory=list)
+    valid: list[BlendEntry] = Field(default_factory=list)
+    split: str = Field("99,1,0", description="train,valid,test split of `train` when `valid` is empty.")
+    mock: bool = Field(False, description="Random tokens (megatron-core MockGPTDataset), for benchmarks.")
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec)
+    num_workers: int = Field(2, ge=0)
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prefix_strings(cls, data: Any) -> Any:
+        """Accept ``train = ["prefix", ...]`` as shorthand for weight-1 entries."""
+        if isinstance(data, dict):
+            data = dict(data)
+            for key in ("train", "valid"):
+                if isinstance(data.get(key), list):
+                    data[key] = [{"prefix": e} if isinstance(e, str) else e for e in data[key]]
+        return data
+
+
+class CheckpointSpec(Section):
+    """``[checkpoint]``: where to save, what to start from, how often."""
+
+    save: str | None = Field(None, description="Checkpoint directory (also resumed from).")
+    load: str | None = Field(None, description="Directory to load from; default: save.")
+    init_from: str | None = Field(None, description="'hf:PATH' or 'mcore:PATH' to initialise weights.")
+    save_interval: PositiveInt = 1000
+    format: Literal["torch_dist"] = "torch_dist"
+    resume: bool = Field(True, description="Resume from the latest checkpoint in `save` if any.")
+    async_save: bool = False
+
+
+class SlurmSpec(Section):
+    """``[cluster.slurm]``: sbatch options. Secrets never go here: they are read from the
+    environment at run time."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "04:00:00"
+    job_name: str = "dlmspec"
+    output: str = "slurm-%x-%j.out"
+    exclusive: bool = True
+    constraint: str | None = None
+    exclude: str | None = None
+    cpus_per_task: PositiveInt | None = None
+    mem: str | None = None
+    launcher: Literal["torchrun", "srun"] = "torchrun"
+    container_image: str | None = None
+    container_mounts: list[str] = Field(default_factory=list)
+    signal_seconds_before_end: PositiveInt = 300
+    requeue: bool = True
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ClusterSpec(Section):
+    """``[cluster]``: the hardware the job runs on."""
+
+    gpu: str = Field("h100", description="GPU catalog id (`dlmspec show --gpus`).")
+    gpus_per_node: PositiveInt = 8
+    nodes: PositiveInt = 1
+    interconnect: Literal["infiniband", "roce", "ethernet"] = "infiniband"
+    inter_node_gbps: PositiveFloat = Field(400.0, description="Network bandwidth per GPU, Gbit/s.")
+    slurm: SlurmSpec | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class LoggingSpec(Section):
+    """``[logging]``: console, TensorBoard and wandb (names only; keys stay in the environment)."""
+
+    log_interval: PositiveInt = 10
+    tensorboard_dir: str | None = None
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+
+
+class Spec(Section):
+    """A whole training job. ``name`` names the run; every table has defaults except
+    ``[model]`` and ``[train]``'s batch and length."""
+
+    name: str = Field("dlmspec-run", min_length=1)
+    description: str | None = None
+    model: ModelSpec
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    stage: StageSpec = Field(default_factory=StageSpec)
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    recompute: RecomputeSpec = Field(default_factory=RecomputeSpec)
+    precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
+    train: TrainSpec
+    data: DataSpec = Field(default_factory=DataSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
+
+    def replace(self, **changes: Any) -> "Spec":
+        """Return a validated copy with dotted keys changed, e.g.
+        ``spec.replace(**{"parallel.tensor_model_parallel_size": 2})`` or
+        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged).
+
+        Raises:
+            pydantic.ValidationError: the result is not a valid spec.
+        """
+        from dlmspec.loader import deep_merge, set_dotted
+
+        data = self.model_dump(exclude_none=True)
+        for key, value in changes.items():
+            if "." in key:
+                set_dotted(data, key, value)
+            elif isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = deep_merge(data[key], value)
+            else:
+                data[key] = value
+        return Spec.model_validate(data)
