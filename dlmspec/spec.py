@@ -336,6 +336,11 @@ class Spec(Section):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
+    lock: dict[str, Any] | None = Field(
+        None,
+        description="Written by `dlmspec compile` into spec.lock.toml (content hash, dlmspec version, "
+        "derived values); not part of the spec's content, so a lock file compiles to the same output.",
+    )
 
     def replace(self, **changes: Any) -> "Spec":
         """Return a validated copy with dotted keys changed, e.g.
