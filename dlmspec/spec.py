@@ -287,8 +287,21 @@ class SlurmSpec(Section):
     exclude: str | None = None
     cpus_per_task: PositiveInt | None = None
     mem: str | None = None
-    launcher: Literal["torchrun", "srun"] = "torchrun"
+    launcher: Literal["torchrun", "srun"] = Field(
+        "torchrun",
+        description="torchrun: one task per node running torchrun; srun: one task per GPU, "
+        "torch's env:// rendezvous from SLURM's variables.",
+    )
+    gpu_request: Literal["gpus-per-node", "gres", "none"] = Field(
+        "gpus-per-node",
+        description="How GPUs are asked for: --gpus-per-node=N, --gres=gpu:N, or not at all "
+        "(clusters that hand out whole nodes, and CPU check runs).",
+    )
+    gpu_type: str | None = Field(None, description="GPU type for the request, e.g. 'a100' (gpu:a100:N).")
     container_image: str | None = None
+    container_runtime: Literal["pyxis", "apptainer"] = Field(
+        "pyxis", description="pyxis/enroot (srun --container-image) or apptainer exec."
+    )
     container_mounts: list[str] = Field(default_factory=list)
     signal_seconds_before_end: PositiveInt = 300
     requeue: bool = True
