@@ -167,6 +167,11 @@ class ParallelSpec(Section):
     fsdp: Literal["none", "megatron", "torch"] = "none"
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
+    grad_reduce_in_fp32: bool = Field(
+        True,
+        description="Keep gradients (DDP main_grad buffer) in fp32 and reduce them in fp32, as "
+        "Megatron-LM forces for bf16 (megatron-core DistributedDataParallelConfig.grad_reduce_in_fp32).",
+    )
 
 
 class RecomputeSpec(Section):
