@@ -1,0 +1,672 @@
+"""``dlmspec data prepare``: JSONL to Megatron indexed datasets (``.bin`` + ``.idx``).
+
+The output is what Megatron-LM's ``tools/preprocess_data.py`` writes, with the same flag names:
+one dataset per ``--json-keys`` key, named ``{output_prefix}_{key}_document``, written by
+megatron-core's :class:`~megatron.core.datasets.indexed_dataset.IndexedDatasetBuilder` with
+``DType.optimal_dtype(vocab_size)``. A document is a JSON line's value under a key: a string,
+or a list of strings that become the document's sequences. Empty sequences are dropped, EOD is
+appended to the last sequence of non-empty documents with ``--append-eod``, and a document with
+no tokens adds a document boundary only, all as Megatron does.
+
+Lines are read in the parent, parsed and tokenized in ``--workers`` processes in chunks of
+lines, and written in input order, so the bytes do not depend on the worker count. Both files
+are written as ``PREFIX.tmp-*.bin/.idx`` and renamed at the end (``.idx`` last): an interrupted
+run leaves no ``PREFIX.idx``, and a dataset from an earlier run stays intact until the new one
+is complete.
+
+:func:`prepare` does the work and returns a :class:`PrepareResult`; :data:`app` is the CLI
+(``dlmspec data prepare``). User-input problems raise :class:`DataPrepareError`, which the
+command prints in red and turns into exit code 2. torch and megatron are imported inside
+functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import secrets
+import signal
+import time
+import warnings
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from dlmspec.errors import EXIT_USAGE
+from dlmspec.tokenizers import (
+    TokenizerError,
+    TokenizerSpec,
+    canonical_tokenizer_type,
+    valid_tokenizer_types,
+)
+
+#: Megatron's ``level`` in the output name; always ``document`` (no sentence splitting).
+LEVEL = "document"
+#: A chunk sent to a worker holds at most this many lines ...
+CHUNK_DOCS = 32
+#: ... or about this many bytes, whichever comes first.
+CHUNK_BYTES = 1 << 20
+
+
+class DataPrepareError(Exception):
+    """A problem with the user's input; the message says what and where (no traceback)."""
+
+
+def dataset_prefix(output_prefix: str, json_key: str, level: str = LEVEL) -> str:
+    """Path prefix of one output dataset, as in Megatron-LM's ``preprocess_data.py``."""
+    return f"{output_prefix}_{json_key}_{level}"
+
+
+@dataclass
+class DatasetOutput:
+    """One written dataset (one ``--json-keys`` key)."""
+
+    json_key: str
+    prefix: str
+    bin_path: str
+    idx_path: str
+    documents: int = 0
+    empty_documents: int = 0
+    sequences: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class PrepareResult:
+    """What :func:`prepare` wrote; ``to_dict()`` is the ``--json`` summary."""
+
+    input: str
+    output_prefix: str
+    tokenizer_type: str
+    vocab_size: int
+    eod: Optional[int]
+    dtype: str
+    workers: int
+    append_eod: bool
+    documents: int
+    tokens: int
+    elapsed_s: float
+    datasets: list[DatasetOutput] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tokens_per_s"] = round(self.tokens_per_s, 1)
+        data["elapsed_s"] = round(self.elapsed_s, 3)
+        return data
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass
+class _Chunk:
+    lines: list[tuple[int, bytes]]  # (1-based line number, raw line); blank lines left out
+    nbytes: int  # bytes of input this chunk covers, blank lines included
+
+
+def _read_chunks(path: str, chunk_docs: int, chunk_bytes: int) -> Iterator[_Chunk]:
+    lines: list[tuple[int, bytes]] = []
+    size = 0
+    with open(path, "rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            size += len(raw)
+            if raw.strip():
+                lines.append((lineno, raw))
+            if len(lines) >= chunk_docs or size >= chunk_bytes:
+                yield _Chunk(lines, size)
+                lines, size = [], 0
+    if lines or size:
+        yield _Chunk(lines, size)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+@dataclass(frozen=True)
+class _EncodeConfig:
+    tokenizer: TokenizerSpec
+    json_keys: tuple[str, ...]
+    append_eod: bool
+    input_name: str
+    dtype: str  # numpy dtype name of the output
+
+
+@dataclass
+class _EncodedKey:
+    tokens: Any  # numpy array (output dtype), the chunk's documents concatenated
+    sequence_lengths: list[int]
+    sequences_per_document: list[int]
+
+
+@dataclass
+class _EncodedChunk:
+    nbytes: int
+    documents: int
+    keys: dict[str, _EncodedKey]
+
+
+# Per-process state: the tokenizer of this worker (or of the parent with --workers 1).
+_STATE: dict[str, Any] = {}
+
+
+def _init_worker(config: _EncodeConfig) -> None:
+    """Pool initializer: the parent handles Ctrl-C; each worker builds its own tokenizer."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _STATE["config"] = config
+    _STATE["tokenizer"] = config.tokenizer.build()
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _encode_chunk(chunk: _Chunk) -> _EncodedChunk:
+    """Parse and tokenize one chunk (runs in a worker); raises DataPrepareError on bad input."""
+    import numpy as np
+
+    config: _EncodeConfig = _STATE["config"]
+    tokenizer = _STATE["tokenizer"]
+    eod, vocab_size = tokenizer.eod, int(tokenizer.vocab_size)
+    dtype = np.dtype(config.dtype)
+    # per key: token arrays, sequence lengths, number of sequences per document
+    parts: dict[str, tuple[list, list[int], list[int]]] = {
+        key: ([], [], []) for key in config.json_keys
+    }
+
+    for lineno, raw in chunk.lines:
+        where = f"{config.input_name}:{lineno}"
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise DataPrepareError(
+                f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
+            ) from None
+        except ValueError as exc:  # bytes that are not UTF-8
+            raise DataPrepareError(f"{where}: invalid JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise DataPrepareError(
+                f"{where}: expected a JSON object per line, got a JSON {_json_type(record)}"
+            )
+        for key in config.json_keys:
+            if key not in record:
+                present = ", ".join(repr(k) for k in record) or "none"
+                raise DataPrepareError(
+                    f"{where}: missing key {key!r} (the line has keys: {present}); "
+                    "pick the field with --json-keys"
+                )
+            value = record[key]
+            if isinstance(value, str):
+                sentences = [value]
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                sentences = value
+            else:
+                raise DataPrepareError(
+                    f"{where}: key {key!r} must be a string or a list of strings, "
+                    f"got a JSON {_json_type(value)}"
+                )
+            doc_ids: list[int] = []
+            lengths: list[int] = []
+            for sentence in sentences:
+                try:
+                    ids = tokenizer.tokenize(sentence)
+                except Exception as exc:
+                    raise DataPrepareError(
+                        f"{where}: {config.tokenizer.tokenizer_type} cannot tokenize key "
+                        f"{key!r}: {exc}"
+                    ) from None
+                if len(ids) > 0:
+                    doc_ids.extend(ids)
+                    lengths.append(len(ids))
+            if doc_ids and config.append_eod:
+                doc_ids.append(eod)
+                lengths[-1] += 1
+            arrays, seq_lengths, per_doc = parts[key]
+            if doc_ids:
+                array = np.asarray(doc_ids, dtype=np.int64)
+                low, high = int(array.min()), int(array.max())
+                if low < 0 or high >= vocab_size:
+                    bad = low if low < 0 else high
+                    raise DataPrepareError(
+                        f"{where}: key {key!r}: token id {bad} is outside the vocabulary "
+                        f"[0, {vocab_size}) of {config.tokenizer.tokenizer_type}"
+                    )
+                arrays.append(array.astype(dtype))
+            seq_lengths.extend(lengths)
+            per_doc.append(len(lengths))
+
+    keys = {
+        key: _EncodedKey(
+            tokens=np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype),
+            sequence_lengths=seq_lengths,
+            sequences_per_document=per_doc,
+        )
+        for key, (arrays, seq_lengths, per_doc) in parts.items()
+    }
+    return _EncodedChunk(nbytes=chunk.nbytes, documents=len(chunk.lines), keys=keys)
+
+
+def _mp_context() -> Any:
+    # fork: workers inherit the already-imported tokenizer libraries (megatron.core takes
+    # ~10 s to import); spawn where fork does not exist.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+class _ChunkEncoder:
+    """Runs :func:`_encode_chunk` in-process (1 worker) or in a pool, yielding input order.
+
+    The pool variant is an ordered ``imap`` with a bounded window (``2 * workers`` chunks in
+    flight): ``Pool.imap`` itself reads its whole input ahead into the task queue, which for
+    a multi-GB corpus means the whole corpus in memory.
+    """
+
+    def __init__(self, config: _EncodeConfig, tokenizer: Any, workers: int) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.workers = workers
+        self.pool: Any = None
+
+    def __enter__(self) -> "_ChunkEncoder":
+        if self.workers > 1:
+            self.pool = _mp_context().Pool(
+                self.workers, initializer=_init_worker, initargs=(self.config,)
+            )
+        else:
+            _STATE["config"] = self.config
+            _STATE["tokenizer"] = self.tokenizer
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        _STATE.clear()
+        if self.pool is not None:
+            if exc_type is None:
+                self.pool.close()
+            else:
+                self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def imap(self, chunks: Iterable[_Chunk]) -> Iterator[_EncodedChunk]:
+        if self.pool is None:
+            for chunk in chunks:
+                yield _encode_chunk(chunk)
+            return
+        window = 2 * self.workers
+        source = iter(chunks)
+        pending: deque = deque()
+        for chunk in source:
+            pending.append(self.pool.apply_async(_encode_chunk, (chunk,)))
+            if len(pending) >= window:
+                break
+        while pending:
+            result = pending.popleft().get()
+            for chunk in source:
+                pending.append(self.pool.apply_async(_encode_chunk, (chunk,)))
+                break
+            yield result
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _parse_json_keys(json_keys: Sequence[str] | str) -> tuple[str, ...]:
+    if isinstance(json_keys, str):
+        json_keys = [json_keys]
+    keys: list[str] = []
+    for item in json_keys:
+        for key in str(item).split(","):
+            key = key.strip()
+            if not key:
+                continue
+            if key in keys:
+                raise DataPrepareError(f"--json-keys names {key!r} twice")
+            keys.append(key)
+    if not keys:
+        raise DataPrepareError("--json-keys is empty; name at least one field (e.g. text)")
+    return tuple(keys)
+
+
+def _check_input(path: str) -> None:
+    if not os.path.exists(path):
+        raise DataPrepareError(f"input file not found: {path}")
+    if not os.path.isfile(path):
+        raise DataPrepareError(f"input is not a file: {path}")
+    if os.path.getsize(path) == 0:
+        raise DataPrepareError(f"input file is empty: {path}")
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+def _progress(console: Console) -> Any:
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("tokenizing"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[documents]:,} docs"),
+        TextColumn("{task.fields[tokens]:,} tokens"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def prepare(
+    input_path: str | os.PathLike,
+    output_prefix: str | os.PathLike,
+    *,
+    tokenizer_type: str,
+    tokenizer_model: str | None = None,
+    vocab_file: str | None = None,
+    merge_file: str | None = None,
+    vocab_size: int | None = None,
+    json_keys: Sequence[str] | str = ("text",),
+    workers: int = 1,
+    append_eod: bool = False,
+    show_progress: bool = False,
+    console: Console | None = None,
+    chunk_docs: int = CHUNK_DOCS,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> PrepareResult:
+    """Tokenize a JSONL file into one Megatron indexed dataset per JSON key.
+
+    Args:
+        input_path: JSONL file, one JSON object per line (blank lines are skipped).
+        output_prefix: datasets go to ``{output_prefix}_{key}_document.{bin,idx}``.
+        tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size: passed to
+            :func:`dlmspec.tokenizers.build_tokenizer`.
+        json_keys: fields to tokenize, one dataset each (``"a,b"`` also splits).
+        workers: tokenizer processes; 1 tokenizes in this process. Output bytes do not
+            depend on it.
+        append_eod: append the tokenizer's EOD to every non-empty document.
+        show_progress: draw a rich progress bar on ``console`` (default: stderr).
+        chunk_docs, chunk_bytes: size of the unit of work sent to a worker.
+
+    Returns:
+        A :class:`PrepareResult` with the counts and the written paths.
+
+    Raises:
+        DataPrepareError: bad input file, JSON, keys, or tokenizer arguments. Any exception
+            (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
+    """
+    input_name = os.fspath(input_path)
+    output_prefix = os.fspath(output_prefix)
+    keys = _parse_json_keys(json_keys)
+    if int(workers) < 1:
+        raise DataPrepareError(f"--workers must be at least 1, got {workers}")
+    workers = int(workers)
+    _check_input(input_name)
+    try:
+        spec = TokenizerSpec(
+            tokenizer_type=canonical_tokenizer_type(tokenizer_type),
+            tokenizer_model=None if tokenizer_model is None else os.fspath(tokenizer_model),
+            vocab_file=None if vocab_file is None else os.fspath(vocab_file),
+            merge_file=None if merge_file is None else os.fspath(merge_file),
+            vocab_size=vocab_size,
+        )
+        tokenizer = spec.build()
+    except TokenizerError as exc:
+        raise DataPrepareError(str(exc)) from None
+    if append_eod and tokenizer.eod is None:
+        raise DataPrepareError(
+            f"--append-eod: the {spec.tokenizer_type} tokenizer has no end-of-document token"
+        )
+
+    import numpy as np
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+
+    vocab = int(tokenizer.vocab_size)
+    dtype = np.dtype(DType.optimal_dtype(vocab))
+    outputs = {
+        key: DatasetOutput(
+            json_key=key,
+            prefix=dataset_prefix(output_prefix, key),
+            bin_path=dataset_prefix(output_prefix, key) + ".bin",
+            idx_path=dataset_prefix(output_prefix, key) + ".idx",
+        )
+        for key in keys
+    }
+    out_dir = os.path.dirname(dataset_prefix(output_prefix, keys[0]))
+    if out_dir:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as exc:
+            raise DataPrepareError(
+                f"cannot create output directory {out_dir}: {exc.strerror}"
+            ) from None
+
+    tag = f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = {key: f"{outputs[key].prefix}.{tag}" for key in keys}
+    builders: dict[str, Any] = {}
+    renamed_bins: set[str] = set()
+    config = _EncodeConfig(
+        tokenizer=spec,
+        json_keys=keys,
+        append_eod=bool(append_eod),
+        input_name=input_name,
+        dtype=dtype.name,
+    )
+    console = console or Console(stderr=True)
+    documents = 0
+    start = time.perf_counter()
+    try:
+        for key in keys:
+            try:
+                builders[key] = IndexedDatasetBuilder(tmp[key] + ".bin", dtype=dtype.type)
+            except OSError as exc:
+                raise DataPrepareError(f"cannot write {tmp[key]}.bin: {exc.strerror}") from None
+
+        with _ChunkEncoder(config, tokenizer, workers) as encoder:
+            progress = (
+                _progress(console)
+                if show_progress
+                else contextlib.nullcontext()
+            )
+            with progress:
+                task = None
+                if show_progress:
+                    task = progress.add_task(
+                        "tokenizing",
+                        total=os.path.getsize(input_name),
+                        documents=0,
+                        tokens=0,
+                    )
+                chunks = _read_chunks(input_name, max(1, chunk_docs), max(1, chunk_bytes))
+                for encoded in encoder.imap(chunks):
+                    for key, part in encoded.keys.items():
+                        _write_documents(builders[key], part, outputs[key])
+                    documents += encoded.documents
+                    if task is not None:
+                        progress.update(
+                            task,
+                            advance=encoded.nbytes,
+                            documents=documents,
+                            tokens=sum(o.tokens for o in outputs.values()),
+                        )
+
+        if documents == 0:
+            raise DataPrepareError(f"input file has no JSON lines (only blank lines): {input_name}")
+        for key in keys:
+            builders[key].finalize(tmp[key] + ".idx")
+        # Commit: an .idx next to a .bin marks a complete dataset, so the old .idx goes
+        # first and the new one comes last.
+        for key in keys:
+            out = outputs[key]
+            _remove(out.idx_path)
+            os.replace(tmp[key] + ".bin", out.bin_path)
+            renamed_bins.add(key)
+            os.replace(tmp[key] + ".idx", out.idx_path)
+    except BaseException:
+        for key in keys:
+            builder = builders.get(key)
+            if builder is not None:
+                with contextlib.suppress(Exception):
+                    builder.data_file.close()
+            _remove(tmp[key] + ".bin")
+            _remove(tmp[key] + ".idx")
+            if key in renamed_bins and not os.path.exists(outputs[key].idx_path):
+                _remove(outputs[key].bin_path)
+        raise
+    elapsed = time.perf_counter() - start
+
+    return PrepareResult(
+        input=input_name,
+        output_prefix=output_prefix,
+        tokenizer_type=spec.tokenizer_type,
+        vocab_size=vocab,
+        eod=tokenizer.eod,
+        dtype=dtype.name,
+        workers=workers,
+        append_eod=bool(append_eod),
+        documents=documents,
+        tokens=sum(o.tokens for o in outputs.values()),
+        elapsed_s=elapsed,
+        datasets=[outputs[key] for key in keys],
+    )
+
+
+def _write_documents(builder: Any, part: _EncodedKey, out: DatasetOutput) -> None:
+    """Append a chunk's documents of one key, one ``add_document`` per document."""
+    offset = 0
+    seq = 0
+    for count in part.sequences_per_document:
+        lengths = part.sequence_lengths[seq : seq + count]
+        size = sum(lengths)
+        builder.add_document(part.tokens[offset : offset + size], lengths)
+        offset += size
+        seq += count
+        out.documents += 1
+        out.sequences += count
+        out.tokens += size
+        if count == 0:
+            out.empty_documents += 1
+
+
+# --------------------------------------------------------------------------- CLI
+
+app = typer.Typer(
+    help="Prepare training data for megatron-core.",
+    add_completion=False,
+    no_args_is_help=True,
+)
+
+
+@app.callback()
+def _data_group() -> None:
+    """Prepare training data for megatron-core."""
+
+
+def _print_summary(console: Console, result: PrepareResult) -> None:
+    table = Table(title="dlmspec data prepare", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rows = [
+        ("input", result.input),
+        (
+            "tokenizer",
+            f"{result.tokenizer_type} (vocab {result.vocab_size:,}, eod {result.eod}, "
+            f"{result.dtype})",
+        ),
+        ("documents", f"{result.documents:,}"),
+        ("tokens", f"{result.tokens:,}"),
+        ("elapsed", f"{result.elapsed_s:.2f} s ({result.workers} workers)"),
+        ("tokens/s", f"{result.tokens_per_s:,.0f}"),
+    ]
+    for out in result.datasets:
+        detail = f"{out.documents:,} documents, {out.tokens:,} tokens"
+        if out.empty_documents:
+            detail += f", {out.empty_documents:,} empty"
+        rows.append((f"key {out.json_key}", f"{out.prefix}.{{bin,idx}} ({detail})"))
+    for name, value in rows:
+        table.add_row(Text(name), Text(value))  # Text: no markup in paths or keys
+    console.print(table)
+
+
+@app.command("prepare")
+def prepare_command(
+    input: str = typer.Option(..., "--input", help="JSONL file, one JSON object per line."),
+    output_prefix: str = typer.Option(
+        ..., "--output-prefix", help="Writes OUTPUT_PREFIX_{key}_document.bin/.idx per key."
+    ),
+    tokenizer_type: str = typer.Option(
+        ..., "--tokenizer-type", help=f"One of {valid_tokenizer_types()}."
+    ),
+    tokenizer_model: Optional[str] = typer.Option(
+        None,
+        "--tokenizer-model",
+        help="HuggingFace directory/name, SentencePiece .model, or tiktoken vocab .json.",
+    ),
+    vocab_file: Optional[str] = typer.Option(None, "--vocab-file", help="GPT-2 vocab.json."),
+    merge_file: Optional[str] = typer.Option(None, "--merge-file", help="GPT-2 merges.txt."),
+    vocab_size: Optional[int] = typer.Option(
+        None, "--vocab-size", help="NullTokenizer vocabulary size (TikTokenizer: total size)."
+    ),
+    json_keys: list[str] = typer.Option(
+        ["text"], "--json-keys", help="Field(s) to tokenize, one dataset each; repeat or a,b."
+    ),
+    workers: int = typer.Option(1, "--workers", help="Tokenizer processes."),
+    append_eod: bool = typer.Option(
+        False, "--append-eod", help="Append the tokenizer's EOD id to every document."
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    show_progress: bool = typer.Option(
+        True, "--progress/--no-progress", help="Progress bar on stderr."
+    ),
+) -> None:
+    """Tokenize JSONL into Megatron indexed datasets (as Megatron-LM's preprocess_data.py)."""
+    err = Console(stderr=True)
+    try:
+        result = prepare(
+            input,
+            output_prefix,
+            tokenizer_type=tokenizer_type,
+            tokenizer_model=tokenizer_model,
+            vocab_file=vocab_file,
+            merge_file=merge_file,
+            vocab_size=vocab_size,
+            json_keys=json_keys,
+            workers=workers,
+            append_eod=append_eod,
+            show_progress=show_progress,
+            console=err,
+        )
+    except DataPrepareError as exc:
+        err.print(f"error: {exc}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=EXIT_USAGE) from None
+    except KeyboardInterrupt:
+        err.print(
+            "interrupted: temporary files removed, no dataset written",
+            style="bold red",
+            markup=False,
+        )
+        raise typer.Exit(code=130) from None
+    if json_output:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_summary(Console(), result)
