@@ -1,0 +1,480 @@
+"""`dlmspec data prepare` on real data: the pydocs corpus and the GPT-2 BPE files.
+
+Datasets are read back with megatron-core's IndexedDataset and fed to a real GPTDataset;
+token ids are checked against an independent pure-Python GPT-2 BPE written below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+import regex
+from typer.testing import CliRunner
+
+from dlmspec import data_prepare
+from dlmspec.data_prepare import DataPrepareError, app, dataset_prefix, prepare
+from dlmspec.tokenizers import (
+    TOKENIZER_ALIASES,
+    TOKENIZER_TYPES,
+    Tokenizer,
+    TokenizerError,
+    build_tokenizer,
+)
+
+CORPUS = Path("/work/shared/data/corpus/pydocs-train.jsonl")
+GPT2 = Path("/work/shared/data/tokenizers/gpt2")
+VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")
+GPT2_ARGS = dict(tokenizer_type="GPT2BPETokenizer", vocab_file=VOCAB, merge_file=MERGES)
+GPT2_CLI = ["--tokenizer-type", "gpt2bpe", "--vocab-file", VOCAB, "--merge-file", MERGES]
+N_DOCS = 40
+EOD = 50256
+
+
+# ----------------------------------------------------------------- independent GPT-2 reference
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, codes)))
+
+
+class ReferenceGPT2:
+    """OpenAI's GPT-2 encoder algorithm (encoder.py), pure Python."""
+
+    PATTERN = regex.compile(
+        r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    )
+
+    def __init__(self) -> None:
+        self.encoder = json.loads(Path(VOCAB).read_text(encoding="utf-8"))
+        merges = Path(MERGES).read_text(encoding="utf-8").split("\n")[1:]
+        self.ranks = {tuple(m.split()): i for i, m in enumerate(merges) if m.strip()}
+        self.byte_map = _bytes_to_unicode()
+
+    @lru_cache(maxsize=None)
+    def _bpe(self, token: str) -> tuple[str, ...]:
+        word = list(token)
+        while len(word) > 1:
+            pairs = {(word[i], word[i + 1]) for i in range(len(word) - 1)}
+            first, second = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
+            if (first, second) not in self.ranks:
+                break
+            merged, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and word[i] == first and word[i + 1] == second:
+                    merged.append(first + second)
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = merged
+        return tuple(word)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in self.PATTERN.findall(text):
+            mapped = "".join(self.byte_map[b] for b in piece.encode("utf-8"))
+            ids.extend(self.encoder[p] for p in self._bpe(mapped))
+        return ids
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    with CORPUS.open(encoding="utf-8") as handle:
+        return [json.loads(next(handle))["text"] for _ in range(N_DOCS)]
+
+
+@pytest.fixture(scope="module")
+def slice_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "slice.jsonl"
+    with CORPUS.open("rb") as src, path.open("wb") as dst:
+        for _ in range(N_DOCS):
+            dst.write(next(src))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return build_tokenizer(**GPT2_ARGS)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, slice_path):
+    out = tmp_path_factory.mktemp("prepared") / "pydocs"
+    result = prepare(slice_path, out, workers=2, append_eod=True, **GPT2_ARGS)
+    return result, dataset_prefix(str(out), "text")
+
+
+def _read_dataset(prefix: str):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    return IndexedDataset(prefix, mmap=True)
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def _invoke(args: list[str]):
+    return CliRunner().invoke(app, ["prepare", "--no-progress", *args])
+
+
+# ----------------------------------------------------------------- tokenizer factory
+
+
+def test_gpt2_factory_contract_and_reference_encoding(gpt2, texts):
+    assert isinstance(gpt2, Tokenizer)
+    assert gpt2.tokenize("Hello world") == [15496, 995]
+    assert (gpt2.eod, gpt2.vocab_size) == (EOD, 50257)
+    # The literal string is BPE-split, as by Megatron's GPT-2 tokenizer; only EOD inserts 50256.
+    assert EOD not in gpt2.tokenize("a<|endoftext|>b")
+    reference = ReferenceGPT2()
+    for text in texts:
+        assert gpt2.tokenize(text) == reference.encode(text)
+
+
+def test_tokenizer_names_and_aliases():
+    for alias, name in TOKENIZER_ALIASES.items():
+        assert name in TOKENIZER_TYPES
+        with pytest.raises(TokenizerError, match="needs") as info:
+            build_tokenizer(alias)  # known type, missing required argument
+        assert "unknown" not in str(info.value)
+    with pytest.raises(TokenizerError) as info:
+        build_tokenizer("BertWordPieceCase")
+    assert all(name in str(info.value) for name in TOKENIZER_TYPES)
+
+
+# ----------------------------------------------------------------- the written dataset
+
+
+def test_prepare_writes_megatron_dataset(prepared, gpt2, texts):
+    result, prefix = prepared
+    assert prefix.endswith("pydocs_text_document")
+    assert Path(prefix + ".bin").is_file() and Path(prefix + ".idx").is_file()
+    assert not [p for p in _files(Path(prefix).parent) if ".tmp-" in p]
+
+    dataset = _read_dataset(prefix)
+    assert len(dataset) == N_DOCS
+    assert dataset.document_indices.tolist() == list(range(N_DOCS + 1))
+    assert dataset.index.dtype == np.uint16
+    for i, text in enumerate(texts):
+        assert dataset[i].tolist() == gpt2.tokenize(text) + [EOD]
+
+    assert result.documents == N_DOCS and result.workers == 2
+    assert result.tokens == int(dataset.sequence_lengths.sum())
+    assert (result.vocab_size, result.eod, result.dtype) == (50257, EOD, "uint16")
+    assert result.datasets[0].bin_path == prefix + ".bin"
+
+
+def test_worker_count_does_not_change_bytes(prepared, slice_path, tmp_path):
+    _, reference = prepared
+    for workers, chunk_docs in [(1, 32), (3, 7)]:
+        out = tmp_path / f"w{workers}"
+        prepare(
+            slice_path, out, workers=workers, append_eod=True, chunk_docs=chunk_docs, **GPT2_ARGS
+        )
+        prefix = dataset_prefix(str(out), "text")
+        for ext in (".bin", ".idx"):
+            assert Path(prefix + ext).read_bytes() == Path(reference + ext).read_bytes()
+
+
+def test_gpt_dataset_reads_prepared_data(prepared, gpt2, tmp_path):
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    _, prefix = prepared
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=128,
+        blend=([prefix], None),
+        split="1,0,0",
+        tokenizer=gpt2,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        path_to_cache=str(tmp_path / "cache"),
+    )
+    train, valid, test = BlendedMegatronDatasetBuilder(
+        GPTDataset, [16, None, None], lambda: True, config
+    ).build()
+    assert isinstance(train, GPTDataset) and valid is None and test is None
+    assert len(train) >= 16
+
+    low_level = _read_dataset(prefix)
+    stream = np.concatenate([low_level[int(d)] for d in train.document_index]).astype(np.int64)
+    for index in (0, len(train) - 1):
+        sample = train[index]
+        tokens, labels = sample["tokens"].numpy(), sample["labels"].numpy()
+        assert tokens.shape == (128,) and (labels[:-1] == tokens[1:]).all()
+        window = np.append(tokens, labels[-1])
+        starts = np.flatnonzero(stream[: len(stream) - 128] == window[0])
+        assert any((stream[s : s + 129] == window).all() for s in starts)
+
+
+def test_cli_json_summary(slice_path, tmp_path, prepared):
+    _, reference = prepared
+    out = tmp_path / "cli"
+    result = _invoke(
+        ["--input", str(slice_path), "--output-prefix", str(out), *GPT2_CLI,
+         "--workers", "2", "--append-eod", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    dataset = _read_dataset(dataset_prefix(str(out), "text"))
+    assert summary["documents"] == N_DOCS
+    assert summary["tokens"] == int(dataset.sequence_lengths.sum())
+    assert summary["tokens_per_s"] > 0 and summary["workers"] == 2
+    assert summary["datasets"][0]["prefix"] == dataset_prefix(str(out), "text")
+    assert Path(dataset_prefix(str(out), "text") + ".bin").read_bytes() == Path(
+        reference + ".bin"
+    ).read_bytes()
+
+
+def test_cli_table_summary(slice_path, tmp_path):
+    result = _invoke(
+        ["--input", str(slice_path), "--output-prefix", str(tmp_path / "t"), *GPT2_CLI]
+    )
+    assert result.exit_code == 0, result.output
+    for word in ("documents", "40", "tokens/s", "key text"):
+        assert word in result.stdout
+
+
+def test_several_keys_sentence_lists_and_empty_documents(tmp_path, gpt2):
+    lines = [
+        {"text": "Hello world", "title": "Greeting"},
+        {"text": ["First part.", "", " Second part."], "title": "Parts"},
+        {"text": "", "title": "Empty body"},
+        {"text": "Last one", "title": ""},
+    ]
+    path = tmp_path / "multi.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n", encoding="utf-8")
+    result = prepare(path, tmp_path / "m", json_keys=["text,title"], append_eod=True, **GPT2_ARGS)
+    assert [d.json_key for d in result.datasets] == ["text", "title"]
+    assert result.documents == 4
+
+    text = _read_dataset(dataset_prefix(str(tmp_path / "m"), "text"))
+    first, second = gpt2.tokenize("First part."), gpt2.tokenize(" Second part.")
+    # Megatron's layout: one sequence per non-empty string, EOD on the last one, and an
+    # empty document adds a boundary without sequences.
+    assert text.document_indices.tolist() == [0, 1, 3, 3, 4]
+    assert [text[i].tolist() for i in range(len(text))] == [
+        gpt2.tokenize("Hello world") + [EOD],
+        first,
+        second + [EOD],
+        gpt2.tokenize("Last one") + [EOD],
+    ]
+    assert result.datasets[0].empty_documents == 1
+
+    title = _read_dataset(dataset_prefix(str(tmp_path / "m"), "title"))
+    assert title.document_indices.tolist() == [0, 1, 2, 3, 3]
+    assert title[2].tolist() == gpt2.tokenize("Empty body") + [EOD]
+
+
+def test_null_tokenizer_uses_megatron_class(tmp_path):
+    path = tmp_path / "ids.jsonl"
+    path.write_text('{"text": "3 1 4"}\n{"text": "1 5"}\n', encoding="utf-8")
+    result = prepare(path, tmp_path / "n", tokenizer_type="null", vocab_size=10, append_eod=True)
+    dataset = _read_dataset(dataset_prefix(str(tmp_path / "n"), "text"))
+    assert [dataset[i].tolist() for i in range(2)] == [[3, 1, 4, 10], [1, 5, 10]]
+    assert (result.vocab_size, result.eod) == (11, 10)
+
+    path.write_text('{"text": "3 12"}\n', encoding="utf-8")
+    with pytest.raises(DataPrepareError, match=r"ids.jsonl:1: key 'text': token id 12 is outside"):
+        prepare(path, tmp_path / "bad", tokenizer_type="NullTokenizer", vocab_size=10)
+    with pytest.raises(DataPrepareError, match="needs --vocab-size"):
+        prepare(path, tmp_path / "bad", tokenizer_type="NullTokenizer")
+
+
+def test_huggingface_tokenizer_matches_gpt2(prepared, slice_path, tmp_path):
+    from transformers import GPT2TokenizerFast
+
+    hf_dir = tmp_path / "hf-gpt2"
+    GPT2TokenizerFast(VOCAB, MERGES).save_pretrained(hf_dir)
+    tokenizer = build_tokenizer("huggingface", tokenizer_model=str(hf_dir))
+    assert tokenizer.tokenize("Hello world") == [15496, 995] and tokenizer.eod == EOD
+    out = tmp_path / "hf"
+    prepare(slice_path, out, tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(hf_dir),
+            append_eod=True)
+    _, reference = prepared
+    prefix = dataset_prefix(str(out), "text")
+    assert Path(prefix + ".bin").read_bytes() == Path(reference + ".bin").read_bytes()
+
+
+# ----------------------------------------------------------------- errors
+
+
+def _write(tmp_path: Path, name: str, lines: list[str]) -> Path:
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _error_cases(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
+    good = [json.dumps({"text": f"document {i}"}) for i in range(45)]
+    bad_json = good[:2] + ['{"text": "unterminated'] + good[3:]
+    late_bad = good[:36] + ["{not json}"] + good[37:]
+    no_key = [good[0], json.dumps({"id": 7, "body": "x"})] + good[2:]
+    paths = {
+        "missing": tmp_path / "nope.jsonl",
+        "empty": _write(tmp_path, "empty.jsonl", []),
+        "blank": _write(tmp_path, "blank.jsonl", ["", "   "]),
+        "bad_json": _write(tmp_path, "bad.jsonl", bad_json),
+        "late_bad": _write(tmp_path, "late.jsonl", late_bad),
+        "no_key": _write(tmp_path, "nokey.jsonl", no_key),
+        "ok": _write(tmp_path, "ok.jsonl", good),
+    }
+    ok = str(paths["ok"])
+    return {
+        "missing input": (["--input", str(paths["missing"]), *GPT2_CLI],
+                          [f"input file not found: {paths['missing']}"]),
+        "empty input": (["--input", str(paths["empty"]), *GPT2_CLI],
+                        [f"input file is empty: {paths['empty']}"]),
+        "blank lines only": (["--input", str(paths["blank"]), *GPT2_CLI],
+                             [f"no JSON lines (only blank lines): {paths['blank']}"]),
+        "invalid json": (["--input", str(paths["bad_json"]), *GPT2_CLI],
+                         [f"{paths['bad_json']}:3: invalid JSON"]),
+        "invalid json in a worker": (
+            ["--input", str(paths["late_bad"]), *GPT2_CLI, "--workers", "2"],
+            [f"{paths['late_bad']}:37: invalid JSON"],
+        ),
+        "missing key": (["--input", str(paths["no_key"]), *GPT2_CLI],
+                        [f"{paths['no_key']}:2: missing key 'text'",
+                         "the line has keys: 'id', 'body'"]),
+        "wrong json key": (["--input", ok, *GPT2_CLI, "--json-keys", "content"],
+                           [f"{ok}:1: missing key 'content'", "keys: 'text'"]),
+        "unknown tokenizer": (["--input", ok, "--tokenizer-type", "wordpiece"],
+                              ["unknown tokenizer type 'wordpiece'", *TOKENIZER_TYPES,
+                               *TOKENIZER_ALIASES]),
+        "no vocab flag": (["--input", ok, "--tokenizer-type", "gpt2bpe", "--merge-file", MERGES],
+                          ["GPT2BPETokenizer needs --vocab-file"]),
+        "missing vocab file": (["--input", ok, "--tokenizer-type", "gpt2bpe", "--vocab-file",
+                                str(tmp_path / "v.json"), "--merge-file", MERGES],
+                               [f"vocab file not found: {tmp_path / 'v.json'}"]),
+        "missing merge file": (["--input", ok, "--tokenizer-type", "gpt2bpe", "--vocab-file",
+                                VOCAB, "--merge-file", str(tmp_path / "m.txt")],
+                               [f"merge file not found: {tmp_path / 'm.txt'}"]),
+        "workers": (["--input", ok, *GPT2_CLI, "--workers", "0"], ["--workers must be at least 1"]),
+    }
+
+
+ERROR_NAMES = [
+    "missing input", "empty input", "blank lines only", "invalid json",
+    "invalid json in a worker", "missing key", "wrong json key", "unknown tokenizer",
+    "no vocab flag", "missing vocab file", "missing merge file", "workers",
+]
+
+
+@pytest.mark.parametrize("name", ERROR_NAMES)
+def test_errors_exit_2_with_message_and_no_output(name, tmp_path):
+    cases = _error_cases(tmp_path)
+    assert sorted(cases) == sorted(ERROR_NAMES)
+    args, messages = cases[name]
+    out_dir = tmp_path / "out"
+    result = _invoke([*args, "--output-prefix", str(out_dir / "ds")])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+    for message in messages:
+        assert message in result.stderr
+    assert not out_dir.exists() or _files(out_dir) == []
+
+
+def test_missing_sentencepiece_package_is_reported(tmp_path, monkeypatch):
+    model = _write(tmp_path, "sp.model", ["not read"])
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # import raises ImportError
+    with pytest.raises(TokenizerError, match="needs the 'sentencepiece' package"):
+        build_tokenizer("sentencepiece", tokenizer_model=str(model))
+    with pytest.raises(TokenizerError, match="SentencePiece model not found"):
+        build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "x.model"))
+
+
+# ----------------------------------------------------------------- interrupted runs
+
+
+@pytest.mark.parametrize(
+    ("workers", "exception"), [(1, RuntimeError), (2, KeyboardInterrupt)]
+)
+def test_interrupted_run_leaves_no_dataset(workers, exception, prepared, slice_path, tmp_path,
+                                           monkeypatch):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    original = IndexedDatasetBuilder.add_document
+    calls = {"n": 0}
+
+    def failing_add_document(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 35:  # in the second chunk, after the first was written
+            raise exception("injected")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(IndexedDatasetBuilder, "add_document", failing_add_document)
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(exception, match="injected"):
+        prepare(slice_path, fresh / "ds", workers=workers, append_eod=True, **GPT2_ARGS)
+    assert _files(fresh) == []  # neither PREFIX_text_document.idx nor temporary files
+
+    # A dataset from an earlier run survives a failed rerun unchanged.
+    _, reference = prepared
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    prefix = dataset_prefix(str(kept / "ds"), "text")
+    for ext in (".bin", ".idx"):
+        Path(prefix + ext).write_bytes(Path(reference + ext).read_bytes())
+    calls["n"] = 0
+    with pytest.raises(exception, match="injected"):
+        prepare(slice_path, kept / "ds", workers=workers, append_eod=True, **GPT2_ARGS)
+    assert _files(kept) == ["ds_text_document.bin", "ds_text_document.idx"]
+    assert Path(prefix + ".bin").read_bytes() == Path(reference + ".bin").read_bytes()
+
+
+def test_cli_ctrl_c_exits_130_without_dataset(slice_path, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_prepare, "_write_documents", interrupted)
+    result = _invoke(["--input", str(slice_path), "--output-prefix", str(tmp_path / "ds"),
+                      *GPT2_CLI, "--workers", "2"])
+    assert result.exit_code == 130
+    assert "interrupted" in result.stderr
+    assert _files(tmp_path) == []
+
+
+# ----------------------------------------------------------------- packaging
+
+
+def test_modules_import_without_torch_or_megatron():
+    code = (
+        "import sys, dlmspec.data_prepare, dlmspec.tokenizers\n"
+        "heavy = [m for m in ('torch', 'megatron', 'numpy', 'tokenizers', 'transformers')"
+        " if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
