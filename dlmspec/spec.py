@@ -238,6 +238,13 @@ class TokenizerSpec(Section):
     vocab_file: str | None = None
     merge_file: str | None = None
     vocab_size: PositiveInt | None = Field(None, description="NullTokenizer only.")
+    eod_id: int | None = Field(
+        None,
+        ge=0,
+        description="End-of-document id that `data prepare --append-eod` wrote (document masks, "
+        "eod_mask_loss, mock data). Default: GPT2BPETokenizer 50256, NullTokenizer its vocab_size, "
+        "a local Hugging Face folder's eos token (read by `dlmspec compile`).",
+    )
 
 
 class DataSpec(Section):
@@ -332,7 +339,13 @@ class LoggingSpec(Section):
     """``[logging]``: console, TensorBoard and wandb (names only; keys stay in the environment)."""
 
     log_interval: PositiveInt = 10
-    tensorboard_dir: str | None = None
+    run_dir: str | None = Field(
+        None, description="Directory of the run's metrics.jsonl and exit_status.json. Default: runs/<name>."
+    )
+    tensorboard_dir: str | None = Field(
+        None, description="TensorBoard event directory (unset: no TensorBoard); the runtime writes "
+        "events to <run_dir>/tensorboard, so `dlmspec compile` accepts that path only."
+    )
     wandb_project: str | None = None
     wandb_exp_name: str | None = None
 
