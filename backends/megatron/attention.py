@@ -1,0 +1,289 @@
+"""Core attention on ``torch.nn.functional.scaled_dot_product_attention`` (SDPA).
+
+:class:`SDPACoreAttention` replaces megatron-core's ``DotProductAttention`` as the
+``core_attention`` submodule of ``SelfAttention`` in the local (non
+Transformer-Engine) layer spec.  Megatron's local ``DotProductAttention``
+materialises the ``[b, np, s, s]`` score matrix and is causal-only in practice
+(its fused softmax builds a causal mask); SDPA dispatches to the flash /
+memory-efficient kernels and supports the attention patterns a diffusion LM
+needs:
+
+* ``"bidirectional"`` - every position attends to every position (masked
+  diffusion, LLaDA).  No mask tensor is passed, so SDPA can use the flash
+  kernel.
+* ``"causal"`` - ``is_causal=True`` (flash kernel) when no extra mask is given.
+* ``"block_causal"`` - positions attend bidirectionally inside their block of
+  ``block_size`` tokens and to all earlier blocks (block diffusion); needs a
+  boolean mask, so SDPA uses the memory-efficient kernel.
+
+An ``attention_mask`` passed by the caller (megatron convention: bool, ``True``
+= *not* attended, broadcastable to ``[b, np, sq, sk]``; e.g. the key-padding mask
+of variable-length MDM sequences or a document mask) is combined with the
+pattern above.  For per-query masks (``[.., sq, sk]``) the diagonal is always
+left attendable so no query row is fully masked (which would make the softmax
+NaN).
+
+Tensor layout follows megatron: ``query [sq, b, np, hn]``, ``key`` / ``value``
+``[sk, b, ng, hn]`` (``np`` heads and ``ng`` query groups *per tensor-parallel
+partition*), output ``[sq, b, np * hn]``.  Grouped-query attention uses SDPA's
+``enable_gqa`` when no mask is needed and explicit ``repeat_interleave`` of k/v
+otherwise (the memory-efficient kernel does not take ``enable_gqa``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from megatron.core import tensor_parallel
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import divide
+
+ATTENTION_MODES = ("bidirectional", "causal", "block_causal")
+
+#: The megatron ``AttnMaskType`` that describes each mode (used for the spec's
+#: ``self_attention`` params, which megatron also hands to Transformer Engine).
+MODE_TO_MASK_TYPE = {
+    "bidirectional": AttnMaskType.no_mask,
+    "causal": AttnMaskType.causal,
+    "block_causal": AttnMaskType.arbitrary,
+}
+
+
+def block_causal_allowed(seq_len: int, block_size: int, device=None) -> Tensor:
+    """Boolean ``[seq_len, seq_len]`` matrix, ``True`` where query i may attend key j.
+
+    ``allowed[i, j] = (j // block_size) <= (i // block_size)``: full attention
+    inside a block, causal across blocks (block diffusion, Arriola et al. 2025).
+    ``block_size = 1`` gives the causal mask, ``block_size >= seq_len`` the full one.
+
+    Raises:
+        ValueError: If ``block_size < 1``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    blocks = torch.arange(seq_len, device=device) // block_size
+    return blocks.unsqueeze(1) >= blocks.unsqueeze(0)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_pattern(seq_len: int, block_size: int, device: str) -> Tensor:
+    # One copy per (length, block, device), shared by all layers.
+    return block_causal_allowed(seq_len, block_size, device=torch.device(device))
+
+
+class SDPACoreAttention(MegatronModule):
+    """megatron-core ``core_attention`` module computed with PyTorch SDPA.
+
+    The constructor accepts exactly the keywords megatron's ``SelfAttention``
+    passes to ``DotProductAttention`` (``config``, ``layer_number``,
+    ``attn_mask_type``, ``attention_type``, ``attention_dropout``,
+    ``softmax_scale``, ``cp_comm_type``, ``pg_collection``) plus the
+    spec-level keywords ``mode`` and ``block_size`` (set through
+    ``ModuleSpec(params=...)`` by :func:`backends.megatron.layers.build_layer_spec`).
+
+    Args:
+        config: The model's ``TransformerConfig``; reads ``num_attention_heads``,
+            ``num_query_groups``, ``kv_channels``, ``attention_dropout``,
+            ``softmax_scale``, ``sequence_parallel``, ``context_parallel_size``.
+        layer_number: 1-based layer index (kept for megatron's bookkeeping).
+        attn_mask_type: megatron's mask type from the spec; informational - the
+            pattern is ``mode``.
+        attention_type: ``"self"`` (megatron passes it; unused).
+        attention_dropout: Dropout probability on the attention weights;
+            ``None`` uses ``config.attention_dropout``.
+        softmax_scale: Scale of ``QK^T``; ``None`` uses ``1/sqrt(hn)``.
+            (``config.apply_query_key_layer_scaling`` only changes where
+            megatron's own kernel applies the scale, not the result, so it is
+            not needed here.)
+        cp_comm_type: Context-parallel communication type; must be unused
+            (context parallelism needs Transformer Engine's attention).
+        pg_collection: Process groups; ``tp`` gives the heads per partition.
+        mode: One of :data:`ATTENTION_MODES`.
+        block_size: Block length for ``"block_causal"``.
+
+    Raises:
+        ValueError: On an unknown mode, a missing ``block_size``, context
+            parallelism, sliding-window attention or a non-vanilla softmax
+            (features of megatron's attention this module does not implement).
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection: Optional[ProcessGroupCollection] = None,
+        *,
+        mode: str = "bidirectional",
+        block_size: Optional[int] = None,
+    ) -> None:
+        super().__init__(config=config)
+        if mode not in ATTENTION_MODES:
+            raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
+        if mode == "block_causal" and (block_size is None or block_size < 1):
+            raise ValueError("mode='block_causal' needs block_size >= 1")
+        if config.context_parallel_size != 1:
+            raise ValueError(
+                "SDPACoreAttention does not implement context parallelism; use the Transformer "
+                "Engine layer spec for context_parallel_size > 1"
+            )
+        if getattr(config, "window_size", None) is not None:
+            raise ValueError("SDPACoreAttention does not implement sliding-window attention")
+        if getattr(config, "softmax_type", "vanilla") != "vanilla":
+            raise ValueError("SDPACoreAttention only implements the vanilla softmax")
+
+        self.config = config
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        self.mode = mode
+        self.block_size = block_size
+
+        if pg_collection is None:
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+        self.pg_collection = pg_collection
+        tp_size = pg_collection.tp.size()
+
+        projection_size = config.kv_channels * config.num_attention_heads
+        self.hidden_size_per_partition = divide(projection_size, tp_size)
+        self.hidden_size_per_attention_head = divide(projection_size, config.num_attention_heads)
+        self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp_size)
+        self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
+
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(self.hidden_size_per_attention_head)
+        self.softmax_scale = float(softmax_scale)
+        self.dropout_p = float(
+            config.attention_dropout if attention_dropout is None else attention_dropout
+        )
+
+    def _pattern(self, sq: int, sk: int, device: torch.device) -> Optional[Tensor]:
+        """Boolean ``[sq, sk]`` allowed-matrix of the mode, ``None`` for bidirectional."""
+        if self.mode == "bidirectional":
+            return None
+        if sq != sk:
+            raise ValueError(
+                f"{self.mode} attention needs equal query and key lengths, got {sq} and {sk}"
+            )
+        block = 1 if self.mode == "causal" else int(self.block_size)
+        return _shared_pattern(sq, block, str(device))
+
+    def _sdpa_mask(
+        self, attention_mask: Optional[Tensor], sq: int, sk: int, device: torch.device
+    ) -> Tuple[Optional[Tensor], bool]:
+        """Return ``(allowed_mask or None, is_causal)`` for SDPA."""
+        if attention_mask is None:
+            if self.mode == "bidirectional":
+                return None, False
+            if self.mode == "causal" and sq == sk:
+                return None, True
+            return self._pattern(sq, sk, device), False
+        if attention_mask.dtype != torch.bool:
+            raise ValueError(
+                f"attention_mask must be bool (True = not attended), got {attention_mask.dtype}"
+            )
+        allowed = ~attention_mask
+        pattern = self._pattern(sq, sk, device)
+        if pattern is not None:
+            allowed = allowed & pattern
+        if attention_mask.dim() >= 2 and attention_mask.shape[-2] != 1 and sq == sk:
+            # A per-query mask may empty a row (e.g. a document lying wholly in a
+            # truncated tail); SDPA would return NaN there.  Let such queries see
+            # themselves.  A broadcast key-padding mask ([b, 1, 1, sk]) is left
+            # as is: it always keeps key 0.
+            allowed = allowed | torch.eye(sq, dtype=torch.bool, device=device)
+        return allowed, False
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Optional[Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[Tensor] = None,
+        packed_seq_params: Optional[PackedSeqParams] = None,
+    ) -> Tensor:
+        """Attention over one tensor-parallel partition of the heads.
+
+        Args:
+            query: ``[sq, b, np, hn]``.
+            key: ``[sk, b, ng, hn]``.
+            value: ``[sk, b, ng, hn]``.
+            attention_mask: ``None`` or bool, ``True`` = not attended,
+                broadcastable to ``[b, np, sq, sk]`` (e.g. ``[b, 1, 1, sk]``
+                key padding or ``[b, 1, sq, sk]`` document mask).
+            attn_mask_type: Ignored (the pattern is the module's ``mode``).
+            attention_bias: Must be ``None``.
+            packed_seq_params: Must be ``None`` (THD packing needs TE).
+
+        Returns:
+            ``[sq, b, np * hn]`` in the dtype of ``query``.
+
+        Raises:
+            NotImplementedError: For ``attention_bias`` or ``packed_seq_params``.
+            ValueError: For a non-bool mask or mismatched head counts.
+        """
+        del attn_mask_type
+        if packed_seq_params is not None:
+            raise NotImplementedError(
+                "SDPACoreAttention does not take packed_seq_params (THD); use the TE layer spec"
+            )
+        if attention_bias is not None:
+            raise NotImplementedError("SDPACoreAttention does not take an attention_bias")
+        sq, b, np_, hn = query.shape
+        sk, _, ng, _ = key.shape
+        if np_ % ng != 0:
+            raise ValueError(f"query heads ({np_}) not a multiple of key/value groups ({ng})")
+
+        q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
+        k = key.permute(1, 2, 0, 3)  # [b, ng, sk, hn]
+        v = value.permute(1, 2, 0, 3)
+
+        mask, is_causal = self._sdpa_mask(attention_mask, sq, sk, query.device)
+        enable_gqa = False
+        if np_ != ng:
+            if mask is None:
+                enable_gqa = True
+            else:
+                k = k.repeat_interleave(np_ // ng, dim=1)
+                v = v.repeat_interleave(np_ // ng, dim=1)
+
+        dropout_p = self.dropout_p if self.training else 0.0
+
+        def _attend() -> Tensor:
+            return F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=self.softmax_scale,
+                enable_gqa=enable_gqa,
+            )
+
+        if dropout_p > 0.0 and not self.config.sequence_parallel and query.is_cuda:
+            # Heads are partitioned over TP ranks: draw dropout from megatron's
+            # model-parallel RNG stream, as DotProductAttention does.
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                context = _attend()
+        else:
+            context = _attend()
+
+        # [b, np, sq, hn] -> [sq, b, np * hn]
+        return context.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)

@@ -1,0 +1,274 @@
+"""Layer specs and model construction on megatron-core.
+
+:func:`build_layer_spec` picks megatron-core's Transformer Engine layer spec when
+``transformer_engine`` imports, and otherwise megatron-core's local spec with its
+``core_attention`` replaced by :class:`~backends.megatron.attention.SDPACoreAttention`.
+:func:`build_model` builds the ``GPTModel`` chunk(s) of this pipeline rank and
+wraps them like Megatron-LM's ``get_model`` does: ``Float16Module`` for bf16/fp16,
+then megatron's ``DistributedDataParallel``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from typing import List, Optional
+
+import torch
+
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from .attention import ATTENTION_MODES, MODE_TO_MASK_TYPE, SDPACoreAttention
+
+BACKEND_TRANSFORMER_ENGINE = "transformer_engine"
+BACKEND_LOCAL_SDPA = "local+sdpa"
+
+
+def transformer_engine_available() -> bool:
+    """True when the ``transformer_engine`` package can be imported."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:  # a broken TE install counts as absent
+        return False
+    return True
+
+
+def build_layer_spec(
+    *,
+    attention: str = "bidirectional",
+    block_size: Optional[int] = None,
+    num_experts: Optional[int] = None,
+    moe_grouped_gemm: bool = False,
+    qk_layernorm: bool = False,
+    normalization: str = "RMSNorm",
+    use_transformer_engine: Optional[bool] = None,
+) -> ModuleSpec:
+    """Return the ``TransformerLayer`` spec for a dlmspec model.
+
+    Args:
+        attention: ``"bidirectional"`` (MDM), ``"causal"`` (AR) or
+            ``"block_causal"``.
+        block_size: Block length for ``"block_causal"``.
+        num_experts: Number of MoE experts (``None``: dense MLP).  Uses
+            megatron-core's ``MoELayer``; with the local spec the experts are a
+            ``SequentialMLP``.
+        moe_grouped_gemm: Use grouped GEMM experts (needs Transformer Engine).
+        qk_layernorm: Normalise queries and keys per head (Qwen3, OLMo2).
+        normalization: ``"RMSNorm"`` or ``"LayerNorm"`` (must equal
+            ``TransformerConfig.normalization``).
+        use_transformer_engine: ``None`` = TE when it imports; ``True`` forces
+            TE (error if absent); ``False`` forces the local + SDPA spec.
+
+    Returns:
+        A megatron ``ModuleSpec``; :func:`layer_spec_backend` tells which path.
+
+    Raises:
+        ValueError: For an unknown ``attention``/``normalization``, a missing
+            ``block_size``, TE requested but not installed, grouped GEMM
+            without TE, or ``block_causal`` on the TE path (TE would need the
+            mask passed in by the caller, which the trainer does not do).
+    """
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    if attention == "block_causal" and (block_size is None or block_size < 1):
+        raise ValueError("attention='block_causal' needs block_size >= 1")
+    if normalization not in ("RMSNorm", "LayerNorm"):
+        raise ValueError(f"normalization must be 'RMSNorm' or 'LayerNorm', got {normalization!r}")
+    te_available = transformer_engine_available()
+    if use_transformer_engine is None:
+        use_transformer_engine = te_available
+    if use_transformer_engine and not te_available:
+        raise ValueError("use_transformer_engine=True but transformer_engine does not import")
+
+    if use_transformer_engine:
+        if attention == "block_causal":
+            raise ValueError("block_causal attention is only implemented on the local+sdpa path")
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts,
+            moe_grouped_gemm=moe_grouped_gemm,
+            qk_layernorm=qk_layernorm,
+        )
+        spec = copy.deepcopy(spec)
+        spec.submodules.self_attention.params["attn_mask_type"] = MODE_TO_MASK_TYPE[attention]
+        return spec
+
+    if moe_grouped_gemm:
+        raise ValueError("moe_grouped_gemm needs Transformer Engine; set it False for local+sdpa")
+    spec = copy.deepcopy(
+        get_gpt_layer_local_spec(
+            num_experts=num_experts,
+            moe_grouped_gemm=False,
+            qk_layernorm=qk_layernorm,
+            normalization=normalization,
+        )
+    )
+    self_attention = spec.submodules.self_attention
+    self_attention.params["attn_mask_type"] = MODE_TO_MASK_TYPE[attention]
+    self_attention.submodules.core_attention = ModuleSpec(
+        module=SDPACoreAttention,
+        params={"mode": attention, "block_size": block_size},
+    )
+    return spec
+
+
+def layer_spec_backend(spec: ModuleSpec) -> str:
+    """Name the implementation path of a spec: ``"transformer_engine"`` or ``"local+sdpa"``.
+
+    Raises:
+        ValueError: If the spec's core attention is neither ours nor TE's.
+    """
+    core = spec.submodules.self_attention.submodules.core_attention
+    module = core.module if isinstance(core, ModuleSpec) else core
+    if module is SDPACoreAttention:
+        return BACKEND_LOCAL_SDPA
+    if "transformer_engine" in getattr(module, "__module__", ""):
+        return BACKEND_TRANSFORMER_ENGINE
+    raise ValueError(f"layer spec has an unrecognised core attention: {module!r}")
+
+
+def layer_spec_attention(spec: ModuleSpec) -> str:
+    """The attention pattern a spec implements (``"bidirectional"``, ``"causal"``, ...)."""
+    mask_type = spec.submodules.self_attention.params.get("attn_mask_type")
+    for mode, mtype in MODE_TO_MASK_TYPE.items():
+        if mtype == mask_type:
+            return mode
+    raise ValueError(f"layer spec has an unrecognised attn_mask_type: {mask_type!r}")
+
+
+def pad_vocab_size(vocab_size: int, *, divisible_by: int = 128, tensor_model_parallel_size: int = 1) -> int:
+    """Round ``vocab_size`` up to a multiple of ``divisible_by * tensor_model_parallel_size``.
+
+    Same rule as Megatron-LM's ``--make-vocab-size-divisible-by``: the embedding
+    and output layer are split over TP ranks along the vocabulary and GEMMs
+    prefer multiples of 128 (e.g. Qwen3's 151936 = 1187 * 128 is unchanged).
+
+    Raises:
+        ValueError: If an argument is < 1.
+    """
+    if vocab_size < 1 or divisible_by < 1 or tensor_model_parallel_size < 1:
+        raise ValueError("vocab_size, divisible_by and tensor_model_parallel_size must be >= 1")
+    multiple = divisible_by * tensor_model_parallel_size
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def build_model(
+    config: TransformerConfig,
+    *,
+    layer_spec: ModuleSpec,
+    vocab_size: int,
+    max_sequence_length: int,
+    position_embedding_type: str = "rope",
+    rotary_base: int = 10000,
+    rotary_percent: float = 1.0,
+    share_embeddings_and_output_weights: bool = False,
+    ddp_config: Optional[DistributedDataParallelConfig] = None,
+    vp_stage: Optional[int] = None,
+) -> List[torch.nn.Module]:
+    """Build this rank's ``GPTModel`` chunk(s), optionally wrapped in megatron DDP.
+
+    ``parallel_state.initialize_model_parallel`` must have run.  With virtual
+    pipeline parallelism (``parallel_state``'s virtual size set) one chunk per
+    virtual stage is built (``vp_stage = 0 .. vpp-1``), otherwise one chunk; each
+    gets ``pre_process`` / ``post_process`` from its pipeline position, so only
+    the first stage holds the embedding and only the last the output layer.
+    Chunks are moved to the current CUDA device unless
+    ``config.use_cpu_initialization`` is set and CUDA is unavailable (CPU tests).
+    For ``config.bf16`` / ``config.fp16`` each chunk is wrapped in megatron's
+    ``Float16Module`` (half-precision weights; the optimizer keeps fp32 main
+    weights), then - if ``ddp_config`` is given - in
+    ``DistributedDataParallel`` (bucketing only on chunk 0, like Megatron-LM).
+
+    Args:
+        config: The ``TransformerConfig`` (its parallel sizes must match
+            ``parallel_state``).
+        layer_spec: From :func:`build_layer_spec`.
+        vocab_size: Padded vocabulary size (:func:`pad_vocab_size`).
+        max_sequence_length: Longest sequence (learned position embeddings'
+            size; RoPE ignores it).
+        position_embedding_type: ``"rope"``, ``"learned_absolute"``, ``"none"``...
+        rotary_base: RoPE base (Qwen3: 1_000_000).
+        rotary_percent: Fraction of each head's dims that are rotated.
+        share_embeddings_and_output_weights: Tie input and output embeddings.
+        ddp_config: Wrap chunks in megatron DDP with this config (``None``: no
+            DDP wrapper, e.g. for forward-only use).
+        vp_stage: Build only this virtual stage's chunk (``None``: all chunks of
+            this rank).
+
+    Returns:
+        List of model chunks, length = virtual pipeline size (or 1).
+
+    Raises:
+        RuntimeError: If model parallel state is not initialised.
+    """
+    if not parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("call parallel_state.initialize_model_parallel before build_model")
+
+    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
+    if vpp is not None:
+        stages = [vp_stage] if vp_stage is not None else list(range(vpp))
+    else:
+        stages = [None]
+
+    chunks: List[torch.nn.Module] = []
+    for stage in stages:
+        pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
+        post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=vocab_size,
+            max_sequence_length=max_sequence_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            share_embeddings_and_output_weights=share_embeddings_and_output_weights,
+            position_embedding_type=position_embedding_type,
+            rotary_percent=rotary_percent,
+            rotary_base=rotary_base,
+            vp_stage=stage,
+        )
+        for param in model.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        chunks.append(model)
+
+    if torch.cuda.is_available():
+        chunks = [m.cuda(torch.cuda.current_device()) for m in chunks]
+    elif not config.use_cpu_initialization:
+        raise RuntimeError("no CUDA device: set TransformerConfig.use_cpu_initialization=True")
+
+    if config.fp16 or config.bf16:
+        chunks = [Float16Module(config, m) for m in chunks]
+
+    if ddp_config is not None:
+        chunks = [
+            DistributedDataParallel(
+                config=config,
+                ddp_config=ddp_config,
+                module=m,
+                disable_bucketing=(i > 0),
+            )
+            for i, m in enumerate(chunks)
+        ]
+    return chunks
+
+
+def count_parameters(chunks: List[torch.nn.Module]) -> int:
+    """Number of parameters held by this rank's chunks (shared weights counted once)."""
+    seen = set()
+    total = 0
+    for chunk in chunks:
+        for p in chunk.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total
