@@ -1,0 +1,411 @@
+"""The planner: per-GPU memory, step time and MFU of a resolved spec, before it is queued.
+
+``spec -> Resolved -> plan``: :func:`make_plan` turns a :class:`~dlmspec.resolve.Resolved`
+into a :class:`Plan` - a memory breakdown per pipeline stage (:mod:`dlmspec.plan.memory`),
+FLOPs (:mod:`dlmspec.plan.compute`) and a step-time breakdown (:mod:`dlmspec.plan.time`) -
+whose :meth:`Plan.to_dict` is the stable JSON of ``dlmspec plan --json`` and of the compiled
+``plan.json``. :func:`check_memory` is the validator's hook (a spec whose peak exceeds the
+GPU fails, with what would make it fit); :func:`dlmspec.plan.search.search` enumerates the
+layouts that fit. Constants that are measured rather than counted live in
+:mod:`dlmspec.plan.calibration`.
+
+Nothing here imports torch: a plan takes milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlmspec.errors import SpecIssue
+from dlmspec.gpus import GPU, GiB
+from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
+from dlmspec.plan.compute import model_flops_per_token
+from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, memory_plan
+from dlmspec.plan.shape import Layout, ModelShape, layout, model_shape, relayout, transformer_impl
+from dlmspec.plan.time import TIME_TERMS, TimePlan, time_plan
+from dlmspec.resolve import Resolved
+
+__all__ = [
+    "Plan",
+    "PlanError",
+    "make_plan",
+    "plan_layout",
+    "memory_fits",
+    "check_memory",
+    "model_flops_per_token",
+    "Calibration",
+    "DEFAULT_CALIBRATION",
+    "SCHEMA",
+]
+
+#: ``schema`` value of :meth:`Plan.to_dict`; bumped when a key changes meaning or disappears.
+SCHEMA = "dlmspec.plan/1"
+
+#: Fraction of the GPU's memory above which :func:`check_memory` warns (allocator
+#: fragmentation and unmodelled workspaces can still push a spec that close over the edge).
+HEADROOM_WARNING = 0.95
+
+#: Layout fields -> spec keys (``--set`` lines and advice).
+SPEC_KEYS = {
+    "tp": "parallel.tensor_model_parallel_size",
+    "pp": "parallel.pipeline_model_parallel_size",
+    "vpp": "parallel.virtual_pipeline_model_parallel_size",
+    "cp": "parallel.context_parallel_size",
+    "ep": "parallel.expert_model_parallel_size",
+    "etp": "parallel.expert_tensor_parallel_size",
+    "sp": "parallel.sequence_parallel",
+    "micro_batch": "train.micro_batch_size",
+    "recompute": "recompute.granularity",
+    "recompute_method": "recompute.method",
+    "recompute_layers": "recompute.num_layers",
+    "distributed_optimizer": "parallel.use_distributed_optimizer",
+}
+
+
+class PlanError(ValueError):
+    """The spec cannot be planned (e.g. its GPU is not in the catalog); the message says why."""
+
+
+@dataclass
+class Plan:
+    """Memory, time and throughput of one resolved spec on its cluster.
+
+    Attributes:
+        name: the spec's ``name``.
+        shape, layout: the plain-number views the models read (:mod:`dlmspec.plan.shape`).
+        gpu: the catalog GPU.
+        memory: per-stage memory (:class:`~dlmspec.plan.memory.MemoryPlan`).
+        time: step time and throughput (:class:`~dlmspec.plan.time.TimePlan`).
+        runtime: the layer implementation the run takes (``transformer_impl``) and the one the
+            models assume (``modelled_as``).
+        calibration: the constants used.
+    """
+
+    name: str
+    shape: ModelShape
+    layout: Layout
+    gpu: GPU
+    memory: MemoryPlan
+    time: TimePlan
+    runtime: dict[str, str]
+    calibration: Calibration = field(default=DEFAULT_CALIBRATION)
+
+    @property
+    def peak_bytes(self) -> float:
+        """Peak per-GPU memory including CUDA context, NCCL and allocator reserve, bytes."""
+        return self.memory.peak.peak_bytes
+
+    @property
+    def peak_allocated_bytes(self) -> float:
+        """Peak of ``torch.cuda.max_memory_allocated()`` the plan predicts, bytes."""
+        return self.memory.peak.peak_allocated_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Whether :attr:`peak_bytes` is at most the GPU's memory."""
+        return self.peak_bytes <= self.gpu.memory_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON object of ``dlmspec plan --json`` (keys documented in
+        ``docs/planner.md``; bytes as integers, seconds and rates as floats)."""
+        lay, peak, t = self.layout, self.memory.peak, self.time
+        lt = self.memory.layer_terms
+        allocated = peak.peak_allocated_bytes
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "gpu": {"id": self.gpu.id, "name": self.gpu.name, "memory_bytes": self.gpu.memory_bytes},
+            "layout": {
+                "world_size": lay.world,
+                "tensor_model_parallel_size": lay.tp,
+                "pipeline_model_parallel_size": lay.pp,
+                "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
+                "context_parallel_size": lay.cp,
+                "expert_model_parallel_size": lay.ep,
+                "expert_tensor_parallel_size": lay.etp,
+                "data_parallel_size": lay.dp,
+                "expert_data_parallel_size": lay.expert_dp,
+                "sequence_parallel": lay.sp,
+                "micro_batch_size": lay.micro_batch,
+                "global_batch_size": lay.global_batch,
+                "seq_length": lay.seq,
+                "num_microbatches": lay.num_microbatches,
+                "recompute_granularity": lay.recompute,
+                "recompute_method": lay.recompute_method if lay.recompute == "full" else None,
+                "recompute_num_layers": lay.recompute_layers if lay.recompute == "full" else None,
+                "recompute_modules": list(lay.recompute_modules) if lay.recompute == "selective" else None,
+                "use_distributed_optimizer": lay.distributed_optimizer,
+                "fsdp": lay.fsdp,
+                "grad_reduce_in_fp32": lay.grad_fp32,
+                "dtype": lay.dtype,
+                "fp8": lay.fp8,
+            },
+            "parameters": {
+                "total": self.shape.total_params,
+                "active": self.shape.active_params,
+                "total_padded_vocab": self.shape.padded_total_params,
+                "on_peak_gpu": int(round(sum(peak.params))),
+            },
+            "memory": {
+                "peak_bytes": int(round(peak.peak_bytes)),
+                "peak_allocated_bytes": int(round(allocated)),
+                "reserved_overhead_bytes": int(round(peak.peak_bytes - allocated)),
+                "capacity_bytes": self.gpu.memory_bytes,
+                "fits": self.fits,
+                "headroom_bytes": int(round(self.gpu.memory_bytes - peak.peak_bytes)),
+                "peak_stage": peak.stage,
+                "peak_phase": peak.phase,
+                "breakdown": {k: int(round(peak.breakdown[k])) for k in ALLOCATED_TERMS + RESERVED_TERMS},
+                "allocated_terms": list(ALLOCATED_TERMS),
+                "reserved_terms": list(RESERVED_TERMS),
+                "activation_per_layer": {
+                    "dense": {k: int(round(v)) for k, v in lt.dense_kept.items()},
+                    "moe": {k: int(round(v)) for k, v in lt.moe_kept.items()} if lt.moe_kept else None,
+                },
+                "per_stage": [s.to_dict() for s in self.memory.stages],
+            },
+            "flops": {
+                "model_per_token": t.flops.model_per_token,
+                "model_per_step": t.flops.model_per_step,
+                "hardware_per_step": t.flops.hardware_per_step,
+                "recompute_per_step": t.flops.recompute_per_step,
+            },
+            "time": {
+                "step_seconds": t.step_seconds,
+                "breakdown_seconds": {k: t.breakdown[k] for k in TIME_TERMS},
+                "slowest_stage": t.slowest_stage,
+                "train_iters": lay.train_iters,
+                "to_train_seconds": t.to_train_seconds,
+            },
+            "throughput": {
+                "tokens_per_second": t.tokens_per_second,
+                "model_tflops_per_gpu": t.model_tflops_per_gpu,
+                "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
+            },
+            "mfu": t.mfu,
+            "gpu_hours": t.gpu_hours,
+            "runtime": dict(self.runtime),
+            "calibration": self.calibration.to_dict(),
+        }
+
+
+def plan_layout(
+    name: str,
+    shape: ModelShape,
+    lay: Layout,
+    gpu: GPU,
+    runtime: dict[str, str],
+    calib: Calibration = DEFAULT_CALIBRATION,
+    *,
+    all_stages: bool = True,
+) -> Plan:
+    """Plan an explicit (shape, layout) pair - what :func:`make_plan` and the search share."""
+    return Plan(
+        name=name,
+        shape=shape,
+        layout=lay,
+        gpu=gpu,
+        memory=memory_plan(shape, lay, calib, all_stages=all_stages),
+        time=time_plan(shape, lay, gpu, calib, all_stages=all_stages),
+        runtime=runtime,
+        calibration=calib,
+    )
+
+
+def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, impl: str | None = None) -> Plan:
+    """Plan a resolved spec.
+
+    Args:
+        resolved: from :func:`dlmspec.resolve.resolve` (ideally a spec that passed
+            :func:`dlmspec.validate.check`; a spec that breaks divisibility rules is planned
+            with the clamped values ``resolve`` derives).
+        calibration: constants (default :data:`DEFAULT_CALIBRATION`).
+        impl: ``"transformer_engine"`` or ``"local+sdpa"`` to model that layer path instead of
+            the one :func:`dlmspec.plan.shape.transformer_impl` infers (calibration runs pass
+            the path the runtime reported).
+
+    Raises:
+        PlanError: ``cluster.gpu`` is not in the catalog, or ``impl`` is not a known path.
+    """
+    if resolved.gpu is None:
+        raise PlanError(f"cluster.gpu = {resolved.spec.cluster.gpu!r} is not in the GPU catalog (dlmspec show --gpus)")
+    if impl is not None and impl not in ("transformer_engine", "local+sdpa"):
+        raise PlanError(f"impl must be 'transformer_engine' or 'local+sdpa', not {impl!r}")
+    modelled, description = transformer_impl(resolved)
+    if impl is not None and impl != modelled:
+        modelled, description = impl, f"{impl} (requested for this plan)"
+    runtime = {
+        "transformer_impl": description,
+        "spec_transformer_impl": resolved.spec.model.transformer_impl,
+        "modelled_as": modelled,
+    }
+    return plan_layout(
+        resolved.spec.name,
+        model_shape(resolved),
+        layout(resolved, modelled),
+        resolved.gpu,
+        runtime,
+        calibration or DEFAULT_CALIBRATION,
+    )
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def set_args(changes: dict[str, Any]) -> list[str]:
+    """``--set key=value`` arguments that select the layout ``changes`` (layout field ->
+    value; see :data:`SPEC_KEYS`)."""
+    out = []
+    for fieldname, value in changes.items():
+        key = SPEC_KEYS[fieldname]
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = value
+        else:
+            text = str(value)
+        out.append(f"--set {key}={text}")
+    return out
+
+
+def _alternatives(plan: Plan) -> list[dict[str, Any]]:
+    """Single changes (and one combination) that reduce memory, in the order they cost
+    throughput least: distributed optimizer, selective then full recomputation, a smaller
+    micro batch, more TP (with sequence parallelism), more PP, more CP, more EP."""
+    s, lay = plan.shape, plan.layout
+    alts: list[dict[str, Any]] = []
+    if not lay.distributed_optimizer and lay.fsdp == "none" and lay.dp * lay.cp > 1:
+        alts.append({"distributed_optimizer": True})
+    if lay.recompute == "none":
+        alts.append({"recompute": "selective"})
+    if lay.recompute != "full":
+        alts.append({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1})
+    if lay.micro_batch > 1:
+        alts.append({"micro_batch": 1})
+    world = lay.world
+    tp2 = lay.tp * 2
+    if (tp2 <= lay.gpus_per_node and s.heads % tp2 == 0 and (s.groups % tp2 == 0 or tp2 % s.groups == 0)
+            and world % (tp2 * lay.pp * lay.cp) == 0 and s.ffn % tp2 == 0):
+        alts.append({"tp": tp2, "sp": True})
+    pp2 = lay.pp * 2
+    if s.num_layers % pp2 == 0 and world % (lay.tp * pp2 * lay.cp) == 0:
+        alts.append({"pp": pp2})
+    cp2 = lay.cp * 2
+    if lay.seq % (2 * cp2) == 0 and world % (lay.tp * lay.pp * cp2) == 0 and lay.seq >= 4096:
+        alts.append({"cp": cp2})
+    if s.is_moe:
+        ep2 = lay.ep * 2
+        if s.num_experts % ep2 == 0 and world % (lay.etp * ep2 * lay.pp) == 0:
+            alts.append({"ep": ep2})
+    if lay.recompute != "full" and lay.micro_batch > 1:
+        alts.append({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1, "micro_batch": 1})
+    return alts
+
+
+def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
+    """Whether the plan's peak fits the GPU, and what would make it fit.
+
+    Returns:
+        ``(fits, advice)``. When it does not fit, ``advice`` lists the single changes
+        (:func:`_alternatives`) whose re-planned peak fits, each as ``--set`` arguments with the
+        new peak and throughput, fastest first; or, when none does, one line saying so and
+        pointing at ``dlmspec plan --search``. Each change also keeps the batch arithmetic valid
+        (``global_batch_size`` divisible by ``micro_batch_size * dp``); a change that breaks it is
+        skipped. Empty advice when it fits.
+    """
+    if plan.fits:
+        return True, []
+    options = []
+    lay = plan.layout
+    for change in _alternatives(plan):
+        shape, new = relayout(plan.shape, lay, **change)
+        if new.global_batch % (new.micro_batch * new.dp):
+            continue
+        alt = plan_layout(plan.name, shape, new, plan.gpu, plan.runtime, plan.calibration)
+        if alt.fits:
+            options.append((alt.time.tokens_per_second, alt.peak_bytes, change))
+    if not options:
+        return False, [
+            f"no single change (recomputation, micro batch 1, distributed optimizer, 2x TP/PP/CP/EP) brings the "
+            f"peak under {_gib(plan.gpu.memory_bytes)}; run `dlmspec plan SPEC --search` for layouts that fit, "
+            "or use more GPUs"
+        ]
+    options.sort(key=lambda o: (-o[0], o[1], sorted(o[2].items())))
+    return False, [
+        f"{' '.join(set_args(change))} (peak {_gib(peak)}, {tps:,.0f} tokens/s)" for tps, peak, change in options
+    ]
+
+
+def _summary(plan: Plan) -> str:
+    b = plan.memory.peak.breakdown
+    parts = [
+        ("weights", b["weights"]),
+        ("gradients", b["gradients"]),
+        ("optimizer", b["optimizer_states"]),
+        ("activations", b["activations"] + b["embedding_output_activations"] + b["batch_and_objective"]),
+        ("logits", b["loss_logits"]),
+        ("transients", b["backward_transient"] + b["optimizer_step_transient"]),
+    ]
+    rest = plan.peak_bytes - sum(v for _, v in parts)
+    text = ", ".join(f"{name} {_gib(v)}" for name, v in parts if v > 0)
+    return f"{text}, other {_gib(rest)}"
+
+
+def check_memory(resolved: Resolved, loaded: Any = None, calibration: Calibration | None = None) -> list[SpecIssue]:
+    """The validator's memory rule: an error when the planned per-GPU peak exceeds the GPU's
+    memory, a warning above :data:`HEADROOM_WARNING` of it.
+
+    Args:
+        resolved: the resolved spec.
+        loaded: its :class:`~dlmspec.loader.LoadedSpec`, to point the issue at the file and
+            line of ``cluster.gpu`` (optional).
+        calibration: constants (default :data:`DEFAULT_CALIBRATION`).
+
+    Returns:
+        ``[]`` when it fits with headroom or when the GPU is unknown (the ``unknown-gpu`` rule
+        reports that); else one :class:`~dlmspec.errors.SpecIssue` (rule ``memory-fits``,
+        error, with the breakdown and :func:`memory_fits`'s advice as the hint; or rule
+        ``memory-headroom``, warning).
+    """
+    if resolved.gpu is None:
+        return []
+    plan = make_plan(resolved, calibration)
+    gpu = plan.gpu
+    file, line = loaded.locate("cluster.gpu") if loaded is not None else (None, None)
+    stage = plan.memory.peak.stage
+    where = f" on pipeline stage {stage}" if plan.layout.pp > 1 else ""
+    fits, advice = memory_fits(plan)
+    source = "dlmspec.plan.memory (Korthikanti et al. 2022; megatron-core DDP and DistributedOptimizer)"
+    if not fits:
+        return [
+            SpecIssue(
+                key="cluster.gpu",
+                value=resolved.spec.cluster.gpu,
+                message=f"planned peak memory {_gib(plan.peak_bytes)} per GPU{where} ({_summary(plan)}) exceeds "
+                f"the {_gib(gpu.memory_bytes)} of one {gpu.name}",
+                hint="; or ".join(advice),
+                severity="error",
+                rule="memory-fits",
+                source=source,
+                file=file,
+                line=line,
+            )
+        ]
+    if plan.peak_bytes > HEADROOM_WARNING * gpu.memory_bytes:
+        return [
+            SpecIssue(
+                key="cluster.gpu",
+                value=resolved.spec.cluster.gpu,
+                message=f"planned peak memory {_gib(plan.peak_bytes)} per GPU{where} is within "
+                f"{100 * (1 - HEADROOM_WARNING):.0f}% of the {_gib(gpu.memory_bytes)} of one {gpu.name}",
+                hint="leave headroom: enable recomputation or a smaller micro batch (dlmspec plan SPEC shows the breakdown)",
+                severity="warning",
+                rule="memory-headroom",
+                source=source,
+                file=file,
+                line=line,
+            )
+        ]
+    return []

@@ -1,0 +1,116 @@
+"""The planner's calibration constants, in one place.
+
+Everything else in :mod:`dlmspec.plan` is counted from the model's shapes and the parallel
+layout (bytes of each tensor megatron-core keeps, FLOPs of each GEMM, bytes of each
+collective). What cannot be counted - how fast kernels run compared with the datasheet peak,
+what CUDA and NCCL take outside PyTorch's allocator, CPU launch overhead - is a constant of
+:class:`Calibration`. ``bench/plan/calibrate.py`` refits the fitted ones from GPU measurements
+(``bench/results/*.json``) and can write them back here (``--write`` rewrites the defaults
+below, one ``name: type = value`` line each).
+
+Memory model: ``peak_allocated_bytes`` (what ``torch.cuda.max_memory_allocated()`` reports) =
+counted terms, with the activation terms scaled by :attr:`Calibration.activation_scale`, plus
+:attr:`Calibration.allocated_overhead_bytes`. ``peak_bytes`` (what must fit on the GPU) adds
+memory PyTorch's allocator does not report as allocated: the CUDA context, NCCL's buffers and
+the caching allocator's reserve.
+
+Time model (``dlmspec.plan.time``): seconds = GEMM FLOPs / (peak * gemm_efficiency) +
+attention FLOPs / (peak * attention_efficiency) + element-wise bytes / (HBM bandwidth *
+memory_efficiency) + kernels * seconds_per_kernel + exposed communication (bandwidth *
+nvlink_efficiency or network_efficiency) + step_overhead_seconds. Every fitted constant enters
+linearly (as its inverse for efficiencies), so ``calibrate.py`` fits them by non-negative least
+squares on relative errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants the planner cannot count. Units are in each name or below.
+
+    Memory (bytes):
+        activation_scale: multiplier on the counted activation terms (stored activations, the
+            loss's logits buffers and backward transients); 1.0 = the counted tensors exactly.
+            Fitted: absorbs temporaries the model does not list (e.g. kernel workspaces).
+        allocated_overhead_bytes: allocated memory that does not scale with the model:
+            cuBLAS/cuBLASLt workspaces (PyTorch allocates them through its caching allocator:
+            32 MiB per handle on Hopper, ``CUBLAS_WORKSPACE_CONFIG``), RNG states, megatron's
+            small buffers. Default 64 MiB (two handles: compute and communication streams). Fitted.
+        cuda_context_bytes: CUDA context, loaded kernels (cuBLAS, cuDNN, NCCL, PyTorch): not in
+            ``max_memory_allocated``. Default 600 MiB: the ``nvidia-smi`` footprint of a
+            PyTorch 2.x process on Hopper that has run a bf16 GEMM and SDPA (typically
+            500-700 MiB). Not fitted (measurements report allocated memory only).
+        nccl_bytes_per_group: NCCL's own buffers per communicator the rank joins (with more than
+            one rank): ``NCCL_BUFFSIZE`` (4 MiB) times channels and peers, plus proxy state;
+            default 64 MiB per group, the order NCCL 2.2x reports on 8-GPU NVLink nodes.
+        allocator_reserve_fraction: memory the caching allocator holds but has not handed
+            out (fragmentation: reserved - allocated at the peak), as a fraction of the peak
+            allocated bytes. Default 0.05 (5%), the usual gap between
+            ``max_memory_reserved`` and ``max_memory_allocated`` in megatron training without
+            ``expandable_segments``.
+
+    Time (dimensionless efficiencies in (0, 1], seconds):
+        gemm_efficiency: achieved / datasheet dense peak for the model's GEMMs. Default 0.70
+            (large bf16 GEMMs reach 70-80% of peak on H100 with cuBLASLt). Fitted.
+        attention_efficiency: the same for the attention core (QK^T and PV inside the flash /
+            SDPA kernel). Default 0.45 (FlashAttention-2 forward+backward on H100, Dao 2023
+            reports 35-50% of peak). Fitted.
+        memory_efficiency: achieved / datasheet HBM bandwidth for the element-wise kernels
+            (norms, activations, RoPE, residuals, cross entropy, optimizer). Default 0.70. Fitted.
+        nvlink_efficiency: achieved NCCL bus bandwidth / NVLink per-direction bandwidth. Default
+            0.75 (NCCL all-gather/reduce-scatter on 8x H100 NVSwitch: ~340 of 450 GB/s). Fitted
+            with two-GPU measurements.
+        network_efficiency: the same for the inter-node network (``cluster.inter_node_gbps``).
+            Default 0.80. Not fitted by single-node measurements.
+        seconds_per_kernel: CPU/launch cost per kernel; matters for small models where the GPU
+            outruns Python. Default 6e-6 s (megatron-core eager mode, ~6 us per launch). Fitted.
+        step_overhead_seconds: fixed cost per optimizer step (data loader hand-off, loss
+            reduction, grad-norm and logging syncs). Default 0.01 s. Fitted.
+        dp_overlap_exposed_fraction: with ``overlap_grad_reduce`` / ``overlap_param_gather``,
+            the fraction of the data-parallel collectives left exposed (the last bucket, plus
+            whatever exceeds the compute it hides behind). Default 0.2.
+    """
+
+    activation_scale: float = 1.0
+    allocated_overhead_bytes: float = 64 * MiB
+    cuda_context_bytes: float = 600 * MiB
+    nccl_bytes_per_group: float = 64 * MiB
+    allocator_reserve_fraction: float = 0.05
+    gemm_efficiency: float = 0.70
+    attention_efficiency: float = 0.45
+    memory_efficiency: float = 0.70
+    nvlink_efficiency: float = 0.75
+    network_efficiency: float = 0.80
+    seconds_per_kernel: float = 6e-6
+    step_overhead_seconds: float = 0.01
+    dp_overlap_exposed_fraction: float = 0.2
+
+    def with_values(self, **changes: float) -> "Calibration":
+        """A copy with some constants replaced (raises ``TypeError`` for an unknown name)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Name -> value, in declaration order (JSON-ready)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+#: The constants every plan uses unless one passes another :class:`Calibration`.
+DEFAULT_CALIBRATION = Calibration()
+
+#: Names ``bench/plan/calibrate.py`` fits from measurements (the others are documented defaults).
+FITTED = (
+    "activation_scale",
+    "allocated_overhead_bytes",
+    "gemm_efficiency",
+    "attention_efficiency",
+    "memory_efficiency",
+    "nvlink_efficiency",
+    "seconds_per_kernel",
+    "step_overhead_seconds",
+)

@@ -1,0 +1,103 @@
+"""``dlmspec plan``: what the command does (the typer declaration lives in :mod:`dlmspec.cli`).
+
+``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints
+:meth:`dlmspec.plan.Plan.to_dict` plus ``ok`` and ``issues``. A spec with an error other than
+the memory rule exits 2 with the usual issue table; a spec that does not fit prints its plan,
+the ``memory-fits`` issue (with what would make it fit) and exits 2.
+
+``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`);
+errors on the keys the search varies (parallel sizes, micro batch, recomputation) do not stop
+it - the search replaces those values. It exits 2 when no layout fits.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.text import Text
+
+from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+from dlmspec.loader import load
+from dlmspec.plan import SPEC_KEYS, PlanError, check_memory, make_plan
+from dlmspec.resolve import resolve
+
+#: Spec keys ``--search`` chooses itself (errors on them do not block the search).
+SEARCHED_KEYS = frozenset(SPEC_KEYS.values()) | {"recompute.modules", "train.global_batch_size"}
+
+
+def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
+    from dlmspec import cli
+
+    issues = list(cli.spec_issues(loaded, resolved))
+    if resolved.gpu is not None and not any(i.rule.startswith("memory-") for i in issues):
+        issues.extend(check_memory(resolved, loaded))
+    return issues
+
+
+def run_plan(ctx: typer.Context, spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> None:
+    """Body of ``dlmspec plan`` (see the module docstring).
+
+    Raises:
+        SpecError: the spec does not load or has a blocking error (the CLI prints it, exit 2).
+        typer.Exit: code 2 when the plan does not fit, or the search finds no layout.
+    """
+    from dlmspec import cli
+
+    cli.use_json(ctx, json_output)
+    if top < 1:
+        raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
+    loaded = load(spec, overrides)
+    resolved = resolve(loaded.spec)
+    issues = _issues(loaded, resolved)
+    errors = [i for i in issues if i.severity == "error"]
+    warnings = [i for i in issues if i.severity != "error"]
+    if search:
+        blocking = [e for e in errors if not e.rule.startswith("memory-") and e.key not in SEARCHED_KEYS]
+        if blocking:
+            raise SpecError(blocking + warnings)
+        _run_search(resolved, loaded, json_output, top)
+        return
+    blocking = [e for e in errors if not e.rule.startswith("memory-")]
+    if blocking:
+        raise SpecError(issues)
+    try:
+        plan = make_plan(resolved)
+    except PlanError as exc:
+        raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
+    memory_errors = [e for e in errors if e.rule.startswith("memory-")]
+    if json_output:
+        data = {"ok": not memory_errors, "spec": cli.display_path(str(loaded.path)),
+                "issues": [cli._issue_dict(i) for i in issues], **plan.to_dict()}
+        print(json.dumps(data, indent=2))
+    else:
+        from dlmspec.plan.report import print_plan
+
+        cli.report_warnings(warnings)
+        print_plan(plan, cli.stdout())
+        if memory_errors:
+            cli.report_issues(memory_errors)
+    if memory_errors:
+        raise typer.Exit(EXIT_USAGE)
+
+
+def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int) -> None:
+    from dlmspec import cli
+    from dlmspec.plan.search import search
+
+    try:
+        result = search(resolved, top=top)
+    except PlanError as exc:
+        raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
+    if json_output:
+        print(json.dumps({"ok": bool(result.top), "spec": cli.display_path(str(loaded.path)),
+                          "search": result.to_dict()}, indent=2))
+    else:
+        from dlmspec.plan.report import print_search
+
+        print_search(result, top, cli.stdout())
+        if not result.top:
+            cli.stderr().print(Text("no layout found (exit 2)", style="bold red"))
+    if not result.top:
+        raise typer.Exit(EXIT_USAGE)

@@ -1,0 +1,254 @@
+"""FLOPs of a training step: the model FLOPs MFU is quoted in, and the hardware FLOPs the GPUs
+actually execute (model FLOPs plus recomputation).
+
+Counting rules (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+Clusters Using Megatron-LM", sec. 5.1 / appendix; Chowdhery et al. 2022, PaLM, appendix B for
+MFU):
+
+* a GEMM of ``[m, k] x [k, n]`` is ``2*m*n*k`` FLOPs forward; backward computes the input and
+  the weight gradients, twice the forward, so training is ``3x`` the forward;
+* attention's ``Q K^T`` and ``P V`` are ``2 * 2 * a * d`` FLOPs per (query, key) pair, summed
+  over the keys a query attends: all ``s`` keys for bidirectional attention (masked
+  diffusion), ``s/2`` on average for causal attention (the convention of FlashAttention-2 and
+  Megatron-LM's ``num_floating_point_operations`` with causal masking, which flash kernels
+  actually skip), and the exact average for block-causal attention;
+* MoE layers count the router (``2*h*E``) and ``topk`` routed experts plus the shared expert
+  per token (active parameters, not all experts);
+* the logits GEMM ``2*h*V`` (padded vocabulary) is counted; norms, activations, softmax and
+  the loss are element-wise and not counted (memory-bound; :mod:`dlmspec.plan.time` times them
+  from their bytes).
+
+:func:`model_flops_per_token` is the single definition both the planner and the runtime use
+for MFU; it takes plain integers so ``backends/megatron`` can import it without pydantic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlmspec.plan.shape import Layout, ModelShape
+
+
+def attended_keys(seq_length: int, attention: str = "bidirectional", block_size: int | None = None) -> float:
+    """Average number of keys a query attends to.
+
+    Args:
+        seq_length: tokens per sequence ``s``.
+        attention: ``"bidirectional"`` (``s``), ``"causal"`` (``s/2``, FlashAttention-2's
+            convention) or ``"block_causal"`` (query in block ``j`` attends blocks ``0..j``:
+            the exact average of ``min(s, (j+1)*B)`` over queries).
+        block_size: ``B`` for block-causal attention.
+
+    Raises:
+        ValueError: unknown ``attention`` or a block-causal call without ``block_size >= 1``.
+    """
+    s = seq_length
+    if attention == "bidirectional":
+        return float(s)
+    if attention == "causal":
+        return s / 2
+    if attention == "block_causal":
+        if not block_size or block_size < 1:
+            raise ValueError("block_causal attention needs block_size >= 1")
+        B = block_size
+        total = 0
+        for start in range(0, s, B):
+            size = min(B, s - start)
+            total += size * min(s, start + B)
+        return total / s
+    raise ValueError(f"unknown attention {attention!r}: use bidirectional, causal or block_causal")
+
+
+def forward_flops_per_token(
+    num_layers: int,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    kv_channels: int,
+    vocab_size: int,
+    seq_length: int,
+    *,
+    gated: bool = True,
+    attention: str = "bidirectional",
+    block_size: int | None = None,
+    num_experts: int = 0,
+    moe_router_topk: int = 0,
+    moe_ffn_hidden_size: int = 0,
+    moe_shared_expert_intermediate_size: int = 0,
+    num_moe_layers: int = 0,
+) -> dict[str, float]:
+    """Forward FLOPs per token, by part (see the module docstring for the rules).
+
+    Returns:
+        ``{"attention_linear", "attention_core", "mlp", "moe", "logits"}`` summed over layers:
+        ``attention_linear`` = ``L * 2*h*(a + 2g)*d`` (linear_qkv) ``+ L * 2*a*d*h``
+        (linear_proj); ``attention_core`` = ``L * 4*a*d*keys``; ``mlp`` = dense layers' ``2*h*f``
+        per GEMM (three GEMMs when gated); ``moe`` = MoE layers' router, ``topk`` experts and
+        shared expert; ``logits`` = ``2*h*V``.
+    """
+    h, a, g, d = hidden_size, num_attention_heads, num_query_groups, kv_channels
+    mult = 3 if gated else 2
+    dense_layers = num_layers - num_moe_layers
+    keys = attended_keys(seq_length, attention, block_size)
+    moe = 0.0
+    if num_moe_layers:
+        per = 2 * h * num_experts + moe_router_topk * mult * 2 * h * moe_ffn_hidden_size
+        per += mult * 2 * h * moe_shared_expert_intermediate_size
+        moe = num_moe_layers * per
+    return {
+        "attention_linear": float(num_layers * (2 * h * (a + 2 * g) * d + 2 * a * d * h)),
+        "attention_core": num_layers * 4 * a * d * keys,
+        "mlp": float(dense_layers * mult * 2 * h * ffn_hidden_size),
+        "moe": float(moe),
+        "logits": float(2 * h * vocab_size),
+    }
+
+
+def model_flops_per_token(
+    num_layers: int,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    kv_channels: int,
+    vocab_size: int,
+    seq_length: int,
+    *,
+    gated: bool = True,
+    attention: str = "bidirectional",
+    block_size: int | None = None,
+    num_experts: int = 0,
+    moe_router_topk: int = 0,
+    moe_ffn_hidden_size: int = 0,
+    moe_shared_expert_intermediate_size: int = 0,
+    num_moe_layers: int = 0,
+) -> float:
+    """Model FLOPs of one training token (forward + backward = 3x forward), without
+    recomputation: the numerator of MFU.
+
+    ``MFU = model_flops_per_token * tokens_per_second / (num_gpus * peak_flops)``; tokens are
+    every input position (``global_batch_size * seq_length`` per step, for masked diffusion as
+    for AR: every position runs through the network).
+
+    Args:
+        num_layers, hidden_size, ffn_hidden_size: ``L, h, f``.
+        num_attention_heads, num_query_groups, kv_channels: ``a, g, d`` (GQA: ``g < a``).
+        vocab_size: the padded vocabulary the output layer has (Megatron's
+            ``padded_vocab_size``).
+        seq_length: ``s``, for the attention term.
+        gated: SwiGLU/GeGLU MLP (fc1 is ``[2f, h]``).
+        attention: ``bidirectional`` (masked diffusion), ``causal`` (AR) or ``block_causal``.
+        block_size: block length for ``block_causal``.
+        num_experts, moe_router_topk, moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size, num_moe_layers: MoE sizes (0 = dense).
+
+    Returns:
+        FLOPs per token (a float: causal and block-causal attention average fractional keys).
+
+    Example (dense, bidirectional): ``3 * (L*(2h(a+2g)d + 2adh + 4ads + 3*2hf) + 2hV)``.
+    """
+    parts = forward_flops_per_token(
+        num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels,
+        vocab_size, seq_length, gated=gated, attention=attention, block_size=block_size,
+        num_experts=num_experts, moe_router_topk=moe_router_topk, moe_ffn_hidden_size=moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=moe_shared_expert_intermediate_size, num_moe_layers=num_moe_layers,
+    )
+    return 3 * sum(parts.values())
+
+
+def shape_forward_parts(shape: ModelShape, seq: int, attention: str | None = None) -> dict[str, float]:
+    """:func:`forward_flops_per_token` of a :class:`ModelShape` (optionally with another
+    attention pattern, e.g. the FLOPs a kernel executes)."""
+    return forward_flops_per_token(
+        shape.num_layers, shape.hidden, shape.ffn, shape.heads, shape.groups, shape.head_dim, shape.vocab, seq,
+        gated=shape.gated, attention=attention or shape.attention, block_size=shape.block_size or None,
+        num_experts=shape.num_experts, moe_router_topk=shape.topk, moe_ffn_hidden_size=shape.expert_ffn,
+        moe_shared_expert_intermediate_size=shape.shared_ffn, num_moe_layers=sum(shape.moe_layers) if shape.is_moe else 0,
+    )
+
+
+def shape_model_flops_per_token(shape: ModelShape, seq: int) -> float:
+    """:func:`model_flops_per_token` of a :class:`ModelShape`."""
+    return 3 * sum(shape_forward_parts(shape, seq).values())
+
+
+@dataclass(frozen=True)
+class FlopCounts:
+    """FLOPs of one optimizer step over the whole job.
+
+    Attributes:
+        model_per_token: :func:`model_flops_per_token` (3x forward, no recomputation).
+        model_per_step: ``model_per_token * global_batch * seq``.
+        hardware_per_step: what the GPUs execute: model FLOPs with the attention kernel's
+            actual work (block-causal on SDPA's masked kernel computes all ``s*s`` pairs) plus
+            one more forward of everything recomputed.
+        recompute_per_step: the recomputed forward FLOPs (part of ``hardware_per_step``).
+        forward_parts: hardware forward FLOPs per token by part (for the time model).
+    """
+
+    model_per_token: float
+    model_per_step: float
+    hardware_per_step: float
+    recompute_per_step: float
+    forward_parts: dict[str, float]
+
+
+def hardware_forward_parts(shape: ModelShape, lay: Layout) -> dict[str, float]:
+    """Forward FLOPs per token the kernels execute: block-causal attention runs on SDPA's
+    memory-efficient kernel with a boolean mask, which computes every ``(query, key)`` pair,
+    so it costs as much as bidirectional attention."""
+    kernel_attention = shape.attention
+    if shape.attention == "block_causal":
+        kernel_attention = "bidirectional"
+    return shape_forward_parts(shape, lay.seq, kernel_attention)
+
+
+def recompute_fraction(shape: ModelShape, lay: Layout) -> dict[str, float]:
+    """Share of each forward part executed a second time by recomputation.
+
+    ``full``/``uniform`` recomputes every layer; ``full``/``block`` the first
+    ``recompute_num_layers`` layers of each (virtual) stage chunk; ``selective`` the named
+    modules: ``core_attn`` -> the attention core, ``mlp`` -> dense MLPs, ``moe`` -> MoE layers,
+    ``shared_experts`` -> the shared expert (its share of the MoE part); ``layernorm`` and
+    ``moe_act`` recompute element-wise work only (no GEMM FLOPs).
+    """
+    zero = {"attention_linear": 0.0, "attention_core": 0.0, "mlp": 0.0, "moe": 0.0, "logits": 0.0}
+    if lay.recompute == "full":
+        chunks = lay.pp * max(1, lay.vpp)
+        per_chunk = shape.num_layers / chunks
+        share = 1.0 if lay.recompute_method == "uniform" else min(1.0, lay.recompute_layers / per_chunk)
+        return {**zero, "attention_linear": share, "attention_core": share, "mlp": share, "moe": share}
+    if lay.recompute == "selective":
+        out = dict(zero)
+        mods = lay.recompute_modules
+        if "core_attn" in mods:
+            out["attention_core"] = 1.0
+        if "mlp" in mods:
+            out["mlp"] = 1.0
+        if "moe" in mods:
+            out["moe"] = 1.0
+        elif "shared_experts" in mods and shape.shared_ffn and shape.is_moe:
+            mult = 3 if shape.gated else 2
+            per_shared = mult * 2 * shape.hidden * shape.shared_ffn
+            per_moe = 2 * shape.hidden * shape.num_experts + shape.topk * mult * 2 * shape.hidden * shape.expert_ffn + per_shared
+            out["moe"] = per_shared / per_moe
+        return out
+    return zero
+
+
+def step_flops(shape: ModelShape, lay: Layout) -> FlopCounts:
+    """FLOPs of one optimizer step of the whole job (see :class:`FlopCounts`)."""
+    tokens = lay.global_batch * lay.seq
+    model_tok = shape_model_flops_per_token(shape, lay.seq)
+    fwd = hardware_forward_parts(shape, lay)
+    frac = recompute_fraction(shape, lay)
+    recompute_tok = sum(fwd[k] * frac[k] for k in fwd)
+    hardware_tok = 3 * sum(fwd.values()) + recompute_tok
+    return FlopCounts(
+        model_per_token=model_tok,
+        model_per_step=model_tok * tokens,
+        hardware_per_step=hardware_tok * tokens,
+        recompute_per_step=recompute_tok * tokens,
+        forward_parts=fwd,
+    )

@@ -1,0 +1,657 @@
+"""Per-GPU memory of a training step, per pipeline stage, as a breakdown in bytes.
+
+What is counted is what megatron-core 0.16 keeps on a GPU during training with the layers
+``backends/megatron`` builds (``GPTModel`` with the Transformer Engine layer spec, or the local
+spec with SDPA core attention). Notation (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", sec. 4): ``s`` sequence length, ``b`` micro batch,
+``h`` hidden, ``a`` heads, ``g`` query groups, ``d`` head dim, ``f`` FFN size, ``V`` padded
+vocabulary, ``t`` TP, ``y`` bytes per activation element (2 for bf16). ``T = b*s/cp`` is the
+tokens of one microbatch on one context-parallel rank; ``r = t`` with sequence parallelism,
+else 1 (the divisor of sequence-sharded tensors).
+
+Static memory (per rank; megatron-core ``distributed.DistributedDataParallel`` and
+``optimizer.DistributedOptimizer`` / ``Float16OptimizerWithFloat16Params``):
+
+* weights: ``y_param * P_rank`` (bf16 parameters live in DDP's contiguous param buffer);
+* gradients: ``4 * P_rank`` with ``grad_reduce_in_fp32`` (DDP's ``main_grad`` buffer in fp32,
+  Megatron-LM's default for bf16), else ``y_param * P_rank``;
+* optimizer state: Adam keeps an fp32 master copy plus two fp32 moments, 12 bytes per
+  parameter (8 when the model itself is fp32: no master copy); SGD with momentum 8 (4).
+  The distributed optimizer shards it over the data-parallel x context-parallel group
+  (``dp * cp`` ranks), expert parameters over the expert-data-parallel group - the
+  "6 + 12/dp bytes per parameter" of Megatron-LM's ``theoretical_memory_usage.py``;
+* FSDP (megatron ``optim_grads_params`` or torch FSDP2) also shards weights and gradients, and
+  keeps two layers unsharded at a time (the one computing and the prefetched one);
+* fp8 (Transformer Engine): an fp8 copy and an fp8 transpose of every linear weight.
+
+Activations (per microbatch, per layer, kept for the backward pass): the tensors each module
+saves, listed by :func:`layer_activation_terms`. Flash/SDPA attention keeps q, k, v, the output
+and the fp32 log-sum-exp instead of the ``a*s*s`` score matrix of Korthikanti's eq. (2); the
+other terms are Korthikanti's Table 2 with GQA widths, SwiGLU's ``[2f]`` fc1 output and
+megatron-core's fused activation (``bias_swiglu_impl`` saves its input). Recomputation
+(megatron-core ``recompute_granularity``): ``selective`` drops the modules' saved tensors
+(:data:`SELECTIVE_DROPS`), ``full`` keeps only each checkpoint's input (``uniform``: one per
+``recompute_num_layers`` layers; ``block``: the first ``recompute_num_layers`` layers of a
+stage) and rebuilds one checkpoint's activations during its backward.
+
+Pipeline schedules: with 1F1B (megatron-core ``forward_backward_pipelining_without_
+interleaving``) stage ``i`` holds ``min(pp - i, m)`` microbatches in flight; with the
+interleaved schedule rank ``i`` runs ``min(2*(pp-i-1) + (vpp-1)*pp, m*vpp) + 1`` chunk-
+microbatches before its first backward (``forward_backward_pipelining_with_interleaving``),
+each a ``1/vpp`` share of the stage - for rank 0 the ``1 + (pp-1)/(pp*vpp)`` factor of
+Megatron-LM's ``theoretical_memory_usage.py``.
+
+The last stage adds the loss: megatron-core's ``vocab_parallel_cross_entropy`` converts the
+``[T, V/t]`` logits to fp32 (``logits.float()``), keeps the fp32 softmax for backward and
+returns an fp32 gradient that autograd casts back to bf16, so ``(4 + y) * T * V / t`` bytes
+are alive around the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from math import ceil
+from typing import Any
+
+from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
+
+#: Breakdown keys of allocated memory, in report order (``peak_allocated_bytes`` is their sum).
+ALLOCATED_TERMS = (
+    "weights",
+    "gradients",
+    "optimizer_states",
+    "fp8_weight_cache",
+    "fsdp_unsharded_buffers",
+    "sp_gather_buffer",
+    "activations",
+    "embedding_output_activations",
+    "batch_and_objective",
+    "loss_logits",
+    "backward_transient",
+    "optimizer_step_transient",
+    "allocated_overhead",
+)
+
+#: Breakdown keys of memory outside the allocator (``peak_bytes`` adds them).
+RESERVED_TERMS = ("cuda_context", "nccl_buffers", "allocator_reserve")
+
+#: Activation terms each selective-recompute module drops from a layer (megatron-core
+#: ``TransformerConfig.recompute_modules``; ``core_attn`` is handled in
+#: :func:`apply_selective` because what it frees depends on the output copy).
+SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
+    "layernorm": ("qkv_input", "mlp_input"),
+    "mlp": ("mlp_activation_input", "mlp_fc2_input"),
+    "moe": (
+        "router",
+        "expert_input",
+        "expert_activation_input",
+        "expert_fc2_input",
+        "expert_output",
+        "shared_activation_input",
+        "shared_fc2_input",
+    ),
+    "moe_act": ("expert_fc2_input",),
+    "shared_experts": ("shared_activation_input", "shared_fc2_input"),
+}
+
+
+def optimizer_bytes_per_param(optimizer: str, dtype: str) -> int:
+    """Optimizer-state bytes per parameter before sharding.
+
+    Adam: fp32 ``exp_avg`` and ``exp_avg_sq`` (8) plus, for bf16/fp16 models, the fp32 master
+    weights (4) of megatron-core's mixed-precision optimizers: 12 (Megatron-LM
+    ``theoretical_memory_usage.py``: 18 = 2 + 4 + 12). SGD (megatron uses momentum 0.9): one
+    fp32 momentum (4) plus the master copy for half-precision models.
+    """
+    states = 8 if optimizer == "adam" else 4
+    return states + (0 if dtype == "fp32" else 4)
+
+
+def stage_layer_counts(shape: ModelShape, lay: Layout, stage: int) -> tuple[int, int]:
+    """(dense layers, MoE layers) held by pipeline rank ``stage``.
+
+    Without interleaving rank ``i`` holds layers ``[i*L/pp, (i+1)*L/pp)`` (megatron-core
+    ``get_transformer_layer_offset``; when ``pp`` does not divide ``L`` the first
+    ``L % pp`` ranks take one more, a conservative stand-in for the uneven split the validator
+    rejects). With ``vpp`` chunks, chunk ``c`` of rank ``i`` holds layers
+    ``[(c*pp + i)*Lc, (c*pp + i + 1)*Lc)`` with ``Lc = L / (pp*vpp)``.
+    """
+    return _layer_counts(shape.num_layers, shape.moe_layers if shape.is_moe else None, lay.pp, lay.vpp, stage)
+
+
+@lru_cache(maxsize=8192)
+def _layer_counts(L: int, pattern: tuple[int, ...] | None, pp: int, v: int, stage: int) -> tuple[int, int]:
+    if v > 1 and L % (pp * v) == 0:
+        lc = L // (pp * v)
+        ranges = [((c * pp + stage) * lc, (c * pp + stage + 1) * lc) for c in range(v)]
+    else:
+        base, extra = divmod(L, pp)
+        start = stage * base + min(stage, extra)
+        ranges = [(start, start + base + (1 if stage < extra else 0))]
+    n = sum(b - a for a, b in ranges)
+    moe = sum(sum(pattern[a:b]) for a, b in ranges) if pattern else 0
+    return n - moe, moe
+
+
+def in_flight(lay: Layout, stage: int) -> float:
+    """Microbatches of whole-stage activations rank ``stage`` holds at its peak.
+
+    1F1B: ``min(pp - stage, m)`` (Narayanan et al. 2021, sec. 2.2.1; megatron-core
+    ``get_forward_backward_func`` -> ``forward_backward_pipelining_without_interleaving``
+    runs ``pp - stage - 1`` warm-up forwards, then one more before the first backward).
+    Interleaved: ``(min(2*(pp-stage-1) + (vpp-1)*pp, m*vpp) + 1) / vpp`` (chunk-microbatches of
+    ``1/vpp`` of the stage each; ``forward_backward_pipelining_with_interleaving``'s
+    ``num_warmup_microbatches`` with ``microbatch_group_size_per_vp_stage = pp``).
+    """
+    pp, m, v = lay.pp, lay.num_microbatches, lay.vpp
+    if pp == 1:
+        return 1.0
+    if v <= 1:
+        return float(min(pp - stage, m))
+    warmup = min(2 * (pp - stage - 1) + (v - 1) * pp, m * v)
+    return min(warmup + 1, m * v) / v
+
+
+def expert_tokens(shape: ModelShape, lay: Layout) -> float:
+    """Token-expert pairs one rank's experts process per microbatch and MoE layer, ``N``.
+
+    Each token goes to ``topk`` experts; with balanced routing the ``E/ep`` local experts of a
+    rank receive the share of its own tokens (megatron-core ``MoEAlltoAllTokenDispatcher``).
+    With sequence parallelism a rank routes its ``T/t`` tokens and the dispatcher gathers them
+    over the expert-TP group (``etp``), so ``N = T*k*etp/t``; without it every TP rank holds all
+    ``T`` tokens, ``N = T*k``. Routing is assumed balanced (the aux loss keeps it near).
+    """
+    T = lay.micro_batch * lay.seq / lay.cp
+    r = lay.sequence_divisor
+    if r > 1:
+        return T * shape.topk * lay.etp / r
+    return T * shape.topk
+
+
+def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[str, float]:
+    """Bytes one transformer layer saves for backward, per microbatch, per rank, before
+    recomputation, by tensor.
+
+    Terms (``T = b*s/cp`` tokens, ``r`` the sequence-parallel divisor, ``y`` activation
+    bytes, ``y8`` = 1 for linear inputs TE saves in fp8, else ``y``):
+
+    * ``norm_inputs``: inputs of ``input_layernorm`` and ``pre_mlp_layernorm`` (the residual
+      stream) plus their fp32 ``rstd`` (and mean for LayerNorm): ``2*(y*T*h + 4*T)/r``
+      (Korthikanti Table 2: 4sbh/t with SP).
+    * ``qkv_input``: the norm output ``linear_qkv`` saves: ``y8*T*h/r`` (with SP megatron saves
+      the local shard and re-gathers it in backward).
+    * ``qkv_output``: ``linear_qkv``'s output ``[T, (a+2g)d/t]``, kept alive because ``v``
+      (and the q/k norm inputs) are views of it (megatron-core
+      ``SelfAttention.get_query_key_value_tensors`` splits by ``torch.split``).
+    * ``qk_norm_stats``: fp32 ``rstd`` per head row of q/k norm.
+    * ``rotated_qk``: RoPE (and/or q/k norm) write new q and k: ``y*T*(a+g)d/t``.
+    * ``attention_output``: SDPA/flash output ``y*T*a*d/t`` and its fp32 log-sum-exp ``4*T*a/t``
+      (FlashAttention-2, Dao 2023: O and L are what backward needs; no ``s*s`` matrix).
+    * ``attention_output_copy``: local+sdpa only: ``[b,np,s,hn] -> [s,b,np*hn]`` is a copy
+      for ``b > 1`` (``backends/megatron/attention.py``), saved by ``linear_proj``; with fp8
+      TE the fp8 cast ``linear_proj`` saves.
+    * ``attention_mask_path``: local+sdpa with a mask (block-causal, or MDM sequences cut by
+      ``variable_length_prob``): SDPA's memory-efficient kernel saves the additive mask
+      (``y*s*s`` per layer, ``y*b*s*s`` for the per-sequence key-padding mask) and the
+      ``repeat_interleave``-d k and v (``2*y*T*a*d/t``) when ``a != g``.
+    * ``dropout_masks``: with ``hidden_dropout > 0`` two bool masks ``T*h/r``
+      (Korthikanti's ``2sbh``); attention dropout inside flash/SDPA replays its RNG, no mask.
+    * dense MLP: ``mlp_input`` (fc1 input ``y8*T*h/r``), ``mlp_activation_input`` (fc1 output
+      ``y*T*f*(2 if gated)/t``, saved by megatron's fused ``bias_swiglu_impl`` /
+      ``bias_gelu_impl``), ``mlp_fc2_input`` (``y8*T*f/t``).
+    * MoE (``megatron.core.transformer.moe``): ``router`` (fp32 probabilities and scores for
+      the aux loss, bool routing map: ``9*T*E/r``), ``expert_input`` (the ``N`` dispatched
+      token copies of :func:`expert_tokens`, ``y8*N*h``), ``expert_activation_input`` (``y*N*f_e*(2 if gated)/etp``),
+      ``expert_fc2_input`` (``y8*N*f_e/etp``), ``expert_output`` (unpermute keeps the expert
+      outputs to weight them by the router probabilities, ``y*T*k*h/r``), and the shared
+      expert's ``shared_activation_input``/``shared_fc2_input``.
+    """
+    h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
+    t, r = lay.tp, lay.sequence_divisor
+    y = DTYPE_BYTES[lay.dtype]
+    y8 = 1 if lay.fp8 else y
+    T = lay.micro_batch * lay.seq / lay.cp
+    stat = 8 if shape.layernorm else 4
+    gate = 2 if shape.gated else 1
+    local = lay.impl != "transformer_engine"
+    terms: dict[str, float] = {
+        "norm_inputs": 2 * (y * T * h + stat * T) / r,
+        "qkv_input": y8 * T * h / r,
+        "qkv_output": y * T * (a + 2 * g) * d / t,
+        "qk_norm_stats": stat * T * (a + g) / t if shape.qk_norm else 0.0,
+        "rotated_qk": y * T * (a + g) * d / t if (shape.rope or shape.qk_norm) else 0.0,
+        "attention_output": y * T * a * d / t + 4 * T * a / t,
+        "attention_output_copy": 0.0,
+        "attention_mask_path": 0.0,
+        "dropout_masks": 2 * T * h / r if shape.hidden_dropout > 0 else 0.0,
+    }
+    if local and lay.micro_batch > 1:
+        terms["attention_output_copy"] = y * T * a * d / t
+    elif lay.fp8:
+        terms["attention_output_copy"] = T * a * d / t
+    if local:
+        s_local = lay.seq / lay.cp
+        mask = 0.0
+        if shape.attention == "block_causal":
+            mask = y * s_local * lay.seq
+        if shape.variable_length_prob > 0:
+            mask = max(mask, y * lay.micro_batch * s_local * lay.seq)
+        if mask:
+            repeat = 2 * y * T * a * d / t if a != g else 0.0
+            terms["attention_mask_path"] = mask + repeat
+    if not moe:
+        terms["mlp_input"] = y8 * T * h / r
+        terms["mlp_activation_input"] = y * T * shape.ffn * gate / t
+        terms["mlp_fc2_input"] = y8 * T * shape.ffn / t
+        return terms
+    E, k, fe, etp = shape.num_experts, shape.topk, shape.expert_ffn, lay.etp
+    N = expert_tokens(shape, lay)
+    terms["mlp_input"] = y8 * T * h / r
+    terms["router"] = 9 * T * E / r
+    terms["expert_input"] = y8 * N * h
+    terms["expert_activation_input"] = y * N * fe * gate / etp
+    terms["expert_fc2_input"] = y8 * N * fe / etp
+    terms["expert_output"] = y * T * k * h / r
+    if shape.shared_ffn:
+        terms["shared_activation_input"] = y * T * shape.shared_ffn * gate / t
+        terms["shared_fc2_input"] = y8 * T * shape.shared_ffn / t
+    return terms
+
+
+def apply_selective(
+    terms: dict[str, float], modules: tuple[str, ...], moe: bool, *, lse: float, output_copied: bool
+) -> dict[str, float]:
+    """``terms`` after megatron-core selective recomputation of ``modules``.
+
+    ``core_attn`` (``TransformerConfig.recompute_modules`` default) checkpoints the core
+    attention: its inputs q, k, v stay saved (by the checkpoint), its fp32 log-sum-exp
+    (``lse`` bytes) and mask path are recomputed, and its output survives once, as
+    ``linear_proj``'s input (so when that input is a copy - ``output_copied`` - the SDPA
+    output itself is dropped). ``mlp`` applies to dense layers; ``moe``, ``moe_act`` and
+    ``shared_experts`` to MoE layers; ``layernorm`` drops the norm outputs
+    (``CheckpointWithoutOutput``). Keys: :data:`SELECTIVE_DROPS`.
+    """
+    out = dict(terms)
+    for module in modules:
+        if module == "core_attn":
+            if output_copied:
+                out["attention_output"] = 0.0
+            else:
+                out["attention_output"] = max(0.0, out["attention_output"] - lse)
+            out["attention_mask_path"] = 0.0
+            continue
+        if module == "mlp" and moe:
+            continue
+        if module in ("moe", "moe_act", "shared_experts") and not moe:
+            continue
+        for key in SELECTIVE_DROPS.get(module, ()):
+            if key in out:
+                out[key] = 0.0
+    return out
+
+
+@dataclass
+class LayerTerms:
+    """Per-layer activation terms for one layout: dense and MoE layer, before and after
+    selective recomputation, plus the bytes of one layer's backward workspace."""
+
+    dense: dict[str, float]
+    moe: dict[str, float]
+    dense_kept: dict[str, float]
+    moe_kept: dict[str, float]
+    dense_total: float
+    moe_total: float
+    dense_kept_total: float
+    moe_kept_total: float
+    layer_input: float
+    dense_backward: float
+    moe_backward: float
+
+
+def layer_terms(shape: ModelShape, lay: Layout) -> LayerTerms:
+    """Compute :class:`LayerTerms` (see :func:`layer_activation_terms`,
+    :func:`apply_selective`, :func:`backward_workspace`)."""
+    y = DTYPE_BYTES[lay.dtype]
+    T = lay.micro_batch * lay.seq / lay.cp
+    lse = 4 * T * shape.heads / lay.tp
+    copied = lay.impl != "transformer_engine" and lay.micro_batch > 1
+    dense = layer_activation_terms(shape, lay, False)
+    moe = layer_activation_terms(shape, lay, True) if shape.is_moe else {}
+    if lay.recompute == "selective":
+        modules = lay.recompute_modules
+        dense_kept = apply_selective(dense, modules, False, lse=lse, output_copied=copied)
+        moe_kept = apply_selective(moe, modules, True, lse=lse, output_copied=copied) if moe else {}
+    else:
+        dense_kept, moe_kept = dense, moe
+    return LayerTerms(
+        dense=dense,
+        moe=moe,
+        dense_kept=dense_kept,
+        moe_kept=moe_kept,
+        dense_total=sum(dense.values()),
+        moe_total=sum(moe.values()),
+        dense_kept_total=sum(dense_kept.values()),
+        moe_kept_total=sum(moe_kept.values()),
+        layer_input=y * T * shape.hidden / lay.sequence_divisor,
+        dense_backward=backward_workspace(shape, lay, False),
+        moe_backward=backward_workspace(shape, lay, True) if moe else 0.0,
+    )
+
+
+def backward_workspace(shape: ModelShape, lay: Layout, moe: bool) -> float:
+    """Bytes alive only while one layer runs its backward (added once per stage).
+
+    MLP backward holds the incoming gradient and the gradients of fc2's input and fc1's output
+    (``y*T*f*(3 if gated else 2)/t``), the re-gathered fc1 input under sequence parallelism
+    and fc1's input gradient before its reduce-scatter (``y*T*h`` each), and - on the local
+    path, without ``gradient_accumulation_fusion`` - the bf16 weight gradient of fc1 before it
+    is added to ``main_grad``. Attention backward holds dq, dk, dv, dO and FlashAttention's fp32
+    dq accumulator. The larger of the two counts; MoE layers use the per-rank expert tokens.
+    """
+    h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
+    t, r = lay.tp, lay.sequence_divisor
+    y = DTYPE_BYTES[lay.dtype]
+    T = lay.micro_batch * lay.seq / lay.cp
+    gate = 2 if shape.gated else 1
+    gathered = y * T * h if r > 1 else 0.0
+    local = lay.impl != "transformer_engine"
+    if moe:
+        f, tt, tokens = shape.expert_ffn, lay.etp, expert_tokens(shape, lay)
+    else:
+        f, tt, tokens = shape.ffn, t, T
+    wgrad = y * h * f * gate / tt if local else 0.0
+    mlp = y * tokens * f * (gate + 1) / tt + gathered + y * tokens * h + wgrad
+    attn = y * T * (2 * a + 2 * g) * d / t + 4 * T * a * d / t + gathered + (y * h * (a + 2 * g) * d / t if local else 0.0)
+    return max(mlp, attn)
+
+
+@dataclass
+class StageMemory:
+    """Memory of one pipeline rank at its peak.
+
+    Attributes:
+        stage: pipeline rank (0 = first).
+        layers: transformer layers on the rank (dense, MoE).
+        in_flight: microbatches of activations held at the peak (:func:`in_flight`).
+        params: parameters on the rank (dense/shared part, expert part), scalars.
+        breakdown: bytes per term at the peak (:data:`ALLOCATED_TERMS` + :data:`RESERVED_TERMS`).
+        phase: ``forward_backward`` or ``optimizer_step`` - when the peak happens.
+        peak_allocated_bytes: sum of the allocated terms (compare with
+            ``torch.cuda.max_memory_allocated``).
+        peak_bytes: all terms: allocated plus CUDA context, NCCL and allocator reserve (what
+            must fit the GPU).
+    """
+
+    stage: int
+    layers: tuple[int, int]
+    in_flight: float
+    params: tuple[float, float]
+    breakdown: dict[str, float] = field(default_factory=dict)
+    phase: str = "forward_backward"
+    peak_allocated_bytes: float = 0.0
+    peak_bytes: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (integers of bytes)."""
+        return {
+            "stage": self.stage,
+            "dense_layers": self.layers[0],
+            "moe_layers": self.layers[1],
+            "in_flight_microbatches": round(self.in_flight, 4),
+            "parameters": int(round(self.params[0] + self.params[1])),
+            "phase": self.phase,
+            "peak_allocated_bytes": int(round(self.peak_allocated_bytes)),
+            "peak_bytes": int(round(self.peak_bytes)),
+            "breakdown": {k: int(round(v)) for k, v in self.breakdown.items()},
+        }
+
+
+def stage_params(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int, int] | None = None) -> tuple[float, float]:
+    """(non-expert, expert) parameters held by pipeline rank ``stage``, scalars.
+
+    TP splits ``linear_qkv``/``linear_proj``/``linear_fc1``/``linear_fc2`` and the vocabulary
+    (megatron-core ``ColumnParallelLinear``/``RowParallelLinear``/``VocabParallelEmbedding``);
+    norms, the router, ``linear_proj``/``fc2`` biases and learned positions are replicated.
+    Experts: ``E/ep`` per rank, each split over expert TP. The first stage holds the word
+    (and position) embedding; the last the final norm and the output layer - with tied
+    embeddings and ``pp > 1`` a second copy of the word embedding (megatron-core
+    ``LanguageModule.setup_embeddings_and_output_layer``).
+    """
+    dense_n, moe_n = counts if counts is not None else stage_layer_counts(shape, lay, stage)
+    t = lay.tp
+    attn = shape.attn_split / t + shape.attn_repl + shape.norms_repl
+    dense_layer = attn + shape.mlp_split / t + shape.mlp_repl
+    params = dense_n * dense_layer
+    expert = 0.0
+    if moe_n:
+        params += moe_n * (attn + shape.router + shape.shared_split / t + shape.shared_repl)
+        expert = moe_n * (shape.num_experts / lay.ep) * shape.expert_params / lay.etp
+    emb = shape.vocab * shape.hidden / t
+    if stage == 0:
+        params += emb + shape.learned_positions * shape.hidden
+    if stage == lay.pp - 1:
+        params += shape.final_norm
+        if not shape.tied or lay.pp > 1:
+            params += emb
+    return params, expert
+
+
+def linear_params(shape: ModelShape, lay: Layout, counts: tuple[int, int]) -> float:
+    """Parameters of the linear layers on a rank (what TE casts to fp8)."""
+    dense_n, moe_n = counts
+    t = lay.tp
+    per = shape.attn_split / t
+    out = dense_n * (per + shape.mlp_split / t)
+    if moe_n:
+        out += moe_n * (per + shape.shared_split / t + (shape.num_experts / lay.ep) * shape.expert_params / lay.etp)
+    return out
+
+
+def _nccl_groups(lay: Layout, shape: ModelShape) -> int:
+    """Communicators a rank uses: TP, PP (p2p), CP, DP x CP, EP, expert DP, embedding sync."""
+    groups = [lay.tp, lay.pp, lay.cp, lay.dp * lay.cp]
+    if shape.is_moe:
+        groups += [lay.ep, lay.expert_dp, lay.etp]
+    count = sum(1 for n in groups if n > 1)
+    if lay.pp > 1 and shape.tied:
+        count += 1
+    return count
+
+
+def stage_memory(
+    shape: ModelShape,
+    lay: Layout,
+    stage: int,
+    terms: LayerTerms | None = None,
+    calib: Calibration = DEFAULT_CALIBRATION,
+) -> StageMemory:
+    """Memory of pipeline rank ``stage`` at its peak (see the module docstring for each term).
+
+    The peak is the larger of two moments: during forward/backward (static memory + stored
+    activations of the in-flight microbatches + the largest transient: the loss's logits on
+    the last stage, or one layer's backward workspace plus what recomputation rebuilds), and
+    during the optimizer step (static memory + the step's temporaries).
+    """
+    lt = terms if terms is not None else layer_terms(shape, lay)
+    counts = stage_layer_counts(shape, lay, stage)
+    dense_n, moe_n = counts
+    p_dense, p_expert = stage_params(shape, lay, stage, counts)
+    y = DTYPE_BYTES[lay.dtype]
+    param_b = 4 if lay.dtype == "fp32" else 2
+    grad_b = 4 if (lay.grad_fp32 or lay.dtype == "fp32") else param_b
+    opt_b = optimizer_bytes_per_param(lay.optimizer, lay.dtype)
+    shard = lay.dp * lay.cp
+    eshard = lay.expert_dp
+    full_fsdp = lay.fsdp == "torch" or (lay.fsdp == "megatron" and lay.sharding == "optim_grads_params")
+    grad_fsdp = full_fsdp or (lay.fsdp == "megatron" and lay.sharding == "optim_grads")
+    opt_sharded = lay.distributed_optimizer or lay.fsdp != "none"
+
+    def sharded(dense: float, expert: float, on: bool) -> float:
+        return dense / shard + expert / eshard if on else dense + expert
+
+    b: dict[str, float] = dict.fromkeys(ALLOCATED_TERMS + RESERVED_TERMS, 0.0)
+    b["weights"] = param_b * sharded(p_dense, p_expert, full_fsdp)
+    b["gradients"] = grad_b * sharded(p_dense, p_expert, grad_fsdp)
+    b["optimizer_states"] = opt_b * sharded(p_dense, p_expert, opt_sharded)
+    if lay.fp8:
+        b["fp8_weight_cache"] = 2 * linear_params(shape, lay, counts)
+    layers = dense_n + moe_n
+    if full_fsdp and layers:
+        per_layer = (p_dense + p_expert) / layers
+        b["fsdp_unsharded_buffers"] = 2 * per_layer * (param_b + grad_b)
+    T = lay.micro_batch * lay.seq / lay.cp
+    if lay.sp and lay.tp > 1:
+        b["sp_gather_buffer"] = y * T * shape.hidden
+
+    # Activations kept per microbatch on this rank.
+    flight = in_flight(lay, stage)
+    scale = calib.activation_scale
+    if lay.recompute == "full":
+        stored_layers, recompute_transient = _full_recompute(lt, lay, dense_n, moe_n)
+    else:
+        stored_layers = dense_n * lt.dense_kept_total + moe_n * lt.moe_kept_total
+        recompute_transient = 0.0
+        if lay.recompute == "selective" and layers:
+            recompute_transient = max(
+                lt.dense_total - lt.dense_kept_total if dense_n else 0.0,
+                lt.moe_total - lt.moe_kept_total if moe_n else 0.0,
+            )
+    first, last = stage == 0, stage == lay.pp - 1
+    r = lay.sequence_divisor
+    stat = 8 if shape.layernorm else 4
+    y8 = 1 if lay.fp8 else y
+    edge = 0.0
+    if first and shape.hidden_dropout > 0:
+        edge += T * shape.hidden / r
+    if last:
+        edge += (y * T * shape.hidden + stat * T) / r + y8 * T * shape.hidden / r
+    b["activations"] = scale * flight * stored_layers
+    b["embedding_output_activations"] = scale * flight * edge
+    per_token = (16 + (9 if shape.objective == "mdm" else 0) if first else 0) + (20 if last else 0)
+    b["batch_and_objective"] = flight * per_token * T
+
+    # The largest transient of forward/backward.
+    V = shape.vocab / lay.tp
+    loss = 0.0
+    if last:
+        logits = (4 + (y if y != 4 else 0)) * T * V
+        out_bwd = y * T * V + (y * V * shape.hidden if lay.impl != "transformer_engine" else 0.0) + y * T * shape.hidden
+        loss = max(logits, out_bwd)
+    workspace = 0.0
+    if layers:
+        workspace = max(lt.dense_backward if dense_n else 0.0, lt.moe_backward if moe_n else 0.0) + recompute_transient
+    if loss >= workspace:
+        b["loss_logits"] = scale * loss
+    else:
+        b["backward_transient"] = scale * workspace
+    b["allocated_overhead"] = calib.allocated_overhead_bytes
+
+    # The optimizer step: activations are gone, the step's temporaries appear.
+    step = _step_transient(lay, p_dense, p_expert, opt_sharded, shard, eshard)
+    dynamic = sum(b[k] for k in ("activations", "embedding_output_activations", "batch_and_objective",
+                                 "loss_logits", "backward_transient"))
+    phase = "forward_backward"
+    if step > dynamic:
+        for k in ("activations", "embedding_output_activations", "batch_and_objective", "loss_logits",
+                  "backward_transient", "sp_gather_buffer"):
+            b[k] = 0.0
+        b["optimizer_step_transient"] = step
+        phase = "optimizer_step"
+
+    allocated = sum(b[k] for k in ALLOCATED_TERMS)
+    b["cuda_context"] = calib.cuda_context_bytes
+    b["nccl_buffers"] = calib.nccl_bytes_per_group * _nccl_groups(lay, shape)
+    b["allocator_reserve"] = calib.allocator_reserve_fraction * allocated
+    total = allocated + b["cuda_context"] + b["nccl_buffers"] + b["allocator_reserve"]
+    return StageMemory(stage=stage, layers=counts, in_flight=flight, params=(p_dense, p_expert), breakdown=b,
+                       phase=phase, peak_allocated_bytes=allocated, peak_bytes=total)
+
+
+def _full_recompute(lt: LayerTerms, lay: Layout, dense_n: int, moe_n: int) -> tuple[float, float]:
+    """(stored bytes per microbatch, transient bytes) of megatron-core full recomputation.
+
+    ``uniform``: the stage's layers (per virtual chunk) are cut into groups of
+    ``recompute_num_layers``; each group keeps its input, and its backward first recomputes
+    the whole group. ``block``: the first ``recompute_num_layers`` layers of each chunk keep
+    only their input, the rest keep everything; one recomputed layer is rebuilt at a time.
+    (megatron-core ``TransformerBlock._checkpointed_forward``.)
+    """
+    layers = dense_n + moe_n
+    if not layers:
+        return 0.0, 0.0
+    chunks = max(1, lay.vpp)
+    per_chunk = layers / chunks
+    n = max(1, min(lay.recompute_layers, int(per_chunk) or 1))
+    avg_full = (dense_n * lt.dense_total + moe_n * lt.moe_total) / layers
+    big = max(lt.dense_total if dense_n else 0.0, lt.moe_total if moe_n else 0.0)
+    if lay.recompute_method == "block":
+        checkpointed = min(n, per_chunk) * chunks
+        stored = checkpointed * lt.layer_input + (layers - checkpointed) * avg_full
+        return stored, big
+    groups = ceil(per_chunk / n) * chunks
+    return groups * lt.layer_input, n * big
+
+
+def _step_transient(lay: Layout, p_dense: float, p_expert: float, sharded: bool, shard: int, eshard: int) -> float:
+    """Temporaries of the optimizer step, bytes.
+
+    Transformer Engine's ``FusedAdam`` (megatron-core's first choice) updates in place: 0.
+    Without it megatron-core falls back to ``torch.optim.AdamW`` (foreach), whose
+    ``_multi_tensor_adam`` allocates ``sqrt(exp_avg_sq)`` for every parameter it owns: 4 bytes
+    per parameter; bf16 gradients are also copied to fp32 (``main_param.grad = grad.float()``).
+    """
+    owned = p_dense / shard + p_expert / eshard if sharded else p_dense + p_expert
+    temp = 0.0
+    if lay.impl != "transformer_engine" and lay.optimizer == "adam":
+        temp += 4 * owned
+    if not lay.grad_fp32 and lay.dtype != "fp32":
+        temp += 4 * owned
+    return temp
+
+
+@dataclass
+class MemoryPlan:
+    """Memory of every pipeline rank; ``peak`` is the worst one.
+
+    Attributes:
+        stages: one :class:`StageMemory` per pipeline rank.
+        peak: the stage with the largest ``peak_bytes``.
+        layer_terms: per-layer activation bytes (:class:`LayerTerms`).
+    """
+
+    stages: list[StageMemory]
+    peak: StageMemory
+    layer_terms: LayerTerms
+
+
+def memory_plan(
+    shape: ModelShape,
+    lay: Layout,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    *,
+    all_stages: bool = True,
+    terms: LayerTerms | None = None,
+) -> MemoryPlan:
+    """Memory of each pipeline rank.
+
+    ``all_stages=False`` (the layout search) evaluates only the ranks that can be the peak:
+    the first (most microbatches in flight, the embedding), the last (the logits) and the rank
+    with the most MoE layers; any other rank holds no more layers, fewer in-flight
+    microbatches than the first and neither the embedding nor the logits. ``terms`` reuses
+    :func:`layer_terms` computed for a layout with the same per-layer shapes (the search caches
+    them).
+    """
+    lt = terms if terms is not None else layer_terms(shape, lay)
+    if all_stages or lay.pp <= 2:
+        ids: list[int] = list(range(lay.pp))
+    else:
+        ids = [0, lay.pp - 1]
+        if shape.is_moe:
+            moe_counts = [stage_layer_counts(shape, lay, i)[1] for i in range(lay.pp)]
+            ids.append(max(range(lay.pp), key=lambda i: (moe_counts[i], -i)))
+        ids = sorted(set(ids))
+    stages = [stage_memory(shape, lay, i, lt, calib) for i in ids]
+    peak = max(stages, key=lambda s: (s.peak_bytes, -s.stage))
+    return MemoryPlan(stages=stages, peak=peak, layer_terms=lt)

@@ -1,0 +1,163 @@
+"""Rich tables of a plan and of a layout search (what ``dlmspec plan`` prints).
+
+Cells are :class:`rich.text.Text`, never markup strings, so nothing from a spec is read as
+markup.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from dlmspec.gpus import GiB
+from dlmspec.plan import Plan
+from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
+from dlmspec.plan.search import SearchResult
+from dlmspec.plan.time import TIME_TERMS
+
+#: What each memory term is, one line (the docs have the formulas).
+MEMORY_LABELS = {
+    "weights": "bf16/fp32 parameters (DDP param buffer)",
+    "gradients": "main_grad buffer (fp32 with grad_reduce_in_fp32)",
+    "optimizer_states": "fp32 master + Adam moments (sharded with dist. optimizer)",
+    "fp8_weight_cache": "Transformer Engine fp8 weights + transposes",
+    "fsdp_unsharded_buffers": "FSDP: two layers gathered",
+    "sp_gather_buffer": "sequence-parallel all-gather buffer",
+    "activations": "saved activations x in-flight microbatches",
+    "embedding_output_activations": "embedding dropout, final norm, output-layer input",
+    "batch_and_objective": "token ids, labels, loss weights, per-token loss",
+    "loss_logits": "logits: bf16 + fp32 softmax for the cross entropy",
+    "backward_transient": "one layer's backward (+ recomputed activations)",
+    "optimizer_step_transient": "optimizer-step temporaries",
+    "allocated_overhead": "cuBLAS workspaces, RNG, small buffers (calibrated)",
+    "cuda_context": "CUDA context and kernels (not allocated)",
+    "nccl_buffers": "NCCL communicator buffers (not allocated)",
+    "allocator_reserve": "caching-allocator fragmentation (not allocated)",
+}
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.2f}"
+
+
+def _seconds(s: float) -> str:
+    if s >= 86400:
+        return f"{s / 86400:,.1f} d"
+    if s >= 3600:
+        return f"{s / 3600:,.1f} h"
+    if s >= 60:
+        return f"{s / 60:,.1f} min"
+    if s >= 1:
+        return f"{s:,.2f} s"
+    return f"{s * 1000:,.1f} ms"
+
+
+def _count(n: float) -> str:
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{suffix}"
+    return str(int(n))
+
+
+def plan_renderable(plan: Plan) -> Group:
+    """The plan as a group of tables: layout summary, memory breakdown of the peak stage (and
+    per stage when pipelined) and the time breakdown with throughput."""
+    lay, peak, t = plan.layout, plan.memory.peak, plan.time
+    head = Text()
+    head.append(f"{plan.name}", style="bold")
+    head.append(
+        f": {_count(plan.shape.total_params)} parameters"
+        + (f" ({_count(plan.shape.active_params)} active)" if plan.shape.active_params != plan.shape.total_params else "")
+        + f" on {lay.world} x {plan.gpu.id} ({plan.gpu.name})\n"
+    )
+    vpp = f" x VPP {lay.vpp}" if lay.vpp > 1 else ""
+    ep = f", EP {lay.ep} x ETP {lay.etp}" if plan.shape.is_moe else ""
+    head.append(
+        f"TP {lay.tp}{' (SP)' if lay.sp and lay.tp > 1 else ''} x PP {lay.pp}{vpp} x CP {lay.cp} x DP {lay.dp}{ep}; "
+        f"micro batch {lay.micro_batch} x {lay.num_microbatches} microbatches x seq {lay.seq}; "
+        f"recompute {lay.recompute}; distributed optimizer {'on' if lay.distributed_optimizer else 'off'}\n"
+    )
+    head.append(f"layers: {plan.runtime['transformer_impl']}", style="dim")
+
+    mem = Table(title=f"memory per GPU (GiB), peak on pipeline stage {peak.stage} during "
+                      f"{peak.phase.replace('_', ' ')}", title_justify="left")
+    mem.add_column("term")
+    mem.add_column("GiB", justify="right")
+    mem.add_column("what", style="dim")
+    for key in ALLOCATED_TERMS:
+        value = peak.breakdown[key]
+        if value:
+            mem.add_row(Text(key), Text(_gib(value)), Text(MEMORY_LABELS[key]))
+    mem.add_row(Text("peak allocated", style="bold"), Text(_gib(peak.peak_allocated_bytes), style="bold"),
+                Text("compare: torch.cuda.max_memory_allocated()"))
+    for key in RESERVED_TERMS:
+        value = peak.breakdown[key]
+        if value:
+            mem.add_row(Text(key), Text(_gib(value)), Text(MEMORY_LABELS[key]))
+    style = "bold green" if plan.fits else "bold red"
+    mem.add_row(Text("peak", style=style), Text(_gib(peak.peak_bytes), style=style),
+                Text(f"of {_gib(plan.gpu.memory_bytes)} GiB: {'fits' if plan.fits else 'DOES NOT FIT'}", style=style))
+
+    parts: list = [head, mem]
+    if len(plan.memory.stages) > 1:
+        st = Table(title="per pipeline stage (GiB)", title_justify="left")
+        for col in ("stage", "layers", "in flight", "weights+grads+optimizer", "activations", "logits", "peak"):
+            st.add_column(col, justify="right")
+        for s in plan.memory.stages:
+            b = s.breakdown
+            static = b["weights"] + b["gradients"] + b["optimizer_states"]
+            acts = b["activations"] + b["embedding_output_activations"]
+            st.add_row(Text(str(s.stage)), Text(str(s.layers[0] + s.layers[1])), Text(f"{s.in_flight:g}"),
+                       Text(_gib(static)), Text(_gib(acts)), Text(_gib(b["loss_logits"])), Text(_gib(s.peak_bytes)))
+        parts.append(st)
+
+    tt = Table(title=f"time per step (slowest stage {t.slowest_stage})", title_justify="left")
+    tt.add_column("term")
+    tt.add_column("time", justify="right")
+    tt.add_column("share", justify="right")
+    for key in TIME_TERMS:
+        value = t.breakdown[key]
+        if value:
+            tt.add_row(Text(key), Text(_seconds(value)), Text(f"{100 * value / t.step_seconds:.1f}%"))
+    tt.add_row(Text("step", style="bold"), Text(_seconds(t.step_seconds), style="bold"), Text(""))
+    parts.append(tt)
+
+    summary = Text()
+    summary.append(f"{t.tokens_per_second:,.0f} tokens/s", style="bold")
+    summary.append(f", {t.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU, MFU {100 * t.mfu:.1f}%")
+    if t.flops.recompute_per_step:
+        summary.append(f" ({t.hardware_tflops_per_gpu:,.0f} TFLOP/s with recomputation)")
+    if lay.train_iters:
+        summary.append(f"\n{lay.train_iters:,} steps: {_seconds(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
+    parts.append(summary)
+    return Group(*parts)
+
+
+def search_renderable(result: SearchResult, top: int) -> Group:
+    """The search result: a summary line and the ranked layouts with their ``--set`` lines."""
+    head = Text(result.message, style="bold" if result.top else "bold red")
+    if not result.top:
+        return Group(head)
+    table = Table(title=f"top {min(top, len(result.top))} layouts by tokens/s", title_justify="left")
+    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "dist.opt", "peak GiB", "tokens/s", "MFU"):
+        table.add_column(col, justify="right")
+    lines = Text()
+    for i, c in enumerate(result.top, 1):
+        lay = c.layout
+        table.add_row(*[Text(x) for x in (
+            str(i), str(lay.tp), str(lay.pp), str(lay.vpp) if lay.vpp > 1 else "-", str(lay.cp), str(lay.ep),
+            str(lay.dp), str(lay.micro_batch), lay.recompute, "on" if lay.distributed_optimizer else "off",
+            _gib(c.peak_bytes), f"{c.tokens_per_second:,.0f}", f"{100 * c.mfu:.1f}%")])
+        lines.append(f"#{i}: {' '.join(c.set_args())}\n")
+    return Group(head, table, lines)
+
+
+def print_plan(plan: Plan, console: Console) -> None:
+    """Print :func:`plan_renderable`."""
+    console.print(plan_renderable(plan))
+
+
+def print_search(result: SearchResult, top: int, console: Console) -> None:
+    """Print :func:`search_renderable`."""
+    console.print(search_renderable(result, top))

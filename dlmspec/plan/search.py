@@ -1,0 +1,421 @@
+"""Search the parallel layouts of a spec's model and cluster for the fastest that fit.
+
+:func:`enumerate_layouts` yields every layout the cross-field rules accept (the divisibility
+rules of :mod:`dlmspec.validate`, repeated here as integer tests so that thousands of layouts
+are screened without building a spec each): TP, PP, virtual PP, CP, EP (and expert TP), micro
+batch, recomputation (none, selective ``core_attn``, full uniform 1) and the distributed
+optimizer, for the spec's fixed global batch, sequence length, GPU count and everything else.
+:func:`search` plans each (memory of the ranks that can peak, step time), keeps those whose
+peak fits the GPU, ranks them by tokens per second and re-checks the best with the real
+validator (:func:`dlmspec.validate.find_issues` and the runtime's
+:func:`dlmspec.compile.unsupported_issues`) on the spec with the layout's ``--set`` values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import import_module
+from typing import Any, Iterator
+
+from dlmspec.gpus import GPU
+from dlmspec.plan import SPEC_KEYS, PlanError, set_args
+from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
+from dlmspec.plan.compute import step_flops
+from dlmspec.plan.memory import layer_terms, memory_plan
+from dlmspec.plan.shape import Layout, ModelShape, fast_replace, layout, model_shape, relayout, transformer_impl
+from dlmspec.plan.time import time_plan
+from dlmspec.resolve import Resolved, padded_vocab_size
+
+#: Recomputation settings the search tries: (granularity, method, num_layers).
+RECOMPUTE_CHOICES = (("none", "uniform", 1), ("selective", "uniform", 1), ("full", "uniform", 1))
+
+#: Micro batch sizes above this are not tried (activations grow linearly, throughput saturates).
+MAX_MICRO_BATCH = 64
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One planned layout.
+
+    Attributes:
+        layout: the layout.
+        peak_bytes: planned per-GPU peak (with CUDA context and allocator reserve), bytes.
+        peak_allocated_bytes: the allocated part, bytes.
+        step_seconds, tokens_per_second, mfu: from the time model.
+        changes: layout field -> value that selects it (see :func:`Candidate.set_args`).
+    """
+
+    layout: Layout
+    peak_bytes: float
+    peak_allocated_bytes: float
+    step_seconds: float
+    tokens_per_second: float
+    mfu: float
+    changes: tuple[tuple[str, Any], ...]
+
+    def set_args(self) -> list[str]:
+        """``--set key=value`` arguments that select this layout on the spec."""
+        return set_args(dict(self.changes))
+
+    def spec_changes(self) -> dict[str, Any]:
+        """Dotted spec key -> value (for :meth:`dlmspec.spec.Spec.replace`)."""
+        return {SPEC_KEYS[k]: v for k, v in self.changes}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        lay = self.layout
+        return {
+            "tensor_model_parallel_size": lay.tp,
+            "pipeline_model_parallel_size": lay.pp,
+            "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
+            "context_parallel_size": lay.cp,
+            "expert_model_parallel_size": lay.ep,
+            "expert_tensor_parallel_size": lay.etp,
+            "data_parallel_size": lay.dp,
+            "sequence_parallel": lay.sp,
+            "micro_batch_size": lay.micro_batch,
+            "num_microbatches": lay.num_microbatches,
+            "recompute_granularity": lay.recompute,
+            "use_distributed_optimizer": lay.distributed_optimizer,
+            "peak_bytes": int(round(self.peak_bytes)),
+            "peak_allocated_bytes": int(round(self.peak_allocated_bytes)),
+            "step_seconds": self.step_seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "mfu": self.mfu,
+            "set": self.set_args(),
+        }
+
+
+@dataclass
+class SearchResult:
+    """What :func:`search` found.
+
+    Attributes:
+        enumerated: layouts the divisibility rules accept (all planned).
+        fitting: how many of them fit the GPU.
+        checked: how many of the fastest fitting ones were re-checked with the validator.
+        rejected_by_validator: of those, how many the validator refused (with one reason each).
+        top: the best ``top`` valid fitting layouts, fastest first.
+        smallest: the layout with the smallest peak (reported when nothing fits).
+        capacity_bytes: the GPU's memory.
+        message: a one-line summary (why nothing fits, when nothing does).
+    """
+
+    enumerated: int
+    fitting: int
+    checked: int
+    top: list[Candidate]
+    smallest: Candidate | None
+    capacity_bytes: int
+    message: str
+    rejected_by_validator: list[tuple[Candidate, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``dlmspec plan --search --json``)."""
+        return {
+            "enumerated": self.enumerated,
+            "fitting": self.fitting,
+            "checked_with_validator": self.checked,
+            "capacity_bytes": self.capacity_bytes,
+            "message": self.message,
+            "top": [c.to_dict() for c in self.top],
+            "smallest_peak": self.smallest.to_dict() if self.smallest else None,
+            "rejected_by_validator": [{"layout": c.to_dict(), "reason": why} for c, why in self.rejected_by_validator],
+        }
+
+
+def _tp_ok(shape: ModelShape, tp: int) -> bool:
+    """``tp-divides-heads``, ``tp-divides-query-groups`` (or groups replicated over TP) and
+    ``tp-divides-ffn`` of :mod:`dlmspec.validate`."""
+    if shape.heads % tp:
+        return False
+    if shape.groups % tp and tp % shape.groups:
+        return False
+    dense = not shape.is_moe or 0 in shape.moe_layers
+    return not (dense and shape.ffn % tp)
+
+
+def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True, cp_comm_type: str = "p2p",
+                      max_micro_batch: int = MAX_MICRO_BATCH) -> Iterator[tuple[Layout, dict[str, Any]]]:
+    """Every layout of ``base``'s cluster and batch the divisibility rules accept, with the
+    layout changes that select it. Deterministic order.
+
+    Rules (ids of :mod:`dlmspec.validate`): world divisible by TP*PP*CP and by ETP*EP*PP; TP
+    within a node and dividing heads, query groups (or a multiple of them) and the FFN; PP
+    dividing the layers; CP > 1 only with Transformer Engine, ``seq % (2*CP) == 0``, and with
+    ``a2a`` the heads per TP rank divisible by CP; sequence parallelism on for TP > 1 (and then
+    ``(seq/CP) % TP == 0``); EP dividing the experts, expert TP dividing the expert FFN;
+    ``global_batch % (micro_batch * DP) == 0``; interleaving only with PP > 1, layers per stage
+    divisible by VPP and microbatches a positive multiple of PP.
+    """
+    world, L = base.world, shape.num_layers
+    for tp in _divisors(world):
+        if tp > base.gpus_per_node or not _tp_ok(shape, tp):
+            continue
+        for pp in _divisors(world // tp):
+            if L % pp:
+                continue
+            for cp in _divisors(world // (tp * pp)):
+                if cp > 1 and (not allow_cp or base.seq % (2 * cp)):
+                    continue
+                if cp > 1 and cp_comm_type == "a2a" and (shape.heads // tp) % cp:
+                    continue
+                sp = tp > 1
+                if sp and (base.seq // cp) % tp:
+                    continue
+                dp = world // (tp * pp * cp)
+                if base.global_batch % dp:
+                    continue
+                for ep, etp in _expert_choices(shape, world, tp, pp):
+                    for mbs in _divisors(base.global_batch // dp):
+                        if mbs > max_micro_batch:
+                            break
+                        m = base.global_batch // (mbs * dp)
+                        vpps = [1] + [v for v in _divisors(L // pp) if v > 1 and pp > 1 and m >= pp and m % pp == 0]
+                        for v in vpps:
+                            for gran, method, nlayers in RECOMPUTE_CHOICES:
+                                for distopt in ((True, False) if dp * cp > 1 or (shape.is_moe and world // (etp * ep * pp) > 1) else (base.distributed_optimizer,)):
+                                    changes: dict[str, Any] = {
+                                        "tp": tp, "pp": pp, "cp": cp, "sp": sp, "micro_batch": mbs,
+                                        "recompute": gran, "distributed_optimizer": distopt,
+                                    }
+                                    if v > 1:
+                                        changes["vpp"] = v
+                                    if gran == "full":
+                                        changes["recompute_method"] = method
+                                        changes["recompute_layers"] = nlayers
+                                    if shape.is_moe:
+                                        changes["ep"] = ep
+                                        changes["etp"] = etp
+                                    lay = fast_replace(
+                                        base, tp=tp, pp=pp, vpp=v, cp=cp, ep=ep, etp=etp, dp=dp,
+                                        expert_dp=world // (etp * ep * pp), sp=sp, micro_batch=mbs,
+                                        num_microbatches=m, recompute=gran, recompute_method=method,
+                                        recompute_layers=nlayers,
+                                        recompute_modules=base.recompute_modules,
+                                        distributed_optimizer=distopt,
+                                    )
+                                    yield lay, changes
+
+
+def _expert_choices(shape: ModelShape, world: int, tp: int, pp: int) -> list[tuple[int, int]]:
+    """(EP, expert TP) pairs: dense models (1, TP); MoE: EP dividing the experts, expert TP of
+    TP or 1, with ``world % (etp*ep*pp) == 0`` and the expert FFN divisible by expert TP."""
+    if not shape.is_moe:
+        return [(1, tp)]
+    out = []
+    for etp in sorted({tp, 1}, reverse=True):
+        if shape.expert_ffn % etp:
+            continue
+        for ep in _divisors(shape.num_experts):
+            if world % (etp * ep * pp):
+                continue
+            out.append((ep, etp))
+    return out
+
+
+def _shape_for(shape: ModelShape, tp: int, cache: dict[int, ModelShape]) -> ModelShape:
+    got = cache.get(tp)
+    if got is None:
+        got = replace(shape, vocab=padded_vocab_size(shape.tokenizer_vocab, shape.vocab_divisible_by, tp))
+        cache[tp] = got
+    return got
+
+
+class _Caches:
+    """Per-search caches of the parts of a plan that many layouts share: per-layer activation
+    terms (they depend on TP, SP, CP, micro batch, expert TP, recomputation and the layer
+    path, not on PP or the optimizer) and step FLOPs."""
+
+    def __init__(self) -> None:
+        self.terms: dict[tuple, Any] = {}
+        self.flops: dict[tuple, Any] = {}
+
+    def layer_terms(self, shape: ModelShape, lay: Layout):
+        key = (lay.tp, lay.sp, lay.cp, lay.micro_batch, lay.etp, lay.recompute, lay.recompute_modules, lay.impl)
+        got = self.terms.get(key)
+        if got is None:
+            got = self.terms[key] = layer_terms(shape, lay)
+        return got
+
+    def step_flops(self, shape: ModelShape, lay: Layout):
+        key = (shape.vocab, lay.recompute, lay.recompute_method, lay.recompute_layers, lay.pp * lay.vpp)
+        got = self.flops.get(key)
+        if got is None:
+            got = self.flops[key] = step_flops(shape, lay)
+        return got
+
+
+def evaluate(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration, changes: dict[str, Any],
+             caches: _Caches | None = None, *, time_all: bool = True) -> Candidate:
+    """Plan one layout: memory of the ranks that can peak, then - when it fits the GPU or
+    ``time_all`` - the step time of the slower of the first and last rank (a layout that does
+    not fit gets ``step_seconds = inf``)."""
+    caches = caches or _Caches()
+    mem = memory_plan(shape, lay, calib, all_stages=False, terms=caches.layer_terms(shape, lay))
+    peak = mem.peak
+    if time_all or peak.peak_bytes <= gpu.memory_bytes:
+        tp = time_plan(shape, lay, gpu, calib, all_stages=False, flops=caches.step_flops(shape, lay))
+        step, tps, mfu = tp.step_seconds, tp.tokens_per_second, tp.mfu
+    else:
+        step, tps, mfu = float("inf"), 0.0, 0.0
+    return Candidate(
+        layout=lay,
+        peak_bytes=peak.peak_bytes,
+        peak_allocated_bytes=peak.peak_allocated_bytes,
+        step_seconds=step,
+        tokens_per_second=tps,
+        mfu=mfu,
+        changes=tuple(changes.items()),
+    )
+
+
+def _errors(spec: Any, resolved: Resolved) -> list[Any]:
+    """Errors of :func:`dlmspec.validate.find_issues` and
+    :func:`dlmspec.compile.unsupported_issues` (when those modules exist), without the memory
+    rules (the search plans memory itself)."""
+    issues: list[Any] = []
+    for name, func in (("dlmspec.validate", "find_issues"), ("dlmspec.compile", "unsupported_issues")):
+        try:
+            module = import_module(name)
+        except ModuleNotFoundError:
+            continue
+        if func == "find_issues":
+            issues.extend(module.find_issues(spec, resolved))
+        else:
+            issues.extend(module.unsupported_issues(resolved))
+    return [i for i in issues if i.severity == "error" and not i.rule.startswith("memory-")]
+
+
+def _validator_errors(resolved: Resolved, cand: Candidate, known: set[tuple[str, str]]) -> str | None:
+    """The first error the validator reports for the spec with ``cand``'s changes that the
+    spec itself does not already have (``known``: (rule, key) pairs), or None."""
+    spec = resolved.spec
+    changes: dict[str, Any] = cand.spec_changes()
+    lay = cand.layout
+    if lay.vpp <= 1 and spec.parallel.virtual_pipeline_model_parallel_size is not None:
+        changes["parallel.virtual_pipeline_model_parallel_size"] = None
+    if lay.recompute != "full":
+        changes["recompute.method"] = None
+        changes["recompute.num_layers"] = None
+    if lay.recompute != "selective":
+        changes["recompute.modules"] = None
+    if not lay.sp:
+        changes["parallel.sequence_parallel"] = False
+    try:
+        new_spec = spec.replace(**changes)
+    except Exception as exc:  # pydantic ValidationError: report, never raise
+        return f"the spec rejects the layout: {str(exc).splitlines()[0]}"
+    from dlmspec.resolve import resolve
+
+    for issue in _errors(new_spec, resolve(new_spec)):
+        if (issue.rule, issue.key) not in known:
+            return f"{issue.rule}: {issue.key}: {issue.message}"
+    return None
+
+
+def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = None, *,
+           validate: bool = True, max_checks: int = 200, time_all: bool = False) -> SearchResult:
+    """Find the fastest layouts of ``resolved``'s model and cluster that fit the GPU.
+
+    Args:
+        resolved: the spec (its model, GPU count, global batch, sequence length, precision,
+            objective and everything not searched are kept).
+        top: how many layouts to return.
+        calibration: constants (default :data:`~dlmspec.plan.calibration.DEFAULT_CALIBRATION`).
+        validate: re-check the fastest fitting layouts with the validator (slower: one spec
+            build per layout checked).
+        max_checks: at most this many fitting layouts are re-checked.
+        time_all: also time the layouts that do not fit (only the fitting ones are ranked;
+            ``bench/plan/bench_search.py`` sets it to measure the worst case).
+
+    Returns:
+        A :class:`SearchResult`; ``top`` is empty when nothing fits, and ``message`` says why
+        (the smallest peak found against the GPU's memory).
+
+    Raises:
+        PlanError: the GPU is not in the catalog.
+    """
+    if resolved.gpu is None:
+        raise PlanError(f"cluster.gpu = {resolved.spec.cluster.gpu!r} is not in the GPU catalog (dlmspec show --gpus)")
+    calib = calibration or DEFAULT_CALIBRATION
+    gpu = resolved.gpu
+    spec = resolved.spec
+    impl_setting = spec.model.transformer_impl
+    modelled, _ = transformer_impl(resolved)
+    shape0 = model_shape(resolved)
+    base = layout(resolved, modelled)
+    allow_cp = impl_setting != "local" and resolved.attention_mask != "block_causal"
+    shapes: dict[int, ModelShape] = {}
+    cap = gpu.memory_bytes
+    fitting: list[Candidate] = []
+    smallest: Candidate | None = None
+    enumerated = 0
+    caches = _Caches()
+    for lay, changes in enumerate_layouts(shape0, base, allow_cp=allow_cp, cp_comm_type=spec.parallel.cp_comm_type):
+        enumerated += 1
+        # CP needs Transformer Engine: with `auto` such layouts are modelled as TE.
+        if lay.cp > 1 and lay.impl != "transformer_engine":
+            lay = fast_replace(lay, impl="transformer_engine")
+        cand = evaluate(_shape_for(shape0, lay.tp, shapes), lay, gpu, calib, changes, caches, time_all=time_all)
+        if cand.peak_bytes <= cap:
+            fitting.append(cand)
+        if smallest is None or cand.peak_bytes < smallest.peak_bytes:
+            smallest = cand
+    fitting.sort(key=lambda c: (-c.tokens_per_second, c.peak_bytes, c.changes))
+    chosen: list[Candidate] = []
+    rejected: list[tuple[Candidate, str]] = []
+    checked = 0
+    known = {(i.rule, i.key) for i in _errors(spec, resolved)} if validate and fitting else set()
+    for cand in fitting:
+        if len(chosen) >= top:
+            break
+        if validate:
+            if checked >= max_checks:
+                break
+            checked += 1
+            why = _validator_errors(resolved, cand, known)
+            if why is not None:
+                rejected.append((cand, why))
+                continue
+        chosen.append(cand)
+    gib = 1024**3
+    if chosen:
+        message = f"{len(fitting)} of {enumerated} layouts fit the {cap / gib:.1f} GiB of one {gpu.name}"
+    elif fitting:
+        message = (f"{len(fitting)} of {enumerated} layouts fit the memory, but the validator rejected the "
+                   f"{checked} fastest (first reason: {rejected[0][1] if rejected else 'n/a'})")
+    elif smallest is not None:
+        message = (f"no layout fits: the smallest peak of the {enumerated} layouts is "
+                   f"{smallest.peak_bytes / gib:.1f} GiB per GPU ({' '.join(smallest.set_args())}) against "
+                   f"{cap / gib:.1f} GiB of one {gpu.name}; use more GPUs, a GPU with more memory, a shorter "
+                   "sequence or a smaller global batch")
+    else:
+        message = (f"no layout satisfies the divisibility rules for {base.world} GPUs, global batch "
+                   f"{base.global_batch} and sequence length {base.seq}; change the GPU count or the batch")
+    return SearchResult(
+        enumerated=enumerated,
+        fitting=len(fitting),
+        checked=checked,
+        top=chosen,
+        smallest=smallest,
+        capacity_bytes=cap,
+        message=message,
+        rejected_by_validator=rejected,
+    )
+
+
+def plan_candidate(resolved: Resolved, cand: Candidate, calibration: Calibration | None = None):
+    """The full :class:`~dlmspec.plan.Plan` (every stage) of a search candidate."""
+    from dlmspec.plan import plan_layout
+
+    shape = model_shape(resolved)
+    shape, lay = relayout(shape, layout(resolved, cand.layout.impl), **dict(cand.changes))
+    lay = replace(lay, impl=cand.layout.impl)
+    runtime = {"transformer_impl": transformer_impl(resolved)[1], "spec_transformer_impl": resolved.spec.model.transformer_impl,
+               "modelled_as": lay.impl}
+    return plan_layout(resolved.spec.name, shape, lay, resolved.gpu, runtime, calibration or DEFAULT_CALIBRATION)

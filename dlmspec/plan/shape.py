@@ -1,0 +1,334 @@
+"""Plain-number views of a resolved spec: the model's shapes and the run's layout.
+
+The memory and time models read these small frozen dataclasses instead of the pydantic spec,
+so the layout search (:mod:`dlmspec.plan.search`) can evaluate thousands of layouts by
+``dataclasses.replace`` on a :class:`Layout` without building a spec per candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dlmspec.gpus import GPU
+from dlmspec.params import mlp_params
+from dlmspec.resolve import Resolved, padded_vocab_size
+
+#: Bytes per element of each ``[precision] dtype``.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model's dimensions and per-module parameter counts (scalars, not bytes).
+
+    Attributes:
+        num_layers, hidden, ffn, heads, groups, head_dim: ``L, h, f, a, g, d``.
+        vocab: padded vocabulary for the layout's TP (what the embedding and logits hold).
+        tokenizer_vocab, vocab_divisible_by: the unpadded vocabulary and
+            ``make_vocab_size_divisible_by`` (to re-pad for another TP size).
+        gated: SwiGLU/GeGLU (``linear_fc1`` is ``[2f, h]``).
+        layernorm: LayerNorm (weight + bias) instead of RMSNorm (weight only).
+        qk_norm: per-head q/k normalisation (Qwen3).
+        rope: rotary position embeddings.
+        learned_positions: learned absolute position embedding rows (``max_position``).
+        tied: input embedding and output layer share one matrix.
+        num_experts, topk, expert_ffn, shared_ffn: MoE sizes (0 for a dense model).
+        moe_layers: 1 per MoE layer, 0 per dense layer.
+        hidden_dropout, attention_dropout: dropout probabilities.
+        attention: ``bidirectional``, ``causal`` or ``block_causal``; block_size for the latter.
+        objective: ``mdm`` or ``ar``; variable_length_prob: MDM's share of truncated sequences.
+        attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
+        norms_repl: the two layer norms' parameters (replicated).
+        mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
+        expert_params: one routed expert's MLP (split over expert TP).
+        shared_split, shared_repl: the shared expert's MLP.
+        router: router weight ``[E, h]`` (replicated).
+        embedding_rows: rows of the word embedding (= vocab).
+        final_norm: the final norm's parameters.
+        total_params, active_params: :class:`dlmspec.params.ParamCounts` with the tokenizer
+            vocabulary (published-figure comparable).
+        padded_total_params: the same with the padded vocabulary (what is in memory).
+    """
+
+    num_layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    groups: int
+    head_dim: int
+    vocab: int
+    tokenizer_vocab: int
+    vocab_divisible_by: int
+    gated: bool
+    layernorm: bool
+    qk_norm: bool
+    rope: bool
+    learned_positions: int
+    tied: bool
+    num_experts: int
+    topk: int
+    expert_ffn: int
+    shared_ffn: int
+    moe_layers: tuple[int, ...]
+    hidden_dropout: float
+    attention_dropout: float
+    attention: str
+    block_size: int
+    objective: str
+    variable_length_prob: float
+    attn_split: int
+    attn_repl: int
+    norms_repl: int
+    mlp_split: int
+    mlp_repl: int
+    expert_params: int
+    shared_split: int
+    shared_repl: int
+    router: int
+    final_norm: int
+    total_params: int
+    active_params: int
+    padded_total_params: int
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one run is laid out and batched (what the search varies), plus the cluster.
+
+    Attributes:
+        tp, pp, vpp, cp, ep, etp, dp: parallel sizes (``vpp`` = 1 without interleaving).
+        expert_dp: expert data-parallel size (world / (etp * ep * pp)).
+        sp: sequence parallelism (only meaningful with tp > 1).
+        micro_batch, global_batch, seq: batch sizes in sequences, sequence length in tokens.
+        num_microbatches: gbs / (mbs * dp).
+        recompute: ``none``, ``selective`` or ``full``; recompute_method ``uniform``/``block``;
+            recompute_layers: megatron-core ``recompute_num_layers`` (full only);
+            recompute_modules: selective modules (megatron-core default ``("core_attn",)``).
+        distributed_optimizer: megatron's distributed optimizer (optimizer state sharded over DP).
+        fsdp: ``none``, ``megatron`` or ``torch``; sharding: megatron FSDP strategy.
+        overlap_grad_reduce, overlap_param_gather: DDP overlap switches.
+        grad_fp32: gradients kept and reduced in fp32.
+        dtype: ``bf16``, ``fp16`` or ``fp32``; fp8: TE fp8 on.
+        impl: ``transformer_engine`` or ``local+sdpa`` (the path the memory model assumes).
+        optimizer: ``adam`` or ``sgd``.
+        world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
+        train_iters: optimizer steps of the run.
+    """
+
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    expert_dp: int
+    sp: bool
+    micro_batch: int
+    global_batch: int
+    seq: int
+    num_microbatches: int
+    recompute: str
+    recompute_method: str
+    recompute_layers: int
+    recompute_modules: tuple[str, ...]
+    distributed_optimizer: bool
+    fsdp: str
+    sharding: str
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    grad_fp32: bool
+    dtype: str
+    fp8: bool
+    impl: str
+    optimizer: str
+    world: int
+    gpus_per_node: int
+    inter_node_gbps: float
+    train_iters: int
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per activation element (the compute dtype)."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def sequence_divisor(self) -> int:
+        """What sequence-sharded activations (norm inputs, residuals) are divided by: TP with
+        sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2), else 1."""
+        return self.tp if (self.sp and self.tp > 1) else 1
+
+
+def transformer_impl(resolved: Resolved) -> tuple[str, str]:
+    """The layer implementation the run takes and why.
+
+    Returns:
+        ``(modelled, description)``: ``modelled`` is ``"transformer_engine"`` or
+        ``"local+sdpa"``, the path the memory and time models assume; ``description`` says
+        what the runtime does (``backends/megatron/layers.py``: ``auto`` takes Transformer
+        Engine when it imports on the cluster, else megatron-core's local modules with
+        SDPA core attention). fp8, context parallelism and grouped-GEMM experts exist only
+        with Transformer Engine, so ``auto`` with any of them is modelled as TE.
+    """
+    spec = resolved.spec
+    impl = spec.model.transformer_impl
+    if impl == "transformer_engine":
+        return "transformer_engine", "transformer_engine (model.transformer_impl)"
+    if impl == "local":
+        return "local+sdpa", "local+sdpa: megatron-core local modules, SDPA core attention (model.transformer_impl)"
+    needs_te = [
+        name
+        for name, on in (
+            ("precision.fp8", spec.precision.fp8 != "none"),
+            ("context_parallel_size > 1", resolved.cp > 1),
+            ("model.moe_grouped_gemm", spec.model.moe_grouped_gemm),
+        )
+        if on
+    ]
+    if needs_te:
+        return "transformer_engine", f"transformer_engine: required by {', '.join(needs_te)} (model.transformer_impl = auto)"
+    return (
+        "local+sdpa",
+        "auto: transformer_engine if importable on the cluster, else local+sdpa; "
+        "modelled as local+sdpa (megatron-core local modules, SDPA core attention)",
+    )
+
+
+def model_shape(resolved: Resolved) -> ModelShape:
+    """Extract the :class:`ModelShape` of ``resolved`` (parameter splits follow
+    :mod:`dlmspec.params`, so ``attn_split + attn_repl`` equals its attention count)."""
+    m = resolved.spec.model
+    h, a, g, d = m.hidden_size, m.num_attention_heads, resolved.num_query_groups, resolved.kv_channels
+    norm = 2 if m.normalization == "LayerNorm" else 1
+    qkv_out = (a + 2 * g) * d
+    attn_split = h * qkv_out + a * d * h + (qkv_out if (m.add_qkv_bias or m.add_bias_linear) else 0)
+    attn_repl = (h if m.add_bias_linear else 0) + (2 * norm * d if m.qk_layernorm else 0)
+    bias_h = h if m.add_bias_linear else 0
+    mlp_total = mlp_params(m, m.ffn_hidden_size)
+    expert = shared_total = 0
+    if m.num_experts:
+        expert = mlp_params(m, resolved.moe_ffn_hidden_size or m.ffn_hidden_size)
+        if m.moe_shared_expert_intermediate_size:
+            shared_total = mlp_params(m, m.moe_shared_expert_intermediate_size)
+    return ModelShape(
+        num_layers=m.num_layers,
+        hidden=h,
+        ffn=m.ffn_hidden_size,
+        heads=a,
+        groups=g,
+        head_dim=d,
+        vocab=resolved.padded_vocab_size,
+        tokenizer_vocab=m.vocab_size,
+        vocab_divisible_by=m.make_vocab_size_divisible_by,
+        gated=m.activation in ("swiglu", "geglu"),
+        layernorm=m.normalization == "LayerNorm",
+        qk_norm=m.qk_layernorm,
+        rope=m.position_embedding_type == "rope",
+        learned_positions=m.max_position_embeddings if m.position_embedding_type == "learned_absolute" else 0,
+        tied=not m.untie_embeddings_and_output_weights,
+        num_experts=m.num_experts or 0,
+        topk=m.moe_router_topk if m.num_experts else 0,
+        expert_ffn=resolved.moe_ffn_hidden_size or 0,
+        shared_ffn=m.moe_shared_expert_intermediate_size or 0 if m.num_experts else 0,
+        moe_layers=tuple(resolved.moe_layers) if m.num_experts else (0,) * m.num_layers,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        attention=resolved.attention_mask,
+        block_size=resolved.spec.objective.block_size or 0,
+        objective=resolved.spec.objective.kind,
+        variable_length_prob=resolved.spec.objective.variable_length_prob if resolved.spec.objective.kind == "mdm" else 0.0,
+        attn_split=attn_split,
+        attn_repl=attn_repl,
+        norms_repl=2 * norm * h,
+        mlp_split=mlp_total - bias_h,
+        mlp_repl=bias_h,
+        expert_params=expert,
+        shared_split=max(0, shared_total - (bias_h if shared_total else 0)),
+        shared_repl=bias_h if shared_total else 0,
+        router=(m.num_experts or 0) * h,
+        final_norm=norm * h,
+        total_params=resolved.params.total,
+        active_params=resolved.params.active,
+        padded_total_params=resolved.params_padded.total,
+    )
+
+
+def layout(resolved: Resolved, impl: str | None = None) -> Layout:
+    """Extract the :class:`Layout` of ``resolved``; ``impl`` overrides the modelled layer
+    implementation (default: :func:`transformer_impl`)."""
+    spec = resolved.spec
+    par, rc, tr = spec.parallel, spec.recompute, spec.train
+    modules = tuple(rc.modules) if rc.modules else ("core_attn",)
+    return Layout(
+        tp=resolved.tp,
+        pp=resolved.pp,
+        vpp=resolved.vpp if (resolved.vpp and resolved.pp > 1) else 1,
+        cp=resolved.cp,
+        ep=resolved.ep,
+        etp=resolved.etp,
+        dp=resolved.dp,
+        expert_dp=resolved.expert_dp,
+        sp=par.sequence_parallel,
+        micro_batch=tr.micro_batch_size,
+        global_batch=tr.global_batch_size,
+        seq=tr.seq_length,
+        num_microbatches=resolved.num_microbatches,
+        recompute=rc.granularity,
+        recompute_method=rc.method or "uniform",
+        recompute_layers=rc.num_layers or 1,
+        recompute_modules=modules,
+        distributed_optimizer=par.use_distributed_optimizer,
+        fsdp=par.fsdp,
+        sharding=par.data_parallel_sharding_strategy,
+        overlap_grad_reduce=par.overlap_grad_reduce,
+        overlap_param_gather=par.overlap_param_gather,
+        grad_fp32=par.grad_reduce_in_fp32,
+        dtype=spec.precision.dtype,
+        fp8=spec.precision.fp8 != "none",
+        impl=impl or transformer_impl(resolved)[0],
+        optimizer=tr.optimizer,
+        world=resolved.world_size,
+        gpus_per_node=spec.cluster.gpus_per_node,
+        inter_node_gbps=spec.cluster.inter_node_gbps,
+        train_iters=resolved.train_iters,
+    )
+
+
+def gpu_of(resolved: Resolved) -> GPU | None:
+    """The catalog entry of ``cluster.gpu`` (None when unknown)."""
+    return resolved.gpu
+
+
+def fast_replace(obj: Layout, **changes: object) -> Layout:
+    """``dataclasses.replace`` without ``__init__`` (a copy of the instance dict with
+    ``changes``): the search builds thousands of layouts, and ``replace`` of a 31-field frozen
+    dataclass costs tens of microseconds. Internal: values are not re-derived (see
+    :func:`relayout`)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
+def relayout(shape: ModelShape, lay: Layout, **changes: object) -> tuple[ModelShape, Layout]:
+    """``(shape, lay)`` with ``changes`` applied to the layout and every derived value redone:
+    ``dp = world / (tp*pp*cp)``, ``expert_dp = world / (etp*ep*pp)``, microbatches
+    ``gbs / (mbs*dp)`` (megatron-core ``parallel_state`` and the microbatch calculator), the
+    vocabulary re-padded for the new TP (:func:`dlmspec.resolve.padded_vocab_size`); expert TP
+    follows TP when it did before and is not changed itself. Divisibility is not checked here
+    (:mod:`dlmspec.plan.search` filters layouts first).
+    """
+    if "tp" in changes and "etp" not in changes and lay.etp == lay.tp:
+        changes["etp"] = changes["tp"]
+    new = replace(lay, **changes)  # type: ignore[arg-type]
+    dp = max(1, new.world // (new.tp * new.pp * new.cp))
+    expert_dp = max(1, new.world // (new.etp * new.ep * new.pp))
+    m = max(1, new.global_batch // (new.micro_batch * dp))
+    new = replace(new, dp=dp, expert_dp=expert_dp, num_microbatches=m)
+    if new.tp != lay.tp:
+        shape = replace(shape, vocab=padded_vocab_size(shape.tokenizer_vocab, shape.vocab_divisible_by, new.tp))
+    return shape, new
