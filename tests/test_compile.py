@@ -1,0 +1,399 @@
+"""Tests of ``dlmspec compile`` without megatron-core: deterministic output, the output
+directory rules, refused runtime gaps, the lock file, quoting, the shell scripts and the CLI.
+
+The megatron-core side (keywords, executing ``build_configs()``) is in
+``tests/test_compile_megatron.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import py_compile
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from dlmspec.cli import main as cli_main
+from dlmspec.compile import (
+    GENERATED_FILES,
+    UNSUPPORTED,
+    compile_spec,
+    content_hash,
+    eod_choice,
+    py_literal,
+    render,
+    write_outputs,
+)
+from dlmspec.errors import SpecError
+from dlmspec.loader import load
+from dlmspec.resolve import resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "specs" / "demo-dlm.toml"
+
+#: A small valid spec: 8 GPUs, data parallel 8, vocab 1000 (padded 1024, [MASK] 1000), NullTokenizer.
+BASE: dict[str, Any] = {
+    "name": "t",
+    "model": {
+        "num_layers": 4,
+        "hidden_size": 256,
+        "ffn_hidden_size": 1024,
+        "num_attention_heads": 8,
+        "num_query_groups": 4,
+        "vocab_size": 1000,
+        "max_position_embeddings": 1024,
+    },
+    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
+              "lr_warmup_iters": 10, "eval_interval": 50},
+    "data": {"train": ["data/x_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
+    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+    "logging": {"tensorboard_dir": "runs/t/tensorboard"},
+}
+
+
+def spec_file(tmp_path: Path, changes: dict[str, Any] | None = None, name: str = "spec.toml") -> Path:
+    """BASE with dotted ``changes`` applied, written as TOML."""
+    data = copy.deepcopy(BASE)
+    for key, value in (changes or {}).items():
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    path = tmp_path / name
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    return path
+
+
+def read_all(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+# ------------------------------------------------------------------------------------------
+# Determinism
+
+
+def test_two_compiles_are_byte_identical(tmp_path: Path) -> None:
+    a = compile_spec(DEMO, tmp_path / "a")
+    b = compile_spec(DEMO, tmp_path / "b")
+    first, second = read_all(tmp_path / "a"), read_all(tmp_path / "b")
+    assert first == second
+    assert a.content_hash == b.content_hash
+    assert {"train.py", "launch.sh", "launch.sbatch", "spec.lock.toml"} <= set(first)
+
+
+def test_compile_with_force_over_itself_changes_nothing(tmp_path: Path) -> None:
+    compile_spec(DEMO, tmp_path / "a")
+    before = read_all(tmp_path / "a")
+    compile_spec(DEMO, tmp_path / "a", force=True)
+    assert read_all(tmp_path / "a") == before
+
+
+def test_scripts_are_executable_and_the_rest_not(tmp_path: Path) -> None:
+    compile_spec(DEMO, tmp_path / "a")
+    for path in (tmp_path / "a").iterdir():
+        executable = bool(path.stat().st_mode & 0o111)
+        assert executable == (path.name in ("launch.sh", "launch.sbatch")), path.name
+
+
+def test_content_hash_ignores_how_a_value_is_written(tmp_path: Path) -> None:
+    """Writing a default explicitly, or the value resolve() derives, is the same run."""
+    plain = resolve(load(spec_file(tmp_path)).spec)
+    explicit = resolve(load(spec_file(tmp_path, {"model.num_query_groups": 4, "model.kv_channels": 32,
+                                                 "parallel.tensor_model_parallel_size": 1,
+                                                 "objective.mask_token_id": 1000}, "b.toml")).spec)
+    changed = resolve(load(spec_file(tmp_path, {"train.lr": 1e-3}, "c.toml")).spec)
+    assert content_hash(plain) == content_hash(explicit)
+    assert content_hash(plain) != content_hash(changed)
+
+
+def test_lock_file_compiles_to_the_same_run(tmp_path: Path) -> None:
+    first = compile_spec(DEMO, tmp_path / "a")
+    lock = tmp_path / "a" / "spec.lock.toml"
+    second = compile_spec(lock, tmp_path / "b")
+    assert second.content_hash == first.content_hash
+    a, b = read_all(tmp_path / "a"), read_all(tmp_path / "b")
+    assert a["spec.lock.toml"] == b["spec.lock.toml"]
+    # Only the header line naming the spec file differs.
+    lines_a = a["train.py"].decode().splitlines()
+    lines_b = b["train.py"].decode().splitlines()
+    assert lines_a[1:] == lines_b[1:]
+    assert "specs/demo-dlm.toml" in lines_a[0] and "spec.lock.toml" in lines_b[0]
+
+
+def test_lock_table_holds_hash_version_and_derived_values(tmp_path: Path) -> None:
+    result = compile_spec(DEMO, tmp_path / "a")
+    data = tomllib.loads((tmp_path / "a" / "spec.lock.toml").read_text())
+    lock = data["lock"]
+    assert lock["content_hash"] == result.content_hash
+    assert lock["content_hash"].startswith("sha256:") and len(lock["content_hash"]) == 7 + 64
+    assert lock["dlmspec_version"]
+    derived = lock["derived"]
+    assert derived["padded_vocab_size"] == 50304
+    assert derived["eod_id"] == 50256
+    assert derived["data_parallel_size"] == 1
+    # Every default is written: keys the demo spec leaves out are present.
+    assert data["model"]["num_query_groups"] == 4 and data["model"]["kv_channels"] == 64
+    assert data["objective"]["mask_token_id"] == 50257
+    assert data["logging"]["run_dir"] == "runs/demo-dlm"
+    assert data["checkpoint"]["load"] == "runs/demo-dlm/checkpoints"
+
+
+# ------------------------------------------------------------------------------------------
+# The output directory
+
+
+def test_refuses_a_non_empty_directory(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SpecError) as info:
+        compile_spec(DEMO, out)
+    issue = info.value.issues[0]
+    assert issue.key == "--output" and "not empty" in issue.message and "--force" in issue.hint
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_force_replaces_generated_files_and_keeps_the_users(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "train.py").write_text("old")
+    compile_spec(DEMO, out, force=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "train.py").read_text().startswith("# Generated by dlmspec")
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_force_removes_a_generated_name_this_compile_does_not_produce(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "plan.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    write_outputs({"train.py": "x = 1\n"}, out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "train.py"]
+
+
+def test_refuses_a_file_as_output_and_a_directory_in_place_of_a_generated_file(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(SpecError, match="not a directory"):
+        compile_spec(DEMO, target)
+    out = tmp_path / "out"
+    (out / "train.py").mkdir(parents=True)
+    with pytest.raises(SpecError, match="is a directory"):
+        compile_spec(DEMO, out, force=True)
+
+
+def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
+    path = spec_file(tmp_path, {"parallel.tensor_model_parallel_size": 3})
+    with pytest.raises(SpecError) as info:
+        compile_spec(path, tmp_path / "out")
+    assert any(i.key == "parallel.tensor_model_parallel_size" for i in info.value.errors)
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# What the runtime cannot run
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"stage.kind": "rl"}, "stage.kind"),
+        ({"stage.kind": "sft"}, "stage.kind"),
+        ({"checkpoint.init_from": "hf:Qwen/Qwen3-1.7B"}, "checkpoint.init_from"),
+        ({"checkpoint.async_save": True}, "checkpoint.async_save"),
+        ({"parallel.fsdp": "megatron"}, "parallel.fsdp"),
+        ({"parallel.data_parallel_sharding_strategy": "optim_grads"}, "parallel.data_parallel_sharding_strategy"),
+        ({"logging.wandb_project": "p"}, "logging.wandb_project"),
+        ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
+         "model.moe_grouped_gemm"),
+        ({"objective.attention_mask": "block_causal", "objective.block_size": 32}, "objective.attention_mask"),
+        ({"logging.tensorboard_dir": "tb"}, "logging.tensorboard_dir"),
+    ],
+)
+def test_runtime_gaps_are_refused_naming_the_key(tmp_path: Path, changes: dict[str, Any], key: str) -> None:
+    with pytest.raises(SpecError) as info:
+        compile_spec(spec_file(tmp_path, changes), tmp_path / "out")
+    found = [i for i in info.value.errors if i.rule == "runtime-unsupported"]
+    assert [i.key for i in found] == [key]
+    assert found[0].hint and found[0].file and found[0].file.endswith("spec.toml")
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_unsupported_rule_is_exercised() -> None:
+    """The parametrisation above names each rule's key (a new rule needs a case)."""
+    keys = {rule.key for rule in UNSUPPORTED}
+    tested = {"stage.kind", "checkpoint.init_from", "checkpoint.async_save", "parallel.fsdp",
+              "parallel.data_parallel_sharding_strategy", "logging.wandb_project", "model.moe_grouped_gemm",
+              "objective.attention_mask", "logging.tensorboard_dir"}
+    assert keys == tested
+
+
+def test_block_causal_on_the_local_path_compiles(tmp_path: Path) -> None:
+    compile_spec(spec_file(tmp_path, {"objective.attention_mask": "block_causal", "objective.block_size": 32,
+                                      "model.transformer_impl": "local"}), tmp_path / "out")
+    text = (tmp_path / "out" / "train.py").read_text()
+    assert "attention='block_causal'" in text and "block_size=32" in text
+
+
+# ------------------------------------------------------------------------------------------
+# End-of-document id
+
+
+def test_eod_of_gpt2_null_and_explicit(tmp_path: Path) -> None:
+    demo = load(DEMO).spec
+    assert eod_choice(demo).value == 50256 and eod_choice(demo).known
+    null = load(spec_file(tmp_path)).spec
+    assert eod_choice(null).value == 999
+    explicit = load(spec_file(tmp_path, {"data.tokenizer.eod_id": 7}, "b.toml")).spec
+    assert eod_choice(explicit).value == 7
+
+
+def test_eod_read_from_a_local_hugging_face_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>"}}))
+    (folder / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 2, "content": "</s>"}],
+                                                       "model": {"vocab": {"a": 0}}}))
+    spec = load(spec_file(tmp_path, {"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": str(folder)}})).spec
+    choice = eod_choice(spec)
+    assert (choice.value, choice.known) == (2, True)
+
+
+def test_unknown_eod_is_a_warning_when_unused_and_an_error_when_used(tmp_path: Path) -> None:
+    hub = {"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}}
+    result = compile_spec(spec_file(tmp_path, hub), tmp_path / "a")
+    assert [w.rule for w in result.warnings] == ["eod-id-unknown"]
+    assert "eod_id=999,  # unknown at compile time" in (tmp_path / "a" / "train.py").read_text()
+    with pytest.raises(SpecError) as info:
+        compile_spec(spec_file(tmp_path, {**hub, "data.reset_attention_mask": True}, "b.toml"), tmp_path / "b")
+    assert [i.key for i in info.value.errors] == ["data.tokenizer.eod_id"]
+    assert "data.reset_attention_mask" in info.value.errors[0].message
+
+
+# ------------------------------------------------------------------------------------------
+# Quoting: no spec value escapes its literal
+
+
+HOSTILE = "x'\"; $(touch pwned) `id` \\\n#"
+
+
+def test_hostile_strings_stay_inside_their_literals(tmp_path: Path) -> None:
+    name = HOSTILE.replace("\n", " ")  # launch.sbatch refuses control characters in the job name
+    path = spec_file(tmp_path, {"name": name, "description": HOSTILE, "logging": {},
+                                "data.train": [HOSTILE + "_text_document"],
+                                "checkpoint.save": HOSTILE}, "hostile\n$(x).toml")
+    compile_spec(path, tmp_path / "out")
+    out = tmp_path / "out"
+    train = (out / "train.py").read_text()
+    tree = ast.parse(train)
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert {HOSTILE + "_text_document", HOSTILE, name, f"runs/{name}"} <= strings
+    for text in (train, (out / "launch.sh").read_text()):  # the header comments stay comments
+        assert all(line.startswith("#") for line in text.splitlines()[:4])
+    for name in ("launch.sh", "launch.sbatch"):
+        subprocess.run(["bash", "-n", str(out / name)], check=True)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_py_literal_round_trips() -> None:
+    values = [None, True, 0, -3, 1e-05, 0.1, "a'b\"c\n", [1, [2.5, "x"]], ("p", 1.0), ("one",), {"b": 1, "a": [None]}]
+    for value in values:
+        assert ast.literal_eval(py_literal(value)) == value
+    with pytest.raises(ValueError):
+        py_literal(float("nan"))
+    with pytest.raises(ValueError):
+        py_literal(object())
+
+
+# ------------------------------------------------------------------------------------------
+# The generated files
+
+
+@pytest.mark.parametrize("spec", sorted((ROOT / "specs").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_spec_compiles_to_valid_python_and_shell(tmp_path: Path, spec: Path) -> None:
+    result = compile_spec(spec, tmp_path / "out")
+    out = tmp_path / "out"
+    py_compile.compile(str(out / "train.py"), cfile=str(tmp_path / "train.pyc"), doraise=True)
+    for name in ("launch.sh", "launch.sbatch"):
+        subprocess.run(["bash", "-n", str(out / name)], check=True)
+    text = (out / "train.py").read_text()
+    assert result.content_hash in text and "if __name__ == \"__main__\":" in text
+    tree = ast.parse(text)
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"importlib", "os", "sys", "torch", "megatron", "backends"}, imported
+
+
+def test_launch_sh_is_single_node_torchrun_with_the_spec_gpu_count(tmp_path: Path) -> None:
+    compile_spec(spec_file(tmp_path, {"parallel.tensor_model_parallel_size": 2,
+                                      "parallel.sequence_parallel": True}), tmp_path / "out")
+    text = (tmp_path / "out" / "launch.sh").read_text()
+    assert "set -euo pipefail" in text
+    assert "-m torch.distributed.run" in text and "--nproc_per_node=8" in text and "--nnodes=1" in text
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+    compile_spec(spec_file(tmp_path, {}, "b.toml"), tmp_path / "dp")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in (tmp_path / "dp" / "launch.sh").read_text()
+
+
+def test_launch_sh_refuses_a_multi_node_job(tmp_path: Path) -> None:
+    compile_spec(spec_file(tmp_path, {"cluster.nodes": 2, "train.global_batch_size": 128}), tmp_path / "out")
+    run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True)
+    assert run.returncode == 2 and "launch.sbatch" in run.stderr
+
+
+def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path) -> None:
+    compile_spec(spec_file(tmp_path), tmp_path / "out")
+    python = shutil.which("python3") or "python3"
+    run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": python, "PYTHONPATH": ""})
+    assert run.returncode == 2 and "cannot import backends.megatron" in run.stderr
+
+
+def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
+    files = render(resolve(load(DEMO).spec), "specs/demo-dlm.toml")
+    text = files["train.py"]
+    for snippet in ("num_query_groups=4,", "kv_channels=64,", "vocab_size=50304,", "mask_token_id=50257,",
+                    "activation_func=F.silu,", "gated_linear_unit=True,", "params_dtype=torch.bfloat16,",
+                    "peak_tflops_per_gpu=989.0,", "lr_decay_iters=600,", "signal_exit_code=85,",
+                    "use_transformer_engine=None,", "Run path: transformer_impl = 'auto'",
+                    "blend=[('.data/pydocs-train_text_document', 1.0)],"):
+        assert snippet in text, snippet
+
+
+# ------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_cli_compile_and_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert cli_main(["compile", str(DEMO), "-o", str(out)]) == 0
+    assert "compiled demo-dlm" in capsys.readouterr().out
+    assert cli_main(["compile", str(DEMO), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "not empty" in err and "--force" in err and "Traceback" not in err
+    assert cli_main(["compile", str(DEMO), "-o", str(out), "--force", "--set", "train.lr=0.002"]) == 0
+    assert "lr=0.002," in (out / "train.py").read_text()
+
+
+def test_cli_invalid_spec_exits_2_with_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = spec_file(tmp_path, {"stage.kind": "rl"})
+    assert cli_main(["compile", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "stage.kind" in err and "spec.toml" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_generated_names_are_the_known_set(tmp_path: Path) -> None:
+    compile_spec(DEMO, tmp_path / "out")
+    assert set(p.name for p in (tmp_path / "out").iterdir()) <= set(GENERATED_FILES)
