@@ -463,7 +463,10 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     bf16 peak of ``cluster.gpu`` in TFLOP/s, the fp32 figure for fp32 runs; None for a GPU
     outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.slurm.REQUEUE_EXIT_CODE`),
     ``max_connections_1`` (``CUDA_DEVICE_MAX_CONNECTIONS=1``: TP > 1 or sequence parallel,
-    so megatron-core's TP communication is issued in order with compute).
+    so megatron-core's TP communication is issued in order with compute), ``grad_reduce_group``
+    (GPUs a gradient is reduced over, data x context parallel = world / (TP x PP), as
+    megatron-core's DDP reduces over the data-parallel group with context parallelism; the
+    overlap switches are written False when it is 1: nothing to overlap).
     """
     s = locked_spec(resolved)
     m = s.model
@@ -506,6 +509,7 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
         "peak_source": peak_source,
         "requeue_exit_code": REQUEUE_EXIT_CODE,
         "max_connections_1": resolved.tp > 1 or s.parallel.sequence_parallel,
+        "grad_reduce_group": max(1, resolved.world_size // (resolved.tp * resolved.pp)),
     }
 
 

@@ -367,6 +367,7 @@ def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
                     "activation_func=F.silu,", "gated_linear_unit=True,", "params_dtype=torch.bfloat16,",
                     "peak_tflops_per_gpu=989.0,", "lr_decay_iters=600,", "signal_exit_code=85,",
                     "use_transformer_engine=None,", "Run path: transformer_impl = 'auto'",
+                    "overlap_grad_reduce=False,",  # one GPU: no gradient reduction to overlap
                     "blend=[('.data/pydocs-train_text_document', 1.0)],"):
         assert snippet in text, snippet
 

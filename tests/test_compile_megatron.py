@@ -257,6 +257,8 @@ def test_build_configs_runs_megatron_checks_and_holds_the_resolved_values(case: 
     assert (opt.optimizer, opt.lr, opt.min_lr, opt.clip_grad) == (
         spec.train.optimizer, spec.train.lr, spec.train.min_lr, spec.train.clip_grad)
     assert ddp.use_distributed_optimizer == opt.use_distributed_optimizer == spec.parallel.use_distributed_optimizer
+    reduced_over = r.world_size // (r.tp * r.pp)
+    assert ddp.overlap_grad_reduce == (spec.parallel.overlap_grad_reduce and reduced_over > 1)
 
     # the runtime's RunConfig
     assert run.objective.kind == spec.objective.kind
