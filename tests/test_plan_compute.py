@@ -106,3 +106,27 @@ def test_slower_network_slows_multinode_data_parallel():
     slow = make_plan(resolve(Spec.model_validate(spec).replace(**{"cluster.inter_node_gbps": 25.0,
                                                                   "parallel.overlap_grad_reduce": False})))
     assert slow.time.breakdown["dp_communication"] == pytest.approx(16 * fast.time.breakdown["dp_communication"])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(attention="bidirectional"),
+        dict(attention="causal"),
+        dict(attention="block_causal", block_size=64),
+        dict(attention="bidirectional", num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=256,
+             moe_shared_expert_intermediate_size=128),
+    ],
+)
+def test_runtime_mfu_formula_matches_the_planner(kwargs):
+    """backends/megatron computes MFU with its own copy of the formula; both must agree."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from backends.megatron import training
+
+    dims = dict(num_layers=4, hidden_size=256, ffn_hidden_size=704, num_attention_heads=8, num_query_groups=2,
+                kv_channels=32, vocab_size=50304, seq_length=1024)
+    moe_layers = 4 if kwargs.get("num_experts") else 0
+    ours = model_flops_per_token(*dims.values(), num_moe_layers=moe_layers, **kwargs)
+    theirs = training.model_flops_per_token(**dims, gated_mlp=True, **kwargs)
+    assert theirs == pytest.approx(ours, rel=1e-9, abs=1)
