@@ -8,7 +8,7 @@
 # Needs root and Debian's slurm-wlm and munge (apt-get install -y slurm-wlm munge). Everything the
 # cluster writes stays in STATE_DIR; /etc/slurm is not touched. The node is this host
 # (NodeName=$(hostname -s), NodeAddr=127.0.0.1) with 2 CPUs and 8 fake GPUs (GRES backed by empty
-# devices in STATE_DIR/dev), in partition "debug" (the default). Partition "multinode" adds 7 nodes
+# devices in STATE_DIR/dev), in partition "debug" (the default). Partition "multinode" adds 63 nodes
 # that exist only in the configuration (State=CLOUD: powered down, never started) so that
 # `sbatch --test-only --partition=multinode` can judge multi-node scripts. No cgroups: proctrack/linuxproc,
 # task/none, jobacct_gather/none. Controller and node daemon run as root; munged as munge.
@@ -97,9 +97,9 @@ SlurmdTimeout=60
 InactiveLimit=0
 MailProg=/bin/true
 NodeName=$host NodeAddr=127.0.0.1 CPUs=2 RealMemory=$memory_mb Gres=gpu:8 State=UNKNOWN
-NodeName=dlmspec-future[1-7] CPUs=2 RealMemory=$memory_mb Gres=gpu:8 State=CLOUD
+NodeName=dlmspec-future[1-63] CPUs=2 RealMemory=$memory_mb Gres=gpu:8 State=CLOUD
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
-PartitionName=multinode Nodes=$host,dlmspec-future[1-7] Default=NO MaxTime=INFINITE State=UP
+PartitionName=multinode Nodes=$host,dlmspec-future[1-63] Default=NO MaxTime=INFINITE State=UP
 EOF
 # SLURM drops GPUs without device files: character devices that are /dev/null (1,3) stand in for
 # /dev/nvidia0-7 (empty files where mknod is not allowed; slurmd then only logs an error).
@@ -114,7 +114,7 @@ done
 cat >"$dir/gres.conf" <<EOF
 AutoDetect=off
 NodeName=$host Name=gpu File=$dir/dev/nvidia[0-7]
-NodeName=dlmspec-future[1-7] Name=gpu File=$dir/dev/nvidia[0-7]
+NodeName=dlmspec-future[1-63] Name=gpu File=$dir/dev/nvidia[0-7]
 EOF
 
 running() {
