@@ -350,6 +350,21 @@ def test_launch_sh_refuses_a_multi_node_job(tmp_path: Path) -> None:
     compile_spec(spec_file(tmp_path, {"cluster.nodes": 2, "train.global_batch_size": 128}), tmp_path / "out")
     run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True)
     assert run.returncode == 2 and "launch.sbatch" in run.stderr
+    assert "torch.distributed.run" not in (tmp_path / "out" / "launch.sh").read_text()
+
+
+SHELLCHECK = shutil.which("shellcheck")
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed")
+@pytest.mark.parametrize("changes", [{}, {"cluster.nodes": 2, "train.global_batch_size": 128},
+                                     {"parallel.tensor_model_parallel_size": 2, "parallel.sequence_parallel": True}],
+                         ids=["dp8", "two-nodes", "tp2-sp"])
+def test_launch_sh_passes_shellcheck(tmp_path: Path, changes: dict[str, Any]) -> None:
+    compile_spec(spec_file(tmp_path, changes), tmp_path / "out")
+    run = subprocess.run([SHELLCHECK, "--norc", "--shell=bash", str(tmp_path / "out" / "launch.sh")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
 
 
 def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path) -> None:
