@@ -14,6 +14,7 @@ import os
 import py_compile
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,17 @@ def test_two_compiles_are_byte_identical(tmp_path: Path) -> None:
     assert first == second
     assert a.content_hash == b.content_hash
     assert {"train.py", "launch.sh", "launch.sbatch", "spec.lock.toml"} <= set(first)
+
+
+def test_output_does_not_depend_on_the_process(tmp_path: Path) -> None:
+    """Two processes with different hash seeds (set and dict order of str keys) and working
+    directories write the same bytes."""
+    for seed, name in (("1", "a"), ("2", "b")):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        run = subprocess.run([sys.executable, "-m", "dlmspec.cli", "compile", str(DEMO), "-o", str(tmp_path / name)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+    assert read_all(tmp_path / "a") == read_all(tmp_path / "b")
 
 
 def test_compile_with_force_over_itself_changes_nothing(tmp_path: Path) -> None:
