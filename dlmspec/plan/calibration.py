@@ -100,6 +100,9 @@ class Calibration:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+#: Where the fitted defaults above come from (``bench/plan/calibrate.py --write`` sets it).
+FITTED_FROM = "none yet: datasheet-based defaults, not fitted to measurements"
+
 #: The constants every plan uses unless one passes another :class:`Calibration`.
 DEFAULT_CALIBRATION = Calibration()
 

@@ -1,9 +1,10 @@
 """``dlmspec plan``: what the command does (the typer declaration lives in :mod:`dlmspec.cli`).
 
 ``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints
-:meth:`dlmspec.plan.Plan.to_dict` plus ``ok`` and ``issues``. A spec with an error other than
-the memory rule exits 2 with the usual issue table; a spec that does not fit prints its plan,
-the ``memory-fits`` issue (with what would make it fit) and exits 2.
+:meth:`dlmspec.plan.Plan.to_dict` plus ``ok`` and ``issues``. A spec that breaks a
+cross-field rule of :mod:`dlmspec.validate` exits 2 with the usual issue table; a spec that
+does not fit prints its plan, the ``memory-fits`` issue (with what would make it fit) and exits
+2. Whether the runtime supports every setting is checked by ``dlmspec check``, not here.
 
 ``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`);
 errors on the keys the search varies (parallel sizes, micro batch, recomputation) do not stop
@@ -28,9 +29,14 @@ SEARCHED_KEYS = frozenset(SPEC_KEYS.values()) | {"recompute.modules", "train.glo
 
 
 def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
-    from dlmspec import cli
+    """The validator's issues (:func:`dlmspec.validate.find_issues`) plus the memory rule when
+    the validator does not run it itself. What the runtime cannot run
+    (:func:`dlmspec.compile.unsupported_issues`) is ``dlmspec check``'s and ``compile``'s
+    concern: a plan of an FSDP or RL spec is still a plan, and leaving the compiler (and its
+    template engine) out keeps ``dlmspec plan`` fast."""
+    from dlmspec.validate import find_issues
 
-    issues = list(cli.spec_issues(loaded, resolved))
+    issues = list(find_issues(loaded, resolved))
     if resolved.gpu is not None and not any(i.rule.startswith("memory-") for i in issues):
         issues.extend(check_memory(resolved, loaded))
     return issues

@@ -491,19 +491,15 @@ def stage_memory(
     def sharded(dense: float, expert: float, on: bool) -> float:
         return dense / shard + expert / eshard if on else dense + expert
 
-    b: dict[str, float] = dict.fromkeys(ALLOCATED_TERMS + RESERVED_TERMS, 0.0)
-    b["weights"] = param_b * sharded(p_dense, p_expert, full_fsdp)
-    b["gradients"] = grad_b * sharded(p_dense, p_expert, grad_fsdp)
-    b["optimizer_states"] = opt_b * sharded(p_dense, p_expert, opt_sharded)
-    if lay.fp8:
-        b["fp8_weight_cache"] = 2 * linear_params(shape, lay, counts)
+    weights = param_b * sharded(p_dense, p_expert, full_fsdp)
+    gradients = grad_b * sharded(p_dense, p_expert, grad_fsdp)
+    optimizer = opt_b * sharded(p_dense, p_expert, opt_sharded)
+    fp8_cache = 2 * linear_params(shape, lay, counts) if lay.fp8 else 0.0
     layers = dense_n + moe_n
-    if full_fsdp and layers:
-        per_layer = (p_dense + p_expert) / layers
-        b["fsdp_unsharded_buffers"] = 2 * per_layer * (param_b + grad_b)
+    fsdp_buffers = 2 * (p_dense + p_expert) / layers * (param_b + grad_b) if (full_fsdp and layers) else 0.0
     T = lay.micro_batch * lay.seq / lay.cp
-    if lay.sp and lay.tp > 1:
-        b["sp_gather_buffer"] = y * T * shape.hidden
+    h = shape.hidden
+    sp_buffer = y * T * h if (lay.sp and lay.tp > 1) else 0.0
 
     # Activations kept per microbatch on this rank.
     flight = in_flight(lay, stage)
@@ -520,53 +516,64 @@ def stage_memory(
             )
     first, last = stage == 0, stage == lay.pp - 1
     r = lay.sequence_divisor
-    stat = 8 if shape.layernorm else 4
-    y8 = 1 if lay.fp8 else y
     edge = 0.0
     if first and shape.hidden_dropout > 0:
-        edge += T * shape.hidden / r
+        edge += T * h / r
     if last:
-        edge += (y * T * shape.hidden + stat * T) / r + y8 * T * shape.hidden / r
-    b["activations"] = scale * flight * stored_layers
-    b["embedding_output_activations"] = scale * flight * edge
+        stat = 8 if shape.layernorm else 4
+        edge += (y * T * h + stat * T) / r + (1 if lay.fp8 else y) * T * h / r
+    activations = scale * flight * stored_layers
+    edge_acts = scale * flight * edge
     per_token = (16 + (9 if shape.objective == "mdm" else 0) if first else 0) + (20 if last else 0)
-    b["batch_and_objective"] = flight * per_token * T
+    batch = flight * per_token * T
 
     # The largest transient of forward/backward.
-    V = shape.vocab / lay.tp
     loss = 0.0
     if last:
+        V = shape.vocab / lay.tp
         logits = (4 + (y if y != 4 else 0)) * T * V
-        out_bwd = y * T * V + (y * V * shape.hidden if lay.impl != "transformer_engine" else 0.0) + y * T * shape.hidden
-        loss = max(logits, out_bwd)
+        out_bwd = y * T * V + (y * V * h if lay.impl != "transformer_engine" else 0.0) + y * T * h
+        loss = logits if logits > out_bwd else out_bwd
     workspace = 0.0
     if layers:
         workspace = max(lt.dense_backward if dense_n else 0.0, lt.moe_backward if moe_n else 0.0) + recompute_transient
-    if loss >= workspace:
-        b["loss_logits"] = scale * loss
-    else:
-        b["backward_transient"] = scale * workspace
-    b["allocated_overhead"] = calib.allocated_overhead_bytes
+    loss_logits = scale * loss if loss >= workspace else 0.0
+    backward = 0.0 if loss >= workspace else scale * workspace
 
     # The optimizer step: activations are gone, the step's temporaries appear.
     step = _step_transient(lay, p_dense, p_expert, opt_sharded, shard, eshard)
-    dynamic = sum(b[k] for k in ("activations", "embedding_output_activations", "batch_and_objective",
-                                 "loss_logits", "backward_transient"))
     phase = "forward_backward"
-    if step > dynamic:
-        for k in ("activations", "embedding_output_activations", "batch_and_objective", "loss_logits",
-                  "backward_transient", "sp_gather_buffer"):
-            b[k] = 0.0
-        b["optimizer_step_transient"] = step
+    if step > activations + edge_acts + batch + loss_logits + backward:
+        activations = edge_acts = batch = loss_logits = backward = sp_buffer = 0.0
         phase = "optimizer_step"
-
-    allocated = sum(b[k] for k in ALLOCATED_TERMS)
-    b["cuda_context"] = calib.cuda_context_bytes
-    b["nccl_buffers"] = calib.nccl_bytes_per_group * _nccl_groups(lay, shape)
-    b["allocator_reserve"] = calib.allocator_reserve_fraction * allocated
-    total = allocated + b["cuda_context"] + b["nccl_buffers"] + b["allocator_reserve"]
+    else:
+        step = 0.0
+    overhead = calib.allocated_overhead_bytes
+    allocated = (weights + gradients + optimizer + fp8_cache + fsdp_buffers + sp_buffer + activations + edge_acts
+                 + batch + loss_logits + backward + step + overhead)
+    context = calib.cuda_context_bytes
+    nccl = calib.nccl_bytes_per_group * _nccl_groups(lay, shape)
+    reserve = calib.allocator_reserve_fraction * allocated
+    b = {
+        "weights": weights,
+        "gradients": gradients,
+        "optimizer_states": optimizer,
+        "fp8_weight_cache": fp8_cache,
+        "fsdp_unsharded_buffers": fsdp_buffers,
+        "sp_gather_buffer": sp_buffer,
+        "activations": activations,
+        "embedding_output_activations": edge_acts,
+        "batch_and_objective": batch,
+        "loss_logits": loss_logits,
+        "backward_transient": backward,
+        "optimizer_step_transient": step,
+        "allocated_overhead": overhead,
+        "cuda_context": context,
+        "nccl_buffers": nccl,
+        "allocator_reserve": reserve,
+    }
     return StageMemory(stage=stage, layers=counts, in_flight=flight, params=(p_dense, p_expert), breakdown=b,
-                       phase=phase, peak_allocated_bytes=allocated, peak_bytes=total)
+                       phase=phase, peak_allocated_bytes=allocated, peak_bytes=allocated + context + nccl + reserve)
 
 
 def _full_recompute(lt: LayerTerms, lay: Layout, dense_n: int, moe_n: int) -> tuple[float, float]:

@@ -229,11 +229,12 @@ def _shape_for(shape: ModelShape, tp: int, cache: dict[int, ModelShape]) -> Mode
 class _Caches:
     """Per-search caches of the parts of a plan that many layouts share: per-layer activation
     terms (they depend on TP, SP, CP, micro batch, expert TP, recomputation and the layer
-    path, not on PP or the optimizer) and step FLOPs."""
+    path, not on PP or the optimizer), step FLOPs and per-stage work (:func:`stage_work`)."""
 
     def __init__(self) -> None:
         self.terms: dict[tuple, Any] = {}
         self.flops: dict[tuple, Any] = {}
+        self.works: dict[tuple, Any] = {}
 
     def layer_terms(self, shape: ModelShape, lay: Layout):
         key = (lay.tp, lay.sp, lay.cp, lay.micro_batch, lay.etp, lay.recompute, lay.recompute_modules, lay.impl)
@@ -259,7 +260,8 @@ def evaluate(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration, chang
     mem = memory_plan(shape, lay, calib, all_stages=False, terms=caches.layer_terms(shape, lay))
     peak = mem.peak
     if time_all or peak.peak_bytes <= gpu.memory_bytes:
-        tp = time_plan(shape, lay, gpu, calib, all_stages=False, flops=caches.step_flops(shape, lay))
+        tp = time_plan(shape, lay, gpu, calib, all_stages=False, flops=caches.step_flops(shape, lay),
+                       work_cache=caches.works)
         step, tps, mfu = tp.step_seconds, tp.tokens_per_second, tp.mfu
     else:
         step, tps, mfu = float("inf"), 0.0, 0.0

@@ -316,17 +316,31 @@ class TimePlan:
 
 
 def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEFAULT_CALIBRATION,
-              *, all_stages: bool = True, flops: FlopCounts | None = None) -> TimePlan:
+              *, all_stages: bool = True, flops: FlopCounts | None = None,
+              work_cache: dict[tuple, StageWork] | None = None) -> TimePlan:
     """Step time of ``lay`` on ``gpu`` (see the module docstring). ``all_stages=False`` times
     only the first and last pipeline ranks (the others hold the same layers without the
-    embedding or the logits); ``flops`` reuses :func:`~dlmspec.plan.compute.step_flops`."""
+    embedding or the logits); ``flops`` reuses :func:`~dlmspec.plan.compute.step_flops`;
+    ``work_cache`` reuses :func:`stage_work` across layouts that differ only in data
+    parallelism, the optimizer or the batch count (the search passes one dict per search)."""
     if flops is None:
         flops = step_flops(shape, lay)
-    stages = range(lay.pp) if (all_stages or lay.pp <= 2) else sorted({0, lay.pp - 1})
-    works = [stage_work(shape, lay, gpu, i, calib) for i in stages]
-    timed = [(sum(microbatch_seconds(w, calib).values()), w) for w in works]
-    mb_total, slow = max(timed, key=lambda x: (x[0], -x[1].stage))
-    per_mb = microbatch_seconds(slow, calib)
+    stages = range(lay.pp) if (all_stages or lay.pp <= 2) else (0, lay.pp - 1)
+    best = None
+    for i in stages:
+        if work_cache is None:
+            w = stage_work(shape, lay, gpu, i, calib)
+        else:
+            key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
+                   lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab)
+            w = work_cache.get(key)
+            if w is None:
+                w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
+        mb = microbatch_seconds(w, calib)
+        total = sum(mb.values())
+        if best is None or total > best[0]:
+            best = (total, w, mb)
+    mb_total, slow, per_mb = best
     m, p, v = lay.num_microbatches, lay.pp, max(1, lay.vpp)
     bubble_mb = (p - 1) / v
     b: dict[str, float] = dict.fromkeys(TIME_TERMS, 0.0)

@@ -1,0 +1,394 @@
+"""Compare the planner with GPU measurements, fit its constants, write the docs table.
+
+Reads every ``bench/results/*.json`` that holds calibration runs, plans each run's spec,
+reports planned vs measured peak allocated memory and step time (and Megatron-LM's theoretical
+memory formula on the same configuration), fits the constants of
+:mod:`dlmspec.plan.calibration` by least squares, and writes the tables into
+``docs/planner.md`` between ``<!-- calibration:begin -->`` and ``<!-- calibration:end -->``.
+
+Measurement files: a JSON list of runs, or an object with ``"runs": [...]`` (other keys such
+as ``"command"`` and ``"device"`` are kept as provenance). A run is::
+
+    {
+      "name": "demo-tp2-sp",                   # a bench/plan/matrix.json name, or any label
+      "base": "specs/demo-dlm.toml",           # spec file (relative to the repository root) ...
+      "overrides": ["cluster.gpus_per_node=2", ...],   # ... and its --set values
+      "spec": {...},                           # ... or instead a whole spec (e.g. spec.lock.toml as a dict)
+      "impl": "local+sdpa",                    # layer path the runtime reported (optional)
+      "peak_allocated_bytes": 14123456789,     # torch.cuda.max_memory_allocated(), max over ranks
+      "step_seconds": 0.0612,                  # median step time over the measured steps
+      "peak_reserved_bytes": 15000000000       # optional
+    }
+
+``peak_mem_gib`` (the runtime's metrics.jsonl field, GiB) is accepted for
+``peak_allocated_bytes`` and ``step_time_s`` for ``step_seconds``; a run with only ``name``
+takes ``base``/``overrides`` from ``bench/plan/matrix.json``. Runs without both measurements
+(e.g. ``"error": ...``) are listed and skipped.
+
+The fit (relative errors, so small and large runs weigh alike):
+
+* memory: ``measured = static + activation_scale * activations + allocated_overhead_bytes``,
+  where ``activations`` are the plan's activation, logits and transient terms and ``static``
+  the rest; two unknowns, linear least squares (overhead clamped at >= 0).
+* time: ``measured = sum_i c_i x_i + fixed``, ``x`` = the plan's features at 100% of every peak
+  (GEMM, attention, element-wise bytes, kernel count, NVLink collectives, 1) and ``fixed`` the
+  exposed communication that is not linear in a constant; ``c`` = (1/gemm_efficiency,
+  1/attention_efficiency, 1/memory_efficiency, seconds_per_kernel, 1/nvlink_efficiency,
+  step_overhead_seconds), non-negative least squares with a weak pull (weight ``--prior``)
+  towards the current constants, so a constant no run exercises keeps its value.
+
+Leave-one-out errors (refit without the run, predict it) are reported next to the in-sample
+ones. ``--write`` rewrites the fitted defaults in ``dlmspec/plan/calibration.py``.
+
+Usage::
+
+    .venv/bin/python bench/plan/calibrate.py                # table into docs/planner.md
+    .venv/bin/python bench/plan/calibrate.py --write        # ... and refit calibration.py
+    .venv/bin/python bench/plan/calibrate.py --plan-only    # planned values of matrix.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from dlmspec.errors import SpecError  # noqa: E402
+from dlmspec.loader import load  # noqa: E402
+from dlmspec.plan import make_plan  # noqa: E402
+from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
+from dlmspec.plan.megatron_formula import megatron_estimate  # noqa: E402
+from dlmspec.resolve import resolve  # noqa: E402
+from dlmspec.spec import Spec  # noqa: E402
+
+GiB = 1024**3
+RESULTS = ROOT / "bench" / "results"
+MATRIX = ROOT / "bench" / "plan" / "matrix.json"
+DOCS = ROOT / "docs" / "planner.md"
+CALIBRATION_PY = ROOT / "dlmspec" / "plan" / "calibration.py"
+BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
+
+#: Activation-like allocated terms (scaled by activation_scale).
+ACT_TERMS = ("activations", "embedding_output_activations", "loss_logits", "backward_transient")
+#: Time features and the constant each one's coefficient maps to.
+TIME_FEATURES = ("gemm", "attention", "elementwise", "kernels", "nvlink", "const")
+
+
+@dataclass
+class Run:
+    """One measured run, planned."""
+
+    name: str
+    gpus: int
+    impl: str | None
+    resolved: Any
+    measured_bytes: float
+    measured_seconds: float
+    source: str
+
+
+def _matrix() -> dict[str, dict]:
+    if not MATRIX.exists():
+        return {}
+    return {e["name"]: e for e in json.loads(MATRIX.read_text(encoding="utf-8"))}
+
+
+def _resolve_run(rec: dict, matrix: dict[str, dict]):
+    if "spec" in rec:
+        spec = Spec.model_validate(rec["spec"])
+        return resolve(spec)
+    entry = matrix.get(rec.get("name", ""), {})
+    base = rec.get("base") or entry.get("base")
+    overrides = rec.get("overrides", entry.get("overrides"))
+    if base is None or overrides is None:
+        raise ValueError("no spec: give 'spec', or 'base' and 'overrides', or a name from bench/plan/matrix.json")
+    return resolve(load(ROOT / base, overrides).spec)
+
+
+def read_runs(results: Path) -> tuple[list[Run], list[str]]:
+    """Every measured run under ``results`` and a note per skipped record."""
+    matrix = _matrix()
+    runs, skipped = [], []
+    for path in sorted(results.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            skipped.append(f"{path.name}: unreadable ({exc})")
+            continue
+        records = data.get("runs") if isinstance(data, dict) else data
+        if not isinstance(records, list):
+            continue
+        for rec in records:
+            if not isinstance(rec, dict):
+                continue
+            name = str(rec.get("name", "?"))
+            mem = rec.get("peak_allocated_bytes")
+            if mem is None and rec.get("peak_mem_gib") is not None:
+                mem = float(rec["peak_mem_gib"]) * GiB
+            sec = rec.get("step_seconds", rec.get("step_time_s"))
+            if mem is None or sec is None:
+                skipped.append(f"{path.name}: {name}: no measurement ({rec.get('error', 'missing keys')})")
+                continue
+            try:
+                resolved = _resolve_run(rec, matrix)
+            except (SpecError, ValueError) as exc:
+                skipped.append(f"{path.name}: {name}: {str(exc).splitlines()[0]}")
+                continue
+            runs.append(Run(name, int(rec.get("gpus", resolved.world_size)), rec.get("impl"), resolved,
+                            float(mem), float(sec), path.name))
+    return runs, skipped
+
+
+def _plan(run: Run, calib: Calibration):
+    return make_plan(run.resolved, calib, impl=run.impl)
+
+
+def memory_parts(run: Run, calib: Calibration) -> tuple[float, float]:
+    """(static bytes, activation bytes at scale 1) of the run's peak stage."""
+    bare = calib.with_values(activation_scale=1.0, allocated_overhead_bytes=0.0)
+    peak = _plan(run, bare).memory.peak
+    act = sum(peak.breakdown[k] for k in ACT_TERMS)
+    return peak.peak_allocated_bytes - act, act
+
+
+def fit_memory(runs: list[Run], calib: Calibration) -> tuple[float, float]:
+    """(activation_scale, allocated_overhead_bytes) by least squares on relative errors."""
+    if not runs:
+        return calib.activation_scale, calib.allocated_overhead_bytes
+    parts = [memory_parts(r, calib) for r in runs]
+    m = np.array([r.measured_bytes for r in runs])
+    static = np.array([p[0] for p in parts])
+    act = np.array([p[1] for p in parts])
+    a = np.stack([act / m, 1.0 / m], axis=1)
+    y = (m - static) / m
+    if len(runs) >= 2 and np.ptp(act / m) > 0:
+        (scale, over), *_ = np.linalg.lstsq(a, y, rcond=None)
+    else:
+        scale, over = calib.activation_scale, calib.allocated_overhead_bytes
+    if over < 0:
+        over = 0.0
+        scale = float(np.dot(a[:, 0], y) / max(np.dot(a[:, 0], a[:, 0]), 1e-30))
+    return float(max(scale, 0.0)), float(over)
+
+
+def _time_prior(calib: Calibration) -> np.ndarray:
+    return np.array([1 / calib.gemm_efficiency, 1 / calib.attention_efficiency, 1 / calib.memory_efficiency,
+                     calib.seconds_per_kernel, 1 / calib.nvlink_efficiency, calib.step_overhead_seconds])
+
+
+def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
+    """Non-negative least squares, Lawson and Hanson (1974), ch. 23."""
+    n = a.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    for _ in range(iters):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= 1e-12:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def fit_time(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibration:
+    """Fit the time constants (see the module docstring); returns a new Calibration."""
+    prior = _time_prior(calib)
+    if not runs:
+        return calib
+    rows, target = [], []
+    for r in runs:
+        f = _plan(r, calib).time.features
+        x = np.array([f[k] for k in TIME_FEATURES]) * prior
+        rows.append(x / r.measured_seconds)
+        target.append((r.measured_seconds - f["fixed"]) / r.measured_seconds)
+    a = np.vstack([np.array(rows), prior_weight * np.eye(len(TIME_FEATURES))])
+    b = np.concatenate([np.array(target), prior_weight * np.ones(len(TIME_FEATURES))])
+    u = nnls(a, b)
+    c = prior * np.where(u > 0, u, 1e-6)
+    return calib.with_values(
+        gemm_efficiency=float(min(1.0, 1 / c[0])),
+        attention_efficiency=float(min(1.0, 1 / c[1])),
+        memory_efficiency=float(min(1.0, 1 / c[2])),
+        seconds_per_kernel=float(c[3]),
+        nvlink_efficiency=float(min(1.0, 1 / c[4])),
+        step_overhead_seconds=float(c[5]),
+    )
+
+
+def fit(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibration:
+    """Both fits; the time fit runs twice (its fixed terms depend on the constants)."""
+    scale, over = fit_memory(runs, calib)
+    out = calib.with_values(activation_scale=scale, allocated_overhead_bytes=over)
+    for _ in range(2):
+        out = fit_time(runs, out, prior_weight)
+    return out
+
+
+def _err(planned: float, measured: float) -> float:
+    return (planned - measured) / measured
+
+
+def table(runs: list[Run], default: Calibration, fitted: Calibration, prior_weight: float,
+          skipped: list[str], sources: list[str]) -> str:
+    """The markdown of the calibration section."""
+    lines = [BEGIN, "", "Generated by `bench/plan/calibrate.py` from " + (", ".join(f"`bench/results/{s}`" for s in sources) or "no files") + ".", ""]
+    if not runs:
+        lines += ["No measurements yet: run the matrix of `bench/plan/matrix.json` on the GPUs "
+                  "(see *Calibration* above), then rerun `bench/plan/calibrate.py`. Until then, the planned "
+                  "peak allocated memory of each matrix run (uncalibrated constants) next to Megatron-LM's "
+                  "theoretical formula:", ""]
+        lines += _planned_matrix_table()
+        lines += [f"- skipped: {s}" for s in skipped]
+        lines += ["", END]
+        return "\n".join(lines)
+    loo_mem, loo_time = [], []
+    for i in range(len(runs)):
+        rest = runs[:i] + runs[i + 1:]
+        c = fit(rest, default, prior_weight) if len(rest) >= 2 else default
+        p = _plan(runs[i], c)
+        loo_mem.append(_err(p.peak_allocated_bytes, runs[i].measured_bytes))
+        loo_time.append(_err(p.time.step_seconds, runs[i].measured_seconds))
+    lines += [
+        "| run | GPUs | layers | measured peak GiB | planned GiB | error | LOO error | uncalibrated error "
+        "| Megatron-LM formula GiB | its error | measured step s | planned s | error | LOO error | uncalibrated error |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    mem_errs, time_errs = [], []
+    for i, r in enumerate(runs):
+        p, p0 = _plan(r, fitted), _plan(r, default)
+        meg = megatron_estimate(p.shape, p.layout).total_bytes
+        em, et = _err(p.peak_allocated_bytes, r.measured_bytes), _err(p.time.step_seconds, r.measured_seconds)
+        mem_errs.append(em)
+        time_errs.append(et)
+        lines.append(
+            f"| {r.name} | {r.gpus} | {p.runtime['modelled_as']} | {r.measured_bytes / GiB:.2f} | "
+            f"{p.peak_allocated_bytes / GiB:.2f} | {em:+.1%} | {loo_mem[i]:+.1%} | "
+            f"{_err(p0.peak_allocated_bytes, r.measured_bytes):+.1%} | {meg / GiB:.2f} | {_err(meg, r.measured_bytes):+.1%} | "
+            f"{r.measured_seconds:.4f} | {p.time.step_seconds:.4f} | {et:+.1%} | {loo_time[i]:+.1%} | "
+            f"{_err(p0.time.step_seconds, r.measured_seconds):+.1%} |"
+        )
+    within_m = sum(abs(e) <= 0.05 for e in mem_errs)
+    within_t = sum(abs(e) <= 0.15 for e in time_errs)
+    lines += [
+        "",
+        f"Memory within 5%: {within_m}/{len(runs)} (max |error| {max(abs(e) for e in mem_errs):.1%}, "
+        f"leave-one-out {max(abs(e) for e in loo_mem):.1%}). Step time within 15%: {within_t}/{len(runs)} "
+        f"(max |error| {max(abs(e) for e in time_errs):.1%}, leave-one-out {max(abs(e) for e in loo_time):.1%}).",
+        "",
+        "| constant | before | fitted |",
+        "|---|---:|---:|",
+    ]
+    for key, value in fitted.to_dict().items():
+        before = default.to_dict()[key]
+        if before != value:
+            lines.append(f"| `{key}` | {before:.4g} | {value:.4g} |")
+    if skipped:
+        lines += ["", "Skipped records:", ""] + [f"- {s}" for s in skipped]
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def _planned_matrix_table() -> list[str]:
+    """Planned vs Megatron-LM formula for every runnable matrix entry (no measurements)."""
+    out = ["| run | GPUs | layers | planned peak allocated GiB | Megatron-LM formula GiB | ratio | planned step s |",
+           "|---|---:|---|---:|---:|---:|---:|"]
+    for name, e in _matrix().items():
+        if not e.get("runtime_supported", True) or e.get("errors"):
+            continue
+        p = make_plan(resolve(load(ROOT / e["base"], e["overrides"]).spec))
+        meg = megatron_estimate(p.shape, p.layout).total_bytes
+        out.append(f"| {name} | {e['gpus']} | {p.runtime['modelled_as']} | {p.peak_allocated_bytes / GiB:.2f} | "
+                   f"{meg / GiB:.2f} | {meg / p.peak_allocated_bytes:.2f} | {p.time.step_seconds:.4f} |")
+    return out
+
+
+def write_docs(section: str, docs: Path) -> None:
+    """Replace the calibration section of ``docs`` (append it when the markers are missing)."""
+    text = docs.read_text(encoding="utf-8") if docs.exists() else "# Planner\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n## Calibration results\n\n" + section + "\n"
+    docs.write_text(text, encoding="utf-8")
+
+
+def write_calibration(fitted: Calibration, source: str) -> None:
+    """Rewrite the fitted defaults (``name: float = value`` lines) of calibration.py."""
+    from dlmspec.plan.calibration import FITTED
+
+    text = CALIBRATION_PY.read_text(encoding="utf-8")
+    for name in FITTED:
+        value = getattr(fitted, name)
+        literal = f"{value:.0f}" if name.endswith("_bytes") else f"{value:.4g}"
+        text, n = re.subn(rf"^(    {name}: float = ).*$", rf"\g<1>{literal}", text, count=1, flags=re.M)
+        if n != 1:
+            raise SystemExit(f"calibration.py has no '{name}: float = ...' line")
+    text, _ = re.subn(r'^FITTED_FROM = .*$', f"FITTED_FROM = {source!r}", text, count=1, flags=re.M)
+    CALIBRATION_PY.write_text(text, encoding="utf-8")
+
+
+def plan_only() -> int:
+    """Print the planned peak and step time of each matrix entry (sizing the GPU runs)."""
+    rows = 0
+    for name, e in _matrix().items():
+        try:
+            r = resolve(load(ROOT / e["base"], e["overrides"]).spec)
+            p = make_plan(r)
+        except SpecError as exc:
+            print(f"{name:32s} spec error: {str(exc).splitlines()[0]}")
+            continue
+        print(f"{name:32s} {e['gpus']} GPU  {p.runtime['modelled_as']:18s} peak allocated {p.peak_allocated_bytes / GiB:7.2f} GiB  "
+              f"step {p.time.step_seconds * 1000:8.1f} ms  x {r.train_iters} steps = {p.time.to_train_seconds:6.1f} s")
+        rows += 1
+    return 0 if rows else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default=str(RESULTS), help="directory of measurement JSON files")
+    parser.add_argument("--docs", default=str(DOCS), help="markdown file to write the tables into")
+    parser.add_argument("--write", action="store_true", help="rewrite the fitted defaults in calibration.py")
+    parser.add_argument("--prior", type=float, default=0.1, help="weight of the pull towards the current constants")
+    parser.add_argument("--plan-only", action="store_true", help="print planned values of bench/plan/matrix.json")
+    args = parser.parse_args(argv)
+    if args.plan_only:
+        return plan_only()
+    runs, skipped = read_runs(Path(args.results))
+    sources = sorted({r.source for r in runs})
+    fitted = fit(runs, DEFAULT_CALIBRATION, args.prior) if len(runs) >= 2 else DEFAULT_CALIBRATION
+    section = table(runs, DEFAULT_CALIBRATION, fitted, args.prior, skipped, sources)
+    write_docs(section, Path(args.docs))
+    print(section)
+    if not runs:
+        print(f"no measured runs in {args.results}", file=sys.stderr)
+        return 1
+    if args.write:
+        write_calibration(fitted, f"{', '.join(sources)} ({len(runs)} runs)")
+        print(f"rewrote {CALIBRATION_PY.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Write the GPU calibration matrix of the planner: bench/plan/matrix.json.
+
+Each entry is a run the GPU runner executes: a base spec plus ``--set`` overrides, the GPU
+count, and whether this checkout's runtime can run it (``dlmspec.compile.unsupported_issues``)
+with any validator error. Runs are sized to take ~15 s on one H200 with start-up (50 steps, 30 for Qwen3-1.7B; mock data, so
+no files are needed). The runner records, per run, the measured peak
+``torch.cuda.max_memory_allocated()`` (max over ranks) and the median step time, in
+``bench/results/*.json`` (format: ``bench/plan/calibrate.py``'s docstring), which
+``calibrate.py`` compares with the plan.
+
+Usage::
+
+    .venv/bin/python bench/plan/matrix.py            # writes bench/plan/matrix.json
+    .venv/bin/python bench/plan/matrix.py --print    # also prints the compile commands
+
+How the runner uses an entry (``name``, ``base``, ``overrides``)::
+
+    dlmspec compile BASE -o runs/plan-NAME --set K=V ...     # for each override
+    bash runs/plan-NAME/launch.sh                            # NPROC = gpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from dlmspec.loader import load  # noqa: E402
+from dlmspec.resolve import resolve  # noqa: E402
+
+DEMO = "specs/demo-dlm.toml"
+OUT = ROOT / "bench" / "plan" / "matrix.json"
+
+#: Mock data (MockGPTDataset, NullTokenizer of the demo's GPT-2 vocabulary), 50 short steps,
+#: no evaluation or checkpoint inside the measured window.
+COMMON = [
+    "data.mock=true",
+    "data.train=[]",
+    "data.valid=[]",
+    'data.tokenizer.type="NullTokenizer"',
+    "data.tokenizer.vocab_size=50256",
+    "train.train_iters=50",
+    "train.lr_warmup_iters=5",
+    "train.eval_interval=50",
+    "train.eval_iters=1",
+    "logging.log_interval=5",
+    "checkpoint.save_interval=1000",
+]
+
+#: Qwen3-1.7B's architecture (explicit keys: the demo's explicit dimensions override a preset) on
+#: the same mock data (vocabulary 151936 = NullTokenizer 151935 + EOD; tied embeddings).
+QWEN = [
+    'model.preset="qwen3-1.7b"',
+    "model.num_layers=28",
+    "model.hidden_size=2048",
+    "model.ffn_hidden_size=6144",
+    "model.num_attention_heads=16",
+    "model.num_query_groups=8",
+    "model.kv_channels=128",
+    "model.vocab_size=151936",
+    "model.max_position_embeddings=4096",
+    "model.untie_embeddings_and_output_weights=false",
+    "data.tokenizer.vocab_size=151935",
+    "objective.mask_token_id=151935",  # 151936 is a multiple of 128: no padded slot for [MASK]
+]
+
+ONE_GPU: list[tuple[str, list[str]]] = [
+    ("demo-mdm-b32-s512", []),
+    ("demo-mdm-b8-s2048", ["train.micro_batch_size=8", "train.global_batch_size=8", "train.seq_length=2048",
+                           "model.max_position_embeddings=2048"]),
+    ("demo-mdm-b4-s4096", ["train.micro_batch_size=4", "train.global_batch_size=4", "train.seq_length=4096",
+                           "model.max_position_embeddings=4096"]),
+    ("demo-mdm-b32-s512-selective", ["recompute.granularity=\"selective\""]),
+    ("demo-mdm-b32-s512-full", ['recompute.granularity="full"', 'recompute.method="uniform"', "recompute.num_layers=1"]),
+    ("demo-mdm-b32-s512-fixedlen", ["objective.variable_length_prob=0.0"]),
+    ("demo-ar-b32-s512", ['objective.kind="ar"', "objective.variable_length_prob=0.0"]),
+    ("demo-mdm-mb4-x8", ["train.micro_batch_size=4", "train.global_batch_size=32"]),
+    ("demo-mdm-h1024", ["model.hidden_size=1024", "model.ffn_hidden_size=2816", "model.num_attention_heads=16",
+                        "model.num_query_groups=4"]),
+    ("demo-mdm-mha", ["model.num_query_groups=12"]),
+    ("demo-mdm-gelu", ['model.activation="gelu"', "model.ffn_hidden_size=3072"]),
+    ("demo-mdm-dropout", ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]),
+    ("demo-moe-e8-top2", ["model.num_experts=8", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=1024",
+                          "train.micro_batch_size=16", "train.global_batch_size=16"]),
+    ("qwen3-1.7b-mdm-b4-s2048", QWEN + ["train.micro_batch_size=4", "train.global_batch_size=4",
+                                        "train.seq_length=2048", "train.train_iters=30", "train.eval_interval=30"]),
+    ("qwen3-1.7b-ar-b4-s2048-full", QWEN + ['objective.kind="ar"', "objective.variable_length_prob=0.0",
+                                            'recompute.granularity="full"', 'recompute.method="uniform"',
+                                            "recompute.num_layers=1", "train.micro_batch_size=4",
+                                            "train.global_batch_size=4", "train.seq_length=2048",
+                                            "train.train_iters=30", "train.eval_interval=30"]),
+]
+
+TWO = ["cluster.gpus_per_node=2"]
+TWO_GPU: list[tuple[str, list[str]]] = [
+    ("demo-tp2-sp", TWO + ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"]),
+    ("demo-pp2", TWO + ["parallel.pipeline_model_parallel_size=2", "train.micro_batch_size=4",
+                        "train.global_batch_size=32"]),
+    ("demo-cp2", TWO + ["parallel.context_parallel_size=2", "train.micro_batch_size=8", "train.global_batch_size=8",
+                        "train.seq_length=2048", "model.max_position_embeddings=2048"]),
+    ("demo-moe-ep2", TWO + ["model.num_experts=8", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=1024",
+                            "parallel.expert_model_parallel_size=2", "train.micro_batch_size=16",
+                            "train.global_batch_size=32"]),
+    ("demo-dp2-distopt", TWO + ["train.global_batch_size=64", "parallel.use_distributed_optimizer=true"]),
+    ("demo-dp2-no-distopt", TWO + ["train.global_batch_size=64", "parallel.use_distributed_optimizer=false"]),
+    ("demo-dp2-fsdp", TWO + ["train.global_batch_size=64", 'parallel.fsdp="megatron"',
+                             'parallel.data_parallel_sharding_strategy="optim_grads_params"']),
+    ("qwen3-1.7b-tp2-sp", TWO + QWEN + ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                                        "train.micro_batch_size=4", "train.global_batch_size=4",
+                                        "train.seq_length=2048", "train.train_iters=30", "train.eval_interval=30"]),
+]
+
+
+def _status(overrides: list[str]) -> tuple[bool, list[str], str]:
+    """(runtime supports it, validator/runtime errors, planned transformer path)."""
+    from dlmspec.plan.shape import transformer_impl
+
+    loaded = load(ROOT / DEMO, overrides)
+    resolved = resolve(loaded.spec)
+    errors = []
+    try:
+        from dlmspec.validate import find_issues
+
+        errors += [f"{i.rule}: {i.key}: {i.message}" for i in find_issues(loaded, resolved) if i.severity == "error"]
+    except ModuleNotFoundError:
+        pass
+    unsupported = []
+    try:
+        from dlmspec.compile import unsupported_issues
+
+        unsupported = [f"{i.key}: {i.message}" for i in unsupported_issues(resolved, loaded)]
+    except ModuleNotFoundError:
+        pass
+    needs_te = transformer_impl(resolved)[0] == "transformer_engine"
+    notes = "needs transformer_engine on the GPU machine" if needs_te else ""
+    return not unsupported, errors + unsupported, notes
+
+
+def build() -> list[dict]:
+    """The matrix entries (deterministic order)."""
+    entries = []
+    for gpus, group in ((1, ONE_GPU), (2, TWO_GPU)):
+        for name, extra in group:
+            overrides = COMMON + extra
+            supported, errors, notes = _status(overrides)
+            entries.append({
+                "name": name,
+                "gpus": gpus,
+                "base": DEMO,
+                "overrides": overrides,
+                "runtime_supported": supported,
+                "errors": errors,
+                "notes": notes,
+            })
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--print", action="store_true", help="print the compile command of each entry")
+    parser.add_argument("--output", default=str(OUT), help="where to write the matrix (JSON)")
+    args = parser.parse_args(argv)
+    entries = build()
+    Path(args.output).write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+    one = sum(1 for e in entries if e["gpus"] == 1)
+    two = len(entries) - one
+    print(f"wrote {args.output}: {one} one-GPU and {two} two-GPU runs")
+    for e in entries:
+        flag = "" if e["runtime_supported"] and not e["errors"] else "  [NOT RUNNABLE: " + "; ".join(e["errors"]) + "]"
+        note = f"  ({e['notes']})" if e["notes"] else ""
+        print(f"  {e['gpus']} GPU  {e['name']}{note}{flag}")
+        if args.print:
+            sets = " ".join(f"--set '{o}'" for o in e["overrides"])
+            print(f"      dlmspec compile {e['base']} -o runs/plan-{e['name']} {sets}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
