@@ -9,9 +9,10 @@
 # cluster writes stays in STATE_DIR; /etc/slurm is not touched. The node is this host
 # (NodeName=$(hostname -s), NodeAddr=127.0.0.1) with 2 CPUs and 8 fake GPUs (GRES backed by empty
 # devices in STATE_DIR/dev), in partition "debug" (the default). Partition "multinode" adds 63 nodes
-# that exist only in the configuration (State=CLOUD: powered down, never started) so that
-# `sbatch --test-only --partition=multinode` can judge multi-node scripts. No cgroups: proctrack/linuxproc,
-# task/none, jobacct_gather/none. Controller and node daemon run as root; munged as munge.
+# (128 CPUs, 8 GPUs each) that exist only in the configuration (State=CLOUD: powered down, never
+# started) so that `sbatch --test-only --partition=multinode` can judge multi-node scripts.
+# No cgroups: proctrack/linuxproc, task/none, jobacct_gather/none. Controller and node daemon run
+# as root; munged as munge.
 # Idempotent: a cluster already answering with this configuration is left running. Every wait is
 # bounded; exit status 1 with the daemons' logs on failure.
 set -euo pipefail
@@ -97,7 +98,7 @@ SlurmdTimeout=60
 InactiveLimit=0
 MailProg=/bin/true
 NodeName=$host NodeAddr=127.0.0.1 CPUs=2 RealMemory=$memory_mb Gres=gpu:8 State=UNKNOWN
-NodeName=dlmspec-future[1-63] CPUs=2 RealMemory=$memory_mb Gres=gpu:8 State=CLOUD
+NodeName=dlmspec-future[1-63] CPUs=128 RealMemory=$memory_mb Gres=gpu:8 State=CLOUD
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 PartitionName=multinode Nodes=$host,dlmspec-future[1-63] Default=NO MaxTime=INFINITE State=UP
 EOF
@@ -117,8 +118,11 @@ NodeName=$host Name=gpu File=$dir/dev/nvidia[0-7]
 NodeName=dlmspec-future[1-63] Name=gpu File=$dir/dev/nvidia[0-7]
 EOF
 
+# A daemon runs when its pid file names a live process of that name (not a reused pid).
 running() {
-  [[ -f "$dir/$1.pid" ]] && kill -0 "$(cat "$dir/$1.pid")" 2>/dev/null
+  local pid
+  pid=$(cat "$dir/$1.pid" 2>/dev/null) || return 1
+  [[ $pid =~ ^[0-9]+$ && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$1" ]]
 }
 
 if running slurmctld && running slurmd && cmp -s "$dir/slurm.conf.new" "$dir/slurm.conf"; then

@@ -17,9 +17,10 @@ for arg in "$@"; do
   esac
 done
 
+# Stop process PID if it is NAME (a stale pid file never kills an unrelated process).
 stop_pid() {
   local pid=$1 name=$2
-  kill -0 "$pid" 2>/dev/null || return 0
+  [[ $pid =~ ^[0-9]+$ && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name" ]] || return 0
   kill -TERM "$pid" 2>/dev/null
   for _ in $(seq 1 100); do
     kill -0 "$pid" 2>/dev/null || return 0
@@ -30,7 +31,8 @@ stop_pid() {
   return 0
 }
 
-if [[ -f "$dir/slurm.conf" && -f "$dir/slurmctld.pid" ]] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+ctld_pid=$(cat "$dir/slurmctld.pid" 2>/dev/null || true)
+if [[ -f "$dir/slurm.conf" && -n $ctld_pid && "$(cat "/proc/$ctld_pid/comm" 2>/dev/null)" == slurmctld ]]; then
   SLURM_CONF="$dir/slurm.conf" timeout 10 scancel --full --signal=KILL --state=RUNNING >/dev/null 2>&1
   SLURM_CONF="$dir/slurm.conf" timeout 10 scancel --full >/dev/null 2>&1
 fi
