@@ -1,0 +1,374 @@
+"""Pre-training data on megatron-core's GPT datasets.
+
+Datasets come from ``BlendedMegatronDatasetBuilder`` with a ``GPTDatasetConfig``
+over indexed ``.bin/.idx`` prefixes (``GPTDataset``), or - with ``mock=True`` -
+megatron's ``MockGPTDataset``, whose documents are deterministic runs of
+increasing token ids ``1, 2, ..., n-1, EOD`` (useful for benchmarks and for a
+loss that visibly falls; not random text).  Each sample is a window of
+``seq_length`` tokens cut across packed documents.
+
+Sampling follows Megatron-LM's ``MegatronPretrainingSampler``: the global order
+is ``0, 1, 2, ...`` over the (already shuffled) dataset; each step takes the next
+``micro_batch_size * data_parallel_size`` indices and data-parallel rank ``r``
+takes slice ``[r * mbs, (r + 1) * mbs)``.  Resuming with
+``consumed_samples = iteration * global_batch_size`` restarts exactly where the
+interrupted run stopped.
+
+Packed documents and boundaries
+-------------------------------
+* MDM (no label shift): the target at position ``i`` is the token at ``i``
+  itself, so no label ever crosses a document boundary.  The dataset is built
+  with ``add_extra_token_to_sequence=False`` (exactly ``seq_length`` tokens per
+  sample) and its AR-oriented ``labels``/``loss_mask`` are not used.
+* AR: ``labels[i] = tokens[i + 1]`` (dataset built with
+  ``add_extra_token_to_sequence=True``).  At an EOD the label is the next
+  document's first token; ``eod_mask_loss=True`` gives that position weight 0
+  (megatron's ``loss_mask``).
+* Attention: by default attention spans packed documents - bidirectionally for
+  MDM, as in LLaDA pre-training, and causally for AR, as in GPT pre-training.
+  ``reset_attention_mask=True`` restricts it to the own document:
+  :func:`document_attention_mask` builds a ``[b, 1, s, s]`` boolean mask from
+  the EOD positions on the device, which :class:`SDPACoreAttention` combines with
+  its pattern (this disables the flash kernel - SDPA falls back to the
+  memory-efficient one - and costs ``b * s * s`` bytes per microbatch).
+  Megatron's own ``reset_attention_mask`` (a causal ``[1, s, s]`` float mask
+  built per sample in the data loader workers) is not used.
+* ``reset_position_ids`` restarts position ids at each document.  Note that
+  megatron's ``GPTModel`` only reads ``position_ids`` for learned absolute
+  position embeddings; with RoPE the rotary phases always run ``0 .. s-1``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+
+
+@dataclass
+class DataConfig:
+    """Data settings of a run (part of ``RunConfig``).
+
+    Attributes:
+        seq_length: Tokens per sample.
+        vocab_size: The tokenizer's vocabulary size (before padding); picks the
+            on-disk token dtype and bounds mock token ids.
+        eod_id: End-of-document token id (documents are packed with it).
+        pad_id: Padding id, if the tokenizer has a distinct one.
+        mock: Use megatron's ``MockGPTDataset`` instead of files.
+        blend: ``[(prefix, weight), ...]`` of indexed datasets (``prefix.bin`` /
+            ``prefix.idx``); weights are relative (normalised by megatron) and
+            may all be ``None`` to weight by size.
+        valid_blend: Separate validation blend; when ``None`` the validation
+            split is carved out of ``blend`` by ``split``.
+        split: Megatron split string ``"train,valid,test"`` weights, used with
+            ``blend`` only.
+        reset_position_ids: Restart position ids at each document.
+        reset_attention_mask: Restrict attention to the own document (see the
+            module docstring).
+        eod_mask_loss: AR only: no loss for the prediction made at an EOD input.
+        num_workers: DataLoader worker processes per rank.
+        cache_dir: Where megatron caches its index files (default: next to the
+            data, in ``<dir>/cache``).
+        mmap_bin_files: Memory-map the ``.bin`` files.
+    """
+
+    seq_length: int
+    vocab_size: int
+    eod_id: int
+    pad_id: Optional[int] = None
+    mock: bool = False
+    blend: Optional[List[Tuple[str, Optional[float]]]] = None
+    valid_blend: Optional[List[Tuple[str, Optional[float]]]] = None
+    split: str = "99,1,0"
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    num_workers: int = 2
+    cache_dir: Optional[str] = None
+    mmap_bin_files: bool = True
+
+
+class DatasetTokenizer:
+    """The token-id facts megatron's GPT datasets read from a tokenizer.
+
+    Text is tokenized offline (into ``.bin/.idx``); during training the datasets
+    only need the vocabulary size, the EOD id, the pad id and a stable
+    ``unique_identifiers`` (part of megatron's index-cache key).
+
+    Args:
+        vocab_size: Tokenizer vocabulary size.
+        eod_id: End-of-document id.
+        pad_id: Distinct padding id or ``None`` (megatron then uses -1).
+        name: Label stored in ``unique_identifiers``.
+
+    Raises:
+        ValueError: If ``eod_id`` or ``pad_id`` are outside ``[0, vocab_size)``.
+    """
+
+    def __init__(self, vocab_size: int, eod_id: int, pad_id: Optional[int] = None, name: str = "dlmspec"):
+        if not 0 <= eod_id < vocab_size:
+            raise ValueError(f"eod_id {eod_id} outside [0, {vocab_size})")
+        if pad_id is not None and not 0 <= pad_id < vocab_size:
+            raise ValueError(f"pad_id {pad_id} outside [0, {vocab_size})")
+        self._vocab_size = int(vocab_size)
+        self._eod = int(eod_id)
+        self._pad = None if pad_id is None else int(pad_id)
+        self.name = name
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str) -> "DatasetTokenizer":
+        """Read vocab size, EOS (used as EOD) and pad ids from a Hugging Face tokenizer.
+
+        Raises:
+            ValueError: If the tokenizer has no EOS token.
+        """
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+        if tok.eos_token_id is None:
+            raise ValueError(f"tokenizer {name_or_path} has no eos token to use as EOD")
+        pad = tok.pad_token_id if tok.pad_token_id != tok.eos_token_id else None
+        return cls(len(tok), tok.eos_token_id, pad, name=str(name_or_path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eod(self) -> int:
+        return self._eod
+
+    @property
+    def eos(self) -> int:
+        return self._eod
+
+    @property
+    def pad(self) -> int:
+        if self._pad is None:
+            raise AttributeError("tokenizer has no distinct pad id")
+        return self._pad
+
+    @property
+    def unique_identifiers(self) -> "OrderedDict[str, object]":
+        return OrderedDict(
+            [("class", "dlmspec.DatasetTokenizer"), ("name", self.name),
+             ("vocab_size", self._vocab_size), ("eod", self._eod), ("pad", self._pad)]
+        )
+
+
+def _blend_tuple(blend: Optional[Sequence[Tuple[str, Optional[float]]]]):
+    if not blend:
+        return None
+    prefixes = [str(p) for p, _ in blend]
+    weights = [w for _, w in blend]
+    if all(w is None for w in weights):
+        return (prefixes, None)
+    if any(w is None for w in weights):
+        raise ValueError("blend weights must be all given or all None")
+    if any(float(w) <= 0 for w in weights):
+        raise ValueError("blend weights must be > 0")
+    return (prefixes, [float(w) for w in weights])
+
+
+def build_gpt_dataset_config(
+    data: DataConfig, *, seed: int, add_extra_token_to_sequence: bool, tokenizer: Optional[DatasetTokenizer] = None
+) -> GPTDatasetConfig:
+    """Translate a :class:`DataConfig` into megatron's ``GPTDatasetConfig``.
+
+    Raises:
+        ValueError: If neither ``mock`` nor ``blend`` is set, or both are.
+    """
+    if data.mock == bool(data.blend):
+        raise ValueError("set exactly one of DataConfig.mock=True or DataConfig.blend")
+    tokenizer = tokenizer or DatasetTokenizer(data.vocab_size, data.eod_id, data.pad_id)
+    kwargs = dict(
+        random_seed=seed,
+        sequence_length=data.seq_length,
+        tokenizer=tokenizer,
+        reset_position_ids=data.reset_position_ids,
+        reset_attention_mask=False,
+        eod_mask_loss=data.eod_mask_loss,
+        create_attention_mask=False,
+        add_extra_token_to_sequence=add_extra_token_to_sequence,
+        path_to_cache=data.cache_dir,
+        mmap_bin_files=data.mmap_bin_files,
+    )
+    if data.mock:
+        return GPTDatasetConfig(**kwargs)
+    if data.valid_blend:
+        return GPTDatasetConfig(
+            blend_per_split=[_blend_tuple(data.blend), _blend_tuple(data.valid_blend), None], **kwargs
+        )
+    return GPTDatasetConfig(blend=_blend_tuple(data.blend), split=data.split, **kwargs)
+
+
+def build_datasets(
+    data: DataConfig,
+    *,
+    seed: int,
+    train_samples: int,
+    valid_samples: int,
+    add_extra_token_to_sequence: bool,
+    tokenizer: Optional[DatasetTokenizer] = None,
+):
+    """Build the train and validation datasets with ``BlendedMegatronDatasetBuilder``.
+
+    Must be called on every rank (rank 0 builds megatron's index caches first,
+    the others then read them).
+
+    Args:
+        data: The data settings.
+        seed: Seed of megatron's document/sample shuffling.
+        train_samples: Samples the training run will draw (``train_iters *
+            global_batch_size``); the dataset is made at least that long
+            (megatron repeats epochs).
+        valid_samples: Samples one evaluation draws (0: no validation set).
+        add_extra_token_to_sequence: ``True`` for AR (``seq_length + 1`` tokens
+            are read so that inputs and shifted labels both have
+            ``seq_length``), ``False`` for MDM.
+        tokenizer: Overrides the tokenizer built from ``data``.
+
+    Returns:
+        ``(train_dataset, valid_dataset_or_None)``; each item is a dict with
+        ``tokens``, ``labels`` (``[s]`` int64), ``loss_mask`` (``[s]`` float32)
+        and ``position_ids`` (``[s]`` int64).
+    """
+    config = build_gpt_dataset_config(
+        data, seed=seed, add_extra_token_to_sequence=add_extra_token_to_sequence, tokenizer=tokenizer
+    )
+    cls = MockGPTDataset if data.mock else GPTDataset
+    # Megatron wants a size for every split that has weights; the test split is
+    # never read here, so it gets 0 samples.
+    sizes = [int(train_samples), max(int(valid_samples), 0), 0]
+    train_ds, valid_ds, _ = BlendedMegatronDatasetBuilder(
+        cls, sizes, lambda: True, config
+    ).build()
+    if valid_samples <= 0:
+        valid_ds = None
+    return train_ds, valid_ds
+
+
+class PretrainingBatchSampler:
+    """Megatron-LM's ``MegatronPretrainingSampler`` (batch sampler for a DataLoader).
+
+    Yields, for each optimizer micro-step, the ``micro_batch_size`` dataset
+    indices of this data-parallel rank.
+
+    Args:
+        total_samples: Length of the dataset.
+        consumed_samples: Samples all ranks together consumed before (resume).
+        micro_batch_size: Samples per microbatch per rank.
+        data_parallel_rank: This rank's index in the data-parallel group.
+        data_parallel_size: Size of the data-parallel group.
+        drop_last: Drop a final incomplete global microbatch.
+
+    Raises:
+        ValueError: On inconsistent arguments.
+    """
+
+    def __init__(
+        self,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+        drop_last: bool = True,
+    ) -> None:
+        if total_samples <= 0:
+            raise ValueError(f"no samples to draw: total_samples={total_samples}")
+        if micro_batch_size <= 0 or data_parallel_size <= 0:
+            raise ValueError("micro_batch_size and data_parallel_size must be > 0")
+        if not 0 <= data_parallel_rank < data_parallel_size:
+            raise ValueError(f"data_parallel_rank {data_parallel_rank} not in [0, {data_parallel_size})")
+        if consumed_samples < 0:
+            raise ValueError(f"consumed_samples must be >= 0, got {consumed_samples}")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel_rank = data_parallel_rank
+        self.global_micro_batch = micro_batch_size * data_parallel_size
+        self.drop_last = drop_last
+
+    def __len__(self) -> int:
+        return self.total_samples
+
+    def __iter__(self) -> Iterator[List[int]]:
+        start = self.data_parallel_rank * self.micro_batch_size
+        end = start + self.micro_batch_size
+        batch: List[int] = []
+        for idx in range(self.consumed_samples, self.total_samples):
+            batch.append(idx)
+            if len(batch) == self.global_micro_batch:
+                yield batch[start:end]
+                batch = []
+        if batch and not self.drop_last and len(batch) > start:
+            yield batch[start:end]
+
+
+def build_dataloader(
+    dataset,
+    *,
+    consumed_samples: int,
+    micro_batch_size: int,
+    data_parallel_rank: int,
+    data_parallel_size: int,
+    num_workers: int = 2,
+) -> torch.utils.data.DataLoader:
+    """DataLoader over ``dataset`` with :class:`PretrainingBatchSampler` semantics."""
+    sampler = PretrainingBatchSampler(
+        total_samples=len(dataset),
+        consumed_samples=consumed_samples,
+        micro_batch_size=micro_batch_size,
+        data_parallel_rank=data_parallel_rank,
+        data_parallel_size=data_parallel_size,
+    )
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=False,
+    )
+
+
+def document_attention_mask(tokens: Tensor, eod_id: int) -> Tensor:
+    """Mask keeping attention inside packed documents.
+
+    A document ends with (and includes) its EOD token.  Position ``i`` belongs
+    to document ``d(i) = #EOD strictly before i``.
+
+    Args:
+        tokens: ``[b, s]`` token ids.
+        eod_id: The EOD id.
+
+    Returns:
+        ``[b, 1, s, s]`` bool, ``True`` where query ``i`` may *not* attend key
+        ``j`` (``d(i) != d(j)``) - megatron's convention; causality is added by
+        the attention module's mode.
+    """
+    is_eod = tokens == eod_id
+    doc = torch.cumsum(is_eod.to(torch.int32), dim=1) - is_eod.to(torch.int32)
+    return (doc.unsqueeze(2) != doc.unsqueeze(1)).unsqueeze(1)
+
+
+def combine_attention_masks(*masks: Optional[Tensor]) -> Optional[Tensor]:
+    """OR together megatron-convention masks (``True`` = not attended); ``None`` if all are."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else (out | m)
+    return out
+
+
+def batch_to_device(batch: Dict[str, Tensor], device: torch.device) -> Dict[str, Tensor]:
+    """Move a collated batch to ``device`` (non-blocking from pinned memory)."""
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}

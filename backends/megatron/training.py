@@ -1,0 +1,1360 @@
+"""The training loop: megatron-core objects glued to dlmspec's objectives.
+
+A compiled ``train.py`` constructs megatron-core's ``TransformerConfig``,
+``DistributedDataParallelConfig`` and ``OptimizerConfig``, a layer spec
+(:func:`backends.megatron.layers.build_layer_spec`) and a :class:`RunConfig`, and
+calls :func:`train`.  ``train`` then
+
+1. initialises ``torch.distributed`` from the ``torchrun`` environment (NCCL on
+   GPU, gloo on CPU; a plain ``python train.py`` runs as a world of one) and
+   ``parallel_state.initialize_model_parallel(tp, pp, vpp, cp, ep, etp)``,
+2. seeds like Megatron-LM (``seed + 100 * pp_rank``,
+   ``model_parallel_cuda_manual_seed``),
+3. builds the model chunks (``GPTModel`` -> ``Float16Module`` -> megatron DDP),
+   ``get_megatron_optimizer`` (bf16/fp16 training keeps fp32 main weights in
+   megatron's ``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer``;
+   gradient clipping is ``OptimizerConfig.clip_grad``) and an
+   ``OptimizerParamScheduler`` (linear warm-up, then cosine / linear / WSD /
+   constant decay to ``OptimizerConfig.min_lr``, stepped once per iteration),
+4. resumes from the ``latest`` checkpoint of the save directory if there is one,
+5. runs ``get_forward_backward_func()`` (no pipelining, 1F1B or interleaved 1F1B
+   depending on the parallel sizes) with :class:`ObjectiveForwardStep`, then
+   ``optimizer.step()`` and the scheduler, and
+6. logs, evaluates, checkpoints (``megatron.core.dist_checkpointing``) and
+   exits cleanly on SIGTERM / SIGUSR1.
+
+Checkpoint layout (``CheckpointConfig.save_dir``)::
+
+    save_dir/iter_0000100/   megatron distributed checkpoint (model, optimizer,
+                             scheduler, iteration, consumed samples, seed, RNG)
+    save_dir/iter_0000100/dlmspec.json   human-readable metadata
+    save_dir/latest          "iter_0000100" - written last, atomically
+                             (write temp file, fsync, rename)
+
+A checkpoint directory only counts once ``latest`` names it, so an interrupted
+save is never resumed from.  On start, ``train`` loads the checkpoint named by
+``latest`` in ``load_dir`` (default: ``save_dir``) and checks that its seed equals
+``RunConfig.seed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import get_batch_on_this_cp_rank, get_model_config, unwrap_model
+
+from .data import (
+    DataConfig,
+    batch_to_device,
+    build_dataloader,
+    build_datasets,
+    combine_attention_masks,
+    document_attention_mask,
+)
+from .layers import build_model, count_parameters, layer_spec_attention, layer_spec_backend
+from .objective import ObjectiveBatch, build_objective, reduce_loss
+from .rng import TRAIN_STREAM, VALID_STREAM, check_resume_seed, masking_generator
+
+TRACKER_FILENAME = "latest"
+METADATA_FILENAME = "dlmspec.json"
+#: Exit code after a signal-triggered checkpoint: "saved, requeue me".  Equal to
+#: ``dlmspec.slurm.REQUEUE_EXIT_CODE`` (the batch script requeues a job whose
+#: ``srun`` ends with it; 85 is outside the shell's 126-165 signal range).
+REQUEUE_EXIT_CODE = 85
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass
+class ObjectiveConfig:
+    """Which loss to train (see :mod:`backends.megatron.objective`).
+
+    Attributes:
+        kind: ``"mdm"`` (masked diffusion, bidirectional attention) or ``"ar"``
+            (next-token prediction, causal attention).
+        mask_token_id: MDM mask id (< padded vocab size).
+        eps: MDM minimum noise level, ``t ~ U(eps, 1)``.
+        loss_weighting: MDM ``"llada"`` (1/t) or ``"realised"`` (1/realised ratio).
+        variable_length_prob: MDM probability of truncating a sequence to a
+            random length (LLaDA: 0.01).
+    """
+
+    kind: str = "mdm"
+    mask_token_id: Optional[int] = None
+    eps: float = 1e-3
+    loss_weighting: str = "llada"
+    variable_length_prob: float = 0.0
+
+
+@dataclass
+class ScheduleConfig:
+    """Batch sizes, length of the run, learning-rate schedule and evaluation.
+
+    The peak and final learning rates are ``OptimizerConfig.lr`` and
+    ``OptimizerConfig.min_lr``; the weight decay is
+    ``OptimizerConfig.weight_decay`` unless ``start/end_weight_decay`` are set.
+
+    Attributes:
+        micro_batch_size: Sequences per microbatch per data-parallel rank.
+        global_batch_size: Sequences per optimizer step over all ranks; a
+            multiple of ``micro_batch_size * data_parallel_size``.
+        train_iters: Optimizer steps of the whole run.
+        lr_warmup_iters: Linear warm-up steps from ``lr_warmup_init``.
+        lr_warmup_init: Learning rate at step 0.
+        lr_decay_iters: Step at which decay reaches ``min_lr`` (default
+            ``train_iters``).
+        lr_decay_style: ``"cosine"``, ``"linear"``, ``"constant"``, ``"WSD"``
+            or ``"inverse-square-root"`` (megatron's names).
+        lr_wsd_decay_iters: WSD: length of the final decay phase.
+        lr_wsd_decay_style: WSD decay shape: ``"linear"``, ``"cosine"``,
+            ``"exponential"``, ``"minus_sqrt"``.
+        start_weight_decay, end_weight_decay, weight_decay_incr_style:
+            megatron's weight-decay schedule (``"constant"``, ``"linear"``,
+            ``"cosine"``); ``None`` = ``OptimizerConfig.weight_decay``.
+        eval_interval: Evaluate every this many steps (``None``: never).
+        eval_iters: Global batches per evaluation (always the same batches and
+            masks, so evaluations are comparable).
+        stop_at_iteration: Save and stop once this step count is reached
+            (splits a run over several jobs); ``None``: run to ``train_iters``.
+    """
+
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    train_iters: int = 1000
+    lr_warmup_iters: int = 0
+    lr_warmup_init: float = 0.0
+    lr_decay_iters: Optional[int] = None
+    lr_decay_style: str = "cosine"
+    lr_wsd_decay_iters: Optional[int] = None
+    lr_wsd_decay_style: str = "linear"
+    start_weight_decay: Optional[float] = None
+    end_weight_decay: Optional[float] = None
+    weight_decay_incr_style: str = "constant"
+    eval_interval: Optional[int] = None
+    eval_iters: int = 10
+    stop_at_iteration: Optional[int] = None
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming.
+
+    Attributes:
+        save_dir: Checkpoint root (``None``: never save).
+        save_interval: Save every this many steps (``None``: only at the end,
+            on a signal and at ``stop_at_iteration``).
+        load_dir: Where to resume from (default ``save_dir``).
+        resume: Resume from ``load_dir``'s ``latest`` checkpoint if it exists.
+        save_at_end: Save after the last step.
+        exit_signals: Signals that trigger save-and-exit (SLURM sends SIGTERM
+            at the time limit and, with ``--signal=USR1@<s>``, SIGUSR1 earlier).
+        signal_exit_code: Process exit code after a signal-triggered save
+            (default :data:`REQUEUE_EXIT_CODE` = 85, which dlmspec's SLURM script
+            requeues on).
+        keep_last: Keep only this many newest checkpoints (``None``: all).
+        override_scheduler_on_resume: On resume use this run's schedule
+            settings instead of requiring them to equal the checkpoint's.
+    """
+
+    save_dir: Optional[str] = None
+    save_interval: Optional[int] = None
+    load_dir: Optional[str] = None
+    resume: bool = True
+    save_at_end: bool = True
+    exit_signals: Tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+    signal_exit_code: int = REQUEUE_EXIT_CODE
+    keep_last: Optional[int] = None
+    override_scheduler_on_resume: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    """Console, TensorBoard and metrics-file logging.
+
+    Attributes:
+        run_dir: Directory of ``metrics.jsonl`` and ``tensorboard/``.
+        log_interval: Log every this many steps.
+        tensorboard: Write TensorBoard scalars if ``torch.utils.tensorboard``
+            imports.
+        console: ``"auto"`` (rich if importable), ``"rich"`` or ``"plain"``.
+        peak_tflops_per_gpu: Dense bf16 peak of one GPU in TFLOP/s for MFU
+            (H100/H200 SXM: 989); ``None``: MFU not reported.
+    """
+
+    run_dir: str = "runs/dlmspec"
+    log_interval: int = 10
+    tensorboard: bool = True
+    console: str = "auto"
+    peak_tflops_per_gpu: Optional[float] = None
+
+
+@dataclass
+class RunConfig:
+    """Everything about a run that is not a megatron-core config object.
+
+    Attributes:
+        objective: :class:`ObjectiveConfig`.
+        data: :class:`backends.megatron.data.DataConfig`.
+        schedule: :class:`ScheduleConfig`.
+        checkpoint: :class:`CheckpointConfig`.
+        logging: :class:`LoggingConfig`.
+        seed: Base seed: weight init, megatron's data shuffling and the
+            masking RNG (stored in checkpoints, checked on resume).
+        name: Run name (logged).
+    """
+
+    objective: ObjectiveConfig
+    data: DataConfig
+    schedule: ScheduleConfig
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    seed: int = 1234
+    name: str = "dlmspec"
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns after a normal end.
+
+    Attributes:
+        iteration: Steps completed (counting those before a resume).
+        consumed_train_samples: Samples drawn by all ranks.
+        exit_reason: ``"completed"`` or ``"stop_at_iteration"``.
+        last_train_loss: Loss of the last logged interval (``None`` off the
+            logging rank or before any log).
+        last_valid_loss: Loss of the last evaluation, if any.
+        checkpoint: Directory of the last checkpoint written or loaded.
+        resumed_from: Iteration resumed from, ``None`` for a fresh start.
+    """
+
+    iteration: int
+    consumed_train_samples: int
+    exit_reason: str
+    last_train_loss: Optional[float] = None
+    last_valid_loss: Optional[float] = None
+    checkpoint: Optional[str] = None
+    resumed_from: Optional[int] = None
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def model_flops_per_token(
+    *,
+    num_layers: int,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    kv_channels: int,
+    vocab_size: int,
+    seq_length: int,
+    gated_mlp: bool = True,
+    attention: str = "bidirectional",
+    block_size: Optional[int] = None,
+    num_experts: Optional[int] = None,
+    moe_router_topk: int = 1,
+    moe_ffn_hidden_size: Optional[int] = None,
+    moe_shared_expert_intermediate_size: Optional[int] = None,
+) -> int:
+    """Training FLOPs (forward + backward) per token of the model's matmuls.
+
+    Counts each multiply-accumulate as 2 FLOPs and training as 3x the forward
+    pass (backward = 2x forward), i.e. the usual "model FLOPs" of MFU
+    (Chowdhery et al. 2022, App. B; Narayanan et al. 2021): recomputation and
+    non-matmul work (norms, softmax, RoPE, embedding lookup) are not counted.
+    With ``h_q = num_attention_heads * kv_channels`` and ``h_kv = num_query_groups
+    * kv_channels``::
+
+        N_matmul = L * (hidden*h_q + 2*hidden*h_kv + h_q*hidden      # q, k, v, out proj
+                        + m * hidden * ffn)                           # MLP, m = 3 gated / 2
+                   + hidden * vocab                                   # output layer
+        flops    = 6 * N_matmul + 12 * L * s * h_q * f
+
+    where ``12 * L * s * h_q`` is ``QK^T`` and ``AV`` (``2 * 2 * s * h_q`` forward
+    per token and layer, times 3) and ``f`` is the fraction of query-key pairs
+    attended: 1 for bidirectional, 1/2 for causal, ``(n + 1) / (2n)`` for
+    block-causal with ``n = ceil(s / block_size)`` blocks.  For MoE layers the
+    MLP term is ``topk * m * hidden * moe_ffn + m * hidden * shared_ffn + hidden
+    * num_experts`` (routed experts, shared expert, router).
+
+    Returns:
+        FLOPs per token (int).
+
+    Raises:
+        ValueError: For an unknown ``attention`` or a missing ``block_size``.
+    """
+    h_q = num_attention_heads * kv_channels
+    h_kv = num_query_groups * kv_channels
+    m = 3 if gated_mlp else 2
+    attn_proj = hidden_size * h_q + 2 * hidden_size * h_kv + h_q * hidden_size
+    if num_experts:
+        expert_ffn = moe_ffn_hidden_size or ffn_hidden_size
+        mlp = moe_router_topk * m * hidden_size * expert_ffn + hidden_size * num_experts
+        if moe_shared_expert_intermediate_size:
+            mlp += m * hidden_size * moe_shared_expert_intermediate_size
+    else:
+        mlp = m * hidden_size * ffn_hidden_size
+    n_matmul = num_layers * (attn_proj + mlp) + hidden_size * vocab_size
+    if attention == "bidirectional":
+        frac = 1.0
+    elif attention == "causal":
+        frac = 0.5
+    elif attention == "block_causal":
+        if not block_size or block_size < 1:
+            raise ValueError("block_causal needs block_size >= 1")
+        n = math.ceil(seq_length / block_size)
+        frac = (n + 1) / (2 * n)
+    else:
+        raise ValueError(f"unknown attention {attention!r}")
+    attn_core = 12 * num_layers * seq_length * h_q * frac
+    return int(6 * n_matmul + attn_core)
+
+
+def model_flops_per_token_from_config(
+    config: TransformerConfig, *, vocab_size: int, seq_length: int, attention: str, block_size: Optional[int] = None
+) -> int:
+    """:func:`model_flops_per_token` with the sizes read from a ``TransformerConfig``."""
+    return model_flops_per_token(
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        ffn_hidden_size=config.ffn_hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        num_query_groups=config.num_query_groups or config.num_attention_heads,
+        kv_channels=config.kv_channels,
+        vocab_size=vocab_size,
+        seq_length=seq_length,
+        gated_mlp=bool(config.gated_linear_unit),
+        attention=attention,
+        block_size=block_size,
+        num_experts=config.num_moe_experts,
+        moe_router_topk=config.moe_router_topk,
+        moe_ffn_hidden_size=config.moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=config.moe_shared_expert_intermediate_size,
+    )
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def initialize_distributed(timeout_minutes: int = 30) -> bool:
+    """Initialise ``torch.distributed`` from the torchrun environment.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``; without them (a plain ``python train.py``) it sets up a
+    world of one on a free local port.  Uses NCCL and ``cuda:LOCAL_RANK`` when
+    CUDA is available, gloo otherwise.
+
+    Returns:
+        ``True`` if this call created the process group (the caller should
+        destroy it), ``False`` if it already existed.
+    """
+    if dist.is_initialized():
+        return False
+    if "RANK" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ["RANK"] = "0"
+        os.environ["WORLD_SIZE"] = "1"
+        os.environ.setdefault("LOCAL_RANK", "0")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
+    return True
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- microbatches
+
+
+@dataclass
+class MicrobatchItem:
+    """One microbatch as handed to :class:`ObjectiveForwardStep`.
+
+    Attributes:
+        stream: :data:`~backends.megatron.rng.TRAIN_STREAM` or ``VALID_STREAM``.
+        iteration: Step index used for the masking RNG.
+        index: Microbatch index inside the step on this data-parallel rank.
+        batch: Collated CPU batch (``tokens``, ``labels``, ``loss_mask``,
+            ``position_ids``, each ``[mbs, s]``).
+    """
+
+    stream: int
+    iteration: int
+    index: int
+    batch: Dict[str, torch.Tensor]
+
+
+class MicrobatchFeed:
+    """Feeds one step's microbatches to every model chunk of this rank.
+
+    Megatron's schedules call ``next(data_iterator)`` once per microbatch on
+    each pipeline stage and, with virtual pipelining, on each model chunk's own
+    iterator.  All chunks of a rank must see the same microbatches in the same
+    order, so one loader is read once and the batches of the current step are
+    shared by per-chunk views (:attr:`iterators`).
+
+    Args:
+        loader: Iterable of collated batches (a DataLoader).
+        num_chunks: Number of model chunks on this rank.
+        stream: RNG stream id of these microbatches.
+    """
+
+    def __init__(self, loader, num_chunks: int, stream: int) -> None:
+        self._source = iter(loader)
+        self._stream = stream
+        self._iteration = 0
+        self._batches: List[Dict[str, torch.Tensor]] = []
+        self.iterators = [_ChunkView(self) for _ in range(num_chunks)]
+
+    def start(self, iteration: int) -> None:
+        """Begin a step: the next ``next()`` on every view returns microbatch 0."""
+        self._iteration = iteration
+        self._batches = []
+        for view in self.iterators:
+            view.index = 0
+
+    def get(self, index: int) -> MicrobatchItem:
+        while len(self._batches) <= index:
+            self._batches.append(next(self._source))
+        return MicrobatchItem(self._stream, self._iteration, index, self._batches[index])
+
+    def data_iterator(self):
+        """What to pass as ``data_iterator`` to megatron's schedule."""
+        return self.iterators if len(self.iterators) > 1 else self.iterators[0]
+
+
+class _ChunkView:
+    def __init__(self, feed: MicrobatchFeed) -> None:
+        self.feed = feed
+        self.index = 0
+
+    def __iter__(self) -> "_ChunkView":
+        return self
+
+    def __next__(self) -> MicrobatchItem:
+        item = self.feed.get(self.index)
+        self.index += 1
+        return item
+
+
+class ObjectiveForwardStep:
+    """megatron ``forward_step_func``: objective inputs -> model -> loss function.
+
+    Called by megatron's schedule as ``forward_step(data_iterator, model)``; it
+    draws the microbatch's masks with the generator of
+    ``(seed, stream, iteration, data_parallel_rank, microbatch_index)``, so all
+    pipeline stages and tensor-parallel peers build identical inputs, labels,
+    weights and masks, and returns ``(output, loss_func)`` where ``output`` is the
+    per-token cross entropy ``[b, s]`` on the last stage (hidden states
+    elsewhere) and ``loss_func(output)`` returns
+    :func:`~backends.megatron.objective.reduce_loss`'s triple.
+
+    Args:
+        objective: A :class:`MaskedDiffusionObjective` or
+            :class:`AutoregressiveObjective`.
+        seed: The run's base seed.
+        data_parallel_rank: This rank's data-parallel rank (without CP).
+        eod_id: EOD id (for document masks).
+        reset_attention_mask: Build a document mask per microbatch.
+        device: Device to compute on.
+        context_parallel_size: CP size; >1 slices the sequence with megatron's
+            ``get_batch_on_this_cp_rank`` after the objective drew its masks on
+            the full sequence (no attention mask allowed then).
+    """
+
+    def __init__(
+        self,
+        objective,
+        *,
+        seed: int,
+        data_parallel_rank: int,
+        eod_id: int,
+        reset_attention_mask: bool = False,
+        device: torch.device,
+        context_parallel_size: int = 1,
+    ) -> None:
+        self.objective = objective
+        self.seed = seed
+        self.data_parallel_rank = data_parallel_rank
+        self.eod_id = eod_id
+        self.reset_attention_mask = reset_attention_mask
+        self.device = device
+        self.context_parallel_size = context_parallel_size
+
+    def prepare(self, item: MicrobatchItem) -> Tuple[ObjectiveBatch, torch.Tensor, Optional[torch.Tensor]]:
+        """Return ``(objective_batch, position_ids, attention_mask)`` for a microbatch."""
+        batch = batch_to_device(item.batch, self.device)
+        tokens = batch["tokens"]
+        generator = masking_generator(
+            self.seed, item.iteration, self.data_parallel_rank, item.index,
+            stream=item.stream, device=self.device,
+        )
+        if self.objective.kind == "mdm":
+            ob = self.objective.prepare(tokens, generator=generator)
+        else:
+            ob = self.objective.prepare(
+                tokens, generator=generator, labels=batch.get("labels"), loss_mask=batch.get("loss_mask")
+            )
+        doc_mask = document_attention_mask(tokens, self.eod_id) if self.reset_attention_mask else None
+        attention_mask = combine_attention_masks(ob.attention_mask, doc_mask)
+        position_ids = batch["position_ids"]
+        if self.context_parallel_size > 1:
+            if attention_mask is not None:
+                raise ValueError(
+                    "context parallelism cannot take attention masks (variable length / "
+                    "document masks); disable them or use context_parallel_size=1"
+                )
+            sliced = get_batch_on_this_cp_rank(
+                {
+                    "input_ids": ob.input_ids,
+                    "labels": ob.labels,
+                    "loss_weights": ob.loss_weights,
+                    "token_mask": ob.token_mask,
+                    "position_ids": position_ids,
+                }
+            )
+            ob = dataclasses.replace(
+                ob,
+                input_ids=sliced["input_ids"],
+                labels=sliced["labels"],
+                loss_weights=sliced["loss_weights"],
+                token_mask=sliced["token_mask"],
+                num_tokens=sliced["token_mask"].sum().to(torch.int),
+            )
+            position_ids = sliced["position_ids"]
+        return ob, position_ids, attention_mask
+
+    def __call__(self, data_iterator: Iterator[MicrobatchItem], model: torch.nn.Module):
+        item = next(data_iterator)
+        ob, position_ids, attention_mask = self.prepare(item)
+        output = model(ob.input_ids, position_ids, attention_mask, labels=ob.labels)
+        return output, functools.partial(_loss_func, ob)
+
+
+def _loss_func(ob: ObjectiveBatch, output_tensor: torch.Tensor):
+    return reduce_loss(output_tensor, ob)
+
+
+def _sum_reports(reports: Sequence[Dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    total = torch.zeros(2, dtype=torch.float32, device=device)
+    for report in reports:
+        if isinstance(report, dict) and "lm loss" in report:
+            total += report["lm loss"].to(device=device, dtype=torch.float32)
+    if dist.is_initialized():
+        dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    return total
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class ExitSignalWatcher:
+    """Records exit signals and agrees across ranks on whether one arrived.
+
+    The handler only sets a flag; the loop calls :meth:`any_rank_received`
+    after each step, which all-reduces the flag (MAX) over the world so every
+    rank saves the same step and exits together, whichever ranks got the
+    signal.
+
+    Args:
+        names: Signal names (``"SIGTERM"``, ``"SIGUSR1"``, ...).
+
+    Raises:
+        ValueError: For an unknown signal name.
+    """
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.received: Optional[str] = None
+        self._previous = {}
+        for name in names:
+            sig = getattr(signal, name, None)
+            if not isinstance(sig, signal.Signals):
+                raise ValueError(f"unknown signal {name!r}")
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def any_rank_received(self, device: torch.device) -> Optional[str]:
+        """The signal name if any rank received one (``"remote"`` if not this one)."""
+        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag.item()) == 0:
+            return None
+        return self.received or "remote"
+
+    def restore(self) -> None:
+        """Reinstall the previous handlers."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_name(iteration: int) -> str:
+    """Directory name of the checkpoint after ``iteration`` steps."""
+    return f"iter_{iteration:07d}"
+
+
+def read_latest_checkpoint(root: Optional[str]) -> Optional[str]:
+    """Path of the checkpoint named by ``root/latest``, or ``None`` if there is none.
+
+    Raises:
+        FileNotFoundError: If ``latest`` names a directory that does not exist.
+    """
+    if not root:
+        return None
+    tracker = os.path.join(root, TRACKER_FILENAME)
+    if not os.path.isfile(tracker):
+        return None
+    with open(tracker) as f:
+        name = f.read().strip()
+    path = os.path.join(root, name)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{tracker} names {name!r} but {path} does not exist")
+    return path
+
+
+def _write_tracker_atomically(root: str, name: str) -> None:
+    tmp = os.path.join(root, f".{TRACKER_FILENAME}.tmp.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(root, TRACKER_FILENAME))
+    try:
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _parallel_layout() -> Dict[str, int]:
+    return {
+        "tp": parallel_state.get_tensor_model_parallel_world_size(),
+        "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+        "dp": parallel_state.get_data_parallel_world_size(),
+        "cp": parallel_state.get_context_parallel_world_size(),
+        "ep": parallel_state.get_expert_model_parallel_world_size(),
+    }
+
+
+def _rng_state() -> Dict[str, Any]:
+    state: Dict[str, Any] = {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if torch.cuda.is_available() and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _rng_sharded_object(state: Optional[Dict[str, Any]]) -> ShardedObject:
+    # Every rank keeps its own RNG state: shard over (pp, tp, dp*cp).
+    return ShardedObject(
+        "rng_state",
+        state,
+        (
+            parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_data_parallel_world_size(with_context_parallel=True),
+        ),
+        (
+            parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_data_parallel_rank(with_context_parallel=True),
+        ),
+        replica_id=0,
+    )
+
+
+def _model_sharded_state_dict(model: List[torch.nn.Module]) -> Dict[str, Any]:
+    if len(model) == 1:
+        return {"model": unwrap_model(model[0]).sharded_state_dict()}
+    return {f"model{i}": unwrap_model(m).sharded_state_dict() for i, m in enumerate(model)}
+
+
+def _set_param_sync_hooks(model: List[torch.nn.Module], ddp_config: Optional[DistributedDataParallelConfig], enable: bool) -> None:
+    # With overlapped parameter all-gather the DistributedOptimizer's updated
+    # weights only reach the modules in their next forward pre-hook; force the
+    # gather before anything reads the weights outside a training forward.
+    if ddp_config is None or not (ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather):
+        return
+    for chunk in model:
+        if enable:
+            chunk.enable_forward_pre_hook()
+        else:
+            chunk.disable_forward_pre_hook(param_sync=True)
+
+
+def save_checkpoint(
+    root: str,
+    *,
+    iteration: int,
+    model: List[torch.nn.Module],
+    optimizer=None,
+    scheduler: Optional[OptimizerParamScheduler] = None,
+    consumed_train_samples: int,
+    seed: int,
+    metadata: Optional[Dict[str, Any]] = None,
+    keep_last: Optional[int] = None,
+) -> str:
+    """Write a megatron distributed checkpoint and then the ``latest`` tracker.
+
+    Collective: every rank must call it.  Holds the model chunks' sharded state
+    dicts (``model`` or ``model0..``), the optimizer's (if given), the
+    scheduler state, ``iteration``, ``consumed_train_samples``, ``seed`` and the
+    per-rank RNG states; rank 0 also writes ``dlmspec.json``.  ``latest`` is
+    replaced atomically only after all ranks finished writing.
+
+    Returns:
+        The checkpoint directory.
+    """
+    name = checkpoint_name(iteration)
+    path = os.path.join(root, name)
+    rank = dist.get_rank()
+    if rank == 0:
+        os.makedirs(root, exist_ok=True)
+        if os.path.isdir(path):
+            shutil.rmtree(path)  # a leftover of an interrupted save (latest never named it)
+        os.makedirs(path)
+    dist.barrier()
+
+    state = _model_sharded_state_dict(model)
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(state)
+    if scheduler is not None:
+        state["opt_param_scheduler"] = scheduler.state_dict()
+    state["iteration"] = iteration
+    state["consumed_train_samples"] = consumed_train_samples
+    state["seed"] = seed
+    state["rng_state"] = _rng_sharded_object(_rng_state())
+    dist_checkpointing.save(state, path)
+
+    if rank == 0:
+        meta = {
+            "iteration": iteration,
+            "consumed_train_samples": consumed_train_samples,
+            "seed": seed,
+            "parallel_layout": _parallel_layout(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        meta.update(metadata or {})
+        with open(os.path.join(path, METADATA_FILENAME), "w") as f:
+            json.dump(meta, f, indent=2, default=str)
+    dist.barrier()
+    if rank == 0:
+        _write_tracker_atomically(root, name)
+        if keep_last:
+            old = sorted(d for d in os.listdir(root) if d.startswith("iter_") and d != name)
+            for d in old[: max(0, len(old) - (keep_last - 1))]:
+                shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+    dist.barrier()
+    return path
+
+
+@dataclass
+class LoadedCheckpoint:
+    """State restored by :func:`load_checkpoint`."""
+
+    path: str
+    iteration: int
+    consumed_train_samples: int
+    seed: int
+    rng_restored: bool
+
+
+def load_checkpoint(
+    path: str,
+    *,
+    model: List[torch.nn.Module],
+    optimizer=None,
+    scheduler: Optional[OptimizerParamScheduler] = None,
+    seed: int,
+) -> LoadedCheckpoint:
+    """Load a checkpoint written by :func:`save_checkpoint` into live objects.
+
+    Collective.  The RNG states are restored only when the parallel layout is
+    unchanged (they are per rank); weights and optimizer state reshard freely
+    as far as megatron's distributed checkpointing allows.
+
+    Raises:
+        ValueError: If the checkpoint's seed differs from ``seed``
+            (:func:`~backends.megatron.rng.check_resume_seed`).
+        FileNotFoundError: If ``dlmspec.json`` is missing.
+    """
+    meta_path = os.path.join(path, METADATA_FILENAME)
+    if not os.path.isfile(meta_path):
+        raise FileNotFoundError(f"{meta_path} missing: not a dlmspec checkpoint")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    check_resume_seed(meta.get("seed"), seed)
+    same_layout = meta.get("parallel_layout") == _parallel_layout()
+
+    state = _model_sharded_state_dict(model)
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True)
+    if same_layout:
+        state["rng_state"] = _rng_sharded_object(None)
+    loaded = dist_checkpointing.load(state, path)
+    check_resume_seed(loaded.get("seed"), seed)
+
+    if len(model) == 1:
+        unwrap_model(model[0]).load_state_dict(loaded["model"])
+    else:
+        for i, chunk in enumerate(model):
+            unwrap_model(chunk).load_state_dict(loaded[f"model{i}"])
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+    if scheduler is not None and "opt_param_scheduler" in loaded:
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    if same_layout and loaded.get("rng_state") is not None:
+        _set_rng_state(loaded["rng_state"])
+    dist.barrier()
+    return LoadedCheckpoint(
+        path=path,
+        iteration=int(loaded["iteration"]),
+        consumed_train_samples=int(loaded["consumed_train_samples"]),
+        seed=int(loaded["seed"]),
+        rng_restored=bool(same_layout),
+    )
+
+
+# --------------------------------------------------------------------------- logging
+
+
+class MetricsLogger:
+    """Console (rich or plain), TensorBoard and JSON-lines metrics of one rank.
+
+    Only the logging rank (the last global rank, which holds the last
+    pipeline stage) writes; on other ranks every method is a no-op.
+
+    Args:
+        config: :class:`LoggingConfig`.
+        enabled: Whether this rank logs.
+    """
+
+    def __init__(self, config: LoggingConfig, enabled: bool) -> None:
+        self.enabled = enabled
+        self._console = None
+        self._tb = None
+        self._file = None
+        if not enabled:
+            return
+        os.makedirs(config.run_dir, exist_ok=True)
+        self._file = open(os.path.join(config.run_dir, "metrics.jsonl"), "a", buffering=1)
+        if config.console in ("auto", "rich"):
+            try:
+                from rich.console import Console
+
+                self._console = Console()
+            except ImportError:
+                if config.console == "rich":
+                    raise
+        if config.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(os.path.join(config.run_dir, "tensorboard"))
+            except ImportError:
+                self._tb = None
+
+    def text(self, message: str) -> None:
+        """Print a line to the console."""
+        if not self.enabled:
+            return
+        if self._console is not None:
+            self._console.print(message, highlight=False, markup=False)
+        else:
+            print(message, flush=True)
+
+    def record(self, event: str, values: Dict[str, Any], step: Optional[int] = None) -> None:
+        """Append ``{"event": event, **values}`` to metrics.jsonl and numeric values to TensorBoard."""
+        if not self.enabled:
+            return
+        self._file.write(json.dumps({"event": event, "time": time.time(), **values}, default=str) + "\n")
+        if self._tb is not None and step is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "iteration":
+                    self._tb.add_scalar(f"{event}/{key}", value, step)
+
+    def close(self) -> None:
+        """Flush and close the outputs."""
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+        if self._file is not None:
+            self._file.close()
+
+
+# --------------------------------------------------------------------------- train
+
+
+def _check_sizes(
+    config: TransformerConfig,
+    ddp_config: DistributedDataParallelConfig,
+    optimizer_config: OptimizerConfig,
+    sizes: Dict[str, Optional[int]],
+) -> None:
+    expected = {
+        "tensor_model_parallel_size": sizes["tp"],
+        "pipeline_model_parallel_size": sizes["pp"],
+        "virtual_pipeline_model_parallel_size": sizes["vpp"],
+        "context_parallel_size": sizes["cp"],
+        "expert_model_parallel_size": sizes["ep"],
+    }
+    for attr, value in expected.items():
+        have = getattr(config, attr)
+        if have != value:
+            raise ValueError(f"TransformerConfig.{attr}={have} but train() was given {value}")
+    if sizes["etp"] is not None and config.expert_tensor_parallel_size != sizes["etp"]:
+        raise ValueError(
+            f"TransformerConfig.expert_tensor_parallel_size={config.expert_tensor_parallel_size} "
+            f"but train() was given {sizes['etp']}"
+        )
+    if ddp_config.use_distributed_optimizer != optimizer_config.use_distributed_optimizer:
+        raise ValueError("DDP and optimizer configs disagree on use_distributed_optimizer")
+    if bool(optimizer_config.bf16) != bool(config.bf16) or bool(optimizer_config.fp16) != bool(config.fp16):
+        raise ValueError("OptimizerConfig.bf16/fp16 must equal TransformerConfig.bf16/fp16")
+
+
+def train(
+    run: RunConfig,
+    *,
+    transformer_config: TransformerConfig,
+    layer_spec: ModuleSpec,
+    model_kwargs: Dict[str, Any],
+    ddp_config: DistributedDataParallelConfig,
+    optimizer_config: OptimizerConfig,
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    virtual_pipeline_model_parallel_size: Optional[int] = None,
+    context_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    expert_tensor_parallel_size: Optional[int] = None,
+    distributed_timeout_minutes: int = 30,
+) -> TrainResult:
+    """Train a GPTModel with the run's objective; resume and checkpoint as configured.
+
+    Args:
+        run: The :class:`RunConfig`.
+        transformer_config: megatron ``TransformerConfig``; its parallel sizes
+            must equal the ones passed here.  ``calculate_per_token_loss=True``
+            is recommended (exact global-batch normalisation of the loss).
+        layer_spec: From :func:`backends.megatron.layers.build_layer_spec`;
+            its attention must fit the objective (MDM: bidirectional or
+            block_causal, AR: causal).
+        model_kwargs: Keyword arguments of
+            :func:`backends.megatron.layers.build_model` other than
+            ``config``/``layer_spec``/``ddp_config``: ``vocab_size`` (padded),
+            ``max_sequence_length``, ``position_embedding_type``,
+            ``rotary_base``, ``rotary_percent``,
+            ``share_embeddings_and_output_weights``.
+        ddp_config: megatron ``DistributedDataParallelConfig``.
+        optimizer_config: megatron ``OptimizerConfig`` (``lr`` = peak,
+            ``min_lr`` = final, ``clip_grad``, ``weight_decay``, Adam betas...).
+        tensor_model_parallel_size ... expert_tensor_parallel_size: Passed to
+            ``parallel_state.initialize_model_parallel``; their product with the
+            data-parallel size is the world size.
+        distributed_timeout_minutes: Collective timeout.
+
+    Returns:
+        :class:`TrainResult` after the last step or at ``stop_at_iteration``.
+
+    Raises:
+        SystemExit: With ``CheckpointConfig.signal_exit_code`` after a
+            signal-triggered checkpoint.
+        ValueError: On inconsistent configuration (sizes, batch divisibility,
+            objective vs attention, mask id vs vocabulary, resume seed).
+    """
+    sched = run.schedule
+    ckpt = run.checkpoint
+    created_pg = initialize_distributed(distributed_timeout_minutes)
+    # Installed first so a signal that arrives during setup is honoured after
+    # the first step.
+    watcher = ExitSignalWatcher(ckpt.exit_signals) if ckpt.exit_signals else None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = _device()
+    sizes = dict(
+        tp=tensor_model_parallel_size, pp=pipeline_model_parallel_size, vpp=virtual_pipeline_model_parallel_size,
+        cp=context_parallel_size, ep=expert_model_parallel_size, etp=expert_tensor_parallel_size,
+    )
+    _check_sizes(transformer_config, ddp_config, optimizer_config, sizes)
+    model_parallel = tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size
+    if world % model_parallel != 0:
+        raise ValueError(f"world size {world} not divisible by tp*pp*cp={model_parallel}")
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        context_parallel_size=context_parallel_size,
+        expert_model_parallel_size=expert_model_parallel_size,
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
+        distributed_timeout_minutes=distributed_timeout_minutes,
+    )
+    dp_size = parallel_state.get_data_parallel_world_size()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    micro_global = sched.micro_batch_size * dp_size
+    if sched.global_batch_size % micro_global != 0:
+        raise ValueError(
+            f"global_batch_size {sched.global_batch_size} not a multiple of micro_batch_size * "
+            f"data_parallel_size = {micro_global}"
+        )
+    num_microbatches = sched.global_batch_size // micro_global
+
+    objective = build_objective(
+        run.objective.kind,
+        mask_token_id=run.objective.mask_token_id,
+        eps=run.objective.eps,
+        loss_weighting=run.objective.loss_weighting,
+        variable_length_prob=run.objective.variable_length_prob,
+    )
+    spec_attention = layer_spec_attention(layer_spec)
+    allowed = ("bidirectional", "block_causal") if objective.kind == "mdm" else ("causal",)
+    if spec_attention not in allowed:
+        raise ValueError(f"objective {objective.kind!r} needs attention in {allowed}, layer spec has {spec_attention!r}")
+    vocab_size = int(model_kwargs["vocab_size"])
+    if objective.kind == "mdm" and not 0 <= objective.mask_token_id < vocab_size:
+        raise ValueError(f"mask_token_id {objective.mask_token_id} outside the model vocabulary [0, {vocab_size})")
+    if run.data.seq_length > int(model_kwargs.get("max_sequence_length", run.data.seq_length)):
+        raise ValueError("data.seq_length exceeds model max_sequence_length")
+    backend = layer_spec_backend(layer_spec)
+
+    # Seeds as Megatron-LM: differ per pipeline stage, equal across DP replicas.
+    init_seed = run.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(init_seed)
+    np.random.seed(init_seed)
+    torch.manual_seed(init_seed)
+    if torch.cuda.is_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(init_seed)
+
+    model = build_model(transformer_config, layer_spec=layer_spec, ddp_config=ddp_config, **model_kwargs)
+    optimizer = get_megatron_optimizer(optimizer_config, model)
+    decay_iters = sched.lr_decay_iters or sched.train_iters
+    wd = optimizer_config.weight_decay
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=sched.lr_warmup_init,
+        max_lr=optimizer_config.lr,
+        min_lr=optimizer_config.min_lr or 0.0,
+        lr_warmup_steps=sched.lr_warmup_iters,
+        lr_decay_steps=decay_iters,
+        lr_decay_style=sched.lr_decay_style,
+        start_wd=wd if sched.start_weight_decay is None else sched.start_weight_decay,
+        end_wd=wd if sched.end_weight_decay is None else sched.end_weight_decay,
+        wd_incr_steps=sched.train_iters,
+        wd_incr_style=sched.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=ckpt.override_scheduler_on_resume,
+        wsd_decay_steps=sched.lr_wsd_decay_iters,
+        lr_wsd_decay_style=sched.lr_wsd_decay_style,
+    )
+
+    # Hooks Megatron-LM's setup_model_and_optimizer installs on the config.
+    config = get_model_config(model[0])
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if ddp_config.overlap_grad_reduce:
+        no_sync = [m.no_sync for m in model]
+        grad_sync = [m.start_grad_sync for m in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if ddp_config.overlap_param_gather and ddp_config.align_param_gather:
+        param_sync = [m.start_param_sync for m in model]
+        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
+
+    logger = MetricsLogger(run.logging, enabled=(rank == world - 1))
+    iteration = 0
+    consumed = 0
+    resumed_from = None
+    last_checkpoint = None
+    load_root = ckpt.load_dir or ckpt.save_dir
+    if ckpt.resume and load_root:
+        latest = read_latest_checkpoint(load_root)
+        if latest is not None:
+            loaded = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler, seed=run.seed)
+            iteration, consumed = loaded.iteration, loaded.consumed_train_samples
+            resumed_from, last_checkpoint = iteration, latest
+            logger.text(f"resumed from {latest} at iteration {iteration} (consumed {consumed} samples)")
+            logger.record("resume", {"iteration": iteration, "checkpoint": latest, "consumed_train_samples": consumed})
+
+    seq = run.data.seq_length
+    eval_batches = sched.eval_iters * sched.global_batch_size if sched.eval_interval else 0
+    train_ds, valid_ds = build_datasets(
+        run.data,
+        seed=run.seed,
+        train_samples=sched.train_iters * sched.global_batch_size,
+        valid_samples=eval_batches,
+        add_extra_token_to_sequence=(objective.kind == "ar"),
+    )
+    train_loader = build_dataloader(
+        train_ds, consumed_samples=consumed, micro_batch_size=sched.micro_batch_size,
+        data_parallel_rank=dp_rank, data_parallel_size=dp_size, num_workers=run.data.num_workers,
+    )
+    train_feed = MicrobatchFeed(train_loader, len(model), TRAIN_STREAM)
+    forward_step = ObjectiveForwardStep(
+        objective, seed=run.seed, data_parallel_rank=dp_rank, eod_id=run.data.eod_id,
+        reset_attention_mask=run.data.reset_attention_mask, device=device,
+        context_parallel_size=context_parallel_size,
+    )
+    forward_backward = get_forward_backward_func()
+
+    flops_per_token = model_flops_per_token_from_config(
+        transformer_config, vocab_size=vocab_size, seq_length=seq, attention=spec_attention,
+        block_size=_spec_block_size(layer_spec),
+    )
+    tokens_per_step = sched.global_batch_size * seq
+    peak = run.logging.peak_tflops_per_gpu
+    local_params = count_parameters(model)
+    start_info = {
+        "name": run.name, "iteration": iteration, "world_size": world, "layer_spec": backend,
+        "attention": spec_attention, "objective": objective.kind, "num_microbatches": num_microbatches,
+        "params_on_logging_rank": local_params, "model_flops_per_token": flops_per_token,
+        "parallel_layout": _parallel_layout(), "run_config": dataclasses.asdict(run),
+    }
+    logger.record("start", start_info)
+    logger.text(
+        f"[dlmspec] {run.name}: layer spec {backend}, attention {spec_attention}, objective {objective.kind}, "
+        f"world {world} (tp {tensor_model_parallel_size} pp {pipeline_model_parallel_size} dp {dp_size} "
+        f"cp {context_parallel_size} ep {expert_model_parallel_size}), {num_microbatches} microbatches/step, "
+        f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token"
+    )
+
+    def evaluate() -> Optional[float]:
+        if valid_ds is None:
+            return None
+        _set_param_sync_hooks(model, ddp_config, enable=False)
+        for m in model:
+            m.eval()
+        loader = build_dataloader(
+            valid_ds, consumed_samples=0, micro_batch_size=sched.micro_batch_size,
+            data_parallel_rank=dp_rank, data_parallel_size=dp_size, num_workers=0,
+        )
+        feed = MicrobatchFeed(loader, len(model), VALID_STREAM)
+        total = torch.zeros(2, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            for step in range(sched.eval_iters):
+                feed.start(step)
+                reports = forward_backward(
+                    forward_step_func=forward_step, data_iterator=feed.data_iterator(), model=model,
+                    num_microbatches=num_microbatches, seq_length=seq, micro_batch_size=sched.micro_batch_size,
+                    decoder_seq_length=seq, forward_only=True,
+                )
+                total += _sum_reports(reports, device)
+        for m in model:
+            m.train()
+        _set_param_sync_hooks(model, ddp_config, enable=True)
+        return float(total[0] / total[1].clamp(min=1.0))
+
+    def save(reason: str) -> str:
+        _set_param_sync_hooks(model, ddp_config, enable=False)
+        t0 = time.perf_counter()
+        path = save_checkpoint(
+            ckpt.save_dir, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
+            consumed_train_samples=consumed, seed=run.seed, keep_last=ckpt.keep_last,
+            metadata={"reason": reason, "objective": dataclasses.asdict(run.objective), "layer_spec": backend},
+        )
+        _set_param_sync_hooks(model, ddp_config, enable=True)
+        seconds = time.perf_counter() - t0
+        logger.text(f"saved checkpoint {path} ({reason}, {seconds:.1f} s)")
+        logger.record("checkpoint", {"iteration": iteration, "path": path, "reason": reason, "seconds": seconds})
+        return path
+
+    last_train_loss = None
+    last_valid_loss = None
+    exit_reason = "completed"
+    saved_at = iteration if last_checkpoint else None
+    interval = {"loss": torch.zeros(2, dtype=torch.float32, device=device), "iters": 0, "skipped": 0, "grad_norm": 0.0}
+    for m in model:
+        m.train()
+
+    def _now() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    interval_start = _now()
+    try:
+        while iteration < sched.train_iters:
+            if sched.stop_at_iteration is not None and iteration >= sched.stop_at_iteration:
+                exit_reason = "stop_at_iteration"
+                break
+            for m in model:
+                m.zero_grad_buffer()
+            optimizer.zero_grad()
+            train_feed.start(iteration)
+            reports = forward_backward(
+                forward_step_func=forward_step, data_iterator=train_feed.data_iterator(), model=model,
+                num_microbatches=num_microbatches, seq_length=seq, micro_batch_size=sched.micro_batch_size,
+                decoder_seq_length=seq, forward_only=False,
+            )
+            update_ok, grad_norm, _ = optimizer.step()
+            if update_ok:
+                scheduler.step(increment=1)
+            else:
+                interval["skipped"] += 1
+            iteration += 1
+            consumed += sched.global_batch_size
+            interval["loss"] += _sum_reports(reports, device)
+            interval["iters"] += 1
+            interval["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+
+            if iteration % run.logging.log_interval == 0 or iteration == sched.train_iters:
+                elapsed = _now() - interval_start
+                loss_sum, ntok = interval["loss"].tolist()
+                loss = loss_sum / max(ntok, 1.0)
+                step_time = elapsed / interval["iters"]
+                tokens_per_s = tokens_per_step / step_time
+                tflops = flops_per_token * tokens_per_s / world / 1e12
+                mem = torch.zeros(2, dtype=torch.float64, device=device)
+                if torch.cuda.is_available():
+                    mem[0] = torch.cuda.max_memory_allocated() / 2**30
+                    mem[1] = torch.cuda.max_memory_reserved() / 2**30
+                dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+                record = {
+                    "iteration": iteration, "loss": loss, "lr": float(optimizer.param_groups[0]["lr"]),
+                    "grad_norm": interval["grad_norm"], "step_time_s": step_time, "tokens_per_s": tokens_per_s,
+                    "tflops_per_gpu": tflops, "mfu": (tflops / peak) if peak else None,
+                    "peak_mem_gib": float(mem[0]), "peak_reserved_gib": float(mem[1]),
+                    "consumed_train_samples": consumed, "skipped_iters": interval["skipped"],
+                }
+                last_train_loss = loss
+                logger.record("train", record, step=iteration)
+                mfu_text = f" | MFU {100 * tflops / peak:5.1f}%" if peak else ""
+                logger.text(
+                    f"iter {iteration:>7d}/{sched.train_iters} | loss {loss:.4f} | lr {record['lr']:.3e} | "
+                    f"grad norm {record['grad_norm']:.3f} | {step_time * 1000:.0f} ms/step | "
+                    f"{tokens_per_s:,.0f} tok/s | {tflops:.1f} TFLOP/s/GPU{mfu_text} | "
+                    f"mem {record['peak_mem_gib']:.1f} GiB"
+                )
+                interval = {"loss": torch.zeros(2, dtype=torch.float32, device=device), "iters": 0, "skipped": 0, "grad_norm": 0.0}
+                interval_start = _now()
+
+            do_eval = bool(sched.eval_interval) and iteration % sched.eval_interval == 0
+            do_save = bool(ckpt.save_dir and ckpt.save_interval) and iteration % ckpt.save_interval == 0
+            if do_eval or do_save:
+                paused = _now()  # evaluation and saving are excluded from the throughput
+                if do_eval:
+                    last_valid_loss = evaluate()
+                    logger.text(f"iter {iteration:>7d} | validation loss {last_valid_loss:.4f}")
+                    logger.record("valid", {"iteration": iteration, "loss": last_valid_loss}, step=iteration)
+                if do_save:
+                    last_checkpoint = save("interval")
+                    saved_at = iteration
+                interval_start += _now() - paused
+
+            received = watcher.any_rank_received(device) if watcher else None
+            if received:
+                logger.text(f"signal {received} received: saving and exiting")
+                if ckpt.save_dir and saved_at != iteration:
+                    last_checkpoint = save(f"signal {received}")
+                logger.record("exit", {"iteration": iteration, "reason": f"signal {received}", "checkpoint": last_checkpoint})
+                _write_exit_status(run.logging.run_dir, rank == world - 1, "signal", iteration, last_checkpoint, received)
+                raise _SignalExit(ckpt.signal_exit_code)
+
+        if ckpt.save_dir and ckpt.save_at_end and saved_at != iteration:
+            last_checkpoint = save(exit_reason)
+            saved_at = iteration
+        logger.record("exit", {"iteration": iteration, "reason": exit_reason, "checkpoint": last_checkpoint,
+                               "train_loss": last_train_loss, "valid_loss": last_valid_loss})
+        _write_exit_status(run.logging.run_dir, rank == world - 1, exit_reason, iteration, last_checkpoint, None)
+    except _SignalExit as exc:
+        _teardown(watcher, logger, created_pg)
+        raise SystemExit(exc.code)
+    _teardown(watcher, logger, created_pg)
+    return TrainResult(
+        iteration=iteration, consumed_train_samples=consumed, exit_reason=exit_reason,
+        last_train_loss=last_train_loss, last_valid_loss=last_valid_loss, checkpoint=last_checkpoint,
+        resumed_from=resumed_from,
+    )
+
+
+class _SignalExit(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _spec_block_size(spec: ModuleSpec) -> Optional[int]:
+    core = spec.submodules.self_attention.submodules.core_attention
+    params = getattr(core, "params", None) or {}
+    return params.get("block_size")
+
+
+def _write_exit_status(run_dir: str, enabled: bool, reason: str, iteration: int, checkpoint: Optional[str], sig: Optional[str]) -> None:
+    if not enabled:
+        return
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "exit_status.json"), "w") as f:
+        json.dump({"reason": reason, "iteration": iteration, "checkpoint": checkpoint, "signal": sig}, f)
+
+
+def _teardown(watcher: Optional[ExitSignalWatcher], logger: MetricsLogger, created_pg: bool) -> None:
+    if watcher is not None:
+        watcher.restore()
+    logger.close()
+    if dist.is_initialized():
+        dist.barrier()
+    parallel_state.destroy_model_parallel()
+    if created_pg and dist.is_initialized():
+        dist.destroy_process_group()

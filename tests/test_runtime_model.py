@@ -1,0 +1,264 @@
+"""CPU integration test: a tiny megatron-core GPTModel with our SDPA attention.
+
+Runs megatron's GPTModel, DDP wrapper, finalize_model_grads and distributed
+checkpointing in a gloo world of one process.  Two megatron-core calls need
+CUDA and are handled as follows:
+
+* ``RotaryEmbedding.get_emb`` moves ``inv_freq`` to ``torch.cuda.current_device()``
+  (and megatron's DDP buffers allocate there): the module patches
+  ``torch.cuda.current_device`` to return ``"cpu"``.
+* The ``torch_dist`` checkpoint strategy (``filesystem_async.preload_tensors``)
+  calls ``torch.cuda.synchronize()``: patched to a no-op (nothing to wait for).
+* The optimizer (``MixedPrecisionOptimizer.__init__`` / ``FP32Optimizer.__init__``
+  allocate ``torch.tensor(..., device='cuda')``) and the schedule
+  (``forward_backward_no_pipelining`` allocates ``total_num_tokens`` with
+  ``device="cuda"``) cannot run on CPU: the optimizer test is skipped without
+  CUDA and parameters are updated by hand here instead.
+"""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import unwrap_model
+
+from backends.megatron.layers import build_layer_spec, build_model
+from backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
+from backends.megatron.rng import TRAIN_STREAM
+from backends.megatron.training import (
+    REQUEUE_EXIT_CODE,
+    ExitSignalWatcher,
+    LoggingConfig,
+    MetricsLogger,
+    MicrobatchFeed,
+    MicrobatchItem,
+    ObjectiveForwardStep,
+    load_checkpoint,
+    read_latest_checkpoint,
+    save_checkpoint,
+)
+
+VOCAB, SEQ, EOD, MASK = 128, 32, 127, 126
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_megatron(tmp_path_factory):
+    store = tmp_path_factory.mktemp("pg") / "store"
+    created = False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        created = True
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
+        mp.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+        parallel_state.initialize_model_parallel(1, 1)
+        torch.manual_seed(0)
+        yield
+        parallel_state.destroy_model_parallel()
+    if created:
+        dist.destroy_process_group()
+
+
+def _config(**extra):
+    base = dict(
+        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
+        kv_channels=16, normalization="RMSNorm", gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False, qk_layernorm=True,
+        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, calculate_per_token_loss=True,
+    )
+    base.update(extra)
+    return TransformerConfig(**base)
+
+
+def _model(attention="bidirectional", ddp=True):
+    return build_model(
+        _config(), layer_spec=build_layer_spec(attention=attention, qk_layernorm=True, use_transformer_engine=False),
+        vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope", rotary_base=10000,
+        ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False) if ddp else None,
+    )
+
+
+def _batch(seed=0, b=2):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 100, (b, SEQ), generator=g)
+    tokens[:, 10] = EOD
+    return {
+        "tokens": tokens,
+        "labels": torch.roll(tokens, -1, dims=1),
+        "loss_mask": torch.ones(b, SEQ),
+        "position_ids": torch.arange(SEQ).expand(b, SEQ).clone(),
+    }
+
+
+def _step(objective, **kw):
+    return ObjectiveForwardStep(objective, seed=7, data_parallel_rank=0, eod_id=EOD, device=torch.device("cpu"), **kw)
+
+
+def test_forward_backward_through_objective_forward_step_and_ddp():
+    model = _model()
+    feed = MicrobatchFeed([_batch(0), _batch(1)], num_chunks=1, stream=TRAIN_STREAM)
+    feed.start(0)
+    forward_step = _step(MaskedDiffusionObjective(MASK))
+    losses = []
+    for _ in range(2):  # two microbatches accumulate into the DDP grad buffer
+        output, loss_func = forward_step(feed.data_iterator(), model[0])
+        assert output.shape == (2, SEQ) and output.dtype == torch.float32
+        loss_sum, num_tokens, report = loss_func(output)
+        assert int(num_tokens) == 2 * SEQ
+        assert torch.isfinite(loss_sum) and float(report["lm loss"][1]) == 2 * SEQ
+        loss_sum.backward()
+        losses.append(float(loss_sum))
+    total_tokens = torch.tensor(4 * SEQ, dtype=torch.int)
+    finalize_model_grads(model, num_tokens=total_tokens)
+    grads = {n: p.main_grad for n, p in unwrap_model(model[0]).named_parameters()}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert float(grads["embedding.word_embeddings.weight"].abs().sum()) > 0
+    assert float(grads["decoder.layers.1.self_attention.linear_qkv.weight"].abs().sum()) > 0
+    assert float(grads["decoder.layers.0.self_attention.q_layernorm.weight"].abs().sum()) > 0
+    # Only the masked tokens' embedding rows of the *input* get gradient: the
+    # mask id row must, unused ids (100..125) must not.
+    emb = grads["embedding.word_embeddings.weight"]
+    assert float(emb[MASK].abs().sum()) > 0 and float(emb[100:MASK].abs().sum()) == 0
+
+
+def test_loss_falls_with_manual_sgd_on_a_fixed_batch():
+    model = _model()
+    forward_step = _step(MaskedDiffusionObjective(MASK))
+    item = MicrobatchItem(TRAIN_STREAM, 0, 0, _batch(3))
+    params = [p for p in model[0].parameters()]
+    history = []
+    for _ in range(15):
+        model[0].zero_grad_buffer()
+        output, loss_func = forward_step(iter([item]), model[0])
+        loss_sum, num_tokens, _ = loss_func(output)
+        loss_sum.backward()
+        finalize_model_grads(model, num_tokens=num_tokens.clone())
+        with torch.no_grad():
+            for p in params:
+                p -= 0.05 * p.main_grad
+        history.append(float(loss_sum / num_tokens))
+    assert history[-1] < 0.7 * history[0]
+
+
+def test_variable_length_and_document_masks_through_the_model():
+    model = _model(ddp=False)
+    forward_step = _step(MaskedDiffusionObjective(MASK, variable_length_prob=1.0), reset_attention_mask=True)
+    item = MicrobatchItem(TRAIN_STREAM, 0, 0, _batch(4))
+    ob, _, attention_mask = forward_step.prepare(item)
+    assert attention_mask.shape == (2, 1, SEQ, SEQ)
+    output, loss_func = forward_step(iter([item]), model[0])
+    assert torch.isfinite(output).all()
+    loss_sum, num_tokens, _ = loss_func(output)
+    assert int(num_tokens) == int(ob.lengths.sum())
+
+
+def test_pipeline_stages_rebuild_identical_inputs_and_dp_ranks_differ():
+    obj = MaskedDiffusionObjective(MASK, variable_length_prob=0.5)
+    item = MicrobatchItem(TRAIN_STREAM, 12, 3, _batch(5, b=4))
+    first_stage, last_stage = _step(obj).prepare(item)[0], _step(obj).prepare(item)[0]
+    assert torch.equal(first_stage.input_ids, last_stage.input_ids)
+    assert torch.equal(first_stage.loss_weights, last_stage.loss_weights)
+    other_dp = ObjectiveForwardStep(obj, seed=7, data_parallel_rank=1, eod_id=EOD, device=torch.device("cpu"))
+    assert not torch.equal(other_dp.prepare(item)[0].masked, first_stage.masked)
+
+
+def test_microbatch_feed_gives_every_chunk_the_same_sequence():
+    batches = [_batch(i) for i in range(4)]
+    feed = MicrobatchFeed(batches, num_chunks=2, stream=TRAIN_STREAM)
+    feed.start(5)
+    chunk0, chunk1 = feed.data_iterator()
+    a = [next(chunk0) for _ in range(2)]
+    b = [next(chunk1) for _ in range(2)]
+    assert [x.index for x in a] == [0, 1] == [x.index for x in b]
+    assert all(x.iteration == 5 for x in a + b)
+    assert torch.equal(a[1].batch["tokens"], b[1].batch["tokens"])
+    feed.start(6)
+    assert torch.equal(next(chunk1).batch["tokens"], batches[2]["tokens"])
+
+
+def test_autoregressive_causal_model():
+    model = _model(attention="causal", ddp=False)
+    output, loss_func = _step(AutoregressiveObjective())(iter([MicrobatchItem(TRAIN_STREAM, 0, 0, _batch(6))]), model[0])
+    loss_sum, num_tokens, _ = loss_func(output)
+    assert int(num_tokens) == 2 * SEQ
+    # Untrained model: per-token CE near log(vocab).
+    assert abs(float(loss_sum / num_tokens) - torch.log(torch.tensor(float(VOCAB)))) < 1.0
+
+
+def test_checkpoint_roundtrip_and_latest_tracker(tmp_path):
+    model = _model()
+    root = str(tmp_path / "ckpt")
+    path = save_checkpoint(root, iteration=3, model=model, consumed_train_samples=24, seed=11)
+    assert read_latest_checkpoint(root) == path
+    with open(os.path.join(root, "latest")) as f:
+        assert f.read().strip() == "iter_0000003"
+    meta = json.load(open(os.path.join(path, "dlmspec.json")))
+    assert meta["seed"] == 11 and meta["iteration"] == 3
+    saved = {n: p.detach().clone() for n, p in unwrap_model(model[0]).named_parameters()}
+    with torch.no_grad():
+        for p in model[0].parameters():
+            p.add_(1.0)
+    loaded = load_checkpoint(path, model=model, seed=11)
+    assert (loaded.iteration, loaded.consumed_train_samples, loaded.rng_restored) == (3, 24, True)
+    for n, p in unwrap_model(model[0]).named_parameters():
+        assert torch.equal(p, saved[n]), n
+    with pytest.raises(ValueError, match="seed"):
+        load_checkpoint(path, model=model, seed=12)
+    # A half-written later checkpoint (no tracker update) is never picked up.
+    os.makedirs(os.path.join(root, "iter_0000006"))
+    assert read_latest_checkpoint(root) == path
+
+
+def test_megatron_optimizer_step():
+    if not torch.cuda.is_available():
+        pytest.skip(
+            "megatron.core.optimizer.get_megatron_optimizer needs CUDA: "
+            "MixedPrecisionOptimizer.__init__ / FP32Optimizer.__init__ call torch.tensor(..., device='cuda')"
+        )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    model = _model()
+    opt = get_megatron_optimizer(OptimizerConfig(lr=1e-2, clip_grad=1.0), model)
+    before = [p.detach().clone() for p in model[0].parameters()]
+    output, loss_func = _step(MaskedDiffusionObjective(MASK))(iter([MicrobatchItem(TRAIN_STREAM, 0, 0, _batch(7))]), model[0])
+    loss_sum, num_tokens, _ = loss_func(output)
+    loss_sum.backward()
+    finalize_model_grads(model, num_tokens=num_tokens.clone())
+    ok, grad_norm, _ = opt.step()
+    assert ok and grad_norm > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model[0].parameters()))
+
+
+def test_exit_signal_watcher_and_requeue_code():
+    watcher = ExitSignalWatcher(["SIGUSR1"])
+    try:
+        assert watcher.any_rank_received(torch.device("cpu")) is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert watcher.any_rank_received(torch.device("cpu")) == "SIGUSR1"
+    finally:
+        watcher.restore()
+    with pytest.raises(ValueError):
+        ExitSignalWatcher(["SIGNOPE"])
+    from dlmspec.slurm import REQUEUE_EXIT_CODE as SLURM_REQUEUE
+
+    assert REQUEUE_EXIT_CODE == SLURM_REQUEUE
+
+
+def test_metrics_logger_writes_jsonl(tmp_path):
+    logger = MetricsLogger(LoggingConfig(run_dir=str(tmp_path), tensorboard=False, console="plain"), enabled=True)
+    logger.record("train", {"iteration": 1, "loss": 2.5}, step=1)
+    logger.close()
+    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    assert lines[0]["event"] == "train" and lines[0]["loss"] == 2.5
+    quiet = MetricsLogger(LoggingConfig(run_dir=str(tmp_path / "other")), enabled=False)
+    quiet.record("train", {"loss": 1.0})
+    assert not (tmp_path / "other").exists()
