@@ -95,8 +95,10 @@ class SearchResult:
     """What :func:`search` found.
 
     Attributes:
-        enumerated: layouts the divisibility rules accept (all planned).
-        fitting: how many of them fit the GPU.
+        enumerated: layouts the divisibility rules accept.
+        evaluated: how many were planned: a layout is skipped when the same layout with less
+            recomputation already fits (it would only be slower).
+        fitting: how many planned layouts fit the GPU.
         checked: how many of the fastest fitting ones were re-checked with the validator.
         rejected_by_validator: of those, how many the validator refused (with one reason each).
         top: the best ``top`` valid fitting layouts, fastest first.
@@ -106,6 +108,7 @@ class SearchResult:
     """
 
     enumerated: int
+    evaluated: int
     fitting: int
     checked: int
     top: list[Candidate]
@@ -118,6 +121,7 @@ class SearchResult:
         """JSON-ready form (``dlmspec plan --search --json``)."""
         return {
             "enumerated": self.enumerated,
+            "evaluated": self.evaluated,
             "fitting": self.fitting,
             "checked_with_validator": self.checked,
             "capacity_bytes": self.capacity_bytes,
@@ -177,20 +181,25 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
                         m = base.global_batch // (mbs * dp)
                         vpps = [1] + [v for v in _divisors(L // pp) if v > 1 and pp > 1 and m >= pp and m % pp == 0]
                         for v in vpps:
-                            for gran, method, nlayers in RECOMPUTE_CHOICES:
-                                for distopt in ((True, False) if dp * cp > 1 or (shape.is_moe and world // (etp * ep * pp) > 1) else (base.distributed_optimizer,)):
+                            distopts = (True, False) if dp * cp > 1 or (shape.is_moe and world // (etp * ep * pp) > 1) \
+                                else (base.distributed_optimizer,)
+                            for distopt in distopts:
+                                # Recomputation innermost, cheapest first: the search skips the
+                                # rest of the group once one fits (more recomputation is slower).
+                                for gran, method, nlayers in RECOMPUTE_CHOICES:
                                     changes: dict[str, Any] = {
                                         "tp": tp, "pp": pp, "cp": cp, "sp": sp, "micro_batch": mbs,
-                                        "recompute": gran, "distributed_optimizer": distopt,
+                                        "distributed_optimizer": distopt,
                                     }
                                     if v > 1:
                                         changes["vpp"] = v
-                                    if gran == "full":
-                                        changes["recompute_method"] = method
-                                        changes["recompute_layers"] = nlayers
                                     if shape.is_moe:
                                         changes["ep"] = ep
                                         changes["etp"] = etp
+                                    changes["recompute"] = gran
+                                    if gran == "full":
+                                        changes["recompute_method"] = method
+                                        changes["recompute_layers"] = nlayers
                                     lay = fast_replace(
                                         base, tp=tp, pp=pp, vpp=v, cp=cp, ep=ep, etp=etp, dp=dp,
                                         expert_dp=world // (etp * ep * pp), sp=sp, micro_batch=mbs,
@@ -347,25 +356,30 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
     calib = calibration or DEFAULT_CALIBRATION
     gpu = resolved.gpu
     spec = resolved.spec
-    impl_setting = spec.model.transformer_impl
     modelled, _ = transformer_impl(resolved)
     shape0 = model_shape(resolved)
     base = layout(resolved, modelled)
-    allow_cp = impl_setting != "local" and resolved.attention_mask != "block_causal"
+    # Every layout is modelled on the spec's layer path. Context parallelism needs Transformer
+    # Engine, so it is searched only when that path is TE (transformer_impl = transformer_engine,
+    # or auto with fp8 / CP / grouped GEMM, which require it).
+    allow_cp = modelled == "transformer_engine" and resolved.attention_mask != "block_causal"
     shapes: dict[int, ModelShape] = {}
     cap = gpu.memory_bytes
     fitting: list[Candidate] = []
     smallest: Candidate | None = None
-    enumerated = 0
+    enumerated = evaluated = 0
     caches = _Caches()
+    fitted_group: tuple | None = None
     for lay, changes in enumerate_layouts(shape0, base, allow_cp=allow_cp, cp_comm_type=spec.parallel.cp_comm_type):
         enumerated += 1
-        # CP needs Transformer Engine: with `auto` such layouts are modelled as TE.
-        if lay.cp > 1 and lay.impl != "transformer_engine":
-            lay = fast_replace(lay, impl="transformer_engine")
+        group = (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.micro_batch, lay.distributed_optimizer)
+        if group == fitted_group:
+            continue  # a cheaper recomputation of this layout already fits: this one is slower
+        evaluated += 1
         cand = evaluate(_shape_for(shape0, lay.tp, shapes), lay, gpu, calib, changes, caches, time_all=time_all)
         if cand.peak_bytes <= cap:
             fitting.append(cand)
+            fitted_group = group
         if smallest is None or cand.peak_bytes < smallest.peak_bytes:
             smallest = cand
     fitting.sort(key=lambda c: (-c.tokens_per_second, c.peak_bytes, c.changes))
@@ -386,10 +400,15 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
                 continue
         chosen.append(cand)
     gib = 1024**3
+    cp_note = ("" if allow_cp or resolved.attention_mask == "block_causal" else
+               "; context parallelism needs Transformer Engine and was not searched "
+               "(set model.transformer_impl = \"transformer_engine\" to include it)")
     if chosen:
-        message = f"{len(fitting)} of {enumerated} layouts fit the {cap / gib:.1f} GiB of one {gpu.name}"
+        message = (f"{len(fitting)} of {evaluated} planned layouts fit the {cap / gib:.1f} GiB of one {gpu.name} "
+                   f"({enumerated} enumerated; {enumerated - evaluated} skipped: more recomputation than a "
+                   "fitting variant)")
     elif fitting:
-        message = (f"{len(fitting)} of {enumerated} layouts fit the memory, but the validator rejected the "
+        message = (f"{len(fitting)} of {evaluated} planned layouts fit the memory, but the validator rejected the "
                    f"{checked} fastest (first reason: {rejected[0][1] if rejected else 'n/a'})")
     elif smallest is not None:
         message = (f"no layout fits: the smallest peak of the {enumerated} layouts is "
@@ -401,12 +420,13 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
                    f"{base.global_batch} and sequence length {base.seq}; change the GPU count or the batch")
     return SearchResult(
         enumerated=enumerated,
+        evaluated=evaluated,
         fitting=len(fitting),
         checked=checked,
         top=chosen,
         smallest=smallest,
         capacity_bytes=cap,
-        message=message,
+        message=message + cp_note,
         rejected_by_validator=rejected,
     )
 
