@@ -39,6 +39,8 @@ for tool in munged slurmctld slurmd sinfo scontrol; do
 done
 
 host=$(hostname -s)
+# Jobs rendezvous at the node's name (MASTER_ADDR from scontrol show hostnames).
+getent hosts "$host" >/dev/null || fail "this host's name $host does not resolve: add it to /etc/hosts"
 mkdir -p "$dir/state" "$dir/spool"
 export SLURM_CONF="$dir/slurm.conf"
 
