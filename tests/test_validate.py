@@ -1,0 +1,338 @@
+"""Tests of dlmspec.validate: every rule fires on a spec that breaks it and stays quiet on a
+clean one, issues point at the file and line to edit, and check() raises all of them at once."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from dlmspec.errors import SpecError
+from dlmspec.loader import load_text
+from dlmspec.spec import Spec
+from dlmspec.validate import RULES, check, find_issues, load_checked
+
+#: A small, valid data-parallel spec: 8 GPUs, DP 8, 4 microbatches, vocab 1000 (padded 1024,
+#: [MASK] = 1000).
+BASE: dict[str, Any] = {
+    "name": "t",
+    "model": {
+        "num_layers": 8,
+        "hidden_size": 256,
+        "ffn_hidden_size": 1024,
+        "num_attention_heads": 8,
+        "num_query_groups": 4,
+        "vocab_size": 1000,
+        "max_position_embeddings": 1024,
+    },
+    "train": {
+        "micro_batch_size": 2,
+        "global_batch_size": 64,
+        "seq_length": 512,
+        "train_iters": 100,
+        "lr_warmup_iters": 10,
+        "eval_interval": 50,
+    },
+    "data": {"train": ["data/x_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
+    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+}
+
+
+def make(changes: dict[str, Any] | None = None) -> Spec:
+    """BASE with dotted-key changes; a value of None deletes the key."""
+    data = copy.deepcopy(BASE)
+    for key, value in (changes or {}).items():
+        *parents, last = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return Spec.model_validate(data)
+
+
+def rules_of(spec: Spec) -> set[str]:
+    return {i.rule for i in find_issues(spec)}
+
+
+def test_base_spec_is_clean() -> None:
+    assert find_issues(make()) == []
+
+
+MOE = {"model.num_experts": 8}
+
+# (rule id, changes to BASE, key the issue must name)
+CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown-preset", {"model.preset": "qwen3-1.7x"}, "model.preset"),
+    ("unknown-gpu", {"cluster.gpu": "h1000"}, "cluster.gpu"),
+    ("world-divisible-by-model-parallel", {"cluster.gpus_per_node": 6, "parallel.tensor_model_parallel_size": 4},
+     "parallel.tensor_model_parallel_size"),
+    ("world-divisible-by-model-parallel", {"parallel.context_parallel_size": 16}, "parallel.context_parallel_size"),
+    ("world-divisible-by-expert-parallel", {"model.num_experts": 16, "parallel.expert_model_parallel_size": 16},
+     "parallel.expert_model_parallel_size"),
+    ("tp-divides-heads", {"model.num_attention_heads": 12, "model.kv_channels": 32,
+                          "parallel.tensor_model_parallel_size": 8}, "parallel.tensor_model_parallel_size"),
+    ("tp-query-groups", {"model.num_attention_heads": 12, "model.num_query_groups": 6, "model.kv_channels": 32,
+                         "parallel.tensor_model_parallel_size": 4}, "parallel.tensor_model_parallel_size"),
+    ("heads-divisible-by-groups", {"model.num_query_groups": 3}, "model.num_query_groups"),
+    ("hidden-divisible-by-heads", {"model.num_attention_heads": 12}, "model.hidden_size"),
+    ("tp-divides-ffn", {"model.ffn_hidden_size": 1001, "parallel.tensor_model_parallel_size": 2},
+     "model.ffn_hidden_size"),
+    ("tp-divides-ffn", {**MOE, "model.moe_shared_expert_intermediate_size": 1001,
+                        "parallel.tensor_model_parallel_size": 2}, "model.moe_shared_expert_intermediate_size"),
+    ("etp-divides-moe-ffn", {**MOE, "model.moe_ffn_hidden_size": 1001, "parallel.expert_tensor_parallel_size": 2},
+     "model.moe_ffn_hidden_size"),
+    ("pp-divides-layers", {"model.num_layers": 6, "parallel.pipeline_model_parallel_size": 4},
+     "parallel.pipeline_model_parallel_size"),
+    ("vpp-needs-pp", {"parallel.virtual_pipeline_model_parallel_size": 2},
+     "parallel.virtual_pipeline_model_parallel_size"),
+    ("vpp-divides-stage-layers", {"parallel.pipeline_model_parallel_size": 2,
+                                  "parallel.virtual_pipeline_model_parallel_size": 3},
+     "parallel.virtual_pipeline_model_parallel_size"),
+    ("vpp-microbatches", {"parallel.pipeline_model_parallel_size": 2, "parallel.virtual_pipeline_model_parallel_size": 2,
+                          "train.global_batch_size": 24}, "train.global_batch_size"),
+    ("pipeline-bubble", {"parallel.pipeline_model_parallel_size": 4, "train.global_batch_size": 4},
+     "train.global_batch_size"),
+    ("batch-divisible", {"train.global_batch_size": 60}, "train.global_batch_size"),
+    ("sequence-parallel-needs-tp", {"parallel.sequence_parallel": True}, "parallel.sequence_parallel"),
+    ("sequence-parallel-with-ep", {**MOE, "parallel.tensor_model_parallel_size": 2,
+                                   "parallel.expert_model_parallel_size": 2}, "parallel.sequence_parallel"),
+    ("sequence-parallel-seq-length", {"parallel.tensor_model_parallel_size": 2, "parallel.sequence_parallel": True,
+                                      "train.seq_length": 511}, "train.seq_length"),
+    ("cp-seq-length", {"parallel.context_parallel_size": 2, "train.seq_length": 510}, "train.seq_length"),
+    ("cp-needs-te", {"parallel.context_parallel_size": 2, "model.transformer_impl": "local"},
+     "parallel.context_parallel_size"),
+    ("cp-a2a-heads", {"model.num_attention_heads": 12, "model.kv_channels": 32, "parallel.context_parallel_size": 8,
+                      "parallel.cp_comm_type": "a2a"}, "parallel.cp_comm_type"),
+    ("ep-needs-moe", {"parallel.expert_model_parallel_size": 2}, "parallel.expert_model_parallel_size"),
+    ("ep-divides-experts", {"model.num_experts": 6, "parallel.expert_model_parallel_size": 4},
+     "parallel.expert_model_parallel_size"),
+    ("topk-le-experts", {"model.num_experts": 2, "model.moe_router_topk": 4}, "model.moe_router_topk"),
+    ("moe-layer-freq", {**MOE, "model.moe_layer_freq": [1, 0, 1]}, "model.moe_layer_freq"),
+    ("moe-layer-freq", {**MOE, "model.moe_layer_freq": [0] * 8}, "model.moe_layer_freq"),
+    ("moe-bias-needs-etp1", {**MOE, "model.add_bias_linear": True, "parallel.tensor_model_parallel_size": 2},
+     "parallel.expert_tensor_parallel_size"),
+    ("moe-keys-ignored", {"model.moe_ffn_hidden_size": 512}, "model.moe_ffn_hidden_size"),
+    ("moe-act-needs-grouped-gemm", {**MOE, "recompute.granularity": "selective", "recompute.modules": ["moe_act"]},
+     "recompute.modules"),
+    ("recompute-full-needs-method", {"recompute.granularity": "full", "recompute.num_layers": 1}, "recompute.method"),
+    ("recompute-full-needs-num-layers", {"recompute.granularity": "full", "recompute.method": "uniform"},
+     "recompute.num_layers"),
+    ("recompute-uniform-divides-layers", {"recompute.granularity": "full", "recompute.method": "uniform",
+                                          "recompute.num_layers": 3}, "recompute.num_layers"),
+    ("recompute-num-layers-range", {"recompute.granularity": "full", "recompute.method": "block",
+                                    "recompute.num_layers": 9}, "recompute.num_layers"),
+    ("recompute-selective-num-layers", {"recompute.granularity": "selective", "recompute.num_layers": 2},
+     "recompute.num_layers"),
+    ("recompute-keys-ignored", {"recompute.method": "uniform"}, "recompute.method"),
+    ("recompute-keys-ignored", {"recompute.granularity": "full", "recompute.method": "block",
+                                "recompute.num_layers": 2, "recompute.modules": ["mlp"]}, "recompute.modules"),
+    ("recompute-moe-modules", {"recompute.granularity": "selective", "recompute.modules": ["moe"]},
+     "recompute.modules"),
+    ("fp8-needs-te", {"precision.fp8": "hybrid", "model.transformer_impl": "local"}, "precision.fp8"),
+    ("fp8-gpu", {"precision.fp8": "hybrid", "cluster.gpu": "a100-80gb"}, "precision.fp8"),
+    ("fp8-recipe-gpu", {"precision.fp8": "e4m3", "precision.fp8_recipe": "mxfp8"}, "precision.fp8_recipe"),
+    ("fp8-keys-ignored", {"precision.fp8_recipe": "tensorwise"}, "precision.fp8_recipe"),
+    ("ar-attention", {"objective.kind": "ar", "objective.attention_mask": "bidirectional"},
+     "objective.attention_mask"),
+    ("mdm-causal-attention", {"objective.attention_mask": "causal"}, "objective.attention_mask"),
+    ("block-causal-needs-size", {"objective.attention_mask": "block_causal"}, "objective.block_size"),
+    ("block-size-divides-seq", {"objective.attention_mask": "block_causal", "objective.block_size": 30},
+     "objective.block_size"),
+    ("block-size-ignored", {"objective.block_size": 32}, "objective.block_size"),
+    ("mask-token-range", {"objective.mask_token_id": 5000}, "objective.mask_token_id"),
+    ("mask-token-range", {"model.vocab_size": 1024, "data.tokenizer.vocab_size": 1023}, "objective.mask_token_id"),
+    ("mask-token-ignored", {"objective.kind": "ar", "objective.mask_token_id": 5}, "objective.mask_token_id"),
+    ("bidirectional-without-positions", {"model.position_embedding_type": "none"}, "model.position_embedding_type"),
+    ("seq-exceeds-learned-positions", {"model.position_embedding_type": "learned_absolute",
+                                       "train.seq_length": 2048}, "train.seq_length"),
+    ("seq-exceeds-rope-positions", {"train.seq_length": 2048}, "train.seq_length"),
+    ("train-budget", {"train.train_iters": None}, "train.train_iters"),
+    ("train-budget", {"train.train_tokens": 1_000_000}, "train.train_tokens"),
+    ("min-lr-le-lr", {"train.min_lr": 1e-3}, "train.min_lr"),
+    ("warmup-exclusive", {"train.lr_warmup_fraction": 0.1}, "train.lr_warmup_fraction"),
+    ("warmup-lt-decay", {"train.lr_warmup_iters": 100}, "train.lr_warmup_iters"),
+    ("decay-beyond-train", {"train.lr_decay_iters": 200}, "train.lr_decay_iters"),
+    ("wsd-needs-decay-iters", {"train.lr_decay_style": "WSD"}, "train.lr_wsd_decay_iters"),
+    ("wsd-overlaps-warmup", {"train.lr_decay_style": "WSD", "train.lr_wsd_decay_iters": 95},
+     "train.lr_wsd_decay_iters"),
+    ("wsd-keys-ignored", {"train.lr_wsd_decay_iters": 10}, "train.lr_wsd_decay_iters"),
+    ("eval-interval", {"train.eval_interval": 200}, "train.eval_interval"),
+    ("data-required", {"data.train": []}, "data.train"),
+    ("mock-ignores-data", {"data.mock": True}, "data.train"),
+    ("split-format", {"data.split": "99;1"}, "data.split"),
+    ("split-format", {"data.split": "0,1,0"}, "data.split"),
+    ("tokenizer-files", {"data.tokenizer.type": "HuggingFaceTokenizer"}, "data.tokenizer.model"),
+    ("tokenizer-files", {"data.tokenizer.type": "GPT2BPETokenizer", "model.vocab_size": 50257},
+     "data.tokenizer.vocab_file"),
+    ("tokenizer-vocab", {"data.tokenizer.vocab_size": 1000}, "model.vocab_size"),
+    ("tokenizer-vocab", {"data.tokenizer.type": "GPT2BPETokenizer", "data.tokenizer.vocab_file": "v.json",
+                         "data.tokenizer.merge_file": "m.txt"}, "model.vocab_size"),
+    ("stage-table-ignored", {"stage.sft": {}}, "stage.sft"),
+    ("rl-objective", {"stage.kind": "rl", "stage.rl": {"algorithm": "grpo"}}, "stage.rl.algorithm"),
+    ("finetune-from-scratch", {"stage.kind": "sft"}, "checkpoint.init_from"),
+    ("init-from-format", {"checkpoint.init_from": "/models/llada"}, "checkpoint.init_from"),
+    ("wandb-name-without-project", {"logging.wandb_exp_name": "run1"}, "logging.wandb_exp_name"),
+    ("overlap-param-gather-needs-distopt", {"parallel.overlap_param_gather": True,
+                                           "parallel.use_distributed_optimizer": False},
+     "parallel.overlap_param_gather"),
+    ("sharding-needs-megatron-fsdp", {"parallel.data_parallel_sharding_strategy": "optim"},
+     "parallel.data_parallel_sharding_strategy"),
+]
+
+
+def test_every_rule_has_a_case() -> None:
+    assert {case[0] for case in CASES} == set(RULES)
+
+
+@pytest.mark.parametrize(("rule", "changes", "key"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_rule_fires(rule: str, changes: dict[str, Any], key: str) -> None:
+    found = [i for i in find_issues(make(changes)) if i.rule == rule]
+    assert found, f"{rule} did not fire"
+    issue = next((i for i in found if i.key == key), None)
+    assert issue is not None, [i.key for i in found]
+    assert issue.severity == RULES[rule].severity
+    assert issue.source == RULES[rule].source
+    assert issue.message and issue.hint, "every issue says why and what works"
+
+
+def test_rule_metadata() -> None:
+    for rule in RULES.values():
+        assert rule.severity in ("error", "warning")
+        assert rule.source and rule.summary
+
+
+# Combinations that look close to a rule but are legal.
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # megatron-core accepts num_query_groups dividing TP (KV heads replicated).
+        {"model.num_query_groups": 2, "parallel.tensor_model_parallel_size": 4},
+        {"parallel.tensor_model_parallel_size": 2, "parallel.sequence_parallel": True},
+        {"parallel.pipeline_model_parallel_size": 2, "parallel.virtual_pipeline_model_parallel_size": 2},
+        {"model.num_attention_heads": 12, "model.kv_channels": 32},
+        {"objective.kind": "ar"},
+        {"objective.attention_mask": "block_causal", "objective.block_size": 32},
+        {"recompute.granularity": "full", "recompute.method": "uniform", "recompute.num_layers": 4},
+        {"recompute.granularity": "selective", "recompute.modules": ["core_attn", "mlp"]},
+        {"train.train_iters": None, "train.train_tokens": 3_276_800},
+        {"train.lr_decay_style": "WSD", "train.lr_wsd_decay_iters": 20},
+        {"train.lr_warmup_iters": 0, "train.lr_warmup_fraction": 0.05},
+        {**MOE, "parallel.expert_model_parallel_size": 8, "model.moe_layer_freq": [1, 0] * 4},
+        {**MOE, "parallel.tensor_model_parallel_size": 2, "parallel.expert_model_parallel_size": 2,
+         "parallel.sequence_parallel": True},
+        {"data.train": [], "data.mock": True},
+        {"data.valid": ["data/v_text_document"], "data.split": "garbage"},
+        {"precision.fp8": "hybrid", "cluster.gpu": "l40s"},
+        {"checkpoint.init_from": "hf:/models/llada"},
+        {"parallel.fsdp": "megatron", "parallel.data_parallel_sharding_strategy": "optim_grads_params"},
+        {"parallel.context_parallel_size": 2, "parallel.cp_comm_type": "a2a"},
+        {**MOE, "model.add_bias_linear": True, "parallel.tensor_model_parallel_size": 2,
+         "parallel.expert_tensor_parallel_size": 1},
+    ],
+)
+def test_legal_combinations_are_clean(changes: dict[str, Any]) -> None:
+    assert find_issues(make(changes)) == []
+
+
+def test_expert_parallel_rule_does_not_repeat_the_tp_error() -> None:
+    rules = rules_of(make({"cluster.gpus_per_node": 6, "parallel.tensor_model_parallel_size": 4}))
+    assert "world-divisible-by-model-parallel" in rules
+    assert "world-divisible-by-expert-parallel" not in rules
+
+
+def test_tp_hint_lists_only_working_sizes() -> None:
+    issue = next(i for i in find_issues(make({"parallel.tensor_model_parallel_size": 8, "model.num_query_groups": 4,
+                                               "model.num_attention_heads": 12, "model.kv_channels": 32}))
+                 if i.rule == "tp-divides-heads")
+    assert issue.hint == "use parallel.tensor_model_parallel_size = 1, 2 or 4"
+
+
+def test_batch_hint_gives_neighbouring_multiples() -> None:
+    issue = next(i for i in find_issues(make({"train.global_batch_size": 60})) if i.rule == "batch-divisible")
+    assert issue.value == 60
+    assert issue.hint == "use global_batch_size = 48 or 64"
+
+
+def test_issues_are_sorted_errors_first_and_deterministic() -> None:
+    spec = make({"train.global_batch_size": 60, "train.eval_interval": 200, "parallel.sequence_parallel": True})
+    first, second = find_issues(spec), find_issues(spec)
+    assert [i.to_dict() for i in first] == [i.to_dict() for i in second]
+    severities = [i.severity for i in first]
+    assert severities == sorted(severities, key=lambda s: s != "error")
+    assert {"batch-divisible", "sequence-parallel-needs-tp", "eval-interval"} <= {i.rule for i in first}
+
+
+TOML = """\
+name = "lines"
+
+[model]
+preset = "llada-8b"
+
+[parallel]
+tensor_model_parallel_size = 5
+
+[train]
+micro_batch_size = 1
+global_batch_size = 9
+seq_length = 4096
+train_iters = 100
+eval_interval = 10
+
+[data]
+mock = true
+
+[data.tokenizer]
+type = "NullTokenizer"
+vocab_size = 126000
+
+[cluster]
+gpus_per_node = 10
+"""
+
+
+def test_issues_point_at_file_and_line() -> None:
+    loaded = load_text(TOML, name="specs/lines.toml")
+    issues = {i.rule: i for i in find_issues(loaded)}
+    assert (issues["batch-divisible"].file, issues["batch-divisible"].line) == ("specs/lines.toml", 11)
+    assert issues["tp-divides-heads"].line == 7
+    # ffn_hidden_size comes from the preset: the issue points at `preset = ...`.
+    assert issues["tp-divides-ffn"].key == "model.ffn_hidden_size"
+    assert issues["tp-divides-ffn"].line == 4
+    assert str(issues["batch-divisible"]).startswith("specs/lines.toml:11: error: train.global_batch_size = 9:")
+
+
+def test_check_raises_every_issue_at_once() -> None:
+    loaded = load_text(TOML, name="lines.toml")
+    with pytest.raises(SpecError) as info:
+        check(loaded)
+    rules = {i.rule for i in info.value.issues}
+    assert {"batch-divisible", "tp-divides-heads", "tp-divides-ffn"} <= rules
+    assert len(info.value.errors) >= 3
+
+
+def test_check_returns_warnings_and_strict_raises_them() -> None:
+    spec = make({"train.eval_interval": 200})
+    warnings = check(spec)
+    assert [w.rule for w in warnings] == ["eval-interval"]
+    with pytest.raises(SpecError) as info:
+        check(spec, strict=True)
+    assert [i.rule for i in info.value.issues] == ["eval-interval"]
+    assert check(make()) == []
+
+
+def test_load_checked(tmp_path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(TOML.replace("tensor_model_parallel_size = 5", "tensor_model_parallel_size = 2")
+                    .replace("gpus_per_node = 10", "gpus_per_node = 8")
+                    .replace("global_batch_size = 9", "global_batch_size = 16"), encoding="utf-8")
+    checked = load_checked(path)
+    assert checked.resolved.dp == 4 and checked.resolved.num_microbatches == 4
+    assert checked.warnings == []
+    with pytest.raises(SpecError) as info:
+        load_checked(path, ["train.global_batch_size=10"])
+    issue = info.value.issues[0]
+    assert (issue.rule, issue.file, issue.value) == ("batch-divisible", "--set", 10)
