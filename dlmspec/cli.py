@@ -1,0 +1,614 @@
+"""``dlmspec``: the command line.
+
+Core commands: ``check`` (load, resolve and check a spec), ``show`` (the spec with every
+default filled in and its derived values; or the GPU, preset and rule catalogs) and ``new``
+(write a starter spec for a preset). Other modules add their commands to :data:`app`
+(``@app.command()`` or ``app.add_typer(sub_app, name=...)``).
+
+Bad input never prints a traceback: any :class:`~dlmspec.errors.SpecError` that escapes a
+command (including commands added by other modules) is printed as a table of issues (file:line,
+key, value, why, fix) on stderr, or as JSON on stdout when the command was given ``--json``
+(see :func:`use_json`), and the process exits with :data:`~dlmspec.errors.EXIT_USAGE` (2).
+Usage errors (unknown options, missing arguments) also exit with 2 (click's convention, which
+typer keeps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from importlib import import_module
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import tomli_w
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
+
+from dlmspec import __version__
+from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+from dlmspec.gpus import GPUS, GiB, gpu_ids
+from dlmspec.loader import LoadedSpec, load, load_text, parse_set_value, set_dotted
+from dlmspec.params import count_parameters
+from dlmspec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
+from dlmspec.resolve import Resolved, resolve
+from dlmspec.spec import ModelSpec, Spec
+from dlmspec.validate import RULES, find_issues
+
+_JSON_META = "dlmspec.json"
+
+
+class _Group(TyperGroup):
+    """Runs the command; turns a :class:`SpecError` from any command into the issue report and
+    exit code 2."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SpecError as exc:
+            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)))
+            raise typer.Exit(EXIT_USAGE) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="dlmspec",
+    help="Declarative config-compiler for training diffusion (and autoregressive) LMs on megatron-core.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Output helpers (public: other commands print issues the same way)
+
+
+def stdout() -> Console:
+    """Console for results; 200 columns wide when stdout is not a terminal, so piped output
+    does not wrap at 80."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def stderr() -> Console:
+    """Console for issues and notes."""
+    terminal = sys.stderr.isatty()
+    return Console(stderr=True, highlight=False, width=None if terminal else 200)
+
+
+def use_json(ctx: typer.Context, enabled: bool) -> None:
+    """Tell the error handler that the running command prints JSON, so a :class:`SpecError`
+    is reported as ``{"ok": false, "issues": [...]}`` on stdout instead of a table.
+
+    ``ctx`` is the command's context (declare a ``ctx: typer.Context`` parameter); its ``meta``
+    is shared with the group that reports the error."""
+    ctx.meta[_JSON_META] = enabled
+
+
+def display_path(path: str | None) -> str | None:
+    """``path`` relative to the working directory when it lies under it (shorter messages)."""
+    if not path or path.startswith(("<", "--")):
+        return path
+    try:
+        return os.path.relpath(path) if Path(path).is_absolute() and Path(path).resolve().is_relative_to(Path.cwd()) else path
+    except (OSError, ValueError):
+        return path
+
+
+def _issue_dict(issue: SpecIssue) -> dict[str, Any]:
+    data = issue.to_dict()
+    data["file"] = display_path(issue.file)
+    return data
+
+
+def issues_table(issues: Iterable[SpecIssue]) -> Table:
+    """The issues as a rich table: where, key, value, problem and fix. Cells are plain
+    :class:`~rich.text.Text`, so brackets in user values are never read as markup."""
+    table = Table(show_lines=False, pad_edge=False, expand=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("where", no_wrap=True)
+    table.add_column("key", overflow="fold")
+    table.add_column("value", overflow="fold", max_width=30)
+    table.add_column("problem", overflow="fold")
+    for issue in issues:
+        where = display_path(issue.file) or "<spec>"
+        if issue.line:
+            where = f"{where}:{issue.line}"
+        label = Text(issue.severity, style="bold red" if issue.severity == "error" else "yellow")
+        problem = Text(issue.message)
+        if issue.hint:
+            problem.append("\nfix: ", style="bold green")
+            problem.append(issue.hint)
+        problem.append(f"\n[{issue.rule}]", style="dim")
+        table.add_row(label, Text(where), Text(issue.key), Text("" if issue.value is None else repr(issue.value)), problem)
+    return table
+
+
+def report_issues(issues: list[SpecIssue], *, as_json: bool = False) -> None:
+    """Print ``issues`` for a failed command: JSON (``{"ok": false, "issues": [...]}``) on
+    stdout, or a table and an ``N errors, M warnings`` line on stderr."""
+    if as_json:
+        print(json.dumps({"ok": False, "issues": [_issue_dict(i) for i in issues]}, indent=2))
+        return
+    console = stderr()
+    console.print(issues_table(issues))
+    errors = sum(1 for i in issues if i.severity == "error")
+    console.print(Text(f"{_plural(errors, 'error')}, {_plural(len(issues) - errors, 'warning')}", style="bold"))
+
+
+def report_warnings(warnings: list[SpecIssue]) -> None:
+    """Print the warnings of a command that succeeded (on stderr, so stdout stays clean)."""
+    if warnings:
+        console = stderr()
+        console.print(issues_table(warnings))
+        console.print(Text(_plural(len(warnings), "warning"), style="bold yellow"))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def human_count(n: int | float) -> str:
+    """``152712960 -> '152.7M'`` (powers of 1000: K, M, B, T)."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{suffix}"
+    return str(n)
+
+
+# --------------------------------------------------------------------------------------------
+# Checking a spec: the validator plus what the compiler refuses
+
+
+def _optional(name: str) -> Any:
+    """``dlmspec.<name>`` if that module exists in this checkout, else None."""
+    try:
+        return import_module(f"dlmspec.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"dlmspec.{name}":
+            return None
+        raise
+
+
+def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
+    """Every issue ``dlmspec compile`` would raise for this spec, without writing anything:
+    :func:`dlmspec.validate.find_issues`, the runtime's unsupported settings
+    (:func:`dlmspec.compile.unsupported_issues`) and the SLURM checks
+    (:func:`dlmspec.slurm.sbatch_issues`). Sorted errors first, then by file, line and key."""
+    issues = list(find_issues(loaded, resolved))
+    compile_module = _optional("compile")
+    if compile_module is not None:
+        issues.extend(compile_module.unsupported_issues(resolved, loaded))
+    slurm = _optional("slurm")
+    if slurm is not None:
+        issues.extend(slurm.sbatch_issues(resolved, loaded))
+    return sorted(
+        issues,
+        key=lambda i: (i.severity != "error", i.file or "", i.line if i.line is not None else 1 << 30, i.key, i.rule),
+    )
+
+
+def load_and_check(path: str, overrides: list[str], *, strict: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
+    """Load ``path`` with ``--set`` ``overrides``, resolve it and run :func:`spec_issues`.
+
+    Returns:
+        (loaded, resolved, warnings).
+
+    Raises:
+        SpecError: the spec does not load, or has an error (or, with ``strict``, a warning).
+    """
+    loaded = load(path, overrides)
+    resolved = resolve(loaded.spec)
+    issues = spec_issues(loaded, resolved)
+    if any(i.severity == "error" for i in issues) or (strict and issues):
+        raise SpecError(issues)
+    return loaded, resolved, issues
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dlmspec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Declarative config-compiler for training diffusion (and autoregressive) LMs on megatron-core."""
+
+
+_SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
+
+
+@app.command()
+def check(
+    ctx: typer.Context,
+    spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
+    strict: bool = typer.Option(False, "--strict", help="Fail (exit 2) on warnings too."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+) -> None:
+    """Check a spec: schema, cross-field rules, runtime support and SLURM settings.
+
+    Exit code 0 when it compiles (warnings are printed), 2 when it does not.
+    """
+    use_json(ctx, json_output)
+    loaded, resolved, warnings = load_and_check(spec, set_, strict=strict)
+    derived = resolved.derived()
+    if json_output:
+        print(json.dumps({"ok": True, "spec": display_path(str(loaded.path)), "name": loaded.spec.name,
+                          "warnings": [_issue_dict(w) for w in warnings], "derived": derived}, indent=2))
+        return
+    report_warnings(warnings)
+    p = resolved.params
+    active = f" ({human_count(p.active)} active)" if p.active != p.total else ""
+    stdout().print(
+        Text(
+            f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
+            f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
+            f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
+            f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens"
+        )
+    )
+
+
+def spec_toml(spec: Spec) -> str:
+    """``spec`` as a TOML document with every default filled in (it loads back to ``spec``)."""
+    return tomli_w.dumps(spec.model_dump(mode="json", exclude_none=True))
+
+
+def derived_comment(resolved: Resolved) -> str:
+    """The derived values as TOML comment lines (``# key = value``), so a spec printed with
+    them still loads."""
+    lines = ["# Derived values (dlmspec.resolve):"]
+    for key, value in _flat(resolved.derived()):
+        lines.append(f"#   {key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.extend(_flat(value, f"{prefix}{key}."))
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def _gpu_rows() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": g.id,
+            "name": g.name,
+            "memory_gib": round(g.memory_bytes / GiB, 1),
+            "bf16_tflops": g.bf16_tflops,
+            "fp8_tflops": g.fp8_tflops,
+            "hbm_gbps": g.hbm_gbps,
+            "nvlink_gbps": g.nvlink_gbps,
+            "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+        }
+        for g in (GPUS[i] for i in gpu_ids())
+    ]
+
+
+def _preset_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name in preset_names():
+        model = ModelSpec.model_validate({"preset": name})
+        counts = count_parameters(model)
+        total, active, source = PUBLISHED.get(name, (None, None, None))
+        rows.append(
+            {
+                "id": name,
+                "num_layers": model.num_layers,
+                "hidden_size": model.hidden_size,
+                "num_attention_heads": model.num_attention_heads,
+                "num_query_groups": model.num_query_groups or model.num_attention_heads,
+                "num_experts": model.num_experts,
+                "vocab_size": model.vocab_size,
+                "mask_token_id": MASK_TOKEN_IDS.get(name),
+                "parameters": counts.total,
+                "active_parameters": counts.active,
+                "published": None if total is None else _published(total, active),
+                "published_source": source,
+            }
+        )
+    return rows
+
+
+def _published(total: int | str, active: int | str) -> str:
+    text = f"{total:,}" if isinstance(total, int) else total
+    if active != total:
+        text += f" ({active:,} active)" if isinstance(active, int) else f" ({active} active)"
+    return text
+
+
+def _rule_rows() -> list[dict[str, Any]]:
+    return [{"id": r.id, "severity": r.severity, "summary": r.summary, "source": r.source} for r in RULES.values()]
+
+
+def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str) -> None:
+    """``columns``: (row key, header) pairs; parameter counts print as 1.2M etc."""
+    table = Table(title=title, title_justify="left")
+    for _, header in columns:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        cells = []
+        for key, _ in columns:
+            value = row[key]
+            if value is None:
+                cells.append(Text(""))
+            elif key in ("parameters", "active_parameters"):
+                cells.append(Text(human_count(value)))
+            else:
+                cells.append(Text(str(value)))
+        table.add_row(*cells)
+    stdout().print(table)
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    spec: Optional[str] = typer.Argument(None, help="Spec file (.toml or .py) to print resolved."),
+    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
+    gpus: bool = typer.Option(False, "--gpus", help="List the GPU catalog."),
+    presets: bool = typer.Option(False, "--presets", help="List the model presets with parameter counts."),
+    rules: bool = typer.Option(False, "--rules", help="List the validator's rules."),
+    json_output: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Print a spec with every default filled in and its derived values, or a catalog.
+
+    The printed spec is TOML that loads back to the same spec (derived values are comments).
+    The spec is not checked (use ``dlmspec check``); it only has to load.
+    """
+    use_json(ctx, json_output)
+    chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
+    if len(chosen) + (spec is not None) != 1:
+        raise SpecError([SpecIssue("<arguments>", "give exactly one of SPEC, --gpus, --presets, --rules",
+                                   value=" ".join(chosen + ([spec] if spec else [])) or None,
+                                   hint="e.g. dlmspec show specs/demo-dlm.toml, or dlmspec show --gpus",
+                                   rule="arguments")])
+    if spec is None:
+        rows, columns, title = {
+            "--gpus": (_gpu_rows(), [("id", "id"), ("name", "name"), ("memory_gib", "memory GiB"),
+                                     ("bf16_tflops", "bf16 TFLOP/s"), ("fp8_tflops", "fp8 TFLOP/s"),
+                                     ("hbm_gbps", "HBM GB/s"), ("nvlink_gbps", "NVLink GB/s"),
+                                     ("compute_capability", "CC")], "GPU catalog (dense peak, per GPU)"),
+            "--presets": (_preset_rows(), [("id", "id"), ("num_layers", "layers"), ("hidden_size", "hidden"),
+                                           ("num_attention_heads", "heads"), ("num_query_groups", "groups"),
+                                           ("num_experts", "experts"), ("vocab_size", "vocab"),
+                                           ("mask_token_id", "[MASK]"), ("parameters", "params"),
+                                           ("active_parameters", "active"), ("published", "published")],
+                          "Model presets (params counted with the tokenizer vocabulary)"),
+            "--rules": (_rule_rows(), [("id", "id"), ("severity", "severity"), ("summary", "rule"),
+                                       ("source", "source")], "Validator rules"),
+        }[chosen[0]]
+        if json_output:
+            print(json.dumps(rows, indent=2))
+        else:
+            _print_rows(rows, columns, title)
+        return
+    loaded = load(spec, set_)
+    resolved = resolve(loaded.spec)
+    if json_output:
+        print(json.dumps({"spec": loaded.spec.model_dump(mode="json", exclude_none=True),
+                          "derived": resolved.derived()}, indent=2))
+        return
+    sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))
+
+
+def starter_spec(
+    name: str,
+    preset: str,
+    *,
+    objective: str = "mdm",
+    gpu: str = "h100",
+    nodes: int = 1,
+    gpus_per_node: int = 8,
+    seq_length: int | None = None,
+    overrides: Iterable[str] = (),
+) -> str:
+    """A starter spec (TOML text) for ``preset``: data-parallel only, mock data with a
+    NullTokenizer (so it runs at once as a benchmark), bf16, a 1,000-step cosine schedule, and
+    a global batch of at least 256 sequences (the smallest multiple of the GPU count).
+
+    Raises:
+        SpecError: unknown preset, or a malformed ``--set`` override.
+    """
+    if preset not in PRESETS:
+        from difflib import get_close_matches
+
+        close = get_close_matches(preset.lower(), preset_names(), n=1)
+        raise SpecError([SpecIssue("--preset", "unknown preset", value=preset,
+                                   hint=f"did you mean '{close[0]}'?" if close else f"use one of {', '.join(preset_names())}",
+                                   rule="unknown-preset")])
+    model = PRESETS[preset]
+    world = nodes * gpus_per_node
+    seq = seq_length or min(4096, model["max_position_embeddings"])
+    data: dict[str, Any] = {
+        "name": name,
+        "description": f"{preset} {'masked-diffusion' if objective == 'mdm' else 'autoregressive'} "
+        f"pretraining on {world} {gpu} GPU(s) (starter spec from `dlmspec new`)",
+        "model": {"preset": preset},
+        "objective": {"kind": objective},
+        "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
+        "precision": {"dtype": "bf16"},
+        "train": {
+            "micro_batch_size": 1,
+            "global_batch_size": -(-256 // world) * world,
+            "seq_length": seq,
+            "train_iters": 1000,
+            "lr": 3e-4,
+            "min_lr": 3e-5,
+            "lr_decay_style": "cosine",
+            "lr_warmup_iters": 100,
+        },
+        "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": model["vocab_size"] - 1}},
+        "checkpoint": {"save": f"runs/{name}/checkpoints", "save_interval": 500},
+        "cluster": {"gpu": gpu, "gpus_per_node": gpus_per_node, "nodes": nodes},
+        "logging": {"log_interval": 10, "tensorboard_dir": f"runs/{name}/tensorboard"},
+    }
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(SpecIssue("--set", "expected section.key=value", value=item,
+                                      hint="e.g. --set train.seq_length=2048", rule="set"))
+            continue
+        try:
+            set_dotted(data, key.strip(), parse_set_value(text.strip()))
+        except ValueError as exc:
+            problems.append(SpecIssue(key.strip(), str(exc), value=item, rule="set"))
+    if problems:
+        raise SpecError(problems)
+    header = (
+        f"# {name}: written by `dlmspec new --preset {preset}`.\n"
+        "# It trains on random tokens (data.mock) so it runs as is. For real data, prepare an indexed\n"
+        "# dataset (`dlmspec data prepare`), then set in [data]: mock = false,\n"
+        '#   train = ["PREFIX_text_document"], and [data.tokenizer] type/model of the model\'s tokenizer.\n'
+        "# `dlmspec show --presets` lists presets; `dlmspec check` checks this file.\n\n"
+    )
+    return header + tomli_w.dumps(data)
+
+
+@app.command()
+def new(
+    output: str = typer.Argument(..., help="Spec file to write (.toml)."),
+    preset: str = typer.Option(..., "--preset", "-p", help="Model preset (dlmspec show --presets)."),
+    objective: str = typer.Option("mdm", "--objective", help="mdm (masked diffusion) or ar."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU catalog id (dlmspec show --gpus)."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per node."),
+    seq_length: Optional[int] = typer.Option(None, "--seq-length", min=1, help="Default: min(4096, the preset's context)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+) -> None:
+    """Write a starter spec for a model preset; it is checked before it is written."""
+    target = Path(output)
+    if objective not in ("mdm", "ar"):
+        raise SpecError([SpecIssue("--objective", "not an objective", value=objective, hint="use mdm or ar",
+                                   rule="arguments")])
+    if target.exists() and not force:
+        raise SpecError([SpecIssue("<output>", "the file exists and would be overwritten", value=output,
+                                   hint="pass --force, or choose another file name", rule="output-file")])
+    name = target.stem.replace(".", "-") or "dlmspec-run"
+    text = starter_spec(name, preset, objective=objective, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node,
+                        seq_length=seq_length, overrides=set_)
+    loaded = load_text(text, name=target.name)
+    resolved = resolve(loaded.spec)
+    issues = spec_issues(loaded, resolved)
+    for issue in issues:  # the text is not written yet: point at the command line instead
+        issue.file, issue.line = f"{output} (not written)", None
+        if issue.severity == "error" and issue.hint and not issue.key.startswith(("<", "-")):
+            issue.hint += " (pass changes to `dlmspec new` as --set section.key=value)"
+    if any(i.severity == "error" for i in issues):
+        raise SpecError(issues)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([SpecIssue("<output>", f"cannot write the file: {exc.strerror or exc}", value=output,
+                                   hint="choose a writable path", rule="output-file")]) from None
+    report_warnings(issues)
+    stdout().print(Text(f"wrote {output}: {human_count(resolved.params.total)} parameters; "
+                        f"next: dlmspec check {output}"))
+
+
+@app.command("compile")
+def compile_command(
+    spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
+    output: str = typer.Option(..., "--output", "-o", help="Directory for train.py, launch.sh, launch.sbatch, "
+                               "spec.lock.toml and plan.json (created if missing)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty directory: replace the files "
+                               "dlmspec generates, keep the others."),
+) -> None:
+    """Compile a spec into a directory that runs it (dlmspec.compile).
+
+    The spec is checked first (as by `dlmspec check`); nothing is written when it has an error.
+    The same spec always gives the same bytes.
+    """
+    from dlmspec.compile import compile_spec
+
+    result = compile_spec(spec, output, overrides=set_, force=force)
+    report_warnings(result.warnings)
+    names = ", ".join(p.name for p in result.files)
+    stdout().print(Text(f"compiled {result.resolved.spec.name} ({result.content_hash[:19]}) into {output}: {names}"))
+    launch = Path(output) / "launch.sh"
+    stdout().print(Text(f"run it from the directory the spec's relative paths refer to: bash {launch}"))
+
+
+@app.command("submit")
+def submit_command(
+    targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each job "
+                                        "starts after the previous one succeeds (--dependency=afterok)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Where to compile a spec (several specs: "
+                                         "one subdirectory each, by file name). Default: compiled/<spec file stem>."),
+    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
+    force: bool = typer.Option(False, "--force", help="Replace the generated files of a directory that holds "
+                               "another compile."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands (as bash) and do nothing."),
+    check: Optional[str] = typer.Option(None, "--check", help="CPU check run instead of training: env "
+                                        "(rendezvous, ranks, environment; JSON report) or train (simulated "
+                                        "preemptible job). Sets DLMSPEC_CHECK_MODE."),
+    sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra sbatch option, e.g. "
+                                         "--sbatch-arg=--hold (repeatable)."),
+) -> None:
+    """Submit specs (compiled first) or compiled directories to SLURM with sbatch (dlmspec.slurm).
+
+    Run it from the directory the specs' relative paths refer to: the jobs start there.
+
+    Exit code 2 when a spec is invalid, sbatch is missing, or sbatch refuses a script.
+    """
+    from dlmspec.slurm import submit
+
+    submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
+           sbatch_args=sbatch_arg, echo=lambda line: stdout().print(Text(line)))
+
+
+@app.command("plan")
+def plan_command(
+    ctx: typer.Context,
+    spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the plan (or search) as JSON on stdout."),
+    search: bool = typer.Option(False, "--search", help="Rank the parallel layouts that fit, fastest first."),
+    top: int = typer.Option(5, "--top", help="Layouts to print with --search."),
+) -> None:
+    """Per-GPU memory, step time and MFU of a spec (dlmspec.plan); --search finds layouts that fit.
+
+    Exit code 2 when the spec has an error, when its peak memory exceeds the GPU (the plan and
+    what would make it fit are printed), or when --search finds no layout.
+    """
+    from dlmspec.plan.cli import run_plan
+
+    run_plan(ctx, spec, set_, json_output, search, top)
+
+
+from dlmspec import data_prepare as _data_prepare  # noqa: E402  (typer sub-app; imports no torch)
+
+app.add_typer(_data_prepare.app, name="data", help="Data tools: `dlmspec data prepare` (JSONL to Megatron indexed datasets).")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``[project.scripts] dlmspec``). Returns the exit code."""
+    try:
+        app(args=argv, prog_name="dlmspec", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m dlmspec.cli`
+    sys.exit(main())
