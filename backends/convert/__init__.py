@@ -1,0 +1,27 @@
+"""Checkpoint conversion between Hugging Face and megatron-core (dlmspec).
+
+Public API:
+
+* :class:`ModelDims` (``backends.convert.dims``) — plain dimensions + family, frozen dataclass.
+* :func:`hf_to_mcore`, :func:`mcore_to_hf`, :func:`verify` (``backends.convert.api``).
+* :class:`ConversionError` — every failure the converter reports.
+* Layout helpers (``backends.convert.layout``): fused QKV / fc1, TP split and merge,
+  vocabulary padding.
+* Name/config mapping (``backends.convert.families``), HF I/O (``hf_io``), megatron
+  dist-checkpoint I/O (``mcore_io``), CPU GPTModel construction (``mcore_model``).
+"""
+
+from backends.convert.api import VerifyResult, hf_to_mcore, mcore_to_hf, verify
+from backends.convert.dims import FAMILIES, ModelDims, padded_vocab_size
+from backends.convert.errors import ConversionError
+
+__all__ = [
+    "FAMILIES",
+    "ConversionError",
+    "ModelDims",
+    "VerifyResult",
+    "hf_to_mcore",
+    "mcore_to_hf",
+    "padded_vocab_size",
+    "verify",
+]

@@ -1,0 +1,257 @@
+"""The converter's public API: ``hf_to_mcore``, ``mcore_to_hf``, ``verify``.
+
+Everything runs on CPU in one process; importing this module needs neither CUDA nor an
+initialised ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends.convert import families, hf_io, mcore_io, mcore_model
+from backends.convert.dims import ModelDims
+from backends.convert.errors import ConversionError
+
+PathLike = str | os.PathLike[str]
+
+
+def _dims_for(config: dict[str, Any], dims: ModelDims | None, *, make_vocab_size_divisible_by: int, tp: int,
+              padded_vocab: int | None) -> ModelDims:
+    derived = families.dims_from_hf_config(
+        config, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp, padded_vocab=padded_vocab
+    )
+    if dims is None:
+        return derived
+    if dims.family != derived.family:
+        raise ConversionError(
+            f"dims.family={dims.family!r} but the checkpoint config is {derived.family!r}",
+            tensor="family",
+            expected=derived.family,
+        )
+    return dims
+
+
+def hf_to_mcore(
+    src: PathLike,
+    dst: PathLike,
+    *,
+    dims: ModelDims | None = None,
+    make_vocab_size_divisible_by: int = 128,
+    tp: int = 1,
+    padded_vocab: int | None = None,
+    dtype: torch.dtype | None = None,
+    spec: str = "local",
+    layer_layout: str = "stacked",
+    overwrite: bool = False,
+) -> ModelDims:
+    """Convert a Hugging Face safetensors checkpoint into a megatron-core dist checkpoint.
+
+    Args:
+        src: HF checkpoint directory (``config.json`` + ``model.safetensors`` or shards with
+            ``model.safetensors.index.json``).
+        dst: dist-checkpoint directory to create (written to a temporary sibling, then renamed).
+        dims: target dimensions; default: derived from ``src/config.json``. When given, the
+            checkpoint's tensors are checked against them (a shape disagreeing with the target
+            config raises).
+        make_vocab_size_divisible_by: vocabulary padding multiple (with ``tp``) when ``dims``
+            is derived.
+        tp: the tensor-parallel size padding is computed for (the checkpoint itself loads
+            at any TP).
+        padded_vocab: explicit padded vocabulary size when ``dims`` is derived.
+        dtype: cast floating-point tensors (default: keep the stored dtype).
+        spec: layer-norm naming used internally (``"local"``/``"te"``); the files are the same.
+        layer_layout: ``"stacked"`` (megatron default) or ``"per_layer"``.
+        overwrite: replace an existing ``dst``.
+
+    Returns:
+        The :class:`ModelDims` written into the checkpoint's sidecar.
+
+    Raises:
+        ConversionError: unknown family, unsupported config feature, a missing/unexpected
+            tensor or a tensor whose shape disagrees with the target config (named), ``dst``
+            exists.
+    """
+    config = hf_io.read_hf_config(src)
+    dims = _dims_for(config, dims, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp,
+                     padded_vocab=padded_vocab)
+    reader = hf_io.SafetensorsReader(src)
+    state = families.hf_to_mcore_state_dict(reader, dims, spec=spec)
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    mcore_io.save_mcore_checkpoint(dst, state, dims, spec=spec, layer_layout=layer_layout, hf_config=config,
+                                   overwrite=overwrite)
+    return dims
+
+
+def mcore_to_hf(
+    src: PathLike,
+    dst: PathLike,
+    *,
+    dims: ModelDims | None = None,
+    hf_config: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = hf_io.DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> ModelDims:
+    """Convert a megatron-core dist checkpoint into a Hugging Face safetensors checkpoint.
+
+    Args:
+        src: dist-checkpoint directory (or a Megatron-LM save dir with
+            ``latest_checkpointed_iteration.txt``).
+        dst: HF directory to create (temporary sibling, then renamed).
+        dims: model dimensions; default: the sidecar ``hf_to_mcore`` wrote.
+        hf_config: ``config.json`` to start from (token ids, ``auto_map``...); default: the
+            one remembered in the sidecar. Dimensions always come from ``dims``.
+        dtype: cast floating-point tensors (default: keep the stored dtype).
+        max_shard_bytes: safetensors shard size limit.
+        overwrite: replace an existing ``dst``.
+
+    Returns:
+        The :class:`ModelDims` used.
+
+    Raises:
+        ConversionError: no dims available, a tensor missing from the checkpoint or shaped
+            unlike ``dims`` (named), ``dst`` exists.
+    """
+    sidecar = mcore_io.read_sidecar(src) or {}
+    state, dims = mcore_io.load_mcore_checkpoint(src, dims)
+    hf_state = families.mcore_to_hf_state_dict(state, dims)
+    base = hf_config if hf_config is not None else sidecar.get("hf_config") or None
+    config = families.hf_config_from_dims(dims, base)
+    hf_io.write_hf_checkpoint(dst, hf_state, config, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                              overwrite=overwrite)
+    return dims
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of :func:`verify`.
+
+    Attributes:
+        family: model family.
+        max_abs_diff: ``max |hf_logits - megatron_logits|`` over ``[batch, seq, vocab]``.
+        atol: tolerance used.
+        ok: ``max_abs_diff <= atol``.
+        reference: what produced the Hugging Face logits (class name).
+        tokens: the ``[batch, seq]`` token ids used.
+    """
+
+    family: str
+    max_abs_diff: float
+    atol: float
+    ok: bool
+    reference: str
+    tokens: list[list[int]]
+
+
+#: LLaDA and Dream are remote-code models; their computation (with causal attention) is that
+#: of these transformers classes, which serve as the logit reference.
+_STAND_INS = {"llada": "llama", "dream": "qwen2"}
+
+
+def hf_reference_model(hf_path: PathLike, dims: ModelDims) -> torch.nn.Module:
+    """The fp32 ``transformers`` model whose logits :func:`verify` compares against.
+
+    Families in ``transformers`` load with ``AutoModelForCausalLM.from_pretrained``. LLaDA
+    loads into ``LlamaForCausalLM`` and Dream into ``Qwen2ForCausalLM`` (same math with causal
+    attention; their own bidirectional attention is a runtime choice, not a weight property).
+
+    Raises:
+        ConversionError: the checkpoint does not match ``dims``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if dims.family not in _STAND_INS:
+        return AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32).eval()
+    stand_in = dataclasses.replace(dims, family=_STAND_INS[dims.family], qk_layernorm=False)
+    mcore_state = families.hf_to_mcore_state_dict(hf_io.SafetensorsReader(hf_path), dims)
+    state = families.mcore_to_hf_state_dict(mcore_state, stand_in)
+    config = families.hf_config_from_dims(stand_in)
+    from transformers import AutoConfig
+
+    model_type = config.pop("model_type")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config), dtype=torch.float32)
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    missing = [k for k in missing if not (dims.tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ConversionError(f"stand-in model mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}",
+                              tensor=(missing or unexpected)[0], expected=None)
+    if dims.tied:
+        model.tie_weights()
+    return model.eval()
+
+
+def verify(
+    hf_path: PathLike,
+    mcore_path: PathLike,
+    *,
+    dims: ModelDims | None = None,
+    batch: int = 2,
+    seq_len: int = 16,
+    seed: int = 0,
+    atol: float = 1e-4,
+) -> VerifyResult:
+    """Compare logits of the HF checkpoint and the megatron checkpoint on the same tokens.
+
+    Builds megatron's GPTModel (local spec, fp32, CPU, world size 1) with the checkpoint's
+    weights and the fp32 HF reference (:func:`hf_reference_model`), feeds both the same
+    random tokens with causal attention and compares logits over the real vocabulary.
+
+    Args:
+        hf_path: HF checkpoint directory.
+        mcore_path: dist-checkpoint directory.
+        dims: dimensions (default: the megatron checkpoint's sidecar, else the HF config).
+        batch: sequences.
+        seq_len: tokens per sequence.
+        seed: token RNG seed.
+        atol: tolerance on the max absolute logit difference.
+
+    Returns:
+        :class:`VerifyResult` (``ok`` tells whether the difference is within ``atol``).
+
+    Raises:
+        ConversionError: MoE models (megatron's router cannot run on CPU; use
+            ``bench/convert/verify_gpu.py``), or checkpoints that disagree with ``dims``.
+    """
+    from megatron.core import parallel_state
+
+    if dims is None:
+        sidecar = mcore_io.read_sidecar(mcore_path)
+        dims = (ModelDims.from_dict(sidecar["dims"]) if sidecar
+                else families.dims_from_hf_config(hf_io.read_hf_config(hf_path)))
+    if dims.is_moe:
+        raise ConversionError(mcore_model.MOE_CPU_REASON, tensor="mlp.router.weight", expected="a CUDA device")
+    reference = hf_reference_model(hf_path, dims)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, dims.vocab_size, (batch, seq_len), generator=gen)
+    with torch.no_grad():
+        hf_logits = reference(input_ids=tokens).logits.float()
+    state, dims = mcore_io.load_mcore_checkpoint(mcore_path, dims)
+    with mcore_io.process_group():
+        own_mp = not parallel_state.model_parallel_is_initialized()
+        if own_mp:
+            parallel_state.initialize_model_parallel(1, 1)
+        try:
+            model = mcore_model.build_gpt_model(dims, params_dtype=torch.float32, cpu=True)
+            mcore_model.load_into_model(model, state)
+            mcore_model.enable_cpu_forward(model, batch, seq_len)
+            mc_logits = mcore_model.megatron_logits(model, tokens)[..., : dims.vocab_size].float()
+        finally:
+            mcore_model.disable_cpu_forward()
+            if own_mp:
+                parallel_state.destroy_model_parallel()
+    diff = float((hf_logits - mc_logits).abs().max())
+    return VerifyResult(
+        family=dims.family,
+        max_abs_diff=diff,
+        atol=atol,
+        ok=diff <= atol,
+        reference=type(reference).__name__,
+        tokens=tokens.tolist(),
+    )

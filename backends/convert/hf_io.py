@@ -1,0 +1,177 @@
+"""Read and write Hugging Face safetensors checkpoints (single file or sharded with index)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from backends.convert._atomic import atomic_directory
+from backends.convert.errors import ConversionError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed ``config.json`` of the checkpoint directory ``path``.
+
+    Raises:
+        ConversionError: no readable ``config.json`` there.
+    """
+    cfg = Path(path) / CONFIG_NAME
+    try:
+        return json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConversionError(f"cannot read {cfg}: {exc}", tensor=str(cfg), expected="a JSON config") from exc
+
+
+class SafetensorsReader(Mapping[str, torch.Tensor]):
+    """Lazy ``name -> tensor`` view of a Hugging Face safetensors checkpoint directory.
+
+    Accepts ``model.safetensors.index.json`` plus shards, a single ``model.safetensors``, or
+    exactly one other ``*.safetensors`` file. Tensors are read on ``__getitem__`` (CPU, the
+    stored dtype); :meth:`get_shape` reads only the header.
+
+    Raises:
+        ConversionError: no safetensors file, an index naming a missing shard, or a tensor
+            listed in the index but absent from its shard.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        index = self.path / INDEX_NAME
+        if index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            self._where = {name: self.path / fname for name, fname in weight_map.items()}
+        else:
+            files = [self.path / SINGLE_NAME] if (self.path / SINGLE_NAME).is_file() else sorted(self.path.glob("*.safetensors"))
+            if len(files) != 1:
+                raise ConversionError(
+                    f"{self.path} has no {INDEX_NAME} and {len(files)} *.safetensors files "
+                    "(pytorch_model.bin checkpoints are not read; convert them to safetensors first)",
+                    tensor=str(self.path),
+                    expected="model.safetensors or an index with shards",
+                )
+            with safe_open(str(files[0]), framework="pt") as f:
+                self._where = {name: files[0] for name in f.keys()}
+        self._handles: dict[Path, Any] = {}
+        for fname in set(self._where.values()):
+            if not fname.is_file():
+                raise ConversionError(
+                    f"shard {fname.name} listed in {INDEX_NAME} is missing",
+                    tensor=str(fname),
+                    expected="an existing shard file",
+                )
+
+    def _handle(self, fname: Path) -> Any:
+        if fname not in self._handles:
+            self._handles[fname] = safe_open(str(fname), framework="pt")
+        return self._handles[fname]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(name)
+        try:
+            return self._handle(self._where[name]).get_tensor(name)
+        except Exception as exc:  # safetensors raises its own error type for a missing name
+            raise ConversionError(
+                f"tensor {name!r} listed for {self._where[name].name} cannot be read: {exc}",
+                tensor=name,
+                expected="present in its shard",
+            ) from exc
+
+    def get_shape(self, name: str) -> tuple[int, ...]:
+        """Shape of ``name`` from the safetensors header, without reading the data."""
+        return tuple(self._handle(self._where[name]).get_slice(name).get_shape())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+def write_hf_checkpoint(
+    dst: str | os.PathLike[str],
+    state_dict: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``state_dict`` and ``config`` as a Hugging Face checkpoint directory.
+
+    Tensors are written in name order into ``model.safetensors`` or, when they exceed
+    ``max_shard_bytes``, into ``model-0000i-of-0000n.safetensors`` shards plus
+    ``model.safetensors.index.json`` (``metadata.total_size`` and ``weight_map``), the layout
+    ``from_pretrained`` reads. Everything is written into a temporary sibling directory that is
+    renamed to ``dst`` only when complete.
+
+    Args:
+        dst: target directory.
+        state_dict: HF name -> tensor.
+        config: ``config.json`` content (see :func:`backends.convert.families.hf_config_from_dims`).
+        dtype: cast floating-point tensors to this dtype (``None`` keeps them).
+        max_shard_bytes: shard size limit.
+        overwrite: replace an existing ``dst``.
+
+    Returns:
+        ``dst`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ConversionError: ``dst`` exists without ``overwrite``.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(state_dict):
+        t = state_dict[name]
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        tensors[name] = _own_storage(t)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    cfg = dict(config)
+    if dtype is not None:
+        cfg["dtype"] = str(dtype).removeprefix("torch.")
+    dst = Path(dst)
+    with atomic_directory(dst, overwrite=overwrite) as tmp:
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})
+        else:
+            weight_map: dict[str, str] = {}
+            for i, shard in enumerate(shards, start=1):
+                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+                weight_map.update({name: fname for name in shard})
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            (tmp / INDEX_NAME).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+            )
+        (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+    return dst

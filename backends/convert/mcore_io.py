@@ -1,0 +1,486 @@
+"""Write and read megatron-core distributed checkpoints (``torch_dist`` format).
+
+The sharded state dict is built with megatron-core 0.16.1's own helpers, mirroring what
+``GPTModel.sharded_state_dict()`` produces, so the runtime can load the checkpoint at any
+TP/PP/EP by calling ``dist_checkpointing.load(model.sharded_state_dict(), path)``:
+
+* tensors are wrapped by ``make_sharded_tensors_for_checkpoint`` with the TP axis megatron
+  uses (``linear_qkv``/embedding/output dim 0, ``linear_proj``/``linear_fc2`` dim 1);
+* gated ``linear_fc1`` (dense, expert and shared expert) goes through
+  ``apply_swiglu_sharded_factory`` exactly as ``MLP.sharded_state_dict`` does, so the
+  checkpoint holds ``[gate; up]`` as one global tensor that any TP re-splits per rank;
+* ``_extra_state`` objects are written as ``None`` (what local-spec linears hold), because a
+  model asking for a ``ShardedObject`` the checkpoint lacks fails to load;
+* decoder layers use megatron's default homogeneous layout (``layer_layout="stacked"``): keys
+  ``decoder.layers.<suffix>`` with a leading layer axis of size ``num_layers``; experts add an
+  expert axis (``decoder.layers.mlp.experts.experts.linear_fc1.weight`` is
+  ``[L, E, 2*f, h]``). ``layer_layout="per_layer"`` writes ``decoder.layers.N.<suffix>`` keys
+  (megatron's ``non_homogeneous_layers`` layout) instead;
+* layer norms use the keys both layer specs map to: ``input_layernorm`` ->
+  ``self_attention.linear_qkv.layer_norm_weight``, dense ``pre_mlp_layernorm`` ->
+  ``mlp.linear_fc1.layer_norm_weight``. For MoE layers the local spec maps
+  ``pre_mlp_layernorm`` to ``mlp.linear_fc1.layer_norm_weight`` while the TE spec keeps
+  ``pre_mlp_layernorm.weight``; both keys are written so either spec loads.
+
+megatron-core's stock save path needs CUDA (``torch.cuda.synchronize`` while staging, a CUDA
+tensor in the finalize broadcast) and ``psutil``. Without CUDA, :func:`save_mcore_checkpoint`
+uses a subclass of ``TorchDistSaveShardedStrategy`` that stages tensors without the CUDA
+sync and finalizes without the CUDA broadcast (world size 1 only); files are identical.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from backends.convert import families
+from backends.convert._atomic import atomic_directory
+from backends.convert.dims import ModelDims
+from backends.convert.errors import ConversionError
+
+SIDECAR_NAME = "dlmspec_convert.json"
+LAYER_LAYOUTS = ("stacked", "per_layer")
+
+
+@contextmanager
+def process_group() -> Iterator[None]:
+    """Ensure a torch.distributed group exists for megatron's checkpoint code.
+
+    If none is initialised, starts a gloo group of world size 1 on a ``HashStore`` (no TCP
+    port) and destroys it on exit; an existing world-size-1 group is reused as is.
+
+    Raises:
+        ConversionError: an existing group has world size > 1 (conversion runs on one process).
+    """
+    created = False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        created = True
+    elif dist.get_world_size() != 1:
+        raise ConversionError(
+            f"checkpoint conversion runs in one process, torch.distributed has world size "
+            f"{dist.get_world_size()}",
+            tensor="torch.distributed",
+            expected="world size 1",
+        )
+    try:
+        yield
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _save_strategy() -> Any:
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+    from megatron.core.dist_checkpointing.strategies.state_dict_saver import _get_failure_dict
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if torch.cuda.is_available():
+        return TorchDistSaveShardedStrategy("torch_dist", 1)
+
+    class _CPUTorchDistSaveShardedStrategy(TorchDistSaveShardedStrategy):
+        """``torch_dist`` saving without CUDA calls (world size 1)."""
+
+        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret):
+            request = super()._get_save_and_finalize_callbacks(writer, save_state_dict_ret)
+            storage_writer, global_metadata, dist_wrapper = save_state_dict_ret
+
+            def finalize() -> None:
+                results = dist_wrapper.gather_object(storage_writer.retrieve_write_results())
+                failures = _get_failure_dict(results)
+                if failures:
+                    raise CheckpointException("write", failures)
+                storage_writer.finish(global_metadata, results)
+
+            preload = request.preload_fn
+            if preload is not None:
+                preload = partial(FileSystemWriterAsync.preload_tensors, writer.write_buckets, False)
+            return request._replace(preload_fn=preload, finalize_fns=[finalize])
+
+    return _CPUTorchDistSaveShardedStrategy("torch_dist", 1)
+
+
+# --------------------------------------------------------------------------------------
+# Sharded state dict construction
+def _groups() -> dict[str, Any]:
+    return {"tp_group": dist.group.WORLD, "dp_cp_group": dist.group.WORLD}
+
+
+def _module(
+    prefix: str,
+    local_prefix: str,
+    tensors: Mapping[str, torch.Tensor | None],
+    tp_axes: Mapping[str, int],
+    offsets: tuple[tuple[int, int, int], ...],
+    gated: tuple[str, ...] = (),
+    extra_state: bool = True,
+) -> dict[str, Any]:
+    """ShardedTensors for one module, keyed by the module's state-dict names."""
+    from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    sd = {k: v for k, v in tensors.items() if v is not None}
+    if extra_state:
+        sd["_extra_state"] = None
+    sharded = make_sharded_tensors_for_checkpoint(sd, prefix, dict(tp_axes), offsets, **_groups())
+    out: dict[str, Any] = {}
+    for name in sd:
+        item = sharded[f"{prefix}{name}"]
+        if name in gated:
+            item = apply_swiglu_sharded_factory(item, offsets)
+        out[f"{local_prefix}{name}"] = item
+    return out
+
+
+def build_sharded_state_dict(
+    state_dict: Mapping[str, torch.Tensor],
+    dims: ModelDims,
+    *,
+    spec: str = "local",
+    layer_layout: str = "stacked",
+    extra_state: bool = True,
+    aliases: bool = True,
+) -> dict[str, Any]:
+    """Megatron ``ShardedStateDict`` of a full (TP=1) GPTModel state dict.
+
+    Args:
+        state_dict: megatron name -> full tensor (names of ``spec``; shapes as
+            :func:`backends.convert.families.expected_mcore_shapes`). For reading, pass
+            empty tensors of the stored shapes and dtypes.
+        dims: model dimensions.
+        spec: layer-norm naming of ``state_dict`` keys.
+        layer_layout: ``"stacked"`` (megatron default) or ``"per_layer"``.
+        extra_state: add ``_extra_state`` ``ShardedObject``\\ s (``None``) for every linear
+            and norm (for writing; reading skips them).
+        aliases: for MoE layers also write the TE-spec key of ``pre_mlp_layernorm``.
+
+    Returns:
+        dict keyed by the ``state_dict`` names (plus ``#te`` alias and ``_extra_state``
+        entries) whose values are ``ShardedTensor``/``ShardedTensorFactory``/``ShardedObject``;
+        must be built inside :func:`process_group`.
+
+    Raises:
+        ConversionError: unknown ``layer_layout`` or ``spec``.
+    """
+    if layer_layout not in LAYER_LAYOUTS:
+        raise ConversionError(f"unknown layer_layout {layer_layout!r}", tensor="layer_layout", expected=LAYER_LAYOUTS)
+    sd = state_dict
+    out: dict[str, Any] = {}
+    out.update(_module("embedding.word_embeddings.", "embedding.word_embeddings.",
+                       {"weight": sd["embedding.word_embeddings.weight"]}, {"weight": 0}, (), extra_state=False))
+    out["embedding.word_embeddings.weight"].allow_shape_mismatch = True
+    out.update(_module("decoder.final_layernorm.", "decoder.final_layernorm.",
+                       {"weight": sd["decoder.final_layernorm.weight"]}, {}, (), extra_state=extra_state))
+    if not dims.tied:
+        out.update(_module("output_layer.", "output_layer.", {"weight": sd["output_layer.weight"]},
+                           {"weight": 0}, (), extra_state=False))
+        out["output_layer.weight"].allow_shape_mismatch = True
+    L = dims.num_layers
+    for i in range(L):
+        n = families.mcore_layer_names(dims, i, spec)
+        lp = f"decoder.layers.{i}."
+        if layer_layout == "stacked":
+            kp, off = "decoder.layers.", ((0, i, L),)
+        else:
+            kp, off = f"decoder.layers.{i}.", ()
+
+        def mod(suffix: str, local: str, tensors: Mapping[str, torch.Tensor | None], axes: Mapping[str, int],
+                offsets: tuple = off, gated: tuple[str, ...] = (), es: bool = extra_state) -> None:
+            out.update(_module(kp + suffix, local, tensors, axes, offsets, gated, es))
+
+        # layer norm fused into linear_qkv in the checkpoint key space (both specs)
+        out.update(_module(kp + "self_attention.linear_qkv.layer_norm_", lp + "input_norm.",
+                           {"weight": sd[n["input_norm"]]}, {}, off, extra_state=False))
+        mod("self_attention.linear_qkv.", lp + "self_attention.linear_qkv.",
+            {"weight": sd[n["qkv"]], "bias": sd.get(n.get("qkv_bias", ""))}, {"weight": 0, "bias": 0})
+        if dims.qk_layernorm:
+            mod("self_attention.q_layernorm.", lp + "self_attention.q_layernorm.", {"weight": sd[n["q_norm"]]}, {})
+            mod("self_attention.k_layernorm.", lp + "self_attention.k_layernorm.", {"weight": sd[n["k_norm"]]}, {})
+        mod("self_attention.linear_proj.", lp + "self_attention.linear_proj.", {"weight": sd[n["proj"]]}, {"weight": 1})
+        out.update(_module(kp + "mlp.linear_fc1.layer_norm_", lp + "pre_mlp_norm.",
+                           {"weight": sd[n["pre_mlp_norm"]]}, {}, off, extra_state=False))
+        if not dims.is_moe:
+            mod("mlp.linear_fc1.", lp + "mlp.linear_fc1.", {"weight": sd[n["fc1"]]}, {"weight": 0}, gated=("weight",))
+            mod("mlp.linear_fc2.", lp + "mlp.linear_fc2.", {"weight": sd[n["fc2"]]}, {"weight": 1})
+            continue
+        if aliases:
+            mod("pre_mlp_layernorm.", lp + "pre_mlp_norm#te.", {"weight": sd[n["pre_mlp_norm"]]}, {})
+        mod("mlp.router.", lp + "mlp.router.", {"weight": sd[n["router"]]}, {}, es=False)
+        E = dims.num_experts
+        for e in range(E):
+            eoff = (*off, (len(off), e, E))
+            ep = f"{lp}mlp.experts.local_experts.{e}."
+            mod("mlp.experts.experts.linear_fc1.", ep + "linear_fc1.", {"weight": sd[n[f"fc1.{e}"]]},
+                {"weight": 0}, offsets=eoff, gated=("weight",))
+            mod("mlp.experts.experts.linear_fc2.", ep + "linear_fc2.", {"weight": sd[n[f"fc2.{e}"]]},
+                {"weight": 1}, offsets=eoff)
+        if dims.shared_expert_ffn_hidden_size:
+            mod("mlp.shared_experts.linear_fc1.", lp + "mlp.shared_experts.linear_fc1.",
+                {"weight": sd[n["shared_fc1"]]}, {"weight": 0}, gated=("weight",))
+            mod("mlp.shared_experts.linear_fc2.", lp + "mlp.shared_experts.linear_fc2.",
+                {"weight": sd[n["shared_fc2"]]}, {"weight": 1})
+    return out
+
+
+def _local_to_state_name(local: str, dims: ModelDims, spec: str) -> str | None:
+    """Map an outer key of :func:`build_sharded_state_dict` back to a state-dict name."""
+    if local.endswith("_extra_state") or "#te." in local:
+        return None
+    if ".input_norm." in local or ".pre_mlp_norm." in local:
+        i = int(local.split(".")[2])
+        slot = "input_norm" if ".input_norm." in local else "pre_mlp_norm"
+        return families.mcore_layer_names(dims, i, spec)[slot]
+    return local
+
+
+# --------------------------------------------------------------------------------------
+# Public I/O
+def save_mcore_checkpoint(
+    dst: str | os.PathLike[str],
+    state_dict: Mapping[str, torch.Tensor],
+    dims: ModelDims,
+    *,
+    spec: str = "local",
+    layer_layout: str = "stacked",
+    hf_config: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a full (TP=1) GPTModel state dict as a megatron-core dist checkpoint.
+
+    The directory holds megatron's files (``.metadata``, ``*.distcp``, ``common.pt``,
+    ``metadata.json``) and ``dlmspec_convert.json`` (the :class:`ModelDims`, layer layout and
+    the source ``config.json``, used by :func:`load_mcore_checkpoint` and ``mcore_to_hf``).
+    It is written into a temporary sibling and renamed to ``dst`` when complete.
+
+    Args:
+        dst: target directory (must not exist unless ``overwrite``).
+        state_dict: megatron name -> full tensor; checked against ``dims`` first.
+        dims: model dimensions.
+        spec: layer-norm naming of ``state_dict``.
+        layer_layout: ``"stacked"`` (default, megatron's homogeneous layout) or ``"per_layer"``.
+        hf_config: the Hugging Face config to remember for the way back.
+        overwrite: replace an existing ``dst``.
+
+    Returns:
+        ``dst`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ConversionError: a missing/unexpected/wrongly shaped tensor, ``dst`` exists, or
+            ``psutil`` (needed by megatron's checkpoint writer) is not installed.
+    """
+    from megatron.core import dist_checkpointing
+
+    families.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
+                           f"megatron-core {dims.family}", ignore=("_extra_state",))
+    if importlib.util.find_spec("psutil") is None:
+        raise ConversionError(
+            "megatron-core's dist-checkpoint writer needs psutil (its worker process dies "
+            "without it and the save hangs); install psutil",
+            tensor="psutil",
+            expected="an installed psutil",
+        )
+    with atomic_directory(dst, overwrite=overwrite) as tmp, process_group():
+        ckpt = tmp / "ckpt"
+        ckpt.mkdir()
+        sharded = build_sharded_state_dict(state_dict, dims, spec=spec, layer_layout=layer_layout)
+        dist_checkpointing.save(sharded, str(ckpt), sharded_strategy=_save_strategy())
+        for entry in ckpt.iterdir():
+            os.replace(entry, tmp / entry.name)
+        ckpt.rmdir()
+        sidecar = {
+            "format_version": 1,
+            "dims": dims.to_dict(),
+            "layer_layout": layer_layout,
+            "hf_config": dict(hf_config or {}),
+        }
+        (tmp / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2, sort_keys=True, default=str) + "\n")
+    return Path(dst)
+
+
+def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
+    """The dist-checkpoint directory at ``path``.
+
+    Accepts the directory itself (holding ``metadata.json``) or a Megatron-LM save directory
+    with ``latest_checkpointed_iteration.txt`` (``release`` or an iteration number).
+
+    Raises:
+        ConversionError: neither layout is found.
+    """
+    path = Path(path)
+    if (path / "metadata.json").is_file():
+        return path
+    tracker = path / "latest_checkpointed_iteration.txt"
+    if tracker.is_file():
+        it = tracker.read_text().strip()
+        sub = path / ("release" if it == "release" else f"iter_{int(it):07d}")
+        if (sub / "metadata.json").is_file():
+            return sub
+    raise ConversionError(
+        f"{path} is not a megatron-core dist checkpoint (no metadata.json)",
+        tensor=str(path),
+        expected="a dist-checkpoint directory",
+    )
+
+
+def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``dlmspec_convert.json`` of a checkpoint written by :func:`save_mcore_checkpoint`, or None."""
+    f = resolve_checkpoint_dir(path) / SIDECAR_NAME
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def load_mcore_checkpoint(
+    path: str | os.PathLike[str],
+    dims: ModelDims | None = None,
+    *,
+    spec: str = "local",
+) -> tuple[dict[str, torch.Tensor], ModelDims]:
+    """Read a megatron-core dist checkpoint back into a full (TP=1) GPTModel state dict.
+
+    Works on checkpoints this module wrote and on ones a GPTModel saved itself (any TP/PP/EP,
+    stacked or per-layer layout, local or TE spec keys); optimizer state and other extra
+    keys are ignored.
+
+    Args:
+        path: checkpoint directory (see :func:`resolve_checkpoint_dir`).
+        dims: model dimensions; default: the ``dlmspec_convert.json`` sidecar.
+        spec: layer-norm naming of the returned state dict.
+
+    Returns:
+        ``(state_dict, dims)``; vocabulary tensors keep the stored padded row count.
+
+    Raises:
+        ConversionError: no dims (no sidecar and none given), a tensor missing from the
+            checkpoint, or a stored shape that disagrees with ``dims`` (named).
+    """
+    from megatron.core import dist_checkpointing
+
+    ckpt = resolve_checkpoint_dir(path)
+    sidecar = read_sidecar(ckpt)
+    if dims is None:
+        if sidecar is None:
+            raise ConversionError(
+                f"{ckpt} has no {SIDECAR_NAME}; pass dims=ModelDims(...)",
+                tensor=SIDECAR_NAME,
+                expected="a sidecar or explicit dims",
+            )
+        dims = ModelDims.from_dict(sidecar["dims"])
+    with process_group():
+        meta = dist_checkpointing.load_tensors_metadata(str(ckpt))
+        if "decoder.layers.self_attention.linear_qkv.weight" in meta:
+            layer_layout = "stacked"
+        elif "decoder.layers.0.self_attention.linear_qkv.weight" in meta:
+            layer_layout = "per_layer"
+        else:
+            raise ConversionError(
+                f"{ckpt} holds no decoder.layers[.0].self_attention.linear_qkv.weight",
+                tensor="decoder.layers.self_attention.linear_qkv.weight",
+                expected="a GPTModel checkpoint",
+            )
+        expected = families.expected_mcore_shapes(dims, spec)
+        empties: dict[str, torch.Tensor] = {}
+        for name, shape in expected.items():
+            dtype = torch.float32
+            key = _sharded_key(name, dims, spec, layer_layout, meta)
+            if key is not None:
+                dtype = meta[key].dtype
+                if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                    stored_rows = meta[key].global_shape[0]
+                    if stored_rows < dims.vocab_size:
+                        raise ConversionError(
+                            f"{key} has {stored_rows} rows in {ckpt}, fewer than vocab_size={dims.vocab_size}",
+                            tensor=key,
+                            expected=f">= {dims.vocab_size} rows",
+                        )
+                    shape = (stored_rows, *shape[1:])
+            empties[name] = torch.empty(shape, dtype=dtype)
+        sharded = build_sharded_state_dict(empties, dims, spec=spec, layer_layout=layer_layout,
+                                           extra_state=False, aliases=False)
+        if dims.is_moe:
+            _prefer_present_norm_key(sharded, meta)
+        _check_present(sharded, meta, ckpt)
+        loaded = dist_checkpointing.load(sharded, str(ckpt))
+    out: dict[str, torch.Tensor] = {}
+    for local, value in loaded.items():
+        name = _local_to_state_name(local, dims, spec)
+        if name is not None:
+            out[name] = value
+    if out["embedding.word_embeddings.weight"].shape[0] != dims.padded_vocab_size:
+        import dataclasses
+
+        dims = dataclasses.replace(dims, padded_vocab_size=out["embedding.word_embeddings.weight"].shape[0])
+    return out, dims
+
+
+def _sharded_key(name: str, dims: ModelDims, spec: str, layer_layout: str, meta: Mapping[str, Any]) -> str | None:
+    """Checkpoint key holding the state-dict tensor ``name`` (None if absent)."""
+    if not name.startswith("decoder.layers."):
+        return name if name in meta else None
+    parts = name.split(".")
+    i = int(parts[2])
+    n = families.mcore_layer_names(dims, i, spec)
+    slot = next(s for s, v in n.items() if v == name)
+    suffix = {
+        "input_norm": ["self_attention.linear_qkv.layer_norm_weight"],
+        "pre_mlp_norm": ["mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"],
+    }.get(slot)
+    if suffix is None:
+        rest = ".".join(parts[3:])
+        rest = rest.replace("mlp.experts.local_experts.", "mlp.experts.experts.", 1)
+        if "mlp.experts.experts." in rest:
+            rest = "mlp.experts.experts." + rest.split(".", 4)[4]
+        suffix = [rest]
+    base = "decoder.layers." if layer_layout == "stacked" else f"decoder.layers.{i}."
+    for s in suffix:
+        if base + s in meta:
+            return base + s
+    return None
+
+
+def _prefer_present_norm_key(sharded: dict[str, Any], meta: Mapping[str, Any]) -> None:
+    """MoE: read ``pre_mlp_layernorm`` from whichever of its two keys the checkpoint has."""
+    for local, item in sharded.items():
+        if ".pre_mlp_norm." in local and item.key not in meta:
+            alt = item.key.replace("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight")
+            if alt in meta:
+                item.key = alt
+
+
+def _check_present(sharded: Mapping[str, Any], meta: Mapping[str, Any], ckpt: Path) -> None:
+    for local, item in sharded.items():
+        if item.key not in meta:
+            raise ConversionError(
+                f"megatron-core checkpoint {ckpt} is missing tensor {item.key!r} (for {local})",
+                tensor=item.key,
+                expected=f"global shape {tuple(getattr(item, 'global_shape', ()) or ())}",
+            )
+        stored = tuple(meta[item.key].global_shape)
+        wanted = _global_shape(item)
+        if wanted is not None and stored != wanted and not getattr(item, "allow_shape_mismatch", False):
+            raise ConversionError(
+                f"megatron-core tensor {item.key!r} has global shape {stored} in {ckpt}, "
+                f"expected {wanted} from the target config",
+                tensor=item.key,
+                expected=wanted,
+            )
+
+
+def _global_shape(item: Any) -> tuple[int, ...] | None:
+    gs = getattr(item, "global_shape", None)
+    if gs is not None:
+        return tuple(gs)
+    # ShardedTensorFactory (gated fc1): build once to learn the global shape
+    built = item.build()
+    if isinstance(built, list):
+        first = built[0]
+        return tuple(first.global_shape)
+    return None
