@@ -381,9 +381,12 @@ def test_launch_sh_passes_shellcheck(tmp_path: Path, changes: dict[str, Any]) ->
 
 def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path) -> None:
     compile_spec(spec_file(tmp_path), tmp_path / "out")
-    python = shutil.which("python3") or "python3"
+    # A Python without site-packages (-S), started outside the checkout: no backends.megatron.
+    python = tmp_path / "python-without-site"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
     run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
-                         cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": python, "PYTHONPATH": ""})
+                         cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": str(python), "PYTHONPATH": ""})
     assert run.returncode == 2 and "cannot import backends.megatron" in run.stderr
 
 
