@@ -310,8 +310,9 @@ def save_mcore_checkpoint(
 def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     """The dist-checkpoint directory at ``path``.
 
-    Accepts the directory itself (holding ``metadata.json``) or a Megatron-LM save directory
-    with ``latest_checkpointed_iteration.txt`` (``release`` or an iteration number).
+    Accepts the directory itself (holding ``metadata.json``), a dlmspec run's checkpoint root
+    (a ``latest`` file naming the ``iter_*`` directory) or a Megatron-LM save directory with
+    ``latest_checkpointed_iteration.txt`` (``release`` or an iteration number).
 
     Raises:
         ConversionError: neither layout is found.
@@ -319,6 +320,9 @@ def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     if (path / "metadata.json").is_file():
         return path
+    latest = path / "latest"  # dlmspec runtime (backends/megatron/training.py): "iter_0000100"
+    if latest.is_file() and (path / latest.read_text().strip() / "metadata.json").is_file():
+        return path / latest.read_text().strip()
     tracker = path / "latest_checkpointed_iteration.txt"
     if tracker.is_file():
         it = tracker.read_text().strip()
