@@ -129,6 +129,45 @@ def mcore_to_hf(
     return dims
 
 
+def megatron_checkpoint_logits(
+    mcore_path: PathLike, tokens: torch.Tensor, *, dims: ModelDims | None = None
+) -> torch.Tensor:
+    """Logits of megatron's GPTModel (local spec, fp32, CPU, world size 1) loaded from a dist
+    checkpoint, with causal attention.
+
+    Args:
+        mcore_path: dist-checkpoint directory.
+        tokens: ``[batch, seq]`` int64 token ids.
+        dims: dimensions (default: the checkpoint's sidecar).
+
+    Returns:
+        ``[batch, seq, vocab_size]`` fp32 logits (padding columns dropped).
+
+    Raises:
+        ConversionError: MoE models (:data:`backends.convert.mcore_model.MOE_CPU_REASON`),
+            checkpoints that disagree with ``dims``.
+    """
+    from megatron.core import parallel_state
+
+    state, dims = mcore_io.load_mcore_checkpoint(mcore_path, dims)
+    if dims.is_moe:
+        raise ConversionError(mcore_model.MOE_CPU_REASON, tensor="mlp.router.weight", expected="a CUDA device")
+    batch, seq_len = tokens.shape
+    with mcore_io.process_group():
+        own_mp = not parallel_state.model_parallel_is_initialized()
+        if own_mp:
+            parallel_state.initialize_model_parallel(1, 1)
+        try:
+            model = mcore_model.build_gpt_model(dims, params_dtype=torch.float32, cpu=True)
+            mcore_model.load_into_model(model, state)
+            mcore_model.enable_cpu_forward(model, batch, seq_len)
+            return mcore_model.megatron_logits(model, tokens)[..., : dims.vocab_size].float()
+        finally:
+            mcore_model.disable_cpu_forward()
+            if own_mp:
+                parallel_state.destroy_model_parallel()
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     """Outcome of :func:`verify`.
@@ -219,8 +258,6 @@ def verify(
         ConversionError: MoE models (megatron's router cannot run on CPU; use
             ``bench/convert/verify_gpu.py``), or checkpoints that disagree with ``dims``.
     """
-    from megatron.core import parallel_state
-
     if dims is None:
         sidecar = mcore_io.read_sidecar(mcore_path)
         dims = (ModelDims.from_dict(sidecar["dims"]) if sidecar
@@ -232,20 +269,7 @@ def verify(
     tokens = torch.randint(0, dims.vocab_size, (batch, seq_len), generator=gen)
     with torch.no_grad():
         hf_logits = reference(input_ids=tokens).logits.float()
-    state, dims = mcore_io.load_mcore_checkpoint(mcore_path, dims)
-    with mcore_io.process_group():
-        own_mp = not parallel_state.model_parallel_is_initialized()
-        if own_mp:
-            parallel_state.initialize_model_parallel(1, 1)
-        try:
-            model = mcore_model.build_gpt_model(dims, params_dtype=torch.float32, cpu=True)
-            mcore_model.load_into_model(model, state)
-            mcore_model.enable_cpu_forward(model, batch, seq_len)
-            mc_logits = mcore_model.megatron_logits(model, tokens)[..., : dims.vocab_size].float()
-        finally:
-            mcore_model.disable_cpu_forward()
-            if own_mp:
-                parallel_state.destroy_model_parallel()
+    mc_logits = megatron_checkpoint_logits(mcore_path, tokens, dims=dims)
     diff = float((hf_logits - mc_logits).abs().max())
     return VerifyResult(
         family=dims.family,
