@@ -186,12 +186,18 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
       (and the q/k norm inputs) are views of it (megatron-core
       ``SelfAttention.get_query_key_value_tensors`` splits by ``torch.split``).
     * ``qk_norm_stats``: fp32 ``rstd`` per head row of q/k norm.
+    * ``qk_norm_query_copy``: with q/k norm and more than one query group per TP rank (and
+      ``a > g``), ``query.reshape`` of the split QKV view is a copy, which ``q_layernorm`` saves:
+      ``y*T*a*d/t``.
     * ``rotated_qk``: RoPE (and/or q/k norm) write new q and k: ``y*T*(a+g)d/t``.
+    * ``rope_cos_sin``: unfused RoPE (``apply_rope_fusion=False``) saves the ``[s, 1, 1, d_rot]``
+      cos and sin it multiplies q and k by: ``4*y*(s/cp)*d_rot`` (megatron-core
+      ``_apply_rotary_pos_emb_bshd``).
     * ``attention_output``: SDPA/flash output ``y*T*a*d/t`` and its fp32 log-sum-exp ``4*T*a/t``
-      (FlashAttention-2, Dao 2023: O and L are what backward needs; no ``s*s`` matrix).
-    * ``attention_output_copy``: local+sdpa only: ``[b,np,s,hn] -> [s,b,np*hn]`` is a copy
-      for ``b > 1`` (``backends/megatron/attention.py``), saved by ``linear_proj``; with fp8
-      TE the fp8 cast ``linear_proj`` saves.
+      (FlashAttention-2, Dao 2023: O and L are what backward needs; no ``s*s`` matrix). The
+      ``[b,np,s,hn] -> [s,b,np*hn]`` reshape is a view (the kernels write ``[b,s,np,hn]``), so
+      ``linear_proj`` saves the same storage.
+    * ``attention_output_copy``: with fp8 TE, the fp8 cast of ``linear_proj``'s input.
     * ``attention_mask_path``: local+sdpa with a mask (block-causal, or MDM sequences cut by
       ``variable_length_prob``): SDPA's memory-efficient kernel saves the additive mask
       (``y*s*s`` per layer, ``y*b*s*s`` for the per-sequence key-padding mask) and the
@@ -221,16 +227,14 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
         "qkv_input": y8 * T * h / r,
         "qkv_output": y * T * (a + 2 * g) * d / t,
         "qk_norm_stats": stat * T * (a + g) / t if shape.qk_norm else 0.0,
+        "qk_norm_query_copy": y * T * a * d / t if (shape.qk_norm and g // t > 1 and a > g) else 0.0,
         "rotated_qk": y * T * (a + g) * d / t if (shape.rope or shape.qk_norm) else 0.0,
+        "rope_cos_sin": 4 * y * lay.seq / lay.cp * shape.rotary_dim if shape.rope else 0.0,
         "attention_output": y * T * a * d / t + 4 * T * a / t,
-        "attention_output_copy": 0.0,
+        "attention_output_copy": T * a * d / t if lay.fp8 else 0.0,
         "attention_mask_path": 0.0,
         "dropout_masks": 2 * T * h / r if shape.hidden_dropout > 0 else 0.0,
     }
-    if local and lay.micro_batch > 1:
-        terms["attention_output_copy"] = y * T * a * d / t
-    elif lay.fp8:
-        terms["attention_output_copy"] = T * a * d / t
     if local:
         s_local = lay.seq / lay.cp
         mask = 0.0
@@ -316,7 +320,7 @@ def layer_terms(shape: ModelShape, lay: Layout) -> LayerTerms:
     y = DTYPE_BYTES[lay.dtype]
     T = lay.micro_batch * lay.seq / lay.cp
     lse = 4 * T * shape.heads / lay.tp
-    copied = lay.impl != "transformer_engine" and lay.micro_batch > 1
+    copied = False  # linear_proj saves a view of the SDPA output (see layer_activation_terms)
     dense = layer_activation_terms(shape, lay, False)
     moe = layer_activation_terms(shape, lay, True) if shape.is_moe else {}
     if lay.recompute == "selective":

@@ -29,7 +29,8 @@ class ModelShape:
         gated: SwiGLU/GeGLU (``linear_fc1`` is ``[2f, h]``).
         layernorm: LayerNorm (weight + bias) instead of RMSNorm (weight only).
         qk_norm: per-head q/k normalisation (Qwen3).
-        rope: rotary position embeddings.
+        rope: rotary position embeddings; rotary_dim: rotated channels per head
+            (``kv_channels * rotary_percent``).
         learned_positions: learned absolute position embedding rows (``max_position``).
         tied: input embedding and output layer share one matrix.
         num_experts, topk, expert_ffn, shared_ffn: MoE sizes (0 for a dense model).
@@ -63,6 +64,7 @@ class ModelShape:
     layernorm: bool
     qk_norm: bool
     rope: bool
+    rotary_dim: int
     learned_positions: int
     tied: bool
     num_experts: int
@@ -228,6 +230,7 @@ def model_shape(resolved: Resolved) -> ModelShape:
         layernorm=m.normalization == "LayerNorm",
         qk_norm=m.qk_layernorm,
         rope=m.position_embedding_type == "rope",
+        rotary_dim=int(d * m.rotary_percent),
         learned_positions=m.max_position_embeddings if m.position_embedding_type == "learned_absolute" else 0,
         tied=not m.untie_embeddings_and_output_weights,
         num_experts=m.num_experts or 0,

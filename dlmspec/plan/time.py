@@ -133,7 +133,7 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     (forward + backward), counted per kernel as reads + writes of its operands:
     RMSNorm/LayerNorm 5 (forward read/write, backward read x, dy, write dx) per element, two
     per layer; residual adds 6 (two per layer); RoPE 12 and q/k norm 5 per q/k element; the
-    fused SwiGLU 8 (GELU 5) per ``f`` element; SDPA output copy 4; dropout 10 per element
+    fused SwiGLU 8 (GELU 5) per ``f`` element; dropout 10 per element
     with dropout; MoE permute/unpermute 8 per routed token copy; the local path's weight-
     gradient accumulation into ``main_grad`` (bf16 gradient written and read, fp32 read and
     written: ``2y + 8`` per weight); the embedding's dense gradient (``2y + 8`` per entry); the
@@ -150,8 +150,6 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
         per_tok += 12 * (a + g) * d * y / t
     if shape.qk_norm:
         per_tok += 5 * (a + g) * d * y / t
-    if local and lay.micro_batch > 1:
-        per_tok += 4 * a * d * y / t
     if shape.hidden_dropout > 0:
         per_tok += 20 * h * y / r
     act = 8 if shape.gated else 5

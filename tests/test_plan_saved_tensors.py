@@ -1,0 +1,145 @@
+"""The planner's per-layer activation terms against what autograd actually saves.
+
+Builds megatron-core GPT models with this project's local layer spec
+(``backends/megatron/layers.py``: megatron-core local modules + SDPA core attention) on CPU in a
+one-process gloo world, runs a forward pass with the loss, and records every tensor autograd
+saves for backward (``torch.autograd.graph.saved_tensors_hooks``), counting each storage once and
+leaving out parameters. The bytes one transformer layer adds (a 2-layer model minus a 1-layer
+model) must equal :func:`dlmspec.plan.memory.layer_activation_terms`; what the 1-layer model
+saves besides its layer must equal the planner's output-side terms plus the loss's fp32 softmax.
+
+Two differences between this CPU run and a GPU run are removed: megatron's RoPE asks for
+``torch.cuda.current_device()`` (patched to CPU, as ``tests/test_runtime_model.py`` does), and
+PyTorch's CPU build computes RMSNorm with a composite implementation that saves fp32 copies,
+while on CUDA ``rms_norm`` runs the fused ``_fused_rms_norm`` kernel, which saves the input and
+the fp32 ``rstd`` - emulated here with an autograd function that saves exactly those.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from dlmspec.plan.memory import layer_activation_terms  # noqa: E402
+from dlmspec.plan.shape import layout, model_shape  # noqa: E402
+from dlmspec.resolve import resolve  # noqa: E402
+from dlmspec.spec import Spec  # noqa: E402
+
+H, FFN, HEADS, KV, VOCAB, SEQ = 64, 256, 4, 16, 1024, 256
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """Saves what CUDA's ``_fused_rms_norm`` saves: the input, fp32 rstd and the weight."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        out = (xf * rstd).to(x.dtype)
+        return out * weight if weight is not None else out
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - forward-only measurement
+        raise NotImplementedError
+
+
+def _rms_norm(x, normalized_shape, weight=None, eps=None):
+    return _FusedRMSNorm.apply(x, weight, 1e-6 if eps is None else eps)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_megatron(tmp_path_factory):
+    from megatron.core import parallel_state
+
+    created = False
+    if not dist.is_initialized():
+        store = tmp_path_factory.mktemp("pg") / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        created = True
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
+        mp.setattr(F, "rms_norm", _rms_norm)
+        parallel_state.initialize_model_parallel(1, 1)
+        torch.manual_seed(0)
+        yield
+        parallel_state.destroy_model_parallel()
+    if created:
+        dist.destroy_process_group()
+
+
+def _saved_bytes(layers: int, groups: int, qk_norm: bool, attention: str, batch: int) -> int:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from backends.megatron.layers import build_layer_spec, build_model
+
+    config = TransformerConfig(
+        num_layers=layers, hidden_size=H, ffn_hidden_size=FFN, num_attention_heads=HEADS, num_query_groups=groups,
+        kv_channels=KV, normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, qk_layernorm=qk_norm, hidden_dropout=0.0, attention_dropout=0.0,
+        use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
+        # what dlmspec.compile writes into train.py for SwiGLU
+        bias_activation_fusion=True, bias_dropout_fusion=True, masked_softmax_fusion=False, apply_rope_fusion=False,
+        gradient_accumulation_fusion=False, calculate_per_token_loss=True,
+    )
+    spec = build_layer_spec(attention=attention, qk_layernorm=qk_norm, use_transformer_engine=False)
+    model = build_model(config, layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+                        position_embedding_type="rope", rotary_base=10000, ddp_config=None)[0]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    tokens = torch.randint(0, VOCAB, (batch, SEQ))
+    positions = torch.arange(SEQ).expand(batch, SEQ)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(tokens, positions, None, labels=tokens)
+    return sum(seen.values())
+
+
+def _planned(groups: int, qk_norm: bool, attention: str, batch: int):
+    spec = Spec.model_validate({
+        "model": {"num_layers": 1, "hidden_size": H, "ffn_hidden_size": FFN, "num_attention_heads": HEADS,
+                  "num_query_groups": groups, "kv_channels": KV, "vocab_size": VOCAB, "max_position_embeddings": SEQ,
+                  "qk_layernorm": qk_norm, "transformer_impl": "local"},
+        "objective": {"kind": "ar" if attention == "causal" else "mdm", "attention_mask": attention,
+                      "variable_length_prob": 0.0, "mask_token_id": 0},
+        "train": {"micro_batch_size": batch, "global_batch_size": batch, "seq_length": SEQ},
+        "cluster": {"gpu": "h100", "gpus_per_node": 1},
+    })
+    r = resolve(spec)
+    return model_shape(r), layout(r)
+
+
+@pytest.mark.parametrize(
+    "groups,qk_norm,attention,batch",
+    [
+        (2, False, "causal", 2),
+        (2, True, "bidirectional", 3),
+        (4, True, "bidirectional", 1),  # MHA: the query reshape is a view
+        (1, True, "causal", 2),  # MQA
+    ],
+)
+def test_layer_terms_equal_saved_tensors(groups, qk_norm, attention, batch):
+    one = _saved_bytes(1, groups, qk_norm, attention, batch)
+    two = _saved_bytes(2, groups, qk_norm, attention, batch)
+    shape, lay = _planned(groups, qk_norm, attention, batch)
+    terms = layer_activation_terms(shape, lay, moe=False)
+    assert two - one == sum(terms.values())
+
+    # Outside the layers: the final norm's input and rstd, the output layer's input (the
+    # planner's embedding_output_activations), the fp32 softmax of the cross entropy (4*T*V,
+    # part of loss_logits), and int64 ids and targets + the bool target mask of the loss.
+    T = batch * SEQ
+    outside = (2 * T * H + 4 * T) + 2 * T * H
+    loss = 4 * T * VOCAB + 8 * T + 8 * T + T
+    assert one - sum(terms.values()) == outside + loss
