@@ -238,6 +238,27 @@ def test_megatron_optimizer_step():
     assert any(not torch.equal(a, b) for a, b in zip(before, model[0].parameters()))
 
 
+def test_resumed_adam_steps_are_per_parameter_again():
+    # What megatron-core 0.16.1's DistributedOptimizer.load_state_dict does without
+    # Apex/TE: one step tensor object for every parameter's state.
+    from types import SimpleNamespace
+
+    from backends.megatron.training import _unshare_optimizer_steps
+
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(3)]
+    inner = torch.optim.AdamW(params, lr=1e-3)
+    shared = torch.tensor(20.0)
+    state = inner.state_dict()
+    state["state"] = {i: {"step": shared, "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)} for i in range(3)}
+    inner.load_state_dict(state)
+    wrapper = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=inner)])
+    assert _unshare_optimizer_steps(wrapper) == 3
+    for p in params:
+        p.grad = torch.ones(4)
+    inner.step()
+    assert [float(inner.state[p]["step"]) for p in params] == [21.0, 21.0, 21.0]
+
+
 def test_exit_signal_watcher_and_requeue_code():
     watcher = ExitSignalWatcher(["SIGUSR1"])
     try:

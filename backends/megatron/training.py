@@ -180,6 +180,10 @@ class CheckpointConfig:
         keep_last: Keep only this many newest checkpoints (``None``: all).
         override_scheduler_on_resume: On resume use this run's schedule
             settings instead of requiring them to equal the checkpoint's.
+        optimizer_sharding: ``"dp_reshardable"`` (fast; on resume only the
+            data-parallel size may change) or ``"fully_reshardable"`` (resume
+            with any parallel layout) - megatron's ``DistributedOptimizer``
+            checkpoint formats.
     """
 
     save_dir: Optional[str] = None
@@ -191,6 +195,7 @@ class CheckpointConfig:
     signal_exit_code: int = REQUEUE_EXIT_CODE
     keep_last: Optional[int] = None
     override_scheduler_on_resume: bool = False
+    optimizer_sharding: str = "dp_reshardable"
 
 
 @dataclass
@@ -746,6 +751,56 @@ def _set_param_sync_hooks(model: List[torch.nn.Module], ddp_config: Optional[Dis
             chunk.disable_forward_pre_hook(param_sync=True)
 
 
+def _optimizer_metadata(sharding: str) -> Dict[str, Any]:
+    if sharding not in ("dp_reshardable", "fully_reshardable"):
+        raise ValueError(f"optimizer_sharding must be 'dp_reshardable' or 'fully_reshardable', got {sharding!r}")
+    # As Megatron-LM passes it (checkpointing.py): no per-optimizer key prefix
+    # for chained optimizers.
+    return {"distrib_optim_sharding_type": sharding, "chained_optim_avoid_prefix": True}
+
+
+def _prime_optimizer_state(optimizer) -> None:
+    """Give a fresh ``DistributedOptimizer`` the state tensors a load fills in.
+
+    Without Apex/TE, ``DistributedOptimizer.state_dict()`` reads Adam's
+    ``step`` from the inner torch optimizer's state, which is empty until the
+    first step, so building the *loading* sharded state dict of a new optimizer
+    fails.  megatron's ``_init_optimizer_states_with_dummy_values`` (one Adam
+    step with zero gradients on the fp32 main weights) creates them; the load
+    then overwrites main weights, moments and ``step`` from the checkpoint.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(opt, DistributedOptimizer) and len(opt.optimizer.state) == 0:
+            opt._init_optimizer_states_with_dummy_values()
+
+
+def _unshare_optimizer_steps(optimizer) -> int:
+    """Give every parameter its own Adam ``step`` tensor again; returns how many were replaced.
+
+    megatron-core 0.16.1's ``DistributedOptimizer.load_state_dict`` (the path
+    without Apex/TE) assigns *one* ``step`` tensor object to the state of every
+    parameter, and torch's Adam increments each parameter's step in place, so
+    after a resume the shared step grew by the number of parameters per
+    optimizer step and Adam's bias corrections ``1 - beta**step`` jumped to 1
+    (an effective learning-rate change of up to ``sqrt(1 - beta2**t) / (1 -
+    beta1**t)``).  Seen on the GPU as a resumed run drifting from the
+    uninterrupted one; cloning restores per-parameter counters.
+    """
+    replaced = 0
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or not hasattr(inner, "state"):
+            continue
+        for state in inner.state.values():
+            step = state.get("step") if isinstance(state, dict) else None
+            if torch.is_tensor(step):
+                state["step"] = step.clone()
+                replaced += 1
+    return replaced
+
+
 def save_checkpoint(
     root: str,
     *,
@@ -757,6 +812,7 @@ def save_checkpoint(
     seed: int,
     metadata: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
+    optimizer_sharding: str = "dp_reshardable",
 ) -> str:
     """Write a megatron distributed checkpoint and then the ``latest`` tracker.
 
@@ -765,6 +821,11 @@ def save_checkpoint(
     scheduler state, ``iteration``, ``consumed_train_samples``, ``seed`` and the
     per-rank RNG states; rank 0 also writes ``dlmspec.json``.  ``latest`` is
     replaced atomically only after all ranks finished writing.
+
+    ``optimizer_sharding`` is megatron's ``distrib_optim_sharding_type`` for a
+    ``DistributedOptimizer``: ``"dp_reshardable"`` (each rank writes its own
+    shard, no communication; on resume only the data-parallel size may change)
+    or ``"fully_reshardable"`` (gathered to DP rank 0; any layout on resume).
 
     Returns:
         The checkpoint directory.
@@ -781,7 +842,7 @@ def save_checkpoint(
 
     state = _model_sharded_state_dict(model)
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(state)
+        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=_optimizer_metadata(optimizer_sharding))
     if scheduler is not None:
         state["opt_param_scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
@@ -796,6 +857,7 @@ def save_checkpoint(
             "consumed_train_samples": consumed_train_samples,
             "seed": seed,
             "parallel_layout": _parallel_layout(),
+            "optimizer_sharding": optimizer_sharding,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         meta.update(metadata or {})
@@ -852,7 +914,11 @@ def load_checkpoint(
 
     state = _model_sharded_state_dict(model)
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True)
+        _prime_optimizer_state(optimizer)
+        sharding = meta.get("optimizer_sharding", "dp_reshardable")
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state, is_loading=True, metadata=_optimizer_metadata(sharding)
+        )
     if same_layout:
         state["rng_state"] = _rng_sharded_object(None)
     loaded = dist_checkpointing.load(state, path)
@@ -865,6 +931,7 @@ def load_checkpoint(
             unwrap_model(chunk).load_state_dict(loaded[f"model{i}"])
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
+        _unshare_optimizer_steps(optimizer)
     if scheduler is not None and "opt_param_scheduler" in loaded:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     if same_layout and loaded.get("rng_state") is not None:
@@ -1212,6 +1279,7 @@ def train(
         path = save_checkpoint(
             ckpt.save_dir, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
             consumed_train_samples=consumed, seed=run.seed, keep_last=ckpt.keep_last,
+            optimizer_sharding=ckpt.optimizer_sharding,
             metadata={"reason": reason, "objective": dataclasses.asdict(run.objective), "layer_spec": backend},
         )
         _set_param_sync_hooks(model, ddp_config, enable=True)

@@ -3,7 +3,7 @@
 #
 #   bash bench/runtime/gpu_session.sh OUT_DIR [STEPS...]
 #
-# STEPS (default: all): smoke demo signal qwen-mb4 qwen-mb8 qwen-mb8-sel
+# STEPS (default: all but resume): smoke demo signal qwen-mb4 qwen-mb8 qwen-mb8-sel resume
 # Each step runs bench/runtime/train_reference.py under a time limit and keeps
 # going if one fails.  Every run's metrics.jsonl is appended, tagged with the
 # step name, to OUT_DIR/metrics_all.jsonl; console output goes to
@@ -58,6 +58,11 @@ demo)
     run demo-C 240 $DEMO --save-dir "$WORK/ckpt-BC"
     ls -la "$WORK/ckpt-BC" "$WORK/ckpt-BC"/iter_0000020 >> "$LOG" 2>&1
     cat "$WORK/ckpt-BC/latest" >> "$LOG" 2>&1 ;;
+resume)
+    # demo-B and demo-C only (compare C with an earlier demo-A).
+    DEMO="--preset demo --train-iters 40 --log-interval 2 --micro-batch-size 8 --global-batch-size 16 --eval-interval 20 --no-fusion"
+    run demo-B 240 $DEMO --save-dir "$WORK/ckpt-BC" --stop-at-iteration 20
+    run demo-C 240 $DEMO --save-dir "$WORK/ckpt-BC" ;;
 signal)
     # SIGTERM during training: save, exit 85, then a relaunch resumes.
     SIG="--preset demo --train-iters 400 --log-interval 5 --micro-batch-size 8 --global-batch-size 16 --no-fusion"
@@ -77,7 +82,14 @@ signal)
 qwen-mb4)
     run qwen-mb4 300 --preset qwen3-1.7b --micro-batch-size 4 --train-iters 20 --log-interval 5 ${QFLAGS:-} ;;
 qwen-mb8)
-    run qwen-mb8 300 --preset qwen3-1.7b --micro-batch-size 8 --train-iters 15 --log-interval 5 ${QFLAGS:-} ;;
+    # Without expandable segments micro batch 8 ran 5 steps at 127 GiB peak and
+    # then failed to find an 18.5 GiB block (fragmentation).  Fall back to 6.
+    (
+        export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+        echo "PYTORCH_CUDA_ALLOC_CONF=$PYTORCH_CUDA_ALLOC_CONF" >> "$LOG"
+        run qwen-mb8 300 --preset qwen3-1.7b --micro-batch-size 8 --train-iters 15 --log-interval 5 ${QFLAGS:-} \
+        || run qwen-mb6 300 --preset qwen3-1.7b --micro-batch-size 6 --train-iters 15 --log-interval 5 ${QFLAGS:-}
+    ) ;;
 qwen-mb8-sel)
     run qwen-mb8-sel 300 --preset qwen3-1.7b --micro-batch-size 8 --train-iters 15 --log-interval 5 --recompute selective ${QFLAGS:-} ;;
 *)

@@ -217,6 +217,7 @@ def main():
             save_at_end=True,
             exit_signals=("SIGTERM", "SIGUSR1"),
             signal_exit_code=85,
+            optimizer_sharding="dp_reshardable",
         ),
         logging=LoggingConfig(
             run_dir=args.run_dir,
