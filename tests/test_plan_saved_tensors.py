@@ -148,3 +148,37 @@ def test_layer_terms_equal_saved_tensors(groups, qk_norm, attention, batch, drop
     outside = (2 * T * H + 4 * T) + 2 * T * H
     loss = 4 * T * VOCAB + 8 * T + 8 * T + T
     assert one - sum(terms.values()) == outside + loss
+
+
+@pytest.mark.parametrize("distopt", [False, True])
+def test_ddp_buffers_match_planned_weights_and_gradients(distopt):
+    """megatron-core DDP's param and grad buffers (bf16 weights, fp32 main_grad) against the
+    planner's ``weights`` and ``gradients`` (padding to the bucket size: under 1%)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.plan import make_plan
+
+    config = TransformerConfig(
+        num_layers=2, hidden_size=H, ffn_hidden_size=FFN, num_attention_heads=HEADS, num_query_groups=2,
+        kv_channels=KV, normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, qk_layernorm=True, use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
+    )
+    model = build_model(config, layer_spec=build_layer_spec(attention="causal", qk_layernorm=True, use_transformer_engine=False),
+                        vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope", rotary_base=10000,
+                        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distopt))[0]
+    grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    spec = Spec.model_validate({
+        "model": {"num_layers": 2, "hidden_size": H, "ffn_hidden_size": FFN, "num_attention_heads": HEADS,
+                  "num_query_groups": 2, "kv_channels": KV, "vocab_size": VOCAB, "max_position_embeddings": SEQ,
+                  "qk_layernorm": True, "transformer_impl": "local"},
+        "objective": {"kind": "ar"},
+        "parallel": {"use_distributed_optimizer": distopt, "grad_reduce_in_fp32": True},
+        "train": {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": SEQ},
+        "cluster": {"gpu": "h100", "gpus_per_node": 1},
+    })
+    b = make_plan(resolve(spec)).memory.peak.breakdown
+    assert b["weights"] == weights
+    assert b["gradients"] == pytest.approx(grads, rel=0.01)
