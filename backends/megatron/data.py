@@ -139,24 +139,29 @@ class DatasetTokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """Tokenizer vocabulary size (int)."""
         return self._vocab_size
 
     @property
     def eod(self) -> int:
+        """End-of-document id (int)."""
         return self._eod
 
     @property
     def eos(self) -> int:
+        """Same as :attr:`eod` (megatron checks both for pad collisions)."""
         return self._eod
 
     @property
     def pad(self) -> int:
+        """Distinct pad id; raises ``AttributeError`` without one (megatron then uses -1)."""
         if self._pad is None:
             raise AttributeError("tokenizer has no distinct pad id")
         return self._pad
 
     @property
     def unique_identifiers(self) -> "OrderedDict[str, object]":
+        """Stable description, part of megatron's dataset index-cache key."""
         return OrderedDict(
             [("class", "dlmspec.DatasetTokenizer"), ("name", self.name),
              ("vocab_size", self._vocab_size), ("eod", self._eod), ("pad", self._pad)]

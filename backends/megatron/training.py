@@ -461,6 +461,11 @@ class MicrobatchFeed:
             view.index = 0
 
     def get(self, index: int) -> MicrobatchItem:
+        """Microbatch ``index`` of the current step (read from the loader on first use).
+
+        Raises:
+            StopIteration: When the loader is exhausted.
+        """
         while len(self._batches) <= index:
             self._batches.append(next(self._source))
         return MicrobatchItem(self._stream, self._iteration, index, self._batches[index])
@@ -1248,6 +1253,7 @@ def train(
     )
 
     def evaluate() -> Optional[float]:
+        """Mean validation loss over ``eval_iters`` fixed global batches (``None`` without a set)."""
         if valid_ds is None:
             return None
         _set_param_sync_hooks(model, ddp_config, enable=False)
@@ -1274,6 +1280,7 @@ def train(
         return float(total[0] / total[1].clamp(min=1.0))
 
     def save(reason: str) -> str:
+        """Checkpoint the current step; returns the directory."""
         _set_param_sync_hooks(model, ddp_config, enable=False)
         t0 = time.perf_counter()
         path = save_checkpoint(
