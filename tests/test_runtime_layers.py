@@ -116,3 +116,17 @@ def test_moe_flops_count_routed_and_shared_experts():
     assert moe == base + 6 * 2 * mlp
     with pytest.raises(ValueError):
         model_flops_per_token(**QWEN3, attention="block_causal")
+
+
+def test_attention_masks_are_refused_on_the_transformer_engine_path():
+    from backends.megatron.data import DataConfig
+    from backends.megatron.training import ObjectiveConfig, check_masks_supported
+
+    data = DataConfig(seq_length=8, vocab_size=10, eod_id=9, mock=True)
+    check_masks_supported("local+sdpa", ObjectiveConfig(variable_length_prob=0.01), data)
+    check_masks_supported("transformer_engine", ObjectiveConfig(variable_length_prob=0.0), data)
+    with pytest.raises(ValueError, match="variable_length_prob"):
+        check_masks_supported("transformer_engine", ObjectiveConfig(variable_length_prob=0.01), data)
+    doc = DataConfig(seq_length=8, vocab_size=10, eod_id=9, mock=True, reset_attention_mask=True)
+    with pytest.raises(ValueError, match="reset_attention_mask"):
+        check_masks_supported("transformer_engine", ObjectiveConfig(kind="ar"), doc)

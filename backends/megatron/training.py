@@ -1049,6 +1049,25 @@ def _check_sizes(
         raise ValueError("OptimizerConfig.bf16/fp16 must equal TransformerConfig.bf16/fp16")
 
 
+def check_masks_supported(backend: str, objective: ObjectiveConfig, data: DataConfig) -> None:
+    """Refuse attention masks on the Transformer Engine path.
+
+    Variable-length MDM sequences and ``reset_attention_mask`` pass a boolean
+    ``attention_mask`` to the model; :class:`SDPACoreAttention` applies it, but
+    TE's attention with the ``no_mask``/``causal`` mask type of our TE spec
+    would ignore it silently.
+
+    Raises:
+        ValueError: If ``backend`` is ``"transformer_engine"`` and a mask would be used.
+    """
+    if backend != "transformer_engine":
+        return
+    if objective.kind == "mdm" and objective.variable_length_prob > 0:
+        raise ValueError("variable_length_prob > 0 needs the local+sdpa layer spec (use_transformer_engine=False)")
+    if data.reset_attention_mask:
+        raise ValueError("reset_attention_mask needs the local+sdpa layer spec (use_transformer_engine=False)")
+
+
 def train(
     run: RunConfig,
     *,
@@ -1151,6 +1170,7 @@ def train(
     if run.data.seq_length > int(model_kwargs.get("max_sequence_length", run.data.seq_length)):
         raise ValueError("data.seq_length exceeds model max_sequence_length")
     backend = layer_spec_backend(layer_spec)
+    check_masks_supported(backend, run.objective, run.data)
 
     # Seeds as Megatron-LM: differ per pipeline stage, equal across DP replicas.
     init_seed = run.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
