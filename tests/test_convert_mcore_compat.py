@@ -11,7 +11,13 @@ import torch
 from backends.convert import layout
 from backends.convert.dims import ModelDims
 from backends.convert.families import expected_mcore_shapes
-from backends.convert.mcore_io import _save_strategy, load_mcore_checkpoint, process_group, save_mcore_checkpoint
+from backends.convert.mcore_io import (
+    _save_strategy,
+    _without_psutil_ok,
+    load_mcore_checkpoint,
+    process_group,
+    save_mcore_checkpoint,
+)
 from backends.convert.mcore_model import build_gpt_model
 
 DENSE = ModelDims(family="qwen3", num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4,
@@ -78,8 +84,9 @@ def test_we_read_a_checkpoint_megatron_wrote(megatron, tmp_path, dims):
 
     source = _random_model(dims, seed=3)
     (tmp_path / "ckpt").mkdir()
-    dist_checkpointing.save({"model": source.sharded_state_dict()}, str(tmp_path / "ckpt"),
-                            sharded_strategy=_save_strategy())
+    with _without_psutil_ok():
+        dist_checkpointing.save({"model": source.sharded_state_dict()}, str(tmp_path / "ckpt"),
+                                sharded_strategy=_save_strategy())
     state, read_dims = load_mcore_checkpoint(tmp_path / "ckpt", dims)
     assert read_dims == dims
     expected = _params(source)

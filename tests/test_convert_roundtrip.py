@@ -98,3 +98,12 @@ def test_existing_destination_is_refused_and_nothing_half_written(tmp_path):
     with pytest.raises(ConversionError):
         hf_to_mcore(src, tmp_path / "other")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mcore"]
+
+
+def test_reads_a_dlmspec_run_directory(tmp_path):
+    """A run's checkpoint root (``latest`` naming ``iter_*``) resolves to the dist checkpoint."""
+    src, _ = make_tiny_hf("llama", tmp_path / "hf")
+    hf_to_mcore(src, tmp_path / "run" / "iter_0000010")
+    (tmp_path / "run" / "latest").write_text("iter_0000010\n")
+    mcore_to_hf(tmp_path / "run", tmp_path / "back")
+    _assert_identical(src, tmp_path / "back")

@@ -23,14 +23,13 @@ TP/PP/EP by calling ``dist_checkpointing.load(model.sharded_state_dict(), path)`
   ``pre_mlp_layernorm.weight``; both keys are written so either spec loads.
 
 megatron-core's stock save path needs CUDA (``torch.cuda.synchronize`` while staging, a CUDA
-tensor in the finalize broadcast) and ``psutil``. Without CUDA, :func:`save_mcore_checkpoint`
+tensor in the finalize broadcast) and ``psutil`` (see :func:`_without_psutil_ok`). Without CUDA, :func:`save_mcore_checkpoint`
 uses a subclass of ``TorchDistSaveShardedStrategy`` that stages tensors without the CUDA
 sync and finalizes without the CUDA broadcast (world size 1 only); files are identical.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -108,6 +107,28 @@ def _save_strategy() -> Any:
             return request._replace(preload_fn=preload, finalize_fns=[finalize])
 
     return _CPUTorchDistSaveShardedStrategy("torch_dist", 1)
+
+
+@contextmanager
+def _without_psutil_ok() -> Iterator[None]:
+    """Let megatron's checkpoint writer run where ``psutil`` is not installed.
+
+    megatron-core 0.16.1's forked writer calls ``filesystem_async._process_memory()`` (only to
+    log memory use), which raises without ``psutil``; the parent then waits forever for the
+    dead worker. When megatron found no psutil, this swaps in a function returning 0 for the
+    duration of the save (the fork inherits it) and restores the original afterwards.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async.HAVE_PSUTIL:
+        yield
+        return
+    original = filesystem_async._process_memory
+    filesystem_async._process_memory = lambda: 0
+    try:
+        yield
+    finally:
+        filesystem_async._process_memory = original
 
 
 # --------------------------------------------------------------------------------------
@@ -275,21 +296,13 @@ def save_mcore_checkpoint(
         ``dst`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ConversionError: a missing/unexpected/wrongly shaped tensor, ``dst`` exists, or
-            ``psutil`` (needed by megatron's checkpoint writer) is not installed.
+        ConversionError: a missing/unexpected/wrongly shaped tensor, or ``dst`` exists.
     """
     from megatron.core import dist_checkpointing
 
     families.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
                            f"megatron-core {dims.family}", ignore=("_extra_state",))
-    if importlib.util.find_spec("psutil") is None:
-        raise ConversionError(
-            "megatron-core's dist-checkpoint writer needs psutil (its worker process dies "
-            "without it and the save hangs); install psutil",
-            tensor="psutil",
-            expected="an installed psutil",
-        )
-    with atomic_directory(dst, overwrite=overwrite) as tmp, process_group():
+    with atomic_directory(dst, overwrite=overwrite) as tmp, process_group(), _without_psutil_ok():
         ckpt = tmp / "ckpt"
         ckpt.mkdir()
         sharded = build_sharded_state_dict(state_dict, dims, spec=spec, layer_layout=layer_layout)
