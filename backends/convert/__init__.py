@@ -14,12 +14,15 @@ Public API:
 from backends.convert.api import VerifyResult, hf_to_mcore, mcore_to_hf, verify
 from backends.convert.dims import FAMILIES, ModelDims, padded_vocab_size
 from backends.convert.errors import ConversionError
+from backends.convert.families import dims_from_hf_config, hf_config_from_dims
 
 __all__ = [
     "FAMILIES",
     "ConversionError",
     "ModelDims",
     "VerifyResult",
+    "dims_from_hf_config",
+    "hf_config_from_dims",
     "hf_to_mcore",
     "mcore_to_hf",
     "padded_vocab_size",

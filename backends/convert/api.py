@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
