@@ -200,8 +200,10 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
     * ``attention_output_copy``: with fp8 TE, the fp8 cast of ``linear_proj``'s input.
     * ``attention_mask_path``: local+sdpa with a mask (block-causal, or MDM sequences cut by
       ``variable_length_prob``): SDPA's memory-efficient kernel saves the additive mask
-      (``y*s*s`` per layer, ``y*b*s*s`` for the per-sequence key-padding mask) and the
-      ``repeat_interleave``-d k and v (``2*y*T*a*d/t``) when ``a != g``.
+      (``y*s*s`` per layer, ``y*b*s*s`` for the per-sequence key-padding mask) and, when
+      ``a != g``, the ``repeat_interleave``-d k and v (``2*y*T*a*d/t``) in place of the rotated k
+      (``-y*T*g*d/t``) and - without q/k norm - of the mixed QKV output. A run's peak includes
+      the steps where a sequence was truncated, so the term counts whenever the spec allows it.
     * ``dropout_masks``: with ``hidden_dropout > 0`` two bool masks ``T*h/r``
       (Korthikanti's ``2sbh``); attention dropout inside flash/SDPA replays its RNG, no mask.
     * dense MLP: ``mlp_input`` (fc1 input ``y8*T*h/r``), ``mlp_activation_input`` (fc1 output
@@ -242,9 +244,14 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
             mask = y * s_local * lay.seq
         if shape.variable_length_prob > 0:
             mask = max(mask, y * lay.micro_batch * s_local * lay.seq)
-        if mask:
-            repeat = 2 * y * T * a * d / t if a != g else 0.0
-            terms["attention_mask_path"] = mask + repeat
+        if mask and a != g:
+            # GQA on the masked kernel: k and v are repeat_interleave'd to a heads and saved;
+            # the rotated k is then saved by nothing (freed), and without q/k norm nothing keeps
+            # the mixed QKV storage alive either.
+            mask += 2 * y * T * a * d / t - y * T * g * d / t
+            if not shape.qk_norm:
+                mask -= terms["qkv_output"]
+        terms["attention_mask_path"] = mask
     if not moe:
         terms["mlp_input"] = y8 * T * h / r
         terms["mlp_activation_input"] = y * T * shape.ffn * gate / t
