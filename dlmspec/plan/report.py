@@ -142,7 +142,7 @@ def search_renderable(result: SearchResult, top: int) -> Group:
     table = Table(title=f"top {min(top, len(result.top))} layouts by tokens/s", title_justify="left")
     for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "dist.opt", "peak GiB", "tokens/s", "MFU"):
         table.add_column(col, justify="right")
-    lines = Text()
+    lines = Text(no_wrap=True, overflow="ignore")  # one copy-pasteable line per layout
     for i, c in enumerate(result.top, 1):
         lay = c.layout
         table.add_row(*[Text(x) for x in (
