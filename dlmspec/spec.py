@@ -15,14 +15,21 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic_core import PydanticCustomError
 
 from dlmspec.presets import PRESETS
 
 
 class Section(BaseModel):
-    """Base of every table: unknown keys are errors (a typo never passes silently)."""
+    """Base of every table: unknown keys are errors (a typo never passes silently), and numbers
+    are finite (TOML's ``inf``/``nan`` are never a valid size, rate or length)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
+
+
+#: Largest ``model.num_layers`` accepted: far above any published model (Llama-3-405B has 126),
+#: and small enough that per-layer lists (``moe_layer_freq``, the planner's stages) stay cheap.
+MAX_LAYERS = 10_000
 
 
 NonNegInt = Field(ge=0)
@@ -36,7 +43,7 @@ class ModelSpec(Section):
     ``gated_linear_unit``."""
 
     preset: str | None = Field(None, description="Published architecture id, e.g. 'qwen3-1.7b'.")
-    num_layers: PositiveInt
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden_size: PositiveInt
     ffn_hidden_size: PositiveInt
     num_attention_heads: PositiveInt
@@ -83,12 +90,22 @@ class ModelSpec(Section):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        """Fill keys from ``preset`` under the explicit ones. An unknown preset id is left for
-        :mod:`dlmspec.validate` to report with the list of ids (so the schema error names it)."""
+        """Fill keys from ``preset`` under the explicit ones.
+
+        Raises:
+            PydanticCustomError: ``unknown_preset`` (context ``preset``: the id as written) for
+                an id not in :data:`~dlmspec.presets.PRESETS`. It is the only error reported for
+                ``[model]``: the dimensions the preset would have filled are not listed as
+                missing. :mod:`dlmspec.loader` turns it into an issue at ``model.preset`` with
+                the closest ids.
+        """
         if isinstance(data, dict) and isinstance(data.get("preset"), str):
             preset = PRESETS.get(data["preset"])
-            if preset is not None:
-                return {**preset, **data}
+            if preset is None:
+                raise PydanticCustomError(
+                    "unknown_preset", "unknown preset '{preset}'", {"preset": data["preset"]}
+                )
+            return {**preset, **data}
         return data
 
     @property
@@ -279,6 +296,7 @@ class CheckpointSpec(Section):
     load: str | None = Field(None, description="Directory to load from; default: save.")
     init_from: str | None = Field(None, description="'hf:PATH' or 'mcore:PATH' to initialise weights.")
     save_interval: PositiveInt = 1000
+    save_at_end: bool = Field(True, description="Also save when training ends (or is stopped by a signal).")
     format: Literal["torch_dist"] = "torch_dist"
     resume: bool = Field(True, description="Resume from the latest checkpoint in `save` if any.")
     async_save: bool = False
