@@ -78,8 +78,8 @@ ALLOCATED_TERMS = (
 RESERVED_TERMS = ("cuda_context", "nccl_buffers", "allocator_reserve")
 
 #: Activation terms each selective-recompute module drops from a layer (megatron-core
-#: ``TransformerConfig.recompute_modules``; ``core_attn`` is handled in
-#: :func:`apply_selective` because what it frees depends on the output copy).
+#: ``TransformerConfig.recompute_modules``; ``core_attn``, which frees part of a term, is
+#: handled in :func:`apply_selective`).
 SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
     "layernorm": ("qkv_input", "mlp_input"),
     "mlp": ("mlp_activation_input", "mlp_fc2_input"),
@@ -272,25 +272,21 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
 
 
 def apply_selective(
-    terms: dict[str, float], modules: tuple[str, ...], moe: bool, *, lse: float, output_copied: bool
+    terms: dict[str, float], modules: tuple[str, ...], moe: bool, *, lse: float
 ) -> dict[str, float]:
     """``terms`` after megatron-core selective recomputation of ``modules``.
 
     ``core_attn`` (``TransformerConfig.recompute_modules`` default) checkpoints the core
     attention: its inputs q, k, v stay saved (by the checkpoint), its fp32 log-sum-exp
-    (``lse`` bytes) and mask path are recomputed, and its output survives once, as
-    ``linear_proj``'s input (so when that input is a copy - ``output_copied`` - the SDPA
-    output itself is dropped). ``mlp`` applies to dense layers; ``moe``, ``moe_act`` and
+    (``lse`` bytes) and mask path are recomputed, and its output survives, as
+    ``linear_proj``'s input. ``mlp`` applies to dense layers; ``moe``, ``moe_act`` and
     ``shared_experts`` to MoE layers; ``layernorm`` drops the norm outputs
     (``CheckpointWithoutOutput``). Keys: :data:`SELECTIVE_DROPS`.
     """
     out = dict(terms)
     for module in modules:
         if module == "core_attn":
-            if output_copied:
-                out["attention_output"] = 0.0
-            else:
-                out["attention_output"] = max(0.0, out["attention_output"] - lse)
+            out["attention_output"] = max(0.0, out["attention_output"] - lse)
             out["attention_mask_path"] = 0.0
             continue
         if module == "mlp" and moe:
@@ -327,13 +323,12 @@ def layer_terms(shape: ModelShape, lay: Layout) -> LayerTerms:
     y = DTYPE_BYTES[lay.dtype]
     T = lay.micro_batch * lay.seq / lay.cp
     lse = 4 * T * shape.heads / lay.tp
-    copied = False  # linear_proj saves a view of the SDPA output (see layer_activation_terms)
     dense = layer_activation_terms(shape, lay, False)
     moe = layer_activation_terms(shape, lay, True) if shape.is_moe else {}
     if lay.recompute == "selective":
         modules = lay.recompute_modules
-        dense_kept = apply_selective(dense, modules, False, lse=lse, output_copied=copied)
-        moe_kept = apply_selective(moe, modules, True, lse=lse, output_copied=copied) if moe else {}
+        dense_kept = apply_selective(dense, modules, False, lse=lse)
+        moe_kept = apply_selective(moe, modules, True, lse=lse) if moe else {}
     else:
         dense_kept, moe_kept = dense, moe
     return LayerTerms(
