@@ -149,7 +149,14 @@ def _load_toml(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict
                        hint="check the path (extends is relative to the file that names it)",
                        rule="file", file=where)]
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        raise SpecError([SpecIssue("extends" if seen else "<file>", f"{path} is a directory, not a spec file",
+                                   value=str(path), hint="give a .toml or .py spec file", rule="file",
+                                   file=str(seen[-1]) if seen else None)]) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError([SpecIssue("<file>", f"not UTF-8 text (byte {exc.start}): a spec is a TOML or Python file",
+                                   rule="file", file=str(path))]) from None
+    except (OSError, ValueError) as exc:
         raise SpecError([SpecIssue("<file>", f"cannot read {path}: {exc}", rule="file", file=str(path))]) from None
     try:
         data = tomllib.loads(text)
@@ -168,17 +175,32 @@ def _load_toml(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict
     if not isinstance(parent, str):
         raise SpecError([SpecIssue("extends", "extends must be a file path string", value=parent,
                                    rule="extends", file=str(path), line=lines.get("extends"))])
-    base, base_origins = _load_toml((path.parent / parent).resolve(), (*seen, path))
+    try:
+        parent_path = (path.parent / parent).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise SpecError([SpecIssue("extends", f"not a usable path: {exc}", value=parent, rule="extends",
+                                   file=str(path), line=lines.get("extends"))]) from None
+    base, base_origins = _load_toml(parent_path, (*seen, path))
     origins.pop("extends", None)
     return deep_merge(base, data), {**base_origins, **origins}
 
 
 def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
     """Run a Python spec file and take its ``spec`` (a Spec or a dict)."""
+    if not path.is_file():
+        missing = not path.exists()
+        raise SpecError([SpecIssue("<file>", f"file not found: {path}" if missing else f"{path} is not a file",
+                                   value=str(path), hint="check the path" if missing else "give a .py spec file",
+                                   rule="file")])
     try:
         namespace = runpy.run_path(str(path), run_name="__dlmspec__")
     except SpecError:
         raise
+    except SystemExit as exc:  # sys.exit() in a spec file must not decide dlmspec's exit code
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+        raise SpecError([SpecIssue("<python>", f"the spec file called sys.exit({exc.code!r})", rule="python",
+                                   hint="a spec file assigns `spec`; it does not exit", file=str(path),
+                                   line=frames[-1].lineno if frames else None)]) from None
     except Exception as exc:  # a user's file may raise anything; report it without a traceback
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
         line = frames[-1].lineno if frames else None
@@ -211,7 +233,15 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
     value = err.get("input") if kind != "missing" else None
     message = err["msg"]
     hint = None
-    if kind == "extra_forbidden":
+    rule = "schema"
+    if kind == "unknown_preset":
+        loc = [*loc, "preset"]
+        key = ".".join(loc)
+        value = err["ctx"]["preset"]
+        message = "unknown preset"
+        hint = preset_hint(value)
+        rule = "unknown-preset"
+    elif kind == "extra_forbidden":
         model = _model_at(loc[:-1])
         options = list(model.model_fields) if model else []
         close = get_close_matches(loc[-1], options, n=1)
@@ -234,7 +264,21 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
             file, line = origin
             break
         parts.pop()
-    return SpecIssue(key=key, message=message, value=value, hint=hint, rule="schema", file=file, line=line)
+    return SpecIssue(key=key, message=message, value=value, hint=hint, rule=rule, file=file, line=line)
+
+
+def preset_hint(name: str) -> str:
+    """What to write instead of the unknown preset id ``name``: the closest ids (case and small
+    typos forgiven), else every id."""
+    from dlmspec.presets import preset_names
+
+    names = preset_names()
+    close = get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+    if close:
+        quoted = [f"'{c}'" for c in close]
+        options = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+        return f"did you mean {options}? (`dlmspec show --presets` lists every id)"
+    return f"use one of {', '.join(names)}"
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:
@@ -272,10 +316,15 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Loade
             unknown keys, wrong types, out-of-range values (all of them, at once).
     """
     path = Path(path)
+    try:
+        absolute = path.resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, symlink loops
+        raise SpecError([SpecIssue("<file>", f"not a usable file name: {exc}", value=str(path),
+                                   hint="give the path of a .toml or .py spec file", rule="file")]) from None
     if path.suffix == ".py":
-        data, origins = _load_python(path.resolve())
+        data, origins = _load_python(absolute)
     else:
-        data, origins = _load_toml(path.resolve(), ())
+        data, origins = _load_toml(absolute, ())
     issues: list[SpecIssue] = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -306,7 +355,13 @@ def load_text(text: str, name: str = "<string>.toml") -> LoadedSpec:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / Path(name).name
         path.write_text(text, encoding="utf-8")
-        loaded = load(path)
+        try:
+            loaded = load(path)
+        except SpecError as exc:  # point at `name`, not at the temporary file
+            for issue in exc.issues:
+                if issue.file in (str(path), str(path.resolve())):
+                    issue.file = name
+            raise
     loaded.path = Path(name)
     loaded.origins = {k: (name, line) for k, (_, line) in loaded.origins.items()}
     return loaded

@@ -13,14 +13,22 @@ argument checks where megatron-core has none, or the paper the objective comes f
 ``error`` rules are inputs that crash or train the wrong thing; ``warning`` rules are legal
 inputs that are almost certainly unintended (a key that has no effect, a huge pipeline bubble).
 
-Public API: :func:`find_issues` (every issue, never raises), :func:`check` (raises
-:class:`~dlmspec.errors.SpecError` when any error is found), and :func:`load_checked` (load,
-resolve and check a spec file in one call). Slurm settings are checked by
-:func:`dlmspec.slurm.sbatch_issues` and runtime limits by :func:`dlmspec.compile.unsupported_issues`.
+Rules that look at this machine's files (``path-not-found``: data, tokenizer and checkpoint
+inputs) are warnings and run only when asked (``paths=True``): those files usually live on the
+cluster. An unknown ``model.preset`` is reported by the loader (issue rule ``unknown-preset``),
+since the preset supplies the keys the schema needs.
+
+Public API: :func:`find_issues` (every issue, never raises), :func:`validate_spec` (what
+``dlmspec validate`` reports: the rules with path checks, the SLURM settings and the planned
+memory), :func:`check` (raises :class:`~dlmspec.errors.SpecError` when any error is found), and
+:func:`load_checked` (load, resolve and check a spec file in one call). Slurm settings are
+checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory` and
+what the bundled runtime cannot run yet by :func:`dlmspec.compile.unsupported_issues`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from difflib import get_close_matches
@@ -30,7 +38,6 @@ from typing import Any, Callable, Iterator
 from dlmspec.errors import Severity, SpecError, SpecIssue
 from dlmspec.gpus import GPUS, gpu_ids
 from dlmspec.loader import LoadedSpec, load
-from dlmspec.presets import PRESETS, preset_names
 from dlmspec.resolve import Resolved, padded_vocab_size, resolve
 from dlmspec.spec import Spec
 
@@ -64,6 +71,8 @@ class Rule:
             argument check, or paper).
         summary: the rule in one line, for ``dlmspec show --rules``.
         func: yields a :class:`Finding` per violation; reads a :class:`Context`.
+        filesystem: the rule looks at files on this machine (its verdict depends on where it
+            runs), so :func:`find_issues` runs it only when asked (``paths=True``).
     """
 
     id: str
@@ -71,17 +80,18 @@ class Rule:
     source: str
     summary: str
     func: Callable[["Context"], Iterator[Finding]]
+    filesystem: bool = False
 
 
 #: Every rule, in the order they run (the order of this file).
 RULES: dict[str, Rule] = {}
 
 
-def _rule(rule_id: str, severity: Severity, source: str, summary: str) -> Callable:
+def _rule(rule_id: str, severity: Severity, source: str, summary: str, *, filesystem: bool = False) -> Callable:
     def register(func: Callable[["Context"], Iterator[Finding]]) -> Callable[["Context"], Iterator[Finding]]:
         if rule_id in RULES:
             raise ValueError(f"duplicate rule id {rule_id}")
-        RULES[rule_id] = Rule(rule_id, severity, source, summary, func)
+        RULES[rule_id] = Rule(rule_id, severity, source, summary, func, filesystem)
         return func
 
     return register
@@ -128,8 +138,27 @@ class Context:
         return self.loaded.locate(key)
 
 
+#: :func:`_divisors` lists divisors up to this value (hints never need larger ones, and a
+#: huge value must not make the validator loop for minutes).
+_DIVISOR_LIMIT = 1 << 16
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+    """Divisors of ``n`` up to :data:`_DIVISOR_LIMIT`, ascending (every divisor for the sizes
+    of real specs); at most ~65k trial divisions whatever ``n`` is."""
+    if n <= 0:
+        return []
+    small: list[int] = []
+    large: list[int] = []
+    d = 1
+    while d * d <= n and d <= _DIVISOR_LIMIT:
+        if n % d == 0:
+            small.append(d)
+            other = n // d
+            if other != d and other <= _DIVISOR_LIMIT:
+                large.append(other)
+        d += 1
+    return small + large[::-1]
 
 
 def _join(values: list[Any], limit: int = 8) -> str:
@@ -168,15 +197,6 @@ def _tp_hint(ctx: Context) -> str:
 # --------------------------------------------------------------------------------------------
 # Catalog lookups
 # --------------------------------------------------------------------------------------------
-
-
-@_rule("unknown-preset", "error", "dlmspec.presets.PRESETS", "model.preset names a preset in the catalog")
-def _unknown_preset(ctx: Context) -> Iterator[Finding]:
-    preset = ctx.spec.model.preset
-    if preset is not None and preset not in PRESETS:
-        close = get_close_matches(preset.lower(), preset_names(), n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"use one of {', '.join(preset_names())}"
-        yield Finding("model.preset", "unknown preset", hint)
 
 
 @_rule("unknown-gpu", "error", "dlmspec.gpus.GPUS", "cluster.gpu names a GPU in the catalog")
@@ -568,6 +588,32 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
         )
 
 
+@_rule(
+    "cp-attention-mask",
+    "error",
+    "transformer_engine.pytorch.attention.dot_product_attention.utils.get_attention_backend: with "
+    "context parallelism only no_mask / causal self-attention run (FlashAttention, FusedAttention); "
+    "arbitrary masks run only in UnfusedDotProductAttention, which has no context parallelism",
+    "context parallelism comes with bidirectional or causal attention and no document masks",
+)
+def _cp_mask(ctx: Context) -> Iterator[Finding]:
+    if ctx.r.cp == 1:
+        return
+    if ctx.r.attention_mask == "block_causal":
+        yield Finding(
+            "objective.attention_mask",
+            "block-causal attention is an arbitrary mask, which context parallelism cannot split over GPUs",
+            "set parallel.context_parallel_size = 1, or attention_mask = 'bidirectional'",
+            value=ctx.r.attention_mask,
+        )
+    if ctx.spec.data.reset_attention_mask:
+        yield Finding(
+            "data.reset_attention_mask",
+            "document masks are arbitrary masks, which context parallelism cannot split over GPUs",
+            "set data.reset_attention_mask = false, or parallel.context_parallel_size = 1",
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # Mixture of experts
 # --------------------------------------------------------------------------------------------
@@ -617,6 +663,24 @@ def _topk(ctx: Context) -> Iterator[Finding]:
             "model.moe_router_topk",
             f"a token cannot be routed to more than num_experts = {m.num_experts} experts",
             f"use moe_router_topk <= {m.num_experts}",
+        )
+
+
+@_rule(
+    "moe-top1-routing",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (top-1 routing with "
+    "softmax scores needs moe_router_pre_softmax, which dlmspec does not expose)",
+    "top-1 routing uses sinkhorn load balancing (or route to 2+ experts)",
+)
+def _top1(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    if m.is_moe and m.moe_router_topk == 1 and m.moe_router_load_balancing_type != "sinkhorn":
+        yield Finding(
+            "model.moe_router_topk",
+            "top-1 routing needs the softmax before the top-k (a softmax over the one chosen expert has "
+            "zero gradient); megatron-core refuses it otherwise",
+            "use moe_router_topk >= 2, or moe_router_load_balancing_type = 'sinkhorn'",
         )
 
 
@@ -909,6 +973,25 @@ def _fp8_ignored(ctx: Context) -> Iterator[Finding]:
                       "remove fp8_recipe, or set precision.fp8 = 'hybrid' or 'e4m3'")
 
 
+@_rule(
+    "fp8-recompute-modules",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (delayed fp8 scaling "
+    "cannot recompute moe_act or layernorm; other recipes need Transformer Engine >= 2.6)",
+    "with fp8 delayed scaling, selective recomputation leaves out moe_act and layernorm",
+)
+def _fp8_recompute(ctx: Context) -> Iterator[Finding]:
+    p, rc = ctx.spec.precision, ctx.spec.recompute
+    modules = [m for m in (rc.modules or []) if m in ("moe_act", "layernorm")]
+    if p.fp8 != "none" and p.fp8_recipe == "delayed" and rc.granularity == "selective" and modules:
+        yield Finding(
+            "recompute.modules",
+            f"recomputing {' and '.join(repr(m) for m in modules)} is not supported with delayed fp8 scaling",
+            "use precision.fp8_recipe = 'tensorwise' (Transformer Engine >= 2.6), or drop "
+            f"{' and '.join(repr(m) for m in modules)} from recompute.modules",
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # Objective
 # --------------------------------------------------------------------------------------------
@@ -1022,6 +1105,52 @@ def _mask_range(ctx: Context) -> Iterator[Finding]:
         hint,
         value=r.mask_token_id,
     )
+
+
+def _tokenizer_eod(ctx: Context) -> int | None:
+    """The end-of-document id the data holds, when the spec says it: ``data.tokenizer.eod_id``,
+    NullTokenizer's ``vocab_size`` (megatron-core NullTokenizer), GPT-2 BPE's ``<|endoftext|>``
+    (50256). Other tokenizers keep it in their files, which the validator does not read."""
+    tok = ctx.spec.data.tokenizer
+    if tok.eod_id is not None:
+        return tok.eod_id
+    if tok.type == "NullTokenizer":
+        return tok.vocab_size
+    if tok.type == "GPT2BPETokenizer":
+        return GPT2_VOCAB_SIZE - 1
+    return None
+
+
+@_rule(
+    "mask-token-distinct",
+    "error",
+    "LLaDA (Nie et al. 2025, sec. 2.1): [MASK] is a reserved token that never occurs in the data; "
+    "megatron-core NullTokenizer emits ids 0..vocab_size (EOD = vocab_size)",
+    "the [MASK] id is neither the end-of-document id nor an id the NullTokenizer emits",
+)
+def _mask_distinct(ctx: Context) -> Iterator[Finding]:
+    r, m, tok = ctx.r, ctx.spec.model, ctx.spec.data.tokenizer
+    mask = r.mask_token_id
+    if mask is None or mask >= r.padded_vocab_size:
+        return  # mask-token-range
+    free = f"e.g. {m.vocab_size} (the first padded slot)" if m.vocab_size < r.padded_vocab_size else \
+        "a reserved token the tokenizer never emits"
+    eod = _tokenizer_eod(ctx)
+    if mask == eod:
+        yield Finding(
+            "objective.mask_token_id",
+            f"[MASK] id {mask} is also the end-of-document id, so every EOD in the data would read as a masked position",
+            f"use another objective.mask_token_id, {free}",
+            value=mask,
+        )
+    elif tok.type == "NullTokenizer" and tok.vocab_size is not None and mask < tok.vocab_size:
+        yield Finding(
+            "objective.mask_token_id",
+            f"[MASK] id {mask} is an ordinary token of NullTokenizer(vocab_size = {tok.vocab_size}), which emits "
+            f"ids 0..{tok.vocab_size}: the data would contain it",
+            f"use objective.mask_token_id > {tok.vocab_size}, or data.tokenizer.vocab_size < {mask}",
+            value=mask,
+        )
 
 
 @_rule(
@@ -1340,6 +1469,57 @@ def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
                       f"use model.vocab_size = {GPT2_VOCAB_SIZE}")
 
 
+#: A Hugging Face hub id (``org/name``): a tokenizer that loads from the hub, not a local path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*")
+
+
+def _exists(path: str) -> bool:
+    try:
+        return os.path.exists(path)
+    except (OSError, ValueError):  # NUL bytes, names too long
+        return False
+
+
+_ELSEWHERE = ("fine if it exists where the job runs (relative paths are read from the directory the job "
+              "is launched in); else fix the path")
+
+
+@_rule(
+    "path-not-found",
+    "warning",
+    "the launched job opens these: megatron-core IndexedDataset (PREFIX.bin, PREFIX.idx), Megatron-LM "
+    "build_tokenizer (tokenizer files), checkpoint loading (checkpoint.load, checkpoint.init_from)",
+    "data prefixes, tokenizer files and checkpoints to load exist on this machine",
+    filesystem=True,
+)
+def _paths(ctx: Context) -> Iterator[Finding]:
+    d, tok, ck = ctx.spec.data, ctx.spec.data.tokenizer, ctx.spec.checkpoint
+    if not d.mock:
+        for key in ("train", "valid"):
+            missing = [e.prefix for e in getattr(d, key) if not (_exists(e.prefix + ".bin") and _exists(e.prefix + ".idx"))]
+            if missing:
+                yield Finding(
+                    f"data.{key}",
+                    f"not on this machine: {_join([repr(m) for m in missing], 3)} (PREFIX.bin / PREFIX.idx)",
+                    f"{_ELSEWHERE}; `dlmspec data prepare` writes them",
+                    value=missing,
+                )
+    for key in ("vocab_file", "merge_file"):
+        value = getattr(tok, key)
+        if value is not None and not _exists(value):
+            yield Finding(f"data.tokenizer.{key}", "not on this machine", _ELSEWHERE)
+    hub = tok.type == "HuggingFaceTokenizer" and tok.model is not None and _HUB_ID.fullmatch(tok.model)
+    if tok.model is not None and tok.type != "NullTokenizer" and not hub and not _exists(tok.model):
+        yield Finding("data.tokenizer.model", "not on this machine", _ELSEWHERE)
+    if ck.init_from is not None:
+        kind, _, target = ck.init_from.partition(":")
+        if kind in ("hf", "mcore") and target and not _exists(target):
+            what = "a local Hugging Face model folder" if kind == "hf" else "a megatron-core checkpoint directory"
+            yield Finding("checkpoint.init_from", f"not on this machine ({what} is read)", _ELSEWHERE)
+    if ck.load is not None and ck.load != ck.save and not _exists(ck.load):
+        yield Finding("checkpoint.load", "not on this machine", _ELSEWHERE)
+
+
 # --------------------------------------------------------------------------------------------
 # Stage, checkpoint, logging, data parallelism
 # --------------------------------------------------------------------------------------------
@@ -1465,13 +1645,17 @@ def _sort_key(issue: SpecIssue) -> tuple:
     )
 
 
-def find_issues(target: LoadedSpec | Spec, resolved: Resolved | None = None) -> list[SpecIssue]:
+def find_issues(
+    target: LoadedSpec | Spec, resolved: Resolved | None = None, *, paths: bool = False
+) -> list[SpecIssue]:
     """Run every rule of :data:`RULES` and return what they find; never raises for a bad spec.
 
     Args:
         target: a :class:`~dlmspec.loader.LoadedSpec` (issues then carry file and line) or a
             bare :class:`~dlmspec.spec.Spec` (file and line are ``None``).
         resolved: ``resolve(spec)``, if the caller already has it.
+        paths: also run the rules that look at this machine's files (``path-not-found``);
+            off by default so the verdict depends on the spec alone.
 
     Returns:
         Issues sorted errors first, then by file, line and key (deterministic).
@@ -1481,6 +1665,8 @@ def find_issues(target: LoadedSpec | Spec, resolved: Resolved | None = None) -> 
     ctx = Context(spec=spec, r=resolved if resolved is not None else resolve(spec), loaded=loaded)
     found: list[SpecIssue] = []
     for rule in RULES.values():
+        if rule.filesystem and not paths:
+            continue
         for f in rule.func(ctx):
             file, line = ctx.origin(f.key)
             found.append(
@@ -1497,6 +1683,34 @@ def find_issues(target: LoadedSpec | Spec, resolved: Resolved | None = None) -> 
                 )
             )
     return sorted(found, key=_sort_key)
+
+
+def validate_spec(loaded: LoadedSpec | Spec, resolved: Resolved | None = None, *, paths: bool = True) -> list[SpecIssue]:
+    """Every issue ``dlmspec validate`` reports; never raises for a bad spec.
+
+    That is :func:`find_issues` (with the ``path-not-found`` warnings when ``paths``), the
+    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`) and, when
+    neither found an error and the GPU is in the catalog, the planned memory per GPU
+    (:func:`dlmspec.plan.check_memory`: a ``memory-fits`` error when the peak exceeds the
+    GPU, a ``memory-headroom`` warning close to it). A spec with errors is not planned: its
+    layout may not exist.
+
+    What the bundled runtime (``backends/megatron``) cannot run yet is not a property of the
+    spec: ``dlmspec compile`` reports it (:func:`dlmspec.compile.unsupported_issues`).
+
+    Returns:
+        Issues sorted as by :func:`find_issues` (errors first, then file, line and key).
+    """
+    from dlmspec.plan import check_memory
+    from dlmspec.slurm import sbatch_issues
+
+    spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded
+    resolved = resolved if resolved is not None else resolve(spec)
+    located = loaded if isinstance(loaded, LoadedSpec) else None
+    issues = find_issues(loaded, resolved, paths=paths) + sbatch_issues(resolved, located)
+    if resolved.gpu is not None and not any(i.severity == "error" for i in issues):
+        issues += check_memory(resolved, located)
+    return sorted(issues, key=_sort_key)
 
 
 def check(target: LoadedSpec | Spec, resolved: Resolved | None = None, *, strict: bool = False) -> list[SpecIssue]:

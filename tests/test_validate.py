@@ -60,13 +60,16 @@ def rules_of(spec: Spec) -> set[str]:
 
 def test_base_spec_is_clean() -> None:
     assert find_issues(make()) == []
+    # Its data prefix is not on this machine: only the path rule, only when asked, only a warning.
+    (issue,) = find_issues(make(), paths=True)
+    assert (issue.rule, issue.severity, issue.key, issue.value) == (
+        "path-not-found", "warning", "data.train", ["data/x_text_document"])
 
 
 MOE = {"model.num_experts": 8}
 
 # (rule id, changes to BASE, key the issue must name)
 CASES: list[tuple[str, dict[str, Any], str]] = [
-    ("unknown-preset", {"model.preset": "qwen3-1.7x"}, "model.preset"),
     ("unknown-gpu", {"cluster.gpu": "h1000"}, "cluster.gpu"),
     ("world-divisible-by-model-parallel", {"cluster.gpus_per_node": 6, "parallel.tensor_model_parallel_size": 4},
      "parallel.tensor_model_parallel_size"),
@@ -107,10 +110,15 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "parallel.context_parallel_size"),
     ("cp-a2a-heads", {"model.num_attention_heads": 12, "model.kv_channels": 32, "parallel.context_parallel_size": 8,
                       "parallel.cp_comm_type": "a2a"}, "parallel.cp_comm_type"),
+    ("cp-attention-mask", {"parallel.context_parallel_size": 2, "objective.attention_mask": "block_causal",
+                           "objective.block_size": 32}, "objective.attention_mask"),
+    ("cp-attention-mask", {"parallel.context_parallel_size": 2, "data.reset_attention_mask": True},
+     "data.reset_attention_mask"),
     ("ep-needs-moe", {"parallel.expert_model_parallel_size": 2}, "parallel.expert_model_parallel_size"),
     ("ep-divides-experts", {"model.num_experts": 6, "parallel.expert_model_parallel_size": 4},
      "parallel.expert_model_parallel_size"),
     ("topk-le-experts", {"model.num_experts": 2, "model.moe_router_topk": 4}, "model.moe_router_topk"),
+    ("moe-top1-routing", {**MOE, "model.moe_router_topk": 1}, "model.moe_router_topk"),
     ("moe-layer-freq", {**MOE, "model.moe_layer_freq": [1, 0, 1]}, "model.moe_layer_freq"),
     ("moe-layer-freq", {**MOE, "model.moe_layer_freq": [0] * 8}, "model.moe_layer_freq"),
     ("moe-bias-needs-etp1", {**MOE, "model.add_bias_linear": True, "parallel.tensor_model_parallel_size": 2},
@@ -136,6 +144,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("fp8-gpu", {"precision.fp8": "hybrid", "cluster.gpu": "a100-80gb"}, "precision.fp8"),
     ("fp8-recipe-gpu", {"precision.fp8": "e4m3", "precision.fp8_recipe": "mxfp8"}, "precision.fp8_recipe"),
     ("fp8-keys-ignored", {"precision.fp8_recipe": "tensorwise"}, "precision.fp8_recipe"),
+    ("fp8-recompute-modules", {"precision.fp8": "hybrid", "recompute.granularity": "selective",
+                               "recompute.modules": ["layernorm"]}, "recompute.modules"),
     ("ar-attention", {"objective.kind": "ar", "objective.attention_mask": "bidirectional"},
      "objective.attention_mask"),
     ("mdm-causal-attention", {"objective.attention_mask": "causal"}, "objective.attention_mask"),
@@ -146,6 +156,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mask-token-range", {"objective.mask_token_id": 5000}, "objective.mask_token_id"),
     ("mask-token-range", {"model.vocab_size": 1024, "data.tokenizer.vocab_size": 1023}, "objective.mask_token_id"),
     ("mask-token-ignored", {"objective.kind": "ar", "objective.mask_token_id": 5}, "objective.mask_token_id"),
+    ("mask-token-distinct", {"objective.mask_token_id": 999}, "objective.mask_token_id"),
+    ("mask-token-distinct", {"objective.mask_token_id": 500}, "objective.mask_token_id"),
+    ("mask-token-distinct", {"data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": "org/tok",
+                             "data.tokenizer.eod_id": 1000}, "objective.mask_token_id"),
     ("bidirectional-without-positions", {"model.position_embedding_type": "none"}, "model.position_embedding_type"),
     ("seq-exceeds-learned-positions", {"model.position_embedding_type": "learned_absolute",
                                        "train.seq_length": 2048}, "train.seq_length"),
@@ -169,6 +183,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("tokenizer-files", {"data.tokenizer.type": "GPT2BPETokenizer", "model.vocab_size": 50257},
      "data.tokenizer.vocab_file"),
     ("tokenizer-vocab", {"data.tokenizer.vocab_size": 1000}, "model.vocab_size"),
+    ("path-not-found", {}, "data.train"),
+    ("path-not-found", {"data.tokenizer.type": "SentencePieceTokenizer", "data.tokenizer.model": "no/such/tok.model"},
+     "data.tokenizer.model"),
+    ("path-not-found", {"checkpoint.init_from": "hf:/no/such/model"}, "checkpoint.init_from"),
+    ("path-not-found", {"checkpoint.load": "no/such/checkpoints"}, "checkpoint.load"),
     ("tokenizer-vocab", {"data.tokenizer.type": "GPT2BPETokenizer", "data.tokenizer.vocab_file": "v.json",
                          "data.tokenizer.merge_file": "m.txt"}, "model.vocab_size"),
     ("stage-table-ignored", {"stage.sft": {}}, "stage.sft"),
@@ -190,7 +209,7 @@ def test_every_rule_has_a_case() -> None:
 
 @pytest.mark.parametrize(("rule", "changes", "key"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_rule_fires(rule: str, changes: dict[str, Any], key: str) -> None:
-    found = [i for i in find_issues(make(changes)) if i.rule == rule]
+    found = [i for i in find_issues(make(changes), paths=RULES[rule].filesystem) if i.rule == rule]
     assert found, f"{rule} did not fire"
     issue = next((i for i in found if i.key == key), None)
     assert issue is not None, [i.key for i in found]
