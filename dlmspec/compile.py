@@ -224,12 +224,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "set parallel.fsdp = \"none\" (parallel.use_distributed_optimizer shards optimizer state)",
     ),
     Unsupported(
-        "parallel.data_parallel_sharding_strategy",
-        lambda r: r.spec.parallel.data_parallel_sharding_strategy != "no_shard",
-        "sharding strategies other than 'no_shard' need Megatron FSDP, which the runtime does not use",
-        "set parallel.data_parallel_sharding_strategy = \"no_shard\"",
-    ),
-    Unsupported(
         "logging.wandb_project",
         lambda r: r.spec.logging.wandb_project is not None,
         "Weights & Biases logging is not implemented by the runtime (console and TensorBoard only)",

@@ -225,7 +225,6 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
         ({"checkpoint.init_from": "hf:Qwen/Qwen3-1.7B"}, "checkpoint.init_from"),
         ({"checkpoint.async_save": True}, "checkpoint.async_save"),
         ({"parallel.fsdp": "megatron"}, "parallel.fsdp"),
-        ({"parallel.data_parallel_sharding_strategy": "optim_grads"}, "parallel.data_parallel_sharding_strategy"),
         ({"logging.wandb_project": "p"}, "logging.wandb_project"),
         ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
          "model.moe_grouped_gemm"),
@@ -246,7 +245,7 @@ def test_every_unsupported_rule_is_exercised() -> None:
     """The parametrisation above names each rule's key (a new rule needs a case)."""
     keys = {rule.key for rule in UNSUPPORTED}
     tested = {"stage.kind", "checkpoint.init_from", "checkpoint.async_save", "parallel.fsdp",
-              "parallel.data_parallel_sharding_strategy", "logging.wandb_project", "model.moe_grouped_gemm",
+              "logging.wandb_project", "model.moe_grouped_gemm",
               "objective.attention_mask", "logging.tensorboard_dir"}
     assert keys == tested
 

@@ -355,3 +355,24 @@ def test_load_checked(tmp_path) -> None:
         load_checked(path, ["train.global_batch_size=10"])
     issue = info.value.issues[0]
     assert (issue.rule, issue.file, issue.value) == ("batch-divisible", "--set", 10)
+
+
+@pytest.mark.parametrize(
+    ("changes", "report"),
+    [
+        # data_parallel_sharding_strategy without Megatron FSDP has no effect (train.py never
+        # passes it): one warning, and the compiler does not refuse it.
+        ({"parallel.data_parallel_sharding_strategy": "optim_grads"}, [("sharding-needs-megatron-fsdp", "warning")]),
+        # fp8 with megatron-core's local layers: one error, the validator's.
+        ({"precision.fp8": "hybrid", "model.transformer_impl": "local"}, [("fp8-needs-te", "error")]),
+    ],
+)
+def test_one_problem_one_report(changes: dict[str, Any], report: list[tuple[str, str]]) -> None:
+    """Problems the validator reports are not reported again by dlmspec.compile's list of
+    runtime gaps (compile.UNSUPPORTED)."""
+    from dlmspec.compile import unsupported_issues
+    from dlmspec.resolve import resolve
+
+    spec = make(changes)
+    assert [(i.rule, i.severity) for i in find_issues(spec)] == report
+    assert unsupported_issues(resolve(spec)) == []
