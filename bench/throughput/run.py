@@ -1,0 +1,575 @@
+"""Issue #7 throughput benchmark: the megatron-core runtime and the Hugging Face baseline, side by
+side, in one invocation on one GPU machine.
+
+    PYTHONUNBUFFERED=1 python bench/throughput/run.py            # results into $OUT or bench/results
+    python bench/throughput/run.py --dry-run                     # print the commands only
+
+For each micro batch of ``--megatron-micro-batch-sizes`` a fresh process runs
+``bench/runtime/train_reference.py --preset qwen3-1.7b --objective mdm`` (the hand-written
+reference of the compiled train.py: Qwen3-1.7B architecture, masked diffusion, bf16, local
+layer spec with SDPA attention, megatron's distributed optimizer; mock data) for ``--warmup +
+--steps`` iterations with ``--log-interval 1``; its ``metrics.jsonl`` gives one ``step_time_s``
+per iteration. For each micro batch of ``--hf-micro-batch-sizes`` a fresh process runs
+``bench/throughput/hf_baseline.py`` (see its docstring: transformers Qwen3, SDPA, bidirectional,
+pure bf16 with fused AdamW, the same objective and masking RNG), timed with CUDA events. Jobs
+alternate between the sides by micro batch (so a time budget that runs out leaves both sides
+measured), and a side skips the micro batches above one that ran out of memory.
+
+Both sides are summarised the same way (:func:`throughput_common.summarize`): median step time
+of the timed steps, tokens/s (``micro_batch * nproc * seq / median``), model TFLOP/s per GPU from
+the planner's :func:`dlmspec.plan.compute.model_flops_per_token`, MFU against 989 TFLOP/s, and
+peak ``torch.cuda.max_memory_allocated``. Each side's best is the fastest micro batch that
+completed all its steps; ``ratio_tokens_per_s`` is megatron's best over HF's best.
+
+Robustness: a per-job timeout (the job's process group is killed), a total ``--budget-s`` (jobs
+that no longer fit are recorded as skipped), a failing job recorded with its status (``oom``,
+``timeout``, ``error``) and the tail of its log instead of stopping the harness, the results
+JSON rewritten after every job, ``PYTHONUNBUFFERED=1`` and the same ``PYTORCH_CUDA_ALLOC_CONF``
+(default ``expandable_segments:True``, which megatron needs at micro batch 8) for every job. If
+the first megatron job fails before its first step for a reason other than memory, it is retried
+once with ``--no-fusion`` (megatron's torch.compile'd bias-SwiGLU fusion), which the later jobs
+then keep.
+
+Output (``--out``, default ``$OUT`` if set, else ``bench/results``): ``throughput_<date>.json``
+(never overwritten: a time suffix is added if it exists) and ``throughput_<date>.log`` with
+every job's console output (their tails). The JSON has no top-level ``runs`` key, so
+``bench/plan/calibrate.py`` does not read it as calibration runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput_common import (  # noqa: E402
+    PEAK_TFLOPS,
+    PRESET_SEQ_LENGTH,
+    PRESETS,
+    ROOT,
+    best_attempt,
+    flops_per_token,
+    host_info,
+    parse_int_list,
+    summarize,
+)
+
+REFERENCE = ROOT / "bench" / "runtime" / "train_reference.py"
+HF_BASELINE = ROOT / "bench" / "throughput" / "hf_baseline.py"
+#: issue #7's targets.
+TARGET_MFU = 0.50
+TARGET_RATIO = 1.4
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
+LOG_TAIL_BYTES = 200_000
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Pass options through with '=': --megatron-arg=--no-fusion --hf-arg=--fp32-master")
+    p.add_argument("--out", default=None, help="results directory (default: $OUT, else bench/results)")
+    p.add_argument("--sides", default="megatron,hf", help="megatron, hf or both")
+    p.add_argument("--megatron-micro-batch-sizes", default="4,6,8")
+    p.add_argument("--hf-micro-batch-sizes", default="4,6,8")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per job")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per job")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-1.7b", help="model of both sides (tiny: CPU checks)")
+    p.add_argument("--seq-length", type=int, default=None, help="default: the preset's (qwen3-1.7b: 4096)")
+    p.add_argument("--hf-device", choices=["cuda", "auto"], default="cuda", help="auto lets the HF side fall back to CPU (tests)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--nproc", type=int, default=1, help="GPUs for megatron (torchrun, data parallel); HF always uses one")
+    p.add_argument("--timeout-s", type=float, default=180.0, help="limit of one job")
+    p.add_argument("--budget-s", type=float, default=420.0, help="limit of the whole harness; jobs that would start with < 60 s left are skipped")
+    p.add_argument("--alloc-conf", default="expandable_segments:True", help="PYTORCH_CUDA_ALLOC_CONF of every job ('' = leave as is)")
+    p.add_argument("--megatron-arg", action="append", default=[], help="extra argument of train_reference.py (repeatable)")
+    p.add_argument("--hf-arg", action="append", default=[], help="extra argument of hf_baseline.py (repeatable)")
+    p.add_argument("--no-fusion-fallback", action="store_true", help="do not retry a failing megatron job with --no-fusion")
+    p.add_argument("--work-dir", default="/tmp/dlmspec-throughput", help="run directories and per-job files")
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--tag", default="", help="suffix of the output file names")
+    p.add_argument("--dry-run", action="store_true", help="print the jobs' commands and exit")
+    args = p.parse_args(argv)
+    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not args.sides or set(args.sides) - {"megatron", "hf"}:
+        p.error("--sides takes megatron, hf or megatron,hf")
+    try:
+        args.megatron_mbs = sorted(set(parse_int_list(args.megatron_micro_batch_sizes)))
+        args.hf_mbs = sorted(set(parse_int_list(args.hf_micro_batch_sizes)))
+    except ValueError as exc:
+        p.error(str(exc))
+    args.seq_length = args.seq_length or PRESET_SEQ_LENGTH[args.preset]
+    if args.steps < 1 or args.warmup < 0 or args.nproc < 1 or args.seq_length < 2:
+        p.error("need --steps >= 1, --warmup >= 0, --nproc >= 1")
+    if args.tag and not all(c.isalnum() or c in "._-" for c in args.tag):
+        p.error("--tag may hold letters, digits, '.', '_' and '-' only")
+    return args
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def megatron_command(args: argparse.Namespace, mbs: int, run_dir: Path, extra: List[str]) -> List[str]:
+    """The command of one megatron job (python, or torchrun for ``--nproc > 1``)."""
+    launcher = [args.python, "-u"]
+    if args.nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
+    return launcher + [
+        str(REFERENCE), "--preset", args.preset, "--objective", "mdm", "--seq-length", str(args.seq_length),
+        "--micro-batch-size", str(mbs), "--train-iters", str(args.warmup + args.steps), "--log-interval", "1",
+        "--seed", str(args.seed), "--run-dir", str(run_dir),
+    ] + extra
+
+
+def hf_command(args: argparse.Namespace, mbs: int, json_path: Path) -> List[str]:
+    """The command of one HF job."""
+    return [
+        args.python, "-u", str(HF_BASELINE), "--preset", args.preset, "--seq-length", str(args.seq_length),
+        "--micro-batch-sizes", str(mbs), "--warmup", str(args.warmup), "--steps", str(args.steps),
+        "--seed", str(args.seed), "--device", args.hf_device, "--json", str(json_path),
+    ] + list(args.hf_arg)
+
+
+def job_order(args: argparse.Namespace) -> List[tuple]:
+    """``[(side, micro_batch), ...]`` alternating sides by increasing micro batch."""
+    jobs = []
+    for mbs in sorted(set(args.megatron_mbs) | set(args.hf_mbs)):
+        if "megatron" in args.sides and mbs in args.megatron_mbs:
+            jobs.append(("megatron", mbs))
+        if "hf" in args.sides and mbs in args.hf_mbs:
+            jobs.append(("hf", mbs))
+    return jobs
+
+
+def child_env(args: argparse.Namespace) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if args.alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
+    return env
+
+
+#: Process group of the job running now (killed if the harness itself is stopped).
+_CURRENT_GROUP: List[int] = []
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_process(cmd: List[str], *, log_path: Path, timeout_s: float, env: Dict[str, str]) -> Dict[str, Any]:
+    """Run ``cmd`` in a process group of its own (same session, so whoever stops the harness's
+    session stops it too) with output to ``log_path``.
+
+    Returns:
+        ``{"returncode": int | None, "timed_out": bool, "seconds": float}``; on timeout the whole
+        process group (torchrun workers, data-loader workers) is killed with SIGKILL.
+    """
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
+                                process_group=0)
+        _CURRENT_GROUP[:] = [proc.pid]
+        timed_out = False
+        try:
+            proc.wait(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
+            proc.wait()
+        finally:
+            _CURRENT_GROUP.clear()
+        _kill_group(proc.pid)  # leftovers (data-loader workers) of a job that exited
+    return {"returncode": proc.returncode, "timed_out": timed_out, "seconds": time.perf_counter() - t0}
+
+
+def log_tail(path: Path, limit: int = 3000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode("utf-8", errors="replace")
+
+
+def _looks_oom(text: str) -> bool:
+    return any(marker in text for marker in OOM_MARKERS)
+
+
+def read_megatron_metrics(path: Path) -> Dict[str, Any]:
+    """``{"start": dict | None, "train": [records by iteration], "exit": dict | None}`` of a
+    runtime ``metrics.jsonl`` (unparseable lines are skipped; later records of an iteration win)."""
+    out: Dict[str, Any] = {"start": None, "train": [], "exit": None}
+    by_iter: Dict[int, Dict[str, Any]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        event = rec.get("event")
+        if event == "start":
+            out["start"] = rec
+        elif event == "exit":
+            out["exit"] = rec
+        elif event == "train" and isinstance(rec.get("iteration"), int):
+            by_iter[rec["iteration"]] = rec
+    out["train"] = [by_iter[i] for i in sorted(by_iter)]
+    return out
+
+
+def megatron_attempt(args: argparse.Namespace, mbs: int, proc: Dict[str, Any], metrics: Dict[str, Any],
+                     log_path: Path, flops: float) -> Dict[str, Any]:
+    """Summarise one megatron job: status, timed steps, throughput, memory, losses."""
+    train = metrics["train"]
+    timed = [r for r in train if r["iteration"] > args.warmup]
+    times = [float(r["step_time_s"]) for r in timed if r.get("step_time_s")]
+    attempt: Dict[str, Any] = {
+        "micro_batch_size": mbs,
+        "global_batch_size": mbs * args.nproc,
+        "warmup_steps": args.warmup,
+        "timed_steps": len(times),
+        "step_times_s": times,
+        "warmup_step_times_s": [float(r["step_time_s"]) for r in train if r["iteration"] <= args.warmup],
+        "losses": [r.get("loss") for r in train],
+        "grad_norms": [r.get("grad_norm") for r in train],
+        "tokens_per_step": mbs * args.nproc * args.seq_length,
+        "returncode": proc["returncode"],
+        "seconds": proc["seconds"],
+    }
+    if train:
+        attempt["peak_mem_gib"] = max(float(r.get("peak_mem_gib") or 0.0) for r in train)
+        attempt["peak_reserved_gib"] = max(float(r.get("peak_reserved_gib") or 0.0) for r in train)
+        attempt["runtime_reported"] = {k: train[-1].get(k) for k in ("tokens_per_s", "tflops_per_gpu", "mfu")}
+    if metrics["start"]:
+        attempt["runtime_model_flops_per_token"] = metrics["start"].get("model_flops_per_token")
+        attempt["parameters"] = metrics["start"].get("params_on_logging_rank")
+        attempt["layer_spec"] = metrics["start"].get("layer_spec")
+    if times:
+        attempt.update(summarize(times, tokens_per_step=attempt["tokens_per_step"], flops_per_token=flops,
+                                 num_gpus=args.nproc, peak_tflops=PEAK_TFLOPS))
+    tail = log_tail(log_path)
+    if proc["timed_out"]:
+        attempt["status"] = "timeout"
+    elif proc["returncode"] != 0:
+        attempt["status"] = "oom" if _looks_oom(log_tail(log_path, 20000)) else "error"
+    elif len(times) < args.steps:
+        attempt["status"] = "error"
+        attempt["error"] = f"only {len(times)} of {args.steps} timed steps in metrics.jsonl"
+    else:
+        attempt["status"] = "ok"
+    if attempt["status"] != "ok":
+        attempt["error_tail"] = tail
+    return attempt
+
+
+def hf_attempt(args: argparse.Namespace, mbs: int, proc: Dict[str, Any], json_path: Path, log_path: Path) -> Dict[str, Any]:
+    """Summarise one HF job from the JSON hf_baseline.py wrote (or from its log if it wrote none)."""
+    report: Dict[str, Any] = {}
+    try:
+        report = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        pass
+    attempts = report.get("attempts") or []
+    attempt: Dict[str, Any] = dict(attempts[0]) if attempts else {"micro_batch_size": mbs}
+    attempt.update(returncode=proc["returncode"], seconds=proc["seconds"])
+    for key in ("bidirectional_check", "parameters", "versions", "setup", "flops_per_token", "flops_source"):
+        if key in report:
+            attempt[key] = report[key]
+    if proc["timed_out"]:
+        attempt["status"] = "timeout"
+    elif not attempts:
+        if report.get("status") in ("bidirectional_check_failed", "build_failed"):
+            attempt["status"] = report["status"]
+        else:
+            attempt["status"] = "oom" if _looks_oom(log_tail(log_path, 20000)) else "error"
+        if report.get("error"):
+            attempt["error"] = report["error"]
+    if attempt.get("status") != "ok":
+        attempt["error_tail"] = log_tail(log_path)
+    return attempt
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _version(name: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gpu_info() -> Dict[str, Any]:
+    """``nvidia-smi`` name, memory and driver of each GPU (no CUDA context in this process)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return {"nvidia_smi": [line.strip() for line in out.stdout.splitlines() if line.strip()] or out.stderr.strip()}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"nvidia_smi": f"unavailable: {exc}"}
+
+
+def output_paths(out_dir: Path, tag: str) -> tuple:
+    """``(json_path, log_path)`` for today, with a time suffix if the JSON already exists."""
+    stem = "throughput_" + time.strftime("%Y-%m-%d") + (f"_{tag}" if tag else "")
+    if (out_dir / f"{stem}.json").exists():
+        stem += time.strftime("_%H%M%S")
+    return out_dir / f"{stem}.json", out_dir / f"{stem}.log"
+
+
+def _write_json(path: Path, data: Dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _side_summary(attempts: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    best = best_attempt(attempts)
+    if best is None:
+        return None
+    return {k: best.get(k) for k in ("micro_batch_size", "median_step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                                     "peak_mem_gib", "peak_reserved_gib")}
+
+
+def finish(results: Dict[str, Any]) -> None:
+    """Fill the best attempt of each side, the ratio and the targets."""
+    m = results["megatron"]["best"] = _side_summary(results["megatron"]["attempts"])
+    h = results["hf"]["best"] = _side_summary(results["hf"]["attempts"])
+    ratio = (m["tokens_per_s"] / h["tokens_per_s"]) if (m and h) else None
+    results["ratio_tokens_per_s"] = ratio
+    ok = {side: {a["micro_batch_size"]: a["tokens_per_s"] for a in results[side]["attempts"] if a.get("status") == "ok"}
+          for side in ("megatron", "hf")}
+    results["ratio_at_equal_micro_batch"] = {
+        str(mbs): ok["megatron"][mbs] / ok["hf"][mbs] for mbs in sorted(set(ok["megatron"]) & set(ok["hf"]))
+    }
+    results["targets"] = {
+        "megatron_mfu_at_least": TARGET_MFU,
+        "ratio_at_least": TARGET_RATIO,
+        "megatron_mfu_met": (m["mfu"] >= TARGET_MFU) if m else None,
+        "ratio_met": (ratio >= TARGET_RATIO) if ratio is not None else None,
+    }
+
+
+def run_job(args: argparse.Namespace, side: str, mbs: int, name: str, *, timeout: float, env: Dict[str, str], work: Path,
+            megatron_extra: List[str], flops: float, combined_log: Path, elapsed: float) -> tuple:
+    """Run one job and summarise it; appends its console output to ``combined_log``.
+
+    Returns:
+        ``(attempt, number of train records the megatron runtime logged)``.
+    """
+    log_path = work / f"{name}.log"
+    if side == "megatron":
+        run_dir = work / name
+        shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl is appended to
+        cmd = megatron_command(args, mbs, run_dir, megatron_extra)
+    else:
+        hf_json = work / f"{name}.json"
+        hf_json.unlink(missing_ok=True)
+        cmd = hf_command(args, mbs, hf_json)
+    print(f"throughput: [{elapsed:5.0f} s] {name}: {shlex.join(cmd)}", flush=True)
+    proc = run_process(cmd, log_path=log_path, timeout_s=timeout, env=env)
+    steps_seen = 0
+    if side == "megatron":
+        metrics = read_megatron_metrics(run_dir / "metrics.jsonl")
+        steps_seen = len(metrics["train"])
+        attempt = megatron_attempt(args, mbs, proc, metrics, log_path, flops)
+    else:
+        attempt = hf_attempt(args, mbs, proc, hf_json, log_path)
+    attempt["command"] = shlex.join(cmd)
+    with open(combined_log, "ab") as combined:
+        combined.write(f"\n===== {name} ({attempt['status']}, exit {proc['returncode']}, {proc['seconds']:.0f} s): "
+                       f"{shlex.join(cmd)}\n".encode())
+        data = log_path.read_bytes() if log_path.exists() else b""
+        if len(data) > LOG_TAIL_BYTES:
+            combined.write(f"[... first {len(data) - LOG_TAIL_BYTES} bytes cut ...]\n".encode())
+        combined.write(data[-LOG_TAIL_BYTES:])
+    return attempt, steps_seen
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    work = Path(args.work_dir)
+    env = child_env(args)
+    jobs = job_order(args)
+    megatron_extra = list(args.megatron_arg)
+
+    if args.dry_run:
+        print("# env: PYTHONUNBUFFERED=1" + (f" PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf}" if args.alloc_conf else ""))
+        for side, mbs in jobs:
+            if side == "megatron":
+                cmd = megatron_command(args, mbs, work / f"megatron_mb{mbs}", megatron_extra)
+            else:
+                cmd = hf_command(args, mbs, work / f"hf_mb{mbs}.json")
+            print(f"{side} mb{mbs}: {shlex.join(cmd)}")
+        print(f"# then: results JSON under {args.out or os.environ.get('OUT') or ROOT / 'bench' / 'results'}")
+        return 0
+
+    t_begin = time.perf_counter()
+    out_dir = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    json_path, combined_log = output_paths(out_dir, args.tag)
+    arch = PRESETS[args.preset]
+    flops = flops_per_token(arch, args.seq_length)
+    argv_list = [sys.executable] + (sys.argv if argv is None else [sys.argv[0]] + list(argv))
+    results: Dict[str, Any] = {
+        "benchmark": "issue #7 throughput: megatron-core runtime vs Hugging Face baseline",
+        "date": time.strftime("%Y-%m-%d"),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": argv_list,
+        "command_line": shlex.join(argv_list),
+        "host": {**host_info(), **gpu_info(), "PYTORCH_CUDA_ALLOC_CONF": env.get("PYTORCH_CUDA_ALLOC_CONF")},
+        "versions": {name: _version(name) for name in ("torch", "transformers", "megatron-core", "numpy")},
+        "settings": {
+            "model": f"{args.preset} preset of bench/runtime/train_reference.py (qwen3-1.7b: Qwen3-1.7B architecture, "
+                     "28 layers, hidden 2048, ffn 6144, 16 heads, 8 KV groups, head dim 128, vocab 151936, untied), "
+                     "masked diffusion (LLaDA, variable_length_prob 0.01), bidirectional attention",
+            "preset": args.preset,
+            "architecture": arch,
+            "seq_length": args.seq_length,
+            "warmup_steps": args.warmup,
+            "timed_steps": args.steps,
+            "seed": args.seed,
+            "nproc_megatron": args.nproc,
+            "megatron_micro_batch_sizes": args.megatron_mbs,
+            "hf_micro_batch_sizes": args.hf_mbs,
+            "megatron_extra_args": megatron_extra,
+            "hf_extra_args": args.hf_arg,
+            "timeout_s": args.timeout_s,
+            "budget_s": args.budget_s,
+            "megatron": "bench/runtime/train_reference.py (bf16, local layer spec + SDPA, distributed optimizer with fp32 "
+                        "main weights, mock data), one microbatch per DP rank per step; step time = runtime's "
+                        "metrics.jsonl step_time_s (wall clock between CUDA-synchronised log points, log interval 1)",
+            "hf": "bench/throughput/hf_baseline.py (transformers Qwen3ForCausalLM, sdpa, bidirectional, pure bf16 + "
+                  "fused AdamW unless --hf-arg=--fp32-master, random tokens); step time from CUDA events",
+        },
+        **flops,
+        "peak_tflops_per_gpu": PEAK_TFLOPS,
+        "megatron": {"attempts": [], "best": None},
+        "hf": {"attempts": [], "best": None},
+        "ratio_tokens_per_s": None,
+        "status": "running",
+        "results_file": json_path.name,
+        "log_file": combined_log.name,
+    }
+    missing = []  # checked only for this interpreter (another --python may have other packages)
+    same_python = os.path.realpath(args.python) == os.path.realpath(sys.executable)
+    if same_python and "megatron" in args.sides and not _importable("megatron.core"):
+        missing.append("megatron")
+    if same_python and "hf" in args.sides and not _importable("transformers"):
+        missing.append("hf")
+    _write_json(json_path, results)
+    print(f"throughput: {len(jobs)} jobs, results -> {json_path}", flush=True)
+
+    def stop(signum, frame):  # the harness is being stopped: end the job, keep what was measured
+        if _CURRENT_GROUP:
+            _kill_group(_CURRENT_GROUP[0])
+        finish(results)
+        results["status"] = f"interrupted by {signal.Signals(signum).name}"
+        _write_json(json_path, results)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    oom_from: Dict[str, int] = {}
+    fallback_tried = args.no_fusion_fallback or "--no-fusion" in megatron_extra
+    for side, mbs in jobs:
+        left = args.budget_s - (time.perf_counter() - t_begin)
+        attempts = results[side]["attempts"]
+        if side in missing:
+            what = "megatron.core" if side == "megatron" else "transformers"
+            attempts.append({"micro_batch_size": mbs, "status": "error",
+                             "error": f"{what} is not importable by {args.python} (PYTHONPATH={os.environ.get('PYTHONPATH')})"})
+            _write_json(json_path, results)
+            continue
+        if side in oom_from:
+            attempts.append({"micro_batch_size": mbs, "status": "skipped", "error": f"micro batch {oom_from[side]} ran out of memory"})
+            _write_json(json_path, results)
+            continue
+        if left < 60:
+            attempts.append({"micro_batch_size": mbs, "status": "skipped", "error": f"time budget: {left:.0f} s left"})
+            _write_json(json_path, results)
+            continue
+        timeout = min(args.timeout_s, left)
+        tries = 0
+        while True:
+            tries += 1
+            name = f"{side}_mb{mbs}" + (f"_try{tries}" if tries > 1 else "")
+            try:
+                attempt, steps_seen = run_job(args, side, mbs, name, timeout=timeout, env=env, work=work,
+                                              megatron_extra=megatron_extra, flops=flops["flops_per_token"],
+                                              combined_log=combined_log, elapsed=time.perf_counter() - t_begin)
+            except Exception as exc:  # noqa: BLE001 - a harness bug must not lose the other jobs
+                attempt, steps_seen = {"micro_batch_size": mbs, "status": "error", "returncode": None, "seconds": 0.0,
+                                       "error": f"harness: {type(exc).__name__}: {exc}",
+                                       "error_tail": traceback.format_exc()[-3000:]}, 0
+            retry = (side == "megatron" and not fallback_tried and attempt["status"] == "error"
+                     and steps_seen == 0 and attempt.get("returncode") not in (None, 0)
+                     and (args.budget_s - (time.perf_counter() - t_begin)) > 90)
+            if retry:
+                fallback_tried = True
+                megatron_extra = megatron_extra + ["--no-fusion"]
+                attempt["retried_with"] = "--no-fusion"
+                attempts.append(attempt)
+                results["settings"]["megatron_extra_args"] = megatron_extra
+                results["settings"]["fusion_fallback"] = "megatron job failed before its first step; retried with --no-fusion"
+                timeout = min(args.timeout_s, args.budget_s - (time.perf_counter() - t_begin))
+                continue
+            break
+        attempts.append(attempt)
+        if attempt["status"] == "oom":
+            oom_from[side] = mbs
+        if attempt["status"] == "ok":
+            print(f"throughput: {name}: {attempt['median_step_time_s'] * 1000:.0f} ms/step, {attempt['tokens_per_s']:,.0f} tok/s, "
+                  f"{attempt['tflops_per_gpu']:.1f} TFLOP/s/GPU, MFU {100 * attempt['mfu']:.1f}%, "
+                  f"peak {attempt.get('peak_mem_gib') or 0:.1f} GiB", flush=True)
+        else:
+            tail = (attempt.get("error_tail") or attempt.get("error") or "").strip().splitlines()[-12:]
+            print(f"throughput: {name}: {attempt['status']} (exit {attempt.get('returncode')}, {attempt.get('seconds', 0):.0f} s)\n    "
+                  + "\n    ".join(tail), flush=True)
+        finish(results)
+        _write_json(json_path, results)
+
+    finish(results)
+    results["status"] = "done"
+    results["seconds"] = time.perf_counter() - t_begin
+    _write_json(json_path, results)
+    m, h = results["megatron"]["best"], results["hf"]["best"]
+    for label, best in (("megatron", m), ("hf", h)):
+        if best:
+            print(f"throughput: best {label}: micro batch {best['micro_batch_size']}, {best['tokens_per_s']:,.0f} tok/s, "
+                  f"{best['tflops_per_gpu']:.1f} TFLOP/s/GPU, MFU {100 * best['mfu']:.1f}%, peak {best['peak_mem_gib'] or 0:.1f} GiB")
+        else:
+            print(f"throughput: best {label}: none completed")
+    if results["ratio_tokens_per_s"] is not None:
+        print(f"throughput: megatron / HF tokens/s = {results['ratio_tokens_per_s']:.3f} (target >= {TARGET_RATIO})")
+    print(f"throughput: wrote {json_path} and {combined_log} in {results['seconds']:.0f} s", flush=True)
+    return 0 if (m or h) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
