@@ -1,9 +1,14 @@
 """``dlmspec``: the command line.
 
-Core commands: ``check`` (load, resolve and check a spec), ``show`` (the spec with every
-default filled in and its derived values; or the GPU, preset and rule catalogs) and ``new``
-(write a starter spec for a preset). Other modules add their commands to :data:`app`
-(``@app.command()`` or ``app.add_typer(sub_app, name=...)``).
+Core commands: ``validate`` (load, resolve and check a spec: schema, cross-field rules, SLURM
+settings, memory per GPU, paths; ``check`` is a hidden alias), ``show`` (the spec with every
+default filled in and its derived values; or the GPU, preset and rule catalogs), ``schema``
+(the JSON Schema of a spec file, for editors) and ``new`` (write a starter spec for a preset
+that validates, plans and compiles as written). Other modules add their commands to
+:data:`app` (``@app.command()`` or ``app.add_typer(sub_app, name=...)``).
+
+``validate`` is the command users run most: it imports neither the compiler (jinja2) nor torch,
+and its speed is measured by ``bench/validate/bench_validate.py``.
 
 Bad input never prints a traceback: any :class:`~dlmspec.errors.SpecError` that escapes a
 command (including commands added by other modules) is printed as a table of issues (file:line,
@@ -37,7 +42,7 @@ from dlmspec.params import count_parameters
 from dlmspec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
 from dlmspec.resolve import Resolved, resolve
 from dlmspec.spec import ModelSpec, Spec
-from dlmspec.validate import RULES, find_issues
+from dlmspec.validate import RULES, validate_spec
 
 _JSON_META = "dlmspec.json"
 
@@ -61,6 +66,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # help paragraphs reflow to the terminal's width
 )
 
 
@@ -174,26 +180,27 @@ def _optional(name: str) -> Any:
         raise
 
 
+def _issue_order(issue: SpecIssue) -> tuple:
+    return (issue.severity != "error", issue.file or "", issue.line if issue.line is not None else 1 << 30,
+            issue.key, issue.rule)
+
+
 def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
-    """Every issue ``dlmspec compile`` would raise for this spec, without writing anything:
-    :func:`dlmspec.validate.find_issues`, the runtime's unsupported settings
-    (:func:`dlmspec.compile.unsupported_issues`) and the SLURM checks
-    (:func:`dlmspec.slurm.sbatch_issues`). Sorted errors first, then by file, line and key."""
-    issues = list(find_issues(loaded, resolved))
+    """What ``dlmspec validate`` reports (:func:`dlmspec.validate.validate_spec`: rules, paths,
+    SLURM settings, memory) plus what ``dlmspec compile`` refuses because the bundled runtime
+    cannot run it yet (:func:`dlmspec.compile.unsupported_issues`): every issue between this
+    spec and a running job. Sorted errors first, then by file, line and key. Imports the
+    compiler (slower than ``validate``); ``dlmspec new`` uses it."""
+    issues = validate_spec(loaded, resolved, paths=True)
     compile_module = _optional("compile")
     if compile_module is not None:
         issues.extend(compile_module.unsupported_issues(resolved, loaded))
-    slurm = _optional("slurm")
-    if slurm is not None:
-        issues.extend(slurm.sbatch_issues(resolved, loaded))
-    return sorted(
-        issues,
-        key=lambda i: (i.severity != "error", i.file or "", i.line if i.line is not None else 1 << 30, i.key, i.rule),
-    )
+    return sorted(issues, key=_issue_order)
 
 
 def load_and_check(path: str, overrides: list[str], *, strict: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
-    """Load ``path`` with ``--set`` ``overrides``, resolve it and run :func:`spec_issues`.
+    """Load ``path`` with ``--set`` ``overrides``, resolve it and validate it
+    (:func:`dlmspec.validate.validate_spec`).
 
     Returns:
         (loaded, resolved, warnings).
@@ -203,7 +210,7 @@ def load_and_check(path: str, overrides: list[str], *, strict: bool = False) -> 
     """
     loaded = load(path, overrides)
     resolved = resolve(loaded.spec)
-    issues = spec_issues(loaded, resolved)
+    issues = validate_spec(loaded, resolved, paths=True)
     if any(i.severity == "error" for i in issues) or (strict and issues):
         raise SpecError(issues)
     return loaded, resolved, issues
@@ -229,36 +236,53 @@ def _main(
 _SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
 
 
-@app.command()
-def check(
+def _memory(resolved: Resolved) -> dict[str, int] | None:
+    """Planned peak per GPU and the GPU's memory, bytes (None for a GPU outside the catalog)."""
+    if resolved.gpu is None:
+        return None
+    from dlmspec.plan import make_plan
+
+    return {"peak_bytes": int(round(make_plan(resolved).peak_bytes)), "capacity_bytes": int(resolved.gpu.memory_bytes)}
+
+
+def validate(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     strict: bool = typer.Option(False, "--strict", help="Fail (exit 2) on warnings too."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Check a spec: schema, cross-field rules, runtime support and SLURM settings.
+    """Validate a spec: schema, cross-field rules, SLURM settings and memory per GPU.
 
-    Exit code 0 when it compiles (warnings are printed), 2 when it does not.
+    Every problem is reported at once with file, line, key, value, why and a value that works.
+    Data, tokenizer and checkpoint paths missing on this machine are warnings (they usually live
+    on the cluster). Exit code 0 when the spec is valid (warnings go to stderr), 2 when not.
+    Settings the bundled runtime cannot run yet (SFT, RL, init_from, FSDP, ...) are reported
+    by `dlmspec compile`.
     """
     use_json(ctx, json_output)
     loaded, resolved, warnings = load_and_check(spec, set_, strict=strict)
-    derived = resolved.derived()
+    memory = _memory(resolved)
     if json_output:
         print(json.dumps({"ok": True, "spec": display_path(str(loaded.path)), "name": loaded.spec.name,
-                          "warnings": [_issue_dict(w) for w in warnings], "derived": derived}, indent=2))
+                          "warnings": [_issue_dict(w) for w in warnings], "derived": resolved.derived(),
+                          "memory": memory}, indent=2))
         return
     report_warnings(warnings)
     p = resolved.params
     active = f" ({human_count(p.active)} active)" if p.active != p.total else ""
-    stdout().print(
-        Text(
-            f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
-            f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
-            f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
-            f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens"
-        )
+    fits = (f"; planned peak {memory['peak_bytes'] / GiB:.1f} of {memory['capacity_bytes'] / GiB:.1f} GiB per GPU"
+            if memory else "")
+    print(
+        f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
+        f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
+        f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
+        f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}"
     )
+
+
+app.command("validate")(validate)
+app.command("check", hidden=True, help="Alias of `dlmspec validate`.")(validate)
 
 
 def spec_toml(spec: Spec) -> str:
@@ -369,7 +393,7 @@ def show(
     """Print a spec with every default filled in and its derived values, or a catalog.
 
     The printed spec is TOML that loads back to the same spec (derived values are comments).
-    The spec is not checked (use ``dlmspec check``); it only has to load.
+    The spec is not checked (use ``dlmspec validate``); it only has to load.
     """
     use_json(ctx, json_output)
     chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
@@ -407,6 +431,40 @@ def show(
     sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))
 
 
+#: Spec keys a layout search chooses (:data:`dlmspec.plan.SPEC_KEYS`); ``dlmspec new`` searches
+#: only when no ``--set`` names one of them.
+_LAYOUT_KEYS = frozenset({
+    "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
+    "parallel.virtual_pipeline_model_parallel_size", "parallel.context_parallel_size",
+    "parallel.expert_model_parallel_size", "parallel.expert_tensor_parallel_size", "parallel.sequence_parallel",
+    "train.micro_batch_size", "recompute.granularity", "recompute.method", "recompute.num_layers",
+    "parallel.use_distributed_optimizer",
+})
+
+
+def _starter_mask(preset: str, vocab_size: int) -> tuple[int, int, str]:
+    """``(mask_token_id, NullTokenizer vocab_size, why)`` for an mdm starter spec of ``preset``.
+
+    [MASK] must be a row of the embedding that the data never contains (rules
+    ``mask-token-range`` and ``mask-token-distinct``): the id the published model reserves, else
+    the first padded row, else (a vocabulary that is a multiple of 128: no padded row at any TP
+    size) the last row. The mock NullTokenizer emits ids 0..vocab_size, so its vocab_size stays
+    below the mask id.
+    """
+    if preset in MASK_TOKEN_IDS:
+        mask = MASK_TOKEN_IDS[preset]
+        why = f"the id {preset}'s tokenizer reserves for it"
+    elif vocab_size % 128:
+        mask = vocab_size
+        why = f"the first padded embedding row ({preset} has {vocab_size:,} token ids)"
+    else:
+        mask = vocab_size - 1
+        why = (f"the last embedding row: {preset}'s {vocab_size:,} rows are a multiple of 128, so padding "
+               "leaves none free. The mock NullTokenizer below never emits it; with the real tokenizer, use "
+               "an id it never emits (e.g. an unused or reserved special token)")
+    return mask, min(vocab_size - 1, mask - 1), why
+
+
 def starter_spec(
     name: str,
     preset: str,
@@ -417,30 +475,40 @@ def starter_spec(
     gpus_per_node: int = 8,
     seq_length: int | None = None,
     overrides: Iterable[str] = (),
+    layout: dict[str, Any] | None = None,
+    layout_note: str | None = None,
 ) -> str:
-    """A starter spec (TOML text) for ``preset``: data-parallel only, mock data with a
-    NullTokenizer (so it runs at once as a benchmark), bf16, a 1,000-step cosine schedule, and
-    a global batch of at least 256 sequences (the smallest multiple of the GPU count).
+    """A starter spec (TOML text) for ``preset``: mock data with a NullTokenizer (so it runs
+    at once as a benchmark), bf16, a 1,000-step cosine schedule, a global batch of at least 256
+    sequences (the smallest multiple of the GPU count), and for ``mdm`` an explicit [MASK] id
+    (:func:`_starter_mask`). The layout is data parallel only unless ``layout`` (dotted spec key
+    -> value, e.g. from :func:`dlmspec.plan.search.search`) says otherwise; ``layout_note`` is
+    the header line that explains it. ``overrides`` (``--set``) are applied last.
 
     Raises:
         SpecError: unknown preset, or a malformed ``--set`` override.
     """
     if preset not in PRESETS:
-        from difflib import get_close_matches
+        from dlmspec.loader import preset_hint
 
-        close = get_close_matches(preset.lower(), preset_names(), n=1)
-        raise SpecError([SpecIssue("--preset", "unknown preset", value=preset,
-                                   hint=f"did you mean '{close[0]}'?" if close else f"use one of {', '.join(preset_names())}",
+        raise SpecError([SpecIssue("--preset", "unknown preset", value=preset, hint=preset_hint(preset),
                                    rule="unknown-preset")])
     model = PRESETS[preset]
     world = nodes * gpus_per_node
     seq = seq_length or min(4096, model["max_position_embeddings"])
+    vocab = model["vocab_size"]
+    objective_table: dict[str, Any] = {"kind": objective}
+    if objective == "mdm":
+        mask, null_vocab, mask_why = _starter_mask(preset, vocab)
+        objective_table["mask_token_id"] = mask
+    else:
+        null_vocab, mask_why = vocab - 1, None
     data: dict[str, Any] = {
         "name": name,
         "description": f"{preset} {'masked-diffusion' if objective == 'mdm' else 'autoregressive'} "
         f"pretraining on {world} {gpu} GPU(s) (starter spec from `dlmspec new`)",
         "model": {"preset": preset},
-        "objective": {"kind": objective},
+        "objective": objective_table,
         "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
         "precision": {"dtype": "bf16"},
         "train": {
@@ -453,11 +521,13 @@ def starter_spec(
             "lr_decay_style": "cosine",
             "lr_warmup_iters": 100,
         },
-        "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": model["vocab_size"] - 1}},
+        "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": null_vocab}},
         "checkpoint": {"save": f"runs/{name}/checkpoints", "save_interval": 500},
         "cluster": {"gpu": gpu, "gpus_per_node": gpus_per_node, "nodes": nodes},
         "logging": {"log_interval": 10, "tensorboard_dir": f"runs/{name}/tensorboard"},
     }
+    for key, value in (layout or {}).items():
+        set_dotted(data, key, value)
     problems = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -471,18 +541,73 @@ def starter_spec(
             problems.append(SpecIssue(key.strip(), str(exc), value=item, rule="set"))
     if problems:
         raise SpecError(problems)
-    header = (
-        f"# {name}: written by `dlmspec new --preset {preset}`.\n"
-        "# It trains on random tokens (data.mock) so it runs as is. For real data, prepare an indexed\n"
-        "# dataset (`dlmspec data prepare`), then set in [data]: mock = false,\n"
-        '#   train = ["PREFIX_text_document"], and [data.tokenizer] type/model of the model\'s tokenizer.\n'
-        "# `dlmspec show --presets` lists presets; `dlmspec check` checks this file.\n\n"
-    )
-    return header + tomli_w.dumps(data)
+    lines = [
+        f"{name}: written by `dlmspec new --preset {preset}`.",
+        "It trains on random tokens (data.mock) so it validates, plans and compiles as written. For real",
+        "data, prepare an indexed dataset (`dlmspec data prepare`), then set in [data]: mock = false,",
+        '  train = ["PREFIX_text_document"], and [data.tokenizer] type/model of the model\'s tokenizer.',
+    ]
+    if mask_why:
+        lines.append(f"[MASK] = {data['objective'].get('mask_token_id')}: {mask_why}.")
+    lines.append(layout_note or "Parallel layout: data parallel only.")
+    lines.append("`dlmspec show --presets` lists presets; `dlmspec validate` checks this file, `dlmspec plan` "
+                 "shows its memory and speed.")
+    header = "".join(f"# {line}\n" for part in lines for line in _wrap(part, 96))
+    return header + "\n" + tomli_w.dumps(data)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
+
+
+def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str]:
+    """The fastest layout of ``resolved``'s model and GPUs whose planned peak leaves the
+    headroom :func:`dlmspec.plan.check_memory` asks for (:func:`dlmspec.plan.search.search`).
+
+    Returns:
+        ``(layout, note, hint)``: the layout as dotted spec keys and the header line that
+        explains it; or ``None``, why nothing fits, and what would (the smallest node count,
+        up to 64 nodes of the same GPUs, that fits).
+    """
+    from dlmspec.plan import HEADROOM_WARNING
+    from dlmspec.plan.search import search
+
+    def best(candidate: Resolved) -> tuple[Any, Any]:
+        result = search(candidate, top=20)
+        cap = HEADROOM_WARNING * candidate.gpu.memory_bytes
+        return next((c for c in result.top if c.peak_bytes <= cap), None), result
+
+    found, result = best(resolved)
+    if found is None and result.top:
+        failure = "its layouts fit only without the 5% memory headroom the planner asks for"
+    elif found is None:
+        smallest = result.smallest.peak_bytes / GiB if result.smallest else float("nan")
+        failure = (f"the smallest planned peak of its {result.evaluated:,} layouts is {smallest:.1f} GiB per GPU, "
+                   f"against {resolved.gpu.memory_bytes / GiB:.1f} GiB")
+    if found is not None:
+        lay = found.layout
+        note = (f"Parallel layout: the fastest that fits with headroom (`dlmspec plan --search`): TP {lay.tp} x "
+                f"PP {lay.pp}{f' (virtual {lay.vpp})' if lay.vpp > 1 else ''} x CP {lay.cp} x DP {lay.dp}"
+                f"{f', EP {lay.ep}' if lay.ep > 1 else ''}, micro batch {lay.micro_batch}, recompute "
+                f"{lay.recompute}; planned peak {found.peak_bytes / GiB:.1f} of "
+                f"{resolved.gpu.memory_bytes / GiB:.1f} GiB per GPU.")
+        return found.spec_changes(), note, ""
+    spec, cluster = resolved.spec, resolved.spec.cluster
+    for nodes in (2, 4, 8, 16, 32, 64):
+        if nodes <= cluster.nodes:
+            continue
+        bigger, _ = best(resolve(spec.replace(**{"cluster.nodes": nodes})))
+        if bigger is not None:
+            return None, failure, (f"pass --nodes {nodes} ({nodes} nodes of {cluster.gpus_per_node} fit), "
+                                   "or a GPU with more memory (--gpu)")
+    return None, failure, "use a GPU with more memory (--gpu): not even 64 nodes fit"
 
 
 @app.command()
 def new(
+    ctx: typer.Context,
     output: str = typer.Argument(..., help="Spec file to write (.toml)."),
     preset: str = typer.Option(..., "--preset", "-p", help="Model preset (dlmspec show --presets)."),
     objective: str = typer.Option("mdm", "--objective", help="mdm (masked diffusion) or ar."),
@@ -492,8 +617,15 @@ def new(
     seq_length: Optional[int] = typer.Option(None, "--seq-length", min=1, help="Default: min(4096, the preset's context)."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Write a starter spec for a model preset; it is checked before it is written."""
+    """Write a starter spec for a model preset that validates, plans and compiles as written.
+
+    The layout is data parallel when that fits the GPU's memory; otherwise the fastest layout
+    that fits (as `dlmspec plan --search` ranks them), unless --set chooses parallel keys. When
+    nothing fits, nothing is written and the message says how many nodes would do.
+    """
+    use_json(ctx, json_output)
     target = Path(output)
     if objective not in ("mdm", "ar"):
         raise SpecError([SpecIssue("--objective", "not an objective", value=objective, hint="use mdm or ar",
@@ -502,11 +634,24 @@ def new(
         raise SpecError([SpecIssue("<output>", "the file exists and would be overwritten", value=output,
                                    hint="pass --force, or choose another file name", rule="output-file")])
     name = target.stem.replace(".", "-") or "dlmspec-run"
-    text = starter_spec(name, preset, objective=objective, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node,
-                        seq_length=seq_length, overrides=set_)
+    options = dict(objective=objective, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length,
+                   overrides=set_)
+    text = starter_spec(name, preset, **options)
     loaded = load_text(text, name=target.name)
     resolved = resolve(loaded.spec)
     issues = spec_issues(loaded, resolved)
+    chosen = {item.partition("=")[0].strip() for item in set_}
+    if any(i.rule in ("memory-fits", "memory-headroom") for i in issues) and not chosen & _LAYOUT_KEYS:
+        layout, note, hint = _fitting_layout(resolved)
+        if layout is None:
+            raise SpecError([SpecIssue("--nodes", f"{preset} does not fit on {resolved.world_size} x {gpu}: {note}",
+                                       value=nodes, hint=hint, rule="memory-fits",
+                                       source="dlmspec.plan.search (every layout of the model on these GPUs)",
+                                       file=f"{output} (not written)")])
+        text = starter_spec(name, preset, **options, layout=layout, layout_note=note)
+        loaded = load_text(text, name=target.name)
+        resolved = resolve(loaded.spec)
+        issues = spec_issues(loaded, resolved)
     for issue in issues:  # the text is not written yet: point at the command line instead
         issue.file, issue.line = f"{output} (not written)", None
         if issue.severity == "error" and issue.hint and not issue.key.startswith(("<", "-")):
@@ -516,12 +661,87 @@ def new(
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise SpecError([SpecIssue("<output>", f"cannot write the file: {exc.strerror or exc}", value=output,
-                                   hint="choose a writable path", rule="output-file")]) from None
+    except (OSError, ValueError) as exc:
+        raise SpecError([SpecIssue("<output>", f"cannot write the file: {getattr(exc, 'strerror', None) or exc}",
+                                   value=output, hint="choose a writable path", rule="output-file")]) from None
+    for issue in issues:
+        issue.file = output
+    if json_output:
+        print(json.dumps({"ok": True, "output": output, "name": name, "preset": preset,
+                          "warnings": [_issue_dict(i) for i in issues], "derived": resolved.derived(),
+                          "memory": _memory(resolved)}, indent=2))
+        return
     report_warnings(issues)
-    stdout().print(Text(f"wrote {output}: {human_count(resolved.params.total)} parameters; "
-                        f"next: dlmspec check {output}"))
+    print(f"wrote {output}: {human_count(resolved.params.total)} parameters, {resolved.world_size} GPU(s) as "
+          f"TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} x DP {resolved.dp}; "
+          f"next: dlmspec validate {output}, dlmspec plan {output}")
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of a spec file, from the pydantic models of
+    :mod:`dlmspec.spec`, adjusted to what the loader accepts: ``extends`` (then nothing is
+    required: the parent supplies it), ``[model] preset`` instead of the dimensions it fills
+    (an enum of the preset ids), ``cluster.gpu`` as an enum of the catalog, and prefix strings
+    as ``data.train`` / ``data.valid`` entries."""
+    from dlmspec.gpus import gpu_ids
+
+    schema = Spec.model_json_schema()
+    defs = schema["$defs"]
+    model, train = defs["ModelSpec"], defs["TrainSpec"]
+    dimensions = model.pop("required")
+    train_required = train.pop("required")
+    top_required = schema.pop("required")
+    model["properties"]["preset"] = {"type": "string", "enum": preset_names(),
+                                     "description": model["properties"]["preset"].get("description", "")}
+    defs["ClusterSpec"]["properties"]["gpu"]["enum"] = gpu_ids()
+    for key in ("train", "valid"):
+        entry = defs["DataSpec"]["properties"][key]
+        entry["items"] = {"anyOf": [{"type": "string", "description": "indexed-dataset prefix (weight 1)"},
+                                    entry["items"]]}
+    schema["properties"] = {"extends": {"type": "string", "description": "Parent spec file (relative to this "
+                                        "one), deep-merged under this file's keys."}, **schema["properties"]}
+    schema["anyOf"] = [
+        {"required": ["extends"]},
+        {"required": top_required,
+         "properties": {"model": {"anyOf": [{"required": ["preset"]}, {"required": dimensions}]},
+                        "train": {"required": train_required}}},
+    ]
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://dlmspec.invalid/spec.schema.json", **schema}
+
+
+@app.command()
+def schema(
+    ctx: typer.Context,
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the schema to this file instead of stdout."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+    json_output: bool = typer.Option(False, "--json", help="With --output: print what was written as JSON."),
+) -> None:
+    """Print the JSON Schema of spec files, so editors complete and check them.
+
+    With taplo / Even Better TOML, write `dlmspec schema -o dlmspec.schema.json` and start a
+    spec with the line `#:schema ./dlmspec.schema.json`. The schema checks names, types, ranges
+    and allowed values; `dlmspec validate` also checks the rules between keys.
+    """
+    use_json(ctx, json_output)
+    text = json.dumps(spec_json_schema(), indent=2, sort_keys=True) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    target = Path(output)
+    try:
+        if target.exists() and not force:
+            raise SpecError([SpecIssue("--output", "the file exists and would be overwritten", value=output,
+                                       hint="pass --force, or choose another file name", rule="output-file")])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        raise SpecError([SpecIssue("--output", f"cannot write the file: {getattr(exc, 'strerror', None) or exc}",
+                                   value=output, hint="choose a writable path", rule="output-file")]) from None
+    if json_output:
+        print(json.dumps({"ok": True, "output": output, "bytes": len(text.encode())}, indent=2))
+    else:
+        print(f"wrote {output} ({len(text.encode()):,} bytes)")
 
 
 @app.command("compile")
@@ -535,7 +755,8 @@ def compile_command(
 ) -> None:
     """Compile a spec into a directory that runs it (dlmspec.compile).
 
-    The spec is checked first (as by `dlmspec check`); nothing is written when it has an error.
+    The spec is checked first (as by `dlmspec validate`, plus what the runtime cannot run yet);
+    nothing is written when it has an error.
     The same spec always gives the same bytes.
     """
     from dlmspec.compile import compile_spec

@@ -1,89 +1,143 @@
-"""Tests of the CLI core (dlmspec.cli): exit codes, the issue report (never a traceback),
---json, show round trips and the catalogs, and `new`."""
+"""Tests of the CLI core (dlmspec.cli): validate (exit codes, every issue with file, line, key,
+value, fix; memory; paths; --json; no torch), the hidden `check` alias, show round trips and
+catalogs, and `new` (every preset's starter spec validates, plans and compiles as written)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from dlmspec.cli import app, main, spec_issues
+from dlmspec.compile import check_spec, render
 from dlmspec.errors import EXIT_USAGE
 from dlmspec.gpus import GPUS
 from dlmspec.loader import load
-from dlmspec.presets import PRESETS
+from dlmspec.presets import MASK_TOKEN_IDS, PRESETS
 from dlmspec.resolve import resolve
 from dlmspec.validate import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = str(ROOT / "specs" / "demo-dlm.toml")
+LLADA = str(ROOT / "specs" / "llada-8b-pretrain.toml")
 
 
 def run(*args: str):
     return CliRunner().invoke(app, list(args))
 
 
-def test_check_ok() -> None:
-    result = run("check", DEMO)
+def no_traceback(result) -> None:
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+def test_validate_ok() -> None:
+    r = resolve(load(DEMO).spec)
+    result = run("validate", DEMO)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith("ok: demo-dlm: 152.7M parameters, 1 GPU(s)")
-    assert "600 steps of 16,384 tokens" in result.stdout
+    assert result.stdout.startswith("ok: demo-dlm: 152.7M parameters, 1 GPU(s) as TP 1 x PP 1 x CP 1 x DP 1")
+    assert f"{r.train_iters:,} steps of 16,384 tokens; planned peak " in result.stdout
+    assert "GiB per GPU" in result.stdout
     assert result.stderr == ""
 
 
-def test_check_error_reports_every_issue_with_location_and_fix() -> None:
-    result = run("check", DEMO, "--set", "train.global_batch_size=30", "--set", "parallel.sequence_parallel=true")
+def test_validate_reports_every_issue_with_location_and_fix() -> None:
+    result = run("validate", DEMO, "--set", "train.global_batch_size=30", "--set", "parallel.sequence_parallel=true")
     assert result.exit_code == EXIT_USAGE
+    no_traceback(result)
     err = result.stderr
-    assert "Traceback" not in err and "Traceback" not in result.stdout
     for text in ("train.global_batch_size", "30", "not a multiple of micro_batch_size", "fix:", "use global_batch_size = 32",
                  "parallel.sequence_parallel", "[batch-divisible]", "[sequence-parallel-needs-tp]", "2 errors, 0 warnings"):
         assert text in err, text
 
 
-def test_check_points_at_the_line(tmp_path: Path) -> None:
+def test_validate_points_at_the_line(tmp_path: Path) -> None:
     spec = tmp_path / "bad.toml"
-    spec.write_text((ROOT / "specs" / "demo-dlm.toml").read_text().replace("global_batch_size = 32", "global_batch_size = 30"))
-    result = CliRunner().invoke(app, ["check", str(spec), "--json"])
+    spec.write_text(Path(DEMO).read_text().replace("global_batch_size = 32", "global_batch_size = 30"))
+    result = run("validate", str(spec), "--json")
     assert result.exit_code == EXIT_USAGE
     report = json.loads(result.stdout)
     assert report["ok"] is False
-    (issue,) = report["issues"]
+    # The demo's data and tokenizer paths are relative to the checkout, not to tmp_path.
+    errors = [i for i in report["issues"] if i["severity"] == "error"]
+    (issue,) = errors
     lines = spec.read_text().splitlines()
     assert issue["file"].endswith("bad.toml")
     assert lines[issue["line"] - 1].startswith("global_batch_size = 30")
-    assert (issue["rule"], issue["key"], issue["value"], issue["severity"]) == (
-        "batch-divisible", "train.global_batch_size", 30, "error")
+    assert (issue["rule"], issue["key"], issue["value"]) == ("batch-divisible", "train.global_batch_size", 30)
 
 
-def test_check_json_ok() -> None:
-    result = run("check", DEMO, "--json")
+def test_validate_json_ok() -> None:
+    result = run("validate", DEMO, "--json")
     assert result.exit_code == 0
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["warnings"] == []
     assert report["derived"]["padded_vocab_size"] == 50304
     assert report["derived"]["mask_token_id"] == 50257
+    memory = report["memory"]
+    assert 0 < memory["peak_bytes"] < memory["capacity_bytes"] == GPUS["h200"].memory_bytes
 
 
-def test_check_warnings_and_strict() -> None:
-    result = run("check", DEMO, "--set", "train.eval_interval=1000")
+def test_validate_warnings_and_strict() -> None:
+    result = run("validate", DEMO, "--set", "train.eval_interval=100000")
     assert result.exit_code == 0
     assert "[eval-interval]" in result.stderr and "1 warning" in result.stderr
     assert result.stdout.startswith("ok:")
-    strict = run("check", DEMO, "--set", "train.eval_interval=1000", "--strict")
+    strict = run("validate", DEMO, "--set", "train.eval_interval=100000", "--strict")
     assert strict.exit_code == EXIT_USAGE
     assert "0 errors, 1 warning" in strict.stderr
+
+
+def test_validate_fails_a_spec_that_does_not_fit_the_gpu() -> None:
+    result = run("validate", LLADA, "--set", "cluster.gpu=a100-40gb", "--json")
+    assert result.exit_code == EXIT_USAGE
+    issues = json.loads(result.stdout)["issues"]
+    (memory,) = [i for i in issues if i["severity"] == "error"]
+    assert (memory["rule"], memory["key"], memory["value"]) == ("memory-fits", "cluster.gpu", "a100-40gb")
+    assert "exceeds" in memory["message"] and memory["hint"]
+    assert memory["file"] == "--set"
+
+
+def test_validate_warns_about_paths_not_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's relative paths exist from the checkout; from elsewhere they are warnings
+    (exit 0), naming each missing input."""
+    monkeypatch.chdir(tmp_path)
+    result = run("validate", DEMO, "--json")
+    assert result.exit_code == 0, result.stdout
+    warned = {(i["rule"], i["key"]) for i in json.loads(result.stdout)["warnings"]}
+    assert warned == {("path-not-found", k) for k in ("data.train", "data.valid", "data.tokenizer.vocab_file",
+                                                      "data.tokenizer.merge_file")}
+    (tmp_path / ".data").mkdir()
+    for suffix in (".bin", ".idx"):
+        (tmp_path / ".data" / f"pydocs-train_text_document{suffix}").write_bytes(b"")
+    warned = {i["key"] for i in json.loads(run("validate", DEMO, "--json").stdout)["warnings"]}
+    assert "data.train" not in warned and "data.valid" in warned
+
+
+def test_check_is_a_hidden_alias() -> None:
+    assert run("check", DEMO).stdout == run("validate", DEMO).stdout
+    assert run("check", DEMO, "--set", "train.global_batch_size=30").exit_code == EXIT_USAGE
+    commands = [line.split()[1] for line in run("--help").stdout.splitlines()
+                if line.startswith("│ ") and len(line.split()) > 1 and line.split()[1].isalpha()]
+    assert {"validate", "show", "new", "schema"} <= set(commands) and "check" not in commands
 
 
 @pytest.mark.parametrize(
     ("args", "text"),
     [
-        (["check", "no/such/spec.toml"], "file not found"),
-        (["check", DEMO, "--set", "nonsense"], "expected section.key=value"),
-        (["check", DEMO, "--set", "model.num_layerz=3"], "did you mean 'num_layers'?"),
-        (["check", DEMO, "--set", "cluster.gpu=h1000"], "unknown GPU"),
+        (["validate", "no/such/spec.toml"], "file not found"),
+        (["validate", "no/such/spec.py"], "file not found"),
+        (["validate", str(ROOT / "specs")], "is a directory"),
+        (["validate", DEMO, "--set", "nonsense"], "expected section.key=value"),
+        (["validate", DEMO, "--set", "model.num_layerz=3"], "did you mean 'num_layers'?"),
+        (["validate", DEMO, "--set", "cluster.gpu=h1000"], "unknown GPU"),
+        (["validate", DEMO, "--set", "train.lr=nan"], "train.lr"),
+        (["validate", "a\x00b.toml"], "not a usable file name"),
         (["show"], "give exactly one of SPEC"),
         (["show", DEMO, "--gpus"], "give exactly one of SPEC"),
     ],
@@ -92,29 +146,61 @@ def test_bad_input_exits_2_without_traceback(args: list[str], text: str) -> None
     result = run(*args)
     assert result.exit_code == EXIT_USAGE
     assert text in result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+    no_traceback(result)
 
 
-def test_python_spec_error(tmp_path: Path) -> None:
+def test_unknown_preset_names_the_key_value_and_closest_ids(tmp_path: Path) -> None:
+    spec = tmp_path / "p.toml"
+    spec.write_text('[model]\npreset = "Qwen3-1.7B"\n\n[train]\nglobal_batch_size = 8\nseq_length = 512\n')
+    report = json.loads(run("validate", str(spec), "--json").stdout)
+    (issue,) = report["issues"]  # not also "missing" for every dimension the preset fills
+    assert (issue["rule"], issue["key"], issue["value"], issue["line"]) == ("unknown-preset", "model.preset",
+                                                                            "Qwen3-1.7B", 2)
+    assert issue["hint"].startswith("did you mean 'qwen3-1.7b'")
+
+
+def test_python_spec_errors(tmp_path: Path) -> None:
     spec = tmp_path / "s.py"
     spec.write_text("x = 1\nspec = {'model': 1 / 0}\n")
-    result = run("check", str(spec))
+    result = run("validate", str(spec))
     assert result.exit_code == EXIT_USAGE
     assert "ZeroDivisionError" in result.stderr and "s.py:2" in result.stderr
+    spec.write_text("import sys\nsys.exit(3)\n")
+    result = run("validate", str(spec))
+    assert result.exit_code == EXIT_USAGE and "sys.exit(3)" in result.stderr
+    no_traceback(result)
 
 
 def test_usage_errors_exit_2() -> None:
     assert run("bogus").exit_code == 2
-    assert run("check").exit_code == 2
-    assert main(["check", "--no-such-option"]) == 2
+    assert run("validate").exit_code == 2
+    assert main(["validate", "--no-such-option"]) == 2
 
 
 def test_main_returns_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", DEMO]) == 0
-    assert main(["check", DEMO, "--set", "train.global_batch_size=30"]) == EXIT_USAGE
+    assert main(["validate", DEMO]) == 0
+    assert main(["validate", DEMO, "--set", "train.global_batch_size=30"]) == EXIT_USAGE
     assert main(["--version"]) == 0
     assert "dlmspec 0.1.0" in capsys.readouterr().out
+
+
+def test_validate_imports_neither_torch_nor_megatron_nor_the_compiler() -> None:
+    """`dlmspec validate` stays light: no torch, no megatron, no jinja2 (the compiler)."""
+    code = (
+        "import sys\n"
+        "from dlmspec.cli import main\n"
+        f"code = main(['validate', {DEMO!r}])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'jinja2', 'transformer_engine'))\n"
+        "print('HEAVY', heavy)\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY []" in done.stdout
+    assert "dlmspec.plan" in subprocess.run(
+        [sys.executable, "-c", code.replace("print('HEAVY', heavy)", "print(sorted(sys.modules))")],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
 
 
 def test_show_round_trips(tmp_path: Path) -> None:
@@ -148,45 +234,119 @@ def test_show_catalogs() -> None:
     assert table.exit_code == 0 and "mixtral-8x7b" in table.stdout and "46.7B" in table.stdout
 
 
-def test_new_writes_a_spec_that_checks(tmp_path: Path) -> None:
+# ------------------------------------------------------------------------------------------
+# dlmspec new
+
+
+def _nodes_hint(stderr: str) -> int | None:
+    import re
+
+    match = re.search(r"pass --nodes (\d+)", stderr.replace("\n", " "))
+    return int(match.group(1)) if match else None
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_scaffolds_a_spec_that_validates_plans_and_compiles(tmp_path: Path, preset: str) -> None:
+    """`dlmspec new --preset NAME` writes a spec that validates with no issue at all, fits its
+    GPUs with headroom and compiles; a preset too large for one node is refused with the node
+    count that fits, and that count works."""
+    out = tmp_path / f"{preset}.toml"
+    result = run("new", str(out), "--preset", preset)
+    no_traceback(result)
+    if result.exit_code == EXIT_USAGE:
+        nodes = _nodes_hint(result.stderr)
+        assert "[memory-fits]" in result.stderr and nodes is not None, result.stderr
+        assert not out.exists()
+        result = run("new", str(out), "--preset", preset, "--nodes", str(nodes))
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    loaded = load(out)
+    resolved = resolve(loaded.spec)
+    assert spec_issues(loaded, resolved) == []  # validate (rules, paths, memory) + the runtime's gaps
+    assert check_spec(loaded, resolved) == []
+    assert "train.py" in render(resolved, str(out))
+    assert loaded.spec.model.preset == preset and loaded.spec.name == preset.replace(".", "-")
+    if loaded.spec.objective.kind == "mdm":
+        mask, tok = resolved.mask_token_id, loaded.spec.data.tokenizer
+        assert mask == MASK_TOKEN_IDS.get(preset, mask) and tok.vocab_size < mask < resolved.padded_vocab_size
+        assert f"[MASK] = {mask}:" in out.read_text()
+
+
+def test_new_layouts_and_masks(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "llada.toml"
-    result = run("new", str(out), "--preset", "llada-8b", "--nodes", "2")
+    result = run("new", str(out), "--preset", "llada-8b")
     assert result.exit_code == 0, result.stderr
     loaded = load(out)
     resolved = resolve(loaded.spec)
-    assert spec_issues(loaded, resolved) == []
-    assert loaded.spec.model.preset == "llada-8b" and resolved.world_size == 16
+    assert loaded.spec.model.preset == "llada-8b" and resolved.world_size == 8
     assert loaded.spec.train.global_batch_size % (resolved.dp * loaded.spec.train.micro_batch_size) == 0
     assert resolved.mask_token_id == 126336
-    # It never overwrites without --force.
-    again = run("new", str(out), "--preset", "llada-8b")
+    # Too large for data parallelism alone on H100s: the fastest layout that fits, said in the header.
+    assert resolved.tp > 1 and "Parallel layout: the fastest that fits" in out.read_text()
+    # --set on a layout key: kept as given, no search.
+    mine = tmp_path / "mine.toml"
+    result = run("new", str(mine), "--preset", "llada-8b", "--set", "parallel.tensor_model_parallel_size=4",
+                 "--set", "parallel.sequence_parallel=true")
+    assert result.exit_code == 0, result.stderr
+    assert resolve(load(mine).spec).tp == 4 and "data parallel only" in mine.read_text()
+    # Small enough: data parallel only.
+    small = tmp_path / "small.toml"
+    assert run("new", str(small), "--preset", "qwen3-0.6b", "--objective", "ar").exit_code == 0
+    r = resolve(load(small).spec)
+    assert (r.tp, r.pp, r.dp, r.mask_token_id) == (1, 1, 8, None)
+
+
+def test_new_never_overwrites_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "q.toml"
+    assert run("new", str(out), "--preset", "qwen3-1.7b").exit_code == 0
+    # Qwen3's 151,936 embedding rows are a multiple of 128: [MASK] takes the last one.
+    r = resolve(load(out).spec)
+    assert r.mask_token_id == 151935 and load(out).spec.data.tokenizer.vocab_size == 151934
+    again = run("new", str(out), "--preset", "qwen3-1.7b", "--objective", "ar")
     assert again.exit_code == EXIT_USAGE and "--force" in again.stderr
+    assert load(out).spec.objective.kind == "mdm"
     assert run("new", str(out), "--preset", "qwen3-1.7b", "--objective", "ar", "--force").exit_code == 0
     assert load(out).spec.objective.kind == "ar"
 
 
-def test_new_refuses_a_spec_that_does_not_check(tmp_path: Path) -> None:
-    out = tmp_path / "q.toml"
-    # Qwen3's vocabulary (151,936) is a multiple of 128: padding leaves no row for [MASK].
-    result = run("new", str(out), "--preset", "qwen3-1.7b")
-    assert result.exit_code == EXIT_USAGE
-    assert "[mask-token-range]" in result.stderr and "q.toml (not written)" in result.stderr
-    assert not out.exists()
-    fixed = run("new", str(out), "--preset", "qwen3-1.7b", "--set", "model.vocab_size=151937")
-    assert fixed.exit_code == 0, fixed.stderr
-    assert resolve(load(out).spec).mask_token_id == 151937
+def test_new_json(tmp_path: Path) -> None:
+    out = tmp_path / "m.toml"
+    report = json.loads(run("new", str(out), "--preset", "megadlms-1.7b", "--json").stdout)
+    assert (report["ok"], report["output"], report["preset"], report["warnings"]) == (True, str(out), "megadlms-1.7b", [])
+    assert report["derived"]["mask_token_id"] == 50277 and report["memory"]["peak_bytes"] > 0
+    refused = json.loads(run("new", str(tmp_path / "x.toml"), "--preset", "llama-3-70b", "--json").stdout)
+    assert refused["ok"] is False and refused["issues"][0]["rule"] == "memory-fits"
 
 
 @pytest.mark.parametrize(
     ("args", "text"),
     [
-        (["--preset", "qwen3-1.7x"], "did you mean 'qwen3-1.7b'?"),
+        (["--preset", "qwen3-1.7x"], "did you mean 'qwen3-1.7b'"),
         (["--preset", "llada-8b", "--objective", "gpt"], "use mdm or ar"),
         (["--preset", "llada-8b", "--set", "train"], "expected section.key=value"),
+        (["--preset", "llada-8b", "--set", "train.global_batch_size=7"], "(pass changes to `dlmspec new` as --set"),
     ],
 )
 def test_new_bad_arguments(tmp_path: Path, args: list[str], text: str) -> None:
     result = run("new", str(tmp_path / "x.toml"), *args)
     assert result.exit_code == EXIT_USAGE
-    assert text in result.stderr
+    assert text in result.stderr.replace("\n", " ") or text in result.stderr
     assert not (tmp_path / "x.toml").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# dlmspec schema (the schema itself: tests/test_schema.py)
+
+
+def test_schema_command(tmp_path: Path) -> None:
+    printed = run("schema")
+    assert printed.exit_code == 0
+    schema = json.loads(printed.stdout)
+    assert schema["$schema"].endswith("2020-12/schema") and "model" in schema["properties"]
+    out = tmp_path / "s" / "dlmspec.schema.json"
+    report = json.loads(run("schema", "--output", str(out), "--json").stdout)
+    assert report == {"ok": True, "output": str(out), "bytes": len(out.read_bytes())}
+    assert json.loads(out.read_text()) == schema
+    refused = run("schema", "--output", str(out))
+    assert refused.exit_code == EXIT_USAGE and "--force" in refused.stderr
+    assert run("schema", "--output", str(out), "--force").exit_code == 0

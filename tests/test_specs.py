@@ -1,5 +1,7 @@
-"""The bundled specs (specs/*.toml): each loads, resolves and passes every check with no
-warning, and the figures their comments state are what dlmspec computes."""
+"""The bundled specs (specs/*.toml): each validates (errors: none; warnings: only data and
+checkpoint paths that are not on this machine), compiles unless its header says the runtime
+cannot run it yet (then the refusal is exactly the one the header describes), and the figures
+their comments state are what dlmspec computes."""
 
 from __future__ import annotations
 
@@ -7,27 +9,72 @@ import math
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from dlmspec.cli import spec_issues
+from dlmspec.cli import app
+from dlmspec.compile import check_spec
+from dlmspec.errors import SpecError
+from dlmspec.gpus import GiB
 from dlmspec.loader import load
+from dlmspec.plan import make_plan
 from dlmspec.resolve import resolve
+from dlmspec.validate import validate_spec
 
-SPECS = sorted((Path(__file__).resolve().parent.parent / "specs").glob("*.toml"))
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted((ROOT / "specs").glob("*.toml"))
+
+#: Specs that validate but that `dlmspec compile` refuses, with the (key, message) of each refusal
+#: (dlmspec.compile.UNSUPPORTED): what their header comments say.
+INIT_FROM = ("checkpoint.init_from",
+             "initialising from a Hugging Face or foreign checkpoint is not implemented by the runtime")
+REFUSED: dict[str, set[tuple[str, str]]] = {
+    "dream-7b-adapt": {INIT_FROM},
+    "megadlms-1.7b-sft": {
+        ("stage.kind", "supervised fine-tuning (stage.kind = 'sft': chat templates, prompt masking) is not "
+                       "implemented by the megatron runtime (backends/megatron)"),
+        INIT_FROM,
+    },
+}
 
 
 def test_bundled_specs_exist() -> None:
+    """Issue #2's list: MegaDLMs' 1.7B example, LLaDA-8B pretraining, Dream-7B adapted from
+    Qwen2.5-7B, an SFT spec, a Mixtral-style MoE DLM and a small demo that fits one GPU."""
     names = {p.stem for p in SPECS}
     assert {"demo-dlm", "demo-ar", "megadlms-1.7b-mdm", "megadlms-1.7b-ar", "llada-8b-pretrain",
-            "mixtral-8x7b-mdm"} <= names
+            "dream-7b-adapt", "megadlms-1.7b-sft", "mixtral-8x7b-mdm"} <= names
+    assert set(REFUSED) <= names
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
-def test_bundled_spec_is_clean(path: Path) -> None:
+def test_bundled_spec_validates(path: Path) -> None:
     loaded = load(path)
     resolved = resolve(loaded.spec)
-    assert [str(i) for i in spec_issues(loaded, resolved)] == []
+    issues = validate_spec(loaded, resolved, paths=True)
+    assert [str(i) for i in issues if i.rule != "path-not-found"] == []
+    assert all(i.severity == "warning" for i in issues)
     assert loaded.spec.name == path.stem
     assert resolved.train_iters > 0
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith(f"ok: {path.stem}: ")
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_bundled_spec_compiles_or_is_refused_as_documented(path: Path) -> None:
+    loaded = load(path)
+    resolved = resolve(loaded.spec)
+    if path.stem not in REFUSED:
+        check_spec(loaded, resolved)
+        return
+    with pytest.raises(SpecError) as info:
+        check_spec(loaded, resolved)
+    assert {(i.key, i.message) for i in info.value.errors} == REFUSED[path.stem]
+    assert all(i.rule == "runtime-unsupported" for i in info.value.errors)
+    header = path.read_text().split("\nname = ", 1)[0]
+    assert "`dlmspec compile` refuses it" in header
+    for key, _ in REFUSED[path.stem]:
+        assert key in header.replace("\n# ", " ")
 
 
 def _resolved(stem: str):
@@ -47,6 +94,7 @@ def test_demo_description_figures() -> None:
     r = _resolved("demo-dlm")
     assert round(r.params.total / 1e6) == 153 and round(r.params.non_embedding / 1e6) == 76
     assert r.mask_token_id == 50257 < r.padded_vocab_size
+    assert r.world_size == 1
 
 
 def test_llada_schedule_figures() -> None:
@@ -63,8 +111,31 @@ def test_mixtral_layout_figures() -> None:
     assert (r.dp, r.expert_dp, r.num_microbatches) == (16, 2, 32)
     assert r.padded_vocab_size == 32128 and r.mask_token_id == 32000
     assert round(r.params.total / 1e9, 1) == 46.7 and round(r.params.active / 1e9, 1) == 12.9
+    assert r.spec.model.num_experts == 8 and r.spec.model.moe_router_topk == 2 and r.ep == 8
 
 
 def test_megadlms_figures() -> None:
     r = _resolved("megadlms-1.7b-mdm")
     assert (r.dp, r.num_microbatches, r.mask_token_id) == (8, 4, 50277)
+
+
+def test_dream_figures() -> None:
+    r = _resolved("dream-7b-adapt")
+    s = r.spec
+    assert s.model.preset == "dream-7b" and s.model.add_qkv_bias and r.num_query_groups == 4
+    assert round(r.params.total / 1e9, 1) == 7.6
+    assert r.mask_token_id == 151666 and s.data.tokenizer.eod_id == 151643
+    assert s.checkpoint.init_from == "hf:.models/Qwen2.5-7B"
+    assert (r.world_size, r.tp, r.dp, r.num_microbatches) == (96, 2, 48, 10)
+    assert r.tokens_per_step == 1920 * 2048 and r.train_iters == math.ceil(580e9 / r.tokens_per_step)
+    assert abs(make_plan(r).peak_bytes / GiB - 47) < 3  # "about 47 GiB per GPU planned"
+
+
+def test_sft_extends_the_pretraining_spec() -> None:
+    sft, base = _resolved("megadlms-1.7b-sft"), _resolved("megadlms-1.7b-mdm")
+    assert sft.spec.stage.kind == "sft" and sft.spec.stage.sft is not None and sft.spec.stage.sft.mask_prompt
+    assert sft.spec.model == base.spec.model and sft.spec.objective == base.spec.objective
+    assert sft.spec.parallel == base.spec.parallel and sft.spec.cluster == base.spec.cluster
+    assert sft.spec.checkpoint.init_from == "mcore:runs/megadlms-1.7b-mdm/checkpoints"
+    assert sft.tokens_per_step == 256 * 1024 and sft.train_iters == math.ceil(2e9 / sft.tokens_per_step) == 7630
+    assert sft.spec.train.lr == pytest.approx(base.spec.train.lr / 10)
