@@ -318,6 +318,22 @@ class PretrainingBatchSampler:
             yield batch[start:end]
 
 
+def ignore_exit_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: workers ignore SIGTERM, SIGUSR1 and SIGINT.
+
+    torchrun (torch.distributed.elastic) forwards a stop signal to each rank's whole process
+    group, DataLoader workers included. A worker killed that way makes the rank's SIGCHLD handler
+    raise ``RuntimeError: DataLoader worker ... is killed by signal: Terminated`` in the middle of
+    the checkpoint the rank is saving on that very signal (seen on the H200: the save at the
+    stop was lost). Workers do not need the signal: they exit when the rank closes the loader or
+    dies (PyTorch's worker loop watches its parent).
+    """
+    import signal
+
+    for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def build_dataloader(
     dataset,
     *,
@@ -339,6 +355,7 @@ def build_dataloader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
+        worker_init_fn=ignore_exit_signals if num_workers else None,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=False,
     )

@@ -162,6 +162,27 @@ def pad_vocab_size(vocab_size: int, *, divisible_by: int = 128, tensor_model_par
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
+def patch_moe_router_without_te() -> bool:
+    """Make megatron-core 0.16.1's MoE router run without Transformer Engine.
+
+    ``megatron/core/transformer/moe/moe_utils.py`` imports ``te_general_gemm`` only inside its
+    ``try: import transformer_engine`` block, but ``RouterGatingLinearFunction`` tests
+    ``te_general_gemm is not None`` unconditionally, so without TE every MoE forward raises
+    ``NameError: name 'te_general_gemm' is not defined`` (seen on the H200 device machine).
+    Defining the name as ``None`` selects the function's own ``torch.mm``/``torch.addmm`` path,
+    which is what the code intends when TE is absent.
+
+    Returns:
+        True when the name had to be defined (TE absent), False otherwise.
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if getattr(moe_utils, "HAVE_TE", True) or hasattr(moe_utils, "te_general_gemm"):
+        return False
+    moe_utils.te_general_gemm = None
+    return True
+
+
 def build_model(
     config: TransformerConfig,
     *,
@@ -213,6 +234,9 @@ def build_model(
     """
     if not parallel_state.model_parallel_is_initialized():
         raise RuntimeError("call parallel_state.initialize_model_parallel before build_model")
+
+    if config.num_moe_experts:
+        patch_moe_router_without_te()
 
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     if vpp is not None:

@@ -1,0 +1,67 @@
+"""Two fixes found on the GPU: DataLoader workers survive a stop signal, and megatron-core's MoE
+router runs without Transformer Engine."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+
+def test_dataloader_workers_ignore_stop_signals():
+    # In a child process, so pytest's own handlers stay untouched.
+    code = textwrap.dedent(
+        """
+        import signal
+        from backends.megatron.data import ignore_exit_signals
+        ignore_exit_signals(0)
+        print(all(signal.getsignal(getattr(signal, n)) == signal.SIG_IGN for n in ("SIGTERM", "SIGUSR1", "SIGINT")))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
+
+
+def test_worker_ignoring_sigterm_outlives_it():
+    # A DataLoader worker with the init function survives the SIGTERM that torchrun sends to the
+    # whole process group, and the loader still yields every batch.
+    code = textwrap.dedent(
+        """
+        import os, signal, torch
+        from backends.megatron.data import ignore_exit_signals
+        signal.signal(signal.SIGTERM, lambda *a: None)   # the rank itself handles it (training.py)
+        class Slow(torch.utils.data.Dataset):
+            def __len__(self): return 6
+            def __getitem__(self, i):
+                if i == 1:
+                    os.killpg(os.getpgid(0), signal.SIGTERM)   # as torchrun does
+                return torch.tensor([i])
+        loader = torch.utils.data.DataLoader(Slow(), batch_size=1, num_workers=1, worker_init_fn=ignore_exit_signals)
+        print(sum(int(b) for b in loader))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            start_new_session=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "15"
+
+
+def test_moe_router_runs_without_transformer_engine():
+    from megatron.core.transformer.moe import moe_utils
+
+    from backends.megatron.layers import patch_moe_router_without_te
+
+    if moe_utils.HAVE_TE:
+        pytest.skip("transformer_engine is installed: megatron-core defines te_general_gemm itself")
+    patch_moe_router_without_te()
+    assert moe_utils.te_general_gemm is None
+    inp = torch.randn(3, 2, 8, requires_grad=True)
+    weight = torch.randn(4, 8, requires_grad=True)
+    out = moe_utils.router_gating_linear(inp, weight, None, torch.float32)
+    torch.testing.assert_close(out, (inp.reshape(-1, 8) @ weight.t()).reshape(3, 2, 4))
+    out.sum().backward()
+    assert weight.grad is not None and inp.grad is not None
+    assert patch_moe_router_without_te() is False  # already defined: nothing to do
