@@ -145,6 +145,10 @@ def build_gpt_model(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config = TransformerConfig(**transformer_config_kwargs(dims, tp=tp, params_dtype=params_dtype, cpu=cpu))
+    if config.num_moe_experts:
+        from backends.megatron.layers import patch_moe_router_without_te
+
+        patch_moe_router_without_te()  # megatron-core 0.16.1's router needs this without TE
     return GPTModel(config=config, transformer_layer_spec=layer_spec(dims, spec), **gpt_model_kwargs(dims))
 
 
