@@ -756,8 +756,13 @@ def _moe_ignored(ctx: Context) -> Iterator[Finding]:
     "recomputing 'moe_act' needs moe_grouped_gemm",
 )
 def _moe_act(ctx: Context) -> Iterator[Finding]:
-    rc = ctx.spec.recompute
-    if rc.granularity == "selective" and "moe_act" in (rc.modules or []) and not ctx.spec.model.moe_grouped_gemm:
+    rc, m = ctx.spec.recompute, ctx.spec.model
+    if rc.granularity != "selective" or "moe_act" not in (rc.modules or []):
+        return
+    if not m.is_moe:  # moe_grouped_gemm reaches TransformerConfig only with experts (dlmspec.compile)
+        yield Finding("recompute.modules", "recomputing 'moe_act' needs grouped-GEMM experts, and the model is dense "
+                      "(model.num_experts is unset)", "drop 'moe_act' from recompute.modules")
+    elif not m.moe_grouped_gemm:
         yield Finding(
             "recompute.modules",
             "recomputing 'moe_act' is only implemented for grouped-GEMM experts",
@@ -851,26 +856,10 @@ def _recompute_range(ctx: Context) -> Iterator[Finding]:
 
 
 @_rule(
-    "recompute-selective-num-layers",
-    "error",
-    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__",
-    "selective recomputation leaves recompute.num_layers unset",
-)
-def _selective_layers(ctx: Context) -> Iterator[Finding]:
-    rc = ctx.spec.recompute
-    if rc.granularity == "selective" and rc.num_layers is not None:
-        yield Finding(
-            "recompute.num_layers",
-            "selective recomputation applies to every layer and takes no num_layers",
-            "remove recompute.num_layers, or use granularity = 'full'",
-        )
-
-
-@_rule(
     "recompute-keys-ignored",
     "warning",
     "megatron.core.transformer.transformer_config.TransformerConfig (method/num_layers are for "
-    "'full', modules for 'selective')",
+    "'full', modules for 'selective'); dlmspec.compile passes each only with its granularity",
     "recompute keys match the granularity",
 )
 def _recompute_ignored(ctx: Context) -> Iterator[Finding]:
@@ -880,9 +869,13 @@ def _recompute_ignored(ctx: Context) -> Iterator[Finding]:
             if getattr(rc, key) is not None:
                 yield Finding(f"recompute.{key}", "has no effect: recompute.granularity = 'none'",
                               f"remove recompute.{key}, or set recompute.granularity")
-    elif rc.granularity == "selective" and rc.method is not None:
-        yield Finding("recompute.method", "has no effect with selective recomputation",
-                      "remove recompute.method, or use granularity = 'full'")
+    elif rc.granularity == "selective":
+        # Megatron-LM's arguments refuse a layer count with selective recomputation; dlmspec
+        # does not pass it to TransformerConfig then, so it is only a key with no effect.
+        for key in ("method", "num_layers"):
+            if getattr(rc, key) is not None:
+                yield Finding(f"recompute.{key}", "has no effect: selective recomputation applies to every layer",
+                              f"remove recompute.{key}, or use granularity = 'full'")
     elif rc.granularity == "full" and rc.modules is not None:
         yield Finding("recompute.modules", "has no effect with full recomputation (whole layers are recomputed)",
                       "remove recompute.modules, or use granularity = 'selective'")
@@ -899,7 +892,7 @@ def _recompute_moe(ctx: Context) -> Iterator[Finding]:
     if rc.granularity != "selective" or not rc.modules:
         return
     for module in rc.modules:
-        if module in ("moe", "moe_act", "shared_experts") and not m.is_moe:
+        if module in ("moe", "shared_experts") and not m.is_moe:  # moe_act: moe-act-needs-grouped-gemm
             yield Finding("recompute.modules", f"'{module}' has no effect on a dense model",
                           f"drop '{module}' from recompute.modules")
         elif module == "shared_experts" and m.is_moe and m.moe_shared_expert_intermediate_size is None:

@@ -126,6 +126,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("moe-keys-ignored", {"model.moe_ffn_hidden_size": 512}, "model.moe_ffn_hidden_size"),
     ("moe-act-needs-grouped-gemm", {**MOE, "recompute.granularity": "selective", "recompute.modules": ["moe_act"]},
      "recompute.modules"),
+    ("moe-act-needs-grouped-gemm", {"model.moe_grouped_gemm": True, "recompute.granularity": "selective",
+                                    "recompute.modules": ["moe_act"]}, "recompute.modules"),
     ("recompute-full-needs-method", {"recompute.granularity": "full", "recompute.num_layers": 1}, "recompute.method"),
     ("recompute-full-needs-num-layers", {"recompute.granularity": "full", "recompute.method": "uniform"},
      "recompute.num_layers"),
@@ -133,7 +135,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
                                           "recompute.num_layers": 3}, "recompute.num_layers"),
     ("recompute-num-layers-range", {"recompute.granularity": "full", "recompute.method": "block",
                                     "recompute.num_layers": 9}, "recompute.num_layers"),
-    ("recompute-selective-num-layers", {"recompute.granularity": "selective", "recompute.num_layers": 2},
+    ("recompute-keys-ignored", {"recompute.granularity": "selective", "recompute.num_layers": 2},
      "recompute.num_layers"),
     ("recompute-keys-ignored", {"recompute.method": "uniform"}, "recompute.method"),
     ("recompute-keys-ignored", {"recompute.granularity": "full", "recompute.method": "block",
@@ -376,3 +378,46 @@ def test_one_problem_one_report(changes: dict[str, Any], report: list[tuple[str,
     spec = make(changes)
     assert [(i.rule, i.severity) for i in find_issues(spec)] == report
     assert unsupported_issues(resolve(spec)) == []
+
+
+def test_divisors_are_exact_for_real_sizes_and_bounded_for_huge_ones() -> None:
+    from dlmspec.validate import _DIVISOR_LIMIT, _divisors
+
+    assert _divisors(12) == [1, 2, 3, 4, 6, 12] and _divisors(1) == [1] and _divisors(0) == []
+    assert _divisors(2 * 3 * 5 * 7 * 11 * 13) == [d for d in range(1, 30031) if 30030 % d == 0]
+    # A prime far beyond any real size: only 1 (its divisors up to the limit), without 2**61 steps.
+    assert _divisors(2**61 - 1) == [1]
+    assert _divisors(2**40) == [2**k for k in range(17)] and 2**16 == _DIVISOR_LIMIT
+
+
+def test_huge_sizes_get_hints_not_hangs() -> None:
+    issue = next(i for i in find_issues(make({"model.num_attention_heads": 2**61 - 1, "model.kv_channels": 32,
+                                               "parallel.tensor_model_parallel_size": 8}))
+                 if i.rule == "tp-divides-heads")
+    assert issue.hint == "use parallel.tensor_model_parallel_size = 1"
+
+
+@pytest.mark.parametrize(
+    ("changes", "warned"),
+    [
+        ({"data.train": ["data/x_text_document"]}, set()),
+        ({"data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": "Qwen/Qwen3-1.7B",
+          "data.tokenizer.eod_id": 5}, set()),  # a hub id: the tokenizer loads from the hub
+        ({"data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": "./tok/tokenizer.json",
+          "data.tokenizer.eod_id": 5}, {"data.tokenizer.model"}),
+        ({"checkpoint.init_from": "mcore:ckpt"}, set()),
+        ({"checkpoint.init_from": "hf:Qwen/Qwen3-1.7B"}, {"checkpoint.init_from"}),  # converted from a local folder
+        ({"checkpoint.save": "new-run", "checkpoint.load": "new-run"}, set()),  # written by this run
+        ({"data.mock": True, "data.train": []}, set()),
+    ],
+)
+def test_path_warnings(tmp_path, monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any], warned: set[str]) -> None:
+    """Relative paths are looked up from the current directory (where the job is launched)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for suffix in (".bin", ".idx"):
+        (tmp_path / "data" / f"x_text_document{suffix}").write_bytes(b"")
+    (tmp_path / "ckpt").mkdir()
+    found = [i for i in find_issues(make(changes), paths=True) if i.rule == "path-not-found"]
+    assert {i.key for i in found} == warned
+    assert all(i.severity == "warning" and "not on this machine" in i.message for i in found)
