@@ -285,9 +285,34 @@ app.command("validate")(validate)
 app.command("check", hidden=True, help="Alias of `dlmspec validate`.")(validate)
 
 
+def spec_data(spec: Spec) -> dict[str, Any]:
+    """``spec`` as JSON-ready data with every default filled in and no ``None`` (TOML has no
+    null; unset keys are left out, free-form tables such as ``[lock]`` included).
+
+    Raises:
+        SpecError: a value of a Python spec that neither JSON nor TOML can hold (e.g. an object
+            in ``[lock]``).
+    """
+    try:
+        data = spec.model_dump(mode="json", exclude_none=True)
+    except Exception as exc:  # pydantic's serialization error for an arbitrary object
+        raise SpecError([SpecIssue("<spec>", f"holds a value that cannot be written out: {exc}",
+                                   hint="spec values are numbers, strings, booleans, lists and tables",
+                                   rule="spec-value")]) from None
+    return _without_none(data)
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value if v is not None]
+    return value
+
+
 def spec_toml(spec: Spec) -> str:
     """``spec`` as a TOML document with every default filled in (it loads back to ``spec``)."""
-    return tomli_w.dumps(spec.model_dump(mode="json", exclude_none=True))
+    return tomli_w.dumps(spec_data(spec))
 
 
 def derived_comment(resolved: Resolved) -> str:
@@ -425,7 +450,7 @@ def show(
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
     if json_output:
-        print(json.dumps({"spec": loaded.spec.model_dump(mode="json", exclude_none=True),
+        print(json.dumps({"spec": spec_data(loaded.spec),
                           "derived": resolved.derived()}, indent=2))
         return
     sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))

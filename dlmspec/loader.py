@@ -201,7 +201,9 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
         raise SpecError([SpecIssue("<python>", f"the spec file called sys.exit({exc.code!r})", rule="python",
                                    hint="a spec file assigns `spec`; it does not exit", file=str(path),
                                    line=frames[-1].lineno if frames else None)]) from None
-    except Exception as exc:  # a user's file may raise anything; report it without a traceback
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a user's file may raise anything; report it without a traceback
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
         line = frames[-1].lineno if frames else None
         if isinstance(exc, ValidationError):
