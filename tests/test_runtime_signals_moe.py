@@ -1,7 +1,10 @@
 """Two fixes found on the GPU: DataLoader workers survive a stop signal, and megatron-core's MoE
 router runs without Transformer Engine."""
 
+import os
 import subprocess
+import tempfile
+from pathlib import Path
 import sys
 import textwrap
 
@@ -65,3 +68,32 @@ def test_moe_router_runs_without_transformer_engine():
     out.sum().backward()
     assert weight.grad is not None and inp.grad is not None
     assert patch_moe_router_without_te() is False  # already defined: nothing to do
+
+
+def test_checkpoint_helper_survives_a_group_sigterm():
+    # megatron-core's checkpoint writer spawns a multiprocessing manager (its results queue);
+    # started by prestart_checkpoint_helpers it ignores the SIGTERM torchrun sends to the process
+    # group, the queue keeps working, and the rank's own handler still sees the signal.
+    code = textwrap.dedent(
+        """
+        import os, signal, time
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+        from backends.megatron.training import prestart_checkpoint_helpers
+        if __name__ == "__main__":
+            got = []
+            signal.signal(signal.SIGTERM, lambda *a: got.append("TERM"))
+            prestart_checkpoint_helpers()
+            queue = filesystem_async._get_write_results_queue()
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+            time.sleep(0.5)
+            queue.put(7)
+            print(queue.get(), got, signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN)
+        """
+    )
+    script = Path(tempfile.mkdtemp()) / "helper_survives.py"  # spawn re-imports __main__ from a file
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[1],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "7 ['TERM'] True"

@@ -646,6 +646,41 @@ class ExitSignalWatcher:
 # --------------------------------------------------------------------------- checkpoints
 
 
+#: Signals that stop a run (and that torchrun / SLURM send to the whole process group).
+EXIT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+
+
+def prestart_checkpoint_helpers() -> None:
+    """Start megatron-core's checkpoint-writer helper process now, immune to stop signals.
+
+    ``dist_checkpointing.save`` gets its write-results queue from a ``multiprocessing`` manager
+    that it spawns on the first save (``filesystem_async._get_write_results_queue``). torchrun
+    forwards a stop signal to the rank's whole process group, so a manager started before or
+    during that signal died of it and the save made on the signal failed with ``EOFError``
+    (seen on the H200: the stop arrived during the save at step 100 and no checkpoint was
+    left). Started here with the exit signals set to ``SIG_IGN`` (a disposition that survives
+    spawn's fork and exec, unlike handlers and the signal mask), the manager ignores them for
+    its life; the rank's own handlers are restored at once. The writers that ``save`` forks
+    inherit the rank's Python handler, which only records the signal, so they survive too.
+    A stop signal arriving in the few milliseconds of the swap is lost (torchrun then kills the
+    rank after its grace period); it is called once, before training starts.
+    """
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if threading.current_thread() is not threading.main_thread():
+        filesystem_async._get_write_results_queue()
+        return
+    numbers = [getattr(signal, name) for name in EXIT_SIGNALS]
+    previous = {n: signal.signal(n, signal.SIG_IGN) for n in numbers}
+    try:
+        filesystem_async._get_write_results_queue()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def checkpoint_name(iteration: int) -> str:
     """Directory name of the checkpoint after ``iteration`` steps."""
     return f"iter_{iteration:07d}"
@@ -1120,6 +1155,8 @@ def train(
     sched = run.schedule
     ckpt = run.checkpoint
     created_pg = initialize_distributed(distributed_timeout_minutes)
+    if ckpt.save_dir:
+        prestart_checkpoint_helpers()
     # Installed first so a signal that arrives during setup is honoured after
     # the first step.
     watcher = ExitSignalWatcher(ckpt.exit_signals) if ckpt.exit_signals else None
