@@ -17,9 +17,9 @@ from dlmspec.plan.shape import layout, model_shape
 from dlmspec.resolve import resolve
 from dlmspec.spec import Spec
 
-#: No constant overheads: the test checks the counted terms only.
+#: No constant overheads and no fitted activation scale: the test checks the counted terms only.
 BARE = Calibration(allocated_overhead_bytes=0, cuda_context_bytes=0, nccl_bytes_per_group=0,
-                   allocator_reserve_fraction=0.0)
+                   allocator_reserve_fraction=0.0, activation_scale=1.0)
 
 SMALL = {
     "name": "small",

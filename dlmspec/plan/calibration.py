@@ -77,18 +77,18 @@ class Calibration:
             whatever exceeds the compute it hides behind). Default 0.2.
     """
 
-    activation_scale: float = 1.0
-    allocated_overhead_bytes: float = 64 * MiB
+    activation_scale: float = 0.9556
+    allocated_overhead_bytes: float = 156227176
     cuda_context_bytes: float = 600 * MiB
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
-    gemm_efficiency: float = 0.70
-    attention_efficiency: float = 0.45
-    memory_efficiency: float = 0.70
+    gemm_efficiency: float = 1
+    attention_efficiency: float = 0.3712
+    memory_efficiency: float = 0.9301
     nvlink_efficiency: float = 0.75
     network_efficiency: float = 0.80
-    seconds_per_kernel: float = 6e-6
-    step_overhead_seconds: float = 0.01
+    seconds_per_kernel: float = 4.585e-05
+    step_overhead_seconds: float = 0.007709
     dp_overlap_exposed_fraction: float = 0.2
 
     def with_values(self, **changes: float) -> "Calibration":
@@ -101,7 +101,7 @@ class Calibration:
 
 
 #: Where the fitted defaults above come from (``bench/plan/calibrate.py --write`` sets it).
-FITTED_FROM = "none yet: datasheet-based defaults, not fitted to measurements"
+FITTED_FROM = 'calibration_1gpu_h200.json (11 runs)'
 
 #: The constants every plan uses unless one passes another :class:`Calibration`.
 DEFAULT_CALIBRATION = Calibration()
