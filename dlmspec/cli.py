@@ -25,13 +25,9 @@ import os
 import sys
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-import tomli_w
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 from typer.core import TyperGroup
 
 from dlmspec import __version__
@@ -44,12 +40,36 @@ from dlmspec.resolve import Resolved, resolve
 from dlmspec.spec import ModelSpec, Spec
 from dlmspec.validate import RULES, validate_spec
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
 _JSON_META = "dlmspec.json"
+
+
+def _text(*args: Any, **kwargs: Any) -> Any:
+    """``rich.text.Text``; rich is imported only when something is printed with it (a clean
+    ``dlmspec validate`` prints one plain line and never needs it)."""
+    from rich.text import Text
+
+    return Text(*args, **kwargs)
 
 
 class _Group(TyperGroup):
     """Runs the command; turns a :class:`SpecError` from any command into the issue report and
-    exit code 2."""
+    exit code 2. Sub-apps in :data:`_LAZY_GROUPS` are imported on first use."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return names + [n for n in _LAZY_GROUPS if n not in names]
+
+    def get_command(self, ctx: typer.Context, name: str) -> Any:
+        if name in _LAZY_GROUPS and name not in self.commands:
+            module, help_text = _LAZY_GROUPS[name]
+            command = typer.main.get_command(import_module(module).app)
+            command.name, command.help = name, help_text
+            self.add_command(command, name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
@@ -77,12 +97,16 @@ app = typer.Typer(
 def stdout() -> Console:
     """Console for results; 200 columns wide when stdout is not a terminal, so piped output
     does not wrap at 80."""
+    from rich.console import Console
+
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def stderr() -> Console:
     """Console for issues and notes."""
     terminal = sys.stderr.isatty()
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False, width=None if terminal else 200)
 
 
@@ -114,6 +138,8 @@ def _issue_dict(issue: SpecIssue) -> dict[str, Any]:
 def issues_table(issues: Iterable[SpecIssue]) -> Table:
     """The issues as a rich table: where, key, value, problem and fix. Cells are plain
     :class:`~rich.text.Text`, so brackets in user values are never read as markup."""
+    from rich.table import Table
+
     table = Table(show_lines=False, pad_edge=False, expand=False)
     table.add_column("", no_wrap=True)
     table.add_column("where", no_wrap=True)
@@ -124,13 +150,13 @@ def issues_table(issues: Iterable[SpecIssue]) -> Table:
         where = display_path(issue.file) or "<spec>"
         if issue.line:
             where = f"{where}:{issue.line}"
-        label = Text(issue.severity, style="bold red" if issue.severity == "error" else "yellow")
-        problem = Text(issue.message)
+        label = _text(issue.severity, style="bold red" if issue.severity == "error" else "yellow")
+        problem = _text(issue.message)
         if issue.hint:
             problem.append("\nfix: ", style="bold green")
             problem.append(issue.hint)
         problem.append(f"\n[{issue.rule}]", style="dim")
-        table.add_row(label, Text(where), Text(issue.key), Text("" if issue.value is None else repr(issue.value)), problem)
+        table.add_row(label, _text(where), _text(issue.key), _text("" if issue.value is None else repr(issue.value)), problem)
     return table
 
 
@@ -143,7 +169,7 @@ def report_issues(issues: list[SpecIssue], *, as_json: bool = False) -> None:
     console = stderr()
     console.print(issues_table(issues))
     errors = sum(1 for i in issues if i.severity == "error")
-    console.print(Text(f"{_plural(errors, 'error')}, {_plural(len(issues) - errors, 'warning')}", style="bold"))
+    console.print(_text(f"{_plural(errors, 'error')}, {_plural(len(issues) - errors, 'warning')}", style="bold"))
 
 
 def report_warnings(warnings: list[SpecIssue]) -> None:
@@ -151,7 +177,7 @@ def report_warnings(warnings: list[SpecIssue]) -> None:
     if warnings:
         console = stderr()
         console.print(issues_table(warnings))
-        console.print(Text(_plural(len(warnings), "warning"), style="bold yellow"))
+        console.print(_text(_plural(len(warnings), "warning"), style="bold yellow"))
 
 
 def _plural(n: int, word: str) -> str:
@@ -312,6 +338,8 @@ def _without_none(value: Any) -> Any:
 
 def spec_toml(spec: Spec) -> str:
     """``spec`` as a TOML document with every default filled in (it loads back to ``spec``)."""
+    import tomli_w
+
     return tomli_w.dumps(spec_data(spec))
 
 
@@ -388,6 +416,8 @@ def _rule_rows() -> list[dict[str, Any]]:
 
 def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str) -> None:
     """``columns``: (row key, header) pairs; parameter counts print as 1.2M etc."""
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     for _, header in columns:
         table.add_column(header, overflow="fold")
@@ -396,11 +426,11 @@ def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], titl
         for key, _ in columns:
             value = row[key]
             if value is None:
-                cells.append(Text(""))
+                cells.append(_text(""))
             elif key in ("parameters", "active_parameters"):
-                cells.append(Text(human_count(value)))
+                cells.append(_text(human_count(value)))
             else:
-                cells.append(Text(str(value)))
+                cells.append(_text(str(value)))
         table.add_row(*cells)
     stdout().print(table)
 
@@ -578,6 +608,8 @@ def starter_spec(
     lines.append("`dlmspec show --presets` lists presets; `dlmspec validate` checks this file, `dlmspec plan` "
                  "shows its memory and speed.")
     header = "".join(f"# {line}\n" for part in lines for line in _wrap(part, 96))
+    import tomli_w
+
     return header + "\n" + tomli_w.dumps(data)
 
 
@@ -789,9 +821,9 @@ def compile_command(
     result = compile_spec(spec, output, overrides=set_, force=force)
     report_warnings(result.warnings)
     names = ", ".join(p.name for p in result.files)
-    stdout().print(Text(f"compiled {result.resolved.spec.name} ({result.content_hash[:19]}) into {output}: {names}"))
+    stdout().print(_text(f"compiled {result.resolved.spec.name} ({result.content_hash[:19]}) into {output}: {names}"))
     launch = Path(output) / "launch.sh"
-    stdout().print(Text(f"run it from the directory the spec's relative paths refer to: bash {launch}"))
+    stdout().print(_text(f"run it from the directory the spec's relative paths refer to: bash {launch}"))
 
 
 @app.command("submit")
@@ -819,7 +851,7 @@ def submit_command(
     from dlmspec.slurm import submit
 
     submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
-           sbatch_args=sbatch_arg, echo=lambda line: stdout().print(Text(line)))
+           sbatch_args=sbatch_arg, echo=lambda line: stdout().print(_text(line)))
 
 
 @app.command("plan")
@@ -841,9 +873,13 @@ def plan_command(
     run_plan(ctx, spec, set_, json_output, search, top)
 
 
-from dlmspec import data_prepare as _data_prepare  # noqa: E402  (typer sub-app; imports no torch)
-
-app.add_typer(_data_prepare.app, name="data", help="Data tools: `dlmspec data prepare` (JSONL to Megatron indexed datasets).")
+_LAZY_GROUPS = {
+    # name -> (module with a typer sub-app `app`, help): imported when the command runs or help
+    # lists it, so other commands do not pay for the import (dlmspec.data_prepare loads
+    # multiprocessing and the tokenizer factory).
+    "data": ("dlmspec.data_prepare", "Data tools: `dlmspec data prepare` (JSONL to Megatron indexed datasets)."),
+    "convert": ("dlmspec.convert", "Hugging Face <-> megatron-core checkpoints: hf-to-mcore, mcore-to-hf, verify."),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
