@@ -331,7 +331,10 @@ def test_py_literal_round_trips() -> None:
 # The generated files
 
 
-@pytest.mark.parametrize("spec", sorted((ROOT / "specs").glob("*.toml")), ids=lambda p: p.stem)
+# Bundled specs whose header says "`dlmspec compile` refuses it" (the runtime cannot run them yet)
+# are left out; tests/test_specs.py checks that exactly those are refused, with what message.
+@pytest.mark.parametrize("spec", sorted(p for p in (ROOT / "specs").glob("*.toml")
+                                        if "`dlmspec compile` refuses it" not in p.read_text()), ids=lambda p: p.stem)
 def test_every_spec_compiles_to_valid_python_and_shell(tmp_path: Path, spec: Path) -> None:
     result = compile_spec(spec, tmp_path / "out")
     out = tmp_path / "out"
@@ -390,11 +393,12 @@ def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path
 
 
 def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
-    files = render(resolve(load(DEMO).spec), "specs/demo-dlm.toml")
+    resolved = resolve(load(DEMO).spec)
+    files = render(resolved, "specs/demo-dlm.toml")
     text = files["train.py"]
     for snippet in ("num_query_groups=4,", "kv_channels=64,", "vocab_size=50304,", "mask_token_id=50257,",
                     "activation_func=F.silu,", "gated_linear_unit=True,", "params_dtype=torch.bfloat16,",
-                    "peak_tflops_per_gpu=989.0,", "lr_decay_iters=600,", "signal_exit_code=85,",
+                    "peak_tflops_per_gpu=989.0,", f"lr_decay_iters={resolved.train_iters},", "signal_exit_code=85,",
                     "use_transformer_engine=None,", "Run path: transformer_impl = 'auto'",
                     "overlap_grad_reduce=False,",  # one GPU: no gradient reduction to overlap
                     "blend=[('.data/pydocs-train_text_document', 1.0)],"):
