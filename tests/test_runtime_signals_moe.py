@@ -14,20 +14,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 
-def test_dataloader_workers_ignore_stop_signals():
-    # In a child process, so pytest's own handlers stay untouched.
-    code = textwrap.dedent(
-        """
-        import signal
-        from backends.megatron.data import ignore_exit_signals
-        ignore_exit_signals(0)
-        print(all(signal.getsignal(getattr(signal, n)) == signal.SIG_IGN for n in ("SIGTERM", "SIGUSR1", "SIGINT")))
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True"
-
-
 def test_worker_ignoring_sigterm_outlives_it():
     # A DataLoader worker with the init function survives the SIGTERM that torchrun sends to the
     # whole process group, and the loader still yields every batch.
