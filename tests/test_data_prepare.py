@@ -28,8 +28,10 @@ from dlmspec.tokenizers import (
     build_tokenizer,
 )
 
-CORPUS = Path("/work/shared/data/corpus/pydocs-train.jsonl")
-GPT2 = Path("/work/shared/data/tokenizers/gpt2")
+#: The shared data kit lies beside the checkout (``../shared``), here and in CI.
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+CORPUS = SHARED / "corpus" / "pydocs-train.jsonl"
+GPT2 = SHARED / "tokenizers" / "gpt2"
 VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")
 GPT2_ARGS = dict(tokenizer_type="GPT2BPETokenizer", vocab_file=VOCAB, merge_file=MERGES)
 GPT2_CLI = ["--tokenizer-type", "gpt2bpe", "--vocab-file", VOCAB, "--merge-file", MERGES]
