@@ -83,3 +83,18 @@ def test_checkpoint_helper_survives_a_group_sigterm():
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "7 ['TERM'] True"
+
+
+def test_missing_data_files_are_named_before_training(tmp_path):
+    from backends.megatron.data import DataConfig, missing_data_files
+
+    present = tmp_path / "have_text_document"
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"have_text_document{suffix}").write_bytes(b"x")
+    (tmp_path / "half_text_document.bin").write_bytes(b"x")
+    config = DataConfig(seq_length=8, vocab_size=10, eod_id=0,
+                        blend=[(str(present), 1.0), (str(tmp_path / "half_text_document"), 1.0)],
+                        valid_blend=[(str(tmp_path / "gone"), None)])
+    assert missing_data_files(config) == [str(tmp_path / "half_text_document.idx"), str(tmp_path / "gone.bin"),
+                                          str(tmp_path / "gone.idx")]
+    assert missing_data_files(DataConfig(seq_length=8, vocab_size=10, eod_id=0, mock=True)) == []

@@ -44,6 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+import os
 import torch
 from torch import Tensor
 
@@ -166,6 +167,28 @@ class DatasetTokenizer:
             [("class", "dlmspec.DatasetTokenizer"), ("name", self.name),
              ("vocab_size", self._vocab_size), ("eod", self._eod), ("pad", self._pad)]
         )
+
+
+def missing_data_files(data: "DataConfig") -> List[str]:
+    """The ``PREFIX.bin`` / ``PREFIX.idx`` files of ``data``'s blends that do not exist.
+
+    Checked by :func:`backends.megatron.training.train` before anything else, so a job whose
+    data is not where the spec says fails at once with the paths (``dlmspec validate`` only
+    warns: data usually lives on the cluster, not where the spec is written). Relative
+    prefixes are relative to the working directory, as megatron-core reads them.
+
+    Returns:
+        Missing file paths, in blend order (empty with ``mock`` data).
+    """
+    if data.mock:
+        return []
+    missing = []
+    for blend in (data.blend or [], data.valid_blend or []):
+        for prefix, _weight in blend:
+            for suffix in (".bin", ".idx"):
+                if not os.path.isfile(prefix + suffix):
+                    missing.append(prefix + suffix)
+    return missing
 
 
 def _blend_tuple(blend: Optional[Sequence[Tuple[str, Optional[float]]]]):

@@ -69,6 +69,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import get_batch_on_this_cp_rank, get_model_config, unwrap_model
 
 from .data import (
+    missing_data_files,
     DataConfig,
     batch_to_device,
     build_dataloader,
@@ -1154,6 +1155,13 @@ def train(
     """
     sched = run.schedule
     ckpt = run.checkpoint
+    missing = missing_data_files(run.data)
+    if missing:
+        shown = "\n  ".join(missing[:10]) + (f"\n  ... and {len(missing) - 10} more" if len(missing) > 10 else "")
+        print(f"train.py: data files not found (relative to {os.getcwd()}):\n  {shown}\n"
+              "Prepare them with `dlmspec data prepare`, or fix [data] train/valid in the spec.",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2)
     created_pg = initialize_distributed(distributed_timeout_minutes)
     if ckpt.save_dir:
         prestart_checkpoint_helpers()
