@@ -31,6 +31,27 @@ def run(*args: str):
     return CliRunner().invoke(app, list(args))
 
 
+def _demo_inputs(root: Path) -> Path:
+    """A working directory where the demo spec's relative data and tokenizer paths exist (empty
+    placeholders), as in a checkout whose data was prepared (README): the demo then validates
+    with no path warnings whether or not this checkout has run `dlmspec data prepare`."""
+    work = root / "work"
+    for prefix in ("pydocs-train_text_document", "pydocs-valid_text_document"):
+        for suffix in (".bin", ".idx"):
+            (work / ".data").mkdir(parents=True, exist_ok=True)
+            (work / ".data" / f"{prefix}{suffix}").write_bytes(b"")
+    tokenizer = root / "shared" / "data" / "tokenizers" / "gpt2"
+    tokenizer.mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.json", "merges.txt"):
+        (tokenizer / name).write_text("")
+    return work
+
+
+@pytest.fixture(autouse=True)
+def _run_where_the_demo_inputs_exist(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(_demo_inputs(tmp_path_factory.mktemp("cwd")))
+
+
 def no_traceback(result) -> None:
     assert "Traceback" not in result.stdout + result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
@@ -195,7 +216,7 @@ def test_validate_imports_neither_torch_nor_megatron_nor_the_compiler() -> None:
         "print('MODULES', sorted({m.split('.')[0] for m in sys.modules} | {m for m in sys.modules if m.startswith('dlmspec')}))\n"
         "sys.exit(code)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path.cwd(),
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     modules = set(done.stdout.split("MODULES", 1)[1].strip().strip("[]").replace("'", "").split(", "))
