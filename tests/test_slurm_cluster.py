@@ -192,8 +192,11 @@ def test_preemption_checkpoint_requeue_resume(cluster: Path, tmp_path: Path, mon
                       "requeued", 90, log)
     marker = json.loads((state / "checkpoint.json").read_text())
     assert 3 <= marker["step"] < 40 and marker["runs"][0]["ended"] == "checkpoint on SIGUSR1"
-    # SLURM holds a requeued job for about two minutes (BeginTime); release it now.
-    slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
+    # SLURM holds a requeued job for about two minutes (BeginTime); release it sooner, but not in
+    # the second of the requeue: slurmd compares whole-second times, so a launch credential made
+    # in the same second as the old one's revocation is refused ("Job credential revoked" in
+    # slurmctld.log; seen in CI when the release came 0.2 s after the requeue).
+    slurm("scontrol", "update", f"JobId={job}", "StartTime=now+3")
     fields = wait_for(job, done, "finished after the requeue", 150, log)
     text = log.read_text(errors="replace")
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", text[-4000:]
