@@ -228,6 +228,33 @@ def _first_pydantic_message(exc: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
 
 
+#: Keys users bring from Megatron-LM's command line or other trainers -> what a spec writes.
+KEY_ALIASES: dict[str, str] = {
+    "bf16": '[precision] dtype = "bf16"',
+    "fp16": '[precision] dtype = "fp16"',
+    "fp32": '[precision] dtype = "fp32"',
+    "tp": "[parallel] tensor_model_parallel_size",
+    "pp": "[parallel] pipeline_model_parallel_size",
+    "vpp": "[parallel] virtual_pipeline_model_parallel_size",
+    "cp": "[parallel] context_parallel_size",
+    "ep": "[parallel] expert_model_parallel_size",
+    "etp": "[parallel] expert_tensor_parallel_size",
+    "sp": "[parallel] sequence_parallel = true",
+    "dp": "nothing: the data-parallel size is derived (GPUs / (TP x PP x CP))",
+    "data_parallel_size": "nothing: the data-parallel size is derived (GPUs / (TP x PP x CP))",
+    "swiglu": '[model] activation = "swiglu"',
+    "num_key_value_heads": "[model] num_query_groups",
+    "head_dim": "[model] kv_channels",
+    "intermediate_size": "[model] ffn_hidden_size",
+    "num_hidden_layers": "[model] num_layers",
+    "rope_theta": "[model] rotary_base",
+    "norm_epsilon": "[model] layernorm_epsilon",
+    "recompute_granularity": "[recompute] granularity",
+    "recompute_method": "[recompute] method",
+    "recompute_num_layers": "[recompute] num_layers",
+}
+
+
 def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -> SpecIssue:
     loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
     key = ".".join(loc) or "<root>"
@@ -249,6 +276,8 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         close = get_close_matches(loc[-1], options, n=1)
         message = "unknown key"
         hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(options)}" if options else None)
+        if loc[-1].lower() in KEY_ALIASES:
+            hint = f"write {KEY_ALIASES[loc[-1].lower()]}"
         value = None
     elif kind == "literal_error":
         hint = "use " + message.removeprefix("Input should be ")

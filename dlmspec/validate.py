@@ -203,8 +203,10 @@ def _tp_hint(ctx: Context) -> str:
 def _unknown_gpu(ctx: Context) -> Iterator[Finding]:
     gpu = ctx.spec.cluster.gpu
     if gpu not in GPUS:
-        close = get_close_matches(gpu.lower(), gpu_ids(), n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"use one of {', '.join(gpu_ids())}"
+        family = [g for g in gpu_ids() if g.startswith(gpu.lower())]
+        close = family or get_close_matches(gpu.lower(), gpu_ids(), n=1)
+        hint = (f"did you mean {' or '.join(repr(g) for g in close)}?" if close
+                else f"use one of {', '.join(gpu_ids())}")
         yield Finding("cluster.gpu", "unknown GPU (see `dlmspec show --gpus`)", hint)
 
 
