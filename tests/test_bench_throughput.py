@@ -56,16 +56,25 @@ def test_presets_are_the_reference_scripts():
         assert common.PRESET_SEQ_LENGTH[name] == ref["seq_length"]
 
 
-def test_flops_are_the_planners_and_the_fallback_agrees():
+def closed_form_flops_per_token(arch, seq_length: int) -> float:
+    """By hand, for a dense gated model with bidirectional attention (Narayanan et al. 2021,
+    sec. 5.1; every query attends all ``s`` keys): ``3 * (L*(2h(a+2g)d + 2adh + 4ads + 3*2hf) + 2hV)``."""
+    L, h, f = arch["num_layers"], arch["hidden_size"], arch["ffn_hidden_size"]
+    a, g, d = arch["num_attention_heads"], arch["num_query_groups"], arch["kv_channels"]
+    V, s = arch["vocab_size"], seq_length
+    return float(3 * (L * (2 * h * (a + 2 * g) * d + 2 * a * d * h + 4 * a * d * s + 3 * 2 * h * f) + 2 * h * V))
+
+
+def test_flops_are_the_planners_and_agree_with_the_closed_form():
     from dlmspec.plan.compute import model_flops_per_token
 
     arch = common.QWEN3_1_7B
     got = common.flops_per_token(arch, 4096)
-    assert got["flops_source"] == "dlmspec.plan.compute.model_flops_per_token"
+    assert got["flops_source"] == "dlmspec.flops.model_flops_per_token"
     assert got["flops_per_token"] == model_flops_per_token(28, 2048, 6144, 16, 8, 128, 151936, 4096)
     for preset in common.PRESETS.values():
         for seq in (128, 4096):
-            assert common.closed_form_flops_per_token(preset, seq) == common.flops_per_token(preset, seq)["flops_per_token"]
+            assert closed_form_flops_per_token(preset, seq) == common.flops_per_token(preset, seq)["flops_per_token"]
 
 
 def test_summarize_uses_the_median_step():

@@ -130,3 +130,14 @@ def test_runtime_mfu_formula_matches_the_planner(kwargs):
     ours = model_flops_per_token(*dims.values(), num_moe_layers=moe_layers, **kwargs)
     theirs = training.model_flops_per_token(**dims, gated_mlp=True, **kwargs)
     assert theirs == pytest.approx(ours, rel=1e-9, abs=1)
+
+
+def test_flops_module_imports_without_pydantic():
+    """The runtime and the benchmarks import dlmspec.flops on the GPU machine, which has no
+    pydantic: it must pull in nothing but the standard library."""
+    import subprocess
+    import sys
+
+    code = "import sys, dlmspec.flops; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'typer', 'rich', 'torch', 'numpy')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

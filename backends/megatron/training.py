@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import random
 import shutil
@@ -67,6 +66,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import get_batch_on_this_cp_rank, get_model_config, unwrap_model
+
+from dlmspec.flops import model_flops_per_token as _model_flops_per_token
 
 from .data import (
     missing_data_files,
@@ -288,59 +289,30 @@ def model_flops_per_token(
     moe_router_topk: int = 1,
     moe_ffn_hidden_size: Optional[int] = None,
     moe_shared_expert_intermediate_size: Optional[int] = None,
+    num_moe_layers: Optional[int] = None,
 ) -> int:
-    """Training FLOPs (forward + backward) per token of the model's matmuls.
+    """Training FLOPs (forward + backward) per token of the model's matmuls: MFU's numerator.
 
-    Counts each multiply-accumulate as 2 FLOPs and training as 3x the forward
-    pass (backward = 2x forward), i.e. the usual "model FLOPs" of MFU
-    (Chowdhery et al. 2022, App. B; Narayanan et al. 2021): recomputation and
-    non-matmul work (norms, softmax, RoPE, embedding lookup) are not counted.
-    With ``h_q = num_attention_heads * kv_channels`` and ``h_kv = num_query_groups
-    * kv_channels``::
-
-        N_matmul = L * (hidden*h_q + 2*hidden*h_kv + h_q*hidden      # q, k, v, out proj
-                        + m * hidden * ffn)                           # MLP, m = 3 gated / 2
-                   + hidden * vocab                                   # output layer
-        flops    = 6 * N_matmul + 12 * L * s * h_q * f
-
-    where ``12 * L * s * h_q`` is ``QK^T`` and ``AV`` (``2 * 2 * s * h_q`` forward
-    per token and layer, times 3) and ``f`` is the fraction of query-key pairs
-    attended: 1 for bidirectional, 1/2 for causal, ``(n + 1) / (2n)`` for
-    block-causal with ``n = ceil(s / block_size)`` blocks.  For MoE layers the
-    MLP term is ``topk * m * hidden * moe_ffn + m * hidden * shared_ffn + hidden
-    * num_experts`` (routed experts, shared expert, router).
+    The count is :func:`dlmspec.flops.model_flops_per_token`, the planner's (one definition; see
+    its docstring for the rules and sources). This adapter takes megatron-core's conventions:
+    ``None`` for unset MoE sizes, ``moe_ffn_hidden_size`` defaulting to ``ffn_hidden_size``, and
+    every layer MoE unless ``num_moe_layers`` says otherwise.
 
     Returns:
-        FLOPs per token (int).
+        FLOPs per token, rounded to an int.
 
     Raises:
         ValueError: For an unknown ``attention`` or a missing ``block_size``.
     """
-    h_q = num_attention_heads * kv_channels
-    h_kv = num_query_groups * kv_channels
-    m = 3 if gated_mlp else 2
-    attn_proj = hidden_size * h_q + 2 * hidden_size * h_kv + h_q * hidden_size
-    if num_experts:
-        expert_ffn = moe_ffn_hidden_size or ffn_hidden_size
-        mlp = moe_router_topk * m * hidden_size * expert_ffn + hidden_size * num_experts
-        if moe_shared_expert_intermediate_size:
-            mlp += m * hidden_size * moe_shared_expert_intermediate_size
-    else:
-        mlp = m * hidden_size * ffn_hidden_size
-    n_matmul = num_layers * (attn_proj + mlp) + hidden_size * vocab_size
-    if attention == "bidirectional":
-        frac = 1.0
-    elif attention == "causal":
-        frac = 0.5
-    elif attention == "block_causal":
-        if not block_size or block_size < 1:
-            raise ValueError("block_causal needs block_size >= 1")
-        n = math.ceil(seq_length / block_size)
-        frac = (n + 1) / (2 * n)
-    else:
-        raise ValueError(f"unknown attention {attention!r}")
-    attn_core = 12 * num_layers * seq_length * h_q * frac
-    return int(6 * n_matmul + attn_core)
+    moe_layers = (num_layers if num_moe_layers is None else num_moe_layers) if num_experts else 0
+    return int(round(_model_flops_per_token(
+        num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels,
+        vocab_size, seq_length, gated=gated_mlp, attention=attention, block_size=block_size,
+        num_experts=num_experts or 0, moe_router_topk=moe_router_topk if num_experts else 0,
+        moe_ffn_hidden_size=(moe_ffn_hidden_size or ffn_hidden_size) if num_experts else 0,
+        moe_shared_expert_intermediate_size=moe_shared_expert_intermediate_size or 0,
+        num_moe_layers=moe_layers,
+    )))
 
 
 def model_flops_per_token_from_config(
@@ -363,7 +335,19 @@ def model_flops_per_token_from_config(
         moe_router_topk=config.moe_router_topk,
         moe_ffn_hidden_size=config.moe_ffn_hidden_size,
         moe_shared_expert_intermediate_size=config.moe_shared_expert_intermediate_size,
+        num_moe_layers=_num_moe_layers(config),
     )
+
+
+def _num_moe_layers(config: TransformerConfig) -> int:
+    """MoE layers of the model (megatron-core ``moe_layer_freq``: an int N makes layers 0, N, 2N...
+    MoE; a list gives one 0/1 per layer)."""
+    if not config.num_moe_experts:
+        return 0
+    freq = config.moe_layer_freq
+    if isinstance(freq, int):
+        return sum(1 for i in range(config.num_layers) if i % freq == 0)
+    return int(sum(freq))
 
 
 # --------------------------------------------------------------------------- distributed

@@ -17,7 +17,7 @@ measured), and a side skips the micro batches above one that ran out of memory.
 
 Both sides are summarised the same way (:func:`throughput_common.summarize`): median step time
 of the timed steps, tokens/s (``micro_batch * nproc * seq / median``), model TFLOP/s per GPU from
-the planner's :func:`dlmspec.plan.compute.model_flops_per_token`, MFU against 989 TFLOP/s, and
+the planner's :func:`dlmspec.flops.model_flops_per_token`, MFU against 989 TFLOP/s, and
 peak ``torch.cuda.max_memory_allocated``. Each side's best is the fastest micro batch that
 completed all its steps; ``ratio_tokens_per_s`` is megatron's best over HF's best.
 

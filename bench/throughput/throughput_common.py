@@ -3,12 +3,9 @@ summary of a list of step times, and provenance.
 
 No torch import at module level: ``bench/throughput/run.py --dry-run`` must work without it.
 
-The FLOP count is the planner's :func:`dlmspec.plan.compute.model_flops_per_token` (the number
-MFU is quoted in everywhere in dlmspec), so both sides of the comparison use the same numerator.
-Importing :mod:`dlmspec.plan` needs pydantic; on a machine without it
-:func:`flops_per_token` falls back to the closed form of the same count (the docstring example
-of ``model_flops_per_token``; ``tests/test_bench_throughput.py`` checks that both agree) and says
-so in ``flops_source``.
+The FLOP count is :func:`dlmspec.flops.model_flops_per_token` (the number MFU is quoted in
+everywhere in dlmspec: planner and runtime alike), so both sides of the comparison use the same
+numerator; it needs no pydantic, so it imports on the GPU machine too.
 """
 
 from __future__ import annotations
@@ -68,41 +65,23 @@ PRESETS: Dict[str, Dict[str, Any]] = {"qwen3-1.7b": QWEN3_1_7B, "tiny": TINY}
 PRESET_SEQ_LENGTH: Dict[str, int] = {"qwen3-1.7b": 4096, "tiny": 128}
 
 
-def closed_form_flops_per_token(arch: Dict[str, Any], seq_length: int) -> float:
-    """Model FLOPs of one training token of a dense gated model with bidirectional attention.
-
-    ``3 * (L*(2h(a+2g)d + 2adh + 4ads + 3*2hf) + 2hV)``: the example in the docstring of
-    :func:`dlmspec.plan.compute.model_flops_per_token` (Narayanan et al. 2021, sec. 5.1; every
-    query attends all ``s`` keys). Used only where :mod:`dlmspec.plan` cannot be imported.
-    """
-    L, h, f = arch["num_layers"], arch["hidden_size"], arch["ffn_hidden_size"]
-    a, g, d = arch["num_attention_heads"], arch["num_query_groups"], arch["kv_channels"]
-    V, s = arch["vocab_size"], seq_length
-    return float(3 * (L * (2 * h * (a + 2 * g) * d + 2 * a * d * h + 4 * a * d * s + 3 * 2 * h * f) + 2 * h * V))
-
-
 def flops_per_token(arch: Dict[str, Any], seq_length: int) -> Dict[str, Any]:
     """``{"flops_per_token": float, "flops_source": str}`` for ``arch`` at ``seq_length``.
 
-    Source: :func:`dlmspec.plan.compute.model_flops_per_token` (bidirectional attention, gated
-    MLP, padded vocabulary ``vocab_size``), or :func:`closed_form_flops_per_token` when
-    :mod:`dlmspec.plan` does not import (no pydantic).
+    Source: :func:`dlmspec.flops.model_flops_per_token`, the count the planner and the runtime use
+    (bidirectional attention, gated MLP, padded vocabulary ``vocab_size``). :mod:`dlmspec.flops`
+    needs no pydantic, so this works on the GPU machine too.
     """
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    try:
-        from dlmspec.plan.compute import model_flops_per_token
-    except ImportError as exc:  # pydantic missing on the GPU machine
-        return {
-            "flops_per_token": closed_form_flops_per_token(arch, seq_length),
-            "flops_source": f"closed form of dlmspec.plan.compute.model_flops_per_token (import failed: {exc})",
-        }
+    from dlmspec.flops import model_flops_per_token
+
     value = model_flops_per_token(
         arch["num_layers"], arch["hidden_size"], arch["ffn_hidden_size"], arch["num_attention_heads"],
         arch["num_query_groups"], arch["kv_channels"], arch["vocab_size"], seq_length,
         gated=True, attention="bidirectional",
     )
-    return {"flops_per_token": float(value), "flops_source": "dlmspec.plan.compute.model_flops_per_token"}
+    return {"flops_per_token": float(value), "flops_source": "dlmspec.flops.model_flops_per_token"}
 
 
 def summarize(

@@ -18,143 +18,17 @@ MFU):
   the loss are element-wise and not counted (memory-bound; :mod:`dlmspec.plan.time` times them
   from their bytes).
 
-:func:`model_flops_per_token` is the single definition both the planner and the runtime use
-for MFU; it takes plain integers so ``backends/megatron`` can import it without pydantic.
+:func:`model_flops_per_token` (MFU's numerator) lives in :mod:`dlmspec.flops`, which the runtime
+imports too; this module adds the step's hardware FLOPs (recomputation) for a layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Re-exported: the planner's callers import them from here.
+from dlmspec.flops import attended_keys, forward_flops_per_token, model_flops_per_token  # noqa: F401
 from dlmspec.plan.shape import Layout, ModelShape
-
-
-def attended_keys(seq_length: int, attention: str = "bidirectional", block_size: int | None = None) -> float:
-    """Average number of keys a query attends to.
-
-    Args:
-        seq_length: tokens per sequence ``s``.
-        attention: ``"bidirectional"`` (``s``), ``"causal"`` (``s/2``, FlashAttention-2's
-            convention) or ``"block_causal"`` (query in block ``j`` attends blocks ``0..j``:
-            the exact average of ``min(s, (j+1)*B)`` over queries).
-        block_size: ``B`` for block-causal attention.
-
-    Raises:
-        ValueError: unknown ``attention`` or a block-causal call without ``block_size >= 1``.
-    """
-    s = seq_length
-    if attention == "bidirectional":
-        return float(s)
-    if attention == "causal":
-        return s / 2
-    if attention == "block_causal":
-        if not block_size or block_size < 1:
-            raise ValueError("block_causal attention needs block_size >= 1")
-        B = block_size
-        total = 0
-        for start in range(0, s, B):
-            size = min(B, s - start)
-            total += size * min(s, start + B)
-        return total / s
-    raise ValueError(f"unknown attention {attention!r}: use bidirectional, causal or block_causal")
-
-
-def forward_flops_per_token(
-    num_layers: int,
-    hidden_size: int,
-    ffn_hidden_size: int,
-    num_attention_heads: int,
-    num_query_groups: int,
-    kv_channels: int,
-    vocab_size: int,
-    seq_length: int,
-    *,
-    gated: bool = True,
-    attention: str = "bidirectional",
-    block_size: int | None = None,
-    num_experts: int = 0,
-    moe_router_topk: int = 0,
-    moe_ffn_hidden_size: int = 0,
-    moe_shared_expert_intermediate_size: int = 0,
-    num_moe_layers: int = 0,
-) -> dict[str, float]:
-    """Forward FLOPs per token, by part (see the module docstring for the rules).
-
-    Returns:
-        ``{"attention_linear", "attention_core", "mlp", "moe", "logits"}`` summed over layers:
-        ``attention_linear`` = ``L * 2*h*(a + 2g)*d`` (linear_qkv) ``+ L * 2*a*d*h``
-        (linear_proj); ``attention_core`` = ``L * 4*a*d*keys``; ``mlp`` = dense layers' ``2*h*f``
-        per GEMM (three GEMMs when gated); ``moe`` = MoE layers' router, ``topk`` experts and
-        shared expert; ``logits`` = ``2*h*V``.
-    """
-    h, a, g, d = hidden_size, num_attention_heads, num_query_groups, kv_channels
-    mult = 3 if gated else 2
-    dense_layers = num_layers - num_moe_layers
-    keys = attended_keys(seq_length, attention, block_size)
-    moe = 0.0
-    if num_moe_layers:
-        per = 2 * h * num_experts + moe_router_topk * mult * 2 * h * moe_ffn_hidden_size
-        per += mult * 2 * h * moe_shared_expert_intermediate_size
-        moe = num_moe_layers * per
-    return {
-        "attention_linear": float(num_layers * (2 * h * (a + 2 * g) * d + 2 * a * d * h)),
-        "attention_core": num_layers * 4 * a * d * keys,
-        "mlp": float(dense_layers * mult * 2 * h * ffn_hidden_size),
-        "moe": float(moe),
-        "logits": float(2 * h * vocab_size),
-    }
-
-
-def model_flops_per_token(
-    num_layers: int,
-    hidden_size: int,
-    ffn_hidden_size: int,
-    num_attention_heads: int,
-    num_query_groups: int,
-    kv_channels: int,
-    vocab_size: int,
-    seq_length: int,
-    *,
-    gated: bool = True,
-    attention: str = "bidirectional",
-    block_size: int | None = None,
-    num_experts: int = 0,
-    moe_router_topk: int = 0,
-    moe_ffn_hidden_size: int = 0,
-    moe_shared_expert_intermediate_size: int = 0,
-    num_moe_layers: int = 0,
-) -> float:
-    """Model FLOPs of one training token (forward + backward = 3x forward), without
-    recomputation: the numerator of MFU.
-
-    ``MFU = model_flops_per_token * tokens_per_second / (num_gpus * peak_flops)``; tokens are
-    every input position (``global_batch_size * seq_length`` per step, for masked diffusion as
-    for AR: every position runs through the network).
-
-    Args:
-        num_layers, hidden_size, ffn_hidden_size: ``L, h, f``.
-        num_attention_heads, num_query_groups, kv_channels: ``a, g, d`` (GQA: ``g < a``).
-        vocab_size: the padded vocabulary the output layer has (Megatron's
-            ``padded_vocab_size``).
-        seq_length: ``s``, for the attention term.
-        gated: SwiGLU/GeGLU MLP (fc1 is ``[2f, h]``).
-        attention: ``bidirectional`` (masked diffusion), ``causal`` (AR) or ``block_causal``.
-        block_size: block length for ``block_causal``.
-        num_experts, moe_router_topk, moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size, num_moe_layers: MoE sizes (0 = dense).
-
-    Returns:
-        FLOPs per token (a float: causal and block-causal attention average fractional keys).
-
-    Example (dense, bidirectional): ``3 * (L*(2h(a+2g)d + 2adh + 4ads + 3*2hf) + 2hV)``.
-    """
-    parts = forward_flops_per_token(
-        num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels,
-        vocab_size, seq_length, gated=gated, attention=attention, block_size=block_size,
-        num_experts=num_experts, moe_router_topk=moe_router_topk, moe_ffn_hidden_size=moe_ffn_hidden_size,
-        moe_shared_expert_intermediate_size=moe_shared_expert_intermediate_size, num_moe_layers=num_moe_layers,
-    )
-    return 3 * sum(parts.values())
 
 
 def shape_forward_parts(shape: ModelShape, seq: int, attention: str | None = None) -> dict[str, float]:
