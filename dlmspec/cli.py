@@ -196,16 +196,6 @@ def human_count(n: int | float) -> str:
 # Checking a spec: the validator plus what the compiler refuses
 
 
-def _optional(name: str) -> Any:
-    """``dlmspec.<name>`` if that module exists in this checkout, else None."""
-    try:
-        return import_module(f"dlmspec.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"dlmspec.{name}":
-            return None
-        raise
-
-
 def _issue_order(issue: SpecIssue) -> tuple:
     return (issue.severity != "error", issue.file or "", issue.line if issue.line is not None else 1 << 30,
             issue.key, issue.rule)
@@ -217,10 +207,10 @@ def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
     cannot run it yet (:func:`dlmspec.compile.unsupported_issues`): every issue between this
     spec and a running job. Sorted errors first, then by file, line and key. Imports the
     compiler (slower than ``validate``); ``dlmspec new`` uses it."""
+    from dlmspec.compile import unsupported_issues  # jinja2: only where needed
+
     issues = validate_spec(loaded, resolved, paths=True)
-    compile_module = _optional("compile")
-    if compile_module is not None:
-        issues.extend(compile_module.unsupported_issues(resolved, loaded))
+    issues.extend(unsupported_issues(resolved, loaded))
     return sorted(issues, key=_issue_order)
 
 

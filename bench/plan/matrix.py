@@ -29,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from dlmspec.compile import unsupported_issues  # noqa: E402
 from dlmspec.loader import load  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
+from dlmspec.validate import find_issues  # noqa: E402
 
 DEMO = "specs/demo-dlm.toml"
 OUT = ROOT / "bench" / "plan" / "matrix.json"
@@ -55,7 +57,7 @@ COMMON = [
 ]
 
 #: Qwen3-1.7B's architecture (explicit keys: the demo's explicit dimensions override a preset) on
-#: the same mock data (vocabulary 151936 = NullTokenizer 151935 + EOD; tied embeddings).
+#: the same mock data (vocabulary 151936 = NullTokenizer 151934 + EOD + [MASK]; tied embeddings).
 QWEN = [
     'model.preset="qwen3-1.7b"',
     "model.num_layers=28",
@@ -67,8 +69,8 @@ QWEN = [
     "model.vocab_size=151936",
     "model.max_position_embeddings=4096",
     "model.untie_embeddings_and_output_weights=false",
-    "data.tokenizer.vocab_size=151935",
-    "objective.mask_token_id=151935",  # 151936 is a multiple of 128: no padded slot for [MASK]
+    "data.tokenizer.vocab_size=151934",  # NullTokenizer: ids 0..151933, EOD 151934
+    "objective.mask_token_id=151935",  # 151936 is a multiple of 128: [MASK] takes the last row
 ]
 
 ONE_GPU: list[tuple[str, list[str]]] = [
@@ -126,20 +128,8 @@ def _status(overrides: list[str]) -> tuple[bool, list[str], str]:
 
     loaded = load(ROOT / DEMO, overrides)
     resolved = resolve(loaded.spec)
-    errors = []
-    try:
-        from dlmspec.validate import find_issues
-
-        errors += [f"{i.rule}: {i.key}: {i.message}" for i in find_issues(loaded, resolved) if i.severity == "error"]
-    except ModuleNotFoundError:
-        pass
-    unsupported = []
-    try:
-        from dlmspec.compile import unsupported_issues
-
-        unsupported = [f"{i.key}: {i.message}" for i in unsupported_issues(resolved, loaded)]
-    except ModuleNotFoundError:
-        pass
+    errors = [f"{i.rule}: {i.key}: {i.message}" for i in find_issues(loaded, resolved) if i.severity == "error"]
+    unsupported = [f"{i.key}: {i.message}" for i in unsupported_issues(resolved, loaded)]
     needs_te = transformer_impl(resolved)[0] == "transformer_engine"
     notes = "needs transformer_engine on the GPU machine" if needs_te else ""
     return not unsupported, errors + unsupported, notes
