@@ -98,3 +98,42 @@ def test_missing_data_files_are_named_before_training(tmp_path):
     assert missing_data_files(config) == [str(tmp_path / "half_text_document.idx"), str(tmp_path / "gone.bin"),
                                           str(tmp_path / "gone.idx")]
     assert missing_data_files(DataConfig(seq_length=8, vocab_size=10, eod_id=0, mock=True)) == []
+
+
+_FEED_EXIT = textwrap.dedent(
+    """
+    import sys, torch
+    from backends.megatron.data import ignore_exit_signals
+    from backends.megatron.training import MicrobatchFeed
+    loader = torch.utils.data.DataLoader(torch.arange(64), batch_size=2, num_workers=2,
+                                         worker_init_fn=ignore_exit_signals)
+    feed = MicrobatchFeed(loader, 2, 0)          # views and feed form a reference cycle
+    feed.start(0)
+    print(int(next(feed.iterators[0]).batch.sum()))
+    if sys.argv[1] == "close":
+        feed.close()
+        feed.close()                             # idempotent
+    """
+)
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_feed_close_lets_the_rank_exit(close):
+    # Regression (H200, nvidia-h200-x2): runs finished training, printed their result and hung
+    # at interpreter exit until the runner killed them. multiprocessing's exit hook SIGTERMs the
+    # daemonic DataLoader workers (which ignore it) and joins them. MicrobatchFeed.close(),
+    # called by train() on every way out, stops them first. Without it the process hangs, which
+    # shows the test exercises the real failure.
+    args = [sys.executable, "-c", _FEED_EXIT, "close" if close else "leave"]
+    if close:
+        result = subprocess.run(args, capture_output=True, text=True, timeout=120, start_new_session=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == "1"
+        return
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

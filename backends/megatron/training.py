@@ -459,6 +459,24 @@ class MicrobatchFeed:
         """What to pass as ``data_iterator`` to megatron's schedule."""
         return self.iterators if len(self.iterators) > 1 else self.iterators[0]
 
+    def close(self) -> None:
+        """Stop the loader's worker processes now (idempotent).
+
+        The views and the feed refer to each other, so the loader's iterator is only freed by
+        the garbage collector, possibly never before the interpreter exits. Its workers ignore
+        stop signals (:func:`~backends.megatron.data.ignore_exit_signals`), and Python's
+        ``multiprocessing`` exit hook SIGTERMs daemonic children and then joins them, so a
+        worker still alive at exit hangs the rank for ever after training has finished (seen on
+        the H200: runs printed their result and were killed by the runner's time limit).
+        ``_shutdown_workers`` is what PyTorch's iterator runs when it is deleted: it tells each
+        worker to stop and joins it.
+        """
+        source, self._source = self._source, iter(())
+        shutdown = getattr(source, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._batches = []
+
 
 class _ChunkView:
     def __init__(self, feed: MicrobatchFeed) -> None:
@@ -1443,8 +1461,11 @@ def train(
                                "train_loss": last_train_loss, "valid_loss": last_valid_loss})
         _write_exit_status(run.logging.run_dir, rank == world - 1, exit_reason, iteration, last_checkpoint, None)
     except _SignalExit as exc:
+        train_feed.close()
         _teardown(watcher, logger, created_pg)
         raise SystemExit(exc.code)
+    finally:
+        train_feed.close()  # workers never outlive train(), whatever ends it
     _teardown(watcher, logger, created_pg)
     return TrainResult(
         iteration=iteration, consumed_train_samples=consumed, exit_reason=exit_reason,
