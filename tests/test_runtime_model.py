@@ -283,3 +283,28 @@ def test_metrics_logger_writes_jsonl(tmp_path):
     quiet = MetricsLogger(LoggingConfig(run_dir=str(tmp_path / "other")), enabled=False)
     quiet.record("train", {"loss": 1.0})
     assert not (tmp_path / "other").exists()
+
+
+def test_local_spec_builds_under_sequence_parallel_and_marks_norms():
+    # megatron-core's WrappedTorchNorm asserts `not sequence_parallel`; TP2+SP failed to build on
+    # two H200s. LocalNorm replaces it in every norm slot (layer norms, q/k norms, the block's
+    # final norm) and marks the weights `sequence_parallel` so finalize_model_grads sums their
+    # gradients over the TP group.
+    from backends.megatron.layers import LocalNorm
+
+    config = _config()
+    config.sequence_parallel = True  # TransformerConfig refuses SP at TP=1; the model code does not care
+    spec = build_layer_spec(attention="bidirectional", qk_layernorm=True, use_transformer_engine=False)
+    model = build_model(config, layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ)
+    inner = unwrap_model(model[0])
+    norms = {n: m for n, m in inner.named_modules() if isinstance(m, torch.nn.RMSNorm)}
+    assert {"decoder.final_layernorm", "decoder.layers.0.input_layernorm",
+            "decoder.layers.0.self_attention.q_layernorm", "decoder.layers.1.self_attention.k_layernorm"} <= set(norms)
+    assert all(getattr(p, "sequence_parallel", False) for m in norms.values() for p in m.parameters())
+    assert not getattr(inner.decoder.layers[0].self_attention.linear_qkv.weight, "sequence_parallel", False)
+    # (The SP forward forks megatron's CUDA RNG tracker: it runs on the GPU, bench/gpu/session_x2.sh.)
+    # Without sequence parallelism the norms are plain (no attribute set to True).
+    plain = unwrap_model(_model(ddp=False)[0])
+    assert not any(getattr(p, "sequence_parallel", False) for n, p in plain.named_parameters() if "norm" in n)
+    with pytest.raises(ValueError, match="zero_centered"):
+        LocalNorm(_config(layernorm_zero_centered_gamma=True), 64)

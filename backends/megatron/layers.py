@@ -11,6 +11,7 @@ then megatron's ``DistributedDataParallel``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 from typing import List, Optional
 
@@ -25,6 +26,9 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer import transformer_block
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from .attention import ATTENTION_MODES, MODE_TO_MASK_TYPE, SDPACoreAttention
@@ -42,6 +46,70 @@ def transformer_engine_available() -> bool:
     except Exception:  # a broken TE install counts as absent
         return False
     return True
+
+
+class LocalNorm:
+    """PyTorch ``LayerNorm``/``RMSNorm`` for the local spec, sequence parallelism included.
+
+    megatron-core's ``WrappedTorchNorm`` (the local spec's norm without Apex or Transformer
+    Engine) asserts ``not config.sequence_parallel``, so TP with sequence parallelism could not
+    be built on the local path (seen on two H200s). Under sequence parallelism a norm holds the
+    same weights on every tensor-parallel rank but sees a different slice of the sequence, so
+    its weight gradients must be summed over the TP group; megatron-core does that for every
+    parameter whose ``sequence_parallel`` attribute is true
+    (``distributed.finalize_model_grads._allreduce_non_tensor_model_parallel_grads``), which is
+    what Transformer Engine's ``TENorm`` sets. This builder sets it likewise; the computation
+    is the plain ``torch.nn`` module (an elementwise op on ``[s/tp, b, h]``).
+
+    Called like megatron's norm modules: ``LocalNorm(config, hidden_size, eps=...)``.
+
+    Returns:
+        ``torch.nn.LayerNorm`` or ``torch.nn.RMSNorm`` over the last dimension
+        (``hidden_size``).
+
+    Raises:
+        ValueError: For ``layernorm_zero_centered_gamma``, ``persist_layer_norm``,
+            ``memory_efficient_layer_norm`` (not in torch's norms) or another normalization.
+    """
+
+    def __new__(
+        cls,
+        config: TransformerConfig,
+        hidden_size: int,
+        eps: float = 1e-5,
+        persist_layer_norm: bool = False,
+        zero_centered_gamma: bool = False,
+        normalization: str = "LayerNorm",
+    ) -> torch.nn.Module:
+        del persist_layer_norm, zero_centered_gamma, normalization  # the config decides
+        for knob in ("layernorm_zero_centered_gamma", "persist_layer_norm", "memory_efficient_layer_norm"):
+            if getattr(config, knob, False):
+                raise ValueError(f"{knob} is not supported by PyTorch's norms (local spec); use Transformer Engine")
+        if config.normalization == "LayerNorm":
+            norm = torch.nn.LayerNorm(hidden_size, eps=eps)
+        elif config.normalization == "RMSNorm":
+            norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+        else:
+            raise ValueError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {config.normalization!r}")
+        for param in norm.parameters():
+            setattr(param, "sequence_parallel", bool(config.sequence_parallel))
+        return norm
+
+
+def _replace_module(spec, old, new) -> None:
+    """Replace ``old`` by ``new`` wherever it is a module in the spec tree (in place)."""
+    if isinstance(spec, ModuleSpec):
+        if spec.module is old:
+            spec.module = new
+        _replace_module(spec.submodules, old, new)
+        return
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        for f in dataclasses.fields(spec):
+            value = getattr(spec, f.name)
+            if value is old:
+                setattr(spec, f.name, new)
+            else:
+                _replace_module(value, old, new)
 
 
 def build_layer_spec(
@@ -113,6 +181,7 @@ def build_layer_spec(
             normalization=normalization,
         )
     )
+    _replace_module(spec, WrappedTorchNorm, LocalNorm)  # sequence parallel works on the local path
     self_attention = spec.submodules.self_attention
     self_attention.params["attn_mask_type"] = MODE_TO_MASK_TYPE[attention]
     self_attention.submodules.core_attention = ModuleSpec(
@@ -248,9 +317,17 @@ def build_model(
     for stage in stages:
         pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+        block_spec = layer_spec
+        if layer_spec_backend(layer_spec) == BACKEND_LOCAL_SDPA and transformer_block.LayerNormImpl is WrappedTorchNorm:
+            # The block's final norm is megatron's module-level default (WrappedTorchNorm
+            # without Apex/TE); hand the block its submodules with LocalNorm instead.
+            block_spec = TransformerBlockSubmodules(
+                layer_specs=[layer_spec] * get_num_layers_to_build(config, vp_stage=stage),
+                layer_norm=LocalNorm,
+            )
         model = GPTModel(
             config=config,
-            transformer_layer_spec=layer_spec,
+            transformer_layer_spec=block_spec,
             vocab_size=vocab_size,
             max_sequence_length=max_sequence_length,
             pre_process=pre_process,
