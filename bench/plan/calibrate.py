@@ -128,9 +128,9 @@ def read_runs(results: Path) -> tuple[list[Run], list[str]]:
         if not isinstance(records, list):
             continue
         for rec in records:
-            if not isinstance(rec, dict):
-                continue
-            name = str(rec.get("name", "?"))
+            if not isinstance(rec, dict) or "name" not in rec:
+                continue  # not a calibration run (e.g. the conversion check's per-family records)
+            name = str(rec["name"])
             mem = rec.get("peak_allocated_bytes")
             if mem is None and rec.get("peak_mem_gib") is not None:
                 mem = float(rec["peak_mem_gib"]) * GiB
