@@ -51,6 +51,8 @@ class Resolved:
         params_padded: counts with the padded vocabulary (what is in memory).
         moe_layers: 1 per MoE layer, 0 per dense layer.
         gpu: the catalog entry of ``cluster.gpu`` (None if unknown; validate reports it).
+        cross_entropy: ``"fused_linear"`` or ``"megatron"`` (``kernels.cross_entropy``;
+            ``"auto"`` is fused_linear at TP = 1, where the output layer is not split).
     """
 
     spec: Spec
@@ -76,6 +78,7 @@ class Resolved:
     params_padded: ParamCounts
     moe_layers: tuple[int, ...]
     gpu: GPU | None
+    cross_entropy: str = "megatron"
 
     def derived(self) -> dict[str, Any]:
         """The derived values as a JSON-ready dict (``dlmspec show``)."""
@@ -90,6 +93,7 @@ class Resolved:
             "expert_tensor_parallel_size": self.etp,
             "attention_mask": self.attention_mask,
             "mask_token_id": self.mask_token_id,
+            "cross_entropy": self.cross_entropy,
             "train_iters": self.train_iters,
             "tokens_per_step": self.tokens_per_step,
             "parameters": {
@@ -150,4 +154,9 @@ def resolve(spec: Spec) -> Resolved:
         params_padded=count_parameters(m, padded),
         moe_layers=tuple(moe_layer_pattern(m)),
         gpu=GPUS.get(spec.cluster.gpu),
+        cross_entropy=(
+            ("fused_linear" if tp == 1 else "megatron")
+            if spec.kernels.cross_entropy == "auto"
+            else spec.kernels.cross_entropy
+        ),
     )

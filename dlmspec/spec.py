@@ -209,6 +209,28 @@ class PrecisionSpec(Section):
     fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
 
 
+class KernelsSpec(Section):
+    """``[kernels]``: implementation choices that change speed and memory, not the result."""
+
+    cross_entropy: Literal["auto", "fused_linear", "megatron"] = Field(
+        "auto",
+        description="'fused_linear': output projection + cross entropy in row chunks on the positions "
+        "that carry loss only (no [s, b, vocab] logits; tensor_model_parallel_size = 1); 'megatron': "
+        "GPTModel's logits and megatron's vocab-parallel cross entropy; 'auto': fused_linear at TP = 1.",
+    )
+    fused_linear_impl: Literal["auto", "liger", "torch"] = Field(
+        "auto", description="fused_linear backend: Liger Kernel (Triton) when it imports ('auto'), or PyTorch."
+    )
+    cross_entropy_loss_fusion: bool = Field(
+        False, description="megatron-core's fused vocab-parallel cross entropy (the 'megatron' path)."
+    )
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient"] = Field(
+        "auto",
+        description="SDPA kernel tried first on the local+SDPA path (PyTorch falls back when it cannot "
+        "take the inputs); 'auto' keeps PyTorch's order.",
+    )
+
+
 class TrainSpec(Section):
     """``[train]``: batch, length, budget, optimizer and schedule. Optimizer keys are
     megatron-core ``OptimizerConfig`` fields; schedule keys are Megatron-LM's arguments
@@ -380,6 +402,7 @@ class Spec(Section):
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     recompute: RecomputeSpec = Field(default_factory=RecomputeSpec)
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
+    kernels: KernelsSpec = Field(default_factory=KernelsSpec)
     train: TrainSpec
     data: DataSpec = Field(default_factory=DataSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)

@@ -289,6 +289,23 @@ def _tp_heads(ctx: Context) -> Iterator[Finding]:
 
 
 @_rule(
+    "fused-linear-ce-tp",
+    "error",
+    "backends.megatron.output_loss.defer_output_projection (the vocabulary must not be split over TP ranks)",
+    "kernels.cross_entropy = 'fused_linear' needs tensor_model_parallel_size = 1",
+)
+def _fused_ce_tp(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.kernels.cross_entropy == "fused_linear" and ctx.r.tp > 1:
+        yield Finding(
+            "kernels.cross_entropy",
+            f"the fused linear cross entropy projects onto the whole vocabulary, but TP = {ctx.r.tp} "
+            "splits the output layer over ranks",
+            'set kernels.cross_entropy = "auto" (fused at TP = 1, megatron\'s otherwise) or "megatron", '
+            "or parallel.tensor_model_parallel_size = 1",
+        )
+
+
+@_rule(
     "tp-query-groups",
     "error",
     "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__",

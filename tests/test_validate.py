@@ -80,6 +80,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
                           "parallel.tensor_model_parallel_size": 8}, "parallel.tensor_model_parallel_size"),
     ("tp-query-groups", {"model.num_attention_heads": 12, "model.num_query_groups": 6, "model.kv_channels": 32,
                          "parallel.tensor_model_parallel_size": 4}, "parallel.tensor_model_parallel_size"),
+    ("fused-linear-ce-tp", {"kernels.cross_entropy": "fused_linear", "parallel.tensor_model_parallel_size": 2,
+                            "parallel.sequence_parallel": True}, "kernels.cross_entropy"),
     ("heads-divisible-by-groups", {"model.num_query_groups": 3}, "model.num_query_groups"),
     ("hidden-divisible-by-heads", {"model.num_attention_heads": 12}, "model.hidden_size"),
     ("tp-divides-ffn", {"model.ffn_hidden_size": 1001, "parallel.tensor_model_parallel_size": 2},

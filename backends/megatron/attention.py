@@ -32,6 +32,7 @@ otherwise (the memory-efficient kernel does not take ``enable_gqa``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Optional, Tuple
@@ -39,6 +40,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from megatron.core import tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -56,6 +58,16 @@ MODE_TO_MASK_TYPE = {
     "bidirectional": AttnMaskType.no_mask,
     "causal": AttnMaskType.causal,
     "block_causal": AttnMaskType.arbitrary,
+}
+
+
+#: ``sdpa_backend`` values: PyTorch's order, or one backend tried first.
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+_SDPA_PRIORITY = {
+    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    "cudnn": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    "efficient": [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH],
+    "math": [SDPBackend.MATH],
 }
 
 
@@ -110,6 +122,11 @@ class SDPACoreAttention(MegatronModule):
         pg_collection: Process groups; ``tp`` gives the heads per partition.
         mode: One of :data:`ATTENTION_MODES`.
         block_size: Block length for ``"block_causal"``.
+        sdpa_backend: One of :data:`SDPA_BACKENDS`. ``"auto"`` leaves PyTorch's own order
+            (flash, memory-efficient, math on CUDA); a named backend is tried first and
+            PyTorch falls back to the others when it cannot take the inputs (e.g. a mask).
+            cuDNN and memory-efficient attention get keys and values expanded to every
+            query head for GQA (their kernels take no ``enable_gqa``).
 
     Raises:
         ValueError: On an unknown mode, a missing ``block_size``, context
@@ -130,8 +147,11 @@ class SDPACoreAttention(MegatronModule):
         *,
         mode: str = "bidirectional",
         block_size: Optional[int] = None,
+        sdpa_backend: str = "auto",
     ) -> None:
         super().__init__(config=config)
+        if sdpa_backend not in SDPA_BACKENDS:
+            raise ValueError(f"sdpa_backend must be one of {SDPA_BACKENDS}, got {sdpa_backend!r}")
         if mode not in ATTENTION_MODES:
             raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
         if mode == "block_causal" and (block_size is None or block_size < 1):
@@ -152,6 +172,7 @@ class SDPACoreAttention(MegatronModule):
         self.attention_type = attention_type
         self.mode = mode
         self.block_size = block_size
+        self.sdpa_backend = sdpa_backend
 
         if pg_collection is None:
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
@@ -257,7 +278,7 @@ class SDPACoreAttention(MegatronModule):
         mask, is_causal = self._sdpa_mask(attention_mask, sq, sk, query.device)
         enable_gqa = False
         if np_ != ng:
-            if mask is None:
+            if mask is None and self.sdpa_backend not in ("cudnn", "efficient"):
                 enable_gqa = True
             else:
                 k = k.repeat_interleave(np_ // ng, dim=1)
@@ -277,13 +298,15 @@ class SDPACoreAttention(MegatronModule):
                 enable_gqa=enable_gqa,
             )
 
-        if dropout_p > 0.0 and not self.config.sequence_parallel and query.is_cuda:
-            # Heads are partitioned over TP ranks: draw dropout from megatron's
-            # model-parallel RNG stream, as DotProductAttention does.
-            with tensor_parallel.get_cuda_rng_tracker().fork():
+        backends = _SDPA_PRIORITY.get(self.sdpa_backend) if query.is_cuda else None
+        with (sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext()):
+            if dropout_p > 0.0 and not self.config.sequence_parallel and query.is_cuda:
+                # Heads are partitioned over TP ranks: draw dropout from megatron's
+                # model-parallel RNG stream, as DotProductAttention does.
+                with tensor_parallel.get_cuda_rng_tracker().fork():
+                    context = _attend()
+            else:
                 context = _attend()
-        else:
-            context = _attend()
 
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return context.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)

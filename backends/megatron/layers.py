@@ -121,6 +121,7 @@ def build_layer_spec(
     qk_layernorm: bool = False,
     normalization: str = "RMSNorm",
     use_transformer_engine: Optional[bool] = None,
+    sdpa_backend: str = "auto",
 ) -> ModuleSpec:
     """Return the ``TransformerLayer`` spec for a dlmspec model.
 
@@ -137,6 +138,8 @@ def build_layer_spec(
             ``TransformerConfig.normalization``).
         use_transformer_engine: ``None`` = TE when it imports; ``True`` forces
             TE (error if absent); ``False`` forces the local + SDPA spec.
+        sdpa_backend: SDPA backend tried first on the local + SDPA path
+            (:data:`~backends.megatron.attention.SDPA_BACKENDS`); ignored with TE.
 
     Returns:
         A megatron ``ModuleSpec``; :func:`layer_spec_backend` tells which path.
@@ -186,7 +189,7 @@ def build_layer_spec(
     self_attention.params["attn_mask_type"] = MODE_TO_MASK_TYPE[attention]
     self_attention.submodules.core_attention = ModuleSpec(
         module=SDPACoreAttention,
-        params={"mode": attention, "block_size": block_size},
+        params={"mode": attention, "block_size": block_size, "sdpa_backend": sdpa_backend},
     )
     return spec
 

@@ -346,9 +346,22 @@ def reduce_loss(
             f"per-token loss shape {tuple(per_token_loss.shape)} != loss weights shape "
             f"{tuple(batch.loss_weights.shape)}"
         )
-    loss_sum = (per_token_loss.float() * batch.loss_weights).sum()
+    return loss_triple((per_token_loss.float() * batch.loss_weights).sum(), batch)
+
+
+def loss_triple(loss_sum: Tensor, batch: ObjectiveBatch) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
+    """megatron's ``forward_step`` triple from an already weighted loss sum.
+
+    Args:
+        loss_sum: fp32 scalar ``sum(CE * loss_weights)`` (carries the gradient).
+        batch: The :class:`ObjectiveBatch` it was computed on.
+
+    Returns:
+        ``(loss_sum, batch.num_tokens, {"lm loss": [loss_sum, num_tokens]})`` as in
+        :func:`reduce_loss`.
+    """
     num_tokens = batch.num_tokens
-    report = torch.stack([loss_sum.detach(), num_tokens.detach().to(torch.float32)])
+    report = torch.stack([loss_sum.detach().float(), num_tokens.detach().to(torch.float32)])
     return loss_sum, num_tokens, {"lm loss": report}
 
 
