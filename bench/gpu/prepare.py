@@ -5,7 +5,8 @@ carried to the GPU machine by the device tool).
   planner's calibration matrix), with the entry's ``--set`` overrides plus a run directory and a
   checkpoint directory of its own, so runs never resume from each other.
 * ``.device/demo/``: ``specs/demo-dlm.toml`` compiled as it is (real data from ``.data/``, made
-  by ``dlmspec data prepare`` as README.md shows).
+  by ``dlmspec data prepare`` as README.md shows), and ``.device/demo-ref/``, the same in run
+  and checkpoint directories of its own (the uninterrupted run of ``demo_resume.sh``).
 
 Usage: ``.venv/bin/python bench/gpu/prepare.py [--gpus 1|2] [NAME ...]``
 """
@@ -66,6 +67,15 @@ def main() -> None:
             shutil.rmtree(out)
         compile_spec("specs/demo-dlm.toml", out, [])
         print(f"compiled the demo -> {out.relative_to(ROOT)}")
+        # The same demo in run and checkpoint directories of its own: the uninterrupted run
+        # that bench/gpu/demo_resume.sh compares a stopped-and-resumed run with.
+        ref = ROOT / ".device" / "demo-ref"
+        if ref.exists():
+            shutil.rmtree(ref)
+        compile_spec("specs/demo-dlm.toml", ref, [
+            'logging.run_dir="runs/demo-ref"', 'logging.tensorboard_dir="runs/demo-ref/tensorboard"',
+            'checkpoint.save="runs/demo-ref/checkpoints"'])
+        print(f"compiled the uninterrupted reference demo -> {ref.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

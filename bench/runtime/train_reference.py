@@ -32,6 +32,7 @@ from backends.megatron.data import DataConfig
 from backends.megatron.layers import build_layer_spec
 from backends.megatron.training import (
     CheckpointConfig,
+    KernelConfig,
     LoggingConfig,
     ObjectiveConfig,
     RunConfig,
@@ -84,6 +85,11 @@ def parse_args():
     p.add_argument("--tensor-parallel", type=int, default=1)
     p.add_argument("--pipeline-parallel", type=int, default=1)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--cross-entropy", choices=["megatron", "fused_linear"], default="megatron",
+                   help="[kernels] cross_entropy (fused_linear: output projection + CE on the masked rows only)")
+    p.add_argument("--fused-linear-impl", choices=["auto", "liger", "torch"], default="auto")
+    p.add_argument("--ce-fusion", action="store_true", help="megatron-core's fused cross entropy (megatron path)")
+    p.add_argument("--sdpa-backend", choices=["auto", "flash", "cudnn", "efficient"], default="auto")
     return p.parse_args()
 
 
@@ -134,6 +140,8 @@ def main():
         persist_layer_norm=False,
         # loss: normalise by the tokens of the whole global batch (LLaDA)
         calculate_per_token_loss=True,
+        cross_entropy_loss_fusion=args.ce_fusion,
+        cross_entropy_fusion_impl="native",
         # activation recomputation
         recompute_granularity=None if args.recompute == "none" else args.recompute,
         recompute_method="uniform" if args.recompute == "full" else None,
@@ -146,6 +154,7 @@ def main():
         moe_grouped_gemm=False,
         qk_layernorm=True,
         normalization="RMSNorm",
+        sdpa_backend=args.sdpa_backend,
     )
 
     model_kwargs = dict(
@@ -229,6 +238,7 @@ def main():
             peak_tflops_per_gpu=989.0,
         ),
         seed=args.seed,
+        kernels=KernelConfig(cross_entropy=args.cross_entropy, fused_linear_impl=args.fused_linear_impl),
         name=f"reference-{args.preset}-{args.objective}",
     )
 
