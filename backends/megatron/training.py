@@ -17,6 +17,9 @@ calls :func:`train`.  ``train`` then
    ``OptimizerParamScheduler`` (linear warm-up, then cosine / linear / WSD /
    constant decay to ``OptimizerConfig.min_lr``, stepped once per iteration),
 4. resumes from the ``latest`` checkpoint of the save directory if there is one,
+   else loads ``CheckpointConfig.init_from``'s weights (a Hugging Face folder,
+   converted once into a cache, or a megatron-core checkpoint:
+   :mod:`backends.megatron.init_from`) and starts at iteration 0,
 5. runs ``get_forward_backward_func()`` (no pipelining, 1F1B or interleaved 1F1B
    depending on the parallel sizes) with :class:`ObjectiveForwardStep`, then
    ``optimizer.step()`` and the scheduler, and
@@ -78,6 +81,7 @@ from .data import (
     combine_attention_masks,
     document_attention_mask,
 )
+from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
 from .layers import build_model, count_parameters, layer_spec_attention, layer_spec_backend
 from .objective import ObjectiveBatch, build_objective, reduce_loss
 from .rng import TRAIN_STREAM, VALID_STREAM, check_resume_seed, masking_generator
@@ -186,6 +190,15 @@ class CheckpointConfig:
             data-parallel size may change) or ``"fully_reshardable"`` (resume
             with any parallel layout) - megatron's ``DistributedOptimizer``
             checkpoint formats.
+        init_from: Initial weights of a fresh run: ``"hf:PATH"`` (a Hugging
+            Face folder, converted once into ``init_cache_dir``) or
+            ``"mcore:PATH"`` (a megatron-core dist checkpoint); model weights
+            only, the optimizer and schedule start at iteration 0.  Ignored
+            when there is a checkpoint to resume from (:func:`start_point`).
+            ``None``: random initialisation.
+        init_cache_dir: Where ``hf:`` weights are converted to (default
+            ``<save_dir>/init_from_hf``, or ``<run_dir>/init_from_hf``); must
+            be on a filesystem every node sees.
     """
 
     save_dir: Optional[str] = None
@@ -198,6 +211,8 @@ class CheckpointConfig:
     keep_last: Optional[int] = None
     override_scheduler_on_resume: bool = False
     optimizer_sharding: str = "dp_reshardable"
+    init_from: Optional[str] = None
+    init_cache_dir: Optional[str] = None
 
 
 @dataclass
@@ -706,6 +721,37 @@ def read_latest_checkpoint(root: Optional[str]) -> Optional[str]:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{tracker} names {name!r} but {path} does not exist")
     return path
+
+
+def start_point(ckpt: CheckpointConfig) -> Tuple[Optional[str], Optional[str]]:
+    """Where a run's weights come from: ``(checkpoint to resume from, init_from to load)``.
+
+    A resume always wins: with ``ckpt.resume`` and a ``latest`` checkpoint in
+    ``load_dir`` (default ``save_dir``) it returns ``(that checkpoint, None)``
+    even when ``init_from`` is set, so a restarted job continues its own run
+    instead of starting again from the initial weights.  Otherwise
+    ``(None, ckpt.init_from)``; ``(None, None)`` means random initialisation.
+
+    Raises:
+        FileNotFoundError: If ``latest`` names a directory that does not exist.
+    """
+    load_root = ckpt.load_dir or ckpt.save_dir
+    latest = read_latest_checkpoint(load_root) if ckpt.resume and load_root else None
+    if latest is not None:
+        return latest, None
+    return None, ckpt.init_from or None
+
+
+def _weights_record(resume_from: Optional[str], init_source: Optional[InitSource], ckpt: CheckpointConfig,
+                    seed: int) -> Tuple[Dict[str, Any], str]:
+    """The ``start`` record's ``weights`` entry and its console text."""
+    if resume_from is not None:
+        ignored = f" (checkpoint.init_from {ckpt.init_from!r} not used: a resume continues the run)" if ckpt.init_from else ""
+        return {"from": "resume", "checkpoint": resume_from, "init_from_ignored": ckpt.init_from}, \
+            f"resumed from {resume_from}{ignored}"
+    if init_source is not None:
+        return {"from": "init_from", **init_source.to_record()}, init_source.describe()
+    return {"from": "random", "seed": seed}, f"random initialisation (seed {seed})"
 
 
 def _write_tracker_atomically(root: str, name: str) -> None:
@@ -1228,6 +1274,26 @@ def train(
         tensor_parallel.model_parallel_cuda_manual_seed(init_seed)
 
     model = build_model(transformer_config, layer_spec=layer_spec, ddp_config=ddp_config, **model_kwargs)
+    # The weights: the latest checkpoint (resume, loaded below with the optimizer), else
+    # checkpoint.init_from, loaded now: megatron's optimizers copy their fp32 main weights from
+    # the model when they are built.
+    resume_from, init_from = start_point(ckpt)
+    init_source = None
+    if init_from is not None:
+        try:
+            init_source = initialize_from(
+                init_from, model=model, transformer_config=transformer_config, model_kwargs=model_kwargs,
+                cache_dir=ckpt.init_cache_dir or default_cache_dir(ckpt.save_dir, run.logging.run_dir),
+            )
+        except InitFromError as exc:  # every rank has it (rank 0 told them); named, exit code 2
+            if rank == 0:
+                print(f"train.py: {exc}", file=sys.stderr, flush=True)
+            if watcher is not None:
+                watcher.restore()
+            parallel_state.destroy_model_parallel()
+            if created_pg:
+                dist.destroy_process_group()
+            raise SystemExit(2) from None
     optimizer = get_megatron_optimizer(optimizer_config, model)
     decay_iters = sched.lr_decay_iters or sched.train_iters
     wd = optimizer_config.weight_decay
@@ -1267,15 +1333,13 @@ def train(
     consumed = 0
     resumed_from = None
     last_checkpoint = None
-    load_root = ckpt.load_dir or ckpt.save_dir
-    if ckpt.resume and load_root:
-        latest = read_latest_checkpoint(load_root)
-        if latest is not None:
-            loaded = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler, seed=run.seed)
-            iteration, consumed = loaded.iteration, loaded.consumed_train_samples
-            resumed_from, last_checkpoint = iteration, latest
-            logger.text(f"resumed from {latest} at iteration {iteration} (consumed {consumed} samples)")
-            logger.record("resume", {"iteration": iteration, "checkpoint": latest, "consumed_train_samples": consumed})
+    if resume_from is not None:
+        latest = resume_from
+        loaded = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler, seed=run.seed)
+        iteration, consumed = loaded.iteration, loaded.consumed_train_samples
+        resumed_from, last_checkpoint = iteration, latest
+        logger.text(f"resumed from {latest} at iteration {iteration} (consumed {consumed} samples)")
+        logger.record("resume", {"iteration": iteration, "checkpoint": latest, "consumed_train_samples": consumed})
 
     seq = run.data.seq_length
     eval_batches = sched.eval_iters * sched.global_batch_size if sched.eval_interval else 0
@@ -1311,6 +1375,7 @@ def train(
         "params_on_logging_rank": local_params, "model_flops_per_token": flops_per_token,
         "parallel_layout": _parallel_layout(), "run_config": dataclasses.asdict(run),
     }
+    start_info["weights"], weights_text = _weights_record(resume_from, init_source, ckpt, run.seed)
     logger.record("start", start_info)
     logger.text(
         f"[dlmspec] {run.name}: layer spec {backend}, attention {spec_attention}, objective {objective.kind}, "
@@ -1318,6 +1383,9 @@ def train(
         f"cp {context_parallel_size} ep {expert_model_parallel_size}), {num_microbatches} microbatches/step, "
         f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token"
     )
+    logger.text(f"[dlmspec] weights: {weights_text}")
+    for warning in init_source.warnings if init_source is not None else ():
+        logger.text(f"[dlmspec] warning: checkpoint.init_from: {warning}")
 
     def evaluate() -> Optional[float]:
         """Mean validation loss over ``eval_iters`` fixed global batches (``None`` without a set)."""
