@@ -273,7 +273,7 @@ def validate(
     Every problem is reported at once with file, line, key, value, why and a value that works.
     Data, tokenizer and checkpoint paths missing on this machine are warnings (they usually live
     on the cluster). Exit code 0 when the spec is valid (warnings go to stderr), 2 when not.
-    Settings the bundled runtime cannot run yet (SFT, RL, init_from, FSDP, ...) are reported
+    Settings the bundled runtime cannot run yet (SFT, RL, FSDP, ...) are reported
     by `dlmspec compile`.
     """
     use_json(ctx, json_output)

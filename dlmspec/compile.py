@@ -79,6 +79,17 @@ def run_dir(resolved: Resolved) -> str:
     return resolved.spec.logging.run_dir or f"runs/{resolved.spec.name}"
 
 
+def init_cache_dir(resolved: Resolved) -> str | None:
+    """Where the runtime converts ``checkpoint.init_from = "hf:PATH"`` weights once
+    (``CheckpointConfig.init_cache_dir``): ``<checkpoint.save>/init_from_hf``, or
+    ``<run_dir>/init_from_hf`` for a run that saves nothing
+    (``backends.megatron.init_from.default_cache_dir``); None unless ``init_from`` is ``hf:``."""
+    init = resolved.spec.checkpoint.init_from
+    if init is None or not init.startswith("hf:"):
+        return None
+    return posixpath.join(resolved.spec.checkpoint.save or run_dir(resolved), "init_from_hf")
+
+
 @dataclass(frozen=True)
 class EodChoice:
     """The end-of-document id train.py passes to the runtime.
@@ -203,12 +214,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "supervised fine-tuning (stage.kind = 'sft': chat templates, prompt masking) is not "
         "implemented by the megatron runtime (backends/megatron)",
         "set stage.kind = \"pretrain\"",
-    ),
-    Unsupported(
-        "checkpoint.init_from",
-        lambda r: r.spec.checkpoint.init_from is not None,
-        "initialising from a Hugging Face or foreign checkpoint is not implemented by the runtime",
-        "remove checkpoint.init_from (a run resumes from checkpoint.load / checkpoint.save)",
     ),
     Unsupported(
         "checkpoint.async_save",
@@ -460,7 +465,8 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     so megatron-core's TP communication is issued in order with compute), ``grad_reduce_group``
     (GPUs a gradient is reduced over, data x context parallel = world / (TP x PP), as
     megatron-core's DDP reduces over the data-parallel group with context parallelism; the
-    overlap switches are written False when it is 1: nothing to overlap).
+    overlap switches are written False when it is 1: nothing to overlap), ``init_cache_dir``
+    (:func:`init_cache_dir`).
     """
     s = locked_spec(resolved)
     m = s.model
@@ -504,6 +510,7 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
         "requeue_exit_code": REQUEUE_EXIT_CODE,
         "max_connections_1": resolved.tp > 1 or s.parallel.sequence_parallel,
         "grad_reduce_group": max(1, resolved.world_size // (resolved.tp * resolved.pp)),
+        "init_cache_dir": init_cache_dir(resolved),
     }
 
 

@@ -222,7 +222,6 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
     [
         ({"stage.kind": "rl"}, "stage.kind"),
         ({"stage.kind": "sft"}, "stage.kind"),
-        ({"checkpoint.init_from": "hf:Qwen/Qwen3-1.7B"}, "checkpoint.init_from"),
         ({"checkpoint.async_save": True}, "checkpoint.async_save"),
         ({"parallel.fsdp": "megatron"}, "parallel.fsdp"),
         ({"logging.wandb_project": "p"}, "logging.wandb_project"),
@@ -244,10 +243,54 @@ def test_runtime_gaps_are_refused_naming_the_key(tmp_path: Path, changes: dict[s
 def test_every_unsupported_rule_is_exercised() -> None:
     """The parametrisation above names each rule's key (a new rule needs a case)."""
     keys = {rule.key for rule in UNSUPPORTED}
-    tested = {"stage.kind", "checkpoint.init_from", "checkpoint.async_save", "parallel.fsdp",
+    tested = {"stage.kind", "checkpoint.async_save", "parallel.fsdp",
               "logging.wandb_project", "model.moe_grouped_gemm",
               "objective.attention_mask", "logging.tensorboard_dir"}
     assert keys == tested
+
+
+def _checkpoint_call(train_py: str) -> dict[str, Any]:
+    """The keyword arguments of the ``CheckpointConfig(...)`` call in a rendered train.py."""
+    call = next(n for n in ast.walk(ast.parse(train_py))
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "CheckpointConfig")
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+
+
+@pytest.mark.parametrize(
+    "changes, init_from, cache_dir",
+    [
+        ({"checkpoint.init_from": "hf:models/Qwen3-1.7B", "checkpoint.save": "runs/t/ckpt"},
+         "hf:models/Qwen3-1.7B", "runs/t/ckpt/init_from_hf"),
+        ({"checkpoint.init_from": "hf:/abs/model"}, "hf:/abs/model", "runs/t/init_from_hf"),  # nothing saved
+        ({"checkpoint.init_from": "mcore:runs/base/checkpoints"}, "mcore:runs/base/checkpoints", None),
+        ({}, None, None),
+    ],
+)
+def test_init_from_is_rendered_as_plain_python(tmp_path: Path, changes: dict[str, Any], init_from: str | None,
+                                               cache_dir: str | None) -> None:
+    """checkpoint.init_from compiles (issue #6): train.py passes it to the runtime's
+    CheckpointConfig as a literal, with the directory hf: weights are converted into."""
+    compile_spec(spec_file(tmp_path, changes), tmp_path / "a")
+    text = (tmp_path / "a" / "train.py").read_text()
+    kwargs = _checkpoint_call(text)
+    assert kwargs["init_from"] == init_from and kwargs["init_cache_dir"] == cache_dir
+    if init_from is not None:
+        assert f"init_from={init_from!r}," in text  # visible as written in the spec
+    compile_spec(spec_file(tmp_path, changes, "b.toml"), tmp_path / "b")
+    assert read_all(tmp_path / "a")["train.py"].splitlines()[1:] == read_all(tmp_path / "b")["train.py"].splitlines()[1:]
+
+
+def test_a_malformed_init_from_is_refused_with_file_line_and_fix(tmp_path: Path) -> None:
+    path = spec_file(tmp_path, {"checkpoint.init_from": "/models/qwen"})
+    with pytest.raises(SpecError) as info:
+        compile_spec(path, tmp_path / "out")
+    issue = next(i for i in info.value.errors if i.key == "checkpoint.init_from")
+    assert issue.rule == "init-from-format" and issue.severity == "error" and issue.value == "/models/qwen"
+    assert issue.file == str(path) or issue.file.endswith("spec.toml")
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("init_from"))
+    assert issue.line == line
+    assert "hf:/models/qwen" in issue.hint
+    assert not (tmp_path / "out").exists()
 
 
 def test_block_causal_on_the_local_path_compiles(tmp_path: Path) -> None:

@@ -87,6 +87,8 @@ VARIATIONS: dict[str, dict[str, Any]] = {
                                   "train.train_tokens": 10_000_000, "train.lr_warmup_iters": 0,
                                   "train.lr_warmup_fraction": 0.05},
     "two-nodes": {"cluster.nodes": 2, "train.global_batch_size": 64},
+    "init-from-hf-no-save": {"checkpoint.init_from": "hf:models/tiny"},
+    "init-from-mcore": {"checkpoint.init_from": "mcore:runs/base/checkpoints", "checkpoint.save": "runs/v/ckpt"},
 }
 
 
@@ -212,6 +214,7 @@ def test_build_configs_runs_megatron_checks_and_holds_the_resolved_values(case: 
     from megatron.core.models.gpt import GPTModel
     from megatron.core.parallel_state import initialize_model_parallel
 
+    from backends.megatron.init_from import default_cache_dir
     from backends.megatron.layers import build_model, layer_spec_attention
     from backends.megatron.training import train as runtime_train
 
@@ -270,6 +273,11 @@ def test_build_configs_runs_megatron_checks_and_holds_the_resolved_values(case: 
     assert run.data.seq_length == spec.train.seq_length
     assert run.data.mock == spec.data.mock
     assert run.checkpoint.save_dir == spec.checkpoint.save
+    assert run.checkpoint.init_from == spec.checkpoint.init_from
+    if (spec.checkpoint.init_from or "").startswith("hf:"):  # where the runtime's default puts it
+        assert run.checkpoint.init_cache_dir == default_cache_dir(spec.checkpoint.save, run.logging.run_dir)
+    else:
+        assert run.checkpoint.init_cache_dir is None
 
     # the layer spec, where it can be built here (Transformer Engine is not installed on CPU CI)
     if spec.model.transformer_impl != "transformer_engine":

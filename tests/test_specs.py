@@ -25,14 +25,10 @@ SPECS = sorted((ROOT / "specs").glob("*.toml"))
 
 #: Specs that validate but that `dlmspec compile` refuses, with the (key, message) of each refusal
 #: (dlmspec.compile.UNSUPPORTED): what their header comments say.
-INIT_FROM = ("checkpoint.init_from",
-             "initialising from a Hugging Face or foreign checkpoint is not implemented by the runtime")
 REFUSED: dict[str, set[tuple[str, str]]] = {
-    "dream-7b-adapt": {INIT_FROM},
     "megadlms-1.7b-sft": {
         ("stage.kind", "supervised fine-tuning (stage.kind = 'sft': chat templates, prompt masking) is not "
                        "implemented by the megatron runtime (backends/megatron)"),
-        INIT_FROM,
     },
 }
 
