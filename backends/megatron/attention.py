@@ -125,8 +125,9 @@ class SDPACoreAttention(MegatronModule):
         sdpa_backend: One of :data:`SDPA_BACKENDS`. ``"auto"`` leaves PyTorch's own order
             (flash, memory-efficient, math on CUDA); a named backend is tried first and
             PyTorch falls back to the others when it cannot take the inputs (e.g. a mask).
-            cuDNN and memory-efficient attention get keys and values expanded to every
-            query head for GQA (their kernels take no ``enable_gqa``).
+            cuDNN gets dense ``[b, h, s, d]`` copies of its operands (it refuses the strided
+            views); memory-efficient attention gets keys and values expanded to every query
+            head for GQA (its kernel takes no ``enable_gqa``).
 
     Raises:
         ValueError: On an unknown mode, a missing ``block_size``, context
@@ -276,9 +277,13 @@ class SDPACoreAttention(MegatronModule):
         v = value.permute(1, 2, 0, 3)
 
         mask, is_causal = self._sdpa_mask(attention_mask, sq, sk, query.device)
+        if self.sdpa_backend == "cudnn" and query.is_cuda:
+            # cuDNN's kernel takes dense [b, h, s, d] operands; the permuted views above are
+            # strided over the sequence and would make PyTorch fall back to another backend.
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         enable_gqa = False
         if np_ != ng:
-            if mask is None and self.sdpa_backend not in ("cudnn", "efficient"):
+            if mask is None and self.sdpa_backend != "efficient":
                 enable_gqa = True
             else:
                 k = k.repeat_interleave(np_ // ng, dim=1)
