@@ -11,12 +11,9 @@ Order of precedence, lowest first: the ``extends`` parent chain, the file itself
 from __future__ import annotations
 
 import re
-import runpy
 import sys
 import tomllib
-import traceback
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -193,10 +190,14 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
                                    value=str(path), hint="check the path" if missing else "give a .py spec file",
                                    rule="file")])
     try:
+        import runpy  # Python specs only (so are traceback and difflib: errors only)
+
         namespace = runpy.run_path(str(path), run_name="__dlmspec__")
     except SpecError:
         raise
     except SystemExit as exc:  # sys.exit() in a spec file must not decide dlmspec's exit code
+        import traceback
+
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
         raise SpecError([SpecIssue("<python>", f"the spec file called sys.exit({exc.code!r})", rule="python",
                                    hint="a spec file assigns `spec`; it does not exit", file=str(path),
@@ -204,6 +205,8 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a user's file may raise anything; report it without a traceback
+        import traceback
+
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
         line = frames[-1].lineno if frames else None
         if isinstance(exc, ValidationError):
@@ -273,6 +276,8 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
     elif kind == "extra_forbidden":
         model = _model_at(loc[:-1])
         options = list(model.model_fields) if model else []
+        from difflib import get_close_matches
+
         close = get_close_matches(loc[-1], options, n=1)
         message = "unknown key"
         hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(options)}" if options else None)
@@ -302,6 +307,8 @@ def preset_hint(name: str) -> str:
     """What to write instead of the unknown preset id ``name``: the closest ids (case and small
     typos forgiven), else every id."""
     from dlmspec.presets import preset_names
+
+    from difflib import get_close_matches
 
     names = preset_names()
     close = get_close_matches(name.lower(), names, n=3, cutoff=0.5)

@@ -40,8 +40,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -664,6 +662,9 @@ def submit(
     if dry_run:
         echo(dry_run_script(steps, check_mode=check_mode, sbatch_args=sbatch_args).rstrip("\n"))
         return []
+    import shutil  # here, not at the top: `dlmspec validate` checks the settings and submits nothing
+    import subprocess
+
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise _submit_issue("sbatch", "sbatch is not on PATH: this machine cannot submit SLURM jobs", None,

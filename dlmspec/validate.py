@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -204,6 +203,8 @@ def _unknown_gpu(ctx: Context) -> Iterator[Finding]:
     gpu = ctx.spec.cluster.gpu
     if gpu not in GPUS:
         family = [g for g in gpu_ids() if g.startswith(gpu.lower())]
+        from difflib import get_close_matches  # error hints only
+
         close = family or get_close_matches(gpu.lower(), gpu_ids(), n=1)
         hint = (f"did you mean {' or '.join(repr(g) for g in close)}?" if close
                 else f"use one of {', '.join(gpu_ids())}")
