@@ -1,21 +1,25 @@
-"""``dlmspec``: the command line.
+"""``dlmspec``: the command line's entry point (:func:`main`) and the output every command
+shares (issue tables, ``--json``, consoles).
 
-Core commands: ``validate`` (load, resolve and check a spec: schema, cross-field rules, SLURM
-settings, memory per GPU, paths; ``check`` is a hidden alias), ``show`` (the spec with every
-default filled in and its derived values; or the GPU, preset and rule catalogs), ``schema``
-(the JSON Schema of a spec file, for editors) and ``new`` (write a starter spec for a preset
-that validates, plans and compiles as written). Other modules add their commands to
-:data:`app` (``@app.command()`` or ``app.add_typer(sub_app, name=...)``).
+The commands are declared with typer in :mod:`dlmspec.commands`; ``from dlmspec.cli import
+app`` still gives that app (and any other name of :mod:`dlmspec.commands`), imported on first
+use. Other modules add their commands to it (``@app.command()`` or ``app.add_typer(...)``).
 
-``validate`` is the command users run most: it imports neither the compiler (jinja2) nor torch,
-and its speed is measured by ``bench/validate/bench_validate.py``.
+``validate`` and ``plan`` are the commands users run most (issues #2 and #4: each under 0.3 s
+on a 2-core machine, timed by ``bench/validate/bench_validate.py``). :func:`main` runs their
+plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
+``--json``, ``--search``, ``--top N`` - itself, with the same bodies (:func:`run_validate`,
+:func:`dlmspec.plan.cli.run_plan`) and the same error handling, without importing typer or
+building the app (about 80 ms). Every other argument list (``--help``, ``--version``, an unknown
+or malformed option, a missing or extra argument, shell completion) goes to typer, so help
+texts, usage errors and exit codes are typer's. Neither path imports torch, megatron or the
+compiler (jinja2); rich is imported only to print a table.
 
-Bad input never prints a traceback: any :class:`~dlmspec.errors.SpecError` that escapes a
-command (including commands added by other modules) is printed as a table of issues (file:line,
-key, value, why, fix) on stderr, or as JSON on stdout when the command was given ``--json``
-(see :func:`use_json`), and the process exits with :data:`~dlmspec.errors.EXIT_USAGE` (2).
-Usage errors (unknown options, missing arguments) also exit with 2 (click's convention, which
-typer keeps).
+Bad input never prints a traceback: a :class:`~dlmspec.errors.SpecError` that escapes a command
+is printed as a table of issues (file:line, key, value, why, fix) on stderr, or as JSON on
+stdout when the command was given ``--json`` (see :func:`use_json`), and the process exits with
+:data:`~dlmspec.errors.EXIT_USAGE` (2). Usage errors (unknown options, missing arguments) also
+exit with 2 (click's convention, which typer keeps).
 """
 
 from __future__ import annotations
@@ -23,26 +27,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable
 
-import typer
-from typer.core import TyperGroup
-
-from dlmspec import __version__
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
-from dlmspec.gpus import GPUS, GiB, gpu_ids
-from dlmspec.loader import LoadedSpec, load, load_text, parse_set_value, set_dotted
-from dlmspec.params import count_parameters
-from dlmspec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
-from dlmspec.resolve import Resolved, resolve
-from dlmspec.spec import ModelSpec, Spec
-from dlmspec.validate import RULES, validate_spec
 
 if TYPE_CHECKING:
+    import typer
     from rich.console import Console
     from rich.table import Table
+
+    from dlmspec.loader import LoadedSpec
+    from dlmspec.resolve import Resolved
 
 _JSON_META = "dlmspec.json"
 
@@ -53,41 +49,6 @@ def _text(*args: Any, **kwargs: Any) -> Any:
     from rich.text import Text
 
     return Text(*args, **kwargs)
-
-
-class _Group(TyperGroup):
-    """Runs the command; turns a :class:`SpecError` from any command into the issue report and
-    exit code 2. Sub-apps in :data:`_LAZY_GROUPS` are imported on first use."""
-
-    def list_commands(self, ctx: typer.Context) -> list[str]:
-        names = super().list_commands(ctx)
-        return names + [n for n in _LAZY_GROUPS if n not in names]
-
-    def get_command(self, ctx: typer.Context, name: str) -> Any:
-        if name in _LAZY_GROUPS and name not in self.commands:
-            module, help_text = _LAZY_GROUPS[name]
-            command = typer.main.get_command(import_module(module).app)
-            command.name, command.help = name, help_text
-            self.add_command(command, name)
-        return super().get_command(ctx, name)
-
-    def invoke(self, ctx: typer.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except SpecError as exc:
-            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)))
-            raise typer.Exit(EXIT_USAGE) from None
-
-
-app = typer.Typer(
-    cls=_Group,
-    name="dlmspec",
-    help="Declarative config-compiler for training diffusion (and autoregressive) LMs on megatron-core.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",  # help paragraphs reflow to the terminal's width
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,6 +169,7 @@ def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
     spec and a running job. Sorted errors first, then by file, line and key. Imports the
     compiler (slower than ``validate``); ``dlmspec new`` uses it."""
     from dlmspec.compile import unsupported_issues  # jinja2: only where needed
+    from dlmspec.validate import validate_spec
 
     issues = validate_spec(loaded, resolved, paths=True)
     issues.extend(unsupported_issues(resolved, loaded))
@@ -224,32 +186,16 @@ def load_and_check(path: str, overrides: list[str], *, strict: bool = False) -> 
     Raises:
         SpecError: the spec does not load, or has an error (or, with ``strict``, a warning).
     """
+    from dlmspec.loader import load
+    from dlmspec.resolve import resolve
+    from dlmspec.validate import validate_spec
+
     loaded = load(path, overrides)
     resolved = resolve(loaded.spec)
     issues = validate_spec(loaded, resolved, paths=True)
     if any(i.severity == "error" for i in issues) or (strict and issues):
         raise SpecError(issues)
     return loaded, resolved, issues
-
-
-# --------------------------------------------------------------------------------------------
-# Commands
-
-
-def _version(value: bool) -> None:
-    if value:
-        print(f"dlmspec {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
-) -> None:
-    """Declarative config-compiler for training diffusion (and autoregressive) LMs on megatron-core."""
-
-
-_SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
 
 
 def _memory(resolved: Resolved) -> dict[str, int] | None:
@@ -261,23 +207,18 @@ def _memory(resolved: Resolved) -> dict[str, int] | None:
     return {"peak_bytes": int(round(make_plan(resolved).peak_bytes)), "capacity_bytes": int(resolved.gpu.memory_bytes)}
 
 
-def validate(
-    ctx: typer.Context,
-    spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
-    strict: bool = typer.Option(False, "--strict", help="Fail (exit 2) on warnings too."),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-) -> None:
-    """Validate a spec: schema, cross-field rules, SLURM settings and memory per GPU.
+def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_output: bool = False) -> None:
+    """Body of ``dlmspec validate`` (and ``check``): load ``spec`` with the ``--set``
+    ``overrides``, check it (:func:`load_and_check`) and plan its memory; print one ``ok:``
+    line (warnings on stderr), or with ``json_output`` ``{"ok": true, ...}`` on stdout.
 
-    Every problem is reported at once with file, line, key, value, why and a value that works.
-    Data, tokenizer and checkpoint paths missing on this machine are warnings (they usually live
-    on the cluster). Exit code 0 when the spec is valid (warnings go to stderr), 2 when not.
-    Settings the bundled runtime cannot run yet (SFT, RL, FSDP, ...) are reported
-    by `dlmspec compile`.
+    Raises:
+        SpecError: the spec has an error (or, with ``strict``, a warning); the caller prints it
+            (:func:`report_issues`) and exits 2.
     """
-    use_json(ctx, json_output)
-    loaded, resolved, warnings = load_and_check(spec, set_, strict=strict)
+    from dlmspec.gpus import GiB
+
+    loaded, resolved, warnings = load_and_check(spec, overrides, strict=strict)
     memory = _memory(resolved)
     if json_output:
         print(json.dumps({"ok": True, "spec": display_path(str(loaded.path)), "name": loaded.spec.name,
@@ -297,589 +238,152 @@ def validate(
     )
 
 
-app.command("validate")(validate)
-app.command("check", hidden=True, help="Alias of `dlmspec validate`.")(validate)
-
-
-def spec_data(spec: Spec) -> dict[str, Any]:
-    """``spec`` as JSON-ready data with every default filled in and no ``None`` (TOML has no
-    null; unset keys are left out, free-form tables such as ``[lock]`` included).
-
-    Raises:
-        SpecError: a value of a Python spec that neither JSON nor TOML can hold (e.g. an object
-            in ``[lock]``).
-    """
-    try:
-        data = spec.model_dump(mode="json", exclude_none=True)
-    except Exception as exc:  # pydantic's serialization error for an arbitrary object
-        raise SpecError([SpecIssue("<spec>", f"holds a value that cannot be written out: {exc}",
-                                   hint="spec values are numbers, strings, booleans, lists and tables",
-                                   rule="spec-value")]) from None
-    return _without_none(data)
-
-
-def _without_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_none(v) for v in value if v is not None]
-    return value
-
-
-def spec_toml(spec: Spec) -> str:
-    """``spec`` as a TOML document with every default filled in (it loads back to ``spec``)."""
-    import tomli_w
-
-    return tomli_w.dumps(spec_data(spec))
-
-
-def derived_comment(resolved: Resolved) -> str:
-    """The derived values as TOML comment lines (``# key = value``), so a spec printed with
-    them still loads."""
-    lines = ["# Derived values (dlmspec.resolve):"]
-    for key, value in _flat(resolved.derived()):
-        lines.append(f"#   {key} = {json.dumps(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.extend(_flat(value, f"{prefix}{key}."))
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
-
-
-def _gpu_rows() -> list[dict[str, Any]]:
-    return [
-        {
-            "id": g.id,
-            "name": g.name,
-            "memory_gib": round(g.memory_bytes / GiB, 1),
-            "bf16_tflops": g.bf16_tflops,
-            "fp8_tflops": g.fp8_tflops,
-            "hbm_gbps": g.hbm_gbps,
-            "nvlink_gbps": g.nvlink_gbps,
-            "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
-        }
-        for g in (GPUS[i] for i in gpu_ids())
-    ]
-
-
-def _preset_rows() -> list[dict[str, Any]]:
-    rows = []
-    for name in preset_names():
-        model = ModelSpec.model_validate({"preset": name})
-        counts = count_parameters(model)
-        total, active, source = PUBLISHED.get(name, (None, None, None))
-        rows.append(
-            {
-                "id": name,
-                "num_layers": model.num_layers,
-                "hidden_size": model.hidden_size,
-                "num_attention_heads": model.num_attention_heads,
-                "num_query_groups": model.num_query_groups or model.num_attention_heads,
-                "num_experts": model.num_experts,
-                "vocab_size": model.vocab_size,
-                "mask_token_id": MASK_TOKEN_IDS.get(name),
-                "parameters": counts.total,
-                "active_parameters": counts.active,
-                "published": None if total is None else _published(total, active),
-                "published_source": source,
-            }
-        )
-    return rows
-
-
-def _published(total: int | str, active: int | str) -> str:
-    text = f"{total:,}" if isinstance(total, int) else total
-    if active != total:
-        text += f" ({active:,} active)" if isinstance(active, int) else f" ({active} active)"
-    return text
-
-
-def _rule_rows() -> list[dict[str, Any]]:
-    return [{"id": r.id, "severity": r.severity, "summary": r.summary, "source": r.source} for r in RULES.values()]
-
-
-def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str) -> None:
-    """``columns``: (row key, header) pairs; parameter counts print as 1.2M etc."""
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for _, header in columns:
-        table.add_column(header, overflow="fold")
-    for row in rows:
-        cells = []
-        for key, _ in columns:
-            value = row[key]
-            if value is None:
-                cells.append(_text(""))
-            elif key in ("parameters", "active_parameters"):
-                cells.append(_text(human_count(value)))
-            else:
-                cells.append(_text(str(value)))
-        table.add_row(*cells)
-    stdout().print(table)
-
-
-@app.command()
-def show(
-    ctx: typer.Context,
-    spec: Optional[str] = typer.Argument(None, help="Spec file (.toml or .py) to print resolved."),
-    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
-    gpus: bool = typer.Option(False, "--gpus", help="List the GPU catalog."),
-    presets: bool = typer.Option(False, "--presets", help="List the model presets with parameter counts."),
-    rules: bool = typer.Option(False, "--rules", help="List the validator's rules."),
-    json_output: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
-) -> None:
-    """Print a spec with every default filled in and its derived values, or a catalog.
-
-    The printed spec is TOML that loads back to the same spec (derived values are comments).
-    The spec is not checked (use ``dlmspec validate``); it only has to load.
-    """
-    use_json(ctx, json_output)
-    chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
-    if len(chosen) + (spec is not None) != 1:
-        raise SpecError([SpecIssue("<arguments>", "give exactly one of SPEC, --gpus, --presets, --rules",
-                                   value=" ".join(chosen + ([spec] if spec else [])) or None,
-                                   hint="e.g. dlmspec show specs/demo-dlm.toml, or dlmspec show --gpus",
-                                   rule="arguments")])
-    if spec is None:
-        rows, columns, title = {
-            "--gpus": (_gpu_rows(), [("id", "id"), ("name", "name"), ("memory_gib", "memory GiB"),
-                                     ("bf16_tflops", "bf16 TFLOP/s"), ("fp8_tflops", "fp8 TFLOP/s"),
-                                     ("hbm_gbps", "HBM GB/s"), ("nvlink_gbps", "NVLink GB/s"),
-                                     ("compute_capability", "CC")], "GPU catalog (dense peak, per GPU)"),
-            "--presets": (_preset_rows(), [("id", "id"), ("num_layers", "layers"), ("hidden_size", "hidden"),
-                                           ("num_attention_heads", "heads"), ("num_query_groups", "groups"),
-                                           ("num_experts", "experts"), ("vocab_size", "vocab"),
-                                           ("mask_token_id", "[MASK]"), ("parameters", "params"),
-                                           ("active_parameters", "active"), ("published", "published")],
-                          "Model presets (params counted with the tokenizer vocabulary)"),
-            "--rules": (_rule_rows(), [("id", "id"), ("severity", "severity"), ("summary", "rule"),
-                                       ("source", "source")], "Validator rules"),
-        }[chosen[0]]
-        if json_output:
-            print(json.dumps(rows, indent=2))
-        else:
-            _print_rows(rows, columns, title)
-        return
-    loaded = load(spec, set_)
-    resolved = resolve(loaded.spec)
-    if json_output:
-        print(json.dumps({"spec": spec_data(loaded.spec),
-                          "derived": resolved.derived()}, indent=2))
-        return
-    sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))
-
-
-#: Spec keys a layout search chooses (:data:`dlmspec.plan.SPEC_KEYS`); ``dlmspec new`` searches
-#: only when no ``--set`` names one of them.
-_LAYOUT_KEYS = frozenset({
-    "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
-    "parallel.virtual_pipeline_model_parallel_size", "parallel.context_parallel_size",
-    "parallel.expert_model_parallel_size", "parallel.expert_tensor_parallel_size", "parallel.sequence_parallel",
-    "train.micro_batch_size", "recompute.granularity", "recompute.method", "recompute.num_layers",
-    "parallel.use_distributed_optimizer",
-})
-
-
-def _starter_mask(preset: str, vocab_size: int) -> tuple[int, int, str]:
-    """``(mask_token_id, NullTokenizer vocab_size, why)`` for an mdm starter spec of ``preset``.
-
-    [MASK] must be a row of the embedding that the data never contains (rules
-    ``mask-token-range`` and ``mask-token-distinct``): the id the published model reserves, else
-    the first padded row, else (a vocabulary that is a multiple of 128: no padded row at any TP
-    size) the last row. The mock NullTokenizer emits ids 0..vocab_size, so its vocab_size stays
-    below the mask id.
-    """
-    if preset in MASK_TOKEN_IDS:
-        mask = MASK_TOKEN_IDS[preset]
-        why = f"the id {preset}'s tokenizer reserves for it"
-    elif vocab_size % 128:
-        mask = vocab_size
-        why = f"the first padded embedding row ({preset} has {vocab_size:,} token ids)"
-    else:
-        mask = vocab_size - 1
-        why = (f"the last embedding row: {preset}'s {vocab_size:,} rows are a multiple of 128, so padding "
-               "leaves none free. The mock NullTokenizer below never emits it; with the real tokenizer, use "
-               "an id it never emits (e.g. an unused or reserved special token)")
-    return mask, min(vocab_size - 1, mask - 1), why
-
-
-def starter_spec(
-    name: str,
-    preset: str,
-    *,
-    objective: str = "mdm",
-    gpu: str = "h100",
-    nodes: int = 1,
-    gpus_per_node: int = 8,
-    seq_length: int | None = None,
-    overrides: Iterable[str] = (),
-    layout: dict[str, Any] | None = None,
-    layout_note: str | None = None,
-) -> str:
-    """A starter spec (TOML text) for ``preset``: mock data with a NullTokenizer (so it runs
-    at once as a benchmark), bf16, a 1,000-step cosine schedule, a global batch of at least 256
-    sequences (the smallest multiple of the GPU count), and for ``mdm`` an explicit [MASK] id
-    (:func:`_starter_mask`). The layout is data parallel only unless ``layout`` (dotted spec key
-    -> value, e.g. from :func:`dlmspec.plan.search.search`) says otherwise; ``layout_note`` is
-    the header line that explains it. ``overrides`` (``--set``) are applied last.
-
-    Raises:
-        SpecError: unknown preset, or a malformed ``--set`` override.
-    """
-    if preset not in PRESETS:
-        from dlmspec.loader import preset_hint
-
-        raise SpecError([SpecIssue("--preset", "unknown preset", value=preset, hint=preset_hint(preset),
-                                   rule="unknown-preset")])
-    model = PRESETS[preset]
-    world = nodes * gpus_per_node
-    seq = seq_length or min(4096, model["max_position_embeddings"])
-    vocab = model["vocab_size"]
-    objective_table: dict[str, Any] = {"kind": objective}
-    if objective == "mdm":
-        mask, null_vocab, mask_why = _starter_mask(preset, vocab)
-        objective_table["mask_token_id"] = mask
-    else:
-        null_vocab, mask_why = vocab - 1, None
-    data: dict[str, Any] = {
-        "name": name,
-        "description": f"{preset} {'masked-diffusion' if objective == 'mdm' else 'autoregressive'} "
-        f"pretraining on {world} {gpu} GPU(s) (starter spec from `dlmspec new`)",
-        "model": {"preset": preset},
-        "objective": objective_table,
-        "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
-        "precision": {"dtype": "bf16"},
-        "train": {
-            "micro_batch_size": 1,
-            "global_batch_size": -(-256 // world) * world,
-            "seq_length": seq,
-            "train_iters": 1000,
-            "lr": 3e-4,
-            "min_lr": 3e-5,
-            "lr_decay_style": "cosine",
-            "lr_warmup_iters": 100,
-        },
-        "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": null_vocab}},
-        "checkpoint": {"save": f"runs/{name}/checkpoints", "save_interval": 500},
-        "cluster": {"gpu": gpu, "gpus_per_node": gpus_per_node, "nodes": nodes},
-        "logging": {"log_interval": 10, "tensorboard_dir": f"runs/{name}/tensorboard"},
-    }
-    for key, value in (layout or {}).items():
-        set_dotted(data, key, value)
-    problems = []
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            problems.append(SpecIssue("--set", "expected section.key=value", value=item,
-                                      hint="e.g. --set train.seq_length=2048", rule="set"))
-            continue
-        try:
-            set_dotted(data, key.strip(), parse_set_value(text.strip()))
-        except ValueError as exc:
-            problems.append(SpecIssue(key.strip(), str(exc), value=item, rule="set"))
-    if problems:
-        raise SpecError(problems)
-    lines = [
-        f"{name}: written by `dlmspec new --preset {preset}`.",
-        "It trains on random tokens (data.mock) so it validates, plans and compiles as written. For real",
-        "data, prepare an indexed dataset (`dlmspec data prepare`), then set in [data]: mock = false,",
-        '  train = ["PREFIX_text_document"], and [data.tokenizer] type/model of the model\'s tokenizer.',
-    ]
-    if mask_why:
-        lines.append(f"[MASK] = {data['objective'].get('mask_token_id')}: {mask_why}.")
-    lines.append(layout_note or "Parallel layout: data parallel only.")
-    lines.append("`dlmspec show --presets` lists presets; `dlmspec validate` checks this file, `dlmspec plan` "
-                 "shows its memory and speed.")
-    header = "".join(f"# {line}\n" for part in lines for line in _wrap(part, 96))
-    import tomli_w
-
-    return header + "\n" + tomli_w.dumps(data)
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    import textwrap
-
-    return textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
-
-
-def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str]:
-    """The fastest layout of ``resolved``'s model and GPUs whose planned peak leaves the
-    headroom :func:`dlmspec.plan.check_memory` asks for (:func:`dlmspec.plan.search.search`).
-
-    Returns:
-        ``(layout, note, hint)``: the layout as dotted spec keys and the header line that
-        explains it; or ``None``, why nothing fits, and what would (the smallest node count,
-        up to 64 nodes of the same GPUs, that fits).
-    """
-    from dlmspec.plan import HEADROOM_WARNING
-    from dlmspec.plan.search import search
-
-    def best(candidate: Resolved) -> tuple[Any, Any]:
-        result = search(candidate, top=20)
-        cap = HEADROOM_WARNING * candidate.gpu.memory_bytes
-        return next((c for c in result.top if c.peak_bytes <= cap), None), result
-
-    found, result = best(resolved)
-    if found is None and result.top:
-        failure = "its layouts fit only without the 5% memory headroom the planner asks for"
-    elif found is None:
-        smallest = result.smallest.peak_bytes / GiB if result.smallest else float("nan")
-        failure = (f"the smallest planned peak of its {result.evaluated:,} layouts is {smallest:.1f} GiB per GPU, "
-                   f"against {resolved.gpu.memory_bytes / GiB:.1f} GiB")
-    if found is not None:
-        lay = found.layout
-        note = (f"Parallel layout: the fastest that fits with headroom (`dlmspec plan --search`): TP {lay.tp} x "
-                f"PP {lay.pp}{f' (virtual {lay.vpp})' if lay.vpp > 1 else ''} x CP {lay.cp} x DP {lay.dp}"
-                f"{f', EP {lay.ep}' if lay.ep > 1 else ''}, micro batch {lay.micro_batch}, recompute "
-                f"{lay.recompute}; planned peak {found.peak_bytes / GiB:.1f} of "
-                f"{resolved.gpu.memory_bytes / GiB:.1f} GiB per GPU.")
-        return found.spec_changes(), note, ""
-    spec, cluster = resolved.spec, resolved.spec.cluster
-    for nodes in (2, 4, 8, 16, 32, 64):
-        if nodes <= cluster.nodes:
-            continue
-        bigger, _ = best(resolve(spec.replace(**{"cluster.nodes": nodes})))
-        if bigger is not None:
-            return None, failure, (f"pass --nodes {nodes} ({nodes} nodes of {cluster.gpus_per_node} fit), "
-                                   "or a GPU with more memory (--gpu)")
-    return None, failure, "use a GPU with more memory (--gpu): not even 64 nodes fit"
-
-
-@app.command()
-def new(
-    ctx: typer.Context,
-    output: str = typer.Argument(..., help="Spec file to write (.toml)."),
-    preset: str = typer.Option(..., "--preset", "-p", help="Model preset (dlmspec show --presets)."),
-    objective: str = typer.Option("mdm", "--objective", help="mdm (masked diffusion) or ar."),
-    gpu: str = typer.Option("h100", "--gpu", help="GPU catalog id (dlmspec show --gpus)."),
-    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per node."),
-    seq_length: Optional[int] = typer.Option(None, "--seq-length", min=1, help="Default: min(4096, the preset's context)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
-    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-) -> None:
-    """Write a starter spec for a model preset that validates, plans and compiles as written.
-
-    The layout is data parallel when that fits the GPU's memory; otherwise the fastest layout
-    that fits (as `dlmspec plan --search` ranks them), unless --set chooses parallel keys. When
-    nothing fits, nothing is written and the message says how many nodes would do.
-    """
-    use_json(ctx, json_output)
-    target = Path(output)
-    if objective not in ("mdm", "ar"):
-        raise SpecError([SpecIssue("--objective", "not an objective", value=objective, hint="use mdm or ar",
-                                   rule="arguments")])
-    if target.exists() and not force:
-        raise SpecError([SpecIssue("<output>", "the file exists and would be overwritten", value=output,
-                                   hint="pass --force, or choose another file name", rule="output-file")])
-    name = target.stem.replace(".", "-") or "dlmspec-run"
-    options = dict(objective=objective, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length,
-                   overrides=set_)
-    text = starter_spec(name, preset, **options)
-    loaded = load_text(text, name=target.name)
-    resolved = resolve(loaded.spec)
-    issues = spec_issues(loaded, resolved)
-    chosen = {item.partition("=")[0].strip() for item in set_}
-    if any(i.rule in ("memory-fits", "memory-headroom") for i in issues) and not chosen & _LAYOUT_KEYS:
-        layout, note, hint = _fitting_layout(resolved)
-        if layout is None:
-            raise SpecError([SpecIssue("--nodes", f"{preset} does not fit on {resolved.world_size} x {gpu}: {note}",
-                                       value=nodes, hint=hint, rule="memory-fits",
-                                       source="dlmspec.plan.search (every layout of the model on these GPUs)",
-                                       file=f"{output} (not written)")])
-        text = starter_spec(name, preset, **options, layout=layout, layout_note=note)
-        loaded = load_text(text, name=target.name)
-        resolved = resolve(loaded.spec)
-        issues = spec_issues(loaded, resolved)
-    for issue in issues:  # the text is not written yet: point at the command line instead
-        issue.file, issue.line = f"{output} (not written)", None
-        if issue.severity == "error" and issue.hint and not issue.key.startswith(("<", "-")):
-            issue.hint += " (pass changes to `dlmspec new` as --set section.key=value)"
-    if any(i.severity == "error" for i in issues):
-        raise SpecError(issues)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    except (OSError, ValueError) as exc:
-        raise SpecError([SpecIssue("<output>", f"cannot write the file: {getattr(exc, 'strerror', None) or exc}",
-                                   value=output, hint="choose a writable path", rule="output-file")]) from None
-    for issue in issues:
-        issue.file = output
-    if json_output:
-        print(json.dumps({"ok": True, "output": output, "name": name, "preset": preset,
-                          "warnings": [_issue_dict(i) for i in issues], "derived": resolved.derived(),
-                          "memory": _memory(resolved)}, indent=2))
-        return
-    report_warnings(issues)
-    print(f"wrote {output}: {human_count(resolved.params.total)} parameters, {resolved.world_size} GPU(s) as "
-          f"TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} x DP {resolved.dp}; "
-          f"next: dlmspec validate {output}, dlmspec plan {output}")
-
-
-def spec_json_schema() -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of a spec file, from the pydantic models of
-    :mod:`dlmspec.spec`, adjusted to what the loader accepts: ``extends`` (then nothing is
-    required: the parent supplies it), ``[model] preset`` instead of the dimensions it fills
-    (an enum of the preset ids), ``cluster.gpu`` as an enum of the catalog, and prefix strings
-    as ``data.train`` / ``data.valid`` entries."""
-    from dlmspec.gpus import gpu_ids
-
-    schema = Spec.model_json_schema()
-    defs = schema["$defs"]
-    model, train = defs["ModelSpec"], defs["TrainSpec"]
-    dimensions = model.pop("required")
-    train_required = train.pop("required")
-    top_required = schema.pop("required")
-    model["properties"]["preset"] = {"type": "string", "enum": preset_names(),
-                                     "description": model["properties"]["preset"].get("description", "")}
-    defs["ClusterSpec"]["properties"]["gpu"]["enum"] = gpu_ids()
-    for key in ("train", "valid"):
-        entry = defs["DataSpec"]["properties"][key]
-        entry["items"] = {"anyOf": [{"type": "string", "description": "indexed-dataset prefix (weight 1)"},
-                                    entry["items"]]}
-    schema["properties"] = {"extends": {"type": "string", "description": "Parent spec file (relative to this "
-                                        "one), deep-merged under this file's keys."}, **schema["properties"]}
-    schema["anyOf"] = [
-        {"required": ["extends"]},
-        {"required": top_required,
-         "properties": {"model": {"anyOf": [{"required": ["preset"]}, {"required": dimensions}]},
-                        "train": {"required": train_required}}},
-    ]
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": "https://dlmspec.invalid/spec.schema.json", **schema}
-
-
-@app.command()
-def schema(
-    ctx: typer.Context,
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the schema to this file instead of stdout."),
-    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
-    json_output: bool = typer.Option(False, "--json", help="With --output: print what was written as JSON."),
-) -> None:
-    """Print the JSON Schema of spec files, so editors complete and check them.
-
-    With taplo / Even Better TOML, write `dlmspec schema -o dlmspec.schema.json` and start a
-    spec with the line `#:schema ./dlmspec.schema.json`. The schema checks names, types, ranges
-    and allowed values; `dlmspec validate` also checks the rules between keys.
-    """
-    use_json(ctx, json_output)
-    text = json.dumps(spec_json_schema(), indent=2, sort_keys=True) + "\n"
-    if output is None:
-        sys.stdout.write(text)
-        return
-    target = Path(output)
-    try:
-        if target.exists() and not force:
-            raise SpecError([SpecIssue("--output", "the file exists and would be overwritten", value=output,
-                                       hint="pass --force, or choose another file name", rule="output-file")])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    except (OSError, ValueError) as exc:
-        raise SpecError([SpecIssue("--output", f"cannot write the file: {getattr(exc, 'strerror', None) or exc}",
-                                   value=output, hint="choose a writable path", rule="output-file")]) from None
-    if json_output:
-        print(json.dumps({"ok": True, "output": output, "bytes": len(text.encode())}, indent=2))
-    else:
-        print(f"wrote {output} ({len(text.encode()):,} bytes)")
-
-
-@app.command("compile")
-def compile_command(
-    spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
-    output: str = typer.Option(..., "--output", "-o", help="Directory for train.py, launch.sh, launch.sbatch, "
-                               "spec.lock.toml and plan.json (created if missing)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
-    force: bool = typer.Option(False, "--force", help="Write into a non-empty directory: replace the files "
-                               "dlmspec generates, keep the others."),
-) -> None:
-    """Compile a spec into a directory that runs it (dlmspec.compile).
-
-    The spec is checked first (as by `dlmspec validate`, plus what the runtime cannot run yet);
-    nothing is written when it has an error.
-    The same spec always gives the same bytes.
-    """
-    from dlmspec.compile import compile_spec
-
-    result = compile_spec(spec, output, overrides=set_, force=force)
-    report_warnings(result.warnings)
-    names = ", ".join(p.name for p in result.files)
-    stdout().print(_text(f"compiled {result.resolved.spec.name} ({result.content_hash[:19]}) into {output}: {names}"))
-    launch = Path(output) / "launch.sh"
-    stdout().print(_text(f"run it from the directory the spec's relative paths refer to: bash {launch}"))
-
-
-@app.command("submit")
-def submit_command(
-    targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each job "
-                                        "starts after the previous one succeeds (--dependency=afterok)."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Where to compile a spec (several specs: "
-                                         "one subdirectory each, by file name). Default: compiled/<spec file stem>."),
-    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
-    force: bool = typer.Option(False, "--force", help="Replace the generated files of a directory that holds "
-                               "another compile."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands (as bash) and do nothing."),
-    check: Optional[str] = typer.Option(None, "--check", help="CPU check run instead of training: env "
-                                        "(rendezvous, ranks, environment; JSON report) or train (simulated "
-                                        "preemptible job). Sets DLMSPEC_CHECK_MODE."),
-    sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra sbatch option, e.g. "
-                                         "--sbatch-arg=--hold (repeatable)."),
-) -> None:
-    """Submit specs (compiled first) or compiled directories to SLURM with sbatch (dlmspec.slurm).
-
-    Run it from the directory the specs' relative paths refer to: the jobs start there.
-
-    Exit code 2 when a spec is invalid, sbatch is missing, or sbatch refuses a script.
-    """
-    from dlmspec.slurm import submit
-
-    submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
-           sbatch_args=sbatch_arg, echo=lambda line: stdout().print(_text(line)))
-
-
-@app.command("plan")
-def plan_command(
-    ctx: typer.Context,
-    spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
-    json_output: bool = typer.Option(False, "--json", help="Print the plan (or search) as JSON on stdout."),
-    search: bool = typer.Option(False, "--search", help="Rank the parallel layouts that fit, fastest first."),
-    top: int = typer.Option(5, "--top", help="Layouts to print with --search."),
-) -> None:
-    """Per-GPU memory, step time and MFU of a spec (dlmspec.plan); --search finds layouts that fit.
-
-    Exit code 2 when the spec has an error, when its peak memory exceeds the GPU (the plan and
-    what would make it fit are printed), or when --search finds no layout.
-    """
-    from dlmspec.plan.cli import run_plan
-
-    run_plan(ctx, spec, set_, json_output, search, top)
-
-
-_LAZY_GROUPS = {
-    # name -> (module with a typer sub-app `app`, help): imported when the command runs or help
-    # lists it, so other commands do not pay for the import (dlmspec.data_prepare loads
-    # multiprocessing and the tokenizer factory).
-    "data": ("dlmspec.data_prepare", "Data tools: `dlmspec data prepare` (JSONL to Megatron indexed datasets)."),
-    "convert": ("dlmspec.convert", "Hugging Face <-> megatron-core checkpoints: hf-to-mcore, mcore-to-hf, verify."),
+# --------------------------------------------------------------------------------------------
+# Entry point
+
+
+#: Commands :func:`main` runs without typer: name -> (flags, options that take a value).
+_FAST_COMMANDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "validate": (frozenset({"--strict", "--json"}), frozenset({"--set", "-s"})),
+    "check": (frozenset({"--strict", "--json"}), frozenset({"--set", "-s"})),
+    "plan": (frozenset({"--json", "--search"}), frozenset({"--set", "-s", "--top"})),
 }
 
 
+def fast_arguments(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """``argv`` parsed as typer (click) parses it, for the plain forms of ``validate``,
+    ``check`` and ``plan`` only; ``None`` for anything else (typer then parses it, and prints
+    its help or usage error).
+
+    Plain means: the command first; exactly one argument (SPEC) that does not start with ``-``;
+    flags and options among that command's, written ``--set VALUE``, ``--set=VALUE`` or ``-s
+    VALUE``, with a value that does not start with ``-`` (click would take it, but so rare a
+    form is left to click); ``--top`` a decimal number. Options may come before or after SPEC,
+    repeated flags count once and a repeated ``--top`` keeps the last, as in click.
+
+    Returns:
+        ``(command, options)``; options has ``spec``, ``set`` (list), ``json``, ``strict``,
+        ``search`` (bools) and ``top`` (int, default 5).
+    """
+    if not argv or argv[0] not in _FAST_COMMANDS:
+        return None
+    flags, valued = _FAST_COMMANDS[argv[0]]
+    options: dict[str, Any] = {"spec": None, "set": [], "json": False, "strict": False, "search": False, "top": 5}
+    rest = argv[1:]
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        i += 1
+        if not token.startswith("-"):
+            if options["spec"] is not None:
+                return None  # an extra argument: typer's usage error
+            options["spec"] = token
+            continue
+        if token in flags:
+            options[token[2:]] = True
+            continue
+        name, has_value, value = token.partition("=")
+        if name not in valued or (has_value and not name.startswith("--")):
+            return None  # --help, an unknown option, -s=VALUE, a flag given a value, ...
+        if not has_value:
+            if i == len(rest):
+                return None  # option without its value: typer's usage error
+            value = rest[i]
+            i += 1
+        if value.startswith("-"):
+            return None
+        if name == "--top":
+            if not (value.isascii() and value.isdigit()):
+                return None
+            options["top"] = int(value)
+        else:
+            options["set"].append(value)
+    if options["spec"] is None:
+        return None
+    return argv[0], options
+
+
+def _run_fast(command: str, options: dict[str, Any]) -> int:
+    """Run a command :func:`fast_arguments` parsed, as typer would: a :class:`SpecError` is
+    reported (table, or JSON with ``--json``) with exit code 2; Ctrl-C exits 130; a closed
+    stdout (``| head``) exits 1 quietly. Returns the exit code."""
+    try:
+        try:
+            if command == "plan":
+                from dlmspec.plan.cli import run_plan
+
+                return run_plan(options["spec"], options["set"], options["json"], options["search"], options["top"])
+            run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"])
+            return 0
+        except SpecError as exc:
+            report_issues(exc.issues, as_json=options["json"])
+            return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except EOFError:
+        from typer import rich_utils
+
+        print(file=sys.stderr)
+        rich_utils.rich_abort_error()
+        return 1
+    except OSError as exc:
+        import errno
+
+        if exc.errno != errno.EPIPE:
+            raise
+        sys.stdout, sys.stderr = _PipeClosed(sys.stdout), _PipeClosed(sys.stderr)
+        return 1
+
+
+class _PipeClosed:
+    """A stream whose ``flush`` ignores a closed pipe (click's ``PacifyFlushWrapper``), so the
+    interpreter's final flush prints nothing after ``dlmspec plan SPEC | head``."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped = wrapped
+
+    def flush(self) -> None:
+        import errno
+
+        try:
+            self.wrapped.flush()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point (``[project.scripts] dlmspec``). Returns the exit code."""
+    """Console entry point (``[project.scripts] dlmspec``). Returns the exit code.
+
+    The plain forms of ``validate``/``check``/``plan`` run without typer (see the module
+    docstring); everything else goes to :data:`dlmspec.commands.app`."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    fast = fast_arguments(args) if "_DLMSPEC_COMPLETE" not in os.environ else None
+    if fast is not None:
+        return _run_fast(*fast)
+    from dlmspec.commands import app
+
     try:
         app(args=argv, prog_name="dlmspec", standalone_mode=True)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def __getattr__(name: str) -> Any:
+    """``app``, the commands and their helpers (:mod:`dlmspec.commands`), imported on first use."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from dlmspec import commands
+
+    try:
+        return getattr(commands, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m dlmspec.cli`

@@ -205,24 +205,51 @@ def test_main_returns_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "dlmspec 0.1.0" in capsys.readouterr().out
 
 
-def test_validate_imports_neither_torch_nor_megatron_nor_the_compiler() -> None:
-    """`dlmspec validate` stays light (bench/validate/bench_validate.py times it): no torch, no
-    megatron, no jinja2 (the compiler); and for a spec with nothing to report, not even rich or
-    the data tools. It does plan the memory (dlmspec.plan)."""
+HEAVY = {"torch", "megatron", "jinja2", "transformer_engine", "typer", "dlmspec.compile", "dlmspec.data_prepare",
+         "dlmspec.commands"}
+
+
+def _modules_after(argv: list[str]) -> tuple[int, set[str]]:
+    """Exit code and imported modules (top-level packages, and every dlmspec module) of
+    ``dlmspec ARGV`` in a fresh interpreter."""
     code = (
         "import sys\n"
         "from dlmspec.cli import main\n"
-        f"code = main(['validate', {DEMO!r}])\n"
+        f"code = main({argv!r})\n"
         "print('MODULES', sorted({m.split('.')[0] for m in sys.modules} | {m for m in sys.modules if m.startswith('dlmspec')}))\n"
         "sys.exit(code)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path.cwd(),
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr
-    modules = set(done.stdout.split("MODULES", 1)[1].strip().strip("[]").replace("'", "").split(", "))
-    assert {"dlmspec.plan", "dlmspec.validate", "pydantic", "typer"} <= modules
-    assert not modules & {"torch", "megatron", "jinja2", "transformer_engine", "rich", "dlmspec.data_prepare",
-                          "dlmspec.compile"}
+    return done.returncode, set(done.stdout.split("MODULES", 1)[1].strip().strip("[]").replace("'", "").split(", "))
+
+
+def test_validate_imports_neither_torch_nor_megatron_nor_the_compiler() -> None:
+    """`dlmspec validate` stays light (bench/validate/bench_validate.py times it): no torch, no
+    megatron, no jinja2 (the compiler), no typer (dlmspec.cli.main runs it without the app); and
+    for a spec with nothing to report, not even rich or the data tools. It does plan the memory
+    (dlmspec.plan)."""
+    code, modules = _modules_after(["validate", DEMO])
+    assert code == 0
+    assert {"dlmspec.plan", "dlmspec.validate", "pydantic"} <= modules
+    assert not modules & (HEAVY | {"rich"})
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", DEMO],
+    ["plan", DEMO, "--json"],
+    ["plan", DEMO, "--search", "--top", "2"],
+    ["validate", DEMO, "--set", "train.global_batch_size=30"],  # an error: the issue table (rich)
+    ["check", DEMO, "--json", "--strict"],
+])
+def test_plan_and_validate_import_no_torch(argv: list[str]) -> None:
+    """`dlmspec plan` (with or without --search, --json) and validate's error report do not
+    import torch, megatron or typer either (issue #4); nor the compiler, except for --search
+    (which asks the compiler what the runtime cannot run)."""
+    code, modules = _modules_after(argv)
+    assert code in (0, EXIT_USAGE)
+    heavy = HEAVY - {"jinja2", "dlmspec.compile"} if "--search" in argv else HEAVY
+    assert "pydantic" in modules and not modules & heavy
 
 
 def test_data_tools_load_on_demand() -> None:

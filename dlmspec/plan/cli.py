@@ -1,4 +1,6 @@
-"""``dlmspec plan``: what the command does (the typer declaration lives in :mod:`dlmspec.cli`).
+"""``dlmspec plan``: what the command does (the typer declaration lives in
+:mod:`dlmspec.commands`; :func:`dlmspec.cli.main` calls :func:`run_plan` directly for the plain
+forms, without typer).
 
 ``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints
 :meth:`dlmspec.plan.Plan.to_dict` plus ``ok`` and ``issues``. A spec that breaks a
@@ -15,9 +17,6 @@ from __future__ import annotations
 
 import json
 from typing import Any
-
-import typer
-from rich.text import Text
 
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.loader import load
@@ -42,16 +41,19 @@ def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
     return issues
 
 
-def run_plan(ctx: typer.Context, spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> None:
-    """Body of ``dlmspec plan`` (see the module docstring).
+def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> int:
+    """Body of ``dlmspec plan`` (see the module docstring). The caller has told the error
+    handler about ``json_output`` (:func:`dlmspec.cli.use_json`).
+
+    Returns:
+        The exit code: 0, or 2 (:data:`~dlmspec.errors.EXIT_USAGE`) when the plan does not fit
+        or the search finds no layout (after printing the plan or the search).
 
     Raises:
         SpecError: the spec does not load or has a blocking error (the CLI prints it, exit 2).
-        typer.Exit: code 2 when the plan does not fit, or the search finds no layout.
     """
     from dlmspec import cli
 
-    cli.use_json(ctx, json_output)
     if top < 1:
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
     loaded = load(spec, overrides)
@@ -63,8 +65,7 @@ def run_plan(ctx: typer.Context, spec: str, overrides: list[str], json_output: b
         blocking = [e for e in errors if not e.rule.startswith("memory-") and e.key not in SEARCHED_KEYS]
         if blocking:
             raise SpecError(blocking + warnings)
-        _run_search(resolved, loaded, json_output, top)
-        return
+        return _run_search(resolved, loaded, json_output, top)
     blocking = [e for e in errors if not e.rule.startswith("memory-")]
     if blocking:
         raise SpecError(issues)
@@ -84,11 +85,10 @@ def run_plan(ctx: typer.Context, spec: str, overrides: list[str], json_output: b
         print_plan(plan, cli.stdout())
         if memory_errors:
             cli.report_issues(memory_errors)
-    if memory_errors:
-        raise typer.Exit(EXIT_USAGE)
+    return EXIT_USAGE if memory_errors else 0
 
 
-def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int) -> None:
+def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int) -> int:
     from dlmspec import cli
     from dlmspec.plan.search import search
 
@@ -104,6 +104,5 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int) -> None
 
         print_search(result, top, cli.stdout())
         if not result.top:
-            cli.stderr().print(Text("no layout found (exit 2)", style="bold red"))
-    if not result.top:
-        raise typer.Exit(EXIT_USAGE)
+            cli.stderr().print(cli._text("no layout found (exit 2)", style="bold red"))
+    return 0 if result.top else EXIT_USAGE

@@ -6,6 +6,8 @@ markup.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -13,8 +15,10 @@ from rich.text import Text
 from dlmspec.gpus import GiB
 from dlmspec.plan import Plan
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
-from dlmspec.plan.search import SearchResult
 from dlmspec.plan.time import TIME_TERMS
+
+if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
+    from dlmspec.plan.search import SearchResult
 
 #: What each memory term is, one line (the docs have the formulas).
 MEMORY_LABELS = {
