@@ -252,6 +252,108 @@ def test_plan_and_validate_import_no_torch(argv: list[str]) -> None:
     assert "pydantic" in modules and not modules & heavy
 
 
+# ------------------------------------------------------------------------------------------
+# The fast path: dlmspec.cli.main runs validate/check/plan without typer
+
+
+FAST_AND_TYPER = [
+    ["validate", DEMO],
+    ["check", DEMO, "--json"],
+    ["validate", DEMO, "--set", "train.global_batch_size=30", "-s", "parallel.sequence_parallel=true"],
+    ["validate", "--set=train.eval_interval=100000", DEMO],
+    ["validate", DEMO, "-s", "train.eval_interval=100000", "--strict", "--strict"],
+    ["validate", DEMO, "--json", "--set", "model.preset=qwen"],
+    ["validate", "no-such-spec.toml"],
+    ["validate", ""],
+    ["plan", DEMO],
+    ["plan", DEMO, "--json", "--set", "train.micro_batch_size=8", "--set", "train.global_batch_size=32"],
+    ["plan", DEMO, "--set", "train.micro_batch_size=1024", "--set", "train.global_batch_size=1024",
+     "--set", "train.seq_length=1024"],
+    ["plan", DEMO, "--search", "--top", "3", "--top=1", "--set", "cluster.gpus_per_node=2"],
+    ["plan", DEMO, "--top", "0"],
+    ["plan", DEMO, "--json", "--set", "parallel.tensor_model_parallel_size=5"],
+]
+
+
+@pytest.mark.parametrize("argv", FAST_AND_TYPER)
+def test_fast_path_prints_what_typer_prints(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The same stdout, stderr and exit code from dlmspec.cli.main (which runs these without
+    typer) as from the typer app."""
+    from dlmspec.cli import fast_arguments
+
+    assert fast_arguments(argv) is not None
+    code = main(argv)
+    fast = capsys.readouterr()
+    typed = run(*argv)
+    assert (code, fast.out, fast.err) == (typed.exit_code, typed.stdout, typed.stderr)
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["--help"], ["--version"], ["validate"], ["validate", "--help"], ["plan", "-h"],
+    ["validate", DEMO, "extra"], ["validate", DEMO, "--bogus"], ["validate", DEMO, "--set"],
+    ["validate", DEMO, "--set", "--json"], ["validate", DEMO, "--json=1"], ["validate", "-sx=1", DEMO],
+    ["validate", "--", DEMO], ["validate", "-", DEMO], ["plan", DEMO, "--strict"], ["validate", DEMO, "--search"],
+    ["plan", DEMO, "--top", "x"], ["plan", DEMO, "--top", "-1"], ["plan", DEMO, "--top", "+2"],
+    ["plan", DEMO, "--top"], ["validate", DEMO, "-s=a.b=1"], ["show", DEMO], ["--version", "validate", DEMO],
+])
+def test_fast_path_leaves_everything_else_to_typer(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Help, version, usage errors and forms the fast parser does not take go to typer: same
+    output and exit code as the app."""
+    from dlmspec.cli import fast_arguments
+
+    assert fast_arguments(argv) is None
+    code = main(argv)
+    out = capsys.readouterr()
+    typed = run(*argv)
+    assert (code, out.out, out.err) == (typed.exit_code, typed.stdout, typed.stderr)
+
+
+def test_fast_arguments_parse_like_click() -> None:
+    from dlmspec.cli import fast_arguments
+
+    command, options = fast_arguments(["plan", "--set", "a=1", "S.toml", "-s", "b=2", "--set=c=3", "--json",
+                                       "--top", "7", "--search", "--top=3"])
+    assert command == "plan"
+    assert options == {"spec": "S.toml", "set": ["a=1", "b=2", "c=3"], "json": True, "strict": False,
+                       "search": True, "top": 3}
+    assert fast_arguments(["check", "S.toml", "--strict"])[1]["strict"] is True
+
+
+def test_fast_options_are_the_commands_options() -> None:
+    """Every option the fast parser takes is an option of the typer command, with the same
+    meaning (flag or value) and default: the two paths cannot drift apart."""
+    import typer
+
+    from dlmspec.cli import _FAST_COMMANDS, fast_arguments
+
+    group = typer.main.get_command(app)
+    for name, (flags, valued) in _FAST_COMMANDS.items():
+        command = group.commands[name]
+        declared = {opt: p for p in command.params if p.param_type_name == "option" for opt in p.opts}
+        for flag in flags:
+            assert declared[flag].is_flag and declared[flag].default is False, (name, flag)
+        for opt in valued:
+            assert not declared[opt].is_flag, (name, opt)
+        assert {p.name for p in command.params if p.param_type_name == "argument"} == {"spec"}
+        if "--top" in valued:
+            assert fast_arguments([name, "S"])[1]["top"] == declared["--top"].default
+
+
+@pytest.mark.parametrize("error, code", [(KeyboardInterrupt(), 130), (BrokenPipeError(32, "Broken pipe"), 1)])
+def test_fast_path_exits_like_typer_on_interrupt_and_closed_pipe(monkeypatch: pytest.MonkeyPatch, error: BaseException,
+                                                                 code: int) -> None:
+    import dlmspec.cli
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(dlmspec.cli, "load_and_check", fail)
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # the broken-pipe handler wraps the streams
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    assert main(["validate", DEMO]) == code  # the fast path
+    assert main(["validate", "--", DEMO]) == code  # typer (the fast parser leaves `--` to it)
+
+
 def test_data_tools_load_on_demand() -> None:
     assert "Data tools" in run("--help").stdout
     result = run("data", "prepare", "--help")
