@@ -308,3 +308,34 @@ def test_local_spec_builds_under_sequence_parallel_and_marks_norms():
     assert not any(getattr(p, "sequence_parallel", False) for n, p in plain.named_parameters() if "norm" in n)
     with pytest.raises(ValueError, match="zero_centered"):
         LocalNorm(_config(layernorm_zero_centered_gamma=True), 64)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_fused_linear_cross_entropy_matches_megatrons_loss_and_gradients(tied):
+    # kernels.cross_entropy="fused_linear": the output layer hands back hidden states and the
+    # forward step's loss function projects only the masked rows. Same loss and gradients as
+    # GPTModel's own logits + cross entropy (fp32 model on CPU).
+    torch.manual_seed(3)
+    model = build_model(
+        _config(), layer_spec=build_layer_spec(attention="bidirectional", qk_layernorm=True, use_transformer_engine=False),
+        vocab_size=VOCAB, max_sequence_length=SEQ, share_embeddings_and_output_weights=tied,
+    )
+    def loss_and_grads(step):
+        feed = MicrobatchFeed([_batch(5)], num_chunks=1, stream=TRAIN_STREAM)
+        feed.start(0)
+        for p in model[0].parameters():
+            p.grad = None
+        output, loss_func = step(feed.data_iterator(), model[0])
+        loss_sum, num_tokens, report = loss_func(output)
+        loss_sum.backward()
+        return output, float(loss_sum), int(num_tokens), {n: p.grad.clone() for n, p in model[0].named_parameters()}
+
+    out_ref, ref, n_ref, g_ref = loss_and_grads(_step(MaskedDiffusionObjective(MASK)))
+    step = _step(MaskedDiffusionObjective(MASK))
+    assert step.use_fused_linear_cross_entropy(model, "auto") == "torch"  # no Liger/CUDA here
+    out, got, n, g = loss_and_grads(step)
+    assert out_ref.shape == (2, SEQ) and out.shape == (2, SEQ, 64)  # per-token loss vs hidden states
+    assert n == n_ref and abs(got - ref) <= 1e-4 * abs(ref)
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        torch.testing.assert_close(g[name], g_ref[name], rtol=1e-3, atol=1e-6, msg=name)

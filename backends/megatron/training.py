@@ -83,7 +83,8 @@ from .data import (
 )
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
 from .layers import build_model, count_parameters, layer_spec_attention, layer_spec_backend
-from .objective import ObjectiveBatch, build_objective, reduce_loss
+from .objective import ObjectiveBatch, build_objective, loss_triple, reduce_loss
+from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
 from .rng import TRAIN_STREAM, VALID_STREAM, check_resume_seed, masking_generator
 
 TRACKER_FILENAME = "latest"
@@ -237,6 +238,25 @@ class LoggingConfig:
 
 
 @dataclass
+class KernelConfig:
+    """Kernel choices of the runtime that change speed and memory, not the result.
+
+    Attributes:
+        cross_entropy: ``"megatron"`` (``GPTModel`` computes ``[s, b, V]`` logits and
+            megatron's vocab-parallel cross entropy, fused or not per
+            ``TransformerConfig.cross_entropy_loss_fusion``) or ``"fused_linear"``
+            (:mod:`backends.megatron.output_loss`: the output projection and the cross
+            entropy in row chunks, on the positions with a non-zero loss weight only;
+            tensor-parallel size 1 only).
+        fused_linear_impl: ``"auto"``, ``"liger"`` or ``"torch"``
+            (:func:`~backends.megatron.output_loss.resolve_fused_linear_impl`).
+    """
+
+    cross_entropy: str = "megatron"
+    fused_linear_impl: str = "auto"
+
+
+@dataclass
 class RunConfig:
     """Everything about a run that is not a megatron-core config object.
 
@@ -249,6 +269,7 @@ class RunConfig:
         seed: Base seed: weight init, megatron's data shuffling and the
             masking RNG (stored in checkpoints, checked on resume).
         name: Run name (logged).
+        kernels: :class:`KernelConfig`.
     """
 
     objective: ObjectiveConfig
@@ -258,6 +279,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     seed: int = 1234
     name: str = "dlmspec"
+    kernels: KernelConfig = field(default_factory=KernelConfig)
 
 
 @dataclass
@@ -550,6 +572,7 @@ class ObjectiveForwardStep:
         self.reset_attention_mask = reset_attention_mask
         self.device = device
         self.context_parallel_size = context_parallel_size
+        self._fused_outputs: Dict[int, Tuple[torch.Tensor, str]] = {}
 
     def prepare(self, item: MicrobatchItem) -> Tuple[ObjectiveBatch, torch.Tensor, Optional[torch.Tensor]]:
         """Return ``(objective_batch, position_ids, attention_mask)`` for a microbatch."""
@@ -594,15 +617,44 @@ class ObjectiveForwardStep:
             position_ids = sliced["position_ids"]
         return ob, position_ids, attention_mask
 
+    def use_fused_linear_cross_entropy(self, model: List[torch.nn.Module], impl: str) -> Optional[str]:
+        """Switch the last stage's chunk(s) to :mod:`~backends.megatron.output_loss`.
+
+        Their output layers then return hidden states and :meth:`__call__` computes the
+        loss with :func:`~backends.megatron.output_loss.linear_cross_entropy` and the
+        output weight. Returns the implementation used (``"liger"`` / ``"torch"``), or
+        ``None`` when this rank holds no last stage.
+
+        Raises:
+            ValueError: Tensor-parallel output layer, or an unusable ``impl``.
+        """
+        resolved = resolve_fused_linear_impl(impl, self.device)
+        used = None
+        for chunk in model:
+            weight = defer_output_projection(chunk)
+            if weight is not None:
+                self._fused_outputs[id(unwrap_model(chunk))] = (weight, resolved)
+                used = resolved
+        return used
+
     def __call__(self, data_iterator: Iterator[MicrobatchItem], model: torch.nn.Module):
         item = next(data_iterator)
         ob, position_ids, attention_mask = self.prepare(item)
+        fused = self._fused_outputs.get(id(unwrap_model(model)))
+        if fused is not None:
+            hidden = model(ob.input_ids, position_ids, attention_mask)  # [b, s, h]: output layer deferred
+            return hidden, functools.partial(_fused_loss_func, ob, fused[0], fused[1])
         output = model(ob.input_ids, position_ids, attention_mask, labels=ob.labels)
         return output, functools.partial(_loss_func, ob)
 
 
 def _loss_func(ob: ObjectiveBatch, output_tensor: torch.Tensor):
     return reduce_loss(output_tensor, ob)
+
+
+def _fused_loss_func(ob: ObjectiveBatch, weight: torch.Tensor, impl: str, hidden: torch.Tensor):
+    loss_sum = linear_cross_entropy(hidden, weight, ob.labels, ob.loss_weights, impl=impl)
+    return loss_triple(loss_sum, ob)
 
 
 def _sum_reports(reports: Sequence[Dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
@@ -1360,6 +1412,15 @@ def train(
         reset_attention_mask=run.data.reset_attention_mask, device=device,
         context_parallel_size=context_parallel_size,
     )
+    cross_entropy = run.kernels.cross_entropy
+    if cross_entropy == "fused_linear":
+        fused_impl = forward_step.use_fused_linear_cross_entropy(model, run.kernels.fused_linear_impl)
+        if fused_impl is not None:
+            cross_entropy = f"fused_linear ({fused_impl})"
+    elif cross_entropy != "megatron":
+        raise ValueError(f"kernels.cross_entropy must be 'megatron' or 'fused_linear', got {cross_entropy!r}")
+    else:
+        cross_entropy = "megatron (fused)" if transformer_config.cross_entropy_loss_fusion else "megatron"
     forward_backward = get_forward_backward_func()
 
     flops_per_token = model_flops_per_token_from_config(
@@ -1374,6 +1435,7 @@ def train(
         "attention": spec_attention, "objective": objective.kind, "num_microbatches": num_microbatches,
         "params_on_logging_rank": local_params, "model_flops_per_token": flops_per_token,
         "parallel_layout": _parallel_layout(), "run_config": dataclasses.asdict(run),
+        "cross_entropy": cross_entropy, "sdpa_backend": _spec_sdpa_backend(layer_spec),
     }
     start_info["weights"], weights_text = _weights_record(resume_from, init_source, ckpt, run.seed)
     logger.record("start", start_info)
@@ -1381,7 +1443,8 @@ def train(
         f"[dlmspec] {run.name}: layer spec {backend}, attention {spec_attention}, objective {objective.kind}, "
         f"world {world} (tp {tensor_model_parallel_size} pp {pipeline_model_parallel_size} dp {dp_size} "
         f"cp {context_parallel_size} ep {expert_model_parallel_size}), {num_microbatches} microbatches/step, "
-        f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token"
+        f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token, "
+        f"cross entropy {cross_entropy}"
     )
     logger.text(f"[dlmspec] weights: {weights_text}")
     for warning in init_source.warnings if init_source is not None else ():
@@ -1546,6 +1609,12 @@ class _SignalExit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+def _spec_sdpa_backend(spec: ModuleSpec) -> Optional[str]:
+    core = spec.submodules.self_attention.submodules.core_attention
+    params = getattr(core, "params", None) or {}
+    return params.get("sdpa_backend")
 
 
 def _spec_block_size(spec: ModuleSpec) -> Optional[int]:

@@ -90,6 +90,9 @@ def parse_args():
     p.add_argument("--fused-linear-impl", choices=["auto", "liger", "torch"], default="auto")
     p.add_argument("--ce-fusion", action="store_true", help="megatron-core's fused cross entropy (megatron path)")
     p.add_argument("--sdpa-backend", choices=["auto", "flash", "cudnn", "efficient"], default="auto")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true", help="reduce gradients in bf16 (default fp32)")
+    p.add_argument("--overlap-param-gather", action="store_true",
+                   help="overlap the distributed optimizer's parameter all-gather with the next forward")
     return p.parse_args()
 
 
@@ -167,9 +170,9 @@ def main():
     )
 
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
         overlap_grad_reduce=data_parallel_size > 1,
-        overlap_param_gather=False,
+        overlap_param_gather=args.overlap_param_gather and data_parallel_size > 1,
         use_distributed_optimizer=True,
         check_for_nan_in_grad=True,
         bucket_size=None,
