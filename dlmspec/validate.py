@@ -1166,6 +1166,91 @@ def _mask_distinct(ctx: Context) -> Iterator[Finding]:
         )
 
 
+def _tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
+    """``(token, id, file)`` of the tokenizer's pad token, when this machine can tell: a local
+    Hugging Face tokenizer folder (``data.tokenizer.model``) whose ``tokenizer_config.json``
+    (else ``special_tokens_map.json``) names a ``pad_token``, with its id from
+    ``tokenizer_config.json``'s ``added_tokens_decoder`` (where Hugging Face lists special tokens)
+    or else ``tokenizer.json`` (``added_tokens``, then ``model.vocab``). None otherwise: the spec
+    has no pad key, GPT-2 BPE and megatron-core's NullTokenizer have no pad token, and
+    SentencePiece/TikToken keep theirs in model files the validator does not read."""
+    tok = ctx.spec.data.tokenizer
+    if tok.type != "HuggingFaceTokenizer" or not tok.model:
+        return None
+    try:
+        if not os.path.isdir(tok.model):
+            return None
+    except (OSError, ValueError):
+        return None
+    config = _read_json(os.path.join(tok.model, "tokenizer_config.json"))
+    config = config if isinstance(config, dict) else {}
+    pad = config.get("pad_token")
+    source = "tokenizer_config.json"
+    if pad is None:
+        special = _read_json(os.path.join(tok.model, "special_tokens_map.json"))
+        pad = special.get("pad_token") if isinstance(special, dict) else None
+        source = "special_tokens_map.json"
+    if isinstance(pad, dict):
+        pad = pad.get("content")
+    if not isinstance(pad, str):
+        return None
+    decoder = config.get("added_tokens_decoder")
+    for key, entry in (decoder.items() if isinstance(decoder, dict) else ()):
+        if isinstance(entry, dict) and entry.get("content") == pad and str(key).isdigit():
+            return pad, int(key), os.path.join(tok.model, source)
+    data = _read_json(os.path.join(tok.model, "tokenizer.json"))  # megabytes: only when needed
+    if not isinstance(data, dict):
+        return None
+    for entry in data.get("added_tokens") or []:
+        if isinstance(entry, dict) and entry.get("content") == pad and isinstance(entry.get("id"), int):
+            return pad, entry["id"], os.path.join(tok.model, source)
+    vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
+    if isinstance(vocab, dict) and isinstance(vocab.get(pad), int):
+        return pad, vocab[pad], os.path.join(tok.model, source)
+    return None
+
+
+def _read_json(path: str) -> Any:
+    """The JSON in ``path``; None when it cannot be read or parsed."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+@_rule(
+    "mask-token-not-pad",
+    "error",
+    "LLaDA (Nie et al. 2025, sec. 2.1): [MASK] is a reserved token; padding written with the "
+    "tokenizer's pad id (SFT batches, megatron-core GPTDataset's pad_token_id) would read as [MASK]",
+    "the [MASK] id is not the pad id of the tokenizer (a local Hugging Face tokenizer's pad_token)",
+    filesystem=True,
+)
+def _mask_not_pad(ctx: Context) -> Iterator[Finding]:
+    r, m = ctx.r, ctx.spec.model
+    mask = r.mask_token_id
+    eod = _tokenizer_eod(ctx)
+    if mask is None or mask >= r.padded_vocab_size or mask == eod:
+        return  # mask-token-range, mask-token-distinct
+    pad = _tokenizer_pad(ctx)
+    if pad is None or pad[1] != mask:
+        return
+    token, _, source = pad
+    free = [i for i in range(m.vocab_size, min(r.padded_vocab_size, m.vocab_size + 3)) if i not in (mask, eod)]
+    hint = (f"e.g. {free[0]} (a padded slot of the embedding)" if free else
+            "a reserved token the tokenizer never emits")
+    yield Finding(
+        "objective.mask_token_id",
+        f"[MASK] id {mask} is also the tokenizer's pad id ({token!r}, {source}), so a padded position "
+        "would be indistinguishable from a masked one",
+        f"use another objective.mask_token_id, {hint}",
+        value=mask,
+    )
+
+
 @_rule(
     "mask-token-ignored",
     "warning",

@@ -4,6 +4,8 @@ clean one, issues point at the file and line to edit, and check() raises all of 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,9 @@ from dlmspec.errors import SpecError
 from dlmspec.loader import load_text
 from dlmspec.spec import Spec
 from dlmspec.validate import RULES, check, find_issues, load_checked
+
+#: A local Hugging Face tokenizer folder (tokenizer_config.json only) whose pad token is id 998.
+PAD_998 = str(Path(__file__).resolve().parent / "fixtures" / "hf-tokenizer-pad-998")
 
 #: A small, valid data-parallel spec: 8 GPUs, DP 8, 4 microbatches, vocab 1000 (padded 1024,
 #: [MASK] = 1000).
@@ -164,6 +169,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mask-token-distinct", {"objective.mask_token_id": 500}, "objective.mask_token_id"),
     ("mask-token-distinct", {"data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": "org/tok",
                              "data.tokenizer.eod_id": 1000}, "objective.mask_token_id"),
+    ("mask-token-not-pad", {"data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": PAD_998,
+                            "data.tokenizer.vocab_size": None, "data.tokenizer.eod_id": 999,
+                            "objective.mask_token_id": 998}, "objective.mask_token_id"),
     ("bidirectional-without-positions", {"model.position_embedding_type": "none"}, "model.position_embedding_type"),
     ("seq-exceeds-learned-positions", {"model.position_embedding_type": "learned_absolute",
                                        "train.seq_length": 2048}, "train.seq_length"),
@@ -423,3 +431,104 @@ def test_path_warnings(tmp_path, monkeypatch: pytest.MonkeyPatch, changes: dict[
     found = [i for i in find_issues(make(changes), paths=True) if i.rule == "path-not-found"]
     assert {i.key for i in found} == warned
     assert all(i.severity == "warning" and "not on this machine" in i.message for i in found)
+
+
+# ------------------------------------------------------------------------------------------
+# mask-token-not-pad: the tokenizer's pad id (read from a local Hugging Face folder)
+
+
+def _hf_tokenizer(folder: Path, config: dict[str, Any] | None = None, special: dict[str, Any] | None = None,
+                  tokenizer: dict[str, Any] | None = None) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in (("tokenizer_config.json", config), ("special_tokens_map.json", special),
+                       ("tokenizer.json", tokenizer)):
+        if data is not None:
+            (folder / name).write_text(json.dumps(data))
+    return str(folder)
+
+
+def _hf(folder: str, **changes: Any) -> Spec:
+    return make({"data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": folder,
+                 "data.tokenizer.vocab_size": None, "data.tokenizer.eod_id": 999, **changes})
+
+
+def _pad_issues(spec: Spec, paths: bool = True) -> list:
+    return [i for i in find_issues(spec, paths=paths) if i.rule in ("mask-token-not-pad", "mask-token-distinct")]
+
+
+@pytest.mark.parametrize("files", [
+    # pad_token named in tokenizer_config.json, its id in added_tokens_decoder
+    {"config": {"pad_token": "<pad>", "added_tokens_decoder": {"7": {"content": "<pad>", "special": True}}}},
+    # pad_token as an AddedToken dict; its id in tokenizer.json's added_tokens
+    {"config": {"pad_token": {"content": "<pad>", "__type": "AddedToken"}},
+     "tokenizer": {"added_tokens": [{"id": 7, "content": "<pad>"}], "model": {"vocab": {}}}},
+    # pad_token only in special_tokens_map.json; its id in tokenizer.json's vocabulary
+    {"config": {}, "special": {"pad_token": "<pad>"}, "tokenizer": {"model": {"vocab": {"<pad>": 7, "a": 8}}}},
+])
+def test_mask_token_is_not_the_tokenizers_pad_id(tmp_path: Path, files: dict[str, Any]) -> None:
+    """A padded position would be indistinguishable from a masked one: [MASK] = the pad id of a
+    local Hugging Face tokenizer is an error (with a free padded slot as the fix); another id is
+    clean; the rule reads files, so it runs only with paths=True (dlmspec validate)."""
+    folder = _hf_tokenizer(tmp_path / "tok", **files)
+    (issue,) = _pad_issues(_hf(folder, **{"objective.mask_token_id": 7}))
+    assert (issue.rule, issue.key, issue.value, issue.severity) == ("mask-token-not-pad", "objective.mask_token_id", 7,
+                                                                    "error")
+    assert "'<pad>'" in issue.message and "indistinguishable from a masked one" in issue.message
+    assert "e.g. 1000" in issue.hint
+    assert _pad_issues(_hf(folder, **{"objective.mask_token_id": 1000})) == []
+    assert _pad_issues(_hf(folder, **{"objective.mask_token_id": 7}), paths=False) == []
+
+
+def test_pad_rule_is_quiet_without_a_readable_pad(tmp_path: Path) -> None:
+    """No pad token, an id that cannot be found, unreadable JSON, a hub id or a missing folder:
+    the validator cannot tell, and says nothing."""
+    cases = [
+        _hf_tokenizer(tmp_path / "none", config={"eos_token": "</s>"}),
+        _hf_tokenizer(tmp_path / "unknown-id", config={"pad_token": "<pad>"}),
+        str(tmp_path / "missing"),
+        "org/tokenizer",
+    ]
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "tokenizer_config.json").write_text("{not json")
+    cases.append(str(tmp_path / "garbage"))
+    for folder in cases:
+        assert _pad_issues(_hf(folder, **{"objective.mask_token_id": 7})) == [], folder
+
+
+def test_pad_that_is_also_eod_is_reported_once(tmp_path: Path) -> None:
+    """[MASK] = pad = EOD: mask-token-distinct (the EOD rule) reports it, not a second issue."""
+    folder = _hf_tokenizer(tmp_path / "tok", config={"pad_token": "</s>",
+                                                     "added_tokens_decoder": {"999": {"content": "</s>"}}})
+    assert [i.rule for i in _pad_issues(_hf(folder, **{"objective.mask_token_id": 999}))] == ["mask-token-distinct"]
+
+
+def test_validate_reports_mask_equal_to_pad_with_file_line_and_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`dlmspec validate` exits 2 and names the file, the line of objective.mask_token_id, the
+    key, the value, why and an id that works."""
+    from dlmspec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _hf_tokenizer(tmp_path / "tok", config={"pad_token": "<pad>",
+                                            "added_tokens_decoder": {"7": {"content": "<pad>"}}})
+    text = (
+        'name = "pad"\n'
+        "[model]\nnum_layers = 2\nhidden_size = 64\nffn_hidden_size = 128\nnum_attention_heads = 4\n"
+        "vocab_size = 1000\nmax_position_embeddings = 256\n"
+        "[objective]\nkind = \"mdm\"\nmask_token_id = 7\n"
+        "[train]\nglobal_batch_size = 8\nseq_length = 128\ntrain_iters = 10\n"
+        '[data]\nmock = true\n[data.tokenizer]\ntype = "HuggingFaceTokenizer"\nmodel = "tok"\neod_id = 999\n'
+        '[cluster]\ngpu = "h100"\ngpus_per_node = 1\n'
+    )
+    spec = tmp_path / "pad.toml"
+    spec.write_text(text)
+    assert main(["validate", str(spec), "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    (issue,) = [i for i in report["issues"] if i["severity"] == "error"]
+    assert (issue["rule"], issue["key"], issue["value"]) == ("mask-token-not-pad", "objective.mask_token_id", 7)
+    assert issue["file"].endswith("pad.toml") and text.splitlines()[issue["line"] - 1] == "mask_token_id = 7"
+    assert "padded position would be indistinguishable from a masked one" in issue["message"]
+    assert issue["hint"] == "use another objective.mask_token_id, e.g. 1000 (a padded slot of the embedding)"
+    spec.write_text(text.replace("mask_token_id = 7", "mask_token_id = 1000"))
+    assert main(["validate", str(spec)]) == 0
+
