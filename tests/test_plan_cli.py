@@ -17,8 +17,12 @@ runner = CliRunner()
 def test_plan_table():
     result = runner.invoke(app, ["plan", DEMO])
     assert result.exit_code == 0, result.output
-    for word in ("memory per GPU", "weights", "loss_logits", "peak allocated", "tokens/s", "MFU", "GPU-hours"):
+    for word in ("memory per GPU", "weights", "peak allocated", "tokens/s", "MFU", "GPU-hours", "loss: fused_linear"):
         assert word in result.output
+    # megatron's cross entropy: the [T, V] logits are the largest transient and get a row
+    result = runner.invoke(app, ["plan", DEMO, "--set", 'kernels.cross_entropy="megatron"'])
+    assert result.exit_code == 0, result.output
+    assert "loss_logits" in result.output and "loss: megatron" in result.output
 
 
 def test_plan_json_and_set():

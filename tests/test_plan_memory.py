@@ -29,6 +29,7 @@ SMALL = {
         "normalization": "RMSNorm", "activation": "swiglu", "transformer_impl": "local",
     },
     "objective": {"kind": "ar"},
+    "kernels": {"cross_entropy": "megatron"},
     "train": {"micro_batch_size": 2, "global_batch_size": 2, "seq_length": 256, "train_iters": 10},
     "cluster": {"gpu": "h100", "gpus_per_node": 1, "nodes": 1},
 }
@@ -73,6 +74,30 @@ def test_small_model_by_hand():
     assert b["backward_transient"] == 0 and b["optimizer_step_transient"] == 0
     assert plan.memory.peak.phase == "forward_backward"
     assert plan.peak_allocated_bytes == 2 * params + 4 * params + 12 * params + L * per_layer + output + 36 * T + 6 * T * V
+
+
+@pytest.mark.parametrize("impl", ["liger", "torch"])
+def test_fused_linear_cross_entropy_replaces_the_logits(impl):
+    # [kernels] cross_entropy = "fused_linear": no [T, V] logits; what is alive around the loss is
+    # the fp32 model output, the selected rows and their gradient, the weight gradient and one
+    # chunk of logits (backends/megatron/output_loss.py, Liger's chunking).
+    megatron = make_plan(_resolved(), BARE).memory.peak.breakdown
+    fused = make_plan(_resolved({"kernels.cross_entropy": "fused_linear", "kernels.fused_linear_impl": impl}), BARE)
+    b = fused.memory.peak.breakdown
+    h, V, T, y = 64, 1024, 2 * 256, 2
+    if impl == "liger":
+        chunk = 32  # next power of two of ceil(T / ceil(V / h)) = ceil(512 / 16)
+        expected = 4 * T * h + 2 * y * T * h + y * V * h + y * chunk * V
+    else:
+        expected = 4 * T * h + 2 * y * T * h + 4 * V * h + (8 + y) * T * V  # T < 4096 rows: one chunk
+    assert expected < megatron["loss_logits"] or impl == "torch"
+    # the loss term, unless the layers' backward workspace is the larger transient
+    assert b["loss_logits"] == expected or (b["loss_logits"] == 0 and b["backward_transient"] >= expected)
+    others = {k: v for k, v in b.items() if k not in ("loss_logits", "backward_transient")}
+    assert others == {k: v for k, v in megatron.items() if k not in ("loss_logits", "backward_transient")}
+    # "auto" is the fused path at TP = 1 only
+    auto = make_plan(_resolved({"kernels.cross_entropy": "auto"}), BARE).memory.peak.breakdown
+    assert auto["loss_logits"] != megatron["loss_logits"]
 
 
 def test_breakdown_sums_to_peaks():

@@ -54,7 +54,11 @@ COMMON = [
     # Deterministic peaks: the MDM mask path (a truncated sequence) is taken in a random subset of
     # steps; it is measured on purpose by demo-mdm-b32-s512-varlen only.
     "objective.variable_length_prob=0.0",
+    # The runs measured before [kernels] existed took megatron's logits + cross entropy; the
+    # fused linear cross entropy (the TP = 1 default since) has entries of its own (-fusedce).
+    'kernels.cross_entropy="megatron"',
 ]
+FUSED_CE = ['kernels.cross_entropy="fused_linear"']
 
 #: Qwen3-1.7B's architecture (explicit keys: the demo's explicit dimensions override a preset) on
 #: the same mock data (vocabulary 151936 = NullTokenizer 151934 + EOD + [MASK]; tied embeddings).
@@ -95,6 +99,10 @@ ONE_GPU: list[tuple[str, list[str]]] = [
                           "train.micro_batch_size=16", "train.global_batch_size=16"]),
     ("qwen3-1.7b-mdm-b4-s2048", QWEN + ["train.micro_batch_size=4", "train.global_batch_size=4",
                                         "train.seq_length=2048", "train.train_iters=30", "train.eval_interval=30"]),
+    ("demo-mdm-b32-s512-fusedce", FUSED_CE),
+    ("qwen3-1.7b-mdm-b4-s2048-fusedce", QWEN + ["train.micro_batch_size=4", "train.global_batch_size=4",
+                                                "train.seq_length=2048", "train.train_iters=30",
+                                                "train.eval_interval=30"] + FUSED_CE),
     ("qwen3-1.7b-ar-b4-s2048-full", QWEN + ['objective.kind="ar"',
                                             'recompute.granularity="full"', 'recompute.method="uniform"',
                                             "recompute.num_layers=1", "train.micro_batch_size=4",

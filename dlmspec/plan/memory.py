@@ -44,7 +44,9 @@ Megatron-LM's ``theoretical_memory_usage.py``.
 The last stage adds the loss: megatron-core's ``vocab_parallel_cross_entropy`` converts the
 ``[T, V/t]`` logits to fp32 (``logits.float()``), keeps the fp32 softmax for backward and
 returns an fp32 gradient that autograd casts back to bf16, so ``(4 + y) * T * V / t`` bytes
-are alive around the loss.
+are alive around the loss. With the fused linear cross entropy (``[kernels] cross_entropy``
+``fused_linear``, TP = 1) no ``[T, V]`` logits exist; :func:`fused_linear_ce_bytes` gives what
+is alive instead.
 """
 
 from __future__ import annotations
@@ -95,6 +97,37 @@ SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
     "moe_act": ("expert_fc2_input",),
     "shared_experts": ("shared_activation_input", "shared_fc2_input"),
 }
+
+
+#: Rows per chunk of the PyTorch fused linear cross entropy
+#: (``backends.megatron.output_loss.DEFAULT_CHUNK_ROWS``).
+TORCH_FUSED_CE_CHUNK_ROWS = 4096
+
+
+def fused_linear_ce_bytes(rows: float, hidden: int, vocab: int, y: int, impl: str) -> float:
+    """Transient bytes of the fused linear cross entropy (``[kernels] cross_entropy =
+    "fused_linear"``, ``backends/megatron/output_loss.py``) around the loss.
+
+    ``rows`` = ``T`` positions (an upper bound of the masked ones it projects), ``hidden`` =
+    ``h``, ``vocab`` = ``V`` (padded), ``y`` = activation bytes. Alive together: the model's
+    fp32 output ``4 T h`` (``Float16Module`` casts the last stage's output to fp32), the
+    selected rows and their gradient ``2 y T h``, the weight gradient (Liger: ``y V h`` in the
+    weight's dtype; PyTorch: ``4 V h`` fp32) and one chunk's logits: Liger's chunk of
+    ``next_pow2(ceil(T / ceil(V / h)))`` rows in ``y`` bytes (``liger_kernel.ops.
+    fused_linear_cross_entropy``), PyTorch's ``min(T, 4096)`` rows as fp32 logits, the
+    ``logsumexp`` temporary and the ``y``-byte gradient (``4 + 4 + y`` bytes per element).
+    ``impl`` ``"auto"`` is planned as Liger (what the runtime picks when it imports on CUDA).
+
+    Returns:
+        Bytes.
+    """
+    base = 4 * rows * hidden + 2 * y * rows * hidden
+    if impl == "torch":
+        chunk = min(rows, TORCH_FUSED_CE_CHUNK_ROWS)
+        return base + 4 * vocab * hidden + (8 + y) * chunk * vocab
+    per = max(1, ceil(vocab / hidden))
+    chunk = 1 << max(0, ceil(rows / per) - 1).bit_length()
+    return base + y * vocab * hidden + y * chunk * vocab
 
 
 def optimizer_bytes_per_param(optimizer: str, dtype: str) -> int:
@@ -200,7 +233,8 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
     * ``attention_output_copy``: with fp8 TE, the fp8 cast of ``linear_proj``'s input.
     * ``attention_mask_path``: local+sdpa with a mask (block-causal, or MDM sequences cut by
       ``variable_length_prob``): SDPA's memory-efficient kernel saves the additive mask
-      (``y*s*s`` per layer, ``y*b*s*s`` for the per-sequence key-padding mask) and, when
+      (``y*s*s`` per layer for the block pattern; the truncated sequences' key-padding mask is
+      ``[b, 1, 1, s]``, broadcast over queries and heads: ``y*b*s``) and, when
       ``a != g``, the ``repeat_interleave``-d k and v (``2*y*T*a*d/t``) in place of the rotated k
       (``-y*T*g*d/t``) and - without q/k norm - of the mixed QKV output. A run's peak includes
       the steps where a sequence was truncated, so the term counts whenever the spec allows it.
@@ -243,7 +277,7 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
         if shape.attention == "block_causal":
             mask = y * s_local * lay.seq
         if shape.variable_length_prob > 0:
-            mask = max(mask, y * lay.micro_batch * s_local * lay.seq)
+            mask = max(mask, y * lay.micro_batch * lay.seq)
         if mask and a != g:
             # GQA on the masked kernel: k and v are repeat_interleave'd to a heads and saved;
             # the rotated k is then saved by nothing (freed), and without q/k norm nothing keeps
@@ -535,7 +569,9 @@ def stage_memory(
 
     # The largest transient of forward/backward.
     loss = 0.0
-    if last:
+    if last and lay.fused_linear_ce:
+        loss = fused_linear_ce_bytes(T, h, shape.vocab, y, lay.fused_linear_impl)
+    elif last:
         V = shape.vocab / lay.tp
         logits = (4 + (y if y != 4 else 0)) * T * V
         out_bwd = y * T * V + (y * V * h if lay.impl != "transformer_engine" else 0.0) + y * T * h

@@ -31,7 +31,7 @@ MEMORY_LABELS = {
     "activations": "saved activations x in-flight microbatches",
     "embedding_output_activations": "embedding dropout, final norm, output-layer input",
     "batch_and_objective": "token ids, labels, loss weights, per-token loss",
-    "loss_logits": "logits: bf16 + fp32 softmax for the cross entropy",
+    "loss_logits": "the loss: bf16 logits + fp32 softmax (megatron), or one chunk + weight gradient (fused_linear)",
     "backward_transient": "one layer's backward (+ recomputed activations)",
     "optimizer_step_transient": "optimizer-step temporaries",
     "allocated_overhead": "cuBLAS workspaces, RNG, small buffers (calibrated)",
@@ -83,6 +83,8 @@ def plan_renderable(plan: Plan) -> Group:
         f"recompute {lay.recompute}; distributed optimizer {'on' if lay.distributed_optimizer else 'off'}\n"
     )
     head.append(f"layers: {plan.runtime['transformer_impl']}", style="dim")
+    if plan.runtime.get("cross_entropy"):
+        head.append(f"\nloss: {plan.runtime['cross_entropy']}", style="dim")
 
     mem = Table(title=f"memory per GPU (GiB), peak on pipeline stage {peak.stage} during "
                       f"{peak.phase.replace('_', ' ')}", title_justify="left")

@@ -22,7 +22,16 @@ from dlmspec.plan import SPEC_KEYS, PlanError, set_args
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import step_flops
 from dlmspec.plan.memory import layer_terms, memory_plan
-from dlmspec.plan.shape import Layout, ModelShape, fast_replace, layout, model_shape, relayout, transformer_impl
+from dlmspec.plan.shape import (
+    Layout,
+    ModelShape,
+    cross_entropy_path,
+    fast_replace,
+    layout,
+    model_shape,
+    relayout,
+    transformer_impl,
+)
 from dlmspec.plan.time import time_plan
 from dlmspec.resolve import Resolved, padded_vocab_size
 
@@ -439,5 +448,5 @@ def plan_candidate(resolved: Resolved, cand: Candidate, calibration: Calibration
     shape, lay = relayout(shape, layout(resolved, cand.layout.impl), **dict(cand.changes))
     lay = replace(lay, impl=cand.layout.impl)
     runtime = {"transformer_impl": transformer_impl(resolved)[1], "spec_transformer_impl": resolved.spec.model.transformer_impl,
-               "modelled_as": lay.impl}
+               "modelled_as": lay.impl, "cross_entropy": cross_entropy_path(lay)}
     return plan_layout(resolved.spec.name, shape, lay, resolved.gpu, runtime, calibration or DEFAULT_CALIBRATION)

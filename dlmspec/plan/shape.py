@@ -152,6 +152,14 @@ class Layout:
     gpus_per_node: int
     inter_node_gbps: float
     train_iters: int
+    cross_entropy: str = "megatron"
+    fused_linear_impl: str = "auto"
+
+    @property
+    def fused_linear_ce(self) -> bool:
+        """Whether the run takes the fused linear cross entropy (``[kernels] cross_entropy``:
+        ``fused_linear``, or ``auto`` at TP = 1, as :func:`dlmspec.resolve.resolve` decides)."""
+        return self.cross_entropy == "fused_linear" or (self.cross_entropy == "auto" and self.tp == 1)
 
     @property
     def act_bytes(self) -> int:
@@ -298,7 +306,18 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         gpus_per_node=spec.cluster.gpus_per_node,
         inter_node_gbps=spec.cluster.inter_node_gbps,
         train_iters=resolved.train_iters,
+        cross_entropy=spec.kernels.cross_entropy,
+        fused_linear_impl=spec.kernels.fused_linear_impl,
     )
+
+
+def cross_entropy_path(lay: Layout) -> str:
+    """One line naming the loss path a run with layout ``lay`` takes (the plan's report)."""
+    if lay.fused_linear_ce:
+        impl = {"liger": "Liger Kernel (required)", "torch": "PyTorch row chunks"}.get(
+            lay.fused_linear_impl, "Liger Kernel when it imports on the GPU machine, else PyTorch row chunks")
+        return f"fused_linear: output projection + cross entropy on the loss-carrying rows only, {impl}"
+    return "megatron: [s, b, vocab/TP] logits and megatron-core's vocab-parallel cross entropy"
 
 
 def gpu_of(resolved: Resolved) -> GPU | None:
