@@ -31,11 +31,16 @@ The fit (relative errors, so small and large runs weigh alike):
   where ``activations`` are the plan's activation, logits and transient terms and ``static``
   the rest; two unknowns, linear least squares (overhead clamped at >= 0).
 * time: ``measured = sum_i c_i x_i + fixed``, ``x`` = the plan's features at 100% of every peak
-  (GEMM, attention, element-wise bytes, kernel count, NVLink collectives, 1) and ``fixed`` the
-  exposed communication that is not linear in a constant; ``c`` = (1/gemm_efficiency,
+  (GEMM, attention, element-wise bytes, host kernel launches, NVLink transfers, host syncs, 1)
+  and ``fixed`` what is not linear in a fitted constant (latencies, the GPU's per-kernel floor,
+  network transfers, the exposed data-parallel communication); ``c`` = (1/gemm_efficiency,
   1/attention_efficiency, 1/memory_efficiency, seconds_per_kernel, 1/nvlink_efficiency,
-  step_overhead_seconds), non-negative least squares with a weak pull (weight ``--prior``)
-  towards the current constants, so a constant no run exercises keeps its value.
+  host_sync_seconds, step_overhead_seconds), non-negative least squares with a weak pull
+  (weight ``--prior``) towards the current constants, so a constant no run exercises keeps its
+  value. A microbatch takes max(GPU time, host launch time) (:mod:`dlmspec.plan.time`), so the
+  features are those of the side each run's slowest rank is on; the fit is repeated, each round
+  re-deciding the sides with the constants of the last, until no run changes side (at most
+  :data:`MAX_ROUNDS` rounds).
 
 Leave-one-out errors (refit without the run, predict it) are reported next to the in-sample
 ones. ``--write`` rewrites the fitted defaults in ``dlmspec/plan/calibration.py``.
@@ -80,7 +85,9 @@ BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 #: Activation-like allocated terms (scaled by activation_scale).
 ACT_TERMS = ("activations", "embedding_output_activations", "loss_logits", "backward_transient")
 #: Time features and the constant each one's coefficient maps to.
-TIME_FEATURES = ("gemm", "attention", "elementwise", "kernels", "nvlink", "const")
+TIME_FEATURES = ("gemm", "attention", "elementwise", "kernels", "nvlink", "syncs", "const")
+#: Rounds of the time fit (each re-decides which runs are launch-bound).
+MAX_ROUNDS = 12
 
 
 @dataclass
@@ -102,10 +109,21 @@ def _matrix() -> dict[str, dict]:
     return {e["name"]: e for e in json.loads(MATRIX.read_text(encoding="utf-8"))}
 
 
+#: The cross entropy of a record whose recorded ``spec`` has no ``[kernels]`` table: such a spec
+#: predates the table, when the runtime always ran megatron-core's vocab-parallel cross entropy
+#: (``base`` + ``overrides`` records and matrix entries say what they ran).
+RECORD_CROSS_ENTROPY = "megatron"
+
+
 def _resolve_run(rec: dict, matrix: dict[str, dict]):
+    """The resolved spec a record ran: its ``spec`` (``kernels.cross_entropy`` =
+    :data:`RECORD_CROSS_ENTROPY` when it has no ``[kernels]`` table), or ``base`` +
+    ``overrides`` (a matrix entry's when the record names one)."""
     if "spec" in rec:
-        spec = Spec.model_validate(rec["spec"])
-        return resolve(spec)
+        data = dict(rec["spec"])
+        if "kernels" in Spec.model_fields and "kernels" not in data:
+            data["kernels"] = {"cross_entropy": RECORD_CROSS_ENTROPY}
+        return resolve(Spec.model_validate(data))
     entry = matrix.get(rec.get("name", ""), {})
     base = rec.get("base") or entry.get("base")
     overrides = rec.get("overrides", entry.get("overrides"))
@@ -180,9 +198,17 @@ def fit_memory(runs: list[Run], calib: Calibration) -> tuple[float, float]:
     return float(max(scale, 0.0)), float(over)
 
 
-def _time_prior(calib: Calibration) -> np.ndarray:
-    return np.array([1 / calib.gemm_efficiency, 1 / calib.attention_efficiency, 1 / calib.memory_efficiency,
-                     calib.seconds_per_kernel, 1 / calib.nvlink_efficiency, calib.step_overhead_seconds])
+#: Time constants the fit sets, in :data:`TIME_FEATURES` order (``const`` ->
+#: step_overhead_seconds); the efficiencies enter as ``1/e = 1 + z`` with ``z >= 0``, so no
+#: fitted efficiency exceeds 1.
+TIME_CONSTANTS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "seconds_per_kernel",
+                  "nvlink_efficiency", "host_sync_seconds", "step_overhead_seconds")
+EFFICIENCIES = {"gemm_efficiency", "attention_efficiency", "memory_efficiency", "nvlink_efficiency"}
+
+
+def _time_z(calib: Calibration) -> np.ndarray:
+    """The fit's unknowns for ``calib``: ``1/e - 1`` for efficiencies, the constant otherwise."""
+    return np.array([1 / getattr(calib, n) - 1 if n in EFFICIENCIES else getattr(calib, n) for n in TIME_CONSTANTS])
 
 
 def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
@@ -211,37 +237,66 @@ def nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
 
 
 def fit_time(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibration:
-    """Fit the time constants (see the module docstring); returns a new Calibration."""
-    prior = _time_prior(calib)
+    """One round of the time fit (see the module docstring) with the sides (launch- or
+    GPU-bound) and fixed terms of ``calib``; returns a new Calibration."""
     if not runs:
         return calib
+    z0 = _time_z(calib)
+    scale = np.where(z0 > 0, z0, 0.05)  # unknowns relative to the current values (conditioning)
     rows, target = [], []
     for r in runs:
         f = _plan(r, calib).time.features
-        x = np.array([f[k] for k in TIME_FEATURES]) * prior
-        rows.append(x / r.measured_seconds)
-        target.append((r.measured_seconds - f["fixed"]) / r.measured_seconds)
+        x = np.array([f[k] for k in TIME_FEATURES])
+        known = f["fixed"] + sum(x[i] for i, n in enumerate(TIME_CONSTANTS) if n in EFFICIENCIES)
+        rows.append(x * scale / r.measured_seconds)
+        target.append((r.measured_seconds - known) / r.measured_seconds)
     a = np.vstack([np.array(rows), prior_weight * np.eye(len(TIME_FEATURES))])
-    b = np.concatenate([np.array(target), prior_weight * np.ones(len(TIME_FEATURES))])
-    u = nnls(a, b)
-    c = prior * np.where(u > 0, u, 1e-6)
-    return calib.with_values(
-        gemm_efficiency=float(min(1.0, 1 / c[0])),
-        attention_efficiency=float(min(1.0, 1 / c[1])),
-        memory_efficiency=float(min(1.0, 1 / c[2])),
-        seconds_per_kernel=float(c[3]),
-        nvlink_efficiency=float(min(1.0, 1 / c[4])),
-        step_overhead_seconds=float(c[5]),
-    )
+    b = np.concatenate([np.array(target), prior_weight * z0 / scale])
+    z = nnls(a, b) * scale
+    values = {n: (1 / (1 + z[i]) if n in EFFICIENCIES else float(max(z[i], 1e-12)))
+              for i, n in enumerate(TIME_CONSTANTS)}
+    return calib.with_values(**values)
+
+
+def time_cost(runs: list[Run], calib: Calibration) -> float:
+    """Sum of squared relative step-time errors of ``runs`` under ``calib``."""
+    return float(sum(((_plan(r, calib).time.step_seconds - r.measured_seconds) / r.measured_seconds) ** 2
+                     for r in runs))
+
+
+def _sides(runs: list[Run], calib: Calibration) -> tuple[bool, ...]:
+    """Whether each run's slowest rank is launch-bound under ``calib`` (its GEMM feature is 0
+    while its GPU-side work is not)."""
+    out = []
+    for r in runs:
+        f = _plan(r, calib).time.features
+        out.append(f["gemm"] == 0.0)
+    return tuple(out)
 
 
 def fit(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibration:
-    """Both fits; the time fit runs twice (its fixed terms depend on the constants)."""
+    """Both fits. The time fit is repeated, each round with the sides (launch-bound or
+    GPU-bound) and fixed terms of the last round's constants, until no run changes side (at
+    most :data:`MAX_ROUNDS` rounds). It starts twice - from ``calib``'s sides and from every run
+    GPU-bound (a tenth of ``calib``'s host time per launch for the first round) - since a
+    start on one side can settle where it began; the round with the smallest squared relative
+    error wins."""
     scale, over = fit_memory(runs, calib)
-    out = calib.with_values(activation_scale=scale, allocated_overhead_bytes=over)
-    for _ in range(2):
-        out = fit_time(runs, out, prior_weight)
-    return out
+    base = calib.with_values(activation_scale=scale, allocated_overhead_bytes=over)
+    best = (time_cost(runs, base), base)
+    for start in (base, base.with_values(seconds_per_kernel=base.seconds_per_kernel / 10)):
+        out = start
+        sides = _sides(runs, out)
+        for i in range(MAX_ROUNDS):
+            out = fit_time(runs, out, prior_weight)
+            cost = time_cost(runs, out)
+            if cost < best[0]:
+                best = (cost, out)
+            new = _sides(runs, out)
+            if new == sides and i >= 1:
+                break
+            sides = new
+    return best[1]
 
 
 def _err(planned: float, measured: float) -> float:

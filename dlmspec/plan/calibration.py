@@ -14,12 +14,15 @@ counted terms, with the activation terms scaled by :attr:`Calibration.activation
 memory PyTorch's allocator does not report as allocated: the CUDA context, NCCL's buffers and
 the caching allocator's reserve.
 
-Time model (``dlmspec.plan.time``): seconds = GEMM FLOPs / (peak * gemm_efficiency) +
-attention FLOPs / (peak * attention_efficiency) + element-wise bytes / (HBM bandwidth *
-memory_efficiency) + kernels * seconds_per_kernel + exposed communication (bandwidth *
-nvlink_efficiency or network_efficiency) + step_overhead_seconds. Every fitted constant enters
-linearly (as its inverse for efficiencies), so ``calibrate.py`` fits them by non-negative least
-squares on relative errors.
+Time model (``dlmspec.plan.time``): per microbatch, max(GPU time, host launch time) plus host
+syncs, where GPU time = GEMM FLOPs / (peak * gemm_efficiency) + attention FLOPs / (peak *
+attention_efficiency) + element-wise bytes / (HBM bandwidth * memory_efficiency) + kernels *
+gpu_seconds_per_kernel + collectives (bandwidth * nvlink_efficiency or network_efficiency, plus
+collective_latency_seconds each), host time = kernels * seconds_per_kernel, and each sync costs
+host_sync_seconds; per step the optimizer, the step's syncs and step_overhead_seconds. Within
+one regime (launch-bound or GPU-bound) every fitted constant enters linearly (as its inverse for
+efficiencies), so ``calibrate.py`` fits them by non-negative least squares on relative errors,
+re-deciding each run's regime between rounds.
 """
 
 from __future__ import annotations
@@ -68,8 +71,21 @@ class Calibration:
             with two-GPU measurements.
         network_efficiency: the same for the inter-node network (``cluster.inter_node_gbps``).
             Default 0.80. Not fitted by single-node measurements.
-        seconds_per_kernel: CPU/launch cost per kernel; matters for small models where the GPU
-            outruns Python. Default 6e-6 s (megatron-core eager mode, ~6 us per launch). Fitted.
+        seconds_per_kernel: host (CPU) time per kernel launch: PyTorch's dispatcher, the CUDA
+            launch and megatron-core's Python modules around it, averaged over forward (Python)
+            and backward (autograd's C++ engine). A microbatch is launch-bound when its kernels
+            times this exceed its GPU time - small models on fast GPUs. Fitted (tens of
+            microseconds in megatron-core's eager local path).
+        gpu_seconds_per_kernel: the least GPU time of a kernel (launch latency on the device,
+            ramp-up and tail of a tiny grid): 3e-6 s, the back-to-back rate of small kernels on
+            Hopper. Not fitted.
+        host_sync_seconds: cost of one host-device synchronisation (``.item()``, ``.tolist()``
+            of a GPU tensor, ``torch.cuda.synchronize()``, an event wait): the device-to-host
+            round trip plus the GPU idling while the host, which had to wait, enqueues work
+            again. Fitted.
+        collective_latency_seconds: fixed cost of one NCCL collective or p2p exchange (launch
+            and handshake), on top of bytes / bandwidth: 2e-5 s (NCCL's small-message latency
+            inside an NVLink node is 10-30 us). Not fitted.
         step_overhead_seconds: fixed cost per optimizer step (data loader hand-off, loss
             reduction, grad-norm and logging syncs). Default 0.01 s. Fitted.
         dp_overlap_exposed_fraction: with ``overlap_grad_reduce`` / ``overlap_param_gather``,
@@ -77,18 +93,21 @@ class Calibration:
             whatever exceeds the compute it hides behind). Default 0.2.
     """
 
-    activation_scale: float = 0.9556
-    allocated_overhead_bytes: float = 156227176
+    activation_scale: float = 0.9993
+    allocated_overhead_bytes: float = 71122977
     cuda_context_bytes: float = 600 * MiB
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
-    gemm_efficiency: float = 1
-    attention_efficiency: float = 0.3712
-    memory_efficiency: float = 0.9301
-    nvlink_efficiency: float = 0.75
+    gemm_efficiency: float = 0.8902
+    attention_efficiency: float = 0.3943
+    memory_efficiency: float = 0.9663
+    nvlink_efficiency: float = 0.5787
     network_efficiency: float = 0.80
-    seconds_per_kernel: float = 4.585e-05
-    step_overhead_seconds: float = 0.007709
+    seconds_per_kernel: float = 4.248e-05
+    gpu_seconds_per_kernel: float = 3e-6
+    host_sync_seconds: float = 0.000241
+    collective_latency_seconds: float = 2e-5
+    step_overhead_seconds: float = 0.001887
     dp_overlap_exposed_fraction: float = 0.2
 
     def with_values(self, **changes: float) -> "Calibration":
@@ -101,7 +120,7 @@ class Calibration:
 
 
 #: Where the fitted defaults above come from (``bench/plan/calibrate.py --write`` sets it).
-FITTED_FROM = 'calibration_1gpu_h200.json (11 runs)'
+FITTED_FROM = 'calibration_1gpu_h200.json, calibration_1gpu_h200_c.json, calibration_1gpu_h200_fusedce.json, calibration_2gpu_h200x2.json, calibration_2gpu_h200x2_tp2sp.json (23 runs)'
 
 #: The constants every plan uses unless one passes another :class:`Calibration`.
 DEFAULT_CALIBRATION = Calibration()
@@ -115,5 +134,6 @@ FITTED = (
     "memory_efficiency",
     "nvlink_efficiency",
     "seconds_per_kernel",
+    "host_sync_seconds",
     "step_overhead_seconds",
 )

@@ -1,27 +1,47 @@
-"""Step time of a training run: compute, element-wise memory traffic, launches and exposed
-communication, from the GPU catalog (:mod:`dlmspec.gpus`) and :class:`Calibration`.
+"""Step time of a training run: GPU work, host (CPU) launch time, host-device synchronisation
+and exposed communication, from the GPU catalog (:mod:`dlmspec.gpus`) and :class:`Calibration`.
 
 Per pipeline rank and microbatch (the slowest rank sets the pace):
 
-* GEMMs: ``3 *`` forward FLOPs (plus recomputed forwards) on the rank, at
+* GPU work: GEMMs, ``3 *`` forward FLOPs (plus recomputed forwards) on the rank at
   ``peak * gemm_efficiency`` (fp8 GEMMs at the fp8 peak); the attention core at
-  ``peak * attention_efficiency``. Per-rank FLOPs: attention and MLP GEMMs split over TP, the
-  sequence over CP, experts' token-GEMMs over EP x expert TP (:func:`dlmspec.plan.memory.expert_tokens`).
-* element-wise kernels (norms, residual adds, RoPE, activation, cross entropy, the embedding
-  gradient, weight-gradient accumulation): bytes read + written (:func:`elementwise_bytes`) at
-  ``hbm * memory_efficiency``;
-* kernel launches: :func:`kernels_per_microbatch` times ``seconds_per_kernel``;
-* TP collectives (sequence parallel: all-gather + reduce-scatter of ``y*T*h`` bytes, twice per
-  layer forward and twice backward; without SP, all-reduces of the same total volume): ring
-  cost ``bytes*(t-1)/t / bandwidth``, exposed (megatron-core does not overlap them by default);
-  EP all-to-all (dispatch and combine, forward and backward); CP ring exchange of K/V
-  (overlapped with the attention of the previous chunk; only the excess is exposed).
+  ``peak * attention_efficiency``; element-wise kernels (norms, residual adds, RoPE, activation,
+  MoE permutes, cross entropy, the embedding gradient, weight-gradient accumulation) as bytes
+  read + written (:func:`elementwise_bytes`) at ``hbm * memory_efficiency``; every kernel at least
+  ``gpu_seconds_per_kernel``; TP collectives (sequence parallel: all-gather + reduce-scatter of
+  ``y*T*h`` bytes, twice per layer forward and twice backward; without SP all-reduces of the same
+  volume), the backward EP all-to-alls and the CP ring exchange beyond the attention it overlaps.
+  Per-rank FLOPs: attention and MLP GEMMs split over TP, the sequence over CP, experts'
+  token-GEMMs over EP x expert TP (:func:`dlmspec.plan.memory.expert_tokens`).
+* host work: every kernel is launched by the CPU (PyTorch eager mode, megatron-core's Python
+  modules): :func:`kernels_per_microbatch` times ``seconds_per_kernel``. Kernel launches are
+  asynchronous, so the host runs ahead of the GPU and a microbatch takes
+  ``max(GPU time, host time)``: small models are launch-bound (the GPU waits for the host; the
+  excess is reported as ``kernel_launch``), large ones GPU-bound. The launch count scales with
+  the layers of the rank and, for megatron-core's ``SequentialMLP`` (the local experts run one
+  after the other), with the local experts.
+* host-device synchronisations, where the host waits for the GPU to drain and cannot run ahead
+  (``host_sync_seconds`` each, outside the max): MoE dispatch (the token counts the all-to-all
+  needs on the host, megatron-core ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``;
+  the unfused permute's ``masked_select``), pipeline p2p (``batch_p2p_sync``: megatron-core
+  ``P2PCommunicator._communicate`` calls ``torch.cuda.synchronize()`` after every batched
+  send/recv), MDM's variable-length draw.
+* what such a sync exposes: the forward EP all-to-alls (dispatch and combine sit between two
+  dispatcher syncs, so they are not hidden behind host work) and the counts' all-gather, each
+  with ``collective_latency_seconds``.
 
 Per step: ``(m + (pp-1)/vpp)`` microbatch times (the 1F1B/interleaved schedule's bubble of
-``(pp-1)/(m*vpp)``, Narayanan et al. 2021 eq. (1)/sec. 2.2.2), the data-parallel gradient
-reduce-scatter (all-reduce without the distributed optimizer) and parameter all-gather - hidden
-behind backward/forward with ``overlap_grad_reduce``/``overlap_param_gather`` except
-``dp_overlap_exposed_fraction`` of it - the optimizer's memory traffic and a fixed overhead.
+``(pp-1)/(m*vpp)``, Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+Clusters Using Megatron-LM", sec. 2.2), the pipeline's p2p exchanges (one per microbatch and
+chunk on the critical path, each a latency plus the activation's transfer, not overlapped since
+each is followed by a sync), the data-parallel gradient reduce-scatter (all-reduce without the
+distributed optimizer) and parameter all-gather - hidden behind backward/forward with
+``overlap_grad_reduce``/``overlap_param_gather`` except ``dp_overlap_exposed_fraction`` of it -,
+the optimizer (its HBM traffic; on the local path megatron-core's fallbacks for Apex's
+multi-tensor kernels loop over the parameter tensors: ``local_multi_tensor_l2_norm`` takes one
+host sync per tensor, ``local_multi_tensor_scale`` and the main-to-model parameter copy launch
+kernels per tensor), the per-step syncs (grad norm, DDP's NaN check per bucket, the training
+loop's flags) and a fixed overhead.
 
 Bandwidths: NVLink (``GPU.nvlink_gbps``, GB/s per direction) inside a node, the network
 (``cluster.inter_node_gbps``, Gbit/s per GPU) for groups that span nodes; megatron's rank order
@@ -39,12 +59,15 @@ from dlmspec.plan.compute import FlopCounts, attended_keys, recompute_fraction, 
 from dlmspec.plan.memory import expert_tokens, linear_params, stage_layer_counts, stage_params
 from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
 
-#: Time breakdown keys, in report order (``step_seconds`` is their sum).
+#: Time breakdown keys, in report order (``step_seconds`` is their sum). ``kernel_launch``: the
+#: GPU's per-kernel floor plus, on launch-bound ranks, the time the GPU waits for the host;
+#: ``host_sync``: host-device synchronisations (microbatch and step).
 TIME_TERMS = (
     "gemm",
     "attention",
     "elementwise",
     "kernel_launch",
+    "host_sync",
     "tp_communication",
     "ep_communication",
     "cp_communication",
@@ -54,18 +77,44 @@ TIME_TERMS = (
     "step_overhead",
 )
 
-#: Kernels per transformer layer per microbatch, forward + backward (counted from the
-#: profiler traces of megatron-core layers: ~25 forward and ~45 backward on the local path with
-#: unfused RoPE and norms; Transformer Engine fuses norms into GEMMs).
-KERNELS_PER_LAYER = {"local+sdpa": 70, "transformer_engine": 45}
-#: Extra kernels per MoE layer (router, permute, all-to-all, unpermute) and per local expert
-#: (megatron-core ``SequentialMLP`` runs each expert's two GEMMs and activation).
-KERNELS_PER_MOE_LAYER = 40
-KERNELS_PER_LOCAL_EXPERT = 12
-#: Kernels per microbatch outside the layers (embedding, final norm, logits, loss) and per step
-#: (gradient zeroing, norm, clipping, optimizer - multi-tensor kernels over chunks of tensors).
-KERNELS_PER_MICROBATCH = 40
-KERNELS_PER_STEP = 300
+#: Kernels per transformer layer per microbatch, forward + backward. Local path: counted by
+#: ``bench/plan/count_kernels.py`` on megatron-core's local layers (33 forward, 45 backward with
+#: the 8 ``main_grad`` accumulations; fused RMSNorm, compiled SwiGLU, flash SDPA, unfused RoPE).
+#: Transformer Engine fuses the norms into the GEMMs (~45, from profiler traces).
+KERNELS_PER_LAYER = {"local+sdpa": 78, "transformer_engine": 45}
+#: The forward share, launched again by full recomputation.
+KERNELS_PER_LAYER_FORWARD = {"local+sdpa": 33, "transformer_engine": 18}
+#: Extra kernels of a MoE layer over a dense one (router, aux loss, permute/unpermute, dispatcher
+#: bookkeeping, minus the dense MLP: 108 - 78 counted) and per local expert (megatron-core
+#: ``SequentialMLP`` runs each expert's fc1, activation and fc2 and their backward: 4 + 9 counted).
+KERNELS_PER_MOE_LAYER = {"local+sdpa": 30, "transformer_engine": 40}
+KERNELS_PER_LOCAL_EXPERT = {"local+sdpa": 13, "transformer_engine": 12}
+#: Kernels of selective recomputation per layer (``core_attn``: RNG state and the SDPA forward).
+KERNELS_PER_SELECTIVE_LAYER = 4
+#: Kernels per microbatch outside the layers: on every rank the objective's noising, the loss
+#: and the batch's copies (the runtime prepares the batch on every pipeline rank: 25 counted);
+#: on the first rank the embedding (5); on the last the final norm, output layer and cross
+#: entropy (38; 43 counted outside the layers of a one-rank model).
+KERNELS_PER_MICROBATCH = {"local+sdpa": 25, "transformer_engine": 15}
+KERNELS_EMBEDDING = {"local+sdpa": 5, "transformer_engine": 5}
+KERNELS_OUTPUT = {"local+sdpa": 38, "transformer_engine": 20}
+#: Kernels per optimizer step: a fixed part (gradient zeroing, clipping, the DDP buffers) and,
+#: on the local path, 5 per parameter tensor (megatron-core without Apex/TE loops over tensors:
+#: ``local_multi_tensor_l2_norm``'s norm, ``local_multi_tensor_scale``'s mul and copy, the copy
+#: of the updated parameter, foreach Adam's share); TE's fused multi-tensor kernels do not loop.
+KERNELS_PER_STEP = {"local+sdpa": 50, "transformer_engine": 300}
+KERNELS_PER_PARAM_TENSOR = {"local+sdpa": 5, "transformer_engine": 0}
+#: Host-device syncs per MoE layer forward: the dispatcher's D2H copy of the token counts (both
+#: paths) and, on the local path, the unfused permute's two ``masked_select`` (their output size).
+SYNCS_PER_MOE_LAYER = {"local+sdpa": 3, "transformer_engine": 1}
+#: Host-device syncs per step: the total grad norm, the logged grad norm and the exit-signal flag
+#: (``backends/megatron/training.py``); DDP's ``check_for_nan_in_grad`` validates NaN and Inf of
+#: each bucket's norm (two syncs per bucket, ``_ParamAndGradBucketGroup.check_grads``); on the
+#: local path ``local_multi_tensor_l2_norm`` makes one per parameter tensor.
+SYNCS_PER_STEP = 3
+SYNCS_PER_BUCKET = 2
+#: megatron-core DDP bucket size with ``overlap_grad_reduce``: ``max(40M, 1M * dp)`` parameters.
+DDP_BUCKET_PARAMS = 40_000_000
 
 #: Bytes the cross entropy reads and writes per logit element (megatron-core
 #: ``vocab_parallel_cross_entropy``): forward ``.float()`` 2+4, max 4, subtract 4+4, exp 4+4,
@@ -86,9 +135,14 @@ class StageWork:
         gemm_seconds: GEMM FLOPs / peak.
         attention_seconds: attention-core FLOPs / peak.
         elementwise_seconds: element-wise bytes / HBM bandwidth.
-        kernels: kernel launches.
-        tp_seconds, ep_seconds: collective bytes / NVLink-or-network bandwidth (100%).
-        tp_network, ep_network: whether those groups cross nodes.
+        kernels: kernel launches (host and GPU).
+        syncs: host-device synchronisations.
+        tp_seconds: TP collective bytes / bandwidth (100%); tp_collectives: their number.
+        ep_backward_seconds, ep_forward_seconds: EP all-to-all bytes / bandwidth (100%) in
+            backward (overlappable) and forward (exposed by the dispatcher's syncs);
+            ep_backward_collectives, ep_forward_collectives: their number (forward with the
+            counts' all-gather).
+        tp_network, ep_network, cp_network: whether those groups cross nodes.
         cp_comm_seconds: K/V ring exchange bytes / bandwidth (100%), forward + backward.
     """
 
@@ -97,8 +151,13 @@ class StageWork:
     attention_seconds: float
     elementwise_seconds: float
     kernels: float
+    syncs: float
     tp_seconds: float
-    ep_seconds: float
+    tp_collectives: float
+    ep_backward_seconds: float
+    ep_forward_seconds: float
+    ep_backward_collectives: float
+    ep_forward_collectives: float
     tp_network: bool
     ep_network: bool
     cp_comm_seconds: float
@@ -174,16 +233,76 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     return total
 
 
-def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, int]) -> float:
-    """Kernel launches of one microbatch on a rank (:data:`KERNELS_PER_LAYER` and friends)."""
+def _path(lay: Layout) -> str:
+    return "transformer_engine" if lay.impl == "transformer_engine" else "local+sdpa"
+
+
+def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, int], stage: int = 0) -> float:
+    """Kernel launches of one microbatch on rank ``stage`` holding ``counts`` = (dense, MoE)
+    layers: :data:`KERNELS_PER_LAYER` per layer, :data:`KERNELS_PER_MOE_LAYER` and
+    :data:`KERNELS_PER_LOCAL_EXPERT` times the ``E/ep`` local experts per MoE layer, the
+    recomputed forwards (full: the forward share of every recomputed layer; selective:
+    :data:`KERNELS_PER_SELECTIVE_LAYER`), :data:`KERNELS_PER_MICROBATCH`, and the embedding
+    (first rank) and output layer with the loss (last rank)."""
     dense_n, moe_n = counts
-    per_layer = KERNELS_PER_LAYER["transformer_engine" if lay.impl == "transformer_engine" else "local+sdpa"]
-    extra = 0.0
+    path = _path(lay)
+    layers = dense_n + moe_n
+    kernels = layers * KERNELS_PER_LAYER[path]
+    experts = 0.0
     if moe_n:
-        local_experts = shape.num_experts / lay.ep
-        extra = moe_n * (KERNELS_PER_MOE_LAYER + KERNELS_PER_LOCAL_EXPERT * local_experts)
-    recompute = 0.5 if lay.recompute == "full" else 0.0
-    return (dense_n + moe_n) * per_layer * (1 + recompute) + extra + KERNELS_PER_MICROBATCH
+        experts = KERNELS_PER_LOCAL_EXPERT[path] * shape.num_experts / lay.ep
+        kernels += moe_n * (KERNELS_PER_MOE_LAYER[path] + experts)
+    if lay.recompute == "full":
+        # The recomputed forward launches the forward share of each recomputed layer's kernels.
+        chunks = lay.pp * max(1, lay.vpp)
+        share = 1.0 if lay.recompute_method == "uniform" else min(1.0, lay.recompute_layers * chunks / shape.num_layers)
+        forward = KERNELS_PER_LAYER_FORWARD[path] / KERNELS_PER_LAYER[path]
+        kernels += share * forward * kernels
+    elif lay.recompute == "selective":
+        kernels += layers * KERNELS_PER_SELECTIVE_LAYER
+    kernels += KERNELS_PER_MICROBATCH[path]
+    if stage == 0:
+        kernels += KERNELS_EMBEDDING[path]
+    if stage == lay.pp - 1:
+        kernels += KERNELS_OUTPUT[path]
+    return kernels
+
+
+def syncs_per_microbatch(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int, int]) -> float:
+    """Host-device synchronisations of one microbatch on rank ``stage``: :data:`SYNCS_PER_MOE_LAYER`
+    per MoE layer, the pipeline's ``torch.cuda.synchronize()`` after each batched p2p exchange
+    (megatron-core ``batch_p2p_sync``: the first and last rank exchange once per microbatch, the
+    others twice; interleaving exchanges once per chunk and direction) and MDM's
+    variable-length draw (``bool(truncate.any())`` in ``backends/megatron/objective.py``)."""
+    syncs = counts[1] * SYNCS_PER_MOE_LAYER[_path(lay)]
+    if lay.pp > 1:
+        if lay.vpp > 1:
+            syncs += 2 * lay.vpp
+        else:
+            syncs += 1 if stage in (0, lay.pp - 1) else 2
+    if shape.objective == "mdm" and shape.variable_length_prob > 0:
+        syncs += 1
+    return syncs
+
+
+def param_tensors(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int, int]) -> int:
+    """Parameter tensors (not elements) rank ``stage`` holds: per layer the QKV, projection, fc1
+    and fc2 weights (and their biases), two norms (LayerNorm: weight and bias), q/k norms; per
+    MoE layer the router and two weights per local expert (and the shared expert); the word
+    (and position) embedding on the first rank, the final norm and output layer on the last."""
+    dense_n, moe_n = counts
+    norm = 2 if shape.layernorm else 1
+    bias = 1 if shape.mlp_repl else 0
+    attn = 2 + 2 * bias + 2 * norm + (2 * norm if shape.qk_norm else 0)
+    mlp = 2 + 2 * bias
+    n = dense_n * (attn + mlp)
+    if moe_n:
+        n += moe_n * (attn + 1 + (shape.num_experts / lay.ep) * mlp + (mlp if shape.shared_ffn else 0))
+    if stage == 0:
+        n += 1 + (1 if shape.learned_positions else 0)
+    if stage == lay.pp - 1:
+        n += norm + (0 if (shape.tied and lay.pp == 1) else 1)
+    return int(round(n))
 
 
 def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Calibration) -> StageWork:
@@ -218,34 +337,43 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     ew = elementwise_bytes(shape, lay, stage, counts)
     # TP collectives: 4 per layer forward + 4 backward of the gathered [T, h] (same volume as
     # 2 + 2 all-reduces without SP); the output layer and embedding add one pair each.
-    tp_s = ep_s = cp_s = 0.0
+    tp_s = ep_b = ep_f = cp_s = 0.0
+    tp_n = ep_bn = ep_fn = 0.0
     tp_net = ep_net = cp_net = False
     if t > 1:
         bw, tp_net = _bandwidth(gpu, lay, t, calib, raw=True)
         unit = y * T * h * (t - 1) / t / bw
-        count = 8 * layers + (2 if stage == lay.pp - 1 else 0) + (2 if stage == 0 else 0)
-        tp_s = count * unit
+        tp_n = 8 * layers + (2 if stage == lay.pp - 1 else 0) + (2 if stage == 0 else 0)
         if moe_n and lay.etp > 1:
-            tp_s += moe_n * 4 * shape.topk * unit
+            tp_n += moe_n * 4 * shape.topk
+        tp_s = tp_n * unit
     if moe_n and lay.ep > 1:
         # Expert ranks are ordered etp-ep-edp-pp: an EP group spans etp * ep consecutive ranks.
+        # Dispatch and combine, forward and backward; the forward pair sits between the
+        # dispatcher's host syncs (exposed), the backward pair overlaps host-bound work.
         span = lay.ep * lay.etp
         bw, ep_net = _bandwidth(gpu, lay, span, calib, raw=True)
         a2a = y * (T / r) * shape.topk * h * (lay.ep - 1) / lay.ep / bw
-        ep_s = moe_n * 4 * a2a
+        ep_f = ep_b = moe_n * 2 * a2a
+        ep_fn = moe_n * 3  # dispatch, combine and the all-gather of the token counts
+        ep_bn = moe_n * 2
     if lay.cp > 1:
         bw, cp_net = _bandwidth(gpu, lay, lay.tp * lay.cp, calib, raw=True)
         kv = y * T * 2 * g * d / t / bw
         cp_s = layers * 3 * (lay.cp - 1) * kv
-    kernels = kernels_per_microbatch(shape, lay, counts)
     return StageWork(
         stage=stage,
         gemm_seconds=gemm / gemm_peak,
         attention_seconds=attention / attn_peak,
         elementwise_seconds=ew / (gpu.hbm_gbps * 1e9),
-        kernels=kernels,
+        kernels=kernels_per_microbatch(shape, lay, counts, stage),
+        syncs=syncs_per_microbatch(shape, lay, stage, counts),
         tp_seconds=tp_s,
-        ep_seconds=ep_s,
+        tp_collectives=tp_n,
+        ep_backward_seconds=ep_b,
+        ep_forward_seconds=ep_f,
+        ep_backward_collectives=ep_bn,
+        ep_forward_collectives=ep_fn,
         tp_network=tp_net,
         ep_network=ep_net,
         cp_comm_seconds=cp_s,
@@ -257,20 +385,36 @@ def _eff(network: bool, calib: Calibration) -> float:
     return calib.network_efficiency if network else calib.nvlink_efficiency
 
 
-def microbatch_seconds(w: StageWork, calib: Calibration) -> dict[str, float]:
-    """Seconds of one microbatch on a rank, by term (CP exchange overlapped with attention:
-    only what exceeds the attention time is exposed)."""
+def microbatch_seconds(w: StageWork, calib: Calibration) -> tuple[dict[str, float], bool]:
+    """Seconds of one microbatch on a rank, by term, and whether the rank is launch-bound.
+
+    GPU time (compute, the per-kernel floor, TP collectives, backward EP all-to-alls, the CP
+    exchange beyond the attention it overlaps) and host launch time overlap - the host enqueues
+    kernels asynchronously - so the microbatch takes the larger; a launch-bound rank's excess
+    goes to ``kernel_launch``. The host syncs and what they expose (forward EP all-to-alls and
+    their latency) come on top.
+    """
+    lat = calib.collective_latency_seconds
     attention = w.attention_seconds / calib.attention_efficiency
     cp = max(0.0, w.cp_comm_seconds / _eff(w.cp_network, calib) - attention)
-    return {
+    terms = {
         "gemm": w.gemm_seconds / calib.gemm_efficiency,
         "attention": attention,
         "elementwise": w.elementwise_seconds / calib.memory_efficiency,
-        "kernel_launch": w.kernels * calib.seconds_per_kernel,
-        "tp_communication": w.tp_seconds / _eff(w.tp_network, calib),
-        "ep_communication": w.ep_seconds / _eff(w.ep_network, calib),
+        "kernel_launch": w.kernels * calib.gpu_seconds_per_kernel,
+        "host_sync": 0.0,
+        "tp_communication": w.tp_seconds / _eff(w.tp_network, calib) + w.tp_collectives * lat,
+        "ep_communication": w.ep_backward_seconds / _eff(w.ep_network, calib) + w.ep_backward_collectives * lat,
         "cp_communication": cp,
     }
+    gpu = sum(terms.values())
+    host = w.kernels * calib.seconds_per_kernel
+    launch_bound = host > gpu
+    if launch_bound:
+        terms["kernel_launch"] += host - gpu
+    terms["ep_communication"] += w.ep_forward_seconds / _eff(w.ep_network, calib) + w.ep_forward_collectives * lat
+    terms["host_sync"] = w.syncs * calib.host_sync_seconds
+    return terms, launch_bound
 
 
 @dataclass
@@ -334,27 +478,34 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
-        mb = microbatch_seconds(w, calib)
+        mb, bound = microbatch_seconds(w, calib)
         total = sum(mb.values())
         if best is None or total > best[0]:
-            best = (total, w, mb)
-    mb_total, slow, per_mb = best
+            best = (total, w, mb, bound)
+    mb_total, slow, per_mb, launch_bound = best
     m, p, v = lay.num_microbatches, lay.pp, max(1, lay.vpp)
     bubble_mb = (p - 1) / v
     b: dict[str, float] = dict.fromkeys(TIME_TERMS, 0.0)
     for key, value in per_mb.items():
         b[key] = m * value
-    # Pipeline: the bubble of (p-1)/v microbatch times, plus the p2p hand-offs that fill it.
+    # Pipeline: the bubble of (p-1)/v microbatch times, plus the p2p exchanges on the critical
+    # path: one per microbatch and chunk and one per extra stage, each a latency plus the
+    # activation's transfer (both directions at once), not hidden (a sync follows each).
     y = DTYPE_BYTES[lay.dtype]
     T = lay.micro_batch * lay.seq / lay.cp
-    p2p = 0.0
+    p2p_raw = p2p_lat = 0.0
+    p2p_network = False
     if p > 1:
         # Neighbouring stages are tp*cp*dp ranks apart (rank order tp-cp-ep-dp-pp).
-        bw, _ = _bandwidth(gpu, lay, lay.tp * lay.cp * lay.dp * 2, calib)
-        p2p = 2 * (p - 1) * y * T * shape.hidden / lay.sequence_divisor / bw
+        exchanges = m * v + p - 1
+        bw, p2p_network = _bandwidth(gpu, lay, lay.tp * lay.cp * lay.dp * 2, calib, raw=True)
+        p2p_raw = exchanges * y * T * shape.hidden / lay.sequence_divisor / bw
+        p2p_lat = exchanges * calib.collective_latency_seconds
+    p2p = p2p_raw / _eff(p2p_network, calib) + p2p_lat
     b["pipeline_bubble"] = bubble_mb * mb_total + p2p
 
-    # Data parallel: gradient reduce-scatter / all-reduce and parameter all-gather per step.
+    # Data parallel: gradient reduce-scatter / all-reduce and parameter all-gather per step,
+    # hidden (with overlap) behind the wall time of backward / forward.
     counts = stage_layer_counts(shape, lay, slow.stage)
     p_dense, p_expert = stage_params(shape, lay, slow.stage, counts)
     param_b = 4 if lay.dtype == "fp32" else 2
@@ -362,35 +513,55 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     dp_raw = 0.0
     dp_total = dp_comm_seconds(lay, gpu, calib, p_dense, p_expert, grad_b, param_b)
     if dp_total:
-        backward = m * (per_mb["gemm"] + per_mb["attention"]) * 2 / 3
-        forward = m * (per_mb["gemm"] + per_mb["attention"]) / 3
+        backward = m * mb_total * 2 / 3
+        forward = m * mb_total / 3
         grad_t, param_t = dp_total
         exposed = grad_t if not lay.overlap_grad_reduce else max(grad_t * calib.dp_overlap_exposed_fraction, grad_t - backward)
         if param_t:
             exposed += param_t if not lay.overlap_param_gather else max(param_t * calib.dp_overlap_exposed_fraction, param_t - forward)
         b["dp_communication"] = exposed
         dp_raw = exposed
-    # Optimizer: memory-bound pass over the owned (sharded) parameters, plus zeroing grads.
+    # Optimizer: memory-bound pass over the owned (sharded) parameters, plus zeroing grads; the
+    # host's launches (per parameter tensor on the local path) and the step's syncs.
+    path = _path(lay)
     sharded = lay.distributed_optimizer or lay.fsdp != "none"
     owned = p_dense / (lay.dp * lay.cp) + p_expert / lay.expert_dp if sharded else p_dense + p_expert
-    opt_bytes = OPTIMIZER_BYTES["transformer_engine" if lay.impl == "transformer_engine" else "local+sdpa"] * owned
+    opt_bytes = OPTIMIZER_BYTES[path] * owned
     opt_bytes += (grad_b + 4) * (p_dense + p_expert)  # zero the grad buffer, read it for the norm
     hbm = gpu.hbm_gbps * 1e9
-    b["optimizer"] = opt_bytes / (hbm * calib.memory_efficiency) + KERNELS_PER_STEP * calib.seconds_per_kernel
+    tensors = param_tensors(shape, lay, slow.stage, counts)
+    step_kernels = KERNELS_PER_STEP[path] + KERNELS_PER_PARAM_TENSOR[path] * tensors
+    b["optimizer"] = opt_bytes / (hbm * calib.memory_efficiency) + step_kernels * calib.seconds_per_kernel
+    step_syncs = SYNCS_PER_STEP + SYNCS_PER_BUCKET * ddp_buckets(lay, p_dense, p_expert)
+    if path == "local+sdpa":
+        step_syncs += tensors
+    b["host_sync"] += step_syncs * calib.host_sync_seconds
     b["step_overhead"] = calib.step_overhead_seconds
     step = sum(b.values())
 
+    # Linear features of the fitted constants (bench/plan/calibrate.py): seconds at 100% of
+    # every peak, launches, syncs; the GPU terms of a launch-bound rank and its host launches of
+    # a GPU-bound one do not count (the max picks one side).
     scale = m + bubble_mb
+    gpu_side = 0.0 if launch_bound else 1.0
+    intra = (0 if slow.tp_network else slow.tp_seconds) + (0 if slow.ep_network else slow.ep_backward_seconds)
     features = {
-        "gemm": scale * slow.gemm_seconds,
-        "attention": scale * slow.attention_seconds,
-        "elementwise": scale * slow.elementwise_seconds + opt_bytes / hbm,
-        "kernels": scale * slow.kernels + KERNELS_PER_STEP,
-        "nvlink": scale * ((0 if slow.tp_network else slow.tp_seconds) + (0 if slow.ep_network else slow.ep_seconds)),
+        "gemm": scale * gpu_side * slow.gemm_seconds,
+        "attention": scale * gpu_side * slow.attention_seconds,
+        "elementwise": scale * gpu_side * slow.elementwise_seconds + opt_bytes / hbm,
+        "kernels": scale * (1 - gpu_side) * slow.kernels + step_kernels,
+        "nvlink": scale * (gpu_side * intra + (0 if slow.ep_network else slow.ep_forward_seconds))
+        + (0 if p2p_network else p2p_raw),
+        "syncs": scale * slow.syncs + step_syncs,
         "const": 1.0,
-        "fixed": scale * (per_mb["cp_communication"]
-                          + (per_mb["tp_communication"] if slow.tp_network else 0.0)
-                          + (per_mb["ep_communication"] if slow.ep_network else 0.0)) + p2p + dp_raw,
+        "fixed": scale * (gpu_side * (per_mb["cp_communication"] + slow.kernels * calib.gpu_seconds_per_kernel
+                                      + slow.tp_collectives * calib.collective_latency_seconds
+                                      + slow.ep_backward_collectives * calib.collective_latency_seconds
+                                      + (slow.tp_seconds / calib.network_efficiency if slow.tp_network else 0.0)
+                                      + (slow.ep_backward_seconds / calib.network_efficiency if slow.ep_network else 0.0))
+                          + slow.ep_forward_collectives * calib.collective_latency_seconds
+                          + (slow.ep_forward_seconds / calib.network_efficiency if slow.ep_network else 0.0))
+        + (p2p_raw / calib.network_efficiency if p2p_network else 0.0) + p2p_lat + dp_raw,
     }
     tokens = lay.global_batch * lay.seq
     world = lay.world
@@ -410,6 +581,17 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         gpu_hours=to_train * world / 3600,
         features=features,
     )
+
+
+def ddp_buckets(lay: Layout, p_dense: float, p_expert: float) -> int:
+    """Gradient buckets of megatron-core's DDP on a rank: with ``overlap_grad_reduce`` and data
+    parallelism, buckets of ``max(40M, 1M * dp)`` parameters per buffer (dense, expert); else one
+    bucket per buffer."""
+    n = max(1, lay.dp * lay.cp)
+    if lay.overlap_grad_reduce and n > 1:
+        size = max(DDP_BUCKET_PARAMS, 1_000_000 * n)
+        return max(1, -(-int(p_dense) // size)) + (max(1, -(-int(p_expert) // size)) if p_expert else 0)
+    return 1 + (1 if p_expert else 0)
 
 
 def dp_comm_seconds(lay: Layout, gpu: GPU, calib: Calibration, p_dense: float, p_expert: float,
