@@ -57,18 +57,20 @@ def _text(*args: Any, **kwargs: Any) -> Any:
 
 def stdout() -> Console:
     """Console for results; 200 columns wide when stdout is not a terminal, so piped output
-    does not wrap at 80."""
+    does not wrap at 80. No emoji codes: what is printed is text (cells are
+    :class:`~rich.text.Text`; titles and headers are plain words), and rich's emoji table takes
+    milliseconds to import."""
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
 
 
 def stderr() -> Console:
-    """Console for issues and notes."""
+    """Console for issues and notes (as :func:`stdout`)."""
     terminal = sys.stderr.isatty()
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, width=None if terminal else 200)
+    return Console(stderr=True, highlight=False, emoji=False, width=None if terminal else 200)
 
 
 def use_json(ctx: typer.Context, enabled: bool) -> None:
