@@ -10,7 +10,8 @@
 #   part b (both GPUs): two-GPU calibration (TP2+SP) and DP2 scaling of the best runtime variant.
 # Everything lands in OUT_DIR/work; a tarball of it is OUT_DIR/session.tgz (the device tool
 # returns at most 8 files).
-# Usage: bash bench/gpu/session_x2_throughput.sh a|b OUT_DIR
+#   part c: the PyTorch fused-CE implementation, init_from at TP 1 and 2, DP2 with bf16 reduction.
+# Usage: bash bench/gpu/session_x2_throughput.sh a|b|c OUT_DIR
 set -u
 part=${1:?usage: a|b OUT_DIR}; out=${2:?usage: a|b OUT_DIR}
 work="$out/work"; mkdir -p "$work"
@@ -55,6 +56,22 @@ if [ "$part" = a ]; then
   ) > "$work/lane1.log" 2>&1 &
   lane1=$!
   wait "$lane0" "$lane1"
+elif [ "$part" = c ]; then
+  # GPU 0: the fused linear CE's PyTorch implementation (vs Liger's) at micro batch 10;
+  # GPU 1: checkpoint.init_from at TP 1 (bench/convert/init_from_gpu.py); then DP2 with bf16
+  # gradient reduction and the parameter all-gather overlapped; then init_from at TP 2.
+  CUDA_VISIBLE_DEVICES=0 tp --sides megatron --megatron-micro-batch-sizes 10 --tag v-fusedtorch-mb10 \
+    --megatron-arg=--cross-entropy=fused_linear --megatron-arg=--fused-linear-impl=torch \
+    --work-dir /tmp/tp-gpu0 > "$work/lane0_c.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 OUT="$work" timeout 200 python3 bench/convert/init_from_gpu.py run --tp 1 > "$work/init_from_tp1.log" 2>&1
+  wait
+  mv "$work/init_from_gpu.json" "$work/init_from_gpu_tp1.json" 2>/dev/null
+  tar czf "$out/session_c.tgz" -C "$out" work  # what is done so far, should a later step run out of time
+  tp --sides megatron --nproc 2 --megatron-micro-batch-sizes 8 --tag dp2-bf16-overlap \
+    --megatron-arg=--cross-entropy=fused_linear --megatron-arg=--grad-reduce-in-bf16 --megatron-arg=--overlap-param-gather
+  tar czf "$out/session_c.tgz" -C "$out" work
+  OUT="$work" timeout 200 python3 bench/convert/init_from_gpu.py run --tp 2 > "$work/init_from_tp2.log" 2>&1
+  mv "$work/init_from_gpu.json" "$work/init_from_gpu_tp2.json" 2>/dev/null
 else
   # cuDNN attention with dense operands (part a's cuDNN variant fell back: strided views),
   # micro batch 8 on GPU 0 and 10 on GPU 1 at once.
