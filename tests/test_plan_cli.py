@@ -69,3 +69,48 @@ def test_search_finding_nothing_exits_2():
     data = json.loads(result.stdout)
     assert data["ok"] is False and data["search"]["top"] == []
     assert data["search"]["message"].startswith("no layout fits")
+
+
+def test_search_of_a_spec_with_an_invalid_layout():
+    # TP 5 on 8 GPUs divides neither the heads, nor the FFN, nor the GPUs: the search still runs
+    # and reports those errors as the spec's own, apart from the layouts it found.
+    args = ["plan", DEMO, "--search", "--set", "cluster.gpus_per_node=8", "--set", "parallel.tensor_model_parallel_size=5",
+            "--set", "train.global_batch_size=64"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    issues = data["search"]["spec_layout_issues"]
+    assert {"tp-divides-heads", "tp-divides-ffn"} <= {i["rule"] for i in issues}
+    assert {"key": "model.ffn_hidden_size", "rule": "tp-divides-ffn"}.items() <= next(
+        i for i in issues if i["rule"] == "tp-divides-ffn").items()
+    assert data["search"]["top"] and all(c["tensor_model_parallel_size"] != 5 for c in data["search"]["top"])
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert "The spec's own layout breaks" in text.output and "[tp-divides-ffn]" in text.output
+    assert text.output.index("[tp-divides-ffn]") < text.output.index("#1: --set")
+
+
+def test_search_marks_layouts_without_memory_headroom(tmp_path):
+    spec = tmp_path / "qwen.toml"
+    spec.write_text(
+        '[model]\npreset = "qwen3-1.7b"\n[objective]\nkind = "ar"\n'
+        "[train]\nmicro_batch_size = 1\nglobal_batch_size = 8\nseq_length = 4096\ntrain_iters = 10\n"
+        '[data]\nmock = true\n[data.tokenizer]\ntype = "NullTokenizer"\nvocab_size = 151669\n'
+        '[cluster]\ngpu = "a100-40gb"\ngpus_per_node = 2\n'
+    )
+    result = runner.invoke(app, ["plan", str(spec), "--search", "--top", "40"])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())  # rich wraps long lines at the terminal width
+    assert "rank after those with headroom" in flat
+    assert "! above 95% of the GPU's memory" in flat
+    rows = [line for line in result.output.splitlines() if line.startswith("│")]
+    marked = [i for i, row in enumerate(rows) if " !" in row]
+    assert marked and rows and " !" not in rows[0] and marked == list(range(marked[0], len(rows)))
+
+
+def test_search_set_lines_are_whole_at_any_terminal_width():
+    result = runner.invoke(app, ["plan", DEMO, "--search", "--top", "1", "--set", "cluster.gpus_per_node=2",
+                                 "--set", "train.global_batch_size=64"], env={"COLUMNS": "60"})
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("#1: "))
+    assert "--set parallel.use_distributed_optimizer=" in line and "--set recompute.granularity=" in line

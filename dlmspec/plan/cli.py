@@ -8,9 +8,11 @@ cross-field rule of :mod:`dlmspec.validate` exits 2 with the usual issue table; 
 does not fit prints its plan, the ``memory-fits`` issue (with what would make it fit) and exits
 2. Whether the runtime supports every setting is checked by ``dlmspec check``, not here.
 
-``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`);
-errors on the keys the search varies (parallel sizes, micro batch, recomputation) do not stop
-it - the search replaces those values. It exits 2 when no layout fits.
+``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`).
+The spec is validated at a neutral layout (:func:`dlmspec.plan.search.spec_issues_for_search`):
+only errors that remain there, on keys the search does not set, stop it; errors that come from
+the spec's own layout (a TP that does not divide the heads or the FFN, say, whatever key the rule
+names) are printed as the spec's, apart from the layouts found. It exits 2 when no layout fits.
 """
 
 from __future__ import annotations
@@ -20,11 +22,8 @@ from typing import Any
 
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.loader import load
-from dlmspec.plan import SPEC_KEYS, PlanError, check_memory, make_plan
+from dlmspec.plan import PlanError, check_memory, make_plan
 from dlmspec.resolve import resolve
-
-#: Spec keys ``--search`` chooses itself (errors on them do not block the search).
-SEARCHED_KEYS = frozenset(SPEC_KEYS.values()) | {"recompute.modules", "train.global_batch_size"}
 
 
 def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
@@ -62,10 +61,12 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     errors = [i for i in issues if i.severity == "error"]
     warnings = [i for i in issues if i.severity != "error"]
     if search:
-        blocking = [e for e in errors if not e.rule.startswith("memory-") and e.key not in SEARCHED_KEYS]
+        from dlmspec.plan.search import spec_issues_for_search
+
+        blocking, own_layout = spec_issues_for_search(loaded, resolved, issues)
         if blocking:
             raise SpecError(blocking + warnings)
-        return _run_search(resolved, loaded, json_output, top)
+        return _run_search(resolved, loaded, json_output, top, own_layout)
     blocking = [e for e in errors if not e.rule.startswith("memory-")]
     if blocking:
         raise SpecError(issues)
@@ -88,7 +89,7 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     return EXIT_USAGE if memory_errors else 0
 
 
-def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int) -> int:
+def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_layout: list[SpecIssue]) -> int:
     from dlmspec import cli
     from dlmspec.plan.search import search
 
@@ -96,6 +97,7 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int) -> int:
         result = search(resolved, top=top)
     except PlanError as exc:
         raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
+    result.spec_layout_issues = list(own_layout)
     if json_output:
         print(json.dumps({"ok": bool(result.top), "spec": cli.display_path(str(loaded.path)),
                           "search": result.to_dict()}, indent=2))

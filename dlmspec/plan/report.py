@@ -140,13 +140,27 @@ def plan_renderable(plan: Plan) -> Group:
     return Group(*parts)
 
 
-def search_renderable(result: SearchResult, top: int) -> Group:
-    """The search result: a summary line and the ranked layouts with their ``--set`` lines."""
+def search_renderable(result: SearchResult, top: int, *, set_lines: bool = True) -> Group:
+    """The search result: the spec's own layout errors (if any, apart: they do not apply to
+    the layouts found), a summary line and the ranked layouts with their ``--set`` lines
+    (``set_lines=False`` leaves those out: :func:`print_search` prints them unwrapped); a ``!``
+    marks a layout above the memory headroom threshold (ranked after the others)."""
+    from dlmspec.plan import HEADROOM_WARNING
+
+    parts: list = []
+    if result.spec_layout_issues:
+        note = Text(f"The spec's own layout breaks {len(result.spec_layout_issues)} rule(s); the search sets "
+                    "these keys itself, so they do not apply to the layouts below:\n", style="yellow")
+        for issue in result.spec_layout_issues:
+            note.append(f"  {issue.key} = {issue.value!r}: {issue.message} [{issue.rule}]\n")
+        parts.append(note)
     head = Text(result.message, style="bold" if result.top else "bold red")
+    parts.append(head)
     if not result.top:
-        return Group(head)
+        return Group(*parts)
     table = Table(title=f"top {min(top, len(result.top))} layouts by tokens/s", title_justify="left")
-    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "dist.opt", "peak GiB", "tokens/s", "MFU"):
+    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "dist.opt", "peak GiB", "memory",
+                "tokens/s", "MFU"):
         table.add_column(col, justify="right")
     lines = Text(no_wrap=True, overflow="ignore")  # one copy-pasteable line per layout
     for i, c in enumerate(result.top, 1):
@@ -154,9 +168,26 @@ def search_renderable(result: SearchResult, top: int) -> Group:
         table.add_row(*[Text(x) for x in (
             str(i), str(lay.tp), str(lay.pp), str(lay.vpp) if lay.vpp > 1 else "-", str(lay.cp), str(lay.ep),
             str(lay.dp), str(lay.micro_batch), lay.recompute, "on" if lay.distributed_optimizer else "off",
-            _gib(c.peak_bytes), f"{c.tokens_per_second:,.0f}", f"{100 * c.mfu:.1f}%")])
+            _gib(c.peak_bytes), f"{100 * c.memory_fraction:.1f}%{' !' if c.tight else ''}",
+            f"{c.tokens_per_second:,.0f}", f"{100 * c.mfu:.1f}%")])
         lines.append(f"#{i}: {' '.join(c.set_args())}\n")
-    return Group(head, table, lines)
+    parts.append(table)
+    if any(c.tight for c in result.top):
+        parts.append(Text(f"! above {HEADROOM_WARNING:.0%} of the GPU's memory: fits as planned, but allocator "
+                          "fragmentation or an unplanned workspace can push it over; ranked after the layouts "
+                          "with headroom", style="yellow"))
+    parts.append(Text(f"Ties (within {100 * _tie_tolerance():g}% of tokens/s) go to the simpler layout: fewer "
+                      "parallel dimensions, then less CP, interleaving, PP, EP, TP and recomputation.",
+                      style="dim"))
+    if set_lines:
+        parts.append(lines)
+    return Group(*parts)
+
+
+def _tie_tolerance() -> float:
+    from dlmspec.plan.search import TIE_TOLERANCE
+
+    return TIE_TOLERANCE
 
 
 def print_plan(plan: Plan, console: Console) -> None:
@@ -165,5 +196,8 @@ def print_plan(plan: Plan, console: Console) -> None:
 
 
 def print_search(result: SearchResult, top: int, console: Console) -> None:
-    """Print :func:`search_renderable`."""
-    console.print(search_renderable(result, top))
+    """Print :func:`search_renderable`, then one ``--set`` line per layout, whole: a line is
+    never wrapped or cut at the terminal's width, so it can be copied as it is."""
+    console.print(search_renderable(result, top, set_lines=False))
+    for i, c in enumerate(result.top, 1):
+        console.print(Text(f"#{i}: {' '.join(c.set_args())}"), soft_wrap=True)

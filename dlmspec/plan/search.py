@@ -9,6 +9,15 @@ optimizer, for the spec's fixed global batch, sequence length, GPU count and eve
 peak fits the GPU, ranks them by tokens per second and re-checks the best with the real
 validator (:func:`dlmspec.validate.find_issues` and the runtime's
 :func:`dlmspec.compile.unsupported_issues`) on the spec with the layout's ``--set`` values.
+
+Ranking (:func:`rank`): layouts whose throughput is within :data:`TIE_TOLERANCE` of the fastest of
+their group are tied, and a tie goes to the simpler layout (fewer parallel dimensions, then less
+context, virtual-pipeline, pipeline, expert and tensor parallelism, then less recomputation);
+layouts whose peak exceeds :data:`~dlmspec.plan.HEADROOM_WARNING` of the GPU's memory come after
+every layout with more headroom. The spec's own values of the searched keys do not matter: the
+search validates the spec with them at :data:`NEUTRAL_LAYOUT` (:func:`spec_issues_for_search`),
+so a spec whose own layout breaks a rule (TP not dividing the heads, say) is still searched, and
+those errors are reported as the spec's, not the candidates'.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from importlib import import_module
 from typing import Any, Iterator
 
 from dlmspec.gpus import GPU
-from dlmspec.plan import SPEC_KEYS, PlanError, set_args
+from dlmspec.plan import HEADROOM_WARNING, SPEC_KEYS, PlanError, set_args
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import step_flops
 from dlmspec.plan.memory import layer_terms, memory_plan
@@ -41,6 +50,34 @@ RECOMPUTE_CHOICES = (("none", "uniform", 1), ("selective", "uniform", 1), ("full
 #: Micro batch sizes above this are not tried (activations grow linearly, throughput saturates).
 MAX_MICRO_BATCH = 64
 
+#: Layouts whose tokens/s are within this fraction of the fastest of their group count as tied
+#: (the time model is good to ~15%, so 1% buys nothing that complexity should pay for).
+TIE_TOLERANCE = 0.01
+
+#: Spec keys the search chooses itself (an error on one of them does not stop ``--search``).
+SEARCHED_KEYS = frozenset(SPEC_KEYS.values()) | {"recompute.modules", "train.global_batch_size"}
+
+#: The layout a spec is validated at to tell its own errors from those of its layout: one GPU's
+#: worth of everything (TP, PP, CP, EP 1, no interleaving, expert TP following TP, no sequence
+#: parallelism, micro batch 1, no recomputation). The recomputed modules and the optimizer are
+#: kept (the search uses the spec's).
+NEUTRAL_LAYOUT: dict[str, Any] = {
+    "parallel.tensor_model_parallel_size": 1,
+    "parallel.pipeline_model_parallel_size": 1,
+    "parallel.virtual_pipeline_model_parallel_size": None,
+    "parallel.context_parallel_size": 1,
+    "parallel.expert_model_parallel_size": 1,
+    "parallel.expert_tensor_parallel_size": None,
+    "parallel.sequence_parallel": False,
+    "train.micro_batch_size": 1,
+    "recompute.granularity": "none",
+    "recompute.method": None,
+    "recompute.num_layers": None,
+}
+
+#: Recomputation, least first (the tie-break prefers less).
+_RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
@@ -56,6 +93,7 @@ class Candidate:
         peak_allocated_bytes: the allocated part, bytes.
         step_seconds, tokens_per_second, mfu: from the time model.
         changes: layout field -> value that selects it (see :func:`Candidate.set_args`).
+        memory_fraction: ``peak_bytes`` / the GPU's memory.
     """
 
     layout: Layout
@@ -65,6 +103,13 @@ class Candidate:
     tokens_per_second: float
     mfu: float
     changes: tuple[tuple[str, Any], ...]
+    memory_fraction: float = 0.0
+
+    @property
+    def tight(self) -> bool:
+        """Whether the peak exceeds :data:`~dlmspec.plan.HEADROOM_WARNING` of the GPU's memory
+        (it fits, but allocator fragmentation or an unplanned workspace can push it over)."""
+        return self.memory_fraction > HEADROOM_WARNING
 
     def set_args(self) -> list[str]:
         """``--set key=value`` arguments that select this layout on the spec."""
@@ -92,6 +137,8 @@ class Candidate:
             "use_distributed_optimizer": lay.distributed_optimizer,
             "peak_bytes": int(round(self.peak_bytes)),
             "peak_allocated_bytes": int(round(self.peak_allocated_bytes)),
+            "memory_fraction": self.memory_fraction,
+            "tight": self.tight,
             "step_seconds": self.step_seconds,
             "tokens_per_second": self.tokens_per_second,
             "mfu": self.mfu,
@@ -114,6 +161,11 @@ class SearchResult:
         smallest: the layout with the smallest peak (reported when nothing fits).
         capacity_bytes: the GPU's memory.
         message: a one-line summary (why nothing fits, when nothing does).
+        tight: how many fitting layouts exceed :data:`~dlmspec.plan.HEADROOM_WARNING` of the GPU's
+            memory (ranked after the others).
+        spec_layout_issues: errors of the spec's own layout (the values of the searched keys
+            it was given), which do not apply to the layouts found; the CLI fills them in
+            (:func:`spec_issues_for_search`).
     """
 
     enumerated: int
@@ -125,16 +177,23 @@ class SearchResult:
     capacity_bytes: int
     message: str
     rejected_by_validator: list[tuple[Candidate, str]] = field(default_factory=list)
+    tight: int = 0
+    spec_layout_issues: list[Any] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``dlmspec plan --search --json``)."""
+        """JSON-ready form (``dlmspec plan --search --json``; ``spec_layout_issues`` as
+        ``{"rule", "key", "value", "message"}``)."""
         return {
             "enumerated": self.enumerated,
             "evaluated": self.evaluated,
             "fitting": self.fitting,
             "checked_with_validator": self.checked,
             "capacity_bytes": self.capacity_bytes,
+            "headroom_fraction": HEADROOM_WARNING,
+            "tight": self.tight,
             "message": self.message,
+            "spec_layout_issues": [{"rule": i.rule, "key": i.key, "value": i.value, "message": i.message}
+                                   for i in self.spec_layout_issues],
             "top": [c.to_dict() for c in self.top],
             "smallest_peak": self.smallest.to_dict() if self.smallest else None,
             "rejected_by_validator": [{"layout": c.to_dict(), "reason": why} for c, why in self.rejected_by_validator],
@@ -291,7 +350,84 @@ def evaluate(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration, chang
         tokens_per_second=tps,
         mfu=mfu,
         changes=tuple(changes.items()),
+        memory_fraction=peak.peak_bytes / gpu.memory_bytes,
     )
+
+
+def simplicity(lay: Layout) -> tuple[int, ...]:
+    """Sort key of a layout's complexity, simplest first: the number of parallel dimensions in
+    use (TP, PP, virtual PP, CP, EP), then the context, virtual-pipeline, pipeline, expert and
+    tensor parallel sizes (CP splits every sequence and needs Transformer Engine; interleaving
+    and pipelining add schedule and p2p traffic), then recomputation (none, selective, full)."""
+    dims = sum(1 for n in (lay.tp, lay.pp, lay.cp, lay.ep) if n > 1) + (1 if lay.vpp > 1 else 0)
+    return (dims, lay.cp, lay.vpp, lay.pp, lay.ep, lay.tp, _RECOMPUTE_ORDER.get(lay.recompute, 3))
+
+
+def rank(candidates: list[Candidate], tolerance: float = TIE_TOLERANCE) -> list[Candidate]:
+    """Rank fitting layouts, best first; deterministic for any input order.
+
+    By tokens/s, fastest first, in tie groups: from the fastest layout not yet ranked, every
+    layout within ``tolerance`` (relative) of it is tied with it, and a group is ordered by
+    :func:`simplicity`, then smaller peak, then the layout's ``--set`` changes. Then layouts that
+    are :attr:`Candidate.tight` on memory move after every other (in the same order among
+    themselves): the top pick keeps headroom when any layout does.
+    """
+    fastest = sorted(candidates, key=lambda c: (-c.tokens_per_second, c.peak_bytes, c.changes))
+    out: list[Candidate] = []
+    i = 0
+    while i < len(fastest):
+        floor = fastest[i].tokens_per_second * (1 - tolerance)
+        j = i + 1
+        while j < len(fastest) and fastest[j].tokens_per_second >= floor:
+            j += 1
+        out.extend(sorted(fastest[i:j], key=lambda c: (simplicity(c.layout), c.peak_bytes, c.changes)))
+        i = j
+    return [c for c in out if not c.tight] + [c for c in out if c.tight]
+
+
+def neutral_layout_spec(spec: Any) -> Any:
+    """``spec`` with the searched keys at :data:`NEUTRAL_LAYOUT` (``spec`` itself when that
+    does not validate)."""
+    try:
+        return spec.replace(**NEUTRAL_LAYOUT)
+    except Exception:  # pydantic ValidationError: keep the spec as written
+        return spec
+
+
+def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Split a spec's validator errors for ``--search``.
+
+    Args:
+        loaded: the :class:`~dlmspec.loader.LoadedSpec` (file and line for issues) or a bare spec.
+        resolved: ``resolve(loaded.spec)``.
+        issues: :func:`dlmspec.validate.find_issues` of the spec as written.
+
+    Returns:
+        ``(blocking, own_layout)``: ``blocking`` are the errors the spec has at
+        :data:`NEUTRAL_LAYOUT` on keys the search does not set (its model, cluster, data... -
+        the search cannot fix them); ``own_layout`` are the errors of the spec as written that
+        the neutral layout does not have: they come from the values of the searched keys it was
+        given (a TP that does not divide the FFN is reported on ``model.ffn_hidden_size``) and
+        do not apply to the layouts the search finds. Memory rules are left out of both.
+    """
+    from dataclasses import replace as dc_replace
+
+    from dlmspec.loader import LoadedSpec
+    from dlmspec.resolve import resolve
+    from dlmspec.validate import find_issues
+
+    spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded
+    errors = [i for i in issues if i.severity == "error" and not i.rule.startswith("memory-")]
+    neutral = neutral_layout_spec(spec)
+    if neutral is spec:
+        return [e for e in errors if e.key not in SEARCHED_KEYS], []
+    target = dc_replace(loaded, spec=neutral) if isinstance(loaded, LoadedSpec) else neutral
+    at_neutral = [i for i in find_issues(target, resolve(neutral))
+                  if i.severity == "error" and not i.rule.startswith("memory-")]
+    blocking = [e for e in at_neutral if e.key not in SEARCHED_KEYS]
+    seen = {(e.rule, e.key) for e in at_neutral}
+    own_layout = [e for e in errors if (e.rule, e.key) not in seen]
+    return blocking, own_layout
 
 
 def _errors(spec: Any, resolved: Resolved) -> list[Any]:
@@ -354,8 +490,11 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
             ``bench/plan/bench_search.py`` sets it to measure the worst case).
 
     Returns:
-        A :class:`SearchResult`; ``top`` is empty when nothing fits, and ``message`` says why
-        (the smallest peak found against the GPU's memory).
+        A :class:`SearchResult`; ``top`` ranked by :func:`rank` (tokens/s, ties to the simpler
+        layout, layouts above :data:`~dlmspec.plan.HEADROOM_WARNING` of memory last), empty when
+        nothing fits, and ``message`` says why (the smallest peak found against the GPU's
+        memory). The spec's own values of the searched keys are ignored
+        (:data:`NEUTRAL_LAYOUT`), valid or not.
 
     Raises:
         PlanError: the GPU is not in the catalog.
@@ -364,8 +503,15 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         raise PlanError(f"cluster.gpu = {resolved.spec.cluster.gpu!r} is not in the GPU catalog (dlmspec show --gpus)")
     calib = calibration or DEFAULT_CALIBRATION
     gpu = resolved.gpu
-    spec = resolved.spec
+    # The layer path is the spec's (auto with CP > 1 means Transformer Engine); everything else
+    # comes from the spec at the neutral layout, so a spec whose own layout breaks a rule is
+    # searched like any other and its errors are not taken for the candidates'.
     modelled, _ = transformer_impl(resolved)
+    spec = neutral_layout_spec(resolved.spec)
+    if spec is not resolved.spec:
+        from dlmspec.resolve import resolve
+
+        resolved = resolve(spec)
     shape0 = model_shape(resolved)
     base = layout(resolved, modelled)
     # Every layout is modelled on the spec's layer path. Context parallelism needs Transformer
@@ -383,19 +529,24 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         enumerated += 1
         group = (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.micro_batch, lay.distributed_optimizer)
         if group == fitted_group:
-            continue  # a cheaper recomputation of this layout already fits: this one is slower
+            continue  # a cheaper recomputation of this layout already fits with headroom: this one is slower
         evaluated += 1
         cand = evaluate(_shape_for(shape0, lay.tp, shapes), lay, gpu, calib, changes, caches, time_all=time_all)
         if cand.peak_bytes <= cap:
             fitting.append(cand)
-            fitted_group = group
+            if not cand.tight:  # a tight fit still tries more recomputation, for headroom
+                fitted_group = group
         if smallest is None or cand.peak_bytes < smallest.peak_bytes:
             smallest = cand
-    fitting.sort(key=lambda c: (-c.tokens_per_second, c.peak_bytes, c.changes))
+    fitting = rank(fitting)
+    tight = sum(1 for c in fitting if c.tight)
     chosen: list[Candidate] = []
     rejected: list[tuple[Candidate, str]] = []
     checked = 0
-    known = {(i.rule, i.key) for i in _errors(spec, resolved)} if validate and fitting else set()
+    # Errors the spec has at the neutral layout on keys the search does not set are not the
+    # candidates' doing (the CLI stops on them before searching); any other error rejects one.
+    known = ({(i.rule, i.key) for i in _errors(spec, resolved) if i.key not in SEARCHED_KEYS}
+             if validate and fitting else set())
     for cand in fitting:
         if len(chosen) >= top:
             break
@@ -416,6 +567,9 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         message = (f"{len(fitting)} of {evaluated} planned layouts fit the {cap / gib:.1f} GiB of one {gpu.name} "
                    f"({enumerated} enumerated; {enumerated - evaluated} skipped: more recomputation than a "
                    "fitting variant)")
+        if tight:
+            message += (f"; {tight} use more than {HEADROOM_WARNING:.0%} of the memory and rank after those "
+                        "with headroom" + (" (none has more)" if all(c.tight for c in fitting) else ""))
     elif fitting:
         message = (f"{len(fitting)} of {evaluated} planned layouts fit the memory, but the validator rejected the "
                    f"{checked} fastest (first reason: {rejected[0][1] if rejected else 'n/a'})")
@@ -437,6 +591,7 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         capacity_bytes=cap,
         message=message + cp_note,
         rejected_by_validator=rejected,
+        tight=tight,
     )
 
 
