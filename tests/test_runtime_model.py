@@ -339,3 +339,34 @@ def test_fused_linear_cross_entropy_matches_megatrons_loss_and_gradients(tied):
     assert g.keys() == g_ref.keys()
     for name in g_ref:
         torch.testing.assert_close(g[name], g_ref[name], rtol=1e-3, atol=1e-6, msg=name)
+
+
+def test_optimizer_state_is_loaded_without_autograd(tmp_path):
+    # fp32 runs: megatron's distributed optimizer copies loaded state in place into views of
+    # the model's leaf parameters, which autograd refuses in grad mode (resuming an fp32 run
+    # failed on the H200 with "a view of a leaf Variable that requires grad is being used in an
+    # in-place operation"). load_checkpoint loads optimizer state under no_grad.
+    model = _model()
+    root = str(tmp_path / "ckpt")
+    path = save_checkpoint(root, iteration=1, model=model, consumed_train_samples=8, seed=11)
+
+    class ViewCopyingOptimizer:  # what DistributedOptimizer._set_main_param_and_optimizer_states does
+        def __init__(self, param):
+            self.view = param.view(-1)
+
+        def sharded_state_dict(self, state, is_loading=False, metadata=None):
+            return {}
+
+        def load_state_dict(self, state_dict):
+            self.view.copy_(torch.zeros_like(self.view))
+
+    param = next(unwrap_model(model[0]).parameters())
+    assert param.requires_grad and param.is_leaf
+    with pytest.raises(RuntimeError, match="leaf Variable"):  # the failure, outside no_grad
+        ViewCopyingOptimizer(param).load_state_dict({})
+    import backends.megatron.training as training
+
+    real_load = training.dist_checkpointing.load
+    with pytest.MonkeyPatch.context() as mp:  # the fake's empty state is dropped by the loader: hand it back
+        mp.setattr(training.dist_checkpointing, "load", lambda *a, **k: {**real_load(*a, **k), "optimizer": {}})
+        load_checkpoint(path, model=model, optimizer=ViewCopyingOptimizer(param), seed=11)

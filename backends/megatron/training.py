@@ -1071,7 +1071,12 @@ def load_checkpoint(
         for i, chunk in enumerate(model):
             unwrap_model(chunk).load_state_dict(loaded[f"model{i}"])
     if optimizer is not None:
-        optimizer.load_state_dict(loaded["optimizer"])
+        # Under no_grad: with fp32 weights the distributed optimizer's main parameters are views
+        # of the model's leaf parameters, and megatron-core 0.16.1 copies the loaded state into
+        # them in place (DistributedOptimizer._set_main_param_and_optimizer_states), which
+        # autograd refuses with grad mode on (seen on the H200: resuming an fp32 run failed).
+        with torch.no_grad():
+            optimizer.load_state_dict(loaded["optimizer"])
         _unshare_optimizer_steps(optimizer)
     if scheduler is not None and "opt_param_scheduler" in loaded:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
