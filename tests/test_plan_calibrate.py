@@ -47,6 +47,11 @@ RUNS = [
     ("ar", ['objective.kind="ar"', "objective.variable_length_prob=0.0"]),
     ("layers24", ["model.num_layers=24", "train.micro_batch_size=16", "train.global_batch_size=16"]),
 ]
+# megatron's cross entropy for every synthetic run: with the demo's default (the fused linear
+# cross entropy, ~530 more launches per microbatch) these runs sit at the launch-bound /
+# GPU-bound boundary, where the piecewise fit's two starts need not recover exact constants;
+# the machinery is tested away from it.
+RUNS = [(name, overrides + ['kernels.cross_entropy="megatron"']) for name, overrides in RUNS]
 
 
 def _write_measurements(tmp_path: Path, noise: float) -> Path:
@@ -86,7 +91,7 @@ def test_table_and_docs_section(tmp_path):
     section = cal.table(runs, DEFAULT_CALIBRATION, fitted, 0.1, skipped, ["synthetic.json"])
     assert section.startswith(cal.BEGIN) and section.endswith(cal.END)
     assert "| b32-s512 | 1 | local+sdpa |" in section and "Megatron-LM formula" in section
-    assert "Memory within 5%: 7/7" in section
+    assert f"Memory within 5%: {len(RUNS)}/{len(RUNS)}" in section
     docs = tmp_path / "planner.md"
     docs.write_text(f"# Planner\n\ntext before\n\n{cal.BEGIN}\nold\n{cal.END}\n\ntext after\n")
     cal.write_docs(section, docs)

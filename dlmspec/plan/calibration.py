@@ -98,16 +98,16 @@ class Calibration:
     cuda_context_bytes: float = 600 * MiB
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
-    gemm_efficiency: float = 0.8902
-    attention_efficiency: float = 0.3943
-    memory_efficiency: float = 0.9663
-    nvlink_efficiency: float = 0.5787
+    gemm_efficiency: float = 0.8816
+    attention_efficiency: float = 0.3668
+    memory_efficiency: float = 0.9688
+    nvlink_efficiency: float = 0.5579
     network_efficiency: float = 0.80
-    seconds_per_kernel: float = 4.248e-05
+    seconds_per_kernel: float = 4.279e-05
     gpu_seconds_per_kernel: float = 3e-6
-    host_sync_seconds: float = 0.000241
+    host_sync_seconds: float = 0.0002297
     collective_latency_seconds: float = 2e-5
-    step_overhead_seconds: float = 0.001887
+    step_overhead_seconds: float = 0.001646
     dp_overlap_exposed_fraction: float = 0.2
 
     def with_values(self, **changes: float) -> "Calibration":

@@ -120,6 +120,25 @@ DDP_BUCKET_PARAMS = 40_000_000
 #: ``vocab_parallel_cross_entropy``): forward ``.float()`` 2+4, max 4, subtract 4+4, exp 4+4,
 #: sum 4, normalise 4+4; backward scale 4+4, cast to bf16 4+2.
 CE_BYTES_PER_LOGIT = 52
+#: The fused linear cross entropy (``[kernels] cross_entropy = "fused_linear"``,
+#: ``backends/megatron/output_loss.py``) projects only the rows that carry loss: MDM masks each
+#: token with probability ``t ~ U(eps, 1)``, so half of them on average; AR all of them.
+FUSED_CE_ROW_FRACTION = {"mdm": 0.5, "ar": 1.0}
+#: Its output-layer GEMM passes per projected row (``2 h V`` FLOPs each): Liger with per-token
+#: weights computes the logits again in backward (forward, recomputed forward, two gradients:
+#: 4), the PyTorch chunks compute the gradients in the forward pass (3).
+FUSED_CE_GEMM_PASSES = {"liger": 4, "torch": 3}
+#: Bytes per logit element: Liger's one Triton kernel reads the bf16 chunk and writes the
+#: gradient in place, twice (forward and recompute): 8; the PyTorch chunks' fp32 passes
+#: (``.float()``, ``logsumexp`` and its temporary, ``exp_``, ``scatter_add_``, ``mul_``, the bf16
+#: cast): about 34.
+FUSED_CE_BYTES_PER_LOGIT = {"liger": 8, "torch": 34}
+
+
+def fused_ce_impl(lay: Layout) -> str:
+    """``"liger"`` or ``"torch"``: the fused linear cross entropy's implementation as planned
+    (``auto`` is planned as Liger, what the runtime picks when it imports on CUDA)."""
+    return "torch" if lay.fused_linear_impl == "torch" else "liger"
 #: Optimizer bytes per owned parameter and step: fused Adam reads master, grad, m, v and
 #: writes master, m, v (4 bytes each) and the bf16 parameter (2): 30. torch's foreach AdamW makes
 #: ~9 passes (lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay, copy): ~86.
@@ -226,7 +245,12 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     V = shape.vocab / t
     if stage == 0:
         total += 2 * h * y * T + (2 * y + 8) * V * h
-    if stage == lay.pp - 1:
+    if stage == lay.pp - 1 and lay.fused_linear_ce:
+        rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * T
+        total += FUSED_CE_BYTES_PER_LOGIT[fused_ce_impl(lay)] * rows * V + (4 + 3 * y) * h * T
+        if local:
+            total += (2 * y + 8) * V * h
+    elif stage == lay.pp - 1:
         total += CE_BYTES_PER_LOGIT * T * V + 5 * h * y * T / r
         if local:
             total += (2 * y + 8) * V * h
@@ -265,7 +289,22 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
         kernels += KERNELS_EMBEDDING[path]
     if stage == lay.pp - 1:
         kernels += KERNELS_OUTPUT[path]
+        if lay.fused_linear_ce:
+            kernels += fused_ce_kernels(shape, lay)
     return kernels
+
+
+def fused_ce_kernels(shape: ModelShape, lay: Layout) -> float:
+    """Kernel launches of the fused linear cross entropy's chunk loop, per microbatch.
+
+    Liger sizes its chunks so that there are about ``ceil(V / h)`` of them whatever the rows
+    (``liger_kernel.ops.fused_linear_cross_entropy``: ``chunk = next_pow2(ceil(BT / ceil(V /
+    h)))``), each launching about 8 kernels over forward and the recomputing backward; the
+    PyTorch implementation runs ``ceil(rows / 4096)`` chunks of about 15 kernels."""
+    if fused_ce_impl(lay) == "torch":
+        rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * lay.micro_batch * lay.seq / lay.cp
+        return 15 * -(-rows // 4096)
+    return 8 * -(-shape.vocab // shape.hidden)
 
 
 def syncs_per_microbatch(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int, int]) -> float:
@@ -273,7 +312,8 @@ def syncs_per_microbatch(shape: ModelShape, lay: Layout, stage: int, counts: tup
     per MoE layer, the pipeline's ``torch.cuda.synchronize()`` after each batched p2p exchange
     (megatron-core ``batch_p2p_sync``: the first and last rank exchange once per microbatch, the
     others twice; interleaving exchanges once per chunk and direction) and MDM's
-    variable-length draw (``bool(truncate.any())`` in ``backends/megatron/objective.py``)."""
+    variable-length draw (``bool(truncate.any())`` in ``backends/megatron/objective.py``) and, on
+    the last rank, the fused linear cross entropy's row selection."""
     syncs = counts[1] * SYNCS_PER_MOE_LAYER[_path(lay)]
     if lay.pp > 1:
         if lay.vpp > 1:
@@ -282,6 +322,8 @@ def syncs_per_microbatch(shape: ModelShape, lay: Layout, stage: int, counts: tup
             syncs += 1 if stage in (0, lay.pp - 1) else 2
     if shape.objective == "mdm" and shape.variable_length_prob > 0:
         syncs += 1
+    if stage == lay.pp - 1 and lay.fused_linear_ce:
+        syncs += 1  # the fused linear cross entropy's row selection (``nonzero``)
     return syncs
 
 
@@ -331,7 +373,10 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         if shape.shared_ffn:
             moe_fwd += T * gate * 2 * h * shape.shared_ffn / t
         gemm += moe_n * moe_fwd * (3 + frac["moe"])
-    if stage == lay.pp - 1:
+    if stage == lay.pp - 1 and lay.fused_linear_ce:
+        rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * T
+        gemm += FUSED_CE_GEMM_PASSES[fused_ce_impl(lay)] * 2 * h * shape.vocab * rows
+    elif stage == lay.pp - 1:
         gemm += 3 * 2 * h * shape.vocab / t * T
     attention = layers * attn_core * (3 + frac["attention_core"]) * T
     ew = elementwise_bytes(shape, lay, stage, counts)
@@ -474,7 +519,8 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
             w = stage_work(shape, lay, gpu, i, calib)
         else:
             key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
-                   lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab)
+                   lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
+                   lay.fused_linear_ce, lay.fused_linear_impl)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
