@@ -291,6 +291,9 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         hint = "add it to the spec, or set [model] preset = \"...\" for the model dimensions"
     elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         hint = message[0].lower() + message[1:]
+        example = _example_value(loc, kind, err.get("ctx") or {})
+        if example is not None:
+            hint += f", e.g. {loc[-1]} = {example}"
         message = "wrong type or out of range"
     file, line = (str(path), None)
     parts = list(loc)
@@ -317,6 +320,39 @@ def preset_hint(name: str) -> str:
         options = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
         return f"did you mean {options}? (`dlmspec show --presets` lists every id)"
     return f"use one of {', '.join(names)}"
+
+
+def _example_value(loc: list[str], kind: str, ctx: dict[str, Any]) -> str | None:
+    """A value that passes the field at ``loc``, in TOML: its default when that is a plain
+    value within the violated bound, else the bound itself (or the next integer past it)."""
+    import json
+
+    model = _model_at(loc[:-1])
+    field = model.model_fields.get(loc[-1]) if model else None
+    default = None if field is None else field.default
+    bound = next((ctx[k] for k in ("gt", "ge", "lt", "le") if k in ctx), None)
+    if isinstance(default, bool) or (isinstance(default, (int, float, str)) and default is not None):
+        ok = True
+        if bound is not None and isinstance(default, (int, float)) and not isinstance(default, bool):
+            ok = {"greater_than": default > bound, "greater_than_equal": default >= bound,
+                  "less_than": default < bound, "less_than_equal": default <= bound}.get(kind, True)
+        if ok:
+            return json.dumps(default)
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+        if kind == "greater_than":
+            return json.dumps(bound + 1 if isinstance(bound, int) else bound * 2 or 1.0)
+        if kind == "less_than":
+            return json.dumps(bound - 1 if isinstance(bound, int) else bound / 2)
+        return json.dumps(bound)
+    if kind.startswith("int_"):
+        return "1"
+    if kind.startswith("float_"):
+        return "1.0"
+    if kind.startswith("bool_"):
+        return "true"
+    if kind.startswith("string_"):
+        return '"..."'
+    return None
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:

@@ -1437,6 +1437,28 @@ def _wsd_overlap(ctx: Context) -> Iterator[Finding]:
 
 
 @_rule(
+    "no-checkpoint-save",
+    "warning",
+    "backends.megatron.training.train (saves and resumes only with CheckpointConfig.save_dir); "
+    "launch.sbatch requeues a stopped job",
+    "a run longer than one save interval, or one started from init_from, saves checkpoints",
+)
+def _no_save(ctx: Context) -> Iterator[Finding]:
+    ck = ctx.spec.checkpoint
+    if ck.save is not None:
+        return
+    long_run = ctx.r.train_iters > ck.save_interval
+    if long_run or ck.init_from:
+        why = (f"{ctx.r.train_iters} steps" if long_run else "a run started from init_from")
+        yield Finding(
+            "checkpoint.save",
+            f"not set: {why} would never save a checkpoint, so a stop, a crash or a SLURM requeue "
+            "starts it again from the beginning",
+            f'set checkpoint.save = "runs/{ctx.spec.name}/checkpoints" (a directory every node sees)',
+        )
+
+
+@_rule(
     "wsd-keys-ignored",
     "warning",
     "megatron.core.optimizer_param_scheduler.OptimizerParamScheduler (wsd_* used only by WSD)",

@@ -45,3 +45,17 @@ def test_gpu_family_names_every_variant() -> None:
     loaded = load_text(BASE.format(extra="", gpu="a100"), "a.toml")
     (issue,) = [i for i in find_issues(loaded, resolve(loaded.spec)) if i.key == "cluster.gpu"]
     assert "'a100-40gb'" in issue.hint and "'a100-80gb'" in issue.hint
+
+
+@pytest.mark.parametrize("extra, key, example", [
+    ('micro_batch_size = "two"', "train.micro_batch_size", "e.g. micro_batch_size = 1"),   # the default
+    ("micro_batch_size = 0", "train.micro_batch_size", "e.g. micro_batch_size = 1"),
+    ("lr = -1.0", "train.lr", "e.g. lr = 0.0003"),
+    ("eval_iters = 2.5", "train.eval_iters", "e.g. eval_iters = 10"),
+])
+def test_type_errors_give_a_working_value(extra: str, key: str, example: str) -> None:
+    # A fresh user's report: "fix: input should be a valid integer" repeated the reason and gave no value.
+    with pytest.raises(SpecError) as caught:
+        load_text(BASE.format(extra=extra, gpu="h100"), "a.toml")
+    (issue,) = [i for i in caught.value.issues if i.key == key]
+    assert example in issue.hint, issue.hint
