@@ -5,8 +5,8 @@ The commands are declared with typer in :mod:`dlmspec.commands`; ``from dlmspec.
 app`` still gives that app (and any other name of :mod:`dlmspec.commands`), imported on first
 use. Other modules add their commands to it (``@app.command()`` or ``app.add_typer(...)``).
 
-``validate`` and ``plan`` are the commands users run most (issues #2 and #4: each under 0.3 s
-on a 2-core machine, timed by ``bench/validate/bench_validate.py``). :func:`main` runs their
+``validate`` and ``plan`` are the commands users run most (issues #2 and #4 target 0.3 s on a
+2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
 plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
 ``--json``, ``--search``, ``--top N`` - itself, with the same bodies (:func:`run_validate`,
 :func:`dlmspec.plan.cli.run_plan`) and the same error handling, without importing typer or

@@ -1,19 +1,25 @@
-"""How long ``dlmspec validate SPEC`` takes, end to end, as a user runs it.
+"""How long ``dlmspec validate SPEC`` and ``dlmspec plan SPEC`` take, end to end, as a user runs them.
 
-Issue #2's target: under 0.3 s wall on the CI machine (2 cores, idle). Each run is a fresh
-``python -m dlmspec.cli validate SPEC`` process, so interpreter start-up, imports (pydantic,
-typer, rich, the planner) and the checks are all counted. Reports, per spec: wall seconds (min
-and median of ``--runs``), CPU seconds (user + sys of the child, min and median: on a loaded
-machine CPU time tracks what an idle machine's wall time would be far better than wall time
-does), and the biggest imports (``-X importtime``, cumulative, microseconds).
+Issues #2 and #4: each under 0.3 s wall on the CI machine (2 cores, no GPU, otherwise idle).
+Each run is a fresh ``python -m dlmspec.cli COMMAND SPEC`` process, so interpreter start-up,
+imports (pydantic, the planner, rich when a table is printed) and the work are all counted.
+Reports, per command and spec: wall seconds and CPU seconds (user + sys of the child) as min,
+median and p90 of ``--runs`` runs, the exit code, and the biggest imports (``-X importtime``,
+cumulative, microseconds); and for the machine: CPU count, load average before and after, and
+the wall time of ``python -c pass``. On a loaded machine wall times overstate an idle one's;
+CPU times track it far better (compare them, and the load average). ``--instructions`` also
+counts the instructions of one run under valgrind (callgrind's ``Ir``): the same on a busy
+machine as on an idle one, so changes can be compared on a shared machine (on the 2-core CI
+machine, idle, about 2.15e9 instructions take a second).
 
 Bytecode: the first run of a fresh checkout compiles every module; ordinary use has the
 ``.pyc`` files. Runs here use a private ``PYTHONPYCACHEPREFIX`` warmed by one untimed run, and
 clear ``PYTHONDONTWRITEBYTECODE`` (some sandboxes set it, which makes every run recompile
 dlmspec: ``--no-bytecode`` measures that case).
 
-    python bench/validate/bench_validate.py                      # the bundled specs, 15 runs each
-    python bench/validate/bench_validate.py specs/demo-dlm.toml --runs 30 --json bench/results/validate-cpu.json
+    python bench/validate/bench_validate.py                      # both commands, the bundled specs, 20 runs each
+    python bench/validate/bench_validate.py specs/demo-dlm.toml --commands plan --runs 30
+    python bench/validate/bench_validate.py --json bench/validate/results.json
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET_SECONDS = 0.3
+COMMANDS = ("validate", "plan")
 
 
 def _env(cache: str | None) -> dict[str, str]:
@@ -55,6 +62,13 @@ def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float, subprocess
     return wall, cpu, done
 
 
+def _stats(values: list[float]) -> dict[str, float]:
+    """min, median and p90 (nearest rank) of ``values``, seconds."""
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, max(0, -(-9 * len(ordered) // 10) - 1))]
+    return {"min": ordered[0], "median": statistics.median(ordered), "p90": p90}
+
+
 def _imports(argv: list[str], env: dict[str, str], top: int) -> list[tuple[str, int]]:
     """The ``top`` modules with the largest cumulative import time that are not inside another
     listed one, microseconds."""
@@ -70,8 +84,22 @@ def _imports(argv: list[str], env: dict[str, str], top: int) -> list[tuple[str, 
     return sorted(rows, key=lambda r: -r[1])[:top]
 
 
-def bench(spec: str, runs: int, cache: str | None) -> dict:
-    argv = [sys.executable, "-m", "dlmspec.cli", "validate", spec]
+def _instructions(argv: list[str], env: dict[str, str]) -> int | None:
+    """Instructions one run executes (valgrind callgrind ``Ir``, user space); None without valgrind."""
+    with tempfile.NamedTemporaryFile() as out:
+        try:
+            done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", *argv],
+                                  cwd=ROOT, env=env, capture_output=True, text=True)
+        except FileNotFoundError:
+            return None
+    for line in done.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split(":")[-1])
+    return None
+
+
+def bench(command: str, spec: str, runs: int, cache: str | None, instructions: bool = False) -> dict:
+    argv = [sys.executable, "-m", "dlmspec.cli", command, spec]
     env = _env(cache)
     _, _, first = _run(argv, env)  # warms the bytecode cache
     if first.returncode not in (0, 2):
@@ -81,44 +109,57 @@ def bench(spec: str, runs: int, cache: str | None) -> dict:
         wall, cpu, _ = _run(argv, env)
         walls.append(wall)
         cpus.append(cpu)
-    baseline = [_run([sys.executable, "-c", "pass"], env)[:2] for _ in range(5)]
     return {
+        "command": command,
         "spec": spec,
         "exit_code": first.returncode,
+        "printed_issues": bool(first.stderr.strip()),  # a warning table (rich) on stderr
         "runs": runs,
-        "wall_s": {"min": min(walls), "median": statistics.median(walls)},
-        "cpu_s": {"min": min(cpus), "median": statistics.median(cpus)},
-        "python_startup_wall_s": min(w for w, _ in baseline),
+        "wall_s": _stats(walls),
+        "cpu_s": _stats(cpus),
         "top_imports_us": _imports(argv, env, 8),
+        "instructions": _instructions(argv, env) if instructions else None,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("specs", nargs="*", help="default: specs/*.toml")
-    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
+    parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--no-bytecode", action="store_true", help="every run recompiles (PYTHONDONTWRITEBYTECODE=1)")
+    parser.add_argument("--instructions", action="store_true", help="also count one run's instructions (valgrind)")
     parser.add_argument("--json", help="also write the results here (with the command line)")
     args = parser.parse_args()
     specs = args.specs or sorted(str(p.relative_to(ROOT)) for p in (ROOT / "specs").glob("*.toml"))
-    load = os.getloadavg()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as cache:
-        results = [bench(spec, args.runs, None if args.no_bytecode else cache) for spec in specs]
+        env = _env(None if args.no_bytecode else cache)
+        startup = _stats([_run([sys.executable, "-c", "pass"], env)[0] for _ in range(10)])
+        results = [bench(command, spec, args.runs, None if args.no_bytecode else cache, args.instructions)
+                   for command in args.commands for spec in specs]
+    load_after = os.getloadavg()
     for r in results:
-        verdict = "ok" if r["cpu_s"]["median"] < TARGET_SECONDS else "OVER"
-        print(f"{r['spec']}: wall min {r['wall_s']['min']:.3f} s, median {r['wall_s']['median']:.3f} s; "
-              f"cpu min {r['cpu_s']['min']:.3f} s, median {r['cpu_s']['median']:.3f} s "
-              f"[{verdict} vs {TARGET_SECONDS} s]; python -c pass: {r['python_startup_wall_s']:.3f} s")
-    print("largest imports (ms, cumulative):",
+        verdict = "ok" if r["wall_s"]["median"] < TARGET_SECONDS else "OVER"
+        w, c = r["wall_s"], r["cpu_s"]
+        extra = " (printed issues)" if r["printed_issues"] else ""
+        if r["instructions"] is not None:
+            extra += f"; {r['instructions'] / 1e6:,.0f}M instructions"
+        print(f"{r['command']:8} {r['spec']}: wall min {w['min']:.3f} median {w['median']:.3f} p90 {w['p90']:.3f} s; "
+              f"cpu min {c['min']:.3f} median {c['median']:.3f} p90 {c['p90']:.3f} s [{verdict} vs {TARGET_SECONDS} s]"
+              f"{extra}")
+    print("largest imports of the first (ms, cumulative):",
           ", ".join(f"{name} {us / 1000:.0f}" for name, us in results[0]["top_imports_us"]))
-    print(f"load average at start: {load[0]:.2f} ({os.cpu_count()} CPUs); wall times on a loaded machine overstate "
-          "an idle one's: compare CPU times")
+    print(f"python -c pass: wall median {startup['median']:.3f} s; {os.cpu_count()} CPUs; load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (wall times on a loaded machine overstate an "
+          "idle one's: compare CPU times)")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "command": " ".join(["python", Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "load_average": load, "bytecode_cached": not args.no_bytecode, "target_s": TARGET_SECONDS,
-            "results": results,
+            "load_average_before": load_before, "load_average_after": load_after,
+            "bytecode_cached": not args.no_bytecode, "target_s": TARGET_SECONDS,
+            "python_startup_wall_s": startup, "results": results,
         }, indent=2) + "\n")
 
 
