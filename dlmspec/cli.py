@@ -24,7 +24,6 @@ exit with 2 (click's convention, which typer keeps).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -127,6 +126,8 @@ def report_issues(issues: list[SpecIssue], *, as_json: bool = False) -> None:
     """Print ``issues`` for a failed command: JSON (``{"ok": false, "issues": [...]}``) on
     stdout, or a table and an ``N errors, M warnings`` line on stderr."""
     if as_json:
+        import json  # --json only (a table needs no JSON)
+
         print(json.dumps({"ok": False, "issues": [_issue_dict(i) for i in issues]}, indent=2))
         return
     console = stderr()
@@ -223,6 +224,8 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
     loaded, resolved, warnings = load_and_check(spec, overrides, strict=strict)
     memory = _memory(resolved)
     if json_output:
+        import json
+
         print(json.dumps({"ok": True, "spec": display_path(str(loaded.path)), "name": loaded.spec.name,
                           "warnings": [_issue_dict(w) for w in warnings], "derived": resolved.derived(),
                           "memory": memory}, indent=2))
@@ -357,14 +360,47 @@ class _PipeClosed:
         return getattr(self.wrapped, name)
 
 
+#: What ``PYDANTIC_DISABLE_PLUGINS`` says when pydantic loads no plugin at all (pydantic's
+#: ``plugin._loader.get_plugins``).
+_PLUGINS_OFF = ("__all__", "1", "true")
+
+
+def skip_pydantic_plugin_discovery() -> bool:
+    """Run this process without pydantic plugins, as ``PYDANTIC_DISABLE_PLUGINS=__all__`` does,
+    and without the cost of looking for them. Returns whether it did.
+
+    The first time pydantic builds a validator it imports ``pydantic.plugin._loader``, which
+    imports ``importlib.metadata`` and scans every installed distribution for ``pydantic``
+    entry points: about 80M instructions (35 ms on the 2-core CI machine), a tenth of
+    ``dlmspec validate``, even when ``PYDANTIC_DISABLE_PLUGINS`` is set (it skips the scan, not
+    the import). dlmspec's spec models use no plugin, so the fast path registers a
+    ``pydantic.plugin._loader`` whose ``get_plugins`` returns none: what pydantic's own returns
+    with plugins disabled. Nothing is done when the user named plugins to disable (then they use
+    the others) or when pydantic has already looked. ``tests/test_cli.py`` checks that the
+    installed pydantic still asks that module for ``get_plugins`` only.
+    """
+    if os.environ.get("PYDANTIC_DISABLE_PLUGINS", "__all__") not in _PLUGINS_OFF:
+        return False
+    if "pydantic.plugin._loader" in sys.modules:
+        return False
+    import types
+
+    loader = types.ModuleType("pydantic.plugin._loader", "No pydantic plugins (dlmspec.cli.skip_pydantic_plugin_discovery).")
+    loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
+    sys.modules["pydantic.plugin._loader"] = loader
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (``[project.scripts] dlmspec``). Returns the exit code.
 
     The plain forms of ``validate``/``check``/``plan`` run without typer (see the module
-    docstring); everything else goes to :data:`dlmspec.commands.app`."""
+    docstring), and without pydantic plugins (:func:`skip_pydantic_plugin_discovery`);
+    everything else goes to :data:`dlmspec.commands.app`."""
     args = sys.argv[1:] if argv is None else list(argv)
     fast = fast_arguments(args) if "_DLMSPEC_COMPLETE" not in os.environ else None
     if fast is not None:
+        skip_pydantic_plugin_discovery()
         return _run_fast(*fast)
     from dlmspec.commands import app
 

@@ -252,6 +252,51 @@ def test_plan_and_validate_import_no_torch(argv: list[str]) -> None:
     assert "pydantic" in modules and not modules & heavy
 
 
+def test_validate_skips_pydantic_plugin_discovery() -> None:
+    """The fast path runs without pydantic plugins and never imports importlib.metadata (the
+    plugin scan); a user who names plugins to disable (so uses others) gets pydantic's own
+    discovery."""
+    code = (
+        "import sys\n"
+        "from dlmspec.cli import main\n"
+        f"code = main(['validate', {DEMO!r}])\n"
+        "print('LOADER', sys.modules['pydantic.plugin._loader'].__doc__, 'importlib.metadata' in sys.modules)\n"
+        "sys.exit(code)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    for disabled, skipped in ((None, True), ("__all__", True), ("some_plugin", False)):
+        run_env = {**env, "PYTHONPATH": str(ROOT), **({"PYDANTIC_DISABLE_PLUGINS": disabled} if disabled else {})}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path.cwd(), env=run_env)
+        assert done.returncode == 0, done.stderr
+        line = done.stdout.split("LOADER", 1)[1]
+        assert ("dlmspec.cli" in line) is skipped and line.strip().endswith(str(not skipped)), (disabled, line)
+
+
+def test_installed_pydantic_asks_its_plugin_loader_for_get_plugins_only() -> None:
+    """dlmspec.cli.skip_pydantic_plugin_discovery stands in for pydantic.plugin._loader with a
+    get_plugins that returns no plugin. That holds only while pydantic uses nothing else from
+    that module, and its own get_plugins returns nothing with plugins disabled: checked here
+    against the installed pydantic (a pydantic upgrade that changes either fails this test)."""
+    import re
+
+    import pydantic
+
+    root = Path(pydantic.__file__).parent
+    uses = sorted({(path.relative_to(root).as_posix(), line.strip()) for path in root.rglob("*.py")
+                   for line in path.read_text(encoding="utf-8").splitlines()
+                   if re.search(r"\b_loader\b", line) and path.name != "_loader.py"})
+    assert uses == [("plugin/_schema_validator.py", "from ._loader import get_plugins")]
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('real_loader', {str(root / 'plugin' / '_loader.py')!r})\n"
+            "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+            "print(sorted(n for n in vars(module) if not n.startswith('_') and callable(getattr(module, n))),"
+            " tuple(module.get_plugins()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYDANTIC_DISABLE_PLUGINS": "__all__"})
+    assert done.returncode == 0, done.stderr
+    assert "'get_plugins'" in done.stdout and done.stdout.strip().endswith("()")
+
+
 # ------------------------------------------------------------------------------------------
 # The fast path: dlmspec.cli.main runs validate/check/plan without typer
 

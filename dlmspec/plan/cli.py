@@ -17,7 +17,6 @@ names) are printed as the spec's, apart from the layouts found. It exits 2 when 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
@@ -78,6 +77,8 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     if json_output:
         data = {"ok": not memory_errors, "spec": cli.display_path(str(loaded.path)),
                 "issues": [cli._issue_dict(i) for i in issues], **plan.to_dict()}
+        import json  # --json only
+
         print(json.dumps(data, indent=2))
     else:
         from dlmspec.plan.report import print_plan
@@ -99,6 +100,8 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_lay
         raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
     result.spec_layout_issues = list(own_layout)
     if json_output:
+        import json
+
         print(json.dumps({"ok": bool(result.top), "spec": cli.display_path(str(loaded.path)),
                           "search": result.to_dict()}, indent=2))
     else:
