@@ -6,11 +6,13 @@ imports (pydantic, the planner, rich when a table is printed) and the work are a
 Reports, per command and spec: wall seconds and CPU seconds (user + sys of the child) as min,
 median and p90 of ``--runs`` runs, the exit code, and the biggest imports (``-X importtime``,
 cumulative, microseconds); and for the machine: CPU count, load average before and after, and
-the wall time of ``python -c pass``. On a loaded machine wall times overstate an idle one's;
-CPU times track it far better (compare them, and the load average). ``--instructions`` also
-counts the instructions of one run under valgrind (callgrind's ``Ir``): the same on a busy
-machine as on an idle one, so changes can be compared on a shared machine (on the 2-core CI
-machine, idle, about 2.15e9 instructions take a second).
+the wall times of ``python -c pass`` and of importing pydantic (the floor of any command that
+validates with pydantic). The benchmark's own runs keep the load average near 1; above that,
+other work shares the 2 cores and wall times overstate an idle machine's (CPU times less so).
+``--instructions`` also counts the instructions of one run under valgrind (callgrind's ``Ir``):
+the same on a busy machine as on an idle one, so changes can be compared on a shared machine
+(on this 2-core machine, idle, about 2e9 instructions take a second at the median, 2.9e9 at
+the fastest run).
 
 Bytecode: the first run of a fresh checkout compiles every module; ordinary use has the
 ``.pyc`` files. Runs here use a private ``PYTHONPYCACHEPREFIX`` warmed by one untimed run, and
@@ -136,6 +138,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         env = _env(None if args.no_bytecode else cache)
         startup = _stats([_run([sys.executable, "-c", "pass"], env)[0] for _ in range(10)])
+        # The floor of any command that validates with pydantic: the interpreter plus pydantic's import.
+        pydantic_floor = _stats([_run([sys.executable, "-c", "from pydantic import BaseModel, Field"], env)[0]
+                                 for _ in range(10)])
         results = [bench(command, spec, args.runs, None if args.no_bytecode else cache, args.instructions)
                    for command in args.commands for spec in specs]
     load_after = os.getloadavg()
@@ -150,7 +155,9 @@ def main() -> None:
               f"{extra}")
     print("largest imports of the first (ms, cumulative):",
           ", ".join(f"{name} {us / 1000:.0f}" for name, us in results[0]["top_imports_us"]))
-    print(f"python -c pass: wall median {startup['median']:.3f} s; {os.cpu_count()} CPUs; load average "
+    print(f"python -c pass: wall median {startup['median']:.3f} s; python -c 'from pydantic import BaseModel, "
+          f"Field': wall median {pydantic_floor['median']:.3f} s (min {pydantic_floor['min']:.3f}); "
+          f"{os.cpu_count()} CPUs; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (wall times on a loaded machine overstate an "
           "idle one's: compare CPU times)")
     if args.json:
@@ -159,7 +166,7 @@ def main() -> None:
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "load_average_before": load_before, "load_average_after": load_after,
             "bytecode_cached": not args.no_bytecode, "target_s": TARGET_SECONDS,
-            "python_startup_wall_s": startup, "results": results,
+            "python_startup_wall_s": startup, "pydantic_import_wall_s": pydantic_floor, "results": results,
         }, indent=2) + "\n")
 
 
