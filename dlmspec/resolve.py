@@ -22,6 +22,14 @@ from dlmspec.presets import MASK_TOKEN_IDS
 from dlmspec.spec import Spec
 
 
+def effective_cross_entropy(setting: str, tensor_parallel: int) -> str:
+    """``"fused_linear"`` or ``"megatron"``: what ``[kernels] cross_entropy = setting`` runs at
+    TP = ``tensor_parallel`` (``"auto"`` fuses where the output layer is not split, TP = 1)."""
+    if setting == "auto":
+        return "fused_linear" if tensor_parallel == 1 else "megatron"
+    return setting
+
+
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
     """Vocabulary padded to a multiple of ``divisible_by * tensor_parallel``, as Megatron-LM's
     ``_vocab_size_with_padding`` (megatron/training/tokenizer/tokenizer.py) does."""
@@ -154,9 +162,5 @@ def resolve(spec: Spec) -> Resolved:
         params_padded=count_parameters(m, padded),
         moe_layers=tuple(moe_layer_pattern(m)),
         gpu=GPUS.get(spec.cluster.gpu),
-        cross_entropy=(
-            ("fused_linear" if tp == 1 else "megatron")
-            if spec.kernels.cross_entropy == "auto"
-            else spec.kernels.cross_entropy
-        ),
+        cross_entropy=effective_cross_entropy(spec.kernels.cross_entropy, tp),
     )

@@ -116,7 +116,7 @@ def fused_linear_ce_bytes(rows: float, hidden: int, vocab: int, y: int, impl: st
     ``next_pow2(ceil(T / ceil(V / h)))`` rows in ``y`` bytes (``liger_kernel.ops.
     fused_linear_cross_entropy``), PyTorch's ``min(T, 4096)`` rows as fp32 logits, the
     ``logsumexp`` temporary and the ``y``-byte gradient (``4 + 4 + y`` bytes per element).
-    ``impl`` ``"auto"`` is planned as Liger (what the runtime picks when it imports on CUDA).
+    ``impl``: ``"liger"`` or ``"torch"`` (:attr:`~dlmspec.plan.shape.Layout.fused_linear_backend`).
 
     Returns:
         Bytes.
@@ -570,7 +570,7 @@ def stage_memory(
     # The largest transient of forward/backward.
     loss = 0.0
     if last and lay.fused_linear_ce:
-        loss = fused_linear_ce_bytes(T, h, shape.vocab, y, lay.fused_linear_impl)
+        loss = fused_linear_ce_bytes(T, h, shape.vocab, y, lay.fused_linear_backend)
     elif last:
         V = shape.vocab / lay.tp
         logits = (4 + (y if y != 4 else 0)) * T * V

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from dlmspec.gpus import GPU
 from dlmspec.params import mlp_params
-from dlmspec.resolve import Resolved, padded_vocab_size
+from dlmspec.resolve import Resolved, effective_cross_entropy, padded_vocab_size
 
 #: Bytes per element of each ``[precision] dtype``.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -157,9 +157,15 @@ class Layout:
 
     @property
     def fused_linear_ce(self) -> bool:
-        """Whether the run takes the fused linear cross entropy (``[kernels] cross_entropy``:
-        ``fused_linear``, or ``auto`` at TP = 1, as :func:`dlmspec.resolve.resolve` decides)."""
-        return self.cross_entropy == "fused_linear" or (self.cross_entropy == "auto" and self.tp == 1)
+        """Whether the run takes the fused linear cross entropy at this layout's TP
+        (:func:`dlmspec.resolve.effective_cross_entropy`, the rule ``resolve`` applies)."""
+        return effective_cross_entropy(self.cross_entropy, self.tp) == "fused_linear"
+
+    @property
+    def fused_linear_backend(self) -> str:
+        """``"liger"`` or ``"torch"``: the fused cross entropy's implementation as planned
+        (``auto`` is planned as Liger, what the runtime picks when it imports on CUDA)."""
+        return "torch" if self.fused_linear_impl == "torch" else "liger"
 
     @property
     def act_bytes(self) -> int:
@@ -315,7 +321,7 @@ def cross_entropy_path(lay: Layout) -> str:
     """One line naming the loss path a run with layout ``lay`` takes (the plan's report)."""
     if lay.fused_linear_ce:
         impl = {"liger": "Liger Kernel (required)", "torch": "PyTorch row chunks"}.get(
-            lay.fused_linear_impl, "Liger Kernel when it imports on the GPU machine, else PyTorch row chunks")
+            lay.fused_linear_impl, "Liger Kernel when it imports on the GPU machine (planned), else PyTorch row chunks")
         return f"fused_linear: output projection + cross entropy on the loss-carrying rows only, {impl}"
     return "megatron: [s, b, vocab/TP] logits and megatron-core's vocab-parallel cross entropy"
 

@@ -134,11 +134,6 @@ FUSED_CE_GEMM_PASSES = {"liger": 4, "torch": 3}
 #: cast): about 34.
 FUSED_CE_BYTES_PER_LOGIT = {"liger": 8, "torch": 34}
 
-
-def fused_ce_impl(lay: Layout) -> str:
-    """``"liger"`` or ``"torch"``: the fused linear cross entropy's implementation as planned
-    (``auto`` is planned as Liger, what the runtime picks when it imports on CUDA)."""
-    return "torch" if lay.fused_linear_impl == "torch" else "liger"
 #: Optimizer bytes per owned parameter and step: fused Adam reads master, grad, m, v and
 #: writes master, m, v (4 bytes each) and the bf16 parameter (2): 30. torch's foreach AdamW makes
 #: ~9 passes (lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay, copy): ~86.
@@ -247,7 +242,7 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
         total += 2 * h * y * T + (2 * y + 8) * V * h
     if stage == lay.pp - 1 and lay.fused_linear_ce:
         rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * T
-        total += FUSED_CE_BYTES_PER_LOGIT[fused_ce_impl(lay)] * rows * V + (4 + 3 * y) * h * T
+        total += FUSED_CE_BYTES_PER_LOGIT[lay.fused_linear_backend] * rows * V + (4 + 3 * y) * h * T
         if local:
             total += (2 * y + 8) * V * h
     elif stage == lay.pp - 1:
@@ -301,7 +296,7 @@ def fused_ce_kernels(shape: ModelShape, lay: Layout) -> float:
     (``liger_kernel.ops.fused_linear_cross_entropy``: ``chunk = next_pow2(ceil(BT / ceil(V /
     h)))``), each launching about 8 kernels over forward and the recomputing backward; the
     PyTorch implementation runs ``ceil(rows / 4096)`` chunks of about 15 kernels."""
-    if fused_ce_impl(lay) == "torch":
+    if lay.fused_linear_backend == "torch":
         rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * lay.micro_batch * lay.seq / lay.cp
         return 15 * -(-rows // 4096)
     return 8 * -(-shape.vocab // shape.hidden)
@@ -375,7 +370,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         gemm += moe_n * moe_fwd * (3 + frac["moe"])
     if stage == lay.pp - 1 and lay.fused_linear_ce:
         rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * T
-        gemm += FUSED_CE_GEMM_PASSES[fused_ce_impl(lay)] * 2 * h * shape.vocab * rows
+        gemm += FUSED_CE_GEMM_PASSES[lay.fused_linear_backend] * 2 * h * shape.vocab * rows
     elif stage == lay.pp - 1:
         gemm += 3 * 2 * h * shape.vocab / t * T
     attention = layers * attn_core * (3 + frac["attention_core"]) * T
@@ -520,7 +515,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         else:
             key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
-                   lay.fused_linear_ce, lay.fused_linear_impl)
+                   lay.fused_linear_ce, lay.fused_linear_backend)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
