@@ -1,22 +1,8 @@
 """FLOPs of a training step: the model FLOPs MFU is quoted in, and the hardware FLOPs the GPUs
 actually execute (model FLOPs plus recomputation).
 
-Counting rules (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
-Clusters Using Megatron-LM", sec. 5.1 / appendix; Chowdhery et al. 2022, PaLM, appendix B for
-MFU):
-
-* a GEMM of ``[m, k] x [k, n]`` is ``2*m*n*k`` FLOPs forward; backward computes the input and
-  the weight gradients, twice the forward, so training is ``3x`` the forward;
-* attention's ``Q K^T`` and ``P V`` are ``2 * 2 * a * d`` FLOPs per (query, key) pair, summed
-  over the keys a query attends: all ``s`` keys for bidirectional attention (masked
-  diffusion), ``s/2`` on average for causal attention (the convention of FlashAttention-2 and
-  Megatron-LM's ``num_floating_point_operations`` with causal masking, which flash kernels
-  actually skip), and the exact average for block-causal attention;
-* MoE layers count the router (``2*h*E``) and ``topk`` routed experts plus the shared expert
-  per token (active parameters, not all experts);
-* the logits GEMM ``2*h*V`` (padded vocabulary) is counted; norms, activations, softmax and
-  the loss are element-wise and not counted (memory-bound; :mod:`dlmspec.plan.time` times them
-  from their bytes).
+The counting rules (GEMMs, attention keys per mode, MoE active experts, logits) are
+:mod:`dlmspec.flops`'s, stated there once.
 
 :func:`model_flops_per_token` (MFU's numerator) lives in :mod:`dlmspec.flops`, which the runtime
 imports too; this module adds the step's hardware FLOPs (recomputation) for a layout.
