@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import megatron_cpu_world
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from dlmspec.plan.memory import layer_activation_terms  # noqa: E402
@@ -55,22 +56,10 @@ def _rms_norm(x, normalized_shape, weight=None, eps=None):
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_megatron(tmp_path_factory):
-    from megatron.core import parallel_state
-
-    created = False
-    if not dist.is_initialized():
-        store = tmp_path_factory.mktemp("pg") / "store"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-        created = True
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
+    with pytest.MonkeyPatch.context() as mp, megatron_cpu_world(tmp_path_factory, mp):
         mp.setattr(F, "rms_norm", _rms_norm)
-        parallel_state.initialize_model_parallel(1, 1)
         torch.manual_seed(0)
         yield
-        parallel_state.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
 
 
 def _saved_bytes(layers: int, groups: int, qk_norm: bool, attention: str, batch: int, dropout: float) -> int:

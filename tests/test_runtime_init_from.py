@@ -23,6 +23,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import megatron_cpu_world
 import torch
 import torch.distributed as dist
 
@@ -52,19 +54,8 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_megatron(tmp_path_factory):
-    store = tmp_path_factory.mktemp("pg") / "store"
-    created = False
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-        created = True
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
-        mp.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
-        parallel_state.initialize_model_parallel(1, 1)
+    with pytest.MonkeyPatch.context() as mp, megatron_cpu_world(tmp_path_factory, mp):
         yield
-        parallel_state.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,10 @@ import os
 import signal
 
 import pytest
-import torch
-import torch.distributed as dist
 
-from megatron.core import parallel_state
+from conftest import megatron_cpu_world
+import torch
+
 from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import unwrap_model
@@ -50,20 +50,9 @@ VOCAB, SEQ, EOD, MASK = 128, 32, 127, 126
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_megatron(tmp_path_factory):
-    store = tmp_path_factory.mktemp("pg") / "store"
-    created = False
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-        created = True
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
-        mp.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
-        parallel_state.initialize_model_parallel(1, 1)
+    with pytest.MonkeyPatch.context() as mp, megatron_cpu_world(tmp_path_factory, mp):
         torch.manual_seed(0)
         yield
-        parallel_state.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
 
 
 def _config(**extra):
