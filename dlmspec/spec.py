@@ -12,7 +12,7 @@ several fields (heads divisible by TP, batch divisible by DP, ...) live in
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 from pydantic_core import PydanticCustomError
 
 from dlmspec.presets import PRESETS
@@ -409,6 +409,14 @@ class LoggingSpec(Section):
     )
     wandb_project: str | None = None
     wandb_exp_name: str | None = None
+    profile: bool = Field(
+        False, description="Record steps profile_step_start .. profile_step_end - 1 with torch.profiler "
+        "(Megatron-LM's --profile --use-pytorch-profiler); the trace and a kernel-time summary go to "
+        "<run_dir>/profile/."
+    )
+    profile_step_start: NonNegativeInt = 10
+    profile_step_end: PositiveInt = 12
+    profile_ranks: list[NonNegativeInt] = Field(default_factory=lambda: [0])
 
 
 class Spec(Section):

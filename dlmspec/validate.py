@@ -1721,6 +1721,28 @@ def _wandb(ctx: Context) -> Iterator[Finding]:
 
 
 @_rule(
+    "profile-window",
+    "error",
+    "megatron-lm training.py (--profile-step-start .. --profile-step-end, --profile-ranks)",
+    "the profiled steps lie inside the run, end after start, on ranks that exist",
+)
+def _profile(ctx: Context) -> Iterator[Finding]:
+    lg = ctx.spec.logging
+    if not lg.profile:
+        return
+    if lg.profile_step_end <= lg.profile_step_start:
+        yield Finding("logging.profile_step_end", f"must exceed profile_step_start = {lg.profile_step_start}",
+                      f"use profile_step_end = {lg.profile_step_start + 2}", value=lg.profile_step_end)
+    elif lg.profile_step_end > ctx.r.train_iters:
+        yield Finding("logging.profile_step_end", f"lies after the last step ({ctx.r.train_iters})",
+                      f"use profile_step_end <= {ctx.r.train_iters}", value=lg.profile_step_end)
+    bad = [rank for rank in lg.profile_ranks if rank >= ctx.r.world_size]
+    if bad:
+        yield Finding("logging.profile_ranks", f"ranks {bad} do not exist (world size {ctx.r.world_size})",
+                      "use ranks below the world size, e.g. [0]", value=lg.profile_ranks)
+
+
+@_rule(
     "overlap-param-gather-needs-distopt",
     "warning",
     "megatron.core.distributed.DistributedDataParallel (param all-gather overlap exists only with "

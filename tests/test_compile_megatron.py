@@ -88,6 +88,8 @@ VARIATIONS: dict[str, dict[str, Any]] = {
                                   "train.lr_warmup_fraction": 0.05},
     "two-nodes": {"cluster.nodes": 2, "train.global_batch_size": 64},
     "init-from-hf-no-save": {"checkpoint.init_from": "hf:models/tiny"},
+    "profile": {"logging.profile": True, "logging.profile_step_start": 2, "logging.profile_step_end": 4,
+                "logging.profile_ranks": [0]},
     "init-from-mcore": {"checkpoint.init_from": "mcore:runs/base/checkpoints", "checkpoint.save": "runs/v/ckpt"},
 }
 

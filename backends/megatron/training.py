@@ -85,6 +85,7 @@ from .init_from import InitFromError, InitSource, default_cache_dir, initialize_
 from .layers import build_model, count_parameters, layer_spec_attention, layer_spec_backend
 from .objective import ObjectiveBatch, build_objective, loss_triple, reduce_loss
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
+from .profiling import StepProfiler, format_summary
 from .rng import TRAIN_STREAM, VALID_STREAM, check_resume_seed, masking_generator
 
 TRACKER_FILENAME = "latest"
@@ -228,6 +229,11 @@ class LoggingConfig:
         console: ``"auto"`` (rich if importable), ``"rich"`` or ``"plain"``.
         peak_tflops_per_gpu: Dense bf16 peak of one GPU in TFLOP/s for MFU
             (H100/H200 SXM: 989); ``None``: MFU not reported.
+        profile: Record steps ``profile_step_start .. profile_step_end - 1`` with
+            ``torch.profiler`` on ``profile_ranks`` (Megatron-LM's ``--profile
+            --use-pytorch-profiler``); :mod:`backends.megatron.profiling` writes the trace
+            and a per-category kernel summary to ``<run_dir>/profile/``.
+        profile_step_start, profile_step_end, profile_ranks: The window and the ranks.
     """
 
     run_dir: str = "runs/dlmspec"
@@ -235,6 +241,10 @@ class LoggingConfig:
     tensorboard: bool = True
     console: str = "auto"
     peak_tflops_per_gpu: Optional[float] = None
+    profile: bool = False
+    profile_step_start: int = 10
+    profile_step_end: int = 12
+    profile_ranks: Sequence[int] = (0,)
 
 
 @dataclass
@@ -1511,12 +1521,16 @@ def train(
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    profiler = (StepProfiler(run.logging.run_dir, run.logging.profile_step_start, run.logging.profile_step_end,
+                             run.logging.profile_ranks, rank) if run.logging.profile else None)
     interval_start = _now()
     try:
         while iteration < sched.train_iters:
             if sched.stop_at_iteration is not None and iteration >= sched.stop_at_iteration:
                 exit_reason = "stop_at_iteration"
                 break
+            if profiler:
+                profiler.before_step(iteration)
             for m in model:
                 m.zero_grad_buffer()
             optimizer.zero_grad()
@@ -1536,6 +1550,12 @@ def train(
             interval["loss"] += _sum_reports(reports, device)
             interval["iters"] += 1
             interval["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+            if profiler:
+                paused = _now()
+                summary = profiler.after_step(iteration)
+                if summary:
+                    print(format_summary(summary), flush=True)
+                    interval_start += _now() - paused  # writing the trace is not training time
 
             if iteration % run.logging.log_interval == 0 or iteration == sched.train_iters:
                 elapsed = _now() - interval_start

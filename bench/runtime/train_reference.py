@@ -79,6 +79,8 @@ def parse_args():
     p.add_argument("--save-interval", type=int, default=None)
     p.add_argument("--run-dir", default="runs/reference")
     p.add_argument("--log-interval", type=int, default=10)
+    p.add_argument("--profile-steps", default=None, metavar="A:B",
+                   help="torch.profiler over steps A..B-1 on rank 0 (summary in <run-dir>/profile/)")
     p.add_argument("--eval-interval", type=int, default=None)
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     p.add_argument("--no-fusion", action="store_true", help="disable megatron's torch.compile'd bias-SwiGLU / bias-dropout-add")
@@ -239,6 +241,9 @@ def main():
             tensorboard=True,
             console="auto",
             peak_tflops_per_gpu=989.0,
+            profile=args.profile_steps is not None,
+            profile_step_start=int(args.profile_steps.split(":")[0]) if args.profile_steps else 10,
+            profile_step_end=int(args.profile_steps.split(":")[1]) if args.profile_steps else 12,
         ),
         seed=args.seed,
         kernels=KernelConfig(cross_entropy=args.cross_entropy, fused_linear_impl=args.fused_linear_impl),
