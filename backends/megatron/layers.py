@@ -280,7 +280,9 @@ def build_model(
     For ``config.bf16`` / ``config.fp16`` each chunk is wrapped in megatron's
     ``Float16Module`` (half-precision weights; the optimizer keeps fp32 main
     weights), then - if ``ddp_config`` is given - in
-    ``DistributedDataParallel`` (bucketing only on chunk 0, like Megatron-LM).
+    ``DistributedDataParallel`` (bucketing only on chunk 0, like Megatron-LM), or with
+    ``ddp_config.use_megatron_fsdp`` in megatron-core's ``FullyShardedDataParallel``
+    (:func:`backends.megatron.fsdp.wrap`).
 
     Args:
         config: The ``TransformerConfig`` (its parallel sizes must match
@@ -353,7 +355,11 @@ def build_model(
     if config.fp16 or config.bf16:
         chunks = [Float16Module(config, m) for m in chunks]
 
-    if ddp_config is not None:
+    if ddp_config is not None and getattr(ddp_config, "use_megatron_fsdp", False):
+        from .fsdp import wrap  # megatron-core's FullyShardedDataParallel (Megatron-FSDP)
+
+        chunks = wrap(chunks, config, ddp_config)
+    elif ddp_config is not None:
         chunks = [
             DistributedDataParallel(
                 config=config,

@@ -31,6 +31,9 @@ Checkpoint layout (``CheckpointConfig.save_dir``)::
     save_dir/iter_0000100/   megatron distributed checkpoint (model, optimizer,
                              scheduler, iteration, consumed samples, seed, RNG)
     save_dir/iter_0000100/dlmspec.json   human-readable metadata
+                             (with Megatron-FSDP the directory is a
+                             torch.distributed.checkpoint instead:
+                             backends/megatron/fsdp.py)
     save_dir/latest          "iter_0000100" - written last, atomically
                              (write temp file, fsync, rename)
 
@@ -80,6 +83,15 @@ from .data import (
     build_datasets,
     combine_attention_masks,
     document_attention_mask,
+)
+from .fsdp import (
+    DIST_CHECKPOINT_FORMAT,
+    FSDP_CHECKPOINT_FORMAT,
+    check_megatron_fsdp,
+    load_checkpoint_fsdp,
+    model_uses_megatron_fsdp,
+    save_checkpoint_fsdp,
+    uses_megatron_fsdp,
 )
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
 from .layers import build_model, count_parameters, layer_spec_attention, layer_spec_backend
@@ -191,7 +203,9 @@ class CheckpointConfig:
         optimizer_sharding: ``"dp_reshardable"`` (fast; on resume only the
             data-parallel size may change) or ``"fully_reshardable"`` (resume
             with any parallel layout) - megatron's ``DistributedOptimizer``
-            checkpoint formats.
+            checkpoint formats; ``"fsdp_dtensor"``, the only one megatron takes
+            under Megatron-FSDP (:mod:`backends.megatron.fsdp`), is used there
+            whatever this says.
         init_from: Initial weights of a fresh run: ``"hf:PATH"`` (a Hugging
             Face folder, converted once into ``init_cache_dir``) or
             ``"mcore:PATH"`` (a megatron-core dist checkpoint); model weights
@@ -895,6 +909,8 @@ def _set_param_sync_hooks(model: List[torch.nn.Module], ddp_config: Optional[Dis
     # gather before anything reads the weights outside a training forward.
     if ddp_config is None or not (ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather):
         return
+    if uses_megatron_fsdp(ddp_config):
+        return  # Megatron-FSDP gathers parameters in its own pre-forward hooks, also outside training
     for chunk in model:
         if enable:
             chunk.enable_forward_pre_hook()
@@ -991,16 +1007,27 @@ def save_checkpoint(
         os.makedirs(path)
     dist.barrier()
 
-    state = _model_sharded_state_dict(model)
-    if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=_optimizer_metadata(optimizer_sharding))
-    if scheduler is not None:
-        state["opt_param_scheduler"] = scheduler.state_dict()
-    state["iteration"] = iteration
-    state["consumed_train_samples"] = consumed_train_samples
-    state["seed"] = seed
-    state["rng_state"] = _rng_sharded_object(_rng_state())
-    dist_checkpointing.save(state, path)
+    fsdp = model_uses_megatron_fsdp(model)
+    if fsdp:
+        # megatron's DistributedOptimizer takes only "fsdp_dtensor" under Megatron-FSDP: a
+        # torch.distributed.checkpoint of DTensors (backends/megatron/fsdp.py).
+        optimizer_sharding = FSDP_CHECKPOINT_FORMAT
+        save_checkpoint_fsdp(
+            path, model=model, optimizer=optimizer, rng_state=_rng_state(),
+            run_state={"iteration": iteration, "consumed_train_samples": consumed_train_samples, "seed": seed,
+                       "opt_param_scheduler": scheduler.state_dict() if scheduler is not None else None},
+        )
+    else:
+        state = _model_sharded_state_dict(model)
+        if optimizer is not None:
+            state["optimizer"] = optimizer.sharded_state_dict(state, metadata=_optimizer_metadata(optimizer_sharding))
+        if scheduler is not None:
+            state["opt_param_scheduler"] = scheduler.state_dict()
+        state["iteration"] = iteration
+        state["consumed_train_samples"] = consumed_train_samples
+        state["seed"] = seed
+        state["rng_state"] = _rng_sharded_object(_rng_state())
+        dist_checkpointing.save(state, path)
 
     if rank == 0:
         meta = {
@@ -1009,6 +1036,7 @@ def save_checkpoint(
             "seed": seed,
             "parallel_layout": _parallel_layout(),
             "optimizer_sharding": optimizer_sharding,
+            "checkpoint_format": FSDP_CHECKPOINT_FORMAT if fsdp else DIST_CHECKPOINT_FORMAT,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         meta.update(metadata or {})
@@ -1061,7 +1089,17 @@ def load_checkpoint(
     with open(meta_path) as f:
         meta = json.load(f)
     check_resume_seed(meta.get("seed"), seed)
+    fmt = meta.get("checkpoint_format", DIST_CHECKPOINT_FORMAT)
+    want = FSDP_CHECKPOINT_FORMAT if model_uses_megatron_fsdp(model) else DIST_CHECKPOINT_FORMAT
+    if fmt != want:
+        raise ValueError(
+            f"{path} is a {fmt!r} checkpoint and this run writes {want!r} ones: resume it with the "
+            f"parallel.fsdp setting it was saved with ({'megatron' if fmt == FSDP_CHECKPOINT_FORMAT else 'none'})"
+        )
     same_layout = meta.get("parallel_layout") == _parallel_layout()
+    if fmt == FSDP_CHECKPOINT_FORMAT:
+        return _load_checkpoint_fsdp(path, model=model, optimizer=optimizer, scheduler=scheduler, seed=seed,
+                                     same_layout=same_layout)
 
     state = _model_sharded_state_dict(model)
     if optimizer is not None:
@@ -1099,6 +1137,26 @@ def load_checkpoint(
         consumed_train_samples=int(loaded["consumed_train_samples"]),
         seed=int(loaded["seed"]),
         rng_restored=bool(same_layout),
+    )
+
+
+def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, same_layout: bool) -> LoadedCheckpoint:
+    """:func:`load_checkpoint` for a Megatron-FSDP (``fsdp_dtensor``) checkpoint."""
+    run_state, rng = load_checkpoint_fsdp(path, model=model, optimizer=optimizer, load_rng=same_layout)
+    check_resume_seed(run_state.get("seed"), seed)
+    if optimizer is not None:
+        _unshare_optimizer_steps(optimizer)
+    if scheduler is not None and run_state.get("opt_param_scheduler") is not None:
+        scheduler.load_state_dict(run_state["opt_param_scheduler"])
+    if rng is not None:
+        _set_rng_state(rng)
+    dist.barrier()
+    return LoadedCheckpoint(
+        path=path,
+        iteration=int(run_state["iteration"]),
+        consumed_train_samples=int(run_state["consumed_train_samples"]),
+        seed=int(run_state["seed"]),
+        rng_restored=rng is not None,
     )
 
 
@@ -1290,6 +1348,11 @@ def train(
         cp=context_parallel_size, ep=expert_model_parallel_size, etp=expert_tensor_parallel_size,
     )
     _check_sizes(transformer_config, ddp_config, optimizer_config, sizes)
+    check_megatron_fsdp(
+        ddp_config, optimizer_config=optimizer_config, pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        cross_entropy=run.kernels.cross_entropy, init_from=ckpt.init_from,
+    )
     model_parallel = tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size
     if world % model_parallel != 0:
         raise ValueError(f"world size {world} not divisible by tp*pp*cp={model_parallel}")

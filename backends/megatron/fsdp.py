@@ -1,0 +1,256 @@
+"""Fully sharded data parallelism with megatron-core's own Megatron-FSDP.
+
+``parallel.fsdp = "megatron"`` compiles to ``DistributedDataParallelConfig(use_megatron_fsdp=True,
+data_parallel_sharding_strategy=...)``; the runtime then does what Megatron-LM does for
+``--use-megatron-fsdp`` (``megatron/training/training.py`` ``get_model`` and
+``megatron/training/checkpointing.py``, format ``fsdp_dtensor``), with megatron-core 0.16.1's
+classes and nothing of its own:
+
+* model: ``GPTModel`` -> ``Float16Module`` (bf16/fp16) ->
+  ``megatron.core.distributed.fsdp.mcore_fsdp_adapter.FullyShardedDataParallel`` (:func:`wrap`),
+  whose FSDP units are the ``TransformerLayer`` modules under ``optim_grads_params``;
+* optimizer: ``get_megatron_optimizer`` builds megatron's ``DistributedOptimizer``, which has a
+  Megatron-FSDP branch (it steps the sharded fp32 main weights held in the FSDP buffers and
+  copies them to the bf16 model weights);
+* checkpoints: megatron's ``DistributedOptimizer`` refuses every ``distrib_optim_sharding_type``
+  but ``"fsdp_dtensor"`` under Megatron-FSDP, so a checkpoint is a PyTorch distributed checkpoint
+  (``torch.distributed.checkpoint``) of DTensors: the model's ``state_dict`` and the
+  optimizer's ``fsdp_dtensor`` state, preprocessed by megatron-core's
+  ``transformer.fsdp_dtensor_checkpoint`` helpers as Megatron-LM's
+  ``preprocess_fsdp_dtensor_state_dict`` does (:func:`save_checkpoint_fsdp`,
+  :func:`load_checkpoint_fsdp`). A resume must use FSDP again (the ``dlmspec.json`` of a
+  checkpoint names its ``checkpoint_format``).
+
+What it needs (found in megatron-core 0.16.1's source; :func:`check_megatron_fsdp` says so at start):
+CUDA (the wrapper allocates its buffers on ``cuda:<device>``, builds ``DeviceMesh(device_type=
+"cuda")`` and side ``torch.cuda.Stream`` s), ``einops`` (``mcore_fsdp_adapter._get_dp_tp_mesh``),
+megatron's distributed optimizer, one model chunk (no pipeline parallelism), and
+``CUDA_DEVICE_MAX_CONNECTIONS`` other than 1 (Megatron-LM asserts it: FSDP overlaps its
+all-gathers and reduce-scatters on side streams). Transformer Engine and Apex are not needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+#: ``CheckpointConfig`` / ``dlmspec.json`` name of the format of a Megatron-FSDP checkpoint.
+FSDP_CHECKPOINT_FORMAT = "fsdp_dtensor"
+#: The format of every other checkpoint (``megatron.core.dist_checkpointing``).
+DIST_CHECKPOINT_FORMAT = "torch_dist"
+#: Key of the pickled run state (iteration, samples, seed, scheduler) in a Megatron-FSDP checkpoint.
+RUN_STATE_KEY = "dlmspec_state"
+
+
+def uses_megatron_fsdp(ddp_config: Any) -> bool:
+    """True when ``ddp_config`` asks for Megatron-FSDP (``use_megatron_fsdp``)."""
+    return bool(getattr(ddp_config, "use_megatron_fsdp", False))
+
+
+def model_uses_megatron_fsdp(model: List[torch.nn.Module]) -> bool:
+    """True when the model chunks were wrapped by :func:`wrap`."""
+    return bool(model) and uses_megatron_fsdp(getattr(model[0], "ddp_config", None))
+
+
+def fsdp_problems(
+    ddp_config: Any,
+    *,
+    optimizer_config: Any = None,
+    pipeline_model_parallel_size: int = 1,
+    virtual_pipeline_model_parallel_size: Optional[int] = None,
+    cross_entropy: str = "megatron",
+    init_from: Optional[str] = None,
+    cuda_available: Optional[bool] = None,
+    environ: Optional[Dict[str, str]] = None,
+) -> List[str]:
+    """Why this run cannot use Megatron-FSDP, one sentence each with the fix ([] when it can).
+
+    The compiler refuses the spec-level ones first (``dlmspec.compile.UNSUPPORTED``); this is
+    the runtime's own check, for hand-written configs and for the machine (CUDA, einops, the
+    environment).
+    """
+    if not uses_megatron_fsdp(ddp_config):
+        return []
+    env = os.environ if environ is None else environ
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    problems = []
+    if not cuda:
+        problems.append("Megatron-FSDP needs CUDA: megatron-core's FullyShardedDataParallel allocates its "
+                        "buffers, streams and DeviceMesh on cuda; run on GPUs or set parallel.fsdp = \"none\"")
+    if importlib.util.find_spec("einops") is None:
+        problems.append("Megatron-FSDP needs the einops package (megatron-core's mcore_fsdp_adapter builds its "
+                        "device mesh with it): pip install einops")
+    if not ddp_config.use_distributed_optimizer or (
+            optimizer_config is not None and not optimizer_config.use_distributed_optimizer):
+        problems.append("Megatron-FSDP keeps the fp32 main weights in its own sharded buffers, which only "
+                        "megatron's DistributedOptimizer steps: set use_distributed_optimizer=True in "
+                        "DistributedDataParallelConfig and OptimizerConfig (parallel.use_distributed_optimizer = true)")
+    if pipeline_model_parallel_size > 1 or virtual_pipeline_model_parallel_size:
+        problems.append("Megatron-FSDP shards over data parallelism with one model chunk per rank; it is not "
+                        "wired for pipeline parallelism here: set parallel.pipeline_model_parallel_size = 1")
+    if cross_entropy == "fused_linear":
+        problems.append("the fused linear cross entropy holds the output weight outside the model's forward, "
+                        "which Megatron-FSDP shards and gathers only inside it: set kernels.cross_entropy = \"megatron\"")
+    if init_from:
+        problems.append("checkpoint.init_from loads weights into unsharded parameters, and Megatron-FSDP's are "
+                        "sharded DTensors: start without init_from, or with parallel.fsdp = \"none\"")
+    if env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        problems.append("Megatron-FSDP overlaps its all-gathers and reduce-scatters on side streams and "
+                        "Megatron-LM refuses CUDA_DEVICE_MAX_CONNECTIONS=1 with it: unset it (launch.sh sets it "
+                        "for tensor parallelism without FSDP only)")
+    return problems
+
+
+def check_megatron_fsdp(ddp_config: Any, **kwargs: Any) -> None:
+    """Raise ``ValueError`` listing :func:`fsdp_problems` (nothing without Megatron-FSDP)."""
+    problems = fsdp_problems(ddp_config, **kwargs)
+    if problems:
+        raise ValueError("parallel.fsdp = \"megatron\" cannot run: " + "; ".join(problems))
+
+
+def wrap(chunks: List[torch.nn.Module], config, ddp_config) -> List[torch.nn.Module]:
+    """Wrap model chunks as Megatron-LM's ``get_model`` does for ``--use-megatron-fsdp``:
+    megatron-core's ``FullyShardedDataParallel``, bucketing only on chunk 0."""
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+    return [
+        FullyShardedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=(i > 0))
+        for i, m in enumerate(chunks)
+    ]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _fsdp_module(model: List[torch.nn.Module]):
+    """The ``MegatronFSDP`` module of the (single) chunk: what Megatron-LM's ``unwrap_model`` returns
+    for a Megatron-FSDP chunk and what its checkpoint helpers take."""
+    from megatron.core.utils import unwrap_model
+
+    if len(model) != 1:
+        raise ValueError("Megatron-FSDP checkpoints hold one model chunk (no virtual pipeline stages)")
+    return unwrap_model(model[0])
+
+
+def _optimizer_metadata() -> Dict[str, Any]:
+    # Megatron-LM's _build_sharded_state_dict_metadata for --ckpt-format fsdp_dtensor.
+    from megatron.core import parallel_state
+
+    return {
+        "distrib_optim_sharding_type": FSDP_CHECKPOINT_FORMAT,
+        "singleton_local_shards": False,
+        "chained_optim_avoid_prefix": True,
+        "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True),
+    }
+
+
+def _state_dict(model: List[torch.nn.Module], optimizer, is_loading: bool) -> Dict[str, Any]:
+    """Model and optimizer state of a Megatron-FSDP run (Megatron-LM ``generate_state_dict``)."""
+    fsdp_module = _fsdp_module(model)
+    state: Dict[str, Any] = {"model": fsdp_module.state_dict_for_save_checkpoint()}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state, is_loading=is_loading, metadata=_optimizer_metadata()
+        )
+    return state
+
+
+def _preprocess(state: Dict[str, Any], model: List[torch.nn.Module]) -> Dict[str, Any]:
+    """Megatron-LM's ``preprocess_fsdp_dtensor_state_dict`` with megatron-core 0.16.1's helpers:
+    drop fp8 extra state, split gated-linear-unit ``linear_fc1`` into ``_w``/``_v``, localise
+    expert indices, and attach the chunk metadata of unevenly sharded DTensors."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
+        preprocess_state_dict_for_uneven_dtensor,
+    )
+    from megatron.core.transformer.fsdp_dtensor_checkpoint import (
+        handle_experts_in_state_dict,
+        handle_fp8_extra_state_case,
+        handle_swiglu_in_state_dict,
+    )
+
+    fsdp_module = _fsdp_module(model)
+    config = fsdp_module.config
+    state = dict(state)
+    handle_fp8_extra_state_case(state["model"])
+    if config.gated_linear_unit:
+        state["model"], optimizer_state = handle_swiglu_in_state_dict(
+            fsdp_module, state["model"], state.get("optimizer")
+        )
+        if optimizer_state is not None:
+            state["optimizer"] = optimizer_state
+    if config.num_moe_experts:
+        state["model"] = handle_experts_in_state_dict(state["model"], config.num_moe_experts)
+    preprocess_state_dict_for_uneven_dtensor(state)
+    return state
+
+
+def _rng_key() -> str:
+    return f"rank{dist.get_rank()}"
+
+
+def save_checkpoint_fsdp(
+    path: str,
+    *,
+    model: List[torch.nn.Module],
+    optimizer=None,
+    run_state: Dict[str, Any],
+    rng_state: Dict[str, Any],
+) -> None:
+    """Write a Megatron-FSDP checkpoint into the existing directory ``path`` (collective).
+
+    One ``torch.distributed.checkpoint.save`` of: ``model`` (DTensors), ``optimizer``
+    (``fsdp_dtensor`` state), ``run_state`` (iteration, consumed samples, seed, scheduler state:
+    equal on every rank, pickled once under ``dlmspec_state``) and every rank's pickled RNG state
+    under ``rng_state.rank<N>``.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    state = _preprocess(_state_dict(model, optimizer, is_loading=False), model)
+    state[RUN_STATE_KEY] = pickle.dumps(run_state)
+    state["rng_state"] = {_rng_key(): pickle.dumps(rng_state)}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
+
+
+def load_checkpoint_fsdp(
+    path: str,
+    *,
+    model: List[torch.nn.Module],
+    optimizer=None,
+    load_rng: bool,
+) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+    """Load a checkpoint of :func:`save_checkpoint_fsdp` into the live model and optimizer
+    (collective), as Megatron-LM's ``_load_base_checkpoint`` does for ``fsdp_dtensor``: DCP loads
+    in place into the preprocessed DTensors, then the unprocessed model and optimizer state dicts
+    (the same storage) go to ``FullyShardedDataParallel.load_state_dict`` and
+    ``DistributedOptimizer.load_state_dict``.
+
+    Returns:
+        ``(run_state, rng_state)``: the ``run_state`` given to :func:`save_checkpoint_fsdp` and
+        this rank's RNG state (``None`` unless ``load_rng`` and the checkpoint has this rank's).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import default_planner
+
+    raw = _state_dict(model, optimizer, is_loading=True)
+    raw_model = dict(raw["model"])
+    raw_optimizer = dict(raw["optimizer"]) if "optimizer" in raw else None
+    state = _preprocess(raw, model)
+    reader = dcp.FileSystemReader(path)
+    stored = reader.read_metadata().state_dict_metadata
+    state[RUN_STATE_KEY] = b""
+    rng_fqn = f"rng_state.{_rng_key()}"
+    if load_rng and rng_fqn in stored:
+        state["rng_state"] = {_rng_key(): b""}
+    dcp.load(state, storage_reader=reader, planner=default_planner.DefaultLoadPlanner())
+
+    model[0].load_state_dict(raw_model, strict=True)
+    if optimizer is not None and raw_optimizer is not None:
+        with torch.no_grad():
+            optimizer.load_state_dict(raw_optimizer)
+    blob = state.get("rng_state", {}).get(_rng_key()) if load_rng else None
+    return pickle.loads(state[RUN_STATE_KEY]), (pickle.loads(blob) if blob else None)
