@@ -23,6 +23,19 @@ pattern above.  For per-query masks (``[.., sq, sk]``) the diagonal is always
 left attendable so no query row is fully masked (which would make the softmax
 NaN).
 
+Context parallelism (``config.context_parallel_size = cp > 1``) follows megatron's
+``cp_comm_type = "all_gather"`` (``TransformerConfig.cp_comm_type``; Transformer Engine's
+``AttnFuncWithCPAndKVAllGather``): queries stay on their rank, keys and values are all-gathered
+over the CP group before attention (:func:`megatron.core.tensor_parallel.mappings.gather_from_sequence_parallel_region`
+with the CP group: forward all-gather, backward reduce-scatter of dK/dV). Each rank holds
+chunks ``r`` and ``2*cp-1-r`` of the sequence cut into ``2*cp`` chunks
+(``megatron.core.utils.get_batch_on_this_cp_rank``, :func:`cp_rank_positions`), and RoPE is
+sliced the same way by megatron-core's ``RotaryEmbedding`` (``get_pos_emb_on_this_cp_rank``).
+Bidirectional attention needs no mask (key order does not matter); causal and block-causal
+attention reorder the gathered keys by position and attend each local query chunk to the keys
+up to its last visible position, with the pattern's mask (flash for the chunk that starts the
+sequence under causal attention, the memory-efficient kernel otherwise).
+
 Tensor layout follows megatron: ``query [sq, b, np, hn]``, ``key`` / ``value``
 ``[sk, b, ng, hn]`` (``np`` heads and ``ng`` query groups *per tensor-parallel
 partition*), output ``[sq, b, np * hn]``.  Grouped-query attention uses SDPA's
@@ -42,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.enums import AttnMaskType
@@ -93,6 +106,56 @@ def _shared_pattern(seq_len: int, block_size: int, device: str) -> Tensor:
     return block_causal_allowed(seq_len, block_size, device=torch.device(device))
 
 
+#: ``cp_comm_type`` values :class:`SDPACoreAttention` implements (megatron-core's spelling,
+#: ``TransformerConfig.cp_comm_type``); ``"p2p"``, ``"a2a"`` and ``"a2a+p2p"`` exist only in
+#: Transformer Engine's attention.
+CP_COMM_TYPES = ("all_gather",)
+
+
+def cp_rank_positions(seq_local: int, cp_size: int, cp_rank: int, device=None) -> Tensor:
+    """Global positions ``[seq_local]`` of the tokens context-parallel rank ``cp_rank`` holds.
+
+    megatron-core ``utils.get_batch_on_this_cp_rank`` cuts the sequence of ``S = cp_size *
+    seq_local`` tokens into ``2 * cp_size`` chunks of ``c = seq_local / 2`` and gives rank ``r``
+    chunks ``r`` and ``2 * cp_size - 1 - r`` (load balance for causal attention), in that order;
+    ``RotaryEmbedding.forward`` slices the rotary table the same way
+    (``rope_utils.get_pos_emb_on_this_cp_rank``).
+
+    Raises:
+        ValueError: If ``seq_local`` is odd or ``cp_rank`` is outside ``[0, cp_size)``.
+    """
+    if seq_local % 2 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"need an even local length and 0 <= rank < {cp_size}, got {seq_local}, {cp_rank}")
+    c = seq_local // 2
+    base = torch.arange(c, device=device)
+    return torch.cat([base + cp_rank * c, base + (2 * cp_size - 1 - cp_rank) * c])
+
+
+@functools.lru_cache(maxsize=8)
+def _cp_key_order(seq_local: int, cp_size: int, device: str) -> Tensor:
+    """Indices ``[cp_size * seq_local]`` that put the all-gathered keys (rank order: rank 0's
+    two chunks, then rank 1's, ...) in sequence order."""
+    gathered = torch.cat([cp_rank_positions(seq_local, cp_size, r) for r in range(cp_size)])
+    return torch.argsort(gathered).to(torch.device(device))
+
+
+@functools.lru_cache(maxsize=32)
+def _cp_chunk_mask(chunk: int, q_start: int, keys: int, block: int, device: str) -> Tuple[Optional[Tensor], bool]:
+    """``(allowed [chunk, keys] or None, is_causal)`` for queries at positions ``q_start ..
+    q_start + chunk - 1`` against keys ``0 .. keys - 1`` under the block pattern of ``block``
+    (1 = causal): query i sees key j when ``j // block <= i // block``. The square causal
+    case that starts the sequence is SDPA's ``is_causal`` (flash kernel); an all-true pattern
+    is ``None``."""
+    if block == 1 and q_start == 0 and keys == chunk:
+        return None, True
+    q = (torch.arange(chunk) + q_start) // block
+    k = torch.arange(keys) // block
+    allowed = k.unsqueeze(0) <= q.unsqueeze(1)
+    if bool(allowed.all()):
+        return None, False
+    return allowed.to(torch.device(device)), False
+
+
 class SDPACoreAttention(MegatronModule):
     """megatron-core ``core_attention`` module computed with PyTorch SDPA.
 
@@ -117,9 +180,11 @@ class SDPACoreAttention(MegatronModule):
             (``config.apply_query_key_layer_scaling`` only changes where
             megatron's own kernel applies the scale, not the result, so it is
             not needed here.)
-        cp_comm_type: Context-parallel communication type; must be unused
-            (context parallelism needs Transformer Engine's attention).
-        pg_collection: Process groups; ``tp`` gives the heads per partition.
+        cp_comm_type: Context-parallel communication type (megatron passes
+            ``config.cp_comm_type`` when ``context_parallel_size > 1``); must be one of
+            :data:`CP_COMM_TYPES` then.
+        pg_collection: Process groups; ``tp`` gives the heads per partition, ``cp`` the
+            context-parallel group (default: ``parallel_state``'s).
         mode: One of :data:`ATTENTION_MODES`.
         block_size: Block length for ``"block_causal"``.
         sdpa_backend: One of :data:`SDPA_BACKENDS`. ``"auto"`` leaves PyTorch's own order
@@ -131,8 +196,9 @@ class SDPACoreAttention(MegatronModule):
 
     Raises:
         ValueError: On an unknown mode, a missing ``block_size``, context
-            parallelism, sliding-window attention or a non-vanilla softmax
-            (features of megatron's attention this module does not implement).
+            parallelism with a ``cp_comm_type`` outside :data:`CP_COMM_TYPES`,
+            sliding-window attention or a non-vanilla softmax (features of
+            megatron's attention this module does not implement).
     """
 
     def __init__(
@@ -157,11 +223,15 @@ class SDPACoreAttention(MegatronModule):
             raise ValueError(f"mode must be one of {ATTENTION_MODES}, got {mode!r}")
         if mode == "block_causal" and (block_size is None or block_size < 1):
             raise ValueError("mode='block_causal' needs block_size >= 1")
-        if config.context_parallel_size != 1:
+        self.cp_size = int(config.context_parallel_size)
+        if self.cp_size > 1 and cp_comm_type not in CP_COMM_TYPES:
             raise ValueError(
-                "SDPACoreAttention does not implement context parallelism; use the Transformer "
-                "Engine layer spec for context_parallel_size > 1"
+                f"SDPACoreAttention implements context parallelism with cp_comm_type in {CP_COMM_TYPES} "
+                f"(keys and values all-gathered over the CP group), got {cp_comm_type!r}; "
+                "'p2p', 'a2a' and 'a2a+p2p' need the Transformer Engine layer spec "
+                "(megatron.core TransformerConfig.cp_comm_type)"
             )
+        self.cp_comm_type = cp_comm_type
         if getattr(config, "window_size", None) is not None:
             raise ValueError("SDPACoreAttention does not implement sliding-window attention")
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
@@ -179,6 +249,7 @@ class SDPACoreAttention(MegatronModule):
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
         self.pg_collection = pg_collection
         tp_size = pg_collection.tp.size()
+        self._cp_group = getattr(pg_collection, "cp", None)
 
         projection_size = config.kv_channels * config.num_attention_heads
         self.hidden_size_per_partition = divide(projection_size, tp_size)
@@ -271,12 +342,79 @@ class SDPACoreAttention(MegatronModule):
         sk, _, ng, _ = key.shape
         if np_ % ng != 0:
             raise ValueError(f"query heads ({np_}) not a multiple of key/value groups ({ng})")
+        if self.cp_size > 1:
+            return self._forward_context_parallel(query, key, value, attention_mask)
+        mask, is_causal = self._sdpa_mask(attention_mask, sq, sk, query.device)
+        return self._attend(query, key, value, mask, is_causal)
 
+    def _context_parallel_group(self):
+        """The CP group: ``pg_collection.cp``, else ``parallel_state``'s (looked up on first use)."""
+        if self._cp_group is None:
+            self._cp_group = parallel_state.get_context_parallel_group()
+        return self._cp_group
+
+    def _forward_context_parallel(
+        self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor]
+    ) -> Tensor:
+        """Attention of this rank's queries over the whole sequence's keys (``cp_comm_type``
+        ``"all_gather"``).
+
+        ``query [s, b, np, hn]`` and ``key`` / ``value [s, b, ng, hn]`` hold this rank's two
+        chunks of the sequence (:func:`cp_rank_positions`, ``s = S / cp``). Keys and values are
+        concatenated to ``[s, b, 2*ng, hn]`` and all-gathered to ``[S, b, 2*ng, hn]`` (rank
+        order) in one collective; its backward reduce-scatters their gradients, so each rank
+        gets dK/dV of its own tokens summed over every rank's queries. Bidirectional: one SDPA
+        call over all keys. Causal / block-causal: the keys are put in sequence order and each
+        of the two query chunks attends to the keys up to the last one its pattern allows
+        (:func:`_cp_chunk_mask`).
+
+        Returns:
+            ``[s, b, np * hn]``.
+
+        Raises:
+            ValueError: For an ``attention_mask`` (it would have to cover the gathered keys; the
+                trainer refuses masks under context parallelism) or an odd local length.
+        """
+        if attention_mask is not None:
+            raise ValueError(
+                "SDPACoreAttention with context parallelism takes no attention_mask "
+                "(variable-length / document masks); use context_parallel_size = 1 for them"
+            )
+        s, _, _, _ = query.shape
+        ng = key.shape[2]
+        if key.shape[0] != s or s % 2:
+            raise ValueError(f"context parallelism needs equal, even local query/key lengths, got {s}, {key.shape[0]}")
+        group = self._context_parallel_group()
+        kv = torch.cat([key, value], dim=2)
+        kv = tensor_parallel.gather_from_sequence_parallel_region(kv, tensor_parallel_output_grad=True, group=group)
+        if self.mode == "bidirectional":
+            return self._attend(query, kv[:, :, :ng], kv[:, :, ng:], None, False)
+        cp, rank = self.cp_size, group.rank()
+        kv = kv.index_select(0, _cp_key_order(s, cp, str(kv.device)))
+        block = 1 if self.mode == "causal" else int(self.block_size)
+        c, total = s // 2, s * cp
+        outputs = []
+        for half, chunk in enumerate((rank, 2 * cp - 1 - rank)):
+            q_start = chunk * c
+            keys = min(total, ((q_start + c - 1) // block + 1) * block)
+            mask, is_causal = _cp_chunk_mask(c, q_start, keys, block, str(query.device))
+            outputs.append(
+                self._attend(query[half * c:(half + 1) * c], kv[:keys, :, :ng], kv[:keys, :, ng:], mask, is_causal)
+            )
+        return torch.cat(outputs, dim=0)
+
+    def _attend(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], is_causal: bool
+    ) -> Tensor:
+        """SDPA on megatron-layout tensors: ``query [sq, b, np, hn]``, ``key`` / ``value``
+        ``[sk, b, ng, hn]``, ``mask`` bool ``True`` = attended, broadcastable to
+        ``[b, np, sq, sk]``, or ``None``; returns ``[sq, b, np * hn]``."""
+        sq, b, np_, hn = query.shape
+        ng = key.shape[2]
         q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
         k = key.permute(1, 2, 0, 3)  # [b, ng, sk, hn]
         v = value.permute(1, 2, 0, 3)
 
-        mask, is_causal = self._sdpa_mask(attention_mask, sq, sk, query.device)
         if self.sdpa_backend == "cudnn" and query.is_cuda:
             # cuDNN's kernel takes dense [b, h, s, d] operands; the permuted views above are
             # strided over the sequence and would make PyTorch fall back to another backend.
@@ -291,7 +429,7 @@ class SDPACoreAttention(MegatronModule):
 
         dropout_p = self.dropout_p if self.training else 0.0
 
-        def _attend() -> Tensor:
+        def _sdpa() -> Tensor:
             return F.scaled_dot_product_attention(
                 q,
                 k,
@@ -309,9 +447,9 @@ class SDPACoreAttention(MegatronModule):
                 # Heads are partitioned over TP ranks: draw dropout from megatron's
                 # model-parallel RNG stream, as DotProductAttention does.
                 with tensor_parallel.get_cuda_rng_tracker().fork():
-                    context = _attend()
+                    context = _sdpa()
             else:
-                context = _attend()
+                context = _sdpa()
 
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return context.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
