@@ -245,10 +245,17 @@ class KernelsSpec(Section):
     cross_entropy_loss_fusion: bool = Field(
         False, description="megatron-core's fused vocab-parallel cross entropy (the 'megatron' path)."
     )
+    apply_rope_fusion: bool = Field(
+        True,
+        description="Fused RoPE: megatron-core's apply_rope_fusion (Transformer Engine's kernel) on the TE "
+        "path; on the local path a torch.compile'd kernel (backends/megatron/rope.py) in place of "
+        "megatron-core's eight unfused element-wise kernels. No effect without rotary embeddings.",
+    )
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient"] = Field(
         "auto",
         description="SDPA kernel tried first on the local+SDPA path (PyTorch falls back when it cannot "
-        "take the inputs); 'auto' keeps PyTorch's order.",
+        "take the inputs); 'auto': cuDNN for unmasked bidirectional attention on compute capability 9.0+ "
+        "(H100/H200/B200; 12% faster than flash on Qwen3-1.7B at 4k on an H200), else PyTorch's order.",
     )
 
 

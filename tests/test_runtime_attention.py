@@ -181,3 +181,18 @@ def test_unsupported_inputs_raise():
         _module(mode="sliding")
     with pytest.raises(ValueError):
         _module(mode="block_causal")
+
+
+def test_auto_backend_prefers_cudnn_on_hopper_and_keeps_pytorch_order_elsewhere(monkeypatch):
+    from backends.megatron import attention
+
+    attention.auto_sdpa_backend.cache_clear()
+    try:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        assert attention.auto_sdpa_backend(torch.device("cuda", 0)) == "cudnn"
+        attention.auto_sdpa_backend.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+        assert attention.auto_sdpa_backend(torch.device("cuda", 0)) == "auto"
+        assert attention.auto_sdpa_backend(torch.device("cpu")) == "auto"
+    finally:
+        attention.auto_sdpa_backend.cache_clear()

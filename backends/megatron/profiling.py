@@ -76,6 +76,7 @@ def summarize_trace(trace_path: str, steps: int, wall_s: float, top: int = 25) -
     Returns:
         ``{"steps", "wall_ms_per_step", "gpu_busy_ms_per_step", "gpu_idle_share",
         "kernel_ms_per_step" (sum over kernels; can exceed busy time when streams overlap),
+        "kernels_per_step" (launches, memcpy/memset included),
         "categories": {name: ms per step}, "top_kernels": [{name, category, ms_per_step,
         calls_per_step}]}``; times in milliseconds per step.
     """
@@ -107,6 +108,7 @@ def summarize_trace(trace_path: str, steps: int, wall_s: float, top: int = 25) -
         "gpu_busy_ms_per_step": busy_ms,
         "gpu_idle_share": max(0.0, 1.0 - busy_ms / wall_ms) if wall_ms > 0 else None,
         "kernel_ms_per_step": sum(categories.values()),
+        "kernels_per_step": sum(calls for _, calls in per_kernel.values()) / steps,
         "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
         "top_kernels": [
             {"name": name[:200], "category": kernel_category(name), "ms_per_step": dur / 1000.0 / steps,

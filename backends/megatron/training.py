@@ -94,10 +94,11 @@ from .fsdp import (
     uses_megatron_fsdp,
 )
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
-from .layers import build_model, count_parameters, layer_spec_attention, layer_spec_backend
+from .layers import BACKEND_TRANSFORMER_ENGINE, build_model, count_parameters, layer_spec_attention, layer_spec_backend
 from .objective import ObjectiveBatch, build_objective, loss_triple, reduce_loss
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
 from .profiling import StepProfiler, format_summary
+from .rope import install_fused_rope
 from .rng import TRAIN_STREAM, VALID_STREAM, check_resume_seed, masking_generator
 
 TRACKER_FILENAME = "latest"
@@ -274,10 +275,14 @@ class KernelConfig:
             tensor-parallel size 1 only).
         fused_linear_impl: ``"auto"``, ``"liger"`` or ``"torch"``
             (:func:`~backends.megatron.output_loss.resolve_fused_linear_impl`).
+        apply_rope_fusion: Fused RoPE: on the Transformer Engine path megatron-core's
+            ``TransformerConfig.apply_rope_fusion`` (TE's kernel); on the local path
+            :func:`backends.megatron.rope.install_fused_rope` (``torch.compile``, CUDA only).
     """
 
     cross_entropy: str = "megatron"
     fused_linear_impl: str = "auto"
+    apply_rope_fusion: bool = False
 
 
 @dataclass
@@ -1394,6 +1399,14 @@ def train(
         raise ValueError("data.seq_length exceeds model max_sequence_length")
     backend = layer_spec_backend(layer_spec)
     check_masks_supported(backend, run.objective, run.data)
+    rope_fusion = None
+    if run.kernels.apply_rope_fusion and model_kwargs.get("position_embedding_type", "rope") == "rope":
+        if backend == BACKEND_TRANSFORMER_ENGINE:
+            transformer_config.apply_rope_fusion = True  # megatron-core's TE kernel
+            rope_fusion = "transformer_engine"
+        elif torch.cuda.is_available():
+            install_fused_rope()
+            rope_fusion = "torch.compile"
 
     # Seeds as Megatron-LM: differ per pipeline stage, equal across DP replicas.
     init_seed = run.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
@@ -1513,7 +1526,7 @@ def train(
         "attention": spec_attention, "objective": objective.kind, "num_microbatches": num_microbatches,
         "params_on_logging_rank": local_params, "model_flops_per_token": flops_per_token,
         "parallel_layout": _parallel_layout(), "run_config": dataclasses.asdict(run),
-        "cross_entropy": cross_entropy, "sdpa_backend": _spec_sdpa_backend(layer_spec),
+        "cross_entropy": cross_entropy, "sdpa_backend": _spec_sdpa_backend(layer_spec), "rope_fusion": rope_fusion,
     }
     start_info["weights"], weights_text = _weights_record(resume_from, init_source, ckpt, run.seed)
     logger.record("start", start_info)
@@ -1522,7 +1535,7 @@ def train(
         f"world {world} (tp {tensor_model_parallel_size} pp {pipeline_model_parallel_size} dp {dp_size} "
         f"cp {context_parallel_size} ep {expert_model_parallel_size}), {num_microbatches} microbatches/step, "
         f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token, "
-        f"cross entropy {cross_entropy}"
+        f"cross entropy {cross_entropy}, RoPE {'fused (' + rope_fusion + ')' if rope_fusion else 'unfused'}"
     )
     logger.text(f"[dlmspec] weights: {weights_text}")
     for warning in init_source.warnings if init_source is not None else ():

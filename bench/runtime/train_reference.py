@@ -91,6 +91,7 @@ def parse_args():
                    help="[kernels] cross_entropy (fused_linear: output projection + CE on the masked rows only)")
     p.add_argument("--fused-linear-impl", choices=["auto", "liger", "torch"], default="auto")
     p.add_argument("--ce-fusion", action="store_true", help="megatron-core's fused cross entropy (megatron path)")
+    p.add_argument("--rope-fusion", action="store_true", help="fused RoPE (backends/megatron/rope.py, torch.compile)")
     p.add_argument("--sdpa-backend", choices=["auto", "flash", "cudnn", "efficient"], default="auto")
     p.add_argument("--grad-reduce-in-bf16", action="store_true", help="reduce gradients in bf16 (default fp32)")
     p.add_argument("--overlap-param-gather", action="store_true",
@@ -246,7 +247,8 @@ def main():
             profile_step_end=int(args.profile_steps.split(":")[1]) if args.profile_steps else 12,
         ),
         seed=args.seed,
-        kernels=KernelConfig(cross_entropy=args.cross_entropy, fused_linear_impl=args.fused_linear_impl),
+        kernels=KernelConfig(cross_entropy=args.cross_entropy, fused_linear_impl=args.fused_linear_impl,
+                             apply_rope_fusion=args.rope_fusion),
         name=f"reference-{args.preset}-{args.objective}",
     )
 

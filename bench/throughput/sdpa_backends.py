@@ -24,13 +24,22 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def run(backend, q, k, v, gqa: bool, steps: int, warmup: int):
+def run(backend, q, k, v, gqa: bool, steps: int, warmup: int, layout: str = "bhsd"):
+    """Median seconds of forward + backward. ``layout="sbhd"`` feeds the operands the way
+    ``SDPACoreAttention`` does: megatron's ``[s, b, h, d]`` tensors permuted to ``[b, h, s, d]``
+    views (made dense for cuDNN), and the output permuted back to ``[s, b, h * d]``, so the
+    backward receives a strided output gradient."""
     heads, groups = q.shape[1], k.shape[1]
     if not gqa and heads != groups:
         k = k.repeat_interleave(heads // groups, dim=1)
         v = v.repeat_interleave(heads // groups, dim=1)
+    if layout == "sbhd":
+        q, k, v = (t.permute(2, 0, 1, 3).contiguous() for t in (q, k, v))  # [s, b, h, d] leaves
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    grad = torch.randn_like(q)
+    if layout == "sbhd":
+        grad = torch.randn(q.shape[0], q.shape[1], q.shape[2] * q.shape[3], device=q.device, dtype=q.dtype)
+    else:
+        grad = torch.randn_like(q)
     times = []
     with sdpa_kernel([backend]):
         for i in range(warmup + steps):
@@ -38,7 +47,14 @@ def run(backend, q, k, v, gqa: bool, steps: int, warmup: int):
                 t.grad = None
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa and heads != groups)
+            if layout == "sbhd":
+                qq, kk, vv = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+                if backend == SDPBackend.CUDNN_ATTENTION:
+                    qq, kk, vv = qq.contiguous(), kk.contiguous(), vv.contiguous()
+                ctx = F.scaled_dot_product_attention(qq, kk, vv, enable_gqa=gqa and heads != groups)
+                out = ctx.permute(2, 0, 1, 3).reshape(q.shape[0], q.shape[1], -1)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa and heads != groups)
             out.backward(grad)
             end.record()
             torch.cuda.synchronize()
@@ -57,6 +73,8 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--layout", choices=["bhsd", "sbhd"], default="bhsd",
+                   help="sbhd: operands and output as SDPACoreAttention passes them (megatron layout)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -78,7 +96,7 @@ def main() -> None:
     for name, backend, gqa in cases:
         row = {"backend": name, "gqa": "enable_gqa" if gqa else "expanded"}
         try:
-            out, gq, seconds = run(backend, q, k, v, gqa, a.steps, a.warmup)
+            out, gq, seconds = run(backend, q, k, v, gqa, a.steps, a.warmup, a.layout)
             if ref is None:
                 ref = (out, gq)
             row.update(seconds=seconds, tflops=flops / seconds / 1e12,
@@ -88,7 +106,7 @@ def main() -> None:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         results.append(row)
         print(json.dumps(row), flush=True)
-    out = {"shape": {"batch": a.batch, "seq": a.seq, "heads": a.heads, "groups": a.groups, "head_dim": a.head_dim},
+    out = {"layout": a.layout, "shape": {"batch": a.batch, "seq": a.seq, "heads": a.heads, "groups": a.groups, "head_dim": a.head_dim},
            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "cudnn": torch.backends.cudnn.version(),
            "flops_fwd_bwd": flops, "results": results,
            "command": "python3 " + " ".join(sys.argv)}
