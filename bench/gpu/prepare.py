@@ -38,6 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=None, help="only matrix entries for this many GPUs")
     parser.add_argument("--demo", action="store_true", help="also compile the demo into .device/demo")
+    parser.add_argument("--profile", default=None, metavar="A:B",
+                        help="compile the chosen entries into .device/profile/NAME-profile instead, with "
+                             "[logging] profile over steps A..B-1 on every rank")
     parser.add_argument("names", nargs="*", help="matrix entries (default: all runnable ones)")
     args = parser.parse_args()
     matrix = json.loads((ROOT / "bench/plan/matrix.json").read_text())
@@ -51,13 +54,20 @@ def main() -> None:
             print(f"skip {entry['name']}: {entry['errors']}")
             continue
         chosen.append(entry)
-    root = ROOT / ".device" / "plan"
+    root = ROOT / ".device" / ("profile" if args.profile else "plan")
     for entry in chosen:
-        out = root / entry["name"]
+        name = entry["name"] + ("-profile" if args.profile else "")
+        out = root / name
         if out.exists():
             shutil.rmtree(out)
-        run_dir = f".device/runs/{entry['name']}"
-        compile_spec(entry["base"], out, entry["overrides"] + [
+        run_dir = f".device/runs/{name}"
+        extra = []
+        if args.profile:
+            start, end = args.profile.split(":")
+            ranks = list(range(entry["gpus"]))
+            extra = ["logging.profile=true", f"logging.profile_step_start={start}",
+                     f"logging.profile_step_end={end}", f"logging.profile_ranks={ranks}"]
+        compile_spec(entry["base"], out, entry["overrides"] + extra + [
             f'logging.run_dir="{run_dir}"', f'logging.tensorboard_dir="{run_dir}/tensorboard"',
             f'checkpoint.save="{run_dir}/ckpt"', "checkpoint.save_at_end=false"])
         print(f"compiled {entry['name']} ({entry['gpus']} GPU) -> {out.relative_to(ROOT)}")

@@ -315,26 +315,43 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _train_step(model, optimizer, objective, *, tokens_gen, iteration: int, mbs: int, seq: int, vocab: int,
-                seed: int, device: torch.device, precision: str, clip_grad: float, sdpa_backend: str):
-    """One optimizer step; returns ``(detached loss, truncated?)``. Locals (logits, graph) die
-    with the frame, so nothing of this step is alive during the next one."""
-    tokens = torch.randint(0, vocab, (mbs, seq), generator=tokens_gen, device=device)
-    ob = objective.prepare(tokens, generator=masking_generator(seed, iteration, 0, 0, device=device))
-    with _autocast(device, precision), _sdpa_context(sdpa_backend):
-        logits = forward_logits(model, ob.input_ids, ob.attention_mask)
-        loss = mdm_loss(logits, ob)
-    del logits
-    loss.backward()
+                seed: int, device: torch.device, precision: str, clip_grad: float, sdpa_backend: str,
+                grad_accum: int = 1):
+    """One optimizer step over ``grad_accum`` microbatches (gradients accumulated, each
+    microbatch's loss divided by ``grad_accum``); returns ``(detached mean loss, any truncated?)``.
+    Locals (logits, graph) die with the frame, so nothing of this step is alive during the next one."""
+    total, any_trunc = None, False
+    for index in range(grad_accum):
+        loss, trunc = _microbatch(model, objective, tokens_gen=tokens_gen, iteration=iteration, index=index,
+                                  mbs=mbs, seq=seq, vocab=vocab, seed=seed, device=device, precision=precision,
+                                  sdpa_backend=sdpa_backend, scale=1.0 / grad_accum)
+        total = loss if total is None else total + loss
+        any_trunc = any_trunc or trunc
     if clip_grad > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return total / grad_accum, any_trunc
+
+
+def _microbatch(model, objective, *, tokens_gen, iteration: int, index: int, mbs: int, seq: int, vocab: int,
+                seed: int, device: torch.device, precision: str, sdpa_backend: str, scale: float):
+    """Forward and backward of one microbatch (loss scaled by ``scale``)."""
+    tokens = torch.randint(0, vocab, (mbs, seq), generator=tokens_gen, device=device)
+    ob = objective.prepare(tokens, generator=masking_generator(seed, iteration, 0, index, device=device))
+    with _autocast(device, precision), _sdpa_context(sdpa_backend):
+        logits = forward_logits(model, ob.input_ids, ob.attention_mask)
+        loss = mdm_loss(logits, ob)
+    del logits
+    (loss * scale if scale != 1.0 else loss).backward()
     return loss.detach(), ob.attention_mask is not None
+
+
 
 
 def run_micro_batch(model, optimizer, objective, arch: Dict[str, Any], *, mbs: int, seq: int, warmup: int,
                     steps: int, seed: int, device: torch.device, precision: str, clip_grad: float,
-                    sdpa_backend: str, flops: float, peak_tflops: float) -> Dict[str, Any]:
+                    sdpa_backend: str, flops: float, peak_tflops: float, grad_accum: int = 1) -> Dict[str, Any]:
     """Train ``warmup + steps`` steps of micro batch ``mbs`` and summarise the timed ones.
 
     Raises:
@@ -357,7 +374,7 @@ def run_micro_batch(model, optimizer, objective, arch: Dict[str, Any], *, mbs: i
         loss, trunc = _train_step(
             model, optimizer, objective, tokens_gen=tokens_gen, iteration=it, mbs=mbs, seq=seq,
             vocab=arch["tokenizer_vocab"], seed=seed, device=device, precision=precision,
-            clip_grad=clip_grad, sdpa_backend=sdpa_backend,
+            clip_grad=clip_grad, sdpa_backend=sdpa_backend, grad_accum=grad_accum,
         )
         if cuda:
             end.record()
@@ -381,9 +398,10 @@ def run_micro_batch(model, optimizer, objective, arch: Dict[str, Any], *, mbs: i
         "warmup_step_times_s": times[:warmup],
         "losses": loss_values,
         "truncated_steps": [i + 1 for i, t in enumerate(truncated) if t],
-        "tokens_per_step": mbs * seq,
+        "grad_accum": grad_accum,
+        "tokens_per_step": grad_accum * mbs * seq,
     }
-    result.update(summarize(times[warmup:], tokens_per_step=mbs * seq, flops_per_token=flops, peak_tflops=peak_tflops))
+    result.update(summarize(times[warmup:], tokens_per_step=grad_accum * mbs * seq, flops_per_token=flops, peak_tflops=peak_tflops))
     if cuda:
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
@@ -429,6 +447,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="fp32 parameters/gradients/moments with bf16 autocast (apples-to-apples with megatron's fp32 main weights)")
     p.add_argument("--sdpa-backend", choices=["auto", "flash", "efficient", "cudnn", "math"], default="auto")
     p.add_argument("--variable-length-prob", type=float, default=0.01, help="LLaDA truncation probability (train_reference.py: 0.01)")
+    p.add_argument("--grad-accum", type=int, default=1, help="microbatches per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--clip-grad", type=float, default=1.0, help="0 disables")
     p.add_argument("--no-fused", action="store_true", help="unfused AdamW (fused is the baseline)")
@@ -504,7 +523,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "loss": "per-token cross entropy over the full [b, s, V] logits upcast to fp32 (as transformers' "
                     "ForCausalLMLoss), weighted by the objective, / num_tokens",
             "data": "random token ids in [0, tokenizer_vocab), a fresh batch every step",
-            "global_batch": "one microbatch per optimizer step",
+            "global_batch": f"{args.grad_accum} microbatch(es) per optimizer step (gradient accumulation)",
             "warmup_steps": args.warmup,
             "timed_steps": args.steps,
             "timing": "CUDA events around each whole step; median over the timed steps" if device.type == "cuda"
@@ -564,6 +583,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 model, optimizer, objective, arch, mbs=mbs, seq=seq, warmup=args.warmup, steps=args.steps,
                 seed=args.seed, device=device, precision=precision, clip_grad=args.clip_grad,
                 sdpa_backend=args.sdpa_backend, flops=flops["flops_per_token"], peak_tflops=args.peak_tflops,
+                grad_accum=args.grad_accum,
             )
         except Exception as exc:  # noqa: BLE001 - classified and recorded
             oom = _is_oom(exc)

@@ -88,6 +88,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seq-length", type=int, default=None, help="default: the preset's (qwen3-1.7b: 4096)")
     p.add_argument("--hf-device", choices=["cuda", "auto"], default="cuda", help="auto lets the HF side fall back to CPU (tests)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--microbatches-per-step", type=int, default=1,
+                   help="gradient accumulation on both sides: megatron global batch = N * micro batch * nproc, "
+                        "HF --grad-accum N")
     p.add_argument("--nproc", type=int, default=1, help="GPUs for megatron (torchrun, data parallel); HF always uses one")
     p.add_argument("--timeout-s", type=float, default=180.0, help="limit of one job")
     p.add_argument("--budget-s", type=float, default=420.0, help="limit of the whole harness; jobs that would start with < 60 s left are skipped")
@@ -128,6 +131,7 @@ def megatron_command(args: argparse.Namespace, mbs: int, run_dir: Path, extra: L
         str(REFERENCE), "--preset", args.preset, "--objective", "mdm", "--seq-length", str(args.seq_length),
         "--micro-batch-size", str(mbs), "--train-iters", str(args.warmup + args.steps), "--log-interval", "1",
         "--seed", str(args.seed), "--run-dir", str(run_dir),
+        "--global-batch-size", str(args.microbatches_per_step * mbs * args.nproc),
     ] + extra
 
 
@@ -137,6 +141,7 @@ def hf_command(args: argparse.Namespace, mbs: int, json_path: Path) -> List[str]
         args.python, "-u", str(HF_BASELINE), "--preset", args.preset, "--seq-length", str(args.seq_length),
         "--micro-batch-sizes", str(mbs), "--warmup", str(args.warmup), "--steps", str(args.steps),
         "--seed", str(args.seed), "--device", args.hf_device, "--json", str(json_path),
+        "--grad-accum", str(args.microbatches_per_step),
     ] + list(args.hf_arg)
 
 
@@ -241,14 +246,14 @@ def megatron_attempt(args: argparse.Namespace, mbs: int, proc: Dict[str, Any], m
     times = [float(r["step_time_s"]) for r in timed if r.get("step_time_s")]
     attempt: Dict[str, Any] = {
         "micro_batch_size": mbs,
-        "global_batch_size": mbs * args.nproc,
+        "global_batch_size": args.microbatches_per_step * mbs * args.nproc,
         "warmup_steps": args.warmup,
         "timed_steps": len(times),
         "step_times_s": times,
         "warmup_step_times_s": [float(r["step_time_s"]) for r in train if r["iteration"] <= args.warmup],
         "losses": [r.get("loss") for r in train],
         "grad_norms": [r.get("grad_norm") for r in train],
-        "tokens_per_step": mbs * args.nproc * args.seq_length,
+        "tokens_per_step": args.microbatches_per_step * mbs * args.nproc * args.seq_length,
         "returncode": proc["returncode"],
         "seconds": proc["seconds"],
     }
