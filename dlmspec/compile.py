@@ -223,10 +223,50 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     ),
     Unsupported(
         "parallel.fsdp",
-        lambda r: r.spec.parallel.fsdp != "none",
-        "FSDP is not implemented by the runtime (it wraps models in megatron-core's "
-        "DistributedDataParallel)",
-        "set parallel.fsdp = \"none\" (parallel.use_distributed_optimizer shards optimizer state)",
+        lambda r: r.spec.parallel.fsdp == "torch",
+        "torch FSDP2 (megatron-core's TorchFullyShardedDataParallel) is not wired into the runtime: "
+        "it averages gradients over data parallelism where the runtime's per-token loss "
+        "(calculate_per_token_loss) needs them summed, and megatron-core 0.16.1 has no checkpoint "
+        "path for it that the runtime could resume from",
+        "set parallel.fsdp = \"megatron\" (megatron-core's Megatron-FSDP; "
+        "data_parallel_sharding_strategy = \"optim_grads_params\" shards weights, gradients and "
+        "optimizer state like FSDP2)",
+    ),
+    # Megatron-FSDP (backends/megatron/fsdp.py, fsdp_problems): what megatron-core 0.16.1's
+    # FullyShardedDataParallel and the runtime need besides CUDA and einops.
+    Unsupported(
+        "parallel.use_distributed_optimizer",
+        lambda r: r.spec.parallel.fsdp == "megatron" and not r.spec.parallel.use_distributed_optimizer,
+        "Megatron-FSDP keeps the fp32 main weights in its own sharded buffers, which only "
+        "megatron-core's DistributedOptimizer steps",
+        "set parallel.use_distributed_optimizer = true",
+    ),
+    Unsupported(
+        "parallel.pipeline_model_parallel_size",
+        lambda r: r.spec.parallel.fsdp == "megatron" and r.pp > 1,
+        "Megatron-FSDP is wired for one model chunk per rank; the runtime does not combine it with "
+        "pipeline parallelism",
+        "set parallel.pipeline_model_parallel_size = 1, or parallel.fsdp = \"none\"",
+    ),
+    Unsupported(
+        "kernels.cross_entropy",
+        lambda r: r.spec.parallel.fsdp == "megatron" and r.cross_entropy == "fused_linear",
+        "the fused linear cross entropy uses the output weight outside the model's forward, and "
+        "Megatron-FSDP gathers its sharded weights only inside it"
+        " (cross_entropy = \"auto\" means fused_linear at TP = 1)",
+        "set kernels.cross_entropy = \"megatron\"",
+    ),
+    Unsupported(
+        "checkpoint.init_from",
+        lambda r: r.spec.parallel.fsdp == "megatron" and r.spec.checkpoint.init_from is not None,
+        "checkpoint.init_from loads weights into unsharded parameters; Megatron-FSDP's are sharded DTensors",
+        "remove checkpoint.init_from, or set parallel.fsdp = \"none\"",
+    ),
+    Unsupported(
+        "precision.fp8",
+        lambda r: r.spec.parallel.fsdp == "megatron" and r.spec.precision.fp8 != "none",
+        "fp8 with Megatron-FSDP (fp8 parameter gathers, Transformer Engine) is not wired into the runtime",
+        "set precision.fp8 = \"none\", or parallel.fsdp = \"none\"",
     ),
     Unsupported(
         "logging.wandb_project",
@@ -462,7 +502,8 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     bf16 peak of ``cluster.gpu`` in TFLOP/s, the fp32 figure for fp32 runs; None for a GPU
     outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.slurm.REQUEUE_EXIT_CODE`),
     ``max_connections_1`` (``CUDA_DEVICE_MAX_CONNECTIONS=1``: TP > 1 or sequence parallel,
-    so megatron-core's TP communication is issued in order with compute), ``grad_reduce_group``
+    so megatron-core's TP communication is issued in order with compute; never with Megatron-FSDP,
+    which Megatron-LM refuses to run with it), ``grad_reduce_group``
     (GPUs a gradient is reduced over, data x context parallel = world / (TP x PP), as
     megatron-core's DDP reduces over the data-parallel group with context parallelism; the
     overlap switches are written False when it is 1: nothing to overlap), ``init_cache_dir``
@@ -508,7 +549,7 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
         "peak_tflops": peak,
         "peak_source": peak_source,
         "requeue_exit_code": REQUEUE_EXIT_CODE,
-        "max_connections_1": resolved.tp > 1 or s.parallel.sequence_parallel,
+        "max_connections_1": (resolved.tp > 1 or s.parallel.sequence_parallel) and s.parallel.fsdp != "megatron",
         "grad_reduce_group": max(1, resolved.world_size // (resolved.tp * resolved.pp)),
         "init_cache_dir": init_cache_dir(resolved),
     }

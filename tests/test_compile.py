@@ -223,7 +223,16 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
         ({"stage.kind": "rl"}, "stage.kind"),
         ({"stage.kind": "sft"}, "stage.kind"),
         ({"checkpoint.async_save": True}, "checkpoint.async_save"),
-        ({"parallel.fsdp": "megatron"}, "parallel.fsdp"),
+        ({"parallel.fsdp": "torch"}, "parallel.fsdp"),
+        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
+          "parallel.use_distributed_optimizer": False}, "parallel.use_distributed_optimizer"),
+        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
+          "parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
+        ({"parallel.fsdp": "megatron"}, "kernels.cross_entropy"),  # auto = fused_linear at TP 1
+        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
+          "checkpoint.init_from": "mcore:runs/base/checkpoints"}, "checkpoint.init_from"),
+        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
+          "model.transformer_impl": "transformer_engine"}, "precision.fp8"),
         ({"logging.wandb_project": "p"}, "logging.wandb_project"),
         ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
          "model.moe_grouped_gemm"),
@@ -243,8 +252,9 @@ def test_runtime_gaps_are_refused_naming_the_key(tmp_path: Path, changes: dict[s
 def test_every_unsupported_rule_is_exercised() -> None:
     """The parametrisation above names each rule's key (a new rule needs a case)."""
     keys = {rule.key for rule in UNSUPPORTED}
-    tested = {"stage.kind", "checkpoint.async_save", "parallel.fsdp",
-              "logging.wandb_project", "model.moe_grouped_gemm",
+    tested = {"stage.kind", "checkpoint.async_save", "parallel.fsdp", "parallel.use_distributed_optimizer",
+              "parallel.pipeline_model_parallel_size", "kernels.cross_entropy", "checkpoint.init_from",
+              "precision.fp8", "logging.wandb_project", "model.moe_grouped_gemm",
               "objective.attention_mask", "logging.tensorboard_dir"}
     assert keys == tested
 

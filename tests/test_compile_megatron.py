@@ -91,6 +91,10 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "profile": {"logging.profile": True, "logging.profile_step_start": 2, "logging.profile_step_end": 4,
                 "logging.profile_ranks": [0]},
     "init-from-mcore": {"checkpoint.init_from": "mcore:runs/base/checkpoints", "checkpoint.save": "runs/v/ckpt"},
+    "fsdp-megatron": {"parallel.fsdp": "megatron", "parallel.data_parallel_sharding_strategy": "optim_grads_params",
+                      "kernels.cross_entropy": "megatron"},
+    "fsdp-megatron-tp2-sp-optim": {"parallel.fsdp": "megatron", "parallel.data_parallel_sharding_strategy": "optim",
+                                   "parallel.tensor_model_parallel_size": 2, "parallel.sequence_parallel": True},
 }
 
 
@@ -266,6 +270,10 @@ def test_build_configs_runs_megatron_checks_and_holds_the_resolved_values(case: 
     assert ddp.use_distributed_optimizer == opt.use_distributed_optimizer == spec.parallel.use_distributed_optimizer
     reduced_over = r.world_size // (r.tp * r.pp)
     assert ddp.overlap_grad_reduce == (spec.parallel.overlap_grad_reduce and reduced_over > 1)
+    assert ddp.use_megatron_fsdp == (spec.parallel.fsdp == "megatron")
+    if spec.parallel.fsdp == "megatron":
+        assert ddp.data_parallel_sharding_strategy == spec.parallel.data_parallel_sharding_strategy
+        assert run.checkpoint.optimizer_sharding == "fsdp_dtensor"
 
     # the runtime's RunConfig
     assert run.objective.kind == spec.objective.kind
