@@ -113,16 +113,23 @@ def _matrix() -> dict[str, dict]:
 #: predates the table, when the runtime always ran megatron-core's vocab-parallel cross entropy
 #: (``base`` + ``overrides`` records and matrix entries say what they ran).
 RECORD_CROSS_ENTROPY = "megatron"
+#: The RoPE path of a recorded ``spec`` without ``kernels.apply_rope_fusion``: such a spec
+#: predates the key (default on since), when the local path ran megatron-core's unfused RoPE.
+RECORD_ROPE_FUSION = False
 
 
 def _resolve_run(rec: dict, matrix: dict[str, dict]):
     """The resolved spec a record ran: its ``spec`` (``kernels.cross_entropy`` =
-    :data:`RECORD_CROSS_ENTROPY` when it has no ``[kernels]`` table), or ``base`` +
+    :data:`RECORD_CROSS_ENTROPY` when it has no ``[kernels]`` table, ``apply_rope_fusion`` =
+    :data:`RECORD_ROPE_FUSION` when the table lacks it), or ``base`` +
     ``overrides`` (a matrix entry's when the record names one)."""
     if "spec" in rec:
         data = dict(rec["spec"])
         if "kernels" in Spec.model_fields and "kernels" not in data:
             data["kernels"] = {"cross_entropy": RECORD_CROSS_ENTROPY}
+        if "kernels" in data:
+            # Recorded specs predate [kernels] apply_rope_fusion: megatron-core's unfused RoPE.
+            data["kernels"] = {"apply_rope_fusion": RECORD_ROPE_FUSION, **data["kernels"]}
         return resolve(Spec.model_validate(data))
     entry = matrix.get(rec.get("name", ""), {})
     base = rec.get("base") or entry.get("base")

@@ -216,7 +216,7 @@ def _sdpa(fn):
     return wrapper
 
 
-def build(layers: int, experts: int | None = None, recompute: str | None = None):
+def build(layers: int, experts: int | None = None, recompute: str | None = None, position: str = "rope"):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from backends.megatron.layers import build_layer_spec, build_model
@@ -238,7 +238,7 @@ def build(layers: int, experts: int | None = None, recompute: str | None = None)
     spec = build_layer_spec(attention="bidirectional", qk_layernorm=True, use_transformer_engine=False,
                             num_experts=experts, moe_grouped_gemm=False)
     return build_model(config, layer_spec=spec, vocab_size=256, max_sequence_length=64,
-                       position_embedding_type="rope", rotary_base=10000, ddp_config=None)[0]
+                       position_embedding_type=position, rotary_base=10000, ddp_config=None)[0]
 
 
 def count(model) -> tuple[int, int]:
@@ -283,6 +283,9 @@ def main() -> int:
         moe2 = [count(build(1, experts=e)) for e in (2, 4)]
         moe2b = [count(build(2, experts=e)) for e in (2, 4)]
         objective = objective_kernels()
+        # megatron-core's unfused RoPE (apply_rope_fusion=False): what a layer launches with
+        # rotary embeddings beyond the same layer without (learned absolute positions).
+        nope1, nope2 = count(build(1, position="learned_absolute")), count(build(2, position="learned_absolute"))
     dense = (two[0] - one[0], two[1] - one[1])
     moe_layer = {e: (b[0] - a[0], b[1] - a[1]) for e, a, b in zip((2, 4), moe2, moe2b)}
     per_expert = tuple((moe_layer[4][i] - moe_layer[2][i]) / 2 for i in range(2))
@@ -292,6 +295,8 @@ def main() -> int:
         "selective_core_attn_extra_per_layer": (sel2[0] + sel2[1] - sel1[0] - sel1[1]) - sum(dense),
         "moe_layer_without_experts": {"forward": moe_fixed[0], "backward": moe_fixed[1]},
         "per_local_expert": {"forward": per_expert[0], "backward": per_expert[1]},
+        "unfused_rope_per_layer": {"forward": dense[0] - (nope2[0] - nope1[0]),
+                                   "backward": dense[1] - (nope2[1] - nope1[1])},
         "per_microbatch_outside_layers": {"model": one[0] + one[1] - sum(dense), "objective_and_loss": objective},
     }
     print(json.dumps(out, indent=2))

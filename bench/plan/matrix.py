@@ -57,7 +57,16 @@ COMMON = [
     # The runs measured before [kernels] existed took megatron's logits + cross entropy; the
     # fused linear cross entropy (the TP = 1 default since) has entries of its own (-fusedce).
     'kernels.cross_entropy="megatron"',
+    # The attention kernel the runs took: every run was made with sdpa_backend "auto" when it
+    # still meant PyTorch's order, and torch 2.11 (cuDNN 9.19) on an H200 puts cuDNN first
+    # (check_prefer_cudnn_attention): the profiles of demo-pp2, demo-moe-ep2, demo-mdm-mb4-x8 and
+    # demo-mdm-mha (bench/results/profile_h200x2_2026-11-30.json) hold only cuDNN attention
+    # kernels, no flash ones. "cudnn" selects the same kernels (it also makes q, k, v dense first).
+    'kernels.sdpa_backend="cudnn"',
 ]
+#: Runs compiled after [kernels] apply_rope_fusion existed (default on): fused RoPE. Every other
+#: run was measured with megatron-core's unfused RoPE and pins apply_rope_fusion=false.
+FUSED_ROPE_RUNS = {"demo-cp2", "demo-cp2-ar", "demo-fsdp"}
 FUSED_CE = ['kernels.cross_entropy="fused_linear"']
 
 #: Qwen3-1.7B's architecture (explicit keys: the demo's explicit dimensions override a preset) on
@@ -115,15 +124,24 @@ TWO_GPU: list[tuple[str, list[str]]] = [
     ("demo-tp2-sp", TWO + ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"]),
     ("demo-pp2", TWO + ["parallel.pipeline_model_parallel_size=2", "train.micro_batch_size=4",
                         "train.global_batch_size=32"]),
-    ("demo-cp2", TWO + ["parallel.context_parallel_size=2", "train.micro_batch_size=8", "train.global_batch_size=8",
+    # Context parallelism on the local layers (no Transformer Engine): SDPA attention all-gathers
+    # keys and values over the CP group (backends/megatron/attention.py); MDM bidirectional and
+    # AR causal (zig-zag query chunks against key prefixes, masked kernel).
+    ("demo-cp2", TWO + ["parallel.context_parallel_size=2", 'parallel.cp_comm_type="allgather"',
+                        "train.micro_batch_size=8", "train.global_batch_size=8",
                         "train.seq_length=2048", "model.max_position_embeddings=2048"]),
+    ("demo-cp2-ar", TWO + ["parallel.context_parallel_size=2", 'parallel.cp_comm_type="allgather"',
+                           'objective.kind="ar"', "train.micro_batch_size=8", "train.global_batch_size=8",
+                           "train.seq_length=2048", "model.max_position_embeddings=2048"]),
     ("demo-moe-ep2", TWO + ["model.num_experts=8", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=1024",
                             "parallel.expert_model_parallel_size=2", "train.micro_batch_size=16",
                             "train.global_batch_size=32"]),
     ("demo-dp2-distopt", TWO + ["train.global_batch_size=64", "parallel.use_distributed_optimizer=true"]),
     ("demo-dp2-no-distopt", TWO + ["train.global_batch_size=64", "parallel.use_distributed_optimizer=false"]),
-    ("demo-dp2-fsdp", TWO + ["train.global_batch_size=64", 'parallel.fsdp="megatron"',
-                             'parallel.data_parallel_sharding_strategy="optim_grads_params"']),
+    # Megatron-FSDP at DP 2 (backends/megatron/fsdp.py): weights, gradients and optimizer state
+    # sharded (ZeRO-3), the same batch as the demo-dp2-* runs.
+    ("demo-fsdp", TWO + ["train.global_batch_size=64", 'parallel.fsdp="megatron"',
+                         'parallel.data_parallel_sharding_strategy="optim_grads_params"']),
     ("qwen3-1.7b-tp2-sp", TWO + QWEN + ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
                                         "train.micro_batch_size=4", "train.global_batch_size=4",
                                         "train.seq_length=2048", "train.train_iters=30", "train.eval_interval=30"]),
@@ -148,7 +166,8 @@ def build() -> list[dict]:
     entries = []
     for gpus, group in ((1, ONE_GPU), (2, TWO_GPU)):
         for name, extra in group:
-            overrides = COMMON + extra
+            rope = "true" if name in FUSED_ROPE_RUNS else "false"
+            overrides = COMMON + [f"kernels.apply_rope_fusion={rope}"] + extra
             supported, errors, notes = _status(overrides)
             entries.append({
                 "name": name,

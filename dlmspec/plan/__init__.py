@@ -22,7 +22,7 @@ from dlmspec.gpus import GPU, GiB
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import model_flops_per_token
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, memory_plan
-from dlmspec.plan.shape import Layout, ModelShape, cross_entropy_path, layout, model_shape, relayout, transformer_impl
+from dlmspec.plan.shape import Layout, ModelShape, attention_path, cross_entropy_path, layout, model_shape, relayout, transformer_impl
 from dlmspec.plan.time import TIME_TERMS, TimePlan, time_plan
 from dlmspec.resolve import Resolved
 
@@ -241,6 +241,7 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
         "spec_transformer_impl": resolved.spec.model.transformer_impl,
         "modelled_as": modelled,
         "cross_entropy": cross_entropy_path(lay),
+        "attention": attention_path(lay, resolved.gpu.compute_capability),
     }
     return plan_layout(
         resolved.spec.name,

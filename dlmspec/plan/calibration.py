@@ -61,8 +61,10 @@ class Calibration:
     Time (dimensionless efficiencies in (0, 1], seconds):
         gemm_efficiency: achieved / datasheet dense peak for the model's GEMMs. Default 0.70
             (large bf16 GEMMs reach 70-80% of peak on H100 with cuBLASLt). Fitted.
-        attention_efficiency: the same for the attention core (QK^T and PV inside the flash /
-            SDPA kernel). Default 0.45 (FlashAttention-2 forward+backward on H100, Dao 2023
+        attention_efficiency: the same for the attention core (QK^T and PV inside the SDPA
+            kernel) of the backend the calibration runs took - cuDNN's (torch 2.11 on an H200);
+            other backends scale it by ``dlmspec.plan.time.ATTENTION_BACKEND_SPEED`` (flash 0.703,
+            from a profile). Default 0.45 (FlashAttention-2 forward+backward on H100, Dao 2023
             reports 35-50% of peak). Fitted.
         memory_efficiency: achieved / datasheet HBM bandwidth for the element-wise kernels
             (norms, activations, RoPE, residuals, cross entropy, optimizer). Default 0.70. Fitted.
@@ -93,21 +95,21 @@ class Calibration:
             whatever exceeds the compute it hides behind). Default 0.2.
     """
 
-    activation_scale: float = 0.9993
-    allocated_overhead_bytes: float = 71122977
+    activation_scale: float = 0.9985
+    allocated_overhead_bytes: float = 77044655
     cuda_context_bytes: float = 600 * MiB
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
-    gemm_efficiency: float = 0.8816
-    attention_efficiency: float = 0.3668
-    memory_efficiency: float = 0.9688
-    nvlink_efficiency: float = 0.5579
+    gemm_efficiency: float = 0.8264
+    attention_efficiency: float = 0.3662
+    memory_efficiency: float = 0.9677
+    nvlink_efficiency: float = 0.5389
     network_efficiency: float = 0.80
-    seconds_per_kernel: float = 4.279e-05
+    seconds_per_kernel: float = 4.498e-05
     gpu_seconds_per_kernel: float = 3e-6
-    host_sync_seconds: float = 0.0002297
+    host_sync_seconds: float = 0.0002281
     collective_latency_seconds: float = 2e-5
-    step_overhead_seconds: float = 0.001646
+    step_overhead_seconds: float = 0.001451
     dp_overlap_exposed_fraction: float = 0.2
 
     def with_values(self, **changes: float) -> "Calibration":
@@ -120,7 +122,7 @@ class Calibration:
 
 
 #: Where the fitted defaults above come from (``bench/plan/calibrate.py --write`` sets it).
-FITTED_FROM = 'calibration_1gpu_h200.json, calibration_1gpu_h200_c.json, calibration_1gpu_h200_fusedce.json, calibration_2gpu_h200x2.json, calibration_2gpu_h200x2_tp2sp.json (23 runs)'
+FITTED_FROM = 'calibration_1gpu_h200.json, calibration_1gpu_h200_c.json, calibration_1gpu_h200_fusedce.json, calibration_2gpu_h200x2.json, calibration_2gpu_h200x2_tp2sp.json, calibration_h200x2_session3.json (29 runs)'
 
 #: The constants every plan uses unless one passes another :class:`Calibration`.
 DEFAULT_CALIBRATION = Calibration()

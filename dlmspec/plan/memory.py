@@ -20,8 +20,19 @@ Static memory (per rank; megatron-core ``distributed.DistributedDataParallel`` a
   The distributed optimizer shards it over the data-parallel x context-parallel group
   (``dp * cp`` ranks), expert parameters over the expert-data-parallel group - the
   "6 + 12/dp bytes per parameter" of Megatron-LM's ``theoretical_memory_usage.py``;
-* FSDP (megatron ``optim_grads_params`` or torch FSDP2) also shards weights and gradients, and
-  keeps two layers unsharded at a time (the one computing and the prefetched one);
+* FSDP (:func:`fsdp_sharding`): Megatron-FSDP (``parallel.fsdp = "megatron"``, megatron-core's
+  ``FullyShardedDataParallel``, which ``backends/megatron/fsdp.py`` wraps) shards the optimizer
+  state and fp32 main weights from ``optim`` on, the gradient buffer from ``optim_grads`` on and
+  the bf16 weights with ``optim_grads_params`` (nothing with ``no_shard``). Its unsharded
+  transients (:func:`fsdp_unsharded_bytes`) are not "two layers": in megatron-core 0.16.1 the
+  communication unit is ``max(1e9, suggested_communication_unit_size)`` elements
+  (``MegatronFSDP._init_fsdp_param_and_grad_buffer``), parameters are all-gathered up to half a
+  unit (500M) beyond the layer computing (``AllGatherPipeline.all_gather_params``), and an
+  unsharded gradient bucket is freed only once the reduce-scatter queue holds more than a unit
+  (``GradReducePipeline.wait_for_previous_grad_reduce``); a stage under 500M parameters thus
+  holds all its weights gathered and all its gradients unsharded during backward. Torch FSDP2
+  (``fsdp = "torch"``, which the runtime refuses) keeps two layers unsharded (the one computing and
+  the prefetched one);
 * fp8 (Transformer Engine): an fp8 copy and an fp8 transpose of every linear weight.
 
 Activations (per microbatch, per layer, kept for the backward pass): the tensors each module
@@ -128,6 +139,43 @@ def fused_linear_ce_bytes(rows: float, hidden: int, vocab: int, y: int, impl: st
     per = max(1, ceil(vocab / hidden))
     chunk = 1 << max(0, ceil(rows / per) - 1).bit_length()
     return base + y * vocab * hidden + y * chunk * vocab
+
+
+#: Megatron-FSDP's communication unit in megatron-core 0.16.1, elements: ``max(1_000_000_000,
+#: suggested_communication_unit_size)`` (so never less); the all-gather prefetch is half of it.
+MEGATRON_FSDP_UNIT = 1_000_000_000
+
+
+def fsdp_sharding(lay: Layout) -> tuple[bool, bool, bool]:
+    """(weights, gradients, optimizer state) sharded over data parallelism, for ``lay.fsdp`` /
+    ``lay.sharding`` (megatron ``data_parallel_sharding_strategy``) and the distributed optimizer."""
+    if lay.fsdp == "torch":
+        return True, True, True
+    if lay.fsdp == "megatron":
+        return (lay.sharding == "optim_grads_params", lay.sharding in ("optim_grads", "optim_grads_params"),
+                lay.sharding != "no_shard")
+    return False, False, lay.distributed_optimizer
+
+
+def fsdp_unsharded_bytes(lay: Layout, params: float, layers: int, param_b: int, grad_b: int) -> float:
+    """Unsharded FSDP buffers alive during forward/backward on a stage of ``params`` parameters
+    and ``layers`` layers (the FSDP units): see the module docstring. Megatron-FSDP: gathered
+    bf16 weights ``param_b * min(P, P/L + unit/2)`` (``optim_grads_params``) plus queued unsharded
+    gradients ``grad_b * min(P, P/L + unit)`` (``optim_grads`` and ``optim_grads_params``); torch
+    FSDP2: two layers of weights and gradients."""
+    if not layers or not params:
+        return 0.0
+    layer = params / layers
+    if lay.fsdp == "torch":
+        return 2 * layer * (param_b + grad_b)
+    if lay.fsdp != "megatron":
+        return 0.0
+    total = 0.0
+    if lay.sharding == "optim_grads_params":
+        total += param_b * min(params, layer + MEGATRON_FSDP_UNIT / 2)
+    if lay.sharding in ("optim_grads", "optim_grads_params"):
+        total += grad_b * min(params, layer + MEGATRON_FSDP_UNIT)
+    return total
 
 
 def optimizer_bytes_per_param(optimizer: str, dtype: str) -> int:
@@ -238,6 +286,14 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
       ``a != g``, the ``repeat_interleave``-d k and v (``2*y*T*a*d/t``) in place of the rotated k
       (``-y*T*g*d/t``) and - without q/k norm - of the mixed QKV output. A run's peak includes
       the steps where a sequence was truncated, so the term counts whenever the spec allows it.
+    * ``cp_gathered_kv`` (local+sdpa with ``cp > 1``): ``SDPACoreAttention`` all-gathers k and
+      v over the CP group (``backends/megatron/attention.py``) and SDPA saves the gathered
+      ``[cp*T, g*d/t]`` pair, in place of the rotated local k: ``2*y*cp*T*g*d/t - y*T*g*d/t``.
+      Causal / block-causal attention sends each of the rank's two query chunks (``c = s/(2*cp)``
+      tokens, chunks ``r`` and ``2*cp-1-r``) to a key prefix, ``(2*cp+1)*c`` keys together on
+      every rank, i.e. ``(cp + 1/2)*T`` tokens, with its ``[c, keys]`` mask (``attention_mask_path``:
+      ``y*c*(2*cp+1)*c``); with ``a != g`` the prefixes are ``repeat_interleave``-d to ``a``
+      heads (``2*y*(cp+1/2)*T*a*d/t``).
     * ``dropout_masks``: with ``hidden_dropout > 0`` two bool masks ``T*h/r``
       (Korthikanti's ``2sbh``); attention dropout inside flash/SDPA replays its RNG, no mask.
     * dense MLP: ``mlp_input`` (fc1 input ``y8*T*h/r``), ``mlp_activation_input`` (fc1 output
@@ -278,7 +334,14 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
             mask = y * s_local * lay.seq
         if shape.variable_length_prob > 0:
             mask = max(mask, y * lay.micro_batch * lay.seq)
-        if mask and a != g:
+        if lay.cp > 1 and shape.attention != "bidirectional":
+            c = s_local / 2
+            mask = y * c * (2 * lay.cp + 1) * c
+        if lay.cp > 1:
+            expand = shape.attention != "bidirectional" and a != g
+            keys = (lay.cp + 0.5) * T if expand else lay.cp * T
+            terms["cp_gathered_kv"] = 2 * y * keys * (a if expand else g) * d / t - y * T * g * d / t
+        elif mask and a != g:
             # GQA on the masked kernel: k and v are repeat_interleave'd to a heads and saved;
             # the rotated k is then saved by nothing (freed), and without q/k norm nothing keeps
             # the mixed QKV storage alive either.
@@ -322,6 +385,8 @@ def apply_selective(
         if module == "core_attn":
             out["attention_output"] = max(0.0, out["attention_output"] - lse)
             out["attention_mask_path"] = 0.0
+            if "cp_gathered_kv" in out:  # gathered again inside the recomputed core attention
+                out["cp_gathered_kv"] = 0.0
             continue
         if module == "mlp" and moe:
             continue
@@ -524,9 +589,7 @@ def stage_memory(
     opt_b = optimizer_bytes_per_param(lay.optimizer, lay.dtype)
     shard = lay.dp * lay.cp
     eshard = lay.expert_dp
-    full_fsdp = lay.fsdp == "torch" or (lay.fsdp == "megatron" and lay.sharding == "optim_grads_params")
-    grad_fsdp = full_fsdp or (lay.fsdp == "megatron" and lay.sharding == "optim_grads")
-    opt_sharded = lay.distributed_optimizer or lay.fsdp != "none"
+    full_fsdp, grad_fsdp, opt_sharded = fsdp_sharding(lay)
 
     def sharded(dense: float, expert: float, on: bool) -> float:
         return dense / shard + expert / eshard if on else dense + expert
@@ -536,7 +599,7 @@ def stage_memory(
     optimizer = opt_b * sharded(p_dense, p_expert, opt_sharded)
     fp8_cache = 2 * linear_params(shape, lay, counts) if lay.fp8 else 0.0
     layers = dense_n + moe_n
-    fsdp_buffers = 2 * (p_dense + p_expert) / layers * (param_b + grad_b) if (full_fsdp and layers) else 0.0
+    fsdp_buffers = fsdp_unsharded_bytes(lay, p_dense + p_expert, layers, param_b, grad_b)
     T = lay.micro_batch * lay.seq / lay.cp
     h = shape.hidden
     sp_buffer = y * T * h if (lay.sp and lay.tp > 1) else 0.0
@@ -585,8 +648,8 @@ def stage_memory(
     # The optimizer step: activations are gone, the step's temporaries appear.
     step = _step_transient(lay, p_dense, p_expert, opt_sharded, shard, eshard)
     phase = "forward_backward"
-    if step > activations + edge_acts + batch + loss_logits + backward:
-        activations = edge_acts = batch = loss_logits = backward = sp_buffer = 0.0
+    if step > activations + edge_acts + batch + loss_logits + backward + fsdp_buffers:
+        activations = edge_acts = batch = loss_logits = backward = sp_buffer = fsdp_buffers = 0.0
         phase = "optimizer_step"
     else:
         step = 0.0

@@ -26,7 +26,7 @@ MEMORY_LABELS = {
     "gradients": "main_grad buffer (fp32 with grad_reduce_in_fp32)",
     "optimizer_states": "fp32 master + Adam moments (sharded with dist. optimizer)",
     "fp8_weight_cache": "Transformer Engine fp8 weights + transposes",
-    "fsdp_unsharded_buffers": "FSDP: two layers gathered",
+    "fsdp_unsharded_buffers": "FSDP: gathered weights, unsharded grads",
     "sp_gather_buffer": "sequence-parallel all-gather buffer",
     "activations": "saved activations x in-flight microbatches",
     "embedding_output_activations": "embedding dropout, final norm, output-layer input",
@@ -85,6 +85,8 @@ def plan_renderable(plan: Plan) -> Group:
     head.append(f"layers: {plan.runtime['transformer_impl']}", style="dim")
     if plan.runtime.get("cross_entropy"):
         head.append(f"\nloss: {plan.runtime['cross_entropy']}", style="dim")
+    if plan.runtime.get("attention"):
+        head.append(f"\nattention: {plan.runtime['attention']}", style="dim")
 
     mem = Table(title=f"memory per GPU (GiB), peak on pipeline stage {peak.stage} during "
                       f"{peak.phase.replace('_', ' ')}", title_justify="left")

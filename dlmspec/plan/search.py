@@ -32,6 +32,7 @@ from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import step_flops
 from dlmspec.plan.memory import layer_terms, memory_plan
 from dlmspec.plan.shape import (
+    LOCAL_CP_COMM_TYPES,
     Layout,
     ModelShape,
     cross_entropy_path,
@@ -503,7 +504,7 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         raise PlanError(f"cluster.gpu = {resolved.spec.cluster.gpu!r} is not in the GPU catalog (dlmspec show --gpus)")
     calib = calibration or DEFAULT_CALIBRATION
     gpu = resolved.gpu
-    # The layer path is the spec's (auto with CP > 1 means Transformer Engine); everything else
+    # The layer path is the spec's (auto with CP > 1 but not allgather means Transformer Engine); everything else
     # comes from the spec at the neutral layout, so a spec whose own layout breaks a rule is
     # searched like any other and its errors are not taken for the candidates'.
     modelled, _ = transformer_impl(resolved)
@@ -514,10 +515,13 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         resolved = resolve(spec)
     shape0 = model_shape(resolved)
     base = layout(resolved, modelled)
-    # Every layout is modelled on the spec's layer path. Context parallelism needs Transformer
-    # Engine, so it is searched only when that path is TE (transformer_impl = transformer_engine,
-    # or auto with fp8 / CP / grouped GEMM, which require it).
-    allow_cp = modelled == "transformer_engine" and resolved.attention_mask != "block_causal"
+    # Every layout is modelled on the spec's layer path. Context parallelism is searched where
+    # that path has it: Transformer Engine (transformer_impl = transformer_engine, or auto with
+    # fp8 / CP other than allgather / grouped GEMM, which require it) without block-causal masks,
+    # and the local layers with cp_comm_type = allgather (shape.LOCAL_CP_COMM_TYPES).
+    local_cp = spec.parallel.cp_comm_type in LOCAL_CP_COMM_TYPES
+    allow_cp = (modelled == "transformer_engine" and resolved.attention_mask != "block_causal") or (
+        modelled != "transformer_engine" and local_cp)
     shapes: dict[int, ModelShape] = {}
     cap = gpu.memory_bytes
     fitting: list[Candidate] = []
@@ -561,8 +565,9 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         chosen.append(cand)
     gib = 1024**3
     cp_note = ("" if allow_cp or resolved.attention_mask == "block_causal" else
-               "; context parallelism needs Transformer Engine and was not searched "
-               "(set model.transformer_impl = \"transformer_engine\" to include it)")
+               "; context parallelism on the local layers needs cp_comm_type = \"allgather\" and was "
+               "not searched (set parallel.cp_comm_type = \"allgather\", or model.transformer_impl = "
+               "\"transformer_engine\", to include it)")
     if chosen:
         message = (f"{len(fitting)} of {evaluated} planned layouts fit the {cap / gib:.1f} GiB of one {gpu.name} "
                    f"({enumerated} enumerated; {enumerated - evaluated} skipped: more recomputation than a "

@@ -16,6 +16,12 @@ from dlmspec.resolve import Resolved, effective_cross_entropy, padded_vocab_size
 #: Bytes per element of each ``[precision] dtype``.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
+#: ``[parallel] cp_comm_type`` values the local layers implement: SDPA core attention all-gathers
+#: keys and values over the context-parallel group (``backends.megatron.attention.CP_COMM_TYPES``,
+#: megatron-core's spelling ``"all_gather"``); ``p2p``, ``a2a`` and ``a2a+p2p`` need Transformer
+#: Engine's attention.
+LOCAL_CP_COMM_TYPES = ("allgather",)
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -116,6 +122,10 @@ class Layout:
         grad_fp32: gradients kept and reduced in fp32.
         dtype: ``bf16``, ``fp16`` or ``fp32``; fp8: TE fp8 on.
         impl: ``transformer_engine`` or ``local+sdpa`` (the path the memory model assumes).
+        cp_comm_type: ``[parallel] cp_comm_type`` (how context parallelism exchanges K/V).
+        rope_fusion: ``[kernels] apply_rope_fusion`` (fused RoPE kernels; only with rotary
+            embeddings). sdpa_backend: ``[kernels] sdpa_backend`` as the spec says it
+            (:func:`attention_backend` resolves ``auto`` against the GPU).
         optimizer: ``adam`` or ``sgd``.
         world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
         train_iters: optimizer steps of the run.
@@ -154,6 +164,9 @@ class Layout:
     train_iters: int
     cross_entropy: str = "megatron"
     fused_linear_impl: str = "auto"
+    cp_comm_type: str = "p2p"
+    rope_fusion: bool = False
+    sdpa_backend: str = "auto"
 
     @property
     def fused_linear_ce(self) -> bool:
@@ -187,8 +200,9 @@ def transformer_impl(resolved: Resolved) -> tuple[str, str]:
         ``"local+sdpa"``, the path the memory and time models assume; ``description`` says
         what the runtime does (``backends/megatron/layers.py``: ``auto`` takes Transformer
         Engine when it imports on the cluster, else megatron-core's local modules with
-        SDPA core attention). fp8, context parallelism and grouped-GEMM experts exist only
-        with Transformer Engine, so ``auto`` with any of them is modelled as TE.
+        SDPA core attention). fp8, grouped-GEMM experts and context parallelism other than
+        :data:`LOCAL_CP_COMM_TYPES` exist only with Transformer Engine, so ``auto`` with any of
+        them is modelled as TE.
     """
     spec = resolved.spec
     impl = spec.model.transformer_impl
@@ -200,7 +214,8 @@ def transformer_impl(resolved: Resolved) -> tuple[str, str]:
         name
         for name, on in (
             ("precision.fp8", spec.precision.fp8 != "none"),
-            ("context_parallel_size > 1", resolved.cp > 1),
+            (f"context_parallel_size > 1 with cp_comm_type '{spec.parallel.cp_comm_type}'",
+             resolved.cp > 1 and spec.parallel.cp_comm_type not in LOCAL_CP_COMM_TYPES),
             ("model.moe_grouped_gemm", spec.model.moe_grouped_gemm),
         )
         if on
@@ -314,6 +329,9 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         train_iters=resolved.train_iters,
         cross_entropy=spec.kernels.cross_entropy,
         fused_linear_impl=spec.kernels.fused_linear_impl,
+        cp_comm_type=par.cp_comm_type,
+        rope_fusion=spec.kernels.apply_rope_fusion,
+        sdpa_backend=spec.kernels.sdpa_backend,
     )
 
 
@@ -324,6 +342,35 @@ def cross_entropy_path(lay: Layout) -> str:
             lay.fused_linear_impl, "Liger Kernel when it imports on the GPU machine (planned), else PyTorch row chunks")
         return f"fused_linear: output projection + cross entropy on the loss-carrying rows only, {impl}"
     return "megatron: [s, b, vocab/TP] logits and megatron-core's vocab-parallel cross entropy"
+
+
+def attention_backend(lay: Layout, compute_capability: tuple[int, int]) -> str:
+    """The attention kernel the time model assumes: ``"transformer_engine"`` on the TE path,
+    else the SDPA backend - ``"cudnn"``, ``"flash"`` or ``"efficient"``. ``auto`` is cuDNN on
+    compute capability 9.0 and above (``backends.megatron.attention.auto_sdpa_backend`` for
+    unmasked bidirectional attention; masked and causal calls keep PyTorch's order, which on
+    torch 2.11 with cuDNN >= 9.15 on sm90/sm100 also puts cuDNN first:
+    ``check_prefer_cudnn_attention``), else flash."""
+    if lay.impl == "transformer_engine":
+        return "transformer_engine"
+    if lay.sdpa_backend == "auto":
+        return "cudnn" if compute_capability >= (9, 0) else "flash"
+    return lay.sdpa_backend
+
+
+def attention_path(lay: Layout, compute_capability: tuple[int, int]) -> str:
+    """One line naming the attention kernel and the RoPE path a plan assumes (the report)."""
+    backend = attention_backend(lay, compute_capability)
+    names = {"cudnn": "SDPA cuDNN", "flash": "SDPA flash", "efficient": "SDPA memory-efficient",
+             "transformer_engine": "Transformer Engine DotProductAttention"}
+    line = names.get(backend, backend)
+    if lay.impl != "transformer_engine":
+        line += f" (sdpa_backend = {lay.sdpa_backend!r})"
+    if lay.rope_fusion:
+        rope = "TE's fused kernel" if lay.impl == "transformer_engine" else "torch.compile'd (2+2 kernels per layer)"
+    else:
+        rope = "megatron-core unfused (34 kernels per layer)"
+    return f"{line}; RoPE: {rope}"
 
 
 def gpu_of(resolved: Resolved) -> GPU | None:

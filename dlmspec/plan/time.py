@@ -10,7 +10,8 @@ Per pipeline rank and microbatch (the slowest rank sets the pace):
   read + written (:func:`elementwise_bytes`) at ``hbm * memory_efficiency``; every kernel at least
   ``gpu_seconds_per_kernel``; TP collectives (sequence parallel: all-gather + reduce-scatter of
   ``y*T*h`` bytes, twice per layer forward and twice backward; without SP all-reduces of the same
-  volume), the backward EP all-to-alls and the CP ring exchange beyond the attention it overlaps.
+  volume), the backward EP all-to-alls and the CP key/value exchange (:data:`CP_KV_EXCHANGES`:
+  the ring beyond the attention it overlaps, the all-gather whole).
   Per-rank FLOPs: attention and MLP GEMMs split over TP, the sequence over CP, experts'
   token-GEMMs over EP x expert TP (:func:`dlmspec.plan.memory.expert_tokens`).
 * host work: every kernel is launched by the CPU (PyTorch eager mode, megatron-core's Python
@@ -56,8 +57,8 @@ from typing import Any
 from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import FlopCounts, attended_keys, recompute_fraction, step_flops
-from dlmspec.plan.memory import expert_tokens, linear_params, stage_layer_counts, stage_params
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
+from dlmspec.plan.memory import expert_tokens, fsdp_sharding, linear_params, stage_layer_counts, stage_params
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, attention_backend
 
 #: Time breakdown keys, in report order (``step_seconds`` is their sum). ``kernel_launch``: the
 #: GPU's per-kernel floor plus, on launch-bound ranks, the time the GPU waits for the host;
@@ -84,6 +85,34 @@ TIME_TERMS = (
 KERNELS_PER_LAYER = {"local+sdpa": 78, "transformer_engine": 45}
 #: The forward share, launched again by full recomputation.
 KERNELS_PER_LAYER_FORWARD = {"local+sdpa": 33, "transformer_engine": 18}
+#: RoPE's share of the local layer's kernels (forward, backward), in the counts above: megatron-core's
+#: unfused ``_apply_rotary_pos_emb_bshd`` for q and for k (cos, sin, their casts, the rotate-half's
+#: negation and ``cat``, two multiplications, an addition, the ``cat`` with the pass-through part:
+#: 20 forward, 14 backward, counted by ``bench/plan/count_kernels.py`` as a rotary layer minus a
+#: learned-position one). With ``[kernels] apply_rope_fusion`` (``backends/megatron/rope.py``) one
+#: compiled Triton kernel per tensor forward and one backward: 2 + 2 (the profile of Qwen3-1.7B
+#: with fused RoPE: ``triton_poi_fused__to_copy_add_cat_cos_mul_neg_sin_slice_0`` and
+#: ``..._clone_cos_mul_neg_permute_sin_split_0``, 56 calls each per step of 28 layers). Without
+#: rotary embeddings neither is launched. The TE path's counts are profiler totals with TE's
+#: fused RoPE.
+KERNELS_ROPE_UNFUSED = (20, 14)
+KERNELS_ROPE_FUSED = (2, 2)
+#: Element-wise bytes per q/k element of RoPE, forward + backward (y = 2): unfused, its eight-odd
+#: kernels read and write the tensor several times (12 bytes per element counted); fused, one
+#: read and one write forward and backward (4).
+ROPE_BYTES_PER_ELEMENT = {False: 12, True: 4}
+#: Attention-core speed of each SDPA backend relative to the backend the calibration runs took,
+#: whose speed ``Calibration.attention_efficiency`` is: cuDNN's. On torch 2.11 with cuDNN 9.19 on
+#: an H200 PyTorch's own order puts cuDNN first (``check_prefer_cudnn_attention``), and every
+#: profiled calibration run (``bench/results/profile_h200x2_2026-11-30.json``) shows only
+#: ``cudnn_generated_fort_native_sdpa_sm90_*`` attention kernels. Flash: Qwen3-1.7B at micro batch
+#: 10 x 4096 on an H200, flash's forward + backward kernels 15.52 ms per layer (the 14 flash
+#: calls of the ``flash_unfused_rope`` step) against cuDNN's 10.91 ms (``cudnn_unfused_rope``:
+#: 305.5 ms / 28 layers; the two ran side by side on the two GPUs, their GEMMs within 1%):
+#: 10.91 / 15.52 = 0.703. Memory-efficient: 142 against cuDNN's 513 TFLOP/s in the same
+#: profile file's SDPA microbenchmark (8 x 4096, 16/8 heads, d 128). Transformer Engine's fused
+#: attention is cuDNN's.
+ATTENTION_BACKEND_SPEED = {"cudnn": 1.0, "transformer_engine": 1.0, "flash": 0.703, "efficient": 0.277}
 #: Extra kernels of a MoE layer over a dense one (router, aux loss, permute/unpermute, dispatcher
 #: bookkeeping, minus the dense MLP: 108 - 78 counted) and per local expert (megatron-core
 #: ``SequentialMLP`` runs each expert's fc1, activation and fc2 and their backward: 4 + 9 counted).
@@ -140,6 +169,19 @@ FUSED_CE_BYTES_PER_LOGIT = {"liger": 8, "torch": 34}
 OPTIMIZER_BYTES = {"transformer_engine": 30, "local+sdpa": 86}
 
 
+#: Context parallelism's key/value traffic per layer and microbatch, by ``cp_comm_type``: how many
+#: times each rank sends ``(cp - 1)`` K/V shards of ``y * T * 2 * g * d / t`` bytes, and whether
+#: the transfers overlap the attention. ``p2p`` (Transformer Engine ``AttnFuncWithCPAndKVP2P``,
+#: ``a2a`` and ``a2a+p2p`` planned alike): the K/V ring forward, the ring again and dK/dV
+#: backward, behind the attention of the chunk in hand. ``allgather`` (megatron-core
+#: ``cp_comm_type = "all_gather"``: the local layers' ``backends.megatron.attention``
+#: ``SDPACoreAttention``, Transformer Engine ``AttnFuncWithCPAndKVAllGather``): one all-gather
+#: of K and V forward and one reduce-scatter of dK/dV backward, ring volume ``(cp - 1)`` shards
+#: each, not overlapped ("The all-gather is not async, and cannot be overlapped",
+#: ``TransformerConfig.cp_comm_type``), each a collective.
+CP_KV_EXCHANGES = {"p2p": (3, True), "allgather": (2, False)}
+
+
 @dataclass(frozen=True)
 class StageWork:
     """One pipeline rank's work per microbatch, at 100% of every peak.
@@ -147,7 +189,8 @@ class StageWork:
     Attributes:
         stage: pipeline rank.
         gemm_seconds: GEMM FLOPs / peak.
-        attention_seconds: attention-core FLOPs / peak.
+        attention_seconds: attention-core FLOPs / peak, over the SDPA backend's relative speed
+            (:data:`ATTENTION_BACKEND_SPEED`).
         elementwise_seconds: element-wise bytes / HBM bandwidth.
         kernels: kernel launches (host and GPU).
         syncs: host-device synchronisations.
@@ -157,7 +200,9 @@ class StageWork:
             ep_backward_collectives, ep_forward_collectives: their number (forward with the
             counts' all-gather).
         tp_network, ep_network, cp_network: whether those groups cross nodes.
-        cp_comm_seconds: K/V ring exchange bytes / bandwidth (100%), forward + backward.
+        cp_comm_seconds: K/V exchange bytes / bandwidth (100%), forward + backward
+            (:data:`CP_KV_EXCHANGES`); cp_overlapped: whether it hides behind the attention;
+            cp_collectives: collectives whose latency is exposed (all-gather path).
     """
 
     stage: int
@@ -176,6 +221,8 @@ class StageWork:
     ep_network: bool
     cp_comm_seconds: float
     cp_network: bool
+    cp_overlapped: bool = True
+    cp_collectives: float = 0.0
 
 
 def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
@@ -205,7 +252,8 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     """Bytes the element-wise kernels of one microbatch read and write on rank ``stage``
     (forward + backward), counted per kernel as reads + writes of its operands:
     RMSNorm/LayerNorm 5 (forward read/write, backward read x, dy, write dx) per element, two
-    per layer; residual adds 6 (two per layer); RoPE 12 and q/k norm 5 per q/k element; the
+    per layer; residual adds 6 (two per layer); RoPE 12 (fused: 4, :data:`ROPE_BYTES_PER_ELEMENT`) and
+    q/k norm 5 per q/k element; the
     fused SwiGLU 8 (GELU 5) per ``f`` element; dropout 10 per element
     with dropout; MoE permute/unpermute 8 per routed token copy; the local path's weight-
     gradient accumulation into ``main_grad`` (bf16 gradient written and read, fp32 read and
@@ -220,7 +268,7 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     local = lay.impl != "transformer_engine"
     per_tok = (10 * h + 12 * h) * y / r
     if shape.rope:
-        per_tok += 12 * (a + g) * d * y / t
+        per_tok += ROPE_BYTES_PER_ELEMENT[lay.rope_fusion] * (a + g) * d * y / t
     if shape.qk_norm:
         per_tok += 5 * (a + g) * d * y / t
     if shape.hidden_dropout > 0:
@@ -266,7 +314,8 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
     dense_n, moe_n = counts
     path = _path(lay)
     layers = dense_n + moe_n
-    kernels = layers * KERNELS_PER_LAYER[path]
+    per_layer, per_layer_fwd = layer_kernels(shape, lay)
+    kernels = layers * per_layer
     experts = 0.0
     if moe_n:
         experts = KERNELS_PER_LOCAL_EXPERT[path] * shape.num_experts / lay.ep
@@ -275,7 +324,7 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
         # The recomputed forward launches the forward share of each recomputed layer's kernels.
         chunks = lay.pp * max(1, lay.vpp)
         share = 1.0 if lay.recompute_method == "uniform" else min(1.0, lay.recompute_layers * chunks / shape.num_layers)
-        forward = KERNELS_PER_LAYER_FORWARD[path] / KERNELS_PER_LAYER[path]
+        forward = per_layer_fwd / per_layer
         kernels += share * forward * kernels
     elif lay.recompute == "selective":
         kernels += layers * KERNELS_PER_SELECTIVE_LAYER
@@ -287,6 +336,23 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
         if lay.fused_linear_ce:
             kernels += fused_ce_kernels(shape, lay)
     return kernels
+
+
+def layer_kernels(shape: ModelShape, lay: Layout) -> tuple[int, int]:
+    """(forward + backward, forward) kernels of one dense layer per microbatch: the counted
+    :data:`KERNELS_PER_LAYER` with RoPE's share as the layout runs it (local path: unfused
+    :data:`KERNELS_ROPE_UNFUSED`, fused :data:`KERNELS_ROPE_FUSED`, none without rotary
+    embeddings)."""
+    path = _path(lay)
+    total, forward = KERNELS_PER_LAYER[path], KERNELS_PER_LAYER_FORWARD[path]
+    if path == "local+sdpa":
+        total -= sum(KERNELS_ROPE_UNFUSED)
+        forward -= KERNELS_ROPE_UNFUSED[0]
+        if shape.rope:
+            rope = KERNELS_ROPE_FUSED if lay.rope_fusion else KERNELS_ROPE_UNFUSED
+            total += sum(rope)
+            forward += rope[0]
+    return total, forward
 
 
 def fused_ce_kernels(shape: ModelShape, lay: Layout) -> float:
@@ -378,8 +444,9 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     # TP collectives: 4 per layer forward + 4 backward of the gathered [T, h] (same volume as
     # 2 + 2 all-reduces without SP); the output layer and embedding add one pair each.
     tp_s = ep_b = ep_f = cp_s = 0.0
-    tp_n = ep_bn = ep_fn = 0.0
+    tp_n = ep_bn = ep_fn = cp_n = 0.0
     tp_net = ep_net = cp_net = False
+    cp_overlapped = True
     if t > 1:
         bw, tp_net = _bandwidth(gpu, lay, t, calib, raw=True)
         unit = y * T * h * (t - 1) / t / bw
@@ -400,11 +467,13 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     if lay.cp > 1:
         bw, cp_net = _bandwidth(gpu, lay, lay.tp * lay.cp, calib, raw=True)
         kv = y * T * 2 * g * d / t / bw
-        cp_s = layers * 3 * (lay.cp - 1) * kv
+        passes, cp_overlapped = CP_KV_EXCHANGES.get(lay.cp_comm_type, CP_KV_EXCHANGES["p2p"])
+        cp_s = layers * passes * (lay.cp - 1) * kv
+        cp_n = 0.0 if cp_overlapped else layers * passes
     return StageWork(
         stage=stage,
         gemm_seconds=gemm / gemm_peak,
-        attention_seconds=attention / attn_peak,
+        attention_seconds=attention / attn_peak / ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)],
         elementwise_seconds=ew / (gpu.hbm_gbps * 1e9),
         kernels=kernels_per_microbatch(shape, lay, counts, stage),
         syncs=syncs_per_microbatch(shape, lay, stage, counts),
@@ -418,6 +487,8 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         ep_network=ep_net,
         cp_comm_seconds=cp_s,
         cp_network=cp_net,
+        cp_overlapped=cp_overlapped,
+        cp_collectives=cp_n,
     )
 
 
@@ -429,14 +500,16 @@ def microbatch_seconds(w: StageWork, calib: Calibration) -> tuple[dict[str, floa
     """Seconds of one microbatch on a rank, by term, and whether the rank is launch-bound.
 
     GPU time (compute, the per-kernel floor, TP collectives, backward EP all-to-alls, the CP
-    exchange beyond the attention it overlaps) and host launch time overlap - the host enqueues
+    exchange: a ring beyond the attention it overlaps, an all-gather whole with its latency) and
+    host launch time overlap - the host enqueues
     kernels asynchronously - so the microbatch takes the larger; a launch-bound rank's excess
     goes to ``kernel_launch``. The host syncs and what they expose (forward EP all-to-alls and
     their latency) come on top.
     """
     lat = calib.collective_latency_seconds
     attention = w.attention_seconds / calib.attention_efficiency
-    cp = max(0.0, w.cp_comm_seconds / _eff(w.cp_network, calib) - attention)
+    cp = w.cp_comm_seconds / _eff(w.cp_network, calib)
+    cp = max(0.0, cp - attention) if w.cp_overlapped else cp + w.cp_collectives * lat
     terms = {
         "gemm": w.gemm_seconds / calib.gemm_efficiency,
         "attention": attention,
@@ -557,15 +630,20 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         backward = m * mb_total * 2 / 3
         forward = m * mb_total / 3
         grad_t, param_t = dp_total
-        exposed = grad_t if not lay.overlap_grad_reduce else max(grad_t * calib.dp_overlap_exposed_fraction, grad_t - backward)
+        overlap_grad, overlap_param = dp_overlap(lay)
+        if fsdp_sharding(lay)[0]:
+            # Fully sharded: the backward's parameter all-gather runs beside the gradient
+            # reduce-scatter, behind backward; the forward's behind forward.
+            grad_t, param_t = grad_t + param_t / 2, param_t / 2
+        exposed = grad_t if not overlap_grad else max(grad_t * calib.dp_overlap_exposed_fraction, grad_t - backward)
         if param_t:
-            exposed += param_t if not lay.overlap_param_gather else max(param_t * calib.dp_overlap_exposed_fraction, param_t - forward)
+            exposed += param_t if not overlap_param else max(param_t * calib.dp_overlap_exposed_fraction, param_t - forward)
         b["dp_communication"] = exposed
         dp_raw = exposed
     # Optimizer: memory-bound pass over the owned (sharded) parameters, plus zeroing grads; the
     # host's launches (per parameter tensor on the local path) and the step's syncs.
     path = _path(lay)
-    sharded = lay.distributed_optimizer or lay.fsdp != "none"
+    sharded = fsdp_sharding(lay)[2]
     owned = p_dense / (lay.dp * lay.cp) + p_expert / lay.expert_dp if sharded else p_dense + p_expert
     opt_bytes = OPTIMIZER_BYTES[path] * owned
     opt_bytes += (grad_b + 4) * (p_dense + p_expert)  # zero the grad buffer, read it for the norm
@@ -624,10 +702,24 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     )
 
 
+def dp_overlap(lay: Layout) -> tuple[bool, bool]:
+    """(gradient reduction, parameter all-gather) overlapped with compute. Megatron-FSDP turns
+    both on whatever the config says where it shards them (``MegatronFSDP.__init__``: the
+    reduce-scatter with ``optim_grads`` / ``optim_grads_params``, the all-gather with
+    ``optim_grads_params``); torch FSDP2 always overlaps."""
+    weights, grads, _ = fsdp_sharding(lay)
+    if lay.fsdp == "none":
+        return lay.overlap_grad_reduce, lay.overlap_param_gather
+    return lay.overlap_grad_reduce or grads, lay.overlap_param_gather or weights
+
+
 def ddp_buckets(lay: Layout, p_dense: float, p_expert: float) -> int:
-    """Gradient buckets of megatron-core's DDP on a rank: with ``overlap_grad_reduce`` and data
-    parallelism, buckets of ``max(40M, 1M * dp)`` parameters per buffer (dense, expert); else one
-    bucket per buffer."""
+    """Gradient buckets of megatron-core's DDP on a rank whose NaN check syncs the host: with
+    ``overlap_grad_reduce`` and data parallelism, buckets of ``max(40M, 1M * dp)`` parameters per
+    buffer (dense, expert); else one bucket per buffer. FSDP: 0 (Megatron-FSDP does not check
+    gradients per bucket; megatron-core 0.16.1 reads ``check_for_nan_in_grad`` only in DDP)."""
+    if lay.fsdp != "none":
+        return 0
     n = max(1, lay.dp * lay.cp)
     if lay.overlap_grad_reduce and n > 1:
         size = max(DDP_BUCKET_PARAMS, 1_000_000 * n)
@@ -643,8 +735,11 @@ def dp_comm_seconds(lay: Layout, gpu: GPU, calib: Calibration, p_dense: float, p
     Distributed optimizer: reduce-scatter of the gradient buffer over ``dp * cp`` ranks
     (expert gradients over the expert-DP group) then all-gather of the updated bf16 parameters;
     otherwise an all-reduce (twice the reduce-scatter's volume) and no all-gather. Ring cost:
-    ``bytes * (n-1)/n / bandwidth`` per reduce-scatter or all-gather. FSDP gathers parameters
-    in forward and again in backward.
+    ``bytes * (n-1)/n / bandwidth`` per reduce-scatter or all-gather. Megatron-FSDP
+    (:func:`~dlmspec.plan.memory.fsdp_sharding`): ``optim`` / ``optim_grads`` reduce-scatter and
+    gather the updated parameters once, like the distributed optimizer; ``optim_grads_params``
+    (and torch FSDP2) gathers the parameters in forward and again in backward; ``no_shard``
+    all-reduces.
     """
     n = lay.dp * lay.cp
     ne = lay.expert_dp
@@ -653,12 +748,12 @@ def dp_comm_seconds(lay: Layout, gpu: GPU, calib: Calibration, p_dense: float, p
     span = lay.tp * lay.cp * lay.dp
     bw, _ = _bandwidth(gpu, lay, span, calib)
     grad_t = param_t = 0.0
-    sharded = lay.distributed_optimizer or lay.fsdp != "none"
+    weights_sharded, _, sharded = fsdp_sharding(lay)
     factor = 1.0 if sharded else 2.0
     if n > 1:
         grad_t += factor * grad_b * p_dense * (n - 1) / n / bw
         if sharded:
-            param_t += param_b * p_dense * (n - 1) / n / bw * (2 if lay.fsdp != "none" else 1)
+            param_t += param_b * p_dense * (n - 1) / n / bw * (2 if weights_sharded else 1)
     if ne > 1 and p_expert:
         ebw, _ = _bandwidth(gpu, lay, lay.world // max(1, lay.pp), calib)
         grad_t += factor * grad_b * p_expert * (ne - 1) / ne / ebw
