@@ -262,3 +262,126 @@ def test_planned_fsdp_memory_and_communication() -> None:
     grad_opt, param_opt = dp_comm_seconds(lay_optim, gpu, bare, 1e8, 0, 4, 2)
     assert grad_full == pytest.approx(grad_opt)
     assert param_full == pytest.approx(2 * param_opt)  # gathered in forward and again in backward
+
+
+# ------------------------------------------------------------------------------------------
+# Two ranks, unevenly sharded DTensors, megatron's DistributedOptimizer fsdp_dtensor state (gloo)
+
+_BUFFER = {"a": (0, 6), "c": (6, 10), "b": (10, 12)}  # one flat buffer of 12, 6 per rank
+
+
+def _two_rank_worker(rank: int, store: str, path: str, symmetric: bool) -> None:
+    """One rank of :func:`test_fsdp_save_with_params_wholly_in_other_ranks_shards`."""
+    import datetime
+    import types
+    from unittest import mock
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from backends.megatron import fsdp
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))
+    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+        parallel_state.initialize_model_parallel(1, 1)
+    mesh = init_device_mesh("cpu", (2,))
+    lo, hi = 6 * rank, 6 * rank + 6
+
+    def shard(name: str, value: float) -> DTensor:
+        # Megatron-FSDP's layout: this rank's slice of the parameter's span of the flat buffer
+        start, end = _BUFFER[name]
+        local = torch.full((max(0, min(end, hi) - max(start, lo)),), value + rank)
+        return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size([end - start]),
+                                  stride=(1,))
+
+    class Chunk(torch.nn.Module):
+        config = types.SimpleNamespace(gated_linear_unit=False, num_moe_experts=None)
+
+        def __init__(self):
+            super().__init__()
+            for i, name in enumerate(_BUFFER):
+                self.register_parameter(name, torch.nn.Parameter(shard(name, 10.0 * (i + 1))))
+
+        def state_dict_for_save_checkpoint(self):
+            return dict(self.named_parameters())
+
+        def load_state_dict(self, sd, strict=True):
+            Chunk.loaded = sd
+
+    class LazyAdamState(torch.optim.Optimizer):
+        # torch Adam's state bookkeeping: created on the first step a parameter has a gradient
+        def __init__(self, params):
+            super().__init__(params, {"lr": 1.0})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = torch.tensor(0.0)
+                        state["exp_avg"] = torch.zeros_like(p)
+                        state["exp_avg_sq"] = torch.zeros_like(p)
+                    state["step"] += 1
+                    state["exp_avg"].to_local().add_(1.0)
+                    state["exp_avg_sq"].to_local().add_(2.0)
+
+    chunk = Chunk()
+    opt = DistributedOptimizer.__new__(DistributedOptimizer)
+    opt.ddp_config = types.SimpleNamespace(use_megatron_fsdp=True)
+    opt.model_chunks = [chunk]
+    opt.optimizer = LazyAdamState(list(chunk.parameters()))
+    for _ in range(3):  # Megatron-FSDP: grad None where the local shard is empty
+        for p in chunk.parameters():
+            p.grad = torch.ones_like(p) if p.to_local().numel() else None
+        opt.optimizer.step()
+    own = {n for n, p in chunk.named_parameters() if p.to_local().numel()}
+    assert {opt._param_name(p) for p in opt.state} == own  # a on rank 0, c and b on rank 1
+
+    patch = mock.patch.object(fsdp, "_symmetric_optimizer_state", lambda state, optimizer: state)
+    with (mock.patch.object(torch.cuda, "current_device", lambda: "cpu"),
+          patch if not symmetric else mock.MagicMock()):
+        fsdp.save_checkpoint_fsdp(path, model=[chunk], optimizer=opt, run_state={"iteration": 3},
+                                  rng_state={"rank": rank})
+        expected = {n: (p.to_local().clone(), {k: v.to_local().clone() if isinstance(v, DTensor) else v.clone()
+                                               for k, v in opt.state[p].items()})
+                    for n, p in chunk.named_parameters() if p in opt.state}
+        for p in chunk.parameters():
+            p.detach().to_local().zero_()
+        for s in opt.state.values():
+            for v in s.values():
+                (v.to_local() if isinstance(v, DTensor) else v).zero_()
+        run_state, rng = fsdp.load_checkpoint_fsdp(path, model=[chunk], optimizer=opt, load_rng=True)
+    assert run_state == {"iteration": 3} and rng == {"rank": rank}
+    assert set(Chunk.loaded) == set(_BUFFER)
+    params = dict(chunk.named_parameters())
+    for name, (weight, state) in expected.items():
+        assert torch.equal(Chunk.loaded[name].to_local(), weight), name
+        got = opt.state[params[name]]
+        assert set(got) == {"step", "exp_avg", "exp_avg_sq"}, (name, set(got))
+        assert float(got["step"]) == 3.0, (name, got["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(got[key].to_local(), state[key]), (name, key)
+    # the placeholders did not become optimizer state: still only this rank's own parameters
+    assert {opt._param_name(p) for p in opt.state} == own
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def test_fsdp_save_with_params_wholly_in_other_ranks_shards(tmp_path: Path) -> None:
+    """The H200 hang at the first save of demo-fsdp, on two gloo ranks: a parameter that lies
+    wholly in the other rank's shard has no optimizer state here (grad None), so each rank's
+    fsdp_dtensor optimizer state held different DTensors and the per-DTensor all_gather_object
+    of preprocess_state_dict_for_uneven_dtensor did not pair up. With the state made symmetric
+    the save completes and a load restores weights, moments and step counters on both ranks."""
+    import torch.multiprocessing as tmp
+
+    (tmp_path / "ckpt").mkdir()
+    tmp.spawn(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path / "ckpt"), True), nprocs=2)
+    assert (tmp_path / "ckpt" / ".metadata").is_file()

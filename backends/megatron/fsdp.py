@@ -160,6 +160,81 @@ def _state_dict(model: List[torch.nn.Module], optimizer, is_loading: bool) -> Di
     return state
 
 
+def _optimizer_states(optimizer, state: Any) -> List[Tuple[Any, Dict[str, Any]]]:
+    """``(DistributedOptimizer, its fsdp_dtensor state dict)`` pairs of ``optimizer`` and the
+    dict its ``sharded_state_dict`` returned (``ChainedOptimizer``: one per chained optimizer,
+    under its index, or the only one's state dict unkeyed)."""
+    opts = list(getattr(optimizer, "chained_optimizers", [optimizer]))
+    if len(opts) == 1:
+        return [(opts[0], state)]
+    return [(opt, state[i]) for i, opt in enumerate(opts)]
+
+
+def _symmetric_optimizer_state(state: Dict[str, Any], optimizer) -> Dict[str, Any]:
+    """``state`` with every rank's optimizer state holding the same DTensors in the same order.
+
+    Megatron-FSDP shards each parameter group's flat buffer evenly over the data-parallel ranks,
+    so a parameter can lie wholly in other ranks' shards; megatron-core 0.16.1 then gives it
+    ``grad = None`` on this rank (``param_and_grad_buffer`` ``if optimizer_grad.numel() == 0``),
+    the torch optimizer never creates its state here (``_init_optimizer_states_with_dummy_values``
+    skips it too), and ``DistributedOptimizer.sharded_param_state_fsdp_dtensor`` returns different
+    parameters on different ranks, in first-step order. ``preprocess_state_dict_for_uneven_dtensor``
+    runs one ``all_gather_object`` per DTensor over its mesh, so the ranks entered different
+    numbers of collectives and the save hung (H200, DP 2: nothing after the step-20 validation
+    until the job was killed). Megatron-LM's fully_shard path mocks these states the same way.
+
+    Here the state dict of each optimizer is rebuilt in its ``param_groups`` order, identical on
+    every rank, and a parameter without state gets zero DTensors of its (empty) local shard
+    under the DTensor keys the other ranks have (agreed by one ``all_gather_object``). Empty
+    shards write nothing; the ``step`` counters stay those of the ranks that hold a shard. The
+    per-parameter dicts that were there are the same objects, so a DCP load fills them in place;
+    ``state`` itself and the optimizer are not modified (the placeholders never reach
+    ``optimizer.load_state_dict``). A rank whose parameter names differ raises on every rank.
+    """
+    from megatron.core import parallel_state
+    from torch.distributed.tensor import DTensor
+
+    if optimizer is None or "optimizer" not in state:
+        return state
+    pairs = _optimizer_states(optimizer, state["optimizer"])
+    local = []
+    for opt, sd in pairs:
+        keys = sorted({k for entry in sd["state"].values() if isinstance(entry, dict)
+                       for k, v in entry.items() if isinstance(v, DTensor)})
+        names = [opt._param_name(p) for group in opt.optimizer.param_groups for p in group["params"]]
+        local.append((keys, names))
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    gathered: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, local, group=group)
+    if parallel_state.get_expert_model_parallel_world_size() == 1:
+        for rank_local in gathered:
+            if [n for _, n in rank_local] != [n for _, n in local]:
+                raise RuntimeError("Megatron-FSDP checkpoint: the optimizers of the data-parallel ranks hold "
+                                   "different parameters; refusing to enter DCP's per-tensor collectives")
+    new_optimizer: Any = {} if len(pairs) > 1 else None
+    for i, (opt, sd) in enumerate(pairs):
+        keys = sorted({k for rank_local in gathered for k in rank_local[i][0]})
+        packed = sd["state"]
+        ordered: Dict[str, Any] = {}
+        for group_ in opt.optimizer.param_groups:
+            for p in group_["params"]:
+                name = opt._param_name(p)
+                entry = packed.get(name)
+                if entry is None and isinstance(p, DTensor) and keys:
+                    entry = {k: DTensor.from_local(torch.zeros_like(p.to_local()), p.device_mesh, p.placements,
+                                                   run_check=False, shape=p.shape, stride=p.stride())
+                             for k in keys}
+                if entry is not None:
+                    ordered[name] = entry
+        ordered.update((k, v) for k, v in packed.items() if k not in ordered)
+        completed = {**sd, "state": ordered}
+        if new_optimizer is None:
+            new_optimizer = completed
+        else:
+            new_optimizer[i] = completed
+    return {**state, "optimizer": new_optimizer}
+
+
 def _preprocess(state: Dict[str, Any], model: List[torch.nn.Module]) -> Dict[str, Any]:
     """Megatron-LM's ``preprocess_fsdp_dtensor_state_dict`` with megatron-core 0.16.1's helpers:
     drop fp8 extra state, split gated-linear-unit ``linear_fc1`` into ``_w``/``_v``, localise
@@ -210,7 +285,8 @@ def save_checkpoint_fsdp(
     """
     import torch.distributed.checkpoint as dcp
 
-    state = _preprocess(_state_dict(model, optimizer, is_loading=False), model)
+    state = _state_dict(model, optimizer, is_loading=False)
+    state = _preprocess(_symmetric_optimizer_state(state, optimizer), model)
     state[RUN_STATE_KEY] = pickle.dumps(run_state)
     state["rng_state"] = {_rng_key(): pickle.dumps(rng_state)}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
@@ -239,7 +315,7 @@ def load_checkpoint_fsdp(
     raw = _state_dict(model, optimizer, is_loading=True)
     raw_model = dict(raw["model"])
     raw_optimizer = dict(raw["optimizer"]) if "optimizer" in raw else None
-    state = _preprocess(raw, model)
+    state = _preprocess(_symmetric_optimizer_state(raw, optimizer), model)
     reader = dcp.FileSystemReader(path)
     stored = reader.read_metadata().state_dict_metadata
     state[RUN_STATE_KEY] = b""

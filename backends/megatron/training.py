@@ -1571,6 +1571,10 @@ def train(
     def save(reason: str) -> str:
         """Checkpoint the current step; returns the directory."""
         _set_param_sync_hooks(model, ddp_config, enable=False)
+        # Said before the (collective) save starts, so a save that never returns is visible.
+        fmt = FSDP_CHECKPOINT_FORMAT if model_uses_megatron_fsdp(model) else DIST_CHECKPOINT_FORMAT
+        logger.text(f"saving checkpoint {os.path.join(ckpt.save_dir, checkpoint_name(iteration))} "
+                    f"({reason}, {fmt}) ...")
         t0 = time.perf_counter()
         path = save_checkpoint(
             ckpt.save_dir, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,

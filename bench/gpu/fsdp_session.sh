@@ -8,9 +8,33 @@
 #      20 (dlmspec.json says checkpoint_format fsdp_dtensor) and its losses at steps 25..40 must
 #      match the uninterrupted run's (resume_summary.json).
 # Usage: bash bench/gpu/fsdp_session.sh OUT_DIR     (a few minutes on two H200s; 8 files in OUT_DIR)
+# Each resume run is limited to LIMIT_S seconds (default 150): a run past it gets SIGTERM (torchrun
+# forwards it to its workers), SIGKILL 15 s later, and a "KILLED by the timeout" line in its log.
 set -u
 out=${1:?usage: fsdp_session.sh OUT_DIR}
 LIMIT_S=${LIMIT_S:-150}
+
+# run_limited NAME LOG: launch .device/fsdp-resume under the time limit. Not `timeout -s KILL`:
+# that kills only torchrun (launch.sh execs it), whose workers run in sessions of their own
+# (start_new_session), so they outlived it, hung on with the agent's TCPStore gone ("recvValue
+# failed ... Connection was likely closed" every second) next to the following run, and wrote
+# over the log's exit line.
+run_limited() {
+  local name=$1 log=$2 t0 rc pids
+  t0=$(date +%s)
+  timeout -s TERM -k 15 "$LIMIT_S" bash .device/fsdp-resume/launch.sh > "$log" 2>&1
+  rc=$?
+  pids=$(pgrep -f "$PWD/.device/fsdp-resume/train.py" || true)
+  if [ -n "$pids" ]; then
+    echo "$name: workers still running after torchrun ended: $pids; killing them" | tee -a "$log"
+    kill -KILL $pids 2>/dev/null
+  fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "$name: KILLED by the ${LIMIT_S}s timeout (exit $rc after $(( $(date +%s) - t0 ))s): it hung or was too slow; see the last lines above" | tee -a "$log"
+  else
+    echo "$name exit $rc after $(( $(date +%s) - t0 ))s" | tee -a "$log"
+  fi
+}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpus.txt" 2>&1
 python3 -c 'import torch, megatron.core, einops; print("torch", torch.__version__, "megatron-core", megatron.core.__version__, "einops", einops.__version__)' >> "$out/gpus.txt" 2>&1
@@ -19,17 +43,13 @@ bash bench/gpu/run_matrix.sh "$out/calibration_fsdp.json" "$LIMIT_S" .device/pla
 
 run=.device/runs/fsdp-resume
 rm -rf "$run"
-t0=$(date +%s)
-timeout -s KILL "$LIMIT_S" bash .device/fsdp-resume/launch.sh > "$out/resume_run1.log" 2>&1
-echo "run1 exit $? after $(( $(date +%s) - t0 ))s" | tee -a "$out/resume_run1.log"
+run_limited run1 "$out/resume_run1.log"
 ls "$run/ckpt" "$run/ckpt/iter_0000020" >> "$out/resume_run1.log" 2>&1
 cat "$run/ckpt/iter_0000020/dlmspec.json" >> "$out/resume_run1.log" 2>&1
 cp "$run/metrics.jsonl" "$out/resume_metrics_run1.jsonl" 2>/dev/null
 echo iter_0000020 > "$run/ckpt/latest"
 : > "$run/metrics.jsonl"
-t0=$(date +%s)
-timeout -s KILL "$LIMIT_S" bash .device/fsdp-resume/launch.sh > "$out/resume_run2.log" 2>&1
-echo "run2 exit $? after $(( $(date +%s) - t0 ))s" | tee -a "$out/resume_run2.log"
+run_limited run2 "$out/resume_run2.log"
 cp "$run/metrics.jsonl" "$out/resume_metrics_run2.jsonl" 2>/dev/null
 python3 - "$out" <<'PY'
 import json, sys
