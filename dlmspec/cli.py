@@ -10,9 +10,11 @@ use. Other modules add their commands to it (``@app.command()`` or ``app.add_typ
 plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
 ``--json``, ``--search``, ``--top N`` - itself, with the same bodies (:func:`run_validate`,
 :func:`dlmspec.plan.cli.run_plan`) and the same error handling, without importing typer or
-building the app (about 80 ms). Every other argument list (``--help``, ``--version``, an unknown
-or malformed option, a missing or extra argument, shell completion) goes to typer, so help
-texts, usage errors and exit codes are typer's. Neither path imports torch, megatron or the
+building the app (about 80 ms), and load the spec with ``fast=True``: a plainly valid spec is
+checked without pydantic (:mod:`dlmspec.fastspec`; importing pydantic and building the models
+took more than half of ``validate``). Every other argument list (``--help``, ``--version``, an
+unknown or malformed option, a missing or extra argument, shell completion) goes to typer, so
+help texts, usage errors and exit codes are typer's. Neither path imports torch, megatron or the
 compiler (jinja2); rich is imported only to print a table.
 
 Bad input never prints a traceback: a :class:`~dlmspec.errors.SpecError` that escapes a command
@@ -179,9 +181,11 @@ def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
     return sorted(issues, key=_issue_order)
 
 
-def load_and_check(path: str, overrides: list[str], *, strict: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
+def load_and_check(path: str, overrides: list[str], *, strict: bool = False,
+                   fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
     """Load ``path`` with ``--set`` ``overrides``, resolve it and validate it
-    (:func:`dlmspec.validate.validate_spec`).
+    (:func:`dlmspec.validate.validate_spec`). ``fast``: load a plainly valid spec without
+    pydantic (:func:`dlmspec.loader.load`'s ``fast``).
 
     Returns:
         (loaded, resolved, warnings).
@@ -193,7 +197,7 @@ def load_and_check(path: str, overrides: list[str], *, strict: bool = False) -> 
     from dlmspec.resolve import resolve
     from dlmspec.validate import validate_spec
 
-    loaded = load(path, overrides)
+    loaded = load(path, overrides, fast=fast)
     resolved = resolve(loaded.spec)
     issues = validate_spec(loaded, resolved, paths=True)
     if any(i.severity == "error" for i in issues) or (strict and issues):
@@ -221,7 +225,7 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
     """
     from dlmspec.gpus import GiB
 
-    loaded, resolved, warnings = load_and_check(spec, overrides, strict=strict)
+    loaded, resolved, warnings = load_and_check(spec, overrides, strict=strict, fast=True)
     memory = _memory(resolved)
     if json_output:
         import json

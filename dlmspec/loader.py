@@ -6,6 +6,10 @@ Every problem found while loading is raised as one :class:`~dlmspec.errors.SpecE
 
 Order of precedence, lowest first: the ``extends`` parent chain, the file itself, then each
 ``--set section.key=value`` in the order given.
+
+pydantic and the spec models (:mod:`dlmspec.spec`) are imported only to validate: with
+``load(..., fast=True)`` (``dlmspec validate`` and ``plan``) a plainly valid spec is checked by
+:mod:`dlmspec.fastspec` without them.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.spec import Spec
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from dlmspec.spec import Spec
 
 #: Where a key was written: ``(file, line)``; line is None for keys from a Python spec.
 Origin = tuple[str, int | None]
@@ -207,6 +213,8 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
     except BaseException as exc:  # a user's file may raise anything; report it without a traceback
         import traceback
 
+        from pydantic import ValidationError
+
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
         line = frames[-1].lineno if frames else None
         if isinstance(exc, ValidationError):
@@ -216,6 +224,8 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
         raise SpecError([SpecIssue("<python>", f"the spec file raised {message}", rule="python",
                                    file=str(path), line=line)]) from None
     value = namespace.get("spec")
+    from pydantic import BaseModel
+
     if isinstance(value, BaseModel):
         value = value.model_dump(exclude_none=True)
     if not isinstance(value, dict):
@@ -226,7 +236,7 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
     return value, {}
 
 
-def _first_pydantic_message(exc: ValidationError) -> str:
+def _first_pydantic_message(exc: Any) -> str:
     err = exc.errors()[0]
     return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
 
@@ -356,6 +366,8 @@ def _example_value(loc: list[str], kind: str, ctx: dict[str, Any]) -> str | None
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    from dlmspec.spec import Spec
+
     model: type[BaseModel] | None = Spec
     for part in loc:
         if model is None or part not in model.model_fields:
@@ -366,6 +378,8 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
 
 
 def _first_model(annotation: Any) -> type[BaseModel] | None:
+    from pydantic import BaseModel
+
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()) or ():
@@ -375,12 +389,17 @@ def _first_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast: bool = False) -> LoadedSpec:
     """Load, merge and schema-validate a spec file.
 
     Args:
         path: a ``.toml`` file or a ``.py`` file that assigns ``spec``.
         overrides: ``"section.key=value"`` strings (``--set``), applied last.
+        fast: check a plainly valid spec without pydantic (:func:`dlmspec.fastspec.check`):
+            ``spec`` is then a read-only :class:`~dlmspec.fastspec.SpecTable` that acts as the
+            :class:`~dlmspec.spec.Spec` pydantic would build (same values, same
+            ``model_fields_set``; other attributes come from that model, built on first use).
+            Anything else is validated by pydantic as without ``fast``, so errors are the same.
 
     Returns:
         The :class:`LoadedSpec`.
@@ -415,10 +434,20 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Loade
         origins[key] = ("--set", None)
     if issues:
         raise SpecError(issues)
-    try:
-        spec = Spec.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError([_schema_issue(e, origins, path) for e in exc.errors()]) from None
+    spec: Any = None
+    if fast:
+        from dlmspec.fastspec import check
+
+        spec = check(data)
+    if spec is None:
+        from pydantic import ValidationError
+
+        from dlmspec.spec import Spec
+
+        try:
+            spec = Spec.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError([_schema_issue(e, origins, path) for e in exc.errors()]) from None
     return LoadedSpec(spec=spec, path=path, origins=origins, raw=data)
 
 

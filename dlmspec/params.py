@@ -11,8 +11,10 @@ takes the vocabulary to count with as an argument.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dlmspec.spec import ModelSpec
+if TYPE_CHECKING:
+    from dlmspec.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlmspec.gpus import GPU, GPUS
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
 from dlmspec.presets import MASK_TOKEN_IDS
-from dlmspec.spec import Spec
+
+if TYPE_CHECKING:
+    from dlmspec.spec import Spec
 
 
 def effective_cross_entropy(setting: str, tensor_parallel: int) -> str:

@@ -42,12 +42,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dlmspec import __version__
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.resolve import Resolved
-from dlmspec.spec import SlurmSpec
+
+if TYPE_CHECKING:
+    from dlmspec.spec import SlurmSpec
 
 #: Exit code of a training process that saved a checkpoint on SIGUSR1/SIGTERM and stopped so the
 #: job can be requeued (``backends/megatron`` and ``backends.launch.check`` use it; the batch
@@ -150,8 +152,14 @@ def rendezvous_port(job_id: int) -> int:
 
 
 def slurm_settings(resolved: Resolved) -> SlurmSpec:
-    """``[cluster.slurm]`` of the spec, or its defaults when the table is absent."""
-    return resolved.spec.cluster.slurm or SlurmSpec()
+    """``[cluster.slurm]`` of the spec, or its defaults when the table is absent (a
+    :class:`~dlmspec.fastspec.SpecTable` for a spec loaded with ``fast=True``: no pydantic)."""
+    slurm = resolved.spec.cluster.slurm
+    if slurm:
+        return slurm
+    from dlmspec.fastspec import section_defaults
+
+    return section_defaults(resolved.spec, "SlurmSpec")
 
 
 def job_name(resolved: Resolved) -> str:

@@ -259,7 +259,7 @@ def test_validate_skips_pydantic_plugin_discovery() -> None:
     code = (
         "import sys\n"
         "from dlmspec.cli import main\n"
-        f"code = main(['validate', {DEMO!r}])\n"
+        f"code = main(['validate', {DEMO!r}, '--set', 'train.micro_batch_size=1.0'])\n"  # pydantic's path
         "print('LOADER', sys.modules['pydantic.plugin._loader'].__doc__, 'importlib.metadata' in sys.modules)\n"
         "sys.exit(code)\n"
     )

@@ -54,7 +54,7 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
 
     if top < 1:
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
-    loaded = load(spec, overrides)
+    loaded = load(spec, overrides, fast=True)
     resolved = resolve(loaded.spec)
     issues = _issues(loaded, resolved)
     errors = [i for i in issues if i.severity == "error"]
