@@ -39,7 +39,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpus.txt" 2>&1
 python3 -c 'import torch, megatron.core, einops; print("torch", torch.__version__, "megatron-core", megatron.core.__version__, "einops", einops.__version__)' >> "$out/gpus.txt" 2>&1
 
-bash bench/gpu/run_matrix.sh "$out/calibration_fsdp.json" "$LIMIT_S" .device/plan/demo-fsdp
+[ -n "${SKIP_CALIBRATION:-}" ] || bash bench/gpu/run_matrix.sh "$out/calibration_fsdp.json" "$LIMIT_S" .device/plan/demo-fsdp
 
 run=.device/runs/fsdp-resume
 rm -rf "$run"
