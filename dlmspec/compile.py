@@ -252,8 +252,7 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "kernels.cross_entropy",
         lambda r: r.spec.parallel.fsdp == "megatron" and r.cross_entropy == "fused_linear",
         "the fused linear cross entropy uses the output weight outside the model's forward, and "
-        "Megatron-FSDP gathers its sharded weights only inside it"
-        " (cross_entropy = \"auto\" means fused_linear at TP = 1)",
+        "Megatron-FSDP gathers its sharded weights only inside it",
         "set kernels.cross_entropy = \"megatron\"",
     ),
     Unsupported(

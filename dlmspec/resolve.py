@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     from dlmspec.spec import Spec
 
 
-def effective_cross_entropy(setting: str, tensor_parallel: int) -> str:
+def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "none") -> str:
     """``"fused_linear"`` or ``"megatron"``: what ``[kernels] cross_entropy = setting`` runs at
-    TP = ``tensor_parallel`` (``"auto"`` fuses where the output layer is not split, TP = 1)."""
+    TP = ``tensor_parallel`` with ``[parallel] fsdp``. ``"auto"`` fuses where the output layer is
+    whole on the rank: TP = 1 and no Megatron-FSDP (which gathers the sharded output weight only
+    inside the model's forward, while the fused loss uses it outside)."""
     if setting == "auto":
-        return "fused_linear" if tensor_parallel == 1 else "megatron"
+        return "fused_linear" if tensor_parallel == 1 and fsdp != "megatron" else "megatron"
     return setting
 
 
@@ -164,5 +166,5 @@ def resolve(spec: Spec) -> Resolved:
         params_padded=count_parameters(m, padded),
         moe_layers=tuple(moe_layer_pattern(m)),
         gpu=GPUS.get(spec.cluster.gpu),
-        cross_entropy=effective_cross_entropy(spec.kernels.cross_entropy, tp),
+        cross_entropy=effective_cross_entropy(spec.kernels.cross_entropy, tp, spec.parallel.fsdp),
     )

@@ -32,13 +32,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from dlmspec.errors import Severity, SpecError, SpecIssue
 from dlmspec.gpus import GPUS, gpu_ids
 from dlmspec.loader import LoadedSpec, load
 from dlmspec.resolve import Resolved, padded_vocab_size, resolve
-from dlmspec.spec import Spec
+
+if TYPE_CHECKING:
+    from dlmspec.spec import Spec
 
 #: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
 GPT2_VOCAB_SIZE = 50257
@@ -576,18 +578,24 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
 
 
 @_rule(
-    "cp-needs-te",
+    "cp-local-allgather",
     "error",
-    "megatron.core.transformer.dot_product_attention.DotProductAttention.__init__",
-    "context parallelism needs Transformer Engine attention",
+    "backends.megatron.attention.SDPACoreAttention (CP_COMM_TYPES: keys and values all-gathered over "
+    "the CP group; megatron-core TransformerConfig.cp_comm_type)",
+    "context parallelism on the local layers uses cp_comm_type 'allgather'",
 )
-def _cp_te(ctx: Context) -> Iterator[Finding]:
-    if ctx.r.cp > 1 and ctx.spec.model.transformer_impl == "local":
+def _cp_local(ctx: Context) -> Iterator[Finding]:
+    if ctx.r.cp == 1 or ctx.spec.model.transformer_impl != "local":
+        return
+    from dlmspec.plan.shape import LOCAL_CP_COMM_TYPES  # only here: validate stays light
+
+    comm = ctx.spec.parallel.cp_comm_type
+    if comm not in LOCAL_CP_COMM_TYPES:
         yield Finding(
-            "parallel.context_parallel_size",
-            "context parallelism is only implemented by Transformer Engine's attention, and "
-            "model.transformer_impl = 'local'",
-            "set model.transformer_impl = 'transformer_engine' (or 'auto'), or context_parallel_size = 1",
+            "parallel.cp_comm_type",
+            f"the local layers' SDPA attention implements context parallelism by all-gathering keys "
+            f"and values only; '{comm}' exists in Transformer Engine's attention",
+            "set parallel.cp_comm_type = 'allgather', or model.transformer_impl = 'transformer_engine'",
         )
 
 
@@ -613,18 +621,30 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
     "error",
     "transformer_engine.pytorch.attention.dot_product_attention.utils.get_attention_backend: with "
     "context parallelism only no_mask / causal self-attention run (FlashAttention, FusedAttention); "
-    "arbitrary masks run only in UnfusedDotProductAttention, which has no context parallelism",
-    "context parallelism comes with bidirectional or causal attention and no document masks",
+    "arbitrary masks run only in UnfusedDotProductAttention, which has no context parallelism. "
+    "backends.megatron.training.ObjectiveForwardStep.prepare: no attention mask under context "
+    "parallelism (the local layers build the block-causal pattern themselves)",
+    "context parallelism comes with no document or variable-length masks, and with Transformer "
+    "Engine with bidirectional or causal attention only",
 )
 def _cp_mask(ctx: Context) -> Iterator[Finding]:
     if ctx.r.cp == 1:
         return
-    if ctx.r.attention_mask == "block_causal":
+    if ctx.r.attention_mask == "block_causal" and ctx.spec.model.transformer_impl != "local":
         yield Finding(
             "objective.attention_mask",
-            "block-causal attention is an arbitrary mask, which context parallelism cannot split over GPUs",
-            "set parallel.context_parallel_size = 1, or attention_mask = 'bidirectional'",
+            "block-causal attention is an arbitrary mask, which Transformer Engine's context "
+            "parallelism cannot split over GPUs",
+            "set model.transformer_impl = 'local' with parallel.cp_comm_type = 'allgather', or "
+            "attention_mask = 'bidirectional', or parallel.context_parallel_size = 1",
             value=ctx.r.attention_mask,
+        )
+    if ctx.spec.objective.kind == "mdm" and ctx.spec.objective.variable_length_prob > 0:
+        yield Finding(
+            "objective.variable_length_prob",
+            "sequences cut to a random length need a key-padding mask, which context parallelism "
+            "cannot split over GPUs (the run would stop at the first cut sequence)",
+            "set objective.variable_length_prob = 0, or parallel.context_parallel_size = 1",
         )
     if ctx.spec.data.reset_attention_mask:
         yield Finding(

@@ -228,7 +228,7 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
           "parallel.use_distributed_optimizer": False}, "parallel.use_distributed_optimizer"),
         ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
           "parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
-        ({"parallel.fsdp": "megatron"}, "kernels.cross_entropy"),  # auto = fused_linear at TP 1
+        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "fused_linear"}, "kernels.cross_entropy"),
         ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
           "checkpoint.init_from": "mcore:runs/base/checkpoints"}, "checkpoint.init_from"),
         ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
@@ -247,6 +247,15 @@ def test_runtime_gaps_are_refused_naming_the_key(tmp_path: Path, changes: dict[s
     assert [i.key for i in found] == [key]
     assert found[0].hint and found[0].file and found[0].file.endswith("spec.toml")
     assert not (tmp_path / "out").exists()
+
+
+def test_fsdp_with_default_cross_entropy_compiles_with_megatrons(tmp_path: Path) -> None:
+    """``cross_entropy = "auto"`` under Megatron-FSDP takes megatron's vocab-parallel cross
+    entropy (resolve.effective_cross_entropy), so a spec that only sets fsdp compiles."""
+    out = tmp_path / "out"
+    compile_spec(spec_file(tmp_path, {"parallel.fsdp": "megatron"}), out)
+    text = (out / "train.py").read_text()
+    assert "use_megatron_fsdp=True" in text and "cross_entropy='megatron'" in text
 
 
 def test_every_unsupported_rule_is_exercised() -> None:

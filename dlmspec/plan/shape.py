@@ -172,7 +172,7 @@ class Layout:
     def fused_linear_ce(self) -> bool:
         """Whether the run takes the fused linear cross entropy at this layout's TP
         (:func:`dlmspec.resolve.effective_cross_entropy`, the rule ``resolve`` applies)."""
-        return effective_cross_entropy(self.cross_entropy, self.tp) == "fused_linear"
+        return effective_cross_entropy(self.cross_entropy, self.tp, self.fsdp) == "fused_linear"
 
     @property
     def fused_linear_backend(self) -> str:
