@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat
 from pydantic_core import PydanticCustomError
 
 from dlmspec.presets import PRESETS
+from dlmspec.shorthands import prefix_strings
 
 
 class Section(BaseModel):
@@ -331,12 +332,7 @@ class DataSpec(Section):
     @classmethod
     def _prefix_strings(cls, data: Any) -> Any:
         """Accept ``train = ["prefix", ...]`` as shorthand for weight-1 entries."""
-        if isinstance(data, dict):
-            data = dict(data)
-            for key in ("train", "valid"):
-                if isinstance(data.get(key), list):
-                    data[key] = [{"prefix": e} if isinstance(e, str) else e for e in data[key]]
-        return data
+        return prefix_strings(data)
 
 
 class CheckpointSpec(Section):
