@@ -1791,6 +1791,23 @@ def _sharding(ctx: Context) -> Iterator[Finding]:
                       "set parallel.fsdp = 'megatron', or remove data_parallel_sharding_strategy")
 
 
+@_rule(
+    "megatron-fsdp-no-shard",
+    "warning",
+    "megatron.core.distributed.DistributedDataParallelConfig.data_parallel_sharding_strategy "
+    "(default 'no_shard': Megatron-FSDP then shards nothing)",
+    "fsdp = 'megatron' comes with a sharding strategy",
+)
+def _fsdp_no_shard(ctx: Context) -> Iterator[Finding]:
+    p = ctx.spec.parallel
+    if p.fsdp == "megatron" and p.data_parallel_sharding_strategy == "no_shard":
+        yield Finding("parallel.data_parallel_sharding_strategy",
+                      "Megatron-FSDP with 'no_shard' keeps full weights, gradients and optimizer state on "
+                      "every GPU (more memory than the distributed optimizer)",
+                      "set parallel.data_parallel_sharding_strategy = 'optim_grads_params' (ZeRO-3), "
+                      "or 'optim_grads' / 'optim'")
+
+
 # --------------------------------------------------------------------------------------------
 # Running the rules
 # --------------------------------------------------------------------------------------------

@@ -216,6 +216,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("overlap-param-gather-needs-distopt", {"parallel.overlap_param_gather": True,
                                            "parallel.use_distributed_optimizer": False},
      "parallel.overlap_param_gather"),
+    ("megatron-fsdp-no-shard", {"parallel.fsdp": "megatron"}, "parallel.data_parallel_sharding_strategy"),
     ("sharding-needs-megatron-fsdp", {"parallel.data_parallel_sharding_strategy": "optim"},
      "parallel.data_parallel_sharding_strategy"),
 ]
