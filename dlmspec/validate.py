@@ -1792,6 +1792,26 @@ def _sharding(ctx: Context) -> Iterator[Finding]:
 
 
 @_rule(
+    "checkpoint-inherited",
+    "warning",
+    "dlmspec.loader (extends deep-merges the parent; a relaunch resumes from checkpoint.save's latest)",
+    "a spec that renames its run does not reuse the checkpoint folder of the spec it extends",
+)
+def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:
+    loaded = ctx.loaded
+    if loaded is None or ctx.spec.checkpoint.save is None:
+        return
+    top = str(loaded.path)
+    save_file = loaded.origins.get("checkpoint.save", (top, None))[0]
+    name_file = loaded.origins.get("name", (None, None))[0]
+    if save_file not in (top, "--set") and name_file in (top, "--set"):
+        yield Finding("checkpoint.save",
+                      f"is inherited from {Path(save_file).name}, whose run writes and resumes the same "
+                      f"folder: this run ('{ctx.spec.name}') would resume the other's checkpoints",
+                      f"set checkpoint.save = \"runs/{ctx.spec.name}/checkpoints\" in this spec")
+
+
+@_rule(
     "megatron-fsdp-no-shard",
     "warning",
     "megatron.core.distributed.DistributedDataParallelConfig.data_parallel_sharding_strategy "

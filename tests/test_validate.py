@@ -222,8 +222,30 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+#: Rules that read where keys were written (a spec file and its extends chain): tested below.
+FILE_RULES = {"checkpoint-inherited"}
+
+
 def test_every_rule_has_a_case() -> None:
-    assert {case[0] for case in CASES} == set(RULES)
+    assert {case[0] for case in CASES} | FILE_RULES == set(RULES)
+
+
+def test_checkpoint_folder_inherited_by_a_renamed_run_warns(tmp_path) -> None:
+    base = tmp_path / "base.toml"
+    base.write_text(TOML.replace("tensor_model_parallel_size = 5", "tensor_model_parallel_size = 2")
+                    .replace("gpus_per_node = 10", "gpus_per_node = 8")
+                    .replace("global_batch_size = 9", "global_batch_size = 16")
+                    + '\n[checkpoint]\nsave = "runs/base/checkpoints"\n', encoding="utf-8")
+    child = tmp_path / "child.toml"
+    child.write_text('extends = "base.toml"\nname = "child-run"\n', encoding="utf-8")
+    found = [w for w in load_checked(child).warnings if w.rule == "checkpoint-inherited"]
+    assert [w.key for w in found] == ["checkpoint.save"]
+    assert "base.toml" in found[0].message and "runs/child-run/checkpoints" in found[0].hint
+    # the parent itself, and a child that names its own folder, are quiet
+    assert not [w for w in load_checked(base).warnings if w.rule == "checkpoint-inherited"]
+    child.write_text('extends = "base.toml"\nname = "child-run"\n[checkpoint]\nsave = "runs/child/ckpt"\n',
+                     encoding="utf-8")
+    assert not [w for w in load_checked(child).warnings if w.rule == "checkpoint-inherited"]
 
 
 @pytest.mark.parametrize(("rule", "changes", "key"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
