@@ -50,14 +50,25 @@ class LoadedSpec:
     raw: dict[str, Any] = field(default_factory=dict)
 
     def locate(self, key: str) -> Origin:
-        """(file, line) for ``key`` or its nearest written ancestor (a table header)."""
-        parts = key.split(".")
-        while parts:
-            origin = self.origins.get(".".join(parts))
-            if origin:
-                return origin
-            parts.pop()
-        return (str(self.path), None)
+        """(file, line) for ``key``: :func:`locate_key`."""
+        return locate_key(self.origins, key, self.path)
+
+
+def locate_key(origins: dict[str, Origin], key: str, path: Path) -> Origin:
+    """(file, line) for dotted ``key`` in ``origins``, else its nearest written ancestor (a table
+    header), else the first key written under it (a misspelt table given only by
+    ``--set t.k=v``), else ``(path, None)``."""
+    parts = key.split(".")
+    while parts:
+        origin = origins.get(".".join(parts))
+        if origin:
+            return origin
+        parts.pop()
+    prefix = key + "."
+    for written, origin in origins.items():
+        if written.startswith(prefix):
+            return origin
+    return (str(path), None)
 
 
 _HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
@@ -305,14 +316,7 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         if example is not None:
             hint += f", e.g. {loc[-1]} = {example}"
         message = "wrong type or out of range"
-    file, line = (str(path), None)
-    parts = list(loc)
-    while parts:
-        origin = origins.get(".".join(parts))
-        if origin:
-            file, line = origin
-            break
-        parts.pop()
+    file, line = locate_key(origins, ".".join(loc), path)
     return SpecIssue(key=key, message=message, value=value, hint=hint, rule=rule, file=file, line=line)
 
 

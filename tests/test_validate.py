@@ -566,3 +566,12 @@ def test_validate_reports_mask_equal_to_pad_with_file_line_and_fix(tmp_path: Pat
     spec.write_text(text.replace("mask_token_id = 7", "mask_token_id = 1000"))
     assert main(["validate", str(spec)]) == 0
 
+
+
+def test_a_misspelt_table_given_by_set_is_reported_at_set(tmp_path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(TOML, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_checked(path, ["paralel.tensor_model_parallel_size=4"])
+    issue = next(i for i in info.value.issues if i.key == "paralel")
+    assert (issue.file, issue.hint) == ("--set", "did you mean 'parallel'?")
