@@ -43,6 +43,7 @@ from dlmspec.loader import LoadedSpec, load
 from dlmspec.resolve import Resolved, resolve
 from dlmspec.slurm import REQUEUE_EXIT_CODE, render_sbatch
 from dlmspec.spec import Spec
+from dlmspec.tokenizers import read_json
 
 #: Where the jinja2 templates live (``templates/`` at the repository root).
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -110,20 +111,13 @@ class EodChoice:
 GPT2_EOD = ("<|endoftext|>", 50256)
 
 
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
 
 def _hf_eos_id(folder: str) -> tuple[str, int] | None:
     """``(token, id)`` of the EOS token of a local Hugging Face tokenizer folder, read from its
     ``tokenizer_config.json`` (``eos_token``) and ``tokenizer.json`` (``added_tokens``, then
     ``model.vocab``); None when either file is missing or has no such entry."""
-    config = _read_json(os.path.join(folder, "tokenizer_config.json"))
-    data = _read_json(os.path.join(folder, "tokenizer.json"))
+    config = read_json(os.path.join(folder, "tokenizer_config.json"))
+    data = read_json(os.path.join(folder, "tokenizer.json"))
     if not isinstance(config, dict) or not isinstance(data, dict):
         return None
     eos = config.get("eos_token")
@@ -151,7 +145,7 @@ def eod_choice(spec: Spec) -> EodChoice:
     if tok.eod_id is not None:
         return EodChoice(tok.eod_id, "data.tokenizer.eod_id")
     if tok.type == "GPT2BPETokenizer":
-        vocab = _read_json(tok.vocab_file) if tok.vocab_file else None
+        vocab = read_json(tok.vocab_file) if tok.vocab_file else None
         value = vocab.get(GPT2_EOD[0]) if isinstance(vocab, dict) else None
         return EodChoice(value if isinstance(value, int) else GPT2_EOD[1], f"{GPT2_EOD[0]} of the GPT-2 BPE vocabulary")
     if tok.type == "NullTokenizer":

@@ -287,3 +287,15 @@ def build_tokenizer(
     if vocab_size is not None:
         kwargs["vocab_size"] = int(vocab_size)
     return _megatron_tokenizer(kind, "tiktoken", model, **kwargs)
+
+
+def read_json(path: str) -> Any:
+    """The JSON in ``path`` (a tokenizer's ``tokenizer.json``, ``tokenizer_config.json``,
+    ``vocab.json`` ...); ``None`` when it cannot be read or parsed."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None

@@ -1194,6 +1194,8 @@ def _tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
     or else ``tokenizer.json`` (``added_tokens``, then ``model.vocab``). None otherwise: the spec
     has no pad key, GPT-2 BPE and megatron-core's NullTokenizer have no pad token, and
     SentencePiece/TikToken keep theirs in model files the validator does not read."""
+    from dlmspec.tokenizers import read_json  # only here: validate stays light
+
     tok = ctx.spec.data.tokenizer
     if tok.type != "HuggingFaceTokenizer" or not tok.model:
         return None
@@ -1202,12 +1204,12 @@ def _tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
             return None
     except (OSError, ValueError):
         return None
-    config = _read_json(os.path.join(tok.model, "tokenizer_config.json"))
+    config = read_json(os.path.join(tok.model, "tokenizer_config.json"))
     config = config if isinstance(config, dict) else {}
     pad = config.get("pad_token")
     source = "tokenizer_config.json"
     if pad is None:
-        special = _read_json(os.path.join(tok.model, "special_tokens_map.json"))
+        special = read_json(os.path.join(tok.model, "special_tokens_map.json"))
         pad = special.get("pad_token") if isinstance(special, dict) else None
         source = "special_tokens_map.json"
     if isinstance(pad, dict):
@@ -1218,7 +1220,7 @@ def _tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
     for key, entry in (decoder.items() if isinstance(decoder, dict) else ()):
         if isinstance(entry, dict) and entry.get("content") == pad and str(key).isdigit():
             return pad, int(key), os.path.join(tok.model, source)
-    data = _read_json(os.path.join(tok.model, "tokenizer.json"))  # megabytes: only when needed
+    data = read_json(os.path.join(tok.model, "tokenizer.json"))  # megabytes: only when needed
     if not isinstance(data, dict):
         return None
     for entry in data.get("added_tokens") or []:
@@ -1228,17 +1230,6 @@ def _tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
     if isinstance(vocab, dict) and isinstance(vocab.get(pad), int):
         return pad, vocab[pad], os.path.join(tok.model, source)
     return None
-
-
-def _read_json(path: str) -> Any:
-    """The JSON in ``path``; None when it cannot be read or parsed."""
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
 
 
 @_rule(
