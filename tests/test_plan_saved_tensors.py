@@ -17,6 +17,10 @@ the fp32 ``rstd`` - emulated here with an autograd function that saves exactly t
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 
 from conftest import megatron_cpu_world
@@ -34,24 +38,18 @@ from dlmspec.spec import Spec  # noqa: E402
 H, FFN, HEADS, KV, VOCAB, SEQ = 64, 256, 4, 16, 1024, 256
 
 
-class _FusedRMSNorm(torch.autograd.Function):
-    """Saves what CUDA's ``_fused_rms_norm`` saves: the input, fp32 rstd and the weight."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, rstd, weight)
-        out = (xf * rstd).to(x.dtype)
-        return out * weight if weight is not None else out
-
-    @staticmethod
-    def backward(ctx, grad):  # pragma: no cover - forward-only measurement
-        raise NotImplementedError
+def _load_count_kernels():
+    """bench/plan/count_kernels.py, whose CUDA ``_fused_rms_norm`` emulation (it saves the input,
+    the fp32 rstd and the weight) this test shares rather than repeats."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "plan" / "count_kernels.py"
+    spec = importlib.util.spec_from_file_location("plan_count_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plan_count_kernels"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def _rms_norm(x, normalized_shape, weight=None, eps=None):
-    return _FusedRMSNorm.apply(x, weight, 1e-6 if eps is None else eps)
+_rms_norm = _load_count_kernels()._rms_norm
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -98,6 +98,9 @@ def _fused(name: str, n: int, fn):
 
 
 class _FusedRMSNorm(torch.autograd.Function):
+    """CUDA's ``_fused_rms_norm`` on CPU: saves what it saves (the input, fp32 rstd, the weight)
+    and counts one kernel forward, two backward (also used by tests/test_plan_saved_tensors.py)."""
+
     @staticmethod
     def forward(ctx, x, weight, eps):
         if ACTIVE:
@@ -130,13 +133,13 @@ class _Stream:
     """Stand-in for torch.cuda.Stream/Event on CPU (the MoE dispatcher's D2H side stream)."""
 
     def wait_stream(self, other):
-        pass
+        """Nothing to wait for: one stream on CPU."""
 
     def record_event(self, *args):
         return self
 
     def synchronize(self):
-        pass
+        """Nothing to wait for: one stream on CPU."""
 
     def __eq__(self, other):
         return True
