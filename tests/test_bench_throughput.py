@@ -219,6 +219,27 @@ def test_loss_agreement_incomplete_nan_filters_and_bad_input(tmp_path):
 # --------------------------------------------------------------------------- run.py
 
 
+def test_hf_gradient_accumulation_counts_every_microbatch(hf, tmp_path):
+    out = tmp_path / "hf.json"
+    rc = hf.main(["--preset", "tiny", "--seq-length", "32", "--micro-batch-sizes", "2", "--warmup", "1",
+                  "--steps", "2", "--device", "cpu", "--grad-accum", "3", "--json", str(out)])
+    assert rc == 0
+    a = json.loads(out.read_text())["attempts"][0]
+    assert a["status"] == "ok" and a["grad_accum"] == 3 and a["tokens_per_step"] == 3 * 2 * 32
+    assert a["tokens_per_s"] == pytest.approx(3 * 2 * 32 / a["median_step_time_s"])
+    assert all(math.isfinite(x) and x > 0 for x in a["losses"])
+
+
+def test_run_microbatches_per_step_reaches_both_sides():
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-micro-batch-sizes", "4",
+                           "--hf-micro-batch-sizes", "4", "--microbatches-per-step", "4", "--nproc", "2"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split(":")[0]: line for line in proc.stdout.splitlines() if not line.startswith("#")}
+    assert "--global-batch-size 32" in lines["megatron mb4"]  # 4 microbatches x 4 x 2 GPUs
+    assert "--grad-accum 4" in lines["hf mb4"]
+
+
 def test_run_dry_run_prints_both_sides_commands():
     proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-micro-batch-sizes", "4,8",
                            "--hf-micro-batch-sizes", "4", "--megatron-arg=--no-fusion"],

@@ -3,8 +3,8 @@ Qwen3 model with a hand-written loop, the way HF-based DLM trainers do it.
 
     python bench/throughput/hf_baseline.py --micro-batch-sizes 2,4,6,8 --json hf.json
 
-What runs (one optimizer step = one microbatch, as the megatron runtime with
-``global_batch_size = micro_batch_size``):
+What runs (one optimizer step = ``--grad-accum`` microbatches, default 1, as the megatron runtime
+with ``global_batch_size = grad_accum * micro_batch_size``):
 
 * model: ``Qwen3ForCausalLM(Qwen3Config(...))`` built from a config (no download) with the
   Qwen3-1.7B architecture (:data:`throughput_common.QWEN3_1_7B`: 28 layers, hidden 2048,
