@@ -195,9 +195,12 @@ def load_and_check(path: str, overrides: list[str], *, strict: bool = False,
     """
     from dlmspec.loader import load
     from dlmspec.resolve import resolve
-    from dlmspec.validate import validate_spec
+    from dlmspec.validate import validate_spec, with_rule_issues
 
-    loaded = load(path, overrides, fast=fast)
+    try:
+        loaded = load(path, overrides, fast=fast)
+    except SpecError as exc:
+        raise with_rule_issues(exc) from None
     resolved = resolve(loaded.spec)
     issues = validate_spec(loaded, resolved, paths=True)
     if any(i.severity == "error" for i in issues) or (strict and issues):

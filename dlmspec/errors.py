@@ -89,9 +89,16 @@ class SpecError(Exception):
 
     Raised by :mod:`dlmspec.loader` (syntax, unknown keys, wrong types) and by
     :func:`dlmspec.validate.check` (cross-field rules).
+
+    ``partial``: for schema errors only, the spec loaded without the offending keys (a
+    :class:`dlmspec.loader.LoadedSpec`, or None when that does not load either), and ``dropped``
+    those keys, so the cross-field rules can be reported in the same run
+    (:func:`dlmspec.validate.with_rule_issues`).
     """
 
     issues: list[SpecIssue] = field(default_factory=list)
+    partial: Any = field(default=None, compare=False, repr=False)
+    dropped: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def errors(self) -> list[SpecIssue]:

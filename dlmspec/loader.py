@@ -451,8 +451,42 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         try:
             spec = Spec.model_validate(data)
         except ValidationError as exc:
-            raise SpecError([_schema_issue(e, origins, path) for e in exc.errors()]) from None
+            errors = exc.errors()
+            error = SpecError([_schema_issue(e, origins, path) for e in errors])
+            partial, dropped = _without_bad_keys(data, errors, Spec)
+            if partial is not None:
+                error.partial = LoadedSpec(spec=partial, path=path, origins=origins, raw=data)
+                error.dropped = dropped
+            raise error from None
     return LoadedSpec(spec=spec, path=path, origins=origins, raw=data)
+
+
+def _without_bad_keys(data: dict[str, Any], errors: list[dict[str, Any]], model: Any) -> tuple[Any, tuple[str, ...]]:
+    """``(spec, dropped keys)``: ``data`` validated without the keys pydantic rejected (unknown
+    keys, wrong types, out-of-range values fall back to their defaults), or ``(None, ())`` when
+    a required key is among them or the rest still does not validate."""
+    import copy
+
+    trimmed = copy.deepcopy(data)
+    dropped = []
+    for err in errors:
+        loc = []
+        for part in err["loc"]:
+            if not isinstance(part, str) or part.startswith("function-"):
+                break  # a list element, or a validator's name: drop the whole key above it
+            loc.append(part)
+        if err["type"] == "missing" or not loc:
+            return None, ()
+        node = trimmed
+        for part in loc[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(loc[-1], None)
+        dropped.append(".".join(loc))
+    try:
+        return model.model_validate(trimmed), tuple(dropped)
+    except Exception:  # noqa: BLE001 - anything left unloadable: no partial spec
+        return None, ()
 
 
 def load_text(text: str, name: str = "<string>.toml") -> LoadedSpec:

@@ -1903,6 +1903,27 @@ def validate_spec(loaded: LoadedSpec | Spec, resolved: Resolved | None = None, *
     return sorted(issues, key=_sort_key)
 
 
+def with_rule_issues(error: SpecError, *, paths: bool = True) -> SpecError:
+    """A loader's schema error plus what the cross-field rules find in the rest of the spec,
+    so one run reports every problem.
+
+    The rules run on ``error.partial`` (the spec without the rejected keys, which take their
+    defaults); their findings about a rejected key, or a key under it, are left out, since
+    they would describe the default, not what the user wrote. Returns ``error`` itself when
+    there is no partial spec or it cannot be resolved.
+    """
+    if error.partial is None:
+        return error
+    try:
+        extra = validate_spec(error.partial, paths=paths)
+    except Exception:  # noqa: BLE001 - a partial spec that cannot be resolved adds nothing
+        return error
+    rejected = tuple(error.dropped)
+    keep = [i for i in extra
+            if not any(i.key == k or i.key.startswith(k + ".") or k.startswith(i.key + ".") for k in rejected)]
+    return SpecError(sorted(error.issues + keep, key=_sort_key))
+
+
 def check(target: LoadedSpec | Spec, resolved: Resolved | None = None, *, strict: bool = False) -> list[SpecIssue]:
     """Check the cross-field rules of a schema-valid spec.
 
@@ -1950,7 +1971,10 @@ def load_checked(path: str | Path, overrides: list[str] | tuple[str, ...] = (), 
         SpecError: the file cannot be loaded (see :func:`dlmspec.loader.load`) or breaks a rule
             (see :func:`check`).
     """
-    loaded = load(path, overrides)
+    try:
+        loaded = load(path, overrides)
+    except SpecError as exc:
+        raise with_rule_issues(exc, paths=False) from None
     resolved = resolve(loaded.spec)
     warnings = check(loaded, resolved, strict=strict)
     return Checked(loaded=loaded, resolved=resolved, warnings=warnings)

@@ -575,3 +575,20 @@ def test_a_misspelt_table_given_by_set_is_reported_at_set(tmp_path) -> None:
         load_checked(path, ["paralel.tensor_model_parallel_size=4"])
     issue = next(i for i in info.value.issues if i.key == "paralel")
     assert (issue.file, issue.hint) == ("--set", "did you mean 'parallel'?")
+
+
+def test_schema_errors_and_rule_errors_are_reported_in_one_run(tmp_path) -> None:
+    """A wrong type and an unknown key do not hide the cross-field rules: they run on the rest of
+    the spec (rejected keys at their defaults), and say nothing about the rejected keys."""
+    path = tmp_path / "s.toml"
+    path.write_text(TOML, encoding="utf-8")  # TP 5 does not divide the heads; batch 9 not by DP
+    with pytest.raises(SpecError) as info:
+        load_checked(path, ["train.lr=fast", "train.micro_bach_size=2"])
+    rules = {i.rule for i in info.value.errors}
+    assert {"schema", "tp-divides-heads"} <= rules
+    assert not [i for i in info.value.issues if i.rule != "schema" and i.key == "train.lr"]
+    # a missing required key leaves no spec to run the rules on: the schema errors alone
+    path.write_text(TOML.replace("global_batch_size = 9\n", ""), encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_checked(path)
+    assert {i.rule for i in info.value.errors} == {"schema"}
