@@ -252,6 +252,17 @@ class KernelsSpec(Section):
         "path; on the local path a torch.compile'd kernel (backends/megatron/rope.py) in place of "
         "megatron-core's eight unfused element-wise kernels. No effect without rotary embeddings.",
     )
+    qkv_fusion: bool = Field(
+        True,
+        description="Local path: the split of the fused QKV projection, q/k RMSNorm and RoPE in one "
+        "torch.compile'd kernel, with the backward writing the projection's gradient directly "
+        "(backends/megatron/qkv.py). Ignored with Transformer Engine.",
+    )
+    compiled_norm: bool = Field(
+        True,
+        description="Local path: torch.compile'd RMSNorm/LayerNorm (backends/megatron/norms.py) in place "
+        "of PyTorch's norm kernels. Ignored with Transformer Engine.",
+    )
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient"] = Field(
         "auto",
         description="SDPA kernel tried first on the local+SDPA path (PyTorch falls back when it cannot "

@@ -32,6 +32,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from .attention import ATTENTION_MODES, MODE_TO_MASK_TYPE, SDPACoreAttention
+from .norms import CompiledLayerNorm, CompiledRMSNorm
+from .qkv import FusedQKVSelfAttention
 
 BACKEND_TRANSFORMER_ENGINE = "transformer_engine"
 BACKEND_LOCAL_SDPA = "local+sdpa"
@@ -63,14 +65,19 @@ class LocalNorm:
 
     Called like megatron's norm modules: ``LocalNorm(config, hidden_size, eps=...)``.
 
+    :class:`CompiledLocalNorm` builds the same modules with a ``torch.compile``'d forward
+    (:mod:`backends.megatron.norms`), ``kernels.compiled_norm``.
+
     Returns:
         ``torch.nn.LayerNorm`` or ``torch.nn.RMSNorm`` over the last dimension
-        (``hidden_size``).
+        (``hidden_size``), or their compiled subclasses.
 
     Raises:
         ValueError: For ``layernorm_zero_centered_gamma``, ``persist_layer_norm``,
             ``memory_efficient_layer_norm`` (not in torch's norms) or another normalization.
     """
+
+    compiled = False
 
     def __new__(
         cls,
@@ -86,14 +93,27 @@ class LocalNorm:
             if getattr(config, knob, False):
                 raise ValueError(f"{knob} is not supported by PyTorch's norms (local spec); use Transformer Engine")
         if config.normalization == "LayerNorm":
-            norm = torch.nn.LayerNorm(hidden_size, eps=eps)
+            norm = (CompiledLayerNorm if cls.compiled else torch.nn.LayerNorm)(hidden_size, eps=eps)
         elif config.normalization == "RMSNorm":
-            norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+            norm = (CompiledRMSNorm if cls.compiled else torch.nn.RMSNorm)(hidden_size, eps=eps)
         else:
             raise ValueError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {config.normalization!r}")
         for param in norm.parameters():
             setattr(param, "sequence_parallel", bool(config.sequence_parallel))
         return norm
+
+
+class CompiledLocalNorm(LocalNorm):
+    """:class:`LocalNorm` whose modules run a ``torch.compile``'d forward on CUDA."""
+
+    compiled = True
+
+
+def _layer_norm_class(spec: ModuleSpec) -> type:
+    """The :class:`LocalNorm` builder a local layer spec uses (for the block's final norm)."""
+    norm = getattr(spec.submodules, "input_layernorm", None)
+    module = norm.module if isinstance(norm, ModuleSpec) else norm
+    return module if isinstance(module, type) and issubclass(module, LocalNorm) else LocalNorm
 
 
 def _replace_module(spec, old, new) -> None:
@@ -122,6 +142,8 @@ def build_layer_spec(
     normalization: str = "RMSNorm",
     use_transformer_engine: Optional[bool] = None,
     sdpa_backend: str = "auto",
+    qkv_fusion: bool = False,
+    compiled_norm: bool = False,
 ) -> ModuleSpec:
     """Return the ``TransformerLayer`` spec for a dlmspec model.
 
@@ -140,6 +162,11 @@ def build_layer_spec(
             TE (error if absent); ``False`` forces the local + SDPA spec.
         sdpa_backend: SDPA backend tried first on the local + SDPA path
             (:data:`~backends.megatron.attention.SDPA_BACKENDS`); ignored with TE.
+        qkv_fusion: On the local path, :class:`~backends.megatron.qkv.FusedQKVSelfAttention`
+            (split, q/k RMSNorm and RoPE in one compiled kernel) in place of ``SelfAttention``;
+            ignored with TE.
+        compiled_norm: On the local path, :class:`CompiledLocalNorm` (``torch.compile``'d
+            RMSNorm/LayerNorm) in place of :class:`LocalNorm`; ignored with TE.
 
     Returns:
         A megatron ``ModuleSpec``; :func:`layer_spec_backend` tells which path.
@@ -184,8 +211,11 @@ def build_layer_spec(
             normalization=normalization,
         )
     )
-    _replace_module(spec, WrappedTorchNorm, LocalNorm)  # sequence parallel works on the local path
+    norm = CompiledLocalNorm if compiled_norm else LocalNorm
+    _replace_module(spec, WrappedTorchNorm, norm)  # sequence parallel works on the local path
     self_attention = spec.submodules.self_attention
+    if qkv_fusion:
+        self_attention.module = FusedQKVSelfAttention
     self_attention.params["attn_mask_type"] = MODE_TO_MASK_TYPE[attention]
     self_attention.submodules.core_attention = ModuleSpec(
         module=SDPACoreAttention,
@@ -328,7 +358,7 @@ def build_model(
             # without Apex/TE); hand the block its submodules with LocalNorm instead.
             block_spec = TransformerBlockSubmodules(
                 layer_specs=[layer_spec] * get_num_layers_to_build(config, vp_stage=stage),
-                layer_norm=LocalNorm,
+                layer_norm=_layer_norm_class(layer_spec),
             )
         model = GPTModel(
             config=config,

@@ -92,6 +92,10 @@ def parse_args():
     p.add_argument("--fused-linear-impl", choices=["auto", "liger", "torch"], default="auto")
     p.add_argument("--ce-fusion", action="store_true", help="megatron-core's fused cross entropy (megatron path)")
     p.add_argument("--rope-fusion", action="store_true", help="fused RoPE (backends/megatron/rope.py, torch.compile)")
+    p.add_argument("--qkv-fusion", action="store_true",
+                   help="[kernels] qkv_fusion: split + q/k RMSNorm + RoPE in one compiled kernel (backends/megatron/qkv.py)")
+    p.add_argument("--compiled-norm", action="store_true",
+                   help="[kernels] compiled_norm: torch.compile'd RMSNorm (backends/megatron/norms.py)")
     p.add_argument("--sdpa-backend", choices=["auto", "flash", "cudnn", "efficient"], default="auto")
     p.add_argument("--grad-reduce-in-bf16", action="store_true", help="reduce gradients in bf16 (default fp32)")
     p.add_argument("--overlap-param-gather", action="store_true",
@@ -161,6 +165,8 @@ def main():
         qk_layernorm=True,
         normalization="RMSNorm",
         sdpa_backend=args.sdpa_backend,
+        qkv_fusion=args.qkv_fusion,
+        compiled_norm=args.compiled_norm,
     )
 
     model_kwargs = dict(

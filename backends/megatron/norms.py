@@ -1,0 +1,97 @@
+"""``torch.compile``'d RMSNorm and LayerNorm for the local (non-Transformer-Engine) path.
+
+PyTorch's CUDA norms (``layer_norm_kernel`` / ``layer_norm_grad_input_kernel`` /
+``GammaBetaBackward``, its RMSNorm included) took 64 ms per step on Qwen3-1.7B at micro batch
+10 x 4096 tokens on one H200 (``bench/results/profile_h200x2_2026-11-30.json``, 113 calls
+forward and backward): about three times the time their bytes need at the HBM bandwidth.
+``torch.compile`` of the same formula gives one Triton kernel forward and a fused backward
+(the weight gradient as a split reduction), as megatron-core does for SwiGLU (``jit_fuser``).
+
+The modules are ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` subclasses (same parameters and
+state-dict keys); on CPU tensors they run PyTorch's forward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+
+def rms_norm_reference(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dimension, in fp32, one rounding.
+
+    Zhang & Sennrich 2019 ("Root Mean Square Layer Normalization"), eq. 4, as
+    ``torch.nn.functional.rms_norm`` computes it on CUDA (fp32 accumulation, output in
+    ``x``'s dtype).
+
+    Args:
+        x: ``[..., h]``.
+        weight: ``[h]`` or ``None``.
+        eps: Added to the mean square.
+
+    Returns:
+        ``[..., h]`` in ``x``'s dtype.
+    """
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+def layer_norm_reference(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+    """``(x - mean) * rsqrt(var + eps) * weight + bias`` over the last dimension, in fp32.
+
+    Ba et al. 2016 ("Layer Normalization"), eq. 4, biased variance as
+    ``torch.nn.functional.layer_norm``.
+
+    Args:
+        x: ``[..., h]``.
+        weight, bias: ``[h]`` or ``None``.
+        eps: Added to the variance.
+
+    Returns:
+        ``[..., h]`` in ``x``'s dtype.
+    """
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    centered = xf - mean
+    y = centered * torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(fn: Callable) -> Callable:
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+class CompiledRMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` with :func:`rms_norm_reference` compiled on CUDA tensors.
+
+    Input ``[..., h]`` -> output of the same shape and dtype.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not x.is_cuda:
+            return super().forward(x)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return _compiled(rms_norm_reference)(x, self.weight, float(eps))
+
+
+class CompiledLayerNorm(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm`` (last dimension) with :func:`layer_norm_reference` compiled on CUDA.
+
+    Input ``[..., h]`` -> output of the same shape and dtype.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not x.is_cuda or len(self.normalized_shape) != 1:
+            return super().forward(x)
+        return _compiled(layer_norm_reference)(x, self.weight, self.bias, float(self.eps))
