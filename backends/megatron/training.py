@@ -93,6 +93,7 @@ from .fsdp import (
     save_checkpoint_fsdp,
     uses_megatron_fsdp,
 )
+from .hostbench import record_host_launch
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
 from .layers import BACKEND_TRANSFORMER_ENGINE, build_model, count_parameters, layer_spec_attention, layer_spec_backend
 from .objective import ObjectiveBatch, build_objective, loss_triple, reduce_loss
@@ -1603,6 +1604,7 @@ def train(
 
     profiler = (StepProfiler(run.logging.run_dir, run.logging.profile_step_start, run.logging.profile_step_end,
                              run.logging.profile_ranks, rank) if run.logging.profile else None)
+    record_host_launch(logger, "start", iteration)  # the host's launch speed, next to the step times
     interval_start = _now()
     try:
         while iteration < sched.train_iters:
@@ -1693,6 +1695,7 @@ def train(
         if ckpt.save_dir and ckpt.save_at_end and saved_at != iteration:
             last_checkpoint = save(exit_reason)
             saved_at = iteration
+        record_host_launch(logger, "end", iteration)
         logger.record("exit", {"iteration": iteration, "reason": exit_reason, "checkpoint": last_checkpoint,
                                "train_loss": last_train_loss, "valid_loss": last_valid_loss})
         _write_exit_status(run.logging.run_dir, rank == world - 1, exit_reason, iteration, last_checkpoint, None)
