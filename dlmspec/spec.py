@@ -403,6 +403,12 @@ class ClusterSpec(Section):
     nodes: PositiveInt = 1
     interconnect: Literal["infiniband", "roce", "ethernet"] = "infiniband"
     inter_node_gbps: PositiveFloat = Field(400.0, description="Network bandwidth per GPU, Gbit/s.")
+    host_launch_us: PositiveFloat | None = Field(
+        None, description="Host (CPU) microseconds per eager CUDA kernel launch on this cluster's nodes, for "
+        "`dlmspec plan`'s step time of launch-bound runs. The runtime measures it (backends/megatron/hostbench.py: "
+        "median of 5 x 4,000 tiny torch.add launches) before and after training and logs it in metrics.jsonl "
+        "(event host_launch, key host_launch_us). Unset: the planner's typical value (dlmspec.plan.calibration)."
+    )
     slurm: SlurmSpec | None = None
 
     @property

@@ -177,6 +177,8 @@ class Plan:
                 "slowest_stage": t.slowest_stage,
                 "train_iters": lay.train_iters,
                 "to_train_seconds": t.to_train_seconds,
+                "host_launch_us": (lay.host_launch_seconds or self.calibration.host_launch_seconds) * 1e6,
+                "host_launch_source": "spec" if lay.host_launch_seconds else "calibration",
             },
             "throughput": {
                 "tokens_per_second": t.tokens_per_second,
@@ -242,6 +244,7 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
         "modelled_as": modelled,
         "cross_entropy": cross_entropy_path(lay),
         "attention": attention_path(lay, resolved.gpu.compute_capability),
+        "host_launch": host_launch_path(lay, calibration or DEFAULT_CALIBRATION),
     }
     return plan_layout(
         resolved.spec.name,
@@ -251,6 +254,16 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
         runtime,
         calibration or DEFAULT_CALIBRATION,
     )
+
+
+def host_launch_path(lay: Layout, calib: Calibration) -> str:
+    """One line naming the host launch speed the time model used: the spec's
+    ``cluster.host_launch_us`` or the calibration's typical host."""
+    if lay.host_launch_seconds:
+        return (f"{lay.host_launch_seconds * 1e6:.2f} us per eager kernel launch (cluster.host_launch_us; host time "
+                f"x{lay.host_launch_seconds / calib.host_launch_seconds:.2f} of the typical host)")
+    return (f"{calib.host_launch_seconds * 1e6:.2f} us per eager kernel launch (the calibration's typical host; "
+            "set cluster.host_launch_us to the host_launch_us a run logs in metrics.jsonl)")
 
 
 def _gib(n: float) -> str:

@@ -18,8 +18,9 @@ Time model (``dlmspec.plan.time``): per microbatch, max(GPU time, host launch ti
 syncs, where GPU time = GEMM FLOPs / (peak * gemm_efficiency) + attention FLOPs / (peak *
 attention_efficiency) + element-wise bytes / (HBM bandwidth * memory_efficiency) + kernels *
 gpu_seconds_per_kernel + collectives (bandwidth * nvlink_efficiency or network_efficiency, plus
-collective_latency_seconds each), host time = kernels * seconds_per_kernel, and each sync costs
-host_sync_seconds; per step the optimizer, the step's syncs and step_overhead_seconds. Within
+collective_latency_seconds each), host time = kernels * seconds_per_kernel (plus Megatron-FSDP's
+host operations * fsdp_seconds_per_op), and each sync costs host_sync_seconds - every host
+constant scaled by the host's launch speed, ``cluster.host_launch_us`` / host_launch_seconds; per step the optimizer, the step's syncs and step_overhead_seconds. Within
 one regime (launch-bound or GPU-bound) every fitted constant enters linearly (as its inverse for
 efficiencies), so ``calibrate.py`` fits them by non-negative least squares on relative errors,
 re-deciding each run's regime between rounds.
@@ -77,14 +78,32 @@ class Calibration:
             launch and megatron-core's Python modules around it, averaged over forward (Python)
             and backward (autograd's C++ engine). A microbatch is launch-bound when its kernels
             times this exceed its GPU time - small models on fast GPUs. Fitted (tens of
-            microseconds in megatron-core's eager local path).
+            microseconds in megatron-core's eager local path), on the typical host
+            (``host_launch_seconds``); its ratio to ``host_launch_seconds`` is what the fit
+            determines: a megatron-core kernel costs that many micro-benchmark launches.
         gpu_seconds_per_kernel: the least GPU time of a kernel (launch latency on the device,
             ramp-up and tail of a tiny grid): 3e-6 s, the back-to-back rate of small kernels on
             Hopper. Not fitted.
+        host_launch_seconds: the typical host (CPU) time per eager kernel launch as
+            ``backends/megatron/hostbench.py`` measures it (median of 5 x 4,000 tiny ``torch.add``
+            launches from Python; the runtime logs it in metrics.jsonl, event ``host_launch``):
+            the host the host constants (``seconds_per_kernel``, ``host_sync_seconds``,
+            ``fsdp_seconds_per_op``) are stated for. A spec's ``cluster.host_launch_us`` scales
+            them by ``host_launch_us * 1e-6 / host_launch_seconds``; a spec without it is planned
+            on this typical host. ``bench/plan/calibrate.py --write`` sets it to the median of the
+            measured runs' values (before any run recorded one: 6e-6 s, an estimate - an eager
+            PyTorch op costs ~3-10 us of host time on current x86 servers: dispatcher,
+            allocator, ``cudaLaunchKernel``).
+        fsdp_seconds_per_op: host time of one of Megatron-FSDP's per-step host operations
+            (:func:`dlmspec.plan.time.fsdp_host_ops`: gradient hooks per parameter tensor,
+            all-gathers, releases and reduce-scatters per bucket, the DTensor gradient and weight
+            copies of the optimizer step), on the typical host. Fitted (default: seconds_per_kernel,
+            one launch per operation).
         host_sync_seconds: cost of one host-device synchronisation (``.item()``, ``.tolist()``
             of a GPU tensor, ``torch.cuda.synchronize()``, an event wait): the device-to-host
             round trip plus the GPU idling while the host, which had to wait, enqueues work
-            again. Fitted.
+            again (mostly host work, so it scales with the host's launch speed like
+            seconds_per_kernel). Fitted.
         collective_latency_seconds: fixed cost of one NCCL collective or p2p exchange (launch
             and handshake), on top of bytes / bandwidth: 2e-5 s (NCCL's small-message latency
             inside an NVLink node is 10-30 us). Not fitted.
@@ -108,6 +127,8 @@ class Calibration:
     seconds_per_kernel: float = 4.498e-05
     gpu_seconds_per_kernel: float = 3e-6
     host_sync_seconds: float = 0.0002281
+    host_launch_seconds: float = 6e-06
+    fsdp_seconds_per_op: float = 4.498e-05
     collective_latency_seconds: float = 2e-5
     step_overhead_seconds: float = 0.001451
     dp_overlap_exposed_fraction: float = 0.2
@@ -138,4 +159,6 @@ FITTED = (
     "seconds_per_kernel",
     "host_sync_seconds",
     "step_overhead_seconds",
+    "fsdp_seconds_per_op",
+    "host_launch_seconds",
 )

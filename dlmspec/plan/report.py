@@ -87,6 +87,8 @@ def plan_renderable(plan: Plan) -> Group:
         head.append(f"\nloss: {plan.runtime['cross_entropy']}", style="dim")
     if plan.runtime.get("attention"):
         head.append(f"\nattention: {plan.runtime['attention']}", style="dim")
+    if plan.runtime.get("host_launch"):
+        head.append(f"\nhost: {plan.runtime['host_launch']}", style="dim")
 
     mem = Table(title=f"memory per GPU (GiB), peak on pipeline stage {peak.stage} during "
                       f"{peak.phase.replace('_', ' ')}", title_justify="left")

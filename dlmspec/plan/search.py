@@ -602,11 +602,12 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
 
 def plan_candidate(resolved: Resolved, cand: Candidate, calibration: Calibration | None = None):
     """The full :class:`~dlmspec.plan.Plan` (every stage) of a search candidate."""
-    from dlmspec.plan import plan_layout
+    from dlmspec.plan import host_launch_path, plan_layout
 
     shape = model_shape(resolved)
     shape, lay = relayout(shape, layout(resolved, cand.layout.impl), **dict(cand.changes))
     lay = replace(lay, impl=cand.layout.impl)
     runtime = {"transformer_impl": transformer_impl(resolved)[1], "spec_transformer_impl": resolved.spec.model.transformer_impl,
-               "modelled_as": lay.impl, "cross_entropy": cross_entropy_path(lay)}
+               "modelled_as": lay.impl, "cross_entropy": cross_entropy_path(lay),
+               "host_launch": host_launch_path(lay, calibration or DEFAULT_CALIBRATION)}
     return plan_layout(resolved.spec.name, shape, lay, resolved.gpu, runtime, calibration or DEFAULT_CALIBRATION)

@@ -128,6 +128,9 @@ class Layout:
             (:func:`attention_backend` resolves ``auto`` against the GPU).
         optimizer: ``adam`` or ``sgd``.
         world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
+        host_launch_seconds: ``cluster.host_launch_us`` in seconds (host time per eager kernel
+            launch, as ``backends/megatron/hostbench.py`` measures it), or None: the
+            calibration's typical value (:attr:`Calibration.host_launch_seconds`).
         train_iters: optimizer steps of the run.
     """
 
@@ -167,6 +170,7 @@ class Layout:
     cp_comm_type: str = "p2p"
     rope_fusion: bool = False
     sdpa_backend: str = "auto"
+    host_launch_seconds: float | None = None
 
     @property
     def fused_linear_ce(self) -> bool:
@@ -332,7 +336,14 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         cp_comm_type=par.cp_comm_type,
         rope_fusion=spec.kernels.apply_rope_fusion,
         sdpa_backend=spec.kernels.sdpa_backend,
+        host_launch_seconds=_host_launch_seconds(spec.cluster),
     )
+
+
+def _host_launch_seconds(cluster) -> float | None:
+    """``cluster.host_launch_us`` in seconds (None when unset or absent)."""
+    value = getattr(cluster, "host_launch_us", None)
+    return value * 1e-6 if value else None
 
 
 def cross_entropy_path(lay: Layout) -> str:

@@ -145,6 +145,32 @@ SYNCS_PER_BUCKET = 2
 #: megatron-core DDP bucket size with ``overlap_grad_reduce``: ``max(40M, 1M * dp)`` parameters.
 DDP_BUCKET_PARAMS = 40_000_000
 
+#: Megatron-FSDP's host operations (megatron-core 0.16.1 ``megatron_fsdp.py``,
+#: ``param_and_grad_buffer.py``), each costing ``Calibration.fsdp_seconds_per_op`` of host time,
+#: counted from the code as Python hook work plus the small kernels, allocations, stream/event
+#: waits and NCCL launches it issues. Per microbatch and parameter tensor
+#: (:data:`FSDP_OPS_PER_TENSOR`): the post-accumulate-grad hook (``_grad_acc``: ``get_main_grad``,
+#: the copy of the gradient into the bucket, ``del grad``; ``GradReducePipeline.reduce_gradients``'
+#: readiness bookkeeping: 3) and the per-parameter loops of ``all_gather_and_wait_parameters_ready``
+#: in forward and backward (2). Per microbatch and bucket (a ``TransformerLayer`` FSDP unit, plus
+#: the group of the parameters outside the units): with sharded weights (``optim_grads_params``,
+#: :data:`FSDP_OPS_PER_BUCKET_GATHER`) forward and backward each a pre-hook, the all-gather
+#: (allocation, NCCL launch, event), the stream wait, the release after the module and the
+#: post-backward autograd function / multi-grad hook registration (12); with sharded gradients
+#: (``optim_grads``, ``optim_grads_params``, :data:`FSDP_OPS_PER_BUCKET_REDUCE`) the reduce-scatter
+#: (``wait_stream``, ``fetch_bucket``'s allocation, the scaling, ``empty_like``, the NCCL launch,
+#: the accumulation ``+=``, ``record_event``, the queue's event wait and the bucket's release: 9).
+#: Per step and parameter tensor (:data:`FSDP_STEP_OPS_PER_TENSOR`): ``update_main_grads`` (the
+#: shard view, the ``.to(dtype)`` of the gradient and the DTensor gradient the optimizer reads)
+#: and the DTensor dispatch of the optimizer's per-tensor work (4); per step and bucket
+#: (:data:`FSDP_STEP_OPS_PER_BUCKET`): zeroing the gradient buffer, the main-to-model weight copy
+#: and ``start_param_sync``'s all-gather (5).
+FSDP_OPS_PER_TENSOR = 5
+FSDP_OPS_PER_BUCKET_GATHER = 12
+FSDP_OPS_PER_BUCKET_REDUCE = 9
+FSDP_STEP_OPS_PER_TENSOR = 4
+FSDP_STEP_OPS_PER_BUCKET = 5
+
 #: Bytes the cross entropy reads and writes per logit element (megatron-core
 #: ``vocab_parallel_cross_entropy``): forward ``.float()`` 2+4, max 4, subtract 4+4, exp 4+4,
 #: sum 4, normalise 4+4; backward scale 4+4, cast to bf16 4+2.
@@ -203,6 +229,8 @@ class StageWork:
         cp_comm_seconds: K/V exchange bytes / bandwidth (100%), forward + backward
             (:data:`CP_KV_EXCHANGES`); cp_overlapped: whether it hides behind the attention;
             cp_collectives: collectives whose latency is exposed (all-gather path).
+        fsdp_ops: Megatron-FSDP host operations per microbatch (:func:`fsdp_host_ops`), host
+            work beside the kernel launches.
     """
 
     stage: int
@@ -223,6 +251,7 @@ class StageWork:
     cp_network: bool
     cp_overlapped: bool = True
     cp_collectives: float = 0.0
+    fsdp_ops: float = 0.0
 
 
 def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
@@ -489,6 +518,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         cp_network=cp_net,
         cp_overlapped=cp_overlapped,
         cp_collectives=cp_n,
+        fsdp_ops=fsdp_host_ops(shape, lay, stage, counts)[0],
     )
 
 
@@ -496,7 +526,18 @@ def _eff(network: bool, calib: Calibration) -> float:
     return calib.network_efficiency if network else calib.nvlink_efficiency
 
 
-def microbatch_seconds(w: StageWork, calib: Calibration) -> tuple[dict[str, float], bool]:
+def host_speed(lay: Layout, calib: Calibration) -> float:
+    """How much slower the layout's host launches kernels than the calibration's typical host:
+    ``cluster.host_launch_us * 1e-6 / Calibration.host_launch_seconds`` (1.0 when the spec does not
+    state it). Every host-time constant (``seconds_per_kernel``, ``host_sync_seconds``,
+    ``fsdp_seconds_per_op``) is multiplied by it: the host's part of a launch-bound step is the
+    same eager dispatch the micro-benchmark (``backends/megatron/hostbench.py``) times."""
+    if not lay.host_launch_seconds:
+        return 1.0
+    return lay.host_launch_seconds / calib.host_launch_seconds
+
+
+def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0) -> tuple[dict[str, float], bool]:
     """Seconds of one microbatch on a rank, by term, and whether the rank is launch-bound.
 
     GPU time (compute, the per-kernel floor, TP collectives, backward EP all-to-alls, the CP
@@ -504,7 +545,9 @@ def microbatch_seconds(w: StageWork, calib: Calibration) -> tuple[dict[str, floa
     host launch time overlap - the host enqueues
     kernels asynchronously - so the microbatch takes the larger; a launch-bound rank's excess
     goes to ``kernel_launch``. The host syncs and what they expose (forward EP all-to-alls and
-    their latency) come on top.
+    their latency) come on top. Host time is ``kernels * seconds_per_kernel`` plus Megatron-FSDP's
+    host operations times ``fsdp_seconds_per_op``; it and the syncs are multiplied by
+    ``host_scale`` (:func:`host_speed`).
     """
     lat = calib.collective_latency_seconds
     attention = w.attention_seconds / calib.attention_efficiency
@@ -521,12 +564,12 @@ def microbatch_seconds(w: StageWork, calib: Calibration) -> tuple[dict[str, floa
         "cp_communication": cp,
     }
     gpu = sum(terms.values())
-    host = w.kernels * calib.seconds_per_kernel
+    host = (w.kernels * calib.seconds_per_kernel + w.fsdp_ops * calib.fsdp_seconds_per_op) * host_scale
     launch_bound = host > gpu
     if launch_bound:
         terms["kernel_launch"] += host - gpu
     terms["ep_communication"] += w.ep_forward_seconds / _eff(w.ep_network, calib) + w.ep_forward_collectives * lat
-    terms["host_sync"] = w.syncs * calib.host_sync_seconds
+    terms["host_sync"] = w.syncs * calib.host_sync_seconds * host_scale
     return terms, launch_bound
 
 
@@ -545,7 +588,10 @@ class TimePlan:
         mfu: model FLOP/s per GPU / :func:`mfu_peak_flops`.
         to_train_seconds: ``step_seconds * train_iters``.
         gpu_hours: ``to_train_seconds * world / 3600``.
-        features: the linear features :mod:`bench.plan.calibrate` fits (seconds at 100%).
+        features: the linear features :mod:`bench.plan.calibrate` fits (seconds at 100%;
+            launches, syncs and FSDP host operations counted on the typical host: times
+            :func:`host_speed`).
+        host_scale: :func:`host_speed` of the layout (1.0 on the calibration's typical host).
     """
 
     step_seconds: float
@@ -559,6 +605,7 @@ class TimePlan:
     to_train_seconds: float
     gpu_hours: float
     features: dict[str, float]
+    host_scale: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready ``time`` section."""
@@ -581,6 +628,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     if flops is None:
         flops = step_flops(shape, lay)
     stages = range(lay.pp) if (all_stages or lay.pp <= 2) else (0, lay.pp - 1)
+    hs = host_speed(lay, calib)
     best = None
     for i in stages:
         if work_cache is None:
@@ -588,11 +636,11 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         else:
             key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
-                   lay.fused_linear_ce, lay.fused_linear_backend)
+                   lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
-        mb, bound = microbatch_seconds(w, calib)
+        mb, bound = microbatch_seconds(w, calib, hs)
         total = sum(mb.values())
         if best is None or total > best[0]:
             best = (total, w, mb, bound)
@@ -650,11 +698,13 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     hbm = gpu.hbm_gbps * 1e9
     tensors = param_tensors(shape, lay, slow.stage, counts)
     step_kernels = KERNELS_PER_STEP[path] + KERNELS_PER_PARAM_TENSOR[path] * tensors
-    b["optimizer"] = opt_bytes / (hbm * calib.memory_efficiency) + step_kernels * calib.seconds_per_kernel
+    fsdp_step_ops = fsdp_host_ops(shape, lay, slow.stage, counts)[1]
+    b["optimizer"] = (opt_bytes / (hbm * calib.memory_efficiency)
+                      + (step_kernels * calib.seconds_per_kernel + fsdp_step_ops * calib.fsdp_seconds_per_op) * hs)
     step_syncs = SYNCS_PER_STEP + SYNCS_PER_BUCKET * ddp_buckets(lay, p_dense, p_expert)
     if path == "local+sdpa":
         step_syncs += tensors
-    b["host_sync"] += step_syncs * calib.host_sync_seconds
+    b["host_sync"] += step_syncs * calib.host_sync_seconds * hs
     b["step_overhead"] = calib.step_overhead_seconds
     step = sum(b.values())
 
@@ -668,10 +718,11 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         "gemm": scale * gpu_side * slow.gemm_seconds,
         "attention": scale * gpu_side * slow.attention_seconds,
         "elementwise": scale * gpu_side * slow.elementwise_seconds + opt_bytes / hbm,
-        "kernels": scale * (1 - gpu_side) * slow.kernels + step_kernels,
+        "kernels": hs * (scale * (1 - gpu_side) * slow.kernels + step_kernels),
         "nvlink": scale * (gpu_side * intra + (0 if slow.ep_network else slow.ep_forward_seconds))
         + (0 if p2p_network else p2p_raw),
-        "syncs": scale * slow.syncs + step_syncs,
+        "syncs": hs * (scale * slow.syncs + step_syncs),
+        "fsdp_ops": hs * (scale * (1 - gpu_side) * slow.fsdp_ops + fsdp_step_ops),
         "const": 1.0,
         "fixed": scale * (gpu_side * (per_mb["cp_communication"] + slow.kernels * calib.gpu_seconds_per_kernel
                                       + slow.tp_collectives * calib.collective_latency_seconds
@@ -699,7 +750,37 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         to_train_seconds=to_train,
         gpu_hours=to_train * world / 3600,
         features=features,
+        host_scale=hs,
     )
+
+
+def fsdp_buckets(shape: ModelShape, lay: Layout, counts: tuple[int, int]) -> int:
+    """Megatron-FSDP parameter groups (buckets) on a rank holding ``counts`` layers: one per
+    ``TransformerLayer`` FSDP unit (two for a MoE layer: expert parameters form groups of their
+    own), plus one for the parameters outside the units (embedding, final norm, output layer;
+    megatron-core 0.16.1 ``_get_parameter_groups`` groups them by dtype, expert flag and unit)."""
+    dense_n, moe_n = counts
+    return dense_n + 2 * moe_n + 1
+
+
+def fsdp_host_ops(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int, int]) -> tuple[float, float]:
+    """(per microbatch, per step) host operations Megatron-FSDP adds on rank ``stage``
+    (:data:`FSDP_OPS_PER_TENSOR` and the other ``FSDP_*`` counts, from megatron-core 0.16.1's
+    source): per microbatch ``5 * tensors + (12 if weights sharded) * buckets + (9 if gradients
+    sharded) * buckets``, per step ``4 * tensors + 5 * buckets`` (+ the reduce-scatters once, on
+    the last microbatch, when gradients are not sharded). 0 without Megatron-FSDP; torch FSDP2's
+    host work is not modelled."""
+    if lay.fsdp != "megatron":
+        return 0.0, 0.0
+    weights, grads, _ = fsdp_sharding(lay)
+    tensors = param_tensors(shape, lay, stage, counts)
+    buckets = fsdp_buckets(shape, lay, counts)
+    per_mb = FSDP_OPS_PER_TENSOR * tensors + buckets * ((FSDP_OPS_PER_BUCKET_GATHER if weights else 0)
+                                                        + (FSDP_OPS_PER_BUCKET_REDUCE if grads else 0))
+    per_step = FSDP_STEP_OPS_PER_TENSOR * tensors + FSDP_STEP_OPS_PER_BUCKET * buckets
+    if not grads:
+        per_step += FSDP_OPS_PER_BUCKET_REDUCE * buckets
+    return float(per_mb), float(per_step)
 
 
 def dp_overlap(lay: Layout) -> tuple[bool, bool]:
