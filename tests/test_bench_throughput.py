@@ -370,3 +370,27 @@ def test_run_end_to_end_with_fake_jobs_ratio_and_fusion_fallback(tmp_path):
     mfu = data["flops_per_token"] * 4096 / 0.1 / 1e12 / 989.0  # recomputed from the step times, not the runtime's
     assert data["megatron"]["best"]["mfu"] == pytest.approx(mfu)
     assert data["targets"]["ratio_met"] is True and data["targets"]["megatron_mfu_met"] is (mfu >= 0.5)
+
+
+def test_loss_agreement_noise_floor_raises_the_tolerance_only_as_far_as_measured(tmp_path):
+    base = [11.0 - 0.1 * i for i in range(50)]
+    a = _jsonl(tmp_path / "a.jsonl", base)
+    spike = base.copy()
+    spike[22] *= 1.025  # 2.4% at iteration 23: above the fixed 5 bf16 units
+    b = _jsonl(tmp_path / "b.jsonl", spike)
+    assert not agreement.check_files(a, b)["agree"]
+    rerun = base.copy()
+    rerun[22] *= 0.97  # the baseline rerun differs by 3.0% there
+    noise = _jsonl(tmp_path / "rerun.jsonl", rerun)
+    res = agreement.check_files(a, b, noise=[noise])
+    assert res["agree"] and res["noise_floor"] == pytest.approx(0.03, rel=1e-6)
+    assert res["rtol"] == res["noise_floor"] and res["fixed_rtol"] == agreement.DEFAULT_RTOL
+    assert res["noise"][0]["worst_iteration"] == 23
+    assert agreement.main([str(a), str(b), "--noise", str(noise)]) == 0
+    worse = base.copy()
+    worse[22] *= 1.05  # beyond the measured floor: still a disagreement
+    assert not agreement.check_files(a, _jsonl(tmp_path / "w.jsonl", worse), noise=[noise])["agree"]
+    # a quiet noise run leaves the fixed tolerance in force
+    assert not agreement.check_files(a, b, noise=[_jsonl(tmp_path / "q.jsonl", base)])["agree"]
+    # a noise run that cannot set a floor is refused
+    assert agreement.main([str(a), str(b), "--noise", str(_jsonl(tmp_path / "s.jsonl", base[:20]))]) == 2
