@@ -8,7 +8,11 @@ carried to the GPU machine by the device tool).
   by ``dlmspec data prepare`` as README.md shows), and ``.device/demo-ref/``, the same in run
   and checkpoint directories of its own (the uninterrupted run of ``demo_resume.sh``).
 
-Usage: ``.venv/bin/python bench/gpu/prepare.py [--gpus 1|2] [NAME ...]``
+``--max-iters N`` shortens each entry to at most N steps (``train.train_iters`` and
+``train.eval_interval``; the matrix's 50-step demo runs log every 5 steps, so 40 leaves six steady
+intervals after iteration 10, what ``run_matrix.sh`` takes the median of).
+
+Usage: ``.venv/bin/python bench/gpu/prepare.py [--gpus 1|2] [--max-iters N] [NAME ...]``
 """
 
 from __future__ import annotations
@@ -34,6 +38,24 @@ def compile_spec(base: str, out: Path, overrides: list[str]) -> None:
         raise SystemExit(f"compile failed for {out}:\n{result.stdout}\n{result.stderr}")
 
 
+def shorten(overrides: list[str], max_iters: int) -> list[str]:
+    """``--set`` values that cut an entry to at most ``max_iters`` steps: its last
+    ``train.train_iters`` (and ``train.eval_interval``) override, capped."""
+    iters = evals = None
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key == "train.train_iters":
+            iters = int(value)
+        elif key == "train.eval_interval":
+            evals = int(value)
+    out = []
+    if iters is None or iters > max_iters:
+        out.append(f"train.train_iters={max_iters}")
+    if evals is not None and evals > max_iters:
+        out.append(f"train.eval_interval={max_iters}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, default=None, help="only matrix entries for this many GPUs")
@@ -41,6 +63,8 @@ def main() -> None:
     parser.add_argument("--profile", default=None, metavar="A:B",
                         help="compile the chosen entries into .device/profile/NAME-profile instead, with "
                              "[logging] profile over steps A..B-1 on every rank")
+    parser.add_argument("--max-iters", type=int, default=None, metavar="N",
+                        help="at most N training steps per entry (train_iters and eval_interval)")
     parser.add_argument("names", nargs="*", help="matrix entries (default: all runnable ones)")
     args = parser.parse_args()
     matrix = json.loads((ROOT / "bench/plan/matrix.json").read_text())
@@ -67,6 +91,8 @@ def main() -> None:
             ranks = list(range(entry["gpus"]))
             extra = ["logging.profile=true", f"logging.profile_step_start={start}",
                      f"logging.profile_step_end={end}", f"logging.profile_ranks={ranks}"]
+        if args.max_iters:
+            extra += shorten(entry["overrides"], args.max_iters)
         compile_spec(entry["base"], out, entry["overrides"] + extra + [
             f'logging.run_dir="{run_dir}"', f'logging.tensorboard_dir="{run_dir}/tensorboard"',
             f'checkpoint.save="{run_dir}/ckpt"', "checkpoint.save_at_end=false"])

@@ -17,8 +17,12 @@ as ``"command"`` and ``"device"`` are kept as provenance). A run is::
       "impl": "local+sdpa",                    # layer path the runtime reported (optional)
       "peak_allocated_bytes": 14123456789,     # torch.cuda.max_memory_allocated(), max over ranks
       "step_seconds": 0.0612,                  # median step time over the measured steps
-      "peak_reserved_bytes": 15000000000       # optional
-    }
+      "peak_reserved_bytes": 15000000000,      # optional
+      "host_launch_us": 7.1                    # optional: the host's launch speed the runtime logged
+    }                                          # (metrics.jsonl event host_launch; run_matrix.sh's mean)
+
+A file's ``"date"`` (ISO date, or date and time) orders measurements: the newest measurement of a
+configuration (its ``name``) is the one of the largest ``(date, file name)``.
 
 ``peak_mem_gib`` (the runtime's metrics.jsonl field, GiB) is accepted for
 ``peak_allocated_bytes`` and ``step_time_s`` for ``step_seconds``; a run with only ``name``
@@ -30,12 +34,18 @@ The fit (relative errors, so small and large runs weigh alike):
 * memory: ``measured = static + activation_scale * activations + allocated_overhead_bytes``,
   where ``activations`` are the plan's activation, logits and transient terms and ``static``
   the rest; two unknowns, linear least squares (overhead clamped at >= 0).
+* host speed: a run whose record has ``host_launch_us`` is planned with it
+  (``cluster.host_launch_us``), so its host terms scale by ``host_launch_us * 1e-6 /
+  host_launch_seconds``; the others are planned on the typical host. With measured values the
+  typical host (``Calibration.host_launch_seconds``) becomes their median first, then the fit
+  runs: ``seconds_per_kernel / host_launch_seconds`` is the ratio the fit determines.
 * time: ``measured = sum_i c_i x_i + fixed``, ``x`` = the plan's features at 100% of every peak
-  (GEMM, attention, element-wise bytes, host kernel launches, NVLink transfers, host syncs, 1)
+  (GEMM, attention, element-wise bytes, host kernel launches, NVLink transfers, host syncs,
+  Megatron-FSDP host operations, 1)
   and ``fixed`` what is not linear in a fitted constant (latencies, the GPU's per-kernel floor,
   network transfers, the exposed data-parallel communication); ``c`` = (1/gemm_efficiency,
   1/attention_efficiency, 1/memory_efficiency, seconds_per_kernel, 1/nvlink_efficiency,
-  host_sync_seconds, step_overhead_seconds), non-negative least squares with a weak pull
+  host_sync_seconds, fsdp_seconds_per_op, step_overhead_seconds), non-negative least squares with a weak pull
   (weight ``--prior``) towards the current constants, so a constant no run exercises keeps its
   value. A microbatch takes max(GPU time, host launch time) (:mod:`dlmspec.plan.time`), so the
   features are those of the side each run's slowest rank is on; the fit is repeated, each round
@@ -43,7 +53,8 @@ The fit (relative errors, so small and large runs weigh alike):
   :data:`MAX_ROUNDS` rounds).
 
 Leave-one-out errors (refit without the run, predict it) are reported next to the in-sample
-ones. ``--write`` rewrites the fitted defaults in ``dlmspec/plan/calibration.py``.
+ones; the step-time target is reported over every record and over the newest measurement of each
+configuration. ``--write`` rewrites the fitted defaults in ``dlmspec/plan/calibration.py``.
 
 Usage::
 
@@ -85,7 +96,7 @@ BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 #: Activation-like allocated terms (scaled by activation_scale).
 ACT_TERMS = ("activations", "embedding_output_activations", "loss_logits", "backward_transient")
 #: Time features and the constant each one's coefficient maps to.
-TIME_FEATURES = ("gemm", "attention", "elementwise", "kernels", "nvlink", "syncs", "const")
+TIME_FEATURES = ("gemm", "attention", "elementwise", "kernels", "nvlink", "syncs", "fsdp_ops", "const")
 #: Rounds of the time fit (each re-decides which runs are launch-bound).
 MAX_ROUNDS = 12
 
@@ -101,6 +112,8 @@ class Run:
     measured_bytes: float
     measured_seconds: float
     source: str
+    host_launch_us: float | None = None
+    order: tuple[str, str] = ("", "")
 
 
 def _matrix() -> dict[str, dict]:
@@ -116,26 +129,35 @@ RECORD_CROSS_ENTROPY = "megatron"
 #: The RoPE path of a recorded ``spec`` without ``kernels.apply_rope_fusion``: such a spec
 #: predates the key (default on since), when the local path ran megatron-core's unfused RoPE.
 RECORD_ROPE_FUSION = False
+#: ``kernels.qkv_fusion`` and ``kernels.compiled_norm`` of a recorded ``spec`` without them: such a
+#: spec predates the keys (default on since), when the local path ran megatron-core's modules.
+RECORD_LOCAL_KERNELS = {"qkv_fusion": False, "compiled_norm": False}
 
 
 def _resolve_run(rec: dict, matrix: dict[str, dict]):
     """The resolved spec a record ran: its ``spec`` (``kernels.cross_entropy`` =
     :data:`RECORD_CROSS_ENTROPY` when it has no ``[kernels]`` table, ``apply_rope_fusion`` =
-    :data:`RECORD_ROPE_FUSION` when the table lacks it), or ``base`` +
-    ``overrides`` (a matrix entry's when the record names one)."""
+    :data:`RECORD_ROPE_FUSION` and :data:`RECORD_LOCAL_KERNELS` when the table lacks them), or
+    ``base`` + ``overrides`` (a matrix entry's when the record names one); with the record's
+    ``host_launch_us`` as ``cluster.host_launch_us``."""
+    host = rec.get("host_launch_us")
     if "spec" in rec:
         data = dict(rec["spec"])
         if "kernels" in Spec.model_fields and "kernels" not in data:
             data["kernels"] = {"cross_entropy": RECORD_CROSS_ENTROPY}
         if "kernels" in data:
-            # Recorded specs predate [kernels] apply_rope_fusion: megatron-core's unfused RoPE.
-            data["kernels"] = {"apply_rope_fusion": RECORD_ROPE_FUSION, **data["kernels"]}
+            # Recorded specs predate [kernels] apply_rope_fusion, qkv_fusion and compiled_norm.
+            data["kernels"] = {"apply_rope_fusion": RECORD_ROPE_FUSION, **RECORD_LOCAL_KERNELS, **data["kernels"]}
+        if host:
+            data["cluster"] = {**data.get("cluster", {}), "host_launch_us": float(host)}
         return resolve(Spec.model_validate(data))
     entry = matrix.get(rec.get("name", ""), {})
     base = rec.get("base") or entry.get("base")
     overrides = rec.get("overrides", entry.get("overrides"))
     if base is None or overrides is None:
         raise ValueError("no spec: give 'spec', or 'base' and 'overrides', or a name from bench/plan/matrix.json")
+    if host:
+        overrides = list(overrides) + [f"cluster.host_launch_us={float(host)!r}"]
     return resolve(load(ROOT / base, overrides).spec)
 
 
@@ -152,6 +174,7 @@ def read_runs(results: Path) -> tuple[list[Run], list[str]]:
         records = data.get("runs") if isinstance(data, dict) else data
         if not isinstance(records, list):
             continue
+        order = (str(data.get("date", "")) if isinstance(data, dict) else "", path.name)
         for rec in records:
             if not isinstance(rec, dict) or "name" not in rec:
                 continue  # not a calibration run (e.g. the conversion check's per-family records)
@@ -168,8 +191,9 @@ def read_runs(results: Path) -> tuple[list[Run], list[str]]:
             except (SpecError, ValueError) as exc:
                 skipped.append(f"{path.name}: {name}: {str(exc).splitlines()[0]}")
                 continue
+            host = rec.get("host_launch_us")
             runs.append(Run(name, int(rec.get("gpus", resolved.world_size)), rec.get("impl"), resolved,
-                            float(mem), float(sec), path.name))
+                            float(mem), float(sec), path.name, float(host) if host else None, order))
     return runs, skipped
 
 
@@ -209,7 +233,7 @@ def fit_memory(runs: list[Run], calib: Calibration) -> tuple[float, float]:
 #: step_overhead_seconds); the efficiencies enter as ``1/e = 1 + z`` with ``z >= 0``, so no
 #: fitted efficiency exceeds 1.
 TIME_CONSTANTS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "seconds_per_kernel",
-                  "nvlink_efficiency", "host_sync_seconds", "step_overhead_seconds")
+                  "nvlink_efficiency", "host_sync_seconds", "fsdp_seconds_per_op", "step_overhead_seconds")
 EFFICIENCIES = {"gemm_efficiency", "attention_efficiency", "memory_efficiency", "nvlink_efficiency"}
 
 
@@ -281,6 +305,26 @@ def _sides(runs: list[Run], calib: Calibration) -> tuple[bool, ...]:
     return tuple(out)
 
 
+def typical_host(runs: list[Run], calib: Calibration) -> Calibration:
+    """``calib`` with ``host_launch_seconds`` = the median ``host_launch_us`` of the runs that
+    recorded one (unchanged when none did): the typical host the host constants are fitted for."""
+    values = sorted(r.host_launch_us for r in runs if r.host_launch_us)
+    if not values:
+        return calib
+    return calib.with_values(host_launch_seconds=float(np.median(values)) * 1e-6)
+
+
+def newest(runs: list[Run]) -> list[int]:
+    """Indices of the newest measurement of each configuration (largest ``(date, file name)``
+    per run name), in ``runs`` order."""
+    best: dict[str, int] = {}
+    for i, r in enumerate(runs):
+        j = best.get(r.name)
+        if j is None or r.order >= runs[j].order:
+            best[r.name] = i
+    return sorted(best.values())
+
+
 def fit(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibration:
     """Both fits. The time fit is repeated, each round with the sides (launch-bound or
     GPU-bound) and fixed terms of the last round's constants, until no run changes side (at
@@ -288,6 +332,7 @@ def fit(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibration
     GPU-bound (a tenth of ``calib``'s host time per launch for the first round) - since a
     start on one side can settle where it began; the round with the smallest squared relative
     error wins."""
+    calib = typical_host(runs, calib)
     scale, over = fit_memory(runs, calib)
     base = calib.with_values(activation_scale=scale, allocated_overhead_bytes=over)
     best = (time_cost(runs, base), base)
@@ -332,8 +377,9 @@ def table(runs: list[Run], default: Calibration, fitted: Calibration, prior_weig
         loo_time.append(_err(p.time.step_seconds, runs[i].measured_seconds))
     lines += [
         "| run | GPUs | layers | measured peak GiB | planned GiB | error | LOO error | uncalibrated error "
-        "| Megatron-LM formula GiB | its error | measured step s | planned s | error | LOO error | uncalibrated error |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| Megatron-LM formula GiB | its error | host us/launch | measured step s | planned s | error | LOO error "
+        "| uncalibrated error |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     mem_errs, time_errs = [], []
     for i, r in enumerate(runs):
@@ -346,16 +392,26 @@ def table(runs: list[Run], default: Calibration, fitted: Calibration, prior_weig
             f"| {r.name} | {r.gpus} | {p.runtime['modelled_as']} | {r.measured_bytes / GiB:.2f} | "
             f"{p.peak_allocated_bytes / GiB:.2f} | {em:+.1%} | {loo_mem[i]:+.1%} | "
             f"{_err(p0.peak_allocated_bytes, r.measured_bytes):+.1%} | {meg / GiB:.2f} | {_err(meg, r.measured_bytes):+.1%} | "
-            f"{r.measured_seconds:.4f} | {p.time.step_seconds:.4f} | {et:+.1%} | {loo_time[i]:+.1%} | "
+            f"{_host_cell(r, fitted)} | {r.measured_seconds:.4f} | {p.time.step_seconds:.4f} | {et:+.1%} | {loo_time[i]:+.1%} | "
             f"{_err(p0.time.step_seconds, r.measured_seconds):+.1%} |"
         )
     within_m = sum(abs(e) <= 0.05 for e in mem_errs)
     within_t = sum(abs(e) <= 0.15 for e in time_errs)
+    latest = newest(runs)
+    measured_host = sum(1 for r in runs if r.host_launch_us)
     lines += [
         "",
         f"Memory within 5%: {within_m}/{len(runs)} (max |error| {max(abs(e) for e in mem_errs):.1%}, "
         f"leave-one-out {max(abs(e) for e in loo_mem):.1%}). Step time within 15%: {within_t}/{len(runs)} "
         f"(max |error| {max(abs(e) for e in time_errs):.1%}, leave-one-out {max(abs(e) for e in loo_time):.1%}).",
+        "",
+        f"Newest measurement of each of the {len(latest)} configurations: memory within 5% "
+        f"{sum(abs(mem_errs[i]) <= 0.05 for i in latest)}/{len(latest)}, step time within 15% "
+        f"{sum(abs(time_errs[i]) <= 0.15 for i in latest)}/{len(latest)} (max |error| "
+        f"{max(abs(time_errs[i]) for i in latest):.1%}, leave-one-out {max(abs(loo_time[i]) for i in latest):.1%}).",
+        "",
+        f"Host launch speed: {measured_host} of {len(runs)} records measured it (`host_launch_us`); the others are "
+        f"planned on the typical host, {fitted.host_launch_seconds * 1e6:.2f} us per launch (marked `-`).",
         "",
         "| constant | before | fitted |",
         "|---|---:|---:|",
@@ -368,6 +424,11 @@ def table(runs: list[Run], default: Calibration, fitted: Calibration, prior_weig
         lines += ["", "Skipped records:", ""] + [f"- {s}" for s in skipped]
     lines += ["", END]
     return "\n".join(lines)
+
+
+def _host_cell(run: Run, calib: Calibration) -> str:
+    """The table's host launch cell: the run's measured value, or ``- (typical)``."""
+    return f"{run.host_launch_us:.2f}" if run.host_launch_us else "-"
 
 
 def _planned_matrix_table() -> list[str]:

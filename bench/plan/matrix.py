@@ -63,6 +63,10 @@ COMMON = [
     # demo-mdm-mha (bench/results/profile_h200x2_2026-11-30.json) hold only cuDNN attention
     # kernels, no flash ones. "cudnn" selects the same kernels (it also makes q, k, v dense first).
     'kernels.sdpa_backend="cudnn"',
+    # Every run was measured before [kernels] qkv_fusion and compiled_norm existed (default on
+    # since, local path): megatron-core's QKV split / q-k norm / RoPE and its norms, as they ran.
+    "kernels.qkv_fusion=false",
+    "kernels.compiled_norm=false",
 ]
 #: Runs compiled after [kernels] apply_rope_fusion existed (default on): fused RoPE. Every other
 #: run was measured with megatron-core's unfused RoPE and pins apply_rope_fusion=false.

@@ -1,0 +1,93 @@
+"""The planner's host terms: cluster.host_launch_us scales the host constants, Megatron-FSDP's
+host operations, and what the plan reports about the host it assumed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlmspec.loader import load
+from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
+from dlmspec.plan.time import FSDP_OPS_PER_TENSOR, fsdp_buckets, fsdp_host_ops, host_speed, param_tensors
+from dlmspec.resolve import resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "specs" / "demo-dlm.toml"
+LAUNCH_BOUND = ['kernels.cross_entropy="megatron"', "kernels.apply_rope_fusion=false"]
+
+
+def _plan(*overrides, calib=DEFAULT_CALIBRATION):
+    return make_plan(resolve(load(DEMO, list(overrides)).spec), calib)
+
+
+def test_default_host_is_the_calibrations():
+    plan = _plan(*LAUNCH_BOUND)
+    assert plan.layout.host_launch_seconds is None and plan.time.host_scale == 1.0
+    d = plan.to_dict()["time"]
+    assert d["host_launch_us"] == pytest.approx(DEFAULT_CALIBRATION.host_launch_seconds * 1e6)
+    assert d["host_launch_source"] == "calibration"
+    assert "typical host" in plan.runtime["host_launch"]
+
+
+def test_host_launch_scales_the_host_terms():
+    base = _plan(*LAUNCH_BOUND)
+    typical = DEFAULT_CALIBRATION.host_launch_seconds * 1e6
+    slow = _plan(*LAUNCH_BOUND, f"cluster.host_launch_us={2 * typical}")
+    same = _plan(*LAUNCH_BOUND, f"cluster.host_launch_us={typical}")
+    assert same.time.step_seconds == pytest.approx(base.time.step_seconds)
+    assert slow.time.host_scale == pytest.approx(2.0)
+    b0, b2 = base.time.breakdown, slow.time.breakdown
+    assert b2["host_sync"] == pytest.approx(2 * b0["host_sync"])
+    assert base.time.features["kernels"] > 0  # the demo at micro batch 32 is launch-bound
+    # Launch-bound: the host's kernels (GPU floor + wait) double with the host time.
+    host0 = base.time.features["kernels"] * DEFAULT_CALIBRATION.seconds_per_kernel
+    assert slow.time.step_seconds - base.time.step_seconds == pytest.approx(host0 + b0["host_sync"], rel=1e-6)
+    assert slow.to_dict()["time"]["host_launch_source"] == "spec"
+    assert "cluster.host_launch_us" in slow.runtime["host_launch"]
+
+
+def test_gpu_bound_runs_hide_the_launches():
+    qwen = ["model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=6144",
+            "model.num_attention_heads=16", "model.num_query_groups=8", "model.kv_channels=128",
+            "train.micro_batch_size=4", "train.global_batch_size=4", "train.seq_length=2048",
+            "model.max_position_embeddings=2048"]
+    base, fast = _plan(*qwen), _plan(*qwen, "cluster.host_launch_us=3")
+    assert base.time.features["gemm"] > 0  # GPU-bound
+    assert fast.time.step_seconds < base.time.step_seconds  # the syncs and the step's launches
+    assert fast.time.breakdown["gemm"] == base.time.breakdown["gemm"]
+    assert fast.time.breakdown["kernel_launch"] == base.time.breakdown["kernel_launch"]  # hidden
+
+
+def test_host_speed_ratio():
+    lay = _plan(*LAUNCH_BOUND, "cluster.host_launch_us=9").layout
+    assert host_speed(lay, DEFAULT_CALIBRATION.with_values(host_launch_seconds=3e-6)) == pytest.approx(3.0)
+
+
+FSDP = ["cluster.gpus_per_node=2", "train.global_batch_size=64", 'parallel.fsdp="megatron"']
+
+
+@pytest.mark.parametrize("strategy, gather, reduce", [
+    ("optim_grads_params", True, True), ("optim_grads", False, True), ("optim", False, False), ("no_shard", False, False)])
+def test_fsdp_host_operations(strategy, gather, reduce):
+    plan = _plan(*FSDP, f'parallel.data_parallel_sharding_strategy="{strategy}"')
+    shape, lay = plan.shape, plan.layout
+    counts = (shape.num_layers, 0)
+    tensors, buckets = param_tensors(shape, lay, 0, counts), fsdp_buckets(shape, lay, counts)
+    assert buckets == shape.num_layers + 1
+    per_mb, per_step = fsdp_host_ops(shape, lay, 0, counts)
+    assert per_mb == FSDP_OPS_PER_TENSOR * tensors + buckets * (12 * gather + 9 * reduce)
+    assert per_step == 4 * tensors + 5 * buckets + (0 if reduce else 9 * buckets)
+    assert plan.time.features["fsdp_ops"] > 0
+
+
+def test_no_fsdp_no_fsdp_host_operations():
+    plan = _plan("cluster.gpus_per_node=2", "train.global_batch_size=64")
+    assert fsdp_host_ops(plan.shape, plan.layout, 0, (plan.shape.num_layers, 0)) == (0.0, 0.0)
+    assert plan.time.features["fsdp_ops"] == 0
+
+
+def test_fsdp_costs_more_than_the_distributed_optimizer():
+    fsdp = _plan(*FSDP, 'parallel.data_parallel_sharding_strategy="optim_grads_params"', *LAUNCH_BOUND)
+    ddp = _plan("cluster.gpus_per_node=2", "train.global_batch_size=64", *LAUNCH_BOUND)
+    assert fsdp.time.step_seconds > ddp.time.step_seconds * 1.2
