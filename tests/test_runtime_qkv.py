@@ -9,7 +9,7 @@ from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from backends.megatron import qkv
-from backends.megatron.layers import CompiledLocalNorm, LocalNorm, build_layer_spec, build_model
+from backends.megatron.layers import CompiledLocalNorm, LocalNorm, build_layer_spec, build_model, layer_spec_fusions
 from backends.megatron.norms import CompiledLayerNorm, CompiledRMSNorm, layer_norm_reference, rms_norm_reference
 
 SEQ, VOCAB = 16, 96
@@ -107,6 +107,8 @@ def test_spec_selects_fused_attention_and_compiled_norms():
     plain = build_layer_spec(qk_layernorm=True, use_transformer_engine=False)
     assert plain.submodules.self_attention.module is not qkv.FusedQKVSelfAttention
     assert plain.submodules.input_layernorm is LocalNorm
+    assert layer_spec_fusions(spec) == {"qkv_fusion": True, "compiled_norm": True}
+    assert layer_spec_fusions(plain) == {"qkv_fusion": False, "compiled_norm": False}
     norm = CompiledLocalNorm(_config(), 64, eps=1e-6)
     assert isinstance(norm, CompiledRMSNorm) and isinstance(norm, torch.nn.RMSNorm)
     assert isinstance(CompiledLocalNorm(_config(normalization="LayerNorm"), 64), CompiledLayerNorm)

@@ -248,6 +248,20 @@ def layer_spec_attention(spec: ModuleSpec) -> str:
     raise ValueError(f"layer spec has an unrecognised attn_mask_type: {mask_type!r}")
 
 
+def layer_spec_fusions(spec: ModuleSpec) -> dict:
+    """Which of dlmspec's local-path fusions a layer spec uses (for the run's start record).
+
+    Returns:
+        ``{"qkv_fusion": bool, "compiled_norm": bool}`` (:func:`build_layer_spec`'s arguments).
+    """
+    norm = getattr(spec.submodules, "input_layernorm", None)
+    norm = norm.module if isinstance(norm, ModuleSpec) else norm
+    return {
+        "qkv_fusion": spec.submodules.self_attention.module is FusedQKVSelfAttention,
+        "compiled_norm": isinstance(norm, type) and issubclass(norm, LocalNorm) and bool(norm.compiled),
+    }
+
+
 def pad_vocab_size(vocab_size: int, *, divisible_by: int = 128, tensor_model_parallel_size: int = 1) -> int:
     """Round ``vocab_size`` up to a multiple of ``divisible_by * tensor_model_parallel_size``.
 

@@ -95,7 +95,14 @@ from .fsdp import (
 )
 from .hostbench import record_host_launch
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
-from .layers import BACKEND_TRANSFORMER_ENGINE, build_model, count_parameters, layer_spec_attention, layer_spec_backend
+from .layers import (
+    BACKEND_TRANSFORMER_ENGINE,
+    build_model,
+    count_parameters,
+    layer_spec_attention,
+    layer_spec_backend,
+    layer_spec_fusions,
+)
 from .objective import ObjectiveBatch, build_objective, loss_triple, reduce_loss
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
 from .profiling import StepProfiler, format_summary
@@ -1528,6 +1535,7 @@ def train(
         "params_on_logging_rank": local_params, "model_flops_per_token": flops_per_token,
         "parallel_layout": _parallel_layout(), "run_config": dataclasses.asdict(run),
         "cross_entropy": cross_entropy, "sdpa_backend": _spec_sdpa_backend(layer_spec), "rope_fusion": rope_fusion,
+        **layer_spec_fusions(layer_spec),
     }
     start_info["weights"], weights_text = _weights_record(resume_from, init_source, ckpt, run.seed)
     logger.record("start", start_info)
@@ -1537,6 +1545,7 @@ def train(
         f"cp {context_parallel_size} ep {expert_model_parallel_size}), {num_microbatches} microbatches/step, "
         f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token, "
         f"cross entropy {cross_entropy}, RoPE {'fused (' + rope_fusion + ')' if rope_fusion else 'unfused'}"
+        + "".join(f", {name}" for name, used in layer_spec_fusions(layer_spec).items() if used)
     )
     logger.text(f"[dlmspec] weights: {weights_text}")
     for warning in init_source.warnings if init_source is not None else ():
