@@ -119,18 +119,18 @@ class Calibration:
     cuda_context_bytes: float = 600 * MiB
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
-    gemm_efficiency: float = 0.8264
-    attention_efficiency: float = 0.3662
-    memory_efficiency: float = 0.9677
-    nvlink_efficiency: float = 0.5389
+    gemm_efficiency: float = 0.8077
+    attention_efficiency: float = 0.3461
+    memory_efficiency: float = 0.9707
+    nvlink_efficiency: float = 0.4937
     network_efficiency: float = 0.80
-    seconds_per_kernel: float = 4.498e-05
+    seconds_per_kernel: float = 4.736e-05
     gpu_seconds_per_kernel: float = 3e-6
-    host_sync_seconds: float = 0.0002281
+    host_sync_seconds: float = 0.0001846
     host_launch_seconds: float = 6e-06
-    fsdp_seconds_per_op: float = 4.498e-05
+    fsdp_seconds_per_op: float = 6.133e-05
     collective_latency_seconds: float = 2e-5
-    step_overhead_seconds: float = 0.001451
+    step_overhead_seconds: float = 0.00108
     dp_overlap_exposed_fraction: float = 0.2
 
     def with_values(self, **changes: float) -> "Calibration":
