@@ -7,9 +7,11 @@
 #   .venv/bin/python bench/plan/matrix.py && .venv/bin/python bench/gpu/prepare.py --max-iters 40
 # Run on the device, from the repository root, after the usual setup prefix:
 #   bash bench/gpu/session4_calibration.sh "$OUT" [TOTAL_LIMIT_S]      (default 540 s)
+# A subset: LANE0="names" LANE1="names" TWO="names" (space-separated matrix names), PHASE1_PERCENT
+# (share of the limit for phase 1, default 50) and RESULT_NAME (the results file's name).
 #
-#   phase 1: the 17 one-GPU entries in two lanes side by side (CUDA_VISIBLE_DEVICES=0 and 1,
-#            9 + 8 runs, the three Qwen3-1.7B runs split over them), until 45% of the limit;
+#   phase 1: the 19 one-GPU entries in two lanes side by side (CUDA_VISIBLE_DEVICES=0 and 1,
+#            10 + 9 runs, the four Qwen3-1.7B runs split over them), until 50% of the limit;
 #   phase 2: the 9 two-GPU entries, one after the other, until the limit (most informative first:
 #            FSDP, DP2, PP2, EP2, CP2, TP2).
 # Each run is at most 40 steps (the demo runs log every 5 steps: six steady intervals after
@@ -42,12 +44,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu
 python3 -c 'import torch, megatron.core; print("torch", torch.__version__, "megatron-core", megatron.core.__version__)' \
   >> "$out/gpus.txt" 2>&1
 
-LANE0="qwen3-1.7b-mdm-b4-s2048 qwen3-1.7b-ar-b4-s2048-full demo-mdm-b32-s512 demo-mdm-b8-s2048
-  demo-mdm-b4-s4096 demo-mdm-b32-s512-selective demo-mdm-b32-s512-full demo-mdm-b32-s512-varlen demo-ar-b32-s512"
-LANE1="qwen3-1.7b-mdm-b4-s2048-fusedce demo-mdm-mb4-x8 demo-mdm-h1024 demo-mdm-mha demo-mdm-gelu
-  demo-mdm-dropout demo-moe-e8-top2 demo-mdm-b32-s512-fusedce"
-TWO="demo-fsdp demo-dp2-distopt demo-pp2 demo-moe-ep2 demo-cp2 demo-dp2-no-distopt demo-tp2-sp demo-cp2-ar
-  qwen3-1.7b-tp2-sp"
+LANE0=${LANE0:-"qwen3-1.7b-mdm-b4-s2048 qwen3-1.7b-ar-b4-s2048-full demo-mdm-b32-s512 demo-mdm-b8-s2048
+  demo-mdm-b4-s4096 demo-mdm-b32-s512-selective demo-mdm-b32-s512-full demo-mdm-b32-s512-varlen demo-ar-b32-s512
+  demo-mdm-b32-s512-defaults"}
+LANE1=${LANE1:-"qwen3-1.7b-mdm-b4-s2048-fusedce demo-mdm-mb4-x8 demo-mdm-h1024 demo-mdm-mha demo-mdm-gelu
+  demo-mdm-dropout demo-moe-e8-top2 demo-mdm-b32-s512-fusedce qwen3-1.7b-mdm-b4-s2048-defaults"}
+TWO=${TWO:-"demo-fsdp demo-dp2-distopt demo-pp2 demo-moe-ep2 demo-cp2 demo-dp2-no-distopt demo-tp2-sp demo-cp2-ar
+  qwen3-1.7b-tp2-sp"}
 
 dirs() {  # the compiled directories of the names given; a missing one is logged and left out
   local name
@@ -61,7 +64,7 @@ dirs() {  # the compiled directories of the names given; a missing one is logged
 }
 
 # Phase 1: two lanes of one-GPU runs.
-phase1_end=$(( start + total * 45 / 100 ))
+phase1_end=$(( start + total * ${PHASE1_PERCENT:-50} / 100 ))
 echo "phase 1 (one GPU, two lanes) until +$(( phase1_end - start ))s" >> "$log"
 # shellcheck disable=SC2046,SC2086
 CUDA_VISIBLE_DEVICES=0 DEADLINE=$phase1_end bash bench/gpu/run_matrix.sh "$work/lane0.json" "$PER_RUN_S" \
@@ -83,7 +86,7 @@ grep -h "^===" "$work/two_gpu.log" | sed 's/^/two_gpu /' >> "$log"
 echo "phase 2 done at +$(( $(date +%s) - start ))s" >> "$log"
 
 python3 - "$out" "$work" "$start" <<'PY'
-import datetime, json, sys
+import datetime, json, os, sys
 out, work, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
 runs = []
 for lane, note in (("lane0", "one GPU, lane 0 (CUDA_VISIBLE_DEVICES=0), beside lane 1"),
@@ -113,9 +116,10 @@ result = {
     },
     "runs": runs,
 }
-json.dump(result, open(f"{out}/calibration_h200x2_session4.json", "w"), indent=2)
+name = os.environ.get("RESULT_NAME", "calibration_h200x2_session4.json")
+json.dump(result, open(f"{out}/{name}", "w"), indent=2)
 ok = sum(1 for r in runs if "step_seconds" in r)
-print(f"session4: {ok}/{len(runs)} runs measured; {out}/calibration_h200x2_session4.json")
+print(f"session4: {ok}/{len(runs)} runs measured; {out}/{name}")
 for r in runs:
     print(f"  {r['name']:34s} step {r.get('step_seconds', float('nan')):8.4f} s  host {r.get('host_launch_us', float('nan')):6.2f} us  {r.get('error', '')}")
 PY

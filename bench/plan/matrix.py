@@ -71,6 +71,16 @@ COMMON = [
 #: Runs compiled after [kernels] apply_rope_fusion existed (default on): fused RoPE. Every other
 #: run was measured with megatron-core's unfused RoPE and pins apply_rope_fusion=false.
 FUSED_ROPE_RUNS = {"demo-cp2", "demo-cp2-ar", "demo-fsdp"}
+#: Runs with every [kernels] default of this checkout (fused RoPE, qkv_fusion, compiled_norm,
+#: cuDNN attention through "auto", the fused linear cross entropy at TP = 1): the kernels' effect
+#: on time and memory as users get it.
+DEFAULT_KERNELS = [
+    'kernels.cross_entropy="auto"',
+    'kernels.sdpa_backend="auto"',
+    "kernels.apply_rope_fusion=true",
+    "kernels.qkv_fusion=true",
+    "kernels.compiled_norm=true",
+]
 FUSED_CE = ['kernels.cross_entropy="fused_linear"']
 
 #: Qwen3-1.7B's architecture (explicit keys: the demo's explicit dimensions override a preset) on
@@ -116,6 +126,10 @@ ONE_GPU: list[tuple[str, list[str]]] = [
     ("qwen3-1.7b-mdm-b4-s2048-fusedce", QWEN + ["train.micro_batch_size=4", "train.global_batch_size=4",
                                                 "train.seq_length=2048", "train.train_iters=30",
                                                 "train.eval_interval=30"] + FUSED_CE),
+    ("demo-mdm-b32-s512-defaults", DEFAULT_KERNELS),
+    ("qwen3-1.7b-mdm-b4-s2048-defaults", QWEN + ["train.micro_batch_size=4", "train.global_batch_size=4",
+                                                 "train.seq_length=2048", "train.train_iters=30",
+                                                 "train.eval_interval=30"] + DEFAULT_KERNELS),
     ("qwen3-1.7b-ar-b4-s2048-full", QWEN + ['objective.kind="ar"',
                                             'recompute.granularity="full"', 'recompute.method="uniform"',
                                             "recompute.num_layers=1", "train.micro_batch_size=4",
