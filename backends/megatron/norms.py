@@ -20,6 +20,23 @@ import torch
 from torch import Tensor
 
 
+def rms_norm_fp32(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dimension, computed and returned in fp32.
+
+    Args:
+        x: ``[..., h]`` in any float dtype.
+        weight: ``[h]`` or ``None`` (no scale).
+        eps: Added to the mean square.
+
+    Returns:
+        ``[..., h]`` fp32 (:func:`rms_norm_reference` rounds it once to ``x``'s dtype;
+        :mod:`backends.megatron.qkv` rotates it first).
+    """
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y * weight.float() if weight is not None else y
+
+
 def rms_norm_reference(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dimension, in fp32, one rounding.
 
@@ -35,11 +52,7 @@ def rms_norm_reference(x: Tensor, weight: Optional[Tensor], eps: float) -> Tenso
     Returns:
         ``[..., h]`` in ``x``'s dtype.
     """
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(x.dtype)
+    return rms_norm_fp32(x, weight, eps).to(x.dtype)
 
 
 def layer_norm_reference(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:

@@ -41,17 +41,15 @@ from torch import Tensor
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.identity_op import IdentityOp
 
+from .norms import rms_norm_fp32
+
 #: The fused path runs on CUDA tensors only (tests on CPU set this False to run it eagerly).
 REQUIRE_CUDA = True
 
 
 def _rms(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
-    """fp32 RMSNorm over the last dimension (``torch.nn.RMSNorm``'s formula), fp32 result."""
-    xf = x.float()
-    if weight is None:
-        return xf
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return y * weight.float()
+    """fp32 RMSNorm over the last dimension (:func:`.norms.rms_norm_fp32`); no weight: no norm."""
+    return rms_norm_fp32(x, weight, eps) if weight is not None else x.float()
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
