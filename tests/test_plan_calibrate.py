@@ -51,7 +51,12 @@ RUNS = [
 # cross entropy, ~530 more launches per microbatch) these runs sit at the launch-bound /
 # GPU-bound boundary, where the piecewise fit's two starts need not recover exact constants;
 # the machinery is tested away from it.
-RUNS = [(name, overrides + ['kernels.cross_entropy="megatron"']) for name, overrides in RUNS]
+# The compiled kernels (qkv_fusion, compiled_norm, fused RoPE) off except in one run: their calls
+# scale with the layers like the kernels do, so runs that all had them would leave
+# seconds_per_compiled_call and seconds_per_kernel collinear; one run with them separates the two.
+COMPILED_OFF = ["kernels.qkv_fusion=false", "kernels.compiled_norm=false", "kernels.apply_rope_fusion=false"]
+RUNS = [(name, overrides + ['kernels.cross_entropy="megatron"'] + COMPILED_OFF) for name, overrides in RUNS]
+RUNS.append(("compiled", ['kernels.cross_entropy="megatron"']))
 
 
 def _write_measurements(tmp_path: Path, noise: float) -> Path:
@@ -106,12 +111,12 @@ def test_write_calibration_rewrites_fitted_defaults(tmp_path, monkeypatch):
     copy = tmp_path / "calibration.py"
     copy.write_text((ROOT / "dlmspec" / "plan" / "calibration.py").read_text())
     monkeypatch.setattr(cal, "CALIBRATION_PY", copy)
-    cal.write_calibration(TRUE, "synthetic.json (7 runs)")
+    cal.write_calibration(TRUE, f"synthetic.json ({len(RUNS)} runs)")
     module = _load("plan_calibration_copy", copy)
     written = module.Calibration()
     for name in FITTED:
         assert getattr(written, name) == pytest.approx(getattr(TRUE, name), rel=1e-3)
-    assert module.FITTED_FROM == "synthetic.json (7 runs)"
+    assert module.FITTED_FROM == f"synthetic.json ({len(RUNS)} runs)"
 
 
 def test_record_host_launch_plans_the_run_on_its_host(tmp_path):
@@ -131,7 +136,7 @@ def test_record_host_launch_plans_the_run_on_its_host(tmp_path):
     runs, _ = cal.read_runs(results)
     assert [r.host_launch_us for r in runs] == [r["host_launch_us"] for r in records]
     assert runs[0].resolved.spec.cluster.host_launch_us == 8.0
-    assert cal.typical_host(runs, DEFAULT_CALIBRATION).host_launch_seconds == pytest.approx(8e-6)  # median of 3 x 5 and 4 x 8
+    assert cal.typical_host(runs, DEFAULT_CALIBRATION).host_launch_seconds == pytest.approx(6.5e-6)  # median of 4 x 5 and 4 x 8
     fitted = cal.fit(runs, DEFAULT_CALIBRATION.with_values(host_launch_seconds=6e-6), prior_weight=0.01)
     # Same plans whatever the typical host: only the ratio seconds_per_kernel / host_launch_seconds counts.
     for run in runs:

@@ -41,7 +41,8 @@ def test_host_launch_scales_the_host_terms():
     assert b2["host_sync"] == pytest.approx(2 * b0["host_sync"])
     assert base.time.features["kernels"] > 0  # the demo at micro batch 32 is launch-bound
     # Launch-bound: the host's kernels (GPU floor + wait) double with the host time.
-    host0 = base.time.features["kernels"] * DEFAULT_CALIBRATION.seconds_per_kernel
+    host0 = (base.time.features["kernels"] * DEFAULT_CALIBRATION.seconds_per_kernel
+             + base.time.features["compiled_calls"] * DEFAULT_CALIBRATION.seconds_per_compiled_call)
     assert slow.time.step_seconds - base.time.step_seconds == pytest.approx(host0 + b0["host_sync"], rel=1e-6)
     assert slow.to_dict()["time"]["host_launch_source"] == "spec"
     assert "cluster.host_launch_us" in slow.runtime["host_launch"]

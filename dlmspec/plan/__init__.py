@@ -22,7 +22,8 @@ from dlmspec.gpus import GPU, GiB
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import model_flops_per_token
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, memory_plan
-from dlmspec.plan.shape import Layout, ModelShape, attention_path, cross_entropy_path, layout, model_shape, relayout, transformer_impl
+from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
+                                relayout, transformer_impl)
 from dlmspec.plan.time import TIME_TERMS, TimePlan, time_plan
 from dlmspec.resolve import Resolved
 
@@ -238,22 +239,51 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
     if impl is not None and impl != modelled:
         modelled, description = impl, f"{impl} (requested for this plan)"
     lay = layout(resolved, modelled)
+    shape = model_shape(resolved)
     runtime = {
         "transformer_impl": description,
         "spec_transformer_impl": resolved.spec.model.transformer_impl,
         "modelled_as": modelled,
         "cross_entropy": cross_entropy_path(lay),
-        "attention": attention_path(lay, resolved.gpu.compute_capability),
+        "attention": attention_path(lay, resolved.gpu.compute_capability, shape),
+        "kernels": kernels_path(shape, lay),
         "host_launch": host_launch_path(lay, calibration or DEFAULT_CALIBRATION),
     }
-    return plan_layout(
+    plan = plan_layout(
         resolved.spec.name,
-        model_shape(resolved),
+        shape,
         lay,
         resolved.gpu,
         runtime,
         calibration or DEFAULT_CALIBRATION,
     )
+    hint = compiled_kernels_hint(plan)
+    if hint:
+        plan.runtime["kernels_hint"] = hint
+    return plan
+
+
+def compiled_kernels_hint(plan: "Plan") -> str | None:
+    """A line for a launch-bound plan (host time per microbatch above the GPU's on the slowest
+    rank) whose ``torch.compile``'d functions add host time: the ``kernels.qkv_fusion=false
+    kernels.compiled_norm=false`` alternative with its planned step time, when that is faster
+    (``demo-mdm-b32-s512-defaults`` 0.1141 s against 0.0963 s without them,
+    ``bench/results/calibration_h200x2_session4b.json``). None otherwise."""
+    from dataclasses import replace
+
+    from dlmspec.plan.time import time_plan
+
+    lay, t = plan.layout, plan.time
+    if lay.impl == "transformer_engine" or not (lay.qkv_fusion or lay.compiled_norm):
+        return None
+    if t.features.get("gemm", 1.0) != 0.0 or t.features.get("compiled_calls", 0.0) <= 0.0:
+        return None  # GPU-bound, or no compiled call on the host's path
+    off = time_plan(plan.shape, replace(lay, qkv_fusion=False, compiled_norm=False), plan.gpu, plan.calibration)
+    if off.step_seconds >= t.step_seconds:
+        return None
+    return (f"launch-bound: the host's time per microbatch exceeds the GPU's, and the torch.compile'd kernels add "
+            f"host time; --set kernels.qkv_fusion=false --set kernels.compiled_norm=false plans "
+            f"{off.step_seconds:.4f} s per step against {t.step_seconds:.4f} s")
 
 
 def host_launch_path(lay: Layout, calib: Calibration) -> str:

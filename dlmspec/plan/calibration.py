@@ -18,8 +18,9 @@ Time model (``dlmspec.plan.time``): per microbatch, max(GPU time, host launch ti
 syncs, where GPU time = GEMM FLOPs / (peak * gemm_efficiency) + attention FLOPs / (peak *
 attention_efficiency) + element-wise bytes / (HBM bandwidth * memory_efficiency) + kernels *
 gpu_seconds_per_kernel + collectives (bandwidth * nvlink_efficiency or network_efficiency, plus
-collective_latency_seconds each), host time = kernels * seconds_per_kernel (plus Megatron-FSDP's
-host operations * fsdp_seconds_per_op), and each sync costs host_sync_seconds - every host
+collective_latency_seconds each), host time = kernels * seconds_per_kernel (plus the calls of
+torch.compile'd functions * seconds_per_compiled_call and Megatron-FSDP's host operations *
+fsdp_seconds_per_op), and each sync costs host_sync_seconds - every host
 constant scaled by the host's launch speed, ``cluster.host_launch_us`` / host_launch_seconds; per step the optimizer, the step's syncs and step_overhead_seconds. Within
 one regime (launch-bound or GPU-bound) every fitted constant enters linearly (as its inverse for
 efficiencies), so ``calibrate.py`` fits them by non-negative least squares on relative errors,
@@ -99,6 +100,15 @@ class Calibration:
             all-gathers, releases and reduce-scatters per bucket, the DTensor gradient and weight
             copies of the optimizer step), on the typical host. Fitted (default: seconds_per_kernel,
             one launch per operation).
+        seconds_per_compiled_call: host time of one call of a ``torch.compile``'d function of the
+            local path (:func:`dlmspec.plan.time.compiled_calls_per_microbatch`: the fused QKV
+            function, the compiled norms, fused RoPE; forward and backward each a call) beyond
+            the launches of its kernels, which count as kernels: Dynamo's guard check,
+            AOTAutograd's runtime wrapper and autograd ``Function``, Inductor's Python wrapper and
+            Triton launchers. On the typical host. Fitted; the runs that fix it are
+            ``demo-mdm-b32-s512-defaults`` against ``-fusedce`` (launch-bound: every compiled
+            function on, 0.1141 s, against none, 0.0963 s, ``calibration_h200x2_session4b.json``)
+            and the fused-RoPE runs (``demo-cp2``, ``demo-cp2-ar``, ``demo-fsdp``).
         host_sync_seconds: cost of one host-device synchronisation (``.item()``, ``.tolist()``
             of a GPU tensor, ``torch.cuda.synchronize()``, an event wait): the device-to-host
             round trip plus the GPU idling while the host, which had to wait, enqueues work
@@ -114,23 +124,24 @@ class Calibration:
             whatever exceeds the compute it hides behind). Default 0.2.
     """
 
-    activation_scale: float = 0.9985
-    allocated_overhead_bytes: float = 77044655
+    activation_scale: float = 1.017
+    allocated_overhead_bytes: float = 67401449
     cuda_context_bytes: float = 600 * MiB
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
-    gemm_efficiency: float = 0.8077
-    attention_efficiency: float = 0.3461
-    memory_efficiency: float = 0.9707
-    nvlink_efficiency: float = 0.4937
+    gemm_efficiency: float = 0.877
+    attention_efficiency: float = 0.4824
+    memory_efficiency: float = 0.976
+    nvlink_efficiency: float = 0.3585
     network_efficiency: float = 0.80
-    seconds_per_kernel: float = 4.736e-05
+    seconds_per_kernel: float = 5.039e-05
     gpu_seconds_per_kernel: float = 3e-6
-    host_sync_seconds: float = 0.0001846
-    host_launch_seconds: float = 6e-06
-    fsdp_seconds_per_op: float = 6.133e-05
+    host_sync_seconds: float = 0.0001338
+    host_launch_seconds: float = 1.02e-05
+    fsdp_seconds_per_op: float = 4.691e-05
+    seconds_per_compiled_call: float = 0.0002658
     collective_latency_seconds: float = 2e-5
-    step_overhead_seconds: float = 0.00108
+    step_overhead_seconds: float = 0.000761
     dp_overlap_exposed_fraction: float = 0.2
 
     def with_values(self, **changes: float) -> "Calibration":
@@ -143,7 +154,7 @@ class Calibration:
 
 
 #: Where the fitted defaults above come from (``bench/plan/calibrate.py --write`` sets it).
-FITTED_FROM = 'calibration_1gpu_h200.json, calibration_1gpu_h200_c.json, calibration_1gpu_h200_fusedce.json, calibration_2gpu_h200x2.json, calibration_2gpu_h200x2_tp2sp.json, calibration_h200x2_session3.json (29 runs)'
+FITTED_FROM = 'calibration_1gpu_h200.json, calibration_1gpu_h200_c.json, calibration_1gpu_h200_fusedce.json, calibration_2gpu_h200x2.json, calibration_2gpu_h200x2_tp2sp.json, calibration_h200x2_session3.json, calibration_h200x2_session4.json, calibration_h200x2_session4b.json, calibration_h200x2_session4c.json (59 runs)'
 
 #: The constants every plan uses unless one passes another :class:`Calibration`.
 DEFAULT_CALIBRATION = Calibration()
@@ -160,5 +171,6 @@ FITTED = (
     "host_sync_seconds",
     "step_overhead_seconds",
     "fsdp_seconds_per_op",
+    "seconds_per_compiled_call",
     "host_launch_seconds",
 )

@@ -87,6 +87,10 @@ def plan_renderable(plan: Plan) -> Group:
         head.append(f"\nloss: {plan.runtime['cross_entropy']}", style="dim")
     if plan.runtime.get("attention"):
         head.append(f"\nattention: {plan.runtime['attention']}", style="dim")
+    if plan.runtime.get("kernels"):
+        head.append(f"\nkernels: {plan.runtime['kernels']}", style="dim")
+    if plan.runtime.get("kernels_hint"):
+        head.append(f"\nhint: {plan.runtime['kernels_hint']}", style="yellow")
     if plan.runtime.get("host_launch"):
         head.append(f"\nhost: {plan.runtime['host_launch']}", style="dim")
 

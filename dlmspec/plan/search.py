@@ -35,8 +35,10 @@ from dlmspec.plan.shape import (
     LOCAL_CP_COMM_TYPES,
     Layout,
     ModelShape,
+    attention_path,
     cross_entropy_path,
     fast_replace,
+    kernels_path,
     layout,
     model_shape,
     relayout,
@@ -609,5 +611,7 @@ def plan_candidate(resolved: Resolved, cand: Candidate, calibration: Calibration
     lay = replace(lay, impl=cand.layout.impl)
     runtime = {"transformer_impl": transformer_impl(resolved)[1], "spec_transformer_impl": resolved.spec.model.transformer_impl,
                "modelled_as": lay.impl, "cross_entropy": cross_entropy_path(lay),
+               "attention": attention_path(lay, resolved.gpu.compute_capability, shape),
+               "kernels": kernels_path(shape, lay),
                "host_launch": host_launch_path(lay, calibration or DEFAULT_CALIBRATION)}
     return plan_layout(resolved.spec.name, shape, lay, resolved.gpu, runtime, calibration or DEFAULT_CALIBRATION)

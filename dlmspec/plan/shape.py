@@ -124,7 +124,12 @@ class Layout:
         impl: ``transformer_engine`` or ``local+sdpa`` (the path the memory model assumes).
         cp_comm_type: ``[parallel] cp_comm_type`` (how context parallelism exchanges K/V).
         rope_fusion: ``[kernels] apply_rope_fusion`` (fused RoPE kernels; only with rotary
-            embeddings). sdpa_backend: ``[kernels] sdpa_backend`` as the spec says it
+            embeddings).
+        qkv_fusion: ``[kernels] qkv_fusion`` (local path: split of the QKV projection, q/k
+            RMSNorm and RoPE in one ``torch.compile``'d function, ``backends/megatron/qkv.py``;
+            :func:`qkv_fused` says where it applies). compiled_norm: ``[kernels] compiled_norm``
+            (local path: ``torch.compile``'d RMSNorm/LayerNorm, ``backends/megatron/norms.py``).
+            Both are ignored on the Transformer Engine path. sdpa_backend: ``[kernels] sdpa_backend`` as the spec says it
             (:func:`attention_backend` resolves ``auto`` against the GPU).
         optimizer: ``adam`` or ``sgd``.
         world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
@@ -170,6 +175,8 @@ class Layout:
     cp_comm_type: str = "p2p"
     rope_fusion: bool = False
     sdpa_backend: str = "auto"
+    qkv_fusion: bool = False
+    compiled_norm: bool = False
     host_launch_seconds: float | None = None
 
     @property
@@ -336,6 +343,8 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         cp_comm_type=par.cp_comm_type,
         rope_fusion=spec.kernels.apply_rope_fusion,
         sdpa_backend=spec.kernels.sdpa_backend,
+        qkv_fusion=getattr(spec.kernels, "qkv_fusion", False),
+        compiled_norm=getattr(spec.kernels, "compiled_norm", False),
         host_launch_seconds=_host_launch_seconds(spec.cluster),
     )
 
@@ -369,19 +378,57 @@ def attention_backend(lay: Layout, compute_capability: tuple[int, int]) -> str:
     return lay.sdpa_backend
 
 
-def attention_path(lay: Layout, compute_capability: tuple[int, int]) -> str:
-    """One line naming the attention kernel and the RoPE path a plan assumes (the report)."""
+def attention_path(lay: Layout, compute_capability: tuple[int, int], shape: ModelShape | None = None) -> str:
+    """One line naming the attention kernel and the RoPE path a plan assumes (the report);
+    with ``shape``, RoPE inside the fused QKV kernel is named (:func:`qkv_fused`)."""
     backend = attention_backend(lay, compute_capability)
     names = {"cudnn": "SDPA cuDNN", "flash": "SDPA flash", "efficient": "SDPA memory-efficient",
              "transformer_engine": "Transformer Engine DotProductAttention"}
     line = names.get(backend, backend)
     if lay.impl != "transformer_engine":
         line += f" (sdpa_backend = {lay.sdpa_backend!r})"
-    if lay.rope_fusion:
+    if shape is not None and qkv_fused(shape, lay) and shape.rope:
+        rope = "inside the fused QKV kernel (kernels.qkv_fusion)"
+    elif lay.rope_fusion:
         rope = "TE's fused kernel" if lay.impl == "transformer_engine" else "torch.compile'd (2+2 kernels per layer)"
     else:
         rope = "megatron-core unfused (34 kernels per layer)"
     return f"{line}; RoPE: {rope}"
+
+
+def qkv_fused(shape: ModelShape, lay: Layout) -> bool:
+    """Whether the layers take ``backends.megatron.qkv.FusedQKVSelfAttention``'s fused path:
+    ``kernels.qkv_fusion`` on the local path, and none of the cases its ``fast_path_reason``
+    hands back to megatron-core that a plan can see (partial rotary dimension, LayerNorm q/k
+    norms, fewer query groups than TP ranks)."""
+    if lay.impl == "transformer_engine" or not lay.qkv_fusion:
+        return False
+    if shape.rope and shape.rotary_dim != shape.head_dim:
+        return False
+    if shape.qk_norm and shape.layernorm:
+        return False  # LayerNorm q/k norms: "q/k norm is not RMSNorm"
+    return shape.groups >= lay.tp
+
+
+def norms_compiled(lay: Layout) -> bool:
+    """Whether the local path's norms are ``torch.compile``'d (``kernels.compiled_norm``)."""
+    return lay.impl != "transformer_engine" and lay.compiled_norm
+
+
+def kernels_path(shape: ModelShape, lay: Layout) -> str:
+    """One line naming the local-path fusions a plan assumes: QKV fusion and compiled norms
+    on or off (the report's ``kernels`` line)."""
+    if lay.impl == "transformer_engine":
+        return "Transformer Engine's modules (kernels.qkv_fusion and kernels.compiled_norm apply to the local path only)"
+    if qkv_fused(shape, lay):
+        qkv = "qkv_fusion on: QKV split + q/k norm + RoPE in one torch.compile'd function (1 + 12 kernels per layer)"
+    elif lay.qkv_fusion:
+        qkv = "qkv_fusion requested but not taken (partial rotary or fewer query groups than TP): megatron-core's split"
+    else:
+        qkv = "qkv_fusion off: megatron-core's split, q/k norm and RoPE"
+    norm = ("compiled_norm on: torch.compile'd norms (1 + 4 kernels each)" if norms_compiled(lay)
+            else "compiled_norm off: PyTorch's norm kernels (1 + 2 each)")
+    return f"{qkv}; {norm}"
 
 
 def gpu_of(resolved: Resolved) -> GPU | None:

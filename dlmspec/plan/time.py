@@ -58,7 +58,7 @@ from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import FlopCounts, attended_keys, recompute_fraction, step_flops
 from dlmspec.plan.memory import expert_tokens, fsdp_sharding, linear_params, stage_layer_counts, stage_params
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, attention_backend
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, attention_backend, norms_compiled, qkv_fused
 
 #: Time breakdown keys, in report order (``step_seconds`` is their sum). ``kernel_launch``: the
 #: GPU's per-kernel floor plus, on launch-bound ranks, the time the GPU waits for the host;
@@ -97,6 +97,77 @@ KERNELS_PER_LAYER_FORWARD = {"local+sdpa": 33, "transformer_engine": 18}
 #: fused RoPE.
 KERNELS_ROPE_UNFUSED = (20, 14)
 KERNELS_ROPE_FUSED = (2, 2)
+#: The local layer's kernels between the QKV projection and attention that ``[kernels]
+#: qkv_fusion`` (``backends/megatron/qkv.py``) replaces, besides RoPE's and the q/k norms' (all in
+#: :data:`KERNELS_PER_LAYER`, which was counted with q/k RMSNorm): forward the query's reshape copy
+#: and the value's contiguous copy for cuDNN, backward the copy of the query's gradient and the
+#: ``cat`` of the three gradients into the projection's gradient (the profile of Qwen3-1.7B, micro
+#: batch 10 x 4096 on one H200, ``bench/results/throughput_qwen3_1.7b_h200_session4.json``
+#: ``profile_mb10_one_microbatch``: direct copies 228 -> 144 calls per step of 28 layers, 3 per
+#: layer; ``CatArrayBatchedCopy`` 28 -> 0).
+KERNELS_QKV_COPIES = (2, 2)
+#: Kernels per norm (forward, backward): PyTorch's (``vectorized_layer_norm_kernel``, then
+#: ``layer_norm_grad_input_kernel`` and the weight gradient: 113, 113 and 57 + the q/k norms'
+#: calls per step in the session-3 profile, ``before_session3``) and the ``torch.compile``'d
+#: norm (``kernels.compiled_norm``, ``backends/megatron/norms.py``): one Triton kernel forward
+#: (``triton_per_fused__to_copy_add_div_expand_mul_pow_sum_0``, 57 calls per step = 2 per layer +
+#: the final norm) and 4 backward. The compiled backward kernels are not listed one by one in the
+#: profile (each below its top-25 cut); 4 per norm and 12 for the fused QKV backward
+#: (:data:`KERNELS_QKV_FUSED`) are the one integer solution of the measured total, 4547.5 -> 4633.5
+#: kernels per step (+86): per layer 20 kernels replaced (copies 2 + 2, q/k norms 2 x (1 + 2),
+#: fused RoPE 2 + 2, the two norms 2 x (1 + 2)) by ``1 + b_qkv + 2 x (1 + b_norm)``, and the final
+#: norm's 3 by ``1 + b_norm``: ``28 b_qkv + 57 b_norm = 564``. They are plausible counts for
+#: Inductor's backward: the input gradient, the weight gradient as a split reduction (partial and
+#: final sums) and its cast per norm; for the QKV function the pointwise kernel that writes the
+#: projection's gradient (``triton_poi_fused__to_copy_add_cat_cos_mul_neg_sin_slice_4``, 28 calls),
+#: the per-head norm reductions and the q/k weights' split reductions.
+KERNELS_NORM = {False: (1, 2), True: (1, 4)}
+#: q/k norms per layer (Qwen3/OLMo2 ``qk_layernorm``): 2, one for queries and one for keys.
+QK_NORMS = 2
+#: The fused QKV function (forward, backward): one Triton kernel forward
+#: (``triton_poi_fused__to_copy_add_cat_clone_cos_mul_neg_permute_sin_split_3``, 28 calls per step
+#: of 28 layers), 12 backward (see :data:`KERNELS_NORM`).
+KERNELS_QKV_FUSED = (1, 12)
+#: ``torch.compile``'d functions the local path calls per layer and microbatch, each a Python-side
+#: cost on the host (Dynamo's guards, AOTAutograd's runtime wrapper, Inductor's Triton launchers)
+#: of ``Calibration.seconds_per_compiled_call`` beside its kernels' launches: the fused QKV
+#: function forward and backward (2), each compiled norm forward and backward (2 per norm), fused
+#: RoPE on the local path for q and k forward and backward (4, ``backends/megatron/rope.py``; not
+#: called when the QKV function applies RoPE). megatron-core's own ``jit_fuser`` functions (SwiGLU,
+#: bias-dropout-add), which every measured run called, stay inside ``seconds_per_kernel``.
+COMPILED_CALLS_QKV = 2
+COMPILED_CALLS_NORM = 2
+COMPILED_CALLS_ROPE = 4
+#: Effective-bytes factors of the small element-wise kernels around attention on the local path:
+#: how many times their counted bytes (reads + writes) they take at the HBM bandwidth, from the
+#: Qwen3-1.7B profiles (micro batch 10 x 4096, 28 layers, one H200 at 4.8 TB/s, 40,960 tokens;
+#: ``bench/results/throughput_qwen3_1.7b_h200_session4.json`` ``profile_mb10_one_microbatch``):
+#: ``norm``: PyTorch's norm kernels 64.0 ms (24.8 + 30.0 + 9.2) against 17.3 ms of counted bytes
+#: (57 hidden norms x 5 x 2 B x 2048 + 28 x 5 x 2 B x 3072 q/k channels, per token) = 3.7;
+#: ``copies``: the copies and ``cat`` qkv_fusion removes, 32.2 ms (21.3 + 10.9) against 8.8 ms
+#: (:data:`QKV_COPY_ELEMENTS`) = 3.7; ``rope_fused``: the two fused RoPE kernels 24.3 ms
+#: (15.0 + 9.3) against 5.9 ms (4 bytes per q/k element) = 4.1; ``rope_unfused``: megatron-core's
+#: RoPE with the q/k layout copies before cuDNN it needs, about 106 ms (the element-wise and copy
+#: kernels fell 243 -> 161 ms with fused RoPE, ``profile_h200x2_2026-11-30.json``, plus fused RoPE's
+#: 24.3) against 17.6 ms (12 bytes per q/k element) = 6.0; ``compiled``: the compiled norms and
+#: the fused QKV function together, about 63 ms (the QKV kernels 10.3 + 9.0, the norm forward 7.7,
+#: and about 36 ms of compiled backward kernels the top list leaves out: the categories' change,
+#: copy +3.1, element-wise +3.0, reduction +0.6 ms, plus what the removed copy-category kernels
+#: took, 56.5 ms, less the listed new ones, 27.0) against 19.8 ms (57 x 5 x 2 B x 2048 +
+#: 28 x 5 x 2 B x 4096 q/k/v channels) = 3.2. Those kernels handle rows of 128 channels
+#: (per head) or run as several passes; the rest of the element-wise bytes stays at factor 1
+#: (``Calibration.memory_efficiency`` is fitted on top of all of them). Transformer Engine fuses
+#: its norms into the GEMMs: no factor there.
+ELEMENTWISE_BYTES_FACTOR = {"norm": 3.7, "copies": 3.7, "rope_fused": 4.1, "rope_unfused": 6.0, "compiled": 3.2}
+#: Elements per q/k/v channel pass of the copies and ``cat`` that qkv_fusion removes, per token:
+#: the query's reshape copy (read + write ``a d``) and its gradient's copy (``a d`` again), the
+#: value's contiguous copy (``g d``), the ``cat`` of the gradients (``(a + 2g) d`` read and written):
+#: ``(6a + 6g) d``, as a multiple of ``(a + g) d``.
+QKV_COPY_ELEMENTS = 6
+#: Element passes of the fused QKV function per q/k/v channel and token: forward reads the
+#: projection and writes q, k, v; backward reads their gradients and the saved projection and
+#: writes the projection's gradient: 5 x ``(a + 2g) d``.
+QKV_FUSED_PASSES = 5
 #: Element-wise bytes per q/k element of RoPE, forward + backward (y = 2): unfused, its eight-odd
 #: kernels read and write the tensor several times (12 bytes per element counted); fused, one
 #: read and one write forward and backward (4).
@@ -231,6 +302,8 @@ class StageWork:
             cp_collectives: collectives whose latency is exposed (all-gather path).
         fsdp_ops: Megatron-FSDP host operations per microbatch (:func:`fsdp_host_ops`), host
             work beside the kernel launches.
+        compiled_calls: calls of ``torch.compile``'d functions per microbatch
+            (:func:`compiled_calls_per_microbatch`), host work beside their kernels' launches.
     """
 
     stage: int
@@ -252,6 +325,7 @@ class StageWork:
     cp_overlapped: bool = True
     cp_collectives: float = 0.0
     fsdp_ops: float = 0.0
+    compiled_calls: float = 0.0
 
 
 def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
@@ -287,7 +361,8 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     with dropout; MoE permute/unpermute 8 per routed token copy; the local path's weight-
     gradient accumulation into ``main_grad`` (bf16 gradient written and read, fp32 read and
     written: ``2y + 8`` per weight); the embedding's dense gradient (``2y + 8`` per entry); the
-    cross entropy :data:`CE_BYTES_PER_LOGIT` per logit.
+    cross entropy :data:`CE_BYTES_PER_LOGIT` per logit. The norms, q/k norms, RoPE and the QKV
+    copies are :func:`attention_block_bytes` (effective bytes on the local path).
     """
     dense_n, moe_n = counts
     h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
@@ -295,11 +370,7 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     y = DTYPE_BYTES[lay.dtype]
     T = lay.micro_batch * lay.seq / lay.cp
     local = lay.impl != "transformer_engine"
-    per_tok = (10 * h + 12 * h) * y / r
-    if shape.rope:
-        per_tok += ROPE_BYTES_PER_ELEMENT[lay.rope_fusion] * (a + g) * d * y / t
-    if shape.qk_norm:
-        per_tok += 5 * (a + g) * d * y / t
+    per_tok = 12 * h * y / r + attention_block_bytes(shape, lay)
     if shape.hidden_dropout > 0:
         per_tok += 20 * h * y / r
     act = 8 if shape.gated else 5
@@ -323,10 +394,47 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
         if local:
             total += (2 * y + 8) * V * h
     elif stage == lay.pp - 1:
-        total += CE_BYTES_PER_LOGIT * T * V + 5 * h * y * T / r
+        total += CE_BYTES_PER_LOGIT * T * V + 5 * h * y * T / r * _norm_factor(lay)
         if local:
             total += (2 * y + 8) * V * h
     return total
+
+
+def _norm_factor(lay: Layout) -> float:
+    """Effective-bytes factor of a norm (:data:`ELEMENTWISE_BYTES_FACTOR`): 1 on the TE path."""
+    if lay.impl == "transformer_engine":
+        return 1.0
+    return ELEMENTWISE_BYTES_FACTOR["compiled" if norms_compiled(lay) else "norm"]
+
+
+def attention_block_bytes(shape: ModelShape, lay: Layout) -> float:
+    """Effective element-wise bytes per token of one layer's two norms and its q/k/v handling
+    (forward + backward) on this rank: the norms 5 passes of ``h`` each; with the fused QKV
+    function (:func:`~dlmspec.plan.shape.qkv_fused`) :data:`QKV_FUSED_PASSES` of ``(a + 2g) d``;
+    else the q/k norms (5 passes of ``(a + g) d``), RoPE (:data:`ROPE_BYTES_PER_ELEMENT`) and the
+    copies and ``cat`` (:data:`QKV_COPY_ELEMENTS`) - each times its
+    :data:`ELEMENTWISE_BYTES_FACTOR` on the local path (1 and no copies on the TE path)."""
+    h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
+    t, r = lay.tp, lay.sequence_divisor
+    y = DTYPE_BYTES[lay.dtype]
+    qk = (a + g) * d * y / t
+    if lay.impl == "transformer_engine":
+        out = 10 * h * y / r
+        if shape.rope:
+            out += ROPE_BYTES_PER_ELEMENT[lay.rope_fusion] * qk
+        if shape.qk_norm:
+            out += 5 * qk
+        return out
+    f = ELEMENTWISE_BYTES_FACTOR
+    norm = _norm_factor(lay)
+    out = 10 * h * y / r * norm
+    if qkv_fused(shape, lay):
+        return out + QKV_FUSED_PASSES * (a + 2 * g) * d * y / t * f["compiled"]
+    if shape.rope:
+        out += ROPE_BYTES_PER_ELEMENT[lay.rope_fusion] * qk * f["rope_fused" if lay.rope_fusion else "rope_unfused"]
+    if shape.qk_norm:
+        out += 5 * qk * norm
+    return out + QKV_COPY_ELEMENTS * qk * f["copies"]
 
 
 def _path(lay: Layout) -> str:
@@ -362,6 +470,9 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
         kernels += KERNELS_EMBEDDING[path]
     if stage == lay.pp - 1:
         kernels += KERNELS_OUTPUT[path]
+        if path == "local+sdpa":
+            # The final norm, counted as PyTorch's in KERNELS_OUTPUT.
+            kernels += sum(KERNELS_NORM[norms_compiled(lay)]) - sum(KERNELS_NORM[False])
         if lay.fused_linear_ce:
             kernels += fused_ce_kernels(shape, lay)
     return kernels
@@ -369,19 +480,67 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
 
 def layer_kernels(shape: ModelShape, lay: Layout) -> tuple[int, int]:
     """(forward + backward, forward) kernels of one dense layer per microbatch: the counted
-    :data:`KERNELS_PER_LAYER` with RoPE's share as the layout runs it (local path: unfused
-    :data:`KERNELS_ROPE_UNFUSED`, fused :data:`KERNELS_ROPE_FUSED`, none without rotary
-    embeddings)."""
+    :data:`KERNELS_PER_LAYER` (megatron-core's split and copies, q/k RMSNorm, unfused RoPE,
+    PyTorch's norms) with the layout's paths on the local path: RoPE unfused
+    (:data:`KERNELS_ROPE_UNFUSED`), fused (:data:`KERNELS_ROPE_FUSED`) or none; q/k norms only
+    with ``qk_norm``; the norms PyTorch's or compiled (:data:`KERNELS_NORM`); with the fused QKV
+    function (:func:`~dlmspec.plan.shape.qkv_fused`) :data:`KERNELS_QKV_FUSED` in place of the
+    copies (:data:`KERNELS_QKV_COPIES`), the q/k norms and RoPE."""
     path = _path(lay)
     total, forward = KERNELS_PER_LAYER[path], KERNELS_PER_LAYER_FORWARD[path]
-    if path == "local+sdpa":
-        total -= sum(KERNELS_ROPE_UNFUSED)
-        forward -= KERNELS_ROPE_UNFUSED[0]
-        if shape.rope:
-            rope = KERNELS_ROPE_FUSED if lay.rope_fusion else KERNELS_ROPE_UNFUSED
-            total += sum(rope)
-            forward += rope[0]
+    if path != "local+sdpa":
+        return total, forward
+    eager = KERNELS_NORM[False]
+    # What every local layer launches besides the parts below.
+    total -= sum(KERNELS_ROPE_UNFUSED) + sum(KERNELS_QKV_COPIES) + (2 + QK_NORMS) * sum(eager)
+    forward -= KERNELS_ROPE_UNFUSED[0] + KERNELS_QKV_COPIES[0] + (2 + QK_NORMS) * eager[0]
+    norm = KERNELS_NORM[norms_compiled(lay)]
+    total += 2 * sum(norm)
+    forward += 2 * norm[0]
+    if qkv_fused(shape, lay):
+        return total + sum(KERNELS_QKV_FUSED), forward + KERNELS_QKV_FUSED[0]
+    total += sum(KERNELS_QKV_COPIES)
+    forward += KERNELS_QKV_COPIES[0]
+    if shape.qk_norm:
+        total += QK_NORMS * sum(norm)
+        forward += QK_NORMS * norm[0]
+    if shape.rope:
+        rope = KERNELS_ROPE_FUSED if lay.rope_fusion else KERNELS_ROPE_UNFUSED
+        total += sum(rope)
+        forward += rope[0]
     return total, forward
+
+
+def layer_compiled_calls(shape: ModelShape, lay: Layout) -> tuple[int, int]:
+    """(forward + backward, forward) calls of dlmspec's ``torch.compile``'d functions per layer
+    and microbatch (:data:`COMPILED_CALLS_QKV`, ``_NORM``, ``_ROPE``): 0 on the TE path."""
+    if lay.impl == "transformer_engine":
+        return 0, 0
+    calls = 0
+    fused = qkv_fused(shape, lay)
+    if fused:
+        calls += COMPILED_CALLS_QKV
+    elif shape.rope and lay.rope_fusion:
+        calls += COMPILED_CALLS_ROPE
+    if norms_compiled(lay):
+        calls += COMPILED_CALLS_NORM * (2 + (QK_NORMS if shape.qk_norm and not fused else 0))
+    return calls, calls // 2
+
+
+def compiled_calls_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, int], stage: int = 0) -> float:
+    """Calls of ``torch.compile``'d functions of one microbatch on rank ``stage``: per layer
+    :func:`layer_compiled_calls` (the recomputed forwards again, as for kernels), the final
+    norm's on the last rank."""
+    per_layer, forward = layer_compiled_calls(shape, lay)
+    layers = counts[0] + counts[1]
+    calls = float(layers * per_layer)
+    if lay.recompute == "full" and per_layer:
+        chunks = lay.pp * max(1, lay.vpp)
+        share = 1.0 if lay.recompute_method == "uniform" else min(1.0, lay.recompute_layers * chunks / shape.num_layers)
+        calls += share * layers * forward
+    if stage == lay.pp - 1 and norms_compiled(lay):
+        calls += COMPILED_CALLS_NORM
+    return calls
 
 
 def fused_ce_kernels(shape: ModelShape, lay: Layout) -> float:
@@ -519,6 +678,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         cp_overlapped=cp_overlapped,
         cp_collectives=cp_n,
         fsdp_ops=fsdp_host_ops(shape, lay, stage, counts)[0],
+        compiled_calls=compiled_calls_per_microbatch(shape, lay, counts, stage),
     )
 
 
@@ -537,6 +697,13 @@ def host_speed(lay: Layout, calib: Calibration) -> float:
     return lay.host_launch_seconds / calib.host_launch_seconds
 
 
+def host_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0) -> float:
+    """Host time of one microbatch on a rank: kernel launches, ``torch.compile``'d calls and
+    Megatron-FSDP's host operations, scaled by the host's launch speed."""
+    return (w.kernels * calib.seconds_per_kernel + w.compiled_calls * calib.seconds_per_compiled_call
+            + w.fsdp_ops * calib.fsdp_seconds_per_op) * host_scale
+
+
 def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0) -> tuple[dict[str, float], bool]:
     """Seconds of one microbatch on a rank, by term, and whether the rank is launch-bound.
 
@@ -545,8 +712,9 @@ def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0
     host launch time overlap - the host enqueues
     kernels asynchronously - so the microbatch takes the larger; a launch-bound rank's excess
     goes to ``kernel_launch``. The host syncs and what they expose (forward EP all-to-alls and
-    their latency) come on top. Host time is ``kernels * seconds_per_kernel`` plus Megatron-FSDP's
-    host operations times ``fsdp_seconds_per_op``; it and the syncs are multiplied by
+    their latency) come on top. Host time is ``kernels * seconds_per_kernel`` plus the calls of
+    ``torch.compile``'d functions times ``seconds_per_compiled_call`` and Megatron-FSDP's host
+    operations times ``fsdp_seconds_per_op`` (:func:`host_seconds`); it and the syncs are multiplied by
     ``host_scale`` (:func:`host_speed`).
     """
     lat = calib.collective_latency_seconds
@@ -564,7 +732,7 @@ def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0
         "cp_communication": cp,
     }
     gpu = sum(terms.values())
-    host = (w.kernels * calib.seconds_per_kernel + w.fsdp_ops * calib.fsdp_seconds_per_op) * host_scale
+    host = host_seconds(w, calib, host_scale)
     launch_bound = host > gpu
     if launch_bound:
         terms["kernel_launch"] += host - gpu
@@ -636,7 +804,8 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         else:
             key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
-                   lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding)
+                   lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding, lay.rope_fusion,
+                   lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
@@ -723,6 +892,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         + (0 if p2p_network else p2p_raw),
         "syncs": hs * (scale * slow.syncs + step_syncs),
         "fsdp_ops": hs * (scale * (1 - gpu_side) * slow.fsdp_ops + fsdp_step_ops),
+        "compiled_calls": hs * scale * (1 - gpu_side) * slow.compiled_calls,
         "const": 1.0,
         "fixed": scale * (gpu_side * (per_mb["cp_communication"] + slow.kernels * calib.gpu_seconds_per_kernel
                                       + slow.tp_collectives * calib.collective_latency_seconds
