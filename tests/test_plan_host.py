@@ -51,8 +51,9 @@ def test_host_launch_scales_the_host_terms():
 def test_gpu_bound_runs_hide_the_launches():
     qwen = ["model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=6144",
             "model.num_attention_heads=16", "model.num_query_groups=8", "model.kv_channels=128",
-            "train.micro_batch_size=4", "train.global_batch_size=4", "train.seq_length=2048",
+            "train.micro_batch_size=8", "train.global_batch_size=8", "train.seq_length=2048",
             "model.max_position_embeddings=2048"]
+    # Micro batch 8 x 2048: with every [kernels] default, 4 x 2048 sits at the launch/GPU boundary.
     base, fast = _plan(*qwen), _plan(*qwen, "cluster.host_launch_us=3")
     assert base.time.features["gemm"] > 0  # GPU-bound
     assert fast.time.step_seconds < base.time.step_seconds  # the syncs and the step's launches
@@ -92,3 +93,34 @@ def test_fsdp_costs_more_than_the_distributed_optimizer():
     fsdp = _plan(*FSDP, 'parallel.data_parallel_sharding_strategy="optim_grads_params"', *LAUNCH_BOUND)
     ddp = _plan("cluster.gpus_per_node=2", "train.global_batch_size=64", *LAUNCH_BOUND)
     assert fsdp.time.step_seconds > ddp.time.step_seconds * 1.2
+
+
+def test_fused_ce_chunk_loop_launches_at_their_own_host_cost():
+    """The fused linear cross entropy's chunk-loop launches cost seconds_per_fused_ce_kernel of
+    host time each (Liger's tight loop inside one autograd.Function), the other launches
+    seconds_per_kernel; on the GPU every launch keeps its per-kernel floor."""
+    from dlmspec.plan.time import fused_ce_kernels, host_seconds, stage_work
+
+    fused = ['kernels.cross_entropy="fused_linear"', "kernels.apply_rope_fusion=false"]
+    plan = _plan(*fused)
+    n = fused_ce_kernels(plan.shape, plan.layout)
+    assert n == 8 * -(-plan.shape.vocab // plan.shape.hidden) and n > 100  # Liger: ~ceil(V / h) chunks
+    f = plan.time.features
+    assert f["gemm"] == 0.0  # launch-bound
+    m = plan.layout.num_microbatches
+    assert f["fused_ce_kernels"] == pytest.approx(m * n)
+    megatron = _plan(*LAUNCH_BOUND)
+    assert megatron.time.features["fused_ce_kernels"] == 0.0
+    # The chunk loop's launches are not among the megatron-core launches the kernels feature counts.
+    w = stage_work(plan.shape, plan.layout, plan.gpu, plan.layout.pp - 1, DEFAULT_CALIBRATION)
+    assert w.fused_ce_kernels == n and w.kernels > n
+    c = DEFAULT_CALIBRATION
+    assert host_seconds(w, c) == pytest.approx((w.kernels - n) * c.seconds_per_kernel + n * c.seconds_per_fused_ce_kernel
+                                               + w.compiled_calls * c.seconds_per_compiled_call)
+    # The step changes by exactly the chunk loop's host time when its constant does.
+    cheap = _plan(*fused, calib=c.with_values(seconds_per_fused_ce_kernel=0.0))
+    dear = _plan(*fused, calib=c.with_values(seconds_per_fused_ce_kernel=c.seconds_per_kernel))
+    assert dear.time.step_seconds - cheap.time.step_seconds == pytest.approx(m * n * c.seconds_per_kernel, rel=1e-6)
+    assert plan.time.step_seconds - cheap.time.step_seconds == pytest.approx(m * n * c.seconds_per_fused_ce_kernel, rel=1e-6)
+    # The fitted value is about one micro-benchmark launch, well below a megatron-core launch's.
+    assert c.seconds_per_fused_ce_kernel < c.seconds_per_kernel / 2

@@ -19,8 +19,9 @@ syncs, where GPU time = GEMM FLOPs / (peak * gemm_efficiency) + attention FLOPs 
 attention_efficiency) + element-wise bytes / (HBM bandwidth * memory_efficiency) + kernels *
 gpu_seconds_per_kernel + collectives (bandwidth * nvlink_efficiency or network_efficiency, plus
 collective_latency_seconds each), host time = kernels * seconds_per_kernel (plus the calls of
-torch.compile'd functions * seconds_per_compiled_call and Megatron-FSDP's host operations *
-fsdp_seconds_per_op), and each sync costs host_sync_seconds - every host
+torch.compile'd functions * seconds_per_compiled_call, the fused linear cross entropy's chunk-loop
+launches * seconds_per_fused_ce_kernel in place of seconds_per_kernel, and Megatron-FSDP's host
+operations * fsdp_seconds_per_op), and each sync costs host_sync_seconds - every host
 constant scaled by the host's launch speed, ``cluster.host_launch_us`` / host_launch_seconds; per step the optimizer, the step's syncs and step_overhead_seconds. Within
 one regime (launch-bound or GPU-bound) every fitted constant enters linearly (as its inverse for
 efficiencies), so ``calibrate.py`` fits them by non-negative least squares on relative errors,
@@ -89,7 +90,8 @@ class Calibration:
             ``backends/megatron/hostbench.py`` measures it (median of 5 x 4,000 tiny ``torch.add``
             launches from Python; the runtime logs it in metrics.jsonl, event ``host_launch``):
             the host the host constants (``seconds_per_kernel``, ``host_sync_seconds``,
-            ``fsdp_seconds_per_op``) are stated for. A spec's ``cluster.host_launch_us`` scales
+            ``fsdp_seconds_per_op``, ``seconds_per_compiled_call``, ``seconds_per_fused_ce_kernel``)
+            are stated for. A spec's ``cluster.host_launch_us`` scales
             them by ``host_launch_us * 1e-6 / host_launch_seconds``; a spec without it is planned
             on this typical host. ``bench/plan/calibrate.py --write`` sets it to the median of the
             measured runs' values (before any run recorded one: 6e-6 s, an estimate - an eager
@@ -109,6 +111,17 @@ class Calibration:
             ``demo-mdm-b32-s512-defaults`` against ``-fusedce`` (launch-bound: every compiled
             function on, 0.1141 s, against none, 0.0963 s, ``calibration_h200x2_session4b.json``)
             and the fused-RoPE runs (``demo-cp2``, ``demo-cp2-ar``, ``demo-fsdp``).
+        seconds_per_fused_ce_kernel: host time of one launch of the fused linear cross entropy's
+            chunk loop (:func:`dlmspec.plan.time.fused_ce_kernels`, ``[kernels] cross_entropy =
+            "fused_linear"``), on the typical host, in place of ``seconds_per_kernel``: Liger runs
+            the loop inside one ``autograd.Function`` (``LigerFusedLinearCrossEntropyFunction``),
+            plain torch calls (``matmul``, ``addmm``, slicing) and Triton kernel launches from a
+            tight Python loop, without megatron-core's modules or autograd's per-op nodes -
+            close to the micro-benchmark's bare ``torch.add`` launch. Fitted; the default (the
+            prior the fit is pulled towards) is one micro-benchmark launch, host_launch_seconds.
+            The runs that fix it are ``demo-mdm-b32-s512-fusedce`` (launch-bound, ~530 such
+            launches per microbatch, no slower than megatron's cross entropy: 0.0963 s against
+            0.0936 s) and ``-defaults``.
         host_sync_seconds: cost of one host-device synchronisation (``.item()``, ``.tolist()``
             of a GPU tensor, ``torch.cuda.synchronize()``, an event wait): the device-to-host
             round trip plus the GPU idling while the host, which had to wait, enqueues work
@@ -129,19 +142,20 @@ class Calibration:
     cuda_context_bytes: float = 600 * MiB
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
-    gemm_efficiency: float = 0.877
-    attention_efficiency: float = 0.4824
-    memory_efficiency: float = 0.976
-    nvlink_efficiency: float = 0.3585
+    gemm_efficiency: float = 0.8645
+    attention_efficiency: float = 0.4597
+    memory_efficiency: float = 0.9762
+    nvlink_efficiency: float = 0.268
     network_efficiency: float = 0.80
-    seconds_per_kernel: float = 5.039e-05
+    seconds_per_kernel: float = 5.273e-05
     gpu_seconds_per_kernel: float = 3e-6
-    host_sync_seconds: float = 0.0001338
+    host_sync_seconds: float = 0.0001074
     host_launch_seconds: float = 1.02e-05
-    fsdp_seconds_per_op: float = 4.691e-05
-    seconds_per_compiled_call: float = 0.0002658
+    fsdp_seconds_per_op: float = 4.279e-05
+    seconds_per_compiled_call: float = 0.0003662
+    seconds_per_fused_ce_kernel: float = 1.098e-05
     collective_latency_seconds: float = 2e-5
-    step_overhead_seconds: float = 0.000761
+    step_overhead_seconds: float = 0.0006204
     dp_overlap_exposed_fraction: float = 0.2
 
     def with_values(self, **changes: float) -> "Calibration":
@@ -172,5 +186,6 @@ FITTED = (
     "step_overhead_seconds",
     "fsdp_seconds_per_op",
     "seconds_per_compiled_call",
+    "seconds_per_fused_ce_kernel",
     "host_launch_seconds",
 )

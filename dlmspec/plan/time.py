@@ -20,7 +20,9 @@ Per pipeline rank and microbatch (the slowest rank sets the pace):
   ``max(GPU time, host time)``: small models are launch-bound (the GPU waits for the host; the
   excess is reported as ``kernel_launch``), large ones GPU-bound. The launch count scales with
   the layers of the rank and, for megatron-core's ``SequentialMLP`` (the local experts run one
-  after the other), with the local experts.
+  after the other), with the local experts. The fused linear cross entropy's chunk loop
+  (:func:`fused_ce_kernels`) launches from one ``autograd.Function``'s tight Python loop, each
+  launch at ``seconds_per_fused_ce_kernel`` instead.
 * host-device synchronisations, where the host waits for the GPU to drain and cannot run ahead
   (``host_sync_seconds`` each, outside the max): MoE dispatch (the token counts the all-to-all
   needs on the host, megatron-core ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``;
@@ -304,6 +306,9 @@ class StageWork:
             work beside the kernel launches.
         compiled_calls: calls of ``torch.compile``'d functions per microbatch
             (:func:`compiled_calls_per_microbatch`), host work beside their kernels' launches.
+        fused_ce_kernels: the fused linear cross entropy's chunk-loop launches among ``kernels``
+            (:func:`fused_ce_kernels`), each at ``Calibration.seconds_per_fused_ce_kernel`` of
+            host time instead of ``seconds_per_kernel``.
     """
 
     stage: int
@@ -326,6 +331,7 @@ class StageWork:
     cp_collectives: float = 0.0
     fsdp_ops: float = 0.0
     compiled_calls: float = 0.0
+    fused_ce_kernels: float = 0.0
 
 
 def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
@@ -549,7 +555,10 @@ def fused_ce_kernels(shape: ModelShape, lay: Layout) -> float:
     Liger sizes its chunks so that there are about ``ceil(V / h)`` of them whatever the rows
     (``liger_kernel.ops.fused_linear_cross_entropy``: ``chunk = next_pow2(ceil(BT / ceil(V /
     h)))``), each launching about 8 kernels over forward and the recomputing backward; the
-    PyTorch implementation runs ``ceil(rows / 4096)`` chunks of about 15 kernels."""
+    PyTorch implementation runs ``ceil(rows / 4096)`` chunks of about 15 kernels. Their host cost
+    is ``Calibration.seconds_per_fused_ce_kernel`` each (:func:`host_seconds`): the loop's plain
+    torch calls and Triton launches run inside one ``autograd.Function``, without megatron-core's
+    modules around them."""
     if lay.fused_linear_backend == "torch":
         rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * lay.micro_batch * lay.seq / lay.cp
         return 15 * -(-rows // 4096)
@@ -658,6 +667,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         passes, cp_overlapped = CP_KV_EXCHANGES.get(lay.cp_comm_type, CP_KV_EXCHANGES["p2p"])
         cp_s = layers * passes * (lay.cp - 1) * kv
         cp_n = 0.0 if cp_overlapped else layers * passes
+    fused_ce = fused_ce_kernels(shape, lay) if (stage == lay.pp - 1 and lay.fused_linear_ce) else 0.0
     return StageWork(
         stage=stage,
         gemm_seconds=gemm / gemm_peak,
@@ -679,6 +689,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         cp_collectives=cp_n,
         fsdp_ops=fsdp_host_ops(shape, lay, stage, counts)[0],
         compiled_calls=compiled_calls_per_microbatch(shape, lay, counts, stage),
+        fused_ce_kernels=fused_ce,
     )
 
 
@@ -698,9 +709,13 @@ def host_speed(lay: Layout, calib: Calibration) -> float:
 
 
 def host_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0) -> float:
-    """Host time of one microbatch on a rank: kernel launches, ``torch.compile``'d calls and
-    Megatron-FSDP's host operations, scaled by the host's launch speed."""
-    return (w.kernels * calib.seconds_per_kernel + w.compiled_calls * calib.seconds_per_compiled_call
+    """Host time of one microbatch on a rank: kernel launches (the fused linear cross entropy's
+    chunk loop at ``seconds_per_fused_ce_kernel``, the others at ``seconds_per_kernel``),
+    ``torch.compile``'d calls and Megatron-FSDP's host operations, scaled by the host's launch
+    speed."""
+    return ((w.kernels - w.fused_ce_kernels) * calib.seconds_per_kernel
+            + w.fused_ce_kernels * calib.seconds_per_fused_ce_kernel
+            + w.compiled_calls * calib.seconds_per_compiled_call
             + w.fsdp_ops * calib.fsdp_seconds_per_op) * host_scale
 
 
@@ -887,7 +902,8 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         "gemm": scale * gpu_side * slow.gemm_seconds,
         "attention": scale * gpu_side * slow.attention_seconds,
         "elementwise": scale * gpu_side * slow.elementwise_seconds + opt_bytes / hbm,
-        "kernels": hs * (scale * (1 - gpu_side) * slow.kernels + step_kernels),
+        "kernels": hs * (scale * (1 - gpu_side) * (slow.kernels - slow.fused_ce_kernels) + step_kernels),
+        "fused_ce_kernels": hs * scale * (1 - gpu_side) * slow.fused_ce_kernels,
         "nvlink": scale * (gpu_side * intra + (0 if slow.ep_network else slow.ep_forward_seconds))
         + (0 if p2p_network else p2p_raw),
         "syncs": hs * (scale * slow.syncs + step_syncs),
