@@ -114,3 +114,13 @@ def test_search_set_lines_are_whole_at_any_terminal_width():
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("#1: "))
     assert "--set parallel.use_distributed_optimizer=" in line and "--set recompute.granularity=" in line
+
+
+def test_impossible_layout_is_refused_before_planning():
+    """A pipeline size of 10**9 (found by tests/test_fuzz_cli.py) is a topology error: plan exits 2
+    with the issue, quickly, instead of planning 10**9 stages for the memory rule (MemoryError)."""
+    for args in (["plan", DEMO], ["plan", DEMO, "--json"]):
+        result = runner.invoke(app, [*args, "--set", "parallel.pipeline_model_parallel_size=1000000000"])
+        assert result.exit_code == 2, result.output
+        assert "pipeline_model_parallel_size" in result.output
+        assert "Traceback" not in result.output and not isinstance(result.exception, MemoryError)

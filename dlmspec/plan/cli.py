@@ -30,11 +30,14 @@ def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
     the validator does not run it itself. What the runtime cannot run
     (:func:`dlmspec.compile.unsupported_issues`) is ``dlmspec check``'s and ``compile``'s
     concern: a plan of an FSDP or RL spec is still a plan, and leaving the compiler (and its
-    template engine) out keeps ``dlmspec plan`` fast."""
+    template engine) out keeps ``dlmspec plan`` fast. As in :func:`dlmspec.validate.validate`,
+    a spec with errors is not planned for the memory rule: its layout may not exist (a
+    pipeline size of 10**9 would have the planner list 10**9 stages)."""
     from dlmspec.validate import find_issues
 
     issues = list(find_issues(loaded, resolved))
-    if resolved.gpu is not None and not any(i.rule.startswith("memory-") for i in issues):
+    if (resolved.gpu is not None and not any(i.rule.startswith("memory-") for i in issues)
+            and not any(i.severity == "error" for i in issues)):
         issues.extend(check_memory(resolved, loaded))
     return issues
 
