@@ -49,8 +49,11 @@ def main(work: Path, noise: Path) -> None:
         "setup": SETUP,
         "command": "bash bench/gpu/session4_throughput.sh $OUT; python bench/gpu/summarize_session4.py",
         "note": "GPU 0 ran the runtime and GPU 1 the Hugging Face baseline at the same time (one host); "
-                "micro batch 12 ran out of memory on the runtime side, so 11 is its best that fits; the HF "
-                "baseline's best is micro batch 6 (sessions 2-3: 8 does not fit)",
+                "micro batch 12 ran out of memory on the runtime side, so 11 is its best that fits. The HF "
+                "baseline's micro batch 6 is taken as its best that fits by extrapolation, not by a run: "
+                "its measured peaks grow linearly, 89.4 GiB at 4 and 128.4 GiB at 6 (one microbatch per "
+                "step, throughput_qwen3_1.7b_h200_2026-11-30.json), 132.2 GiB at 6 with 4 microbatches "
+                "(here), about 20 GiB per sample, so 7 would need about 150 GiB of the H200's 139.8 GiB",
         "runtime_best": runtime,
         "hf_best": hf,
         "dp2": dp2,
