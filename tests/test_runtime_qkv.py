@@ -170,7 +170,12 @@ def test_fast_path_declines_what_it_does_not_cover(tmp_path_factory, monkeypatch
         freqs = _freqs(SEQ, 16)
         assert attn.fast_path_reason(hidden, None, None, (freqs, freqs), None, None, None) == "q/k norm is not RMSNorm"
         assert attn.fast_path_reason(hidden, None, None, (freqs, freqs), None, None, object()) == "packed sequences"
-        assert "partial" in attn.fast_path_reason(hidden, None, None, (freqs[..., :8], freqs[..., :8]), None, None, None) \
-            or attn.fast_path_reason(hidden, None, None, (freqs[..., :8], freqs[..., :8]), None, None, None) is not None
+        assert attn.fast_path_reason(hidden, None, None, (freqs[..., :8], freqs[..., :8]), None, None, None) is not None
+        (rms_model,) = build_model(_config(), layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+                                   position_embedding_type="rope", rotary_base=10000)
+        rms_attn = rms_model.decoder.layers[0].self_attention
+        half = freqs[..., :8]
+        assert rms_attn.fast_path_reason(hidden, None, None, (half, half), None, None, None) == "partial rotary dimension"
+        assert rms_attn.fast_path_reason(hidden, None, None, (freqs, freqs), None, None, None) is None
     monkeypatch.setattr(qkv, "REQUIRE_CUDA", True)
     assert attn.fast_path_reason(hidden, None, None, None, None, None, None) == "not a CUDA tensor"

@@ -254,11 +254,9 @@ def layer_spec_fusions(spec: ModuleSpec) -> dict:
     Returns:
         ``{"qkv_fusion": bool, "compiled_norm": bool}`` (:func:`build_layer_spec`'s arguments).
     """
-    norm = getattr(spec.submodules, "input_layernorm", None)
-    norm = norm.module if isinstance(norm, ModuleSpec) else norm
     return {
         "qkv_fusion": spec.submodules.self_attention.module is FusedQKVSelfAttention,
-        "compiled_norm": isinstance(norm, type) and issubclass(norm, LocalNorm) and bool(norm.compiled),
+        "compiled_norm": _layer_norm_class(spec).compiled,
     }
 
 

@@ -81,8 +81,15 @@ def layer_norm_reference(x: Tensor, weight: Optional[Tensor], bias: Optional[Ten
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(fn: Callable) -> Callable:
+def compile_static(fn: Callable) -> Callable:
+    """``torch.compile(fn, dynamic=False, fullgraph=True)``, once per function: the compiled
+    kernels of the local path (this module's norms, :mod:`.qkv`, :mod:`.rope`) share it."""
     return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+def rms_eps(eps: Optional[float], dtype: torch.dtype) -> float:
+    """``torch.nn.RMSNorm``'s epsilon: ``eps``, or ``torch.finfo(dtype).eps`` when it is None."""
+    return float(eps) if eps is not None else float(torch.finfo(dtype).eps)
 
 
 class CompiledRMSNorm(torch.nn.RMSNorm):
@@ -94,8 +101,7 @@ class CompiledRMSNorm(torch.nn.RMSNorm):
     def forward(self, x: Tensor) -> Tensor:
         if not x.is_cuda:
             return super().forward(x)
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        return _compiled(rms_norm_reference)(x, self.weight, float(eps))
+        return compile_static(rms_norm_reference)(x, self.weight, rms_eps(self.eps, x.dtype))
 
 
 class CompiledLayerNorm(torch.nn.LayerNorm):
@@ -107,4 +113,4 @@ class CompiledLayerNorm(torch.nn.LayerNorm):
     def forward(self, x: Tensor) -> Tensor:
         if not x.is_cuda or len(self.normalized_shape) != 1:
             return super().forward(x)
-        return _compiled(layer_norm_reference)(x, self.weight, self.bias, float(self.eps))
+        return compile_static(layer_norm_reference)(x, self.weight, self.bias, float(self.eps))

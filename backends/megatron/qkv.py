@@ -32,8 +32,7 @@ and otherwise runs megatron-core's ``forward`` unchanged. It is selected by
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -41,7 +40,7 @@ from torch import Tensor
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.identity_op import IdentityOp
 
-from .norms import rms_norm_fp32
+from .norms import compile_static, rms_eps, rms_norm_fp32
 
 #: The fused path runs on CUDA tensors only (tests on CPU set this False to run it eagerly).
 REQUIRE_CUDA = True
@@ -108,11 +107,6 @@ def qkv_norm_rope_reference(
     return _bhsd(qf.to(dtype)), _bhsd(kf.to(dtype)), _bhsd(v)
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled() -> Callable[..., Tuple[Tensor, Tensor, Tensor]]:
-    return torch.compile(qkv_norm_rope_reference, dynamic=False, fullgraph=True)
-
-
 def qkv_norm_rope(*args, compiled: Optional[bool] = None, **kwargs) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`qkv_norm_rope_reference`, compiled by ``torch.compile`` on CUDA tensors.
 
@@ -123,7 +117,7 @@ def qkv_norm_rope(*args, compiled: Optional[bool] = None, **kwargs) -> Tuple[Ten
     mixed = args[0] if args else kwargs["mixed_qkv"]
     if compiled is None:
         compiled = mixed.is_cuda
-    fn = _compiled() if compiled else qkv_norm_rope_reference
+    fn = compile_static(qkv_norm_rope_reference) if compiled else qkv_norm_rope_reference
     return fn(*args, **kwargs)
 
 
@@ -132,8 +126,7 @@ def _rms_weight_eps(norm: Optional[torch.nn.Module]) -> Tuple[bool, Optional[Ten
     if norm is None or isinstance(norm, IdentityOp):
         return True, None, 0.0
     if isinstance(norm, torch.nn.RMSNorm) and norm.elementwise_affine:
-        eps = norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
-        return True, norm.weight, float(eps)
+        return True, norm.weight, rms_eps(norm.eps, norm.weight.dtype)
     return False, None, 0.0
 
 

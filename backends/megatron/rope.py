@@ -29,11 +29,12 @@ megatron-core's function unchanged.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
+
+from .norms import compile_static
 
 _ORIGINAL: Optional[Callable] = None
 
@@ -57,11 +58,6 @@ def rope_reference(t: Tensor, freqs: Tensor) -> Tensor:
     return out.permute(1, 2, 0, 3).contiguous().permute(2, 0, 1, 3)
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled() -> Callable[[Tensor, Tensor], Tensor]:
-    return torch.compile(rope_reference, dynamic=False, fullgraph=True)
-
-
 def _fused_bshd(
     t: Tensor,
     freqs: Tensor,
@@ -78,7 +74,7 @@ def _fused_bshd(
         and t.dim() == 4
         and freqs.shape[-1] == t.shape[-1]
     ):
-        return _compiled()(t, freqs)
+        return compile_static(rope_reference)(t, freqs)
     return _ORIGINAL(t, freqs, rotary_interleaved=rotary_interleaved,
                      multi_latent_attention=multi_latent_attention, mscale=mscale)
 

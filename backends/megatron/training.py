@@ -1529,13 +1529,14 @@ def train(
     tokens_per_step = sched.global_batch_size * seq
     peak = run.logging.peak_tflops_per_gpu
     local_params = count_parameters(model)
+    fusions = layer_spec_fusions(layer_spec)
     start_info = {
         "name": run.name, "iteration": iteration, "world_size": world, "layer_spec": backend,
         "attention": spec_attention, "objective": objective.kind, "num_microbatches": num_microbatches,
         "params_on_logging_rank": local_params, "model_flops_per_token": flops_per_token,
         "parallel_layout": _parallel_layout(), "run_config": dataclasses.asdict(run),
         "cross_entropy": cross_entropy, "sdpa_backend": _spec_sdpa_backend(layer_spec), "rope_fusion": rope_fusion,
-        **layer_spec_fusions(layer_spec),
+        **fusions,
     }
     start_info["weights"], weights_text = _weights_record(resume_from, init_source, ckpt, run.seed)
     logger.record("start", start_info)
@@ -1545,7 +1546,7 @@ def train(
         f"cp {context_parallel_size} ep {expert_model_parallel_size}), {num_microbatches} microbatches/step, "
         f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token, "
         f"cross entropy {cross_entropy}, RoPE {'fused (' + rope_fusion + ')' if rope_fusion else 'unfused'}"
-        + "".join(f", {name}" for name, used in layer_spec_fusions(layer_spec).items() if used)
+        + "".join(f", {name}" for name, used in fusions.items() if used)
     )
     logger.text(f"[dlmspec] weights: {weights_text}")
     for warning in init_source.warnings if init_source is not None else ():
