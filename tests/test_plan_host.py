@@ -75,7 +75,7 @@ def test_fsdp_host_operations(strategy, gather, reduce):
     plan = _plan(*FSDP, f'parallel.data_parallel_sharding_strategy="{strategy}"')
     shape, lay = plan.shape, plan.layout
     counts = (shape.num_layers, 0)
-    tensors, buckets = param_tensors(shape, lay, 0, counts), fsdp_buckets(shape, lay, counts)
+    tensors, buckets = param_tensors(shape, lay, 0, counts), fsdp_buckets(counts)
     assert buckets == shape.num_layers + 1
     per_mb, per_step = fsdp_host_ops(shape, lay, 0, counts)
     assert per_mb == FSDP_OPS_PER_TENSOR * tensors + buckets * (12 * gather + 9 * reduce)

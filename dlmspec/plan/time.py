@@ -465,10 +465,7 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
         kernels += moe_n * (KERNELS_PER_MOE_LAYER[path] + experts)
     if lay.recompute == "full":
         # The recomputed forward launches the forward share of each recomputed layer's kernels.
-        chunks = lay.pp * max(1, lay.vpp)
-        share = 1.0 if lay.recompute_method == "uniform" else min(1.0, lay.recompute_layers * chunks / shape.num_layers)
-        forward = per_layer_fwd / per_layer
-        kernels += share * forward * kernels
+        kernels += full_recompute_share(shape, lay) * per_layer_fwd / per_layer * kernels
     elif lay.recompute == "selective":
         kernels += layers * KERNELS_PER_SELECTIVE_LAYER
     kernels += KERNELS_PER_MICROBATCH[path]
@@ -482,6 +479,16 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
         if lay.fused_linear_ce:
             kernels += fused_ce_kernels(shape, lay)
     return kernels
+
+
+def full_recompute_share(shape: ModelShape, lay: Layout) -> float:
+    """Share of a rank's layers whose forward full recomputation runs again: all with the
+    ``uniform`` method, else ``recompute_num_layers`` per model chunk (megatron-core
+    ``TransformerBlock._checkpointed_forward``, ``block``)."""
+    if lay.recompute_method == "uniform":
+        return 1.0
+    chunks = lay.pp * max(1, lay.vpp)
+    return min(1.0, lay.recompute_layers * chunks / shape.num_layers)
 
 
 def layer_kernels(shape: ModelShape, lay: Layout) -> tuple[int, int]:
@@ -541,9 +548,7 @@ def compiled_calls_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[
     layers = counts[0] + counts[1]
     calls = float(layers * per_layer)
     if lay.recompute == "full" and per_layer:
-        chunks = lay.pp * max(1, lay.vpp)
-        share = 1.0 if lay.recompute_method == "uniform" else min(1.0, lay.recompute_layers * chunks / shape.num_layers)
-        calls += share * layers * forward
+        calls += full_recompute_share(shape, lay) * layers * forward
     if stage == lay.pp - 1 and norms_compiled(lay):
         calls += COMPILED_CALLS_NORM
     return calls
@@ -940,7 +945,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     )
 
 
-def fsdp_buckets(shape: ModelShape, lay: Layout, counts: tuple[int, int]) -> int:
+def fsdp_buckets(counts: tuple[int, int]) -> int:
     """Megatron-FSDP parameter groups (buckets) on a rank holding ``counts`` layers: one per
     ``TransformerLayer`` FSDP unit (two for a MoE layer: expert parameters form groups of their
     own), plus one for the parameters outside the units (embedding, final norm, output layer;
@@ -960,7 +965,7 @@ def fsdp_host_ops(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int,
         return 0.0, 0.0
     weights, grads, _ = fsdp_sharding(lay)
     tensors = param_tensors(shape, lay, stage, counts)
-    buckets = fsdp_buckets(shape, lay, counts)
+    buckets = fsdp_buckets(counts)
     per_mb = FSDP_OPS_PER_TENSOR * tensors + buckets * ((FSDP_OPS_PER_BUCKET_GATHER if weights else 0)
                                                         + (FSDP_OPS_PER_BUCKET_REDUCE if grads else 0))
     per_step = FSDP_STEP_OPS_PER_TENSOR * tensors + FSDP_STEP_OPS_PER_BUCKET * buckets
