@@ -30,6 +30,12 @@ def _best(path: Path, side: str) -> dict:
                                                "peak_mem_gib")} for a in data[side]["attempts"]]}
 
 
+def _train_records(path: Path) -> list:
+    """The ``train`` records of a runtime metrics.jsonl."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("event") == "train" and "peak_mem_gib" in r]
+
+
 def main(work: Path, noise: Path) -> None:
     runtime = _best(work / "throughput_2026-11-30_accum4-qkv-norm.json", "megatron")
     hf = _best(work / "throughput_2026-11-30_accum4-hf.json", "hf")
@@ -71,6 +77,10 @@ def main(work: Path, noise: Path) -> None:
             "command": "train_reference.py --preset qwen3-1.7b --micro-batch-size 10 --train-iters 8 --cross-entropy "
                        "fused_linear --sdpa-backend cudnn --rope-fusion --qkv-fusion --compiled-norm --profile-steps 5:7",
             "after": {k: profile[k] for k in ("wall_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step", "categories")},
+            "after_peak_mem_gib": max(r["peak_mem_gib"] for r in _train_records(work / "metrics_qwen3_mb10_qkv_norm.jsonl")),
+            "before_peak_mem_gib_note": "session 3's run at micro batch 10 without the two options (one microbatch per "
+                                        "step, 8 steps): 127.379 GiB, throughput_qwen3_1.7b_h200_session3.json, call_1, "
+                                        "runtime_fused_rope_cudnn_mb10_11, attempt at micro batch 10",
             "before_session3": {k: before[k] for k in ("wall_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
                                                        "categories")},
             "top_kernels_after": profile["top_kernels"][:25],

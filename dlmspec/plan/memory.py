@@ -12,7 +12,8 @@ else 1 (the divisor of sequence-sharded tensors).
 ``[kernels] qkv_fusion`` and ``compiled_norm`` (the local path's ``torch.compile``'d QKV
 split/q-k norm/RoPE and norms) change no term: the measured peaks are the same with and
 without them - Qwen3-1.7B at micro batch 10 x 4096 127.379 GiB both, at micro batch 11 with 4
-microbatches 136.64 vs 136.63 GiB (``bench/results/throughput_qwen3_1.7b_h200_session4.json``),
+microbatches 136.64 vs 136.63 GiB (``bench/results/throughput_qwen3_1.7b_h200_session4.json``:
+``after_peak_mem_gib`` and ``runtime_best``, against session 3's file),
 ``demo-mdm-b32-s512-defaults`` vs ``-fusedce`` 7.98 GiB both and
 ``qwen3-1.7b-mdm-b4-s2048-defaults`` 47.24 GiB vs ``-fusedce`` 47.30 GiB
 (``bench/results/calibration_h200x2_session4b.json``, ``calibration_h200x2_session4.json``).
