@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from backends.megatron.profiling import StepProfiler, _merged_busy_us, kernel_category, summarize_trace
+from backends.megatron.profiling import StepProfiler, _merged_busy_us, format_summary, kernel_category, summarize_trace
 
 
 @pytest.mark.parametrize("name, category", [
@@ -35,7 +35,14 @@ def test_summary_of_a_synthetic_trace(tmp_path):
         {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_x", "ts": 0, "dur": 600},
         {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 600, "dur": 200},
         {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "ts": 700, "dur": 200},  # overlaps
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host events are ignored
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # not a kernel
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 5},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 5},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 20, "dur": 5},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernelExC", "ts": 30, "dur": 5},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 40, "dur": 400},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 900, "dur": 200},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventRecord", "ts": 1200, "dur": 3},
     ]
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as fh:
@@ -46,6 +53,14 @@ def test_summary_of_a_synthetic_trace(tmp_path):
     assert s["gpu_idle_share"] == pytest.approx(0.55)
     assert s["categories"] == pytest.approx({"matmul": 0.3, "attention": 0.1, "communication": 0.1})
     assert s["top_kernels"][0]["name"] == "sm90_xmma_gemm_x"
+    host = s["host"]
+    assert host["launches_per_step"] == pytest.approx(2.0)  # 4 launches (runtime and driver) over 2 steps
+    assert host["waits_per_step"] == pytest.approx(1.0)
+    assert host["wait_ms_per_step"] == pytest.approx(0.3)  # (400 + 200) us over 2 steps
+    assert host["active_ms_per_step"] == pytest.approx(0.7)  # 1.0 ms wall - 0.3 waiting
+    assert host["active_us_per_launch"] == pytest.approx(350.0)
+    assert host["runtime_calls"][0] == {"name": "cudaStreamSynchronize", "ms_per_step": 0.2, "calls_per_step": 0.5}
+    assert "350.0 us active per launch" in format_summary({**s, "rank": 0, "step_start": 0, "step_end": 2})
 
 
 def test_step_profiler_writes_trace_and_summary_for_its_window_only(tmp_path):

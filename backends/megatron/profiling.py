@@ -41,6 +41,60 @@ CATEGORIES: Tuple[Tuple[str, str], ...] = (
 )
 
 
+#: CUDA runtime/driver calls in which the host waits for the GPU: stream/device/event
+#: synchronisation and the copies that block (a device-to-host ``cudaMemcpyAsync`` into pageable
+#: memory returns only when the copy is done - ``tensor.item()``, ``.tolist()``, ``.cpu()``).
+HOST_WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
+                   "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+#: CUDA runtime/driver calls that launch a kernel (eager ATen kernels go through
+#: ``cudaLaunchKernel``, Triton/inductor kernels through ``cuLaunchKernel``, NCCL's through
+#: ``cudaLaunchKernelExC``/``cuLaunchKernelEx``).
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaLaunchCooperativeKernel")
+
+
+def host_summary(events: List[Dict[str, Any]], steps: int, wall_ms: float, top: int = 8) -> Dict[str, Any]:
+    """Where the host's time goes, from the CUDA runtime/driver events of a trace.
+
+    Args:
+        events: the trace's ``traceEvents``.
+        steps: training steps they cover (figures are per step).
+        wall_ms: wall milliseconds per step.
+        top: how many runtime calls to list by total time.
+
+    Returns:
+        ``{"launches_per_step": kernel launches (:data:`LAUNCH_CALLS`),
+        "wait_ms_per_step": milliseconds the host spent in :data:`HOST_WAIT_CALLS` (waiting for
+        its GPU - and, through a collective, for the other ranks), "waits_per_step",
+        "active_ms_per_step": wall minus waiting (Python, dispatch, launches; the profiler's own
+        per-op cost included), "active_us_per_launch": that per launch (what the planner's
+        ``seconds_per_kernel`` stands for, here with the profiler's overhead), "runtime_calls":
+        [{name, ms_per_step, calls_per_step}] the ``top`` calls by time}``.
+    """
+    calls: Dict[str, List[float]] = {}
+    for ev in events:
+        if ev.get("ph") != "X" or ev.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        stats = calls.setdefault(ev.get("name", "?"), [0.0, 0])
+        stats[0] += float(ev.get("dur", 0.0))
+        stats[1] += 1
+    steps = max(1, steps)
+    launches = sum(calls[n][1] for n in LAUNCH_CALLS if n in calls) / steps
+    wait_ms = sum(calls[n][0] for n in HOST_WAIT_CALLS if n in calls) / 1000.0 / steps
+    waits = sum(calls[n][1] for n in HOST_WAIT_CALLS if n in calls) / steps
+    active_ms = max(0.0, wall_ms - wait_ms)
+    ranked = sorted(calls.items(), key=lambda kv: -kv[1][0])[:top]
+    return {
+        "launches_per_step": launches,
+        "wait_ms_per_step": wait_ms,
+        "waits_per_step": waits,
+        "active_ms_per_step": active_ms,
+        "active_us_per_launch": 1000.0 * active_ms / launches if launches else None,
+        "runtime_calls": [{"name": n, "ms_per_step": d / 1000.0 / steps, "calls_per_step": c / steps}
+                          for n, (d, c) in ranked],
+    }
+
+
 def kernel_category(name: str) -> str:
     """Category of a CUDA kernel by its name (:data:`CATEGORIES`), ``"other"`` if none matches."""
     for category, pattern in CATEGORIES:
@@ -78,7 +132,7 @@ def summarize_trace(trace_path: str, steps: int, wall_s: float, top: int = 25) -
         "kernel_ms_per_step" (sum over kernels; can exceed busy time when streams overlap),
         "kernels_per_step" (launches, memcpy/memset included),
         "categories": {name: ms per step}, "top_kernels": [{name, category, ms_per_step,
-        calls_per_step}]}``; times in milliseconds per step.
+        calls_per_step}], "host": :func:`host_summary`}``; times in milliseconds per step.
     """
     opener = gzip.open if trace_path.endswith(".gz") else open
     with opener(trace_path, "rt") as fh:
@@ -115,6 +169,7 @@ def summarize_trace(trace_path: str, steps: int, wall_s: float, top: int = 25) -
              "calls_per_step": calls / steps}
             for name, (dur, calls) in ranked
         ],
+        "host": host_summary(events, steps, wall_ms),
     }
 
 
@@ -195,4 +250,11 @@ def format_summary(summary: Dict[str, Any]) -> str:
     idle = summary.get("gpu_idle_share")
     return (f"profile steps {summary['step_start']}-{summary['step_end'] - 1} (rank {summary['rank']}): "
             f"{summary['wall_ms_per_step']:.0f} ms/step wall, GPU busy {summary['gpu_busy_ms_per_step']:.0f} ms"
-            f" (idle {100 * (idle or 0):.0f}%); kernels ms/step: {cats}")
+            f" (idle {100 * (idle or 0):.0f}%); kernels ms/step: {cats}" + _host_line(summary.get("host")))
+
+
+def _host_line(host: Optional[Dict[str, Any]]) -> str:
+    if not host or not host.get("launches_per_step"):
+        return ""
+    return (f"; host: {host['launches_per_step']:.0f} launches, waiting {host['wait_ms_per_step']:.0f} ms"
+            f" in {host['waits_per_step']:.0f} syncs, {host['active_us_per_launch']:.1f} us active per launch")
