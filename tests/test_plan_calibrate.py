@@ -80,14 +80,15 @@ def test_fit_recovers_the_constants_that_generated_the_measurements(tmp_path):
     cal = _calibrate()
     runs, skipped = cal.read_runs(_write_measurements(tmp_path, noise=0.0))
     assert len(runs) == len(RUNS) and len(skipped) == 1 and "crashed" in skipped[0]
-    fitted = cal.fit(runs, DEFAULT_CALIBRATION, prior_weight=0.01)
+    fitted = cal.fit(runs, DEFAULT_CALIBRATION, prior_weight=0.001)
     assert fitted.activation_scale == pytest.approx(TRUE.activation_scale, rel=1e-3)
     assert fitted.allocated_overhead_bytes == pytest.approx(TRUE.allocated_overhead_bytes, rel=1e-2)
     for run in runs:
         plan = make_plan(run.resolved, fitted)
         assert plan.peak_allocated_bytes == pytest.approx(run.measured_bytes, rel=1e-3)
         # 2.5%: the prior's pull towards the start constants (DEFAULT_CALIBRATION, refitted on
-        # GPU data) leaves ~2% on the launch-bound micro-batch-4 run.
+        # GPU data) is what keeps the fit from exact; at weight 0.01 it left 2.6% on one run
+        # after the session-5 refit moved the start constants, so the pull is 0.001 here.
         assert plan.time.step_seconds == pytest.approx(run.measured_seconds, rel=0.025)
 
 
@@ -137,7 +138,8 @@ def test_record_host_launch_plans_the_run_on_its_host(tmp_path):
     assert [r.host_launch_us for r in runs] == [r["host_launch_us"] for r in records]
     assert runs[0].resolved.spec.cluster.host_launch_us == 8.0
     assert cal.typical_host(runs, DEFAULT_CALIBRATION).host_launch_seconds == pytest.approx(6.5e-6)  # median of 4 x 5 and 4 x 8
-    fitted = cal.fit(runs, DEFAULT_CALIBRATION.with_values(host_launch_seconds=6e-6), prior_weight=0.01)
+    # prior weight 0.001: see test_fit_recovers_the_constants_that_generated_the_measurements
+    fitted = cal.fit(runs, DEFAULT_CALIBRATION.with_values(host_launch_seconds=6e-6), prior_weight=0.001)
     # Same plans whatever the typical host: only the ratio seconds_per_kernel / host_launch_seconds counts.
     for run in runs:
         assert make_plan(run.resolved, fitted).time.step_seconds == pytest.approx(run.measured_seconds, rel=0.02)

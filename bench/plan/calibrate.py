@@ -55,8 +55,9 @@ The fit (relative errors, so small and large runs weigh alike):
   :data:`MAX_ROUNDS` rounds).
 
 Leave-one-out errors (refit without the run, predict it) are reported next to the in-sample
-ones; the step-time target is reported over every record and over the newest measurement of each
-configuration. ``--write`` rewrites the fitted defaults in ``dlmspec/plan/calibration.py``.
+ones; the step-time target is reported over every record, over the newest measurement of each
+configuration, and as the median of each configuration's measurements against the median of its
+plans (:func:`by_configuration`, with the spread of the repeated measurements). ``--write`` rewrites the fitted defaults in ``dlmspec/plan/calibration.py``.
 
 Usage::
 
@@ -329,6 +330,38 @@ def newest(runs: list[Run]) -> list[int]:
     return sorted(best.values())
 
 
+def leave_configuration_out(runs: list[Run], default: Calibration, prior_weight: float) -> list[float]:
+    """Planned step seconds of every run by a fit without any measurement of its configuration
+    (run name): how the planner does on a configuration it was never calibrated on."""
+    out = [0.0] * len(runs)
+    for name in dict.fromkeys(r.name for r in runs):
+        rest = [r for r in runs if r.name != name]
+        c = fit(rest, default, prior_weight) if len(rest) >= 2 else default
+        for i, r in enumerate(runs):
+            if r.name == name:
+                out[i] = _plan(r, c).time.step_seconds
+    return out
+
+
+def by_configuration(runs: list[Run], planned: list[float]) -> list[tuple[str, int, float, float, float, float]]:
+    """Per configuration (run name): ``(name, measurements, median measured seconds, median
+    planned seconds, relative error of the medians, spread)``, in first-seen order. ``spread`` is
+    ``(max - min) / median`` of the measured step times (0 with one measurement): how far repeated
+    measurements of one configuration disagree with each other. The medians are the comparison
+    that process-to-process host noise (``bench/results/host_variance_h200x2_session5.json``:
+    fresh processes of one launch-bound workload differ by 17-20%) affects least."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        groups.setdefault(r.name, []).append(i)
+    out = []
+    for name, idx in groups.items():
+        meas = [runs[i].measured_seconds for i in idx]
+        med_m, med_p = float(np.median(meas)), float(np.median([planned[i] for i in idx]))
+        spread = (max(meas) - min(meas)) / med_m if len(meas) > 1 else 0.0
+        out.append((name, len(idx), med_m, med_p, _err(med_p, med_m), spread))
+    return out
+
+
 def fit(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibration:
     """Both fits. The time fit is repeated, each round with the sides (launch-bound or
     GPU-bound) and fixed terms of the last round's constants, until no run changes side (at
@@ -385,13 +418,14 @@ def table(runs: list[Run], default: Calibration, fitted: Calibration, prior_weig
         "| uncalibrated error |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    mem_errs, time_errs = [], []
+    mem_errs, time_errs, planned_s = [], [], []
     for i, r in enumerate(runs):
         p, p0 = _plan(r, fitted), _plan(r, default)
         meg = megatron_estimate(p.shape, p.layout).total_bytes
         em, et = _err(p.peak_allocated_bytes, r.measured_bytes), _err(p.time.step_seconds, r.measured_seconds)
         mem_errs.append(em)
         time_errs.append(et)
+        planned_s.append(p.time.step_seconds)
         lines.append(
             f"| {r.name} | {r.gpus} | {p.runtime['modelled_as']} | {r.measured_bytes / GiB:.2f} | "
             f"{p.peak_allocated_bytes / GiB:.2f} | {em:+.1%} | {loo_mem[i]:+.1%} | "
@@ -414,6 +448,9 @@ def table(runs: list[Run], default: Calibration, fitted: Calibration, prior_weig
         f"{sum(abs(time_errs[i]) <= 0.15 for i in latest)}/{len(latest)} (max |error| "
         f"{max(abs(time_errs[i]) for i in latest):.1%}, leave-one-out {max(abs(loo_time[i]) for i in latest):.1%}).",
         "",
+        *_configuration_lines(by_configuration(runs, planned_s),
+                              by_configuration(runs, leave_configuration_out(runs, default, prior_weight))),
+        "",
         f"Host launch speed: {measured_host} of {len(runs)} records measured it (`host_launch_us`); the others are "
         f"planned on the typical host, {fitted.host_launch_seconds * 1e6:.2f} us per launch (marked `-`).",
         "",
@@ -428,6 +465,26 @@ def table(runs: list[Run], default: Calibration, fitted: Calibration, prior_weig
         lines += ["", "Skipped records:", ""] + [f"- {s}" for s in skipped]
     lines += ["", END]
     return "\n".join(lines)
+
+
+def _configuration_lines(configs: list[tuple[str, int, float, float, float, float]],
+                         held_out: list[tuple[str, int, float, float, float, float]]) -> list[str]:
+    """The table's per-configuration summary (:func:`by_configuration`): how many medians are
+    within 15% (in-sample, and fitted without the configuration: :func:`leave_configuration_out`),
+    the misses, and the measurements' own spread."""
+    def count(cs):
+        within = sum(abs(c[4]) <= 0.15 for c in cs)
+        misses = ", ".join(f"`{n}` {e:+.1%} ({k} measurements)" for n, k, _, _, e, _ in cs if abs(e) > 0.15)
+        return f"{within}/{len(cs)}" + (f" (misses: {misses})" if misses else "")
+    repeated = [c for c in configs if c[1] > 1]
+    spreads = sorted(c[5] for c in repeated)
+    line = (f"Median of each configuration's measurements against the median of its plans: step time within "
+            f"15% {count(configs)}; fitted without the configuration's measurements {count(held_out)} "
+            f"(max |error| {max(abs(c[4]) for c in held_out):.1%}).")
+    if repeated:
+        line += (f" The {len(repeated)} configurations measured more than once differ from themselves by "
+                 f"{spreads[len(spreads) // 2]:.0%} (median of (max - min) / median), up to {spreads[-1]:.0%}.")
+    return [line]
 
 
 def _host_cell(run: Run, calib: Calibration) -> str:

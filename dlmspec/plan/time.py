@@ -191,6 +191,18 @@ ATTENTION_BACKEND_SPEED = {"cudnn": 1.0, "transformer_engine": 1.0, "flash": 0.7
 #: ``SequentialMLP`` runs each expert's fc1, activation and fc2 and their backward: 4 + 9 counted).
 KERNELS_PER_MOE_LAYER = {"local+sdpa": 30, "transformer_engine": 40}
 KERNELS_PER_LOCAL_EXPERT = {"local+sdpa": 13, "transformer_engine": 12}
+#: Launches the ``alltoall`` dispatcher adds per MoE layer and microbatch at expert-parallel size
+#: > 1 (megatron-core ``MoEAlltoAllTokenDispatcher``: the token counts' all-gather and the
+#: ``input_splits``/``output_splits`` arithmetic, the four all-to-alls of tokens and
+#: probabilities with their output allocations, ``sort_chunks_by_idxs`` on both sides and the
+#: backward of all of it). Measured, not counted: the session-5 profiles
+#: (``bench/results/profile_host_h200x2_session5.json``, one run at a time) launch 3,638 kernels
+#: per step for ``demo-moe-e8-top2`` (8 local experts, one GPU) and 3,108 per rank for
+#: ``demo-moe-ep2`` (4 local experts per rank): 530 fewer, where the counts above drop by 1,104
+#: (13 x 4 experts x 12 layers + 5 x 96 parameter tensors), so EP 2 adds 574 launches per
+#: microbatch over its 12 MoE layers, 48 each (the 92 NCCL kernels among them). The dispatcher is
+#: megatron-core code on both layer paths; the TE path's value is the local one, not measured.
+KERNELS_EP_DISPATCH = {"local+sdpa": 48, "transformer_engine": 48}
 #: Kernels of selective recomputation per layer (``core_attn``: RNG state and the SDPA forward).
 KERNELS_PER_SELECTIVE_LAYER = 4
 #: Kernels per microbatch outside the layers: on every rank the objective's noising, the loss
@@ -449,8 +461,9 @@ def _path(lay: Layout) -> str:
 
 def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, int], stage: int = 0) -> float:
     """Kernel launches of one microbatch on rank ``stage`` holding ``counts`` = (dense, MoE)
-    layers: :data:`KERNELS_PER_LAYER` per layer, :data:`KERNELS_PER_MOE_LAYER` and
-    :data:`KERNELS_PER_LOCAL_EXPERT` times the ``E/ep`` local experts per MoE layer, the
+    layers: :data:`KERNELS_PER_LAYER` per layer, :data:`KERNELS_PER_MOE_LAYER`,
+    :data:`KERNELS_PER_LOCAL_EXPERT` times the ``E/ep`` local experts and, at ``ep > 1``,
+    :data:`KERNELS_EP_DISPATCH` per MoE layer, the
     recomputed forwards (full: the forward share of every recomputed layer; selective:
     :data:`KERNELS_PER_SELECTIVE_LAYER`), :data:`KERNELS_PER_MICROBATCH`, and the embedding
     (first rank) and output layer with the loss (last rank)."""
@@ -462,7 +475,8 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
     experts = 0.0
     if moe_n:
         experts = KERNELS_PER_LOCAL_EXPERT[path] * shape.num_experts / lay.ep
-        kernels += moe_n * (KERNELS_PER_MOE_LAYER[path] + experts)
+        dispatch = KERNELS_EP_DISPATCH[path] if lay.ep > 1 else 0
+        kernels += moe_n * (KERNELS_PER_MOE_LAYER[path] + experts + dispatch)
     if lay.recompute == "full":
         # The recomputed forward launches the forward share of each recomputed layer's kernels.
         kernels += full_recompute_share(shape, lay) * per_layer_fwd / per_layer * kernels

@@ -1,0 +1,73 @@
+"""The planner's launches of the alltoall dispatcher at expert-parallel size > 1
+(dlmspec.plan.time.KERNELS_EP_DISPATCH), and calibrate.py's per-configuration comparison."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dlmspec.loader import load
+from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
+from dlmspec.plan.memory import stage_layer_counts
+from dlmspec.plan.time import KERNELS_EP_DISPATCH, KERNELS_PER_LOCAL_EXPERT, kernels_per_microbatch
+from dlmspec.resolve import resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = {e["name"]: e for e in json.loads((ROOT / "bench" / "plan" / "matrix.json").read_text())}
+
+
+def _plan(name):
+    entry = MATRIX[name]
+    return make_plan(resolve(load(ROOT / entry["base"], entry["overrides"]).spec), DEFAULT_CALIBRATION)
+
+
+def test_ep2_adds_the_dispatchers_launches_per_moe_layer():
+    one, ep2 = _plan("demo-moe-e8-top2"), _plan("demo-moe-ep2")
+    assert ep2.layout.ep == 2 and one.layout.ep == 1
+    k1 = kernels_per_microbatch(one.shape, one.layout, stage_layer_counts(one.shape, one.layout, 0))
+    k2 = kernels_per_microbatch(ep2.shape, ep2.layout, stage_layer_counts(ep2.shape, ep2.layout, 0))
+    moe_layers = stage_layer_counts(ep2.shape, ep2.layout, 0)[1]
+    assert moe_layers == 12
+    # Half the local experts, plus the dispatcher's launches on every MoE layer.
+    path = "local+sdpa"
+    assert k1 - k2 == moe_layers * (KERNELS_PER_LOCAL_EXPERT[path] * 4 - KERNELS_EP_DISPATCH[path])
+
+
+def test_ep2_measured_launch_difference_is_what_the_constant_encodes():
+    """KERNELS_EP_DISPATCH comes from the session-5 profiles: the launches per step of the
+    one-GPU and the EP2 run differ by what the counts drop minus what the dispatcher adds."""
+    prof = json.loads((ROOT / "bench" / "results" / "profile_host_h200x2_session5.json").read_text())["summaries"]
+    one = prof["demo-moe-e8-top2"]["rank0"]["host"]["launches_per_step"]
+    ep2 = sum(prof["demo-moe-ep2"][r]["host"]["launches_per_step"] for r in ("rank0", "rank1")) / 2
+    counted_drop = 13 * 4 * 12 + 5 * (279 - 183)  # local-expert kernels and optimizer per-tensor kernels
+    added = counted_drop - (one - ep2)
+    assert added / 12 == pytest.approx(KERNELS_EP_DISPATCH["local+sdpa"], abs=1)
+
+
+def _calibrate():
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location("plan_calibrate_ep", ROOT / "bench" / "plan" / "calibrate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plan_calibrate_ep"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_by_configuration_medians_and_spread():
+    cal = _calibrate()
+    runs = [SimpleNamespace(name=n, measured_seconds=m) for n, m in
+            [("a", 1.0), ("b", 2.0), ("a", 1.2), ("a", 0.9)]]
+    planned = [1.1, 1.5, 1.1, 1.3]
+    out = cal.by_configuration(runs, planned)
+    assert [c[0] for c in out] == ["a", "b"]
+    name, n, med_m, med_p, err, spread = out[0]
+    assert (n, med_m, med_p) == (3, 1.0, 1.1)
+    assert err == pytest.approx(0.1) and spread == pytest.approx(0.3)
+    assert out[1][1:] == (1, 2.0, 1.5, pytest.approx(-0.25), 0.0)
+    line = cal._configuration_lines(out, out)[0]
+    assert "within 15% 1/2 (misses: `b` -25.0% (1 measurements))" in line
+    assert "differ from themselves by 30%" in line
