@@ -12,7 +12,7 @@ carried to the GPU machine by the device tool).
 ``train.eval_interval``; the matrix's 50-step demo runs log every 5 steps, so 40 leaves six steady
 intervals after iteration 10, what ``run_matrix.sh`` takes the median of).
 
-Usage: ``.venv/bin/python bench/gpu/prepare.py [--gpus 1|2] [--max-iters N] [NAME ...]``
+Usage: ``.venv/bin/python bench/gpu/prepare.py [--gpus 1|2] [--max-iters N] [--matrix FILE] [NAME ...]``
 """
 
 from __future__ import annotations
@@ -65,9 +65,12 @@ def main() -> None:
                              "[logging] profile over steps A..B-1 on every rank")
     parser.add_argument("--max-iters", type=int, default=None, metavar="N",
                         help="at most N training steps per entry (train_iters and eval_interval)")
+    parser.add_argument("--matrix", default="bench/plan/matrix.json",
+                        help="the entries' file (default: the calibration matrix; bench/plan/holdout.json "
+                             "holds configurations kept out of the calibration)")
     parser.add_argument("names", nargs="*", help="matrix entries (default: all runnable ones)")
     args = parser.parse_args()
-    matrix = json.loads((ROOT / "bench/plan/matrix.json").read_text())
+    matrix = json.loads((ROOT / args.matrix).read_text())
     chosen = []
     for entry in matrix:
         if args.names and entry["name"] not in args.names:
