@@ -293,7 +293,8 @@ def host_launch_path(lay: Layout, calib: Calibration) -> str:
         return (f"{lay.host_launch_seconds * 1e6:.2f} us per eager kernel launch (cluster.host_launch_us; host time "
                 f"x{lay.host_launch_seconds / calib.host_launch_seconds:.2f} of the typical host)")
     return (f"{calib.host_launch_seconds * 1e6:.2f} us per eager kernel launch (the calibration's typical host; "
-            "set cluster.host_launch_us to the host_launch_us a run logs in metrics.jsonl)")
+            "cluster.host_launch_us scales the host time for another host; the host_launch_us a run logs in "
+            "metrics.jsonl is a noisy measure of it, docs/planner.md)")
 
 
 def _gib(n: float) -> str:
