@@ -5,7 +5,6 @@ bidirectional), the loss-agreement helper, and run.py's commands, parsing and fa
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import math
 import os
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "throughput"
@@ -23,11 +23,7 @@ BENCH = ROOT / "bench" / "throughput"
 def _load(name: str):
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_throughput_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and monkeypatch look modules up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH / f"{name}.py", f"bench_throughput_{name}")
 
 
 common = _load("throughput_common")

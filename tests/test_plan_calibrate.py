@@ -3,13 +3,12 @@ synthetic measurements, writing the docs section and calibration.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_script
 
 from dlmspec.loader import load
 from dlmspec.plan import make_plan
@@ -21,11 +20,7 @@ pytest.importorskip("numpy")
 
 
 def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script(path, name)
 
 
 def _calibrate():

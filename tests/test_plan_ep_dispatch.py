@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_scripts import load_script
 
 from dlmspec.loader import load
 from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
@@ -48,13 +49,7 @@ def test_ep2_measured_launch_difference_is_what_the_constant_encodes():
 
 
 def _calibrate():
-    import importlib.util
-    import sys
-    spec = importlib.util.spec_from_file_location("plan_calibrate_ep", ROOT / "bench" / "plan" / "calibrate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plan_calibrate_ep"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/plan/calibrate.py", "plan_calibrate_ep")
 
 
 def test_by_configuration_medians_and_spread():

@@ -3,22 +3,17 @@ comparison with measurements."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _holdout():
-    spec = importlib.util.spec_from_file_location("plan_holdout", ROOT / "bench" / "plan" / "holdout.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plan_holdout"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/plan/holdout.py", "plan_holdout")
 
 
 def test_holdout_entries_are_not_calibration_configurations():

@@ -17,12 +17,10 @@ the fp32 ``rstd`` - emulated here with an autograd function that saves exactly t
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
+from bench_scripts import load_script
 from conftest import megatron_cpu_world
 
 torch = pytest.importorskip("torch")
@@ -41,12 +39,7 @@ H, FFN, HEADS, KV, VOCAB, SEQ = 64, 256, 4, 16, 1024, 256
 def _load_count_kernels():
     """bench/plan/count_kernels.py, whose CUDA ``_fused_rms_norm`` emulation (it saves the input,
     the fp32 rstd and the weight) this test shares rather than repeats."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "plan" / "count_kernels.py"
-    spec = importlib.util.spec_from_file_location("plan_count_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["plan_count_kernels"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/plan/count_kernels.py", "plan_count_kernels")
 
 
 _rms_norm = _load_count_kernels()._rms_norm
