@@ -24,24 +24,21 @@ def test_holdout_entries_are_not_calibration_configurations():
 
 def test_predict_then_compare(tmp_path):
     h = _holdout()
-    pred = ROOT / "bench" / "results" / "_test_holdout_predictions.json"  # predict() writes under the repo
-    try:
-        h.predict(pred)
-        preds = json.loads(pred.read_text())["predictions"]
-        assert [p["name"] for p in preds] == [e["name"] for e in json.loads(h.HOLDOUT.read_text())]
-        first = preds[0]
-        measured = tmp_path / "m.json"
-        measured.write_text(json.dumps({"runs": [
-            {"name": first["name"], "step_seconds": first["planned_step_seconds"] * 1.25,
-             "peak_allocated_bytes": first["planned_peak_allocated_bytes"]},
-            {"name": preds[1]["name"], "error": "not run"}]}))
-        out = tmp_path / "out.json"
-        assert h.compare(pred, measured, out) == 1  # 1/1.25 - 1 = -20%: a miss
-        rows = json.loads(out.read_text())["rows"]
-        assert rows[0]["time_error"] == pytest.approx(-0.2) and rows[0]["memory_error"] == pytest.approx(0.0)
-        assert rows[1] == {"name": preds[1]["name"], "error": "not run"}
-    finally:
-        pred.unlink(missing_ok=True)
+    pred = tmp_path / "predictions.json"
+    h.predict(pred)
+    preds = json.loads(pred.read_text())["predictions"]
+    assert [p["name"] for p in preds] == [e["name"] for e in json.loads(h.HOLDOUT.read_text())]
+    first = preds[0]
+    measured = tmp_path / "m.json"
+    measured.write_text(json.dumps({"runs": [
+        {"name": first["name"], "step_seconds": first["planned_step_seconds"] * 1.25,
+         "peak_allocated_bytes": first["planned_peak_allocated_bytes"]},
+        {"name": preds[1]["name"], "error": "not run"}]}))
+    out = tmp_path / "out.json"
+    assert h.compare(pred, measured, out) == 1  # 1/1.25 - 1 = -20%: a miss
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["time_error"] == pytest.approx(-0.2) and rows[0]["memory_error"] == pytest.approx(0.0)
+    assert rows[1] == {"name": preds[1]["name"], "error": "not run"}
 
 
 def test_committed_predictions_match_the_committed_measurements():

@@ -65,7 +65,8 @@ def host_summary(events: List[Dict[str, Any]], steps: int, wall_ms: float, top: 
     Returns:
         ``{"launches_per_step": kernel launches (:data:`LAUNCH_CALLS`),
         "wait_ms_per_step": milliseconds the host spent in :data:`HOST_WAIT_CALLS` (waiting for
-        its GPU - and, through a collective, for the other ranks), "waits_per_step",
+        its GPU - and, through a collective, for the other ranks), "waits_per_step" (calls of them;
+        a non-blocking host-to-device ``cudaMemcpyAsync`` counts too, at microseconds),
         "active_ms_per_step": wall minus waiting (Python, dispatch, launches; the profiler's own
         per-op cost included), "active_us_per_launch": that per launch (what the planner's
         ``seconds_per_kernel`` stands for, here with the profiler's overhead), "runtime_calls":

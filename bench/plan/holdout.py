@@ -30,6 +30,11 @@ from dlmspec.resolve import resolve  # noqa: E402
 HOLDOUT = ROOT / "bench" / "plan" / "holdout.json"
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def plan_entry(entry: dict, host_launch_us: float | None = None):
     """The plan of a holdout entry (optionally on a measured host speed)."""
     overrides = list(entry["overrides"]) + ([f"cluster.host_launch_us={host_launch_us}"] if host_launch_us else [])
@@ -48,7 +53,7 @@ def predict(out: Path) -> None:
                       "planned_peak_allocated_bytes": p.peak_allocated_bytes,
                       "planned_peak_bytes": p.peak_bytes})
     out.write_text(json.dumps({"made_at_commit": commit, "calibration_fitted_from": FITTED_FROM,
-                               "command": "python bench/plan/holdout.py predict " + str(out.relative_to(ROOT)),
+                               "command": "python bench/plan/holdout.py predict " + _shown(out),
                                "predictions": preds}, indent=1) + "\n")
     for r in preds:
         print(f"{r['name']:44s} {r['planned_step_seconds']:.4f} s  {r['planned_peak_allocated_bytes'] / 2**30:.2f} GiB")
@@ -80,7 +85,7 @@ def compare(pred_path: Path, measured_path: Path, out: Path) -> int:
         print(f"{name:44s} step {run['step_seconds']:.4f} s predicted {p['planned_step_seconds']:.4f} "
               f"({row['time_error']:+.1%}; {row['time_error_on_measured_host']:+.1%} on its host)  "
               f"memory {row['memory_error']:+.1%}")
-    out.write_text(json.dumps({"predictions": str(pred_path.relative_to(ROOT)),
+    out.write_text(json.dumps({"predictions": _shown(pred_path),
                                "measurements": str(measured_path), "rows": rows}, indent=1) + "\n")
     return misses
 

@@ -495,6 +495,23 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
     return kernels
 
 
+def optimizer_step_kernels(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int, int]) -> float:
+    """Kernel launches of the optimizer step on rank ``stage``: :data:`KERNELS_PER_STEP` and
+    :data:`KERNELS_PER_PARAM_TENSOR` per parameter tensor (:func:`param_tensors`)."""
+    path = _path(lay)
+    return KERNELS_PER_STEP[path] + KERNELS_PER_PARAM_TENSOR[path] * param_tensors(shape, lay, stage, counts)
+
+
+def kernels_per_step(shape: ModelShape, lay: Layout, stage: int = 0) -> float:
+    """Kernel launches of one training step on rank ``stage``: its microbatches
+    (:func:`kernels_per_microbatch` x ``num_microbatches``) and the optimizer step
+    (:func:`optimizer_step_kernels`). What a profile's launch count per step is compared with
+    (``bench/plan/launch_counts.py``)."""
+    counts = stage_layer_counts(shape, lay, stage)
+    return (lay.num_microbatches * kernels_per_microbatch(shape, lay, counts, stage)
+            + optimizer_step_kernels(shape, lay, stage, counts))
+
+
 def full_recompute_share(shape: ModelShape, lay: Layout) -> float:
     """Share of a rank's layers whose forward full recomputation runs again: all with the
     ``uniform`` method, else ``recompute_num_layers`` per model chunk (megatron-core
@@ -900,7 +917,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     opt_bytes += (grad_b + 4) * (p_dense + p_expert)  # zero the grad buffer, read it for the norm
     hbm = gpu.hbm_gbps * 1e9
     tensors = param_tensors(shape, lay, slow.stage, counts)
-    step_kernels = KERNELS_PER_STEP[path] + KERNELS_PER_PARAM_TENSOR[path] * tensors
+    step_kernels = optimizer_step_kernels(shape, lay, slow.stage, counts)
     fsdp_step_ops = fsdp_host_ops(shape, lay, slow.stage, counts)[1]
     b["optimizer"] = (opt_bytes / (hbm * calib.memory_efficiency)
                       + (step_kernels * calib.seconds_per_kernel + fsdp_step_ops * calib.fsdp_seconds_per_op) * hs)
