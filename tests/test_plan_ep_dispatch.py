@@ -79,3 +79,13 @@ def test_by_configuration_medians_and_spread():
     line = cal._configuration_lines(out, out)[0]
     assert "within 15% 1/2 (misses: `b` -25.0% (1 measurements))" in line
     assert "differ from themselves by 30%" in line
+
+
+def test_committed_trials_are_what_the_script_computes():
+    """bench/results/planner_trials_session5.json (quoted by docs/planner.md) is what
+    bench/plan/trials_session5.py computes on the committed records and constants."""
+    trials = load_script("bench/plan/trials_session5.py", "plan_trials_session5")
+    committed = json.loads((ROOT / "bench" / "results" / "planner_trials_session5.json").read_text())
+    assert trials.ep_dispatch() == committed["ep_dispatch"]
+    assert committed["ep_dispatch"]["0"]["records_within_15"] == "55/70"
+    assert committed["ep_dispatch"]["48"]["medians_within_15"] == "28/28"
