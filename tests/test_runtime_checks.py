@@ -555,3 +555,51 @@ def test_the_record_goes_into_every_checkpoint(tmp_path_factory, monkeypatch, co
     meta = json.loads((Path(path) / "dlmspec.json").read_text())
     assert meta["spec"]["content_hash"] == lock.content_hash and meta["spec"]["record"] == record
     assert meta["spec"]["lock_file"] == "spec.lock.toml"
+
+
+# ------------------------------------------------------------------------------------------
+# 5. launch.sh runs the start checks in one process before torchrun
+# torchrun reports a worker's exit code 2 as its own exit code 1 under a traceback of its agent
+# (seen on the H200), so launch.sh asks train.py --check first: one message, exit code 2.
+
+
+def test_train_py_check_runs_the_start_checks_in_one_process(compiled, monkeypatch, capsys) -> None:
+    module = compiled["base"][0]
+    _no_megatron_start(monkeypatch)
+    monkeypatch.setattr("sys.argv", ["train.py", "--check"])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(module, "GPUS_PER_NODE", 2)  # as compiled for two GPUs: --check is one process
+    from backends.megatron import training
+
+    seen = {}
+
+    def problem(local_rank=None, processes_per_node=None):
+        seen["processes_per_node"] = processes_per_node
+        return "no CUDA device: (test)"
+
+    monkeypatch.setattr(training, "cuda_problem", problem)
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    assert exit_.value.code == 2 and seen["processes_per_node"] == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["train.py: no CUDA device: (test)"]
+
+
+def test_cuda_problem_counts_the_gpus_a_node_needs(monkeypatch) -> None:
+    from backends.megatron.training import cuda_problem
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cuda_problem(processes_per_node=1) is None
+    problem = cuda_problem(processes_per_node=8)
+    assert "8" in problem and "1 CUDA device" in problem and "\n" not in problem
+
+
+def test_launch_sh_checks_before_torchrun(compiled) -> None:
+    import subprocess
+
+    folder = compiled["base"][1]
+    text = (folder / "launch.sh").read_text()
+    check = text.index('"$HERE/train.py" --check')
+    assert check < text.index("-m torch.distributed.run")
+    assert subprocess.run(["bash", "-n", str(folder / "launch.sh")]).returncode == 0
