@@ -578,7 +578,8 @@ def test_train_py_check_runs_the_start_checks_in_one_process(compiled, monkeypat
         return "no CUDA device: (test)"
 
     monkeypatch.setattr(training, "cuda_problem", problem)
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # megatron-core's own UserWarnings from the configs
         module.main()
     assert exit_.value.code == 2 and seen["processes_per_node"] == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -603,3 +604,79 @@ def test_launch_sh_checks_before_torchrun(compiled) -> None:
     check = text.index('"$HERE/train.py" --check')
     assert check < text.index("-m torch.distributed.run")
     assert subprocess.run(["bash", "-n", str(folder / "launch.sh")]).returncode == 0
+
+
+# ------------------------------------------------------------------------------------------
+# 6. found on the H200 (bench/gpu/runtime_checks.sh): a full tmpfs makes torch's checkpoint writer
+# raise CheckpointException, a BaseException; and the optimizer's param groups bring the
+# checkpoint's max_lr back (the resumed lr at step 50 was 1.714e-4 with the old lr 1e-3, where
+# the new lr 5e-4 gives 1.317e-4)
+
+
+def test_a_failed_torch_dcp_write_is_caught_and_summarised(tmp_path_factory, monkeypatch) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.utils import _wrap_exception
+
+    from backends.megatron import training
+
+    root = tmp_path_factory.mktemp("dcp") / "ckpt"
+    previous = _fake_checkpoint(root, 40, {"seed": 1})
+
+    def disk_full(state, path):
+        try:
+            raise RuntimeError("Worker failure: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        except RuntimeError as exc:
+            raise CheckpointException("write", {0: _wrap_exception(exc)}) from None
+
+    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {})
+    monkeypatch.setattr(training.dist_checkpointing, "save", disk_full)
+    with megatron_cpu_world(tmp_path_factory, monkeypatch):
+        with pytest.raises(training.CheckpointSaveError) as err:
+            training.save_checkpoint(str(root), iteration=60, model=[torch.nn.Module()],
+                                     consumed_train_samples=1920, seed=1)
+    first = str(err.value).splitlines()[0]
+    assert "inline_container.cc:672" in first and "unexpected pos 704 vs 598" in first
+    assert training.read_latest_checkpoint(str(root)) == str(previous)
+    assert not (root / "iter_0000060").exists()
+
+
+class _Optimizer:
+    """What load_checkpoint touches of a megatron optimizer; load_state_dict restores the
+    checkpoint's param-group values, as torch's does."""
+
+    def __init__(self, max_lr, betas):
+        self.param_groups = [{"params": [0], "max_lr": max_lr, "min_lr": 1e-4, "betas": betas, "lr": 0.0,
+                              "weight_decay": 0.1}]
+
+    def sharded_state_dict(self, state, is_loading=False, metadata=None):
+        return {}
+
+    def load_state_dict(self, state):
+        for group, saved in zip(self.param_groups, state["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+
+
+def test_load_checkpoint_keeps_this_specs_optimizer_hyperparameters(tmp_path_factory, monkeypatch) -> None:
+    from backends.megatron import training
+
+    old = _scheduler(300)
+    old.step(100)
+    saved = _Optimizer(1e-3, (0.9, 0.95)).param_groups
+    path = tmp_path_factory.mktemp("opt") / "iter_0000100"
+    path.mkdir()
+    (path / "dlmspec.json").write_text(json.dumps({"seed": 1, "parallel_layout": None}))
+    loaded = {"model": {}, "optimizer": {"param_groups": saved}, "opt_param_scheduler": old.state_dict(),
+              "iteration": 100, "consumed_train_samples": 3200, "seed": 1}
+    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {"model": {}})
+    monkeypatch.setattr(training.dist_checkpointing, "load", lambda state, p: dict(loaded))
+    optimizer = _Optimizer(5e-4, (0.9, 0.98))
+    scheduler = _scheduler(600, lr=5e-4)
+    scheduler.optimizer = optimizer
+    with megatron_cpu_world(tmp_path_factory, monkeypatch):
+        training.load_checkpoint(str(path), model=[torch.nn.Module()], optimizer=optimizer, scheduler=scheduler,
+                                 seed=1)
+    group = optimizer.param_groups[0]
+    assert group["max_lr"] == 5e-4 and group["betas"] == (0.9, 0.98)
+    expected = _scheduler(600, lr=5e-4)
+    expected.step(100)
+    assert group["lr"] == pytest.approx(expected.optimizer.param_groups[0]["lr"])
