@@ -488,7 +488,7 @@ def initialize_distributed(timeout_minutes: int = 30) -> bool:
     return True
 
 
-def cuda_problem(local_rank: Optional[int] = None) -> Optional[str]:
+def cuda_problem(local_rank: Optional[int] = None, processes_per_node: Optional[int] = None) -> Optional[str]:
     """One line saying why this process cannot train on a GPU, or ``None`` when it can.
 
     megatron-core's optimizers and schedules allocate on ``cuda`` (``MixedPrecisionOptimizer``,
@@ -497,6 +497,8 @@ def cuda_problem(local_rank: Optional[int] = None) -> Optional[str]:
     Args:
         local_rank: This process's ``LOCAL_RANK`` (default: the environment's, else 0); it must
             be below the number of visible devices.
+        processes_per_node: When given (``train.py --check``, before the processes start), the
+            node must show at least this many devices.
     """
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -509,6 +511,10 @@ def cuda_problem(local_rank: Optional[int] = None) -> Optional[str]:
         return (f"no CUDA device visible to this process{shown}: megatron-core trains on NVIDIA GPUs; run it on "
                 "a GPU node (launch.sh, launch.sbatch) and check nvidia-smi there")
     count = torch.cuda.device_count()
+    if processes_per_node is not None and count < processes_per_node:
+        return (f"{processes_per_node} processes per node need {processes_per_node} GPUs, {count} CUDA device(s) "
+                "visible: set [cluster] gpus_per_node to the GPUs a node has (and compile again), or check "
+                "CUDA_VISIBLE_DEVICES")
     if local_rank >= count:
         return (f"LOCAL_RANK {local_rank} but only {count} CUDA device(s) visible: start one process per GPU "
                 "([cluster] gpus_per_node, CUDA_VISIBLE_DEVICES)")
@@ -1457,14 +1463,19 @@ class StartChecks:
 
 def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer_spec: ModuleSpec,
                  model_kwargs: Dict[str, Any], optimizer_config: OptimizerConfig,
-                 parallel_sizes: Dict[str, Optional[int]]) -> StartChecks:
+                 parallel_sizes: Dict[str, Optional[int]], world_size: Optional[int] = None,
+                 processes_per_node: Optional[int] = None) -> StartChecks:
     """:func:`train`'s checks before megatron-core starts (no process group, no CUDA yet).
 
     In order: the data files exist, and each ``.bin``/``.idx`` pair is sound
     (:func:`~backends.megatron.data.data_problems`); the spec lock beside train.py is read;
     a resume's checkpoint records a spec this one may continue
     (:func:`~backends.megatron.spec_record.check_resume`); a CUDA device is there
-    (:func:`cuda_problem`). Arguments are :func:`train`'s.
+    (:func:`cuda_problem`). :func:`train` runs them in every process; ``train.py --check``
+    (what launch.sh runs before torchrun, which would report a worker's exit code 2 as its own
+    exit code 1 under a traceback) runs them once, with ``world_size`` (default: the
+    environment's ``WORLD_SIZE``) and ``processes_per_node`` (the GPUs the node must have) as
+    compiled. The other arguments are :func:`train`'s.
 
     Raises:
         SystemExit: code 2 after a message on stderr (``train.py: ...``, printed by local
@@ -1482,7 +1493,8 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
     record = spec_record(
         run, transformer_config=transformer_config, model_kwargs=model_kwargs, optimizer_config=optimizer_config,
         attention=layer_spec_attention(layer_spec), block_size=_spec_block_size(layer_spec),
-        parallel_sizes=parallel_sizes, world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
+        parallel_sizes=parallel_sizes,
+        world_size=world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1") or 1),
         tokenizer=lock.tokenizer,
     )
     try:
@@ -1496,7 +1508,7 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
             resume_check = check_resume(resume_from, record, content_hash=lock.content_hash)
         except ResumeRefused as exc:
             _refuse(str(exc))
-    problem = cuda_problem()
+    problem = cuda_problem(processes_per_node=processes_per_node)
     if problem is not None:
         _refuse(problem)
     return StartChecks(lock=lock, record=record, resume_from=resume_from, init_from=init_from,
