@@ -57,6 +57,7 @@ import functools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -69,6 +70,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -1026,6 +1028,31 @@ def _prime_optimizer_state(optimizer) -> None:
             opt._init_optimizer_states_with_dummy_values()
 
 
+#: Param-group values that come from the spec (``OptimizerConfig`` and megatron-core's
+#: ``_get_param_groups``: ``max_lr``/``min_lr`` per group, which ``OptimizerParamScheduler.get_lr``
+#: reads before its own); torch's ``load_state_dict`` would bring the checkpoint's back.
+GROUP_HYPERPARAMETERS = ("max_lr", "min_lr", "betas", "eps", "start_wd", "end_wd", "wd_mult")
+
+
+def _group_hyperparameters(optimizer) -> List[Dict[str, Any]]:
+    return [{k: group[k] for k in GROUP_HYPERPARAMETERS if k in group} for group in optimizer.param_groups]
+
+
+def _restore_group_hyperparameters(optimizer, before: Optional[List[Dict[str, Any]]]) -> None:
+    """Put this run's param-group hyperparameters back after loading an optimizer state.
+
+    Seen on the H200: a resume with ``train.lr`` 1e-3 -> 5e-4 logged lr 1.714e-4 at step 50 of
+    the new cosine schedule, the value for ``max_lr`` 1e-3: megatron-core's param groups carry
+    ``max_lr``, and the loaded optimizer state restored the checkpoint's. The learning rate and
+    weight decay themselves are set by the scheduler each step.
+    """
+    groups = optimizer.param_groups
+    if before is None or len(before) != len(groups):
+        return
+    for group, values in zip(groups, before):
+        group.update(values)
+
+
 def _unshare_optimizer_steps(optimizer) -> int:
     """Give every parameter its own Adam ``step`` tensor again; returns how many were replaced.
 
@@ -1067,12 +1094,19 @@ def _folder_bytes(path: str) -> int:
     return total
 
 
+def _error_line(exc: BaseException) -> str:
+    """The line of ``exc``'s text that says what went wrong: torch's ``CheckpointException``
+    holds each rank's traceback, whose last ``...Error: ...`` line is the cause."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b[^:]*: ", line)]
+    text = f"{type(exc).__name__}: " + (causes[-1] if causes else (lines[0] if lines else ""))
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
 def save_failure_message(root: str, path: str, exc: BaseException) -> str:
-    """What a failed save of ``path`` (under ``root``) tells the user: the error's first line,
-    the free space on ``root``'s filesystem (``shutil.disk_usage``), the checkpoint ``latest``
-    still names (and its size: about what the next save needs) and the fix."""
-    first = (str(exc).strip().splitlines() or [""])[0]
-    first = first if len(first) <= 400 else first[:397] + "..."
+    """What a failed save of ``path`` (under ``root``) tells the user: the error
+    (:func:`_error_line`), the free space on ``root``'s filesystem (``shutil.disk_usage``), the
+    checkpoint ``latest`` still names (and its size: about what the next save needs) and the fix."""
     where = root
     while where and not os.path.isdir(where):
         where = os.path.dirname(where)
@@ -1090,7 +1124,7 @@ def save_failure_message(root: str, path: str, exc: BaseException) -> str:
                 "checkpoint a relaunch resumes from")
     else:
         keep = "no earlier checkpoint: a relaunch starts the run again"
-    return (f"saving checkpoint {path} failed: {type(exc).__name__}: {first}\n"
+    return (f"saving checkpoint {path} failed: {_error_line(exc)}\n"
             f"  {root}: {space}; {keep}; the unfinished {os.path.basename(path)} was removed\n"
             "Fix: free space there, or set checkpoint.save (and checkpoint.load) to a folder with room and compile "
             "again, then launch again")
@@ -1142,9 +1176,12 @@ def save_checkpoint(
             consumed_train_samples=consumed_train_samples, seed=seed, metadata=metadata,
             optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text,
         )
-    except Exception as exc:  # noqa: BLE001 - any failure: the partial folder must not stay
-        shutil.rmtree(path, ignore_errors=True)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
+        shutil.rmtree(path, ignore_errors=True)  # the partial folder must not stay (latest never names it)
         raise CheckpointSaveError(save_failure_message(root, path, exc)) from exc
+    except BaseException:  # KeyboardInterrupt, SystemExit: no partial folder either
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     if rank == 0 and keep_last:
         old = sorted(d for d in os.listdir(root) if d.startswith("iter_") and d != name)
         for d in old[: max(0, len(old) - (keep_last - 1))]:
@@ -1280,12 +1317,14 @@ def load_checkpoint(
         for i, chunk in enumerate(model):
             unwrap_model(chunk).load_state_dict(loaded[f"model{i}"])
     if optimizer is not None:
+        hyper = _group_hyperparameters(optimizer)
         # Under no_grad: with fp32 weights the distributed optimizer's main parameters are views
         # of the model's leaf parameters, and megatron-core 0.16.1 copies the loaded state into
         # them in place (DistributedOptimizer._set_main_param_and_optimizer_states), which
         # autograd refuses with grad mode on (seen on the H200: resuming an fp32 run failed).
         with torch.no_grad():
             optimizer.load_state_dict(loaded["optimizer"])
+        _restore_group_hyperparameters(optimizer, hyper)
         _unshare_optimizer_steps(optimizer)
     changes = []
     if scheduler is not None and "opt_param_scheduler" in loaded:
@@ -1305,7 +1344,10 @@ def load_checkpoint(
 
 def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, same_layout: bool) -> LoadedCheckpoint:
     """:func:`load_checkpoint` for a Megatron-FSDP (``fsdp_dtensor``) checkpoint."""
+    hyper = _group_hyperparameters(optimizer) if optimizer is not None else None
     run_state, rng = load_checkpoint_fsdp(path, model=model, optimizer=optimizer, load_rng=same_layout)
+    if optimizer is not None:
+        _restore_group_hyperparameters(optimizer, hyper)
     check_resume_seed(run_state.get("seed"), seed)
     if optimizer is not None:
         _unshare_optimizer_steps(optimizer)
