@@ -117,12 +117,12 @@ full_ckpt = read("full.ckpt")
 check("full", 1, {"the worker exited 2": child_exit("full") == 2,
                   "names the folder and free space": bool(lines("full", "GiB free")),
                   "latest still iter_0000040": latest("full") == "iter_0000040",
-                  "no iter_0000060 left": "iter_0000060" not in full_ckpt},
+                  "no iter_0000060 left": "iter_0000060" not in full_ckpt.splitlines()},
       lines("full", "saving checkpoint", "GiB free", "Fix:", "Traceback") + full_ckpt.splitlines()[-3:])
 check("fsize", 1, {"the worker exited 2": child_exit("fsize") == 2,
                    "names the folder and free space": bool(lines("fsize", "GiB free")),
                    "latest still iter_0000040": latest("fsize") == "iter_0000040",
-                   "no iter_0000060 left": "iter_0000060" not in read("fsize.ckpt")},
+                   "no iter_0000060 left": "iter_0000060" not in read("fsize.ckpt").splitlines()},
       lines("fsize", "saving checkpoint", "GiB free", "Fix:", "Traceback"))
 # the lr the resumed run logged against megatron-core's cosine formula with the new values
 records = [json.loads(l) for l in read("metrics.jsonl").splitlines() if l.strip()]
