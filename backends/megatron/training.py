@@ -1034,8 +1034,11 @@ def _prime_optimizer_state(optimizer) -> None:
 GROUP_HYPERPARAMETERS = ("max_lr", "min_lr", "betas", "eps", "start_wd", "end_wd", "wd_mult")
 
 
-def _group_hyperparameters(optimizer) -> List[Dict[str, Any]]:
-    return [{k: group[k] for k in GROUP_HYPERPARAMETERS if k in group} for group in optimizer.param_groups]
+def _group_hyperparameters(optimizer) -> Optional[List[Dict[str, Any]]]:
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        return None
+    return [{k: group[k] for k in GROUP_HYPERPARAMETERS if k in group} for group in groups]
 
 
 def _restore_group_hyperparameters(optimizer, before: Optional[List[Dict[str, Any]]]) -> None:
@@ -1046,8 +1049,8 @@ def _restore_group_hyperparameters(optimizer, before: Optional[List[Dict[str, An
     ``max_lr``, and the loaded optimizer state restored the checkpoint's. The learning rate and
     weight decay themselves are set by the scheduler each step.
     """
-    groups = optimizer.param_groups
-    if before is None or len(before) != len(groups):
+    groups = getattr(optimizer, "param_groups", None)
+    if before is None or groups is None or len(before) != len(groups):
         return
     for group, values in zip(groups, before):
         group.update(values)
