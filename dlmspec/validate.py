@@ -19,11 +19,13 @@ cluster. An unknown ``model.preset`` is reported by the loader (issue rule ``unk
 since the preset supplies the keys the schema needs.
 
 Public API: :func:`find_issues` (every issue, never raises), :func:`validate_spec` (what
-``dlmspec validate`` reports: the rules with path checks, the SLURM settings and the planned
-memory), :func:`check` (raises :class:`~dlmspec.errors.SpecError` when any error is found), and
-:func:`load_checked` (load, resolve and check a spec file in one call). Slurm settings are
-checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory` and
-what the bundled runtime cannot run yet by :func:`dlmspec.compile.unsupported_issues`.
+``dlmspec validate`` reports and ``dlmspec compile`` refuses: the rules with path checks, the
+SLURM settings, what the runtime cannot run and the planned memory), :func:`load_validated`
+(load a file and run :func:`validate_spec`: both commands start with it), :func:`check` (the
+rules only; raises :class:`~dlmspec.errors.SpecError` when any error is found), and
+:func:`load_checked` (load, resolve and :func:`check` a spec file in one call). Slurm settings
+are checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory`
+and what the bundled runtime cannot run yet by :func:`dlmspec.unsupported.unsupported_issues`.
 """
 
 from __future__ import annotations
@@ -1876,30 +1878,38 @@ def find_issues(
 
 
 def validate_spec(loaded: LoadedSpec | Spec, resolved: Resolved | None = None, *, paths: bool = True) -> list[SpecIssue]:
-    """Every issue ``dlmspec validate`` reports; never raises for a bad spec.
+    """Every issue between a spec and a running job; never raises for a bad spec. ``dlmspec
+    validate`` reports these and ``dlmspec compile``, ``submit`` and ``new`` refuse on the same
+    errors: every command calls this one function, so they cannot disagree.
 
     That is :func:`find_issues` (with the ``path-not-found`` warnings when ``paths``), the
-    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`) and, when
-    neither found an error and the GPU is in the catalog, the planned memory per GPU
-    (:func:`dlmspec.plan.check_memory`: a ``memory-fits`` error when the peak exceeds the
-    GPU, a ``memory-headroom`` warning close to it). A spec with errors is not planned: its
-    layout may not exist.
-
-    What the bundled runtime (``backends/megatron``) cannot run yet is not a property of the
-    spec: ``dlmspec compile`` reports it (:func:`dlmspec.compile.unsupported_issues`).
+    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`), what the
+    bundled runtime (``backends/megatron``) cannot run and an end-of-document id it cannot tell
+    (:func:`dlmspec.unsupported.unsupported_issues`) and, when none of the first two found an
+    error and the GPU is in the catalog, the planned memory per GPU
+    (:func:`dlmspec.plan.check_memory`: a ``memory-fits`` error when the peak exceeds the GPU,
+    a warning with ``cluster.allow_memory_overflow = true``; a ``memory-headroom`` warning close
+    to it; a ``plan`` error for a spec the planner cannot model). A spec with rule errors is
+    not planned: its layout may not exist.
 
     Returns:
         Issues sorted as by :func:`find_issues` (errors first, then file, line and key).
     """
-    from dlmspec.plan import check_memory
+    from dlmspec.plan import PlanError, check_memory
     from dlmspec.slurm import sbatch_issues
+    from dlmspec.unsupported import unsupported_issues
 
     spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded
     resolved = resolved if resolved is not None else resolve(spec)
     located = loaded if isinstance(loaded, LoadedSpec) else None
     issues = find_issues(loaded, resolved, paths=paths) + sbatch_issues(resolved, located)
     if resolved.gpu is not None and not any(i.severity == "error" for i in issues):
-        issues += check_memory(resolved, located)
+        try:
+            issues += check_memory(resolved, located)
+        except PlanError as exc:  # a spec the planner cannot model: what compile's plan.json would hit
+            issues.append(SpecIssue("<plan>", f"cannot plan this spec: {exc}", rule="plan",
+                                    source="dlmspec.plan.make_plan"))
+    issues += unsupported_issues(resolved, located)
     return sorted(issues, key=_sort_key)
 
 
@@ -1978,3 +1988,25 @@ def load_checked(path: str | Path, overrides: list[str] | tuple[str, ...] = (), 
     resolved = resolve(loaded.spec)
     warnings = check(loaded, resolved, strict=strict)
     return Checked(loaded=loaded, resolved=resolved, warnings=warnings)
+
+
+def load_validated(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
+                   fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
+    """Load a spec file with ``--set`` ``overrides``, resolve it and find every issue
+    (:func:`validate_spec`, with path checks): how ``dlmspec validate`` and ``dlmspec compile``
+    both start. ``fast``: load a plainly valid spec without pydantic
+    (:func:`dlmspec.loader.load`'s ``fast``; the result is the same).
+
+    Returns:
+        (loaded, resolved, issues); the caller decides what stops it.
+
+    Raises:
+        SpecError: the file does not load (a schema error), with what the cross-field rules
+            find in the rest of the spec (:func:`with_rule_issues`).
+    """
+    try:
+        loaded = load(path, list(overrides), fast=fast)
+    except SpecError as exc:
+        raise with_rule_issues(exc) from None
+    resolved = resolve(loaded.spec)
+    return loaded, resolved, validate_spec(loaded, resolved, paths=True)
