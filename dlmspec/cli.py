@@ -204,7 +204,8 @@ def _memory(resolved: Resolved) -> dict[str, int] | None:
 def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_output: bool = False) -> None:
     """Body of ``dlmspec validate`` (and ``check``): load ``spec`` with the ``--set``
     ``overrides``, check it as ``compile`` does (:func:`load_and_check`) and plan its memory;
-    print one ``ok:`` line (warnings on stderr), or with ``json_output`` ``{"ok": true, ...}``
+    print one ``ok:`` line (warnings on stderr) that ends with the layer path train.py takes
+    (``transformer_impl``, resolved, and why), or with ``json_output`` ``{"ok": true, ...}``
     on stdout.
 
     Raises:
@@ -231,7 +232,8 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
         f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
         f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
         f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
-        f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}"
+        f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}; "
+        f"layers: {resolved.transformer_impl} ({resolved.transformer_impl_reason})"
     )
 
 

@@ -246,9 +246,9 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     ``gated_linear_unit`` (:data:`ACTIVATIONS`), ``bias_activation_fusion`` (megatron-core fuses
     bias + activation for gelu with a bias, GeGLU and SwiGLU only: ``MLP.forward``), ``dtype``
     (:data:`DTYPES`), ``schedule`` (:func:`schedule`), ``rotary_base`` (an int when integral:
-    ``GPTModel`` types it ``int``), ``use_transformer_engine`` (None/True/False for
-    ``transformer_impl`` auto/transformer_engine/local), ``run_path`` (one line naming the layer
-    implementation), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend`` (``[prefix,
+    ``GPTModel`` types it ``int``), ``use_transformer_engine`` (None/True/False for the resolved
+    ``transformer_impl`` auto/transformer_engine/local: :func:`dlmspec.resolve.layer_path`),
+    ``layer_path`` (why that path), ``run_path`` (one line naming the layer implementation), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend`` (``[prefix,
     weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``peak_tflops`` / ``peak_source`` (dense
     bf16 peak of ``cluster.gpu`` in TFLOP/s, the fp32 figure for fp32 runs; None for a GPU
     outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.slurm.REQUEUE_EXIT_CODE`),
@@ -271,7 +271,7 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
         peak, peak_source = float(gpu.fp32_tflops), f"{gpu.name}, dense fp32 peak"
     else:
         peak, peak_source = float(gpu.bf16_tflops), f"{gpu.name}, dense bf16 peak"
-    impl = m.transformer_impl
+    impl = resolved.transformer_impl  # resolve.layer_path: auto takes the path the features need
     run_path = {
         "auto": "Transformer Engine layer specs when transformer_engine imports on the GPU machine, "
         "else megatron-core's local spec with SDPA attention",
@@ -292,7 +292,8 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
         "schedule": schedule(resolved),
         "rotary_base": int(base) if float(base).is_integer() else float(base),
         "use_transformer_engine": {"auto": None, "transformer_engine": True, "local": False}[impl],
-        "run_path": f"transformer_impl = {impl!r}: {run_path}",
+        "layer_path": resolved.transformer_impl_reason,
+        "run_path": f"transformer_impl = {m.transformer_impl!r} -> {impl} ({resolved.transformer_impl_reason}): {run_path}",
         "eod": eod_choice(resolved.spec),
         "blend": [(e.prefix, e.weight) for e in s.data.train],
         "valid_blend": [(e.prefix, e.weight) for e in s.data.valid],

@@ -206,18 +206,36 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "Weights & Biases logging is not implemented by the runtime (console and TensorBoard only)",
         "remove logging.wandb_project and use logging.tensorboard_dir",
     ),
+    # The layer path (resolve.layer_path: auto takes the one the features need; these are the
+    # features an explicit model.transformer_impl cannot run).
     Unsupported(
         "model.moe_grouped_gemm",
-        lambda r: r.spec.model.moe_grouped_gemm and r.spec.model.transformer_impl == "local",
-        "grouped-GEMM experts need Transformer Engine; model.transformer_impl = 'local' has none",
-        "set model.moe_grouped_gemm = false, or model.transformer_impl = \"transformer_engine\"",
+        lambda r: r.spec.model.moe_grouped_gemm and r.transformer_impl == "local",
+        "grouped-GEMM experts need Transformer Engine, and the layers are local",
+        "set model.moe_grouped_gemm = false, or model.transformer_impl = \"transformer_engine\" (without the "
+        "features that need the local layers: variable-length sequences, document masks, block-causal attention)",
     ),
     Unsupported(
         "objective.attention_mask",
-        lambda r: r.attention_mask == "block_causal" and r.spec.model.transformer_impl != "local",
+        lambda r: r.attention_mask == "block_causal" and r.transformer_impl == "transformer_engine",
         "block-causal attention is implemented on the local + SDPA path only "
         "(backends/megatron/layers.py), not with Transformer Engine layers",
-        "set model.transformer_impl = \"local\"",
+        "set model.transformer_impl = \"auto\" or \"local\"",
+    ),
+    Unsupported(
+        "objective.variable_length_prob",
+        lambda r: (r.spec.objective.kind == "mdm" and r.spec.objective.variable_length_prob > 0
+                   and r.transformer_impl == "transformer_engine"),
+        "sequences cut to a random length need a key-padding mask, which the Transformer Engine layers "
+        "ignore: the runtime refuses it at start-up (backends/megatron/training.py check_masks_supported)",
+        "set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0",
+    ),
+    Unsupported(
+        "data.reset_attention_mask",
+        lambda r: r.spec.data.reset_attention_mask and r.transformer_impl == "transformer_engine",
+        "document masks are passed as an attention mask, which the Transformer Engine layers ignore: the "
+        "runtime refuses it at start-up (backends/megatron/training.py check_masks_supported)",
+        "set model.transformer_impl = \"auto\" or \"local\", or data.reset_attention_mask = false",
     ),
     Unsupported(
         "logging.tensorboard_dir",

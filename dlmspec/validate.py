@@ -579,6 +579,23 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
         )
 
 
+def _local_because(ctx: Context) -> str:
+    """``" (<reason>)"`` when ``transformer_impl = "auto"`` took the local layers because a
+    feature needs them (:func:`dlmspec.resolve.layer_path`), else ``""``."""
+    return f" ({ctx.r.transformer_impl_reason})" if ctx.spec.model.transformer_impl == "auto" else ""
+
+
+def _or_te(ctx: Context) -> str:
+    """The second fix of a Transformer Engine-only feature on the local layers: choose Transformer
+    Engine, or (where auto took the local layers for a feature) turn that feature off."""
+    if ctx.spec.model.transformer_impl == "local":
+        return ", or model.transformer_impl = 'transformer_engine'"
+    from dlmspec.resolve import layer_path_needs
+
+    local, _ = layer_path_needs(ctx.spec, ctx.r.attention_mask, ctx.r.cp)
+    return f", or turn off what needs the local layers ({', '.join(local)})"
+
+
 @_rule(
     "cp-local-allgather",
     "error",
@@ -587,17 +604,17 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
     "context parallelism on the local layers uses cp_comm_type 'allgather'",
 )
 def _cp_local(ctx: Context) -> Iterator[Finding]:
-    if ctx.r.cp == 1 or ctx.spec.model.transformer_impl != "local":
+    if ctx.r.cp == 1 or ctx.r.transformer_impl != "local":
         return
-    from dlmspec.plan.shape import LOCAL_CP_COMM_TYPES  # only here: validate stays light
+    from dlmspec.resolve import LOCAL_CP_COMM_TYPES
 
     comm = ctx.spec.parallel.cp_comm_type
     if comm not in LOCAL_CP_COMM_TYPES:
         yield Finding(
             "parallel.cp_comm_type",
             f"the local layers' SDPA attention implements context parallelism by all-gathering keys "
-            f"and values only; '{comm}' exists in Transformer Engine's attention",
-            "set parallel.cp_comm_type = 'allgather', or model.transformer_impl = 'transformer_engine'",
+            f"and values only; '{comm}' exists in Transformer Engine's attention{_local_because(ctx)}",
+            "set parallel.cp_comm_type = 'allgather'" + _or_te(ctx),
         )
 
 
@@ -632,7 +649,7 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
 def _cp_mask(ctx: Context) -> Iterator[Finding]:
     if ctx.r.cp == 1:
         return
-    if ctx.r.attention_mask == "block_causal" and ctx.spec.model.transformer_impl != "local":
+    if ctx.r.attention_mask == "block_causal" and ctx.r.transformer_impl != "local":
         yield Finding(
             "objective.attention_mask",
             "block-causal attention is an arbitrary mask, which Transformer Engine's context "
@@ -954,11 +971,12 @@ def _recompute_moe(ctx: Context) -> Iterator[Finding]:
     "fp8 needs Transformer Engine layers",
 )
 def _fp8_te(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.precision.fp8 != "none" and ctx.spec.model.transformer_impl == "local":
+    if ctx.spec.precision.fp8 != "none" and ctx.r.transformer_impl == "local":
         yield Finding(
             "precision.fp8",
-            "fp8 needs Transformer Engine layers, and model.transformer_impl = 'local'",
-            "set precision.fp8 = 'none', or model.transformer_impl = 'transformer_engine'",
+            "fp8 needs Transformer Engine layers, and "
+            + (f"the layers are local{_local_because(ctx)}" if _local_because(ctx) else "model.transformer_impl = 'local'"),
+            "set precision.fp8 = 'none'" + _or_te(ctx),
         )
 
 
