@@ -2,9 +2,11 @@
 ``validate`` and ``compile`` agree on each (issue 15).
 
 Each case is one of the bundled specs (``specs/*.toml``) or a starter spec (``dlmspec new
---preset NAME``, every preset, both objectives) with one to three mutations: a value replaced by
-an odd one (huge, negative or zero ints, floats where ints go, strings, empty and blank strings,
-booleans, lists, nested tables), a key deleted, a table replaced by a value, a key added. Every
+--preset NAME``, every preset, both objectives) with one to three mutations: any key of the
+schema set to a value of its type that is odd in context (sizes from 1 to 10**30, extreme rates,
+every choice of a literal), or a value of the spec replaced by an odd one (huge, negative or zero
+ints, floats where ints go, non-finite floats, strings, empty and blank strings, booleans, lists,
+nested tables), a key deleted, a table replaced by a value, a key added. Every
 case runs in its own process (``tests/fuzz_driver.py`` forks one per case from a process that
 imported dlmspec once) under a 2 GiB address-space limit, through ``dlmspec validate``,
 ``dlmspec plan`` and ``dlmspec compile``, and must:
@@ -13,7 +15,8 @@ imported dlmspec once) under a 2 GiB address-space limit, through ``dlmspec vali
 * have ``validate`` and ``compile`` exit alike and report the same issues (rule, key, severity).
 
 The cases are drawn from a fixed seed, so CI runs the same ones; ``DLMSPEC_FUZZ_SEED`` draws
-others and ``DLMSPEC_FUZZ_CASES`` changes how many (default 500). A failure prints the case's
+others, ``DLMSPEC_FUZZ_CASES`` changes how many (default 500: about 80 s on two cores) and
+``DLMSPEC_FUZZ_TYPED`` the share of typed mutations (default 0.6). A failure prints the case's
 seed, id and mutations, and keeps its spec file under the pytest temporary directory.
 """
 
@@ -33,10 +36,12 @@ from typing import Any
 
 import pytest
 import tomli_w
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from dlmspec.cli import app
 from dlmspec.presets import PRESETS
+from dlmspec.spec import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "fuzz_driver.py"
@@ -45,6 +50,11 @@ CASES = int(os.environ.get("DLMSPEC_FUZZ_CASES", "500"))
 #: Per case (three commands): the issue's limits.
 TIMEOUT_S = 20.0
 MEMORY_BYTES = 2 << 30
+
+#: Share of mutations that set a schema key to a value of its type (the spec then mostly loads,
+#: so the rules, the planner and the compiler see it); the others are odd values, type swaps,
+#: deletions and added keys (mostly schema errors).
+TYPED_SHARE = float(os.environ.get("DLMSPEC_FUZZ_TYPED", "0.6"))
 
 #: Nodes a starter spec of these presets needs to fit H100s (what `dlmspec new` suggests).
 STARTER_NODES = {"llama-3-70b": 4, "mixtral-8x7b": 2, "qwen3-30b-a3b": 2}
@@ -57,6 +67,56 @@ ODD_VALUES: tuple[Any, ...] = (
     "\t", "é" * 3, "x" * 300,
     [], [0], [1, 2], ["a", ""], [[1]], {}, {"a": 1}, {"prefix": "x", "weight": 0}, {"a": {"b": {"c": [1, {}]}}},
 )
+
+
+def _fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every dotted key of the spec schema with its annotation (tables included)."""
+    fields = []
+    for name, field in model.model_fields.items():
+        fields.append((prefix + name, field.annotation))
+        for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                fields += _fields(arg, f"{prefix}{name}.")
+    return fields
+
+
+#: (dotted key, annotation) of every spec key: a mutation may set any of them.
+FIELDS = _fields(Spec)
+
+#: Values of the right type that are legal one by one and odd together.
+SIZES = (1, 2, 3, 4, 5, 8, 12, 16, 24, 64, 127, 128, 1000, 4096, 10**5, 2**31, 10**12, 2**62, 2**63 - 1, 2**64, 10**30)
+
+
+def typed_value(annotation: Any, rng: random.Random) -> Any:
+    """A value of ``annotation``'s type, mostly inside its range, so the spec still loads and
+    the resolver, the rules and the planner see the odd combination."""
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    origin = getattr(annotation, "__origin__", None)
+    if str(origin) == "typing.Literal":
+        return rng.choice(args)
+    if args and origin not in (list, dict):
+        return typed_value(rng.choice(args), rng)
+    if annotation is bool:
+        return rng.choice([True, False])
+    if annotation is int:
+        return rng.choice(SIZES + (0, -1))
+    if annotation is float:
+        return rng.choice([0.0, 0.01, 0.5, 0.999, 1.0, 2.0, 1e-8, 3e-4, 1e6, 1e300])
+    if annotation is str:
+        return rng.choice(["", "x", "a/b", "hf:x", "mcore:ckpt", ".", "h100", "runs/x/tensorboard"])
+    if origin is list:
+        return [typed_value(args[0], rng) for _ in range(rng.choice([0, 1, 2, 5]))] if args else []
+    return rng.choice(ODD_VALUES)
+
+
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
 
 
 def starter_specs(folder: Path) -> list[Path]:
@@ -114,6 +174,12 @@ def mutate(data: dict[str, Any], rng: random.Random) -> list[str]:
     """Apply one to three mutations to ``data`` in place; returns a description of each."""
     done = []
     for _ in range(rng.choice([1, 1, 2, 3])):
+        if rng.random() < TYPED_SHARE:  # any key of the schema, with a value of its type
+            key, annotation = rng.choice(FIELDS)
+            value = typed_value(annotation, rng)
+            _put(data, key, copy.deepcopy(value))
+            done.append(f"set {key} = {value!r:.60}")
+            continue
         paths = _paths(data)
         path = rng.choice(paths)
         parent, key = _parent(data, path), path[-1]
@@ -191,14 +257,39 @@ def problems(record: dict[str, Any]) -> list[str]:
     return found
 
 
-def run_driver(work: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_driver(work: Path, cases: list[dict[str, Any]], timeout: float = TIMEOUT_S) -> list[dict[str, Any]]:
     (work / "cases.json").write_text(json.dumps(cases), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     jobs = str(max(1, min(2, os.cpu_count() or 1)))
     subprocess.run([sys.executable, str(DRIVER), str(work / "cases.json"), str(work / "results.json"), "--jobs", jobs,
-                    "--timeout", str(TIMEOUT_S), "--memory", str(MEMORY_BYTES)],
-                   cwd=work, env=env, check=True, timeout=60 + 2 * TIMEOUT_S * len(cases))
+                    "--timeout", str(timeout), "--memory", str(MEMORY_BYTES)],
+                   cwd=work, env=env, check=True, timeout=60 + 2 * timeout * len(cases))
     return json.loads((work / "results.json").read_text(encoding="utf-8"))
+
+
+def test_the_driver_catches_hangs_memory_and_tracebacks(tmp_path: Path) -> None:
+    """The harness itself: a spec that never returns is killed at the timeout, one that asks for
+    more than 2 GiB is refused the memory (the process stays under the limit), and an exception
+    that escapes a command is reported; a plain spec passes."""
+    bodies = {
+        "hang": "while True:\n    pass\n",
+        "hog": "block = bytearray(3 << 30)\n",
+        "ok": (ROOT / "specs" / "demo-ar.toml").read_text(encoding="utf-8"),
+    }
+    cases = []
+    for name, body in bodies.items():
+        path = tmp_path / (f"{name}.toml" if name == "ok" else f"{name}.py")
+        path.write_text(body.replace('extends = "demo-dlm.toml"', f'extends = {str(ROOT / "specs" / "demo-dlm.toml")!r}'),
+                        encoding="utf-8")
+        cases.append({"id": name, "spec": str(path), "out": str(tmp_path / f"out-{name}")})
+    results = {r["id"]: r for r in run_driver(tmp_path, cases, timeout=3.0)}
+    assert results["hang"]["status"] == "timeout" and problems(results["hang"])
+    assert results["hog"]["status"] == "done" and results["hog"]["max_rss_bytes"] < MEMORY_BYTES
+    assert results["hog"]["commands"]["validate"]["rc"] == 2  # the loader reports the MemoryError
+    assert problems(results["ok"]) == [], problems(results["ok"])
+    crashed = json.loads(json.dumps(results["ok"]))
+    crashed["commands"]["plan"].update(rc=None, raised="Traceback (most recent call last):\n  ...\nZeroDivisionError")
+    assert any("plan raised" in p for p in problems(crashed))
 
 
 def test_mutated_specs_never_crash_and_validate_agrees_with_compile(tmp_path: Path) -> None:
