@@ -390,3 +390,16 @@ def test_show_json_hides_secrets(tmp_path: Path) -> None:
     assert env == {"DB_PASS": "<hidden>", "GH_PAT": "<hidden>", "OTHER": "<hidden>", "TOKENIZERS_PARALLELISM": "false"}
     assert data["checkpoint"]["init_from"] == "<hidden>" and data["cluster"]["slurm"]["container_image"] == "<hidden>"
     assert data["description"] == "<hidden>"
+
+
+def test_a_token_used_as_a_key_is_refused_and_hidden(tmp_path: Path) -> None:
+    token = TOKENS["github"]
+    path = spec_file(tmp_path, f'[cluster.slurm]\nenv = {{ {token} = "1" }}\n')
+    for args in (("validate", str(path)), ("validate", str(path), "--json"), ("show", str(path)),
+                 ("show", str(path), "--json")):
+        result = run(*args)
+        assert token not in result.stdout + result.stderr, args
+        assert result.exit_code == (EXIT_USAGE if args[0] == "validate" else 0), args
+    issues = json.loads(run("validate", str(path), "--json").stdout)["issues"]
+    assert [(i["rule"], i["key"]) for i in issues if i["severity"] == "error"] == [
+        ("secret-in-spec", "cluster.slurm.env.ghp_<hidden>")]  # the prefix says what it was
