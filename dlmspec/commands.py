@@ -47,6 +47,7 @@ from dlmspec.cli import (
     stdout,
     use_json,
 )
+from dlmspec.credentials import redact
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.gpus import GPUS, GiB, gpu_ids
 from dlmspec.loader import load, load_text, parse_set_value, set_dotted
@@ -162,10 +163,12 @@ def _without_none(value: Any) -> Any:
 
 
 def spec_toml(spec: Spec) -> str:
-    """``spec`` as a TOML document with every default filled in (it loads back to ``spec``)."""
+    """``spec`` as a TOML document with every default filled in (it loads back to ``spec``),
+    secrets written as ``"<hidden>"`` (:func:`dlmspec.credentials.redact`; such a spec does
+    not validate anyway)."""
     import tomli_w
 
-    return tomli_w.dumps(spec_data(spec))
+    return tomli_w.dumps(redact(spec_data(spec)))
 
 
 def derived_comment(resolved: Resolved) -> str:
@@ -272,8 +275,10 @@ def show(
 ) -> None:
     """Print a spec with every default filled in and its derived values, or a catalog.
 
-    The printed spec is TOML that loads back to the same spec (derived values are comments).
-    The spec is not checked (use ``dlmspec validate``); it only has to load.
+    The printed spec is TOML that loads back to the same spec (derived values are comments);
+    secrets (tokens, keys, credentials in URLs, secret-named env entries) print as "<hidden>",
+    as validate shows them. The spec is not checked (use ``dlmspec validate``); it only has to
+    load.
     """
     use_json(ctx, json_output)
     chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
@@ -305,8 +310,8 @@ def show(
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
     if json_output:
-        print(json.dumps({"spec": spec_data(loaded.spec),
-                          "derived": resolved.derived()}, indent=2))
+        print(json.dumps({"spec": redact(spec_data(loaded.spec)),
+                          "derived": redact(resolved.derived())}, indent=2))
         return
     sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))
 

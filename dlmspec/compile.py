@@ -38,6 +38,7 @@ import jinja2
 import tomli_w
 
 from dlmspec import __version__
+from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.loader import LoadedSpec, load
 from dlmspec.resolve import Resolved, resolve
@@ -560,11 +561,25 @@ def _optional_module(name: str) -> Any:
         raise
 
 
+def _refuse_secrets(resolved: Resolved, files: dict[str, str]) -> None:
+    """The last gate before files are written (:func:`check_spec` refuses these first): a
+    secret in the spec (:func:`dlmspec.credentials.spec_secrets`), else a token in a file."""
+    found = list(spec_secrets(resolved.spec)) or [
+        (name, what) for name, text in files.items() if (what := find_secret(text, assignments=False))]
+    if found:
+        raise SpecError([SpecIssue(key, f"holds {what}; {NEVER_WRITTEN}", value=HIDDEN, hint=ENVIRONMENT_FIX,
+                                   rule="secret-in-spec", source="dlmspec.credentials") for key, what in found])
+
+
 def render(resolved: Resolved, spec_label: str) -> dict[str, str]:
     """Every output file's text, by file name (sorted). Pure: the same ``resolved`` and
     ``spec_label`` give the same bytes. ``launch.sbatch`` is rendered by
     :func:`dlmspec.slurm.render_sbatch` and ``plan.json`` by :func:`dlmspec.plan.make_plan`,
-    each only where that module exists."""
+    each only where that module exists.
+
+    Raises:
+        SpecError: the spec holds a secret, or a file would (rule ``secret-in-spec``).
+    """
     env = _environment()
     context = template_context(resolved, spec_label)
     files = {
@@ -581,6 +596,7 @@ def render(resolved: Resolved, spec_label: str) -> dict[str, str]:
             raise SpecError([SpecIssue("<plan>", f"cannot plan this spec: {exc}", rule="plan",
                                        source="dlmspec.plan.make_plan")]) from None
         files["plan.json"] = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    _refuse_secrets(resolved, files)
     return dict(sorted(files.items()))
 
 

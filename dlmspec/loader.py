@@ -182,7 +182,7 @@ def _load_toml(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict
                        hint="strings need quotes, tables are [section], keys are key = value")]
         ) from None
     lines = line_map(text)
-    origins: dict[str, Origin] = {k: (str(path), lines.get(k)) for k in _flatten(data)}
+    origins: dict[str, Origin] = {k: (str(path), _line_of(lines, k)) for k in _flatten(data)}
     parent = data.pop("extends", None)
     if parent is None:
         return data, origins
@@ -197,6 +197,16 @@ def _load_toml(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict
     base, base_origins = _load_toml(parent_path, (*seen, path))
     origins.pop("extends", None)
     return deep_merge(base, data), {**base_origins, **origins}
+
+
+def _line_of(lines: dict[str, int], key: str) -> int | None:
+    """The line of ``key``, else of its nearest ancestor in ``lines`` (a key inside an inline
+    table or an array: ``env = { NAME = ... }``)."""
+    while key:
+        if key in lines:
+            return lines[key]
+        key = key.rpartition(".")[0]
+    return None
 
 
 def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:

@@ -10,8 +10,10 @@
   ``env://`` rendezvous (``launcher = "srun"``);
 * takes the rendezvous host from the allocation's first node (``scontrol show hostnames``) and a
   port from the job id (:func:`rendezvous_port`), exported as ``MASTER_ADDR``/``MASTER_PORT``;
-* exports the spec's ``[cluster.slurm] env``; secrets (``WANDB_API_KEY``, ``HF_TOKEN``, ...) are
-  refused there and read from the environment ``sbatch`` is called from, never written;
+* exports the spec's ``[cluster.slurm] env``; secrets (``WANDB_API_KEY``, ``HF_TOKEN``, ``DB_PASS``,
+  ...: :func:`dlmspec.credentials.is_secret_name`) are refused there and read from the
+  environment ``sbatch`` is called from, never written (secret-shaped values anywhere in the
+  spec are the ``secret-in-spec`` rule's, :mod:`dlmspec.validate`);
 * optionally runs in a container: pyxis/enroot (``srun --container-image``) or ``apptainer exec``;
 * survives time limits: ``--signal=B:USR1@N`` and ``--requeue``; the script traps SIGUSR1,
   forwards it to the training processes (which save a checkpoint and exit with
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dlmspec import __version__
+from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.resolve import Resolved
 
@@ -71,9 +74,6 @@ RESERVED_ENV = re.compile(
     r"^(MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK"
     r"|SLURM_.*|SBATCH_.*|SRUN_.*|DLMSPEC_.*|TORCHELASTIC_.*|PET_.*)$"
 )
-
-#: Names that hold secrets: refused in the spec (they would be written into launch.sbatch).
-SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_KEY|_KEY$)", re.IGNORECASE)
 
 #: Secrets the script checks for at run time (a warning when unset; it never prints values).
 RUNTIME_SECRETS = ("WANDB_API_KEY",)
@@ -247,8 +247,8 @@ def sbatch_issues(resolved: Resolved, loaded: Any = None) -> list[SpecIssue]:
         if not _ENV_NAME.match(name):
             issues.add(key, "not an environment variable name", name,
                        "letters, digits and _, not starting with a digit, e.g. NCCL_DEBUG", "slurm-env")
-        elif SECRET_ENV.search(name):
-            issues.add(key, "looks like a secret; secrets are never written into generated files", "<hidden>",
+        elif is_secret_name(name):  # refused: it would be written into launch.sbatch
+            issues.add(key, f"looks like a secret; {NEVER_WRITTEN}", HIDDEN,
                        f"remove it from the spec and export {name} in the shell you run sbatch from "
                        "(the job inherits it)", "slurm-secret")
         elif RESERVED_ENV.match(name):

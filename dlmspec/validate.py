@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from dlmspec.credentials import ENV_TABLES, ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, is_secret_name, spec_secrets
 from dlmspec.errors import Severity, SpecError, SpecIssue
 from dlmspec.gpus import GPUS, gpu_ids
 from dlmspec.loader import LoadedSpec, load
@@ -1817,6 +1818,21 @@ def _fsdp_no_shard(ctx: Context) -> Iterator[Finding]:
                       "every GPU (more memory than the distributed optimizer)",
                       "set parallel.data_parallel_sharding_strategy = 'optim_grads_params' (ZeRO-3), "
                       "or 'optim_grads' / 'optim'")
+
+
+@_rule(
+    "secret-in-spec",
+    "error",
+    "dlmspec.credentials (every spec string reaches a generated file: train.py, launch.sh, launch.sbatch, "
+    "spec.lock.toml, plan.json)",
+    "no string of the spec holds a token, a key or a credential inside a URL",
+)
+def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
+    for key, what in spec_secrets(ctx.spec):
+        table, _, name = key.rpartition(".")
+        if table in ENV_TABLES and is_secret_name(name):
+            continue  # a secret name: the slurm-secret rule (dlmspec.slurm.sbatch_issues) reports it
+        yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", ENVIRONMENT_FIX, value=HIDDEN)
 
 
 # --------------------------------------------------------------------------------------------

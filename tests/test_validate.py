@@ -219,6 +219,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("megatron-fsdp-no-shard", {"parallel.fsdp": "megatron"}, "parallel.data_parallel_sharding_strategy"),
     ("sharding-needs-megatron-fsdp", {"parallel.data_parallel_sharding_strategy": "optim"},
      "parallel.data_parallel_sharding_strategy"),
+    ("secret-in-spec", {"checkpoint.init_from": "hf:https://user:" + "pw-not-real" + "@example.com/m"},
+     "checkpoint.init_from"),
 ]
 
 
