@@ -49,6 +49,7 @@ from dlmspec.cli import (
 )
 from dlmspec.credentials import redact
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+from dlmspec.escape import comment, toml_document
 from dlmspec.gpus import GPUS, GiB, gpu_ids
 from dlmspec.loader import load, load_text, parse_set_value, set_dotted
 from dlmspec.params import count_parameters
@@ -166,9 +167,7 @@ def spec_toml(spec: Spec) -> str:
     """``spec`` as a TOML document with every default filled in (it loads back to ``spec``),
     secrets written as ``"<hidden>"`` (:func:`dlmspec.credentials.redact`; such a spec does
     not validate anyway)."""
-    import tomli_w
-
-    return tomli_w.dumps(redact(spec_data(spec)))
+    return toml_document(redact(spec_data(spec)))
 
 
 def derived_comment(resolved: Resolved) -> str:
@@ -437,10 +436,8 @@ def starter_spec(
     lines.append(layout_note or "Parallel layout: data parallel only.")
     lines.append("`dlmspec show --presets` lists presets; `dlmspec validate` checks this file, `dlmspec plan` "
                  "shows its memory and speed.")
-    header = "".join(f"# {line}\n" for part in lines for line in _wrap(part, 96))
-    import tomli_w
-
-    return header + "\n" + tomli_w.dumps(data)
+    header = "".join(f"# {comment(line)}\n" for part in lines for line in _wrap(part, 96))
+    return header + "\n" + toml_document(data)
 
 
 def _wrap(text: str, width: int) -> list[str]:

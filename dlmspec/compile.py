@@ -18,6 +18,11 @@ and checking the spec. The files:
   spec (:func:`content_hash`), dlmspec's version and the derived values.
 * ``plan.json``: :func:`dlmspec.plan.make_plan` ``(resolved).to_dict()``.
 
+Spec strings enter the templates only through :mod:`dlmspec.escape`, as the filters ``py``
+(a Python literal), ``docstring`` (text inside train.py's docstring), ``comment`` (text of a
+``#`` comment; a literal shown in a comment is ``| py | comment``) and ``sh`` (a bash word);
+the lock file is written by :func:`dlmspec.escape.toml_document`.
+
 Nothing here imports torch or megatron.
 """
 
@@ -25,21 +30,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import posixpath
-import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import jinja2
-import tomli_w
 
 from dlmspec import __version__
 from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
 from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.loader import LoadedSpec, load
 from dlmspec.resolve import Resolved, resolve
 from dlmspec.slurm import REQUEUE_EXIT_CODE, render_sbatch
@@ -422,45 +425,11 @@ def render_lock(resolved: Resolved) -> str:
         "# Fully resolved spec written by `dlmspec compile`: every default is filled in, so this file\n"
         "# loads and compiles to the same train.py. [lock] is informational and not hashed.\n"
     )
-    return header + tomli_w.dumps(data)
+    return header + toml_document(data)
 
 
 # --------------------------------------------------------------------------------------------
 # Rendering.
-
-
-def py_literal(value: Any) -> str:
-    """Python source for ``value`` (None, bool, int, finite float, str, list, tuple, dict with
-    sorted keys). Strings go through ``repr``, so no spec value can break out of the literal.
-
-    Raises:
-        ValueError: a non-finite float or an unsupported type.
-    """
-    if value is None or isinstance(value, bool):
-        return repr(value)
-    if isinstance(value, int):
-        return repr(int(value))
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"cannot render non-finite float {value!r}")
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, tuple):
-        inner = ", ".join(py_literal(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
-    if isinstance(value, list):
-        return "[" + ", ".join(py_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        items = sorted(value.items(), key=lambda kv: str(kv[0]))
-        return "{" + ", ".join(f"{py_literal(k)}: {py_literal(v)}" for k, v in items) + "}"
-    raise ValueError(f"cannot render {type(value).__name__} as a Python literal")
-
-
-def comment_text(value: Any) -> str:
-    """``value`` as text safe inside a one-line ``#`` comment (control characters escaped)."""
-    text = str(value)
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _environment() -> jinja2.Environment:
@@ -472,9 +441,12 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    # The only ways a value enters a template (dlmspec.escape): a Python literal, docstring text,
+    # comment text, a shell word. A literal shown in a comment is `| py | comment`.
     env.filters["py"] = py_literal
-    env.filters["sh"] = lambda v: shlex.quote(str(v))
-    env.filters["comment"] = comment_text
+    env.filters["docstring"] = py_docstring
+    env.filters["comment"] = comment
+    env.filters["sh"] = lambda v: shell_word(str(v))
     env.filters["thousands"] = lambda n: f"{n:,}"
     return env
 

@@ -559,3 +559,56 @@ def test_a_docstring_break_out_in_the_name_runs_nothing(tmp_path: Path) -> None:
     assert not calls
     assert ast.get_docstring(tree, clean=False).startswith(f"Training launch for run {name!r}:")
     assert name in {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+
+
+# ------------------------------------------------------------------------------------------
+# The escaping functions themselves (dlmspec.escape), read back by the decoders above
+
+
+_BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=IDS)
+def test_each_escape_reads_back_as_the_value(value: str) -> None:
+    from dlmspec.escape import comment, py_docstring, py_literal, sbatch_value, shell_word
+
+    assert ast.literal_eval(py_literal(value)) == value and not _BREAKS.search(py_literal(value))
+    text = py_docstring(value)
+    assert '"' not in text.replace('\\"', "") and not _BREAKS.search(text)
+    assert ast.literal_eval(f'"""{text}"""') == value
+    assert comment(value).isprintable() and len(comment(value).splitlines()) <= 1
+    if any(not ch.isprintable() for ch in value):
+        with pytest.raises(ValueError):
+            sbatch_value(value)
+    else:
+        assert sbatch_directive(f"#SBATCH --job-name={sbatch_value(value)}") == ("--job-name", value)
+    if "\x00" in value:
+        with pytest.raises(ValueError):
+            shell_word(value)
+    else:
+        assert bash_tokens(f"export V={shell_word(value)}") == [("word", [("lit", "export")]),
+                                                                  ("word", [("lit", "V=" + value)])]
+
+
+def test_validate_refuses_nul_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dlmspec validate` (its fast path, without pydantic) reports what compile refuses."""
+    from dlmspec.cli import main as cli_main
+
+    spec = build({})
+    spec["data"]["train"][0]["prefix"] = "data/a\x00b"
+    path = tmp_path / "spec.toml"
+    path.write_text(tomli_w.dumps(spec), encoding="utf-8")
+    assert cli_main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "data.train" in err and "NUL" in err and "string-characters" in err and "Traceback" not in err
+
+
+def test_a_python_spec_with_a_lone_surrogate_is_refused(tmp_path: Path) -> None:
+    spec = build({})
+    spec["description"] = "half \ud800 a pair"
+    path = tmp_path / "spec.py"
+    path.write_text(f"spec = {spec!r}\n", encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        compile_spec(path, tmp_path / "out")
+    assert [(i.key, i.rule) for i in info.value.errors] == [("description", "string-characters")]
+    assert not (tmp_path / "out").exists()
