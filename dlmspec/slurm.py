@@ -533,6 +533,7 @@ def plan_submission(
                                     str(directory), "pass --force to replace the generated files, or choose "
                                     "another directory with --output")
             else:
+                compiler.check_output_dir(directory, force=True, names=files)  # before any job is submitted
                 command.append("--force")
         steps.append(SubmitStep(target, directory, files, _output_dir(slurm_settings(resolved).output),
                                 resolved.spec.name, command))
