@@ -270,6 +270,41 @@ def test_refuses_a_file_as_output_and_a_directory_in_place_of_a_generated_file(t
         compile_spec(DEMO, out, force=True)
 
 
+@pytest.mark.parametrize("existing", [True, False], ids=["over-an-earlier-compile", "into-a-new-directory"])
+def test_a_full_disk_mid_write_leaves_the_old_file_set(tmp_path: Path, existing: bool) -> None:
+    """The two largest files cannot be written (RLIMIT_FSIZE in a subprocess: the write fails
+    with EFBIG, as it would with ENOSPC on a full disk): the directory keeps the previous
+    compile's files, byte for byte (or is not created), and no temporary file or directory is
+    left anywhere."""
+    import resource
+    import signal
+
+    out = tmp_path / "out"
+    if existing:
+        compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}, "old.toml"), out)
+        (out / "notes.txt").write_text("mine")
+    before = read_all(out) if existing else None
+    new_spec = spec_file(tmp_path, {"train.lr": 2e-3}, "new.toml")
+    sizes = sorted(len(t.encode()) for t in render(resolve(load(new_spec).spec), str(new_spec)).values())
+    limit = sizes[-2] - 1
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    run = subprocess.run([sys.executable, "-m", "dlmspec.cli", "compile", str(new_spec), "-o", str(out), "--force"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, preexec_fn=limited, timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--output" in run.stderr and "Traceback" not in run.stderr
+    if existing:
+        assert read_all(out) == before
+    else:
+        assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["new.toml", "old.toml", "out"] if existing
+                                                                else ["new.toml"])
+
+
 def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
     path = spec_file(tmp_path, {"parallel.tensor_model_parallel_size": 3})
     with pytest.raises(SpecError) as info:
