@@ -28,10 +28,12 @@ Nothing here imports torch or megatron.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import posixpath
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -683,9 +685,61 @@ def check_output_dir(out_dir: Path, *, force: bool, names: Iterable[str] = GENER
         raise SpecError(issues)
 
 
+#: The temporary directory a compile writes its files into: ``<out>/.dlmspec-compile-XXXX``
+#: when the output directory exists, else the sibling ``<parent>/.<out>.dlmspec-compile-XXXX``
+#: that becomes it. Removed on success and on failure.
+TEMP_DIR_MARK = ".dlmspec-compile-"
+
+
+def _write_file(path: Path, text: str, mode: int) -> None:
+    """Write ``text`` to the new file ``path`` (UTF-8, ``\\n`` line ends), flushed to the disk
+    (``fsync``, so a rename that follows never exposes a file whose data was lost), with ``mode``.
+
+    Raises:
+        OSError: the file cannot be written (disk full, permissions, ...).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(path, mode)
+
+
+def _swap_in(new_dir: Path, old_dir: Path, out_dir: Path, names: list[str], stale: list[str]) -> None:
+    """Move the files ``names`` from ``new_dir`` into ``out_dir``, the files they replace and
+    the ``stale`` ones (generated names this compile does not write) into ``old_dir``; on any
+    failure move everything back, so ``out_dir`` holds its old file set. Renames within one
+    file system: no data is written, so a full disk cannot stop them half-way."""
+    old_dir.mkdir()
+    moved_out: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for name in [*names, *stale]:
+            target = out_dir / name
+            if target.exists():
+                os.rename(target, old_dir / name)
+                moved_out.append(name)
+            if name in names:
+                os.rename(new_dir / name, target)
+                moved_in.append(name)
+    except BaseException:
+        for name in reversed(moved_in):
+            with contextlib.suppress(OSError):
+                os.rename(out_dir / name, new_dir / name)
+        for name in reversed(moved_out):
+            with contextlib.suppress(OSError):
+                os.rename(old_dir / name, out_dir / name)
+        raise
+
+
 def write_outputs(files: dict[str, str], out_dir: Path, *, force: bool = False) -> list[Path]:
-    """Write ``files`` into ``out_dir`` (created if missing), each atomically (temporary file,
-    then ``os.replace``), scripts mode 0755 and the rest 0644.
+    """Write ``files`` into ``out_dir`` as one set: every file is written into a temporary
+    directory (:data:`TEMP_DIR_MARK`) first, then the set is moved in place, so a failed write
+    (a full disk) leaves the directory as it was, the previous compile's files included. A
+    new ``out_dir`` appears whole (the temporary sibling is renamed to it); in an existing one
+    each file is renamed into place and, should a rename fail, the old ones are put back.
+    Scripts get mode 0755, the rest 0644.
 
     A directory that holds anything is refused unless ``force``; with ``force`` the files
     dlmspec generated are replaced, those of :data:`GENERATED_FILES` this compile does not
@@ -699,32 +753,39 @@ def write_outputs(files: dict[str, str], out_dir: Path, *, force: bool = False) 
     Raises:
         SpecError: ``out_dir`` is a link or a file, is not empty (without ``force``), holds a
             link, a directory or a file dlmspec did not write where a generated file goes, or
-            cannot be written.
+            cannot be written (nothing is changed then).
     """
     check_output_dir(out_dir, force=force, names=files)
+    names = sorted(files)
+    fresh = not out_dir.is_dir()
+    tmp: Path | None = None
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, text in sorted(files.items()):
-            target = out_dir / name
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-                    handle.write(text)
-                os.chmod(tmp, 0o755 if name in EXECUTABLE_FILES else 0o644)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            written.append(target)
-        for name in GENERATED_FILES:
-            stale = out_dir / name
-            if name not in files and is_generated(name, stale):
-                stale.unlink()
+        if fresh:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{TEMP_DIR_MARK}", dir=out_dir.parent))
+            new_dir = tmp
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix=TEMP_DIR_MARK, dir=out_dir))
+            new_dir = tmp / "new"
+            new_dir.mkdir()
+        for name in names:
+            _write_file(new_dir / name, files[name], 0o755 if name in EXECUTABLE_FILES else 0o644)
+        if fresh:
+            umask = os.umask(0o022)
+            os.umask(umask)
+            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 -> what mkdir would have made
+            os.rename(tmp, out_dir)
+            tmp = None
+        else:
+            stale = [n for n in GENERATED_FILES if n not in files and is_generated(n, out_dir / n)]
+            _swap_in(new_dir, tmp / "old", out_dir, names, stale)
     except OSError as exc:
-        raise SpecError([_output_issue(out_dir, f"cannot write the output: {exc.strerror or exc}",
-                                       "check the directory's permissions and free space")]) from None
-    return written
+        raise SpecError([_output_issue(out_dir, f"cannot write the output: {exc.strerror or exc}; nothing was "
+                                       "changed", "check the directory's permissions and free space")]) from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return [out_dir / name for name in names]
 
 
 # --------------------------------------------------------------------------------------------

@@ -116,6 +116,14 @@ def test_scripts_are_executable_and_the_rest_not(tmp_path: Path) -> None:
         assert executable == (path.name in ("launch.sh", "launch.sbatch")), path.name
 
 
+def test_a_new_output_directory_gets_the_usual_mode(tmp_path: Path) -> None:
+    """The set is written into a temporary directory (mode 0700) that becomes the output."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    compile_spec(DEMO, tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
 def test_content_hash_ignores_how_a_value_is_written(tmp_path: Path) -> None:
     """Writing a default explicitly, or the value resolve() derives, is the same run."""
     plain = resolve(load(spec_file(tmp_path)).spec)
@@ -303,6 +311,57 @@ def test_a_full_disk_mid_write_leaves_the_old_file_set(tmp_path: Path, existing:
         assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["new.toml", "old.toml", "out"] if existing
                                                                 else ["new.toml"])
+
+
+def _fail_on_call(monkeypatch: pytest.MonkeyPatch, owner: Any, attr: str, call: int, err: int) -> None:
+    """Make ``owner.attr`` raise OSError(err) on its ``call``-th call (counting from 1)."""
+    real, calls = getattr(owner, attr), []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == call:
+            raise OSError(err, os.strerror(err))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attr, failing)
+
+
+def _leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".dlmspec-compile-" in p.name or p.name.endswith(".tmp")]
+
+
+def test_no_space_on_the_third_file_keeps_the_old_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from dlmspec import compile as compile_module
+
+    out = tmp_path / "out"
+    compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}, "old.toml"), out)
+    (out / "notes.txt").write_text("mine")
+    before = read_all(out)
+    _fail_on_call(monkeypatch, compile_module, "_write_file", 3, errno.ENOSPC)
+    with pytest.raises(SpecError) as info:
+        compile_spec(spec_file(tmp_path, {"train.lr": 2e-3}, "new.toml"), out, force=True)
+    (issue,) = info.value.issues
+    assert issue.key == "--output" and "No space left on device" in issue.message and "nothing was changed" in issue.message
+    assert read_all(out) == before and not _leftovers(tmp_path)
+    monkeypatch.undo()
+    compile_spec(tmp_path / "new.toml", out, force=True)  # and the next compile goes through
+    assert "lr=0.002," in (out / "train.py").read_text() and not _leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("call", [2, 5, 9])
+def test_a_rename_that_fails_puts_the_old_files_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: int) -> None:
+    import errno
+
+    out = tmp_path / "out"
+    compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}, "old.toml"), out)
+    before = read_all(out)
+    _fail_on_call(monkeypatch, os, "rename", call, errno.EIO)
+    with pytest.raises(SpecError):
+        compile_spec(spec_file(tmp_path, {"train.lr": 2e-3}, "new.toml"), out, force=True)
+    monkeypatch.undo()
+    assert read_all(out) == before and not _leftovers(tmp_path)
 
 
 def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
