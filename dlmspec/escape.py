@@ -4,16 +4,12 @@ Every string from a spec (or the command line) reaches ``train.py``, ``launch.sh
 ``launch.sbatch``, ``spec.lock.toml`` and ``plan.json`` through one of these, so no value can
 end a literal, a comment, a docstring, a shell word or an ``#SBATCH`` line early:
 
-=====================  ==============================  ===========================================
-target                 function                        what it guarantees
-=====================  ==============================  ===========================================
-Python literal         :func:`py_literal`              ``ast.literal_eval`` gives the value back
-Python docstring text  :func:`py_docstring`            inside ``\"\"\"...\"\"\"`` reads as the value
-``#`` comment text     :func:`comment`                 one line of printable characters
-bash word              :func:`shell_word`              one word that expands to the value
-``#SBATCH`` value      :func:`sbatch_value`            one argument sbatch reads as the value
-TOML document          :func:`toml_document`           ``tomllib.loads`` gives the data back
-=====================  ==============================  ===========================================
+* a Python literal: :func:`py_literal` (``ast.literal_eval`` gives the value back);
+* text inside a Python docstring: :func:`py_docstring` (the docstring reads as the text);
+* text of a ``#`` comment (Python or bash): :func:`comment` (one line, printable characters);
+* a bash word: :func:`shell_word` (one word that expands to the value);
+* an ``#SBATCH`` value: :func:`sbatch_value` (one argument sbatch reads as the value);
+* a TOML document: :func:`toml_document` (``tomllib.loads`` gives the data back).
 
 JSON (``plan.json``) is written by ``json.dumps``, which escapes every string. A value that
 cannot be written for its target (NUL in a shell word, a control character in an ``#SBATCH``
