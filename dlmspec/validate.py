@@ -34,7 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from dlmspec.credentials import ENV_TABLES, ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, is_secret_name, spec_secrets
+from dlmspec.credentials import (
+    ENV_TABLES,
+    ENVIRONMENT_FIX,
+    HIDDEN,
+    NEVER_WRITTEN,
+    is_secret_name,
+    spec_secrets,
+    walk_strings,
+)
 from dlmspec.errors import Severity, SpecError, SpecIssue
 from dlmspec.gpus import GPUS, gpu_ids
 from dlmspec.loader import LoadedSpec, load
@@ -1833,6 +1841,32 @@ def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
         if table in ENV_TABLES and is_secret_name(name):
             continue  # a secret name: the slurm-secret rule (dlmspec.slurm.sbatch_issues) reports it
         yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", ENVIRONMENT_FIX, value=HIDDEN)
+
+
+#: Tables whose strings :func:`_string_characters` leaves to others: ``[cluster.slurm]`` strings
+#: are checked by :func:`dlmspec.slurm.sbatch_issues` (stricter: no control character reaches an
+#: ``#SBATCH`` line), and a spec's ``[lock]`` table is dropped by compile (it writes its own).
+_STRINGS_CHECKED_ELSEWHERE = ("cluster.slurm", "lock")
+
+
+@_rule(
+    "string-characters",
+    "error",
+    "POSIX (paths, names and environment variables end at NUL); generated files are UTF-8 "
+    "(dlmspec.escape writes every other character)",
+    "no spec string holds NUL or a lone surrogate",
+)
+def _string_characters(ctx: Context) -> Iterator[Finding]:
+    for key, text in walk_strings(ctx.spec):
+        if any(key == t or key.startswith(t + ".") for t in _STRINGS_CHECKED_ELSEWHERE):
+            continue
+        if "\x00" in text:
+            yield Finding(key, "holds a NUL character, which no path, name or environment variable can carry",
+                          "remove the NUL character (written \\u0000 in TOML)", value=text)
+        elif any("\ud800" <= ch <= "\udfff" for ch in text):
+            yield Finding(key, "holds a lone surrogate (half of a UTF-16 pair), which is not a character and "
+                          "cannot be written into the UTF-8 files compile generates",
+                          "write the character itself", value=text)
 
 
 # --------------------------------------------------------------------------------------------

@@ -221,6 +221,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "parallel.data_parallel_sharding_strategy"),
     ("secret-in-spec", {"checkpoint.init_from": "hf:https://user:" + "pw-not-real" + "@example.com/m"},
      "checkpoint.init_from"),
+    ("string-characters", {"data.train": ["data/a\x00b"]}, "data.train.0.prefix"),
+    ("string-characters", {"description": "half \ud800 a pair"}, "description"),
 ]
 
 
