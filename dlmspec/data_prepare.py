@@ -14,6 +14,10 @@ are written as ``PREFIX.tmp-*.bin/.idx`` and renamed at the end (``.idx`` last):
 run leaves no ``PREFIX.idx``, and a dataset from an earlier run stays intact until the new one
 is complete.
 
+Nothing the user wrote is lost: an output file that is an input (``--input`` or a tokenizer
+file, by name, through a symlink or as a hard link of it) is refused, with ``--force`` too, and
+an existing dataset (or any file at an output name) is replaced only with ``--force``.
+
 :func:`prepare` does the work and returns a :class:`PrepareResult`; :data:`app` is the CLI
 (``dlmspec data prepare``). User-input problems raise :class:`DataPrepareError`, which the
 command prints in red and turns into exit code 2. torch and megatron are imported inside
@@ -347,6 +351,73 @@ def _check_input(path: str) -> None:
         raise DataPrepareError(f"input file is empty: {path}")
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` name one file (same device and inode, links followed)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def _protected_inputs(
+    input_name: str, tokenizer_model: str | None, vocab_file: str | None, merge_file: str | None
+) -> list[tuple[str, str]]:
+    """(flag, path) of every file the run reads, which it must never write over."""
+    files = [("--input", input_name)]
+    for flag, path in (
+        ("--tokenizer-model", tokenizer_model),
+        ("--vocab-file", vocab_file),
+        ("--merge-file", merge_file),
+    ):
+        if path and os.path.isfile(path):
+            files.append((flag, path))
+    return files
+
+
+def _check_outputs(
+    outputs: dict[str, DatasetOutput],
+    output_prefix: str,
+    protected: list[tuple[str, str]],
+    force: bool,
+) -> None:
+    """Refuse output names that would lose a file; raises :class:`DataPrepareError`.
+
+    An output that is the same file as an input (by name, through a symlink on either side, a
+    symlinked folder, or a hard link) is always refused: the commit renames over the output
+    name. A folder at an output name is refused (it cannot be renamed over). Any other file
+    at an output name (a dataset from an earlier run, a lone ``.bin``) is refused unless
+    ``force``.
+    """
+    existing: list[str] = []
+    for out in outputs.values():
+        for path in (out.bin_path, out.idx_path):
+            for flag, value in protected:
+                if _same_file(value, path):
+                    if os.path.abspath(value) == os.path.abspath(path):
+                        what = "this file is an output"
+                    else:
+                        what = f"this is the same file as {path} (through a link), an output"
+                    raise DataPrepareError(
+                        f"{flag} {value}: {what} of --output-prefix {output_prefix} (key "
+                        f"{out.json_key!r}), and data prepare never writes over its input "
+                        "(--force does not allow this). Pick another --output-prefix, e.g. "
+                        f"{output_prefix}-tokens"
+                    )
+            if os.path.isdir(path) and not os.path.islink(path):
+                raise DataPrepareError(
+                    f"--output-prefix {output_prefix}: {path} is a folder, where the dataset "
+                    "file goes. Pick another --output-prefix, or move the folder"
+                )
+            if os.path.lexists(path):
+                existing.append(path)
+    if existing and not force:
+        raise DataPrepareError(
+            f"--output-prefix {output_prefix}: {', '.join(existing)} already exist "
+            "(a dataset from an earlier run?), and data prepare would replace them. Pass "
+            "--force to replace them, or pick another --output-prefix"
+        )
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
@@ -386,6 +457,7 @@ def prepare(
     json_keys: Sequence[str] | str = ("text",),
     workers: int = 1,
     append_eod: bool = False,
+    force: bool = False,
     show_progress: bool = False,
     console: Console | None = None,
     chunk_docs: int = CHUNK_DOCS,
@@ -402,6 +474,8 @@ def prepare(
         workers: tokenizer processes; 1 tokenizes in this process. Output bytes do not
             depend on it.
         append_eod: append the tokenizer's EOD to every non-empty document.
+        force: replace files at the output names (a dataset from an earlier run). An output
+            that is an input file is refused even so.
         show_progress: draw a rich progress bar on ``console`` (default: stderr).
         chunk_docs, chunk_bytes: size of the unit of work sent to a worker.
 
@@ -409,7 +483,8 @@ def prepare(
         A :class:`PrepareResult` with the counts and the written paths.
 
     Raises:
-        DataPrepareError: bad input file, JSON, keys, or tokenizer arguments. Any exception
+        DataPrepareError: bad input file, JSON, keys, or tokenizer arguments; an output name
+            that is an input file, or (without ``force``) already exists. Any exception
             (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
     """
     input_name = os.fspath(input_path)
@@ -419,6 +494,20 @@ def prepare(
         raise DataPrepareError(f"--workers must be at least 1, got {workers}")
     workers = int(workers)
     _check_input(input_name)
+    outputs = {
+        key: DatasetOutput(
+            json_key=key,
+            prefix=dataset_prefix(output_prefix, key),
+            bin_path=dataset_prefix(output_prefix, key) + ".bin",
+            idx_path=dataset_prefix(output_prefix, key) + ".idx",
+        )
+        for key in keys
+    }
+    protected = _protected_inputs(
+        input_name,
+        *(None if p is None else os.fspath(p) for p in (tokenizer_model, vocab_file, merge_file)),
+    )
+    _check_outputs(outputs, output_prefix, protected, bool(force))
     try:
         spec = TokenizerSpec(
             tokenizer_type=canonical_tokenizer_type(tokenizer_type),
@@ -443,15 +532,6 @@ def prepare(
 
     vocab = int(tokenizer.vocab_size)
     dtype = np.dtype(DType.optimal_dtype(vocab))
-    outputs = {
-        key: DatasetOutput(
-            json_key=key,
-            prefix=dataset_prefix(output_prefix, key),
-            bin_path=dataset_prefix(output_prefix, key) + ".bin",
-            idx_path=dataset_prefix(output_prefix, key) + ".idx",
-        )
-        for key in keys
-    }
     out_dir = os.path.dirname(dataset_prefix(output_prefix, keys[0]))
     if out_dir:
         try:
@@ -634,6 +714,11 @@ def prepare_command(
     append_eod: bool = typer.Option(
         False, "--append-eod", help="Append the tokenizer's EOD id to every document."
     ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Replace an existing dataset at the output names (never an input file).",
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     show_progress: bool = typer.Option(
         True, "--progress/--no-progress", help="Progress bar on stderr."
@@ -653,6 +738,7 @@ def prepare_command(
             json_keys=json_keys,
             workers=workers,
             append_eod=append_eod,
+            force=force,
             show_progress=show_progress,
             console=err,
         )

@@ -470,7 +470,7 @@ def test_interrupted_run_leaves_no_dataset(workers, exception, prepared, slice_p
         Path(prefix + ext).write_bytes(Path(reference + ext).read_bytes())
     calls["n"] = 0
     with pytest.raises(exception, match="injected"):
-        prepare(slice_path, kept / "ds", workers=workers, append_eod=True, **GPT2_ARGS)
+        prepare(slice_path, kept / "ds", workers=workers, append_eod=True, force=True, **GPT2_ARGS)
     assert _files(kept) == ["ds_text_document.bin", "ds_text_document.idx"]
     assert Path(prefix + ".bin").read_bytes() == Path(reference + ".bin").read_bytes()
 
