@@ -14,6 +14,13 @@ are written as ``PREFIX.tmp-*.bin/.idx`` and renamed at the end (``.idx`` last):
 run leaves no ``PREFIX.idx``, and a dataset from an earlier run stays intact until the new one
 is complete.
 
+Temporary files are named ``PREFIX.tmp-HOST-PID-HEX.bin/.idx`` (``HOST`` the short host name).
+SIGTERM and SIGHUP raise :class:`PrepareInterrupted` (a ``KeyboardInterrupt``, as SIGINT
+raises) while the files are written, so they are removed on those too; only SIGKILL (or a
+crash) leaves them. Each run removes the temporary files under its ``--output-prefix`` whose
+process is gone (same host, pid not running) and says so in one line; files of a running
+process, or of another host (whose pids cannot be checked from here), are left alone.
+
 Nothing the user wrote is lost: an output file that is an input (``--input`` or a tokenizer
 file, by name, through a symlink or as a hard link of it) is refused, with ``--force`` too, and
 an existing dataset (or any file at an output name) is replaced only with ``--force``.
@@ -30,8 +37,11 @@ import contextlib
 import json
 import multiprocessing
 import os
+import re
 import secrets
 import signal
+import socket
+import threading
 import time
 import warnings
 from collections import deque
@@ -61,6 +71,19 @@ CHUNK_BYTES = 1 << 20
 
 class DataPrepareError(Exception):
     """A problem with the user's input; the message says what and where (no traceback)."""
+
+
+class PrepareInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived while :func:`prepare` wrote its temporary files.
+
+    Raised in the main thread by the handler :func:`prepare` installs (only where the signal
+    had its default action), so the temporary files are removed as for Ctrl-C.
+    ``signum`` is the signal's number; the CLI exits ``128 + signum``, as the shell would.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def dataset_prefix(output_prefix: str, json_key: str, level: str = LEVEL) -> str:
@@ -98,6 +121,8 @@ class PrepareResult:
     tokens: int
     elapsed_s: float
     datasets: list[DatasetOutput] = field(default_factory=list)
+    #: One-line notes printed during the run (stale temporary files removed, ...).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -167,6 +192,8 @@ _STATE: dict[str, Any] = {}
 def _init_worker(config: _EncodeConfig) -> None:
     """Pool initializer: the parent handles Ctrl-C; each worker builds its own tokenizer."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in _TERMINATION_SIGNALS:  # the parent's handler is inherited through fork
+        signal.signal(signum, signal.SIG_DFL)
     _STATE["config"] = config
     _STATE["tokenizer"] = config.tokenizer.build()
 
@@ -418,6 +445,170 @@ def _check_outputs(
         )
 
 
+# --------------------------------------------------------------------------- temporary files
+
+#: Signals that end a run with its temporary files removed (SIGINT raises KeyboardInterrupt).
+_TERMINATION_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+def _install_termination_handlers() -> dict[int, Any]:
+    """Make SIGTERM/SIGHUP raise :class:`PrepareInterrupted` in the main thread.
+
+    Only signals that still have their default action are taken (an ignored SIGHUP under
+    ``nohup``, or an application's own handler, stays). A second signal gets the default
+    action (the process ends at once). Returns the replaced handlers, for
+    :func:`_restore_handlers`; nothing is installed outside the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        raise PrepareInterrupted(signum)
+
+    previous: dict[int, Any] = {}
+    for signum in _TERMINATION_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    for signum, old in previous.items():
+        signal.signal(signum, old)
+
+
+def _host_tag() -> str:
+    """This host's name as it goes into temporary file names: ``[A-Za-z0-9-]``, no dots."""
+    name = socket.gethostname().split(".")[0]
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:40] or "host"
+
+
+def _tmp_tag() -> str:
+    """``tmp-HOST-PID-HEX``: the part of this run's temporary file names that is its own."""
+    return f"tmp-{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+_TMP_MARK = f"_{LEVEL}.tmp-"
+
+
+def _tmp_owner(name: str) -> tuple[str, int] | None:
+    """``(host, pid)`` of a temporary file name ``*_document.tmp-[HOST-]PID-HEX.{bin,idx}``.
+
+    ``host`` is ``""`` in names without it (written before hosts were named); None when
+    ``name`` is not a temporary file name of :func:`prepare`.
+    """
+    stem, _, ext = name.rpartition(".")
+    _, mark, tag = stem.rpartition(_TMP_MARK)
+    if ext not in ("bin", "idx") or not mark:
+        return None
+    parts = tag.split("-")
+    if len(parts) < 2:
+        return None
+    host, pid, hex_part = "-".join(parts[:-2]), parts[-2], parts[-1]
+    if not (pid.isascii() and pid.isdigit()) or not re.fullmatch(r"[0-9a-f]{8}", hex_part):
+        return None
+    return host, int(pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (a pid of another user counts)."""
+    if os.name != "posix":
+        return True  # no cheap check: keep the files
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, OSError):
+        return False
+    return True
+
+
+def _size_text(nbytes: int) -> str:
+    if nbytes < 1000:
+        return f"{nbytes} B"
+    for unit, scale in (("KB", 1e3), ("MB", 1e6), ("GB", 1e9)):
+        if nbytes < 1000 * scale or unit == "GB":
+            return f"{nbytes / scale:,.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _remove_stale_tmp(output_prefix: str, protected: list[tuple[str, str]]) -> list[str]:
+    """Remove the temporary files of dead runs under ``output_prefix``; returns the notes.
+
+    A file is one of ours by its name (:func:`_tmp_owner`), below the prefix's folder and
+    starting with ``{basename(output_prefix)}_``, for any key. It is removed when it was
+    written on this host (or before hosts were named) by a pid that does not run. Files of a
+    live pid or of another host are kept and named in a note; an input file is never removed.
+    A pid reused by an unrelated process keeps its files until that process ends.
+    """
+    directory = os.path.dirname(output_prefix) or "."
+    start = os.path.basename(output_prefix) + "_"
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    host = _host_tag()
+    removed: dict[int, list[str]] = {}
+    kept: dict[str, list[str]] = {}
+    freed = 0
+    failed: list[str] = []
+    for name in names:
+        owner = _tmp_owner(name) if name.startswith(start) else None
+        if owner is None:
+            continue
+        file_host, pid = owner
+        path = os.path.join(directory, name)
+        if file_host and file_host != host:
+            owner_text = f"of host {file_host} (its pid {pid} cannot be checked from here)"
+            kept.setdefault(owner_text, []).append(path)
+            continue
+        if pid == os.getpid() or _pid_alive(pid):
+            kept.setdefault(f"of a running process (pid {pid})", []).append(path)
+            continue
+        if any(_same_file(value, path) for _, value in protected):
+            continue
+        try:
+            info = os.lstat(path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                continue
+            os.remove(path)
+        except OSError as exc:
+            failed.append(f"{path} ({exc.strerror})")
+            continue
+        freed += info.st_size
+        removed.setdefault(pid, []).append(path)
+    notes = []
+    if removed:
+        count = sum(len(paths) for paths in removed.values())
+        pids = ", ".join(str(pid) for pid in removed)
+        paths = ", ".join(p for group in removed.values() for p in group)
+        notes.append(
+            f"removed {count} stale temporary file{'s' if count != 1 else ''} "
+            f"({_size_text(freed)}) of interrupted runs (pid {pids}: not running): {paths}"
+        )
+    for owner_text, paths in kept.items():
+        notes.append(
+            f"left {len(paths)} temporary file{'s' if len(paths) != 1 else ''} {owner_text} "
+            f"alone: {', '.join(paths)}"
+        )
+    if failed:
+        notes.append(f"could not remove stale temporary files: {', '.join(failed)}")
+    return notes
+
+
+def _note(console: Console, notes: list[str], text: str) -> None:
+    """Print a one-line note on ``console`` and keep it for the result."""
+    notes.append(text)
+    console.print(f"note: {text}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
@@ -486,6 +677,7 @@ def prepare(
         DataPrepareError: bad input file, JSON, keys, or tokenizer arguments; an output name
             that is an input file, or (without ``force``) already exists. Any exception
             (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
+        PrepareInterrupted: SIGTERM or SIGHUP during the run (temporary files removed).
     """
     input_name = os.fspath(input_path)
     output_prefix = os.fspath(output_prefix)
@@ -523,6 +715,8 @@ def prepare(
         raise DataPrepareError(
             f"--append-eod: the {spec.tokenizer_type} tokenizer has no end-of-document token"
         )
+    console = console or Console(stderr=True)
+    notes: list[str] = []
 
     import numpy as np
 
@@ -541,8 +735,12 @@ def prepare(
                 f"cannot create output directory {out_dir}: {exc.strerror}"
             ) from None
 
-    tag = f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    for text in _remove_stale_tmp(output_prefix, protected):
+        _note(console, notes, text)
+
+    tag = _tmp_tag()
     tmp = {key: f"{outputs[key].prefix}.{tag}" for key in keys}
+    handlers: dict[int, Any] = {}
     builders: dict[str, Any] = {}
     renamed_bins: set[str] = set()
     config = _EncodeConfig(
@@ -552,10 +750,10 @@ def prepare(
         input_name=input_name,
         dtype=dtype.name,
     )
-    console = console or Console(stderr=True)
     documents = 0
     start = time.perf_counter()
     try:
+        handlers.update(_install_termination_handlers())
         for key in keys:
             try:
                 builders[key] = IndexedDatasetBuilder(tmp[key] + ".bin", dtype=dtype.type)
@@ -613,6 +811,8 @@ def prepare(
             if key in renamed_bins and not os.path.exists(outputs[key].idx_path):
                 _remove(outputs[key].bin_path)
         raise
+    finally:
+        _restore_handlers(handlers)
     elapsed = time.perf_counter() - start
 
     return PrepareResult(
@@ -628,6 +828,7 @@ def prepare(
         tokens=sum(o.tokens for o in outputs.values()),
         elapsed_s=elapsed,
         datasets=[outputs[key] for key in keys],
+        notes=notes,
     )
 
 
@@ -745,13 +946,15 @@ def prepare_command(
     except DataPrepareError as exc:
         err.print(f"error: {exc}", style="bold red", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(code=EXIT_USAGE) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, PrepareInterrupted) else int(signal.SIGINT)
         err.print(
-            "interrupted: temporary files removed, no dataset written",
+            f"interrupted ({signal.Signals(signum).name}): temporary files removed, "
+            "no dataset written",
             style="bold red",
             markup=False,
         )
-        raise typer.Exit(code=130) from None
+        raise typer.Exit(code=128 + signum) from None
     if json_output:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:

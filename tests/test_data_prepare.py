@@ -645,8 +645,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 
-@pytest.mark.parametrize(("signame", "workers"), [("SIGTERM", 2), ("SIGINT", 1)])
-def test_signal_mid_run_removes_temporary_files(signame, workers, tmp_path):
+def test_sigterm_mid_run_removes_temporary_files(tmp_path):
+    """A real SIGTERM to a CLI process with a worker pool (Ctrl-C, a KeyboardInterrupt, is
+    covered in-process above; a subprocess here costs the megatron-core import)."""
     import signal
     import time
 
@@ -655,7 +656,7 @@ def test_signal_mid_run_removes_temporary_files(signame, workers, tmp_path):
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
         [sys.executable, "-c", SLOW_PREPARE, str(ready),
-         *_null_cli(corpus, out / "ds", "--workers", str(workers))],
+         *_null_cli(corpus, out / "ds", "--workers", "2")],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -665,15 +666,14 @@ def test_signal_mid_run_removes_temporary_files(signame, workers, tmp_path):
             assert time.monotonic() < deadline, "prepare did not reach its second chunk"
             time.sleep(0.05)
         assert [p for p in _files(out) if ".tmp-" in p]  # the run is writing them
-        proc.send_signal(getattr(signal, signame))
+        proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    signum = int(getattr(signal, signame))
-    assert proc.returncode == 128 + signum, stderr
-    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted (SIGTERM)" in stderr and "Traceback" not in stderr
     assert _files(out) == []
 
 
@@ -701,9 +701,9 @@ def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
     corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(3))
     result = _invoke(_null_cli(corpus, out / "ds"))
     assert result.exit_code == 0, result.output
-    notes = [line for line in result.stderr.splitlines() if "stale" in line]
+    notes = [line for line in result.stderr.splitlines() if "removed" in line]
     assert len(notes) == 1, result.stderr
-    assert "removed 3 stale temporary files" in notes[0] and f"pid {dead}" in notes[0]
+    assert notes[0].startswith("note: removed 3 stale temporary files") and f"pid {dead}" in notes[0]
     assert "not running" in notes[0]
     assert _files(out) == sorted(kept + ["ds_text_document.bin", "ds_text_document.idx"])
     assert f"pid {live}" in result.stderr  # the live run's files are named, and left alone
