@@ -8,8 +8,12 @@ or a list of strings that become the document's sequences. Empty sequences are d
 appended to the last sequence of non-empty documents with ``--append-eod``, and a document with
 no tokens adds a document boundary only, all as Megatron does.
 
-Lines are read in the parent, parsed and tokenized in ``--workers`` processes in chunks of
-lines, and written in input order, so the bytes do not depend on the worker count. Both files
+Lines are read in the parent, parsed and tokenized in ``--workers`` processes (at most the
+CPUs this process may use) in chunks of lines, and written in input order, so the bytes do not
+depend on the worker count. A line is read with a bounded ``readline``: one longer than
+``--max-line-bytes`` (default :data:`MAX_LINE_BYTES`) is an error naming the line and its
+length, and never sits whole in memory. Every bad line (invalid or too deeply nested JSON, a
+missing key, a line too long) stops the run with its line number. Both files
 are written as ``PREFIX.tmp-*.bin/.idx`` and renamed at the end (``.idx`` last): an interrupted
 run leaves no ``PREFIX.idx``, and a dataset from an earlier run stays intact until the new one
 is complete.
@@ -41,6 +45,7 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -67,6 +72,13 @@ LEVEL = "document"
 CHUNK_DOCS = 32
 #: ... or about this many bytes, whichever comes first.
 CHUNK_BYTES = 1 << 20
+#: Default ``--max-line-bytes``: the longest line (one document) read, newline not counted.
+#: A line is parsed and tokenized whole; GPT-2 byte-level BPE (HuggingFace ``tokenizers``)
+#: peaked at about 150 bytes of memory per byte of text (a 4 MB line: +620 MB resident), so
+#: 8 MiB keeps a worker near 1.3 GB while allowing book-length documents.
+MAX_LINE_BYTES = 8 << 20
+#: Block size for measuring (not keeping) the rest of a line over the limit.
+_SKIP_BLOCK = 1 << 20
 
 
 class DataPrepareError(Exception):
@@ -142,19 +154,57 @@ class PrepareResult:
 class _Chunk:
     lines: list[tuple[int, bytes]]  # (1-based line number, raw line); blank lines left out
     nbytes: int  # bytes of input this chunk covers, blank lines included
+    #: (line number, length in bytes) of a line over --max-line-bytes; it ends the input.
+    too_long: Optional[tuple[int, int]] = None
 
 
-def _read_chunks(path: str, chunk_docs: int, chunk_bytes: int) -> Iterator[_Chunk]:
+def _rest_of_line(handle: Any) -> int:
+    """Read to the end of the current line in blocks; returns its bytes, newline not counted."""
+    total = 0
+    while True:
+        block = handle.readline(_SKIP_BLOCK)
+        if not block:
+            return total
+        if block.endswith(b"\n"):
+            return total + len(block) - 1
+        total += len(block)
+
+
+def _read_chunks(
+    path: str, chunk_docs: int, chunk_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[_Chunk]:
+    """Chunks of the input's lines; at most ``max_line_bytes + 1`` bytes of a line are read.
+
+    A line longer than ``max_line_bytes`` (newline not counted) ends the input with a chunk
+    whose ``too_long`` names it (the lines before it come first, so errors keep input order).
+    Raises DataPrepareError when the file cannot be read.
+    """
     lines: list[tuple[int, bytes]] = []
     size = 0
-    with open(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
-            size += len(raw)
-            if raw.strip():
-                lines.append((lineno, raw))
-            if len(lines) >= chunk_docs or size >= chunk_bytes:
-                yield _Chunk(lines, size)
-                lines, size = [], 0
+    lineno = 0
+    try:
+        with open(path, "rb") as handle:
+            while True:
+                raw = handle.readline(max_line_bytes + 1)
+                if not raw:
+                    break
+                lineno += 1
+                if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                    length = len(raw) + _rest_of_line(handle)
+                    if lines or size:
+                        yield _Chunk(lines, size)
+                    yield _Chunk([], 0, too_long=(lineno, length))
+                    return
+                size += len(raw)
+                if raw.strip():
+                    lines.append((lineno, raw))
+                if len(lines) >= chunk_docs or size >= chunk_bytes:
+                    yield _Chunk(lines, size)
+                    lines, size = [], 0
+    except OSError as exc:
+        raise DataPrepareError(
+            f"--input {path}: cannot read it (line {lineno + 1}): {exc.strerror or exc}"
+        ) from None
     if lines or size:
         yield _Chunk(lines, size)
 
@@ -169,6 +219,7 @@ class _EncodeConfig:
     append_eod: bool
     input_name: str
     dtype: str  # numpy dtype name of the output
+    max_line_bytes: int = MAX_LINE_BYTES
 
 
 @dataclass
@@ -203,11 +254,25 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "number")
 
 
+def _short(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message, cut to ``limit`` characters (some quote the whole input)."""
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+
+
 def _encode_chunk(chunk: _Chunk) -> _EncodedChunk:
     """Parse and tokenize one chunk (runs in a worker); raises DataPrepareError on bad input."""
     import numpy as np
 
     config: _EncodeConfig = _STATE["config"]
+    if chunk.too_long is not None:
+        lineno, length = chunk.too_long
+        raise DataPrepareError(
+            f"{config.input_name}:{lineno}: the line has {length:,} bytes, more than "
+            f"--max-line-bytes {config.max_line_bytes:,}; a line is parsed and tokenized whole "
+            "in memory (a byte-level BPE needs about 150 bytes per byte of text). Split the "
+            f"document, drop the line, or raise the limit: --max-line-bytes {length}"
+        )
     tokenizer = _STATE["tokenizer"]
     eod, vocab_size = tokenizer.eod, int(tokenizer.vocab_size)
     dtype = np.dtype(config.dtype)
@@ -220,6 +285,16 @@ def _encode_chunk(chunk: _Chunk) -> _EncodedChunk:
         where = f"{config.input_name}:{lineno}"
         try:
             record = json.loads(raw)
+        except RecursionError:
+            raise DataPrepareError(
+                f"{where}: invalid JSON (nested deeper than the JSON parser reads, about "
+                f"{sys.getrecursionlimit():,} levels); flatten the line or drop it"
+            ) from None
+        except MemoryError:
+            raise DataPrepareError(
+                f"{where}: out of memory parsing the line ({len(raw):,} bytes); lower "
+                "--max-line-bytes or --workers"
+            ) from None
         except json.JSONDecodeError as exc:
             raise DataPrepareError(
                 f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
@@ -252,10 +327,15 @@ def _encode_chunk(chunk: _Chunk) -> _EncodedChunk:
             for sentence in sentences:
                 try:
                     ids = tokenizer.tokenize(sentence)
+                except MemoryError:
+                    raise DataPrepareError(
+                        f"{where}: out of memory tokenizing key {key!r} (the line has "
+                        f"{len(raw):,} bytes); lower --max-line-bytes or --workers"
+                    ) from None
                 except Exception as exc:
                     raise DataPrepareError(
                         f"{where}: {config.tokenizer.tokenizer_type} cannot tokenize key "
-                        f"{key!r}: {exc}"
+                        f"{key!r}: {_short(exc)}"
                     ) from None
                 if len(ids) > 0:
                     doc_ids.extend(ids)
@@ -311,9 +391,15 @@ class _ChunkEncoder:
 
     def __enter__(self) -> "_ChunkEncoder":
         if self.workers > 1:
-            self.pool = _mp_context().Pool(
-                self.workers, initializer=_init_worker, initargs=(self.config,)
-            )
+            try:
+                self.pool = _mp_context().Pool(
+                    self.workers, initializer=_init_worker, initargs=(self.config,)
+                )
+            except OSError as exc:
+                raise DataPrepareError(
+                    f"--workers {self.workers}: cannot start the worker processes "
+                    f"({exc.strerror or exc}); use fewer --workers"
+                ) from None
         else:
             _STATE["config"] = self.config
             _STATE["tokenizer"] = self.tokenizer
@@ -609,6 +695,14 @@ def _note(console: Console, notes: list[str], text: str) -> None:
     console.print(f"note: {text}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
+def _cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, as under SLURM or taskset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
@@ -649,6 +743,7 @@ def prepare(
     workers: int = 1,
     append_eod: bool = False,
     force: bool = False,
+    max_line_bytes: int = MAX_LINE_BYTES,
     show_progress: bool = False,
     console: Console | None = None,
     chunk_docs: int = CHUNK_DOCS,
@@ -662,11 +757,13 @@ def prepare(
         tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size: passed to
             :func:`dlmspec.tokenizers.build_tokenizer`.
         json_keys: fields to tokenize, one dataset each (``"a,b"`` also splits).
-        workers: tokenizer processes; 1 tokenizes in this process. Output bytes do not
-            depend on it.
+        workers: tokenizer processes; 1 tokenizes in this process. More than the CPUs this
+            process may use is capped there, with a note. Output bytes do not depend on it.
         append_eod: append the tokenizer's EOD to every non-empty document.
         force: replace files at the output names (a dataset from an earlier run). An output
             that is an input file is refused even so.
+        max_line_bytes: longest line read, in bytes, newline not counted; a longer line is
+            a DataPrepareError naming it (it is measured, never held whole in memory).
         show_progress: draw a rich progress bar on ``console`` (default: stderr).
         chunk_docs, chunk_bytes: size of the unit of work sent to a worker.
 
@@ -674,8 +771,9 @@ def prepare(
         A :class:`PrepareResult` with the counts and the written paths.
 
     Raises:
-        DataPrepareError: bad input file, JSON, keys, or tokenizer arguments; an output name
-            that is an input file, or (without ``force``) already exists. Any exception
+        DataPrepareError: bad input file, JSON (also nested too deeply), keys, a line over
+            ``max_line_bytes``, or tokenizer arguments; an output name that is an input file,
+            or (without ``force``) already exists; a write error (disk full). Any exception
             (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
         PrepareInterrupted: SIGTERM or SIGHUP during the run (temporary files removed).
     """
@@ -684,7 +782,20 @@ def prepare(
     keys = _parse_json_keys(json_keys)
     if int(workers) < 1:
         raise DataPrepareError(f"--workers must be at least 1, got {workers}")
+    if int(max_line_bytes) < 1:
+        raise DataPrepareError(f"--max-line-bytes must be at least 1, got {max_line_bytes}")
+    console = console or Console(stderr=True)
+    notes: list[str] = []
     workers = int(workers)
+    cpus = _cpu_count()
+    if workers > cpus:
+        _note(
+            console,
+            notes,
+            f"--workers {workers:,} is more than the {cpus} CPUs this process can use; "
+            f"using {cpus} workers",
+        )
+        workers = cpus
     _check_input(input_name)
     outputs = {
         key: DatasetOutput(
@@ -715,8 +826,6 @@ def prepare(
         raise DataPrepareError(
             f"--append-eod: the {spec.tokenizer_type} tokenizer has no end-of-document token"
         )
-    console = console or Console(stderr=True)
-    notes: list[str] = []
 
     import numpy as np
 
@@ -749,6 +858,7 @@ def prepare(
         append_eod=bool(append_eod),
         input_name=input_name,
         dtype=dtype.name,
+        max_line_bytes=int(max_line_bytes),
     )
     documents = 0
     start = time.perf_counter()
@@ -775,7 +885,9 @@ def prepare(
                         documents=0,
                         tokens=0,
                     )
-                chunks = _read_chunks(input_name, max(1, chunk_docs), max(1, chunk_bytes))
+                chunks = _read_chunks(
+                    input_name, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes)
+                )
                 for encoded in encoder.imap(chunks):
                     for key, part in encoded.keys.items():
                         _write_documents(builders[key], part, outputs[key])
@@ -800,7 +912,7 @@ def prepare(
             os.replace(tmp[key] + ".bin", out.bin_path)
             renamed_bins.add(key)
             os.replace(tmp[key] + ".idx", out.idx_path)
-    except BaseException:
+    except BaseException as exc:
         for key in keys:
             builder = builders.get(key)
             if builder is not None:
@@ -810,6 +922,12 @@ def prepare(
             _remove(tmp[key] + ".idx")
             if key in renamed_bins and not os.path.exists(outputs[key].idx_path):
                 _remove(outputs[key].bin_path)
+        if isinstance(exc, OSError):  # disk full, quota, permissions: input reads raise their own
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise DataPrepareError(
+                f"--output-prefix {output_prefix}: cannot write the dataset in "
+                f"{out_dir or os.curdir}{where}: {exc.strerror or exc}; temporary files removed"
+            ) from None
         raise
     finally:
         _restore_handlers(handlers)
@@ -911,7 +1029,16 @@ def prepare_command(
     json_keys: list[str] = typer.Option(
         ["text"], "--json-keys", help="Field(s) to tokenize, one dataset each; repeat or a,b."
     ),
-    workers: int = typer.Option(1, "--workers", help="Tokenizer processes."),
+    workers: int = typer.Option(
+        1, "--workers", help="Tokenizer processes (capped at the CPUs this process can use)."
+    ),
+    max_line_bytes: int = typer.Option(
+        MAX_LINE_BYTES,
+        "--max-line-bytes",
+        help="Longest line (document) read, in bytes, newline not counted; a longer line is "
+        "an error naming it. Each worker holds a line whole while tokenizing it: about 150x "
+        "its size with a byte-level BPE.",
+    ),
     append_eod: bool = typer.Option(
         False, "--append-eod", help="Append the tokenizer's EOD id to every document."
     ),
@@ -940,6 +1067,7 @@ def prepare_command(
             workers=workers,
             append_eod=append_eod,
             force=force,
+            max_line_bytes=max_line_bytes,
             show_progress=show_progress,
             console=err,
         )
