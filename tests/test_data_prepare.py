@@ -651,12 +651,13 @@ def test_sigterm_mid_run_removes_temporary_files(tmp_path):
     import signal
     import time
 
-    corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(200))
+    corpus = _write(tmp_path, "corpus.jsonl", [json.dumps({"text": f"document {i}"})
+                                                for i in range(200)])
     out = tmp_path / "out"
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_PREPARE, str(ready),
-         *_null_cli(corpus, out / "ds", "--workers", "2")],
+        [sys.executable, "-c", SLOW_PREPARE, str(ready), "--input", str(corpus),
+         "--output-prefix", str(out / "ds"), *GPT2_CLI, "--workers", "2"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -767,10 +768,10 @@ import resource, sys
 from dlmspec import data_prepare
 from dlmspec.tokenizers import TokenizerSpec
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-TokenizerSpec(tokenizer_type="NullTokenizer", vocab_size=10).build()
+TokenizerSpec(tokenizer_type="GPT2BPETokenizer", vocab_file=sys.argv[1], merge_file=sys.argv[2]).build()
 size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
 resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
-data_prepare.app(["prepare", "--no-progress", *sys.argv[1:]], prog_name="dlmspec data")
+data_prepare.app(["prepare", "--no-progress", *sys.argv[3:]], prog_name="dlmspec data")
 """
 
 
@@ -779,10 +780,11 @@ def test_cli_giant_line_stays_bounded_under_rlimit(tmp_path):
     path = tmp_path / "giant.jsonl"
     with path.open("wb") as handle:
         handle.write(b'{"text": "')
-        handle.write(b"12 " * (14 << 20) + b"12")  # 42 MiB: 14 M tokens if parsed whole
+        handle.write(b"12 " * (14 << 20) + b"12")  # 42 MiB: 14 M GPT-2 tokens if parsed whole
         handle.write(b'"}\n')
     proc = subprocess.run(
-        [sys.executable, "-c", BOUNDED_PREPARE, *_null_cli(path, tmp_path / "ds")],
+        [sys.executable, "-c", BOUNDED_PREPARE, VOCAB, MERGES,
+         "--input", str(path), "--output-prefix", str(tmp_path / "ds"), *GPT2_CLI],
         env=_env(), capture_output=True, text=True, timeout=120,
     )
     stderr = " ".join(proc.stderr.split())
