@@ -11,7 +11,9 @@ Limits (each refused with one issue, never a hang, a RecursionError or unbounded
 files are read only when they are regular files (never pipes or devices, which can block or
 never end) of at most :data:`MAX_SPEC_BYTES`; tables and arrays nest at most :data:`MAX_DEPTH`
 levels (in files, Python specs and ``--set``); an ``extends`` chain has at most
-:data:`MAX_EXTENDS` files.
+:data:`MAX_EXTENDS` files; integers fit in int64 (:data:`INT64_MAX`), what megatron-core,
+torch and numpy hold counts, sizes, ids and seeds in (larger ones made :mod:`dlmspec.resolve`
+and the planner raise OverflowError).
 
 pydantic and the spec models (:mod:`dlmspec.spec`) are imported only to validate: with
 ``load(..., fast=True)`` (``dlmspec validate`` and ``plan``) a plainly valid spec is checked by
@@ -51,6 +53,9 @@ MAX_DEPTH = 32
 #: Most files in an ``extends`` chain, the spec itself included (real chains have 2 or 3; a
 #: chain of about 1000 raised RecursionError).
 MAX_EXTENDS = 32
+
+#: Largest integer a spec holds (int64); the smallest is ``-INT64_MAX - 1``.
+INT64_MAX = 2**63 - 1
 
 #: The fix of a nesting issue.
 _SPEC_DEPTH_HINT = ("write it flatter, as the spec's keys (the deepest is cluster.slurm.env.NAME); "
@@ -168,8 +173,18 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> list[str]:
     return keys
 
 
-class _TooDeep(ValueError):
+class _SetValueError(ValueError):
+    """A ``--set`` value that cannot be read; ``hint`` says what works."""
+
+    hint = ""
+
+
+class _TooDeep(_SetValueError):
     """A ``--set`` value nested deeper than :data:`MAX_DEPTH` (see :func:`parse_set_value`)."""
+
+
+class _TooLong(_SetValueError):
+    """A ``--set`` value holding an integer of more digits than Python reads."""
 
 
 def _nesting_message() -> str:
@@ -183,7 +198,8 @@ def parse_set_value(text: str) -> Any:
     schema then types (``--set cluster.gpu=h200`` works without quotes).
 
     Raises:
-        ValueError: the value nests arrays or inline tables more than :data:`MAX_DEPTH` deep.
+        ValueError: the value nests arrays or inline tables more than :data:`MAX_DEPTH` deep, or
+            holds an integer longer than Python reads (4300 digits).
     """
     try:
         value = tomllib.loads(f"v = {text}")["v"]
@@ -191,6 +207,8 @@ def parse_set_value(text: str) -> Any:
         return text
     except RecursionError:
         raise _TooDeep(_nesting_message()) from None
+    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+        raise _TooLong(_LONG_NUMBER) from None
     if too_deep(value) is not None:
         raise _TooDeep(_nesting_message())
     return value
@@ -211,6 +229,47 @@ def too_deep(data: Any, limit: int = MAX_DEPTH) -> tuple[Any, ...] | None:
         for key, value in reversed(items):
             if isinstance(value, (dict, list, tuple)):
                 stack.append((value, depth + 1, (*path, key)))
+    return None
+
+
+_LONG_NUMBER = ("an integer with more digits than Python reads (4300): no spec value needs more than 19, "
+                "the digits of int64")
+_INT64_HINT = f"use a value that fits in int64 (-{INT64_MAX + 1} .. {INT64_MAX})"
+
+
+def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[SpecIssue]:
+    """An issue per integer of ``data`` outside int64 (iterative; ``data`` is at most
+    :data:`MAX_DEPTH` deep by now)."""
+    issues = []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, (*where, k)) for k, v in reversed(list(node.items())))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, (*where, i)) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, int) and not isinstance(node, bool) and not -INT64_MAX - 1 <= node <= INT64_MAX:
+            key = ".".join(_leading_keys(where)) or "<root>"
+            digits = str(abs(node))
+            shown: Any = node if len(digits) <= 30 else f"{'-' if node < 0 else ''}{digits[:12]}... ({len(digits)} digits)"
+            file, line = locate_key(origins, key, path)
+            example = _default_example(key)
+            issues.append(SpecIssue(key, f"does not fit in int64 (-{INT64_MAX + 1} .. {INT64_MAX}), the integer type "
+                                    "megatron-core, torch and numpy hold counts, sizes, ids and seeds in",
+                                    value=shown, hint=_INT64_HINT + (f", e.g. {example}" if example else ""),
+                                    rule="int64", file=file, line=line))
+    return issues
+
+
+def _default_example(key: str) -> str | None:
+    """``leaf = default`` for the spec key ``key`` when its default is an integer (imports the
+    spec models: error reports only)."""
+    *table, leaf = key.split(".")
+    model = _model_at(table)
+    field = model.model_fields.get(leaf) if model is not None else None
+    default = getattr(field, "default", None)
+    if isinstance(default, int) and not isinstance(default, bool):
+        return f"{leaf} = {default}"
     return None
 
 
@@ -377,6 +436,17 @@ def _nesting_error(path: Path, text: str, lines: dict[str, int], key_path: tuple
                                 rule="nesting", file=str(path), line=line)])
 
 
+def _long_number_error(path: Path, text: str) -> SpecError:
+    """The issue of a TOML file holding an integer longer than Python reads, at its line."""
+    match = re.search(r"[0-9_]{4301,}", text)
+    line = text.count("\n", 0, match.start()) + 1 if match else None
+    above = [(n, k) for k, n in line_map(text).items() if line is not None and n <= line]
+    key = max(above)[1] if above else "<toml>"
+    source = text.splitlines()[line - 1].strip() if line else ""
+    return SpecError([SpecIssue(key, _LONG_NUMBER, value=_excerpt(source) or None, hint=_INT64_HINT, rule="int64",
+                                file=str(path), line=line)])
+
+
 def _leading_keys(path: tuple[Any, ...]) -> list[str]:
     keys = []
     for part in path:
@@ -451,6 +521,8 @@ def _read_toml(path: Path, ref: _Ref | None) -> tuple[dict[str, Any], dict[str, 
         ) from None
     except RecursionError:
         raise _nesting_error(path, text, line_map(text), None, _deep_line(text)) from None
+    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+        raise _long_number_error(path, text) from None
     lines = line_map(text)
     deep = too_deep(data)
     if deep is not None:
@@ -715,14 +787,18 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
             if too_deep(value, MAX_DEPTH - len(parts)) is not None:
                 raise _TooDeep(_nesting_message())
             set_dotted(data, key, value)
-        except _TooDeep as exc:
-            issues.append(SpecIssue(_short_key(parts), str(exc), value=_excerpt(item), hint=_SPEC_DEPTH_HINT,
+        except _SetValueError as exc:
+            hint = _SPEC_DEPTH_HINT if isinstance(exc, _TooDeep) else _INT64_HINT
+            issues.append(SpecIssue(_short_key(parts), str(exc), value=_excerpt(item), hint=hint,
                                     rule="set", file="--set"))
             continue
         except ValueError as exc:
-            issues.append(SpecIssue(key, str(exc), value=item, rule="set"))
+            issues.append(SpecIssue(key, str(exc), value=_excerpt(item), rule="set"))
             continue
         origins[key] = ("--set", None)
+    if issues:
+        raise SpecError(issues)
+    issues = _int64_issues(data, origins, path)
     if issues:
         raise SpecError(issues)
     spec: Any = None
