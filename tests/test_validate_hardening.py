@@ -316,7 +316,9 @@ SETS = [[f"train.train_iters={2**64}"], [f"train.train_tokens={10**30}"],
         ["data.num_workers=1000000"], [f"cluster.nodes={2**40}"],
         [f"cluster.nodes={2**40}", f"train.global_batch_size={2**45}"], [f"cluster.nodes={2**17}"],
         [f"train.seed={2**64}"], ["model.vocab_size=1" + "0" * 5000], [f"train.seq_length={2**62}"],
-        [f"train.train_iters={10**400}"], [f"model.vocab_size={10**400}"], [f"model.num_experts={10**400}"]]
+        [f"train.train_iters={10**400}"], [f"model.vocab_size={10**400}"], [f"model.num_experts={10**400}"],
+        # within int32 and int64, but a search over them divided by every integer up to the size
+        [f"cluster.nodes={2**25}"], [f"train.global_batch_size={2**40}"], [f"train.global_batch_size={2**63 - 25}"]]
 
 
 @pytest.mark.parametrize("command", [["validate"], ["plan"], ["plan", "--search"]])
