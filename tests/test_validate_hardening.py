@@ -340,3 +340,15 @@ def test_absurd_magnitudes_exit_cleanly_and_quickly(tmp_path: Path, command: lis
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_the_fast_path_finds_the_same(tmp_path: Path) -> None:
+    """Each failing example, loaded from TOML with and without pydantic (dlmspec.fastspec):
+    the same issues."""
+    import tomli_w
+
+    for i, (rule, changes, _, _, _) in enumerate(CASES):
+        path = tmp_path / f"case{i}.toml"
+        path.write_text(tomli_w.dumps(make(changes)), encoding="utf-8")
+        fast, slow = (find_issues(load(path, fast=flag), paths=True) for flag in (True, False))
+        assert fast == slow and rule in {f.rule for f in fast}, rule
