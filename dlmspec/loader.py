@@ -251,7 +251,8 @@ def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[Spe
         elif isinstance(node, int) and not isinstance(node, bool) and not -INT64_MAX - 1 <= node <= INT64_MAX:
             key = ".".join(_leading_keys(where)) or "<root>"
             digits = str(abs(node))
-            shown: Any = node if len(digits) <= 30 else f"{'-' if node < 0 else ''}{digits[:12]}... ({len(digits)} digits)"
+            sign = "-" if node < 0 else ""
+            shown: Any = node if len(digits) <= 30 else f"{sign}{digits[:12]}... ({len(digits)} digits)"
             file, line = locate_key(origins, key, path)
             example = _default_example(key)
             issues.append(SpecIssue(key, f"does not fit in int64 (-{INT64_MAX + 1} .. {INT64_MAX}), the integer type "
@@ -276,11 +277,7 @@ def _default_example(key: str) -> str | None:
 def _short_key(path: tuple[Any, ...] | list[Any]) -> str:
     """The dotted key of ``path`` (up to its first list index), cut after 4 parts: what a
     nesting issue names."""
-    parts = []
-    for part in path:
-        if not isinstance(part, str):
-            break
-        parts.append(part)
+    parts = _leading_keys(tuple(path))
     if len(parts) > 4:
         return ".".join(parts[:4]) + "..."
     return ".".join(parts) or "<root>"
@@ -303,6 +300,7 @@ def _short_repr(value: Any) -> str:
 
 
 def _file_kind(mode: int) -> str:
+    """What a file that is not regular is, for messages (``stat`` mode)."""
     for test, kind in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -424,7 +422,7 @@ def _nesting_error(path: Path, text: str, lines: dict[str, int], key_path: tuple
     """The nesting issue of the TOML file ``path``: at ``key_path`` (from :func:`too_deep`),
     else at ``line``, naming the key written on or above that line."""
     if key_path is not None:
-        full = ".".join(p for p in _leading_keys(key_path))
+        full = ".".join(_leading_keys(key_path))
         origins: dict[str, Origin] = {k: (str(path), n) for k, n in lines.items()}
         line = locate_key(origins, full, path)[1]
         key = _short_key(key_path)
@@ -448,6 +446,7 @@ def _long_number_error(path: Path, text: str) -> SpecError:
 
 
 def _leading_keys(path: tuple[Any, ...]) -> list[str]:
+    """The keys at the start of ``path``, up to its first list index."""
     keys = []
     for part in path:
         if not isinstance(part, str):
@@ -758,7 +757,10 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         The :class:`LoadedSpec`.
 
     Raises:
-        SpecError: unreadable file, invalid TOML, circular ``extends``, a malformed ``--set``,
+        SpecError: unreadable file (missing, a directory, not a regular file, larger than
+            :data:`MAX_SPEC_BYTES`), invalid TOML, nesting deeper than :data:`MAX_DEPTH`, an
+            ``extends`` chain longer than :data:`MAX_EXTENDS` or circular, integers beyond
+            int64, a malformed ``--set``,
             unknown keys, wrong types, out-of-range values (all of them, at once).
     """
     path = Path(path)
