@@ -45,7 +45,7 @@ def make(changes: dict[str, Any] | None = None) -> dict[str, Any]:
         if value is None:
             node.pop(last, None)
         else:
-            node[last] = value
+            node[last] = copy.deepcopy(value)  # a later key may write into it: CASES stay as written
     return data
 
 
