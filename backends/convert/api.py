@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from backends.convert import families, hf_io, mcore_io, mcore_model
+from backends.convert._atomic import check_separate
 from backends.convert.dims import ModelDims
 from backends.convert.errors import ConversionError
 
@@ -66,7 +67,7 @@ def hf_to_mcore(
         dtype: cast floating-point tensors (default: keep the stored dtype).
         spec: layer-norm naming used internally (``"local"``/``"te"``); the files are the same.
         layer_layout: ``"stacked"`` (megatron default) or ``"per_layer"``.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst``, replacing only the files convert writes.
 
     Returns:
         The :class:`ModelDims` written into the checkpoint's sidecar.
@@ -74,8 +75,10 @@ def hf_to_mcore(
     Raises:
         ConversionError: unknown family, unsupported config feature, a missing/unexpected
             tensor or a tensor whose shape disagrees with the target config (named), ``dst``
-            exists.
+            exists or is, holds or sits inside ``src``.
+        Interrupted: SIGTERM while writing (the temporary folder is removed).
     """
+    check_separate(src, dst)
     config = hf_io.read_hf_config(src)
     dims = _dims_for(config, dims, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp,
                      padded_vocab=padded_vocab)
@@ -109,15 +112,18 @@ def mcore_to_hf(
             one remembered in the sidecar. Dimensions always come from ``dims``.
         dtype: cast floating-point tensors (default: keep the stored dtype).
         max_shard_bytes: safetensors shard size limit.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst``, replacing only the files convert writes.
 
     Returns:
         The :class:`ModelDims` used.
 
     Raises:
         ConversionError: no dims available, a tensor missing from the checkpoint or shaped
-            unlike ``dims`` (named), ``dst`` exists.
+            unlike ``dims`` (named), ``dst`` exists or is, holds or sits inside ``src``.
+        Interrupted: SIGTERM while writing (the temporary folder is removed).
     """
+    check_separate(src, dst)
+    check_separate(mcore_io.resolve_checkpoint_dir(src), dst)
     sidecar = mcore_io.read_sidecar(src) or {}
     state, dims = mcore_io.load_mcore_checkpoint(src, dims)
     hf_state = families.mcore_to_hf_state_dict(state, dims)

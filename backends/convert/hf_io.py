@@ -20,6 +20,10 @@ SINGLE_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
+#: File names (``fnmatch`` patterns) :func:`write_hf_checkpoint` writes; with ``overwrite`` only
+#: these are replaced in an existing folder, everything else there is kept.
+OWNED_NAMES = (CONFIG_NAME, SINGLE_NAME, INDEX_NAME, "model-*-of-*.safetensors")
+
 
 def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed ``config.json`` of the checkpoint directory ``path``.
@@ -125,7 +129,9 @@ def write_hf_checkpoint(
     ``max_shard_bytes``, into ``model-0000i-of-0000n.safetensors`` shards plus
     ``model.safetensors.index.json`` (``metadata.total_size`` and ``weight_map``), the layout
     ``from_pretrained`` reads. Everything is written into a temporary sibling directory that is
-    renamed to ``dst`` only when complete.
+    renamed to ``dst`` only when complete; over an existing ``dst`` (``overwrite``) only the
+    files of :data:`OWNED_NAMES` are replaced, ``config.json`` last (see
+    :func:`backends.convert._atomic.atomic_directory`).
 
     Args:
         dst: target directory.
@@ -133,7 +139,7 @@ def write_hf_checkpoint(
         config: ``config.json`` content (see :func:`backends.convert.families.hf_config_from_dims`).
         dtype: cast floating-point tensors to this dtype (``None`` keeps them).
         max_shard_bytes: shard size limit.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst`` (other files there are kept).
 
     Returns:
         ``dst`` as a :class:`~pathlib.Path`.
@@ -160,7 +166,7 @@ def write_hf_checkpoint(
     if dtype is not None:
         cfg["dtype"] = str(dtype).removeprefix("torch.")
     dst = Path(dst)
-    with atomic_directory(dst, overwrite=overwrite) as tmp:
+    with atomic_directory(dst, overwrite=overwrite, owned=OWNED_NAMES, marker=CONFIG_NAME) as tmp:
         if len(shards) == 1:
             save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})
         else:

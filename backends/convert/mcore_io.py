@@ -49,6 +49,11 @@ from backends.convert.errors import ConversionError
 SIDECAR_NAME = "dlmspec_convert.json"
 LAYER_LAYOUTS = ("stacked", "per_layer")
 
+#: File names (``fnmatch`` patterns) :func:`save_mcore_checkpoint` writes; with ``overwrite`` only
+#: these are replaced in an existing folder, everything else there is kept. ``metadata.json``,
+#: which marks a complete dist checkpoint, is written last.
+OWNED_NAMES = (".metadata", "*.distcp", "common.pt", "metadata.json", SIDECAR_NAME)
+
 
 @contextmanager
 def process_group() -> Iterator[None]:
@@ -281,7 +286,8 @@ def save_mcore_checkpoint(
     The directory holds megatron's files (``.metadata``, ``*.distcp``, ``common.pt``,
     ``metadata.json``) and ``dlmspec_convert.json`` (the :class:`ModelDims`, layer layout and
     the source ``config.json``, used by :func:`load_mcore_checkpoint` and ``mcore_to_hf``).
-    It is written into a temporary sibling and renamed to ``dst`` when complete.
+    It is written into a temporary sibling and renamed to ``dst`` when complete; over an existing
+    ``dst`` (``overwrite``) only the files of :data:`OWNED_NAMES` are replaced.
 
     Args:
         dst: target directory (must not exist unless ``overwrite``).
@@ -290,7 +296,7 @@ def save_mcore_checkpoint(
         spec: layer-norm naming of ``state_dict``.
         layer_layout: ``"stacked"`` (default, megatron's homogeneous layout) or ``"per_layer"``.
         hf_config: the Hugging Face config to remember for the way back.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst`` (other files there are kept).
 
     Returns:
         ``dst`` as a :class:`~pathlib.Path`.
@@ -302,7 +308,8 @@ def save_mcore_checkpoint(
 
     families.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
                            f"megatron-core {dims.family}", ignore=("_extra_state",))
-    with atomic_directory(dst, overwrite=overwrite) as tmp, process_group(), _without_psutil_ok():
+    with atomic_directory(dst, overwrite=overwrite, owned=OWNED_NAMES, marker="metadata.json") as tmp, \
+            process_group(), _without_psutil_ok():
         ckpt = tmp / "ckpt"
         ckpt.mkdir()
         sharded = build_sharded_state_dict(state_dict, dims, spec=spec, layer_layout=layer_layout)
