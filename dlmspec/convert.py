@@ -11,7 +11,9 @@ Commands: ``hf-to-mcore SRC DST``, ``mcore-to-hf SRC DST``, ``verify HF MCORE``.
 
 Nothing a user wrote is lost: a DST that is, holds or sits inside SRC is refused (symbolic links
 resolved); an existing DST needs ``--force``, which replaces only the files convert writes and
-keeps the others. Ctrl-C or SIGTERM exits 130/143 without leaving a temporary folder.
+keeps the others. A broken input (corrupt or truncated files, a ``config.json`` or sidecar with
+wrong types or values, non-float or non-finite weights) gets exit code 2 and a message naming the
+file and the problem; Ctrl-C or SIGTERM exits 130/143 without leaving a temporary folder.
 """
 
 from __future__ import annotations
@@ -134,15 +136,13 @@ def hf_to_mcore_command(
     """Convert a Hugging Face checkpoint into megatron-core's dist-checkpoint format (loadable at
     any TP/PP); with --spec, a checkpoint that does not match the spec's model is refused."""
     from backends.convert import dims_from_hf_config, hf_to_mcore
+    from backends.convert.hf_io import read_hf_config
 
     config_path = src / "config.json"
     if not config_path.is_file():
         _fail(f"{config_path}: no config.json (is {src} a Hugging Face checkpoint folder?)")
     _check_paths(src, dst, force)
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        _fail(f"{config_path}: cannot read it as JSON: {exc}")
+    config = _run(read_hf_config, src)
     divisible_by = 128
     if spec:
         from dlmspec.loader import load
@@ -152,7 +152,8 @@ def hf_to_mcore_command(
         resolved = resolve(loaded.spec)
         tp = resolved.tp
         divisible_by = loaded.spec.model.make_vocab_size_divisible_by
-        dims = _run(dims_from_hf_config, config, make_vocab_size_divisible_by=divisible_by, tp=tp)
+        dims = _run(dims_from_hf_config, config, make_vocab_size_divisible_by=divisible_by, tp=tp,
+                    source=str(config_path))
         issues = spec_dims_issues(loaded, resolved, dims)
         if issues:
             raise SpecError(issues)
