@@ -222,6 +222,29 @@ def test_interrupt_during_the_write_exits_130_and_leaves_nothing(mcore, tmp_path
     assert _temporaries(tmp_path) == []
 
 
+def test_a_signal_during_megatron_save_waits_for_its_writers(hf, tmp_path, monkeypatch):
+    """SIGTERM while megatron-core saves takes effect when the save returns (its forked writers
+    are not killed mid-write); then the temporary folder is removed and the exit code is 143."""
+    import time
+
+    from megatron.core import dist_checkpointing
+
+    real_save, finished = dist_checkpointing.save, []
+
+    def save(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # Python runs a signal handler between these lines
+        result = real_save(*args, **kwargs)
+        finished.append(True)
+        return result
+
+    monkeypatch.setattr(dist_checkpointing, "save", save)
+    result = _convert("hf-to-mcore", hf, tmp_path / "out")
+    assert result.exit_code == 143, result.output
+    assert finished == [True]
+    assert not (tmp_path / "out").exists() and _temporaries(tmp_path) == []
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
