@@ -134,17 +134,28 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
-    """Defer SIGINT and SIGTERM until the body is done (the final moves are not interrupted)."""
+def signals_held() -> Iterator[None]:
+    """Defer SIGINT and SIGTERM until the body is done, then deliver them as they would have been.
+
+    Used for the final moves of :func:`atomic_directory` and around megatron-core's save, whose
+    forked writer processes (they inherit the handlers) would otherwise die mid-write, printing
+    their own tracebacks, while the temporary folder is removed under them. The handlers are
+    swapped (main thread only; elsewhere a no-op): a thread mask would not do, since any of
+    torch's threads may take the signal.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    held = (signal.SIGINT, signal.SIGTERM)
+    caught: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: caught.append(signum)) for signum in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 def _owned(name: str, owned: tuple[str, ...]) -> bool:
@@ -217,7 +228,7 @@ def atomic_directory(dst: str | os.PathLike[str], overwrite: bool = False, *, ow
     try:
         with _sigterm_raises():
             yield tmp
-            with _signals_held():  # a signal held here is raised when the moves are done
+            with signals_held():  # a signal held here is raised when the moves are done
                 if exists:
                     _replace_owned(tmp, dst, owned, marker)
                 else:

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from backends.convert import families
-from backends.convert._atomic import atomic_directory
+from backends.convert._atomic import atomic_directory, signals_held
 from backends.convert.dims import ModelDims
 from backends.convert.errors import ConversionError
 from backends.convert.hf_io import read_json_object
@@ -293,7 +293,9 @@ def save_mcore_checkpoint(
     ``metadata.json``) and ``dlmspec_convert.json`` (the :class:`ModelDims`, layer layout and
     the source ``config.json``, used by :func:`load_mcore_checkpoint` and ``mcore_to_hf``).
     It is written into a temporary sibling and renamed to ``dst`` when complete; over an existing
-    ``dst`` (``overwrite``) only the files of :data:`OWNED_NAMES` are replaced.
+    ``dst`` (``overwrite``) only the files of :data:`OWNED_NAMES` are replaced. Ctrl-C and SIGTERM
+    during megatron-core's save take effect when it returns (its forked writers finish), then
+    the temporary folder is removed.
 
     Args:
         dst: target directory (must not exist unless ``overwrite``).
@@ -319,7 +321,8 @@ def save_mcore_checkpoint(
         ckpt = tmp / "ckpt"
         ckpt.mkdir()
         sharded = build_sharded_state_dict(state_dict, dims, spec=spec, layer_layout=layer_layout)
-        dist_checkpointing.save(sharded, str(ckpt), sharded_strategy=_save_strategy())
+        with signals_held():  # Ctrl-C / SIGTERM wait for megatron's writers, then clean up
+            dist_checkpointing.save(sharded, str(ckpt), sharded_strategy=_save_strategy())
         for entry in ckpt.iterdir():
             os.replace(entry, tmp / entry.name)
         ckpt.rmdir()
