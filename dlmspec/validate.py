@@ -19,11 +19,13 @@ cluster. An unknown ``model.preset`` is reported by the loader (issue rule ``unk
 since the preset supplies the keys the schema needs.
 
 Public API: :func:`find_issues` (every issue, never raises), :func:`validate_spec` (what
-``dlmspec validate`` reports: the rules with path checks, the SLURM settings and the planned
-memory), :func:`check` (raises :class:`~dlmspec.errors.SpecError` when any error is found), and
-:func:`load_checked` (load, resolve and check a spec file in one call). Slurm settings are
-checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory` and
-what the bundled runtime cannot run yet by :func:`dlmspec.compile.unsupported_issues`.
+``dlmspec validate`` reports and ``dlmspec compile`` refuses: the rules with path checks, the
+SLURM settings, what the runtime cannot run and the planned memory), :func:`load_validated`
+(load a file and run :func:`validate_spec`: both commands start with it), :func:`check` (the
+rules only; raises :class:`~dlmspec.errors.SpecError` when any error is found), and
+:func:`load_checked` (load, resolve and :func:`check` a spec file in one call). Slurm settings
+are checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory`
+and what the bundled runtime cannot run yet by :func:`dlmspec.unsupported.unsupported_issues`.
 """
 
 from __future__ import annotations
@@ -586,6 +588,23 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
         )
 
 
+def _local_because(ctx: Context) -> str:
+    """``" (<reason>)"`` when ``transformer_impl = "auto"`` took the local layers because a
+    feature needs them (:func:`dlmspec.resolve.layer_path`), else ``""``."""
+    return f" ({ctx.r.transformer_impl_reason})" if ctx.spec.model.transformer_impl == "auto" else ""
+
+
+def _or_te(ctx: Context) -> str:
+    """The second fix of a Transformer Engine-only feature on the local layers: choose Transformer
+    Engine, or (where auto took the local layers for a feature) turn that feature off."""
+    if ctx.spec.model.transformer_impl == "local":
+        return ", or model.transformer_impl = 'transformer_engine'"
+    from dlmspec.resolve import layer_path_needs
+
+    local, _ = layer_path_needs(ctx.spec, ctx.r.attention_mask, ctx.r.cp)
+    return f", or turn off what needs the local layers ({', '.join(local)})"
+
+
 @_rule(
     "cp-local-allgather",
     "error",
@@ -594,17 +613,17 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
     "context parallelism on the local layers uses cp_comm_type 'allgather'",
 )
 def _cp_local(ctx: Context) -> Iterator[Finding]:
-    if ctx.r.cp == 1 or ctx.spec.model.transformer_impl != "local":
+    if ctx.r.cp == 1 or ctx.r.transformer_impl != "local":
         return
-    from dlmspec.plan.shape import LOCAL_CP_COMM_TYPES  # only here: validate stays light
+    from dlmspec.resolve import LOCAL_CP_COMM_TYPES
 
     comm = ctx.spec.parallel.cp_comm_type
     if comm not in LOCAL_CP_COMM_TYPES:
         yield Finding(
             "parallel.cp_comm_type",
             f"the local layers' SDPA attention implements context parallelism by all-gathering keys "
-            f"and values only; '{comm}' exists in Transformer Engine's attention",
-            "set parallel.cp_comm_type = 'allgather', or model.transformer_impl = 'transformer_engine'",
+            f"and values only; '{comm}' exists in Transformer Engine's attention{_local_because(ctx)}",
+            "set parallel.cp_comm_type = 'allgather'" + _or_te(ctx),
         )
 
 
@@ -639,7 +658,7 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
 def _cp_mask(ctx: Context) -> Iterator[Finding]:
     if ctx.r.cp == 1:
         return
-    if ctx.r.attention_mask == "block_causal" and ctx.spec.model.transformer_impl != "local":
+    if ctx.r.attention_mask == "block_causal" and ctx.r.transformer_impl != "local":
         yield Finding(
             "objective.attention_mask",
             "block-causal attention is an arbitrary mask, which Transformer Engine's context "
@@ -961,11 +980,12 @@ def _recompute_moe(ctx: Context) -> Iterator[Finding]:
     "fp8 needs Transformer Engine layers",
 )
 def _fp8_te(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.precision.fp8 != "none" and ctx.spec.model.transformer_impl == "local":
+    if ctx.spec.precision.fp8 != "none" and ctx.r.transformer_impl == "local":
         yield Finding(
             "precision.fp8",
-            "fp8 needs Transformer Engine layers, and model.transformer_impl = 'local'",
-            "set precision.fp8 = 'none', or model.transformer_impl = 'transformer_engine'",
+            "fp8 needs Transformer Engine layers, and "
+            + (f"the layers are local{_local_because(ctx)}" if _local_because(ctx) else "model.transformer_impl = 'local'"),
+            "set precision.fp8 = 'none'" + _or_te(ctx),
         )
 
 
@@ -2353,30 +2373,38 @@ def find_issues(
 
 
 def validate_spec(loaded: LoadedSpec | Spec, resolved: Resolved | None = None, *, paths: bool = True) -> list[SpecIssue]:
-    """Every issue ``dlmspec validate`` reports; never raises for a bad spec.
+    """Every issue between a spec and a running job; never raises for a bad spec. ``dlmspec
+    validate`` reports these and ``dlmspec compile``, ``submit`` and ``new`` refuse on the same
+    errors: every command calls this one function, so they cannot disagree.
 
     That is :func:`find_issues` (with the ``path-not-found`` warnings when ``paths``), the
-    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`) and, when
-    neither found an error and the GPU is in the catalog, the planned memory per GPU
-    (:func:`dlmspec.plan.check_memory`: a ``memory-fits`` error when the peak exceeds the
-    GPU, a ``memory-headroom`` warning close to it). A spec with errors is not planned: its
-    layout may not exist.
-
-    What the bundled runtime (``backends/megatron``) cannot run yet is not a property of the
-    spec: ``dlmspec compile`` reports it (:func:`dlmspec.compile.unsupported_issues`).
+    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`), what the
+    bundled runtime (``backends/megatron``) cannot run and an end-of-document id it cannot tell
+    (:func:`dlmspec.unsupported.unsupported_issues`) and, when none of the first two found an
+    error and the GPU is in the catalog, the planned memory per GPU
+    (:func:`dlmspec.plan.check_memory`: a ``memory-fits`` error when the peak exceeds the GPU,
+    a warning with ``cluster.allow_memory_overflow = true``; a ``memory-headroom`` warning close
+    to it; a ``plan`` error for a spec the planner cannot model). A spec with rule errors is
+    not planned: its layout may not exist.
 
     Returns:
         Issues sorted as by :func:`find_issues` (errors first, then file, line and key).
     """
-    from dlmspec.plan import check_memory
+    from dlmspec.plan import PlanError, check_memory
     from dlmspec.slurm import sbatch_issues
+    from dlmspec.unsupported import unsupported_issues
 
     spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded
     resolved = resolved if resolved is not None else resolve(spec)
     located = loaded if isinstance(loaded, LoadedSpec) else None
     issues = find_issues(loaded, resolved, paths=paths) + sbatch_issues(resolved, located)
     if resolved.gpu is not None and not any(i.severity == "error" for i in issues):
-        issues += check_memory(resolved, located)
+        try:
+            issues += check_memory(resolved, located)
+        except PlanError as exc:  # a spec the planner cannot model: what compile's plan.json would hit
+            issues.append(SpecIssue("<plan>", f"cannot plan this spec: {exc}", rule="plan",
+                                    source="dlmspec.plan.make_plan"))
+    issues += unsupported_issues(resolved, located)
     return sorted(issues, key=_sort_key)
 
 
@@ -2455,3 +2483,25 @@ def load_checked(path: str | Path, overrides: list[str] | tuple[str, ...] = (), 
     resolved = resolve(loaded.spec)
     warnings = check(loaded, resolved, strict=strict)
     return Checked(loaded=loaded, resolved=resolved, warnings=warnings)
+
+
+def load_validated(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
+                   fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
+    """Load a spec file with ``--set`` ``overrides``, resolve it and find every issue
+    (:func:`validate_spec`, with path checks): how ``dlmspec validate`` and ``dlmspec compile``
+    both start. ``fast``: load a plainly valid spec without pydantic
+    (:func:`dlmspec.loader.load`'s ``fast``; the result is the same).
+
+    Returns:
+        (loaded, resolved, issues); the caller decides what stops it.
+
+    Raises:
+        SpecError: the file does not load (a schema error), with what the cross-field rules
+            find in the rest of the spec (:func:`with_rule_issues`).
+    """
+    try:
+        loaded = load(path, list(overrides), fast=fast)
+    except SpecError as exc:
+        raise with_rule_issues(exc) from None
+    resolved = resolve(loaded.spec)
+    return loaded, resolved, validate_spec(loaded, resolved, paths=True)

@@ -395,7 +395,12 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
         ({"logging.wandb_project": "p"}, "logging.wandb_project"),
         ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
          "model.moe_grouped_gemm"),
-        ({"objective.attention_mask": "block_causal", "objective.block_size": 32}, "objective.attention_mask"),
+        ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
+          "model.transformer_impl": "transformer_engine"}, "objective.attention_mask"),
+        ({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"},
+         "objective.variable_length_prob"),
+        ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
+         "data.reset_attention_mask"),
         ({"logging.tensorboard_dir": "tb"}, "logging.tensorboard_dir"),
     ],
 )
@@ -423,7 +428,8 @@ def test_every_unsupported_rule_is_exercised() -> None:
     tested = {"stage.kind", "checkpoint.async_save", "parallel.fsdp", "parallel.use_distributed_optimizer",
               "parallel.pipeline_model_parallel_size", "kernels.cross_entropy", "checkpoint.init_from",
               "precision.fp8", "logging.wandb_project", "model.moe_grouped_gemm",
-              "objective.attention_mask", "logging.tensorboard_dir"}
+              "objective.attention_mask", "logging.tensorboard_dir", "objective.variable_length_prob",
+              "data.reset_attention_mask"}
     assert keys == tested
 
 
@@ -505,7 +511,7 @@ def test_eod_read_from_a_local_hugging_face_folder(tmp_path: Path) -> None:
 def test_unknown_eod_is_a_warning_when_unused_and_an_error_when_used(tmp_path: Path) -> None:
     hub = {"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}}
     result = compile_spec(spec_file(tmp_path, hub), tmp_path / "a")
-    assert [w.rule for w in result.warnings] == ["eod-id-unknown"]
+    assert [w.rule for w in result.warnings if w.rule != "path-not-found"] == ["eod-id-unknown"]
     assert "eod_id=999,  # unknown at compile time" in (tmp_path / "a" / "train.py").read_text()
     with pytest.raises(SpecError) as info:
         compile_spec(spec_file(tmp_path, {**hub, "data.reset_attention_mask": True}, "b.toml"), tmp_path / "b")
@@ -620,7 +626,8 @@ def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
     for snippet in ("num_query_groups=4,", "kv_channels=64,", "vocab_size=50304,", "mask_token_id=50257,",
                     "activation_func=F.silu,", "gated_linear_unit=True,", "params_dtype=torch.bfloat16,",
                     "peak_tflops_per_gpu=989.0,", f"lr_decay_iters={resolved.train_iters},", "signal_exit_code=85,",
-                    "use_transformer_engine=None,", "Run path: transformer_impl = 'auto'",
+                    "use_transformer_engine=False,  # auto: objective.variable_length_prob = 0.01 needs the local",
+                    "Run path: transformer_impl = 'auto' -> local (auto: objective.variable_length_prob",
                     "overlap_grad_reduce=False,",  # one GPU: no gradient reduction to overlap
                     "blend=[('.data/pydocs-train_text_document', 1.0)],"):
         assert snippet in text, snippet

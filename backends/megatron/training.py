@@ -307,6 +307,8 @@ class RunConfig:
             masking RNG (stored in checkpoints, checked on resume).
         name: Run name (logged).
         kernels: :class:`KernelConfig`.
+        layer_path: Why the layer spec takes its path (Transformer Engine or local), as the
+            compiler resolved ``transformer_impl``; logged with the start record.
     """
 
     objective: ObjectiveConfig
@@ -317,6 +319,7 @@ class RunConfig:
     seed: int = 1234
     name: str = "dlmspec"
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    layer_path: str = ""
 
 
 @dataclass
