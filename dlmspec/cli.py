@@ -159,33 +159,24 @@ def human_count(n: int | float) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Checking a spec: the validator plus what the compiler refuses
-
-
-def _issue_order(issue: SpecIssue) -> tuple:
-    return (issue.severity != "error", issue.file or "", issue.line if issue.line is not None else 1 << 30,
-            issue.key, issue.rule)
+# Checking a spec: what validate reports is what compile refuses
 
 
 def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
-    """What ``dlmspec validate`` reports (:func:`dlmspec.validate.validate_spec`: rules, paths,
-    SLURM settings, memory) plus what ``dlmspec compile`` refuses because the bundled runtime
-    cannot run it yet (:func:`dlmspec.compile.unsupported_issues`): every issue between this
-    spec and a running job. Sorted errors first, then by file, line and key. Imports the
-    compiler (slower than ``validate``); ``dlmspec new`` uses it."""
-    from dlmspec.compile import unsupported_issues  # jinja2: only where needed
+    """Every issue between this spec and a running job: what ``dlmspec validate`` reports and
+    ``dlmspec compile`` refuses (:func:`dlmspec.validate.validate_spec`: rules, paths, SLURM
+    settings, the runtime's gaps, memory), sorted errors first, then by file, line and key.
+    ``dlmspec new`` uses it."""
     from dlmspec.validate import validate_spec
 
-    issues = validate_spec(loaded, resolved, paths=True)
-    issues.extend(unsupported_issues(resolved, loaded))
-    return sorted(issues, key=_issue_order)
+    return validate_spec(loaded, resolved, paths=True)
 
 
 def load_and_check(path: str, overrides: list[str], *, strict: bool = False,
                    fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
-    """Load ``path`` with ``--set`` ``overrides``, resolve it and validate it
-    (:func:`dlmspec.validate.validate_spec`). ``fast``: load a plainly valid spec without
-    pydantic (:func:`dlmspec.loader.load`'s ``fast``).
+    """Load ``path`` with ``--set`` ``overrides``, resolve it and check it as ``dlmspec
+    compile`` does (:func:`dlmspec.validate.load_validated`). ``fast``: load a plainly valid
+    spec without pydantic (:func:`dlmspec.loader.load`'s ``fast``).
 
     Returns:
         (loaded, resolved, warnings).
@@ -193,16 +184,9 @@ def load_and_check(path: str, overrides: list[str], *, strict: bool = False,
     Raises:
         SpecError: the spec does not load, or has an error (or, with ``strict``, a warning).
     """
-    from dlmspec.loader import load
-    from dlmspec.resolve import resolve
-    from dlmspec.validate import validate_spec, with_rule_issues
+    from dlmspec.validate import load_validated
 
-    try:
-        loaded = load(path, overrides, fast=fast)
-    except SpecError as exc:
-        raise with_rule_issues(exc) from None
-    resolved = resolve(loaded.spec)
-    issues = validate_spec(loaded, resolved, paths=True)
+    loaded, resolved, issues = load_validated(path, overrides, fast=fast)
     if any(i.severity == "error" for i in issues) or (strict and issues):
         raise SpecError(issues)
     return loaded, resolved, issues
@@ -219,8 +203,10 @@ def _memory(resolved: Resolved) -> dict[str, int] | None:
 
 def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_output: bool = False) -> None:
     """Body of ``dlmspec validate`` (and ``check``): load ``spec`` with the ``--set``
-    ``overrides``, check it (:func:`load_and_check`) and plan its memory; print one ``ok:``
-    line (warnings on stderr), or with ``json_output`` ``{"ok": true, ...}`` on stdout.
+    ``overrides``, check it as ``compile`` does (:func:`load_and_check`) and plan its memory;
+    print one ``ok:`` line (warnings on stderr) that ends with the layer path train.py takes
+    (``transformer_impl``, resolved, and why), or with ``json_output`` ``{"ok": true, ...}``
+    on stdout.
 
     Raises:
         SpecError: the spec has an error (or, with ``strict``, a warning); the caller prints it
@@ -246,7 +232,8 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
         f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
         f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
         f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
-        f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}"
+        f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}; "
+        f"layers: {resolved.transformer_impl} ({resolved.transformer_impl_reason})"
     )
 
 

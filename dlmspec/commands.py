@@ -25,10 +25,12 @@ exit with 2 (click's convention, which typer keeps).
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -47,7 +49,9 @@ from dlmspec.cli import (
     stdout,
     use_json,
 )
+from dlmspec.credentials import redact
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+from dlmspec.escape import comment, toml_document
 from dlmspec.gpus import GPUS, GiB, gpu_ids
 from dlmspec.loader import load, load_text, parse_set_value, set_dotted
 from dlmspec.params import count_parameters
@@ -162,10 +166,10 @@ def _without_none(value: Any) -> Any:
 
 
 def spec_toml(spec: Spec) -> str:
-    """``spec`` as a TOML document with every default filled in (it loads back to ``spec``)."""
-    import tomli_w
-
-    return tomli_w.dumps(spec_data(spec))
+    """``spec`` as a TOML document with every default filled in (it loads back to ``spec``),
+    secrets written as ``"<hidden>"`` (:func:`dlmspec.credentials.redact`; such a spec does
+    not validate anyway)."""
+    return toml_document(redact(spec_data(spec)))
 
 
 def derived_comment(resolved: Resolved) -> str:
@@ -272,8 +276,10 @@ def show(
 ) -> None:
     """Print a spec with every default filled in and its derived values, or a catalog.
 
-    The printed spec is TOML that loads back to the same spec (derived values are comments).
-    The spec is not checked (use ``dlmspec validate``); it only has to load.
+    The printed spec is TOML that loads back to the same spec (derived values are comments);
+    secrets (tokens, keys, credentials in URLs, secret-named env entries) print as "<hidden>",
+    as validate shows them. The spec is not checked (use ``dlmspec validate``); it only has to
+    load.
     """
     use_json(ctx, json_output)
     chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
@@ -305,8 +311,8 @@ def show(
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
     if json_output:
-        print(json.dumps({"spec": spec_data(loaded.spec),
-                          "derived": resolved.derived()}, indent=2))
+        print(json.dumps({"spec": redact(spec_data(loaded.spec)),
+                          "derived": redact(resolved.derived())}, indent=2))
         return
     sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))
 
@@ -432,10 +438,8 @@ def starter_spec(
     lines.append(layout_note or "Parallel layout: data parallel only.")
     lines.append("`dlmspec show --presets` lists presets; `dlmspec validate` checks this file, `dlmspec plan` "
                  "shows its memory and speed.")
-    header = "".join(f"# {line}\n" for part in lines for line in _wrap(part, 96))
-    import tomli_w
-
-    return header + "\n" + tomli_w.dumps(data)
+    header = "".join(f"# {comment(line)}\n" for part in lines for line in _wrap(part, 96))
+    return header + "\n" + toml_document(data)
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -487,6 +491,92 @@ def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str
     return None, failure, "use a GPU with more memory (--gpu): not even 64 nodes fit"
 
 
+#: The first comment lines of a spec ``dlmspec new`` wrote say so (:func:`starter_spec`).
+NEW_SPEC_MARK = ": written by `dlmspec new --preset "
+
+#: The ``$id`` of the schema ``dlmspec schema`` writes (:func:`spec_json_schema`).
+SCHEMA_ID = "https://dlmspec.invalid/spec.schema.json"
+
+
+def _written_by_new(path: Path) -> bool:
+    """Whether ``path`` begins with the header comment of :func:`starter_spec` (possibly
+    wrapped over several ``#`` lines)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    lines = []
+    for line in head.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return NEW_SPEC_MARK in " ".join(lines)
+
+
+def _written_by_schema(path: Path) -> bool:
+    """Whether ``path`` is a JSON schema ``dlmspec schema`` wrote (its ``$id``)."""
+    try:
+        if path.stat().st_size > 1 << 22:
+            return False
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("$id") == SCHEMA_ID
+
+
+def check_output_file(target: Path, *, force: bool, key: str, command: str,
+                      written_by: Callable[[Path], bool]) -> None:
+    """Refuse to write ``target`` when it is a symbolic link (never written through), exists and
+    is not a regular file, exists without ``force``, or exists and was not written by
+    ``command`` (``written_by``): ``--force`` replaces only a file dlmspec wrote.
+
+    Raises:
+        SpecError: with ``key`` (the argument or flag), the path and the fix.
+    """
+    def refuse(message: str, hint: str) -> SpecError:
+        return SpecError([SpecIssue(key, message, value=str(target), hint=hint, rule="output-file")])
+
+    if target.is_symlink():
+        raise refuse("is a symbolic link; dlmspec does not write through links",
+                     f"give the file's own path ({os.path.realpath(target)}), or remove the link")
+    if not target.exists():
+        return
+    if not target.is_file():
+        raise refuse("exists and is not a regular file", "choose another file name")
+    if not force:
+        raise refuse("the file exists and would be overwritten", "pass --force, or choose another file name")
+    if not written_by(target):
+        raise refuse(f"the file exists and was not written by `dlmspec {command}`: --force replaces only "
+                     "a file it wrote", "move it away (or remove it) first, or choose another file name")
+
+
+def write_output_file(target: Path, text: str, *, key: str) -> None:
+    """Write ``text`` to ``target`` atomically (a temporary file beside it, then ``os.replace``:
+    a failed write leaves the old file whole), mode ``0666`` less the umask.
+
+    Raises:
+        SpecError: the file cannot be written (key ``key``).
+    """
+    tmp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+        tmp = None
+    except (OSError, ValueError) as exc:
+        raise SpecError([SpecIssue(key, f"cannot write the file: {getattr(exc, 'strerror', None) or exc}",
+                                   value=str(target), hint="choose a writable path", rule="output-file")]) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
 @app.command()
 def new(
     ctx: typer.Context,
@@ -498,7 +588,7 @@ def new(
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per node."),
     seq_length: Optional[int] = typer.Option(None, "--seq-length", min=1, help="Default: min(4096, the preset's context)."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
-    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if `dlmspec new` wrote it."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Write a starter spec for a model preset that validates, plans and compiles as written.
@@ -512,9 +602,7 @@ def new(
     if objective not in ("mdm", "ar"):
         raise SpecError([SpecIssue("--objective", "not an objective", value=objective, hint="use mdm or ar",
                                    rule="arguments")])
-    if target.exists() and not force:
-        raise SpecError([SpecIssue("<output>", "the file exists and would be overwritten", value=output,
-                                   hint="pass --force, or choose another file name", rule="output-file")])
+    check_output_file(target, force=force, key="<output>", command="new", written_by=_written_by_new)
     name = target.stem.replace(".", "-") or "dlmspec-run"
     options = dict(objective=objective, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length,
                    overrides=set_)
@@ -540,12 +628,8 @@ def new(
             issue.hint += " (pass changes to `dlmspec new` as --set section.key=value)"
     if any(i.severity == "error" for i in issues):
         raise SpecError(issues)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    except (OSError, ValueError) as exc:
-        raise SpecError([SpecIssue("<output>", f"cannot write the file: {getattr(exc, 'strerror', None) or exc}",
-                                   value=output, hint="choose a writable path", rule="output-file")]) from None
+    check_output_file(target, force=force, key="<output>", command="new", written_by=_written_by_new)
+    write_output_file(target, text, key="<output>")
     for issue in issues:
         issue.file = output
     if json_output:
@@ -589,14 +673,14 @@ def spec_json_schema() -> dict[str, Any]:
                         "train": {"required": train_required}}},
     ]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": "https://dlmspec.invalid/spec.schema.json", **schema}
+            "$id": SCHEMA_ID, **schema}
 
 
 @app.command()
 def schema(
     ctx: typer.Context,
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the schema to this file instead of stdout."),
-    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if `dlmspec schema` wrote it."),
     json_output: bool = typer.Option(False, "--json", help="With --output: print what was written as JSON."),
 ) -> None:
     """Print the JSON Schema of spec files, so editors complete and check them.
@@ -611,15 +695,8 @@ def schema(
         sys.stdout.write(text)
         return
     target = Path(output)
-    try:
-        if target.exists() and not force:
-            raise SpecError([SpecIssue("--output", "the file exists and would be overwritten", value=output,
-                                       hint="pass --force, or choose another file name", rule="output-file")])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    except (OSError, ValueError) as exc:
-        raise SpecError([SpecIssue("--output", f"cannot write the file: {getattr(exc, 'strerror', None) or exc}",
-                                   value=output, hint="choose a writable path", rule="output-file")]) from None
+    check_output_file(target, force=force, key="--output", command="schema", written_by=_written_by_schema)
+    write_output_file(target, text, key="--output")
     if json_output:
         print(json.dumps({"ok": True, "output": output, "bytes": len(text.encode())}, indent=2))
     else:

@@ -8,6 +8,12 @@ vocabulary is padded as the spec's training run pads it (``make_vocab_size_divis
 :func:`dlmspec.resolve.padded_vocab_size`).
 
 Commands: ``hf-to-mcore SRC DST``, ``mcore-to-hf SRC DST``, ``verify HF MCORE``.
+
+Nothing a user wrote is lost: a DST that is, holds or sits inside SRC is refused (symbolic links
+resolved); an existing DST needs ``--force``, which replaces only the files convert writes and
+keeps the others. A broken input (corrupt or truncated files, a ``config.json`` or sidecar with
+wrong types or values, non-float or non-finite weights) gets exit code 2 and a message naming the
+file and the problem; Ctrl-C or SIGTERM exits 130/143 without leaving a temporary folder.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+_FORCE_HELP = ("Write into an existing DST, replacing only the files convert writes there (other files are "
+               "kept). DST may not be, hold or sit inside SRC.")
 
 #: ``[model]`` key -> ``backends.convert.ModelDims`` field, for the spec check.
 _SPEC_TO_DIMS = {
@@ -84,8 +93,10 @@ def _fail(message: str) -> None:
 
 
 def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a conversion function; its ``ConversionError`` becomes a message and exit code 2."""
+    """Call a conversion function; its ``ConversionError`` becomes a message and exit code 2, an
+    interruption (Ctrl-C, SIGTERM) a line and exit code 130 (143 for SIGTERM)."""
     from backends.convert import ConversionError
+    from backends.convert.errors import Interrupted
 
     try:
         return fn(*args, **kwargs)
@@ -93,6 +104,23 @@ def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         _fail(str(exc))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
         _fail(f"{exc.strerror or exc}: {exc.filename}")
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else 2
+        outcome = ("the destination was complete when it came" if getattr(exc, "written", False) else
+                   "the destination is as it was; the temporary folder was removed")
+        typer.secho(f"interrupted (signal {signum}): {outcome}", fg="red", err=True)
+        raise typer.Exit(128 + signum)
+
+
+def _check_paths(src: Path, dst: Path, force: bool) -> None:
+    """Refuse a DST that is, holds or sits inside SRC, and an existing DST without ``--force``
+    (messages name the command line's ``SRC``, ``DST`` and ``--force``)."""
+    from backends.convert._atomic import check_separate
+
+    _run(check_separate, src, dst, src_name="SRC", dst_name="DST")
+    if (dst.exists() or dst.is_symlink()) and not force:
+        _fail(f"DST {str(dst)!r} already exists. Fix: pass --force to replace the files convert writes there "
+              "(other files are kept), or choose another DST")
 
 
 @app.command("hf-to-mcore")
@@ -103,19 +131,18 @@ def hf_to_mcore_command(
                                        "the vocabulary as its run does."),
     set_: list[str] = typer.Option([], "--set", "-s", help="Override a spec key (with --spec)."),
     tp: int = typer.Option(1, "--tp", min=1, help="TP size to pad the vocabulary for (without --spec)."),
-    force: bool = typer.Option(False, "--force", help="Replace DST if it exists."),
+    force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
 ) -> None:
     """Convert a Hugging Face checkpoint into megatron-core's dist-checkpoint format (loadable at
     any TP/PP); with --spec, a checkpoint that does not match the spec's model is refused."""
     from backends.convert import dims_from_hf_config, hf_to_mcore
+    from backends.convert.hf_io import read_hf_config
 
     config_path = src / "config.json"
     if not config_path.is_file():
         _fail(f"{config_path}: no config.json (is {src} a Hugging Face checkpoint folder?)")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        _fail(f"{config_path}: cannot read it as JSON: {exc}")
+    _check_paths(src, dst, force)
+    config = _run(read_hf_config, src)
     divisible_by = 128
     if spec:
         from dlmspec.loader import load
@@ -125,7 +152,8 @@ def hf_to_mcore_command(
         resolved = resolve(loaded.spec)
         tp = resolved.tp
         divisible_by = loaded.spec.model.make_vocab_size_divisible_by
-        dims = _run(dims_from_hf_config, config, make_vocab_size_divisible_by=divisible_by, tp=tp)
+        dims = _run(dims_from_hf_config, config, make_vocab_size_divisible_by=divisible_by, tp=tp,
+                    source=str(config_path))
         issues = spec_dims_issues(loaded, resolved, dims)
         if issues:
             raise SpecError(issues)
@@ -139,12 +167,15 @@ def mcore_to_hf_command(
     src: Path = typer.Argument(..., help="megatron-core checkpoint (a folder written by hf-to-mcore, "
                                "an iter_* folder, or a run's checkpoint root with a latest tracker)."),
     dst: Path = typer.Argument(..., help="Hugging Face folder to create."),
-    force: bool = typer.Option(False, "--force", help="Replace DST if it exists."),
+    force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
 ) -> None:
     """Convert a megatron-core dist checkpoint into a Hugging Face folder that
     transformers' AutoModelForCausalLM loads (config.json, sharded safetensors with an index)."""
     from backends.convert import mcore_to_hf
+    from backends.convert.mcore_io import resolve_checkpoint_dir
 
+    _check_paths(src, dst, force)
+    _check_paths(_run(resolve_checkpoint_dir, src), dst, force)
     dims = _run(mcore_to_hf, src, dst, overwrite=force)
     typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size})")
 

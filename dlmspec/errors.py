@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dlmspec.credentials import redact, redact_text
+
 Severity = Literal["error", "warning"]
 
 #: Exit code of every command when the spec (or another user input) is wrong.
@@ -31,6 +33,10 @@ class SpecIssue:
         source: what the rule mirrors (a megatron-core module and function, or a reason).
         file: the spec file the key was read from, when known.
         line: 1-based line of the key in ``file``, when known.
+
+    No issue holds a secret: a value that is one (or the value of a secret-named environment
+    variable) becomes ``"<hidden>"`` and secrets inside the key, message and hint are replaced
+    by ``<hidden>`` when the issue is made (:mod:`dlmspec.credentials`), so no report prints one.
     """
 
     key: str
@@ -42,6 +48,13 @@ class SpecIssue:
     source: str | None = None
     file: str | None = None
     line: int | None = None
+
+    def __post_init__(self) -> None:
+        self.value = redact(self.value, self.key)
+        self.key = redact_text(self.key)
+        self.message = redact_text(self.message)
+        if self.hint is not None:
+            self.hint = redact_text(self.hint)
 
     def where(self) -> str:
         """``file:line`` (or just ``file``, or ``<spec>``) for messages."""

@@ -7,6 +7,14 @@ Every problem found while loading is raised as one :class:`~dlmspec.errors.SpecE
 Order of precedence, lowest first: the ``extends`` parent chain, the file itself, then each
 ``--set section.key=value`` in the order given.
 
+Limits (each refused with one issue, never a hang, a RecursionError or unbounded memory): spec
+files are read only when they are regular files (never pipes or devices, which can block or
+never end) of at most :data:`MAX_SPEC_BYTES`; tables and arrays nest at most :data:`MAX_DEPTH`
+levels (in files, Python specs and ``--set``); an ``extends`` chain has at most
+:data:`MAX_EXTENDS` files; integers fit in int64 (:data:`INT64_MAX`), what megatron-core,
+torch and numpy hold counts, sizes, ids and seeds in (larger ones made :mod:`dlmspec.resolve`
+and the planner raise OverflowError).
+
 pydantic and the spec models (:mod:`dlmspec.spec`) are imported only to validate: with
 ``load(..., fast=True)`` (``dlmspec validate`` and ``plan``) a plainly valid spec is checked by
 :mod:`dlmspec.fastspec` without them.
@@ -14,7 +22,9 @@ pydantic and the spec models (:mod:`dlmspec.spec`) are imported only to validate
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -30,6 +40,26 @@ if TYPE_CHECKING:
 
 #: Where a key was written: ``(file, line)``; line is None for keys from a Python spec.
 Origin = tuple[str, int | None]
+
+#: Largest spec file read, bytes (4 MiB). Real specs are a few KiB; without a cap a mistaken
+#: path (``extends = "/dev/zero"``, a dataset) filled memory.
+MAX_SPEC_BYTES = 4 << 20
+
+#: Deepest nesting of tables and arrays, the document counting as one level. Real specs reach 4
+#: (``cluster.slurm.env.NAME``, ``data.train[0].prefix``); deeper input made the TOML parser,
+#: the merge and pydantic raise RecursionError.
+MAX_DEPTH = 32
+
+#: Most files in an ``extends`` chain, the spec itself included (real chains have 2 or 3; a
+#: chain of about 1000 raised RecursionError).
+MAX_EXTENDS = 32
+
+#: Largest integer a spec holds (int64); the smallest is ``-INT64_MAX - 1``.
+INT64_MAX = 2**63 - 1
+
+#: The fix of a nesting issue.
+_SPEC_DEPTH_HINT = ("write it flatter, as the spec's keys (the deepest is cluster.slurm.env.NAME); "
+                    "`dlmspec schema` lists them")
 
 
 @dataclass
@@ -118,9 +148,12 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     """Set ``data["a"]["b"] = value`` for ``key = "a.b"``, creating tables on the way.
 
     Raises:
-        ValueError: a prefix of ``key`` holds a non-table value.
+        ValueError: a prefix of ``key`` holds a non-table value, or ``key`` has more than
+            :data:`MAX_DEPTH` parts.
     """
     parts = key.split(".")
+    if len(parts) > MAX_DEPTH:
+        raise _TooDeep(_nesting_message())
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -140,38 +173,342 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> list[str]:
     return keys
 
 
+class _SetValueError(ValueError):
+    """A ``--set`` value that cannot be read; ``hint`` says what works."""
+
+    hint = ""
+
+
+class _TooDeep(_SetValueError):
+    """A ``--set`` value nested deeper than :data:`MAX_DEPTH` (see :func:`parse_set_value`)."""
+
+
+class _TooLong(_SetValueError):
+    """A ``--set`` value holding an integer of more digits than Python reads."""
+
+
+def _nesting_message() -> str:
+    return (f"nested more than {MAX_DEPTH} levels deep (tables, dotted keys, arrays and inline tables "
+            "together): spec keys nest at most 4 levels, and input this deep exhausts the parser's recursion")
+
+
 def parse_set_value(text: str) -> Any:
     """Read the value of ``--set key=value`` as a TOML value (``2``, ``true``, ``"x"``,
     ``[1, 2]``); anything that is not a TOML literal is taken as a plain string, which the
-    schema then types (``--set cluster.gpu=h200`` works without quotes)."""
+    schema then types (``--set cluster.gpu=h200`` works without quotes).
+
+    Raises:
+        ValueError: the value nests arrays or inline tables more than :data:`MAX_DEPTH` deep, or
+            holds an integer longer than Python reads (4300 digits).
+    """
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise _TooDeep(_nesting_message()) from None
+    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+        raise _TooLong(_LONG_NUMBER) from None
+    if too_deep(value) is not None:
+        raise _TooDeep(_nesting_message())
+    return value
 
 
-def _load_toml(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, Origin]]:
-    if path in seen:
-        chain = " -> ".join(str(p) for p in (*seen, path))
-        raise SpecError([SpecIssue("extends", f"circular extends: {chain}", rule="extends", file=str(path))])
+def too_deep(data: Any, limit: int = MAX_DEPTH) -> tuple[Any, ...] | None:
+    """The path (keys and list indices) to the first dict or list in ``data`` nested more than
+    ``limit`` levels deep, ``data`` itself being level 1; None when none is. Iterative, so it
+    also ends on the deepest input and on self-containing (cyclic) Python values."""
+    if not isinstance(data, (dict, list, tuple)):
+        return None
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 1, ())]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > limit:
+            return path
+        items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        for key, value in reversed(items):
+            if isinstance(value, (dict, list, tuple)):
+                stack.append((value, depth + 1, (*path, key)))
+    return None
+
+
+_LONG_NUMBER = ("an integer with more digits than Python reads (4300): no spec value needs more than 19, "
+                "the digits of int64")
+_INT64_HINT = f"use a value that fits in int64 (-{INT64_MAX + 1} .. {INT64_MAX})"
+
+
+def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[SpecIssue]:
+    """An issue per integer of ``data`` outside int64 (iterative; ``data`` is at most
+    :data:`MAX_DEPTH` deep by now)."""
+    issues = []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, (*where, k)) for k, v in reversed(list(node.items())))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, (*where, i)) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, int) and not isinstance(node, bool) and not -INT64_MAX - 1 <= node <= INT64_MAX:
+            key = ".".join(_leading_keys(where)) or "<root>"
+            digits = str(abs(node))
+            sign = "-" if node < 0 else ""
+            shown: Any = node if len(digits) <= 30 else f"{sign}{digits[:12]}... ({len(digits)} digits)"
+            file, line = locate_key(origins, key, path)
+            example = _default_example(key)
+            issues.append(SpecIssue(key, f"does not fit in int64 (-{INT64_MAX + 1} .. {INT64_MAX}), the integer type "
+                                    "megatron-core, torch and numpy hold counts, sizes, ids and seeds in",
+                                    value=shown, hint=_INT64_HINT + (f", e.g. {example}" if example else ""),
+                                    rule="int64", file=file, line=line))
+    return issues
+
+
+def _default_example(key: str) -> str | None:
+    """``leaf = default`` for the spec key ``key`` when its default is an integer (imports the
+    spec models: error reports only)."""
+    *table, leaf = key.split(".")
+    model = _model_at(table)
+    field = model.model_fields.get(leaf) if model is not None else None
+    default = getattr(field, "default", None)
+    if isinstance(default, int) and not isinstance(default, bool):
+        return f"{leaf} = {default}"
+    return None
+
+
+def _short_key(path: tuple[Any, ...] | list[Any]) -> str:
+    """The dotted key of ``path`` (up to its first list index), cut after 4 parts: what a
+    nesting issue names."""
+    parts = _leading_keys(tuple(path))
+    if len(parts) > 4:
+        return ".".join(parts[:4]) + "..."
+    return ".".join(parts) or "<root>"
+
+
+def _excerpt(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width] + "..."
+
+
+def _short_repr(value: Any) -> str:
+    """A bounded ``repr`` of a (possibly deep or cyclic) value."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, 40, 40
+    return _excerpt(short.repr(value))
+
+
+# --- reading files
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not regular is, for messages (``stat`` mode)."""
+    for test, kind in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """Who named a spec file: the ``extends`` key (as written) at ``file``:``line``."""
+
+    file: str
+    line: int | None
+    written: str
+
+
+def _file_error(path: Path, message: str, hint: str, ref: _Ref | None) -> SpecError:
+    """A :class:`SpecError` about the spec file ``path``, pointing at the ``extends`` that
+    named it (``ref``) or, for the file given on the command line, at the file itself."""
+    if ref is not None:
+        return SpecError([SpecIssue("extends", message, value=ref.written, hint=hint, rule="file", file=ref.file,
+                                    line=ref.line)])
+    return SpecError([SpecIssue("<file>", message, value=str(path), hint=hint, rule="file", file=str(path))])
+
+
+def _check_file(path: Path, ref: _Ref | None) -> int:
+    """Check with ``os.stat`` (nothing is opened) that ``path`` is a regular file of at most
+    :data:`MAX_SPEC_BYTES`; return its size.
+
+    Raises:
+        SpecError: missing, a directory, a pipe, device or socket, too large, or unreadable.
+    """
+    what = "a spec file (extends is relative to the file that names it)" if ref else "a .toml or .py spec file"
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        where = str(seen[-1]) if seen else None
-        raise SpecError(
-            [SpecIssue("extends" if seen else "<file>", f"file not found: {path}", value=str(path),
-                       hint="check the path (extends is relative to the file that names it)",
-                       rule="file", file=where)]
-        ) from None
-    except IsADirectoryError:
-        raise SpecError([SpecIssue("extends" if seen else "<file>", f"{path} is a directory, not a spec file",
-                                   value=str(path), hint="give a .toml or .py spec file", rule="file",
-                                   file=str(seen[-1]) if seen else None)]) from None
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _file_error(path, f"file not found: {path}",
+                          "check the path (extends is relative to the file that names it)" if ref else
+                          "check the path", ref) from None
+    except (OSError, ValueError) as exc:  # permissions, symlink loops, names too long, NUL bytes
+        raise _file_error(path, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
+                          f"give the path of {what}", ref) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise _file_error(path, f"{path} is a directory, not a spec file", "give a .toml or .py spec file", ref)
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, info.st_mode, ref)
+    if info.st_size > MAX_SPEC_BYTES:
+        raise _too_large(path, info.st_size, ref)
+    return info.st_size
+
+
+def _not_regular(path: Path, mode: int, ref: _Ref | None) -> SpecError:
+    return _file_error(path, f"{path} is {_file_kind(mode)}, not a regular file: dlmspec reads specs only from "
+                       "regular files (a pipe or device can block or never end)",
+                       "give the path of a spec file; to use generated text, write it to a file first", ref)
+
+
+def _too_large(path: Path, size: int | None, ref: _Ref | None) -> SpecError:
+    size_text = f"{size:,} bytes" if size is not None else "more than that"
+    return _file_error(path, f"{path} is {size_text}: dlmspec reads at most {MAX_SPEC_BYTES >> 20} MiB "
+                       f"({MAX_SPEC_BYTES:,} bytes) of a spec file, and a spec is a few KiB",
+                       "check that this is the spec you meant" + (" (extends names a spec file)" if ref else ""),
+                       ref)
+
+
+def _read_spec_text(path: Path, ref: _Ref | None) -> str:
+    """The text of the TOML spec ``path``, read as :func:`_check_file` allows: opened without
+    blocking, checked again on the open file (a pipe put there after the check is not read),
+    and read up to :data:`MAX_SPEC_BYTES` (one byte more tells that it grew). Newlines are
+    read as ``Path.read_text`` reads them.
+
+    Raises:
+        SpecError: see :func:`_check_file`; not UTF-8.
+    """
+    _check_file(path, ref)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError) as exc:
+        raise _file_error(path, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
+                          "check the path and its permissions", ref) from None
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode, ref)
+        try:
+            data = handle.read(MAX_SPEC_BYTES + 1)
+        except OSError as exc:
+            raise _file_error(path, f"cannot read {path}: {exc.strerror or exc}", "check the file", ref) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise _too_large(path, None, ref)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError([SpecIssue("<file>", f"not UTF-8 text (byte {exc.start}): a spec is a TOML or Python file",
-                                   rule="file", file=str(path))]) from None
-    except (OSError, ValueError) as exc:
-        raise SpecError([SpecIssue("<file>", f"cannot read {path}: {exc}", rule="file", file=str(path))]) from None
+                                   value=str(path), hint="save the spec as UTF-8 text", rule="file",
+                                   file=str(path))]) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _deep_line(text: str) -> int | None:
+    """1-based line where the brackets of ``text`` first open more than :data:`MAX_DEPTH` deep
+    (counted naively, strings included): where to point when the TOML parser ran out of
+    recursion."""
+    depth = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        for char in line:
+            if char in "[{":
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return number
+            elif char in "]}":
+                depth = max(0, depth - 1)
+    return None
+
+
+def _nesting_error(path: Path, text: str, lines: dict[str, int], key_path: tuple[Any, ...] | None,
+                   line: int | None) -> SpecError:
+    """The nesting issue of the TOML file ``path``: at ``key_path`` (from :func:`too_deep`),
+    else at ``line``, naming the key written on or above that line."""
+    if key_path is not None:
+        full = ".".join(_leading_keys(key_path))
+        origins: dict[str, Origin] = {k: (str(path), n) for k, n in lines.items()}
+        line = locate_key(origins, full, path)[1]
+        key = _short_key(key_path)
+    else:
+        above = [(n, k) for k, n in lines.items() if line is not None and n <= line]
+        key = _short_key(max(above)[1].split(".")) if above else "<toml>"
+    source = text.splitlines()[line - 1].strip() if line else ""
+    return SpecError([SpecIssue(key, _nesting_message(), value=_excerpt(source) or None, hint=_SPEC_DEPTH_HINT,
+                                rule="nesting", file=str(path), line=line)])
+
+
+def _long_number_error(path: Path, text: str) -> SpecError:
+    """The issue of a TOML file holding an integer longer than Python reads, at its line."""
+    match = re.search(r"[0-9_]{4301,}", text)
+    line = text.count("\n", 0, match.start()) + 1 if match else None
+    above = [(n, k) for k, n in line_map(text).items() if line is not None and n <= line]
+    key = max(above)[1] if above else "<toml>"
+    source = text.splitlines()[line - 1].strip() if line else ""
+    return SpecError([SpecIssue(key, _LONG_NUMBER, value=_excerpt(source) or None, hint=_INT64_HINT, rule="int64",
+                                file=str(path), line=line)])
+
+
+def _leading_keys(path: tuple[Any, ...]) -> list[str]:
+    """The keys at the start of ``path``, up to its first list index."""
+    keys = []
+    for part in path:
+        if not isinstance(part, str):
+            break
+        keys.append(part)
+    return keys
+
+
+def _load_toml(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """Read the TOML spec ``path`` and its ``extends`` chain (at most :data:`MAX_EXTENDS`
+    files, no cycles) and merge them, parents first; also return where each key was written."""
+    chain: list[tuple[dict[str, Any], dict[str, Origin]]] = []
+    seen: list[Path] = []
+    ref: _Ref | None = None
+    while True:
+        if path in seen:
+            names = " -> ".join(str(p) for p in (*seen, path))
+            assert ref is not None
+            raise SpecError([SpecIssue("extends", f"circular extends: {names}", value=ref.written,
+                                       hint="remove the extends that leads back: a spec cannot extend itself or a "
+                                       "spec that extends it", rule="extends", file=ref.file, line=ref.line)])
+        if len(seen) == MAX_EXTENDS:
+            assert ref is not None
+            shown = [p.name for p in seen]
+            names = " -> ".join(shown if len(shown) <= 5 else [*shown[:3], "...", *shown[-2:]])
+            raise SpecError([SpecIssue("extends", f"the extends chain is longer than {MAX_EXTENDS} files "
+                                       f"({names} -> ...)", value=ref.written,
+                                       hint=f"extend a spec nearer the base: a chain has at most {MAX_EXTENDS} "
+                                       "files (a base and a few layers)", rule="extends", file=ref.file,
+                                       line=ref.line)])
+        data, origins, parent, lines = _read_toml(path, ref)
+        chain.append((data, origins))
+        seen.append(path)
+        if parent is None:
+            break
+        if not isinstance(parent, str):
+            raise SpecError([SpecIssue("extends", "extends must be a file path string", value=parent,
+                                       hint='e.g. extends = "base.toml"', rule="extends", file=str(path),
+                                       line=lines.get("extends"))])
+        try:
+            parent_path = (path.parent / parent).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise SpecError([SpecIssue("extends", f"not a usable path: {exc}", value=parent, rule="extends",
+                                       hint="give the path of a spec file, relative to this one",
+                                       file=str(path), line=lines.get("extends"))]) from None
+        ref = _Ref(str(path), lines.get("extends"), parent)
+        path = parent_path
+    data, origins = chain.pop()
+    while chain:  # children over parents
+        child, child_origins = chain.pop()
+        child_origins.pop("extends", None)
+        data, origins = deep_merge(data, child), {**origins, **child_origins}
+    return data, origins
+
+
+def _read_toml(path: Path, ref: _Ref | None) -> tuple[dict[str, Any], dict[str, Origin], Any, dict[str, int]]:
+    """One TOML spec file: ``(data without extends, origins, the extends value or None, line map)``.
+
+    Raises:
+        SpecError: unreadable (:func:`_read_spec_text`), not TOML, nested too deep.
+    """
+    text = _read_spec_text(path, ref)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -181,31 +518,35 @@ def _load_toml(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], dict
                        line=int(match.group(1)) if match else None,
                        hint="strings need quotes, tables are [section], keys are key = value")]
         ) from None
+    except RecursionError:
+        raise _nesting_error(path, text, line_map(text), None, _deep_line(text)) from None
+    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+        raise _long_number_error(path, text) from None
     lines = line_map(text)
-    origins: dict[str, Origin] = {k: (str(path), lines.get(k)) for k in _flatten(data)}
+    deep = too_deep(data)
+    if deep is not None:
+        raise _nesting_error(path, text, lines, deep, None)
+    origins: dict[str, Origin] = {k: (str(path), _line_of(lines, k)) for k in _flatten(data)}
     parent = data.pop("extends", None)
-    if parent is None:
-        return data, origins
-    if not isinstance(parent, str):
-        raise SpecError([SpecIssue("extends", "extends must be a file path string", value=parent,
-                                   rule="extends", file=str(path), line=lines.get("extends"))])
-    try:
-        parent_path = (path.parent / parent).resolve()
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise SpecError([SpecIssue("extends", f"not a usable path: {exc}", value=parent, rule="extends",
-                                   file=str(path), line=lines.get("extends"))]) from None
-    base, base_origins = _load_toml(parent_path, (*seen, path))
-    origins.pop("extends", None)
-    return deep_merge(base, data), {**base_origins, **origins}
+    return data, origins, parent, lines
+
+
+def _line_of(lines: dict[str, int], key: str) -> int | None:
+    """The line of ``key``, else of its nearest ancestor in ``lines`` (a key inside an inline
+    table or an array: ``env = { NAME = ... }``)."""
+    while key:
+        if key in lines:
+            return lines[key]
+        key = key.rpartition(".")[0]
+    return None
 
 
 def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
-    """Run a Python spec file and take its ``spec`` (a Spec or a dict)."""
-    if not path.is_file():
-        missing = not path.exists()
-        raise SpecError([SpecIssue("<file>", f"file not found: {path}" if missing else f"{path} is not a file",
-                                   value=str(path), hint="check the path" if missing else "give a .py spec file",
-                                   rule="file")])
+    """Run a Python spec file and take its ``spec`` (a Spec or a dict). The file must be a
+    regular file of at most :data:`MAX_SPEC_BYTES` (:func:`_check_file`); what it runs is the
+    user's code, not limited here. A ``spec`` dict nested more than :data:`MAX_DEPTH` deep
+    (or containing itself) is refused."""
+    _check_file(path, None)
     try:
         import runpy  # Python specs only (so are traceback and difflib: errors only)
 
@@ -244,6 +585,13 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
                                    value=type(value).__name__ if value is not None else None,
                                    hint="end the file with: spec = Spec(model=..., train=...)",
                                    rule="python", file=str(path))])
+    deep = too_deep(value)
+    if deep is not None:
+        node: Any = value
+        for part in _leading_keys(deep)[:1]:
+            node = node[part]
+        raise SpecError([SpecIssue(_short_key(deep), _nesting_message(), value=_short_repr(node),
+                                   hint=_SPEC_DEPTH_HINT, rule="nesting", file=str(path))])
     return value, {}
 
 
@@ -409,7 +757,10 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         The :class:`LoadedSpec`.
 
     Raises:
-        SpecError: unreadable file, invalid TOML, circular ``extends``, a malformed ``--set``,
+        SpecError: unreadable file (missing, a directory, not a regular file, larger than
+            :data:`MAX_SPEC_BYTES`), invalid TOML, nesting deeper than :data:`MAX_DEPTH`, an
+            ``extends`` chain longer than :data:`MAX_EXTENDS` or circular, integers beyond
+            int64, a malformed ``--set``,
             unknown keys, wrong types, out-of-range values (all of them, at once).
     """
     path = Path(path)
@@ -421,7 +772,7 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
     if path.suffix == ".py":
         data, origins = _load_python(absolute)
     else:
-        data, origins = _load_toml(absolute, ())
+        data, origins = _load_toml(absolute)
     issues: list[SpecIssue] = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -430,12 +781,26 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
             issues.append(SpecIssue("--set", "expected section.key=value", value=item,
                                     hint="e.g. --set parallel.tensor_model_parallel_size=2", rule="set"))
             continue
+        parts = key.split(".")
         try:
-            set_dotted(data, key, parse_set_value(text.strip()))
+            if len(parts) > MAX_DEPTH:
+                raise _TooDeep(_nesting_message())
+            value = parse_set_value(text.strip())
+            if too_deep(value, MAX_DEPTH - len(parts)) is not None:
+                raise _TooDeep(_nesting_message())
+            set_dotted(data, key, value)
+        except _SetValueError as exc:
+            hint = _SPEC_DEPTH_HINT if isinstance(exc, _TooDeep) else _INT64_HINT
+            issues.append(SpecIssue(_short_key(parts), str(exc), value=_excerpt(item), hint=hint,
+                                    rule="set", file="--set"))
+            continue
         except ValueError as exc:
-            issues.append(SpecIssue(key, str(exc), value=item, rule="set"))
+            issues.append(SpecIssue(key, str(exc), value=_excerpt(item), rule="set"))
             continue
         origins[key] = ("--set", None)
+    if issues:
+        raise SpecError(issues)
+    issues = _int64_issues(data, origins, path)
     if issues:
         raise SpecError(issues)
     spec: Any = None

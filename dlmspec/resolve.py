@@ -1,7 +1,8 @@
 """The resolved spec: every value a later stage needs, derived once.
 
 ``spec -> Resolved -> plan -> rendered files``: :func:`resolve` fills what the user may leave
-unset (query groups, head dimension, expert TP, attention mask, mask token, train_iters) and
+unset (query groups, head dimension, expert TP, attention mask, mask token, train_iters, the
+layer path of ``transformer_impl = "auto"``) and
 derives what the user never writes (data-parallel size, microbatches per step, padded
 vocabulary, parameter counts). Later stages read a :class:`Resolved`, never the raw spec's
 defaults, so each rule about a default lives here only.
@@ -32,6 +33,63 @@ def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "non
     if setting == "auto":
         return "fused_linear" if tensor_parallel == 1 and fsdp != "megatron" else "megatron"
     return setting
+
+
+#: ``[parallel] cp_comm_type`` values the local layers implement: SDPA core attention all-gathers
+#: keys and values over the context-parallel group (``backends.megatron.attention.CP_COMM_TYPES``,
+#: megatron-core's spelling ``"all_gather"``); ``p2p``, ``a2a`` and ``a2a+p2p`` need Transformer
+#: Engine's attention.
+LOCAL_CP_COMM_TYPES = ("allgather",)
+
+
+def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str], list[str]]:
+    """The spec's features that only one layer path runs, as ``"key = value"`` texts.
+
+    Returns:
+        ``(local_only, te_only)``. Local only (the Transformer Engine path refuses them):
+        variable-length MDM sequences and document masks, which pass an attention mask that the
+        TE layers would ignore (``backends.megatron.training.check_masks_supported``), and
+        block-causal attention (``backends.megatron.layers.build_layer_spec``). Transformer
+        Engine only: fp8 (megatron-core runs fp8 in TE layers), grouped-GEMM experts
+        (``build_layer_spec``) and context parallelism with a ``cp_comm_type`` outside
+        :data:`LOCAL_CP_COMM_TYPES` (``backends.megatron.attention``).
+    """
+    obj, data, par = spec.objective, spec.data, spec.parallel
+    local = [text for text, on in (
+        (f"objective.variable_length_prob = {obj.variable_length_prob!r}",
+         obj.kind == "mdm" and obj.variable_length_prob > 0),
+        ("data.reset_attention_mask = true", data.reset_attention_mask),
+        ("objective.attention_mask = 'block_causal'", attention_mask == "block_causal"),
+    ) if on]
+    te = [text for text, on in (
+        (f"precision.fp8 = {spec.precision.fp8!r}", spec.precision.fp8 != "none"),
+        ("model.moe_grouped_gemm = true", spec.model.moe_grouped_gemm),
+        (f"parallel.cp_comm_type = {par.cp_comm_type!r} with context_parallel_size = {cp}",
+         cp > 1 and par.cp_comm_type not in LOCAL_CP_COMM_TYPES),
+    ) if on]
+    return local, te
+
+
+def layer_path(spec: Spec, attention_mask: str, cp: int) -> tuple[str, str]:
+    """``(transformer_impl, reason)``: the layer path train.py asks for.
+
+    ``"local"`` or ``"transformer_engine"`` as ``model.transformer_impl`` says; for ``"auto"``
+    the path the features need (:func:`layer_path_needs`): local when one needs it (then a
+    Transformer Engine-only feature is reported by the validator against the local path), else
+    Transformer Engine when one needs it, else ``"auto"``: the runtime takes Transformer Engine
+    where it imports on the GPU machine, else the local layers.
+    """
+    impl = spec.model.transformer_impl
+    if impl != "auto":
+        return impl, f"model.transformer_impl = {impl!r}"
+    local, te = layer_path_needs(spec, attention_mask, cp)
+    if local:
+        return "local", (f"auto: {', '.join(local)} {'needs' if len(local) == 1 else 'need'} the local layers, "
+                         "which the Transformer Engine path does not run")
+    if te:
+        return "transformer_engine", f"auto: {', '.join(te)} {'needs' if len(te) == 1 else 'need'} Transformer Engine"
+    return "auto", ("Transformer Engine where it imports on the GPU machine, else local; no feature of this "
+                    "spec needs either")
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
@@ -65,6 +123,9 @@ class Resolved:
         gpu: the catalog entry of ``cluster.gpu`` (None if unknown; validate reports it).
         cross_entropy: ``"fused_linear"`` or ``"megatron"`` (``kernels.cross_entropy``;
             ``"auto"`` is fused_linear at TP = 1, where the output layer is not split).
+        transformer_impl: the layer path train.py asks for, ``"transformer_engine"``,
+            ``"local"`` or ``"auto"`` (the runtime decides), and transformer_impl_reason: why
+            (:func:`layer_path`).
     """
 
     spec: Spec
@@ -91,6 +152,8 @@ class Resolved:
     moe_layers: tuple[int, ...]
     gpu: GPU | None
     cross_entropy: str = "megatron"
+    transformer_impl: str = "auto"
+    transformer_impl_reason: str = ""
 
     def derived(self) -> dict[str, Any]:
         """The derived values as a JSON-ready dict (``dlmspec show``)."""
@@ -106,6 +169,8 @@ class Resolved:
             "attention_mask": self.attention_mask,
             "mask_token_id": self.mask_token_id,
             "cross_entropy": self.cross_entropy,
+            "transformer_impl": self.transformer_impl,
+            "transformer_impl_reason": self.transformer_impl_reason,
             "train_iters": self.train_iters,
             "tokens_per_step": self.tokens_per_step,
             "parameters": {
@@ -136,6 +201,7 @@ def resolve(spec: Spec) -> Resolved:
         if mask_id is None:
             mask_id = MASK_TOKEN_IDS.get(m.preset or "", m.vocab_size)
     tokens_per_step = tr.global_batch_size * tr.seq_length
+    impl, impl_reason = layer_path(spec, attention, cp)
     if tr.train_iters is not None:
         iters = tr.train_iters
     elif tr.train_tokens is not None:
@@ -167,4 +233,6 @@ def resolve(spec: Spec) -> Resolved:
         moe_layers=tuple(moe_layer_pattern(m)),
         gpu=GPUS.get(spec.cluster.gpu),
         cross_entropy=effective_cross_entropy(spec.kernels.cross_entropy, tp, spec.parallel.fsdp),
+        transformer_impl=impl,
+        transformer_impl_reason=impl_reason,
     )

@@ -10,18 +10,23 @@
   ``env://`` rendezvous (``launcher = "srun"``);
 * takes the rendezvous host from the allocation's first node (``scontrol show hostnames``) and a
   port from the job id (:func:`rendezvous_port`), exported as ``MASTER_ADDR``/``MASTER_PORT``;
-* exports the spec's ``[cluster.slurm] env``; secrets (``WANDB_API_KEY``, ``HF_TOKEN``, ...) are
-  refused there and read from the environment ``sbatch`` is called from, never written;
+* exports the spec's ``[cluster.slurm] env``; secrets (``WANDB_API_KEY``, ``HF_TOKEN``, ``DB_PASS``,
+  ...: :func:`dlmspec.credentials.is_secret_name`) are refused there and read from the
+  environment ``sbatch`` is called from, never written (secret-shaped values anywhere in the
+  spec are the ``secret-in-spec`` rule's, :mod:`dlmspec.validate`);
 * optionally runs in a container: pyxis/enroot (``srun --container-image``) or ``apptainer exec``;
 * survives time limits: ``--signal=B:USR1@N`` and ``--requeue``; the script traps SIGUSR1,
   forwards it to the training processes (which save a checkpoint and exit with
   :data:`REQUEUE_EXIT_CODE`), then ``scontrol requeue``\\ s the job, whose next run resumes from the
   latest checkpoint.
 
-Every spec value that reaches the script is either checked against a strict pattern or quoted:
-``shlex.quote`` for shell words, :func:`sbatch_quote` for ``#SBATCH`` lines (which sbatch parses
-itself, never a shell). Control characters (newlines included) are refused in ``#SBATCH`` values
-so no value can start a line of its own.
+Every spec value that reaches the script is either checked against a strict pattern (the whole
+value: a trailing newline does not pass) or quoted by :mod:`dlmspec.escape`:
+:func:`~dlmspec.escape.shell_word` for shell words, :func:`~dlmspec.escape.sbatch_value` for
+``#SBATCH`` lines (which sbatch parses itself, never a shell), :func:`~dlmspec.escape.comment` for
+the header comment. Control characters (newlines included) are refused in ``#SBATCH`` values so
+no value can start a line of its own, and a container image or mount starting with ``-`` is
+refused so none becomes an option of ``apptainer``.
 
 CPU check mode (no GPUs needed), chosen at submit time in the environment of ``sbatch``:
 ``DLMSPEC_CHECK_MODE=env`` runs ``python -m backends.launch.check`` instead of ``train.py``
@@ -39,13 +44,14 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dlmspec import __version__
+from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name
 from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.escape import comment, sbatch_value, shell_word
 from dlmspec.resolve import Resolved
 
 if TYPE_CHECKING:
@@ -72,54 +78,22 @@ RESERVED_ENV = re.compile(
     r"|SLURM_.*|SBATCH_.*|SRUN_.*|DLMSPEC_.*|TORCHELASTIC_.*|PET_.*)$"
 )
 
-#: Names that hold secrets: refused in the spec (they would be written into launch.sbatch).
-SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_KEY|_KEY$)", re.IGNORECASE)
-
 #: Secrets the script checks for at run time (a warning when unset; it never prints values).
 RUNTIME_SECRETS = ("WANDB_API_KEY",)
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME_LIST = re.compile(r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$")
-_HOSTLIST = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
-_GPU_TYPE = re.compile(r"^[A-Za-z0-9_.+-]+$")
-_MEM = re.compile(r"^[0-9]+[KMGT]?$")
-_TIME = re.compile(r"^(?:(?P<days>[0-9]+)-(?P<dh>[0-9]+)(?::(?P<dm>[0-9]+)(?::(?P<ds>[0-9]+))?)?"
-                   r"|(?P<a>[0-9]+)(?::(?P<b>[0-9]+)(?::(?P<c>[0-9]+))?)?)$")
-#: Characters an ``#SBATCH`` value may hold without quotes.
-_SBATCH_BARE = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]]+$")
+# The strict forms of SLURM values, matched with fullmatch (``$`` would also match before a
+# trailing newline, which would then end the #SBATCH line).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME_LIST = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
+_HOSTLIST = re.compile(r"[A-Za-z0-9_.\-\[\],]+")
+_GPU_TYPE = re.compile(r"[A-Za-z0-9_.+-]+")
+_MEM = re.compile(r"[0-9]+[KMGT]?")
+_TIME = re.compile(r"(?:(?P<days>[0-9]+)-(?P<dh>[0-9]+)(?::(?P<dm>[0-9]+)(?::(?P<ds>[0-9]+))?)?"
+                   r"|(?P<a>[0-9]+)(?::(?P<b>[0-9]+)(?::(?P<c>[0-9]+))?)?)")
 
 
 # --------------------------------------------------------------------------------------------
 # Values.
-
-
-def sbatch_quote(value: str) -> str:
-    """``value`` as one argument of an ``#SBATCH`` line.
-
-    sbatch (not a shell) reads ``#SBATCH`` lines: it splits at unquoted whitespace, honours
-    single and double quotes and backslash escapes, and ends the line at an unquoted ``#``
-    (src/sbatch/opt.c ``_get_argument``). A value of plain characters is written as is; any
-    other is written in double quotes with ``\\`` and ``"`` escaped, so spaces, quotes, ``#``,
-    ``$(...)`` and backticks arrive literally (sbatch expands nothing).
-
-    Raises:
-        ValueError: the value is empty or holds a control character (a newline would end the
-            line, and what followed would be a line of the shell script).
-    """
-    if value == "":
-        raise ValueError("empty value")
-    if any(not ch.isprintable() for ch in value):
-        raise ValueError("control characters (newline, tab, ...) cannot be written in an #SBATCH line")
-    if _SBATCH_BARE.match(value):
-        return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def comment_safe(value: Any) -> str:
-    """``value`` as text that cannot leave a one-line ``#`` comment (control characters are
-    written as escapes)."""
-    text = str(value)
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def time_limit_seconds(text: str) -> int | None:
@@ -130,9 +104,9 @@ def time_limit_seconds(text: str) -> int | None:
     Raises:
         ValueError: anything else.
     """
-    if text.strip().upper() in ("UNLIMITED", "INFINITE"):
+    if text.upper() in ("UNLIMITED", "INFINITE"):
         return None
-    match = _TIME.match(text.strip())
+    match = _TIME.fullmatch(text)
     if not match:
         raise ValueError("not a SLURM time")
     g = {k: int(v) if v is not None else None for k, v in match.groupdict().items()}
@@ -200,7 +174,7 @@ def sbatch_issues(resolved: Resolved, loaded: Any = None) -> list[SpecIssue]:
     base = "cluster.slurm"
 
     def strict(key: str, value: str | None, pattern: re.Pattern[str], what: str, hint: str) -> None:
-        if value is not None and not pattern.match(value):
+        if value is not None and not pattern.fullmatch(value):
             issues.add(f"{base}.{key}", f"not a valid {what}", value, hint, "slurm-value")
 
     strict("partition", slurm.partition, _NAME_LIST, "partition name (letters, digits, _ . + -; "
@@ -210,7 +184,7 @@ def sbatch_issues(resolved: Resolved, loaded: Any = None) -> list[SpecIssue]:
     strict("exclude", slurm.exclude, _HOSTLIST, "host list (names, ranges in brackets, commas)",
            'e.g. exclude = "node[01-03],node07"')
     strict("gpu_type", slurm.gpu_type, _GPU_TYPE, "GPU type (letters, digits, _ . + -)", 'e.g. gpu_type = "a100"')
-    if slurm.mem is not None and not _MEM.match(slurm.mem):
+    if slurm.mem is not None and not _MEM.fullmatch(slurm.mem):
         issues.add(f"{base}.mem", "not a SLURM memory size", slurm.mem,
                    'a number with an optional K, M, G or T suffix, e.g. mem = "480G" ("0": all of the node)',
                    "slurm-value")
@@ -218,7 +192,7 @@ def sbatch_issues(resolved: Resolved, loaded: Any = None) -> list[SpecIssue]:
         if value is None:
             continue
         try:
-            sbatch_quote(value)
+            sbatch_value(value)
         except ValueError as exc:
             where = f"{base}.{key}" if key != "job_name" or "job_name" in slurm.model_fields_set else "name"
             issues.add(where, str(exc), value, "write it on one line without control characters", "slurm-value")
@@ -244,11 +218,11 @@ def sbatch_issues(resolved: Resolved, loaded: Any = None) -> list[SpecIssue]:
                        signal, f"use less than {limit} s, or a longer cluster.slurm.time", "slurm-signal")
     for name, value in sorted(slurm.env.items()):
         key = f"{base}.env.{name}"
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             issues.add(key, "not an environment variable name", name,
                        "letters, digits and _, not starting with a digit, e.g. NCCL_DEBUG", "slurm-env")
-        elif SECRET_ENV.search(name):
-            issues.add(key, "looks like a secret; secrets are never written into generated files", "<hidden>",
+        elif is_secret_name(name):  # refused: it would be written into launch.sbatch
+            issues.add(key, f"looks like a secret; {NEVER_WRITTEN}", HIDDEN,
                        f"remove it from the spec and export {name} in the shell you run sbatch from "
                        "(the job inherits it)", "slurm-secret")
         elif RESERVED_ENV.match(name):
@@ -257,16 +231,21 @@ def sbatch_issues(resolved: Resolved, loaded: Any = None) -> list[SpecIssue]:
         elif "\x00" in value:
             issues.add(key, "a NUL character cannot be passed in the environment", value,
                        "remove the NUL character", "slurm-env")
+        elif any("\ud800" <= ch <= "\udfff" for ch in value):
+            issues.add(key, "holds a lone surrogate (half of a UTF-16 pair), which is not a character and "
+                       "cannot be written into the UTF-8 script", value, "write the character itself", "slurm-env")
     if slurm.container_image is not None:
-        if slurm.container_image == "" or any(not ch.isprintable() for ch in slurm.container_image):
-            issues.add(f"{base}.container_image", "empty or holds control characters", slurm.container_image,
+        image = slurm.container_image
+        if image == "" or image.startswith("-") or any(not ch.isprintable() for ch in image):
+            issues.add(f"{base}.container_image", "empty, starts with '-' (it would be read as an option) or "
+                       "holds control characters", image,
                        'e.g. container_image = "nvcr.io#nvidia/pytorch:25.01-py3"', "slurm-container")
     for index, mount in enumerate(slurm.container_mounts):
-        bad = mount == "" or any(not ch.isprintable() for ch in mount) or (
+        bad = mount == "" or mount.startswith("-") or any(not ch.isprintable() for ch in mount) or (
             slurm.container_runtime == "pyxis" and "," in mount)
         if bad:
-            issues.add(f"{base}.container_mounts", f"mount {index} is empty, holds control characters, or "
-                       "(pyxis) a comma, which separates mounts", mount,
+            issues.add(f"{base}.container_mounts", f"mount {index} is empty, starts with '-' (it would be read as "
+                       "an option), holds control characters, or (pyxis) a comma, which separates mounts", mount,
                        'one SRC[:DST[:FLAGS]] per entry, e.g. "/lustre:/lustre"', "slurm-container")
     if slurm.container_mounts and slurm.container_image is None:
         issues.add(f"{base}.container_mounts", "mounts without a container image", slurm.container_mounts,
@@ -283,14 +262,14 @@ def sbatch_issues(resolved: Resolved, loaded: Any = None) -> list[SpecIssue]:
 
 def sbatch_directives(resolved: Resolved) -> list[str]:
     """The ``#SBATCH`` options, each ``--name`` or ``--name=value`` (value already
-    :func:`sbatch_quote` d), in the order they are written. Assumes :func:`sbatch_issues` found
+    :func:`~dlmspec.escape.sbatch_value` d), in the order they are written. Assumes :func:`sbatch_issues` found
     nothing."""
     cluster = resolved.spec.cluster
     slurm = slurm_settings(resolved)
     gpus = cluster.gpus_per_node
     typed = f"{slurm.gpu_type}:{gpus}" if slurm.gpu_type else str(gpus)
     tasks_per_node = 1 if slurm.launcher == "torchrun" else gpus
-    out = [f"--job-name={sbatch_quote(job_name(resolved))}", f"--nodes={cluster.nodes}",
+    out = [f"--job-name={sbatch_value(job_name(resolved))}", f"--nodes={cluster.nodes}",
            f"--ntasks-per-node={tasks_per_node}"]
     if slurm.gpu_request == "gpus-per-node":
         out.append(f"--gpus-per-node={typed}")
@@ -300,51 +279,22 @@ def sbatch_directives(resolved: Resolved) -> list[str]:
         out.append(f"--cpus-per-task={slurm.cpus_per_task}")
     if slurm.mem is not None:
         out.append(f"--mem={slurm.mem}")
-    out.append(f"--time={sbatch_quote(slurm.time)}")
+    out.append(f"--time={sbatch_value(slurm.time)}")
     for key in ("partition", "account", "qos"):
         value = getattr(slurm, key)
         if value is not None:
-            out.append(f"--{key}={sbatch_quote(value)}")
-    out.append(f"--output={sbatch_quote(slurm.output)}")
+            out.append(f"--{key}={sbatch_value(value)}")
+    out.append(f"--output={sbatch_value(slurm.output)}")
     out.append("--open-mode=append")
     if slurm.exclusive:
         out.append("--exclusive")
     if slurm.constraint is not None:
-        out.append(f"--constraint={sbatch_quote(slurm.constraint)}")
+        out.append(f"--constraint={sbatch_value(slurm.constraint)}")
     if slurm.exclude is not None:
-        out.append(f"--exclude={sbatch_quote(slurm.exclude)}")
+        out.append(f"--exclude={sbatch_value(slurm.exclude)}")
     out.append(f"--signal=B:USR1@{slurm.signal_seconds_before_end}")
     out.append("--requeue" if slurm.requeue else "--no-requeue")
     return out
-
-
-def shell_word(value: str) -> str:
-    """``value`` as one bash word that expands to exactly ``value``: ``shlex.quote(value)``;
-    single quotes also around a bare word holding a comma (shellcheck's SC2054 reads ``a,b`` in
-    an array as a mistaken separator); and bash's ``$'...'`` when the value holds ``$`` or a
-    backtick (literal there too, and shellcheck's SC2016 does not mistake it for an expansion
-    meant to happen) or a control character, written as ``\\xHH`` escapes (UTF-8 bytes, so no
-    locale is involved), so no value puts a line break (or a line of its own) into the script.
-
-    Raises:
-        ValueError: the value holds NUL, which no shell word (and no environment) can carry.
-    """
-    if "\x00" in value:
-        raise ValueError("NUL cannot be passed through a shell")
-    if "$" in value or "`" in value or any(not ch.isprintable() for ch in value):
-        out = []
-        for ch in value:
-            if ch in "\\'":
-                out.append("\\" + ch)
-            elif ch.isprintable():
-                out.append(ch)
-            else:
-                out.extend(f"\\x{byte:02x}" for byte in ch.encode("utf-8"))
-        return "$'" + "".join(out) + "'"
-    quoted = shlex.quote(value)
-    if quoted == value and "," in value:
-        return f"'{value}'"
-    return quoted
 
 
 def _words(*items: str) -> list[str]:
@@ -353,7 +303,7 @@ def _words(*items: str) -> list[str]:
 
 def template_context(resolved: Resolved) -> dict[str, Any]:
     """What ``templates/launch.sbatch.j2`` reads. Every string that becomes shell code is a
-    :func:`shell_word` (``shlex.quote``) here; the template adds only fixed text and integers.
+    :func:`~dlmspec.escape.shell_word` here; the template adds only fixed text and integers.
 
     Keys: ``name`` (comment-safe spec name), ``version``, ``directives``
     (:func:`sbatch_directives`), ``nodes``, ``gpus_per_node``, ``world_size``, ``launcher``,
@@ -390,7 +340,7 @@ def template_context(resolved: Resolved) -> dict[str, Any]:
     for name, value in sorted(slurm.env.items()):
         check += ["--expect-env", shell_word(f"{name}={value}")]
     return {
-        "name": comment_safe(spec.name),
+        "name": comment(spec.name),
         "version": __version__,
         "directives": sbatch_directives(resolved),
         "nodes": cluster.nodes,
@@ -583,6 +533,7 @@ def plan_submission(
                                     str(directory), "pass --force to replace the generated files, or choose "
                                     "another directory with --output")
             else:
+                compiler.check_output_dir(directory, force=True, names=files)  # before any job is submitted
                 command.append("--force")
         steps.append(SubmitStep(target, directory, files, _output_dir(slurm_settings(resolved).output),
                                 resolved.spec.name, command))
@@ -612,12 +563,12 @@ def dry_run_script(steps: Sequence[SubmitStep], *, check_mode: str | None = None
     lines = []
     for index, step in enumerate(steps, start=1):
         if step.compile_command:
-            lines.append(" ".join(shlex.quote(w) for w in step.compile_command))
+            lines.append(" ".join(shell_word(w) for w in step.compile_command))
         if step.output_dir is not None and not step.output_dir.is_dir():
-            lines.append(f"mkdir -p -- {shlex.quote(str(step.output_dir))}")
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in submit_environment(step, check_mode).items())
+            lines.append(f"mkdir -p -- {shell_word(str(step.output_dir))}")
+        env = " ".join(f"{k}={shell_word(v)}" for k, v in submit_environment(step, check_mode).items())
         command = sbatch_command(step, f"$job{index - 1}" if index > 1 else None, sbatch_args)
-        words = " ".join('"' + w + '"' if w.startswith("--dependency=") else shlex.quote(w) for w in command)
+        words = " ".join('"' + w + '"' if w.startswith("--dependency=") else shell_word(w) for w in command)
         lines.append(f"job{index}=$({env} {words})")
     return "\n".join(lines) + "\n"
 

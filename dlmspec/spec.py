@@ -410,6 +410,11 @@ class ClusterSpec(Section):
         "(event host_launch, key host_launch_us). Unset: the planner's typical value (dlmspec.plan.calibration)."
     )
     slurm: SlurmSpec | None = None
+    allow_memory_overflow: bool = Field(
+        False, description="Accept a planned per-GPU peak above the GPU's memory: the memory-fits error of "
+        "`dlmspec validate`/`compile` becomes a warning (the plan is an estimate; set this after measuring). "
+        "spec.lock.toml keeps it, so a compiled job records that it was accepted."
+    )
 
     @property
     def world_size(self) -> int:

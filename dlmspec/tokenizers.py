@@ -289,13 +289,30 @@ def build_tokenizer(
     return _megatron_tokenizer(kind, "tiktoken", model, **kwargs)
 
 
+#: Largest tokenizer file :func:`read_json` reads, bytes (the tokenizer.json of published models
+#: is 2-35 MB).
+MAX_JSON_BYTES = 256 << 20
+
+
 def read_json(path: str) -> Any:
     """The JSON in ``path`` (a tokenizer's ``tokenizer.json``, ``tokenizer_config.json``,
-    ``vocab.json`` ...); ``None`` when it cannot be read or parsed."""
+    ``vocab.json`` ...); ``None`` when it cannot be read or parsed, is not a regular file (a
+    pipe or device is never opened: checked with ``os.stat`` first) or is larger than
+    :data:`MAX_JSON_BYTES`."""
     import json
+    import stat
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JSON_BYTES:
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            data = handle.read(MAX_JSON_BYTES + 1)
+        if len(data) > MAX_JSON_BYTES:
+            return None
+        return json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None

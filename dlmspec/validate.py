@@ -19,11 +19,13 @@ cluster. An unknown ``model.preset`` is reported by the loader (issue rule ``unk
 since the preset supplies the keys the schema needs.
 
 Public API: :func:`find_issues` (every issue, never raises), :func:`validate_spec` (what
-``dlmspec validate`` reports: the rules with path checks, the SLURM settings and the planned
-memory), :func:`check` (raises :class:`~dlmspec.errors.SpecError` when any error is found), and
-:func:`load_checked` (load, resolve and check a spec file in one call). Slurm settings are
-checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory` and
-what the bundled runtime cannot run yet by :func:`dlmspec.compile.unsupported_issues`.
+``dlmspec validate`` reports and ``dlmspec compile`` refuses: the rules with path checks, the
+SLURM settings, what the runtime cannot run and the planned memory), :func:`load_validated`
+(load a file and run :func:`validate_spec`: both commands start with it), :func:`check` (the
+rules only; raises :class:`~dlmspec.errors.SpecError` when any error is found), and
+:func:`load_checked` (load, resolve and :func:`check` a spec file in one call). Slurm settings
+are checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory`
+and what the bundled runtime cannot run yet by :func:`dlmspec.unsupported.unsupported_issues`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from dlmspec.credentials import (
+    ENV_TABLES,
+    ENVIRONMENT_FIX,
+    HIDDEN,
+    NEVER_WRITTEN,
+    is_secret_name,
+    spec_secrets,
+    walk_strings,
+)
 from dlmspec.errors import Severity, SpecError, SpecIssue
 from dlmspec.gpus import GPUS, gpu_ids
 from dlmspec.loader import LoadedSpec, load
@@ -577,6 +588,23 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
         )
 
 
+def _local_because(ctx: Context) -> str:
+    """``" (<reason>)"`` when ``transformer_impl = "auto"`` took the local layers because a
+    feature needs them (:func:`dlmspec.resolve.layer_path`), else ``""``."""
+    return f" ({ctx.r.transformer_impl_reason})" if ctx.spec.model.transformer_impl == "auto" else ""
+
+
+def _or_te(ctx: Context) -> str:
+    """The second fix of a Transformer Engine-only feature on the local layers: choose Transformer
+    Engine, or (where auto took the local layers for a feature) turn that feature off."""
+    if ctx.spec.model.transformer_impl == "local":
+        return ", or model.transformer_impl = 'transformer_engine'"
+    from dlmspec.resolve import layer_path_needs
+
+    local, _ = layer_path_needs(ctx.spec, ctx.r.attention_mask, ctx.r.cp)
+    return f", or turn off what needs the local layers ({', '.join(local)})"
+
+
 @_rule(
     "cp-local-allgather",
     "error",
@@ -585,17 +613,17 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
     "context parallelism on the local layers uses cp_comm_type 'allgather'",
 )
 def _cp_local(ctx: Context) -> Iterator[Finding]:
-    if ctx.r.cp == 1 or ctx.spec.model.transformer_impl != "local":
+    if ctx.r.cp == 1 or ctx.r.transformer_impl != "local":
         return
-    from dlmspec.plan.shape import LOCAL_CP_COMM_TYPES  # only here: validate stays light
+    from dlmspec.resolve import LOCAL_CP_COMM_TYPES
 
     comm = ctx.spec.parallel.cp_comm_type
     if comm not in LOCAL_CP_COMM_TYPES:
         yield Finding(
             "parallel.cp_comm_type",
             f"the local layers' SDPA attention implements context parallelism by all-gathering keys "
-            f"and values only; '{comm}' exists in Transformer Engine's attention",
-            "set parallel.cp_comm_type = 'allgather', or model.transformer_impl = 'transformer_engine'",
+            f"and values only; '{comm}' exists in Transformer Engine's attention{_local_because(ctx)}",
+            "set parallel.cp_comm_type = 'allgather'" + _or_te(ctx),
         )
 
 
@@ -630,7 +658,7 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
 def _cp_mask(ctx: Context) -> Iterator[Finding]:
     if ctx.r.cp == 1:
         return
-    if ctx.r.attention_mask == "block_causal" and ctx.spec.model.transformer_impl != "local":
+    if ctx.r.attention_mask == "block_causal" and ctx.r.transformer_impl != "local":
         yield Finding(
             "objective.attention_mask",
             "block-causal attention is an arbitrary mask, which Transformer Engine's context "
@@ -952,11 +980,12 @@ def _recompute_moe(ctx: Context) -> Iterator[Finding]:
     "fp8 needs Transformer Engine layers",
 )
 def _fp8_te(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.precision.fp8 != "none" and ctx.spec.model.transformer_impl == "local":
+    if ctx.spec.precision.fp8 != "none" and ctx.r.transformer_impl == "local":
         yield Finding(
             "precision.fp8",
-            "fp8 needs Transformer Engine layers, and model.transformer_impl = 'local'",
-            "set precision.fp8 = 'none', or model.transformer_impl = 'transformer_engine'",
+            "fp8 needs Transformer Engine layers, and "
+            + (f"the layers are local{_local_because(ctx)}" if _local_because(ctx) else "model.transformer_impl = 'local'"),
+            "set precision.fp8 = 'none'" + _or_te(ctx),
         )
 
 
@@ -1819,6 +1848,474 @@ def _fsdp_no_shard(ctx: Context) -> Iterator[Finding]:
                       "or 'optim_grads' / 'optim'")
 
 
+@_rule(
+    "secret-in-spec",
+    "error",
+    "dlmspec.credentials (every spec string reaches a generated file: train.py, launch.sh, launch.sbatch, "
+    "spec.lock.toml, plan.json)",
+    "no string of the spec holds a token, a key or a credential inside a URL",
+)
+def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
+    for key, what in spec_secrets(ctx.spec):
+        table, _, name = key.rpartition(".")
+        if table in ENV_TABLES and is_secret_name(name):
+            continue  # a secret name: the slurm-secret rule (dlmspec.slurm.sbatch_issues) reports it
+        yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", ENVIRONMENT_FIX, value=HIDDEN)
+
+
+#: Tables whose strings :func:`_string_characters` leaves to others: ``[cluster.slurm]`` strings
+#: are checked by :func:`dlmspec.slurm.sbatch_issues` (stricter: no control character reaches an
+#: ``#SBATCH`` line), and a spec's ``[lock]`` table is dropped by compile (it writes its own).
+_STRINGS_CHECKED_ELSEWHERE = ("cluster.slurm", "lock")
+
+
+@_rule(
+    "string-characters",
+    "error",
+    "POSIX (paths, names and environment variables end at NUL); generated files are UTF-8 "
+    "(dlmspec.escape writes every other character)",
+    "no spec string holds NUL or a lone surrogate",
+)
+def _string_characters(ctx: Context) -> Iterator[Finding]:
+    for key, text in walk_strings(ctx.spec):
+        if any(key == t or key.startswith(t + ".") for t in _STRINGS_CHECKED_ELSEWHERE):
+            continue
+        if "\x00" in text:
+            yield Finding(key, "holds a NUL character, which no path, name or environment variable can carry",
+                          "remove the NUL character (written \\u0000 in TOML)", value=text)
+        elif any("\ud800" <= ch <= "\udfff" for ch in text):
+            yield Finding(key, "holds a lone surrogate (half of a UTF-16 pair), which is not a character and "
+                          "cannot be written into the UTF-8 files compile generates",
+                          "write the character itself", value=text)
+
+
+# --------------------------------------------------------------------------------------------
+# Magnitudes, ids and empty values (issue 15: specs that validated, then failed at run time)
+# --------------------------------------------------------------------------------------------
+
+#: numpy.random.seed and numpy.random.RandomState take seeds in [0, 2**32).
+_SEED_LIMIT = 2**32
+
+#: What backends.megatron.training (as Megatron-LM's _set_random_seed) adds to the seed per
+#: pipeline stage.
+_SEED_PER_STAGE = 100
+
+
+@_rule(
+    "seed-range",
+    "error",
+    "backends.megatron.training (numpy.random.seed(seed + 100 * pipeline rank), as Megatron-LM "
+    "_set_random_seed) and megatron-core GPTDataset (numpy.random.RandomState(random_seed)): seeds in [0, 2**32)",
+    "train.seed + 100 * (pipeline stages - 1) lies in [0, 2**32)",
+)
+def _seed_range(ctx: Context) -> Iterator[Finding]:
+    seed, pp = ctx.spec.train.seed, ctx.r.pp
+    top = _SEED_LIMIT - _SEED_PER_STAGE * (pp - 1)
+    if 0 <= seed < top:
+        return
+    stages = (f"; pipeline stage {pp - 1} seeds numpy with seed + {_SEED_PER_STAGE * (pp - 1)}" if pp > 1 else "")
+    yield Finding("train.seed", f"numpy and megatron-core's data shuffling take seeds in [0, 2**32){stages}, "
+                  "so the run stops at start-up", f"use a seed in [0, {top:,}), e.g. seed = 1234")
+
+
+@_rule(
+    "eod-id-range",
+    "error",
+    "backends.megatron.data.DatasetTokenizer (eod_id in [0, model.vocab_size), checked when train.py starts): "
+    "the data holds the end-of-document id as a token of the vocabulary",
+    "data.tokenizer.eod_id is a token of the vocabulary (below model.vocab_size)",
+)
+def _eod_range(ctx: Context) -> Iterator[Finding]:
+    tok, vocab = ctx.spec.data.tokenizer, ctx.spec.model.vocab_size
+    if tok.eod_id is None or tok.eod_id < vocab:
+        return
+    if tok.type == "NullTokenizer" and tok.vocab_size is not None and tok.vocab_size < vocab:
+        example = tok.vocab_size
+    elif tok.type == "GPT2BPETokenizer" and vocab >= GPT2_VOCAB_SIZE:
+        example = GPT2_VOCAB_SIZE - 1
+    else:
+        example = vocab - 1
+    if example == ctx.r.mask_token_id:
+        example -= 1
+    yield Finding(
+        "data.tokenizer.eod_id",
+        f"outside the vocabulary: model.vocab_size = {vocab} has ids 0..{vocab - 1}, so no document of this "
+        "vocabulary can end with it, and train.py stops at start-up",
+        f"use the id `dlmspec data prepare --append-eod` wrote (the tokenizer's end-of-document token), "
+        f"e.g. eod_id = {example}, or raise model.vocab_size",
+    )
+
+
+#: rotary_percent values a hint suggests, the closest to the spec's first.
+_ROTARY_PERCENTS = (0.25, 0.5, 1.0)
+
+
+def _rotary_dims_of(kv_channels: int, percent: float) -> int:
+    """Rotary dimensions of a head: megatron-core RotaryEmbedding's ``int(kv_channels *
+    rotary_percent)`` (all of them at 1.0)."""
+    return int(kv_channels * percent) if percent < 1.0 else kv_channels
+
+
+@_rule(
+    "rotary-dims",
+    "error",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding (dim = "
+    "int(kv_channels * rotary_percent), one frequency per pair of dimensions)",
+    "with rope, int(kv_channels * rotary_percent) is even and positive",
+)
+def _rotary_dims(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    if m.position_embedding_type != "rope":
+        return
+    kv, percent = ctx.r.kv_channels, m.rotary_percent
+    dims = _rotary_dims_of(kv, percent)
+    if dims > 0 and dims % 2 == 0:
+        return
+    if dims == 0:
+        what = "0 rotary dimensions: RoPE would rotate nothing, so the model gets no position information"
+    else:
+        what = (f"{dims} rotary dimensions, an odd number: RoPE rotates pairs of dimensions, so megatron-core "
+                f"builds {dims + 1} angles for {dims} dimensions and the first forward step fails on the shapes")
+    if kv % 2:
+        even = kv + 1
+        also = "" if _rotary_dims_of(even, percent) % 2 == 0 and _rotary_dims_of(even, percent) > 0 \
+            else " and rotary_percent = 1.0"
+        yield Finding("model.kv_channels", f"head dimension {kv} with rotary_percent = {percent:g} gives {what}",
+                      f"use an even head dimension: kv_channels = {even}{also}", value=kv)
+        return
+    fit = next(p for p in sorted(_ROTARY_PERCENTS, key=lambda p: (abs(p - percent), p))
+               if _rotary_dims_of(kv, p) > 0 and _rotary_dims_of(kv, p) % 2 == 0)
+    yield Finding("model.rotary_percent", f"{percent:g} of head dimension {kv} gives {what}",
+                  f"use rotary_percent = {fit} ({_rotary_dims_of(kv, fit)} of {kv} dimensions rotate)")
+
+
+@dataclass(frozen=True)
+class _TokenizerIds:
+    """What a tokenizer's files say about its ids: ``size`` (one more than its largest id),
+    ``special`` ids -> token, ``added`` non-special added ids -> token, ``token(id)`` the text of
+    an ordinary id (None when unknown) and the file read."""
+
+    file: str
+    size: int
+    special: dict[int, str]
+    added: dict[int, str]
+    token: Callable[[int], str | None]
+
+
+def _tokenizer_ids(ctx: Context) -> _TokenizerIds | None:
+    """The ids of the spec's tokenizer, when this machine can tell: a local Hugging Face
+    ``tokenizer.json`` (``data.tokenizer.model``, a folder or the file: ``added_tokens`` with
+    their ``special`` flag, ``model.vocab`` a dict or Unigram's list), or GPT-2 BPE's
+    ``vocab.json`` (``<|endoftext|>`` its one special token; GPT-2's own layout when the file
+    cannot be read). None otherwise (hub ids, SentencePiece, TikToken, NullTokenizer)."""
+    from dlmspec.tokenizers import GPT2_EOD_TOKEN, read_json  # only here: validate stays light
+
+    tok = ctx.spec.data.tokenizer
+    if tok.type == "GPT2BPETokenizer":
+        vocab = read_json(tok.vocab_file) if tok.vocab_file else None
+        if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()) or not vocab:
+            names = {GPT2_VOCAB_SIZE - 1: GPT2_EOD_TOKEN}
+            return _TokenizerIds("GPT-2 BPE", GPT2_VOCAB_SIZE, names, {}, lambda i: None)
+        by_id = {v: k for k, v in vocab.items()}
+        special = {v: k for k, v in vocab.items() if k == GPT2_EOD_TOKEN}
+        return _TokenizerIds(str(tok.vocab_file), max(by_id) + 1, special, {}, by_id.get)
+    if tok.type != "HuggingFaceTokenizer" or not tok.model:
+        return None
+    try:
+        path = os.path.join(tok.model, "tokenizer.json") if os.path.isdir(tok.model) else tok.model
+    except (OSError, ValueError):
+        return None
+    if not path.endswith(".json"):
+        return None
+    data = read_json(path)
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    special: dict[int, str] = {}
+    added: dict[int, str] = {}
+    for entry in data.get("added_tokens") or [] if isinstance(data, dict) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), int) and isinstance(entry.get("content"), str):
+            (special if entry.get("special") else added)[entry["id"]] = entry["content"]
+    if isinstance(vocab, dict):
+        ids = [v for v in vocab.values() if isinstance(v, int)]
+
+        def token(i: int) -> str | None:
+            return next((k for k, v in vocab.items() if v == i), None)
+    elif isinstance(vocab, list):  # Unigram: [token, score] per id
+        ids = [len(vocab) - 1] if vocab else []
+
+        def token(i: int) -> str | None:
+            entry = vocab[i] if 0 <= i < len(vocab) else None
+            return entry[0] if isinstance(entry, list) and entry and isinstance(entry[0], str) else None
+    else:
+        return None
+    size = max([*ids, *special, *added], default=-1) + 1
+    return _TokenizerIds(path, size, special, added, token)
+
+
+@_rule(
+    "mask-token-ordinary",
+    "warning",
+    "LLaDA (Nie et al. 2025, sec. 2.1) and MDLM: [MASK] is a reserved token (LLaDA's <|mdm_mask|> is a special "
+    "token of its tokenizer); an id that text tokenizes to makes that text read as masked positions",
+    "the [MASK] id is a special or reserved id of the tokenizer (its files read: tokenizer.json, GPT-2 vocab.json)",
+    filesystem=True,
+)
+def _mask_ordinary(ctx: Context) -> Iterator[Finding]:
+    r, m = ctx.r, ctx.spec.model
+    mask = r.mask_token_id
+    eod = _tokenizer_eod(ctx)
+    if mask is None or mask >= r.padded_vocab_size or mask == eod:
+        return  # mask-token-range, mask-token-distinct
+    if mask >= m.vocab_size:
+        return  # a padded row: no tokenizer that fits the model emits it (tokenizer-vocab)
+    ids = _tokenizer_ids(ctx)
+    if ids is None or mask >= ids.size or mask in ids.special:
+        return
+    if mask in ids.added:
+        what = f"{ids.added[mask]!r}, an added token that is not special"
+    else:
+        text = ids.token(mask)
+        what = (f"{text!r}, an ordinary token" if text is not None else "an ordinary token")
+    pad = _tokenizer_pad(ctx)
+    taken = {eod, pad[1] if pad else None}
+    named = [i for i, t in sorted(ids.special.items()) if "mask" in t.lower() and i < r.padded_vocab_size
+             and i not in taken]
+    free = [i for i in range(ids.size, min(r.padded_vocab_size, ids.size + 3)) if i not in taken]
+    if named:
+        fix = f"objective.mask_token_id = {named[0]} (the tokenizer's {ids.special[named[0]]!r})"
+    elif free:
+        fix = f"objective.mask_token_id = {free[0]} (a row of the embedding beyond the tokenizer's ids)"
+    else:
+        grown = max(m.vocab_size, ids.size)
+        fix = f"model.vocab_size = {grown + 1} and objective.mask_token_id = {grown} (a new row for [MASK])"
+    yield Finding(
+        "objective.mask_token_id",
+        f"[MASK] id {mask} is {what} of the tokenizer ({ids.file}): text containing it would read as masked "
+        "positions (published diffusion LMs use a special or reserved id)",
+        f"use a special or reserved id: {fix}",
+        value=mask,
+    )
+
+
+#: megatron-core's data pipeline counts the run's samples and tokens in numpy int64.
+_INT64_MAX = 2**63 - 1
+
+#: Tokens of the largest published pretraining runs (Qwen3: 36T), order of magnitude.
+_LARGEST_RUN_TOKENS = 4e13
+
+#: More tokens than this draws a warning: 25 times the largest published runs.
+_IMPLAUSIBLE_TOKENS = 1e15
+
+#: A large pretraining run, for the hint of the warning (1e12 tokens).
+_LARGE_RUN_TOKENS = 10**12
+
+
+def _length_key(ctx: Context) -> str:
+    tr = ctx.spec.train
+    return "train.train_tokens" if tr.train_tokens is not None and tr.train_iters is None else "train.train_iters"
+
+
+@_rule(
+    "train-length-overflow",
+    "error",
+    "megatron-core BlendedMegatronDatasetBuilder / GPTDataset (the run's samples, train_iters * global_batch_size, "
+    "and their tokens as numpy int64 sample indexes)",
+    "the run's tokens, train_iters * global_batch_size * seq_length, fit in int64",
+)
+def _length_overflow(ctx: Context) -> Iterator[Finding]:
+    steps, per_step = ctx.r.train_iters, ctx.r.tokens_per_step
+    total = steps * per_step
+    if total <= _INT64_MAX:
+        return
+    why = (f"{steps:,} steps of {per_step:,} tokens are {total:.3g} tokens, beyond int64 ({_INT64_MAX:.3g}), in which "
+           "megatron-core's datasets count and index the run's samples: the index would overflow")
+    most = _INT64_MAX // per_step
+    if most == 0:
+        yield Finding("train.global_batch_size", why, "use a global_batch_size * seq_length below 2**63")
+    elif _length_key(ctx) == "train.train_tokens":
+        yield Finding("train.train_tokens", why, f"use train_tokens <= {most * per_step:,}")
+    else:
+        yield Finding("train.train_iters", why, f"use train_iters <= {most:,}")
+
+
+@_rule(
+    "train-length-implausible",
+    "warning",
+    f"published pretraining runs reach about {_LARGEST_RUN_TOKENS:.0e} tokens (Qwen3: 36T)",
+    f"the run trains on at most {_IMPLAUSIBLE_TOKENS:.0e} tokens",
+)
+def _length_implausible(ctx: Context) -> Iterator[Finding]:
+    steps, per_step = ctx.r.train_iters, ctx.r.tokens_per_step
+    total = steps * per_step
+    if not _IMPLAUSIBLE_TOKENS < total <= _INT64_MAX:
+        return
+    key = _length_key(ctx)
+    fix = (f"train_tokens = {_LARGE_RUN_TOKENS}" if key == "train.train_tokens"
+           else f"train_iters = {-(-_LARGE_RUN_TOKENS // per_step):,}")
+    yield Finding(key, f"{total:.3g} tokens ({steps:,} steps of {per_step:,}) is {total / _LARGEST_RUN_TOKENS:,.0f} "
+                  f"times the largest published pretraining runs ({_LARGEST_RUN_TOKENS:.0e} tokens)",
+                  f"check the length; a large run of 1e12 tokens is {fix}")
+
+
+#: Float keys the GPU computes with in float32 (the optimizer's lr, decay and eps, the init std,
+#: norms and RoPE): table of :data:`dlmspec.fastspec.SCHEMA` for each.
+_FP32_KEYS: dict[str, str] = {
+    "train.lr": "TrainSpec", "train.min_lr": "TrainSpec", "train.weight_decay": "TrainSpec",
+    "train.adam_eps": "TrainSpec", "train.clip_grad": "TrainSpec", "model.init_method_std": "ModelSpec",
+    "model.layernorm_epsilon": "ModelSpec", "model.rotary_base": "ModelSpec",
+    "model.moe_aux_loss_coeff": "ModelSpec",
+}
+
+#: Largest finite float32.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+@_rule(
+    "float32-range",
+    "error",
+    "megatron-core's optimizers (TE/apex FusedAdam take lr, weight decay and eps as float32) and fp32 model "
+    "math (init std, norm epsilon, RoPE's base): beyond 3.4e38 a float32 is inf",
+    "float settings the GPU computes with fit in float32",
+)
+def _float32_range(ctx: Context) -> Iterator[Finding]:
+    from dlmspec.fastspec import SCHEMA  # the defaults, without pydantic
+
+    for key, table in _FP32_KEYS.items():
+        value = ctx.value(key)
+        if isinstance(value, float) and abs(value) > _FLOAT32_MAX:
+            leaf = key.split(".")[1]
+            default = SCHEMA[table]["fields"][leaf][2]
+            yield Finding(key, f"{value:g} is beyond float32 (at most {_FLOAT32_MAX:.3g}), in which the GPU computes "
+                          "it: it becomes inf and training produces NaN", f"use {leaf} = {default!r} (the default)")
+
+
+@_rule(
+    "lr-implausible",
+    "warning",
+    "published LLM training uses learning rates of 1e-5 to 1e-2 (Adam moves each weight by about lr per step)",
+    "train.lr is at most 1",
+)
+def _lr_implausible(ctx: Context) -> Iterator[Finding]:
+    from dlmspec.fastspec import SCHEMA  # the defaults, without pydantic
+
+    tr, defaults = ctx.spec.train, SCHEMA["TrainSpec"]["fields"]
+    if not 1.0 < tr.lr <= _FLOAT32_MAX:
+        return
+    lr, min_lr = defaults["lr"][2], defaults["min_lr"][2]
+    also = f" and min_lr = {min_lr!r}" if tr.min_lr > lr else ""
+    yield Finding("train.lr", f"a learning rate of {tr.lr:g}: with Adam every step moves each weight by about lr, so "
+                  "the loss diverges within the first steps (LLM training uses 1e-5 to 1e-2)",
+                  f"use lr = {lr!r}{also} (the defaults)" if also else f"use lr = {lr!r} (the default)")
+
+
+#: DataLoader workers per GPU rank above which a node cannot start them (processes and memory).
+_MAX_WORKERS = 1024
+
+#: More workers per GPU rank than a node has CPU cores per GPU (a DGX H100 has 14).
+_MANY_WORKERS = 64
+
+
+@_rule(
+    "num-workers-range",
+    "error",
+    "torch.utils.data.DataLoader (num_workers processes per GPU rank, each with torch and the dataset index: "
+    "about 0.1-0.5 GiB of host memory)",
+    f"data.num_workers is at most {_MAX_WORKERS}",
+)
+def _workers_range(ctx: Context) -> Iterator[Finding]:
+    n, per_node = ctx.spec.data.num_workers, ctx.spec.cluster.gpus_per_node
+    if n > _MAX_WORKERS:
+        yield Finding("data.num_workers", f"{n:,} DataLoader processes per GPU rank ({n * per_node:,} per node) "
+                      "cannot start: each holds torch and the dataset index, far beyond a node's memory and "
+                      "process limits", "use num_workers = 2 (the default; a few per rank keep up with training)")
+
+
+@_rule(
+    "num-workers-implausible",
+    "warning",
+    "torch.utils.data.DataLoader (num_workers processes per GPU rank); GPU nodes have 8-16 CPU cores per GPU "
+    "(a DGX H100: 14)",
+    f"data.num_workers is at most {_MANY_WORKERS}",
+)
+def _workers_implausible(ctx: Context) -> Iterator[Finding]:
+    n, per_node = ctx.spec.data.num_workers, ctx.spec.cluster.gpus_per_node
+    if _MANY_WORKERS < n <= _MAX_WORKERS:
+        yield Finding("data.num_workers", f"{n} DataLoader processes per GPU rank ({n * per_node:,} per node) are "
+                      "more than a node has CPU cores per GPU: the extra workers only take memory",
+                      "use num_workers = 2 (the default; a few per rank keep up with training)")
+
+
+#: torch.distributed holds ranks and the world size as C int (int32).
+_MAX_WORLD = 2**31 - 1
+
+
+@_rule(
+    "world-size-range",
+    "error",
+    "torch.distributed (init_process_group: rank and world_size are C int, int32)",
+    "nodes * gpus_per_node fits in int32",
+)
+def _world_range(ctx: Context) -> Iterator[Finding]:
+    c = ctx.spec.cluster
+    if c.nodes * c.gpus_per_node > _MAX_WORLD:
+        yield Finding("cluster.nodes", f"{c.nodes:,} nodes of {c.gpus_per_node} GPUs are {c.nodes * c.gpus_per_node:,} "
+                      f"ranks, beyond int32 ({_MAX_WORLD:,}), in which torch.distributed numbers them",
+                      "use the nodes the job runs on, e.g. nodes = 1")
+
+
+#: Spec strings that name a run, a file, a directory or a key: None (unset) is fine, blank never
+#: is. -> (what a blank one breaks, the fix).
+_NAMED_STRINGS: dict[str, tuple[str, str]] = {
+    "name": ("the run's folders (runs/<name>) and job name", 'give the run a name, e.g. name = "my-run"'),
+    "checkpoint.save": ("the checkpoint directory", "remove checkpoint.save (unset: no checkpoints), or give a directory"),
+    "checkpoint.load": ("the directory to load from", "remove checkpoint.load (unset: it loads from checkpoint.save)"),
+    "logging.run_dir": ("the run directory", "remove logging.run_dir (unset: runs/<name>)"),
+    "logging.tensorboard_dir": ("the TensorBoard directory", "remove logging.tensorboard_dir (unset: no TensorBoard)"),
+    "logging.wandb_project": ("the wandb project", "remove logging.wandb_project (unset: no wandb)"),
+    "logging.wandb_exp_name": ("the wandb run name", "remove logging.wandb_exp_name (unset: the run's name)"),
+    "stage.sft.prompt_key": ("the JSON key of prompts", 'use prompt_key = "prompt"'),
+    "stage.sft.response_key": ("the JSON key of responses", 'use response_key = "response"'),
+    "stage.rl.reward": ("the reward function", 'use reward = "exact_match"'),
+}
+
+#: What each tokenizer file key is, for the blank-value hint.
+_TOKENIZER_FILE_HINTS = {
+    "model": "set data.tokenizer.model to a tokenizer.json, a folder or a .model file",
+    "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json)",
+    "merge_file": "set data.tokenizer.merge_file (GPT-2 merges.txt)",
+}
+
+
+def _blank(value: Any) -> bool:
+    return isinstance(value, str) and not value.strip()
+
+
+@_rule(
+    "blank-value",
+    "error",
+    "the runtime opens these paths and names these folders (megatron-core IndexedDataset, Megatron-LM "
+    "build_tokenizer, checkpointing, logging): an empty or blank string names nothing (or the current directory)",
+    "names and paths are not empty or blank",
+)
+def _blank_value(ctx: Context) -> Iterator[Finding]:
+    for key, (what, fix) in _NAMED_STRINGS.items():
+        if _blank(ctx.value(key)):
+            yield Finding(key, f"is empty or blank, but names {what}", fix)
+    d = ctx.spec.data
+    for key in ("train", "valid"):
+        blank = [e.prefix for e in getattr(d, key) if _blank(e.prefix)]
+        if blank:
+            yield Finding(f"data.{key}", f"{len(blank)} entr{'y' if len(blank) == 1 else 'ies'} with an empty or blank "
+                          "prefix, which names no dataset", "give each entry an indexed-dataset PREFIX (PREFIX.bin and "
+                          "PREFIX.idx, written by `dlmspec data prepare`), or remove it", value=blank)
+    tok = d.tokenizer
+    for key, hint in _TOKENIZER_FILE_HINTS.items():
+        if _blank(getattr(tok, key)):
+            needed = key in _TOKENIZER_NEEDS[tok.type]
+            yield Finding(f"data.tokenizer.{key}", "is empty or blank, which names no file",
+                          hint if needed else f"remove data.tokenizer.{key} ({tok.type} does not read it)")
+
+
 # --------------------------------------------------------------------------------------------
 # Running the rules
 # --------------------------------------------------------------------------------------------
@@ -1876,30 +2373,38 @@ def find_issues(
 
 
 def validate_spec(loaded: LoadedSpec | Spec, resolved: Resolved | None = None, *, paths: bool = True) -> list[SpecIssue]:
-    """Every issue ``dlmspec validate`` reports; never raises for a bad spec.
+    """Every issue between a spec and a running job; never raises for a bad spec. ``dlmspec
+    validate`` reports these and ``dlmspec compile``, ``submit`` and ``new`` refuse on the same
+    errors: every command calls this one function, so they cannot disagree.
 
     That is :func:`find_issues` (with the ``path-not-found`` warnings when ``paths``), the
-    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`) and, when
-    neither found an error and the GPU is in the catalog, the planned memory per GPU
-    (:func:`dlmspec.plan.check_memory`: a ``memory-fits`` error when the peak exceeds the
-    GPU, a ``memory-headroom`` warning close to it). A spec with errors is not planned: its
-    layout may not exist.
-
-    What the bundled runtime (``backends/megatron``) cannot run yet is not a property of the
-    spec: ``dlmspec compile`` reports it (:func:`dlmspec.compile.unsupported_issues`).
+    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`), what the
+    bundled runtime (``backends/megatron``) cannot run and an end-of-document id it cannot tell
+    (:func:`dlmspec.unsupported.unsupported_issues`) and, when none of the first two found an
+    error and the GPU is in the catalog, the planned memory per GPU
+    (:func:`dlmspec.plan.check_memory`: a ``memory-fits`` error when the peak exceeds the GPU,
+    a warning with ``cluster.allow_memory_overflow = true``; a ``memory-headroom`` warning close
+    to it; a ``plan`` error for a spec the planner cannot model). A spec with rule errors is
+    not planned: its layout may not exist.
 
     Returns:
         Issues sorted as by :func:`find_issues` (errors first, then file, line and key).
     """
-    from dlmspec.plan import check_memory
+    from dlmspec.plan import PlanError, check_memory
     from dlmspec.slurm import sbatch_issues
+    from dlmspec.unsupported import unsupported_issues
 
     spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded
     resolved = resolved if resolved is not None else resolve(spec)
     located = loaded if isinstance(loaded, LoadedSpec) else None
     issues = find_issues(loaded, resolved, paths=paths) + sbatch_issues(resolved, located)
     if resolved.gpu is not None and not any(i.severity == "error" for i in issues):
-        issues += check_memory(resolved, located)
+        try:
+            issues += check_memory(resolved, located)
+        except PlanError as exc:  # a spec the planner cannot model: what compile's plan.json would hit
+            issues.append(SpecIssue("<plan>", f"cannot plan this spec: {exc}", rule="plan",
+                                    source="dlmspec.plan.make_plan"))
+    issues += unsupported_issues(resolved, located)
     return sorted(issues, key=_sort_key)
 
 
@@ -1978,3 +2483,25 @@ def load_checked(path: str | Path, overrides: list[str] | tuple[str, ...] = (), 
     resolved = resolve(loaded.spec)
     warnings = check(loaded, resolved, strict=strict)
     return Checked(loaded=loaded, resolved=resolved, warnings=warnings)
+
+
+def load_validated(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
+                   fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
+    """Load a spec file with ``--set`` ``overrides``, resolve it and find every issue
+    (:func:`validate_spec`, with path checks): how ``dlmspec validate`` and ``dlmspec compile``
+    both start. ``fast``: load a plainly valid spec without pydantic
+    (:func:`dlmspec.loader.load`'s ``fast``; the result is the same).
+
+    Returns:
+        (loaded, resolved, issues); the caller decides what stops it.
+
+    Raises:
+        SpecError: the file does not load (a schema error), with what the cross-field rules
+            find in the rest of the spec (:func:`with_rule_issues`).
+    """
+    try:
+        loaded = load(path, list(overrides), fast=fast)
+    except SpecError as exc:
+        raise with_rule_issues(exc) from None
+    resolved = resolve(loaded.spec)
+    return loaded, resolved, validate_spec(loaded, resolved, paths=True)

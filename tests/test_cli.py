@@ -517,6 +517,43 @@ def test_new_never_overwrites_without_force(tmp_path: Path) -> None:
     assert load(out).spec.objective.kind == "ar"
 
 
+def test_new_force_replaces_only_a_spec_dlmspec_new_wrote(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text('name = "mine"  # hand-written\n')
+    refused = run("new", str(mine), "--preset", "qwen3-0.6b", "--force")
+    assert refused.exit_code == EXIT_USAGE and "not written by `dlmspec new`" in refused.stderr.replace("\n", " ")
+    assert mine.read_text() == 'name = "mine"  # hand-written\n'
+    data = tmp_path / "data.json"
+    data.write_text('{"mine": 1}')
+    refused = run("schema", "--output", str(data), "--force")
+    assert refused.exit_code == EXIT_USAGE and "not written by `dlmspec schema`" in refused.stderr.replace("\n", " ")
+    assert data.read_text() == '{"mine": 1}'
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_new_force_never_writes_through_a_link(tmp_path: Path, dangling: bool) -> None:
+    target = tmp_path / "target.toml"
+    if not dangling:
+        assert run("new", str(target), "--preset", "qwen3-0.6b").exit_code == 0
+    before = target.read_bytes() if not dangling else None
+    link = tmp_path / "link.toml"
+    link.symlink_to(target)
+    result = run("new", str(link), "--preset", "qwen3-0.6b", "--objective", "ar", "--force")
+    assert result.exit_code == EXIT_USAGE and "symbolic link" in result.stderr.replace("\n", " ")
+    assert link.is_symlink()
+    assert (target.read_bytes() == before) if not dangling else not target.exists()
+
+
+def test_schema_output_never_writes_through_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "precious.json"
+    target.write_text("{}")
+    link = tmp_path / "schema.json"
+    link.symlink_to(target)
+    result = run("schema", "--output", str(link), "--force")
+    assert result.exit_code == EXIT_USAGE and "--output" in result.stderr and "symbolic link" in result.stderr
+    assert target.read_text() == "{}" and link.is_symlink()
+
+
 def test_new_json(tmp_path: Path) -> None:
     out = tmp_path / "m.toml"
     report = json.loads(run("new", str(out), "--preset", "megadlms-1.7b", "--json").stdout)

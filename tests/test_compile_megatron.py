@@ -290,11 +290,33 @@ def test_build_configs_runs_megatron_checks_and_holds_the_resolved_values(case: 
         assert run.checkpoint.init_cache_dir is None
 
     # the layer spec, where it can be built here (Transformer Engine is not installed on CPU CI)
-    if spec.model.transformer_impl != "transformer_engine":
+    if r.transformer_impl != "transformer_engine":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             layer = module.build_layer()
         assert layer_spec_attention(layer) == r.attention_mask
+
+
+def test_auto_builds_the_local_layers_where_transformer_engine_imports(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """demo-dlm cuts 1% of its sequences (objective.variable_length_prob), which the Transformer
+    Engine path refuses at start-up: on a machine where Transformer Engine imports, its train.py
+    still builds the local layers, the runtime's mask check passes, and the RunConfig (the start
+    record's run_config) says why."""
+    import backends.megatron.layers as layers
+    from backends.megatron.training import check_masks_supported
+
+    _, train = _compile(ROOT / "specs" / "demo-dlm.toml", tmp_path)
+    module = _import(train)
+    monkeypatch.setattr(layers, "transformer_engine_available", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer = module.build_layer()
+        run = module.build_run()
+    backend = layers.layer_spec_backend(layer)
+    assert backend == "local+sdpa"
+    check_masks_supported(backend, run.objective, run.data)
+    assert "objective.variable_length_prob" in run.layer_path
 
 
 def test_megatron_rejects_what_build_configs_would_pass_wrongly(tmp_path: Path) -> None:

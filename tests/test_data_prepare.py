@@ -339,6 +339,8 @@ def _error_cases(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     bad_json = good[:2] + ['{"text": "unterminated'] + good[3:]
     late_bad = good[:36] + ["{not json}"] + good[37:]
     no_key = [good[0], json.dumps({"id": 7, "body": "x"})] + good[2:]
+    deep = '{"text": "deep", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    long_line = json.dumps({"text": "x" * 5000})  # 5012 bytes
     paths = {
         "missing": tmp_path / "nope.jsonl",
         "empty": _write(tmp_path, "empty.jsonl", []),
@@ -347,6 +349,9 @@ def _error_cases(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "late_bad": _write(tmp_path, "late.jsonl", late_bad),
         "no_key": _write(tmp_path, "nokey.jsonl", no_key),
         "ok": _write(tmp_path, "ok.jsonl", good),
+        "deep": _write(tmp_path, "deep.jsonl", good[:2] + [deep] + good[3:]),
+        "late_deep": _write(tmp_path, "latedeep.jsonl", good[:40] + [deep] + good[41:]),
+        "long": _write(tmp_path, "long.jsonl", good[:1] + [long_line] + good[2:]),
     }
     ok = str(paths["ok"])
     return {
@@ -379,6 +384,19 @@ def _error_cases(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
                                 VOCAB, "--merge-file", str(tmp_path / "m.txt")],
                                [f"merge file not found: {tmp_path / 'm.txt'}"]),
         "workers": (["--input", ok, *GPT2_CLI, "--workers", "0"], ["--workers must be at least 1"]),
+        "deeply nested json": (["--input", str(paths["deep"]), *GPT2_CLI],
+                               [f"{paths['deep']}:3: invalid JSON", "nested deeper than"]),
+        "deeply nested json in a worker": (
+            ["--input", str(paths["late_deep"]), *GPT2_CLI, "--workers", "2"],
+            [f"{paths['late_deep']}:41: invalid JSON", "nested deeper than"],
+        ),
+        "line over --max-line-bytes": (
+            ["--input", str(paths["long"]), *GPT2_CLI, "--max-line-bytes", "1000"],
+            [f"{paths['long']}:2: the line has 5,012 bytes, more than --max-line-bytes 1,000",
+             "--max-line-bytes 5012"],
+        ),
+        "max-line-bytes": (["--input", ok, *GPT2_CLI, "--max-line-bytes", "0"],
+                           ["--max-line-bytes must be at least 1, got 0"]),
     }
 
 
@@ -386,6 +404,8 @@ ERROR_NAMES = [
     "missing input", "empty input", "blank lines only", "invalid json",
     "invalid json in a worker", "missing key", "wrong json key", "unknown tokenizer",
     "no vocab flag", "missing vocab file", "missing merge file", "workers",
+    "deeply nested json", "deeply nested json in a worker", "line over --max-line-bytes",
+    "max-line-bytes",
 ]
 
 
@@ -450,7 +470,7 @@ def test_interrupted_run_leaves_no_dataset(workers, exception, prepared, slice_p
         Path(prefix + ext).write_bytes(Path(reference + ext).read_bytes())
     calls["n"] = 0
     with pytest.raises(exception, match="injected"):
-        prepare(slice_path, kept / "ds", workers=workers, append_eod=True, **GPT2_ARGS)
+        prepare(slice_path, kept / "ds", workers=workers, append_eod=True, force=True, **GPT2_ARGS)
     assert _files(kept) == ["ds_text_document.bin", "ds_text_document.idx"]
     assert Path(prefix + ".bin").read_bytes() == Path(reference + ".bin").read_bytes()
 
@@ -480,3 +500,333 @@ def test_modules_import_without_torch_or_megatron():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
+
+
+# ----------------------------------------------------------------- never overwrite the input
+
+
+def _null_cli(input_path: Path, prefix: Path, *extra: str) -> list[str]:
+    return ["--input", str(input_path), "--output-prefix", str(prefix),
+            "--tokenizer-type", "null", "--vocab-size", "10", *extra]
+
+
+def _ids_lines(n: int) -> list[str]:
+    return [json.dumps({"text": f"{i % 7} {i % 5} 3"}) for i in range(n)]
+
+
+def _collision(kind: str, tmp_path: Path) -> tuple[Path, Path]:
+    """(input path as given, output prefix) where an output file of the prefix is the input."""
+    data = tmp_path / "data"
+    data.mkdir()
+    prefix = data / "ds"
+    output_bin = data / "ds_text_document.bin"
+    lines = _ids_lines(5)
+    if kind == "input named as the .bin":
+        return _write(data, output_bin.name, lines), prefix
+    if kind == "input named as the .idx":
+        return _write(data, "ds_text_document.idx", lines), prefix
+    if kind == "input is a symlink to the .bin name":
+        _write(data, output_bin.name, lines)
+        link = tmp_path / "corpus.jsonl"
+        link.symlink_to(output_bin)
+        return link, prefix
+    if kind == "output name is a symlink to the input":
+        real = _write(tmp_path, "corpus.jsonl", lines)
+        output_bin.symlink_to(real)
+        return real, prefix
+    if kind == "output name is a hard link to the input":
+        real = _write(tmp_path, "corpus.jsonl", lines)
+        os.link(real, output_bin)
+        return real, prefix
+    if kind == "output prefix through a symlinked folder":
+        real = _write(data, output_bin.name, lines)
+        alias = tmp_path / "alias"
+        alias.symlink_to(data, target_is_directory=True)
+        return real, alias / "ds"
+    raise AssertionError(kind)
+
+
+COLLISIONS = [
+    "input named as the .bin", "input named as the .idx", "input is a symlink to the .bin name",
+    "output name is a symlink to the input", "output name is a hard link to the input",
+    "output prefix through a symlinked folder",
+]
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+@pytest.mark.parametrize("kind", COLLISIONS)
+def test_input_that_is_an_output_file_is_refused_even_with_force(kind, force, tmp_path):
+    input_path, prefix = _collision(kind, tmp_path)
+    before = input_path.read_bytes()
+    listing = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    result = _invoke(_null_cli(input_path, prefix, *(["--force"] if force else [])))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.stdout == ""
+    message = " ".join(result.stderr.split())
+    assert f"--input {input_path}:" in message
+    assert "--output-prefix" in message and str(prefix) in message
+    assert "--force does not allow this" in message
+    assert input_path.read_bytes() == before
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == listing
+
+
+def test_tokenizer_file_that_is_an_output_file_is_refused(tmp_path):
+    corpus = _write(tmp_path, "corpus.jsonl", [json.dumps({"text": "Hello world"})])
+    vocab = tmp_path / "ds_text_document.bin"
+    vocab.write_bytes(Path(VOCAB).read_bytes())
+    result = _invoke(["--input", str(corpus), "--output-prefix", str(tmp_path / "ds"),
+                      "--tokenizer-type", "gpt2bpe", "--vocab-file", str(vocab),
+                      "--merge-file", MERGES, "--force"])
+    assert result.exit_code == 2, result.output
+    assert f"--vocab-file {vocab}:" in " ".join(result.stderr.split())
+    assert vocab.read_bytes() == Path(VOCAB).read_bytes()
+
+
+def test_existing_dataset_is_replaced_only_with_force(tmp_path):
+    first = _write(tmp_path, "first.jsonl", _ids_lines(3))
+    second = _write(tmp_path, "second.jsonl", _ids_lines(8))
+    prefix = tmp_path / "out" / "ds"
+    assert _invoke(_null_cli(first, prefix)).exit_code == 0
+    written = {ext: Path(dataset_prefix(str(prefix), "text") + ext).read_bytes()
+               for ext in (".bin", ".idx")}
+
+    result = _invoke(_null_cli(second, prefix))
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert f"--output-prefix {prefix}:" in message
+    assert "ds_text_document.bin" in message and "already exist" in message
+    assert "--force" in message and "Traceback" not in result.output
+    for ext, data in written.items():
+        assert Path(dataset_prefix(str(prefix), "text") + ext).read_bytes() == data
+
+    result = _invoke(_null_cli(second, prefix, "--force"))
+    assert result.exit_code == 0, result.output
+    assert len(_read_dataset(dataset_prefix(str(prefix), "text"))) == 8
+    assert _files(prefix.parent) == ["ds_text_document.bin", "ds_text_document.idx"]
+
+
+def test_a_lone_bin_or_a_folder_in_the_way_is_refused(tmp_path):
+    corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(3))
+    lone = tmp_path / "a_text_document.bin"
+    lone.write_bytes(b"someone's file")
+    result = _invoke(_null_cli(corpus, tmp_path / "a"))
+    assert result.exit_code == 2 and "--force" in result.stderr
+    assert lone.read_bytes() == b"someone's file"
+
+    (tmp_path / "b_text_document.idx").mkdir()
+    result = _invoke(_null_cli(corpus, tmp_path / "b", "--force"))
+    assert result.exit_code == 2, result.output
+    assert "is a folder" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output
+
+
+# ----------------------------------------------------------------- temporary files
+
+
+#: Runs the CLI with a writer that stops (sleeps) after the second chunk, once the temporary
+#: files exist, and touches argv[1] to say so.
+SLOW_PREPARE = r"""
+import sys, time
+from dlmspec import data_prepare
+ready, args = sys.argv[1], sys.argv[2:]
+original, calls = data_prepare._write_documents, []
+def slow_write(*a, **k):
+    original(*a, **k)
+    calls.append(1)
+    if len(calls) == 2:
+        open(ready, "w").close()
+        time.sleep(120)
+data_prepare._write_documents = slow_write
+data_prepare.app(["prepare", "--no-progress", *args], prog_name="dlmspec data")
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+def test_sigterm_mid_run_removes_temporary_files(tmp_path):
+    """A real SIGTERM to a CLI process with a worker pool (Ctrl-C, a KeyboardInterrupt, is
+    covered in-process above; a subprocess here costs the megatron-core import)."""
+    import signal
+    import time
+
+    corpus = _write(tmp_path, "corpus.jsonl", [json.dumps({"text": f"document {i}"})
+                                                for i in range(200)])
+    out = tmp_path / "out"
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_PREPARE, str(ready), "--input", str(corpus),
+         "--output-prefix", str(out / "ds"), *GPT2_CLI, "--workers", "2"],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "prepare did not reach its second chunk"
+            time.sleep(0.05)
+        assert [p for p in _files(out) if ".tmp-" in p]  # the run is writing them
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted (SIGTERM)" in stderr and "Traceback" not in stderr
+    assert _files(out) == []
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead, live = _dead_pid(), os.getppid()
+    host = data_prepare._host_tag()
+    stale = [f"ds_text_document.tmp-{dead}-0123abcd.bin",          # written before hosts were named
+             f"ds_text_document.tmp-{dead}-0123abcd.idx",
+             f"ds_title_document.tmp-{host}-{dead}-00ff00ff.bin"]  # another key of the same prefix
+    kept = [f"ds_text_document.tmp-{live}-89abcdef.bin",            # a running prepare's
+            f"ds_text_document.tmp-{host}-{live}-89abcdef.bin",
+            f"ds_text_document.tmp-some-other-node-{dead}-0123abcd.bin",  # pid of another machine
+            f"other_text_document.tmp-{dead}-0123abcd.bin",         # another prefix
+            "ds_text_document.tmp-notes.txt"]                       # not a temporary file name
+    for name in stale + kept:
+        (out / name).write_bytes(b"\0" * 1000)
+    corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(3))
+    result = _invoke(_null_cli(corpus, out / "ds"))
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if "removed" in line]
+    assert len(notes) == 1, result.stderr
+    assert notes[0].startswith("note: removed 3 stale temporary files") and f"pid {dead}" in notes[0]
+    assert "not running" in notes[0]
+    assert _files(out) == sorted(kept + ["ds_text_document.bin", "ds_text_document.idx"])
+    assert f"pid {live}" in result.stderr  # the live run's files are named, and left alone
+
+
+def test_input_named_like_a_stale_temporary_file_is_not_removed(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    corpus = _write(out, f"ds_text_document.tmp-{_dead_pid()}-0123abcd.bin", _ids_lines(3))
+    before = corpus.read_bytes()
+    result = _invoke(_null_cli(corpus, out / "ds"))
+    assert result.exit_code == 0, result.output
+    assert corpus.read_bytes() == before
+
+
+# ----------------------------------------------------------------- bounded memory, workers
+
+
+def test_giant_line_is_refused_without_reading_it_whole(tmp_path):
+    import tracemalloc
+
+    size = 40 << 20
+    path = tmp_path / "giant.jsonl"
+    with path.open("wb") as handle:
+        handle.write(b'{"text": "1 2"}\n{"text": "')
+        handle.write(b"x" * size)
+        handle.write(b'"}\n{"text": "3"}\n')
+    warm = _write(tmp_path, "warm.jsonl", _ids_lines(1))  # imports stay out of the trace
+    prepare(warm, tmp_path / "warm" / "ds", tokenizer_type="null", vocab_size=10)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataPrepareError) as info:
+            prepare(path, tmp_path / "ds", tokenizer_type="null", vocab_size=10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"giant.jsonl:2: the line has {size + 12:,} bytes" in str(info.value)
+    assert f"--max-line-bytes {data_prepare.MAX_LINE_BYTES:,}" in str(info.value)
+    # readline joins its buffered pieces, so reading the limit's worth costs it twice, once
+    assert peak < 2 * data_prepare.MAX_LINE_BYTES + (4 << 20), peak
+    assert _files(tmp_path) == ["giant.jsonl", "warm", "warm.jsonl"]
+
+
+def test_max_line_bytes_boundary(tmp_path):
+    line = json.dumps({"text": "1 2 3"})  # 17 bytes
+    for ending in ("\n", ""):  # the newline is not counted, and the last line may lack one
+        path = tmp_path / "edge.jsonl"
+        path.write_text(line + "\n" + line + ending, encoding="utf-8")
+        result = prepare(path, tmp_path / "ok", tokenizer_type="null", vocab_size=10,
+                         max_line_bytes=len(line), force=True)
+        assert result.documents == 2
+        with pytest.raises(DataPrepareError, match=r"edge.jsonl:1: the line has 17 bytes"):
+            prepare(path, tmp_path / "no", tokenizer_type="null", vocab_size=10,
+                    max_line_bytes=len(line) - 1)
+
+
+#: Imports what prepare needs, then caps the address space at what it uses now plus 512 MiB
+#: (torch's mappings differ between machines, so the cap is measured, not fixed) and runs the CLI.
+BOUNDED_PREPARE = r"""
+import resource, sys
+from dlmspec import data_prepare
+from dlmspec.tokenizers import TokenizerSpec
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+TokenizerSpec(tokenizer_type="GPT2BPETokenizer", vocab_file=sys.argv[1], merge_file=sys.argv[2]).build()
+size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
+data_prepare.app(["prepare", "--no-progress", *sys.argv[3:]], prog_name="dlmspec data")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_cli_giant_line_stays_bounded_under_rlimit(tmp_path):
+    path = tmp_path / "giant.jsonl"
+    with path.open("wb") as handle:
+        handle.write(b'{"text": "')
+        handle.write(b"12 " * (14 << 20) + b"12")  # 42 MiB: 14 M GPT-2 tokens if parsed whole
+        handle.write(b'"}\n')
+    proc = subprocess.run(
+        [sys.executable, "-c", BOUNDED_PREPARE, VOCAB, MERGES,
+         "--input", str(path), "--output-prefix", str(tmp_path / "ds"), *GPT2_CLI],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )
+    stderr = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in stderr and "MemoryError" not in stderr
+    assert f"giant.jsonl:1: the line has {3 * (14 << 20) + 14:,} bytes" in stderr
+    assert "--max-line-bytes" in stderr
+    assert _files(tmp_path) == ["giant.jsonl"]
+
+
+def test_workers_are_capped_at_the_cpu_count(tmp_path, monkeypatch):
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    real = data_prepare._mp_context()
+
+    class GuardedContext:  # fails the test instead of forking a million processes
+        def Pool(self, processes, *args, **kwargs):
+            assert processes <= cpus, f"asked for {processes} worker processes"
+            return real.Pool(processes, *args, **kwargs)
+
+    monkeypatch.setattr(data_prepare, "_mp_context", lambda: GuardedContext())
+    corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(40))
+    result = _invoke(_null_cli(corpus, tmp_path / "ds", "--workers", "1000000", "--json"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["workers"] == cpus
+    notes = [line for line in result.stderr.splitlines() if "1000000" in line.replace(",", "")]
+    assert len(notes) == 1 and f"using {cpus}" in notes[0], result.stderr
+
+
+def test_disk_full_is_a_clean_error_without_temporary_files(tmp_path, monkeypatch):
+    import errno
+
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(IndexedDatasetBuilder, "add_document", full)
+    corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(3))
+    out = tmp_path / "out"
+    result = _invoke(_null_cli(corpus, out / "ds"))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    message = " ".join(result.stderr.split())
+    assert "No space left on device" in message and str(out) in message
+    assert _files(out) == []

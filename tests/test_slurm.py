@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dlmspec.errors import SpecError
+from dlmspec.escape import sbatch_value
 from dlmspec.loader import load, load_text
 from dlmspec.resolve import resolve
 from dlmspec.slurm import (
@@ -32,7 +33,6 @@ from dlmspec.slurm import (
     rendezvous_port,
     render_sbatch,
     sbatch_issues,
-    sbatch_quote,
     shell_word,
     submit,
     time_limit_seconds,
@@ -240,10 +240,10 @@ def test_helpers() -> None:
     assert rendezvous_port(1) == PORT_BASE + 1
     assert rendezvous_port(PORT_SPAN + 7) == PORT_BASE + 7
     assert all(1024 < rendezvous_port(j) < 32768 for j in (0, 1, 19999, 20000, 123456789))
-    assert sbatch_quote("plain-name_1.2") == "plain-name_1.2"
-    assert sbatch_quote('a "b" \\c') == '"a \\"b\\" \\\\c"'
+    assert sbatch_value("plain-name_1.2") == "plain-name_1.2"
+    assert sbatch_value('a "b" \\c') == '"a \\"b\\" \\\\c"'
     with pytest.raises(ValueError):
-        sbatch_quote("a\nb")
+        sbatch_value("a\nb")
 
 
 def test_shell_words_expand_to_the_value_in_bash(tmp_path: Path) -> None:

@@ -118,7 +118,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("cp-a2a-heads", {"model.num_attention_heads": 12, "model.kv_channels": 32, "parallel.context_parallel_size": 8,
                       "parallel.cp_comm_type": "a2a"}, "parallel.cp_comm_type"),
     ("cp-attention-mask", {"parallel.context_parallel_size": 2, "objective.attention_mask": "block_causal",
-                           "objective.block_size": 32}, "objective.attention_mask"),
+                           "objective.block_size": 32, "model.transformer_impl": "transformer_engine"},
+     "objective.attention_mask"),
     ("cp-attention-mask", {"parallel.context_parallel_size": 2, "data.reset_attention_mask": True},
      "data.reset_attention_mask"),
     ("cp-attention-mask", {"parallel.context_parallel_size": 2, "objective.variable_length_prob": 0.01},
@@ -219,6 +220,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("megatron-fsdp-no-shard", {"parallel.fsdp": "megatron"}, "parallel.data_parallel_sharding_strategy"),
     ("sharding-needs-megatron-fsdp", {"parallel.data_parallel_sharding_strategy": "optim"},
      "parallel.data_parallel_sharding_strategy"),
+    ("secret-in-spec", {"checkpoint.init_from": "hf:https://user:" + "pw-not-real" + "@example.com/m"},
+     "checkpoint.init_from"),
+    ("string-characters", {"data.train": ["data/a\x00b"]}, "data.train.0.prefix"),
+    ("string-characters", {"description": "half \ud800 a pair"}, "description"),
 ]
 
 
@@ -227,7 +232,10 @@ FILE_RULES = {"checkpoint-inherited"}
 
 
 def test_every_rule_has_a_case() -> None:
-    assert {case[0] for case in CASES} | FILE_RULES == set(RULES)
+    from test_validate_hardening import CASES as HARDENING_CASES, MASK_RULE  # issue 15's rules, tested there
+
+    hardening = {case[0] for case in HARDENING_CASES} | {MASK_RULE}
+    assert {case[0] for case in CASES} | hardening | FILE_RULES == set(RULES)
 
 
 def test_checkpoint_folder_inherited_by_a_renamed_run_warns(tmp_path) -> None:

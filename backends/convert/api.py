@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from backends.convert import families, hf_io, mcore_io, mcore_model
+from backends.convert._atomic import check_separate
 from backends.convert.dims import ModelDims
 from backends.convert.errors import ConversionError
 
@@ -21,9 +23,10 @@ PathLike = str | os.PathLike[str]
 
 
 def _dims_for(config: dict[str, Any], dims: ModelDims | None, *, make_vocab_size_divisible_by: int, tp: int,
-              padded_vocab: int | None) -> ModelDims:
+              padded_vocab: int | None, source: str | None = None) -> ModelDims:
     derived = families.dims_from_hf_config(
-        config, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp, padded_vocab=padded_vocab
+        config, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp, padded_vocab=padded_vocab,
+        source=source,
     )
     if dims is None:
         return derived
@@ -66,19 +69,22 @@ def hf_to_mcore(
         dtype: cast floating-point tensors (default: keep the stored dtype).
         spec: layer-norm naming used internally (``"local"``/``"te"``); the files are the same.
         layer_layout: ``"stacked"`` (megatron default) or ``"per_layer"``.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst``, replacing only the files convert writes.
 
     Returns:
         The :class:`ModelDims` written into the checkpoint's sidecar.
 
     Raises:
-        ConversionError: unknown family, unsupported config feature, a missing/unexpected
-            tensor or a tensor whose shape disagrees with the target config (named), ``dst``
-            exists.
+        ConversionError: ``dst`` is, holds or sits inside ``src``; unknown family, a config
+            value of the wrong type or range, unsupported config feature, a corrupt safetensors
+            file, a missing/unexpected tensor or a tensor whose shape disagrees with the target
+            config, a weight that is not floating point or holds NaN/Inf (named), ``dst`` exists.
+        Interrupted: SIGTERM while writing (the temporary folder is removed).
     """
+    check_separate(src, dst)
     config = hf_io.read_hf_config(src)
     dims = _dims_for(config, dims, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp,
-                     padded_vocab=padded_vocab)
+                     padded_vocab=padded_vocab, source=str(Path(src) / hf_io.CONFIG_NAME))
     reader = hf_io.SafetensorsReader(src)
     state = families.hf_to_mcore_state_dict(reader, dims, spec=spec)
     if dtype is not None:
@@ -109,15 +115,20 @@ def mcore_to_hf(
             one remembered in the sidecar. Dimensions always come from ``dims``.
         dtype: cast floating-point tensors (default: keep the stored dtype).
         max_shard_bytes: safetensors shard size limit.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst``, replacing only the files convert writes.
 
     Returns:
         The :class:`ModelDims` used.
 
     Raises:
-        ConversionError: no dims available, a tensor missing from the checkpoint or shaped
-            unlike ``dims`` (named), ``dst`` exists.
+        ConversionError: ``dst`` is, holds or sits inside ``src``; no dims available, a corrupt
+            sidecar or truncated checkpoint file, a tensor missing from the checkpoint or shaped
+            unlike ``dims``, a weight that is not floating point or holds NaN/Inf (named),
+            ``dst`` exists.
+        Interrupted: SIGTERM while writing (the temporary folder is removed).
     """
+    check_separate(src, dst)
+    check_separate(mcore_io.resolve_checkpoint_dir(src), dst)
     sidecar = mcore_io.read_sidecar(src) or {}
     state, dims = mcore_io.load_mcore_checkpoint(src, dims)
     hf_state = families.mcore_to_hf_state_dict(state, dims)
@@ -255,12 +266,16 @@ def verify(
 
     Raises:
         ConversionError: MoE models (megatron's router cannot run on CPU; use
-            ``bench/convert/verify_gpu.py``), or checkpoints that disagree with ``dims``.
+            ``bench/convert/verify_gpu.py``), checkpoints that disagree with ``dims`` or with
+            their own ``config.json``, corrupt files or config values (named).
     """
+    reader = hf_io.SafetensorsReader(hf_path)
+    hf_dims = families.dims_from_hf_config(hf_io.read_hf_config(hf_path),
+                                           source=str(Path(hf_path) / hf_io.CONFIG_NAME))
+    families.check_hf_checkpoint(reader, hf_dims)  # the reference model is built from this config
     if dims is None:
         sidecar = mcore_io.read_sidecar(mcore_path)
-        dims = (ModelDims.from_dict(sidecar["dims"]) if sidecar
-                else families.dims_from_hf_config(hf_io.read_hf_config(hf_path)))
+        dims = mcore_io.dims_from_sidecar(sidecar, mcore_path) if sidecar else hf_dims
     if dims.is_moe:
         raise ConversionError(mcore_model.MOE_CPU_REASON, tensor="mlp.router.weight", expected="a CUDA device")
     reference = hf_reference_model(hf_path, dims)

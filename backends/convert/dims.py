@@ -59,6 +59,26 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, 
     return -(-vocab_size // multiple) * multiple
 
 
+#: How :meth:`ModelDims.from_dict` words each field annotation's type.
+_TYPE_TEXT = {"str": "a string", "int": "an integer", "bool": "true or false", "float": "a finite number",
+              "float | None": "a finite number or null"}
+
+
+def _has_type(value: Any, annotation: str) -> bool:
+    """Whether a JSON value fits a :class:`ModelDims` field annotation (bools are not ints)."""
+    if annotation == "float | None" and value is None:
+        return True
+    if annotation == "str":
+        return isinstance(value, str)
+    if annotation == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if annotation == "int":
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and abs(value) != float("inf") and value == value
+
+
 @dataclass(frozen=True)
 class ModelDims:
     """Dimensions of a decoder-only transformer, in megatron-core's vocabulary.
@@ -215,17 +235,28 @@ class ModelDims:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ConversionError: an unknown key, or values :class:`ModelDims` rejects.
+            ConversionError: ``data`` not a dict, an unknown key, a value of the wrong type
+                (``"big"``, ``1e9`` or ``true`` for an int), or values :class:`ModelDims` rejects.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        if not isinstance(data, dict):
+            raise ConversionError(f"dims is a {type(data).__name__}, expected an object of ModelDims fields",
+                                  tensor="dims", expected="an object")
+        fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+        unknown = sorted((k for k in data if k not in fields), key=str)
         if unknown:
             raise ConversionError(
-                f"unknown ModelDims keys {unknown}", tensor=unknown[0], expected=sorted(known)
+                f"unknown ModelDims keys {unknown}", tensor=str(unknown[0]), expected=sorted(fields)
             )
+        for name, annotation in fields.items():
+            if name in data and not _has_type(data[name], annotation):
+                raise ConversionError(
+                    f"dims.{name} = {data[name]!r} must be {_TYPE_TEXT[annotation]}",
+                    tensor=name,
+                    expected=_TYPE_TEXT[annotation],
+                )
         try:
             return cls(**data)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise ConversionError(f"bad ModelDims: {exc}", tensor="ModelDims") from exc
 
     def with_padded_vocab(self, make_vocab_size_divisible_by: int = 128, tp: int = 1) -> "ModelDims":

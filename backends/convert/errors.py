@@ -1,4 +1,5 @@
-"""The one exception type of :mod:`backends.convert`."""
+"""The exception types of :mod:`backends.convert`: :class:`ConversionError` for every input the
+converter refuses, :class:`Interrupted` for a conversion stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ class ConversionError(Exception):
 
     Raised for a missing or unexpected tensor, a tensor whose shape disagrees with the target
     model dimensions, an unknown model family, a config that the converter cannot represent in
-    megatron-core (or back), and for unusable paths. The message always names the tensor (or
-    config key, or path) and what was expected.
+    megatron-core (or back), unreadable or corrupt files, and for unusable paths. The message
+    always names the tensor (or config key, or path) and what was expected.
 
     Attributes:
         tensor: the tensor name (or config key / path) the problem is about, or ``None``.
@@ -20,3 +21,16 @@ class ConversionError(Exception):
         super().__init__(message)
         self.tensor = tensor
         self.expected = expected
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM arrived while a checkpoint was being written (raised instead of dying, so the
+    temporary folder is removed; see :func:`backends.convert._atomic.atomic_directory`).
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum

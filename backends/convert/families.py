@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from backends.convert import layout
-from backends.convert.dims import ModelDims, padded_vocab_size
+from backends.convert.dims import MOE_FAMILIES, ModelDims, padded_vocab_size
 from backends.convert.errors import ConversionError
 
 SPECS = ("local", "te")
@@ -74,8 +74,10 @@ def detect_family(config: Mapping[str, Any]) -> str:
     Raises:
         ConversionError: ``model_type`` missing or not one of :data:`MODEL_TYPES`.
     """
+    if not isinstance(config, Mapping):
+        check_hf_config(config)
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise ConversionError(
             f"unknown model family: config model_type={model_type!r} "
             f"(architectures={config.get('architectures')}); known: {sorted(MODEL_TYPES)}",
@@ -355,6 +357,127 @@ def _shape_of(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
     return tuple(tensors[name].shape)
 
 
+def _layer_prefix(dims: ModelDims) -> str:
+    return "model.transformer.blocks." if dims.family == "llada" else "model.layers."
+
+
+def check_layer_count(hf: Mapping[str, Any], dims: ModelDims) -> None:
+    """Refuse ``dims.num_layers`` larger than the layers a Hugging Face checkpoint holds.
+
+    Runs before anything loops over the layers, so ``num_hidden_layers: 1000000000`` is an error
+    at once, not an hour of building expected names. (More layers in the checkpoint than in the
+    config are reported as unexpected tensors by :func:`check_tensors`.)
+
+    Raises:
+        ConversionError: naming the config key, its value and the layer count found.
+    """
+    prefix = _layer_prefix(dims)
+    held = set()
+    for name in hf.keys():
+        if name.startswith(prefix):
+            index = name[len(prefix):].split(".", 1)[0]
+            if index.isdigit():
+                held.add(int(index))
+    if dims.num_layers <= len(held):
+        return
+    key = config_key(dims.family, "layers")
+    path = getattr(hf, "path", None)
+    where = f"{path / 'config.json'}: " if path is not None else ""
+    span = f" ({prefix}{min(held)} to {prefix}{max(held)})" if held else ""
+    raise ConversionError(
+        f"{where}{key} = {dims.num_layers}, but the checkpoint holds {len(held)} layers{span}. "
+        f"Fix: set {key} = {len(held)}",
+        tensor=key,
+        expected=len(held),
+    )
+
+
+def check_hf_checkpoint(hf: Mapping[str, Any], dims: ModelDims) -> None:
+    """Check a Hugging Face checkpoint's tensor names and shapes against ``dims`` (header only
+    for a :class:`backends.convert.hf_io.SafetensorsReader`).
+
+    Raises:
+        ConversionError: too few layers (:func:`check_layer_count`), or a missing, unexpected or
+            wrongly shaped tensor (:func:`check_tensors`).
+    """
+    check_layer_count(hf, dims)
+    g = _hf_global(dims)
+    optional = frozenset({g["lm_head"]}) if dims.tied else frozenset()
+    check_tensors(hf, expected_hf_shapes(dims), f"Hugging Face {dims.family}", ignore=_IGNORED_HF_SUFFIXES,
+                  optional=optional)
+
+
+#: Elements per ``isfinite`` pass (bounds the temporary mask to 16 MiB).
+_FINITE_CHUNK = 1 << 24
+
+
+def check_dtype(name: str, dtype: torch.dtype, where: str) -> None:
+    """Refuse a weight dtype that is not floating point (int8, uint8, bool: a quantized checkpoint).
+
+    Raises:
+        ConversionError: naming the file (``where``), the tensor and its dtype.
+    """
+    if dtype.is_floating_point:
+        return
+    raise ConversionError(
+        f"{where}: tensor {name!r} has dtype {str(dtype).removeprefix('torch.')}; the converter converts "
+        "floating-point weights (float32, bfloat16, float16), not integer or quantized ones. Fix: convert an "
+        "unquantized floating-point copy of the checkpoint",
+        tensor=name,
+        expected="a floating-point dtype",
+    )
+
+
+def check_weight(name: str, tensor: torch.Tensor, where: str) -> None:
+    """Refuse a weight that is not floating point (int8, a quantized checkpoint) or holds NaN/Inf.
+
+    Args:
+        name: the tensor's name, for the message.
+        tensor: the weight.
+        where: the file or checkpoint it was read from, for the message.
+
+    Raises:
+        ConversionError: naming the file, the tensor, its dtype or its non-finite values.
+    """
+    check_dtype(name, tensor.dtype, where)
+    flat = tensor.reshape(-1)
+    if all(bool(torch.isfinite(chunk).all()) for chunk in flat.split(_FINITE_CHUNK)):
+        return
+    counts = [(int(torch.isnan(flat).sum()), "NaN"), (int(torch.isinf(flat).sum()), "Inf")]
+    found = " and ".join(f"{n} {what}" for n, what in counts if n)
+    raise ConversionError(
+        f"{where}: tensor {name!r} holds non-finite values ({found} of {flat.numel()}), a diverged run or a "
+        "corrupt file. Fix: convert an earlier checkpoint, or a fresh copy of the original",
+        tensor=name,
+        expected="finite values",
+    )
+
+
+class _CheckedWeights(Mapping[str, torch.Tensor]):
+    """``hf`` whose tensors pass :func:`check_weight` the first time each is read."""
+
+    def __init__(self, hf: Mapping[str, torch.Tensor]):
+        self._hf = hf
+        self._checked: set[str] = set()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        tensor = self._hf[name]
+        if name not in self._checked:
+            file_of = getattr(self._hf, "file_of", None)
+            check_weight(name, tensor, str(file_of(name)) if file_of else "the Hugging Face state dict")
+            self._checked.add(name)
+        return tensor
+
+    def __iter__(self):
+        return iter(self._hf)
+
+    def __len__(self) -> int:
+        return len(self._hf)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._hf
+
+
 # ======================================================================================
 # State-dict conversion
 def hf_to_mcore_state_dict(
@@ -373,14 +496,15 @@ def hf_to_mcore_state_dict(
         vocabulary tables zero-padded to ``padded_vocab_size``.
 
     Raises:
-        ConversionError: a missing, unexpected or wrongly shaped tensor (named), a tied
-            model whose checkpoint carries an ``lm_head`` that differs from the embedding.
+        ConversionError: fewer layers than ``dims`` says, a missing, unexpected or wrongly
+            shaped tensor (named), a weight that is not floating point or not finite
+            (:func:`check_weight`), a tied model whose checkpoint carries an ``lm_head`` that
+            differs from the embedding.
     """
     _check_spec(spec)
     g = _hf_global(dims)
-    expected = expected_hf_shapes(dims)
-    optional = frozenset({g["lm_head"]}) if dims.tied else frozenset()
-    check_tensors(hf, expected, f"Hugging Face {dims.family}", ignore=_IGNORED_HF_SUFFIXES, optional=optional)
+    check_hf_checkpoint(hf, dims)
+    hf = _CheckedWeights(hf)
     if dims.tied and g["lm_head"] in hf:
         lm_head = hf[g["lm_head"]]
         if tuple(lm_head.shape) != (dims.vocab_size, dims.hidden_size) or not torch.equal(
@@ -501,49 +625,243 @@ def _rope_from_parameters(rope: Mapping[str, Any] | None, fallback_theta: float 
     raise _fail("rope_scaling", f"rope scaling type {rope_type!r} is not supported", ("default", "llama3"))
 
 
+#: What each ``config.json`` key the converter reads must hold, per family group:
+#: key -> (kind, what it is). Kinds: ``int`` (positive integer), ``int?`` (positive integer or
+#: null), ``num`` (positive finite number), ``bool``, ``dict?`` (an object or null). Keys absent
+#: from the file are not checked (``transformers`` fills its defaults; the required keys of the
+#: remote-code families are in :data:`_REQUIRED_KEYS`).
+_CONFIG_KEYS: dict[str, dict[str, tuple[str, str]]] = {
+    "transformers": {
+        "hidden_size": ("int", "the model width"),
+        "intermediate_size": ("int", "the MLP width"),
+        "num_hidden_layers": ("int", "the number of decoder layers"),
+        "num_attention_heads": ("int", "the number of query heads"),
+        "num_key_value_heads": ("int?", "the number of key/value heads"),
+        "head_dim": ("int?", "the width of one attention head"),
+        "vocab_size": ("int", "the rows of the embedding table"),
+        "max_position_embeddings": ("int", "the longest sequence the model is configured for"),
+        "rms_norm_eps": ("num", "the RMSNorm epsilon"),
+        "rope_theta": ("num", "the RoPE base"),
+        "rope_parameters": ("dict?", "the RoPE settings"),
+        "rope_scaling": ("dict?", "the RoPE scaling settings"),
+        "tie_word_embeddings": ("bool", "whether the output layer shares the embedding"),
+        "attention_bias": ("bool", "whether the attention projections have biases"),
+        "mlp_bias": ("bool", "whether the MLP projections have biases"),
+        "num_experts": ("int", "the number of routed experts"),
+        "num_local_experts": ("int", "the number of routed experts"),
+        "num_experts_per_tok": ("int", "the experts chosen per token"),
+        "moe_intermediate_size": ("int", "the width of one expert"),
+        "decoder_sparse_step": ("int", "the MoE layer frequency"),
+        "norm_topk_prob": ("bool", "whether the top-k router probabilities are renormalised"),
+    },
+    "llada": {
+        "d_model": ("int", "the model width"),
+        "n_layers": ("int", "the number of decoder layers"),
+        "n_heads": ("int", "the number of query heads"),
+        "n_kv_heads": ("int?", "the number of key/value heads"),
+        "mlp_hidden_size": ("int?", "the MLP width"),
+        "mlp_ratio": ("int?", "the MLP width as a multiple of d_model"),
+        "vocab_size": ("int", "the tokenizer's vocabulary"),
+        "embedding_size": ("int?", "the rows of the embedding table"),
+        "max_sequence_length": ("int", "the longest sequence the model is configured for"),
+        "rope_theta": ("num", "the RoPE base"),
+        "rms_norm_eps": ("num", "the RMSNorm epsilon"),
+        "weight_tying": ("bool", "whether the output layer shares the embedding"),
+        "include_qkv_bias": ("bool", "whether q/k/v have biases"),
+    },
+    "dream": {
+        "hidden_size": ("int", "the model width"),
+        "intermediate_size": ("int", "the MLP width"),
+        "num_hidden_layers": ("int", "the number of decoder layers"),
+        "num_attention_heads": ("int", "the number of query heads"),
+        "num_key_value_heads": ("int?", "the number of key/value heads"),
+        "head_dim": ("int?", "the width of one attention head"),
+        "vocab_size": ("int", "the rows of the embedding table"),
+        "max_position_embeddings": ("int", "the longest sequence the model is configured for"),
+        "rms_norm_eps": ("num", "the RMSNorm epsilon"),
+        "rope_theta": ("num", "the RoPE base"),
+        "rope_parameters": ("dict?", "the RoPE settings"),
+        "tie_word_embeddings": ("bool", "whether the output layer shares the embedding"),
+    },
+}
+
+#: MoE keys, checked for the MoE families only.
+_MOE_KEYS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                       "decoder_sparse_step", "norm_topk_prob"})
+
+#: Keys the remote-code families' configs must have (they have no ``transformers`` defaults).
+_REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "llada": ("d_model", "n_layers", "n_heads", "vocab_size"),
+    "dream": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
+}
+
+#: The ``config.json`` keys holding head counts, width and layers, per family group.
+_SHAPE_KEYS: dict[str, dict[str, str]] = {
+    "transformers": {"heads": "num_attention_heads", "groups": "num_key_value_heads", "hidden": "hidden_size",
+                     "head_dim": "head_dim", "layers": "num_hidden_layers"},
+    "llada": {"heads": "n_heads", "groups": "n_kv_heads", "hidden": "d_model", "head_dim": "", "layers": "n_layers"},
+    "dream": {"heads": "num_attention_heads", "groups": "num_key_value_heads", "hidden": "hidden_size",
+              "head_dim": "head_dim", "layers": "num_hidden_layers"},
+}
+
+_KIND_TEXT = {"int": "a positive integer", "int?": "a positive integer or null", "num": "a positive number",
+              "bool": "true or false", "dict?": "an object or null"}
+
+
+def _group(family: str) -> str:
+    return family if family in ("llada", "dream") else "transformers"
+
+
+def config_key(family: str, what: str) -> str:
+    """The ``config.json`` key of ``family`` holding ``what`` (``"layers"``, ``"heads"``, ``"groups"``,
+    ``"hidden"``, ``"head_dim"``), for messages."""
+    return _SHAPE_KEYS[_group(family)][what]
+
+
+def _value_ok(kind: str, value: Any) -> bool:
+    if kind in ("int", "int?"):
+        if value is None:
+            return kind == "int?"
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if kind == "num":
+        return (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+                and value != float("inf"))
+    if kind == "bool":
+        return isinstance(value, bool)
+    return value is None or isinstance(value, dict)
+
+
+def check_hf_config(config: Any, family: str | None = None) -> None:
+    """Refuse a ``config.json`` whose values the converter would misread or crash on.
+
+    Checks the top level is an object, each key of :data:`_CONFIG_KEYS` present for the family
+    has the right type and range (``hidden_size: "big"``, ``num_attention_heads: 0``,
+    ``num_hidden_layers: 1e9``, ``head_dim: 0``, ``max_position_embeddings: -5`` are refused),
+    the remote-code families' required keys are there, the key/value heads divide the query heads,
+    and, without ``head_dim``, the heads divide the width.
+
+    Args:
+        config: the parsed ``config.json``.
+        family: its dlmspec family (default: from ``model_type``).
+
+    Raises:
+        ConversionError: naming the key, its value, why and a value that works.
+    """
+    if not isinstance(config, Mapping):
+        raise _fail("config.json", f"the top level is a {type(config).__name__}, expected a JSON object ({{...}}) "
+                    "with model_type and the model's sizes. Fix: restore config.json from the original checkpoint",
+                    "a JSON object")
+    family = family or detect_family(config)
+    group = _group(family)
+    for key in _REQUIRED_KEYS.get(group, ()):
+        if key not in config:
+            kind, what = _CONFIG_KEYS[group][key]
+            raise _fail(key, f"config.json has no {key} ({what}), which a {family} config needs. "
+                        f"Fix: add {key} = {_KIND_TEXT[kind]}", _KIND_TEXT[kind])
+    for key, (kind, what) in _CONFIG_KEYS[group].items():
+        if key in _MOE_KEYS and family not in MOE_FAMILIES:
+            continue
+        if key in config and not _value_ok(kind, config[key]):
+            value = config[key]
+            hint = f"set {key} to the checkpoint's value ({_KIND_TEXT[kind]})"
+            if kind.endswith("?"):
+                hint += ", or remove it"
+            why = "is not an integer" if kind.startswith("int") and isinstance(value, float) else f"must be {_KIND_TEXT[kind]}"
+            raise _fail(key, f"{key} = {value!r} {why} ({what}). Fix: {hint}", _KIND_TEXT[kind])
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = config.get(key) or {}
+        for sub in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if sub in rope and not _value_ok("num", rope[sub]):
+                raise _fail(f"{key}.{sub}", f"{key}.{sub} = {rope[sub]!r} must be a positive number. "
+                            f"Fix: restore {key} from the original checkpoint", "a positive number")
+    names = _SHAPE_KEYS[group]
+    heads = config.get(names["heads"])
+    groups = config.get(names["groups"]) or heads
+    if isinstance(heads, int) and isinstance(groups, int) and heads % groups:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise _fail(names["groups"], f"{names['groups']} = {groups} does not divide {names['heads']} = {heads} "
+                    f"(each key/value head serves a whole group of query heads). Fix: one of "
+                    f"{', '.join(map(str, divisors))}", divisors)
+    hidden = config.get(names["hidden"])
+    if (isinstance(hidden, int) and isinstance(heads, int) and hidden % heads
+            and not (names["head_dim"] and config.get(names["head_dim"]))):
+        raise _fail(names["hidden"], f"{names['hidden']} = {hidden} is not divisible by {names['heads']} = {heads} "
+                    f"and the config sets no head width. Fix: set {names['head_dim'] or names['heads']} to the "
+                    "checkpoint's value", "a multiple of the head count")
+
+
 def dims_from_hf_config(
     config: Mapping[str, Any],
     *,
     make_vocab_size_divisible_by: int = 128,
     tp: int = 1,
     padded_vocab: int | None = None,
+    source: str | None = None,
 ) -> ModelDims:
     """:class:`ModelDims` from a Hugging Face ``config.json`` dict.
 
     Args:
-        config: the parsed ``config.json``.
+        config: the parsed ``config.json`` (checked first, :func:`check_hf_config`).
         make_vocab_size_divisible_by: Megatron's vocabulary padding multiple.
         tp: tensor-parallel size used for padding.
         padded_vocab: explicit padded vocabulary size (overrides the two above).
+        source: the file ``config`` was read from; every message then starts with it.
 
     Returns:
         The dimensions; ``vocab_size`` is the HF table's row count (LLaDA:
         ``embedding_size`` when set).
 
     Raises:
-        ConversionError: unknown family (``model_type``), or a config feature megatron's GPT
-            layout here cannot represent (named by key): biases on ``o_proj``/MLP, mixed
-            dense/MoE layers, unsupported rope scaling, LLaDA non-llama blocks, etc.
+        ConversionError: unknown family (``model_type``), a value of the wrong type or range
+            (:func:`check_hf_config`), or a config feature megatron's GPT layout here cannot
+            represent (named by key): biases on ``o_proj``/MLP, mixed dense/MoE layers,
+            unsupported rope scaling, LLaDA non-llama blocks, etc.
     """
-    family = detect_family(config)
-    if family in TRANSFORMERS_FAMILIES:
-        fields = _fields_from_transformers(family, config)
-    elif family == "llada":
-        fields = _fields_from_llada(config)
-    else:
-        fields = _fields_from_dream(config)
-    vocab = fields["vocab_size"]
-    fields["padded_vocab_size"] = (
-        padded_vocab if padded_vocab is not None else padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
-    )
-    return ModelDims(family=family, **fields)
+    try:
+        check_hf_config(config)
+        family = detect_family(config)
+        if family in TRANSFORMERS_FAMILIES:
+            fields = _fields_from_transformers(family, config)
+        elif family == "llada":
+            fields = _fields_from_llada(config)
+        else:
+            fields = _fields_from_dream(config)
+        vocab = fields["vocab_size"]
+        fields["padded_vocab_size"] = (
+            padded_vocab if padded_vocab is not None else padded_vocab_size(vocab, make_vocab_size_divisible_by, tp)
+        )
+        return ModelDims(family=family, **fields)
+    except ConversionError as exc:
+        if source is None:
+            raise
+        raise ConversionError(f"{source}: {exc}", tensor=exc.tensor, expected=exc.expected) from None
+
+
+def _transformers_config_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError]
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+
+        errors.append(StrictDataclassError)
+    except ImportError:  # older huggingface_hub: transformers raises the built-in types above
+        pass
+    return tuple(errors)
+
+
+#: What ``AutoConfig.for_model`` raises for values it refuses (after :func:`check_hf_config`).
+_TRANSFORMERS_CONFIG_ERRORS = _transformers_config_errors()
 
 
 def _fields_from_transformers(family: str, config: Mapping[str, Any]) -> dict[str, Any]:
     from transformers import AutoConfig
 
     cfg_dict = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
-    cfg = AutoConfig.for_model(config["model_type"], **cfg_dict)
+    try:
+        cfg = AutoConfig.for_model(config["model_type"], **cfg_dict)
+    except _TRANSFORMERS_CONFIG_ERRORS as exc:
+        detail = " ".join(str(exc).split())
+        raise _fail("config.json", f"transformers refuses it as a {family} config: {detail}. Fix: restore "
+                    "config.json from the original checkpoint", "a config transformers loads") from None
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     if getattr(cfg, "mlp_bias", False):
@@ -666,7 +984,7 @@ def hf_config_from_dims(dims: ModelDims, base: Mapping[str, Any] | None = None) 
     (token ids, ``auto_map``, ...); the dimensions always win.
 
     Raises:
-        ConversionError: ``base`` belongs to another family.
+        ConversionError: ``base`` belongs to another family, or ``transformers`` refuses its values.
     """
     base = dict(base or {})
     if base and detect_family(base) != dims.family:
@@ -753,5 +1071,10 @@ def hf_config_from_dims(dims: ModelDims, base: Mapping[str, Any] | None = None) 
     elif dims.family == "mixtral":
         base.update(num_local_experts=dims.num_experts, num_experts_per_tok=dims.moe_router_topk)
     model_type = {"qwen3_moe": "qwen3_moe"}.get(dims.family, dims.family)
-    return AutoConfig.for_model(model_type, **base).to_dict()
+    try:
+        return AutoConfig.for_model(model_type, **base).to_dict()
+    except _TRANSFORMERS_CONFIG_ERRORS as exc:
+        detail = " ".join(str(exc).split())
+        raise _fail("hf_config", f"the base config.json does not load as a {dims.family} config: {detail}",
+                    "a config transformers loads") from None
 

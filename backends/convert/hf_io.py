@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from backends.convert._atomic import atomic_directory
@@ -21,36 +21,89 @@ CONFIG_NAME = "config.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
 
+#: File names (``fnmatch`` patterns) :func:`write_hf_checkpoint` writes; with ``overwrite`` only
+#: these are replaced in an existing folder, everything else there is kept.
+OWNED_NAMES = (CONFIG_NAME, SINGLE_NAME, INDEX_NAME, "model-*-of-*.safetensors")
+
+
+def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """The JSON object in the file ``path`` (``what`` says what the file is, for messages).
+
+    Raises:
+        ConversionError: the file cannot be read, is not JSON, or its top level is not an object.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"{path}: cannot read {what}: {exc}", tensor=str(path), expected=what) from None
+    except json.JSONDecodeError as exc:
+        raise ConversionError(f"{path}: {what} is not valid JSON ({exc}). Fix: restore the file from the original "
+                              "checkpoint", tensor=str(path), expected="JSON") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: the top level of {what} is a {type(data).__name__}, expected a JSON object "
+                              "({...}). Fix: restore the file from the original checkpoint", tensor=str(path),
+                              expected="a JSON object")
+    return data
+
+
 def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed ``config.json`` of the checkpoint directory ``path``.
 
     Raises:
-        ConversionError: no readable ``config.json`` there.
+        ConversionError: no readable ``config.json`` there, or not a JSON object.
     """
-    cfg = Path(path) / CONFIG_NAME
+    return read_json_object(Path(path) / CONFIG_NAME, "the Hugging Face config")
+
+
+def open_safetensors(path: Path) -> Any:
+    """``safe_open`` of ``path``, refusing an empty, truncated or corrupt file by name.
+
+    Raises:
+        ConversionError: the file is empty, or its header does not parse or does not cover the file.
+    """
     try:
-        return json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"cannot read {cfg}: {exc}", tensor=str(cfg), expected="a JSON config") from exc
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ConversionError(f"{path}: cannot read it: {exc.strerror}", tensor=str(path),
+                              expected="a safetensors file") from None
+    if size == 0:
+        raise ConversionError(f"{path}: the safetensors file is empty (0 bytes), an unfinished download or copy? "
+                              "Fix: download or copy it again", tensor=str(path), expected="a safetensors file")
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ConversionError(
+            f"{path}: not a readable safetensors file ({exc}); it is truncated or corrupt ({size} bytes), an "
+            "unfinished download or copy? Fix: download or copy it again",
+            tensor=str(path), expected="a safetensors file") from None
 
 
 class SafetensorsReader(Mapping[str, torch.Tensor]):
     """Lazy ``name -> tensor`` view of a Hugging Face safetensors checkpoint directory.
 
     Accepts ``model.safetensors.index.json`` plus shards, a single ``model.safetensors``, or
-    exactly one other ``*.safetensors`` file. Tensors are read on ``__getitem__`` (CPU, the
-    stored dtype); :meth:`get_shape` reads only the header.
+    exactly one other ``*.safetensors`` file. Every file's header is read (and checked) when the
+    reader is made; tensors are read on ``__getitem__`` (CPU, the stored dtype); :meth:`get_shape`
+    and :meth:`get_dtype` read only the header.
 
     Raises:
-        ConversionError: no safetensors file, an index naming a missing shard, or a tensor
-            listed in the index but absent from its shard.
+        ConversionError: no safetensors file, an unreadable index, an index naming a missing
+            shard, an empty, truncated or corrupt file, or a tensor listed in the index but absent
+            from its shard.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         index = self.path / INDEX_NAME
         if index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            weight_map = read_json_object(index, "the safetensors index").get("weight_map", {})
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+                raise ConversionError(
+                    f"{index}: weight_map is a {type(weight_map).__name__}, expected an object of tensor name -> "
+                    "shard file name. Fix: restore the index from the original checkpoint",
+                    tensor=str(index), expected="weight_map: {name: file}")
             self._where = {name: self.path / fname for name, fname in weight_map.items()}
         else:
             files = [self.path / SINGLE_NAME] if (self.path / SINGLE_NAME).is_file() else sorted(self.path.glob("*.safetensors"))
@@ -61,37 +114,47 @@ class SafetensorsReader(Mapping[str, torch.Tensor]):
                     tensor=str(self.path),
                     expected="model.safetensors or an index with shards",
                 )
-            with safe_open(str(files[0]), framework="pt") as f:
-                self._where = {name: files[0] for name in f.keys()}
+            self._where = {name: files[0] for name in open_safetensors(files[0]).keys()}
         self._handles: dict[Path, Any] = {}
-        for fname in set(self._where.values()):
+        for fname in sorted(set(self._where.values())):
             if not fname.is_file():
                 raise ConversionError(
                     f"shard {fname.name} listed in {INDEX_NAME} is missing",
                     tensor=str(fname),
                     expected="an existing shard file",
                 )
+            self._handles[fname] = open_safetensors(fname)
+        held = {fname: set(handle.keys()) for fname, handle in self._handles.items()}
+        for name, fname in self._where.items():
+            if name not in held[fname]:
+                raise ConversionError(
+                    f"{fname}: tensor {name!r} is listed for this shard in {INDEX_NAME} but is not in it. "
+                    "Fix: restore the shard and the index from the original checkpoint",
+                    tensor=name, expected="present in its shard")
 
-    def _handle(self, fname: Path) -> Any:
-        if fname not in self._handles:
-            self._handles[fname] = safe_open(str(fname), framework="pt")
-        return self._handles[fname]
+    def file_of(self, name: str) -> Path:
+        """The safetensors file holding ``name``."""
+        return self._where[name]
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise KeyError(name)
         try:
-            return self._handle(self._where[name]).get_tensor(name)
+            return self._handles[self._where[name]].get_tensor(name)
         except Exception as exc:  # safetensors raises its own error type for a missing name
             raise ConversionError(
-                f"tensor {name!r} listed for {self._where[name].name} cannot be read: {exc}",
+                f"{self._where[name]}: tensor {name!r} cannot be read: {exc}",
                 tensor=name,
                 expected="present in its shard",
             ) from exc
 
     def get_shape(self, name: str) -> tuple[int, ...]:
         """Shape of ``name`` from the safetensors header, without reading the data."""
-        return tuple(self._handle(self._where[name]).get_slice(name).get_shape())
+        return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+
+    def get_dtype(self, name: str) -> str:
+        """safetensors dtype code of ``name`` (``"BF16"``, ``"F32"``, ``"I8"``...), from the header."""
+        return self._handles[self._where[name]].get_slice(name).get_dtype()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
@@ -125,7 +188,9 @@ def write_hf_checkpoint(
     ``max_shard_bytes``, into ``model-0000i-of-0000n.safetensors`` shards plus
     ``model.safetensors.index.json`` (``metadata.total_size`` and ``weight_map``), the layout
     ``from_pretrained`` reads. Everything is written into a temporary sibling directory that is
-    renamed to ``dst`` only when complete.
+    renamed to ``dst`` only when complete; over an existing ``dst`` (``overwrite``) only the
+    files of :data:`OWNED_NAMES` are replaced, ``config.json`` last (see
+    :func:`backends.convert._atomic.atomic_directory`).
 
     Args:
         dst: target directory.
@@ -133,7 +198,7 @@ def write_hf_checkpoint(
         config: ``config.json`` content (see :func:`backends.convert.families.hf_config_from_dims`).
         dtype: cast floating-point tensors to this dtype (``None`` keeps them).
         max_shard_bytes: shard size limit.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst`` (other files there are kept).
 
     Returns:
         ``dst`` as a :class:`~pathlib.Path`.
@@ -160,7 +225,7 @@ def write_hf_checkpoint(
     if dtype is not None:
         cfg["dtype"] = str(dtype).removeprefix("torch.")
     dst = Path(dst)
-    with atomic_directory(dst, overwrite=overwrite) as tmp:
+    with atomic_directory(dst, overwrite=overwrite, owned=OWNED_NAMES, marker=CONFIG_NAME) as tmp:
         if len(shards) == 1:
             save_file(shards[0], str(tmp / SINGLE_NAME), metadata={"format": "pt"})
         else:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
@@ -42,12 +44,21 @@ import torch
 import torch.distributed as dist
 
 from backends.convert import families
-from backends.convert._atomic import atomic_directory
+from backends.convert._atomic import atomic_directory, signals_held
 from backends.convert.dims import ModelDims
 from backends.convert.errors import ConversionError
+from backends.convert.hf_io import read_json_object
 
 SIDECAR_NAME = "dlmspec_convert.json"
 LAYER_LAYOUTS = ("stacked", "per_layer")
+
+#: File names (``fnmatch`` patterns) :func:`save_mcore_checkpoint` writes; with ``overwrite`` only
+#: these are replaced in an existing folder, everything else there is kept. ``metadata.json``,
+#: which marks a complete dist checkpoint, is written last.
+OWNED_NAMES = (".metadata", "*.distcp", "common.pt", "metadata.json", SIDECAR_NAME)
+
+#: What megatron-core / torch raise reading a truncated or corrupt dist checkpoint.
+_READ_ERRORS = (EOFError, OSError, RuntimeError, ValueError, KeyError, pickle.UnpicklingError)
 
 
 @contextmanager
@@ -281,7 +292,10 @@ def save_mcore_checkpoint(
     The directory holds megatron's files (``.metadata``, ``*.distcp``, ``common.pt``,
     ``metadata.json``) and ``dlmspec_convert.json`` (the :class:`ModelDims`, layer layout and
     the source ``config.json``, used by :func:`load_mcore_checkpoint` and ``mcore_to_hf``).
-    It is written into a temporary sibling and renamed to ``dst`` when complete.
+    It is written into a temporary sibling and renamed to ``dst`` when complete; over an existing
+    ``dst`` (``overwrite``) only the files of :data:`OWNED_NAMES` are replaced. Ctrl-C and SIGTERM
+    during megatron-core's save take effect when it returns (its forked writers finish), then
+    the temporary folder is removed.
 
     Args:
         dst: target directory (must not exist unless ``overwrite``).
@@ -290,7 +304,7 @@ def save_mcore_checkpoint(
         spec: layer-norm naming of ``state_dict``.
         layer_layout: ``"stacked"`` (default, megatron's homogeneous layout) or ``"per_layer"``.
         hf_config: the Hugging Face config to remember for the way back.
-        overwrite: replace an existing ``dst``.
+        overwrite: write into an existing ``dst`` (other files there are kept).
 
     Returns:
         ``dst`` as a :class:`~pathlib.Path`.
@@ -302,11 +316,13 @@ def save_mcore_checkpoint(
 
     families.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
                            f"megatron-core {dims.family}", ignore=("_extra_state",))
-    with atomic_directory(dst, overwrite=overwrite) as tmp, process_group(), _without_psutil_ok():
+    with atomic_directory(dst, overwrite=overwrite, owned=OWNED_NAMES, marker="metadata.json") as tmp, \
+            process_group(), _without_psutil_ok():
         ckpt = tmp / "ckpt"
         ckpt.mkdir()
         sharded = build_sharded_state_dict(state_dict, dims, spec=spec, layer_layout=layer_layout)
-        dist_checkpointing.save(sharded, str(ckpt), sharded_strategy=_save_strategy())
+        with signals_held():  # Ctrl-C / SIGTERM wait for megatron's writers, then clean up
+            dist_checkpointing.save(sharded, str(ckpt), sharded_strategy=_save_strategy())
         for entry in ckpt.iterdir():
             os.replace(entry, tmp / entry.name)
         ckpt.rmdir()
@@ -320,6 +336,13 @@ def save_mcore_checkpoint(
     return Path(dst)
 
 
+def _read_line(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"{path}: cannot read it: {exc}", tensor=str(path), expected="a text file") from None
+
+
 def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     """The dist-checkpoint directory at ``path``.
 
@@ -328,17 +351,26 @@ def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
     ``latest_checkpointed_iteration.txt`` (``release`` or an iteration number).
 
     Raises:
-        ConversionError: neither layout is found.
+        ConversionError: neither layout is found, or the iteration tracker holds no iteration.
     """
     path = Path(path)
     if (path / "metadata.json").is_file():
         return path
     latest = path / "latest"  # dlmspec runtime (backends/megatron/training.py): "iter_0000100"
-    if latest.is_file() and (path / latest.read_text().strip() / "metadata.json").is_file():
-        return path / latest.read_text().strip()
+    if latest.is_file():
+        name = _read_line(latest)
+        if name and (path / name / "metadata.json").is_file():
+            return path / name
     tracker = path / "latest_checkpointed_iteration.txt"
     if tracker.is_file():
-        it = tracker.read_text().strip()
+        it = _read_line(tracker)
+        if it != "release" and not (it.isascii() and it.isdigit()):
+            saved = sorted(p.name for p in path.glob("iter_*") if (p / "metadata.json").is_file())
+            example = str(int(saved[-1][len("iter_"):])) if saved and saved[-1][5:].isdigit() else "100"
+            raise ConversionError(
+                f"{tracker}: holds {it!r}, expected an iteration number or 'release'. Fix: write the iteration "
+                f"of a saved checkpoint there, e.g. {example}, or pass the iter_* folder itself",
+                tensor=str(tracker), expected="an iteration number")
         sub = path / ("release" if it == "release" else f"iter_{int(it):07d}")
         if (sub / "metadata.json").is_file():
             return sub
@@ -350,9 +382,95 @@ def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
 
 
 def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``dlmspec_convert.json`` of a checkpoint written by :func:`save_mcore_checkpoint`, or None."""
+    """``dlmspec_convert.json`` of a checkpoint written by :func:`save_mcore_checkpoint`, or None.
+
+    Raises:
+        ConversionError: the file is not a JSON object, or its ``hf_config`` is not an object.
+    """
     f = resolve_checkpoint_dir(path) / SIDECAR_NAME
-    return json.loads(f.read_text()) if f.is_file() else None
+    if not f.is_file():
+        return None
+    sidecar = read_json_object(f, "dlmspec's conversion record")
+    if sidecar.get("hf_config") is not None and not isinstance(sidecar["hf_config"], dict):
+        raise ConversionError(
+            f"{f}: hf_config is a {type(sidecar['hf_config']).__name__}, expected the source config.json (an "
+            "object). Fix: restore the file, or remove hf_config from it (a config is then made from dims)",
+            tensor="hf_config", expected="an object")
+    return sidecar
+
+
+def dims_from_sidecar(sidecar: Mapping[str, Any], ckpt: str | os.PathLike[str]) -> ModelDims:
+    """The :class:`ModelDims` recorded in the sidecar of the checkpoint ``ckpt``.
+
+    Raises:
+        ConversionError: no ``dims`` there, or values :meth:`ModelDims.from_dict` refuses (the
+            message starts with the sidecar's path).
+    """
+    f = resolve_checkpoint_dir(ckpt) / SIDECAR_NAME
+    if "dims" not in sidecar:
+        raise ConversionError(
+            f"{f}: has no dims (the model's dimensions). Fix: restore the file, or convert again from the "
+            "Hugging Face checkpoint", tensor="dims", expected="an object of ModelDims fields")
+    try:
+        return ModelDims.from_dict(sidecar["dims"])
+    except ConversionError as exc:
+        raise ConversionError(f"{f}: {exc}. Fix: restore the file, or convert again from the Hugging Face "
+                              "checkpoint", tensor=exc.tensor, expected=exc.expected) from None
+
+
+def check_checkpoint_files(ckpt: Path) -> None:
+    """Refuse a dist checkpoint with a file that is corrupt or shorter than ``.metadata`` says.
+
+    Reads ``metadata.json`` (a JSON object), ``.metadata`` (torch's index of where each tensor's
+    bytes are), compares every ``*.distcp`` file's size with the last byte ``.metadata`` places
+    in it, and checks ``common.pt`` is a torch (zip) file: a copy that stopped early is named
+    here instead of failing inside torch's reader.
+
+    Raises:
+        ConversionError: naming the file and what is wrong with it.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    again = "Fix: copy (or save) the checkpoint again; an unfinished copy or save leaves files like this"
+    read_json_object(ckpt / "metadata.json", "megatron-core's checkpoint metadata")
+    index = ckpt / ".metadata"
+    if not index.is_file():
+        raise ConversionError(f"{index}: missing, so {ckpt} is not a complete torch_dist checkpoint. {again}",
+                              tensor=str(index), expected="torch's checkpoint index")
+    try:
+        metadata = FileSystemReader(str(ckpt)).read_metadata()
+    except Exception as exc:  # unpickling a damaged file can raise almost anything
+        raise ConversionError(f"{index}: cannot be read ({type(exc).__name__}: {exc}); it is truncated or corrupt. "
+                              f"{again}", tensor=str(index), expected="torch's checkpoint index") from None
+    ends: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if isinstance(rel, str):
+            ends[rel] = max(ends.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, end in sorted(ends.items()):
+        f = ckpt / rel
+        if not f.is_file():
+            raise ConversionError(f"{f}: missing; {index.name} lists tensor data in it. {again}", tensor=str(f),
+                                  expected="a .distcp file")
+        size = f.stat().st_size
+        if size < end:
+            raise ConversionError(f"{f}: truncated: {size} bytes, but {index.name} places tensor data up to byte "
+                                  f"{end}. {again}", tensor=str(f), expected=f">= {end} bytes")
+    common = ckpt / "common.pt"
+    if common.is_file() and not zipfile.is_zipfile(common):
+        raise ConversionError(f"{common}: not a readable torch file (truncated or corrupt). {again}",
+                              tensor=str(common), expected="a torch.save file")
+
+
+def _stored_layers(meta: Mapping[str, Any], layer_layout: str) -> int:
+    if layer_layout == "stacked":
+        return int(meta["decoder.layers.self_attention.linear_qkv.weight"].global_shape[0])
+    held = set()
+    for key in meta:
+        parts = key.split(".", 3)
+        if key.startswith("decoder.layers.") and len(parts) > 2 and parts[2].isdigit():
+            held.add(int(parts[2]))
+    return len(held)
 
 
 def load_mcore_checkpoint(
@@ -376,13 +494,15 @@ def load_mcore_checkpoint(
         ``(state_dict, dims)``; vocabulary tensors keep the stored padded row count.
 
     Raises:
-        ConversionError: no dims (no sidecar and none given), a tensor missing from the
-            checkpoint, or a stored shape that disagrees with ``dims`` (named).
+        ConversionError: no dims (no sidecar and none given), a corrupt sidecar or truncated file
+            (:func:`check_checkpoint_files`), a layer count, tensor or stored shape that
+            disagrees with ``dims``, a weight that is not floating point or not finite (named).
     """
     from megatron.core import dist_checkpointing
 
     ckpt = resolve_checkpoint_dir(path)
     sidecar = read_sidecar(ckpt)
+    origin, fix = "the target config", ""
     if dims is None:
         if sidecar is None:
             raise ConversionError(
@@ -390,9 +510,17 @@ def load_mcore_checkpoint(
                 tensor=SIDECAR_NAME,
                 expected="a sidecar or explicit dims",
             )
-        dims = ModelDims.from_dict(sidecar["dims"])
+        dims = dims_from_sidecar(sidecar, ckpt)
+        origin = f"the dims in {ckpt / SIDECAR_NAME}"
+        fix = ". Fix: restore that file, or convert again from the Hugging Face checkpoint"
+    check_checkpoint_files(ckpt)
     with process_group():
-        meta = dist_checkpointing.load_tensors_metadata(str(ckpt))
+        try:
+            meta = dist_checkpointing.load_tensors_metadata(str(ckpt))
+        except _READ_ERRORS as exc:
+            raise ConversionError(f"{ckpt}: megatron-core cannot read the checkpoint's metadata ({type(exc).__name__}: "
+                                  f"{exc}). Fix: copy (or save) the checkpoint again", tensor=str(ckpt),
+                                  expected="a readable dist checkpoint") from None
         if "decoder.layers.self_attention.linear_qkv.weight" in meta:
             layer_layout = "stacked"
         elif "decoder.layers.0.self_attention.linear_qkv.weight" in meta:
@@ -403,6 +531,14 @@ def load_mcore_checkpoint(
                 tensor="decoder.layers.self_attention.linear_qkv.weight",
                 expected="a GPTModel checkpoint",
             )
+        stored_layers = _stored_layers(meta, layer_layout)
+        if stored_layers != dims.num_layers:
+            raise ConversionError(
+                f"{origin}: num_layers = {dims.num_layers}, but {ckpt} holds {stored_layers} layers"
+                f"{fix or f'. Fix: pass dims with num_layers = {stored_layers}'}",
+                tensor="num_layers",
+                expected=stored_layers,
+            )
         expected = families.expected_mcore_shapes(dims, spec)
         empties: dict[str, torch.Tensor] = {}
         for name, shape in expected.items():
@@ -410,8 +546,24 @@ def load_mcore_checkpoint(
             key = _sharded_key(name, dims, spec, layer_layout, meta)
             if key is not None:
                 dtype = meta[key].dtype
-                if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
-                    stored_rows = meta[key].global_shape[0]
+                families.check_dtype(key, dtype, str(ckpt))
+                # the stored shape is the layer (and expert) axes, then ``shape`` (vocabulary
+                # rows may differ); compared here, before ``torch.empty`` of dims' sizes
+                stored = tuple(meta[key].global_shape)
+                vocab = name in ("embedding.word_embeddings.weight", "output_layer.weight")
+                if vocab:
+                    want = (stored[0] if stored else shape[0], *shape[1:])
+                else:
+                    want = stored[: max(len(stored) - len(shape), 0)] + tuple(shape)
+                if stored != want:
+                    raise ConversionError(
+                        f"megatron-core tensor {key!r} has global shape {stored} in {ckpt}, expected {want} "
+                        f"from {origin}{fix}",
+                        tensor=key,
+                        expected=want,
+                    )
+                if vocab:
+                    stored_rows = stored[0]
                     if stored_rows < dims.vocab_size:
                         raise ConversionError(
                             f"{key} has {stored_rows} rows in {ckpt}, fewer than vocab_size={dims.vocab_size}",
@@ -425,11 +577,17 @@ def load_mcore_checkpoint(
         if dims.is_moe:
             _prefer_present_norm_key(sharded, meta)
         _check_present(sharded, meta, ckpt)
-        loaded = dist_checkpointing.load(sharded, str(ckpt))
+        try:
+            loaded = dist_checkpointing.load(sharded, str(ckpt))
+        except _READ_ERRORS as exc:
+            raise ConversionError(f"{ckpt}: megatron-core cannot read the checkpoint ({type(exc).__name__}: {exc}). "
+                                  "Fix: copy (or save) the checkpoint again", tensor=str(ckpt),
+                                  expected="a readable dist checkpoint") from None
     out: dict[str, torch.Tensor] = {}
     for local, value in loaded.items():
         name = _local_to_state_name(local, dims, spec)
         if name is not None:
+            families.check_weight(name, value, str(ckpt))
             out[name] = value
     if out["embedding.word_embeddings.weight"].shape[0] != dims.padded_vocab_size:
         import dataclasses

@@ -332,6 +332,8 @@ class RunConfig:
             train.py); recorded in every checkpoint and compared on resume.
         spec_lock_file: The ``spec.lock.toml`` beside train.py; copied into every checkpoint
             when its hash is ``spec_hash`` (:mod:`backends.megatron.spec_record`).
+        layer_path: Why the layer spec takes its path (Transformer Engine or local), as the
+            compiler resolved ``transformer_impl``; logged with the start record.
     """
 
     objective: ObjectiveConfig
@@ -344,6 +346,7 @@ class RunConfig:
     kernels: KernelConfig = field(default_factory=KernelConfig)
     spec_hash: Optional[str] = None
     spec_lock_file: Optional[str] = None
+    layer_path: str = ""
 
 
 @dataclass

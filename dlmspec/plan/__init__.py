@@ -414,7 +414,8 @@ def check_memory(resolved: Resolved, loaded: Any = None, calibration: Calibratio
         ``[]`` when it fits with headroom or when the GPU is unknown (the ``unknown-gpu`` rule
         reports that); else one :class:`~dlmspec.errors.SpecIssue` (rule ``memory-fits``,
         error, with the breakdown and :func:`memory_fits`'s advice as the hint; or rule
-        ``memory-headroom``, warning).
+        ``memory-headroom``, warning). ``cluster.allow_memory_overflow = true`` (the rule's one
+        override, kept in spec.lock.toml) makes ``memory-fits`` a warning.
     """
     if resolved.gpu is None:
         return []
@@ -426,14 +427,17 @@ def check_memory(resolved: Resolved, loaded: Any = None, calibration: Calibratio
     fits, advice = memory_fits(plan)
     source = "dlmspec.plan.memory (Korthikanti et al. 2022; megatron-core DDP and DistributedOptimizer)"
     if not fits:
+        accepted = resolved.spec.cluster.allow_memory_overflow
         return [
             SpecIssue(
                 key="cluster.gpu",
                 value=resolved.spec.cluster.gpu,
                 message=f"planned peak memory {_gib(plan.peak_bytes)} per GPU{where} ({_summary(plan)}) exceeds "
-                f"the {_gib(gpu.memory_bytes)} of one {gpu.name}",
-                hint="; or ".join(advice),
-                severity="error",
+                f"the {_gib(gpu.memory_bytes)} of one {gpu.name}"
+                + ("; accepted: cluster.allow_memory_overflow = true" if accepted else ""),
+                hint="; or ".join(advice) + ("" if accepted else
+                                             "; or, if a measured run fits, set cluster.allow_memory_overflow = true"),
+                severity="warning" if accepted else "error",
                 rule="memory-fits",
                 source=source,
                 file=file,

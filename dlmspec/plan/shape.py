@@ -11,16 +11,11 @@ from dataclasses import dataclass, replace
 
 from dlmspec.gpus import GPU
 from dlmspec.params import mlp_params
-from dlmspec.resolve import Resolved, effective_cross_entropy, padded_vocab_size
+from dlmspec.resolve import LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size  # noqa: F401 - search reads it here
 
 #: Bytes per element of each ``[precision] dtype``.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
-#: ``[parallel] cp_comm_type`` values the local layers implement: SDPA core attention all-gathers
-#: keys and values over the context-parallel group (``backends.megatron.attention.CP_COMM_TYPES``,
-#: megatron-core's spelling ``"all_gather"``); ``p2p``, ``a2a`` and ``a2a+p2p`` need Transformer
-#: Engine's attention.
-LOCAL_CP_COMM_TYPES = ("allgather",)
 
 
 @dataclass(frozen=True)
@@ -209,30 +204,16 @@ def transformer_impl(resolved: Resolved) -> tuple[str, str]:
     Returns:
         ``(modelled, description)``: ``modelled`` is ``"transformer_engine"`` or
         ``"local+sdpa"``, the path the memory and time models assume; ``description`` says
-        what the runtime does (``backends/megatron/layers.py``: ``auto`` takes Transformer
-        Engine when it imports on the cluster, else megatron-core's local modules with
-        SDPA core attention). fp8, grouped-GEMM experts and context parallelism other than
-        :data:`LOCAL_CP_COMM_TYPES` exist only with Transformer Engine, so ``auto`` with any of
-        them is modelled as TE.
+        what the runtime does: the path :func:`dlmspec.resolve.layer_path` chose
+        (``resolved.transformer_impl``, with its reason), or for ``"auto"`` Transformer Engine
+        when it imports on the cluster, else megatron-core's local modules with SDPA core
+        attention, modelled as the local path.
     """
-    spec = resolved.spec
-    impl = spec.model.transformer_impl
+    impl, reason = resolved.transformer_impl, resolved.transformer_impl_reason
     if impl == "transformer_engine":
-        return "transformer_engine", "transformer_engine (model.transformer_impl)"
+        return "transformer_engine", f"transformer_engine ({reason})"
     if impl == "local":
-        return "local+sdpa", "local+sdpa: megatron-core local modules, SDPA core attention (model.transformer_impl)"
-    needs_te = [
-        name
-        for name, on in (
-            ("precision.fp8", spec.precision.fp8 != "none"),
-            (f"context_parallel_size > 1 with cp_comm_type '{spec.parallel.cp_comm_type}'",
-             resolved.cp > 1 and spec.parallel.cp_comm_type not in LOCAL_CP_COMM_TYPES),
-            ("model.moe_grouped_gemm", spec.model.moe_grouped_gemm),
-        )
-        if on
-    ]
-    if needs_te:
-        return "transformer_engine", f"transformer_engine: required by {', '.join(needs_te)} (model.transformer_impl = auto)"
+        return "local+sdpa", f"local+sdpa: megatron-core local modules, SDPA core attention ({reason})"
     return (
         "local+sdpa",
         "auto: transformer_engine if importable on the cluster, else local+sdpa; "

@@ -1,0 +1,170 @@
+"""``dlmspec validate`` and ``dlmspec compile`` agree (issue 15): on every bundled spec, every
+starter spec and one failing example per thing either refuses (each runtime gap of
+:data:`dlmspec.unsupported.UNSUPPORTED`, the memory rule, an unknown end-of-document id, a SLURM
+value, a schema error beside a rule error), both exit with the same code and report the same
+issues (rule, key, severity). The memory rule has one override, ``cluster.allow_memory_overflow``,
+which both honour and the lock file keeps."""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from typer.testing import CliRunner
+
+import dlmspec.cli
+import dlmspec.commands
+from dlmspec.cli import app, main
+from dlmspec.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted((ROOT / "specs").glob("*.toml"))
+
+#: Nodes a starter spec of these presets needs to fit H100s (what `dlmspec new` suggests).
+STARTER_NODES = {"llama-3-70b": 4, "mixtral-8x7b": 2, "qwen3-30b-a3b": 2}
+
+#: A small valid spec (8 GPUs, data parallel): the failing examples change it.
+BASE: dict[str, Any] = {
+    "name": "t",
+    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
+              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
+    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
+              "lr_warmup_iters": 10, "eval_interval": 50},
+    "data": {"train": ["data/x_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
+    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+    "logging": {"tensorboard_dir": "runs/t/tensorboard"},
+}
+
+#: A peak of about 105 GiB per GPU on H100s (80 GiB): the memory rule's example.
+TOO_BIG = {"train.seq_length": 262144, "model.max_position_embeddings": 262144, "train.micro_batch_size": 8}
+
+#: (changes to BASE, the rule and key that refuse it): one per entry of UNSUPPORTED, then the
+#: other things validate or compile refuse.
+FAILING: list[tuple[dict[str, Any], str, str]] = [
+    ({"stage.kind": "rl"}, "runtime-unsupported", "stage.kind"),
+    ({"stage.kind": "sft"}, "runtime-unsupported", "stage.kind"),
+    ({"checkpoint.async_save": True}, "runtime-unsupported", "checkpoint.async_save"),
+    ({"parallel.fsdp": "torch"}, "runtime-unsupported", "parallel.fsdp"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.use_distributed_optimizer": False},
+     "runtime-unsupported", "parallel.use_distributed_optimizer"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.pipeline_model_parallel_size": 2},
+     "runtime-unsupported", "parallel.pipeline_model_parallel_size"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "fused_linear"}, "runtime-unsupported",
+     "kernels.cross_entropy"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "checkpoint.init_from": "mcore:runs/b/ckpt"},
+     "runtime-unsupported", "checkpoint.init_from"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
+      "model.transformer_impl": "transformer_engine"}, "runtime-unsupported", "precision.fp8"),
+    ({"logging.wandb_project": "p"}, "runtime-unsupported", "logging.wandb_project"),
+    ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
+     "runtime-unsupported", "model.moe_grouped_gemm"),
+    ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
+      "model.transformer_impl": "transformer_engine"}, "runtime-unsupported", "objective.attention_mask"),
+    ({"logging.tensorboard_dir": "tb"}, "runtime-unsupported", "logging.tensorboard_dir"),
+    ({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"},
+     "runtime-unsupported", "objective.variable_length_prob"),
+    ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
+     "runtime-unsupported", "data.reset_attention_mask"),
+    (TOO_BIG, "memory-fits", "cluster.gpu"),
+    ({"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}, "data.eod_mask_loss": True},
+     "eod-id-unknown", "data.tokenizer.eod_id"),
+    ({"cluster.slurm": {"partition": "bad name!"}}, "slurm-value", "cluster.slurm.partition"),
+    ({"train.lr": "fast", "parallel.tensor_model_parallel_size": 3}, "tp-divides-heads",
+     "parallel.tensor_model_parallel_size"),
+]
+
+
+def spec_file(folder: Path, changes: dict[str, Any], name: str = "spec.toml") -> Path:
+    data = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    path = folder / name
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    return path
+
+
+def outcome(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[tuple[str, str, str]]]:
+    """Exit code of ``dlmspec ARGV`` (run as the console script runs it) and the issues it
+    reported (rule, key, severity), sorted."""
+    seen: list[tuple[str, str, str]] = []
+    issues, warnings = dlmspec.cli.report_issues, dlmspec.cli.report_warnings
+
+    def record(found: list) -> None:
+        seen.extend((i.rule, i.key, i.severity) for i in found)
+
+    def report_issues(found: list, *, as_json: bool = False) -> None:
+        record(found)
+        issues(found, as_json=as_json)
+
+    def report_warnings(found: list) -> None:
+        record(found)
+        warnings(found)
+
+    with monkeypatch.context() as patch:
+        for module in (dlmspec.cli, dlmspec.commands):
+            patch.setattr(module, "report_issues", report_issues)
+            patch.setattr(module, "report_warnings", report_warnings)
+        code = main(argv)
+    return code, sorted(seen)
+
+
+def assert_agree(spec: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[tuple[str, str, str]]]:
+    validate = outcome(["validate", str(spec)], monkeypatch)
+    compiled = outcome(["compile", str(spec), "-o", str(out)], monkeypatch)
+    assert validate == compiled, f"validate {validate} != compile {compiled}"
+    assert out.is_dir() == (compiled[0] == 0)
+    return validate
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_bundled_specs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_agree(path, tmp_path / "out", monkeypatch)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_starter_specs(preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tmp_path / f"{preset}.toml"
+    result = CliRunner().invoke(app, ["new", str(spec), "--preset", preset, "--nodes", str(STARTER_NODES.get(preset, 1))])
+    assert result.exit_code == 0, result.output
+    assert assert_agree(spec, tmp_path / "out", monkeypatch) == (0, [])
+
+
+@pytest.mark.parametrize("changes, rule, key", FAILING, ids=[f"{r}:{k}" for _, r, k in FAILING])
+def test_failing_examples(changes: dict[str, Any], rule: str, key: str, tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    code, issues = assert_agree(spec_file(tmp_path, changes), tmp_path / "out", monkeypatch)
+    assert code == 2 and (rule, key, "error") in issues
+
+
+def test_every_unsupported_entry_has_a_failing_example() -> None:
+    from dlmspec.unsupported import UNSUPPORTED
+
+    assert {u.key for u in UNSUPPORTED} <= {key for _, rule, key in FAILING if rule == "runtime-unsupported"}
+
+
+def test_memory_override_turns_the_error_into_a_recorded_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cluster.allow_memory_overflow = true`` is the memory rule's one override: validate,
+    plan and compile then pass with a ``memory-fits`` warning, and spec.lock.toml keeps the key,
+    so the compiled job says that it was accepted on purpose."""
+    spec = spec_file(tmp_path, {**TOO_BIG, "cluster.allow_memory_overflow": True})
+    code, issues = assert_agree(spec, tmp_path / "out", monkeypatch)
+    assert code == 0 and ("memory-fits", "cluster.gpu", "warning") in issues
+    code, planned = outcome(["plan", str(spec)], monkeypatch)
+    assert code == 0 and ("memory-fits", "cluster.gpu", "warning") in planned
+    lock = tomllib.loads((tmp_path / "out" / "spec.lock.toml").read_text())
+    assert lock["cluster"]["allow_memory_overflow"] is True
+    # The same spec without the override: an error everywhere, and the fix names the override.
+    plain = spec_file(tmp_path, TOO_BIG, "plain.toml")
+    assert outcome(["plan", str(plain)], monkeypatch)[0] == 2
+    result = CliRunner().invoke(app, ["validate", str(plain), "--json"])
+    (memory,) = [i for i in json.loads(result.stdout)["issues"] if i["rule"] == "memory-fits"]
+    assert memory["severity"] == "error" and "cluster.allow_memory_overflow = true" in memory["hint"]
