@@ -138,6 +138,7 @@ def test_train_refuses_fsdp_without_cuda_before_building(tmp_path_factory, monke
     run.checkpoint.save_dir = None
     built = []
     monkeypatch.setattr(training, "build_model", lambda *a, **k: built.append(1))
+    monkeypatch.setattr(training, "cuda_problem", lambda **kwargs: None)  # past train()'s own CUDA check, to FSDP's
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
         with pytest.raises(ValueError, match="Megatron-FSDP needs CUDA"):
             training.train(run, transformer_config=tc, layer_spec=module.build_layer(), model_kwargs=model_kwargs,

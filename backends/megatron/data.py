@@ -40,11 +40,13 @@ Packed documents and boundaries
 
 from __future__ import annotations
 
+import os
+import struct
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-import os
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -189,6 +191,205 @@ def missing_data_files(data: "DataConfig") -> List[str]:
                 if not os.path.isfile(prefix + suffix):
                     missing.append(prefix + suffix)
     return missing
+
+
+#: megatron-core's indexed dataset format (megatron/core/datasets/indexed_dataset.py, 0.16.1):
+#: ``.idx`` = magic, version ``<Q`` (1), dtype code ``<B``, sequence count ``<Q``, document-index
+#: count ``<Q`` (34 bytes), then int32 sequence lengths, int64 byte pointers into ``.bin``, int64
+#: document indices (and, for multimodal data, int8 sequence modes).
+INDEX_MAGIC = b"MMIDIDX\x00\x00"
+INDEX_HEADER_BYTES = 34
+#: ``DType`` codes of megatron-core's ``indexed_dataset.DType``.
+INDEX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+                8: np.uint16}
+#: ``.bin`` files up to this size are read whole for the token-id range; larger ones are sampled
+#: (:data:`SAMPLE_WINDOWS` windows of :data:`SAMPLE_WINDOW_BYTES`, evenly spread, the first at the
+#: start and the last at the end of the file), so every rank's check reads at most ~64 MiB a file.
+FULL_SCAN_BYTES = 256 * 2**20
+SAMPLE_WINDOWS = 64
+SAMPLE_WINDOW_BYTES = 2**20
+_SCAN_CHUNK_TOKENS = 2**24
+
+_PREPARE_AGAIN = "prepare it again with `dlmspec data prepare`"
+
+
+@dataclass
+class DatasetCheck:
+    """What :func:`check_indexed_dataset` found for one ``PREFIX.bin`` / ``PREFIX.idx`` pair.
+
+    Attributes:
+        prefix: The dataset prefix.
+        problems: One sentence per problem, each naming the file (empty: usable).
+        dtype: Token dtype from the ``.idx`` header (``"uint16"``...), ``None`` if unreadable.
+        sequences, documents: Counts from the header.
+        tokens: Tokens the ``.idx`` describes.
+        min_id, max_id: Smallest and largest token id seen (``None`` if not scanned).
+        scan: ``"full"``, ``"sampled N windows, B of T bytes"`` or ``"none (...)"``.
+        scanned_bytes: Bytes of ``.bin`` read for the id range.
+    """
+
+    prefix: str
+    problems: List[str] = field(default_factory=list)
+    dtype: Optional[str] = None
+    sequences: int = 0
+    documents: int = 0
+    tokens: int = 0
+    min_id: Optional[int] = None
+    max_id: Optional[int] = None
+    scan: str = "none"
+    scanned_bytes: int = 0
+
+
+def _read_at(f, offset: int, count: int, dtype) -> np.ndarray:
+    f.seek(offset)
+    return np.frombuffer(f.read(count * np.dtype(dtype).itemsize), dtype=dtype, count=count)
+
+
+def _id_range(bin_path: str, dtype, tokens: int) -> Tuple[int, int, str, int]:
+    """``(min, max, scan description, bytes read)`` of the token ids in ``bin_path``."""
+    data = np.memmap(bin_path, dtype=dtype, mode="r", shape=(tokens,))
+    itemsize = np.dtype(dtype).itemsize
+    total = tokens * itemsize
+    if total <= FULL_SCAN_BYTES:
+        lo, hi = None, None
+        for start in range(0, tokens, _SCAN_CHUNK_TOKENS):
+            chunk = data[start:start + _SCAN_CHUNK_TOKENS]
+            lo = int(chunk.min()) if lo is None else min(lo, int(chunk.min()))
+            hi = int(chunk.max()) if hi is None else max(hi, int(chunk.max()))
+        return lo, hi, "full", total
+    window = max(1, SAMPLE_WINDOW_BYTES // itemsize)
+    starts = np.linspace(0, tokens - window, SAMPLE_WINDOWS).astype(np.int64)
+    lo, hi = None, None
+    for start in starts:
+        chunk = data[int(start):int(start) + window]
+        lo = int(chunk.min()) if lo is None else min(lo, int(chunk.min()))
+        hi = int(chunk.max()) if hi is None else max(hi, int(chunk.max()))
+    read = len(starts) * window * itemsize
+    return lo, hi, f"sampled {len(starts)} windows, {read} of {total} bytes", read
+
+
+def check_indexed_dataset(prefix: str, vocab_size: int) -> DatasetCheck:
+    """Check that ``prefix.bin`` and ``prefix.idx`` belong together and fit the vocabulary.
+
+    Reads the ``.idx`` header (:data:`INDEX_MAGIC`, version, dtype, counts) and five numbers of
+    its arrays (the first and last sequence pointers and document indices, the last length),
+    so the check costs a few reads however large the index is. Then:
+
+    * ``.idx``: magic, version 1, an integer dtype, and exactly the size its header gives
+      (34 bytes + 12 per sequence + 8 per document index, or 1 more per sequence for multimodal
+      data); smaller is *truncated*;
+    * ``.bin``: exactly ``last pointer + last length x itemsize`` bytes (megatron's builder
+      writes the tokens back to back): smaller is *truncated*, larger (or not a multiple of the
+      dtype's size) means the two files do not belong together or disagree on the dtype;
+    * token ids in ``[0, vocab_size)``: no scan when the dtype cannot hold an id outside (e.g.
+      ``uint8`` with a vocabulary of 256 or more); ``.bin`` files up to :data:`FULL_SCAN_BYTES`
+      are read whole (numpy memmap, in chunks); larger ones are *sampled* (:data:`SAMPLE_WINDOWS`
+      windows of :data:`SAMPLE_WINDOW_BYTES`), so an id outside the vocabulary in a large file is
+      found only where it is common - e.g. data tokenized with another tokenizer.
+
+    The first structural problem ends the check (later ones would follow from it).
+
+    Args:
+        prefix: Dataset path without ``.bin`` / ``.idx`` (both must exist: see
+            :func:`missing_data_files`).
+        vocab_size: The tokenizer's vocabulary size (``DataConfig.vocab_size``).
+
+    Returns:
+        A :class:`DatasetCheck`; ``problems`` is empty for usable data.
+    """
+    out = DatasetCheck(prefix=prefix)
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    idx_size, bin_size = os.path.getsize(idx_path), os.path.getsize(bin_path)
+
+    def problem(text: str) -> DatasetCheck:
+        out.problems.append(text)
+        return out
+
+    with open(idx_path, "rb") as f:
+        head = f.read(INDEX_HEADER_BYTES)
+        if len(head) < INDEX_HEADER_BYTES:
+            return problem(f"{idx_path}: {idx_size} bytes, shorter than megatron-core's {INDEX_HEADER_BYTES}-byte "
+                           f"index header (truncated); {_PREPARE_AGAIN}")
+        if head[:9] != INDEX_MAGIC:
+            return problem(f"{idx_path}: not a megatron-core index (it does not start with {INDEX_MAGIC!r}); "
+                           f"{_PREPARE_AGAIN}")
+        version, code, sequences, documents = struct.unpack("<QBQQ", head[9:])
+        if version != 1:
+            return problem(f"{idx_path}: index version {version}, megatron-core reads version 1; {_PREPARE_AGAIN}")
+        dtype = INDEX_DTYPES.get(code)
+        if dtype is None or not np.issubdtype(dtype, np.integer):
+            what = f"dtype code {code}" if dtype is None else f"{np.dtype(dtype).name} tokens"
+            return problem(f"{idx_path}: {what}, not an integer token dtype megatron-core writes; {_PREPARE_AGAIN}")
+        out.dtype, out.sequences, out.documents = np.dtype(dtype).name, sequences, documents
+        itemsize = np.dtype(dtype).itemsize
+        expected = INDEX_HEADER_BYTES + 12 * sequences + 8 * documents
+        if idx_size not in (expected, expected + sequences):
+            state = "truncated" if idx_size < expected else f"{idx_size - expected} bytes longer than it should be"
+            return problem(f"{idx_path}: {idx_size} bytes, its header ({sequences} sequences, {documents} document "
+                           f"indices) needs {expected}: {state}; {_PREPARE_AGAIN}")
+        if sequences == 0:
+            return problem(f"{idx_path}: no documents; {_PREPARE_AGAIN} from a non-empty input")
+        last_len = int(_read_at(f, INDEX_HEADER_BYTES + 4 * (sequences - 1), 1, np.int32)[0])
+        pointers = INDEX_HEADER_BYTES + 4 * sequences
+        first_ptr = int(_read_at(f, pointers, 1, np.int64)[0])
+        last_ptr = int(_read_at(f, pointers + 8 * (sequences - 1), 1, np.int64)[0])
+        docs = pointers + 8 * sequences
+        doc_first = int(_read_at(f, docs, 1, np.int64)[0]) if documents else None
+        doc_last = int(_read_at(f, docs + 8 * (documents - 1), 1, np.int64)[0]) if documents else None
+    if first_ptr != 0 or last_ptr < 0 or last_len < 0 or last_ptr % itemsize or doc_first != 0 or doc_last != sequences:
+        return problem(f"{idx_path}: its pointers or document indices are inconsistent (first pointer {first_ptr}, "
+                       f"document indices {doc_first}..{doc_last} for {sequences} sequences): damaged; {_PREPARE_AGAIN}")
+    need = last_ptr + last_len * itemsize
+    out.tokens = need // itemsize
+    described = f"its .idx describes {out.tokens} {out.dtype} tokens = {need} bytes"
+    if bin_size < need:
+        return problem(f"{bin_path}: {bin_size} bytes, {described}: truncated (or the .idx belongs to another "
+                       f".bin); {_PREPARE_AGAIN}")
+    if bin_size != need:
+        ratio = bin_size / need
+        dtype_hint = ""
+        for other in (1, 2, 4, 8):
+            if other != itemsize and bin_size == need // itemsize * other:
+                dtype_hint = f", exactly what {other}-byte tokens would take (a dtype disagreement)"
+        return problem(f"{bin_path}: {bin_size} bytes ({ratio:.2f}x), {described}{dtype_hint}: the .bin and .idx do "
+                       f"not belong together or disagree on the dtype; {_PREPARE_AGAIN}")
+    info = np.iinfo(dtype)
+    if out.tokens == 0:
+        return problem(f"{bin_path}: its .idx describes no tokens; {_PREPARE_AGAIN} from a non-empty input")
+    if info.min >= 0 and info.max < vocab_size:
+        out.scan = f"none ({out.dtype} ids are all < {vocab_size})"
+        return out
+    out.min_id, out.max_id, out.scan, out.scanned_bytes = _id_range(bin_path, dtype, out.tokens)
+    if out.max_id >= vocab_size or out.min_id < 0:
+        bad = out.max_id if out.max_id >= vocab_size else out.min_id
+        return problem(f"{bin_path}: token id {bad} is outside the tokenizer's vocabulary [0, {vocab_size}) "
+                       f"(model.vocab_size; scan: {out.scan}): the data was tokenized with another tokenizer; "
+                       f"{_PREPARE_AGAIN} and the spec's [data.tokenizer], or fix model.vocab_size")
+    return out
+
+
+def data_problems(data: "DataConfig") -> List[str]:
+    """The :func:`check_indexed_dataset` problems of every prefix of ``data``'s blends whose two
+    files exist (missing ones are :func:`missing_data_files`' to report), in blend order; empty
+    with ``mock`` data. Called by :func:`backends.megatron.training.train` before megatron-core
+    starts.
+    """
+    if data.mock:
+        return []
+    missing = set(missing_data_files(data))
+    problems: List[str] = []
+    seen = set()
+    for blend in (data.blend or [], data.valid_blend or []):
+        for prefix, _weight in blend:
+            prefix = str(prefix)
+            if prefix in seen or prefix + ".bin" in missing or prefix + ".idx" in missing:
+                continue
+            seen.add(prefix)
+            try:
+                problems.extend(check_indexed_dataset(prefix, data.vocab_size).problems)
+            except OSError as exc:
+                problems.append(f"{exc.filename or prefix}: cannot be read ({exc.strerror or exc})")
+    return problems
 
 
 def _blend_tuple(blend: Optional[Sequence[Tuple[str, Optional[float]]]]):

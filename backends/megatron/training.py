@@ -30,7 +30,10 @@ Checkpoint layout (``CheckpointConfig.save_dir``)::
 
     save_dir/iter_0000100/   megatron distributed checkpoint (model, optimizer,
                              scheduler, iteration, consumed samples, seed, RNG)
-    save_dir/iter_0000100/dlmspec.json   human-readable metadata
+    save_dir/iter_0000100/dlmspec.json   human-readable metadata, with the
+                             record of the spec that wrote it
+                             (backends/megatron/spec_record.py)
+    save_dir/iter_0000100/spec.lock.toml the lock file beside train.py
                              (with Megatron-FSDP the directory is a
                              torch.distributed.checkpoint instead:
                              backends/megatron/fsdp.py)
@@ -38,9 +41,13 @@ Checkpoint layout (``CheckpointConfig.save_dir``)::
                              (write temp file, fsync, rename)
 
 A checkpoint directory only counts once ``latest`` names it, so an interrupted
-save is never resumed from.  On start, ``train`` loads the checkpoint named by
-``latest`` in ``load_dir`` (default: ``save_dir``) and checks that its seed equals
-``RunConfig.seed``.
+save is never resumed from; a save that fails (a full disk) removes its
+directory and leaves ``latest`` as it was (:class:`CheckpointSaveError`, exit
+code 2).  Before megatron-core starts, ``train`` checks the data files, the
+checkpoint to resume from (its spec record against this run's) and the CUDA
+device (:func:`start_checks`); it then loads the checkpoint named by ``latest``
+in ``load_dir`` (default: ``save_dir``), with this spec's learning-rate
+schedule where it changed.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import functools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -62,6 +70,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -77,6 +86,7 @@ from dlmspec.flops import model_flops_per_token as _model_flops_per_token
 
 from .data import (
     missing_data_files,
+    data_problems,
     DataConfig,
     batch_to_device,
     build_dataloader,
@@ -108,6 +118,17 @@ from .output_loss import defer_output_projection, linear_cross_entropy, resolve_
 from .profiling import StepProfiler, format_summary
 from .rope import install_fused_rope
 from .rng import TRAIN_STREAM, VALID_STREAM, check_resume_seed, masking_generator
+from .spec_record import (
+    LOCK_FILENAME,
+    ResumeCheck,
+    ResumeRefused,
+    SpecLock,
+    check_resume,
+    load_scheduler_state,
+    read_spec_lock,
+    spec_metadata,
+    spec_record,
+)
 
 TRACKER_FILENAME = "latest"
 METADATA_FILENAME = "dlmspec.json"
@@ -307,6 +328,10 @@ class RunConfig:
             masking RNG (stored in checkpoints, checked on resume).
         name: Run name (logged).
         kernels: :class:`KernelConfig`.
+        spec_hash: ``[lock] content_hash`` of the spec train.py was compiled from (a literal in
+            train.py); recorded in every checkpoint and compared on resume.
+        spec_lock_file: The ``spec.lock.toml`` beside train.py; copied into every checkpoint
+            when its hash is ``spec_hash`` (:mod:`backends.megatron.spec_record`).
         layer_path: Why the layer spec takes its path (Transformer Engine or local), as the
             compiler resolved ``transformer_impl``; logged with the start record.
     """
@@ -319,6 +344,8 @@ class RunConfig:
     seed: int = 1234
     name: str = "dlmspec"
     kernels: KernelConfig = field(default_factory=KernelConfig)
+    spec_hash: Optional[str] = None
+    spec_lock_file: Optional[str] = None
     layer_path: str = ""
 
 
@@ -464,6 +491,46 @@ def initialize_distributed(timeout_minutes: int = 30) -> bool:
         backend = "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
     return True
+
+
+def cuda_problem(local_rank: Optional[int] = None, processes_per_node: Optional[int] = None) -> Optional[str]:
+    """One line saying why this process cannot train on a GPU, or ``None`` when it can.
+
+    megatron-core's optimizers and schedules allocate on ``cuda`` (``MixedPrecisionOptimizer``,
+    ``forward_backward_no_pipelining``), so :func:`train` needs a CUDA device per process.
+
+    Args:
+        local_rank: This process's ``LOCAL_RANK`` (default: the environment's, else 0); it must
+            be below the number of visible devices.
+        processes_per_node: When given (``train.py --check``, before the processes start), the
+            node must show at least this many devices.
+    """
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if not torch.cuda.is_available():
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            return (f"no CUDA device: this torch {torch.__version__} is a CPU-only build; megatron-core trains on "
+                    "NVIDIA GPUs: install a CUDA build of torch and run on a GPU node")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        return (f"no CUDA device visible to this process{shown}: megatron-core trains on NVIDIA GPUs; run it on "
+                "a GPU node (launch.sh, launch.sbatch) and check nvidia-smi there")
+    count = torch.cuda.device_count()
+    if processes_per_node is not None and count < processes_per_node:
+        return (f"{processes_per_node} processes per node need {processes_per_node} GPUs, {count} CUDA device(s) "
+                "visible: set [cluster] gpus_per_node to the GPUs a node has (and compile again), or check "
+                "CUDA_VISIBLE_DEVICES")
+    if local_rank >= count:
+        return (f"LOCAL_RANK {local_rank} but only {count} CUDA device(s) visible: start one process per GPU "
+                "([cluster] gpus_per_node, CUDA_VISIBLE_DEVICES)")
+    return None
+
+
+def _refuse(message: str) -> None:
+    """Print ``train.py: message`` (once per node: local rank 0) and exit with code 2."""
+    if os.environ.get("LOCAL_RANK", "0") in ("", "0"):
+        print(f"train.py: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def _device() -> torch.device:
@@ -848,11 +915,16 @@ def _weights_record(resume_from: Optional[str], init_source: Optional[InitSource
 
 def _write_tracker_atomically(root: str, name: str) -> None:
     tmp = os.path.join(root, f".{TRACKER_FILENAME}.tmp.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(root, TRACKER_FILENAME))
+    try:
+        with open(tmp, "w") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(root, TRACKER_FILENAME))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)  # a full disk leaves the old tracker and no temporary file
+        raise
     try:
         fd = os.open(root, os.O_RDONLY)
         try:
@@ -959,6 +1031,34 @@ def _prime_optimizer_state(optimizer) -> None:
             opt._init_optimizer_states_with_dummy_values()
 
 
+#: Param-group values that come from the spec (``OptimizerConfig`` and megatron-core's
+#: ``_get_param_groups``: ``max_lr``/``min_lr`` per group, which ``OptimizerParamScheduler.get_lr``
+#: reads before its own); torch's ``load_state_dict`` would bring the checkpoint's back.
+GROUP_HYPERPARAMETERS = ("max_lr", "min_lr", "betas", "eps", "start_wd", "end_wd", "wd_mult")
+
+
+def _group_hyperparameters(optimizer) -> Optional[List[Dict[str, Any]]]:
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        return None
+    return [{k: group[k] for k in GROUP_HYPERPARAMETERS if k in group} for group in groups]
+
+
+def _restore_group_hyperparameters(optimizer, before: Optional[List[Dict[str, Any]]]) -> None:
+    """Put this run's param-group hyperparameters back after loading an optimizer state.
+
+    Seen on the H200: a resume with ``train.lr`` 1e-3 -> 5e-4 logged lr 1.714e-4 at step 50 of
+    the new cosine schedule, the value for ``max_lr`` 1e-3: megatron-core's param groups carry
+    ``max_lr``, and the loaded optimizer state restored the checkpoint's. The learning rate and
+    weight decay themselves are set by the scheduler each step.
+    """
+    groups = getattr(optimizer, "param_groups", None)
+    if before is None or groups is None or len(before) != len(groups):
+        return
+    for group, values in zip(groups, before):
+        group.update(values)
+
+
 def _unshare_optimizer_steps(optimizer) -> int:
     """Give every parameter its own Adam ``step`` tensor again; returns how many were replaced.
 
@@ -984,6 +1084,58 @@ def _unshare_optimizer_steps(optimizer) -> int:
     return replaced
 
 
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint save failed; the message names the folder, the error, the free space and
+    the checkpoint ``latest`` still names (:func:`save_checkpoint`)."""
+
+
+def _folder_bytes(path: str) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(folder, name))
+            except OSError:
+                pass
+    return total
+
+
+def _error_line(exc: BaseException) -> str:
+    """The line of ``exc``'s text that says what went wrong: torch's ``CheckpointException``
+    holds each rank's traceback, whose last ``...Error: ...`` line is the cause."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b[^:]*: ", line)]
+    text = f"{type(exc).__name__}: " + (causes[-1] if causes else (lines[0] if lines else ""))
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def save_failure_message(root: str, path: str, exc: BaseException) -> str:
+    """What a failed save of ``path`` (under ``root``) tells the user: the error
+    (:func:`_error_line`), the free space on ``root``'s filesystem (``shutil.disk_usage``), the
+    checkpoint ``latest`` still names (and its size: about what the next save needs) and the fix."""
+    where = root
+    while where and not os.path.isdir(where):
+        where = os.path.dirname(where)
+    try:
+        usage = shutil.disk_usage(where or ".")
+        space = f"{usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f} GiB on its filesystem"
+    except OSError as err:
+        space = f"free space unknown ({err.strerror or err})"
+    try:
+        previous = read_latest_checkpoint(root)
+    except OSError:
+        previous = None
+    if previous is not None:
+        keep = (f"latest still names {os.path.basename(previous)} ({_folder_bytes(previous) / 2**30:.1f} GiB), the "
+                "checkpoint a relaunch resumes from")
+    else:
+        keep = "no earlier checkpoint: a relaunch starts the run again"
+    return (f"saving checkpoint {path} failed: {_error_line(exc)}\n"
+            f"  {root}: {space}; {keep}; the unfinished {os.path.basename(path)} was removed\n"
+            "Fix: free space there, or set checkpoint.save (and checkpoint.load) to a folder with room and compile "
+            "again, then launch again")
+
+
 def save_checkpoint(
     root: str,
     *,
@@ -996,13 +1148,15 @@ def save_checkpoint(
     metadata: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
     optimizer_sharding: str = "dp_reshardable",
+    spec_lock_text: Optional[str] = None,
 ) -> str:
     """Write a megatron distributed checkpoint and then the ``latest`` tracker.
 
     Collective: every rank must call it.  Holds the model chunks' sharded state
     dicts (``model`` or ``model0..``), the optimizer's (if given), the
     scheduler state, ``iteration``, ``consumed_train_samples``, ``seed`` and the
-    per-rank RNG states; rank 0 also writes ``dlmspec.json``.  ``latest`` is
+    per-rank RNG states; rank 0 also writes ``dlmspec.json`` (with ``metadata``)
+    and, given ``spec_lock_text``, the run's ``spec.lock.toml``.  ``latest`` is
     replaced atomically only after all ranks finished writing.
 
     ``optimizer_sharding`` is megatron's ``distrib_optim_sharding_type`` for a
@@ -1012,10 +1166,41 @@ def save_checkpoint(
 
     Returns:
         The checkpoint directory.
+
+    Raises:
+        CheckpointSaveError: writing failed on this rank (a full disk: ``enforce fail at
+            inline_container.cc``, ``No space left on device``): the unfinished directory is
+            removed, ``latest`` still names the previous checkpoint, and the message
+            (:func:`save_failure_message`) says so with the free space.
     """
     name = checkpoint_name(iteration)
     path = os.path.join(root, name)
     rank = dist.get_rank()
+    try:
+        _save_checkpoint_files(
+            root, path, rank=rank, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
+            consumed_train_samples=consumed_train_samples, seed=seed, metadata=metadata,
+            optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text,
+        )
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
+        shutil.rmtree(path, ignore_errors=True)  # the partial folder must not stay (latest never names it)
+        raise CheckpointSaveError(save_failure_message(root, path, exc)) from exc
+    except BaseException:  # KeyboardInterrupt, SystemExit: no partial folder either
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    if rank == 0 and keep_last:
+        old = sorted(d for d in os.listdir(root) if d.startswith("iter_") and d != name)
+        for d in old[: max(0, len(old) - (keep_last - 1))]:
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+    dist.barrier()
+    return path
+
+
+def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, model, optimizer, scheduler,
+                           consumed_train_samples: int, seed: int, metadata: Optional[Dict[str, Any]],
+                           optimizer_sharding: str, spec_lock_text: Optional[str]) -> None:
+    """:func:`save_checkpoint`'s writes, up to and including the ``latest`` tracker."""
+    name = os.path.basename(path)
     if rank == 0:
         os.makedirs(root, exist_ok=True)
         if os.path.isdir(path):
@@ -1056,28 +1241,31 @@ def save_checkpoint(
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         meta.update(metadata or {})
+        if spec_lock_text is not None:
+            with open(os.path.join(path, LOCK_FILENAME), "w", encoding="utf-8") as f:
+                f.write(spec_lock_text)
         with open(os.path.join(path, METADATA_FILENAME), "w") as f:
             json.dump(meta, f, indent=2, default=str)
     dist.barrier()
     if rank == 0:
         _write_tracker_atomically(root, name)
-        if keep_last:
-            old = sorted(d for d in os.listdir(root) if d.startswith("iter_") and d != name)
-            for d in old[: max(0, len(old) - (keep_last - 1))]:
-                shutil.rmtree(os.path.join(root, d), ignore_errors=True)
-    dist.barrier()
-    return path
 
 
 @dataclass
 class LoadedCheckpoint:
-    """State restored by :func:`load_checkpoint`."""
+    """State restored by :func:`load_checkpoint`.
+
+    ``scheduler_changes``: ``(spec key, checkpoint value, this run's value)`` of the schedule
+    values this run's scheduler kept instead of the checkpoint's
+    (:func:`~backends.megatron.spec_record.load_scheduler_state`).
+    """
 
     path: str
     iteration: int
     consumed_train_samples: int
     seed: int
     rng_restored: bool
+    scheduler_changes: List[Tuple[str, Any, Any]] = field(default_factory=list)
 
 
 def load_checkpoint(
@@ -1135,15 +1323,18 @@ def load_checkpoint(
         for i, chunk in enumerate(model):
             unwrap_model(chunk).load_state_dict(loaded[f"model{i}"])
     if optimizer is not None:
+        hyper = _group_hyperparameters(optimizer)
         # Under no_grad: with fp32 weights the distributed optimizer's main parameters are views
         # of the model's leaf parameters, and megatron-core 0.16.1 copies the loaded state into
         # them in place (DistributedOptimizer._set_main_param_and_optimizer_states), which
         # autograd refuses with grad mode on (seen on the H200: resuming an fp32 run failed).
         with torch.no_grad():
             optimizer.load_state_dict(loaded["optimizer"])
+        _restore_group_hyperparameters(optimizer, hyper)
         _unshare_optimizer_steps(optimizer)
+    changes = []
     if scheduler is not None and "opt_param_scheduler" in loaded:
-        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        changes = load_scheduler_state(scheduler, loaded["opt_param_scheduler"])
     if same_layout and loaded.get("rng_state") is not None:
         _set_rng_state(loaded["rng_state"])
     dist.barrier()
@@ -1153,17 +1344,22 @@ def load_checkpoint(
         consumed_train_samples=int(loaded["consumed_train_samples"]),
         seed=int(loaded["seed"]),
         rng_restored=bool(same_layout),
+        scheduler_changes=changes,
     )
 
 
 def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, same_layout: bool) -> LoadedCheckpoint:
     """:func:`load_checkpoint` for a Megatron-FSDP (``fsdp_dtensor``) checkpoint."""
+    hyper = _group_hyperparameters(optimizer) if optimizer is not None else None
     run_state, rng = load_checkpoint_fsdp(path, model=model, optimizer=optimizer, load_rng=same_layout)
+    if optimizer is not None:
+        _restore_group_hyperparameters(optimizer, hyper)
     check_resume_seed(run_state.get("seed"), seed)
     if optimizer is not None:
         _unshare_optimizer_steps(optimizer)
+    changes = []
     if scheduler is not None and run_state.get("opt_param_scheduler") is not None:
-        scheduler.load_state_dict(run_state["opt_param_scheduler"])
+        changes = load_scheduler_state(scheduler, run_state["opt_param_scheduler"])
     if rng is not None:
         _set_rng_state(rng)
     dist.barrier()
@@ -1173,6 +1369,7 @@ def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, 
         consumed_train_samples=int(run_state["consumed_train_samples"]),
         seed=int(run_state["seed"]),
         rng_restored=rng is not None,
+        scheduler_changes=changes,
     )
 
 
@@ -1293,6 +1490,79 @@ def check_masks_supported(backend: str, objective: ObjectiveConfig, data: DataCo
         raise ValueError("reset_attention_mask needs the local+sdpa layer spec (use_transformer_engine=False)")
 
 
+@dataclass
+class StartChecks:
+    """What :func:`start_checks` found, for :func:`train` to use once megatron-core runs.
+
+    Attributes:
+        lock: The run's :class:`~backends.megatron.spec_record.SpecLock`.
+        record: This run's :func:`~backends.megatron.spec_record.spec_record`.
+        resume_from: The checkpoint to resume from (:func:`start_point`), or ``None``.
+        init_from: ``checkpoint.init_from`` to load when not resuming, or ``None``.
+        resume_check: The resume comparison (``None`` without a resume).
+    """
+
+    lock: SpecLock
+    record: Dict[str, Any]
+    resume_from: Optional[str]
+    init_from: Optional[str]
+    resume_check: Optional[ResumeCheck]
+
+
+def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer_spec: ModuleSpec,
+                 model_kwargs: Dict[str, Any], optimizer_config: OptimizerConfig,
+                 parallel_sizes: Dict[str, Optional[int]], world_size: Optional[int] = None,
+                 processes_per_node: Optional[int] = None) -> StartChecks:
+    """:func:`train`'s checks before megatron-core starts (no process group, no CUDA yet).
+
+    In order: the data files exist, and each ``.bin``/``.idx`` pair is sound
+    (:func:`~backends.megatron.data.data_problems`); the spec lock beside train.py is read;
+    a resume's checkpoint records a spec this one may continue
+    (:func:`~backends.megatron.spec_record.check_resume`); a CUDA device is there
+    (:func:`cuda_problem`). :func:`train` runs them in every process; ``train.py --check``
+    (what launch.sh runs before torchrun, which would report a worker's exit code 2 as its own
+    exit code 1 under a traceback) runs them once, with ``world_size`` (default: the
+    environment's ``WORLD_SIZE``) and ``processes_per_node`` (the GPUs the node must have) as
+    compiled. The other arguments are :func:`train`'s.
+
+    Raises:
+        SystemExit: code 2 after a message on stderr (``train.py: ...``, printed by local
+            rank 0 of each node) naming the file, key or device and the fix.
+    """
+    missing = missing_data_files(run.data)
+    if missing:
+        shown = "\n  ".join(missing[:10]) + (f"\n  ... and {len(missing) - 10} more" if len(missing) > 10 else "")
+        _refuse(f"data files not found (relative to {os.getcwd()}):\n  {shown}\n"
+                "Prepare them with `dlmspec data prepare`, or fix [data] train/valid in the spec.")
+    problems = data_problems(run.data)
+    if problems:
+        _refuse(f"the data cannot be trained on (relative to {os.getcwd()}):\n  " + "\n  ".join(problems))
+    lock = read_spec_lock(run.spec_lock_file, run.spec_hash)
+    record = spec_record(
+        run, transformer_config=transformer_config, model_kwargs=model_kwargs, optimizer_config=optimizer_config,
+        attention=layer_spec_attention(layer_spec), block_size=_spec_block_size(layer_spec),
+        parallel_sizes=parallel_sizes,
+        world_size=world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1") or 1),
+        tokenizer=lock.tokenizer,
+    )
+    try:
+        resume_from, init_from = start_point(run.checkpoint)
+    except FileNotFoundError as exc:
+        _refuse(f"cannot resume: {exc}. Fix: restore that checkpoint, or write the name of an existing iter_* "
+                "folder into the 'latest' file (or remove it to start the run again)")
+    resume_check = None
+    if resume_from is not None:
+        try:
+            resume_check = check_resume(resume_from, record, content_hash=lock.content_hash)
+        except ResumeRefused as exc:
+            _refuse(str(exc))
+    problem = cuda_problem(processes_per_node=processes_per_node)
+    if problem is not None:
+        _refuse(problem)
+    return StartChecks(lock=lock, record=record, resume_from=resume_from, init_from=init_from,
+                       resume_check=resume_check)
+
+
 def train(
     run: RunConfig,
     *,
@@ -1338,19 +1608,22 @@ def train(
 
     Raises:
         SystemExit: With ``CheckpointConfig.signal_exit_code`` after a
-            signal-triggered checkpoint.
+            signal-triggered checkpoint; with 2 after a message when a start check
+            fails (:func:`start_checks`: data, resume record, CUDA) or a checkpoint
+            save fails (:class:`CheckpointSaveError`).
         ValueError: On inconsistent configuration (sizes, batch divisibility,
             objective vs attention, mask id vs vocabulary, resume seed).
     """
     sched = run.schedule
     ckpt = run.checkpoint
-    missing = missing_data_files(run.data)
-    if missing:
-        shown = "\n  ".join(missing[:10]) + (f"\n  ... and {len(missing) - 10} more" if len(missing) > 10 else "")
-        print(f"train.py: data files not found (relative to {os.getcwd()}):\n  {shown}\n"
-              "Prepare them with `dlmspec data prepare`, or fix [data] train/valid in the spec.",
-              file=sys.stderr, flush=True)
-        raise SystemExit(2)
+    parallel_sizes = dict(
+        tensor_model_parallel_size=tensor_model_parallel_size, pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        context_parallel_size=context_parallel_size, expert_model_parallel_size=expert_model_parallel_size,
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
+    )
+    start = start_checks(run, transformer_config=transformer_config, layer_spec=layer_spec, model_kwargs=model_kwargs,
+                         optimizer_config=optimizer_config, parallel_sizes=parallel_sizes)
     created_pg = initialize_distributed(distributed_timeout_minutes)
     if ckpt.save_dir:
         prestart_checkpoint_helpers()
@@ -1431,7 +1704,7 @@ def train(
     # The weights: the latest checkpoint (resume, loaded below with the optimizer), else
     # checkpoint.init_from, loaded now: megatron's optimizers copy their fp32 main weights from
     # the model when they are built.
-    resume_from, init_from = start_point(ckpt)
+    resume_from, init_from = start.resume_from, start.init_from
     init_source = None
     if init_from is not None:
         try:
@@ -1493,7 +1766,11 @@ def train(
         iteration, consumed = loaded.iteration, loaded.consumed_train_samples
         resumed_from, last_checkpoint = iteration, latest
         logger.text(f"resumed from {latest} at iteration {iteration} (consumed {consumed} samples)")
-        logger.record("resume", {"iteration": iteration, "checkpoint": latest, "consumed_train_samples": consumed})
+        if loaded.scheduler_changes:
+            logger.text("[dlmspec] resume: the learning-rate schedule follows this spec, not the checkpoint: " + ", ".join(
+                f"{key} {old!r} -> {new!r}" for key, old, new in loaded.scheduler_changes))
+        logger.record("resume", {"iteration": iteration, "checkpoint": latest, "consumed_train_samples": consumed,
+                                 "scheduler_changes": [list(c) for c in loaded.scheduler_changes]})
 
     seq = run.data.seq_length
     eval_batches = sched.eval_iters * sched.global_batch_size if sched.eval_interval else 0
@@ -1542,6 +1819,10 @@ def train(
         **fusions,
     }
     start_info["weights"], weights_text = _weights_record(resume_from, init_source, ckpt, run.seed)
+    start_info["spec_hash"] = start.lock.content_hash
+    start_info["spec_lock"] = start.lock.path if start.lock.text is not None else None
+    if start.resume_check is not None:
+        start_info["resume_check"] = start.resume_check.to_record()
     logger.record("start", start_info)
     logger.text(
         f"[dlmspec] {run.name}: layer spec {backend}, attention {spec_attention}, objective {objective.kind}, "
@@ -1552,6 +1833,10 @@ def train(
         + "".join(f", {name}" for name, used in fusions.items() if used)
     )
     logger.text(f"[dlmspec] weights: {weights_text}")
+    for warning in start.lock.warnings:
+        logger.text(f"[dlmspec] warning: {warning}")
+    for line in start.resume_check.report_lines() if start.resume_check is not None else ():
+        logger.text(f"[dlmspec] {line}")
     for warning in init_source.warnings if init_source is not None else ():
         logger.text(f"[dlmspec] warning: checkpoint.init_from: {warning}")
 
@@ -1590,12 +1875,24 @@ def train(
         logger.text(f"saving checkpoint {os.path.join(ckpt.save_dir, checkpoint_name(iteration))} "
                     f"({reason}, {fmt}) ...")
         t0 = time.perf_counter()
-        path = save_checkpoint(
-            ckpt.save_dir, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
-            consumed_train_samples=consumed, seed=run.seed, keep_last=ckpt.keep_last,
-            optimizer_sharding=ckpt.optimizer_sharding,
-            metadata={"reason": reason, "objective": dataclasses.asdict(run.objective), "layer_spec": backend},
-        )
+        try:
+            path = save_checkpoint(
+                ckpt.save_dir, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
+                consumed_train_samples=consumed, seed=run.seed, keep_last=ckpt.keep_last,
+                optimizer_sharding=ckpt.optimizer_sharding,
+                metadata={"reason": reason, "objective": dataclasses.asdict(run.objective), "layer_spec": backend,
+                          "spec": spec_metadata(start.lock, start.record)},
+                spec_lock_text=start.lock.text,
+            )
+        except CheckpointSaveError as exc:
+            # Every rank that failed says it (no collective: the other ranks may be stuck in the
+            # save; torchrun ends them once this one exits).
+            logger.record("exit", {"iteration": iteration, "reason": "checkpoint save failed", "error": str(exc),
+                                   "checkpoint": last_checkpoint})
+            _write_exit_status(run.logging.run_dir, rank == world - 1, "checkpoint_save_failed", iteration,
+                               last_checkpoint, None)
+            print(f"train.py: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         _set_param_sync_hooks(model, ddp_config, enable=True)
         seconds = time.perf_counter() - t0
         logger.text(f"saved checkpoint {path} ({reason}, {seconds:.1f} s)")
