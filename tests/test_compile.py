@@ -610,13 +610,13 @@ def test_launch_sh_passes_shellcheck(tmp_path: Path, changes: dict[str, Any]) ->
 
 def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path) -> None:
     compile_spec(spec_file(tmp_path), tmp_path / "out")
-    # A Python without site-packages (-S), started outside the checkout: no backends.megatron.
+    # A Python without site-packages (-S), started outside the checkout: no dlmspec.backends.megatron.
     python = tmp_path / "python-without-site"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
     python.chmod(0o755)
     run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
                          cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": str(python), "PYTHONPATH": ""})
-    assert run.returncode == 2 and "cannot import backends.megatron" in run.stderr
+    assert run.returncode == 2 and "cannot import dlmspec.backends.megatron" in run.stderr
 
 
 def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
