@@ -207,8 +207,8 @@ def test_megatron_and_runtime_keywords_exist(case: Path | str, tmp_path: Path) -
     source = train.read_text()
     assert {"TransformerConfig", "DistributedDataParallelConfig", "OptimizerConfig"} <= called_names(source, ("megatron",))
     assert unknown_keywords(source, ("megatron",)) == []
-    assert {"RunConfig", "DataConfig", "ScheduleConfig", "build_layer_spec", "train"} <= called_names(source, ("backends",))
-    assert unknown_keywords(source, ("backends",)) == []
+    assert {"RunConfig", "DataConfig", "ScheduleConfig", "build_layer_spec", "train"} <= called_names(source, ("dlmspec.backends",))
+    assert unknown_keywords(source, ("dlmspec.backends",)) == []
 
 
 # ------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from dlmspec.slurm import (
 from dlmspec.spec import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py"))
+SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py")
 FAKEBIN = ROOT / "tests" / "slurm" / "fakebin"
 SHELLCHECK = shutil.which("shellcheck")
 
