@@ -24,6 +24,7 @@ exit with 2 (click's convention, which typer keeps).
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import sys
@@ -493,6 +494,8 @@ def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str
 
 #: The first comment lines of a spec ``dlmspec new`` wrote say so (:func:`starter_spec`).
 NEW_SPEC_MARK = ": written by `dlmspec new --preset "
+#: The header line of a bundled spec copied by ``dlmspec new --from NAME``.
+NEW_FROM_MARK = " dlmspec: written by `dlmspec new --from "
 
 #: The ``$id`` of the schema ``dlmspec schema`` writes (:func:`spec_json_schema`).
 SCHEMA_ID = "https://dlmspec.invalid/spec.schema.json"
@@ -511,7 +514,8 @@ def _written_by_new(path: Path) -> bool:
         if not line.startswith("#"):
             break
         lines.append(line.lstrip("#").strip())
-    return NEW_SPEC_MARK in " ".join(lines)
+    text = " ".join(lines)
+    return NEW_SPEC_MARK in text or NEW_FROM_MARK.strip() in text
 
 
 def _written_by_schema(path: Path) -> bool:
@@ -581,7 +585,9 @@ def write_output_file(target: Path, text: str, *, key: str) -> None:
 def new(
     ctx: typer.Context,
     output: str = typer.Argument(..., help="Spec file to write (.toml)."),
-    preset: str = typer.Option(..., "--preset", "-p", help="Model preset (dlmspec show --presets)."),
+    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Model preset (dlmspec show --presets)."),
+    from_: Optional[str] = typer.Option(None, "--from", help="Copy a bundled spec by name instead (e.g. demo-dlm; "
+                                        "the names are the files of the repository's specs/ folder)."),
     objective: str = typer.Option("mdm", "--objective", help="mdm (masked diffusion) or ar."),
     gpu: str = typer.Option("h100", "--gpu", help="GPU catalog id (dlmspec show --gpus)."),
     nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes."),
@@ -591,7 +597,8 @@ def new(
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if `dlmspec new` wrote it."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Write a starter spec for a model preset that validates, plans and compiles as written.
+    """Write a starter spec for a model preset that validates, plans and compiles as written,
+    or (--from NAME) a copy of a bundled spec.
 
     The layout is data parallel when that fits the GPU's memory; otherwise the fastest layout
     that fits (as `dlmspec plan --search` ranks them), unless --set chooses parallel keys. When
@@ -599,6 +606,12 @@ def new(
     """
     use_json(ctx, json_output)
     target = Path(output)
+    if (preset is None) == (from_ is None):
+        raise SpecError([SpecIssue("--preset", "give exactly one of --preset NAME and --from NAME", value=preset,
+                                   hint="e.g. --preset qwen3-0.6b, or --from demo-dlm", rule="arguments")])
+    if from_ is not None:
+        _copy_bundled(target, from_, force=force, json_output=json_output)
+        return
     if objective not in ("mdm", "ar"):
         raise SpecError([SpecIssue("--objective", "not an objective", value=objective, hint="use mdm or ar",
                                    rule="arguments")])
@@ -641,6 +654,34 @@ def new(
     print(f"wrote {output}: {human_count(resolved.params.total)} parameters, {resolved.world_size} GPU(s) as "
           f"TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} x DP {resolved.dp}; "
           f"next: dlmspec validate {output}, dlmspec plan {output}")
+
+
+def bundled_specs() -> dict[str, Any]:
+    """The bundled specs (package data of ``dlmspec.specs``: the repository's ``specs/``
+    folder), by name (the file name without ``.toml``), sorted."""
+    folder = importlib.resources.files("dlmspec.specs")
+    return {entry.name[:-5]: entry for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+            if entry.name.endswith(".toml")}
+
+
+def _copy_bundled(target: Path, name: str, *, force: bool, json_output: bool) -> None:
+    """``dlmspec new OUT --from NAME``: copy the bundled spec ``NAME`` to ``target`` with a header
+    line saying where it came from (so ``--force`` may replace it later).
+
+    Raises:
+        SpecError: an unknown name (the fix lists the names), or the output cannot be written.
+    """
+    specs = bundled_specs()
+    if name not in specs:
+        raise SpecError([SpecIssue("--from", "not a bundled spec", value=name,
+                                   hint="one of: " + ", ".join(specs), rule="arguments")])
+    check_output_file(target, force=force, key="<output>", command="new", written_by=_written_by_new)
+    text = f"#{NEW_FROM_MARK}{name}` (the bundled specs/{name}.toml)\n" + specs[name].read_text(encoding="utf-8")
+    write_output_file(target, text, key="<output>")
+    if json_output:
+        print(json.dumps({"ok": True, "output": str(target), "from": name}, indent=2))
+        return
+    print(f"wrote {target}: a copy of the bundled spec {name}; next: dlmspec validate {target}")
 
 
 def spec_json_schema() -> dict[str, Any]:

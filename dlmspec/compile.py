@@ -6,7 +6,7 @@
 and checking the spec. The files:
 
 * ``train.py`` (``templates/train.py.j2``): megatron-core launch code with every resolved value
-  written out as a Python literal. It imports torch, megatron-core and ``backends.megatron``
+  written out as a Python literal. It imports torch, megatron-core and ``dlmspec.backends.megatron``
   only (never dlmspec: the GPU machine need not have pydantic). ``build_configs()`` returns
   the ``TransformerConfig``, the ``GPTModel`` keyword arguments, the
   ``DistributedDataParallelConfig`` and the ``OptimizerConfig`` without touching CUDA or
@@ -48,6 +48,7 @@ from dlmspec.escape import comment, py_docstring, py_literal, shell_word, toml_d
 from dlmspec.loader import LoadedSpec
 from dlmspec.resolve import Resolved
 from dlmspec.slurm import REQUEUE_EXIT_CODE, render_sbatch
+from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec import Spec
 from dlmspec.unsupported import (  # noqa: F401 - re-exported: the table used to live here
     GPT2_EOD,
@@ -59,9 +60,6 @@ from dlmspec.unsupported import (  # noqa: F401 - re-exported: the table used to
     run_dir,
     unsupported_issues,
 )
-
-#: Where the jinja2 templates live (``templates/`` at the repository root).
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 #: Every file name ``dlmspec compile`` may write; ``--force`` replaces these and only these,
 #: and only where :func:`is_generated` tells that dlmspec wrote the file there.
@@ -111,7 +109,7 @@ def init_cache_dir(resolved: Resolved) -> str | None:
     """Where the runtime converts ``checkpoint.init_from = "hf:PATH"`` weights once
     (``CheckpointConfig.init_cache_dir``): ``<checkpoint.save>/init_from_hf``, or
     ``<run_dir>/init_from_hf`` for a run that saves nothing
-    (``backends.megatron.init_from.default_cache_dir``); None unless ``init_from`` is ``hf:``."""
+    (``dlmspec.backends.megatron.init_from.default_cache_dir``); None unless ``init_from`` is ``hf:``."""
     init = resolved.spec.checkpoint.init_from
     if init is None or not init.startswith("hf:"):
         return None

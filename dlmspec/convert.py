@@ -1,6 +1,6 @@
 """``dlmspec convert``: Hugging Face <-> megatron-core checkpoints from the command line.
 
-The conversion itself is :mod:`backends.convert` (torch, safetensors, megatron-core), imported
+The conversion itself is :mod:`dlmspec.backends.convert` (torch, safetensors, megatron-core), imported
 inside the commands so that the compiler stays light. This module adds what a spec knows: with
 ``--spec`` the Hugging Face ``config.json`` is checked against the spec's ``[model]`` (every
 disagreeing dimension is reported at once, with the spec's file and line, exit code 2) and the
@@ -36,7 +36,7 @@ app = typer.Typer(
 _FORCE_HELP = ("Write into an existing DST, replacing only the files convert writes there (other files are "
                "kept). DST may not be, hold or sit inside SRC.")
 
-#: ``[model]`` key -> ``backends.convert.ModelDims`` field, for the spec check.
+#: ``[model]`` key -> ``dlmspec.backends.convert.ModelDims`` field, for the spec check.
 _SPEC_TO_DIMS = {
     "num_layers": "num_layers",
     "hidden_size": "hidden_size",
@@ -56,7 +56,7 @@ def spec_dims_issues(loaded: Any, resolved: Any, dims: Any) -> list[SpecIssue]:
     Args:
         loaded: :class:`dlmspec.loader.LoadedSpec` (for file and line).
         resolved: its :class:`dlmspec.resolve.Resolved` (defaults filled).
-        dims: ``backends.convert.ModelDims`` read from the checkpoint's ``config.json``.
+        dims: ``dlmspec.backends.convert.ModelDims`` read from the checkpoint's ``config.json``.
 
     Returns:
         One error per disagreeing key, naming the checkpoint's value as the fix.
@@ -76,7 +76,7 @@ def spec_dims_issues(loaded: Any, resolved: Any, dims: Any) -> list[SpecIssue]:
                 key=f"model.{key}", value=ours[key], rule="convert-dims", file=file, line=line,
                 message=f"the checkpoint has {field} = {theirs!r}",
                 hint=f"set model.{key} = {theirs!r}, or convert a checkpoint of this spec's model",
-                source="backends.convert.families.dims_from_hf_config"))
+                source="dlmspec.backends.convert.families.dims_from_hf_config"))
     tied = not model.untie_embeddings_and_output_weights
     if tied != dims.tied:
         file, line = loaded.locate("model.untie_embeddings_and_output_weights")
@@ -95,8 +95,8 @@ def _fail(message: str) -> None:
 def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call a conversion function; its ``ConversionError`` becomes a message and exit code 2, an
     interruption (Ctrl-C, SIGTERM) a line and exit code 130 (143 for SIGTERM)."""
-    from backends.convert import ConversionError
-    from backends.convert.errors import Interrupted
+    from dlmspec.backends.convert import ConversionError
+    from dlmspec.backends.convert.errors import Interrupted
 
     try:
         return fn(*args, **kwargs)
@@ -115,7 +115,7 @@ def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
 def _check_paths(src: Path, dst: Path, force: bool) -> None:
     """Refuse a DST that is, holds or sits inside SRC, and an existing DST without ``--force``
     (messages name the command line's ``SRC``, ``DST`` and ``--force``)."""
-    from backends.convert._atomic import check_separate
+    from dlmspec.backends.convert._atomic import check_separate
 
     _run(check_separate, src, dst, src_name="SRC", dst_name="DST")
     if (dst.exists() or dst.is_symlink()) and not force:
@@ -135,8 +135,8 @@ def hf_to_mcore_command(
 ) -> None:
     """Convert a Hugging Face checkpoint into megatron-core's dist-checkpoint format (loadable at
     any TP/PP); with --spec, a checkpoint that does not match the spec's model is refused."""
-    from backends.convert import dims_from_hf_config, hf_to_mcore
-    from backends.convert.hf_io import read_hf_config
+    from dlmspec.backends.convert import dims_from_hf_config, hf_to_mcore
+    from dlmspec.backends.convert.hf_io import read_hf_config
 
     config_path = src / "config.json"
     if not config_path.is_file():
@@ -171,8 +171,8 @@ def mcore_to_hf_command(
 ) -> None:
     """Convert a megatron-core dist checkpoint into a Hugging Face folder that
     transformers' AutoModelForCausalLM loads (config.json, sharded safetensors with an index)."""
-    from backends.convert import mcore_to_hf
-    from backends.convert.mcore_io import resolve_checkpoint_dir
+    from dlmspec.backends.convert import mcore_to_hf
+    from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
 
     _check_paths(src, dst, force)
     _check_paths(_run(resolve_checkpoint_dir, src), dst, force)
@@ -189,7 +189,7 @@ def verify_command(
 ) -> None:
     """Run the same tokens through both checkpoints (fp32, CPU) and compare the logits; exit code
     1 when they differ by more than --atol."""
-    from backends.convert import verify
+    from dlmspec.backends.convert import verify
 
     result = _run(verify, hf, mcore, atol=atol)
     if json_output:

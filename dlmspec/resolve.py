@@ -36,7 +36,7 @@ def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "non
 
 
 #: ``[parallel] cp_comm_type`` values the local layers implement: SDPA core attention all-gathers
-#: keys and values over the context-parallel group (``backends.megatron.attention.CP_COMM_TYPES``,
+#: keys and values over the context-parallel group (``dlmspec.backends.megatron.attention.CP_COMM_TYPES``,
 #: megatron-core's spelling ``"all_gather"``); ``p2p``, ``a2a`` and ``a2a+p2p`` need Transformer
 #: Engine's attention.
 LOCAL_CP_COMM_TYPES = ("allgather",)
@@ -48,11 +48,11 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
     Returns:
         ``(local_only, te_only)``. Local only (the Transformer Engine path refuses them):
         variable-length MDM sequences and document masks, which pass an attention mask that the
-        TE layers would ignore (``backends.megatron.training.check_masks_supported``), and
-        block-causal attention (``backends.megatron.layers.build_layer_spec``). Transformer
+        TE layers would ignore (``dlmspec.backends.megatron.training.check_masks_supported``), and
+        block-causal attention (``dlmspec.backends.megatron.layers.build_layer_spec``). Transformer
         Engine only: fp8 (megatron-core runs fp8 in TE layers), grouped-GEMM experts
         (``build_layer_spec``) and context parallelism with a ``cp_comm_type`` outside
-        :data:`LOCAL_CP_COMM_TYPES` (``backends.megatron.attention``).
+        :data:`LOCAL_CP_COMM_TYPES` (``dlmspec.backends.megatron.attention``).
     """
     obj, data, par = spec.objective, spec.data, spec.parallel
     local = [text for text, on in (

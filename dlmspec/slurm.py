@@ -29,7 +29,7 @@ no value can start a line of its own, and a container image or mount starting wi
 refused so none becomes an option of ``apptainer``.
 
 CPU check mode (no GPUs needed), chosen at submit time in the environment of ``sbatch``:
-``DLMSPEC_CHECK_MODE=env`` runs ``python -m backends.launch.check`` instead of ``train.py``
+``DLMSPEC_CHECK_MODE=env`` runs ``python -m dlmspec.backends.launch.check`` instead of ``train.py``
 (rendezvous over gloo, check world size, ranks and environment, write a JSON report to
 ``DLMSPEC_CHECK_REPORT``); ``DLMSPEC_CHECK_MODE=train`` runs its simulated long job that
 checkpoints on SIGUSR1 and resumes after a requeue (state in ``DLMSPEC_CHECK_DIR``).
@@ -53,12 +53,13 @@ from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.escape import comment, sbatch_value, shell_word
 from dlmspec.resolve import Resolved
+from dlmspec.templates import TEMPLATE_DIR
 
 if TYPE_CHECKING:
     from dlmspec.spec import SlurmSpec
 
 #: Exit code of a training process that saved a checkpoint on SIGUSR1/SIGTERM and stopped so the
-#: job can be requeued (``backends/megatron`` and ``backends.launch.check`` use it; the batch
+#: job can be requeued (``backends/megatron`` and ``dlmspec.backends.launch.check`` use it; the batch
 #: script requeues a job whose ``srun`` ends with it). 85 is outside the shell's 126-165 range
 #: and the codes Python and torchrun use for crashes.
 REQUEUE_EXIT_CODE = 85
@@ -120,7 +121,7 @@ def time_limit_seconds(text: str) -> int | None:
 def rendezvous_port(job_id: int) -> int:
     """``MASTER_PORT`` of job ``job_id``: ``PORT_BASE + job_id % PORT_SPAN`` (10000-29999).
 
-    The script computes the same in bash; :mod:`backends.launch.check` checks they agree.
+    The script computes the same in bash; :mod:`dlmspec.backends.launch.check` checks they agree.
     Jobs whose ids differ by less than ``PORT_SPAN`` never share a port."""
     return PORT_BASE + job_id % PORT_SPAN
 
@@ -309,7 +310,7 @@ def template_context(resolved: Resolved) -> dict[str, Any]:
     (:func:`sbatch_directives`), ``nodes``, ``gpus_per_node``, ``world_size``, ``launcher``,
     ``env`` (name, quoted value) pairs, ``srun_options`` (quoted words, each after a space) and
     ``container_prefix`` (quoted words, each before a space),
-    ``check_options`` (quoted words passed to ``backends.launch.check``), ``signal_seconds``,
+    ``check_options`` (quoted words passed to ``dlmspec.backends.launch.check``), ``signal_seconds``,
     ``requeue``, ``requeue_exit``, ``port_base``, ``port_span``, ``wandb`` (check
     ``WANDB_API_KEY`` at run time).
     """
@@ -361,10 +362,6 @@ def template_context(resolved: Resolved) -> dict[str, Any]:
     }
 
 
-def _template_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "templates"
-
-
 def render_sbatch(resolved: Resolved, loaded: Any = None) -> str:
     """The text of ``launch.sbatch`` for ``resolved`` (pure: same spec, same bytes).
 
@@ -385,7 +382,7 @@ def render_sbatch(resolved: Resolved, loaded: Any = None) -> str:
     if issues:
         raise SpecError(issues)
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_template_dir())),
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

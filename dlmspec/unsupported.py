@@ -269,7 +269,7 @@ def unsupported_issues(resolved: Resolved, loaded: LoadedSpec | None = None) -> 
                 "(the tokenizer's EOS/EOD token)",
                 severity="error" if used else "warning",
                 rule="eod-id-unknown",
-                source="backends.megatron.data.DataConfig.eod_id",
+                source="dlmspec.backends.megatron.data.DataConfig.eod_id",
                 file=file,
                 line=line,
             )

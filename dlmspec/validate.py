@@ -305,7 +305,7 @@ def _tp_heads(ctx: Context) -> Iterator[Finding]:
 @_rule(
     "fused-linear-ce-tp",
     "error",
-    "backends.megatron.output_loss.defer_output_projection (the vocabulary must not be split over TP ranks)",
+    "dlmspec.backends.megatron.output_loss.defer_output_projection (the vocabulary must not be split over TP ranks)",
     "kernels.cross_entropy = 'fused_linear' needs tensor_model_parallel_size = 1",
 )
 def _fused_ce_tp(ctx: Context) -> Iterator[Finding]:
@@ -608,7 +608,7 @@ def _or_te(ctx: Context) -> str:
 @_rule(
     "cp-local-allgather",
     "error",
-    "backends.megatron.attention.SDPACoreAttention (CP_COMM_TYPES: keys and values all-gathered over "
+    "dlmspec.backends.megatron.attention.SDPACoreAttention (CP_COMM_TYPES: keys and values all-gathered over "
     "the CP group; megatron-core TransformerConfig.cp_comm_type)",
     "context parallelism on the local layers uses cp_comm_type 'allgather'",
 )
@@ -650,7 +650,7 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
     "transformer_engine.pytorch.attention.dot_product_attention.utils.get_attention_backend: with "
     "context parallelism only no_mask / causal self-attention run (FlashAttention, FusedAttention); "
     "arbitrary masks run only in UnfusedDotProductAttention, which has no context parallelism. "
-    "backends.megatron.training.ObjectiveForwardStep.prepare: no attention mask under context "
+    "dlmspec.backends.megatron.training.ObjectiveForwardStep.prepare: no attention mask under context "
     "parallelism (the local layers build the block-causal pattern themselves)",
     "context parallelism comes with no document or variable-length masks, and with Transformer "
     "Engine with bidirectional or causal attention only",
@@ -1479,7 +1479,7 @@ def _wsd_overlap(ctx: Context) -> Iterator[Finding]:
 @_rule(
     "no-checkpoint-save",
     "warning",
-    "backends.megatron.training.train (saves and resumes only with CheckpointConfig.save_dir); "
+    "dlmspec.backends.megatron.training.train (saves and resumes only with CheckpointConfig.save_dir); "
     "launch.sbatch requeues a stopped job",
     "a run longer than one save interval, or one started from init_from, saves checkpoints",
 )
@@ -1896,7 +1896,7 @@ def _string_characters(ctx: Context) -> Iterator[Finding]:
 #: numpy.random.seed and numpy.random.RandomState take seeds in [0, 2**32).
 _SEED_LIMIT = 2**32
 
-#: What backends.megatron.training (as Megatron-LM's _set_random_seed) adds to the seed per
+#: What dlmspec.backends.megatron.training (as Megatron-LM's _set_random_seed) adds to the seed per
 #: pipeline stage.
 _SEED_PER_STAGE = 100
 
@@ -1904,7 +1904,7 @@ _SEED_PER_STAGE = 100
 @_rule(
     "seed-range",
     "error",
-    "backends.megatron.training (numpy.random.seed(seed + 100 * pipeline rank), as Megatron-LM "
+    "dlmspec.backends.megatron.training (numpy.random.seed(seed + 100 * pipeline rank), as Megatron-LM "
     "_set_random_seed) and megatron-core GPTDataset (numpy.random.RandomState(random_seed)): seeds in [0, 2**32)",
     "train.seed + 100 * (pipeline stages - 1) lies in [0, 2**32)",
 )
@@ -1921,7 +1921,7 @@ def _seed_range(ctx: Context) -> Iterator[Finding]:
 @_rule(
     "eod-id-range",
     "error",
-    "backends.megatron.data.DatasetTokenizer (eod_id in [0, model.vocab_size), checked when train.py starts): "
+    "dlmspec.backends.megatron.data.DatasetTokenizer (eod_id in [0, model.vocab_size), checked when train.py starts): "
     "the data holds the end-of-document id as a token of the vocabulary",
     "data.tokenizer.eod_id is a token of the vocabulary (below model.vocab_size)",
 )

@@ -2,7 +2,7 @@
 
 For every spec in ``specs/`` and a set of variations (TP/SP, PP, VPP, CP, EP + MoE, recompute,
 fp8, fp16/fp32, AR, SGD/WSD, mock data, learned positions): every keyword ``train.py`` passes to
-a megatron-core class or function it imports (and to the runtime's ``backends.megatron``
+a megatron-core class or function it imports (and to the runtime's ``dlmspec.backends.megatron``
 classes) exists there, and executing ``build_configs()``, ``build_run()`` and ``build_layer()``
 runs megatron-core's ``__post_init__`` checks and gives objects that hold the resolved values.
 """
@@ -207,8 +207,8 @@ def test_megatron_and_runtime_keywords_exist(case: Path | str, tmp_path: Path) -
     source = train.read_text()
     assert {"TransformerConfig", "DistributedDataParallelConfig", "OptimizerConfig"} <= called_names(source, ("megatron",))
     assert unknown_keywords(source, ("megatron",)) == []
-    assert {"RunConfig", "DataConfig", "ScheduleConfig", "build_layer_spec", "train"} <= called_names(source, ("backends",))
-    assert unknown_keywords(source, ("backends",)) == []
+    assert {"RunConfig", "DataConfig", "ScheduleConfig", "build_layer_spec", "train"} <= called_names(source, ("dlmspec.backends",))
+    assert unknown_keywords(source, ("dlmspec.backends",)) == []
 
 
 # ------------------------------------------------------------------------------------------
@@ -220,9 +220,9 @@ def test_build_configs_runs_megatron_checks_and_holds_the_resolved_values(case: 
     from megatron.core.models.gpt import GPTModel
     from megatron.core.parallel_state import initialize_model_parallel
 
-    from backends.megatron.init_from import default_cache_dir
-    from backends.megatron.layers import build_model, layer_spec_attention
-    from backends.megatron.training import train as runtime_train
+    from dlmspec.backends.megatron.init_from import default_cache_dir
+    from dlmspec.backends.megatron.layers import build_model, layer_spec_attention
+    from dlmspec.backends.megatron.training import train as runtime_train
 
     r, train = _compile(case, tmp_path)
     module = _import(train)
@@ -303,8 +303,8 @@ def test_auto_builds_the_local_layers_where_transformer_engine_imports(tmp_path:
     Engine path refuses at start-up: on a machine where Transformer Engine imports, its train.py
     still builds the local layers, the runtime's mask check passes, and the RunConfig (the start
     record's run_config) says why."""
-    import backends.megatron.layers as layers
-    from backends.megatron.training import check_masks_supported
+    import dlmspec.backends.megatron.layers as layers
+    from dlmspec.backends.megatron.training import check_masks_supported
 
     _, train = _compile(ROOT / "specs" / "demo-dlm.toml", tmp_path)
     module = _import(train)

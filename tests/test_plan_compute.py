@@ -122,7 +122,7 @@ def test_runtime_mfu_formula_matches_the_planner(kwargs):
     """backends/megatron computes MFU with its own copy of the formula; both must agree."""
     pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     dims = dict(num_layers=4, hidden_size=256, ffn_hidden_size=704, num_attention_heads=8, num_query_groups=2,
                 kv_channels=32, vocab_size=50304, seq_length=1024)

@@ -56,7 +56,7 @@ def cpu_megatron(tmp_path_factory):
 def _saved_bytes(layers: int, groups: int, qk_norm: bool, attention: str, batch: int, dropout: float) -> int:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 
     config = TransformerConfig(
         num_layers=layers, hidden_size=H, ffn_hidden_size=FFN, num_attention_heads=HEADS, num_query_groups=groups,
@@ -137,7 +137,7 @@ def test_ddp_buffers_match_planned_weights_and_gradients(distopt):
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
     from dlmspec.plan import make_plan
 
     config = TransformerConfig(

@@ -98,7 +98,7 @@ def test_the_wrapper_needs_cuda_on_this_machine() -> None:
 def test_fsdp_problems_name_each_fix() -> None:
     from megatron.core.optimizer import OptimizerConfig
 
-    from backends.megatron.fsdp import fsdp_problems
+    from dlmspec.backends.megatron.fsdp import fsdp_problems
 
     ok = dict(cuda_available=True, environ={})
     if importlib.util.find_spec("einops") is not None:
@@ -121,7 +121,7 @@ def test_train_refuses_fsdp_without_cuda_before_building(tmp_path_factory, monke
     """On this CPU machine train() stops at once with the reason, before any model exists."""
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     out = tmp_path_factory.mktemp("c")
     compile_spec(DEMO, out, force=True, overrides=FSDP + ["data.mock=true", "data.train=[]", "data.valid=[]",
@@ -162,7 +162,7 @@ def test_compiled_fsdp_launch_never_sets_max_connections_1(tmp_path: Path) -> No
 def test_resume_refuses_a_checkpoint_of_the_other_format(tmp_path: Path) -> None:
     import json
 
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     path = tmp_path / "iter_0000010"
     path.mkdir()
@@ -179,7 +179,7 @@ def test_fsdp_checkpoint_keeps_run_state_and_this_ranks_rng(tmp_path_factory, mo
     """save/load_checkpoint_fsdp with the model state replaced by plain tensors: DCP writes and
     reads back the weights in place, the pickled run state (iteration, samples, seed, scheduler)
     and this rank's RNG state, and hands the unprocessed state dict to the chunk's load_state_dict."""
-    from backends.megatron import fsdp
+    from dlmspec.backends.megatron import fsdp
 
     weights = {"w": torch.arange(6, dtype=torch.float32)}
     monkeypatch.setattr(fsdp, "_state_dict", lambda model, optimizer, is_loading: {"model": dict(weights)})
@@ -283,7 +283,7 @@ def _two_rank_worker(rank: int, store: str, path: str, symmetric: bool) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    from backends.megatron import fsdp
+    from dlmspec.backends.megatron import fsdp
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=20))

@@ -40,7 +40,7 @@ from dlmspec.slurm import (
 from dlmspec.spec import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py"))
+SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py")
 FAKEBIN = ROOT / "tests" / "slurm" / "fakebin"
 SHELLCHECK = shutil.which("shellcheck")
 
@@ -261,7 +261,7 @@ def test_shell_words_expand_to_the_value_in_bash(tmp_path: Path) -> None:
 
 
 def test_constants_agree_with_the_runtimes() -> None:
-    from backends.launch import check
+    from dlmspec.backends.launch import check
 
     assert check.REQUEUE_EXIT_CODE == REQUEUE_EXIT_CODE
     assert (check.PORT_BASE, check.PORT_SPAN) == (PORT_BASE, PORT_SPAN)
@@ -441,7 +441,7 @@ def test_hostile_values_arrive_intact_and_run_nothing(launcher: str, tmp_path: P
     assert opts["--constraint"] == "a&b|$(touch pwned-c)"
     assert opts["--output"] == "slurm $(touch pwned-o) %j.out"
     assert "--partition" not in opts  # the newline in V7 did not start an #SBATCH line
-    for mode, expect_program in (("0", None), ("env", "backends.launch.check")):
+    for mode, expect_program in (("0", None), ("env", "dlmspec.backends.launch.check")):
         result, log, work = run_script(text, tmp_path, env={"DLMSPEC_CHECK_MODE": mode})
         assert result.returncode == 0, result.stderr
         seen = env_dict(log / "python.env")
@@ -450,7 +450,7 @@ def test_hostile_values_arrive_intact_and_run_nothing(launcher: str, tmp_path: P
         argv = nul_list(log / "python.argv")
         if expect_program:
             expected = [a for key, value in sorted(env.items()) for a in ("--expect-env", f"{key}={value}")]
-            got = argv[argv.index("backends.launch.check") + 1:]
+            got = argv[argv.index("dlmspec.backends.launch.check") + 1:]
             assert got[got.index("--expect-env"):] == expected
         assert not list(work.glob("pwned*")) and not list(tmp_path.glob("pwned*")) and not list(log.glob("pwned*"))
     if SHELLCHECK:
@@ -462,7 +462,7 @@ def test_check_modes_and_outside_slurm(tmp_path: Path) -> None:
     result, log, _ = run_script(text, tmp_path, env={"DLMSPEC_CHECK_MODE": "train", "DLMSPEC_CHECK_DIR": "st"})
     assert result.returncode == 0, result.stderr
     argv = nul_list(log / "python.argv")
-    assert argv[argv.index("-m", 2):][:5] == ["-m", "backends.launch.check", "--train", "--state-dir", "st"]
+    assert argv[argv.index("-m", 2):][:5] == ["-m", "dlmspec.backends.launch.check", "--train", "--state-dir", "st"]
     result, _, _ = run_script(text, tmp_path, env={"DLMSPEC_CHECK_MODE": "bogus"})
     assert result.returncode == 2 and "DLMSPEC_CHECK_MODE=bogus" in result.stderr
     result, _, _ = run_script(text, tmp_path, env={"SLURM_JOB_ID": ""})

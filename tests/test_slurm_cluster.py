@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 START = ROOT / "tests" / "slurm" / "start-cluster.sh"
 STOP = ROOT / "tests" / "slurm" / "stop-cluster.sh"
 CHECK_SPEC = ROOT / "tests" / "slurm" / "check-spec.toml"
-SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py"))
+SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py")
 STATE_DIR = Path(os.environ.get("DLMSPEC_SLURM_DIR", "/tmp/dlmspec-slurm"))
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from backends.convert import families, hf_io, mcore_io, mcore_model
-from backends.convert._atomic import check_separate
-from backends.convert.dims import ModelDims
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert import families, hf_io, mcore_io, mcore_model
+from dlmspec.backends.convert._atomic import check_separate
+from dlmspec.backends.convert.dims import ModelDims
+from dlmspec.backends.convert.errors import ConversionError
 
 PathLike = str | os.PathLike[str]
 
@@ -154,7 +154,7 @@ def megatron_checkpoint_logits(
         ``[batch, seq, vocab_size]`` fp32 logits (padding columns dropped).
 
     Raises:
-        ConversionError: MoE models (:data:`backends.convert.mcore_model.MOE_CPU_REASON`),
+        ConversionError: MoE models (:data:`dlmspec.backends.convert.mcore_model.MOE_CPU_REASON`),
             checkpoints that disagree with ``dims``.
     """
     from megatron.core import parallel_state

@@ -12,7 +12,7 @@ local spec (``get_gpt_layer_local_spec``)              Transformer Engine spec
 
 and, for both specs, ``embedding.word_embeddings.weight`` ``[Vp, h]``,
 ``decoder.layers.N.self_attention.linear_qkv.{weight,bias}`` (fused, see
-:mod:`backends.convert.layout`), ``...self_attention.{q,k}_layernorm.weight`` ``[d]``,
+:mod:`dlmspec.backends.convert.layout`), ``...self_attention.{q,k}_layernorm.weight`` ``[d]``,
 ``...self_attention.linear_proj.weight`` ``[h, H*d]``, ``...mlp.linear_fc1.weight``
 ``[2*ffn, h]`` (``[gate; up]``), ``...mlp.linear_fc2.weight`` ``[h, ffn]``, MoE
 ``...mlp.router.weight`` ``[E, h]``, ``...mlp.experts.local_experts.E.linear_fc{1,2}.weight``
@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from backends.convert import layout
-from backends.convert.dims import MOE_FAMILIES, ModelDims, padded_vocab_size
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert import layout
+from dlmspec.backends.convert.dims import MOE_FAMILIES, ModelDims, padded_vocab_size
+from dlmspec.backends.convert.errors import ConversionError
 
 SPECS = ("local", "te")
 
@@ -394,7 +394,7 @@ def check_layer_count(hf: Mapping[str, Any], dims: ModelDims) -> None:
 
 def check_hf_checkpoint(hf: Mapping[str, Any], dims: ModelDims) -> None:
     """Check a Hugging Face checkpoint's tensor names and shapes against ``dims`` (header only
-    for a :class:`backends.convert.hf_io.SafetensorsReader`).
+    for a :class:`dlmspec.backends.convert.hf_io.SafetensorsReader`).
 
     Raises:
         ConversionError: too few layers (:func:`check_layer_count`), or a missing, unexpected or
@@ -487,7 +487,7 @@ def hf_to_mcore_state_dict(
 
     Args:
         hf: HF name -> tensor (a dict or a lazy reader such as
-            :class:`backends.convert.hf_io.SafetensorsReader`).
+            :class:`dlmspec.backends.convert.hf_io.SafetensorsReader`).
         dims: target dimensions; every tensor is checked against them first.
         spec: ``"local"`` or ``"te"`` megatron layer-norm naming.
 

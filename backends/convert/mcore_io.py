@@ -43,11 +43,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from backends.convert import families
-from backends.convert._atomic import atomic_directory, signals_held
-from backends.convert.dims import ModelDims
-from backends.convert.errors import ConversionError
-from backends.convert.hf_io import read_json_object
+from dlmspec.backends.convert import families
+from dlmspec.backends.convert._atomic import atomic_directory, signals_held
+from dlmspec.backends.convert.dims import ModelDims
+from dlmspec.backends.convert.errors import ConversionError
+from dlmspec.backends.convert.hf_io import read_json_object
 
 SIDECAR_NAME = "dlmspec_convert.json"
 LAYER_LAYOUTS = ("stacked", "per_layer")
@@ -187,7 +187,7 @@ def build_sharded_state_dict(
 
     Args:
         state_dict: megatron name -> full tensor (names of ``spec``; shapes as
-            :func:`backends.convert.families.expected_mcore_shapes`). For reading, pass
+            :func:`dlmspec.backends.convert.families.expected_mcore_shapes`). For reading, pass
             empty tensors of the stored shapes and dtypes.
         dims: model dimensions.
         spec: layer-norm naming of ``state_dict`` keys.

@@ -222,7 +222,7 @@ def _sdpa(fn):
 def build(layers: int, experts: int | None = None, recompute: str | None = None, position: str = "rope"):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 
     kw: dict = {}
     if experts:
@@ -264,7 +264,7 @@ def count(model) -> tuple[int, int]:
 
 def objective_kernels() -> int:
     """Kernels of the MDM objective's preparation and loss reduction per microbatch."""
-    from backends.megatron.objective import build_objective, reduce_loss
+    from dlmspec.backends.megatron.objective import build_objective, reduce_loss
 
     objective = build_objective("mdm", mask_token_id=255, eps=1e-3, variable_length_prob=0.0)
     tokens = torch.randint(0, 255, (2, 64))

@@ -285,7 +285,7 @@ OPTIMIZER_BYTES = {"transformer_engine": 30, "local+sdpa": 86}
 #: the transfers overlap the attention. ``p2p`` (Transformer Engine ``AttnFuncWithCPAndKVP2P``,
 #: ``a2a`` and ``a2a+p2p`` planned alike): the K/V ring forward, the ring again and dK/dV
 #: backward, behind the attention of the chunk in hand. ``allgather`` (megatron-core
-#: ``cp_comm_type = "all_gather"``: the local layers' ``backends.megatron.attention``
+#: ``cp_comm_type = "all_gather"``: the local layers' ``dlmspec.backends.megatron.attention``
 #: ``SDPACoreAttention``, Transformer Engine ``AttnFuncWithCPAndKVAllGather``): one all-gather
 #: of K and V forward and one reduce-scatter of dK/dV backward, ring volume ``(cp - 1)`` shards
 #: each, not overlapped ("The all-gather is not async, and cannot be overlapped",
