@@ -298,12 +298,9 @@ def run_converter(src: str, dst: str, dims: Any) -> None:
     Raises:
         InitFromError: the child failed (its last output lines are in the message).
     """
-    import dlmspec.backends
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(backends.__file__)))
+    # The child imports dlmspec.backends from the same installed dlmspec (same interpreter and environment).
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     args = json.dumps({"src": src, "dst": dst, "dims": dims.to_dict()})
     proc = subprocess.run([sys.executable, "-c", _CONVERT_CHILD, args], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
