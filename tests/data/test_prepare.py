@@ -18,8 +18,8 @@ import pytest
 import regex
 from typer.testing import CliRunner
 
-from dlmspec import data_prepare
-from dlmspec.data_prepare import DataPrepareError, app, dataset_prefix, prepare
+from dlmspec.data import prepare as data_prepare
+from dlmspec.data.prepare import DataPrepareError, app, dataset_prefix, prepare
 from dlmspec.tokenizers import (
     TOKENIZER_ALIASES,
     TOKENIZER_TYPES,
@@ -29,7 +29,7 @@ from dlmspec.tokenizers import (
 )
 
 #: The shared data kit lies beside the checkout (``../shared``), here and in CI.
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 CORPUS = SHARED / "corpus" / "pydocs-train.jsonl"
 GPT2 = SHARED / "tokenizers" / "gpt2"
 VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")
@@ -492,12 +492,12 @@ def test_cli_ctrl_c_exits_130_without_dataset(slice_path, tmp_path, monkeypatch)
 
 def test_modules_import_without_torch_or_megatron():
     code = (
-        "import sys, dlmspec.data_prepare, dlmspec.tokenizers\n"
+        "import sys, dlmspec.data.prepare, dlmspec.tokenizers\n"
         "heavy = [m for m in ('torch', 'megatron', 'numpy', 'tokenizers', 'transformers')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
 
@@ -627,7 +627,7 @@ def test_a_lone_bin_or_a_folder_in_the_way_is_refused(tmp_path):
 #: files exist, and touches argv[1] to say so.
 SLOW_PREPARE = r"""
 import sys, time
-from dlmspec import data_prepare
+from dlmspec.data import prepare as data_prepare
 ready, args = sys.argv[1], sys.argv[2:]
 original, calls = data_prepare._write_documents, []
 def slow_write(*a, **k):
@@ -642,7 +642,7 @@ data_prepare.app(["prepare", "--no-progress", *args], prog_name="dlmspec data")
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 def test_sigterm_mid_run_removes_temporary_files(tmp_path):
@@ -765,7 +765,7 @@ def test_max_line_bytes_boundary(tmp_path):
 #: (torch's mappings differ between machines, so the cap is measured, not fixed) and runs the CLI.
 BOUNDED_PREPARE = r"""
 import resource, sys
-from dlmspec import data_prepare
+from dlmspec.data import prepare as data_prepare
 from dlmspec.tokenizers import TokenizerSpec
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 TokenizerSpec(tokenizer_type="GPT2BPETokenizer", vocab_file=sys.argv[1], merge_file=sys.argv[2]).build()

@@ -1,0 +1,1 @@
+"""Training data tools: ``dlmspec data prepare`` (:mod:`dlmspec.data.prepare`)."""
