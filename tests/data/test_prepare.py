@@ -506,6 +506,35 @@ def test_modules_import_without_torch_or_megatron():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
 
 
+#: Runs ``dlmspec data prepare ARGV[2:]`` with the module ARGV[1] made unimportable (None in
+#: sys.modules makes ``import`` raise ModuleNotFoundError), as where the runtime extra is missing.
+WITHOUT_MODULE = r"""
+import sys
+sys.modules[sys.argv[1]] = None
+from dlmspec.cli import main
+sys.exit(main(["data", "prepare", "--no-progress", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.parametrize("module, provider", [("megatron", "megatron-core"), ("torch", "torch"),
+                                              ("tokenizers", "tokenizers"), ("numpy", "numpy")])
+def test_without_the_runtime_extra_it_says_install_it(tmp_path, module, provider):
+    """Without torch, megatron-core, tokenizers or numpy ``data prepare`` names the missing
+    module and the extra that brings it, exit 2, instead of a ModuleNotFoundError traceback."""
+    corpus = _write(tmp_path, "corpus.jsonl", [json.dumps({"text": "hello world"})])
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_MODULE, module, "--input", str(corpus),
+         "--output-prefix", str(tmp_path / "ds"), *GPT2_CLI],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )
+    stderr = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in stderr, proc.stderr[-3000:]
+    assert f"needs {provider} (module {module!r}" in stderr, stderr
+    assert "install dlmspec[runtime]" in stderr, stderr
+    assert _files(tmp_path) == ["corpus.jsonl"]
+
+
 # ----------------------------------------------------------------- never overwrite the input
 
 
