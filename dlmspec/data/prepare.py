@@ -15,8 +15,9 @@ stops the run with its line number. What is written where, and what is never ove
 :mod:`dlmspec.data.outputs`.
 
 :func:`prepare` does the work and returns a :class:`PrepareResult`; :mod:`dlmspec.data.cli` is
-the command. User-input problems raise :class:`~dlmspec.data.errors.DataPrepareError`. torch and
-megatron are imported inside :func:`prepare` only.
+the command. User-input problems raise :class:`~dlmspec.data.errors.DataPrepareError`. torch,
+megatron-core, numpy and ``tokenizers`` (the runtime extra) are imported by :func:`load_runtime`
+only, which says ``install dlmspec[runtime]`` when one is missing.
 """
 
 from __future__ import annotations
@@ -130,6 +131,41 @@ def _progress(console: Console) -> Any:
     )
 
 
+#: The modules ``data prepare`` needs from the runtime extra (``dlmspec[runtime]``), in the order
+#: :func:`load_runtime` imports them (the quick ones first), and the distribution of each.
+RUNTIME_MODULES = {"numpy": "numpy", "tokenizers": "tokenizers", "torch": "torch", "megatron": "megatron-core"}
+
+
+def load_runtime() -> tuple[Any, Any, Any]:
+    """Import what ``data prepare`` needs from the runtime extra: numpy, the ``tokenizers``
+    library (GPT-2 BPE; Hugging Face tokenizers build on it) and megatron-core's indexed-dataset
+    writer (torch under it). The one place the command loads the runtime: the tokenizers and the
+    workers built after it find these modules imported.
+
+    Returns:
+        ``(numpy, DType, IndexedDatasetBuilder)``.
+
+    Raises:
+        DataPrepareError: a module cannot be imported (the runtime extra is not installed); the
+            message names the module and its distribution and says ``install dlmspec[runtime]``.
+    """
+    try:
+        import numpy as np
+        import tokenizers  # noqa: F401  (imported here to be checked; dlmspec.tokenizers uses it)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron-core's import-time warnings (Apex, TE)
+            from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+    except ImportError as exc:
+        module = (exc.name or "").split(".")[0] or "?"
+        provider = RUNTIME_MODULES.get(module, module)
+        raise DataPrepareError(
+            f"data prepare needs {provider} (module {module!r} cannot be imported: {exc}), "
+            'which the runtime extra installs: install dlmspec[runtime] (pip install "dlmspec[runtime]")'
+        ) from None
+    return np, DType, IndexedDatasetBuilder
+
+
 def prepare(
     input_path: str | os.PathLike,
     output_prefix: str | os.PathLike,
@@ -171,9 +207,10 @@ def prepare(
         A :class:`PrepareResult` with the counts and the written paths.
 
     Raises:
-        DataPrepareError: bad input file, JSON (also nested too deeply), keys, a line over
-            ``max_line_bytes``, or tokenizer arguments; an output name that is an input file,
-            or (without ``force``) already exists; a write error (disk full). Any exception
+        DataPrepareError: the runtime extra is missing (:func:`load_runtime`); bad input file,
+            JSON (also nested too deeply), keys, a line over ``max_line_bytes``, or tokenizer
+            arguments; an output name that is an input file, or (without ``force``) already
+            exists; a write error (disk full). Any exception
             (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
         PrepareInterrupted: SIGTERM or SIGHUP during the run (temporary files removed).
     """
@@ -219,6 +256,10 @@ def prepare(
             merge_file=None if merge_file is None else os.fspath(merge_file),
             vocab_size=vocab_size,
         )
+    except TokenizerError as exc:
+        raise DataPrepareError(str(exc)) from None
+    np, DType, IndexedDatasetBuilder = load_runtime()
+    try:
         tokenizer = spec.build()
     except TokenizerError as exc:
         raise DataPrepareError(str(exc)) from None
@@ -226,12 +267,6 @@ def prepare(
         raise DataPrepareError(
             f"--append-eod: the {spec.tokenizer_type} tokenizer has no end-of-document token"
         )
-
-    import numpy as np
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     vocab = int(tokenizer.vocab_size)
     dtype = np.dtype(DType.optimal_dtype(vocab))
