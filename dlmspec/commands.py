@@ -821,8 +821,8 @@ def plan_command(
 
 _LAZY_GROUPS = {
     # name -> (module with a typer sub-app `app`, help): imported when the command runs or help
-    # lists it, so other commands do not pay for the import (dlmspec.data_prepare loads
+    # lists it, so other commands do not pay for the import (dlmspec.data.cli loads
     # multiprocessing and the tokenizer factory).
-    "data": ("dlmspec.data_prepare", "Data tools: `dlmspec data prepare` (JSONL to Megatron indexed datasets)."),
+    "data": ("dlmspec.data.cli", "Data tools: `dlmspec data prepare` (JSONL to Megatron indexed datasets)."),
     "convert": ("dlmspec.convert", "Hugging Face <-> megatron-core checkpoints: hf-to-mcore, mcore-to-hf, verify."),
 }

@@ -76,7 +76,7 @@ def spec_dims_issues(loaded: Any, resolved: Any, dims: Any) -> list[SpecIssue]:
                 key=f"model.{key}", value=ours[key], rule="convert-dims", file=file, line=line,
                 message=f"the checkpoint has {field} = {theirs!r}",
                 hint=f"set model.{key} = {theirs!r}, or convert a checkpoint of this spec's model",
-                source="dlmspec.backends.convert.families.dims_from_hf_config"))
+                source="dlmspec.backends.convert.hf_config.dims_from_hf_config"))
     tied = not model.untie_embeddings_and_output_weights
     if tied != dims.tied:
         file, line = loaded.locate("model.untie_embeddings_and_output_weights")

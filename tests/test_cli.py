@@ -205,7 +205,7 @@ def test_main_returns_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "dlmspec 0.1.0" in capsys.readouterr().out
 
 
-HEAVY = {"torch", "megatron", "jinja2", "transformer_engine", "typer", "dlmspec.compile", "dlmspec.data_prepare",
+HEAVY = {"torch", "megatron", "jinja2", "transformer_engine", "typer", "dlmspec.compile", "dlmspec.data.cli", "dlmspec.data.prepare",
          "dlmspec.commands"}
 
 

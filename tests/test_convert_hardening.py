@@ -396,11 +396,11 @@ def test_garbage_iteration_tracker_is_refused(pristine, tmp_path):
     (lambda t: t.to(torch.int8), ["int8", "floating"]),
 ])
 def test_megatron_checkpoint_with_bad_values_is_refused(poison, needles, pristine, tmp_path):
-    from dlmspec.backends.convert import families, mcore_io
+    from dlmspec.backends.convert import mcore_io, state_dict
     from dlmspec.backends.convert.hf_io import SafetensorsReader
 
     dims = mcore_io.load_mcore_checkpoint(pristine["mcore"])[1]
-    state = families.hf_to_mcore_state_dict(dict(SafetensorsReader(pristine["hf"]).items()), dims)
+    state = state_dict.hf_to_mcore_state_dict(dict(SafetensorsReader(pristine["hf"]).items()), dims)
     name = "decoder.final_layernorm.weight"  # not stacked: one layer's dtype may differ from another's
     tensor = state[name].clone()
     poisoned = poison(tensor)

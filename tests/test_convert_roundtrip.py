@@ -44,7 +44,7 @@ def test_family_specific_dims(tmp_path):
     seen = {}
     for family in ("qwen2", "qwen3", "qwen3_moe", "mixtral", "mistral"):
         src, _ = make_tiny_hf(family, tmp_path / family)
-        from dlmspec.backends.convert.families import dims_from_hf_config
+        from dlmspec.backends.convert.hf_config import dims_from_hf_config
         from dlmspec.backends.convert.hf_io import read_hf_config
 
         seen[family] = dims_from_hf_config(read_hf_config(src))

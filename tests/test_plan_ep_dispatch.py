@@ -1,5 +1,5 @@
 """The planner's launches of the alltoall dispatcher at expert-parallel size > 1
-(dlmspec.plan.time.KERNELS_EP_DISPATCH), and calibrate.py's per-configuration comparison."""
+(dlmspec.plan.launches.KERNELS_EP_DISPATCH), and calibrate.py's per-configuration comparison."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from bench_scripts import load_script
 from dlmspec.loader import load
 from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
 from dlmspec.plan.memory import stage_layer_counts
-from dlmspec.plan.time import KERNELS_EP_DISPATCH, KERNELS_PER_LOCAL_EXPERT, kernels_per_microbatch, kernels_per_step
+from dlmspec.plan.launches import KERNELS_EP_DISPATCH, KERNELS_PER_LOCAL_EXPERT, kernels_per_microbatch, kernels_per_step
 from dlmspec.resolve import resolve
 
 ROOT = Path(__file__).resolve().parent.parent

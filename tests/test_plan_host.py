@@ -9,7 +9,8 @@ import pytest
 
 from dlmspec.loader import load
 from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
-from dlmspec.plan.time import FSDP_OPS_PER_TENSOR, fsdp_buckets, fsdp_host_ops, host_speed, param_tensors
+from dlmspec.plan.launches import FSDP_OPS_PER_TENSOR, fsdp_buckets, fsdp_host_ops, param_tensors
+from dlmspec.plan.time import host_speed
 from dlmspec.resolve import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +100,8 @@ def test_fused_ce_chunk_loop_launches_at_their_own_host_cost():
     """The fused linear cross entropy's chunk-loop launches cost seconds_per_fused_ce_kernel of
     host time each (Liger's tight loop inside one autograd.Function), the other launches
     seconds_per_kernel; on the GPU every launch keeps its per-kernel floor."""
-    from dlmspec.plan.time import fused_ce_kernels, host_seconds, stage_work
+    from dlmspec.plan.launches import fused_ce_kernels
+    from dlmspec.plan.time import host_seconds, stage_work
 
     fused = ['kernels.cross_entropy="fused_linear"', "kernels.apply_rope_fusion=false"]
     plan = _plan(*fused)

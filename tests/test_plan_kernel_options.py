@@ -12,15 +12,10 @@ import pytest
 
 from dlmspec.loader import load
 from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
+from dlmspec.plan.launches import COMPILED_CALLS_NORM, compiled_calls_per_microbatch, kernels_per_microbatch, layer_kernels
 from dlmspec.plan.memory import stage_layer_counts
 from dlmspec.plan.shape import kernels_path, qkv_fused
-from dlmspec.plan.time import (
-    COMPILED_CALLS_NORM,
-    compiled_calls_per_microbatch,
-    kernels_per_microbatch,
-    layer_kernels,
-    time_plan,
-)
+from dlmspec.plan.time import time_plan
 from dlmspec.resolve import resolve
 
 ROOT = Path(__file__).resolve().parent.parent

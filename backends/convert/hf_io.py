@@ -195,7 +195,7 @@ def write_hf_checkpoint(
     Args:
         dst: target directory.
         state_dict: HF name -> tensor.
-        config: ``config.json`` content (see :func:`dlmspec.backends.convert.families.hf_config_from_dims`).
+        config: ``config.json`` content (see :func:`dlmspec.backends.convert.hf_config.hf_config_from_dims`).
         dtype: cast floating-point tensors to this dtype (``None`` keeps them).
         max_shard_bytes: shard size limit.
         overwrite: write into an existing ``dst`` (other files there are kept).

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dlmspec.backends.convert import families
+from dlmspec.backends.convert import checks, families
 from dlmspec.backends.convert._atomic import atomic_directory, signals_held
 from dlmspec.backends.convert.dims import ModelDims
 from dlmspec.backends.convert.errors import ConversionError
@@ -314,7 +314,7 @@ def save_mcore_checkpoint(
     """
     from megatron.core import dist_checkpointing
 
-    families.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
+    checks.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
                            f"megatron-core {dims.family}", ignore=("_extra_state",))
     with atomic_directory(dst, overwrite=overwrite, owned=OWNED_NAMES, marker="metadata.json") as tmp, \
             process_group(), _without_psutil_ok():
@@ -546,7 +546,7 @@ def load_mcore_checkpoint(
             key = _sharded_key(name, dims, spec, layer_layout, meta)
             if key is not None:
                 dtype = meta[key].dtype
-                families.check_dtype(key, dtype, str(ckpt))
+                checks.check_dtype(key, dtype, str(ckpt))
                 # the stored shape is the layer (and expert) axes, then ``shape`` (vocabulary
                 # rows may differ); compared here, before ``torch.empty`` of dims' sizes
                 stored = tuple(meta[key].global_shape)
@@ -587,7 +587,7 @@ def load_mcore_checkpoint(
     for local, value in loaded.items():
         name = _local_to_state_name(local, dims, spec)
         if name is not None:
-            families.check_weight(name, value, str(ckpt))
+            checks.check_weight(name, value, str(ckpt))
             out[name] = value
     if out["embedding.word_embeddings.weight"].shape[0] != dims.padded_vocab_size:
         import dataclasses

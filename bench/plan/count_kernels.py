@@ -1,5 +1,5 @@
 """Count the kernels one microbatch launches on the local layer path (the planner's
-``KERNELS_PER_*`` constants in :mod:`dlmspec.plan.time`).
+``KERNELS_PER_*`` constants in :mod:`dlmspec.plan.launches`).
 
 Builds megatron-core GPT models with this project's local layer spec
 (``backends/megatron/layers.py``) on CPU in a one-process gloo world, as
@@ -27,7 +27,7 @@ layer is the per-microbatch count (embedding, final norm, output layer, cross en
 the MDM objective's preparation and the loss (``backends/megatron/objective.py``) are added.
 
 Run: ``.venv/bin/python bench/plan/count_kernels.py`` (needs torch and megatron-core; CPU only,
-a few seconds). The counts are printed as JSON; ``dlmspec.plan.time`` holds them rounded.
+a few seconds). The counts are printed as JSON; ``dlmspec.plan.launches`` holds them rounded.
 """
 
 from __future__ import annotations

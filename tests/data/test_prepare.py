@@ -18,8 +18,12 @@ import pytest
 import regex
 from typer.testing import CliRunner
 
-from dlmspec import data_prepare
-from dlmspec.data_prepare import DataPrepareError, app, dataset_prefix, prepare
+from dlmspec.data import encode, outputs, read
+from dlmspec.data import prepare as prepare_module
+from dlmspec.data.cli import app
+from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.outputs import dataset_prefix
+from dlmspec.data.prepare import prepare
 from dlmspec.tokenizers import (
     TOKENIZER_ALIASES,
     TOKENIZER_TYPES,
@@ -29,7 +33,7 @@ from dlmspec.tokenizers import (
 )
 
 #: The shared data kit lies beside the checkout (``../shared``), here and in CI.
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 CORPUS = SHARED / "corpus" / "pydocs-train.jsonl"
 GPT2 = SHARED / "tokenizers" / "gpt2"
 VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")
@@ -479,7 +483,7 @@ def test_cli_ctrl_c_exits_130_without_dataset(slice_path, tmp_path, monkeypatch)
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(data_prepare, "_write_documents", interrupted)
+    monkeypatch.setattr(prepare_module, "_write_documents", interrupted)
     result = _invoke(["--input", str(slice_path), "--output-prefix", str(tmp_path / "ds"),
                       *GPT2_CLI, "--workers", "2"])
     assert result.exit_code == 130
@@ -492,14 +496,43 @@ def test_cli_ctrl_c_exits_130_without_dataset(slice_path, tmp_path, monkeypatch)
 
 def test_modules_import_without_torch_or_megatron():
     code = (
-        "import sys, dlmspec.data_prepare, dlmspec.tokenizers\n"
+        "import sys, dlmspec.data.cli, dlmspec.tokenizers\n"
         "heavy = [m for m in ('torch', 'megatron', 'numpy', 'tokenizers', 'transformers')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
+
+
+#: Runs ``dlmspec data prepare ARGV[2:]`` with the module ARGV[1] made unimportable (None in
+#: sys.modules makes ``import`` raise ModuleNotFoundError), as where the runtime extra is missing.
+WITHOUT_MODULE = r"""
+import sys
+sys.modules[sys.argv[1]] = None
+from dlmspec.cli import main
+sys.exit(main(["data", "prepare", "--no-progress", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.parametrize("module, provider", [("megatron", "megatron-core"), ("torch", "torch"),
+                                              ("tokenizers", "tokenizers"), ("numpy", "numpy")])
+def test_without_the_runtime_extra_it_says_install_it(tmp_path, module, provider):
+    """Without torch, megatron-core, tokenizers or numpy ``data prepare`` names the missing
+    module and the extra that brings it, exit 2, instead of a ModuleNotFoundError traceback."""
+    corpus = _write(tmp_path, "corpus.jsonl", [json.dumps({"text": "hello world"})])
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_MODULE, module, "--input", str(corpus),
+         "--output-prefix", str(tmp_path / "ds"), *GPT2_CLI],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )
+    stderr = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in stderr, proc.stderr[-3000:]
+    assert f"needs {provider} (module {module!r}" in stderr, stderr
+    assert "install dlmspec[runtime]" in stderr, stderr
+    assert _files(tmp_path) == ["corpus.jsonl"]
 
 
 # ----------------------------------------------------------------- never overwrite the input
@@ -627,22 +660,22 @@ def test_a_lone_bin_or_a_folder_in_the_way_is_refused(tmp_path):
 #: files exist, and touches argv[1] to say so.
 SLOW_PREPARE = r"""
 import sys, time
-from dlmspec import data_prepare
+from dlmspec.data import cli, prepare
 ready, args = sys.argv[1], sys.argv[2:]
-original, calls = data_prepare._write_documents, []
+original, calls = prepare._write_documents, []
 def slow_write(*a, **k):
     original(*a, **k)
     calls.append(1)
     if len(calls) == 2:
         open(ready, "w").close()
         time.sleep(120)
-data_prepare._write_documents = slow_write
-data_prepare.app(["prepare", "--no-progress", *args], prog_name="dlmspec data")
+prepare._write_documents = slow_write
+cli.app(["prepare", "--no-progress", *args], prog_name="dlmspec data")
 """
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 def test_sigterm_mid_run_removes_temporary_files(tmp_path):
@@ -688,7 +721,7 @@ def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     dead, live = _dead_pid(), os.getppid()
-    host = data_prepare._host_tag()
+    host = outputs.host_tag()
     stale = [f"ds_text_document.tmp-{dead}-0123abcd.bin",          # written before hosts were named
              f"ds_text_document.tmp-{dead}-0123abcd.idx",
              f"ds_title_document.tmp-{host}-{dead}-00ff00ff.bin"]  # another key of the same prefix
@@ -742,9 +775,9 @@ def test_giant_line_is_refused_without_reading_it_whole(tmp_path):
     finally:
         tracemalloc.stop()
     assert f"giant.jsonl:2: the line has {size + 12:,} bytes" in str(info.value)
-    assert f"--max-line-bytes {data_prepare.MAX_LINE_BYTES:,}" in str(info.value)
+    assert f"--max-line-bytes {read.MAX_LINE_BYTES:,}" in str(info.value)
     # readline joins its buffered pieces, so reading the limit's worth costs it twice, once
-    assert peak < 2 * data_prepare.MAX_LINE_BYTES + (4 << 20), peak
+    assert peak < 2 * read.MAX_LINE_BYTES + (4 << 20), peak
     assert _files(tmp_path) == ["giant.jsonl", "warm", "warm.jsonl"]
 
 
@@ -765,13 +798,13 @@ def test_max_line_bytes_boundary(tmp_path):
 #: (torch's mappings differ between machines, so the cap is measured, not fixed) and runs the CLI.
 BOUNDED_PREPARE = r"""
 import resource, sys
-from dlmspec import data_prepare
+from dlmspec.data import cli
 from dlmspec.tokenizers import TokenizerSpec
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 TokenizerSpec(tokenizer_type="GPT2BPETokenizer", vocab_file=sys.argv[1], merge_file=sys.argv[2]).build()
 size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
 resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
-data_prepare.app(["prepare", "--no-progress", *sys.argv[3:]], prog_name="dlmspec data")
+cli.app(["prepare", "--no-progress", *sys.argv[3:]], prog_name="dlmspec data")
 """
 
 
@@ -797,14 +830,14 @@ def test_cli_giant_line_stays_bounded_under_rlimit(tmp_path):
 
 def test_workers_are_capped_at_the_cpu_count(tmp_path, monkeypatch):
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    real = data_prepare._mp_context()
+    real = encode.mp_context()
 
     class GuardedContext:  # fails the test instead of forking a million processes
         def Pool(self, processes, *args, **kwargs):
             assert processes <= cpus, f"asked for {processes} worker processes"
             return real.Pool(processes, *args, **kwargs)
 
-    monkeypatch.setattr(data_prepare, "_mp_context", lambda: GuardedContext())
+    monkeypatch.setattr(encode, "mp_context", lambda: GuardedContext())
     corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(40))
     result = _invoke(_null_cli(corpus, tmp_path / "ds", "--workers", "1000000", "--json"))
     assert result.exit_code == 0, result.output
