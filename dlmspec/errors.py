@@ -100,11 +100,11 @@ def _jsonable(value: Any) -> Any:
 class SpecError(Exception):
     """A spec that cannot be used; ``issues`` holds every error (and the warnings) found.
 
-    Raised by :mod:`dlmspec.loader` (syntax, unknown keys, wrong types) and by
+    Raised by :mod:`dlmspec.spec.load` (syntax, unknown keys, wrong types) and by
     :func:`dlmspec.validate.check` (cross-field rules).
 
     ``partial``: for schema errors only, the spec loaded without the offending keys (a
-    :class:`dlmspec.loader.LoadedSpec`, or None when that does not load either), and ``dropped``
+    :class:`dlmspec.spec.load.LoadedSpec`, or None when that does not load either), and ``dropped``
     those keys, so the cross-field rules can be reported in the same run
     (:func:`dlmspec.validate.with_rule_issues`).
     """

@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlmspec.cli import app, main, spec_issues
-from dlmspec.compile import check_spec, render
+from dlmspec.cli import main
+from dlmspec.cli.commands import app
+from dlmspec.cli.validate import spec_issues
+from dlmspec.render.compile import check_spec, render
 from dlmspec.errors import EXIT_USAGE
 from dlmspec.gpus import GPUS
-from dlmspec.loader import load
-from dlmspec.presets import MASK_TOKEN_IDS, PRESETS
+from dlmspec.spec.load import load
+from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS
 from dlmspec.resolve import resolve
 from dlmspec.validate import RULES
 
@@ -205,8 +207,8 @@ def test_main_returns_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "dlmspec 0.1.0" in capsys.readouterr().out
 
 
-HEAVY = {"torch", "megatron", "jinja2", "transformer_engine", "typer", "dlmspec.compile", "dlmspec.data_prepare",
-         "dlmspec.commands"}
+HEAVY = {"torch", "megatron", "jinja2", "transformer_engine", "typer", "dlmspec.render.compile", "dlmspec.data_prepare",
+         "dlmspec.cli.commands"}
 
 
 def _modules_after(argv: list[str]) -> tuple[int, set[str]]:
@@ -228,12 +230,12 @@ def test_validate_imports_neither_torch_nor_megatron_nor_the_compiler() -> None:
     """`dlmspec validate` stays light (bench/validate/bench_validate.py times it): no torch, no
     megatron, no jinja2 (the compiler), no typer (dlmspec.cli.main runs it without the app); and
     for a spec with nothing to report, not even rich, the data tools, or pydantic and the spec
-    models (dlmspec.fastspec checks a plainly valid spec). It does plan the memory
+    models (dlmspec.spec.fast checks a plainly valid spec). It does plan the memory
     (dlmspec.plan)."""
     code, modules = _modules_after(["validate", DEMO])
     assert code == 0
-    assert {"dlmspec.plan", "dlmspec.validate", "dlmspec.fastspec"} <= modules
-    assert not modules & (HEAVY | {"rich", "pydantic_core", "dlmspec.spec"})
+    assert {"dlmspec.plan", "dlmspec.validate", "dlmspec.spec.fast"} <= modules
+    assert not modules & (HEAVY | {"rich", "pydantic_core", "dlmspec.spec.models"})
 
 
 @pytest.mark.parametrize("argv", [
@@ -252,7 +254,7 @@ def test_plan_and_validate_import_no_torch(argv: list[str]) -> None:
     schema error, a value only its lax mode takes, and --search (which changes the spec)."""
     code, modules = _modules_after(argv)
     assert code in (0, EXIT_USAGE)
-    heavy = HEAVY - {"jinja2", "dlmspec.compile"} if "--search" in argv else HEAVY
+    heavy = HEAVY - {"jinja2", "dlmspec.render.compile"} if "--search" in argv else HEAVY
     assert not modules & heavy
     schema = any(a.endswith(("=0", "=2.0")) for a in argv) or "--search" in argv
     assert ("pydantic_core" in modules) is schema
@@ -393,12 +395,12 @@ def test_fast_options_are_the_commands_options() -> None:
 @pytest.mark.parametrize("error, code", [(KeyboardInterrupt(), 130), (BrokenPipeError(32, "Broken pipe"), 1)])
 def test_fast_path_exits_like_typer_on_interrupt_and_closed_pipe(monkeypatch: pytest.MonkeyPatch, error: BaseException,
                                                                  code: int) -> None:
-    import dlmspec.cli
+    import dlmspec.cli.validate
 
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(dlmspec.cli, "load_and_check", fail)
+    monkeypatch.setattr(dlmspec.cli.validate, "load_and_check", fail)
     monkeypatch.setattr(sys, "stdout", sys.stdout)  # the broken-pipe handler wraps the streams
     monkeypatch.setattr(sys, "stderr", sys.stderr)
     assert main(["validate", DEMO]) == code  # the fast path

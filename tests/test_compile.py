@@ -23,7 +23,7 @@ import pytest
 import tomli_w
 
 from dlmspec.cli import main as cli_main
-from dlmspec.compile import (
+from dlmspec.render.compile import (
     GENERATED_FILES,
     UNSUPPORTED,
     compile_spec,
@@ -34,7 +34,7 @@ from dlmspec.compile import (
     write_outputs,
 )
 from dlmspec.errors import SpecError
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -333,7 +333,7 @@ def _leftovers(root: Path) -> list[Path]:
 def test_no_space_on_the_third_file_keeps_the_old_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    from dlmspec import compile as compile_module
+    from dlmspec.render import compile as compile_module
 
     out = tmp_path / "out"
     compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}, "old.toml"), out)

@@ -24,8 +24,8 @@ from typing import Any, Callable
 import pytest
 import tomli_w
 
-from dlmspec.compile import check_spec, render
-from dlmspec.loader import load
+from dlmspec.render.compile import check_spec, render
+from dlmspec.spec.load import load
 from dlmspec.resolve import Resolved, resolve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 """Spec strings reach the generated files as data only (issue 15: no code from spec strings).
 
-Every string field of the schema (found by walking the pydantic models of ``dlmspec.spec``) gets
+Every string field of the schema (found by walking the pydantic models of ``dlmspec.spec.models``) gets
 a harmless marker in a *benign* spec and a hostile value in a *hostile* spec; both are compiled.
 Where validation refuses a hostile value, the refusal must be a clean :class:`SpecError` naming
 the key (``dlmspec`` exits 2 with it), that field goes back to its marker and the rest is
@@ -34,11 +34,11 @@ import pytest
 import tomli_w
 from pydantic import BaseModel
 
-from dlmspec.compile import compile_spec
+from dlmspec.render.compile import compile_spec
 from dlmspec.errors import SpecError
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 from dlmspec.validate import validate_spec
 
 #: Values that would run code, break a line or change an argument if any generated file took
@@ -532,7 +532,7 @@ def test_hostile_container_values_with_apptainer(tmp_path: Path, value: str) -> 
     """apptainer takes the image and mounts as words of its command line (pyxis as option values)."""
     spec = build({}, "apptainer")
     resolved = resolve(Spec.model_validate(spec))
-    from dlmspec.slurm import render_sbatch, sbatch_issues
+    from dlmspec.render.sbatch import render_sbatch, sbatch_issues
 
     benign = render_sbatch(resolved)
     slots = ["cluster.slurm.container_image", "cluster.slurm.container_mounts[]"]
@@ -562,7 +562,7 @@ def test_a_docstring_break_out_in_the_name_runs_nothing(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# The escaping functions themselves (dlmspec.escape), read back by the decoders above
+# The escaping functions themselves (dlmspec.render.escape), read back by the decoders above
 
 
 _BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
@@ -570,7 +570,7 @@ _BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
 @pytest.mark.parametrize("value", HOSTILE, ids=IDS)
 def test_each_escape_reads_back_as_the_value(value: str) -> None:
-    from dlmspec.escape import comment, py_docstring, py_literal, sbatch_value, shell_word
+    from dlmspec.render.escape import comment, py_docstring, py_literal, sbatch_value, shell_word
 
     assert ast.literal_eval(py_literal(value)) == value and not _BREAKS.search(py_literal(value))
     text = py_docstring(value)

@@ -1,4 +1,4 @@
-"""dlmspec.fastspec: the schema table is generated from dlmspec.spec's models and up to date, and
+"""dlmspec.spec.fast: the schema table is generated from dlmspec.spec.models's models and up to date, and
 what the checker builds is what pydantic builds (same values, types, defaults, fields set,
 properties), or nothing: a spec it accepts is one pydantic accepts, with the same result."""
 
@@ -14,21 +14,21 @@ from typing import Any
 
 import pytest
 
-from dlmspec import fastspec
-from dlmspec.loader import load
-from dlmspec.spec import Spec
+from dlmspec.spec import fast as fastspec
+from dlmspec.spec.load import load
+from dlmspec.spec.models import Spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
 
 
 def test_generated_table_is_current() -> None:
-    """SCHEMA and SPEC_CRC32 are what `python -m dlmspec.fastspec` writes from dlmspec/spec.py:
+    """SCHEMA and SPEC_CRC32 are what `python -m dlmspec.spec.fast` writes from dlmspec/spec/models.py:
     after editing the models, run it."""
     text = Path(fastspec.__file__).read_text(encoding="utf-8")
-    assert fastspec.generate() in text, "dlmspec/fastspec.py is stale: run python -m dlmspec.fastspec"
+    assert fastspec.generate() in text, "dlmspec/spec/fast.py is stale: run python -m dlmspec.spec.fast"
     assert fastspec._current()
-    done = subprocess.run([sys.executable, "-m", "dlmspec.fastspec", "--check"], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "dlmspec.spec.fast", "--check"], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
 
@@ -39,7 +39,7 @@ def test_every_model_and_validator_is_known() -> None:
     back to pydantic without anyone noticing."""
     from pydantic import BaseModel
 
-    from dlmspec import spec as models
+    from dlmspec.spec import models
 
     names = {n for n, v in vars(models).items() if isinstance(v, type) and issubclass(v, BaseModel)
              and v.__module__ == models.__name__ and n != "Section"}
@@ -210,7 +210,7 @@ def test_tables_answer_the_rest_from_their_pydantic_twin() -> None:
 
 
 def test_section_defaults() -> None:
-    from dlmspec.spec import SlurmSpec
+    from dlmspec.spec.models import SlurmSpec
 
     fast = load(ROOT / "specs" / "demo-dlm.toml", fast=True).spec
     table = fastspec.section_defaults(fast, "SlurmSpec")

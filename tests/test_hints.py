@@ -3,7 +3,7 @@
 import pytest
 
 from dlmspec.errors import SpecError
-from dlmspec.loader import KEY_ALIASES, load_text
+from dlmspec.spec.load import KEY_ALIASES, load_text
 from dlmspec.resolve import resolve
 from dlmspec.validate import find_issues
 
@@ -32,7 +32,7 @@ def test_alias_keys_point_to_the_spec_key(key: str, expected: str) -> None:
 
 def test_aliases_name_real_keys() -> None:
     # Every alias points at a key the schema has (or says the value is derived).
-    from dlmspec.spec import Spec
+    from dlmspec.spec.models import Spec
 
     for target in KEY_ALIASES.values():
         if target.startswith("nothing"):

@@ -1,6 +1,6 @@
-"""dlmspec.loader on hostile files: deep nesting, endless or blocking files, huge files, long
+"""dlmspec.spec.load on hostile files: deep nesting, endless or blocking files, huge files, long
 ``extends`` chains and deep ``--set`` values are refused with one issue (file, key, value, why,
-fix), the same with and without the fast path (dlmspec.fastspec), never a RecursionError,
+fix), the same with and without the fast path (dlmspec.spec.fast), never a RecursionError,
 MemoryError or hang. Issue 15 (tracebacks and blow-ups)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.loader import MAX_DEPTH, MAX_EXTENDS, MAX_SPEC_BYTES, load
+from dlmspec.spec.load import MAX_DEPTH, MAX_EXTENDS, MAX_SPEC_BYTES, load
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = (ROOT / "specs" / "demo-dlm.toml").read_text(encoding="utf-8")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from bench_scripts import load_script
 
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.plan import make_plan
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, FITTED
 from dlmspec.resolve import resolve

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from dlmspec.cli import app
+from dlmspec.cli.commands import app
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = str(ROOT / "specs" / "demo-dlm.toml")

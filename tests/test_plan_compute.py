@@ -8,7 +8,7 @@ import pytest
 from dlmspec.plan import make_plan, model_flops_per_token
 from dlmspec.plan.compute import attended_keys
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 
 def test_model_flops_per_token_by_hand():

@@ -13,7 +13,7 @@ CP2_LOCAL = ["parallel.context_parallel_size=2", 'parallel.cp_comm_type="allgath
 def _resolved(overrides):
     from pathlib import Path
 
-    from dlmspec.loader import load
+    from dlmspec.spec.load import load
     from dlmspec.resolve import resolve
 
     loaded = load(Path(__file__).resolve().parents[1] / "specs/demo-dlm.toml", overrides)
@@ -21,7 +21,7 @@ def _resolved(overrides):
 
 
 def test_cp2_on_the_local_layers_validates_and_compiles_to_megatrons_all_gather():
-    from dlmspec.compile import render, unsupported_issues
+    from dlmspec.render.compile import render, unsupported_issues
     from dlmspec.validate import find_issues
 
     loaded, resolved = _resolved(CP2_LOCAL)

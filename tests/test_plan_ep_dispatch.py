@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from bench_scripts import load_script
 
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
 from dlmspec.plan.memory import stage_layer_counts
 from dlmspec.plan.time import KERNELS_EP_DISPATCH, KERNELS_PER_LOCAL_EXPERT, kernels_per_microbatch, kernels_per_step

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
 from dlmspec.plan.time import FSDP_OPS_PER_TENSOR, fsdp_buckets, fsdp_host_ops, host_speed, param_tensors
 from dlmspec.resolve import resolve

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from dlmspec.errors import SpecIssue
-from dlmspec.loader import load_text
+from dlmspec.spec.load import load_text
 from dlmspec.plan import SCHEMA, check_memory, make_plan, memory_fits
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
 from dlmspec.plan.time import TIME_TERMS
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "specs" / "demo-dlm.toml"
@@ -25,7 +25,7 @@ TOP_KEYS = {
 
 
 def _demo():
-    from dlmspec.loader import load
+    from dlmspec.spec.load import load
 
     return resolve(load(DEMO).spec)
 
@@ -68,8 +68,8 @@ def test_transformer_impl_paths():
 def test_plan_imports_no_torch():
     code = (
         "import sys\n"
-        "import dlmspec.plan, dlmspec.plan.search, dlmspec.plan.report, dlmspec.plan.megatron_formula, dlmspec.plan.cli\n"
-        "from dlmspec.loader import load\nfrom dlmspec.resolve import resolve\n"
+        "import dlmspec.plan, dlmspec.plan.search, dlmspec.plan.report, dlmspec.plan.megatron_formula, dlmspec.cli.plan\n"
+        "from dlmspec.spec.load import load\nfrom dlmspec.resolve import resolve\n"
         f"p = dlmspec.plan.make_plan(resolve(load({str(DEMO)!r}).spec))\n"
         "dlmspec.plan.check_memory(resolve(load(" + repr(str(DEMO)) + ").spec))\n"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'megatron', 'transformer_engine'))]\n"

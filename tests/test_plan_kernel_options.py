@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
 from dlmspec.plan.memory import stage_layer_counts
 from dlmspec.plan.shape import kernels_path, qkv_fused

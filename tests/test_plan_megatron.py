@@ -10,7 +10,7 @@ from dlmspec.plan import make_plan
 from dlmspec.plan.megatron_formula import megatron_activation_bytes, megatron_estimate
 from dlmspec.plan.shape import layout, model_shape
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 LLAMA = {
     "model": {"preset": "llama-3-8b"},

@@ -15,7 +15,7 @@ from dlmspec.plan.memory import in_flight, stage_layer_counts
 from dlmspec.plan.megatron_formula import in_flight_interleaved_megatron
 from dlmspec.plan.shape import layout, model_shape
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 #: No constant overheads and no fitted activation scale: the test checks the counted terms only.
 BARE = Calibration(allocated_overhead_bytes=0, cuda_context_bytes=0, nccl_bytes_per_group=0,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dlmspec.plan import check_memory, make_plan
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 
 @st.composite

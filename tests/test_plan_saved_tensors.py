@@ -31,7 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 from dlmspec.plan.memory import layer_activation_terms  # noqa: E402
 from dlmspec.plan.shape import layout, model_shape  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
-from dlmspec.spec import Spec  # noqa: E402
+from dlmspec.spec.models import Spec  # noqa: E402
 
 H, FFN, HEADS, KV, VOCAB, SEQ = 64, 256, 4, 16, 1024, 256
 
@@ -63,7 +63,7 @@ def _saved_bytes(layers: int, groups: int, qk_norm: bool, attention: str, batch:
         kv_channels=KV, normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=False, qk_layernorm=qk_norm, hidden_dropout=dropout, attention_dropout=0.0,
         use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
-        # what dlmspec.compile writes into train.py for SwiGLU
+        # what dlmspec.render.compile writes into train.py for SwiGLU
         bias_activation_fusion=True, bias_dropout_fusion=True, masked_softmax_fusion=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False, calculate_per_token_loss=True,
     )

@@ -9,7 +9,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.plan import HEADROOM_WARNING, make_plan
 from dlmspec.plan.search import (
     TIE_TOLERANCE,
@@ -23,7 +23,7 @@ from dlmspec.plan.search import (
 )
 from dlmspec.plan.shape import layout, model_shape
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 from dlmspec.validate import find_issues
 
 

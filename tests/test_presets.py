@@ -1,4 +1,4 @@
-"""Preset parameter counts against the figures their authors publish (dlmspec.presets.PUBLISHED).
+"""Preset parameter counts against the figures their authors publish (dlmspec.spec.presets.PUBLISHED).
 
 A published figure given as a rounded string ("1.7B") admits anything that rounds to it, plus
 0.5%; an exact integer admits 0.5%. The counts come from dlmspec.params, which counts the modules
@@ -7,8 +7,8 @@ megatron-core builds, so this also checks the presets' dimensions."""
 import pytest
 
 from dlmspec.params import count_parameters
-from dlmspec.presets import PRESETS, PUBLISHED
-from dlmspec.spec import ModelSpec
+from dlmspec.spec.presets import PRESETS, PUBLISHED
+from dlmspec.spec.models import ModelSpec
 
 
 def _bounds(figure: int | str) -> tuple[float, float]:

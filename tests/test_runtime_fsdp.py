@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlmspec.compile import compile_spec
+from dlmspec.render.compile import compile_spec
 from dlmspec.plan import make_plan
 from dlmspec.plan.calibration import Calibration
 from dlmspec.plan.memory import MEGATRON_FSDP_UNIT, fsdp_sharding, fsdp_unsharded_bytes
 from dlmspec.plan.shape import layout
 from dlmspec.plan.time import ddp_buckets, dp_comm_seconds, dp_overlap
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 from conftest import megatron_cpu_world
 

@@ -17,12 +17,12 @@ import pytest
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from dlmspec import spec as spec_module
-from dlmspec.cli import app, spec_json_schema, starter_spec
+from dlmspec.spec import models as spec_module
+from dlmspec.cli.commands import app, spec_json_schema, starter_spec
 from dlmspec.errors import SpecError
 from dlmspec.gpus import gpu_ids
-from dlmspec.loader import load_text
-from dlmspec.presets import preset_names
+from dlmspec.spec.load import load_text
+from dlmspec.spec.presets import preset_names
 from dlmspec.validate import find_issues
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,23 +21,21 @@ from pathlib import Path
 import pytest
 
 from dlmspec.errors import SpecError
-from dlmspec.escape import sbatch_value
-from dlmspec.loader import load, load_text
+from dlmspec.render.escape import sbatch_value
+from dlmspec.spec.load import load, load_text
 from dlmspec.resolve import resolve
-from dlmspec.slurm import (
+from dlmspec.render.sbatch import (
     PORT_BASE,
     PORT_SPAN,
     REQUEUE_EXIT_CODE,
-    dry_run_script,
-    plan_submission,
     rendezvous_port,
     render_sbatch,
     sbatch_issues,
     shell_word,
-    submit,
     time_limit_seconds,
 )
-from dlmspec.spec import Spec
+from dlmspec.cli.submit import dry_run_script, plan_submission, submit
+from dlmspec.spec.models import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py")
@@ -267,7 +265,7 @@ def test_constants_agree_with_the_runtimes() -> None:
     assert (check.PORT_BASE, check.PORT_SPAN) == (PORT_BASE, PORT_SPAN)
     training = (ROOT / "backends" / "megatron" / "training.py").read_text()
     assert re.search(rf"^REQUEUE_EXIT_CODE = {REQUEUE_EXIT_CODE}$", training, re.M), \
-        "backends/megatron/training.py must exit with dlmspec.slurm.REQUEUE_EXIT_CODE after a signal"
+        "backends/megatron/training.py must exit with dlmspec.render.sbatch.REQUEUE_EXIT_CODE after a signal"
 
 
 # --------------------------------------------------------------------------------------------

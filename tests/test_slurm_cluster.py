@@ -32,9 +32,10 @@ from typing import Any, Iterator
 import pytest
 import tomli_w
 
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
-from dlmspec.slurm import render_sbatch, submit
+from dlmspec.cli.submit import submit
+from dlmspec.render.sbatch import render_sbatch
 
 ROOT = Path(__file__).resolve().parent.parent
 START = ROOT / "tests" / "slurm" / "start-cluster.sh"

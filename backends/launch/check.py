@@ -39,11 +39,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-#: Exit code after a signal-triggered checkpoint; equal to ``dlmspec.slurm.REQUEUE_EXIT_CODE``
+#: Exit code after a signal-triggered checkpoint; equal to ``dlmspec.render.sbatch.REQUEUE_EXIT_CODE``
 #: and ``dlmspec.backends.megatron.training.REQUEUE_EXIT_CODE`` (a test checks they agree).
 REQUEUE_EXIT_CODE = 85
 
-#: ``MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN``, as ``dlmspec.slurm.rendezvous_port``.
+#: ``MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN``, as ``dlmspec.render.sbatch.rendezvous_port``.
 PORT_BASE = 10000
 PORT_SPAN = 20000
 

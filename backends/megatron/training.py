@@ -133,7 +133,7 @@ from .spec_record import (
 TRACKER_FILENAME = "latest"
 METADATA_FILENAME = "dlmspec.json"
 #: Exit code after a signal-triggered checkpoint: "saved, requeue me".  Equal to
-#: ``dlmspec.slurm.REQUEUE_EXIT_CODE`` (the batch script requeues a job whose
+#: ``dlmspec.render.sbatch.REQUEUE_EXIT_CODE`` (the batch script requeues a job whose
 #: ``srun`` ends with it; 85 is outside the shell's 126-165 signal range).
 REQUEUE_EXIT_CODE = 85
 

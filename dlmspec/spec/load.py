@@ -1,6 +1,6 @@
 """Loading specs: TOML files, Python files, ``extends`` and ``--set`` overrides.
 
-The result is a :class:`LoadedSpec`: the validated :class:`~dlmspec.spec.Spec` plus where
+The result is a :class:`LoadedSpec`: the validated :class:`~dlmspec.spec.models.Spec` plus where
 each key came from (file and line), so every later error can point at the line to edit.
 Every problem found while loading is raised as one :class:`~dlmspec.errors.SpecError`.
 
@@ -15,9 +15,9 @@ levels (in files, Python specs and ``--set``); an ``extends`` chain has at most
 torch and numpy hold counts, sizes, ids and seeds in (larger ones made :mod:`dlmspec.resolve`
 and the planner raise OverflowError).
 
-pydantic and the spec models (:mod:`dlmspec.spec`) are imported only to validate: with
+pydantic and the spec models (:mod:`dlmspec.spec.models`) are imported only to validate: with
 ``load(..., fast=True)`` (``dlmspec validate`` and ``plan``) a plainly valid spec is checked by
-:mod:`dlmspec.fastspec` without them.
+:mod:`dlmspec.spec.fast` without them.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.spec.dotted import (LONG_NUMBER, MAX_DEPTH, SetValueError, TooDeep, deep_merge, flatten_keys, nesting_message,
+                                  parse_set_value, set_dotted, too_deep)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from dlmspec.spec import Spec
+    from dlmspec.spec.models import Spec
 
 #: Where a key was written: ``(file, line)``; line is None for keys from a Python spec.
 Origin = tuple[str, int | None]
@@ -44,11 +46,6 @@ Origin = tuple[str, int | None]
 #: Largest spec file read, bytes (4 MiB). Real specs are a few KiB; without a cap a mistaken
 #: path (``extends = "/dev/zero"``, a dataset) filled memory.
 MAX_SPEC_BYTES = 4 << 20
-
-#: Deepest nesting of tables and arrays, the document counting as one level. Real specs reach 4
-#: (``cluster.slurm.env.NAME``, ``data.train[0].prefix``); deeper input made the TOML parser,
-#: the merge and pydantic raise RecursionError.
-MAX_DEPTH = 32
 
 #: Most files in an ``extends`` chain, the spec itself included (real chains have 2 or 3; a
 #: chain of about 1000 raised RecursionError).
@@ -133,107 +130,6 @@ def line_map(text: str) -> dict[str, int]:
     return lines
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Return ``base`` updated by ``over``; tables merge key by key, anything else replaces."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``data["a"]["b"] = value`` for ``key = "a.b"``, creating tables on the way.
-
-    Raises:
-        ValueError: a prefix of ``key`` holds a non-table value, or ``key`` has more than
-            :data:`MAX_DEPTH` parts.
-    """
-    parts = key.split(".")
-    if len(parts) > MAX_DEPTH:
-        raise _TooDeep(_nesting_message())
-    node = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ValueError(f"'{part}' is a value, not a table")
-        node = child
-    node[parts[-1]] = value
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        keys.append(dotted)
-        if isinstance(value, dict):
-            keys.extend(_flatten(value, dotted + "."))
-    return keys
-
-
-class _SetValueError(ValueError):
-    """A ``--set`` value that cannot be read; ``hint`` says what works."""
-
-    hint = ""
-
-
-class _TooDeep(_SetValueError):
-    """A ``--set`` value nested deeper than :data:`MAX_DEPTH` (see :func:`parse_set_value`)."""
-
-
-class _TooLong(_SetValueError):
-    """A ``--set`` value holding an integer of more digits than Python reads."""
-
-
-def _nesting_message() -> str:
-    return (f"nested more than {MAX_DEPTH} levels deep (tables, dotted keys, arrays and inline tables "
-            "together): spec keys nest at most 4 levels, and input this deep exhausts the parser's recursion")
-
-
-def parse_set_value(text: str) -> Any:
-    """Read the value of ``--set key=value`` as a TOML value (``2``, ``true``, ``"x"``,
-    ``[1, 2]``); anything that is not a TOML literal is taken as a plain string, which the
-    schema then types (``--set cluster.gpu=h200`` works without quotes).
-
-    Raises:
-        ValueError: the value nests arrays or inline tables more than :data:`MAX_DEPTH` deep, or
-            holds an integer longer than Python reads (4300 digits).
-    """
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-    except RecursionError:
-        raise _TooDeep(_nesting_message()) from None
-    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
-        raise _TooLong(_LONG_NUMBER) from None
-    if too_deep(value) is not None:
-        raise _TooDeep(_nesting_message())
-    return value
-
-
-def too_deep(data: Any, limit: int = MAX_DEPTH) -> tuple[Any, ...] | None:
-    """The path (keys and list indices) to the first dict or list in ``data`` nested more than
-    ``limit`` levels deep, ``data`` itself being level 1; None when none is. Iterative, so it
-    also ends on the deepest input and on self-containing (cyclic) Python values."""
-    if not isinstance(data, (dict, list, tuple)):
-        return None
-    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 1, ())]
-    while stack:
-        node, depth, path = stack.pop()
-        if depth > limit:
-            return path
-        items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
-        for key, value in reversed(items):
-            if isinstance(value, (dict, list, tuple)):
-                stack.append((value, depth + 1, (*path, key)))
-    return None
-
-
-_LONG_NUMBER = ("an integer with more digits than Python reads (4300): no spec value needs more than 19, "
-                "the digits of int64")
 _INT64_HINT = f"use a value that fits in int64 (-{INT64_MAX + 1} .. {INT64_MAX})"
 
 
@@ -430,7 +326,7 @@ def _nesting_error(path: Path, text: str, lines: dict[str, int], key_path: tuple
         above = [(n, k) for k, n in lines.items() if line is not None and n <= line]
         key = _short_key(max(above)[1].split(".")) if above else "<toml>"
     source = text.splitlines()[line - 1].strip() if line else ""
-    return SpecError([SpecIssue(key, _nesting_message(), value=_excerpt(source) or None, hint=_SPEC_DEPTH_HINT,
+    return SpecError([SpecIssue(key, nesting_message(), value=_excerpt(source) or None, hint=_SPEC_DEPTH_HINT,
                                 rule="nesting", file=str(path), line=line)])
 
 
@@ -441,7 +337,7 @@ def _long_number_error(path: Path, text: str) -> SpecError:
     above = [(n, k) for k, n in line_map(text).items() if line is not None and n <= line]
     key = max(above)[1] if above else "<toml>"
     source = text.splitlines()[line - 1].strip() if line else ""
-    return SpecError([SpecIssue(key, _LONG_NUMBER, value=_excerpt(source) or None, hint=_INT64_HINT, rule="int64",
+    return SpecError([SpecIssue(key, LONG_NUMBER, value=_excerpt(source) or None, hint=_INT64_HINT, rule="int64",
                                 file=str(path), line=line)])
 
 
@@ -526,7 +422,7 @@ def _read_toml(path: Path, ref: _Ref | None) -> tuple[dict[str, Any], dict[str, 
     deep = too_deep(data)
     if deep is not None:
         raise _nesting_error(path, text, lines, deep, None)
-    origins: dict[str, Origin] = {k: (str(path), _line_of(lines, k)) for k in _flatten(data)}
+    origins: dict[str, Origin] = {k: (str(path), _line_of(lines, k)) for k in flatten_keys(data)}
     parent = data.pop("extends", None)
     return data, origins, parent, lines
 
@@ -590,7 +486,7 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
         node: Any = value
         for part in _leading_keys(deep)[:1]:
             node = node[part]
-        raise SpecError([SpecIssue(_short_key(deep), _nesting_message(), value=_short_repr(node),
+        raise SpecError([SpecIssue(_short_key(deep), nesting_message(), value=_short_repr(node),
                                    hint=_SPEC_DEPTH_HINT, rule="nesting", file=str(path))])
     return value, {}
 
@@ -671,7 +567,7 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
 def preset_hint(name: str) -> str:
     """What to write instead of the unknown preset id ``name``: the closest ids (case and small
     typos forgiven), else every id."""
-    from dlmspec.presets import preset_names
+    from dlmspec.spec.presets import preset_names
 
     from difflib import get_close_matches
 
@@ -718,7 +614,7 @@ def _example_value(loc: list[str], kind: str, ctx: dict[str, Any]) -> str | None
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:
-    from dlmspec.spec import Spec
+    from dlmspec.spec.models import Spec
 
     model: type[BaseModel] | None = Spec
     for part in loc:
@@ -747,9 +643,9 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
     Args:
         path: a ``.toml`` file or a ``.py`` file that assigns ``spec``.
         overrides: ``"section.key=value"`` strings (``--set``), applied last.
-        fast: check a plainly valid spec without pydantic (:func:`dlmspec.fastspec.check`):
-            ``spec`` is then a read-only :class:`~dlmspec.fastspec.SpecTable` that acts as the
-            :class:`~dlmspec.spec.Spec` pydantic would build (same values, same
+        fast: check a plainly valid spec without pydantic (:func:`dlmspec.spec.fast.check`):
+            ``spec`` is then a read-only :class:`~dlmspec.spec.fast.SpecTable` that acts as the
+            :class:`~dlmspec.spec.models.Spec` pydantic would build (same values, same
             ``model_fields_set``; other attributes come from that model, built on first use).
             Anything else is validated by pydantic as without ``fast``, so errors are the same.
 
@@ -784,13 +680,13 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         parts = key.split(".")
         try:
             if len(parts) > MAX_DEPTH:
-                raise _TooDeep(_nesting_message())
+                raise TooDeep(nesting_message())
             value = parse_set_value(text.strip())
             if too_deep(value, MAX_DEPTH - len(parts)) is not None:
-                raise _TooDeep(_nesting_message())
+                raise TooDeep(nesting_message())
             set_dotted(data, key, value)
-        except _SetValueError as exc:
-            hint = _SPEC_DEPTH_HINT if isinstance(exc, _TooDeep) else _INT64_HINT
+        except SetValueError as exc:
+            hint = _SPEC_DEPTH_HINT if isinstance(exc, TooDeep) else _INT64_HINT
             issues.append(SpecIssue(_short_key(parts), str(exc), value=_excerpt(item), hint=hint,
                                     rule="set", file="--set"))
             continue
@@ -805,13 +701,13 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         raise SpecError(issues)
     spec: Any = None
     if fast:
-        from dlmspec.fastspec import check
+        from dlmspec.spec.fast import check
 
         spec = check(data)
     if spec is None:
         from pydantic import ValidationError
 
-        from dlmspec.spec import Spec
+        from dlmspec.spec.models import Spec
 
         try:
             spec = Spec.model_validate(data)

@@ -1,5 +1,5 @@
 """``dlmspec plan``: what the command does (the typer declaration lives in
-:mod:`dlmspec.commands`; :func:`dlmspec.cli.main` calls :func:`run_plan` directly for the plain
+:mod:`dlmspec.cli.commands`; :func:`dlmspec.cli.main` calls :func:`run_plan` directly for the plain
 forms, without typer).
 
 ``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlmspec.cli.output import _issue_dict, _text, display_path, report_issues, report_warnings, stderr, stdout
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.plan import PlanError, check_memory, make_plan
 from dlmspec.resolve import resolve
 
@@ -28,7 +29,7 @@ from dlmspec.resolve import resolve
 def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
     """The validator's issues (:func:`dlmspec.validate.find_issues`) plus the memory rule when
     the validator does not run it itself. What the runtime cannot run
-    (:func:`dlmspec.compile.unsupported_issues`) is ``dlmspec check``'s and ``compile``'s
+    (:func:`dlmspec.render.compile.unsupported_issues`) is ``dlmspec check``'s and ``compile``'s
     concern: a plan of an FSDP or RL spec is still a plan, and leaving the compiler (and its
     template engine) out keeps ``dlmspec plan`` fast. As in :func:`dlmspec.validate.validate`,
     a spec with errors is not planned for the memory rule: its layout may not exist (a
@@ -44,7 +45,7 @@ def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
 
 def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> int:
     """Body of ``dlmspec plan`` (see the module docstring). The caller has told the error
-    handler about ``json_output`` (:func:`dlmspec.cli.use_json`).
+    handler about ``json_output`` (:func:`dlmspec.cli.output.use_json`).
 
     Returns:
         The exit code: 0, or 2 (:data:`~dlmspec.errors.EXIT_USAGE`) when the plan does not fit
@@ -53,8 +54,6 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     Raises:
         SpecError: the spec does not load or has a blocking error (the CLI prints it, exit 2).
     """
-    from dlmspec import cli
-
     if top < 1:
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
     loaded = load(spec, overrides, fast=True)
@@ -78,23 +77,22 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
         raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
     memory_errors = [e for e in errors if e.rule.startswith("memory-")]
     if json_output:
-        data = {"ok": not memory_errors, "spec": cli.display_path(str(loaded.path)),
-                "issues": [cli._issue_dict(i) for i in issues], **plan.to_dict()}
+        data = {"ok": not memory_errors, "spec": display_path(str(loaded.path)),
+                "issues": [_issue_dict(i) for i in issues], **plan.to_dict()}
         import json  # --json only
 
         print(json.dumps(data, indent=2))
     else:
         from dlmspec.plan.report import print_plan
 
-        cli.report_warnings(warnings)
-        print_plan(plan, cli.stdout())
+        report_warnings(warnings)
+        print_plan(plan, stdout())
         if memory_errors:
-            cli.report_issues(memory_errors)
+            report_issues(memory_errors)
     return EXIT_USAGE if memory_errors else 0
 
 
 def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_layout: list[SpecIssue]) -> int:
-    from dlmspec import cli
     from dlmspec.plan.search import search
 
     try:
@@ -105,12 +103,12 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_lay
     if json_output:
         import json
 
-        print(json.dumps({"ok": bool(result.top), "spec": cli.display_path(str(loaded.path)),
+        print(json.dumps({"ok": bool(result.top), "spec": display_path(str(loaded.path)),
                           "search": result.to_dict()}, indent=2))
     else:
         from dlmspec.plan.report import print_search
 
-        print_search(result, top, cli.stdout())
+        print_search(result, top, stdout())
         if not result.top:
-            cli.stderr().print(cli._text("no layout found (exit 2)", style="bold red"))
+            stderr().print(_text("no layout found (exit 2)", style="bold red"))
     return 0 if result.top else EXIT_USAGE

@@ -12,16 +12,16 @@ and checking the spec. The files:
   ``DistributedDataParallelConfig`` and the ``OptimizerConfig`` without touching CUDA or
   ``torch.distributed``; the launch sits under ``if __name__ == "__main__":``.
 * ``launch.sh`` (``templates/launch.sh.j2``): one node, ``torch.distributed.run``.
-* ``launch.sbatch``: SLURM, rendered by :func:`dlmspec.slurm.render_sbatch`.
+* ``launch.sbatch``: SLURM, rendered by :func:`dlmspec.render.sbatch.render_sbatch`.
 * ``spec.lock.toml``: the fully resolved spec (every default filled in, so it loads and
   compiles to the same files) with a ``[lock]`` table: the sha256 of the canonical resolved
   spec (:func:`content_hash`), dlmspec's version and the derived values.
 * ``plan.json``: :func:`dlmspec.plan.make_plan` ``(resolved).to_dict()``.
 
-Spec strings enter the templates only through :mod:`dlmspec.escape`, as the filters ``py``
+Spec strings enter the templates only through :mod:`dlmspec.render.escape`, as the filters ``py``
 (a Python literal), ``docstring`` (text inside train.py's docstring), ``comment`` (text of a
 ``#`` comment; a literal shown in a comment is ``| py | comment``) and ``sh`` (a bash word);
-the lock file is written by :func:`dlmspec.escape.toml_document`.
+the lock file is written by :func:`dlmspec.render.escape.toml_document`.
 
 Nothing here imports torch or megatron.
 """
@@ -44,12 +44,12 @@ import jinja2
 from dlmspec import __version__
 from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.escape import comment, py_docstring, py_literal, shell_word, toml_document
-from dlmspec.loader import LoadedSpec
+from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
+from dlmspec.spec.load import LoadedSpec
 from dlmspec.resolve import Resolved
-from dlmspec.slurm import REQUEUE_EXIT_CODE, render_sbatch
+from dlmspec.render.sbatch import REQUEUE_EXIT_CODE, render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 from dlmspec.unsupported import (  # noqa: F401 - re-exported: the table used to live here
     GPT2_EOD,
     UNSUPPORTED,
@@ -217,7 +217,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    # The only ways a value enters a template (dlmspec.escape): a Python literal, docstring text,
+    # The only ways a value enters a template (dlmspec.render.escape): a Python literal, docstring text,
     # comment text, a shell word. A literal shown in a comment is `| py | comment`.
     env.filters["py"] = py_literal
     env.filters["docstring"] = py_docstring
@@ -242,7 +242,7 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     ``layer_path`` (why that path), ``run_path`` (one line naming the layer implementation),
     ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend`` (``[prefix, weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``peak_tflops`` / ``peak_source`` (dense
     bf16 peak of ``cluster.gpu`` in TFLOP/s, the fp32 figure for fp32 runs; None for a GPU
-    outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.slurm.REQUEUE_EXIT_CODE`),
+    outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.render.sbatch.REQUEUE_EXIT_CODE`),
     ``max_connections_1`` (``CUDA_DEVICE_MAX_CONNECTIONS=1``: TP > 1 or sequence parallel,
     so megatron-core's TP communication is issued in order with compute; never with Megatron-FSDP,
     which Megatron-LM refuses to run with it), ``grad_reduce_group``
@@ -298,18 +298,6 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     }
 
 
-def _optional_module(name: str) -> Any:
-    """Import ``dlmspec.<name>`` if another part of dlmspec provides it, else None."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"dlmspec.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"dlmspec.{name}":
-            return None
-        raise
-
-
 def _refuse_secrets(resolved: Resolved, files: dict[str, str]) -> None:
     """The last gate before files are written (:func:`check_spec` refuses these first): a
     secret in the spec (:func:`dlmspec.credentials.spec_secrets`), else a token in a file."""
@@ -323,7 +311,7 @@ def _refuse_secrets(resolved: Resolved, files: dict[str, str]) -> None:
 def render(resolved: Resolved, spec_label: str) -> dict[str, str]:
     """Every output file's text, by file name (sorted). Pure: the same ``resolved`` and
     ``spec_label`` give the same bytes. ``launch.sbatch`` is rendered by
-    :func:`dlmspec.slurm.render_sbatch` and ``plan.json`` by :func:`dlmspec.plan.make_plan`,
+    :func:`dlmspec.render.sbatch.render_sbatch` and ``plan.json`` by :func:`dlmspec.plan.make_plan`,
     each only where that module exists.
 
     Raises:
@@ -337,14 +325,14 @@ def render(resolved: Resolved, spec_label: str) -> dict[str, str]:
         "spec.lock.toml": render_lock(resolved),
     }
     files["launch.sbatch"] = render_sbatch(resolved)
-    plan = _optional_module("plan")
-    if plan is not None and hasattr(plan, "make_plan"):
-        try:
-            data = plan.make_plan(resolved).to_dict()
-        except ValueError as exc:  # dlmspec.plan.PlanError: a spec the planner cannot model
-            raise SpecError([SpecIssue("<plan>", f"cannot plan this spec: {exc}", rule="plan",
-                                       source="dlmspec.plan.make_plan")]) from None
-        files["plan.json"] = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    from dlmspec.plan import make_plan  # lazy: the planner is needed for plan.json only
+
+    try:
+        data = make_plan(resolved).to_dict()
+    except ValueError as exc:  # PlanError (a ValueError): a spec the planner cannot model
+        raise SpecError([SpecIssue("<plan>", f"cannot plan this spec: {exc}", rule="plan",
+                                   source="dlmspec.plan.make_plan")]) from None
+    files["plan.json"] = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
     _refuse_secrets(resolved, files)
     return dict(sorted(files.items()))
 
@@ -571,7 +559,7 @@ class CompileResult:
 def check_spec(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
     """Everything that stops a compile: :func:`dlmspec.validate.validate_spec`, the one function
     ``dlmspec validate`` reports (the validator's rules with path checks, the runtime's gaps of
-    :func:`unsupported_issues`, the SLURM settings of :func:`dlmspec.slurm.sbatch_issues`, the
+    :func:`unsupported_issues`, the SLURM settings of :func:`dlmspec.render.sbatch.sbatch_issues`, the
     planned memory).
 
     Returns:

@@ -1,7 +1,7 @@
 """Model presets: published architectures with their real dimensions.
 
 Each preset is the ``[model]`` table a user would otherwise write by hand, with the keys of
-:class:`dlmspec.spec.ModelSpec` (Megatron-LM's argument names). Explicit keys in a spec
+:class:`dlmspec.spec.models.ModelSpec` (Megatron-LM's argument names). Explicit keys in a spec
 override the preset's. ``PUBLISHED`` holds the parameter counts the authors publish, with
 their source, so ``tests/test_presets.py`` can check our parameter counter against them.
 

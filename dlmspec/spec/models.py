@@ -3,7 +3,7 @@
 Key names are Megatron's (megatron-core's ``TransformerConfig``/``OptimizerConfig``/
 ``DistributedDataParallelConfig`` fields, or Megatron-LM's argument names where megatron-core
 has no field), so a spec key maps to one megatron-core field wherever one exists; the mapping
-is in :mod:`dlmspec.compile`'s templates and tested against the installed megatron-core.
+is in :mod:`dlmspec.render.compile`'s templates and tested against the installed megatron-core.
 
 Only per-field checks live here (types, ranges, enumerations, unknown keys). Rules that relate
 several fields (heads divisible by TP, batch divisible by DP, ...) live in
@@ -15,8 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 from pydantic_core import PydanticCustomError
 
-from dlmspec.presets import PRESETS
-from dlmspec.shorthands import prefix_strings
+from dlmspec.spec.dotted import deep_merge, set_dotted
+from dlmspec.spec.presets import PRESETS
+from dlmspec.spec.shorthands import prefix_strings
 
 
 class Section(BaseModel):
@@ -116,9 +117,9 @@ class ModelSpec(Section):
 
         Raises:
             PydanticCustomError: ``unknown_preset`` (context ``preset``: the id as written) for
-                an id not in :data:`~dlmspec.presets.PRESETS`. It is the only error reported for
+                an id not in :data:`~dlmspec.spec.presets.PRESETS`. It is the only error reported for
                 ``[model]``: the dimensions the preset would have filled are not listed as
-                missing. :mod:`dlmspec.loader` turns it into an issue at ``model.preset`` with
+                missing. :mod:`dlmspec.spec.load` turns it into an issue at ``model.preset`` with
                 the closest ids.
         """
         if isinstance(data, dict) and isinstance(data.get("preset"), str):
@@ -476,8 +477,6 @@ class Spec(Section):
         Raises:
             pydantic.ValidationError: the result is not a valid spec.
         """
-        from dlmspec.loader import deep_merge, set_dotted
-
         data = self.model_dump(exclude_none=True)
         for key, value in changes.items():
             if "." in key:

@@ -3,26 +3,26 @@
 Issues #2 and #4 ask for ``dlmspec validate SPEC`` and ``dlmspec plan SPEC`` under 0.3 s on a
 2-core machine. Importing pydantic alone takes about 0.18 s there, building the spec models
 another 0.05 s (``bench/validate/results.json`` has the figures), so with pydantic the
-commands cannot get there. The pydantic models of :mod:`dlmspec.spec` stay the single source of
+commands cannot get there. The pydantic models of :mod:`dlmspec.spec.models` stay the single source of
 truth; this module holds what the checker needs from them, generated from them:
 
 * :data:`SCHEMA`, in the generated block at the end of this file: per model, each field's type
   (int, float, bool, str, literal, optional, list, dict, nested model, as pydantic's
   ``FieldInfo`` says), bounds and default, the model's ``model_validator`` names and properties;
-  and :data:`SPEC_CRC32`, the checksum of ``dlmspec/spec.py`` it was generated from.
-  ``python -m dlmspec.fastspec`` rewrites the block; ``python -m dlmspec.fastspec --check``
+  and :data:`SPEC_CRC32`, the checksum of ``dlmspec/spec/models.py`` it was generated from.
+  ``python -m dlmspec.spec.fast`` rewrites the block; ``python -m dlmspec.spec.fast --check``
   exits 1 when it is stale (``tests/test_fastspec.py`` runs it, and compares what :func:`check`
   builds with pydantic's models on every bundled spec and on generated ones).
 * :func:`check`: the merged spec dict -> a :class:`SpecTable` tree, or ``None`` whenever
   anything is not plainly valid: a value of a type other than the field's own (``"2"`` or
   ``2.0`` for an int, ``1`` for a bool: pydantic's lax conversions are left to pydantic), a
   bound broken, an unknown or missing key, a non-finite float, an unknown preset, a field or a
-  validator this module does not know, or a table older than ``dlmspec/spec.py`` (checked at
+  validator this module does not know, or a table older than ``dlmspec/spec/models.py`` (checked at
   run time, so editing the models without regenerating costs speed, never correctness). The
-  caller (:func:`dlmspec.loader.load` with ``fast=True``) then validates with pydantic, so every
+  caller (:func:`dlmspec.spec.load.load` with ``fast=True``) then validates with pydantic, so every
   error and message is pydantic's, unchanged. Only the two ``mode="before"`` validators of the
   models are known here (:data:`_VALIDATORS`): ``DataSpec._prefix_strings`` calls the same
-  :func:`dlmspec.shorthands.prefix_strings`, ``ModelSpec._apply_preset`` is repeated (falling
+  :func:`dlmspec.spec.shorthands.prefix_strings`, ``ModelSpec._apply_preset`` is repeated (falling
   back to pydantic where it cannot decide); a model with any other validator is always left to
   pydantic.
 
@@ -34,7 +34,7 @@ is answered by the pydantic model built from the same input on first use (:func:
 so it is the same too, at pydantic's cost. Assigning to a field raises ``TypeError`` (the
 copy would no longer match its pydantic twin); nothing in ``validate``/``plan`` assigns.
 
-Nothing here imports pydantic (or :mod:`dlmspec.spec`) except :func:`pydantic_twin` and the
+Nothing here imports pydantic (or :mod:`dlmspec.spec.models`) except :func:`pydantic_twin` and the
 generator (:func:`generate`).
 """
 
@@ -45,11 +45,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dlmspec.presets import PRESETS
-from dlmspec.shorthands import prefix_strings
+from dlmspec.spec.presets import PRESETS
+from dlmspec.spec.shorthands import prefix_strings
 
 #: The spec models this table is generated from.
-SPEC_SOURCE = Path(__file__).with_name("spec.py")
+SPEC_SOURCE = Path(__file__).with_name("models.py")
 
 
 class _Off(Exception):
@@ -77,7 +77,7 @@ class SpecTable:
         set_(self, "_fastspec_twin", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError(f"{type(self).__name__} from dlmspec.fastspec is read-only; "
+        raise TypeError(f"{type(self).__name__} from dlmspec.spec.fast is read-only; "
                         "load the spec without fast=True to change it")
 
     def __delattr__(self, name: str) -> None:
@@ -122,7 +122,7 @@ def pydantic_twin(table: SpecTable) -> Any:
         return twin
     twin = object.__getattribute__(table, "_fastspec_twin")
     if twin is None:
-        from dlmspec import spec as models
+        from dlmspec.spec import models
 
         model = getattr(models, type(table).__name__)
         twin = model.model_validate(object.__getattribute__(table, "_fastspec_raw"))
@@ -157,7 +157,7 @@ def _apply_preset(data: Any) -> Any:
 
 
 def _prefix_strings(data: Any) -> Any:
-    """``DataSpec._prefix_strings``: :func:`dlmspec.shorthands.prefix_strings`."""
+    """``DataSpec._prefix_strings``: :func:`dlmspec.spec.shorthands.prefix_strings`."""
     return prefix_strings(data)
 
 
@@ -172,7 +172,7 @@ def _table_classes() -> dict[str, type]:
     classes = {}
     for name, model in SCHEMA.items():
         namespace: dict[str, Any] = {"__slots__": (), "__module__": __name__,
-                                     "__doc__": f"dlmspec.spec.{name}, read-only (dlmspec.fastspec)."}
+                                     "__doc__": f"dlmspec.spec.models.{name}, read-only (dlmspec.spec.fast)."}
         known = True
         for prop in model["properties"]:
             func = _PROPERTIES.get((name, prop))
@@ -295,7 +295,7 @@ def _table(name: str, data: Any, parent: SpecTable | None, step: tuple) -> SpecT
 
 
 def _current() -> bool:
-    """Whether :data:`SCHEMA` was generated from the ``dlmspec/spec.py`` beside this file."""
+    """Whether :data:`SCHEMA` was generated from the ``dlmspec/spec/models.py`` beside this file."""
     import zlib
 
     try:
@@ -321,13 +321,13 @@ def section_defaults(like: Any, name: str) -> Any:
     ``like`` is one (no pydantic import), else the pydantic model ``name()``."""
     if isinstance(like, SpecTable):
         return _table(name, {}, None, ())
-    from dlmspec import spec as models
+    from dlmspec.spec import models
 
     return getattr(models, name)()
 
 
 # --------------------------------------------------------------------------------------------
-# The generator: dlmspec.spec's models -> SCHEMA
+# The generator: dlmspec.spec.models's models -> SCHEMA
 
 
 def _describe(annotation: Any, metadata: list[Any]) -> tuple:
@@ -394,14 +394,14 @@ def _plain(value: Any) -> bool:
 
 
 def generate() -> str:
-    """The generated block of this file, from the models of :mod:`dlmspec.spec` (imports
+    """The generated block of this file, from the models of :mod:`dlmspec.spec.models` (imports
     pydantic)."""
     import zlib
 
     from pydantic import BaseModel
     from pydantic_core import PydanticUndefined
 
-    from dlmspec import spec as models
+    from dlmspec.spec import models
 
     schema: dict[str, Any] = {}
     pending: list[type] = [models.Spec]
@@ -475,12 +475,12 @@ def generate() -> str:
     return "\n".join(lines) + "\n"
 
 
-_BEGIN = "# --- generated by `python -m dlmspec.fastspec` from dlmspec/spec.py; do not edit ---"
+_BEGIN = "# --- generated by `python -m dlmspec.spec.fast` from dlmspec/spec/models.py; do not edit ---"
 _END = "# --- end of generated block ---"
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m dlmspec.fastspec [--check]``: rewrite the generated block (or, with
+    """``python -m dlmspec.spec.fast [--check]``: rewrite the generated block (or, with
     ``--check``, exit 1 when it differs from what the models give)."""
     path = Path(__file__)
     text = path.read_text(encoding="utf-8")
@@ -489,7 +489,7 @@ def _main(argv: list[str]) -> int:
     new = head + generate() + tail
     if "--check" in argv:
         if new != text:
-            print(f"{path} is out of date with dlmspec/spec.py: run python -m dlmspec.fastspec", file=sys.stderr)
+            print(f"{path} is out of date with dlmspec/spec/models.py: run python -m dlmspec.spec.fast", file=sys.stderr)
             return 1
         return 0
     if new != text:
@@ -499,8 +499,8 @@ def _main(argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# --- generated by `python -m dlmspec.fastspec` from dlmspec/spec.py; do not edit ---
-SPEC_CRC32 = 0x0d2cd3b4
+# --- generated by `python -m dlmspec.spec.fast` from dlmspec/spec/models.py; do not edit ---
+SPEC_CRC32 = 0x6ea73904
 SCHEMA: dict[str, dict[str, Any]] = {
     'Spec': {
         'validators': (),

@@ -54,7 +54,7 @@ def spec_dims_issues(loaded: Any, resolved: Any, dims: Any) -> list[SpecIssue]:
     """Where the spec's ``[model]`` disagrees with a checkpoint's dimensions.
 
     Args:
-        loaded: :class:`dlmspec.loader.LoadedSpec` (for file and line).
+        loaded: :class:`dlmspec.spec.load.LoadedSpec` (for file and line).
         resolved: its :class:`dlmspec.resolve.Resolved` (defaults filled).
         dims: ``dlmspec.backends.convert.ModelDims`` read from the checkpoint's ``config.json``.
 
@@ -145,7 +145,7 @@ def hf_to_mcore_command(
     config = _run(read_hf_config, src)
     divisible_by = 128
     if spec:
-        from dlmspec.loader import load
+        from dlmspec.spec.load import load
         from dlmspec.resolve import resolve
 
         loaded = load(spec, set_)

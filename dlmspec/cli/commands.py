@@ -1,25 +1,14 @@
-"""The typer application of ``dlmspec``: every command's declaration (options, help) and the
-bodies of ``show``, ``new``, ``schema``, ``compile`` and ``submit``.
+"""The commands of ``dlmspec``, registered on :data:`dlmspec.cli.app.app` when this module is
+imported: every command's declaration (options, help) and the bodies of ``show``, ``new``,
+``schema``, ``compile`` and ``submit`` (``validate`` and ``plan`` run
+:func:`dlmspec.cli.validate.run_validate` and :func:`dlmspec.cli.plan.run_plan`).
 
-Core commands: ``validate`` (load, resolve and check a spec: schema, cross-field rules, SLURM
-settings, memory per GPU, paths; ``check`` is a hidden alias), ``show`` (the spec with every
-default filled in and its derived values; or the GPU, preset and rule catalogs), ``schema``
-(the JSON Schema of a spec file, for editors) and ``new`` (write a starter spec for a preset
-that validates, plans and compiles as written). Other modules add their commands to
-:data:`app` (``@app.command()`` or ``app.add_typer(sub_app, name=...)``); ``from dlmspec.cli
-import app`` gives the same object.
-
-The entry point is :func:`dlmspec.cli.main`: it runs the plain forms of ``validate`` and
-``plan`` without importing this module (typer and the app take about 80 ms to build) and
-hands everything else here. The shared output (issue tables, ``--json``) lives in
-:mod:`dlmspec.cli`.
-
-Bad input never prints a traceback: any :class:`~dlmspec.errors.SpecError` that escapes a
-command (including commands added by other modules) is printed as a table of issues (file:line,
-key, value, why, fix) on stderr, or as JSON on stdout when the command was given ``--json``
-(see :func:`dlmspec.cli.use_json`), and the process exits with
-:data:`~dlmspec.errors.EXIT_USAGE` (2). Usage errors (unknown options, missing arguments) also
-exit with 2 (click's convention, which typer keeps).
+``validate`` (load, resolve and check a spec: schema, cross-field rules, SLURM settings, memory per
+GPU, paths; ``check`` is a hidden alias), ``show`` (the spec with every default filled in and its
+derived values; or the GPU, preset and rule catalogs), ``schema`` (the JSON Schema of a spec file,
+for editors) and ``new`` (write a starter spec for a preset that validates, plans and compiles as
+written). :func:`dlmspec.cli.main` runs the plain forms of ``validate`` and ``plan`` without
+importing this module (typer and the app take about 80 ms to build) and hands everything else here.
 """
 
 from __future__ import annotations
@@ -29,89 +18,24 @@ import json
 import os
 import sys
 import tempfile
-from importlib import import_module
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 import typer
-from typer.core import TyperGroup
 
-from dlmspec import __version__
-from dlmspec.cli import (
-    _JSON_META,
-    _issue_dict,
-    _memory,
-    _text,
-    human_count,
-    report_issues,
-    report_warnings,
-    run_validate,
-    spec_issues,
-    stdout,
-    use_json,
-)
+from dlmspec.cli.app import app
+from dlmspec.cli.output import _issue_dict, _text, human_count, report_warnings, stdout, use_json
+from dlmspec.cli.validate import _memory, run_validate, spec_issues
 from dlmspec.credentials import redact
-from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
-from dlmspec.escape import comment, toml_document
+from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.render.escape import comment, toml_document
 from dlmspec.gpus import GPUS, GiB, gpu_ids
-from dlmspec.loader import load, load_text, parse_set_value, set_dotted
+from dlmspec.spec.load import load, load_text, parse_set_value, set_dotted
 from dlmspec.params import count_parameters
-from dlmspec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
+from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
 from dlmspec.resolve import Resolved, resolve
-from dlmspec.spec import ModelSpec, Spec
+from dlmspec.spec.models import ModelSpec, Spec
 from dlmspec.validate import RULES
-
-
-class _Group(TyperGroup):
-    """Runs the command; turns a :class:`SpecError` from any command into the issue report and
-    exit code 2. Sub-apps in :data:`_LAZY_GROUPS` are imported on first use."""
-
-    def list_commands(self, ctx: typer.Context) -> list[str]:
-        names = super().list_commands(ctx)
-        return names + [n for n in _LAZY_GROUPS if n not in names]
-
-    def get_command(self, ctx: typer.Context, name: str) -> Any:
-        if name in _LAZY_GROUPS and name not in self.commands:
-            module, help_text = _LAZY_GROUPS[name]
-            command = typer.main.get_command(import_module(module).app)
-            command.name, command.help = name, help_text
-            self.add_command(command, name)
-        return super().get_command(ctx, name)
-
-    def invoke(self, ctx: typer.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except SpecError as exc:
-            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)))
-            raise typer.Exit(EXIT_USAGE) from None
-
-
-app = typer.Typer(
-    cls=_Group,
-    name="dlmspec",
-    help="Declarative config-compiler for training diffusion (and autoregressive) LMs on megatron-core.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",  # help paragraphs reflow to the terminal's width
-)
-
-
-# --------------------------------------------------------------------------------------------
-# Commands
-
-
-def _version(value: bool) -> None:
-    if value:
-        print(f"dlmspec {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
-) -> None:
-    """Declarative config-compiler for training diffusion (and autoregressive) LMs on megatron-core."""
 
 
 _SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
@@ -376,7 +300,7 @@ def starter_spec(
         SpecError: unknown preset, or a malformed ``--set`` override.
     """
     if preset not in PRESETS:
-        from dlmspec.loader import preset_hint
+        from dlmspec.spec.load import preset_hint
 
         raise SpecError([SpecIssue("--preset", "unknown preset", value=preset, hint=preset_hint(preset),
                                    rule="unknown-preset")])
@@ -686,7 +610,7 @@ def _copy_bundled(target: Path, name: str, *, force: bool, json_output: bool) ->
 
 def spec_json_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of a spec file, from the pydantic models of
-    :mod:`dlmspec.spec`, adjusted to what the loader accepts: ``extends`` (then nothing is
+    :mod:`dlmspec.spec.models`, adjusted to what the loader accepts: ``extends`` (then nothing is
     required: the parent supplies it), ``[model] preset`` instead of the dimensions it fills
     (an enum of the preset ids), ``cluster.gpu`` as an enum of the catalog, and prefix strings
     as ``data.train`` / ``data.valid`` entries."""
@@ -753,13 +677,13 @@ def compile_command(
     force: bool = typer.Option(False, "--force", help="Write into a non-empty directory: replace the files "
                                "dlmspec generates, keep the others."),
 ) -> None:
-    """Compile a spec into a directory that runs it (dlmspec.compile).
+    """Compile a spec into a directory that runs it (dlmspec.render.compile).
 
     The spec is checked first (as by `dlmspec validate`, plus what the runtime cannot run yet);
     nothing is written when it has an error.
     The same spec always gives the same bytes.
     """
-    from dlmspec.compile import compile_spec
+    from dlmspec.render.compile import compile_spec
 
     result = compile_spec(spec, output, overrides=set_, force=force)
     report_warnings(result.warnings)
@@ -785,13 +709,13 @@ def submit_command(
     sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra sbatch option, e.g. "
                                          "--sbatch-arg=--hold (repeatable)."),
 ) -> None:
-    """Submit specs (compiled first) or compiled directories to SLURM with sbatch (dlmspec.slurm).
+    """Submit specs (compiled first) or compiled directories to SLURM with sbatch (dlmspec.render.sbatch).
 
     Run it from the directory the specs' relative paths refer to: the jobs start there.
 
     Exit code 2 when a spec is invalid, sbatch is missing, or sbatch refuses a script.
     """
-    from dlmspec.slurm import submit
+    from dlmspec.cli.submit import submit
 
     submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
            sbatch_args=sbatch_arg, echo=lambda line: stdout().print(_text(line)))
@@ -811,18 +735,9 @@ def plan_command(
     Exit code 2 when the spec has an error, when its peak memory exceeds the GPU (the plan and
     what would make it fit are printed), or when --search finds no layout.
     """
-    from dlmspec.plan.cli import run_plan
+    from dlmspec.cli.plan import run_plan
 
     use_json(ctx, json_output)
     code = run_plan(spec, set_, json_output, search, top)
     if code:
         raise typer.Exit(code)
-
-
-_LAZY_GROUPS = {
-    # name -> (module with a typer sub-app `app`, help): imported when the command runs or help
-    # lists it, so other commands do not pay for the import (dlmspec.data_prepare loads
-    # multiprocessing and the tokenizer factory).
-    "data": ("dlmspec.data_prepare", "Data tools: `dlmspec data prepare` (JSONL to Megatron indexed datasets)."),
-    "convert": ("dlmspec.convert", "Hugging Face <-> megatron-core checkpoints: hf-to-mcore, mcore-to-hf, verify."),
-}

@@ -1,5 +1,5 @@
-"""Spec shorthands expanded before validation, shared by the pydantic models (:mod:`dlmspec.spec`)
-and the pydantic-free checker (:mod:`dlmspec.fastspec`), so both read a spec the same way.
+"""Spec shorthands expanded before validation, shared by the pydantic models (:mod:`dlmspec.spec.models`)
+and the pydantic-free checker (:mod:`dlmspec.spec.fast`), so both read a spec the same way.
 Imports nothing outside the standard library."""
 
 from __future__ import annotations
