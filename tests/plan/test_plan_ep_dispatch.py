@@ -16,7 +16,7 @@ from dlmspec.plan.memory import stage_layer_counts
 from dlmspec.plan.time import KERNELS_EP_DISPATCH, KERNELS_PER_LOCAL_EXPERT, kernels_per_microbatch, kernels_per_step
 from dlmspec.resolve import resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MATRIX = {e["name"]: e for e in json.loads((ROOT / "bench" / "plan" / "matrix.json").read_text())}
 
 

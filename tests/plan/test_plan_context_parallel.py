@@ -16,7 +16,7 @@ def _resolved(overrides):
     from dlmspec.spec.load import load
     from dlmspec.resolve import resolve
 
-    loaded = load(Path(__file__).resolve().parents[1] / "specs/demo-dlm.toml", overrides)
+    loaded = load(Path(__file__).resolve().parents[2] / "specs/demo-dlm.toml", overrides)
     return loaded, resolve(loaded.spec)
 
 

@@ -28,7 +28,7 @@ from dlmspec.render.compile import check_spec, render
 from dlmspec.spec.load import load
 from dlmspec.resolve import Resolved, resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: 8 layers, 8 GPUs, vocab 1000 (padded 1024); variations below change it.
 BASE: dict[str, Any] = {

@@ -16,7 +16,7 @@ import pytest
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.spec.load import MAX_DEPTH, MAX_EXTENDS, MAX_SPEC_BYTES, load
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = (ROOT / "specs" / "demo-dlm.toml").read_text(encoding="utf-8")
 
 

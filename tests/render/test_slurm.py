@@ -4,7 +4,7 @@ The script is run by bash here with fake ``srun``/``scontrol``/``apptainer`` and
 on PATH (tests/slurm/fakebin), so quoting, the rendezvous variables, the per-task wrappers,
 the signal trap and the requeue are exercised for real, and hostile spec values are shown to
 arrive intact with no side effect. ``shellcheck`` runs when installed (``apt-get install -y
-shellcheck``). The real SLURM tests are in tests/test_slurm_cluster.py.
+shellcheck``). The real SLURM tests are in tests/render/test_slurm_cluster.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dlmspec.render.sbatch import (
 from dlmspec.cli.submit import dry_run_script, plan_submission, submit
 from dlmspec.spec.models import Spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py")
 FAKEBIN = ROOT / "tests" / "slurm" / "fakebin"
 SHELLCHECK = shutil.which("shellcheck")

@@ -25,7 +25,7 @@ from dlmspec.spec.load import load_text
 from dlmspec.spec.presets import preset_names
 from dlmspec.validate import find_issues
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
 SCHEMA = spec_json_schema()
 

@@ -15,7 +15,7 @@ from dlmspec.plan import make_plan
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, FITTED
 from dlmspec.resolve import resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("numpy")
 
 

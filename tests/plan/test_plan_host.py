@@ -12,7 +12,7 @@ from dlmspec.plan import DEFAULT_CALIBRATION, make_plan
 from dlmspec.plan.time import FSDP_OPS_PER_TENSOR, fsdp_buckets, fsdp_host_ops, host_speed, param_tensors
 from dlmspec.resolve import resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 LAUNCH_BOUND = ['kernels.cross_entropy="megatron"', "kernels.apply_rope_fusion=false"]
 

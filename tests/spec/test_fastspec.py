@@ -18,7 +18,7 @@ from dlmspec.spec import fast as fastspec
 from dlmspec.spec.load import load
 from dlmspec.spec.models import Spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
 
 

@@ -37,7 +37,7 @@ from dlmspec.resolve import resolve
 from dlmspec.cli.submit import submit
 from dlmspec.render.sbatch import render_sbatch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 START = ROOT / "tests" / "slurm" / "start-cluster.sh"
 STOP = ROOT / "tests" / "slurm" / "stop-cluster.sh"
 CHECK_SPEC = ROOT / "tests" / "slurm" / "check-spec.toml"

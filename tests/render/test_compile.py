@@ -2,7 +2,7 @@
 directory rules, refused runtime gaps, the lock file, quoting, the shell scripts and the CLI.
 
 The megatron-core side (keywords, executing ``build_configs()``) is in
-``tests/test_compile_megatron.py``.
+``tests/render/test_compile_megatron.py``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dlmspec.errors import SpecError
 from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 #: A small valid spec: 8 GPUs, data parallel 8, vocab 1000 (padded 1024, [MASK] 1000), NullTokenizer.

@@ -86,7 +86,7 @@ def test_enumerated_layouts_satisfy_divisibility():
     assert seen > 1000
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 

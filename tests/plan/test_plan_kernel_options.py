@@ -23,7 +23,7 @@ from dlmspec.plan.time import (
 )
 from dlmspec.resolve import resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 OFF = ["kernels.qkv_fusion=false", "kernels.compiled_norm=false"]
 QWEN = ["model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=6144",

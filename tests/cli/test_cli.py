@@ -24,7 +24,7 @@ from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS
 from dlmspec.resolve import resolve
 from dlmspec.validate import RULES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "specs" / "demo-dlm.toml")
 LLADA = str(ROOT / "specs" / "llada-8b-pretrain.toml")
 
@@ -582,7 +582,7 @@ def test_new_bad_arguments(tmp_path: Path, args: list[str], text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# dlmspec schema (the schema itself: tests/test_schema.py)
+# dlmspec schema (the schema itself: tests/spec/test_schema.py)
 
 
 def test_schema_command(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from dlmspec.plan.time import TIME_TERMS
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 TOP_KEYS = {

@@ -64,7 +64,7 @@ def test_small_model_by_hand():
         + y * T * 2 * f  # SwiGLU input [T, 2f]
         + y * T * f  # linear_fc2 input
     )
-    assert per_layer == 1388544  # also what autograd saves on CPU: tests/test_plan_saved_tensors.py
+    assert per_layer == 1388544  # also what autograd saves on CPU: tests/plan/test_plan_saved_tensors.py
     assert b["activations"] == L * per_layer
     output = (y * T * h + 4 * T) + y * T * h  # final norm input (+ rstd), output-layer input
     assert b["embedding_output_activations"] == output

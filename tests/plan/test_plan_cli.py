@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from dlmspec.cli.commands import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "specs" / "demo-dlm.toml")
 runner = CliRunner()
 
