@@ -61,7 +61,7 @@ from rich.text import Text
 from dlmspec.errors import EXIT_USAGE
 from dlmspec.tokenizers import (
     TokenizerError,
-    TokenizerSpec,
+    TokenizerArgs,
     canonical_tokenizer_type,
     valid_tokenizer_types,
 )
@@ -214,7 +214,7 @@ def _read_chunks(
 
 @dataclass(frozen=True)
 class _EncodeConfig:
-    tokenizer: TokenizerSpec
+    tokenizer: TokenizerArgs
     json_keys: tuple[str, ...]
     append_eod: bool
     input_name: str
@@ -812,7 +812,7 @@ def prepare(
     )
     _check_outputs(outputs, output_prefix, protected, bool(force))
     try:
-        spec = TokenizerSpec(
+        spec = TokenizerArgs(
             tokenizer_type=canonical_tokenizer_type(tokenizer_type),
             tokenizer_model=None if tokenizer_model is None else os.fspath(tokenizer_model),
             vocab_file=None if vocab_file is None else os.fspath(vocab_file),

@@ -18,6 +18,13 @@ Severity = Literal["error", "warning"]
 #: Exit code of every command when the spec (or another user input) is wrong.
 EXIT_USAGE = 2
 
+#: Exit code of a training process that saved a checkpoint on SIGUSR1/SIGTERM and stopped so the
+#: job can be requeued (the runtime, ``dlmspec.backends.megatron.training`` and
+#: ``dlmspec.backends.launch.check``, exits with it; launch.sbatch requeues a job whose ``srun``
+#: ends with it). 85 is outside the shell's 126-165 range and the codes Python and torchrun use
+#: for crashes.
+REQUEUE_EXIT_CODE = 85
+
 
 @dataclass
 class SpecIssue:

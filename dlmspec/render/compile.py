@@ -43,11 +43,11 @@ import jinja2
 
 from dlmspec import __version__
 from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
-from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
 from dlmspec.resolve import Resolved
-from dlmspec.render.sbatch import REQUEUE_EXIT_CODE, render_sbatch
+from dlmspec.render.sbatch import render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec.models import Spec
 from dlmspec.unsupported import (  # noqa: F401 - re-exported: the table used to live here
@@ -160,15 +160,15 @@ def locked_spec(resolved: Resolved) -> Spec:
     return resolved.spec.replace(**changes)
 
 
-def spec_data(spec: Spec) -> dict[str, Any]:
+def canonical_data(spec: Spec) -> dict[str, Any]:
     """``spec`` as plain JSON/TOML data: unset (None) keys and the ``[lock]`` table left out."""
     return spec.model_dump(mode="json", exclude_none=True, exclude={"lock"})
 
 
 def canonical_json(spec: Spec) -> str:
-    """The canonical text of a spec: :func:`spec_data` as JSON with sorted keys, no whitespace,
+    """The canonical text of a spec: :func:`canonical_data` as JSON with sorted keys, no whitespace,
     UTF-8 kept (``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``)."""
-    return json.dumps(spec_data(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(canonical_data(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def content_hash(resolved: Resolved) -> str:
@@ -183,7 +183,7 @@ def render_lock(resolved: Resolved) -> str:
     """``spec.lock.toml``: the locked spec, then ``[lock]`` with the content hash, dlmspec's
     version and the derived values (data-parallel size, microbatches, padded vocabulary,
     parameter counts). No timestamps: the same spec gives the same bytes."""
-    data = spec_data(locked_spec(resolved))
+    data = canonical_data(locked_spec(resolved))
     derived = {k: v for k, v in resolved.derived().items() if v is not None}
     derived["parameters"] = dict(sorted(derived["parameters"].items()))
     eod = eod_choice(resolved.spec)
@@ -242,7 +242,7 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     ``layer_path`` (why that path), ``run_path`` (one line naming the layer implementation),
     ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend`` (``[prefix, weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``peak_tflops`` / ``peak_source`` (dense
     bf16 peak of ``cluster.gpu`` in TFLOP/s, the fp32 figure for fp32 runs; None for a GPU
-    outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.render.sbatch.REQUEUE_EXIT_CODE`),
+    outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`),
     ``max_connections_1`` (``CUDA_DEVICE_MAX_CONNECTIONS=1``: TP > 1 or sequence parallel,
     so megatron-core's TP communication is issued in order with compute; never with Megatron-FSDP,
     which Megatron-LM refuses to run with it), ``grad_reduce_group``

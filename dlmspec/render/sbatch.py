@@ -17,7 +17,7 @@
 * optionally runs in a container: pyxis/enroot (``srun --container-image``) or ``apptainer exec``;
 * survives time limits: ``--signal=B:USR1@N`` and ``--requeue``; the script traps SIGUSR1,
   forwards it to the training processes (which save a checkpoint and exit with
-  :data:`REQUEUE_EXIT_CODE`), then ``scontrol requeue``\\ s the job, whose next run resumes from the
+  :data:`~dlmspec.errors.REQUEUE_EXIT_CODE`), then ``scontrol requeue``\\ s the job, whose next run resumes from the
   latest checkpoint.
 
 Every spec value that reaches the script is either checked against a strict pattern (the whole
@@ -45,19 +45,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dlmspec import __version__
 from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name
-from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, sbatch_value, shell_word
 from dlmspec.resolve import Resolved
 from dlmspec.templates import TEMPLATE_DIR
 
 if TYPE_CHECKING:
     from dlmspec.spec.models import SlurmSpec
-
-#: Exit code of a training process that saved a checkpoint on SIGUSR1/SIGTERM and stopped so the
-#: job can be requeued (``backends/megatron`` and ``dlmspec.backends.launch.check`` use it; the batch
-#: script requeues a job whose ``srun`` ends with it). 85 is outside the shell's 126-165 range
-#: and the codes Python and torchrun use for crashes.
-REQUEUE_EXIT_CODE = 85
 
 #: Rendezvous ports are ``PORT_BASE + job_id % PORT_SPAN``: 10000-29999, below Linux's default
 #: ephemeral range (32768-60999), so an outgoing connection never holds the port.
@@ -297,7 +291,7 @@ def _words(*items: str) -> list[str]:
     return [shell_word(i) for i in items]
 
 
-def template_context(resolved: Resolved) -> dict[str, Any]:
+def sbatch_context(resolved: Resolved) -> dict[str, Any]:
     """What ``templates/launch.sbatch.j2`` reads. Every string that becomes shell code is a
     :func:`~dlmspec.render.escape.shell_word` here; the template adds only fixed text and integers.
 
@@ -387,4 +381,4 @@ def render_sbatch(resolved: Resolved, loaded: Any = None) -> str:
         comment_start_string="{##",
         comment_end_string="##}",
     )
-    return env.get_template("launch.sbatch.j2").render(template_context(resolved))
+    return env.get_template("launch.sbatch.j2").render(sbatch_context(resolved))

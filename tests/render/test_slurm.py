@@ -20,14 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from dlmspec.errors import SpecError
+from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError
 from dlmspec.render.escape import sbatch_value
 from dlmspec.spec.load import load, load_text
 from dlmspec.resolve import resolve
 from dlmspec.render.sbatch import (
     PORT_BASE,
     PORT_SPAN,
-    REQUEUE_EXIT_CODE,
     rendezvous_port,
     render_sbatch,
     sbatch_issues,
@@ -264,8 +263,9 @@ def test_constants_agree_with_the_runtimes() -> None:
     assert check.REQUEUE_EXIT_CODE == REQUEUE_EXIT_CODE
     assert (check.PORT_BASE, check.PORT_SPAN) == (PORT_BASE, PORT_SPAN)
     training = (ROOT / "backends" / "megatron" / "training.py").read_text()
-    assert re.search(rf"^REQUEUE_EXIT_CODE = {REQUEUE_EXIT_CODE}$", training, re.M), \
-        "backends/megatron/training.py must exit with dlmspec.render.sbatch.REQUEUE_EXIT_CODE after a signal"
+    assert re.search(r"^from dlmspec\.errors import .*\bREQUEUE_EXIT_CODE\b", training, re.M), \
+        "backends/megatron/training.py must exit with dlmspec.errors.REQUEUE_EXIT_CODE after a signal"
+    assert not re.search(r"^REQUEUE_EXIT_CODE\s*=", training, re.M), "one definition: dlmspec.errors.REQUEUE_EXIT_CODE"
 
 
 # --------------------------------------------------------------------------------------------
