@@ -100,3 +100,15 @@ def test_no_import_cycle() -> None:
 def test_find_cycle_finds_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_package_inits_stay_light() -> None:
+    """``import dlmspec.cli`` (the console script) and ``dlmspec.spec.load`` (validate's loader)
+    import neither typer nor pydantic: the commands and the models are imported where used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dlmspec.cli, dlmspec.spec.load, dlmspec.render\n"
+            "print(sorted(m for m in ('typer', 'pydantic', 'jinja2', 'torch', 'dlmspec.cli.commands') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]", out
