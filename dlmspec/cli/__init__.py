@@ -3,8 +3,8 @@
 The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app, no command),
 :mod:`dlmspec.cli.commands` (the commands, registered on the app when imported),
 :mod:`dlmspec.cli.validate` and :mod:`dlmspec.cli.plan` (the bodies of ``validate`` and ``plan``),
-:mod:`dlmspec.cli.convert` (``dlmspec convert``), :mod:`dlmspec.cli.output` (what every command
-prints). Command modules import the app and the output helpers, never this module.
+:mod:`dlmspec.cli.submit` (``dlmspec submit``), :mod:`dlmspec.cli.convert` (``dlmspec convert``),
+:mod:`dlmspec.cli.output` (what every command prints). Command modules import the app and the output helpers, never this module.
 
 ``validate`` and ``plan`` are the commands users run most (issues #2 and #4 target 0.3 s on a
 2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
