@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from dlmspec.gpus import GPU, GPUS
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
-from dlmspec.presets import MASK_TOKEN_IDS
+from dlmspec.spec.presets import MASK_TOKEN_IDS
 
 if TYPE_CHECKING:
-    from dlmspec.spec import Spec
+    from dlmspec.spec.models import Spec
 
 
 def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "none") -> str:

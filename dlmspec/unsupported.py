@@ -4,7 +4,7 @@ reads: :data:`UNSUPPORTED` and :func:`unsupported_issues`.
 ``dlmspec validate`` and ``dlmspec compile`` both report these (through
 :func:`dlmspec.validate.validate_spec`, so the two never disagree); the table lives here, apart
 from the compiler, because ``validate`` must stay light: this module imports neither jinja2 nor
-pydantic. :mod:`dlmspec.compile` re-exports every name.
+pydantic. :mod:`dlmspec.render.compile` re-exports every name.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dlmspec.resolve import Resolved
 from dlmspec.tokenizers import read_json
 
 if TYPE_CHECKING:
-    from dlmspec.loader import LoadedSpec
-    from dlmspec.spec import Spec
+    from dlmspec.spec.load import LoadedSpec
+    from dlmspec.spec.models import Spec
 
 
 def run_dir(resolved: Resolved) -> str:
@@ -285,7 +285,7 @@ def unsupported_issues(resolved: Resolved, loaded: LoadedSpec | None = None) -> 
                 value=_value(resolved.spec, rule.key),
                 hint=rule.fix,
                 rule="runtime-unsupported",
-                source="backends/megatron (dlmspec.compile.UNSUPPORTED)",
+                source="backends/megatron (dlmspec.render.compile.UNSUPPORTED)",
                 file=file,
                 line=line,
             )

@@ -1,7 +1,7 @@
 """Cross-field rules: the combinations of spec values that megatron-core (or the objective) rejects.
 
 Per-field checks (types, ranges, enumerations, unknown keys) are done by the schema in
-:mod:`dlmspec.spec` when the spec is loaded. This module checks the rules that relate several
+:mod:`dlmspec.spec.models` when the spec is loaded. This module checks the rules that relate several
 fields (heads divisible by TP, the global batch divisible by micro batch times DP, ...), on a
 schema-valid spec and its :class:`~dlmspec.resolve.Resolved` values, and reports every problem
 at once as :class:`~dlmspec.errors.SpecIssue` records.
@@ -24,7 +24,7 @@ SLURM settings, what the runtime cannot run and the planned memory), :func:`load
 (load a file and run :func:`validate_spec`: both commands start with it), :func:`check` (the
 rules only; raises :class:`~dlmspec.errors.SpecError` when any error is found), and
 :func:`load_checked` (load, resolve and :func:`check` a spec file in one call). Slurm settings
-are checked by :func:`dlmspec.slurm.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory`
+are checked by :func:`dlmspec.render.sbatch.sbatch_issues`, memory by :func:`dlmspec.plan.check_memory`
 and what the bundled runtime cannot run yet by :func:`dlmspec.unsupported.unsupported_issues`.
 """
 
@@ -47,11 +47,11 @@ from dlmspec.credentials import (
 )
 from dlmspec.errors import Severity, SpecError, SpecIssue
 from dlmspec.gpus import GPUS, gpu_ids
-from dlmspec.loader import LoadedSpec, load
+from dlmspec.spec.load import LoadedSpec, load
 from dlmspec.resolve import Resolved, padded_vocab_size, resolve
 
 if TYPE_CHECKING:
-    from dlmspec.spec import Spec
+    from dlmspec.spec.models import Spec
 
 #: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
 GPT2_VOCAB_SIZE = 50257
@@ -827,7 +827,7 @@ def _moe_act(ctx: Context) -> Iterator[Finding]:
     rc, m = ctx.spec.recompute, ctx.spec.model
     if rc.granularity != "selective" or "moe_act" not in (rc.modules or []):
         return
-    if not m.is_moe:  # moe_grouped_gemm reaches TransformerConfig only with experts (dlmspec.compile)
+    if not m.is_moe:  # moe_grouped_gemm reaches TransformerConfig only with experts (dlmspec.render.compile)
         yield Finding("recompute.modules", "recomputing 'moe_act' needs grouped-GEMM experts, and the model is dense "
                       "(model.num_experts is unset)", "drop 'moe_act' from recompute.modules")
     elif not m.moe_grouped_gemm:
@@ -927,7 +927,7 @@ def _recompute_range(ctx: Context) -> Iterator[Finding]:
     "recompute-keys-ignored",
     "warning",
     "megatron.core.transformer.transformer_config.TransformerConfig (method/num_layers are for "
-    "'full', modules for 'selective'); dlmspec.compile passes each only with its granularity",
+    "'full', modules for 'selective'); dlmspec.render.compile passes each only with its granularity",
     "recompute keys match the granularity",
 )
 def _recompute_ignored(ctx: Context) -> Iterator[Finding]:
@@ -1131,7 +1131,7 @@ def _block_divides(ctx: Context) -> Iterator[Finding]:
 @_rule(
     "block-size-ignored",
     "warning",
-    "dlmspec.spec.ObjectiveSpec.block_size (used only by block_causal attention)",
+    "dlmspec.spec.models.ObjectiveSpec.block_size (used only by block_causal attention)",
     "objective.block_size is only given with block_causal attention",
 )
 def _block_ignored(ctx: Context) -> Iterator[Finding]:
@@ -1688,7 +1688,7 @@ def _paths(ctx: Context) -> Iterator[Finding]:
 @_rule(
     "stage-table-ignored",
     "warning",
-    "dlmspec.spec.StageSpec (stage.sft / stage.rl are read only by their stage kind)",
+    "dlmspec.spec.models.StageSpec (stage.sft / stage.rl are read only by their stage kind)",
     "stage.sft / stage.rl match stage.kind",
 )
 def _stage_table(ctx: Context) -> Iterator[Finding]:
@@ -1737,7 +1737,7 @@ def _from_scratch(ctx: Context) -> Iterator[Finding]:
 @_rule(
     "init-from-format",
     "error",
-    "dlmspec.spec.CheckpointSpec.init_from ('hf:PATH' or 'mcore:PATH')",
+    "dlmspec.spec.models.CheckpointSpec.init_from ('hf:PATH' or 'mcore:PATH')",
     "checkpoint.init_from is 'hf:PATH' or 'mcore:PATH'",
 )
 def _init_from(ctx: Context) -> Iterator[Finding]:
@@ -1814,7 +1814,7 @@ def _sharding(ctx: Context) -> Iterator[Finding]:
 @_rule(
     "checkpoint-inherited",
     "warning",
-    "dlmspec.loader (extends deep-merges the parent; a relaunch resumes from checkpoint.save's latest)",
+    "dlmspec.spec.load (extends deep-merges the parent; a relaunch resumes from checkpoint.save's latest)",
     "a spec that renames its run does not reuse the checkpoint folder of the spec it extends",
 )
 def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:
@@ -1859,12 +1859,12 @@ def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
     for key, what in spec_secrets(ctx.spec):
         table, _, name = key.rpartition(".")
         if table in ENV_TABLES and is_secret_name(name):
-            continue  # a secret name: the slurm-secret rule (dlmspec.slurm.sbatch_issues) reports it
+            continue  # a secret name: the slurm-secret rule (dlmspec.render.sbatch.sbatch_issues) reports it
         yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", ENVIRONMENT_FIX, value=HIDDEN)
 
 
 #: Tables whose strings :func:`_string_characters` leaves to others: ``[cluster.slurm]`` strings
-#: are checked by :func:`dlmspec.slurm.sbatch_issues` (stricter: no control character reaches an
+#: are checked by :func:`dlmspec.render.sbatch.sbatch_issues` (stricter: no control character reaches an
 #: ``#SBATCH`` line), and a spec's ``[lock]`` table is dropped by compile (it writes its own).
 _STRINGS_CHECKED_ELSEWHERE = ("cluster.slurm", "lock")
 
@@ -1873,7 +1873,7 @@ _STRINGS_CHECKED_ELSEWHERE = ("cluster.slurm", "lock")
     "string-characters",
     "error",
     "POSIX (paths, names and environment variables end at NUL); generated files are UTF-8 "
-    "(dlmspec.escape writes every other character)",
+    "(dlmspec.render.escape writes every other character)",
     "no spec string holds NUL or a lone surrogate",
 )
 def _string_characters(ctx: Context) -> Iterator[Finding]:
@@ -2158,7 +2158,7 @@ def _length_implausible(ctx: Context) -> Iterator[Finding]:
 
 
 #: Float keys the GPU computes with in float32 (the optimizer's lr, decay and eps, the init std,
-#: norms and RoPE): table of :data:`dlmspec.fastspec.SCHEMA` for each.
+#: norms and RoPE): table of :data:`dlmspec.spec.fast.SCHEMA` for each.
 _FP32_KEYS: dict[str, str] = {
     "train.lr": "TrainSpec", "train.min_lr": "TrainSpec", "train.weight_decay": "TrainSpec",
     "train.adam_eps": "TrainSpec", "train.clip_grad": "TrainSpec", "model.init_method_std": "ModelSpec",
@@ -2178,7 +2178,7 @@ _FLOAT32_MAX = 3.4028234663852886e38
     "float settings the GPU computes with fit in float32",
 )
 def _float32_range(ctx: Context) -> Iterator[Finding]:
-    from dlmspec.fastspec import SCHEMA  # the defaults, without pydantic
+    from dlmspec.spec.fast import SCHEMA  # the defaults, without pydantic
 
     for key, table in _FP32_KEYS.items():
         value = ctx.value(key)
@@ -2196,7 +2196,7 @@ def _float32_range(ctx: Context) -> Iterator[Finding]:
     "train.lr is at most 1",
 )
 def _lr_implausible(ctx: Context) -> Iterator[Finding]:
-    from dlmspec.fastspec import SCHEMA  # the defaults, without pydantic
+    from dlmspec.spec.fast import SCHEMA  # the defaults, without pydantic
 
     tr, defaults = ctx.spec.train, SCHEMA["TrainSpec"]["fields"]
     if not 1.0 < tr.lr <= _FLOAT32_MAX:
@@ -2338,8 +2338,8 @@ def find_issues(
     """Run every rule of :data:`RULES` and return what they find; never raises for a bad spec.
 
     Args:
-        target: a :class:`~dlmspec.loader.LoadedSpec` (issues then carry file and line) or a
-            bare :class:`~dlmspec.spec.Spec` (file and line are ``None``).
+        target: a :class:`~dlmspec.spec.load.LoadedSpec` (issues then carry file and line) or a
+            bare :class:`~dlmspec.spec.models.Spec` (file and line are ``None``).
         resolved: ``resolve(spec)``, if the caller already has it.
         paths: also run the rules that look at this machine's files (``path-not-found``);
             off by default so the verdict depends on the spec alone.
@@ -2378,7 +2378,7 @@ def validate_spec(loaded: LoadedSpec | Spec, resolved: Resolved | None = None, *
     errors: every command calls this one function, so they cannot disagree.
 
     That is :func:`find_issues` (with the ``path-not-found`` warnings when ``paths``), the
-    SLURM settings the batch script needs (:func:`dlmspec.slurm.sbatch_issues`), what the
+    SLURM settings the batch script needs (:func:`dlmspec.render.sbatch.sbatch_issues`), what the
     bundled runtime (``backends/megatron``) cannot run and an end-of-document id it cannot tell
     (:func:`dlmspec.unsupported.unsupported_issues`) and, when none of the first two found an
     error and the GPU is in the catalog, the planned memory per GPU
@@ -2391,7 +2391,7 @@ def validate_spec(loaded: LoadedSpec | Spec, resolved: Resolved | None = None, *
         Issues sorted as by :func:`find_issues` (errors first, then file, line and key).
     """
     from dlmspec.plan import PlanError, check_memory
-    from dlmspec.slurm import sbatch_issues
+    from dlmspec.render.sbatch import sbatch_issues
     from dlmspec.unsupported import unsupported_issues
 
     spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded
@@ -2473,7 +2473,7 @@ def load_checked(path: str | Path, overrides: list[str] | tuple[str, ...] = (), 
     """Load, resolve and check a spec file: what every command that reads a spec starts with.
 
     Raises:
-        SpecError: the file cannot be loaded (see :func:`dlmspec.loader.load`) or breaks a rule
+        SpecError: the file cannot be loaded (see :func:`dlmspec.spec.load.load`) or breaks a rule
             (see :func:`check`).
     """
     try:
@@ -2490,7 +2490,7 @@ def load_validated(path: str | Path, overrides: list[str] | tuple[str, ...] = ()
     """Load a spec file with ``--set`` ``overrides``, resolve it and find every issue
     (:func:`validate_spec`, with path checks): how ``dlmspec validate`` and ``dlmspec compile``
     both start. ``fast``: load a plainly valid spec without pydantic
-    (:func:`dlmspec.loader.load`'s ``fast``; the result is the same).
+    (:func:`dlmspec.spec.load.load`'s ``fast``; the result is the same).
 
     Returns:
         (loaded, resolved, issues); the caller decides what stops it.

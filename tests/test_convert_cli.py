@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from dlmspec.cli import app  # noqa: E402
+from dlmspec.cli.commands import app  # noqa: E402
 
 
 def _run(*args: str):

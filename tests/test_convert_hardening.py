@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from dlmspec.cli import app  # noqa: E402
+from dlmspec.cli.commands import app  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from dlmspec.loader import load_text
+from dlmspec.spec.load import load_text
 from dlmspec.resolve import resolve
 from dlmspec.validate import find_issues
 

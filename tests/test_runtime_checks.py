@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlmspec.compile import compile_spec
+from dlmspec.render.compile import compile_spec
 
 from conftest import megatron_cpu_world
 

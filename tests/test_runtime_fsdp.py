@@ -3,8 +3,8 @@
 megatron-core 0.16.1's FullyShardedDataParallel cannot be built on a CPU (gloo) world: it asks
 ``torch.cuda.current_device()`` for its device and builds CUDA streams and a ``DeviceMesh`` of
 device type "cuda" (seen here: "Torch not compiled with CUDA enabled"). So this checks the
-wiring: the compiled configs (tests/test_compile_megatron.py executes them with FSDP variations),
-the compiler's refusals (tests/test_compile.py), the runtime's own refusals, the checkpoint
+wiring: the compiled configs (tests/render/test_compile_megatron.py executes them with FSDP variations),
+the compiler's refusals (tests/render/test_compile.py), the runtime's own refusals, the checkpoint
 module's use of torch.distributed.checkpoint around the model state, and the planner's FSDP
 terms against megatron-core's constants. The wrapped run is ``demo-fsdp`` on two GPUs
 (bench/gpu/fsdp_session.sh).
@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlmspec.compile import compile_spec
+from dlmspec.render.compile import compile_spec
 from dlmspec.plan import make_plan
 from dlmspec.plan.calibration import Calibration
 from dlmspec.plan.memory import MEGATRON_FSDP_UNIT, fsdp_sharding, fsdp_unsharded_bytes
 from dlmspec.plan.shape import layout
 from dlmspec.plan.comm import ddp_buckets, dp_comm_seconds, dp_overlap
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 from conftest import megatron_cpu_world
 

@@ -258,7 +258,7 @@ def test_exit_signal_watcher_and_requeue_code():
         watcher.restore()
     with pytest.raises(ValueError):
         ExitSignalWatcher(["SIGNOPE"])
-    from dlmspec.slurm import REQUEUE_EXIT_CODE as SLURM_REQUEUE
+    from dlmspec.errors import REQUEUE_EXIT_CODE as SLURM_REQUEUE
 
     assert REQUEUE_EXIT_CODE == SLURM_REQUEUE
 

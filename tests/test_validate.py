@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dlmspec.errors import SpecError
-from dlmspec.loader import load_text
-from dlmspec.spec import Spec
+from dlmspec.spec.load import load_text
+from dlmspec.spec.models import Spec
 from dlmspec.validate import RULES, check, find_issues, load_checked
 
 #: A local Hugging Face tokenizer folder (tokenizer_config.json only) whose pad token is id 998.
@@ -422,9 +422,9 @@ def test_load_checked(tmp_path) -> None:
     ],
 )
 def test_one_problem_one_report(changes: dict[str, Any], report: list[tuple[str, str]]) -> None:
-    """Problems the validator reports are not reported again by dlmspec.compile's list of
+    """Problems the validator reports are not reported again by dlmspec.render.compile's list of
     runtime gaps (compile.UNSUPPORTED)."""
-    from dlmspec.compile import unsupported_issues
+    from dlmspec.render.compile import unsupported_issues
     from dlmspec.resolve import resolve
 
     spec = make(changes)

@@ -35,7 +35,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 from dlmspec.validate import RULES, find_issues
 
 torch = pytest.importorskip("torch")
@@ -43,7 +43,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     transformer_config = pytest.importorskip("megatron.core.transformer.transformer_config")
 
-from dlmspec import compile as dlm_compile  # noqa: E402  (after the skip: needs jinja2 only)
+from dlmspec.render import compile as dlm_compile  # noqa: E402  (after the skip: needs jinja2 only)
 
 #: The validator's rules whose source is TransformerConfig / ModelParallelConfig.__post_init__.
 MIRRORED = frozenset({

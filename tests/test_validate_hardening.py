@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from dlmspec.errors import SpecError
-from dlmspec.loader import load
-from dlmspec.spec import Spec
+from dlmspec.spec.load import load
+from dlmspec.spec.models import Spec
 from dlmspec.validate import RULES, find_issues
 
 #: A valid data-parallel spec: 8 GPUs, vocab 1000 (padded 1024, [MASK] = 1000), head dim 32.
@@ -343,7 +343,7 @@ def test_absurd_magnitudes_exit_cleanly_and_quickly(tmp_path: Path, command: lis
 
 
 def test_the_fast_path_finds_the_same(tmp_path: Path) -> None:
-    """Each failing example, loaded from TOML with and without pydantic (dlmspec.fastspec):
+    """Each failing example, loaded from TOML with and without pydantic (dlmspec.spec.fast):
     the same issues."""
     import tomli_w
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 from dlmspec.validate import find_issues
 
 torch = pytest.importorskip("torch")

@@ -23,7 +23,8 @@ reads the marker and continues. After the last step rank 0 writes ``DIR/report.j
 runs (start step, end step, how each ended).
 
 Secrets are never written: for ``WANDB_API_KEY`` and ``HF_TOKEN`` the report says only whether
-they are set. Needs torch (CPU is enough), not dlmspec.
+they are set. Needs torch (CPU is enough); of dlmspec only the exit code (:mod:`dlmspec.errors`, no
+pydantic).
 """
 
 from __future__ import annotations
@@ -39,11 +40,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-#: Exit code after a signal-triggered checkpoint; equal to ``dlmspec.slurm.REQUEUE_EXIT_CODE``
-#: and ``dlmspec.backends.megatron.training.REQUEUE_EXIT_CODE`` (a test checks they agree).
-REQUEUE_EXIT_CODE = 85
+from dlmspec.errors import REQUEUE_EXIT_CODE
 
-#: ``MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN``, as ``dlmspec.slurm.rendezvous_port``.
+#: ``MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN``, as ``dlmspec.render.sbatch.rendezvous_port``.
 PORT_BASE = 10000
 PORT_SPAN = 20000
 

@@ -82,6 +82,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import get_batch_on_this_cp_rank, get_model_config, unwrap_model
 
+from dlmspec.errors import REQUEUE_EXIT_CODE  # "saved, requeue me": launch.sbatch requeues on it
 from dlmspec.flops import model_flops_per_token as _model_flops_per_token
 
 from .data import (
@@ -132,10 +133,6 @@ from .spec_record import (
 
 TRACKER_FILENAME = "latest"
 METADATA_FILENAME = "dlmspec.json"
-#: Exit code after a signal-triggered checkpoint: "saved, requeue me".  Equal to
-#: ``dlmspec.slurm.REQUEUE_EXIT_CODE`` (the batch script requeues a job whose
-#: ``srun`` ends with it; 85 is outside the shell's 126-165 signal range).
-REQUEUE_EXIT_CODE = 85
 
 
 # --------------------------------------------------------------------------- config

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dlmspec.loader import load  # noqa: E402
+from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.plan.shape import layout, model_shape  # noqa: E402
 from dlmspec.plan.launches import kernels_per_step  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402

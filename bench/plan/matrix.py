@@ -1,7 +1,7 @@
 """Write the GPU calibration matrix of the planner: bench/plan/matrix.json.
 
 Each entry is a run the GPU runner executes: a base spec plus ``--set`` overrides, the GPU
-count, and whether this checkout's runtime can run it (``dlmspec.compile.unsupported_issues``)
+count, and whether this checkout's runtime can run it (``dlmspec.render.compile.unsupported_issues``)
 with any validator error. Runs are sized to take ~15 s on one H200 with start-up (50 steps, 30 for Qwen3-1.7B; mock data, so
 no files are needed). The runner records, per run, the measured peak
 ``torch.cuda.max_memory_allocated()`` (max over ranks) and the median step time, in
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dlmspec.compile import unsupported_issues  # noqa: E402
-from dlmspec.loader import load  # noqa: E402
+from dlmspec.render.compile import unsupported_issues  # noqa: E402
+from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
 from dlmspec.validate import find_issues  # noqa: E402
 

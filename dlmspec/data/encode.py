@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 from dlmspec.data.errors import DataPrepareError
 from dlmspec.data.outputs import TERMINATION_SIGNALS
 from dlmspec.data.read import MAX_LINE_BYTES, Chunk
-from dlmspec.tokenizers import TokenizerSpec
+from dlmspec.tokenizers import TokenizerArgs
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class EncodeConfig:
     """What every worker needs: the tokenizer to build, the keys, the EOD choice, the input's
     name (for messages), the output dtype and the line limit (for its message)."""
 
-    tokenizer: TokenizerSpec
+    tokenizer: TokenizerArgs
     json_keys: tuple[str, ...]
     append_eod: bool
     input_name: str

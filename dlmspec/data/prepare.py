@@ -45,7 +45,7 @@ from dlmspec.data.outputs import (
     dataset_prefix,
 )
 from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, check_input, read_chunks
-from dlmspec.tokenizers import TokenizerError, TokenizerSpec, canonical_tokenizer_type
+from dlmspec.tokenizers import TokenizerError, TokenizerArgs, canonical_tokenizer_type
 
 
 @dataclass
@@ -249,7 +249,7 @@ def prepare(
     )
     check_outputs(outputs, output_prefix, protected, bool(force))
     try:
-        spec = TokenizerSpec(
+        spec = TokenizerArgs(
             tokenizer_type=canonical_tokenizer_type(tokenizer_type),
             tokenizer_model=None if tokenizer_model is None else os.fspath(tokenizer_model),
             vocab_file=None if vocab_file is None else os.fspath(vocab_file),

@@ -406,7 +406,7 @@ def check_memory(resolved: Resolved, loaded: Any = None, calibration: Calibratio
 
     Args:
         resolved: the resolved spec.
-        loaded: its :class:`~dlmspec.loader.LoadedSpec`, to point the issue at the file and
+        loaded: its :class:`~dlmspec.spec.load.LoadedSpec`, to point the issue at the file and
             line of ``cluster.gpu`` (optional).
         calibration: constants (default :data:`DEFAULT_CALIBRATION`).
 

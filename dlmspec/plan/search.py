@@ -8,7 +8,7 @@ optimizer, for the spec's fixed global batch, sequence length, GPU count and eve
 :func:`search` plans each (memory of the ranks that can peak, step time), keeps those whose
 peak fits the GPU, ranks them by tokens per second and re-checks the best with the real
 validator (:func:`dlmspec.validate.find_issues` and the runtime's
-:func:`dlmspec.compile.unsupported_issues`) on the spec with the layout's ``--set`` values.
+:func:`dlmspec.render.compile.unsupported_issues`) on the spec with the layout's ``--set`` values.
 
 Ranking (:func:`rank`): layouts whose throughput is within :data:`TIE_TOLERANCE` of the fastest of
 their group are tied, and a tie goes to the simpler layout (fewer parallel dimensions, then less
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from importlib import import_module
 from typing import Any, Iterator
 
 from dlmspec.gpus import GPU
@@ -142,7 +141,7 @@ class Candidate:
         return set_args(dict(self.changes))
 
     def spec_changes(self) -> dict[str, Any]:
-        """Dotted spec key -> value (for :meth:`dlmspec.spec.Spec.replace`)."""
+        """Dotted spec key -> value (for :meth:`dlmspec.spec.models.Spec.replace`)."""
         return {SPEC_KEYS[k]: v for k, v in self.changes}
 
     def to_dict(self) -> dict[str, Any]:
@@ -424,7 +423,7 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
     """Split a spec's validator errors for ``--search``.
 
     Args:
-        loaded: the :class:`~dlmspec.loader.LoadedSpec` (file and line for issues) or a bare spec.
+        loaded: the :class:`~dlmspec.spec.load.LoadedSpec` (file and line for issues) or a bare spec.
         resolved: ``resolve(loaded.spec)``.
         issues: :func:`dlmspec.validate.find_issues` of the spec as written.
 
@@ -438,7 +437,7 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
     """
     from dataclasses import replace as dc_replace
 
-    from dlmspec.loader import LoadedSpec
+    from dlmspec.spec.load import LoadedSpec
     from dlmspec.resolve import resolve
     from dlmspec.validate import find_issues
 
@@ -458,18 +457,13 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
 
 def _errors(spec: Any, resolved: Resolved) -> list[Any]:
     """Errors of :func:`dlmspec.validate.find_issues` and
-    :func:`dlmspec.compile.unsupported_issues` (when those modules exist), without the memory
-    rules (the search plans memory itself)."""
-    issues: list[Any] = []
-    for name, func in (("dlmspec.validate", "find_issues"), ("dlmspec.compile", "unsupported_issues")):
-        try:
-            module = import_module(name)
-        except ModuleNotFoundError:
-            continue
-        if func == "find_issues":
-            issues.extend(module.find_issues(spec, resolved))
-        else:
-            issues.extend(module.unsupported_issues(resolved))
+    :func:`dlmspec.unsupported.unsupported_issues`, without the memory rules (the search plans
+    memory itself)."""
+    # lazy: the checks import the loader and resolve, which the planner itself never needs
+    from dlmspec.unsupported import unsupported_issues
+    from dlmspec.validate import find_issues
+
+    issues = [*find_issues(spec, resolved), *unsupported_issues(resolved)]
     return [i for i in issues if i.severity == "error" and not i.rule.startswith("memory-")]
 
 

@@ -799,9 +799,9 @@ def test_max_line_bytes_boundary(tmp_path):
 BOUNDED_PREPARE = r"""
 import resource, sys
 from dlmspec.data import cli
-from dlmspec.tokenizers import TokenizerSpec
+from dlmspec.tokenizers import TokenizerArgs
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-TokenizerSpec(tokenizer_type="GPT2BPETokenizer", vocab_file=sys.argv[1], merge_file=sys.argv[2]).build()
+TokenizerArgs(tokenizer_type="GPT2BPETokenizer", vocab_file=sys.argv[1], merge_file=sys.argv[2]).build()
 size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
 resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
 cli.app(["prepare", "--no-progress", *sys.argv[3:]], prog_name="dlmspec data")
