@@ -79,8 +79,8 @@ def test_checkpoint_helper_survives_a_group_sigterm():
     script = Path(tempfile.mkdtemp()) / "helper_survives.py"  # spawn re-imports __main__ from a file
     script.write_text(code)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                            start_new_session=True, cwd=Path(__file__).resolve().parents[1],
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[2],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "7 ['TERM'] True"
 

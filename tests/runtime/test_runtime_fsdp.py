@@ -31,7 +31,7 @@ from dlmspec.spec import Spec
 
 from conftest import megatron_cpu_world
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 FSDP = ["parallel.fsdp=\"megatron\"", "parallel.data_parallel_sharding_strategy=\"optim_grads_params\"",

@@ -36,7 +36,7 @@ from dlmspec.compile import compile_spec
 
 from conftest import megatron_cpu_world
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 #: demo-dlm with megatron's mock data (no files needed).
 MOCK = ["data.mock=true", "data.train=[]", "data.valid=[]", "data.tokenizer.type=\"NullTokenizer\"",
