@@ -265,9 +265,9 @@ def test_constants_agree_with_the_runtimes() -> None:
 
     assert check.REQUEUE_EXIT_CODE == REQUEUE_EXIT_CODE
     assert (check.PORT_BASE, check.PORT_SPAN) == (PORT_BASE, PORT_SPAN)
-    training = (ROOT / "backends" / "megatron" / "training.py").read_text()
-    assert re.search(rf"^REQUEUE_EXIT_CODE = {REQUEUE_EXIT_CODE}$", training, re.M), \
-        "backends/megatron/training.py must exit with dlmspec.slurm.REQUEUE_EXIT_CODE after a signal"
+    runtime = (ROOT / "backends" / "megatron" / "config.py").read_text()
+    assert re.search(rf"^REQUEUE_EXIT_CODE = {REQUEUE_EXIT_CODE}$", runtime, re.M), \
+        "backends/megatron/config.py must exit with dlmspec.slurm.REQUEUE_EXIT_CODE after a signal"
 
 
 # --------------------------------------------------------------------------------------------

@@ -389,7 +389,7 @@ def _prepare_on_rank0(init_from: str, cache_dir: str, config: TransformerConfig,
 
 
 def _chunk_keys(model: List[torch.nn.Module]) -> List[str]:
-    # the key layout of training.save_checkpoint: "model", or "model0".. for virtual pipeline chunks
+    # the key layout of checkpointing.save_checkpoint: "model", or "model0".. for virtual pipeline chunks
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 

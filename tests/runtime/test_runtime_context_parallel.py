@@ -167,9 +167,10 @@ def _model_worker(rank: int, store: str, kind: str) -> None:
 
     from backends.megatron.attention import cp_rank_positions
     from backends.megatron.layers import build_layer_spec, build_model
+    from backends.megatron.microbatches import MicrobatchItem
     from backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
     from backends.megatron.rng import TRAIN_STREAM
-    from backends.megatron.training import MicrobatchItem, ObjectiveForwardStep
+    from backends.megatron.stage import ObjectiveForwardStep
 
     _init(rank, store)
     torch.set_default_dtype(torch.float64)  # the norms' weights too: compare to ~1e-12

@@ -46,7 +46,8 @@ from backends.megatron.init_from import (
     parse_init_from,
 )
 from backends.megatron.layers import build_layer_spec, build_model
-from backends.megatron.training import CheckpointConfig, save_checkpoint, start_point
+from backends.megatron.checkpointing import save_checkpoint, start_point
+from backends.megatron.config import CheckpointConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-4

@@ -64,7 +64,7 @@ def test_checkpoint_helper_survives_a_group_sigterm():
         """
         import os, signal, time
         from megatron.core.dist_checkpointing.strategies import filesystem_async
-        from backends.megatron.training import prestart_checkpoint_helpers
+        from backends.megatron.checkpointing import prestart_checkpoint_helpers
         if __name__ == "__main__":
             got = []
             signal.signal(signal.SIGTERM, lambda *a: got.append("TERM"))
@@ -104,7 +104,7 @@ _FEED_EXIT = textwrap.dedent(
     """
     import sys, torch
     from backends.megatron.data import ignore_exit_signals
-    from backends.megatron.training import MicrobatchFeed
+    from backends.megatron.microbatches import MicrobatchFeed
     loader = torch.utils.data.DataLoader(torch.arange(64), batch_size=2, num_workers=2,
                                          worker_init_fn=ignore_exit_signals)
     feed = MicrobatchFeed(loader, 2, 0)          # views and feed form a reference cycle
