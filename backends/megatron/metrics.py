@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,9 +34,7 @@ from .layers import (
     layer_spec_fusions,
     layer_spec_sdpa_backend,
 )
-
-if TYPE_CHECKING:  # annotations only (checks imports this module through checkpointing)
-    from .checks import StartChecks
+from .spec_record import ResumeCheck, SpecLock
 
 
 def model_flops_per_token(
@@ -307,9 +305,11 @@ def weights_record(resume_from: Optional[str], init_source: Optional[InitSource]
 def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_spec: ModuleSpec,
               model: List[torch.nn.Module], iteration: int, num_microbatches: int, flops_per_token: int,
               cross_entropy: str, rope_fusion: Optional[str], parallel_sizes: Dict[str, Optional[int]],
-              start: "StartChecks", init_source: Optional["InitSource"]) -> None:
+              lock: SpecLock, resume_from: Optional[str], resume_check: Optional[ResumeCheck],
+              init_source: Optional[InitSource]) -> None:
     """Write the ``start`` record (the run's layout, model, kernels, weights and spec) and its
-    console lines: the summary, where the weights come from, and every warning of the start."""
+    console lines: the summary, where the weights come from (``resume_from``, ``init_source`` or
+    random), and every warning of the start (the spec ``lock``'s, the ``resume_check``'s)."""
     backend, attention = layer_spec_backend(layer_spec), layer_spec_attention(layer_spec)
     world = dist.get_world_size()
     local_params = count_parameters(model)
@@ -322,11 +322,11 @@ def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_sp
         "cross_entropy": cross_entropy, "sdpa_backend": layer_spec_sdpa_backend(layer_spec),
         "rope_fusion": rope_fusion, **fusions,
     }
-    start_info["weights"], weights_text = weights_record(start.resume_from, init_source, run.checkpoint, run.seed)
-    start_info["spec_hash"] = start.lock.content_hash
-    start_info["spec_lock"] = start.lock.path if start.lock.text is not None else None
-    if start.resume_check is not None:
-        start_info["resume_check"] = start.resume_check.to_record()
+    start_info["weights"], weights_text = weights_record(resume_from, init_source, run.checkpoint, run.seed)
+    start_info["spec_hash"] = lock.content_hash
+    start_info["spec_lock"] = lock.path if lock.text is not None else None
+    if resume_check is not None:
+        start_info["resume_check"] = resume_check.to_record()
     logger.record("start", start_info)
     sizes = parallel_sizes
     logger.text(
@@ -339,9 +339,9 @@ def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_sp
         + "".join(f", {name}" for name, used in fusions.items() if used)
     )
     logger.text(f"[dlmspec] weights: {weights_text}")
-    for warning in start.lock.warnings:
+    for warning in lock.warnings:
         logger.text(f"[dlmspec] warning: {warning}")
-    for line in start.resume_check.report_lines() if start.resume_check is not None else ():
+    for line in resume_check.report_lines() if resume_check is not None else ():
         logger.text(f"[dlmspec] {line}")
     for warning in init_source.warnings if init_source is not None else ():
         logger.text(f"[dlmspec] warning: checkpoint.init_from: {warning}")

@@ -231,7 +231,8 @@ def train(
     flops_per_token = model_flops_per_token_of(transformer_config, layer_spec, model_kwargs, run.data.seq_length)
     log_start(logger, run=run, objective=stage.kind, layer_spec=layer_spec, model=model, iteration=state.iteration,
               num_microbatches=num_microbatches, flops_per_token=flops_per_token, cross_entropy=cross_entropy,
-              rope_fusion=rope_fusion, parallel_sizes=parallel_sizes, start=start, init_source=init_source)
+              rope_fusion=rope_fusion, parallel_sizes=parallel_sizes, lock=start.lock, resume_from=start.resume_from,
+              resume_check=start.resume_check, init_source=init_source)
 
     for m in model:
         m.train()
