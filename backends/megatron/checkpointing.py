@@ -342,7 +342,8 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
     else:
         state = _model_sharded_state_dict(model)
         if optimizer is not None:
-            state["optimizer"] = optimizer.sharded_state_dict(state, metadata=optimizer_sharding_metadata(optimizer_sharding))
+            state["optimizer"] = optimizer.sharded_state_dict(
+                state, metadata=optimizer_sharding_metadata(optimizer_sharding))
         if scheduler is not None:
             state["opt_param_scheduler"] = scheduler.state_dict()
         state["iteration"] = iteration

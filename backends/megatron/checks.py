@@ -133,8 +133,8 @@ def check_masks_supported(backend: str, objective: ObjectiveConfig, data: DataCo
     """Refuse attention masks on the Transformer Engine path.
 
     Variable-length MDM sequences and ``reset_attention_mask`` pass a boolean
-    ``attention_mask`` to the model; :class:`SDPACoreAttention` applies it, but
-    TE's attention with the ``no_mask``/``causal`` mask type of our TE spec
+    ``attention_mask`` to the model; :class:`~backends.megatron.attention.SDPACoreAttention`
+    applies it, but TE's attention with the ``no_mask``/``causal`` mask type of our TE spec
     would ignore it silently.
 
     Raises:

@@ -132,7 +132,7 @@ class MetricsLogger:
     pipeline stage) writes; on other ranks every method is a no-op.
 
     Args:
-        config: :class:`LoggingConfig`.
+        config: :class:`~backends.megatron.config.LoggingConfig`.
         enabled: Whether this rank logs.
     """
 

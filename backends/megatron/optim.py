@@ -71,7 +71,8 @@ def install_schedule_hooks(model: List[torch.nn.Module], optimizer, ddp_config: 
         config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
 
 
-def set_param_sync_hooks(model: List[torch.nn.Module], ddp_config: Optional[DistributedDataParallelConfig], enable: bool) -> None:
+def set_param_sync_hooks(model: List[torch.nn.Module], ddp_config: Optional[DistributedDataParallelConfig],
+                         enable: bool) -> None:
     """Turn the chunks' parameter all-gather pre-forward hooks off (gathering now) or on again.
 
     With overlapped parameter all-gather the DistributedOptimizer's updated weights only reach

@@ -212,7 +212,7 @@ def train(
     # The weights: the latest checkpoint (a resume, loaded below with the optimizer), else init_from,
     # loaded now: megatron's optimizers copy their fp32 main weights from the model when built.
     init_source = None if start.init_from is None else _load_init_from(
-        run, start.init_from, model, transformer_config, model_kwargs, rank=rank, watcher=watcher, created_pg=created_pg)
+        run, start.init_from, model, transformer_config, model_kwargs, rank, watcher, created_pg)
     optimizer = get_megatron_optimizer(optimizer_config, model)
     scheduler = build_scheduler(optimizer, optimizer_config, sched, ckpt)
     install_schedule_hooks(model, optimizer, ddp_config)
@@ -240,7 +240,8 @@ def train(
                              run.logging.profile_ranks, rank) if run.logging.profile else None)
     record_host_launch(logger, "start", state.iteration)  # the host's launch speed, next to the step times
     meter = IntervalMeter(device, tokens_per_step=sched.global_batch_size * run.data.seq_length,
-                          flops_per_token=flops_per_token, world_size=world, peak_tflops=run.logging.peak_tflops_per_gpu)
+                          flops_per_token=flops_per_token, world_size=world,
+                          peak_tflops=run.logging.peak_tflops_per_gpu)
     try:
         while state.iteration < sched.train_iters:
             if sched.stop_at_iteration is not None and state.iteration >= sched.stop_at_iteration:
@@ -314,9 +315,10 @@ def _apply_rope_fusion(kernels: KernelConfig, transformer_config: TransformerCon
 
 
 def _load_init_from(run: RunConfig, init_from: str, model: List[torch.nn.Module], transformer_config: TransformerConfig,
-                    model_kwargs: Dict[str, Any], *, rank: int, watcher: Optional[ExitSignalWatcher],
+                    model_kwargs: Dict[str, Any], rank: int, watcher: Optional[ExitSignalWatcher],
                     created_pg: bool) -> InitSource:
-    """Load ``checkpoint.init_from``'s weights into the fresh model (:func:`~backends.megatron.init_from.initialize_from`).
+    """Load ``checkpoint.init_from``'s weights into the fresh model
+    (:func:`~backends.megatron.init_from.initialize_from`).
 
     Raises:
         SystemExit: code 2 after rank 0 printed the :class:`~backends.megatron.init_from.InitFromError`
