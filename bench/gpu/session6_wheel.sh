@@ -17,7 +17,7 @@
 set -u
 out=${1:?usage: session6_wheel.sh OUT_DIR}
 mkdir -p "$out/work"
-python3 - > "$out/work/where.txt" 2>&1 <<'PY'
+python3 -P - > "$out/work/where.txt" 2>&1 <<'PY'
 import dlmspec, dlmspec.backends.megatron.training as t, megatron.core, torch
 print("dlmspec", dlmspec.__file__)
 print("runtime", t.__file__)
