@@ -49,6 +49,7 @@ from dlmspec.cli import (
     stdout,
     use_json,
 )
+from dlmspec.check import RULES
 from dlmspec.credentials import redact
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.escape import comment, toml_document
@@ -58,7 +59,6 @@ from dlmspec.params import count_parameters
 from dlmspec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
 from dlmspec.resolve import Resolved, resolve
 from dlmspec.spec import ModelSpec, Spec
-from dlmspec.validate import RULES
 
 
 class _Group(TyperGroup):
@@ -450,7 +450,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str]:
     """The fastest layout of ``resolved``'s model and GPUs whose planned peak leaves the
-    headroom :func:`dlmspec.plan.check_memory` asks for (:func:`dlmspec.plan.search.search`).
+    headroom the ``memory-headroom`` rule asks for (:func:`dlmspec.plan.search.search`).
 
     Returns:
         ``(layout, note, hint)``: the layout as dotted spec keys and the header line that

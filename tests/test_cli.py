@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from dlmspec.check import RULES
 from dlmspec.cli import app, main, spec_issues
 from dlmspec.compile import check_spec, render
 from dlmspec.errors import EXIT_USAGE
@@ -20,7 +21,6 @@ from dlmspec.gpus import GPUS
 from dlmspec.loader import load
 from dlmspec.presets import MASK_TOKEN_IDS, PRESETS
 from dlmspec.resolve import resolve
-from dlmspec.validate import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = str(ROOT / "specs" / "demo-dlm.toml")
@@ -232,7 +232,7 @@ def test_validate_imports_neither_torch_nor_megatron_nor_the_compiler() -> None:
     (dlmspec.plan)."""
     code, modules = _modules_after(["validate", DEMO])
     assert code == 0
-    assert {"dlmspec.plan", "dlmspec.validate", "dlmspec.fastspec"} <= modules
+    assert {"dlmspec.plan", "dlmspec.check", "dlmspec.fastspec"} <= modules
     assert not modules & (HEAVY | {"rich", "pydantic_core", "dlmspec.spec"})
 
 

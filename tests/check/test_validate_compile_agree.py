@@ -1,6 +1,6 @@
 """``dlmspec validate`` and ``dlmspec compile`` agree (issue 15): on every bundled spec, every
 starter spec and one failing example per thing either refuses (each runtime gap of
-:data:`dlmspec.unsupported.UNSUPPORTED`, the memory rule, an unknown end-of-document id, a SLURM
+the ``runtime`` rules of :mod:`dlmspec.check`, the memory rule, an unknown end-of-document id, a SLURM
 value, a schema error beside a rule error), both exit with the same code and report the same
 issues (rule, key, severity). The memory rule has one override, ``cluster.allow_memory_overflow``,
 which both honour and the lock file keeps."""
@@ -22,7 +22,7 @@ import dlmspec.commands
 from dlmspec.cli import app, main
 from dlmspec.presets import PRESETS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
 
 #: Nodes a starter spec of these presets needs to fit H100s (what `dlmspec new` suggests).
@@ -43,33 +43,33 @@ BASE: dict[str, Any] = {
 #: A peak of about 105 GiB per GPU on H100s (80 GiB): the memory rule's example.
 TOO_BIG = {"train.seq_length": 262144, "model.max_position_embeddings": 262144, "train.micro_batch_size": 8}
 
-#: (changes to BASE, the rule and key that refuse it): one per entry of UNSUPPORTED, then the
+#: (changes to BASE, the rule and key that refuse it): one per runtime rule, then the
 #: other things validate or compile refuse.
 FAILING: list[tuple[dict[str, Any], str, str]] = [
-    ({"stage.kind": "rl"}, "runtime-unsupported", "stage.kind"),
-    ({"stage.kind": "sft"}, "runtime-unsupported", "stage.kind"),
-    ({"checkpoint.async_save": True}, "runtime-unsupported", "checkpoint.async_save"),
-    ({"parallel.fsdp": "torch"}, "runtime-unsupported", "parallel.fsdp"),
+    ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
+    ({"stage.kind": "sft"}, "runtime-sft", "stage.kind"),
+    ({"checkpoint.async_save": True}, "runtime-async-save", "checkpoint.async_save"),
+    ({"parallel.fsdp": "torch"}, "runtime-torch-fsdp", "parallel.fsdp"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.use_distributed_optimizer": False},
-     "runtime-unsupported", "parallel.use_distributed_optimizer"),
+     "runtime-fsdp-distributed-optimizer", "parallel.use_distributed_optimizer"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.pipeline_model_parallel_size": 2},
-     "runtime-unsupported", "parallel.pipeline_model_parallel_size"),
-    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "fused_linear"}, "runtime-unsupported",
+     "runtime-fsdp-pipeline", "parallel.pipeline_model_parallel_size"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "fused_linear"}, "runtime-fsdp-fused-ce",
      "kernels.cross_entropy"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "checkpoint.init_from": "mcore:runs/b/ckpt"},
-     "runtime-unsupported", "checkpoint.init_from"),
+     "runtime-fsdp-init-from", "checkpoint.init_from"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
-      "model.transformer_impl": "transformer_engine"}, "runtime-unsupported", "precision.fp8"),
-    ({"logging.wandb_project": "p"}, "runtime-unsupported", "logging.wandb_project"),
+      "model.transformer_impl": "transformer_engine"}, "runtime-fsdp-fp8", "precision.fp8"),
+    ({"logging.wandb_project": "p"}, "runtime-wandb", "logging.wandb_project"),
     ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
-     "runtime-unsupported", "model.moe_grouped_gemm"),
+     "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
-      "model.transformer_impl": "transformer_engine"}, "runtime-unsupported", "objective.attention_mask"),
-    ({"logging.tensorboard_dir": "tb"}, "runtime-unsupported", "logging.tensorboard_dir"),
+      "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
+    ({"logging.tensorboard_dir": "tb"}, "runtime-tensorboard-dir", "logging.tensorboard_dir"),
     ({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"},
-     "runtime-unsupported", "objective.variable_length_prob"),
+     "runtime-variable-length-te", "objective.variable_length_prob"),
     ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
-     "runtime-unsupported", "data.reset_attention_mask"),
+     "runtime-document-mask-te", "data.reset_attention_mask"),
     (TOO_BIG, "memory-fits", "cluster.gpu"),
     ({"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}, "data.eod_mask_loss": True},
      "eod-id-unknown", "data.tokenizer.eod_id"),
@@ -145,10 +145,10 @@ def test_failing_examples(changes: dict[str, Any], rule: str, key: str, tmp_path
     assert code == 2 and (rule, key, "error") in issues
 
 
-def test_every_unsupported_entry_has_a_failing_example() -> None:
-    from dlmspec.unsupported import UNSUPPORTED
+def test_every_runtime_rule_has_a_failing_example() -> None:
+    from dlmspec.check import RULES
 
-    assert {u.key for u in UNSUPPORTED} <= {key for _, rule, key in FAILING if rule == "runtime-unsupported"}
+    assert {r.id for r in RULES.values() if r.scope == "runtime"} <= {rule for _, rule, _ in FAILING}
 
 
 def test_memory_override_turns_the_error_into_a_recorded_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
