@@ -49,7 +49,7 @@ from dlmspec.cli import (
     stdout,
     use_json,
 )
-from dlmspec.check import RULES
+from dlmspec.check import RULES, SCOPE_NAMES
 from dlmspec.credentials import redact
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.escape import comment, toml_document
@@ -240,7 +240,10 @@ def _published(total: int | str, active: int | str) -> str:
 
 
 def _rule_rows() -> list[dict[str, Any]]:
-    return [{"id": r.id, "severity": r.severity, "summary": r.summary, "source": r.source} for r in RULES.values()]
+    """Every rule of :data:`dlmspec.check.RULES`, by scope (the loader's first, the runtime's last)."""
+    ordered = sorted(RULES.values(), key=lambda r: SCOPE_NAMES.index(r.scope))
+    return [{"id": r.id, "scope": r.scope, "severity": r.severity, "summary": r.summary, "source": r.source,
+             "fix": r.fix} for r in ordered]
 
 
 def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str) -> None:
@@ -271,7 +274,7 @@ def show(
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     gpus: bool = typer.Option(False, "--gpus", help="List the GPU catalog."),
     presets: bool = typer.Option(False, "--presets", help="List the model presets with parameter counts."),
-    rules: bool = typer.Option(False, "--rules", help="List the validator's rules."),
+    rules: bool = typer.Option(False, "--rules", help="List every rule: loader, spec, paths, SLURM, memory, runtime."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Print a spec with every default filled in and its derived values, or a catalog.
@@ -300,8 +303,9 @@ def show(
                                            ("mask_token_id", "[MASK]"), ("parameters", "params"),
                                            ("active_parameters", "active"), ("published", "published")],
                           "Model presets (params counted with the tokenizer vocabulary)"),
-            "--rules": (_rule_rows(), [("id", "id"), ("severity", "severity"), ("summary", "rule"),
-                                       ("source", "source")], "Validator rules"),
+            "--rules": (_rule_rows(), [("id", "id"), ("scope", "scope"), ("severity", "severity"),
+                                       ("summary", "rule"), ("source", "source")],
+                        "Rules (validate reports them, compile refuses their errors)"),
         }[chosen[0]]
         if json_output:
             print(json.dumps(rows, indent=2))
