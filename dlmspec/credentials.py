@@ -22,7 +22,7 @@ Three things count as a secret:
 secret replaced by :data:`HIDDEN`. Used by the ``slurm-secret`` rule
 (:mod:`dlmspec.check.slurm`), the ``secret-in-spec`` rule (:mod:`dlmspec.check.strings`),
 :class:`dlmspec.errors.SpecIssue` (no issue holds a secret), ``dlmspec show`` and
-:func:`dlmspec.compile.render` (no generated file holds a token). Imports only the standard library.
+:func:`dlmspec.render.compile.render` (no generated file holds a token). Imports only the standard library.
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ def _is_env_entry(path: str) -> str | None:
 
 def walk_strings(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
     """Every string under ``node`` as ``(dotted key, string)``: spec tables (pydantic models and
-    :class:`dlmspec.fastspec.SpecTable`, read by iterating their fields), dicts (keys joined
+    :class:`dlmspec.spec.fast.SpecTable`, read by iterating their fields), dicts (keys joined
     with ``.``) and lists (indices: ``data.train.0.prefix``), in order. Dict keys are not
     yielded. Iterative, so a deeply nested free-form table (``[lock]``) cannot exhaust the
     stack."""

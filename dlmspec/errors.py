@@ -18,6 +18,13 @@ Severity = Literal["error", "warning"]
 #: Exit code of every command when the spec (or another user input) is wrong.
 EXIT_USAGE = 2
 
+#: Exit code of a training process that saved a checkpoint on SIGUSR1/SIGTERM and stopped so the
+#: job can be requeued (the runtime, ``dlmspec.backends.megatron.training`` and
+#: ``dlmspec.backends.launch.check``, exits with it; launch.sbatch requeues a job whose ``srun``
+#: ends with it). 85 is outside the shell's 126-165 range and the codes Python and torchrun use
+#: for crashes.
+REQUEUE_EXIT_CODE = 85
+
 
 @dataclass
 class SpecIssue:
@@ -100,11 +107,11 @@ def _jsonable(value: Any) -> Any:
 class SpecError(Exception):
     """A spec that cannot be used; ``issues`` holds every error (and the warnings) found.
 
-    Raised by :mod:`dlmspec.loader` (syntax, unknown keys, wrong types) and by
+    Raised by :mod:`dlmspec.spec.load` (syntax, unknown keys, wrong types) and by
     the rules of :mod:`dlmspec.check` (through the commands that refuse on them).
 
     ``partial``: for schema errors only, the spec loaded without the offending keys (a
-    :class:`dlmspec.loader.LoadedSpec`, or None when that does not load either), and ``dropped``
+    :class:`dlmspec.spec.load.LoadedSpec`, or None when that does not load either), and ``dropped``
     those keys, so the cross-field rules can be reported in the same run
     (:func:`dlmspec.check.with_rule_issues`).
     """

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dlmspec.spec import ModelSpec
+    from dlmspec.spec.models import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,14 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dlmspec.fastspec import section_defaults
 from dlmspec.gpus import GPU, GPUS
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
-from dlmspec.presets import MASK_TOKEN_IDS
+from dlmspec.spec.fast import section_defaults
+from dlmspec.spec.presets import MASK_TOKEN_IDS
 from dlmspec.tokenizers import read_json
 
 if TYPE_CHECKING:
-    from dlmspec.spec import SlurmSpec, Spec
+    from dlmspec.spec.models import SlurmSpec, Spec
 
 
 def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "none") -> str:
@@ -41,7 +41,7 @@ def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "non
 
 
 #: ``[parallel] cp_comm_type`` values the local layers implement: SDPA core attention all-gathers
-#: keys and values over the context-parallel group (``backends.megatron.attention.CP_COMM_TYPES``,
+#: keys and values over the context-parallel group (``dlmspec.backends.megatron.attention.CP_COMM_TYPES``,
 #: megatron-core's spelling ``"all_gather"``); ``p2p``, ``a2a`` and ``a2a+p2p`` need Transformer
 #: Engine's attention.
 LOCAL_CP_COMM_TYPES = ("allgather",)
@@ -53,11 +53,11 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
     Returns:
         ``(local_only, te_only)``. Local only (the Transformer Engine path refuses them):
         variable-length MDM sequences and document masks, which pass an attention mask that the
-        TE layers would ignore (``backends.megatron.training.check_masks_supported``), and
-        block-causal attention (``backends.megatron.layers.build_layer_spec``). Transformer
+        TE layers would ignore (``dlmspec.backends.megatron.training.check_masks_supported``), and
+        block-causal attention (``dlmspec.backends.megatron.layers.build_layer_spec``). Transformer
         Engine only: fp8 (megatron-core runs fp8 in TE layers), grouped-GEMM experts
         (``build_layer_spec``) and context parallelism with a ``cp_comm_type`` outside
-        :data:`LOCAL_CP_COMM_TYPES` (``backends.megatron.attention``).
+        :data:`LOCAL_CP_COMM_TYPES` (``dlmspec.backends.megatron.attention``).
     """
     obj, data, par = spec.objective, spec.data, spec.parallel
     local = [text for text, on in (
@@ -329,7 +329,7 @@ def eod_used_by(spec: Spec) -> list[str]:
 
 def slurm_settings(resolved: Resolved) -> SlurmSpec:
     """``[cluster.slurm]`` of the spec, or its defaults when the table is absent (a
-    :class:`~dlmspec.fastspec.SpecTable` for a spec loaded with ``fast=True``: no pydantic)."""
+    :class:`~dlmspec.spec.fast.SpecTable` for a spec loaded with ``fast=True``: no pydantic)."""
     slurm = resolved.spec.cluster.slurm
     if slurm:
         return slurm

@@ -91,7 +91,7 @@ def canonical_tokenizer_type(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class TokenizerSpec:
+class TokenizerArgs:
     """Picklable arguments of :func:`build_tokenizer` (sent to worker processes)."""
 
     tokenizer_type: str

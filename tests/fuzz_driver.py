@@ -9,8 +9,8 @@ space (``RLIMIT_AS``, default 2 GiB), sends stdout/stderr to files, and runs
 ``dlmspec validate SPEC``, ``dlmspec plan SPEC`` and ``dlmspec compile SPEC -o OUT`` through
 :func:`dlmspec.cli.main`, as the console script does. It records each command's exit code,
 whether it raised (with the traceback), whether the output holds a traceback, and the issues
-the command reported (rule, key, severity), taken from :func:`dlmspec.cli.report_issues` and
-:func:`dlmspec.cli.report_warnings`. The parent kills a child that runs past the timeout
+the command reported (rule, key, severity), taken from :func:`dlmspec.cli.output.report_issues` and
+:func:`dlmspec.cli.output.report_warnings`. The parent kills a child that runs past the timeout
 (default 20 s) and records its peak resident memory (``wait4``'s ``ru_maxrss``).
 
 RESULTS.json: one record per case: ``id``, ``status`` (``"done"``, ``"timeout"`` or
@@ -37,23 +37,23 @@ COMMANDS = (("validate", ["validate"]), ("plan", ["plan"]), ("compile", ["compil
 def warm_up() -> None:
     """Import and build what every command uses, once, before forking."""
     import dlmspec.cli as cli
-    import dlmspec.commands  # noqa: F401 - typer app
-    import dlmspec.compile
+    import dlmspec.cli.commands  # noqa: F401 - typer app
+    import dlmspec.render.compile
     import dlmspec.plan  # noqa: F401
-    from dlmspec.loader import load_text
+    from dlmspec.spec.load import load_text
 
     text = ('name = "w"\n[model]\npreset = "qwen3-0.6b"\n[train]\nglobal_batch_size = 8\nseq_length = 512\n'
             'train_iters = 10\n[data]\nmock = true\n')
     load_text(text, name="warm.toml")  # builds the pydantic validators
     cli.skip_pydantic_plugin_discovery()
     # The templates, compiled once (jinja2 takes ~0.25 s per compile to compile them again,
-    # since dlmspec.compile builds a fresh Environment for each render).
-    make_env = getattr(dlmspec.compile, "_environment", None)
+    # since dlmspec.render.compile builds a fresh Environment for each render).
+    make_env = getattr(dlmspec.render.compile, "_environment", None)
     if make_env is not None:
         env = make_env()
         for name in ("train.py.j2", "launch.sh.j2"):
             env.get_template(name)
-        dlmspec.compile._environment = lambda: env
+        dlmspec.render.compile._environment = lambda: env
 
 
 def _record(store: list, issues: Any) -> None:
@@ -64,10 +64,14 @@ def run_case(case: dict[str, Any], memory: int) -> dict[str, Any]:
     """In the child: run the commands of one case (see the module docstring)."""
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     import dlmspec.cli as cli
-    import dlmspec.commands as commands
+    import dlmspec.cli.app
+    import dlmspec.cli.commands
+    import dlmspec.cli.output as output
+    import dlmspec.cli.plan
+    import dlmspec.cli.validate
 
     reported: list[dict[str, Any]] = []
-    original_issues, original_warnings = cli.report_issues, cli.report_warnings
+    original_issues, original_warnings = output.report_issues, output.report_warnings
 
     def report_issues(issues: Any, *, as_json: bool = False) -> None:
         _record(reported, issues)
@@ -77,9 +81,11 @@ def run_case(case: dict[str, Any], memory: int) -> dict[str, Any]:
         _record(reported, warnings)
         original_warnings(warnings)
 
-    for module in (cli, commands):
-        module.report_issues = report_issues
-        module.report_warnings = report_warnings
+    # every module of dlmspec.cli that calls them (each imported the names)
+    for module in (cli, dlmspec.cli.app, dlmspec.cli.commands, dlmspec.cli.plan, dlmspec.cli.validate):
+        for name, func in (("report_issues", report_issues), ("report_warnings", report_warnings)):
+            if hasattr(module, name):
+                setattr(module, name, func)
     results = {}
     for name, argv in COMMANDS:
         reported.clear()

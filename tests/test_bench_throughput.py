@@ -140,7 +140,7 @@ def test_hf_attention_is_bidirectional_and_the_check_can_fail(hf, monkeypatch):
 def test_hf_loss_is_the_runtimes_objective(hf):
     import torch
 
-    from backends.megatron.objective import MaskedDiffusionObjective
+    from dlmspec.backends.megatron.objective import MaskedDiffusionObjective
 
     torch.manual_seed(0)
     obj = MaskedDiffusionObjective(9, variable_length_prob=0.0)

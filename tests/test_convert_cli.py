@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from dlmspec.cli import app  # noqa: E402
+from dlmspec.cli.commands import app  # noqa: E402
 
 
 def _run(*args: str):
@@ -42,7 +42,7 @@ def _spec_for(config: dict, path: Path, **changes) -> Path:
 def test_convert_round_trip_and_verify(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from backends.convert.tiny import make_tiny_hf
+    from dlmspec.backends.convert.tiny import make_tiny_hf
 
     src, _ = make_tiny_hf("qwen3", tmp_path / "hf", seed=3)
     config = json.loads((src / "config.json").read_text())
@@ -76,7 +76,7 @@ def test_convert_round_trip_and_verify(tmp_path: Path) -> None:
 
 
 def test_convert_refuses_a_checkpoint_that_disagrees_with_the_spec(tmp_path: Path) -> None:
-    from backends.convert.tiny import make_tiny_hf
+    from dlmspec.backends.convert.tiny import make_tiny_hf
 
     src, _ = make_tiny_hf("qwen3", tmp_path / "hf", seed=3)
     config = json.loads((src / "config.json").read_text())

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import torch
 
-from backends.convert.hf_io import SafetensorsReader
+from dlmspec.backends.convert.hf_io import SafetensorsReader
 
 
 _NO_PSUTIL = """
 import sys
 sys.modules["psutil"] = None  # as on a machine without psutil
-from backends.convert import hf_to_mcore, mcore_to_hf
-from backends.convert.tiny import make_tiny_hf
+from dlmspec.backends.convert import hf_to_mcore, mcore_to_hf
+from dlmspec.backends.convert.tiny import make_tiny_hf
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 assert not filesystem_async.HAVE_PSUTIL
 src, _ = make_tiny_hf("mistral", sys.argv[1] + "/hf")

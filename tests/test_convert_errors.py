@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from backends.convert import ConversionError, ModelDims, hf_to_mcore, mcore_to_hf
-from backends.convert.families import dims_from_hf_config, hf_to_mcore_state_dict, mcore_to_hf_state_dict
-from backends.convert.tiny import make_tiny_hf
+from dlmspec.backends.convert import ConversionError, ModelDims, hf_to_mcore, mcore_to_hf
+from dlmspec.backends.convert.hf_config import dims_from_hf_config
+from dlmspec.backends.convert.state_dict import hf_to_mcore_state_dict, mcore_to_hf_state_dict
+from dlmspec.backends.convert.tiny import make_tiny_hf
 
 
 @pytest.fixture()

@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from dlmspec.cli import app  # noqa: E402
+from dlmspec.cli.commands import app  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> dict[str, Path]:
     """A tiny Llama Hugging Face checkpoint and its megatron-core conversion (built once)."""
-    from backends.convert import hf_to_mcore
-    from backends.convert.tiny import make_tiny_hf
+    from dlmspec.backends.convert import hf_to_mcore
+    from dlmspec.backends.convert.tiny import make_tiny_hf
 
     root = tmp_path_factory.mktemp("pristine")
     hf, _ = make_tiny_hf("llama", root / "hf")
@@ -187,7 +187,7 @@ def test_force_keeps_files_convert_does_not_write(mcore, tmp_path):
 # ------------------------------------------------------------------ 2. interrupted conversions
 def test_sigterm_mid_write_removes_the_temporary_folder(tmp_path):
     """A process writing a checkpoint gets SIGTERM: it exits, and leaves no temporary folder."""
-    from backends.convert._atomic import atomic_directory
+    from dlmspec.backends.convert._atomic import atomic_directory
 
     pid = os.fork()  # a real process to signal, without a second interpreter start-up
     if pid == 0:
@@ -208,7 +208,7 @@ def test_sigterm_mid_write_removes_the_temporary_folder(tmp_path):
 
 
 def test_interrupt_during_the_write_exits_130_and_leaves_nothing(mcore, tmp_path, monkeypatch):
-    from backends.convert import hf_io
+    from dlmspec.backends.convert import hf_io
 
     def interrupted(*args, **kwargs):
         Path(args[1]).write_bytes(b"half a shard")
@@ -396,11 +396,11 @@ def test_garbage_iteration_tracker_is_refused(pristine, tmp_path):
     (lambda t: t.to(torch.int8), ["int8", "floating"]),
 ])
 def test_megatron_checkpoint_with_bad_values_is_refused(poison, needles, pristine, tmp_path):
-    from backends.convert import families, mcore_io
-    from backends.convert.hf_io import SafetensorsReader
+    from dlmspec.backends.convert import mcore_io, state_dict
+    from dlmspec.backends.convert.hf_io import SafetensorsReader
 
     dims = mcore_io.load_mcore_checkpoint(pristine["mcore"])[1]
-    state = families.hf_to_mcore_state_dict(dict(SafetensorsReader(pristine["hf"]).items()), dims)
+    state = state_dict.hf_to_mcore_state_dict(dict(SafetensorsReader(pristine["hf"]).items()), dims)
     name = "decoder.final_layernorm.weight"  # not stacked: one layer's dtype may differ from another's
     tensor = state[name].clone()
     poisoned = poison(tensor)

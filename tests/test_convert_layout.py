@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.convert import ConversionError, layout
-from backends.convert.dims import ModelDims, padded_vocab_size
+from dlmspec.backends.convert import ConversionError, layout
+from dlmspec.backends.convert.dims import ModelDims, padded_vocab_size
 
 
 def _tagged_qkv(H, G, d, hidden=3):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.convert import ConversionError, hf_to_mcore, verify
-from backends.convert.api import megatron_checkpoint_logits
-from backends.convert.mcore_model import MOE_CPU_REASON
-from backends.convert.tiny import make_tiny_hf
+from dlmspec.backends.convert import ConversionError, hf_to_mcore, verify
+from dlmspec.backends.convert.api import megatron_checkpoint_logits
+from dlmspec.backends.convert.mcore_model import MOE_CPU_REASON
+from dlmspec.backends.convert.tiny import make_tiny_hf
 
 DENSE = ["llama", "mistral", "qwen2", "qwen3", "llada", "dream"]
 ATOL = 1e-4
@@ -32,7 +32,7 @@ def test_megatron_logits_match_hf(family, tmp_path):
 
 def test_a_wrong_layout_is_caught(tmp_path):
     """Swapping the two query groups' k heads in the megatron checkpoint must break the logits."""
-    from backends.convert import mcore_io
+    from dlmspec.backends.convert import mcore_io
 
     src, _ = make_tiny_hf("llama", tmp_path / "hf")
     dims = hf_to_mcore(src, tmp_path / "mcore")

@@ -8,17 +8,17 @@ import dataclasses
 import pytest
 import torch
 
-from backends.convert import layout
-from backends.convert.dims import ModelDims
-from backends.convert.families import expected_mcore_shapes
-from backends.convert.mcore_io import (
+from dlmspec.backends.convert import layout
+from dlmspec.backends.convert.dims import ModelDims
+from dlmspec.backends.convert.families import expected_mcore_shapes
+from dlmspec.backends.convert.mcore_io import (
     _save_strategy,
     _without_psutil_ok,
     load_mcore_checkpoint,
     process_group,
     save_mcore_checkpoint,
 )
-from backends.convert.mcore_model import build_gpt_model
+from dlmspec.backends.convert.mcore_model import build_gpt_model
 
 DENSE = ModelDims(family="qwen3", num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4,
                   num_query_groups=2, kv_channels=24, vocab_size=100, padded_vocab_size=128,

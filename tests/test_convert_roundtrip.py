@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from backends.convert import ModelDims, hf_to_mcore, mcore_to_hf
-from backends.convert.dims import FAMILIES
-from backends.convert.hf_io import SafetensorsReader
-from backends.convert.mcore_io import read_sidecar
-from backends.convert.tiny import make_tiny_hf
+from dlmspec.backends.convert import ModelDims, hf_to_mcore, mcore_to_hf
+from dlmspec.backends.convert.dims import FAMILIES
+from dlmspec.backends.convert.hf_io import SafetensorsReader
+from dlmspec.backends.convert.mcore_io import read_sidecar
+from dlmspec.backends.convert.tiny import make_tiny_hf
 
 
 def _assert_identical(a_dir, b_dir):
@@ -44,8 +44,8 @@ def test_family_specific_dims(tmp_path):
     seen = {}
     for family in ("qwen2", "qwen3", "qwen3_moe", "mixtral", "mistral"):
         src, _ = make_tiny_hf(family, tmp_path / family)
-        from backends.convert.families import dims_from_hf_config
-        from backends.convert.hf_io import read_hf_config
+        from dlmspec.backends.convert.hf_config import dims_from_hf_config
+        from dlmspec.backends.convert.hf_io import read_hf_config
 
         seen[family] = dims_from_hf_config(read_hf_config(src))
     assert seen["qwen2"].add_qkv_bias and seen["qwen2"].tied
@@ -72,7 +72,7 @@ def test_sharded_hf_checkpoint_round_trip_and_bf16(tmp_path):
     """Sharded safetensors with an index, bf16 storage, per-layer dist layout."""
     src, ref = make_tiny_hf("llama", tmp_path / "hf")
     # re-save sharded and in bf16 through our own writer (forces several shards)
-    from backends.convert.hf_io import read_hf_config, write_hf_checkpoint
+    from dlmspec.backends.convert.hf_io import read_hf_config, write_hf_checkpoint
 
     state = {k: v for k, v in SafetensorsReader(src).items()}
     write_hf_checkpoint(tmp_path / "sharded", state, read_hf_config(src), dtype=torch.bfloat16,
@@ -86,7 +86,7 @@ def test_sharded_hf_checkpoint_round_trip_and_bf16(tmp_path):
 
 
 def test_existing_destination_is_refused_and_nothing_half_written(tmp_path):
-    from backends.convert import ConversionError
+    from dlmspec.backends.convert import ConversionError
 
     src, _ = make_tiny_hf("llama", tmp_path / "hf")
     (tmp_path / "mcore").mkdir()

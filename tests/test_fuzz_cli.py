@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from dlmspec.cli import app
-from dlmspec.spec import Spec
+from dlmspec.cli.commands import app
+from dlmspec.spec.models import Spec
 
 COMMANDS = (["validate"], ["show"], ["plan"], ["validate", "--json"], ["plan", "--json"], ["check", "--strict"])
 
@@ -213,8 +213,8 @@ PYTHON = st.sampled_from([
     "spec = {'model': {'preset': 'qwen3-0.6b'}, 'train': {'global_batch_size': 8, 'seq_length': 512}, 1: 2}",
     "spec = {'model': {'preset': 'qwen3-0.6b'}, 'train': {'global_batch_size': 8, 'seq_length': 512}, 'lock': {'a': None}}",
     "spec = {'model': {'preset': 'qwen3-0.6b'}, 'train': {'global_batch_size': 8, 'seq_length': 512}, 'lock': {'a': object()}}",
-    "from dlmspec.spec import Spec\nspec = Spec(model={'preset': 'nope'}, train={'global_batch_size': 8, 'seq_length': 8})",
-    "import dlmspec.spec\nspec = dlmspec.spec.Spec.model_validate(" + repr(BASE) + ").replace(**{'parallel.tensor_model_parallel_size': 3})",
+    "from dlmspec.spec.models import Spec\nspec = Spec(model={'preset': 'nope'}, train={'global_batch_size': 8, 'seq_length': 8})",
+    "import dlmspec.spec.models\nspec = dlmspec.spec.models.Spec.model_validate(" + repr(BASE) + ").replace(**{'parallel.tensor_model_parallel_size': 3})",
     "syntax error here (",
     "\x00",
     "raise GeneratorExit",

@@ -39,9 +39,9 @@ import tomli_w
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from dlmspec.cli import app
-from dlmspec.presets import PRESETS
-from dlmspec.spec import Spec
+from dlmspec.cli.commands import app
+from dlmspec.spec.presets import PRESETS
+from dlmspec.spec.models import Spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "fuzz_driver.py"

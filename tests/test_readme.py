@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from dlmspec.check import find
-from dlmspec.loader import load_text
+from dlmspec.spec.load import load_text
 from dlmspec.resolve import resolve
 
 README = Path(__file__).resolve().parents[1] / "README.md"

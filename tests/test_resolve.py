@@ -15,9 +15,9 @@ import pytest
 import tomli_w
 from typer.testing import CliRunner
 
-from dlmspec.cli import app
-from dlmspec.compile import render
-from dlmspec.loader import load
+from dlmspec.cli.commands import app
+from dlmspec.render.compile import render
+from dlmspec.spec.load import load
 from dlmspec.plan import make_plan
 from dlmspec.resolve import resolve
 

@@ -11,7 +11,7 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from backends.megatron.attention import SDPACoreAttention, block_causal_allowed
+from dlmspec.backends.megatron.attention import SDPACoreAttention, block_causal_allowed
 
 
 def _config(heads=4, groups=2, kv=8, dropout=0.0, sequence_parallel=False, **extra):
@@ -184,7 +184,7 @@ def test_unsupported_inputs_raise():
 
 
 def test_auto_backend_prefers_cudnn_on_hopper_and_keeps_pytorch_order_elsewhere(monkeypatch):
-    from backends.megatron import attention
+    from dlmspec.backends.megatron import attention
 
     attention.auto_sdpa_backend.cache_clear()
     try:

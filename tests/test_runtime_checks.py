@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlmspec.compile import compile_spec
+from dlmspec.render.compile import compile_spec
 
 from conftest import megatron_cpu_world
 
@@ -79,8 +79,8 @@ def _parts(module):
 
 def _record(module):
     """The record train() would write for this compiled train.py (world of one)."""
-    from backends.megatron import spec_record as sr
-    from backends.megatron.layers import layer_spec_attention
+    from dlmspec.backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron.layers import layer_spec_attention
 
     run, tc, model_kwargs, _, opt, layer = _parts(module)
     lock = sr.read_spec_lock(run.spec_lock_file, run.spec_hash)
@@ -101,7 +101,7 @@ def _fake_checkpoint(root: Path, iteration: int, meta: dict) -> Path:
 
 
 def _meta_of(module, iteration=100) -> dict:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     lock, record = _record(module)
     run = module.build_run()
@@ -114,7 +114,7 @@ def _meta_of(module, iteration=100) -> dict:
 
 
 def test_compiled_train_py_hands_the_runtime_its_lock(compiled) -> None:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     module, folder = compiled["base"]
     run = module.build_run()
@@ -129,7 +129,7 @@ def test_compiled_train_py_hands_the_runtime_its_lock(compiled) -> None:
 
 
 def test_a_missing_or_foreign_lock_is_a_warning_not_a_failure(tmp_path: Path, compiled) -> None:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     module, folder = compiled["base"]
     run = module.build_run()
@@ -150,7 +150,7 @@ def test_the_record_is_json_and_names_spec_keys(compiled) -> None:
 
 
 def test_resume_allows_and_reports_schedule_logging_and_eval_changes(tmp_path: Path, compiled) -> None:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     ckpt = _fake_checkpoint(tmp_path, 100, _meta_of(compiled["base"][0]))
     lock, record = _record(compiled["longer"][0])
@@ -167,7 +167,7 @@ def test_resume_allows_and_reports_schedule_logging_and_eval_changes(tmp_path: P
 
 
 def test_resume_with_the_same_spec_reports_nothing(tmp_path: Path, compiled) -> None:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     ckpt = _fake_checkpoint(tmp_path, 100, _meta_of(compiled["base"][0]))
     lock, record = _record(compiled["base"][0])
@@ -180,7 +180,7 @@ def test_resume_with_the_same_spec_reports_nothing(tmp_path: Path, compiled) -> 
     ("ar", "objective.kind", "'mdm'", "'ar'"),
 ])
 def test_resume_refuses_a_changed_model_shape_or_objective(tmp_path, compiled, variant, key, old, new) -> None:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     ckpt = _fake_checkpoint(tmp_path, 100, _meta_of(compiled["base"][0]))
     lock, record = _record(compiled[variant][0])
@@ -194,7 +194,7 @@ def test_resume_refuses_a_changed_model_shape_or_objective(tmp_path, compiled, v
 
 
 def test_resume_refuses_a_changed_tokenizer_or_seed(tmp_path: Path, compiled) -> None:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     meta = _meta_of(compiled["base"][0])
     meta["spec"]["record"]["data.tokenizer.type"] = "GPT2BPETokenizer"
@@ -210,7 +210,7 @@ def test_resume_refuses_a_changed_tokenizer_or_seed(tmp_path: Path, compiled) ->
 
 def test_resume_without_a_record_warns_what_could_not_be_checked(tmp_path: Path, compiled) -> None:
     """A checkpoint of an older dlmspec (dlmspec.json with objective and layer_spec only)."""
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     module = compiled["base"][0]
     run = module.build_run()
@@ -229,7 +229,7 @@ def test_resume_without_a_record_warns_what_could_not_be_checked(tmp_path: Path,
 
 
 def test_resume_from_a_folder_dlmspec_did_not_write_is_refused_cleanly(tmp_path: Path, compiled) -> None:
-    from backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import spec_record as sr
 
     path = tmp_path / "iter_0000100"
     path.mkdir()
@@ -244,7 +244,7 @@ def test_resume_from_a_folder_dlmspec_did_not_write_is_refused_cleanly(tmp_path:
 
 
 def _no_megatron_start(monkeypatch):
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     def refuse(*args, **kwargs):
         raise AssertionError("megatron-core was started")
@@ -299,7 +299,7 @@ def test_megatron_core_refuses_a_longer_schedule_by_itself() -> None:
 
 
 def test_the_scheduler_takes_the_new_specs_values_and_says_which_changed() -> None:
-    from backends.megatron.spec_record import load_scheduler_state
+    from dlmspec.backends.megatron.spec_record import load_scheduler_state
 
     old = _scheduler(300)
     old.step(100)
@@ -319,7 +319,7 @@ def test_the_scheduler_takes_the_new_specs_values_and_says_which_changed() -> No
 
 def test_load_checkpoint_loads_a_changed_schedule(tmp_path_factory, monkeypatch) -> None:
     """load_checkpoint's wiring: the checkpoint's scheduler state goes through load_scheduler_state."""
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     old = _scheduler(300)
     old.step(100)
@@ -359,7 +359,7 @@ def _dataset(prefix: Path, *, docs=40, dtype=np.uint16, top=VOCAB - 1, seed=0) -
 
 
 def _check(prefix, vocab=VOCAB):
-    from backends.megatron.data import check_indexed_dataset
+    from dlmspec.backends.megatron.data import check_indexed_dataset
 
     return check_indexed_dataset(str(prefix), vocab)
 
@@ -421,7 +421,7 @@ def test_token_ids_outside_the_vocabulary_are_named(tmp_path: Path) -> None:
 
 
 def test_large_files_are_sampled_not_read_whole(tmp_path: Path, monkeypatch) -> None:
-    from backends.megatron import data
+    from dlmspec.backends.megatron import data
 
     prefix = _dataset(tmp_path / "large", docs=400, top=VOCAB + 3)
     monkeypatch.setattr(data, "FULL_SCAN_BYTES", 1024)
@@ -461,7 +461,7 @@ def test_train_refuses_bad_data_with_exit_2_naming_the_file(tmp_path, compiled, 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_no_cuda_device_is_one_line() -> None:
-    from backends.megatron.training import cuda_problem
+    from dlmspec.backends.megatron.training import cuda_problem
 
     problem = cuda_problem()
     assert problem is not None and "\n" not in problem and "no CUDA device" in problem
@@ -489,7 +489,7 @@ ENFORCE = ("[enforce fail at inline_container.cc:672] . PytorchStreamWriter fail
 
 
 def test_a_failed_save_names_the_folder_and_free_space_and_keeps_latest(tmp_path_factory, monkeypatch) -> None:
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     root = tmp_path_factory.mktemp("full") / "ckpt"
     previous = _fake_checkpoint(root, 100, {"seed": 1})
@@ -518,7 +518,7 @@ def test_a_failed_save_names_the_folder_and_free_space_and_keeps_latest(tmp_path
 
 
 def test_a_failed_tracker_write_leaves_the_old_latest(tmp_path_factory, monkeypatch) -> None:
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     root = tmp_path_factory.mktemp("tracker") / "ckpt"
     previous = _fake_checkpoint(root, 100, {"seed": 1})
@@ -539,8 +539,8 @@ def test_a_failed_tracker_write_leaves_the_old_latest(tmp_path_factory, monkeypa
 
 
 def test_the_record_goes_into_every_checkpoint(tmp_path_factory, monkeypatch, compiled) -> None:
-    from backends.megatron import spec_record as sr
-    from backends.megatron import training
+    from dlmspec.backends.megatron import spec_record as sr
+    from dlmspec.backends.megatron import training
 
     lock, record = _record(compiled["base"][0])
     root = tmp_path_factory.mktemp("rec") / "ckpt"
@@ -569,7 +569,7 @@ def test_train_py_check_runs_the_start_checks_in_one_process(compiled, monkeypat
     monkeypatch.setattr("sys.argv", ["train.py", "--check"])
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setattr(module, "GPUS_PER_NODE", 2)  # as compiled for two GPUs: --check is one process
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     seen = {}
 
@@ -587,7 +587,7 @@ def test_train_py_check_runs_the_start_checks_in_one_process(compiled, monkeypat
 
 
 def test_cuda_problem_counts_the_gpus_a_node_needs(monkeypatch) -> None:
-    from backends.megatron.training import cuda_problem
+    from dlmspec.backends.megatron.training import cuda_problem
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -617,7 +617,7 @@ def test_a_failed_torch_dcp_write_is_caught_and_summarised(tmp_path_factory, mon
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.utils import _wrap_exception
 
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     root = tmp_path_factory.mktemp("dcp") / "ckpt"
     previous = _fake_checkpoint(root, 40, {"seed": 1})
@@ -657,7 +657,7 @@ class _Optimizer:
 
 
 def test_load_checkpoint_keeps_this_specs_optimizer_hyperparameters(tmp_path_factory, monkeypatch) -> None:
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     old = _scheduler(300)
     old.step(100)

@@ -1,12 +1,12 @@
 """Context parallelism without Transformer Engine: two CPU processes (gloo) against CP = 1.
 
-:class:`~backends.megatron.attention.SDPACoreAttention` all-gathers keys and values over the
+:class:`~dlmspec.backends.megatron.attention.SDPACoreAttention` all-gathers keys and values over the
 CP group (megatron-core ``cp_comm_type = "all_gather"``). Each test spawns a world of two
 processes (``torch.multiprocessing.spawn``, a file store in ``tmp_path``) and checks, on every
 rank, that CP = 2 gives what CP = 1 gives on the whole sequence:
 
 * the attention output and dQ/dK/dV of the core attention, rows of this rank's positions
-  (megatron's ``2*cp``-chunk layout, :func:`~backends.megatron.attention.cp_rank_positions`),
+  (megatron's ``2*cp``-chunk layout, :func:`~dlmspec.backends.megatron.attention.cp_rank_positions`),
   for bidirectional, causal and block-causal attention;
 * a tiny ``GPTModel`` (RoPE, q/k norm, GQA) through :class:`ObjectiveForwardStep`
   (masks drawn on the full sequence, then ``get_batch_on_this_cp_rank``), megatron DDP and
@@ -67,7 +67,7 @@ def _attention_worker(rank: int, store: str) -> None:
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from backends.megatron.attention import SDPACoreAttention, cp_rank_positions
+    from dlmspec.backends.megatron.attention import SDPACoreAttention, cp_rank_positions
 
     _init(rank, store)
     parallel_state.initialize_model_parallel(1, 1, context_parallel_size=WORLD)
@@ -119,7 +119,7 @@ def test_cp2_attention_output_and_grads_equal_cp1(tmp_path):
 def test_cp_rank_positions_follow_megatrons_batch_slicing():
     from megatron.core import utils
 
-    from backends.megatron.attention import cp_rank_positions
+    from dlmspec.backends.megatron.attention import cp_rank_positions
 
     S, cp = 24, 3
     full = torch.arange(S).unsqueeze(0)
@@ -142,7 +142,7 @@ def test_unsupported_cp_comm_types_are_refused():
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from backends.megatron.attention import SDPACoreAttention
+    from dlmspec.backends.megatron.attention import SDPACoreAttention
 
     for comm in ("p2p", "a2a", None):
         config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, kv_channels=8,
@@ -165,11 +165,11 @@ def _model_worker(rank: int, store: str, kind: str) -> None:
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.utils import unwrap_model
 
-    from backends.megatron.attention import cp_rank_positions
-    from backends.megatron.layers import build_layer_spec, build_model
-    from backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
-    from backends.megatron.rng import TRAIN_STREAM
-    from backends.megatron.training import MicrobatchItem, ObjectiveForwardStep
+    from dlmspec.backends.megatron.attention import cp_rank_positions
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
+    from dlmspec.backends.megatron.rng import TRAIN_STREAM
+    from dlmspec.backends.megatron.training import MicrobatchItem, ObjectiveForwardStep
 
     _init(rank, store)
     torch.set_default_dtype(torch.float64)  # the norms' weights too: compare to ~1e-12

@@ -11,7 +11,7 @@ from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.gpt_dataset import MockGPTDataset
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-from backends.megatron.data import (
+from dlmspec.backends.megatron.data import (
     DataConfig,
     DatasetTokenizer,
     PretrainingBatchSampler,

@@ -3,8 +3,8 @@
 megatron-core 0.16.1's FullyShardedDataParallel cannot be built on a CPU (gloo) world: it asks
 ``torch.cuda.current_device()`` for its device and builds CUDA streams and a ``DeviceMesh`` of
 device type "cuda" (seen here: "Torch not compiled with CUDA enabled"). So this checks the
-wiring: the compiled configs (tests/test_compile_megatron.py executes them with FSDP variations),
-the compiler's refusals (tests/test_compile.py), the runtime's own refusals, the checkpoint
+wiring: the compiled configs (tests/render/test_compile_megatron.py executes them with FSDP variations),
+the compiler's refusals (tests/render/test_compile.py), the runtime's own refusals, the checkpoint
 module's use of torch.distributed.checkpoint around the model state, and the planner's FSDP
 terms against megatron-core's constants. The wrapped run is ``demo-fsdp`` on two GPUs
 (bench/gpu/fsdp_session.sh).
@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlmspec.compile import compile_spec
+from dlmspec.render.compile import compile_spec
 from dlmspec.plan import make_plan
 from dlmspec.plan.calibration import Calibration
 from dlmspec.plan.memory import MEGATRON_FSDP_UNIT, fsdp_sharding, fsdp_unsharded_bytes
 from dlmspec.plan.shape import layout
-from dlmspec.plan.time import ddp_buckets, dp_comm_seconds, dp_overlap
+from dlmspec.plan.comm import ddp_buckets, dp_comm_seconds, dp_overlap
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 from conftest import megatron_cpu_world
 
@@ -98,7 +98,7 @@ def test_the_wrapper_needs_cuda_on_this_machine() -> None:
 def test_fsdp_problems_name_each_fix() -> None:
     from megatron.core.optimizer import OptimizerConfig
 
-    from backends.megatron.fsdp import fsdp_problems
+    from dlmspec.backends.megatron.fsdp import fsdp_problems
 
     ok = dict(cuda_available=True, environ={})
     if importlib.util.find_spec("einops") is not None:
@@ -121,7 +121,7 @@ def test_train_refuses_fsdp_without_cuda_before_building(tmp_path_factory, monke
     """On this CPU machine train() stops at once with the reason, before any model exists."""
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     out = tmp_path_factory.mktemp("c")
     compile_spec(DEMO, out, force=True, overrides=FSDP + ["data.mock=true", "data.train=[]", "data.valid=[]",
@@ -162,7 +162,7 @@ def test_compiled_fsdp_launch_never_sets_max_connections_1(tmp_path: Path) -> No
 def test_resume_refuses_a_checkpoint_of_the_other_format(tmp_path: Path) -> None:
     import json
 
-    from backends.megatron import training
+    from dlmspec.backends.megatron import training
 
     path = tmp_path / "iter_0000010"
     path.mkdir()
@@ -179,7 +179,7 @@ def test_fsdp_checkpoint_keeps_run_state_and_this_ranks_rng(tmp_path_factory, mo
     """save/load_checkpoint_fsdp with the model state replaced by plain tensors: DCP writes and
     reads back the weights in place, the pickled run state (iteration, samples, seed, scheduler)
     and this rank's RNG state, and hands the unprocessed state dict to the chunk's load_state_dict."""
-    from backends.megatron import fsdp
+    from dlmspec.backends.megatron import fsdp
 
     weights = {"w": torch.arange(6, dtype=torch.float32)}
     monkeypatch.setattr(fsdp, "_state_dict", lambda model, optimizer, is_loading: {"model": dict(weights)})
@@ -283,7 +283,7 @@ def _two_rank_worker(rank: int, store: str, path: str, symmetric: bool) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    from backends.megatron import fsdp
+    from dlmspec.backends.megatron import fsdp
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=20))

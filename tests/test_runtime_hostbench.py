@@ -1,4 +1,4 @@
-"""backends.megatron.hostbench: the host launch micro-benchmark and its metrics.jsonl event (CPU:
+"""dlmspec.backends.megatron.hostbench: the host launch micro-benchmark and its metrics.jsonl event (CPU:
 CUDA is monkeypatched where the measurement itself is not what is tested)."""
 
 import json
@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
-from backends.megatron import hostbench
-from backends.megatron.hostbench import HostLaunch, measure_host_launch, record_host_launch
+from dlmspec.backends.megatron import hostbench
+from dlmspec.backends.megatron.hostbench import HostLaunch, measure_host_launch, record_host_launch
 
 
 class _Logger:
@@ -70,7 +70,7 @@ def test_event_written_through_the_logger(monkeypatch):
 
 def test_event_in_metrics_jsonl(monkeypatch, tmp_path):
     """The runtime's MetricsLogger writes the event as one JSON line."""
-    from backends.megatron.training import MetricsLogger
+    from dlmspec.backends.megatron.training import MetricsLogger
 
     fixed = HostLaunch(5e-6, [5e-6], 10, 0.0, "fake")
     monkeypatch.setattr(hostbench, "measure_host_launch", lambda **kw: fixed)

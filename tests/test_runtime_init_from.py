@@ -33,20 +33,20 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import unwrap_model
 
-from backends.convert import dims_from_hf_config, hf_to_mcore
-from backends.convert.hf_io import read_hf_config
-from backends.convert.mcore_model import transformer_config_kwargs
-from backends.convert.tiny import make_tiny_hf
-from backends.megatron import init_from as init_mod
-from backends.megatron.init_from import (
+from dlmspec.backends.convert import dims_from_hf_config, hf_to_mcore
+from dlmspec.backends.convert.hf_io import read_hf_config
+from dlmspec.backends.convert.mcore_model import transformer_config_kwargs
+from dlmspec.backends.convert.tiny import make_tiny_hf
+from dlmspec.backends.megatron import init_from as init_mod
+from dlmspec.backends.megatron.init_from import (
     MARKER_NAME,
     InitFromError,
     default_cache_dir,
     initialize_from,
     parse_init_from,
 )
-from backends.megatron.layers import build_layer_spec, build_model
-from backends.megatron.training import CheckpointConfig, save_checkpoint, start_point
+from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+from dlmspec.backends.megatron.training import CheckpointConfig, save_checkpoint, start_point
 
 ROOT = Path(__file__).resolve().parent.parent
 ATOL = 1e-4
@@ -252,11 +252,11 @@ _TWO_RANKS = textwrap.dedent(
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.utils import unwrap_model
-    from backends.convert import dims_from_hf_config
-    from backends.convert.hf_io import read_hf_config
-    from backends.convert.mcore_model import transformer_config_kwargs
-    from backends.megatron import init_from as m
-    from backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.convert import dims_from_hf_config
+    from dlmspec.backends.convert.hf_io import read_hf_config
+    from dlmspec.backends.convert.mcore_model import transformer_config_kwargs
+    from dlmspec.backends.megatron import init_from as m
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 
     src, converted, work = sys.argv[1:4]
     dist.init_process_group("gloo")

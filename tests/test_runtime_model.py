@@ -29,10 +29,10 @@ from megatron.core.distributed import DistributedDataParallelConfig, finalize_mo
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import unwrap_model
 
-from backends.megatron.layers import build_layer_spec, build_model
-from backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
-from backends.megatron.rng import TRAIN_STREAM
-from backends.megatron.training import (
+from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+from dlmspec.backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
+from dlmspec.backends.megatron.rng import TRAIN_STREAM
+from dlmspec.backends.megatron.training import (
     REQUEUE_EXIT_CODE,
     ExitSignalWatcher,
     LoggingConfig,
@@ -232,7 +232,7 @@ def test_resumed_adam_steps_are_per_parameter_again():
     # Apex/TE: one step tensor object for every parameter's state.
     from types import SimpleNamespace
 
-    from backends.megatron.training import _unshare_optimizer_steps
+    from dlmspec.backends.megatron.training import _unshare_optimizer_steps
 
     params = [torch.nn.Parameter(torch.randn(4)) for _ in range(3)]
     inner = torch.optim.AdamW(params, lr=1e-3)
@@ -258,7 +258,7 @@ def test_exit_signal_watcher_and_requeue_code():
         watcher.restore()
     with pytest.raises(ValueError):
         ExitSignalWatcher(["SIGNOPE"])
-    from dlmspec.slurm import REQUEUE_EXIT_CODE as SLURM_REQUEUE
+    from dlmspec.errors import REQUEUE_EXIT_CODE as SLURM_REQUEUE
 
     assert REQUEUE_EXIT_CODE == SLURM_REQUEUE
 
@@ -279,7 +279,7 @@ def test_local_spec_builds_under_sequence_parallel_and_marks_norms():
     # two H200s. LocalNorm replaces it in every norm slot (layer norms, q/k norms, the block's
     # final norm) and marks the weights `sequence_parallel` so finalize_model_grads sums their
     # gradients over the TP group.
-    from backends.megatron.layers import LocalNorm
+    from dlmspec.backends.megatron.layers import LocalNorm
 
     config = _config()
     config.sequence_parallel = True  # TransformerConfig refuses SP at TP=1; the model code does not care
@@ -353,7 +353,7 @@ def test_optimizer_state_is_loaded_without_autograd(tmp_path):
     assert param.requires_grad and param.is_leaf
     with pytest.raises(RuntimeError, match="leaf Variable"):  # the failure, outside no_grad
         ViewCopyingOptimizer(param).load_state_dict({})
-    import backends.megatron.training as training
+    import dlmspec.backends.megatron.training as training
 
     real_load = training.dist_checkpointing.load
     with pytest.MonkeyPatch.context() as mp:  # the fake's empty state is dropped by the loader: hand it back

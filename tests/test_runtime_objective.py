@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from backends.megatron.objective import (
+from dlmspec.backends.megatron.objective import (
     AutoregressiveObjective,
     MaskedDiffusionObjective,
     build_objective,

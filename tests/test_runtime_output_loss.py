@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends.megatron.output_loss import (  # noqa: E402
+from dlmspec.backends.megatron.output_loss import (  # noqa: E402
     ChunkedLinearCrossEntropy,
     linear_cross_entropy,
     resolve_fused_linear_impl,

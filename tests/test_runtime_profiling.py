@@ -1,4 +1,4 @@
-"""backends.megatron.profiling: kernel categories, the busy-time union, the step window."""
+"""dlmspec.backends.megatron.profiling: kernel categories, the busy-time union, the step window."""
 
 import gzip
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from backends.megatron.profiling import StepProfiler, _merged_busy_us, format_summary, kernel_category, summarize_trace
+from dlmspec.backends.megatron.profiling import StepProfiler, _merged_busy_us, format_summary, kernel_category, summarize_trace
 
 
 @pytest.mark.parametrize("name, category", [

@@ -1,4 +1,4 @@
-"""backends.megatron.qkv and .norms: the fused QKV path and the compiled norms compute megatron-core's
+"""dlmspec.backends.megatron.qkv and .norms: the fused QKV path and the compiled norms compute megatron-core's
 layer (values and gradients), on CPU (the compiled kernels once through inductor's CPU backend)."""
 
 import pytest
@@ -8,9 +8,9 @@ from conftest import megatron_cpu_world
 from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from backends.megatron import qkv
-from backends.megatron.layers import CompiledLocalNorm, LocalNorm, build_layer_spec, build_model, layer_spec_fusions
-from backends.megatron.norms import CompiledLayerNorm, CompiledRMSNorm, layer_norm_reference, rms_norm_reference
+from dlmspec.backends.megatron import qkv
+from dlmspec.backends.megatron.layers import CompiledLocalNorm, LocalNorm, build_layer_spec, build_model, layer_spec_fusions
+from dlmspec.backends.megatron.norms import CompiledLayerNorm, CompiledRMSNorm, layer_norm_reference, rms_norm_reference
 
 SEQ, VOCAB = 16, 96
 

@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from backends.megatron.objective import MaskedDiffusionObjective
-from backends.megatron.rng import (
+from dlmspec.backends.megatron.objective import MaskedDiffusionObjective
+from dlmspec.backends.megatron.rng import (
     TRAIN_STREAM,
     VALID_STREAM,
     check_resume_seed,

@@ -1,11 +1,11 @@
-"""backends.megatron.rope: the fused RoPE computes megatron-core's RoPE and is routed in and out."""
+"""dlmspec.backends.megatron.rope: the fused RoPE computes megatron-core's RoPE and is routed in and out."""
 
 import pytest
 import torch
 
 from megatron.core.models.common.embeddings import rope_utils
 
-from backends.megatron import rope
+from dlmspec.backends.megatron import rope
 
 
 def _freqs(s, d, base=10000.0):

@@ -20,7 +20,7 @@ def test_worker_ignoring_sigterm_outlives_it():
     code = textwrap.dedent(
         """
         import os, signal, torch
-        from backends.megatron.data import ignore_exit_signals
+        from dlmspec.backends.megatron.data import ignore_exit_signals
         signal.signal(signal.SIGTERM, lambda *a: None)   # the rank itself handles it (training.py)
         class Slow(torch.utils.data.Dataset):
             def __len__(self): return 6
@@ -41,7 +41,7 @@ def test_worker_ignoring_sigterm_outlives_it():
 def test_moe_router_runs_without_transformer_engine():
     from megatron.core.transformer.moe import moe_utils
 
-    from backends.megatron.layers import patch_moe_router_without_te
+    from dlmspec.backends.megatron.layers import patch_moe_router_without_te
 
     if moe_utils.HAVE_TE:
         pytest.skip("transformer_engine is installed: megatron-core defines te_general_gemm itself")
@@ -64,7 +64,7 @@ def test_checkpoint_helper_survives_a_group_sigterm():
         """
         import os, signal, time
         from megatron.core.dist_checkpointing.strategies import filesystem_async
-        from backends.megatron.training import prestart_checkpoint_helpers
+        from dlmspec.backends.megatron.training import prestart_checkpoint_helpers
         if __name__ == "__main__":
             got = []
             signal.signal(signal.SIGTERM, lambda *a: got.append("TERM"))
@@ -86,7 +86,7 @@ def test_checkpoint_helper_survives_a_group_sigterm():
 
 
 def test_missing_data_files_are_named_before_training(tmp_path):
-    from backends.megatron.data import DataConfig, missing_data_files
+    from dlmspec.backends.megatron.data import DataConfig, missing_data_files
 
     present = tmp_path / "have_text_document"
     for suffix in (".bin", ".idx"):
@@ -103,8 +103,8 @@ def test_missing_data_files_are_named_before_training(tmp_path):
 _FEED_EXIT = textwrap.dedent(
     """
     import sys, torch
-    from backends.megatron.data import ignore_exit_signals
-    from backends.megatron.training import MicrobatchFeed
+    from dlmspec.backends.megatron.data import ignore_exit_signals
+    from dlmspec.backends.megatron.training import MicrobatchFeed
     loader = torch.utils.data.DataLoader(torch.arange(64), batch_size=2, num_workers=2,
                                          worker_init_fn=ignore_exit_signals)
     feed = MicrobatchFeed(loader, 2, 0)          # views and feed form a reference cycle

@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 from dlmspec.check import issues_for
-from dlmspec.cli import app
+from dlmspec.cli.commands import app
 from dlmspec.errors import EXIT_USAGE, SpecIssue
-from dlmspec.loader import load, load_text
+from dlmspec.spec.load import load, load_text
 from dlmspec.resolve import resolve
 
 BASE = """
@@ -348,7 +348,7 @@ def test_compile_of_clean_lookalikes_still_works(tmp_path: Path) -> None:
 def test_rendering_refuses_a_secret_that_bypassed_validation(tmp_path: Path) -> None:
     """compile.render (the files' text) is the last gate: a caller that skipped validation
     still gets no file holding a token."""
-    from dlmspec.compile import render
+    from dlmspec.render.compile import render
     from dlmspec.errors import SpecError
 
     spec = load_text(BASE).spec.replace(**{"checkpoint.save": f"runs/{TOKENS['huggingface']}"})

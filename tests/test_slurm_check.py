@@ -1,4 +1,4 @@
-"""backends.launch.check, the CPU check mode of launch.sbatch, without SLURM: its checks on
+"""dlmspec.backends.launch.check, the CPU check mode of launch.sbatch, without SLURM: its checks on
 synthetic ranks, and real gloo runs under torchrun (2 processes), including the simulated
 long job's checkpoint on SIGUSR1 and resume."""
 
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from backends.launch.check import PORT_BASE, REQUEUE_EXIT_CODE, check_world, parse_args  # noqa: E402
+from dlmspec.backends.launch.check import PORT_BASE, REQUEUE_EXIT_CODE, check_world, parse_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ def torchrun(*check_args: str, env: dict[str, str] | None = None) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=0",
             "--master-addr=127.0.0.1", f"--master-port={free_port()}",
             "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-            "-m", "backends.launch.check", "--nodes", "1", "--nproc-per-node", "2", "--launcher", "torchrun",
+            "-m", "dlmspec.backends.launch.check", "--nodes", "1", "--nproc-per-node", "2", "--launcher", "torchrun",
             "--timeout", "60", *check_args]
 
 
@@ -153,7 +153,7 @@ def test_train_mode_checkpoints_on_usr1_and_resumes(tmp_path: Path) -> None:
 
 def test_missing_launcher_variables_are_one_line_errors(monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from backends.launch.check import main
+    from dlmspec.backends.launch.check import main
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

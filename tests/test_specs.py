@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from dlmspec.check import RULES, issues_for
-from dlmspec.cli import app
-from dlmspec.compile import check_spec
+from dlmspec.cli.commands import app
+from dlmspec.render.compile import check_spec
 from dlmspec.errors import SpecError
 from dlmspec.gpus import GiB
-from dlmspec.loader import load
+from dlmspec.spec.load import load
 from dlmspec.plan import make_plan
 from dlmspec.resolve import resolve
 

@@ -2,19 +2,21 @@
 
 Public API:
 
-* :class:`ModelDims` (``backends.convert.dims``) — plain dimensions + family, frozen dataclass.
-* :func:`hf_to_mcore`, :func:`mcore_to_hf`, :func:`verify` (``backends.convert.api``).
+* :class:`ModelDims` (``dlmspec.backends.convert.dims``) — plain dimensions + family, frozen dataclass.
+* :func:`hf_to_mcore`, :func:`mcore_to_hf`, :func:`verify` (``dlmspec.backends.convert.api``).
 * :class:`ConversionError` — every failure the converter reports.
-* Layout helpers (``backends.convert.layout``): fused QKV / fc1, TP split and merge,
+* Layout helpers (``dlmspec.backends.convert.layout``): fused QKV / fc1, TP split and merge,
   vocabulary padding.
-* Name/config mapping (``backends.convert.families``), HF I/O (``hf_io``), megatron
+* Tensor names and shapes per family (``dlmspec.backends.convert.families``), ``config.json`` <->
+  dimensions (``hf_config``), tensor checks (``checks``), state-dict conversion (``state_dict``),
+  HF I/O (``hf_io``), megatron
   dist-checkpoint I/O (``mcore_io``), CPU GPTModel construction (``mcore_model``).
 """
 
-from backends.convert.api import VerifyResult, hf_to_mcore, mcore_to_hf, verify
-from backends.convert.dims import FAMILIES, ModelDims, padded_vocab_size
-from backends.convert.errors import ConversionError
-from backends.convert.families import dims_from_hf_config, hf_config_from_dims
+from dlmspec.backends.convert.api import VerifyResult, hf_to_mcore, mcore_to_hf, verify
+from dlmspec.backends.convert.dims import FAMILIES, ModelDims, padded_vocab_size
+from dlmspec.backends.convert.errors import ConversionError
+from dlmspec.backends.convert.hf_config import dims_from_hf_config, hf_config_from_dims
 
 __all__ = [
     "FAMILIES",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from backends.convert.errors import ConversionError, Interrupted
+from dlmspec.backends.convert.errors import ConversionError, Interrupted
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)@(?P<host>[^/]+)\.(?P<tag>[0-9a-f]{8})$")
 

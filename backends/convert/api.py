@@ -14,17 +14,20 @@ from typing import Any
 
 import torch
 
-from backends.convert import families, hf_io, mcore_io, mcore_model
-from backends.convert._atomic import check_separate
-from backends.convert.dims import ModelDims
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert import hf_io, mcore_io, mcore_model
+from dlmspec.backends.convert._atomic import check_separate
+from dlmspec.backends.convert.checks import check_hf_checkpoint
+from dlmspec.backends.convert.dims import ModelDims
+from dlmspec.backends.convert.errors import ConversionError
+from dlmspec.backends.convert.hf_config import dims_from_hf_config, hf_config_from_dims
+from dlmspec.backends.convert.state_dict import hf_to_mcore_state_dict, mcore_to_hf_state_dict
 
 PathLike = str | os.PathLike[str]
 
 
 def _dims_for(config: dict[str, Any], dims: ModelDims | None, *, make_vocab_size_divisible_by: int, tp: int,
               padded_vocab: int | None, source: str | None = None) -> ModelDims:
-    derived = families.dims_from_hf_config(
+    derived = dims_from_hf_config(
         config, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp, padded_vocab=padded_vocab,
         source=source,
     )
@@ -86,7 +89,7 @@ def hf_to_mcore(
     dims = _dims_for(config, dims, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp,
                      padded_vocab=padded_vocab, source=str(Path(src) / hf_io.CONFIG_NAME))
     reader = hf_io.SafetensorsReader(src)
-    state = families.hf_to_mcore_state_dict(reader, dims, spec=spec)
+    state = hf_to_mcore_state_dict(reader, dims, spec=spec)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     mcore_io.save_mcore_checkpoint(dst, state, dims, spec=spec, layer_layout=layer_layout, hf_config=config,
@@ -131,9 +134,9 @@ def mcore_to_hf(
     check_separate(mcore_io.resolve_checkpoint_dir(src), dst)
     sidecar = mcore_io.read_sidecar(src) or {}
     state, dims = mcore_io.load_mcore_checkpoint(src, dims)
-    hf_state = families.mcore_to_hf_state_dict(state, dims)
+    hf_state = mcore_to_hf_state_dict(state, dims)
     base = hf_config if hf_config is not None else sidecar.get("hf_config") or None
-    config = families.hf_config_from_dims(dims, base)
+    config = hf_config_from_dims(dims, base)
     hf_io.write_hf_checkpoint(dst, hf_state, config, dtype=dtype, max_shard_bytes=max_shard_bytes,
                               overwrite=overwrite)
     return dims
@@ -154,7 +157,7 @@ def megatron_checkpoint_logits(
         ``[batch, seq, vocab_size]`` fp32 logits (padding columns dropped).
 
     Raises:
-        ConversionError: MoE models (:data:`backends.convert.mcore_model.MOE_CPU_REASON`),
+        ConversionError: MoE models (:data:`dlmspec.backends.convert.mcore_model.MOE_CPU_REASON`),
             checkpoints that disagree with ``dims``.
     """
     from megatron.core import parallel_state
@@ -219,9 +222,9 @@ def hf_reference_model(hf_path: PathLike, dims: ModelDims) -> torch.nn.Module:
     if dims.family not in _STAND_INS:
         return AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32).eval()
     stand_in = dataclasses.replace(dims, family=_STAND_INS[dims.family], qk_layernorm=False)
-    mcore_state = families.hf_to_mcore_state_dict(hf_io.SafetensorsReader(hf_path), dims)
-    state = families.mcore_to_hf_state_dict(mcore_state, stand_in)
-    config = families.hf_config_from_dims(stand_in)
+    mcore_state = hf_to_mcore_state_dict(hf_io.SafetensorsReader(hf_path), dims)
+    state = mcore_to_hf_state_dict(mcore_state, stand_in)
+    config = hf_config_from_dims(stand_in)
     from transformers import AutoConfig
 
     model_type = config.pop("model_type")
@@ -270,9 +273,9 @@ def verify(
             their own ``config.json``, corrupt files or config values (named).
     """
     reader = hf_io.SafetensorsReader(hf_path)
-    hf_dims = families.dims_from_hf_config(hf_io.read_hf_config(hf_path),
+    hf_dims = dims_from_hf_config(hf_io.read_hf_config(hf_path),
                                            source=str(Path(hf_path) / hf_io.CONFIG_NAME))
-    families.check_hf_checkpoint(reader, hf_dims)  # the reference model is built from this config
+    check_hf_checkpoint(reader, hf_dims)  # the reference model is built from this config
     if dims is None:
         sidecar = mcore_io.read_sidecar(mcore_path)
         dims = mcore_io.dims_from_sidecar(sidecar, mcore_path) if sidecar else hf_dims

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert.errors import ConversionError
 
 #: Families the converter knows, by their dlmspec name.
 FAMILIES: tuple[str, ...] = (

@@ -1,4 +1,4 @@
-"""The exception types of :mod:`backends.convert`: :class:`ConversionError` for every input the
+"""The exception types of :mod:`dlmspec.backends.convert`: :class:`ConversionError` for every input the
 converter refuses, :class:`Interrupted` for a conversion stopped by SIGTERM."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class ConversionError(Exception):
 
 class Interrupted(KeyboardInterrupt):
     """SIGTERM arrived while a checkpoint was being written (raised instead of dying, so the
-    temporary folder is removed; see :func:`backends.convert._atomic.atomic_directory`).
+    temporary folder is removed; see :func:`dlmspec.backends.convert._atomic.atomic_directory`).
 
     Attributes:
         signum: the signal's number.

@@ -12,8 +12,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from backends.convert._atomic import atomic_directory
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert._atomic import atomic_directory
+from dlmspec.backends.convert.errors import ConversionError
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -190,12 +190,12 @@ def write_hf_checkpoint(
     ``from_pretrained`` reads. Everything is written into a temporary sibling directory that is
     renamed to ``dst`` only when complete; over an existing ``dst`` (``overwrite``) only the
     files of :data:`OWNED_NAMES` are replaced, ``config.json`` last (see
-    :func:`backends.convert._atomic.atomic_directory`).
+    :func:`dlmspec.backends.convert._atomic.atomic_directory`).
 
     Args:
         dst: target directory.
         state_dict: HF name -> tensor.
-        config: ``config.json`` content (see :func:`backends.convert.families.hf_config_from_dims`).
+        config: ``config.json`` content (see :func:`dlmspec.backends.convert.hf_config.hf_config_from_dims`).
         dtype: cast floating-point tensors to this dtype (``None`` keeps them).
         max_shard_bytes: shard size limit.
         overwrite: write into an existing ``dst`` (other files there are kept).

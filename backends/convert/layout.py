@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert.errors import ConversionError
 
 #: TP sharding kinds of megatron parameters.
 COLUMN = "column"  # split along dim 0 into contiguous chunks

@@ -43,11 +43,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from backends.convert import families
-from backends.convert._atomic import atomic_directory, signals_held
-from backends.convert.dims import ModelDims
-from backends.convert.errors import ConversionError
-from backends.convert.hf_io import read_json_object
+from dlmspec.backends.convert import checks, families
+from dlmspec.backends.convert._atomic import atomic_directory, signals_held
+from dlmspec.backends.convert.dims import ModelDims
+from dlmspec.backends.convert.errors import ConversionError
+from dlmspec.backends.convert.hf_io import read_json_object
 
 SIDECAR_NAME = "dlmspec_convert.json"
 LAYER_LAYOUTS = ("stacked", "per_layer")
@@ -187,7 +187,7 @@ def build_sharded_state_dict(
 
     Args:
         state_dict: megatron name -> full tensor (names of ``spec``; shapes as
-            :func:`backends.convert.families.expected_mcore_shapes`). For reading, pass
+            :func:`dlmspec.backends.convert.families.expected_mcore_shapes`). For reading, pass
             empty tensors of the stored shapes and dtypes.
         dims: model dimensions.
         spec: layer-norm naming of ``state_dict`` keys.
@@ -314,7 +314,7 @@ def save_mcore_checkpoint(
     """
     from megatron.core import dist_checkpointing
 
-    families.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
+    checks.check_tensors(state_dict, families.expected_mcore_shapes(dims, spec),
                            f"megatron-core {dims.family}", ignore=("_extra_state",))
     with atomic_directory(dst, overwrite=overwrite, owned=OWNED_NAMES, marker="metadata.json") as tmp, \
             process_group(), _without_psutil_ok():
@@ -546,7 +546,7 @@ def load_mcore_checkpoint(
             key = _sharded_key(name, dims, spec, layer_layout, meta)
             if key is not None:
                 dtype = meta[key].dtype
-                families.check_dtype(key, dtype, str(ckpt))
+                checks.check_dtype(key, dtype, str(ckpt))
                 # the stored shape is the layer (and expert) axes, then ``shape`` (vocabulary
                 # rows may differ); compared here, before ``torch.empty`` of dims' sizes
                 stored = tuple(meta[key].global_shape)
@@ -587,7 +587,7 @@ def load_mcore_checkpoint(
     for local, value in loaded.items():
         name = _local_to_state_name(local, dims, spec)
         if name is not None:
-            families.check_weight(name, value, str(ckpt))
+            checks.check_weight(name, value, str(ckpt))
             out[name] = value
     if out["embedding.word_embeddings.weight"].shape[0] != dims.padded_vocab_size:
         import dataclasses

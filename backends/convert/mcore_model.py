@@ -1,6 +1,6 @@
 """Build a megatron-core GPTModel for :class:`ModelDims` and run it (CPU or CUDA).
 
-Used by :func:`backends.convert.api.verify` and ``bench/convert/verify_gpu.py``. The
+Used by :func:`dlmspec.backends.convert.api.verify` and ``bench/convert/verify_gpu.py``. The
 TransformerConfig mirrors the Hugging Face families: RMSNorm, SwiGLU
 (``gated_linear_unit`` + SiLU), no linear biases except optional q/k/v biases, optional
 per-head q/k RMSNorm, RoPE (non-interleaved), MoE routers that take top-k then softmax
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backends.convert.dims import ModelDims
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert.dims import ModelDims
+from dlmspec.backends.convert.errors import ConversionError
 
 #: Why a MoE GPTModel cannot run a forward pass on a CPU-only torch.
 MOE_CPU_REASON = (
@@ -146,7 +146,7 @@ def build_gpt_model(
 
     config = TransformerConfig(**transformer_config_kwargs(dims, tp=tp, params_dtype=params_dtype, cpu=cpu))
     if config.num_moe_experts:
-        from backends.megatron.layers import patch_moe_router_without_te
+        from dlmspec.backends.megatron.layers import patch_moe_router_without_te
 
         patch_moe_router_without_te()  # megatron-core 0.16.1's router needs this without TE
     return GPTModel(config=config, transformer_layer_spec=layer_spec(dims, spec), **gpt_model_kwargs(dims))

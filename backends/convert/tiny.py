@@ -4,7 +4,7 @@ Families in ``transformers`` are real ``*ForCausalLM`` models saved with
 ``save_pretrained``. LLaDA and Dream are remote-code models, so their checkpoints are built
 from a same-math ``transformers`` model (Llama for LLaDA, Qwen2 for Dream) whose weights are
 renamed to LLaDA-8B's own module names by the table below (written independently of
-:mod:`backends.convert.families`) and saved with their own ``config.json`` keys. The returned
+:mod:`dlmspec.backends.convert.families`) and saved with their own ``config.json`` keys. The returned
 reference model computes the logits the converted checkpoint must reproduce (causal
 attention).
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from backends.convert.errors import ConversionError
+from dlmspec.backends.convert.errors import ConversionError
 
 _BASE = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6)

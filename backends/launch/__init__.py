@@ -1,2 +1,2 @@
 """Launch checks: what ``launch.sbatch`` runs instead of ``train.py`` in CPU check mode
-(``DLMSPEC_CHECK_MODE``), see :mod:`backends.launch.check`."""
+(``DLMSPEC_CHECK_MODE``), see :mod:`dlmspec.backends.launch.check`."""

@@ -2,7 +2,7 @@
 
 ``DLMSPEC_CHECK_MODE=env sbatch launch.sbatch`` runs, in every process the script starts::
 
-    python -m backends.launch.check --report PATH --nodes N --nproc-per-node G \\
+    python -m dlmspec.backends.launch.check --report PATH --nodes N --nproc-per-node G \\
         --launcher torchrun|srun [--expect-env NAME=VALUE ...]
 
 Each process joins ``torch.distributed.init_process_group("gloo")`` from the environment
@@ -23,7 +23,8 @@ reads the marker and continues. After the last step rank 0 writes ``DIR/report.j
 runs (start step, end step, how each ended).
 
 Secrets are never written: for ``WANDB_API_KEY`` and ``HF_TOKEN`` the report says only whether
-they are set. Needs torch (CPU is enough), not dlmspec.
+they are set. Needs torch (CPU is enough); of dlmspec only the exit code (:mod:`dlmspec.errors`, no
+pydantic).
 """
 
 from __future__ import annotations
@@ -39,11 +40,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-#: Exit code after a signal-triggered checkpoint; equal to ``dlmspec.slurm.REQUEUE_EXIT_CODE``
-#: and ``backends.megatron.training.REQUEUE_EXIT_CODE`` (a test checks they agree).
-REQUEUE_EXIT_CODE = 85
+from dlmspec.errors import REQUEUE_EXIT_CODE
 
-#: ``MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN``, as ``dlmspec.slurm.rendezvous_port``.
+#: ``MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN``, as ``dlmspec.render.sbatch.rendezvous_port``.
 PORT_BASE = 10000
 PORT_SPAN = 20000
 
@@ -71,7 +70,7 @@ def _int_env(name: str) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module doc); ``--steps``/``--step-seconds`` default to
     ``DLMSPEC_CHECK_STEPS`` (100) and ``DLMSPEC_CHECK_STEP_SECONDS`` (0.5)."""
-    parser = argparse.ArgumentParser(prog="python -m backends.launch.check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dlmspec.backends.launch.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--report", type=Path, help="env mode: where rank 0 writes the JSON report")
     parser.add_argument("--train", action="store_true", help="simulated long job (needs --state-dir)")
     parser.add_argument("--state-dir", type=Path, help="train mode: checkpoint marker, progress and report")

@@ -180,7 +180,7 @@ class SDPACoreAttention(MegatronModule):
     ``attn_mask_type``, ``attention_type``, ``attention_dropout``,
     ``softmax_scale``, ``cp_comm_type``, ``pg_collection``) plus the
     spec-level keywords ``mode`` and ``block_size`` (set through
-    ``ModuleSpec(params=...)`` by :func:`backends.megatron.layers.build_layer_spec`).
+    ``ModuleSpec(params=...)`` by :func:`dlmspec.backends.megatron.layers.build_layer_spec`).
 
     Args:
         config: The model's ``TransformerConfig``; reads ``num_attention_heads``,

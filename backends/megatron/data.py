@@ -174,7 +174,7 @@ class DatasetTokenizer:
 def missing_data_files(data: "DataConfig") -> List[str]:
     """The ``PREFIX.bin`` / ``PREFIX.idx`` files of ``data``'s blends that do not exist.
 
-    Checked by :func:`backends.megatron.training.train` before anything else, so a job whose
+    Checked by :func:`dlmspec.backends.megatron.training.train` before anything else, so a job whose
     data is not where the spec says fails at once with the paths (``dlmspec validate`` only
     warns: data usually lives on the cluster, not where the spec is written). Relative
     prefixes are relative to the working directory, as megatron-core reads them.
@@ -371,7 +371,7 @@ def check_indexed_dataset(prefix: str, vocab_size: int) -> DatasetCheck:
 def data_problems(data: "DataConfig") -> List[str]:
     """The :func:`check_indexed_dataset` problems of every prefix of ``data``'s blends whose two
     files exist (missing ones are :func:`missing_data_files`' to report), in blend order; empty
-    with ``mock`` data. Called by :func:`backends.megatron.training.train` before megatron-core
+    with ``mock`` data. Called by :func:`dlmspec.backends.megatron.training.train` before megatron-core
     starts.
     """
     if data.mock:

@@ -16,7 +16,7 @@ launch it, so the queue stays short and the loop measures the host (``gpu_drain_
 wait for the GPU after the last launch, says whether it did: near zero when the host was the
 slower side). :func:`record_host_launch` runs it on every rank at once (two-GPU runs share the
 host, as in training) and writes one ``host_launch`` event into metrics.jsonl through the logging
-rank's :class:`~backends.megatron.training.MetricsLogger`.
+rank's :class:`~dlmspec.backends.megatron.training.MetricsLogger`.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def record_host_launch(logger: Any, phase: str, iteration: int, **kwargs: Any) -
     so no rank waits in a collective alone).
 
     Args:
-        logger: a :class:`~backends.megatron.training.MetricsLogger` (anything with
+        logger: a :class:`~dlmspec.backends.megatron.training.MetricsLogger` (anything with
             ``record(event, values)``).
         phase: ``"start"`` (before the training loop) or ``"end"`` (after it).
         iteration: the training iteration at the measurement.

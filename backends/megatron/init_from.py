@@ -1,6 +1,6 @@
 """Initial weights for a fresh run: ``checkpoint.init_from = "hf:PATH"`` or ``"mcore:PATH"``.
 
-:func:`initialize_from` is what :func:`backends.megatron.training.train` calls when there is no
+:func:`initialize_from` is what :func:`dlmspec.backends.megatron.training.train` calls when there is no
 checkpoint to resume from (a resume always wins: a restarted job continues its own run). It
 loads *model weights only* into the freshly built model chunks; the optimizer, the scheduler and
 the iteration count start fresh (iteration 0).
@@ -8,11 +8,11 @@ the iteration count start fresh (iteration 0).
 * ``mcore:PATH``: a megatron-core dist checkpoint: the directory itself (``metadata.json``), a
   dlmspec run's checkpoint root (``latest`` names an ``iter_*`` directory) or a Megatron-LM save
   directory (``latest_checkpointed_iteration.txt``), as
-  :func:`backends.convert.mcore_io.resolve_checkpoint_dir` reads it.
+  :func:`dlmspec.backends.convert.mcore_io.resolve_checkpoint_dir` reads it.
 * ``hf:PATH``: a local Hugging Face folder (``config.json`` + safetensors). Global rank 0
-  converts it once with :func:`backends.convert.hf_to_mcore` into a cache directory (default
+  converts it once with :func:`dlmspec.backends.convert.hf_to_mcore` into a cache directory (default
   ``<checkpoint save dir>/init_from_hf``); the other ranks wait for it. The dimensions are read
-  from the folder's ``config.json`` (:func:`backends.convert.dims_from_hf_config`), with the
+  from the folder's ``config.json`` (:func:`dlmspec.backends.convert.dims_from_hf_config`), with the
   vocabulary padded to this run's padded size, and checked against the run's
   ``TransformerConfig`` and GPTModel arguments first (a disagreeing dimension is named, with
   the spec key to change). The conversion runs in a child process (the converter writes with
@@ -156,7 +156,7 @@ def _run_values(config: TransformerConfig, model_kwargs: Dict[str, Any]) -> Dict
 
 
 def check_dims(dims: Any, config: TransformerConfig, model_kwargs: Dict[str, Any]) -> List[str]:
-    """Compare a checkpoint's :class:`backends.convert.ModelDims` with the run's model.
+    """Compare a checkpoint's :class:`dlmspec.backends.convert.ModelDims` with the run's model.
 
     Args:
         dims: the checkpoint's dimensions (vocabulary padded to the run's size).
@@ -215,15 +215,15 @@ def check_dims(dims: Any, config: TransformerConfig, model_kwargs: Dict[str, Any
 
 
 def hf_dims(hf_path: str, *, padded_vocab_size: int) -> Any:
-    """:class:`backends.convert.ModelDims` of a Hugging Face folder, vocabulary padded to
+    """:class:`dlmspec.backends.convert.ModelDims` of a Hugging Face folder, vocabulary padded to
     ``padded_vocab_size`` (this run's embedding rows).
 
     Raises:
         InitFromError: no readable ``config.json``, a family or feature the converter does not
             handle, or a vocabulary larger than ``padded_vocab_size``.
     """
-    from backends.convert import ConversionError, dims_from_hf_config
-    from backends.convert.hf_io import read_hf_config
+    from dlmspec.backends.convert import ConversionError, dims_from_hf_config
+    from dlmspec.backends.convert.hf_io import read_hf_config
 
     try:
         config = read_hf_config(hf_path)
@@ -274,7 +274,7 @@ def cache_status(cache_dir: str, fingerprint: Dict[str, Any]) -> Optional[str]:
 
 _CONVERT_CHILD = """\
 import json, sys
-from backends.convert import ConversionError, ModelDims, hf_to_mcore
+from dlmspec.backends.convert import ConversionError, ModelDims, hf_to_mcore
 args = json.loads(sys.argv[1])
 try:
     hf_to_mcore(args["src"], args["dst"], dims=ModelDims.from_dict(args["dims"]))
@@ -288,7 +288,7 @@ _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 
 def run_converter(src: str, dst: str, dims: Any) -> None:
-    """Run :func:`backends.convert.hf_to_mcore` ``(src, dst, dims=dims)`` in a child process.
+    """Run :func:`dlmspec.backends.convert.hf_to_mcore` ``(src, dst, dims=dims)`` in a child process.
 
     The child sees no GPU (``CUDA_VISIBLE_DEVICES=""``) and no torchrun variables: the
     converter writes megatron's dist-checkpoint format in a world of one process on CPU (it
@@ -298,12 +298,9 @@ def run_converter(src: str, dst: str, dims: Any) -> None:
     Raises:
         InitFromError: the child failed (its last output lines are in the message).
     """
-    import backends
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(backends.__file__)))
+    # The child imports dlmspec.backends from the same installed dlmspec (same interpreter and environment).
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     args = json.dumps({"src": src, "dst": dst, "dims": dims.to_dict()})
     proc = subprocess.run([sys.executable, "-c", _CONVERT_CHILD, args], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -359,8 +356,8 @@ def _prepare_on_rank0(init_from: str, cache_dir: str, config: TransformerConfig,
     kind, path = parse_init_from(init_from)
     source = os.path.abspath(path)
     if kind == "mcore":
-        from backends.convert import ConversionError
-        from backends.convert.mcore_io import resolve_checkpoint_dir
+        from dlmspec.backends.convert import ConversionError
+        from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
 
         if not os.path.exists(source):
             raise InitFromError(f"checkpoint.init_from = {init_from!r}: {source} does not exist (paths are "

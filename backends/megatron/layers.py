@@ -2,7 +2,7 @@
 
 :func:`build_layer_spec` picks megatron-core's Transformer Engine layer spec when
 ``transformer_engine`` imports, and otherwise megatron-core's local spec with its
-``core_attention`` replaced by :class:`~backends.megatron.attention.SDPACoreAttention`.
+``core_attention`` replaced by :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`.
 :func:`build_model` builds the ``GPTModel`` chunk(s) of this pipeline rank and
 wraps them like Megatron-LM's ``get_model`` does: ``Float16Module`` for bf16/fp16,
 then megatron's ``DistributedDataParallel``.
@@ -66,7 +66,7 @@ class LocalNorm:
     Called like megatron's norm modules: ``LocalNorm(config, hidden_size, eps=...)``.
 
     :class:`CompiledLocalNorm` builds the same modules with a ``torch.compile``'d forward
-    (:mod:`backends.megatron.norms`), ``kernels.compiled_norm``.
+    (:mod:`dlmspec.backends.megatron.norms`), ``kernels.compiled_norm``.
 
     Returns:
         ``torch.nn.LayerNorm`` or ``torch.nn.RMSNorm`` over the last dimension
@@ -161,8 +161,8 @@ def build_layer_spec(
         use_transformer_engine: ``None`` = TE when it imports; ``True`` forces
             TE (error if absent); ``False`` forces the local + SDPA spec.
         sdpa_backend: SDPA backend tried first on the local + SDPA path
-            (:data:`~backends.megatron.attention.SDPA_BACKENDS`); ignored with TE.
-        qkv_fusion: On the local path, :class:`~backends.megatron.qkv.FusedQKVSelfAttention`
+            (:data:`~dlmspec.backends.megatron.attention.SDPA_BACKENDS`); ignored with TE.
+        qkv_fusion: On the local path, :class:`~dlmspec.backends.megatron.qkv.FusedQKVSelfAttention`
             (split, q/k RMSNorm and RoPE in one compiled kernel) in place of ``SelfAttention``;
             ignored with TE.
         compiled_norm: On the local path, :class:`CompiledLocalNorm` (``torch.compile``'d
@@ -324,7 +324,7 @@ def build_model(
     weights), then - if ``ddp_config`` is given - in
     ``DistributedDataParallel`` (bucketing only on chunk 0, like Megatron-LM), or with
     ``ddp_config.use_megatron_fsdp`` in megatron-core's ``FullyShardedDataParallel``
-    (:func:`backends.megatron.fsdp.wrap`).
+    (:func:`dlmspec.backends.megatron.fsdp.wrap`).
 
     Args:
         config: The ``TransformerConfig`` (its parallel sizes must match

@@ -30,7 +30,7 @@ def rms_norm_fp32(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
 
     Returns:
         ``[..., h]`` fp32 (:func:`rms_norm_reference` rounds it once to ``x``'s dtype;
-        :mod:`backends.megatron.qkv` rotates it first).
+        :mod:`dlmspec.backends.megatron.qkv` rotates it first).
     """
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)

@@ -196,7 +196,7 @@ class MaskedDiffusionObjective:
         Args:
             tokens: ``[b, s]`` integer clean token ids ``x0``.
             generator: Generator on ``tokens.device`` (see
-                :func:`backends.megatron.rng.masking_generator`).
+                :func:`dlmspec.backends.megatron.rng.masking_generator`).
             loss_mask: Optional ``[b, s]``; positions with ``loss_mask == 0``
                 (padding) are never masked, get weight 0 and are not counted.
             labels: Ignored (MDM predicts the input positions themselves; the

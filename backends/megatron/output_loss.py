@@ -18,7 +18,7 @@ average, ``t ~ U(eps, 1)``), so here:
   Losses in Large-Vocabulary Language Models", do).
 
 The result equals megatron's per-token loss summed with the objective's weights
-(:func:`~backends.megatron.objective.reduce_loss`), up to bf16 GEMM rounding. Tensor
+(:func:`~dlmspec.backends.megatron.objective.reduce_loss`), up to bf16 GEMM rounding. Tensor
 parallelism is not supported (the vocabulary would be split over ranks): the compiler only
 selects this path at ``tensor_model_parallel_size = 1``.
 """

@@ -10,7 +10,7 @@ runs on the local path, per layer and microbatch:
 - ``q_layernorm`` and ``k_layernorm`` (Qwen3, OLMo2: RMSNorm over each head's ``hn``
   channels) - PyTorch's layer-norm kernels with one 128-element row per block;
 - RoPE on the query and on the key (megatron's unfused kernels, or :mod:`.rope`'s);
-- in :class:`~backends.megatron.attention.SDPACoreAttention`, a ``contiguous`` copy of the
+- in :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`, a ``contiguous`` copy of the
   value for cuDNN;
 - and in the backward the same again, ending with a ``cat`` of the three gradients into the
   projection's gradient (``CatArrayBatchedCopy``: 21 ms per step on Qwen3-1.7B at micro batch
@@ -27,7 +27,7 @@ the projection's gradient directly (no ``cat``).
 :class:`FusedQKVSelfAttention` is megatron-core's ``SelfAttention`` whose ``forward`` takes
 this path for the training case it covers (see :meth:`FusedQKVSelfAttention.fast_path_reason`)
 and otherwise runs megatron-core's ``forward`` unchanged. It is selected by
-``kernels.qkv_fusion`` (:func:`backends.megatron.layers.build_layer_spec`).
+``kernels.qkv_fusion`` (:func:`dlmspec.backends.megatron.layers.build_layer_spec`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ and nothing is replaced.
 
 The fused function also returns its result laid out as ``[b, h, s, d]`` in memory (a
 ``[s, b, h, d]``-shaped view of it): the attention module
-(:class:`backends.megatron.attention.SDPACoreAttention`) permutes queries and keys to
+(:class:`dlmspec.backends.megatron.attention.SDPACoreAttention`) permutes queries and keys to
 ``[b, h, s, d]``, and cuDNN attention needs them dense in that order, so the permute-and-copy
 before cuDNN becomes free.
 

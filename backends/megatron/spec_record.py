@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 #: The lock file's name, beside train.py and inside each checkpoint.
 LOCK_FILENAME = "spec.lock.toml"
-#: The checkpoint metadata file (``backends.megatron.training.METADATA_FILENAME``).
+#: The checkpoint metadata file (``dlmspec.backends.megatron.training.METADATA_FILENAME``).
 METADATA_FILENAME = "dlmspec.json"
 #: Version of :func:`spec_record`'s layout.
 RECORD_FORMAT = 1

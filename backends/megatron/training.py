@@ -2,7 +2,7 @@
 
 A compiled ``train.py`` constructs megatron-core's ``TransformerConfig``,
 ``DistributedDataParallelConfig`` and ``OptimizerConfig``, a layer spec
-(:func:`backends.megatron.layers.build_layer_spec`) and a :class:`RunConfig`, and
+(:func:`dlmspec.backends.megatron.layers.build_layer_spec`) and a :class:`RunConfig`, and
 calls :func:`train`.  ``train`` then
 
 1. initialises ``torch.distributed`` from the ``torchrun`` environment (NCCL on
@@ -19,7 +19,7 @@ calls :func:`train`.  ``train`` then
 4. resumes from the ``latest`` checkpoint of the save directory if there is one,
    else loads ``CheckpointConfig.init_from``'s weights (a Hugging Face folder,
    converted once into a cache, or a megatron-core checkpoint:
-   :mod:`backends.megatron.init_from`) and starts at iteration 0,
+   :mod:`dlmspec.backends.megatron.init_from`) and starts at iteration 0,
 5. runs ``get_forward_backward_func()`` (no pipelining, 1F1B or interleaved 1F1B
    depending on the parallel sizes) with :class:`ObjectiveForwardStep`, then
    ``optimizer.step()`` and the scheduler, and
@@ -82,6 +82,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import get_batch_on_this_cp_rank, get_model_config, unwrap_model
 
+from dlmspec.errors import REQUEUE_EXIT_CODE  # "saved, requeue me": launch.sbatch requeues on it
 from dlmspec.flops import model_flops_per_token as _model_flops_per_token
 
 from .data import (
@@ -132,10 +133,6 @@ from .spec_record import (
 
 TRACKER_FILENAME = "latest"
 METADATA_FILENAME = "dlmspec.json"
-#: Exit code after a signal-triggered checkpoint: "saved, requeue me".  Equal to
-#: ``dlmspec.slurm.REQUEUE_EXIT_CODE`` (the batch script requeues a job whose
-#: ``srun`` ends with it; 85 is outside the shell's 126-165 signal range).
-REQUEUE_EXIT_CODE = 85
 
 
 # --------------------------------------------------------------------------- config
@@ -143,7 +140,7 @@ REQUEUE_EXIT_CODE = 85
 
 @dataclass
 class ObjectiveConfig:
-    """Which loss to train (see :mod:`backends.megatron.objective`).
+    """Which loss to train (see :mod:`dlmspec.backends.megatron.objective`).
 
     Attributes:
         kind: ``"mdm"`` (masked diffusion, bidirectional attention) or ``"ar"``
@@ -234,7 +231,7 @@ class CheckpointConfig:
             data-parallel size may change) or ``"fully_reshardable"`` (resume
             with any parallel layout) - megatron's ``DistributedOptimizer``
             checkpoint formats; ``"fsdp_dtensor"``, the only one megatron takes
-            under Megatron-FSDP (:mod:`backends.megatron.fsdp`), is used there
+            under Megatron-FSDP (:mod:`dlmspec.backends.megatron.fsdp`), is used there
             whatever this says.
         init_from: Initial weights of a fresh run: ``"hf:PATH"`` (a Hugging
             Face folder, converted once into ``init_cache_dir``) or
@@ -275,7 +272,7 @@ class LoggingConfig:
             (H100/H200 SXM: 989); ``None``: MFU not reported.
         profile: Record steps ``profile_step_start .. profile_step_end - 1`` with
             ``torch.profiler`` on ``profile_ranks`` (Megatron-LM's ``--profile
-            --use-pytorch-profiler``); :mod:`backends.megatron.profiling` writes the trace
+            --use-pytorch-profiler``); :mod:`dlmspec.backends.megatron.profiling` writes the trace
             and a per-category kernel summary to ``<run_dir>/profile/``.
         profile_step_start, profile_step_end, profile_ranks: The window and the ranks.
     """
@@ -299,14 +296,14 @@ class KernelConfig:
         cross_entropy: ``"megatron"`` (``GPTModel`` computes ``[s, b, V]`` logits and
             megatron's vocab-parallel cross entropy, fused or not per
             ``TransformerConfig.cross_entropy_loss_fusion``) or ``"fused_linear"``
-            (:mod:`backends.megatron.output_loss`: the output projection and the cross
+            (:mod:`dlmspec.backends.megatron.output_loss`: the output projection and the cross
             entropy in row chunks, on the positions with a non-zero loss weight only;
             tensor-parallel size 1 only).
         fused_linear_impl: ``"auto"``, ``"liger"`` or ``"torch"``
-            (:func:`~backends.megatron.output_loss.resolve_fused_linear_impl`).
+            (:func:`~dlmspec.backends.megatron.output_loss.resolve_fused_linear_impl`).
         apply_rope_fusion: Fused RoPE: on the Transformer Engine path megatron-core's
             ``TransformerConfig.apply_rope_fusion`` (TE's kernel); on the local path
-            :func:`backends.megatron.rope.install_fused_rope` (``torch.compile``, CUDA only).
+            :func:`dlmspec.backends.megatron.rope.install_fused_rope` (``torch.compile``, CUDA only).
     """
 
     cross_entropy: str = "megatron"
@@ -320,7 +317,7 @@ class RunConfig:
 
     Attributes:
         objective: :class:`ObjectiveConfig`.
-        data: :class:`backends.megatron.data.DataConfig`.
+        data: :class:`dlmspec.backends.megatron.data.DataConfig`.
         schedule: :class:`ScheduleConfig`.
         checkpoint: :class:`CheckpointConfig`.
         logging: :class:`LoggingConfig`.
@@ -331,7 +328,7 @@ class RunConfig:
         spec_hash: ``[lock] content_hash`` of the spec train.py was compiled from (a literal in
             train.py); recorded in every checkpoint and compared on resume.
         spec_lock_file: The ``spec.lock.toml`` beside train.py; copied into every checkpoint
-            when its hash is ``spec_hash`` (:mod:`backends.megatron.spec_record`).
+            when its hash is ``spec_hash`` (:mod:`dlmspec.backends.megatron.spec_record`).
         layer_path: Why the layer spec takes its path (Transformer Engine or local), as the
             compiler resolved ``transformer_impl``; logged with the start record.
     """
@@ -547,7 +544,7 @@ class MicrobatchItem:
     """One microbatch as handed to :class:`ObjectiveForwardStep`.
 
     Attributes:
-        stream: :data:`~backends.megatron.rng.TRAIN_STREAM` or ``VALID_STREAM``.
+        stream: :data:`~dlmspec.backends.megatron.rng.TRAIN_STREAM` or ``VALID_STREAM``.
         iteration: Step index used for the masking RNG.
         index: Microbatch index inside the step on this data-parallel rank.
         batch: Collated CPU batch (``tokens``, ``labels``, ``loss_mask``,
@@ -608,7 +605,7 @@ class MicrobatchFeed:
 
         The views and the feed refer to each other, so the loader's iterator is only freed by
         the garbage collector, possibly never before the interpreter exits. Its workers ignore
-        stop signals (:func:`~backends.megatron.data.ignore_exit_signals`), and Python's
+        stop signals (:func:`~dlmspec.backends.megatron.data.ignore_exit_signals`), and Python's
         ``multiprocessing`` exit hook SIGTERMs daemonic children and then joins them, so a
         worker still alive at exit hangs the rank for ever after training has finished (seen on
         the H200: runs printed their result and were killed by the runner's time limit).
@@ -646,7 +643,7 @@ class ObjectiveForwardStep:
     weights and masks, and returns ``(output, loss_func)`` where ``output`` is the
     per-token cross entropy ``[b, s]`` on the last stage (hidden states
     elsewhere) and ``loss_func(output)`` returns
-    :func:`~backends.megatron.objective.reduce_loss`'s triple.
+    :func:`~dlmspec.backends.megatron.objective.reduce_loss`'s triple.
 
     Args:
         objective: A :class:`MaskedDiffusionObjective` or
@@ -725,10 +722,10 @@ class ObjectiveForwardStep:
         return ob, position_ids, attention_mask
 
     def use_fused_linear_cross_entropy(self, model: List[torch.nn.Module], impl: str) -> Optional[str]:
-        """Switch the last stage's chunk(s) to :mod:`~backends.megatron.output_loss`.
+        """Switch the last stage's chunk(s) to :mod:`~dlmspec.backends.megatron.output_loss`.
 
         Their output layers then return hidden states and :meth:`__call__` computes the
-        loss with :func:`~backends.megatron.output_loss.linear_cross_entropy` and the
+        loss with :func:`~dlmspec.backends.megatron.output_loss.linear_cross_entropy` and the
         output weight. Returns the implementation used (``"liger"`` / ``"torch"``), or
         ``None`` when this rank holds no last stage.
 
@@ -1257,7 +1254,7 @@ class LoadedCheckpoint:
 
     ``scheduler_changes``: ``(spec key, checkpoint value, this run's value)`` of the schedule
     values this run's scheduler kept instead of the checkpoint's
-    (:func:`~backends.megatron.spec_record.load_scheduler_state`).
+    (:func:`~dlmspec.backends.megatron.spec_record.load_scheduler_state`).
     """
 
     path: str
@@ -1284,7 +1281,7 @@ def load_checkpoint(
 
     Raises:
         ValueError: If the checkpoint's seed differs from ``seed``
-            (:func:`~backends.megatron.rng.check_resume_seed`).
+            (:func:`~dlmspec.backends.megatron.rng.check_resume_seed`).
         FileNotFoundError: If ``dlmspec.json`` is missing.
     """
     meta_path = os.path.join(path, METADATA_FILENAME)
@@ -1495,8 +1492,8 @@ class StartChecks:
     """What :func:`start_checks` found, for :func:`train` to use once megatron-core runs.
 
     Attributes:
-        lock: The run's :class:`~backends.megatron.spec_record.SpecLock`.
-        record: This run's :func:`~backends.megatron.spec_record.spec_record`.
+        lock: The run's :class:`~dlmspec.backends.megatron.spec_record.SpecLock`.
+        record: This run's :func:`~dlmspec.backends.megatron.spec_record.spec_record`.
         resume_from: The checkpoint to resume from (:func:`start_point`), or ``None``.
         init_from: ``checkpoint.init_from`` to load when not resuming, or ``None``.
         resume_check: The resume comparison (``None`` without a resume).
@@ -1516,9 +1513,9 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
     """:func:`train`'s checks before megatron-core starts (no process group, no CUDA yet).
 
     In order: the data files exist, and each ``.bin``/``.idx`` pair is sound
-    (:func:`~backends.megatron.data.data_problems`); the spec lock beside train.py is read;
+    (:func:`~dlmspec.backends.megatron.data.data_problems`); the spec lock beside train.py is read;
     a resume's checkpoint records a spec this one may continue
-    (:func:`~backends.megatron.spec_record.check_resume`); a CUDA device is there
+    (:func:`~dlmspec.backends.megatron.spec_record.check_resume`); a CUDA device is there
     (:func:`cuda_problem`). :func:`train` runs them in every process; ``train.py --check``
     (what launch.sh runs before torchrun, which would report a worker's exit code 2 as its own
     exit code 1 under a traceback) runs them once, with ``world_size`` (default: the
@@ -1586,11 +1583,11 @@ def train(
         transformer_config: megatron ``TransformerConfig``; its parallel sizes
             must equal the ones passed here.  ``calculate_per_token_loss=True``
             is recommended (exact global-batch normalisation of the loss).
-        layer_spec: From :func:`backends.megatron.layers.build_layer_spec`;
+        layer_spec: From :func:`dlmspec.backends.megatron.layers.build_layer_spec`;
             its attention must fit the objective (MDM: bidirectional or
             block_causal, AR: causal).
         model_kwargs: Keyword arguments of
-            :func:`backends.megatron.layers.build_model` other than
+            :func:`dlmspec.backends.megatron.layers.build_model` other than
             ``config``/``layer_spec``/``ddp_config``: ``vocab_size`` (padded),
             ``max_sequence_length``, ``position_embedding_type``,
             ``rotary_base``, ``rotary_percent``,

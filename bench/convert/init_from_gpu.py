@@ -8,7 +8,7 @@ Two halves, so the GPU machine needs neither pydantic nor the compiler:
 
 writes ``.device/init_from/`` (ignored by git, about 0.5 MB; carry it to the GPU machine):
 
-* ``hf/``: a tiny random Hugging Face Qwen3 (``backends.convert.tiny``; 2 layers, hidden 64,
+* ``hf/``: a tiny random Hugging Face Qwen3 (``dlmspec.backends.convert.tiny``; 2 layers, hidden 64,
   head_dim 24 != hidden / heads, qk-norm, vocabulary 100), then taught the pattern below for
   60 Adam steps on the CPU, so its loss (about 0.02) is far below a random initialisation's
   (about ln 128 = 4.85);
@@ -104,9 +104,9 @@ def prepare(tps: list[int]) -> None:
     import torch.nn.functional as F
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    from backends.convert import dims_from_hf_config
-    from backends.convert.hf_io import read_hf_config
-    from backends.convert.tiny import make_tiny_hf
+    from dlmspec.backends.convert import dims_from_hf_config
+    from dlmspec.backends.convert.hf_io import read_hf_config
+    from dlmspec.backends.convert.tiny import make_tiny_hf
 
     work = REPO / WORK
     if work.exists():

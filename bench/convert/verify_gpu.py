@@ -8,7 +8,7 @@ TP=1 with megatron's local spec)::
 What it does:
 
 1. ``prepare`` (this process, CPU): for every family writes a tiny random HF checkpoint
-   (``backends.convert.tiny``), converts it with ``hf_to_mcore`` (vocabulary padded for the
+   (``dlmspec.backends.convert.tiny``), converts it with ``hf_to_mcore`` (vocabulary padded for the
    largest TP), and stores the fp32 reference logits of the ``transformers`` model on fixed
    tokens.
 2. ``worker`` (``torchrun --nproc_per_node TP``, once per TP): builds megatron's GPTModel on
@@ -39,15 +39,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from backends.convert.dims import FAMILIES  # noqa: E402
+from dlmspec.backends.convert.dims import FAMILIES  # noqa: E402
 
 BATCH, SEQ = 2, 16
 
 
 def prepare(work: Path, families: list[str], max_tp: int) -> None:
     """Tiny checkpoints, conversions and reference logits under ``work``."""
-    from backends.convert import hf_to_mcore
-    from backends.convert.tiny import make_tiny_hf
+    from dlmspec.backends.convert import hf_to_mcore
+    from dlmspec.backends.convert.tiny import make_tiny_hf
 
     for family in families:
         src, reference = make_tiny_hf(family, work / "hf" / family, seed=11)
@@ -72,9 +72,9 @@ def worker(work: Path, families: list[str], atol: float) -> None:
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from backends.convert.dims import ModelDims
-    from backends.convert.mcore_io import read_sidecar
-    from backends.convert.mcore_model import build_gpt_model
+    from dlmspec.backends.convert.dims import ModelDims
+    from dlmspec.backends.convert.mcore_io import read_sidecar
+    from dlmspec.backends.convert.mcore_model import build_gpt_model
 
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)

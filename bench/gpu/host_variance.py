@@ -11,7 +11,7 @@ Workload (one process, one GPU): 12 pre-norm transformer layers of hidden 256 on
 forward, backward and a per-tensor AdamW step (``foreach=False``: one launch chain per tensor,
 like megatron-core's local optimizer fallbacks). The GPU needs well under a millisecond per
 layer, so the step time is the host's. Each process reports the median step time after 10
-warm-up steps, :func:`backends.megatron.hostbench.measure_host_launch` before and after, its CPU
+warm-up steps, :func:`dlmspec.backends.megatron.hostbench.measure_host_launch` before and after, its CPU
 affinity and the CPU it ended on.
 
 Scenarios, one after another (each a fresh process, as each calibration run is):
@@ -41,7 +41,7 @@ cpus = sys.argv[2]
 if cpus:
     os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 import torch
-from backends.megatron.hostbench import measure_host_launch
+from dlmspec.backends.megatron.hostbench import measure_host_launch
 steps = int(sys.argv[1])
 torch.manual_seed(0)
 dev = torch.device("cuda", 0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from dlmspec.compile import compile_spec
+from dlmspec.render.compile import compile_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / ".device" / "checks"

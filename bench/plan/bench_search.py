@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from dlmspec.plan import make_plan  # noqa: E402
 from dlmspec.plan.search import search  # noqa: E402
-from dlmspec.presets import preset_names  # noqa: E402
+from dlmspec.spec.presets import preset_names  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
-from dlmspec.spec import Spec  # noqa: E402
+from dlmspec.spec.models import Spec  # noqa: E402
 
 
 def _llama70b() -> Spec:
@@ -104,7 +104,7 @@ def bench_cli() -> dict[str, float]:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], cwd=ROOT, check=True, capture_output=True)
         bare.append(time.perf_counter() - t)
-    probe = ("import sys, time; t = time.perf_counter(); from dlmspec.loader import load; from dlmspec.resolve import resolve; "
+    probe = ("import sys, time; t = time.perf_counter(); from dlmspec.spec.load import load; from dlmspec.resolve import resolve; "
              "from dlmspec.plan import make_plan; from dlmspec.check import find; t1 = time.perf_counter(); "
              f"r = resolve(load({spec!r}).spec); p = make_plan(r); find(('memory',), r.spec, r); t2 = time.perf_counter(); "
              "print(t1 - t, t2 - t1, int('torch' in sys.modules))")

@@ -82,12 +82,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from dlmspec.errors import SpecError  # noqa: E402
-from dlmspec.loader import load  # noqa: E402
+from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.plan import make_plan  # noqa: E402
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration  # noqa: E402
 from dlmspec.plan.megatron_formula import megatron_estimate  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
-from dlmspec.spec import Spec  # noqa: E402
+from dlmspec.spec.models import Spec  # noqa: E402
 
 GiB = 1024**3
 RESULTS = ROOT / "bench" / "results"

@@ -1,9 +1,9 @@
 """Count the kernels one microbatch launches on the local layer path (the planner's
-``KERNELS_PER_*`` constants in :mod:`dlmspec.plan.time`).
+``KERNELS_PER_*`` constants in :mod:`dlmspec.plan.launches`).
 
 Builds megatron-core GPT models with this project's local layer spec
 (``backends/megatron/layers.py``) on CPU in a one-process gloo world, as
-``tests/test_plan_saved_tensors.py`` does, and counts every ATen operator a forward and a
+``tests/plan/test_plan_saved_tensors.py`` does, and counts every ATen operator a forward and a
 backward pass dispatch (``TorchDispatchMode``), leaving out operators that launch no CUDA kernel
 (views, reshapes, allocations, metadata). Differences between this CPU run and the CUDA run are
 emulated so that the count is the CUDA one:
@@ -27,7 +27,7 @@ layer is the per-microbatch count (embedding, final norm, output layer, cross en
 the MDM objective's preparation and the loss (``backends/megatron/objective.py``) are added.
 
 Run: ``.venv/bin/python bench/plan/count_kernels.py`` (needs torch and megatron-core; CPU only,
-a few seconds). The counts are printed as JSON; ``dlmspec.plan.time`` holds them rounded.
+a few seconds). The counts are printed as JSON; ``dlmspec.plan.launches`` holds them rounded.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _fused(name: str, n: int, fn):
 
 class _FusedRMSNorm(torch.autograd.Function):
     """CUDA's ``_fused_rms_norm`` on CPU: saves what it saves (the input, fp32 rstd, the weight)
-    and counts one kernel forward, two backward (also used by tests/test_plan_saved_tensors.py)."""
+    and counts one kernel forward, two backward (also used by tests/plan/test_plan_saved_tensors.py)."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
@@ -222,7 +222,7 @@ def _sdpa(fn):
 def build(layers: int, experts: int | None = None, recompute: str | None = None, position: str = "rope"):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 
     kw: dict = {}
     if experts:
@@ -264,7 +264,7 @@ def count(model) -> tuple[int, int]:
 
 def objective_kernels() -> int:
     """Kernels of the MDM objective's preparation and loss reduction per microbatch."""
-    from backends.megatron.objective import build_objective, reduce_loss
+    from dlmspec.backends.megatron.objective import build_objective, reduce_loss
 
     objective = build_objective("mdm", mask_token_id=255, eps=1e-3, variable_length_prob=0.0)
     tokens = torch.randint(0, 255, (2, 64))

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dlmspec.loader import load  # noqa: E402
+from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.plan import make_plan  # noqa: E402
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, FITTED_FROM  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402

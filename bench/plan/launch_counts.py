@@ -4,7 +4,7 @@ Reads a profile file of per-rank ``torch.profiler`` summaries with their host pa
 (``bench/results/profile_host_h200x2_session5.json``, written from
 ``backends/megatron/profiling.py`` summaries) and, for each configuration (a
 ``bench/plan/matrix.json`` name) and rank, prints the measured launches per step next to
-:func:`dlmspec.plan.time.kernels_per_step` (the rank's pipeline stage; ranks of other layouts
+:func:`dlmspec.plan.launches.kernels_per_step` (the rank's pipeline stage; ranks of other layouts
 are stage 0).
 
     .venv/bin/python bench/plan/launch_counts.py [PROFILE.json] [--json]
@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dlmspec.loader import load  # noqa: E402
+from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.plan.shape import layout, model_shape  # noqa: E402
-from dlmspec.plan.time import kernels_per_step  # noqa: E402
+from dlmspec.plan.launches import kernels_per_step  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
 
 PROFILE = ROOT / "bench" / "results" / "profile_host_h200x2_session5.json"

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from dlmspec.check import find  # noqa: E402
-from dlmspec.loader import load  # noqa: E402
+from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
 
 DEMO = "specs/demo-dlm.toml"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "plan"))
 
 import calibrate as cal  # noqa: E402
-from dlmspec.plan import time as plan_time  # noqa: E402
+from dlmspec.plan import launches  # noqa: E402
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION  # noqa: E402
 
 PRIOR = 0.1
@@ -47,14 +47,14 @@ def score(runs) -> dict:
 
 
 def ep_dispatch() -> dict:
-    saved = dict(plan_time.KERNELS_EP_DISPATCH)
+    saved = dict(launches.KERNELS_EP_DISPATCH)
     out = {}
     try:
         for value in (0, saved["local+sdpa"]):
-            plan_time.KERNELS_EP_DISPATCH.update({k: value for k in saved})
+            launches.KERNELS_EP_DISPATCH.update({k: value for k in saved})
             out[str(value)] = score(cal.read_runs(cal.RESULTS)[0])
     finally:
-        plan_time.KERNELS_EP_DISPATCH.update(saved)
+        launches.KERNELS_EP_DISPATCH.update(saved)
     return out
 
 

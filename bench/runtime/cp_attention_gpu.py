@@ -29,7 +29,7 @@ from megatron.core import parallel_state  # noqa: E402
 from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-from backends.megatron.attention import SDPACoreAttention, cp_rank_positions  # noqa: E402
+from dlmspec.backends.megatron.attention import SDPACoreAttention, cp_rank_positions  # noqa: E402
 
 #: (mode, block size, query groups): GQA 16/8 heads of 128 as Qwen3-1.7B, and MHA.
 CASES = [("bidirectional", None, 8), ("bidirectional", None, 16), ("causal", None, 8), ("causal", None, 16),

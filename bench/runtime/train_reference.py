@@ -1,7 +1,7 @@
 """Hand-written reference of the train.py that `dlmspec compile` renders.
 
 It builds megatron-core's config objects explicitly, then calls
-backends.megatron.training.train().  Launch with torchrun for several GPUs:
+dlmspec.backends.megatron.training.train().  Launch with torchrun for several GPUs:
 
     torchrun --nproc-per-node 8 bench/runtime/train_reference.py --preset qwen3-1.7b
 
@@ -28,9 +28,9 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from backends.megatron.data import DataConfig
-from backends.megatron.layers import build_layer_spec
-from backends.megatron.training import (
+from dlmspec.backends.megatron.data import DataConfig
+from dlmspec.backends.megatron.layers import build_layer_spec
+from dlmspec.backends.megatron.training import (
     CheckpointConfig,
     KernelConfig,
     LoggingConfig,

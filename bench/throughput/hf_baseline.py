@@ -20,14 +20,14 @@ with ``global_batch_size = grad_accum * micro_batch_size``):
   :func:`check_bidirectional` proves it on a tiny model at start-up, on the benchmark's own
   device and dtype: changing late tokens must change early logits, and must not with a causal
   or key-padding mask;
-* objective: :class:`backends.megatron.objective.MaskedDiffusionObjective` (LLaDA, weight
+* objective: :class:`dlmspec.backends.megatron.objective.MaskedDiffusionObjective` (LLaDA, weight
   ``1/t``, eps 1e-3, ``variable_length_prob`` 0.01 as ``bench/runtime/train_reference.py``),
   with the runtime's per-microbatch masking generator
-  (:func:`backends.megatron.rng.masking_generator` of ``(seed, iteration, 0, 0)``), so both sides
+  (:func:`dlmspec.backends.megatron.rng.masking_generator` of ``(seed, iteration, 0, 0)``), so both sides
   draw the same noise levels, masks and truncations at the same steps; tokens are random ids;
 * loss: per-token cross entropy over the full ``[b, s, V]`` logits as transformers computes them
   (the bf16 ``lm_head`` output upcast to fp32, as ``ForCausalLMLoss`` does; no label shift),
-  reduced by :func:`backends.megatron.objective.reduce_loss` and divided by the token count
+  reduced by :func:`dlmspec.backends.megatron.objective.reduce_loss` and divided by the token count
   (LLaDA's normalisation, the runtime's ``calculate_per_token_loss``);
 * optimizer: ``torch.optim.AdamW(fused=True)``, lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight
   decay 0.1 on matrices only, gradient clipping at 1.0 (the reference script's values);
@@ -83,8 +83,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from backends.megatron.objective import MaskedDiffusionObjective, ObjectiveBatch, reduce_loss  # noqa: E402
-from backends.megatron.rng import masking_generator  # noqa: E402
+from dlmspec.backends.megatron.objective import MaskedDiffusionObjective, ObjectiveBatch, reduce_loss  # noqa: E402
+from dlmspec.backends.megatron.rng import masking_generator  # noqa: E402
 
 PRECISIONS = {
     "bf16": "pure bf16: bf16 parameters, gradients and fused-AdamW moments, no fp32 master weights "
@@ -519,7 +519,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "clip_grad": args.clip_grad,
             "objective": {"kind": "mdm", "mask_token_id": arch["mask_token_id"], "eps": 1e-3,
                           "loss_weighting": "llada", "variable_length_prob": args.variable_length_prob,
-                          "masking_rng": "backends.megatron.rng.masking_generator(seed, iteration, 0, 0)"},
+                          "masking_rng": "dlmspec.backends.megatron.rng.masking_generator(seed, iteration, 0, 0)"},
             "loss": "per-token cross entropy over the full [b, s, V] logits upcast to fp32 (as transformers' "
                     "ForCausalLMLoss), weighted by the objective, / num_tokens",
             "data": "random token ids in [0, tokenizer_vocab), a fresh batch every step",

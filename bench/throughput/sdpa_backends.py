@@ -4,7 +4,7 @@ One Qwen3-1.7B attention layer (16 query heads, 8 key/value groups, head dim 128
 8 x 4096 tokens, bf16, no mask: forward + backward through ``F.scaled_dot_product_attention``
 with each backend forced (``torch.nn.attention.sdpa_kernel``), GQA either through
 ``enable_gqa=True`` or with keys/values expanded to every head (what
-``backends.megatron.attention.SDPACoreAttention`` does for cuDNN and memory-efficient attention).
+``dlmspec.backends.megatron.attention.SDPACoreAttention`` does for cuDNN and memory-efficient attention).
 Outputs and gradients are compared with the flash result (bf16 tolerance).
 
     python3 bench/throughput/sdpa_backends.py [--batch 8] [--seq 4096] [--json OUT]

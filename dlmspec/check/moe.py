@@ -166,7 +166,7 @@ def _moe_act(ctx: Context) -> Iterator[Finding]:
     rc, m = ctx.spec.recompute, ctx.spec.model
     if rc.granularity != "selective" or "moe_act" not in (rc.modules or []):
         return
-    if not m.is_moe:  # moe_grouped_gemm reaches TransformerConfig only with experts (dlmspec.compile)
+    if not m.is_moe:  # moe_grouped_gemm reaches TransformerConfig only with experts (dlmspec.render.compile)
         yield Finding("recompute.modules", "recomputing 'moe_act' needs grouped-GEMM experts, and the model is dense "
                       "(model.num_experts is unset)", "drop 'moe_act' from recompute.modules")
     elif not m.moe_grouped_gemm:

@@ -78,7 +78,7 @@ def _block_divides(ctx: Context) -> Iterator[Finding]:
 @rule(
     "block-size-ignored",
     "warning",
-    "dlmspec.spec.ObjectiveSpec.block_size (used only by block_causal attention)",
+    "dlmspec.spec.models.ObjectiveSpec.block_size (used only by block_causal attention)",
     "objective.block_size is only given with block_causal attention",
 )
 def _block_ignored(ctx: Context) -> Iterator[Finding]:

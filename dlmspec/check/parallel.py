@@ -118,7 +118,7 @@ def _tp_heads(ctx: Context) -> Iterator[Finding]:
 @rule(
     "fused-linear-ce-tp",
     "error",
-    "backends.megatron.output_loss.defer_output_projection (the vocabulary must not be split over TP ranks)",
+    "dlmspec.backends.megatron.output_loss.defer_output_projection (the vocabulary must not be split over TP ranks)",
     "kernels.cross_entropy = 'fused_linear' needs tensor_model_parallel_size = 1",
 )
 def _fused_ce_tp(ctx: Context) -> Iterator[Finding]:

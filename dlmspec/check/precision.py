@@ -7,7 +7,7 @@ from typing import Iterator
 
 from dlmspec.check.hints import local_because, or_te
 from dlmspec.check.registry import Context, Finding, rule
-from dlmspec.fastspec import SCHEMA
+from dlmspec.spec.fast import SCHEMA
 
 
 @rule(
@@ -92,7 +92,7 @@ def _fp8_recompute(ctx: Context) -> Iterator[Finding]:
 
 
 #: Float keys the GPU computes with in float32 (the optimizer's lr, decay and eps, the init std,
-#: norms and RoPE): table of :data:`dlmspec.fastspec.SCHEMA` for each.
+#: norms and RoPE): table of :data:`dlmspec.spec.fast.SCHEMA` for each.
 _FP32_KEYS: dict[str, str] = {
     "train.lr": "TrainSpec", "train.min_lr": "TrainSpec", "train.weight_decay": "TrainSpec",
     "train.adam_eps": "TrainSpec", "train.clip_grad": "TrainSpec", "model.init_method_std": "ModelSpec",

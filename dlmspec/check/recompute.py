@@ -93,7 +93,7 @@ def _recompute_range(ctx: Context) -> Iterator[Finding]:
     "recompute-keys-ignored",
     "warning",
     "megatron.core.transformer.transformer_config.TransformerConfig (method/num_layers are for "
-    "'full', modules for 'selective'); dlmspec.compile passes each only with its granularity",
+    "'full', modules for 'selective'); dlmspec.render.compile passes each only with its granularity",
     "recompute keys match the granularity",
 )
 def _recompute_ignored(ctx: Context) -> Iterator[Finding]:

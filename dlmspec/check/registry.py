@@ -6,7 +6,7 @@ source it mirrors (the megatron-core or Megatron-LM check that raises on the sam
 SLURM option, the runtime module that cannot run it, or the paper an objective comes from), a
 one-line summary and a scope, which says what the rule looks at:
 
-* ``load``: the loader reports these while reading the file (:mod:`dlmspec.loader`: syntax,
+* ``load``: the loader reports these while reading the file (:mod:`dlmspec.spec.load`: syntax,
   schema, ``extends``, ``--set``); listed here, run there.
 * ``spec``: the spec's values alone (the same verdict on every machine).
 * ``paths``: files on this machine (data, tokenizer, checkpoints): the verdict depends on where
@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 from dlmspec.errors import Severity, SpecError, SpecIssue
-from dlmspec.loader import LoadedSpec, load
+from dlmspec.spec.load import LoadedSpec, load
 from dlmspec.resolve import Resolved, resolve
 
 if TYPE_CHECKING:
-    from dlmspec.spec import Spec
+    from dlmspec.spec.models import Spec
 
 Scope = Literal["load", "spec", "paths", "slurm", "memory", "runtime"]
 
-#: Every scope, in the order :func:`dlmspec.commands`' ``show --rules`` lists them.
+#: Every scope, in the order ``dlmspec show --rules`` lists them.
 SCOPE_NAMES: tuple[Scope, ...] = ("load", "spec", "paths", "slurm", "memory", "runtime")
 
 #: The scopes each command checks, in the order they run. A rule marked ``only_if_clean`` (the
@@ -186,8 +186,8 @@ def find(scopes: Iterable[Scope], target: LoadedSpec | Spec, resolved: Resolved 
 
     Args:
         scopes: scope names (see :data:`SCOPES` for each command's).
-        target: a :class:`~dlmspec.loader.LoadedSpec` (issues then carry file and line) or a
-            bare :class:`~dlmspec.spec.Spec` (file and line are ``None``).
+        target: a :class:`~dlmspec.spec.load.LoadedSpec` (issues then carry file and line) or a
+            bare :class:`~dlmspec.spec.models.Spec` (file and line are ``None``).
         resolved: ``resolve(spec)``, if the caller already has it.
 
     Returns:
@@ -253,7 +253,7 @@ def load_for(command: str, path: str | Path, overrides: list[str] | tuple[str, .
              fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
     """Load a spec file with ``--set`` ``overrides``, resolve it and find what ``command``
     reports (:func:`issues_for`): how ``dlmspec validate`` and ``dlmspec compile`` both start.
-    ``fast``: load a plainly valid spec without pydantic (:func:`dlmspec.loader.load`'s
+    ``fast``: load a plainly valid spec without pydantic (:func:`dlmspec.spec.load.load`'s
     ``fast``; the result is the same).
 
     Returns:

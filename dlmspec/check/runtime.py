@@ -14,7 +14,7 @@ from dlmspec.resolve import eod_choice, eod_used_by, run_dir
 @rule(
     "eod-id-unknown",
     "error",
-    "backends.megatron.data.DataConfig.eod_id",
+    "dlmspec.backends.megatron.data.DataConfig.eod_id",
     "the end-of-document id is known when the run reads it (data.tokenizer.eod_id, or a tokenizer whose "
     "files give it)",
     scope="runtime",

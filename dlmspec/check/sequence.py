@@ -79,7 +79,7 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
 @rule(
     "cp-local-allgather",
     "error",
-    "backends.megatron.attention.SDPACoreAttention (CP_COMM_TYPES: keys and values all-gathered over "
+    "dlmspec.backends.megatron.attention.SDPACoreAttention (CP_COMM_TYPES: keys and values all-gathered over "
     "the CP group; megatron-core TransformerConfig.cp_comm_type)",
     "context parallelism on the local layers uses cp_comm_type 'allgather'",
 )
@@ -119,7 +119,7 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
     "transformer_engine.pytorch.attention.dot_product_attention.utils.get_attention_backend: with "
     "context parallelism only no_mask / causal self-attention run (FlashAttention, FusedAttention); "
     "arbitrary masks run only in UnfusedDotProductAttention, which has no context parallelism. "
-    "backends.megatron.training.ObjectiveForwardStep.prepare: no attention mask under context "
+    "dlmspec.backends.megatron.training.ObjectiveForwardStep.prepare: no attention mask under context "
     "parallelism (the local layers build the block-causal pattern themselves)",
     "context parallelism comes with no document or variable-length masks, and with Transformer "
     "Engine with bidirectional or causal attention only",

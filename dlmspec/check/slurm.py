@@ -1,7 +1,7 @@
 """Rules of the ``[cluster.slurm]`` values ``launch.sbatch`` is rendered from (scope ``slurm``):
 each value that reaches an ``#SBATCH`` line or the script's environment matches a strict form
 (the whole value: a trailing newline does not pass), so none can start a line of its own or
-become an option; :func:`dlmspec.slurm.render_sbatch` refuses what these find."""
+become an option; :func:`dlmspec.render.sbatch.render_sbatch` refuses what these find."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Iterator
 
 from dlmspec.check.registry import Context, Finding, rule
 from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name
-from dlmspec.escape import sbatch_value
+from dlmspec.render.escape import sbatch_value
 from dlmspec.resolve import job_name, slurm_settings
 
 #: ``--signal`` takes at most 65535 seconds (SLURM stores it in 16 bits, sbatch(1)).

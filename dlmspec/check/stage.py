@@ -13,7 +13,7 @@ from dlmspec.check.registry import Context, Finding, rule
 @rule(
     "stage-table-ignored",
     "warning",
-    "dlmspec.spec.StageSpec (stage.sft / stage.rl are read only by their stage kind)",
+    "dlmspec.spec.models.StageSpec (stage.sft / stage.rl are read only by their stage kind)",
     "stage.sft / stage.rl match stage.kind",
 )
 def _stage_table(ctx: Context) -> Iterator[Finding]:
@@ -62,7 +62,7 @@ def _from_scratch(ctx: Context) -> Iterator[Finding]:
 @rule(
     "init-from-format",
     "error",
-    "dlmspec.spec.CheckpointSpec.init_from ('hf:PATH' or 'mcore:PATH')",
+    "dlmspec.spec.models.CheckpointSpec.init_from ('hf:PATH' or 'mcore:PATH')",
     "checkpoint.init_from is 'hf:PATH' or 'mcore:PATH'",
 )
 def _init_from(ctx: Context) -> Iterator[Finding]:
@@ -75,7 +75,7 @@ def _init_from(ctx: Context) -> Iterator[Finding]:
 @rule(
     "no-checkpoint-save",
     "warning",
-    "backends.megatron.training.train (saves and resumes only with CheckpointConfig.save_dir); "
+    "dlmspec.backends.megatron.training.train (saves and resumes only with CheckpointConfig.save_dir); "
     "launch.sbatch requeues a stopped job",
     "a run longer than one save interval, or one started from init_from, saves checkpoints",
 )
@@ -97,7 +97,7 @@ def _no_save(ctx: Context) -> Iterator[Finding]:
 @rule(
     "checkpoint-inherited",
     "warning",
-    "dlmspec.loader (extends deep-merges the parent; a relaunch resumes from checkpoint.save's latest)",
+    "dlmspec.spec.load (extends deep-merges the parent; a relaunch resumes from checkpoint.save's latest)",
     "a spec that renames its run does not reuse the checkpoint folder of the spec it extends",
 )
 def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:

@@ -68,7 +68,7 @@ def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
 @rule(
     "eod-id-range",
     "error",
-    "backends.megatron.data.DatasetTokenizer (eod_id in [0, model.vocab_size), checked when train.py starts): "
+    "dlmspec.backends.megatron.data.DatasetTokenizer (eod_id in [0, model.vocab_size), checked when train.py starts): "
     "the data holds the end-of-document id as a token of the vocabulary",
     "data.tokenizer.eod_id is a token of the vocabulary (below model.vocab_size)",
 )

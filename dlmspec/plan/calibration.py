@@ -98,12 +98,12 @@ class Calibration:
             PyTorch op costs ~3-10 us of host time on current x86 servers: dispatcher,
             allocator, ``cudaLaunchKernel``).
         fsdp_seconds_per_op: host time of one of Megatron-FSDP's per-step host operations
-            (:func:`dlmspec.plan.time.fsdp_host_ops`: gradient hooks per parameter tensor,
+            (:func:`dlmspec.plan.launches.fsdp_host_ops`: gradient hooks per parameter tensor,
             all-gathers, releases and reduce-scatters per bucket, the DTensor gradient and weight
             copies of the optimizer step), on the typical host. Fitted (default: seconds_per_kernel,
             one launch per operation).
         seconds_per_compiled_call: host time of one call of a ``torch.compile``'d function of the
-            local path (:func:`dlmspec.plan.time.compiled_calls_per_microbatch`: the fused QKV
+            local path (:func:`dlmspec.plan.launches.compiled_calls_per_microbatch`: the fused QKV
             function, the compiled norms, fused RoPE; forward and backward each a call) beyond
             the launches of its kernels, which count as kernels: Dynamo's guard check,
             AOTAutograd's runtime wrapper and autograd ``Function``, Inductor's Python wrapper and
@@ -112,7 +112,7 @@ class Calibration:
             function on, 0.1141 s, against none, 0.0963 s, ``calibration_h200x2_session4b.json``)
             and the fused-RoPE runs (``demo-cp2``, ``demo-cp2-ar``, ``demo-fsdp``).
         seconds_per_fused_ce_kernel: host time of one launch of the fused linear cross entropy's
-            chunk loop (:func:`dlmspec.plan.time.fused_ce_kernels`, ``[kernels] cross_entropy =
+            chunk loop (:func:`dlmspec.plan.launches.fused_ce_kernels`, ``[kernels] cross_entropy =
             "fused_linear"``), on the typical host, in place of ``seconds_per_kernel``: Liger runs
             the loop inside one ``autograd.Function`` (``LigerFusedLinearCrossEntropyFunction``),
             plain torch calls (``matmul``, ``addmm``, slicing) and Triton kernel launches from a

@@ -120,7 +120,7 @@ SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
 
 
 #: Rows per chunk of the PyTorch fused linear cross entropy
-#: (``backends.megatron.output_loss.DEFAULT_CHUNK_ROWS``).
+#: (``dlmspec.backends.megatron.output_loss.DEFAULT_CHUNK_ROWS``).
 TORCH_FUSED_CE_CHUNK_ROWS = 4096
 
 

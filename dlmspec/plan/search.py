@@ -142,7 +142,7 @@ class Candidate:
         return set_args(dict(self.changes))
 
     def spec_changes(self) -> dict[str, Any]:
-        """Dotted spec key -> value (for :meth:`dlmspec.spec.Spec.replace`)."""
+        """Dotted spec key -> value (for :meth:`dlmspec.spec.models.Spec.replace`)."""
         return {SPEC_KEYS[k]: v for k, v in self.changes}
 
     def to_dict(self) -> dict[str, Any]:
@@ -424,7 +424,7 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
     """Split a spec's validator errors for ``--search``.
 
     Args:
-        loaded: the :class:`~dlmspec.loader.LoadedSpec` (file and line for issues) or a bare spec.
+        loaded: the :class:`~dlmspec.spec.load.LoadedSpec` (file and line for issues) or a bare spec.
         resolved: ``resolve(loaded.spec)``.
         issues: the spec's issues as written (``plan``'s, :func:`dlmspec.check.issues_for`).
 
@@ -438,7 +438,7 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
     """
     from dataclasses import replace as dc_replace
 
-    from dlmspec.loader import LoadedSpec
+    from dlmspec.spec.load import LoadedSpec
     from dlmspec.resolve import resolve
 
     spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded

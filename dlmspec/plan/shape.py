@@ -348,7 +348,7 @@ def cross_entropy_path(lay: Layout) -> str:
 def attention_backend(lay: Layout, compute_capability: tuple[int, int]) -> str:
     """The attention kernel the time model assumes: ``"transformer_engine"`` on the TE path,
     else the SDPA backend - ``"cudnn"``, ``"flash"`` or ``"efficient"``. ``auto`` is cuDNN on
-    compute capability 9.0 and above (``backends.megatron.attention.auto_sdpa_backend`` for
+    compute capability 9.0 and above (``dlmspec.backends.megatron.attention.auto_sdpa_backend`` for
     unmasked bidirectional attention; masked and causal calls keep PyTorch's order, which on
     torch 2.11 with cuDNN >= 9.15 on sm90/sm100 also puts cuDNN first:
     ``check_prefer_cudnn_attention``), else flash."""
@@ -378,7 +378,7 @@ def attention_path(lay: Layout, compute_capability: tuple[int, int], shape: Mode
 
 
 def qkv_fused(shape: ModelShape, lay: Layout) -> bool:
-    """Whether the layers take ``backends.megatron.qkv.FusedQKVSelfAttention``'s fused path:
+    """Whether the layers take ``dlmspec.backends.megatron.qkv.FusedQKVSelfAttention``'s fused path:
     ``kernels.qkv_fusion`` on the local path, and none of the cases its ``fast_path_reason``
     hands back to megatron-core that a plan can see (partial rotary dimension, LayerNorm q/k
     norms, fewer query groups than TP ranks)."""

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from dlmspec.check import RULES, SCOPE_NAMES, SCOPES, Rule, issues_for, sort_key
 from dlmspec.check.registry import add_rule
-from dlmspec.cli import app
-from dlmspec.spec import Spec
+from dlmspec.cli.commands import app
+from dlmspec.spec.models import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +100,7 @@ def test_one_order_for_every_command() -> None:
 def test_the_registry_imports_neither_the_compiler_nor_jinja2_nor_torch() -> None:
     code = ("import sys, dlmspec.check\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jinja2', 'torch', 'megatron', 'typer') "
-            "or m in ('dlmspec.compile', 'dlmspec.slurm', 'dlmspec.commands', 'dlmspec.spec')))\n")
+            "or m in ('dlmspec.render.compile', 'dlmspec.render.sbatch', 'dlmspec.cli.commands', 'dlmspec.spec.models')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]", out.stdout

@@ -12,8 +12,8 @@ import pytest
 
 from dlmspec.check import RULES, find, load_for
 from dlmspec.errors import SpecError
-from dlmspec.loader import load_text
-from dlmspec.spec import Spec
+from dlmspec.spec.load import load_text
+from dlmspec.spec.models import Spec
 
 #: A local Hugging Face tokenizer folder (tokenizer_config.json only) whose pad token is id 998.
 PAD_998 = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf-tokenizer-pad-998")

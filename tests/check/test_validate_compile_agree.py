@@ -19,13 +19,18 @@ from typer.testing import CliRunner
 
 import dlmspec.check.memory
 import dlmspec.cli
-import dlmspec.commands
+import dlmspec.cli.app
+import dlmspec.cli.commands
+import dlmspec.cli.output
+import dlmspec.cli.plan
+import dlmspec.cli.validate
 import test_validate
 import test_validate_hardening
 from dlmspec.check import RULES
-from dlmspec.cli import app, main
+from dlmspec.cli import main
+from dlmspec.cli.commands import app
 from dlmspec.plan import PlanError
-from dlmspec.presets import PRESETS
+from dlmspec.spec.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
@@ -127,7 +132,7 @@ def outcome(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, list
     """Exit code of ``dlmspec ARGV`` (run as the console script runs it) and the issues it
     reported (rule, key, severity), sorted."""
     seen: list[tuple[str, str, str]] = []
-    issues, warnings = dlmspec.cli.report_issues, dlmspec.cli.report_warnings
+    issues, warnings = dlmspec.cli.output.report_issues, dlmspec.cli.output.report_warnings
 
     def record(found: list) -> None:
         seen.extend((i.rule, i.key, i.severity) for i in found)
@@ -141,9 +146,11 @@ def outcome(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, list
         warnings(found)
 
     with monkeypatch.context() as patch:
-        for module in (dlmspec.cli, dlmspec.commands):
-            patch.setattr(module, "report_issues", report_issues)
-            patch.setattr(module, "report_warnings", report_warnings)
+        # every module of dlmspec.cli that calls them (each imported the names)
+        for module in (dlmspec.cli, dlmspec.cli.app, dlmspec.cli.commands, dlmspec.cli.plan, dlmspec.cli.validate):
+            for name, func in (("report_issues", report_issues), ("report_warnings", report_warnings)):
+                if hasattr(module, name):
+                    patch.setattr(module, name, func)
         code = main(argv)
     return code, sorted(seen)
 

@@ -36,14 +36,14 @@ from hypothesis import strategies as st
 
 from dlmspec.check import RULES, find
 from dlmspec.resolve import resolve
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     transformer_config = pytest.importorskip("megatron.core.transformer.transformer_config")
 
-from dlmspec import compile as dlm_compile  # noqa: E402  (after the skip: needs jinja2 only)
+from dlmspec.render import compile as dlm_compile  # noqa: E402  (after the skip: needs jinja2 only)
 
 #: The validator's rules whose source is TransformerConfig / ModelParallelConfig.__post_init__.
 MIRRORED = frozenset({

@@ -19,8 +19,8 @@ import pytest
 
 from dlmspec.check import RULES, find
 from dlmspec.errors import SpecError
-from dlmspec.loader import load
-from dlmspec.spec import Spec
+from dlmspec.spec.load import load
+from dlmspec.spec.models import Spec
 
 #: The scopes of the rules that read a spec and this machine's files.
 FILES = ("spec", "paths")
@@ -346,7 +346,7 @@ def test_absurd_magnitudes_exit_cleanly_and_quickly(tmp_path: Path, command: lis
 
 
 def test_the_fast_path_finds_the_same(tmp_path: Path) -> None:
-    """Each failing example, loaded from TOML with and without pydantic (dlmspec.fastspec):
+    """Each failing example, loaded from TOML with and without pydantic (dlmspec.spec.fast):
     the same issues."""
     import tomli_w
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dlmspec.check import find
-from dlmspec.spec import Spec
+from dlmspec.spec.models import Spec
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():

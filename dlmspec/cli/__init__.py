@@ -1,0 +1,204 @@
+"""``dlmspec``: the command line's entry point (:func:`main`; ``python -m dlmspec.cli`` runs it).
+
+The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app, no command),
+:mod:`dlmspec.cli.commands` (the commands, registered on the app when imported),
+:mod:`dlmspec.cli.validate` and :mod:`dlmspec.cli.plan` (the bodies of ``validate`` and ``plan``),
+:mod:`dlmspec.cli.submit` (``dlmspec submit``), :mod:`dlmspec.cli.convert` (``dlmspec convert``),
+:mod:`dlmspec.cli.output` (what every command prints). Command modules import the app and the output helpers, never this module.
+
+``validate`` and ``plan`` are the commands users run most (issues #2 and #4 target 0.3 s on a
+2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
+plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
+``--json``, ``--search``, ``--top N`` - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
+:func:`dlmspec.cli.plan.run_plan`) and the same error handling, without importing typer or
+building the app (about 80 ms), and load the spec with ``fast=True``: a plainly valid spec is
+checked without pydantic (:mod:`dlmspec.spec.fast`; importing pydantic and building the models
+took more than half of ``validate``). Every other argument list (``--help``, ``--version``, an
+unknown or malformed option, a missing or extra argument, shell completion) goes to typer, so
+help texts, usage errors and exit codes are typer's. Neither path imports torch, megatron or the
+compiler (jinja2); rich is imported only to print a table.
+
+Bad input never prints a traceback: a :class:`~dlmspec.errors.SpecError` that escapes a command
+is printed as a table of issues (file:line, key, value, why, fix) on stderr, or as JSON on
+stdout when the command was given ``--json`` (see :func:`dlmspec.cli.output.use_json`), and the process exits with
+:data:`~dlmspec.errors.EXIT_USAGE` (2). Usage errors (unknown options, missing arguments) also
+exit with 2 (click's convention, which typer keeps).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from dlmspec.cli.output import report_issues
+from dlmspec.cli.validate import run_validate
+from dlmspec.errors import EXIT_USAGE, SpecError
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+
+
+#: Commands :func:`main` runs without typer: name -> (flags, options that take a value).
+_FAST_COMMANDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "validate": (frozenset({"--strict", "--json"}), frozenset({"--set", "-s"})),
+    "check": (frozenset({"--strict", "--json"}), frozenset({"--set", "-s"})),
+    "plan": (frozenset({"--json", "--search"}), frozenset({"--set", "-s", "--top"})),
+}
+
+
+def fast_arguments(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """``argv`` parsed as typer (click) parses it, for the plain forms of ``validate``,
+    ``check`` and ``plan`` only; ``None`` for anything else (typer then parses it, and prints
+    its help or usage error).
+
+    Plain means: the command first; exactly one argument (SPEC) that does not start with ``-``;
+    flags and options among that command's, written ``--set VALUE``, ``--set=VALUE`` or ``-s
+    VALUE``, with a value that does not start with ``-`` (click would take it, but so rare a
+    form is left to click); ``--top`` a decimal number. Options may come before or after SPEC,
+    repeated flags count once and a repeated ``--top`` keeps the last, as in click.
+
+    Returns:
+        ``(command, options)``; options has ``spec``, ``set`` (list), ``json``, ``strict``,
+        ``search`` (bools) and ``top`` (int, default 5).
+    """
+    if not argv or argv[0] not in _FAST_COMMANDS:
+        return None
+    flags, valued = _FAST_COMMANDS[argv[0]]
+    options: dict[str, Any] = {"spec": None, "set": [], "json": False, "strict": False, "search": False, "top": 5}
+    rest = argv[1:]
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        i += 1
+        if not token.startswith("-"):
+            if options["spec"] is not None:
+                return None  # an extra argument: typer's usage error
+            options["spec"] = token
+            continue
+        if token in flags:
+            options[token[2:]] = True
+            continue
+        name, has_value, value = token.partition("=")
+        if name not in valued or (has_value and not name.startswith("--")):
+            return None  # --help, an unknown option, -s=VALUE, a flag given a value, ...
+        if not has_value:
+            if i == len(rest):
+                return None  # option without its value: typer's usage error
+            value = rest[i]
+            i += 1
+        if value.startswith("-"):
+            return None
+        if name == "--top":
+            if not (value.isascii() and value.isdigit()):
+                return None
+            options["top"] = int(value)
+        else:
+            options["set"].append(value)
+    if options["spec"] is None:
+        return None
+    return argv[0], options
+
+
+def _run_fast(command: str, options: dict[str, Any]) -> int:
+    """Run a command :func:`fast_arguments` parsed, as typer would: a :class:`SpecError` is
+    reported (table, or JSON with ``--json``) with exit code 2; Ctrl-C exits 130; a closed
+    stdout (``| head``) exits 1 quietly. Returns the exit code."""
+    try:
+        try:
+            if command == "plan":
+                from dlmspec.cli.plan import run_plan
+
+                return run_plan(options["spec"], options["set"], options["json"], options["search"], options["top"])
+            run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"])
+            return 0
+        except SpecError as exc:
+            report_issues(exc.issues, as_json=options["json"])
+            return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except EOFError:
+        from typer import rich_utils
+
+        print(file=sys.stderr)
+        rich_utils.rich_abort_error()
+        return 1
+    except OSError as exc:
+        import errno
+
+        if exc.errno != errno.EPIPE:
+            raise
+        sys.stdout, sys.stderr = _PipeClosed(sys.stdout), _PipeClosed(sys.stderr)
+        return 1
+
+
+class _PipeClosed:
+    """A stream whose ``flush`` ignores a closed pipe (click's ``PacifyFlushWrapper``), so the
+    interpreter's final flush prints nothing after ``dlmspec plan SPEC | head``."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped = wrapped
+
+    def flush(self) -> None:
+        import errno
+
+        try:
+            self.wrapped.flush()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+#: What ``PYDANTIC_DISABLE_PLUGINS`` says when pydantic loads no plugin at all (pydantic's
+#: ``plugin._loader.get_plugins``).
+_PLUGINS_OFF = ("__all__", "1", "true")
+
+
+def skip_pydantic_plugin_discovery() -> bool:
+    """Run this process without pydantic plugins, as ``PYDANTIC_DISABLE_PLUGINS=__all__`` does,
+    and without the cost of looking for them. Returns whether it did.
+
+    The first time pydantic builds a validator it imports ``pydantic.plugin._loader``, which
+    imports ``importlib.metadata`` and scans every installed distribution for ``pydantic``
+    entry points: about 80M instructions (35 ms on the 2-core CI machine), a tenth of
+    ``dlmspec validate``, even when ``PYDANTIC_DISABLE_PLUGINS`` is set (it skips the scan, not
+    the import). dlmspec's spec models use no plugin, so the fast path registers a
+    ``pydantic.plugin._loader`` whose ``get_plugins`` returns none: what pydantic's own returns
+    with plugins disabled. Nothing is done when the user named plugins to disable (then they use
+    the others) or when pydantic has already looked. ``tests/cli/test_cli.py`` checks that the
+    installed pydantic still asks that module for ``get_plugins`` only.
+    """
+    if os.environ.get("PYDANTIC_DISABLE_PLUGINS", "__all__") not in _PLUGINS_OFF:
+        return False
+    if "pydantic.plugin._loader" in sys.modules:
+        return False
+    import types
+
+    loader = types.ModuleType("pydantic.plugin._loader", "No pydantic plugins (dlmspec.cli.skip_pydantic_plugin_discovery).")
+    loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
+    sys.modules["pydantic.plugin._loader"] = loader
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``[project.scripts] dlmspec``). Returns the exit code.
+
+    The plain forms of ``validate``/``check``/``plan`` run without typer (see the module
+    docstring), and without pydantic plugins (:func:`skip_pydantic_plugin_discovery`);
+    everything else goes to :data:`dlmspec.cli.commands.app`."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    fast = fast_arguments(args) if "_DLMSPEC_COMPLETE" not in os.environ else None
+    if fast is not None:
+        skip_pydantic_plugin_discovery()
+        return _run_fast(*fast)
+    from dlmspec.cli.commands import app  # here: importing typer and registering the commands is what the fast path skips
+
+    try:
+        app(args=argv, prog_name="dlmspec", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0

@@ -1,0 +1,201 @@
+"""``dlmspec convert``: Hugging Face <-> megatron-core checkpoints from the command line.
+
+The conversion itself is :mod:`dlmspec.backends.convert` (torch, safetensors, megatron-core), imported
+inside the commands so that the compiler stays light. This module adds what a spec knows: with
+``--spec`` the Hugging Face ``config.json`` is checked against the spec's ``[model]`` (every
+disagreeing dimension is reported at once, with the spec's file and line, exit code 2) and the
+vocabulary is padded as the spec's training run pads it (``make_vocab_size_divisible_by`` x TP,
+:func:`dlmspec.resolve.padded_vocab_size`).
+
+Commands: ``hf-to-mcore SRC DST``, ``mcore-to-hf SRC DST``, ``verify HF MCORE``.
+
+Nothing a user wrote is lost: a DST that is, holds or sits inside SRC is refused (symbolic links
+resolved); an existing DST needs ``--force``, which replaces only the files convert writes and
+keeps the others. A broken input (corrupt or truncated files, a ``config.json`` or sidecar with
+wrong types or values, non-float or non-finite weights) gets exit code 2 and a message naming the
+file and the problem; Ctrl-C or SIGTERM exits 130/143 without leaving a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+
+app = typer.Typer(
+    help="Convert checkpoints between Hugging Face (safetensors) and megatron-core (dist checkpoint).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_FORCE_HELP = ("Write into an existing DST, replacing only the files convert writes there (other files are "
+               "kept). DST may not be, hold or sit inside SRC.")
+
+#: ``[model]`` key -> ``dlmspec.backends.convert.ModelDims`` field, for the spec check.
+_SPEC_TO_DIMS = {
+    "num_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "ffn_hidden_size": "ffn_hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_query_groups",
+    "kv_channels": "kv_channels",
+    "vocab_size": "vocab_size",
+    "qk_layernorm": "qk_layernorm",
+    "add_qkv_bias": "add_qkv_bias",
+}
+
+
+def spec_dims_issues(loaded: Any, resolved: Any, dims: Any) -> list[SpecIssue]:
+    """Where the spec's ``[model]`` disagrees with a checkpoint's dimensions.
+
+    Args:
+        loaded: :class:`dlmspec.spec.load.LoadedSpec` (for file and line).
+        resolved: its :class:`dlmspec.resolve.Resolved` (defaults filled).
+        dims: ``dlmspec.backends.convert.ModelDims`` read from the checkpoint's ``config.json``.
+
+    Returns:
+        One error per disagreeing key, naming the checkpoint's value as the fix.
+    """
+    model = resolved.spec.model
+    ours = {
+        **{key: getattr(model, key) for key in _SPEC_TO_DIMS},
+        "num_query_groups": resolved.num_query_groups,
+        "kv_channels": resolved.kv_channels,
+    }
+    issues = []
+    for key, field in _SPEC_TO_DIMS.items():
+        theirs = getattr(dims, field)
+        if ours[key] != theirs:
+            file, line = loaded.locate(f"model.{key}")
+            issues.append(SpecIssue(
+                key=f"model.{key}", value=ours[key], rule="convert-dims", file=file, line=line,
+                message=f"the checkpoint has {field} = {theirs!r}",
+                hint=f"set model.{key} = {theirs!r}, or convert a checkpoint of this spec's model",
+                source="dlmspec.backends.convert.hf_config.dims_from_hf_config"))
+    tied = not model.untie_embeddings_and_output_weights
+    if tied != dims.tied:
+        file, line = loaded.locate("model.untie_embeddings_and_output_weights")
+        issues.append(SpecIssue(
+            key="model.untie_embeddings_and_output_weights", value=not tied, rule="convert-dims", file=file,
+            line=line, message=f"the checkpoint's tie_word_embeddings is {dims.tied}",
+            hint=f"set model.untie_embeddings_and_output_weights = {str(not dims.tied).lower()}"))
+    return issues
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a conversion function; its ``ConversionError`` becomes a message and exit code 2, an
+    interruption (Ctrl-C, SIGTERM) a line and exit code 130 (143 for SIGTERM)."""
+    from dlmspec.backends.convert import ConversionError
+    from dlmspec.backends.convert.errors import Interrupted
+
+    try:
+        return fn(*args, **kwargs)
+    except ConversionError as exc:
+        _fail(str(exc))
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+        _fail(f"{exc.strerror or exc}: {exc.filename}")
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else 2
+        outcome = ("the destination was complete when it came" if getattr(exc, "written", False) else
+                   "the destination is as it was; the temporary folder was removed")
+        typer.secho(f"interrupted (signal {signum}): {outcome}", fg="red", err=True)
+        raise typer.Exit(128 + signum)
+
+
+def _check_paths(src: Path, dst: Path, force: bool) -> None:
+    """Refuse a DST that is, holds or sits inside SRC, and an existing DST without ``--force``
+    (messages name the command line's ``SRC``, ``DST`` and ``--force``)."""
+    from dlmspec.backends.convert._atomic import check_separate
+
+    _run(check_separate, src, dst, src_name="SRC", dst_name="DST")
+    if (dst.exists() or dst.is_symlink()) and not force:
+        _fail(f"DST {str(dst)!r} already exists. Fix: pass --force to replace the files convert writes there "
+              "(other files are kept), or choose another DST")
+
+
+@app.command("hf-to-mcore")
+def hf_to_mcore_command(
+    src: Path = typer.Argument(..., help="Hugging Face checkpoint folder (config.json + *.safetensors)."),
+    dst: Path = typer.Argument(..., help="megatron-core dist-checkpoint folder to create."),
+    spec: Optional[str] = typer.Option(None, "--spec", help="Check the checkpoint against this spec and pad "
+                                       "the vocabulary as its run does."),
+    set_: list[str] = typer.Option([], "--set", "-s", help="Override a spec key (with --spec)."),
+    tp: int = typer.Option(1, "--tp", min=1, help="TP size to pad the vocabulary for (without --spec)."),
+    force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
+) -> None:
+    """Convert a Hugging Face checkpoint into megatron-core's dist-checkpoint format (loadable at
+    any TP/PP); with --spec, a checkpoint that does not match the spec's model is refused."""
+    from dlmspec.backends.convert import dims_from_hf_config, hf_to_mcore
+    from dlmspec.backends.convert.hf_io import read_hf_config
+
+    config_path = src / "config.json"
+    if not config_path.is_file():
+        _fail(f"{config_path}: no config.json (is {src} a Hugging Face checkpoint folder?)")
+    _check_paths(src, dst, force)
+    config = _run(read_hf_config, src)
+    divisible_by = 128
+    if spec:
+        from dlmspec.spec.load import load
+        from dlmspec.resolve import resolve
+
+        loaded = load(spec, set_)
+        resolved = resolve(loaded.spec)
+        tp = resolved.tp
+        divisible_by = loaded.spec.model.make_vocab_size_divisible_by
+        dims = _run(dims_from_hf_config, config, make_vocab_size_divisible_by=divisible_by, tp=tp,
+                    source=str(config_path))
+        issues = spec_dims_issues(loaded, resolved, dims)
+        if issues:
+            raise SpecError(issues)
+    dims = _run(hf_to_mcore, src, dst, make_vocab_size_divisible_by=divisible_by, tp=tp, overwrite=force)
+    typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size} padded "
+               f"to {dims.padded_vocab_size})")
+
+
+@app.command("mcore-to-hf")
+def mcore_to_hf_command(
+    src: Path = typer.Argument(..., help="megatron-core checkpoint (a folder written by hf-to-mcore, "
+                               "an iter_* folder, or a run's checkpoint root with a latest tracker)."),
+    dst: Path = typer.Argument(..., help="Hugging Face folder to create."),
+    force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
+) -> None:
+    """Convert a megatron-core dist checkpoint into a Hugging Face folder that
+    transformers' AutoModelForCausalLM loads (config.json, sharded safetensors with an index)."""
+    from dlmspec.backends.convert import mcore_to_hf
+    from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
+
+    _check_paths(src, dst, force)
+    _check_paths(_run(resolve_checkpoint_dir, src), dst, force)
+    dims = _run(mcore_to_hf, src, dst, overwrite=force)
+    typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size})")
+
+
+@app.command("verify")
+def verify_command(
+    hf: Path = typer.Argument(..., help="Hugging Face checkpoint folder."),
+    mcore: Path = typer.Argument(..., help="Its converted megatron-core checkpoint."),
+    atol: float = typer.Option(1e-4, "--atol", help="Largest allowed absolute logit difference (fp32)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Run the same tokens through both checkpoints (fp32, CPU) and compare the logits; exit code
+    1 when they differ by more than --atol."""
+    from dlmspec.backends.convert import verify
+
+    result = _run(verify, hf, mcore, atol=atol)
+    if json_output:
+        typer.echo(json.dumps({"ok": bool(result.ok), "max_abs_diff": float(result.max_abs_diff), "atol": atol}))
+    else:
+        verdict = "match" if result.ok else "DIFFER"
+        typer.echo(f"logits {verdict}: max |difference| {result.max_abs_diff:.3g} (atol {atol:g})")
+    if not result.ok:
+        raise typer.Exit(1)

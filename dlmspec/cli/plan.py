@@ -1,0 +1,102 @@
+"""``dlmspec plan``: what the command does (the typer declaration lives in
+:mod:`dlmspec.cli.commands`; :func:`dlmspec.cli.main` calls :func:`run_plan` directly for the plain
+forms, without typer).
+
+``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints
+:meth:`dlmspec.plan.Plan.to_dict` plus ``ok`` and ``issues``. A spec that breaks a
+cross-field rule (:mod:`dlmspec.check`, ``plan``'s scopes) exits 2 with the usual issue table; a
+spec that does not fit prints its plan, the ``memory-fits`` issue (with what would make it fit)
+and exits 2. Whether the runtime supports every setting is checked by ``dlmspec validate``, not
+here.
+
+``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`).
+The spec is validated at a neutral layout (:func:`dlmspec.plan.search.spec_issues_for_search`):
+only errors that remain there, on keys the search does not set, stop it; errors that come from
+the spec's own layout (a TP that does not divide the heads or the FFN, say, whatever key the rule
+names) are printed as the spec's, apart from the layouts found. It exits 2 when no layout fits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlmspec.check import issues_for
+from dlmspec.cli.output import _issue_dict, _text, display_path, report_issues, report_warnings, stderr, stdout
+from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+from dlmspec.spec.load import load
+from dlmspec.plan import PlanError, make_plan
+from dlmspec.resolve import resolve
+
+
+def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> int:
+    """Body of ``dlmspec plan`` (see the module docstring). The caller has told the error
+    handler about ``json_output`` (:func:`dlmspec.cli.output.use_json`).
+
+    Returns:
+        The exit code: 0, or 2 (:data:`~dlmspec.errors.EXIT_USAGE`) when the plan does not fit
+        or the search finds no layout (after printing the plan or the search).
+
+    Raises:
+        SpecError: the spec does not load or has a blocking error (the CLI prints it, exit 2).
+    """
+    if top < 1:
+        raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
+    loaded = load(spec, overrides, fast=True)
+    resolved = resolve(loaded.spec)
+    # plan's scopes: the spec's rules and, when they find no error, memory (a spec with errors
+    # may have no layout to plan). Files, SLURM and the runtime's gaps are validate's: a plan of
+    # an RL spec is still a plan, and leaving the compiler out keeps `dlmspec plan` fast.
+    issues = issues_for("plan", loaded, resolved)
+    errors = [i for i in issues if i.severity == "error"]
+    warnings = [i for i in issues if i.severity != "error"]
+    if search:
+        from dlmspec.plan.search import spec_issues_for_search
+
+        blocking, own_layout = spec_issues_for_search(loaded, resolved, issues)
+        if blocking:
+            raise SpecError(blocking + warnings)
+        return _run_search(resolved, loaded, json_output, top, own_layout)
+    blocking = [e for e in errors if not e.rule.startswith("memory-")]
+    if blocking:
+        raise SpecError(issues)
+    try:
+        plan = make_plan(resolved)
+    except PlanError as exc:
+        raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
+    memory_errors = [e for e in errors if e.rule.startswith("memory-")]
+    if json_output:
+        data = {"ok": not memory_errors, "spec": display_path(str(loaded.path)),
+                "issues": [_issue_dict(i) for i in issues], **plan.to_dict()}
+        import json  # --json only
+
+        print(json.dumps(data, indent=2))
+    else:
+        from dlmspec.plan.report import print_plan
+
+        report_warnings(warnings)
+        print_plan(plan, stdout())
+        if memory_errors:
+            report_issues(memory_errors)
+    return EXIT_USAGE if memory_errors else 0
+
+
+def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_layout: list[SpecIssue]) -> int:
+    from dlmspec.plan.search import search
+
+    try:
+        result = search(resolved, top=top)
+    except PlanError as exc:
+        raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
+    result.spec_layout_issues = list(own_layout)
+    if json_output:
+        import json
+
+        print(json.dumps({"ok": bool(result.top), "spec": display_path(str(loaded.path)),
+                          "search": result.to_dict()}, indent=2))
+    else:
+        from dlmspec.plan.report import print_search
+
+        print_search(result, top, stdout())
+        if not result.top:
+            stderr().print(_text("no layout found (exit 2)", style="bold red"))
+    return 0 if result.top else EXIT_USAGE

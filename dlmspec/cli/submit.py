@@ -1,0 +1,284 @@
+"""``dlmspec submit``: compile specs if needed, then ``sbatch --parsable`` each, chaining several
+with ``--dependency=afterok:<previous job id>``; ``--dry-run`` prints the commands instead
+(:func:`dry_run_script`). The batch script itself is :mod:`dlmspec.render.sbatch`'s."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.render.escape import shell_word
+from dlmspec.resolve import slurm_settings
+
+#: Where ``dlmspec submit SPEC`` compiles when no ``--output`` is given: ``compiled/<spec stem>``
+#: under the working directory.
+DEFAULT_COMPILE_ROOT = "compiled"
+
+#: Seconds ``sbatch`` may take to answer before submit gives up.
+SBATCH_TIMEOUT = 120
+
+CHECK_MODES = ("env", "train")
+
+
+@dataclass
+class SubmitStep:
+    """One job of ``dlmspec submit``.
+
+    Attributes:
+        target: the argument as given (a spec file or a compiled directory).
+        directory: the compiled directory holding ``launch.sbatch``.
+        files: rendered files to write first (spec targets; empty for a compiled directory or
+            when the directory already holds exactly these files).
+        output_dir: the directory of the job's ``--output`` file, created before sbatch when it
+            does not exist (None when it needs nothing or holds a ``%`` pattern).
+        name: the spec's name (or the directory's name).
+        compile_command: the ``dlmspec compile`` command that writes ``files`` (for --dry-run).
+    """
+
+    target: str
+    directory: Path
+    files: dict[str, str] = field(default_factory=dict)
+    output_dir: Path | None = None
+    name: str = ""
+    compile_command: list[str] = field(default_factory=list)
+
+    @property
+    def script(self) -> Path:
+        return self.directory / "launch.sbatch"
+
+
+def _submit_issue(key: str, message: str, value: Any, hint: str, rule: str = "submit") -> SpecError:
+    return SpecError([SpecIssue(key=key, message=message, value=value, hint=hint, rule=rule, source="dlmspec.render.sbatch")])
+
+
+def _output_dir(output: str | None) -> Path | None:
+    if not output:
+        return None
+    parent = Path(output).parent
+    if str(parent) in ("", ".") or "%" in str(parent):
+        return None
+    return parent
+
+
+def _output_from_script(script: Path) -> str | None:
+    """The ``--output`` value of a written ``launch.sbatch`` (unquoted as sbatch would)."""
+    try:
+        text = script.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in text.splitlines():
+        if line.startswith("#SBATCH --output="):
+            value = line[len("#SBATCH --output="):]
+            if value.startswith('"') and value.endswith('"'):
+                value = re.sub(r"\\(.)", r"\1", value[1:-1])
+            return value
+    return None
+
+
+def plan_submission(
+    targets: Sequence[str],
+    *,
+    output: str | None = None,
+    overrides: Sequence[str] = (),
+    force: bool = False,
+) -> list[SubmitStep]:
+    """Decide what :func:`submit` does for each target, writing nothing.
+
+    A directory that holds ``launch.sbatch`` is submitted as it is. A spec file is loaded,
+    checked and rendered (:mod:`dlmspec.render.compile`) for ``output`` (one target), or
+    ``output/<spec stem>`` (several), or ``compiled/<spec stem>``; a directory that already
+    holds exactly those files is reused, a different non-empty one needs ``force``.
+
+    Raises:
+        SpecError: no targets, a missing target, a directory without ``launch.sbatch``, an
+            invalid spec, or a non-empty output directory without ``force``.
+    """
+    from dlmspec.render import compile as compiler
+    from dlmspec.spec.load import load
+    from dlmspec.resolve import resolve
+
+    if not targets:
+        raise _submit_issue("<targets>", "nothing to submit", None, "give a spec file or a compiled directory")
+    steps: list[SubmitStep] = []
+    used: dict[Path, str] = {}
+    for target in targets:
+        path = Path(target)
+        if path.is_dir():
+            if not (path / "launch.sbatch").is_file():
+                raise _submit_issue("<target>", "the directory has no launch.sbatch", target,
+                                    "give a directory written by `dlmspec compile`, or a spec file")
+            if overrides:
+                raise _submit_issue("--set", "--set applies to spec files, not to compiled directories", target,
+                                    "compile again with --set, or give the spec file")
+            steps.append(SubmitStep(target, path, output_dir=_output_dir(_output_from_script(path / "launch.sbatch")),
+                                    name=path.resolve().name))
+            continue
+        if not path.is_file():
+            raise _submit_issue("<target>", "no such spec file or compiled directory", target,
+                                "check the path")
+        if output is not None:
+            directory = Path(output) if len(targets) == 1 else Path(output) / path.stem
+        else:
+            directory = Path(DEFAULT_COMPILE_ROOT) / path.stem
+        if directory.resolve() in used:
+            raise _submit_issue("--output", f"{target} and {used[directory.resolve()]} would compile into the "
+                                "same directory", str(directory), "give spec files with different names")
+        used[directory.resolve()] = target
+        loaded = load(path, list(overrides))
+        resolved = resolve(loaded.spec)
+        compiler.check_spec(loaded, resolved)
+        files = compiler.render(resolved, path.as_posix())
+        command = ["dlmspec", "compile", target, "--output", str(directory)]
+        for item in overrides:
+            command += ["--set", item]
+        if directory.is_dir() and any(directory.iterdir()):
+            same = all((directory / n).is_file() and (directory / n).read_text(encoding="utf-8") == text
+                       for n, text in files.items())
+            if same:
+                files, command = {}, []
+            elif not force:
+                raise _submit_issue("--output", "the directory holds another compile (or other files)",
+                                    str(directory), "pass --force to replace the generated files, or choose "
+                                    "another directory with --output")
+            else:
+                compiler.check_output_dir(directory, force=True, names=files)  # before any job is submitted
+                command.append("--force")
+        steps.append(SubmitStep(target, directory, files, _output_dir(slurm_settings(resolved).output),
+                                resolved.spec.name, command))
+    return steps
+
+
+def sbatch_command(step: SubmitStep, after: str | None, sbatch_args: Sequence[str] = ()) -> list[str]:
+    """``sbatch --parsable [--dependency=afterok:AFTER] [ARGS] DIR/launch.sbatch``."""
+    command = ["sbatch", "--parsable"]
+    if after is not None:
+        command.append(f"--dependency=afterok:{after}")
+    return command + list(sbatch_args) + [str(step.script)]
+
+
+def submit_environment(step: SubmitStep, check_mode: str | None) -> dict[str, str]:
+    """The variables ``sbatch`` is given on top of the caller's environment (the job inherits
+    them): ``DLMSPEC_COMPILED_DIR`` (absolute) and, for a check run, ``DLMSPEC_CHECK_MODE``."""
+    env = {"DLMSPEC_COMPILED_DIR": str(step.directory.resolve())}
+    if check_mode is not None:
+        env["DLMSPEC_CHECK_MODE"] = check_mode
+    return env
+
+
+def dry_run_script(steps: Sequence[SubmitStep], *, check_mode: str | None = None,
+                   sbatch_args: Sequence[str] = ()) -> str:
+    """What :func:`submit` would run, as a bash script (each job id in ``$jobN``)."""
+    lines = []
+    for index, step in enumerate(steps, start=1):
+        if step.compile_command:
+            lines.append(" ".join(shell_word(w) for w in step.compile_command))
+        if step.output_dir is not None and not step.output_dir.is_dir():
+            lines.append(f"mkdir -p -- {shell_word(str(step.output_dir))}")
+        env = " ".join(f"{k}={shell_word(v)}" for k, v in submit_environment(step, check_mode).items())
+        command = sbatch_command(step, f"$job{index - 1}" if index > 1 else None, sbatch_args)
+        words = " ".join('"' + w + '"' if w.startswith("--dependency=") else shell_word(w) for w in command)
+        lines.append(f"job{index}=$({env} {words})")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class SubmittedJob:
+    """A job :func:`submit` submitted: its id (``sbatch --parsable``), the step and the job it
+    waits for."""
+
+    job_id: str
+    step: SubmitStep
+    after: str | None
+
+
+def submit(
+    targets: Sequence[str],
+    *,
+    output: str | None = None,
+    overrides: Sequence[str] = (),
+    force: bool = False,
+    dry_run: bool = False,
+    check_mode: str | None = None,
+    sbatch_args: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+) -> list[SubmittedJob]:
+    """``dlmspec submit``: compile spec targets if needed, then ``sbatch --parsable`` each,
+    every job after the first with ``--dependency=afterok:<previous id>`` (a chain of stages).
+
+    Args:
+        targets: spec files and/or compiled directories, in submission order.
+        output: where to compile (see :func:`plan_submission`).
+        overrides: ``--set`` strings for every spec target.
+        force: replace the generated files of a directory that holds another compile.
+        dry_run: print (through ``echo``) the bash that would run, and do nothing.
+        check_mode: ``"env"`` or ``"train"``: run the CPU check instead of train.py.
+        sbatch_args: extra sbatch options (before the script).
+        echo: where progress lines go.
+
+    Returns:
+        The jobs submitted (empty for a dry run).
+
+    Raises:
+        SpecError: what :func:`plan_submission` raises; an unknown check mode; ``sbatch`` not on
+            PATH, not answering within :data:`SBATCH_TIMEOUT` s, refusing a script (its message
+            is in the error; jobs already submitted are named) or answering without a job id.
+    """
+    if check_mode is not None and check_mode not in CHECK_MODES:
+        raise _submit_issue("--check", "unknown check mode", check_mode, "use --check env or --check train")
+    steps = plan_submission(targets, output=output, overrides=overrides, force=force)
+    if dry_run:
+        echo(dry_run_script(steps, check_mode=check_mode, sbatch_args=sbatch_args).rstrip("\n"))
+        return []
+    import shutil  # here, not at the top: `dlmspec validate` checks the settings and submits nothing
+    import subprocess
+
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise _submit_issue("sbatch", "sbatch is not on PATH: this machine cannot submit SLURM jobs", None,
+                            "run on a cluster login node, or use --dry-run to see the commands")
+    from dlmspec.render import compile as compiler
+
+    jobs: list[SubmittedJob] = []
+    after: str | None = None
+    for step in steps:
+        if step.files:
+            compiler.write_outputs(step.files, step.directory, force=True)
+            echo(f"compiled {step.target} into {step.directory}")
+        if step.output_dir is not None:
+            try:
+                step.output_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise _submit_issue("cluster.slurm.output", f"cannot create the log directory: {exc.strerror}",
+                                    str(step.output_dir), "fix the permissions or change cluster.slurm.output") from None
+        command = sbatch_command(step, after, sbatch_args)
+        command[0] = sbatch
+        env = dict(os.environ, **submit_environment(step, check_mode))
+        done = ", ".join(f"{j.job_id} ({j.step.target})" for j in jobs)
+        already = f"; already submitted: {done}" if done else ""
+        try:
+            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=SBATCH_TIMEOUT,
+                                    stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise _submit_issue("sbatch", f"sbatch did not answer within {SBATCH_TIMEOUT} s{already}", step.target,
+                                "check that the SLURM controller is up (sinfo)") from None
+        except OSError as exc:
+            raise _submit_issue("sbatch", f"cannot run sbatch: {exc.strerror or exc}{already}", sbatch,
+                                "check the SLURM client installation") from None
+        message = " ".join((result.stderr or "").split()) or " ".join((result.stdout or "").split())
+        if result.returncode != 0:
+            raise _submit_issue("sbatch", f"sbatch refused {step.script}: {message or 'no message'} "
+                                f"(exit {result.returncode}){already}", step.target,
+                                "fix [cluster.slurm] (partition, account, time, GPUs) for this cluster and submit again")
+        job_id = (result.stdout or "").strip().split(";")[0]
+        if not job_id.isdigit():
+            raise _submit_issue("sbatch", f"sbatch answered without a job id: {message!r}{already}", step.target,
+                                "check the SLURM client")
+        jobs.append(SubmittedJob(job_id, step, after))
+        echo(f"submitted {step.name} as job {job_id}" + (f" (after job {after} succeeds)" if after else "")
+             + f": {step.script}")
+        after = job_id
+    return jobs

@@ -1,0 +1,87 @@
+"""The body of ``dlmspec validate`` (and ``check``): load, resolve, check as ``compile`` does,
+plan the memory, print one ``ok:`` line. :func:`dlmspec.cli.main` runs it without typer for the
+plain forms; :mod:`dlmspec.cli.commands` declares the typer command around it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dlmspec.check import issues_for, load_for
+from dlmspec.cli.output import _issue_dict, display_path, human_count, report_warnings
+from dlmspec.errors import SpecError, SpecIssue
+
+if TYPE_CHECKING:
+    from dlmspec.resolve import Resolved
+    from dlmspec.spec.load import LoadedSpec
+
+
+def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
+    """Every issue between this spec and a running job: what ``dlmspec validate`` reports and
+    ``dlmspec compile`` refuses (:func:`dlmspec.check.issues_for`: rules, paths, SLURM
+    settings, memory, the runtime's gaps), sorted errors first, then by file, line and key.
+    ``dlmspec new`` uses it."""
+    return issues_for("validate", loaded, resolved)
+
+
+def load_and_check(path: str, overrides: list[str], *, strict: bool = False,
+                   fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
+    """Load ``path`` with ``--set`` ``overrides``, resolve it and check it as ``dlmspec
+    compile`` does (:func:`dlmspec.check.load_for` with ``validate``'s scopes, which are
+    ``compile``'s). ``fast``: load a plainly valid spec without pydantic
+    (:func:`dlmspec.spec.load.load`'s ``fast``).
+
+    Returns:
+        (loaded, resolved, warnings).
+
+    Raises:
+        SpecError: the spec does not load, or has an error (or, with ``strict``, a warning).
+    """
+    loaded, resolved, issues = load_for("validate", path, overrides, fast=fast)
+    if any(i.severity == "error" for i in issues) or (strict and issues):
+        raise SpecError(issues)
+    return loaded, resolved, issues
+
+
+def _memory(resolved: Resolved) -> dict[str, int] | None:
+    """Planned peak per GPU and the GPU's memory, bytes (None for a GPU outside the catalog)."""
+    if resolved.gpu is None:
+        return None
+    from dlmspec.plan import make_plan
+
+    return {"peak_bytes": int(round(make_plan(resolved).peak_bytes)), "capacity_bytes": int(resolved.gpu.memory_bytes)}
+
+
+def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_output: bool = False) -> None:
+    """Body of ``dlmspec validate`` (and ``check``): load ``spec`` with the ``--set``
+    ``overrides``, check it as ``compile`` does (:func:`load_and_check`) and plan its memory;
+    print one ``ok:`` line (warnings on stderr) that ends with the layer path train.py takes
+    (``transformer_impl``, resolved, and why), or with ``json_output`` ``{"ok": true, ...}``
+    on stdout.
+
+    Raises:
+        SpecError: the spec has an error (or, with ``strict``, a warning); the caller prints it
+            (:func:`report_issues`) and exits 2.
+    """
+    from dlmspec.gpus import GiB
+
+    loaded, resolved, warnings = load_and_check(spec, overrides, strict=strict, fast=True)
+    memory = _memory(resolved)
+    if json_output:
+        import json
+
+        print(json.dumps({"ok": True, "spec": display_path(str(loaded.path)), "name": loaded.spec.name,
+                          "warnings": [_issue_dict(w) for w in warnings], "derived": resolved.derived(),
+                          "memory": memory}, indent=2))
+        return
+    report_warnings(warnings)
+    p = resolved.params
+    active = f" ({human_count(p.active)} active)" if p.active != p.total else ""
+    fits = (f"; planned peak {memory['peak_bytes'] / GiB:.1f} of {memory['capacity_bytes'] / GiB:.1f} GiB per GPU"
+            if memory else "")
+    print(
+        f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
+        f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
+        f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
+        f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}; "
+        f"layers: {resolved.transformer_impl} ({resolved.transformer_impl_reason})"
+    )

@@ -1,0 +1,141 @@
+"""The ``dlmspec data`` command group (a typer app, loaded when the command runs): ``dlmspec data
+prepare`` with Megatron-LM's ``preprocess_data.py`` flag names. The work is
+:func:`dlmspec.data.prepare.prepare`; here are the flags, the summary table and the exit codes
+(2 for bad input, ``128 + signum`` when interrupted)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
+from dlmspec.data.prepare import PrepareResult, prepare
+from dlmspec.data.read import MAX_LINE_BYTES
+from dlmspec.errors import EXIT_USAGE
+from dlmspec.tokenizers import valid_tokenizer_types
+
+
+app = typer.Typer(
+    help="Prepare training data for megatron-core.",
+    add_completion=False,
+    no_args_is_help=True,
+)
+
+
+@app.callback()
+def _data_group() -> None:
+    """Prepare training data for megatron-core."""
+
+
+def _print_summary(console: Console, result: PrepareResult) -> None:
+    table = Table(title="dlmspec data prepare", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rows = [
+        ("input", result.input),
+        (
+            "tokenizer",
+            f"{result.tokenizer_type} (vocab {result.vocab_size:,}, eod {result.eod}, "
+            f"{result.dtype})",
+        ),
+        ("documents", f"{result.documents:,}"),
+        ("tokens", f"{result.tokens:,}"),
+        ("elapsed", f"{result.elapsed_s:.2f} s ({result.workers} workers)"),
+        ("tokens/s", f"{result.tokens_per_s:,.0f}"),
+    ]
+    for out in result.datasets:
+        detail = f"{out.documents:,} documents, {out.tokens:,} tokens"
+        if out.empty_documents:
+            detail += f", {out.empty_documents:,} empty"
+        rows.append((f"key {out.json_key}", f"{out.prefix}.{{bin,idx}} ({detail})"))
+    for name, value in rows:
+        table.add_row(Text(name), Text(value))  # Text: no markup in paths or keys
+    console.print(table)
+
+
+@app.command("prepare")
+def prepare_command(
+    input: str = typer.Option(..., "--input", help="JSONL file, one JSON object per line."),
+    output_prefix: str = typer.Option(
+        ..., "--output-prefix", help="Writes OUTPUT_PREFIX_{key}_document.bin/.idx per key."
+    ),
+    tokenizer_type: str = typer.Option(
+        ..., "--tokenizer-type", help=f"One of {valid_tokenizer_types()}."
+    ),
+    tokenizer_model: Optional[str] = typer.Option(
+        None,
+        "--tokenizer-model",
+        help="HuggingFace directory/name, SentencePiece .model, or tiktoken vocab .json.",
+    ),
+    vocab_file: Optional[str] = typer.Option(None, "--vocab-file", help="GPT-2 vocab.json."),
+    merge_file: Optional[str] = typer.Option(None, "--merge-file", help="GPT-2 merges.txt."),
+    vocab_size: Optional[int] = typer.Option(
+        None, "--vocab-size", help="NullTokenizer vocabulary size (TikTokenizer: total size)."
+    ),
+    json_keys: list[str] = typer.Option(
+        ["text"], "--json-keys", help="Field(s) to tokenize, one dataset each; repeat or a,b."
+    ),
+    workers: int = typer.Option(
+        1, "--workers", help="Tokenizer processes (capped at the CPUs this process can use)."
+    ),
+    max_line_bytes: int = typer.Option(
+        MAX_LINE_BYTES,
+        "--max-line-bytes",
+        help="Longest line (document) read, in bytes, newline not counted; a longer line is "
+        "an error naming it. Each worker holds a line whole while tokenizing it: about 150x "
+        "its size with a byte-level BPE.",
+    ),
+    append_eod: bool = typer.Option(
+        False, "--append-eod", help="Append the tokenizer's EOD id to every document."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Replace an existing dataset at the output names (never an input file).",
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    show_progress: bool = typer.Option(
+        True, "--progress/--no-progress", help="Progress bar on stderr."
+    ),
+) -> None:
+    """Tokenize JSONL into Megatron indexed datasets (as Megatron-LM's preprocess_data.py)."""
+    err = Console(stderr=True)
+    try:
+        result = prepare(
+            input,
+            output_prefix,
+            tokenizer_type=tokenizer_type,
+            tokenizer_model=tokenizer_model,
+            vocab_file=vocab_file,
+            merge_file=merge_file,
+            vocab_size=vocab_size,
+            json_keys=json_keys,
+            workers=workers,
+            append_eod=append_eod,
+            force=force,
+            max_line_bytes=max_line_bytes,
+            show_progress=show_progress,
+            console=err,
+        )
+    except DataPrepareError as exc:
+        err.print(f"error: {exc}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=EXIT_USAGE) from None
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, PrepareInterrupted) else int(signal.SIGINT)
+        err.print(
+            f"interrupted ({signal.Signals(signum).name}): temporary files removed, "
+            "no dataset written",
+            style="bold red",
+            markup=False,
+        )
+        raise typer.Exit(code=128 + signum) from None
+    if json_output:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_summary(Console(), result)

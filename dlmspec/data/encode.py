@@ -1,0 +1,254 @@
+"""Parsing and tokenizing chunks of input lines for ``dlmspec data prepare``, in this process
+(``--workers 1``) or in a pool of worker processes, the results in input order, so the output's
+bytes do not depend on the worker count.
+
+numpy is imported inside :func:`encode_chunk` (a worker), not at import time: ``dlmspec data
+--help`` works without the runtime extra.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import signal
+import sys
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.outputs import TERMINATION_SIGNALS
+from dlmspec.data.read import MAX_LINE_BYTES, Chunk
+from dlmspec.tokenizers import TokenizerArgs
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    """What every worker needs: the tokenizer to build, the keys, the EOD choice, the input's
+    name (for messages), the output dtype and the line limit (for its message)."""
+
+    tokenizer: TokenizerArgs
+    json_keys: tuple[str, ...]
+    append_eod: bool
+    input_name: str
+    dtype: str  # numpy dtype name of the output
+    max_line_bytes: int = MAX_LINE_BYTES
+
+
+@dataclass
+class EncodedKey:
+    """One key's tokens of a chunk's documents."""
+
+    tokens: Any  # numpy array (output dtype), the chunk's documents concatenated
+    sequence_lengths: list[int]
+    sequences_per_document: list[int]
+
+
+@dataclass
+class EncodedChunk:
+    """A chunk, tokenized: its input bytes, its documents and the tokens per key."""
+
+    nbytes: int
+    documents: int
+    keys: dict[str, EncodedKey]
+
+
+# Per-process state: the tokenizer of this worker (or of the parent with --workers 1).
+_STATE: dict[str, Any] = {}
+
+
+def _init_worker(config: EncodeConfig) -> None:
+    """Pool initializer: the parent handles Ctrl-C; each worker builds its own tokenizer."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in TERMINATION_SIGNALS:  # the parent's handler is inherited through fork
+        signal.signal(signum, signal.SIG_DFL)
+    _STATE["config"] = config
+    _STATE["tokenizer"] = config.tokenizer.build()
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message, cut to ``limit`` characters (some quote the whole input)."""
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+
+
+def encode_chunk(chunk: Chunk) -> EncodedChunk:
+    """Parse and tokenize one chunk (runs in a worker); raises DataPrepareError on bad input."""
+    import numpy as np
+
+    config: EncodeConfig = _STATE["config"]
+    if chunk.too_long is not None:
+        lineno, length = chunk.too_long
+        raise DataPrepareError(
+            f"{config.input_name}:{lineno}: the line has {length:,} bytes, more than "
+            f"--max-line-bytes {config.max_line_bytes:,}; a line is parsed and tokenized whole "
+            "in memory (a byte-level BPE needs about 150 bytes per byte of text). Split the "
+            f"document, drop the line, or raise the limit: --max-line-bytes {length}"
+        )
+    tokenizer = _STATE["tokenizer"]
+    eod, vocab_size = tokenizer.eod, int(tokenizer.vocab_size)
+    dtype = np.dtype(config.dtype)
+    # per key: token arrays, sequence lengths, number of sequences per document
+    parts: dict[str, tuple[list, list[int], list[int]]] = {
+        key: ([], [], []) for key in config.json_keys
+    }
+
+    for lineno, raw in chunk.lines:
+        where = f"{config.input_name}:{lineno}"
+        try:
+            record = json.loads(raw)
+        except RecursionError:
+            raise DataPrepareError(
+                f"{where}: invalid JSON (nested deeper than the JSON parser reads, about "
+                f"{sys.getrecursionlimit():,} levels); flatten the line or drop it"
+            ) from None
+        except MemoryError:
+            raise DataPrepareError(
+                f"{where}: out of memory parsing the line ({len(raw):,} bytes); lower "
+                "--max-line-bytes or --workers"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise DataPrepareError(
+                f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
+            ) from None
+        except ValueError as exc:  # bytes that are not UTF-8
+            raise DataPrepareError(f"{where}: invalid JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise DataPrepareError(
+                f"{where}: expected a JSON object per line, got a JSON {_json_type(record)}"
+            )
+        for key in config.json_keys:
+            if key not in record:
+                present = ", ".join(repr(k) for k in record) or "none"
+                raise DataPrepareError(
+                    f"{where}: missing key {key!r} (the line has keys: {present}); "
+                    "pick the field with --json-keys"
+                )
+            value = record[key]
+            if isinstance(value, str):
+                sentences = [value]
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                sentences = value
+            else:
+                raise DataPrepareError(
+                    f"{where}: key {key!r} must be a string or a list of strings, "
+                    f"got a JSON {_json_type(value)}"
+                )
+            doc_ids: list[int] = []
+            lengths: list[int] = []
+            for sentence in sentences:
+                try:
+                    ids = tokenizer.tokenize(sentence)
+                except MemoryError:
+                    raise DataPrepareError(
+                        f"{where}: out of memory tokenizing key {key!r} (the line has "
+                        f"{len(raw):,} bytes); lower --max-line-bytes or --workers"
+                    ) from None
+                except Exception as exc:
+                    raise DataPrepareError(
+                        f"{where}: {config.tokenizer.tokenizer_type} cannot tokenize key "
+                        f"{key!r}: {_short(exc)}"
+                    ) from None
+                if len(ids) > 0:
+                    doc_ids.extend(ids)
+                    lengths.append(len(ids))
+            if doc_ids and config.append_eod:
+                doc_ids.append(eod)
+                lengths[-1] += 1
+            arrays, seq_lengths, per_doc = parts[key]
+            if doc_ids:
+                array = np.asarray(doc_ids, dtype=np.int64)
+                low, high = int(array.min()), int(array.max())
+                if low < 0 or high >= vocab_size:
+                    bad = low if low < 0 else high
+                    raise DataPrepareError(
+                        f"{where}: key {key!r}: token id {bad} is outside the vocabulary "
+                        f"[0, {vocab_size}) of {config.tokenizer.tokenizer_type}"
+                    )
+                arrays.append(array.astype(dtype))
+            seq_lengths.extend(lengths)
+            per_doc.append(len(lengths))
+
+    keys = {
+        key: EncodedKey(
+            tokens=np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype),
+            sequence_lengths=seq_lengths,
+            sequences_per_document=per_doc,
+        )
+        for key, (arrays, seq_lengths, per_doc) in parts.items()
+    }
+    return EncodedChunk(nbytes=chunk.nbytes, documents=len(chunk.lines), keys=keys)
+
+
+def mp_context() -> Any:
+    """The multiprocessing context of the worker pool: fork, so that workers inherit the
+    already-imported tokenizer libraries (megatron.core takes ~10 s to import); spawn where fork
+    does not exist."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+class ChunkEncoder:
+    """Runs :func:`encode_chunk` in-process (1 worker) or in a pool, yielding input order.
+
+    The pool variant is an ordered ``imap`` with a bounded window (``2 * workers`` chunks in
+    flight): ``Pool.imap`` itself reads its whole input ahead into the task queue, which for
+    a multi-GB corpus means the whole corpus in memory.
+    """
+
+    def __init__(self, config: EncodeConfig, tokenizer: Any, workers: int) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.workers = workers
+        self.pool: Any = None
+
+    def __enter__(self) -> "ChunkEncoder":
+        if self.workers > 1:
+            try:
+                self.pool = mp_context().Pool(
+                    self.workers, initializer=_init_worker, initargs=(self.config,)
+                )
+            except OSError as exc:
+                raise DataPrepareError(
+                    f"--workers {self.workers}: cannot start the worker processes "
+                    f"({exc.strerror or exc}); use fewer --workers"
+                ) from None
+        else:
+            _STATE["config"] = self.config
+            _STATE["tokenizer"] = self.tokenizer
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        _STATE.clear()
+        if self.pool is not None:
+            if exc_type is None:
+                self.pool.close()
+            else:
+                self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def imap(self, chunks: Iterable[Chunk]) -> Iterator[EncodedChunk]:
+        """The chunks encoded, in input order; raises the first worker's DataPrepareError."""
+        if self.pool is None:
+            for chunk in chunks:
+                yield encode_chunk(chunk)
+            return
+        window = 2 * self.workers
+        source = iter(chunks)
+        pending: deque = deque()
+        for chunk in source:
+            pending.append(self.pool.apply_async(encode_chunk, (chunk,)))
+            if len(pending) >= window:
+                break
+        while pending:
+            result = pending.popleft().get()
+            for chunk in source:
+                pending.append(self.pool.apply_async(encode_chunk, (chunk,)))
+                break
+            yield result

@@ -1,0 +1,402 @@
+"""``dlmspec data prepare``: JSONL to Megatron indexed datasets (``.bin`` + ``.idx``).
+
+The output is what Megatron-LM's ``tools/preprocess_data.py`` writes, with the same flag names:
+one dataset per ``--json-keys`` key, named ``{output_prefix}_{key}_document``, written by
+megatron-core's :class:`~megatron.core.datasets.indexed_dataset.IndexedDatasetBuilder` with
+``DType.optimal_dtype(vocab_size)``. A document is a JSON line's value under a key: a string,
+or a list of strings that become the document's sequences. Empty sequences are dropped, EOD is
+appended to the last sequence of non-empty documents with ``--append-eod``, and a document with
+no tokens adds a document boundary only, all as Megatron does.
+
+Lines are read in the parent (:mod:`dlmspec.data.read`), parsed and tokenized in ``--workers``
+processes (at most the CPUs this process may use; :mod:`dlmspec.data.encode`) and written in
+input order. Every bad line (invalid or too deeply nested JSON, a missing key, a line too long)
+stops the run with its line number. What is written where, and what is never overwritten:
+:mod:`dlmspec.data.outputs`.
+
+:func:`prepare` does the work and returns a :class:`PrepareResult`; :mod:`dlmspec.data.cli` is
+the command. User-input problems raise :class:`~dlmspec.data.errors.DataPrepareError`. torch,
+megatron-core, numpy and ``tokenizers`` (the runtime extra) are imported by :func:`load_runtime`
+only, which says ``install dlmspec[runtime]`` when one is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+from rich.console import Console
+
+from dlmspec.data.encode import ChunkEncoder, EncodeConfig, EncodedKey
+from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.outputs import (
+    DatasetOutput,
+    check_outputs,
+    install_termination_handlers,
+    protected_inputs,
+    remove_file,
+    remove_stale_tmp,
+    restore_handlers,
+    tmp_tag,
+    dataset_prefix,
+)
+from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, check_input, read_chunks
+from dlmspec.tokenizers import TokenizerError, TokenizerArgs, canonical_tokenizer_type
+
+
+@dataclass
+class PrepareResult:
+    """What :func:`prepare` wrote; ``to_dict()`` is the ``--json`` summary."""
+
+    input: str
+    output_prefix: str
+    tokenizer_type: str
+    vocab_size: int
+    eod: Optional[int]
+    dtype: str
+    workers: int
+    append_eod: bool
+    documents: int
+    tokens: int
+    elapsed_s: float
+    datasets: list[DatasetOutput] = field(default_factory=list)
+    #: One-line notes printed during the run (stale temporary files removed, ...).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tokens_per_s"] = round(self.tokens_per_s, 1)
+        data["elapsed_s"] = round(self.elapsed_s, 3)
+        return data
+
+
+def _parse_json_keys(json_keys: Sequence[str] | str) -> tuple[str, ...]:
+    if isinstance(json_keys, str):
+        json_keys = [json_keys]
+    keys: list[str] = []
+    for item in json_keys:
+        for key in str(item).split(","):
+            key = key.strip()
+            if not key:
+                continue
+            if key in keys:
+                raise DataPrepareError(f"--json-keys names {key!r} twice")
+            keys.append(key)
+    if not keys:
+        raise DataPrepareError("--json-keys is empty; name at least one field (e.g. text)")
+    return tuple(keys)
+
+
+def _note(console: Console, notes: list[str], text: str) -> None:
+    """Print a one-line note on ``console`` and keep it for the result."""
+    notes.append(text)
+    console.print(f"note: {text}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, as under SLURM or taskset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _progress(console: Console) -> Any:
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("tokenizing"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[documents]:,} docs"),
+        TextColumn("{task.fields[tokens]:,} tokens"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+#: The modules ``data prepare`` needs from the runtime extra (``dlmspec[runtime]``), in the order
+#: :func:`load_runtime` imports them (the quick ones first), and the distribution of each.
+RUNTIME_MODULES = {"numpy": "numpy", "tokenizers": "tokenizers", "torch": "torch", "megatron": "megatron-core"}
+
+
+def load_runtime() -> tuple[Any, Any, Any]:
+    """Import what ``data prepare`` needs from the runtime extra: numpy, the ``tokenizers``
+    library (GPT-2 BPE; Hugging Face tokenizers build on it) and megatron-core's indexed-dataset
+    writer (torch under it). The one place the command loads the runtime: the tokenizers and the
+    workers built after it find these modules imported.
+
+    Returns:
+        ``(numpy, DType, IndexedDatasetBuilder)``.
+
+    Raises:
+        DataPrepareError: a module cannot be imported (the runtime extra is not installed); the
+            message names the module and its distribution and says ``install dlmspec[runtime]``.
+    """
+    try:
+        import numpy as np
+        import tokenizers  # noqa: F401  (imported here to be checked; dlmspec.tokenizers uses it)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron-core's import-time warnings (Apex, TE)
+            from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+    except ImportError as exc:
+        module = (exc.name or "").split(".")[0] or "?"
+        provider = RUNTIME_MODULES.get(module, module)
+        raise DataPrepareError(
+            f"data prepare needs {provider} (module {module!r} cannot be imported: {exc}), "
+            'which the runtime extra installs: install dlmspec[runtime] (pip install "dlmspec[runtime]")'
+        ) from None
+    return np, DType, IndexedDatasetBuilder
+
+
+def prepare(
+    input_path: str | os.PathLike,
+    output_prefix: str | os.PathLike,
+    *,
+    tokenizer_type: str,
+    tokenizer_model: str | None = None,
+    vocab_file: str | None = None,
+    merge_file: str | None = None,
+    vocab_size: int | None = None,
+    json_keys: Sequence[str] | str = ("text",),
+    workers: int = 1,
+    append_eod: bool = False,
+    force: bool = False,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    show_progress: bool = False,
+    console: Console | None = None,
+    chunk_docs: int = CHUNK_DOCS,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> PrepareResult:
+    """Tokenize a JSONL file into one Megatron indexed dataset per JSON key.
+
+    Args:
+        input_path: JSONL file, one JSON object per line (blank lines are skipped).
+        output_prefix: datasets go to ``{output_prefix}_{key}_document.{bin,idx}``.
+        tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size: passed to
+            :func:`dlmspec.tokenizers.build_tokenizer`.
+        json_keys: fields to tokenize, one dataset each (``"a,b"`` also splits).
+        workers: tokenizer processes; 1 tokenizes in this process. More than the CPUs this
+            process may use is capped there, with a note. Output bytes do not depend on it.
+        append_eod: append the tokenizer's EOD to every non-empty document.
+        force: replace files at the output names (a dataset from an earlier run). An output
+            that is an input file is refused even so.
+        max_line_bytes: longest line read, in bytes, newline not counted; a longer line is
+            a DataPrepareError naming it (it is measured, never held whole in memory).
+        show_progress: draw a rich progress bar on ``console`` (default: stderr).
+        chunk_docs, chunk_bytes: size of the unit of work sent to a worker.
+
+    Returns:
+        A :class:`PrepareResult` with the counts and the written paths.
+
+    Raises:
+        DataPrepareError: the runtime extra is missing (:func:`load_runtime`); bad input file,
+            JSON (also nested too deeply), keys, a line over ``max_line_bytes``, or tokenizer
+            arguments; an output name that is an input file, or (without ``force``) already
+            exists; a write error (disk full). Any exception
+            (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
+        PrepareInterrupted: SIGTERM or SIGHUP during the run (temporary files removed).
+    """
+    input_name = os.fspath(input_path)
+    output_prefix = os.fspath(output_prefix)
+    keys = _parse_json_keys(json_keys)
+    if int(workers) < 1:
+        raise DataPrepareError(f"--workers must be at least 1, got {workers}")
+    if int(max_line_bytes) < 1:
+        raise DataPrepareError(f"--max-line-bytes must be at least 1, got {max_line_bytes}")
+    console = console or Console(stderr=True)
+    notes: list[str] = []
+    workers = int(workers)
+    cpus = _cpu_count()
+    if workers > cpus:
+        _note(
+            console,
+            notes,
+            f"--workers {workers:,} is more than the {cpus} CPUs this process can use; "
+            f"using {cpus} workers",
+        )
+        workers = cpus
+    check_input(input_name)
+    outputs = {
+        key: DatasetOutput(
+            json_key=key,
+            prefix=dataset_prefix(output_prefix, key),
+            bin_path=dataset_prefix(output_prefix, key) + ".bin",
+            idx_path=dataset_prefix(output_prefix, key) + ".idx",
+        )
+        for key in keys
+    }
+    protected = protected_inputs(
+        input_name,
+        *(None if p is None else os.fspath(p) for p in (tokenizer_model, vocab_file, merge_file)),
+    )
+    check_outputs(outputs, output_prefix, protected, bool(force))
+    try:
+        spec = TokenizerArgs(
+            tokenizer_type=canonical_tokenizer_type(tokenizer_type),
+            tokenizer_model=None if tokenizer_model is None else os.fspath(tokenizer_model),
+            vocab_file=None if vocab_file is None else os.fspath(vocab_file),
+            merge_file=None if merge_file is None else os.fspath(merge_file),
+            vocab_size=vocab_size,
+        )
+    except TokenizerError as exc:
+        raise DataPrepareError(str(exc)) from None
+    np, DType, IndexedDatasetBuilder = load_runtime()
+    try:
+        tokenizer = spec.build()
+    except TokenizerError as exc:
+        raise DataPrepareError(str(exc)) from None
+    if append_eod and tokenizer.eod is None:
+        raise DataPrepareError(
+            f"--append-eod: the {spec.tokenizer_type} tokenizer has no end-of-document token"
+        )
+
+    vocab = int(tokenizer.vocab_size)
+    dtype = np.dtype(DType.optimal_dtype(vocab))
+    out_dir = os.path.dirname(dataset_prefix(output_prefix, keys[0]))
+    if out_dir:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as exc:
+            raise DataPrepareError(
+                f"cannot create output directory {out_dir}: {exc.strerror}"
+            ) from None
+
+    for text in remove_stale_tmp(output_prefix, protected):
+        _note(console, notes, text)
+
+    tag = tmp_tag()
+    tmp = {key: f"{outputs[key].prefix}.{tag}" for key in keys}
+    handlers: dict[int, Any] = {}
+    builders: dict[str, Any] = {}
+    renamed_bins: set[str] = set()
+    config = EncodeConfig(
+        tokenizer=spec,
+        json_keys=keys,
+        append_eod=bool(append_eod),
+        input_name=input_name,
+        dtype=dtype.name,
+        max_line_bytes=int(max_line_bytes),
+    )
+    documents = 0
+    start = time.perf_counter()
+    try:
+        handlers.update(install_termination_handlers())
+        for key in keys:
+            try:
+                builders[key] = IndexedDatasetBuilder(tmp[key] + ".bin", dtype=dtype.type)
+            except OSError as exc:
+                raise DataPrepareError(f"cannot write {tmp[key]}.bin: {exc.strerror}") from None
+
+        with ChunkEncoder(config, tokenizer, workers) as encoder:
+            progress = (
+                _progress(console)
+                if show_progress
+                else contextlib.nullcontext()
+            )
+            with progress:
+                task = None
+                if show_progress:
+                    task = progress.add_task(
+                        "tokenizing",
+                        total=os.path.getsize(input_name),
+                        documents=0,
+                        tokens=0,
+                    )
+                chunks = read_chunks(
+                    input_name, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes)
+                )
+                for encoded in encoder.imap(chunks):
+                    for key, part in encoded.keys.items():
+                        _write_documents(builders[key], part, outputs[key])
+                    documents += encoded.documents
+                    if task is not None:
+                        progress.update(
+                            task,
+                            advance=encoded.nbytes,
+                            documents=documents,
+                            tokens=sum(o.tokens for o in outputs.values()),
+                        )
+
+        if documents == 0:
+            raise DataPrepareError(f"input file has no JSON lines (only blank lines): {input_name}")
+        for key in keys:
+            builders[key].finalize(tmp[key] + ".idx")
+        # Commit: an .idx next to a .bin marks a complete dataset, so the old .idx goes
+        # first and the new one comes last.
+        for key in keys:
+            out = outputs[key]
+            remove_file(out.idx_path)
+            os.replace(tmp[key] + ".bin", out.bin_path)
+            renamed_bins.add(key)
+            os.replace(tmp[key] + ".idx", out.idx_path)
+    except BaseException as exc:
+        for key in keys:
+            builder = builders.get(key)
+            if builder is not None:
+                with contextlib.suppress(Exception):
+                    builder.data_file.close()
+            remove_file(tmp[key] + ".bin")
+            remove_file(tmp[key] + ".idx")
+            if key in renamed_bins and not os.path.exists(outputs[key].idx_path):
+                remove_file(outputs[key].bin_path)
+        if isinstance(exc, OSError):  # disk full, quota, permissions: input reads raise their own
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise DataPrepareError(
+                f"--output-prefix {output_prefix}: cannot write the dataset in "
+                f"{out_dir or os.curdir}{where}: {exc.strerror or exc}; temporary files removed"
+            ) from None
+        raise
+    finally:
+        restore_handlers(handlers)
+    elapsed = time.perf_counter() - start
+
+    return PrepareResult(
+        input=input_name,
+        output_prefix=output_prefix,
+        tokenizer_type=spec.tokenizer_type,
+        vocab_size=vocab,
+        eod=tokenizer.eod,
+        dtype=dtype.name,
+        workers=workers,
+        append_eod=bool(append_eod),
+        documents=documents,
+        tokens=sum(o.tokens for o in outputs.values()),
+        elapsed_s=elapsed,
+        datasets=[outputs[key] for key in keys],
+        notes=notes,
+    )
+
+
+def _write_documents(builder: Any, part: EncodedKey, out: DatasetOutput) -> None:
+    """Append a chunk's documents of one key, one ``add_document`` per document."""
+    offset = 0
+    seq = 0
+    for count in part.sequences_per_document:
+        lengths = part.sequence_lengths[seq : seq + count]
+        size = sum(lengths)
+        builder.add_document(part.tokens[offset : offset + size], lengths)
+        offset += size
+        seq += count
+        out.documents += 1
+        out.sequences += count
+        out.tokens += size
+        if count == 0:
+            out.empty_documents += 1

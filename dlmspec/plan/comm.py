@@ -1,0 +1,198 @@
+"""Communication of a training step: bandwidths of the process groups and the bytes, counts and
+overlap of each collective - tensor-parallel all-gathers and reduce-scatters, expert-parallel
+all-to-alls, context parallelism's key/value exchange, the pipeline's p2p transfers and data
+parallelism's gradient reduction and parameter all-gather. :mod:`dlmspec.plan.time` adds what
+is exposed to the step time.
+
+Bandwidths: NVLink (``GPU.nvlink_gbps``, GB/s per direction) inside a node, the network
+(``cluster.inter_node_gbps``, Gbit/s per GPU) for groups that span nodes; megatron's rank order
+``tp-cp-ep-dp-pp`` decides which groups do. Ring cost: ``bytes * (n-1)/n / bandwidth``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlmspec.gpus import GPU
+from dlmspec.plan.calibration import Calibration
+from dlmspec.plan.memory import fsdp_sharding
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
+
+#: Context parallelism's key/value traffic per layer and microbatch, by ``cp_comm_type``: how many
+#: times each rank sends ``(cp - 1)`` K/V shards of ``y * T * 2 * g * d / t`` bytes, and whether
+#: the transfers overlap the attention. ``p2p`` (Transformer Engine ``AttnFuncWithCPAndKVP2P``,
+#: ``a2a`` and ``a2a+p2p`` planned alike): the ring forward, again with dK/dV backward, behind the
+#: attention. ``allgather`` (megatron-core ``cp_comm_type = "all_gather"``): one all-gather forward
+#: and one reduce-scatter backward, not overlapped (``TransformerConfig.cp_comm_type``: "The
+#: all-gather is not async, and cannot be overlapped"), each a collective. More in docs/planner.md.
+CP_KV_EXCHANGES = {"p2p": (3, True), "allgather": (2, False)}
+#: megatron-core DDP bucket size with ``overlap_grad_reduce``: ``max(40M, 1M * dp)`` parameters.
+DDP_BUCKET_PARAMS = 40_000_000
+
+
+def bandwidth(gpu: GPU, lay: Layout, span: int, calib: Calibration, *, raw: bool = False) -> tuple[float, bool]:
+    """(bytes/s, crosses nodes) for a group whose ranks spread over ``span`` consecutive ranks;
+    ``raw``: at 100% of the link (the calibrated efficiency is applied later)."""
+    if span <= lay.gpus_per_node:
+        return gpu.nvlink_gbps * 1e9 * (1.0 if raw else calib.nvlink_efficiency), False
+    return lay.inter_node_gbps / 8 * 1e9 * (1.0 if raw else calib.network_efficiency), True
+
+
+def link_efficiency(network: bool, calib: Calibration) -> float:
+    """The calibrated efficiency of the network (``network``) or of NVLink."""
+    return calib.network_efficiency if network else calib.nvlink_efficiency
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """One pipeline rank's collectives per microbatch, at 100% of the link (fields as in
+    :class:`dlmspec.plan.time.StageWork`): seconds, counts (whose latency is exposed) and
+    whether each group crosses nodes."""
+
+    tp_seconds: float
+    tp_collectives: float
+    ep_backward_seconds: float
+    ep_forward_seconds: float
+    ep_backward_collectives: float
+    ep_forward_collectives: float
+    tp_network: bool
+    ep_network: bool
+    cp_comm_seconds: float
+    cp_network: bool
+    cp_overlapped: bool
+    cp_collectives: float
+
+
+def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, counts: tuple[int, int],
+                      calib: Calibration) -> Collectives:
+    """:class:`Collectives` of one microbatch on rank ``stage`` holding ``counts`` = (dense, MoE)
+    layers. TP: 4 collectives per layer forward + 4 backward of the gathered ``[T, h]`` (sequence
+    parallel: all-gather + reduce-scatter; without it all-reduces of the same volume), one pair
+    more each for the output layer and the embedding, and ``4 * topk`` per MoE layer with expert
+    TP. EP: dispatch and combine forward and backward; the forward pair sits between the
+    dispatcher's host syncs (exposed, with the counts' all-gather), the backward pair overlaps
+    host-bound work. CP: :data:`CP_KV_EXCHANGES`."""
+    dense_n, moe_n = counts
+    layers = dense_n + moe_n
+    h, g, d = shape.hidden, shape.groups, shape.head_dim
+    t, r = lay.tp, lay.sequence_divisor
+    y = DTYPE_BYTES[lay.dtype]
+    T = lay.micro_batch * lay.seq / lay.cp
+    tp_s = ep_b = ep_f = cp_s = 0.0
+    tp_n = ep_bn = ep_fn = cp_n = 0.0
+    tp_net = ep_net = cp_net = False
+    cp_overlapped = True
+    if t > 1:
+        bw, tp_net = bandwidth(gpu, lay, t, calib, raw=True)
+        unit = y * T * h * (t - 1) / t / bw
+        tp_n = 8 * layers + (2 if stage == lay.pp - 1 else 0) + (2 if stage == 0 else 0)
+        if moe_n and lay.etp > 1:
+            tp_n += moe_n * 4 * shape.topk
+        tp_s = tp_n * unit
+    if moe_n and lay.ep > 1:
+        # Expert ranks are ordered etp-ep-edp-pp: an EP group spans etp * ep consecutive ranks.
+        span = lay.ep * lay.etp
+        bw, ep_net = bandwidth(gpu, lay, span, calib, raw=True)
+        a2a = y * (T / r) * shape.topk * h * (lay.ep - 1) / lay.ep / bw
+        ep_f = ep_b = moe_n * 2 * a2a
+        ep_fn = moe_n * 3  # dispatch, combine and the all-gather of the token counts
+        ep_bn = moe_n * 2
+    if lay.cp > 1:
+        bw, cp_net = bandwidth(gpu, lay, lay.tp * lay.cp, calib, raw=True)
+        kv = y * T * 2 * g * d / t / bw
+        passes, cp_overlapped = CP_KV_EXCHANGES.get(lay.cp_comm_type, CP_KV_EXCHANGES["p2p"])
+        cp_s = layers * passes * (lay.cp - 1) * kv
+        cp_n = 0.0 if cp_overlapped else layers * passes
+    return Collectives(
+        tp_seconds=tp_s,
+        tp_collectives=tp_n,
+        ep_backward_seconds=ep_b,
+        ep_forward_seconds=ep_f,
+        ep_backward_collectives=ep_bn,
+        ep_forward_collectives=ep_fn,
+        tp_network=tp_net,
+        ep_network=ep_net,
+        cp_comm_seconds=cp_s,
+        cp_network=cp_net,
+        cp_overlapped=cp_overlapped,
+        cp_collectives=cp_n,
+    )
+
+
+def pipeline_p2p(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration) -> tuple[float, float, bool]:
+    """(transfer seconds at 100% of the link, latency seconds, crosses nodes) of the pipeline's
+    p2p exchanges on a step's critical path: one per microbatch and chunk and one per extra stage
+    (``m * vpp + pp - 1``), each a latency plus the activation's transfer (both directions at
+    once), not hidden (a sync follows each). Zeros without pipeline parallelism."""
+    m, p, v = lay.num_microbatches, lay.pp, max(1, lay.vpp)
+    y = DTYPE_BYTES[lay.dtype]
+    T = lay.micro_batch * lay.seq / lay.cp
+    p2p_raw = p2p_lat = 0.0
+    p2p_network = False
+    if p > 1:
+        # Neighbouring stages are tp*cp*dp ranks apart (rank order tp-cp-ep-dp-pp).
+        exchanges = m * v + p - 1
+        bw, p2p_network = bandwidth(gpu, lay, lay.tp * lay.cp * lay.dp * 2, calib, raw=True)
+        p2p_raw = exchanges * y * T * shape.hidden / lay.sequence_divisor / bw
+        p2p_lat = exchanges * calib.collective_latency_seconds
+    return p2p_raw, p2p_lat, p2p_network
+
+
+def dp_overlap(lay: Layout) -> tuple[bool, bool]:
+    """(gradient reduction, parameter all-gather) overlapped with compute. Megatron-FSDP turns
+    both on whatever the config says where it shards them (``MegatronFSDP.__init__``: the
+    reduce-scatter with ``optim_grads`` / ``optim_grads_params``, the all-gather with
+    ``optim_grads_params``); torch FSDP2 always overlaps."""
+    weights, grads, _ = fsdp_sharding(lay)
+    if lay.fsdp == "none":
+        return lay.overlap_grad_reduce, lay.overlap_param_gather
+    return lay.overlap_grad_reduce or grads, lay.overlap_param_gather or weights
+
+
+def ddp_buckets(lay: Layout, p_dense: float, p_expert: float) -> int:
+    """Gradient buckets of megatron-core's DDP on a rank whose NaN check syncs the host: with
+    ``overlap_grad_reduce`` and data parallelism, buckets of ``max(40M, 1M * dp)`` parameters per
+    buffer (dense, expert); else one bucket per buffer. FSDP: 0 (Megatron-FSDP does not check
+    gradients per bucket; megatron-core 0.16.1 reads ``check_for_nan_in_grad`` only in DDP)."""
+    if lay.fsdp != "none":
+        return 0
+    n = max(1, lay.dp * lay.cp)
+    if lay.overlap_grad_reduce and n > 1:
+        size = max(DDP_BUCKET_PARAMS, 1_000_000 * n)
+        return max(1, -(-int(p_dense) // size)) + (max(1, -(-int(p_expert) // size)) if p_expert else 0)
+    return 1 + (1 if p_expert else 0)
+
+
+def dp_comm_seconds(lay: Layout, gpu: GPU, calib: Calibration, p_dense: float, p_expert: float,
+                    grad_b: int, param_b: int) -> tuple[float, float] | None:
+    """(gradient reduction, parameter all-gather) seconds per step at the calibrated bandwidth,
+    or None without data parallelism.
+
+    Distributed optimizer: reduce-scatter of the gradient buffer over ``dp * cp`` ranks
+    (expert gradients over the expert-DP group) then all-gather of the updated bf16 parameters;
+    otherwise an all-reduce (twice the reduce-scatter's volume) and no all-gather. Ring cost:
+    ``bytes * (n-1)/n / bandwidth`` per reduce-scatter or all-gather. Megatron-FSDP
+    (:func:`~dlmspec.plan.memory.fsdp_sharding`): ``optim`` / ``optim_grads`` reduce-scatter and
+    gather the updated parameters once, like the distributed optimizer; ``optim_grads_params``
+    (and torch FSDP2) gathers the parameters in forward and again in backward; ``no_shard``
+    all-reduces.
+    """
+    n = lay.dp * lay.cp
+    ne = lay.expert_dp
+    if n <= 1 and (ne <= 1 or not p_expert):
+        return None
+    span = lay.tp * lay.cp * lay.dp
+    bw, _ = bandwidth(gpu, lay, span, calib)
+    grad_t = param_t = 0.0
+    weights_sharded, _, sharded = fsdp_sharding(lay)
+    factor = 1.0 if sharded else 2.0
+    if n > 1:
+        grad_t += factor * grad_b * p_dense * (n - 1) / n / bw
+        if sharded:
+            param_t += param_b * p_dense * (n - 1) / n / bw * (2 if weights_sharded else 1)
+    if ne > 1 and p_expert:
+        ebw, _ = bandwidth(gpu, lay, lay.world // max(1, lay.pp), calib)
+        grad_t += factor * grad_b * p_expert * (ne - 1) / ne / ebw
+        if sharded:
+            param_t += param_b * p_expert * (ne - 1) / ne / ebw
+    return grad_t, param_t

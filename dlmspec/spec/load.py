@@ -1,0 +1,773 @@
+"""Loading specs: TOML files, Python files, ``extends`` and ``--set`` overrides.
+
+The result is a :class:`LoadedSpec`: the validated :class:`~dlmspec.spec.models.Spec` plus where
+each key came from (file and line), so every later error can point at the line to edit.
+Every problem found while loading is raised as one :class:`~dlmspec.errors.SpecError`.
+
+Order of precedence, lowest first: the ``extends`` parent chain, the file itself, then each
+``--set section.key=value`` in the order given.
+
+Limits (each refused with one issue, never a hang, a RecursionError or unbounded memory): spec
+files are read only when they are regular files (never pipes or devices, which can block or
+never end) of at most :data:`MAX_SPEC_BYTES`; tables and arrays nest at most :data:`MAX_DEPTH`
+levels (in files, Python specs and ``--set``); an ``extends`` chain has at most
+:data:`MAX_EXTENDS` files; integers fit in int64 (:data:`INT64_MAX`), what megatron-core,
+torch and numpy hold counts, sizes, ids and seeds in (larger ones made :mod:`dlmspec.resolve`
+and the planner raise OverflowError).
+
+pydantic and the spec models (:mod:`dlmspec.spec.models`) are imported only to validate: with
+``load(..., fast=True)`` (``dlmspec validate`` and ``plan``) a plainly valid spec is checked by
+:mod:`dlmspec.spec.fast` without them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.spec.dotted import (LONG_NUMBER, MAX_DEPTH, SetValueError, TooDeep, deep_merge, flatten_keys, nesting_message,
+                                  parse_set_value, set_dotted, too_deep)
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from dlmspec.spec.models import Spec
+
+#: Where a key was written: ``(file, line)``; line is None for keys from a Python spec.
+Origin = tuple[str, int | None]
+
+#: Largest spec file read, bytes (4 MiB). Real specs are a few KiB; without a cap a mistaken
+#: path (``extends = "/dev/zero"``, a dataset) filled memory.
+MAX_SPEC_BYTES = 4 << 20
+
+#: Most files in an ``extends`` chain, the spec itself included (real chains have 2 or 3; a
+#: chain of about 1000 raised RecursionError).
+MAX_EXTENDS = 32
+
+#: Largest integer a spec holds (int64); the smallest is ``-INT64_MAX - 1``.
+INT64_MAX = 2**63 - 1
+
+#: The fix of a nesting issue.
+_SPEC_DEPTH_HINT = ("write it flatter, as the spec's keys (the deepest is cluster.slurm.env.NAME); "
+                    "`dlmspec schema` lists them")
+
+
+@dataclass
+class LoadedSpec:
+    """A validated spec and where its keys came from.
+
+    Attributes:
+        spec: the validated spec (schema-valid; cross-field rules are checked by
+            :mod:`dlmspec.check`).
+        path: the file it was loaded from.
+        origins: dotted key -> (file, line) of the value that won.
+        raw: the merged dict before validation (what the user wrote, after extends and --set).
+    """
+
+    spec: Spec
+    path: Path
+    origins: dict[str, Origin] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def locate(self, key: str) -> Origin:
+        """(file, line) for ``key``: :func:`locate_key`."""
+        return locate_key(self.origins, key, self.path)
+
+
+def locate_key(origins: dict[str, Origin], key: str, path: Path) -> Origin:
+    """(file, line) for dotted ``key`` in ``origins``, else its nearest written ancestor (a table
+    header), else the first key written under it (a misspelt table given only by
+    ``--set t.k=v``), else ``(path, None)``."""
+    parts = key.split(".")
+    while parts:
+        origin = origins.get(".".join(parts))
+        if origin:
+            return origin
+        parts.pop()
+    prefix = key + "."
+    for written, origin in origins.items():
+        if written.startswith(prefix):
+            return origin
+    return (str(path), None)
+
+
+_HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"']+)\s*=")
+
+
+def line_map(text: str) -> dict[str, int]:
+    """Map each dotted key and table of a TOML document to its 1-based line.
+
+    A small scanner, not a TOML parser: it reads table headers (``[a.b]``, ``[[a]]``) and
+    ``key =`` lines at the start of a line, which is where a key's value begins; keys inside
+    multi-line arrays or inline tables map to the line of their enclosing key.
+    """
+    lines: dict[str, int] = {}
+    table = ""
+    depth = 0  # open brackets of a multi-line value
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.split("#", 1)[0] if '"' not in raw and "'" not in raw else raw
+        if depth == 0:
+            header = _HEADER.match(raw)
+            if header and not _KEY.match(raw):
+                table = header.group(1).replace('"', "").replace("'", "").replace(" ", "")
+                lines.setdefault(table, number)
+                continue
+            key = _KEY.match(raw)
+            if key:
+                name = key.group(1).replace('"', "").replace("'", "")
+                dotted = f"{table}.{name}" if table else name
+                lines.setdefault(dotted, number)
+        depth += stripped.count("[") + stripped.count("{") - stripped.count("]") - stripped.count("}")
+        depth = max(depth, 0)
+    return lines
+
+
+_INT64_HINT = f"use a value that fits in int64 (-{INT64_MAX + 1} .. {INT64_MAX})"
+
+
+def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[SpecIssue]:
+    """An issue per integer of ``data`` outside int64 (iterative; ``data`` is at most
+    :data:`MAX_DEPTH` deep by now)."""
+    issues = []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, (*where, k)) for k, v in reversed(list(node.items())))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, (*where, i)) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, int) and not isinstance(node, bool) and not -INT64_MAX - 1 <= node <= INT64_MAX:
+            key = ".".join(_leading_keys(where)) or "<root>"
+            digits = str(abs(node))
+            sign = "-" if node < 0 else ""
+            shown: Any = node if len(digits) <= 30 else f"{sign}{digits[:12]}... ({len(digits)} digits)"
+            file, line = locate_key(origins, key, path)
+            example = _default_example(key)
+            issues.append(SpecIssue(key, f"does not fit in int64 (-{INT64_MAX + 1} .. {INT64_MAX}), the integer type "
+                                    "megatron-core, torch and numpy hold counts, sizes, ids and seeds in",
+                                    value=shown, hint=_INT64_HINT + (f", e.g. {example}" if example else ""),
+                                    rule="int64", file=file, line=line))
+    return issues
+
+
+def _default_example(key: str) -> str | None:
+    """``leaf = default`` for the spec key ``key`` when its default is an integer (imports the
+    spec models: error reports only)."""
+    *table, leaf = key.split(".")
+    model = _model_at(table)
+    field = model.model_fields.get(leaf) if model is not None else None
+    default = getattr(field, "default", None)
+    if isinstance(default, int) and not isinstance(default, bool):
+        return f"{leaf} = {default}"
+    return None
+
+
+def _short_key(path: tuple[Any, ...] | list[Any]) -> str:
+    """The dotted key of ``path`` (up to its first list index), cut after 4 parts: what a
+    nesting issue names."""
+    parts = _leading_keys(tuple(path))
+    if len(parts) > 4:
+        return ".".join(parts[:4]) + "..."
+    return ".".join(parts) or "<root>"
+
+
+def _excerpt(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width] + "..."
+
+
+def _short_repr(value: Any) -> str:
+    """A bounded ``repr`` of a (possibly deep or cyclic) value."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, 40, 40
+    return _excerpt(short.repr(value))
+
+
+# --- reading files
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not regular is, for messages (``stat`` mode)."""
+    for test, kind in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """Who named a spec file: the ``extends`` key (as written) at ``file``:``line``."""
+
+    file: str
+    line: int | None
+    written: str
+
+
+def _file_error(path: Path, message: str, hint: str, ref: _Ref | None) -> SpecError:
+    """A :class:`SpecError` about the spec file ``path``, pointing at the ``extends`` that
+    named it (``ref``) or, for the file given on the command line, at the file itself."""
+    if ref is not None:
+        return SpecError([SpecIssue("extends", message, value=ref.written, hint=hint, rule="file", file=ref.file,
+                                    line=ref.line)])
+    return SpecError([SpecIssue("<file>", message, value=str(path), hint=hint, rule="file", file=str(path))])
+
+
+def _check_file(path: Path, ref: _Ref | None) -> int:
+    """Check with ``os.stat`` (nothing is opened) that ``path`` is a regular file of at most
+    :data:`MAX_SPEC_BYTES`; return its size.
+
+    Raises:
+        SpecError: missing, a directory, a pipe, device or socket, too large, or unreadable.
+    """
+    what = "a spec file (extends is relative to the file that names it)" if ref else "a .toml or .py spec file"
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _file_error(path, f"file not found: {path}",
+                          "check the path (extends is relative to the file that names it)" if ref else
+                          "check the path", ref) from None
+    except (OSError, ValueError) as exc:  # permissions, symlink loops, names too long, NUL bytes
+        raise _file_error(path, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
+                          f"give the path of {what}", ref) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise _file_error(path, f"{path} is a directory, not a spec file", "give a .toml or .py spec file", ref)
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, info.st_mode, ref)
+    if info.st_size > MAX_SPEC_BYTES:
+        raise _too_large(path, info.st_size, ref)
+    return info.st_size
+
+
+def _not_regular(path: Path, mode: int, ref: _Ref | None) -> SpecError:
+    return _file_error(path, f"{path} is {_file_kind(mode)}, not a regular file: dlmspec reads specs only from "
+                       "regular files (a pipe or device can block or never end)",
+                       "give the path of a spec file; to use generated text, write it to a file first", ref)
+
+
+def _too_large(path: Path, size: int | None, ref: _Ref | None) -> SpecError:
+    size_text = f"{size:,} bytes" if size is not None else "more than that"
+    return _file_error(path, f"{path} is {size_text}: dlmspec reads at most {MAX_SPEC_BYTES >> 20} MiB "
+                       f"({MAX_SPEC_BYTES:,} bytes) of a spec file, and a spec is a few KiB",
+                       "check that this is the spec you meant" + (" (extends names a spec file)" if ref else ""),
+                       ref)
+
+
+def _read_spec_text(path: Path, ref: _Ref | None) -> str:
+    """The text of the TOML spec ``path``, read as :func:`_check_file` allows: opened without
+    blocking, checked again on the open file (a pipe put there after the check is not read),
+    and read up to :data:`MAX_SPEC_BYTES` (one byte more tells that it grew). Newlines are
+    read as ``Path.read_text`` reads them.
+
+    Raises:
+        SpecError: see :func:`_check_file`; not UTF-8.
+    """
+    _check_file(path, ref)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError) as exc:
+        raise _file_error(path, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
+                          "check the path and its permissions", ref) from None
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode, ref)
+        try:
+            data = handle.read(MAX_SPEC_BYTES + 1)
+        except OSError as exc:
+            raise _file_error(path, f"cannot read {path}: {exc.strerror or exc}", "check the file", ref) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise _too_large(path, None, ref)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([SpecIssue("<file>", f"not UTF-8 text (byte {exc.start}): a spec is a TOML or Python file",
+                                   value=str(path), hint="save the spec as UTF-8 text", rule="file",
+                                   file=str(path))]) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _deep_line(text: str) -> int | None:
+    """1-based line where the brackets of ``text`` first open more than :data:`MAX_DEPTH` deep
+    (counted naively, strings included): where to point when the TOML parser ran out of
+    recursion."""
+    depth = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        for char in line:
+            if char in "[{":
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return number
+            elif char in "]}":
+                depth = max(0, depth - 1)
+    return None
+
+
+def _nesting_error(path: Path, text: str, lines: dict[str, int], key_path: tuple[Any, ...] | None,
+                   line: int | None) -> SpecError:
+    """The nesting issue of the TOML file ``path``: at ``key_path`` (from :func:`too_deep`),
+    else at ``line``, naming the key written on or above that line."""
+    if key_path is not None:
+        full = ".".join(_leading_keys(key_path))
+        origins: dict[str, Origin] = {k: (str(path), n) for k, n in lines.items()}
+        line = locate_key(origins, full, path)[1]
+        key = _short_key(key_path)
+    else:
+        above = [(n, k) for k, n in lines.items() if line is not None and n <= line]
+        key = _short_key(max(above)[1].split(".")) if above else "<toml>"
+    source = text.splitlines()[line - 1].strip() if line else ""
+    return SpecError([SpecIssue(key, nesting_message(), value=_excerpt(source) or None, hint=_SPEC_DEPTH_HINT,
+                                rule="nesting", file=str(path), line=line)])
+
+
+def _long_number_error(path: Path, text: str) -> SpecError:
+    """The issue of a TOML file holding an integer longer than Python reads, at its line."""
+    match = re.search(r"[0-9_]{4301,}", text)
+    line = text.count("\n", 0, match.start()) + 1 if match else None
+    above = [(n, k) for k, n in line_map(text).items() if line is not None and n <= line]
+    key = max(above)[1] if above else "<toml>"
+    source = text.splitlines()[line - 1].strip() if line else ""
+    return SpecError([SpecIssue(key, LONG_NUMBER, value=_excerpt(source) or None, hint=_INT64_HINT, rule="int64",
+                                file=str(path), line=line)])
+
+
+def _leading_keys(path: tuple[Any, ...]) -> list[str]:
+    """The keys at the start of ``path``, up to its first list index."""
+    keys = []
+    for part in path:
+        if not isinstance(part, str):
+            break
+        keys.append(part)
+    return keys
+
+
+def _load_toml(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """Read the TOML spec ``path`` and its ``extends`` chain (at most :data:`MAX_EXTENDS`
+    files, no cycles) and merge them, parents first; also return where each key was written."""
+    chain: list[tuple[dict[str, Any], dict[str, Origin]]] = []
+    seen: list[Path] = []
+    ref: _Ref | None = None
+    while True:
+        if path in seen:
+            names = " -> ".join(str(p) for p in (*seen, path))
+            assert ref is not None
+            raise SpecError([SpecIssue("extends", f"circular extends: {names}", value=ref.written,
+                                       hint="remove the extends that leads back: a spec cannot extend itself or a "
+                                       "spec that extends it", rule="extends", file=ref.file, line=ref.line)])
+        if len(seen) == MAX_EXTENDS:
+            assert ref is not None
+            shown = [p.name for p in seen]
+            names = " -> ".join(shown if len(shown) <= 5 else [*shown[:3], "...", *shown[-2:]])
+            raise SpecError([SpecIssue("extends", f"the extends chain is longer than {MAX_EXTENDS} files "
+                                       f"({names} -> ...)", value=ref.written,
+                                       hint=f"extend a spec nearer the base: a chain has at most {MAX_EXTENDS} "
+                                       "files (a base and a few layers)", rule="extends", file=ref.file,
+                                       line=ref.line)])
+        data, origins, parent, lines = _read_toml(path, ref)
+        chain.append((data, origins))
+        seen.append(path)
+        if parent is None:
+            break
+        if not isinstance(parent, str):
+            raise SpecError([SpecIssue("extends", "extends must be a file path string", value=parent,
+                                       hint='e.g. extends = "base.toml"', rule="extends", file=str(path),
+                                       line=lines.get("extends"))])
+        try:
+            parent_path = (path.parent / parent).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise SpecError([SpecIssue("extends", f"not a usable path: {exc}", value=parent, rule="extends",
+                                       hint="give the path of a spec file, relative to this one",
+                                       file=str(path), line=lines.get("extends"))]) from None
+        ref = _Ref(str(path), lines.get("extends"), parent)
+        path = parent_path
+    data, origins = chain.pop()
+    while chain:  # children over parents
+        child, child_origins = chain.pop()
+        child_origins.pop("extends", None)
+        data, origins = deep_merge(data, child), {**origins, **child_origins}
+    return data, origins
+
+
+def _read_toml(path: Path, ref: _Ref | None) -> tuple[dict[str, Any], dict[str, Origin], Any, dict[str, int]]:
+    """One TOML spec file: ``(data without extends, origins, the extends value or None, line map)``.
+
+    Raises:
+        SpecError: unreadable (:func:`_read_spec_text`), not TOML, nested too deep.
+    """
+    text = _read_spec_text(path, ref)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise SpecError(
+            [SpecIssue("<toml>", f"not valid TOML: {exc}", rule="toml", file=str(path),
+                       line=int(match.group(1)) if match else None,
+                       hint="strings need quotes, tables are [section], keys are key = value")]
+        ) from None
+    except RecursionError:
+        raise _nesting_error(path, text, line_map(text), None, _deep_line(text)) from None
+    except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+        raise _long_number_error(path, text) from None
+    lines = line_map(text)
+    deep = too_deep(data)
+    if deep is not None:
+        raise _nesting_error(path, text, lines, deep, None)
+    origins: dict[str, Origin] = {k: (str(path), _line_of(lines, k)) for k in flatten_keys(data)}
+    parent = data.pop("extends", None)
+    return data, origins, parent, lines
+
+
+def _line_of(lines: dict[str, int], key: str) -> int | None:
+    """The line of ``key``, else of its nearest ancestor in ``lines`` (a key inside an inline
+    table or an array: ``env = { NAME = ... }``)."""
+    while key:
+        if key in lines:
+            return lines[key]
+        key = key.rpartition(".")[0]
+    return None
+
+
+def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """Run a Python spec file and take its ``spec`` (a Spec or a dict). The file must be a
+    regular file of at most :data:`MAX_SPEC_BYTES` (:func:`_check_file`); what it runs is the
+    user's code, not limited here. A ``spec`` dict nested more than :data:`MAX_DEPTH` deep
+    (or containing itself) is refused."""
+    _check_file(path, None)
+    try:
+        import runpy  # Python specs only (so are traceback and difflib: errors only)
+
+        namespace = runpy.run_path(str(path), run_name="__dlmspec__")
+    except SpecError:
+        raise
+    except SystemExit as exc:  # sys.exit() in a spec file must not decide dlmspec's exit code
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+        raise SpecError([SpecIssue("<python>", f"the spec file called sys.exit({exc.code!r})", rule="python",
+                                   hint="a spec file assigns `spec`; it does not exit", file=str(path),
+                                   line=frames[-1].lineno if frames else None)]) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a user's file may raise anything; report it without a traceback
+        import traceback
+
+        from pydantic import ValidationError
+
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+        line = frames[-1].lineno if frames else None
+        if isinstance(exc, ValidationError):
+            message = _first_pydantic_message(exc)
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+        raise SpecError([SpecIssue("<python>", f"the spec file raised {message}", rule="python",
+                                   file=str(path), line=line)]) from None
+    value = namespace.get("spec")
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        value = value.model_dump(exclude_none=True)
+    if not isinstance(value, dict):
+        raise SpecError([SpecIssue("spec", "a Python spec must assign `spec = Spec(...)` (or a dict)",
+                                   value=type(value).__name__ if value is not None else None,
+                                   hint="end the file with: spec = Spec(model=..., train=...)",
+                                   rule="python", file=str(path))])
+    deep = too_deep(value)
+    if deep is not None:
+        node: Any = value
+        for part in _leading_keys(deep)[:1]:
+            node = node[part]
+        raise SpecError([SpecIssue(_short_key(deep), nesting_message(), value=_short_repr(node),
+                                   hint=_SPEC_DEPTH_HINT, rule="nesting", file=str(path))])
+    return value, {}
+
+
+def _first_pydantic_message(exc: Any) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+
+
+#: Keys users bring from Megatron-LM's command line or other trainers -> what a spec writes.
+KEY_ALIASES: dict[str, str] = {
+    "bf16": '[precision] dtype = "bf16"',
+    "fp16": '[precision] dtype = "fp16"',
+    "fp32": '[precision] dtype = "fp32"',
+    "tp": "[parallel] tensor_model_parallel_size",
+    "pp": "[parallel] pipeline_model_parallel_size",
+    "vpp": "[parallel] virtual_pipeline_model_parallel_size",
+    "cp": "[parallel] context_parallel_size",
+    "ep": "[parallel] expert_model_parallel_size",
+    "etp": "[parallel] expert_tensor_parallel_size",
+    "sp": "[parallel] sequence_parallel = true",
+    "dp": "nothing: the data-parallel size is derived (GPUs / (TP x PP x CP))",
+    "data_parallel_size": "nothing: the data-parallel size is derived (GPUs / (TP x PP x CP))",
+    "swiglu": '[model] activation = "swiglu"',
+    "num_key_value_heads": "[model] num_query_groups",
+    "head_dim": "[model] kv_channels",
+    "intermediate_size": "[model] ffn_hidden_size",
+    "num_hidden_layers": "[model] num_layers",
+    "rope_theta": "[model] rotary_base",
+    "norm_epsilon": "[model] layernorm_epsilon",
+    "recompute_granularity": "[recompute] granularity",
+    "recompute_method": "[recompute] method",
+    "recompute_num_layers": "[recompute] num_layers",
+}
+
+
+def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -> SpecIssue:
+    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    key = ".".join(loc) or "<root>"
+    kind = err["type"]
+    value = err.get("input") if kind != "missing" else None
+    message = err["msg"]
+    hint = None
+    rule = "schema"
+    if kind == "unknown_preset":
+        loc = [*loc, "preset"]
+        key = ".".join(loc)
+        value = err["ctx"]["preset"]
+        message = "unknown preset"
+        hint = preset_hint(value)
+        rule = "unknown-preset"
+    elif kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        options = list(model.model_fields) if model else []
+        from difflib import get_close_matches
+
+        close = get_close_matches(loc[-1], options, n=1)
+        message = "unknown key"
+        hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(options)}" if options else None)
+        if loc[-1].lower() in KEY_ALIASES:
+            hint = f"write {KEY_ALIASES[loc[-1].lower()]}"
+        value = None
+    elif kind == "literal_error":
+        hint = "use " + message.removeprefix("Input should be ")
+        message = "not an allowed value"
+    elif kind == "missing":
+        hint = "add it to the spec, or set [model] preset = \"...\" for the model dimensions"
+    elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        hint = message[0].lower() + message[1:]
+        example = _example_value(loc, kind, err.get("ctx") or {})
+        if example is not None:
+            hint += f", e.g. {loc[-1]} = {example}"
+        message = "wrong type or out of range"
+    file, line = locate_key(origins, ".".join(loc), path)
+    return SpecIssue(key=key, message=message, value=value, hint=hint, rule=rule, file=file, line=line)
+
+
+def preset_hint(name: str) -> str:
+    """What to write instead of the unknown preset id ``name``: the closest ids (case and small
+    typos forgiven), else every id."""
+    from dlmspec.spec.presets import preset_names
+
+    from difflib import get_close_matches
+
+    names = preset_names()
+    close = get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+    if close:
+        quoted = [f"'{c}'" for c in close]
+        options = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+        return f"did you mean {options}? (`dlmspec show --presets` lists every id)"
+    return f"use one of {', '.join(names)}"
+
+
+def _example_value(loc: list[str], kind: str, ctx: dict[str, Any]) -> str | None:
+    """A value that passes the field at ``loc``, in TOML: its default when that is a plain
+    value within the violated bound, else the bound itself (or the next integer past it)."""
+    import json
+
+    model = _model_at(loc[:-1])
+    field = model.model_fields.get(loc[-1]) if model else None
+    default = None if field is None else field.default
+    bound = next((ctx[k] for k in ("gt", "ge", "lt", "le") if k in ctx), None)
+    if isinstance(default, bool) or (isinstance(default, (int, float, str)) and default is not None):
+        ok = True
+        if bound is not None and isinstance(default, (int, float)) and not isinstance(default, bool):
+            ok = {"greater_than": default > bound, "greater_than_equal": default >= bound,
+                  "less_than": default < bound, "less_than_equal": default <= bound}.get(kind, True)
+        if ok:
+            return json.dumps(default)
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+        if kind == "greater_than":
+            return json.dumps(bound + 1 if isinstance(bound, int) else bound * 2 or 1.0)
+        if kind == "less_than":
+            return json.dumps(bound - 1 if isinstance(bound, int) else bound / 2)
+        return json.dumps(bound)
+    if kind.startswith("int_"):
+        return "1"
+    if kind.startswith("float_"):
+        return "1.0"
+    if kind.startswith("bool_"):
+        return "true"
+    if kind.startswith("string_"):
+        return '"..."'
+    return None
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    from dlmspec.spec.models import Spec
+
+    model: type[BaseModel] | None = Spec
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = _first_model(annotation)
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found:
+            return found
+    return None
+
+
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast: bool = False) -> LoadedSpec:
+    """Load, merge and schema-validate a spec file.
+
+    Args:
+        path: a ``.toml`` file or a ``.py`` file that assigns ``spec``.
+        overrides: ``"section.key=value"`` strings (``--set``), applied last.
+        fast: check a plainly valid spec without pydantic (:func:`dlmspec.spec.fast.check`):
+            ``spec`` is then a read-only :class:`~dlmspec.spec.fast.SpecTable` that acts as the
+            :class:`~dlmspec.spec.models.Spec` pydantic would build (same values, same
+            ``model_fields_set``; other attributes come from that model, built on first use).
+            Anything else is validated by pydantic as without ``fast``, so errors are the same.
+
+    Returns:
+        The :class:`LoadedSpec`.
+
+    Raises:
+        SpecError: unreadable file (missing, a directory, not a regular file, larger than
+            :data:`MAX_SPEC_BYTES`), invalid TOML, nesting deeper than :data:`MAX_DEPTH`, an
+            ``extends`` chain longer than :data:`MAX_EXTENDS` or circular, integers beyond
+            int64, a malformed ``--set``,
+            unknown keys, wrong types, out-of-range values (all of them, at once).
+    """
+    path = Path(path)
+    try:
+        absolute = path.resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, symlink loops
+        raise SpecError([SpecIssue("<file>", f"not a usable file name: {exc}", value=str(path),
+                                   hint="give the path of a .toml or .py spec file", rule="file")]) from None
+    if path.suffix == ".py":
+        data, origins = _load_python(absolute)
+    else:
+        data, origins = _load_toml(absolute)
+    issues: list[SpecIssue] = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
+            issues.append(SpecIssue("--set", "expected section.key=value", value=item,
+                                    hint="e.g. --set parallel.tensor_model_parallel_size=2", rule="set"))
+            continue
+        parts = key.split(".")
+        try:
+            if len(parts) > MAX_DEPTH:
+                raise TooDeep(nesting_message())
+            value = parse_set_value(text.strip())
+            if too_deep(value, MAX_DEPTH - len(parts)) is not None:
+                raise TooDeep(nesting_message())
+            set_dotted(data, key, value)
+        except SetValueError as exc:
+            hint = _SPEC_DEPTH_HINT if isinstance(exc, TooDeep) else _INT64_HINT
+            issues.append(SpecIssue(_short_key(parts), str(exc), value=_excerpt(item), hint=hint,
+                                    rule="set", file="--set"))
+            continue
+        except ValueError as exc:
+            issues.append(SpecIssue(key, str(exc), value=_excerpt(item), rule="set"))
+            continue
+        origins[key] = ("--set", None)
+    if issues:
+        raise SpecError(issues)
+    issues = _int64_issues(data, origins, path)
+    if issues:
+        raise SpecError(issues)
+    spec: Any = None
+    if fast:
+        from dlmspec.spec.fast import check
+
+        spec = check(data)
+    if spec is None:
+        from pydantic import ValidationError
+
+        from dlmspec.spec.models import Spec
+
+        try:
+            spec = Spec.model_validate(data)
+        except ValidationError as exc:
+            errors = exc.errors()
+            error = SpecError([_schema_issue(e, origins, path) for e in errors])
+            partial, dropped = _without_bad_keys(data, errors, Spec)
+            if partial is not None:
+                error.partial = LoadedSpec(spec=partial, path=path, origins=origins, raw=data)
+                error.dropped = dropped
+            raise error from None
+    return LoadedSpec(spec=spec, path=path, origins=origins, raw=data)
+
+
+def _without_bad_keys(data: dict[str, Any], errors: list[dict[str, Any]], model: Any) -> tuple[Any, tuple[str, ...]]:
+    """``(spec, dropped keys)``: ``data`` validated without the keys pydantic rejected (unknown
+    keys, wrong types, out-of-range values fall back to their defaults), or ``(None, ())`` when
+    a required key is among them or the rest still does not validate."""
+    import copy
+
+    trimmed = copy.deepcopy(data)
+    dropped = []
+    for err in errors:
+        loc = []
+        for part in err["loc"]:
+            if not isinstance(part, str) or part.startswith("function-"):
+                break  # a list element, or a validator's name: drop the whole key above it
+            loc.append(part)
+        if err["type"] == "missing" or not loc:
+            return None, ()
+        node = trimmed
+        for part in loc[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(loc[-1], None)
+        dropped.append(".".join(loc))
+    try:
+        return model.model_validate(trimmed), tuple(dropped)
+    except Exception:  # noqa: BLE001 - anything left unloadable: no partial spec
+        return None, ()
+
+
+def load_text(text: str, name: str = "<string>.toml") -> LoadedSpec:
+    """Load a spec from TOML text (tests and ``dlmspec new``); see :func:`load`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(name).name
+        path.write_text(text, encoding="utf-8")
+        try:
+            loaded = load(path)
+        except SpecError as exc:  # point at `name`, not at the temporary file
+            for issue in exc.issues:
+                if issue.file in (str(path), str(path.resolve())):
+                    issue.file = name
+            raise
+    loaded.path = Path(name)
+    loaded.origins = {k: (name, line) for k, (_, line) in loaded.origins.items()}
+    return loaded
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid
+    print(load(sys.argv[1]).spec.model_dump_json(indent=2))

@@ -1,0 +1,488 @@
+"""The spec: what a user writes, as pydantic models, one class per TOML table.
+
+Key names are Megatron's (megatron-core's ``TransformerConfig``/``OptimizerConfig``/
+``DistributedDataParallelConfig`` fields, or Megatron-LM's argument names where megatron-core
+has no field), so a spec key maps to one megatron-core field wherever one exists; the mapping
+is in :mod:`dlmspec.render.compile`'s templates and tested against the installed megatron-core.
+
+Only per-field checks live here (types, ranges, enumerations, unknown keys). Rules that relate
+several fields (heads divisible by TP, batch divisible by DP, ...) live in
+:mod:`dlmspec.validate`; values derived from several fields live in :mod:`dlmspec.resolve`.
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic_core import PydanticCustomError
+
+from dlmspec.spec.dotted import deep_merge, set_dotted
+from dlmspec.spec.presets import PRESETS
+from dlmspec.spec.shorthands import prefix_strings
+
+
+class Section(BaseModel):
+    """Base of every table: unknown keys are errors (a typo never passes silently), and numbers
+    are finite (TOML's ``inf``/``nan`` are never a valid size, rate or length).
+
+    Validators are built on first use (``defer_build``): ``dlmspec validate`` builds one, the
+    :class:`Spec`'s, which holds every table, instead of one per table at import (the import of
+    this module was a fifth of the command's time; bench/validate). Annotations are real types,
+    not strings (no ``from __future__ import annotations``), so pydantic need not evaluate them.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False, defer_build=True)
+
+
+#: Largest ``model.num_layers`` accepted: far above any published model (Llama-3-405B has 126),
+#: and small enough that per-layer lists (``moe_layer_freq``, the planner's stages) stay cheap.
+MAX_LAYERS = 10_000
+
+
+NonNegInt = Field(ge=0)
+
+
+def _empty_list() -> list:
+    """``default_factory`` of the list keys: a Python function, whose signature pydantic reads
+    without the tokenizer that ``inspect.signature(list)`` needs (its regexes take about 5 ms
+    to compile, in every ``dlmspec validate``)."""
+    return []
+
+
+def _table() -> Any:
+    """Default of a table: ``{}``, validated by the parent's validator (every key at its default).
+
+    ``Field(default_factory=TheTable)`` would build ``TheTable``'s own validator the first time
+    a spec leaves the table out (with :class:`Section`'s ``defer_build``); this way one validator,
+    the :class:`Spec`'s, serves every table. The JSON Schema is the same (pydantic lists no
+    default for a factory)."""
+    return Field(default_factory=dict, validate_default=True)
+
+
+class ModelSpec(Section):
+    """``[model]``: the transformer. Either ``preset`` or the explicit dimensions (or both:
+    explicit keys override the preset). Names follow megatron-core's ``TransformerConfig``
+    and ``GPTModel`` arguments; ``num_experts`` is Megatron-LM's ``--num-experts``
+    (``TransformerConfig.num_moe_experts``) and ``activation`` chooses ``activation_func`` plus
+    ``gated_linear_unit``."""
+
+    preset: str | None = Field(None, description="Published architecture id, e.g. 'qwen3-1.7b'.")
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
+    hidden_size: PositiveInt
+    ffn_hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_query_groups: PositiveInt | None = Field(
+        None, description="Key/value heads (GQA). Default: num_attention_heads (MHA)."
+    )
+    kv_channels: PositiveInt | None = Field(
+        None, description="Head dimension. Default: hidden_size / num_attention_heads."
+    )
+    vocab_size: PositiveInt = Field(description="Tokenizer vocabulary size (before padding).")
+    make_vocab_size_divisible_by: PositiveInt = 128
+    max_position_embeddings: PositiveInt
+    position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
+    rotary_base: PositiveFloat = 10000.0
+    rotary_percent: float = Field(1.0, gt=0.0, le=1.0)
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    layernorm_epsilon: PositiveFloat = 1e-5
+    activation: Literal["swiglu", "geglu", "gelu", "relu", "squared_relu", "silu"] = "swiglu"
+    qk_layernorm: bool = False
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    untie_embeddings_and_output_weights: bool = True
+    hidden_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    init_method_std: PositiveFloat = 0.02
+    # Mixture of experts (megatron.core.transformer.moe).
+    num_experts: PositiveInt | None = Field(None, description="Routed experts; unset = dense MLP.")
+    moe_router_topk: PositiveInt = 2
+    moe_ffn_hidden_size: PositiveInt | None = Field(None, description="Default: ffn_hidden_size.")
+    moe_shared_expert_intermediate_size: PositiveInt | None = None
+    moe_layer_freq: PositiveInt | list[int] = Field(
+        1, description="1 = every layer MoE; N = every Nth; or a 0/1 list, one entry per layer."
+    )
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"] = "aux_loss"
+    moe_aux_loss_coeff: float = Field(1e-2, ge=0.0)
+    moe_token_dispatcher_type: Literal["allgather", "alltoall"] = "alltoall"
+    moe_grouped_gemm: bool = False
+    transformer_impl: Literal["auto", "transformer_engine", "local"] = Field(
+        "auto",
+        description="Layer implementation: Transformer Engine if importable where the job runs (auto), "
+        "or megatron-core's local modules with SDPA attention.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Fill keys from ``preset`` under the explicit ones.
+
+        Raises:
+            PydanticCustomError: ``unknown_preset`` (context ``preset``: the id as written) for
+                an id not in :data:`~dlmspec.spec.presets.PRESETS`. It is the only error reported for
+                ``[model]``: the dimensions the preset would have filled are not listed as
+                missing. :mod:`dlmspec.spec.load` turns it into an issue at ``model.preset`` with
+                the closest ids.
+        """
+        if isinstance(data, dict) and isinstance(data.get("preset"), str):
+            preset = PRESETS.get(data["preset"])
+            if preset is None:
+                raise PydanticCustomError(
+                    "unknown_preset", "unknown preset '{preset}'", {"preset": data["preset"]}
+                )
+            return {**preset, **data}
+        return data
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+
+class ObjectiveSpec(Section):
+    """``[objective]``: what the model learns. ``mdm`` is masked (absorbing-state) diffusion
+    as in LLaDA (Nie et al. 2025, eq. 3) and MDLM (Sahoo et al. 2024); ``ar`` is next-token
+    prediction."""
+
+    kind: Literal["mdm", "ar"] = "mdm"
+    mask_token_id: int | None = Field(
+        None, ge=0, description="Id of [MASK]. Default: the preset's, else the first padded slot."
+    )
+    attention_mask: Literal["bidirectional", "causal", "block_causal"] | None = Field(
+        None, description="Default: bidirectional for mdm, causal for ar."
+    )
+    block_size: PositiveInt | None = Field(None, description="Block length for block_causal.")
+    noise_schedule: Literal["linear"] = Field(
+        "linear", description="Masking probability as a function of t: linear means p(mask) = t."
+    )
+    eps: float = Field(1e-3, gt=0.0, lt=1.0, description="t ~ U(eps, 1).")
+    loss_weighting: Literal["llada", "realised"] = Field(
+        "llada", description="llada: sum CE/t over masked / (b*s); realised: by the realised mask ratio."
+    )
+    variable_length_prob: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of sequences cut to a random length (LLaDA: 0.01)."
+    )
+
+
+class SFTSpec(Section):
+    """``[stage.sft]``: supervised fine-tuning on prompt/response pairs."""
+
+    chat_template: Literal["chatml", "llama3", "plain"] = "chatml"
+    mask_prompt: bool = Field(True, description="Never mask (or train on) prompt tokens.")
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+
+
+class RLSpec(Section):
+    """``[stage.rl]``: reinforcement learning from a reward."""
+
+    algorithm: Literal["diffu-grpo", "grpo"] = "diffu-grpo"
+    num_rollouts: PositiveInt = 8
+    reward: str = Field("exact_match", description="Reward function name.")
+    kl_coeff: float = Field(0.04, ge=0.0)
+
+
+class StageSpec(Section):
+    """``[stage]``: which phase of training this job is."""
+
+    kind: Literal["pretrain", "sft", "rl"] = "pretrain"
+    sft: SFTSpec | None = None
+    rl: RLSpec | None = None
+
+
+class ParallelSpec(Section):
+    """``[parallel]``: model and data parallelism. Names are megatron-core's
+    (``ModelParallelConfig`` and ``DistributedDataParallelConfig``). The data-parallel size is
+    derived (world size / (TP * PP * CP)), never written."""
+
+    tensor_model_parallel_size: PositiveInt = 1
+    pipeline_model_parallel_size: PositiveInt = 1
+    virtual_pipeline_model_parallel_size: PositiveInt | None = None
+    context_parallel_size: PositiveInt = 1
+    cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
+    expert_model_parallel_size: PositiveInt = 1
+    expert_tensor_parallel_size: PositiveInt | None = Field(None, description="Default: TP size.")
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = (
+        "no_shard"
+    )
+    fsdp: Literal["none", "megatron", "torch"] = "none"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    grad_reduce_in_fp32: bool = Field(
+        True,
+        description="Keep gradients (DDP main_grad buffer) in fp32 and reduce them in fp32, as "
+        "Megatron-LM forces for bf16 (megatron-core DistributedDataParallelConfig.grad_reduce_in_fp32).",
+    )
+
+
+class RecomputeSpec(Section):
+    """``[recompute]``: activation recomputation (Korthikanti et al. 2022), megatron-core's
+    ``recompute_granularity``/``recompute_method``/``recompute_num_layers``/``recompute_modules``."""
+
+    granularity: Literal["none", "selective", "full"] = "none"
+    method: Literal["uniform", "block"] | None = None
+    num_layers: PositiveInt | None = None
+    modules: list[Literal["core_attn", "mlp", "moe", "moe_act", "layernorm", "shared_experts"]] | None = None
+
+
+class PrecisionSpec(Section):
+    """``[precision]``: compute dtype and fp8 (Transformer Engine only)."""
+
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fp8: Literal["none", "hybrid", "e4m3"] = "none"
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
+
+
+class KernelsSpec(Section):
+    """``[kernels]``: implementation choices that change speed and memory, not the result."""
+
+    cross_entropy: Literal["auto", "fused_linear", "megatron"] = Field(
+        "auto",
+        description="'fused_linear': output projection + cross entropy in row chunks on the positions "
+        "that carry loss only (no [s, b, vocab] logits; tensor_model_parallel_size = 1); 'megatron': "
+        "GPTModel's logits and megatron's vocab-parallel cross entropy; 'auto': fused_linear at TP = 1.",
+    )
+    fused_linear_impl: Literal["auto", "liger", "torch"] = Field(
+        "auto", description="fused_linear backend: Liger Kernel (Triton) when it imports ('auto'), or PyTorch."
+    )
+    cross_entropy_loss_fusion: bool = Field(
+        False, description="megatron-core's fused vocab-parallel cross entropy (the 'megatron' path)."
+    )
+    apply_rope_fusion: bool = Field(
+        True,
+        description="Fused RoPE: megatron-core's apply_rope_fusion (Transformer Engine's kernel) on the TE "
+        "path; on the local path a torch.compile'd kernel (backends/megatron/rope.py) in place of "
+        "megatron-core's eight unfused element-wise kernels. No effect without rotary embeddings.",
+    )
+    qkv_fusion: bool = Field(
+        True,
+        description="Local path: the split of the fused QKV projection, q/k RMSNorm and RoPE in one "
+        "torch.compile'd kernel, with the backward writing the projection's gradient directly "
+        "(backends/megatron/qkv.py). Ignored with Transformer Engine.",
+    )
+    compiled_norm: bool = Field(
+        True,
+        description="Local path: torch.compile'd RMSNorm/LayerNorm (backends/megatron/norms.py) in place "
+        "of PyTorch's norm kernels. Ignored with Transformer Engine.",
+    )
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient"] = Field(
+        "auto",
+        description="SDPA kernel tried first on the local+SDPA path (PyTorch falls back when it cannot "
+        "take the inputs); 'auto': cuDNN for unmasked bidirectional attention on compute capability 9.0+ "
+        "(H100/H200/B200; 12% faster than flash on Qwen3-1.7B at 4k on an H200), else PyTorch's order.",
+    )
+
+
+class TrainSpec(Section):
+    """``[train]``: batch, length, budget, optimizer and schedule. Optimizer keys are
+    megatron-core ``OptimizerConfig`` fields; schedule keys are Megatron-LM's arguments
+    (``OptimizerParamScheduler``)."""
+
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt
+    seq_length: PositiveInt
+    train_iters: PositiveInt | None = None
+    train_tokens: PositiveInt | None = Field(None, description="Budget in tokens; sets train_iters.")
+    seed: int = 1234
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: PositiveFloat = 3e-4
+    min_lr: float = Field(3e-5, ge=0.0)
+    lr_decay_style: Literal["cosine", "linear", "constant", "WSD", "inverse-square-root"] = "cosine"
+    lr_warmup_iters: int = Field(0, ge=0)
+    lr_warmup_fraction: float | None = Field(None, ge=0.0, le=1.0)
+    lr_decay_iters: PositiveInt | None = Field(None, description="Default: train_iters.")
+    lr_wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "exponential"
+    lr_wsd_decay_iters: PositiveInt | None = None
+    weight_decay: float = Field(0.1, ge=0.0)
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    adam_eps: PositiveFloat = 1e-8
+    clip_grad: float = Field(1.0, ge=0.0)
+    eval_interval: PositiveInt = 1000
+    eval_iters: PositiveInt = 10
+
+
+class BlendEntry(Section):
+    """One dataset of a blend: an indexed-dataset prefix (``PREFIX.bin``/``PREFIX.idx``)."""
+
+    prefix: str
+    weight: PositiveFloat = 1.0
+
+
+class TokenizerSpec(Section):
+    """``[data.tokenizer]``: Megatron's tokenizer types and files."""
+
+    type: Literal[
+        "HuggingFaceTokenizer", "GPT2BPETokenizer", "SentencePieceTokenizer", "TikTokenizer", "NullTokenizer"
+    ] = "HuggingFaceTokenizer"
+    model: str | None = Field(None, description="tokenizer.json / folder / .model file (tokenizer_model).")
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    vocab_size: PositiveInt | None = Field(None, description="NullTokenizer only.")
+    eod_id: int | None = Field(
+        None,
+        ge=0,
+        description="End-of-document id that `data prepare --append-eod` wrote (document masks, "
+        "eod_mask_loss, mock data). Default: GPT2BPETokenizer 50256, NullTokenizer its vocab_size, "
+        "a local Hugging Face folder's eos token (read by `dlmspec compile`).",
+    )
+
+
+class DataSpec(Section):
+    """``[data]``: train/valid blends of Megatron indexed datasets."""
+
+    train: list[BlendEntry] = Field(default_factory=_empty_list)
+    valid: list[BlendEntry] = Field(default_factory=_empty_list)
+    split: str = Field("99,1,0", description="train,valid,test split of `train` when `valid` is empty.")
+    mock: bool = Field(False, description="Random tokens (megatron-core MockGPTDataset), for benchmarks.")
+    tokenizer: TokenizerSpec = _table()
+    num_workers: int = Field(2, ge=0)
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prefix_strings(cls, data: Any) -> Any:
+        """Accept ``train = ["prefix", ...]`` as shorthand for weight-1 entries."""
+        return prefix_strings(data)
+
+
+class CheckpointSpec(Section):
+    """``[checkpoint]``: where to save, what to start from, how often."""
+
+    save: str | None = Field(None, description="Checkpoint directory (also resumed from).")
+    load: str | None = Field(None, description="Directory to load from; default: save.")
+    init_from: str | None = Field(None, description="'hf:PATH' or 'mcore:PATH' to initialise weights.")
+    save_interval: PositiveInt = 1000
+    save_at_end: bool = Field(True, description="Also save when training ends (or is stopped by a signal).")
+    format: Literal["torch_dist"] = "torch_dist"
+    resume: bool = Field(True, description="Resume from the latest checkpoint in `save` if any.")
+    async_save: bool = False
+
+
+class SlurmSpec(Section):
+    """``[cluster.slurm]``: sbatch options. Secrets never go here: they are read from the
+    environment at run time."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "04:00:00"
+    job_name: str = "dlmspec"
+    output: str = "slurm-%x-%j.out"
+    exclusive: bool = True
+    constraint: str | None = None
+    exclude: str | None = None
+    cpus_per_task: PositiveInt | None = None
+    mem: str | None = None
+    launcher: Literal["torchrun", "srun"] = Field(
+        "torchrun",
+        description="torchrun: one task per node running torchrun; srun: one task per GPU, "
+        "torch's env:// rendezvous from SLURM's variables.",
+    )
+    gpu_request: Literal["gpus-per-node", "gres", "none"] = Field(
+        "gpus-per-node",
+        description="How GPUs are asked for: --gpus-per-node=N, --gres=gpu:N, or not at all "
+        "(clusters that hand out whole nodes, and CPU check runs).",
+    )
+    gpu_type: str | None = Field(None, description="GPU type for the request, e.g. 'a100' (gpu:a100:N).")
+    container_image: str | None = None
+    container_runtime: Literal["pyxis", "apptainer"] = Field(
+        "pyxis", description="pyxis/enroot (srun --container-image) or apptainer exec."
+    )
+    container_mounts: list[str] = Field(default_factory=_empty_list)
+    signal_seconds_before_end: PositiveInt = 300
+    requeue: bool = True
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ClusterSpec(Section):
+    """``[cluster]``: the hardware the job runs on."""
+
+    gpu: str = Field("h100", description="GPU catalog id (`dlmspec show --gpus`).")
+    gpus_per_node: PositiveInt = 8
+    nodes: PositiveInt = 1
+    interconnect: Literal["infiniband", "roce", "ethernet"] = "infiniband"
+    inter_node_gbps: PositiveFloat = Field(400.0, description="Network bandwidth per GPU, Gbit/s.")
+    host_launch_us: PositiveFloat | None = Field(
+        None, description="Host (CPU) microseconds per eager CUDA kernel launch on this cluster's nodes, for "
+        "`dlmspec plan`'s step time of launch-bound runs. The runtime measures it (backends/megatron/hostbench.py: "
+        "median of 5 x 4,000 tiny torch.add launches) before and after training and logs it in metrics.jsonl "
+        "(event host_launch, key host_launch_us). Unset: the planner's typical value (dlmspec.plan.calibration)."
+    )
+    slurm: SlurmSpec | None = None
+    allow_memory_overflow: bool = Field(
+        False, description="Accept a planned per-GPU peak above the GPU's memory: the memory-fits error of "
+        "`dlmspec validate`/`compile` becomes a warning (the plan is an estimate; set this after measuring). "
+        "spec.lock.toml keeps it, so a compiled job records that it was accepted."
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class LoggingSpec(Section):
+    """``[logging]``: console, TensorBoard and wandb (names only; keys stay in the environment)."""
+
+    log_interval: PositiveInt = 10
+    run_dir: str | None = Field(
+        None, description="Directory of the run's metrics.jsonl and exit_status.json. Default: runs/<name>."
+    )
+    tensorboard_dir: str | None = Field(
+        None, description="TensorBoard event directory (unset: no TensorBoard); the runtime writes "
+        "events to <run_dir>/tensorboard, so `dlmspec compile` accepts that path only."
+    )
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+    profile: bool = Field(
+        False, description="Record steps profile_step_start .. profile_step_end - 1 with torch.profiler "
+        "(Megatron-LM's --profile --use-pytorch-profiler); the trace and a kernel-time summary go to "
+        "<run_dir>/profile/."
+    )
+    profile_step_start: NonNegativeInt = 10
+    profile_step_end: PositiveInt = 12
+    profile_ranks: list[NonNegativeInt] = Field(default_factory=lambda: [0])
+
+
+class Spec(Section):
+    """A whole training job. ``name`` names the run; every table has defaults except
+    ``[model]`` and ``[train]``'s batch and length."""
+
+    name: str = Field("dlmspec-run", min_length=1)
+    description: str | None = None
+    model: ModelSpec
+    objective: ObjectiveSpec = _table()
+    stage: StageSpec = _table()
+    parallel: ParallelSpec = _table()
+    recompute: RecomputeSpec = _table()
+    precision: PrecisionSpec = _table()
+    kernels: KernelsSpec = _table()
+    train: TrainSpec
+    data: DataSpec = _table()
+    checkpoint: CheckpointSpec = _table()
+    cluster: ClusterSpec = _table()
+    logging: LoggingSpec = _table()
+    lock: dict[str, Any] | None = Field(
+        None,
+        description="Written by `dlmspec compile` into spec.lock.toml (content hash, dlmspec version, "
+        "derived values); not part of the spec's content, so a lock file compiles to the same output.",
+    )
+
+    def replace(self, **changes: Any) -> "Spec":
+        """Return a validated copy with dotted keys changed, e.g.
+        ``spec.replace(**{"parallel.tensor_model_parallel_size": 2})`` or
+        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged).
+
+        Raises:
+            pydantic.ValidationError: the result is not a valid spec.
+        """
+        data = self.model_dump(exclude_none=True)
+        for key, value in changes.items():
+            if "." in key:
+                set_dotted(data, key, value)
+            elif isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = deep_merge(data[key], value)
+            else:
+                data[key] = value
+        return Spec.model_validate(data)

@@ -1,0 +1,1 @@
+"""The bundled specs (package data): ``dlmspec new OUT --from NAME`` copies one by name."""
