@@ -17,7 +17,7 @@ Exit 0 when every check passes, 1 otherwise (2 for bad arguments).
 from ``DIR/checkpoint.json`` when present, then runs ``--steps`` steps of ``--step-seconds``
 each (an all-reduce per step, progress in ``DIR/progress.json``). On SIGUSR1 or SIGTERM the
 ranks agree at the next step (a max all-reduce of the "signalled" flag, as
-``backends/megatron/training.py`` does), rank 0 writes the checkpoint marker, and every rank
+``backends/megatron/signals.py`` does), rank 0 writes the checkpoint marker, and every rank
 exits with :data:`REQUEUE_EXIT_CODE`, which makes the batch script requeue the job; the next run
 reads the marker and continues. After the last step rank 0 writes ``DIR/report.json`` with the
 runs (start step, end step, how each ended).

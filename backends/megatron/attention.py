@@ -1,46 +1,11 @@
 """Core attention on ``torch.nn.functional.scaled_dot_product_attention`` (SDPA).
 
 :class:`SDPACoreAttention` replaces megatron-core's ``DotProductAttention`` as the
-``core_attention`` submodule of ``SelfAttention`` in the local (non
-Transformer-Engine) layer spec.  Megatron's local ``DotProductAttention``
-materialises the ``[b, np, s, s]`` score matrix and is causal-only in practice
-(its fused softmax builds a causal mask); SDPA dispatches to the flash /
-memory-efficient kernels and supports the attention patterns a diffusion LM
-needs:
-
-* ``"bidirectional"`` - every position attends to every position (masked
-  diffusion, LLaDA).  No mask tensor is passed, so SDPA can use the flash
-  kernel.
-* ``"causal"`` - ``is_causal=True`` (flash kernel) when no extra mask is given.
-* ``"block_causal"`` - positions attend bidirectionally inside their block of
-  ``block_size`` tokens and to all earlier blocks (block diffusion); needs a
-  boolean mask, so SDPA uses the memory-efficient kernel.
-
-An ``attention_mask`` passed by the caller (megatron convention: bool, ``True``
-= *not* attended, broadcastable to ``[b, np, sq, sk]``; e.g. the key-padding mask
-of variable-length MDM sequences or a document mask) is combined with the
-pattern above.  For per-query masks (``[.., sq, sk]``) the diagonal is always
-left attendable so no query row is fully masked (which would make the softmax
-NaN).
-
-Context parallelism (``config.context_parallel_size = cp > 1``) follows megatron's
-``cp_comm_type = "all_gather"`` (``TransformerConfig.cp_comm_type``; Transformer Engine's
-``AttnFuncWithCPAndKVAllGather``): queries stay on their rank, keys and values are all-gathered
-over the CP group before attention (:func:`megatron.core.tensor_parallel.mappings.gather_from_sequence_parallel_region`
-with the CP group: forward all-gather, backward reduce-scatter of dK/dV). Each rank holds
-chunks ``r`` and ``2*cp-1-r`` of the sequence cut into ``2*cp`` chunks
-(``megatron.core.utils.get_batch_on_this_cp_rank``, :func:`cp_rank_positions`), and RoPE is
-sliced the same way by megatron-core's ``RotaryEmbedding`` (``get_pos_emb_on_this_cp_rank``).
-Bidirectional attention needs no mask (key order does not matter); causal and block-causal
-attention reorder the gathered keys by position and attend each local query chunk to the keys
-up to its last visible position, with the pattern's mask (flash for the chunk that starts the
-sequence under causal attention, the memory-efficient kernel otherwise).
-
-Tensor layout follows megatron: ``query [sq, b, np, hn]``, ``key`` / ``value``
-``[sk, b, ng, hn]`` (``np`` heads and ``ng`` query groups *per tensor-parallel
-partition*), output ``[sq, b, np * hn]``.  Grouped-query attention uses SDPA's
-``enable_gqa`` when no mask is needed and explicit ``repeat_interleave`` of k/v
-otherwise (the memory-efficient kernel does not take ``enable_gqa``).
+``core_attention`` of the local (non Transformer-Engine) layer spec, with the patterns a
+diffusion LM needs (``"bidirectional"``, ``"causal"``, ``"block_causal"``), a caller's
+``attention_mask`` combined with them, and context parallelism as megatron's
+``cp_comm_type = "all_gather"``. Tensors in megatron's layout (``[s, b, heads, dim]``). The
+patterns, masks, kernels and the CP scheme: docs/runtime.md, "Attention".
 """
 
 from __future__ import annotations

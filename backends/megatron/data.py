@@ -1,41 +1,9 @@
 """Pre-training data on megatron-core's GPT datasets.
 
-Datasets come from ``BlendedMegatronDatasetBuilder`` with a ``GPTDatasetConfig``
-over indexed ``.bin/.idx`` prefixes (``GPTDataset``), or - with ``mock=True`` -
-megatron's ``MockGPTDataset``, whose documents are deterministic runs of
-increasing token ids ``1, 2, ..., n-1, EOD`` (useful for benchmarks and for a
-loss that visibly falls; not random text).  Each sample is a window of
-``seq_length`` tokens cut across packed documents.
-
-Sampling follows Megatron-LM's ``MegatronPretrainingSampler``: the global order
-is ``0, 1, 2, ...`` over the (already shuffled) dataset; each step takes the next
-``micro_batch_size * data_parallel_size`` indices and data-parallel rank ``r``
-takes slice ``[r * mbs, (r + 1) * mbs)``.  Resuming with
-``consumed_samples = iteration * global_batch_size`` restarts exactly where the
-interrupted run stopped.
-
-Packed documents and boundaries
--------------------------------
-* MDM (no label shift): the target at position ``i`` is the token at ``i``
-  itself, so no label ever crosses a document boundary.  The dataset is built
-  with ``add_extra_token_to_sequence=False`` (exactly ``seq_length`` tokens per
-  sample) and its AR-oriented ``labels``/``loss_mask`` are not used.
-* AR: ``labels[i] = tokens[i + 1]`` (dataset built with
-  ``add_extra_token_to_sequence=True``).  At an EOD the label is the next
-  document's first token; ``eod_mask_loss=True`` gives that position weight 0
-  (megatron's ``loss_mask``).
-* Attention: by default attention spans packed documents - bidirectionally for
-  MDM, as in LLaDA pre-training, and causally for AR, as in GPT pre-training.
-  ``reset_attention_mask=True`` restricts it to the own document:
-  :func:`document_attention_mask` builds a ``[b, 1, s, s]`` boolean mask from
-  the EOD positions on the device, which :class:`SDPACoreAttention` combines with
-  its pattern (this disables the flash kernel - SDPA falls back to the
-  memory-efficient one - and costs ``b * s * s`` bytes per microbatch).
-  Megatron's own ``reset_attention_mask`` (a causal ``[1, s, s]`` float mask
-  built per sample in the data loader workers) is not used.
-* ``reset_position_ids`` restarts position ids at each document.  Note that
-  megatron's ``GPTModel`` only reads ``position_ids`` for learned absolute
-  position embeddings; with RoPE the rotary phases always run ``0 .. s-1``.
+``BlendedMegatronDatasetBuilder`` over indexed ``.bin/.idx`` prefixes (or megatron's
+``MockGPTDataset``), Megatron-LM's pre-training sampler (a resume continues where the run
+stopped), the checks of the data files made at start, and document attention masks. How packed
+documents, labels and attention meet at document boundaries: docs/runtime.md, "Data".
 """
 
 from __future__ import annotations
@@ -174,7 +142,7 @@ class DatasetTokenizer:
 def missing_data_files(data: "DataConfig") -> List[str]:
     """The ``PREFIX.bin`` / ``PREFIX.idx`` files of ``data``'s blends that do not exist.
 
-    Checked by :func:`dlmspec.backends.megatron.training.train` before anything else, so a job whose
+    Checked by :func:`dlmspec.backends.megatron.checks.start_checks` before anything else, so a job whose
     data is not where the spec says fails at once with the paths (``dlmspec validate`` only
     warns: data usually lives on the cluster, not where the spec is written). Relative
     prefixes are relative to the working directory, as megatron-core reads them.
@@ -371,7 +339,7 @@ def check_indexed_dataset(prefix: str, vocab_size: int) -> DatasetCheck:
 def data_problems(data: "DataConfig") -> List[str]:
     """The :func:`check_indexed_dataset` problems of every prefix of ``data``'s blends whose two
     files exist (missing ones are :func:`missing_data_files`' to report), in blend order; empty
-    with ``mock`` data. Called by :func:`dlmspec.backends.megatron.training.train` before megatron-core
+    with ``mock`` data. Called by :func:`dlmspec.backends.megatron.checks.start_checks` before megatron-core
     starts.
     """
     if data.mock:

@@ -1,32 +1,11 @@
 """Fully sharded data parallelism with megatron-core's own Megatron-FSDP.
 
-``parallel.fsdp = "megatron"`` compiles to ``DistributedDataParallelConfig(use_megatron_fsdp=True,
-data_parallel_sharding_strategy=...)``; the runtime then does what Megatron-LM does for
-``--use-megatron-fsdp`` (``megatron/training/training.py`` ``get_model`` and
-``megatron/training/checkpointing.py``, format ``fsdp_dtensor``), with megatron-core 0.16.1's
-classes and nothing of its own:
-
-* model: ``GPTModel`` -> ``Float16Module`` (bf16/fp16) ->
-  ``megatron.core.distributed.fsdp.mcore_fsdp_adapter.FullyShardedDataParallel`` (:func:`wrap`),
-  whose FSDP units are the ``TransformerLayer`` modules under ``optim_grads_params``;
-* optimizer: ``get_megatron_optimizer`` builds megatron's ``DistributedOptimizer``, which has a
-  Megatron-FSDP branch (it steps the sharded fp32 main weights held in the FSDP buffers and
-  copies them to the bf16 model weights);
-* checkpoints: megatron's ``DistributedOptimizer`` refuses every ``distrib_optim_sharding_type``
-  but ``"fsdp_dtensor"`` under Megatron-FSDP, so a checkpoint is a PyTorch distributed checkpoint
-  (``torch.distributed.checkpoint``) of DTensors: the model's ``state_dict`` and the
-  optimizer's ``fsdp_dtensor`` state, preprocessed by megatron-core's
-  ``transformer.fsdp_dtensor_checkpoint`` helpers as Megatron-LM's
-  ``preprocess_fsdp_dtensor_state_dict`` does (:func:`save_checkpoint_fsdp`,
-  :func:`load_checkpoint_fsdp`). A resume must use FSDP again (the ``dlmspec.json`` of a
-  checkpoint names its ``checkpoint_format``).
-
-What it needs (found in megatron-core 0.16.1's source; :func:`check_megatron_fsdp` says so at start):
-CUDA (the wrapper allocates its buffers on ``cuda:<device>``, builds ``DeviceMesh(device_type=
-"cuda")`` and side ``torch.cuda.Stream`` s), ``einops`` (``mcore_fsdp_adapter._get_dp_tp_mesh``),
-megatron's distributed optimizer, one model chunk (no pipeline parallelism), and
-``CUDA_DEVICE_MAX_CONNECTIONS`` other than 1 (Megatron-LM asserts it: FSDP overlaps its
-all-gathers and reduce-scatters on side streams). Transformer Engine and Apex are not needed.
+``parallel.fsdp = "megatron"``: the runtime does what Megatron-LM does for
+``--use-megatron-fsdp``, with megatron-core 0.16.1's classes: the ``FullyShardedDataParallel``
+wrapper (:func:`wrap`), the ``DistributedOptimizer``'s FSDP branch, and ``fsdp_dtensor``
+checkpoints (:func:`save_checkpoint_fsdp`, :func:`load_checkpoint_fsdp`).
+:func:`check_megatron_fsdp` refuses what it cannot run (no CUDA, no ``einops``, pipelining,
+``CUDA_DEVICE_MAX_CONNECTIONS=1``, ...). Details: docs/runtime.md, "Megatron-FSDP".
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The host's kernel-launch speed, measured next to a run's step time.
 
-Small models on fast GPUs are launch-bound: the step takes what the host (the CPU thread that
-runs PyTorch's eager dispatcher and megatron-core's Python modules) needs to enqueue the kernels,
-and the same configuration measured in two sessions on the same kind of machine differed by up
-to 1.6x (``docs/planner.md``, "What the fit says"). The planner scales its host time per kernel
-with ``cluster.host_launch_us``; this module measures that value where the run runs, so a
-measured step time can be compared with a plan of the same host speed.
-
-:func:`measure_host_launch` times ``n`` tiny eager CUDA ops issued from a Python loop (one
-out-of-place ``torch.add`` of a 1,024-element fp32 tensor per launch, so each goes through the
-dispatcher, the caching allocator and ``cudaLaunchKernel`` like the eager ops of a layer) without
-synchronising between them, after a warm-up, ``repeats`` times; the result is the median host
-seconds per launch. Each tiny kernel runs for ~2-3 us on the GPU, less than the host needs to
-launch it, so the queue stays short and the loop measures the host (``gpu_drain_seconds``, the
-wait for the GPU after the last launch, says whether it did: near zero when the host was the
-slower side). :func:`record_host_launch` runs it on every rank at once (two-GPU runs share the
-host, as in training) and writes one ``host_launch`` event into metrics.jsonl through the logging
-rank's :class:`~dlmspec.backends.megatron.training.MetricsLogger`.
+:func:`measure_host_launch` times tiny eager CUDA ops issued from a Python loop (the median host
+seconds per launch); :func:`record_host_launch` runs it on every rank before and after the
+training loop and logs one ``host_launch`` event, the quantity the planner's
+``cluster.host_launch_us`` stands for. Method and why: docs/runtime.md, "Host launch speed".
 """
 
 from __future__ import annotations
@@ -140,7 +127,7 @@ def record_host_launch(logger: Any, phase: str, iteration: int, **kwargs: Any) -
     so no rank waits in a collective alone).
 
     Args:
-        logger: a :class:`~dlmspec.backends.megatron.training.MetricsLogger` (anything with
+        logger: a :class:`~dlmspec.backends.megatron.metrics.MetricsLogger` (anything with
             ``record(event, values)``).
         phase: ``"start"`` (before the training loop) or ``"end"`` (after it).
         iteration: the training iteration at the measurement.

@@ -1,36 +1,10 @@
 """Initial weights for a fresh run: ``checkpoint.init_from = "hf:PATH"`` or ``"mcore:PATH"``.
 
-:func:`initialize_from` is what :func:`dlmspec.backends.megatron.training.train` calls when there is no
-checkpoint to resume from (a resume always wins: a restarted job continues its own run). It
-loads *model weights only* into the freshly built model chunks; the optimizer, the scheduler and
-the iteration count start fresh (iteration 0).
-
-* ``mcore:PATH``: a megatron-core dist checkpoint: the directory itself (``metadata.json``), a
-  dlmspec run's checkpoint root (``latest`` names an ``iter_*`` directory) or a Megatron-LM save
-  directory (``latest_checkpointed_iteration.txt``), as
-  :func:`dlmspec.backends.convert.mcore_io.resolve_checkpoint_dir` reads it.
-* ``hf:PATH``: a local Hugging Face folder (``config.json`` + safetensors). Global rank 0
-  converts it once with :func:`dlmspec.backends.convert.hf_to_mcore` into a cache directory (default
-  ``<checkpoint save dir>/init_from_hf``); the other ranks wait for it. The dimensions are read
-  from the folder's ``config.json`` (:func:`dlmspec.backends.convert.dims_from_hf_config`), with the
-  vocabulary padded to this run's padded size, and checked against the run's
-  ``TransformerConfig`` and GPTModel arguments first (a disagreeing dimension is named, with
-  the spec key to change). The conversion runs in a child process (the converter writes with
-  megatron's checkpoint code in a world of one process, on CPU), into a temporary sibling of
-  the cache; a marker file (:data:`MARKER_NAME`) holding the source's fingerprint (its path,
-  ``config.json`` digest, weight file names, sizes and modification times, and the target
-  dimensions) is written last, then the directory is renamed into place. A cache without the
-  marker (half written) or with a different fingerprint is converted again; a matching one is
-  reused by the next launch.
-
-Loading follows the convention of ``bench/convert/verify_gpu.py`` (checked on GPUs at TP 1 and
-2 with the local spec): ``dist_checkpointing.load({"model": chunk.sharded_state_dict()}, path)``
-and ``load_state_dict``, so any TP/PP layout loads (dist checkpointing reshards); the
-``_extra_state`` entries are left out (:func:`load_model_weights`). It runs before the
-optimizer is built, because megatron's mixed-precision and distributed optimizers copy their
-fp32 main weights from the model when they are constructed.
-
-Only ``backends`` and megatron-core are imported (no dlmspec spec models).
+:func:`initialize_from` loads model weights only (the optimizer, scheduler and iteration start
+fresh) when there is no checkpoint to resume from: a megatron-core dist checkpoint, or a Hugging
+Face folder that global rank 0 converts once into a fingerprinted cache. Only ``backends`` and
+megatron-core are imported (no dlmspec spec models). The cache, the checks and the loading
+convention: docs/runtime.md, "Initial weights".
 """
 
 from __future__ import annotations
@@ -386,7 +360,7 @@ def _prepare_on_rank0(init_from: str, cache_dir: str, config: TransformerConfig,
 
 
 def _chunk_keys(model: List[torch.nn.Module]) -> List[str]:
-    # the key layout of training.save_checkpoint: "model", or "model0".. for virtual pipeline chunks
+    # the key layout of checkpointing.save_checkpoint: "model", or "model0".. for virtual pipeline chunks
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 

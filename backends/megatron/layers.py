@@ -260,6 +260,20 @@ def layer_spec_fusions(spec: ModuleSpec) -> dict:
     }
 
 
+def layer_spec_sdpa_backend(spec: ModuleSpec) -> Optional[str]:
+    """The SDPA backend a local layer spec pins (``core_attention``'s ``sdpa_backend``), or ``None``."""
+    core = spec.submodules.self_attention.submodules.core_attention
+    params = getattr(core, "params", None) or {}
+    return params.get("sdpa_backend")
+
+
+def layer_spec_block_size(spec: ModuleSpec) -> Optional[int]:
+    """The block size of a ``block_causal`` layer spec (``core_attention``'s ``block_size``), or ``None``."""
+    core = spec.submodules.self_attention.submodules.core_attention
+    params = getattr(core, "params", None) or {}
+    return params.get("block_size")
+
+
 def pad_vocab_size(vocab_size: int, *, divisible_by: int = 128, tensor_model_parallel_size: int = 1) -> int:
     """Round ``vocab_size`` up to a multiple of ``divisible_by * tensor_model_parallel_size``.
 

@@ -1,14 +1,9 @@
 """``torch.compile``'d RMSNorm and LayerNorm for the local (non-Transformer-Engine) path.
 
-PyTorch's CUDA norms (``layer_norm_kernel`` / ``layer_norm_grad_input_kernel`` /
-``GammaBetaBackward``, its RMSNorm included) took 64 ms per step on Qwen3-1.7B at micro batch
-10 x 4096 tokens on one H200 (``bench/results/profile_h200x2_2026-11-30.json``, 113 calls
-forward and backward): about three times the time their bytes need at the HBM bandwidth.
-``torch.compile`` of the same formula gives one Triton kernel forward and a fused backward
-(the weight gradient as a split reduction), as megatron-core does for SwiGLU (``jit_fuser``).
-
-The modules are ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` subclasses (same parameters and
-state-dict keys); on CPU tensors they run PyTorch's forward.
+``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm`` subclasses (same parameters and state-dict keys)
+whose CUDA forward is one Triton kernel and backward a fused one; on CPU tensors they run
+PyTorch's forward. Why (``bench/results/profile_h200x2_2026-11-30.json``): docs/runtime.md,
+"Compiled norms".
 """
 
 from __future__ import annotations

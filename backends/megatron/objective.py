@@ -1,70 +1,11 @@
 """Training objectives: masked diffusion (MDM) and autoregressive (AR).
 
-Both objectives are written to sit *around* megatron-core's ``GPTModel``, which,
-when given ``labels``, returns the per-token cross entropy ``[b, s]`` computed by
-``tensor_parallel.vocab_parallel_cross_entropy`` (each tensor-parallel rank only
-holds its vocabulary slice of the logits; no rank materialises full fp32 logits).
-An objective therefore has two halves:
-
-1. :meth:`prepare` (before the forward pass): from the clean token ids it
-   builds the model input, the labels and a per-token weight ``[b, s]``;
-2. :func:`reduce_loss` (after the forward pass): it turns the per-token
-   cross entropy into megatron's ``forward_step`` loss convention
-   ``(loss_sum, num_tokens, {"lm loss": tensor([loss_sum, num_tokens])})``.
-
-Megatron's schedule then divides ``loss_sum`` by ``num_tokens`` (per microbatch,
-or - with ``TransformerConfig.calculate_per_token_loss=True`` - by the total over
-the global batch on all data-parallel ranks, which is the exact LLaDA batch
-normalisation; recommended).
-
-Everything here is plain torch and runs on CPU.
-
-Masked diffusion (MDM)
-----------------------
-For each sequence ``x0`` of length ``L`` a noise level ``t ~ U(eps, 1)`` is
-drawn as ``t = eps + (1 - eps) * u`` with ``u ~ U(0, 1)``, and every token is
-replaced by ``mask_token_id`` independently with probability ``t``.  The model
-sees the noised sequence ``x_t`` with *bidirectional* attention and predicts the
-original token at each masked position (no label shift).  The loss is LLaDA's
-(Nie et al. 2025, Eq. 3)::
-
-    L = - E_{t, x0, x_t} [ (1/t) * sum_i 1[x_t^i = M] * log p(x0^i | x_t) ]
-
-which upper-bounds the negative log-likelihood (LLaDA Eq. 4); it is the
-continuous-time NELBO of MDLM (Sahoo et al. 2024, Eq. 10) with the linear
-schedule ``alpha_t = 1 - t`` (weight ``-alpha'_t / (1 - alpha_t) = 1/t``).  As in
-LLaDA's reference pre-training code the Monte-Carlo estimate of one batch is
-``sum over masked tokens of CE / t`` divided by the number of positions
-``b * L`` (``loss_weighting="llada"``).  Because ``E[#masked | t] = t * L``, the
-per-sequence weight sum ``#masked / t`` has expectation ``L``, so the estimator
-is unbiased for the expectation in Eq. 3.
-
-``loss_weighting="realised"`` divides by the realised mask ratio
-``r = #masked / L`` of each sequence instead of ``t``; the weights of a sequence
-then sum to exactly ``L`` (each sequence contributes the mean cross entropy of
-its masked tokens), which lowers variance at the price of a small bias.  A
-sequence in which no token was masked contributes nothing under either rule.
-
-Variable length (LLaDA Sec. 2.3 / App. B: 1% of pre-training sequences get a
-random length ``U{1..L}``): with probability ``variable_length_prob`` a sequence
-is truncated to a random length ``l``.  The tensor keeps its shape ``[b, L]`` (so
-pipeline-parallel send/receive shapes and sequence-parallel splits stay fixed);
-instead positions ``>= l`` are (a) never masked and get loss weight 0, (b) not
-counted in ``num_tokens``, and (c) excluded as *keys* from attention through a
-key-padding mask ``attention_mask[b, 1, 1, L]`` (megatron convention: ``True`` =
-not attended).  Every query therefore only sees keys ``< l``: the outputs at
-positions ``< l`` are exactly those of a length-``l`` sequence, and the outputs at
-positions ``>= l`` are computed but carry zero weight.  When no sequence of the
-microbatch is truncated ``attention_mask`` is ``None`` and attention runs
-mask-free (flash kernel).
-
-Autoregressive (AR)
--------------------
-Causal attention, labels shifted by one (``labels[i] = x[i + 1]``; megatron's
-``GPTDataset`` already returns them shifted), per-token weight = the dataset's
-``loss_mask`` (0 where ``eod_mask_loss`` excludes the prediction made *at* an EOD
-token, i.e. the first token of the next packed document, and at padding), and
-``num_tokens = sum(loss_mask)``: the standard per-token mean.
+Both sit around megatron-core's ``GPTModel``, which returns the per-token cross entropy
+``[b, s]`` when given labels: :meth:`prepare` builds the model input, the labels and a per-token
+weight before the forward pass; :func:`reduce_loss` turns the cross entropy into megatron's
+``(loss_sum, num_tokens, {"lm loss": tensor([loss_sum, num_tokens])})`` after it. Plain torch,
+runs on CPU. The losses (LLaDA's MDM estimator and weightings, variable length, AR's loss mask)
+and their sources: docs/runtime.md, "Objectives".
 """
 
 from __future__ import annotations

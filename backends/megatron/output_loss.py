@@ -1,26 +1,10 @@
 """The output layer and cross entropy fused, on the positions that carry loss only.
 
-megatron-core's ``GPTModel`` projects every position to the (padded) vocabulary and megatron's
-cross entropy then reads those logits in fp32: for Qwen3-1.7B at micro batch 8 x 4096 tokens
-that is a ``[s, b, 151936]`` tensor, 10 GB in bf16 plus 20 GB in fp32, and the GEMM runs for
-every position. Masked diffusion takes loss only on the masked positions (half of them on
-average, ``t ~ U(eps, 1)``), so here:
-
-* :func:`defer_output_projection` makes a model chunk's output layer hand back its input
-  (the final hidden states, ``[b, s, h]`` after ``GPTModel``'s transpose) instead of logits;
-  its weight stays where it is (same parameter, same checkpoint key, same gradient hooks);
-* :func:`linear_cross_entropy` gathers the rows whose loss weight is non-zero and computes
-  ``sum_i w_i * CE(h_i W^T, y_i)`` in chunks of rows, never holding more than one chunk's
-  logits, either with Liger Kernel's fused linear cross entropy (Triton; Hsu et al. 2024,
-  "Liger Kernel: Efficient Triton Kernels for LLM Training", section 3.3) when it imports,
-  or with :class:`ChunkedLinearCrossEntropy` (plain PyTorch: the same algorithm, the gradient
-  of each chunk computed in the forward pass, as Liger and Wijmans et al. 2024, "Cut Your
-  Losses in Large-Vocabulary Language Models", do).
-
-The result equals megatron's per-token loss summed with the objective's weights
-(:func:`~dlmspec.backends.megatron.objective.reduce_loss`), up to bf16 GEMM rounding. Tensor
-parallelism is not supported (the vocabulary would be split over ranks): the compiler only
-selects this path at ``tensor_model_parallel_size = 1``.
+:func:`defer_output_projection` makes a model chunk's output layer hand back the final hidden
+states; :func:`linear_cross_entropy` computes ``sum_i w_i * CE(h_i W^T, y_i)`` over the rows with a
+non-zero loss weight, in chunks of rows (Liger Kernel when it imports, else
+:class:`ChunkedLinearCrossEntropy`), never holding the ``[s, b, V]`` logits. Tensor-parallel
+size 1 only. Why, and the sources: docs/runtime.md, "Fused output layer and cross entropy".
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """One compiled kernel from the fused QKV projection to attention's inputs (local path).
 
-Between ``linear_qkv`` and the attention kernel, megatron-core's ``SelfAttention``
-(``megatron/core/transformer/attention.py``, ``get_query_key_value_tensors`` and ``forward``)
-runs on the local path, per layer and microbatch:
-
-- a ``split`` of the projection ``[s, b, ng * (np/ng + 2) * hn]`` into query, key and value
-  views, and a ``reshape`` of the query that copies it (the view cannot merge the group and
-  head dimensions);
-- ``q_layernorm`` and ``k_layernorm`` (Qwen3, OLMo2: RMSNorm over each head's ``hn``
-  channels) - PyTorch's layer-norm kernels with one 128-element row per block;
-- RoPE on the query and on the key (megatron's unfused kernels, or :mod:`.rope`'s);
-- in :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`, a ``contiguous`` copy of the
-  value for cuDNN;
-- and in the backward the same again, ending with a ``cat`` of the three gradients into the
-  projection's gradient (``CatArrayBatchedCopy``: 21 ms per step on Qwen3-1.7B at micro batch
-  10 x 4096 tokens on one H200, ``bench/results/profile_h200x2_2026-11-30.json``).
-
-:func:`qkv_norm_rope_reference` is that arithmetic written once: split, per-head RMSNorm
-(``x * rsqrt(mean(x^2) + eps) * weight`` in fp32, Zhang & Sennrich 2019, eq. 4, as
-``torch.nn.RMSNorm``), RoPE (``t * cos + rotate_half(t) * sin``, Su et al. 2021, eq. 34, as
-megatron-core's ``_apply_rotary_pos_emb_bshd``) on the fp32 result, one rounding to the input
-dtype, and the three outputs laid out ``[b, h, s, d]`` in memory as the attention kernel wants
-them. ``torch.compile`` turns it into one Triton kernel forward and one backward that writes
-the projection's gradient directly (no ``cat``).
-
-:class:`FusedQKVSelfAttention` is megatron-core's ``SelfAttention`` whose ``forward`` takes
-this path for the training case it covers (see :meth:`FusedQKVSelfAttention.fast_path_reason`)
-and otherwise runs megatron-core's ``forward`` unchanged. It is selected by
-``kernels.qkv_fusion`` (:func:`dlmspec.backends.megatron.layers.build_layer_spec`).
+:func:`qkv_norm_rope_reference` is the arithmetic megatron-core's ``SelfAttention`` runs between
+``linear_qkv`` and the attention kernel (split, per-head RMSNorm, RoPE, the ``[b, h, s, d]``
+layout), written once for ``torch.compile``: one Triton kernel forward, one backward.
+:class:`FusedQKVSelfAttention` takes that path for the training case it covers and otherwise
+runs megatron-core's ``forward`` (``kernels.qkv_fusion``). What it replaces and what that cost
+(``bench/results/profile_h200x2_2026-11-30.json``): docs/runtime.md, "Fused QKV, norm and RoPE".
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Deterministic, resumable random streams for the training objective.
 
-The masked-diffusion objective draws random numbers every microbatch (the noise
-level ``t`` per sequence, the per-token mask, the optional random truncation
-length).  Those draws must
-
-* be identical between an uninterrupted run and a run that was stopped and
-  resumed from a checkpoint at any iteration,
-* differ between data-parallel ranks (each rank sees different data, but two
-  ranks drawing the *same* masks would correlate the gradient noise),
-* be identical on all ranks that process the *same* data: the tensor-parallel
-  and pipeline-parallel (and context-parallel) peers of one data-parallel
-  rank.  Every pipeline stage recomputes the objective's inputs, so the first
-  stage (which consumes the noised tokens) and the last stage (which consumes
-  the labels and loss weights) must agree exactly.
-
-A stateful generator would have to be checkpointed per rank and would break as
-soon as the number of microbatches or the parallel layout changed.  Instead,
-every microbatch gets a fresh ``torch.Generator`` seeded with a 64-bit hash of
-``(seed, stream, iteration, data_parallel_rank, microbatch_index)``.  Nothing
-but the base ``seed`` has to be stored; it is written into every checkpoint
-and compared on resume (:func:`check_resume_seed`).
+Every microbatch gets a fresh ``torch.Generator`` seeded with a 64-bit hash of ``(seed, stream,
+iteration, data_parallel_rank, microbatch_index)``: a resumed run redraws the masks of an
+uninterrupted one, data-parallel ranks differ, and the tensor-, pipeline- and context-parallel
+peers of a rank agree; only the base seed is stored, and compared on resume
+(:func:`check_resume_seed`). Why: docs/runtime.md, "Random streams".
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Fused rotary position embedding for the local (non-Transformer-Engine) path.
 
-megatron-core applies RoPE without Transformer Engine in
-``megatron.core.models.common.embeddings.rope_utils._apply_rotary_pos_emb_bshd``: per call a
-``cos`` and a ``sin`` of the frequencies, a ``chunk``, a negation, a ``cat`` (rotate-half), two
-multiplications, an addition and a final ``cat`` with the (empty) pass-through part - eight
-kernels that each read and write the whole query or key tensor, and as many again in the
-backward. On Qwen3-1.7B at micro batch 10 x 4096 tokens on one H200, fusing them cut the GPU's
-busy time per step from 1188 to 1119 ms, its element-wise and copy kernels from 243 to 161 ms
-(``bench/results/profile_h200x2_2026-11-30.json``, cuDNN attention, unfused vs fused RoPE).
-
-:func:`install_fused_rope` replaces that function by one whose arithmetic (the same formula,
-``t * cos + rotate_half(t) * sin``, Su et al. 2021, eq. 34) is compiled by ``torch.compile``
-into one Triton kernel for the forward and one for the backward - the "torch.compile of the
-local modules" route of issue #7, as megatron-core itself does for SwiGLU (``jit_fuser``).
-With Transformer Engine, megatron-core's own ``apply_rope_fusion`` (TE's kernel) is used instead
-and nothing is replaced.
-
-The fused function also returns its result laid out as ``[b, h, s, d]`` in memory (a
-``[s, b, h, d]``-shaped view of it): the attention module
-(:class:`dlmspec.backends.megatron.attention.SDPACoreAttention`) permutes queries and keys to
-``[b, h, s, d]``, and cuDNN attention needs them dense in that order, so the permute-and-copy
-before cuDNN becomes free.
-
-Only the common case is fused: not interleaved, no multi-latent attention, ``mscale == 1``,
-rotary dimension equal to the head dimension, CUDA tensors. Every other call goes to
-megatron-core's function unchanged.
+:func:`install_fused_rope` replaces megatron-core's ``_apply_rotary_pos_emb_bshd`` (eight
+element-wise kernels forward, as many backward) by one ``torch.compile``'d kernel each way,
+whose output is laid out as the attention kernel wants it; only the common case (not
+interleaved, no MLA, ``mscale == 1``, full rotary dimension, CUDA), every other call goes to
+megatron-core's function. With Transformer Engine megatron-core's ``apply_rope_fusion`` is used
+instead. Measurements (``bench/results/profile_h200x2_2026-11-30.json``): docs/runtime.md,
+"Fused RoPE".
 """
 
 from __future__ import annotations

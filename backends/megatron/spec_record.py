@@ -1,30 +1,11 @@
 """What a checkpoint records about the spec that wrote it, and the check made on resume.
 
-A compiled ``train.py`` passes ``RunConfig.spec_hash`` (the ``[lock] content_hash`` it was
-compiled with, a literal) and ``RunConfig.spec_lock_file`` (``spec.lock.toml`` beside it).
-:func:`read_spec_lock` reads that file at start and keeps it when its hash is train.py's.
-Every checkpoint then holds
-
-* ``iter_*/spec.lock.toml``: the lock file, byte for byte (the full resolved spec);
-* ``iter_*/dlmspec.json`` ``"spec"``: the content hash and :func:`spec_record`, the run's values
-  by spec key (``model.hidden_size``, ``objective.kind``, ``train.train_iters``, ...), taken from
-  the objects megatron-core is built from, so a comparison needs no TOML reader.
-
-On resume :func:`check_resume` compares the checkpoint's record with this run's, before
-megatron-core starts. A change of what the weights were trained as is refused
-(:data:`REFUSED`: the objective's kind, attention and mask id; every tensor shape; the
-tokenizer's type, vocabulary and EOD id; the seed): :class:`ResumeRefused` names each key, both
-values and what to do. Anything else that changed (more ``train_iters``, a new learning-rate
-schedule, logging and evaluation intervals, the data blend, the parallel layout) is allowed and
-listed. A checkpoint without a record (an older dlmspec) is compared on what its
-``dlmspec.json`` has (objective, seed), with a warning naming what could not be checked.
-
-megatron-core's ``OptimizerParamScheduler.load_state_dict`` asserts that the checkpoint's
-schedule equals the new one unless ``override_opt_param_scheduler`` is set;
-:func:`load_scheduler_state` sets it where the spec changed the schedule, so the new values
-apply from the resumed step on, and returns what changed.
-
-Imports neither torch nor megatron-core (the objects are read by attribute).
+Every checkpoint holds the run's lock file and :func:`spec_record` (the run's values by spec
+key); :func:`check_resume` refuses a resume that changes what the weights were trained as
+(:data:`REFUSED`, :class:`ResumeRefused`) and lists what else changed;
+:func:`load_scheduler_state` lets a changed learning-rate schedule apply. Imports neither torch
+nor megatron-core (the objects are read by attribute). Details: docs/runtime.md, "Spec record
+and resume".
 """
 
 from __future__ import annotations

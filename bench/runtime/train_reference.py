@@ -28,17 +28,17 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from dlmspec.backends.megatron.data import DataConfig
-from dlmspec.backends.megatron.layers import build_layer_spec
-from dlmspec.backends.megatron.training import (
+from dlmspec.backends.megatron.config import (
     CheckpointConfig,
     KernelConfig,
     LoggingConfig,
     ObjectiveConfig,
     RunConfig,
     ScheduleConfig,
-    train,
 )
+from dlmspec.backends.megatron.data import DataConfig
+from dlmspec.backends.megatron.layers import build_layer_spec
+from dlmspec.backends.megatron.training import train
 
 # Model sizes.  Token ids: the tokenizer has `tokenizer_vocab` ids, documents
 # end with `eod_id`, the MDM mask token is the first unused id and the

@@ -122,13 +122,13 @@ def test_runtime_mfu_formula_matches_the_planner(kwargs):
     """backends/megatron computes MFU with its own copy of the formula; both must agree."""
     pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import metrics
 
     dims = dict(num_layers=4, hidden_size=256, ffn_hidden_size=704, num_attention_heads=8, num_query_groups=2,
                 kv_channels=32, vocab_size=50304, seq_length=1024)
     moe_layers = 4 if kwargs.get("num_experts") else 0
     ours = model_flops_per_token(*dims.values(), num_moe_layers=moe_layers, **kwargs)
-    theirs = training.model_flops_per_token(**dims, gated_mlp=True, **kwargs)
+    theirs = metrics.model_flops_per_token(**dims, gated_mlp=True, **kwargs)
     assert theirs == pytest.approx(ours, rel=1e-9, abs=1)
 
 

@@ -304,7 +304,7 @@ def test_auto_builds_the_local_layers_where_transformer_engine_imports(tmp_path:
     still builds the local layers, the runtime's mask check passes, and the RunConfig (the start
     record's run_config) says why."""
     import dlmspec.backends.megatron.layers as layers
-    from dlmspec.backends.megatron.training import check_masks_supported
+    from dlmspec.backends.megatron.checks import check_masks_supported
 
     _, train = _compile(ROOT / "specs" / "demo-dlm.toml", tmp_path)
     module = _import(train)

@@ -262,10 +262,10 @@ def test_constants_agree_with_the_runtimes() -> None:
 
     assert check.REQUEUE_EXIT_CODE == REQUEUE_EXIT_CODE
     assert (check.PORT_BASE, check.PORT_SPAN) == (PORT_BASE, PORT_SPAN)
-    training = (ROOT / "backends" / "megatron" / "training.py").read_text()
-    assert re.search(r"^from dlmspec\.errors import .*\bREQUEUE_EXIT_CODE\b", training, re.M), \
-        "backends/megatron/training.py must exit with dlmspec.errors.REQUEUE_EXIT_CODE after a signal"
-    assert not re.search(r"^REQUEUE_EXIT_CODE\s*=", training, re.M), "one definition: dlmspec.errors.REQUEUE_EXIT_CODE"
+    runtime = (ROOT / "backends" / "megatron" / "config.py").read_text()
+    assert "from dlmspec.errors import REQUEUE_EXIT_CODE" in runtime, \
+        "backends/megatron/config.py must exit with dlmspec.errors.REQUEUE_EXIT_CODE after a signal"
+    assert not re.search(r"^REQUEUE_EXIT_CODE\s*=", runtime, re.M), "one definition: dlmspec.errors.REQUEUE_EXIT_CODE"
 
 
 # --------------------------------------------------------------------------------------------

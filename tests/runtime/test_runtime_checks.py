@@ -36,7 +36,7 @@ from dlmspec.render.compile import compile_spec
 
 from conftest import megatron_cpu_world
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 #: demo-dlm with megatron's mock data (no files needed).
 MOCK = ["data.mock=true", "data.train=[]", "data.valid=[]", "data.tokenizer.type=\"NullTokenizer\"",
@@ -319,7 +319,7 @@ def test_the_scheduler_takes_the_new_specs_values_and_says_which_changed() -> No
 
 def test_load_checkpoint_loads_a_changed_schedule(tmp_path_factory, monkeypatch) -> None:
     """load_checkpoint's wiring: the checkpoint's scheduler state goes through load_scheduler_state."""
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checkpointing
 
     old = _scheduler(300)
     old.step(100)
@@ -328,11 +328,11 @@ def test_load_checkpoint_loads_a_changed_schedule(tmp_path_factory, monkeypatch)
     (path / "dlmspec.json").write_text(json.dumps({"seed": 1, "parallel_layout": None}))
     loaded = {"model": {}, "opt_param_scheduler": old.state_dict(), "iteration": 100,
               "consumed_train_samples": 3200, "seed": 1}
-    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {"model": {}})
-    monkeypatch.setattr(training.dist_checkpointing, "load", lambda state, p: dict(loaded))
+    monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {"model": {}})
+    monkeypatch.setattr(checkpointing.dist_checkpointing, "load", lambda state, p: dict(loaded))
     new = _scheduler(600)
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
-        result = training.load_checkpoint(str(path), model=[torch.nn.Module()], scheduler=new, seed=1)
+        result = checkpointing.load_checkpoint(str(path), model=[torch.nn.Module()], scheduler=new, seed=1)
     assert result.iteration == 100 and new.num_steps == 100 and new.lr_decay_steps == 600
     assert ("train.lr_decay_iters", 300, 600) in result.scheduler_changes
 
@@ -461,7 +461,7 @@ def test_train_refuses_bad_data_with_exit_2_naming_the_file(tmp_path, compiled, 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_no_cuda_device_is_one_line() -> None:
-    from dlmspec.backends.megatron.training import cuda_problem
+    from dlmspec.backends.megatron.distributed import cuda_problem
 
     problem = cuda_problem()
     assert problem is not None and "\n" not in problem and "no CUDA device" in problem
@@ -489,7 +489,7 @@ ENFORCE = ("[enforce fail at inline_container.cc:672] . PytorchStreamWriter fail
 
 
 def test_a_failed_save_names_the_folder_and_free_space_and_keeps_latest(tmp_path_factory, monkeypatch) -> None:
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checkpointing
 
     root = tmp_path_factory.mktemp("full") / "ckpt"
     previous = _fake_checkpoint(root, 100, {"seed": 1})
@@ -500,54 +500,54 @@ def test_a_failed_save_names_the_folder_and_free_space_and_keeps_latest(tmp_path
             f.write(b"\0" * 1024)  # a partial file, then the writer fails
         raise RuntimeError(ENFORCE)
 
-    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {})
-    monkeypatch.setattr(training.dist_checkpointing, "save", disk_full)
-    monkeypatch.setattr(training.shutil, "disk_usage",
+    monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {})
+    monkeypatch.setattr(checkpointing.dist_checkpointing, "save", disk_full)
+    monkeypatch.setattr(checkpointing.shutil, "disk_usage",
                         lambda p: SimpleNamespace(total=100 * 2**30, used=100 * 2**30 - 2**29, free=2**29))
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
-        with pytest.raises(training.CheckpointSaveError) as err:
-            training.save_checkpoint(str(root), iteration=200, model=[torch.nn.Module()],
+        with pytest.raises(checkpointing.CheckpointSaveError) as err:
+            checkpointing.save_checkpoint(str(root), iteration=200, model=[torch.nn.Module()],
                                      consumed_train_samples=6400, seed=1)
     message = str(err.value)
     assert str(root / "iter_0000200") in message and "inline_container.cc:672" in message
     assert "0.5 GiB free" in message and "100.0 GiB" in message
     assert "iter_0000100" in message  # the checkpoint a relaunch resumes from
-    assert training.read_latest_checkpoint(str(root)) == str(previous)
+    assert checkpointing.read_latest_checkpoint(str(root)) == str(previous)
     assert not (root / "iter_0000200").exists()
     assert sorted(os.listdir(root)) == ["iter_0000100", "latest"]
 
 
 def test_a_failed_tracker_write_leaves_the_old_latest(tmp_path_factory, monkeypatch) -> None:
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checkpointing
 
     root = tmp_path_factory.mktemp("tracker") / "ckpt"
     previous = _fake_checkpoint(root, 100, {"seed": 1})
-    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {})
-    monkeypatch.setattr(training.dist_checkpointing, "save", lambda state, path: None)
+    monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {})
+    monkeypatch.setattr(checkpointing.dist_checkpointing, "save", lambda state, path: None)
 
     def no_space(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(training.os, "replace", no_space)
+    monkeypatch.setattr(checkpointing.os, "replace", no_space)
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
-        with pytest.raises(training.CheckpointSaveError, match="No space left on device"):
-            training.save_checkpoint(str(root), iteration=200, model=[torch.nn.Module()],
+        with pytest.raises(checkpointing.CheckpointSaveError, match="No space left on device"):
+            checkpointing.save_checkpoint(str(root), iteration=200, model=[torch.nn.Module()],
                                      consumed_train_samples=6400, seed=1)
     monkeypatch.undo()
-    assert training.read_latest_checkpoint(str(root)) == str(previous)
+    assert checkpointing.read_latest_checkpoint(str(root)) == str(previous)
     assert sorted(os.listdir(root)) == ["iter_0000100", "latest"]  # no temporary tracker left
 
 
 def test_the_record_goes_into_every_checkpoint(tmp_path_factory, monkeypatch, compiled) -> None:
     from dlmspec.backends.megatron import spec_record as sr
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checkpointing
 
     lock, record = _record(compiled["base"][0])
     root = tmp_path_factory.mktemp("rec") / "ckpt"
-    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {})
-    monkeypatch.setattr(training.dist_checkpointing, "save", lambda state, path: None)
+    monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {})
+    monkeypatch.setattr(checkpointing.dist_checkpointing, "save", lambda state, path: None)
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
-        path = training.save_checkpoint(str(root), iteration=10, model=[torch.nn.Module()],
+        path = checkpointing.save_checkpoint(str(root), iteration=10, model=[torch.nn.Module()],
                                         consumed_train_samples=320, seed=1234,
                                         metadata={"spec": sr.spec_metadata(lock, record)},
                                         spec_lock_text=lock.text)
@@ -569,7 +569,7 @@ def test_train_py_check_runs_the_start_checks_in_one_process(compiled, monkeypat
     monkeypatch.setattr("sys.argv", ["train.py", "--check"])
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setattr(module, "GPUS_PER_NODE", 2)  # as compiled for two GPUs: --check is one process
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checks
 
     seen = {}
 
@@ -577,7 +577,7 @@ def test_train_py_check_runs_the_start_checks_in_one_process(compiled, monkeypat
         seen["processes_per_node"] = processes_per_node
         return "no CUDA device: (test)"
 
-    monkeypatch.setattr(training, "cuda_problem", problem)
+    monkeypatch.setattr(checks, "cuda_problem", problem)
     with pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # megatron-core's own UserWarnings from the configs
         module.main()
@@ -587,7 +587,7 @@ def test_train_py_check_runs_the_start_checks_in_one_process(compiled, monkeypat
 
 
 def test_cuda_problem_counts_the_gpus_a_node_needs(monkeypatch) -> None:
-    from dlmspec.backends.megatron.training import cuda_problem
+    from dlmspec.backends.megatron.distributed import cuda_problem
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -617,7 +617,7 @@ def test_a_failed_torch_dcp_write_is_caught_and_summarised(tmp_path_factory, mon
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.utils import _wrap_exception
 
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checkpointing
 
     root = tmp_path_factory.mktemp("dcp") / "ckpt"
     previous = _fake_checkpoint(root, 40, {"seed": 1})
@@ -628,15 +628,15 @@ def test_a_failed_torch_dcp_write_is_caught_and_summarised(tmp_path_factory, mon
         except RuntimeError as exc:
             raise CheckpointException("write", {0: _wrap_exception(exc)}) from None
 
-    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {})
-    monkeypatch.setattr(training.dist_checkpointing, "save", disk_full)
+    monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {})
+    monkeypatch.setattr(checkpointing.dist_checkpointing, "save", disk_full)
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
-        with pytest.raises(training.CheckpointSaveError) as err:
-            training.save_checkpoint(str(root), iteration=60, model=[torch.nn.Module()],
+        with pytest.raises(checkpointing.CheckpointSaveError) as err:
+            checkpointing.save_checkpoint(str(root), iteration=60, model=[torch.nn.Module()],
                                      consumed_train_samples=1920, seed=1)
     first = str(err.value).splitlines()[0]
     assert "inline_container.cc:672" in first and "unexpected pos 704 vs 598" in first
-    assert training.read_latest_checkpoint(str(root)) == str(previous)
+    assert checkpointing.read_latest_checkpoint(str(root)) == str(previous)
     assert not (root / "iter_0000060").exists()
 
 
@@ -657,7 +657,7 @@ class _Optimizer:
 
 
 def test_load_checkpoint_keeps_this_specs_optimizer_hyperparameters(tmp_path_factory, monkeypatch) -> None:
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checkpointing
 
     old = _scheduler(300)
     old.step(100)
@@ -667,13 +667,13 @@ def test_load_checkpoint_keeps_this_specs_optimizer_hyperparameters(tmp_path_fac
     (path / "dlmspec.json").write_text(json.dumps({"seed": 1, "parallel_layout": None}))
     loaded = {"model": {}, "optimizer": {"param_groups": saved}, "opt_param_scheduler": old.state_dict(),
               "iteration": 100, "consumed_train_samples": 3200, "seed": 1}
-    monkeypatch.setattr(training, "_model_sharded_state_dict", lambda model: {"model": {}})
-    monkeypatch.setattr(training.dist_checkpointing, "load", lambda state, p: dict(loaded))
+    monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {"model": {}})
+    monkeypatch.setattr(checkpointing.dist_checkpointing, "load", lambda state, p: dict(loaded))
     optimizer = _Optimizer(5e-4, (0.9, 0.98))
     scheduler = _scheduler(600, lr=5e-4)
     scheduler.optimizer = optimizer
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
-        training.load_checkpoint(str(path), model=[torch.nn.Module()], optimizer=optimizer, scheduler=scheduler,
+        checkpointing.load_checkpoint(str(path), model=[torch.nn.Module()], optimizer=optimizer, scheduler=scheduler,
                                  seed=1)
     group = optimizer.param_groups[0]
     assert group["max_lr"] == 5e-4 and group["betas"] == (0.9, 0.98)

@@ -16,7 +16,7 @@ from dlmspec.backends.megatron.layers import (
     pad_vocab_size,
     transformer_engine_available,
 )
-from dlmspec.backends.megatron.training import model_flops_per_token
+from dlmspec.backends.megatron.metrics import model_flops_per_token
 
 no_te = pytest.mark.skipif(transformer_engine_available(), reason="transformer_engine is installed here")
 
@@ -120,7 +120,8 @@ def test_moe_flops_count_routed_and_shared_experts():
 
 def test_attention_masks_are_refused_on_the_transformer_engine_path():
     from dlmspec.backends.megatron.data import DataConfig
-    from dlmspec.backends.megatron.training import ObjectiveConfig, check_masks_supported
+    from dlmspec.backends.megatron.checks import check_masks_supported
+    from dlmspec.backends.megatron.config import ObjectiveConfig
 
     data = DataConfig(seq_length=8, vocab_size=10, eod_id=9, mock=True)
     check_masks_supported("local+sdpa", ObjectiveConfig(variable_length_prob=0.01), data)

@@ -167,9 +167,10 @@ def _model_worker(rank: int, store: str, kind: str) -> None:
 
     from dlmspec.backends.megatron.attention import cp_rank_positions
     from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.megatron.microbatches import MicrobatchItem
     from dlmspec.backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
     from dlmspec.backends.megatron.rng import TRAIN_STREAM
-    from dlmspec.backends.megatron.training import MicrobatchItem, ObjectiveForwardStep
+    from dlmspec.backends.megatron.stage import ObjectiveForwardStep
 
     _init(rank, store)
     torch.set_default_dtype(torch.float64)  # the norms' weights too: compare to ~1e-12

@@ -8,7 +8,7 @@ converted again, a model whose dimensions differ is refused before any conversio
 wins over init_from, ``mcore:`` loads a dlmspec run's checkpoint, and in a world of two
 processes rank 0 converts while rank 1 waits (and both stop on rank 0's error).
 
-megatron-core on CPU as in tests/test_runtime_model.py: a gloo world of one process with
+megatron-core on CPU as in tests/runtime/test_runtime_model.py: a gloo world of one process with
 ``torch.cuda.current_device`` patched to ``"cpu"``.
 """
 
@@ -46,9 +46,10 @@ from dlmspec.backends.megatron.init_from import (
     parse_init_from,
 )
 from dlmspec.backends.megatron.layers import build_layer_spec, build_model
-from dlmspec.backends.megatron.training import CheckpointConfig, save_checkpoint, start_point
+from dlmspec.backends.megatron.checkpointing import save_checkpoint, start_point
+from dlmspec.backends.megatron.config import CheckpointConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-4
 
 

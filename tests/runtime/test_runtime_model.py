@@ -32,18 +32,12 @@ from megatron.core.utils import unwrap_model
 from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 from dlmspec.backends.megatron.objective import AutoregressiveObjective, MaskedDiffusionObjective
 from dlmspec.backends.megatron.rng import TRAIN_STREAM
-from dlmspec.backends.megatron.training import (
-    REQUEUE_EXIT_CODE,
-    ExitSignalWatcher,
-    LoggingConfig,
-    MetricsLogger,
-    MicrobatchFeed,
-    MicrobatchItem,
-    ObjectiveForwardStep,
-    load_checkpoint,
-    read_latest_checkpoint,
-    save_checkpoint,
-)
+from dlmspec.backends.megatron.checkpointing import load_checkpoint, read_latest_checkpoint, save_checkpoint
+from dlmspec.backends.megatron.config import REQUEUE_EXIT_CODE, LoggingConfig
+from dlmspec.backends.megatron.metrics import MetricsLogger
+from dlmspec.backends.megatron.microbatches import MicrobatchFeed, MicrobatchItem
+from dlmspec.backends.megatron.signals import ExitSignalWatcher
+from dlmspec.backends.megatron.stage import ObjectiveForwardStep
 
 VOCAB, SEQ, EOD, MASK = 128, 32, 127, 126
 
@@ -232,7 +226,7 @@ def test_resumed_adam_steps_are_per_parameter_again():
     # Apex/TE: one step tensor object for every parameter's state.
     from types import SimpleNamespace
 
-    from dlmspec.backends.megatron.training import _unshare_optimizer_steps
+    from dlmspec.backends.megatron.optim import unshare_optimizer_steps
 
     params = [torch.nn.Parameter(torch.randn(4)) for _ in range(3)]
     inner = torch.optim.AdamW(params, lr=1e-3)
@@ -241,7 +235,7 @@ def test_resumed_adam_steps_are_per_parameter_again():
     state["state"] = {i: {"step": shared, "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)} for i in range(3)}
     inner.load_state_dict(state)
     wrapper = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=inner)])
-    assert _unshare_optimizer_steps(wrapper) == 3
+    assert unshare_optimizer_steps(wrapper) == 3
     for p in params:
         p.grad = torch.ones(4)
     inner.step()
@@ -353,9 +347,9 @@ def test_optimizer_state_is_loaded_without_autograd(tmp_path):
     assert param.requires_grad and param.is_leaf
     with pytest.raises(RuntimeError, match="leaf Variable"):  # the failure, outside no_grad
         ViewCopyingOptimizer(param).load_state_dict({})
-    import dlmspec.backends.megatron.training as training
+    import dlmspec.backends.megatron.checkpointing as checkpointing
 
-    real_load = training.dist_checkpointing.load
+    real_load = checkpointing.dist_checkpointing.load
     with pytest.MonkeyPatch.context() as mp:  # the fake's empty state is dropped by the loader: hand it back
-        mp.setattr(training.dist_checkpointing, "load", lambda *a, **k: {**real_load(*a, **k), "optimizer": {}})
+        mp.setattr(checkpointing.dist_checkpointing, "load", lambda *a, **k: {**real_load(*a, **k), "optimizer": {}})
         load_checkpoint(path, model=model, optimizer=ViewCopyingOptimizer(param), seed=11)

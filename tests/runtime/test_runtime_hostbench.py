@@ -70,7 +70,7 @@ def test_event_written_through_the_logger(monkeypatch):
 
 def test_event_in_metrics_jsonl(monkeypatch, tmp_path):
     """The runtime's MetricsLogger writes the event as one JSON line."""
-    from dlmspec.backends.megatron.training import MetricsLogger
+    from dlmspec.backends.megatron.metrics import MetricsLogger
 
     fixed = HostLaunch(5e-6, [5e-6], 10, 0.0, "fake")
     monkeypatch.setattr(hostbench, "measure_host_launch", lambda **kw: fixed)

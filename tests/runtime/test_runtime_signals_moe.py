@@ -64,7 +64,7 @@ def test_checkpoint_helper_survives_a_group_sigterm():
         """
         import os, signal, time
         from megatron.core.dist_checkpointing.strategies import filesystem_async
-        from dlmspec.backends.megatron.training import prestart_checkpoint_helpers
+        from dlmspec.backends.megatron.checkpointing import prestart_checkpoint_helpers
         if __name__ == "__main__":
             got = []
             signal.signal(signal.SIGTERM, lambda *a: got.append("TERM"))
@@ -79,8 +79,8 @@ def test_checkpoint_helper_survives_a_group_sigterm():
     script = Path(tempfile.mkdtemp()) / "helper_survives.py"  # spawn re-imports __main__ from a file
     script.write_text(code)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                            start_new_session=True, cwd=Path(__file__).resolve().parents[1],
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[2],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "7 ['TERM'] True"
 
@@ -104,7 +104,7 @@ _FEED_EXIT = textwrap.dedent(
     """
     import sys, torch
     from dlmspec.backends.megatron.data import ignore_exit_signals
-    from dlmspec.backends.megatron.training import MicrobatchFeed
+    from dlmspec.backends.megatron.microbatches import MicrobatchFeed
     loader = torch.utils.data.DataLoader(torch.arange(64), batch_size=2, num_workers=2,
                                          worker_init_fn=ignore_exit_signals)
     feed = MicrobatchFeed(loader, 2, 0)          # views and feed form a reference cycle

@@ -31,7 +31,7 @@ from dlmspec.spec.models import Spec
 
 from conftest import megatron_cpu_world
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 FSDP = ["parallel.fsdp=\"megatron\"", "parallel.data_parallel_sharding_strategy=\"optim_grads_params\"",
@@ -121,7 +121,7 @@ def test_train_refuses_fsdp_without_cuda_before_building(tmp_path_factory, monke
     """On this CPU machine train() stops at once with the reason, before any model exists."""
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checks, training
 
     out = tmp_path_factory.mktemp("c")
     compile_spec(DEMO, out, force=True, overrides=FSDP + ["data.mock=true", "data.train=[]", "data.valid=[]",
@@ -138,7 +138,7 @@ def test_train_refuses_fsdp_without_cuda_before_building(tmp_path_factory, monke
     run.checkpoint.save_dir = None
     built = []
     monkeypatch.setattr(training, "build_model", lambda *a, **k: built.append(1))
-    monkeypatch.setattr(training, "cuda_problem", lambda **kwargs: None)  # past train()'s own CUDA check, to FSDP's
+    monkeypatch.setattr(checks, "cuda_problem", lambda **kwargs: None)  # past train()'s own CUDA check, to FSDP's
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
         with pytest.raises(ValueError, match="Megatron-FSDP needs CUDA"):
             training.train(run, transformer_config=tc, layer_spec=module.build_layer(), model_kwargs=model_kwargs,
@@ -162,13 +162,13 @@ def test_compiled_fsdp_launch_never_sets_max_connections_1(tmp_path: Path) -> No
 def test_resume_refuses_a_checkpoint_of_the_other_format(tmp_path: Path) -> None:
     import json
 
-    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron import checkpointing
 
     path = tmp_path / "iter_0000010"
     path.mkdir()
     (path / "dlmspec.json").write_text(json.dumps({"seed": 1, "checkpoint_format": "fsdp_dtensor"}))
     with pytest.raises(ValueError, match="parallel.fsdp setting it was saved with \\(megatron\\)"):
-        training.load_checkpoint(str(path), model=[torch.nn.Linear(1, 1)], seed=1)
+        checkpointing.load_checkpoint(str(path), model=[torch.nn.Linear(1, 1)], seed=1)
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,0 +1,367 @@
+"""What a run reports: the console line, metrics.jsonl, TensorBoard, MFU and the exit status.
+
+Only the logging rank (the last global rank, which holds the last pipeline stage) writes.
+:class:`IntervalMeter` turns the steps since the last log line into loss, step time, tokens/s,
+TFLOP/s per GPU and MFU (:func:`model_flops_per_token`, the planner's count); the host launch
+probe is :mod:`dlmspec.backends.megatron.hostbench`, the profiler :mod:`dlmspec.backends.megatron.profiling`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from dlmspec.flops import model_flops_per_token as _model_flops_per_token
+
+from .config import CheckpointConfig, LoggingConfig, RunConfig, TrainState
+from .distributed import parallel_layout
+from .init_from import InitSource
+from .layers import (
+    count_parameters,
+    layer_spec_attention,
+    layer_spec_backend,
+    layer_spec_block_size,
+    layer_spec_fusions,
+    layer_spec_sdpa_backend,
+)
+from .spec_record import ResumeCheck, SpecLock
+
+
+def model_flops_per_token(
+    *,
+    num_layers: int,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    kv_channels: int,
+    vocab_size: int,
+    seq_length: int,
+    gated_mlp: bool = True,
+    attention: str = "bidirectional",
+    block_size: Optional[int] = None,
+    num_experts: Optional[int] = None,
+    moe_router_topk: int = 1,
+    moe_ffn_hidden_size: Optional[int] = None,
+    moe_shared_expert_intermediate_size: Optional[int] = None,
+    num_moe_layers: Optional[int] = None,
+) -> int:
+    """Training FLOPs (forward + backward) per token of the model's matmuls: MFU's numerator.
+
+    The count is :func:`dlmspec.flops.model_flops_per_token`, the planner's (one definition; see
+    its docstring for the rules and sources). This adapter takes megatron-core's conventions:
+    ``None`` for unset MoE sizes, ``moe_ffn_hidden_size`` defaulting to ``ffn_hidden_size``, and
+    every layer MoE unless ``num_moe_layers`` says otherwise.
+
+    Returns:
+        FLOPs per token, rounded to an int.
+
+    Raises:
+        ValueError: For an unknown ``attention`` or a missing ``block_size``.
+    """
+    moe_layers = (num_layers if num_moe_layers is None else num_moe_layers) if num_experts else 0
+    return int(round(_model_flops_per_token(
+        num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels,
+        vocab_size, seq_length, gated=gated_mlp, attention=attention, block_size=block_size,
+        num_experts=num_experts or 0, moe_router_topk=moe_router_topk if num_experts else 0,
+        moe_ffn_hidden_size=(moe_ffn_hidden_size or ffn_hidden_size) if num_experts else 0,
+        moe_shared_expert_intermediate_size=moe_shared_expert_intermediate_size or 0,
+        num_moe_layers=moe_layers,
+    )))
+
+
+def model_flops_per_token_from_config(
+    config: TransformerConfig, *, vocab_size: int, seq_length: int, attention: str, block_size: Optional[int] = None
+) -> int:
+    """:func:`model_flops_per_token` with the sizes read from a ``TransformerConfig``."""
+    return model_flops_per_token(
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        ffn_hidden_size=config.ffn_hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        num_query_groups=config.num_query_groups or config.num_attention_heads,
+        kv_channels=config.kv_channels,
+        vocab_size=vocab_size,
+        seq_length=seq_length,
+        gated_mlp=bool(config.gated_linear_unit),
+        attention=attention,
+        block_size=block_size,
+        num_experts=config.num_moe_experts,
+        moe_router_topk=config.moe_router_topk,
+        moe_ffn_hidden_size=config.moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=config.moe_shared_expert_intermediate_size,
+        num_moe_layers=_num_moe_layers(config),
+    )
+
+
+def model_flops_per_token_of(config: TransformerConfig, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any],
+                             seq_length: int) -> int:
+    """:func:`model_flops_per_token_from_config` of a run: the model's (padded) vocabulary from
+    ``model_kwargs``, the attention pattern and block size from its layer spec."""
+    return model_flops_per_token_from_config(
+        config, vocab_size=int(model_kwargs["vocab_size"]), seq_length=seq_length,
+        attention=layer_spec_attention(layer_spec), block_size=layer_spec_block_size(layer_spec),
+    )
+
+
+def _num_moe_layers(config: TransformerConfig) -> int:
+    """MoE layers of the model (megatron-core ``moe_layer_freq``: an int N makes layers 0, N, 2N...
+    MoE; a list gives one 0/1 per layer)."""
+    if not config.num_moe_experts:
+        return 0
+    freq = config.moe_layer_freq
+    if isinstance(freq, int):
+        return sum(1 for i in range(config.num_layers) if i % freq == 0)
+    return int(sum(freq))
+
+
+class MetricsLogger:
+    """Console (rich or plain), TensorBoard and JSON-lines metrics of one rank.
+
+    Only the logging rank (the last global rank, which holds the last
+    pipeline stage) writes; on other ranks every method is a no-op.
+
+    Args:
+        config: :class:`~dlmspec.backends.megatron.config.LoggingConfig`.
+        enabled: Whether this rank logs.
+    """
+
+    def __init__(self, config: LoggingConfig, enabled: bool) -> None:
+        self.enabled = enabled
+        self.run_dir = config.run_dir
+        self._console = None
+        self._tb = None
+        self._file = None
+        if not enabled:
+            return
+        os.makedirs(config.run_dir, exist_ok=True)
+        self._file = open(os.path.join(config.run_dir, "metrics.jsonl"), "a", buffering=1)
+        if config.console in ("auto", "rich"):
+            try:
+                from rich.console import Console
+
+                self._console = Console()
+            except ImportError:
+                if config.console == "rich":
+                    raise
+        if config.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(os.path.join(config.run_dir, "tensorboard"))
+            except ImportError:
+                self._tb = None
+
+    def text(self, message: str) -> None:
+        """Print a line to the console."""
+        if not self.enabled:
+            return
+        if self._console is not None:
+            self._console.print(message, highlight=False, markup=False)
+        else:
+            print(message, flush=True)
+
+    def record(self, event: str, values: Dict[str, Any], step: Optional[int] = None) -> None:
+        """Append ``{"event": event, **values}`` to metrics.jsonl and numeric values to TensorBoard."""
+        if not self.enabled:
+            return
+        self._file.write(json.dumps({"event": event, "time": time.time(), **values}, default=str) + "\n")
+        if self._tb is not None and step is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "iteration":
+                    self._tb.add_scalar(f"{event}/{key}", value, step)
+
+    def close(self) -> None:
+        """Flush and close the outputs."""
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def write_exit_status(run_dir: str, enabled: bool, reason: str, iteration: int, checkpoint: Optional[str],
+                      sig: Optional[str]) -> None:
+    """Write ``<run_dir>/exit_status.json`` (``reason``, ``iteration``, ``checkpoint``, ``signal``)
+    when ``enabled`` (the logging rank): how the run ended, for launch scripts and benchmarks."""
+    if not enabled:
+        return
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "exit_status.json"), "w") as f:
+        json.dump({"reason": reason, "iteration": iteration, "checkpoint": checkpoint, "signal": sig}, f)
+
+
+def now() -> float:
+    """``time.perf_counter()`` once the GPU has finished the work queued so far."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+class IntervalMeter:
+    """The steps since the last log line: their loss, skipped updates, grad norm and wall time.
+
+    Evaluation, saving and writing a profile are left out of the time (:meth:`exclude`).
+
+    Args:
+        device: Where the loss sums live.
+        tokens_per_step: Global batch size x sequence length.
+        flops_per_token: Model FLOPs of one token (:func:`model_flops_per_token_from_config`).
+        world_size: Number of GPUs.
+        peak_tflops: ``LoggingConfig.peak_tflops_per_gpu`` (MFU's denominator), or ``None``.
+    """
+
+    def __init__(self, device: torch.device, *, tokens_per_step: int, flops_per_token: int, world_size: int,
+                 peak_tflops: Optional[float]) -> None:
+        self.device = device
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.world_size = world_size
+        self.peak = peak_tflops
+        self._reset()
+        self.start = now()
+
+    def _reset(self) -> None:
+        self.loss = torch.zeros(2, dtype=torch.float32, device=self.device)
+        self.iters = 0
+        self.skipped = 0
+        self.grad_norm = 0.0
+
+    def add(self, loss: torch.Tensor, update_ok: bool, grad_norm: float) -> None:
+        """Count one step: its ``[loss sum, tokens]``, whether the optimizer updated, its grad norm."""
+        if not update_ok:
+            self.skipped += 1
+        self.loss += loss
+        self.iters += 1
+        self.grad_norm = grad_norm
+
+    def exclude(self, since: float) -> None:
+        """Leave the time from ``since`` (a :func:`now`) until now out of the interval."""
+        self.start += now() - since
+
+    def log(self, logger: MetricsLogger, state: TrainState, *, train_iters: int, lr: float) -> float:
+        """Write the interval's ``train`` record and console line (at ``state.iteration``, with the
+        learning rate ``lr``), then start a new interval.
+
+        Collective: the peak memory is the maximum over all ranks. Returns the interval's loss.
+        """
+        iteration, consumed_train_samples = state.iteration, state.consumed_train_samples
+        elapsed = now() - self.start
+        loss_sum, ntok = self.loss.tolist()
+        loss = loss_sum / max(ntok, 1.0)
+        step_time = elapsed / self.iters
+        tokens_per_s = self.tokens_per_step / step_time
+        tflops = self.flops_per_token * tokens_per_s / self.world_size / 1e12
+        peak = self.peak
+        mem = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if torch.cuda.is_available():
+            mem[0] = torch.cuda.max_memory_allocated() / 2**30
+            mem[1] = torch.cuda.max_memory_reserved() / 2**30
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        record = {
+            "iteration": iteration, "loss": loss, "lr": lr,
+            "grad_norm": self.grad_norm, "step_time_s": step_time, "tokens_per_s": tokens_per_s,
+            "tflops_per_gpu": tflops, "mfu": (tflops / peak) if peak else None,
+            "peak_mem_gib": float(mem[0]), "peak_reserved_gib": float(mem[1]),
+            "consumed_train_samples": consumed_train_samples, "skipped_iters": self.skipped,
+        }
+        logger.record("train", record, step=iteration)
+        mfu_text = f" | MFU {100 * tflops / peak:5.1f}%" if peak else ""
+        logger.text(
+            f"iter {iteration:>7d}/{train_iters} | loss {loss:.4f} | lr {record['lr']:.3e} | "
+            f"grad norm {record['grad_norm']:.3f} | {step_time * 1000:.0f} ms/step | "
+            f"{tokens_per_s:,.0f} tok/s | {tflops:.1f} TFLOP/s/GPU{mfu_text} | "
+            f"mem {record['peak_mem_gib']:.1f} GiB"
+        )
+        self._reset()
+        self.start = now()
+        return loss
+
+
+def weights_record(resume_from: Optional[str], init_source: Optional[InitSource], ckpt: CheckpointConfig,
+                   seed: int) -> Tuple[Dict[str, Any], str]:
+    """Where the run's weights came from: the ``start`` record's ``weights`` entry and its console
+    text (a resume, ``checkpoint.init_from``'s :class:`~dlmspec.backends.megatron.init_from.InitSource`, or
+    random initialisation with ``seed``)."""
+    if resume_from is not None:
+        ignored = f" (checkpoint.init_from {ckpt.init_from!r} not used: a resume continues the run)" if ckpt.init_from else ""
+        return {"from": "resume", "checkpoint": resume_from, "init_from_ignored": ckpt.init_from}, \
+            f"resumed from {resume_from}{ignored}"
+    if init_source is not None:
+        return {"from": "init_from", **init_source.to_record()}, init_source.describe()
+    return {"from": "random", "seed": seed}, f"random initialisation (seed {seed})"
+
+
+def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_spec: ModuleSpec,
+              model: List[torch.nn.Module], iteration: int, num_microbatches: int, flops_per_token: int,
+              cross_entropy: str, rope_fusion: Optional[str], parallel_sizes: Dict[str, Optional[int]],
+              lock: SpecLock, resume_from: Optional[str], resume_check: Optional[ResumeCheck],
+              init_source: Optional[InitSource]) -> None:
+    """Write the ``start`` record (the run's layout, model, kernels, weights and spec) and its
+    console lines: the summary, where the weights come from (``resume_from``, ``init_source`` or
+    random), and every warning of the start (the spec ``lock``'s, the ``resume_check``'s)."""
+    backend, attention = layer_spec_backend(layer_spec), layer_spec_attention(layer_spec)
+    world = dist.get_world_size()
+    local_params = count_parameters(model)
+    fusions = layer_spec_fusions(layer_spec)
+    start_info = {
+        "name": run.name, "iteration": iteration, "world_size": world, "layer_spec": backend,
+        "attention": attention, "objective": objective, "num_microbatches": num_microbatches,
+        "params_on_logging_rank": local_params, "model_flops_per_token": flops_per_token,
+        "parallel_layout": parallel_layout(), "run_config": dataclasses.asdict(run),
+        "cross_entropy": cross_entropy, "sdpa_backend": layer_spec_sdpa_backend(layer_spec),
+        "rope_fusion": rope_fusion, **fusions,
+    }
+    start_info["weights"], weights_text = weights_record(resume_from, init_source, run.checkpoint, run.seed)
+    start_info["spec_hash"] = lock.content_hash
+    start_info["spec_lock"] = lock.path if lock.text is not None else None
+    if resume_check is not None:
+        start_info["resume_check"] = resume_check.to_record()
+    logger.record("start", start_info)
+    sizes = parallel_sizes
+    logger.text(
+        f"[dlmspec] {run.name}: layer spec {backend}, attention {attention}, objective {objective}, "
+        f"world {world} (tp {sizes['tensor_model_parallel_size']} pp {sizes['pipeline_model_parallel_size']} "
+        f"dp {parallel_state.get_data_parallel_world_size()} cp {sizes['context_parallel_size']} "
+        f"ep {sizes['expert_model_parallel_size']}), {num_microbatches} microbatches/step, "
+        f"{local_params / 1e6:.1f}M params on this rank, {flops_per_token / 1e9:.2f} GFLOP/token, "
+        f"cross entropy {cross_entropy}, RoPE {'fused (' + rope_fusion + ')' if rope_fusion else 'unfused'}"
+        + "".join(f", {name}" for name, used in fusions.items() if used)
+    )
+    logger.text(f"[dlmspec] weights: {weights_text}")
+    for warning in lock.warnings:
+        logger.text(f"[dlmspec] warning: {warning}")
+    for line in resume_check.report_lines() if resume_check is not None else ():
+        logger.text(f"[dlmspec] {line}")
+    for warning in init_source.warnings if init_source is not None else ():
+        logger.text(f"[dlmspec] warning: checkpoint.init_from: {warning}")
+
+
+def log_validation(logger: MetricsLogger, iteration: int, loss: float) -> None:
+    """The ``valid`` record and console line of an evaluation."""
+    logger.text(f"iter {iteration:>7d} | validation loss {loss:.4f}")
+    logger.record("valid", {"iteration": iteration, "loss": loss}, step=iteration)
+
+
+def log_exit(logger: MetricsLogger, state: TrainState, signal: Optional[str] = None) -> None:
+    """The ``exit`` record and, on the logging rank, ``exit_status.json`` (:func:`write_exit_status`)
+    of a run that ends normally (``state.exit_reason``, with the last losses) or on stop ``signal``."""
+    if signal is not None:
+        logger.record("exit", {"iteration": state.iteration, "reason": f"signal {signal}",
+                               "checkpoint": state.last_checkpoint})
+        write_exit_status(logger.run_dir, logger.enabled, "signal", state.iteration, state.last_checkpoint, signal)
+        return
+    logger.record("exit", {"iteration": state.iteration, "reason": state.exit_reason,
+                           "checkpoint": state.last_checkpoint, "train_loss": state.last_train_loss,
+                           "valid_loss": state.last_valid_loss})
+    write_exit_status(logger.run_dir, logger.enabled, state.exit_reason, state.iteration, state.last_checkpoint, None)

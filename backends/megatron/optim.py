@@ -1,0 +1,175 @@
+"""The optimizer's learning-rate schedule, its hooks into megatron's schedules, and its state on resume.
+
+megatron-core builds the optimizer (``get_megatron_optimizer``: fp32 main weights for bf16/fp16,
+the ``DistributedOptimizer``, gradient clipping); here are the ``OptimizerParamScheduler`` of a
+run's schedule, the config hooks Megatron-LM's ``setup_model_and_optimizer`` installs, and the
+repairs a loaded optimizer state needs (per-parameter Adam steps, this spec's hyperparameters).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.utils import get_model_config
+
+from .config import CheckpointConfig, ScheduleConfig
+from .fsdp import uses_megatron_fsdp
+
+
+def build_scheduler(optimizer, optimizer_config: OptimizerConfig, schedule: ScheduleConfig,
+                    checkpoint: CheckpointConfig) -> OptimizerParamScheduler:
+    """megatron-core's ``OptimizerParamScheduler`` for the run's schedule, stepped once per iteration.
+
+    Linear warm-up from ``schedule.lr_warmup_init`` to ``optimizer_config.lr``, then cosine /
+    linear / WSD / constant decay to ``optimizer_config.min_lr`` at ``lr_decay_iters`` (default
+    ``train_iters``); the weight decay follows ``start/end_weight_decay`` (default
+    ``optimizer_config.weight_decay``) over ``train_iters``.
+    """
+    decay_iters = schedule.lr_decay_iters or schedule.train_iters
+    wd = optimizer_config.weight_decay
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=schedule.lr_warmup_init,
+        max_lr=optimizer_config.lr,
+        min_lr=optimizer_config.min_lr or 0.0,
+        lr_warmup_steps=schedule.lr_warmup_iters,
+        lr_decay_steps=decay_iters,
+        lr_decay_style=schedule.lr_decay_style,
+        start_wd=wd if schedule.start_weight_decay is None else schedule.start_weight_decay,
+        end_wd=wd if schedule.end_weight_decay is None else schedule.end_weight_decay,
+        wd_incr_steps=schedule.train_iters,
+        wd_incr_style=schedule.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=checkpoint.override_scheduler_on_resume,
+        wsd_decay_steps=schedule.lr_wsd_decay_iters,
+        lr_wsd_decay_style=schedule.lr_wsd_decay_style,
+    )
+
+
+def install_schedule_hooks(model: List[torch.nn.Module], optimizer, ddp_config: DistributedDataParallelConfig) -> None:
+    """Set the hooks Megatron-LM's ``setup_model_and_optimizer`` installs on the model config.
+
+    megatron's schedules read them from the config: the loss scaling, the gradient
+    finalisation (all-reduce and the per-token normalisation) and, with overlapped
+    communication, the chunks' no-sync / grad-sync / param-sync functions.
+    """
+    config = get_model_config(model[0])
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if ddp_config.overlap_grad_reduce:
+        no_sync = [m.no_sync for m in model]
+        grad_sync = [m.start_grad_sync for m in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if ddp_config.overlap_param_gather and ddp_config.align_param_gather:
+        param_sync = [m.start_param_sync for m in model]
+        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
+
+
+def set_param_sync_hooks(model: List[torch.nn.Module], ddp_config: Optional[DistributedDataParallelConfig],
+                         enable: bool) -> None:
+    """Turn the chunks' parameter all-gather pre-forward hooks off (gathering now) or on again.
+
+    With overlapped parameter all-gather the DistributedOptimizer's updated weights only reach
+    the modules in their next forward pre-hook; the loop turns the hooks off (which forces the
+    gather) before anything reads the weights outside a training forward: evaluation and saves.
+    Nothing to do without ``overlap_param_gather`` or under Megatron-FSDP.
+    """
+    if ddp_config is None or not (ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather):
+        return
+    if uses_megatron_fsdp(ddp_config):
+        return  # Megatron-FSDP gathers parameters in its own pre-forward hooks, also outside training
+    for chunk in model:
+        if enable:
+            chunk.enable_forward_pre_hook()
+        else:
+            chunk.disable_forward_pre_hook(param_sync=True)
+
+
+def optimizer_sharding_metadata(sharding: str) -> Dict[str, Any]:
+    """The ``metadata`` of ``optimizer.sharded_state_dict`` for ``CheckpointConfig.optimizer_sharding``.
+
+    Raises:
+        ValueError: for a sharding other than ``"dp_reshardable"`` / ``"fully_reshardable"``.
+    """
+    if sharding not in ("dp_reshardable", "fully_reshardable"):
+        raise ValueError(f"optimizer_sharding must be 'dp_reshardable' or 'fully_reshardable', got {sharding!r}")
+    # As Megatron-LM passes it (checkpointing.py): no per-optimizer key prefix
+    # for chained optimizers.
+    return {"distrib_optim_sharding_type": sharding, "chained_optim_avoid_prefix": True}
+
+
+def prime_optimizer_state(optimizer) -> None:
+    """Give a fresh ``DistributedOptimizer`` the state tensors a load fills in.
+
+    Without Apex/TE, ``DistributedOptimizer.state_dict()`` reads Adam's
+    ``step`` from the inner torch optimizer's state, which is empty until the
+    first step, so building the *loading* sharded state dict of a new optimizer
+    fails.  megatron's ``_init_optimizer_states_with_dummy_values`` (one Adam
+    step with zero gradients on the fp32 main weights) creates them; the load
+    then overwrites main weights, moments and ``step`` from the checkpoint.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(opt, DistributedOptimizer) and len(opt.optimizer.state) == 0:
+            opt._init_optimizer_states_with_dummy_values()
+
+
+#: Param-group values that come from the spec (``OptimizerConfig`` and megatron-core's
+#: ``_get_param_groups``: ``max_lr``/``min_lr`` per group, which ``OptimizerParamScheduler.get_lr``
+#: reads before its own); torch's ``load_state_dict`` would bring the checkpoint's back.
+GROUP_HYPERPARAMETERS = ("max_lr", "min_lr", "betas", "eps", "start_wd", "end_wd", "wd_mult")
+
+
+def group_hyperparameters(optimizer) -> Optional[List[Dict[str, Any]]]:
+    """This run's :data:`GROUP_HYPERPARAMETERS` of each param group (``None`` without groups)."""
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        return None
+    return [{k: group[k] for k in GROUP_HYPERPARAMETERS if k in group} for group in groups]
+
+
+def restore_group_hyperparameters(optimizer, before: Optional[List[Dict[str, Any]]]) -> None:
+    """Put this run's param-group hyperparameters back after loading an optimizer state.
+
+    Seen on the H200: a resume with ``train.lr`` 1e-3 -> 5e-4 logged lr 1.714e-4 at step 50 of
+    the new cosine schedule, the value for ``max_lr`` 1e-3: megatron-core's param groups carry
+    ``max_lr``, and the loaded optimizer state restored the checkpoint's. The learning rate and
+    weight decay themselves are set by the scheduler each step.
+    """
+    groups = getattr(optimizer, "param_groups", None)
+    if before is None or groups is None or len(before) != len(groups):
+        return
+    for group, values in zip(groups, before):
+        group.update(values)
+
+
+def unshare_optimizer_steps(optimizer) -> int:
+    """Give every parameter its own Adam ``step`` tensor again; returns how many were replaced.
+
+    megatron-core 0.16.1's ``DistributedOptimizer.load_state_dict`` (the path
+    without Apex/TE) assigns *one* ``step`` tensor object to the state of every
+    parameter, and torch's Adam increments each parameter's step in place, so
+    after a resume the shared step grew by the number of parameters per
+    optimizer step and Adam's bias corrections ``1 - beta**step`` jumped to 1
+    (an effective learning-rate change of up to ``sqrt(1 - beta2**t) / (1 -
+    beta1**t)``).  Seen on the GPU as a resumed run drifting from the
+    uninterrupted one; cloning restores per-parameter counters.
+    """
+    replaced = 0
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or not hasattr(inner, "state"):
+            continue
+        for state in inner.state.values():
+            step = state.get("step") if isinstance(state, dict) else None
+            if torch.is_tensor(step):
+                state["step"] = step.clone()
+                replaced += 1
+    return replaced
