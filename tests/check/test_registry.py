@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,44 @@ def test_the_registry_imports_neither_the_compiler_nor_jinja2_nor_torch() -> Non
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]", out.stdout
+
+
+#: A runtime module (and a name in it) as rule sources and messages cite them: the dotted import
+#: name (dlmspec.backends.megatron.data.DataConfig.eod_id) or the file (backends/megatron/fsdp.py
+#: fsdp_problems).
+_RUNTIME_REF = re.compile(r"(?:dlmspec\.backends\.megatron\.(\w+)((?:\.\w+)*)|backends/megatron/(\w+)\.py(?: (\w+))?)")
+
+
+def test_rule_sources_name_runtime_code_that_exists() -> None:
+    """A source or message that cites the runtime names a module of backends/megatron and, when it
+    names one, a function or class defined there (the runtime's modules move: the citations must
+    follow)."""
+    cited = 0
+    for r in RULES.values():
+        texts = [r.source, r.fix or ""]
+        if r.func is not None and r.scope == "runtime":
+            texts += [f.message for f in _runtime_findings(r)]
+        for text in texts:
+            for m in _RUNTIME_REF.finditer(text):
+                module, names = (m[1], m[2].lstrip(".").split(".")[0]) if m[1] else (m[3], m[4] or "")
+                path = ROOT / "backends" / "megatron" / f"{module}.py"
+                assert path.is_file(), f"{r.id}: {m[0]}: no {path.relative_to(ROOT)}"
+                if names:
+                    assert re.search(rf"^\s*(?:def|class) {names}\b|^{names}\s*[:=]", path.read_text(), re.M), (
+                        f"{r.id}: {m[0]}: {names} is not defined in {path.relative_to(ROOT)}")
+                cited += 1
+    assert cited >= 20
+
+
+def _runtime_findings(r: Rule) -> list[Any]:
+    """The findings of a runtime rule on its failing example (tests/check/test_validate_compile_agree.py)."""
+    from test_validate_compile_agree import BASE, FAILING, merged
+
+    examples = [changes for changes, rule_id, _ in FAILING if rule_id == r.id]
+    if not examples:
+        return []
+    from dlmspec.check import Context
+    from dlmspec.resolve import resolve
+
+    spec = Spec.model_validate(merged(BASE, examples[0]))
+    return list(r.func(Context(spec=spec, r=resolve(spec))))
