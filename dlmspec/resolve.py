@@ -53,7 +53,7 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
     Returns:
         ``(local_only, te_only)``. Local only (the Transformer Engine path refuses them):
         variable-length MDM sequences and document masks, which pass an attention mask that the
-        TE layers would ignore (``dlmspec.backends.megatron.training.check_masks_supported``), and
+        TE layers would ignore (``dlmspec.backends.megatron.checks.check_masks_supported``), and
         block-causal attention (``dlmspec.backends.megatron.layers.build_layer_spec``). Transformer
         Engine only: fp8 (megatron-core runs fp8 in TE layers), grouped-GEMM experts
         (``build_layer_spec``) and context parallelism with a ``cp_comm_type`` outside

@@ -73,7 +73,7 @@ def _sft(ctx: Context) -> Iterator[Finding]:
 @rule(
     "runtime-async-save",
     "error",
-    "backends/megatron checkpointing (synchronous megatron-core dist_checkpointing saves only)",
+    "backends/megatron/checkpointing.py (synchronous megatron-core dist_checkpointing saves only)",
     "checkpoint.async_save is false",
     scope="runtime",
     fix="set checkpoint.async_save = false",
@@ -183,7 +183,7 @@ def _fsdp_fp8(ctx: Context) -> Iterator[Finding]:
 @rule(
     "runtime-wandb",
     "error",
-    "backends/megatron/training.py (metrics go to the console, metrics.jsonl and TensorBoard)",
+    "backends/megatron/metrics.py (metrics go to the console, metrics.jsonl and TensorBoard)",
     "logging.wandb_project is unset",
     scope="runtime",
     fix="remove logging.wandb_project and use logging.tensorboard_dir",
@@ -197,7 +197,7 @@ def _wandb(ctx: Context) -> Iterator[Finding]:
 @rule(
     "runtime-tensorboard-dir",
     "error",
-    "backends/megatron/training.py (TensorBoard events go to <LoggingConfig.run_dir>/tensorboard)",
+    "backends/megatron/metrics.py (TensorBoard events go to <LoggingConfig.run_dir>/tensorboard)",
     "logging.tensorboard_dir is unset or <logging.run_dir>/tensorboard",
     scope="runtime",
     fix="set logging.tensorboard_dir to logging.run_dir + \"/tensorboard\" (run_dir defaults to runs/<name>)",
@@ -244,7 +244,7 @@ def _block_causal_te(ctx: Context) -> Iterator[Finding]:
 @rule(
     "runtime-variable-length-te",
     "error",
-    "backends/megatron/training.py check_masks_supported (the Transformer Engine layers ignore a key-padding mask)",
+    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore a key-padding mask)",
     "variable-length sequences run on the local layers",
     scope="runtime",
     fix="set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0",
@@ -254,13 +254,13 @@ def _variable_length_te(ctx: Context) -> Iterator[Finding]:
     if o.kind == "mdm" and o.variable_length_prob > 0 and ctx.r.transformer_impl == "transformer_engine":
         yield Finding("objective.variable_length_prob", "sequences cut to a random length need a key-padding mask, "
                       "which the Transformer Engine layers ignore: the runtime refuses it at start-up "
-                      "(backends/megatron/training.py check_masks_supported)")
+                      "(backends/megatron/checks.py check_masks_supported)")
 
 
 @rule(
     "runtime-document-mask-te",
     "error",
-    "backends/megatron/training.py check_masks_supported (the Transformer Engine layers ignore an attention mask)",
+    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore an attention mask)",
     "document masks run on the local layers",
     scope="runtime",
     fix="set model.transformer_impl = \"auto\" or \"local\", or data.reset_attention_mask = false",
@@ -269,4 +269,4 @@ def _document_mask_te(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.data.reset_attention_mask and ctx.r.transformer_impl == "transformer_engine":
         yield Finding("data.reset_attention_mask", "document masks are passed as an attention mask, which the "
                       "Transformer Engine layers ignore: the runtime refuses it at start-up "
-                      "(backends/megatron/training.py check_masks_supported)")
+                      "(backends/megatron/checks.py check_masks_supported)")

@@ -241,7 +241,7 @@ def _lr_implausible(ctx: Context) -> Iterator[Finding]:
 _SEED_LIMIT = 2**32
 
 
-#: What dlmspec.backends.megatron.training (as Megatron-LM's _set_random_seed) adds to the seed per
+#: What dlmspec.backends.megatron.distributed.seed_like_megatron (as Megatron-LM's _set_random_seed) adds to the seed per
 #: pipeline stage.
 _SEED_PER_STAGE = 100
 
@@ -249,7 +249,7 @@ _SEED_PER_STAGE = 100
 @rule(
     "seed-range",
     "error",
-    "dlmspec.backends.megatron.training (numpy.random.seed(seed + 100 * pipeline rank), as Megatron-LM "
+    "dlmspec.backends.megatron.distributed.seed_like_megatron (numpy.random.seed(seed + 100 * pipeline rank), as Megatron-LM "
     "_set_random_seed) and megatron-core GPTDataset (numpy.random.RandomState(random_seed)): seeds in [0, 2**32)",
     "train.seed + 100 * (pipeline stages - 1) lies in [0, 2**32)",
 )

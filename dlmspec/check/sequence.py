@@ -119,7 +119,7 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
     "transformer_engine.pytorch.attention.dot_product_attention.utils.get_attention_backend: with "
     "context parallelism only no_mask / causal self-attention run (FlashAttention, FusedAttention); "
     "arbitrary masks run only in UnfusedDotProductAttention, which has no context parallelism. "
-    "dlmspec.backends.megatron.training.ObjectiveForwardStep.prepare: no attention mask under context "
+    "dlmspec.backends.megatron.stage.ObjectiveForwardStep.prepare: no attention mask under context "
     "parallelism (the local layers build the block-causal pattern themselves)",
     "context parallelism comes with no document or variable-length masks, and with Transformer "
     "Engine with bidirectional or causal attention only",
