@@ -20,7 +20,7 @@ Three things count as a secret:
 :func:`find_secret` describes what a string holds (never the secret itself),
 :func:`spec_secrets` walks every string of a spec, :func:`redact` copies data with each
 secret replaced by :data:`HIDDEN`. Used by the ``slurm-secret`` rule
-(:func:`dlmspec.render.sbatch.sbatch_issues`), the ``secret-in-spec`` rule (:mod:`dlmspec.validate`),
+(:mod:`dlmspec.check.slurm`), the ``secret-in-spec`` rule (:mod:`dlmspec.check.strings`),
 :class:`dlmspec.errors.SpecIssue` (no issue holds a secret), ``dlmspec show`` and
 :func:`dlmspec.render.compile.render` (no generated file holds a token). Imports only the standard library.
 """

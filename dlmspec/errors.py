@@ -108,12 +108,12 @@ class SpecError(Exception):
     """A spec that cannot be used; ``issues`` holds every error (and the warnings) found.
 
     Raised by :mod:`dlmspec.spec.load` (syntax, unknown keys, wrong types) and by
-    :func:`dlmspec.validate.check` (cross-field rules).
+    the rules of :mod:`dlmspec.check` (through the commands that refuse on them).
 
     ``partial``: for schema errors only, the spec loaded without the offending keys (a
     :class:`dlmspec.spec.load.LoadedSpec`, or None when that does not load either), and ``dropped``
     those keys, so the cross-field rules can be reported in the same run
-    (:func:`dlmspec.validate.with_rule_issues`).
+    (:func:`dlmspec.check.with_rule_issues`).
     """
 
     issues: list[SpecIssue] = field(default_factory=list)

@@ -8,21 +8,26 @@ vocabulary, parameter counts). Later stages read a :class:`Resolved`, never the 
 defaults, so each rule about a default lives here only.
 
 :func:`resolve` never raises for cross-field problems (it clamps with ``max(1, ...)`` so the
-validator can still run on a broken spec); :func:`dlmspec.validate.check` reports them.
+validator can still run on a broken spec); the rules of :mod:`dlmspec.check` report them.
+Derived values the runtime and the launch scripts read (the run directory, the end-of-document
+id, the SLURM job name and settings) are functions of the spec here too.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dlmspec.gpus import GPU, GPUS
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
+from dlmspec.spec.fast import section_defaults
 from dlmspec.spec.presets import MASK_TOKEN_IDS
+from dlmspec.tokenizers import read_json
 
 if TYPE_CHECKING:
-    from dlmspec.spec.models import Spec
+    from dlmspec.spec.models import SlurmSpec, Spec
 
 
 def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "none") -> str:
@@ -48,7 +53,7 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
     Returns:
         ``(local_only, te_only)``. Local only (the Transformer Engine path refuses them):
         variable-length MDM sequences and document masks, which pass an attention mask that the
-        TE layers would ignore (``dlmspec.backends.megatron.training.check_masks_supported``), and
+        TE layers would ignore (``dlmspec.backends.megatron.checks.check_masks_supported``), and
         block-causal attention (``dlmspec.backends.megatron.layers.build_layer_spec``). Transformer
         Engine only: fp8 (megatron-core runs fp8 in TE layers), grouped-GEMM experts
         (``build_layer_spec``) and context parallelism with a ``cp_comm_type`` outside
@@ -236,3 +241,104 @@ def resolve(spec: Spec) -> Resolved:
         transformer_impl=impl,
         transformer_impl_reason=impl_reason,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Values of the runtime and the launch scripts
+
+
+def run_dir(resolved: Resolved) -> str:
+    """The runtime's ``LoggingConfig.run_dir`` (metrics.jsonl, exit_status.json, tensorboard/):
+    ``logging.run_dir``, default ``runs/<name>``."""
+    return resolved.spec.logging.run_dir or f"runs/{resolved.spec.name}"
+
+
+@dataclass(frozen=True)
+class EodChoice:
+    """The end-of-document id train.py passes to the runtime.
+
+    Attributes:
+        value: the id.
+        source: where it comes from, for a comment in train.py.
+        known: False when the id could not be told and ``value`` only fills the place.
+    """
+
+    value: int
+    source: str
+    known: bool = True
+
+
+#: GPT-2's end-of-document token and its id in the GPT-2 BPE vocabulary (Radford et al. 2019,
+#: encoder.json; ``dlmspec.tokenizers.GPT2_EOD_TOKEN``).
+GPT2_EOD = ("<|endoftext|>", 50256)
+
+
+def _hf_eos_id(folder: str) -> tuple[str, int] | None:
+    """``(token, id)`` of the EOS token of a local Hugging Face tokenizer folder, read from its
+    ``tokenizer_config.json`` (``eos_token``) and ``tokenizer.json`` (``added_tokens``, then
+    ``model.vocab``); None when either file is missing or has no such entry."""
+    config = read_json(os.path.join(folder, "tokenizer_config.json"))
+    data = read_json(os.path.join(folder, "tokenizer.json"))
+    if not isinstance(config, dict) or not isinstance(data, dict):
+        return None
+    eos = config.get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if not isinstance(eos, str):
+        return None
+    for entry in data.get("added_tokens") or []:
+        if isinstance(entry, dict) and entry.get("content") == eos and isinstance(entry.get("id"), int):
+            return eos, entry["id"]
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and isinstance(vocab.get(eos), int):
+        return eos, vocab[eos]
+    return None
+
+
+def eod_choice(spec: Spec) -> EodChoice:
+    """The end-of-document id of the spec's tokenizer: ``data.tokenizer.eod_id`` when set;
+    else GPT2BPETokenizer's ``<|endoftext|>`` (from ``vocab_file`` when readable, else 50256);
+    NullTokenizer's ``vocab_size`` (megatron-core ``NullTokenizer``: EOD = vocab_size); a local
+    Hugging Face folder's EOS token (:func:`_hf_eos_id`). Otherwise (a hub name, SentencePiece,
+    TikToken) it is unknown: ``model.vocab_size - 1`` fills the place, ``known`` is False, and
+    the ``eod-id-unknown`` rule (:mod:`dlmspec.check.runtime`) reports it."""
+    tok = spec.data.tokenizer
+    if tok.eod_id is not None:
+        return EodChoice(tok.eod_id, "data.tokenizer.eod_id")
+    if tok.type == "GPT2BPETokenizer":
+        vocab = read_json(tok.vocab_file) if tok.vocab_file else None
+        value = vocab.get(GPT2_EOD[0]) if isinstance(vocab, dict) else None
+        return EodChoice(value if isinstance(value, int) else GPT2_EOD[1], f"{GPT2_EOD[0]} of the GPT-2 BPE vocabulary")
+    if tok.type == "NullTokenizer":
+        value = tok.vocab_size if tok.vocab_size is not None else spec.model.vocab_size - 1
+        return EodChoice(value, "NullTokenizer: EOD = its vocab_size (megatron-core NullTokenizer)")
+    if tok.type == "HuggingFaceTokenizer" and tok.model and os.path.isdir(tok.model):
+        found = _hf_eos_id(tok.model)
+        if found is not None:
+            return EodChoice(found[1], f"eos token {found[0]!r} of {tok.model}")
+    return EodChoice(spec.model.vocab_size - 1, "unknown at compile time; nothing in this run reads it", known=False)
+
+
+def eod_used_by(spec: Spec) -> list[str]:
+    """The spec keys that make the runtime read the end-of-document id (sorted)."""
+    d = spec.data
+    flags = {"data.mock": d.mock, "data.reset_attention_mask": d.reset_attention_mask,
+             "data.reset_position_ids": d.reset_position_ids, "data.eod_mask_loss": d.eod_mask_loss}
+    return sorted(k for k, on in flags.items() if on)
+
+
+def slurm_settings(resolved: Resolved) -> SlurmSpec:
+    """``[cluster.slurm]`` of the spec, or its defaults when the table is absent (a
+    :class:`~dlmspec.spec.fast.SpecTable` for a spec loaded with ``fast=True``: no pydantic)."""
+    slurm = resolved.spec.cluster.slurm
+    if slurm:
+        return slurm
+    return section_defaults(resolved.spec, "SlurmSpec")
+
+
+def job_name(resolved: Resolved) -> str:
+    """``cluster.slurm.job_name`` when written in the spec, else the spec's ``name``."""
+    slurm = resolved.spec.cluster.slurm
+    if slurm is not None and "job_name" in slurm.model_fields_set:
+        return slurm.job_name
+    return resolved.spec.name

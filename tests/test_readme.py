@@ -3,9 +3,9 @@
 import re
 from pathlib import Path
 
+from dlmspec.check import find
 from dlmspec.spec.load import load_text
 from dlmspec.resolve import resolve
-from dlmspec.validate import find_issues
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -14,5 +14,5 @@ def test_readme_spec_validates() -> None:
     blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "README.md shows no TOML spec"
     loaded = load_text(blocks[0], "README.toml")
-    errors = [i for i in find_issues(loaded, resolve(loaded.spec)) if i.severity == "error"]
+    errors = [i for i in find(("spec",), loaded, resolve(loaded.spec)) if i.severity == "error"]
     assert errors == [], [str(e) for e in errors]

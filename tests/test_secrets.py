@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from dlmspec.check import issues_for
 from dlmspec.cli.commands import app
 from dlmspec.errors import EXIT_USAGE, SpecIssue
 from dlmspec.spec.load import load, load_text
 from dlmspec.resolve import resolve
-from dlmspec.render.sbatch import sbatch_issues
 
 BASE = """
 name = "t"
@@ -235,14 +235,14 @@ def test_an_issue_never_holds_a_secret() -> None:
                                   "NETRC", "HF_TOKEN"])
 def test_secret_env_names_are_refused_by_the_slurm_settings(name: str) -> None:
     loaded = load_text(BASE + f'[cluster.slurm]\nenv = {{ {name} = "plain-value-1234" }}\n')
-    found = [i for i in sbatch_issues(resolve(loaded.spec), loaded) if i.severity == "error"]
+    found = [i for i in issues_for("sbatch", loaded) if i.severity == "error"]
     assert [(i.rule, i.key, i.value) for i in found] == [("slurm-secret", f"cluster.slurm.env.{name}", "<hidden>")]
     assert "plain-value-1234" not in str(found[0])
 
 
 def test_tokenizers_parallelism_is_an_ordinary_env_name() -> None:
     loaded = load_text(BASE + '[cluster.slurm]\nenv = { TOKENIZERS_PARALLELISM = "false", HF_HOME = "/data/hf_cache" }\n')
-    assert not [i for i in sbatch_issues(resolve(loaded.spec), loaded) if i.severity == "error"]
+    assert not [i for i in issues_for("sbatch", loaded) if i.severity == "error"]
 
 
 # --------------------------------------------------------------------------------------------

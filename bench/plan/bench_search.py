@@ -105,8 +105,8 @@ def bench_cli() -> dict[str, float]:
         subprocess.run([sys.executable, "-c", "pass"], cwd=ROOT, check=True, capture_output=True)
         bare.append(time.perf_counter() - t)
     probe = ("import sys, time; t = time.perf_counter(); from dlmspec.spec.load import load; from dlmspec.resolve import resolve; "
-             "from dlmspec.plan import make_plan, check_memory; t1 = time.perf_counter(); "
-             f"r = resolve(load({spec!r}).spec); p = make_plan(r); check_memory(r); t2 = time.perf_counter(); "
+             "from dlmspec.plan import make_plan; from dlmspec.check import find; t1 = time.perf_counter(); "
+             f"r = resolve(load({spec!r}).spec); p = make_plan(r); find(('memory',), r.spec, r); t2 = time.perf_counter(); "
              "print(t1 - t, t2 - t1, int('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
     return {
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     print("(wall > CPU means other processes shared the cores; the targets are for an idle machine)")
     print(f"dlmspec plan (fresh process): {c['cli_plan_wall_seconds']:.2f} s wall; of which python start-up "
           f"{c['python_startup_seconds']:.2f} s, importing dlmspec.cli {c['import_dlmspec_cli_seconds']:.2f} s; "
-          f"load+resolve+plan+check_memory {c['load_resolve_plan_check_seconds'] * 1e3:.1f} ms; torch imported: "
+          f"load+resolve+plan+memory rules {c['load_resolve_plan_check_seconds'] * 1e3:.1f} ms; torch imported: "
           f"{c['torch_imported']}")
     return 0
 

@@ -1,7 +1,7 @@
 """Write the GPU calibration matrix of the planner: bench/plan/matrix.json.
 
 Each entry is a run the GPU runner executes: a base spec plus ``--set`` overrides, the GPU
-count, and whether this checkout's runtime can run it (``dlmspec.render.compile.unsupported_issues``)
+count, and whether this checkout's runtime can run it (the ``runtime`` rules of :mod:`dlmspec.check`)
 with any validator error. Runs are sized to take ~15 s on one H200 with start-up (50 steps, 30 for Qwen3-1.7B; mock data, so
 no files are needed). The runner records, per run, the measured peak
 ``torch.cuda.max_memory_allocated()`` (max over ranks) and the median step time, in
@@ -29,10 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dlmspec.render.compile import unsupported_issues  # noqa: E402
+from dlmspec.check import find  # noqa: E402
 from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
-from dlmspec.validate import find_issues  # noqa: E402
 
 DEMO = "specs/demo-dlm.toml"
 OUT = ROOT / "bench" / "plan" / "matrix.json"
@@ -172,8 +171,8 @@ def _status(overrides: list[str]) -> tuple[bool, list[str], str]:
 
     loaded = load(ROOT / DEMO, overrides)
     resolved = resolve(loaded.spec)
-    errors = [f"{i.rule}: {i.key}: {i.message}" for i in find_issues(loaded, resolved) if i.severity == "error"]
-    unsupported = [f"{i.key}: {i.message}" for i in unsupported_issues(resolved, loaded)]
+    errors = [f"{i.rule}: {i.key}: {i.message}" for i in find(("spec",), loaded, resolved) if i.severity == "error"]
+    unsupported = [f"{i.key}: {i.message}" for i in find(("runtime",), loaded, resolved)]
     needs_te = transformer_impl(resolved)[0] == "transformer_engine"
     notes = "needs transformer_engine on the GPU machine" if needs_te else ""
     return not unsupported, errors + unsupported, notes

@@ -26,6 +26,7 @@ import typer
 from dlmspec.cli.app import app
 from dlmspec.cli.output import _issue_dict, _text, human_count, report_warnings, stdout, use_json
 from dlmspec.cli.validate import _memory, run_validate, spec_issues
+from dlmspec.check import RULES, SCOPE_NAMES
 from dlmspec.credentials import redact
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.render.escape import comment, toml_document
@@ -35,7 +36,6 @@ from dlmspec.params import count_parameters
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
 from dlmspec.resolve import Resolved, resolve
 from dlmspec.spec.models import ModelSpec, Spec
-from dlmspec.validate import RULES
 
 
 _SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
@@ -165,7 +165,10 @@ def _published(total: int | str, active: int | str) -> str:
 
 
 def _rule_rows() -> list[dict[str, Any]]:
-    return [{"id": r.id, "severity": r.severity, "summary": r.summary, "source": r.source} for r in RULES.values()]
+    """Every rule of :data:`dlmspec.check.RULES`, by scope (the loader's first, the runtime's last)."""
+    ordered = sorted(RULES.values(), key=lambda r: SCOPE_NAMES.index(r.scope))
+    return [{"id": r.id, "scope": r.scope, "severity": r.severity, "summary": r.summary, "source": r.source,
+             "fix": r.fix} for r in ordered]
 
 
 def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str) -> None:
@@ -196,7 +199,7 @@ def show(
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     gpus: bool = typer.Option(False, "--gpus", help="List the GPU catalog."),
     presets: bool = typer.Option(False, "--presets", help="List the model presets with parameter counts."),
-    rules: bool = typer.Option(False, "--rules", help="List the validator's rules."),
+    rules: bool = typer.Option(False, "--rules", help="List every rule: loader, spec, paths, SLURM, memory, runtime."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Print a spec with every default filled in and its derived values, or a catalog.
@@ -225,8 +228,9 @@ def show(
                                            ("mask_token_id", "[MASK]"), ("parameters", "params"),
                                            ("active_parameters", "active"), ("published", "published")],
                           "Model presets (params counted with the tokenizer vocabulary)"),
-            "--rules": (_rule_rows(), [("id", "id"), ("severity", "severity"), ("summary", "rule"),
-                                       ("source", "source")], "Validator rules"),
+            "--rules": (_rule_rows(), [("id", "id"), ("scope", "scope"), ("severity", "severity"),
+                                       ("summary", "rule"), ("source", "source")],
+                        "Rules (validate reports them, compile refuses their errors)"),
         }[chosen[0]]
         if json_output:
             print(json.dumps(rows, indent=2))
@@ -375,7 +379,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str]:
     """The fastest layout of ``resolved``'s model and GPUs whose planned peak leaves the
-    headroom :func:`dlmspec.plan.check_memory` asks for (:func:`dlmspec.plan.search.search`).
+    headroom the ``memory-headroom`` rule asks for (:func:`dlmspec.plan.search.search`).
 
     Returns:
         ``(layout, note, hint)``: the layout as dotted spec keys and the header line that

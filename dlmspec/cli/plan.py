@@ -4,9 +4,10 @@ forms, without typer).
 
 ``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints
 :meth:`dlmspec.plan.Plan.to_dict` plus ``ok`` and ``issues``. A spec that breaks a
-cross-field rule of :mod:`dlmspec.validate` exits 2 with the usual issue table; a spec that
-does not fit prints its plan, the ``memory-fits`` issue (with what would make it fit) and exits
-2. Whether the runtime supports every setting is checked by ``dlmspec check``, not here.
+cross-field rule (:mod:`dlmspec.check`, ``plan``'s scopes) exits 2 with the usual issue table; a
+spec that does not fit prints its plan, the ``memory-fits`` issue (with what would make it fit)
+and exits 2. Whether the runtime supports every setting is checked by ``dlmspec validate``, not
+here.
 
 ``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`).
 The spec is validated at a neutral layout (:func:`dlmspec.plan.search.spec_issues_for_search`):
@@ -19,28 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlmspec.check import issues_for
 from dlmspec.cli.output import _issue_dict, _text, display_path, report_issues, report_warnings, stderr, stdout
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.spec.load import load
-from dlmspec.plan import PlanError, check_memory, make_plan
+from dlmspec.plan import PlanError, make_plan
 from dlmspec.resolve import resolve
-
-
-def _issues(loaded: Any, resolved: Any) -> list[SpecIssue]:
-    """The validator's issues (:func:`dlmspec.validate.find_issues`) plus the memory rule when
-    the validator does not run it itself. What the runtime cannot run
-    (:func:`dlmspec.render.compile.unsupported_issues`) is ``dlmspec check``'s and ``compile``'s
-    concern: a plan of an FSDP or RL spec is still a plan, and leaving the compiler (and its
-    template engine) out keeps ``dlmspec plan`` fast. As in :func:`dlmspec.validate.validate`,
-    a spec with errors is not planned for the memory rule: its layout may not exist (a
-    pipeline size of 10**9 would have the planner list 10**9 stages)."""
-    from dlmspec.validate import find_issues
-
-    issues = list(find_issues(loaded, resolved))
-    if (resolved.gpu is not None and not any(i.rule.startswith("memory-") for i in issues)
-            and not any(i.severity == "error" for i in issues)):
-        issues.extend(check_memory(resolved, loaded))
-    return issues
 
 
 def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> int:
@@ -58,7 +43,10 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
     loaded = load(spec, overrides, fast=True)
     resolved = resolve(loaded.spec)
-    issues = _issues(loaded, resolved)
+    # plan's scopes: the spec's rules and, when they find no error, memory (a spec with errors
+    # may have no layout to plan). Files, SLURM and the runtime's gaps are validate's: a plan of
+    # an RL spec is still a plan, and leaving the compiler out keeps `dlmspec plan` fast.
+    issues = issues_for("plan", loaded, resolved)
     errors = [i for i in issues if i.severity == "error"]
     warnings = [i for i in issues if i.severity != "error"]
     if search:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.render.escape import shell_word
-from dlmspec.render.sbatch import slurm_settings
+from dlmspec.resolve import slurm_settings
 
 #: Where ``dlmspec submit SPEC`` compiles when no ``--output`` is given: ``compiled/<spec stem>``
 #: under the working directory.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dlmspec.check import issues_for, load_for
 from dlmspec.cli.output import _issue_dict, display_path, human_count, report_warnings
 from dlmspec.errors import SpecError, SpecIssue
 
@@ -14,22 +15,20 @@ if TYPE_CHECKING:
     from dlmspec.spec.load import LoadedSpec
 
 
-
 def spec_issues(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
     """Every issue between this spec and a running job: what ``dlmspec validate`` reports and
-    ``dlmspec compile`` refuses (:func:`dlmspec.validate.validate_spec`: rules, paths, SLURM
-    settings, the runtime's gaps, memory), sorted errors first, then by file, line and key.
+    ``dlmspec compile`` refuses (:func:`dlmspec.check.issues_for`: rules, paths, SLURM
+    settings, memory, the runtime's gaps), sorted errors first, then by file, line and key.
     ``dlmspec new`` uses it."""
-    from dlmspec.validate import validate_spec
-
-    return validate_spec(loaded, resolved, paths=True)
+    return issues_for("validate", loaded, resolved)
 
 
 def load_and_check(path: str, overrides: list[str], *, strict: bool = False,
                    fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
     """Load ``path`` with ``--set`` ``overrides``, resolve it and check it as ``dlmspec
-    compile`` does (:func:`dlmspec.validate.load_validated`). ``fast``: load a plainly valid
-    spec without pydantic (:func:`dlmspec.spec.load.load`'s ``fast``).
+    compile`` does (:func:`dlmspec.check.load_for` with ``validate``'s scopes, which are
+    ``compile``'s). ``fast``: load a plainly valid spec without pydantic
+    (:func:`dlmspec.spec.load.load`'s ``fast``).
 
     Returns:
         (loaded, resolved, warnings).
@@ -37,9 +36,7 @@ def load_and_check(path: str, overrides: list[str], *, strict: bool = False,
     Raises:
         SpecError: the spec does not load, or has an error (or, with ``strict``, a warning).
     """
-    from dlmspec.validate import load_validated
-
-    loaded, resolved, issues = load_validated(path, overrides, fast=fast)
+    loaded, resolved, issues = load_for("validate", path, overrides, fast=fast)
     if any(i.severity == "error" for i in issues) or (strict and issues):
         raise SpecError(issues)
     return loaded, resolved, issues

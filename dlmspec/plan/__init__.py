@@ -4,9 +4,9 @@
 into a :class:`Plan` - a memory breakdown per pipeline stage (:mod:`dlmspec.plan.memory`),
 FLOPs (:mod:`dlmspec.plan.compute`) and a step-time breakdown (:mod:`dlmspec.plan.time`) -
 whose :meth:`Plan.to_dict` is the stable JSON of ``dlmspec plan --json`` and of the compiled
-``plan.json``. :func:`check_memory` is the validator's hook (a spec whose peak exceeds the
-GPU fails, with what would make it fit); :func:`dlmspec.plan.search.search` enumerates the
-layouts that fit. Constants that are measured rather than counted live in
+``plan.json``. :func:`memory_fits` says what would make a spec that does not fit fit (the
+``memory-fits`` rule of :mod:`dlmspec.check.memory` reports it); :func:`dlmspec.plan.search.search`
+enumerates the layouts that fit. Constants that are measured rather than counted live in
 :mod:`dlmspec.plan.calibration`.
 
 Nothing here imports torch: a plan takes milliseconds.
@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlmspec.errors import SpecIssue
 from dlmspec.gpus import GPU, GiB
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import model_flops_per_token
@@ -33,7 +32,6 @@ __all__ = [
     "make_plan",
     "plan_layout",
     "memory_fits",
-    "check_memory",
     "model_flops_per_token",
     "Calibration",
     "DEFAULT_CALIBRATION",
@@ -43,7 +41,7 @@ __all__ = [
 #: ``schema`` value of :meth:`Plan.to_dict`; bumped when a key changes meaning or disappears.
 SCHEMA = "dlmspec.plan/1"
 
-#: Fraction of the GPU's memory above which :func:`check_memory` warns (allocator
+#: Fraction of the GPU's memory above which the ``memory-headroom`` rule warns (allocator
 #: fragmentation and unmodelled workspaces can still push a spec that close over the edge).
 HEADROOM_WARNING = 0.95
 
@@ -221,7 +219,7 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
 
     Args:
         resolved: from :func:`dlmspec.resolve.resolve` (ideally a spec that passed
-            :func:`dlmspec.validate.check`; a spec that breaks divisibility rules is planned
+            :func:`dlmspec.check.issues_for` without errors; a spec that breaks divisibility rules is planned
             with the clamped values ``resolve`` derives).
         calibration: constants (default :data:`DEFAULT_CALIBRATION`).
         impl: ``"transformer_engine"`` or ``"local+sdpa"`` to model that layer path instead of
@@ -297,7 +295,8 @@ def host_launch_path(lay: Layout, calib: Calibration) -> str:
             "metrics.jsonl is a noisy measure of it, docs/planner.md)")
 
 
-def _gib(n: float) -> str:
+def gib_text(n: float) -> str:
+    """``n`` bytes as ``"12.3 GiB"`` (the planner's messages)."""
     return f"{n / GiB:.1f} GiB"
 
 
@@ -376,87 +375,10 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
     if not options:
         return False, [
             f"no single change (recomputation, micro batch 1, distributed optimizer, 2x TP/PP/CP/EP) brings the "
-            f"peak under {_gib(plan.gpu.memory_bytes)}; run `dlmspec plan SPEC --search` for layouts that fit, "
+            f"peak under {gib_text(plan.gpu.memory_bytes)}; run `dlmspec plan SPEC --search` for layouts that fit, "
             "or use more GPUs"
         ]
     options.sort(key=lambda o: (-o[0], o[1], sorted(o[2].items())))
     return False, [
-        f"{' '.join(set_args(change))} (peak {_gib(peak)}, {tps:,.0f} tokens/s)" for tps, peak, change in options
+        f"{' '.join(set_args(change))} (peak {gib_text(peak)}, {tps:,.0f} tokens/s)" for tps, peak, change in options
     ]
-
-
-def _summary(plan: Plan) -> str:
-    b = plan.memory.peak.breakdown
-    parts = [
-        ("weights", b["weights"]),
-        ("gradients", b["gradients"]),
-        ("optimizer", b["optimizer_states"]),
-        ("activations", b["activations"] + b["embedding_output_activations"] + b["batch_and_objective"]),
-        ("logits", b["loss_logits"]),
-        ("transients", b["backward_transient"] + b["optimizer_step_transient"]),
-    ]
-    rest = plan.peak_bytes - sum(v for _, v in parts)
-    text = ", ".join(f"{name} {_gib(v)}" for name, v in parts if v > 0)
-    return f"{text}, other {_gib(rest)}"
-
-
-def check_memory(resolved: Resolved, loaded: Any = None, calibration: Calibration | None = None) -> list[SpecIssue]:
-    """The validator's memory rule: an error when the planned per-GPU peak exceeds the GPU's
-    memory, a warning above :data:`HEADROOM_WARNING` of it.
-
-    Args:
-        resolved: the resolved spec.
-        loaded: its :class:`~dlmspec.spec.load.LoadedSpec`, to point the issue at the file and
-            line of ``cluster.gpu`` (optional).
-        calibration: constants (default :data:`DEFAULT_CALIBRATION`).
-
-    Returns:
-        ``[]`` when it fits with headroom or when the GPU is unknown (the ``unknown-gpu`` rule
-        reports that); else one :class:`~dlmspec.errors.SpecIssue` (rule ``memory-fits``,
-        error, with the breakdown and :func:`memory_fits`'s advice as the hint; or rule
-        ``memory-headroom``, warning). ``cluster.allow_memory_overflow = true`` (the rule's one
-        override, kept in spec.lock.toml) makes ``memory-fits`` a warning.
-    """
-    if resolved.gpu is None:
-        return []
-    plan = make_plan(resolved, calibration)
-    gpu = plan.gpu
-    file, line = loaded.locate("cluster.gpu") if loaded is not None else (None, None)
-    stage = plan.memory.peak.stage
-    where = f" on pipeline stage {stage}" if plan.layout.pp > 1 else ""
-    fits, advice = memory_fits(plan)
-    source = "dlmspec.plan.memory (Korthikanti et al. 2022; megatron-core DDP and DistributedOptimizer)"
-    if not fits:
-        accepted = resolved.spec.cluster.allow_memory_overflow
-        return [
-            SpecIssue(
-                key="cluster.gpu",
-                value=resolved.spec.cluster.gpu,
-                message=f"planned peak memory {_gib(plan.peak_bytes)} per GPU{where} ({_summary(plan)}) exceeds "
-                f"the {_gib(gpu.memory_bytes)} of one {gpu.name}"
-                + ("; accepted: cluster.allow_memory_overflow = true" if accepted else ""),
-                hint="; or ".join(advice) + ("" if accepted else
-                                             "; or, if a measured run fits, set cluster.allow_memory_overflow = true"),
-                severity="warning" if accepted else "error",
-                rule="memory-fits",
-                source=source,
-                file=file,
-                line=line,
-            )
-        ]
-    if plan.peak_bytes > HEADROOM_WARNING * gpu.memory_bytes:
-        return [
-            SpecIssue(
-                key="cluster.gpu",
-                value=resolved.spec.cluster.gpu,
-                message=f"planned peak memory {_gib(plan.peak_bytes)} per GPU{where} is within "
-                f"{100 * (1 - HEADROOM_WARNING):.0f}% of the {_gib(gpu.memory_bytes)} of one {gpu.name}",
-                hint="leave headroom: enable recomputation or a smaller micro batch (dlmspec plan SPEC shows the breakdown)",
-                severity="warning",
-                rule="memory-headroom",
-                source=source,
-                file=file,
-                line=line,
-            )
-        ]
-    return []

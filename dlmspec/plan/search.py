@@ -1,14 +1,14 @@
 """Search the parallel layouts of a spec's model and cluster for the fastest that fit.
 
 :func:`enumerate_layouts` yields every layout the cross-field rules accept (the divisibility
-rules of :mod:`dlmspec.validate`, repeated here as integer tests so that thousands of layouts
+rules of :mod:`dlmspec.check`, repeated here as integer tests so that thousands of layouts
 are screened without building a spec each): TP, PP, virtual PP, CP, EP (and expert TP), micro
 batch, recomputation (none, selective ``core_attn``, full uniform 1) and the distributed
 optimizer, for the spec's fixed global batch, sequence length, GPU count and everything else.
 :func:`search` plans each (memory of the ranks that can peak, step time), keeps those whose
 peak fits the GPU, ranks them by tokens per second and re-checks the best with the real
-validator (:func:`dlmspec.validate.find_issues` and the runtime's
-:func:`dlmspec.render.compile.unsupported_issues`) on the spec with the layout's ``--set`` values.
+rules (:func:`dlmspec.check.issues_for` with ``search``'s scopes: the spec's rules and the
+runtime's) on the spec with the layout's ``--set`` values.
 
 Ranking (:func:`rank`): layouts whose throughput is within :data:`TIE_TOLERANCE` of the fastest of
 their group are tied, and a tie goes to the simpler layout (fewer parallel dimensions, then less
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterator
 
+from dlmspec.check import issues_for
 from dlmspec.gpus import GPU
 from dlmspec.plan import HEADROOM_WARNING, SPEC_KEYS, PlanError, set_args
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
@@ -227,7 +228,7 @@ class SearchResult:
 
 def _tp_ok(shape: ModelShape, tp: int) -> bool:
     """``tp-divides-heads``, ``tp-divides-query-groups`` (or groups replicated over TP) and
-    ``tp-divides-ffn`` of :mod:`dlmspec.validate`."""
+    ``tp-divides-ffn`` of :mod:`dlmspec.check.parallel`."""
     if shape.heads % tp:
         return False
     if shape.groups % tp and tp % shape.groups:
@@ -241,7 +242,7 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
     """Every layout of ``base``'s cluster and batch the divisibility rules accept, with the
     layout changes that select it. Deterministic order.
 
-    Rules (ids of :mod:`dlmspec.validate`): world divisible by TP*PP*CP and by ETP*EP*PP; TP
+    Rules (ids of :data:`dlmspec.check.RULES`): world divisible by TP*PP*CP and by ETP*EP*PP; TP
     within a node and dividing heads, query groups (or a multiple of them) and the FFN; PP
     dividing the layers; CP > 1 only with Transformer Engine, ``seq % (2*CP) == 0``, and with
     ``a2a`` the heads per TP rank divisible by CP; sequence parallelism on for TP > 1 (and then
@@ -425,7 +426,7 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
     Args:
         loaded: the :class:`~dlmspec.spec.load.LoadedSpec` (file and line for issues) or a bare spec.
         resolved: ``resolve(loaded.spec)``.
-        issues: :func:`dlmspec.validate.find_issues` of the spec as written.
+        issues: the spec's issues as written (``plan``'s, :func:`dlmspec.check.issues_for`).
 
     Returns:
         ``(blocking, own_layout)``: ``blocking`` are the errors the spec has at
@@ -439,7 +440,6 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
 
     from dlmspec.spec.load import LoadedSpec
     from dlmspec.resolve import resolve
-    from dlmspec.validate import find_issues
 
     spec = loaded.spec if isinstance(loaded, LoadedSpec) else loaded
     errors = [i for i in issues if i.severity == "error" and not i.rule.startswith("memory-")]
@@ -447,7 +447,7 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
     if neutral is spec:
         return [e for e in errors if e.key not in SEARCHED_KEYS], []
     target = dc_replace(loaded, spec=neutral) if isinstance(loaded, LoadedSpec) else neutral
-    at_neutral = [i for i in find_issues(target, resolve(neutral))
+    at_neutral = [i for i in issues_for("spec", target, resolve(neutral))
                   if i.severity == "error" and not i.rule.startswith("memory-")]
     blocking = [e for e in at_neutral if e.key not in SEARCHED_KEYS]
     seen = {(e.rule, e.key) for e in at_neutral}
@@ -456,15 +456,9 @@ def spec_issues_for_search(loaded: Any, resolved: Resolved, issues: list[Any]) -
 
 
 def _errors(spec: Any, resolved: Resolved) -> list[Any]:
-    """Errors of :func:`dlmspec.validate.find_issues` and
-    :func:`dlmspec.unsupported.unsupported_issues`, without the memory rules (the search plans
-    memory itself)."""
-    # lazy: the checks import the loader and resolve, which the planner itself never needs
-    from dlmspec.unsupported import unsupported_issues
-    from dlmspec.validate import find_issues
-
-    issues = [*find_issues(spec, resolved), *unsupported_issues(resolved)]
-    return [i for i in issues if i.severity == "error" and not i.rule.startswith("memory-")]
+    """Errors of ``search``'s scopes (:func:`dlmspec.check.issues_for`: the spec's rules and the
+    runtime's; not memory, which the search plans itself)."""
+    return [i for i in issues_for("search", spec, resolved) if i.severity == "error"]
 
 
 def _validator_errors(resolved: Resolved, cand: Candidate, known: set[tuple[str, str]]) -> str | None:

@@ -42,24 +42,15 @@ from typing import Any, Iterable
 import jinja2
 
 from dlmspec import __version__
+from dlmspec.check import issues_for, load_for
 from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
-from dlmspec.resolve import Resolved
+from dlmspec.resolve import Resolved, eod_choice, run_dir
 from dlmspec.render.sbatch import render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec.models import Spec
-from dlmspec.unsupported import (  # noqa: F401 - re-exported: the table used to live here
-    GPT2_EOD,
-    UNSUPPORTED,
-    EodChoice,
-    Unsupported,
-    eod_choice,
-    eod_used_by,
-    run_dir,
-    unsupported_issues,
-)
 
 #: Every file name ``dlmspec compile`` may write; ``--force`` replaces these and only these,
 #: and only where :func:`is_generated` tells that dlmspec wrote the file there.
@@ -557,10 +548,9 @@ class CompileResult:
 
 
 def check_spec(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
-    """Everything that stops a compile: :func:`dlmspec.validate.validate_spec`, the one function
-    ``dlmspec validate`` reports (the validator's rules with path checks, the runtime's gaps of
-    :func:`unsupported_issues`, the SLURM settings of :func:`dlmspec.render.sbatch.sbatch_issues`, the
-    planned memory).
+    """Everything that stops a compile: :func:`dlmspec.check.issues_for` with ``compile``'s
+    scopes, which are ``validate``'s (the rules with path checks, the SLURM settings, the planned
+    memory and what the runtime cannot run).
 
     Returns:
         The warnings.
@@ -568,9 +558,7 @@ def check_spec(loaded: LoadedSpec, resolved: Resolved) -> list[SpecIssue]:
     Raises:
         SpecError: at least one error; ``issues`` holds every error and warning.
     """
-    from dlmspec.validate import validate_spec
-
-    issues = validate_spec(loaded, resolved, paths=True)
+    issues = issues_for("compile", loaded, resolved)
     if any(i.severity == "error" for i in issues):
         raise SpecError(issues)
     return issues
@@ -597,9 +585,7 @@ def compile_spec(
     """
     out = Path(out_dir)
     check_output_dir(out, force=force)  # before any work: a refused directory costs nothing
-    from dlmspec.validate import load_validated
-
-    loaded, resolved, warnings = load_validated(spec_path, overrides)  # as `dlmspec validate` does
+    loaded, resolved, warnings = load_for("compile", spec_path, overrides)  # as `dlmspec validate` does
     if any(i.severity == "error" for i in warnings):
         raise SpecError(warnings)
     files = render(resolved, Path(spec_path).as_posix())
@@ -611,24 +597,18 @@ __all__ = [
     "ACTIVATIONS",
     "CompileResult",
     "DTYPES",
-    "EodChoice",
     "GENERATED_FILES",
     "GENERATED_HEADERS",
-    "UNSUPPORTED",
     "canonical_json",
     "check_output_dir",
     "check_spec",
     "compile_spec",
     "content_hash",
-    "eod_choice",
-    "eod_used_by",
     "is_generated",
     "locked_spec",
     "render",
     "render_lock",
-    "run_dir",
     "schedule",
     "template_context",
-    "unsupported_issues",
     "write_outputs",
 ]

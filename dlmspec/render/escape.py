@@ -14,7 +14,7 @@ end a literal, a comment, a docstring, a shell word or an ``#SBATCH`` line early
 JSON (``plan.json``) is written by ``json.dumps``, which escapes every string. A value that
 cannot be written for its target (NUL in a shell word, a control character in an ``#SBATCH``
 line) raises :class:`ValueError` here; the validator refuses such values first, naming the key
-(:mod:`dlmspec.validate` rule ``string-characters``, :func:`dlmspec.render.sbatch.sbatch_issues`).
+(rule ``string-characters`` of :mod:`dlmspec.check.strings`, the ``slurm`` rules of :mod:`dlmspec.check.slurm`).
 
 Nothing here imports torch or megatron.
 """

@@ -65,7 +65,7 @@ class LoadedSpec:
 
     Attributes:
         spec: the validated spec (schema-valid; cross-field rules are checked by
-            :func:`dlmspec.validate.check`).
+            :mod:`dlmspec.check`).
         path: the file it was loaded from.
         origins: dotted key -> (file, line) of the value that won.
         raw: the merged dict before validation (what the user wrote, after extends and --set).

@@ -21,16 +21,16 @@ def _resolved(overrides):
 
 
 def test_cp2_on_the_local_layers_validates_and_compiles_to_megatrons_all_gather():
-    from dlmspec.render.compile import render, unsupported_issues
-    from dlmspec.validate import find_issues
+    from dlmspec.check import find
+    from dlmspec.render.compile import render
 
     loaded, resolved = _resolved(CP2_LOCAL)
-    assert [i for i in find_issues(loaded, resolved) if i.severity == "error"] == []
-    assert unsupported_issues(resolved, loaded) == []
+    assert [i for i in find(("spec",), loaded, resolved) if i.severity == "error"] == []
+    assert find(("runtime",), loaded, resolved) == []
     train = render(resolved, "demo-dlm.toml")["train.py"]
     assert "cp_comm_type='all_gather'" in train and "use_transformer_engine=False" in train
     loaded, resolved = _resolved(CP2_LOCAL[:1] + CP2_LOCAL[2:])  # cp_comm_type left at p2p
-    assert "cp-local-allgather" in {i.rule for i in find_issues(loaded, resolved)}
+    assert "cp-local-allgather" in {i.rule for i in find(("spec",), loaded, resolved)}
 
 
 def test_planner_models_the_all_gather_exchange_whole_and_the_ring_behind_attention():

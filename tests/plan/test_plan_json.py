@@ -1,4 +1,4 @@
-"""``Plan.to_dict()``: stable keys, deterministic output, no torch; and ``check_memory``."""
+"""``Plan.to_dict()``: stable keys, deterministic output, no torch; and the memory rules of dlmspec.check."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dlmspec.check import find
 from dlmspec.errors import SpecIssue
 from dlmspec.spec.load import load_text
-from dlmspec.plan import SCHEMA, check_memory, make_plan, memory_fits
+from dlmspec.plan import SCHEMA, make_plan, memory_fits
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
 from dlmspec.plan.time import TIME_TERMS
 from dlmspec.resolve import resolve
@@ -68,10 +69,10 @@ def test_transformer_impl_paths():
 def test_plan_imports_no_torch():
     code = (
         "import sys\n"
-        "import dlmspec.plan, dlmspec.plan.search, dlmspec.plan.report, dlmspec.plan.megatron_formula, dlmspec.cli.plan\n"
+        "import dlmspec.check, dlmspec.plan, dlmspec.plan.search, dlmspec.plan.report, dlmspec.plan.megatron_formula, dlmspec.cli.plan\n"
         "from dlmspec.spec.load import load\nfrom dlmspec.resolve import resolve\n"
         f"p = dlmspec.plan.make_plan(resolve(load({str(DEMO)!r}).spec))\n"
-        "dlmspec.plan.check_memory(resolve(load(" + repr(str(DEMO)) + ").spec))\n"
+        "dlmspec.check.find(('memory',), load(" + repr(str(DEMO)) + "))\n"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'megatron', 'transformer_engine'))]\n"
         "print(','.join(bad))\n"
     )
@@ -93,9 +94,9 @@ gpus_per_node = 1
 """
 
 
-def test_check_memory_fails_with_breakdown_and_advice():
+def test_memory_rule_fails_with_breakdown_and_advice():
     loaded = load_text(BIG, name="big.toml")
-    issues = check_memory(resolve(loaded.spec), loaded)
+    issues = find(("memory",), loaded)
     assert len(issues) == 1
     issue = issues[0]
     assert isinstance(issue, SpecIssue)
@@ -121,5 +122,5 @@ def test_memory_fits_advice_fits_when_it_says_so():
     assert fixed.fits
 
 
-def test_check_memory_quiet_when_it_fits():
-    assert check_memory(_demo()) == []
+def test_memory_rules_quiet_when_it_fits():
+    assert find(("memory",), _demo().spec, _demo()) == []

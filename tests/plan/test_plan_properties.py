@@ -8,7 +8,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlmspec.plan import check_memory, make_plan
+from dlmspec.check import find
+from dlmspec.plan import make_plan
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
 
@@ -92,5 +93,5 @@ def test_plan_of_any_schema_valid_spec(data):
     if resolved.tp * resolved.pp * resolved.cp <= resolved.world_size:
         assert d["mfu"] < (2 if d["layout"]["fp8"] else 1)
     assert abs(sum(d["time"]["breakdown_seconds"].values()) - d["time"]["step_seconds"]) < 1e-9 * d["time"]["step_seconds"] + 1e-12
-    issues = check_memory(resolved)
+    issues = find(("memory",), resolved.spec, resolved)
     assert bool(issues and issues[0].rule == "memory-fits") == (not plan.fits)

@@ -9,6 +9,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
+from dlmspec.check import find
 from dlmspec.spec.load import load
 from dlmspec.plan import HEADROOM_WARNING, make_plan
 from dlmspec.plan.search import (
@@ -24,7 +25,6 @@ from dlmspec.plan.search import (
 from dlmspec.plan.shape import layout, model_shape
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
-from dlmspec.validate import find_issues
 
 
 def _llama70b(gpus_per_node: int, nodes: int, gpu: str = "h100", gbs: int = 128) -> Spec:
@@ -53,7 +53,7 @@ def test_llama_70b_on_64_h100_finds_fitting_valid_layouts():
         assert cand.peak_bytes <= resolved.gpu.memory_bytes
         new = spec.replace(**cand.spec_changes())
         new_resolved = resolve(new)
-        errors = [i for i in find_issues(new, new_resolved) if i.severity == "error"]
+        errors = [i for i in find(("spec",), new, new_resolved) if i.severity == "error"]
         assert errors == []
         full = make_plan(new_resolved, impl=cand.layout.impl)
         assert full.fits
@@ -96,7 +96,7 @@ def test_spec_with_an_invalid_layout_is_searched_for_its_model_and_cluster():
     loaded = load(DEMO, ["cluster.gpus_per_node=8", "parallel.tensor_model_parallel_size=5",
                          "train.global_batch_size=64"])
     resolved = resolve(loaded.spec)
-    issues = find_issues(loaded, resolved)
+    issues = find(("spec",), loaded, resolved)
     blocking, own = spec_issues_for_search(loaded, resolved, issues)
     assert blocking == []
     assert {"tp-divides-heads", "tp-divides-ffn"} <= {i.rule for i in own}
@@ -106,7 +106,7 @@ def test_spec_with_an_invalid_layout_is_searched_for_its_model_and_cluster():
     for cand in result.top:
         assert cand.layout.tp in (1, 2, 4) and cand.layout.world == 8
         new = loaded.spec.replace(**cand.spec_changes())
-        assert [i for i in find_issues(new, resolve(new)) if i.severity == "error"] == []
+        assert [i for i in find(("spec",), new, resolve(new)) if i.severity == "error"] == []
 
 
 def test_search_still_stops_on_the_specs_own_errors():
@@ -114,7 +114,7 @@ def test_search_still_stops_on_the_specs_own_errors():
     loaded = load(DEMO, ["cluster.gpus_per_node=8", "parallel.tensor_model_parallel_size=5",
                          "model.num_query_groups=5", "train.global_batch_size=64"])
     resolved = resolve(loaded.spec)
-    blocking, _ = spec_issues_for_search(loaded, resolved, find_issues(loaded, resolved))
+    blocking, _ = spec_issues_for_search(loaded, resolved, find(("spec",), loaded, resolved))
     assert [(i.rule, i.key) for i in blocking] == [("heads-divisible-by-groups", "model.num_query_groups")]
 
 

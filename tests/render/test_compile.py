@@ -22,20 +22,19 @@ from typing import Any
 import pytest
 import tomli_w
 
+from dlmspec.check import RULES
 from dlmspec.cli import main as cli_main
 from dlmspec.render.compile import (
     GENERATED_FILES,
-    UNSUPPORTED,
     compile_spec,
     content_hash,
-    eod_choice,
     py_literal,
     render,
     write_outputs,
 )
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load
-from dlmspec.resolve import resolve
+from dlmspec.resolve import eod_choice, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
@@ -376,40 +375,45 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
 # What the runtime cannot run
 
 
-@pytest.mark.parametrize(
-    "changes, key",
-    [
-        ({"stage.kind": "rl"}, "stage.kind"),
-        ({"stage.kind": "sft"}, "stage.kind"),
-        ({"checkpoint.async_save": True}, "checkpoint.async_save"),
-        ({"parallel.fsdp": "torch"}, "parallel.fsdp"),
-        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
-          "parallel.use_distributed_optimizer": False}, "parallel.use_distributed_optimizer"),
-        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
-          "parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
-        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "fused_linear"}, "kernels.cross_entropy"),
-        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
-          "checkpoint.init_from": "mcore:runs/base/checkpoints"}, "checkpoint.init_from"),
-        ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
-          "model.transformer_impl": "transformer_engine"}, "precision.fp8"),
-        ({"logging.wandb_project": "p"}, "logging.wandb_project"),
-        ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
-         "model.moe_grouped_gemm"),
-        ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
-          "model.transformer_impl": "transformer_engine"}, "objective.attention_mask"),
-        ({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"},
-         "objective.variable_length_prob"),
-        ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
-         "data.reset_attention_mask"),
-        ({"logging.tensorboard_dir": "tb"}, "logging.tensorboard_dir"),
-    ],
-)
-def test_runtime_gaps_are_refused_naming_the_key(tmp_path: Path, changes: dict[str, Any], key: str) -> None:
+#: (changes, the runtime rule that refuses them, the key it names)
+RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
+    ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
+    ({"stage.kind": "sft"}, "runtime-sft", "stage.kind"),
+    ({"checkpoint.async_save": True}, "runtime-async-save", "checkpoint.async_save"),
+    ({"parallel.fsdp": "torch"}, "runtime-torch-fsdp", "parallel.fsdp"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
+      "parallel.use_distributed_optimizer": False}, "runtime-fsdp-distributed-optimizer",
+     "parallel.use_distributed_optimizer"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
+      "parallel.pipeline_model_parallel_size": 2}, "runtime-fsdp-pipeline", "parallel.pipeline_model_parallel_size"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "fused_linear"}, "runtime-fsdp-fused-ce",
+     "kernels.cross_entropy"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
+      "checkpoint.init_from": "mcore:runs/base/checkpoints"}, "runtime-fsdp-init-from", "checkpoint.init_from"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
+      "model.transformer_impl": "transformer_engine"}, "runtime-fsdp-fp8", "precision.fp8"),
+    ({"logging.wandb_project": "p"}, "runtime-wandb", "logging.wandb_project"),
+    ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
+     "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
+    ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
+      "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
+    ({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"},
+     "runtime-variable-length-te", "objective.variable_length_prob"),
+    ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
+     "runtime-document-mask-te", "data.reset_attention_mask"),
+    ({"logging.tensorboard_dir": "tb"}, "runtime-tensorboard-dir", "logging.tensorboard_dir"),
+]
+
+
+@pytest.mark.parametrize("changes, rule, key", RUNTIME_GAPS, ids=[r for _, r, _ in RUNTIME_GAPS])
+def test_runtime_gaps_are_refused_naming_the_key(tmp_path: Path, changes: dict[str, Any], rule: str,
+                                                 key: str) -> None:
     with pytest.raises(SpecError) as info:
         compile_spec(spec_file(tmp_path, changes), tmp_path / "out")
-    found = [i for i in info.value.errors if i.rule == "runtime-unsupported"]
-    assert [i.key for i in found] == [key]
+    found = [i for i in info.value.errors if RULES[i.rule].scope == "runtime"]
+    assert [(i.rule, i.key) for i in found] == [(rule, key)]
     assert found[0].hint and found[0].file and found[0].file.endswith("spec.toml")
+    assert found[0].hint == RULES[rule].fix and found[0].source == RULES[rule].source
     assert not (tmp_path / "out").exists()
 
 
@@ -422,15 +426,9 @@ def test_fsdp_with_default_cross_entropy_compiles_with_megatrons(tmp_path: Path)
     assert "use_megatron_fsdp=True" in text and "cross_entropy='megatron'" in text
 
 
-def test_every_unsupported_rule_is_exercised() -> None:
-    """The parametrisation above names each rule's key (a new rule needs a case)."""
-    keys = {rule.key for rule in UNSUPPORTED}
-    tested = {"stage.kind", "checkpoint.async_save", "parallel.fsdp", "parallel.use_distributed_optimizer",
-              "parallel.pipeline_model_parallel_size", "kernels.cross_entropy", "checkpoint.init_from",
-              "precision.fp8", "logging.wandb_project", "model.moe_grouped_gemm",
-              "objective.attention_mask", "logging.tensorboard_dir", "objective.variable_length_prob",
-              "data.reset_attention_mask"}
-    assert keys == tested
+def test_every_runtime_rule_is_exercised() -> None:
+    """RUNTIME_GAPS has a case for each runtime rule (eod-id-unknown is tested below)."""
+    assert {r for _, r, _ in RUNTIME_GAPS} == {r.id for r in RULES.values() if r.scope == "runtime"} - {"eod-id-unknown"}
 
 
 def _checkpoint_call(train_py: str) -> dict[str, Any]:

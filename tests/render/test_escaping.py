@@ -34,12 +34,12 @@ import pytest
 import tomli_w
 from pydantic import BaseModel
 
+from dlmspec.check import RULES, find, issues_for
 from dlmspec.render.compile import compile_spec
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
-from dlmspec.validate import validate_spec
 
 #: Values that would run code, break a line or change an argument if any generated file took
 #: them as code: docstring and quote break-outs, shell substitutions, line breaks of every kind
@@ -121,7 +121,7 @@ CONSTRAINED: dict[str, Any] = {
     "cluster.gpu": "h100",  # a GPU catalog id
     "cluster.slurm.time": "04:00:00",  # a SLURM time
     "cluster.slurm.mem": "480G",  # a SLURM memory size
-    "logging.wandb_project": None,  # compile refuses wandb whatever the value (runtime-unsupported)
+    "logging.wandb_project": None,  # compile refuses wandb whatever the value (runtime-wandb)
 }
 
 #: Slots that take a fixed form around the free text.
@@ -446,10 +446,10 @@ def compile_hostile(tmp_path: Path, value: str) -> tuple[Path, dict[str, str], s
             assert None not in blamed, [(i.key, i.message) for i in errors]
             # validate reports it too (compile's runtime gaps aside).
             try:
-                shown = {i.key for i in validate_spec(load(spec), paths=False) if i.severity == "error"}
+                shown = {i.key for i in find(("spec", "slurm", "memory", "runtime"), load(spec)) if i.severity == "error"}
             except SpecError as loaded:
                 shown = {i.key for i in loaded.errors}
-            assert {i.key for i in errors if i.rule != "runtime-unsupported"} <= shown
+            assert {i.key for i in errors if RULES[i.rule].scope != "runtime"} <= shown
             for slot in blamed:
                 del hostile[slot]
             refused |= blamed
@@ -532,13 +532,13 @@ def test_hostile_container_values_with_apptainer(tmp_path: Path, value: str) -> 
     """apptainer takes the image and mounts as words of its command line (pyxis as option values)."""
     spec = build({}, "apptainer")
     resolved = resolve(Spec.model_validate(spec))
-    from dlmspec.render.sbatch import render_sbatch, sbatch_issues
+    from dlmspec.render.sbatch import render_sbatch
 
     benign = render_sbatch(resolved)
     slots = ["cluster.slurm.container_image", "cluster.slurm.container_mounts[]"]
     hostile = build(dict.fromkeys(slots, value), "apptainer")
     resolved = resolve(Spec.model_validate(hostile))
-    issues = sbatch_issues(resolved)
+    issues = issues_for("sbatch", resolved.spec, resolved)
     if issues:
         assert {i.key for i in issues} <= {"cluster.slurm.container_image", "cluster.slurm.container_mounts"}
         with pytest.raises(SpecError):

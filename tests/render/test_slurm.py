@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from dlmspec.check import issues_for
+from dlmspec.check.slurm import time_limit_seconds
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError
 from dlmspec.render.escape import sbatch_value
 from dlmspec.spec.load import load, load_text
@@ -29,9 +31,7 @@ from dlmspec.render.sbatch import (
     PORT_SPAN,
     rendezvous_port,
     render_sbatch,
-    sbatch_issues,
     shell_word,
-    time_limit_seconds,
 )
 from dlmspec.cli.submit import dry_run_script, plan_submission, submit
 from dlmspec.spec.models import Spec
@@ -307,7 +307,7 @@ def test_all_problems_reported_at_once_with_file_and_line(tmp_path: Path) -> Non
     path.write_text(text)
     lines = text.splitlines()
     loaded = load(path)
-    issues = sbatch_issues(resolve(loaded.spec), loaded)
+    issues = issues_for("sbatch", loaded)
     assert {(i.key, i.line) for i in issues} == {
         ("cluster.slurm.partition", lines.index('partition = "a b"') + 1),
         ("cluster.slurm.time", lines.index('time = "soon"') + 1),

@@ -2,10 +2,10 @@
 
 import pytest
 
+from dlmspec.check import find
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import KEY_ALIASES, load_text
 from dlmspec.resolve import resolve
-from dlmspec.validate import find_issues
 
 BASE = """
 [model]
@@ -43,7 +43,7 @@ def test_aliases_name_real_keys() -> None:
 
 def test_gpu_family_names_every_variant() -> None:
     loaded = load_text(BASE.format(extra="", gpu="a100"), "a.toml")
-    (issue,) = [i for i in find_issues(loaded, resolve(loaded.spec)) if i.key == "cluster.gpu"]
+    (issue,) = [i for i in find(("spec",), loaded, resolve(loaded.spec)) if i.key == "cluster.gpu"]
     assert "'a100-40gb'" in issue.hint and "'a100-80gb'" in issue.hint
 
 

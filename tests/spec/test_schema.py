@@ -18,12 +18,12 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from dlmspec.spec import models as spec_module
+from dlmspec.check import find
 from dlmspec.cli.commands import app, spec_json_schema, starter_spec
 from dlmspec.errors import SpecError
 from dlmspec.gpus import gpu_ids
 from dlmspec.spec.load import load_text
 from dlmspec.spec.presets import preset_names
-from dlmspec.validate import find_issues
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
@@ -194,7 +194,7 @@ def _loads(document: dict[str, Any]) -> bool:
         loaded = load_text(tomli_w.dumps(document))
     except SpecError:
         return False
-    return not [i for i in find_issues(loaded) if i.rule == "unknown-gpu"]
+    return not [i for i in find(("spec",), loaded) if i.rule == "unknown-gpu"]
 
 
 @pytest.mark.parametrize(("base", "key", "value", "accepted"), EDITS,

@@ -1,5 +1,5 @@
-"""Tests of dlmspec.validate: every rule fires on a spec that breaks it and stays quiet on a
-clean one, issues point at the file and line to edit, and check() raises all of them at once."""
+"""Tests of the spec rules of dlmspec.check: every rule fires on a spec that breaks it and stays
+quiet on a clean one, issues point at the file and line to edit, and one run reports all of them."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ from typing import Any
 
 import pytest
 
+from dlmspec.check import RULES, find, load_for
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load_text
 from dlmspec.spec.models import Spec
-from dlmspec.validate import RULES, check, find_issues, load_checked
 
 #: A local Hugging Face tokenizer folder (tokenizer_config.json only) whose pad token is id 998.
-PAD_998 = str(Path(__file__).resolve().parent / "fixtures" / "hf-tokenizer-pad-998")
+PAD_998 = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf-tokenizer-pad-998")
+
+#: The scopes of the rules that read a spec and this machine's files.
+FILES = ("spec", "paths")
 
 #: A small, valid data-parallel spec: 8 GPUs, DP 8, 4 microbatches, vocab 1000 (padded 1024,
 #: [MASK] = 1000).
@@ -60,13 +63,13 @@ def make(changes: dict[str, Any] | None = None) -> Spec:
 
 
 def rules_of(spec: Spec) -> set[str]:
-    return {i.rule for i in find_issues(spec)}
+    return {i.rule for i in find(("spec",), spec)}
 
 
 def test_base_spec_is_clean() -> None:
-    assert find_issues(make()) == []
+    assert find(("spec",), make()) == []
     # Its data prefix is not on this machine: only the path rule, only when asked, only a warning.
-    (issue,) = find_issues(make(), paths=True)
+    (issue,) = find(FILES, make())
     assert (issue.rule, issue.severity, issue.key, issue.value) == (
         "path-not-found", "warning", "data.train", ["data/x_text_document"])
 
@@ -235,7 +238,8 @@ def test_every_rule_has_a_case() -> None:
     from test_validate_hardening import CASES as HARDENING_CASES, MASK_RULE  # issue 15's rules, tested there
 
     hardening = {case[0] for case in HARDENING_CASES} | {MASK_RULE}
-    assert {case[0] for case in CASES} | hardening | FILE_RULES == set(RULES)
+    spec_rules = {r.id for r in RULES.values() if r.scope in FILES}
+    assert {case[0] for case in CASES} | hardening | FILE_RULES == spec_rules
 
 
 def test_checkpoint_folder_inherited_by_a_renamed_run_warns(tmp_path) -> None:
@@ -246,19 +250,19 @@ def test_checkpoint_folder_inherited_by_a_renamed_run_warns(tmp_path) -> None:
                     + '\n[checkpoint]\nsave = "runs/base/checkpoints"\n', encoding="utf-8")
     child = tmp_path / "child.toml"
     child.write_text('extends = "base.toml"\nname = "child-run"\n', encoding="utf-8")
-    found = [w for w in load_checked(child).warnings if w.rule == "checkpoint-inherited"]
+    found = [w for w in load_for("spec", child)[2] if w.rule == "checkpoint-inherited"]
     assert [w.key for w in found] == ["checkpoint.save"]
     assert "base.toml" in found[0].message and "runs/child-run/checkpoints" in found[0].hint
     # the parent itself, and a child that names its own folder, are quiet
-    assert not [w for w in load_checked(base).warnings if w.rule == "checkpoint-inherited"]
+    assert not [w for w in load_for("spec", base)[2] if w.rule == "checkpoint-inherited"]
     child.write_text('extends = "base.toml"\nname = "child-run"\n[checkpoint]\nsave = "runs/child/ckpt"\n',
                      encoding="utf-8")
-    assert not [w for w in load_checked(child).warnings if w.rule == "checkpoint-inherited"]
+    assert not [w for w in load_for("spec", child)[2] if w.rule == "checkpoint-inherited"]
 
 
 @pytest.mark.parametrize(("rule", "changes", "key"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_rule_fires(rule: str, changes: dict[str, Any], key: str) -> None:
-    found = [i for i in find_issues(make(changes), paths=RULES[rule].filesystem) if i.rule == rule]
+    found = [i for i in find(FILES if RULES[rule].scope == "paths" else ("spec",), make(changes)) if i.rule == rule]
     assert found, f"{rule} did not fire"
     issue = next((i for i in found if i.key == key), None)
     assert issue is not None, [i.key for i in found]
@@ -308,7 +312,7 @@ def test_rule_metadata() -> None:
     ],
 )
 def test_legal_combinations_are_clean(changes: dict[str, Any]) -> None:
-    assert find_issues(make(changes)) == []
+    assert find(("spec",), make(changes)) == []
 
 
 def test_expert_parallel_rule_does_not_repeat_the_tp_error() -> None:
@@ -318,21 +322,21 @@ def test_expert_parallel_rule_does_not_repeat_the_tp_error() -> None:
 
 
 def test_tp_hint_lists_only_working_sizes() -> None:
-    issue = next(i for i in find_issues(make({"parallel.tensor_model_parallel_size": 8, "model.num_query_groups": 4,
+    issue = next(i for i in find(("spec",), make({"parallel.tensor_model_parallel_size": 8, "model.num_query_groups": 4,
                                                "model.num_attention_heads": 12, "model.kv_channels": 32}))
                  if i.rule == "tp-divides-heads")
     assert issue.hint == "use parallel.tensor_model_parallel_size = 1, 2 or 4"
 
 
 def test_batch_hint_gives_neighbouring_multiples() -> None:
-    issue = next(i for i in find_issues(make({"train.global_batch_size": 60})) if i.rule == "batch-divisible")
+    issue = next(i for i in find(("spec",), make({"train.global_batch_size": 60})) if i.rule == "batch-divisible")
     assert issue.value == 60
     assert issue.hint == "use global_batch_size = 48 or 64"
 
 
 def test_issues_are_sorted_errors_first_and_deterministic() -> None:
     spec = make({"train.global_batch_size": 60, "train.eval_interval": 200, "parallel.sequence_parallel": True})
-    first, second = find_issues(spec), find_issues(spec)
+    first, second = find(("spec",), spec), find(("spec",), spec)
     assert [i.to_dict() for i in first] == [i.to_dict() for i in second]
     severities = [i.severity for i in first]
     assert severities == sorted(severities, key=lambda s: s != "error")
@@ -369,7 +373,7 @@ gpus_per_node = 10
 
 def test_issues_point_at_file_and_line() -> None:
     loaded = load_text(TOML, name="specs/lines.toml")
-    issues = {i.rule: i for i in find_issues(loaded)}
+    issues = {i.rule: i for i in find(("spec",), loaded)}
     assert (issues["batch-divisible"].file, issues["batch-divisible"].line) == ("specs/lines.toml", 11)
     assert issues["tp-divides-heads"].line == 7
     # ffn_hidden_size comes from the preset: the issue points at `preset = ...`.
@@ -378,36 +382,29 @@ def test_issues_point_at_file_and_line() -> None:
     assert str(issues["batch-divisible"]).startswith("specs/lines.toml:11: error: train.global_batch_size = 9:")
 
 
-def test_check_raises_every_issue_at_once() -> None:
+def test_one_run_finds_every_issue() -> None:
     loaded = load_text(TOML, name="lines.toml")
-    with pytest.raises(SpecError) as info:
-        check(loaded)
-    rules = {i.rule for i in info.value.issues}
-    assert {"batch-divisible", "tp-divides-heads", "tp-divides-ffn"} <= rules
-    assert len(info.value.errors) >= 3
+    issues = find(("spec",), loaded)
+    assert {"batch-divisible", "tp-divides-heads", "tp-divides-ffn"} <= {i.rule for i in issues}
+    assert len([i for i in issues if i.severity == "error"]) >= 3
 
 
-def test_check_returns_warnings_and_strict_raises_them() -> None:
-    spec = make({"train.eval_interval": 200})
-    warnings = check(spec)
-    assert [w.rule for w in warnings] == ["eval-interval"]
-    with pytest.raises(SpecError) as info:
-        check(spec, strict=True)
-    assert [i.rule for i in info.value.issues] == ["eval-interval"]
-    assert check(make()) == []
+def test_warnings_are_issues_of_their_own() -> None:
+    assert [(w.rule, w.severity) for w in find(("spec",), make({"train.eval_interval": 200}))] == [
+        ("eval-interval", "warning")]
+    assert find(("spec",), make()) == []
 
 
-def test_load_checked(tmp_path) -> None:
+def test_load_for(tmp_path) -> None:
     path = tmp_path / "s.toml"
     path.write_text(TOML.replace("tensor_model_parallel_size = 5", "tensor_model_parallel_size = 2")
                     .replace("gpus_per_node = 10", "gpus_per_node = 8")
                     .replace("global_batch_size = 9", "global_batch_size = 16"), encoding="utf-8")
-    checked = load_checked(path)
-    assert checked.resolved.dp == 4 and checked.resolved.num_microbatches == 4
-    assert checked.warnings == []
-    with pytest.raises(SpecError) as info:
-        load_checked(path, ["train.global_batch_size=10"])
-    issue = info.value.issues[0]
+    _, resolved, issues = load_for("spec", path)
+    assert resolved.dp == 4 and resolved.num_microbatches == 4
+    assert issues == []
+    _, _, issues = load_for("spec", path, ["train.global_batch_size=10"])
+    issue = issues[0]
     assert (issue.rule, issue.file, issue.value) == ("batch-divisible", "--set", 10)
 
 
@@ -422,28 +419,25 @@ def test_load_checked(tmp_path) -> None:
     ],
 )
 def test_one_problem_one_report(changes: dict[str, Any], report: list[tuple[str, str]]) -> None:
-    """Problems the validator reports are not reported again by dlmspec.render.compile's list of
-    runtime gaps (compile.UNSUPPORTED)."""
-    from dlmspec.render.compile import unsupported_issues
-    from dlmspec.resolve import resolve
-
+    """Problems the spec rules report are not reported again by the runtime's rules
+    (dlmspec.check.runtime)."""
     spec = make(changes)
-    assert [(i.rule, i.severity) for i in find_issues(spec)] == report
-    assert unsupported_issues(resolve(spec)) == []
+    assert [(i.rule, i.severity) for i in find(("spec",), spec)] == report
+    assert find(("runtime",), spec) == []
 
 
 def test_divisors_are_exact_for_real_sizes_and_bounded_for_huge_ones() -> None:
-    from dlmspec.validate import _DIVISOR_LIMIT, _divisors
+    from dlmspec.check.hints import DIVISOR_LIMIT, divisors
 
-    assert _divisors(12) == [1, 2, 3, 4, 6, 12] and _divisors(1) == [1] and _divisors(0) == []
-    assert _divisors(2 * 3 * 5 * 7 * 11 * 13) == [d for d in range(1, 30031) if 30030 % d == 0]
+    assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(1) == [1] and divisors(0) == []
+    assert divisors(2 * 3 * 5 * 7 * 11 * 13) == [d for d in range(1, 30031) if 30030 % d == 0]
     # A prime far beyond any real size: only 1 (its divisors up to the limit), without 2**61 steps.
-    assert _divisors(2**61 - 1) == [1]
-    assert _divisors(2**40) == [2**k for k in range(17)] and 2**16 == _DIVISOR_LIMIT
+    assert divisors(2**61 - 1) == [1]
+    assert divisors(2**40) == [2**k for k in range(17)] and 2**16 == DIVISOR_LIMIT
 
 
 def test_huge_sizes_get_hints_not_hangs() -> None:
-    issue = next(i for i in find_issues(make({"model.num_attention_heads": 2**61 - 1, "model.kv_channels": 32,
+    issue = next(i for i in find(("spec",), make({"model.num_attention_heads": 2**61 - 1, "model.kv_channels": 32,
                                                "parallel.tensor_model_parallel_size": 8}))
                  if i.rule == "tp-divides-heads")
     assert issue.hint == "use parallel.tensor_model_parallel_size = 1"
@@ -470,7 +464,7 @@ def test_path_warnings(tmp_path, monkeypatch: pytest.MonkeyPatch, changes: dict[
     for suffix in (".bin", ".idx"):
         (tmp_path / "data" / f"x_text_document{suffix}").write_bytes(b"")
     (tmp_path / "ckpt").mkdir()
-    found = [i for i in find_issues(make(changes), paths=True) if i.rule == "path-not-found"]
+    found = [i for i in find(FILES, make(changes)) if i.rule == "path-not-found"]
     assert {i.key for i in found} == warned
     assert all(i.severity == "warning" and "not on this machine" in i.message for i in found)
 
@@ -495,7 +489,7 @@ def _hf(folder: str, **changes: Any) -> Spec:
 
 
 def _pad_issues(spec: Spec, paths: bool = True) -> list:
-    return [i for i in find_issues(spec, paths=paths) if i.rule in ("mask-token-not-pad", "mask-token-distinct")]
+    return [i for i in find(FILES if paths else ("spec",), spec) if i.rule in ("mask-token-not-pad", "mask-token-distinct")]
 
 
 @pytest.mark.parametrize("files", [
@@ -510,7 +504,7 @@ def _pad_issues(spec: Spec, paths: bool = True) -> list:
 def test_mask_token_is_not_the_tokenizers_pad_id(tmp_path: Path, files: dict[str, Any]) -> None:
     """A padded position would be indistinguishable from a masked one: [MASK] = the pad id of a
     local Hugging Face tokenizer is an error (with a free padded slot as the fix); another id is
-    clean; the rule reads files, so it runs only with paths=True (dlmspec validate)."""
+    clean; the rule reads files, so it runs only in the paths scope (dlmspec validate)."""
     folder = _hf_tokenizer(tmp_path / "tok", **files)
     (issue,) = _pad_issues(_hf(folder, **{"objective.mask_token_id": 7}))
     assert (issue.rule, issue.key, issue.value, issue.severity) == ("mask-token-not-pad", "objective.mask_token_id", 7,
@@ -580,7 +574,7 @@ def test_a_misspelt_table_given_by_set_is_reported_at_set(tmp_path) -> None:
     path = tmp_path / "s.toml"
     path.write_text(TOML, encoding="utf-8")
     with pytest.raises(SpecError) as info:
-        load_checked(path, ["paralel.tensor_model_parallel_size=4"])
+        load_for("spec", path, ["paralel.tensor_model_parallel_size=4"])
     issue = next(i for i in info.value.issues if i.key == "paralel")
     assert (issue.file, issue.hint) == ("--set", "did you mean 'parallel'?")
 
@@ -591,12 +585,12 @@ def test_schema_errors_and_rule_errors_are_reported_in_one_run(tmp_path) -> None
     path = tmp_path / "s.toml"
     path.write_text(TOML, encoding="utf-8")  # TP 5 does not divide the heads; batch 9 not by DP
     with pytest.raises(SpecError) as info:
-        load_checked(path, ["train.lr=fast", "train.micro_bach_size=2"])
+        load_for("spec", path, ["train.lr=fast", "train.micro_bach_size=2"])
     rules = {i.rule for i in info.value.errors}
     assert {"schema", "tp-divides-heads"} <= rules
     assert not [i for i in info.value.issues if i.rule != "schema" and i.key == "train.lr"]
     # a missing required key leaves no spec to run the rules on: the schema errors alone
     path.write_text(TOML.replace("global_batch_size = 9\n", ""), encoding="utf-8")
     with pytest.raises(SpecError) as info:
-        load_checked(path)
+        load_for("spec", path)
     assert {i.rule for i in info.value.errors} == {"schema"}

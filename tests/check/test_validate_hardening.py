@@ -17,10 +17,13 @@ from typing import Any
 
 import pytest
 
+from dlmspec.check import RULES, find
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load
 from dlmspec.spec.models import Spec
-from dlmspec.validate import RULES, find_issues
+
+#: The scopes of the rules that read a spec and this machine's files.
+FILES = ("spec", "paths")
 
 #: A valid data-parallel spec: 8 GPUs, vocab 1000 (padded 1024, [MASK] = 1000), head dim 32.
 BASE: dict[str, Any] = {
@@ -50,11 +53,11 @@ def make(changes: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def issues_of(data: dict[str, Any], rule: str) -> list:
-    return [i for i in find_issues(Spec.model_validate(data), paths=True) if i.rule == rule]
+    return [i for i in find(FILES, Spec.model_validate(data)) if i.rule == rule]
 
 
 def test_base_is_clean() -> None:
-    assert find_issues(Spec.model_validate(make()), paths=True) == []
+    assert find(FILES, Spec.model_validate(make())) == []
 
 
 # (rule, changes that break it, key named, changes the hint suggests, text of the hint)
@@ -146,7 +149,7 @@ def test_rule_fires_and_its_fix_validates(rule: str, changes: dict[str, Any], ke
     assert issue.message and issue.hint and hint in issue.hint, issue.hint
     fixed = make({**changes, **fix})
     assert issues_of(fixed, rule) == [], "the suggested fix does not satisfy the rule"
-    errors = [i for i in find_issues(Spec.model_validate(fixed), paths=False) if i.severity == "error"]
+    errors = [i for i in find(("spec",), Spec.model_validate(fixed)) if i.severity == "error"]
     assert errors == [], errors
 
 
@@ -157,7 +160,7 @@ def test_legal_values_stay_quiet() -> None:
                     {"train.train_iters": 10**9}, {"data.num_workers": 64}, {"cluster.nodes": 1024},
                     {"description": " "}, {"stage.kind": "sft", "stage.sft": {}, "checkpoint.init_from": "hf:x"}):
         data = make(changes)
-        rules = {i.rule for i in find_issues(Spec.model_validate(data), paths=True)}
+        rules = {i.rule for i in find(FILES, Spec.model_validate(data))}
         assert not rules & {c[0] for c in CASES}, (changes, rules)
 
 
@@ -350,5 +353,5 @@ def test_the_fast_path_finds_the_same(tmp_path: Path) -> None:
     for i, (rule, changes, _, _, _) in enumerate(CASES):
         path = tmp_path / f"case{i}.toml"
         path.write_text(tomli_w.dumps(make(changes)), encoding="utf-8")
-        fast, slow = (find_issues(load(path, fast=flag), paths=True) for flag in (True, False))
+        fast, slow = (find(FILES, load(path, fast=flag)) for flag in (True, False))
         assert fast == slow and rule in {f.rule for f in fast}, rule

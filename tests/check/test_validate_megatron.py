@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from dlmspec.check import find
 from dlmspec.spec.models import Spec
-from dlmspec.validate import find_issues
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
@@ -49,7 +49,7 @@ def _spec(heads: int, groups: int, tp: int, sp: bool, ep: int, experts: int | No
 def test_sequence_parallel_with_ep_is_what_megatron_warns_about() -> None:
     """megatron-core only warns ("sequence parallelism must be used"); dlmspec makes it an error."""
     spec = _spec(8, 4, 2, False, 2, 4, RECOMPUTE[0])
-    assert "sequence-parallel-with-ep" in {i.rule for i in find_issues(spec)}
+    assert "sequence-parallel-with-ep" in {i.rule for i in find(("spec",), spec)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         transformer_config.TransformerConfig(
@@ -79,7 +79,7 @@ def test_microbatch_calculator_agrees(gbs: int, mbs: int, gpus: int) -> None:
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
 
     spec = _small({"train.global_batch_size": gbs, "train.micro_batch_size": mbs, "cluster.gpus_per_node": gpus})
-    ours = "batch-divisible" in {i.rule for i in find_issues(spec)}
+    ours = "batch-divisible" in {i.rule for i in find(("spec",), spec)}
     try:
         ConstantNumMicroBatchesCalculator(gbs, mbs, gpus, False, 0)
     except AssertionError:
@@ -94,7 +94,7 @@ def test_layers_per_stage_agree(layers: int, pp: int, vpp: int | None) -> None:
 
     spec = _small({"model.num_layers": layers, "parallel.pipeline_model_parallel_size": pp,
                    "parallel.virtual_pipeline_model_parallel_size": vpp, "cluster.gpus_per_node": pp})
-    ours = bool({i.rule for i in find_issues(spec)} & {"pp-divides-layers", "vpp-divides-stage-layers"})
+    ours = bool({i.rule for i in find(("spec",), spec)} & {"pp-divides-layers", "vpp-divides-stage-layers"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = transformer_config.TransformerConfig(
@@ -125,7 +125,7 @@ def test_lr_scheduler_agrees(lr: float, min_lr: float, warmup: int, iters: int, 
 
     spec = _small({"train.lr": lr, "train.min_lr": min_lr, "train.lr_warmup_iters": warmup, "train.train_iters": iters,
                    "train.eval_interval": 1, "train.lr_decay_style": style, "train.lr_wsd_decay_iters": wsd})
-    ours = bool({i.rule for i in find_issues(spec)} & {"min-lr-le-lr", "warmup-lt-decay", "wsd-needs-decay-iters"})
+    ours = bool({i.rule for i in find(("spec",), spec)} & {"min-lr-le-lr", "warmup-lt-decay", "wsd-needs-decay-iters"})
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
     try:
         OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=lr, min_lr=min_lr, lr_warmup_steps=warmup,

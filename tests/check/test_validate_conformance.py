@@ -34,9 +34,9 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from dlmspec.check import RULES, find
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
-from dlmspec.validate import RULES, find_issues
 
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
@@ -160,7 +160,7 @@ def megatron_raises(spec: Spec) -> bool:
 
 
 def ours(spec: Spec) -> set[str]:
-    return {i.rule for i in find_issues(spec) if i.severity == "error"} & MIRRORED
+    return {i.rule for i in find(("spec",), spec) if i.severity == "error"} & MIRRORED
 
 
 def _usually(draw: Any, fine: st.SearchStrategy, anything: st.SearchStrategy) -> Any:

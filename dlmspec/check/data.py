@@ -1,0 +1,96 @@
+"""Rules of the training data: datasets or mock data, the train/valid/test split, and the
+DataLoader workers per rank."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+from dlmspec.check.registry import Context, Finding, rule
+
+
+@rule(
+    "data-required",
+    "error",
+    "megatron.core.datasets.blended_megatron_dataset_builder (a blend or mock data is needed)",
+    "data.train names datasets, or data.mock = true",
+)
+def _data_required(ctx: Context) -> Iterator[Finding]:
+    d = ctx.spec.data
+    if not d.mock and not d.train:
+        yield Finding("data.train", "no training data", "add data.train = [\"PREFIX\"] (PREFIX.bin/.idx), "
+                      "or data.mock = true for random tokens", value=[])
+
+
+@rule(
+    "mock-ignores-data",
+    "warning",
+    "megatron.core.datasets.gpt_dataset.MockGPTDataset (random tokens; blends are not read)",
+    "data.train / data.valid are not given with data.mock",
+)
+def _mock(ctx: Context) -> Iterator[Finding]:
+    d = ctx.spec.data
+    if d.mock:
+        for key in ("train", "valid"):
+            if getattr(d, key):
+                yield Finding(f"data.{key}", "has no effect: data.mock = true reads no files",
+                              f"remove data.{key}, or set data.mock = false",
+                              value=[e.prefix for e in getattr(d, key)])
+
+
+_SPLIT = re.compile(r"\s*\d+(\.\d*)?\s*(,\s*\d+(\.\d*)?\s*){0,2}")
+
+
+@rule(
+    "split-format",
+    "error",
+    "megatron.core.datasets.blended_megatron_dataset_config.parse_and_normalize_split (at most 3 "
+    "non-negative weights; dlmspec also requires them comma-separated)",
+    "data.split is up to three non-negative weights with a positive train share",
+)
+def _split(ctx: Context) -> Iterator[Finding]:
+    d = ctx.spec.data
+    if d.mock or d.valid or not d.train:
+        return
+    if not _SPLIT.fullmatch(d.split):
+        yield Finding("data.split", "not a train,valid,test list of weights", 'use e.g. "99,1,0"')
+    elif float(d.split.split(",")[0]) <= 0:
+        yield Finding("data.split", "gives no share of data.train to training", 'use e.g. "99,1,0"')
+
+
+#: DataLoader workers per GPU rank above which a node cannot start them (processes and memory).
+_MAX_WORKERS = 1024
+
+
+#: More workers per GPU rank than a node has CPU cores per GPU (a DGX H100 has 14).
+_MANY_WORKERS = 64
+
+
+@rule(
+    "num-workers-range",
+    "error",
+    "torch.utils.data.DataLoader (num_workers processes per GPU rank, each with torch and the dataset index: "
+    "about 0.1-0.5 GiB of host memory)",
+    f"data.num_workers is at most {_MAX_WORKERS}",
+)
+def _workers_range(ctx: Context) -> Iterator[Finding]:
+    n, per_node = ctx.spec.data.num_workers, ctx.spec.cluster.gpus_per_node
+    if n > _MAX_WORKERS:
+        yield Finding("data.num_workers", f"{n:,} DataLoader processes per GPU rank ({n * per_node:,} per node) "
+                      "cannot start: each holds torch and the dataset index, far beyond a node's memory and "
+                      "process limits", "use num_workers = 2 (the default; a few per rank keep up with training)")
+
+
+@rule(
+    "num-workers-implausible",
+    "warning",
+    "torch.utils.data.DataLoader (num_workers processes per GPU rank); GPU nodes have 8-16 CPU cores per GPU "
+    "(a DGX H100: 14)",
+    f"data.num_workers is at most {_MANY_WORKERS}",
+)
+def _workers_implausible(ctx: Context) -> Iterator[Finding]:
+    n, per_node = ctx.spec.data.num_workers, ctx.spec.cluster.gpus_per_node
+    if _MANY_WORKERS < n <= _MAX_WORKERS:
+        yield Finding("data.num_workers", f"{n} DataLoader processes per GPU rank ({n * per_node:,} per node) are "
+                      "more than a node has CPU cores per GPU: the extra workers only take memory",
+                      "use num_workers = 2 (the default; a few per rank keep up with training)")

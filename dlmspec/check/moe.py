@@ -1,0 +1,177 @@
+"""Rules of mixture-of-experts models: expert parallelism, routing, the MoE layer pattern, and
+MoE keys given to a dense model."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from dlmspec.check.hints import divisors, join
+from dlmspec.check.registry import Context, Finding, rule
+
+
+@rule(
+    "etp-divides-moe-ffn",
+    "error",
+    "megatron.core.transformer.moe.experts (expert FFN split over expert_tensor_parallel_size)",
+    "moe_ffn_hidden_size is a multiple of the expert TP size",
+)
+def _etp_moe_ffn(ctx: Context) -> Iterator[Finding]:
+    ffn, etp = ctx.r.moe_ffn_hidden_size, ctx.r.etp
+    if ffn is not None and ffn % etp:
+        yield Finding(
+            "model.moe_ffn_hidden_size",
+            f"moe_ffn_hidden_size is not a multiple of the expert TP size {etp}",
+            f"use parallel.expert_tensor_parallel_size = {join(divisors(ffn)[:6])}",
+            value=ffn,
+        )
+
+
+@rule(
+    "ep-needs-moe",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__",
+    "expert_model_parallel_size > 1 needs num_experts",
+)
+def _ep_moe(ctx: Context) -> Iterator[Finding]:
+    if ctx.r.ep > 1 and not ctx.spec.model.is_moe:
+        yield Finding(
+            "parallel.expert_model_parallel_size",
+            "expert parallelism needs a mixture-of-experts model, and model.num_experts is unset",
+            "set expert_model_parallel_size = 1, or model.num_experts",
+        )
+
+
+@rule(
+    "ep-divides-experts",
+    "error",
+    "megatron.core.transformer.moe.moe_layer.BaseMoELayer.__init__",
+    "num_experts is a multiple of EP",
+)
+def _ep_experts(ctx: Context) -> Iterator[Finding]:
+    experts = ctx.spec.model.num_experts
+    if experts is not None and experts % ctx.r.ep:
+        yield Finding(
+            "parallel.expert_model_parallel_size",
+            f"num_experts = {experts} is not a multiple of the EP size",
+            f"use expert_model_parallel_size = {join(divisors(experts))}",
+        )
+
+
+@rule(
+    "topk-le-experts",
+    "error",
+    "megatron.core.transformer.moe.router.TopKRouter (top-k over num_experts)",
+    "moe_router_topk is at most num_experts",
+)
+def _topk(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    if m.num_experts is not None and m.moe_router_topk > m.num_experts:
+        yield Finding(
+            "model.moe_router_topk",
+            f"a token cannot be routed to more than num_experts = {m.num_experts} experts",
+            f"use moe_router_topk <= {m.num_experts}",
+        )
+
+
+@rule(
+    "moe-top1-routing",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (top-1 routing with "
+    "softmax scores needs moe_router_pre_softmax, which dlmspec does not expose)",
+    "top-1 routing uses sinkhorn load balancing (or route to 2+ experts)",
+)
+def _top1(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    if m.is_moe and m.moe_router_topk == 1 and m.moe_router_load_balancing_type != "sinkhorn":
+        yield Finding(
+            "model.moe_router_topk",
+            "top-1 routing needs the softmax before the top-k (a softmax over the one chosen expert has "
+            "zero gradient); megatron-core refuses it otherwise",
+            "use moe_router_topk >= 2, or moe_router_load_balancing_type = 'sinkhorn'",
+        )
+
+
+@rule(
+    "moe-layer-freq",
+    "error",
+    "megatron.core.models.gpt.gpt_layer_specs.get_gpt_decoder_block_spec",
+    "a moe_layer_freq list has one 0/1 entry per layer",
+)
+def _moe_freq(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    freq = m.moe_layer_freq
+    if not m.is_moe or not isinstance(freq, list):
+        return
+    if len(freq) != m.num_layers:
+        yield Finding(
+            "model.moe_layer_freq",
+            f"has {len(freq)} entries for {m.num_layers} layers",
+            f"give one 0/1 entry per layer ({m.num_layers}), or an int N for every Nth layer",
+        )
+    elif any(v not in (0, 1) for v in freq):
+        yield Finding("model.moe_layer_freq", "entries must be 0 (dense) or 1 (MoE)", "use only 0 and 1")
+    elif not any(freq):
+        yield Finding(
+            "model.moe_layer_freq",
+            "no layer is MoE, yet num_experts is set",
+            "put a 1 where a layer is MoE, or remove num_experts",
+        )
+
+
+@rule(
+    "moe-bias-needs-etp1",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (bias in MoE only with ETP 1)",
+    "MoE with add_bias_linear uses expert_tensor_parallel_size = 1",
+)
+def _moe_bias(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    if m.is_moe and m.add_bias_linear and ctx.r.etp != 1:
+        yield Finding(
+            "parallel.expert_tensor_parallel_size",
+            "megatron-core supports biases in MoE experts only without expert tensor parallelism",
+            "set parallel.expert_tensor_parallel_size = 1 (the default is the TP size), or model.add_bias_linear = false",
+            value=ctx.r.etp,
+        )
+
+
+@rule(
+    "moe-keys-ignored",
+    "warning",
+    "dlmspec.resolve (MoE keys are used only when model.num_experts is set)",
+    "MoE keys are only given for MoE models",
+)
+def _moe_ignored(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.model.is_moe:
+        return
+    for key in (
+        "model.moe_ffn_hidden_size",
+        "model.moe_shared_expert_intermediate_size",
+        "model.moe_router_topk",
+        "model.moe_layer_freq",
+        "parallel.expert_tensor_parallel_size",
+    ):
+        if ctx.is_set(key):
+            yield Finding(key, "has no effect: model.num_experts is unset (dense model)",
+                          f"remove {key}, or set model.num_experts")
+
+
+@rule(
+    "moe-act-needs-grouped-gemm",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__",
+    "recomputing 'moe_act' needs moe_grouped_gemm",
+)
+def _moe_act(ctx: Context) -> Iterator[Finding]:
+    rc, m = ctx.spec.recompute, ctx.spec.model
+    if rc.granularity != "selective" or "moe_act" not in (rc.modules or []):
+        return
+    if not m.is_moe:  # moe_grouped_gemm reaches TransformerConfig only with experts (dlmspec.render.compile)
+        yield Finding("recompute.modules", "recomputing 'moe_act' needs grouped-GEMM experts, and the model is dense "
+                      "(model.num_experts is unset)", "drop 'moe_act' from recompute.modules")
+    elif not m.moe_grouped_gemm:
+        yield Finding(
+            "recompute.modules",
+            "recomputing 'moe_act' is only implemented for grouped-GEMM experts",
+            "set model.moe_grouped_gemm = true, or drop 'moe_act' from recompute.modules",
+        )

@@ -1,0 +1,179 @@
+"""Rules of the training objective and attention: autoregressive vs masked diffusion,
+block-causal attention's block size, and position embeddings (learned, RoPE's rotary
+dimensions)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from dlmspec.check.hints import largest_divisor_at_most
+from dlmspec.check.registry import Context, Finding, rule
+
+
+@rule(
+    "ar-attention",
+    "error",
+    "next-token prediction: position i may attend only to positions <= i (else it sees its target)",
+    "the 'ar' objective uses causal attention",
+)
+def _ar_attention(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.objective.kind == "ar" and ctx.r.attention_mask != "causal":
+        yield Finding(
+            "objective.attention_mask",
+            f"next-token prediction with {ctx.r.attention_mask} attention lets each position see the "
+            "token it predicts",
+            "use attention_mask = 'causal' (the default for ar), or objective.kind = 'mdm'",
+            value=ctx.r.attention_mask,
+        )
+
+
+@rule(
+    "mdm-causal-attention",
+    "warning",
+    "LLaDA (Nie et al. 2025, sec. 2.1) and MDLM (Sahoo et al. 2024): the mask predictor is a "
+    "bidirectional Transformer",
+    "masked diffusion uses bidirectional (or block-causal) attention",
+)
+def _mdm_causal(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.objective.kind == "mdm" and ctx.r.attention_mask == "causal":
+        yield Finding(
+            "objective.attention_mask",
+            "a masked-diffusion model with causal attention cannot use the unmasked tokens to its right",
+            "use attention_mask = 'bidirectional' (the default for mdm) or 'block_causal'",
+        )
+
+
+@rule(
+    "block-causal-needs-size",
+    "error",
+    "block diffusion (Arriola et al. 2025, BD3-LM): the mask is causal over blocks of block_size",
+    "block_causal attention sets objective.block_size",
+)
+def _block_needs_size(ctx: Context) -> Iterator[Finding]:
+    if ctx.r.attention_mask == "block_causal" and ctx.spec.objective.block_size is None:
+        yield Finding(
+            "objective.block_size",
+            "block_causal attention needs a block length",
+            f"set block_size to a divisor of seq_length = {ctx.spec.train.seq_length}, e.g. "
+            f"{largest_divisor_at_most(ctx.spec.train.seq_length, 32)}",
+        )
+
+
+@rule(
+    "block-size-divides-seq",
+    "error",
+    "block diffusion (Arriola et al. 2025, BD3-LM): a sequence is a whole number of blocks",
+    "block_size divides seq_length",
+)
+def _block_divides(ctx: Context) -> Iterator[Finding]:
+    bs, s = ctx.spec.objective.block_size, ctx.spec.train.seq_length
+    if ctx.r.attention_mask == "block_causal" and bs is not None and s % bs:
+        yield Finding(
+            "objective.block_size",
+            f"seq_length = {s} is not a whole number of blocks",
+            f"use block_size = {largest_divisor_at_most(s, bs)} (a divisor of {s})",
+        )
+
+
+@rule(
+    "block-size-ignored",
+    "warning",
+    "dlmspec.spec.models.ObjectiveSpec.block_size (used only by block_causal attention)",
+    "objective.block_size is only given with block_causal attention",
+)
+def _block_ignored(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.objective.block_size is not None and ctx.r.attention_mask != "block_causal":
+        yield Finding("objective.block_size", f"has no effect with {ctx.r.attention_mask} attention",
+                      "remove block_size, or set attention_mask = 'block_causal'")
+
+
+@rule(
+    "bidirectional-without-positions",
+    "warning",
+    "self-attention without position information is permutation-equivariant (Vaswani et al. 2017, sec. 3.5)",
+    "non-causal attention comes with a position embedding",
+)
+def _no_positions(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.model.position_embedding_type == "none" and ctx.r.attention_mask != "causal":
+        yield Finding(
+            "model.position_embedding_type",
+            f"with {ctx.r.attention_mask} attention and no position embedding the model cannot tell "
+            "token order",
+            "use position_embedding_type = 'rope'",
+        )
+
+
+@rule(
+    "seq-exceeds-learned-positions",
+    "error",
+    "megatron.core.models.common.embeddings.language_model_embedding.LanguageModelEmbedding "
+    "(position table of max_sequence_length rows)",
+    "with learned positions, seq_length <= max_position_embeddings",
+)
+def _learned_positions(ctx: Context) -> Iterator[Finding]:
+    m, s = ctx.spec.model, ctx.spec.train.seq_length
+    if m.position_embedding_type == "learned_absolute" and s > m.max_position_embeddings:
+        yield Finding(
+            "train.seq_length",
+            f"learned position embeddings have {m.max_position_embeddings} rows; positions beyond them do not exist",
+            f"use seq_length <= {m.max_position_embeddings}, or raise model.max_position_embeddings",
+        )
+
+
+@rule(
+    "seq-exceeds-rope-positions",
+    "warning",
+    "model.max_position_embeddings is the context length the architecture was built (or trained) for",
+    "with rope, seq_length <= max_position_embeddings",
+)
+def _rope_positions(ctx: Context) -> Iterator[Finding]:
+    m, s = ctx.spec.model, ctx.spec.train.seq_length
+    if m.position_embedding_type == "rope" and s > m.max_position_embeddings:
+        yield Finding(
+            "train.seq_length",
+            f"longer than model.max_position_embeddings = {m.max_position_embeddings}",
+            f"use seq_length <= {m.max_position_embeddings}, or raise max_position_embeddings on purpose",
+        )
+
+
+#: rotary_percent values a hint suggests, the closest to the spec's first.
+_ROTARY_PERCENTS = (0.25, 0.5, 1.0)
+
+
+def _rotary_dims_of(kv_channels: int, percent: float) -> int:
+    """Rotary dimensions of a head: megatron-core RotaryEmbedding's ``int(kv_channels *
+    rotary_percent)`` (all of them at 1.0)."""
+    return int(kv_channels * percent) if percent < 1.0 else kv_channels
+
+
+@rule(
+    "rotary-dims",
+    "error",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding (dim = "
+    "int(kv_channels * rotary_percent), one frequency per pair of dimensions)",
+    "with rope, int(kv_channels * rotary_percent) is even and positive",
+)
+def _rotary_dims(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    if m.position_embedding_type != "rope":
+        return
+    kv, percent = ctx.r.kv_channels, m.rotary_percent
+    dims = _rotary_dims_of(kv, percent)
+    if dims > 0 and dims % 2 == 0:
+        return
+    if dims == 0:
+        what = "0 rotary dimensions: RoPE would rotate nothing, so the model gets no position information"
+    else:
+        what = (f"{dims} rotary dimensions, an odd number: RoPE rotates pairs of dimensions, so megatron-core "
+                f"builds {dims + 1} angles for {dims} dimensions and the first forward step fails on the shapes")
+    if kv % 2:
+        even = kv + 1
+        also = "" if _rotary_dims_of(even, percent) % 2 == 0 and _rotary_dims_of(even, percent) > 0 \
+            else " and rotary_percent = 1.0"
+        yield Finding("model.kv_channels", f"head dimension {kv} with rotary_percent = {percent:g} gives {what}",
+                      f"use an even head dimension: kv_channels = {even}{also}", value=kv)
+        return
+    fit = next(p for p in sorted(_ROTARY_PERCENTS, key=lambda p: (abs(p - percent), p))
+               if _rotary_dims_of(kv, p) > 0 and _rotary_dims_of(kv, p) % 2 == 0)
+    yield Finding("model.rotary_percent", f"{percent:g} of head dimension {kv} gives {what}",
+                  f"use rotary_percent = {fit} ({_rotary_dims_of(kv, fit)} of {kv} dimensions rotate)")

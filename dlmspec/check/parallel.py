@@ -1,0 +1,252 @@
+"""Rules of the cluster and the model-parallel layout: the GPU catalog, the world size against
+TP * PP * CP and expert parallelism, tensor parallelism against the model's dimensions, and the
+data-parallel settings (distributed optimizer, Megatron-FSDP)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from dlmspec.check.hints import divisors, join, tp_hint, tp_options
+from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.gpus import GPUS, gpu_ids
+
+
+@rule("unknown-gpu", "error", "dlmspec.gpus.GPUS", "cluster.gpu names a GPU in the catalog")
+def _unknown_gpu(ctx: Context) -> Iterator[Finding]:
+    gpu = ctx.spec.cluster.gpu
+    if gpu not in GPUS:
+        family = [g for g in gpu_ids() if g.startswith(gpu.lower())]
+        from difflib import get_close_matches  # error hints only
+
+        close = family or get_close_matches(gpu.lower(), gpu_ids(), n=1)
+        hint = (f"did you mean {' or '.join(repr(g) for g in close)}?" if close
+                else f"use one of {', '.join(gpu_ids())}")
+        yield Finding("cluster.gpu", "unknown GPU (see `dlmspec show --gpus`)", hint)
+
+
+@rule(
+    "world-divisible-by-model-parallel",
+    "error",
+    "megatron.core.parallel_state.initialize_model_parallel: world_size % (TP*PP*CP) == 0",
+    "the GPU count is a multiple of TP * PP * CP",
+)
+def _world_model_parallel(ctx: Context) -> Iterator[Finding]:
+    r, c = ctx.r, ctx.spec.cluster
+    product = r.tp * r.pp * r.cp
+    if r.world_size % product == 0:
+        return
+    sizes = [
+        ("parallel.tensor_model_parallel_size", r.tp),
+        ("parallel.pipeline_model_parallel_size", r.pp),
+        ("parallel.context_parallel_size", r.cp),
+    ]
+    offenders = [kv for kv in sizes if r.world_size % kv[1]] or [max(sizes, key=lambda kv: kv[1])]
+    key, size = offenders[0]
+    others = product // size
+    options = divisors(r.world_size // others) if r.world_size % others == 0 else []
+    if key == "parallel.tensor_model_parallel_size":
+        options = [t for t in options if t in tp_options(ctx)]
+    hint = (
+        f"use {key} = {join(options)}, or nodes * gpus_per_node a multiple of {product}"
+        if options
+        else f"use nodes * gpus_per_node a multiple of {product}"
+    )
+    yield Finding(
+        key,
+        f"{r.world_size} GPUs ({c.nodes} node(s) x {c.gpus_per_node}) are not divisible by "
+        f"TP*PP*CP = {r.tp}*{r.pp}*{r.cp} = {product}",
+        hint,
+    )
+
+
+@rule(
+    "world-divisible-by-expert-parallel",
+    "error",
+    "megatron.core.parallel_state.initialize_model_parallel: world_size % (ETP*EP*PP) == 0",
+    "the GPU count is a multiple of expert TP * EP * PP",
+)
+def _world_expert_parallel(ctx: Context) -> Iterator[Finding]:
+    r = ctx.r
+    product = r.etp * r.ep * r.pp
+    # With EP = 1 and ETP defaulted to TP this is implied by world-divisible-by-model-parallel.
+    if r.world_size % product == 0 or (r.ep == 1 and ctx.spec.parallel.expert_tensor_parallel_size is None):
+        return
+    key = "parallel.expert_model_parallel_size" if r.ep > 1 else "parallel.expert_tensor_parallel_size"
+    yield Finding(
+        key,
+        f"{r.world_size} GPUs are not divisible by ETP*EP*PP = {r.etp}*{r.ep}*{r.pp} = {product}",
+        f"use expert_model_parallel_size = {join(divisors(r.world_size // (r.etp * r.pp)))}"
+        if r.world_size % (r.etp * r.pp) == 0
+        else "use expert_tensor_parallel_size = 1",
+    )
+
+
+#: torch.distributed holds ranks and the world size as C int (int32).
+_MAX_WORLD = 2**31 - 1
+
+
+@rule(
+    "world-size-range",
+    "error",
+    "torch.distributed (init_process_group: rank and world_size are C int, int32)",
+    "nodes * gpus_per_node fits in int32",
+)
+def _world_range(ctx: Context) -> Iterator[Finding]:
+    c = ctx.spec.cluster
+    if c.nodes * c.gpus_per_node > _MAX_WORLD:
+        yield Finding("cluster.nodes", f"{c.nodes:,} nodes of {c.gpus_per_node} GPUs are {c.nodes * c.gpus_per_node:,} "
+                      f"ranks, beyond int32 ({_MAX_WORLD:,}), in which torch.distributed numbers them",
+                      "use the nodes the job runs on, e.g. nodes = 1")
+
+
+@rule(
+    "tp-divides-heads",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__",
+    "num_attention_heads is a multiple of TP",
+)
+def _tp_heads(ctx: Context) -> Iterator[Finding]:
+    heads = ctx.spec.model.num_attention_heads
+    if heads % ctx.r.tp:
+        yield Finding(
+            "parallel.tensor_model_parallel_size",
+            f"num_attention_heads = {heads} is not a multiple of the TP size",
+            tp_hint(ctx),
+        )
+
+
+@rule(
+    "fused-linear-ce-tp",
+    "error",
+    "dlmspec.backends.megatron.output_loss.defer_output_projection (the vocabulary must not be split over TP ranks)",
+    "kernels.cross_entropy = 'fused_linear' needs tensor_model_parallel_size = 1",
+)
+def _fused_ce_tp(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.kernels.cross_entropy == "fused_linear" and ctx.r.tp > 1:
+        yield Finding(
+            "kernels.cross_entropy",
+            f"the fused linear cross entropy projects onto the whole vocabulary, but TP = {ctx.r.tp} "
+            "splits the output layer over ranks",
+            'set kernels.cross_entropy = "auto" (fused at TP = 1, megatron\'s otherwise) or "megatron", '
+            "or parallel.tensor_model_parallel_size = 1",
+        )
+
+
+@rule(
+    "tp-query-groups",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__",
+    "num_query_groups is a multiple or a divisor of TP",
+)
+def _tp_groups(ctx: Context) -> Iterator[Finding]:
+    groups, tp = ctx.r.num_query_groups, ctx.r.tp
+    if groups % tp and tp % groups:
+        yield Finding(
+            "parallel.tensor_model_parallel_size",
+            f"num_query_groups = {groups} is neither a multiple nor a divisor of the TP size",
+            tp_hint(ctx),
+        )
+
+
+@rule(
+    "heads-divisible-by-groups",
+    "error",
+    "megatron.core.transformer.attention.SelfAttention (heads per group = heads // groups)",
+    "num_attention_heads is a multiple of num_query_groups",
+)
+def _heads_groups(ctx: Context) -> Iterator[Finding]:
+    heads, groups = ctx.spec.model.num_attention_heads, ctx.r.num_query_groups
+    if heads % groups:
+        yield Finding(
+            "model.num_query_groups",
+            f"num_attention_heads = {heads} is not a multiple of num_query_groups",
+            f"use num_query_groups = {join(divisors(heads))}",
+            value=groups,
+        )
+
+
+@rule(
+    "hidden-divisible-by-heads",
+    "error",
+    "Megatron-LM validate_args: hidden_size % num_attention_heads == 0 when kv_channels is unset",
+    "without kv_channels, hidden_size is a multiple of num_attention_heads",
+)
+def _hidden_heads(ctx: Context) -> Iterator[Finding]:
+    m = ctx.spec.model
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
+        yield Finding(
+            "model.hidden_size",
+            f"hidden_size is not a multiple of num_attention_heads = {m.num_attention_heads}, "
+            f"so the head dimension would be rounded down to {m.hidden_size // m.num_attention_heads}",
+            f"set model.kv_channels explicitly, or hidden_size = "
+            f"{m.hidden_size // m.num_attention_heads * m.num_attention_heads}",
+        )
+
+
+@rule(
+    "tp-divides-ffn",
+    "error",
+    "megatron.core.tensor_parallel.layers.ColumnParallelLinear / RowParallelLinear (divide by TP)",
+    "ffn_hidden_size (dense layers) and the shared-expert size are multiples of TP",
+)
+def _tp_ffn(ctx: Context) -> Iterator[Finding]:
+    m, tp = ctx.spec.model, ctx.r.tp
+    if 0 in ctx.r.moe_layers and m.ffn_hidden_size % tp:
+        yield Finding(
+            "model.ffn_hidden_size",
+            f"ffn_hidden_size is not a multiple of the TP size {tp}",
+            f"use a multiple of {tp}, e.g. {(m.ffn_hidden_size // tp + 1) * tp}",
+        )
+    shared = m.moe_shared_expert_intermediate_size
+    if m.is_moe and shared is not None and shared % tp:
+        yield Finding(
+            "model.moe_shared_expert_intermediate_size",
+            f"the shared expert is split over TP and {shared} is not a multiple of the TP size {tp}",
+            f"use a multiple of {tp}, e.g. {(shared // tp + 1) * tp}",
+        )
+
+
+@rule(
+    "overlap-param-gather-needs-distopt",
+    "warning",
+    "megatron.core.distributed.DistributedDataParallel (param all-gather overlap exists only with "
+    "use_distributed_optimizer)",
+    "overlap_param_gather comes with use_distributed_optimizer",
+)
+def _overlap_param(ctx: Context) -> Iterator[Finding]:
+    p = ctx.spec.parallel
+    if p.overlap_param_gather and not p.use_distributed_optimizer:
+        yield Finding("parallel.overlap_param_gather",
+                      "has no effect: parameters are all-gathered only by the distributed optimizer",
+                      "set use_distributed_optimizer = true, or overlap_param_gather = false")
+
+
+@rule(
+    "sharding-needs-megatron-fsdp",
+    "warning",
+    "megatron.core.distributed.DistributedDataParallelConfig.data_parallel_sharding_strategy "
+    "(a Megatron FSDP setting)",
+    "data_parallel_sharding_strategy is only given with fsdp = 'megatron'",
+)
+def _sharding(ctx: Context) -> Iterator[Finding]:
+    p = ctx.spec.parallel
+    if p.data_parallel_sharding_strategy != "no_shard" and p.fsdp != "megatron":
+        yield Finding("parallel.data_parallel_sharding_strategy", f"has no effect with fsdp = '{p.fsdp}'",
+                      "set parallel.fsdp = 'megatron', or remove data_parallel_sharding_strategy")
+
+
+@rule(
+    "megatron-fsdp-no-shard",
+    "warning",
+    "megatron.core.distributed.DistributedDataParallelConfig.data_parallel_sharding_strategy "
+    "(default 'no_shard': Megatron-FSDP then shards nothing)",
+    "fsdp = 'megatron' comes with a sharding strategy",
+)
+def _fsdp_no_shard(ctx: Context) -> Iterator[Finding]:
+    p = ctx.spec.parallel
+    if p.fsdp == "megatron" and p.data_parallel_sharding_strategy == "no_shard":
+        yield Finding("parallel.data_parallel_sharding_strategy",
+                      "Megatron-FSDP with 'no_shard' keeps full weights, gradients and optimizer state on "
+                      "every GPU (more memory than the distributed optimizer)",
+                      "set parallel.data_parallel_sharding_strategy = 'optim_grads_params' (ZeRO-3), "
+                      "or 'optim_grads' / 'optim'")

@@ -1,0 +1,62 @@
+"""The rule that looks at files on this machine: the data, tokenizer and checkpoints the job
+opens (scope ``paths``: a warning, since those files usually live on the cluster)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterator
+
+from dlmspec.check.hints import join
+from dlmspec.check.registry import Context, Finding, rule
+
+
+#: A Hugging Face hub id (``org/name``): a tokenizer that loads from the hub, not a local path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*")
+
+
+def _exists(path: str) -> bool:
+    try:
+        return os.path.exists(path)
+    except (OSError, ValueError):  # NUL bytes, names too long
+        return False
+
+
+_ELSEWHERE = ("fine if it exists where the job runs (relative paths are read from the directory the job "
+              "is launched in); else fix the path")
+
+
+@rule(
+    "path-not-found",
+    "warning",
+    "the launched job opens these: megatron-core IndexedDataset (PREFIX.bin, PREFIX.idx), Megatron-LM "
+    "build_tokenizer (tokenizer files), checkpoint loading (checkpoint.load, checkpoint.init_from)",
+    "data prefixes, tokenizer files and checkpoints to load exist on this machine",
+    scope="paths",
+)
+def _paths(ctx: Context) -> Iterator[Finding]:
+    d, tok, ck = ctx.spec.data, ctx.spec.data.tokenizer, ctx.spec.checkpoint
+    if not d.mock:
+        for key in ("train", "valid"):
+            missing = [e.prefix for e in getattr(d, key) if not (_exists(e.prefix + ".bin") and _exists(e.prefix + ".idx"))]
+            if missing:
+                yield Finding(
+                    f"data.{key}",
+                    f"not on this machine: {join([repr(m) for m in missing], 3)} (PREFIX.bin / PREFIX.idx)",
+                    f"{_ELSEWHERE}; `dlmspec data prepare` writes them",
+                    value=missing,
+                )
+    for key in ("vocab_file", "merge_file"):
+        value = getattr(tok, key)
+        if value is not None and not _exists(value):
+            yield Finding(f"data.tokenizer.{key}", "not on this machine", _ELSEWHERE)
+    hub = tok.type == "HuggingFaceTokenizer" and tok.model is not None and _HUB_ID.fullmatch(tok.model)
+    if tok.model is not None and tok.type != "NullTokenizer" and not hub and not _exists(tok.model):
+        yield Finding("data.tokenizer.model", "not on this machine", _ELSEWHERE)
+    if ck.init_from is not None:
+        kind, _, target = ck.init_from.partition(":")
+        if kind in ("hf", "mcore") and target and not _exists(target):
+            what = "a local Hugging Face model folder" if kind == "hf" else "a megatron-core checkpoint directory"
+            yield Finding("checkpoint.init_from", f"not on this machine ({what} is read)", _ELSEWHERE)
+    if ck.load is not None and ck.load != ck.save and not _exists(ck.load):
+        yield Finding("checkpoint.load", "not on this machine", _ELSEWHERE)

@@ -1,0 +1,271 @@
+"""The issue registry: every check of a spec is a :class:`Rule` in :data:`RULES`, and
+:func:`issues_for` runs the rules a command needs, as listed in :data:`SCOPES`.
+
+A rule has a stable id (tests, ``--json`` and ``dlmspec show --rules`` use it), a severity, the
+source it mirrors (the megatron-core or Megatron-LM check that raises on the same input, the
+SLURM option, the runtime module that cannot run it, or the paper an objective comes from), a
+one-line summary and a scope, which says what the rule looks at:
+
+* ``load``: the loader reports these while reading the file (:mod:`dlmspec.spec.load`: syntax,
+  schema, ``extends``, ``--set``); listed here, run there.
+* ``spec``: the spec's values alone (the same verdict on every machine).
+* ``paths``: files on this machine (data, tokenizer, checkpoints): the verdict depends on where
+  it runs.
+* ``slurm``: the ``[cluster.slurm]`` values ``launch.sbatch`` is rendered from.
+* ``memory``: the planned memory per GPU (:mod:`dlmspec.plan`).
+* ``runtime``: what the bundled runtime (``backends/megatron``) cannot run.
+
+Every issue of every command is sorted by :func:`sort_key`: errors first, then file, line, key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
+
+from dlmspec.errors import Severity, SpecError, SpecIssue
+from dlmspec.spec.load import LoadedSpec, load
+from dlmspec.resolve import Resolved, resolve
+
+if TYPE_CHECKING:
+    from dlmspec.spec.models import Spec
+
+Scope = Literal["load", "spec", "paths", "slurm", "memory", "runtime"]
+
+#: Every scope, in the order ``dlmspec show --rules`` lists them.
+SCOPE_NAMES: tuple[Scope, ...] = ("load", "spec", "paths", "slurm", "memory", "runtime")
+
+#: The scopes each command checks, in the order they run. A rule marked ``only_if_clean`` (the
+#: memory rules) runs only when the scopes before its own found no error: a spec that breaks a
+#: rule may have no layout to plan. ``compile`` refuses exactly what ``validate`` reports (and
+#: ``new`` and ``submit`` check as ``compile`` does); ``plan`` leaves out files, SLURM and the
+#: runtime (a plan of an RL spec is still a plan); ``search`` is what ``plan --search`` checks on
+#: each candidate layout (it plans memory itself); ``spec`` is the spec's own values (what the
+#: search checks at its neutral layout); ``sbatch`` is what ``launch.sbatch`` needs.
+SCOPES: dict[str, tuple[Scope, ...]] = {"validate": ("spec", "paths", "slurm", "memory", "runtime")}
+SCOPES["compile"] = SCOPES["validate"]
+SCOPES["plan"] = ("spec", "memory")
+SCOPES["search"] = ("spec", "runtime")
+SCOPES["spec"] = ("spec",)
+SCOPES["sbatch"] = ("slurm",)
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a rule function yields: the key to point at, why, and a value that works.
+
+    ``value`` defaults to the spec's value at ``key``; ``hint`` to the rule's ``fix``;
+    ``severity`` to the rule's (a rule whose verdict has an override, like ``memory-fits``,
+    yields a warning where the spec accepts the risk).
+    """
+
+    key: str
+    message: str
+    hint: str | None = None
+    value: Any = _UNSET
+    severity: Severity | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One check.
+
+    Attributes:
+        id: stable short id, e.g. ``"tp-divides-heads"``.
+        severity: ``"error"`` or ``"warning"``: the severity of its findings (a finding may
+            override it, see :class:`Finding`).
+        source: what the rule mirrors (megatron-core module and function, Megatron-LM argument
+            check, SLURM option, runtime module, or paper).
+        summary: what holds when the rule is quiet, in one line (``dlmspec show --rules``).
+        func: yields a :class:`Finding` per violation; reads a :class:`Context`. None for the
+            ``load`` scope, whose issues the loader raises.
+        scope: what the rule looks at (see the module docstring).
+        fix: the hint of every finding that gives none (rules whose fix never varies).
+        only_if_clean: run only when the scopes before this rule's found no error.
+    """
+
+    id: str
+    severity: Severity
+    source: str
+    summary: str
+    func: Callable[["Context"], Iterator[Finding]] | None
+    scope: Scope = "spec"
+    fix: str | None = None
+    only_if_clean: bool = False
+
+
+#: Every rule, in the order the modules of :mod:`dlmspec.check` register them.
+RULES: dict[str, Rule] = {}
+
+
+def rule(rule_id: str, severity: Severity, source: str, summary: str, *, scope: Scope = "spec",
+         fix: str | None = None, only_if_clean: bool = False) -> Callable:
+    """Decorator registering a rule function in :data:`RULES` (see :class:`Rule`).
+
+    Raises:
+        ValueError: the id is registered already.
+    """
+    def register(func: Callable[["Context"], Iterator[Finding]]) -> Callable[["Context"], Iterator[Finding]]:
+        add_rule(Rule(rule_id, severity, source, summary, func, scope, fix, only_if_clean))
+        return func
+
+    return register
+
+
+def add_rule(entry: Rule) -> Rule:
+    """Register ``entry`` in :data:`RULES`.
+
+    Raises:
+        ValueError: its id is registered already.
+    """
+    if entry.id in RULES:
+        raise ValueError(f"duplicate rule id {entry.id}")
+    RULES[entry.id] = entry
+    return entry
+
+
+@dataclass
+class Context:
+    """What a rule reads: the spec, its resolved values and (when loaded from a file) where
+    each key was written. ``cache`` holds what several rules share (the memory plan)."""
+
+    spec: Spec
+    r: Resolved
+    loaded: LoadedSpec | None = None
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def value(self, key: str) -> Any:
+        """The spec's value at dotted ``key`` (``None`` past a missing table)."""
+        node: Any = self.spec
+        for part in key.split("."):
+            if node is None:
+                return None
+            node = getattr(node, part)
+        return node
+
+    def is_set(self, key: str) -> bool:
+        """Whether ``key`` was given (by the user, a preset or ``--set``) rather than defaulted."""
+        parts = key.split(".")
+        node: Any = self.spec
+        for part in parts[:-1]:
+            node = getattr(node, part, None)
+            if node is None:
+                return False
+        return parts[-1] in node.model_fields_set
+
+    def origin(self, key: str) -> tuple[str | None, int | None]:
+        """(file, line) to report for ``key``: where it was written, else where the preset that
+        supplied it was named, else its nearest written table."""
+        if self.loaded is None:
+            return (None, None)
+        origins = self.loaded.origins
+        if key in origins:
+            return origins[key]
+        if key.startswith("model.") and self.spec.model.preset and "model.preset" in origins:
+            return origins["model.preset"]
+        return self.loaded.locate(key)
+
+
+def sort_key(issue: SpecIssue) -> tuple:
+    """The one order of issues: errors first, then file, line (unknown last), key, rule, message."""
+    return (
+        0 if issue.severity == "error" else 1,
+        issue.file or "",
+        issue.line if issue.line is not None else 1 << 30,
+        issue.key,
+        issue.rule,
+        issue.message,
+    )
+
+
+def find(scopes: Iterable[Scope], target: LoadedSpec | Spec, resolved: Resolved | None = None) -> list[SpecIssue]:
+    """Run the rules of ``scopes`` (in that order) on a spec; never raises for a bad spec.
+
+    Args:
+        scopes: scope names (see :data:`SCOPES` for each command's).
+        target: a :class:`~dlmspec.spec.load.LoadedSpec` (issues then carry file and line) or a
+            bare :class:`~dlmspec.spec.models.Spec` (file and line are ``None``).
+        resolved: ``resolve(spec)``, if the caller already has it.
+
+    Returns:
+        The issues, sorted by :func:`sort_key`.
+    """
+    loaded = target if isinstance(target, LoadedSpec) else None
+    spec = target.spec if isinstance(target, LoadedSpec) else target
+    ctx = Context(spec=spec, r=resolved if resolved is not None else resolve(spec), loaded=loaded)
+    found: list[SpecIssue] = []
+    for scope in scopes:
+        clean = not any(i.severity == "error" for i in found)
+        for entry in RULES.values():
+            if entry.scope != scope or entry.func is None or (entry.only_if_clean and not clean):
+                continue
+            for f in entry.func(ctx):
+                file, line = ctx.origin(f.key)
+                found.append(SpecIssue(
+                    key=f.key,
+                    message=f.message,
+                    value=ctx.value(f.key) if f.value is _UNSET else f.value,
+                    hint=f.hint if f.hint is not None else entry.fix,
+                    severity=f.severity or entry.severity,
+                    rule=entry.id,
+                    source=entry.source,
+                    file=file,
+                    line=line,
+                ))
+    return sorted(found, key=sort_key)
+
+
+def issues_for(command: str, target: LoadedSpec | Spec, resolved: Resolved | None = None) -> list[SpecIssue]:
+    """Every issue ``command`` reports for a spec: :func:`find` over ``SCOPES[command]``. What
+    ``dlmspec validate`` reports, ``compile`` refuses (the same scopes), so they cannot disagree.
+
+    Raises:
+        KeyError: ``command`` is not in :data:`SCOPES`.
+    """
+    return find(SCOPES[command], target, resolved)
+
+
+def with_rule_issues(error: SpecError, command: str) -> SpecError:
+    """A loader's schema error plus what ``command``'s rules find in the rest of the spec, so
+    one run reports every problem.
+
+    The rules run on ``error.partial`` (the spec without the rejected keys, which take their
+    defaults); their findings about a rejected key, or a key under it, are left out, since
+    they would describe the default, not what the user wrote. Returns ``error`` itself when
+    there is no partial spec or it cannot be resolved.
+    """
+    if error.partial is None:
+        return error
+    try:
+        extra = issues_for(command, error.partial)
+    except Exception:  # noqa: BLE001 - a partial spec that cannot be resolved adds nothing
+        return error
+    rejected = tuple(error.dropped)
+    keep = [i for i in extra
+            if not any(i.key == k or i.key.startswith(k + ".") or k.startswith(i.key + ".") for k in rejected)]
+    return SpecError(sorted(error.issues + keep, key=sort_key))
+
+
+def load_for(command: str, path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
+             fast: bool = False) -> tuple[LoadedSpec, Resolved, list[SpecIssue]]:
+    """Load a spec file with ``--set`` ``overrides``, resolve it and find what ``command``
+    reports (:func:`issues_for`): how ``dlmspec validate`` and ``dlmspec compile`` both start.
+    ``fast``: load a plainly valid spec without pydantic (:func:`dlmspec.spec.load.load`'s
+    ``fast``; the result is the same).
+
+    Returns:
+        (loaded, resolved, issues); the caller decides what stops it.
+
+    Raises:
+        SpecError: the file does not load (a ``load`` issue), with what ``command``'s rules find
+            in the rest of the spec (:func:`with_rule_issues`).
+    """
+    try:
+        loaded = load(path, list(overrides), fast=fast)
+    except SpecError as exc:
+        raise with_rule_issues(exc, command) from None
+    resolved = resolve(loaded.spec)
+    return loaded, resolved, issues_for(command, loaded, resolved)

@@ -1,0 +1,272 @@
+"""What the bundled runtime (``backends/megatron``) cannot run yet, and an end-of-document id it
+cannot tell: scope ``runtime``. ``validate`` reports these and ``compile`` refuses them, so no
+spec compiles into a train.py that stops at start-up (or silently trains something else)."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Iterator
+
+from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.resolve import eod_choice, eod_used_by, run_dir
+
+
+@rule(
+    "eod-id-unknown",
+    "error",
+    "dlmspec.backends.megatron.data.DataConfig.eod_id",
+    "the end-of-document id is known when the run reads it (data.tokenizer.eod_id, or a tokenizer whose "
+    "files give it)",
+    scope="runtime",
+)
+def _eod_unknown(ctx: Context) -> Iterator[Finding]:
+    eod = eod_choice(ctx.spec)
+    if eod.known:
+        return
+    used = eod_used_by(ctx.spec)
+    tok = ctx.spec.data.tokenizer
+    what = f"{tok.type}" + (f" {tok.model!r}" if tok.model else "")
+    yield Finding(
+        "data.tokenizer.eod_id",
+        f"the end-of-document id of {what} cannot be read at compile time"
+        + (f", and {', '.join(used)} reads it" if used else
+           f"; nothing in this run reads it, so train.py carries {eod.value} (vocab_size - 1) in its place"),
+        "set data.tokenizer.eod_id to the id `dlmspec data prepare --append-eod` appended "
+        "(the tokenizer's EOS/EOD token)",
+        value=None,
+        severity="error" if used else "warning",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Stages and features the runtime does not implement: refused, never silently compiled.
+
+
+@rule(
+    "runtime-rl",
+    "error",
+    "backends/megatron (trains pretraining objectives only: no rollouts, rewards or policy loss)",
+    "stage.kind is not 'rl'",
+    scope="runtime",
+    fix="set stage.kind = \"pretrain\"",
+)
+def _rl(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.stage.kind == "rl":
+        yield Finding("stage.kind", "reinforcement learning (stage.kind = 'rl') is not implemented by the megatron "
+                      "runtime (backends/megatron): it trains pretraining objectives only")
+
+
+@rule(
+    "runtime-sft",
+    "error",
+    "backends/megatron (no chat templates or prompt masking in its data pipeline)",
+    "stage.kind is not 'sft'",
+    scope="runtime",
+    fix="set stage.kind = \"pretrain\"",
+)
+def _sft(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.stage.kind == "sft":
+        yield Finding("stage.kind", "supervised fine-tuning (stage.kind = 'sft': chat templates, prompt masking) is "
+                      "not implemented by the megatron runtime (backends/megatron)")
+
+
+@rule(
+    "runtime-async-save",
+    "error",
+    "backends/megatron/checkpointing.py (synchronous megatron-core dist_checkpointing saves only)",
+    "checkpoint.async_save is false",
+    scope="runtime",
+    fix="set checkpoint.async_save = false",
+)
+def _async_save(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.checkpoint.async_save:
+        yield Finding("checkpoint.async_save", "asynchronous checkpoint saving is not implemented by the runtime")
+
+
+@rule(
+    "runtime-torch-fsdp",
+    "error",
+    "backends/megatron (megatron-core TorchFullyShardedDataParallel is not wired in: it averages gradients, the "
+    "runtime's per-token loss needs them summed, and megatron-core 0.16.1 cannot checkpoint it for a resume)",
+    "parallel.fsdp is not 'torch'",
+    scope="runtime",
+    fix="set parallel.fsdp = \"megatron\" (megatron-core's Megatron-FSDP; data_parallel_sharding_strategy = "
+    "\"optim_grads_params\" shards weights, gradients and optimizer state like FSDP2)",
+)
+def _torch_fsdp(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.parallel.fsdp == "torch":
+        yield Finding(
+            "parallel.fsdp",
+            "torch FSDP2 (megatron-core's TorchFullyShardedDataParallel) is not wired into the runtime: it averages "
+            "gradients over data parallelism where the runtime's per-token loss (calculate_per_token_loss) needs "
+            "them summed, and megatron-core 0.16.1 has no checkpoint path for it that the runtime could resume from",
+        )
+
+
+# Megatron-FSDP (backends/megatron/fsdp.py, fsdp_problems): what megatron-core 0.16.1's
+# FullyShardedDataParallel and the runtime need besides CUDA and einops.
+
+
+@rule(
+    "runtime-fsdp-distributed-optimizer",
+    "error",
+    "backends/megatron/fsdp.py (megatron-core FullyShardedDataParallel keeps the fp32 main weights in its "
+    "sharded buffers, which only DistributedOptimizer steps)",
+    "Megatron-FSDP comes with the distributed optimizer",
+    scope="runtime",
+    fix="set parallel.use_distributed_optimizer = true",
+)
+def _fsdp_distopt(ctx: Context) -> Iterator[Finding]:
+    p = ctx.spec.parallel
+    if p.fsdp == "megatron" and not p.use_distributed_optimizer:
+        yield Finding("parallel.use_distributed_optimizer", "Megatron-FSDP keeps the fp32 main weights in its own "
+                      "sharded buffers, which only megatron-core's DistributedOptimizer steps")
+
+
+@rule(
+    "runtime-fsdp-pipeline",
+    "error",
+    "backends/megatron/fsdp.py (Megatron-FSDP wraps one model chunk per rank)",
+    "Megatron-FSDP runs without pipeline parallelism",
+    scope="runtime",
+    fix="set parallel.pipeline_model_parallel_size = 1, or parallel.fsdp = \"none\"",
+)
+def _fsdp_pipeline(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.parallel.fsdp == "megatron" and ctx.r.pp > 1:
+        yield Finding("parallel.pipeline_model_parallel_size", "Megatron-FSDP is wired for one model chunk per rank; "
+                      "the runtime does not combine it with pipeline parallelism")
+
+
+@rule(
+    "runtime-fsdp-fused-ce",
+    "error",
+    "backends/megatron/output_loss.py (the fused linear cross entropy reads the output weight outside the "
+    "forward; Megatron-FSDP gathers sharded weights only inside it)",
+    "Megatron-FSDP runs with megatron's cross entropy",
+    scope="runtime",
+    fix="set kernels.cross_entropy = \"megatron\"",
+)
+def _fsdp_fused_ce(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.parallel.fsdp == "megatron" and ctx.r.cross_entropy == "fused_linear":
+        yield Finding("kernels.cross_entropy", "the fused linear cross entropy uses the output weight outside the "
+                      "model's forward, and Megatron-FSDP gathers its sharded weights only inside it")
+
+
+@rule(
+    "runtime-fsdp-init-from",
+    "error",
+    "backends/megatron/init_from.py (loads weights into unsharded parameters)",
+    "Megatron-FSDP runs start without checkpoint.init_from",
+    scope="runtime",
+    fix="remove checkpoint.init_from, or set parallel.fsdp = \"none\"",
+)
+def _fsdp_init_from(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.parallel.fsdp == "megatron" and ctx.spec.checkpoint.init_from is not None:
+        yield Finding("checkpoint.init_from", "checkpoint.init_from loads weights into unsharded parameters; "
+                      "Megatron-FSDP's are sharded DTensors")
+
+
+@rule(
+    "runtime-fsdp-fp8",
+    "error",
+    "backends/megatron/fsdp.py (no fp8 parameter gathers with Megatron-FSDP)",
+    "Megatron-FSDP runs without fp8",
+    scope="runtime",
+    fix="set precision.fp8 = \"none\", or parallel.fsdp = \"none\"",
+)
+def _fsdp_fp8(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.parallel.fsdp == "megatron" and ctx.spec.precision.fp8 != "none":
+        yield Finding("precision.fp8", "fp8 with Megatron-FSDP (fp8 parameter gathers, Transformer Engine) is not "
+                      "wired into the runtime")
+
+
+@rule(
+    "runtime-wandb",
+    "error",
+    "backends/megatron/metrics.py (metrics go to the console, metrics.jsonl and TensorBoard)",
+    "logging.wandb_project is unset",
+    scope="runtime",
+    fix="remove logging.wandb_project and use logging.tensorboard_dir",
+)
+def _wandb(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.logging.wandb_project is not None:
+        yield Finding("logging.wandb_project", "Weights & Biases logging is not implemented by the runtime "
+                      "(console and TensorBoard only)")
+
+
+@rule(
+    "runtime-tensorboard-dir",
+    "error",
+    "backends/megatron/metrics.py (TensorBoard events go to <LoggingConfig.run_dir>/tensorboard)",
+    "logging.tensorboard_dir is unset or <logging.run_dir>/tensorboard",
+    scope="runtime",
+    fix="set logging.tensorboard_dir to logging.run_dir + \"/tensorboard\" (run_dir defaults to runs/<name>)",
+)
+def _tensorboard_dir(ctx: Context) -> Iterator[Finding]:
+    tb = ctx.spec.logging.tensorboard_dir
+    if tb is not None and posixpath.normpath(tb) != posixpath.join(posixpath.normpath(run_dir(ctx.r)), "tensorboard"):
+        yield Finding("logging.tensorboard_dir", "the runtime writes TensorBoard events to <logging.run_dir>/tensorboard, "
+                      "not to another directory")
+
+
+# The layer path (resolve.layer_path: auto takes the one the features need; these are the
+# features an explicit model.transformer_impl cannot run).
+
+
+@rule(
+    "runtime-grouped-gemm-local",
+    "error",
+    "backends/megatron/layers.py build_layer_spec (grouped-GEMM experts are Transformer Engine modules)",
+    "grouped-GEMM experts run on Transformer Engine layers",
+    scope="runtime",
+    fix="set model.moe_grouped_gemm = false, or model.transformer_impl = \"transformer_engine\" (without the "
+    "features that need the local layers: variable-length sequences, document masks, block-causal attention)",
+)
+def _grouped_gemm_local(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.model.moe_grouped_gemm and ctx.r.transformer_impl == "local":
+        yield Finding("model.moe_grouped_gemm", "grouped-GEMM experts need Transformer Engine, and the layers are local")
+
+
+@rule(
+    "runtime-block-causal-te",
+    "error",
+    "backends/megatron/layers.py (block-causal attention is built on the local + SDPA path only)",
+    "block-causal attention runs on the local layers",
+    scope="runtime",
+    fix="set model.transformer_impl = \"auto\" or \"local\"",
+)
+def _block_causal_te(ctx: Context) -> Iterator[Finding]:
+    if ctx.r.attention_mask == "block_causal" and ctx.r.transformer_impl == "transformer_engine":
+        yield Finding("objective.attention_mask", "block-causal attention is implemented on the local + SDPA path "
+                      "only (backends/megatron/layers.py), not with Transformer Engine layers")
+
+
+@rule(
+    "runtime-variable-length-te",
+    "error",
+    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore a key-padding mask)",
+    "variable-length sequences run on the local layers",
+    scope="runtime",
+    fix="set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0",
+)
+def _variable_length_te(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.kind == "mdm" and o.variable_length_prob > 0 and ctx.r.transformer_impl == "transformer_engine":
+        yield Finding("objective.variable_length_prob", "sequences cut to a random length need a key-padding mask, "
+                      "which the Transformer Engine layers ignore: the runtime refuses it at start-up "
+                      "(backends/megatron/checks.py check_masks_supported)")
+
+
+@rule(
+    "runtime-document-mask-te",
+    "error",
+    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore an attention mask)",
+    "document masks run on the local layers",
+    scope="runtime",
+    fix="set model.transformer_impl = \"auto\" or \"local\", or data.reset_attention_mask = false",
+)
+def _document_mask_te(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.data.reset_attention_mask and ctx.r.transformer_impl == "transformer_engine":
+        yield Finding("data.reset_attention_mask", "document masks are passed as an attention mask, which the "
+                      "Transformer Engine layers ignore: the runtime refuses it at start-up "
+                      "(backends/megatron/checks.py check_masks_supported)")

@@ -1,0 +1,105 @@
+"""Rules of the spec's strings: no secret in any of them, no character a path, an environment
+variable or a UTF-8 file cannot carry, and no blank name or path."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.tokenizer import TOKENIZER_NEEDS
+from dlmspec.credentials import ENV_TABLES, ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, is_secret_name, spec_secrets, walk_strings
+
+
+@rule(
+    "secret-in-spec",
+    "error",
+    "dlmspec.credentials (every spec string reaches a generated file: train.py, launch.sh, launch.sbatch, "
+    "spec.lock.toml, plan.json)",
+    "no string of the spec holds a token, a key or a credential inside a URL",
+)
+def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
+    for key, what in spec_secrets(ctx.spec):
+        table, _, name = key.rpartition(".")
+        if table in ENV_TABLES and is_secret_name(name):
+            continue  # a secret name: the slurm-secret rule (dlmspec.check.slurm) reports it
+        yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", ENVIRONMENT_FIX, value=HIDDEN)
+
+
+#: Tables whose strings :func:`_string_characters` leaves to others: ``[cluster.slurm]`` strings
+#: are checked by :mod:`dlmspec.check.slurm` (stricter: no control character reaches an
+#: ``#SBATCH`` line), and a spec's ``[lock]`` table is dropped by compile (it writes its own).
+_STRINGS_CHECKED_ELSEWHERE = ("cluster.slurm", "lock")
+
+
+@rule(
+    "string-characters",
+    "error",
+    "POSIX (paths, names and environment variables end at NUL); generated files are UTF-8 "
+    "(dlmspec.render.escape writes every other character)",
+    "no spec string holds NUL or a lone surrogate",
+)
+def _string_characters(ctx: Context) -> Iterator[Finding]:
+    for key, text in walk_strings(ctx.spec):
+        if any(key == t or key.startswith(t + ".") for t in _STRINGS_CHECKED_ELSEWHERE):
+            continue
+        if "\x00" in text:
+            yield Finding(key, "holds a NUL character, which no path, name or environment variable can carry",
+                          "remove the NUL character (written \\u0000 in TOML)", value=text)
+        elif any("\ud800" <= ch <= "\udfff" for ch in text):
+            yield Finding(key, "holds a lone surrogate (half of a UTF-16 pair), which is not a character and "
+                          "cannot be written into the UTF-8 files compile generates",
+                          "write the character itself", value=text)
+
+
+#: Spec strings that name a run, a file, a directory or a key: None (unset) is fine, blank never
+#: is. -> (what a blank one breaks, the fix).
+_NAMED_STRINGS: dict[str, tuple[str, str]] = {
+    "name": ("the run's folders (runs/<name>) and job name", 'give the run a name, e.g. name = "my-run"'),
+    "checkpoint.save": ("the checkpoint directory", "remove checkpoint.save (unset: no checkpoints), or give a directory"),
+    "checkpoint.load": ("the directory to load from", "remove checkpoint.load (unset: it loads from checkpoint.save)"),
+    "logging.run_dir": ("the run directory", "remove logging.run_dir (unset: runs/<name>)"),
+    "logging.tensorboard_dir": ("the TensorBoard directory", "remove logging.tensorboard_dir (unset: no TensorBoard)"),
+    "logging.wandb_project": ("the wandb project", "remove logging.wandb_project (unset: no wandb)"),
+    "logging.wandb_exp_name": ("the wandb run name", "remove logging.wandb_exp_name (unset: the run's name)"),
+    "stage.sft.prompt_key": ("the JSON key of prompts", 'use prompt_key = "prompt"'),
+    "stage.sft.response_key": ("the JSON key of responses", 'use response_key = "response"'),
+    "stage.rl.reward": ("the reward function", 'use reward = "exact_match"'),
+}
+
+
+#: What each tokenizer file key is, for the blank-value hint.
+_TOKENIZER_FILE_HINTS = {
+    "model": "set data.tokenizer.model to a tokenizer.json, a folder or a .model file",
+    "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json)",
+    "merge_file": "set data.tokenizer.merge_file (GPT-2 merges.txt)",
+}
+
+
+def _blank(value: Any) -> bool:
+    return isinstance(value, str) and not value.strip()
+
+
+@rule(
+    "blank-value",
+    "error",
+    "the runtime opens these paths and names these folders (megatron-core IndexedDataset, Megatron-LM "
+    "build_tokenizer, checkpointing, logging): an empty or blank string names nothing (or the current directory)",
+    "names and paths are not empty or blank",
+)
+def _blank_value(ctx: Context) -> Iterator[Finding]:
+    for key, (what, fix) in _NAMED_STRINGS.items():
+        if _blank(ctx.value(key)):
+            yield Finding(key, f"is empty or blank, but names {what}", fix)
+    d = ctx.spec.data
+    for key in ("train", "valid"):
+        blank = [e.prefix for e in getattr(d, key) if _blank(e.prefix)]
+        if blank:
+            yield Finding(f"data.{key}", f"{len(blank)} entr{'y' if len(blank) == 1 else 'ies'} with an empty or blank "
+                          "prefix, which names no dataset", "give each entry an indexed-dataset PREFIX (PREFIX.bin and "
+                          "PREFIX.idx, written by `dlmspec data prepare`), or remove it", value=blank)
+    tok = d.tokenizer
+    for key, hint in _TOKENIZER_FILE_HINTS.items():
+        if _blank(getattr(tok, key)):
+            needed = key in TOKENIZER_NEEDS[tok.type]
+            yield Finding(f"data.tokenizer.{key}", "is empty or blank, which names no file",
+                          hint if needed else f"remove data.tokenizer.{key} ({tok.type} does not read it)")

@@ -1,0 +1,212 @@
+"""Rules of the tokenizer (its files, its ids against the embedding, the end-of-document id),
+and what the rules of :mod:`dlmspec.check.mask` read from a tokenizer's files."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.tokenizers import GPT2_EOD_TOKEN, read_json
+
+
+#: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
+GPT2_VOCAB_SIZE = 50257
+
+
+#: The keys each tokenizer type reads (its files, or NullTokenizer's size).
+TOKENIZER_NEEDS: dict[str, tuple[str, ...]] = {
+    "HuggingFaceTokenizer": ("model",),
+    "SentencePieceTokenizer": ("model",),
+    "TikTokenizer": ("model",),
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "NullTokenizer": ("vocab_size",),
+}
+
+
+@rule(
+    "tokenizer-files",
+    "error",
+    "Megatron-LM build_tokenizer (each tokenizer type reads its own files)",
+    "the tokenizer type's files (or vocab_size) are set",
+)
+def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
+    tok = ctx.spec.data.tokenizer
+    for key in TOKENIZER_NEEDS[tok.type]:
+        if getattr(tok, key) is None:
+            hint = {
+                "model": "set data.tokenizer.model to a tokenizer.json, a folder or a .model file",
+                "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json)",
+                "merge_file": "set data.tokenizer.merge_file (GPT-2 merges.txt)",
+                "vocab_size": f"set data.tokenizer.vocab_size, e.g. {ctx.spec.model.vocab_size - 1}",
+            }[key]
+            yield Finding(f"data.tokenizer.{key}", f"{tok.type} needs {key}", hint)
+
+
+@rule(
+    "tokenizer-vocab",
+    "error",
+    "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer (vocab_size + 1 ids, eod last); "
+    "GPT-2 BPE has 50257 ids",
+    "every tokenizer id is a row of model.vocab_size",
+)
+def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
+    tok, vocab = ctx.spec.data.tokenizer, ctx.spec.model.vocab_size
+    if tok.type == "NullTokenizer" and tok.vocab_size is not None and tok.vocab_size + 1 > vocab:
+        yield Finding(
+            "model.vocab_size",
+            f"NullTokenizer(vocab_size = {tok.vocab_size}) emits ids up to {tok.vocab_size} (its eod), "
+            "beyond the embedding",
+            f"use model.vocab_size >= {tok.vocab_size + 1}, or data.tokenizer.vocab_size <= {vocab - 1}",
+        )
+    elif tok.type == "GPT2BPETokenizer" and vocab < GPT2_VOCAB_SIZE:
+        yield Finding("model.vocab_size", f"GPT-2's BPE emits {GPT2_VOCAB_SIZE} ids, more than the embedding has",
+                      f"use model.vocab_size = {GPT2_VOCAB_SIZE}")
+
+
+@rule(
+    "eod-id-range",
+    "error",
+    "dlmspec.backends.megatron.data.DatasetTokenizer (eod_id in [0, model.vocab_size), checked when train.py starts): "
+    "the data holds the end-of-document id as a token of the vocabulary",
+    "data.tokenizer.eod_id is a token of the vocabulary (below model.vocab_size)",
+)
+def _eod_range(ctx: Context) -> Iterator[Finding]:
+    tok, vocab = ctx.spec.data.tokenizer, ctx.spec.model.vocab_size
+    if tok.eod_id is None or tok.eod_id < vocab:
+        return
+    if tok.type == "NullTokenizer" and tok.vocab_size is not None and tok.vocab_size < vocab:
+        example = tok.vocab_size
+    elif tok.type == "GPT2BPETokenizer" and vocab >= GPT2_VOCAB_SIZE:
+        example = GPT2_VOCAB_SIZE - 1
+    else:
+        example = vocab - 1
+    if example == ctx.r.mask_token_id:
+        example -= 1
+    yield Finding(
+        "data.tokenizer.eod_id",
+        f"outside the vocabulary: model.vocab_size = {vocab} has ids 0..{vocab - 1}, so no document of this "
+        "vocabulary can end with it, and train.py stops at start-up",
+        f"use the id `dlmspec data prepare --append-eod` wrote (the tokenizer's end-of-document token), "
+        f"e.g. eod_id = {example}, or raise model.vocab_size",
+    )
+
+
+def tokenizer_eod(ctx: Context) -> int | None:
+    """The end-of-document id the data holds, when the spec says it: ``data.tokenizer.eod_id``,
+    NullTokenizer's ``vocab_size`` (megatron-core NullTokenizer), GPT-2 BPE's ``<|endoftext|>``
+    (50256). Other tokenizers keep it in their files, which the validator does not read."""
+    tok = ctx.spec.data.tokenizer
+    if tok.eod_id is not None:
+        return tok.eod_id
+    if tok.type == "NullTokenizer":
+        return tok.vocab_size
+    if tok.type == "GPT2BPETokenizer":
+        return GPT2_VOCAB_SIZE - 1
+    return None
+
+
+def tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
+    """``(token, id, file)`` of the tokenizer's pad token, when this machine can tell: a local
+    Hugging Face tokenizer folder (``data.tokenizer.model``) whose ``tokenizer_config.json``
+    (else ``special_tokens_map.json``) names a ``pad_token``, with its id from
+    ``tokenizer_config.json``'s ``added_tokens_decoder`` (where Hugging Face lists special tokens)
+    or else ``tokenizer.json`` (``added_tokens``, then ``model.vocab``). None otherwise: the spec
+    has no pad key, GPT-2 BPE and megatron-core's NullTokenizer have no pad token, and
+    SentencePiece/TikToken keep theirs in model files the validator does not read."""
+    tok = ctx.spec.data.tokenizer
+    if tok.type != "HuggingFaceTokenizer" or not tok.model:
+        return None
+    try:
+        if not os.path.isdir(tok.model):
+            return None
+    except (OSError, ValueError):
+        return None
+    config = read_json(os.path.join(tok.model, "tokenizer_config.json"))
+    config = config if isinstance(config, dict) else {}
+    pad = config.get("pad_token")
+    source = "tokenizer_config.json"
+    if pad is None:
+        special = read_json(os.path.join(tok.model, "special_tokens_map.json"))
+        pad = special.get("pad_token") if isinstance(special, dict) else None
+        source = "special_tokens_map.json"
+    if isinstance(pad, dict):
+        pad = pad.get("content")
+    if not isinstance(pad, str):
+        return None
+    decoder = config.get("added_tokens_decoder")
+    for key, entry in (decoder.items() if isinstance(decoder, dict) else ()):
+        if isinstance(entry, dict) and entry.get("content") == pad and str(key).isdigit():
+            return pad, int(key), os.path.join(tok.model, source)
+    data = read_json(os.path.join(tok.model, "tokenizer.json"))  # megabytes: only when needed
+    if not isinstance(data, dict):
+        return None
+    for entry in data.get("added_tokens") or []:
+        if isinstance(entry, dict) and entry.get("content") == pad and isinstance(entry.get("id"), int):
+            return pad, entry["id"], os.path.join(tok.model, source)
+    vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
+    if isinstance(vocab, dict) and isinstance(vocab.get(pad), int):
+        return pad, vocab[pad], os.path.join(tok.model, source)
+    return None
+
+
+@dataclass(frozen=True)
+class TokenizerIds:
+    """What a tokenizer's files say about its ids: ``size`` (one more than its largest id),
+    ``special`` ids -> token, ``added`` non-special added ids -> token, ``token(id)`` the text of
+    an ordinary id (None when unknown) and the file read."""
+
+    file: str
+    size: int
+    special: dict[int, str]
+    added: dict[int, str]
+    token: Callable[[int], str | None]
+
+
+def tokenizer_ids(ctx: Context) -> TokenizerIds | None:
+    """The ids of the spec's tokenizer, when this machine can tell: a local Hugging Face
+    ``tokenizer.json`` (``data.tokenizer.model``, a folder or the file: ``added_tokens`` with
+    their ``special`` flag, ``model.vocab`` a dict or Unigram's list), or GPT-2 BPE's
+    ``vocab.json`` (``<|endoftext|>`` its one special token; GPT-2's own layout when the file
+    cannot be read). None otherwise (hub ids, SentencePiece, TikToken, NullTokenizer)."""
+    tok = ctx.spec.data.tokenizer
+    if tok.type == "GPT2BPETokenizer":
+        vocab = read_json(tok.vocab_file) if tok.vocab_file else None
+        if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()) or not vocab:
+            names = {GPT2_VOCAB_SIZE - 1: GPT2_EOD_TOKEN}
+            return TokenizerIds("GPT-2 BPE", GPT2_VOCAB_SIZE, names, {}, lambda i: None)
+        by_id = {v: k for k, v in vocab.items()}
+        special = {v: k for k, v in vocab.items() if k == GPT2_EOD_TOKEN}
+        return TokenizerIds(str(tok.vocab_file), max(by_id) + 1, special, {}, by_id.get)
+    if tok.type != "HuggingFaceTokenizer" or not tok.model:
+        return None
+    try:
+        path = os.path.join(tok.model, "tokenizer.json") if os.path.isdir(tok.model) else tok.model
+    except (OSError, ValueError):
+        return None
+    if not path.endswith(".json"):
+        return None
+    data = read_json(path)
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    special: dict[int, str] = {}
+    added: dict[int, str] = {}
+    for entry in data.get("added_tokens") or [] if isinstance(data, dict) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), int) and isinstance(entry.get("content"), str):
+            (special if entry.get("special") else added)[entry["id"]] = entry["content"]
+    if isinstance(vocab, dict):
+        ids = [v for v in vocab.values() if isinstance(v, int)]
+
+        def token(i: int) -> str | None:
+            return next((k for k, v in vocab.items() if v == i), None)
+    elif isinstance(vocab, list):  # Unigram: [token, score] per id
+        ids = [len(vocab) - 1] if vocab else []
+
+        def token(i: int) -> str | None:
+            entry = vocab[i] if 0 <= i < len(vocab) else None
+            return entry[0] if isinstance(entry, list) and entry and isinstance(entry[0], str) else None
+    else:
+        return None
+    size = max([*ids, *special, *added], default=-1) + 1
+    return TokenizerIds(path, size, special, added, token)
