@@ -18,7 +18,7 @@ MFU):
   from their bytes).
 
 :func:`model_flops_per_token` is the single definition of MFU's numerator for the planner
-(:mod:`dlmspec.plan.compute`), the runtime (``backends/megatron/training.py``) and the benchmarks.
+(:mod:`dlmspec.plan.compute`), the runtime (``backends/megatron/metrics.py``) and the benchmarks.
 This module imports nothing but the standard library (no pydantic), so the GPU machine, which
 has neither pydantic nor the spec models, imports it too.
 """

@@ -49,7 +49,7 @@ def fsdp_problems(
 ) -> List[str]:
     """Why this run cannot use Megatron-FSDP, one sentence each with the fix ([] when it can).
 
-    The compiler refuses the spec-level ones first (``dlmspec.render.compile.UNSUPPORTED``); this is
+    The compiler refuses the spec-level ones first (the ``runtime-fsdp-*`` rules of ``dlmspec.check.runtime``); this is
     the runtime's own check, for hand-written configs and for the machine (CUDA, einops, the
     environment).
     """

@@ -78,7 +78,7 @@ KERNELS_PER_PARAM_TENSOR = {"local+sdpa": 5, "transformer_engine": 0}
 #: paths) and, on the local path, the unfused permute's two ``masked_select`` (their output size).
 SYNCS_PER_MOE_LAYER = {"local+sdpa": 3, "transformer_engine": 1}
 #: Host-device syncs per step: the total grad norm, the logged grad norm and the exit-signal flag
-#: (``backends/megatron/training.py``); DDP's ``check_for_nan_in_grad`` validates NaN and Inf of
+#: (``backends/megatron/training.py``, ``train_step``, and ``signals.py``); DDP's ``check_for_nan_in_grad`` validates NaN and Inf of
 #: each bucket's norm (two syncs per bucket, ``_ParamAndGradBucketGroup.check_grads``); on the
 #: local path ``local_multi_tensor_l2_norm`` makes one per parameter tensor.
 SYNCS_PER_STEP = 3
