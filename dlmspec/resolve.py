@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -342,3 +343,125 @@ def job_name(resolved: Resolved) -> str:
     if slurm is not None and "job_name" in slurm.model_fields_set:
         return slurm.job_name
     return resolved.spec.name
+
+# --------------------------------------------------------------------------------------------
+# What train.py passes to megatron-core and the runtime beyond the spec's own values: decided
+# here, once, so the templates only print them.
+
+
+def schedule(resolved: Resolved) -> dict[str, Any]:
+    """Learning-rate schedule lengths in optimizer steps, as Megatron-LM derives them
+    (megatron/training/training.py ``get_optimizer_param_scheduler``): decay over
+    ``lr_decay_iters`` (default ``train_iters``); warmup ``lr_warmup_fraction * lr_decay_iters``
+    when the fraction is set, else ``lr_warmup_iters``; WSD's decay phase ``lr_wsd_decay_iters``
+    (default: the whole decay, i.e. ``lr_decay_iters``)."""
+    tr = resolved.spec.train
+    decay = tr.lr_decay_iters or resolved.train_iters
+    warmup = int(tr.lr_warmup_fraction * decay) if tr.lr_warmup_fraction is not None else tr.lr_warmup_iters
+    wsd = tr.lr_wsd_decay_iters or decay
+    return {"lr_decay_iters": decay, "lr_warmup_iters": warmup, "lr_wsd_decay_iters": wsd}
+
+
+def init_cache_dir(resolved: Resolved) -> str | None:
+    """Where the runtime converts ``checkpoint.init_from = "hf:PATH"`` weights once
+    (``CheckpointConfig.init_cache_dir``): ``<checkpoint.save>/init_from_hf``, or
+    ``<run_dir>/init_from_hf`` for a run that saves nothing
+    (``dlmspec.backends.megatron.init_from.default_cache_dir``); None unless ``init_from`` is ``hf:``."""
+    init = resolved.spec.checkpoint.init_from
+    if init is None or not init.startswith("hf:"):
+        return None
+    return posixpath.join(resolved.spec.checkpoint.save or run_dir(resolved), "init_from_hf")
+
+
+@dataclass(frozen=True)
+class RuntimeValues:
+    """The values train.py passes to megatron-core and the runtime that the spec does not state
+    one to one: the templates print these and decide nothing.
+
+    Attributes:
+        lr_warmup_iters, lr_decay_iters: :func:`schedule`'s lengths in optimizer steps.
+        lr_wsd_decay_iters: WSD's decay phase; None unless ``lr_decay_style = "WSD"``.
+        recompute_granularity, recompute_method, recompute_num_layers: ``TransformerConfig``'s
+            (None where ``[recompute]`` leaves them unused).
+        cp_comm_type: megatron-core's spelling (``"all_gather"`` for the spec's ``"allgather"``).
+        block_size: the objective's block size under block-causal attention, else None.
+        fsdp: Megatron-FSDP (``parallel.fsdp = "megatron"``); fsdp_reduce_scatter /
+            fsdp_all_gather: its strategy shards gradients / parameters.
+        grad_reduce_group: GPUs a gradient is reduced over, data x context parallel =
+            world / (TP x PP) (megatron-core's DDP reduces over the data-parallel group with CP).
+        overlap_grad_reduce, overlap_param_gather: ``DistributedDataParallelConfig``'s: the
+            spec's switch where gradients cross GPUs (False when ``grad_reduce_group`` is 1:
+            nothing to overlap), always on where Megatron-FSDP shards them.
+        cuda_device_max_connections_1: ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (TP > 1 or sequence
+            parallel, so TP communication is issued in order with compute; never with
+            Megatron-FSDP, which Megatron-LM refuses to run with it).
+        use_transformer_engine: None / True / False for the resolved ``transformer_impl``
+            auto / transformer_engine / local (:func:`layer_path`).
+        bias_activation_fusion: megatron-core fuses bias + activation for SwiGLU, GeGLU and gelu
+            with a bias only (``MLP.forward``).
+        peak_tflops, peak_source: the dense bf16 peak of ``cluster.gpu`` in TFLOP/s (fp32 for
+            fp32 runs) for the runtime's MFU, and where it comes from; None outside the catalog.
+        init_cache_dir: :func:`init_cache_dir`.
+    """
+
+    lr_warmup_iters: int
+    lr_decay_iters: int
+    lr_wsd_decay_iters: int | None
+    recompute_granularity: str | None
+    recompute_method: str | None
+    recompute_num_layers: int | None
+    cp_comm_type: str
+    block_size: int | None
+    fsdp: bool
+    fsdp_reduce_scatter: bool
+    fsdp_all_gather: bool
+    grad_reduce_group: int
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    cuda_device_max_connections_1: bool
+    use_transformer_engine: bool | None
+    bias_activation_fusion: bool
+    peak_tflops: float | None
+    peak_source: str
+    init_cache_dir: str | None
+
+
+def runtime_values(resolved: Resolved) -> RuntimeValues:
+    """The :class:`RuntimeValues` of ``resolved`` (pure: same spec, same values)."""
+    spec = resolved.spec
+    m, par, rc, tr = spec.model, spec.parallel, spec.recompute, spec.train
+    lengths = schedule(resolved)
+    fsdp = par.fsdp == "megatron"
+    reduce_scatter = fsdp and par.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
+    all_gather = fsdp and par.data_parallel_sharding_strategy == "optim_grads_params"
+    group = max(1, resolved.world_size // (resolved.tp * resolved.pp))
+    gpu = resolved.gpu
+    if gpu is None:
+        peak, peak_source = None, f"GPU {spec.cluster.gpu!r} is not in the catalog: no MFU"
+    elif spec.precision.dtype == "fp32":
+        peak, peak_source = float(gpu.fp32_tflops), f"{gpu.name}, dense fp32 peak"
+    else:
+        peak, peak_source = float(gpu.bf16_tflops), f"{gpu.name}, dense bf16 peak"
+    full = rc.granularity == "full"
+    return RuntimeValues(
+        lr_warmup_iters=lengths["lr_warmup_iters"],
+        lr_decay_iters=lengths["lr_decay_iters"],
+        lr_wsd_decay_iters=lengths["lr_wsd_decay_iters"] if tr.lr_decay_style == "WSD" else None,
+        recompute_granularity=None if rc.granularity == "none" else rc.granularity,
+        recompute_method=rc.method if full else None,
+        recompute_num_layers=rc.num_layers if full else None,
+        cp_comm_type="all_gather" if par.cp_comm_type == "allgather" else par.cp_comm_type,
+        block_size=spec.objective.block_size if resolved.attention_mask == "block_causal" else None,
+        fsdp=fsdp,
+        fsdp_reduce_scatter=reduce_scatter,
+        fsdp_all_gather=all_gather,
+        grad_reduce_group=group,
+        overlap_grad_reduce=reduce_scatter or (par.overlap_grad_reduce and group > 1),
+        overlap_param_gather=all_gather or (par.overlap_param_gather and group > 1),
+        cuda_device_max_connections_1=(resolved.tp > 1 or par.sequence_parallel) and not fsdp,
+        use_transformer_engine={"auto": None, "transformer_engine": True, "local": False}[resolved.transformer_impl],
+        bias_activation_fusion=m.activation in ("swiglu", "geglu") or (m.activation == "gelu" and m.add_bias_linear),
+        peak_tflops=peak,
+        peak_source=peak_source,
+        init_cache_dir=init_cache_dir(resolved),
+    )

@@ -47,7 +47,7 @@ from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_sec
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
-from dlmspec.resolve import Resolved, eod_choice, run_dir
+from dlmspec.resolve import Resolved, eod_choice, run_dir, runtime_values, schedule
 from dlmspec.render.sbatch import render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec.models import Spec
@@ -93,35 +93,7 @@ DTYPES: dict[str, str] = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp
 
 
 # --------------------------------------------------------------------------------------------
-# Values the runtime needs that resolve.py does not derive (they concern the runtime only).
-
-
-def init_cache_dir(resolved: Resolved) -> str | None:
-    """Where the runtime converts ``checkpoint.init_from = "hf:PATH"`` weights once
-    (``CheckpointConfig.init_cache_dir``): ``<checkpoint.save>/init_from_hf``, or
-    ``<run_dir>/init_from_hf`` for a run that saves nothing
-    (``dlmspec.backends.megatron.init_from.default_cache_dir``); None unless ``init_from`` is ``hf:``."""
-    init = resolved.spec.checkpoint.init_from
-    if init is None or not init.startswith("hf:"):
-        return None
-    return posixpath.join(resolved.spec.checkpoint.save or run_dir(resolved), "init_from_hf")
-
-
-# --------------------------------------------------------------------------------------------
 # The resolved spec, its canonical form and hash.
-
-
-def schedule(resolved: Resolved) -> dict[str, Any]:
-    """Learning-rate schedule lengths in optimizer steps, as Megatron-LM derives them
-    (megatron/training/training.py ``get_optimizer_param_scheduler``): decay over
-    ``lr_decay_iters`` (default ``train_iters``); warmup ``lr_warmup_fraction * lr_decay_iters``
-    when the fraction is set, else ``lr_warmup_iters``; WSD's decay phase ``lr_wsd_decay_iters``
-    (default: the whole decay, i.e. ``lr_decay_iters``)."""
-    tr = resolved.spec.train
-    decay = tr.lr_decay_iters or resolved.train_iters
-    warmup = int(tr.lr_warmup_fraction * decay) if tr.lr_warmup_fraction is not None else tr.lr_warmup_iters
-    wsd = tr.lr_wsd_decay_iters or decay
-    return {"lr_decay_iters": decay, "lr_warmup_iters": warmup, "lr_wsd_decay_iters": wsd}
 
 
 def locked_spec(resolved: Resolved) -> Spec:
@@ -223,36 +195,20 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
 
     Keys: ``r`` (the :class:`Resolved`: parallel sizes, dp, microbatches, padded vocabulary,
     query groups, head dimension, MoE FFN size, attention mask, mask token, train_iters,
-    parameter counts), ``s`` (:func:`locked_spec`, every default filled), ``spec_label`` (the
-    spec path as given), ``content_hash``, ``version``, ``activation_func`` /
-    ``gated_linear_unit`` (:data:`ACTIVATIONS`), ``bias_activation_fusion`` (megatron-core fuses
-    bias + activation for gelu with a bias, GeGLU and SwiGLU only: ``MLP.forward``), ``dtype``
-    (:data:`DTYPES`), ``schedule`` (:func:`schedule`), ``rotary_base`` (an int when integral:
-    ``GPTModel`` types it ``int``), ``use_transformer_engine`` (None/True/False for the resolved
-    ``transformer_impl`` auto/transformer_engine/local: :func:`dlmspec.resolve.layer_path`),
-    ``layer_path`` (why that path), ``run_path`` (one line naming the layer implementation),
-    ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend`` (``[prefix, weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``peak_tflops`` / ``peak_source`` (dense
-    bf16 peak of ``cluster.gpu`` in TFLOP/s, the fp32 figure for fp32 runs; None for a GPU
-    outside the catalog), ``requeue_exit_code`` (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`),
-    ``max_connections_1`` (``CUDA_DEVICE_MAX_CONNECTIONS=1``: TP > 1 or sequence parallel,
-    so megatron-core's TP communication is issued in order with compute; never with Megatron-FSDP,
-    which Megatron-LM refuses to run with it), ``grad_reduce_group``
-    (GPUs a gradient is reduced over, data x context parallel = world / (TP x PP), as
-    megatron-core's DDP reduces over the data-parallel group with context parallelism; the
-    overlap switches are written False when it is 1: nothing to overlap), ``init_cache_dir``
-    (:func:`init_cache_dir`).
+    parameter counts), ``rt`` (:func:`dlmspec.resolve.runtime_values`: every value train.py
+    passes beyond the spec's own, decided in resolve), ``s`` (:func:`locked_spec`, every default
+    filled), ``spec_label`` (the spec path as given), ``content_hash``, ``version``, and the
+    spellings of values in Python: ``activation_func`` / ``gated_linear_unit``
+    (:data:`ACTIVATIONS`), ``dtype`` (:data:`DTYPES`), ``rotary_base`` (an int when integral:
+    ``GPTModel`` types it ``int``), ``layer_path`` / ``run_path`` (the resolved layer path and
+    why, as comment text), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend``
+    (``[prefix, weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
+    (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`).
     """
     s = locked_spec(resolved)
     m = s.model
     act, glu = ACTIVATIONS[m.activation]
     base = m.rotary_base
-    gpu = resolved.gpu
-    if gpu is None:
-        peak, peak_source = None, f"GPU {s.cluster.gpu!r} is not in the catalog: no MFU"
-    elif s.precision.dtype == "fp32":
-        peak, peak_source = float(gpu.fp32_tflops), f"{gpu.name}, dense fp32 peak"
-    else:
-        peak, peak_source = float(gpu.bf16_tflops), f"{gpu.name}, dense bf16 peak"
     impl = resolved.transformer_impl  # resolve.layer_path: auto takes the path the features need
     run_path = {
         "auto": "Transformer Engine layer specs when transformer_engine imports on the GPU machine, "
@@ -260,32 +216,24 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
         "transformer_engine": "Transformer Engine layer specs (required)",
         "local": "megatron-core's local spec with SDPA attention (backends/megatron/attention.py)",
     }[impl]
-    fusion = m.activation in ("swiglu", "geglu") or (m.activation == "gelu" and m.add_bias_linear)
     return {
         "r": resolved,
         "s": s,
+        "rt": runtime_values(resolved),
         "spec_label": spec_label,
         "content_hash": content_hash(resolved),
         "version": __version__,
         "activation_func": act,
         "gated_linear_unit": glu,
-        "bias_activation_fusion": fusion,
         "dtype": DTYPES[s.precision.dtype],
-        "schedule": schedule(resolved),
         "rotary_base": int(base) if float(base).is_integer() else float(base),
-        "use_transformer_engine": {"auto": None, "transformer_engine": True, "local": False}[impl],
         "layer_path": resolved.transformer_impl_reason,
         "run_path": f"transformer_impl = {m.transformer_impl!r} -> {impl} ({resolved.transformer_impl_reason}): {run_path}",
         "eod": eod_choice(resolved.spec),
         "blend": [(e.prefix, e.weight) for e in s.data.train],
         "valid_blend": [(e.prefix, e.weight) for e in s.data.valid],
         "run_dir": run_dir(resolved),
-        "peak_tflops": peak,
-        "peak_source": peak_source,
         "requeue_exit_code": REQUEUE_EXIT_CODE,
-        "max_connections_1": (resolved.tp > 1 or s.parallel.sequence_parallel) and s.parallel.fsdp != "megatron",
-        "grad_reduce_group": max(1, resolved.world_size // (resolved.tp * resolved.pp)),
-        "init_cache_dir": init_cache_dir(resolved),
     }
 
 
@@ -608,7 +556,6 @@ __all__ = [
     "locked_spec",
     "render",
     "render_lock",
-    "schedule",
     "template_context",
     "write_outputs",
 ]

@@ -209,6 +209,14 @@ def test_megatron_and_runtime_keywords_exist(case: Path | str, tmp_path: Path) -
     assert unknown_keywords(source, ("megatron",)) == []
     assert {"RunConfig", "DataConfig", "ScheduleConfig", "build_layer_spec", "train"} <= called_names(source, ("dlmspec.backends",))
     assert unknown_keywords(source, ("dlmspec.backends",)) == []
+    # TransformerConfig takes the parallel sizes as **PARALLEL_SIZES (stated once): its keys are
+    # checked here, since unknown_keywords sees no keyword in a ** unpack.
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    sizes = next(n.value for n in ast.parse(source).body if isinstance(n, ast.Assign)
+                 and getattr(n.targets[0], "id", None) == "PARALLEL_SIZES")
+    assert sizes.keywords and {kw.arg for kw in sizes.keywords} <= accepted_keywords(TransformerConfig)
+    assert "**PARALLEL_SIZES" in source.split("TransformerConfig(", 1)[1].split("\n    )", 1)[0]
 
 
 # ------------------------------------------------------------------------------------------
