@@ -1,72 +1,11 @@
 """Per-GPU memory of a training step, per pipeline stage, as a breakdown in bytes.
 
 What is counted is what megatron-core 0.16 keeps on a GPU during training with the layers
-``backends/megatron`` builds (``GPTModel`` with the Transformer Engine layer spec, or the local
-spec with SDPA core attention). Notation (Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", sec. 4): ``s`` sequence length, ``b`` micro batch,
-``h`` hidden, ``a`` heads, ``g`` query groups, ``d`` head dim, ``f`` FFN size, ``V`` padded
-vocabulary, ``t`` TP, ``y`` bytes per activation element (2 for bf16). ``T = b*s/cp`` is the
-tokens of one microbatch on one context-parallel rank; ``r = t`` with sequence parallelism,
-else 1 (the divisor of sequence-sharded tensors).
-
-``[kernels] qkv_fusion`` and ``compiled_norm`` (the local path's ``torch.compile``'d QKV
-split/q-k norm/RoPE and norms) change no term: the measured peaks are the same with and
-without them - Qwen3-1.7B at micro batch 10 x 4096 127.379 GiB both, at micro batch 11 with 4
-microbatches 136.64 vs 136.63 GiB (``bench/results/throughput_qwen3_1.7b_h200_session4.json``:
-``after_peak_mem_gib`` and ``runtime_best``, against session 3's file),
-``demo-mdm-b32-s512-defaults`` vs ``-fusedce`` 7.98 GiB both and
-``qwen3-1.7b-mdm-b4-s2048-defaults`` 47.24 GiB vs ``-fusedce`` 47.30 GiB
-(``bench/results/calibration_h200x2_session4b.json``, ``calibration_h200x2_session4.json``).
-
-Static memory (per rank; megatron-core ``distributed.DistributedDataParallel`` and
-``optimizer.DistributedOptimizer`` / ``Float16OptimizerWithFloat16Params``):
-
-* weights: ``y_param * P_rank`` (bf16 parameters live in DDP's contiguous param buffer);
-* gradients: ``4 * P_rank`` with ``grad_reduce_in_fp32`` (DDP's ``main_grad`` buffer in fp32,
-  Megatron-LM's default for bf16), else ``y_param * P_rank``;
-* optimizer state: Adam keeps an fp32 master copy plus two fp32 moments, 12 bytes per
-  parameter (8 when the model itself is fp32: no master copy); SGD with momentum 8 (4).
-  The distributed optimizer shards it over the data-parallel x context-parallel group
-  (``dp * cp`` ranks), expert parameters over the expert-data-parallel group - the
-  "6 + 12/dp bytes per parameter" of Megatron-LM's ``theoretical_memory_usage.py``;
-* FSDP (:func:`fsdp_sharding`): Megatron-FSDP (``parallel.fsdp = "megatron"``, megatron-core's
-  ``FullyShardedDataParallel``, which ``backends/megatron/fsdp.py`` wraps) shards the optimizer
-  state and fp32 main weights from ``optim`` on, the gradient buffer from ``optim_grads`` on and
-  the bf16 weights with ``optim_grads_params`` (nothing with ``no_shard``). Its unsharded
-  transients (:func:`fsdp_unsharded_bytes`) are not "two layers": in megatron-core 0.16.1 the
-  communication unit is ``max(1e9, suggested_communication_unit_size)`` elements
-  (``MegatronFSDP._init_fsdp_param_and_grad_buffer``), parameters are all-gathered up to half a
-  unit (500M) beyond the layer computing (``AllGatherPipeline.all_gather_params``), and an
-  unsharded gradient bucket is freed only once the reduce-scatter queue holds more than a unit
-  (``GradReducePipeline.wait_for_previous_grad_reduce``); a stage under 500M parameters thus
-  holds all its weights gathered and all its gradients unsharded during backward. Torch FSDP2
-  (``fsdp = "torch"``, which the runtime refuses) keeps two layers unsharded (the one computing and
-  the prefetched one);
-* fp8 (Transformer Engine): an fp8 copy and an fp8 transpose of every linear weight.
-
-Activations (per microbatch, per layer, kept for the backward pass): the tensors each module
-saves, listed by :func:`layer_activation_terms`. Flash/SDPA attention keeps q, k, v, the output
-and the fp32 log-sum-exp instead of the ``a*s*s`` score matrix of Korthikanti's eq. (2); the
-other terms are Korthikanti's Table 2 with GQA widths, SwiGLU's ``[2f]`` fc1 output and
-megatron-core's fused activation (``bias_swiglu_impl`` saves its input). Recomputation
-(megatron-core ``recompute_granularity``): ``selective`` drops the modules' saved tensors
-(:data:`SELECTIVE_DROPS`), ``full`` keeps only each checkpoint's input (``uniform``: one per
-``recompute_num_layers`` layers; ``block``: the first ``recompute_num_layers`` layers of a
-stage) and rebuilds one checkpoint's activations during its backward.
-
-Pipeline schedules: with 1F1B (megatron-core ``forward_backward_pipelining_without_
-interleaving``) stage ``i`` holds ``min(pp - i, m)`` microbatches in flight; with the
-interleaved schedule rank ``i`` runs ``min(2*(pp-i-1) + (vpp-1)*pp, m*vpp) + 1`` chunk-
-microbatches before its first backward (``forward_backward_pipelining_with_interleaving``),
-each a ``1/vpp`` share of the stage - for rank 0 the ``1 + (pp-1)/(pp*vpp)`` factor of
-Megatron-LM's ``theoretical_memory_usage.py``.
-
-The last stage adds the loss: megatron-core's ``vocab_parallel_cross_entropy`` converts the
-``[T, V/t]`` logits to fp32 (``logits.float()``), keeps the fp32 softmax for backward and
-returns an fp32 gradient that autograd casts back to bf16, so ``(4 + y) * T * V / t`` bytes
-are alive around the loss. With the fused linear cross entropy (``[kernels] cross_entropy``
-``fused_linear``, TP = 1) no ``[T, V]`` logits exist; :func:`fused_linear_ce_bytes` gives what
-is alive instead.
+``backends/megatron`` builds: static memory (weights, gradients, optimizer state, FSDP shards,
+fp8 copies), the activations each module saves (Korthikanti et al. 2022, sec. 4, with flash
+attention, GQA and recomputation), the microbatches in flight under each pipeline schedule, and
+the loss. The model, its notation and its sources, term by term: docs/planner.md, "The memory
+model"; the measurements it was checked against: ``bench/results/``.
 """
 
 from __future__ import annotations
