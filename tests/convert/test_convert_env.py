@@ -26,7 +26,7 @@ mcore_to_hf(sys.argv[1] + "/mcore", sys.argv[1] + "/back")
 
 def test_conversion_works_without_psutil(tmp_path):
     """megatron's writer needs psutil only for a log line; without it the save must not hang."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", _NO_PSUTIL, str(tmp_path)], cwd=repo, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -29,7 +29,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from dlmspec.cli.commands import app  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------ helpers

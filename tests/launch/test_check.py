@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from dlmspec.backends.launch.check import PORT_BASE, REQUEUE_EXIT_CODE, check_world, parse_args  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def facts(nodes: int, per_node: int, *, job: str | None = "7", env: dict[str, str] | None = None) -> list[dict]:
