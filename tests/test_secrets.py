@@ -23,31 +23,9 @@ from dlmspec.cli.commands import app
 from dlmspec.errors import EXIT_USAGE, SpecIssue
 from dlmspec.spec.load import load, load_text
 from dlmspec.resolve import resolve
+from small_spec import SMALL_SPEC
 
-BASE = """
-name = "t"
-[model]
-num_layers = 2
-hidden_size = 64
-ffn_hidden_size = 128
-num_attention_heads = 4
-vocab_size = 1025
-max_position_embeddings = 128
-[train]
-global_batch_size = 8
-seq_length = 64
-train_iters = 10
-eval_interval = 5
-[data]
-mock = true
-[data.tokenizer]
-type = "NullTokenizer"
-vocab_size = 1000
-[cluster]
-gpu = "h100"
-gpus_per_node = 2
-nodes = 1
-"""
+BASE = SMALL_SPEC
 
 
 def _cat(*parts: str) -> str:

@@ -35,36 +35,14 @@ from dlmspec.render.sbatch import (
 )
 from dlmspec.cli.submit import dry_run_script, plan_submission, submit
 from dlmspec.spec.models import Spec
+from small_spec import SMALL_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py")
 FAKEBIN = ROOT / "tests" / "slurm" / "fakebin"
 SHELLCHECK = shutil.which("shellcheck")
 
-BASE = """
-name = "t"
-[model]
-num_layers = 2
-hidden_size = 64
-ffn_hidden_size = 128
-num_attention_heads = 4
-vocab_size = 1025
-max_position_embeddings = 128
-[train]
-global_batch_size = 8
-seq_length = 64
-train_iters = 10
-eval_interval = 5
-[data]
-mock = true
-[data.tokenizer]
-type = "NullTokenizer"
-vocab_size = 1000
-[cluster]
-gpu = "h100"
-gpus_per_node = 2
-nodes = 1
-"""
+BASE = SMALL_SPEC
 
 #: Values that would run a command (or break the script) if a shell ever evaluated them.
 HOSTILE = [
