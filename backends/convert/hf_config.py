@@ -131,21 +131,13 @@ _CONFIG_KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "weight_tying": ("bool", "whether the output layer shares the embedding"),
         "include_qkv_bias": ("bool", "whether q/k/v have biases"),
     },
-    "dream": {
-        "hidden_size": ("int", "the model width"),
-        "intermediate_size": ("int", "the MLP width"),
-        "num_hidden_layers": ("int", "the number of decoder layers"),
-        "num_attention_heads": ("int", "the number of query heads"),
-        "num_key_value_heads": ("int?", "the number of key/value heads"),
-        "head_dim": ("int?", "the width of one attention head"),
-        "vocab_size": ("int", "the rows of the embedding table"),
-        "max_position_embeddings": ("int", "the longest sequence the model is configured for"),
-        "rms_norm_eps": ("num", "the RMSNorm epsilon"),
-        "rope_theta": ("num", "the RoPE base"),
-        "rope_parameters": ("dict?", "the RoPE settings"),
-        "tie_word_embeddings": ("bool", "whether the output layer shares the embedding"),
-    },
 }
+
+#: Dream's config.json is a Qwen2 config: the transformers keys, less the bias and MoE ones.
+_CONFIG_KEYS["dream"] = {key: _CONFIG_KEYS["transformers"][key] for key in (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
+    "tie_word_embeddings")}
 
 #: MoE keys, checked for the MoE families only.
 _MOE_KEYS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
