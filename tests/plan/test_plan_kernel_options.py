@@ -27,8 +27,13 @@ QWEN = ["model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=
         "train.global_batch_size=10", 'kernels.sdpa_backend="cudnn"', "kernels.apply_rope_fusion=true"]
 
 
+#: The library's defaults (the demo spec turns all three off: it is launch-bound).
+DEFAULTS = ["kernels.qkv_fusion=true", "kernels.compiled_norm=true", "kernels.apply_rope_fusion=true"]
+
+
 def _plan(*overrides, impl=None):
-    return make_plan(resolve(load(DEMO, list(overrides)).spec), DEFAULT_CALIBRATION, impl=impl)
+    """The demo with the library's kernel defaults, then ``overrides`` (later --set wins)."""
+    return make_plan(resolve(load(DEMO, [*DEFAULTS, *overrides]).spec), DEFAULT_CALIBRATION, impl=impl)
 
 
 def test_layout_carries_the_options():
