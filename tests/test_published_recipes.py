@@ -112,7 +112,8 @@ def _entries(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 def test_there_is_a_data_file_for_every_published_recipe() -> None:
     names = {path.stem for path in FILES}
-    assert {"megadlms-1.7b-mdm", "megadlms-1.7b-ar", "llada-8b-pretrain", "dream-7b-adapt"} <= names
+    assert {"megadlms-1.7b-mdm", "megadlms-1.7b-ar", "megadlms-1.7b-sft", "llada-8b-pretrain", "dream-7b-adapt",
+            "mixtral-8x7b-mdm"} <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
