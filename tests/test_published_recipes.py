@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dlmspec.cli.commands import spec_data
+from dlmspec.cli.commands import spec_data, spec_json_schema
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 
@@ -70,8 +70,6 @@ def _resolved(spec_name: str) -> dict[str, Any]:
 def _known_keys(spec_name: str) -> set[str]:
     """Keys an entry may name: the resolved ones and every field of the spec schema (unset
     optional keys such as train.lr_wsd_decay_iters are left out of the resolved dump)."""
-    from dlmspec.cli.commands import spec_json_schema  # the schema lists every key
-
     keys = set(_resolved(spec_name))
 
     def walk(schema: dict[str, Any], defs: dict[str, Any], prefix: str) -> None:
