@@ -112,6 +112,8 @@ LOAD_FAILING: list[tuple[str, str, list[str], str, str]] = [
     ("spec.toml", None, ["--set", "train.seed=" + str(2**70)], "int64", "train.seed"),
     ("spec.toml", None, ["--set", "train.lr=\"fast\""], "schema", "train.lr"),
     ("spec.toml", None, ["--set", "model.preset=\"no-such-model\""], "unknown-preset", "model.preset"),
+    ("spec.toml", None, ["--set", "checkpoint.save=\"runs/{nmae}/checkpoints\""], "name-placeholder",
+     "checkpoint.save"),
 ]
 
 
