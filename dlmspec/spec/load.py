@@ -158,6 +158,22 @@ def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[Spe
     return issues
 
 
+def _placeholder_issues(data: dict[str, Any], origins: dict[str, Origin], path: Path) -> list[SpecIssue]:
+    """An issue per key of :data:`dlmspec.spec.names.NAME_KEYS` holding a brace other than
+    ``{name}`` or a doubled one (the ``name-placeholder`` rule), at the file and line that wrote it."""
+    from dlmspec.spec.names import placeholder_problems
+
+    return [_placeholder_issue(key, value, origins, path) for key, value, _ in placeholder_problems(data)]
+
+
+def _placeholder_issue(key: str, value: str, origins: dict[str, Origin], path: Path) -> SpecIssue:
+    from dlmspec.spec.names import problem_hint, problem_message
+
+    file, line = locate_key(origins, key, path)
+    return SpecIssue(key, problem_message(value), value=value, hint=problem_hint(key, value),
+                     rule="name-placeholder", file=file, line=line)
+
+
 def _default_example(key: str) -> str | None:
     """``leaf = default`` for the spec key ``key`` when its default is an integer (imports the
     spec models: error reports only)."""
@@ -466,6 +482,10 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
         line = frames[-1].lineno if frames else None
         if isinstance(exc, ValidationError):
+            placeholders = [e for e in exc.errors() if e["type"] == "name_placeholder"]
+            if placeholders:  # Spec(...) in the file refused a placeholder: the loader's own issue
+                raise SpecError([_placeholder_issue(key, value, {}, path) for e in placeholders
+                                 for key, value, _ in e["ctx"]["problems"]]) from None
             message = _first_pydantic_message(exc)
         else:
             message = f"{type(exc).__name__}: {exc}"
@@ -531,6 +551,9 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
     message = err["msg"]
     hint = None
     rule = "schema"
+    if kind == "name_placeholder":  # a Spec built in Python; files are checked before (_placeholder_issues)
+        key, value, _ = err["ctx"]["problems"][0]
+        return _placeholder_issue(key, value, origins, path)
     if kind == "unknown_preset":
         loc = [*loc, "preset"]
         key = ".".join(loc)
@@ -696,7 +719,7 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         origins[key] = ("--set", None)
     if issues:
         raise SpecError(issues)
-    issues = _int64_issues(data, origins, path)
+    issues = _int64_issues(data, origins, path) or _placeholder_issues(data, origins, path)
     if issues:
         raise SpecError(issues)
     spec: Any = None

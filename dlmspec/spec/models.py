@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat
 from pydantic_core import PydanticCustomError
 
 from dlmspec.spec.dotted import deep_merge, set_dotted
+from dlmspec.spec.names import DEFAULT_NAME, PlaceholderError, expand_names, placeholder_problems, problem_message
 from dlmspec.spec.presets import PRESETS
 from dlmspec.spec.shorthands import prefix_strings
 
@@ -447,9 +448,10 @@ class LoggingSpec(Section):
 
 class Spec(Section):
     """A whole training job. ``name`` names the run; every table has defaults except
-    ``[model]`` and ``[train]``'s batch and length."""
+    ``[model]`` and ``[train]``'s batch and length. The run's paths may hold ``{name}``
+    (:mod:`dlmspec.spec.names`): validation expands it, so a ``Spec`` holds the expanded paths."""
 
-    name: str = Field("dlmspec-run", min_length=1)
+    name: str = Field(DEFAULT_NAME, min_length=1)
     description: str | None = None
     model: ModelSpec
     objective: ObjectiveSpec = _table()
@@ -468,6 +470,25 @@ class Spec(Section):
         description="Written by `dlmspec compile` into spec.lock.toml (content hash, dlmspec version, "
         "derived values); not part of the spec's content, so a lock file compiles to the same output.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_name(cls, data: Any) -> Any:
+        """Expand ``{name}`` in the keys of :data:`dlmspec.spec.names.NAME_KEYS` to the spec's
+        name: :func:`dlmspec.spec.names.expand_names`, the one place it happens.
+
+        Raises:
+            PydanticCustomError: ``name_placeholder`` (context ``problems``: ``(key, value,
+                fix)`` of each key holding another brace). :mod:`dlmspec.spec.load` checks files
+                before validating (the ``name-placeholder`` rule, with file and line).
+        """
+        try:
+            return expand_names(data)
+        except PlaceholderError:
+            problems = placeholder_problems(data)
+            key, value, _ = problems[0]
+            raise PydanticCustomError("name_placeholder", "{key} {why}",
+                                      {"key": key, "why": problem_message(value), "problems": problems}) from None
 
     def replace(self, **changes: Any) -> "Spec":
         """Return a validated copy with dotted keys changed, e.g.
