@@ -159,7 +159,8 @@ def _raw(path: Path, key: str):
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_a_renamed_child_of_a_bundled_spec_gets_folders_of_its_own(path: Path, tmp_path: Path) -> None:
     """Issue 17: the bundled specs write their run paths as runs/{name}/..., so a spec that
-    extends one and changes `name` saves, resumes and logs in runs/<its name>/."""
+    extends one and changes `name` saves, resumes and logs in runs/<its name>/, and no rule
+    says it inherits another run's folder."""
     for key in RUN_PATHS:
         written = _raw(path, key)
         assert written is None or written.startswith("runs/{name}/"), (key, written)
@@ -168,6 +169,7 @@ def test_a_renamed_child_of_a_bundled_spec_gets_folders_of_its_own(path: Path, t
     spec = load(child).spec
     assert spec.checkpoint.save == "runs/child/checkpoints"
     assert spec.logging.tensorboard_dir == "runs/child/tensorboard"
+    assert not [i for i in issues_for("validate", load(child)) if i.rule == "checkpoint-inherited"]
 
 
 def test_the_starter_spec_paths_follow_its_name(tmp_path: Path) -> None:
