@@ -65,6 +65,11 @@ def expand(text: str, name: str) -> str:
     return _TOKEN.sub(one, text)
 
 
+def has_placeholder(text: str) -> bool:
+    """Whether ``text`` holds ``{name}`` (not a literal ``{{name}}``)."""
+    return PLACEHOLDER in _TOKEN.findall(text)
+
+
 def bad_tokens(text: str) -> list[str]:
     """The braces of ``text`` that :func:`expand` refuses, in order."""
     return [t for t in _TOKEN.findall(text) if t not in (PLACEHOLDER, "{{", "}}")]
