@@ -281,6 +281,13 @@ def test_an_inherited_checkpoint_folder_of_a_renamed_run_is_an_error(tmp_path) -
     assert not _inherited(tmp_path, '\n[checkpoint]\nsave = "runs/{name}/checkpoints"\n', 'name = "child-run"\n')
 
 
+def test_resume_from_run_says_the_inherited_checkpoint_folder_is_meant(tmp_path) -> None:
+    parent = '\n[checkpoint]\nsave = "runs/base/checkpoints"\n'
+    assert not _inherited(tmp_path, parent, 'name = "child"\n[checkpoint]\nresume_from_run = "base"\n')
+    (found,) = _inherited(tmp_path, parent, 'name = "child"\n[checkpoint]\nresume_from_run = "third"\n')
+    assert found.severity == "error" and 'resume_from_run = "base"' in found.hint
+
+
 #: (a path key, the parent's literal value holding its name, the finding's severity, the key's table).
 NAMED_PATHS = [
     ("checkpoint.save", "runs/base/checkpoints", "error", "checkpoint"),
