@@ -146,7 +146,7 @@ def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:
     if loaded is None:
         return
     parents = list(loaded.files)[1:]
-    meant = getattr(ctx.spec.checkpoint, "resume_from_run", None)
+    meant = ctx.spec.checkpoint.resume_from_run
     for key in NAME_KEYS:
         written = _raw_value(loaded.raw, key)
         file = loaded.origins.get(key, (None, None))[0]

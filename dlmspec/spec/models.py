@@ -358,6 +358,12 @@ class CheckpointSpec(Section):
     save_at_end: bool = Field(True, description="Also save when training ends (or is stopped by a signal).")
     format: Literal["torch_dist"] = "torch_dist"
     resume: bool = Field(True, description="Resume from the latest checkpoint in `save` if any.")
+    resume_from_run: str | None = Field(
+        None, description="The `name` of another spec whose checkpoints this run may continue. Unset: a resume "
+        "from a checkpoint whose spec record holds another name is refused (train.py exits 2), and so is a "
+        "checkpoint folder inherited from a spec of another name (rule checkpoint-inherited). Megatron-LM has no "
+        "such key (its checkpoints name no run).",
+    )
     async_save: bool = False
 
 
