@@ -76,13 +76,16 @@ def bad_tokens(text: str) -> list[str]:
 
 
 def suggest(text: str) -> str:
-    """``text`` made valid: every other ``{...}`` becomes ``{name}`` (the one placeholder), a
-    lone brace is doubled (a literal brace)."""
+    """``text`` made valid: every other ``{...}`` becomes ``{name}`` (the one placeholder), except
+    after ``$`` (a shell variable, kept as literal braces); a lone brace is doubled (a literal
+    brace)."""
     def one(match: re.Match[str]) -> str:
         token = match.group(0)
         if token in (PLACEHOLDER, "{{", "}}"):
             return token
-        return PLACEHOLDER if len(token) > 1 else token * 2
+        if len(token) == 1 or text[max(0, match.start() - 1):match.start()] == "$":
+            return token.replace("{", "{{").replace("}", "}}")
+        return PLACEHOLDER
 
     return _TOKEN.sub(one, text)
 
@@ -148,8 +151,9 @@ def expand_names(data: Any) -> Any:
 def problem_message(value: str) -> str:
     """Why :func:`expand` refuses ``value`` (for the issue's message)."""
     shown = ", ".join(repr(t) for t in dict.fromkeys(bad_tokens(value)))
+    shell = " (dlmspec does not expand environment variables: the job gets the text as written)" if "${" in value else ""
     return (f"holds {shown}: the one placeholder of a run's paths is {PLACEHOLDER} (the spec's name, after "
-            "extends and --set); write {{ and }} for literal braces")
+            f"extends and --set); write {{{{ and }}}} for literal braces{shell}")
 
 
 def problem_hint(key: str, value: str) -> str:
