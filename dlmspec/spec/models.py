@@ -499,7 +499,9 @@ class Spec(Section):
     def replace(self, **changes: Any) -> "Spec":
         """Return a validated copy with dotted keys changed, e.g.
         ``spec.replace(**{"parallel.tensor_model_parallel_size": 2})`` or
-        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged).
+        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged). The spec's
+        paths are expanded already (:mod:`dlmspec.spec.names`): a changed ``name`` does not
+        move them; give the paths too, with ``{name}`` where they should follow it.
 
         Raises:
             pydantic.ValidationError: the result is not a valid spec.
