@@ -250,7 +250,8 @@ def resolve(spec: Spec) -> Resolved:
 
 def run_dir(resolved: Resolved) -> str:
     """The runtime's ``LoggingConfig.run_dir`` (metrics.jsonl, exit_status.json, tensorboard/):
-    ``logging.run_dir``, default ``runs/<name>``."""
+    ``logging.run_dir`` (``{name}`` already expanded, :mod:`dlmspec.spec.names`), default
+    ``runs/<name>``."""
     return resolved.spec.logging.run_dir or f"runs/{resolved.spec.name}"
 
 
@@ -402,6 +403,9 @@ class RuntimeValues:
         peak_tflops, peak_source: the dense bf16 peak of ``cluster.gpu`` in TFLOP/s (fp32 for
             fp32 runs) for the runtime's MFU, and where it comes from; None outside the catalog.
         init_cache_dir: :func:`init_cache_dir`.
+        resume_from_run: ``checkpoint.resume_from_run`` when a resume can happen
+            (``checkpoint.resume``), else None: the other spec name whose checkpoints the runtime
+            may resume (``CheckpointConfig.resume_from_run``).
     """
 
     lr_warmup_iters: int
@@ -424,6 +428,7 @@ class RuntimeValues:
     peak_tflops: float | None
     peak_source: str
     init_cache_dir: str | None
+    resume_from_run: str | None = None
 
 
 def runtime_values(resolved: Resolved) -> RuntimeValues:
@@ -464,4 +469,5 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
         peak_tflops=peak,
         peak_source=peak_source,
         init_cache_dir=init_cache_dir(resolved),
+        resume_from_run=spec.checkpoint.resume_from_run if spec.checkpoint.resume else None,
     )

@@ -141,3 +141,42 @@ def test_sft_extends_the_pretraining_spec() -> None:
     assert sft.spec.checkpoint.init_from == "mcore:runs/megadlms-1.7b-mdm/checkpoints"
     assert sft.tokens_per_step == 256 * 1024 and sft.train_iters == math.ceil(2e9 / sft.tokens_per_step) == 7630
     assert sft.spec.train.lr == pytest.approx(base.spec.train.lr / 10)
+
+
+#: The keys whose bundled values follow the spec's name (dlmspec.spec.names).
+RUN_PATHS = ("checkpoint.save", "logging.tensorboard_dir")
+
+
+def _raw(path: Path, key: str):
+    import tomllib
+
+    node = tomllib.loads(path.read_text(encoding="utf-8"))
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_a_renamed_child_of_a_bundled_spec_gets_folders_of_its_own(path: Path, tmp_path: Path) -> None:
+    """Issue 17: the bundled specs write their run paths as runs/{name}/..., so a spec that
+    extends one and changes `name` saves, resumes and logs in runs/<its name>/, and no rule
+    says it inherits another run's folder."""
+    for key in RUN_PATHS:
+        written = _raw(path, key)
+        assert written is None or written.startswith("runs/{name}/"), (key, written)
+    child = tmp_path / "child.toml"
+    child.write_text(f'extends = "{path.as_posix()}"\nname = "child"\n', encoding="utf-8")
+    spec = load(child).spec
+    assert spec.checkpoint.save == "runs/child/checkpoints"
+    assert spec.logging.tensorboard_dir == "runs/child/tensorboard"
+    assert not [i for i in issues_for("validate", load(child)) if i.rule == "checkpoint-inherited"]
+
+
+def test_the_starter_spec_paths_follow_its_name(tmp_path: Path) -> None:
+    out = tmp_path / "starter.toml"
+    assert CliRunner().invoke(app, ["new", str(out), "--preset", "qwen3-0.6b"]).exit_code == 0
+    assert _raw(out, "checkpoint.save") == "runs/{name}/checkpoints"
+    assert _raw(out, "logging.tensorboard_dir") == "runs/{name}/tensorboard"
+    child = tmp_path / "child.toml"
+    child.write_text('extends = "starter.toml"\nname = "child"\n', encoding="utf-8")
+    assert load(child).spec.checkpoint.save == "runs/child/checkpoints"

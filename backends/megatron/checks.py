@@ -176,8 +176,8 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
 
     In order: the data files exist, and each ``.bin``/``.idx`` pair is sound
     (:func:`~dlmspec.backends.megatron.data.data_problems`); the spec lock beside train.py is read;
-    a resume's checkpoint records a spec this one may continue
-    (:func:`~dlmspec.backends.megatron.spec_record.check_resume`); a CUDA device is there
+    a resume's checkpoint records a spec this one may continue, of this run's name or of
+    ``CheckpointConfig.resume_from_run`` (:func:`~dlmspec.backends.megatron.spec_record.check_resume`); a CUDA device is there
     (:func:`~dlmspec.backends.megatron.distributed.cuda_problem`).
     :func:`~dlmspec.backends.megatron.training.train` runs them in every process; ``train.py --check``
     (what launch.sh runs before torchrun, which would report a worker's exit code 2 as its own
@@ -213,7 +213,8 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
     resume_check = None
     if resume_from is not None:
         try:
-            resume_check = check_resume(resume_from, record, content_hash=lock.content_hash)
+            resume_check = check_resume(resume_from, record, content_hash=lock.content_hash,
+                                        resume_from_run=run.checkpoint.resume_from_run)
         except ResumeRefused as exc:
             refuse(str(exc))
     problem = cuda_problem(processes_per_node=processes_per_node)

@@ -96,6 +96,10 @@ class CheckpointConfig:
             on a signal and at ``stop_at_iteration``).
         load_dir: Where to resume from (default ``save_dir``).
         resume: Resume from ``load_dir``'s ``latest`` checkpoint if it exists.
+        resume_from_run: The spec ``name`` of another run whose checkpoints this run may
+            resume (``checkpoint.resume_from_run``); ``None``: a checkpoint whose spec record
+            holds another name than ``RunConfig.name`` is refused
+            (:func:`~dlmspec.backends.megatron.spec_record.check_resume`).
         save_at_end: Save after the last step.
         exit_signals: Signals that trigger save-and-exit (SLURM sends SIGTERM
             at the time limit and, with ``--signal=USR1@<s>``, SIGUSR1 earlier).
@@ -127,6 +131,7 @@ class CheckpointConfig:
     save_interval: Optional[int] = None
     load_dir: Optional[str] = None
     resume: bool = True
+    resume_from_run: Optional[str] = None
     save_at_end: bool = True
     exit_signals: Tuple[str, ...] = ("SIGTERM", "SIGUSR1")
     signal_exit_code: int = REQUEUE_EXIT_CODE
@@ -202,7 +207,8 @@ class RunConfig:
         logging: :class:`LoggingConfig`.
         seed: Base seed: weight init, megatron's data shuffling and the
             masking RNG (stored in checkpoints, checked on resume).
-        name: Run name (logged).
+        name: Run name (the spec's ``name``): logged, and recorded in every checkpoint, so a
+            resume from another run's checkpoint is refused.
         kernels: :class:`KernelConfig`.
         spec_hash: ``[lock] content_hash`` of the spec train.py was compiled from (a literal in
             train.py); recorded in every checkpoint and compared on resume.

@@ -172,6 +172,7 @@ def spec_record(run: Any, *, transformer_config: Any, model_kwargs: Dict[str, An
     tc, obj, data, sched = transformer_config, run.objective, run.data, run.schedule
     experts = getattr(tc, "num_moe_experts", None)
     values: Dict[str, Any] = {
+        "name": run.name,
         "objective.kind": obj.kind,
         "objective.mask_token_id": obj.mask_token_id if obj.kind == "mdm" else None,
         "objective.attention_mask": attention,
@@ -339,20 +340,39 @@ def _refusal(path: str, refused: List[Tuple[str, Any, Any]], ckpt_hash: Optional
     return "\n".join(lines)
 
 
-def check_resume(path: str, record: Dict[str, Any], *, content_hash: Optional[str]) -> ResumeCheck:
+def _other_run(path: str, theirs: Any, ours: Any) -> str:
+    """The refusal of a resume from a checkpoint that the run ``theirs`` wrote, by the run ``ours``."""
+    folder = os.path.dirname(os.path.normpath(path)) or path
+    return (f"cannot resume from {path}: its checkpoints belong to the run {theirs!r} (the spec name its record "
+            f"holds), and this is the run {ours!r}: continuing another run's checkpoints is refused unless the spec "
+            f"says it is meant (a batch job has no one to ask).\n"
+            f"Fix: to start {ours!r} in a folder of its own, set checkpoint.save (and checkpoint.load) to another "
+            f'folder than {folder}, e.g. checkpoint.save = "runs/{{name}}/checkpoints", and compile again; to '
+            f'continue the run {theirs!r}, set checkpoint.resume_from_run = "{theirs}" in [checkpoint] and compile '
+            "again.")
+
+
+def check_resume(path: str, record: Dict[str, Any], *, content_hash: Optional[str],
+                 resume_from_run: Optional[str] = None) -> ResumeCheck:
     """Compare the checkpoint at ``path`` with this run's record, before anything is loaded.
 
     Args:
         path: The checkpoint directory (``iter_*``) a resume would load.
         record: This run's :func:`spec_record`.
         content_hash: This train.py's spec hash.
+        resume_from_run: ``CheckpointConfig.resume_from_run``: the spec name of another run
+            whose checkpoints this run may continue (then the change of ``name`` is reported
+            as an allowed change).
 
     Returns:
         A :class:`ResumeCheck` with the allowed changes and warnings.
 
     Raises:
-        ResumeRefused: a key of :data:`REFUSED` changed, ``dlmspec.json`` is missing or
-            unreadable (not a checkpoint dlmspec's runtime wrote, so it cannot continue it).
+        ResumeRefused: the checkpoint's record holds another spec ``name`` than this run's and
+            ``resume_from_run`` does not name it (a record without a name, from an older
+            dlmspec, is not refused for it); a key of :data:`REFUSED` changed;
+            ``dlmspec.json`` is missing or unreadable (not a checkpoint dlmspec's runtime
+            wrote, so it cannot continue it).
     """
     meta_path = os.path.join(path, METADATA_FILENAME)
     weights = f'checkpoint.init_from = "mcore:{path}"'
@@ -383,6 +403,9 @@ def check_resume(path: str, record: Dict[str, Any], *, content_hash: Optional[st
             "model shape that differs fails in megatron-core's load")
     elif "data.tokenizer.type" in old and "data.tokenizer.type" not in record:
         out.warnings.append("the tokenizer files were not compared: this train.py has no readable spec.lock.toml")
+    theirs, ours = old.get("name"), record.get("name")
+    if theirs is not None and ours is not None and theirs != ours and theirs != resume_from_run:
+        raise ResumeRefused(_other_run(path, theirs, ours))
     refused, changed = [], []
     for key in sorted(set(old) & set(record)):
         if old[key] == record[key]:

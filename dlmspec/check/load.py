@@ -27,5 +27,7 @@ for _id, _source, _summary in (
     ("schema", "dlmspec.spec.models (the pydantic models: types, ranges, allowed values, required and unknown keys)",
      "every key is a key of the schema, with a value of its type, range and allowed values"),
     ("unknown-preset", "dlmspec.spec.presets.PRESETS", "model.preset names a preset of the catalog"),
+    ("name-placeholder", "dlmspec.spec.names (the run's paths expand {name} to the spec's name; {{ and }} are "
+     "literal braces)", "the run's paths and names hold no brace but {name}, {{ and }}"),
 ):
     add_rule(Rule(_id, "error", _source, _summary, None, scope="load"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
 
 
 @rule(
@@ -94,24 +95,87 @@ def _no_save(ctx: Context) -> Iterator[Finding]:
         )
 
 
+#: Keys of :data:`~dlmspec.spec.names.NAME_KEYS` whose sharing continues another run: a child
+#: that inherits them saves into, and resumes from, the parent's checkpoints.
+_CHECKPOINT_KEYS = ("checkpoint.save", "checkpoint.load")
+
+#: What an inherited key of another run's name does to this run, per key.
+_SHARED = {
+    "checkpoint.save": "saves into that run's folder and, on every relaunch, resumes that run's latest checkpoint",
+    "checkpoint.load": "resumes that run's latest checkpoint",
+    "logging.run_dir": "writes its metrics.jsonl and exit_status.json into that run's folder",
+    "logging.tensorboard_dir": "writes its TensorBoard events among that run's",
+    "logging.wandb_exp_name": "logs to wandb under that run's name",
+    "cluster.slurm.job_name": "is queued under that run's SLURM job name",
+}
+
+
+def _name_word(name: str) -> re.Pattern[str]:
+    """``name`` as a word of a path (not inside a longer name: ``t`` is not in ``tb``)."""
+    return re.compile(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])")
+
+
+def _holds_name(value: str, name: str) -> bool:
+    """Whether ``name`` is a word of ``value`` (:func:`_name_word`)."""
+    return _name_word(name).search(value) is not None
+
+
+def _raw_value(raw: dict, key: str) -> object:
+    node: object = raw
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 @rule(
     "checkpoint-inherited",
-    "warning",
-    "dlmspec.spec.load (extends deep-merges the parent; a relaunch resumes from checkpoint.save's latest)",
-    "a spec that renames its run does not reuse the checkpoint folder of the spec it extends",
+    "error",
+    "dlmspec.spec.load (extends deep-merges the parent; a relaunch resumes from checkpoint.load's latest); "
+    "dlmspec.spec.names ({name} in a run's paths)",
+    "a spec that renames the run of a spec it extends inherits none of that run's folders: paths are written "
+    "with {name}, or in this spec",
 )
 def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:
+    """Each key of :data:`~dlmspec.spec.names.NAME_KEYS` that a parent file (not this spec, not
+    ``--set``) wrote as a literal (no ``{name}``) while this spec's name differs from that
+    file's: checkpoint.save / checkpoint.load always (an error: the run would resume, or save
+    over, the other run's checkpoints, and a SLURM job has no one to ask) unless
+    ``checkpoint.resume_from_run`` names that run; the other keys when they hold that run's name
+    (a warning: logs and names mix, the training state does not)."""
     loaded = ctx.loaded
-    if loaded is None or ctx.spec.checkpoint.save is None:
+    if loaded is None:
         return
-    top = str(loaded.path)
-    save_file = loaded.origins.get("checkpoint.save", (top, None))[0]
-    name_file = loaded.origins.get("name", (None, None))[0]
-    if save_file not in (top, "--set") and name_file in (top, "--set"):
-        yield Finding("checkpoint.save",
-                      f"is inherited from {Path(save_file).name}, whose run writes and resumes the same "
-                      f"folder: this run ('{ctx.spec.name}') would resume the other's checkpoints",
-                      f"set checkpoint.save = \"runs/{ctx.spec.name}/checkpoints\" in this spec")
+    parents = list(loaded.files)[1:]
+    meant = ctx.spec.checkpoint.resume_from_run
+    for key in NAME_KEYS:
+        written = _raw_value(loaded.raw, key)
+        file = loaded.origins.get(key, (None, None))[0]
+        if not isinstance(written, str) or has_placeholder(written) or file not in parents:
+            continue
+        other = loaded.files[file]
+        if other == ctx.spec.name:
+            continue
+        checkpoint = key in _CHECKPOINT_KEYS
+        if checkpoint and meant == other:
+            continue
+        named = _holds_name(written, other)
+        if not (checkpoint or named):
+            continue
+        # what the parent wrote is spec text already (braces doubled): the name becomes {name}
+        fixed = _name_word(other).sub(lambda _: PLACEHOLDER, written) if named else "runs/{name}/checkpoints"
+        quoted = fixed.replace("\\", "\\\\").replace('"', '\\"')
+        hint = f'set {key} = "{quoted}" in this spec ({PLACEHOLDER} is its name)'
+        if checkpoint:
+            hint += f', or checkpoint.resume_from_run = "{other}" to continue that run on purpose'
+        yield Finding(
+            key,
+            f"is inherited from {Path(file).name}, written for the run '{other}'"
+            f"{'' if named else ' (and for every run that extends it)'}: this run ('{ctx.spec.name}') "
+            f"{_SHARED[key]}",
+            hint,
+            value=written,
+            severity=None if checkpoint else "warning",
+        )
 
 
 @rule(

@@ -337,9 +337,9 @@ def starter_spec(
             "lr_warmup_iters": 100,
         },
         "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": null_vocab}},
-        "checkpoint": {"save": f"runs/{name}/checkpoints", "save_interval": 500},
+        "checkpoint": {"save": "runs/{name}/checkpoints", "save_interval": 500},  # {name}: the spec's name
         "cluster": {"gpu": gpu, "gpus_per_node": gpus_per_node, "nodes": nodes},
-        "logging": {"log_interval": 10, "tensorboard_dir": f"runs/{name}/tensorboard"},
+        "logging": {"log_interval": 10, "tensorboard_dir": "runs/{name}/tensorboard"},
     }
     for key, value in (layout or {}).items():
         set_dotted(data, key, value)

@@ -68,13 +68,19 @@ class LoadedSpec:
             :mod:`dlmspec.check`).
         path: the file it was loaded from.
         origins: dotted key -> (file, line) of the value that won.
-        raw: the merged dict before validation (what the user wrote, after extends and --set).
+        raw: the merged dict before validation (what the user wrote, after extends and --set;
+            ``{name}`` not expanded).
+        files: each file of the ``extends`` chain, the spec itself first, as ``origins`` spells
+            it -> the ``name`` of the spec that file defines (written there, else inherited from
+            its parents, else the default); ``--set`` is not among them. Rules tell by it
+            which keys a parent wrote, and for which run.
     """
 
     spec: Spec
     path: Path
     origins: dict[str, Origin] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
     def locate(self, key: str) -> Origin:
         """(file, line) for ``key``: :func:`locate_key`."""
@@ -156,6 +162,22 @@ def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[Spe
                                     value=shown, hint=_INT64_HINT + (f", e.g. {example}" if example else ""),
                                     rule="int64", file=file, line=line))
     return issues
+
+
+def _placeholder_issues(data: dict[str, Any], origins: dict[str, Origin], path: Path) -> list[SpecIssue]:
+    """An issue per key of :data:`dlmspec.spec.names.NAME_KEYS` holding a brace other than
+    ``{name}`` or a doubled one (the ``name-placeholder`` rule), at the file and line that wrote it."""
+    from dlmspec.spec.names import placeholder_problems
+
+    return [_placeholder_issue(key, value, origins, path) for key, value, _ in placeholder_problems(data)]
+
+
+def _placeholder_issue(key: str, value: str, origins: dict[str, Origin], path: Path) -> SpecIssue:
+    from dlmspec.spec.names import problem_hint, problem_message
+
+    file, line = locate_key(origins, key, path)
+    return SpecIssue(key, problem_message(value), value=value, hint=problem_hint(key, value),
+                     rule="name-placeholder", file=file, line=line)
 
 
 def _default_example(key: str) -> str | None:
@@ -351,9 +373,10 @@ def _leading_keys(path: tuple[Any, ...]) -> list[str]:
     return keys
 
 
-def _load_toml(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
+def _load_toml(path: Path) -> tuple[dict[str, Any], dict[str, Origin], dict[str, str]]:
     """Read the TOML spec ``path`` and its ``extends`` chain (at most :data:`MAX_EXTENDS`
-    files, no cycles) and merge them, parents first; also return where each key was written."""
+    files, no cycles) and merge them, parents first; also return where each key was written and
+    :attr:`LoadedSpec.files`."""
     chain: list[tuple[dict[str, Any], dict[str, Origin]]] = []
     seen: list[Path] = []
     ref: _Ref | None = None
@@ -390,12 +413,27 @@ def _load_toml(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
                                        file=str(path), line=lines.get("extends"))]) from None
         ref = _Ref(str(path), lines.get("extends"), parent)
         path = parent_path
+    files = _chain_names([str(p) for p in seen], [d for d, _ in chain])
     data, origins = chain.pop()
     while chain:  # children over parents
         child, child_origins = chain.pop()
         child_origins.pop("extends", None)
         data, origins = deep_merge(data, child), {**origins, **child_origins}
-    return data, origins
+    return data, origins, files
+
+
+def _chain_names(files: list[str], tables: list[dict[str, Any]]) -> dict[str, str]:
+    """:attr:`LoadedSpec.files` of an ``extends`` chain: ``files`` and their ``tables``, the
+    spec itself first."""
+    from dlmspec.spec.names import DEFAULT_NAME
+
+    names: dict[str, str] = {}
+    name = DEFAULT_NAME
+    for file, table in zip(reversed(files), reversed(tables)):
+        if isinstance(table.get("name"), str):
+            name = table["name"]
+        names[file] = name
+    return dict(reversed(list(names.items())))
 
 
 def _read_toml(path: Path, ref: _Ref | None) -> tuple[dict[str, Any], dict[str, Origin], Any, dict[str, int]]:
@@ -466,6 +504,10 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
         line = frames[-1].lineno if frames else None
         if isinstance(exc, ValidationError):
+            placeholders = [e for e in exc.errors() if e["type"] == "name_placeholder"]
+            if placeholders:  # Spec(...) in the file refused a placeholder: the loader's own issue
+                raise SpecError([_placeholder_issue(key, value, {}, path) for e in placeholders
+                                 for key, value, _ in e["ctx"]["problems"]]) from None
             message = _first_pydantic_message(exc)
         else:
             message = f"{type(exc).__name__}: {exc}"
@@ -531,6 +573,9 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
     message = err["msg"]
     hint = None
     rule = "schema"
+    if kind == "name_placeholder":  # a Spec built in Python; files are checked before (_placeholder_issues)
+        key, value, _ = err["ctx"]["problems"][0]
+        return _placeholder_issue(key, value, origins, path)
     if kind == "unknown_preset":
         loc = [*loc, "preset"]
         key = ".".join(loc)
@@ -667,8 +712,9 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
                                    hint="give the path of a .toml or .py spec file", rule="file")]) from None
     if path.suffix == ".py":
         data, origins = _load_python(absolute)
+        files = _chain_names([str(absolute)], [data])
     else:
-        data, origins = _load_toml(absolute)
+        data, origins, files = _load_toml(absolute)
     issues: list[SpecIssue] = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -696,7 +742,7 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         origins[key] = ("--set", None)
     if issues:
         raise SpecError(issues)
-    issues = _int64_issues(data, origins, path)
+    issues = _int64_issues(data, origins, path) or _placeholder_issues(data, origins, path)
     if issues:
         raise SpecError(issues)
     spec: Any = None
@@ -716,10 +762,10 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
             error = SpecError([_schema_issue(e, origins, path) for e in errors])
             partial, dropped = _without_bad_keys(data, errors, Spec)
             if partial is not None:
-                error.partial = LoadedSpec(spec=partial, path=path, origins=origins, raw=data)
+                error.partial = LoadedSpec(spec=partial, path=path, origins=origins, raw=data, files=files)
                 error.dropped = dropped
             raise error from None
-    return LoadedSpec(spec=spec, path=path, origins=origins, raw=data)
+    return LoadedSpec(spec=spec, path=path, origins=origins, raw=data, files=files)
 
 
 def _without_bad_keys(data: dict[str, Any], errors: list[dict[str, Any]], model: Any) -> tuple[Any, tuple[str, ...]]:
@@ -766,6 +812,7 @@ def load_text(text: str, name: str = "<string>.toml") -> LoadedSpec:
             raise
     loaded.path = Path(name)
     loaded.origins = {k: (name, line) for k, (_, line) in loaded.origins.items()}
+    loaded.files = {name: next(iter(loaded.files.values()))}
     return loaded
 
 

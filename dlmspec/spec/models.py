@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat
 from pydantic_core import PydanticCustomError
 
 from dlmspec.spec.dotted import deep_merge, set_dotted
+from dlmspec.spec.names import DEFAULT_NAME, PlaceholderError, expand_names, placeholder_problems, problem_message
 from dlmspec.spec.presets import PRESETS
 from dlmspec.spec.shorthands import prefix_strings
 
@@ -357,6 +358,12 @@ class CheckpointSpec(Section):
     save_at_end: bool = Field(True, description="Also save when training ends (or is stopped by a signal).")
     format: Literal["torch_dist"] = "torch_dist"
     resume: bool = Field(True, description="Resume from the latest checkpoint in `save` if any.")
+    resume_from_run: str | None = Field(
+        None, description="The `name` of another spec whose checkpoints this run may continue. Unset: a resume "
+        "from a checkpoint whose spec record holds another name is refused (train.py exits 2), and so is a "
+        "checkpoint folder inherited from a spec of another name (rule checkpoint-inherited). Megatron-LM has no "
+        "such key (its checkpoints name no run).",
+    )
     async_save: bool = False
 
 
@@ -447,9 +454,10 @@ class LoggingSpec(Section):
 
 class Spec(Section):
     """A whole training job. ``name`` names the run; every table has defaults except
-    ``[model]`` and ``[train]``'s batch and length."""
+    ``[model]`` and ``[train]``'s batch and length. The run's paths may hold ``{name}``
+    (:mod:`dlmspec.spec.names`): validation expands it, so a ``Spec`` holds the expanded paths."""
 
-    name: str = Field("dlmspec-run", min_length=1)
+    name: str = Field(DEFAULT_NAME, min_length=1)
     description: str | None = None
     model: ModelSpec
     objective: ObjectiveSpec = _table()
@@ -469,10 +477,31 @@ class Spec(Section):
         "derived values); not part of the spec's content, so a lock file compiles to the same output.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_name(cls, data: Any) -> Any:
+        """Expand ``{name}`` in the keys of :data:`dlmspec.spec.names.NAME_KEYS` to the spec's
+        name: :func:`dlmspec.spec.names.expand_names`, the one place it happens.
+
+        Raises:
+            PydanticCustomError: ``name_placeholder`` (context ``problems``: ``(key, value,
+                fix)`` of each key holding another brace). :mod:`dlmspec.spec.load` checks files
+                before validating (the ``name-placeholder`` rule, with file and line).
+        """
+        try:
+            return expand_names(data)
+        except PlaceholderError:
+            problems = placeholder_problems(data)
+            key, value, _ = problems[0]
+            raise PydanticCustomError("name_placeholder", "{key} {why}",
+                                      {"key": key, "why": problem_message(value), "problems": problems}) from None
+
     def replace(self, **changes: Any) -> "Spec":
         """Return a validated copy with dotted keys changed, e.g.
         ``spec.replace(**{"parallel.tensor_model_parallel_size": 2})`` or
-        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged).
+        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged). The spec's
+        paths are expanded already (:mod:`dlmspec.spec.names`): a changed ``name`` does not
+        move them; give the paths too, with ``{name}`` where they should follow it.
 
         Raises:
             pydantic.ValidationError: the result is not a valid spec.

@@ -242,22 +242,85 @@ def test_every_rule_has_a_case() -> None:
     assert {case[0] for case in CASES} | hardening | FILE_RULES == spec_rules
 
 
-def test_checkpoint_folder_inherited_by_a_renamed_run_warns(tmp_path) -> None:
-    base = tmp_path / "base.toml"
-    base.write_text(TOML.replace("tensor_model_parallel_size = 5", "tensor_model_parallel_size = 2")
-                    .replace("gpus_per_node = 10", "gpus_per_node = 8")
-                    .replace("global_batch_size = 9", "global_batch_size = 16")
-                    + '\n[checkpoint]\nsave = "runs/base/checkpoints"\n', encoding="utf-8")
+def _valid_base(name: str = "base") -> str:
+    """TOML (after this file's TOML is defined) of a valid spec named ``name`` with no run paths."""
+    return (TOML.replace("tensor_model_parallel_size = 5", "tensor_model_parallel_size = 2")
+            .replace("gpus_per_node = 10", "gpus_per_node = 8").replace("global_batch_size = 9", "global_batch_size = 16")
+            .replace('name = "lines"', f'name = "{name}"'))
+
+
+def _inherited(tmp_path, parent_tables: str, child_text: str, overrides: tuple[str, ...] = ()):
+    """The checkpoint-inherited issues of child.toml, which extends base.toml (``parent_tables``
+    appended to a valid spec named "base")."""
+    (tmp_path / "base.toml").write_text(_valid_base() + parent_tables, encoding="utf-8")
     child = tmp_path / "child.toml"
-    child.write_text('extends = "base.toml"\nname = "child-run"\n', encoding="utf-8")
-    found = [w for w in load_for("spec", child)[2] if w.rule == "checkpoint-inherited"]
-    assert [w.key for w in found] == ["checkpoint.save"]
-    assert "base.toml" in found[0].message and "runs/child-run/checkpoints" in found[0].hint
-    # the parent itself, and a child that names its own folder, are quiet
-    assert not [w for w in load_for("spec", base)[2] if w.rule == "checkpoint-inherited"]
-    child.write_text('extends = "base.toml"\nname = "child-run"\n[checkpoint]\nsave = "runs/child/ckpt"\n',
-                     encoding="utf-8")
-    assert not [w for w in load_for("spec", child)[2] if w.rule == "checkpoint-inherited"]
+    child.write_text('extends = "base.toml"\n' + child_text, encoding="utf-8")
+    return [w for w in load_for("validate", child, overrides)[2] if w.rule == "checkpoint-inherited"]
+
+
+def test_an_inherited_checkpoint_folder_of_a_renamed_run_is_an_error(tmp_path) -> None:
+    """Issue 17: the child would resume (or overwrite) the parent's run, and a SLURM job has no
+    one to ask: an error, whose fix ({name}) validates."""
+    parent = '\n[checkpoint]\nsave = "runs/base/checkpoints"\n'
+    (found,) = _inherited(tmp_path, parent, 'name = "child-run"\n')
+    assert (found.key, found.severity, found.file) == ("checkpoint.save", "error", str(tmp_path / "base.toml"))
+    assert "base.toml" in found.message and "'base'" in found.message and "'child-run'" in found.message
+    assert 'checkpoint.save = "runs/{name}/checkpoints"' in found.hint
+    # the same through --set, and a folder without the parent's name is as shared
+    assert [w.key for w in _inherited(tmp_path, parent, "", ("name=\"x\"",))] == ["checkpoint.save"]
+    assert [w.severity for w in _inherited(tmp_path, '\n[checkpoint]\nsave = "/scratch/ckpt"\n',
+                                           'name = "child-run"\n')] == ["error"]
+    # the parent itself, a child that keeps the name, one that names its own folder, and the fix: quiet
+    assert not [w for w in load_for("validate", tmp_path / "base.toml")[2] if w.rule == "checkpoint-inherited"]
+    assert not _inherited(tmp_path, parent, "[train]\nlr = 1e-4\n")
+    assert not _inherited(tmp_path, parent, 'name = "child-run"\n[checkpoint]\nsave = "runs/child/ckpt"\n')
+    fixed = 'name = "child-run"\n[checkpoint]\nsave = "runs/{name}/checkpoints"\n'
+    assert not _inherited(tmp_path, parent, fixed)
+    assert not [i for i in load_for("validate", tmp_path / "child.toml")[2] if i.severity == "error"]
+    # an inherited placeholder follows the child's name
+    assert not _inherited(tmp_path, '\n[checkpoint]\nsave = "runs/{name}/checkpoints"\n', 'name = "child-run"\n')
+
+
+def test_resume_from_run_says_the_inherited_checkpoint_folder_is_meant(tmp_path) -> None:
+    parent = '\n[checkpoint]\nsave = "runs/base/checkpoints"\n'
+    assert not _inherited(tmp_path, parent, 'name = "child"\n[checkpoint]\nresume_from_run = "base"\n')
+    (found,) = _inherited(tmp_path, parent, 'name = "child"\n[checkpoint]\nresume_from_run = "third"\n')
+    assert found.severity == "error" and 'resume_from_run = "base"' in found.hint
+
+
+#: (a path key, the parent's literal value holding its name, the finding's severity, the key's table).
+NAMED_PATHS = [
+    ("checkpoint.save", "runs/base/checkpoints", "error", "checkpoint"),
+    ("checkpoint.load", "runs/base/checkpoints", "error", "checkpoint"),
+    ("logging.run_dir", "runs/base", "warning", "logging"),
+    ("logging.tensorboard_dir", "runs/base/tensorboard", "warning", "logging"),
+    ("logging.wandb_exp_name", "base-v1", "warning", "logging"),
+    ("cluster.slurm.job_name", "base", "warning", "cluster.slurm"),
+]
+
+
+@pytest.mark.parametrize("key, value, severity, table", NAMED_PATHS, ids=[k for k, *_ in NAMED_PATHS])
+def test_every_inherited_path_holding_the_parents_name_is_flagged(tmp_path, key, value, severity, table) -> None:
+    leaf = key.rsplit(".", 1)[1]
+    parent = f'\n[{table}]\n{leaf} = "{value}"\n'
+    (found,) = _inherited(tmp_path, parent, 'name = "child"\n')
+    assert (found.key, found.severity, found.value) == (key, severity, value)
+    fix = value.replace("base", "{name}")
+    assert f'{key} = "{fix}"' in found.hint
+    # the fix, written in the child, validates and is quiet
+    assert not _inherited(tmp_path, parent, f'name = "child"\n[{table}]\n{leaf} = "{fix}"\n')
+    assert not [i for i in load_for("validate", tmp_path / "child.toml")[2] if i.severity == "error"]
+
+
+def test_a_relative_spec_path_with_set_name_is_not_an_inherited_folder(tmp_path, monkeypatch) -> None:
+    """The false positive of issue 17: `dlmspec validate spec.toml --set name=x`, with no parent."""
+    from dlmspec.cli import main
+
+    (tmp_path / "spec.toml").write_text(_valid_base() + '\n[checkpoint]\nsave = "runs/base/checkpoints"\n',
+                                        encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert not [w for w in load_for("validate", "spec.toml", ["name=\"x\""])[2] if w.rule == "checkpoint-inherited"]
+    assert main(["validate", "spec.toml", "--set", "name=\"x\"", "--json"]) == 0
 
 
 @pytest.mark.parametrize(("rule", "changes", "key"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])

@@ -112,6 +112,8 @@ LOAD_FAILING: list[tuple[str, str, list[str], str, str]] = [
     ("spec.toml", None, ["--set", "train.seed=" + str(2**70)], "int64", "train.seed"),
     ("spec.toml", None, ["--set", "train.lr=\"fast\""], "schema", "train.lr"),
     ("spec.toml", None, ["--set", "model.preset=\"no-such-model\""], "unknown-preset", "model.preset"),
+    ("spec.toml", None, ["--set", "checkpoint.save=\"runs/{nmae}/checkpoints\""], "name-placeholder",
+     "checkpoint.save"),
 ]
 
 
@@ -249,7 +251,7 @@ def test_checkpoint_inherited_example(tmp_path: Path, monkeypatch: pytest.Monkey
     child.write_text('extends = "base.toml"\nname = "other"\n[logging]\ntensorboard_dir = "runs/other/tensorboard"\n',
                      encoding="utf-8")
     code, issues = assert_agree(child, tmp_path / "out", monkeypatch)
-    assert code == 0 and ("checkpoint-inherited", "checkpoint.save", "warning") in issues
+    assert code == 2 and ("checkpoint-inherited", "checkpoint.save", "error") in issues
 
 
 def test_plan_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
