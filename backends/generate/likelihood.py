@@ -89,6 +89,27 @@ class ELBOResult:
         }
 
 
+def merge_elbo_results(results: Sequence[ELBOResult]) -> ELBOResult:
+    """The rows of several :class:`ELBOResult` as one (a dataset scored batch by batch), so that
+    :meth:`ELBOResult.total` covers them all.
+
+    Raises:
+        ValueError: no result, or results of different estimators, ``eps`` or sample counts.
+    """
+    if not results:
+        raise ValueError("merge_elbo_results: no result given")
+    first = results[0]
+    for r in results[1:]:
+        if (r.estimator, r.eps, r.num_samples) != (first.estimator, first.eps, first.num_samples):
+            raise ValueError(
+                f"merge_elbo_results: results of {r.estimator!r} (eps {r.eps}, {r.num_samples} samples) and "
+                f"{first.estimator!r} (eps {first.eps}, {first.num_samples} samples) do not merge; score all with one setting"
+            )
+    return ELBOResult(nll=torch.cat([r.nll for r in results]), stderr=torch.cat([r.stderr for r in results]),
+                      num_tokens=torch.cat([r.num_tokens for r in results]),
+                      samples=torch.cat([r.samples for r in results], dim=1), estimator=first.estimator, eps=first.eps)
+
+
 def _check_inputs(tokens: Tensor, target_mask: Optional[Tensor], attention_mask: Optional[Tensor]) -> Tensor:
     if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"tokens: an integer [batch, length] tensor, got {tokens.dtype} of shape {tuple(tokens.shape)}")

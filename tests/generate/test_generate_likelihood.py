@@ -16,6 +16,7 @@ from dlmspec.backends.generate.likelihood import (
     ar_nll,
     continuation_nll,
     elbo_nll,
+    merge_elbo_results,
     multiple_choice,
     wilson_interval,
 )
@@ -149,6 +150,19 @@ def test_a_result_is_reproducible_from_the_generator():
     total = a.total()
     assert total["num_tokens"] == 8 and total["nll_per_token"] == pytest.approx(float(a.nll.sum()) / 8)
     assert total["perplexity_bound"] == pytest.approx(math.exp(total["nll_per_token"]))
+
+
+def test_batches_merge_into_one_total():
+    model = NoMaskOutput(seed=7)
+    seq = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 1]])
+    a = elbo_nll(model, seq[:1], mask_token_id=V, generator=_gen(1), num_samples=8)
+    b = elbo_nll(model, seq[1:, :3], mask_token_id=V, generator=_gen(2), num_samples=8)
+    both = merge_elbo_results([a, b]).total()
+    assert both["num_tokens"] == 7 and both["num_sequences"] == 2
+    assert both["nll_per_token"] == pytest.approx((float(a.nll[0]) + float(b.nll[0])) / 7)
+    assert both["stderr_per_token"] == pytest.approx(math.hypot(float(a.stderr[0]), float(b.stderr[0])) / 7)
+    with pytest.raises(ValueError, match="do not merge"):
+        merge_elbo_results([a, elbo_nll(model, seq[:1], mask_token_id=V, generator=_gen(1), num_samples=4)])
 
 
 def test_padding_is_never_a_target():
