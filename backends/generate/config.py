@@ -55,7 +55,7 @@ class GenerateConfig:
             ``remasking = "threshold"`` (a block ends when it has no mask left) nor by ``"ar"``.
         block_length: length of a semi-autoregressive block; blocks are decoded left to right, each
             over ``steps // num_blocks`` steps (LLaDA: 128 = one block; its instruct evaluations 32).
-        remasking: ``"low_confidence"`` (commit the most confident predictions, LLaDA Alg. 2 /
+        remasking: ``"low_confidence"`` (commit the most confident predictions, LLaDA Sec. 2.4 /
             generate.py), ``"random"`` (commit random masked positions, LLaDA's baseline) or
             ``"threshold"`` (commit every prediction whose confidence is at least ``threshold``,
             at least one per step: Fast-dLLM's confidence-aware parallel decoding, arXiv:2505.22618,

@@ -3,16 +3,17 @@
 The model is anything that maps tokens to logits, so a megatron-core ``GPTModel``, a Hugging Face
 model and a test model serve alike (:class:`LogitsFn`). :func:`generate` is masked-diffusion
 sampling: the prompt followed by ``gen_length`` mask tokens, unmasked over ``steps`` denoising steps
-in semi-autoregressive blocks (LLaDA, arXiv:2502.09992 Alg. 2 and Sec. 2.4; github:ML-GSAI/LLaDA
-generate.py). :func:`generate_ar` decodes left to right. Settings: :class:`GenerateConfig`. The
-algorithms, their sources and what is not built yet: docs/generate.md. Plain torch; runs on CPU.
+in semi-autoregressive blocks (LLaDA, arXiv:2502.09992 Sec. 2.4 and its appendix algorithms;
+github:ML-GSAI/LLaDA generate.py). :func:`generate_ar` decodes left to right. Settings:
+:class:`GenerateConfig`. The algorithms, their sources and what is not built yet: docs/generate.md.
+Plain torch; runs on CPU.
 
 Prompts of different lengths are **left-padded** (LLaDA generate.py's choice): every row's
 generated region then occupies the same columns ``[P, P + gen_length)``, so blocks, the transfer
 schedule, EOS skipping and guidance work column-wise for the whole batch, and a row's relative
 positions (RoPE) are those of the prompt alone. Padding keys are hidden by a key-padding mask
-handed to the logits function (see :class:`LogitsFn`); a model with absolute position
-embeddings would see shifted positions, which no dlmspec model has.
+handed to the logits function (see :class:`LogitsFn`), which may also derive position ids from it
+(``attention_mask.cumsum(-1) - 1``) so that every prompt starts at position 0.
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
              on_step: Optional[Callable[[StepEvent], None]] = None,
              generator: Optional[torch.Generator] = None,
              device: Optional[Union[str, torch.device]] = None) -> GenerateOutput:
-    """Masked-diffusion sampling (LLaDA Alg. 2 with semi-autoregressive blocks; Fast-dLLM's threshold).
+    """Masked-diffusion sampling (LLaDA Sec. 2.4, semi-autoregressive blocks; Fast-dLLM's threshold).
 
     The canvas is the left-padded prompts followed by ``gen_length`` mask tokens. Blocks of
     ``block_length`` are decoded left to right; a block gets ``steps // num_blocks`` steps, and step
