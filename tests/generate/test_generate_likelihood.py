@@ -147,6 +147,9 @@ def test_a_result_is_reproducible_from_the_generator():
     b = elbo_nll(model, seq, mask_token_id=V, generator=_gen(3), num_samples=8)
     c = elbo_nll(model, seq, mask_token_id=V, generator=_gen(4), num_samples=8)
     assert torch.equal(a.samples, b.samples) and not torch.equal(a.samples, c.samples)
+    for k in (1, 3):  # samples_per_forward is a memory setting: it changes no draw
+        other = elbo_nll(model, seq, mask_token_id=V, generator=_gen(3), num_samples=8, samples_per_forward=k)
+        assert torch.allclose(other.samples, a.samples, atol=1e-9)
     total = a.total()
     assert total["num_tokens"] == 8 and total["nll_per_token"] == pytest.approx(float(a.nll.sum()) / 8)
     assert total["perplexity_bound"] == pytest.approx(math.exp(total["nll_per_token"]))
