@@ -134,8 +134,9 @@ def elbo_nll(logits_fn: LogitsFn, tokens: Tensor, *, mask_token_id: int, generat
     Each sample masks some target positions of every row (the estimator's draw, see the module
     docstring), runs ``logits_fn`` once on the noised batch and sums the weighted cross entropy at
     the masked positions. ``samples_per_forward`` samples run in one call (the batch repeated,
-    ``[k * B, S]``), as LLaDA's ``batch_size``. Draws per call, in this order, from ``generator``:
-    ``u`` ``[k, B]`` float64, then the per-position uniforms ``[k, B, S]`` float64.
+    ``[k * B, S]``), as LLaDA's ``batch_size``. Draws per sample, in this order, from ``generator``:
+    ``u`` ``[B]`` float64, then the per-position uniforms ``[B, S]`` float64; so the samples do not
+    depend on ``samples_per_forward`` (a memory setting).
 
     Args:
         logits_fn: the model (:class:`~dlmspec.backends.generate.sampler.LogitsFn`), bidirectional.
@@ -177,8 +178,11 @@ def elbo_nll(logits_fn: LogitsFn, tokens: Tensor, *, mask_token_id: int, generat
     done = 0
     while done < num_samples:
         k = min(samples_per_forward, num_samples - done)
-        u = torch.rand(k, batch, generator=generator, dtype=torch.float64, device=dev)
-        draws = torch.rand(k, batch, seq, generator=generator, dtype=torch.float64, device=dev)
+        us, ds = [], []
+        for _ in range(k):  # sample by sample, so that samples_per_forward changes no draw
+            us.append(torch.rand(batch, generator=generator, dtype=torch.float64, device=dev))
+            ds.append(torch.rand(batch, seq, generator=generator, dtype=torch.float64, device=dev))
+        u, draws = torch.stack(us), torch.stack(ds)  # [k, B], [k, B, S]
         big_l = lengths.to(torch.float64).unsqueeze(0)  # [1, B]
         if estimator == "time":
             t = eps + (1.0 - eps) * (1.0 - u)  # (eps, 1]: never 0
