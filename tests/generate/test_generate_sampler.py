@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -44,6 +46,7 @@ def test_defaults_are_llada_and_are_recorded():
         128, 128, 128, 0.0, 0.0, "low_confidence")
     out = generate(TinyTransformer(VOCAB), [[1, 2]], _config(seed=3))
     assert out.config == _config(seed=3).to_dict() and out.to_dict()["config"]["seed"] == 3
+    assert json.loads(json.dumps(out.to_dict()))["generated"] == out.generated  # what --json would print
 
 
 @pytest.mark.parametrize("kw, field, fix", [
@@ -277,6 +280,13 @@ def test_sampling_is_reproducible_from_the_seed():
     b = generate(model, [[1, 2]], _config(temperature=1.0, seed=11))
     outs = {tuple(generate(model, [[1, 2]], _config(temperature=1.0, seed=s)).generated[0]) for s in range(5)}
     assert a.generated == b.generated and len(outs) > 1
+
+
+def test_bad_prompts_are_refused():
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate(TinyTransformer(VOCAB), [[1], []], _config())
+    with pytest.raises(ValueError, match="at least one prompt"):
+        generate(TinyTransformer(VOCAB), [], _config())
 
 
 def test_a_prompt_with_the_mask_token_and_a_bad_logits_fn_are_refused():
