@@ -1,0 +1,534 @@
+"""Sampling from a masked-diffusion LM (and left-to-right from an AR LM) against a logits function.
+
+The model is anything that maps tokens to logits, so a megatron-core ``GPTModel``, a Hugging Face
+model and a test model serve alike (:class:`LogitsFn`). :func:`generate` is masked-diffusion
+sampling: the prompt followed by ``gen_length`` mask tokens, unmasked over ``steps`` denoising steps
+in semi-autoregressive blocks (LLaDA, arXiv:2502.09992 Sec. 2.4 and its appendix algorithms;
+github:ML-GSAI/LLaDA generate.py). :func:`generate_ar` decodes left to right. Settings:
+:class:`GenerateConfig`. The algorithms, their sources and what is not built yet: docs/generate.md.
+Plain torch; runs on CPU.
+
+Prompts of different lengths are **left-padded** (LLaDA generate.py's choice): every row's
+generated region then occupies the same columns ``[P, P + gen_length)``, so blocks, the transfer
+schedule, EOS skipping and guidance work column-wise for the whole batch, and a row's relative
+positions (RoPE) are those of the prompt alone. Padding keys are hidden by a key-padding mask
+handed to the logits function (see :class:`LogitsFn`), which may also derive position ids from it
+(``attention_mask.cumsum(-1) - 1``) so that every prompt starts at position 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from dlmspec.backends.generate.config import GenerateConfig
+
+Prompts = Union[Tensor, Sequence[Sequence[int]]]
+
+
+class LogitsFn(Protocol):
+    """A model as the sampler sees it.
+
+    Called as ``logits_fn(tokens)`` when no row of the batch is padded, and as
+    ``logits_fn(tokens, attention_mask)`` when some row is, so a one-argument function serves
+    batches of prompts of one length.
+
+    Args:
+        tokens: ``LongTensor[B, L]`` token ids.
+        attention_mask: ``BoolTensor[B, L]``, ``True`` at real tokens and ``False`` at left padding;
+            a padding key must not be attended (megatron-core's ``GPTModel`` takes the inverse,
+            ``[B, 1, 1, L]`` with ``True`` = hidden; Hugging Face models take it as it is).
+
+    Returns:
+        ``FloatTensor[B, L, V]`` logits at every position (a diffusion model: the prediction of the
+        token at that position; an AR model: of the token after it).
+    """
+
+    def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor: ...
+
+
+class ARStepFn(Protocol):
+    """One step of AR decoding: the seam for a KV cache (the runtime's job; not built here).
+
+    Called once per generated token with the whole sequence so far; each call extends the previous
+    one by one column, so an implementation with a KV cache may run only ``tokens[:, -1:]`` against
+    its cache. :func:`full_recompute` is the cache-less implementation.
+
+    Args:
+        tokens: ``LongTensor[B, T]``, the left-padded prompts and the tokens generated so far.
+        attention_mask: ``BoolTensor[B, T]`` (``True`` = real token) or ``None`` when no row is padded.
+
+    Returns:
+        ``FloatTensor[B, V]``: logits of the next token of each row.
+    """
+
+    def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor]) -> Tensor: ...
+
+
+@dataclass
+class StepEvent:
+    """What the per-step callback (``on_step``) receives, for streaming.
+
+    Attributes:
+        step: 0-based index of this step over the whole run (a forward pass each).
+        block: 0-based block index (AR: 0).
+        tokens: ``LongTensor[B, L]``, the canvas after this step's commits (the sampler's own
+            tensor: clone it to keep it; do not modify it).
+        committed: ``BoolTensor[B, L]``, the positions committed at this step.
+        prompt_length: ``P``, the column where generation starts (the longest prompt).
+    """
+
+    step: int
+    block: int
+    tokens: Tensor
+    committed: Tensor
+    prompt_length: int
+
+
+@dataclass
+class GenerateOutput:
+    """The result of :func:`generate` or :func:`generate_ar`.
+
+    Attributes:
+        sequences: ``LongTensor[B, P + n]``: left-padded prompts and the generated region (mask
+            tokens never remain; positions of skipped blocks hold EOS).
+        prompt_length: ``P``, the column where the generated region starts.
+        generated: per row, the generated token ids up to (not including) the first EOS.
+        finish_reasons: per row, ``"eos"`` (an EOS ended it) or ``"length"`` (``gen_length`` reached).
+        forward_passes: number of calls of the logits function (a guided step is one call of ``2B`` rows).
+        steps: number of sampler steps run.
+        config: ``GenerateConfig.to_dict()``, recorded with the output.
+    """
+
+    sequences: Tensor
+    prompt_length: int
+    generated: List[List[int]]
+    finish_reasons: List[str]
+    forward_passes: int
+    steps: int
+    config: Dict[str, Any]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The output as JSON-ready values (what ``--json`` would print)."""
+        return {
+            "generated": self.generated,
+            "finish_reasons": self.finish_reasons,
+            "forward_passes": self.forward_passes,
+            "steps": self.steps,
+            "config": self.config,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def num_transfer_tokens(masked_counts: Tensor, steps: int) -> Tensor:
+    """How many tokens each step of a block commits (LLaDA generate.py ``get_num_transfer_tokens``).
+
+    LLaDA's noise schedule is linear (arXiv:2502.09992 Eq. 8), so the reverse process over ``steps``
+    equal intervals of ``t`` unmasks the same expected number each step: ``n // steps`` per step,
+    and one more in the first ``n % steps`` steps.
+
+    Args:
+        masked_counts: ``LongTensor[B]``, masked positions of each row in the block.
+        steps: steps of the block (>= 1).
+
+    Returns:
+        ``LongTensor[B, steps]``; row ``b`` sums to ``masked_counts[b]``.
+    """
+    counts = masked_counts.to(torch.int64).reshape(-1, 1)
+    base = counts // steps
+    remainder = counts % steps
+    column = torch.arange(steps, device=counts.device).unsqueeze(0)
+    return base + (column < remainder).to(torch.int64)
+
+
+def filter_logits(logits: Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                  temperature: float = 0.0) -> Tensor:
+    """``logits`` with the tokens outside the top-k and the nucleus set to ``-inf``.
+
+    Top-k keeps the ``top_k`` largest logits (ties at the k-th value kept); top-p (Holtzman et
+    al. 2020, "The Curious Case of Neural Text Degeneration") keeps the smallest set of most
+    probable tokens whose probability under ``softmax(logits / temperature)`` (``temperature = 0``:
+    ``softmax(logits)``) reaches ``top_p``; the most probable token is always kept.
+
+    Args:
+        logits: ``FloatTensor[..., V]``.
+        top_k: ``None`` or >= 1.
+        top_p: ``None`` or in ``(0, 1]``.
+        temperature: >= 0, used only for the nucleus.
+
+    Returns:
+        A new tensor of ``logits``' shape and dtype.
+    """
+    out = logits.clone()
+    vocab = out.shape[-1]
+    if top_k is not None and top_k < vocab:
+        kth = torch.topk(out, top_k, dim=-1).values[..., -1:]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        scaled = out / temperature if temperature > 0 else out
+        probs = torch.softmax(scaled.to(torch.float64), dim=-1)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # probability of the more probable tokens
+        drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def sample_tokens(logits: Tensor, *, temperature: float, top_k: Optional[int] = None,
+                  top_p: Optional[float] = None, generator: Optional[torch.Generator] = None
+                  ) -> Tuple[Tensor, Tensor]:
+    """Draw one token per position, and the confidence of each draw.
+
+    ``temperature = 0`` takes the argmax. Above 0, Gumbel-max in float64: ``argmax(l / T + g)``
+    with ``g = -log(-log u)``, ``u ~ U[0, 1)``, draws exactly from ``softmax(l / T)``. LLaDA's
+    ``add_gumbel_noise`` (generate.py) computes ``exp(l) / (-log u) ** T``, whose argmax is the same
+    token; the log form here does not overflow at large logits. Float64, as LLaDA: low-precision
+    Gumbel noise lowers generation quality of MDMs (arXiv:2409.02908).
+
+    The confidence is the probability of the drawn token under ``softmax`` of the filtered logits
+    *without* the temperature, LLaDA's ``x0_p`` (generate.py; Fast-dLLM's ``get_transfer_index``).
+
+    Args:
+        logits: ``FloatTensor[..., V]``.
+        temperature: >= 0.
+        top_k, top_p: see :func:`filter_logits`.
+        generator: the source of the Gumbel noise (on ``logits.device``).
+
+    Returns:
+        ``(tokens LongTensor[...], confidence Float64Tensor[...])``.
+    """
+    filtered = filter_logits(logits.to(torch.float64), top_k, top_p, temperature)
+    if temperature > 0:
+        u = torch.rand(filtered.shape, generator=generator, dtype=torch.float64, device=filtered.device)
+        tokens = torch.argmax(filtered / temperature - torch.log(-torch.log(u)), dim=-1)
+    else:
+        tokens = torch.argmax(filtered, dim=-1)
+    probs = torch.softmax(filtered, dim=-1)
+    confidence = torch.gather(probs, -1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, confidence
+
+
+def classifier_free_guidance(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
+    """LLaDA's unsupervised classifier-free guidance: ``uncond + (scale + 1) * (cond - uncond)``.
+
+    Source: arXiv:2502.09992 App. B.3 (after Nie et al. 2024, arXiv:2410.18514) and LLaDA
+    generate.py. ``scale = 0`` returns ``cond`` exactly.
+
+    Args:
+        cond: logits with the prompt, ``[..., V]``.
+        uncond: logits with the prompt masked, same shape.
+        scale: the guidance ``w >= 0``.
+    """
+    if scale == 0:
+        return cond
+    return uncond + (scale + 1.0) * (cond - uncond)
+
+
+def commit_positions(confidence: Tensor, masked: Tensor, *, count: Optional[Tensor] = None,
+                     threshold: Optional[float] = None) -> Tensor:
+    """Which masked positions a step commits.
+
+    With ``count`` (``low_confidence`` and ``random``), the ``count[b]`` masked positions of row
+    ``b`` with the highest ``confidence`` (LLaDA generate.py: ``topk`` over the confidence, non-masked
+    positions at ``-inf``). With ``threshold``, every masked position whose confidence is
+    ``>= threshold``, and the most confident one whatever its confidence, so each row with a mask
+    commits at least one (Fast-dLLM llada/generate.py ``get_transfer_index``). Ties go to the
+    leftmost position.
+
+    Args:
+        confidence: ``FloatTensor[B, N]``.
+        masked: ``BoolTensor[B, N]``, the positions that may be committed.
+        count: ``LongTensor[B]``, at most the number of masked positions of the row.
+        threshold: in ``(0, 1]``.
+
+    Returns:
+        ``BoolTensor[B, N]``, a subset of ``masked``.
+    """
+    scores = confidence.to(torch.float64).masked_fill(~masked, float("-inf"))
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    if threshold is not None:
+        chosen = (scores >= threshold) | (rank == 0)
+    else:
+        assert count is not None
+        chosen = rank < count.reshape(-1, 1)
+    return chosen & masked
+
+
+def left_pad(prompts: Prompts, pad_id: int, device: Optional[Union[str, torch.device]] = None
+             ) -> Tuple[Tensor, Optional[Tensor], List[int]]:
+    """Left-pad prompts to one length.
+
+    Args:
+        prompts: a ``LongTensor[B, P]`` (no padding), a 1-D ``LongTensor`` (one prompt) or a sequence
+            of token-id sequences of any lengths >= 1.
+        pad_id: id written at padding positions.
+        device: where the result lives (default: the tensor's device, else CPU).
+
+    Returns:
+        ``(tokens LongTensor[B, P], attention_mask BoolTensor[B, P] or None when no row is padded,
+        lengths)``.
+
+    Raises:
+        ValueError: no prompt, an empty prompt, or a tensor of more than 2 dimensions.
+    """
+    if isinstance(prompts, Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts.unsqueeze(0)
+        if prompts.dim() != 2:
+            raise ValueError(f"prompts: a [batch, length] tensor, got shape {tuple(prompts.shape)}")
+        if prompts.shape[0] == 0 or prompts.shape[1] == 0:
+            raise ValueError(f"prompts: need at least one prompt of at least one token, got shape {tuple(prompts.shape)}")
+        tokens = prompts.to(device=device if device is not None else prompts.device, dtype=torch.int64)
+        return tokens, None, [tokens.shape[1]] * tokens.shape[0]
+    rows = [list(map(int, p)) for p in prompts]
+    if not rows:
+        raise ValueError("prompts: need at least one prompt, got none")
+    lengths = [len(r) for r in rows]
+    if min(lengths) == 0:
+        raise ValueError(f"prompts: prompt {lengths.index(0)} is empty; give each prompt at least one token (e.g. BOS)")
+    width = max(lengths)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.int64)
+    for b, row in enumerate(rows):
+        tokens[b, width - len(row):] = torch.tensor(row, dtype=torch.int64)
+    tokens = tokens.to(device or "cpu")
+    if min(lengths) == width:
+        return tokens, None, lengths
+    columns = torch.arange(width, device=tokens.device).unsqueeze(0)
+    mask = columns >= torch.tensor([width - n for n in lengths], device=tokens.device).unsqueeze(1)
+    return tokens, mask, lengths
+
+
+def call_logits_fn(logits_fn: Callable[..., Tensor], tokens: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
+    """Call ``logits_fn`` as :class:`LogitsFn` says (no mask argument when ``attention_mask`` is None).
+
+    Returns:
+        ``[B, L, V]`` logits.
+
+    Raises:
+        ValueError: ``logits_fn`` returned another shape.
+    """
+    logits = logits_fn(tokens) if attention_mask is None else logits_fn(tokens, attention_mask)
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(tokens.shape):
+        raise ValueError(
+            f"logits_fn returned shape {tuple(logits.shape)} for tokens of shape {tuple(tokens.shape)}; "
+            "it must return [batch, length, vocab]"
+        )
+    return logits
+
+
+def _generator(config: GenerateConfig, generator: Optional[torch.Generator], device: torch.device) -> torch.Generator:
+    if generator is not None:
+        return generator
+    g = torch.Generator(device=device)
+    g.manual_seed(config.seed)
+    return g
+
+
+def _finish(sequences: Tensor, start: int, eos: Optional[int]) -> Tuple[List[List[int]], List[str]]:
+    generated, reasons = [], []
+    for row in sequences[:, start:].tolist():
+        if eos is not None and eos in row:
+            generated.append(row[: row.index(eos)])
+            reasons.append("eos")
+        else:
+            generated.append(row)
+            reasons.append("length")
+    return generated, reasons
+
+
+# --------------------------------------------------------------------------------------------
+# Masked diffusion
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
+             on_step: Optional[Callable[[StepEvent], None]] = None,
+             generator: Optional[torch.Generator] = None,
+             device: Optional[Union[str, torch.device]] = None) -> GenerateOutput:
+    """Masked-diffusion sampling (LLaDA Sec. 2.4, semi-autoregressive blocks; Fast-dLLM's threshold).
+
+    The canvas is the left-padded prompts followed by ``gen_length`` mask tokens. Blocks of
+    ``block_length`` are decoded left to right; a block gets ``steps // num_blocks`` steps, and step
+    ``i`` commits ``num_transfer_tokens(...)[i]`` of its masked positions (``low_confidence``: the most
+    confident predictions; ``random``: random ones) or, under ``threshold``, every prediction at or
+    above the threshold and at least one, until the block has no mask left. A committed token is
+    never changed again; positions right of the current block are predicted but never committed.
+    With ``cfg_scale > 0`` each step runs the batch twice in one call, the second copy with the
+    prompt masked, and combines them (:func:`classifier_free_guidance`). With ``eos_token_id`` set, a
+    row whose block came out all EOS is finished: its later blocks are filled with EOS without a
+    forward pass, and it leaves the batch handed to ``logits_fn``; its output ends at its first EOS.
+
+    Args:
+        logits_fn: the model (:class:`LogitsFn`).
+        prompts: ``LongTensor[B, P]`` or token-id sequences of different lengths (left-padded).
+        config: the settings, ``kind = "mdm"``.
+        on_step: called after every step with a :class:`StepEvent`.
+        generator: the random source (default: a generator seeded with ``config.seed``), on ``device``.
+        device: where the canvas lives (default: the prompts tensor's, else CPU).
+
+    Returns:
+        A :class:`GenerateOutput`.
+
+    Raises:
+        ValueError: ``config.kind`` is not ``"mdm"``, a prompt contains the mask token, or
+            ``logits_fn`` returns a wrong shape.
+    """
+    if config.kind != "mdm":
+        raise ValueError(f"kind = {config.kind!r}: generate() samples masked diffusion; use generate_ar() or kind = 'mdm'")
+    mask_id = config.mask_token_id
+    eos = config.eos_token_id
+    prompt_tokens, prompt_attn, _ = left_pad(prompts, config.pad_id, device)
+    real = prompt_attn if prompt_attn is not None else torch.ones_like(prompt_tokens, dtype=torch.bool)
+    if bool((prompt_tokens == mask_id)[real].any()):
+        raise ValueError(f"prompts contain the mask token {mask_id}; a prompt is given text (infilling is not built)")
+    batch, plen = prompt_tokens.shape
+    dev = prompt_tokens.device
+    gen = _generator(config, generator, dev)
+    length = plen + config.gen_length
+
+    x = torch.full((batch, length), mask_id, dtype=torch.int64, device=dev)
+    x[:, :plen] = prompt_tokens
+    attn = None
+    if prompt_attn is not None:
+        attn = torch.cat([prompt_attn, torch.ones(batch, config.gen_length, dtype=torch.bool, device=dev)], dim=1)
+    given = torch.zeros(batch, length, dtype=torch.bool, device=dev)  # prompt positions (masked for CFG)
+    given[:, :plen] = True if prompt_attn is None else prompt_attn
+
+    done = torch.zeros(batch, dtype=torch.bool, device=dev)
+    forward_passes = step = 0
+    threshold = config.remasking == "threshold"
+    for block in range(config.num_blocks):
+        start = plen + block * config.block_length
+        end = start + config.block_length
+        if eos is not None and bool(done.any()):
+            x[done, start:end] = eos
+        schedule = num_transfer_tokens((x[:, start:end] == mask_id).sum(dim=1), config.steps_per_block)
+        block_step = 0
+        while True:
+            rows = (~done) & (x[:, start:end] == mask_id).any(dim=1)
+            if not bool(rows.any()) or (not threshold and block_step >= config.steps_per_block):
+                break
+            index = rows.nonzero().squeeze(1)
+            xs = x[index]
+            attn_s = attn[index] if attn is not None else None
+            if config.cfg_scale > 0:
+                uncond = xs.masked_fill(given[index], mask_id)
+                both = call_logits_fn(logits_fn, torch.cat([xs, uncond]), None if attn_s is None else torch.cat([attn_s, attn_s]))
+                cond_l, uncond_l = both.chunk(2, dim=0)
+                logits = classifier_free_guidance(cond_l[:, start:end], uncond_l[:, start:end], config.cfg_scale)
+            else:
+                logits = call_logits_fn(logits_fn, xs, attn_s)[:, start:end]
+            forward_passes += 1
+
+            if mask_id < logits.shape[-1]:  # the mask token is never an output (else a commit would stay masked)
+                logits = logits.clone()
+                logits[..., mask_id] = float("-inf")
+            masked = xs[:, start:end] == mask_id
+            x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
+                                           top_p=config.top_p, generator=gen)
+            if config.remasking == "random":
+                confidence = torch.rand(masked.shape, generator=gen, dtype=torch.float64, device=dev)
+            if threshold:
+                chosen = commit_positions(confidence, masked, threshold=config.threshold)
+            else:
+                chosen = commit_positions(confidence, masked, count=schedule[index, block_step])
+            block_x = x[index, start:end]
+            x[index, start:end] = torch.where(chosen, x0, block_x)
+
+            if on_step is not None:
+                committed = torch.zeros(batch, length, dtype=torch.bool, device=dev)
+                committed[index, start:end] = chosen
+                on_step(StepEvent(step=step, block=block, tokens=x, committed=committed, prompt_length=plen))
+            step += 1
+            block_step += 1
+        if eos is not None:
+            done |= (x[:, start:end] == eos).all(dim=1)
+
+    generated, reasons = _finish(x, plen, eos)
+    return GenerateOutput(sequences=x, prompt_length=plen, generated=generated, finish_reasons=reasons,
+                          forward_passes=forward_passes, steps=step, config=config.to_dict())
+
+
+# --------------------------------------------------------------------------------------------
+# Autoregressive
+# --------------------------------------------------------------------------------------------
+
+
+def full_recompute(logits_fn: LogitsFn) -> ARStepFn:
+    """The cache-less :class:`ARStepFn`: the whole sequence through ``logits_fn``, the last position's logits."""
+
+    def step_fn(tokens: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
+        return call_logits_fn(logits_fn, tokens, attention_mask)[:, -1]
+
+    return step_fn
+
+
+@torch.no_grad()
+def generate_ar(logits_fn: Optional[LogitsFn], prompts: Prompts, config: GenerateConfig, *,
+                step_fn: Optional[ARStepFn] = None,
+                on_step: Optional[Callable[[StepEvent], None]] = None,
+                generator: Optional[torch.Generator] = None,
+                device: Optional[Union[str, torch.device]] = None) -> GenerateOutput:
+    """Left-to-right decoding: greedy (``temperature = 0``) or sampled (temperature, top-k, top-p).
+
+    One token per step for every row until ``gen_length`` tokens or every row has emitted EOS;
+    a finished row gets ``pad_id`` afterwards (it stays in the batch, so a KV cache keeps one
+    shape). Uses ``config.gen_length``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``,
+    ``pad_token_id`` and ``seed``; the diffusion settings are ignored.
+
+    Args:
+        logits_fn: the model (:class:`LogitsFn`, logits at position ``i`` predict token ``i + 1``);
+            may be ``None`` when ``step_fn`` is given.
+        prompts: ``LongTensor[B, P]`` or token-id sequences (left-padded).
+        config: the settings (``kind = "ar"``; an ``"mdm"`` config is refused).
+        step_fn: next-token logits (:class:`ARStepFn`); default ``full_recompute(logits_fn)``.
+        on_step, generator, device: as :func:`generate`.
+
+    Returns:
+        A :class:`GenerateOutput` (``forward_passes`` counts ``step_fn`` calls).
+
+    Raises:
+        ValueError: ``config.kind`` is not ``"ar"`` or neither ``logits_fn`` nor ``step_fn`` is given.
+    """
+    if config.kind != "ar":
+        raise ValueError(f"kind = {config.kind!r}: generate_ar() decodes left to right; use generate() or kind = 'ar'")
+    if step_fn is None:
+        if logits_fn is None:
+            raise ValueError("generate_ar needs logits_fn or step_fn")
+        step_fn = full_recompute(logits_fn)
+    eos = config.eos_token_id
+    x, attn, _ = left_pad(prompts, config.pad_id, device)
+    batch, plen = x.shape
+    dev = x.device
+    gen = _generator(config, generator, dev)
+    done = torch.zeros(batch, dtype=torch.bool, device=dev)
+    steps = 0
+    while steps < config.gen_length and not bool(done.all()):
+        logits = step_fn(x, attn)
+        token, _ = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
+                                 top_p=config.top_p, generator=gen)
+        token = token.masked_fill(done, config.pad_id)
+        x = torch.cat([x, token.unsqueeze(1)], dim=1)
+        if attn is not None:
+            attn = torch.cat([attn, torch.ones(batch, 1, dtype=torch.bool, device=dev)], dim=1)
+        if on_step is not None:
+            committed = torch.zeros_like(x, dtype=torch.bool)
+            committed[:, -1] = ~done
+            on_step(StepEvent(step=steps, block=0, tokens=x, committed=committed, prompt_length=plen))
+        if eos is not None:
+            done |= token == eos
+        steps += 1
+    generated, reasons = _finish(x, plen, eos)
+    return GenerateOutput(sequences=x, prompt_length=plen, generated=generated, finish_reasons=reasons,
+                          forward_passes=steps, steps=steps, config=config.to_dict())
