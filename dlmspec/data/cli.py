@@ -70,8 +70,8 @@ def prepare_command(
         None,
         "--hf-dataset",
         help="Hugging Face dataset instead of --input: a hub name (Salesforce/wikitext) or a "
-        'local folder of .jsonl/.parquet/.csv files; --json-keys names its columns. Needs '
-        'pip install "dlmspec[hf]".',
+        "local folder of .jsonl/.parquet/.csv files; --json-keys names its columns. Needs the "
+        "datasets library (dlmspec's hf extra).",
     ),
     hf_config: Optional[str] = typer.Option(
         None, "--hf-config", help="Its config (the hub's subset), e.g. wikitext-2-raw-v1."

@@ -17,20 +17,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets  # the dev extra installs it (dlmspec[hf]): no skip, a missing library fails here
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-pytest.importorskip("datasets")  # the dev extra installs it (dlmspec[hf])
-import datasets  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
-from dlmspec.cli.commands import app as main_app  # noqa: E402
-from dlmspec.data.cli import app  # noqa: E402
-from dlmspec.data.errors import DataPrepareError  # noqa: E402
-from dlmspec.data.hub import HubSource, source_from_flags  # noqa: E402
-from dlmspec.data.outputs import dataset_prefix  # noqa: E402
-from dlmspec.data.prepare import prepare  # noqa: E402
+from dlmspec.cli.commands import app as main_app
+from dlmspec.data.cli import app
+from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.hub import HubSource, source_from_flags
+from dlmspec.data.outputs import dataset_prefix
+from dlmspec.data.prepare import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
