@@ -356,3 +356,24 @@ def test_demo_spec_reads_nothing_from_shared():
     body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert "shared" not in body
     assert re.search(r"^#.*Salesforce/wikitext", text, flags=re.M)
+
+
+def test_flags_reach_load_dataset(tmp_path, local_dataset, monkeypatch):
+    """--hf-config, --hf-split, --hf-revision and --no-hf-streaming are load_dataset's name, split,
+    revision and streaming; the summary records them."""
+    real_load, calls = datasets.load_dataset, []
+
+    def spy(path, name=None, **kwargs):
+        calls.append((path, name, kwargs))
+        return real_load(str(local_dataset), split="train", streaming=kwargs["streaming"])
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    result = _invoke(_hub_args(tmp_path, "--hf-dataset", "org/name", "--hf-config", "c1", "--hf-split",
+                               "validation", "--hf-revision", "abc123", "--no-hf-streaming", "--json"))
+    assert result.exit_code == 0, result.output
+    assert calls == [("org/name", "c1", {"split": "validation", "revision": "abc123", "streaming": False})]
+    summary = json.loads(result.stdout)
+    assert summary["input"] == "--hf-dataset org/name --hf-config c1 --hf-revision abc123 --hf-split validation"
+    assert summary["hf_dataset"] == {"dataset": "org/name", "config": "c1", "split": "validation",
+                                     "revision": "abc123", "streaming": False}
+    assert summary["documents"] == 2
