@@ -32,6 +32,9 @@ import sys
 import tomllib
 from pathlib import Path
 
+from dlmspec.data.outputs import dataset_prefix
+from dlmspec.data.prepare import prepare
+
 ROOT = Path(__file__).resolve().parents[2]
 DLMSPEC = [sys.executable, "-m", "dlmspec.cli"]
 #: The offline data kit (a GPT-2 tokenizer and the Python docs corpus) beside the checkout.
@@ -54,9 +57,6 @@ def demo_inputs(root: Path = ROOT, shared: Path = SHARED, spec: Path = DEMO,
     ``--append-eod``, as the spec's header shows for the public sources). Raises SystemExit when
     the kit is missing, DataPrepareError when preparing fails.
     """
-    from dlmspec.data.outputs import dataset_prefix
-    from dlmspec.data.prepare import prepare
-
     data = tomllib.loads(spec.read_text(encoding="utf-8"))["data"]
     kit_tokenizer = shared / "tokenizers" / "gpt2"
     if not kit_tokenizer.is_dir():

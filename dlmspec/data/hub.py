@@ -130,7 +130,7 @@ def source_from_flags(
 
 
 def _import_datasets(source: HubSource) -> Any:
-    try:
+    try:  # here, not at the top: pyarrow and pandas under it take seconds, and only --hf-dataset needs it
         import datasets
     except ImportError as exc:
         raise DataPrepareError(
