@@ -377,3 +377,23 @@ def test_flags_reach_load_dataset(tmp_path, local_dataset, monkeypatch):
     assert summary["hf_dataset"] == {"dataset": "org/name", "config": "c1", "split": "validation",
                                      "revision": "abc123", "streaming": False}
     assert summary["documents"] == 2
+
+
+def test_a_builder_name_is_not_taken_for_a_dataset(tmp_path, monkeypatch):
+    """``--hf-dataset json`` is the library's JSON builder: with no data files it reads whatever
+    lies in the working directory. Refused, pointing at --input and at a folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.json").write_text('{"text": "not a corpus"}\n')
+    for name in ("json", "parquet", "text"):
+        message = _error(_invoke(_hub_args(tmp_path, "--hf-dataset", name)))
+        assert f"--hf-dataset {name}" in message and "builder" in message
+        assert "--input FILE.jsonl" in message and "--hf-dataset FOLDER" in message
+    assert not list(tmp_path.glob("out*"))
+
+
+def test_an_empty_local_folder_is_named_as_a_folder(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    message = _error(_invoke(_hub_args(tmp_path, "--hf-dataset", str(folder))))
+    assert f"--hf-dataset {folder}" in message and "no .jsonl" in message
+    assert "huggingface.co" not in message
