@@ -21,6 +21,7 @@ missing or non-text column, a row that fails to read) becomes a
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Optional, Sequence
@@ -32,6 +33,9 @@ from dlmspec.data.read import Chunk
 DEFAULT_SPLIT = "train"
 #: The distribution to install for ``--hf-dataset``, and the extra that installs it.
 INSTALL_HINT = 'pip install "dlmspec[hf]" (the datasets library)'
+#: Builder names of the ``datasets`` library (its ``packaged_modules``; the library's own list is
+#: added when it has one): ``load_dataset("json")`` with no data files reads the working directory.
+BUILDER_NAMES = frozenset({"arrow", "csv", "json", "pandas", "parquet", "sql", "text", "webdataset", "xml"})
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,12 @@ def _load_error(datasets: Any, source: HubSource, exc: Exception) -> DataPrepare
             "--local-dir DIR) and pass --hf-dataset DIR; or pass --input FILE.jsonl"
         )
     if (not_found and isinstance(exc, not_found)) or isinstance(exc, FileNotFoundError):
+        if os.path.isdir(source.dataset):
+            return DataPrepareError(
+                f"--hf-dataset {source.dataset}: the folder has no .jsonl, .parquet, .csv or "
+                f".txt files the datasets library reads ({text}); put the data files there, "
+                "or pass --input FILE.jsonl"
+            )
         hub_name = re.fullmatch(r"[\w.-]+/[\w.-]+|[\w.-]+", source.dataset) is not None
         where_to_look = (
             f"check the name at https://huggingface.co/datasets/{source.dataset}; a gated or "
@@ -315,8 +325,9 @@ class OpenedDataset:
             except Exception as exc:
                 raise DataPrepareError(
                     f"{self.source.describe()}, row {index + 1}: cannot read it "
-                    f"({type(exc).__name__}: {_short(exc)}); rerun (the dataset is written "
-                    "from the start), or use --no-hf-streaming to download the split first"
+                    f"({type(exc).__name__}: {_short(exc)}). A network error: rerun (the "
+                    "dataset is written from the start), or use --no-hf-streaming to download "
+                    "the split first; a malformed data file: fix or remove it"
                 ) from None
             index += 1
             if all(key in row for key in self.keys):  # else the row, for "missing key"
@@ -350,6 +361,16 @@ def open_dataset(source: HubSource, keys: Sequence[str], show_progress: bool = F
             the dataset, split or config does not exist, or a key is not a text column.
     """
     datasets = _import_datasets(source)
+    packaged = getattr(getattr(datasets, "packaged_modules", None), "_PACKAGED_DATASETS_MODULES", {})
+    if (source.dataset in BUILDER_NAMES or source.dataset in packaged) and not os.path.isdir(
+        source.dataset
+    ):
+        raise DataPrepareError(
+            f"--hf-dataset {source.dataset}: that is a builder of the datasets library (it reads "
+            "data files it is given, or else the working directory), not a dataset. For a JSONL "
+            "file pass --input FILE.jsonl; for files of another format pass --hf-dataset FOLDER "
+            "(a folder holding them); for a hub dataset pass its name (e.g. Salesforce/wikitext)"
+        )
     progress_off = getattr(datasets, "disable_progress_bars", None)
     progress_on = getattr(datasets, "enable_progress_bars", None)
     were_off = bool(getattr(datasets, "are_progress_bars_disabled", lambda: False)())
