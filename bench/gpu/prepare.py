@@ -4,9 +4,15 @@ carried to the GPU machine by the device tool).
 * ``.device/plan/NAME/``: one compiled directory per entry of ``bench/plan/matrix.json`` (the
   planner's calibration matrix), with the entry's ``--set`` overrides plus a run directory and a
   checkpoint directory of its own, so runs never resume from each other.
-* ``.device/demo/``: ``specs/demo-dlm.toml`` compiled as it is (real data from ``.data/``, made
-  by ``dlmspec data prepare`` as README.md shows), and ``.device/demo-ref/``, the same in run
-  and checkpoint directories of its own (the uninterrupted run of ``demo_resume.sh``).
+* ``.device/demo/``: ``specs/demo-dlm.toml`` compiled as it is, and ``.device/demo-ref/``, the
+  same in run and checkpoint directories of its own (the uninterrupted run of ``demo_resume.sh``).
+* What the demo spec reads, in ``.data/`` (ignored by git; carry it to the GPU machine):
+  :func:`demo_inputs` makes it from the offline kit beside the checkout (``../shared/data``),
+  since neither machine reaches the Hugging Face Hub that README's commands read: GPT-2's
+  ``vocab.json``/``merges.txt`` copied to the spec's tokenizer paths (where ``hf download
+  openai-community/gpt2`` puts them) and the Python docs corpus prepared into the spec's data
+  prefixes (the corpus every benchmark of the demo in ``bench/results/`` ran on). Existing
+  datasets are kept; a tokenizer file that differs from the kit's is replaced.
 
 ``--max-iters N`` shortens each entry to at most N steps (``train.train_iters`` and
 ``train.eval_interval``; the matrix's 50-step demo runs log every 5 steps, so 40 leaves six steady
@@ -19,13 +25,67 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+from dlmspec.data.outputs import dataset_prefix
+from dlmspec.data.prepare import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 DLMSPEC = [sys.executable, "-m", "dlmspec.cli"]
+#: The offline data kit (a GPT-2 tokenizer and the Python docs corpus) beside the checkout.
+SHARED = ROOT.parent / "shared" / "data"
+DEMO = ROOT / "specs" / "demo-dlm.toml"
+#: The kit's corpus file for each of the demo's data splits.
+DEMO_CORPUS = {"train": "pydocs-train.jsonl", "valid": "pydocs-valid.jsonl"}
+#: The kit's file for each of the demo's tokenizer keys.
+DEMO_TOKENIZER = {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
+
+
+def demo_inputs(root: Path = ROOT, shared: Path = SHARED, spec: Path = DEMO,
+                workers: int | None = None) -> list[str]:
+    """Make what ``spec`` (the demo) reads, under ``root``, from the kit in ``shared``; returns a
+    line per thing done ([] when all was there).
+
+    The tokenizer files go to the spec's ``data.tokenizer.vocab_file`` / ``merge_file`` (copied
+    when missing or different); each ``data.train`` / ``data.valid`` prefix not yet on disk is
+    prepared from the kit's corpus with ``dlmspec data prepare``'s body (GPT-2 BPE,
+    ``--append-eod``, as the spec's header shows for the public sources). Raises SystemExit when
+    the kit is missing, DataPrepareError when preparing fails.
+    """
+    data = tomllib.loads(spec.read_text(encoding="utf-8"))["data"]
+    kit_tokenizer = shared / "tokenizers" / "gpt2"
+    if not kit_tokenizer.is_dir():
+        raise SystemExit(f"the offline data kit is not at {shared} (needs tokenizers/gpt2 and corpus/)")
+    done: list[str] = []
+    paths = {}
+    for key, name in DEMO_TOKENIZER.items():
+        src, dst = kit_tokenizer / name, root / data["tokenizer"][key]
+        paths[key] = dst
+        if not dst.is_file() or dst.read_bytes() != src.read_bytes():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            done.append(f"copied {src} -> {dst}")
+    suffix = "_text_document"
+    for split, corpus in DEMO_CORPUS.items():
+        for entry in data[split]:
+            prefix = entry["prefix"] if isinstance(entry, dict) else entry
+            if not prefix.endswith(suffix):
+                raise SystemExit(f"{spec}: data.{split} prefix {prefix!r} is not NAME{suffix}")
+            if all((root / (prefix + ext)).is_file() for ext in (".bin", ".idx")):
+                continue
+            out = root / prefix[: -len(suffix)]
+            result = prepare(shared / "corpus" / corpus, out, tokenizer_type="GPT2BPETokenizer",
+                             vocab_file=str(paths["vocab_file"]), merge_file=str(paths["merge_file"]),
+                             append_eod=True, workers=workers or max(1, (os.cpu_count() or 2) - 1))
+            assert dataset_prefix(str(out), "text") == str(root / prefix)
+            done.append(f"prepared {shared / 'corpus' / corpus} -> {root / prefix}.{{bin,idx}} "
+                        f"({result.documents:,} documents, {result.tokens:,} tokens)")
+    return done
 
 
 def compile_spec(base: str, out: Path, overrides: list[str]) -> None:
@@ -81,6 +141,9 @@ def main() -> None:
             print(f"skip {entry['name']}: {entry['errors']}")
             continue
         chosen.append(entry)
+    if args.demo or any("data.mock=true" not in entry["overrides"] for entry in chosen):
+        for line in demo_inputs():
+            print(line)
     root = ROOT / ".device" / ("profile" if args.profile else "plan")
     for entry in chosen:
         name = entry["name"] + ("-profile" if args.profile else "")

@@ -13,8 +13,8 @@ from the one before:
 * ``badbin``: ``base`` reading ``.device/checks/data/cut_text_document`` (a truncated copy the
   script makes) in a run directory of its own: must refuse to start, exit 2.
 
-Usage: ``.venv/bin/python bench/gpu/prepare_checks.py`` (needs ``.data/pydocs-*`` from
-``dlmspec data prepare``, as README.md shows).
+Usage: ``.venv/bin/python bench/gpu/prepare_checks.py`` (needs the demo's inputs in ``.data/``,
+which ``bench/gpu/prepare.py`` makes from ``../shared/data``).
 """
 
 from __future__ import annotations

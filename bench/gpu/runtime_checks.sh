@@ -71,9 +71,9 @@ state longer
 cp .device/runs/checks/metrics.jsonl "$out/metrics.jsonl" 2>/dev/null
 
 mkdir -p "$C/data"
-bin=.data/pydocs-train_text_document.bin
+bin=.data/demo-train_text_document.bin
 head -c $(( $(stat -c %s "$bin") - 1000 )) "$bin" > "$C/data/cut_text_document.bin"
-cp .data/pydocs-train_text_document.idx "$C/data/cut_text_document.idx"
+cp .data/demo-train_text_document.idx "$C/data/cut_text_document.idx"
 step badbin timeout -s KILL 180 bash "$C/badbin/launch.sh"
 
 step nocuda env CUDA_VISIBLE_DEVICES= timeout -s KILL 180 python3 "$C/base/train.py"

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
+from dlmspec.data.hub import source_from_flags
 from dlmspec.data.prepare import PrepareResult, prepare
 from dlmspec.data.read import MAX_LINE_BYTES
 from dlmspec.errors import EXIT_USAGE
@@ -61,7 +62,32 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
 
 @app.command("prepare")
 def prepare_command(
-    input: str = typer.Option(..., "--input", help="JSONL file, one JSON object per line."),
+    input: Optional[str] = typer.Option(
+        None, "--input", help="JSONL file, one JSON object per line (or --hf-dataset)."
+    ),
+    # The Hugging Face source: datasets.load_dataset(path, name, split=, revision=, streaming=).
+    hf_dataset: Optional[str] = typer.Option(
+        None,
+        "--hf-dataset",
+        help="Hugging Face dataset instead of --input: a hub name (Salesforce/wikitext) or a "
+        "local folder of .jsonl/.parquet/.csv files; --json-keys names its columns. Needs the "
+        "datasets library (dlmspec's hf extra).",
+    ),
+    hf_config: Optional[str] = typer.Option(
+        None, "--hf-config", help="Its config (the hub's subset), e.g. wikitext-2-raw-v1."
+    ),
+    hf_split: Optional[str] = typer.Option(
+        None, "--hf-split", help="Its split (default train; validation, test, ...)."
+    ),
+    hf_revision: Optional[str] = typer.Option(
+        None, "--hf-revision", help="Branch, tag or commit of the dataset (pin it to rerun alike)."
+    ),
+    hf_streaming: Optional[bool] = typer.Option(
+        None,
+        "--hf-streaming/--no-hf-streaming",
+        help="Stream the rows (default), or download the split into the Hugging Face cache "
+        "first (kept for offline reruns).",
+    ),
     output_prefix: str = typer.Option(
         ..., "--output-prefix", help="Writes OUTPUT_PREFIX_{key}_document.bin/.idx per key."
     ),
@@ -79,7 +105,9 @@ def prepare_command(
         None, "--vocab-size", help="NullTokenizer vocabulary size (TikTokenizer: total size)."
     ),
     json_keys: list[str] = typer.Option(
-        ["text"], "--json-keys", help="Field(s) to tokenize, one dataset each; repeat or a,b."
+        ["text"],
+        "--json-keys",
+        help="Field(s) (or --hf-dataset columns) to tokenize, one dataset each; repeat or a,b.",
     ),
     workers: int = typer.Option(
         1, "--workers", help="Tokenizer processes (capped at the CPUs this process can use)."
@@ -87,7 +115,7 @@ def prepare_command(
     max_line_bytes: int = typer.Option(
         MAX_LINE_BYTES,
         "--max-line-bytes",
-        help="Longest line (document) read, in bytes, newline not counted; a longer line is "
+        help="Longest --input line (document) read, in bytes, newline not counted; a longer line is "
         "an error naming it. Each worker holds a line whole while tokenizing it: about 150x "
         "its size with a byte-level BPE.",
     ),
@@ -104,9 +132,11 @@ def prepare_command(
         True, "--progress/--no-progress", help="Progress bar on stderr."
     ),
 ) -> None:
-    """Tokenize JSONL into Megatron indexed datasets (as Megatron-LM's preprocess_data.py)."""
+    """Tokenize JSONL or a Hugging Face dataset into Megatron indexed datasets (as Megatron-LM's
+    preprocess_data.py)."""
     err = Console(stderr=True)
     try:
+        hub = source_from_flags(input, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
         result = prepare(
             input,
             output_prefix,
@@ -122,6 +152,7 @@ def prepare_command(
             max_line_bytes=max_line_bytes,
             show_progress=show_progress,
             console=err,
+            hub=hub,
         )
     except DataPrepareError as exc:
         err.print(f"error: {exc}", style="bold red", markup=False, highlight=False, soft_wrap=True)

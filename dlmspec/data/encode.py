@@ -33,6 +33,14 @@ class EncodeConfig:
     input_name: str
     dtype: str  # numpy dtype name of the output
     max_line_bytes: int = MAX_LINE_BYTES
+    #: ``"line"`` (a JSONL file: ``NAME:LINE``) or ``"row"`` (``--hf-dataset``: ``NAME, row I``).
+    unit: str = "line"
+
+    def where(self, number: int) -> str:
+        """Where a document is, for messages: ``FILE:LINE`` or ``SOURCE, row INDEX``."""
+        if self.unit == "row":
+            return f"{self.input_name}, row {number}"
+        return f"{self.input_name}:{number}"
 
 
 @dataclass
@@ -78,7 +86,10 @@ def _short(exc: BaseException, limit: int = 300) -> str:
 
 
 def encode_chunk(chunk: Chunk) -> EncodedChunk:
-    """Parse and tokenize one chunk (runs in a worker); raises DataPrepareError on bad input."""
+    """Parse and tokenize one chunk (runs in a worker); raises DataPrepareError on bad input.
+
+    A line is parsed as JSON; a row (``--hf-dataset``) is a dict already, and then is tokenized
+    as the JSON line with the same values would be."""
     import numpy as np
 
     config: EncodeConfig = _STATE["config"]
@@ -99,9 +110,9 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
     }
 
     for lineno, raw in chunk.lines:
-        where = f"{config.input_name}:{lineno}"
+        where = config.where(lineno)
         try:
-            record = json.loads(raw)
+            record = raw if isinstance(raw, dict) else json.loads(raw)
         except RecursionError:
             raise DataPrepareError(
                 f"{where}: invalid JSON (nested deeper than the JSON parser reads, about "
@@ -126,7 +137,7 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
             if key not in record:
                 present = ", ".join(repr(k) for k in record) or "none"
                 raise DataPrepareError(
-                    f"{where}: missing key {key!r} (the line has keys: {present}); "
+                    f"{where}: missing key {key!r} (the {config.unit} has keys: {present}); "
                     "pick the field with --json-keys"
                 )
             value = record[key]
@@ -137,7 +148,7 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
             else:
                 raise DataPrepareError(
                     f"{where}: key {key!r} must be a string or a list of strings, "
-                    f"got a JSON {_json_type(value)}"
+                    f"got {'a JSON ' if config.unit == 'line' else ''}{_json_type(value)}"
                 )
             doc_ids: list[int] = []
             lengths: list[int] = []

@@ -1,4 +1,5 @@
-"""``dlmspec data prepare``: JSONL to Megatron indexed datasets (``.bin`` + ``.idx``).
+"""``dlmspec data prepare``: JSONL (or a Hugging Face dataset) to Megatron indexed datasets
+(``.bin`` + ``.idx``).
 
 The output is what Megatron-LM's ``tools/preprocess_data.py`` writes, with the same flag names:
 one dataset per ``--json-keys`` key, named ``{output_prefix}_{key}_document``, written by
@@ -12,7 +13,9 @@ Lines are read in the parent (:mod:`dlmspec.data.read`), parsed and tokenized in
 processes (at most the CPUs this process may use; :mod:`dlmspec.data.encode`) and written in
 input order. Every bad line (invalid or too deeply nested JSON, a missing key, a line too long)
 stops the run with its line number. What is written where, and what is never overwritten:
-:mod:`dlmspec.data.outputs`.
+:mod:`dlmspec.data.outputs`. With ``hub`` (``--hf-dataset``) the documents are a Hugging Face
+dataset's rows instead (:mod:`dlmspec.data.hub`), read in the parent, in the dataset's order,
+and tokenized as JSON lines with the same values are: the same output bytes.
 
 :func:`prepare` does the work and returns a :class:`PrepareResult`; :mod:`dlmspec.data.cli` is
 the command. User-input problems raise :class:`~dlmspec.data.errors.DataPrepareError`. torch,
@@ -33,6 +36,7 @@ from rich.console import Console
 
 from dlmspec.data.encode import ChunkEncoder, EncodeConfig, EncodedKey
 from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.hub import HubSource, open_dataset
 from dlmspec.data.outputs import (
     DatasetOutput,
     check_outputs,
@@ -66,6 +70,8 @@ class PrepareResult:
     datasets: list[DatasetOutput] = field(default_factory=list)
     #: One-line notes printed during the run (stale temporary files removed, ...).
     notes: list[str] = field(default_factory=list)
+    #: The ``--hf-dataset`` source (dataset, config, split, revision, streaming); None for --input.
+    hf_dataset: Optional[dict[str, Any]] = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -167,7 +173,7 @@ def load_runtime() -> tuple[Any, Any, Any]:
 
 
 def prepare(
-    input_path: str | os.PathLike,
+    input_path: str | os.PathLike | None,
     output_prefix: str | os.PathLike,
     *,
     tokenizer_type: str,
@@ -184,11 +190,14 @@ def prepare(
     console: Console | None = None,
     chunk_docs: int = CHUNK_DOCS,
     chunk_bytes: int = CHUNK_BYTES,
+    hub: HubSource | None = None,
 ) -> PrepareResult:
-    """Tokenize a JSONL file into one Megatron indexed dataset per JSON key.
+    """Tokenize a JSONL file (or a Hugging Face dataset) into one Megatron indexed dataset per
+    JSON key.
 
     Args:
-        input_path: JSONL file, one JSON object per line (blank lines are skipped).
+        input_path: JSONL file, one JSON object per line (blank lines are skipped); None with
+            ``hub``.
         output_prefix: datasets go to ``{output_prefix}_{key}_document.{bin,idx}``.
         tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size: passed to
             :func:`dlmspec.tokenizers.build_tokenizer`.
@@ -202,19 +211,28 @@ def prepare(
             a DataPrepareError naming it (it is measured, never held whole in memory).
         show_progress: draw a rich progress bar on ``console`` (default: stderr).
         chunk_docs, chunk_bytes: size of the unit of work sent to a worker.
-
+        hub: read this Hugging Face dataset's rows instead of ``input_path``
+            (:func:`dlmspec.data.hub.open_dataset`; ``json_keys`` name its columns, every row is
+            a document, ``max_line_bytes`` does not apply).
     Returns:
         A :class:`PrepareResult` with the counts and the written paths.
 
     Raises:
-        DataPrepareError: the runtime extra is missing (:func:`load_runtime`); bad input file,
+        DataPrepareError: the runtime extra is missing (:func:`load_runtime`); both or neither
+            of ``input_path`` and ``hub``; a dataset that cannot be opened or read; bad input file,
             JSON (also nested too deeply), keys, a line over ``max_line_bytes``, or tokenizer
             arguments; an output name that is an input file, or (without ``force``) already
             exists; a write error (disk full). Any exception
             (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
         PrepareInterrupted: SIGTERM or SIGHUP during the run (temporary files removed).
     """
-    input_name = os.fspath(input_path)
+    if (input_path is None) == (hub is None):
+        raise DataPrepareError(
+            "pass --input FILE.jsonl or --hf-dataset NAME (one of them)"
+            if hub is None
+            else f"--input {input_path} and {hub.describe()}: pass one of them, not both"
+        )
+    input_name = None if input_path is None else os.fspath(input_path)
     output_prefix = os.fspath(output_prefix)
     keys = _parse_json_keys(json_keys)
     if int(workers) < 1:
@@ -233,7 +251,8 @@ def prepare(
             f"using {cpus} workers",
         )
         workers = cpus
-    check_input(input_name)
+    if input_name is not None:
+        check_input(input_name)
     outputs = {
         key: DatasetOutput(
             json_key=key,
@@ -258,6 +277,8 @@ def prepare(
         )
     except TokenizerError as exc:
         raise DataPrepareError(str(exc)) from None
+    opened = None if hub is None else open_dataset(hub, keys, show_progress=show_progress)
+    label = input_name if hub is None else hub.describe()
     np, DType, IndexedDatasetBuilder = load_runtime()
     try:
         tokenizer = spec.build()
@@ -291,9 +312,10 @@ def prepare(
         tokenizer=spec,
         json_keys=keys,
         append_eod=bool(append_eod),
-        input_name=input_name,
+        input_name=label,
         dtype=dtype.name,
         max_line_bytes=int(max_line_bytes),
+        unit="line" if hub is None else "row",
     )
     documents = 0
     start = time.perf_counter()
@@ -313,16 +335,19 @@ def prepare(
             )
             with progress:
                 task = None
-                if show_progress:
+                if show_progress:  # bytes of the file, or rows of the dataset (None: unknown)
                     task = progress.add_task(
                         "tokenizing",
-                        total=os.path.getsize(input_name),
+                        total=os.path.getsize(input_name) if opened is None else opened.num_rows,
                         documents=0,
                         tokens=0,
                     )
-                chunks = read_chunks(
-                    input_name, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes)
-                )
+                if opened is None:
+                    chunks = read_chunks(
+                        input_name, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes)
+                    )
+                else:
+                    chunks = opened.chunks(max(1, chunk_docs), max(1, chunk_bytes))
                 for encoded in encoder.imap(chunks):
                     for key, part in encoded.keys.items():
                         _write_documents(builders[key], part, outputs[key])
@@ -330,12 +355,14 @@ def prepare(
                     if task is not None:
                         progress.update(
                             task,
-                            advance=encoded.nbytes,
+                            advance=encoded.nbytes if opened is None else encoded.documents,
                             documents=documents,
                             tokens=sum(o.tokens for o in outputs.values()),
                         )
 
         if documents == 0:
+            if hub is not None:
+                raise DataPrepareError(f"{label}: the split has no rows; pick another --hf-split")
             raise DataPrepareError(f"input file has no JSON lines (only blank lines): {input_name}")
         for key in keys:
             builders[key].finalize(tmp[key] + ".idx")
@@ -369,7 +396,7 @@ def prepare(
     elapsed = time.perf_counter() - start
 
     return PrepareResult(
-        input=input_name,
+        input=label,
         output_prefix=output_prefix,
         tokenizer_type=spec.tokenizer_type,
         vocab_size=vocab,
@@ -382,6 +409,7 @@ def prepare(
         elapsed_s=elapsed,
         datasets=[outputs[key] for key in keys],
         notes=notes,
+        hf_dataset=None if hub is None else hub.to_dict(),
     )
 
 

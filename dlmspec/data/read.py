@@ -31,8 +31,10 @@ _SKIP_BLOCK = 1 << 20
 class Chunk:
     """A run of input lines for one worker."""
 
-    lines: list[tuple[int, bytes]]  # (1-based line number, raw line); blank lines left out
-    nbytes: int  # bytes of input this chunk covers, blank lines included
+    #: (1-based line number, raw line), blank lines left out; or, for ``--hf-dataset``
+    #: (:mod:`dlmspec.data.hub`), (0-based row index, the row's ``--json-keys`` values as a dict).
+    lines: list[tuple[int, Any]]
+    nbytes: int  # bytes of input this chunk covers, blank lines included (rows: characters)
     #: (line number, length in bytes) of a line over --max-line-bytes; it ends the input.
     too_long: Optional[tuple[int, int]] = None
 

@@ -38,11 +38,11 @@ def _demo_inputs(root: Path) -> Path:
     placeholders), as in a checkout whose data was prepared (README): the demo then validates
     with no path warnings whether or not this checkout has run `dlmspec data prepare`."""
     work = root / "work"
-    for prefix in ("pydocs-train_text_document", "pydocs-valid_text_document"):
+    for prefix in ("demo-train_text_document", "demo-valid_text_document"):
         for suffix in (".bin", ".idx"):
             (work / ".data").mkdir(parents=True, exist_ok=True)
             (work / ".data" / f"{prefix}{suffix}").write_bytes(b"")
-    tokenizer = root / "shared" / "data" / "tokenizers" / "gpt2"
+    tokenizer = work / ".data" / "gpt2"
     tokenizer.mkdir(parents=True, exist_ok=True)
     for name in ("vocab.json", "merges.txt"):
         (tokenizer / name).write_text("")
@@ -137,7 +137,7 @@ def test_validate_warns_about_paths_not_on_this_machine(tmp_path: Path, monkeypa
                                                       "data.tokenizer.merge_file")}
     (tmp_path / ".data").mkdir()
     for suffix in (".bin", ".idx"):
-        (tmp_path / ".data" / f"pydocs-train_text_document{suffix}").write_bytes(b"")
+        (tmp_path / ".data" / f"demo-train_text_document{suffix}").write_bytes(b"")
     warned = {i["key"] for i in json.loads(run("validate", DEMO, "--json").stdout)["warnings"]}
     assert "data.train" not in warned and "data.valid" in warned
 

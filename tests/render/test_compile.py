@@ -627,7 +627,7 @@ def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
                     "use_transformer_engine=False,  # auto: objective.variable_length_prob = 0.01 needs the local",
                     "Run path: transformer_impl = 'auto' -> local (auto: objective.variable_length_prob",
                     "overlap_grad_reduce=False,",  # one GPU: no gradient reduction to overlap
-                    "blend=[('.data/pydocs-train_text_document', 1.0)],"):
+                    "blend=[('.data/demo-train_text_document', 1.0)],"):
         assert snippet in text, snippet
 
 
