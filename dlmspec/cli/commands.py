@@ -39,6 +39,9 @@ from dlmspec.spec.models import ModelSpec, Spec
 
 
 _SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
+_PYTHON_HELP = ("The Python (with torch and megatron-core) launch.sh and launch.sbatch run, e.g. .venv/bin/python "
+                "(made absolute; a bare name is looked up on the job's PATH). Default: DLMSPEC_PYTHON at launch "
+                "time, else python3. Not part of the spec: the lock file and content hash do not change.")
 
 
 def validate(
@@ -680,6 +683,7 @@ def compile_command(
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty directory: replace the files "
                                "dlmspec generates, keep the others."),
+    python: Optional[str] = typer.Option(None, "--python", help=_PYTHON_HELP),
 ) -> None:
     """Compile a spec into a directory that runs it (dlmspec.render.compile).
 
@@ -689,7 +693,7 @@ def compile_command(
     """
     from dlmspec.render.compile import compile_spec
 
-    result = compile_spec(spec, output, overrides=set_, force=force)
+    result = compile_spec(spec, output, overrides=set_, force=force, python=python)
     report_warnings(result.warnings)
     names = ", ".join(p.name for p in result.files)
     stdout().print(_text(f"compiled {result.resolved.spec.name} ({result.content_hash[:19]}) into {output}: {names}"))
@@ -712,6 +716,7 @@ def submit_command(
                                         "preemptible job). Sets DLMSPEC_CHECK_MODE."),
     sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra sbatch option, e.g. "
                                          "--sbatch-arg=--hold (repeatable)."),
+    python: Optional[str] = typer.Option(None, "--python", help=_PYTHON_HELP + " For spec files only."),
 ) -> None:
     """Submit specs (compiled first) or compiled directories to SLURM with sbatch (dlmspec.render.sbatch).
 
@@ -722,7 +727,7 @@ def submit_command(
     from dlmspec.cli.submit import submit
 
     submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
-           sbatch_args=sbatch_arg, echo=lambda line: stdout().print(_text(line)))
+           sbatch_args=sbatch_arg, echo=print, python=python)
 
 
 @app.command("plan")
