@@ -110,10 +110,11 @@ def _run_fast(command: str, options: dict[str, Any]) -> int:
                 from dlmspec.cli.plan import run_plan
 
                 return run_plan(options["spec"], options["set"], options["json"], options["search"], options["top"])
-            run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"])
+            run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"],
+                         command=command)
             return 0
         except SpecError as exc:
-            report_issues(exc.issues, as_json=options["json"])
+            report_issues(exc.issues, as_json=options["json"], command=command)
             return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

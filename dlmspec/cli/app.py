@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from dlmspec import __version__
-from dlmspec.cli.output import _JSON_META, report_issues
+from dlmspec.cli.output import _COMMAND_META, _JSON_META, report_issues
 from dlmspec.errors import EXIT_USAGE, SpecError
 
 
@@ -56,7 +56,7 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except SpecError as exc:
-            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)))
+            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)), command=ctx.meta.get(_COMMAND_META, ""))
             raise typer.Exit(EXIT_USAGE) from None
 
 

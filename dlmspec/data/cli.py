@@ -5,7 +5,6 @@ prepare`` with Megatron-LM's ``preprocess_data.py`` flag names. The work is
 
 from __future__ import annotations
 
-import json
 import signal
 from typing import Optional
 
@@ -14,10 +13,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dlmspec.cli.output import print_envelope, use_json
 from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
 from dlmspec.data.prepare import PrepareResult, prepare
 from dlmspec.data.read import MAX_LINE_BYTES
-from dlmspec.errors import EXIT_USAGE
+from dlmspec.errors import EXIT_USAGE, SpecIssue
 from dlmspec.tokenizers import valid_tokenizer_types
 
 
@@ -61,6 +61,7 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
 
 @app.command("prepare")
 def prepare_command(
+    ctx: typer.Context,
     input: str = typer.Option(..., "--input", help="JSONL file, one JSON object per line."),
     output_prefix: str = typer.Option(
         ..., "--output-prefix", help="Writes OUTPUT_PREFIX_{key}_document.bin/.idx per key."
@@ -99,12 +100,13 @@ def prepare_command(
         "--force",
         help="Replace an existing dataset at the output names (never an input file).",
     ),
-    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
     show_progress: bool = typer.Option(
         True, "--progress/--no-progress", help="Progress bar on stderr."
     ),
 ) -> None:
     """Tokenize JSONL into Megatron indexed datasets (as Megatron-LM's preprocess_data.py)."""
+    use_json(ctx, json_output)
     err = Console(stderr=True)
     try:
         result = prepare(
@@ -124,18 +126,25 @@ def prepare_command(
             console=err,
         )
     except DataPrepareError as exc:
-        err.print(f"error: {exc}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+        _fail(err, str(exc), json_output, "data-prepare")
         raise typer.Exit(code=EXIT_USAGE) from None
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, PrepareInterrupted) else int(signal.SIGINT)
-        err.print(
-            f"interrupted ({signal.Signals(signum).name}): temporary files removed, "
-            "no dataset written",
-            style="bold red",
-            markup=False,
-        )
+        _fail(err, f"interrupted ({signal.Signals(signum).name}): temporary files removed, no dataset written",
+              json_output, "interrupted")
         raise typer.Exit(code=128 + signum) from None
     if json_output:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        print_envelope("data prepare", ok=True, result=result.to_dict())
     else:
         _print_summary(Console(), result)
+
+
+def _fail(err: Console, message: str, json_output: bool, rule: str) -> None:
+    """Report a failed prepare: ``error: MESSAGE`` in red on stderr, or with ``--json`` the
+    envelope (:func:`dlmspec.cli.output.envelope`) on stdout."""
+    if json_output:
+        print_envelope("data prepare", ok=False, issues=[SpecIssue("<data prepare>", message, rule=rule,
+                                                                   source="dlmspec.data.prepare")])
+    else:
+        err.print(f"error: {message}" if rule != "interrupted" else message, style="bold red", markup=False,
+                  highlight=False, soft_wrap=rule != "interrupted")
