@@ -60,12 +60,12 @@ def fast_arguments(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
 
     Returns:
         ``(command, options)``; options has ``spec``, ``set`` (list), ``json``, ``strict``,
-        ``search`` (bools) and ``top`` (int, default 5).
+        ``search`` (bools) and ``top`` (int; ``None`` when not given).
     """
     if not argv or argv[0] not in _FAST_COMMANDS:
         return None
     flags, valued = _FAST_COMMANDS[argv[0]]
-    options: dict[str, Any] = {"spec": None, "set": [], "json": False, "strict": False, "search": False, "top": 5}
+    options: dict[str, Any] = {"spec": None, "set": [], "json": False, "strict": False, "search": False, "top": None}
     rest = argv[1:]
     i = 0
     while i < len(rest):

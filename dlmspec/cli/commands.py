@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 import typer
 
 from dlmspec.cli.app import app
+from dlmspec.cli.help import Command
 from dlmspec.cli.output import _text, command_name, human_count, print_envelope, report_warnings, stdout, use_json
 from dlmspec.cli.validate import _memory, run_validate, spec_issues
 from dlmspec.check import RULES, SCOPE_NAMES
@@ -63,8 +64,8 @@ def validate(
     run_validate(spec, set_, strict=strict, json_output=json_output, command=command_name(ctx))
 
 
-app.command("validate")(validate)
-app.command("check", hidden=True, help="Alias of `dlmspec validate`.")(validate)
+app.command("validate", cls=Command)(validate)
+app.command("check", hidden=True, help="Alias of `dlmspec validate`.", cls=Command)(validate)
 
 
 
@@ -195,7 +196,7 @@ def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], titl
     stdout().print(table)
 
 
-@app.command()
+@app.command(cls=Command)
 def show(
     ctx: typer.Context,
     spec: Optional[str] = typer.Argument(None, help="Spec file (.toml or .py) to print resolved."),
@@ -208,7 +209,7 @@ def show(
     """Print a spec with every default filled in and its derived values, or a catalog.
 
     The printed spec is TOML that loads back to the same spec (derived values are comments);
-    secrets (tokens, keys, credentials in URLs, secret-named env entries) print as "<hidden>",
+    secrets (tokens, keys, credentials in URLs, secret-named env entries) print as `"<hidden>"`,
     as validate shows them. The spec is not checked (use ``dlmspec validate``); it only has to
     load.
     """
@@ -512,7 +513,7 @@ def write_output_file(target: Path, text: str, *, key: str) -> None:
             Path(tmp).unlink(missing_ok=True)
 
 
-@app.command()
+@app.command(cls=Command)
 def new(
     ctx: typer.Context,
     output: str = typer.Argument(..., help="Spec file to write (.toml)."),
@@ -648,7 +649,7 @@ def spec_json_schema() -> dict[str, Any]:
             "$id": SCHEMA_ID, **schema}
 
 
-@app.command()
+@app.command(cls=Command)
 def schema(
     ctx: typer.Context,
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the schema to this file instead of stdout."),
@@ -680,7 +681,7 @@ def schema(
         print(f"wrote {output} ({len(text.encode()):,} bytes)")
 
 
-@app.command("compile")
+@app.command("compile", cls=Command)
 def compile_command(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
@@ -715,13 +716,14 @@ def compile_command(
     stdout().print(_text(f"run it from the directory the spec's relative paths refer to: bash {launch}"))
 
 
-@app.command("submit")
+@app.command("submit", cls=Command)
 def submit_command(
     ctx: typer.Context,
     targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each job "
                                         "starts after the previous one succeeds (--dependency=afterok)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Where to compile a spec (several specs: "
-                                         "one subdirectory each, by file name). Default: compiled/<spec file stem>."),
+                                         "one subdirectory each, by file name). Default: compiled/NAME, NAME the spec file's name "
+                                         "without its suffix."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     force: bool = typer.Option(False, "--force", help="Replace the generated files of a directory that holds "
                                "another compile."),
@@ -759,14 +761,16 @@ def submit_command(
                       "directory": str(j.step.directory), "script": str(j.step.script)} for j in jobs]})
 
 
-@app.command("plan")
+@app.command("plan", cls=Command)
 def plan_command(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the plan (or search) as JSON on stdout."),
     search: bool = typer.Option(False, "--search", help="Rank the parallel layouts that fit, fastest first."),
-    top: int = typer.Option(5, "--top", help="Layouts to print with --search."),
+    top: Optional[int] = typer.Option(None, "--top", help="Layouts to rank, fastest first (default 5). --top N "
+                                      "implies --search: ranking layouts is what --search does, so the number is "
+                                      "never silently ignored."),
 ) -> None:
     """Per-GPU memory, step time and MFU of a spec (dlmspec.plan); --search finds layouts that fit.
 

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import typer
 
+from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import command_name, print_envelope, use_json
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 
@@ -34,10 +35,12 @@ _JSON: ContextVar[tuple[str, bool]] = ContextVar("dlmspec_convert_json", default
 _JSON_HELP = "Print the result as JSON on stdout."
 
 app = typer.Typer(
+    cls=Group,
     help="Convert checkpoints between Hugging Face (safetensors) and megatron-core (dist checkpoint).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=MARKUP_MODE,
 )
 
 _FORCE_HELP = ("Write into an existing DST, replacing only the files convert writes there (other files are "
@@ -142,7 +145,7 @@ def _check_paths(src: Path, dst: Path, force: bool) -> None:
               "(other files are kept), or choose another DST")
 
 
-@app.command("hf-to-mcore")
+@app.command(cls=Command, name="hf-to-mcore")
 def hf_to_mcore_command(
     ctx: typer.Context,
     src: Path = typer.Argument(..., help="Hugging Face checkpoint folder (config.json + *.safetensors)."),
@@ -189,7 +192,7 @@ def hf_to_mcore_command(
                f"to {dims.padded_vocab_size})")
 
 
-@app.command("mcore-to-hf")
+@app.command(cls=Command, name="mcore-to-hf")
 def mcore_to_hf_command(
     ctx: typer.Context,
     src: Path = typer.Argument(..., help="megatron-core checkpoint (a folder written by hf-to-mcore, "
@@ -214,7 +217,7 @@ def mcore_to_hf_command(
     typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size})")
 
 
-@app.command("verify")
+@app.command(cls=Command, name="verify")
 def verify_command(
     ctx: typer.Context,
     hf: Path = typer.Argument(..., help="Hugging Face checkpoint folder."),

@@ -29,9 +29,15 @@ from dlmspec.plan import PlanError, make_plan
 from dlmspec.resolve import resolve
 
 
-def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> int:
+#: Layouts ``plan --search`` ranks when ``--top`` is not given.
+DEFAULT_TOP = 5
+
+
+def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int | None) -> int:
     """Body of ``dlmspec plan`` (see the module docstring). The caller has told the error
-    handler about ``json_output`` (:func:`dlmspec.cli.output.use_json`).
+    handler about ``json_output`` (:func:`dlmspec.cli.output.use_json`). ``top`` (``--top``,
+    ``None`` when not given: :data:`DEFAULT_TOP`) implies ``search``: ranking layouts is what
+    ``--search`` does, so a ``--top`` without it is never silently ignored.
 
     Returns:
         The exit code: 0, or 2 (:data:`~dlmspec.errors.EXIT_USAGE`) when the plan does not fit
@@ -40,8 +46,10 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     Raises:
         SpecError: the spec does not load or has a blocking error (the CLI prints it, exit 2).
     """
-    if top < 1:
+    if top is not None and top < 1:
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
+    search = search or top is not None
+    top = DEFAULT_TOP if top is None else top
     loaded = load(spec, overrides, fast=True)
     resolved = resolve(loaded.spec)
     # plan's scopes: the spec's rules and, when they find no error, memory (a spec with errors

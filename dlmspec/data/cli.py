@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import print_envelope, use_json
 from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
 from dlmspec.data.prepare import PrepareResult, prepare
@@ -22,9 +23,11 @@ from dlmspec.tokenizers import valid_tokenizer_types
 
 
 app = typer.Typer(
+    cls=Group,
     help="Prepare training data for megatron-core.",
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=MARKUP_MODE,
 )
 
 
@@ -59,7 +62,7 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
     console.print(table)
 
 
-@app.command("prepare")
+@app.command(cls=Command, name="prepare")
 def prepare_command(
     ctx: typer.Context,
     input: str = typer.Option(..., "--input", help="JSONL file, one JSON object per line."),
