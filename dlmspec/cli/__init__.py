@@ -4,12 +4,14 @@ The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app,
 :mod:`dlmspec.cli.commands` (the commands, registered on the app when imported),
 :mod:`dlmspec.cli.validate` and :mod:`dlmspec.cli.plan` (the bodies of ``validate`` and ``plan``),
 :mod:`dlmspec.cli.submit` (``dlmspec submit``), :mod:`dlmspec.cli.convert` (``dlmspec convert``),
-:mod:`dlmspec.cli.output` (what every command prints). Command modules import the app and the output helpers, never this module.
+:mod:`dlmspec.cli.output` (what every command prints, the ``--json`` envelope included),
+:mod:`dlmspec.cli.help` (the help habits: ``-h``, flags without a type, markdown help). Command
+modules import the app and the output helpers, never this module.
 
 ``validate`` and ``plan`` are the commands users run most (issues #2 and #4 target 0.3 s on a
 2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
 plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
-``--json``, ``--search``, ``--top N`` - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
+``--json``, ``--search``, ``--top N`` (which implies ``--search``) - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
 :func:`dlmspec.cli.plan.run_plan`) and the same error handling, without importing typer or
 building the app (about 80 ms), and load the spec with ``fast=True``: a plainly valid spec is
 checked without pydantic (:mod:`dlmspec.spec.fast`; importing pydantic and building the models
