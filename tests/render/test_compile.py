@@ -749,3 +749,14 @@ def test_cli_compile_and_submit_take_python(tmp_path: Path, capsys: pytest.Captu
     capsys.readouterr()
     assert cli_main(["submit", str(DEMO), "-o", str(tmp_path / "sub"), "--python", python, "--dry-run"]) == 0
     assert f"--python {python}" in capsys.readouterr().out
+
+
+def test_python_option_warns_when_the_path_is_not_executable_here(tmp_path: Path) -> None:
+    missing = compile_spec(spec_file(tmp_path), tmp_path / "a", python=str(tmp_path / "nowhere" / "python"))
+    assert [(w.key, w.rule, w.severity) for w in missing.warnings if w.key == "--python"] == [
+        ("--python", "python-path", "warning")]
+    present = _interpreter_without_torch(tmp_path / "env" / "python")
+    assert not [w for w in compile_spec(spec_file(tmp_path), tmp_path / "b", python=str(present)).warnings
+                if w.key == "--python"]
+    assert not [w for w in compile_spec(spec_file(tmp_path), tmp_path / "c", python="python3.11").warnings
+                if w.key == "--python"]  # a bare name is looked up where the job runs
