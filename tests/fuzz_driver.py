@@ -73,9 +73,9 @@ def run_case(case: dict[str, Any], memory: int) -> dict[str, Any]:
     reported: list[dict[str, Any]] = []
     original_issues, original_warnings = output.report_issues, output.report_warnings
 
-    def report_issues(issues: Any, *, as_json: bool = False) -> None:
+    def report_issues(issues: Any, **options: Any) -> None:
         _record(reported, issues)
-        original_issues(issues, as_json=as_json)
+        original_issues(issues, **options)
 
     def report_warnings(warnings: Any) -> None:
         _record(reported, warnings)

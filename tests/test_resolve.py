@@ -144,5 +144,5 @@ def test_validate_states_the_layer_path() -> None:
     assert "layers: local (auto: objective.variable_length_prob" in result.stdout
     result = CliRunner().invoke(app, ["validate", str(SPECS / "demo-ar.toml")])
     assert "layers: auto (Transformer Engine where it imports" in result.stdout
-    derived = json.loads(CliRunner().invoke(app, ["validate", str(SPECS / "demo-dlm.toml"), "--json"]).stdout)["derived"]
+    derived = json.loads(CliRunner().invoke(app, ["validate", str(SPECS / "demo-dlm.toml"), "--json"]).stdout)["result"]["derived"]
     assert derived["transformer_impl"] == "local"

@@ -363,7 +363,7 @@ def test_show_json_hides_secrets(tmp_path: Path) -> None:
     result = run("show", str(path), "--json")
     assert result.exit_code == 0, result.stderr
     assert not [s for s in secrets if s in result.stdout]
-    data = json.loads(result.stdout)["spec"]
+    data = json.loads(result.stdout)["result"]["spec"]
     env = data["cluster"]["slurm"]["env"]
     assert env == {"DB_PASS": "<hidden>", "GH_PAT": "<hidden>", "OTHER": "<hidden>", "TOKENIZERS_PARALLELISM": "false"}
     assert data["checkpoint"]["init_from"] == "<hidden>" and data["cluster"]["slurm"]["container_image"] == "<hidden>"

@@ -4,12 +4,14 @@ The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app,
 :mod:`dlmspec.cli.commands` (the commands, registered on the app when imported),
 :mod:`dlmspec.cli.validate` and :mod:`dlmspec.cli.plan` (the bodies of ``validate`` and ``plan``),
 :mod:`dlmspec.cli.submit` (``dlmspec submit``), :mod:`dlmspec.cli.convert` (``dlmspec convert``),
-:mod:`dlmspec.cli.output` (what every command prints). Command modules import the app and the output helpers, never this module.
+:mod:`dlmspec.cli.output` (what every command prints, the ``--json`` envelope included),
+:mod:`dlmspec.cli.help` (the help habits: ``-h``, flags without a type, markdown help). Command
+modules import the app and the output helpers, never this module.
 
 ``validate`` and ``plan`` are the commands users run most (issues #2 and #4 target 0.3 s on a
 2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
 plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
-``--json``, ``--search``, ``--top N`` - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
+``--json``, ``--search``, ``--top N`` (which implies ``--search``) - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
 :func:`dlmspec.cli.plan.run_plan`) and the same error handling, without importing typer or
 building the app (about 80 ms), and load the spec with ``fast=True``: a plainly valid spec is
 checked without pydantic (:mod:`dlmspec.spec.fast`; importing pydantic and building the models
@@ -60,12 +62,12 @@ def fast_arguments(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
 
     Returns:
         ``(command, options)``; options has ``spec``, ``set`` (list), ``json``, ``strict``,
-        ``search`` (bools) and ``top`` (int, default 5).
+        ``search`` (bools) and ``top`` (int; ``None`` when not given).
     """
     if not argv or argv[0] not in _FAST_COMMANDS:
         return None
     flags, valued = _FAST_COMMANDS[argv[0]]
-    options: dict[str, Any] = {"spec": None, "set": [], "json": False, "strict": False, "search": False, "top": 5}
+    options: dict[str, Any] = {"spec": None, "set": [], "json": False, "strict": False, "search": False, "top": None}
     rest = argv[1:]
     i = 0
     while i < len(rest):
@@ -110,10 +112,11 @@ def _run_fast(command: str, options: dict[str, Any]) -> int:
                 from dlmspec.cli.plan import run_plan
 
                 return run_plan(options["spec"], options["set"], options["json"], options["search"], options["top"])
-            run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"])
+            run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"],
+                         command=command)
             return 0
         except SpecError as exc:
-            report_issues(exc.issues, as_json=options["json"])
+            report_issues(exc.issues, as_json=options["json"], command=command)
             return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -1,16 +1,19 @@
 """The typer app of ``dlmspec`` and its group: a :class:`SpecError` from any command becomes the
 issue report and exit code 2. No command is declared here: :mod:`dlmspec.cli.commands` registers
-them on :data:`app` when imported; ``data`` and ``convert`` are sub-apps imported on first use."""
+them on :data:`app` when imported; ``data`` and ``convert`` are sub-apps imported on first use.
+
+The help habits every command shares are :mod:`dlmspec.cli.help`'s.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import typer
-from typer.core import TyperGroup
 
 from dlmspec import __version__
-from dlmspec.cli.output import _JSON_META, report_issues
+from dlmspec.cli.help import CONTEXT_SETTINGS, MARKUP_MODE, Group
+from dlmspec.cli.output import _COMMAND_META, _JSON_META, report_issues
 from dlmspec.errors import EXIT_USAGE, SpecError
 
 
@@ -36,7 +39,7 @@ _LAZY_GROUPS: dict[str, tuple[Callable[[], typer.Typer], str]] = {
 }
 
 
-class _Group(TyperGroup):
+class _Group(Group):
     """Runs the command; turns a :class:`SpecError` from any command into the issue report and
     exit code 2. Sub-apps in :data:`_LAZY_GROUPS` are imported on first use."""
 
@@ -56,7 +59,7 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except SpecError as exc:
-            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)))
+            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)), command=ctx.meta.get(_COMMAND_META, ""))
             raise typer.Exit(EXIT_USAGE) from None
 
 
@@ -67,7 +70,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",  # help paragraphs reflow to the terminal's width
+    rich_markup_mode=MARKUP_MODE,
+    context_settings=CONTEXT_SETTINGS,
 )
 
 

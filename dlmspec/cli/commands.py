@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Optional
 import typer
 
 from dlmspec.cli.app import app
-from dlmspec.cli.output import _issue_dict, _text, human_count, report_warnings, stdout, use_json
+from dlmspec.cli.help import Command
+from dlmspec.cli.output import _text, command_name, human_count, print_envelope, report_warnings, stdout, use_json
 from dlmspec.cli.validate import _memory, run_validate, spec_issues
 from dlmspec.check import RULES, SCOPE_NAMES
 from dlmspec.credentials import redact
@@ -39,6 +40,9 @@ from dlmspec.spec.models import ModelSpec, Spec
 
 
 _SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
+_PYTHON_HELP = ("The Python (with torch and megatron-core) launch.sh and launch.sbatch run, e.g. .venv/bin/python "
+                "(made absolute; a bare name is looked up on the job's PATH). Default: DLMSPEC_PYTHON at launch "
+                "time, else python3. Not part of the spec: the lock file and content hash do not change.")
 
 
 def validate(
@@ -57,11 +61,11 @@ def validate(
     by `dlmspec compile`.
     """
     use_json(ctx, json_output)
-    run_validate(spec, set_, strict=strict, json_output=json_output)
+    run_validate(spec, set_, strict=strict, json_output=json_output, command=command_name(ctx))
 
 
-app.command("validate")(validate)
-app.command("check", hidden=True, help="Alias of `dlmspec validate`.")(validate)
+app.command("validate", cls=Command)(validate)
+app.command("check", hidden=True, help="Alias of `dlmspec validate`.", cls=Command)(validate)
 
 
 
@@ -192,7 +196,7 @@ def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], titl
     stdout().print(table)
 
 
-@app.command()
+@app.command(cls=Command)
 def show(
     ctx: typer.Context,
     spec: Optional[str] = typer.Argument(None, help="Spec file (.toml or .py) to print resolved."),
@@ -205,7 +209,7 @@ def show(
     """Print a spec with every default filled in and its derived values, or a catalog.
 
     The printed spec is TOML that loads back to the same spec (derived values are comments);
-    secrets (tokens, keys, credentials in URLs, secret-named env entries) print as "<hidden>",
+    secrets (tokens, keys, credentials in URLs, secret-named env entries) print as `"<hidden>"`,
     as validate shows them. The spec is not checked (use ``dlmspec validate``); it only has to
     load.
     """
@@ -233,15 +237,15 @@ def show(
                         "Rules (validate reports them, compile refuses their errors)"),
         }[chosen[0]]
         if json_output:
-            print(json.dumps(rows, indent=2))
+            print_envelope("show", ok=True, result={chosen[0][2:]: rows})
         else:
             _print_rows(rows, columns, title)
         return
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
     if json_output:
-        print(json.dumps({"spec": redact(spec_data(loaded.spec)),
-                          "derived": redact(resolved.derived())}, indent=2))
+        print_envelope("show", ok=True, result={"spec": redact(spec_data(loaded.spec)),
+                                                "derived": redact(resolved.derived())})
         return
     sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))
 
@@ -509,7 +513,7 @@ def write_output_file(target: Path, text: str, *, key: str) -> None:
             Path(tmp).unlink(missing_ok=True)
 
 
-@app.command()
+@app.command(cls=Command)
 def new(
     ctx: typer.Context,
     output: str = typer.Argument(..., help="Spec file to write (.toml)."),
@@ -574,9 +578,9 @@ def new(
     for issue in issues:
         issue.file = output
     if json_output:
-        print(json.dumps({"ok": True, "output": output, "name": name, "preset": preset,
-                          "warnings": [_issue_dict(i) for i in issues], "derived": resolved.derived(),
-                          "memory": _memory(resolved)}, indent=2))
+        print_envelope("new", ok=True, issues=issues,
+                       result={"output": output, "name": name, "preset": preset, "from": None,
+                               "derived": resolved.derived(), "memory": _memory(resolved)})
         return
     report_warnings(issues)
     print(f"wrote {output}: {human_count(resolved.params.total)} parameters, {resolved.world_size} GPU(s) as "
@@ -607,7 +611,7 @@ def _copy_bundled(target: Path, name: str, *, force: bool, json_output: bool) ->
     text = f"#{NEW_FROM_MARK}{name}` (the bundled specs/{name}.toml)\n" + specs[name].read_text(encoding="utf-8")
     write_output_file(target, text, key="<output>")
     if json_output:
-        print(json.dumps({"ok": True, "output": str(target), "from": name}, indent=2))
+        print_envelope("new", ok=True, result={"output": str(target), "name": None, "preset": None, "from": name})
         return
     print(f"wrote {target}: a copy of the bundled spec {name}; next: dlmspec validate {target}")
 
@@ -645,12 +649,13 @@ def spec_json_schema() -> dict[str, Any]:
             "$id": SCHEMA_ID, **schema}
 
 
-@app.command()
+@app.command(cls=Command)
 def schema(
     ctx: typer.Context,
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write the schema to this file instead of stdout."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if `dlmspec schema` wrote it."),
-    json_output: bool = typer.Option(False, "--json", help="With --output: print what was written as JSON."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (the schema "
+                                     "itself under result.json_schema, unless --output writes it)."),
 ) -> None:
     """Print the JSON Schema of spec files, so editors complete and check them.
 
@@ -659,27 +664,34 @@ def schema(
     and allowed values; `dlmspec validate` also checks the rules between keys.
     """
     use_json(ctx, json_output)
-    text = json.dumps(spec_json_schema(), indent=2, sort_keys=True) + "\n"
+    data = spec_json_schema()
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     if output is None:
-        sys.stdout.write(text)
+        if json_output:
+            print_envelope("schema", ok=True, result={"output": None, "bytes": len(text.encode()), "json_schema": data})
+        else:
+            sys.stdout.write(text)
         return
     target = Path(output)
     check_output_file(target, force=force, key="--output", command="schema", written_by=_written_by_schema)
     write_output_file(target, text, key="--output")
     if json_output:
-        print(json.dumps({"ok": True, "output": output, "bytes": len(text.encode())}, indent=2))
+        print_envelope("schema", ok=True, result={"output": output, "bytes": len(text.encode())})
     else:
         print(f"wrote {output} ({len(text.encode()):,} bytes)")
 
 
-@app.command("compile")
+@app.command("compile", cls=Command)
 def compile_command(
+    ctx: typer.Context,
     spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
     output: str = typer.Option(..., "--output", "-o", help="Directory for train.py, launch.sh, launch.sbatch, "
                                "spec.lock.toml and plan.json (created if missing)."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty directory: replace the files "
                                "dlmspec generates, keep the others."),
+    python: Optional[str] = typer.Option(None, "--python", help=_PYTHON_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Compile a spec into a directory that runs it (dlmspec.render.compile).
 
@@ -687,9 +699,16 @@ def compile_command(
     nothing is written when it has an error.
     The same spec always gives the same bytes.
     """
-    from dlmspec.render.compile import compile_spec
+    from dlmspec.render.compile import compile_spec, launch_interpreter
 
-    result = compile_spec(spec, output, overrides=set_, force=force)
+    use_json(ctx, json_output)
+    result = compile_spec(spec, output, overrides=set_, force=force, python=python)
+    if json_output:
+        print_envelope("compile", ok=True, issues=result.warnings,
+                       result={"name": result.resolved.spec.name, "content_hash": result.content_hash,
+                               "output": output, "files": [p.name for p in result.files],
+                               "python": launch_interpreter(python), "launch": str(Path(output) / "launch.sh")})
+        return
     report_warnings(result.warnings)
     names = ", ".join(p.name for p in result.files)
     stdout().print(_text(f"compiled {result.resolved.spec.name} ({result.content_hash[:19]}) into {output}: {names}"))
@@ -697,12 +716,14 @@ def compile_command(
     stdout().print(_text(f"run it from the directory the spec's relative paths refer to: bash {launch}"))
 
 
-@app.command("submit")
+@app.command("submit", cls=Command)
 def submit_command(
+    ctx: typer.Context,
     targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each job "
                                         "starts after the previous one succeeds (--dependency=afterok)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Where to compile a spec (several specs: "
-                                         "one subdirectory each, by file name). Default: compiled/<spec file stem>."),
+                                         "one subdirectory each, by file name). Default: compiled/NAME, NAME the spec file's name "
+                                         "without its suffix."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     force: bool = typer.Option(False, "--force", help="Replace the generated files of a directory that holds "
                                "another compile."),
@@ -712,6 +733,9 @@ def submit_command(
                                         "preemptible job). Sets DLMSPEC_CHECK_MODE."),
     sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra sbatch option, e.g. "
                                          "--sbatch-arg=--hold (repeatable)."),
+    python: Optional[str] = typer.Option(None, "--python", help=_PYTHON_HELP + " For spec files only."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (the jobs, or "
+                                     "with --dry-run the script); progress lines go to stderr."),
 ) -> None:
     """Submit specs (compiled first) or compiled directories to SLURM with sbatch (dlmspec.render.sbatch).
 
@@ -721,18 +745,32 @@ def submit_command(
     """
     from dlmspec.cli.submit import submit
 
-    submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
-           sbatch_args=sbatch_arg, echo=lambda line: stdout().print(_text(line)))
+    use_json(ctx, json_output)
+    script: list[str] = []
+    if json_output:
+        def echo(line: str) -> None:
+            (script.append if dry_run else lambda text: print(text, file=sys.stderr))(line)
+    else:
+        echo = print
+    jobs = submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
+                  sbatch_args=sbatch_arg, echo=echo, python=python)
+    if json_output:
+        print_envelope("submit", ok=True, result={
+            "dry_run": dry_run, "script": "\n".join(script) + "\n" if dry_run else None,
+            "jobs": [{"job_id": j.job_id, "after": j.after, "target": j.step.target, "name": j.step.name,
+                      "directory": str(j.step.directory), "script": str(j.step.script)} for j in jobs]})
 
 
-@app.command("plan")
+@app.command("plan", cls=Command)
 def plan_command(
     ctx: typer.Context,
     spec: str = typer.Argument(..., help="Spec file (.toml or .py)."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the plan (or search) as JSON on stdout."),
     search: bool = typer.Option(False, "--search", help="Rank the parallel layouts that fit, fastest first."),
-    top: int = typer.Option(5, "--top", help="Layouts to print with --search."),
+    top: Optional[int] = typer.Option(None, "--top", help="Layouts to rank, fastest first (default 5). --top N "
+                                      "implies --search: ranking layouts is what --search does, so the number is "
+                                      "never silently ignored."),
 ) -> None:
     """Per-GPU memory, step time and MFU of a spec (dlmspec.plan); --search finds layouts that fit.
 

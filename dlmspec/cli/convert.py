@@ -13,24 +13,34 @@ Nothing a user wrote is lost: a DST that is, holds or sits inside SRC is refused
 resolved); an existing DST needs ``--force``, which replaces only the files convert writes and
 keeps the others. A broken input (corrupt or truncated files, a ``config.json`` or sidecar with
 wrong types or values, non-float or non-finite weights) gets exit code 2 and a message naming the
-file and the problem; Ctrl-C or SIGTERM exits 130/143 without leaving a temporary folder.
+file and the problem; Ctrl-C or SIGTERM exits 130/143 without leaving a temporary folder. With
+``--json`` every outcome is the envelope of :func:`dlmspec.cli.output.envelope` on stdout.
 """
 
 from __future__ import annotations
 
-import json
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
+from dlmspec.cli.help import MARKUP_MODE, Command, Group
+from dlmspec.cli.output import command_name, print_envelope, use_json
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 
+#: The running convert command's name and whether it was given ``--json`` (set by :func:`_start`),
+#: so :func:`_fail` prints the envelope instead of a line.
+_JSON: ContextVar[tuple[str, bool]] = ContextVar("dlmspec_convert_json", default=("convert", False))
+_JSON_HELP = "Print the result as JSON on stdout."
+
 app = typer.Typer(
+    cls=Group,
     help="Convert checkpoints between Hugging Face (safetensors) and megatron-core (dist checkpoint).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=MARKUP_MODE,
 )
 
 _FORCE_HELP = ("Write into an existing DST, replacing only the files convert writes there (other files are "
@@ -87,9 +97,22 @@ def spec_dims_issues(loaded: Any, resolved: Any, dims: Any) -> list[SpecIssue]:
     return issues
 
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(EXIT_USAGE)
+def _start(ctx: typer.Context, json_output: bool) -> None:
+    """Record the command's ``--json`` for the error handlers (the group's and :func:`_fail`)."""
+    use_json(ctx, json_output)
+    _JSON.set((command_name(ctx), json_output))
+
+
+def _fail(message: str, code: int = EXIT_USAGE, rule: str = "convert") -> None:
+    """Report a refused conversion (``error: MESSAGE`` on stderr, or with ``--json`` the
+    envelope) and exit with ``code``."""
+    command, as_json = _JSON.get()
+    if as_json:
+        print_envelope(command, ok=False, issues=[SpecIssue("<convert>", message, rule=rule,
+                                                            source="dlmspec.backends.convert")])
+    else:
+        typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(code)
 
 
 def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -108,8 +131,7 @@ def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
         signum = exc.signum if isinstance(exc, Interrupted) else 2
         outcome = ("the destination was complete when it came" if getattr(exc, "written", False) else
                    "the destination is as it was; the temporary folder was removed")
-        typer.secho(f"interrupted (signal {signum}): {outcome}", fg="red", err=True)
-        raise typer.Exit(128 + signum)
+        _fail(f"interrupted (signal {signum}): {outcome}", 128 + signum, rule="interrupted")
 
 
 def _check_paths(src: Path, dst: Path, force: bool) -> None:
@@ -123,8 +145,9 @@ def _check_paths(src: Path, dst: Path, force: bool) -> None:
               "(other files are kept), or choose another DST")
 
 
-@app.command("hf-to-mcore")
+@app.command(cls=Command, name="hf-to-mcore")
 def hf_to_mcore_command(
+    ctx: typer.Context,
     src: Path = typer.Argument(..., help="Hugging Face checkpoint folder (config.json + *.safetensors)."),
     dst: Path = typer.Argument(..., help="megatron-core dist-checkpoint folder to create."),
     spec: Optional[str] = typer.Option(None, "--spec", help="Check the checkpoint against this spec and pad "
@@ -132,9 +155,11 @@ def hf_to_mcore_command(
     set_: list[str] = typer.Option([], "--set", "-s", help="Override a spec key (with --spec)."),
     tp: int = typer.Option(1, "--tp", min=1, help="TP size to pad the vocabulary for (without --spec)."),
     force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
+    json_output: bool = typer.Option(False, "--json", help=_JSON_HELP),
 ) -> None:
     """Convert a Hugging Face checkpoint into megatron-core's dist-checkpoint format (loadable at
     any TP/PP); with --spec, a checkpoint that does not match the spec's model is refused."""
+    _start(ctx, json_output)
     from dlmspec.backends.convert import dims_from_hf_config, hf_to_mcore
     from dlmspec.backends.convert.hf_io import read_hf_config
 
@@ -158,42 +183,61 @@ def hf_to_mcore_command(
         if issues:
             raise SpecError(issues)
     dims = _run(hf_to_mcore, src, dst, make_vocab_size_divisible_by=divisible_by, tp=tp, overwrite=force)
+    if json_output:
+        print_envelope("convert hf-to-mcore", ok=True, result={
+            "output": str(dst), "family": dims.family, "num_layers": dims.num_layers, "vocab_size": dims.vocab_size,
+            "padded_vocab_size": dims.padded_vocab_size})
+        return
     typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size} padded "
                f"to {dims.padded_vocab_size})")
 
 
-@app.command("mcore-to-hf")
+@app.command(cls=Command, name="mcore-to-hf")
 def mcore_to_hf_command(
+    ctx: typer.Context,
     src: Path = typer.Argument(..., help="megatron-core checkpoint (a folder written by hf-to-mcore, "
                                "an iter_* folder, or a run's checkpoint root with a latest tracker)."),
     dst: Path = typer.Argument(..., help="Hugging Face folder to create."),
     force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
+    json_output: bool = typer.Option(False, "--json", help=_JSON_HELP),
 ) -> None:
     """Convert a megatron-core dist checkpoint into a Hugging Face folder that
     transformers' AutoModelForCausalLM loads (config.json, sharded safetensors with an index)."""
+    _start(ctx, json_output)
     from dlmspec.backends.convert import mcore_to_hf
     from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
 
     _check_paths(src, dst, force)
     _check_paths(_run(resolve_checkpoint_dir, src), dst, force)
     dims = _run(mcore_to_hf, src, dst, overwrite=force)
+    if json_output:
+        print_envelope("convert mcore-to-hf", ok=True, result={
+            "output": str(dst), "family": dims.family, "num_layers": dims.num_layers, "vocab_size": dims.vocab_size})
+        return
     typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size})")
 
 
-@app.command("verify")
+@app.command(cls=Command, name="verify")
 def verify_command(
+    ctx: typer.Context,
     hf: Path = typer.Argument(..., help="Hugging Face checkpoint folder."),
     mcore: Path = typer.Argument(..., help="Its converted megatron-core checkpoint."),
     atol: float = typer.Option(1e-4, "--atol", help="Largest allowed absolute logit difference (fp32)."),
-    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    json_output: bool = typer.Option(False, "--json", help=_JSON_HELP),
 ) -> None:
     """Run the same tokens through both checkpoints (fp32, CPU) and compare the logits; exit code
     1 when they differ by more than --atol."""
+    _start(ctx, json_output)
     from dlmspec.backends.convert import verify
 
     result = _run(verify, hf, mcore, atol=atol)
     if json_output:
-        typer.echo(json.dumps({"ok": bool(result.ok), "max_abs_diff": float(result.max_abs_diff), "atol": atol}))
+        differ = [] if result.ok else [SpecIssue(
+            "--atol", f"the logits differ by up to {float(result.max_abs_diff):.3g}", value=atol, rule="convert-verify",
+            hint="convert the checkpoint again (hf-to-mcore), or check that both folders hold the same model",
+            source="dlmspec.backends.convert.verify")]
+        print_envelope("convert verify", ok=bool(result.ok), issues=differ,
+                       result={"match": bool(result.ok), "max_abs_diff": float(result.max_abs_diff), "atol": atol})
     else:
         verdict = "match" if result.ok else "DIFFER"
         typer.echo(f"logits {verdict}: max |difference| {result.max_abs_diff:.3g} (atol {atol:g})")

@@ -3,10 +3,15 @@
 Bad input never prints a traceback: a :class:`~dlmspec.errors.SpecError` is printed as a table of
 issues (file:line, key, value, why, fix) on stderr (:func:`report_issues`), or as JSON on stdout
 when the command was given ``--json`` (:func:`use_json`). rich is imported only to print a table.
+
+``--json`` prints one document on stdout, the same keys on success and failure, for every
+command: :func:`envelope` builds it, :func:`print_envelope` prints it (docs/architecture.md,
+"JSON output").
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -20,6 +25,12 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 _JSON_META = "dlmspec.json"
+_COMMAND_META = "dlmspec.command"
+
+#: ``schema`` and ``version`` of every ``--json`` document (:func:`envelope`). The version grows
+#: when a key of the envelope changes meaning; a command's ``result`` may gain keys without it.
+RESULT_SCHEMA = "dlmspec.result"
+RESULT_VERSION = 1
 
 
 def _text(*args: Any, **kwargs: Any) -> Any:
@@ -52,13 +63,70 @@ def stderr() -> Console:
     return Console(stderr=True, highlight=False, emoji=False, width=None if terminal else 200)
 
 
+def command_name(ctx: typer.Context) -> str:
+    """The words that ran the command, without ``dlmspec``: ``"validate"``, ``"data prepare"``."""
+    return " ".join(ctx.command_path.split()[1:]) or ctx.info_name or ""
+
+
 def use_json(ctx: typer.Context, enabled: bool) -> None:
     """Tell the error handler that the running command prints JSON, so a :class:`SpecError`
-    is reported as ``{"ok": false, "issues": [...]}`` on stdout instead of a table.
+    is reported as the :func:`envelope` (``ok`` false) on stdout instead of a table.
 
     ``ctx`` is the command's context (declare a ``ctx: typer.Context`` parameter); its ``meta``
     is shared with the group that reports the error."""
     ctx.meta[_JSON_META] = enabled
+    ctx.meta[_COMMAND_META] = command_name(ctx)
+
+
+def envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
+             result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one JSON document every ``--json`` prints (the same keys on success and failure).
+
+    Keys, in order: ``schema`` (:data:`RESULT_SCHEMA`), ``version`` (:data:`RESULT_VERSION`),
+    ``command`` (the words after ``dlmspec``, e.g. ``"convert verify"``), ``ok``, ``issues``,
+    ``warnings`` (issue dicts, :meth:`SpecIssue.to_dict` with ``file`` relative to the working
+    directory: what the tables print), ``result`` (the command's data; ``None`` when it failed
+    before producing any, e.g. a :class:`~dlmspec.errors.SpecError`).
+
+    ``issues`` are what made the command fail (empty when ``ok``): its errors, or, when it
+    failed on warnings alone (``--strict``), every warning. ``warnings`` are the other findings.
+    Non-finite floats in ``result`` become ``None`` (JSON has no infinity).
+
+    Args:
+        command: the command's name (:func:`command_name`).
+        ok: whether the command succeeded (its exit code is 0).
+        issues: every issue found, errors and warnings in any order (split here by severity).
+        result: the command's data (JSON-ready).
+    """
+    found = list(issues)
+    errors = [i for i in found if i.severity == "error"]
+    if ok or errors:
+        failing, other = errors, [i for i in found if i.severity != "error"]
+    else:
+        failing, other = found, []
+    return {"schema": RESULT_SCHEMA, "version": RESULT_VERSION, "command": command, "ok": ok,
+            "issues": [_issue_dict(i) for i in failing], "warnings": [_issue_dict(i) for i in other],
+            "result": _finite(result)}
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (a search's ``inf`` for "no layout") as ``None``:
+    JSON has no infinity, and ``Infinity`` breaks strict parsers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def print_envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
+                   result: dict[str, Any] | None = None) -> None:
+    """Print :func:`envelope` on stdout (indented JSON, one document)."""
+    import json  # --json only (a table needs no JSON)
+
+    print(json.dumps(envelope(command, ok=ok, issues=issues, result=result), indent=2, allow_nan=False))
 
 
 def display_path(path: str | None) -> str | None:
@@ -102,13 +170,13 @@ def issues_table(issues: Iterable[SpecIssue]) -> Table:
     return table
 
 
-def report_issues(issues: list[SpecIssue], *, as_json: bool = False) -> None:
-    """Print ``issues`` for a failed command: JSON (``{"ok": false, "issues": [...]}``) on
-    stdout, or a table and an ``N errors, M warnings`` line on stderr."""
+def report_issues(issues: list[SpecIssue], *, as_json: bool = False, command: str = "",
+                  result: dict[str, Any] | None = None) -> None:
+    """Print ``issues`` for a failed command: the :func:`envelope` of ``command`` (``ok``
+    false, ``result``: ``None`` unless given) on stdout, or a table and an ``N errors, M
+    warnings`` line on stderr."""
     if as_json:
-        import json  # --json only (a table needs no JSON)
-
-        print(json.dumps({"ok": False, "issues": [_issue_dict(i) for i in issues]}, indent=2))
+        print_envelope(command, ok=False, issues=issues, result=result)
         return
     console = stderr()
     console.print(issues_table(issues))

@@ -2,8 +2,9 @@
 :mod:`dlmspec.cli.commands`; :func:`dlmspec.cli.main` calls :func:`run_plan` directly for the plain
 forms, without typer).
 
-``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints
-:meth:`dlmspec.plan.Plan.to_dict` plus ``ok`` and ``issues``. A spec that breaks a
+``dlmspec plan SPEC`` prints the memory and time breakdown; ``--json`` prints the envelope
+(:func:`dlmspec.cli.output.envelope`) whose ``result`` is :meth:`dlmspec.plan.Plan.to_dict` plus
+``spec`` (``--search``: ``spec`` and ``search``). A spec that breaks a
 cross-field rule (:mod:`dlmspec.check`, ``plan``'s scopes) exits 2 with the usual issue table; a
 spec that does not fit prints its plan, the ``memory-fits`` issue (with what would make it fit)
 and exits 2. Whether the runtime supports every setting is checked by ``dlmspec validate``, not
@@ -21,16 +22,22 @@ from __future__ import annotations
 from typing import Any
 
 from dlmspec.check import issues_for
-from dlmspec.cli.output import _issue_dict, _text, display_path, report_issues, report_warnings, stderr, stdout
+from dlmspec.cli.output import _text, display_path, print_envelope, report_issues, report_warnings, stderr, stdout
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.spec.load import load
 from dlmspec.plan import PlanError, make_plan
 from dlmspec.resolve import resolve
 
 
-def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int) -> int:
+#: Layouts ``plan --search`` ranks when ``--top`` is not given.
+DEFAULT_TOP = 5
+
+
+def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, top: int | None) -> int:
     """Body of ``dlmspec plan`` (see the module docstring). The caller has told the error
-    handler about ``json_output`` (:func:`dlmspec.cli.output.use_json`).
+    handler about ``json_output`` (:func:`dlmspec.cli.output.use_json`). ``top`` (``--top``,
+    ``None`` when not given: :data:`DEFAULT_TOP`) implies ``search``: ranking layouts is what
+    ``--search`` does, so a ``--top`` without it is never silently ignored.
 
     Returns:
         The exit code: 0, or 2 (:data:`~dlmspec.errors.EXIT_USAGE`) when the plan does not fit
@@ -39,8 +46,10 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     Raises:
         SpecError: the spec does not load or has a blocking error (the CLI prints it, exit 2).
     """
-    if top < 1:
+    if top is not None and top < 1:
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
+    search = search or top is not None
+    top = DEFAULT_TOP if top is None else top
     loaded = load(spec, overrides, fast=True)
     resolved = resolve(loaded.spec)
     # plan's scopes: the spec's rules and, when they find no error, memory (a spec with errors
@@ -65,11 +74,8 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
         raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
     memory_errors = [e for e in errors if e.rule.startswith("memory-")]
     if json_output:
-        data = {"ok": not memory_errors, "spec": display_path(str(loaded.path)),
-                "issues": [_issue_dict(i) for i in issues], **plan.to_dict()}
-        import json  # --json only
-
-        print(json.dumps(data, indent=2))
+        print_envelope("plan", ok=not memory_errors, issues=issues,
+                       result={"spec": display_path(str(loaded.path)), **plan.to_dict()})
     else:
         from dlmspec.plan.report import print_plan
 
@@ -89,10 +95,8 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_lay
         raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
     result.spec_layout_issues = list(own_layout)
     if json_output:
-        import json
-
-        print(json.dumps({"ok": bool(result.top), "spec": display_path(str(loaded.path)),
-                          "search": result.to_dict()}, indent=2))
+        print_envelope("plan", ok=bool(result.top), issues=[] if result.top else [_nothing_fits(resolved, result)],
+                       result={"spec": display_path(str(loaded.path)), "search": result.to_dict()})
     else:
         from dlmspec.plan.report import print_search
 
@@ -100,3 +104,11 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_lay
         if not result.top:
             stderr().print(_text("no layout found (exit 2)", style="bold red"))
     return 0 if result.top else EXIT_USAGE
+
+
+def _nothing_fits(resolved: Any, result: Any) -> SpecIssue:
+    """The issue of a search that found no layout (``--json``: ``ok`` false names why)."""
+    return SpecIssue("--search", result.message or "no layout fits", value=resolved.spec.cluster.gpu,
+                     hint="more GPUs (cluster.nodes, cluster.gpus_per_node), a GPU with more memory (cluster.gpu), "
+                          "or a smaller model or train.seq_length", rule="plan-search",
+                     source="dlmspec.plan.search")

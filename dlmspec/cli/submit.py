@@ -85,21 +85,26 @@ def plan_submission(
     output: str | None = None,
     overrides: Sequence[str] = (),
     force: bool = False,
+    python: str | None = None,
 ) -> list[SubmitStep]:
     """Decide what :func:`submit` does for each target, writing nothing.
 
     A directory that holds ``launch.sbatch`` is submitted as it is. A spec file is loaded,
     checked and rendered (:mod:`dlmspec.render.compile`) for ``output`` (one target), or
     ``output/<spec stem>`` (several), or ``compiled/<spec stem>``; a directory that already
-    holds exactly those files is reused, a different non-empty one needs ``force``.
+    holds exactly those files is reused, a different non-empty one needs ``force``. ``python``
+    (``--python``) is the interpreter the compiled scripts run
+    (:func:`dlmspec.render.compile.launch_interpreter`).
 
     Raises:
         SpecError: no targets, a missing target, a directory without ``launch.sbatch``, an
-            invalid spec, or a non-empty output directory without ``force``.
+            invalid spec, a non-empty output directory without ``force``, an unusable ``python``.
     """
     from dlmspec.render import compile as compiler
     from dlmspec.spec.load import load
     from dlmspec.resolve import resolve
+
+    python = compiler.launch_interpreter(python)
 
     if not targets:
         raise _submit_issue("<targets>", "nothing to submit", None, "give a spec file or a compiled directory")
@@ -114,6 +119,9 @@ def plan_submission(
             if overrides:
                 raise _submit_issue("--set", "--set applies to spec files, not to compiled directories", target,
                                     "compile again with --set, or give the spec file")
+            if python is not None:
+                raise _submit_issue("--python", "--python applies to spec files, not to compiled directories",
+                                    target, "compile again with --python, or give the spec file")
             steps.append(SubmitStep(target, path, output_dir=_output_dir(_output_from_script(path / "launch.sbatch")),
                                     name=path.resolve().name))
             continue
@@ -131,10 +139,12 @@ def plan_submission(
         loaded = load(path, list(overrides))
         resolved = resolve(loaded.spec)
         compiler.check_spec(loaded, resolved)
-        files = compiler.render(resolved, path.as_posix())
+        files = compiler.render(resolved, path.as_posix(), python=python)
         command = ["dlmspec", "compile", target, "--output", str(directory)]
         for item in overrides:
             command += ["--set", item]
+        if python is not None:
+            command += ["--python", python]
         if directory.is_dir() and any(directory.iterdir()):
             same = all((directory / n).is_file() and (directory / n).read_text(encoding="utf-8") == text
                        for n, text in files.items())
@@ -205,6 +215,7 @@ def submit(
     check_mode: str | None = None,
     sbatch_args: Sequence[str] = (),
     echo: Callable[[str], None] = print,
+    python: str | None = None,
 ) -> list[SubmittedJob]:
     """``dlmspec submit``: compile spec targets if needed, then ``sbatch --parsable`` each,
     every job after the first with ``--dependency=afterok:<previous id>`` (a chain of stages).
@@ -218,6 +229,7 @@ def submit(
         check_mode: ``"env"`` or ``"train"``: run the CPU check instead of train.py.
         sbatch_args: extra sbatch options (before the script).
         echo: where progress lines go.
+        python: ``--python``: the interpreter compiled spec targets run (see :func:`plan_submission`).
 
     Returns:
         The jobs submitted (empty for a dry run).
@@ -229,7 +241,7 @@ def submit(
     """
     if check_mode is not None and check_mode not in CHECK_MODES:
         raise _submit_issue("--check", "unknown check mode", check_mode, "use --check env or --check train")
-    steps = plan_submission(targets, output=output, overrides=overrides, force=force)
+    steps = plan_submission(targets, output=output, overrides=overrides, force=force, python=python)
     if dry_run:
         echo(dry_run_script(steps, check_mode=check_mode, sbatch_args=sbatch_args).rstrip("\n"))
         return []

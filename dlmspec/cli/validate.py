@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dlmspec.check import issues_for, load_for
-from dlmspec.cli.output import _issue_dict, display_path, human_count, report_warnings
+from dlmspec.cli.output import display_path, human_count, print_envelope, report_warnings
 from dlmspec.errors import SpecError, SpecIssue
 
 if TYPE_CHECKING:
@@ -51,12 +51,14 @@ def _memory(resolved: Resolved) -> dict[str, int] | None:
     return {"peak_bytes": int(round(make_plan(resolved).peak_bytes)), "capacity_bytes": int(resolved.gpu.memory_bytes)}
 
 
-def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_output: bool = False) -> None:
+def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_output: bool = False,
+                 command: str = "validate") -> None:
     """Body of ``dlmspec validate`` (and ``check``): load ``spec`` with the ``--set``
     ``overrides``, check it as ``compile`` does (:func:`load_and_check`) and plan its memory;
     print one ``ok:`` line (warnings on stderr) that ends with the layer path train.py takes
-    (``transformer_impl``, resolved, and why), or with ``json_output`` ``{"ok": true, ...}``
-    on stdout.
+    (``transformer_impl``, resolved, and why), or with ``json_output`` the envelope of
+    ``command`` (:func:`dlmspec.cli.output.envelope`; ``result``: ``spec``, ``name``,
+    ``derived``, ``memory``) on stdout.
 
     Raises:
         SpecError: the spec has an error (or, with ``strict``, a warning); the caller prints it
@@ -67,11 +69,9 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
     loaded, resolved, warnings = load_and_check(spec, overrides, strict=strict, fast=True)
     memory = _memory(resolved)
     if json_output:
-        import json
-
-        print(json.dumps({"ok": True, "spec": display_path(str(loaded.path)), "name": loaded.spec.name,
-                          "warnings": [_issue_dict(w) for w in warnings], "derived": resolved.derived(),
-                          "memory": memory}, indent=2))
+        print_envelope(command, ok=True, issues=warnings,
+                       result={"spec": display_path(str(loaded.path)), "name": loaded.spec.name,
+                               "derived": resolved.derived(), "memory": memory})
         return
     report_warnings(warnings)
     p = resolved.params

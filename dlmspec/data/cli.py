@@ -5,7 +5,6 @@ prepare`` with Megatron-LM's ``preprocess_data.py`` flag names. The work is
 
 from __future__ import annotations
 
-import json
 import signal
 from typing import Optional
 
@@ -14,18 +13,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dlmspec.cli.help import MARKUP_MODE, Command, Group
+from dlmspec.cli.output import print_envelope, use_json
 from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
 from dlmspec.data.hub import source_from_flags
 from dlmspec.data.prepare import PrepareResult, prepare
 from dlmspec.data.read import MAX_LINE_BYTES
-from dlmspec.errors import EXIT_USAGE
+from dlmspec.errors import EXIT_USAGE, SpecIssue
 from dlmspec.tokenizers import valid_tokenizer_types
 
 
 app = typer.Typer(
+    cls=Group,
     help="Prepare training data for megatron-core.",
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=MARKUP_MODE,
 )
 
 
@@ -60,8 +63,9 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
     console.print(table)
 
 
-@app.command("prepare")
+@app.command(cls=Command, name="prepare")
 def prepare_command(
+    ctx: typer.Context,
     input: Optional[str] = typer.Option(
         None, "--input", help="JSONL file, one JSON object per line (or --hf-dataset)."
     ),
@@ -127,13 +131,14 @@ def prepare_command(
         "--force",
         help="Replace an existing dataset at the output names (never an input file).",
     ),
-    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
     show_progress: bool = typer.Option(
         True, "--progress/--no-progress", help="Progress bar on stderr."
     ),
 ) -> None:
     """Tokenize JSONL or a Hugging Face dataset into Megatron indexed datasets (as Megatron-LM's
     preprocess_data.py)."""
+    use_json(ctx, json_output)
     err = Console(stderr=True)
     try:
         hub = source_from_flags(input, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
@@ -155,18 +160,25 @@ def prepare_command(
             hub=hub,
         )
     except DataPrepareError as exc:
-        err.print(f"error: {exc}", style="bold red", markup=False, highlight=False, soft_wrap=True)
+        _fail(err, str(exc), json_output, "data-prepare")
         raise typer.Exit(code=EXIT_USAGE) from None
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, PrepareInterrupted) else int(signal.SIGINT)
-        err.print(
-            f"interrupted ({signal.Signals(signum).name}): temporary files removed, "
-            "no dataset written",
-            style="bold red",
-            markup=False,
-        )
+        _fail(err, f"interrupted ({signal.Signals(signum).name}): temporary files removed, no dataset written",
+              json_output, "interrupted")
         raise typer.Exit(code=128 + signum) from None
     if json_output:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        print_envelope("data prepare", ok=True, result=result.to_dict())
     else:
         _print_summary(Console(), result)
+
+
+def _fail(err: Console, message: str, json_output: bool, rule: str) -> None:
+    """Report a failed prepare: ``error: MESSAGE`` in red on stderr, or with ``--json`` the
+    envelope (:func:`dlmspec.cli.output.envelope`) on stdout."""
+    if json_output:
+        print_envelope("data prepare", ok=False, issues=[SpecIssue("<data prepare>", message, rule=rule,
+                                                                   source="dlmspec.data.prepare")])
+    else:
+        err.print(f"error: {message}" if rule != "interrupted" else message, style="bold red", markup=False,
+                  highlight=False, soft_wrap=rule != "interrupted")

@@ -11,7 +11,10 @@ and checking the spec. The files:
   the ``TransformerConfig``, the ``GPTModel`` keyword arguments, the
   ``DistributedDataParallelConfig`` and the ``OptimizerConfig`` without touching CUDA or
   ``torch.distributed``; the launch sits under ``if __name__ == "__main__":``.
-* ``launch.sh`` (``templates/launch.sh.j2``): one node, ``torch.distributed.run``.
+* ``launch.sh`` (``templates/launch.sh.j2``): one node, ``torch.distributed.run``. Its
+  interpreter (and launch.sbatch's) is ``--python`` when given (:func:`launch_interpreter`),
+  else ``DLMSPEC_PYTHON`` at launch time, else ``python3``; ``--python`` is not part of the spec,
+  so neither ``spec.lock.toml`` nor the content hash records it.
 * ``launch.sbatch``: SLURM, rendered by :func:`dlmspec.render.sbatch.render_sbatch`.
 * ``spec.lock.toml``: the fully resolved spec (every default filled in, so it loads and
   compiles to the same files) with a ``[lock]`` table: the sha256 of the canonical resolved
@@ -190,7 +193,39 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
+def launch_interpreter(python: str | None) -> str | None:
+    """The interpreter ``dlmspec compile --python PATH`` writes into launch.sh and launch.sbatch
+    (``None``: none given; the scripts then read ``DLMSPEC_PYTHON`` at launch time, else run
+    ``python3``). A bare name (``python3.11``) is kept, to be looked up on the job's ``PATH``;
+    a path with a ``/`` is made absolute against the working directory (``os.path.abspath``:
+    symbolic links are kept, since a virtual environment's ``python`` is one and finds its
+    environment from where the link lies), so the scripts run from any directory.
+
+    Raises:
+        SpecError: an empty value, or one holding a control character (a newline, ...).
+    """
+    if python is None:
+        return None
+    if not python.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in python):
+        raise SpecError([SpecIssue("--python", "not an interpreter path: empty, or holds a control character",
+                                   value=python, rule="arguments",
+                                   hint="give the Python that has torch and megatron-core, e.g. "
+                                        "--python .venv/bin/python, or leave --python out (then DLMSPEC_PYTHON, "
+                                        "else python3, runs)")])
+    return os.path.abspath(python) if "/" in python else python
+
+
+def launch_interpreter_issues(python: str | None) -> list[SpecIssue]:
+    """A warning when ``--python`` names a path (:func:`launch_interpreter`) that is not an
+    executable file on this machine (it may exist only where the job runs)."""
+    if python is None or "/" not in python or os.access(python, os.X_OK) and os.path.isfile(python):
+        return []
+    return [SpecIssue("--python", "is not an executable file on this machine", value=python, severity="warning",
+                      rule="python-path", hint="fine if it exists where the job runs; else give the Python that "
+                      "has torch and megatron-core, e.g. --python .venv/bin/python")]
+
+
+def template_context(resolved: Resolved, spec_label: str, python: str | None = None) -> dict[str, Any]:
     """What the templates read.
 
     Keys: ``r`` (the :class:`Resolved`: parallel sizes, dp, microbatches, padded vocabulary,
@@ -203,7 +238,8 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
     ``GPTModel`` types it ``int``), ``layer_path`` / ``run_path`` (the resolved layer path and
     why, as comment text), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend``
     (``[prefix, weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
-    (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`).
+    (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`), ``python`` (``--python`` as a bash word,
+    :func:`launch_interpreter`; ``None`` when not given).
     """
     s = locked_spec(resolved)
     m = s.model
@@ -234,6 +270,7 @@ def template_context(resolved: Resolved, spec_label: str) -> dict[str, Any]:
         "valid_blend": [(e.prefix, e.weight) for e in s.data.valid],
         "run_dir": run_dir(resolved),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
+        "python": None if python is None else shell_word(python),
     }
 
 
@@ -247,23 +284,26 @@ def _refuse_secrets(resolved: Resolved, files: dict[str, str]) -> None:
                                    rule="secret-in-spec", source="dlmspec.credentials") for key, what in found])
 
 
-def render(resolved: Resolved, spec_label: str) -> dict[str, str]:
-    """Every output file's text, by file name (sorted). Pure: the same ``resolved`` and
-    ``spec_label`` give the same bytes. ``launch.sbatch`` is rendered by
+def render(resolved: Resolved, spec_label: str, *, python: str | None = None) -> dict[str, str]:
+    """Every output file's text, by file name (sorted). Pure: the same ``resolved``,
+    ``spec_label`` and ``python`` give the same bytes. ``launch.sbatch`` is rendered by
     :func:`dlmspec.render.sbatch.render_sbatch` and ``plan.json`` by :func:`dlmspec.plan.make_plan`,
-    each only where that module exists.
+    each only where that module exists. ``python`` (``--python``, :func:`launch_interpreter`)
+    changes launch.sh and launch.sbatch only; without it they read ``DLMSPEC_PYTHON`` at launch.
 
     Raises:
-        SpecError: the spec holds a secret, or a file would (rule ``secret-in-spec``).
+        SpecError: the spec holds a secret, or a file would (rule ``secret-in-spec``); an
+            unusable ``python``.
     """
+    python = launch_interpreter(python)
     env = _environment()
-    context = template_context(resolved, spec_label)
+    context = template_context(resolved, spec_label, python)
     files = {
         "train.py": env.get_template("train.py.j2").render(context),
         "launch.sh": env.get_template("launch.sh.j2").render(context),
         "spec.lock.toml": render_lock(resolved),
     }
-    files["launch.sbatch"] = render_sbatch(resolved)
+    files["launch.sbatch"] = render_sbatch(resolved, python=python)
     from dlmspec.plan import make_plan  # lazy: the planner is needed for plan.json only
 
     try:
@@ -518,6 +558,7 @@ def compile_spec(
     *,
     overrides: list[str] | tuple[str, ...] = (),
     force: bool = False,
+    python: str | None = None,
 ) -> CompileResult:
     """Load, resolve and check a spec, then render and write its files.
 
@@ -526,17 +567,21 @@ def compile_spec(
         out_dir: where the files go (see :func:`write_outputs` for ``force``).
         overrides: ``--set section.key=value`` strings.
         force: replace generated files in a non-empty directory.
+        python: ``--python``: the interpreter launch.sh and launch.sbatch run
+            (:func:`launch_interpreter`); ``None``: ``DLMSPEC_PYTHON`` at launch, else ``python3``.
 
     Raises:
-        SpecError: an invalid spec, a setting the runtime cannot run, or an unusable output
-            directory (the CLI prints it and exits with code 2).
+        SpecError: an invalid spec, a setting the runtime cannot run, an unusable ``python``
+            or an unusable output directory (the CLI prints it and exits with code 2).
     """
     out = Path(out_dir)
+    python = launch_interpreter(python)
     check_output_dir(out, force=force)  # before any work: a refused directory costs nothing
     loaded, resolved, warnings = load_for("compile", spec_path, overrides)  # as `dlmspec validate` does
     if any(i.severity == "error" for i in warnings):
         raise SpecError(warnings)
-    files = render(resolved, Path(spec_path).as_posix())
+    warnings = warnings + launch_interpreter_issues(python)
+    files = render(resolved, Path(spec_path).as_posix(), python=python)
     written = write_outputs(files, out, force=force)
     return CompileResult(out, written, content_hash(resolved), resolved, warnings)
 
@@ -553,6 +598,8 @@ __all__ = [
     "compile_spec",
     "content_hash",
     "is_generated",
+    "launch_interpreter",
+    "launch_interpreter_issues",
     "locked_spec",
     "render",
     "render_lock",

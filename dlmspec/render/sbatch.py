@@ -175,13 +175,16 @@ def sbatch_context(resolved: Resolved) -> dict[str, Any]:
     }
 
 
-def render_sbatch(resolved: Resolved, loaded: Any = None) -> str:
+def render_sbatch(resolved: Resolved, loaded: Any = None, *, python: str | None = None) -> str:
     """The text of ``launch.sbatch`` for ``resolved`` (pure: same spec, same bytes).
 
     Args:
         resolved: the resolved spec; its ``[cluster]`` and ``[cluster.slurm]`` (defaults when
             absent) decide the script.
         loaded: optionally the :class:`~dlmspec.spec.load.LoadedSpec`, so errors name file and line.
+        python: the interpreter the job runs (``dlmspec compile --python``, already checked by
+            :func:`dlmspec.render.compile.launch_interpreter`); ``None``: ``DLMSPEC_PYTHON`` at
+            run time, else ``python3``.
 
     Returns:
         The script, starting ``#!/bin/bash``, ending in a newline.
@@ -205,4 +208,5 @@ def render_sbatch(resolved: Resolved, loaded: Any = None) -> str:
         comment_start_string="{##",
         comment_end_string="##}",
     )
-    return env.get_template("launch.sbatch.j2").render(sbatch_context(resolved))
+    context = {**sbatch_context(resolved), "python": None if python is None else shell_word(python)}
+    return env.get_template("launch.sbatch.j2").render(context)

@@ -244,6 +244,33 @@ def _file_error(path: Path, message: str, hint: str, ref: _Ref | None) -> SpecEr
     return SpecError([SpecIssue("<file>", message, value=str(path), hint=hint, rule="file", file=str(path))])
 
 
+def _missing_file_hint(path: Path) -> str:
+    """The fix for a spec file given on the command line that does not exist: a close name in its
+    directory (``did you mean ...``) or the directory's absence, where a relative path is read
+    from, and how to write a spec there (``dlmspec new``)."""
+    import difflib  # only for this message
+
+    cwd = Path.cwd()
+    try:
+        shown = path.relative_to(cwd) if path.is_absolute() else path
+    except ValueError:
+        shown = path
+    read_from = f" (relative paths are read from {cwd})" if not shown.is_absolute() else ""
+    folder = shown.parent
+    try:
+        specs = {p.stem: p.name for p in path.parent.iterdir() if p.suffix in (".toml", ".py") and p.is_file()}
+    except OSError:
+        specs = None
+    if specs is None:
+        first = f"the directory {folder} does not exist{read_from}"
+    else:
+        close = difflib.get_close_matches(path.stem, sorted(specs), n=1, cutoff=0.75)
+        first = (f"did you mean {folder / specs[close[0]] if str(folder) != '.' else specs[close[0]]}?" if close
+                 else f"check the path{read_from}")
+    return f"{first}{' ' if first.endswith('?') else '. '}Or write a spec there: dlmspec new {shown} --from demo-dlm " \
+           "(or --preset NAME)"
+
+
 def _check_file(path: Path, ref: _Ref | None) -> int:
     """Check with ``os.stat`` (nothing is opened) that ``path`` is a regular file of at most
     :data:`MAX_SPEC_BYTES`; return its size.
@@ -257,7 +284,7 @@ def _check_file(path: Path, ref: _Ref | None) -> int:
     except (FileNotFoundError, NotADirectoryError):
         raise _file_error(path, f"file not found: {path}",
                           "check the path (extends is relative to the file that names it)" if ref else
-                          "check the path", ref) from None
+                          _missing_file_hint(path), ref) from None
     except (OSError, ValueError) as exc:  # permissions, symlink loops, names too long, NUL bytes
         raise _file_error(path, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}",
                           f"give the path of {what}", ref) from None

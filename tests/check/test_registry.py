@@ -26,7 +26,7 @@ def test_show_rules_lists_every_rule_with_its_scope() -> None:
     """The loader's, the spec's, the files', SLURM's, memory's and the runtime's rules, by scope."""
     result = CliRunner().invoke(app, ["show", "--rules", "--json"])
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    rows = json.loads(result.stdout)["result"]["rules"]
     assert sorted(r["id"] for r in rows) == sorted(RULES)
     assert {r["id"]: (r["scope"], r["severity"], r["source"], r["summary"], r["fix"]) for r in rows} == {
         r.id: (r.scope, r.severity, r.source, r.summary, r.fix) for r in RULES.values()}

@@ -139,9 +139,9 @@ def outcome(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, list
     def record(found: list) -> None:
         seen.extend((i.rule, i.key, i.severity) for i in found)
 
-    def report_issues(found: list, *, as_json: bool = False) -> None:
+    def report_issues(found: list, **options: object) -> None:
         record(found)
-        issues(found, as_json=as_json)
+        issues(found, **options)
 
     def report_warnings(found: list) -> None:
         record(found)

@@ -99,10 +99,10 @@ def test_validate_json_ok() -> None:
     result = run("validate", DEMO, "--json")
     assert result.exit_code == 0
     report = json.loads(result.stdout)
-    assert report["ok"] is True and report["warnings"] == []
-    assert report["derived"]["padded_vocab_size"] == 50304
-    assert report["derived"]["mask_token_id"] == 50257
-    memory = report["memory"]
+    assert report["ok"] is True and report["warnings"] == [] and report["command"] == "validate"
+    assert report["result"]["derived"]["padded_vocab_size"] == 50304
+    assert report["result"]["derived"]["mask_token_id"] == 50257
+    memory = report["result"]["memory"]
     assert 0 < memory["peak_bytes"] < memory["capacity_bytes"] == GPUS["h200"].memory_bytes
 
 
@@ -426,19 +426,19 @@ def test_show_round_trips(tmp_path: Path) -> None:
 
 def test_show_json() -> None:
     result = run("show", DEMO, "--json", "--set", "cluster.gpus_per_node=2", "--set", "train.micro_batch_size=16")
-    data = json.loads(result.stdout)
+    data = json.loads(result.stdout)["result"]
     assert data["spec"]["cluster"]["gpus_per_node"] == 2
     assert data["derived"]["data_parallel_size"] == 2 and data["derived"]["num_microbatches"] == 1
 
 
 def test_show_catalogs() -> None:
-    gpus = json.loads(run("show", "--gpus", "--json").stdout)
+    gpus = json.loads(run("show", "--gpus", "--json").stdout)["result"]["gpus"]
     assert [g["id"] for g in gpus] == sorted(GPUS)
-    presets = json.loads(run("show", "--presets", "--json").stdout)
+    presets = json.loads(run("show", "--presets", "--json").stdout)["result"]["presets"]
     assert [p["id"] for p in presets] == sorted(PRESETS)
     llama = next(p for p in presets if p["id"] == "llama-3-8b")
     assert llama["parameters"] == 8_030_261_248 and llama["published"] == "8,030,261,248"
-    rules = json.loads(run("show", "--rules", "--json").stdout)
+    rules = json.loads(run("show", "--rules", "--json").stdout)["result"]["rules"]
     assert sorted(r["id"] for r in rules) == sorted(RULES)  # the order: tests/check/test_registry.py
     table = run("show", "--presets")
     assert table.exit_code == 0 and "mixtral-8x7b" in table.stdout and "46.7B" in table.stdout
@@ -559,8 +559,9 @@ def test_schema_output_never_writes_through_a_link(tmp_path: Path) -> None:
 def test_new_json(tmp_path: Path) -> None:
     out = tmp_path / "m.toml"
     report = json.loads(run("new", str(out), "--preset", "megadlms-1.7b", "--json").stdout)
-    assert (report["ok"], report["output"], report["preset"], report["warnings"]) == (True, str(out), "megadlms-1.7b", [])
-    assert report["derived"]["mask_token_id"] == 50277 and report["memory"]["peak_bytes"] > 0
+    result = report["result"]
+    assert (report["ok"], result["output"], result["preset"], report["warnings"]) == (True, str(out), "megadlms-1.7b", [])
+    assert result["derived"]["mask_token_id"] == 50277 and result["memory"]["peak_bytes"] > 0
     refused = json.loads(run("new", str(tmp_path / "x.toml"), "--preset", "llama-3-70b", "--json").stdout)
     assert refused["ok"] is False and refused["issues"][0]["rule"] == "memory-fits"
 
@@ -592,7 +593,7 @@ def test_schema_command(tmp_path: Path) -> None:
     assert schema["$schema"].endswith("2020-12/schema") and "model" in schema["properties"]
     out = tmp_path / "s" / "dlmspec.schema.json"
     report = json.loads(run("schema", "--output", str(out), "--json").stdout)
-    assert report == {"ok": True, "output": str(out), "bytes": len(out.read_bytes())}
+    assert report["ok"] is True and report["result"] == {"output": str(out), "bytes": len(out.read_bytes())}
     assert json.loads(out.read_text()) == schema
     refused = run("schema", "--output", str(out))
     assert refused.exit_code == EXIT_USAGE and "--force" in refused.stderr

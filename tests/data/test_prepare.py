@@ -248,7 +248,7 @@ def test_cli_json_summary(slice_path, tmp_path, prepared):
          "--workers", "2", "--append-eod", "--json"]
     )
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
+    summary = json.loads(result.stdout)["result"]
     dataset = _read_dataset(dataset_prefix(str(out), "text"))
     assert summary["documents"] == N_DOCS
     assert summary["tokens"] == int(dataset.sequence_lengths.sum())
@@ -841,7 +841,7 @@ def test_workers_are_capped_at_the_cpu_count(tmp_path, monkeypatch):
     corpus = _write(tmp_path, "corpus.jsonl", _ids_lines(40))
     result = _invoke(_null_cli(corpus, tmp_path / "ds", "--workers", "1000000", "--json"))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["workers"] == cpus
+    assert json.loads(result.stdout)["result"]["workers"] == cpus
     notes = [line for line in result.stderr.splitlines() if "1000000" in line.replace(",", "")]
     assert len(notes) == 1 and f"using {cpus}" in notes[0], result.stderr
 

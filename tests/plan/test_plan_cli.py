@@ -29,8 +29,9 @@ def test_plan_json_and_set():
     result = runner.invoke(app, ["plan", DEMO, "--json", "--set", "train.micro_batch_size=8",
                                  "--set", "train.global_batch_size=32"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
-    assert data["ok"] is True
+    report = json.loads(result.stdout)
+    data = report["result"]
+    assert report["ok"] is True and report["command"] == "plan"
     assert data["layout"]["micro_batch_size"] == 8 and data["layout"]["num_microbatches"] == 4
     assert data["memory"]["peak_bytes"] > data["memory"]["peak_allocated_bytes"] > 0
     assert data["parameters"]["total"] == 152712960
@@ -49,8 +50,8 @@ def test_spec_that_does_not_fit_prints_plan_and_exits_2():
                                  "--set", "train.global_batch_size=1024", "--set", "train.seq_length=1024"])
     assert result.exit_code == 2
     data = json.loads(result.stdout)
-    assert data["ok"] is False and data["memory"]["fits"] is False
-    assert [i["rule"] for i in data["issues"] if i["severity"] == "error"] == ["memory-fits"]
+    assert data["ok"] is False and data["result"]["memory"]["fits"] is False
+    assert [i["rule"] for i in data["issues"]] == ["memory-fits"]
 
 
 def test_search_prints_set_lines():
@@ -67,8 +68,9 @@ def test_search_finding_nothing_exits_2():
                                  "--set", "model.num_attention_heads=128"])
     assert result.exit_code == 2
     data = json.loads(result.stdout)
-    assert data["ok"] is False and data["search"]["top"] == []
-    assert data["search"]["message"].startswith("no layout fits")
+    assert data["ok"] is False and data["result"]["search"]["top"] == []
+    assert data["result"]["search"]["message"].startswith("no layout fits")
+    assert [i["rule"] for i in data["issues"]] == ["plan-search"] and data["issues"][0]["message"].startswith("no layout")
 
 
 def test_search_of_a_spec_with_an_invalid_layout():
@@ -78,7 +80,7 @@ def test_search_of_a_spec_with_an_invalid_layout():
             "--set", "train.global_batch_size=64"]
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = json.loads(result.stdout)["result"]
     issues = data["search"]["spec_layout_issues"]
     assert {"tp-divides-heads", "tp-divides-ffn"} <= {i["rule"] for i in issues}
     assert {"key": "model.ffn_hidden_size", "rule": "tp-divides-ffn"}.items() <= next(

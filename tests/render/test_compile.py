@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import py_compile
+import shlex
 import shutil
 import subprocess
 import sys
@@ -657,3 +658,105 @@ def test_cli_invalid_spec_exits_2_with_file_line_and_key(tmp_path: Path, capsys:
 def test_generated_names_are_the_known_set(tmp_path: Path) -> None:
     compile_spec(DEMO, tmp_path / "out")
     assert set(p.name for p in (tmp_path / "out").iterdir()) <= set(GENERATED_FILES)
+
+
+# ------------------------------------------------------------------------------------------
+# The interpreter of launch.sh / launch.sbatch (`dlmspec compile --python`)
+
+
+def _interpreter_without_torch(path: Path) -> Path:
+    """A Python without site-packages (-S): it lacks torch, as a user's bare python3 does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -S \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def _assigned(script: str, name: str) -> str:
+    """The value bash gives ``name`` by the script's one line ``name=...``."""
+    (line,) = [line for line in script.splitlines() if line.startswith(f"{name}=")]
+    return subprocess.run(["bash", "-c", f'{line}\nprintf %s "${name}"'], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_python_option_writes_the_interpreter_into_both_scripts_and_nothing_else(tmp_path: Path) -> None:
+    resolved = resolve(load(spec_file(tmp_path)).spec)
+    plain = render(resolved, "spec.toml")
+    hostile = "/opt/my env/bin/py'thon $HOME"
+    chosen = render(resolved, "spec.toml", python=hostile)
+    assert {n for n in plain if plain[n] != chosen[n]} == {"launch.sh", "launch.sbatch"}  # lock, hash, plan: same
+    assert render(resolved, "spec.toml", python=None) == plain  # no --python: today's bytes
+    assert 'PYTHON="${DLMSPEC_PYTHON:-python3}"' in plain["launch.sh"]
+    assert "DLMSPEC_PYTHON:-" not in chosen["launch.sh"] and "DLMSPEC_PYTHON:-" not in chosen["launch.sbatch"]
+    assert _assigned(chosen["launch.sh"], "PYTHON") == hostile == _assigned(chosen["launch.sbatch"], "python")
+    assert "dlmspec compile --python" in chosen["launch.sh"] and "dlmspec compile --python" in chosen["launch.sbatch"]
+    for name in ("launch.sh", "launch.sbatch"):
+        script = tmp_path / name
+        script.write_text(chosen[name])
+        subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_launch_sh_names_the_compiled_interpreter_and_the_fix(tmp_path: Path) -> None:
+    python = _interpreter_without_torch(tmp_path / "my env" / "bin" / "python")
+    other = _interpreter_without_torch(tmp_path / "other" / "python")
+    compile_spec(spec_file(tmp_path), tmp_path / "out", python=str(python))
+    run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": str(other), "PYTHONPATH": ""})
+    # --python wins over DLMSPEC_PYTHON; the message names it and says how to choose another.
+    assert run.returncode == 2, run.stderr
+    assert f"{python} cannot import torch" in run.stderr and str(other) not in run.stderr
+    assert "dlmspec compile --python" in run.stderr and "dlmspec[runtime]" in run.stderr
+
+
+def test_launch_sh_without_python_option_takes_dlmspec_python_else_python3(tmp_path: Path) -> None:
+    compile_spec(spec_file(tmp_path), tmp_path / "out")
+    fake_bin = tmp_path / "bin"
+    _interpreter_without_torch(fake_bin / "python3")
+    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": ""}
+    env.pop("DLMSPEC_PYTHON", None)
+    run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
+                         cwd=tmp_path, env=env)
+    assert run.returncode == 2 and "python3 cannot import torch" in run.stderr and "DLMSPEC_PYTHON" in run.stderr
+    chosen = _interpreter_without_torch(tmp_path / "env" / "python")
+    run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
+                         cwd=tmp_path, env={**env, "DLMSPEC_PYTHON": str(chosen)})
+    assert run.returncode == 2 and f"{chosen} cannot import torch" in run.stderr
+
+
+def test_python_option_keeps_a_bare_name_and_makes_a_relative_path_absolute(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve(load(spec_file(tmp_path)).spec)
+    assert _assigned(render(resolved, "spec.toml", python="python3.11")["launch.sh"], "PYTHON") == "python3.11"
+    text = render(resolved, "spec.toml", python=".venv/bin/python")["launch.sh"]
+    assert _assigned(text, "PYTHON") == str(tmp_path / ".venv/bin/python")
+
+
+@pytest.mark.parametrize("bad", ["", "python\n3"])
+def test_python_option_refuses_an_empty_or_multi_line_value(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        compile_spec(spec_file(tmp_path), tmp_path / "out", python=bad)
+    assert caught.value.issues[0].key == "--python" and caught.value.issues[0].hint
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_compile_and_submit_take_python(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    python = str(tmp_path / "env" / "bin" / "python")
+    assert cli_main(["compile", str(DEMO), "-o", str(tmp_path / "out"), "--python", python]) == 0
+    assert _assigned((tmp_path / "out" / "launch.sh").read_text(), "PYTHON") == python
+    capsys.readouterr()
+    assert cli_main(["compile", str(DEMO), "-o", str(tmp_path / "out"), "--python", python, "--force"]) == 0
+    capsys.readouterr()
+    assert cli_main(["submit", str(DEMO), "-o", str(tmp_path / "sub"), "--python", python, "--dry-run"]) == 0
+    assert f"--python {python}" in capsys.readouterr().out
+
+
+def test_python_option_warns_when_the_path_is_not_executable_here(tmp_path: Path) -> None:
+    missing = compile_spec(spec_file(tmp_path), tmp_path / "a", python=str(tmp_path / "nowhere" / "python"))
+    assert [(w.key, w.rule, w.severity) for w in missing.warnings if w.key == "--python"] == [
+        ("--python", "python-path", "warning")]
+    present = _interpreter_without_torch(tmp_path / "env" / "python")
+    assert not [w for w in compile_spec(spec_file(tmp_path), tmp_path / "b", python=str(present)).warnings
+                if w.key == "--python"]
+    assert not [w for w in compile_spec(spec_file(tmp_path), tmp_path / "c", python="python3.11").warnings
+                if w.key == "--python"]  # a bare name is looked up where the job runs
