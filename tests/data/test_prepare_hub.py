@@ -156,7 +156,7 @@ def test_cli_hf_dataset_json_summary(tmp_path, texts, jsonl_reference):
     result = _invoke(["--hf-dataset", str(folder), "--hf-split", "train", "--json-keys", "text",
                       "--output-prefix", str(tmp_path / "out"), *GPT2_CLI, "--append-eod", "--json"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
+    summary = json.loads(result.stdout)["result"]
     assert summary["input"] == f"--hf-dataset {folder} --hf-split train"
     assert summary["hf_dataset"]["split"] == "train" and summary["documents"] == len(texts)
     assert _bytes(tmp_path / "out") == reference
@@ -372,7 +372,7 @@ def test_flags_reach_load_dataset(tmp_path, local_dataset, monkeypatch):
                                "validation", "--hf-revision", "abc123", "--no-hf-streaming", "--json"))
     assert result.exit_code == 0, result.output
     assert calls == [("org/name", "c1", {"split": "validation", "revision": "abc123", "streaming": False})]
-    summary = json.loads(result.stdout)
+    summary = json.loads(result.stdout)["result"]
     assert summary["input"] == "--hf-dataset org/name --hf-config c1 --hf-revision abc123 --hf-split validation"
     assert summary["hf_dataset"] == {"dataset": "org/name", "config": "c1", "split": "validation",
                                      "revision": "abc123", "streaming": False}
