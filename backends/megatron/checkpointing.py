@@ -160,6 +160,8 @@ def _write_tracker_atomically(root: str, name: str) -> None:
 
 
 def _rng_state() -> Dict[str, Any]:
+    """This rank's RNG states (Python, numpy, torch CPU; with CUDA the current device's generator
+    and megatron-core's model-parallel RNG tracker)."""
     state: Dict[str, Any] = {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -172,6 +174,7 @@ def _rng_state() -> Dict[str, Any]:
 
 
 def _set_rng_state(state: Dict[str, Any]) -> None:
+    """Set the RNG states :func:`_rng_state` returned."""
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -380,6 +383,9 @@ class LoadedCheckpoint:
     ``scheduler_changes``: ``(spec key, checkpoint value, this run's value)`` of the schedule
     values this run's scheduler kept instead of the checkpoint's
     (:func:`~dlmspec.backends.megatron.spec_record.load_scheduler_state`).
+    ``rank_state``: this rank's saved RNG states when the parallel layout
+    is the checkpoint's (``rng_restored``), else ``None``; with ``restore_rng=False`` they are
+    not set yet (:meth:`CheckpointManager.continue_run` sets them).
     """
 
     path: str
@@ -388,6 +394,7 @@ class LoadedCheckpoint:
     seed: int
     rng_restored: bool
     scheduler_changes: List[Tuple[str, Any, Any]] = field(default_factory=list)
+    rank_state: Optional[Dict[str, Any]] = None
 
 
 def load_checkpoint(
@@ -397,12 +404,15 @@ def load_checkpoint(
     optimizer=None,
     scheduler: Optional[OptimizerParamScheduler] = None,
     seed: int,
+    restore_rng: bool = True,
 ) -> LoadedCheckpoint:
     """Load a checkpoint written by :func:`save_checkpoint` into live objects.
 
     Collective.  The RNG states are restored only when the parallel layout is
     unchanged (they are per rank); weights and optimizer state reshard freely
-    as far as megatron's distributed checkpointing allows.
+    as far as megatron's distributed checkpointing allows. ``restore_rng=False`` leaves them to
+    the caller (``LoadedCheckpoint.rank_state``): the training loop sets them after building its
+    data loaders, whose iterators draw from torch's CPU generator.
 
     Raises:
         ValueError: If the checkpoint's seed differs from ``seed``
@@ -425,7 +435,7 @@ def load_checkpoint(
     same_layout = meta.get("parallel_layout") == parallel_layout()
     if fmt == FSDP_CHECKPOINT_FORMAT:
         return _load_checkpoint_fsdp(path, model=model, optimizer=optimizer, scheduler=scheduler, seed=seed,
-                                     same_layout=same_layout)
+                                     same_layout=same_layout, restore_rng=restore_rng)
 
     state = _model_sharded_state_dict(model)
     if optimizer is not None:
@@ -457,8 +467,9 @@ def load_checkpoint(
     changes = []
     if scheduler is not None and "opt_param_scheduler" in loaded:
         changes = load_scheduler_state(scheduler, loaded["opt_param_scheduler"])
-    if same_layout and loaded.get("rng_state") is not None:
-        _set_rng_state(loaded["rng_state"])
+    rank_state = loaded.get("rng_state") if same_layout else None
+    if rank_state is not None and restore_rng:
+        _set_rng_state(rank_state)
     dist.barrier()
     return LoadedCheckpoint(
         path=path,
@@ -467,10 +478,12 @@ def load_checkpoint(
         seed=int(loaded["seed"]),
         rng_restored=bool(same_layout),
         scheduler_changes=changes,
+        rank_state=rank_state,
     )
 
 
-def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, same_layout: bool) -> LoadedCheckpoint:
+def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, same_layout: bool,
+                          restore_rng: bool = True) -> LoadedCheckpoint:
     """:func:`load_checkpoint` for a Megatron-FSDP (``fsdp_dtensor``) checkpoint."""
     hyper = group_hyperparameters(optimizer) if optimizer is not None else None
     run_state, rng = load_checkpoint_fsdp(path, model=model, optimizer=optimizer, load_rng=same_layout)
@@ -482,7 +495,7 @@ def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, 
     changes = []
     if scheduler is not None and run_state.get("opt_param_scheduler") is not None:
         changes = load_scheduler_state(scheduler, run_state["opt_param_scheduler"])
-    if rng is not None:
+    if rng is not None and restore_rng:
         _set_rng_state(rng)
     dist.barrier()
     return LoadedCheckpoint(
@@ -492,6 +505,7 @@ def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, 
         seed=int(run_state["seed"]),
         rng_restored=rng is not None,
         scheduler_changes=changes,
+        rank_state=rng,
     )
 
 
@@ -522,15 +536,19 @@ class CheckpointManager:
         self.logger = logger
         self.metadata = metadata
         self.spec_lock_text = spec_lock_text
+        self._rank_state: Optional[Dict[str, Any]] = None
 
     def resume(self, path: str) -> TrainState:
         """Load the checkpoint at ``path`` (:func:`load_checkpoint`) and return the progress it holds.
+
+        The RNG states wait for :meth:`continue_run`.
 
         Raises:
             ValueError: as :func:`load_checkpoint` (another seed, another checkpoint format).
         """
         loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                 seed=self.seed)
+                                 seed=self.seed, restore_rng=False)
+        self._rank_state = loaded.rank_state
         iteration, consumed = loaded.iteration, loaded.consumed_train_samples
         self.logger.text(f"resumed from {path} at iteration {iteration} (consumed {consumed} samples)")
         if loaded.scheduler_changes:
@@ -540,6 +558,20 @@ class CheckpointManager:
                                       "scheduler_changes": [list(c) for c in loaded.scheduler_changes]})
         return TrainState(iteration=iteration, consumed_train_samples=consumed, resumed_from=iteration,
                           last_checkpoint=path, saved_at=iteration)
+
+    def continue_run(self, meter) -> None:
+        """What a resumed run restores last, just before its first step: this rank's RNG states.
+        Nothing without a resume, or after one into another parallel layout. (``meter``: the
+        loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`.)
+
+        Last, because what the loop builds after loading the checkpoint draws random numbers: each
+        DataLoader iterator draws its base seed from torch's CPU generator, so the RNG states
+        restored before the data were one draw ahead of the uninterrupted run's at its next step.
+        """
+        rank_state, self._rank_state = self._rank_state, None
+        if rank_state is None:
+            return
+        _set_rng_state(rank_state)
 
     def save(self, state: TrainState, reason: str) -> str:
         """Checkpoint the current step and record it in ``state``; returns the directory.

@@ -242,6 +242,7 @@ def train(
     meter = IntervalMeter(device, tokens_per_step=sched.global_batch_size * run.data.seq_length,
                           flops_per_token=flops_per_token, world_size=world,
                           peak_tflops=run.logging.peak_tflops_per_gpu)
+    checkpoints.continue_run(meter)  # a resume's RNG states, set after everything above drew from them
     try:
         while state.iteration < sched.train_iters:
             if sched.stop_at_iteration is not None and state.iteration >= sched.stop_at_iteration:
