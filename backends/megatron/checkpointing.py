@@ -159,9 +159,11 @@ def _write_tracker_atomically(root: str, name: str) -> None:
         pass
 
 
-def _rng_state() -> Dict[str, Any]:
+def _rng_state(interval_loss: Optional[List[float]] = None) -> Dict[str, Any]:
     """This rank's RNG states (Python, numpy, torch CPU; with CUDA the current device's generator
-    and megatron-core's model-parallel RNG tracker)."""
+    and megatron-core's model-parallel RNG tracker), plus ``interval_loss`` when given: the
+    ``[loss sum, tokens, skipped updates]`` of the steps since the last train record, which only
+    the last pipeline stage's ranks hold (why this is per rank, not common state)."""
     state: Dict[str, Any] = {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -170,11 +172,13 @@ def _rng_state() -> Dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
         state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    if interval_loss is not None:
+        state["interval_loss"] = [float(v) for v in interval_loss]
     return state
 
 
 def _set_rng_state(state: Dict[str, Any]) -> None:
-    """Set the RNG states :func:`_rng_state` returned."""
+    """Set the RNG states :func:`_rng_state` returned (its ``interval_loss`` is the caller's)."""
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -273,6 +277,7 @@ def save_checkpoint(
     keep_last: Optional[int] = None,
     optimizer_sharding: str = "dp_reshardable",
     spec_lock_text: Optional[str] = None,
+    interval_loss: Optional[List[float]] = None,
 ) -> str:
     """Write a megatron distributed checkpoint and then the ``latest`` tracker.
 
@@ -287,6 +292,10 @@ def save_checkpoint(
     ``DistributedOptimizer``: ``"dp_reshardable"`` (each rank writes its own
     shard, no communication; on resume only the data-parallel size may change)
     or ``"fully_reshardable"`` (gathered to DP rank 0; any layout on resume).
+
+    ``interval_loss``: this rank's ``[loss sum, tokens, skipped updates]`` of the steps since the
+    last train record, kept with its RNG states (:func:`_rng_state`) so that a resumed run's first
+    record averages the same steps as an uninterrupted run's.
 
     Returns:
         The checkpoint directory.
@@ -304,7 +313,7 @@ def save_checkpoint(
         _save_checkpoint_files(
             root, path, rank=rank, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
             consumed_train_samples=consumed_train_samples, seed=seed, metadata=metadata,
-            optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text,
+            optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text, interval_loss=interval_loss,
         )
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
         shutil.rmtree(path, ignore_errors=True)  # the partial folder must not stay (latest never names it)
@@ -322,7 +331,8 @@ def save_checkpoint(
 
 def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, model, optimizer, scheduler,
                            consumed_train_samples: int, seed: int, metadata: Optional[Dict[str, Any]],
-                           optimizer_sharding: str, spec_lock_text: Optional[str]) -> None:
+                           optimizer_sharding: str, spec_lock_text: Optional[str],
+                           interval_loss: Optional[List[float]] = None) -> None:
     """:func:`save_checkpoint`'s writes, up to and including the ``latest`` tracker."""
     name = os.path.basename(path)
     if rank == 0:
@@ -338,7 +348,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         # torch.distributed.checkpoint of DTensors (backends/megatron/fsdp.py).
         optimizer_sharding = FSDP_CHECKPOINT_FORMAT
         save_checkpoint_fsdp(
-            path, model=model, optimizer=optimizer, rng_state=_rng_state(),
+            path, model=model, optimizer=optimizer, rng_state=_rng_state(interval_loss),
             run_state={"iteration": iteration, "consumed_train_samples": consumed_train_samples, "seed": seed,
                        "opt_param_scheduler": scheduler.state_dict() if scheduler is not None else None},
         )
@@ -352,7 +362,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         state["iteration"] = iteration
         state["consumed_train_samples"] = consumed_train_samples
         state["seed"] = seed
-        state["rng_state"] = _rng_sharded_object(_rng_state())
+        state["rng_state"] = _rng_sharded_object(_rng_state(interval_loss))
         dist_checkpointing.save(state, path)
 
     if rank == 0:
@@ -383,7 +393,7 @@ class LoadedCheckpoint:
     ``scheduler_changes``: ``(spec key, checkpoint value, this run's value)`` of the schedule
     values this run's scheduler kept instead of the checkpoint's
     (:func:`~dlmspec.backends.megatron.spec_record.load_scheduler_state`).
-    ``rank_state``: this rank's saved RNG states when the parallel layout
+    ``rank_state``: this rank's saved RNG states (and ``interval_loss``) when the parallel layout
     is the checkpoint's (``rng_restored``), else ``None``; with ``restore_rng=False`` they are
     not set yet (:meth:`CheckpointManager.continue_run` sets them).
     """
@@ -541,7 +551,7 @@ class CheckpointManager:
     def resume(self, path: str) -> TrainState:
         """Load the checkpoint at ``path`` (:func:`load_checkpoint`) and return the progress it holds.
 
-        The RNG states wait for :meth:`continue_run`.
+        The RNG states and the interval's loss sums wait for :meth:`continue_run`.
 
         Raises:
             ValueError: as :func:`load_checkpoint` (another seed, another checkpoint format).
@@ -560,9 +570,10 @@ class CheckpointManager:
                           last_checkpoint=path, saved_at=iteration)
 
     def continue_run(self, meter) -> None:
-        """What a resumed run restores last, just before its first step: this rank's RNG states.
-        Nothing without a resume, or after one into another parallel layout. (``meter``: the
-        loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`.)
+        """What a resumed run restores last, just before its first step: this rank's RNG states,
+        and into ``meter`` (the loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`)
+        the loss sums and skipped updates of the log interval the stop fell in. Nothing without a
+        resume, or after one into another parallel layout.
 
         Last, because what the loop builds after loading the checkpoint draws random numbers: each
         DataLoader iterator draws its base seed from torch's CPU generator, so the RNG states
@@ -572,9 +583,17 @@ class CheckpointManager:
         if rank_state is None:
             return
         _set_rng_state(rank_state)
+        if "interval_loss" in rank_state:
+            loss_sum, tokens, skipped = rank_state["interval_loss"]
+            meter.loss += torch.tensor([loss_sum, tokens], dtype=meter.loss.dtype, device=meter.loss.device)
+            meter.skipped += int(skipped)
 
-    def save(self, state: TrainState, reason: str) -> str:
+    def save(self, state: TrainState, reason: str, meter=None) -> str:
         """Checkpoint the current step and record it in ``state``; returns the directory.
+
+        With ``meter`` (the loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`), the
+        loss sums and skipped updates since the last train record go into the checkpoint
+        (:meth:`continue_run` adds them back on resume).
 
         Raises:
             SystemExit: code 2 after the message of a :class:`CheckpointSaveError` on stderr (and an
@@ -594,6 +613,7 @@ class CheckpointManager:
                 consumed_train_samples=state.consumed_train_samples, seed=self.seed, keep_last=self.config.keep_last,
                 optimizer_sharding=self.config.optimizer_sharding, metadata={"reason": reason, **self.metadata},
                 spec_lock_text=self.spec_lock_text,
+                interval_loss=None if meter is None else [*meter.loss.tolist(), meter.skipped],
             )
         except CheckpointSaveError as exc:
             self.logger.record("exit", {"iteration": iteration, "reason": "checkpoint save failed", "error": str(exc),

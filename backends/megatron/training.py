@@ -268,19 +268,19 @@ def train(
                     state.last_valid_loss = evaluate(parts, stage, data.valid, sched.eval_iters)
                     log_validation(logger, state.iteration, state.last_valid_loss)
                 if do_save:
-                    checkpoints.save(state, "interval")
+                    checkpoints.save(state, "interval", meter)
                 meter.exclude(paused)
 
             received = watcher.any_rank_received(device) if watcher else None
             if received:
                 logger.text(f"signal {received} received: saving and exiting")
                 if ckpt.save_dir and state.saved_at != state.iteration:
-                    checkpoints.save(state, f"signal {received}")
+                    checkpoints.save(state, f"signal {received}", meter)
                 log_exit(logger, state, signal=received)
                 raise _SignalExit(ckpt.signal_exit_code)
 
         if ckpt.save_dir and ckpt.save_at_end and state.saved_at != state.iteration:
-            checkpoints.save(state, state.exit_reason)
+            checkpoints.save(state, state.exit_reason, meter)
         record_host_launch(logger, "end", state.iteration)
         log_exit(logger, state)
     except _SignalExit as exc:
