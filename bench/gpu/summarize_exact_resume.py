@@ -59,8 +59,8 @@ def _band_check(a: dict, b: dict, r: dict, after: int, window: int) -> dict:
     return {
         "steps": len(steps), "window": window,
         "holds": bool(steps) and not outside,
-        "outside_band": outside,
-        "outside_band_swapped_reference": swapped,
+        "outside_band_count": len(outside), "outside_band": outside,
+        "outside_band_swapped_reference_count": len(swapped), "outside_band_swapped_reference": swapped,
         "same_step_R_closer_than_B": sum(diff_ra[t] <= diff_ba[t] for t in steps),
         "max_abs_R_minus_A": max((diff_ra[t] for t in steps), default=None),
         "max_abs_B_minus_A": max((diff_ba[t] for t in steps), default=None),
