@@ -48,10 +48,12 @@ from .fsdp import (
 )
 from .metrics import MetricsLogger, write_exit_status
 from .optim import (
+    checkpoint_adam_steps,
     group_hyperparameters,
     optimizer_sharding_metadata,
     prime_optimizer_state,
     restore_group_hyperparameters,
+    restore_optimizer_steps,
     set_param_sync_hooks,
     unshare_optimizer_steps,
 )
@@ -470,10 +472,11 @@ def load_checkpoint(
         # of the model's leaf parameters, and megatron-core 0.16.1 copies the loaded state into
         # them in place (DistributedOptimizer._set_main_param_and_optimizer_states), which
         # autograd refuses with grad mode on (seen on the H200: resuming an fp32 run failed).
+        steps = checkpoint_adam_steps(optimizer, loaded["optimizer"])
         with torch.no_grad():
             optimizer.load_state_dict(loaded["optimizer"])
         restore_group_hyperparameters(optimizer, hyper)
-        unshare_optimizer_steps(optimizer)
+        restore_optimizer_steps(optimizer, steps)
     changes = []
     if scheduler is not None and "opt_param_scheduler" in loaded:
         changes = load_scheduler_state(scheduler, loaded["opt_param_scheduler"])
