@@ -38,10 +38,11 @@ if [ "${1:-}" = "--compile" ]; then
     extra=(); [ $v = det ] && extra=('kernels.sdpa_backend="efficient"')
     for r in A B R; do compile "$v-$r" logging.log_interval=1 "${extra[@]}"; done
   done
-  for r in A B R; do  # bitwise-reproducible kernels: one line after `import torch`
-    sed -i 's/^import torch$/import torch\ntorch.use_deterministic_algorithms(True)  # session7_resume.sh: bitwise-reproducible kernels/' \
+  for r in A B R; do  # bitwise-reproducible kernels, and the probe (bench/gpu/resume_probe.py): lines after `import torch`
+    sed -i 's/^import torch$/import torch\ntorch.use_deterministic_algorithms(True)  # session7_resume.sh: bitwise-reproducible kernels\nimport resume_probe; resume_probe.install()  # session7_resume.sh: fingerprints before steps 101, 102, 201, 202/' \
       "$dest/det-$r/train.py"
     grep -q "^torch.use_deterministic_algorithms(True)" "$dest/det-$r/train.py" || exit 1
+    cp bench/gpu/resume_probe.py "$dest/det-$r/"
   done
   compile time-off train.train_iters=100
   compile time-on train.train_iters=100 kernels.qkv_fusion=true kernels.compiled_norm=true kernels.apply_rope_fusion=true
@@ -96,6 +97,7 @@ stopped() {  # NAME STOP...: SIGTERM to the launcher (torchrun) once each STOP i
 collect() {  # NAME...: metrics and the checkpoints' list; then the checkpoints are deleted
   for name in "$@"; do
     cp "runs/$name/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
+    cp "runs/$name/probe.jsonl" "$out/$name.probe.jsonl" 2>/dev/null
     ls "runs/$name/checkpoints" > "$out/$name.checkpoints.txt" 2>&1
     rm -rf "runs/$name/checkpoints"
   done

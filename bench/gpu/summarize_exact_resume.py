@@ -76,6 +76,29 @@ def _bitwise(x: dict, y: dict, after: int) -> dict:
             "differing": len(differ)}
 
 
+def _probe(work: Path, v: str) -> dict:
+    """bench/gpu/resume_probe.py's fingerprints of A and R before the same steps: what differs."""
+    a = {r["iteration"]: r for r in _load(work / f"{v}-A.probe.jsonl")}
+    r = {x["iteration"]: x for x in _load(work / f"{v}-R.probe.jsonl")}
+    out = {}
+    for it in sorted(set(a) & set(r)):
+        x, y = a[it], r[it]
+        diff = {}
+        for key in ("model", "tracker"):
+            names = [n for n in x[key] if x[key][n] != y[key].get(n)]
+            if names:
+                diff[key] = {"differing": len(names), "of": len(x[key]), "first": names[:5]}
+        for key in ("main", "exp_avg", "exp_avg_sq"):
+            n = sum(p != q for p, q in zip(x[key], y[key]))
+            if n:
+                diff[key] = {"differing": n, "of": len(x[key])}
+        for key in ("steps", "lr", "weight_decay", "scheduler_num_steps", "torch_rng", "cuda_rng"):
+            if x[key] != y[key]:
+                diff[key] = {"A": x[key], "R": y[key]}
+        out[f"before step {it + 1}"] = diff or "identical"
+    return out
+
+
 def _variant(work: Path, v: str) -> dict:
     runs = {k: _load(work / f"{v}-{k}.metrics.jsonl") for k in "ABR"}
     saved = [r for r in runs["R"] if r["event"] == "checkpoint" and str(r.get("reason", "")).startswith("signal")]
@@ -104,6 +127,7 @@ def _variant(work: Path, v: str) -> dict:
         "R_vs_A_valid_after_stop": _bitwise(valid["R"], valid["A"], s1),
     }
     if v == "det":
+        out["probe_A_vs_R"] = _probe(work, v)
         bw = out["bitwise"]
         out["criterion"] = {"holds": bw["A_vs_B_train_all_steps"]["equal"] and bw["R_vs_A_train_after_stop"]["equal"]
                             and bw["R_vs_A_valid_after_stop"]["equal"]}
