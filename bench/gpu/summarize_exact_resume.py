@@ -164,6 +164,7 @@ def main() -> None:
     p.add_argument("--timing", type=Path, default=None)
     p.add_argument("--command", default="")
     p.add_argument("--device", default="")
+    p.add_argument("--note", default="", help="what the runs' code was (branch, commit)")
     a = p.parse_args()
     result = {
         "benchmark": "issue #17 exact resume: specs/demo-dlm.toml (kernels as shipped: all off) run uninterrupted "
@@ -171,7 +172,7 @@ def main() -> None:
                      "'nd' = the demo's kernels, 'det' = SDPA memory-efficient backend + "
                      "torch.use_deterministic_algorithms(True) + CUBLAS_WORKSPACE_CONFIG=:4096:8",
         "criterion": __doc__.split("The criterion, fixed before the runs", 1)[1].strip(),
-        "device": a.device, "command": a.command,
+        "device": a.device, "command": a.command, "note": a.note,
         "nd": _variant(a.work, "nd"), "det": _variant(a.work, "det"),
     }
     if a.timing is not None:
