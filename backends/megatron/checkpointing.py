@@ -48,10 +48,12 @@ from .fsdp import (
 )
 from .metrics import MetricsLogger, write_exit_status
 from .optim import (
+    checkpoint_adam_steps,
     group_hyperparameters,
     optimizer_sharding_metadata,
     prime_optimizer_state,
     restore_group_hyperparameters,
+    restore_optimizer_steps,
     set_param_sync_hooks,
     unshare_optimizer_steps,
 )
@@ -159,7 +161,11 @@ def _write_tracker_atomically(root: str, name: str) -> None:
         pass
 
 
-def _rng_state() -> Dict[str, Any]:
+def _rng_state(interval_loss: Optional[List[float]] = None) -> Dict[str, Any]:
+    """This rank's RNG states (Python, numpy, torch CPU; with CUDA the current device's generator
+    and megatron-core's model-parallel RNG tracker), plus ``interval_loss`` when given: the
+    ``[loss sum, tokens, skipped updates]`` of the steps since the last train record, which only
+    the last pipeline stage's ranks hold (why this is per rank, not common state)."""
     state: Dict[str, Any] = {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -168,10 +174,13 @@ def _rng_state() -> Dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
         state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    if interval_loss is not None:
+        state["interval_loss"] = [float(v) for v in interval_loss]
     return state
 
 
 def _set_rng_state(state: Dict[str, Any]) -> None:
+    """Set the RNG states :func:`_rng_state` returned (its ``interval_loss`` is the caller's)."""
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -270,6 +279,7 @@ def save_checkpoint(
     keep_last: Optional[int] = None,
     optimizer_sharding: str = "dp_reshardable",
     spec_lock_text: Optional[str] = None,
+    interval_loss: Optional[List[float]] = None,
 ) -> str:
     """Write a megatron distributed checkpoint and then the ``latest`` tracker.
 
@@ -284,6 +294,10 @@ def save_checkpoint(
     ``DistributedOptimizer``: ``"dp_reshardable"`` (each rank writes its own
     shard, no communication; on resume only the data-parallel size may change)
     or ``"fully_reshardable"`` (gathered to DP rank 0; any layout on resume).
+
+    ``interval_loss``: this rank's ``[loss sum, tokens, skipped updates]`` of the steps since the
+    last train record, kept with its RNG states (:func:`_rng_state`) so that a resumed run's first
+    record averages the same steps as an uninterrupted run's.
 
     Returns:
         The checkpoint directory.
@@ -301,7 +315,7 @@ def save_checkpoint(
         _save_checkpoint_files(
             root, path, rank=rank, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
             consumed_train_samples=consumed_train_samples, seed=seed, metadata=metadata,
-            optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text,
+            optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text, interval_loss=interval_loss,
         )
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
         shutil.rmtree(path, ignore_errors=True)  # the partial folder must not stay (latest never names it)
@@ -319,7 +333,8 @@ def save_checkpoint(
 
 def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, model, optimizer, scheduler,
                            consumed_train_samples: int, seed: int, metadata: Optional[Dict[str, Any]],
-                           optimizer_sharding: str, spec_lock_text: Optional[str]) -> None:
+                           optimizer_sharding: str, spec_lock_text: Optional[str],
+                           interval_loss: Optional[List[float]] = None) -> None:
     """:func:`save_checkpoint`'s writes, up to and including the ``latest`` tracker."""
     name = os.path.basename(path)
     if rank == 0:
@@ -335,7 +350,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         # torch.distributed.checkpoint of DTensors (backends/megatron/fsdp.py).
         optimizer_sharding = FSDP_CHECKPOINT_FORMAT
         save_checkpoint_fsdp(
-            path, model=model, optimizer=optimizer, rng_state=_rng_state(),
+            path, model=model, optimizer=optimizer, rng_state=_rng_state(interval_loss),
             run_state={"iteration": iteration, "consumed_train_samples": consumed_train_samples, "seed": seed,
                        "opt_param_scheduler": scheduler.state_dict() if scheduler is not None else None},
         )
@@ -349,7 +364,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         state["iteration"] = iteration
         state["consumed_train_samples"] = consumed_train_samples
         state["seed"] = seed
-        state["rng_state"] = _rng_sharded_object(_rng_state())
+        state["rng_state"] = _rng_sharded_object(_rng_state(interval_loss))
         dist_checkpointing.save(state, path)
 
     if rank == 0:
@@ -380,6 +395,9 @@ class LoadedCheckpoint:
     ``scheduler_changes``: ``(spec key, checkpoint value, this run's value)`` of the schedule
     values this run's scheduler kept instead of the checkpoint's
     (:func:`~dlmspec.backends.megatron.spec_record.load_scheduler_state`).
+    ``rank_state``: this rank's saved RNG states (and ``interval_loss``) when the parallel layout
+    is the checkpoint's (``rng_restored``), else ``None``; with ``restore_rng=False`` they are
+    not set yet (:meth:`CheckpointManager.continue_run` sets them).
     """
 
     path: str
@@ -388,6 +406,7 @@ class LoadedCheckpoint:
     seed: int
     rng_restored: bool
     scheduler_changes: List[Tuple[str, Any, Any]] = field(default_factory=list)
+    rank_state: Optional[Dict[str, Any]] = None
 
 
 def load_checkpoint(
@@ -397,12 +416,15 @@ def load_checkpoint(
     optimizer=None,
     scheduler: Optional[OptimizerParamScheduler] = None,
     seed: int,
+    restore_rng: bool = True,
 ) -> LoadedCheckpoint:
     """Load a checkpoint written by :func:`save_checkpoint` into live objects.
 
     Collective.  The RNG states are restored only when the parallel layout is
     unchanged (they are per rank); weights and optimizer state reshard freely
-    as far as megatron's distributed checkpointing allows.
+    as far as megatron's distributed checkpointing allows. ``restore_rng=False`` leaves them to
+    the caller (``LoadedCheckpoint.rank_state``): the training loop sets them after building its
+    data loaders, whose iterators draw from torch's CPU generator.
 
     Raises:
         ValueError: If the checkpoint's seed differs from ``seed``
@@ -425,7 +447,7 @@ def load_checkpoint(
     same_layout = meta.get("parallel_layout") == parallel_layout()
     if fmt == FSDP_CHECKPOINT_FORMAT:
         return _load_checkpoint_fsdp(path, model=model, optimizer=optimizer, scheduler=scheduler, seed=seed,
-                                     same_layout=same_layout)
+                                     same_layout=same_layout, restore_rng=restore_rng)
 
     state = _model_sharded_state_dict(model)
     if optimizer is not None:
@@ -450,15 +472,17 @@ def load_checkpoint(
         # of the model's leaf parameters, and megatron-core 0.16.1 copies the loaded state into
         # them in place (DistributedOptimizer._set_main_param_and_optimizer_states), which
         # autograd refuses with grad mode on (seen on the H200: resuming an fp32 run failed).
+        steps = checkpoint_adam_steps(optimizer, loaded["optimizer"])
         with torch.no_grad():
             optimizer.load_state_dict(loaded["optimizer"])
         restore_group_hyperparameters(optimizer, hyper)
-        unshare_optimizer_steps(optimizer)
+        restore_optimizer_steps(optimizer, steps)
     changes = []
     if scheduler is not None and "opt_param_scheduler" in loaded:
         changes = load_scheduler_state(scheduler, loaded["opt_param_scheduler"])
-    if same_layout and loaded.get("rng_state") is not None:
-        _set_rng_state(loaded["rng_state"])
+    rank_state = loaded.get("rng_state") if same_layout else None
+    if rank_state is not None and restore_rng:
+        _set_rng_state(rank_state)
     dist.barrier()
     return LoadedCheckpoint(
         path=path,
@@ -467,10 +491,12 @@ def load_checkpoint(
         seed=int(loaded["seed"]),
         rng_restored=bool(same_layout),
         scheduler_changes=changes,
+        rank_state=rank_state,
     )
 
 
-def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, same_layout: bool) -> LoadedCheckpoint:
+def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, same_layout: bool,
+                          restore_rng: bool = True) -> LoadedCheckpoint:
     """:func:`load_checkpoint` for a Megatron-FSDP (``fsdp_dtensor``) checkpoint."""
     hyper = group_hyperparameters(optimizer) if optimizer is not None else None
     run_state, rng = load_checkpoint_fsdp(path, model=model, optimizer=optimizer, load_rng=same_layout)
@@ -482,7 +508,7 @@ def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, 
     changes = []
     if scheduler is not None and run_state.get("opt_param_scheduler") is not None:
         changes = load_scheduler_state(scheduler, run_state["opt_param_scheduler"])
-    if rng is not None:
+    if rng is not None and restore_rng:
         _set_rng_state(rng)
     dist.barrier()
     return LoadedCheckpoint(
@@ -492,6 +518,7 @@ def _load_checkpoint_fsdp(path: str, *, model, optimizer, scheduler, seed: int, 
         seed=int(run_state["seed"]),
         rng_restored=rng is not None,
         scheduler_changes=changes,
+        rank_state=rng,
     )
 
 
@@ -522,15 +549,19 @@ class CheckpointManager:
         self.logger = logger
         self.metadata = metadata
         self.spec_lock_text = spec_lock_text
+        self._rank_state: Optional[Dict[str, Any]] = None
 
     def resume(self, path: str) -> TrainState:
         """Load the checkpoint at ``path`` (:func:`load_checkpoint`) and return the progress it holds.
+
+        The RNG states and the interval's loss sums wait for :meth:`continue_run`.
 
         Raises:
             ValueError: as :func:`load_checkpoint` (another seed, another checkpoint format).
         """
         loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                 seed=self.seed)
+                                 seed=self.seed, restore_rng=False)
+        self._rank_state = loaded.rank_state
         iteration, consumed = loaded.iteration, loaded.consumed_train_samples
         self.logger.text(f"resumed from {path} at iteration {iteration} (consumed {consumed} samples)")
         if loaded.scheduler_changes:
@@ -541,8 +572,31 @@ class CheckpointManager:
         return TrainState(iteration=iteration, consumed_train_samples=consumed, resumed_from=iteration,
                           last_checkpoint=path, saved_at=iteration)
 
-    def save(self, state: TrainState, reason: str) -> str:
+    def continue_run(self, meter) -> None:
+        """What a resumed run restores last, just before its first step: this rank's RNG states,
+        and into ``meter`` (the loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`)
+        the loss sums and skipped updates of the log interval the stop fell in. Nothing without a
+        resume, or after one into another parallel layout.
+
+        Last, because what the loop builds after loading the checkpoint draws random numbers: each
+        DataLoader iterator draws its base seed from torch's CPU generator, so the RNG states
+        restored before the data were one draw ahead of the uninterrupted run's at its next step.
+        """
+        rank_state, self._rank_state = self._rank_state, None
+        if rank_state is None:
+            return
+        _set_rng_state(rank_state)
+        if "interval_loss" in rank_state:
+            loss_sum, tokens, skipped = rank_state["interval_loss"]
+            meter.loss += torch.tensor([loss_sum, tokens], dtype=meter.loss.dtype, device=meter.loss.device)
+            meter.skipped += int(skipped)
+
+    def save(self, state: TrainState, reason: str, meter=None) -> str:
         """Checkpoint the current step and record it in ``state``; returns the directory.
+
+        With ``meter`` (the loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`), the
+        loss sums and skipped updates since the last train record go into the checkpoint
+        (:meth:`continue_run` adds them back on resume).
 
         Raises:
             SystemExit: code 2 after the message of a :class:`CheckpointSaveError` on stderr (and an
@@ -562,6 +616,7 @@ class CheckpointManager:
                 consumed_train_samples=state.consumed_train_samples, seed=self.seed, keep_last=self.config.keep_last,
                 optimizer_sharding=self.config.optimizer_sharding, metadata={"reason": reason, **self.metadata},
                 spec_lock_text=self.spec_lock_text,
+                interval_loss=None if meter is None else [*meter.loss.tolist(), meter.skipped],
             )
         except CheckpointSaveError as exc:
             self.logger.record("exit", {"iteration": iteration, "reason": "checkpoint save failed", "error": str(exc),

@@ -173,3 +173,62 @@ def unshare_optimizer_steps(optimizer) -> int:
                 state["step"] = step.clone()
                 replaced += 1
     return replaced
+
+
+def checkpoint_adam_steps(optimizer, state: Any) -> List[Optional[int]]:
+    """The Adam step count a loaded optimizer state holds, per (chained) optimizer.
+
+    megatron-core's ``DistributedOptimizer`` keeps torch Adam's ``step`` in the saved
+    ``param_groups`` (``state["optimizer"]["param_groups"][i]["step"]``); a ``ChainedOptimizer``
+    of several has one such state per optimizer (``state[i]``). ``None`` where a state has none
+    (Apex / Transformer Engine Adam, other layouts).
+    """
+    optimizers = getattr(optimizer, "chained_optimizers", [optimizer])
+    if len(optimizers) == 1:
+        states = [state]
+    else:
+        states = [state.get(i, state.get(str(i))) if isinstance(state, dict) else
+                  (state[i] if isinstance(state, (list, tuple)) and i < len(state) else None)
+                  for i in range(len(optimizers))]
+    steps: List[Optional[int]] = []
+    for sub in states:
+        groups = sub.get("optimizer", {}).get("param_groups", []) if isinstance(sub, dict) else []
+        values = {int(g["step"]) for g in groups if isinstance(g, dict) and g.get("step") is not None}
+        steps.append(values.pop() if len(values) == 1 else None)
+    return steps
+
+
+def restore_optimizer_steps(optimizer, steps: List[Optional[int]]) -> int:
+    """Give every parameter's torch Adam state its own ``step`` tensor holding the checkpoint's count.
+
+    megatron-core 0.16.1's ``DistributedOptimizer`` without Apex/TE, loading a
+    ``dp_reshardable`` checkpoint: ``load_state_dict`` puts *one* tensor with the saved step
+    (from ``param_groups``) in every parameter's state, then
+    ``load_parameter_state_from_dp_reshardable`` copies into it each parameter's ``step`` of the
+    loading sharded state dict, a ``LocalNonpersistentObject`` of the tensor
+    :func:`prime_optimizer_state`'s dummy step made: 1. So a resumed run restarted Adam's bias
+    corrections (``1 - beta**step``) at step 2: its first updates after the stop were up to
+    ``sqrt(1 - beta2**2) / (1 - beta1**2)`` = 1.6 times the uninterrupted run's (seen on the H200 with
+    bitwise-reproducible kernels: the resumed run left the uninterrupted one at the first update
+    after the stop). Also undoes the sharing (:func:`unshare_optimizer_steps`).
+
+    Args:
+        optimizer: megatron's optimizer after ``load_state_dict``.
+        steps: :func:`checkpoint_adam_steps` of the loaded state (``None``: leave that optimizer's
+            counts as loaded, unshared).
+
+    Returns:
+        How many parameter states got a new ``step`` tensor.
+    """
+    replaced = 0
+    optimizers = getattr(optimizer, "chained_optimizers", [optimizer])
+    for opt, step in zip(optimizers, list(steps) + [None] * (len(optimizers) - len(steps))):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or not hasattr(inner, "state"):
+            continue
+        for state in inner.state.values():
+            current = state.get("step") if isinstance(state, dict) else None
+            if torch.is_tensor(current):
+                state["step"] = current.clone() if step is None else torch.full_like(current, float(step))
+                replaced += 1
+    return replaced

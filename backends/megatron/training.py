@@ -242,6 +242,7 @@ def train(
     meter = IntervalMeter(device, tokens_per_step=sched.global_batch_size * run.data.seq_length,
                           flops_per_token=flops_per_token, world_size=world,
                           peak_tflops=run.logging.peak_tflops_per_gpu)
+    checkpoints.continue_run(meter)  # a resume's RNG states, set after everything above drew from them
     try:
         while state.iteration < sched.train_iters:
             if sched.stop_at_iteration is not None and state.iteration >= sched.stop_at_iteration:
@@ -267,19 +268,19 @@ def train(
                     state.last_valid_loss = evaluate(parts, stage, data.valid, sched.eval_iters)
                     log_validation(logger, state.iteration, state.last_valid_loss)
                 if do_save:
-                    checkpoints.save(state, "interval")
+                    checkpoints.save(state, "interval", meter)
                 meter.exclude(paused)
 
             received = watcher.any_rank_received(device) if watcher else None
             if received:
                 logger.text(f"signal {received} received: saving and exiting")
                 if ckpt.save_dir and state.saved_at != state.iteration:
-                    checkpoints.save(state, f"signal {received}")
+                    checkpoints.save(state, f"signal {received}", meter)
                 log_exit(logger, state, signal=received)
                 raise _SignalExit(ckpt.signal_exit_code)
 
         if ckpt.save_dir and ckpt.save_at_end and state.saved_at != state.iteration:
-            checkpoints.save(state, state.exit_reason)
+            checkpoints.save(state, state.exit_reason, meter)
         record_host_launch(logger, "end", state.iteration)
         log_exit(logger, state)
     except _SignalExit as exc:

@@ -12,6 +12,7 @@ forward step per microbatch as megatron's no-pipelining schedule does).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import json
 from pathlib import Path
@@ -255,8 +256,8 @@ def _run(tmp_path: Path | None = None, **schedule) -> RunConfig:
     )
 
 
-@pytest.fixture()
-def cpu_train(tmp_path_factory, monkeypatch):
+@contextlib.contextmanager
+def cpu_train_world(tmp_path_factory, monkeypatch):
     """A gloo world of one process without megatron-core's parallel state (train() makes it),
     CUDA calls pointed at the CPU, and the optimizer and schedule replaced by the fakes."""
     created = False
@@ -272,11 +273,20 @@ def cpu_train(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(training, "prestart_checkpoint_helpers", lambda: None)  # tests/runtime/test_runtime_signals_moe.py
     monkeypatch.setattr(training, "get_megatron_optimizer", lambda config, model: _Optimizer())
     monkeypatch.setattr(training, "get_forward_backward_func", lambda: _forward_backward)
-    yield
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
+    try:
+        yield
+    finally:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if created:
+            dist.destroy_process_group()
+
+
+@pytest.fixture()
+def cpu_train(tmp_path_factory, monkeypatch):
+    """:func:`cpu_train_world` for one test."""
+    with cpu_train_world(tmp_path_factory, monkeypatch):
+        yield
 
 
 def _train(run: RunConfig, stage=None):

@@ -242,6 +242,56 @@ def test_resumed_adam_steps_are_per_parameter_again():
     assert [float(inner.state[p]["step"]) for p in params] == [21.0, 21.0, 21.0]
 
 
+class _DistributedOptimizerLoad:
+    """What megatron-core 0.16.1's ``DistributedOptimizer`` does to torch Adam's per-parameter
+    ``step`` on a resume from a ``dp_reshardable`` checkpoint without Apex/TE (seen on the H200:
+    a deterministic resumed run left the uninterrupted one at the first update after the stop).
+    ``prime_optimizer_state``'s dummy step leaves ``step`` 1 in each state; the loading sharded
+    state dict wraps those tensors in ``LocalNonpersistentObject``; ``load_state_dict`` puts one
+    tensor holding the checkpoint's step (``param_groups[i]["step"]``) in every state and then
+    ``_set_main_param_and_optimizer_states`` copies each wrapped dummy into it: step 1 again."""
+
+    def __init__(self, params) -> None:
+        self.optimizer = torch.optim.AdamW(params, lr=1e-3)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()  # _init_optimizer_states_with_dummy_values
+        self.optimizer.zero_grad()
+        self.param_groups = self.optimizer.param_groups
+
+    def sharded_state_dict(self, state, is_loading=False, metadata=None):
+        return {}
+
+    def load_state_dict(self, state_dict) -> None:
+        dummies = [s["step"] for s in self.optimizer.state.values()]  # the LocalNonpersistentObjects
+        shared = torch.tensor(float(state_dict["optimizer"]["param_groups"][0]["step"]))
+        for s in self.optimizer.state.values():
+            s["step"] = shared
+        for dummy in dummies:
+            shared.copy_(dummy)
+
+
+def test_a_resume_restores_the_checkpoints_adam_step_count(tmp_path):
+    model = _model()
+    path = save_checkpoint(str(tmp_path / "ckpt"), iteration=100, model=model, consumed_train_samples=8, seed=11)
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(3)]
+    optimizer = _DistributedOptimizerLoad(params)
+    saved = {"optimizer": {"param_groups": [{"step": 100, "lr": 1e-3}]}, "param_state_sharding_type": "dp_reshardable"}
+    import dlmspec.backends.megatron.checkpointing as checkpointing
+
+    real_load = checkpointing.dist_checkpointing.load
+    with pytest.MonkeyPatch.context() as mp:  # the fake's state is dropped by the loader: hand it back
+        mp.setattr(checkpointing.dist_checkpointing, "load", lambda *a, **k: {**real_load(*a, **k), "optimizer": saved})
+        load_checkpoint(path, model=model, optimizer=optimizer, seed=11)
+    steps = [optimizer.optimizer.state[p]["step"] for p in params]
+    assert [float(s) for s in steps] == [100.0] * 3  # megatron-core left 1.0: Adam's bias correction restarted
+    assert len({id(s) for s in steps}) == 3
+    for p in params:
+        p.grad = torch.ones(4)
+    optimizer.optimizer.step()
+    assert [float(optimizer.optimizer.state[p]["step"]) for p in params] == [101.0] * 3
+
+
 def test_exit_signal_watcher_and_requeue_code():
     watcher = ExitSignalWatcher(["SIGUSR1"])
     try:

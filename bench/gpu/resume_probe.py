@@ -1,0 +1,87 @@
+"""What a training step starts from, fingerprinted: a bench-only probe for bench/gpu/session7_resume.sh.
+
+``session7_resume.sh --compile`` adds ``import resume_probe; resume_probe.install()`` to the
+deterministic runs' train.py (this file is copied beside it). Before the steps that follow
+iterations ``RESUME_PROBE_AT`` (default 100, 101, 200, 201) it writes one JSON line to
+``runs/<the train.py folder's name>/probe.jsonl``: an exact integer fingerprint of every model
+parameter, of each fp32 main parameter and Adam moment of megatron's optimizer, Adam's step
+counts, the learning rates and weight decays, the scheduler's step count and the RNG states.
+Comparing an uninterrupted run's lines with a resumed run's names what the resume did not
+restore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+AT = {int(x) for x in os.environ.get("RESUME_PROBE_AT", "100,101,200,201").split(",") if x}
+
+
+def fingerprint(t: torch.Tensor) -> str:
+    """The bits of ``t`` as one exact integer (two weighted sums of its 16- or 32-bit words)."""
+    t = t.detach().contiguous()
+    if t.element_size() == 2:
+        words = t.view(torch.int16).to(torch.int64).flatten()
+    elif t.element_size() == 4:
+        words = t.view(torch.int32).to(torch.int64).flatten()
+    else:
+        words = t.view(torch.int32).to(torch.int64).flatten()
+    index = torch.arange(1, words.numel() + 1, device=words.device, dtype=torch.int64) % 1000003
+    return f"{int(words.sum())}:{int((words * index).sum())}"
+
+
+def _optimizers(optimizer):
+    return getattr(optimizer, "chained_optimizers", [optimizer])
+
+
+def snapshot(parts, iteration: int) -> dict:
+    """The fingerprints of what step ``iteration + 1`` starts from."""
+    from megatron.core import tensor_parallel
+    from megatron.core.utils import unwrap_model
+
+    out = {"iteration": iteration, "model": {}, "main": [], "exp_avg": [], "exp_avg_sq": [], "steps": [],
+           "lr": [], "weight_decay": []}
+    for i, chunk in enumerate(parts.model):
+        for name, p in unwrap_model(chunk).named_parameters():
+            out["model"][f"{i}.{name}"] = fingerprint(p)
+    for opt in _optimizers(parts.optimizer):
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            out["lr"].append(group["lr"])
+            out["weight_decay"].append(group["weight_decay"])
+            for p in group["params"]:
+                out["main"].append(fingerprint(p))
+                state = inner.state.get(p, {})
+                out["exp_avg"].append(fingerprint(state["exp_avg"]) if "exp_avg" in state else None)
+                out["exp_avg_sq"].append(fingerprint(state["exp_avg_sq"]) if "exp_avg_sq" in state else None)
+                step = state.get("step")
+                out["steps"].append(float(step) if step is not None else None)
+    out["steps"] = sorted({s for s in out["steps"] if s is not None})
+    out["scheduler_num_steps"] = getattr(parts.scheduler, "num_steps", None)
+    out["torch_rng"] = fingerprint(torch.get_rng_state())
+    out["cuda_rng"] = fingerprint(torch.cuda.get_rng_state())
+    out["tracker"] = {k: fingerprint(v) for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()}
+    return out
+
+
+def install() -> None:
+    """Wrap ``dlmspec.backends.megatron.training.train_step`` to write a snapshot before the
+    steps after the iterations in ``AT``."""
+    from dlmspec.backends.megatron import training
+
+    name = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0])))
+    path = os.path.join("runs", name, "probe.jsonl")
+    original = training.train_step
+
+    def train_step(parts, stage, feed, iteration):
+        if iteration in AT and int(os.environ.get("RANK", "0")) == 0:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(snapshot(parts, iteration)) + "\n")
+        return original(parts, stage, feed, iteration)
+
+    training.train_step = train_step
