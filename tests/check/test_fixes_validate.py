@@ -1,0 +1,250 @@
+"""Every rule's fix validates (issue 17): one failing example of every rule of
+:data:`dlmspec.check.RULES` (the examples of test_validate_compile_agree.py), its findings'
+structured fixes (:class:`dlmspec.errors.Fix`) applied to the spec, and the spec validated again:
+the rule no longer fires, no error appears that was not there before, and a spec whose only
+errors were the rule's validates clean (exit 0). A rule whose fix is not a change of spec keys (a
+missing file, a shell setting) has an action here instead, with the reason. Each fix's hint
+names its keys and values, and no fix writes back the value the rule rejected."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import tomli_w
+
+import test_validate_compile_agree as agree
+from dlmspec.check import RULES, load_for
+from dlmspec.cli import main
+from dlmspec.errors import Fix, SpecError, SpecIssue, toml_text
+
+MISSING = object()
+
+
+@dataclass
+class Example:
+    """A failing example as spec data: ``data`` written as ``kind`` ("py" or "toml") to
+    ``spec.<kind>``, validated with ``args``; ``files`` relative paths (under the test's folder)
+    created before, with their text."""
+
+    data: dict[str, Any]
+    kind: str = "py"
+    args: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def _base(changes: dict[str, Any]) -> dict[str, Any]:
+    return agree.merged(agree.BASE, changes)
+
+
+def examples() -> dict[str, Example]:
+    """One example per rule: the compile-agree tests' (FAILING, SPEC_EXAMPLES) and, for the
+    loader's rules, the same problems written into BASE (a --set value becomes the spec's)."""
+    found: dict[str, Example] = {}
+    for changes, rule, _ in agree.FAILING:
+        found.setdefault(rule, Example(_base(changes)))
+    for rule, (data, _) in agree.SPEC_EXAMPLES.items():
+        found.setdefault(rule, Example(copy.deepcopy(data)))
+    found["int64"] = Example(_base({"train.seed": 2**70}))
+    found["schema"] = Example(_base({"train.lr": "fast"}))
+    found["unknown-preset"] = Example(_base({"model.preset": "qwen3-0.6"}))
+    found["extends"] = Example({**agree.BASE, "extends": "spec.toml"}, kind="toml")
+    found["set"] = Example(copy.deepcopy(agree.BASE), args=["--set", "train.lr"])
+    # loader rules whose fix is not a key: the file itself (the actions below)
+    found["file"] = Example(copy.deepcopy(agree.BASE), kind="missing")
+    found["toml"] = Example(copy.deepcopy(agree.BASE), kind="broken-toml")
+    found["python"] = Example(copy.deepcopy(agree.BASE), kind="raising-py")
+    found["nesting"] = Example(copy.deepcopy(agree.BASE), kind="deep-toml")
+    return found
+
+
+EXAMPLES = examples()
+
+
+def _action_mkfiles(example: Example, issues: list[SpecIssue]) -> None:
+    """Create what path-not-found names (the data prefixes' .bin/.idx, tokenizer files)."""
+    for issue in issues:
+        values = issue.value if isinstance(issue.value, list) else [issue.value]
+        for value in values:
+            if issue.key in ("data.train", "data.valid"):
+                example.files[value + ".bin"] = ""
+                example.files[value + ".idx"] = ""
+            else:
+                example.files[value] = "{}"
+
+
+def _action_plain(example: Example, issues: list[SpecIssue]) -> None:
+    """Write the spec as a plain, readable file (it was missing, broken, raising or too deep)."""
+    example.kind = "py"
+
+
+def _action_drop_set(example: Example, issues: list[SpecIssue]) -> None:
+    """Write the --set flag whole (``train.lr=0.001``): the flag is not a spec key."""
+    example.args = ["--set", "train.lr=0.001"]
+
+
+#: Rules whose fix is not a change of spec keys: rule -> (the action this test takes, why).
+ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
+    "file": (_action_plain, "the spec file is missing: the fix is to write it, not a key"),
+    "toml": (_action_plain, "a TOML syntax error: the file does not parse into keys to change"),
+    "python": (_action_plain, "a Python spec that raises: the fix is its code, not a key"),
+    "nesting": (_action_plain, "nesting too deep to parse: the loader stops before reading keys"),
+    "set": (_action_drop_set, "a malformed --set flag: the fix is the command line, not the spec"),
+    "path-not-found": (_action_mkfiles, "the files are missing on this machine: the fix is to create them"),
+}
+
+#: Rules this test does not apply a fix to yet, with the reason (each one a TODO).
+NOT_COVERED: dict[str, str] = {
+    # TODO(lead): another helper is changing checkpoint-inherited (issue 17, extends); add its
+    # structured fix and an example here after merging that branch.
+    "checkpoint-inherited": "being changed on the extends branch; its example needs two files",
+    "plan": "no spec reaches it (the planner raises only for GPUs the memory rules skip); "
+            "test_validate_compile_agree.test_plan_example fakes the failure",
+}
+
+
+def write(folder: Path, example: Example) -> Path:
+    """Write the example's spec (and files) into ``folder``; the path to validate."""
+    for name, text in example.files.items():
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    if example.kind == "toml":
+        path = folder / "spec.toml"
+        path.write_text(tomli_w.dumps(example.data), encoding="utf-8")
+    elif example.kind == "missing":
+        path = folder / "spec.toml"
+        path.unlink(missing_ok=True)
+    elif example.kind == "broken-toml":
+        path = folder / "spec.toml"
+        path.write_text(tomli_w.dumps(example.data) + "name = [\n", encoding="utf-8")
+    elif example.kind == "raising-py":
+        path = folder / "spec.py"
+        path.write_text(f"spec = {example.data!r}\nraise RuntimeError('no spec here')\n", encoding="utf-8")
+    elif example.kind == "deep-toml":
+        path = folder / "spec.toml"
+        path.write_text("x = " + "[" * 40 + "]" * 40 + "\n" + tomli_w.dumps(example.data), encoding="utf-8")
+    else:
+        path = folder / "spec.py"
+        path.write_text(f"spec = {example.data!r}\n", encoding="utf-8")
+    return path
+
+
+def validate(path: Path, args: list[str]) -> list[SpecIssue]:
+    """What ``dlmspec validate PATH ARGS`` reports (every issue, errors and warnings)."""
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    try:
+        return load_for("validate", path, sets)[2]
+    except SpecError as exc:
+        return exc.issues
+
+
+def get(data: dict[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
+def apply(data: dict[str, Any], fix: Fix) -> None:
+    """Apply ``fix`` to spec data in place: remove ``unset``, then write ``set``."""
+    for key in fix.unset:
+        *parents, last = key.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    for key, value in fix.set.items():
+        *parents, last = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = copy.deepcopy(value)
+
+
+def names_fix(hint: str, fix: Fix) -> bool:
+    """Whether ``hint`` names every key of ``fix`` (the full key or its last parts) and, for each
+    set key, its value right after ``=`` (strings in double or single quotes)."""
+    def spellings(key: str) -> list[str]:
+        parts = key.split(".")
+        return [".".join(parts[i:]) for i in range(len(parts))]
+
+    for key in fix.unset:
+        if not any(s in hint for s in spellings(key)):
+            return False
+    for key, value in fix.set.items():
+        texts = {toml_text(value)}
+        if isinstance(value, str):
+            texts.add(repr(value))
+        if not any(f"{s} = {t}" in hint for s in spellings(key) for t in texts):
+            return False
+    return True
+
+
+def errors(issues: list[SpecIssue]) -> set[tuple[str, str]]:
+    return {(i.rule, i.key) for i in issues if i.severity == "error"}
+
+
+def test_every_rule_is_covered() -> None:
+    """Every rule has an example here, and its fix is structured, an action, or a listed TODO."""
+    assert set(EXAMPLES) | set(NOT_COVERED) == set(RULES), sorted(set(RULES) ^ (set(EXAMPLES) | set(NOT_COVERED)))
+    assert not set(ACTIONS) & set(NOT_COVERED)
+
+
+@pytest.mark.parametrize("rule", sorted(EXAMPLES))
+def test_fix_validates(rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths of the spec (data, tokenizer files) live here
+    example = copy.deepcopy(EXAMPLES[rule])
+    before = validate(write(tmp_path, example), example.args)
+    target = [i for i in before if i.rule == rule]
+    assert target, f"the example does not fire {rule}: {[(i.rule, i.key) for i in before]}"
+    if rule in ACTIONS:
+        ACTIONS[rule][0](example, target)
+    else:
+        for issue in target:
+            assert issue.fix is not None, f"{rule} at {issue.key} has no structured fix (hint: {issue.hint!r})"
+            assert issue.fix.set or issue.fix.unset
+            assert issue.hint and names_fix(issue.hint, issue.fix), (issue.hint, issue.fix)
+            for key, value in issue.fix.set.items():  # never the rejected value
+                assert get(example.data, key) != value, f"{rule}'s fix writes back {key} = {value!r}"
+                assert not (key == issue.key and value == issue.value), f"{rule}'s fix repeats {issue.value!r}"
+            assert issue.to_dict()["fix"] == {"set": issue.fix.set, "unset": list(issue.fix.unset)}
+            apply(example.data, issue.fix)
+    path = write(tmp_path, example)
+    after = validate(path, example.args)
+    assert not [i for i in after if i.rule == rule], [(i.key, i.hint) for i in after if i.rule == rule]
+    new = errors(after) - errors(before)
+    assert not new, f"the fix of {rule} brings new errors: {sorted(new)}"
+    if errors(before) <= {(i.rule, i.key) for i in target}:
+        assert main(["validate", str(path), *example.args]) == 0
+
+
+def test_mask_fix_is_not_the_eod_id(tmp_path: Path) -> None:
+    """The reported case: vocab_size = 50257 and a NullTokenizer of 50257 (its EOD is 50257, the
+    default [MASK] id): the fix of mask-token-distinct must not be mask_token_id = 50257."""
+    data = _base({"model.vocab_size": 50257, "data.tokenizer.vocab_size": 50257})
+    issues = validate(write(tmp_path, Example(data)), [])
+    (issue,) = [i for i in issues if i.rule == "mask-token-distinct"]
+    assert "50257 (the first padded slot)" not in (issue.hint or "")
+    assert issue.fix is not None and issue.fix.set.get("objective.mask_token_id") not in (None, 50257)
+
+
+def test_fix_in_json(tmp_path: Path) -> None:
+    """``--json`` carries the structured fix beside the hint."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dlmspec.cli.commands import app
+
+    path = write(tmp_path, Example(_base({"parallel.tensor_model_parallel_size": 3})))
+    result = CliRunner().invoke(app, ["validate", str(path), "--json"])
+    (issue,) = [i for i in json.loads(result.stdout)["issues"] if i["rule"] == "tp-divides-heads"]
+    assert issue["fix"]["unset"] == [] and issue["fix"]["set"]["parallel.tensor_model_parallel_size"] in (1, 2, 4, 8)
