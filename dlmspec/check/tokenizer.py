@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.tokenizers import GPT2_EOD_TOKEN, read_json
 
 
@@ -39,9 +39,11 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
                 "model": "set data.tokenizer.model to a tokenizer.json, a folder or a .model file",
                 "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json)",
                 "merge_file": "set data.tokenizer.merge_file (GPT-2 merges.txt)",
-                "vocab_size": f"set data.tokenizer.vocab_size, e.g. {ctx.spec.model.vocab_size - 1}",
+                "vocab_size": f"set data.tokenizer.vocab_size, e.g. vocab_size = {ctx.spec.model.vocab_size - 1}",
             }[key]
-            yield Finding(f"data.tokenizer.{key}", f"{tok.type} needs {key}", hint)
+            # the files are the user's to name; NullTokenizer's size follows from the model's
+            fix = Fix({"data.tokenizer.vocab_size": ctx.spec.model.vocab_size - 1}) if key == "vocab_size" else None
+            yield Finding(f"data.tokenizer.{key}", f"{tok.type} needs {key}", hint, fix=fix)
 
 
 @rule(
@@ -54,15 +56,17 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
 def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
     tok, vocab = ctx.spec.data.tokenizer, ctx.spec.model.vocab_size
     if tok.type == "NullTokenizer" and tok.vocab_size is not None and tok.vocab_size + 1 > vocab:
+        fix = Fix({"model.vocab_size": tok.vocab_size + 1})
         yield Finding(
             "model.vocab_size",
             f"NullTokenizer(vocab_size = {tok.vocab_size}) emits ids up to {tok.vocab_size} (its eod), "
             "beyond the embedding",
-            f"use model.vocab_size >= {tok.vocab_size + 1}, or data.tokenizer.vocab_size <= {vocab - 1}",
+            f"use model.vocab_size = {tok.vocab_size + 1} (or more), or data.tokenizer.vocab_size <= {vocab - 1}",
+            fix=fix,
         )
     elif tok.type == "GPT2BPETokenizer" and vocab < GPT2_VOCAB_SIZE:
         yield Finding("model.vocab_size", f"GPT-2's BPE emits {GPT2_VOCAB_SIZE} ids, more than the embedding has",
-                      f"use model.vocab_size = {GPT2_VOCAB_SIZE}")
+                      f"use model.vocab_size = {GPT2_VOCAB_SIZE}", fix=Fix({"model.vocab_size": GPT2_VOCAB_SIZE}))
 
 
 @rule(
@@ -90,6 +94,7 @@ def _eod_range(ctx: Context) -> Iterator[Finding]:
         "vocabulary can end with it, and train.py stops at start-up",
         f"use the id `dlmspec data prepare --append-eod` wrote (the tokenizer's end-of-document token), "
         f"e.g. eod_id = {example}, or raise model.vocab_size",
+        fix=Fix({"data.tokenizer.eod_id": example}),
     )
 
 

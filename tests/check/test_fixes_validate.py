@@ -82,6 +82,27 @@ def _action_plain(example: Example, issues: list[SpecIssue]) -> None:
     example.kind = "py"
 
 
+def _action_finetune_from(example: Example, issues: list[SpecIssue]) -> None:
+    """Start from a checkpoint (the user's weights; here a folder of this test)."""
+    example.data.setdefault("checkpoint", {})["init_from"] = "mcore:ckpt"
+    example.files["ckpt/latest"] = ""
+
+
+def _action_tokenizer_model(example: Example, issues: list[SpecIssue]) -> None:
+    """Name the tokenizer (a hub id; the user's tokenizer in practice)."""
+    example.data["data"]["tokenizer"]["model"] = "org/name"
+
+
+def _action_eod_id(example: Example, issues: list[SpecIssue]) -> None:
+    """Write the end-of-document id (the tokenizer's, read from its files by the user)."""
+    example.data["data"]["tokenizer"]["eod_id"] = 0
+
+
+def _action_slurm_partition(example: Example, issues: list[SpecIssue]) -> None:
+    """Name a partition of the cluster."""
+    example.data["cluster"]["slurm"]["partition"] = "gpu"
+
+
 def _action_drop_set(example: Example, issues: list[SpecIssue]) -> None:
     """Write the --set flag whole (``train.lr=0.001``): the flag is not a spec key."""
     example.args = ["--set", "train.lr=0.001"]
@@ -95,6 +116,10 @@ ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
     "nesting": (_action_plain, "nesting too deep to parse: the loader stops before reading keys"),
     "set": (_action_drop_set, "a malformed --set flag: the fix is the command line, not the spec"),
     "path-not-found": (_action_mkfiles, "the files are missing on this machine: the fix is to create them"),
+    "finetune-from-scratch": (_action_finetune_from, "the weights to start from are the user's checkpoint"),
+    "tokenizer-files": (_action_tokenizer_model, "the tokenizer's files are the user's to name"),
+    "eod-id-unknown": (_action_eod_id, "the id is in the tokenizer's files, which validate cannot read"),
+    "slurm-value": (_action_slurm_partition, "partition, account, QOS and host names are the cluster's"),
 }
 
 #: Rules this test does not apply a fix to yet, with the reason (each one a TODO).
@@ -171,7 +196,8 @@ def apply(data: dict[str, Any], fix: Fix) -> None:
 
 def names_fix(hint: str, fix: Fix) -> bool:
     """Whether ``hint`` names every key of ``fix`` (the full key or its last parts) and, for each
-    set key, its value right after ``=`` (strings in double or single quotes)."""
+    set key, its value right after ``=`` (strings in double or single quotes, or bare as a
+    ``--set key=value`` of the planner's advice writes them)."""
     def spellings(key: str) -> list[str]:
         parts = key.split(".")
         return [".".join(parts[i:]) for i in range(len(parts))]
@@ -182,8 +208,8 @@ def names_fix(hint: str, fix: Fix) -> bool:
     for key, value in fix.set.items():
         texts = {toml_text(value)}
         if isinstance(value, str):
-            texts.add(repr(value))
-        if not any(f"{s} = {t}" in hint for s in spellings(key) for t in texts):
+            texts |= {repr(value), value}
+        if not any(f"{s}{eq}{t}" in hint for s in spellings(key) for t in texts for eq in (" = ", "=")):
             return False
     return True
 

@@ -325,7 +325,8 @@ def test_tp_hint_lists_only_working_sizes() -> None:
     issue = next(i for i in find(("spec",), make({"parallel.tensor_model_parallel_size": 8, "model.num_query_groups": 4,
                                                "model.num_attention_heads": 12, "model.kv_channels": 32}))
                  if i.rule == "tp-divides-heads")
-    assert issue.hint == "use parallel.tensor_model_parallel_size = 1, 2 or 4"
+    assert issue.hint == "set parallel.tensor_model_parallel_size = 4 (also 1 or 2 fit)"
+    assert issue.fix is not None and issue.fix.set == {"parallel.tensor_model_parallel_size": 4}
 
 
 def test_batch_hint_gives_neighbouring_multiples() -> None:
@@ -440,7 +441,7 @@ def test_huge_sizes_get_hints_not_hangs() -> None:
     issue = next(i for i in find(("spec",), make({"model.num_attention_heads": 2**61 - 1, "model.kv_channels": 32,
                                                "parallel.tensor_model_parallel_size": 8}))
                  if i.rule == "tp-divides-heads")
-    assert issue.hint == "use parallel.tensor_model_parallel_size = 1"
+    assert issue.hint == "set parallel.tensor_model_parallel_size = 1"
 
 
 @pytest.mark.parametrize(
@@ -510,7 +511,7 @@ def test_mask_token_is_not_the_tokenizers_pad_id(tmp_path: Path, files: dict[str
     assert (issue.rule, issue.key, issue.value, issue.severity) == ("mask-token-not-pad", "objective.mask_token_id", 7,
                                                                     "error")
     assert "'<pad>'" in issue.message and "indistinguishable from a masked one" in issue.message
-    assert "e.g. 1000" in issue.hint
+    assert "objective.mask_token_id = 1000" in issue.hint
     assert _pad_issues(_hf(folder, **{"objective.mask_token_id": 1000})) == []
     assert _pad_issues(_hf(folder, **{"objective.mask_token_id": 7}), paths=False) == []
 
@@ -564,7 +565,8 @@ def test_validate_reports_mask_equal_to_pad_with_file_line_and_fix(tmp_path: Pat
     assert (issue["rule"], issue["key"], issue["value"]) == ("mask-token-not-pad", "objective.mask_token_id", 7)
     assert issue["file"].endswith("pad.toml") and text.splitlines()[issue["line"] - 1] == "mask_token_id = 7"
     assert "padded position would be indistinguishable from a masked one" in issue["message"]
-    assert issue["hint"] == "use another objective.mask_token_id, e.g. 1000 (a padded slot of the embedding)"
+    assert issue["hint"] == "use another id: set objective.mask_token_id = 1000 (a padded slot of the embedding)"
+    assert issue["fix"] == {"set": {"objective.mask_token_id": 1000}, "unset": []}
     spec.write_text(text.replace("mask_token_id = 7", "mask_token_id = 1000"))
     assert main(["validate", str(spec)]) == 0
 
