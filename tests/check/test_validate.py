@@ -203,6 +203,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("tokenizer-files", {"data.tokenizer.type": "GPT2BPETokenizer", "model.vocab_size": 50257},
      "data.tokenizer.vocab_file"),
     ("tokenizer-vocab", {"data.tokenizer.vocab_size": 1000}, "model.vocab_size"),
+    # a NullTokenizer's size left behind when the tokenizer changed (issue 17): GPT-2's BPE ignores it
+    ("tokenizer-keys-ignored", {"data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json",
+                                                   "merge_file": "m.txt", "vocab_size": 50257},
+                                "model.vocab_size": 50304}, "data.tokenizer.vocab_size"),
+    ("tokenizer-keys-ignored", {"data.tokenizer.model": "org/tok"}, "data.tokenizer.model"),
     ("path-not-found", {}, "data.train"),
     ("path-not-found", {"data.tokenizer.type": "SentencePieceTokenizer", "data.tokenizer.model": "no/such/tok.model"},
      "data.tokenizer.model"),
@@ -269,6 +274,19 @@ def test_rule_fires(rule: str, changes: dict[str, Any], key: str) -> None:
     assert issue.severity == RULES[rule].severity
     assert issue.source == RULES[rule].source
     assert issue.message and issue.hint, "every issue says why and what works"
+
+
+def test_a_leftover_tokenizer_key_warns_with_its_removal() -> None:
+    """``data.tokenizer.vocab_size`` sizes only a NullTokenizer: left in a spec whose tokenizer is
+    GPT-2's BPE (after ``--set data.tokenizer.type=...``) it is a warning whose fix removes it."""
+    spec = make({"data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json", "merge_file": "m.txt",
+                                    "vocab_size": 999}, "model.vocab_size": 50304})
+    (issue,) = [i for i in find(("spec",), spec) if i.rule == "tokenizer-keys-ignored"]
+    assert (issue.key, issue.severity, issue.value) == ("data.tokenizer.vocab_size", "warning", 999)
+    assert "GPT2BPETokenizer" in issue.message and "remove data.tokenizer.vocab_size" in issue.hint
+    assert issue.fix is not None and issue.fix.unset == ("data.tokenizer.vocab_size",) and not issue.fix.set
+    # the keys a type reads are quiet: BASE (NullTokenizer with vocab_size) has no issue
+    assert not [i for i in find(("spec",), make()) if i.rule == "tokenizer-keys-ignored"]
 
 
 def test_rule_metadata() -> None:
