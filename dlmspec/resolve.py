@@ -98,6 +98,24 @@ def layer_path(spec: Spec, attention_mask: str, cp: int) -> tuple[str, str]:
                     "spec needs either")
 
 
+#: The ``data.tokenizer`` keys each tokenizer type reads (Megatron-LM build_tokenizer, as
+#: :func:`dlmspec.tokenizers.build_tokenizer` documents its arguments): its files, NullTokenizer's
+#: and TikTokenizer's size, Hugging Face's optional vocab/merges overrides. ``eod_id`` is read by all.
+TOKENIZER_READS: dict[str, tuple[str, ...]] = {
+    "HuggingFaceTokenizer": ("model", "vocab_file", "merge_file"),
+    "SentencePieceTokenizer": ("model",),
+    "TikTokenizer": ("model", "vocab_size"),
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "NullTokenizer": ("vocab_size",),
+}
+
+#: The ``data.tokenizer`` keys that name files or a size, in the order a spec lists them.
+TOKENIZER_KEYS = ("model", "vocab_file", "merge_file", "vocab_size")
+
+#: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
+GPT2_VOCAB_SIZE = 50257
+
+
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
     """Vocabulary padded to a multiple of ``divisible_by * tensor_parallel``, as Megatron-LM's
     ``_vocab_size_with_padding`` (megatron/training/tokenizer/tokenizer.py) does."""

@@ -8,11 +8,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.resolve import GPT2_VOCAB_SIZE, TOKENIZER_KEYS, TOKENIZER_READS
 from dlmspec.tokenizers import GPT2_EOD_TOKEN, read_json
-
-
-#: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
-GPT2_VOCAB_SIZE = 50257
 
 
 #: The keys each tokenizer type reads (its files, or NullTokenizer's size).
@@ -44,6 +41,27 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
             # the files are the user's to name; NullTokenizer's size follows from the model's
             fix = Fix({"data.tokenizer.vocab_size": ctx.spec.model.vocab_size - 1}) if key == "vocab_size" else None
             yield Finding(f"data.tokenizer.{key}", f"{tok.type} needs {key}", hint, fix=fix)
+
+
+@rule(
+    "tokenizer-keys-ignored",
+    "warning",
+    "Megatron-LM build_tokenizer (dlmspec.tokenizers.build_tokenizer): each tokenizer type reads its own keys "
+    "(NullTokenizer vocab_size, GPT2BPETokenizer vocab_file and merge_file, the others model); the embedding's "
+    "size is model.vocab_size",
+    "data.tokenizer sets only keys its type reads",
+)
+def _tokenizer_ignored(ctx: Context) -> Iterator[Finding]:
+    tok = ctx.spec.data.tokenizer
+    for key in TOKENIZER_KEYS:
+        value = getattr(tok, key)
+        if value is None or key in TOKENIZER_READS[tok.type] or (isinstance(value, str) and not value.strip()):
+            continue  # read, unset, or blank (blank-value)
+        fix = Fix(unset=(f"data.tokenizer.{key}",))
+        what = (" (the size of a NullTokenizer; the embedding's is model.vocab_size)" if key == "vocab_size"
+                else "")
+        yield Finding(f"data.tokenizer.{key}", f"has no effect: {tok.type} does not read it{what}",
+                      f"{fix.text()} (left from another tokenizer type?)", fix=fix)
 
 
 @rule(
