@@ -179,6 +179,25 @@ class Resolved:
     transformer_impl: str = "auto"
     transformer_impl_reason: str = ""
 
+    def tokenizer_size(self) -> int | None:
+        """Ids the spec's tokenizer emits, when the spec says it (one more than its largest id):
+        NullTokenizer's ``vocab_size + 1`` (its EOD is ``vocab_size``), GPT-2 BPE's 50257. None
+        for a tokenizer whose files hold it (Hugging Face, SentencePiece, TikToken)."""
+        tok = self.spec.data.tokenizer
+        if tok.type == "NullTokenizer" and tok.vocab_size is not None:
+            return tok.vocab_size + 1
+        if tok.type == "GPT2BPETokenizer":
+            return GPT2_VOCAB_SIZE
+        return None
+
+    def tokenizer_settings(self) -> list[tuple[str, Any]]:
+        """``(key, value)`` of the ``data.tokenizer`` keys the tokenizer's type reads
+        (:data:`TOKENIZER_READS`) and the spec sets, in :data:`TOKENIZER_KEYS` order; keys the type
+        ignores are left out (the ``tokenizer-keys-ignored`` rule reports them)."""
+        tok = self.spec.data.tokenizer
+        reads = TOKENIZER_READS.get(tok.type, ())
+        return [(k, getattr(tok, k)) for k in TOKENIZER_KEYS if k in reads and getattr(tok, k) is not None]
+
     def derived(self) -> dict[str, Any]:
         """The derived values as a JSON-ready dict (``dlmspec show``)."""
         return {

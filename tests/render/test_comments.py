@@ -5,11 +5,11 @@ a spec value prints the new one, and the vocabulary comment names where its numb
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from typer.testing import CliRunner
 
+from dlmspec.check import load_for
 from dlmspec.cli import main
 from dlmspec.cli.commands import app
 
@@ -37,13 +37,16 @@ def _comment(train: str, code: str) -> str:
 def test_comments_follow_a_tokenizer_set_on_the_command_line(tmp_path: Path) -> None:
     spec = _starter(tmp_path)
     plain = _compile(tmp_path, spec)
-    # the starter's mock NullTokenizer(vocab_size = 151935): 151936 ids, the embedding's rows
-    assert _comment(plain, "vocab_size=151936,") == "tokenizer 151936, padded to a multiple of 128 x TP 1"
-    assert "# tokenizer: NullTokenizer, vocab_size = 151935" in plain
+    # the starter's mock NullTokenizer(vocab_size = 151934): 151935 ids, one row left for [MASK]
+    assert _comment(plain, "vocab_size=151936,") == (
+        "model.vocab_size 151936 (NullTokenizer: 151935 ids), padded to a multiple of 128 x TP 1")
+    assert "# tokenizer: NullTokenizer, vocab_size = 151934" in plain
 
-    train = _compile(tmp_path, spec, 'data.tokenizer.type="GPT2BPETokenizer"', 'data.tokenizer.vocab_file="v.json"',
-                     'data.tokenizer.merge_file="m.txt"', "data.mock=false", 'data.train=["d/x_text_document"]',
-                     "cluster.nodes=2", 'recompute.granularity="selective"', "train.seed=7", 'cluster.gpu="h200"')
+    sets = ('data.tokenizer.type="GPT2BPETokenizer"', 'data.tokenizer.vocab_file="v.json"',
+            'data.tokenizer.merge_file="m.txt"', "data.mock=false", 'data.train=["d/x_text_document"]',
+            "cluster.nodes=2", 'recompute.granularity="selective"', "train.seed=7", 'cluster.gpu="h200"',
+            "model.num_layers=24")
+    train = _compile(tmp_path, spec, *sets)
     # GPT-2's BPE has 50257 ids; the embedding keeps model.vocab_size's 151936 rows
     assert _comment(train, "vocab_size=151936,") == (
         "model.vocab_size 151936 (GPT2BPETokenizer: 50257 ids), padded to a multiple of 128 x TP 1")
@@ -59,8 +62,9 @@ def test_comments_follow_a_tokenizer_set_on_the_command_line(tmp_path: Path) -> 
     assert "# [recompute] granularity = 'selective'" in train
     assert _comment(train, "init_from=None,") == "random initialisation (seed 7)"
     assert "H200" in _comment(train, "peak_tflops_per_gpu=")
-    params = re.search(r"# \[model\]: ([\d,]+) parameters", train)
-    assert params and params.group(1) != re.search(r"# \[model\]: ([\d,]+) parameters", plain).group(1)
+    params = load_for("validate", spec, list(sets))[1].params
+    assert f"# [model]: {params.total:,} parameters ({params.non_embedding:,} outside the embeddings)" in train
+    assert f"{params.total:,} parameters" not in plain
 
 
 def test_a_null_tokenizer_smaller_than_the_embedding_says_both(tmp_path: Path) -> None:
