@@ -87,6 +87,11 @@ def _async_save(ctx: Context) -> Iterator[Finding]:
         yield Finding("checkpoint.async_save", "asynchronous checkpoint saving is not implemented by the runtime")
 
 
+#: The fix of runtime-torch-fsdp: Megatron-FSDP with full sharding.
+_TORCH_FSDP_FIX = ("set parallel.fsdp = \"megatron\" (megatron-core's Megatron-FSDP; data_parallel_sharding_strategy = "
+                   "\"optim_grads_params\" shards weights, gradients and optimizer state like FSDP2)")
+
+
 @rule(
     "runtime-torch-fsdp",
     "error",
@@ -94,23 +99,24 @@ def _async_save(ctx: Context) -> Iterator[Finding]:
     "runtime's per-token loss needs them summed, and megatron-core 0.16.1 cannot checkpoint it for a resume)",
     "parallel.fsdp is not 'torch'",
     scope="runtime",
-    fix="set parallel.fsdp = \"megatron\" (megatron-core's Megatron-FSDP; data_parallel_sharding_strategy = "
-    "\"optim_grads_params\" shards weights, gradients and optimizer state like FSDP2)",
+    fix=_TORCH_FSDP_FIX,
 )
 def _torch_fsdp(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.parallel.fsdp == "torch":
         p = ctx.spec.parallel
         change: dict = {"parallel.fsdp": "megatron", "parallel.data_parallel_sharding_strategy": "optim_grads_params"}
-        if not p.use_distributed_optimizer:  # runtime-fsdp-distributed-optimizer
-            change["parallel.use_distributed_optimizer"] = True
-        if ctx.spec.kernels.cross_entropy in ("auto", "fused_linear") and ctx.r.tp == 1:  # runtime-fsdp-fused-ce
-            change["kernels.cross_entropy"] = "megatron"
+        also = {}  # what Megatron-FSDP needs besides (runtime-fsdp-distributed-optimizer, runtime-fsdp-fused-ce)
+        if not p.use_distributed_optimizer:
+            also["parallel.use_distributed_optimizer"] = True
+        if ctx.spec.kernels.cross_entropy == "fused_linear":  # "auto" takes megatron's under Megatron-FSDP
+            also["kernels.cross_entropy"] = "megatron"
         yield Finding(
             "parallel.fsdp",
             "torch FSDP2 (megatron-core's TorchFullyShardedDataParallel) is not wired into the runtime: it averages "
             "gradients over data parallelism where the runtime's per-token loss (calculate_per_token_loss) needs "
             "them summed, and megatron-core 0.16.1 has no checkpoint path for it that the runtime could resume from",
-            fix=Fix(change),
+            f"{_TORCH_FSDP_FIX}, and {Fix(also).text()}" if also else None,
+            fix=Fix({**change, **also}),
         )
 
 
@@ -152,7 +158,8 @@ def _fsdp_pipeline(ctx: Context) -> Iterator[Finding]:
                                    tuple(k for k, v in change.items() if v is None)))
         yield Finding("parallel.pipeline_model_parallel_size", "Megatron-FSDP is wired for one model chunk per rank; "
                       "the runtime does not combine it with pipeline parallelism",
-                      fix.text() + ', or set parallel.fsdp = "none"', fix=fix)
+                      None if fix.set == {"parallel.pipeline_model_parallel_size": 1} and not fix.unset
+                      else fix.text() + ', or set parallel.fsdp = "none"', fix=fix)
 
 
 @rule(
