@@ -274,3 +274,20 @@ def test_fix_in_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", str(path), "--json"])
     (issue,) = [i for i in json.loads(result.stdout)["issues"] if i["rule"] == "tp-divides-heads"]
     assert issue["fix"]["unset"] == [] and issue["fix"]["set"]["parallel.tensor_model_parallel_size"] in (1, 2, 4, 8)
+
+
+def test_strings_inside_lists_and_free_tables_get_fixes(tmp_path: Path) -> None:
+    """A secret or a NUL inside a list (a data.train entry, a list of the free-form [lock] table)
+    gets a fix that rewrites the list without it, and the rule is quiet once it is applied."""
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    data = _base({"data.train": [{"prefix": "data/a\x00b", "weight": 1.0}, "data/ok"], "lock": {"notes": [token, "x"]}})
+    issues = [i for i in validate(write(tmp_path, Example(data)), []) if i.rule in ("secret-in-spec", "string-characters")]
+    assert {(i.rule, i.key) for i in issues} == {("string-characters", "data.train.0.prefix"),
+                                                ("secret-in-spec", "lock.notes.0")}
+    for issue in issues:
+        assert issue.fix is not None and names_fix(issue.hint, issue.fix), (issue.hint, issue.fix)
+        assert token not in str(issue.to_dict())
+        apply(data, issue.fix)
+    assert get(data, "lock.notes") == ["x"] and get(data, "data.train")[0]["prefix"] == "data/ab"
+    after = validate(write(tmp_path, Example(data)), [])
+    assert not [i for i in after if i.rule in ("secret-in-spec", "string-characters")]
