@@ -23,7 +23,7 @@ def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
         if table in ENV_TABLES and is_secret_name(name):
             continue  # a secret name: the slurm-secret rule (dlmspec.check.slurm) reports it
         fix = _without(ctx, key)
-        hint = ENVIRONMENT_FIX.replace("remove it from the spec", f"remove {_list_key(key)[0]} from the spec", 1)
+        hint = ENVIRONMENT_FIX.replace("remove it from the spec", f"remove it from the spec ({fix.text()})", 1)
         yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", hint, value=HIDDEN, fix=fix)
 
 
@@ -65,6 +65,21 @@ def _list_key(key: str) -> tuple[str, int | None]:
     return ".".join(parts[:index]), int(parts[index])
 
 
+def _at(node: Any, key: str) -> Any:
+    """The value at dotted ``key`` under ``node``, through spec tables, free-form dicts and lists
+    (indices), as :func:`dlmspec.credentials.walk_strings` names them; None past a missing part."""
+    for part in key.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, (list, tuple)):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
+        else:
+            node = getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
 def _plain(value: Any) -> Any:
     """A spec value as the data a spec file writes: tables as dicts of their set keys."""
     if isinstance(value, (list, tuple)):
@@ -85,7 +100,7 @@ def _cleaned(ctx: Context, key: str) -> Fix:
     whole list rewritten when the string is inside one)."""
     top, index = _list_key(key)
     if index is None:
-        return Fix({key: _clean_text(ctx.value(key))})
+        return Fix({key: _clean_text(_at(ctx.spec, key) or "")})
 
     def clean(node: Any) -> Any:
         if isinstance(node, str):
@@ -96,7 +111,7 @@ def _cleaned(ctx: Context, key: str) -> Fix:
             return {k: clean(v) for k, v in node.items()}
         return node
 
-    return Fix({top: clean(_plain(ctx.value(top)))})
+    return Fix({top: clean(_plain(_at(ctx.spec, top)))})
 
 
 def _without(ctx: Context, key: str) -> Fix:
@@ -104,7 +119,7 @@ def _without(ctx: Context, key: str) -> Fix:
     top, index = _list_key(key)
     if index is None:
         return Fix(unset=(key,))
-    rest = [v for i, v in enumerate(_plain(ctx.value(top))) if i != index]
+    rest = [v for i, v in enumerate(_plain(_at(ctx.spec, top)) or []) if i != index]
     return Fix({top: rest}) if rest else Fix(unset=(top,))
 
 
