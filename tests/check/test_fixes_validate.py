@@ -17,7 +17,9 @@ from typing import Any, Callable
 import pytest
 import tomli_w
 
+import test_validate
 import test_validate_compile_agree as agree
+import test_validate_hardening
 from dlmspec.check import RULES, load_for
 from dlmspec.cli import main
 from dlmspec.errors import Fix, SpecError, SpecIssue, toml_text
@@ -130,6 +132,25 @@ NOT_COVERED: dict[str, str] = {
     "plan": "no spec reaches it (the planner raises only for GPUs the memory rules skip); "
             "test_validate_compile_agree.test_plan_example fakes the failure",
 }
+
+
+#: (rule, key) of findings whose fix is a file only the user can name: they may carry no fix of
+#: keys (a blank path the tokenizer reads, a data.train with no entry left).
+USER_FILES = {("blank-value", "data.tokenizer.model"), ("blank-value", "data.tokenizer.vocab_file"),
+              ("blank-value", "data.train")}
+
+
+def all_cases() -> list[tuple[str, dict[str, Any], str]]:
+    """Every case of the rule tests (test_validate, test_validate_hardening, the compile-agree
+    FAILING list) as (rule, spec data, key): every branch those tests reach, not just the first."""
+    cases = [(rule, agree.merged(test_validate.BASE, changes), key) for rule, changes, key in test_validate.CASES]
+    cases += [(rule, agree.merged(test_validate_hardening.BASE, changes), key)
+              for rule, changes, key, *_ in test_validate_hardening.CASES]
+    cases += [(rule, _base(changes), key) for changes, rule, key in agree.FAILING]
+    return [c for c in cases if c[0] not in ACTIONS]
+
+
+ALL_CASES = all_cases()
 
 
 def write(folder: Path, example: Example) -> Path:
@@ -250,6 +271,28 @@ def test_fix_validates(rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert not new, f"the fix of {rule} brings new errors: {sorted(new)}"
     if errors(before) <= {(i.rule, i.key) for i in target}:
         assert main(["validate", str(path), *example.args]) == 0
+
+
+@pytest.mark.parametrize("rule, data, key", ALL_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(ALL_CASES)])
+def test_every_case_fix_validates(rule: str, data: dict[str, Any], key: str, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each case's findings of its rule, fixed by their structured fixes: the rule is quiet and no
+    new error appears (a user's file, :data:`USER_FILES`, is the one fix that is not keys)."""
+    monkeypatch.chdir(tmp_path)
+    example = Example(copy.deepcopy(data))
+    before = validate(write(tmp_path, example), [])
+    target = [i for i in before if i.rule == rule]
+    assert target and key in {i.key for i in target}
+    left = {i.key for i in target if i.fix is None and (rule, i.key) in USER_FILES}
+    for issue in target:
+        if issue.key in left:
+            continue
+        assert issue.fix is not None and names_fix(issue.hint, issue.fix), (issue.key, issue.hint, issue.fix)
+        assert all(get(example.data, k) != v for k, v in issue.fix.set.items()), issue.fix
+        apply(example.data, issue.fix)
+    after = validate(write(tmp_path, example), [])
+    assert {i.key for i in after if i.rule == rule} <= left, [(i.key, i.hint) for i in after if i.rule == rule]
+    assert not errors(after) - errors(before)
 
 
 def test_mask_fix_is_not_the_eod_id(tmp_path: Path) -> None:
