@@ -170,10 +170,13 @@ def _blank_value(ctx: Context) -> Iterator[Finding]:
         blank = [e.prefix for e in getattr(d, key) if _blank(e.prefix)]
         if blank:
             rest = [_plain(e) for e in getattr(d, key) if not _blank(e.prefix)]
-            fix = Fix({f"data.{key}": rest}) if rest else Fix(unset=(f"data.{key}",))
+            # with no entry left, training data is the user's to name (no fix of keys); validation
+            # data may go (the split of data.train gives it)
+            fix = Fix({f"data.{key}": rest}) if rest else Fix(unset=(f"data.{key}",)) if key == "valid" else None
             yield Finding(f"data.{key}", f"{len(blank)} entr{'y' if len(blank) == 1 else 'ies'} with an empty or blank "
                           "prefix, which names no dataset", "give each entry an indexed-dataset PREFIX (PREFIX.bin and "
-                          f"PREFIX.idx, written by `dlmspec data prepare`), or remove it: {fix.text()}", value=blank,
+                          "PREFIX.idx, written by `dlmspec data prepare`), or remove it"
+                          + (f": {fix.text()}" if fix else ""), value=blank,
                           fix=fix)
     tok = d.tokenizer
     for key, hint in _TOKENIZER_FILE_HINTS.items():
