@@ -82,6 +82,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("world-divisible-by-model-parallel", {"cluster.gpus_per_node": 6, "parallel.tensor_model_parallel_size": 4},
      "parallel.tensor_model_parallel_size"),
     ("world-divisible-by-model-parallel", {"parallel.context_parallel_size": 16}, "parallel.context_parallel_size"),
+    # no TP size fits 3 GPUs with PP 2: the fix is the node count
+    ("world-divisible-by-model-parallel", {"cluster.gpus_per_node": 3, "parallel.pipeline_model_parallel_size": 2,
+                                           "parallel.tensor_model_parallel_size": 2}, "parallel.tensor_model_parallel_size"),
     ("world-divisible-by-expert-parallel", {"model.num_experts": 16, "parallel.expert_model_parallel_size": 16},
      "parallel.expert_model_parallel_size"),
     ("tp-divides-heads", {"model.num_attention_heads": 12, "model.kv_channels": 32,
