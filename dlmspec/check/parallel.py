@@ -4,6 +4,7 @@ data-parallel settings (distributed optimizer, Megatron-FSDP)."""
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from dlmspec.check.hints import divisors, join, multiple_above, nearest, tp_hint, tp_options, with_layout
@@ -47,14 +48,19 @@ def _world_model_parallel(ctx: Context) -> Iterator[Finding]:
     options = divisors(r.world_size // others) if r.world_size % others == 0 else []
     if key == "parallel.tensor_model_parallel_size":
         options = [t for t in options if t in tp_options(ctx)]
-    fix = with_layout(ctx, Fix({key: nearest(options, size)})) if options else None
-    others = [o for o in options if fix is None or o != fix.set[key]]
-    hint = (
-        f"{fix.text()}" + (f" (also {join(others)} fit)" if others else "")
-        + f", or nodes * gpus_per_node a multiple of {product}"
-        if fix
-        else f"use nodes * gpus_per_node a multiple of {product}"
-    )
+    if options:
+        fix = with_layout(ctx, Fix({key: nearest(options, size)}))
+        others = [o for o in options if o != fix.set[key]]
+        hint = (fix.text() + (f" (also {join(others)} fit)" if others else "")
+                + f", or nodes * gpus_per_node a multiple of {product}")
+    else:  # no size of the offending key fits: the fewest nodes whose GPUs TP*PP*CP divides
+        nodes = product // math.gcd(product, c.gpus_per_node)
+        change: dict = {"cluster.nodes": nodes}
+        step = ctx.spec.train.micro_batch_size * (nodes * c.gpus_per_node // product)
+        if ctx.spec.train.global_batch_size % step:
+            change["train.global_batch_size"] = multiple_above(ctx.spec.train.global_batch_size, step)
+        fix = Fix(change)
+        hint = f"use nodes * gpus_per_node a multiple of {product}: {fix.text()}"
     yield Finding(
         key,
         f"{r.world_size} GPUs ({c.nodes} node(s) x {c.gpus_per_node}) are not divisible by "
