@@ -147,7 +147,11 @@ def all_cases() -> list[tuple[str, dict[str, Any], str]]:
     cases += [(rule, agree.merged(test_validate_hardening.BASE, changes), key)
               for rule, changes, key, *_ in test_validate_hardening.CASES]
     cases += [(rule, _base(changes), key) for changes, rule, key in agree.FAILING]
-    return [c for c in cases if c[0] not in ACTIONS]
+    # branches with a fix of keys in rules whose first example needs an action
+    cases += [("slurm-value", _base({"cluster.slurm": {"job_name": "x\ny"}}), "cluster.slurm.job_name"),
+              ("slurm-value", _base({"cluster.slurm": {"constraint": "a\tb"}}), "cluster.slurm.constraint"),
+              ("slurm-value", _base({"name": "a/b"}), "name")]
+    return [c for c in cases if c[0] not in ACTIONS or c[0] == "slurm-value" and c[2] != "cluster.slurm.partition"]
 
 
 ALL_CASES = all_cases()
