@@ -90,12 +90,15 @@ def _slurm_value(ctx: Context) -> Iterator[Finding]:
             sbatch_value(value)
         except ValueError as exc:
             where = f"{_BASE}.{key}" if key != "job_name" or "job_name" in slurm.model_fields_set else "name"
-            yield Finding(where, str(exc), "write it on one line without control characters", value=value)
+            fix = Fix({where: "".join(ch for ch in value if ch.isprintable()).strip() or "run"})
+            yield Finding(where, str(exc), f"write it on one line without control characters: {fix.text()}",
+                          value=value, fix=fix)
     if "/" in name and "%x" in slurm.output:
+        fix = Fix({f"{_BASE}.job_name": name.replace("/", "-")})  # the run's name and folders stay
         where = f"{_BASE}.job_name" if "job_name" in slurm.model_fields_set else "name"
         yield Finding(where, "a job name with '/' puts the log in a directory that does not exist "
                       f"(cluster.slurm.output {slurm.output!r} holds %x, the job name)",
-                      "use a name without '/', or an output path without %x", value=name)
+                      f"use a name without '/' ({fix.text()}), or an output path without %x", value=name, fix=fix)
 
 
 @rule(
