@@ -129,6 +129,9 @@ NOT_COVERED: dict[str, str] = {
     # TODO(lead): another helper is changing checkpoint-inherited (issue 17, extends); add its
     # structured fix and an example here after merging that branch.
     "checkpoint-inherited": "being changed on the extends branch; its example needs two files",
+    # TODO(lead): name-placeholder arrives with the i17-extends branch (merged into main after this
+    # branch started): add its structured fix and example after merging, and remove it here.
+    "name-placeholder": "added on the extends branch, not on this one",
     "plan": "no spec reaches it (the planner raises only for GPUs the memory rules skip); "
             "test_validate_compile_agree.test_plan_example fakes the failure",
 }
@@ -243,10 +246,15 @@ def errors(issues: list[SpecIssue]) -> set[tuple[str, str]]:
     return {(i.rule, i.key) for i in issues if i.severity == "error"}
 
 
+#: Rules of NOT_COVERED that another branch adds (absent where that branch is not merged).
+PENDING = {"name-placeholder"}
+
+
 def test_every_rule_is_covered() -> None:
     """Every rule has an example here, and its fix is structured, an action, or a listed TODO."""
-    assert set(EXAMPLES) | set(NOT_COVERED) == set(RULES), sorted(set(RULES) ^ (set(EXAMPLES) | set(NOT_COVERED)))
-    assert not set(ACTIONS) & set(NOT_COVERED)
+    listed = set(NOT_COVERED) - (PENDING - set(RULES))
+    assert set(EXAMPLES) | listed == set(RULES), sorted(set(RULES) ^ (set(EXAMPLES) | listed))
+    assert not set(ACTIONS) & set(NOT_COVERED) and not set(EXAMPLES) & set(NOT_COVERED)
 
 
 @pytest.mark.parametrize("rule", sorted(EXAMPLES))
