@@ -346,3 +346,20 @@ def test_strings_inside_lists_and_free_tables_get_fixes(tmp_path: Path) -> None:
     assert get(data, "lock.notes") == ["x"] and get(data, "data.train")[0]["prefix"] == "data/ab"
     after = validate(write(tmp_path, Example(data)), [])
     assert not [i for i in after if i.rule in ("secret-in-spec", "string-characters")]
+
+
+@pytest.mark.parametrize("changes, key, fix", [
+    ({"objective.kind": "diffusion"}, "objective.kind", Fix({"objective.kind": "mdm"})),
+    ({"train.micro_batch_sise": 2}, "train.micro_batch_sise",
+     Fix({"train.micro_batch_size": 2}, ("train.micro_batch_sise",))),
+    ({"model.num_layers": 0}, "model.num_layers", Fix({"model.num_layers": 1})),
+], ids=["allowed-value", "misspelt-key", "range"])
+def test_schema_fixes_validate(changes: dict[str, Any], key: str, fix: Fix, tmp_path: Path) -> None:
+    """The loader's schema issues: an allowed value (the first the field lists that is not the
+    rejected one), a misspelt key renamed to the close one with its value (the hint names the key:
+    ``did you mean 'micro_batch_size'?``), a value within the range."""
+    data = _base(changes)
+    (issue,) = [i for i in validate(write(tmp_path, Example(data)), []) if i.rule == "schema"]
+    assert (issue.key, issue.fix) == (key, fix)
+    apply(data, issue.fix)
+    assert main(["validate", str(write(tmp_path, Example(data)))]) == 0
