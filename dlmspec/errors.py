@@ -8,6 +8,8 @@ a ``SpecError`` into a table and exit code 2; nothing here prints.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +28,52 @@ EXIT_USAGE = 2
 REQUEUE_EXIT_CODE = 85
 
 
+def toml_text(value: Any) -> str:
+    """``value`` as a TOML value, as a spec (and ``--set``) writes it: ``true``, ``4``, ``0.0003``,
+    ``"text"``, ``[0, 1]``, ``{ a = 1 }``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k} = {toml_text(v)}" for k, v in value.items())
+        return "{ " + inner + " }" if inner else "{}"
+    return json.dumps(str(value))
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change of spec keys that makes an issue pass: machine-applicable, so tools (and the
+    tests that apply every rule's fix to its failing example) can apply it.
+
+    Attributes:
+        set: dotted key -> the value to write there (a table is created where it is missing).
+        unset: dotted keys to remove from the spec (their defaults apply).
+    """
+
+    set: dict[str, Any] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        """The fix in words, as hints write it: ``remove a.b and set c.d = 4 and e = "x"``."""
+        parts = []
+        if self.unset:
+            parts.append("remove " + " and ".join(self.unset))
+        if self.set:
+            parts.append("set " + " and ".join(f"{k} = {toml_text(v)}" for k, v in self.set.items()))
+        return " and ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{"set": {key: value}, "unset": [key, ...]}``."""
+        return {"set": {k: _jsonable(v) for k, v in self.set.items()}, "unset": list(self.unset)}
+
+
 @dataclass
 class SpecIssue:
     """One problem with a spec.
@@ -40,10 +88,14 @@ class SpecIssue:
         source: what the rule mirrors (a megatron-core module and function, or a reason).
         file: the spec file the key was read from, when known.
         line: 1-based line of the key in ``file``, when known.
+        fix: the keys to set or remove that make the issue pass (a :class:`Fix`), when the fix is
+            a change of spec keys; None when it is not (a missing file, a shell setting) or not
+            known. ``hint`` says the same in words.
 
     No issue holds a secret: a value that is one (or the value of a secret-named environment
     variable) becomes ``"<hidden>"`` and secrets inside the key, message and hint are replaced
-    by ``<hidden>`` when the issue is made (:mod:`dlmspec.credentials`), so no report prints one.
+    by ``<hidden>`` when the issue is made (:mod:`dlmspec.credentials`), so no report prints one
+    (the keys and values of ``fix`` too).
     """
 
     key: str
@@ -55,6 +107,7 @@ class SpecIssue:
     source: str | None = None
     file: str | None = None
     line: int | None = None
+    fix: Fix | None = None
 
     def __post_init__(self) -> None:
         self.value = redact(self.value, self.key)
@@ -62,6 +115,9 @@ class SpecIssue:
         self.message = redact_text(self.message)
         if self.hint is not None:
             self.hint = redact_text(self.hint)
+        if self.fix is not None:
+            self.fix = Fix({redact_text(k): redact(v, k) for k, v in self.fix.set.items()},
+                           tuple(redact_text(k) for k in self.fix.unset))
 
     def where(self) -> str:
         """``file:line`` (or just ``file``, or ``<spec>``) for messages."""
@@ -81,6 +137,7 @@ class SpecIssue:
             "source": self.source,
             "file": self.file,
             "line": self.line,
+            "fix": self.fix.to_dict() if self.fix is not None else None,
         }
 
     def __str__(self) -> str:

@@ -98,6 +98,24 @@ def layer_path(spec: Spec, attention_mask: str, cp: int) -> tuple[str, str]:
                     "spec needs either")
 
 
+#: The ``data.tokenizer`` keys each tokenizer type reads (Megatron-LM build_tokenizer, as
+#: :func:`dlmspec.tokenizers.build_tokenizer` documents its arguments): its files, NullTokenizer's
+#: and TikTokenizer's size, Hugging Face's optional vocab/merges overrides. ``eod_id`` is read by all.
+TOKENIZER_READS: dict[str, tuple[str, ...]] = {
+    "HuggingFaceTokenizer": ("model", "vocab_file", "merge_file"),
+    "SentencePieceTokenizer": ("model",),
+    "TikTokenizer": ("model", "vocab_size"),
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "NullTokenizer": ("vocab_size",),
+}
+
+#: The ``data.tokenizer`` keys that name files or a size, in the order a spec lists them.
+TOKENIZER_KEYS = ("model", "vocab_file", "merge_file", "vocab_size")
+
+#: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
+GPT2_VOCAB_SIZE = 50257
+
+
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
     """Vocabulary padded to a multiple of ``divisible_by * tensor_parallel``, as Megatron-LM's
     ``_vocab_size_with_padding`` (megatron/training/tokenizer/tokenizer.py) does."""
@@ -160,6 +178,25 @@ class Resolved:
     cross_entropy: str = "megatron"
     transformer_impl: str = "auto"
     transformer_impl_reason: str = ""
+
+    def tokenizer_size(self) -> int | None:
+        """Ids the spec's tokenizer emits, when the spec says it (one more than its largest id):
+        NullTokenizer's ``vocab_size + 1`` (its EOD is ``vocab_size``), GPT-2 BPE's 50257. None
+        for a tokenizer whose files hold it (Hugging Face, SentencePiece, TikToken)."""
+        tok = self.spec.data.tokenizer
+        if tok.type == "NullTokenizer" and tok.vocab_size is not None:
+            return tok.vocab_size + 1
+        if tok.type == "GPT2BPETokenizer":
+            return GPT2_VOCAB_SIZE
+        return None
+
+    def tokenizer_settings(self) -> list[tuple[str, Any]]:
+        """``(key, value)`` of the ``data.tokenizer`` keys the tokenizer's type reads
+        (:data:`TOKENIZER_READS`) and the spec sets, in :data:`TOKENIZER_KEYS` order; keys the type
+        ignores are left out (the ``tokenizer-keys-ignored`` rule reports them)."""
+        tok = self.spec.data.tokenizer
+        reads = TOKENIZER_READS.get(tok.type, ())
+        return [(k, getattr(tok, k)) for k in TOKENIZER_KEYS if k in reads and getattr(tok, k) is not None]
 
     def derived(self) -> dict[str, Any]:
         """The derived values as a JSON-ready dict (``dlmspec show``)."""

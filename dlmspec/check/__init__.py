@@ -35,6 +35,7 @@ from dlmspec.check.registry import (
     SCOPES,
     Context,
     Finding,
+    Fix,
     Rule,
     find,
     issues_for,
@@ -47,6 +48,7 @@ from dlmspec.check.registry import (
 __all__ = [
     "Context",
     "Finding",
+    "Fix",
     "RULES",
     "Rule",
     "SCOPES",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 
 
 @rule(
@@ -19,7 +19,7 @@ def _data_required(ctx: Context) -> Iterator[Finding]:
     d = ctx.spec.data
     if not d.mock and not d.train:
         yield Finding("data.train", "no training data", "add data.train = [\"PREFIX\"] (PREFIX.bin/.idx), "
-                      "or data.mock = true for random tokens", value=[])
+                      "or data.mock = true for random tokens", value=[], fix=Fix({"data.mock": True}))
 
 
 @rule(
@@ -35,7 +35,7 @@ def _mock(ctx: Context) -> Iterator[Finding]:
             if getattr(d, key):
                 yield Finding(f"data.{key}", "has no effect: data.mock = true reads no files",
                               f"remove data.{key}, or set data.mock = false",
-                              value=[e.prefix for e in getattr(d, key)])
+                              value=[e.prefix for e in getattr(d, key)], fix=Fix(unset=(f"data.{key}",)))
 
 
 _SPLIT = re.compile(r"\s*\d+(\.\d*)?\s*(,\s*\d+(\.\d*)?\s*){0,2}")
@@ -52,10 +52,11 @@ def _split(ctx: Context) -> Iterator[Finding]:
     d = ctx.spec.data
     if d.mock or d.valid or not d.train:
         return
+    fix = Fix({"data.split": "99,1,0"})
     if not _SPLIT.fullmatch(d.split):
-        yield Finding("data.split", "not a train,valid,test list of weights", 'use e.g. "99,1,0"')
+        yield Finding("data.split", "not a train,valid,test list of weights", 'use e.g. split = "99,1,0"', fix=fix)
     elif float(d.split.split(",")[0]) <= 0:
-        yield Finding("data.split", "gives no share of data.train to training", 'use e.g. "99,1,0"')
+        yield Finding("data.split", "gives no share of data.train to training", 'use e.g. split = "99,1,0"', fix=fix)
 
 
 #: DataLoader workers per GPU rank above which a node cannot start them (processes and memory).
@@ -78,7 +79,8 @@ def _workers_range(ctx: Context) -> Iterator[Finding]:
     if n > _MAX_WORKERS:
         yield Finding("data.num_workers", f"{n:,} DataLoader processes per GPU rank ({n * per_node:,} per node) "
                       "cannot start: each holds torch and the dataset index, far beyond a node's memory and "
-                      "process limits", "use num_workers = 2 (the default; a few per rank keep up with training)")
+                      "process limits", "use num_workers = 2 (the default; a few per rank keep up with training)",
+                      fix=Fix({"data.num_workers": 2}))
 
 
 @rule(
@@ -93,4 +95,5 @@ def _workers_implausible(ctx: Context) -> Iterator[Finding]:
     if _MANY_WORKERS < n <= _MAX_WORKERS:
         yield Finding("data.num_workers", f"{n} DataLoader processes per GPU rank ({n * per_node:,} per node) are "
                       "more than a node has CPU cores per GPU: the extra workers only take memory",
-                      "use num_workers = 2 (the default; a few per rank keep up with training)")
+                      "use num_workers = 2 (the default; a few per rank keep up with training)",
+                      fix=Fix({"data.num_workers": 2}))

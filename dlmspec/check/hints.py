@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlmspec.check.registry import Context
+from dlmspec.errors import Fix
 from dlmspec.resolve import layer_path_needs
 
 #: :func:`divisors` lists divisors up to this value (hints never need larger ones, and a
@@ -57,12 +58,43 @@ def tp_options(ctx: Context) -> list[int]:
     ]
 
 
-def tp_hint(ctx: Context) -> str:
-    """``use parallel.tensor_model_parallel_size = ...`` with :func:`tp_options`, or why none fits."""
+def nearest(options: list[int], value: int) -> int:
+    """The option closest to ``value`` from below (the largest at most ``value``), else the
+    smallest: what a fix changes a size to. ``options`` is not empty."""
+    below = [o for o in options if o <= value]
+    return max(below) if below else min(options)
+
+
+def multiple_above(value: int, step: int) -> int:
+    """The next multiple of ``step`` above ``value`` (``value`` itself never: it was refused)."""
+    return (value // step + 1) * step
+
+
+def with_layout(ctx: Context, fix: Fix) -> Fix:
+    """``fix`` (which changes TP, PP or CP) plus the global batch size the new data-parallel size
+    needs, when the spec's is no longer a multiple of micro_batch_size * DP (batch-divisible)."""
+    r, tr = ctx.r, ctx.spec.train
+    sizes = [fix.set.get(f"parallel.{k}", v) for k, v in (("tensor_model_parallel_size", r.tp),
+             ("pipeline_model_parallel_size", r.pp), ("context_parallel_size", r.cp))]
+    product = sizes[0] * sizes[1] * sizes[2]
+    if product <= 0 or r.world_size % product:
+        return fix
+    step = tr.micro_batch_size * (r.world_size // product)
+    if tr.global_batch_size % step == 0 or "train.global_batch_size" in fix.set:
+        return fix
+    return Fix({**fix.set, "train.global_batch_size": multiple_above(tr.global_batch_size, step)}, fix.unset)
+
+
+def tp_hint(ctx: Context) -> tuple[str, Fix | None]:
+    """``set parallel.tensor_model_parallel_size = N`` (the :func:`tp_options` size nearest
+    the spec's, the others listed) and that fix, or why none fits (and no fix)."""
     options = tp_options(ctx)
     if options:
-        return f"use parallel.tensor_model_parallel_size = {join(options)}"
-    return "no TP size fits these dimensions and GPU count; change the model dimensions or the GPU count"
+        best = nearest(options, ctx.r.tp)
+        fix = with_layout(ctx, Fix({"parallel.tensor_model_parallel_size": best}))
+        others = [o for o in options if o != best]
+        return fix.text() + (f" (also {join(others)} fit)" if others else ""), fix
+    return "no TP size fits these dimensions and GPU count; change the model dimensions or the GPU count", None
 
 
 def largest_divisor_at_most(n: int, cap: int) -> int:

@@ -5,9 +5,36 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.check.tokenizer import tokenizer_eod, tokenizer_ids, tokenizer_pad
 from dlmspec.resolve import padded_vocab_size
+
+
+def free_mask_ids(ctx: Context, *taken: int | None) -> list[int]:
+    """Ids [MASK] may take that no tokenizer of the spec emits: rows of the padded embedding at or
+    past ``model.vocab_size`` (and past every id a NullTokenizer emits), other than the
+    end-of-document id, the spec's [MASK] id and ``taken`` (a pad id), ascending."""
+    r, m, tok = ctx.r, ctx.spec.model, ctx.spec.data.tokenizer
+    start = m.vocab_size
+    if tok.type == "NullTokenizer" and tok.vocab_size is not None:
+        start = max(start, tok.vocab_size + 1)
+    refused = {tokenizer_eod(ctx), r.mask_token_id, *taken}
+    return [i for i in range(start, min(r.padded_vocab_size, start + 8)) if i not in refused]
+
+
+def mask_fix(ctx: Context, *taken: int | None) -> Fix:
+    """The fix of a [MASK] id a rule refuses: the first of :func:`free_mask_ids`, else a new row
+    (``model.vocab_size`` one larger, [MASK] the row it adds)."""
+    free = free_mask_ids(ctx, *taken)
+    if free:
+        return Fix({"objective.mask_token_id": free[0]})
+    m, tok = ctx.spec.model, ctx.spec.data.tokenizer
+    row = m.vocab_size
+    if tok.type == "NullTokenizer" and tok.vocab_size is not None:
+        row = max(row, tok.vocab_size + 1)
+    while row in (tokenizer_eod(ctx), *taken):
+        row += 1
+    return Fix({"model.vocab_size": row + 1, "objective.mask_token_id": row})
 
 
 @rule(
@@ -22,10 +49,12 @@ def _mask_range(ctx: Context) -> Iterator[Finding]:
     if r.mask_token_id is None or r.mask_token_id < r.padded_vocab_size:
         return
     if ctx.spec.objective.mask_token_id is not None:
-        first_free = f" ({m.vocab_size} is the first padded slot)" if m.vocab_size < r.padded_vocab_size else ""
-        hint = f"use an id below {r.padded_vocab_size}{first_free}, or the tokenizer's reserved mask id"
+        fix = mask_fix(ctx)
+        hint = (f"use an id below {r.padded_vocab_size}: {fix.text()} (a padded slot), or the tokenizer's "
+                "reserved mask id")
     else:
         grown = padded_vocab_size(m.vocab_size + 1, m.make_vocab_size_divisible_by, r.tp)
+        fix = Fix({"model.vocab_size": m.vocab_size + 1})
         hint = (
             f"vocab_size {m.vocab_size} is already a multiple of the padding, so no free slot is left "
             f"for [MASK]: set model.vocab_size = {m.vocab_size + 1} (pads to {grown}), or "
@@ -36,6 +65,7 @@ def _mask_range(ctx: Context) -> Iterator[Finding]:
         f"[MASK] id {r.mask_token_id} is outside the embedding (padded vocabulary: {r.padded_vocab_size} rows)",
         hint,
         value=r.mask_token_id,
+        fix=fix,
     )
 
 
@@ -51,23 +81,27 @@ def _mask_distinct(ctx: Context) -> Iterator[Finding]:
     mask = r.mask_token_id
     if mask is None or mask >= r.padded_vocab_size:
         return  # mask-token-range
-    free = f"e.g. {m.vocab_size} (the first padded slot)" if m.vocab_size < r.padded_vocab_size else \
-        "a reserved token the tokenizer never emits"
+    fix = mask_fix(ctx)
+    grows = "model.vocab_size" in fix.set
+    free = (f"{fix.text()} (a new row of the embedding)" if grows else
+            f"{fix.text()} (a padded slot no tokenizer id reaches)")
     eod = tokenizer_eod(ctx)
     if mask == eod:
         yield Finding(
             "objective.mask_token_id",
             f"[MASK] id {mask} is also the end-of-document id, so every EOD in the data would read as a masked position",
-            f"use another objective.mask_token_id, {free}",
+            f"use another id: {free}",
             value=mask,
+            fix=fix,
         )
     elif tok.type == "NullTokenizer" and tok.vocab_size is not None and mask < tok.vocab_size:
         yield Finding(
             "objective.mask_token_id",
             f"[MASK] id {mask} is an ordinary token of NullTokenizer(vocab_size = {tok.vocab_size}), which emits "
             f"ids 0..{tok.vocab_size}: the data would contain it",
-            f"use objective.mask_token_id > {tok.vocab_size}, or data.tokenizer.vocab_size < {mask}",
+            f"use an id above {tok.vocab_size}: {free}; or data.tokenizer.vocab_size < {mask}",
             value=mask,
+            fix=fix,
         )
 
 
@@ -89,15 +123,16 @@ def _mask_not_pad(ctx: Context) -> Iterator[Finding]:
     if pad is None or pad[1] != mask:
         return
     token, _, source = pad
-    free = [i for i in range(m.vocab_size, min(r.padded_vocab_size, m.vocab_size + 3)) if i not in (mask, eod)]
-    hint = (f"e.g. {free[0]} (a padded slot of the embedding)" if free else
-            "a reserved token the tokenizer never emits")
+    fix = mask_fix(ctx, pad[1])
+    hint = (f"{fix.text()} (a new row of the embedding)" if "model.vocab_size" in fix.set else
+            f"{fix.text()} (a padded slot of the embedding)")
     yield Finding(
         "objective.mask_token_id",
         f"[MASK] id {mask} is also the tokenizer's pad id ({token!r}, {source}), so a padded position "
         "would be indistinguishable from a masked one",
-        f"use another objective.mask_token_id, {hint}",
+        f"use another id: {hint}",
         value=mask,
+        fix=fix,
     )
 
 
@@ -110,7 +145,8 @@ def _mask_not_pad(ctx: Context) -> Iterator[Finding]:
 def _mask_ignored(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.objective.kind == "ar" and ctx.spec.objective.mask_token_id is not None:
         yield Finding("objective.mask_token_id", "has no effect with the 'ar' objective",
-                      "remove mask_token_id, or set objective.kind = 'mdm'")
+                      "remove mask_token_id, or set objective.kind = 'mdm'",
+                      fix=Fix(unset=("objective.mask_token_id",)))
 
 
 @rule(
@@ -143,16 +179,20 @@ def _mask_ordinary(ctx: Context) -> Iterator[Finding]:
              and i not in taken]
     free = [i for i in range(ids.size, min(r.padded_vocab_size, ids.size + 3)) if i not in taken]
     if named:
-        fix = f"objective.mask_token_id = {named[0]} (the tokenizer's {ids.special[named[0]]!r})"
+        fix = Fix({"objective.mask_token_id": named[0]})
+        why = f"the tokenizer's {ids.special[named[0]]!r}"
     elif free:
-        fix = f"objective.mask_token_id = {free[0]} (a row of the embedding beyond the tokenizer's ids)"
+        fix = Fix({"objective.mask_token_id": free[0]})
+        why = "a row of the embedding beyond the tokenizer's ids"
     else:
         grown = max(m.vocab_size, ids.size)
-        fix = f"model.vocab_size = {grown + 1} and objective.mask_token_id = {grown} (a new row for [MASK])"
+        fix = Fix({"model.vocab_size": grown + 1, "objective.mask_token_id": grown})
+        why = "a new row for [MASK]"
     yield Finding(
         "objective.mask_token_id",
         f"[MASK] id {mask} is {what} of the tokenizer ({ids.file}): text containing it would read as masked "
         "positions (published diffusion LMs use a special or reserved id)",
-        f"use a special or reserved id: {fix}",
+        f"use a special or reserved id: {fix.text().removeprefix('set ')} ({why})",
         value=mask,
+        fix=fix,
     )

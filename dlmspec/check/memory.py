@@ -5,9 +5,11 @@ reports the others)."""
 
 from __future__ import annotations
 
-from typing import Iterator
+import dataclasses
+import re
+from typing import Any, Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.plan import HEADROOM_WARNING, Plan, PlanError, gib_text, make_plan, memory_fits
 
 _SOURCE = "dlmspec.plan.memory (Korthikanti et al. 2022; megatron-core DDP and DistributedOptimizer)"
@@ -42,6 +44,25 @@ def _summary(plan: Plan) -> str:
     return f"{text}, other {gib_text(rest)}"
 
 
+#: One ``--set key=value`` of the planner's advice (:func:`dlmspec.plan.memory_fits`).
+_SET_ARG = re.compile(r"--set ([\w.]+)=(\S+)")
+
+
+def _advice_fix(advice: list[str]) -> Fix | None:
+    """The first (fastest) change of the planner's advice as a :class:`Fix`: its ``--set``
+    arguments (values as :func:`dlmspec.plan.set_args` writes them: true/false, integers,
+    bare words). None when the advice holds no change."""
+    for line in advice:
+        pairs = _SET_ARG.findall(line)
+        if not pairs:
+            continue
+        values: dict[str, Any] = {}
+        for key, text in pairs:
+            values[key] = (text == "true") if text in ("true", "false") else int(text) if text.isdigit() else text
+        return Fix(values)
+    return None
+
+
 def _where(plan: Plan) -> str:
     return f" on pipeline stage {plan.memory.peak.stage}" if plan.layout.pp > 1 else ""
 
@@ -63,6 +84,7 @@ def _memory_fits(ctx: Context) -> Iterator[Finding]:
         return
     gpu = plan.gpu
     accepted = ctx.spec.cluster.allow_memory_overflow
+    fix = _advice_fix(advice)
     yield Finding(
         "cluster.gpu",
         f"planned peak memory {gib_text(plan.peak_bytes)} per GPU{_where(plan)} ({_summary(plan)}) exceeds "
@@ -70,6 +92,7 @@ def _memory_fits(ctx: Context) -> Iterator[Finding]:
         + ("; accepted: cluster.allow_memory_overflow = true" if accepted else ""),
         "; or ".join(advice) + ("" if accepted else "; or, if a measured run fits, set cluster.allow_memory_overflow = true"),
         severity="warning" if accepted else "error",
+        fix=fix,
     )
 
 
@@ -88,11 +111,17 @@ def _memory_headroom(ctx: Context) -> Iterator[Finding]:
         return
     gpu = plan.gpu
     if plan.peak_bytes > HEADROOM_WARNING * gpu.memory_bytes:
+        # the planner's advice for a GPU of HEADROOM_WARNING of this one's memory: changes that leave headroom
+        within = dataclasses.replace(gpu, memory_bytes=int(HEADROOM_WARNING * gpu.memory_bytes))
+        _, advice = memory_fits(dataclasses.replace(plan, gpu=within))
+        fix = _advice_fix(advice)
         yield Finding(
             "cluster.gpu",
             f"planned peak memory {gib_text(plan.peak_bytes)} per GPU{_where(plan)} is within "
             f"{100 * (1 - HEADROOM_WARNING):.0f}% of the {gib_text(gpu.memory_bytes)} of one {gpu.name}",
-            "leave headroom: enable recomputation or a smaller micro batch (dlmspec plan SPEC shows the breakdown)",
+            "leave headroom: enable recomputation or a smaller micro batch (dlmspec plan SPEC shows the breakdown)"
+            + (f"; the fastest that does: {advice[0]}" if fix else ""),
+            fix=fix,
         )
 
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from dlmspec.check.hints import divisors, join
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.hints import divisors, join, nearest
+from dlmspec.check.registry import Context, Finding, Fix, rule
+
+
+def without_module(ctx: Context, *names: str) -> Fix:
+    """The fix that drops ``names`` from ``recompute.modules`` (the key removed when none is left)."""
+    rest = [m for m in ctx.spec.recompute.modules or [] if m not in names]
+    return Fix({"recompute.modules": rest}) if rest else Fix(unset=("recompute.modules",))
 
 
 @rule(
@@ -16,13 +22,17 @@ from dlmspec.check.registry import Context, Finding, rule
     "moe_ffn_hidden_size is a multiple of the expert TP size",
 )
 def _etp_moe_ffn(ctx: Context) -> Iterator[Finding]:
-    ffn, etp = ctx.r.moe_ffn_hidden_size, ctx.r.etp
+    ffn, etp, r = ctx.r.moe_ffn_hidden_size, ctx.r.etp, ctx.r
     if ffn is not None and ffn % etp:
+        options = [d for d in divisors(ffn) if r.world_size % (d * r.ep * r.pp) == 0] or [1]
+        fix = Fix({"parallel.expert_tensor_parallel_size": nearest(options, etp)})
+        also = [o for o in options if o != fix.set["parallel.expert_tensor_parallel_size"]][:5]
         yield Finding(
             "model.moe_ffn_hidden_size",
             f"moe_ffn_hidden_size is not a multiple of the expert TP size {etp}",
-            f"use parallel.expert_tensor_parallel_size = {join(divisors(ffn)[:6])}",
+            fix.text() + (f" (also {join(also)} fit)" if also else ""),
             value=ffn,
+            fix=fix,
         )
 
 
@@ -38,6 +48,7 @@ def _ep_moe(ctx: Context) -> Iterator[Finding]:
             "parallel.expert_model_parallel_size",
             "expert parallelism needs a mixture-of-experts model, and model.num_experts is unset",
             "set expert_model_parallel_size = 1, or model.num_experts",
+            fix=Fix({"parallel.expert_model_parallel_size": 1}),
         )
 
 
@@ -50,10 +61,15 @@ def _ep_moe(ctx: Context) -> Iterator[Finding]:
 def _ep_experts(ctx: Context) -> Iterator[Finding]:
     experts = ctx.spec.model.num_experts
     if experts is not None and experts % ctx.r.ep:
+        r = ctx.r
+        options = [d for d in divisors(experts) if r.world_size % (r.etp * d * r.pp) == 0] or [1]
+        fix = Fix({"parallel.expert_model_parallel_size": nearest(options, r.ep)})
+        also = [o for o in options if o != fix.set["parallel.expert_model_parallel_size"]]
         yield Finding(
             "parallel.expert_model_parallel_size",
             f"num_experts = {experts} is not a multiple of the EP size",
-            f"use expert_model_parallel_size = {join(divisors(experts))}",
+            fix.text() + (f" (also {join(also)} fit)" if also else ""),
+            fix=fix,
         )
 
 
@@ -66,10 +82,14 @@ def _ep_experts(ctx: Context) -> Iterator[Finding]:
 def _topk(ctx: Context) -> Iterator[Finding]:
     m = ctx.spec.model
     if m.num_experts is not None and m.moe_router_topk > m.num_experts:
+        fix = Fix({"model.moe_router_topk": m.num_experts})
+        if m.num_experts == 1 and m.moe_router_load_balancing_type != "sinkhorn":  # moe-top1-routing
+            fix = Fix({"model.moe_router_topk": 1, "model.moe_router_load_balancing_type": "sinkhorn"})
         yield Finding(
             "model.moe_router_topk",
             f"a token cannot be routed to more than num_experts = {m.num_experts} experts",
-            f"use moe_router_topk <= {m.num_experts}",
+            f"use moe_router_topk <= {m.num_experts}: {fix.text()}",
+            fix=fix,
         )
 
 
@@ -87,7 +107,9 @@ def _top1(ctx: Context) -> Iterator[Finding]:
             "model.moe_router_topk",
             "top-1 routing needs the softmax before the top-k (a softmax over the one chosen expert has "
             "zero gradient); megatron-core refuses it otherwise",
-            "use moe_router_topk >= 2, or moe_router_load_balancing_type = 'sinkhorn'",
+            "use moe_router_topk = 2 (or more), or moe_router_load_balancing_type = 'sinkhorn'",
+            fix=(Fix({"model.moe_router_topk": 2}) if m.num_experts >= 2
+                 else Fix({"model.moe_router_load_balancing_type": "sinkhorn"})),
         )
 
 
@@ -102,19 +124,24 @@ def _moe_freq(ctx: Context) -> Iterator[Finding]:
     freq = m.moe_layer_freq
     if not m.is_moe or not isinstance(freq, list):
         return
+    every = Fix({"model.moe_layer_freq": 1})
     if len(freq) != m.num_layers:
         yield Finding(
             "model.moe_layer_freq",
             f"has {len(freq)} entries for {m.num_layers} layers",
-            f"give one 0/1 entry per layer ({m.num_layers}), or an int N for every Nth layer",
+            f"give one 0/1 entry per layer ({m.num_layers}), or an int N for every Nth layer: "
+            "moe_layer_freq = 1 makes every layer MoE",
+            fix=every,
         )
     elif any(v not in (0, 1) for v in freq):
-        yield Finding("model.moe_layer_freq", "entries must be 0 (dense) or 1 (MoE)", "use only 0 and 1")
+        yield Finding("model.moe_layer_freq", "entries must be 0 (dense) or 1 (MoE)",
+                      "use only 0 and 1, or moe_layer_freq = 1 (every layer MoE)", fix=every)
     elif not any(freq):
         yield Finding(
             "model.moe_layer_freq",
             "no layer is MoE, yet num_experts is set",
-            "put a 1 where a layer is MoE, or remove num_experts",
+            "put a 1 where a layer is MoE (moe_layer_freq = 1: every layer), or remove num_experts",
+            fix=every,
         )
 
 
@@ -132,6 +159,7 @@ def _moe_bias(ctx: Context) -> Iterator[Finding]:
             "megatron-core supports biases in MoE experts only without expert tensor parallelism",
             "set parallel.expert_tensor_parallel_size = 1 (the default is the TP size), or model.add_bias_linear = false",
             value=ctx.r.etp,
+            fix=Fix({"parallel.expert_tensor_parallel_size": 1}),
         )
 
 
@@ -153,7 +181,7 @@ def _moe_ignored(ctx: Context) -> Iterator[Finding]:
     ):
         if ctx.is_set(key):
             yield Finding(key, "has no effect: model.num_experts is unset (dense model)",
-                          f"remove {key}, or set model.num_experts")
+                          f"remove {key}, or set model.num_experts", fix=Fix(unset=(key,)))
 
 
 @rule(
@@ -167,11 +195,13 @@ def _moe_act(ctx: Context) -> Iterator[Finding]:
     if rc.granularity != "selective" or "moe_act" not in (rc.modules or []):
         return
     if not m.is_moe:  # moe_grouped_gemm reaches TransformerConfig only with experts (dlmspec.render.compile)
+        fix = without_module(ctx, "moe_act")
         yield Finding("recompute.modules", "recomputing 'moe_act' needs grouped-GEMM experts, and the model is dense "
-                      "(model.num_experts is unset)", "drop 'moe_act' from recompute.modules")
+                      "(model.num_experts is unset)", f"drop 'moe_act' from recompute.modules: {fix.text()}", fix=fix)
     elif not m.moe_grouped_gemm:
         yield Finding(
             "recompute.modules",
             "recomputing 'moe_act' is only implemented for grouped-GEMM experts",
             "set model.moe_grouped_gemm = true, or drop 'moe_act' from recompute.modules",
+            fix=Fix({"model.moe_grouped_gemm": True}),
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from dlmspec.check.hints import largest_divisor_at_most
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 
 
 @rule(
@@ -24,6 +24,7 @@ def _ar_attention(ctx: Context) -> Iterator[Finding]:
             "token it predicts",
             "use attention_mask = 'causal' (the default for ar), or objective.kind = 'mdm'",
             value=ctx.r.attention_mask,
+            fix=Fix({"objective.attention_mask": "causal"}),
         )
 
 
@@ -40,6 +41,7 @@ def _mdm_causal(ctx: Context) -> Iterator[Finding]:
             "objective.attention_mask",
             "a masked-diffusion model with causal attention cannot use the unmasked tokens to its right",
             "use attention_mask = 'bidirectional' (the default for mdm) or 'block_causal'",
+            fix=Fix({"objective.attention_mask": "bidirectional"}),
         )
 
 
@@ -51,11 +53,12 @@ def _mdm_causal(ctx: Context) -> Iterator[Finding]:
 )
 def _block_needs_size(ctx: Context) -> Iterator[Finding]:
     if ctx.r.attention_mask == "block_causal" and ctx.spec.objective.block_size is None:
+        size = largest_divisor_at_most(ctx.spec.train.seq_length, 32)
         yield Finding(
             "objective.block_size",
             "block_causal attention needs a block length",
-            f"set block_size to a divisor of seq_length = {ctx.spec.train.seq_length}, e.g. "
-            f"{largest_divisor_at_most(ctx.spec.train.seq_length, 32)}",
+            f"set block_size to a divisor of seq_length = {ctx.spec.train.seq_length}, e.g. block_size = {size}",
+            fix=Fix({"objective.block_size": size}),
         )
 
 
@@ -72,6 +75,7 @@ def _block_divides(ctx: Context) -> Iterator[Finding]:
             "objective.block_size",
             f"seq_length = {s} is not a whole number of blocks",
             f"use block_size = {largest_divisor_at_most(s, bs)} (a divisor of {s})",
+            fix=Fix({"objective.block_size": largest_divisor_at_most(s, bs)}),
         )
 
 
@@ -84,7 +88,8 @@ def _block_divides(ctx: Context) -> Iterator[Finding]:
 def _block_ignored(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.objective.block_size is not None and ctx.r.attention_mask != "block_causal":
         yield Finding("objective.block_size", f"has no effect with {ctx.r.attention_mask} attention",
-                      "remove block_size, or set attention_mask = 'block_causal'")
+                      "remove block_size, or set attention_mask = 'block_causal'",
+                      fix=Fix(unset=("objective.block_size",)))
 
 
 @rule(
@@ -100,6 +105,7 @@ def _no_positions(ctx: Context) -> Iterator[Finding]:
             f"with {ctx.r.attention_mask} attention and no position embedding the model cannot tell "
             "token order",
             "use position_embedding_type = 'rope'",
+            fix=Fix({"model.position_embedding_type": "rope"}),
         )
 
 
@@ -116,7 +122,8 @@ def _learned_positions(ctx: Context) -> Iterator[Finding]:
         yield Finding(
             "train.seq_length",
             f"learned position embeddings have {m.max_position_embeddings} rows; positions beyond them do not exist",
-            f"use seq_length <= {m.max_position_embeddings}, or raise model.max_position_embeddings",
+            f"raise the table: model.max_position_embeddings = {s}, or use seq_length <= {m.max_position_embeddings}",
+            fix=Fix({"model.max_position_embeddings": s}),
         )
 
 
@@ -132,7 +139,8 @@ def _rope_positions(ctx: Context) -> Iterator[Finding]:
         yield Finding(
             "train.seq_length",
             f"longer than model.max_position_embeddings = {m.max_position_embeddings}",
-            f"use seq_length <= {m.max_position_embeddings}, or raise max_position_embeddings on purpose",
+            f"use seq_length = {m.max_position_embeddings} (or less), or raise max_position_embeddings on purpose",
+            fix=Fix({"train.seq_length": m.max_position_embeddings}),
         )
 
 
@@ -170,10 +178,12 @@ def _rotary_dims(ctx: Context) -> Iterator[Finding]:
         even = kv + 1
         also = "" if _rotary_dims_of(even, percent) % 2 == 0 and _rotary_dims_of(even, percent) > 0 \
             else " and rotary_percent = 1.0"
+        fix = Fix({"model.kv_channels": even, **({"model.rotary_percent": 1.0} if also else {})})
         yield Finding("model.kv_channels", f"head dimension {kv} with rotary_percent = {percent:g} gives {what}",
-                      f"use an even head dimension: kv_channels = {even}{also}", value=kv)
+                      f"use an even head dimension: kv_channels = {even}{also}", value=kv, fix=fix)
         return
     fit = next(p for p in sorted(_ROTARY_PERCENTS, key=lambda p: (abs(p - percent), p))
                if _rotary_dims_of(kv, p) > 0 and _rotary_dims_of(kv, p) % 2 == 0)
     yield Finding("model.rotary_percent", f"{percent:g} of head dimension {kv} gives {what}",
-                  f"use rotary_percent = {fit} ({_rotary_dims_of(kv, fit)} of {kv} dimensions rotate)")
+                  f"use rotary_percent = {fit} ({_rotary_dims_of(kv, fit)} of {kv} dimensions rotate)",
+                  fix=Fix({"model.rotary_percent": fit}))

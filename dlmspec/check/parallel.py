@@ -4,10 +4,11 @@ data-parallel settings (distributed optimizer, Megatron-FSDP)."""
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
-from dlmspec.check.hints import divisors, join, tp_hint, tp_options
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.hints import divisors, join, multiple_above, nearest, tp_hint, tp_options, with_layout
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.gpus import GPUS, gpu_ids
 
 
@@ -19,9 +20,10 @@ def _unknown_gpu(ctx: Context) -> Iterator[Finding]:
         from difflib import get_close_matches  # error hints only
 
         close = family or get_close_matches(gpu.lower(), gpu_ids(), n=1)
-        hint = (f"did you mean {' or '.join(repr(g) for g in close)}?" if close
-                else f"use one of {', '.join(gpu_ids())}")
-        yield Finding("cluster.gpu", "unknown GPU (see `dlmspec show --gpus`)", hint)
+        fix = Fix({"cluster.gpu": close[0] if close else "h100"})
+        hint = (f"did you mean {' or '.join(repr(g) for g in close)}? {fix.text()}" if close
+                else f"{fix.text()}, or one of {', '.join(gpu_ids())}")
+        yield Finding("cluster.gpu", "unknown GPU (see `dlmspec show --gpus`)", hint, fix=fix)
 
 
 @rule(
@@ -46,16 +48,25 @@ def _world_model_parallel(ctx: Context) -> Iterator[Finding]:
     options = divisors(r.world_size // others) if r.world_size % others == 0 else []
     if key == "parallel.tensor_model_parallel_size":
         options = [t for t in options if t in tp_options(ctx)]
-    hint = (
-        f"use {key} = {join(options)}, or nodes * gpus_per_node a multiple of {product}"
-        if options
-        else f"use nodes * gpus_per_node a multiple of {product}"
-    )
+    if options:
+        fix = with_layout(ctx, Fix({key: nearest(options, size)}))
+        others = [o for o in options if o != fix.set[key]]
+        hint = (fix.text() + (f" (also {join(others)} fit)" if others else "")
+                + f", or nodes * gpus_per_node a multiple of {product}")
+    else:  # no size of the offending key fits: the fewest nodes whose GPUs TP*PP*CP divides
+        nodes = product // math.gcd(product, c.gpus_per_node)
+        change: dict = {"cluster.nodes": nodes}
+        step = ctx.spec.train.micro_batch_size * (nodes * c.gpus_per_node // product)
+        if ctx.spec.train.global_batch_size % step:
+            change["train.global_batch_size"] = multiple_above(ctx.spec.train.global_batch_size, step)
+        fix = Fix(change)
+        hint = f"use nodes * gpus_per_node a multiple of {product}: {fix.text()}"
     yield Finding(
         key,
         f"{r.world_size} GPUs ({c.nodes} node(s) x {c.gpus_per_node}) are not divisible by "
         f"TP*PP*CP = {r.tp}*{r.pp}*{r.cp} = {product}",
         hint,
+        fix=fix,
     )
 
 
@@ -72,12 +83,21 @@ def _world_expert_parallel(ctx: Context) -> Iterator[Finding]:
     if r.world_size % product == 0 or (r.ep == 1 and ctx.spec.parallel.expert_tensor_parallel_size is None):
         return
     key = "parallel.expert_model_parallel_size" if r.ep > 1 else "parallel.expert_tensor_parallel_size"
+    experts = ctx.spec.model.num_experts or 1
+    options = ([e for e in divisors(r.world_size // (r.etp * r.pp)) if experts % e == 0]
+               if r.world_size % (r.etp * r.pp) == 0 else [])
+    if options:
+        fix = Fix({"parallel.expert_model_parallel_size": nearest(options, r.ep)})
+        others = [o for o in options if o != fix.set["parallel.expert_model_parallel_size"]]
+        hint = fix.text() + (f" (also {join(others)} fit)" if others else "")
+    else:
+        fix = Fix({"parallel.expert_tensor_parallel_size": 1, "parallel.expert_model_parallel_size": 1})
+        hint = fix.text()
     yield Finding(
         key,
         f"{r.world_size} GPUs are not divisible by ETP*EP*PP = {r.etp}*{r.ep}*{r.pp} = {product}",
-        f"use expert_model_parallel_size = {join(divisors(r.world_size // (r.etp * r.pp)))}"
-        if r.world_size % (r.etp * r.pp) == 0
-        else "use expert_tensor_parallel_size = 1",
+        hint,
+        fix=fix,
     )
 
 
@@ -96,7 +116,7 @@ def _world_range(ctx: Context) -> Iterator[Finding]:
     if c.nodes * c.gpus_per_node > _MAX_WORLD:
         yield Finding("cluster.nodes", f"{c.nodes:,} nodes of {c.gpus_per_node} GPUs are {c.nodes * c.gpus_per_node:,} "
                       f"ranks, beyond int32 ({_MAX_WORLD:,}), in which torch.distributed numbers them",
-                      "use the nodes the job runs on, e.g. nodes = 1")
+                      "use the nodes the job runs on, e.g. nodes = 1", fix=Fix({"cluster.nodes": 1}))
 
 
 @rule(
@@ -108,10 +128,12 @@ def _world_range(ctx: Context) -> Iterator[Finding]:
 def _tp_heads(ctx: Context) -> Iterator[Finding]:
     heads = ctx.spec.model.num_attention_heads
     if heads % ctx.r.tp:
+        hint, fix = tp_hint(ctx)
         yield Finding(
             "parallel.tensor_model_parallel_size",
             f"num_attention_heads = {heads} is not a multiple of the TP size",
-            tp_hint(ctx),
+            hint,
+            fix=fix,
         )
 
 
@@ -129,6 +151,7 @@ def _fused_ce_tp(ctx: Context) -> Iterator[Finding]:
             "splits the output layer over ranks",
             'set kernels.cross_entropy = "auto" (fused at TP = 1, megatron\'s otherwise) or "megatron", '
             "or parallel.tensor_model_parallel_size = 1",
+            fix=Fix({"kernels.cross_entropy": "auto"}),
         )
 
 
@@ -141,10 +164,12 @@ def _fused_ce_tp(ctx: Context) -> Iterator[Finding]:
 def _tp_groups(ctx: Context) -> Iterator[Finding]:
     groups, tp = ctx.r.num_query_groups, ctx.r.tp
     if groups % tp and tp % groups:
+        hint, fix = tp_hint(ctx)
         yield Finding(
             "parallel.tensor_model_parallel_size",
             f"num_query_groups = {groups} is neither a multiple nor a divisor of the TP size",
-            tp_hint(ctx),
+            hint,
+            fix=fix,
         )
 
 
@@ -157,11 +182,15 @@ def _tp_groups(ctx: Context) -> Iterator[Finding]:
 def _heads_groups(ctx: Context) -> Iterator[Finding]:
     heads, groups = ctx.spec.model.num_attention_heads, ctx.r.num_query_groups
     if heads % groups:
+        tp = ctx.r.tp
+        options = [d for d in divisors(heads) if d % tp == 0 or tp % d == 0] or divisors(heads)
+        fix = Fix({"model.num_query_groups": nearest(options, groups)})
         yield Finding(
             "model.num_query_groups",
             f"num_attention_heads = {heads} is not a multiple of num_query_groups",
-            f"use num_query_groups = {join(divisors(heads))}",
+            f"{fix.text()} (the divisors of {heads}: {join(divisors(heads))})",
             value=groups,
+            fix=fix,
         )
 
 
@@ -174,12 +203,13 @@ def _heads_groups(ctx: Context) -> Iterator[Finding]:
 def _hidden_heads(ctx: Context) -> Iterator[Finding]:
     m = ctx.spec.model
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
+        rounded = max(1, m.hidden_size // m.num_attention_heads) * m.num_attention_heads
         yield Finding(
             "model.hidden_size",
             f"hidden_size is not a multiple of num_attention_heads = {m.num_attention_heads}, "
             f"so the head dimension would be rounded down to {m.hidden_size // m.num_attention_heads}",
-            f"set model.kv_channels explicitly, or hidden_size = "
-            f"{m.hidden_size // m.num_attention_heads * m.num_attention_heads}",
+            f"set model.kv_channels explicitly, or hidden_size = {rounded}",
+            fix=Fix({"model.hidden_size": rounded}),
         )
 
 
@@ -195,14 +225,16 @@ def _tp_ffn(ctx: Context) -> Iterator[Finding]:
         yield Finding(
             "model.ffn_hidden_size",
             f"ffn_hidden_size is not a multiple of the TP size {tp}",
-            f"use a multiple of {tp}, e.g. {(m.ffn_hidden_size // tp + 1) * tp}",
+            f"use a multiple of {tp}, e.g. ffn_hidden_size = {multiple_above(m.ffn_hidden_size, tp)}",
+            fix=Fix({"model.ffn_hidden_size": multiple_above(m.ffn_hidden_size, tp)}),
         )
     shared = m.moe_shared_expert_intermediate_size
     if m.is_moe and shared is not None and shared % tp:
         yield Finding(
             "model.moe_shared_expert_intermediate_size",
             f"the shared expert is split over TP and {shared} is not a multiple of the TP size {tp}",
-            f"use a multiple of {tp}, e.g. {(shared // tp + 1) * tp}",
+            f"use a multiple of {tp}, e.g. moe_shared_expert_intermediate_size = {multiple_above(shared, tp)}",
+            fix=Fix({"model.moe_shared_expert_intermediate_size": multiple_above(shared, tp)}),
         )
 
 
@@ -218,7 +250,8 @@ def _overlap_param(ctx: Context) -> Iterator[Finding]:
     if p.overlap_param_gather and not p.use_distributed_optimizer:
         yield Finding("parallel.overlap_param_gather",
                       "has no effect: parameters are all-gathered only by the distributed optimizer",
-                      "set use_distributed_optimizer = true, or overlap_param_gather = false")
+                      "set overlap_param_gather = false, or use_distributed_optimizer = true",
+                      fix=Fix({"parallel.overlap_param_gather": False}))
 
 
 @rule(
@@ -232,7 +265,8 @@ def _sharding(ctx: Context) -> Iterator[Finding]:
     p = ctx.spec.parallel
     if p.data_parallel_sharding_strategy != "no_shard" and p.fsdp != "megatron":
         yield Finding("parallel.data_parallel_sharding_strategy", f"has no effect with fsdp = '{p.fsdp}'",
-                      "set parallel.fsdp = 'megatron', or remove data_parallel_sharding_strategy")
+                      "remove data_parallel_sharding_strategy, or set parallel.fsdp = 'megatron'",
+                      fix=Fix(unset=("parallel.data_parallel_sharding_strategy",)))
 
 
 @rule(
@@ -249,4 +283,5 @@ def _fsdp_no_shard(ctx: Context) -> Iterator[Finding]:
                       "Megatron-FSDP with 'no_shard' keeps full weights, gradients and optimizer state on "
                       "every GPU (more memory than the distributed optimizer)",
                       "set parallel.data_parallel_sharding_strategy = 'optim_grads_params' (ZeRO-3), "
-                      "or 'optim_grads' / 'optim'")
+                      "or 'optim_grads' / 'optim'",
+                      fix=Fix({"parallel.data_parallel_sharding_strategy": "optim_grads_params"}))

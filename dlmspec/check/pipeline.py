@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from dlmspec.check.hints import divisors, join
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.hints import divisors, join, multiple_above, nearest, with_layout
+from dlmspec.check.registry import Context, Finding, Fix, rule
 
 
 @rule(
@@ -18,10 +18,15 @@ from dlmspec.check.registry import Context, Finding, rule
 def _pp_layers(ctx: Context) -> Iterator[Finding]:
     layers, pp = ctx.spec.model.num_layers, ctx.r.pp
     if layers % pp:
+        r = ctx.r
+        rest = r.tp * r.cp
+        options = [d for d in divisors(layers) if r.world_size % (rest * d) == 0] or divisors(layers)
+        fix = with_layout(ctx, Fix({"parallel.pipeline_model_parallel_size": nearest(options, pp)}))
         yield Finding(
             "parallel.pipeline_model_parallel_size",
             f"num_layers = {layers} is not a multiple of the PP size",
-            f"use pipeline_model_parallel_size = {join(divisors(layers))}",
+            f"{fix.text()} (the divisors of {layers}: {join(divisors(layers))})",
+            fix=fix,
         )
 
 
@@ -37,6 +42,7 @@ def _vpp_pp(ctx: Context) -> Iterator[Finding]:
             "parallel.virtual_pipeline_model_parallel_size",
             "the interleaved pipeline schedule needs pipeline_model_parallel_size > 1",
             "remove virtual_pipeline_model_parallel_size, or set pipeline_model_parallel_size >= 2",
+            fix=Fix(unset=("parallel.virtual_pipeline_model_parallel_size",)),
         )
 
 
@@ -52,10 +58,15 @@ def _vpp_layers(ctx: Context) -> Iterator[Finding]:
         return
     per_stage = layers // r.pp
     if per_stage % r.vpp:
+        options = [d for d in divisors(per_stage) if d > 1]
+        fix = (Fix({"parallel.virtual_pipeline_model_parallel_size": nearest(options, r.vpp)}) if options
+               else Fix(unset=("parallel.virtual_pipeline_model_parallel_size",)))
+        also = [o for o in options if o != fix.set.get("parallel.virtual_pipeline_model_parallel_size")]
         yield Finding(
             "parallel.virtual_pipeline_model_parallel_size",
             f"each of the {r.pp} pipeline stages has {per_stage} layers, not a multiple of the virtual size",
-            f"use virtual_pipeline_model_parallel_size = {join([d for d in divisors(per_stage) if d > 1] or [1])}",
+            fix.text() + (f" (also {join(also)} fit)" if also else ""),
+            fix=fix,
         )
 
 
@@ -72,12 +83,13 @@ def _vpp_microbatches(ctx: Context) -> Iterator[Finding]:
     m = r.num_microbatches
     if m < r.pp or m % r.pp:
         step = tr.micro_batch_size * r.dp * r.pp
+        fix = Fix({"train.global_batch_size": max(step, tr.global_batch_size // step * step)})
         yield Finding(
             "train.global_batch_size",
             f"{m} microbatches per step (gbs / (mbs * dp)) is not a positive multiple of PP = {r.pp}, "
             "which the interleaved schedule requires",
-            f"use global_batch_size = a multiple of mbs * dp * pp = {step}, e.g. "
-            f"{max(step, tr.global_batch_size // step * step)}",
+            f"use a multiple of mbs * dp * pp = {step}, e.g. {fix.text()}",
+            fix=fix,
         )
 
 
@@ -99,6 +111,7 @@ def _bubble(ctx: Context) -> Iterator[Finding]:
             f"{r.num_microbatches} microbatches over {r.pp} pipeline stages: the bubble costs "
             f"{bubble:.0%} of the compute time",
             f"use at least 4 * PP microbatches (global_batch_size = {want}), or a smaller PP size",
+            fix=Fix({"train.global_batch_size": want}),
         )
 
 
@@ -119,4 +132,5 @@ def _batch(ctx: Context) -> Iterator[Finding]:
         "train.global_batch_size",
         f"not a multiple of micro_batch_size * data-parallel size = {tr.micro_batch_size} * {r.dp} = {step}",
         f"use global_batch_size = {join(options)}",
+        fix=Fix({"train.global_batch_size": options[0]}),
     )

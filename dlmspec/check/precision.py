@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from dlmspec.check.hints import local_because, or_te
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.spec.fast import SCHEMA
 
 
@@ -23,6 +23,7 @@ def _fp8_te(ctx: Context) -> Iterator[Finding]:
             "fp8 needs Transformer Engine layers, and "
             + (f"the layers are local{local_because(ctx)}" if local_because(ctx) else "model.transformer_impl = 'local'"),
             "set precision.fp8 = 'none'" + or_te(ctx),
+            fix=Fix({"precision.fp8": "none"}),
         )
 
 
@@ -40,6 +41,7 @@ def _fp8_gpu(ctx: Context) -> Iterator[Finding]:
             f"{gpu.name} (compute capability {gpu.compute_capability[0]}.{gpu.compute_capability[1]}) "
             "has no fp8 tensor cores",
             "set precision.fp8 = 'none', or a GPU such as h100, h200 or b200",
+            fix=Fix({"precision.fp8": "none"}),
         )
 
 
@@ -52,11 +54,15 @@ def _fp8_gpu(ctx: Context) -> Iterator[Finding]:
 def _mxfp8(ctx: Context) -> Iterator[Finding]:
     p, gpu = ctx.spec.precision, ctx.r.gpu
     if p.fp8 != "none" and p.fp8_recipe == "mxfp8" and gpu is not None and gpu.compute_capability < (10, 0):
+        rc = ctx.spec.recompute
+        delayed_refused = rc.granularity == "selective" and {"moe_act", "layernorm"} & set(rc.modules or [])
+        first, second = ("tensorwise", "delayed") if delayed_refused else ("delayed", "tensorwise")
         yield Finding(
             "precision.fp8_recipe",
             f"MXFP8 needs Blackwell tensor cores (compute capability 10.0); {gpu.name} has "
             f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}",
-            "use fp8_recipe = 'delayed' or 'tensorwise', or a b200/gb200 GPU",
+            f"use fp8_recipe = '{first}' or '{second}', or a b200/gb200 GPU",
+            fix=Fix({"precision.fp8_recipe": first}),
         )
 
 
@@ -69,7 +75,8 @@ def _mxfp8(ctx: Context) -> Iterator[Finding]:
 def _fp8_ignored(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.precision.fp8 == "none" and ctx.is_set("precision.fp8_recipe"):
         yield Finding("precision.fp8_recipe", "has no effect: precision.fp8 = 'none'",
-                      "remove fp8_recipe, or set precision.fp8 = 'hybrid' or 'e4m3'")
+                      "remove fp8_recipe, or set precision.fp8 = 'hybrid' or 'e4m3'",
+                      fix=Fix(unset=("precision.fp8_recipe",)))
 
 
 @rule(
@@ -88,6 +95,7 @@ def _fp8_recompute(ctx: Context) -> Iterator[Finding]:
             f"recomputing {' and '.join(repr(m) for m in modules)} is not supported with delayed fp8 scaling",
             "use precision.fp8_recipe = 'tensorwise' (Transformer Engine >= 2.6), or drop "
             f"{' and '.join(repr(m) for m in modules)} from recompute.modules",
+            fix=Fix({"precision.fp8_recipe": "tensorwise"}),
         )
 
 
@@ -119,4 +127,5 @@ def _float32_range(ctx: Context) -> Iterator[Finding]:
             leaf = key.split(".")[1]
             default = SCHEMA[table]["fields"][leaf][2]
             yield Finding(key, f"{value:g} is beyond float32 (at most {FLOAT32_MAX:.3g}), in which the GPU computes "
-                          "it: it becomes inf and training produces NaN", f"use {leaf} = {default!r} (the default)")
+                          "it: it becomes inf and training produces NaN", f"use {leaf} = {default!r} (the default)",
+                          fix=Fix({key: default}))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from dlmspec.check.hints import divisors, join
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.hints import divisors, join, nearest
+from dlmspec.check.moe import without_module
+from dlmspec.check.registry import Context, Finding, Fix, rule
 
 
 @rule(
@@ -18,10 +19,15 @@ from dlmspec.check.registry import Context, Finding, rule
 def _full_method(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
     if rc.granularity == "full" and rc.method is None:
+        chunk = _layers_per_chunk(ctx)
+        uniform = rc.num_layers is None or not chunk or chunk % rc.num_layers == 0
+        first, second = ("uniform", "block") if uniform else ("block", "uniform")
+        what = {"uniform": "every recompute.num_layers layers", "block": "the first num_layers per stage"}
         yield Finding(
             "recompute.method",
             "full recomputation needs a method",
-            "use method = 'uniform' (every recompute.num_layers layers) or 'block' (the first num_layers per stage)",
+            f"use method = '{first}' ({what[first]}) or '{second}' ({what[second]})",
+            fix=Fix({"recompute.method": first}),
         )
 
 
@@ -34,11 +40,12 @@ def _full_method(ctx: Context) -> Iterator[Finding]:
 def _full_layers(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
     if rc.granularity == "full" and rc.num_layers is None:
-        per_stage = max(1, ctx.spec.model.num_layers // ctx.r.pp)
+        per_stage = _layers_per_chunk(ctx) or max(1, ctx.spec.model.num_layers // ctx.r.pp)
         yield Finding(
             "recompute.num_layers",
             "full recomputation needs num_layers",
-            f"use a value between 1 and the layers per pipeline stage ({per_stage})",
+            f"use a value between 1 and the layers per pipeline stage ({per_stage}), e.g. num_layers = {per_stage}",
+            fix=Fix({"recompute.num_layers": per_stage}),
         )
 
 
@@ -63,11 +70,14 @@ def _recompute_uniform(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
     chunk = _layers_per_chunk(ctx)
     if rc.granularity == "full" and rc.method == "uniform" and rc.num_layers is not None and chunk and chunk % rc.num_layers:
+        fix = Fix({"recompute.num_layers": nearest(divisors(chunk), rc.num_layers)})
+        also = [d for d in divisors(chunk) if d != fix.set["recompute.num_layers"]]
         yield Finding(
             "recompute.num_layers",
             f"does not divide the {chunk} layers of a pipeline stage, so the last uniform chunk would "
             "run past the stage's last layer",
-            f"use recompute.num_layers = {join(divisors(chunk))}",
+            fix.text() + (f" (also {join(also)} divide it)" if also else ""),
+            fix=fix,
         )
 
 
@@ -85,7 +95,8 @@ def _recompute_range(ctx: Context) -> Iterator[Finding]:
         yield Finding(
             "recompute.num_layers",
             f"exceeds the {chunk} layers of a pipeline stage; every layer is recomputed already at {chunk}",
-            f"use a value between 1 and {chunk}",
+            f"use a value between 1 and {chunk}, e.g. num_layers = {chunk}",
+            fix=Fix({"recompute.num_layers": chunk}),
         )
 
 
@@ -102,17 +113,20 @@ def _recompute_ignored(ctx: Context) -> Iterator[Finding]:
         for key in ("method", "num_layers", "modules"):
             if getattr(rc, key) is not None:
                 yield Finding(f"recompute.{key}", "has no effect: recompute.granularity = 'none'",
-                              f"remove recompute.{key}, or set recompute.granularity")
+                              f"remove recompute.{key}, or set recompute.granularity",
+                              fix=Fix(unset=(f"recompute.{key}",)))
     elif rc.granularity == "selective":
         # Megatron-LM's arguments refuse a layer count with selective recomputation; dlmspec
         # does not pass it to TransformerConfig then, so it is only a key with no effect.
         for key in ("method", "num_layers"):
             if getattr(rc, key) is not None:
                 yield Finding(f"recompute.{key}", "has no effect: selective recomputation applies to every layer",
-                              f"remove recompute.{key}, or use granularity = 'full'")
+                              f"remove recompute.{key}, or use granularity = 'full'",
+                              fix=Fix(unset=(f"recompute.{key}",)))
     elif rc.granularity == "full" and rc.modules is not None:
         yield Finding("recompute.modules", "has no effect with full recomputation (whole layers are recomputed)",
-                      "remove recompute.modules, or use granularity = 'selective'")
+                      "remove recompute.modules, or use granularity = 'selective'",
+                      fix=Fix(unset=("recompute.modules",)))
 
 
 @rule(
@@ -125,10 +139,13 @@ def _recompute_moe(ctx: Context) -> Iterator[Finding]:
     rc, m = ctx.spec.recompute, ctx.spec.model
     if rc.granularity != "selective" or not rc.modules:
         return
-    for module in rc.modules:
-        if module in ("moe", "shared_experts") and not m.is_moe:  # moe_act: moe-act-needs-grouped-gemm
+    idle = [module for module in rc.modules if (module in ("moe", "shared_experts") and not m.is_moe)
+            or (module == "shared_experts" and m.is_moe and m.moe_shared_expert_intermediate_size is None)]
+    fix = without_module(ctx, *idle)  # every idle module at once: each finding's fix then passes
+    for module in idle:  # moe_act: moe-act-needs-grouped-gemm
+        if not m.is_moe:
             yield Finding("recompute.modules", f"'{module}' has no effect on a dense model",
-                          f"drop '{module}' from recompute.modules")
-        elif module == "shared_experts" and m.is_moe and m.moe_shared_expert_intermediate_size is None:
+                          f"drop '{module}' from recompute.modules: {fix.text()}", fix=fix)
+        else:
             yield Finding("recompute.modules", "'shared_experts' has no effect: the model has no shared expert",
-                          "drop 'shared_experts' from recompute.modules")
+                          f"drop 'shared_experts' from recompute.modules: {fix.text()}", fix=fix)

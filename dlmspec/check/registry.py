@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
-from dlmspec.errors import Severity, SpecError, SpecIssue
+from dlmspec.errors import Fix, Severity, SpecError, SpecIssue
 from dlmspec.spec.load import LoadedSpec, load
 from dlmspec.resolve import Resolved, resolve
 
@@ -57,9 +57,13 @@ _UNSET: Any = object()
 class Finding:
     """What a rule function yields: the key to point at, why, and a value that works.
 
-    ``value`` defaults to the spec's value at ``key``; ``hint`` to the rule's ``fix``;
-    ``severity`` to the rule's (a rule whose verdict has an override, like ``memory-fits``,
-    yields a warning where the spec accepts the risk).
+    ``value`` defaults to the spec's value at ``key``; ``fix`` (the keys to set or remove that
+    make the finding pass, see :class:`~dlmspec.errors.Fix`) to the rule's ``fix_keys``;
+    ``hint`` to ``fix`` in words (:meth:`Fix.text`), else the rule's ``fix``; ``severity`` to
+    the rule's (a rule whose verdict has an override, like ``memory-fits``, yields a warning
+    where the spec accepts the risk). A hint written beside a ``fix`` names its keys and values
+    (tests/check/test_fixes_validate.py holds every rule to it): the fix is the hint's first
+    choice, never the rejected value.
     """
 
     key: str
@@ -67,6 +71,7 @@ class Finding:
     hint: str | None = None
     value: Any = _UNSET
     severity: Severity | None = None
+    fix: Fix | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class Rule:
         scope: what the rule looks at (see the module docstring).
         fix: the hint of every finding that gives none (rules whose fix never varies).
         only_if_clean: run only when the scopes before this rule's found no error.
+        fix_keys: the structured fix of every finding that gives none (the first choice of
+            ``fix``, as keys to set or remove).
     """
 
     id: str
@@ -95,6 +102,7 @@ class Rule:
     scope: Scope = "spec"
     fix: str | None = None
     only_if_clean: bool = False
+    fix_keys: Fix | None = None
 
 
 #: Every rule, in the order the modules of :mod:`dlmspec.check` register them.
@@ -102,14 +110,14 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(rule_id: str, severity: Severity, source: str, summary: str, *, scope: Scope = "spec",
-         fix: str | None = None, only_if_clean: bool = False) -> Callable:
+         fix: str | None = None, only_if_clean: bool = False, fix_keys: Fix | None = None) -> Callable:
     """Decorator registering a rule function in :data:`RULES` (see :class:`Rule`).
 
     Raises:
         ValueError: the id is registered already.
     """
     def register(func: Callable[["Context"], Iterator[Finding]]) -> Callable[["Context"], Iterator[Finding]]:
-        add_rule(Rule(rule_id, severity, source, summary, func, scope, fix, only_if_clean))
+        add_rule(Rule(rule_id, severity, source, summary, func, scope, fix, only_if_clean, fix_keys))
         return func
 
     return register
@@ -204,11 +212,14 @@ def find(scopes: Iterable[Scope], target: LoadedSpec | Spec, resolved: Resolved 
                 continue
             for f in entry.func(ctx):
                 file, line = ctx.origin(f.key)
+                fix = f.fix if f.fix is not None else entry.fix_keys
+                hint = f.hint if f.hint is not None else (fix.text() if f.fix is not None else entry.fix)
                 found.append(SpecIssue(
                     key=f.key,
                     message=f.message,
                     value=ctx.value(f.key) if f.value is _UNSET else f.value,
-                    hint=f.hint if f.hint is not None else entry.fix,
+                    hint=hint if hint is not None else (fix.text() if fix is not None else None),
+                    fix=fix,
                     severity=f.severity or entry.severity,
                     rule=entry.id,
                     source=entry.source,

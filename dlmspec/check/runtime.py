@@ -7,7 +7,8 @@ from __future__ import annotations
 import posixpath
 from typing import Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.hints import with_layout
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.resolve import eod_choice, eod_used_by, run_dir
 
 
@@ -49,6 +50,7 @@ def _eod_unknown(ctx: Context) -> Iterator[Finding]:
     "stage.kind is not 'rl'",
     scope="runtime",
     fix="set stage.kind = \"pretrain\"",
+    fix_keys=Fix({"stage.kind": "pretrain"}),
 )
 def _rl(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.stage.kind == "rl":
@@ -63,6 +65,7 @@ def _rl(ctx: Context) -> Iterator[Finding]:
     "stage.kind is not 'sft'",
     scope="runtime",
     fix="set stage.kind = \"pretrain\"",
+    fix_keys=Fix({"stage.kind": "pretrain"}),
 )
 def _sft(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.stage.kind == "sft":
@@ -77,10 +80,16 @@ def _sft(ctx: Context) -> Iterator[Finding]:
     "checkpoint.async_save is false",
     scope="runtime",
     fix="set checkpoint.async_save = false",
+    fix_keys=Fix({"checkpoint.async_save": False}),
 )
 def _async_save(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.checkpoint.async_save:
         yield Finding("checkpoint.async_save", "asynchronous checkpoint saving is not implemented by the runtime")
+
+
+#: The fix of runtime-torch-fsdp: Megatron-FSDP with full sharding.
+_TORCH_FSDP_FIX = ("set parallel.fsdp = \"megatron\" (megatron-core's Megatron-FSDP; data_parallel_sharding_strategy = "
+                   "\"optim_grads_params\" shards weights, gradients and optimizer state like FSDP2)")
 
 
 @rule(
@@ -90,16 +99,24 @@ def _async_save(ctx: Context) -> Iterator[Finding]:
     "runtime's per-token loss needs them summed, and megatron-core 0.16.1 cannot checkpoint it for a resume)",
     "parallel.fsdp is not 'torch'",
     scope="runtime",
-    fix="set parallel.fsdp = \"megatron\" (megatron-core's Megatron-FSDP; data_parallel_sharding_strategy = "
-    "\"optim_grads_params\" shards weights, gradients and optimizer state like FSDP2)",
+    fix=_TORCH_FSDP_FIX,
 )
 def _torch_fsdp(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.parallel.fsdp == "torch":
+        p = ctx.spec.parallel
+        change: dict = {"parallel.fsdp": "megatron", "parallel.data_parallel_sharding_strategy": "optim_grads_params"}
+        also = {}  # what Megatron-FSDP needs besides (runtime-fsdp-distributed-optimizer, runtime-fsdp-fused-ce)
+        if not p.use_distributed_optimizer:
+            also["parallel.use_distributed_optimizer"] = True
+        if ctx.spec.kernels.cross_entropy == "fused_linear":  # "auto" takes megatron's under Megatron-FSDP
+            also["kernels.cross_entropy"] = "megatron"
         yield Finding(
             "parallel.fsdp",
             "torch FSDP2 (megatron-core's TorchFullyShardedDataParallel) is not wired into the runtime: it averages "
             "gradients over data parallelism where the runtime's per-token loss (calculate_per_token_loss) needs "
             "them summed, and megatron-core 0.16.1 has no checkpoint path for it that the runtime could resume from",
+            f"{_TORCH_FSDP_FIX}, and {Fix(also).text()}" if also else None,
+            fix=Fix({**change, **also}),
         )
 
 
@@ -115,6 +132,7 @@ def _torch_fsdp(ctx: Context) -> Iterator[Finding]:
     "Megatron-FSDP comes with the distributed optimizer",
     scope="runtime",
     fix="set parallel.use_distributed_optimizer = true",
+    fix_keys=Fix({"parallel.use_distributed_optimizer": True}),
 )
 def _fsdp_distopt(ctx: Context) -> Iterator[Finding]:
     p = ctx.spec.parallel
@@ -133,8 +151,15 @@ def _fsdp_distopt(ctx: Context) -> Iterator[Finding]:
 )
 def _fsdp_pipeline(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.parallel.fsdp == "megatron" and ctx.r.pp > 1:
+        change = {"parallel.pipeline_model_parallel_size": 1}
+        if ctx.r.vpp is not None:  # vpp-needs-pp
+            change["parallel.virtual_pipeline_model_parallel_size"] = None
+        fix = with_layout(ctx, Fix({k: v for k, v in change.items() if v is not None},
+                                   tuple(k for k, v in change.items() if v is None)))
         yield Finding("parallel.pipeline_model_parallel_size", "Megatron-FSDP is wired for one model chunk per rank; "
-                      "the runtime does not combine it with pipeline parallelism")
+                      "the runtime does not combine it with pipeline parallelism",
+                      None if fix.set == {"parallel.pipeline_model_parallel_size": 1} and not fix.unset
+                      else fix.text() + ', or set parallel.fsdp = "none"', fix=fix)
 
 
 @rule(
@@ -145,6 +170,7 @@ def _fsdp_pipeline(ctx: Context) -> Iterator[Finding]:
     "Megatron-FSDP runs with megatron's cross entropy",
     scope="runtime",
     fix="set kernels.cross_entropy = \"megatron\"",
+    fix_keys=Fix({"kernels.cross_entropy": "megatron"}),
 )
 def _fsdp_fused_ce(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.parallel.fsdp == "megatron" and ctx.r.cross_entropy == "fused_linear":
@@ -159,6 +185,7 @@ def _fsdp_fused_ce(ctx: Context) -> Iterator[Finding]:
     "Megatron-FSDP runs start without checkpoint.init_from",
     scope="runtime",
     fix="remove checkpoint.init_from, or set parallel.fsdp = \"none\"",
+    fix_keys=Fix(unset=("checkpoint.init_from",)),
 )
 def _fsdp_init_from(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.parallel.fsdp == "megatron" and ctx.spec.checkpoint.init_from is not None:
@@ -173,6 +200,7 @@ def _fsdp_init_from(ctx: Context) -> Iterator[Finding]:
     "Megatron-FSDP runs without fp8",
     scope="runtime",
     fix="set precision.fp8 = \"none\", or parallel.fsdp = \"none\"",
+    fix_keys=Fix({"precision.fp8": "none"}),
 )
 def _fsdp_fp8(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.parallel.fsdp == "megatron" and ctx.spec.precision.fp8 != "none":
@@ -190,8 +218,10 @@ def _fsdp_fp8(ctx: Context) -> Iterator[Finding]:
 )
 def _wandb(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.logging.wandb_project is not None:
+        fix = Fix(unset=("logging.wandb_project",) + (("logging.wandb_exp_name",)
+                                                      if ctx.spec.logging.wandb_exp_name is not None else ()))
         yield Finding("logging.wandb_project", "Weights & Biases logging is not implemented by the runtime "
-                      "(console and TensorBoard only)")
+                      "(console and TensorBoard only)", f"{fix.text()} and use logging.tensorboard_dir", fix=fix)
 
 
 @rule(
@@ -204,9 +234,12 @@ def _wandb(ctx: Context) -> Iterator[Finding]:
 )
 def _tensorboard_dir(ctx: Context) -> Iterator[Finding]:
     tb = ctx.spec.logging.tensorboard_dir
-    if tb is not None and posixpath.normpath(tb) != posixpath.join(posixpath.normpath(run_dir(ctx.r)), "tensorboard"):
+    want = posixpath.join(posixpath.normpath(run_dir(ctx.r)), "tensorboard")
+    if tb is not None and posixpath.normpath(tb) != want:
+        fix = Fix({"logging.tensorboard_dir": want})
         yield Finding("logging.tensorboard_dir", "the runtime writes TensorBoard events to <logging.run_dir>/tensorboard, "
-                      "not to another directory")
+                      "not to another directory", f"{fix.text()} (logging.run_dir + \"/tensorboard\"; run_dir "
+                      "defaults to runs/<name>)", fix=fix)
 
 
 # The layer path (resolve.layer_path: auto takes the one the features need; these are the
@@ -221,6 +254,7 @@ def _tensorboard_dir(ctx: Context) -> Iterator[Finding]:
     scope="runtime",
     fix="set model.moe_grouped_gemm = false, or model.transformer_impl = \"transformer_engine\" (without the "
     "features that need the local layers: variable-length sequences, document masks, block-causal attention)",
+    fix_keys=Fix({"model.moe_grouped_gemm": False}),
 )
 def _grouped_gemm_local(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.model.moe_grouped_gemm and ctx.r.transformer_impl == "local":
@@ -234,6 +268,7 @@ def _grouped_gemm_local(ctx: Context) -> Iterator[Finding]:
     "block-causal attention runs on the local layers",
     scope="runtime",
     fix="set model.transformer_impl = \"auto\" or \"local\"",
+    fix_keys=Fix({"model.transformer_impl": "auto"}),
 )
 def _block_causal_te(ctx: Context) -> Iterator[Finding]:
     if ctx.r.attention_mask == "block_causal" and ctx.r.transformer_impl == "transformer_engine":
@@ -248,6 +283,7 @@ def _block_causal_te(ctx: Context) -> Iterator[Finding]:
     "variable-length sequences run on the local layers",
     scope="runtime",
     fix="set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0",
+    fix_keys=Fix({"model.transformer_impl": "auto"}),
 )
 def _variable_length_te(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
@@ -264,6 +300,7 @@ def _variable_length_te(ctx: Context) -> Iterator[Finding]:
     "document masks run on the local layers",
     scope="runtime",
     fix="set model.transformer_impl = \"auto\" or \"local\", or data.reset_attention_mask = false",
+    fix_keys=Fix({"model.transformer_impl": "auto"}),
 )
 def _document_mask_te(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.data.reset_attention_mask and ctx.r.transformer_impl == "transformer_engine":

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from dlmspec.check.precision import FLOAT32_MAX
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.errors import toml_text
 from dlmspec.spec.fast import SCHEMA
 
 
@@ -19,16 +20,20 @@ from dlmspec.spec.fast import SCHEMA
 def _budget(ctx: Context) -> Iterator[Finding]:
     tr = ctx.spec.train
     if tr.train_iters is None and tr.train_tokens is None:
+        iters = max(1000, 10 * tr.lr_warmup_iters, tr.lr_decay_iters or 0)
         yield Finding(
             "train.train_iters",
             "the training length is not set",
-            f"set train.train_iters (steps) or train.train_tokens (one step is {ctx.r.tokens_per_step} tokens)",
+            f"set train.train_iters (steps, e.g. train_iters = {iters}) or train.train_tokens (one step is "
+            f"{ctx.r.tokens_per_step} tokens)",
+            fix=Fix({"train.train_iters": iters}),
         )
     elif tr.train_iters is not None and tr.train_tokens is not None:
         yield Finding(
             "train.train_tokens",
             "train_iters and train_tokens both set the training length",
-            "keep only one of train_iters and train_tokens",
+            "keep only one of train_iters and train_tokens: remove train_tokens",
+            fix=Fix(unset=("train.train_tokens",)),
         )
 
 
@@ -41,8 +46,9 @@ def _budget(ctx: Context) -> Iterator[Finding]:
 def _min_lr(ctx: Context) -> Iterator[Finding]:
     tr = ctx.spec.train
     if tr.min_lr > tr.lr:
+        fix = Fix({"train.min_lr": float(f"{tr.lr / 10:g}")})
         yield Finding("train.min_lr", f"is above the peak lr = {tr.lr}",
-                      f"use min_lr <= {tr.lr}, e.g. {tr.lr / 10:g}")
+                      f"use min_lr <= {tr.lr}, e.g. min_lr = {toml_text(fix.set['train.min_lr'])}", fix=fix)
 
 
 @rule(
@@ -55,7 +61,7 @@ def _warmup_exclusive(ctx: Context) -> Iterator[Finding]:
     tr = ctx.spec.train
     if tr.lr_warmup_fraction is not None and tr.lr_warmup_iters > 0:
         yield Finding("train.lr_warmup_fraction", "lr_warmup_iters and lr_warmup_fraction both set the warmup",
-                      "keep only one of them")
+                      "keep only one of them: remove lr_warmup_fraction", fix=Fix(unset=("train.lr_warmup_fraction",)))
 
 
 def _schedule(ctx: Context) -> tuple[int, int]:
@@ -76,8 +82,9 @@ def _warmup_decay(ctx: Context) -> Iterator[Finding]:
     warmup, decay = _schedule(ctx)
     if decay > 0 and warmup >= decay:
         key = "train.lr_warmup_fraction" if ctx.spec.train.lr_warmup_fraction is not None else "train.lr_warmup_iters"
+        fix = Fix({key: 0.1} if key == "train.lr_warmup_fraction" else {key: decay // 10})
         yield Finding(key, f"{warmup} warmup steps do not fit in the {decay} decay steps",
-                      f"use fewer than {decay} warmup steps")
+                      f"use fewer than {decay} warmup steps, e.g. {fix.text().removeprefix('set ')}", fix=fix)
 
 
 @rule(
@@ -92,7 +99,8 @@ def _decay_beyond(ctx: Context) -> Iterator[Finding]:
         yield Finding(
             "train.lr_decay_iters",
             f"training stops at step {iters}, before the LR decay ends, so the LR never reaches min_lr",
-            f"use lr_decay_iters <= {iters}, or leave it unset (defaults to train_iters)",
+            f"remove lr_decay_iters (it defaults to train_iters), or use lr_decay_iters <= {iters}",
+            fix=Fix(unset=("train.lr_decay_iters",)),
         )
 
 
@@ -107,7 +115,8 @@ def _wsd(ctx: Context) -> Iterator[Finding]:
     if tr.lr_decay_style == "WSD" and tr.lr_wsd_decay_iters is None:
         _, decay = _schedule(ctx)
         yield Finding("train.lr_wsd_decay_iters", "the WSD schedule needs the length of its final decay",
-                      f"set lr_wsd_decay_iters, e.g. {max(1, decay // 10)} (10% of the {decay} decay steps)")
+                      f"set lr_wsd_decay_iters, e.g. lr_wsd_decay_iters = {max(1, decay // 10)} (10% of the {decay} "
+                      "decay steps)", fix=Fix({"train.lr_wsd_decay_iters": max(1, decay // 10)}))
 
 
 @rule(
@@ -125,7 +134,8 @@ def _wsd_overlap(ctx: Context) -> Iterator[Finding]:
             "train.lr_wsd_decay_iters",
             f"the final decay would start at step {decay - tr.lr_wsd_decay_iters}, before the warmup ends "
             f"at step {warmup}; the LR jumps when warmup ends",
-            f"use lr_wsd_decay_iters <= {max(1, decay - warmup)}",
+            f"use lr_wsd_decay_iters = {max(1, decay - warmup)} or less",
+            fix=Fix({"train.lr_wsd_decay_iters": max(1, decay - warmup)}),
         )
 
 
@@ -141,7 +151,7 @@ def _wsd_ignored(ctx: Context) -> Iterator[Finding]:
         for key in ("train.lr_wsd_decay_iters", "train.lr_wsd_decay_style"):
             if ctx.is_set(key):
                 yield Finding(key, f"has no effect with lr_decay_style = '{tr.lr_decay_style}'",
-                              f"remove {key.split('.')[1]}, or set lr_decay_style = 'WSD'")
+                              f"remove {key.split('.')[1]}, or set lr_decay_style = 'WSD'", fix=Fix(unset=(key,)))
 
 
 @rule(
@@ -154,7 +164,7 @@ def _eval(ctx: Context) -> Iterator[Finding]:
     tr, iters = ctx.spec.train, ctx.r.train_iters
     if iters and tr.eval_interval > iters:
         yield Finding("train.eval_interval", f"exceeds the {iters} training steps: no evaluation during training",
-                      f"use eval_interval <= {iters}")
+                      f"use eval_interval = {iters} or less", fix=Fix({"train.eval_interval": iters}))
 
 
 #: megatron-core's data pipeline counts the run's samples and tokens in numpy int64.
@@ -194,11 +204,18 @@ def _length_overflow(ctx: Context) -> Iterator[Finding]:
            "megatron-core's datasets count and index the run's samples: the index would overflow")
     most = _INT64_MAX // per_step
     if most == 0:
-        yield Finding("train.global_batch_size", why, "use a global_batch_size * seq_length below 2**63")
+        tr, step = ctx.spec.train, ctx.spec.train.micro_batch_size * ctx.r.dp
+        gbs = (_INT64_MAX // max(1, steps) // tr.seq_length) // step * step
+        fix = Fix({"train.global_batch_size": gbs}) if gbs > 0 else None
+        yield Finding("train.global_batch_size", why, "use a global_batch_size * seq_length below 2**63"
+                      + (f", e.g. global_batch_size = {gbs}" if fix else ""), fix=fix)
     elif _length_key(ctx) == "train.train_tokens":
-        yield Finding("train.train_tokens", why, f"use train_tokens <= {most * per_step:,}")
+        yield Finding("train.train_tokens", why, f"use train_tokens <= {most * per_step:,}, e.g. "
+                      f"train_tokens = {_LARGE_RUN_TOKENS}", fix=Fix({"train.train_tokens": _LARGE_RUN_TOKENS}))
     else:
-        yield Finding("train.train_iters", why, f"use train_iters <= {most:,}")
+        iters = -(-_LARGE_RUN_TOKENS // per_step)
+        yield Finding("train.train_iters", why, f"use train_iters <= {most:,}, e.g. train_iters = {iters} "
+                      f"({_LARGE_RUN_TOKENS:.0e} tokens)", fix=Fix({"train.train_iters": iters}))
 
 
 @rule(
@@ -213,11 +230,10 @@ def _length_implausible(ctx: Context) -> Iterator[Finding]:
     if not _IMPLAUSIBLE_TOKENS < total <= _INT64_MAX:
         return
     key = _length_key(ctx)
-    fix = (f"train_tokens = {_LARGE_RUN_TOKENS}" if key == "train.train_tokens"
-           else f"train_iters = {-(-_LARGE_RUN_TOKENS // per_step):,}")
+    fix = Fix({key: _LARGE_RUN_TOKENS if key == "train.train_tokens" else -(-_LARGE_RUN_TOKENS // per_step)})
     yield Finding(key, f"{total:.3g} tokens ({steps:,} steps of {per_step:,}) is {total / _LARGEST_RUN_TOKENS:,.0f} "
                   f"times the largest published pretraining runs ({_LARGEST_RUN_TOKENS:.0e} tokens)",
-                  f"check the length; a large run of 1e12 tokens is {fix}")
+                  f"check the length; a large run of 1e12 tokens is {key.split('.')[1]} = {fix.set[key]}", fix=fix)
 
 
 @rule(
@@ -232,9 +248,10 @@ def _lr_implausible(ctx: Context) -> Iterator[Finding]:
         return
     lr, min_lr = defaults["lr"][2], defaults["min_lr"][2]
     also = f" and min_lr = {min_lr!r}" if tr.min_lr > lr else ""
+    fix = Fix({"train.lr": lr, **({"train.min_lr": min_lr} if also else {})})
     yield Finding("train.lr", f"a learning rate of {tr.lr:g}: with Adam every step moves each weight by about lr, so "
                   "the loss diverges within the first steps (LLM training uses 1e-5 to 1e-2)",
-                  f"use lr = {lr!r}{also} (the defaults)" if also else f"use lr = {lr!r} (the default)")
+                  f"use lr = {lr!r}{also} (the defaults)" if also else f"use lr = {lr!r} (the default)", fix=fix)
 
 
 #: numpy.random.seed and numpy.random.RandomState take seeds in [0, 2**32).
@@ -260,4 +277,5 @@ def _seed_range(ctx: Context) -> Iterator[Finding]:
         return
     stages = (f"; pipeline stage {pp - 1} seeds numpy with seed + {_SEED_PER_STAGE * (pp - 1)}" if pp > 1 else "")
     yield Finding("train.seed", f"numpy and megatron-core's data shuffling take seeds in [0, 2**32){stages}, "
-                  "so the run stops at start-up", f"use a seed in [0, {top:,}), e.g. seed = 1234")
+                  "so the run stops at start-up", f"use a seed in [0, {top:,}), e.g. seed = 1234",
+                  fix=Fix({"train.seed": 1234}))

@@ -6,9 +6,20 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from dlmspec.check.hints import local_because, or_te
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.hints import local_because, multiple_above, or_te
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.resolve import LOCAL_CP_COMM_TYPES
+
+
+def _seq_fix(ctx: Context, step: int) -> Fix:
+    """A sequence length that is a multiple of ``step`` (the next one below the spec's when it
+    fits the position table, else the next above), with the position table raised if needed."""
+    s, m = ctx.spec.train.seq_length, ctx.spec.model
+    length = s // step * step or multiple_above(s, step)
+    fix = {"train.seq_length": length}
+    if length > m.max_position_embeddings:
+        fix["model.max_position_embeddings"] = length
+    return Fix(fix)
 
 
 @rule(
@@ -23,6 +34,7 @@ def _sp_tp(ctx: Context) -> Iterator[Finding]:
             "parallel.sequence_parallel",
             "sequence parallelism splits activations over the TP group, and TP is 1",
             "set sequence_parallel = false, or tensor_model_parallel_size >= 2",
+            fix=Fix({"parallel.sequence_parallel": False}),
         )
 
 
@@ -39,6 +51,7 @@ def _sp_ep(ctx: Context) -> Iterator[Finding]:
             "parallel.sequence_parallel",
             "expert parallelism with tensor parallelism needs sequence parallelism",
             "set parallel.sequence_parallel = true",
+            fix=Fix({"parallel.sequence_parallel": True}),
         )
 
 
@@ -52,10 +65,12 @@ def _sp_seq(ctx: Context) -> Iterator[Finding]:
     r, s = ctx.r, ctx.spec.train.seq_length
     if ctx.spec.parallel.sequence_parallel and r.tp > 1 and s % r.cp == 0 and (s // r.cp) % r.tp:
         step = r.tp * r.cp * (2 if r.cp > 1 else 1)
+        fix = _seq_fix(ctx, step)
         yield Finding(
             "train.seq_length",
             f"sequence parallelism splits each CP rank's {s // r.cp} tokens over TP = {r.tp}, which does not divide it",
-            f"use a seq_length that is a multiple of {step}, e.g. {(s // step + 1) * step}",
+            f"use a seq_length that is a multiple of {step}, e.g. {fix.text()}",
+            fix=fix,
         )
 
 
@@ -69,10 +84,14 @@ def _cp_seq(ctx: Context) -> Iterator[Finding]:
     r, s = ctx.r, ctx.spec.train.seq_length
     if r.cp > 1 and s % (2 * r.cp):
         step = 2 * r.cp
+        if ctx.spec.parallel.sequence_parallel and r.tp > 1:
+            step *= r.tp
+        fix = _seq_fix(ctx, step)
         yield Finding(
             "train.seq_length",
-            f"context parallelism splits the sequence into 2 * CP = {step} chunks, which does not divide it",
-            f"use a seq_length that is a multiple of {step}, e.g. {(s // step + 1) * step}",
+            f"context parallelism splits the sequence into 2 * CP = {2 * r.cp} chunks, which does not divide it",
+            f"use a seq_length that is a multiple of {step}, e.g. {fix.text()}",
+            fix=fix,
         )
 
 
@@ -93,6 +112,7 @@ def _cp_local(ctx: Context) -> Iterator[Finding]:
             f"the local layers' SDPA attention implements context parallelism by all-gathering keys "
             f"and values only; '{comm}' exists in Transformer Engine's attention{local_because(ctx)}",
             "set parallel.cp_comm_type = 'allgather'" + or_te(ctx),
+            fix=Fix({"parallel.cp_comm_type": "allgather"}),
         )
 
 
@@ -110,6 +130,7 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
             f"all-to-all context parallelism scatters the {heads // r.tp} heads of each TP rank over "
             f"CP = {r.cp}, which does not divide them",
             "use cp_comm_type = 'p2p', or a CP size that divides the heads per TP rank",
+            fix=Fix({"parallel.cp_comm_type": "p2p"}),
         )
 
 
@@ -135,6 +156,7 @@ def _cp_mask(ctx: Context) -> Iterator[Finding]:
             "set model.transformer_impl = 'local' with parallel.cp_comm_type = 'allgather', or "
             "attention_mask = 'bidirectional', or parallel.context_parallel_size = 1",
             value=ctx.r.attention_mask,
+            fix=Fix({"model.transformer_impl": "local", "parallel.cp_comm_type": "allgather"}),
         )
     if ctx.spec.objective.kind == "mdm" and ctx.spec.objective.variable_length_prob > 0:
         yield Finding(
@@ -142,10 +164,12 @@ def _cp_mask(ctx: Context) -> Iterator[Finding]:
             "sequences cut to a random length need a key-padding mask, which context parallelism "
             "cannot split over GPUs (the run would stop at the first cut sequence)",
             "set objective.variable_length_prob = 0, or parallel.context_parallel_size = 1",
+            fix=Fix({"objective.variable_length_prob": 0}),
         )
     if ctx.spec.data.reset_attention_mask:
         yield Finding(
             "data.reset_attention_mask",
             "document masks are arbitrary masks, which context parallelism cannot split over GPUs",
             "set data.reset_attention_mask = false, or parallel.context_parallel_size = 1",
+            fix=Fix({"data.reset_attention_mask": False}),
         )

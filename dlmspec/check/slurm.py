@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name
 from dlmspec.render.escape import sbatch_value
 from dlmspec.resolve import job_name, slurm_settings
@@ -90,12 +90,15 @@ def _slurm_value(ctx: Context) -> Iterator[Finding]:
             sbatch_value(value)
         except ValueError as exc:
             where = f"{_BASE}.{key}" if key != "job_name" or "job_name" in slurm.model_fields_set else "name"
-            yield Finding(where, str(exc), "write it on one line without control characters", value=value)
+            fix = Fix({where: "".join(ch for ch in value if ch.isprintable()).strip() or "run"})
+            yield Finding(where, str(exc), f"write it on one line without control characters: {fix.text()}",
+                          value=value, fix=fix)
     if "/" in name and "%x" in slurm.output:
+        fix = Fix({f"{_BASE}.job_name": name.replace("/", "-")})  # the run's name and folders stay
         where = f"{_BASE}.job_name" if "job_name" in slurm.model_fields_set else "name"
         yield Finding(where, "a job name with '/' puts the log in a directory that does not exist "
                       f"(cluster.slurm.output {slurm.output!r} holds %x, the job name)",
-                      "use a name without '/', or an output path without %x", value=name)
+                      f"use a name without '/' ({fix.text()}), or an output path without %x", value=name, fix=fix)
 
 
 @rule(
@@ -111,7 +114,8 @@ def _slurm_time(ctx: Context) -> Iterator[Finding]:
         time_limit_seconds(slurm.time)
     except ValueError:
         yield Finding(f"{_BASE}.time", "not a SLURM time limit",
-                      'use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. time = "04:00:00"', value=slurm.time)
+                      'use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. time = "04:00:00"', value=slurm.time,
+                      fix=Fix({f"{_BASE}.time": "04:00:00"}))
 
 
 @rule(
@@ -130,11 +134,15 @@ def _slurm_signal(ctx: Context) -> Iterator[Finding]:
     signal = slurm.signal_seconds_before_end
     key = f"{_BASE}.signal_seconds_before_end"
     if signal > MAX_SIGNAL_SECONDS:
+        fix = Fix({key: 300 if limit is None or limit > 600 else max(1, limit // 2)})
         yield Finding(key, f"SLURM's --signal takes at most {MAX_SIGNAL_SECONDS} s",
-                      "use the time a checkpoint needs plus a margin, e.g. 300", value=signal)
+                      f"use the time a checkpoint needs plus a margin, e.g. signal_seconds_before_end = "
+                      f"{fix.set[key]}", value=signal, fix=fix)
     elif limit is not None and signal >= limit:
+        fix = Fix({key: max(1, min(300, limit // 2))})
         yield Finding(key, f"the signal would come at or before the start: the time limit is {slurm.time} ({limit} s)",
-                      f"use less than {limit} s, or a longer cluster.slurm.time", value=signal)
+                      f"use less than {limit} s (e.g. signal_seconds_before_end = {fix.set[key]}), or a longer "
+                      "cluster.slurm.time", value=signal, fix=fix)
 
 
 @rule(
@@ -149,19 +157,23 @@ def _slurm_env(ctx: Context) -> Iterator[Finding]:
     for name, value in sorted(slurm_settings(ctx.r).env.items()):
         key = f"{_BASE}.env.{name}"
         if not _ENV_NAME.fullmatch(name):
+            # no fix of keys: the dotted key of a name that is not one cannot be written back
             yield Finding(key, "not an environment variable name",
                           "letters, digits and _, not starting with a digit, e.g. NCCL_DEBUG", value=name)
         elif is_secret_name(name):
             continue  # slurm-secret
         elif RESERVED_ENV.match(name):
             yield Finding(key, "set by the launch script itself (rendezvous, SLURM or dlmspec)",
-                          "remove it from [cluster.slurm] env", value=name)
-        elif "\x00" in value:
-            yield Finding(key, "a NUL character cannot be passed in the environment", "remove the NUL character",
-                          value=value)
-        elif any("\ud800" <= ch <= "\udfff" for ch in value):
-            yield Finding(key, "holds a lone surrogate (half of a UTF-16 pair), which is not a character and "
-                          "cannot be written into the UTF-8 script", "write the character itself", value=value)
+                          f"remove {name} from [cluster.slurm] env", value=name, fix=Fix(unset=(key,)))
+        elif "\x00" in value or any("\ud800" <= ch <= "\udfff" for ch in value):
+            fix = Fix({key: "".join(ch for ch in value if ch != "\x00" and not "\ud800" <= ch <= "\udfff")})
+            if "\x00" in value:
+                yield Finding(key, "a NUL character cannot be passed in the environment",
+                              f"remove the NUL character: {fix.text()}", value=value, fix=fix)
+            else:
+                yield Finding(key, "holds a lone surrogate (half of a UTF-16 pair), which is not a character and "
+                              "cannot be written into the UTF-8 script",
+                              f"write the character itself (without it: {fix.text()})", value=value, fix=fix)
 
 
 @rule(
@@ -176,7 +188,7 @@ def _slurm_secret(ctx: Context) -> Iterator[Finding]:
         if _ENV_NAME.fullmatch(name) and is_secret_name(name):  # refused: it would be written into launch.sbatch
             yield Finding(f"{_BASE}.env.{name}", f"looks like a secret; {NEVER_WRITTEN}",
                           f"remove it from the spec and export {name} in the shell you run sbatch from "
-                          "(the job inherits it)", value=HIDDEN)
+                          "(the job inherits it)", value=HIDDEN, fix=Fix(unset=(f"{_BASE}.env.{name}",)))
 
 
 def _bad_word(text: str) -> bool:
@@ -195,14 +207,21 @@ def _slurm_container(ctx: Context) -> Iterator[Finding]:
     slurm = slurm_settings(ctx.r)
     image = slurm.container_image
     if image is not None and _bad_word(image):
+        # the image is the user's to name; removing it (and its mounts) runs the job outside a container
+        fix = Fix(unset=(f"{_BASE}.container_image",) + ((f"{_BASE}.container_mounts",) if slurm.container_mounts else ()))
         yield Finding(f"{_BASE}.container_image", "empty, starts with '-' (it would be read as an option) or "
-                      "holds control characters", 'e.g. container_image = "nvcr.io#nvidia/pytorch:25.01-py3"',
-                      value=image)
+                      "holds control characters", 'e.g. container_image = "nvcr.io#nvidia/pytorch:25.01-py3", '
+                      f"or {fix.text()} (no container)", value=image, fix=fix)
+    good = [m for m in slurm.container_mounts
+            if not (_bad_word(m) or (slurm.container_runtime == "pyxis" and "," in m))]
+    keep = Fix({f"{_BASE}.container_mounts": good}) if good else Fix(unset=(f"{_BASE}.container_mounts",))
     for index, mount in enumerate(slurm.container_mounts):
         if _bad_word(mount) or (slurm.container_runtime == "pyxis" and "," in mount):
             yield Finding(f"{_BASE}.container_mounts", f"mount {index} is empty, starts with '-' (it would be read "
                           "as an option), holds control characters, or (pyxis) a comma, which separates mounts",
-                          'one SRC[:DST[:FLAGS]] per entry, e.g. "/lustre:/lustre"', value=mount)
+                          'one SRC[:DST[:FLAGS]] per entry, e.g. "/lustre:/lustre"; without the bad ones: '
+                          f"{keep.text()}", value=mount, fix=keep)
     if slurm.container_mounts and image is None:
         yield Finding(f"{_BASE}.container_mounts", "mounts without a container image",
-                      "set cluster.slurm.container_image, or remove the mounts", value=slurm.container_mounts)
+                      "remove cluster.slurm.container_mounts, or set cluster.slurm.container_image",
+                      value=slurm.container_mounts, fix=Fix(unset=(f"{_BASE}.container_mounts",)))

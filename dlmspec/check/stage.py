@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
 
 
@@ -22,7 +22,8 @@ def _stage_table(ctx: Context) -> Iterator[Finding]:
     for kind in ("sft", "rl"):
         if getattr(st, kind) is not None and st.kind != kind:
             yield Finding(f"stage.{kind}", f"has no effect: stage.kind = '{st.kind}'",
-                          f"set stage.kind = '{kind}', or remove [stage.{kind}]", value=None)
+                          f"remove [stage.{kind}], or set stage.kind = '{kind}'", value=None,
+                          fix=Fix(unset=(f"stage.{kind}",)))
 
 
 @rule(
@@ -44,6 +45,7 @@ def _rl_objective(ctx: Context) -> Iterator[Finding]:
             f"{algorithm} is for {want} models, and objective.kind = '{kind}'",
             f"use algorithm = '{'grpo' if kind == 'ar' else 'diffu-grpo'}'",
             value=algorithm,
+            fix=Fix({"stage.rl.algorithm": "grpo" if kind == "ar" else "diffu-grpo"}),
         )
 
 
@@ -69,8 +71,11 @@ def _from_scratch(ctx: Context) -> Iterator[Finding]:
 def _init_from(ctx: Context) -> Iterator[Finding]:
     init = ctx.spec.checkpoint.init_from
     if init is not None and not re.fullmatch(r"(hf|mcore):\S.*", init):
+        target = init.split(":", 1)[-1]
+        fix = Fix({"checkpoint.init_from": f"hf:{target}"}) if target.strip() else None
         yield Finding("checkpoint.init_from", "does not say which format to read",
-                      f"use 'hf:{init.split(':', 1)[-1] or 'PATH'}' (Hugging Face) or 'mcore:PATH' (megatron-core checkpoint)")
+                      f"use init_from = 'hf:{target or 'PATH'}' (Hugging Face) or 'mcore:PATH' (megatron-core checkpoint)",
+                      fix=fix)
 
 
 @rule(
@@ -92,6 +97,7 @@ def _no_save(ctx: Context) -> Iterator[Finding]:
             f"not set: {why} would never save a checkpoint, so a stop, a crash or a SLURM requeue "
             "starts it again from the beginning",
             f'set checkpoint.save = "runs/{ctx.spec.name}/checkpoints" (a directory every node sees)',
+            fix=Fix({"checkpoint.save": f"runs/{ctx.spec.name}/checkpoints"}),
         )
 
 
@@ -188,7 +194,8 @@ def _wandb(ctx: Context) -> Iterator[Finding]:
     lg = ctx.spec.logging
     if lg.wandb_exp_name is not None and lg.wandb_project is None:
         yield Finding("logging.wandb_exp_name", "has no effect: wandb logs only when wandb_project is set",
-                      "set logging.wandb_project")
+                      "remove logging.wandb_exp_name (the bundled runtime logs to TensorBoard), or set "
+                      "logging.wandb_project", fix=Fix(unset=("logging.wandb_exp_name",)))
 
 
 @rule(
@@ -203,11 +210,15 @@ def _profile(ctx: Context) -> Iterator[Finding]:
         return
     if lg.profile_step_end <= lg.profile_step_start:
         yield Finding("logging.profile_step_end", f"must exceed profile_step_start = {lg.profile_step_start}",
-                      f"use profile_step_end = {lg.profile_step_start + 2}", value=lg.profile_step_end)
+                      f"use profile_step_end = {lg.profile_step_start + 2}", value=lg.profile_step_end,
+                      fix=Fix({"logging.profile_step_end": lg.profile_step_start + 2}))
     elif lg.profile_step_end > ctx.r.train_iters:
         yield Finding("logging.profile_step_end", f"lies after the last step ({ctx.r.train_iters})",
-                      f"use profile_step_end <= {ctx.r.train_iters}", value=lg.profile_step_end)
+                      f"use profile_step_end = {ctx.r.train_iters} or less", value=lg.profile_step_end,
+                      fix=Fix({"logging.profile_step_end": ctx.r.train_iters}))
     bad = [rank for rank in lg.profile_ranks if rank >= ctx.r.world_size]
     if bad:
+        good = [rank for rank in lg.profile_ranks if rank < ctx.r.world_size] or [0]
         yield Finding("logging.profile_ranks", f"ranks {bad} do not exist (world size {ctx.r.world_size})",
-                      "use ranks below the world size, e.g. [0]", value=lg.profile_ranks)
+                      f"use ranks below the world size, e.g. profile_ranks = {good}", value=lg.profile_ranks,
+                      fix=Fix({"logging.profile_ranks": good}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.check.tokenizer import TOKENIZER_NEEDS
 from dlmspec.credentials import ENV_TABLES, ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, is_secret_name, spec_secrets, walk_strings
 
@@ -22,7 +22,9 @@ def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
         table, _, name = key.rpartition(".")
         if table in ENV_TABLES and is_secret_name(name):
             continue  # a secret name: the slurm-secret rule (dlmspec.check.slurm) reports it
-        yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", ENVIRONMENT_FIX, value=HIDDEN)
+        fix = _without(ctx, key)
+        hint = ENVIRONMENT_FIX.replace("remove it from the spec", f"remove it from the spec ({fix.text()})", 1)
+        yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", hint, value=HIDDEN, fix=fix)
 
 
 #: Tables whose strings :func:`_string_characters` leaves to others: ``[cluster.slurm]`` strings
@@ -43,18 +45,89 @@ def _string_characters(ctx: Context) -> Iterator[Finding]:
         if any(key == t or key.startswith(t + ".") for t in _STRINGS_CHECKED_ELSEWHERE):
             continue
         if "\x00" in text:
+            fix = _cleaned(ctx, key)
             yield Finding(key, "holds a NUL character, which no path, name or environment variable can carry",
-                          "remove the NUL character (written \\u0000 in TOML)", value=text)
+                          f"remove the NUL character (written \\u0000 in TOML): {fix.text()}", value=text, fix=fix)
         elif any("\ud800" <= ch <= "\udfff" for ch in text):
+            fix = _cleaned(ctx, key)
             yield Finding(key, "holds a lone surrogate (half of a UTF-16 pair), which is not a character and "
                           "cannot be written into the UTF-8 files compile generates",
-                          "write the character itself", value=text)
+                          f"write the character itself (without it: {fix.text()})", value=text, fix=fix)
+
+
+def _list_key(key: str) -> tuple[str, int | None]:
+    """``("data.train", 0)`` for ``data.train.0.prefix`` (a string inside a list: the list's key
+    and the entry's index); ``(key, None)`` for a key outside lists."""
+    parts = key.split(".")
+    index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    if index is None:
+        return key, None
+    return ".".join(parts[:index]), int(parts[index])
+
+
+def _at(node: Any, key: str) -> Any:
+    """The value at dotted ``key`` under ``node``, through spec tables, free-form dicts and lists
+    (indices), as :func:`dlmspec.credentials.walk_strings` names them; None past a missing part."""
+    for part in key.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, (list, tuple)):
+            node = node[int(part)] if part.isdigit() and int(part) < len(node) else None
+        else:
+            node = getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def _plain(value: Any) -> Any:
+    """A spec value as the data a spec file writes: tables as dicts of their set keys."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if hasattr(value, "model_fields_set"):
+        return {k: _plain(getattr(value, k)) for k in sorted(value.model_fields_set)}
+    return value
+
+
+def _clean_text(text: str) -> str:
+    return "".join(ch for ch in text if ch != "\x00" and not "\ud800" <= ch <= "\udfff")
+
+
+def _cleaned(ctx: Context, key: str) -> Fix:
+    """The fix that drops NUL characters and lone surrogates from the string at ``key`` (the
+    whole list rewritten when the string is inside one)."""
+    top, index = _list_key(key)
+    if index is None:
+        return Fix({key: _clean_text(_at(ctx.spec, key) or "")})
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, str):
+            return _clean_text(node)
+        if isinstance(node, list):
+            return [clean(v) for v in node]
+        if isinstance(node, dict):
+            return {k: clean(v) for k, v in node.items()}
+        return node
+
+    return Fix({top: clean(_plain(_at(ctx.spec, top)))})
+
+
+def _without(ctx: Context, key: str) -> Fix:
+    """The fix that removes the string at ``key`` (its entry, when it is inside a list)."""
+    top, index = _list_key(key)
+    if index is None:
+        return Fix(unset=(key,))
+    rest = [v for i, v in enumerate(_plain(_at(ctx.spec, top)) or []) if i != index]
+    return Fix({top: rest}) if rest else Fix(unset=(top,))
 
 
 #: Spec strings that name a run, a file, a directory or a key: None (unset) is fine, blank never
 #: is. -> (what a blank one breaks, the fix).
 _NAMED_STRINGS: dict[str, tuple[str, str]] = {
     "name": ("the run's folders (runs/<name>) and job name", 'give the run a name, e.g. name = "my-run"'),
+    # the fix of each: the value after `= ` in the hint (quoted), else removing the key
     "checkpoint.save": ("the checkpoint directory", "remove checkpoint.save (unset: no checkpoints), or give a directory"),
     "checkpoint.load": ("the directory to load from", "remove checkpoint.load (unset: it loads from checkpoint.save)"),
     "logging.run_dir": ("the run directory", "remove logging.run_dir (unset: runs/<name>)"),
@@ -87,19 +160,29 @@ def _blank(value: Any) -> bool:
     "names and paths are not empty or blank",
 )
 def _blank_value(ctx: Context) -> Iterator[Finding]:
-    for key, (what, fix) in _NAMED_STRINGS.items():
+    for key, (what, hint) in _NAMED_STRINGS.items():
         if _blank(ctx.value(key)):
-            yield Finding(key, f"is empty or blank, but names {what}", fix)
+            named = hint.partition(' = "')[2].partition('"')[0]
+            yield Finding(key, f"is empty or blank, but names {what}", hint,
+                          fix=Fix({key: named}) if named else Fix(unset=(key,)))
     d = ctx.spec.data
     for key in ("train", "valid"):
         blank = [e.prefix for e in getattr(d, key) if _blank(e.prefix)]
         if blank:
+            rest = [_plain(e) for e in getattr(d, key) if not _blank(e.prefix)]
+            # with no entry left, training data is the user's to name (no fix of keys); validation
+            # data may go (the split of data.train gives it)
+            fix = Fix({f"data.{key}": rest}) if rest else Fix(unset=(f"data.{key}",)) if key == "valid" else None
             yield Finding(f"data.{key}", f"{len(blank)} entr{'y' if len(blank) == 1 else 'ies'} with an empty or blank "
                           "prefix, which names no dataset", "give each entry an indexed-dataset PREFIX (PREFIX.bin and "
-                          "PREFIX.idx, written by `dlmspec data prepare`), or remove it", value=blank)
+                          "PREFIX.idx, written by `dlmspec data prepare`), or remove it"
+                          + (f": {fix.text()}" if fix else ""), value=blank,
+                          fix=fix)
     tok = d.tokenizer
     for key, hint in _TOKENIZER_FILE_HINTS.items():
         if _blank(getattr(tok, key)):
             needed = key in TOKENIZER_NEEDS[tok.type]
+            # a file the tokenizer reads is the user's to name: no fix of keys
             yield Finding(f"data.tokenizer.{key}", "is empty or blank, which names no file",
-                          hint if needed else f"remove data.tokenizer.{key} ({tok.type} does not read it)")
+                          hint if needed else f"remove data.tokenizer.{key} ({tok.type} does not read it)",
+                          fix=None if needed else Fix(unset=(f"data.tokenizer.{key}",)))

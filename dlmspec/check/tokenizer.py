@@ -7,12 +7,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.resolve import GPT2_VOCAB_SIZE, TOKENIZER_KEYS, TOKENIZER_READS
 from dlmspec.tokenizers import GPT2_EOD_TOKEN, read_json
-
-
-#: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
-GPT2_VOCAB_SIZE = 50257
 
 
 #: The keys each tokenizer type reads (its files, or NullTokenizer's size).
@@ -39,9 +36,32 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
                 "model": "set data.tokenizer.model to a tokenizer.json, a folder or a .model file",
                 "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json)",
                 "merge_file": "set data.tokenizer.merge_file (GPT-2 merges.txt)",
-                "vocab_size": f"set data.tokenizer.vocab_size, e.g. {ctx.spec.model.vocab_size - 1}",
+                "vocab_size": f"set data.tokenizer.vocab_size, e.g. vocab_size = {ctx.spec.model.vocab_size - 1}",
             }[key]
-            yield Finding(f"data.tokenizer.{key}", f"{tok.type} needs {key}", hint)
+            # the files are the user's to name; NullTokenizer's size follows from the model's
+            fix = Fix({"data.tokenizer.vocab_size": ctx.spec.model.vocab_size - 1}) if key == "vocab_size" else None
+            yield Finding(f"data.tokenizer.{key}", f"{tok.type} needs {key}", hint, fix=fix)
+
+
+@rule(
+    "tokenizer-keys-ignored",
+    "warning",
+    "Megatron-LM build_tokenizer (dlmspec.tokenizers.build_tokenizer): each tokenizer type reads its own keys "
+    "(NullTokenizer vocab_size, GPT2BPETokenizer vocab_file and merge_file, the others model); the embedding's "
+    "size is model.vocab_size",
+    "data.tokenizer sets only keys its type reads",
+)
+def _tokenizer_ignored(ctx: Context) -> Iterator[Finding]:
+    tok = ctx.spec.data.tokenizer
+    for key in TOKENIZER_KEYS:
+        value = getattr(tok, key)
+        if value is None or key in TOKENIZER_READS[tok.type] or (isinstance(value, str) and not value.strip()):
+            continue  # read, unset, or blank (blank-value)
+        fix = Fix(unset=(f"data.tokenizer.{key}",))
+        what = (" (the size of a NullTokenizer; the embedding's is model.vocab_size)" if key == "vocab_size"
+                else "")
+        yield Finding(f"data.tokenizer.{key}", f"has no effect: {tok.type} does not read it{what}",
+                      f"{fix.text()} (left from another tokenizer type?)", fix=fix)
 
 
 @rule(
@@ -54,15 +74,17 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
 def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
     tok, vocab = ctx.spec.data.tokenizer, ctx.spec.model.vocab_size
     if tok.type == "NullTokenizer" and tok.vocab_size is not None and tok.vocab_size + 1 > vocab:
+        fix = Fix({"model.vocab_size": tok.vocab_size + 1})
         yield Finding(
             "model.vocab_size",
             f"NullTokenizer(vocab_size = {tok.vocab_size}) emits ids up to {tok.vocab_size} (its eod), "
             "beyond the embedding",
-            f"use model.vocab_size >= {tok.vocab_size + 1}, or data.tokenizer.vocab_size <= {vocab - 1}",
+            f"use model.vocab_size = {tok.vocab_size + 1} (or more), or data.tokenizer.vocab_size <= {vocab - 1}",
+            fix=fix,
         )
     elif tok.type == "GPT2BPETokenizer" and vocab < GPT2_VOCAB_SIZE:
         yield Finding("model.vocab_size", f"GPT-2's BPE emits {GPT2_VOCAB_SIZE} ids, more than the embedding has",
-                      f"use model.vocab_size = {GPT2_VOCAB_SIZE}")
+                      f"use model.vocab_size = {GPT2_VOCAB_SIZE}", fix=Fix({"model.vocab_size": GPT2_VOCAB_SIZE}))
 
 
 @rule(
@@ -90,6 +112,7 @@ def _eod_range(ctx: Context) -> Iterator[Finding]:
         "vocabulary can end with it, and train.py stops at start-up",
         f"use the id `dlmspec data prepare --append-eod` wrote (the tokenizer's end-of-document token), "
         f"e.g. eod_id = {example}, or raise model.vocab_size",
+        fix=Fix({"data.tokenizer.eod_id": example}),
     )
 
 

@@ -22,6 +22,7 @@ pydantic and the spec models (:mod:`dlmspec.spec.models`) are imported only to v
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -29,9 +30,9 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.errors import Fix, SpecError, SpecIssue
 from dlmspec.spec.dotted import (LONG_NUMBER, MAX_DEPTH, SetValueError, TooDeep, deep_merge, flatten_keys, nesting_message,
                                   parse_set_value, set_dotted, too_deep)
 
@@ -157,10 +158,11 @@ def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[Spe
             shown: Any = node if len(digits) <= 30 else f"{sign}{digits[:12]}... ({len(digits)} digits)"
             file, line = locate_key(origins, key, path)
             example = _default_example(key)
+            fix = Fix({key: int(example.rpartition(" = ")[2])}) if example else None
             issues.append(SpecIssue(key, f"does not fit in int64 (-{INT64_MAX + 1} .. {INT64_MAX}), the integer type "
                                     "megatron-core, torch and numpy hold counts, sizes, ids and seeds in",
                                     value=shown, hint=_INT64_HINT + (f", e.g. {example}" if example else ""),
-                                    rule="int64", file=file, line=line))
+                                    rule="int64", file=file, line=line, fix=fix))
     return issues
 
 
@@ -413,7 +415,8 @@ def _load_toml(path: Path) -> tuple[dict[str, Any], dict[str, Origin], dict[str,
             assert ref is not None
             raise SpecError([SpecIssue("extends", f"circular extends: {names}", value=ref.written,
                                        hint="remove the extends that leads back: a spec cannot extend itself or a "
-                                       "spec that extends it", rule="extends", file=ref.file, line=ref.line)])
+                                       "spec that extends it", rule="extends", file=ref.file, line=ref.line,
+                                       fix=Fix(unset=("extends",)))])
         if len(seen) == MAX_EXTENDS:
             assert ref is not None
             shown = [p.name for p in seen]
@@ -599,6 +602,7 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
     value = err.get("input") if kind != "missing" else None
     message = err["msg"]
     hint = None
+    fix = None
     rule = "schema"
     if kind == "name_placeholder":  # a Spec built in Python; files are checked before (_placeholder_issues)
         key, value, _ = err["ctx"]["problems"][0]
@@ -610,6 +614,10 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         message = "unknown preset"
         hint = preset_hint(value)
         rule = "unknown-preset"
+        close = _close_presets(value)
+        if close:
+            fix = Fix({key: close[0]})
+            hint = hint.replace("? (", f"? {fix.text()} (", 1)
     elif kind == "extra_forbidden":
         model = _model_at(loc[:-1])
         options = list(model.model_fields) if model else []
@@ -618,12 +626,20 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         close = get_close_matches(loc[-1], options, n=1)
         message = "unknown key"
         hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(options)}" if options else None)
+        if close:  # the hint names the key; the fix renames it, keeping the value
+            fix = Fix({".".join([*loc[:-1], close[0]]): err.get("input")}, (key,))
         if loc[-1].lower() in KEY_ALIASES:
             hint = f"write {KEY_ALIASES[loc[-1].lower()]}"
+            fix = None
         value = None
     elif kind == "literal_error":
         hint = "use " + message.removeprefix("Input should be ")
         message = "not an allowed value"
+        model = _model_at(loc[:-1])
+        field = model.model_fields.get(loc[-1]) if model is not None else None
+        allowed = [a for a in _literals(field.annotation) if a != value] if field is not None else []
+        if allowed:
+            fix = Fix({key: allowed[0]})
     elif kind == "missing":
         hint = "add it to the spec, or set [model] preset = \"...\" for the model dimensions"
     elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
@@ -631,9 +647,27 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         example = _example_value(loc, kind, err.get("ctx") or {})
         if example is not None:
             hint += f", e.g. {loc[-1]} = {example}"
+            if example != '"..."' and not any(p.isdigit() for p in loc):
+                fix = Fix({key: json.loads(example)})
         message = "wrong type or out of range"
     file, line = locate_key(origins, ".".join(loc), path)
-    return SpecIssue(key=key, message=message, value=value, hint=hint, rule=rule, file=file, line=line)
+    return SpecIssue(key=key, message=message, value=value, hint=hint, rule=rule, file=file, line=line, fix=fix)
+
+
+def _literals(annotation: Any) -> list[Any]:
+    """The values of the ``Literal`` in ``annotation`` (inside ``X | None`` too), in order."""
+    if get_origin(annotation) is Literal:
+        return list(get_args(annotation))
+    return [v for arg in get_args(annotation) for v in _literals(arg)]
+
+
+def _close_presets(name: str) -> list[str]:
+    """The preset ids closest to ``name`` (case and small typos forgiven), best first."""
+    from difflib import get_close_matches
+
+    from dlmspec.spec.presets import preset_names
+
+    return get_close_matches(name.lower(), preset_names(), n=3, cutoff=0.5)
 
 
 def preset_hint(name: str) -> str:
@@ -641,10 +675,8 @@ def preset_hint(name: str) -> str:
     typos forgiven), else every id."""
     from dlmspec.spec.presets import preset_names
 
-    from difflib import get_close_matches
-
     names = preset_names()
-    close = get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+    close = _close_presets(name)
     if close:
         quoted = [f"'{c}'" for c in close]
         options = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]

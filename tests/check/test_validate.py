@@ -82,6 +82,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("world-divisible-by-model-parallel", {"cluster.gpus_per_node": 6, "parallel.tensor_model_parallel_size": 4},
      "parallel.tensor_model_parallel_size"),
     ("world-divisible-by-model-parallel", {"parallel.context_parallel_size": 16}, "parallel.context_parallel_size"),
+    # no TP size fits 3 GPUs with PP 2: the fix is the node count
+    ("world-divisible-by-model-parallel", {"cluster.gpus_per_node": 3, "parallel.pipeline_model_parallel_size": 2,
+                                           "parallel.tensor_model_parallel_size": 2}, "parallel.tensor_model_parallel_size"),
     ("world-divisible-by-expert-parallel", {"model.num_experts": 16, "parallel.expert_model_parallel_size": 16},
      "parallel.expert_model_parallel_size"),
     ("tp-divides-heads", {"model.num_attention_heads": 12, "model.kv_channels": 32,
@@ -203,6 +206,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("tokenizer-files", {"data.tokenizer.type": "GPT2BPETokenizer", "model.vocab_size": 50257},
      "data.tokenizer.vocab_file"),
     ("tokenizer-vocab", {"data.tokenizer.vocab_size": 1000}, "model.vocab_size"),
+    # a NullTokenizer's size left behind when the tokenizer changed (issue 17): GPT-2's BPE ignores it
+    ("tokenizer-keys-ignored", {"data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json",
+                                                   "merge_file": "m.txt", "vocab_size": 50257},
+                                "model.vocab_size": 50304}, "data.tokenizer.vocab_size"),
+    ("tokenizer-keys-ignored", {"data.tokenizer.model": "org/tok"}, "data.tokenizer.model"),
     ("path-not-found", {}, "data.train"),
     ("path-not-found", {"data.tokenizer.type": "SentencePieceTokenizer", "data.tokenizer.model": "no/such/tok.model"},
      "data.tokenizer.model"),
@@ -334,6 +342,19 @@ def test_rule_fires(rule: str, changes: dict[str, Any], key: str) -> None:
     assert issue.message and issue.hint, "every issue says why and what works"
 
 
+def test_a_leftover_tokenizer_key_warns_with_its_removal() -> None:
+    """``data.tokenizer.vocab_size`` sizes only a NullTokenizer: left in a spec whose tokenizer is
+    GPT-2's BPE (after ``--set data.tokenizer.type=...``) it is a warning whose fix removes it."""
+    spec = make({"data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json", "merge_file": "m.txt",
+                                    "vocab_size": 999}, "model.vocab_size": 50304})
+    (issue,) = [i for i in find(("spec",), spec) if i.rule == "tokenizer-keys-ignored"]
+    assert (issue.key, issue.severity, issue.value) == ("data.tokenizer.vocab_size", "warning", 999)
+    assert "GPT2BPETokenizer" in issue.message and "remove data.tokenizer.vocab_size" in issue.hint
+    assert issue.fix is not None and issue.fix.unset == ("data.tokenizer.vocab_size",) and not issue.fix.set
+    # the keys a type reads are quiet: BASE (NullTokenizer with vocab_size) has no issue
+    assert not [i for i in find(("spec",), make()) if i.rule == "tokenizer-keys-ignored"]
+
+
 def test_rule_metadata() -> None:
     for rule in RULES.values():
         assert rule.severity in ("error", "warning")
@@ -388,7 +409,8 @@ def test_tp_hint_lists_only_working_sizes() -> None:
     issue = next(i for i in find(("spec",), make({"parallel.tensor_model_parallel_size": 8, "model.num_query_groups": 4,
                                                "model.num_attention_heads": 12, "model.kv_channels": 32}))
                  if i.rule == "tp-divides-heads")
-    assert issue.hint == "use parallel.tensor_model_parallel_size = 1, 2 or 4"
+    assert issue.hint == "set parallel.tensor_model_parallel_size = 4 (also 1 or 2 fit)"
+    assert issue.fix is not None and issue.fix.set == {"parallel.tensor_model_parallel_size": 4}
 
 
 def test_batch_hint_gives_neighbouring_multiples() -> None:
@@ -503,7 +525,7 @@ def test_huge_sizes_get_hints_not_hangs() -> None:
     issue = next(i for i in find(("spec",), make({"model.num_attention_heads": 2**61 - 1, "model.kv_channels": 32,
                                                "parallel.tensor_model_parallel_size": 8}))
                  if i.rule == "tp-divides-heads")
-    assert issue.hint == "use parallel.tensor_model_parallel_size = 1"
+    assert issue.hint == "set parallel.tensor_model_parallel_size = 1"
 
 
 @pytest.mark.parametrize(
@@ -573,7 +595,7 @@ def test_mask_token_is_not_the_tokenizers_pad_id(tmp_path: Path, files: dict[str
     assert (issue.rule, issue.key, issue.value, issue.severity) == ("mask-token-not-pad", "objective.mask_token_id", 7,
                                                                     "error")
     assert "'<pad>'" in issue.message and "indistinguishable from a masked one" in issue.message
-    assert "e.g. 1000" in issue.hint
+    assert "objective.mask_token_id = 1000" in issue.hint
     assert _pad_issues(_hf(folder, **{"objective.mask_token_id": 1000})) == []
     assert _pad_issues(_hf(folder, **{"objective.mask_token_id": 7}), paths=False) == []
 
@@ -627,7 +649,8 @@ def test_validate_reports_mask_equal_to_pad_with_file_line_and_fix(tmp_path: Pat
     assert (issue["rule"], issue["key"], issue["value"]) == ("mask-token-not-pad", "objective.mask_token_id", 7)
     assert issue["file"].endswith("pad.toml") and text.splitlines()[issue["line"] - 1] == "mask_token_id = 7"
     assert "padded position would be indistinguishable from a masked one" in issue["message"]
-    assert issue["hint"] == "use another objective.mask_token_id, e.g. 1000 (a padded slot of the embedding)"
+    assert issue["hint"] == "use another id: set objective.mask_token_id = 1000 (a padded slot of the embedding)"
+    assert issue["fix"] == {"set": {"objective.mask_token_id": 1000}, "unset": []}
     spec.write_text(text.replace("mask_token_id = 7", "mask_token_id = 1000"))
     assert main(["validate", str(spec)]) == 0
 
