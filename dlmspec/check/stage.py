@@ -181,6 +181,7 @@ def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:
             hint,
             value=written,
             severity=None if checkpoint else "warning",
+            fix=Fix({key: fixed}),
         )
 
 

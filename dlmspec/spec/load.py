@@ -175,11 +175,11 @@ def _placeholder_issues(data: dict[str, Any], origins: dict[str, Origin], path: 
 
 
 def _placeholder_issue(key: str, value: str, origins: dict[str, Origin], path: Path) -> SpecIssue:
-    from dlmspec.spec.names import problem_hint, problem_message
+    from dlmspec.spec.names import problem_hint, problem_message, suggest
 
     file, line = locate_key(origins, key, path)
     return SpecIssue(key, problem_message(value), value=value, hint=problem_hint(key, value),
-                     rule="name-placeholder", file=file, line=line)
+                     rule="name-placeholder", file=file, line=line, fix=Fix({key: suggest(value)}))
 
 
 def _default_example(key: str) -> str | None:

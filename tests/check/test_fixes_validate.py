@@ -61,6 +61,12 @@ def examples() -> dict[str, Example]:
     found["toml"] = Example(copy.deepcopy(agree.BASE), kind="broken-toml")
     found["python"] = Example(copy.deepcopy(agree.BASE), kind="raising-py")
     found["nesting"] = Example(copy.deepcopy(agree.BASE), kind="deep-toml")
+    found["name-placeholder"] = Example(_base({"checkpoint.save": "runs/{nmae}/checkpoints"}))
+    # a spec that renames the run of the spec it extends (base.toml, written for the run "t")
+    parent = tomli_w.dumps(_base({"checkpoint.save": "runs/t/checkpoints"}))
+    found["checkpoint-inherited"] = Example({"extends": "base.toml", "name": "other",
+                                             "logging": {"tensorboard_dir": "runs/other/tensorboard"}},
+                                            kind="toml", files={"base.toml": parent})
     return found
 
 
@@ -126,12 +132,6 @@ ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
 
 #: Rules this test does not apply a fix to yet, with the reason (each one a TODO).
 NOT_COVERED: dict[str, str] = {
-    # TODO(lead): another helper is changing checkpoint-inherited (issue 17, extends); add its
-    # structured fix and an example here after merging that branch.
-    "checkpoint-inherited": "being changed on the extends branch; its example needs two files",
-    # TODO(lead): name-placeholder arrives with the i17-extends branch (merged into main after this
-    # branch started): add its structured fix and example after merging, and remove it here.
-    "name-placeholder": "added on the extends branch, not on this one",
     "plan": "no spec reaches it (the planner raises only for GPUs the memory rules skip); "
             "test_validate_compile_agree.test_plan_example fakes the failure",
 }
@@ -247,7 +247,7 @@ def errors(issues: list[SpecIssue]) -> set[tuple[str, str]]:
 
 
 #: Rules of NOT_COVERED that another branch adds (absent where that branch is not merged).
-PENDING = {"name-placeholder"}
+PENDING: set[str] = set()
 
 
 def test_every_rule_is_covered() -> None:
