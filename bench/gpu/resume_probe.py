@@ -85,3 +85,44 @@ def install() -> None:
         return original(parts, stage, feed, iteration)
 
     training.train_step = train_step
+    if os.environ.get("RESUME_PROBE_INPUTS"):
+        _install_inputs(os.path.join("runs", name, "inputs.jsonl"))
+
+
+def _install_inputs(path: str) -> None:
+    """With ``RESUME_PROBE_INPUTS=1``: one JSON line per training microbatch with fingerprints of
+    what the objective prepared (input ids, labels, loss weights, positions, attention mask),
+    then one per loss with the output layer's input (hidden states) and the loss sum, so a
+    difference after a resume is placed: the batch, the forward, or the loss."""
+    from dlmspec.backends.megatron import stage as stage_module
+
+    def write(record: dict) -> None:
+        if int(os.environ.get("RANK", "0")) == 0:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def fp(t):
+        return fingerprint(t) if isinstance(t, torch.Tensor) else None
+
+    original_prepare = stage_module.ObjectiveForwardStep.prepare
+
+    def prepare(self, item):
+        ob, position_ids, attention_mask = original_prepare(self, item)
+        if getattr(item, "stream", None) == stage_module.TRAIN_STREAM:
+            write({"what": "batch", "iteration": item.iteration, "index": item.index,
+                   "tokens": fp(item.batch["tokens"]), "input_ids": fp(ob.input_ids), "labels": fp(ob.labels),
+                   "loss_weights": fp(ob.loss_weights), "position_ids": fp(position_ids),
+                   "attention_mask": fp(attention_mask), "num_tokens": int(ob.num_tokens)})
+        return ob, position_ids, attention_mask
+
+    stage_module.ObjectiveForwardStep.prepare = prepare
+    original_fused = stage_module._fused_loss_func
+
+    def fused(ob, weight, impl, hidden):
+        out = original_fused(ob, weight, impl, hidden)
+        if torch.is_grad_enabled():
+            write({"what": "loss", "hidden": fp(hidden), "weight": fp(weight), "loss_sum": fp(out[0].detach())})
+        return out
+
+    stage_module._fused_loss_func = fused
