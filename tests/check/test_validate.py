@@ -211,6 +211,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
                                                    "merge_file": "m.txt", "vocab_size": 50257},
                                 "model.vocab_size": 50304}, "data.tokenizer.vocab_size"),
     ("tokenizer-keys-ignored", {"data.tokenizer.model": "org/tok"}, "data.tokenizer.model"),
+    # an eod_id left from another tokenizer (issue 17's trial: gpt-neox's 0 on GPT-2's BPE)
+    ("eod-id-tokenizer", {"data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json",
+                                             "merge_file": "m.txt", "eod_id": 0},
+                          "model.vocab_size": 50304}, "data.tokenizer.eod_id"),
+    ("eod-id-tokenizer", {"data.tokenizer.eod_id": 5}, "data.tokenizer.eod_id"),
     ("path-not-found", {}, "data.train"),
     ("path-not-found", {"data.tokenizer.type": "SentencePieceTokenizer", "data.tokenizer.model": "no/such/tok.model"},
      "data.tokenizer.model"),
@@ -680,3 +685,21 @@ def test_schema_errors_and_rule_errors_are_reported_in_one_run(tmp_path) -> None
     with pytest.raises(SpecError) as info:
         load_for("spec", path)
     assert {i.rule for i in info.value.errors} == {"schema"}
+
+
+def test_an_inherited_tokenizer_key_is_not_reported(tmp_path) -> None:
+    """A child that changes the tokenizer type cannot remove the keys its parent wrote for the
+    old type (TOML has no null): those are not reported, so ``--strict`` can pass; the same key
+    written in the child itself is (issue 17's new-user trial)."""
+    from dlmspec.check import load_for
+
+    parent = tmp_path / "parent.toml"
+    parent.write_text(Path(__file__).resolve().parents[2].joinpath("specs", "demo-dlm.toml").read_text())
+    child = tmp_path / "child.toml"
+    child.write_text('extends = "parent.toml"\nname = "child"\n[data.tokenizer]\ntype = "NullTokenizer"\n'
+                     'vocab_size = 50256\n')
+    issues = load_for("validate", child, [])[2]
+    assert not [i for i in issues if i.rule == "tokenizer-keys-ignored"], [(i.key, i.file) for i in issues]
+    child.write_text(child.read_text() + 'model = "leftover"\n')
+    (issue,) = [i for i in load_for("validate", child, [])[2] if i.rule == "tokenizer-keys-ignored"]
+    assert issue.key == "data.tokenizer.model"
