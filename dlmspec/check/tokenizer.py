@@ -52,11 +52,17 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
     "data.tokenizer sets only keys its type reads",
 )
 def _tokenizer_ignored(ctx: Context) -> Iterator[Finding]:
+    """Keys written in the spec itself or by ``--set``; a key a parent file (``extends``) wrote is
+    left alone: the child cannot remove it (TOML has no null), so the warning would have no fix."""
     tok = ctx.spec.data.tokenizer
+    parents = set(list(ctx.loaded.files)[1:]) if ctx.loaded is not None else set()
     for key in TOKENIZER_KEYS:
         value = getattr(tok, key)
         if value is None or key in TOKENIZER_READS[tok.type] or (isinstance(value, str) and not value.strip()):
             continue  # read, unset, or blank (blank-value)
+        origin = ctx.loaded.origins.get(f"data.tokenizer.{key}", (None, None))[0] if ctx.loaded is not None else None
+        if origin in parents:
+            continue
         fix = Fix(unset=(f"data.tokenizer.{key}",))
         what = (" (the size of a NullTokenizer; the embedding's is model.vocab_size)" if key == "vocab_size"
                 else "")
@@ -85,6 +91,41 @@ def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
     elif tok.type == "GPT2BPETokenizer" and vocab < GPT2_VOCAB_SIZE:
         yield Finding("model.vocab_size", f"GPT-2's BPE emits {GPT2_VOCAB_SIZE} ids, more than the embedding has",
                       f"use model.vocab_size = {GPT2_VOCAB_SIZE}", fix=Fix({"model.vocab_size": GPT2_VOCAB_SIZE}))
+
+
+@rule(
+    "eod-id-tokenizer",
+    "error",
+    "megatron-core GPT2BPETokenizer (eod = <|endoftext|> of vocab.json) and NullTokenizer (eod = vocab_size); "
+    "dlmspec data prepare --append-eod appends the tokenizer's own eod",
+    "data.tokenizer.eod_id, where set, is the tokenizer's own end-of-document id",
+)
+def _eod_tokenizer(ctx: Context) -> Iterator[Finding]:
+    """GPT-2's BPE and megatron-core's NullTokenizer fix their end-of-document id (the data holds
+    it: ``data prepare --append-eod`` appends it); an ``eod_id`` left from another tokenizer (the
+    reported case: gpt-neox's 0 on GPT-2's BPE, where 0 is ``!``) would make the runtime take an
+    ordinary token for the document end. Other types keep theirs in files not read here."""
+    tok = ctx.spec.data.tokenizer
+    if tok.eod_id is None:
+        return
+    if tok.type == "GPT2BPETokenizer":
+        own, what = tokenizer_eod_of_gpt2(tok.vocab_file), f"GPT-2's BPE ({GPT2_EOD_TOKEN})"
+    elif tok.type == "NullTokenizer" and tok.vocab_size is not None:
+        own, what = tok.vocab_size, f"NullTokenizer(vocab_size = {tok.vocab_size})"
+    else:
+        return
+    if tok.eod_id != own:
+        yield Finding("data.tokenizer.eod_id",
+                      f"is not the end-of-document id of {what}, which is {own}: the data holds {own} at each "
+                      f"document's end, and the run would take token {tok.eod_id} for it",
+                      f"set data.tokenizer.eod_id = {own}", fix=Fix({"data.tokenizer.eod_id": own}))
+
+
+def tokenizer_eod_of_gpt2(vocab_file: str | None) -> int:
+    """GPT-2 BPE's ``<|endoftext|>`` id: from ``vocab_file`` when it is readable JSON, else 50256."""
+    vocab = read_json(vocab_file) if vocab_file else None
+    value = vocab.get(GPT2_EOD_TOKEN) if isinstance(vocab, dict) else None
+    return value if isinstance(value, int) else GPT2_VOCAB_SIZE - 1
 
 
 @rule(
