@@ -3,6 +3,7 @@ and logging (wandb, the profiler window)."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Iterator
@@ -110,7 +111,7 @@ _SHARED = {
     "checkpoint.save": "saves into that run's folder and, on every relaunch, resumes that run's latest checkpoint",
     "checkpoint.load": "resumes that run's latest checkpoint",
     "logging.run_dir": "writes its metrics.jsonl and exit_status.json into that run's folder",
-    "logging.tensorboard_dir": "writes its TensorBoard events among that run's",
+    "logging.tensorboard_dir": "writes its TensorBoard events among that run's events",
     "logging.wandb_exp_name": "logs to wandb under that run's name",
     "cluster.slurm.job_name": "is queued under that run's SLURM job name",
 }
@@ -168,7 +169,13 @@ def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:
         if not (checkpoint or named):
             continue
         # what the parent wrote is spec text already (braces doubled): the name becomes {name}
-        fixed = _name_word(other).sub(lambda _: PLACEHOLDER, written) if named else "runs/{name}/checkpoints"
+        if key == "logging.tensorboard_dir":
+            # the runtime writes events to <run_dir>/tensorboard only (rule runtime-tensorboard-dir)
+            fixed = posixpath.join(ctx.spec.logging.run_dir or "runs/" + PLACEHOLDER, "tensorboard")
+            if ctx.spec.logging.run_dir and ctx.spec.name in ctx.spec.logging.run_dir:
+                fixed = _name_word(ctx.spec.name).sub(lambda _: PLACEHOLDER, fixed)
+        else:
+            fixed = _name_word(other).sub(lambda _: PLACEHOLDER, written) if named else "runs/{name}/checkpoints"
         quoted = fixed.replace("\\", "\\\\").replace('"', '\\"')
         hint = f'set {key} = "{quoted}" in this spec ({PLACEHOLDER} is its name)'
         if checkpoint:

@@ -538,6 +538,11 @@ def new(
     """
     use_json(ctx, json_output)
     target = Path(output)
+    if target.suffix != ".toml":
+        stem = target.stem if target.suffix else target.name
+        raise SpecError([SpecIssue("<output>", "dlmspec new writes a TOML spec, so its file name ends in .toml "
+                                   "(a .py name would hold TOML that Python cannot run)", value=output,
+                                   hint=f"use {target.with_name(stem + '.toml')}", rule="arguments")])
     if (preset is None) == (from_ is None):
         raise SpecError([SpecIssue("--preset", "give exactly one of --preset NAME and --from NAME", value=preset,
                                    hint="e.g. --preset qwen3-0.6b, or --from demo-dlm", rule="arguments")])

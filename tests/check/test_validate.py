@@ -703,3 +703,24 @@ def test_an_inherited_tokenizer_key_is_not_reported(tmp_path) -> None:
     child.write_text(child.read_text() + 'model = "leftover"\n')
     (issue,) = [i for i in load_for("validate", child, [])[2] if i.rule == "tokenizer-keys-ignored"]
     assert issue.key == "data.tokenizer.model"
+
+
+def test_inherited_tensorboard_fix_agrees_with_the_runtime_rule(tmp_path) -> None:
+    """checkpoint-inherited's fix of an inherited TensorBoard folder is <run_dir>/tensorboard, the
+    one folder the runtime writes (rule runtime-tensorboard-dir): applied, neither rule fires
+    (issue 17's new-user trial found the two fixes disagreeing)."""
+    from dlmspec.check import load_for
+
+    text = Path(__file__).resolve().parents[2].joinpath("specs", "demo-dlm.toml").read_text()
+    text = text.replace('name = "demo-dlm"', 'name = "p4"').replace(
+        'tensorboard_dir = "runs/{name}/tensorboard"', 'tensorboard_dir = "runs/p4/tb"')
+    (tmp_path / "p4.toml").write_text(text)
+    child = tmp_path / "c4.toml"
+    child.write_text('extends = "p4.toml"\nname = "c4"\n')
+    issues = load_for("validate", child, [])[2]
+    (inherited,) = [i for i in issues if i.rule == "checkpoint-inherited" and i.key == "logging.tensorboard_dir"]
+    assert "that run's events" in inherited.message
+    value = inherited.fix.set["logging.tensorboard_dir"]
+    child.write_text(child.read_text() + f'[logging]\ntensorboard_dir = "{value}"\n')
+    after = load_for("validate", child, [])[2]
+    assert not [i for i in after if i.key == "logging.tensorboard_dir"], [(i.rule, i.hint) for i in after]

@@ -598,3 +598,13 @@ def test_schema_command(tmp_path: Path) -> None:
     refused = run("schema", "--output", str(out))
     assert refused.exit_code == EXIT_USAGE and "--force" in refused.stderr
     assert run("schema", "--output", str(out), "--force").exit_code == 0
+
+
+def test_new_refuses_a_file_name_that_is_not_toml(tmp_path: Path) -> None:
+    """``dlmspec new x.py`` wrote TOML into a .py file, which Python then could not run (issue 17's
+    new-user trial): a name that does not end in .toml is refused, with the .toml name as fix."""
+    out = tmp_path / "x.py"
+    result = run("new", str(out), "--from", "demo-dlm", "--json")
+    assert result.exit_code == 2 and not out.exists()
+    (issue,) = json.loads(result.stdout)["issues"]
+    assert issue["key"] == "<output>" and issue["hint"].endswith("x.toml")
