@@ -35,7 +35,7 @@ from typing import Any
 
 from dlmspec.cli.output import report_issues
 from dlmspec.cli.validate import run_validate
-from dlmspec.errors import EXIT_USAGE, SpecError
+from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 
 # --------------------------------------------------------------------------------------------
 # Entry point
@@ -199,9 +199,45 @@ def main(argv: list[str] | None = None) -> int:
         return _run_fast(*fast)
     from dlmspec.cli.commands import app  # here: importing typer and registering the commands is what the fast path skips
 
+    if "--json" in args:
+        return _run_json(app, args)
     try:
         app(args=argv, prog_name="dlmspec", standalone_mode=True)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _run_json(app: Any, args: list[str]) -> int:
+    """Run ``app`` for a ``--json`` command line: a usage error (a missing argument, an unknown
+    option, a value of the wrong type: click's ``UsageError``) is printed as the JSON envelope,
+    ``ok: false`` with one issue naming the option, instead of only a usage box on stderr; exit
+    code 2 either way."""
+    try:  # typer >= 0.20 carries its own copy of click
+        from typer._click import exceptions as click_exceptions
+    except ImportError:  # pragma: no cover - older typer on click
+        from click import exceptions as click_exceptions
+
+    from dlmspec.cli.output import print_envelope
+
+    try:
+        returned = app(args=args, prog_name="dlmspec", standalone_mode=False)
+    except click_exceptions.UsageError as exc:
+        param = getattr(exc, "param", None)
+        key = (max(param.opts, key=len) if param is not None and getattr(param, "opts", None) else None) \
+            or getattr(exc, "option_name", None) or "<arguments>"
+        if param is not None and getattr(param, "param_type_name", "") == "argument":
+            key = (getattr(param, "metavar", None) or str(getattr(param, "name", "") or "argument")).upper()
+        words = exc.ctx.command_path.split()[1:] if exc.ctx is not None else []
+        command = " ".join(words) or "dlmspec"
+        issue = SpecIssue(key, exc.format_message(), hint=f"see dlmspec {command} -h".replace("dlmspec dlmspec", "dlmspec"),
+                          rule="usage")
+        print_envelope(command, ok=False, issues=[issue])
+        return EXIT_USAGE
+    except click_exceptions.Abort:
+        return 1
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return returned if isinstance(returned, int) else 0

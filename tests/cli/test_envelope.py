@@ -199,3 +199,24 @@ def test_a_failed_plan_keeps_the_plan_and_a_strict_failure_lists_its_warnings(
 def test_the_envelope_is_documented() -> None:
     text = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs").glob("*.md"))
     assert '"schema": "dlmspec.result"' in text
+
+
+@pytest.mark.parametrize("args, command, key", [
+    (["validate", "--json"], "validate", "SPEC"),
+    (["compile", "specs/demo-dlm.toml", "--json"], "compile", "--output"),
+    (["validate", "specs/demo-dlm.toml", "--bogus", "--json"], "validate", "--bogus"),
+    (["plan", "specs/demo-dlm.toml", "--top", "x", "--json"], "plan", "--top"),
+    (["convert", "verify", "--json"], "convert verify", "HF"),
+    (["data", "prepare", "--json"], "data prepare", "--output-prefix"),
+])
+def test_usage_errors_print_the_envelope(args, command, key, capsys, monkeypatch) -> None:
+    """A usage error (missing argument or option, unknown option, a value of the wrong type) with
+    --json prints the envelope too, not only click's usage box (issue 17's new-user trial)."""
+    from dlmspec.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert main(args) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["schema"], doc["command"], doc["ok"], doc["result"]) == ("dlmspec.result", command, False, None)
+    (issue,) = doc["issues"]
+    assert issue["key"] == key and issue["rule"] == "usage" and issue["hint"] == f"see dlmspec {command} -h"
