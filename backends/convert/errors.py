@@ -15,12 +15,15 @@ class ConversionError(Exception):
     Attributes:
         tensor: the tensor name (or config key / path) the problem is about, or ``None``.
         expected: what was expected there (a shape, a value, a description), or ``None``.
+        hint: what the user can do (the command prints it as ``fix:``), or ``None``.
     """
 
-    def __init__(self, message: str, *, tensor: str | None = None, expected: object = None):
+    def __init__(self, message: str, *, tensor: str | None = None, expected: object = None,
+                 hint: str | None = None):
         super().__init__(message)
         self.tensor = tensor
         self.expected = expected
+        self.hint = hint
 
 
 class Interrupted(KeyboardInterrupt):

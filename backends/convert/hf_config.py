@@ -56,6 +56,7 @@ def detect_family(config: Mapping[str, Any]) -> str:
             f"(architectures={config.get('architectures')}); known: {sorted(MODEL_TYPES)}",
             tensor="model_type",
             expected=sorted(MODEL_TYPES),
+            hint=f"convert a checkpoint whose config.json has model_type one of {', '.join(sorted(MODEL_TYPES))}",
         )
     return MODEL_TYPES[model_type]
 
@@ -288,7 +289,7 @@ def dims_from_hf_config(
     except ConversionError as exc:
         if source is None:
             raise
-        raise ConversionError(f"{source}: {exc}", tensor=exc.tensor, expected=exc.expected) from None
+        raise ConversionError(f"{source}: {exc}", tensor=exc.tensor, expected=exc.expected, hint=exc.hint) from None
 
 
 def _transformers_config_errors() -> tuple[type[BaseException], ...]:

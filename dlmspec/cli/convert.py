@@ -103,15 +103,16 @@ def _start(ctx: typer.Context, json_output: bool) -> None:
     _JSON.set((command_name(ctx), json_output))
 
 
-def _fail(message: str, code: int = EXIT_USAGE, rule: str = "convert") -> None:
-    """Report a refused conversion (``error: MESSAGE`` on stderr, or with ``--json`` the
-    envelope) and exit with ``code``."""
+def _fail(message: str, code: int = EXIT_USAGE, rule: str = "convert", hint: str | None = None,
+          key: str = "<convert>") -> None:
+    """Report a refused conversion (``error: MESSAGE`` and, with a ``hint``, ``fix: HINT`` on
+    stderr, or with ``--json`` the envelope) and exit with ``code``."""
     command, as_json = _JSON.get()
     if as_json:
-        print_envelope(command, ok=False, issues=[SpecIssue("<convert>", message, rule=rule,
+        print_envelope(command, ok=False, issues=[SpecIssue(key, message, rule=rule, hint=hint,
                                                             source="dlmspec.backends.convert")])
     else:
-        typer.secho(f"error: {message}", fg="red", err=True)
+        typer.secho(f"error: {message}" + (f"\n  fix: {hint}" if hint else ""), fg="red", err=True)
     raise typer.Exit(code)
 
 
@@ -124,9 +125,9 @@ def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except ConversionError as exc:
-        _fail(str(exc))
+        _fail(str(exc), hint=getattr(exc, "hint", None))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
-        _fail(f"{exc.strerror or exc}: {exc.filename}")
+        _fail(f"{exc.strerror or exc}: {exc.filename}", hint="check the path and its permissions")
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else 2
         outcome = ("the destination was complete when it came" if getattr(exc, "written", False) else
@@ -165,7 +166,9 @@ def hf_to_mcore_command(
 
     config_path = src / "config.json"
     if not config_path.is_file():
-        _fail(f"{config_path}: no config.json (is {src} a Hugging Face checkpoint folder?)")
+        _fail(f"{config_path}: no config.json, so {src} is not a Hugging Face checkpoint folder", key="SRC",
+              hint="give the folder that holds the checkpoint's config.json and *.safetensors "
+                   "(e.g. what `hf download ORG/MODEL --local-dir DIR` writes)")
     _check_paths(src, dst, force)
     config = _run(read_hf_config, src)
     divisible_by = 128

@@ -92,3 +92,15 @@ def test_convert_errors_without_traceback(tmp_path: Path) -> None:
     result = _run("convert", "hf-to-mcore", str(tmp_path / "nothing"), str(tmp_path / "out"))
     assert result.exit_code == 2 and "config.json" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_folder_without_config_or_of_an_unknown_family_gets_a_fix(tmp_path: Path) -> None:
+    """README promises a fix on convert's error line (issue 17's new-user trial found none)."""
+    result = _run("convert", "hf-to-mcore", str(tmp_path / "nonexist"), str(tmp_path / "dst"))
+    assert result.exit_code == 2 and "fix: give the folder that holds the checkpoint's config.json" in result.output
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"architectures": ["X"]}')
+    result = _run("convert", "hf-to-mcore", str(bad), str(tmp_path / "dst2"), "--json")
+    (issue,) = json.loads(result.stdout)["issues"]
+    assert result.exit_code == 2 and "model_type one of" in issue["hint"] and "qwen3" in issue["hint"]
