@@ -91,6 +91,7 @@ def test_help_reflows_and_flags_show_no_type(path: tuple[str, ...], command: Any
     text = render_help([*path, "--help"], width, monkeypatch)
     assert not broken_lines(text, width), broken_lines(text, width)
     assert "<bool>" not in text
+    assert "\u2026" not in text, [line for line in text.splitlines() if "\u2026" in line]  # nothing cut short
     for line in text.splitlines():
         assert len(line) <= width, line
 
