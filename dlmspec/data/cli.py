@@ -86,14 +86,14 @@ def prepare_command(
     hf_revision: Optional[str] = typer.Option(
         None, "--hf-revision", help="Branch, tag or commit of the dataset (pin it to rerun alike)."
     ),
-    hf_streaming: Optional[bool] = typer.Option(
-        None,
-        "--hf-streaming/--no-hf-streaming",
-        help="Stream the rows (default), or download the split into the Hugging Face cache "
-        "first (kept for offline reruns).",
+    no_hf_streaming: bool = typer.Option(
+        False,
+        "--no-hf-streaming",
+        help="Download the split into the Hugging Face cache first (kept for offline reruns) "
+        "instead of streaming its rows (the default).",
     ),
     output_prefix: str = typer.Option(
-        ..., "--output-prefix", help="Writes OUTPUT_PREFIX_{key}_document.bin/.idx per key."
+        ..., "--output-prefix", help="Output path prefix: a .bin/.idx pair per key of --json-keys, named PREFIX_KEY_document."
     ),
     tokenizer_type: str = typer.Option(
         ..., "--tokenizer-type", help=f"One of {valid_tokenizer_types()}."
@@ -132,15 +132,16 @@ def prepare_command(
         help="Replace an existing dataset at the output names (never an input file).",
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
-    show_progress: bool = typer.Option(
-        True, "--progress/--no-progress", help="Progress bar on stderr."
-    ),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
 ) -> None:
     """Tokenize JSONL or a Hugging Face dataset into Megatron indexed datasets (as Megatron-LM's
     preprocess_data.py)."""
     use_json(ctx, json_output)
     err = Console(stderr=True)
     try:
+        # one flag per choice (a --x/--no-x pair widens the help's name column past 80 columns)
+        hf_streaming = False if no_hf_streaming else None
+        show_progress = not no_progress
         hub = source_from_flags(input, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
         result = prepare(
             input,

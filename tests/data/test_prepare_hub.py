@@ -192,10 +192,10 @@ def local_dataset(tmp_path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("streaming", ["--hf-streaming", "--no-hf-streaming"])
+@pytest.mark.parametrize("streaming", [[], ["--no-hf-streaming"]], ids=["streamed", "downloaded"])
 def test_missing_split_names_the_flag_and_the_splits(tmp_path, local_dataset, streaming):
     message = _error(_invoke(_hub_args(tmp_path, "--hf-dataset", str(local_dataset), "--hf-split",
-                                       "validation", streaming)))
+                                       "validation", *streaming)))
     assert "--hf-split validation" in message and f"--hf-dataset {local_dataset}" in message
     assert "--hf-split train" in message  # the fix: a split it has
 
