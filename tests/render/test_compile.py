@@ -620,6 +620,16 @@ def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path
     assert run.returncode == 2 and "cannot import torch" in run.stderr
 
 
+def test_launch_sh_says_when_the_interpreter_does_not_exist(tmp_path: Path) -> None:
+    """DLMSPEC_PYTHON naming no file is said as such, not as 'cannot import torch' (issue 17's
+    new-user trial)."""
+    compile_spec(spec_file(tmp_path), tmp_path / "out")
+    run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": str(tmp_path / "no-such-python")})
+    assert run.returncode == 2 and "no interpreter" in run.stderr and "DLMSPEC_PYTHON" in run.stderr
+    assert "cannot import" not in run.stderr
+
+
 def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
     resolved = resolve(load(DEMO).spec)
     files = render(resolved, "specs/demo-dlm.toml")
