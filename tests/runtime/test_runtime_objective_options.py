@@ -115,7 +115,7 @@ def test_micro_batch_cut_is_one_length_for_every_row_and_every_rank():
         lengths.add(ob.input_ids.shape[1])
     assert len(lengths) == 1
     # another micro-batch index or iteration draws anew; the draw ignores any rank
-    drawn = {int(obj.cut_length(32, variable_length_generator(1234, it, k))) for it in range(4) for k in range(4)}
+    drawn = {obj.cut_length(32, variable_length_generator(1234, it, k)) or 32 for it in range(4) for k in range(4)}
     assert len(drawn) > 1 and all(1 <= n <= 32 for n in drawn)
 
 
@@ -123,7 +123,7 @@ def test_micro_batch_cut_probability_and_range():
     obj = MaskedDiffusionObjective(MASK, variable_length_prob=0.25, variable_length="micro_batch")
     cuts = [obj.cut_length(8, variable_length_generator(0, it, 0)) for it in range(4000)]
     share = sum(1 for c in cuts if c is not None) / len(cuts)
-    assert abs(share - 0.25) < 0.03
+    assert abs(share - 0.25 * 7 / 8) < 0.02  # a draw of L = 8 is no cut
     assert {c for c in cuts if c is not None} <= set(range(1, 9))
     # a length multiple (context parallelism 2: 2 * cp = 4) rounds down, never below it
     assert {obj.cut_length(8, variable_length_generator(0, it, 0), multiple=4) for it in range(400)} <= {None, 4, 8}
