@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple, runtime_checkable
 
@@ -175,7 +176,9 @@ class PretrainStage:
             reset_attention_mask=run.data.reset_attention_mask, device=ctx.device,
             context_parallel_size=ctx.context_parallel_size,
             loss_normalization=run.objective.loss_normalization,
-            length_multiple=run.objective.variable_length_multiple,
+            # the CP split needs 2 x CP whatever train.py says (megatron-core get_batch_on_this_cp_rank)
+            length_multiple=math.lcm(int(run.objective.variable_length_multiple),
+                                     2 * ctx.context_parallel_size if ctx.context_parallel_size > 1 else 1),
         )
 
     def build_data(self, *, consumed_samples: int, num_chunks: int) -> StageData:
