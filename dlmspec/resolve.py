@@ -53,7 +53,8 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
 
     Returns:
         ``(local_only, te_only)``. Local only (the Transformer Engine path refuses them):
-        variable-length MDM sequences and document masks, which pass an attention mask that the
+        variable-length MDM sequences cut one by one (``objective.variable_length = "sequence"``;
+        a ``"micro_batch"`` cut is a dense shorter micro-batch, which both paths run) and document masks, which pass an attention mask that the
         TE layers would ignore (``dlmspec.backends.megatron.checks.check_masks_supported``), and
         block-causal attention (``dlmspec.backends.megatron.layers.build_layer_spec``). Transformer
         Engine only: fp8 (megatron-core runs fp8 in TE layers), grouped-GEMM experts
@@ -63,7 +64,7 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
     obj, data, par = spec.objective, spec.data, spec.parallel
     local = [text for text, on in (
         (f"objective.variable_length_prob = {obj.variable_length_prob!r}",
-         obj.kind == "mdm" and obj.variable_length_prob > 0),
+         obj.kind == "mdm" and obj.variable_length_prob > 0 and (obj.variable_length or "sequence") == "sequence"),
         ("data.reset_attention_mask = true", data.reset_attention_mask),
         ("objective.attention_mask = 'block_causal'", attention_mask == "block_causal"),
     ) if on]
@@ -443,6 +444,15 @@ class RuntimeValues:
         resume_from_run: ``checkpoint.resume_from_run`` when a resume can happen
             (``checkpoint.resume``), else None: the other spec name whose checkpoints the runtime
             may resume (``CheckpointConfig.resume_from_run``).
+        min_masked_tokens, variable_length, loss_normalization: ``objective.min_masked_tokens``
+            (unset: 0), ``objective.variable_length`` (unset: ``"sequence"``) and
+            ``train.loss_normalization`` (unset: ``"global_token"``) with their defaults filled.
+        calculate_per_token_loss: megatron-core's ``TransformerConfig.calculate_per_token_loss``:
+            True exactly for ``"global_token"`` (docs/recipes.md, "Loss normalisation").
+        variable_length_multiple: what a micro-batch cut's length is a multiple of: 2 x CP
+            (megatron-core's load-balanced CP split, ``get_batch_on_this_cp_rank``) and TP under
+            sequence parallelism (the sequence is split over TP ranks), their least common
+            multiple; 1 without either.
     """
 
     lr_warmup_iters: int
@@ -466,6 +476,11 @@ class RuntimeValues:
     peak_source: str
     init_cache_dir: str | None
     resume_from_run: str | None = None
+    min_masked_tokens: int = 0
+    variable_length: str = "sequence"
+    loss_normalization: str = "global_token"
+    calculate_per_token_loss: bool = True
+    variable_length_multiple: int = 1
 
 
 def runtime_values(resolved: Resolved) -> RuntimeValues:
@@ -485,6 +500,7 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
     else:
         peak, peak_source = float(gpu.bf16_tflops), f"{gpu.name}, dense bf16 peak"
     full = rc.granularity == "full"
+    normalization = tr.loss_normalization or "global_token"
     return RuntimeValues(
         lr_warmup_iters=lengths["lr_warmup_iters"],
         lr_decay_iters=lengths["lr_decay_iters"],
@@ -507,4 +523,10 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
         peak_source=peak_source,
         init_cache_dir=init_cache_dir(resolved),
         resume_from_run=spec.checkpoint.resume_from_run if spec.checkpoint.resume else None,
+        min_masked_tokens=spec.objective.min_masked_tokens or 0,
+        variable_length=spec.objective.variable_length or "sequence",
+        loss_normalization=normalization,
+        calculate_per_token_loss=normalization == "global_token",
+        variable_length_multiple=math.lcm(2 * resolved.cp if resolved.cp > 1 else 1,
+                                          resolved.tp if par.sequence_parallel and resolved.tp > 1 else 1),
     )

@@ -132,7 +132,8 @@ def check_sequence_length(data: DataConfig, model_kwargs: Dict[str, Any]) -> Non
 def check_masks_supported(backend: str, objective: ObjectiveConfig, data: DataConfig) -> None:
     """Refuse attention masks on the Transformer Engine path.
 
-    Variable-length MDM sequences and ``reset_attention_mask`` pass a boolean
+    Variable-length MDM sequences (``variable_length = "sequence"``; a ``"micro_batch"`` cut
+    slices the micro-batch, dense, and passes none) and ``reset_attention_mask`` pass a boolean
     ``attention_mask`` to the model; :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`
     applies it, but TE's attention with the ``no_mask``/``causal`` mask type of our TE spec
     would ignore it silently.
@@ -142,10 +143,32 @@ def check_masks_supported(backend: str, objective: ObjectiveConfig, data: DataCo
     """
     if backend != "transformer_engine":
         return
-    if objective.kind == "mdm" and objective.variable_length_prob > 0:
-        raise ValueError("variable_length_prob > 0 needs the local+sdpa layer spec (use_transformer_engine=False)")
+    if objective.kind == "mdm" and objective.variable_length_prob > 0 and objective.variable_length == "sequence":
+        raise ValueError("variable_length_prob > 0 with variable_length='sequence' needs the local+sdpa layer spec "
+                         "(use_transformer_engine=False); variable_length='micro_batch' cuts a dense micro-batch")
     if data.reset_attention_mask:
         raise ValueError("reset_attention_mask needs the local+sdpa layer spec (use_transformer_engine=False)")
+
+
+def check_loss_normalization(objective: ObjectiveConfig, transformer_config: TransformerConfig,
+                             pipeline_model_parallel_size: int = 1) -> None:
+    """``ObjectiveConfig.loss_normalization`` agrees with ``TransformerConfig.calculate_per_token_loss``
+    (True exactly for ``"global_token"``: megatron-core's schedule divides by the step's tokens then,
+    by each micro-batch's otherwise), and a micro-batch cut runs without pipeline parallelism
+    (megatron's pipeline sends activations of ``seq_length`` positions).
+
+    Raises:
+        ValueError: naming the setting that disagrees.
+    """
+    per_token = objective.loss_normalization == "global_token"
+    if bool(transformer_config.calculate_per_token_loss) != per_token:
+        raise ValueError(
+            f"loss_normalization={objective.loss_normalization!r} needs TransformerConfig.calculate_per_token_loss="
+            f"{per_token}, got {transformer_config.calculate_per_token_loss}")
+    if (objective.kind == "mdm" and objective.variable_length == "micro_batch" and objective.variable_length_prob > 0
+            and pipeline_model_parallel_size > 1):
+        raise ValueError("variable_length='micro_batch' needs pipeline_model_parallel_size=1 (the pipeline sends "
+                         "activations of seq_length positions; a cut micro-batch is shorter)")
 
 
 @dataclass

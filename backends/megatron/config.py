@@ -26,8 +26,20 @@ class ObjectiveConfig:
         mask_token_id: MDM mask id (< padded vocab size).
         eps: MDM minimum noise level, ``t ~ U(eps, 1)``.
         loss_weighting: MDM ``"llada"`` (1/t) or ``"realised"`` (1/realised ratio).
-        variable_length_prob: MDM probability of truncating a sequence to a
-            random length (LLaDA: 0.01).
+        variable_length_prob: MDM probability of truncating a sequence (or a
+            micro-batch) to a random length (LLaDA: 0.01).
+        min_masked_tokens: MDM forced masks per row (``objective.min_masked_tokens``;
+            MegaDLMs: 1).
+        variable_length: MDM ``"sequence"`` (each sequence cut alone, key-padding mask,
+            local layers) or ``"micro_batch"`` (one cut per micro-batch, the same on every
+            rank, dense: either layer path).
+        variable_length_multiple: The micro-batch cut's length is a multiple of it (2 x CP,
+            TP under sequence parallelism: :func:`dlmspec.resolve.runtime_values`).
+        loss_normalization: ``train.loss_normalization``: ``"global_token"``,
+            ``"micro_batch"`` or ``"sequence"``
+            (:func:`~dlmspec.backends.megatron.objective.apply_loss_normalization`);
+            ``TransformerConfig.calculate_per_token_loss`` must be True exactly for
+            ``"global_token"`` (:func:`~dlmspec.backends.megatron.checks.check_loss_normalization`).
     """
 
     kind: str = "mdm"
@@ -35,6 +47,10 @@ class ObjectiveConfig:
     eps: float = 1e-3
     loss_weighting: str = "llada"
     variable_length_prob: float = 0.0
+    min_masked_tokens: int = 0
+    variable_length: str = "sequence"
+    variable_length_multiple: int = 1
+    loss_normalization: str = "global_token"
 
 
 @dataclass

@@ -10,6 +10,7 @@ and their sources: docs/runtime.md, "Objectives".
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -17,6 +18,11 @@ import torch
 from torch import Tensor
 
 LOSS_WEIGHTINGS = ("llada", "realised")
+#: ``objective.variable_length``: what a cut applies to (docs/recipes.md, "Variable length").
+VARIABLE_LENGTHS = ("sequence", "micro_batch")
+#: ``train.loss_normalization`` (docs/recipes.md, "Loss normalisation"): ``"global_token"`` is
+#: megatron-core's ``calculate_per_token_loss=True``, the other two ``False``.
+LOSS_NORMALIZATIONS = ("global_token", "micro_batch", "sequence")
 
 
 @dataclass
@@ -44,6 +50,8 @@ class ObjectiveBatch:
             (MDM), ``None`` for AR.
         lengths: ``[b]`` int64, effective length of each sequence (MDM), ``None``
             for AR.
+        normalization: the :data:`LOSS_NORMALIZATIONS` entry :func:`apply_loss_normalization`
+            applied (``"global_token"``: none); :func:`loss_triple` reports in its units.
     """
 
     input_ids: Tensor
@@ -55,6 +63,7 @@ class ObjectiveBatch:
     mask_ratio: Optional[Tensor] = None
     masked: Optional[Tensor] = None
     lengths: Optional[Tensor] = None
+    normalization: str = "global_token"
 
 
 def _check_tokens(tokens: Tensor) -> None:
@@ -88,8 +97,17 @@ class MaskedDiffusionObjective:
         loss_weighting: ``"llada"`` (weight ``1/t``, LLaDA Eq. 3) or
             ``"realised"`` (weight ``1/r`` with ``r`` the realised mask ratio of
             the sequence).
-        variable_length_prob: Probability that a sequence is truncated to a
+        variable_length_prob: Probability that a sequence (``variable_length =
+            "sequence"``) or a whole micro-batch (``"micro_batch"``) is truncated to a
             length drawn uniformly from ``{1, ..., s}`` (LLaDA: 0.01).
+        min_masked_tokens: A row with fewer masked positions (within its valid ones) gets the
+            missing ones at uniformly drawn unmasked positions, drawn after every other draw
+            (0: nothing drawn, the stream as before). MegaDLMs: 1
+            (JinjieNi/MegaDLMs ``gpt_model.py:315-318``). With it, ``eps = 0`` and
+            ``"realised"`` weighting, a row's weight is at most its length.
+        variable_length: ``"sequence"`` (each sequence cut alone, the tail hidden by a
+            key-padding mask) or ``"micro_batch"`` (:meth:`cut_length`: one cut for every
+            row, from a rank-independent generator; dense).
 
     Raises:
         ValueError: On an out-of-range argument.
@@ -105,6 +123,8 @@ class MaskedDiffusionObjective:
         eps: float = 1e-3,
         loss_weighting: str = "llada",
         variable_length_prob: float = 0.0,
+        min_masked_tokens: int = 0,
+        variable_length: str = "sequence",
     ) -> None:
         if int(mask_token_id) < 0:
             raise ValueError(f"mask_token_id must be >= 0, got {mask_token_id}")
@@ -117,7 +137,41 @@ class MaskedDiffusionObjective:
         self.mask_token_id = int(mask_token_id)
         self.eps = float(eps)
         self.loss_weighting = loss_weighting
+        if isinstance(min_masked_tokens, bool) or int(min_masked_tokens) < 0:
+            raise ValueError(f"min_masked_tokens must be an int >= 0, got {min_masked_tokens!r}")
+        if variable_length not in VARIABLE_LENGTHS:
+            raise ValueError(f"variable_length must be one of {VARIABLE_LENGTHS}, got {variable_length!r}")
         self.variable_length_prob = float(variable_length_prob)
+        self.min_masked_tokens = int(min_masked_tokens)
+        self.variable_length = variable_length
+
+    def cut_length(self, s: int, generator: torch.Generator, *, multiple: int = 1) -> Optional[int]:
+        """The micro-batch cut (``variable_length = "micro_batch"``): ``None`` (no cut) or the
+        length every row of the micro-batch is sliced to.
+
+        Two draws from ``generator`` (build it with
+        :func:`~dlmspec.backends.megatron.rng.variable_length_generator`, a CPU generator seeded
+        from seed, iteration and micro-batch index only, so every rank draws the same): a coin
+        ``u ~ U(0, 1)`` and ``L ~ U{1 .. s}``; a cut when ``u < variable_length_prob``
+        (MegaDLMs ``gpt_model.py:269-297``, there ``U{2 .. s}`` before its unshift). ``L`` is
+        rounded down to a multiple of ``multiple`` (what the layout splits a sequence by: ``2 *
+        cp``, TP under sequence parallelism), never below it; a cut to ``s`` is no cut.
+
+        Args:
+            s: The micro-batch's sequence length.
+            generator: A CPU ``torch.Generator``.
+            multiple: >= 1.
+
+        Returns:
+            ``None`` or an int in ``[min(multiple, s), s)``.
+        """
+        coin = float(torch.rand(1, generator=generator)[0])
+        length = int(torch.randint(1, s + 1, (1,), generator=generator)[0])
+        if self.variable_length_prob <= 0.0 or coin >= self.variable_length_prob:
+            return None
+        multiple = max(1, int(multiple))
+        length = max(multiple, length // multiple * multiple)
+        return length if length < s else None
 
     def prepare(
         self,
@@ -126,13 +180,18 @@ class MaskedDiffusionObjective:
         generator: torch.Generator,
         loss_mask: Optional[Tensor] = None,
         labels: Optional[Tensor] = None,
+        cut_generator: Optional[torch.Generator] = None,
+        length_multiple: int = 1,
     ) -> ObjectiveBatch:
         """Noise a batch of clean sequences.
 
-        The draws are made in a fixed order with ``generator`` (``u`` [b], then
-        the per-token uniforms [b, s], then - only if ``variable_length_prob >
-        0`` - the truncation coin [b] and lengths [b]), so the same generator
-        state always yields the same batch.
+        With ``variable_length = "micro_batch"`` and a ``cut_generator`` the batch is first
+        sliced to :meth:`cut_length` (every row alike; no ``cut_generator``, as in evaluation:
+        no cut). Then the draws are made in a fixed order with ``generator`` (``u`` [b], then
+        the per-token uniforms [b, s], then - only if ``variable_length = "sequence"`` and
+        ``variable_length_prob > 0`` - the truncation coin [b] and lengths [b], then - only if
+        ``min_masked_tokens > 0`` - the forced positions' uniforms [b, s]), so the same
+        generator state always yields the same batch.
 
         Args:
             tokens: ``[b, s]`` integer clean token ids ``x0``.
@@ -142,6 +201,8 @@ class MaskedDiffusionObjective:
                 (padding) are never masked, get weight 0 and are not counted.
             labels: Ignored (MDM predicts the input positions themselves; the
                 shifted labels of megatron's ``GPTDataset`` are for AR).
+            cut_generator: The micro-batch cut's generator (``"micro_batch"`` only).
+            length_multiple: :meth:`cut_length`'s ``multiple``.
 
         Returns:
             An :class:`ObjectiveBatch` with ``labels = tokens``.
@@ -152,6 +213,11 @@ class MaskedDiffusionObjective:
         """
         del labels
         _check_tokens(tokens)
+        if self.variable_length == "micro_batch" and cut_generator is not None:
+            cut = self.cut_length(tokens.shape[1], cut_generator, multiple=length_multiple)
+            if cut is not None:
+                tokens = tokens[:, :cut]
+                loss_mask = loss_mask[:, :cut] if loss_mask is not None else None
         b, s = tokens.shape
         device = tokens.device
         valid = _valid_from_loss_mask(tokens, loss_mask)
@@ -162,7 +228,7 @@ class MaskedDiffusionObjective:
 
         attention_mask = None
         lengths = torch.full((b,), s, dtype=torch.int64, device=device)
-        if self.variable_length_prob > 0.0:
+        if self.variable_length == "sequence" and self.variable_length_prob > 0.0:
             coin = torch.rand(b, generator=generator, device=device, dtype=torch.float32)
             random_lengths = torch.randint(
                 1, s + 1, (b,), generator=generator, device=device, dtype=torch.int64
@@ -176,11 +242,14 @@ class MaskedDiffusionObjective:
                 attention_mask = beyond.view(b, 1, 1, s)
 
         masked = (draws < t.unsqueeze(1)) & valid
+        if self.min_masked_tokens > 0:
+            masked = self._force_masks(masked, valid, generator)
         input_ids = torch.where(masked, torch.full_like(tokens, self.mask_token_id), tokens)
 
         masked_f = masked.to(torch.float32)
         if self.loss_weighting == "llada":
-            loss_weights = masked_f / t.unsqueeze(1)
+            # where(): an unmasked position weighs 0 even at t = 0 (eps = 0), never 0 / 0
+            loss_weights = torch.where(masked, 1.0 / t.unsqueeze(1), torch.zeros_like(masked_f))
         else:
             n_masked = masked_f.sum(dim=1)
             n_valid = valid.to(torch.float32).sum(dim=1)
@@ -199,6 +268,19 @@ class MaskedDiffusionObjective:
             masked=masked,
             lengths=lengths,
         )
+
+    def _force_masks(self, masked: Tensor, valid: Tensor, generator: torch.Generator) -> Tensor:
+        """``masked`` with at least ``min(min_masked_tokens, valid positions)`` masked positions per
+        row: a row short of them gets the missing ones at the unmasked valid positions of smallest
+        fresh uniform score (a uniformly drawn subset; for one missing, one uniform position as
+        MegaDLMs' ``torch.randint(0, l)``)."""
+        b, s = masked.shape
+        scores = torch.rand(b, s, generator=generator, device=masked.device, dtype=torch.float32)
+        need = (self.min_masked_tokens - masked.sum(dim=1)).clamp(min=0)  # [b]
+        free = valid & ~masked
+        scores = torch.where(free, scores, torch.full_like(scores, 2.0))  # taken or invalid: last
+        rank = scores.argsort(dim=1).argsort(dim=1)  # rank of each position's score in its row
+        return masked | (free & (rank < need.unsqueeze(1)))
 
 
 class AutoregressiveObjective:
@@ -302,8 +384,52 @@ def loss_triple(loss_sum: Tensor, batch: ObjectiveBatch) -> Tuple[Tensor, Tensor
         :func:`reduce_loss`.
     """
     num_tokens = batch.num_tokens
-    report = torch.stack([loss_sum.detach().float(), num_tokens.detach().to(torch.float32)])
-    return loss_sum, num_tokens, {"lm loss": report}
+    report_sum, report_count = loss_sum.detach().float(), num_tokens.detach().to(torch.float32)
+    if batch.normalization == "micro_batch":
+        # megatron divides this micro-batch by its own tokens: report its mean, counted once
+        report_sum, report_count = report_sum / report_count.clamp(min=1.0), torch.ones_like(report_count)
+    return loss_sum, num_tokens, {"lm loss": torch.stack([report_sum, report_count])}
+
+
+def apply_loss_normalization(batch: ObjectiveBatch, normalization: str, *,
+                             context_parallel_size: int = 1) -> ObjectiveBatch:
+    """``batch`` made ready for ``train.loss_normalization`` (docs/recipes.md, "Loss normalisation").
+
+    megatron-core's schedule divides the loss function's ``loss_sum`` by the step's summed
+    ``num_tokens`` with ``calculate_per_token_loss=True`` and by the micro-batch's own
+    ``num_tokens`` and the number of micro-batches without it (``schedules.py``
+    ``forward_step_calc_loss``), the data-parallel all-reduce averaging the ranks then.
+
+    * ``"global_token"``: unchanged (``calculate_per_token_loss=True``): every loss-carrying token of
+      the global batch weighs the same.
+    * ``"micro_batch"``: unchanged weights and ``num_tokens`` (``False``): each micro-batch's mean
+      over its own tokens weighs the same (MegaDLMs ``pretrain_difflm.py:265-268``).
+    * ``"sequence"``: each row's weights divided by its loss-carrying positions ``n_j`` (rows of
+      none keep weight 0) and ``num_tokens`` = the rows with ``n_j > 0``: megatron's division
+      then gives the mean of the rows' means (LLaDA's SFT). Under context parallelism (call it
+      before the sequence is sliced: ``n_j`` counts the whole row) megatron averages the CP
+      ranks' losses, so the weights are multiplied by ``context_parallel_size`` and the average
+      of the ranks' shares is the row mean. An SFT stage reuses it with its response mask as
+      ``token_mask``.
+
+    Returns:
+        A new :class:`ObjectiveBatch` whose ``normalization`` is ``normalization``.
+
+    Raises:
+        ValueError: ``normalization`` not in :data:`LOSS_NORMALIZATIONS`.
+    """
+    if normalization not in LOSS_NORMALIZATIONS:
+        raise ValueError(f"loss normalization must be one of {LOSS_NORMALIZATIONS}, got {normalization!r}")
+    if normalization != "sequence":
+        return dataclasses.replace(batch, normalization=normalization)
+    per_row = batch.token_mask.sum(dim=1)  # [b]
+    scale = float(context_parallel_size) / per_row.clamp(min=1).to(torch.float32)
+    return dataclasses.replace(
+        batch,
+        loss_weights=batch.loss_weights * scale.unsqueeze(1),
+        num_tokens=(per_row > 0).sum().to(torch.int),
+        normalization=normalization,
+    )
 
 
 def build_objective(
@@ -313,8 +439,11 @@ def build_objective(
     eps: float = 1e-3,
     loss_weighting: str = "llada",
     variable_length_prob: float = 0.0,
+    min_masked_tokens: int = 0,
+    variable_length: str = "sequence",
 ):
-    """Build the objective named by ``kind`` (``"mdm"`` or ``"ar"``).
+    """Build the objective named by ``kind`` (``"mdm"`` or ``"ar"``); the MDM arguments are
+    :class:`MaskedDiffusionObjective`'s.
 
     Raises:
         ValueError: If ``kind`` is unknown or ``mask_token_id`` is missing for MDM.
@@ -327,6 +456,8 @@ def build_objective(
             eps=eps,
             loss_weighting=loss_weighting,
             variable_length_prob=variable_length_prob,
+            min_masked_tokens=min_masked_tokens,
+            variable_length=variable_length,
         )
     if kind == "ar":
         return AutoregressiveObjective()

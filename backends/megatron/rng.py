@@ -107,6 +107,30 @@ def masking_generator(
     return generator
 
 
+_CUT_DOMAIN = b"dlmspec.variable_length.v1"
+
+
+def variable_length_generator(seed: int, iteration: int, microbatch_index: int, *,
+                              stream: int = TRAIN_STREAM) -> torch.Generator:
+    """A CPU ``torch.Generator`` for the micro-batch cut of ``objective.variable_length =
+    "micro_batch"``, seeded from ``(seed, stream, iteration, microbatch_index)`` only (BLAKE2b as
+    :func:`masking_seed`, another domain tag): no rank enters it, so every data-, tensor-,
+    pipeline- and context-parallel rank cuts micro-batch ``k`` of a step to the same length and
+    the ranks stay in step (MegaDLMs seeds numpy with ``step * num_microbatches + k``,
+    ``gpt_model.py:269-297``; here the run's seed enters too). On CPU so the length is the same on
+    every device type and reading it needs no device synchronisation.
+
+    Raises:
+        TypeError, ValueError: as :func:`masking_seed`.
+    """
+    values = (_as_u64("seed", seed), _as_u64("stream", stream), _as_u64("iteration", iteration),
+              _as_u64("microbatch_index", microbatch_index))
+    digest = hashlib.blake2b(_CUT_DOMAIN + struct.pack("<4Q", *values), digest_size=8).digest()
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(int.from_bytes(digest, "little"))
+    return generator
+
+
 def check_resume_seed(checkpoint_seed: Optional[int], run_seed: int) -> None:
     """Check that a checkpoint was written by a run with the same base seed.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple, runtime_checkable
 
@@ -29,9 +30,9 @@ from .data import (
 )
 from .layers import layer_spec_attention, layer_spec_backend
 from .microbatches import MicrobatchFeed, MicrobatchItem
-from .objective import ObjectiveBatch, build_objective, loss_triple, reduce_loss
+from .objective import ObjectiveBatch, apply_loss_normalization, build_objective, loss_triple, reduce_loss
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
-from .rng import TRAIN_STREAM, VALID_STREAM, masking_generator
+from .rng import TRAIN_STREAM, VALID_STREAM, masking_generator, variable_length_generator
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,9 @@ class Stage(Protocol):
 
 class PretrainStage:
     """Pre-training: megatron's GPT datasets of packed documents, a masked-diffusion or
-    autoregressive objective (:mod:`dlmspec.backends.megatron.objective`), and the per-token loss of the
-    global batch (every position with a non-zero weight counts in ``num_tokens``).
+    autoregressive objective (:mod:`dlmspec.backends.megatron.objective`), and the loss
+    normalisation of ``ObjectiveConfig.loss_normalization`` (default: the per-token loss of the
+    global batch, every position with a non-zero weight counting in ``num_tokens``).
 
     Args:
         run: The run's settings (objective, data, schedule, kernels, seed).
@@ -162,6 +164,8 @@ class PretrainStage:
             eps=run.objective.eps,
             loss_weighting=run.objective.loss_weighting,
             variable_length_prob=run.objective.variable_length_prob,
+            min_masked_tokens=run.objective.min_masked_tokens,
+            variable_length=run.objective.variable_length,
         )
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
@@ -171,6 +175,10 @@ class PretrainStage:
             objective, seed=run.seed, data_parallel_rank=ctx.data_parallel_rank, eod_id=run.data.eod_id,
             reset_attention_mask=run.data.reset_attention_mask, device=ctx.device,
             context_parallel_size=ctx.context_parallel_size,
+            loss_normalization=run.objective.loss_normalization,
+            # the CP split needs 2 x CP whatever train.py says (megatron-core get_batch_on_this_cp_rank)
+            length_multiple=math.lcm(int(run.objective.variable_length_multiple),
+                                     2 * ctx.context_parallel_size if ctx.context_parallel_size > 1 else 1),
         )
 
     def build_data(self, *, consumed_samples: int, num_chunks: int) -> StageData:
@@ -259,6 +267,13 @@ class ObjectiveForwardStep:
         context_parallel_size: CP size; >1 slices the sequence with megatron's
             ``get_batch_on_this_cp_rank`` after the objective drew its masks on
             the full sequence (no attention mask allowed then).
+        loss_normalization: ``train.loss_normalization``
+            (:func:`~dlmspec.backends.megatron.objective.apply_loss_normalization`, applied
+            before the CP slice).
+        length_multiple: The micro-batch cut's length multiple (``variable_length =
+            "micro_batch"``: the cut is drawn from
+            :func:`~dlmspec.backends.megatron.rng.variable_length_generator`, training stream
+            only: evaluation never cuts).
     """
 
     def __init__(
@@ -271,8 +286,12 @@ class ObjectiveForwardStep:
         reset_attention_mask: bool = False,
         device: torch.device,
         context_parallel_size: int = 1,
+        loss_normalization: str = "global_token",
+        length_multiple: int = 1,
     ) -> None:
         self.objective = objective
+        self.loss_normalization = loss_normalization
+        self.length_multiple = length_multiple
         self.seed = seed
         self.data_parallel_rank = data_parallel_rank
         self.eod_id = eod_id
@@ -289,15 +308,23 @@ class ObjectiveForwardStep:
             self.seed, item.iteration, self.data_parallel_rank, item.index,
             stream=item.stream, device=self.device,
         )
+        position_ids = batch["position_ids"]
         if self.objective.kind == "mdm":
-            ob = self.objective.prepare(tokens, generator=generator)
+            cut = None
+            if self.objective.variable_length == "micro_batch" and item.stream == TRAIN_STREAM:
+                cut = variable_length_generator(self.seed, item.iteration, item.index, stream=item.stream)
+            ob = self.objective.prepare(tokens, generator=generator, cut_generator=cut,
+                                        length_multiple=self.length_multiple)
+            if ob.input_ids.shape[1] != tokens.shape[1]:  # the micro-batch was cut: every row alike
+                tokens = tokens[:, : ob.input_ids.shape[1]]
+                position_ids = position_ids[:, : ob.input_ids.shape[1]]
         else:
             ob = self.objective.prepare(
                 tokens, generator=generator, labels=batch.get("labels"), loss_mask=batch.get("loss_mask")
             )
+        ob = apply_loss_normalization(ob, self.loss_normalization, context_parallel_size=self.context_parallel_size)
         doc_mask = document_attention_mask(tokens, self.eod_id) if self.reset_attention_mask else None
         attention_mask = combine_attention_masks(ob.attention_mask, doc_mask)
-        position_ids = batch["position_ids"]
         if self.context_parallel_size > 1:
             if attention_mask is not None:
                 raise ValueError(
@@ -319,7 +346,9 @@ class ObjectiveForwardStep:
                 labels=sliced["labels"],
                 loss_weights=sliced["loss_weights"],
                 token_mask=sliced["token_mask"],
-                num_tokens=sliced["token_mask"].sum().to(torch.int),
+                # "sequence" counts rows (set before the slice), the others this rank's positions
+                num_tokens=(ob.num_tokens if ob.normalization == "sequence"
+                            else sliced["token_mask"].sum().to(torch.int)),
             )
             position_ids = sliced["position_ids"]
         return ob, position_ids, attention_mask

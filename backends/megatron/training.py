@@ -26,7 +26,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from .checkpointing import CheckpointManager, prestart_checkpoint_helpers
-from .checks import check_parallel_config, microbatches_per_step, start_checks
+from .checks import check_loss_normalization, check_parallel_config, microbatches_per_step, start_checks
 from .config import KernelConfig, RunConfig, TrainResult, TrainState
 from .distributed import current_device, initialize_distributed, seed_like_megatron, shutdown
 from .hostbench import record_host_launch
@@ -199,6 +199,7 @@ def train(
     device = current_device()
     check_parallel_config(transformer_config, ddp_config, optimizer_config, parallel_sizes, world_size=world,
                           cross_entropy=run.kernels.cross_entropy, init_from=ckpt.init_from)
+    check_loss_normalization(run.objective, transformer_config, parallel_sizes["pipeline_model_parallel_size"])
     parallel_state.initialize_model_parallel(**parallel_sizes, distributed_timeout_minutes=distributed_timeout_minutes)
     dp_size, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     num_microbatches = microbatches_per_step(sched, dp_size)

@@ -187,3 +187,46 @@ def _rotary_dims(ctx: Context) -> Iterator[Finding]:
     yield Finding("model.rotary_percent", f"{percent:g} of head dimension {kv} gives {what}",
                   f"use rotary_percent = {fit} ({_rotary_dims_of(kv, fit)} of {kv} dimensions rotate)",
                   fix=Fix({"model.rotary_percent": fit}))
+
+
+@rule(
+    "mdm-eps-zero",
+    "error",
+    "LLaDA (Nie et al. 2025, eq. 3): the weight 1/t of a masked token is bounded by 1/eps only; MegaDLMs "
+    "(JinjieNi/MegaDLMs gpt_model.py:309-322, 528-529) draws t ~ U(0, 1) and weights by the realised ratio",
+    "objective.eps = 0 comes with loss_weighting = 'realised'",
+)
+def _eps_zero(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.kind == "mdm" and o.eps == 0 and o.loss_weighting == "llada":
+        # t = u with u ~ U[0, 1) in float32: the weight 1/t of a masked position reaches 2**24 (and inf at u = 0
+        # with a forced mask); E[(1/t)^2 * t] = E[1/t] diverges, so the estimator's variance is infinite whether or
+        # not min_masked_tokens forces masks. The realised ratio r = masked / length is >= 1/length when anything
+        # is masked: its weight is at most the length.
+        yield Finding(
+            "objective.eps",
+            "t ~ U(0, 1) with the 1/t weight: a masked token at small t weighs up to 2**24 (infinite at t = 0), "
+            "so the loss has infinite variance",
+            "set objective.loss_weighting = 'realised' with objective.min_masked_tokens = 1 (MegaDLMs), or "
+            "objective.eps = 0.001 (LLaDA)",
+            fix=Fix({"objective.loss_weighting": "realised",
+                     **({} if (o.min_masked_tokens or 0) >= 1 else {"objective.min_masked_tokens": 1})}),
+        )
+
+
+@rule(
+    "mdm-min-masked-tokens",
+    "error",
+    "dlmspec.backends.megatron.objective.MaskedDiffusionObjective (min_masked_tokens forced masks among a row's "
+    "seq_length positions)",
+    "objective.min_masked_tokens <= train.seq_length",
+)
+def _min_masked(ctx: Context) -> Iterator[Finding]:
+    k, s = ctx.spec.objective.min_masked_tokens, ctx.spec.train.seq_length
+    if ctx.spec.objective.kind == "mdm" and k is not None and k > s:
+        yield Finding(
+            "objective.min_masked_tokens",
+            f"a row has {s} positions: {k} of them cannot be masked",
+            "use objective.min_masked_tokens = 1 (MegaDLMs: one forced mask in a row that drew none)",
+            fix=Fix({"objective.min_masked_tokens": 1}),
+        )

@@ -282,15 +282,36 @@ def _block_causal_te(ctx: Context) -> Iterator[Finding]:
     "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore a key-padding mask)",
     "variable-length sequences run on the local layers",
     scope="runtime",
-    fix="set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0",
+    fix="set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0, or "
+    "objective.variable_length = \"micro_batch\" (a dense cut, which Transformer Engine runs)",
     fix_keys=Fix({"model.transformer_impl": "auto"}),
 )
 def _variable_length_te(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if o.kind == "mdm" and o.variable_length_prob > 0 and ctx.r.transformer_impl == "transformer_engine":
+    if (o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence"
+            and ctx.r.transformer_impl == "transformer_engine"):
         yield Finding("objective.variable_length_prob", "sequences cut to a random length need a key-padding mask, "
                       "which the Transformer Engine layers ignore: the runtime refuses it at start-up "
                       "(backends/megatron/checks.py check_masks_supported)")
+
+
+@rule(
+    "runtime-variable-length-pipeline",
+    "error",
+    "backends/megatron/checks.py check_loss_normalization (megatron-core's pipeline schedule sends activations "
+    "of seq_length positions between stages; a cut micro-batch is shorter)",
+    "a micro-batch cut runs without pipeline parallelism",
+    scope="runtime",
+    fix="set objective.variable_length = \"sequence\" (each sequence cut alone, local layers), or "
+    "parallel.pipeline_model_parallel_size = 1",
+    fix_keys=Fix({"objective.variable_length": "sequence"}),
+)
+def _variable_length_pipeline(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.kind == "mdm" and o.variable_length_prob > 0 and o.variable_length == "micro_batch" and ctx.r.pp > 1:
+        yield Finding("objective.variable_length", f"a micro-batch cut to a random length with pipeline parallelism "
+                      f"(pipeline_model_parallel_size = {ctx.r.pp}): the stages exchange activations of seq_length "
+                      "positions, so the runtime refuses it at start-up")
 
 
 @rule(

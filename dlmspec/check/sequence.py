@@ -158,12 +158,14 @@ def _cp_mask(ctx: Context) -> Iterator[Finding]:
             value=ctx.r.attention_mask,
             fix=Fix({"model.transformer_impl": "local", "parallel.cp_comm_type": "allgather"}),
         )
-    if ctx.spec.objective.kind == "mdm" and ctx.spec.objective.variable_length_prob > 0:
+    o = ctx.spec.objective
+    if o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence":
         yield Finding(
             "objective.variable_length_prob",
             "sequences cut to a random length need a key-padding mask, which context parallelism "
             "cannot split over GPUs (the run would stop at the first cut sequence)",
-            "set objective.variable_length_prob = 0, or parallel.context_parallel_size = 1",
+            "set objective.variable_length_prob = 0, or objective.variable_length = 'micro_batch' (a dense cut), "
+            "or parallel.context_parallel_size = 1",
             fix=Fix({"objective.variable_length_prob": 0}),
         )
     if ctx.spec.data.reset_attention_mask:

@@ -38,7 +38,8 @@ class ModelShape:
         moe_layers: 1 per MoE layer, 0 per dense layer.
         hidden_dropout, attention_dropout: dropout probabilities.
         attention: ``bidirectional``, ``causal`` or ``block_causal``; block_size for the latter.
-        objective: ``mdm`` or ``ar``; variable_length_prob: MDM's share of truncated sequences.
+        objective: ``mdm`` or ``ar``; variable_length_prob: MDM's share of sequences cut one by one behind a
+            key-padding mask (0 for a micro-batch cut, which is dense).
         attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
         norms_repl: the two layer norms' parameters (replicated).
         mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
@@ -264,7 +265,10 @@ def model_shape(resolved: Resolved) -> ModelShape:
         attention=resolved.attention_mask,
         block_size=resolved.spec.objective.block_size or 0,
         objective=resolved.spec.objective.kind,
-        variable_length_prob=resolved.spec.objective.variable_length_prob if resolved.spec.objective.kind == "mdm" else 0.0,
+        # a micro-batch cut (objective.variable_length = "micro_batch") is dense: no mask to plan
+        variable_length_prob=(resolved.spec.objective.variable_length_prob
+                              if resolved.spec.objective.kind == "mdm"
+                              and (resolved.spec.objective.variable_length or "sequence") == "sequence" else 0.0),
         attn_split=attn_split,
         attn_repl=attn_repl,
         norms_repl=2 * norm * h,

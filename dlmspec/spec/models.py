@@ -153,12 +153,30 @@ class ObjectiveSpec(Section):
     noise_schedule: Literal["linear"] = Field(
         "linear", description="Masking probability as a function of t: linear means p(mask) = t."
     )
-    eps: float = Field(1e-3, gt=0.0, lt=1.0, description="t ~ U(eps, 1).")
+    eps: float = Field(
+        1e-3, ge=0.0, lt=1.0,
+        description="t ~ U(eps, 1) (LLaDA's code: 1e-3). 0 is MegaDLMs' torch.rand(b) "
+        "(JinjieNi/MegaDLMs gpt_model.py:309); with loss_weighting = 'llada' (1/t) it is refused (mdm-eps-zero).",
+    )
     loss_weighting: Literal["llada", "realised"] = Field(
         "llada", description="llada: sum CE/t over masked / (b*s); realised: by the realised mask ratio."
     )
     variable_length_prob: float = Field(
         0.0, ge=0.0, le=1.0, description="Share of sequences cut to a random length (LLaDA: 0.01)."
+    )
+    min_masked_tokens: NonNegativeInt | None = Field(
+        None,
+        description="A row that drew fewer masked positions gets the missing ones at uniformly drawn unmasked "
+        "positions. MegaDLMs: 1 (JinjieNi/MegaDLMs gpt_model.py:315-318, one position for a row that drew none). "
+        "Unset: 0 (no forced mask).",
+    )
+    variable_length: Literal["sequence", "micro_batch"] | None = Field(
+        None,
+        description="What variable_length_prob cuts. 'sequence': each sequence alone, the tail hidden by a "
+        "key-padding mask (local layers only). 'micro_batch': one coin and one length U{1..seq_length} per "
+        "micro-batch, drawn from (train.seed, iteration, micro-batch index) only, so every data-parallel rank cuts "
+        "alike; the micro-batch is sliced, dense, and runs on either layer path (MegaDLMs gpt_model.py:269-297, "
+        "413-425; LLaDA GUIDELINES.md one cut per batch). Evaluation never cuts. Unset: 'sequence'.",
     )
 
 
@@ -300,6 +318,15 @@ class TrainSpec(Section):
     clip_grad: float = Field(1.0, ge=0.0)
     eval_interval: PositiveInt = 1000
     eval_iters: PositiveInt = 10
+    loss_normalization: Literal["global_token", "micro_batch", "sequence"] | None = Field(
+        None,
+        description="What the loss is a mean over. 'global_token': every loss-carrying token of the global batch "
+        "weighs the same (megatron-core TransformerConfig.calculate_per_token_loss = True). 'micro_batch': each "
+        "micro-batch's sum over its own tokens, averaged over micro-batches and data-parallel ranks "
+        "(calculate_per_token_loss = False; MegaDLMs pretrain_difflm.py:265-268, megatron-core "
+        "schedules.py forward_step_calc_loss; LLaDA GUIDELINES.md). 'sequence': each sequence's mean, then "
+        "the mean over sequences (LLaDA's SFT, GUIDELINES.md). Unset: 'global_token'.",
+    )
 
 
 class BlendEntry(Section):

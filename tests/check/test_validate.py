@@ -167,6 +167,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("ar-attention", {"objective.kind": "ar", "objective.attention_mask": "bidirectional"},
      "objective.attention_mask"),
     ("mdm-causal-attention", {"objective.attention_mask": "causal"}, "objective.attention_mask"),
+    # issue 18: t ~ U(0, 1) with the 1/t weight is unbounded (MegaDLMs pairs eps = 0 with the realised ratio)
+    ("mdm-eps-zero", {"objective.eps": 0.0}, "objective.eps"),
+    ("mdm-eps-zero", {"objective.eps": 0.0, "objective.min_masked_tokens": 1}, "objective.eps"),
+    ("mdm-min-masked-tokens", {"objective.min_masked_tokens": 513}, "objective.min_masked_tokens"),
     ("block-causal-needs-size", {"objective.attention_mask": "block_causal"}, "objective.block_size"),
     ("block-size-divides-seq", {"objective.attention_mask": "block_causal", "objective.block_size": 30},
      "objective.block_size"),

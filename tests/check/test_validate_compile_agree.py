@@ -83,6 +83,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
      "runtime-variable-length-te", "objective.variable_length_prob"),
     ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
      "runtime-document-mask-te", "data.reset_attention_mask"),
+    ({"objective.variable_length_prob": 0.01, "objective.variable_length": "micro_batch",
+      "parallel.pipeline_model_parallel_size": 2}, "runtime-variable-length-pipeline", "objective.variable_length"),
     (TOO_BIG, "memory-fits", "cluster.gpu"),
     (TIGHT, "memory-headroom", "cluster.gpu"),
     ({"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}, "data.eod_mask_loss": True},

@@ -61,6 +61,8 @@ def compiled(tmp_path_factory):
                    "logging.log_interval=5", "train.eval_interval=25"],
         "shallower": ["model.num_layers=6"],
         "ar": ["objective.kind=\"ar\""],
+        "options": ["objective.min_masked_tokens=1", "objective.variable_length=\"micro_batch\"",
+                    "train.loss_normalization=\"micro_batch\""],
     }
     out = {}
     for name, overrides in variants.items():
@@ -164,6 +166,19 @@ def test_resume_allows_and_reports_schedule_logging_and_eval_changes(tmp_path: P
     assert "model.num_layers" not in changed and check.warnings == []
     text = "\n".join(check.report_lines())
     assert "train.train_iters: 300 -> 600" in text
+
+
+def test_resume_reports_changed_objective_options(tmp_path: Path, compiled) -> None:
+    """Issue #18's options are in the record: a resume that changes them is allowed and lists them."""
+    from dlmspec.backends.megatron import spec_record as sr
+
+    ckpt = _fake_checkpoint(tmp_path, 100, _meta_of(compiled["base"][0]))
+    lock, record = _record(compiled["options"][0])
+    changed = {key: (old, new) for key, old, new in sr.check_resume(str(ckpt), record,
+                                                                     content_hash=lock.content_hash).changed}
+    assert changed["objective.min_masked_tokens"] == (0, 1)
+    assert changed["objective.variable_length"] == ("sequence", "micro_batch")
+    assert changed["train.loss_normalization"] == ("global_token", "micro_batch")
 
 
 def test_resume_with_the_same_spec_reports_nothing(tmp_path: Path, compiled) -> None:

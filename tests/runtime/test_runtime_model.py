@@ -403,3 +403,35 @@ def test_optimizer_state_is_loaded_without_autograd(tmp_path):
     with pytest.MonkeyPatch.context() as mp:  # the fake's empty state is dropped by the loader: hand it back
         mp.setattr(checkpointing.dist_checkpointing, "load", lambda *a, **k: {**real_load(*a, **k), "optimizer": {}})
         load_checkpoint(path, model=model, optimizer=ViewCopyingOptimizer(param), seed=11)
+
+
+def test_micro_batch_cut_runs_the_model_dense_and_ranks_agree():
+    """objective.variable_length = "micro_batch" (issue #18): every row and its position ids are
+    sliced to one length, with no attention mask; another data-parallel rank (other masks) cuts
+    the same micro-batch to the same length; evaluation never cuts; the loss normalisations
+    report in their own units."""
+    from dlmspec.backends.megatron.rng import VALID_STREAM
+
+    model = _model()
+    obj = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", min_masked_tokens=1,
+                                   variable_length_prob=1.0, variable_length="micro_batch")
+    item = next(MicrobatchItem(TRAIN_STREAM, it, 1, _batch(7, b=3)) for it in range(100)
+                if _step(obj).prepare(MicrobatchItem(TRAIN_STREAM, it, 1, _batch(7, b=3)))[0].input_ids.shape[1] < SEQ)
+    ob, position_ids, attention_mask = _step(obj).prepare(item)
+    cut = ob.input_ids.shape[1]
+    assert cut < SEQ and attention_mask is None and position_ids.shape == (3, cut)
+    assert torch.equal(position_ids, torch.arange(cut).expand(3, cut))
+    assert torch.all(ob.masked.sum(dim=1) >= 1)
+    other = ObjectiveForwardStep(obj, seed=7, data_parallel_rank=1, eod_id=EOD, device=torch.device("cpu"))
+    assert other.prepare(item)[0].input_ids.shape[1] == cut
+    valid = MicrobatchItem(VALID_STREAM, item.iteration, item.index, item.batch)
+    assert _step(obj).prepare(valid)[0].input_ids.shape[1] == SEQ
+    output, loss_func = _step(obj, loss_normalization="micro_batch")(iter([item]), model[0])
+    assert output.shape == (3, cut)
+    loss_sum, num_tokens, report = loss_func(output)
+    assert int(num_tokens) == 3 * cut and torch.isfinite(loss_sum)
+    torch.testing.assert_close(report["lm loss"], torch.stack([loss_sum.detach() / (3 * cut), torch.tensor(1.0)]))
+    output, loss_func = _step(obj, loss_normalization="sequence")(iter([item]), model[0])
+    seq_sum, rows, _ = loss_func(output)
+    assert int(rows) == 3
+    torch.testing.assert_close(seq_sum, loss_sum / cut, rtol=1e-5, atol=1e-6)  # equal rows: sum of row means
