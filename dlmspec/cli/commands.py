@@ -719,6 +719,9 @@ def compile_command(
     stdout().print(_text(f"compiled {result.resolved.spec.name} ({result.content_hash[:19]}) into {output}: {names}"))
     launch = Path(output) / "launch.sh"
     stdout().print(_text(f"run it from the directory the spec's relative paths refer to: bash {launch}"))
+    if python is None:
+        stdout().print(_text("it runs $DLMSPEC_PYTHON, else python3: compile with --python PATH to name the "
+                             "interpreter that has torch and megatron-core"))
 
 
 @app.command("submit", cls=Command)

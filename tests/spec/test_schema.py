@@ -165,7 +165,8 @@ EDITS: list[tuple[dict[str, Any], str, Any, bool]] = [
     (MINIMAL, "model.moe_layer_freq", [1, 0], True),
     (MINIMAL, "objective.attention_mask", "block_causal", True),
     (MINIMAL, "objective.attention_mask", "full", False),
-    (MINIMAL, "objective.eps", 0.0, False),
+    (MINIMAL, "objective.eps", 0.0, True),  # MegaDLMs: t ~ U(0, 1) (issue 18)
+    (MINIMAL, "objective.eps", -0.1, False),
     (MINIMAL, "cluster.gpu", "h200", True),
     (MINIMAL, "cluster.gpu", "h1000", False),
     (MINIMAL, "cluster.slurm", {"partition": "gpu", "env": {"A": "1"}}, True),
