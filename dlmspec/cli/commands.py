@@ -698,7 +698,7 @@ def compile_command(
     python: Optional[str] = typer.Option(None, "--python", help=_PYTHON_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Compile a spec into a directory that runs it (dlmspec.render.compile).
+    """Compile a spec into a directory that runs it.
 
     The spec is checked first (as by `dlmspec validate`, plus what the runtime cannot run yet);
     nothing is written when it has an error.
@@ -745,7 +745,7 @@ def submit_command(
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (the jobs, or "
                                      "with --dry-run the script); progress lines go to stderr."),
 ) -> None:
-    """Submit specs (compiled first) or compiled directories to SLURM with sbatch (dlmspec.render.sbatch).
+    """Submit specs (compiled first) or compiled directories to SLURM with sbatch.
 
     Run it from the directory the specs' relative paths refer to: the jobs start there.
 
@@ -780,7 +780,7 @@ def plan_command(
                                       "implies --search: ranking layouts is what --search does, so the number is "
                                       "never silently ignored."),
 ) -> None:
-    """Per-GPU memory, step time and MFU of a spec (dlmspec.plan); --search finds layouts that fit.
+    """Per-GPU memory, step time and MFU of a spec; --search finds layouts that fit.
 
     Exit code 2 when the spec has an error, when its peak memory exceeds the GPU (the plan and
     what would make it fit are printed), or when --search finds no layout.

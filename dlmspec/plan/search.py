@@ -577,7 +577,8 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
                 continue
         chosen.append(cand)
     gib = 1024**3
-    cp_note = ("" if allow_cp or resolved.attention_mask == "block_causal" else
+    one_gpu = resolved.spec.cluster.nodes * resolved.spec.cluster.gpus_per_node == 1
+    cp_note = ("" if allow_cp or one_gpu or resolved.attention_mask == "block_causal" else
                "; context parallelism on the local layers needs cp_comm_type = \"allgather\" and was "
                "not searched (set parallel.cp_comm_type = \"allgather\", or model.transformer_impl = "
                "\"transformer_engine\", to include it)")
