@@ -631,7 +631,8 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         if loc[-1].lower() in KEY_ALIASES:
             hint = f"write {KEY_ALIASES[loc[-1].lower()]}"
             fix = None
-        value = None
+        written = err.get("input")
+        value = None if isinstance(written, (dict, list)) else written  # a scalar shows what was written
     elif kind == "literal_error":
         hint = "use " + message.removeprefix("Input should be ")
         message = "not an allowed value"
