@@ -5,6 +5,7 @@ describes), and the figures their comments state are what dlmspec computes."""
 
 from __future__ import annotations
 
+import ast
 import math
 from pathlib import Path
 
@@ -104,8 +105,25 @@ def test_llada_schedule_figures() -> None:
     tr = r.spec.train
     assert r.tokens_per_step == 1280 * 4096 and r.dp == 64 and r.num_microbatches == 20
     assert r.train_iters == math.ceil(2.3e12 / r.tokens_per_step) == 438_691
-    assert tr.lr_wsd_decay_iters == math.ceil(1.1e12 / r.tokens_per_step) == 209_809
     assert r.mask_token_id == 126336
+    # arXiv:2502.09992 sec. 2.2: 4e-4 to 1.2T tokens, then 1e-4 to 2.0T, then linear to 1e-5 at 2.3T
+    drop, plateau_end = math.ceil(1.2e12 / r.tokens_per_step), math.ceil(2.0e12 / r.tokens_per_step)
+    assert (drop, plateau_end) == (228_882, 381_470)
+    assert tr.lr_decay_style == "piecewise" and tr.lr_warmup_iters == 2000
+    assert [list(p) for p in tr.lr_points] == [[2000, 4e-4], [drop, 4e-4], [drop, 1e-4], [plateau_end, 1e-4],
+                                               [r.train_iters, 1e-5]]
+
+
+def test_llada_train_py_carries_the_points() -> None:
+    """The compiled train.py hands the points to the runtime's ScheduleConfig, as Python literals."""
+    from dlmspec.render.compile import render
+
+    train_py = render(_resolved("llada-8b-pretrain"), "llada-8b-pretrain.toml")["train.py"]
+    line = next(x for x in train_py.splitlines() if x.strip().startswith("lr_points="))
+    literal = line.split("  #")[0].strip().removeprefix("lr_points=").removesuffix(",")
+    assert ast.literal_eval(literal) == [
+        [2000, 4e-4], [228882, 4e-4], [228882, 1e-4], [381470, 1e-4], [438691, 1e-5]]
+    assert 'lr_decay_style="piecewise"' in train_py or "lr_decay_style='piecewise'" in train_py
 
 
 def test_mixtral_layout_figures() -> None:
