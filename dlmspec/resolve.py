@@ -420,6 +420,8 @@ class RuntimeValues:
     Attributes:
         lr_warmup_iters, lr_decay_iters: :func:`schedule`'s lengths in optimizer steps.
         lr_wsd_decay_iters: WSD's decay phase; None unless ``lr_decay_style = "WSD"``.
+        lr_points: ``train.lr_points`` as ``[[step, lr], ...]`` lists for ``lr_decay_style =
+            "piecewise"`` (``ScheduleConfig.lr_points``), else None.
         recompute_granularity, recompute_method, recompute_num_layers: ``TransformerConfig``'s
             (None where ``[recompute]`` leaves them unused).
         cp_comm_type: megatron-core's spelling (``"all_gather"`` for the spec's ``"allgather"``).
@@ -481,6 +483,7 @@ class RuntimeValues:
     loss_normalization: str = "global_token"
     calculate_per_token_loss: bool = True
     variable_length_multiple: int = 1
+    lr_points: list[list[int | float]] | None = None
 
 
 def runtime_values(resolved: Resolved) -> RuntimeValues:
@@ -505,6 +508,8 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
         lr_warmup_iters=lengths["lr_warmup_iters"],
         lr_decay_iters=lengths["lr_decay_iters"],
         lr_wsd_decay_iters=lengths["lr_wsd_decay_iters"] if tr.lr_decay_style == "WSD" else None,
+        lr_points=([[int(step), float(lr)] for step, lr in tr.lr_points]
+                   if tr.lr_decay_style == "piecewise" and tr.lr_points else None),
         recompute_granularity=None if rc.granularity == "none" else rc.granularity,
         recompute_method=rc.method if full else None,
         recompute_num_layers=rc.num_layers if full else None,

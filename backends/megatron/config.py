@@ -9,7 +9,7 @@ what it sets. :class:`TrainState` is the loop's progress (saved in checkpoints),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from dlmspec.errors import REQUEUE_EXIT_CODE  # "saved, requeue me": the batch script requeues on it
 
@@ -75,6 +75,10 @@ class ScheduleConfig:
         lr_wsd_decay_iters: WSD: length of the final decay phase.
         lr_wsd_decay_style: WSD decay shape: ``"linear"``, ``"cosine"``,
             ``"exponential"``, ``"minus_sqrt"``.
+        lr_points: ``lr_decay_style = "piecewise"``: ``[[step, lr], ...]`` (steps
+            non-decreasing), linear between points, a repeated step a jump, the first
+            point's lr before it and the last's after it; applied after the warm-up
+            (:class:`~dlmspec.backends.megatron.optim.PiecewiseParamScheduler`).
         start_weight_decay, end_weight_decay, weight_decay_incr_style:
             megatron's weight-decay schedule (``"constant"``, ``"linear"``,
             ``"cosine"``); ``None`` = ``OptimizerConfig.weight_decay``.
@@ -94,6 +98,7 @@ class ScheduleConfig:
     lr_decay_style: str = "cosine"
     lr_wsd_decay_iters: Optional[int] = None
     lr_wsd_decay_style: str = "linear"
+    lr_points: Optional[List[List[float]]] = None
     start_weight_decay: Optional[float] = None
     end_weight_decay: Optional[float] = None
     weight_decay_incr_style: str = "constant"

@@ -21,18 +21,84 @@ from .config import CheckpointConfig, ScheduleConfig
 from .fsdp import uses_megatron_fsdp
 
 
+def _plain_points(points) -> List[List[float]]:
+    """``[[step, lr], ...]`` as plain lists of an int and a float (a checkpoint compares them)."""
+    return [[int(step), float(lr)] for step, lr in points]
+
+
+class PiecewiseParamScheduler(OptimizerParamScheduler):
+    """megatron-core's ``OptimizerParamScheduler`` whose learning rate follows (step, lr) points
+    after the warm-up: ``train.lr_decay_style = "piecewise"`` (LLaDA, arXiv:2502.09992 sec. 2.2:
+    4e-4, a drop to 1e-4 after 1.2T tokens, linear to 1e-5 over the last 0.3T).
+
+    For ``num_steps <= lr_warmup_steps`` (when warm-up is set) megatron's linear warm-up from
+    ``init_lr`` to the group's ``max_lr``; after it :meth:`points_lr`, scaled by
+    ``group max_lr / max_lr`` for a param group with its own peak. ``min_lr`` and
+    ``lr_decay_steps`` are kept (megatron's checks and checkpoint keys) but unused. The points are
+    saved in :meth:`state_dict` (``lr_points``) and checked on load as megatron checks its own
+    values (``_check_and_set``: the same, or this run's with ``override_opt_param_scheduler``).
+    """
+
+    def __init__(self, *args, lr_points, **kwargs) -> None:
+        if not lr_points:
+            raise ValueError("the piecewise schedule needs at least one [step, lr] point (train.lr_points)")
+        self.lr_points = _plain_points(lr_points)
+        super().__init__(*args, **kwargs)
+
+    def points_lr(self, step: int) -> float:
+        """The points' lr at ``step``: linear between points, the later lr of a repeated step from
+        that step on, the first point's lr before it and the last's after it (the same function as
+        ``dlmspec.check.schedule.piecewise_lr``)."""
+        points = self.lr_points
+        if step < points[0][0]:
+            return float(points[0][1])
+        for (s0, lr0), (s1, lr1) in zip(points, points[1:]):
+            if s0 <= step < s1:
+                return float(lr0) + (float(lr1) - float(lr0)) * (step - s0) / (s1 - s0)
+        return float(points[-1][1])
+
+    def get_lr(self, param_group: dict) -> float:
+        """The lr of ``param_group`` at ``num_steps`` (see the class)."""
+        max_lr = param_group.get("max_lr", self.max_lr)
+        if self.lr_warmup_steps > 0 and self.num_steps <= self.lr_warmup_steps:
+            return self.init_lr + (max_lr - self.init_lr) * float(self.num_steps) / float(self.lr_warmup_steps)
+        scale = max_lr / self.max_lr if self.max_lr > 0 else 1.0
+        return self.points_lr(self.num_steps) * scale
+
+    def state_dict(self) -> dict:
+        """megatron's state and ``lr_points``."""
+        state = super().state_dict()
+        state["lr_points"] = _plain_points(self.lr_points)
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """megatron's load, and the points checked as megatron checks its values (a checkpoint of
+        another style has none: this run's are kept)."""
+        if state_dict.get("lr_points") is not None:
+            self.lr_points = _plain_points(self._check_and_set(
+                _plain_points(self.lr_points), _plain_points(state_dict["lr_points"]), "learning-rate points"))
+        super().load_state_dict(state_dict)
+
+
 def build_scheduler(optimizer, optimizer_config: OptimizerConfig, schedule: ScheduleConfig,
                     checkpoint: CheckpointConfig) -> OptimizerParamScheduler:
     """megatron-core's ``OptimizerParamScheduler`` for the run's schedule, stepped once per iteration.
 
     Linear warm-up from ``schedule.lr_warmup_init`` to ``optimizer_config.lr``, then cosine /
     linear / WSD / constant decay to ``optimizer_config.min_lr`` at ``lr_decay_iters`` (default
-    ``train_iters``); the weight decay follows ``start/end_weight_decay`` (default
-    ``optimizer_config.weight_decay``) over ``train_iters``.
+    ``train_iters``), or ``schedule.lr_points`` for ``lr_decay_style = "piecewise"``
+    (:class:`PiecewiseParamScheduler`); the weight decay follows ``start/end_weight_decay``
+    (default ``optimizer_config.weight_decay``) over ``train_iters``.
+
+    Raises:
+        ValueError: ``"piecewise"`` without ``schedule.lr_points``.
     """
     decay_iters = schedule.lr_decay_iters or schedule.train_iters
     wd = optimizer_config.weight_decay
-    return OptimizerParamScheduler(
+    piecewise = schedule.lr_decay_style == "piecewise"
+    cls = PiecewiseParamScheduler if piecewise else OptimizerParamScheduler
+    extra = {"lr_points": schedule.lr_points} if piecewise else {}
+    return cls(
         optimizer,
         init_lr=schedule.lr_warmup_init,
         max_lr=optimizer_config.lr,
@@ -48,6 +114,7 @@ def build_scheduler(optimizer, optimizer_config: OptimizerConfig, schedule: Sche
         override_opt_param_scheduler=checkpoint.override_scheduler_on_resume,
         wsd_decay_steps=schedule.lr_wsd_decay_iters,
         lr_wsd_decay_style=schedule.lr_wsd_decay_style,
+        **extra,
     )
 
 

@@ -56,6 +56,7 @@ SCHEDULER_KEYS = {
     "end_wd": "train.weight_decay (end)",
     "wd_incr_steps": "train.train_iters (weight-decay steps)",
     "wd_incr_style": "weight_decay_incr_style",
+    "lr_points": "train.lr_points",  # PiecewiseParamScheduler only
 }
 #: Older names megatron-core's ``load_state_dict`` also reads.
 _SCHEDULER_LEGACY = {"max_lr": "start_lr", "lr_warmup_steps": "warmup_steps", "lr_decay_steps": "decay_steps",

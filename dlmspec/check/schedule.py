@@ -1,5 +1,5 @@
 """Rules of the training length and the optimizer's schedule: the budget, the learning rate and
-its warmup and decay (WSD), evaluation, the seed, and lengths beyond int64 or every published run."""
+its warmup and decay (WSD, piecewise), evaluation, the seed, and lengths beyond int64 or every published run."""
 
 from __future__ import annotations
 
@@ -152,6 +152,167 @@ def _wsd_ignored(ctx: Context) -> Iterator[Finding]:
             if ctx.is_set(key):
                 yield Finding(key, f"has no effect with lr_decay_style = '{tr.lr_decay_style}'",
                               f"remove {key.split('.')[1]}, or set lr_decay_style = 'WSD'", fix=Fix(unset=(key,)))
+
+
+# ------------------------------------------------------------------ the piecewise schedule (LLaDA)
+#: Source of the piecewise schedule's rules.
+_PIECEWISE_SOURCE = ("LLaDA, arXiv:2502.09992 sec. 2.2 (4e-4, a drop to 1e-4 at 1.2T tokens, linear to 1e-5); "
+                     "dlmspec.backends.megatron.optim.PiecewiseParamScheduler")
+
+
+def _points(ctx: Context) -> list[list]:
+    """``train.lr_points`` as ``[[step, lr], ...]`` lists (empty when unset)."""
+    return [[int(s), float(lr)] for s, lr in (ctx.spec.train.lr_points or ())]
+
+
+def _default_points(ctx: Context) -> list[list]:
+    """A schedule to offer: the peak at the end of the warmup, linear to min_lr at the last step."""
+    warmup, _ = _schedule(ctx)
+    tr, iters = ctx.spec.train, ctx.r.train_iters or 1
+    start = min(warmup, iters)
+    return [[start, float(tr.lr)], [iters, float(tr.min_lr)]]
+
+
+def piecewise_lr(points: list, step: int) -> float:
+    """The lr of ``points`` (``[[step, lr], ...]``, steps non-decreasing) at ``step``: linear
+    between points, the later lr of a repeated step from that step on, the first point's lr before
+    it and the last's after it. The same function as the runtime's
+    ``PiecewiseParamScheduler.points_lr`` (``backends/megatron/optim.py``).
+
+    Raises:
+        ValueError: on an empty ``points``.
+    """
+    if not points:
+        raise ValueError("piecewise_lr needs at least one point")
+    if step < points[0][0]:
+        return float(points[0][1])
+    for (s0, lr0), (s1, lr1) in zip(points, points[1:]):
+        if s0 <= step < s1:
+            return float(lr0) + (float(lr1) - float(lr0)) * (step - s0) / (s1 - s0)
+    return float(points[-1][1])
+
+
+def _points_finding(ctx: Context, message: str, hint: str, *, fix: Fix) -> Finding:
+    """A finding at ``train.lr_points`` showing the points as a spec writes them (lists, not tuples)."""
+    return Finding("train.lr_points", message, hint, value=_points(ctx), fix=fix)
+
+
+def _sorted_ok(points: list) -> bool:
+    steps = [p[0] for p in points]
+    return all(a <= b for a, b in zip(steps, steps[1:])) and all(steps.count(s) <= 2 for s in set(steps))
+
+
+@rule(
+    "lr-points-required",
+    "error",
+    _PIECEWISE_SOURCE,
+    "lr_decay_style = 'piecewise' gives train.lr_points",
+)
+def _points_required(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.train.lr_decay_style == "piecewise" and not ctx.spec.train.lr_points:
+        fix = Fix({"train.lr_points": _default_points(ctx)})
+        yield Finding("train.lr_points", "the piecewise schedule needs its [step, lr] points",
+                      f"set lr_points, e.g. lr_points = {toml_text(fix.set['train.lr_points'])} (the peak at the end "
+                      "of the warmup, linear to min_lr at the last step)", fix=fix)
+
+
+@rule(
+    "lr-points-ignored",
+    "warning",
+    _PIECEWISE_SOURCE,
+    "train.lr_points is only given with lr_decay_style = 'piecewise'",
+)
+def _points_ignored(ctx: Context) -> Iterator[Finding]:
+    tr = ctx.spec.train
+    if tr.lr_decay_style != "piecewise" and ctx.is_set("train.lr_points"):
+        yield _points_finding(ctx, f"has no effect with lr_decay_style = '{tr.lr_decay_style}'",
+                      "remove lr_points, or set lr_decay_style = 'piecewise'", fix=Fix(unset=("train.lr_points",)))
+
+
+@rule(
+    "lr-points-order",
+    "error",
+    _PIECEWISE_SOURCE,
+    "train.lr_points' steps are non-decreasing, at most two points per step (a jump)",
+)
+def _points_order(ctx: Context) -> Iterator[Finding]:
+    points = _points(ctx)
+    if ctx.spec.train.lr_decay_style != "piecewise" or _sorted_ok(points):
+        return
+    ordered = sorted(points, key=lambda p: p[0])  # stable: a jump keeps its order
+    kept = [p for i, p in enumerate(ordered)
+            if i in (0, len(ordered) - 1) or p[0] != ordered[i - 1][0] or p[0] != ordered[i + 1][0]]
+    steps = [p[0] for p in points]
+    why = (next((f"step {b} follows step {a}" for a, b in zip(steps, steps[1:]) if b < a), None)
+           or next(f"step {s} has {steps.count(s)} points" for s in steps if steps.count(s) > 2))
+    fix = Fix({"train.lr_points": kept})
+    yield _points_finding(ctx, f"{why}: the points' steps must not decrease, and a step holds at most two "
+                  "points (the lr before and after a jump)", f"use lr_points = {toml_text(kept)}", fix=fix)
+
+
+@rule(
+    "lr-points-range",
+    "error",
+    _PIECEWISE_SOURCE,
+    "train.lr_points' steps lie in [0, train_iters]",
+)
+def _points_range(ctx: Context) -> Iterator[Finding]:
+    iters = ctx.r.train_iters
+    points = _points(ctx)
+    if ctx.spec.train.lr_decay_style != "piecewise" or not points or not iters:
+        return
+    outside = [p for p in points if not 0 <= p[0] <= iters]
+    if not outside:
+        return
+    kept = [p for p in points if 0 <= p[0] <= iters] or _default_points(ctx)
+    fix = Fix({"train.lr_points": kept})
+    yield _points_finding(ctx, f"step {outside[0][0]} is outside the run's steps 0 .. {iters:,}",
+                  f"keep the points inside it: lr_points = {toml_text(kept)}", fix=fix)
+
+
+@rule(
+    "lr-points-lr",
+    "error",
+    _PIECEWISE_SOURCE,
+    "train.lr_points' learning rates are finite and >= 0",
+)
+def _points_lr(ctx: Context) -> Iterator[Finding]:
+    points = _points(ctx)
+    if ctx.spec.train.lr_decay_style != "piecewise":
+        return
+    bad = [p for p in points if not 0.0 <= p[1] <= FLOAT32_MAX]
+    if not bad:
+        return
+    lr = float(ctx.spec.train.lr)
+    fixed = [[s, 0.0 if v < 0 else lr] if not 0.0 <= v <= FLOAT32_MAX else [s, v] for s, v in points]
+    yield _points_finding(ctx, f"the lr {bad[0][1]!r} at step {bad[0][0]} is not a learning rate (finite, >= 0)",
+                  f"use lr_points = {toml_text(fixed)}", fix=Fix({"train.lr_points": fixed}))
+
+
+@rule(
+    "lr-points-warmup",
+    "warning",
+    _PIECEWISE_SOURCE + "; megatron.core.optimizer_param_scheduler.OptimizerParamScheduler.get_lr (warm-up to max_lr)",
+    "the piecewise schedule starts at train.lr where the warmup ends",
+)
+def _points_warmup(ctx: Context) -> Iterator[Finding]:
+    tr, iters = ctx.spec.train, ctx.r.train_iters
+    points = _points(ctx)
+    warmup, _ = _schedule(ctx)
+    if tr.lr_decay_style != "piecewise" or not points or warmup <= 0 or not _sorted_ok(points):
+        return
+    if not all(0 <= p[0] <= (iters or p[0]) for p in points) or warmup > (iters or warmup):
+        return
+    at = piecewise_lr(points, warmup)
+    hidden = [p for p in points if p[0] < warmup]
+    if at == float(tr.lr) and not hidden:
+        return
+    kept = [[warmup, float(tr.lr)]] + [p for p in points if p[0] > warmup]
+    why = (f"the warmup ramps to lr = {tr.lr:g} at step {warmup}, where the points give {at:g}: the lr jumps when the "
+           "warmup ends" if at != float(tr.lr) else
+           f"the points before step {warmup} are hidden by the warmup (0 -> lr = {tr.lr:g} over {warmup} steps)")
+    yield _points_finding(ctx, why, f"start the points at the warmup's end: lr_points = {toml_text(kept)}",
+                  fix=Fix({"train.lr_points": kept}))
 
 
 @rule(

@@ -305,7 +305,21 @@ class TrainSpec(Section):
     optimizer: Literal["adam", "sgd"] = "adam"
     lr: PositiveFloat = 3e-4
     min_lr: float = Field(3e-5, ge=0.0)
-    lr_decay_style: Literal["cosine", "linear", "constant", "WSD", "inverse-square-root"] = "cosine"
+    lr_decay_style: Literal["cosine", "linear", "constant", "WSD", "inverse-square-root", "piecewise"] = Field(
+        "cosine",
+        description="megatron-core's decay styles, and 'piecewise': the learning rate follows train.lr_points "
+        "(LLaDA's schedule, arXiv:2502.09992 sec. 2.2; dlmspec's wrapper of OptimizerParamScheduler.get_lr).",
+    )
+    lr_points: list[tuple[int, float]] | None = Field(
+        None,
+        description="lr_decay_style = 'piecewise': [[step, lr], ...] with steps non-decreasing in [0, train_iters]; "
+        "the lr is linear between points, a step given twice is a jump (the second lr holds from that step on), "
+        "the first point's lr holds before it and the last point's after it. The warm-up "
+        "(lr_warmup_iters / lr_warmup_fraction) stays megatron's, 0 -> train.lr over its steps, and the points apply "
+        "after it; so the first point is [warmup steps, train.lr] for a schedule without a jump. min_lr and lr_decay_iters "
+        "are not used. A param group with its own max_lr gets the points scaled by max_lr / lr. Source: LLaDA "
+        "(arXiv:2502.09992 sec. 2.2, docs/recipes.md).",
+    )
     lr_warmup_iters: int = Field(0, ge=0)
     lr_warmup_fraction: float | None = Field(None, ge=0.0, le=1.0)
     lr_decay_iters: PositiveInt | None = Field(None, description="Default: train_iters.")

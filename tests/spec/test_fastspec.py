@@ -102,7 +102,8 @@ def test_bundled_specs_check_as_pydantic_validates(path: Path) -> None:
 #: conversions (which the checker leaves to pydantic).
 PROBES: list[Any] = [0, 1, 2, -1, 7, 10_000, 10_001, 1 << 70, 0.0, 0.5, 1.0, 2.0, -0.5, 1e-9, math.inf, math.nan,
                      True, False, None, "", "x", "2", "1.5", "true", [], [0], [1, 0], [2], ["a"], [{"prefix": "p"}],
-                     ["p"], [1.0], {}, {"a": "b"}, {"a": 1}, {"prefix": "p", "weight": 2}]
+                     ["p"], [1.0], {}, {"a": "b"}, {"a": 1}, {"prefix": "p", "weight": 2},
+                     [[0, 1.0]], [[10, 3e-4], [100, 0]], [[1, 2, 3]], [[1]], [[1.0, 2.0]], [["a", 1.0]], [[True, 1.0]]]
 
 
 def _probes(desc: tuple) -> list[Any]:
@@ -112,8 +113,8 @@ def _probes(desc: tuple) -> list[Any]:
         d = stack.pop()
         if d[0] == "literal":
             extra += [*d[1], d[1][0].upper(), [d[1][0]], [d[1][0], "bogus"]]
-        elif d[0] in ("union", "list", "dict"):
-            stack.extend(d[1] if d[0] == "union" else [d[1]])
+        elif d[0] in ("union", "list", "dict", "tuple"):
+            stack.extend(d[1] if d[0] in ("union", "tuple") else [d[1]])
         elif d[0] in ("int", "float"):
             extra += [b for b in d[1].values()]
     return PROBES + extra
