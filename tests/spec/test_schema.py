@@ -94,6 +94,13 @@ def conforms(value: Any, schema: dict[str, Any], root: dict[str, Any] = SCHEMA, 
             if isinstance(value, list):
                 for i, item in enumerate(value):
                     errors += conforms(item, arg, root, f"{path}[{i}]")
+        elif keyword == "prefixItems":  # a fixed-length tuple, e.g. train.lr_points' [step, lr]
+            if isinstance(value, list):
+                for i, (item, sub) in enumerate(zip(value, arg)):
+                    errors += conforms(item, sub, root, f"{path}[{i}]")
+        elif keyword in ("minItems", "maxItems"):
+            if isinstance(value, list) and (len(value) < arg if keyword == "minItems" else len(value) > arg):
+                errors.append(f"{path}: {len(value)} items, {keyword} {arg}")
         else:
             raise AssertionError(f"schema keyword {keyword!r} is not handled by this test's validator")
     return errors
@@ -167,6 +174,9 @@ EDITS: list[tuple[dict[str, Any], str, Any, bool]] = [
     (MINIMAL, "objective.attention_mask", "full", False),
     (MINIMAL, "objective.eps", 0.0, True),  # MegaDLMs: t ~ U(0, 1) (issue 18)
     (MINIMAL, "objective.eps", -0.1, False),
+    (MINIMAL, "train.lr_points", [[10, 1e-4]], True),
+    (MINIMAL, "train.lr_points", [[10]], False),  # a [step, lr] pair (prefixItems, minItems)
+    (MINIMAL, "train.lr_points", [[10, 1e-4, 3]], False),
     (MINIMAL, "cluster.gpu", "h200", True),
     (MINIMAL, "cluster.gpu", "h1000", False),
     (MINIMAL, "cluster.slurm", {"partition": "gpu", "env": {"A": "1"}}, True),
