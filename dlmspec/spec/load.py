@@ -642,7 +642,12 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         if allowed:
             fix = Fix({key: allowed[0]})
     elif kind == "missing":
-        hint = "add it to the spec, or set [model] preset = \"...\" for the model dimensions"
+        if loc and loc[0] == "model":
+            hint = "add it to the spec, or set [model] preset = \"...\" for the model dimensions"
+        elif any(isinstance(p, int) or str(p).isdigit() for p in loc):
+            hint = "an item of this list is too short: give every part of it"
+        else:
+            hint = "add it to the spec"
     elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         hint = message[0].lower() + message[1:]
         example = _example_value(loc, kind, err.get("ctx") or {})
