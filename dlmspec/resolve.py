@@ -335,6 +335,13 @@ def _hf_eos_id(folder: str) -> tuple[str, int] | None:
     return None
 
 
+def gpt2_eod_id(vocab_file: str | None) -> int:
+    """GPT-2 BPE's ``<|endoftext|>`` id: from ``vocab_file`` when it is readable JSON, else 50256."""
+    vocab = read_json(vocab_file) if vocab_file else None
+    value = vocab.get(GPT2_EOD[0]) if isinstance(vocab, dict) else None
+    return value if isinstance(value, int) else GPT2_EOD[1]
+
+
 def eod_choice(spec: Spec) -> EodChoice:
     """The end-of-document id of the spec's tokenizer: ``data.tokenizer.eod_id`` when set;
     else GPT2BPETokenizer's ``<|endoftext|>`` (from ``vocab_file`` when readable, else 50256);
@@ -346,9 +353,7 @@ def eod_choice(spec: Spec) -> EodChoice:
     if tok.eod_id is not None:
         return EodChoice(tok.eod_id, "data.tokenizer.eod_id")
     if tok.type == "GPT2BPETokenizer":
-        vocab = read_json(tok.vocab_file) if tok.vocab_file else None
-        value = vocab.get(GPT2_EOD[0]) if isinstance(vocab, dict) else None
-        return EodChoice(value if isinstance(value, int) else GPT2_EOD[1], f"{GPT2_EOD[0]} of the GPT-2 BPE vocabulary")
+        return EodChoice(gpt2_eod_id(tok.vocab_file), f"{GPT2_EOD[0]} of the GPT-2 BPE vocabulary")
     if tok.type == "NullTokenizer":
         value = tok.vocab_size if tok.vocab_size is not None else spec.model.vocab_size - 1
         return EodChoice(value, "NullTokenizer: EOD = its vocab_size (megatron-core NullTokenizer)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
-from dlmspec.resolve import GPT2_VOCAB_SIZE, TOKENIZER_KEYS, TOKENIZER_READS
+from dlmspec.resolve import GPT2_VOCAB_SIZE, TOKENIZER_KEYS, TOKENIZER_READS, gpt2_eod_id
 from dlmspec.tokenizers import GPT2_EOD_TOKEN, read_json
 
 
@@ -109,7 +109,7 @@ def _eod_tokenizer(ctx: Context) -> Iterator[Finding]:
     if tok.eod_id is None:
         return
     if tok.type == "GPT2BPETokenizer":
-        own, what = tokenizer_eod_of_gpt2(tok.vocab_file), f"GPT-2's BPE ({GPT2_EOD_TOKEN})"
+        own, what = gpt2_eod_id(tok.vocab_file), f"GPT-2's BPE ({GPT2_EOD_TOKEN})"
     elif tok.type == "NullTokenizer" and tok.vocab_size is not None:
         own, what = tok.vocab_size, f"NullTokenizer(vocab_size = {tok.vocab_size})"
     else:
@@ -119,13 +119,6 @@ def _eod_tokenizer(ctx: Context) -> Iterator[Finding]:
                       f"is not the end-of-document id of {what}, which is {own}: the data holds {own} at each "
                       f"document's end, and the run would take token {tok.eod_id} for it",
                       f"set data.tokenizer.eod_id = {own}", fix=Fix({"data.tokenizer.eod_id": own}))
-
-
-def tokenizer_eod_of_gpt2(vocab_file: str | None) -> int:
-    """GPT-2 BPE's ``<|endoftext|>`` id: from ``vocab_file`` when it is readable JSON, else 50256."""
-    vocab = read_json(vocab_file) if vocab_file else None
-    value = vocab.get(GPT2_EOD_TOKEN) if isinstance(vocab, dict) else None
-    return value if isinstance(value, int) else GPT2_VOCAB_SIZE - 1
 
 
 @rule(
@@ -167,7 +160,7 @@ def tokenizer_eod(ctx: Context) -> int | None:
     if tok.type == "NullTokenizer":
         return tok.vocab_size
     if tok.type == "GPT2BPETokenizer":
-        return GPT2_VOCAB_SIZE - 1
+        return gpt2_eod_id(tok.vocab_file)
     return None
 
 

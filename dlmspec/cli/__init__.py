@@ -231,8 +231,7 @@ def _run_json(app: Any, args: list[str]) -> int:
             key = (getattr(param, "metavar", None) or str(getattr(param, "name", "") or "argument")).upper()
         words = exc.ctx.command_path.split()[1:] if exc.ctx is not None else []
         command = " ".join(words) or "dlmspec"
-        issue = SpecIssue(key, exc.format_message(), hint=f"see dlmspec {command} -h".replace("dlmspec dlmspec", "dlmspec"),
-                          rule="usage")
+        issue = SpecIssue(key, exc.format_message(), hint=f"see {'dlmspec ' * bool(words)}{command} -h", rule="usage")
         print_envelope(command, ok=False, issues=[issue])
         return EXIT_USAGE
     except click_exceptions.Abort:
