@@ -2,8 +2,9 @@
 
 :func:`dlmspec.backends.megatron.training.train` runs what every stage shares (process groups, model,
 optimizer and learning-rate schedule, checkpoints, logging, the step, evaluation and save
-cadence) and asks a :class:`Stage` for the rest. Pre-training (:class:`PretrainStage`) is the
-one stage today; :class:`Stage` says what supervised fine-tuning and RL will supply.
+cadence) and asks a :class:`Stage` for the rest: pre-training (:class:`PretrainStage`) and
+supervised fine-tuning (:class:`~dlmspec.backends.megatron.sft.SftStage`); :class:`Stage` says
+what RL will supply.
 """
 
 from __future__ import annotations
@@ -97,12 +98,11 @@ class Stage(Protocol):
     iteration and index (:func:`~dlmspec.backends.megatron.rng.masking_generator`), never from a
     stateful generator.
 
-    What supervised fine-tuning will supply (not implemented yet): batches of prompt and
-    response with a response mask in the batch (labels and loss weights on response tokens
-    only, prompts never carry loss), built from prompt/response pairs (padded, or packed with
-    document masks); and a loss normalisation: ``num_tokens`` = the response tokens of the
-    global batch (per-token mean), or per-sequence means (weights ``1 / len(response)`` and
-    ``num_tokens`` = sequences).
+    Supervised fine-tuning (:class:`~dlmspec.backends.megatron.sft.SftStage`) supplies batches of
+    conversations with a response mask (labels and loss weights on response tokens only, prompts
+    never carry loss), padded or packed with segment masks, and the loss normalisation of
+    ``train.loss_normalization`` over the response tokens (``"sequence"``: weights ``1 /
+    len(response)`` and ``num_tokens`` = sequences).
 
     What RL will supply: rollouts per step: :meth:`before_step` generates them with the current
     policy (model chunks in eval mode, no gradients; rewards, advantages, reference
@@ -324,7 +324,17 @@ class ObjectiveForwardStep:
             )
         ob = apply_loss_normalization(ob, self.loss_normalization, context_parallel_size=self.context_parallel_size)
         doc_mask = document_attention_mask(tokens, self.eod_id) if self.reset_attention_mask else None
-        attention_mask = combine_attention_masks(ob.attention_mask, doc_mask)
+        return self.slice_for_context_parallel(ob, position_ids, combine_attention_masks(ob.attention_mask, doc_mask))
+
+    def slice_for_context_parallel(self, ob: ObjectiveBatch, position_ids: torch.Tensor,
+                                   attention_mask: Optional[torch.Tensor]):
+        """``(ob, position_ids, attention_mask)`` of this context-parallel rank (unchanged at CP
+        size 1): megatron-core's ``get_batch_on_this_cp_rank`` slice, after the objective drew its
+        masks on the full sequence.
+
+        Raises:
+            ValueError: an attention mask under context parallelism.
+        """
         if self.context_parallel_size > 1:
             if attention_mask is not None:
                 raise ValueError(
