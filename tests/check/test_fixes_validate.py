@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 import tomli_w
 
+import sft_examples
 import test_validate
 import test_validate_compile_agree as agree
 import test_validate_hardening
@@ -67,6 +68,8 @@ def examples() -> dict[str, Example]:
     found["checkpoint-inherited"] = Example({"extends": "base.toml", "name": "other",
                                              "logging": {"tensorboard_dir": "runs/other/tensorboard"}},
                                             kind="toml", files={"base.toml": parent})
+    for rule, (changes, files, _) in sft_examples.FILE_EXAMPLES.items():
+        found[rule] = Example(_base(changes), files=dict(files))
     return found
 
 
@@ -94,6 +97,13 @@ def _action_finetune_from(example: Example, issues: list[SpecIssue]) -> None:
     """Start from a checkpoint (the user's weights; here a folder of this test)."""
     example.data.setdefault("checkpoint", {})["init_from"] = "mcore:ckpt"
     example.files["ckpt/latest"] = ""
+
+
+def _action_sft_response(example: Example, issues: list[SpecIssue]) -> None:
+    """Write the response masks beside the data (what `dlmspec data prepare --sft` writes)."""
+    for issue in issues:
+        for suffix in (".bin", ".idx"):
+            example.files[str(issue.value) + "_response" + suffix] = ""
 
 
 def _action_tokenizer_model(example: Example, issues: list[SpecIssue]) -> None:
@@ -125,6 +135,7 @@ ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
     "set": (_action_drop_set, "a malformed --set flag: the fix is the command line, not the spec"),
     "path-not-found": (_action_mkfiles, "the files are missing on this machine: the fix is to create them"),
     "finetune-from-scratch": (_action_finetune_from, "the weights to start from are the user's checkpoint"),
+    "sft-response-missing": (_action_sft_response, "the response masks are files `dlmspec data prepare --sft` writes"),
     "tokenizer-files": (_action_tokenizer_model, "the tokenizer's files are the user's to name"),
     "eod-id-unknown": (_action_eod_id, "the id is in the tokenizer's files, which validate cannot read"),
     "slurm-value": (_action_slurm_partition, "partition, account, QOS and host names are the cluster's"),

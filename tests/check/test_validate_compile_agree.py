@@ -24,6 +24,7 @@ import dlmspec.cli.commands
 import dlmspec.cli.output
 import dlmspec.cli.plan
 import dlmspec.cli.validate
+import sft_examples
 import test_validate
 import test_validate_hardening
 from dlmspec.check import RULES
@@ -60,7 +61,13 @@ TIGHT = {"train.seq_length": 196608, "model.max_position_embeddings": 196608, "t
 #: and the end-of-document id, and a schema error beside a rule error.
 FAILING: list[tuple[dict[str, Any], str, str]] = [
     ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
-    ({"stage.kind": "sft"}, "runtime-sft", "stage.kind"),
+    ({"stage.kind": "sft", "objective.variable_length_prob": 0.01}, "sft-variable-length",
+     "objective.variable_length_prob"),
+    ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True, "pad_eos_tokens": 2}}, "sft-pad-eos-packed",
+     "stage.sft.pad_eos_tokens"),
+    ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True}, "model.transformer_impl": "transformer_engine"},
+     "sft-attention-mask", "model.transformer_impl"),
+    ({"stage.kind": "sft", "data.mock": True}, "sft-mock-data", "data.mock"),
     ({"checkpoint.async_save": True}, "runtime-async-save", "checkpoint.async_save"),
     ({"parallel.fsdp": "torch"}, "runtime-torch-fsdp", "parallel.fsdp"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.use_distributed_optimizer": False},
@@ -100,7 +107,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
 ]
 
 #: The warnings among those examples (the others are errors).
-WARNING_EXAMPLES = {("memory-headroom", "cluster.gpu")}
+WARNING_EXAMPLES = {("memory-headroom", "cluster.gpu"), ("sft-variable-length", "objective.variable_length_prob"),
+                    ("sft-pad-eos-packed", "stage.sft.pad_eos_tokens")}
 
 #: (file name, text, extra arguments, the loader's rule, its key): one spec per ``load`` rule. The
 #: text None is BASE as TOML; "" writes nothing (the file is missing).
@@ -267,9 +275,22 @@ def test_plan_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 2 and ("plan", "<plan>", "error") in issues
 
 
+@pytest.mark.parametrize("rule", sorted(sft_examples.FILE_EXAMPLES))
+def test_sft_file_examples(rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SFT rules that read the dataset record and the response masks (files of the example)."""
+    changes, files, key = sft_examples.FILE_EXAMPLES[rule]
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code, issues = assert_agree(spec_file(tmp_path, changes), tmp_path / "out", monkeypatch)
+    severity = RULES[rule].severity
+    assert (rule, key, severity) in issues and code == (2 if severity == "error" else 0)
+
+
 def test_every_rule_has_a_failing_example() -> None:
     covered = ({rule for _, rule, _ in FAILING} | {c[3] for c in LOAD_FAILING} | set(SPEC_EXAMPLES)
-               | {"checkpoint-inherited", "plan"})
+               | {"checkpoint-inherited", "plan"} | set(sft_examples.FILE_EXAMPLES))
     assert covered == set(RULES), sorted(set(RULES) ^ covered)
 
 

@@ -379,7 +379,8 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
 #: (changes, the runtime rule that refuses them, the key it names)
 RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
     ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
-    ({"stage.kind": "sft"}, "runtime-sft", "stage.kind"),
+    ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True}, "model.transformer_impl": "transformer_engine"},
+     "sft-attention-mask", "model.transformer_impl"),
     ({"checkpoint.async_save": True}, "runtime-async-save", "checkpoint.async_save"),
     ({"parallel.fsdp": "torch"}, "runtime-torch-fsdp", "parallel.fsdp"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron",
