@@ -48,6 +48,49 @@ def effective_cross_entropy(setting: str, tensor_parallel: int, fsdp: str = "non
 LOCAL_CP_COMM_TYPES = ("allgather",)
 
 
+def sft_section(spec: Spec) -> Any:
+    """``[stage.sft]`` with its defaults filled (``SFTSpec()`` where the spec has no such table)."""
+    sft = spec.stage.sft
+    return sft if sft is not None else section_defaults(spec, "SFTSpec")
+
+
+def sft_pad_eos_tokens(spec: Spec) -> int | None:
+    """The padding EOS an SFT sample supervises (``stage.sft.pad_eos_tokens``; ``None``: all).
+
+    Unset: all for mdm (LLaDA, Nie et al. 2025, sec. 2.3: padding EOS are response tokens, so the
+    model learns to fill its fixed generation length with EOS), 0 for ar (the conversation's own
+    final EOD, supervised by its response mask, teaches an AR decoder to stop; EOS after EOS
+    would only add easy tokens to the loss).
+    """
+    value = sft_section(spec).pad_eos_tokens
+    if value is not None:
+        return int(value)
+    return None if spec.objective.kind == "mdm" else 0
+
+
+def sft_attention_mask(spec: Spec) -> str | None:
+    """Why an SFT stage's batches carry an attention mask (``"key = value"``), else ``None``: packed
+    conversations (a document mask) or masked-diffusion padding only partly supervised (the rest
+    hidden from the conversation), as ``backends/megatron/sft.py needs_attention_mask``."""
+    if spec.stage.kind != "sft":
+        return None
+    sft = sft_section(spec)
+    if sft.packed_sequence:
+        return "stage.sft.packed_sequence = true"
+    if spec.objective.kind == "mdm" and sft_pad_eos_tokens(spec) is not None:
+        return f"stage.sft.pad_eos_tokens = {sft.pad_eos_tokens!r} with objective.kind = 'mdm'"
+    return None
+
+
+def default_loss_normalization(spec: Spec) -> str:
+    """``train.loss_normalization`` when unset: ``"sequence"`` for an SFT stage of an mdm objective
+    (LLaDA's SFT: each response's loss divided by its length, then the mean over responses, so a
+    long answer does not outweigh a short one), else ``"global_token"``."""
+    if spec.stage.kind == "sft" and spec.objective.kind == "mdm":
+        return "sequence"
+    return "global_token"
+
+
 def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str], list[str]]:
     """The spec's features that only one layer path runs, as ``"key = value"`` texts.
 
@@ -67,6 +110,7 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
          obj.kind == "mdm" and obj.variable_length_prob > 0 and (obj.variable_length or "sequence") == "sequence"),
         ("data.reset_attention_mask = true", data.reset_attention_mask),
         ("objective.attention_mask = 'block_causal'", attention_mask == "block_causal"),
+        (sft_attention_mask(spec) or "", sft_attention_mask(spec) is not None),
     ) if on]
     te = [text for text, on in (
         (f"precision.fp8 = {spec.precision.fp8!r}", spec.precision.fp8 != "none"),
@@ -453,7 +497,7 @@ class RuntimeValues:
             may resume (``CheckpointConfig.resume_from_run``).
         min_masked_tokens, variable_length, loss_normalization: ``objective.min_masked_tokens``
             (unset: 0), ``objective.variable_length`` (unset: ``"sequence"``) and
-            ``train.loss_normalization`` (unset: ``"global_token"``) with their defaults filled.
+            ``train.loss_normalization`` (unset: :func:`default_loss_normalization`) with their defaults filled.
         calculate_per_token_loss: megatron-core's ``TransformerConfig.calculate_per_token_loss``:
             True exactly for ``"global_token"`` (docs/recipes.md, "Loss normalisation").
         variable_length_multiple: what a micro-batch cut's length is a multiple of: 2 x CP
@@ -508,7 +552,7 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
     else:
         peak, peak_source = float(gpu.bf16_tflops), f"{gpu.name}, dense bf16 peak"
     full = rc.granularity == "full"
-    normalization = tr.loss_normalization or "global_token"
+    normalization = tr.loss_normalization or default_loss_normalization(spec)
     return RuntimeValues(
         lr_warmup_iters=lengths["lr_warmup_iters"],
         lr_decay_iters=lengths["lr_decay_iters"],

@@ -103,6 +103,23 @@ def sft_data_problems(prefixes: Sequence[str]) -> List[str]:
     return problems
 
 
+def sft_start_checks(run: RunConfig) -> None:
+    """:func:`sft_data_problems` of the run's training and validation prefixes, before megatron-core
+    starts (``train.py --check`` and :meth:`SftStage.setup`).
+
+    Raises:
+        SystemExit: code 2 after the problems on stderr (``train.py: ...``).
+    """
+    d = run.data
+    if d.mock:
+        refuse("an SFT stage trains on conversations and their response masks; data.mock = true is pre-training "
+               "data (megatron's MockGPTDataset). Fix: set data.mock = false and data.train to `dlmspec data "
+               "prepare --sft` output")
+    problems = sft_data_problems([p for p, _ in (d.blend or []) + (d.valid_blend or [])])
+    if problems:
+        refuse("the SFT data cannot be trained on:\n  " + "\n  ".join(problems))
+
+
 @dataclass
 class SftStats:
     """What :class:`SftDataset` made of its conversations.
@@ -362,9 +379,7 @@ class SftStage(PretrainStage):
                 parallelism.
         """
         run, o = self.run, self.run.objective
-        problems = sft_data_problems(self._prefixes()[0] + self._prefixes()[1])
-        if problems:
-            refuse("the SFT data cannot be trained on:\n  " + "\n  ".join(problems))
+        sft_start_checks(run)
         objective = build_objective(o.kind, mask_token_id=o.mask_token_id, eps=o.eps, loss_weighting=o.loss_weighting,
                                     min_masked_tokens=o.min_masked_tokens)
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))

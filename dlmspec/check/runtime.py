@@ -46,7 +46,7 @@ def _eod_unknown(ctx: Context) -> Iterator[Finding]:
 @rule(
     "runtime-rl",
     "error",
-    "backends/megatron (trains pretraining objectives only: no rollouts, rewards or policy loss)",
+    "backends/megatron (trains pretraining and SFT objectives only: no rollouts, rewards or policy loss)",
     "stage.kind is not 'rl'",
     scope="runtime",
     fix="set stage.kind = \"pretrain\"",
@@ -55,22 +55,7 @@ def _eod_unknown(ctx: Context) -> Iterator[Finding]:
 def _rl(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.stage.kind == "rl":
         yield Finding("stage.kind", "reinforcement learning (stage.kind = 'rl') is not implemented by the megatron "
-                      "runtime (backends/megatron): it trains pretraining objectives only")
-
-
-@rule(
-    "runtime-sft",
-    "error",
-    "backends/megatron (no chat templates or prompt masking in its data pipeline)",
-    "stage.kind is not 'sft'",
-    scope="runtime",
-    fix="set stage.kind = \"pretrain\"",
-    fix_keys=Fix({"stage.kind": "pretrain"}),
-)
-def _sft(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.stage.kind == "sft":
-        yield Finding("stage.kind", "supervised fine-tuning (stage.kind = 'sft': chat templates, prompt masking) is "
-                      "not implemented by the megatron runtime (backends/megatron)")
+                      "runtime (backends/megatron): it trains pretraining and SFT objectives only")
 
 
 @rule(

@@ -50,7 +50,7 @@ from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_sec
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
-from dlmspec.resolve import Resolved, eod_choice, run_dir, runtime_values, schedule
+from dlmspec.resolve import Resolved, eod_choice, run_dir, runtime_values, schedule, sft_pad_eos_tokens, sft_section
 from dlmspec.render.sbatch import render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec.models import Spec
@@ -239,7 +239,8 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
     why, as comment text), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend``
     (``[prefix, weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
     (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`), ``python`` (``--python`` as a bash word,
-    :func:`launch_interpreter`; ``None`` when not given).
+    :func:`launch_interpreter`; ``None`` when not given), ``sft`` (``stage.kind = "sft"``: its
+    ``section`` with defaults filled and the resolved ``pad_eos_tokens``; else ``None``).
     """
     s = locked_spec(resolved)
     m = s.model
@@ -271,6 +272,8 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
         "run_dir": run_dir(resolved),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
         "python": None if python is None else shell_word(python),
+        "sft": (None if resolved.spec.stage.kind != "sft" else
+                {"section": sft_section(resolved.spec), "pad_eos_tokens": sft_pad_eos_tokens(resolved.spec)}),
     }
 
 

@@ -181,12 +181,33 @@ class ObjectiveSpec(Section):
 
 
 class SFTSpec(Section):
-    """``[stage.sft]``: supervised fine-tuning on prompt/response pairs."""
+    """``[stage.sft]``: supervised fine-tuning on conversations (``dlmspec data prepare --sft``
+    data: one document per conversation and its response mask, backends/megatron/sft.py)."""
 
-    chat_template: Literal["chatml", "llama3", "plain"] = "chatml"
+    chat_template: Literal["chatml", "llama3", "plain", "tokenizer"] = Field(
+        "chatml", description="The chat template the data was rendered with ('tokenizer': the tokenizer's own, "
+        "through transformers' apply_chat_template); validate compares it with the dataset record."
+    )
     mask_prompt: bool = Field(True, description="Never mask (or train on) prompt tokens.")
     prompt_key: str = "prompt"
     response_key: str = "response"
+    packed_sequence: bool = Field(
+        False,
+        description="Pack several conversations into each sequence (Megatron-Bridge's packed sequences), "
+        "attention kept inside each by a document mask (local layers only); false: one conversation per "
+        "sequence, followed by EOS padding.",
+    )
+    over_long: Literal["skip", "truncate"] = Field(
+        "skip", description="A conversation longer than train.seq_length is skipped or truncated; the runtime "
+        "counts either at start."
+    )
+    pad_eos_tokens: NonNegativeInt | None = Field(
+        None,
+        description="How many EOS of the padding after a conversation count as response (its own final EOD "
+        "always does). Unset: all of them for mdm (LLaDA sec. 2.3: the model learns to fill its generation "
+        "length with EOS, which its fixed-length sampler needs), 0 for ar (an AR decoder stops at the first "
+        "EOD). Packing leaves no padding inside a sequence: no effect with packed_sequence = true.",
+    )
 
 
 class RLSpec(Section):
@@ -339,7 +360,8 @@ class TrainSpec(Section):
         "micro-batch's sum over its own tokens, averaged over micro-batches and data-parallel ranks "
         "(calculate_per_token_loss = False; MegaDLMs pretrain_difflm.py:265-268, megatron-core "
         "schedules.py forward_step_calc_loss; LLaDA GUIDELINES.md). 'sequence': each sequence's mean, then "
-        "the mean over sequences (LLaDA's SFT, GUIDELINES.md). Unset: 'global_token'.",
+        "the mean over sequences (LLaDA's SFT, GUIDELINES.md). Unset: 'global_token'; for stage.kind = 'sft' "
+        "with an mdm objective 'sequence' (LLaDA's SFT normalises each response by its length).",
     )
 
 
