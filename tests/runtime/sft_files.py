@@ -15,14 +15,15 @@ EOD = 0
 
 
 def write_sft(prefix: str, conversations: Sequence[Tuple[Sequence[int], Sequence[int]]], *,
-              chat_template: str = "plain", max_length=None, special_tokens=None, vocab_size: int = 100) -> str:
+              chat_template: str = "plain", max_length=None, special_tokens=None, vocab_size: int = 100,
+              eod: int = EOD) -> str:
     """Write ``(prompt ids, response ids)`` pairs as one document each (prompt, response, EOD; the
     response and the EOD supervised); returns ``prefix``."""
     tokens = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
     resp = IndexedDatasetBuilder(prefix + "_response.bin", dtype=np.uint8)
     n_prompt = n_resp = 0
     for prompt, response in conversations:
-        ids = list(prompt) + list(response) + [EOD]
+        ids = list(prompt) + list(response) + [eod]
         mask = [0] * len(prompt) + [1] * (len(response) + 1)
         tokens.add_item(torch.tensor(ids, dtype=torch.int64))
         tokens.end_document()
@@ -32,11 +33,11 @@ def write_sft(prefix: str, conversations: Sequence[Tuple[Sequence[int], Sequence
         n_resp += len(response) + 1
     tokens.finalize(prefix + ".idx")
     resp.finalize(prefix + "_response.idx")
-    write_record(prefix, tokenizer={"type": "NullTokenizer", "vocab_size": vocab_size, "eod_id": EOD, "files": {}},
+    write_record(prefix, tokenizer={"type": "NullTokenizer", "vocab_size": vocab_size, "eod_id": eod, "files": {}},
                  documents=len(conversations), tokens=n_prompt + n_resp,
                  sft={"format": "prompt_response", "chat_template": chat_template, "chat_template_sha256": "0" * 64,
                       "response_prefix": prefix.rsplit("/", 1)[-1] + "_response",
-                      "special_tokens": dict(special_tokens or {}), "special_tokens_in_vocab": {}, "eod_id": EOD,
+                      "special_tokens": dict(special_tokens or {}), "special_tokens_in_vocab": {}, "eod_id": eod,
                       "max_length": max_length, "rows": {"read": len(conversations), "written": len(conversations),
                                                          "skipped": 0},
                       "bad_rows": {}, "response_tokens": n_resp, "prompt_tokens": n_prompt})
