@@ -98,8 +98,9 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
         ``(local_only, te_only)``. Local only (the Transformer Engine path refuses them):
         variable-length MDM sequences cut one by one (``objective.variable_length = "sequence"``;
         a ``"micro_batch"`` cut is a dense shorter micro-batch, which both paths run) and document masks, which pass an attention mask that the
-        TE layers would ignore (``dlmspec.backends.megatron.checks.check_masks_supported``), and
-        block-causal attention (``dlmspec.backends.megatron.layers.build_layer_spec``). Transformer
+        TE layers would ignore (``dlmspec.backends.megatron.checks.check_masks_supported``),
+        block-causal attention (``dlmspec.backends.megatron.layers.build_layer_spec``), and SFT
+        batches with attention masks (:func:`sft_attention_mask`). Transformer
         Engine only: fp8 (megatron-core runs fp8 in TE layers), grouped-GEMM experts
         (``build_layer_spec``) and context parallelism with a ``cp_comm_type`` outside
         :data:`LOCAL_CP_COMM_TYPES` (``dlmspec.backends.megatron.attention``).

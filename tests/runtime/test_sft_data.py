@@ -4,7 +4,6 @@ dataset checked at start."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
