@@ -77,6 +77,10 @@ def test_longest_prompt_is_read_from_the_response_masks(tmp_path: Path) -> None:
     ({**SFT, "stage.sft": {"packed_sequence": True}, "parallel.context_parallel_size": 2},
      "sft-attention-mask", "parallel.context_parallel_size"),
     ({**SFT, "data.mock": True}, "sft-mock-data", "data.mock"),
+    ({**SFT, "data.reset_attention_mask": True}, "sft-pretraining-data", "data.reset_attention_mask"),
+    ({**SFT, "data.eod_mask_loss": True}, "sft-pretraining-data", "data.eod_mask_loss"),
+    ({**SFT, "data.train": [{"prefix": "data/a_text_document", "weight": 1.0},
+                            {"prefix": "data/b_text_document", "weight": 3.0}]}, "sft-pretraining-data", "data.train"),
 ])
 def test_spec_rules(changes, rule, key, tmp_path: Path, monkeypatch) -> None:
     found = [i for i in _issues(tmp_path, changes, {}, monkeypatch) if i.rule == rule]

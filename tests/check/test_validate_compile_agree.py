@@ -68,6 +68,7 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
     ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True}, "model.transformer_impl": "transformer_engine"},
      "sft-attention-mask", "model.transformer_impl"),
     ({"stage.kind": "sft", "data.mock": True}, "sft-mock-data", "data.mock"),
+    ({"stage.kind": "sft", "data.eod_mask_loss": True}, "sft-pretraining-data", "data.eod_mask_loss"),
     ({"checkpoint.async_save": True}, "runtime-async-save", "checkpoint.async_save"),
     ({"parallel.fsdp": "torch"}, "runtime-torch-fsdp", "parallel.fsdp"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.use_distributed_optimizer": False},
@@ -108,7 +109,7 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
 
 #: The warnings among those examples (the others are errors).
 WARNING_EXAMPLES = {("memory-headroom", "cluster.gpu"), ("sft-variable-length", "objective.variable_length_prob"),
-                    ("sft-pad-eos-packed", "stage.sft.pad_eos_tokens")}
+                    ("sft-pad-eos-packed", "stage.sft.pad_eos_tokens"), ("sft-pretraining-data", "data.eod_mask_loss")}
 
 #: (file name, text, extra arguments, the loader's rule, its key): one spec per ``load`` rule. The
 #: text None is BASE as TOML; "" writes nothing (the file is missing).
