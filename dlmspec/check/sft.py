@@ -296,3 +296,36 @@ def _mock(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.stage.kind == "sft" and ctx.spec.data.mock:
         yield Finding("data.mock", "an SFT stage trains on conversations and their response masks, which mock data "
                       "does not have: the runtime refuses it at start-up")
+
+
+#: Pre-training data settings the SFT stage does not read (it builds its own segments and positions).
+_PRETRAINING_DATA = {
+    "data.reset_attention_mask": "packed conversations never attend each other (stage.sft.packed_sequence)",
+    "data.reset_position_ids": "each packed conversation's positions start at 0",
+    "data.eod_mask_loss": "the response mask says which tokens carry loss, each conversation's final EOD included",
+}
+
+
+@rule(
+    "sft-pretraining-data",
+    "warning",
+    "backends/megatron/sft.py SftDataset (segments, positions and loss masks of its own; data.train blends are "
+    "concatenated)",
+    "an SFT stage sets no pre-training data option it ignores (document masks, position resets, EOD loss masking, "
+    "blend weights)",
+)
+def _pretraining_data(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.stage.kind != "sft":
+        return
+    d = ctx.spec.data
+    for key, why in _PRETRAINING_DATA.items():
+        if getattr(d, key.split(".")[1]):
+            fix = Fix({key: False})
+            yield Finding(key, f"has no effect in SFT: {why}", fix.text(), fix=fix)
+    for split in ("train", "valid"):
+        entries = getattr(d, split)
+        if len({e.weight for e in entries}) > 1:
+            fix = Fix({f"data.{split}": [e.prefix for e in entries]})
+            yield Finding(f"data.{split}", "SFT takes every conversation of every prefix once per epoch: the weights "
+                          "are not applied", f"{fix.text()} (weight 1 each), or prepare one dataset of the mix",
+                          value=[e.weight for e in entries], fix=fix)
