@@ -165,7 +165,8 @@ class Conversations:
                  prefixes: Sequence[str] = (), split: Optional[Tuple[float, float]] = None) -> None:
         self._docs = list(documents) if documents is not None else None
         self._sources: List[Tuple[IndexedDataset, IndexedDataset]] = []
-        self._index: List[Tuple[int, int]] = []
+        sources: List[np.ndarray] = []  # per conversation: its prefix and its document there
+        documents_of: List[np.ndarray] = []
         lengths: List[np.ndarray] = []
         if self._docs is not None:
             for tokens, response in self._docs:
@@ -176,10 +177,13 @@ class Conversations:
             tokens, resp = IndexedDataset(prefix), IndexedDataset(response_prefix(prefix))
             n = len(tokens)
             lo, hi = (0, n) if split is None else (int(round(split[0] * n)), int(round(split[1] * n)))
-            self._index += [(len(self._sources), i) for i in range(lo, hi)]
+            sources.append(np.full(hi - lo, len(self._sources), dtype=np.int32))
+            documents_of.append(np.arange(lo, hi, dtype=np.int64))
             lengths.append(np.array(tokens.sequence_lengths[lo:hi], dtype=np.int64))
             self._sources.append((tokens, resp))
         self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        self._source = np.concatenate(sources) if sources else np.zeros(0, dtype=np.int32)
+        self._document = np.concatenate(documents_of) if documents_of else np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(len(self.lengths))
@@ -188,8 +192,8 @@ class Conversations:
         if self._docs is not None:
             tokens, response = self._docs[i]
         else:
-            source, doc = self._index[i]
-            tokens, response = self._sources[source][0][doc], self._sources[source][1][doc]
+            source, doc = self._sources[int(self._source[i])], int(self._document[i])
+            tokens, response = source[0][doc], source[1][doc]
         return np.array(tokens, dtype=np.int64), np.array(response, dtype=bool)
 
 

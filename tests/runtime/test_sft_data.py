@@ -109,3 +109,15 @@ def test_response_dataset_is_checked(tmp_path, prefix) -> None:
         (tmp_path / f"other_text_document_response{suffix}").replace(tmp_path / f"bare_text_document_response{suffix}")
     [problem] = sft_data_problems([bare])
     assert "differ" in problem
+
+
+def test_several_prefixes_and_a_split_carve_out(tmp_path, prefix) -> None:
+    other = write_sft(str(tmp_path / "other_text_document"), [([3], [4]), ([30, 31], [32])])
+    from dlmspec.backends.megatron.sft import Conversations
+
+    both = Conversations(prefixes=[prefix, other])
+    assert both.lengths.tolist() == [6, 5, 22, 3, 4]
+    assert both[3][0].tolist() == [3, 4, EOD] and both[3][1].tolist() == [False, True, True]
+    head = Conversations(prefixes=[prefix, other], split=(0.0, 0.5))  # the first half of each prefix's documents
+    tail = Conversations(prefixes=[prefix, other], split=(0.5, 1.0))
+    assert head.lengths.tolist() == [6, 5, 3] and tail.lengths.tolist() == [22, 4]  # round(1.5) = 2, round(1) = 1
