@@ -1,0 +1,70 @@
+"""The whole of train() with SftStage on CPU (test_runtime_loop's one-process gloo world, a tiny
+megatron-core GPTModel, the CUDA-only optimizer and schedule replaced by its fakes): padded and
+packed conversations, the per-sequence loss normalisation, and an SFT run started from a
+pre-training run's checkpoint (checkpoint.init_from = "mcore:...")."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dlmspec.backends.megatron.config import CheckpointConfig, ObjectiveConfig, RunConfig
+from dlmspec.backends.megatron.data import DataConfig
+from dlmspec.backends.megatron.sft import SftConfig, SftStage
+from sft_files import write_sft
+from test_runtime_loop import EOD, MASK, SEQ, VOCAB, _config, _events, _run, cpu_train  # noqa: F401 (fixture)
+from test_runtime_loop import _train as _train_loop
+
+
+def _data(tmp_path: Path) -> str:
+    rows = [([5 + i, 6, 7, 8][: 1 + i % 4], [9 + i % 50, 10, 11][: 1 + i % 3]) for i in range(24)]
+    return write_sft(str(tmp_path / "chat_text_document"), rows, eod=EOD, vocab_size=VOCAB)
+
+
+def _sft_run(tmp_path: Path, prefix: str, normalization: str, **checkpoint) -> RunConfig:
+    base = _run(tmp_path / "sft")
+    return dataclasses.replace(
+        base,
+        objective=ObjectiveConfig(kind="mdm", mask_token_id=MASK, loss_normalization=normalization),
+        data=DataConfig(seq_length=SEQ, vocab_size=VOCAB, eod_id=EOD, blend=[(prefix, 1.0)], split="80,20,0",
+                        num_workers=0, cache_dir=str(tmp_path / "cache")),
+        checkpoint=dataclasses.replace(base.checkpoint, **checkpoint),
+    )
+
+
+def _train(run: RunConfig, stage, per_token: bool):
+    import test_runtime_loop
+
+    original = test_runtime_loop._config
+    test_runtime_loop._config = lambda: dataclasses.replace(original(), calculate_per_token_loss=per_token)
+    try:
+        return _train_loop(run, stage)
+    finally:
+        test_runtime_loop._config = original
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_train_runs_sft_and_records_it(tmp_path, cpu_train, packed: bool) -> None:
+    run = _sft_run(tmp_path, _data(tmp_path), "sequence")
+    result = _train(run, SftStage(run, SftConfig(packed_sequence=packed)), per_token=False)
+    assert (result.iteration, result.exit_reason) == (4, "completed")
+    events = _events(run)
+    assert events[0]["objective"] == "sft-mdm"
+    losses = [e["loss"] for e in events if e["event"] in ("train", "valid")]
+    assert losses and all(math.isfinite(x) and 0 < x < 50 for x in losses)
+    meta = json.loads((Path(run.checkpoint.save_dir) / "iter_0000004" / "dlmspec.json").read_text())
+    assert meta["sft"]["packed_sequence"] is packed and meta["objective"]["loss_normalization"] == "sequence"
+
+
+def test_sft_starts_from_a_pretraining_checkpoint(tmp_path, cpu_train) -> None:
+    pretrain = _run(tmp_path / "pre")
+    _train_loop(pretrain)
+    run = _sft_run(tmp_path, _data(tmp_path), "global_token", init_from=f"mcore:{pretrain.checkpoint.save_dir}")
+    result = _train(run, SftStage(run, SftConfig()), per_token=True)
+    assert result.iteration == 4 and result.resumed_from is None
+    start = _events(run)[0]
+    assert start["weights"]["from"] == "init_from" and start["weights"]["kind"] == "mcore", start["weights"]
