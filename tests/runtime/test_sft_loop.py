@@ -68,3 +68,23 @@ def test_sft_starts_from_a_pretraining_checkpoint(tmp_path, cpu_train) -> None:
     assert result.iteration == 4 and result.resumed_from is None
     start = _events(run)[0]
     assert start["weights"]["from"] == "init_from" and start["weights"]["kind"] == "mcore", start["weights"]
+
+
+def test_train_runs_ar_sft(tmp_path, cpu_train) -> None:
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    from dlmspec.backends.megatron import training
+    from dlmspec.backends.megatron.layers import build_layer_spec
+
+    run = _sft_run(tmp_path, _data(tmp_path), "global_token")
+    run = dataclasses.replace(run, objective=ObjectiveConfig(kind="ar"))
+    result = training.train(
+        run, transformer_config=_config(), layer_spec=build_layer_spec(attention="causal", use_transformer_engine=False),
+        model_kwargs=dict(vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope", rotary_base=10000),
+        ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False),
+        optimizer_config=OptimizerConfig(lr=1e-3, min_lr=1e-4, use_distributed_optimizer=False),
+        stage=SftStage(run, SftConfig(packed_sequence=True, pad_eos_tokens=0)),
+    )
+    assert result.iteration == 4 and _events(run)[0]["objective"] == "sft-ar"
+    assert math.isfinite(result.last_train_loss)
