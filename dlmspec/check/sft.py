@@ -213,12 +213,13 @@ def _prompt_too_long(ctx: Context) -> Iterator[Finding]:
         found = longest_prompt(prefix, records.get(prefix))
         if found is None or found[0] < seq:
             continue
-        longest = found[0]
+        longest, none = found
         need = -(-(longest + 1) // 64) * 64
         fix = Fix({"train.seq_length": need}) if need <= ctx.spec.model.max_position_embeddings else None
         yield Finding("train.seq_length", f"{prefix!r} has a prompt of {longest} tokens: a conversation whose prompt "
                       f"fills the {seq} positions of a sample has no response token in it (skipped as over-long, or "
-                      "truncated to a sample with nothing to learn)",
+                      "truncated to a sample with nothing to learn)"
+                      + (f"; {none} conversation(s) have no response token at all" if none else ""),
                       (f"{fix.text()}, or drop such conversations when preparing the data (--seq-length {seq})"
                        if fix else f"drop such conversations when preparing the data (--seq-length {seq})"),
                       value=seq, fix=fix)
