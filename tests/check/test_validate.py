@@ -259,6 +259,15 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "checkpoint.init_from"),
     ("string-characters", {"data.train": ["data/a\x00b"]}, "data.train.0.prefix"),
     ("string-characters", {"description": "half \ud800 a pair"}, "description"),
+    ("sft-variable-length", {"stage.kind": "sft", "objective.variable_length_prob": 0.01},
+     "objective.variable_length_prob"),
+    ("sft-pad-eos-packed", {"stage.kind": "sft", "stage.sft": {"packed_sequence": True, "pad_eos_tokens": 2}},
+     "stage.sft.pad_eos_tokens"),
+    ("sft-mock-data", {"stage.kind": "sft", "data.mock": True}, "data.mock"),
+    ("sft-pretraining-data", {"stage.kind": "sft", "data.reset_position_ids": True}, "data.reset_position_ids"),
+    ("sft-pretraining-data", {"stage.kind": "sft", "data.train": [{"prefix": "data/a_text_document", "weight": 1.0},
+                                                                  {"prefix": "data/b_text_document", "weight": 2.0}]},
+     "data.train"),
 ]
 
 
@@ -269,9 +278,11 @@ FILE_RULES = {"checkpoint-inherited"}
 def test_every_rule_has_a_case() -> None:
     from test_validate_hardening import CASES as HARDENING_CASES, MASK_RULE  # issue 15's rules, tested there
 
+    from sft_examples import FILE_EXAMPLES as SFT_FILE_RULES  # the SFT rules that read a dataset record
+
     hardening = {case[0] for case in HARDENING_CASES} | {MASK_RULE}
     spec_rules = {r.id for r in RULES.values() if r.scope in FILES}
-    assert {case[0] for case in CASES} | hardening | FILE_RULES == spec_rules
+    assert {case[0] for case in CASES} | hardening | FILE_RULES | set(SFT_FILE_RULES) == spec_rules
 
 
 def _valid_base(name: str = "base") -> str:
