@@ -88,3 +88,37 @@ def test_train_runs_ar_sft(tmp_path, cpu_train) -> None:
     )
     assert result.iteration == 4 and _events(run)[0]["objective"] == "sft-ar"
     assert math.isfinite(result.last_train_loss)
+
+
+def test_the_demo_evaluation_loads_both_checkpoints_through_the_runtime(tmp_path, cpu_train) -> None:
+    """bench/gpu/sft_eval.py's compare(): each checkpoint loaded into one model, scored on the same
+    masks; a model against itself differs by exactly 0, another (here: the loop's fake optimizer
+    never updates, so another seed's initial weights) by something."""
+    import torch
+    from megatron.core import parallel_state
+
+    from bench_scripts import load_script
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+    from dlmspec.backends.megatron.objective import MaskedDiffusionObjective
+    from dlmspec.backends.megatron.sft import SftDataset, SftForwardStep
+
+    evaluation = load_script("bench/gpu/sft_eval.py", "sft_eval_loop")
+    pretrain = _run(tmp_path / "pre")
+    _train_loop(pretrain)
+    other = dataclasses.replace(_run(tmp_path / "other"), seed=6)
+    _train_loop(other)
+    prefix = _data(tmp_path)
+    parallel_state.initialize_model_parallel()
+    model = build_model(_config(), layer_spec=build_layer_spec(attention="bidirectional", use_transformer_engine=False),
+                        vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope", rotary_base=10000)
+    ds = SftDataset.from_prefixes([prefix], seq_length=SEQ, eod_id=EOD, autoregressive=False, config=SftConfig())
+    feed = evaluation.batches(ds, 8, 4)
+    step = SftForwardStep(MaskedDiffusionObjective(MASK), seed=1, data_parallel_rank=0, eod_id=EOD,
+                          device=torch.device("cpu"), loss_normalization="sequence")
+    same = evaluation.compare(model, {"base": pretrain.checkpoint.save_dir, "tuned": pretrain.checkpoint.save_dir},
+                              step, feed, 2, EOD)
+    assert same["base_minus_tuned_sft"]["mean"] == 0 and same["base"]["sft"]["n"] == 8
+    apart = evaluation.compare(model, {"base": pretrain.checkpoint.save_dir, "tuned": other.checkpoint.save_dir},
+                               step, feed, 2, EOD)
+    assert apart["base_minus_tuned_sft"]["mean"] != 0 and apart["base_minus_tuned_answer"]["mean"] != 0
+    assert apart["tuned"]["checkpoint"] == str(Path(other.checkpoint.save_dir) / "iter_0000004")
