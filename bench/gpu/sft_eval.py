@@ -97,6 +97,38 @@ def score(model, step: SftForwardStep, feed: List[Dict[str, torch.Tensor]], draw
     return out
 
 
+def compare(model, roots: Dict[str, str], step: SftForwardStep, feed: List[Dict[str, torch.Tensor]], draws: int,
+            eod_id: int) -> Dict[str, Any]:
+    """Load each checkpoint of ``roots`` (``{"base": ..., "tuned": ...}``: a root or an ``iter_``
+    folder) into ``model`` (its chunks) through the runtime and :func:`score` it on ``feed``.
+
+    Returns:
+        Per model ``{"checkpoint", "seconds", "sft": interval, "answer": interval}``; for each
+        metric the paired ``base_minus_tuned_<metric>`` interval and whether the intervals are
+        apart (``tuned_below_base_non_overlapping_<metric>``); ``per_sample`` the losses.
+    """
+    from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
+    from dlmspec.backends.megatron.init_from import load_model_weights
+
+    result: Dict[str, Any] = {}
+    losses = {}
+    for name, root in roots.items():
+        path = str(resolve_checkpoint_dir(root))
+        t0 = time.perf_counter()
+        load_model_weights(path, model)
+        model[0].eval()
+        losses[name] = score(model[0], step, feed, draws, eod_id)
+        result[name] = {"checkpoint": path, "seconds": time.perf_counter() - t0,
+                        **{metric: interval(values) for metric, values in losses[name].items()}}
+    for metric in ("sft", "answer"):
+        diff = [b - t for b, t in zip(losses["base"][metric], losses["tuned"][metric])]
+        result[f"base_minus_tuned_{metric}"] = interval(diff)
+        result[f"tuned_below_base_non_overlapping_{metric}"] = (
+            result["tuned"][metric]["ci95"][1] < result["base"][metric]["ci95"][0])
+    result["per_sample"] = losses
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-py", required=True, help="the compiled SFT train.py")
@@ -140,9 +172,7 @@ def main() -> None:
     else:
         from megatron.core import parallel_state
 
-        from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
         from dlmspec.backends.megatron.distributed import initialize_distributed, seed_like_megatron
-        from dlmspec.backends.megatron.init_from import load_model_weights
         from dlmspec.backends.megatron.layers import build_model
 
         initialize_distributed()
@@ -153,21 +183,8 @@ def main() -> None:
         # always "sequence": a sample's loss is its mean over its response, whatever the run trained with
         step = SftForwardStep(objective, seed=args.seed, data_parallel_rank=0, eod_id=run.data.eod_id, device=device,
                               loss_normalization="sequence")
-        losses = {}
-        for name, root in (("base", args.base), ("tuned", args.tuned)):
-            path = str(resolve_checkpoint_dir(root))
-            t0 = time.perf_counter()
-            load_model_weights(path, model)
-            model[0].eval()
-            losses[name] = score(model[0], step, feed, args.draws, run.data.eod_id)
-            result[name] = {"checkpoint": path, "seconds": time.perf_counter() - t0,
-                            **{metric: interval(values) for metric, values in losses[name].items()}}
-        for metric in ("sft", "answer"):
-            diff = [b - t for b, t in zip(losses["base"][metric], losses["tuned"][metric])]
-            result[f"base_minus_tuned_{metric}"] = interval(diff)
-            result[f"tuned_below_base_non_overlapping_{metric}"] = (
-                result["tuned"][metric]["ci95"][1] < result["base"][metric]["ci95"][0])
-        result["per_sample"] = losses
+        result.update(compare(model, {"base": args.base, "tuned": args.tuned}, step, feed, args.draws,
+                              run.data.eod_id))
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "per_sample"}, indent=1))
