@@ -321,11 +321,14 @@ class SftDataset(torch.utils.data.Dataset):
         return self.sample(int(self._order(int(idx) // n)[int(idx) % n]))
 
 
-def segment_attention_mask(segment_ids: Tensor) -> Optional[Tensor]:
+def segment_attention_mask(segment_ids: Tensor, *, dense: Optional[bool] = None) -> Optional[Tensor]:
     """``[b, 1, s, s]`` bool, ``True`` where query ``i`` may not attend key ``j`` (another segment:
     megatron's convention, as :func:`~dlmspec.backends.megatron.data.document_attention_mask`);
-    ``None`` when every row is one segment (dense attention)."""
-    if bool((segment_ids == segment_ids[:, :1]).all()):
+    ``None`` when every row is one segment (dense attention). ``dense`` tells that without
+    looking (e.g. decided on the CPU copy of the batch, so no device sync is needed)."""
+    if dense is None:
+        dense = bool((segment_ids == segment_ids[:, :1]).all())
+    if dense:
         return None
     return (segment_ids.unsqueeze(2) != segment_ids.unsqueeze(1)).unsqueeze(1)
 
@@ -352,8 +355,10 @@ class SftForwardStep(ObjectiveForwardStep):
         else:
             ob = self.objective.prepare(tokens, generator=generator, labels=batch["labels"], loss_mask=supervised)
         ob = apply_loss_normalization(ob, self.loss_normalization, context_parallel_size=self.context_parallel_size)
+        cpu_segments = item.batch["segment_ids"]  # decided on the host copy: no device sync
+        dense = bool((cpu_segments == cpu_segments[:, :1]).all())
         return self.slice_for_context_parallel(ob, batch["position_ids"],
-                                               segment_attention_mask(batch["segment_ids"]))
+                                               segment_attention_mask(batch["segment_ids"], dense=dense))
 
 
 class SftStage(PretrainStage):
