@@ -70,7 +70,14 @@ def test_assignment_is_validated_and_rule_findings_carry_lines(tmp_path):
     issues = json.loads(out.stdout)["issues"]
     lines = {(i["key"], i["line"]) for i in issues if i["rule"] != "path-not-found"}
     assert ("parallel.tensor_model_parallel_size", 5) in lines
-    assert ("train.lr", 7) in lines
+    lr = _write(tmp_path, "lr.py", 'from dlmspec.spec.models import Spec\nspec = Spec.load("demo-dlm")\n'
+                'spec.train.lr = 1e18\n')
+    from dlmspec.check import issues_for
+    from dlmspec.resolve import resolve
+
+    loaded = load(lr)
+    found = [(i.key, i.line) for i in issues_for("validate", loaded, resolve(loaded.spec)) if i.key == "train.lr"]
+    assert found == [("train.lr", 3)]
     with pytest.raises(Exception):
         Spec.load("demo-dlm").train.micro_batch_size = "many"
 
