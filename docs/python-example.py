@@ -1,4 +1,4 @@
-from dlmspec.spec.models import Spec
+from dlmspec.dsl import Spec
 
 base = Spec.load("demo-dlm")                  # specs/demo-dlm.toml, as a Spec
 base.train.lr = 4e-4                          # validated on assignment

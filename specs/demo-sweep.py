@@ -9,7 +9,7 @@ Each member is named after its settings; the demo writes its run paths with {nam
 (runs/{name}/checkpoints), so each member gets folders of its own. docs/python.md explains the API.
 """
 
-from dlmspec.spec.models import Spec
+from dlmspec.dsl import Spec
 
 base = Spec.load("demo-dlm")
 RECOMPUTE = {

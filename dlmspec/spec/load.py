@@ -584,7 +584,7 @@ def _python_error(path: Path, exc: BaseException) -> SpecError:
     file = last.tb_frame.f_code.co_filename if last is not None else str(path)
     if isinstance(exc, ValidationError):
         origins: dict[str, Origin] = {}
-        prefix = python.table_paths().get(exc.title, "")
+        prefix = _table_paths().get(exc.title, "")
         if last is not None:
             keys, here = python.call_origins(last.tb_frame, last.tb_lasti)
             origins = dict(keys)
@@ -606,6 +606,24 @@ def _python_error(path: Path, exc: BaseException) -> SpecError:
             + "; fix that line, then run dlmspec validate again")
     return SpecError([SpecIssue("<python>", f"the spec file raised {type(exc).__name__}: {exc}", rule="python",
                                 file=file, line=line, hint=hint)])
+
+
+def _table_paths() -> dict[str, str]:
+    """Each table class name of the spec -> its dotted path (``TrainSpec`` -> ``train``): where
+    a table's ValidationError (``TrainSpec(...)``, an assignment) puts its keys."""
+    from dlmspec.spec.models import Spec
+
+    out: dict[str, str] = {"Spec": ""}
+
+    def walk(model: Any, prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            sub = _first_model(info.annotation)
+            if sub is not None and sub.__name__ not in out:
+                out[sub.__name__] = prefix + name
+                walk(sub, prefix + name + ".")
+
+    walk(Spec, "")
+    return out
 
 
 def _python_members(path: Path) -> tuple[bool, list[_Member]]:
@@ -1060,13 +1078,28 @@ def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     try:
-        from dlmspec.render.compile import canonical_json, locked_spec
-        from dlmspec.resolve import resolve
+        from dlmspec.resolve import resolve, run_dir, schedule
         from dlmspec.spec.models import Spec
-        from dlmspec.spec.presets import PRESETS
 
         def locked(d: dict[str, Any]) -> str:
-            return canonical_json(locked_spec(resolve(Spec.model_validate(d))))
+            """What :func:`dlmspec.render.compile.locked_spec` hashes (mirrored here: the loader
+            sits below the compiler), as canonical JSON."""
+            spec = Spec.model_validate(d)
+            r = resolve(spec)
+            out = spec.model_dump(mode="json", exclude_none=True, exclude={"lock"})
+            filled = {"model.num_query_groups": r.num_query_groups, "model.kv_channels": r.kv_channels,
+                      "parallel.expert_tensor_parallel_size": r.etp, "objective.attention_mask": r.attention_mask,
+                      "model.moe_ffn_hidden_size": r.moe_ffn_hidden_size, "objective.mask_token_id": r.mask_token_id,
+                      "logging.run_dir": run_dir(r)}
+            if r.train_iters > 0:
+                filled["train.train_iters"] = r.train_iters
+                filled["train.lr_decay_iters"] = schedule(r)["lr_decay_iters"]
+            if spec.checkpoint.load is None and spec.checkpoint.save is not None:
+                filled["checkpoint.load"] = spec.checkpoint.save
+            for key, value in filled.items():
+                if value is not None:
+                    set_dotted(out, key, value)
+            return json.dumps(out, sort_keys=True)
 
         target = locked(data)
         trimmed = without_defaults(data)

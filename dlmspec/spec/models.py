@@ -578,15 +578,3 @@ class Spec(Section):
             python.record_of(new, create=True).templates.update(kept)
         python.note_replace(self, new, changes)
         return new
-
-    @classmethod
-    def from_preset(cls, preset: str, *, gpus: int | None = None, name: str | None = None, **options: Any) -> "Spec":
-        """The starter spec ``dlmspec new OUT --preset PRESET`` writes, e.g.
-        ``Spec.from_preset("llada-8b", gpus=64)``: :func:`dlmspec.spec.python.from_preset`."""
-        return python.from_preset(preset, gpus=gpus, name=name, **options)
-
-    @classmethod
-    def load(cls, name_or_path: str) -> "Spec":
-        """A bundled spec (``Spec.load("demo-dlm")``) or a TOML spec file:
-        :func:`dlmspec.spec.python.load_spec`."""
-        return python.load_spec(name_or_path)

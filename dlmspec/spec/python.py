@@ -293,24 +293,6 @@ def spec_data(spec: Any) -> dict[str, Any]:
     return data
 
 
-def table_paths() -> dict[str, str]:
-    """Each table class name of the spec -> its dotted path (``TrainSpec`` -> ``train``)."""
-    from dlmspec.spec.load import _first_model
-    from dlmspec.spec.models import Spec
-
-    out: dict[str, str] = {"Spec": ""}
-
-    def walk(model: Any, prefix: str) -> None:
-        for name, info in model.model_fields.items():
-            sub = _first_model(info.annotation)
-            if sub is not None and sub.__name__ not in out:
-                out[sub.__name__] = prefix + name
-                walk(sub, prefix + name + ".")
-
-    walk(Spec, "")
-    return out
-
-
 def error_frames(tb: Any) -> Iterator[Any]:
     """The traceback entries of ``tb`` in user code (see :func:`user_frame`), outermost first."""
     while tb is not None:
@@ -318,73 +300,3 @@ def error_frames(tb: Any) -> Iterator[Any]:
             yield tb
         tb = tb.tb_next
 
-
-# --------------------------------------------------------------------------- starting points
-
-
-def from_preset(preset: str, *, gpus: int | None = None, name: str | None = None, **options: Any) -> Any:
-    """``Spec.from_preset``: the starter spec ``dlmspec new OUT --preset PRESET`` writes (mock
-    data, bf16, a 1,000-step cosine schedule, a layout that fits), as a ``Spec``.
-
-    Args:
-        preset: a preset id (``dlmspec show --presets``).
-        gpus: GPUs in all: up to 8 on one node, else a multiple of 8 (8 per node); or give
-            ``nodes`` and ``gpus_per_node``.
-        name: the run's name (default: the preset id).
-        options: ``objective`` (``"mdm"`` or ``"ar"``), ``gpu``, ``nodes``, ``gpus_per_node``,
-            ``seq_length``: ``dlmspec new``'s options.
-
-    Raises:
-        SpecError: an unknown preset or option, a GPU count that does not split into nodes, a
-            model that does not fit on any layout of those GPUs.
-    """
-    import tomllib
-
-    from dlmspec.cli.commands import starter_text
-    from dlmspec.errors import SpecError, SpecIssue
-    from dlmspec.spec.models import Spec
-
-    allowed = {"objective", "gpu", "nodes", "gpus_per_node", "seq_length"}
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise SpecError([SpecIssue(unknown[0], "not an option of Spec.from_preset", value=options[unknown[0]],
-                                   hint="options: gpus, name, " + ", ".join(sorted(allowed)), rule="python")])
-    if gpus is not None:
-        if not isinstance(gpus, int) or gpus < 1 or (gpus > 8 and gpus % 8):
-            raise SpecError([SpecIssue("gpus", "a GPU count is 1 to 8 (one node) or a multiple of 8 (8 per node)",
-                                       value=gpus, hint="e.g. gpus=8 or gpus=16, or give nodes= and "
-                                       "gpus_per_node=", rule="python")])
-        options.setdefault("nodes", max(1, gpus // 8))
-        options.setdefault("gpus_per_node", min(gpus, 8))
-    text = starter_text(name or preset, preset, **options)
-    data = tomllib.loads(text)
-    spec = Spec.model_validate(data)
-    record_of(spec, create=True).templates.update(templates_in(data))
-    return spec
-
-
-def load_spec(name_or_path: str | Path) -> Any:
-    """``Spec.load``: a bundled spec by name (``"demo-dlm"``: ``specs/demo-dlm.toml``) or a
-    TOML spec file, as a ``Spec``; issues found later point at that file's lines.
-
-    Raises:
-        SpecError: no such bundled spec or file, or the file does not load.
-    """
-    from dlmspec.errors import SpecError, SpecIssue
-    from dlmspec.spec.load import load
-
-    path = Path(name_or_path)
-    if not path.suffix:
-        from dlmspec.cli.commands import bundled_specs
-
-        specs = bundled_specs()
-        if str(name_or_path) not in specs:
-            raise SpecError([SpecIssue("Spec.load", "not a bundled spec (nor a file path ending in .toml)",
-                                       value=str(name_or_path), hint="one of: " + ", ".join(specs), rule="python")])
-        path = Path(str(specs[str(name_or_path)]))
-    loaded = load(path)
-    spec = loaded.spec
-    record = record_of(spec, create=True)
-    record.templates.update(templates_in(loaded.raw))
-    _note(record, dict(loaded.origins))
-    return spec

@@ -44,13 +44,13 @@ def test_validate_and_plan_take_every_member(tmp_path):
 
 def test_duplicate_names_and_shared_checkpoints_are_refused(tmp_path):
     dup = tmp_path / "dup.py"
-    dup.write_text('from dlmspec.spec.models import Spec\nb = Spec.load("demo-dlm")\nspec = [b, b.replace(lr=1)]\n'
+    dup.write_text('from dlmspec.dsl import Spec\nb = Spec.load("demo-dlm")\nspec = [b, b.replace(lr=1)]\n'
                    .replace("lr=1", 'train={"lr": 1e-4}'))
     with pytest.raises(SpecError) as info:
         sweep_targets(dup)
     assert info.value.issues[0].rule == "sweep-names"
     shared = tmp_path / "shared.py"
-    shared.write_text('from dlmspec.spec.models import Spec\nb = Spec.load("demo-dlm").replace(\n'
+    shared.write_text('from dlmspec.dsl import Spec\nb = Spec.load("demo-dlm").replace(\n'
                       '    checkpoint={"save": "ckpt"})\nspec = {"x": b, "y": b}\n')
     with pytest.raises(SpecError) as info:
         sweep_targets(shared)

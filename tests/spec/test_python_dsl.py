@@ -11,7 +11,7 @@ import pytest
 
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load, sweep_targets
-from dlmspec.spec.models import Spec
+from dlmspec.dsl import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "dlmspec.cli"]
@@ -31,7 +31,7 @@ def _issues(path: Path) -> list[tuple[str, int | None]]:
 
 def test_every_schema_error_at_its_keyword_line_in_a_multi_line_call(tmp_path):
     path = _write(tmp_path, "bad.py", (
-        "from dlmspec.spec.models import Spec\n"
+        "from dlmspec.dsl import Spec\n"
         "\n"
         "spec = Spec(\n"
         '    model={"preset": "qwen3-0.6b",\n'
@@ -47,7 +47,7 @@ def test_every_schema_error_at_its_keyword_line_in_a_multi_line_call(tmp_path):
 
 def test_errors_of_a_later_replace_at_its_lines(tmp_path):
     path = _write(tmp_path, "rep.py", (
-        "from dlmspec.spec.models import Spec\n"
+        "from dlmspec.dsl import Spec\n"
         'base = Spec.load("demo-dlm")\n'
         "spec = base.replace(\n"
         '    **{"train.micro_batch_size": 0,\n'
@@ -58,7 +58,7 @@ def test_errors_of_a_later_replace_at_its_lines(tmp_path):
 
 def test_assignment_is_validated_and_rule_findings_carry_lines(tmp_path):
     path = _write(tmp_path, "rule.py", (
-        "from dlmspec.spec.models import Spec\n"
+        "from dlmspec.dsl import Spec\n"
         'base = Spec.load("demo-dlm")\n'
         "spec = base.replace(\n"
         '    name="tp3",\n'
@@ -70,7 +70,7 @@ def test_assignment_is_validated_and_rule_findings_carry_lines(tmp_path):
     issues = json.loads(out.stdout)["issues"]
     lines = {(i["key"], i["line"]) for i in issues if i["rule"] != "path-not-found"}
     assert ("parallel.tensor_model_parallel_size", 5) in lines
-    lr = _write(tmp_path, "lr.py", 'from dlmspec.spec.models import Spec\nspec = Spec.load("demo-dlm")\n'
+    lr = _write(tmp_path, "lr.py", 'from dlmspec.dsl import Spec\nspec = Spec.load("demo-dlm")\n'
                 'spec.train.lr = 1e18\n')
     from dlmspec.check import issues_for
     from dlmspec.resolve import resolve
@@ -91,7 +91,7 @@ def test_the_users_own_exception_is_shown_at_their_line(tmp_path):
 
 
 def test_python_spec_hashes_like_toml_and_validates_strict(tmp_path):
-    path = _write(tmp_path, "same.py", 'from dlmspec.spec.models import Spec\nspec = Spec.load("demo-dlm")\n')
+    path = _write(tmp_path, "same.py", 'from dlmspec.dsl import Spec\nspec = Spec.load("demo-dlm")\n')
     from dlmspec.render.compile import content_hash
     from dlmspec.resolve import resolve
 
