@@ -50,6 +50,14 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
     search = search or top is not None
     top = DEFAULT_TOP if top is None else top
+    from dlmspec.spec.load import sweep_targets
+
+    members = sweep_targets(spec)
+    if len(members) > 1:
+        if search:
+            raise SpecError([SpecIssue("--search", "searches one spec, and the file defines a sweep", value=spec,
+                                       hint=f"search one member: dlmspec plan {members[0]} --search", rule="arguments")])
+        return _plan_sweep(members, overrides, json_output)
     loaded = load(spec, overrides, fast=True)
     resolved = resolve(loaded.spec)
     # plan's scopes: the spec's rules and, when they find no error, memory (a spec with errors
@@ -112,3 +120,62 @@ def _nothing_fits(resolved: Any, result: Any) -> SpecIssue:
                      hint="more GPUs (cluster.nodes, cluster.gpus_per_node), a GPU with more memory (cluster.gpu), "
                           "or a smaller model or train.seq_length", rule="plan-search",
                      source="dlmspec.plan.search")
+
+
+def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> int:
+    """``dlmspec plan SWEEP.py``: one row per member (peak memory per GPU, whether it fits, step
+    time, tokens/s, MFU, time to train), in the sweep's order, or with ``json_output`` the
+    envelope whose ``result.sweep`` holds each member's plan. Exit 2 when a member does not fit.
+
+    Raises:
+        SpecError: a member does not load or breaks a rule (every member's issues at once).
+    """
+    from dlmspec.cli.validate import member_issues
+    from dlmspec.gpus import GiB
+
+    rows, plans, failed, warnings = [], [], [], []
+    for target in members:
+        try:
+            loaded = load(target, overrides, fast=True)
+            resolved = resolve(loaded.spec)
+            issues = issues_for("plan", loaded, resolved)
+            blocking = [i for i in issues if i.severity == "error" and not i.rule.startswith("memory-")]
+            if blocking:
+                raise SpecError(issues)
+            plan = make_plan(resolved)
+        except SpecError as exc:
+            failed.extend(member_issues(target, exc.issues))
+            continue
+        except PlanError as exc:
+            failed.append(member_issues(target, [SpecIssue("cluster.gpu", str(exc), rule="plan")])[0])
+            continue
+        warnings.extend(member_issues(target, [i for i in issues if i.severity != "error"]))
+        data = plan.to_dict()
+        plans.append({"spec": display_path(target), **data})
+        t = data["time"]
+        rows.append((loaded.spec.name, f"{data['memory']['peak_bytes'] / GiB:.1f}", "yes" if plan.fits else "NO",
+                     f"{t['step_seconds']:.3f}", f"{data['throughput']['tokens_per_second']:,.0f}",
+                     f"{100 * (data['mfu'] or 0):.1f}%", _duration(t["to_train_seconds"])))
+    if failed:
+        raise SpecError(failed + warnings)
+    fits = all(p["memory"]["fits"] for p in plans)
+    if json_output:
+        print_envelope("plan", ok=fits, issues=warnings, result={"sweep": plans})
+    else:
+        from rich.table import Table
+
+        report_warnings(warnings)
+        table = Table(title=f"sweep of {len(rows)} specs (dlmspec plan MEMBER for one breakdown)", title_justify="left")
+        for header in ("name", "peak GiB/GPU", "fits", "step s", "tokens/s", "MFU", "to train"):
+            table.add_column(header)
+        for row in rows:
+            table.add_row(*(_text(c) for c in row))
+        stdout().print(table)
+    return 0 if fits else EXIT_USAGE
+
+
+def _duration(seconds: float | None) -> str:
+    """``seconds`` as ``12 min`` or ``3.4 h`` (``-`` when unknown)."""
+    if seconds is None:
+        return "-"
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"

@@ -106,12 +106,16 @@ def plan_submission(
 
     python = compiler.launch_interpreter(python)
 
+    from dlmspec.spec.load import split_member, sweep_targets
+
     if not targets:
         raise _submit_issue("<targets>", "nothing to submit", None, "give a spec file or a compiled directory")
+    given = len(targets)
+    targets = [t for target in targets for t in (sweep_targets(target) if Path(target).is_file() else [target])]
     steps: list[SubmitStep] = []
     used: dict[Path, str] = {}
     for target in targets:
-        path = Path(target)
+        path, member = split_member(target)
         if path.is_dir():
             if not (path / "launch.sbatch").is_file():
                 raise _submit_issue("<target>", "the directory has no launch.sbatch", target,
@@ -128,18 +132,19 @@ def plan_submission(
         if not path.is_file():
             raise _submit_issue("<target>", "no such spec file or compiled directory", target,
                                 "check the path")
+        leaf = Path(path.stem, member) if member else Path(path.stem)
         if output is not None:
-            directory = Path(output) if len(targets) == 1 else Path(output) / path.stem
+            directory = Path(output) if len(targets) == 1 else Path(output) / (leaf.name if given == 1 else leaf)
         else:
-            directory = Path(DEFAULT_COMPILE_ROOT) / path.stem
+            directory = Path(DEFAULT_COMPILE_ROOT) / leaf
         if directory.resolve() in used:
             raise _submit_issue("--output", f"{target} and {used[directory.resolve()]} would compile into the "
                                 "same directory", str(directory), "give spec files with different names")
         used[directory.resolve()] = target
-        loaded = load(path, list(overrides))
+        loaded = load(target, list(overrides))
         resolved = resolve(loaded.spec)
         compiler.check_spec(loaded, resolved)
-        files = compiler.render(resolved, path.as_posix(), python=python)
+        files = compiler.render(resolved, Path(target).as_posix(), python=python)
         command = ["dlmspec", "compile", target, "--output", str(directory)]
         for item in overrides:
             command += ["--set", item]
@@ -180,16 +185,17 @@ def submit_environment(step: SubmitStep, check_mode: str | None) -> dict[str, st
 
 
 def dry_run_script(steps: Sequence[SubmitStep], *, check_mode: str | None = None,
-                   sbatch_args: Sequence[str] = ()) -> str:
-    """What :func:`submit` would run, as a bash script (each job id in ``$jobN``)."""
-    lines = []
+                   sbatch_args: Sequence[str] = (), after: str | None = None) -> str:
+    """What :func:`submit` would run, as a bash script (each job id in ``$jobN``; the first
+    job waits for ``after``, a job id, when given)."""
+    lines = [f"job0={shell_word(after)}  # --after: the first job starts when this one succeeds"] if after else []
     for index, step in enumerate(steps, start=1):
         if step.compile_command:
             lines.append(" ".join(shell_word(w) for w in step.compile_command))
         if step.output_dir is not None and not step.output_dir.is_dir():
             lines.append(f"mkdir -p -- {shell_word(str(step.output_dir))}")
         env = " ".join(f"{k}={shell_word(v)}" for k, v in submit_environment(step, check_mode).items())
-        command = sbatch_command(step, f"$job{index - 1}" if index > 1 else None, sbatch_args)
+        command = sbatch_command(step, f"$job{index - 1}" if index > 1 or after else None, sbatch_args)
         words = " ".join('"' + w + '"' if w.startswith("--dependency=") else shell_word(w) for w in command)
         lines.append(f"job{index}=$({env} {words})")
     return "\n".join(lines) + "\n"
@@ -216,6 +222,7 @@ def submit(
     sbatch_args: Sequence[str] = (),
     echo: Callable[[str], None] = print,
     python: str | None = None,
+    after: str | None = None,
 ) -> list[SubmittedJob]:
     """``dlmspec submit``: compile spec targets if needed, then ``sbatch --parsable`` each,
     every job after the first with ``--dependency=afterok:<previous id>`` (a chain of stages).
@@ -230,6 +237,8 @@ def submit(
         sbatch_args: extra sbatch options (before the script).
         echo: where progress lines go.
         python: ``--python``: the interpreter compiled spec targets run (see :func:`plan_submission`).
+        after: ``--after JOBID``: the first job waits for that job to succeed (afterok), so a
+            chain can continue one submitted before.
 
     Returns:
         The jobs submitted (empty for a dry run).
@@ -241,9 +250,11 @@ def submit(
     """
     if check_mode is not None and check_mode not in CHECK_MODES:
         raise _submit_issue("--check", "unknown check mode", check_mode, "use --check env or --check train")
+    if after is not None and not re.fullmatch(r"[0-9]+(_[0-9]+)?", after):
+        raise _submit_issue("--after", "not a SLURM job id", after, "give the number sbatch printed, e.g. --after 12345")
     steps = plan_submission(targets, output=output, overrides=overrides, force=force, python=python)
     if dry_run:
-        echo(dry_run_script(steps, check_mode=check_mode, sbatch_args=sbatch_args).rstrip("\n"))
+        echo(dry_run_script(steps, check_mode=check_mode, sbatch_args=sbatch_args, after=after).rstrip("\n"))
         return []
     import shutil  # here, not at the top: `dlmspec validate` checks the settings and submits nothing
     import subprocess
@@ -255,7 +266,6 @@ def submit(
     from dlmspec.render import compile as compiler
 
     jobs: list[SubmittedJob] = []
-    after: str | None = None
     for step in steps:
         if step.files:
             compiler.write_outputs(step.files, step.directory, force=True)

@@ -1,0 +1,144 @@
+"""The Python DSL (issue 22): every schema error at the line that set its key (a multi-line
+call, a later .replace, an assignment), rule findings at lines, the user's own traceback, round
+trips without "has no effect" warnings under --strict, equal content hashes, docs' example."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlmspec.errors import SpecError
+from dlmspec.spec.load import load, sweep_targets
+from dlmspec.dsl import Spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "dlmspec.cli"]
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _issues(path: Path) -> list[tuple[str, int | None]]:
+    with pytest.raises(SpecError) as info:
+        load(path)
+    return sorted((i.key, i.line) for i in info.value.issues)
+
+
+def test_every_schema_error_at_its_keyword_line_in_a_multi_line_call(tmp_path):
+    path = _write(tmp_path, "bad.py", (
+        "from dlmspec.dsl import Spec\n"
+        "\n"
+        "spec = Spec(\n"
+        '    model={"preset": "qwen3-0.6b",\n'
+        '           "num_layers": -1},\n'
+        "    train={\n"
+        '        "global_batch_size": 8,\n'
+        '        "seq_length": "long",\n'
+        '        "lr": -3,\n'
+        "    },\n"
+        ")\n"))
+    assert _issues(path) == [("model.num_layers", 5), ("train.lr", 9), ("train.seq_length", 8)]
+
+
+def test_errors_of_a_later_replace_at_its_lines(tmp_path):
+    path = _write(tmp_path, "rep.py", (
+        "from dlmspec.dsl import Spec\n"
+        'base = Spec.load("demo-dlm")\n'
+        "spec = base.replace(\n"
+        '    **{"train.micro_batch_size": 0,\n'
+        '       "parallel.tensor_model_parallel_size": "x"},\n'
+        ")\n"))
+    assert _issues(path) == [("parallel.tensor_model_parallel_size", 5), ("train.micro_batch_size", 4)]
+
+
+def test_assignment_is_validated_and_rule_findings_carry_lines(tmp_path):
+    path = _write(tmp_path, "rule.py", (
+        "from dlmspec.dsl import Spec\n"
+        'base = Spec.load("demo-dlm")\n'
+        "spec = base.replace(\n"
+        '    name="tp3",\n'
+        '    **{"parallel.tensor_model_parallel_size": 3},\n'
+        ")\n"
+        "spec.train.lr = 1e18\n"))
+    out = subprocess.run([*CLI, "validate", str(path), "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2
+    issues = json.loads(out.stdout)["issues"]
+    lines = {(i["key"], i["line"]) for i in issues if i["rule"] != "path-not-found"}
+    assert ("parallel.tensor_model_parallel_size", 5) in lines
+    lr = _write(tmp_path, "lr.py", 'from dlmspec.dsl import Spec\nspec = Spec.load("demo-dlm")\n'
+                'spec.train.lr = 1e18\n')
+    from dlmspec.check import issues_for
+    from dlmspec.resolve import resolve
+
+    loaded = load(lr)
+    found = [(i.key, i.line) for i in issues_for("validate", loaded, resolve(loaded.spec)) if i.key == "train.lr"]
+    assert found == [("train.lr", 3)]
+    with pytest.raises(Exception):
+        Spec.load("demo-dlm").train.micro_batch_size = "many"
+
+
+def test_the_users_own_exception_is_shown_at_their_line(tmp_path):
+    path = _write(tmp_path, "own.py", "def helper(x):\n    return 1 / x\nspec = helper(0)\n")
+    with pytest.raises(SpecError) as info:
+        load(path)
+    (issue,) = info.value.issues
+    assert issue.line == 2 and "ZeroDivisionError" in issue.message and "own.py:3" in issue.hint
+
+
+def test_python_spec_hashes_like_toml_and_validates_strict(tmp_path):
+    path = _write(tmp_path, "same.py", 'from dlmspec.dsl import Spec\nspec = Spec.load("demo-dlm")\n')
+    from dlmspec.render.compile import content_hash
+    from dlmspec.resolve import resolve
+
+    python, toml = load(path), load(ROOT / "specs" / "demo-dlm.toml")
+    assert content_hash(resolve(python.spec)) == content_hash(resolve(toml.spec))
+    assert python.spec == toml.spec
+    from dlmspec.check import issues_for
+
+    found = [i.rule for i in issues_for("validate", python, resolve(python.spec)) if i.rule != "path-not-found"]
+    assert found == []
+
+
+@pytest.mark.parametrize("kind", ["lock", "show", "minimal"])
+def test_round_trips_without_warnings_under_strict(tmp_path, kind):
+    from dlmspec.check import issues_for
+    from dlmspec.cli.commands import derived_comment, minimal_data, spec_data
+    from dlmspec.render.compile import content_hash, render_lock
+    from dlmspec.render.escape import toml_document
+    from dlmspec.resolve import resolve
+    from dlmspec.spec.load import SHOW_HEADER
+
+    for name in ("demo-dlm", "llada-8b-pretrain", "mixtral-8x7b-mdm"):
+        loaded = load(ROOT / "specs" / f"{name}.toml")
+        resolved = resolve(loaded.spec)
+        text = {"lock": lambda: render_lock(resolved),
+                "show": lambda: f"{SHOW_HEADER}: x\n" + toml_document(spec_data(loaded.spec)) + derived_comment(resolved),
+                "minimal": lambda: toml_document(minimal_data(loaded.spec))}[kind]()
+        again = load(_write(tmp_path, f"{name}.toml", text))
+        assert content_hash(resolve(again.spec)) == content_hash(resolved)
+        rules = [i.rule for i in issues_for("validate", again, resolve(again.spec)) if i.rule != "path-not-found"]
+        assert rules == [], (name, rules)
+        if kind != "lock":
+            assert again.spec == loaded.spec
+
+
+def test_from_preset_is_what_new_writes():
+    spec = Spec.from_preset("qwen3-0.6b", gpus=8)
+    assert spec.model.preset == "qwen3-0.6b" and spec.cluster.gpus_per_node == 8 and spec.name == "qwen3-0.6b"
+    with pytest.raises(SpecError):
+        Spec.from_preset("qwen3-0.6b", gpus=12)
+
+
+def test_docs_python_example_runs_as_written(tmp_path):
+    example = ROOT / "docs" / "python-example.py"
+    members = sweep_targets(example)
+    assert [m.rpartition("::")[2] for m in members] == ["demo-mb16", "demo-mb32"]
+    for target in members:
+        spec = load(target).spec
+        assert spec.train.lr == 4e-4
+        assert spec.checkpoint.save == f"runs/{spec.name}/checkpoints"
