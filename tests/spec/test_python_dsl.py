@@ -134,8 +134,14 @@ def test_from_preset_is_what_new_writes():
         Spec.from_preset("qwen3-0.6b", gpus=12)
 
 
-def test_docs_python_example_runs_as_written(tmp_path):
-    example = ROOT / "docs" / "python-example.py"
+def test_readme_python_example_runs_as_written(tmp_path):
+    """README's Python block, written to a file as a user would save it, is the docs example
+    and validates as a sweep of two members."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == (ROOT / "docs" / "python-example.py").read_text()
+    example = tmp_path / "sweep.py"
+    example.write_text(block)
     members = sweep_targets(example)
     assert [m.rpartition("::")[2] for m in members] == ["demo-mb16", "demo-mb32"]
     for target in members:
