@@ -175,4 +175,4 @@ def test_a_drift_fails() -> None:
     assert _same(2e-4, 2e-4) and not _same(2e-4, 3e-4)
     assert _same(8.02e9, 8_015_581_184, rel_tol=7e-4) and not _same(8.02e9, 8.1e9, rel_tol=7e-4)
     assert not _same(True, 1) and not _same(0, False) and _same("WSD", "WSD")
-    assert _value_of("megadlms-1.7b-mdm", "train.lr_wsd_decay_iters") == UNSET
+    assert _value_of("megadlms-1.7b-mdm", "train.lr_decay_iters") == UNSET
