@@ -227,3 +227,16 @@ def test_megadlms_with_a_per_sequence_cut_is_refused_on_transformer_engine() -> 
     assert [i.rule for i in info.value.errors] == [VARIABLE_LENGTH_TE]
     _, auto, issues = _validate("model.transformer_impl=auto", "objective.variable_length=sequence")
     assert [i for i in issues if i.severity == "error"] == [] and auto.transformer_impl == "local"
+
+
+def test_the_counts_in_docs_recipes_are_the_data_files() -> None:
+    """docs/recipes.md's table: settings and entries per status of each data file."""
+    rows = {}
+    for line in (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\| `[^`]+`[^|]*\| `specs/published/([\w.-]+)\.toml` \|((?: \d+ \|){7})$", line)
+        if m:
+            rows[m[1]] = [int(x) for x in m[2].replace("|", " ").split()]
+    assert set(rows) == {path.stem for path in FILES}
+    for path in FILES:
+        statuses = [entry["status"] for _, entry in _entries(path)]
+        assert rows[path.stem] == [len(statuses), *(statuses.count(s) for s in STATUSES)], path.stem
