@@ -211,11 +211,6 @@ def spec_rule_examples() -> dict[str, tuple[dict[str, Any], str]]:
     examples["mask-token-ordinary"] = (merged(test_validate.BASE, {
         "data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json", "merge_file": "m.txt"},
         "model.vocab_size": 50304, "objective.mask_token_id": 100}), "objective.mask_token_id")
-    # MegaDLMs' [MASK] (50277, the preset's) with the hub's GPT-NeoX tokenizer, which lacks it
-    examples["mask-token-published"] = (merged(test_validate.BASE, {
-        "model.preset": "megadlms-1.7b", "model.vocab_size": 50289,
-        "data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "EleutherAI/gpt-neox-20b", "eod_id": 0}}),
-        "objective.mask_token_id")
     return examples
 
 
