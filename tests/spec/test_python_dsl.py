@@ -142,3 +142,37 @@ def test_docs_python_example_runs_as_written(tmp_path):
         spec = load(target).spec
         assert spec.train.lr == 4e-4
         assert spec.checkpoint.save == f"runs/{spec.name}/checkpoints"
+
+
+def _at(data, key):
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def test_lock_filled_keys_are_defined_once():
+    """spec.lock.toml's filled-in keys live in dlmspec.resolve (used by the compiler's
+    locked_spec and the loader's round trip), not in two lists."""
+    from dlmspec import resolve as resolving
+    from dlmspec.render import compile as compiler
+    from dlmspec.spec import load as loader
+    from dlmspec.spec.dotted import flatten_keys
+
+    assert compiler.locked_spec is resolving.locked_spec
+    assert not hasattr(loader, "_LOCK_FILLED")
+    for name in ("demo-dlm", "demo-ar", "llada-8b-pretrain", "mixtral-8x7b-mdm"):
+        spec = load(ROOT / "specs" / f"{name}.toml").spec
+        resolved = resolving.resolve(spec)
+        filled = resolving.lock_filled(resolved)
+        assert set(filled) <= set(resolving.LOCK_FILLED_KEYS), name
+        before = spec.model_dump(mode="json", exclude_none=True, exclude={"lock"})
+        after = compiler.canonical_data(compiler.locked_spec(resolved))
+        changed = {k for k in flatten_keys(after)
+                   if not isinstance(_at(after, k), dict) and _at(before, k) != _at(after, k)}
+        assert changed <= set(resolving.LOCK_FILLED_KEYS), (name, changed)
+
+
+def test_python_spec_paths_follow_a_later_set_name(tmp_path):
+    path = _write(tmp_path, "named.py", 'from dlmspec.dsl import Spec\nspec = Spec.load("demo-dlm")\n')
+    spec = load(path, ["name=other"]).spec
+    assert spec.name == "other" and spec.checkpoint.save == "runs/other/checkpoints"
