@@ -1047,12 +1047,6 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
 #: tells the loader that dlmspec wrote every default of the file itself.
 SHOW_HEADER = "# Resolved spec printed by `dlmspec show`"
 
-#: Keys ``spec.lock.toml`` fills from resolved values (:func:`dlmspec.render.compile.locked_spec`).
-_LOCK_FILLED = ("model.num_query_groups", "model.kv_channels", "model.moe_ffn_hidden_size",
-                "parallel.expert_tensor_parallel_size", "objective.attention_mask", "objective.mask_token_id",
-                "train.train_iters", "train.lr_decay_iters", "checkpoint.load", "logging.run_dir")
-
-
 def _written_by_dlmspec(path: Path, data: dict[str, Any]) -> bool:
     """Whether the TOML spec ``path`` is a ``spec.lock.toml`` (its ``[lock]`` has a
     ``content_hash``) or ``dlmspec show`` output (its first line is :data:`SHOW_HEADER`)."""
@@ -1069,8 +1063,8 @@ def _written_by_dlmspec(path: Path, data: dict[str, Any]) -> bool:
 def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A lock's or ``show``'s data without the keys dlmspec wrote for the defaults: each key
     whose value is its default (the preset's, under ``[model]``), and each value the lock
-    filled in from resolving the spec (:data:`_LOCK_FILLED`) when resolving without it gives it
-    back. They are then unset, as in the spec the file was written from, so rules about keys
+    filled in from resolving the spec (:data:`dlmspec.resolve.LOCK_FILLED_KEYS`) when
+    resolving without it gives it back. They are then unset, as in the spec the file was written from, so rules about keys
     "given" (the "has no effect" warnings, ``train-budget``) do not fire on them. The result
     is the same run: when its content hash differs from ``data``'s (or anything fails),
     ``data`` is returned as it is.
@@ -1078,32 +1072,18 @@ def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     try:
-        from dlmspec.resolve import resolve, run_dir, schedule
+        from dlmspec.resolve import LOCK_FILLED_KEYS, locked_spec, resolve
         from dlmspec.spec.models import Spec
 
         def locked(d: dict[str, Any]) -> str:
-            """What :func:`dlmspec.render.compile.locked_spec` hashes (mirrored here: the loader
-            sits below the compiler), as canonical JSON."""
-            spec = Spec.model_validate(d)
-            r = resolve(spec)
-            out = spec.model_dump(mode="json", exclude_none=True, exclude={"lock"})
-            filled = {"model.num_query_groups": r.num_query_groups, "model.kv_channels": r.kv_channels,
-                      "parallel.expert_tensor_parallel_size": r.etp, "objective.attention_mask": r.attention_mask,
-                      "model.moe_ffn_hidden_size": r.moe_ffn_hidden_size, "objective.mask_token_id": r.mask_token_id,
-                      "logging.run_dir": run_dir(r)}
-            if r.train_iters > 0:
-                filled["train.train_iters"] = r.train_iters
-                filled["train.lr_decay_iters"] = schedule(r)["lr_decay_iters"]
-            if spec.checkpoint.load is None and spec.checkpoint.save is not None:
-                filled["checkpoint.load"] = spec.checkpoint.save
-            for key, value in filled.items():
-                if value is not None:
-                    set_dotted(out, key, value)
-            return json.dumps(out, sort_keys=True)
+            """What :func:`dlmspec.render.compile.content_hash` hashes, as JSON (the canonical
+            data of :func:`dlmspec.resolve.locked_spec`; the compiler sits above the loader)."""
+            out = locked_spec(resolve(Spec.model_validate(d)))
+            return json.dumps(out.model_dump(mode="json", exclude_none=True, exclude={"lock"}), sort_keys=True)
 
         target = locked(data)
         trimmed = without_defaults(data)
-        for key in _LOCK_FILLED:
+        for key in LOCK_FILLED_KEYS:
             *table, leaf = key.split(".")
             node = trimmed
             for part in table:
