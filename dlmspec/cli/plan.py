@@ -112,7 +112,7 @@ def _search_result(resolved: Any, top: int, own_layout: list[SpecIssue]) -> Any:
 def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_layout: list[SpecIssue]) -> int:
     result = _search_result(resolved, top, own_layout)
     if json_output:
-        print_envelope("plan", ok=bool(result.top), issues=[] if result.top else [_nothing_fits(resolved, result)],
+        print_envelope("plan", ok=bool(result.top), issues=[] if result.top else [nothing_fits(resolved, result)],
                        result={"spec": display_path(str(loaded.path)), "search": result.to_dict()})
     else:
         from dlmspec.plan.report import print_search
@@ -123,8 +123,9 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_lay
     return 0 if result.top else EXIT_USAGE
 
 
-def _nothing_fits(resolved: Any, result: Any) -> SpecIssue:
-    """The issue of a search that found no layout (``--json``: ``ok`` false names why)."""
+def nothing_fits(resolved: Any, result: Any) -> SpecIssue:
+    """The issue of a search that found no layout (``--json``: ``ok`` false names why; also
+    :func:`dlmspec.dsl.layouts`'s)."""
     return SpecIssue("--search", result.message or "no layout fits", value=resolved.spec.cluster.gpu,
                      hint="more GPUs (cluster.nodes, cluster.gpus_per_node), a GPU with more memory (cluster.gpu), "
                           "or a smaller model or train.seq_length", rule="plan-search",
@@ -161,7 +162,7 @@ def _search_sweep(members: list[str], overrides: list[str], json_output: bool, t
         found.append((target, loaded.spec.name, resolved, result))
     if failed:
         raise SpecError(failed + warnings)
-    empty = [member_issues(t, [_nothing_fits(r, res)])[0] for t, _, r, res in found if not res.top]
+    empty = [member_issues(t, [nothing_fits(r, res)])[0] for t, _, r, res in found if not res.top]
     if json_output:
         print_envelope("plan", ok=not empty, issues=empty + warnings,
                        result={"sweep": [{"spec": display_path(t), "search": res.to_dict()} for t, _, _, res in found]})
