@@ -123,3 +123,17 @@ def test_plan_search_on_a_sweep_searches_each_member(tmp_path, capsys):
     assert main(["plan", str(sweep), "--search", "--top", "2"]) == 0
     text = capsys.readouterr().out
     assert text.count("top 2 layouts by tokens/s") == 2 and "mb16" in text and "mb32-full" in text
+
+
+def test_a_set_that_gives_members_one_name_or_folder_is_refused(tmp_path):
+    for item, rule in (("name=x", "sweep-names"), ("checkpoint.save=ckpt", "sweep-paths")):
+        with pytest.raises(SpecError) as info:
+            sweep_targets(SWEEP, [item])
+        issue = info.value.issues[0]
+        assert (issue.rule, issue.file) == (rule, "--set"), item
+    assert len(sweep_targets(SWEEP, ["train.lr=1e-4", "checkpoint.save=runs/{name}/ckpt"])) == 6
+    done = _run("compile", str(SWEEP), "-o", "out", "--set", "name=x", cwd=tmp_path)
+    assert done.returncode == 2 and not (tmp_path / "out").exists() and "sweep-names" in done.stdout + done.stderr
+    for command in (["validate"], ["plan"], ["submit", "--dry-run"]):
+        done = _run(*command, str(SWEEP), "--set", "name=x", cwd=tmp_path)
+        assert done.returncode == 2 and "sweep-names" in done.stdout + done.stderr, command
