@@ -748,7 +748,7 @@ def compile_command(
     use_json(ctx, json_output)
     from dlmspec.spec.load import sweep_targets
 
-    members = sweep_targets(spec)
+    members = sweep_targets(spec, set_)
     if len(members) > 1:
         _compile_sweep(members, output, set_, force=force, python=python, json_output=json_output)
         return

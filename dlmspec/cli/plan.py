@@ -55,7 +55,7 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     top = DEFAULT_TOP if top is None else top
     from dlmspec.spec.load import sweep_targets
 
-    members = sweep_targets(spec)
+    members = sweep_targets(spec, overrides)
     if len(members) > 1:
         if search:
             return _search_sweep(members, overrides, json_output, top)

@@ -121,7 +121,7 @@ def plan_submission(
         raise _submit_issue("<targets>", "nothing to submit", None, "give a spec file or a compiled directory")
     given = len(targets)
     staged = [(stage, t) for stage, target in enumerate(targets)
-              for t in (sweep_targets(target) if Path(target).is_file() else [target])]
+              for t in (sweep_targets(target, overrides) if Path(target).is_file() else [target])]
     targets = [t for _, t in staged]
     steps: list[SubmitStep] = []
     used: dict[Path, str] = {}
