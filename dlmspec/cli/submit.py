@@ -342,9 +342,12 @@ def submit(
             raise _submit_issue("sbatch", f"sbatch answered without a job id: {message!r}{already}", step.target,
                                 "check the SLURM client")
         jobs.append(SubmittedJob(job_id, step, after))
-        waits = after.replace(":", ", ") if after else ""
-        echo(f"submitted {step.name} as job {job_id}" + (f" (after job {waits} succeeds)" if after and ":" not in after
-                                                         else f" (after jobs {waits} succeed)" if after else "")
-             + f": {step.script}")
+        if not after:
+            waits = ""
+        elif ":" in after:
+            waits = f" (after jobs {after.replace(':', ', ')} succeed)"
+        else:
+            waits = f" (after job {after} succeeds)"
+        echo(f"submitted {step.name} as job {job_id}{waits}: {step.script}")
         stage_ids.append(job_id)
     return jobs
