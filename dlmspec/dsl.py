@@ -2,7 +2,8 @@
 
 :class:`Spec` is :class:`dlmspec.spec.models.Spec` (same keys as TOML, validated on assignment,
 ``.replace``) with two starting points: :meth:`Spec.from_preset` (what ``dlmspec new --preset``
-writes) and :meth:`Spec.load` (a bundled spec or a TOML file). ``docs/python.md`` is the guide;
+writes) and :meth:`Spec.load` (a bundled spec or a TOML file), and one sweep maker:
+:meth:`Spec.layouts` (the best layouts ``dlmspec plan --search`` finds). ``docs/python.md`` is the guide;
 :mod:`dlmspec.spec.python` records where each value was set. Nothing in dlmspec imports this
 module (it reaches the CLI's starter spec and the bundled specs, above the spec models).
 """
@@ -29,6 +30,12 @@ class Spec(models.Spec):
     def load(cls, name_or_path: str) -> models.Spec:
         """A bundled spec (``Spec.load("demo-dlm")``) or a TOML spec file: :func:`load_spec`."""
         return load_spec(name_or_path)
+
+    @classmethod
+    def layouts(cls, spec: models.Spec, *, top: int = 3) -> dict[str, models.Spec]:
+        """A sweep of the ``top`` fastest layouts that fit, as ``dlmspec plan --search`` ranks
+        them, e.g. ``spec = Spec.layouts(base, top=3)``: :func:`layouts`."""
+        return layouts(spec, top=top)
 
 
 
@@ -100,3 +107,61 @@ def load_spec(name_or_path: str | Path) -> Any:
     record.templates.update(templates_in(loaded.raw))
     _note(record, dict(loaded.origins))
     return spec
+
+
+def layouts(spec: models.Spec, *, top: int = 3) -> dict[str, models.Spec]:
+    """``Spec.layouts``: the ``top`` best layouts :func:`dlmspec.plan.search.search` finds for
+    ``spec``'s model, cluster and batch (what ``dlmspec plan SPEC --search --top TOP`` prints, in
+    its order), each as ``spec`` with that layout's values
+    (:func:`dlmspec.plan.search.layout_changes`), named ``<spec name>-<layout>``
+    (:attr:`dlmspec.plan.search.Candidate.label`, e.g. ``demo-dlm-tp1-pp1-mb32-distopt``): a
+    dict of name -> Spec, the form a sweep takes. Run paths written with ``{name}`` follow
+    each member's name. Fewer than ``top`` when fewer layouts fit.
+
+    Raises:
+        SpecError: ``top`` below 1; an error of ``spec`` the search cannot fix (its model,
+            cluster or data); a GPU not in the catalog; no layout that fits (the issue says
+            what would). Issues without a line of their own point at the user's call.
+    """
+    from dlmspec.check import issues_for
+    from dlmspec.cli.plan import nothing_fits
+    from dlmspec.errors import SpecError, SpecIssue
+    from dlmspec.plan import PlanError
+    from dlmspec.plan.search import layout_changes, search, spec_issues_for_search
+    from dlmspec.resolve import resolve
+    from dlmspec.spec.python import collect, user_frame
+
+    frame = user_frame(2)
+    here = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else (None, None)
+    hint = (" (from Spec.layouts(..., top=N), which keeps the layouts dlmspec plan --search finds: "
+            "fix the spec it is given)")
+
+    def failed(issues: list[SpecIssue]) -> SpecError:
+        origins = collect(spec)
+        for issue in issues:
+            if issue.line is None:
+                issue.file, issue.line = origins.get(issue.key, here)
+            issue.hint = (issue.hint or "") + hint
+        return SpecError(issues)
+
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise failed([SpecIssue("top", "Spec.layouts keeps at least one layout", value=top,
+                                hint="e.g. Spec.layouts(base, top=3)", rule="python")])
+    resolved = resolve(spec)
+    issues = issues_for("plan", spec, resolved)
+    blocking, _ = spec_issues_for_search(spec, resolved, issues)
+    if blocking:
+        raise failed(blocking)
+    try:
+        result = search(resolved, top=top)
+    except PlanError as exc:
+        raise failed([SpecIssue("cluster.gpu", str(exc), value=spec.cluster.gpu, rule="plan")]) from None
+    if not result.top:
+        raise failed([nothing_fits(resolved, result)])
+    out: dict[str, models.Spec] = {}
+    for cand in result.top:
+        name = f"{spec.name}-{cand.label}"
+        while name in out:  # labels tell layouts apart; a guard, not a naming scheme
+            name += "-2"
+        out[name] = spec.replace(name=name, **layout_changes(spec, cand))
+    return out

@@ -3,7 +3,7 @@
     dlmspec validate specs/demo-sweep.py           # every member, every issue at its line
     dlmspec plan specs/demo-sweep.py               # one row per member: memory, step time, MFU
     dlmspec compile specs/demo-sweep.py -o out/sweep   # out/sweep/<name>/ per member
-    dlmspec submit specs/demo-sweep.py --dry-run   # one job per member, in this order
+    dlmspec submit specs/demo-sweep.py --dry-run   # one job per member, side by side
 
 Each member is named after its settings; the demo writes its run paths with {name}
 (runs/{name}/checkpoints), so each member gets folders of its own. docs/python.md explains the API.

@@ -748,7 +748,7 @@ def compile_command(
     use_json(ctx, json_output)
     from dlmspec.spec.load import sweep_targets
 
-    members = sweep_targets(spec)
+    members = sweep_targets(spec, set_)
     if len(members) > 1:
         _compile_sweep(members, output, set_, force=force, python=python, json_output=json_output)
         return
@@ -809,8 +809,9 @@ def _compile_sweep(members: list[str], output: str, overrides: list[str], *, for
 @app.command("submit", cls=Command)
 def submit_command(
     ctx: typer.Context,
-    targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each job "
-                                        "starts after the previous one succeeds (--dependency=afterok)."),
+    targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each "
+                                        "starts after the previous one succeeds (--dependency=afterok); a "
+                                        "Python sweep's members run side by side."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Where to compile a spec (several specs: "
                                          "one subdirectory each, by file name). Default: compiled/NAME, NAME the spec file's name "
                                          "without its suffix."),
@@ -824,8 +825,9 @@ def submit_command(
     sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra sbatch option, e.g. "
                                          "--sbatch-arg=--hold (repeatable)."),
     python: Optional[str] = typer.Option(None, "--python", help=_PYTHON_HELP + " For spec files only."),
-    after: Optional[str] = typer.Option(None, "--after", help="Job id the first job waits for "
-                                        "(--dependency=afterok:JOBID): continue a chain submitted before."),
+    after: Optional[str] = typer.Option(None, "--after", help="Job id the first job (each member of "
+                                        "a sweep) waits for (--dependency=afterok:JOBID): continue a chain "
+                                        "submitted before."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (the jobs, or "
                                      "with --dry-run the script); progress lines go to stderr."),
 ) -> None:

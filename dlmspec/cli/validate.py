@@ -66,7 +66,7 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
     """
     from dlmspec.spec.load import sweep_targets
 
-    members = sweep_targets(spec)
+    members = sweep_targets(spec, overrides)
     if len(members) > 1:
         _validate_sweep(members, overrides, strict=strict, json_output=json_output, command=command)
         return

@@ -532,12 +532,15 @@ def split_member(path: str | Path) -> tuple[Path, str | None]:
     return Path(path), None
 
 
-def sweep_targets(path: str | Path) -> list[str]:
+def sweep_targets(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The spec targets of ``path``: ``[path]`` for a TOML file or a Python file that assigns
     one spec, else one ``FILE.py::NAME`` per member of the sweep it defines, in its order.
+    ``overrides`` (``--set``, applied to every member by :func:`load`) are checked here too: one
+    that gives the members one name or one checkpoint folder (``--set name=x``) is refused.
 
     Raises:
-        SpecError: the Python file does not run or defines an unusable sweep (see :func:`load`).
+        SpecError: the Python file does not run or defines an unusable sweep (see :func:`load`),
+            or ``overrides`` make it one (``sweep-names``, ``sweep-paths``; file ``--set``).
     """
     file, member = split_member(path)
     if member is not None or file.suffix != ".py":
@@ -549,7 +552,29 @@ def sweep_targets(path: str | Path) -> list[str]:
     is_sweep, members = _run_python(absolute)
     if not is_sweep:
         return [str(path)]
+    if overrides:
+        _checked_sweep(absolute, [_overridden(m, overrides) for m in members])
     return [f"{path}{MEMBER_SEP}{m.name}" for m in members]
+
+
+def _overridden(member: _Member, overrides: list[str] | tuple[str, ...]) -> _Member:
+    """``member`` with the ``--set`` values of ``overrides`` that name or place it (``name``,
+    ``checkpoint``), their origin ``--set``; a malformed one is skipped (:func:`load` reports it)."""
+    import copy
+
+    data, origins = copy.deepcopy(member.data), dict(member.origins)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or key.split(".")[0] not in ("name", "checkpoint"):
+            continue
+        try:
+            set_dotted(data, key, parse_set_value(text.strip()))
+        except (ValueError, TypeError, AttributeError):
+            continue
+        origins[key] = ("--set", None)
+    name = data.get("name", member.name)
+    return _Member(name if isinstance(name, str) else str(name), data, origins)
 
 
 def _run_python(path: Path) -> tuple[bool, list[_Member]]:
@@ -721,14 +746,24 @@ def _member(path: Path, value: Any, index: int | None = None) -> _Member:
 
 
 def _checked_sweep(path: Path, members: list[_Member]) -> list[_Member]:
-    """``members``, after refusing two with one name or one checkpoint folder."""
+    """``members``, after refusing two with one name or one checkpoint folder (once per key
+    when a ``--set`` gave it: :func:`sweep_targets`)."""
     from dlmspec.spec.names import expand
 
     issues = []
     seen: dict[str, _Member] = {}
     saves: dict[str, str] = {}
+    flagged: set[str] = set()
     for m in members:
         file, line = locate_key(m.origins, "name", path)
+        if m.name in seen and file == "--set":
+            if "name" not in flagged:
+                flagged.add("name")
+                issues.append(SpecIssue("name", "--set applies to every member of the sweep, so they would all be "
+                                        f"named {m.name!r} and share its folders", value=m.name, rule="sweep-names",
+                                        hint="leave name out of --set (each member is named in the file), or "
+                                        f"pick one member: {path.name}{MEMBER_SEP}<name>", file=file, line=line))
+            continue
         if m.name in seen:
             issues.append(SpecIssue("name", f"two members of the sweep are named {m.name!r}: each compiles into a "
                                     "folder of its name and runs under it", value=m.name, rule="sweep-names",
@@ -744,6 +779,15 @@ def _checked_sweep(path: Path, members: list[_Member]) -> list[_Member]:
                 continue
             if folder in saves:
                 file, line = locate_key(m.origins, "checkpoint.save", path)
+                if file == "--set":
+                    if "checkpoint.save" not in flagged:
+                        flagged.add("checkpoint.save")
+                        issues.append(SpecIssue("checkpoint.save", "--set applies to every member of the sweep, so "
+                                                f"they would share the checkpoint folder {folder!r}", value=save,
+                                                rule="sweep-paths", file=file, line=line,
+                                                hint='write it with {name}: --set "checkpoint.save=runs/{name}/'
+                                                'checkpoints" (each member gets its own)'))
+                    continue
                 issues.append(SpecIssue("checkpoint.save", f"members {saves[folder]!r} and {m.name!r} of the sweep "
                                         f"share the checkpoint folder {folder!r}: one would resume the other's",
                                         value=save, rule="sweep-paths", file=file, line=line,
@@ -1047,12 +1091,6 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
 #: tells the loader that dlmspec wrote every default of the file itself.
 SHOW_HEADER = "# Resolved spec printed by `dlmspec show`"
 
-#: Keys ``spec.lock.toml`` fills from resolved values (:func:`dlmspec.render.compile.locked_spec`).
-_LOCK_FILLED = ("model.num_query_groups", "model.kv_channels", "model.moe_ffn_hidden_size",
-                "parallel.expert_tensor_parallel_size", "objective.attention_mask", "objective.mask_token_id",
-                "train.train_iters", "train.lr_decay_iters", "checkpoint.load", "logging.run_dir")
-
-
 def _written_by_dlmspec(path: Path, data: dict[str, Any]) -> bool:
     """Whether the TOML spec ``path`` is a ``spec.lock.toml`` (its ``[lock]`` has a
     ``content_hash``) or ``dlmspec show`` output (its first line is :data:`SHOW_HEADER`)."""
@@ -1069,8 +1107,8 @@ def _written_by_dlmspec(path: Path, data: dict[str, Any]) -> bool:
 def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A lock's or ``show``'s data without the keys dlmspec wrote for the defaults: each key
     whose value is its default (the preset's, under ``[model]``), and each value the lock
-    filled in from resolving the spec (:data:`_LOCK_FILLED`) when resolving without it gives it
-    back. They are then unset, as in the spec the file was written from, so rules about keys
+    filled in from resolving the spec (:data:`dlmspec.resolve.LOCK_FILLED_KEYS`) when
+    resolving without it gives it back. They are then unset, as in the spec the file was written from, so rules about keys
     "given" (the "has no effect" warnings, ``train-budget``) do not fire on them. The result
     is the same run: when its content hash differs from ``data``'s (or anything fails),
     ``data`` is returned as it is.
@@ -1078,32 +1116,18 @@ def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
     import copy
 
     try:
-        from dlmspec.resolve import resolve, run_dir, schedule
+        from dlmspec.resolve import LOCK_FILLED_KEYS, locked_spec, resolve
         from dlmspec.spec.models import Spec
 
         def locked(d: dict[str, Any]) -> str:
-            """What :func:`dlmspec.render.compile.locked_spec` hashes (mirrored here: the loader
-            sits below the compiler), as canonical JSON."""
-            spec = Spec.model_validate(d)
-            r = resolve(spec)
-            out = spec.model_dump(mode="json", exclude_none=True, exclude={"lock"})
-            filled = {"model.num_query_groups": r.num_query_groups, "model.kv_channels": r.kv_channels,
-                      "parallel.expert_tensor_parallel_size": r.etp, "objective.attention_mask": r.attention_mask,
-                      "model.moe_ffn_hidden_size": r.moe_ffn_hidden_size, "objective.mask_token_id": r.mask_token_id,
-                      "logging.run_dir": run_dir(r)}
-            if r.train_iters > 0:
-                filled["train.train_iters"] = r.train_iters
-                filled["train.lr_decay_iters"] = schedule(r)["lr_decay_iters"]
-            if spec.checkpoint.load is None and spec.checkpoint.save is not None:
-                filled["checkpoint.load"] = spec.checkpoint.save
-            for key, value in filled.items():
-                if value is not None:
-                    set_dotted(out, key, value)
-            return json.dumps(out, sort_keys=True)
+            """What :func:`dlmspec.render.compile.content_hash` hashes, as JSON (the canonical
+            data of :func:`dlmspec.resolve.locked_spec`; the compiler sits above the loader)."""
+            out = locked_spec(resolve(Spec.model_validate(d)))
+            return json.dumps(out.model_dump(mode="json", exclude_none=True, exclude={"lock"}), sort_keys=True)
 
         target = locked(data)
         trimmed = without_defaults(data)
-        for key in _LOCK_FILLED:
+        for key in LOCK_FILLED_KEYS:
             *table, leaf = key.split(".")
             node = trimmed
             for part in table:

@@ -148,3 +148,72 @@ def test_readme_python_example_runs_as_written(tmp_path):
         spec = load(target).spec
         assert spec.train.lr == 4e-4
         assert spec.checkpoint.save == f"runs/{spec.name}/checkpoints"
+
+
+def _at(data, key):
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def test_lock_filled_keys_are_defined_once():
+    """spec.lock.toml's filled-in keys live in dlmspec.resolve (used by the compiler's
+    locked_spec and the loader's round trip), not in two lists."""
+    from dlmspec import resolve as resolving
+    from dlmspec.render import compile as compiler
+    from dlmspec.spec import load as loader
+    from dlmspec.spec.dotted import flatten_keys
+
+    assert compiler.locked_spec is resolving.locked_spec
+    assert not hasattr(loader, "_LOCK_FILLED")
+    for name in ("demo-dlm", "demo-ar", "llada-8b-pretrain", "mixtral-8x7b-mdm"):
+        spec = load(ROOT / "specs" / f"{name}.toml").spec
+        resolved = resolving.resolve(spec)
+        filled = resolving.lock_filled(resolved)
+        assert set(filled) <= set(resolving.LOCK_FILLED_KEYS), name
+        before = spec.model_dump(mode="json", exclude_none=True, exclude={"lock"})
+        after = compiler.canonical_data(compiler.locked_spec(resolved))
+        changed = {k for k in flatten_keys(after)
+                   if not isinstance(_at(after, k), dict) and _at(before, k) != _at(after, k)}
+        assert changed <= set(resolving.LOCK_FILLED_KEYS), (name, changed)
+
+
+def test_python_spec_paths_follow_a_later_set_name(tmp_path):
+    path = _write(tmp_path, "named.py", 'from dlmspec.dsl import Spec\nspec = Spec.load("demo-dlm")\n')
+    spec = load(path, ["name=other"]).spec
+    assert spec.name == "other" and spec.checkpoint.save == "runs/other/checkpoints"
+
+
+def test_layouts_is_a_sweep_of_plan_search_results_named_after_their_layout(tmp_path):
+    from dlmspec.plan import make_plan
+    from dlmspec.plan.search import search
+    from dlmspec.resolve import resolve
+
+    path = _write(tmp_path, "lay.py", 'from dlmspec.dsl import Spec\n'
+                  'spec = Spec.layouts(Spec.load("demo-dlm"), top=3)  # the 3 fastest that fit\n')
+    members = sweep_targets(path)
+    best = search(resolve(load(ROOT / "specs" / "demo-dlm.toml").spec), top=3).top
+    assert len(members) == len(best) == 3
+    for target, cand in zip(members, best):
+        spec = load(target).spec
+        assert spec.name == target.rpartition("::")[2] == f"demo-dlm-{cand.label}"
+        for key, value in cand.spec_changes().items():
+            assert _at(spec.model_dump(), key) == value, key
+        assert spec.checkpoint.save == f"runs/{spec.name}/checkpoints"
+        plan = make_plan(resolve(spec))
+        assert plan.to_dict()["throughput"]["tokens_per_second"] == pytest.approx(cand.tokens_per_second, rel=1e-9)
+    assert load(members[0]).spec.name == "demo-dlm-tp1-pp1-mb32-distopt"
+
+
+def test_layouts_that_find_nothing_raise_at_the_users_line(tmp_path):
+    path = _write(tmp_path, "none.py", 'from dlmspec.dsl import Spec\n'
+                  'base = Spec.load("demo-dlm").replace(model={"num_layers": 4096})\n'
+                  '\n'
+                  'spec = Spec.layouts(base, top=2)\n')
+    with pytest.raises(SpecError) as info:
+        sweep_targets(path)
+    (issue,) = info.value.issues
+    assert issue.rule == "plan-search" and "no layout fits" in issue.message
+    assert (issue.file, issue.line) == (str(path), 4) and "Spec.layouts" in issue.hint
+    with pytest.raises(SpecError):
+        Spec.layouts(Spec.load("demo-dlm"), top=0)
