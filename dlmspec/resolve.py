@@ -451,6 +451,56 @@ def schedule(resolved: Resolved) -> dict[str, Any]:
     return {"lr_decay_iters": decay, "lr_warmup_iters": warmup, "lr_wsd_decay_iters": wsd}
 
 
+#: Keys ``spec.lock.toml`` writes in from resolved values (:func:`lock_filled`): what
+#: :func:`locked_spec` may change, and what the loader may unset again in a lock it reads
+#: (:func:`dlmspec.spec.load.load`'s round trip), so that both use one list.
+LOCK_FILLED_KEYS: tuple[str, ...] = (
+    "model.num_query_groups",
+    "model.kv_channels",
+    "model.moe_ffn_hidden_size",
+    "parallel.expert_tensor_parallel_size",
+    "objective.attention_mask",
+    "objective.mask_token_id",
+    "train.train_iters",
+    "train.lr_decay_iters",
+    "checkpoint.load",
+    "logging.run_dir",
+)
+
+
+def lock_filled(resolved: Resolved) -> dict[str, Any]:
+    """Dotted key (of :data:`LOCK_FILLED_KEYS`) -> the value ``spec.lock.toml`` writes for it:
+    the defaults :func:`resolve` fills (query groups, head dimension, expert TP, MoE FFN size,
+    attention mask, mask token, train_iters) and the runtime's (lr_decay_iters from
+    :func:`schedule`, ``checkpoint.load`` following ``checkpoint.save``, :func:`run_dir`).
+    Keys whose value is unknown (no MoE FFN, no mask token, no steps, nothing saved) are left out."""
+    filled: dict[str, Any] = {
+        "model.num_query_groups": resolved.num_query_groups,
+        "model.kv_channels": resolved.kv_channels,
+        "parallel.expert_tensor_parallel_size": resolved.etp,
+        "objective.attention_mask": resolved.attention_mask,
+    }
+    if resolved.moe_ffn_hidden_size is not None:
+        filled["model.moe_ffn_hidden_size"] = resolved.moe_ffn_hidden_size
+    if resolved.mask_token_id is not None:
+        filled["objective.mask_token_id"] = resolved.mask_token_id
+    if resolved.train_iters > 0:
+        filled["train.train_iters"] = resolved.train_iters
+        filled["train.lr_decay_iters"] = schedule(resolved)["lr_decay_iters"]
+    if resolved.spec.checkpoint.load is None and resolved.spec.checkpoint.save is not None:
+        filled["checkpoint.load"] = resolved.spec.checkpoint.save
+    filled["logging.run_dir"] = run_dir(resolved)
+    return filled
+
+
+def locked_spec(resolved: Resolved) -> Spec:
+    """The spec with every value of :func:`lock_filled` written in, without any ``[lock]``
+    table. The end-of-document id is not filled in (it may be read from tokenizer files,
+    :func:`eod_choice`); ``[lock.derived]`` records it. Loading its TOML gives back the same
+    :class:`Resolved`. :func:`dlmspec.render.compile.content_hash` hashes it."""
+    return resolved.spec.replace(lock=None, **lock_filled(resolved))
+
+
 def init_cache_dir(resolved: Resolved) -> str | None:
     """Where the runtime converts ``checkpoint.init_from = "hf:PATH"`` weights once
     (``CheckpointConfig.init_cache_dir``): ``<checkpoint.save>/init_from_hf``, or

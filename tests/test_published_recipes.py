@@ -5,7 +5,9 @@ files). This test checks the layout of every entry and holds each bundled spec t
 says: a "matches" entry's published value is the spec's resolved value, and the spec values
 recorded for "differs", "placeholder", "silent" (and "missing-option" where given) are the spec's
 values today, so a drift in either direction fails here. Loading and resolving a spec is pure
-Python (no torch): the whole file runs in well under a second per spec.
+Python (no torch): the whole file runs in well under a second per spec. (The compiled train.py
+against the same files: tests/test_recipes_drift.py.) At the end: the MegaDLMs spec on both layer
+paths, and the one combination validate refuses on Transformer Engine.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from typing import Any
 
 import pytest
 
+from dlmspec.check import RULES, issues_for
 from dlmspec.cli.commands import spec_data, spec_json_schema
+from dlmspec.errors import SpecError
+from dlmspec.render.compile import check_spec, render
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 
@@ -175,4 +180,63 @@ def test_a_drift_fails() -> None:
     assert _same(2e-4, 2e-4) and not _same(2e-4, 3e-4)
     assert _same(8.02e9, 8_015_581_184, rel_tol=7e-4) and not _same(8.02e9, 8.1e9, rel_tol=7e-4)
     assert not _same(True, 1) and not _same(0, False) and _same("WSD", "WSD")
-    assert _value_of("megadlms-1.7b-mdm", "train.lr_wsd_decay_iters") == UNSET
+    assert _value_of("megadlms-1.7b-mdm", "train.lr_decay_iters") == UNSET
+
+
+# ---------------------------------------------------------------- the MegaDLMs spec on both layer paths
+#: The rule that refuses variable-length sequences cut one by one (a key-padding mask) on the
+#: Transformer Engine layers (dlmspec/check/runtime.py). Branch i21-te removes it where TE's
+#: padding mask runs them; the refusal test below then skips.
+VARIABLE_LENGTH_TE = "runtime-variable-length-te"
+MEGADLMS = ROOT / "specs" / "megadlms-1.7b-mdm.toml"
+
+
+def _validate(*overrides: str):
+    loaded = load(MEGADLMS, list(overrides))
+    resolved = resolve(loaded.spec)
+    return loaded, resolved, issues_for("validate", loaded, resolved)
+
+
+@pytest.mark.parametrize("impl, use_te", [("local", "False"), ("transformer_engine", "True"), ("auto", "None")])
+def test_megadlms_runs_on_both_layer_paths(impl: str, use_te: str) -> None:
+    """#18's "done when": the bundled spec validates and compiles on the local and the Transformer
+    Engine layers alike (and "auto" leaves the choice to the GPU machine): its variable-length cut
+    is per micro-batch, a dense shorter batch that needs no key-padding mask."""
+    loaded, resolved, issues = _validate(f"model.transformer_impl={impl}")
+    assert [i for i in issues if i.severity == "error"] == []
+    check_spec(loaded, resolved)  # what `dlmspec compile` refuses
+    assert resolved.transformer_impl == impl
+    train_py = render(resolved, "megadlms-1.7b-mdm.toml")["train.py"]
+    assert f"        use_transformer_engine={use_te}," in train_py
+    assert "variable_length='micro_batch'," in train_py and "variable_length_prob=0.01," in train_py
+
+
+def test_megadlms_with_a_per_sequence_cut_is_refused_on_transformer_engine() -> None:
+    """A cut of each sequence alone needs a key-padding mask, which the Transformer Engine layer
+    spec of this runtime ignores: validate refuses it (rule runtime-variable-length-te), compile
+    too, with the fix "auto" (the local layers) that validates; "auto" itself takes the local path."""
+    if VARIABLE_LENGTH_TE not in RULES:
+        pytest.skip(f"rule {VARIABLE_LENGTH_TE} is absent: Transformer Engine runs the key-padding mask")
+    te = ("model.transformer_impl=transformer_engine", "objective.variable_length=sequence")
+    loaded, resolved, issues = _validate(*te)
+    (refusal,) = [i for i in issues if i.severity == "error"]
+    assert (refusal.rule, refusal.key) == (VARIABLE_LENGTH_TE, "objective.variable_length_prob")
+    assert refusal.fix is not None and refusal.fix.set == {"model.transformer_impl": "auto"}
+    with pytest.raises(SpecError) as info:
+        check_spec(loaded, resolved)
+    assert [i.rule for i in info.value.errors] == [VARIABLE_LENGTH_TE]
+    _, auto, issues = _validate("model.transformer_impl=auto", "objective.variable_length=sequence")
+    assert [i for i in issues if i.severity == "error"] == [] and auto.transformer_impl == "local"
+
+
+def test_the_counts_in_docs_recipes_are_the_data_files() -> None:
+    """docs/recipes.md's table: settings and entries per status of each data file."""
+    rows = {}
+    for line in (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\| `[^`]+`[^|]*\| `specs/published/([\w.-]+)\.toml` \|((?: \d+ \|){7})$", line)
+        if m:
+            rows[m[1]] = [int(x) for x in m[2].replace("|", " ").split()]
+    assert set(rows) == {path.stem for path in FILES}
+    for path in FILES:
+        statuses = [entry["status"] for _, entry in _entries(path)]
+        assert rows[path.stem] == [len(statuses), *(statuses.count(s) for s in STATUSES)], path.stem

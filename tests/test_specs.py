@@ -131,7 +131,7 @@ def test_mixtral_layout_figures() -> None:
 
 def test_megadlms_figures() -> None:
     r = _resolved("megadlms-1.7b-mdm")
-    assert (r.dp, r.num_microbatches, r.mask_token_id) == (8, 4, 50277)
+    assert (r.dp, r.num_microbatches, r.mask_token_id) == (8, 8, 50277)  # "8 microbatches of 4 per GPU per step"
 
 
 def test_dream_figures() -> None:
@@ -157,7 +157,10 @@ def test_sft_extends_the_pretraining_spec() -> None:
     assert sft.spec.parallel == base.spec.parallel and sft.spec.cluster == base.spec.cluster
     assert sft.spec.checkpoint.init_from == "mcore:runs/megadlms-1.7b-mdm/checkpoints"
     assert sft.tokens_per_step == 256 * 1024 and sft.train_iters == math.ceil(2e9 / sft.tokens_per_step) == 7630
-    assert sft.spec.train.lr == pytest.approx(base.spec.train.lr / 10)
+    # LLaDA's SFT schedule (arXiv:2502.09992 sec. 2.3): 2.5e-5 to 2.5e-6, linear over the last 10%
+    t = sft.spec.train
+    assert (t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_style, t.lr_wsd_decay_style) == (2.5e-5, 2.5e-6, 50, "WSD", "linear")
+    assert t.lr_wsd_decay_iters == sft.train_iters // 10
 
 
 #: The keys whose bundled values follow the spec's name (dlmspec.spec.names).

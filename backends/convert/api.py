@@ -20,6 +20,7 @@ from dlmspec.backends.convert.checks import check_hf_checkpoint
 from dlmspec.backends.convert.dims import ModelDims
 from dlmspec.backends.convert.errors import ConversionError
 from dlmspec.backends.convert.hf_config import dims_from_hf_config, hf_config_from_dims
+from dlmspec.backends.convert.objective import checkpoint_objective, diffusion_hf_config, resolve_objective
 from dlmspec.backends.convert.state_dict import hf_to_mcore_state_dict, mcore_to_hf_state_dict
 
 PathLike = str | os.PathLike[str]
@@ -106,8 +107,14 @@ def mcore_to_hf(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = hf_io.DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    objective: str | None = None,
+    mask_token_id: int | None = None,
 ) -> ModelDims:
     """Convert a megatron-core dist checkpoint into a Hugging Face safetensors checkpoint.
+
+    A masked-diffusion LM is written with ``"is_causal": false`` and a ``"dlmspec"`` record in
+    ``config.json`` (:func:`~dlmspec.backends.convert.objective.diffusion_hf_config`), so stock
+    ``transformers`` runs it with bidirectional attention; an AR model is written causal.
 
     Args:
         src: dist-checkpoint directory (or a Megatron-LM save dir with
@@ -119,6 +126,11 @@ def mcore_to_hf(
         dtype: cast floating-point tensors (default: keep the stored dtype).
         max_shard_bytes: safetensors shard size limit.
         overwrite: write into an existing ``dst``, replacing only the files convert writes.
+        objective: ``"mdm"`` or ``"ar"``; default: the checkpoint's
+            (:func:`~dlmspec.backends.convert.objective.checkpoint_objective`: a training
+            checkpoint's ``dlmspec.json`` record, else the remembered Hugging Face config, else AR).
+        mask_token_id: the diffusion LM's mask token, recorded in ``config.json`` (default: the
+            checkpoint's record); implies ``objective = "mdm"`` when that is not given.
 
     Returns:
         The :class:`ModelDims` used.
@@ -127,31 +139,35 @@ def mcore_to_hf(
         ConversionError: ``dst`` is, holds or sits inside ``src``; no dims available, a corrupt
             sidecar or truncated checkpoint file, a tensor missing from the checkpoint or shaped
             unlike ``dims``, a weight that is not floating point or holds NaN/Inf (named),
-            ``dst`` exists.
+            ``dst`` exists; an unknown ``objective``, a mask token for an AR model, a
+            block-causal diffusion LM (no Hugging Face flag for it).
         Interrupted: SIGTERM while writing (the temporary folder is removed).
     """
     check_separate(src, dst)
     check_separate(mcore_io.resolve_checkpoint_dir(src), dst)
     sidecar = mcore_io.read_sidecar(src) or {}
+    found = checkpoint_objective(mcore_io.resolve_checkpoint_dir(src), sidecar)
+    chosen = resolve_objective(found, objective, mask_token_id)
     state, dims = mcore_io.load_mcore_checkpoint(src, dims)
     hf_state = mcore_to_hf_state_dict(state, dims)
     base = hf_config if hf_config is not None else sidecar.get("hf_config") or None
-    config = hf_config_from_dims(dims, base)
+    config = diffusion_hf_config(hf_config_from_dims(dims, base), chosen, dims.family)
     hf_io.write_hf_checkpoint(dst, hf_state, config, dtype=dtype, max_shard_bytes=max_shard_bytes,
                               overwrite=overwrite)
     return dims
 
 
 def megatron_checkpoint_logits(
-    mcore_path: PathLike, tokens: torch.Tensor, *, dims: ModelDims | None = None
+    mcore_path: PathLike, tokens: torch.Tensor, *, dims: ModelDims | None = None, causal: bool = True
 ) -> torch.Tensor:
     """Logits of megatron's GPTModel (local spec, fp32, CPU, world size 1) loaded from a dist
-    checkpoint, with causal attention.
+    checkpoint, with causal attention (``causal=False``: bidirectional, a diffusion LM's).
 
     Args:
         mcore_path: dist-checkpoint directory.
         tokens: ``[batch, seq]`` int64 token ids.
         dims: dimensions (default: the checkpoint's sidecar).
+        causal: causal (default) or bidirectional attention.
 
     Returns:
         ``[batch, seq, vocab_size]`` fp32 logits (padding columns dropped).
@@ -174,7 +190,7 @@ def megatron_checkpoint_logits(
             model = mcore_model.build_gpt_model(dims, params_dtype=torch.float32, cpu=True)
             mcore_model.load_into_model(model, state)
             mcore_model.enable_cpu_forward(model, batch, seq_len)
-            return mcore_model.megatron_logits(model, tokens)[..., : dims.vocab_size].float()
+            return mcore_model.megatron_logits(model, tokens, causal=causal)[..., : dims.vocab_size].float()
         finally:
             mcore_model.disable_cpu_forward()
             if own_mp:
@@ -192,6 +208,8 @@ class VerifyResult:
         ok: ``max_abs_diff <= atol``.
         reference: what produced the Hugging Face logits (class name).
         tokens: the ``[batch, seq]`` token ids used.
+        attention: ``"causal"`` or ``"bidirectional"`` (a diffusion LM exported with
+            ``is_causal: false``), the attention both models ran with.
     """
 
     family: str
@@ -200,6 +218,7 @@ class VerifyResult:
     ok: bool
     reference: str
     tokens: list[list[int]]
+    attention: str = "causal"
 
 
 #: LLaDA and Dream are remote-code models; their computation (with causal attention) is that
@@ -253,7 +272,10 @@ def verify(
 
     Builds megatron's GPTModel (local spec, fp32, CPU, world size 1) with the checkpoint's
     weights and the fp32 HF reference (:func:`hf_reference_model`), feeds both the same
-    random tokens with causal attention and compares logits over the real vocabulary.
+    random tokens and compares logits over the real vocabulary. Attention is causal, or
+    bidirectional in both when the HF config says ``"is_causal": false`` (a diffusion LM's
+    export, which ``transformers`` runs bidirectionally); LLaDA / Dream are compared causally
+    through their stand-ins (attention is not a property of the weights).
 
     Args:
         hf_path: HF checkpoint directory.
@@ -273,8 +295,8 @@ def verify(
             their own ``config.json``, corrupt files or config values (named).
     """
     reader = hf_io.SafetensorsReader(hf_path)
-    hf_dims = dims_from_hf_config(hf_io.read_hf_config(hf_path),
-                                           source=str(Path(hf_path) / hf_io.CONFIG_NAME))
+    hf_config = hf_io.read_hf_config(hf_path)
+    hf_dims = dims_from_hf_config(hf_config, source=str(Path(hf_path) / hf_io.CONFIG_NAME))
     check_hf_checkpoint(reader, hf_dims)  # the reference model is built from this config
     if dims is None:
         sidecar = mcore_io.read_sidecar(mcore_path)
@@ -286,7 +308,8 @@ def verify(
     tokens = torch.randint(0, dims.vocab_size, (batch, seq_len), generator=gen)
     with torch.no_grad():
         hf_logits = reference(input_ids=tokens).logits.float()
-    mc_logits = megatron_checkpoint_logits(mcore_path, tokens, dims=dims)
+    causal = dims.family in _STAND_INS or hf_config.get("is_causal") is not False
+    mc_logits = megatron_checkpoint_logits(mcore_path, tokens, dims=dims, causal=causal)
     diff = float((hf_logits - mc_logits).abs().max())
     return VerifyResult(
         family=dims.family,
@@ -295,4 +318,5 @@ def verify(
         ok=diff <= atol,
         reference=type(reference).__name__,
         tokens=tokens.tolist(),
+        attention="causal" if causal else "bidirectional",
     )

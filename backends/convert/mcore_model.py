@@ -215,12 +215,14 @@ def disable_cpu_forward() -> None:
     initialize_rng_tracker(force_reset=True)
 
 
-def megatron_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-    """Causal-LM logits of a megatron GPTModel.
+def megatron_logits(model: torch.nn.Module, input_ids: torch.Tensor, *, causal: bool = True) -> torch.Tensor:
+    """Logits of a megatron GPTModel, causal (an AR LM) or bidirectional (``causal=False``, a diffusion LM).
 
     Args:
         model: GPTModel (eval mode is set here).
         input_ids: ``[batch, seq]`` int64 on the model's device.
+        causal: hide later keys (default), or hide none: an explicit all-``False`` mask, which
+            megatron's softmax uses instead of its default causal one.
 
     Returns:
         ``[batch, seq, vocab_per_tp_rank]`` logits (the padded vocabulary, this rank's
@@ -230,5 +232,7 @@ def megatron_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Te
     b, s = input_ids.shape
     pos = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
     mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=input_ids.device), diagonal=1)[None, None]
+    if not causal:
+        mask = torch.zeros_like(mask)
     with torch.no_grad():
         return model(input_ids, pos, mask)

@@ -65,6 +65,28 @@ def auto_sdpa_backend(device: torch.device) -> str:
     return "auto"
 
 
+@functools.lru_cache(maxsize=None)
+def initialise_sdpa_dispatch(device: torch.device) -> None:
+    """Run one tiny SDPA forward on ``device`` outside any ``sdpa_kernel`` context, once per
+    process and device, before the first real call.
+
+    On PyTorch 2.11 (CUDA 13, one H200) the first ``scaled_dot_product_attention`` call of a
+    process ignores the priority order ``sdpa_kernel(..., set_priority=True)`` sets around it:
+    inside the context ``torch._C._get_sdp_priority_order()`` still reads the default
+    ``[cuDNN, flash, efficient, math]``, so with ``sdpa_backend = "efficient"`` the first call took
+    flash and every later one the efficient kernel (``bench/gpu/sdpa_choice.py``,
+    ``bench/results/exact_resume_diag_h200.json``). A resumed run's first forward then differed
+    from the uninterrupted run's forward of the same step in its first attention layer. After
+    one call outside a context the order set by the context holds from the first real call on.
+    CPU devices need nothing.
+    """
+    if device.type != "cuda":
+        return
+    t = torch.zeros(1, 1, 8, 64, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        F.scaled_dot_product_attention(t, t, t)
+
+
 def block_causal_allowed(seq_len: int, block_size: int, device=None) -> Tensor:
     """Boolean ``[seq_len, seq_len]`` matrix, ``True`` where query i may attend key j.
 
@@ -427,6 +449,8 @@ class SDPACoreAttention(MegatronModule):
             )
 
         backends = _SDPA_PRIORITY.get(backend) if query.is_cuda else None
+        if backends:
+            initialise_sdpa_dispatch(query.device)
         with (sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext()):
             if dropout_p > 0.0 and not self.config.sequence_parallel and query.is_cuda:
                 # Heads are partitioned over TP ranks: draw dropout from megatron's

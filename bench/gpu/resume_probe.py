@@ -19,6 +19,8 @@ import sys
 import torch
 
 AT = {int(x) for x in os.environ.get("RESUME_PROBE_AT", "100,101,200,201").split(",") if x}
+#: Steps (1-based) whose forward is traced module by module (RESUME_PROBE_LAYERS=5,6).
+LAYER_STEPS = {int(x) for x in os.environ.get("RESUME_PROBE_LAYERS", "").split(",") if x}
 
 
 def fingerprint(t: torch.Tensor) -> str:
@@ -28,6 +30,8 @@ def fingerprint(t: torch.Tensor) -> str:
         words = t.view(torch.int16).to(torch.int64).flatten()
     elif t.element_size() == 4:
         words = t.view(torch.int32).to(torch.int64).flatten()
+    elif t.element_size() == 1:
+        words = t.view(torch.uint8).to(torch.int64).flatten()
     else:
         words = t.view(torch.int32).to(torch.int64).flatten()
     index = torch.arange(1, words.numel() + 1, device=words.device, dtype=torch.int64) % 1000003
@@ -61,6 +65,29 @@ def snapshot(parts, iteration: int) -> dict:
                 step = state.get("step")
                 out["steps"].append(float(step) if step is not None else None)
     out["steps"] = sorted({s for s in out["steps"] if s is not None})
+    out["buffers"] = {}
+    out["tensor_attrs"] = {}
+    for i, chunk in enumerate(parts.model):
+        for name, b in unwrap_model(chunk).named_buffers():
+            out["buffers"][f"{i}.{name}"] = f"{b.dtype}:{tuple(b.shape)}:{fingerprint(b)}"
+        for mname, m in unwrap_model(chunk).named_modules():
+            params = {id(p) for p in m.parameters(recurse=False)} | {id(b) for b in m.buffers(recurse=False)}
+            for attr, v in vars(m).items():
+                if isinstance(v, torch.Tensor) and id(v) not in params and v.numel() > 0:
+                    out["tensor_attrs"][f"{i}.{mname}.{attr}"] = f"{v.dtype}:{tuple(v.shape)}:{fingerprint(v)}"
+        out["training_flags"] = sorted({f"{type(m).__name__}={m.training}" for m in unwrap_model(chunk).modules()})
+    out["flags"] = {
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "fp32_precision": torch.get_float32_matmul_precision(), "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "sdp": [torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()],
+        "grad_enabled": torch.is_grad_enabled(), "autocast": torch.is_autocast_enabled(),
+        "default_dtype": str(torch.get_default_dtype()),
+    }
     out["scheduler_num_steps"] = getattr(parts.scheduler, "num_steps", None)
     out["torch_rng"] = fingerprint(torch.get_rng_state())
     out["cuda_rng"] = fingerprint(torch.cuda.get_rng_state())
@@ -82,11 +109,19 @@ def install() -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "a") as f:
                 f.write(json.dumps(snapshot(parts, iteration)) + "\n")
-        return original(parts, stage, feed, iteration)
+        handles = _trace_layers(parts, iteration + 1, os.path.join("runs", name, "layers.jsonl")) \
+            if iteration + 1 in LAYER_STEPS else []
+        try:
+            return original(parts, stage, feed, iteration)
+        finally:
+            for h in handles:
+                h.remove()
 
     training.train_step = train_step
     if os.environ.get("RESUME_PROBE_INPUTS"):
         _install_inputs(os.path.join("runs", name, "inputs.jsonl"))
+    if os.environ.get("RESUME_PROBE_SDPA"):
+        _install_sdpa(os.path.join("runs", name, "sdpa.jsonl"))
 
 
 def _install_inputs(path: str) -> None:
@@ -126,3 +161,73 @@ def _install_inputs(path: str) -> None:
         return out
 
     stage_module._fused_loss_func = fused
+
+
+def _trace_layers(parts, step: int, path: str) -> list:
+    """Forward hooks on every module of the first model chunk for step ``step``: one JSON line
+    per module call, in call order, with fingerprints of its first tensor input and output, so a
+    difference is placed at the first module whose inputs agree and outputs do not."""
+    from megatron.core.utils import unwrap_model
+
+    def first_tensor(x):
+        if isinstance(x, torch.Tensor):
+            return x
+        if isinstance(x, (tuple, list)):
+            for y in x:
+                t = first_tensor(y)
+                if t is not None:
+                    return t
+        if isinstance(x, dict):
+            for y in x.values():
+                t = first_tensor(y)
+                if t is not None:
+                    return t
+        return None
+
+    def hook(name):
+        def fn(module, args, kwargs, output):
+            if not torch.is_grad_enabled():
+                return
+            ti, to = first_tensor((args, kwargs)), first_tensor(output)
+            rec = {"step": step, "name": name, "type": type(module).__name__, "training": module.training,
+                   "in": fingerprint(ti) if ti is not None else None,
+                   "in_meta": f"{ti.dtype}:{tuple(ti.shape)}:{ti.stride()}" if ti is not None else None,
+                   "out": fingerprint(to) if to is not None else None,
+                   "out_meta": f"{to.dtype}:{tuple(to.shape)}:{to.stride()}" if to is not None else None}
+            if int(os.environ.get("RANK", "0")) == 0:
+                with open(path, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+        return fn
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    model = unwrap_model(parts.model[0])
+    return [m.register_forward_hook(hook(n or "<model>"), with_kwargs=True) for n, m in model.named_modules()]
+
+
+def _install_sdpa(path: str) -> None:
+    """With ``RESUME_PROBE_SDPA=1``: one JSON line per ``scaled_dot_product_attention`` call with
+    the backend PyTorch picks for it (``torch._fused_sdp_choice`` inside the caller's
+    ``sdpa_kernel`` context), the mask's presence, strides and the output's strides."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+    calls = {"n": 0}
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        choice = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        out = original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                       enable_gqa=enable_gqa)
+        calls["n"] += 1
+        if int(os.environ.get("RANK", "0")) == 0 and calls["n"] <= 400:
+            rec = {"call": calls["n"], "choice": int(choice), "mask": attn_mask is not None,
+                   "grad": torch.is_grad_enabled(), "q_stride": q.stride(), "k_stride": k.stride(),
+                   "q_ptr_mod": q.data_ptr() % 256, "k_ptr_mod": k.data_ptr() % 256, "v_ptr_mod": v.data_ptr() % 256,
+                   "out_stride": out.stride(), "priority": [int(b) for b in torch._C._get_sdp_priority_order()]
+                   if hasattr(torch._C, "_get_sdp_priority_order") else None,
+                   "enabled": [torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                               torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()]}
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        return out
+
+    F.scaled_dot_product_attention = sdpa

@@ -57,7 +57,17 @@ launch() {  # NAME LOG [STOP]: one launch; with STOP, SIGTERM once iteration STO
   fi
   wait "$pid"; echo "$name exit $? after $(( $(date +%s) - t0 ))s" | tee -a "$log"
 }
-if [ "${PART:-}" = "fusion" ]; then
+if [ "${PART:-}" = "layers" ]; then
+  # Session 8: dN and dNR again, tracing step 5's forward module by module (RESUME_PROBE_LAYERS=5:
+  # runs/<name>/layers.jsonl) and fingerprinting buffers, non-parameter tensor attributes,
+  # train/eval flags and torch's backend flags before step 5 (RESUME_PROBE_AT=4).
+  export RESUME_PROBE_LAYERS=5 RESUME_PROBE_AT=4 RESUME_PROBE_SDPA=1
+  for n in dN dNR; do rm -rf "runs/$n"; done
+  launch dN "$out/dN.log" & p1=$!
+  (launch dNR "$out/dNR.1.log" 4; launch dNR "$out/dNR.2.log") & p2=$!
+  wait $p1 $p2
+  names="dN dNR"
+elif [ "${PART:-}" = "fusion" ]; then
   # Second call: dN/dNR again with megatron-core's torch.compile'd fusions off (fA, fR:
   # bias_activation_fusion and bias_dropout_fusion False in train.py), and with them on but
   # TorchInductor's caches off (cA, cR: TORCHINDUCTOR_FORCE_DISABLE_CACHES=1). Made on the CPU
@@ -82,7 +92,7 @@ launch dX "$out/dX.log" & p2=$!
 wait $pa $p1 $p2 $p3 $p4
 fi
 for n in $names; do
-  for f in metrics probe inputs; do cp "runs/$n/$f.jsonl" "$out/$n.$f.jsonl" 2>/dev/null; done
+  for f in metrics probe inputs layers sdpa; do cp "runs/$n/$f.jsonl" "$out/$n.$f.jsonl" 2>/dev/null; done
   ls "runs/$n/checkpoints" > "$out/$n.checkpoints.txt" 2>&1; rm -rf "runs/$n/checkpoints"
 done
 grep -h " exit \|SIGTERM" "$out"/*.log

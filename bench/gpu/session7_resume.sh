@@ -36,7 +36,7 @@ if [ "${1:-}" = "--compile" ]; then
   }
   for v in nd det; do
     extra=(); [ $v = det ] && extra=('kernels.sdpa_backend="efficient"')
-    for r in A B R; do compile "$v-$r" logging.log_interval=1 "${extra[@]}"; done
+    for r in A B C R; do compile "$v-$r" logging.log_interval=1 "${extra[@]}"; done
   done
   for r in A B R; do  # bitwise-reproducible kernels, and the probe (bench/gpu/resume_probe.py): lines after `import torch`
     sed -i 's/^import torch$/import torch\ntorch.use_deterministic_algorithms(True)  # session7_resume.sh: bitwise-reproducible kernels\nimport resume_probe; resume_probe.install()  # session7_resume.sh: fingerprints before steps 101, 102, 201, 202/' \
@@ -111,6 +111,25 @@ if [ "${PART:-resume}" = "timing" ]; then
   done
   grep -h "exit" "$out"/time-*.log
   tar czf "$out/timing.tgz" -C "$out" $(cd "$out" && ls *.log *.jsonl) && rm -f "$out"/*.log "$out"/*.jsonl
+  exit 0
+fi
+
+if [ "${PART:-resume}" = "s8" ]; then
+  # Session 8 (after the first-SDPA-call fix): nd A, B, C uninterrupted and R stopped twice; det A
+  # and R (det A = B bitwise was shown in session 7). Same order of start as below.
+  for name in nd-A nd-B nd-C nd-R det-A det-R; do rm -rf "runs/$name"; done
+  uninterrupted nd-A & pa=$!
+  until grep -q '"event": "train"' runs/nd-A/metrics.jsonl 2>/dev/null || ! kill -0 "$pa" 2>/dev/null; do sleep 0.5; done
+  uninterrupted nd-B & pb=$!
+  uninterrupted nd-C & pc=$!
+  stopped nd-R 100 200 & pr=$!
+  (export CUBLAS_WORKSPACE_CONFIG=:4096:8; uninterrupted det-A) & qa=$!
+  (export CUBLAS_WORKSPACE_CONFIG=:4096:8; stopped det-R 100 200) & qr=$!
+  wait $pa $pb $pc $pr $qa $qr
+  collect nd-A nd-B nd-C nd-R det-A det-R
+  grep -h " exit \|SIGTERM after" "$out"/*.log
+  tar czf "$out/resume.tgz" -C "$out" $(cd "$out" && ls *.log *.txt *.jsonl | grep -v where.txt) \
+    && rm -f "$out"/*.log "$out"/*.jsonl "$out"/*.checkpoints.txt
   exit 0
 fi
 

@@ -17,6 +17,10 @@ The criterion, fixed before the runs (s1 = the step of the checkpoint the first 
   and then by chance (at about 1 step in 21 if the differences were independent), so the same
   count is reported with R and B swapped (B against the band of |R - A|) as the reference a
   perfect resume would reach.
+* ``nd`` with a third uninterrupted run C (session 8, fixed before its runs): the band is
+  ``band_t = max(|B_u - A_u|, |C_u - A_u| for |u - t| <= 10)``, the noise of two uninterrupted runs
+  against A rather than of one; and as the reference a perfect resume would reach, each of B and
+  C is checked the same way against the band of the other two (|R - A| and the other's).
 * ``det``: A and B agree bitwise at every step (the kernels are reproducible), and R agrees with
   A bitwise at every step after s1 (training and evaluation losses): an exact resume.
 """
@@ -41,6 +45,28 @@ def _load(path: Path) -> list:
 
 def _series(records, event: str) -> dict:
     return {r["iteration"]: r["loss"] for r in records if r["event"] == event}
+
+
+def _band_check3(a: dict, b: dict, c: dict, r: dict, after: int, window: int) -> dict:
+    """Steps t > after: |r - a| against max(|b - a|, |c - a|) over the steps within ``window``
+    of t; and each of b, c against the band of the other two of (b, c, r)."""
+    steps = sorted(t for t in a if t > after and t in b and t in c and t in r)
+    diff = {name: {t: abs(x[t] - a[t]) for t in steps} for name, x in (("B", b), ("C", c), ("R", r))}
+
+    def band(names, t):
+        near = [diff[n][u] for n in names for u in diff[n] if abs(u - t) <= window]
+        return max(near) if near else 0.0
+
+    outside = {name: [t for t in steps if diff[name][t] > band([n for n in "BCR" if n != name], t)] for name in "BCR"}
+    rms = lambda ds: math.sqrt(sum(d * d for d in ds) / len(ds)) if ds else None  # noqa: E731
+    return {
+        "steps": len(steps), "window": window, "references": ["B", "C"],
+        "holds": bool(steps) and not outside["R"],
+        "outside_band_count": len(outside["R"]), "outside_band": outside["R"],
+        "reference_outside_band_count": {n: len(outside[n]) for n in "BC"},
+        "max_abs_minus_A": {n: max(diff[n].values(), default=None) for n in "BCR"},
+        "rms_minus_A": {n: rms(list(diff[n].values())) for n in "BCR"},
+    }
 
 
 def _band_check(a: dict, b: dict, r: dict, after: int, window: int) -> dict:
@@ -100,28 +126,32 @@ def _probe(work: Path, v: str) -> dict:
 
 
 def _variant(work: Path, v: str) -> dict:
-    runs = {k: _load(work / f"{v}-{k}.metrics.jsonl") for k in "ABR"}
+    names = "".join(k for k in "ABCR" if (work / f"{v}-{k}.metrics.jsonl").is_file()) or "ABR"
+    runs = {k: _load(work / f"{v}-{k}.metrics.jsonl") for k in names}
     saved = [r for r in runs["R"] if r["event"] == "checkpoint" and str(r.get("reason", "")).startswith("signal")]
     resumes = [r for r in runs["R"] if r["event"] == "resume"]
     stops = [r["iteration"] for r in resumes]
     s1 = stops[0] if stops else None
-    train = {k: _series(runs[k], "train") for k in "ABR"}
-    valid = {k: _series(runs[k], "valid") for k in "ABR"}
+    train = {k: _series(runs[k], "train") for k in names}
+    valid = {k: _series(runs[k], "valid") for k in names}
     out = {
         "resumed_from": stops, "signal_checkpoints": [r["iteration"] for r in saved],
-        "exits": {k: [r for r in runs[k] if r["event"] == "exit"] for k in "ABR"},
-        "steps_logged": {k: len(train[k]) for k in "ABR"},
+        "exits": {k: [r for r in runs[k] if r["event"] == "exit"] for k in names},
+        "steps_logged": {k: len(train[k]) for k in names},
     }
     if s1 is None or not all(train.values()):
         out["error"] = "a run is missing or R never resumed"
         out["losses"] = {"train": train, "valid": valid}
         return out
-    if v == "nd":
+    if v == "nd" and "C" in names:
+        out["criterion"] = {"train": _band_check3(train["A"], train["B"], train["C"], train["R"], s1, WINDOW),
+                            "valid": _band_check3(valid["A"], valid["B"], valid["C"], valid["R"], s1, EVAL_WINDOW)}
+    elif v == "nd":
         out["criterion"] = {"train": _band_check(train["A"], train["B"], train["R"], s1, WINDOW),
                             "valid": _band_check(valid["A"], valid["B"], valid["R"], s1, EVAL_WINDOW)}
     out["bitwise"] = {
-        "A_vs_B_train_all_steps": _bitwise(train["A"], train["B"], 0),
-        "A_vs_B_valid": _bitwise(valid["A"], valid["B"], 0),
+        "A_vs_B_train_all_steps": _bitwise(train["A"], train["B"], 0) if train.get("B") else None,
+        "A_vs_B_valid": _bitwise(valid["A"], valid["B"], 0) if train.get("B") else None,
         "R_vs_A_train_before_stop": _bitwise({t: x for t, x in train["R"].items() if t <= s1}, train["A"], 0),
         "R_vs_A_train_after_stop": _bitwise(train["R"], train["A"], s1),
         "R_vs_A_valid_after_stop": _bitwise(valid["R"], valid["A"], s1),
@@ -129,10 +159,10 @@ def _variant(work: Path, v: str) -> dict:
     if v == "det":
         out["probe_A_vs_R"] = _probe(work, v)
         bw = out["bitwise"]
-        out["criterion"] = {"holds": bw["A_vs_B_train_all_steps"]["equal"] and bw["R_vs_A_train_after_stop"]["equal"]
-                            and bw["R_vs_A_valid_after_stop"]["equal"]}
+        out["criterion"] = {"holds": (bw["A_vs_B_train_all_steps"] is None or bw["A_vs_B_train_all_steps"]["equal"])
+                            and bw["R_vs_A_train_after_stop"]["equal"] and bw["R_vs_A_valid_after_stop"]["equal"]}
     out["losses"] = {
-        event: [{"iteration": t, "A": series["A"][t], "B": series["B"].get(t), "R": series["R"].get(t)}
+        event: [{"iteration": t, **{k: series[k].get(t) for k in names}}
                 for t in sorted(series["A"])]
         for event, series in (("train", train), ("valid", valid))
     }

@@ -1,13 +1,48 @@
 """Rules of masked diffusion's [MASK] token: a row of the padded embedding, distinct from the
-end-of-document and pad ids, and a special or reserved id of the tokenizer."""
+end-of-document and pad ids, a special or reserved id of the tokenizer, and, for a preset whose
+[MASK] is a token of its own published tokenizer, that token of the spec's tokenizer."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.check.tokenizer import tokenizer_eod, tokenizer_ids, tokenizer_pad
 from dlmspec.resolve import padded_vocab_size
+from dlmspec.spec.presets import MASK_TOKEN_IDS
+
+
+@dataclass(frozen=True)
+class PublishedMask:
+    """The [MASK] token a preset's publication defines in its own tokenizer (the id is
+    :data:`~dlmspec.spec.presets.MASK_TOKEN_IDS`'s): its text, which tokenizer has it (with the
+    source), the folder the bundled spec reads it from, and how to fetch that folder."""
+
+    token: str
+    tokenizer: str
+    folder: str
+    fetch: str
+
+
+#: Presets whose [MASK] is a special token of a tokenizer the publication ships (docs/recipes.md,
+#: "MegaDLMs' tokenizer"): the spec's tokenizer must have it (rule mask-token-published).
+PUBLISHED_MASKS: dict[str, PublishedMask] = {
+    "megadlms-1.7b": PublishedMask(
+        token="<|mask_token|>",
+        tokenizer="MegaDLMs' own GPT-NeoX variant (JinjieNi/MegaDLMs@bdf7545 "
+        "megatron/training/tokenizer/gptneox_tokenizer/tokenizer_config.json:206-207: 50,289 ids)",
+        folder=".models/MegaDLMs/megatron/training/tokenizer/gptneox_tokenizer",
+        fetch="git clone --filter=blob:none --sparse https://github.com/JinjieNi/MegaDLMs .models/MegaDLMs; "
+        "git -C .models/MegaDLMs sparse-checkout set megatron/training/tokenizer/gptneox_tokenizer "
+        "(docs/recipes.md)",
+    ),
+}
+
+#: Hub tokenizers whose size is known without their files (one more than the largest id):
+#: EleutherAI/gpt-neox-20b's tokenizer.json ends at id 50276 (docs/recipes.md, "MegaDLMs' tokenizer").
+HUB_TOKENIZER_SIZES: dict[str, int] = {"EleutherAI/gpt-neox-20b": 50277}
 
 
 def free_mask_ids(ctx: Context, *taken: int | None) -> list[int]:
@@ -196,3 +231,55 @@ def _mask_ordinary(ctx: Context) -> Iterator[Finding]:
         value=mask,
         fix=fix,
     )
+
+
+@rule(
+    "mask-token-published",
+    "warning",
+    "MegaDLMs (JinjieNi/MegaDLMs@bdf7545 examples/dlm_training/dlm_pretrain_1.7b.sh:52,111: --mask-token 50277 "
+    "is <|mask_token|> of the tokenizer folder the script passes as --tokenizer-model)",
+    "a preset's published [MASK] id is that mask token of the spec's tokenizer (its files, or a hub tokenizer of "
+    "known size)",
+    scope="paths",
+)
+def _mask_published(ctx: Context) -> Iterator[Finding]:
+    """Silent where the tokenizer cannot be read here (a hub name of unknown size, a missing
+    folder), for a [MASK] id that is not the preset's published one (the user's own padded row),
+    and for an ordinary token (mask-token-ordinary)."""
+    r, m, tok = ctx.r, ctx.spec.model, ctx.spec.data.tokenizer
+    published = PUBLISHED_MASKS.get(m.preset or "")
+    mask = r.mask_token_id
+    if published is None or mask is None or mask != MASK_TOKEN_IDS.get(m.preset or "") or mask >= r.padded_vocab_size:
+        return  # not a published [MASK]; mask-token-range
+    ids = tokenizer_ids(ctx)
+    if ids is not None:
+        if mask in ids.special and ids.special[mask] == published.token:
+            return
+        if mask < ids.size and mask not in ids.special:
+            return  # an ordinary or added token: mask-token-ordinary
+        what = (f"{ids.special[mask]!r}, a special token that is not {published.token}" if mask in ids.special
+                else f"not a token of the tokenizer ({ids.file}: {ids.size:,} ids, 0 .. {ids.size - 1})")
+    elif tok.type == "HuggingFaceTokenizer" and tok.model in HUB_TOKENIZER_SIZES and not _local(tok.model):
+        size = HUB_TOKENIZER_SIZES[tok.model]
+        if mask < size:
+            return
+        what = f"not a token of the tokenizer ({tok.model} on the Hugging Face hub: {size:,} ids, 0 .. {size - 1})"
+    else:
+        return
+    fix = Fix({"data.tokenizer.model": published.folder})
+    yield Finding(
+        "objective.mask_token_id",
+        f"[MASK] id {mask} is {what}: {m.preset}'s [MASK] is {published.token} of {published.tokenizer}; data "
+        "prepared with this tokenizer never holds it, and generation or a Hugging Face export has no mask token",
+        f"{fix.text()} (the publication's tokenizer, fetched with: {published.fetch}), and prepare the data with it",
+        value=mask,
+        fix=fix,
+    )
+
+
+def _local(path: str) -> bool:
+    """Whether ``path`` names something on this machine (a folder shadows a hub name)."""
+    try:
+        return os.path.exists(path)
+    except (OSError, ValueError):
+        return False

@@ -32,7 +32,7 @@ from dlmspec.credentials import redact
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.render.escape import comment, toml_document
 from dlmspec.gpus import GPUS, GiB, gpu_ids
-from dlmspec.spec.load import load, load_text, parse_set_value, set_dotted
+from dlmspec.spec.load import SHOW_HEADER, load, load_text, parse_set_value, set_dotted
 from dlmspec.params import count_parameters
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
 from dlmspec.resolve import Resolved, resolve
@@ -205,13 +205,16 @@ def show(
     presets: bool = typer.Option(False, "--presets", help="List the model presets with parameter counts."),
     rules: bool = typer.Option(False, "--rules", help="List every rule: loader, spec, paths, SLURM, memory, runtime."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+    minimal: bool = typer.Option(False, "--minimal", help="Print only the keys whose values differ from the "
+                                 "defaults (and the preset's dimensions): the shortest TOML of the same spec."),
 ) -> None:
     """Print a spec with every default filled in and its derived values, or a catalog.
 
     The printed spec is TOML that loads back to the same spec (derived values are comments);
-    secrets (tokens, keys, credentials in URLs, secret-named env entries) print as `"<hidden>"`,
-    as validate shows them. The spec is not checked (use ``dlmspec validate``); it only has to
-    load.
+    `dlmspec validate` knows it (its first line) and does not warn about the defaults it wrote.
+    --minimal prints only what differs from the defaults. Secrets (tokens, keys, credentials in
+    URLs, secret-named env entries) print as `"<hidden>"`, as validate shows them. The spec is
+    not checked (use ``dlmspec validate``); it only has to load.
     """
     use_json(ctx, json_output)
     chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
@@ -243,11 +246,26 @@ def show(
         return
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
+    data = minimal_data(loaded.spec) if minimal else spec_data(loaded.spec)
     if json_output:
-        print_envelope("show", ok=True, result={"spec": redact(spec_data(loaded.spec)),
-                                                "derived": redact(resolved.derived())})
+        print_envelope("show", ok=True, result={"spec": redact(data), "derived": redact(resolved.derived())})
         return
-    sys.stdout.write(spec_toml(loaded.spec) + "\n" + derived_comment(resolved))
+    header = (f"# Only what differs from the defaults, printed by `dlmspec show --minimal {Path(spec).name}`\n"
+              if minimal else f"{SHOW_HEADER}: every default is written out\n")
+    sys.stdout.write(header + toml_document(redact(data)) + "\n" + derived_comment(resolved))
+
+
+def minimal_data(spec: Spec) -> dict[str, Any]:
+    """:func:`spec_data` without the keys at their defaults (under ``[model]``, the preset's
+    values when ``preset`` is set) and without empty tables
+    (:func:`dlmspec.spec.load.without_defaults`): TOML that loads back to ``spec``.
+
+    Raises:
+        SpecError: see :func:`spec_data`.
+    """
+    from dlmspec.spec.load import without_defaults
+
+    return without_defaults(spec_data(spec))
 
 
 #: Spec keys a layout search chooses (:data:`dlmspec.plan.SPEC_KEYS`); ``dlmspec new`` searches
@@ -556,22 +574,8 @@ def new(
     name = target.stem.replace(".", "-") or "dlmspec-run"
     options = dict(objective=objective, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, seq_length=seq_length,
                    overrides=set_)
-    text = starter_spec(name, preset, **options)
-    loaded = load_text(text, name=target.name)
-    resolved = resolve(loaded.spec)
-    issues = spec_issues(loaded, resolved)
-    chosen = {item.partition("=")[0].strip() for item in set_}
-    if any(i.rule in ("memory-fits", "memory-headroom") for i in issues) and not chosen & _LAYOUT_KEYS:
-        layout, note, hint = _fitting_layout(resolved)
-        if layout is None:
-            raise SpecError([SpecIssue("--nodes", f"{preset} does not fit on {resolved.world_size} x {gpu}: {note}",
-                                       value=nodes, hint=hint, rule="memory-fits",
-                                       source="dlmspec.plan.search (every layout of the model on these GPUs)",
-                                       file=f"{output} (not written)")])
-        text = starter_spec(name, preset, **options, layout=layout, layout_note=note)
-        loaded = load_text(text, name=target.name)
-        resolved = resolve(loaded.spec)
-        issues = spec_issues(loaded, resolved)
+    text, loaded, resolved, issues = _starter(name, preset, file=target.name, where=f"{output} (not written)",
+                                              **options)
     for issue in issues:  # the text is not written yet: point at the command line instead
         issue.file, issue.line = f"{output} (not written)", None
         if issue.severity == "error" and issue.hint and not issue.key.startswith(("<", "-")):
@@ -591,6 +595,41 @@ def new(
     print(f"wrote {output}: {human_count(resolved.params.total)} parameters, {resolved.world_size} GPU(s) as "
           f"TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} x DP {resolved.dp}; "
           f"next: dlmspec validate {output}, dlmspec plan {output}")
+
+
+def _starter(name: str, preset: str, *, file: str, where: str, **options: Any) -> tuple[str, Any, Resolved,
+                                                                                       list[SpecIssue]]:
+    """``dlmspec new``'s spec: :func:`starter_spec`, and when it does not fit (unless
+    ``overrides`` choose layout keys) the fastest layout that fits; ``(text, loaded, resolved,
+    issues)``. ``where`` names the output in the issue of a model that fits on no layout.
+
+    Raises:
+        SpecError: what :func:`starter_spec` raises; no layout fits.
+    """
+    text = starter_spec(name, preset, **options)
+    loaded = load_text(text, name=file)
+    resolved = resolve(loaded.spec)
+    issues = spec_issues(loaded, resolved)
+    chosen = {item.partition("=")[0].strip() for item in options.get("overrides", ())}
+    if any(i.rule in ("memory-fits", "memory-headroom") for i in issues) and not chosen & _LAYOUT_KEYS:
+        layout, note, hint = _fitting_layout(resolved)
+        if layout is None:
+            raise SpecError([SpecIssue("--nodes", f"{preset} does not fit on {resolved.world_size} x "
+                                       f"{options.get('gpu', 'h100')}: {note}", value=options.get("nodes", 1),
+                                       hint=hint, rule="memory-fits",
+                                       source="dlmspec.plan.search (every layout of the model on these GPUs)",
+                                       file=where)])
+        text = starter_spec(name, preset, **options, layout=layout, layout_note=note)
+        loaded = load_text(text, name=file)
+        resolved = resolve(loaded.spec)
+        issues = spec_issues(loaded, resolved)
+    return text, loaded, resolved, issues
+
+
+def starter_text(name: str, preset: str, **options: Any) -> str:
+    """The TOML ``dlmspec new OUT --preset PRESET`` writes for the run ``name`` (``options``:
+    :func:`starter_spec`'s keywords; ``Spec.from_preset`` uses it)."""
+    return _starter(name, preset, file=f"{name}.toml", where=f"Spec.from_preset({preset!r})", **options)[0]
 
 
 def bundled_specs() -> dict[str, Any]:
@@ -707,6 +746,12 @@ def compile_command(
     from dlmspec.render.compile import compile_spec, launch_interpreter
 
     use_json(ctx, json_output)
+    from dlmspec.spec.load import sweep_targets
+
+    members = sweep_targets(spec, set_)
+    if len(members) > 1:
+        _compile_sweep(members, output, set_, force=force, python=python, json_output=json_output)
+        return
     result = compile_spec(spec, output, overrides=set_, force=force, python=python)
     if json_output:
         print_envelope("compile", ok=True, issues=result.warnings,
@@ -724,11 +769,49 @@ def compile_command(
                              "interpreter that has torch and megatron-core"))
 
 
+def _compile_sweep(members: list[str], output: str, overrides: list[str], *, force: bool, python: str | None,
+                   json_output: bool) -> None:
+    """``dlmspec compile SWEEP.py -o DIR``: each member into ``DIR/<name>``, in the sweep's order.
+    Every member is checked first; nothing is written when one has an error (all are reported).
+
+    Raises:
+        SpecError: the members' errors, or an unusable output directory.
+    """
+    from dlmspec.check import load_for
+    from dlmspec.cli.validate import member_issues
+    from dlmspec.render.compile import compile_spec
+
+    failed: list[SpecIssue] = []
+    for target in members:
+        try:
+            _, _, issues = load_for("compile", target, overrides)
+        except SpecError as exc:
+            issues = exc.issues
+        if any(i.severity == "error" for i in issues):
+            failed.extend(member_issues(target, issues))
+    if failed:
+        raise SpecError(failed)
+    results = []
+    for target in members:
+        name = target.rpartition("::")[2]
+        results.append(compile_spec(target, Path(output) / name, overrides=overrides, force=force, python=python))
+    if json_output:
+        print_envelope("compile", ok=True, issues=[w for r in results for w in r.warnings],
+                       result={"sweep": [{"name": r.resolved.spec.name, "content_hash": r.content_hash,
+                                          "output": str(r.out_dir), "files": [p.name for p in r.files]}
+                                         for r in results]})
+        return
+    for r in results:
+        report_warnings(r.warnings)
+        stdout().print(_text(f"compiled {r.resolved.spec.name} ({r.content_hash[:19]}) into {r.out_dir}"))
+
+
 @app.command("submit", cls=Command)
 def submit_command(
     ctx: typer.Context,
-    targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each job "
-                                        "starts after the previous one succeeds (--dependency=afterok)."),
+    targets: list[str] = typer.Argument(..., help="Spec files or compiled directories, in order; each "
+                                        "starts after the previous one succeeds (--dependency=afterok); a "
+                                        "Python sweep's members run side by side."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Where to compile a spec (several specs: "
                                          "one subdirectory each, by file name). Default: compiled/NAME, NAME the spec file's name "
                                          "without its suffix."),
@@ -742,6 +825,9 @@ def submit_command(
     sbatch_arg: list[str] = typer.Option([], "--sbatch-arg", help="Extra sbatch option, e.g. "
                                          "--sbatch-arg=--hold (repeatable)."),
     python: Optional[str] = typer.Option(None, "--python", help=_PYTHON_HELP + " For spec files only."),
+    after: Optional[str] = typer.Option(None, "--after", help="Job id the first job (each member of "
+                                        "a sweep) waits for (--dependency=afterok:JOBID): continue a chain "
+                                        "submitted before."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (the jobs, or "
                                      "with --dry-run the script); progress lines go to stderr."),
 ) -> None:
@@ -761,7 +847,7 @@ def submit_command(
     else:
         echo = print
     jobs = submit(targets, output=output, overrides=set_, force=force, dry_run=dry_run, check_mode=check,
-                  sbatch_args=sbatch_arg, echo=echo, python=python)
+                  sbatch_args=sbatch_arg, echo=echo, python=python, after=after)
     if json_output:
         print_envelope("submit", ok=True, result={
             "dry_run": dry_run, "script": "\n".join(script) + "\n" if dry_run else None,

@@ -201,23 +201,47 @@ def mcore_to_hf_command(
     src: Path = typer.Argument(..., help="megatron-core checkpoint (a folder written by hf-to-mcore, "
                                "an iter_* folder, or a run's checkpoint root with a latest tracker)."),
     dst: Path = typer.Argument(..., help="Hugging Face folder to create."),
+    objective: Optional[str] = typer.Option(
+        None, "--objective", help="What the model was trained for: mdm (a diffusion LM: written with "
+        "is_causal false, so transformers runs it bidirectionally) or ar. Default: the checkpoint's "
+        "record (a training checkpoint's dlmspec.json, else the converted config), else ar."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="The diffusion LM's mask token, "
+                                                "recorded in config.json (default: the checkpoint's)."),
     force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
     json_output: bool = typer.Option(False, "--json", help=_JSON_HELP),
 ) -> None:
     """Convert a megatron-core dist checkpoint into a Hugging Face folder that
-    transformers' AutoModelForCausalLM loads (config.json, sharded safetensors with an index)."""
+    transformers' AutoModelForCausalLM loads (config.json, sharded safetensors with an index); a
+    diffusion LM loads with bidirectional attention."""
     _start(ctx, json_output)
     from dlmspec.backends.convert import mcore_to_hf
     from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
+    from dlmspec.backends.convert.objective import OBJECTIVES, hf_objective
 
+    if objective is not None and objective not in OBJECTIVES:
+        _fail(f"--objective {objective!r} is not an objective", key="--objective",
+              hint="--objective mdm (a diffusion LM) or --objective ar")
+    if mask_token_id is not None and mask_token_id < 0:
+        _fail(f"--mask-token-id {mask_token_id} is not a token id", key="--mask-token-id",
+              hint="the run's [objective] mask_token_id, an integer >= 0")
     _check_paths(src, dst, force)
     _check_paths(_run(resolve_checkpoint_dir, src), dst, force)
-    dims = _run(mcore_to_hf, src, dst, overwrite=force)
+    dims = _run(mcore_to_hf, src, dst, overwrite=force, objective=objective, mask_token_id=mask_token_id)
+    written = hf_objective(_run(_read_config, dst))
+    attention = "bidirectional" if written.is_diffusion else "causal"
     if json_output:
         print_envelope("convert mcore-to-hf", ok=True, result={
-            "output": str(dst), "family": dims.family, "num_layers": dims.num_layers, "vocab_size": dims.vocab_size})
+            "output": str(dst), "family": dims.family, "num_layers": dims.num_layers, "vocab_size": dims.vocab_size,
+            "objective": written.kind, "attention": attention, "mask_token_id": written.mask_token_id})
         return
-    typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size})")
+    typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size}, "
+               f"{written.kind}: {attention} attention)")
+
+
+def _read_config(path: Path) -> dict:
+    from dlmspec.backends.convert.hf_io import read_hf_config
+
+    return read_hf_config(path)
 
 
 @app.command(cls=Command, name="verify")

@@ -10,6 +10,9 @@ spec that does not fit prints its plan, the ``memory-fits`` issue (with what wou
 and exits 2. Whether the runtime supports every setting is checked by ``dlmspec validate``, not
 here.
 
+A Python sweep (:func:`dlmspec.spec.load.sweep_targets`) is planned member by member:
+one row each (:func:`_plan_sweep`), or with ``--search`` one search each (:func:`_search_sweep`).
+
 ``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`).
 The spec is validated at a neutral layout (:func:`dlmspec.plan.search.spec_issues_for_search`):
 only errors that remain there, on keys the search does not set, stop it; errors that come from
@@ -50,6 +53,13 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
     search = search or top is not None
     top = DEFAULT_TOP if top is None else top
+    from dlmspec.spec.load import sweep_targets
+
+    members = sweep_targets(spec, overrides)
+    if len(members) > 1:
+        if search:
+            return _search_sweep(members, overrides, json_output, top)
+        return _plan_sweep(members, overrides, json_output)
     loaded = load(spec, overrides, fast=True)
     resolved = resolve(loaded.spec)
     # plan's scopes: the spec's rules and, when they find no error, memory (a spec with errors
@@ -86,7 +96,9 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     return EXIT_USAGE if memory_errors else 0
 
 
-def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_layout: list[SpecIssue]) -> int:
+def _search_result(resolved: Any, top: int, own_layout: list[SpecIssue]) -> Any:
+    """:func:`dlmspec.plan.search.search` of ``resolved`` with the spec's own-layout errors
+    filled in. Raises SpecError: the GPU is not in the catalog."""
     from dlmspec.plan.search import search
 
     try:
@@ -94,8 +106,13 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_lay
     except PlanError as exc:
         raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
     result.spec_layout_issues = list(own_layout)
+    return result
+
+
+def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_layout: list[SpecIssue]) -> int:
+    result = _search_result(resolved, top, own_layout)
     if json_output:
-        print_envelope("plan", ok=bool(result.top), issues=[] if result.top else [_nothing_fits(resolved, result)],
+        print_envelope("plan", ok=bool(result.top), issues=[] if result.top else [nothing_fits(resolved, result)],
                        result={"spec": display_path(str(loaded.path)), "search": result.to_dict()})
     else:
         from dlmspec.plan.report import print_search
@@ -106,9 +123,118 @@ def _run_search(resolved: Any, loaded: Any, json_output: bool, top: int, own_lay
     return 0 if result.top else EXIT_USAGE
 
 
-def _nothing_fits(resolved: Any, result: Any) -> SpecIssue:
-    """The issue of a search that found no layout (``--json``: ``ok`` false names why)."""
+def nothing_fits(resolved: Any, result: Any) -> SpecIssue:
+    """The issue of a search that found no layout (``--json``: ``ok`` false names why; also
+    :func:`dlmspec.dsl.layouts`'s)."""
     return SpecIssue("--search", result.message or "no layout fits", value=resolved.spec.cluster.gpu,
                      hint="more GPUs (cluster.nodes, cluster.gpus_per_node), a GPU with more memory (cluster.gpu), "
                           "or a smaller model or train.seq_length", rule="plan-search",
                      source="dlmspec.plan.search")
+
+
+def _search_sweep(members: list[str], overrides: list[str], json_output: bool, top: int) -> int:
+    """``dlmspec plan SWEEP.py --search``: each member searched as ``dlmspec plan MEMBER
+    --search`` would (its model, cluster and batch; the layouts it was given do not matter), in
+    the sweep's order: one titled search per member, or with ``json_output`` the envelope whose
+    ``result.sweep`` holds ``{"spec", "search"}`` per member. Exit 2 when no layout fits a member.
+
+    Raises:
+        SpecError: a member does not load or has an error the search cannot fix (every member's
+            issues at once).
+    """
+    from dlmspec.cli.validate import member_issues
+    from dlmspec.plan.search import spec_issues_for_search
+
+    found, failed, warnings = [], [], []
+    for target in members:
+        try:
+            loaded = load(target, overrides, fast=True)
+            resolved = resolve(loaded.spec)
+            issues = issues_for("plan", loaded, resolved)
+            blocking, own_layout = spec_issues_for_search(loaded, resolved, issues)
+            if blocking:
+                raise SpecError(blocking)
+            result = _search_result(resolved, top, own_layout)
+        except SpecError as exc:
+            failed.extend(member_issues(target, exc.issues))
+            continue
+        warnings.extend(member_issues(target, [i for i in issues if i.severity != "error"]))
+        found.append((target, loaded.spec.name, resolved, result))
+    if failed:
+        raise SpecError(failed + warnings)
+    empty = [member_issues(t, [nothing_fits(r, res)])[0] for t, _, r, res in found if not res.top]
+    if json_output:
+        print_envelope("plan", ok=not empty, issues=empty + warnings,
+                       result={"sweep": [{"spec": display_path(t), "search": res.to_dict()} for t, _, _, res in found]})
+    else:
+        from dlmspec.plan.report import print_search
+
+        report_warnings(warnings)
+        out = stdout()
+        for index, (target, name, _, result) in enumerate(found, start=1):
+            out.print(_text(f"{name} (member {index} of {len(found)}: {display_path(target)})", style="bold"))
+            print_search(result, top, out)
+            if not result.top:
+                stderr().print(_text(f"{name}: no layout found", style="bold red"))
+        if empty:
+            stderr().print(_text(f"no layout found for {len(empty)} of {len(found)} members (exit 2)", style="bold red"))
+    return EXIT_USAGE if empty else 0
+
+
+def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> int:
+    """``dlmspec plan SWEEP.py``: one row per member (peak memory per GPU, whether it fits, step
+    time, tokens/s, MFU, time to train), in the sweep's order, or with ``json_output`` the
+    envelope whose ``result.sweep`` holds each member's plan. Exit 2 when a member does not fit.
+
+    Raises:
+        SpecError: a member does not load or breaks a rule (every member's issues at once).
+    """
+    from dlmspec.cli.validate import member_issues
+    from dlmspec.gpus import GiB
+
+    rows, plans, failed, warnings = [], [], [], []
+    for target in members:
+        try:
+            loaded = load(target, overrides, fast=True)
+            resolved = resolve(loaded.spec)
+            issues = issues_for("plan", loaded, resolved)
+            blocking = [i for i in issues if i.severity == "error" and not i.rule.startswith("memory-")]
+            if blocking:
+                raise SpecError(issues)
+            plan = make_plan(resolved)
+        except SpecError as exc:
+            failed.extend(member_issues(target, exc.issues))
+            continue
+        except PlanError as exc:
+            failed.append(member_issues(target, [SpecIssue("cluster.gpu", str(exc), rule="plan")])[0])
+            continue
+        warnings.extend(member_issues(target, [i for i in issues if i.severity != "error"]))
+        data = plan.to_dict()
+        plans.append({"spec": display_path(target), **data})
+        t = data["time"]
+        rows.append((loaded.spec.name, f"{data['memory']['peak_bytes'] / GiB:.1f}", "yes" if plan.fits else "NO",
+                     f"{t['step_seconds']:.3f}", f"{data['throughput']['tokens_per_second']:,.0f}",
+                     f"{100 * (data['mfu'] or 0):.1f}%", _duration(t["to_train_seconds"])))
+    if failed:
+        raise SpecError(failed + warnings)
+    fits = all(p["memory"]["fits"] for p in plans)
+    if json_output:
+        print_envelope("plan", ok=fits, issues=warnings, result={"sweep": plans})
+    else:
+        from rich.table import Table
+
+        report_warnings(warnings)
+        table = Table(title=f"sweep of {len(rows)} specs (dlmspec plan MEMBER for one breakdown)", title_justify="left")
+        for header in ("name", "peak GiB/GPU", "fits", "step s", "tokens/s", "MFU", "to train"):
+            table.add_column(header)
+        for row in rows:
+            table.add_row(*(_text(c) for c in row))
+        stdout().print(table)
+    return 0 if fits else EXIT_USAGE
+
+
+def _duration(seconds: float | None) -> str:
+    """``seconds`` as ``12 min`` or ``3.4 h`` (``-`` when unknown)."""
+    if seconds is None:
+        return "-"
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"

@@ -1,6 +1,12 @@
-"""``dlmspec submit``: compile specs if needed, then ``sbatch --parsable`` each, chaining several
-with ``--dependency=afterok:<previous job id>``; ``--dry-run`` prints the commands instead
-(:func:`dry_run_script`). The batch script itself is :mod:`dlmspec.render.sbatch`'s."""
+"""``dlmspec submit``: compile specs if needed, then ``sbatch --parsable`` each; ``--dry-run``
+prints the commands instead (:func:`dry_run_script`). The batch script itself is
+:mod:`dlmspec.render.sbatch`'s.
+
+Each argument is a stage, in order (``pretrain.toml sft.toml``: SFT starts when pretraining
+succeeds): every job of a stage waits with ``--dependency=afterok:<ids>`` for all jobs of the
+stage before. A Python sweep (:func:`dlmspec.spec.load.sweep_targets`) is one stage of
+independent jobs, one per member, side by side. ``--after JOBID`` delays the first stage (each
+member of a sweep)."""
 
 from __future__ import annotations
 
@@ -37,6 +43,8 @@ class SubmitStep:
             does not exist (None when it needs nothing or holds a ``%`` pattern).
         name: the spec's name (or the directory's name).
         compile_command: the ``dlmspec compile`` command that writes ``files`` (for --dry-run).
+        stage: the index of the argument it came from: jobs of one stage (a sweep's members)
+            run side by side, each stage after the one before (:func:`stages`).
     """
 
     target: str
@@ -45,6 +53,7 @@ class SubmitStep:
     output_dir: Path | None = None
     name: str = ""
     compile_command: list[str] = field(default_factory=list)
+    stage: int = 0
 
     @property
     def script(self) -> Path:
@@ -106,12 +115,18 @@ def plan_submission(
 
     python = compiler.launch_interpreter(python)
 
+    from dlmspec.spec.load import split_member, sweep_targets
+
     if not targets:
         raise _submit_issue("<targets>", "nothing to submit", None, "give a spec file or a compiled directory")
+    given = len(targets)
+    staged = [(stage, t) for stage, target in enumerate(targets)
+              for t in (sweep_targets(target, overrides) if Path(target).is_file() else [target])]
+    targets = [t for _, t in staged]
     steps: list[SubmitStep] = []
     used: dict[Path, str] = {}
-    for target in targets:
-        path = Path(target)
+    for stage, target in staged:
+        path, member = split_member(target)
         if path.is_dir():
             if not (path / "launch.sbatch").is_file():
                 raise _submit_issue("<target>", "the directory has no launch.sbatch", target,
@@ -123,23 +138,24 @@ def plan_submission(
                 raise _submit_issue("--python", "--python applies to spec files, not to compiled directories",
                                     target, "compile again with --python, or give the spec file")
             steps.append(SubmitStep(target, path, output_dir=_output_dir(_output_from_script(path / "launch.sbatch")),
-                                    name=path.resolve().name))
+                                    name=path.resolve().name, stage=stage))
             continue
         if not path.is_file():
             raise _submit_issue("<target>", "no such spec file or compiled directory", target,
                                 "check the path")
+        leaf = Path(path.stem, member) if member else Path(path.stem)
         if output is not None:
-            directory = Path(output) if len(targets) == 1 else Path(output) / path.stem
+            directory = Path(output) if len(targets) == 1 else Path(output) / (leaf.name if given == 1 else leaf)
         else:
-            directory = Path(DEFAULT_COMPILE_ROOT) / path.stem
+            directory = Path(DEFAULT_COMPILE_ROOT) / leaf
         if directory.resolve() in used:
             raise _submit_issue("--output", f"{target} and {used[directory.resolve()]} would compile into the "
                                 "same directory", str(directory), "give spec files with different names")
         used[directory.resolve()] = target
-        loaded = load(path, list(overrides))
+        loaded = load(target, list(overrides))
         resolved = resolve(loaded.spec)
         compiler.check_spec(loaded, resolved)
-        files = compiler.render(resolved, path.as_posix(), python=python)
+        files = compiler.render(resolved, Path(target).as_posix(), python=python)
         command = ["dlmspec", "compile", target, "--output", str(directory)]
         for item in overrides:
             command += ["--set", item]
@@ -158,12 +174,24 @@ def plan_submission(
                 compiler.check_output_dir(directory, force=True, names=files)  # before any job is submitted
                 command.append("--force")
         steps.append(SubmitStep(target, directory, files, _output_dir(slurm_settings(resolved).output),
-                                resolved.spec.name, command))
+                                resolved.spec.name, command, stage))
     return steps
 
 
+def stages(steps: Sequence[SubmitStep]) -> list[list[SubmitStep]]:
+    """``steps`` grouped by :attr:`SubmitStep.stage`, in order (one group per argument)."""
+    groups: list[list[SubmitStep]] = []
+    for step in steps:
+        if groups and groups[-1][0].stage == step.stage:
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+    return groups
+
+
 def sbatch_command(step: SubmitStep, after: str | None, sbatch_args: Sequence[str] = ()) -> list[str]:
-    """``sbatch --parsable [--dependency=afterok:AFTER] [ARGS] DIR/launch.sbatch``."""
+    """``sbatch --parsable [--dependency=afterok:AFTER] [ARGS] DIR/launch.sbatch`` (``AFTER``:
+    one job id, or several joined by ``:``, all of which must succeed)."""
     command = ["sbatch", "--parsable"]
     if after is not None:
         command.append(f"--dependency=afterok:{after}")
@@ -180,25 +208,40 @@ def submit_environment(step: SubmitStep, check_mode: str | None) -> dict[str, st
 
 
 def dry_run_script(steps: Sequence[SubmitStep], *, check_mode: str | None = None,
-                   sbatch_args: Sequence[str] = ()) -> str:
-    """What :func:`submit` would run, as a bash script (each job id in ``$jobN``)."""
-    lines = []
-    for index, step in enumerate(steps, start=1):
-        if step.compile_command:
-            lines.append(" ".join(shell_word(w) for w in step.compile_command))
-        if step.output_dir is not None and not step.output_dir.is_dir():
-            lines.append(f"mkdir -p -- {shell_word(str(step.output_dir))}")
-        env = " ".join(f"{k}={shell_word(v)}" for k, v in submit_environment(step, check_mode).items())
-        command = sbatch_command(step, f"$job{index - 1}" if index > 1 else None, sbatch_args)
-        words = " ".join('"' + w + '"' if w.startswith("--dependency=") else shell_word(w) for w in command)
-        lines.append(f"job{index}=$({env} {words})")
+                   sbatch_args: Sequence[str] = (), after: str | None = None) -> str:
+    """What :func:`submit` would run, as a bash script: each job id in ``$jobN``; the jobs of a
+    stage (a sweep's members, side by side) wait for every job of the stage before, the first
+    stage for ``after`` (a job id, ``$job0``) when given. A comment heads each stage of several
+    jobs and each stage after the first."""
+    lines = [f"job0={shell_word(after)}  # --after: the first stage starts when this job succeeds"] if after else []
+    waits: list[str] = ["$job0"] if after else []
+    index = 0
+    groups = stages(steps)
+    for number, group in enumerate(groups, start=1):
+        if len(group) > 1 or len(groups) > 1:
+            what = (f"{len(group)} jobs side by side (a sweep's members)" if len(group) > 1 else "one job")
+            when = f", after {' '.join(waits)} succeed{'s' if len(waits) == 1 else ''}" if waits else ""
+            lines.append(f"# stage {number} of {len(groups)}: {what}{when}")
+        ids = []
+        for step in group:
+            index += 1
+            if step.compile_command:
+                lines.append(" ".join(shell_word(w) for w in step.compile_command))
+            if step.output_dir is not None and not step.output_dir.is_dir():
+                lines.append(f"mkdir -p -- {shell_word(str(step.output_dir))}")
+            env = " ".join(f"{k}={shell_word(v)}" for k, v in submit_environment(step, check_mode).items())
+            command = sbatch_command(step, ":".join(waits) or None, sbatch_args)
+            words = " ".join('"' + w + '"' if w.startswith("--dependency=") else shell_word(w) for w in command)
+            lines.append(f"job{index}=$({env} {words})")
+            ids.append(f"$job{index}")
+        waits = ids
     return "\n".join(lines) + "\n"
 
 
 @dataclass
 class SubmittedJob:
-    """A job :func:`submit` submitted: its id (``sbatch --parsable``), the step and the job it
-    waits for."""
+    """A job :func:`submit` submitted: its id (``sbatch --parsable``), the step and the jobs it
+    waits for (``after``: ids joined by ``:``, or None)."""
 
     job_id: str
     step: SubmitStep
@@ -216,12 +259,15 @@ def submit(
     sbatch_args: Sequence[str] = (),
     echo: Callable[[str], None] = print,
     python: str | None = None,
+    after: str | None = None,
 ) -> list[SubmittedJob]:
-    """``dlmspec submit``: compile spec targets if needed, then ``sbatch --parsable`` each,
-    every job after the first with ``--dependency=afterok:<previous id>`` (a chain of stages).
+    """``dlmspec submit``: compile spec targets if needed, then ``sbatch --parsable`` each.
+    Each target is a stage: its jobs wait with ``--dependency=afterok:<ids>`` for every job of
+    the stage before (a chain of stages); a Python sweep's members are one stage of independent
+    jobs, side by side.
 
     Args:
-        targets: spec files and/or compiled directories, in submission order.
+        targets: spec files and/or compiled directories, in submission order (stage order).
         output: where to compile (see :func:`plan_submission`).
         overrides: ``--set`` strings for every spec target.
         force: replace the generated files of a directory that holds another compile.
@@ -230,6 +276,8 @@ def submit(
         sbatch_args: extra sbatch options (before the script).
         echo: where progress lines go.
         python: ``--python``: the interpreter compiled spec targets run (see :func:`plan_submission`).
+        after: ``--after JOBID``: the first stage (each member of a sweep) waits for that job
+            to succeed (afterok), so a chain can continue one submitted before.
 
     Returns:
         The jobs submitted (empty for a dry run).
@@ -241,9 +289,11 @@ def submit(
     """
     if check_mode is not None and check_mode not in CHECK_MODES:
         raise _submit_issue("--check", "unknown check mode", check_mode, "use --check env or --check train")
+    if after is not None and not re.fullmatch(r"[0-9]+(_[0-9]+)?", after):
+        raise _submit_issue("--after", "not a SLURM job id", after, "give the number sbatch printed, e.g. --after 12345")
     steps = plan_submission(targets, output=output, overrides=overrides, force=force, python=python)
     if dry_run:
-        echo(dry_run_script(steps, check_mode=check_mode, sbatch_args=sbatch_args).rstrip("\n"))
+        echo(dry_run_script(steps, check_mode=check_mode, sbatch_args=sbatch_args, after=after).rstrip("\n"))
         return []
     import shutil  # here, not at the top: `dlmspec validate` checks the settings and submits nothing
     import subprocess
@@ -255,8 +305,10 @@ def submit(
     from dlmspec.render import compile as compiler
 
     jobs: list[SubmittedJob] = []
-    after: str | None = None
+    stage_ids: list[str] = []
     for step in steps:
+        if jobs and step.stage != jobs[-1].step.stage:  # a new stage waits for all of the last
+            after, stage_ids = ":".join(stage_ids), []
         if step.files:
             compiler.write_outputs(step.files, step.directory, force=True)
             echo(f"compiled {step.target} into {step.directory}")
@@ -290,7 +342,12 @@ def submit(
             raise _submit_issue("sbatch", f"sbatch answered without a job id: {message!r}{already}", step.target,
                                 "check the SLURM client")
         jobs.append(SubmittedJob(job_id, step, after))
-        echo(f"submitted {step.name} as job {job_id}" + (f" (after job {after} succeeds)" if after else "")
-             + f": {step.script}")
-        after = job_id
+        if not after:
+            waits = ""
+        elif ":" in after:
+            waits = f" (after jobs {after.replace(':', ', ')} succeed)"
+        else:
+            waits = f" (after job {after} succeeds)"
+        echo(f"submitted {step.name} as job {job_id}{waits}: {step.script}")
+        stage_ids.append(job_id)
     return jobs

@@ -64,8 +64,55 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
         SpecError: the spec has an error (or, with ``strict``, a warning); the caller prints it
             (:func:`report_issues`) and exits 2.
     """
-    from dlmspec.gpus import GiB
+    from dlmspec.spec.load import sweep_targets
 
+    members = sweep_targets(spec, overrides)
+    if len(members) > 1:
+        _validate_sweep(members, overrides, strict=strict, json_output=json_output, command=command)
+        return
+    _validate_one(spec, overrides, strict=strict, json_output=json_output, command=command)
+
+
+def member_issues(target: str, issues: list[SpecIssue]) -> list[SpecIssue]:
+    """``issues`` of the sweep member ``target`` (``FILE.py::NAME``), each file named
+    ``FILE.py::NAME`` so a table of several members tells them apart."""
+    _, _, name = target.rpartition("::")
+    for issue in issues:
+        if issue.file and "::" not in issue.file and issue.file.endswith(".py"):
+            issue.file = f"{issue.file}::{name}"
+        elif not issue.file:
+            issue.file = target
+    return issues
+
+
+def _validate_sweep(members: list[str], overrides: list[str], *, strict: bool, json_output: bool,
+                    command: str) -> None:
+    """Validate each member of a sweep (one ``ok:`` line each, or with ``json_output`` one
+    envelope whose ``result.sweep`` lists the members' results); every member's issues are
+    raised together at the end."""
+    failed: list[SpecIssue] = []
+    results = []
+    warnings_all: list[SpecIssue] = []
+    for target in members:
+        try:
+            loaded, resolved, warnings = load_and_check(target, overrides, strict=strict, fast=True)
+        except SpecError as exc:
+            failed.extend(member_issues(target, exc.issues))
+            continue
+        warnings_all.extend(member_issues(target, warnings))
+        if json_output:
+            results.append({"spec": display_path(target), "name": loaded.spec.name,
+                            "derived": resolved.derived(), "memory": _memory(resolved)})
+        else:
+            report_warnings(warnings)
+            print(_ok_line(loaded, resolved))
+    if failed:
+        raise SpecError(failed + warnings_all)
+    if json_output:
+        print_envelope(command, ok=True, issues=warnings_all, result={"sweep": results})
+
+
+def _validate_one(spec: str, overrides: list[str], *, strict: bool, json_output: bool, command: str) -> None:
     loaded, resolved, warnings = load_and_check(spec, overrides, strict=strict, fast=True)
     memory = _memory(resolved)
     if json_output:
@@ -74,11 +121,19 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
                                "derived": resolved.derived(), "memory": memory})
         return
     report_warnings(warnings)
+    print(_ok_line(loaded, resolved))
+
+
+def _ok_line(loaded: LoadedSpec, resolved: Resolved) -> str:
+    """``validate``'s ``ok:`` line of one spec."""
+    from dlmspec.gpus import GiB
+
+    memory = _memory(resolved)
     p = resolved.params
     active = f" ({human_count(p.active)} active)" if p.active != p.total else ""
     fits = (f"; planned peak {memory['peak_bytes'] / GiB:.1f} of {memory['capacity_bytes'] / GiB:.1f} GiB per GPU"
             if memory else "")
-    print(
+    return (
         f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
         f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
         f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "

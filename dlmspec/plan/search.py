@@ -145,6 +145,23 @@ class Candidate:
         """Dotted spec key -> value (for :meth:`dlmspec.spec.models.Spec.replace`)."""
         return {SPEC_KEYS[k]: v for k, v in self.changes}
 
+    @property
+    def label(self) -> str:
+        """A short name of the layout, e.g. ``tp2-pp1-mb8-sel-distopt``: TP and PP, then
+        virtual PP, CP, EP and expert TP where they are not 1 (expert TP: where it is not TP),
+        the micro batch, the recomputation (``sel``, ``full``; nothing for none) and
+        ``distopt`` for the distributed optimizer: what tells two candidates apart."""
+        lay = self.layout
+        parts = [f"tp{lay.tp}", f"pp{lay.pp}"]
+        parts += [f"vpp{lay.vpp}"] if lay.vpp > 1 else []
+        parts += [f"cp{lay.cp}"] if lay.cp > 1 else []
+        parts += [f"ep{lay.ep}"] if lay.ep > 1 else []
+        parts += [f"etp{lay.etp}"] if lay.etp != lay.tp else []
+        parts.append(f"mb{lay.micro_batch}")
+        parts += {"selective": ["sel"], "full": ["full"]}.get(lay.recompute, [])
+        parts += ["distopt"] if lay.distributed_optimizer else []
+        return "-".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         lay = self.layout
@@ -461,10 +478,11 @@ def _errors(spec: Any, resolved: Resolved) -> list[Any]:
     return [i for i in issues_for("search", spec, resolved) if i.severity == "error"]
 
 
-def _validator_errors(resolved: Resolved, cand: Candidate, known: set[tuple[str, str]]) -> str | None:
-    """The first error the validator reports for the spec with ``cand``'s changes that the
-    spec itself does not already have (``known``: (rule, key) pairs), or None."""
-    spec = resolved.spec
+def layout_changes(spec: Any, cand: Candidate) -> dict[str, Any]:
+    """Dotted key -> value that put ``spec`` (a :class:`~dlmspec.spec.models.Spec`) at
+    ``cand``'s layout with :meth:`~dlmspec.spec.models.Spec.replace`: its ``--set`` values, and
+    the spec's own settings the layout has no use for cleared (interleaving without VPP, the
+    full-recompute method and layers, the selective modules, sequence parallelism)."""
     changes: dict[str, Any] = cand.spec_changes()
     lay = cand.layout
     if lay.vpp <= 1 and spec.parallel.virtual_pipeline_model_parallel_size is not None:
@@ -476,8 +494,15 @@ def _validator_errors(resolved: Resolved, cand: Candidate, known: set[tuple[str,
         changes["recompute.modules"] = None
     if not lay.sp:
         changes["parallel.sequence_parallel"] = False
+    return changes
+
+
+def _validator_errors(resolved: Resolved, cand: Candidate, known: set[tuple[str, str]]) -> str | None:
+    """The first error the validator reports for the spec with ``cand``'s changes that the
+    spec itself does not already have (``known``: (rule, key) pairs), or None."""
+    spec = resolved.spec
     try:
-        new_spec = spec.replace(**changes)
+        new_spec = spec.replace(**layout_changes(spec, cand))
     except Exception as exc:  # pydantic ValidationError: report, never raise
         return f"the spec rejects the layout: {str(exc).splitlines()[0]}"
     from dlmspec.resolve import resolve

@@ -50,7 +50,8 @@ from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_sec
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
-from dlmspec.resolve import Resolved, eod_choice, run_dir, runtime_values, schedule, sft_pad_eos_tokens, sft_section
+from dlmspec.resolve import (Resolved, eod_choice, locked_spec, run_dir, runtime_values, schedule, sft_pad_eos_tokens,
+                             sft_section)
 from dlmspec.render.sbatch import render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec.models import Spec
@@ -97,33 +98,6 @@ DTYPES: dict[str, str] = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp
 
 # --------------------------------------------------------------------------------------------
 # The resolved spec, its canonical form and hash.
-
-
-def locked_spec(resolved: Resolved) -> Spec:
-    """The spec with every default :func:`~dlmspec.resolve.resolve` fills written in (query
-    groups, head dimension, expert TP, MoE FFN size, attention mask, mask token, train_iters)
-    and the runtime's defaults (lr_decay_iters, checkpoint.load, logging.run_dir), without any
-    ``[lock]`` table. The end-of-document id is not filled in (it may be read from tokenizer
-    files, :func:`eod_choice`); ``[lock.derived]`` records it. Loading its TOML gives back
-    the same :class:`Resolved`."""
-    changes: dict[str, Any] = {
-        "lock": None,
-        "model.num_query_groups": resolved.num_query_groups,
-        "model.kv_channels": resolved.kv_channels,
-        "parallel.expert_tensor_parallel_size": resolved.etp,
-        "objective.attention_mask": resolved.attention_mask,
-    }
-    if resolved.moe_ffn_hidden_size is not None:
-        changes["model.moe_ffn_hidden_size"] = resolved.moe_ffn_hidden_size
-    if resolved.mask_token_id is not None:
-        changes["objective.mask_token_id"] = resolved.mask_token_id
-    if resolved.train_iters > 0:
-        changes["train.train_iters"] = resolved.train_iters
-        changes["train.lr_decay_iters"] = schedule(resolved)["lr_decay_iters"]
-    if resolved.spec.checkpoint.load is None and resolved.spec.checkpoint.save is not None:
-        changes["checkpoint.load"] = resolved.spec.checkpoint.save
-    changes["logging.run_dir"] = run_dir(resolved)
-    return resolved.spec.replace(**changes)
 
 
 def canonical_data(spec: Spec) -> dict[str, Any]:

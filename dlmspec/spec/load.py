@@ -505,51 +505,232 @@ def _line_of(lines: dict[str, int], key: str) -> int | None:
     return None
 
 
-def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
-    """Run a Python spec file and take its ``spec`` (a Spec or a dict). The file must be a
-    regular file of at most :data:`MAX_SPEC_BYTES` (:func:`_check_file`); what it runs is the
-    user's code, not limited here. A ``spec`` dict nested more than :data:`MAX_DEPTH` deep
-    (or containing itself) is refused."""
-    _check_file(path, None)
-    try:
-        import runpy  # Python specs only (so are traceback and difflib: errors only)
+#: What a spec file name may end with to pick one member of a Python sweep: ``FILE.py::NAME``.
+MEMBER_SEP = "::"
 
-        namespace = runpy.run_path(str(path), run_name="__dlmspec__")
+
+@dataclass
+class _Member:
+    """One spec of a Python spec file: its name, data (as a TOML file would hold it) and origins."""
+
+    name: str
+    data: dict[str, Any]
+    origins: dict[str, Origin]
+
+
+#: Python spec files already run in this process: (file, mtime_ns, size) -> members, or None for
+#: a file that assigns one spec (its member is the only entry then).
+_RUNS: dict[tuple[str, int, int], tuple[bool, list[_Member]]] = {}
+
+
+def split_member(path: str | Path) -> tuple[Path, str | None]:
+    """``FILE.py::NAME`` -> ``(FILE.py, NAME)``; any other path -> ``(path, None)``."""
+    text = str(path)
+    head, sep, member = text.rpartition(MEMBER_SEP)
+    if sep and head.endswith(".py") and member:
+        return Path(head), member
+    return Path(path), None
+
+
+def sweep_targets(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The spec targets of ``path``: ``[path]`` for a TOML file or a Python file that assigns
+    one spec, else one ``FILE.py::NAME`` per member of the sweep it defines, in its order.
+    ``overrides`` (``--set``, applied to every member by :func:`load`) are checked here too: one
+    that gives the members one name or one checkpoint folder (``--set name=x``) is refused.
+
+    Raises:
+        SpecError: the Python file does not run or defines an unusable sweep (see :func:`load`),
+            or ``overrides`` make it one (``sweep-names``, ``sweep-paths``; file ``--set``).
+    """
+    file, member = split_member(path)
+    if member is not None or file.suffix != ".py":
+        return [str(path)]
+    try:
+        absolute = file.resolve()
+    except (OSError, ValueError, RuntimeError):
+        return [str(path)]
+    is_sweep, members = _run_python(absolute)
+    if not is_sweep:
+        return [str(path)]
+    if overrides:
+        _checked_sweep(absolute, [_overridden(m, overrides) for m in members])
+    return [f"{path}{MEMBER_SEP}{m.name}" for m in members]
+
+
+def _overridden(member: _Member, overrides: list[str] | tuple[str, ...]) -> _Member:
+    """``member`` with the ``--set`` values of ``overrides`` that name or place it (``name``,
+    ``checkpoint``), their origin ``--set``; a malformed one is skipped (:func:`load` reports it)."""
+    import copy
+
+    data, origins = copy.deepcopy(member.data), dict(member.origins)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or key.split(".")[0] not in ("name", "checkpoint"):
+            continue
+        try:
+            set_dotted(data, key, parse_set_value(text.strip()))
+        except (ValueError, TypeError, AttributeError):
+            continue
+        origins[key] = ("--set", None)
+    name = data.get("name", member.name)
+    return _Member(name if isinstance(name, str) else str(name), data, origins)
+
+
+def _run_python(path: Path) -> tuple[bool, list[_Member]]:
+    """Run the Python spec ``path`` once per process and version of the file: ``(is_sweep,
+    members)`` (:func:`_python_members`)."""
+    import copy
+
+    size = _check_file(path, None)
+    key = (str(path), os.stat(path).st_mtime_ns, size)
+    if key not in _RUNS:
+        _RUNS[key] = _python_members(path)
+    is_sweep, members = _RUNS[key]
+    return is_sweep, copy.deepcopy(members)
+
+
+def _python_issue(path: Path, message: str, line: int | None, hint: str | None = None, value: Any = None,
+                  key: str = "<python>") -> SpecIssue:
+    return SpecIssue(key, message, value=value, hint=hint, rule="python", file=str(path), line=line)
+
+
+def _python_error(path: Path, exc: BaseException) -> SpecError:
+    """The issues of an exception a Python spec file raised: every schema error of a pydantic
+    ValidationError at the line that set its key (the keyword in the call, the assignment),
+    anything else as the user's own error at their line, with their frames (never dlmspec's)."""
+    from pydantic import ValidationError
+
+    from dlmspec.spec import python
+
+    frames = list(python.error_frames(exc.__traceback__))
+    last = frames[-1] if frames else None
+    line = last.tb_lineno if last is not None else None
+    file = last.tb_frame.f_code.co_filename if last is not None else str(path)
+    if isinstance(exc, ValidationError):
+        origins: dict[str, Origin] = {}
+        prefix = _table_paths().get(exc.title, "")
+        if last is not None:
+            keys, here = python.call_origins(last.tb_frame, last.tb_lasti)
+            origins = dict(keys)
+        issues = []
+        for err in exc.errors():
+            err = dict(err)
+            if prefix:
+                err["loc"] = (*prefix.split("."), *err["loc"])
+            issue = _schema_issue(err, origins, Path(file))
+            if issue.line is None:
+                issue.file, issue.line = file, line
+            issues.append(issue)
+        return SpecError(issues)
+    import linecache
+
+    where = [f"{Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno} "
+             f"{linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()}" for tb in frames[-3:]]
+    hint = ("your code raised it" + (f" (traceback, innermost last: {' | '.join(where)})" if where else "")
+            + "; fix that line, then run dlmspec validate again")
+    return SpecError([SpecIssue("<python>", f"the spec file raised {type(exc).__name__}: {exc}", rule="python",
+                                file=file, line=line, hint=hint)])
+
+
+def _table_paths() -> dict[str, str]:
+    """Each table class name of the spec -> its dotted path (``TrainSpec`` -> ``train``): where
+    a table's ValidationError (``TrainSpec(...)``, an assignment) puts its keys."""
+    from dlmspec.spec.models import Spec
+
+    out: dict[str, str] = {"Spec": ""}
+
+    def walk(model: Any, prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            sub = _first_model(info.annotation)
+            if sub is not None and sub.__name__ not in out:
+                out[sub.__name__] = prefix + name
+                walk(sub, prefix + name + ".")
+
+    walk(Spec, "")
+    return out
+
+
+def _python_members(path: Path) -> tuple[bool, list[_Member]]:
+    """Run a Python spec file and take its ``spec``: a Spec or a dict (one spec), or a sweep (a
+    list or tuple, a dict of name -> Spec, or a generator of specs). The file must be a regular
+    file of at most :data:`MAX_SPEC_BYTES` (:func:`_check_file`); what it runs is the user's code,
+    not limited here. A ``spec`` dict nested more than :data:`MAX_DEPTH` deep (or containing
+    itself) is refused; so are sweep members without a unique name or sharing a checkpoint folder.
+
+    Returns:
+        ``(is_sweep, members)``.
+
+    Raises:
+        SpecError: what the file raised (every schema error, at the lines that set the keys),
+            ``sys.exit``, no or an unusable ``spec``, a bad sweep.
+    """
+    import types
+
+    from pydantic import BaseModel
+
+    from dlmspec.spec import python
+
+    try:
+        import runpy  # Python specs only
+
+        with python.recording():
+            namespace = runpy.run_path(str(path), run_name="__dlmspec__")
+            value = namespace.get("spec")
+            if isinstance(value, (types.GeneratorType, range, map, filter)) or (
+                    not isinstance(value, (dict, list, tuple, str, bytes, BaseModel)) and hasattr(value, "__next__")):
+                value = list(value)  # a generator runs the user's code too
     except SpecError:
         raise
     except SystemExit as exc:  # sys.exit() in a spec file must not decide dlmspec's exit code
-        import traceback
-
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+        frames = list(python.error_frames(exc.__traceback__))
         raise SpecError([SpecIssue("<python>", f"the spec file called sys.exit({exc.code!r})", rule="python",
                                    hint="a spec file assigns `spec`; it does not exit", file=str(path),
-                                   line=frames[-1].lineno if frames else None)]) from None
+                                   line=frames[-1].tb_lineno if frames else None)]) from None
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a user's file may raise anything; report it without a traceback
-        import traceback
-
         from pydantic import ValidationError
 
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
-        line = frames[-1].lineno if frames else None
         if isinstance(exc, ValidationError):
             placeholders = [e for e in exc.errors() if e["type"] == "name_placeholder"]
             if placeholders:  # Spec(...) in the file refused a placeholder: the loader's own issue
                 raise SpecError([_placeholder_issue(key, value, {}, path) for e in placeholders
                                  for key, value, _ in e["ctx"]["problems"]]) from None
-            message = _first_pydantic_message(exc)
-        else:
-            message = f"{type(exc).__name__}: {exc}"
-        raise SpecError([SpecIssue("<python>", f"the spec file raised {message}", rule="python",
-                                   file=str(path), line=line)]) from None
-    value = namespace.get("spec")
+        raise _python_error(path, exc) from None
+    if isinstance(value, dict) and value and all(isinstance(v, BaseModel) for v in value.values()):
+        members = []
+        for name, member in value.items():
+            if not isinstance(name, str) or not name:
+                raise SpecError([_python_issue(path, "a sweep's names are non-empty strings", None, key="spec",
+                                               value=repr(name), hint='e.g. spec = {"mb2": base.replace(...)}')])
+            if member.name != name:
+                member = member.replace(name=name)
+            members.append(_member(path, member))
+        return True, _checked_sweep(path, members)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise SpecError([_python_issue(path, "the sweep is empty", None, key="spec", value="[]",
+                                           hint="give at least one spec")])
+        return True, _checked_sweep(path, [_member(path, m, i) for i, m in enumerate(value)])
+    return False, [_member(path, value)]
+
+
+def _member(path: Path, value: Any, index: int | None = None) -> _Member:
+    """A spec of the file as data and origins (see :func:`_python_members`)."""
     from pydantic import BaseModel
 
-    if isinstance(value, BaseModel):
-        value = value.model_dump(exclude_none=True)
+    from dlmspec.spec import python
+    from dlmspec.spec.names import DEFAULT_NAME
+
+    where = "spec" if index is None else f"spec[{index}]"
+    origins: dict[str, Origin] = {}
+    if isinstance(value, BaseModel) and type(value).__name__ == "Spec":
+        origins = python.collect(value)
+        value = python.spec_data(value)
     if not isinstance(value, dict):
-        raise SpecError([SpecIssue("spec", "a Python spec must assign `spec = Spec(...)` (or a dict)",
+        raise SpecError([SpecIssue(where, "a Python spec must assign `spec = Spec(...)` (or a dict), or a "
+                                   "sweep: a list, a dict of name -> Spec, or a generator of specs",
                                    value=type(value).__name__ if value is not None else None,
                                    hint="end the file with: spec = Spec(model=..., train=...)",
                                    rule="python", file=str(path))])
@@ -560,12 +741,83 @@ def _load_python(path: Path) -> tuple[dict[str, Any], dict[str, Origin]]:
             node = node[part]
         raise SpecError([SpecIssue(_short_key(deep), nesting_message(), value=_short_repr(node),
                                    hint=_SPEC_DEPTH_HINT, rule="nesting", file=str(path))])
-    return value, {}
+    name = value.get("name", DEFAULT_NAME)
+    return _Member(name if isinstance(name, str) else str(name), value, origins)
 
 
-def _first_pydantic_message(exc: Any) -> str:
-    err = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+def _checked_sweep(path: Path, members: list[_Member]) -> list[_Member]:
+    """``members``, after refusing two with one name or one checkpoint folder (once per key
+    when a ``--set`` gave it: :func:`sweep_targets`)."""
+    from dlmspec.spec.names import expand
+
+    issues = []
+    seen: dict[str, _Member] = {}
+    saves: dict[str, str] = {}
+    flagged: set[str] = set()
+    for m in members:
+        file, line = locate_key(m.origins, "name", path)
+        if m.name in seen and file == "--set":
+            if "name" not in flagged:
+                flagged.add("name")
+                issues.append(SpecIssue("name", "--set applies to every member of the sweep, so they would all be "
+                                        f"named {m.name!r} and share its folders", value=m.name, rule="sweep-names",
+                                        hint="leave name out of --set (each member is named in the file), or "
+                                        f"pick one member: {path.name}{MEMBER_SEP}<name>", file=file, line=line))
+            continue
+        if m.name in seen:
+            issues.append(SpecIssue("name", f"two members of the sweep are named {m.name!r}: each compiles into a "
+                                    "folder of its name and runs under it", value=m.name, rule="sweep-names",
+                                    hint="give each member its own name: member.replace(name=...) or a dict "
+                                    "of name -> spec", file=file, line=line))
+            continue
+        seen[m.name] = m
+        save = (m.data.get("checkpoint") or {}).get("save")
+        if isinstance(save, str):
+            try:
+                folder = expand(save, m.name)
+            except ValueError:
+                continue
+            if folder in saves:
+                file, line = locate_key(m.origins, "checkpoint.save", path)
+                if file == "--set":
+                    if "checkpoint.save" not in flagged:
+                        flagged.add("checkpoint.save")
+                        issues.append(SpecIssue("checkpoint.save", "--set applies to every member of the sweep, so "
+                                                f"they would share the checkpoint folder {folder!r}", value=save,
+                                                rule="sweep-paths", file=file, line=line,
+                                                hint='write it with {name}: --set "checkpoint.save=runs/{name}/'
+                                                'checkpoints" (each member gets its own)'))
+                    continue
+                issues.append(SpecIssue("checkpoint.save", f"members {saves[folder]!r} and {m.name!r} of the sweep "
+                                        f"share the checkpoint folder {folder!r}: one would resume the other's",
+                                        value=save, rule="sweep-paths", file=file, line=line,
+                                        hint='write checkpoint.save = "runs/{name}/checkpoints" so that each '
+                                        "member gets its own", fix=Fix({"checkpoint.save": "runs/{name}/checkpoints"})))
+            saves[folder] = m.name
+    if issues:
+        raise SpecError(issues)
+    return members
+
+
+def _load_python(path: Path, member: str | None = None) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """The data and origins of the Python spec ``path`` (``member``: of that member of its
+    sweep). Raises SpecError: see :func:`_python_members`; a sweep without ``member``, or an
+    unknown member."""
+    is_sweep, members = _run_python(path)
+    if member is None and is_sweep:
+        names = ", ".join(m.name for m in members)
+        raise SpecError([SpecIssue("spec", f"the file defines a sweep of {len(members)} specs ({names}); "
+                                   "this command takes one", value=str(path), rule="sweep",
+                                   hint=f"pick one as {path.name}{MEMBER_SEP}{members[0].name} (validate, plan, "
+                                   "compile and submit take the whole sweep)", file=str(path))])
+    if member is not None:
+        chosen = [m for m in members if m.name == member] if is_sweep else []
+        if not chosen:
+            names = ", ".join(m.name for m in members) if is_sweep else "none: the file defines one spec"
+            raise SpecError([SpecIssue("<file>", "no member of that name in the sweep", value=member,
+                                       hint=f"members: {names}", rule="sweep", file=str(path))])
+        return chosen[0].data, chosen[0].origins
+    return members[0].data, members[0].origins
 
 
 #: Keys users bring from Megatron-LM's command line or other trainers -> what a spec writes.
@@ -769,14 +1021,14 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
             int64, a malformed ``--set``,
             unknown keys, wrong types, out-of-range values (all of them, at once).
     """
-    path = Path(path)
+    path, member = split_member(path)
     try:
         absolute = path.resolve()
     except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, symlink loops
         raise SpecError([SpecIssue("<file>", f"not a usable file name: {exc}", value=str(path),
                                    hint="give the path of a .toml or .py spec file", rule="file")]) from None
     if path.suffix == ".py":
-        data, origins = _load_python(absolute)
+        data, origins = _load_python(absolute, member)
         files = _chain_names([str(absolute)], [data])
     else:
         data, origins, files = _load_toml(absolute)
@@ -810,6 +1062,8 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
     issues = _int64_issues(data, origins, path) or _placeholder_issues(data, origins, path)
     if issues:
         raise SpecError(issues)
+    if path.suffix != ".py" and _written_by_dlmspec(absolute, data):
+        data = _without_written_defaults(data)
     spec: Any = None
     if fast:
         from dlmspec.spec.fast import check
@@ -831,6 +1085,90 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
                 error.dropped = dropped
             raise error from None
     return LoadedSpec(spec=spec, path=path, origins=origins, raw=data, files=files)
+
+
+#: The first line of ``dlmspec show SPEC``'s TOML: with a lock's ``[lock] content_hash``, what
+#: tells the loader that dlmspec wrote every default of the file itself.
+SHOW_HEADER = "# Resolved spec printed by `dlmspec show`"
+
+def _written_by_dlmspec(path: Path, data: dict[str, Any]) -> bool:
+    """Whether the TOML spec ``path`` is a ``spec.lock.toml`` (its ``[lock]`` has a
+    ``content_hash``) or ``dlmspec show`` output (its first line is :data:`SHOW_HEADER`)."""
+    lock = data.get("lock")
+    if isinstance(lock, dict) and isinstance(lock.get("content_hash"), str):
+        return True
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.readline(len(SHOW_HEADER) + 1).startswith(SHOW_HEADER)
+    except OSError:
+        return False
+
+
+def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A lock's or ``show``'s data without the keys dlmspec wrote for the defaults: each key
+    whose value is its default (the preset's, under ``[model]``), and each value the lock
+    filled in from resolving the spec (:data:`dlmspec.resolve.LOCK_FILLED_KEYS`) when
+    resolving without it gives it back. They are then unset, as in the spec the file was written from, so rules about keys
+    "given" (the "has no effect" warnings, ``train-budget``) do not fire on them. The result
+    is the same run: when its content hash differs from ``data``'s (or anything fails),
+    ``data`` is returned as it is.
+    """
+    import copy
+
+    try:
+        from dlmspec.resolve import LOCK_FILLED_KEYS, locked_spec, resolve
+        from dlmspec.spec.models import Spec
+
+        def locked(d: dict[str, Any]) -> str:
+            """What :func:`dlmspec.render.compile.content_hash` hashes, as JSON (the canonical
+            data of :func:`dlmspec.resolve.locked_spec`; the compiler sits above the loader)."""
+            out = locked_spec(resolve(Spec.model_validate(d)))
+            return json.dumps(out.model_dump(mode="json", exclude_none=True, exclude={"lock"}), sort_keys=True)
+
+        target = locked(data)
+        trimmed = without_defaults(data)
+        for key in LOCK_FILLED_KEYS:
+            *table, leaf = key.split(".")
+            node = trimmed
+            for part in table:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and leaf in node:
+                value = node.pop(leaf)
+                if locked(trimmed) != target:
+                    node[leaf] = value
+        return trimmed if locked(trimmed) == target else data
+    except Exception:  # noqa: BLE001 - a spec that does not validate: validation reports it as written
+        return data
+
+
+def without_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the spec data ``data`` without the keys whose value is their default (under
+    ``[model]`` with a ``preset``, the preset's value), tables left empty dropped; ``name``,
+    required keys and ``[lock]`` are kept. Loads to the same values (imports the models)."""
+    import copy
+
+    from dlmspec.spec.presets import PRESETS
+
+    trimmed = copy.deepcopy(data)
+    preset = PRESETS.get((trimmed.get("model") or {}).get("preset") or "", {})
+    for key in reversed(flatten_keys(trimmed)):  # leaves before their tables
+        *table, leaf = key.split(".")
+        if not table or table[0] == "lock":
+            continue
+        model = _model_at(table)
+        info = model.model_fields.get(leaf) if model is not None else None
+        in_preset = table == ["model"] and leaf in preset
+        if info is None or (info.is_required() and not in_preset):
+            continue
+        default = preset[leaf] if in_preset else info.get_default(call_default_factory=True)
+        node: Any = trimmed
+        for part in table:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] == default:
+            del node[leaf]
+    for key in [k for k, v in trimmed.items() if v == {} and k not in ("model", "train")]:
+        del trimmed[key]
+    return trimmed
 
 
 def _without_bad_keys(data: dict[str, Any], errors: list[dict[str, Any]], model: Any) -> tuple[Any, tuple[str, ...]]:

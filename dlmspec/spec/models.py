@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 from pydantic_core import PydanticCustomError
 
+from dlmspec.spec import python
 from dlmspec.spec.dotted import deep_merge, set_dotted
 from dlmspec.spec.names import DEFAULT_NAME, PlaceholderError, expand_names, placeholder_problems, problem_message
 from dlmspec.spec.presets import PRESETS
@@ -31,7 +32,20 @@ class Section(BaseModel):
     not strings (no ``from __future__ import annotations``), so pydantic need not evaluate them.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, defer_build=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        """Validate ``data``; a Python spec's keywords are recorded with their lines
+        (:func:`dlmspec.spec.python.note_init`)."""
+        super().__init__(**data)
+        python.note_init(self, data)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assignment is validated (``spec.train.lr = "x"`` raises pydantic's ValidationError)
+        and, in a Python spec, recorded with its line (:func:`dlmspec.spec.python.note_assign`)."""
+        super().__setattr__(name, value)
+        if not name.startswith("_"):
+            python.note_assign(self, name)
 
 
 #: Largest ``model.num_layers`` accepted: far above any published model (Llama-3-405B has 126),
@@ -562,14 +576,17 @@ class Spec(Section):
     def replace(self, **changes: Any) -> "Spec":
         """Return a validated copy with dotted keys changed, e.g.
         ``spec.replace(**{"parallel.tensor_model_parallel_size": 2})`` or
-        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged). The spec's
-        paths are expanded already (:mod:`dlmspec.spec.names`): a changed ``name`` does not
-        move them; give the paths too, with ``{name}`` where they should follow it.
+        ``spec.replace(model={"num_layers": 4})`` (tables are deep-merged). Keys left at their
+        defaults stay defaults. Run paths built with ``{name}`` (``Spec.load`` of a bundled spec,
+        or written so) follow a changed ``name``; literal paths do not.
 
         Raises:
             pydantic.ValidationError: the result is not a valid spec.
         """
-        data = self.model_dump(exclude_none=True)
+        data = self.model_dump(exclude_unset=True, exclude_none=True)
+        templates = python.templates_of(self)
+        for key, template in templates.items():
+            set_dotted(data, key, template)
         for key, value in changes.items():
             if "." in key:
                 set_dotted(data, key, value)
@@ -577,4 +594,9 @@ class Spec(Section):
                 data[key] = deep_merge(data[key], value)
             else:
                 data[key] = value
-        return Spec.model_validate(data)
+        new = Spec.model_validate(data)
+        kept = {k: v for k, v in python.templates_in(data).items()}
+        if kept:
+            python.record_of(new, create=True).templates.update(kept)
+        python.note_replace(self, new, changes)
+        return new

@@ -14,10 +14,12 @@ launch.sbatch and spec.lock.toml, and the runtime read them as if they had been 
 spec.lock.toml records the expanded path (so a spec moved from ``runs/my-run/checkpoints`` to
 ``runs/{name}/checkpoints`` keeps its content hash, and the lock compiles to the same files
 whatever extends it); :attr:`~dlmspec.spec.load.LoadedSpec.raw` keeps what was written. A
-Python spec that builds ``Spec(...)`` is expanded when it is built, so a later ``--set name=...``
-does not move its paths (a spec that assigns a dict is expanded after ``--set``); the runtime's
-resume check (``dlmspec.backends.megatron.spec_record.check_resume``) still refuses to continue
-another name's checkpoints.
+Python spec's ``Spec(...)`` objects are expanded when built, but each keeps the templates it was
+built with (:func:`dlmspec.spec.python.templates_of`) and the loader hands the templates back
+(:func:`dlmspec.spec.python.spec_data`), so ``replace(name=...)``, a sweep member's name and a
+later ``--set name=...`` move its paths as they do a TOML spec's. The runtime's resume check
+(``dlmspec.backends.megatron.spec_record.check_resume``) still refuses to continue another
+name's checkpoints.
 
 Imports neither pydantic nor the models (the fast loader uses it).
 """

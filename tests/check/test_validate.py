@@ -185,6 +185,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mask-token-not-pad", {"data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": PAD_998,
                             "data.tokenizer.vocab_size": None, "data.tokenizer.eod_id": 999,
                             "objective.mask_token_id": 998}, "objective.mask_token_id"),
+    # MegaDLMs' [MASK] 50277 (the preset's) with the hub's GPT-NeoX-20B tokenizer, which has 50,277 ids
+    ("mask-token-published", {"model.preset": "megadlms-1.7b", "model.vocab_size": 50289,
+                              "data.tokenizer.type": "HuggingFaceTokenizer", "data.tokenizer.model": "EleutherAI/gpt-neox-20b",
+                              "data.tokenizer.vocab_size": None, "data.tokenizer.eod_id": 0}, "objective.mask_token_id"),
     ("bidirectional-without-positions", {"model.position_embedding_type": "none"}, "model.position_embedding_type"),
     ("seq-exceeds-learned-positions", {"model.position_embedding_type": "learned_absolute",
                                        "train.seq_length": 2048}, "train.seq_length"),

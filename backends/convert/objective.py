@@ -1,0 +1,184 @@
+"""Which objective a checkpoint was trained for, and the Hugging Face ``config.json`` of a diffusion LM.
+
+A masked-diffusion LM (``[objective] kind = "mdm"``) was trained with bidirectional attention; loaded
+into a stock ``*ForCausalLM`` it would silently run causally. ``transformers`` (5.x) reads a config
+attribute ``is_causal``: when ``False``, ``create_causal_mask`` builds the bidirectional (padding only)
+mask and the attention kernels are called with ``is_causal=False`` (transformers/masking_utils.py
+``create_causal_mask``, utils/generic.py ``check_model_inputs``). So the exported ``config.json``
+keeps its stock architecture (no remote code) and carries ``"is_causal": false`` plus a
+``"dlmspec"`` record of the objective (``{"objective": "mdm", "attention": "bidirectional",
+"mask_token_id": ...}``) that loaders read. docs/generate.md, "Hugging Face export of a diffusion
+LM", says why this was chosen over a custom modeling file.
+
+Where the objective comes from (:func:`checkpoint_objective`): a training checkpoint's
+``dlmspec.json`` (the spec record's ``objective.*``), else the conversion sidecar's remembered
+Hugging Face config (:func:`hf_objective`: ``is_causal: false``, a ``dlmspec`` record, or the
+LLaDA / Dream families, diffusion LMs by design), else autoregressive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dlmspec.backends.convert.errors import ConversionError
+
+#: The ``config.json`` key holding dlmspec's record of the objective.
+CONFIG_KEY = "dlmspec"
+#: The objectives (``[objective] kind``).
+OBJECTIVES = ("mdm", "ar")
+#: Families whose own (remote) modeling code is bidirectional: diffusion LMs by design.
+DIFFUSION_FAMILIES = frozenset({"llada", "dream"})
+#: A training checkpoint's metadata file (``dlmspec.backends.megatron.checkpointing.METADATA_FILENAME``).
+TRAINING_METADATA = "dlmspec.json"
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a checkpoint was trained for.
+
+    Attributes:
+        kind: ``"mdm"`` (masked diffusion, bidirectional) or ``"ar"`` (causal).
+        mask_token_id: the mask token of an ``"mdm"`` model (``None`` if unknown, always for ``"ar"``).
+        attention: ``"bidirectional"``, ``"causal"`` or ``"block_causal"``.
+        source: where this was read (a file path, ``"argument"`` or ``"default"``), for messages.
+    """
+
+    kind: str
+    mask_token_id: int | None = None
+    attention: str = "causal"
+    source: str = "default"
+
+    @property
+    def is_diffusion(self) -> bool:
+        """``kind == "mdm"``."""
+        return self.kind == "mdm"
+
+
+AUTOREGRESSIVE = Objective("ar")
+
+
+def hf_objective(config: Mapping[str, Any], source: str = "config.json") -> Objective:
+    """The objective a Hugging Face ``config.json`` dict declares.
+
+    ``"mdm"`` when it has a ``dlmspec`` record saying so, ``"is_causal": false``, or is a LLaDA /
+    Dream config (mask token: the record's, else the config's ``mask_token_id``); else ``"ar"``.
+
+    Args:
+        config: the parsed ``config.json``.
+        source: named in :attr:`Objective.source`.
+    """
+    record = config.get(CONFIG_KEY)
+    record = record if isinstance(record, Mapping) else {}
+    mask = record.get("mask_token_id", config.get("mask_token_id"))
+    mask = mask if isinstance(mask, int) and not isinstance(mask, bool) else None
+    model_type = str(config.get("model_type", "")).lower()
+    if record.get("objective") == "mdm" or config.get("is_causal") is False or model_type in DIFFUSION_FAMILIES:
+        return Objective("mdm", mask, str(record.get("attention", "bidirectional")), source)
+    return Objective("ar", None, "causal", source)
+
+
+def checkpoint_objective(ckpt: str | os.PathLike[str], sidecar: Mapping[str, Any] | None) -> Objective:
+    """The objective of a megatron-core checkpoint directory (already resolved to the ``iter_*`` folder).
+
+    Reads, in order: ``ckpt/dlmspec.json`` written by dlmspec's training runtime (its
+    ``spec.record`` holds ``objective.kind``, ``objective.mask_token_id``,
+    ``objective.attention_mask``); the sidecar's remembered Hugging Face config
+    (:func:`hf_objective`); else :data:`AUTOREGRESSIVE`.
+
+    Raises:
+        ConversionError: ``dlmspec.json`` exists but is not JSON, or records an unknown objective.
+    """
+    meta_path = os.path.join(os.fspath(ckpt), TRAINING_METADATA)
+    if os.path.isfile(meta_path):
+        try:
+            with open(meta_path, encoding="utf-8") as f:
+                meta = json.load(f)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ConversionError(f"{meta_path}: cannot read it as JSON ({exc})", tensor=meta_path,
+                                  expected="the training runtime's checkpoint metadata",
+                                  hint="restore the file, or pass --objective mdm|ar") from None
+        spec = meta.get("spec") if isinstance(meta, Mapping) else None
+        record = spec.get("record") if isinstance(spec, Mapping) else None
+        if isinstance(record, Mapping) and "objective.kind" in record:
+            kind = record["objective.kind"]
+            if kind not in OBJECTIVES:
+                raise ConversionError(f"{meta_path}: objective.kind = {kind!r} is not one of {OBJECTIVES}",
+                                      tensor="objective.kind", expected=OBJECTIVES,
+                                      hint="pass --objective mdm or --objective ar")
+            mask = record.get("objective.mask_token_id")
+            attention = record.get("objective.attention_mask") or ("bidirectional" if kind == "mdm" else "causal")
+            return Objective(kind, mask if kind == "mdm" else None, str(attention), meta_path)
+    hf = (sidecar or {}).get("hf_config")
+    if isinstance(hf, Mapping) and hf:
+        return hf_objective(hf, source=f"{os.path.join(os.fspath(ckpt), 'dlmspec_convert.json')} (hf_config)")
+    return AUTOREGRESSIVE
+
+
+def resolve_objective(found: Objective, kind: str | None, mask_token_id: int | None) -> Objective:
+    """``found`` overridden by explicit arguments (``kind``/``mask_token_id`` of :func:`mcore_to_hf`).
+
+    Raises:
+        ConversionError: ``kind`` not in :data:`OBJECTIVES`, a negative or non-integer
+            ``mask_token_id``, or a mask token given for ``kind = "ar"``.
+    """
+    if kind is not None and kind not in OBJECTIVES:
+        raise ConversionError(f"objective = {kind!r} is not one of {', '.join(OBJECTIVES)}", tensor="objective",
+                              expected=OBJECTIVES, hint="use --objective mdm (diffusion) or --objective ar")
+    if mask_token_id is not None and (not isinstance(mask_token_id, int) or isinstance(mask_token_id, bool)
+                                      or mask_token_id < 0):
+        raise ConversionError(f"mask_token_id = {mask_token_id!r} is not a token id", tensor="mask_token_id",
+                              expected="an integer >= 0", hint="pass the [objective] mask_token_id of the run")
+    if kind is None and mask_token_id is None:
+        return found
+    new_kind = kind or ("mdm" if mask_token_id is not None else found.kind)
+    if new_kind == "ar":
+        if mask_token_id is not None:
+            raise ConversionError("mask_token_id given for objective = 'ar' (an AR model has no mask token)",
+                                  tensor="mask_token_id", expected=None,
+                                  hint="drop --mask-token-id, or pass --objective mdm")
+        return Objective("ar", None, "causal", "argument")
+    mask = mask_token_id if mask_token_id is not None else (found.mask_token_id if found.is_diffusion else None)
+    attention = found.attention if found.is_diffusion else "bidirectional"
+    return Objective("mdm", mask, attention, "argument")
+
+
+def diffusion_hf_config(config: dict[str, Any], objective: Objective, family: str) -> dict[str, Any]:
+    """``config`` (a ``config.json`` dict) marked for ``objective``.
+
+    ``"mdm"``: ``"is_causal": false`` (transformers then runs the stock architecture
+    bidirectionally) and the ``dlmspec`` record; for LLaDA / Dream, whose own modeling code is
+    bidirectional, only the record. ``"ar"``: a stale ``is_causal: false`` or record from the source
+    config is removed, so the model runs causally as trained.
+
+    Args:
+        config: the config to mark (not modified; a copy is returned).
+        objective: what the model was trained for.
+        family: the dlmspec family of ``config``.
+
+    Raises:
+        ConversionError: block-causal attention (transformers has no config flag for it).
+    """
+    out = dict(config)
+    if not objective.is_diffusion:
+        out.pop(CONFIG_KEY, None)
+        if out.get("is_causal") is False:
+            out.pop("is_causal")
+        return out
+    if objective.attention not in ("bidirectional", "full"):
+        raise ConversionError(
+            f"objective attention = {objective.attention!r} ({objective.source}): a block-causal diffusion LM has no "
+            "Hugging Face config flag (transformers' is_causal is all or nothing), so the export would run with "
+            "the wrong attention", tensor="objective.attention_mask", expected="bidirectional",
+            hint="export a model trained with objective.attention_mask = 'bidirectional'")
+    record: dict[str, Any] = {"objective": "mdm", "attention": "bidirectional"}
+    if objective.mask_token_id is not None:
+        record["mask_token_id"] = int(objective.mask_token_id)
+        out.setdefault("mask_token_id", int(objective.mask_token_id))
+    out[CONFIG_KEY] = record
+    if family not in DIFFUSION_FAMILIES:
+        out["is_causal"] = False
+    return out

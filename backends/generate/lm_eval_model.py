@@ -1,0 +1,401 @@
+"""lm-evaluation-harness model ``dlmspec``: a dlmspec checkpoint (diffusion or AR) under ``lm_eval``.
+
+Importing this module registers :class:`DlmspecLM` as ``dlmspec`` in lm-eval's model registry
+(``lm_eval.api.registry.register_model``). lm-eval 0.4.13 finds models only in its registry, filled
+by its own ``lm_eval.models`` (no entry-point group, and ``--include_path`` is for tasks), so the
+plain ``lm_eval`` command cannot see a third-party model; :func:`main` is ``lm_eval``'s command line
+with this module imported first: ``python -m dlmspec.backends.generate.lm_eval_model --model dlmspec
+--model_args path=RUN ...`` or the console script ``dlmspec-lm-eval`` (pyproject). From Python:
+``import dlmspec.backends.generate.lm_eval_model`` then ``lm_eval.simple_evaluate(model="dlmspec",
+model_args="path=RUN")``, or pass a :class:`DlmspecLM` built on any logits function.
+
+The three request types (docs/generate.md, "lm-eval-harness"):
+
+- ``loglikelihood``: ``log p(continuation | context)``: for a diffusion LM minus the Monte-Carlo
+  ELBO bound (:func:`~dlmspec.backends.generate.likelihood.continuation_nll`, ``mc_samples`` samples,
+  a generator seeded with ``seed`` for every request, so a request's number does not depend on the
+  order lm-eval sends them in and the choices of a question share their random numbers); exact for AR.
+  ``is_greedy``: AR, every continuation token is the argmax; diffusion, greedy low-confidence
+  decoding of the continuation's length from the context reproduces it (LLaDA eval_llada.py's check).
+- ``generate_until``: the sampler (:func:`~dlmspec.backends.generate.sampler.generate` /
+  ``generate_ar``), the output cut at the first stop string.
+- ``loglikelihood_rolling``: lm-eval's disjoint rolling windows of ``max_length`` (the first
+  conditioned on EOS when the model has one), each window's continuation scored as above: exact for
+  AR; for a diffusion LM the sum of the windows' conditional ELBO bounds, a bound on ``-log p``.
+
+Text is split as LLaDA's ``_encode_pair``: trailing spaces of the context go to the continuation,
+and the continuation's ids are those of ``encode(context + continuation)`` after the context's.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import lm_eval.models  # noqa: F401  lm-eval's own models first: its registry imports them only when empty
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import LM
+from lm_eval.api.registry import model_registry, register_model
+
+from dlmspec.backends.generate.config import GenerateConfig
+from dlmspec.backends.generate.likelihood import DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS, continuation_nll
+from dlmspec.backends.generate.sampler import call_logits_fn, generate, generate_ar
+
+#: The generation settings a ``--model_args`` string may set (``GenerateConfig`` fields).
+GENERATE_ARGS = ("gen_length", "steps", "block_length", "remasking", "threshold", "temperature", "top_k", "top_p",
+                 "cfg_scale")
+#: Every ``--model_args`` key (the constructor's keywords that a string can carry).
+MODEL_ARGS = ("path", "kind", "mask_token_id", "eos_token_id", "pad_token_id", "seed", "mc_samples",
+              "samples_per_forward", "estimator", "eps", "greedy_check", "max_length", "device", "batch_size",
+              "max_batch_size", "dtype") + GENERATE_ARGS
+
+
+class TextCodec:
+    """Text <-> ids over a dlmspec tokenizer (``tokenize`` / ``detokenize``) or a Hugging Face one
+    (``encode(text, add_special_tokens=False)`` / ``decode``)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if tokenizer is None:
+            raise ValueError("tokenizer: none; lm-eval sends text, so the model needs a tokenizer "
+                             "(run from the folder the training ran in, so its tokenizer files are found)")
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> List[int]:
+        """Token ids of ``text``, without BOS/EOS."""
+        if not text:
+            return []
+        if hasattr(self.tokenizer, "tokenize") and hasattr(self.tokenizer, "detokenize"):
+            return [int(i) for i in self.tokenizer.tokenize(text)]
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``."""
+        ids = [int(i) for i in ids]
+        if hasattr(self.tokenizer, "detokenize"):
+            return self.tokenizer.detokenize(ids)
+        return self.tokenizer.decode(ids)
+
+
+def _parse(name: str, value: Any, kind: type) -> Any:
+    """A ``--model_args`` value (lm-eval's parser gives ints, floats, bools or strings) as ``kind``."""
+    if value is None or value == "None":
+        return None
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                return value.lower() in ("true", "1")
+            return bool(value)
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--model_args {name}={value!r}: not {'a whole number' if kind is int else kind.__name__}") from None
+
+
+class DlmspecLM(LM):
+    """lm-eval's ``LM`` over a logits function and a tokenizer (a dlmspec checkpoint: ``path=...``).
+
+    Args:
+        path: a run folder, checkpoint folder or Hugging Face folder, loaded by
+            :func:`dlmspec.backends.generate.load.load_model` (give ``path`` or ``logits_fn``).
+        logits_fn: the model as :class:`~dlmspec.backends.generate.sampler.LogitsFn` (Python only).
+        tokenizer: with ``tokenize``/``detokenize`` (dlmspec) or ``encode``/``decode`` (Hugging Face).
+        kind: ``"mdm"`` or ``"ar"`` (default: the loaded model's).
+        mask_token_id, eos_token_id, pad_token_id: token ids (default: the loaded model's).
+        seed: the Monte-Carlo seed, the same for every request (and the sampler's).
+        mc_samples: ELBO samples per request (LLaDA: 128).
+        samples_per_forward: ELBO samples per forward pass (a memory setting; changes no number).
+        estimator: ``"count"`` (LLaDA Eq. 6, default) or ``"time"``; ``eps``: the time form's bound on ``t``.
+        greedy_check: compute ``is_greedy`` of a diffusion LM's ``loglikelihood`` (a greedy decode of
+            the continuation's length per request); ``False`` reports ``False`` without the cost.
+        max_length: longest sequence sent to the model (default: the loaded model's, else 2048);
+            longer inputs lose context tokens on the left.
+        gen_length, steps, block_length, remasking, threshold, temperature, top_k, top_p, cfg_scale:
+            :class:`GenerateConfig` fields for ``generate_until``. ``gen_length`` defaults to the
+            request's ``max_gen_toks``, ``block_length`` to ``gen_length``, ``steps`` to ``gen_length``
+            (one token per step).
+        device, dtype: for ``path``. batch_size: prompts per ``generate_until`` batch.
+        step_fn_factory: AR only (Python): ``() -> ARStepFn`` for a KV cache
+            (:class:`~dlmspec.backends.generate.hf_model.HFKVCacheStep`).
+        progress: show a progress bar.
+
+    Raises:
+        ValueError: an unknown ``--model_args`` key (with the closest valid one), a value of the wrong
+            type, neither ``path`` nor ``logits_fn``, no tokenizer, a diffusion LM without a mask token.
+    """
+
+    def __init__(self, path: Optional[str] = None, *, logits_fn: Optional[Callable] = None, tokenizer: Any = None,
+                 kind: Optional[str] = None, mask_token_id: Optional[int] = None, eos_token_id: Optional[int] = None,
+                 pad_token_id: Optional[int] = None, seed: int = 0, mc_samples: int = DEFAULT_NUM_SAMPLES,
+                 samples_per_forward: int = DEFAULT_SAMPLES_PER_FORWARD, estimator: str = "count", eps: float = 1e-3,
+                 greedy_check: bool = True, max_length: Optional[int] = None, device: Any = None,
+                 dtype: Optional[str] = None, batch_size: Any = 1, max_batch_size: Any = None,
+                 step_fn_factory: Optional[Callable[[], Any]] = None, progress: bool = True,
+                 **generate_args: Any) -> None:
+        super().__init__()
+        unknown = [k for k in generate_args if k not in GENERATE_ARGS]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], MODEL_ARGS, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(MODEL_ARGS)}"
+            raise ValueError(f"--model_args {unknown[0]}: not a dlmspec model argument; {hint}")
+        self.loaded = None
+        if logits_fn is None:
+            if path is None:
+                raise ValueError("--model_args path=...: give the run, checkpoint or Hugging Face folder to evaluate")
+            self.loaded = from_path(path, device=device, dtype=dtype, kind=kind,
+                                    mask_token_id=_parse("mask_token_id", mask_token_id, int))
+            logits_fn, tokenizer = self.loaded.logits_fn, self.loaded.tokenizer
+            kind = kind or self.loaded.kind
+            mask_token_id = mask_token_id if mask_token_id is not None else self.loaded.mask_token_id
+            eos_token_id = eos_token_id if eos_token_id is not None else self.loaded.eos_token_id
+            pad_token_id = pad_token_id if pad_token_id is not None else self.loaded.pad_token_id
+            max_length = max_length if max_length is not None else getattr(self.loaded, "max_length", None)
+        self.logits_fn = logits_fn
+        self.codec = TextCodec(tokenizer)
+        self.kind = kind or "mdm"
+        if self.kind not in ("mdm", "ar"):
+            raise ValueError(f"--model_args kind={self.kind!r}: use kind=mdm or kind=ar")
+        self.mask_token_id = _parse("mask_token_id", mask_token_id, int)
+        if self.kind == "mdm" and self.mask_token_id is None:
+            raise ValueError("--model_args mask_token_id: a diffusion LM needs its mask token (the run's "
+                             "[objective] mask_token_id)")
+        self.eos_token_id = _parse("eos_token_id", eos_token_id, int)
+        self.pad_token_id = _parse("pad_token_id", pad_token_id, int)
+        self.seed = _parse("seed", seed, int)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"--model_args estimator={estimator!r}: use one of {', '.join(ESTIMATORS)}")
+        self.elbo_kwargs = {"estimator": estimator, "num_samples": _parse("mc_samples", mc_samples, int),
+                            "samples_per_forward": _parse("samples_per_forward", samples_per_forward, int),
+                            "eps": _parse("eps", eps, float)}
+        self.greedy_check = _parse("greedy_check", greedy_check, bool)
+        self._max_length = _parse("max_length", max_length, int) or 2048
+        self.batch_size = 1 if batch_size in (None, "auto") else max(1, _parse("batch_size", str(batch_size).split(":")[0], int))
+        types = {"gen_length": int, "steps": int, "block_length": int, "remasking": str, "threshold": float,
+                 "temperature": float, "top_k": int, "top_p": float, "cfg_scale": float}
+        self.generate_args = {k: _parse(k, v, types[k]) for k, v in generate_args.items()}
+        self.step_fn_factory = step_fn_factory
+        self.progress = progress
+
+    # ------------------------------------------------------------------ lm-eval's properties
+
+    @property
+    def max_length(self) -> int:
+        """Longest token sequence sent to the model."""
+        return self._max_length
+
+    @property
+    def eot_token_id(self) -> Optional[int]:
+        """End of text: the model's EOS."""
+        return self.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> Optional[int]:
+        """What an empty context is conditioned on: EOS (document separator in training), if known."""
+        return self.eos_token_id
+
+    # ------------------------------------------------------------------ tokenizing
+
+    def encode_pair(self, context: str, continuation: str) -> Tuple[List[int], List[int]]:
+        """``(context ids, continuation ids)``: trailing spaces of the context move to the continuation,
+        and the continuation is ``encode(context + continuation)`` after ``encode(context)`` (LLaDA
+        ``_encode_pair``, lm-eval HFLM ``_encode_pair``), so a word keeps its leading space."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            continuation = context[-spaces:] + continuation
+            context = context[:-spaces]
+        whole = self.codec.encode(context + continuation)
+        ctx = self.codec.encode(context)
+        return ctx, whole[len(ctx):]
+
+    def _fit(self, context: List[int], continuation: List[int]) -> Tuple[List[int], List[int]]:
+        """Drop context tokens on the left (then continuation ones) to fit ``max_length``."""
+        if len(continuation) >= self.max_length:
+            continuation = continuation[-(self.max_length - (1 if self.kind == "ar" else 0)):]
+        keep = self.max_length - len(continuation)
+        context = context[-keep:] if keep > 0 else []
+        if self.kind == "ar" and not context:
+            if self.prefix_token_id is None:
+                raise ValueError("an AR model scores a continuation after at least one token and this model has no "
+                                 "EOS to start from; pass --model_args eos_token_id=ID")
+            context = [self.prefix_token_id]
+        return context, continuation
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, context: List[int], continuation: List[int]) -> Tuple[float, bool]:
+        """``(log p(continuation | context), is_greedy)`` of token ids: the ELBO bound for ``"mdm"``
+        (a generator seeded with ``seed``), exact for ``"ar"``."""
+        context, continuation = self._fit(context, continuation)
+        if self.kind == "ar":
+            nll, _, _ = continuation_nll(self.logits_fn, context, continuation, kind="ar")
+            seq = torch.tensor([context + continuation])
+            logits = call_logits_fn(self.logits_fn, seq, None)[0, len(context) - 1:-1]
+            return -nll, bool((logits.argmax(-1) == seq[0, len(context):]).all())
+        gen = torch.Generator().manual_seed(self.seed)
+        nll, _, _ = continuation_nll(self.logits_fn, context, continuation, kind="mdm",
+                                     mask_token_id=self.mask_token_id, generator=gen, **self.elbo_kwargs)
+        greedy = False
+        if self.greedy_check and context:
+            n = len(continuation)
+            config = GenerateConfig(gen_length=n, steps=n, block_length=n, mask_token_id=self.mask_token_id,
+                                    seed=self.seed)
+            greedy = generate(self.logits_fn, [context], config).sequences[0, len(context):].tolist() == continuation
+        return -nll, greedy
+
+    def _bar(self, total: int, what: str):
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=f"dlmspec {what}", disable=not self.progress or self.rank != 0)
+
+    def loglikelihood(self, requests: List[Any], disable_tqdm: bool = False) -> List[Tuple[float, bool]]:
+        """lm-eval ``loglikelihood``: per ``(context, continuation)``, ``(log p, is_greedy)`` (module docstring)."""
+        out: List[Tuple[float, bool]] = []
+        memo: Dict[Tuple[str, str], Tuple[float, bool]] = {}
+        with self._bar(len(requests), "loglikelihood") as bar:
+            for request in requests:
+                context, continuation = request.args
+                if (context, continuation) not in memo:
+                    ctx, cont = self.encode_pair(context, continuation)
+                    if not cont:
+                        raise ValueError(f"loglikelihood: the continuation {continuation!r} has no tokens")
+                    memo[(context, continuation)] = self.score(ctx, cont)
+                    self.cache_hook.add_partial("loglikelihood", (context, continuation), memo[(context, continuation)])
+                out.append(memo[(context, continuation)])
+                bar.update(1)
+        return out
+
+    def loglikelihood_rolling(self, requests: List[Any], disable_tqdm: bool = False) -> List[float]:
+        """lm-eval ``loglikelihood_rolling``: ``log p(string)`` over disjoint rolling windows of
+        ``max_length`` (exact for AR; for a diffusion LM the sum of the windows' ELBO bounds)."""
+        out: List[float] = []
+        with self._bar(len(requests), "loglikelihood_rolling") as bar:
+            for request in requests:
+                (text,) = request.args
+                tokens = self.codec.encode(text)
+                if not tokens:
+                    raise ValueError("loglikelihood_rolling: a document without tokens")
+                prefix = self.prefix_token_id
+                if prefix is None and self.kind == "ar":
+                    raise ValueError("loglikelihood_rolling of an AR model starts from EOS; pass "
+                                     "--model_args eos_token_id=ID")
+                windows = lm_utils.get_rolling_token_windows(token_list=tokens, prefix_token=-1 if prefix is None else prefix,
+                                                             max_seq_len=self.max_length, context_len=1)
+                total = 0.0
+                for ctx, cont in map(lm_utils.make_disjoint_window, windows):
+                    ctx = [t for t in ctx if t != -1]  # no EOS to condition on: a diffusion LM's empty context
+                    total += self.score(ctx, cont)[0]
+                out.append(total)
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+                bar.update(1)
+        return out
+
+    # ------------------------------------------------------------------ generation
+
+    def _config(self, gen_kwargs: Dict[str, Any]) -> GenerateConfig:
+        args = dict(self.generate_args)
+        gen_length = args.pop("gen_length", None) or int(gen_kwargs.get("max_gen_toks", 256))
+        if self.kind == "ar":
+            args = {k: v for k, v in args.items() if k in ("temperature", "top_k", "top_p")}
+        else:
+            args.setdefault("block_length", gen_length)
+            args.setdefault("steps", gen_length)
+        if gen_kwargs.get("do_sample") and "temperature" not in self.generate_args:
+            args["temperature"] = float(gen_kwargs.get("temperature", 1.0))
+        return GenerateConfig(kind=self.kind, gen_length=gen_length, mask_token_id=self.mask_token_id,
+                              eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, seed=self.seed, **args)
+
+    def generate_until(self, requests: List[Any], disable_tqdm: bool = False) -> List[str]:
+        """lm-eval ``generate_until``: the sampler from each context, cut at the first stop string
+        (``until``) or EOS; ``max_gen_toks`` is the generated length unless ``gen_length`` is set."""
+        results: List[Optional[str]] = [None] * len(requests)
+        groups: Dict[str, List[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(repr(sorted(request.args[1].items(), key=lambda kv: kv[0])), []).append(i)
+        with self._bar(len(requests), "generate_until") as bar:
+            for indices in groups.values():
+                gen_kwargs = dict(requests[indices[0]].args[1])
+                until = gen_kwargs.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                config = self._config(gen_kwargs)
+                for start in range(0, len(indices), self.batch_size):
+                    chunk = indices[start:start + self.batch_size]
+                    prompts = []
+                    for i in chunk:
+                        ids = self.codec.encode(requests[i].args[0])
+                        ids = ids[-max(1, self.max_length - config.gen_length):]
+                        if not ids:
+                            if self.prefix_token_id is None:
+                                raise ValueError("generate_until: an empty context and no EOS to start from; "
+                                                 "pass --model_args eos_token_id=ID")
+                            ids = [self.prefix_token_id]
+                        prompts.append(ids)
+                    if self.kind == "ar":
+                        step_fn = self.step_fn_factory() if self.step_fn_factory is not None else None
+                        output = generate_ar(self.logits_fn, prompts, config, step_fn=step_fn)
+                    else:
+                        output = generate(self.logits_fn, prompts, config)
+                    for i, ids in zip(chunk, output.generated):
+                        text = self.codec.decode(ids)
+                        cuts = [text.index(s) for s in until if s and s in text]
+                        results[i] = text[:min(cuts)] if cuts else text
+                        self.cache_hook.add_partial("generate_until", requests[i].args, results[i])
+                    bar.update(len(chunk))
+        return [r if r is not None else "" for r in results]
+
+    def get_model_info(self) -> Dict[str, Any]:
+        """Recorded in lm-eval's results ``config``: the settings that make the numbers reproducible."""
+        return {"dlmspec_kind": self.kind, "dlmspec_seed": self.seed, "dlmspec_elbo": dict(self.elbo_kwargs),
+                "dlmspec_generate": dict(self.generate_args), "dlmspec_max_length": self.max_length,
+                "dlmspec_mask_token_id": self.mask_token_id, "dlmspec_eos_token_id": self.eos_token_id}
+
+
+def from_path(path: str, *, device: Any = None, dtype: Optional[str] = None, kind: Optional[str] = None,
+              mask_token_id: Optional[int] = None) -> Any:
+    """The model at ``path`` through :func:`dlmspec.backends.generate.load.load_model` (imported here:
+    loading needs megatron-core / transformers, scoring a logits function does not).
+
+    Returns:
+        Its ``LoadedModel`` (``logits_fn``, ``tokenizer``, ``kind``, ``mask_token_id``, ``eos_token_id``,
+        ``pad_token_id``, ``max_length``).
+    """
+    from dlmspec.backends.generate.load import load_model
+
+    return load_model(path, device=device, dtype=dtype, kind=kind, mask_token_id=mask_token_id)
+
+
+#: The name lm-eval knows :class:`DlmspecLM` by (``--model dlmspec``).
+MODEL_NAME = "dlmspec"
+
+
+def register() -> None:
+    """Register :class:`DlmspecLM` as ``dlmspec`` (done on import; a second call does nothing)."""
+    if MODEL_NAME not in model_registry:
+        register_model(MODEL_NAME)(DlmspecLM)
+
+
+if __name__ != "__main__":  # run as a script, the import in the block at the end registers the module's class
+    register()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``lm_eval``'s command line with the ``dlmspec`` model registered (``dlmspec-lm-eval``)."""
+    import sys
+
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = list(sys.argv)
+    if argv is not None:
+        sys.argv = [saved[0] if saved else "dlmspec-lm-eval", *argv]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+
+
+if __name__ == "__main__":
+    from dlmspec.backends.generate.lm_eval_model import main as _main  # registers the importable class
+
+    _main()
