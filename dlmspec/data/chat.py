@@ -222,8 +222,11 @@ class TokenizerTemplate:
             current = self._render(messages[: index + 1], False)
             self._check_prefix(header, current, index)
             body = current[len(header):]
-            content = message["content"].strip()
+            content = message["content"]
             at = body.find(content)
+            if at < 0:  # templates that strip the content (Llama 3's | trim)
+                content = content.strip()
+                at = body.find(content)
             if at < 0 or not content:
                 raise ChatTemplateError(
                     f"--chat-template tokenizer: the template of {self.name} does not write assistant "
