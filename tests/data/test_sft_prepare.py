@@ -285,3 +285,23 @@ def test_tokenizer_template_through_transformers(tmp_path, gpt2):
     for i in range(len(GOOD)):
         assert np.array_equal(t_flags[i], c_flags[i])
         assert [remap.get(int(x), int(x)) for x in t_ids[i]] == [int(x) for x in c_ids[i]]
+
+
+def test_special_token_text_in_content_stays_text_with_a_hugging_face_tokenizer(tmp_path):
+    """A user's "<|endoftext|>" is text, never the EOD id (megatron-core's HF tokenizer maps it):
+    the HF GPT-2 gives the bytes GPT2BPETokenizer gives."""
+    from transformers import GPT2TokenizerFast
+
+    GPT2TokenizerFast(VOCAB, MERGES).save_pretrained(tmp_path / "hf")
+    row = {"messages": [{"role": "user", "content": "Say <|endoftext|> twice"},
+                        {"role": "assistant", "content": "<|endoftext|> <|endoftext|>"}]}
+    path = _write(tmp_path / "c.jsonl", [json.dumps(row), json.dumps(GOOD[1])])
+    for name, args in (("hf", ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path / "hf")]),
+                       ("bpe", GPT2_CLI)):
+        result = _invoke(["--input", str(path), "--output-prefix", str(tmp_path / name), *args])
+        assert result.exit_code == 0, result.output
+    hf, bpe = (str(tmp_path / name) + "_text_document" for name in ("hf", "bpe"))
+    dataset = _dataset(hf)  # kept: its mmap is closed when it is collected
+    assert list(dataset[0]).count(EOD) == 1
+    for suffix in (".bin", ".idx", "_response.bin"):
+        assert Path(hf + suffix).read_bytes() == Path(bpe + suffix).read_bytes()
