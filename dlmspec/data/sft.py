@@ -255,6 +255,17 @@ def vocab_token_id(tokenizer: Any, token: str) -> Optional[int]:
     return None
 
 
+def text_tokenize(tokenizer: Any) -> Any:
+    """``tokenize(text) -> ids`` for the text of a conversation, special-token strings inside it
+    tokenized as text: megatron-core's Hugging Face tokenizer maps ``<|endoftext|>`` in a text to
+    its id, so the ``transformers`` tokenizer under it is called with ``split_special_tokens=True``
+    (a user's ``<|im_end|>`` cannot end a turn); other types already tokenize text as text."""
+    hf = getattr(getattr(tokenizer, "_tokenizer", None), "tokenizer", None)
+    if hf is not None and hasattr(hf, "encode"):
+        return lambda text: hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+    return tokenizer.tokenize
+
+
 def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
     """The ``transformers`` tokenizer for ``--chat-template tokenizer`` (its ``chat_template``)."""
     if tokenizer_type != "HuggingFaceTokenizer" or not tokenizer_model:
@@ -492,6 +503,7 @@ def prepare_sft(
     top = max([vocab - 1, eod, *special_ids.values()])
     dtype = np.dtype(DType.optimal_dtype(top + 1))
     eod_text = _token_text(tokenizer, eod)
+    tokenize = text_tokenize(tokenizer)
 
     out_dir = os.path.dirname(prefix)
     if out_dir:
@@ -569,7 +581,7 @@ def prepare_sft(
                         continue
                     except chat.ChatTemplateError as exc:
                         raise DataPrepareError(f"{input_name}:{lineno}: {exc}") from None
-                    ids, flags = chat.tokenize_segments(segments, tokenizer.tokenize, special_ids)
+                    ids, flags = chat.tokenize_segments(segments, tokenize, special_ids)
                     used_specials.update(t for t in special_ids if any(t in s.text for s in segments if s.template))
                     ids.append(eod)
                     flags.append(1)
