@@ -214,7 +214,14 @@ class TokenizerTemplate:
             if message["role"] != RESPONSE_ROLE:
                 current = self._render(messages[: index + 1], False)
                 self._check_prefix(previous, current, index)
-                out.append(Segment(current[len(previous):], False, True))
+                added = current[len(previous):]
+                at, content = _find_content(added, message["content"])
+                if at < 0 or not content:  # not written as given: all of it is template text
+                    out.append(Segment(added, False, True))
+                else:  # the content is text: special-token strings in it stay text
+                    out.append(Segment(added[:at], False, True))
+                    out.append(Segment(content, False, False))
+                    out.append(Segment(added[at + len(content):], False, True))
                 previous = current
                 continue
             header = self._render(messages[:index], True)
@@ -222,11 +229,7 @@ class TokenizerTemplate:
             current = self._render(messages[: index + 1], False)
             self._check_prefix(header, current, index)
             body = current[len(header):]
-            content = message["content"]
-            at = body.find(content)
-            if at < 0:  # templates that strip the content (Llama 3's | trim)
-                content = content.strip()
-                at = body.find(content)
+            at, content = _find_content(body, message["content"])
             if at < 0 or not content:
                 raise ChatTemplateError(
                     f"--chat-template tokenizer: the template of {self.name} does not write assistant "
@@ -255,6 +258,17 @@ class TokenizerTemplate:
                 "turns cannot be split into prompt and response; pick a built-in one, e.g. "
                 "--chat-template chatml"
             )
+
+
+def _find_content(text: str, content: str) -> tuple[int, str]:
+    """Where a message's ``content`` is in ``text`` (the part its message added), as written or
+    else stripped (templates that strip it, as Llama 3's ``| trim``): ``(index, the content as
+    found)``, index -1 when it is not there."""
+    at = text.find(content)
+    if at < 0:
+        content = content.strip()
+        at = text.find(content) if content else -1
+    return at, content
 
 
 def split_specials(text: str, specials: Sequence[str]) -> list[tuple[str, bool]]:
