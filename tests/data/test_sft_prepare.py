@@ -305,3 +305,20 @@ def test_special_token_text_in_content_stays_text_with_a_hugging_face_tokenizer(
     assert list(dataset[0]).count(EOD) == 1
     for suffix in (".bin", ".idx", "_response.bin"):
         assert Path(hf + suffix).read_bytes() == Path(bpe + suffix).read_bytes()
+
+
+def test_ctrl_c_leaves_no_files_and_exits_130(tmp_path, monkeypatch):
+    path = _write(tmp_path / "c.jsonl", [json.dumps(g) for g in GOOD])
+    real, calls = chat.tokenize_segments, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat, "tokenize_segments", interrupted)
+    out = tmp_path / "out"
+    result = _invoke(["--input", str(path), "--output-prefix", str(out / "o"), *GPT2_CLI])
+    assert result.exit_code == 130 and "temporary files removed" in result.stderr
+    assert len(calls) == 2 and list(out.iterdir()) == []
