@@ -266,8 +266,8 @@ def text_tokenize(tokenizer: Any) -> Any:
     return tokenizer.tokenize
 
 
-def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
-    """The ``transformers`` tokenizer for ``--chat-template tokenizer`` (its ``chat_template``)."""
+def _require_hf(tokenizer_type: str, tokenizer_model: Optional[str]) -> None:
+    """Refuse ``--chat-template tokenizer`` for a tokenizer type without a ``chat_template``."""
     if tokenizer_type != "HuggingFaceTokenizer" or not tokenizer_model:
         raise DataPrepareError(
             f"--chat-template tokenizer: uses the Hugging Face tokenizer's own chat_template, and "
@@ -275,6 +275,11 @@ def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
             "--tokenizer-model DIR (a tokenizer with a chat_template), or a built-in template: "
             "--chat-template chatml"
         )
+
+
+def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
+    """The ``transformers`` tokenizer for ``--chat-template tokenizer`` (its ``chat_template``)."""
+    _require_hf(tokenizer_type, tokenizer_model)
     try:
         from transformers import AutoTokenizer
 
@@ -353,7 +358,7 @@ def assign_special_ids(
 # --------------------------------------------------------------------------- prepare
 
 
-def _check_options(options: SftOptions, tokenizer_type: str) -> tuple[str, str, str, dict[str, str], Optional[str]]:
+def _check_options(options: SftOptions) -> tuple[str, str, str, dict[str, str], Optional[str]]:
     """Checked ``(template, overlong, on_bad, keys, format)``; raises DataPrepareError."""
     template = options.chat_template or "chatml"
     if template not in chat.TEMPLATES:
@@ -444,7 +449,9 @@ def prepare_sft(
         kind = canonical_tokenizer_type(tokenizer_type)
     except TokenizerError as exc:
         raise DataPrepareError(str(exc)) from None
-    template, overlong, on_bad, keys, fmt = _check_options(options, kind)
+    template, overlong, on_bad, keys, fmt = _check_options(options)
+    if template == "tokenizer":
+        _require_hf(kind, tokenizer_model)  # before the runtime's imports
     check_input(input_name)
     prefix = dataset_prefix(output_prefix, JSON_KEY)
     outputs = {
@@ -455,6 +462,11 @@ def prepare_sft(
     protected = protected_inputs(input_name, *(None if files[k] is None else os.fspath(files[k]) for k in files))
     check_outputs(outputs, output_prefix, protected, bool(force))
     record_file = record_path(prefix)
+    if any(_same(record_file, path) for _, path in protected):
+        raise DataPrepareError(
+            f"--output-prefix {output_prefix}: {record_file}, the dataset record, is an input file, and "
+            "data prepare never writes over its input; pick another --output-prefix"
+        )
     if os.path.lexists(record_file) and not force:
         raise DataPrepareError(
             f"--output-prefix {output_prefix}: {record_file} already exists (the record of an earlier "
@@ -693,8 +705,20 @@ def prepare_sft(
     )
 
 
+def _same(a: str, b: str) -> bool:
+    """Whether two paths name one file (links followed); False when either is missing."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
 def _token_text(tokenizer: Any, token_id: int) -> str:
     """The string of one id (``<|endoftext|>``), or "" when the tokenizer cannot say."""
+    hf = getattr(getattr(tokenizer, "_tokenizer", None), "tokenizer", None)
+    if hf is not None and hasattr(hf, "convert_ids_to_tokens"):  # its detokenize drops special tokens
+        with contextlib.suppress(Exception):
+            return str(hf.convert_ids_to_tokens(token_id) or "")
     try:
         return str(tokenizer.detokenize([token_id]))
     except Exception:  # noqa: BLE001

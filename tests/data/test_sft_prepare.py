@@ -279,7 +279,8 @@ def test_tokenizer_template_through_transformers(tmp_path, gpt2):
         prefix = str(tmp_path / name) + "_text_document"
         got[name] = (_dataset(prefix), _dataset(prefix + "_response"), json.loads(result.stdout)["result"])
     (t_ids, t_flags, t_sum), (c_ids, c_flags, c_sum) = got["tokenizer"], got["chatml"]
-    assert t_sum["special_tokens"] == {} and t_sum["special_tokens_in_vocab"]["<|im_start|>"] == 50257
+    assert t_sum["special_tokens"] == {}
+    assert t_sum["special_tokens_in_vocab"] == {"<|endoftext|>": EOD, "<|im_start|>": 50257, "<|im_end|>": 50258}
     assert t_sum["chat_template_sha256"] == c_sum["chat_template_sha256"]
     remap = {50257: 50258, 50258: 50259}
     for i in range(len(GOOD)):
@@ -322,3 +323,11 @@ def test_ctrl_c_leaves_no_files_and_exits_130(tmp_path, monkeypatch):
     result = _invoke(["--input", str(path), "--output-prefix", str(out / "o"), *GPT2_CLI])
     assert result.exit_code == 130 and "temporary files removed" in result.stderr
     assert len(calls) == 2 and list(out.iterdir()) == []
+
+
+def test_record_name_that_is_the_input_is_refused_even_with_force(tmp_path):
+    path = _write(tmp_path / "o_text_document.dlmspec.json", [json.dumps(GOOD[0])])
+    before = path.read_bytes()
+    result = _invoke(["--input", str(path), "--output-prefix", str(tmp_path / "o"), *GPT2_CLI, "--force"])
+    assert result.exit_code == 2 and "the dataset record, is an input file" in " ".join(result.stderr.split())
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
