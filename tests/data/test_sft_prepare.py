@@ -331,3 +331,14 @@ def test_record_name_that_is_the_input_is_refused_even_with_force(tmp_path):
     result = _invoke(["--input", str(path), "--output-prefix", str(tmp_path / "o"), *GPT2_CLI, "--force"])
     assert result.exit_code == 2 and "the dataset record, is an input file" in " ".join(result.stderr.split())
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_json_envelope_of_a_failure(tmp_path):
+    path = _write(tmp_path / "c.jsonl", [json.dumps(GOOD[0]), BAD["unknown_role"]])
+    result = _invoke(["--input", str(path), "--output-prefix", str(tmp_path / "o"), *GPT2_CLI,
+                      "--on-bad", "fail", "--json"])
+    assert result.exit_code == 2
+    envelope = json.loads(result.stdout)
+    assert envelope["ok"] is False and envelope["command"] == "data prepare"
+    (issue,) = envelope["issues"]
+    assert "c.jsonl:2: bad row (unknown_role): messages[0].role 'bot' is not one of" in issue["message"]
