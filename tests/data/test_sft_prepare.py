@@ -342,3 +342,13 @@ def test_json_envelope_of_a_failure(tmp_path):
     assert envelope["ok"] is False and envelope["command"] == "data prepare"
     (issue,) = envelope["issues"]
     assert "c.jsonl:2: bad row (unknown_role): messages[0].role 'bot' is not one of" in issue["message"]
+
+
+def test_a_tokenizer_that_cannot_tokenize_the_chat_exits_2(tmp_path):
+    path = _write(tmp_path / "c.jsonl", [json.dumps(GOOD[0])])
+    out = tmp_path / "out"
+    result = _invoke(["--input", str(path), "--output-prefix", str(out / "o"), "--tokenizer-type", "null",
+                      "--vocab-size", "100"])
+    assert result.exit_code == 2, result.output
+    assert "c.jsonl:1: NullTokenizer cannot tokenize the rendered conversation" in " ".join(result.stderr.split())
+    assert not out.exists() or list(out.iterdir()) == []
