@@ -593,7 +593,15 @@ def prepare_sft(
                         continue
                     except chat.ChatTemplateError as exc:
                         raise DataPrepareError(f"{input_name}:{lineno}: {exc}") from None
-                    ids, flags = chat.tokenize_segments(segments, tokenize, special_ids)
+                    try:
+                        ids, flags = chat.tokenize_segments(segments, tokenize, special_ids)
+                    except MemoryError:
+                        raise DataPrepareError(f"{input_name}:{lineno}: out of memory tokenizing the row") from None
+                    except Exception as exc:  # noqa: BLE001  (tokenizer libraries raise anything)
+                        raise DataPrepareError(
+                            f"{input_name}:{lineno}: {kind} cannot tokenize the rendered conversation: "
+                            f"{str(exc)[:300]}; use a text tokenizer (GPT2BPETokenizer, HuggingFaceTokenizer, ...)"
+                        ) from None
                     used_specials.update(t for t in special_ids if any(t in s.text for s in segments if s.template))
                     ids.append(eod)
                     flags.append(1)
