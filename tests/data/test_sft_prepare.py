@@ -194,6 +194,7 @@ def test_prompt_response_rows_and_keys(tmp_path):
         (["--mask-token-id", "50258"], "--mask-token-id 50258: the chat token <|im_start|> would get id 50258"),
         (["--pad-token-id", "50259"], "--pad-token-id 50259: the chat token <|im_end|> would get id 50259"),
         (["--first-new-token-id", "100"], "--first-new-token-id 100: below the vocabulary size 50257"),
+        (["--first-new-token-id", "4294967296"], "--first-new-token-id 4294967296: the new chat tokens' ids"),
         (["--mask-token-id", "50256"], "--mask-token-id 50256: is the EOD id"),
         (["--chat-template", "vicuna"], "--chat-template vicuna: not a template; pick one of chatml"),
         (["--chat-template", "tokenizer"], "--chat-template tokenizer: uses the Hugging Face tokenizer's own"),
