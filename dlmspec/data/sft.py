@@ -80,6 +80,8 @@ BAD_KINDS: tuple[str, ...] = (
 )
 #: Line numbers kept per kind for the summary and the record.
 KEEP_LINES = 20
+#: The largest token id megatron-core's indexed datasets store (``DType.optimal_dtype``: int32).
+MAX_TOKEN_ID = 2**31 - 1
 #: ``--overlong`` and ``--on-bad`` choices.
 OVERLONG_CHOICES = ("skip", "truncate")
 ON_BAD_CHOICES = ("skip", "fail")
@@ -331,6 +333,11 @@ def assign_special_ids(
         )
     new = {token: start + i for i, token in enumerate(missing)}
     end = start + len(missing)  # the first id after the new ones
+    if end > MAX_TOKEN_ID + 1:
+        raise DataPrepareError(
+            f"--first-new-token-id {start}: the new chat tokens' ids would pass {MAX_TOKEN_ID:,}, the largest "
+            f"id an indexed dataset holds (int32); pass --first-new-token-id {vocab_size + 1} (the default)"
+        )
     for flag, value in (("--mask-token-id", mask_id), ("--pad-token-id", pad_id)):
         if value is None:
             continue
