@@ -353,3 +353,20 @@ def test_a_tokenizer_that_cannot_tokenize_the_chat_exits_2(tmp_path):
     assert result.exit_code == 2, result.output
     assert "c.jsonl:1: NullTokenizer cannot tokenize the rendered conversation" in " ".join(result.stderr.split())
     assert not out.exists() or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3", "plain"])
+def test_new_ids_never_take_a_vocabulary_mask_or_pad_id(gpt2, template):
+    specials = chat.SPECIAL_TOKENS[template]
+    new, in_vocab = sft.assign_special_ids(specials, gpt2, 50257, None, None, None, EOD)
+    assert in_vocab == {} and list(new) == list(specials)
+    assert sorted(new.values()) == list(range(50258, 50258 + len(specials)))  # 50257 left for [MASK]
+    for mask in range(50257, 50258 + len(specials)):
+        for first in (None, 50257, 50258, 50300):
+            try:
+                got, _ = sft.assign_special_ids(specials, gpt2, 50257, first, mask, EOD, EOD)
+            except sft.DataPrepareError as exc:
+                assert f"--mask-token-id {mask}" in str(exc)
+                continue
+            assert mask not in got.values() and EOD not in got.values()
+            assert all(i >= 50257 for i in got.values())
