@@ -489,6 +489,16 @@ def prepare_sft(
         )
     except TokenizerError as exc:
         raise DataPrepareError(str(exc)) from None
+    if template == "tokenizer":
+        try:
+            renderer: Any = chat.TokenizerTemplate(_hf_tokenizer(kind, spec.tokenizer_model), str(tokenizer_model))
+        except chat.ChatTemplateError as exc:
+            raise DataPrepareError(str(exc)) from None
+        jinja, specials = renderer.jinja, renderer.special_tokens
+        render = renderer.render
+    else:
+        jinja, specials = chat.JINJA[template], chat.SPECIAL_TOKENS[template]
+        render = lambda messages: chat.render(template, messages)  # noqa: E731
     np, DType, IndexedDatasetBuilder = load_runtime()
     try:
         tokenizer = spec.build()
@@ -504,16 +514,6 @@ def prepare_sft(
     eod = int(eod)
     vocab = int(tokenizer.vocab_size)
 
-    if template == "tokenizer":
-        try:
-            renderer: Any = chat.TokenizerTemplate(_hf_tokenizer(kind, spec.tokenizer_model), str(tokenizer_model))
-        except chat.ChatTemplateError as exc:
-            raise DataPrepareError(str(exc)) from None
-        jinja, specials = renderer.jinja, renderer.special_tokens
-        render = renderer.render
-    else:
-        jinja, specials = chat.JINJA[template], chat.SPECIAL_TOKENS[template]
-        render = lambda messages: chat.render(template, messages)  # noqa: E731
     new_ids, in_vocab = assign_special_ids(
         specials, tokenizer, vocab, options.first_new_token_id, options.mask_token_id,
         options.pad_token_id, eod,

@@ -254,19 +254,26 @@ def test_all_rows_bad_writes_nothing(tmp_path):
     assert not out.exists() or list(out.iterdir()) == []
 
 
-def test_tokenizer_template_through_transformers(tmp_path, gpt2):
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """Hugging Face GPT-2 folders: ``bare`` (as GPT-2 ships, no chat_template) and ``own`` (the
+    ChatML tokens added and our ChatML jinja as its chat_template)."""
+    from transformers import GPT2TokenizerFast
+
+    folder = tmp_path_factory.mktemp("hf")
+    hf = GPT2TokenizerFast(VOCAB, MERGES)
+    hf.save_pretrained(folder / "bare")
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    hf.chat_template = chat.CHATML_JINJA
+    hf.save_pretrained(folder / "own")
+    return folder / "bare", folder / "own"
+
+
+def test_tokenizer_template_through_transformers(tmp_path, hf_dirs):
     """--chat-template tokenizer with a Hugging Face GPT-2 whose chat_template is ChatML: the same
     response flags as --chat-template chatml, the tokenizer's own ids for the chat tokens; one
     without a chat_template is refused."""
-    from transformers import GPT2TokenizerFast
-
-    hf = GPT2TokenizerFast(VOCAB, MERGES)
-    bare = tmp_path / "bare"
-    hf.save_pretrained(bare)
-    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    hf.chat_template = chat.CHATML_JINJA
-    own = tmp_path / "own"
-    hf.save_pretrained(own)
+    bare, own = hf_dirs
     path = _write(tmp_path / "c.jsonl", [json.dumps(g) for g in GOOD])
     refused = _invoke(["--input", str(path), "--output-prefix", str(tmp_path / "x"), "--tokenizer-type",
                        "HuggingFaceTokenizer", "--tokenizer-model", str(bare), "--chat-template", "tokenizer"])
@@ -289,16 +296,14 @@ def test_tokenizer_template_through_transformers(tmp_path, gpt2):
         assert [remap.get(int(x), int(x)) for x in t_ids[i]] == [int(x) for x in c_ids[i]]
 
 
-def test_special_token_text_in_content_stays_text_with_a_hugging_face_tokenizer(tmp_path):
+def test_special_token_text_in_content_stays_text_with_a_hugging_face_tokenizer(tmp_path, hf_dirs):
     """A user's "<|endoftext|>" is text, never the EOD id (megatron-core's HF tokenizer maps it):
     the HF GPT-2 gives the bytes GPT2BPETokenizer gives."""
-    from transformers import GPT2TokenizerFast
-
-    GPT2TokenizerFast(VOCAB, MERGES).save_pretrained(tmp_path / "hf")
+    bare, _ = hf_dirs
     row = {"messages": [{"role": "user", "content": "Say <|endoftext|> twice"},
                         {"role": "assistant", "content": "<|endoftext|> <|endoftext|>"}]}
     path = _write(tmp_path / "c.jsonl", [json.dumps(row), json.dumps(GOOD[1])])
-    for name, args in (("hf", ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path / "hf")]),
+    for name, args in (("hf", ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(bare)]),
                        ("bpe", GPT2_CLI)):
         result = _invoke(["--input", str(path), "--output-prefix", str(tmp_path / name), *args])
         assert result.exit_code == 0, result.output
