@@ -164,7 +164,8 @@ class TokenizerTemplate:
     for an assistant message, the header is what ``add_generation_prompt=True`` adds, the content is
     found in the rest, and the special token right after it (allowing whitespace between) is its
     end-of-turn token; all three are checked, and a template for which a rendering is not a prefix
-    of the next (one that rewrites earlier turns) is refused.
+    of the next (one that rewrites earlier turns) is refused. Every message's content, found in
+    the text its message added, is content (special-token strings in it stay text).
 
     Args:
         hf_tokenizer: a ``transformers`` tokenizer with a ``chat_template``.
