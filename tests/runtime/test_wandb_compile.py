@@ -95,3 +95,8 @@ def test_an_unknown_mode_names_the_key() -> None:
     with pytest.raises(SpecError) as info:
         load(DEMO, ["logging.wandb_mode='cloud'"])
     assert any(i.key == "logging.wandb_mode" for i in info.value.issues)
+
+
+def test_the_wandb_save_dir_takes_the_runs_name(tmp_path) -> None:
+    _compiled(tmp_path, ["name='viz'", "logging.wandb_project='p'", "logging.wandb_save_dir='runs/{name}/wandb'"])
+    assert _build_run(tmp_path / "train.py").logging.wandb_save_dir == "runs/viz/wandb"
