@@ -113,6 +113,7 @@ _SHARED = {
     "logging.run_dir": "writes its metrics.jsonl and exit_status.json into that run's folder",
     "logging.tensorboard_dir": "writes its TensorBoard events among that run's events",
     "logging.wandb_exp_name": "logs to wandb under that run's name",
+    "logging.wandb_save_dir": "keeps its W&B files, and resumes the W&B run, of that run's folder",
     "cluster.slurm.job_name": "is queued under that run's SLURM job name",
 }
 
