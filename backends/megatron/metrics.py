@@ -485,7 +485,8 @@ def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_sp
         start_info["resume_check"] = resume_check.to_record()
     start_info["provenance"], start_info["phases_s"] = provenance, dict(phases or {})
     logger.record("start", start_info)
-    logger.start_wandb(name=run.logging.wandb_exp_name or run.name, config=json.loads(json.dumps(start_info, default=str)))
+    logger.start_wandb(name=run.logging.wandb_exp_name or run.name,
+                       config=json.loads(json.dumps(start_info, default=str)))  # plain JSON values
     sizes = parallel_sizes
     logger.text(
         f"[dlmspec] {run.name}: layer spec {backend}, attention {attention}, objective {objective}, "
@@ -507,8 +508,9 @@ def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_sp
         git = provenance.get("git") or {}
         commit = f"{git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "none"
         versions = provenance.get("versions") or {}
-        logger.text(f"[dlmspec] provenance: spec {provenance.get('spec_hash')}, dlmspec {provenance.get('dlmspec_version')}, "
-                    f"git {commit}, torch {versions.get('torch')}, megatron-core {versions.get('megatron_core')}, "
+        logger.text(f"[dlmspec] provenance: spec {provenance.get('spec_hash')}, "
+                    f"dlmspec {provenance.get('dlmspec_version')}, git {commit}, torch {versions.get('torch')}, "
+                    f"megatron-core {versions.get('megatron_core')}, "
                     f"transformer-engine {versions.get('transformer_engine')}")
 
 

@@ -227,7 +227,8 @@ def train(
     seed_like_megatron(run.seed)
 
     logger = MetricsLogger(run.logging, enabled=(rank == world - 1))  # the last stage's last rank
-    provenance, phases = collect_provenance(run.spec_hash), {}  # what produced the run; long phases' seconds
+    # what produced the run, read where it is written (rank 0: checkpoints; the logging rank); long phases' seconds
+    provenance, phases = collect_provenance(run.spec_hash) if rank in (0, world - 1) else None, {}
     model = build_model(transformer_config, layer_spec=layer_spec, ddp_config=ddp_config, **model_kwargs)
     # The weights: the latest checkpoint (a resume, loaded below with the optimizer), else init_from,
     # loaded now: megatron's optimizers copy their fp32 main weights from the model when built.
