@@ -82,8 +82,10 @@ class WandbRun:
         run = wandb.init(
             project=config.wandb_project, entity=config.wandb_entity, name=name, dir=directory,
             id=run_id(directory), resume="allow", mode=config.wandb_mode, tags=list(config.wandb_tags) or None,
-            config=config_values, settings=wandb.Settings(console="off", silent=True),
+            settings=wandb.Settings(console="off", silent=True),
         )
+        if config_values:  # a resumed run's config changes (iteration, weights): allowed, latest launch wins
+            run.config.update(config_values, allow_val_change=True)
         return cls(run)
 
     def log(self, values: Dict[str, float], step: int) -> None:
