@@ -76,6 +76,8 @@ def test_a_resume_continues_the_same_wandb_run(tmp_path, cpu_train, wandb_env, m
     assert len(runs) == 2 and runs[0]["run_id"] == runs[1]["run_id"]
     steps = sorted({row["_step"] for found in runs for row in found["history"] if "train/loss" in row})
     assert steps == [2, 4, 6]
+    starts = [e for e in _events(run) if e["event"] == "start"]
+    assert "load_checkpoint" in starts[-1]["phases_s"]  # the resume's load, timed
 
 
 def test_the_run_id_is_kept_beside_the_wandb_files(tmp_path) -> None:
