@@ -44,6 +44,8 @@ fi
 launch_rc=dry
 plot_rc=dry
 if [ "$DRY" = 0 ]; then
+  # wandb's own settings and cache out of $HOME (offline: no key, no network)
+  export WANDB_CONFIG_DIR=${WANDB_CONFIG_DIR:-/tmp/viz-wandb/config} WANDB_CACHE_DIR=${WANDB_CACHE_DIR:-/tmp/viz-wandb/cache}
   rm -rf "$RUN"        # a fresh run: one W&B run, one launch in metrics.jsonl
   "${launch_cmd[@]}" > "$OUT/viz_demo_console.log" 2>&1
   launch_rc=$?
