@@ -209,22 +209,6 @@ def _fsdp_fp8(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "runtime-wandb",
-    "error",
-    "backends/megatron/metrics.py (metrics go to the console, metrics.jsonl and TensorBoard)",
-    "logging.wandb_project is unset",
-    scope="runtime",
-    fix="remove logging.wandb_project and use logging.tensorboard_dir",
-)
-def _wandb(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.logging.wandb_project is not None:
-        fix = Fix(unset=("logging.wandb_project",) + (("logging.wandb_exp_name",)
-                                                      if ctx.spec.logging.wandb_exp_name is not None else ()))
-        yield Finding("logging.wandb_project", "Weights & Biases logging is not implemented by the runtime "
-                      "(console and TensorBoard only)", f"{fix.text()} and use logging.tensorboard_dir", fix=fix)
-
-
-@rule(
     "runtime-tensorboard-dir",
     "error",
     "backends/megatron/metrics.py (TensorBoard events go to <LoggingConfig.run_dir>/tensorboard)",

@@ -251,6 +251,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("finetune-from-scratch", {"stage.kind": "sft"}, "checkpoint.init_from"),
     ("init-from-format", {"checkpoint.init_from": "/models/llada"}, "checkpoint.init_from"),
     ("wandb-name-without-project", {"logging.wandb_exp_name": "run1"}, "logging.wandb_exp_name"),
+    ("wandb-key-in-spec", {"logging.wandb_project": "p", "logging.wandb_entity": "0123456789abcdef" * 2 + "01234567"},
+     "logging.wandb_entity"),
     ("profile-window", {"logging.profile": True, "logging.profile_step_start": 5, "logging.profile_step_end": 5},
      "logging.profile_step_end"),
     ("overlap-param-gather-needs-distopt", {"parallel.overlap_param_gather": True,
