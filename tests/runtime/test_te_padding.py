@@ -33,7 +33,7 @@ class FakeTEAttention(torch.nn.Module):
     def forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
                 packed_seq_params=None, **kwargs):
         self.calls.append((attn_mask_type, attention_mask))
-        return query.flatten(2)
+        return torch.full_like(query.flatten(2), float("nan"))  # what TE may leave at padded queries
 
 
 FakeTEAttention.__module__ = "megatron.core.extensions.transformer_engine"
@@ -65,8 +65,12 @@ def test_wrapper_hands_te_the_padding_mask():
     q, k, v = _qkv()
     lengths = torch.tensor([6, 3])
     beyond = torch.arange(6).unsqueeze(0) >= lengths.unsqueeze(1)  # the objective's mask, True = not attended
+    q.requires_grad_(True)
     out = attn(q, k, v, beyond.view(2, 1, 1, 6), AttnMaskType.no_mask)
     assert out.shape == (6, 2, 32)
+    # padded queries come back as zeros (nothing reads them, but a NaN there times a zero loss weight is NaN)
+    assert torch.equal(out[3:, 1], torch.zeros(3, 32))
+    assert torch.isnan(out[:3, 1]).all() and torch.isnan(out[:, 0]).all()
     attn(q, k, v, None, AttnMaskType.no_mask)  # a micro-batch with nothing cut: TE's fastest kernels
     (t1, m1), (t2, m2) = attn.calls
     assert t1 is AttnMaskType.padding and torch.equal(m1, beyond.view(2, 1, 1, 6))
