@@ -93,8 +93,10 @@ def with_key_padding(base: type) -> type:
     whose ``forward`` runs TE's padding mask type when a key-padding mask comes
     (:func:`te_mask_type`), so variable-length sequences train on the TE path.
 
-    One class per ``base`` (cached: layer specs built twice hold the same class). The class's
-    ``key_padding_base`` names ``base``; :func:`takes_key_padding` tells such classes.
+    Outputs at padded query positions are set to 0: TE's fused kernels need not write them, and
+    a NaN there would make the loss NaN even at weight 0. One class per ``base`` (cached: layer
+    specs built twice hold the same class). The class's ``key_padding_base`` names ``base``;
+    :func:`takes_key_padding` tells such classes.
 
     Raises (from ``forward``):
         ValueError: From :func:`te_mask_type`.
@@ -106,7 +108,13 @@ def with_key_padding(base: type) -> type:
         if attention_mask is not None and packed is not None:
             raise NotImplementedError("a key-padding attention_mask together with packed_seq_params (THD)")
         attn_mask_type = te_mask_type(attn_mask_type, attention_mask)
-        return base.forward(self, query, key, value, attention_mask, attn_mask_type, *args, **kwargs)
+        out = base.forward(self, query, key, value, attention_mask, attn_mask_type, *args, **kwargs)
+        if attention_mask is not None and isinstance(out, Tensor) and out.dim() == 3:
+            # [sq, b, np * hn]: zero the padded queries. TE's fused kernels need not write them, and a
+            # NaN there would reach the loss (times a zero weight is still NaN); nothing else reads them.
+            b, s = attention_mask.shape[0], attention_mask.shape[-1]
+            out = out.masked_fill(attention_mask.reshape(b, s).transpose(0, 1).unsqueeze(-1), 0.0)
+        return out
 
     forward.__doc__ = (f"``{base.__name__}.forward`` with the mask type of :func:`te_mask_type` "
                        "(a ``[b, 1, 1, s]`` key-padding mask runs TE's ``padding``).")
