@@ -253,7 +253,7 @@ def _tensorboard_dir(ctx: Context) -> Iterator[Finding]:
     "grouped-GEMM experts run on Transformer Engine layers",
     scope="runtime",
     fix="set model.moe_grouped_gemm = false, or model.transformer_impl = \"transformer_engine\" (without the "
-    "features that need the local layers: variable-length sequences, document masks, block-causal attention)",
+    "features that need the local layers: document masks, block-causal attention)",
     fix_keys=Fix({"model.moe_grouped_gemm": False}),
 )
 def _grouped_gemm_local(ctx: Context) -> Iterator[Finding]:
@@ -277,32 +277,13 @@ def _block_causal_te(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "runtime-variable-length-te",
-    "error",
-    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore a key-padding mask)",
-    "variable-length sequences run on the local layers",
-    scope="runtime",
-    fix="set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0, or "
-    "objective.variable_length = \"micro_batch\" (a dense cut, which Transformer Engine runs)",
-    fix_keys=Fix({"model.transformer_impl": "auto"}),
-)
-def _variable_length_te(ctx: Context) -> Iterator[Finding]:
-    o = ctx.spec.objective
-    if (o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence"
-            and ctx.r.transformer_impl == "transformer_engine"):
-        yield Finding("objective.variable_length_prob", "sequences cut to a random length need a key-padding mask, "
-                      "which the Transformer Engine layers ignore: the runtime refuses it at start-up "
-                      "(backends/megatron/checks.py check_masks_supported)")
-
-
-@rule(
     "runtime-variable-length-pipeline",
     "error",
     "backends/megatron/checks.py check_loss_normalization (megatron-core's pipeline schedule sends activations "
     "of seq_length positions between stages; a cut micro-batch is shorter)",
     "a micro-batch cut runs without pipeline parallelism",
     scope="runtime",
-    fix="set objective.variable_length = \"sequence\" (each sequence cut alone, local layers), or "
+    fix="set objective.variable_length = \"sequence\" (each sequence cut alone, behind a key-padding mask), or "
     "parallel.pipeline_model_parallel_size = 1",
     fix_keys=Fix({"objective.variable_length": "sequence"}),
 )
