@@ -52,7 +52,7 @@ FAKE = textwrap.dedent('''\
             if name == "te-resume" and i == 20 and start == 1:
                 os.makedirs(os.path.dirname(latest), exist_ok=True)
                 open(latest, "w").write("iter_0000020")
-                time.sleep(60)  # killed by the driver
+                time.sleep(2)  # killed by the driver meanwhile (else it goes on logging 21..40)
     ''')
 
 
@@ -63,7 +63,8 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
     names = ["local-bf16", "local-bf16-again", "te-bf16", "te-fp8-delayed", "te-resume"]
     for n in names:
         (dest / n).mkdir(parents=True)
-        (dest / n / "launch.sh").write_text(f"exec {sys.executable} {tmp_path / 'fake.py'} {n} {runs}\n")
+        # setsid: like torchrun's workers, the run is in a session of its own (a group signal misses it)
+        (dest / n / "launch.sh").write_text(f"setsid {sys.executable} {tmp_path / 'fake.py'} {n} {runs}\n")
     monkeypatch.setattr(te_matrix, "RUNS", runs)
     results = {n: {"config": n, "compile_exit": 0} for n in names}
     t0 = time.time()
@@ -80,3 +81,7 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
     assert resume["launches"]["te-resume.launch1"]["exit"] != 0 and resume["launches"]["te-resume.launch2"]["exit"] == 0
     assert resume["agreement"]["agree"] and resume["agreement"]["compared"] == 20  # steps 21..40 against te-bf16
     assert json.loads((out / "te-bf16.json").read_text())["agreement"]["agree"]
+    # the stopped launch is gone, not still logging beside the resumed one
+    time.sleep(2.5)
+    lines = (runs / "te-resume" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == list(range(1, 41))
