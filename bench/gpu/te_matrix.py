@@ -196,6 +196,21 @@ def losses(name: str) -> Dict[int, float]:
         return {}
 
 
+def descendants(pid: int) -> List[int]:
+    """The ids of every process below ``pid`` (children first), read from ``/proc``."""
+    children: Dict[int, List[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
 class Lanes:
     """Launches of compiled configurations, at most ``width`` at once, each killed (with its process
     group) at the deadline."""
@@ -214,8 +229,14 @@ class Lanes:
         return proc
 
     def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a launch's process group and every process below it: torchrun starts its
+        workers in sessions of their own (torch.distributed.elastic's subprocess handler), which a
+        signal to the group alone would leave running."""
         proc = self.running[key][0]
-        with contextlib.suppress(ProcessLookupError):
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
 
     def poll(self) -> None:
