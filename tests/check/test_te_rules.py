@@ -152,3 +152,13 @@ def test_layernorm_recompute_is_a_no_op_on_te_dense_layers() -> None:
     only = [i for i in issues({**TE, "recompute.granularity": "selective", "recompute.modules": ["layernorm"]})
             if i.rule == "recompute-layernorm-te"]
     assert only[0].fix.set == {"recompute.granularity": "none"} and only[0].fix.unset == ("recompute.modules",)
+
+
+def test_the_document_mask_refusal_says_what_train_py_says() -> None:
+    """validate and train.py (backends/megatron/checks.py check_masks_supported) give the same reason:
+    a document mask is per query, no key-padding mask, and the TE layers take no other."""
+    (issue,) = [i for i in issues({**TE, "data.reset_attention_mask": True}) if i.rule == "runtime-document-mask-te"]
+    assert "[b, 1, s, s]" in issue.message and "key-padding" in issue.message and "ignore" not in issue.message
+    from dlmspec.check import RULES
+
+    assert "ignore" not in RULES["runtime-document-mask-te"].source
