@@ -298,7 +298,8 @@ def _variable_length_pipeline(ctx: Context) -> Iterator[Finding]:
 @rule(
     "runtime-document-mask-te",
     "error",
-    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore an attention mask)",
+    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers take a key-padding mask "
+    "only, as TE's padding mask type; a document mask is per query)",
     "document masks run on the local layers",
     scope="runtime",
     fix="set model.transformer_impl = \"auto\" or \"local\", or data.reset_attention_mask = false",
@@ -306,6 +307,6 @@ def _variable_length_pipeline(ctx: Context) -> Iterator[Finding]:
 )
 def _document_mask_te(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.data.reset_attention_mask and ctx.r.transformer_impl == "transformer_engine":
-        yield Finding("data.reset_attention_mask", "document masks are passed as an attention mask, which the "
-                      "Transformer Engine layers ignore: the runtime refuses it at start-up "
-                      "(backends/megatron/checks.py check_masks_supported)")
+        yield Finding("data.reset_attention_mask", "a document mask is per query ([b, 1, s, s]), no key-padding mask "
+                      "[b, 1, 1, s], and the Transformer Engine layers take no other: the runtime refuses it at "
+                      "start-up (backends/megatron/checks.py check_masks_supported)")
