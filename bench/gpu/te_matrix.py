@@ -17,7 +17,7 @@ layers, and a save at step 20 killed and resumed to step 40 against the uninterr
 and runs its ``build_configs()`` and ``build_run()`` (megatron-core's config checks). Without
 ``--dry`` the configurations then run (several at once on the one GPU; each launch is killed at
 the budget) and ``OUT/NAME.json`` records per configuration: the command, the flags, the exit
-code, the per-step losses, and the comparison of its first 40 losses with its reference
+code, the per-step losses, peak allocated / reserved memory, and the comparison of its first 40 losses with its reference
 (:func:`agreement`); ``OUT/te_matrix.json`` the summary, the versions and the noise criterion;
 ``OUT/te-bf16.json`` also the TE layer spec's modules. When ``.whl/mc19/`` holds a megatron-core
 wheel, its config fields go to ``OUT/mcore_fields.json`` (bench/gpu/mcore_fields.py).
@@ -186,14 +186,20 @@ def agreement(a: Dict[int, float], b: Dict[int, float], *, rtol: float, floor: f
             "agree": bool(both) and len(both) == len(steps) and finite and rel_d[worst] <= tol}
 
 
-def losses(name: str) -> Dict[int, float]:
-    """The run's ``{iteration: loss}`` (runs/te/NAME/metrics.jsonl; {} when there is none)."""
+def metric(name: str, key: str = "loss") -> Dict[int, float]:
+    """The run's ``{iteration: key}`` of its train records (runs/te/NAME/metrics.jsonl; {} when
+    there is none; a resumed run's last record per iteration)."""
     from loss_agreement import MetricsError, read_losses
 
     try:
-        return read_losses(RUNS / name / "metrics.jsonl")
+        return read_losses(RUNS / name / "metrics.jsonl", key=key)
     except MetricsError:
         return {}
+
+
+def losses(name: str) -> Dict[int, float]:
+    """The run's ``{iteration: loss}`` (:func:`metric`)."""
+    return metric(name)
 
 
 def descendants(pid: int) -> List[int]:
@@ -329,6 +335,9 @@ def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, dea
         row = results[n]
         row["launches"] = {key: v for key, v in lanes.done.items() if key.split(".launch")[0] == n}
         row["losses"] = {str(i): v for i, v in sorted(curves[n].items())}
+        row["memory_gib"] = {k: max(metric(n, k).values(), default=None) for k in ("peak_mem_gib", "peak_reserved_gib")}
+        times = sorted(v for i, v in metric(n, "step_time_s").items() if i > 10)
+        row["median_step_time_s"] = times[len(times) // 2] if times else None  # lanes share the GPU: not a speed
         ref = CONFIGS[n][1]
         if ref and ref in curves:
             fp8 = CONFIGS[n][0].get("precision.fp8", "none") != "none"

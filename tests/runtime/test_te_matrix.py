@@ -47,7 +47,8 @@ FAKE = textwrap.dedent('''\
     start = 21 if os.path.exists(latest) else 1
     with open(os.path.join(run, "metrics.jsonl"), "a") as f:
         for i in range(start, 41):
-            f.write(json.dumps({"event": "train", "iteration": i, "loss": scale * 10 / (1 + 0.1 * i)}) + "\\n")
+            f.write(json.dumps({"event": "train", "iteration": i, "loss": scale * 10 / (1 + 0.1 * i),
+                                "peak_mem_gib": 12.0 + i / 100, "step_time_s": 0.1}) + "\\n")
             f.flush()
             if name == "te-resume" and i == 20 and start == 1:
                 os.makedirs(os.path.dirname(latest), exist_ok=True)
@@ -74,7 +75,9 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
     for n in names:
         row = json.loads((out / f"{n}.json").read_text())
         assert len(row["losses"]) == 40, n
-    fp8 = json.loads((out / "te-fp8-delayed.json").read_text())["agreement"]
+    row = json.loads((out / "te-fp8-delayed.json").read_text())
+    assert row["memory_gib"]["peak_mem_gib"] == 12.4 and row["median_step_time_s"] == 0.1
+    fp8 = row["agreement"]
     assert fp8["agree"] and fp8["tolerance"] == te_matrix.FP8_RTOL and fp8["against"] == "local-bf16"
     resume = json.loads((out / "te-resume.json").read_text())
     assert resume["resume"]["killed_after"] == "iter_0000020"
