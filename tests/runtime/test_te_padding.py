@@ -111,3 +111,54 @@ def test_plain_te_attention_still_refuses_variable_length():
     with pytest.raises(ValueError, match="variable_length_prob"):
         check_masks_supported("transformer_engine", ObjectiveConfig(variable_length_prob=0.5), data)
     check_masks_supported(spec, ObjectiveConfig(variable_length_prob=0.5, variable_length="micro_batch"), data)
+
+
+class EmulatedTEAttention(torch.nn.Module):
+    """TE's self-attention semantics in sbhd, in float64: ``padding`` takes row ``r``'s length from the
+    mask (its ``cu_seqlens``: the keys not masked) and attends its first ``L_r`` queries to its first
+    ``L_r`` keys, leaving the padded queries unwritten (NaN here); ``no_mask`` attends everything."""
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None, packed_seq_params=None):
+        s, b, heads, hn = query.shape
+        rep = heads // key.shape[2]
+        k, v = key.repeat_interleave(rep, dim=2), value.repeat_interleave(rep, dim=2)
+        out = torch.full_like(query, float("nan"))
+        lengths = [s] * b
+        if attn_mask_type is AttnMaskType.padding:
+            lengths = (~attention_mask.view(b, s)).sum(dim=1).tolist()
+        for r, n in enumerate(lengths):
+            q_, k_, v_ = (t[:n, r].transpose(0, 1) for t in (query, k, v))  # [heads, n, hn]
+            weights = torch.softmax(q_ @ k_.transpose(1, 2) / hn ** 0.5, dim=-1)
+            out[:n, r] = (weights @ v_).transpose(0, 1)
+        return out.reshape(s, b, heads * hn)
+
+
+def test_te_padding_equals_the_local_path_where_the_loss_reads():
+    """Outputs (and gradients) at every row's valid positions match the local path's SDPA attention
+    with the same key-padding mask; padded queries are 0 on TE (the local path lets them attend)."""
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from dlmspec.backends.megatron.attention import SDPACoreAttention
+
+    s, b, heads, groups, hn = 8, 3, 4, 2, 16
+    config = TransformerConfig(num_layers=1, hidden_size=heads * hn, num_attention_heads=heads,
+                               num_query_groups=groups, kv_channels=hn, attention_dropout=0.0,
+                               use_cpu_initialization=True)
+    local = SDPACoreAttention(config=config, layer_number=1, attn_mask_type=AttnMaskType.no_mask,
+                              attention_type="self", pg_collection=SimpleNamespace(tp=SimpleNamespace(size=lambda: 1)))
+    te = with_key_padding(EmulatedTEAttention)()
+    g = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(s, b, n, hn, generator=g, dtype=torch.float64, requires_grad=True) for n in (heads, groups, groups)]
+    lengths = torch.tensor([8, 5, 1])
+    beyond = (torch.arange(s).unsqueeze(0) >= lengths.unsqueeze(1)).view(b, 1, 1, s)
+    valid = ~beyond.view(b, s).t().unsqueeze(-1)  # [s, b, 1]
+    out_local = local(*qkv, beyond, AttnMaskType.no_mask)
+    grads_local = torch.autograd.grad((out_local * valid).sum(), qkv)
+    out_te = te(*qkv, beyond, AttnMaskType.no_mask)
+    grads_te = torch.autograd.grad((out_te * valid).sum(), qkv)
+    assert torch.allclose(torch.where(valid, out_te, 0), torch.where(valid, out_local, 0), atol=1e-12)
+    assert torch.equal(torch.where(valid, 0, out_te), torch.zeros_like(out_te))  # padded queries: zeros, no NaN
+    for a, c in zip(grads_te, grads_local):
+        assert torch.isfinite(a).all() and torch.allclose(a, c, atol=1e-12)
