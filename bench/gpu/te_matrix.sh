@@ -11,7 +11,8 @@
 # GPU, one H200, after TE is installed into /tmp/site_te (../shared/gpu/transformer-engine.md) and
 # dlmspec + megatron-core into PYTHONPATH by the lead's wrapper; carry .data and .device/te (and .whl/mc19):
 #   export PYTHONPATH=/tmp/site_te:$PYTHONPATH PYTHONUNBUFFERED=1; bash bench/gpu/te_matrix.sh $OUT
-# Every launch is killed at BUDGET_S (default 450 s) so the results come back within the call.
+# Every launch is killed at BUDGET_S (default 450 s) so the results come back within the call. $OUT then
+# holds te_matrix.json (summary) and te_matrix_runs.tgz (NAME.json per configuration, NAME*.log).
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 PY=${PY:-python3}
@@ -22,4 +23,10 @@ if [ "${1:-}" = "--dry" ]; then
 fi
 out=${1:?usage: te_matrix.sh OUT | te_matrix.sh --dry}
 shift
-exec "$PY" bench/gpu/te_matrix.py "$out" --budget-s "${BUDGET_S:-450}" --lanes "${LANES:-4}" "$@"
+"$PY" bench/gpu/te_matrix.py "$out" --budget-s "${BUDGET_S:-450}" --lanes "${LANES:-4}" "$@"
+rc=$?
+# few files come back from a device call: te_matrix.json (the summary) and one archive of the
+# per-configuration JSON files and logs
+(cd "$out" && files=$(ls *.json *.log 2>/dev/null | grep -v '^te_matrix.json$') \
+  && [ -n "$files" ] && tar czf te_matrix_runs.tgz $files && rm -f $files)
+exit $rc
