@@ -28,7 +28,7 @@ from .data import (
     combine_attention_masks,
     document_attention_mask,
 )
-from .layers import layer_spec_attention, layer_spec_backend
+from .layers import layer_spec_attention
 from .metrics import DLM_REPORT, dlm_loss_sums
 from .microbatches import MicrobatchFeed, MicrobatchItem
 from .objective import ObjectiveBatch, apply_loss_normalization, build_objective, loss_triple, reduce_loss
@@ -170,7 +170,7 @@ class PretrainStage:
         )
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
-        check_masks_supported(layer_spec_backend(layer_spec), run.objective, run.data)
+        check_masks_supported(layer_spec, run.objective, run.data)
         self.objective, self.kind, self._ctx = objective, objective.kind, ctx
         self._forward_step = ObjectiveForwardStep(
             objective, seed=run.seed, data_parallel_rank=ctx.data_parallel_rank, eod_id=run.data.eod_id,

@@ -78,8 +78,6 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
       "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
     ({"logging.tensorboard_dir": "tb"}, "runtime-tensorboard-dir", "logging.tensorboard_dir"),
-    ({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"},
-     "runtime-variable-length-te", "objective.variable_length_prob"),
     ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
      "runtime-document-mask-te", "data.reset_attention_mask"),
     ({"objective.variable_length_prob": 0.01, "objective.variable_length": "micro_batch",
