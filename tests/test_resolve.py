@@ -86,8 +86,9 @@ def test_auto_takes_the_path_the_features_need(tmp_path: Path, changes: dict[str
                                         ("megadlms-1.7b-ar", "auto")])
 def test_bundled_specs_with_variable_length_take_the_local_path(name: str, impl: str) -> None:
     """The demo and the LLaDA spec cut 1% of the sequences one by one (variable_length_prob =
-    0.01), which the Transformer Engine path refuses at start-up: their train.py asks for the
-    local layers, saying why, wherever Transformer Engine imports. The MegaDLMs spec cuts whole
+    0.01), which auto keeps on the local layers where they were measured (TE runs them through its
+    padding mask when asked): their train.py asks for the local layers, saying why, wherever
+    Transformer Engine imports. The MegaDLMs spec cuts whole
     micro-batches (objective.variable_length = "micro_batch", issue #18): dense, either path."""
     resolved = resolve(load(SPECS / f"{name}.toml").spec)
     assert resolved.transformer_impl == impl
@@ -106,8 +107,6 @@ def test_bundled_specs_with_variable_length_take_the_local_path(name: str, impl:
 
 
 @pytest.mark.parametrize("changes, key", [
-    ({"model.transformer_impl": "transformer_engine", "objective.variable_length_prob": 0.01},
-     "objective.variable_length_prob"),
     ({"model.transformer_impl": "transformer_engine", "data.reset_attention_mask": True}, "data.reset_attention_mask"),
     ({"model.transformer_impl": "transformer_engine", "objective.attention_mask": "block_causal",
       "objective.block_size": 32}, "objective.attention_mask"),
@@ -122,13 +121,18 @@ def test_transformer_engine_with_a_local_only_feature_is_a_validate_error(tmp_pa
 
 
 def test_features_that_need_both_paths_are_an_error_naming_both(tmp_path: Path) -> None:
-    """auto with a local-only feature (variable length) and a Transformer Engine-only one (fp8):
-    no path runs both; the error says which feature chose the local path."""
-    path = spec_file(tmp_path, {"objective.variable_length_prob": 0.01, "precision.fp8": "hybrid"})
+    """auto with a local-only feature (document masks) and a Transformer Engine-only one (fp8):
+    no path runs both; the error says which feature chose the local path. Variable-length
+    sequences run on both (TE's padding mask, issue 21): with fp8, auto takes TE."""
+    path = spec_file(tmp_path, {"data.reset_attention_mask": True, "precision.fp8": "hybrid"})
     result = CliRunner().invoke(app, ["validate", str(path), "--json"])
     assert result.exit_code == 2
     (error,) = [i for i in json.loads(result.stdout)["issues"] if i["severity"] == "error"]
-    assert error["key"] == "precision.fp8" and "variable_length_prob" in error["message"]
+    assert error["key"] == "precision.fp8" and "reset_attention_mask" in error["message"]
+    path = spec_file(tmp_path, {"objective.variable_length_prob": 0.01, "precision.fp8": "hybrid"})
+    result = CliRunner().invoke(app, ["validate", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["result"]["derived"]["transformer_impl"] == "transformer_engine"
 
 
 def test_block_causal_with_auto_compiles_on_the_local_path(tmp_path: Path) -> None:

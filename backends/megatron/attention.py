@@ -39,6 +39,97 @@ MODE_TO_MASK_TYPE = {
 }
 
 
+#: The mask type Transformer Engine runs when a call brings a key-padding mask
+#: (:func:`te_mask_type`): TE's ``padding`` / ``padding_causal`` (megatron ``AttnMaskType``).
+TE_PADDING_MASK_TYPE = {
+    AttnMaskType.no_mask: AttnMaskType.padding,
+    AttnMaskType.causal: AttnMaskType.padding_causal,
+    AttnMaskType.padding: AttnMaskType.padding,
+    AttnMaskType.padding_causal: AttnMaskType.padding_causal,
+}
+
+
+def te_mask_type(mask_type: AttnMaskType, attention_mask: Optional[Tensor]) -> AttnMaskType:
+    """The mask type a Transformer Engine attention call runs with: the layer's own without a
+    mask, TE's padding type (:data:`TE_PADDING_MASK_TYPE`) with a key-padding mask.
+
+    Variable-length MDM sequences (``variable_length = "sequence"``) hand the model a
+    ``[b, 1, 1, s]`` bool mask, ``True`` beyond each row's length (the objective's key padding);
+    Transformer Engine's ``DotProductAttention`` reads exactly that for ``attn_mask_type="padding"``
+    in the ``sbhd`` layout (``True`` = masked out, one mask for queries and keys of self-attention;
+    it derives each row's length, ``cu_seqlens``, from it), and ignores a mask under
+    ``no_mask``/``causal``. A micro-batch with no row cut brings no mask and keeps the layer's type
+    (TE's fastest kernels). Outputs at padded query positions differ from the local path's (TE
+    zeroes them, SDPA lets them attend the valid keys), but nothing reads them: later layers mask
+    those keys too and their loss weight is 0.
+
+    Args:
+        mask_type: The layer's ``attn_mask_type`` (``no_mask`` for MDM, ``causal`` for AR).
+        attention_mask: ``None`` or a bool ``[b, 1, 1, s]`` key-padding mask.
+
+    Raises:
+        ValueError: For a mask that is not bool or not ``[b, 1, 1, s]`` key padding (a document
+            mask ``[b, 1, s, s]`` needs TE's ``arbitrary`` type, run only by its unfused
+            attention), or a mask on a layer whose type has no padding form (``arbitrary``).
+    """
+    if attention_mask is None:
+        return mask_type
+    if attention_mask.dtype != torch.bool:
+        raise ValueError(f"attention_mask must be bool (True = not attended), got {attention_mask.dtype}")
+    if attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1:
+        raise ValueError(
+            "the Transformer Engine layers take a key-padding attention_mask [b, 1, 1, s] only "
+            f"(variable-length sequences), got shape {tuple(attention_mask.shape)}; document masks "
+            "(reset_attention_mask) need the local+sdpa layer spec (use_transformer_engine=False)"
+        )
+    if mask_type not in TE_PADDING_MASK_TYPE:
+        raise ValueError(f"a key-padding mask cannot be combined with attn_mask_type {mask_type.name!r}")
+    return TE_PADDING_MASK_TYPE[mask_type]
+
+
+@functools.lru_cache(maxsize=None)
+def with_key_padding(base: type) -> type:
+    """A subclass of a Transformer Engine core attention (megatron-core's ``TEDotProductAttention``)
+    whose ``forward`` runs TE's padding mask type when a key-padding mask comes
+    (:func:`te_mask_type`), so variable-length sequences train on the TE path.
+
+    Outputs at padded query positions are set to 0: TE's fused kernels need not write them, and
+    a NaN there would make the loss NaN even at weight 0. One class per ``base`` (cached: layer
+    specs built twice hold the same class). The class's ``key_padding_base`` names ``base``;
+    :func:`takes_key_padding` tells such classes.
+
+    Raises (from ``forward``):
+        ValueError: From :func:`te_mask_type`.
+        NotImplementedError: A key-padding mask together with ``packed_seq_params`` (THD).
+    """
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type, *args, **kwargs):
+        packed = kwargs.get("packed_seq_params", args[1] if len(args) > 1 else None)
+        if attention_mask is not None and packed is not None:
+            raise NotImplementedError("a key-padding attention_mask together with packed_seq_params (THD)")
+        attn_mask_type = te_mask_type(attn_mask_type, attention_mask)
+        out = base.forward(self, query, key, value, attention_mask, attn_mask_type, *args, **kwargs)
+        if attention_mask is not None and isinstance(out, Tensor) and out.dim() == 3:
+            # [sq, b, np * hn]: zero the padded queries. TE's fused kernels need not write them, and a
+            # NaN there would reach the loss (times a zero weight is still NaN); nothing else reads them.
+            b, s = attention_mask.shape[0], attention_mask.shape[-1]
+            out = out.masked_fill(attention_mask.reshape(b, s).transpose(0, 1).unsqueeze(-1), 0.0)
+        return out
+
+    forward.__doc__ = (f"``{base.__name__}.forward`` with the mask type of :func:`te_mask_type` "
+                       "(a ``[b, 1, 1, s]`` key-padding mask runs TE's ``padding``).")
+    return type(f"{base.__name__}WithKeyPadding", (base,), {
+        "forward": forward, "key_padding_base": base, "__module__": __name__,
+        "__doc__": f"{base.__name__} taking variable-length key-padding masks (:func:`with_key_padding`).",
+    })
+
+
+def takes_key_padding(module) -> bool:
+    """True for a core attention that applies a ``[b, 1, 1, s]`` key-padding mask:
+    :class:`SDPACoreAttention` and :func:`with_key_padding` classes."""
+    return module is SDPACoreAttention or getattr(module, "key_padding_base", None) is not None
+
+
 #: ``sdpa_backend`` values: PyTorch's order, or one backend tried first.
 SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 _SDPA_PRIORITY = {

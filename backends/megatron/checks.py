@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
@@ -24,7 +24,7 @@ from .config import ObjectiveConfig, RunConfig, ScheduleConfig
 from .data import DataConfig, data_problems, missing_data_files
 from .distributed import cuda_problem
 from .fsdp import check_megatron_fsdp
-from .layers import layer_spec_attention, layer_spec_block_size
+from .layers import layer_spec_attention, layer_spec_backend, layer_spec_block_size, layer_spec_takes_key_padding
 from .spec_record import ResumeCheck, ResumeRefused, SpecLock, check_resume, read_spec_lock, spec_record
 
 
@@ -129,25 +129,42 @@ def check_sequence_length(data: DataConfig, model_kwargs: Dict[str, Any]) -> Non
         raise ValueError("data.seq_length exceeds model max_sequence_length")
 
 
-def check_masks_supported(backend: str, objective: ObjectiveConfig, data: DataConfig) -> None:
-    """Refuse attention masks on the Transformer Engine path.
+def check_masks_supported(layers: Union[ModuleSpec, str], objective: ObjectiveConfig, data: DataConfig) -> None:
+    """Refuse the attention masks the Transformer Engine layers cannot apply.
 
     Variable-length MDM sequences (``variable_length = "sequence"``; a ``"micro_batch"`` cut
-    slices the micro-batch, dense, and passes none) and ``reset_attention_mask`` pass a boolean
-    ``attention_mask`` to the model; :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`
-    applies it, but TE's attention with the ``no_mask``/``causal`` mask type of our TE spec
-    would ignore it silently.
+    slices the micro-batch, dense, and passes none) pass a ``[b, 1, 1, s]`` key-padding mask,
+    which the TE layer spec of :func:`~dlmspec.backends.megatron.layers.build_layer_spec` applies
+    as TE's ``padding`` mask type (:func:`~dlmspec.backends.megatron.attention.with_key_padding`);
+    a TE spec without that class (megatron-core's own, or only a backend name given) would ignore
+    it silently under its ``no_mask`` type, so it is refused there. ``reset_attention_mask``
+    passes a per-query document mask ``[b, 1, s, s]``, which no TE mask type of our layers
+    takes: refused on the TE path.
+
+    Args:
+        layers: The layer spec (or its :func:`~dlmspec.backends.megatron.layers.layer_spec_backend`
+            name, which counts as a TE spec without key padding).
+        objective, data: The run's.
 
     Raises:
-        ValueError: If ``backend`` is ``"transformer_engine"`` and a mask would be used.
+        ValueError: If the layers are Transformer Engine's and a mask they cannot apply would be used.
     """
+    if isinstance(layers, str):
+        backend, key_padding = layers, layers != "transformer_engine"
+    else:
+        backend, key_padding = layer_spec_backend(layers), layer_spec_takes_key_padding(layers)
     if backend != "transformer_engine":
         return
-    if objective.kind == "mdm" and objective.variable_length_prob > 0 and objective.variable_length == "sequence":
-        raise ValueError("variable_length_prob > 0 with variable_length='sequence' needs the local+sdpa layer spec "
-                         "(use_transformer_engine=False); variable_length='micro_batch' cuts a dense micro-batch")
+    if (objective.kind == "mdm" and objective.variable_length_prob > 0 and objective.variable_length == "sequence"
+            and not key_padding):
+        raise ValueError("variable_length_prob > 0 with variable_length='sequence' needs a layer spec whose attention "
+                         "applies key-padding masks: build_layer_spec's (use_transformer_engine=True takes them as "
+                         "TE's padding mask type) or the local+sdpa one (use_transformer_engine=False); "
+                         "variable_length='micro_batch' cuts a dense micro-batch")
     if data.reset_attention_mask:
-        raise ValueError("reset_attention_mask needs the local+sdpa layer spec (use_transformer_engine=False)")
+        raise ValueError("reset_attention_mask needs the local+sdpa layer spec (use_transformer_engine=False): "
+                         "a document mask [b, 1, s, s] is no key-padding mask, and the Transformer Engine layers "
+                         "take no other")
 
 
 def check_loss_normalization(objective: ObjectiveConfig, transformer_config: TransformerConfig,

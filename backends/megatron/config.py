@@ -180,6 +180,13 @@ class LoggingConfig:
             --use-pytorch-profiler``); :mod:`dlmspec.backends.megatron.profiling` writes the trace
             and a per-category kernel summary to ``<run_dir>/profile/``.
         profile_step_start, profile_step_end, profile_ranks: The window and the ranks.
+        wandb_project: W&B project (Megatron-LM's ``--wandb-project``); ``None``: no W&B.
+        wandb_exp_name: The W&B run's name (``--wandb-exp-name``); ``None``: the run's name.
+        wandb_save_dir: Where W&B writes its files (``--wandb-save-dir``); ``None``:
+            ``<run_dir>/wandb``. The run's id is kept there, so a requeued job resumes it.
+        wandb_entity: W&B entity (team or user); ``None``: the API key's default.
+        wandb_mode: ``"online"`` or ``"offline"`` (files only; ``wandb sync`` uploads them).
+        wandb_tags: Tags of the W&B run.
     """
 
     run_dir: str = "runs/dlmspec"
@@ -191,6 +198,12 @@ class LoggingConfig:
     profile_step_start: int = 10
     profile_step_end: int = 12
     profile_ranks: Sequence[int] = (0,)
+    wandb_project: Optional[str] = None
+    wandb_exp_name: Optional[str] = None
+    wandb_save_dir: Optional[str] = None
+    wandb_entity: Optional[str] = None
+    wandb_mode: str = "online"
+    wandb_tags: Sequence[str] = ()
 
 
 @dataclass

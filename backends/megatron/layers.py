@@ -31,7 +31,7 @@ from megatron.core.transformer import transformer_block
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from .attention import ATTENTION_MODES, MODE_TO_MASK_TYPE, SDPACoreAttention
+from .attention import ATTENTION_MODES, MODE_TO_MASK_TYPE, SDPACoreAttention, takes_key_padding, with_key_padding
 from .norms import CompiledLayerNorm, CompiledRMSNorm
 from .qkv import FusedQKVSelfAttention
 
@@ -176,6 +176,11 @@ def build_layer_spec(
             ``block_size``, TE requested but not installed, grouped GEMM
             without TE, or ``block_causal`` on the TE path (TE would need the
             mask passed in by the caller, which the trainer does not do).
+
+    On the TE path the core attention is megatron-core's ``TEDotProductAttention`` made to take
+    the key-padding mask of variable-length sequences
+    (:func:`~dlmspec.backends.megatron.attention.with_key_padding`: TE's ``padding`` mask type
+    for a call that brings one).
     """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
@@ -199,6 +204,12 @@ def build_layer_spec(
         )
         spec = copy.deepcopy(spec)
         spec.submodules.self_attention.params["attn_mask_type"] = MODE_TO_MASK_TYPE[attention]
+        # TE's attention with the key-padding mask of variable-length sequences (attention.te_mask_type)
+        core = spec.submodules.self_attention.submodules
+        if isinstance(core.core_attention, ModuleSpec):
+            core.core_attention.module = with_key_padding(core.core_attention.module)
+        else:
+            core.core_attention = with_key_padding(core.core_attention)
         return spec
 
     if moe_grouped_gemm:
@@ -230,13 +241,28 @@ def layer_spec_backend(spec: ModuleSpec) -> str:
     Raises:
         ValueError: If the spec's core attention is neither ours nor TE's.
     """
-    core = spec.submodules.self_attention.submodules.core_attention
-    module = core.module if isinstance(core, ModuleSpec) else core
+    module = _core_attention(spec)
     if module is SDPACoreAttention:
         return BACKEND_LOCAL_SDPA
+    module = getattr(module, "key_padding_base", module)  # attention.with_key_padding's subclass
     if "transformer_engine" in getattr(module, "__module__", ""):
         return BACKEND_TRANSFORMER_ENGINE
     raise ValueError(f"layer spec has an unrecognised core attention: {module!r}")
+
+
+def _core_attention(spec: ModuleSpec) -> type:
+    """The core attention class of a layer spec."""
+    core = spec.submodules.self_attention.submodules.core_attention
+    return core.module if isinstance(core, ModuleSpec) else core
+
+
+def layer_spec_takes_key_padding(spec: ModuleSpec) -> bool:
+    """True when the spec's core attention applies a ``[b, 1, 1, s]`` key-padding mask
+    (variable-length sequences): the local path's SDPA attention, and on the Transformer Engine
+    path the :func:`~dlmspec.backends.megatron.attention.with_key_padding` class
+    :func:`build_layer_spec` puts in (megatron-core's own ``TEDotProductAttention`` would ignore
+    the mask under the spec's ``no_mask`` type)."""
+    return takes_key_padding(_core_attention(spec))
 
 
 def layer_spec_attention(spec: ModuleSpec) -> str:

@@ -2,17 +2,23 @@
 
 Only the logging rank (the last global rank, which holds the last pipeline stage) writes.
 :class:`IntervalMeter` turns the steps since the last log line into loss, step time, tokens/s,
-TFLOP/s per GPU and MFU (:func:`model_flops_per_token`, the planner's count); the host launch
-probe is :mod:`dlmspec.backends.megatron.hostbench`, the profiler :mod:`dlmspec.backends.megatron.profiling`.
+TFLOP/s per GPU and MFU (:func:`model_flops_per_token`, the planner's count), progress, tokens
+seen and the time left (:func:`eta_seconds`); :func:`dlm_loss_sums` adds what people look at in
+a masked-diffusion run (the loss by noise-level bucket, the realised mask ratio); :func:`phase`
+times the long phases of a start. W&B gets the same scalars as TensorBoard
+(:mod:`dlmspec.backends.megatron.wandb_log`); the host launch probe is
+:mod:`dlmspec.backends.megatron.hostbench`, the profiler :mod:`dlmspec.backends.megatron.profiling`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -35,6 +41,7 @@ from .layers import (
     layer_spec_sdpa_backend,
 )
 from .spec_record import ResumeCheck, SpecLock
+from .wandb_log import WandbRun
 
 
 def model_flops_per_token(
@@ -131,6 +138,9 @@ class MetricsLogger:
     Only the logging rank (the last global rank, which holds the last
     pipeline stage) writes; on other ranks every method is a no-op.
 
+    With ``config.wandb_project`` set, :meth:`start_wandb` opens the W&B run and :meth:`record`
+    sends it the scalars TensorBoard gets (:class:`~dlmspec.backends.megatron.wandb_log.WandbRun`).
+
     Args:
         config: :class:`~dlmspec.backends.megatron.config.LoggingConfig`.
         enabled: Whether this rank logs.
@@ -138,10 +148,12 @@ class MetricsLogger:
 
     def __init__(self, config: LoggingConfig, enabled: bool) -> None:
         self.enabled = enabled
+        self.config = config
         self.run_dir = config.run_dir
         self._console = None
         self._tb = None
         self._file = None
+        self.wandb: Optional[WandbRun] = None
         if not enabled:
             return
         os.makedirs(config.run_dir, exist_ok=True)
@@ -171,23 +183,44 @@ class MetricsLogger:
         else:
             print(message, flush=True)
 
+    def start_wandb(self, *, name: str, config: Dict[str, Any]) -> None:
+        """Open (or resume) the W&B run of ``logging.wandb_project`` on the logging rank, with
+        ``config`` (the run's settings and provenance) as its config; nothing without a project."""
+        if self.enabled and self.config.wandb_project:
+            self.wandb = WandbRun.start(self.config, name=name, config_values=config)
+
     def record(self, event: str, values: Dict[str, Any], step: Optional[int] = None) -> None:
-        """Append ``{"event": event, **values}`` to metrics.jsonl and numeric values to TensorBoard."""
+        """Append ``{"event": event, **values}`` to metrics.jsonl, and with a ``step`` its numeric
+        values to TensorBoard and W&B as ``<event>/<key>`` (:func:`scalars`)."""
         if not self.enabled:
             return
         self._file.write(json.dumps({"event": event, "time": time.time(), **values}, default=str) + "\n")
-        if self._tb is not None and step is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "iteration":
-                    self._tb.add_scalar(f"{event}/{key}", value, step)
+        if step is None:
+            return
+        found = scalars(event, values)
+        if self._tb is not None:
+            for key, value in found.items():
+                self._tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(found, step)
 
     def close(self) -> None:
-        """Flush and close the outputs."""
+        """Flush and close the outputs (and finish the W&B run)."""
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()
         if self._file is not None:
             self._file.close()
+
+
+def scalars(event: str, values: Dict[str, Any]) -> Dict[str, float]:
+    """The numbers of a record that TensorBoard and W&B get: ``{"<event>/<key>": value}`` for each
+    int or float (not bools, not ``iteration``: that is the step)."""
+    return {f"{event}/{key}": value for key, value in values.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "iteration"}
 
 
 def write_exit_status(run_dir: str, enabled: bool, reason: str, iteration: int, checkpoint: Optional[str],
@@ -206,6 +239,111 @@ def now() -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+def eta_seconds(iteration: int, train_iters: int, step_time_s: float) -> float:
+    """Seconds left: the steps left (``train_iters - iteration``, never below 0) at ``step_time_s``
+    seconds each (the last log interval's measured step time; evaluation and checkpoint saves,
+    which the step time leaves out, come on top)."""
+    return max(train_iters - iteration, 0) * step_time_s
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for the console: ``"45s"``, ``"3m05s"``, ``"2h07m"``, ``"3d04h"`` (rounded down
+    to the unit shown; ``"?"`` for a negative or non-finite value)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_count(n: float) -> str:
+    """A count for the console with an SI suffix: ``"950"``, ``"12.3K"``, ``"4.56M"``, ``"1.20B"``, ``"3.40T"``."""
+    for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.3g}{suffix}" if value < 100 else f"{value:.0f}{suffix}"
+    return f"{n:.0f}"
+
+
+#: Noise-level buckets of :func:`dlm_loss_sums`: ``t`` in ``[edge[i], edge[i+1])`` (the last one
+#: closed), for ``train/loss_t<lo>-<hi>`` records.
+T_BUCKET_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: Length of :func:`dlm_loss_sums`' vector: a loss sum and a count per bucket, then the masked
+#: positions and the counted positions.
+DLM_SUMS = 2 * (len(T_BUCKET_EDGES) - 1) + 2
+#: The loss-report key (beside ``"lm loss"``) of a microbatch's :func:`dlm_loss_sums`.
+DLM_REPORT = "dlm sums"
+
+
+def dlm_loss_sums(per_token_loss: Optional[torch.Tensor], loss_weights: torch.Tensor, t: torch.Tensor,
+                  masked: Optional[torch.Tensor], token_mask: torch.Tensor) -> torch.Tensor:
+    """The sums behind the masked-diffusion scalars of one microbatch (detached, float32).
+
+    Args:
+        per_token_loss: ``[b, s]`` cross entropy in nats, or ``None`` where the loss is computed
+            fused with the output layer (no per-token loss: the buckets' sums stay 0).
+        loss_weights: ``[b, s]`` the objective's weights (``ObjectiveBatch.loss_weights``).
+        t: ``[b]`` the noise level drawn per sequence (``ObjectiveBatch.mask_ratio``).
+        masked: ``[b, s]`` which positions were masked (``ObjectiveBatch.masked``); where its shape
+            is not the loss's (context parallelism slices the sequence after masking) the
+            positions with a non-zero weight stand for it (MDM weighs exactly the masked ones).
+        token_mask: ``[b, s]`` the positions that count (not padding or a truncated tail).
+
+    Returns:
+        ``[DLM_SUMS]``: per :data:`T_BUCKET_EDGES` bucket the sum of the unweighted cross entropy
+        over the masked positions of the sequences whose ``t`` falls in it, then per bucket their
+        number, then the masked positions and the counted positions of the microbatch. Summed
+        over microbatches and ranks, :func:`dlm_record` turns them into means.
+    """
+    counted = token_mask.bool()
+    if masked is None or masked.shape != counted.shape:
+        masked = loss_weights != 0
+    masked = masked.bool() & counted
+    edges = torch.tensor(T_BUCKET_EDGES[1:-1], dtype=t.dtype, device=t.device)
+    bucket = torch.bucketize(t.detach(), edges, right=True)  # [b] in 0 .. buckets - 1
+    onehot = torch.nn.functional.one_hot(bucket, len(T_BUCKET_EDGES) - 1).to(torch.float32)  # [b, buckets]
+    masked_f = masked.to(torch.float32)
+    if per_token_loss is None:
+        loss_sums = torch.zeros(onehot.shape[1], dtype=torch.float32, device=masked_f.device)
+        loss_counts = torch.zeros_like(loss_sums)
+    else:
+        per_row = (per_token_loss.detach().float() * masked_f).sum(dim=1)  # [b]
+        loss_sums, loss_counts = per_row @ onehot, masked_f.sum(dim=1) @ onehot
+    return torch.cat([loss_sums, loss_counts, torch.stack([masked_f.sum(), counted.sum().to(torch.float32)])])
+
+
+def dlm_record(sums: torch.Tensor) -> Dict[str, Optional[float]]:
+    """``train`` record entries from summed :func:`dlm_loss_sums` vectors: ``loss_t0.00-0.25`` ...
+    (mean cross entropy in nats over the masked positions of each bucket; a bucket with no
+    masked position is left out) and ``mask_ratio`` (masked / counted positions)."""
+    values = [float(v) for v in sums.tolist()]
+    buckets = len(T_BUCKET_EDGES) - 1
+    out: Dict[str, Optional[float]] = {}
+    for i in range(buckets):
+        if values[buckets + i] > 0:
+            out[f"loss_t{T_BUCKET_EDGES[i]:.2f}-{T_BUCKET_EDGES[i + 1]:.2f}"] = values[i] / values[buckets + i]
+    masked, counted = values[-2], values[-1]
+    out["mask_ratio"] = masked / counted if counted > 0 else None
+    return out
+
+
+@contextlib.contextmanager
+def phase(logger: "MetricsLogger", what: str, timings: Dict[str, float], key: str) -> Iterator[None]:
+    """Say ``[dlmspec] <what> ...`` before a long phase of the start (data index building, a
+    checkpoint load, converting ``init_from``) and ``[dlmspec] <what>: <s> s`` after; the seconds
+    go into ``timings[key]`` (the ``start`` record's ``phases_s``)."""
+    logger.text(f"[dlmspec] {what} ...")
+    t0 = time.perf_counter()
+    yield
+    timings[key] = seconds = time.perf_counter() - t0
+    logger.text(f"[dlmspec] {what}: {seconds:.1f} s")
 
 
 class IntervalMeter:
@@ -233,15 +371,19 @@ class IntervalMeter:
 
     def _reset(self) -> None:
         self.loss = torch.zeros(2, dtype=torch.float32, device=self.device)
+        self.dlm: Optional[torch.Tensor] = None
         self.iters = 0
         self.skipped = 0
         self.grad_norm = 0.0
 
-    def add(self, loss: torch.Tensor, update_ok: bool, grad_norm: float) -> None:
-        """Count one step: its ``[loss sum, tokens]``, whether the optimizer updated, its grad norm."""
+    def add(self, loss: torch.Tensor, update_ok: bool, grad_norm: float, dlm: Optional[torch.Tensor] = None) -> None:
+        """Count one step: its ``[loss sum, tokens]``, whether the optimizer updated, its grad norm
+        and (masked diffusion) its summed :func:`dlm_loss_sums`."""
         if not update_ok:
             self.skipped += 1
         self.loss += loss
+        if dlm is not None:
+            self.dlm = dlm.clone() if self.dlm is None else self.dlm + dlm
         self.iters += 1
         self.grad_norm = grad_norm
 
@@ -252,6 +394,11 @@ class IntervalMeter:
     def log(self, logger: MetricsLogger, state: TrainState, *, train_iters: int, lr: float) -> float:
         """Write the interval's ``train`` record and console line (at ``state.iteration``, with the
         learning rate ``lr``), then start a new interval.
+
+        The line shows the progress (``iter N/train_iters (P%)``), the tokens seen (``iteration x
+        tokens_per_step``) and the time left (:func:`eta_seconds` at this interval's step time);
+        the record has them as ``train_iters``, ``tokens_seen`` and ``eta_s``, and the
+        masked-diffusion scalars of :func:`dlm_record` when the steps gave them.
 
         Collective: the peak memory is the maximum over all ranks. Returns the interval's loss.
         """
@@ -274,14 +421,19 @@ class IntervalMeter:
             "tflops_per_gpu": tflops, "mfu": (tflops / peak) if peak else None,
             "peak_mem_gib": float(mem[0]), "peak_reserved_gib": float(mem[1]),
             "consumed_train_samples": consumed_train_samples, "skipped_iters": self.skipped,
+            "train_iters": train_iters, "tokens_seen": iteration * self.tokens_per_step,
+            "eta_s": eta_seconds(iteration, train_iters, step_time),
         }
+        if self.dlm is not None:
+            record.update(dlm_record(self.dlm))
         logger.record("train", record, step=iteration)
         mfu_text = f" | MFU {100 * tflops / peak:5.1f}%" if peak else ""
         logger.text(
-            f"iter {iteration:>7d}/{train_iters} | loss {loss:.4f} | lr {record['lr']:.3e} | "
-            f"grad norm {record['grad_norm']:.3f} | {step_time * 1000:.0f} ms/step | "
+            f"iter {iteration:>7d}/{train_iters} ({100 * iteration / max(train_iters, 1):.0f}%) | loss {loss:.4f} | "
+            f"lr {record['lr']:.3e} | grad norm {record['grad_norm']:.3f} | {step_time * 1000:.0f} ms/step | "
             f"{tokens_per_s:,.0f} tok/s | {tflops:.1f} TFLOP/s/GPU{mfu_text} | "
-            f"mem {record['peak_mem_gib']:.1f} GiB"
+            f"mem {record['peak_mem_gib']:.1f} GiB | {format_count(record['tokens_seen'])} tokens | "
+            f"ETA {format_duration(record['eta_s'])}"
         )
         self._reset()
         self.start = now()
@@ -306,10 +458,14 @@ def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_sp
               model: List[torch.nn.Module], iteration: int, num_microbatches: int, flops_per_token: int,
               cross_entropy: str, rope_fusion: Optional[str], parallel_sizes: Dict[str, Optional[int]],
               lock: SpecLock, resume_from: Optional[str], resume_check: Optional[ResumeCheck],
-              init_source: Optional[InitSource]) -> None:
-    """Write the ``start`` record (the run's layout, model, kernels, weights and spec) and its
-    console lines: the summary, where the weights come from (``resume_from``, ``init_source`` or
-    random), and every warning of the start (the spec ``lock``'s, the ``resume_check``'s)."""
+              init_source: Optional[InitSource], provenance: Optional[Dict[str, Any]] = None,
+              phases: Optional[Dict[str, float]] = None) -> None:
+    """Write the ``start`` record (the run's layout, model, kernels, weights and spec, its
+    ``provenance`` (:func:`dlmspec.backends.megatron.provenance.collect`) and the seconds of the
+    start's long ``phases``) and its console lines: the summary, where the weights come from
+    (``resume_from``, ``init_source`` or random), and every warning of the start (the spec
+    ``lock``'s, the ``resume_check``'s); then open the W&B run (:meth:`MetricsLogger.start_wandb`)
+    with the start record as its config."""
     backend, attention = layer_spec_backend(layer_spec), layer_spec_attention(layer_spec)
     world = dist.get_world_size()
     local_params = count_parameters(model)
@@ -327,7 +483,10 @@ def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_sp
     start_info["spec_lock"] = lock.path if lock.text is not None else None
     if resume_check is not None:
         start_info["resume_check"] = resume_check.to_record()
+    start_info["provenance"], start_info["phases_s"] = provenance, dict(phases or {})
     logger.record("start", start_info)
+    logger.start_wandb(name=run.logging.wandb_exp_name or run.name,
+                       config=json.loads(json.dumps(start_info, default=str)))  # plain JSON values
     sizes = parallel_sizes
     logger.text(
         f"[dlmspec] {run.name}: layer spec {backend}, attention {attention}, objective {objective}, "
@@ -345,6 +504,14 @@ def log_start(logger: MetricsLogger, *, run: RunConfig, objective: str, layer_sp
         logger.text(f"[dlmspec] {line}")
     for warning in init_source.warnings if init_source is not None else ():
         logger.text(f"[dlmspec] warning: checkpoint.init_from: {warning}")
+    if provenance is not None:
+        git = provenance.get("git") or {}
+        commit = f"{git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "none"
+        versions = provenance.get("versions") or {}
+        logger.text(f"[dlmspec] provenance: spec {provenance.get('spec_hash')}, "
+                    f"dlmspec {provenance.get('dlmspec_version')}, git {commit}, torch {versions.get('torch')}, "
+                    f"megatron-core {versions.get('megatron_core')}, "
+                    f"transformer-engine {versions.get('transformer_engine')}")
 
 
 def log_validation(logger: MetricsLogger, iteration: int, loss: float) -> None:

@@ -29,7 +29,8 @@ from .data import (
     combine_attention_masks,
     document_attention_mask,
 )
-from .layers import layer_spec_attention, layer_spec_backend
+from .layers import layer_spec_attention
+from .metrics import DLM_REPORT, dlm_loss_sums
 from .microbatches import MicrobatchFeed, MicrobatchItem
 from .objective import ObjectiveBatch, apply_loss_normalization, build_objective, loss_triple, reduce_loss
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
@@ -169,7 +170,7 @@ class PretrainStage:
         )
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
-        check_masks_supported(layer_spec_backend(layer_spec), run.objective, run.data)
+        check_masks_supported(layer_spec, run.objective, run.data)
         self.objective, self.kind, self._ctx = objective, objective.kind, ctx
         self._forward_step = ObjectiveForwardStep(
             objective, seed=run.seed, data_parallel_rank=ctx.data_parallel_rank, eod_id=run.data.eod_id,
@@ -395,10 +396,17 @@ class ObjectiveForwardStep:
 
 
 def _loss_func(ob: ObjectiveBatch, output_tensor: torch.Tensor):
-    return reduce_loss(output_tensor, ob)
+    return _with_dlm_sums(reduce_loss(output_tensor, ob), ob, output_tensor)
 
 
 def _fused_loss_func(ob: ObjectiveBatch, weight: torch.Tensor, impl: str, hidden: torch.Tensor):
     loss_sum = linear_cross_entropy(hidden, weight, ob.labels, ob.loss_weights, impl=impl)
-    return loss_triple(loss_sum, ob)
+    return _with_dlm_sums(loss_triple(loss_sum, ob), ob, None)  # fused: no per-token loss, mask ratio only
+
+
+def _with_dlm_sums(triple, ob: ObjectiveBatch, per_token_loss: Optional[torch.Tensor]):
+    """The loss triple with (masked diffusion) the report's ``DLM_REPORT`` sums (metrics.dlm_loss_sums)."""
+    if ob.mask_ratio is not None:
+        triple[2][DLM_REPORT] = dlm_loss_sums(per_token_loss, ob.loss_weights, ob.mask_ratio, ob.masked, ob.token_mask)
+    return triple
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,8 @@ from .hostbench import record_host_launch
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
 from .layers import BACKEND_TRANSFORMER_ENGINE, build_model, layer_spec_backend
 from .metrics import (
+    DLM_REPORT,
+    DLM_SUMS,
     IntervalMeter,
     MetricsLogger,
     log_exit,
@@ -40,10 +42,12 @@ from .metrics import (
     log_validation,
     model_flops_per_token_of,
     now,
+    phase,
 )
 from .microbatches import MicrobatchFeed
 from .optim import build_scheduler, install_schedule_hooks, set_param_sync_hooks
 from .profiling import StepProfiler, format_summary
+from .provenance import collect as collect_provenance
 from .rope import install_fused_rope
 from .signals import ExitSignalWatcher
 from .spec_record import spec_metadata
@@ -88,23 +92,36 @@ class StepParts:
 class StepOutput:
     """One step's result: ``loss`` = ``[loss sum, tokens]`` over the data-parallel group,
     whether the optimizer updated (fp16 skips steps with overflowing gradients), the grad norm
-    (NaN when the optimizer gave none)."""
+    (NaN when the optimizer gave none), and the step's summed
+    :func:`~dlmspec.backends.megatron.metrics.dlm_loss_sums` (``None`` unless the loss reports
+    carry them: masked diffusion)."""
 
     loss: torch.Tensor
     update_ok: bool
     grad_norm: float
+    dlm: Optional[torch.Tensor] = None
 
 
 def sum_loss_reports(reports, device: torch.device) -> torch.Tensor:
     """``[loss sum, tokens]`` of the ``"lm loss"`` reports of a step's microbatches, summed over
     the data-parallel group (with context parallelism) when a process group exists."""
-    total = torch.zeros(2, dtype=torch.float32, device=device)
+    return sum_step_reports(reports, device)[0]
+
+
+def sum_step_reports(reports, device: torch.device) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`sum_loss_reports` and the summed ``DLM_REPORT`` vectors of the same reports
+    (``None`` when none has one), in one all-reduce. Every rank of a data-parallel group holds
+    the same pipeline stage and objective, so all or none of them have the vectors."""
+    dlm = any(isinstance(report, dict) and DLM_REPORT in report for report in reports)
+    total = torch.zeros(2 + (DLM_SUMS if dlm else 0), dtype=torch.float32, device=device)
     for report in reports:
         if isinstance(report, dict) and "lm loss" in report:
-            total += report["lm loss"].to(device=device, dtype=torch.float32)
+            total[:2] += report["lm loss"].to(device=device, dtype=torch.float32)
+            if dlm and DLM_REPORT in report:
+                total[2:] += report[DLM_REPORT].to(device=device, dtype=torch.float32)
     if dist.is_initialized():
         dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-    return total
+    return total[:2], (total[2:] if dlm else None)
 
 
 def train_step(parts: StepParts, stage: Stage, feed: MicrobatchFeed, iteration: int) -> StepOutput:
@@ -119,8 +136,8 @@ def train_step(parts: StepParts, stage: Stage, feed: MicrobatchFeed, iteration: 
     update_ok, grad_norm, _ = parts.optimizer.step()
     if update_ok:
         parts.scheduler.step(increment=1)
-    loss = sum_loss_reports(reports, parts.device)
-    return StepOutput(loss, bool(update_ok), float(grad_norm) if grad_norm is not None else float("nan"))
+    loss, dlm = sum_step_reports(reports, parts.device)
+    return StepOutput(loss, bool(update_ok), float(grad_norm) if grad_norm is not None else float("nan"), dlm)
 
 
 def evaluate(parts: StepParts, stage: Stage, make_feed: Optional[Callable[[], MicrobatchFeed]],
@@ -209,23 +226,26 @@ def train(
     rope_fusion = _apply_rope_fusion(run.kernels, transformer_config, layer_spec, model_kwargs)
     seed_like_megatron(run.seed)
 
+    logger = MetricsLogger(run.logging, enabled=(rank == world - 1))  # the last stage's last rank
+    # what produced the run, read where it is written (rank 0: checkpoints; the logging rank); long phases' seconds
+    provenance, phases = collect_provenance(run.spec_hash) if rank in (0, world - 1) else None, {}
     model = build_model(transformer_config, layer_spec=layer_spec, ddp_config=ddp_config, **model_kwargs)
     # The weights: the latest checkpoint (a resume, loaded below with the optimizer), else init_from,
     # loaded now: megatron's optimizers copy their fp32 main weights from the model when built.
     init_source = None if start.init_from is None else _load_init_from(
-        run, start.init_from, model, transformer_config, model_kwargs, rank, watcher, created_pg)
+        run, start.init_from, model, transformer_config, model_kwargs, rank, watcher, created_pg, logger, phases)
     optimizer = get_megatron_optimizer(optimizer_config, model)
     scheduler = build_scheduler(optimizer, optimizer_config, sched, ckpt)
     install_schedule_hooks(model, optimizer, ddp_config)
 
-    logger = MetricsLogger(run.logging, enabled=(rank == world - 1))  # the last stage's last rank
     checkpoints = CheckpointManager(
         ckpt, model=model, optimizer=optimizer, scheduler=scheduler, ddp_config=ddp_config, seed=run.seed,
         logger=logger, metadata={**stage.checkpoint_metadata(), "layer_spec": layer_spec_backend(layer_spec),
-                                 "spec": spec_metadata(start.lock, start.record)},
+                                 "spec": spec_metadata(start.lock, start.record), "provenance": provenance},
         spec_lock_text=start.lock.text)
-    state = checkpoints.resume(start.resume_from) if start.resume_from is not None else TrainState()
-    data = stage.build_data(consumed_samples=state.consumed_train_samples, num_chunks=len(model))
+    state = _resume(checkpoints, start.resume_from, logger, phases)
+    with phase(logger, "building the datasets (index files are built on first use)", phases, "build_data"):
+        data = stage.build_data(consumed_samples=state.consumed_train_samples, num_chunks=len(model))
     cross_entropy = stage.prepare_model(model)
     parts = StepParts(model, optimizer, scheduler, get_forward_backward_func(), num_microbatches,
                       sched.micro_batch_size, run.data.seq_length, device, ddp_config)
@@ -233,7 +253,7 @@ def train(
     log_start(logger, run=run, objective=stage.kind, layer_spec=layer_spec, model=model, iteration=state.iteration,
               num_microbatches=num_microbatches, flops_per_token=flops_per_token, cross_entropy=cross_entropy,
               rope_fusion=rope_fusion, parallel_sizes=parallel_sizes, lock=start.lock, resume_from=start.resume_from,
-              resume_check=start.resume_check, init_source=init_source)
+              resume_check=start.resume_check, init_source=init_source, provenance=provenance, phases=phases)
 
     for m in model:
         m.train()
@@ -254,7 +274,7 @@ def train(
             out = train_step(parts, stage, data.train, state.iteration)
             state.iteration += 1
             state.consumed_train_samples += sched.global_batch_size
-            meter.add(out.loss, out.update_ok, out.grad_norm)
+            meter.add(out.loss, out.update_ok, out.grad_norm, out.dlm)
             if profiler:
                 _profile_after_step(profiler, meter, state.iteration)
 
@@ -272,13 +292,7 @@ def train(
                     checkpoints.save(state, "interval", meter)
                 meter.exclude(paused)
 
-            received = watcher.any_rank_received(device) if watcher else None
-            if received:
-                logger.text(f"signal {received} received: saving and exiting")
-                if ckpt.save_dir and state.saved_at != state.iteration:
-                    checkpoints.save(state, f"signal {received}", meter)
-                log_exit(logger, state, signal=received)
-                raise _SignalExit(ckpt.signal_exit_code)
+            _exit_on_signal(watcher, device, logger, checkpoints, state, meter, ckpt)
 
         if ckpt.save_dir and ckpt.save_at_end and state.saved_at != state.iteration:
             checkpoints.save(state, state.exit_reason, meter)
@@ -300,6 +314,29 @@ class _SignalExit(Exception):
         self.code = code
 
 
+def _exit_on_signal(watcher: Optional[ExitSignalWatcher], device: torch.device, logger: MetricsLogger,
+                    checkpoints: CheckpointManager, state: TrainState, meter: IntervalMeter, ckpt) -> None:
+    """After a step: when any rank received a stop signal, save (unless this step is saved), write
+    the ``exit`` record and raise :class:`_SignalExit` with ``ckpt.signal_exit_code``."""
+    received = watcher.any_rank_received(device) if watcher else None
+    if received:
+        logger.text(f"signal {received} received: saving and exiting")
+        if ckpt.save_dir and state.saved_at != state.iteration:
+            checkpoints.save(state, f"signal {received}", meter)
+        log_exit(logger, state, signal=received)
+        raise _SignalExit(ckpt.signal_exit_code)
+
+
+def _resume(checkpoints: CheckpointManager, resume_from: Optional[str], logger: MetricsLogger,
+            phases: Dict[str, float]) -> TrainState:
+    """The progress of the checkpoint a resume loads (timed as the ``load_checkpoint`` phase), or
+    a fresh :class:`TrainState` without one."""
+    if resume_from is None:
+        return TrainState()
+    with phase(logger, f"loading checkpoint {resume_from}", phases, "load_checkpoint"):
+        return checkpoints.resume(resume_from)
+
+
 def _apply_rope_fusion(kernels: KernelConfig, transformer_config: TransformerConfig, layer_spec: ModuleSpec,
                        model_kwargs: Dict[str, Any]) -> Optional[str]:
     """``kernels.apply_rope_fusion`` with RoPE: megatron-core's TE kernel on the Transformer Engine
@@ -318,9 +355,10 @@ def _apply_rope_fusion(kernels: KernelConfig, transformer_config: TransformerCon
 
 def _load_init_from(run: RunConfig, init_from: str, model: List[torch.nn.Module], transformer_config: TransformerConfig,
                     model_kwargs: Dict[str, Any], rank: int, watcher: Optional[ExitSignalWatcher],
-                    created_pg: bool) -> InitSource:
+                    created_pg: bool, logger: MetricsLogger, phases: Dict[str, float]) -> InitSource:
     """Load ``checkpoint.init_from``'s weights into the fresh model
-    (:func:`~dlmspec.backends.megatron.init_from.initialize_from`).
+    (:func:`~dlmspec.backends.megatron.init_from.initialize_from`), timed as the ``init_from``
+    phase (a Hugging Face checkpoint is converted on the first launch, then read from the cache).
 
     Raises:
         SystemExit: code 2 after rank 0 printed the :class:`~dlmspec.backends.megatron.init_from.InitFromError`
@@ -328,15 +366,18 @@ def _load_init_from(run: RunConfig, init_from: str, model: List[torch.nn.Module]
     """
     ckpt = run.checkpoint
     try:
-        return initialize_from(
-            init_from, model=model, transformer_config=transformer_config, model_kwargs=model_kwargs,
-            cache_dir=ckpt.init_cache_dir or default_cache_dir(ckpt.save_dir, run.logging.run_dir),
-        )
+        with phase(logger, f"loading checkpoint.init_from {init_from} (a Hugging Face checkpoint is converted "
+                   "on the first launch)", phases, "init_from"):
+            return initialize_from(
+                init_from, model=model, transformer_config=transformer_config, model_kwargs=model_kwargs,
+                cache_dir=ckpt.init_cache_dir or default_cache_dir(ckpt.save_dir, run.logging.run_dir),
+            )
     except InitFromError as exc:  # every rank has it (rank 0 told them); named, exit code 2
         if rank == 0:
             print(f"train.py: {exc}", file=sys.stderr, flush=True)
         if watcher is not None:
             watcher.restore()
+        logger.close()
         shutdown(created_pg, barrier=False)
         raise SystemExit(2) from None
 

@@ -3,6 +3,7 @@ recipes) and float settings the GPU computes with in float32."""
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from dlmspec.check.hints import local_because, or_te
@@ -129,3 +130,125 @@ def _float32_range(ctx: Context) -> Iterator[Finding]:
             yield Finding(key, f"{value:g} is beyond float32 (at most {FLOAT32_MAX:.3g}), in which the GPU computes "
                           "it: it becomes inf and training produces NaN", f"use {leaf} = {default!r} (the default)",
                           fix=Fix({key: default}))
+
+
+# --------------------------------------------------------------------------------------------
+# Transformer Engine's fp8 recipes and GEMM shapes, and recomputation on its layers (issue 21).
+
+
+@rule(
+    "fp8-blockwise-gpu",
+    "error",
+    "transformer_engine.pytorch.quantization.check_fp8_block_scaling_support (Float8BlockScaling, "
+    "megatron-core fp8_recipe = 'blockwise': compute capability 9.0 or higher and CUDA >= 12.9)",
+    "the blockwise fp8 recipe runs on Hopper or newer GPUs",
+)
+def _blockwise_gpu(ctx: Context) -> Iterator[Finding]:
+    p, gpu = ctx.spec.precision, ctx.r.gpu
+    if p.fp8 != "none" and p.fp8_recipe == "blockwise" and gpu is not None and gpu.supports_fp8 \
+            and gpu.compute_capability < (9, 0):
+        yield Finding(
+            "precision.fp8_recipe",
+            f"blockwise fp8 scaling (Transformer Engine's Float8BlockScaling) needs compute capability 9.0 "
+            f"(Hopper); {gpu.name} has {gpu.compute_capability[0]}.{gpu.compute_capability[1]}",
+            "set precision.fp8_recipe = 'tensorwise' (per-tensor current scaling, which it runs), or a GPU "
+            "such as h100 or h200",
+            fix=Fix({"precision.fp8_recipe": "tensorwise"}),
+        )
+
+
+#: Transformer Engine's fp8 GEMMs take an input ``[rows, columns]`` and a weight ``[out, in]`` with
+#: rows and out a multiple of :data:`FP8_ROWS` and columns and in a multiple of :data:`FP8_COLUMNS`
+#: (``transformer_engine.pytorch.utils.assert_dim_for_fp8_exec``, in every TE linear's forward).
+FP8_ROWS = 8
+FP8_COLUMNS = 16
+
+
+def fp8_gemm_widths(ctx: Context) -> list[tuple[str, str, int, int]]:
+    """The weight dimensions of one GPU's fp8 GEMMs that TE refuses: ``(key, what, size, multiple)``.
+
+    Per tensor-parallel rank, megatron-core's TE layers hold ``linear_qkv`` ``[(heads + 2 groups) x
+    kv_channels / tp, hidden]``, ``linear_proj`` ``[hidden, heads x kv_channels / tp]``, ``linear_fc1``
+    ``[ffn x (2 gated) / tp, hidden]`` and ``linear_fc2`` ``[hidden, ffn / tp]`` (experts: their
+    ffn size over the expert tensor-parallel size); the output layer is not an fp8 GEMM.
+    """
+    m, r = ctx.spec.model, ctx.r
+    gated = 2 if m.activation in ("swiglu", "geglu") else 1
+    out: list[tuple[str, str, int, int]] = []
+
+    def need(key: str, what: str, size: float, multiple: int) -> None:
+        if size == int(size) and int(size) % multiple:  # a size TP does not divide: the TP rules' error
+            out.append((key, what, int(size), multiple))
+
+    need("model.hidden_size", "hidden_size (every GEMM's input width)", m.hidden_size, FP8_COLUMNS)
+    heads = m.num_attention_heads * r.kv_channels / r.tp
+    need("model.kv_channels", "heads x kv_channels per GPU (linear_proj's input width)", heads, FP8_COLUMNS)
+    need("model.kv_channels", "(heads + 2 x query groups) x kv_channels per GPU (linear_qkv's output)",
+         (m.num_attention_heads + 2 * r.num_query_groups) * r.kv_channels / r.tp, FP8_ROWS)
+    if 0 in r.moe_layers or not m.num_experts:
+        need("model.ffn_hidden_size", "ffn_hidden_size per GPU (linear_fc2's input width)", m.ffn_hidden_size / r.tp,
+             FP8_COLUMNS)
+        need("model.ffn_hidden_size", "linear_fc1's output per GPU", gated * m.ffn_hidden_size / r.tp, FP8_ROWS)
+    if m.num_experts and r.moe_ffn_hidden_size:
+        need("model.moe_ffn_hidden_size", "an expert's ffn size per GPU (its linear_fc2's input width)",
+             r.moe_ffn_hidden_size / r.etp, FP8_COLUMNS)
+    seen: set[str] = set()
+    return [w for w in out if not (w[0] in seen or seen.add(w[0]))]  # the first per key
+
+
+@rule(
+    "fp8-gemm-shapes",
+    "error",
+    "transformer_engine.pytorch.utils.assert_dim_for_fp8_exec (fp8 GEMM inputs: rows a multiple of 8, "
+    "columns of 16; every TE linear checks its input and weight)",
+    "fp8 GEMMs get rows in multiples of 8 and columns in multiples of 16",
+)
+def _fp8_gemm_shapes(ctx: Context) -> Iterator[Finding]:
+    p, r, t, o = ctx.spec.precision, ctx.r, ctx.spec.train, ctx.spec.objective
+    if p.fp8 == "none" or r.transformer_impl == "local":  # local: fp8-needs-te
+        return
+    for key, what, size, multiple in fp8_gemm_widths(ctx):
+        yield Finding(key, f"{what} is {size}, not a multiple of {multiple}: Transformer Engine's fp8 GEMMs "
+                      f"refuse it", f"set precision.fp8 = 'none', or a {key.split('.')[1]} that makes it a "
+                      f"multiple of {multiple}", fix=Fix({"precision.fp8": "none"}))
+    # rows: the tokens of one micro-batch on one GPU (sequence parallelism splits them over TP)
+    split = r.cp * (r.tp if ctx.spec.parallel.sequence_parallel else 1)
+    rows = t.micro_batch_size * t.seq_length / split
+    if rows == int(rows) and int(rows) % FP8_ROWS:
+        step = FP8_ROWS * split
+        fixed = max(step, t.seq_length // step * step)
+        yield Finding("train.seq_length", f"a micro-batch gives fp8 GEMMs {int(rows)} rows per GPU (micro_batch_size "
+                      f"{t.micro_batch_size} x seq_length {t.seq_length}" + (f" / {split}" if split > 1 else "")
+                      + f"), not a multiple of {FP8_ROWS}", f"set train.seq_length = {fixed}, or precision.fp8 = 'none'",
+                      fix=Fix({"train.seq_length": fixed}))
+    if o.kind == "mdm" and o.variable_length_prob > 0 and o.variable_length == "micro_batch":
+        rt_multiple = math.lcm(2 * r.cp if r.cp > 1 else 1, r.tp if ctx.spec.parallel.sequence_parallel and r.tp > 1
+                               else 1)  # dlmspec.resolve.runtime_values' variable_length_multiple
+        if (t.micro_batch_size * rt_multiple) % (FP8_ROWS * split):
+            fix = (Fix({"objective.variable_length": "sequence"}) if r.cp == 1
+                   else Fix({"objective.variable_length_prob": 0}))
+            yield Finding("objective.variable_length", f"a micro-batch cut to a random length (a multiple of "
+                          f"{rt_multiple}) gives fp8 GEMMs a number of rows that is not always a multiple of "
+                          f"{FP8_ROWS}", fix.text() + (" (each sequence cut alone behind a key-padding mask: the "
+                          "shape stays)" if r.cp == 1 else "") + ", or precision.fp8 = 'none'", fix=fix)
+
+
+@rule(
+    "recompute-layernorm-te",
+    "warning",
+    "megatron.core.transformer.transformer_layer.TransformerLayer.__init__ ('layernorm' recomputes "
+    "input_layernorm / pre_mlp_layernorm only where they are not IdentityOp; the Transformer Engine "
+    "layer spec fuses them into linear_qkv and a dense linear_fc1, TELayerNormColumnParallelLinear)",
+    "recompute.modules names 'layernorm' only where a norm is there to recompute",
+)
+def _layernorm_recompute_te(ctx: Context) -> Iterator[Finding]:
+    rc = ctx.spec.recompute
+    modules = list(rc.modules or [])
+    if (rc.granularity == "selective" and "layernorm" in modules and ctx.r.transformer_impl != "local"
+            and not ctx.spec.model.num_experts):
+        rest = [m for m in modules if m != "layernorm"]
+        fix = Fix({"recompute.modules": rest}) if rest else Fix({"recompute.granularity": "none"},
+                                                                unset=("recompute.modules",))
+        yield Finding("recompute.modules", "'layernorm' recomputes nothing on the Transformer Engine layers: they fuse "
+                      "each norm into the linear after it (no norm output is kept to drop)",
+                      fix.text() + ", or model.transformer_impl = 'local' (separate norms)", fix=fix)

@@ -194,22 +194,6 @@ def _fsdp_fp8(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "runtime-wandb",
-    "error",
-    "backends/megatron/metrics.py (metrics go to the console, metrics.jsonl and TensorBoard)",
-    "logging.wandb_project is unset",
-    scope="runtime",
-    fix="remove logging.wandb_project and use logging.tensorboard_dir",
-)
-def _wandb(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.logging.wandb_project is not None:
-        fix = Fix(unset=("logging.wandb_project",) + (("logging.wandb_exp_name",)
-                                                      if ctx.spec.logging.wandb_exp_name is not None else ()))
-        yield Finding("logging.wandb_project", "Weights & Biases logging is not implemented by the runtime "
-                      "(console and TensorBoard only)", f"{fix.text()} and use logging.tensorboard_dir", fix=fix)
-
-
-@rule(
     "runtime-tensorboard-dir",
     "error",
     "backends/megatron/metrics.py (TensorBoard events go to <LoggingConfig.run_dir>/tensorboard)",
@@ -238,7 +222,7 @@ def _tensorboard_dir(ctx: Context) -> Iterator[Finding]:
     "grouped-GEMM experts run on Transformer Engine layers",
     scope="runtime",
     fix="set model.moe_grouped_gemm = false, or model.transformer_impl = \"transformer_engine\" (without the "
-    "features that need the local layers: variable-length sequences, document masks, block-causal attention)",
+    "features that need the local layers: document masks, block-causal attention)",
     fix_keys=Fix({"model.moe_grouped_gemm": False}),
 )
 def _grouped_gemm_local(ctx: Context) -> Iterator[Finding]:
@@ -262,32 +246,13 @@ def _block_causal_te(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "runtime-variable-length-te",
-    "error",
-    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore a key-padding mask)",
-    "variable-length sequences run on the local layers",
-    scope="runtime",
-    fix="set model.transformer_impl = \"auto\" or \"local\", or objective.variable_length_prob = 0, or "
-    "objective.variable_length = \"micro_batch\" (a dense cut, which Transformer Engine runs)",
-    fix_keys=Fix({"model.transformer_impl": "auto"}),
-)
-def _variable_length_te(ctx: Context) -> Iterator[Finding]:
-    o = ctx.spec.objective
-    if (o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence"
-            and ctx.r.transformer_impl == "transformer_engine"):
-        yield Finding("objective.variable_length_prob", "sequences cut to a random length need a key-padding mask, "
-                      "which the Transformer Engine layers ignore: the runtime refuses it at start-up "
-                      "(backends/megatron/checks.py check_masks_supported)")
-
-
-@rule(
     "runtime-variable-length-pipeline",
     "error",
     "backends/megatron/checks.py check_loss_normalization (megatron-core's pipeline schedule sends activations "
     "of seq_length positions between stages; a cut micro-batch is shorter)",
     "a micro-batch cut runs without pipeline parallelism",
     scope="runtime",
-    fix="set objective.variable_length = \"sequence\" (each sequence cut alone, local layers), or "
+    fix="set objective.variable_length = \"sequence\" (each sequence cut alone, behind a key-padding mask), or "
     "parallel.pipeline_model_parallel_size = 1",
     fix_keys=Fix({"objective.variable_length": "sequence"}),
 )
@@ -302,7 +267,8 @@ def _variable_length_pipeline(ctx: Context) -> Iterator[Finding]:
 @rule(
     "runtime-document-mask-te",
     "error",
-    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers ignore an attention mask)",
+    "backends/megatron/checks.py check_masks_supported (the Transformer Engine layers take a key-padding mask "
+    "only, as TE's padding mask type; a document mask is per query)",
     "document masks run on the local layers",
     scope="runtime",
     fix="set model.transformer_impl = \"auto\" or \"local\", or data.reset_attention_mask = false",
@@ -310,6 +276,6 @@ def _variable_length_pipeline(ctx: Context) -> Iterator[Finding]:
 )
 def _document_mask_te(ctx: Context) -> Iterator[Finding]:
     if ctx.spec.data.reset_attention_mask and ctx.r.transformer_impl == "transformer_engine":
-        yield Finding("data.reset_attention_mask", "document masks are passed as an attention mask, which the "
-                      "Transformer Engine layers ignore: the runtime refuses it at start-up "
-                      "(backends/megatron/checks.py check_masks_supported)")
+        yield Finding("data.reset_attention_mask", "a document mask is per query ([b, 1, s, s]), no key-padding mask "
+                      "[b, 1, 1, s], and the Transformer Engine layers take no other: the runtime refuses it at "
+                      "start-up (backends/megatron/checks.py check_masks_supported)")

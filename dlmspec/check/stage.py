@@ -113,6 +113,7 @@ _SHARED = {
     "logging.run_dir": "writes its metrics.jsonl and exit_status.json into that run's folder",
     "logging.tensorboard_dir": "writes its TensorBoard events among that run's events",
     "logging.wandb_exp_name": "logs to wandb under that run's name",
+    "logging.wandb_save_dir": "keeps its W&B files, and resumes the W&B run, of that run's folder",
     "cluster.slurm.job_name": "is queued under that run's SLURM job name",
 }
 
@@ -192,18 +193,25 @@ def _checkpoint_inherited(ctx: Context) -> Iterator[Finding]:
         )
 
 
+#: The ``[logging]`` W&B keys that only mean something with ``wandb_project``.
+_WANDB_KEYS = ("wandb_exp_name", "wandb_save_dir", "wandb_entity", "wandb_mode", "wandb_tags")
+
+
 @rule(
     "wandb-name-without-project",
     "warning",
     "Megatron-LM training (wandb is enabled by --wandb-project)",
-    "logging.wandb_exp_name comes with logging.wandb_project",
+    "logging.wandb_exp_name (and the other wandb_* keys) come with logging.wandb_project",
 )
 def _wandb(ctx: Context) -> Iterator[Finding]:
     lg = ctx.spec.logging
-    if lg.wandb_exp_name is not None and lg.wandb_project is None:
-        yield Finding("logging.wandb_exp_name", "has no effect: wandb logs only when wandb_project is set",
-                      "remove logging.wandb_exp_name (the bundled runtime logs to TensorBoard), or set "
-                      "logging.wandb_project", fix=Fix(unset=("logging.wandb_exp_name",)))
+    if lg.wandb_project is not None:
+        return
+    for name in _WANDB_KEYS:
+        if getattr(lg, name) is not None:
+            yield Finding(f"logging.{name}", "has no effect: W&B logs only when logging.wandb_project is set",
+                          f"set logging.wandb_project (the W&B project), or remove logging.{name}",
+                          fix=Fix(unset=(f"logging.{name}",)))
 
 
 @rule(

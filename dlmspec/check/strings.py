@@ -3,6 +3,7 @@ variable or a UTF-8 file cannot carry, and no blank name or path."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
@@ -25,6 +26,32 @@ def _secret_in_spec(ctx: Context) -> Iterator[Finding]:
         fix = _without(ctx, key)
         hint = ENVIRONMENT_FIX.replace("remove it from the spec", f"remove it from the spec ({fix.text()})", 1)
         yield Finding(key, f"holds {what}; {NEVER_WRITTEN}", hint, value=HIDDEN, fix=fix)
+
+
+#: A W&B API key as a whole value: 40 lowercase hex digits (``local-`` before them: a W&B
+#: server's key). Matched in the ``[logging]`` W&B strings only: elsewhere 40 hex digits are
+#: usually a git commit (``checkpoint.init_from`` revisions).
+_WANDB_KEY = re.compile(r"(?:local-)?[0-9a-f]{40}")
+
+
+@rule(
+    "wandb-key-in-spec",
+    "error",
+    "wandb (the library reads its API key from WANDB_API_KEY or ~/.netrc); every spec string reaches a "
+    "generated file",
+    "no [logging] W&B setting holds a W&B API key",
+)
+def _wandb_key_in_spec(ctx: Context) -> Iterator[Finding]:
+    lg = ctx.spec.logging
+    values = [(f"logging.{name}", getattr(lg, name)) for name in
+              ("wandb_project", "wandb_exp_name", "wandb_entity", "wandb_save_dir")]
+    values += [(f"logging.wandb_tags.{i}", tag) for i, tag in enumerate(lg.wandb_tags or ())]
+    for key, value in values:
+        if isinstance(value, str) and _WANDB_KEY.fullmatch(value.strip()):
+            fix = _without(ctx, key)
+            yield Finding(key, f"holds a W&B API key (40 hex digits); {NEVER_WRITTEN}",
+                          f"remove it from the spec ({fix.text()}) and export WANDB_API_KEY=<key> in the shell "
+                          "you start the job from; the job inherits it", value=HIDDEN, fix=fix)
 
 
 #: Tables whose strings :func:`_string_characters` leaves to others: ``[cluster.slurm]`` strings
@@ -134,6 +161,8 @@ _NAMED_STRINGS: dict[str, tuple[str, str]] = {
     "logging.tensorboard_dir": ("the TensorBoard directory", "remove logging.tensorboard_dir (unset: no TensorBoard)"),
     "logging.wandb_project": ("the wandb project", "remove logging.wandb_project (unset: no wandb)"),
     "logging.wandb_exp_name": ("the wandb run name", "remove logging.wandb_exp_name (unset: the run's name)"),
+    "logging.wandb_save_dir": ("the W&B save directory", "remove logging.wandb_save_dir (unset: <run_dir>/wandb)"),
+    "logging.wandb_entity": ("the W&B entity", "remove logging.wandb_entity (unset: the API key's own)"),
     "stage.sft.prompt_key": ("the JSON key of prompts", 'use prompt_key = "prompt"'),
     "stage.sft.response_key": ("the JSON key of responses", 'use response_key = "response"'),
     "stage.rl.reward": ("the reward function", 'use reward = "exact_match"'),

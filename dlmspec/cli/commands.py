@@ -199,7 +199,8 @@ def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], titl
 @app.command(cls=Command)
 def show(
     ctx: typer.Context,
-    spec: Optional[str] = typer.Argument(None, help="Spec file (.toml or .py) to print resolved."),
+    spec: Optional[str] = typer.Argument(None, help="Spec file (.toml or .py) to print resolved, or a run "
+                                         "directory (its provenance and last metrics)."),
     set_: list[str] = typer.Option([], "--set", "-s", help=_SET_HELP),
     gpus: bool = typer.Option(False, "--gpus", help="List the GPU catalog."),
     presets: bool = typer.Option(False, "--presets", help="List the model presets with parameter counts."),
@@ -214,10 +215,16 @@ def show(
     `dlmspec validate` knows it (its first line) and does not warn about the defaults it wrote.
     --minimal prints only what differs from the defaults. Secrets (tokens, keys, credentials in
     URLs, secret-named env entries) print as `"<hidden>"`, as validate shows them. The spec is
-    not checked (use ``dlmspec validate``); it only has to load.
+    not checked (use ``dlmspec validate``); it only has to load. Given a run directory
+    (``[logging] run_dir``, the folder holding metrics.jsonl): the provenance of its last launch
+    and its last metrics.
     """
     use_json(ctx, json_output)
     chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
+    if spec is not None and not chosen and os.path.isdir(spec):  # a run directory: provenance, last metrics
+        from dlmspec.cli.runs import show_run
+
+        return show_run(spec, set_=set_, json_output=json_output)
     if len(chosen) + (spec is not None) != 1:
         raise SpecError([SpecIssue("<arguments>", "give exactly one of SPEC, --gpus, --presets, --rules",
                                    value=" ".join(chosen + ([spec] if spec else [])) or None,
@@ -877,3 +884,6 @@ def plan_command(
     code = run_plan(spec, set_, json_output, search, top)
     if code:
         raise typer.Exit(code)
+
+
+from dlmspec.cli import plot as _plot  # noqa: E402,F401  (registers `dlmspec plot` on the app)

@@ -6,6 +6,7 @@ prepare`` with Megatron-LM's ``preprocess_data.py`` flag names. The work is
 from __future__ import annotations
 
 import signal
+from functools import partial
 from typing import Optional
 
 import typer
@@ -19,6 +20,7 @@ from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
 from dlmspec.data.hub import source_from_flags
 from dlmspec.data.prepare import PrepareResult, prepare
 from dlmspec.data.read import MAX_LINE_BYTES
+from dlmspec.data.sft import SftOptions, prepare_sft_command, print_sft_summary
 from dlmspec.errors import EXIT_USAGE, SpecIssue
 from dlmspec.tokenizers import valid_tokenizer_types
 
@@ -133,6 +135,18 @@ def prepare_command(
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
+    # --sft: conversations to the SFT dataset (dlmspec.data.sft; docs/sft-data.md)
+    sft: bool = typer.Option(False, "--sft", help="Conversations (JSONL messages or prompt/response) to an SFT dataset with response flags."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="--sft: chatml (default), llama3, plain, or tokenizer (the HF tokenizer's own)."),
+    messages_key: Optional[str] = typer.Option(None, "--messages-key", help="--sft: the rows' messages key (default messages)."),
+    prompt_key: Optional[str] = typer.Option(None, "--prompt-key", help="--sft: the rows' prompt key (default prompt)."),
+    response_key: Optional[str] = typer.Option(None, "--response-key", help="--sft: the rows' response key (default response)."),
+    seq_length: Optional[int] = typer.Option(None, "--seq-length", help="--sft: most tokens a sample has, EOD included (the training seq_length)."),
+    overlong: Optional[str] = typer.Option(None, "--overlong", help="--sft: a row over --seq-length: skip (default) or truncate (counted either way)."),
+    on_bad: Optional[str] = typer.Option(None, "--on-bad", help="--sft: a bad row: skip (default; counted by kind, lines listed) or fail."),
+    first_new_token_id: Optional[int] = typer.Option(None, "--first-new-token-id", help="--sft: first id of chat tokens the vocabulary lacks (default vocab size + 1)."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="--sft: the objective's [MASK] id, which no new chat token may take."),
+    pad_token_id: Optional[int] = typer.Option(None, "--pad-token-id", help="--sft: the pad id, which no new chat token may take."),
 ) -> None:
     """Tokenize JSONL or a Hugging Face dataset into Megatron indexed datasets (as Megatron-LM's
     preprocess_data.py)."""
@@ -143,7 +157,11 @@ def prepare_command(
         hf_streaming = False if no_hf_streaming else None
         show_progress = not no_progress
         hub = source_from_flags(input, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
-        result = prepare(
+        options = SftOptions(chat_template, messages_key, prompt_key, response_key, seq_length, overlong,
+                             on_bad, first_new_token_id, mask_token_id, pad_token_id)
+        if not sft and options.given():
+            raise DataPrepareError(f"{options.given()[0]} is an SFT flag; add --sft (conversations) or drop it")
+        result = (partial(prepare_sft_command, options=options) if sft else prepare)(
             input,
             output_prefix,
             tokenizer_type=tokenizer_type,
@@ -171,7 +189,7 @@ def prepare_command(
     if json_output:
         print_envelope("data prepare", ok=True, result=result.to_dict())
     else:
-        _print_summary(Console(), result)
+        (print_sft_summary if sft else _print_summary)(Console(), result)
 
 
 def _fail(err: Console, message: str, json_output: bool, rule: str) -> None:

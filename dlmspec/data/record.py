@@ -113,6 +113,10 @@ def write_record(prefix: str, **sections: Any) -> str:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        # mkstemp creates 0600; a record is as readable as the dataset beside it (umask applies)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -170,7 +170,7 @@ def sbatch_context(resolved: Resolved) -> dict[str, Any]:
         "requeue_exit": REQUEUE_EXIT_CODE,
         "port_base": PORT_BASE,
         "port_span": PORT_SPAN,
-        "wandb": spec.logging.wandb_project is not None,
+        "wandb": spec.logging.wandb_project is not None and spec.logging.wandb_mode != "offline",
         "runtime_secrets": RUNTIME_SECRETS,
     }
 

@@ -507,7 +507,7 @@ class ClusterSpec(Section):
 
 
 class LoggingSpec(Section):
-    """``[logging]``: console, TensorBoard and wandb (names only; keys stay in the environment)."""
+    """``[logging]``: console, TensorBoard and Weights & Biases (names only; keys stay in the environment)."""
 
     log_interval: PositiveInt = 10
     run_dir: str | None = Field(
@@ -517,8 +517,22 @@ class LoggingSpec(Section):
         None, description="TensorBoard event directory (unset: no TensorBoard); the runtime writes "
         "events to <run_dir>/tensorboard, so `dlmspec compile` accepts that path only."
     )
-    wandb_project: str | None = None
-    wandb_exp_name: str | None = None
+    wandb_project: str | None = Field(
+        None, description="Weights & Biases project (Megatron-LM's --wandb-project): the logging rank logs the "
+        "TensorBoard scalars and the run's provenance there. The API key comes from the environment "
+        "(WANDB_API_KEY), never from the spec. Unset: no W&B."
+    )
+    wandb_exp_name: str | None = Field(None, description="The W&B run's name (--wandb-exp-name). Default: the spec's name.")
+    wandb_save_dir: str | None = Field(
+        None, description="Where W&B writes its files and the run's id (--wandb-save-dir); a requeued job resumes "
+        "the same W&B run from it. Default: <run_dir>/wandb."
+    )
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user). Default: the API key's own.")
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None, description="online (the default): upload as the run goes; offline: files only (`wandb sync` "
+        "uploads them), no API key needed."
+    )
+    wandb_tags: list[str] | None = Field(None, description="Tags of the W&B run.")
     profile: bool = Field(
         False, description="Record steps profile_step_start .. profile_step_end - 1 with torch.profiler "
         "(Megatron-LM's --profile --use-pytorch-profiler); the trace and a kernel-time summary go to "

@@ -43,6 +43,7 @@ NAME_KEYS: tuple[str, ...] = (
     "logging.run_dir",
     "logging.tensorboard_dir",
     "logging.wandb_exp_name",
+    "logging.wandb_save_dir",
     "cluster.slurm.job_name",
 )
 

@@ -75,6 +75,14 @@ def _foreign(tmp: Path) -> Path:
     return path
 
 
+def _run_dir(tmp: Path) -> Path:
+    """A run directory with a metrics.jsonl of one launch (dlmspec show RUN_DIR, dlmspec plot)."""
+    run = tmp / "run"
+    run.mkdir(exist_ok=True)
+    (run / "metrics.jsonl").write_text('{"event": "start", "name": "r"}\n{"event": "train", "iteration": 1, "loss": 2.0}\n')
+    return run
+
+
 #: Command -> (name in the envelope, success cases, failure cases); a case maps ``tmp_path`` to the
 #: arguments (``--json`` included). Every command of the app must be here.
 Case = Callable[[Path], list[str]]
@@ -92,7 +100,8 @@ CASES: dict[tuple[str, ...], tuple[list[Case], list[Case]]] = {
                             "--set", "train.global_batch_size=1024", "--set", "train.seq_length=1024"],
                  lambda t: ["plan", DEMO, "--search", "--json", "--set", "model.preset=nope"]]),
     ("show",): ([lambda t: ["show", DEMO, "--json"], lambda t: ["show", "--gpus", "--json"],
-                 lambda t: ["show", "--presets", "--json"], lambda t: ["show", "--rules", "--json"]],
+                 lambda t: ["show", "--presets", "--json"], lambda t: ["show", "--rules", "--json"],
+                 lambda t: ["show", str(_run_dir(t)), "--json"]],
                 [lambda t: ["show", "--json"], lambda t: ["show", str(t / "missing.toml"), "--json"]]),
     ("new",): ([lambda t: ["new", str(t / "a.toml"), "--from", "demo-dlm", "--json"],
                 lambda t: ["new", str(t / "b.toml"), "--preset", "qwen3-0.6b", "--json"]],
@@ -105,6 +114,8 @@ CASES: dict[tuple[str, ...], tuple[list[Case], list[Case]]] = {
                    lambda t: ["submit", DEMO, "-o", str(t / "sub"), "--json"]],
                   [lambda t: ["submit", str(t / "missing.toml"), "--json"],
                    lambda t: ["submit", str(t / "missing.toml"), "--dry-run", "--json"]]),
+    ("plot",): ([lambda t: ["plot", str(_run_dir(t)), "-o", str(t / "p.png"), "--json"]],
+                [lambda t: ["plot", str(t / "none"), "-o", str(t / "p.png"), "--json"]]),
     ("data", "prepare"): ([lambda t: _prepare(t, str(_jsonl(t)))],
                           [lambda t: _prepare(t, str(t / "missing.jsonl"))]),
     ("convert", "hf-to-mcore"): ([lambda t: ["convert", "hf-to-mcore", str(_tiny_hf(t)), str(t / "mc"), "--json"]],

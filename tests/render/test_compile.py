@@ -394,7 +394,6 @@ RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
       "checkpoint.init_from": "mcore:runs/base/checkpoints"}, "runtime-fsdp-init-from", "checkpoint.init_from"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
       "model.transformer_impl": "transformer_engine"}, "runtime-fsdp-fp8", "precision.fp8"),
-    ({"logging.wandb_project": "p"}, "runtime-wandb", "logging.wandb_project"),
     ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
      "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,

@@ -307,8 +307,8 @@ def test_build_configs_runs_megatron_checks_and_holds_the_resolved_values(case: 
 
 def test_auto_builds_the_local_layers_where_transformer_engine_imports(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """demo-dlm cuts 1% of its sequences (objective.variable_length_prob), which the Transformer
-    Engine path refuses at start-up: on a machine where Transformer Engine imports, its train.py
+    """demo-dlm cuts 1% of its sequences (objective.variable_length_prob), which auto keeps on the
+    local layers where they were measured: on a machine where Transformer Engine imports, its train.py
     still builds the local layers, the runtime's mask check passes, and the RunConfig (the start
     record's run_config) says why."""
     import dlmspec.backends.megatron.layers as layers

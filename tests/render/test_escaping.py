@@ -122,7 +122,6 @@ CONSTRAINED: dict[str, Any] = {
     "cluster.gpu": "h100",  # a GPU catalog id
     "cluster.slurm.time": "04:00:00",  # a SLURM time
     "cluster.slurm.mem": "480G",  # a SLURM memory size
-    "logging.wandb_project": None,  # compile refuses wandb whatever the value (runtime-wandb)
 }
 
 #: Slots that take a fixed form around the free text.

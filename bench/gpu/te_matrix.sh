@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 21, correctness first: the compiled demo (specs/demo-dlm.toml, 40 steps per configuration) on
+# the Transformer Engine path - bf16 (TE's fused layer-norm + linear), fp8 delayed / tensorwise /
+# blockwise, recompute selective and full, variable_length_prob 0.5 (TE's padding mask), save at 20 and
+# resume to 40 - each against the local-path bf16 loss of the same seed. Details: bench/gpu/te_matrix.py.
+#
+# CPU (from the repository root; makes .data from ../shared/data, compiles into .device/te, checks flags):
+#   bash bench/gpu/te_matrix.sh --dry
+#   (optional, for megatron-core 0.19.2's field names: python3 -m pip download megatron-core==0.19.2
+#    --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl/mc19)
+# GPU, one H200, after TE is installed into /tmp/site_te (../shared/gpu/transformer-engine.md) and
+# dlmspec + megatron-core into PYTHONPATH by the lead's wrapper; carry .data and .device/te (and .whl/mc19):
+#   export PYTHONPATH=/tmp/site_te:$PYTHONPATH PYTHONUNBUFFERED=1; bash bench/gpu/te_matrix.sh $OUT
+# Every launch is killed at BUDGET_S (default 450 s) so the results come back within the call. $OUT then
+# holds te_matrix.json (summary) and te_matrix_runs.tgz (NAME.json per configuration, NAME*.log).
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+PY=${PY:-python3}
+[ -x .venv/bin/python ] && [ "${1:-}" = "--dry" ] && PY=.venv/bin/python
+if [ "${1:-}" = "--dry" ]; then
+  shift
+  exec "$PY" bench/gpu/te_matrix.py --dry "$@"
+fi
+out=${1:?usage: te_matrix.sh OUT | te_matrix.sh --dry}
+shift
+"$PY" bench/gpu/te_matrix.py "$out" --budget-s "${BUDGET_S:-450}" --lanes "${LANES:-4}" "$@"
+rc=$?
+# few files come back from a device call: te_matrix.json (the summary) and one archive of the
+# per-configuration JSON files and logs
+(cd "$out" && files=$(ls *.json *.log 2>/dev/null | grep -v '^te_matrix.json$') \
+  && [ -n "$files" ] && tar czf te_matrix_runs.tgz $files && rm -f $files)
+exit $rc

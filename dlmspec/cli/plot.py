@@ -1,0 +1,127 @@
+"""``dlmspec plot RUN_DIR [RUN_DIR...]``: a PNG of loss, validation loss and tokens/s against
+steps, the runs side by side (one line each, named by the run's name), from their
+``metrics.jsonl`` (:func:`dlmspec.cli.runs.read_run`).
+
+matplotlib (the ``viz`` extra) is imported only when a plot is drawn, with its non-interactive
+Agg backend. The PNG carries ``Software: dlmspec plot`` in its metadata: a later plot replaces a
+file dlmspec drew, any other file only with ``--force``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from dlmspec.cli.app import app
+from dlmspec.cli.help import Command
+from dlmspec.cli.output import print_envelope, use_json
+from dlmspec.cli.runs import RunLog, read_run
+from dlmspec.errors import SpecError, SpecIssue
+
+#: The PNG metadata that marks a file this command wrote (a ``tEXt`` chunk).
+SOFTWARE = "dlmspec plot"
+
+#: The panels: (title, event, key, y label).
+PANELS = (
+    ("training loss", "train", "loss", "loss (nats/token)"),
+    ("validation loss", "valid", "loss", "loss (nats/token)"),
+    ("throughput", "train", "tokens_per_s", "tokens/s"),
+)
+
+
+def written_by_dlmspec(path: str) -> bool:
+    """Whether the PNG at ``path`` carries this command's ``Software`` tag (read from the first
+    64 KiB: matplotlib writes its text chunks before the image data)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"Software\x00" + SOFTWARE.encode() in head
+
+
+def draw(runs: list[RunLog], output: str) -> dict[str, int]:
+    """Draw :data:`PANELS` for ``runs`` into the PNG ``output`` (written whole, then moved into
+    place); each line is labelled by its run's name (and directory, where two runs share a name).
+
+    Returns:
+        Points drawn per panel (``{"training loss": 40, ...}``).
+
+    Raises:
+        SpecError: matplotlib is not installed (``--output`` is not written).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpecError([SpecIssue("dlmspec plot", "needs matplotlib, which is not installed", value=None,
+                                   hint="pip install matplotlib (or pip install 'dlmspec[viz]')",
+                                   rule="arguments")]) from None
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
+    # fixed margins: a layout engine takes twice the time of the drawing itself
+    fig.subplots_adjust(left=0.055, right=0.985, bottom=0.13, top=0.92, wspace=0.3)
+    points: dict[str, int] = {}
+    names = [log.name for log in runs]
+    labels = [f"{name} ({log.run_dir})" if names.count(name) > 1 else name for name, log in zip(names, runs)]
+    for ax, (title, event, key, ylabel) in zip(axes, PANELS):
+        points[title] = 0
+        for log, label in zip(runs, labels):
+            steps, values = log.series(event, key)
+            if steps:
+                ax.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label)
+                points[title] += len(steps)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if points[title]:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"no {event} records", ha="center", va="center", transform=ax.transAxes)
+    tmp = f"{output}.tmp{os.getpid()}.png"  # written whole, then moved over --output
+    try:
+        fig.savefig(tmp, dpi=110, metadata={"Software": SOFTWARE})
+        os.replace(tmp, output)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return points
+
+
+@app.command("plot", cls=Command)
+def plot(
+    ctx: typer.Context,
+    run_dirs: list[str] = typer.Argument(..., metavar="RUN_DIR...", help="Run directories ([logging] run_dir: "
+                                         "the folders holding metrics.jsonl), drawn side by side."),
+    output: str = typer.Option("dlmspec-plot.png", "--output", "-o", help="The PNG to write."),
+    force: bool = typer.Option(False, "--force", help="Replace --output even when dlmspec did not draw it."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+) -> None:
+    """Plot loss, validation loss and tokens/s against steps for one or more runs (a PNG).
+
+    Exit code 2 when a RUN_DIR holds no metrics.jsonl, --output is another file (without --force)
+    or its folder does not exist, or matplotlib is missing.
+    """
+    use_json(ctx, json_output)
+    runs = [read_run(d) for d in run_dirs]
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise SpecError([SpecIssue("--output", "is in a folder that does not exist", value=output,
+                                   hint=f"create {parent} first, or give --output in an existing folder",
+                                   rule="arguments")])
+    if os.path.isdir(output) or os.path.islink(output):
+        raise SpecError([SpecIssue("--output", "is a folder or a symbolic link", value=output,
+                                   hint="give a file name, e.g. --output loss.png", rule="arguments")])
+    if os.path.exists(output) and not force and not written_by_dlmspec(output):
+        raise SpecError([SpecIssue("--output", "exists and was not drawn by dlmspec plot", value=output,
+                                   hint="give another --output, or add --force to replace it", rule="arguments")])
+    points = draw(runs, output)
+    if json_output:
+        print_envelope("plot", ok=True, result={"output": output, "runs": [r.run_dir for r in runs], "points": points})
+    else:
+        print(f"wrote {output}: " + ", ".join(f"{title} {n} points" for title, n in points.items())
+              + f" from {len(runs)} run(s)")
