@@ -84,7 +84,7 @@ def hf_folder(folder: Path, vocab_txt: Path) -> Path:
     """A local Hugging Face tokenizer folder (BertTokenizerFast of ``vocab_txt``, eos ``[SEP]``)."""
     from transformers import BertTokenizerFast
 
-    tok = BertTokenizerFast(vocab_file=str(vocab_txt), do_lower_case=True, eos_token="[SEP]")
+    tok = BertTokenizerFast(vocab=str(vocab_txt), do_lower_case=True, eos_token="[SEP]")
     tok.save_pretrained(str(folder))
     return folder
 

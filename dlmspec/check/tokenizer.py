@@ -19,6 +19,12 @@ TOKENIZER_NEEDS: dict[str, tuple[str, ...]] = {
     "TikTokenizer": ("model",),
     "GPT2BPETokenizer": ("vocab_file", "merge_file"),
     "NullTokenizer": ("vocab_size",),
+    "BertWordPieceLowerCase": ("vocab_file",),
+    "BertWordPieceCase": ("vocab_file",),
+    "GPTSentencePieceTokenizer": ("model",),
+    "Llama2Tokenizer": ("model",),
+    "MultimodalTokenizer": ("model",),
+    "NullMultimodalTokenizer": ("vocab_size",),
 }
 
 
@@ -34,7 +40,7 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
         if getattr(tok, key) is None:
             hint = {
                 "model": "set data.tokenizer.model to a tokenizer.json, a folder or a .model file",
-                "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json)",
+                "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json, BERT vocab.txt)",
                 "merge_file": "set data.tokenizer.merge_file (GPT-2 merges.txt)",
                 "vocab_size": f"set data.tokenizer.vocab_size, e.g. vocab_size = {ctx.spec.model.vocab_size - 1}",
             }[key]

@@ -167,7 +167,7 @@ def test_tokenizer_names_and_aliases():
             build_tokenizer(alias)  # known type, missing required argument
         assert "unknown" not in str(info.value)
     with pytest.raises(TokenizerError) as info:
-        build_tokenizer("BertWordPieceCase")
+        build_tokenizer("NoSuchTokenizer")
     assert all(name in str(info.value) for name in TOKENIZER_TYPES)
 
 
