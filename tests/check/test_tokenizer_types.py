@@ -134,9 +134,9 @@ def _rules(files, kind: str, **extra) -> dict[str, object]:
 def test_vocab_rule_reads_the_bert_vocab_and_the_sentencepiece_model(files):
     n = _bert_lines(files)
     issue = _rules(files, "BertWordPieceCase", model__vocab_size=n)["tokenizer-vocab"]
-    assert issue.key == "model.vocab_size" and f"{n + 2}" in issue.message + issue.fix
+    assert issue.key == "model.vocab_size" and f"{n + 2}" in issue.message + issue.hint
     issue = _rules(files, "Llama2Tokenizer", model__vocab_size=400)["tokenizer-vocab"]
-    assert "500" in issue.message + issue.fix
+    assert "500" in issue.message + issue.hint
     assert "tokenizer-vocab" in _rules(files, "NullMultimodalTokenizer", model__vocab_size=999)
 
 
@@ -167,4 +167,4 @@ def test_mask_rules_read_bert_and_sentencepiece_pad_and_mask(files):
     assert "mask-token-ordinary" not in _rules(files, "BertWordPieceCase", objective__mask_token_id=vocab["[MASK]"],
                                                **mdm)
     issue = _rules(files, "BertWordPieceCase", objective__mask_token_id=vocab["the"], **mdm)["mask-token-ordinary"]
-    assert f"objective.mask_token_id = {vocab['[MASK]']}" in issue.fix
+    assert f"objective.mask_token_id = {vocab['[MASK]']}" in issue.hint
