@@ -174,3 +174,12 @@ def test_null_multimodal_ids_are_ordinary_tokens_for_mask(files):
     issue = _rules(files, "NullMultimodalTokenizer", objective__kind="mdm", objective__mask_token_id=5,
                    model__vocab_size=1001)["mask-token-distinct"]
     assert "NullMultimodalTokenizer" in issue.message and "use an id above 999" in issue.hint
+
+
+def test_tokenizer_files_larger_than_the_read_limit_are_not_read(files, monkeypatch):
+    import dlmspec.tokenizers as tokenizers
+
+    assert tokenizers.tokenizer_facts("BertWordPieceCase", vocab_file=str(files["vocab"])) is not None
+    monkeypatch.setattr(tokenizers, "MAX_JSON_BYTES", 16)
+    assert tokenizers.tokenizer_facts("BertWordPieceCase", vocab_file=str(files["vocab"])) is None
+    assert tokenizers.tokenizer_facts("Llama2Tokenizer", tokenizer_model=str(files["sp"])) is None
