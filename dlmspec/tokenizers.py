@@ -619,6 +619,20 @@ TIKTOKEN_NUM_SPECIAL = 1000
 TIKTOKEN_DEFAULT_VOCAB = 131072
 
 
+def _readable(path: str | None) -> bool:
+    """``path`` is a regular file of at most :data:`MAX_JSON_BYTES` (validate reads no larger
+    tokenizer file, and never a pipe or device)."""
+    import stat
+
+    if not path:
+        return False
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size <= MAX_JSON_BYTES
+
+
 def tokenizer_facts(
     tokenizer_type: str, *, tokenizer_model: str | None = None, vocab_file: str | None = None,
     vocab_size: int | None = None,
@@ -627,10 +641,11 @@ def tokenizer_facts(
     megatron): a BERT ``vocab.txt`` (its lines, then ``[BOS]``/``[EOS]`` appended: EOD ``[EOS]``,
     pad ``[PAD]``, mask ``[MASK]``); a SentencePiece ``.model`` (read with ``sentencepiece`` when
     installed: pieces, eos, pad); TikTokenizer's and the Null types' fixed layouts. ``None`` for
-    other types, and for files that are missing or unreadable (the path rules report those)."""
+    other types, and for files that are missing, unreadable or larger than :data:`MAX_JSON_BYTES`
+    (the path rules report the missing ones)."""
     kind = canonical_tokenizer_type(tokenizer_type)
     if kind in ("BertWordPieceLowerCase", "BertWordPieceCase"):
-        if not vocab_file or not os.path.isfile(vocab_file):
+        if not _readable(vocab_file):
             return None
         try:
             vocab = read_bert_vocab(vocab_file)
@@ -639,7 +654,7 @@ def tokenizer_facts(
         return TokenizerFacts(max(vocab.values()) + 1, vocab["[EOS]"], vocab.get("[PAD]"), vocab.get("[MASK]"),
                               str(vocab_file))
     if kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
-        if not tokenizer_model or not os.path.isfile(tokenizer_model):
+        if not _readable(tokenizer_model):
             return None
         try:
             import sentencepiece
