@@ -27,7 +27,7 @@ from dlmspec.tokenizers import valid_tokenizer_types
 
 app = typer.Typer(
     cls=Group,
-    help="Prepare training data for megatron-core.",
+    help="Prepare training data for megatron-core, and inspect it.",
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=MARKUP_MODE,
@@ -36,7 +36,7 @@ app = typer.Typer(
 
 @app.callback()
 def _data_group() -> None:
-    """Prepare training data for megatron-core."""
+    """Prepare training data for megatron-core, and inspect it."""
 
 
 def _print_summary(console: Console, result: PrepareResult) -> None:
