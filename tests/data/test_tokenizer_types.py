@@ -222,3 +222,12 @@ def test_prepare_then_runtime_loads_the_dataset(kind, files, texts, tmp_path, gl
     assert sample["tokens"].shape == (64,)
     assert int(sample["tokens"].max()) < tok.vocab_size
     assert np.isin(sample["tokens"].numpy(), np.asarray(written[0].tolist() + written[1].tolist())).any()
+
+
+def test_prepare_refuses_an_image_placeholder_naming_the_line(files, tmp_path):
+    from dlmspec.data.errors import DataPrepareError
+
+    source = kit.write_jsonl(tmp_path / "img.jsonl", ["plain text", "a picture: <image>"])
+    with pytest.raises(DataPrepareError, match=r"img.jsonl:2: .*<image>.*text-only"):
+        prepare(source, tmp_path / "out", tokenizer_type="MultimodalTokenizer", tokenizer_model=str(files["hf"]))
+    assert not list(tmp_path.glob("out*"))
