@@ -101,12 +101,15 @@ def test_sentencepiece_types_match_sentencepiece_and_megatron_core(files, texts)
     plain = build_tokenizer("SentencePieceTokenizer", tokenizer_model=model)
     gpt = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=model)
     llama = build_tokenizer("Llama2Tokenizer", tokenizer_model=model)
-    mcore = {k: _megatron_core(k, model) for k in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer")}
+    mcore = {k: _megatron_core(k, model)
+             for k in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")}
     for text in texts:
         ids = sp.encode_as_ids(text)
         assert plain.tokenize(text) == ids == mcore["SentencePieceTokenizer"].tokenize(text)
         assert gpt.tokenize(text) == ids == mcore["GPTSentencePieceTokenizer"].tokenize(text)
         assert llama.tokenize(text) == [sp.bos_id()] + ids  # Megatron-LM's _Llama2Tokenizer: bos=True
+        # megatron-core 0.16.1 maps Llama2Tokenizer to its plain SentencePiece class: no BOS
+        assert mcore["Llama2Tokenizer"].tokenize(text) == ids
     for tok in (plain, gpt, llama):
         assert (tok.eod, tok.vocab_size) == (sp.eos_id(), sp.get_piece_size())
     assert (gpt.bos, gpt.pad, llama.bos, llama.pad) == (1, 3, 1, 3)
