@@ -25,7 +25,7 @@ from dlmspec.gpus import GPU, GPUS
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
 from dlmspec.spec.fast import section_defaults
 from dlmspec.spec.presets import MASK_TOKEN_IDS
-from dlmspec.tokenizers import read_json
+from dlmspec.tokenizers import TokenizerFacts, read_json, tokenizer_facts
 
 if TYPE_CHECKING:
     from dlmspec.spec.models import SlurmSpec, Spec
@@ -169,6 +169,12 @@ TOKENIZER_READS: dict[str, tuple[str, ...]] = {
     "TikTokenizer": ("model", "vocab_size"),
     "GPT2BPETokenizer": ("vocab_file", "merge_file"),
     "NullTokenizer": ("vocab_size",),
+    "BertWordPieceLowerCase": ("vocab_file",),
+    "BertWordPieceCase": ("vocab_file",),
+    "GPTSentencePieceTokenizer": ("model",),
+    "Llama2Tokenizer": ("model",),
+    "MultimodalTokenizer": ("model",),
+    "NullMultimodalTokenizer": ("vocab_size",),
 }
 
 #: The ``data.tokenizer`` keys that name files or a size, in the order a spec lists them.
@@ -250,6 +256,9 @@ class Resolved:
             return tok.vocab_size + 1
         if tok.type == "GPT2BPETokenizer":
             return GPT2_VOCAB_SIZE
+        if tok.type in FILE_FACT_TYPES:  # read from its files (dlmspec.tokenizers.tokenizer_facts)
+            facts = spec_tokenizer_facts(self.spec)
+            return facts.size if facts is not None else None
         return None
 
     def tokenizer_settings(self) -> list[tuple[str, Any]]:
@@ -403,6 +412,19 @@ def gpt2_eod_id(vocab_file: str | None) -> int:
     return value if isinstance(value, int) else GPT2_EOD[1]
 
 
+#: Tokenizer types whose size and EOD :func:`spec_tokenizer_facts` reads (the older types keep
+#: their own branches above).
+FILE_FACT_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
+                   "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullMultimodalTokenizer")
+
+
+def spec_tokenizer_facts(spec: Spec) -> TokenizerFacts | None:
+    """:func:`dlmspec.tokenizers.tokenizer_facts` of the spec's ``[data.tokenizer]``."""
+    tok = spec.data.tokenizer
+    return tokenizer_facts(tok.type, tokenizer_model=tok.model, vocab_file=tok.vocab_file,
+                           vocab_size=tok.vocab_size)
+
+
 def eod_choice(spec: Spec) -> EodChoice:
     """The end-of-document id of the spec's tokenizer: ``data.tokenizer.eod_id`` when set;
     else GPT2BPETokenizer's ``<|endoftext|>`` (from ``vocab_file`` when readable, else 50256);
@@ -418,10 +440,13 @@ def eod_choice(spec: Spec) -> EodChoice:
     if tok.type == "NullTokenizer":
         value = tok.vocab_size if tok.vocab_size is not None else spec.model.vocab_size - 1
         return EodChoice(value, "NullTokenizer: EOD = its vocab_size (megatron-core NullTokenizer)")
-    if tok.type == "HuggingFaceTokenizer" and tok.model and os.path.isdir(tok.model):
+    if tok.type in ("HuggingFaceTokenizer", "MultimodalTokenizer") and tok.model and os.path.isdir(tok.model):
         found = _hf_eos_id(tok.model)
         if found is not None:
             return EodChoice(found[1], f"eos token {found[0]!r} of {tok.model}")
+    facts = spec_tokenizer_facts(spec)
+    if facts is not None and facts.eod is not None:
+        return EodChoice(facts.eod, f"{tok.type}'s EOD, from {facts.source}")
     return EodChoice(spec.model.vocab_size - 1, "unknown at compile time; nothing in this run reads it", known=False)
 
 

@@ -44,6 +44,10 @@ PUBLISHED_MASKS: dict[str, PublishedMask] = {
 #: EleutherAI/gpt-neox-20b's tokenizer.json ends at id 50276 (docs/recipes.md, "MegaDLMs' tokenizer").
 HUB_TOKENIZER_SIZES: dict[str, int] = {"EleutherAI/gpt-neox-20b": 50277}
 
+#: Types that emit ids 0..vocab_size with EOD = vocab_size (megatron-core NullTokenizer; Megatron-LM
+#: _NullMultimodalTokenizer is the same for text).
+NULL_TYPES = ("NullTokenizer", "NullMultimodalTokenizer")
+
 
 def free_mask_ids(ctx: Context, *taken: int | None) -> list[int]:
     """Ids [MASK] may take that no tokenizer of the spec emits: rows of the padded embedding at or
@@ -51,7 +55,7 @@ def free_mask_ids(ctx: Context, *taken: int | None) -> list[int]:
     end-of-document id, the spec's [MASK] id and ``taken`` (a pad id), ascending."""
     r, m, tok = ctx.r, ctx.spec.model, ctx.spec.data.tokenizer
     start = m.vocab_size
-    if tok.type == "NullTokenizer" and tok.vocab_size is not None:
+    if tok.type in NULL_TYPES and tok.vocab_size is not None:
         start = max(start, tok.vocab_size + 1)
     refused = {tokenizer_eod(ctx), r.mask_token_id, *taken}
     return [i for i in range(start, min(r.padded_vocab_size, start + 8)) if i not in refused]
@@ -65,7 +69,7 @@ def mask_fix(ctx: Context, *taken: int | None) -> Fix:
         return Fix({"objective.mask_token_id": free[0]})
     m, tok = ctx.spec.model, ctx.spec.data.tokenizer
     row = m.vocab_size
-    if tok.type == "NullTokenizer" and tok.vocab_size is not None:
+    if tok.type in NULL_TYPES and tok.vocab_size is not None:
         row = max(row, tok.vocab_size + 1)
     while row in (tokenizer_eod(ctx), *taken):
         row += 1
@@ -129,10 +133,10 @@ def _mask_distinct(ctx: Context) -> Iterator[Finding]:
             value=mask,
             fix=fix,
         )
-    elif tok.type == "NullTokenizer" and tok.vocab_size is not None and mask < tok.vocab_size:
+    elif tok.type in NULL_TYPES and tok.vocab_size is not None and mask < tok.vocab_size:
         yield Finding(
             "objective.mask_token_id",
-            f"[MASK] id {mask} is an ordinary token of NullTokenizer(vocab_size = {tok.vocab_size}), which emits "
+            f"[MASK] id {mask} is an ordinary token of {tok.type}(vocab_size = {tok.vocab_size}), which emits "
             f"ids 0..{tok.vocab_size}: the data would contain it",
             f"use an id above {tok.vocab_size}: {free}; or data.tokenizer.vocab_size < {mask}",
             value=mask,

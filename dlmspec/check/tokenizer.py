@@ -8,8 +8,15 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
-from dlmspec.resolve import GPT2_VOCAB_SIZE, TOKENIZER_KEYS, TOKENIZER_READS, gpt2_eod_id
-from dlmspec.tokenizers import GPT2_EOD_TOKEN, read_json
+from dlmspec.resolve import (
+    FILE_FACT_TYPES,
+    GPT2_VOCAB_SIZE,
+    TOKENIZER_KEYS,
+    TOKENIZER_READS,
+    gpt2_eod_id,
+    spec_tokenizer_facts,
+)
+from dlmspec.tokenizers import BERT_ADDED_TOKENS, BERT_SPECIAL_TOKENS, GPT2_EOD_TOKEN, read_bert_vocab, read_json
 
 
 #: The keys each tokenizer type reads (its files, or NullTokenizer's size).
@@ -19,6 +26,12 @@ TOKENIZER_NEEDS: dict[str, tuple[str, ...]] = {
     "TikTokenizer": ("model",),
     "GPT2BPETokenizer": ("vocab_file", "merge_file"),
     "NullTokenizer": ("vocab_size",),
+    "BertWordPieceLowerCase": ("vocab_file",),
+    "BertWordPieceCase": ("vocab_file",),
+    "GPTSentencePieceTokenizer": ("model",),
+    "Llama2Tokenizer": ("model",),
+    "MultimodalTokenizer": ("model",),
+    "NullMultimodalTokenizer": ("vocab_size",),
 }
 
 
@@ -34,7 +47,7 @@ def _tokenizer_files(ctx: Context) -> Iterator[Finding]:
         if getattr(tok, key) is None:
             hint = {
                 "model": "set data.tokenizer.model to a tokenizer.json, a folder or a .model file",
-                "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json)",
+                "vocab_file": "set data.tokenizer.vocab_file (GPT-2 vocab.json, BERT vocab.txt)",
                 "merge_file": "set data.tokenizer.merge_file (GPT-2 merges.txt)",
                 "vocab_size": f"set data.tokenizer.vocab_size, e.g. vocab_size = {ctx.spec.model.vocab_size - 1}",
             }[key]
@@ -74,7 +87,8 @@ def _tokenizer_ignored(ctx: Context) -> Iterator[Finding]:
     "tokenizer-vocab",
     "error",
     "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer (vocab_size + 1 ids, eod last); "
-    "GPT-2 BPE has 50257 ids",
+    "GPT-2 BPE has 50257 ids; Megatron-LM _BertWordPieceTokenizer (vocab.txt + [BOS], [EOS]), "
+    "SentencePiece (its pieces), megatron-core TikTokenizer (vocab_size)",
     "every tokenizer id is a row of model.vocab_size",
 )
 def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
@@ -91,13 +105,21 @@ def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
     elif tok.type == "GPT2BPETokenizer" and vocab < GPT2_VOCAB_SIZE:
         yield Finding("model.vocab_size", f"GPT-2's BPE emits {GPT2_VOCAB_SIZE} ids, more than the embedding has",
                       f"use model.vocab_size = {GPT2_VOCAB_SIZE}", fix=Fix({"model.vocab_size": GPT2_VOCAB_SIZE}))
+    elif tok.type in FILE_FACT_TYPES:
+        facts = spec_tokenizer_facts(ctx.spec)
+        if facts is not None and facts.size is not None and facts.size > vocab:
+            yield Finding("model.vocab_size",
+                          f"{tok.type} has {facts.size} ids ({facts.source}), more than the embedding's {vocab}: "
+                          "its largest ids would index past the embedding",
+                          f"use model.vocab_size = {facts.size}", fix=Fix({"model.vocab_size": facts.size}))
 
 
 @rule(
     "eod-id-tokenizer",
     "error",
     "megatron-core GPT2BPETokenizer (eod = <|endoftext|> of vocab.json) and NullTokenizer (eod = vocab_size); "
-    "dlmspec data prepare --append-eod appends the tokenizer's own eod",
+    "Megatron-LM _BertWordPieceTokenizer (eod = [EOS]), _GPTSentencePieceTokenizer and _Llama2Tokenizer (eod = the "
+    "model's eos), megatron-core TikTokenizer (eod = </s> = 2); dlmspec data prepare --append-eod appends the tokenizer's own eod",
     "data.tokenizer.eod_id, where set, is the tokenizer's own end-of-document id",
 )
 def _eod_tokenizer(ctx: Context) -> Iterator[Finding]:
@@ -112,6 +134,11 @@ def _eod_tokenizer(ctx: Context) -> Iterator[Finding]:
         own, what = gpt2_eod_id(tok.vocab_file), f"GPT-2's BPE ({GPT2_EOD_TOKEN})"
     elif tok.type == "NullTokenizer" and tok.vocab_size is not None:
         own, what = tok.vocab_size, f"NullTokenizer(vocab_size = {tok.vocab_size})"
+    elif tok.type in FILE_FACT_TYPES:
+        facts = spec_tokenizer_facts(ctx.spec)
+        if facts is None or facts.eod is None:
+            return
+        own, what = facts.eod, f"{tok.type} ({facts.source})"
     else:
         return
     if tok.eod_id != own:
@@ -161,6 +188,9 @@ def tokenizer_eod(ctx: Context) -> int | None:
         return tok.vocab_size
     if tok.type == "GPT2BPETokenizer":
         return gpt2_eod_id(tok.vocab_file)
+    if tok.type in FILE_FACT_TYPES:
+        facts = spec_tokenizer_facts(ctx.spec)
+        return facts.eod if facts is not None else None
     return None
 
 
@@ -170,10 +200,17 @@ def tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
     (else ``special_tokens_map.json``) names a ``pad_token``, with its id from
     ``tokenizer_config.json``'s ``added_tokens_decoder`` (where Hugging Face lists special tokens)
     or else ``tokenizer.json`` (``added_tokens``, then ``model.vocab``). None otherwise: the spec
-    has no pad key, GPT-2 BPE and megatron-core's NullTokenizer have no pad token, and
-    SentencePiece/TikToken keep theirs in model files the validator does not read."""
+    has no pad key, GPT-2 BPE, megatron-core's NullTokenizer and TikTokenizer have no pad token.
+    BERT WordPiece types: ``[PAD]`` of ``vocab.txt``; SentencePiece types: the model's pad piece
+    (:func:`dlmspec.resolve.spec_tokenizer_facts`)."""
     tok = ctx.spec.data.tokenizer
-    if tok.type != "HuggingFaceTokenizer" or not tok.model:
+    if tok.type in FILE_FACT_TYPES:  # BERT's [PAD], a SentencePiece model's pad piece
+        facts = spec_tokenizer_facts(ctx.spec)
+        if facts is None or facts.pad is None:
+            return None
+        name = "[PAD]" if tok.type.startswith("BertWordPiece") else "pad piece"
+        return name, facts.pad, facts.source
+    if tok.type not in ("HuggingFaceTokenizer", "MultimodalTokenizer") or not tok.model:
         return None
     try:
         if not os.path.isdir(tok.model):
@@ -226,8 +263,11 @@ def tokenizer_ids(ctx: Context) -> TokenizerIds | None:
     ``tokenizer.json`` (``data.tokenizer.model``, a folder or the file: ``added_tokens`` with
     their ``special`` flag, ``model.vocab`` a dict or Unigram's list), or GPT-2 BPE's
     ``vocab.json`` (``<|endoftext|>`` its one special token; GPT-2's own layout when the file
-    cannot be read). None otherwise (hub ids, SentencePiece, TikToken, NullTokenizer)."""
+    cannot be read), or a BERT ``vocab.txt`` (:func:`_bert_ids`). None otherwise (hub ids,
+    SentencePiece, TikToken, NullTokenizer)."""
     tok = ctx.spec.data.tokenizer
+    if tok.type.startswith("BertWordPiece"):
+        return _bert_ids(tok.vocab_file)
     if tok.type == "GPT2BPETokenizer":
         vocab = read_json(tok.vocab_file) if tok.vocab_file else None
         if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()) or not vocab:
@@ -267,3 +307,21 @@ def tokenizer_ids(ctx: Context) -> TokenizerIds | None:
         return None
     size = max([*ids, *special, *added], default=-1) + 1
     return TokenizerIds(path, size, special, added, token)
+
+
+def _bert_ids(vocab_file: str | None) -> TokenizerIds | None:
+    """The ids of a BERT ``vocab.txt`` as Megatron-LM's ``_BertWordPieceTokenizer`` has them:
+    special ``[PAD] [UNK] [CLS] [SEP] [MASK]``, ``[unused*]`` (BERT's reserved slots) and the
+    appended ``[BOS] [EOS]``. None when the file cannot be read."""
+    if not vocab_file:
+        return None
+    try:
+        if not os.path.isfile(vocab_file):
+            return None
+        vocab = read_bert_vocab(vocab_file)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    names = set(BERT_SPECIAL_TOKENS) | set(BERT_ADDED_TOKENS)
+    special = {i: t for t, i in vocab.items() if t in names or (t.startswith("[unused") and t.endswith("]"))}
+    by_id = {i: t for t, i in vocab.items()}
+    return TokenizerIds(str(vocab_file), max(by_id) + 1, special, {}, by_id.get)

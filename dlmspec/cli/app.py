@@ -34,7 +34,7 @@ def _convert_app() -> typer.Typer:
 #: Sub-apps imported when the command runs or help lists it, so other commands do not pay for the
 #: import: name -> (function returning the typer sub-app, help).
 _LAZY_GROUPS: dict[str, tuple[Callable[[], typer.Typer], str]] = {
-    "data": (_data_app, "Data tools: `dlmspec data prepare` (JSONL or a Hugging Face dataset to Megatron indexed datasets)."),
+    "data": (_data_app, "Data tools: `dlmspec data prepare` (JSONL or a Hugging Face dataset to Megatron indexed datasets), `dlmspec data inspect`."),
     "convert": (_convert_app, "Hugging Face <-> megatron-core checkpoints: hf-to-mcore, mcore-to-hf, verify."),
 }
 

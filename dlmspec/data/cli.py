@@ -1,5 +1,6 @@
 """The ``dlmspec data`` command group (a typer app, loaded when the command runs): ``dlmspec data
-prepare`` with Megatron-LM's ``preprocess_data.py`` flag names. The work is
+prepare`` with Megatron-LM's ``preprocess_data.py`` flag names, and ``dlmspec data inspect``
+(:mod:`dlmspec.data.inspect`). The work is
 :func:`dlmspec.data.prepare.prepare`; here are the flags, the summary table and the exit codes
 (2 for bad input, ``128 + signum`` when interrupted)."""
 
@@ -18,6 +19,7 @@ from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import print_envelope, use_json
 from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
 from dlmspec.data.hub import source_from_flags
+from dlmspec.data.inspect import SAMPLE_TOKENS, Inspection, inspect_dataset
 from dlmspec.data.prepare import PrepareResult, prepare
 from dlmspec.data.read import MAX_LINE_BYTES
 from dlmspec.data.sft import SftOptions, prepare_sft_command, print_sft_summary
@@ -27,7 +29,7 @@ from dlmspec.tokenizers import valid_tokenizer_types
 
 app = typer.Typer(
     cls=Group,
-    help="Prepare training data for megatron-core.",
+    help="Prepare training data for megatron-core, and inspect it.",
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=MARKUP_MODE,
@@ -36,7 +38,7 @@ app = typer.Typer(
 
 @app.callback()
 def _data_group() -> None:
-    """Prepare training data for megatron-core."""
+    """Prepare training data for megatron-core, and inspect it."""
 
 
 def _print_summary(console: Console, result: PrepareResult) -> None:
@@ -103,12 +105,16 @@ def prepare_command(
     tokenizer_model: Optional[str] = typer.Option(
         None,
         "--tokenizer-model",
-        help="HuggingFace directory/name, SentencePiece .model, or tiktoken vocab .json.",
+        help="HuggingFace / MultimodalTokenizer directory or name; SentencePiece, GPTSentencePiece or "
+        "Llama2 .model; tiktoken vocab .json.",
     ),
-    vocab_file: Optional[str] = typer.Option(None, "--vocab-file", help="GPT-2 vocab.json."),
+    vocab_file: Optional[str] = typer.Option(
+        None, "--vocab-file", help="GPT-2 vocab.json; BertWordPiece* vocab.txt."
+    ),
     merge_file: Optional[str] = typer.Option(None, "--merge-file", help="GPT-2 merges.txt."),
     vocab_size: Optional[int] = typer.Option(
-        None, "--vocab-size", help="NullTokenizer vocabulary size (TikTokenizer: total size)."
+        None, "--vocab-size",
+        help="NullTokenizer / NullMultimodalTokenizer vocabulary size (TikTokenizer: total size).",
     ),
     json_keys: list[str] = typer.Option(
         ["text"],
@@ -192,12 +198,78 @@ def prepare_command(
         (print_sft_summary if sft else _print_summary)(Console(), result)
 
 
-def _fail(err: Console, message: str, json_output: bool, rule: str) -> None:
-    """Report a failed prepare: ``error: MESSAGE`` in red on stderr, or with ``--json`` the
-    envelope (:func:`dlmspec.cli.output.envelope`) on stdout."""
+def _print_inspection(console: Console, found: Inspection) -> None:
+    table = Table(title=f"dlmspec data inspect {found.prefix}", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    tok = found.tokenizer
+    if tok is None:
+        tokenizer = "unknown (no PREFIX.dlmspec.json record)"
+    else:
+        files = ", ".join(f"{k} {v.get('path')}" for k, v in sorted((tok.get("files") or {}).items()))
+        tokenizer = (f"{tok.get('type')} (vocab {tok.get('vocab_size')}, eod {tok.get('eod_id')}"
+                     f"{', ' + files if files else ''}{'' if tok.get('files_match') else ', FILES CHANGED'})")
+    rows = [
+        ("tokenizer", tokenizer),
+        ("documents", f"{found.documents:,} ({found.empty_documents:,} empty)"),
+        ("sequences", f"{found.sequences:,}"),
+        ("tokens", f"{found.tokens:,} ({found.dtype}; mean {found.mean_document_tokens:,.1f}, "
+                   f"max {found.max_document_tokens:,} per document)"),
+    ]
+    for name, value in rows:
+        table.add_row(Text(name), Text(value))
+    console.print(table)
+    if found.histogram:
+        hist = Table(title="document length histogram (tokens)", title_justify="left")
+        hist.add_column("tokens", justify="right")
+        hist.add_column("documents", justify="right")
+        hist.add_column("")
+        top = max(b["documents"] for b in found.histogram)
+        for b in found.histogram:
+            span = f"{b['min']:,}" if b["min"] == b["max"] else f"{b['min']:,}-{b['max']:,}"
+            hist.add_row(span, f"{b['documents']:,}", "#" * max(1, round(30 * b["documents"] / top)))
+        console.print(hist)
+    sample = found.sample
+    if sample["document"] is not None:
+        console.print(Text(f"sample: document {sample['document']}, first {len(sample['ids'])} ids", style="bold"))
+        console.print(Text(str(sample["ids"])), soft_wrap=True)
+        if sample["text"] is not None:
+            console.print(Text(repr(sample["text"])), soft_wrap=True)
+    for note in found.notes:
+        console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
+
+
+@app.command(cls=Command, name="inspect")
+def inspect_command(
+    ctx: typer.Context,
+    prefix: str = typer.Argument(..., help="Dataset prefix (PREFIX.bin + PREFIX.idx), or prepare's --output-prefix."),
+    sample_document: int = typer.Option(0, "--sample-document", help="Document shown as the sample (0-based)."),
+    sample_tokens: int = typer.Option(SAMPLE_TOKENS, "--sample-tokens", help="Its first tokens shown and decoded."),
+    no_decode: bool = typer.Option(False, "--no-decode", help="Show the sample as ids; build no tokenizer."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+) -> None:
+    """Show a dataset before a run: documents, tokens, length histogram, a decoded sample and
+    the tokenizer it was written with."""
+    use_json(ctx, json_output)
+    err = Console(stderr=True)
+    try:
+        found = inspect_dataset(prefix, sample_document=sample_document, sample_tokens=sample_tokens,
+                                decode=not no_decode)
+    except DataPrepareError as exc:
+        _fail(err, str(exc), json_output, "data-inspect", command="data inspect")
+        raise typer.Exit(code=EXIT_USAGE) from None
     if json_output:
-        print_envelope("data prepare", ok=False, issues=[SpecIssue("<data prepare>", message, rule=rule,
-                                                                   source="dlmspec.data.prepare")])
+        print_envelope("data inspect", ok=True, result=found.to_dict())
+    else:
+        _print_inspection(Console(), found)
+
+
+def _fail(err: Console, message: str, json_output: bool, rule: str, command: str = "data prepare") -> None:
+    """Report a failed prepare (or inspect): ``error: MESSAGE`` in red on stderr, or with
+    ``--json`` the envelope (:func:`dlmspec.cli.output.envelope`) on stdout."""
+    if json_output:
+        print_envelope(command, ok=False, issues=[SpecIssue(f"<{command}>", message, rule=rule,
+                                                            source=f"dlmspec.data.{command.split()[-1]}")])
     else:
         err.print(f"error: {message}" if rule != "interrupted" else message, style="bold red", markup=False,
                   highlight=False, soft_wrap=rule != "interrupted")

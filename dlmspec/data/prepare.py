@@ -49,6 +49,7 @@ from dlmspec.data.outputs import (
     dataset_prefix,
 )
 from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, check_input, read_chunks
+from dlmspec.data.record import tokenizer_section, write_record
 from dlmspec.tokenizers import TokenizerError, TokenizerArgs, canonical_tokenizer_type
 
 
@@ -394,6 +395,7 @@ def prepare(
     finally:
         restore_handlers(handlers)
     elapsed = time.perf_counter() - start
+    _write_records(outputs.values(), spec, tokenizer, vocab)
 
     return PrepareResult(
         input=label,
@@ -411,6 +413,26 @@ def prepare(
         notes=notes,
         hf_dataset=None if hub is None else hub.to_dict(),
     )
+
+
+def _write_records(outputs: Any, spec: TokenizerArgs, tokenizer: Any, vocab: int) -> None:
+    """``PREFIX.dlmspec.json`` beside each dataset written (:mod:`dlmspec.data.record`): the
+    tokenizer (type, vocabulary size, EOD id, its files with their SHA-256) and the counts, so
+    ``dlmspec data inspect`` and the checks can tell how the dataset was made.
+
+    Raises:
+        DataPrepareError: a record cannot be written (the dataset itself is complete).
+    """
+    files = {k: os.path.abspath(v) if v and os.path.exists(v) else v for k, v in spec.files().items()}
+    section = tokenizer_section(spec.tokenizer_type, vocab_size=vocab, eod_id=tokenizer.eod, files=files)
+    for out in outputs:
+        try:
+            write_record(out.prefix, tokenizer=section, documents=out.documents, tokens=out.tokens)
+        except OSError as exc:
+            raise DataPrepareError(
+                f"{out.prefix}.{{bin,idx}} written, but its record {out.prefix}.dlmspec.json cannot be "
+                f"written: {exc.strerror or exc}"
+            ) from None
 
 
 def _write_documents(builder: Any, part: EncodedKey, out: DatasetOutput) -> None:

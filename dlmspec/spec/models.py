@@ -390,12 +390,20 @@ class TokenizerSpec(Section):
     """``[data.tokenizer]``: Megatron's tokenizer types and files."""
 
     type: Literal[
-        "HuggingFaceTokenizer", "GPT2BPETokenizer", "SentencePieceTokenizer", "TikTokenizer", "NullTokenizer"
+        "HuggingFaceTokenizer", "GPT2BPETokenizer", "SentencePieceTokenizer", "TikTokenizer", "NullTokenizer",
+        "BertWordPieceLowerCase", "BertWordPieceCase", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
+        "MultimodalTokenizer", "NullMultimodalTokenizer",
     ] = "HuggingFaceTokenizer"
-    model: str | None = Field(None, description="tokenizer.json / folder / .model file (tokenizer_model).")
-    vocab_file: str | None = None
-    merge_file: str | None = None
-    vocab_size: PositiveInt | None = Field(None, description="NullTokenizer only.")
+    model: str | None = Field(
+        None,
+        description="--tokenizer-model: tokenizer.json / folder (HuggingFace, Multimodal), .model file "
+        "(SentencePiece, GPTSentencePiece, Llama2), tiktoken .json.",
+    )
+    vocab_file: str | None = Field(None, description="--vocab-file: GPT-2 vocab.json, BERT vocab.txt.")
+    merge_file: str | None = Field(None, description="--merge-file: GPT-2 merges.txt.")
+    vocab_size: PositiveInt | None = Field(
+        None, description="--vocab-size: NullTokenizer / NullMultimodalTokenizer ids before EOD; TikTokenizer total."
+    )
     eod_id: int | None = Field(
         None,
         ge=0,

@@ -69,6 +69,14 @@ def _prepare(tmp: Path, source: str) -> list[str]:
             "--vocab-size", "10", "--no-progress", "--json"]
 
 
+def _inspect(tmp: Path) -> list[str]:
+    """``data inspect`` of a dataset ``data prepare`` wrote (NullTokenizer: no tokenizer files)."""
+    from dlmspec.data.prepare import prepare
+
+    result = prepare(_jsonl(tmp), tmp / "ins", tokenizer_type="null", vocab_size=10)
+    return ["data", "inspect", result.datasets[0].prefix, "--json"]
+
+
 def _foreign(tmp: Path) -> Path:
     path = tmp / "mine.json"
     path.write_text('{"not": "a dlmspec schema"}\n')
@@ -118,6 +126,7 @@ CASES: dict[tuple[str, ...], tuple[list[Case], list[Case]]] = {
                 [lambda t: ["plot", str(t / "none"), "-o", str(t / "p.png"), "--json"]]),
     ("data", "prepare"): ([lambda t: _prepare(t, str(_jsonl(t)))],
                           [lambda t: _prepare(t, str(t / "missing.jsonl"))]),
+    ("data", "inspect"): ([_inspect], [lambda t: ["data", "inspect", str(t / "none"), "--json"]]),
     ("convert", "hf-to-mcore"): ([lambda t: ["convert", "hf-to-mcore", str(_tiny_hf(t)), str(t / "mc"), "--json"]],
                                  [lambda t: ["convert", "hf-to-mcore", str(t), str(t / "mc"), "--json"]]),
     ("convert", "mcore-to-hf"): ([lambda t: ["convert", "mcore-to-hf", str(_tiny_mcore(t)[1]), str(t / "back"),

@@ -167,7 +167,7 @@ def test_tokenizer_names_and_aliases():
             build_tokenizer(alias)  # known type, missing required argument
         assert "unknown" not in str(info.value)
     with pytest.raises(TokenizerError) as info:
-        build_tokenizer("BertWordPieceCase")
+        build_tokenizer("NoSuchTokenizer")
     assert all(name in str(info.value) for name in TOKENIZER_TYPES)
 
 
@@ -635,7 +635,8 @@ def test_existing_dataset_is_replaced_only_with_force(tmp_path):
     result = _invoke(_null_cli(second, prefix, "--force"))
     assert result.exit_code == 0, result.output
     assert len(_read_dataset(dataset_prefix(str(prefix), "text"))) == 8
-    assert _files(prefix.parent) == ["ds_text_document.bin", "ds_text_document.idx"]
+    assert _files(prefix.parent) == ["ds_text_document.bin", "ds_text_document.dlmspec.json",
+                                     "ds_text_document.idx"]
 
 
 def test_a_lone_bin_or_a_folder_in_the_way_is_refused(tmp_path):
@@ -739,7 +740,8 @@ def test_stale_temporary_files_are_removed_and_live_ones_kept(tmp_path):
     assert len(notes) == 1, result.stderr
     assert notes[0].startswith("note: removed 3 stale temporary files") and f"pid {dead}" in notes[0]
     assert "not running" in notes[0]
-    assert _files(out) == sorted(kept + ["ds_text_document.bin", "ds_text_document.idx"])
+    assert _files(out) == sorted(kept + ["ds_text_document.bin", "ds_text_document.dlmspec.json",
+                                         "ds_text_document.idx"])
     assert f"pid {live}" in result.stderr  # the live run's files are named, and left alone
 
 

@@ -1,0 +1,252 @@
+"""``dlmspec data inspect PREFIX``: what a Megatron indexed dataset (``PREFIX.bin`` +
+``PREFIX.idx``) holds, so a user can check it before a run: documents, sequences, tokens, the
+token dtype, a histogram of document lengths, a decoded sample, and the tokenizer it was written
+with (its record, ``PREFIX.dlmspec.json``, :mod:`dlmspec.data.record`; each tokenizer file's
+SHA-256 compared with the file there now).
+
+The ``.idx`` is read here with numpy (megatron-core's ``_IndexReader`` layout: the
+``MMIDIDX`` header, version 1, the dtype code, the sequence and document counts, then
+``sequence_lengths`` int32, ``sequence_pointers`` int64, ``document_indices`` int64), so only the
+sample's decoding builds a tokenizer (:func:`dlmspec.tokenizers.build_tokenizer`). A dataset
+without a record (Megatron-LM's ``preprocess_data.py``, or dlmspec before records) is shown with
+ids only. User-input problems raise :class:`~dlmspec.data.errors.DataPrepareError`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.record import RecordError, file_sha256, read_record, record_path
+
+#: The first bytes of a Megatron ``.idx`` file (megatron.core.datasets.indexed_dataset._INDEX_HEADER).
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+#: megatron.core.datasets.indexed_dataset.DType: code -> numpy dtype name.
+DTYPE_CODES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32", 8: "uint16"}
+#: Tokens of the decoded sample, by default.
+SAMPLE_TOKENS = 64
+
+
+@dataclass
+class Inspection:
+    """What :func:`inspect_dataset` found; ``to_dict()`` is the ``--json`` result.
+
+    ``histogram``: ``{"min": lo, "max": hi, "documents": n}`` per power-of-two bucket of document
+    lengths in tokens (``lo <= length <= hi``; an empty document is the bucket 0..0).
+    ``tokenizer``: the record's tokenizer section plus ``files_match`` (every recorded file is
+    there with the recorded SHA-256), or ``None`` without a record. ``sample``: ``document``,
+    ``ids`` (its first tokens), ``text`` (decoded, ``None`` when the tokenizer is unknown or
+    cannot be built; ``notes`` says why)."""
+
+    prefix: str
+    dtype: str
+    documents: int
+    sequences: int
+    tokens: int
+    empty_documents: int
+    max_document_tokens: int
+    mean_document_tokens: float
+    histogram: list[dict[str, int]]
+    tokenizer: Optional[dict[str, Any]]
+    sample: dict[str, Any]
+    record: Optional[dict[str, Any]] = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["mean_document_tokens"] = round(self.mean_document_tokens, 2)
+        return data
+
+
+def resolve_prefix(name: str) -> str:
+    """The dataset prefix ``name`` means: itself; without a trailing ``.bin``/``.idx``; or
+    ``data prepare``'s ``--output-prefix`` when it wrote one dataset there
+    (``NAME_KEY_document``).
+
+    Raises:
+        DataPrepareError: no dataset there (the message lists the ones an output prefix has).
+    """
+    for ext in (".bin", ".idx"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    if os.path.isfile(name + ".idx"):
+        return name
+    found = sorted(p[: -len(".idx")] for p in glob.glob(glob.escape(name) + "_*_document.idx"))
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise DataPrepareError(
+            f"{name}: an output prefix of several datasets; inspect one of them: {', '.join(found)}"
+        )
+    raise DataPrepareError(
+        f"{name}: no dataset there ({name}.idx not found); pass the prefix of a .bin/.idx pair, e.g. "
+        "the PREFIX_text_document that `dlmspec data prepare --output-prefix PREFIX` wrote"
+    )
+
+
+def read_index(prefix: str) -> tuple[str, Any, Any, Any]:
+    """``(dtype name, sequence_lengths, sequence_pointers, document_indices)`` of ``PREFIX.idx``
+    (numpy arrays, memory-mapped).
+
+    Raises:
+        DataPrepareError: the file is not a Megatron index (header, version, dtype code, length).
+    """
+    import numpy as np
+
+    path = prefix + ".idx"
+    bad = f"{path}: not a Megatron index (.idx) file"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(9 + 8 + 1 + 8 + 8)
+        if len(head) < 34 or head[:9] != INDEX_HEADER:
+            raise DataPrepareError(f"{bad}: it does not start with {INDEX_HEADER!r}")
+        version, code, sequences, documents = struct.unpack("<QBQQ", head[9:])
+        if version != 1 or code not in DTYPE_CODES:
+            raise DataPrepareError(f"{bad}: version {version}, dtype code {code} (megatron-core writes version 1)")
+        size = os.path.getsize(path)
+        if 34 + sequences * 12 + documents * 8 > size:
+            raise DataPrepareError(f"{bad}: {size:,} bytes, too short for {sequences:,} sequences and "
+                                   f"{documents:,} document indices (a truncated copy?)")
+        buffer = np.memmap(path, mode="r", dtype=np.uint8)
+        lengths = np.frombuffer(buffer, dtype=np.int32, count=sequences, offset=34)
+        pointers = np.frombuffer(buffer, dtype=np.int64, count=sequences, offset=34 + lengths.nbytes)
+        docs = np.frombuffer(buffer, dtype=np.int64, count=documents, offset=34 + lengths.nbytes + pointers.nbytes)
+    except OSError as exc:
+        raise DataPrepareError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    return DTYPE_CODES[code], lengths, pointers, docs
+
+
+def _histogram(doc_lengths: Any) -> list[dict[str, int]]:
+    """Documents per power-of-two bucket of length (0, 1, 2-3, 4-7, ...)."""
+    import numpy as np
+
+    if len(doc_lengths) == 0:
+        return []
+    buckets = np.where(doc_lengths > 0, np.floor(np.log2(np.maximum(doc_lengths, 1))).astype(np.int64) + 1, 0)
+    counts = np.bincount(buckets)
+    rows = []
+    for b, n in enumerate(counts.tolist()):
+        if n:
+            lo, hi = (0, 0) if b == 0 else (2 ** (b - 1), 2**b - 1)
+            rows.append({"min": lo, "max": hi, "documents": int(n)})
+    return rows
+
+
+def _tokenizer_state(record: dict[str, Any] | None, notes: list[str]) -> dict[str, Any] | None:
+    """The record's tokenizer section with ``files_match``; notes name a missing or changed file."""
+    if record is None or not isinstance(record.get("tokenizer"), dict):
+        return None
+    section = dict(record["tokenizer"])
+    match = True
+    for key, entry in sorted((section.get("files") or {}).items()):
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not path or not os.path.isfile(path):
+            if path and entry.get("sha256"):  # a hub name has no file and no digest
+                notes.append(f"tokenizer {key} {path} is not there now: the sample is not decoded")
+                match = False
+            continue
+        try:
+            same = file_sha256(path) == entry.get("sha256")
+        except OSError:
+            same = False
+        if not same:
+            notes.append(f"tokenizer {key} {path} has changed since the dataset was written (SHA-256 differs): "
+                         "the sample is not decoded")
+            match = False
+    section["files_match"] = match
+    return section
+
+
+def _decode(section: dict[str, Any] | None, ids: list[int], notes: list[str]) -> str | None:
+    """The sample's text with the recorded tokenizer; None (and a note) when it cannot be built."""
+    if section is None:
+        notes.append("no dataset record (written by Megatron-LM's preprocess_data.py or an older dlmspec): "
+                     "the tokenizer is unknown, the sample is shown as ids")
+        return None
+    if not section.get("files_match"):
+        return None
+    from dlmspec.tokenizers import TokenizerError, build_tokenizer
+
+    kind = str(section.get("type"))
+    files = {k: v.get("path") for k, v in (section.get("files") or {}).items() if isinstance(v, dict)}
+    size = section.get("vocab_size")
+    vocab_size = None
+    if kind in ("NullTokenizer", "NullMultimodalTokenizer") and isinstance(size, int):
+        vocab_size = size - 1
+    elif kind == "TikTokenizer" and isinstance(size, int):
+        vocab_size = size
+    try:
+        tokenizer = build_tokenizer(kind, tokenizer_model=files.get("tokenizer_model"),
+                                    vocab_file=files.get("vocab_file"), merge_file=files.get("merge_file"),
+                                    vocab_size=vocab_size)
+        return str(tokenizer.detokenize(ids))
+    except (TokenizerError, ImportError) as exc:
+        notes.append(f"the recorded tokenizer {kind} cannot be built here ({exc}): the sample is shown as ids")
+    except Exception as exc:  # a tokenizer library's own decoding error: ids only
+        notes.append(f"{kind} cannot decode the sample ({type(exc).__name__}: {exc})")
+    return None
+
+
+def inspect_dataset(name: str, *, sample_document: int = 0, sample_tokens: int = SAMPLE_TOKENS,
+                    decode: bool = True) -> Inspection:
+    """Read a dataset's index, record and a sample (see :class:`Inspection`).
+
+    Args:
+        name: the dataset prefix (or its ``.bin``/``.idx`` name, or a one-dataset ``--output-prefix``).
+        sample_document: the document shown (0-based).
+        sample_tokens: how many of its first tokens are shown (and decoded).
+        decode: build the recorded tokenizer to decode the sample.
+
+    Raises:
+        DataPrepareError: no dataset, not an index, a ``.bin`` shorter than the index says, a bad
+            record, ``sample_document`` out of range or ``sample_tokens`` < 1.
+    """
+    import numpy as np
+
+    prefix = resolve_prefix(name)
+    if sample_tokens < 1:
+        raise DataPrepareError(f"--sample-tokens must be at least 1, got {sample_tokens}")
+    dtype, lengths, pointers, docs = read_index(prefix)
+    bin_path = prefix + ".bin"
+    if not os.path.isfile(bin_path):
+        raise DataPrepareError(f"{prefix}: {bin_path} not found (the .idx has no data file beside it)")
+    itemsize = np.dtype(dtype).itemsize
+    tokens = int(lengths.sum(dtype=np.int64))
+    if len(pointers) and int(pointers[-1]) + int(lengths[-1]) * itemsize > os.path.getsize(bin_path):
+        raise DataPrepareError(f"{bin_path}: shorter than its index says ({os.path.getsize(bin_path):,} bytes); "
+                               "a truncated copy? prepare it again")
+    starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    doc_indices = np.asarray(docs, dtype=np.int64)
+    doc_lengths = starts[doc_indices[1:]] - starts[doc_indices[:-1]] if len(doc_indices) > 1 else np.zeros(0, np.int64)
+    documents = len(doc_lengths)
+    notes: list[str] = []
+    try:
+        record = read_record(prefix)
+    except RecordError as exc:
+        raise DataPrepareError(f"{record_path(prefix)}: {exc.reason}; move it away to inspect the data alone") from None
+    if documents and not 0 <= sample_document < documents:
+        raise DataPrepareError(f"--sample-document {sample_document}: the dataset has documents 0..{documents - 1}")
+    ids: list[int] = []
+    if documents:
+        first = int(doc_indices[sample_document])
+        count = min(int(doc_lengths[sample_document]), int(sample_tokens))
+        if count:
+            data = np.memmap(bin_path, mode="r", dtype=np.dtype(dtype))
+            offset = int(pointers[first]) // itemsize
+            ids = [int(x) for x in data[offset : offset + count]]
+    section = _tokenizer_state(record, notes)
+    text = _decode(section, ids, notes) if decode and ids else None
+    if record is not None and isinstance(record.get("tokens"), int) and record["tokens"] != tokens:
+        notes.append(f"the record says {record['tokens']:,} tokens, the index {tokens:,}: the record is stale")
+    return Inspection(
+        prefix=prefix, dtype=dtype, documents=documents, sequences=int(len(lengths)), tokens=tokens,
+        empty_documents=int((doc_lengths == 0).sum()), max_document_tokens=int(doc_lengths.max(initial=0)),
+        mean_document_tokens=float(doc_lengths.mean()) if documents else 0.0,
+        histogram=_histogram(doc_lengths), tokenizer=section,
+        sample={"document": sample_document if documents else None, "ids": ids, "text": text},
+        record=record, notes=notes,
+    )
