@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -522,9 +523,13 @@ def load_model(path: str, *, device: Any = None, dtype: Optional[str] = None, te
         raise LoadError(str(dtype), "not a dtype", "one of bf16, fp16, fp32")
     cleanup: List[Callable[[], None]] = []
     try:
-        if source == "dlmspec":
-            return _load_runtime(folder, dev, dtype, tensor_model_parallel_size, cleanup)
-        return _load_converted(source, folder, dev, dtype, tensor_model_parallel_size, kind, mask_token_id, cleanup)
+        with warnings.catch_warnings():  # megatron-core's and torch.distributed.checkpoint's deprecation notes
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            if source == "dlmspec":
+                return _load_runtime(folder, dev, dtype, tensor_model_parallel_size, cleanup)
+            return _load_converted(source, folder, dev, dtype, tensor_model_parallel_size, kind, mask_token_id,
+                                   cleanup)
     except BaseException:
         while cleanup:
             cleanup.pop()()
