@@ -457,6 +457,9 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
         if mask_token_id is None:
             raise LoadError(folder, f"a {dims.family} model sampled as mdm needs its mask token id",
                             "give the mask token id (--mask-token-id)")
+    if mask_token_id is not None and not 0 <= mask_token_id < dims.padded_vocab_size:
+        raise LoadError(folder, f"mask token id {mask_token_id} is outside the padded vocabulary of "
+                        f"{dims.padded_vocab_size}", "give the model's mask token id (--mask-token-id)")
     eos = config.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) and eos else eos
     record = _record_from_dims(dims, kind, mask_token_id, eos if isinstance(eos, int) else None)
@@ -472,7 +475,11 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
     tconfig = TransformerConfig(**tc_kwargs)
     spec = build_layer_spec(attention=record["objective.attention_mask"], num_experts=dims.num_experts or None,
                             qk_layernorm=dims.qk_layernorm, use_transformer_engine=False)
-    (chunk,) = build_model(tconfig, layer_spec=spec, **mcore_model.gpt_model_kwargs(dims))
+    gpt_kwargs = mcore_model.gpt_model_kwargs(dims)
+    if gpt_kwargs.pop("rope_scaling", False):
+        raise LoadError(folder, "RoPE scaling (Llama 3.1's) is not built by the runtime's model", "load a model without rope_scaling")
+    gpt_kwargs.pop("rope_scaling_factor", None)
+    (chunk,) = build_model(tconfig, layer_spec=spec, **gpt_kwargs)
     from megatron.core.utils import unwrap_model
 
     try:

@@ -164,9 +164,12 @@ def _read_lines(path: str, flag_name: str) -> Iterator[tuple[int, Any]]:
                          'one JSON object per line, e.g. {"prompt": "Once upon a time"}', file=path, line=number) from None
 
 
-def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[str]:
-    """The prompts of ``--prompt TEXT`` (repeatable) or ``--prompts FILE.jsonl`` (``{"prompt": TEXT}``
-    per line).
+def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[str, Any]]:
+    """The prompts of ``--prompt TEXT`` (repeatable) or ``--prompts FILE.jsonl``: per line
+    ``{"prompt": TEXT}`` or ``{"prompt_ids": [id, ...]}`` (token ids: for a model without a tokenizer).
+
+    Returns:
+        ``[{"prompt": TEXT} or {"prompt_ids": [...]}, ...]``.
 
     Raises:
         SpecError: neither or both given, an empty prompt, a bad file or line (named).
@@ -180,14 +183,19 @@ def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[str]:
         for text in prompt:
             if not text:
                 raise _issue("--prompt", text, "is empty: the model needs at least one token", '--prompt "The"')
-        return list(prompt)
-    out = []
+        return [{"prompt": text} for text in prompt]
+    out: list[dict[str, Any]] = []
     for number, row in _read_lines(prompts_file, "--prompts"):  # type: ignore[arg-type]
         text = row.get("prompt") if isinstance(row, dict) else None
-        if not isinstance(text, str) or not text:
-            raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number} has no non-empty \"prompt\" string",
-                         '{"prompt": "Once upon a time"}', file=prompts_file, line=number)
-        out.append(text)
+        ids = row.get("prompt_ids") if isinstance(row, dict) else None
+        if isinstance(text, str) and text:
+            out.append({"prompt": text})
+        elif isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            out.append({"prompt_ids": ids})
+        else:
+            raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number} has neither a non-empty \"prompt\" "
+                         "string nor a non-empty \"prompt_ids\" list of token ids",
+                         '{"prompt": "Once upon a time"} or {"prompt_ids": [464, 2068]}', file=prompts_file, line=number)
     if not out:
         raise _issue("--prompts", prompts_file, "holds no prompt", '{"prompt": "Once upon a time"} per line')
     return out
@@ -378,17 +386,27 @@ class _Stream:
 # --------------------------------------------------------------------------- generate
 
 
-def _run_generate(model: Any, prompts: list[str], config: Any, batch_size: int, stream: bool,
+def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_size: int, stream: bool,
                   progress: bool) -> dict[str, Any]:
     import torch
 
     from dlmspec.backends.generate.sampler import generate, generate_ar
 
     encoded = []
-    for text in prompts:
-        ids = model.encode(text)
-        if not ids:
-            raise _issue("--prompt", text, "tokenizes to no token", "a prompt with at least one token")
+    for p in prompts:
+        if "prompt_ids" in p:
+            ids = p["prompt_ids"]
+            bad = [i for i in ids if i >= model.vocab_size or i == config.mask_token_id]
+            if bad:
+                raise _issue("--prompts", bad[0], f"prompt_ids hold {bad[0]}: the mask token or outside the "
+                             f"vocabulary of {model.vocab_size}", "ids of the model's tokenizer")
+        else:
+            if model.tokenizer is None:
+                raise _issue("--prompt", p["prompt"], f"the model's tokenizer cannot be built ({model.tokenizer_error})",
+                             'run from the folder the training ran in, or give {"prompt_ids": [...]} in --prompts')
+            ids = model.encode(p["prompt"])
+            if not ids:
+                raise _issue("--prompt", p["prompt"], "tokenizes to no token", "a prompt with at least one token")
         if model.max_length and len(ids) + config.gen_length > model.max_length:
             raise _issue("--gen-length", config.gen_length, f"a prompt of {len(ids)} tokens plus {config.gen_length} "
                          f"exceeds the model's max_position_embeddings = {model.max_length}",
@@ -410,7 +428,8 @@ def _run_generate(model: Any, prompts: list[str], config: Any, batch_size: int, 
         passes += out.forward_passes
         steps += out.steps
         for i, (ids, reason) in enumerate(zip(out.generated, out.finish_reasons)):
-            outputs.append({"prompt": prompts[first + i], "prompt_ids": batch[i], "text": model.decode(ids), "ids": ids,
+            outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": batch[i],
+                            "text": model.decode(ids), "ids": ids,
                             "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first})
     seconds = time.perf_counter() - start
     generated = sum(len(o["ids"]) for o in outputs)
@@ -465,9 +484,6 @@ def generate_command(
             pad_token_id=None, lock_table=model.generate_table,
             lock_file=os.path.join(model.path, "spec.lock.toml"), spec_table=spec_table, spec_locate=locate,
             flags=flags)
-        if model.tokenizer is None:
-            raise _issue("RUN_OR_CHECKPOINT", model_path, f"the model's tokenizer cannot be built ({model.tokenizer_error})",
-                         "run from the folder the training ran in (its tokenizer paths are relative to it)")
         on_terminal = sys.stdout.isatty() and not json_output
         live = on_terminal if stream is None else (stream and not json_output)
         run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty())
@@ -485,7 +501,8 @@ def generate_command(
     from rich.text import Text
 
     for out in run["outputs"]:
-        console.print(Text(out["prompt"], style="dim"), Text(out["text"]), sep="")
+        shown_prompt = out["prompt"] if out["prompt"] is not None else model.decode(out["prompt_ids"])
+        console.print(Text(shown_prompt, style="dim"), Text(out["text"]), sep="")
         console.print(Text(f"[{out['finish_reason']}, {len(out['ids'])} tokens]", style="dim"))
     shown = ", ".join(f"{k} = {v}" for k, v in config.to_dict().items() if v is not None)
     console.print(Text(f"settings: {shown}; {run['forward_passes']} forward passes, "

@@ -79,3 +79,32 @@ def test_bad_paths_are_refused_with_why_and_a_fix(tiny_runs, tmp_path):
         with pytest.raises(LoadError, match=why) as info:
             load_model(str(path), device="cpu")
         assert info.value.fix and info.value.path
+
+
+def test_a_hugging_face_checkpoint_loads_through_the_converter(tmp_path):
+    """(b): an HF folder goes through backends/convert into the runtime's GPTModel: an AR family gives
+    the transformers model's logits; a LLaDA one loads as mdm with bidirectional attention."""
+    from dlmspec.backends.convert.tiny import make_tiny_hf
+    from dlmspec.backends.generate.load import LoadError, load_model
+
+    tokens = torch.tensor([[1, 5, 7, 9, 11, 2]])
+    src, reference = make_tiny_hf("qwen3", tmp_path / "qwen3", seed=3)
+    model = load_model(str(src), device="cpu")
+    try:
+        assert (model.kind, model.source, model.mask_token_id, model.tokenizer) == ("ar", "hf", None, None)
+        with torch.no_grad():
+            want = reference(input_ids=tokens).logits
+        assert torch.allclose(model.logits_fn(tokens), want, atol=1e-4)
+    finally:
+        model.close()
+    src, _ = make_tiny_hf("llada", tmp_path / "llada", seed=3)
+    with pytest.raises(LoadError, match="outside the padded vocabulary"):
+        load_model(str(src), device="cpu", mask_token_id=500)
+    model = load_model(str(src), device="cpu")  # the mask token of its config.json
+    try:
+        assert (model.kind, model.mask_token_id, model.record["objective.attention_mask"]) == ("mdm", 99, "bidirectional")
+        changed = tokens.clone()
+        changed[0, -1] = 12
+        assert not torch.allclose(model.logits_fn(changed)[0, 0], model.logits_fn(tokens)[0, 0])  # sees the future
+    finally:
+        model.close()

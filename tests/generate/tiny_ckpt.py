@@ -106,3 +106,33 @@ def tiny_runs(tmp_path_factory):
             path = write_runtime_checkpoint(root / kind, kind, seed=seed, lock_text=LOCK_TEXT)
             out[kind] = (root / kind, path, ref)
     return out
+
+
+def gpt2_tokenizer():
+    """GPT-2's BPE of the shared data kit (:func:`dlmspec.tokenizers.build_tokenizer`)."""
+    from dlmspec.tokenizers import build_tokenizer
+
+    return build_tokenizer("GPT2BPETokenizer", vocab_file=str(GPT2 / "vocab.json"), merge_file=str(GPT2 / "merges.txt"))
+
+
+def write_dataset(prefix: Path, texts: list[str]) -> Path:
+    """A Megatron indexed dataset (``prefix.bin`` / ``.idx``) of ``texts`` tokenized with GPT-2, EOD appended."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    tok = gpt2_tokenizer()
+    builder = IndexedDatasetBuilder(str(prefix) + ".bin", dtype=np.uint16)
+    for text in texts:
+        ids = tok.tokenize(text) + [EOD]
+        builder.add_document(torch.tensor(ids, dtype=torch.int64), [len(ids)])
+    builder.finalize(str(prefix) + ".idx")
+    return prefix
+
+
+#: Sentences of the tests' dataset (any English text would do).
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. It was a bright cold day in April.",
+    "Python is a programming language that lets you work quickly and integrate systems effectively.",
+    "A list is a sequence of values; a dictionary maps keys to values. Both are built in.",
+    "The sun rose over the hills, and the town woke slowly to the sound of the bells.",
+]
