@@ -205,6 +205,8 @@ def _setup_parallel(tp: int, device: torch.device, cleanup: List[Callable[[], No
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     if not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -152,3 +152,15 @@ def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, 
     code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "a", "--block-length", "3", "--device", "cpu"])
     captured = capsys.readouterr()
     assert code == 2 and captured.out == "" and "--block-length" in captured.err and "Traceback" not in captured.err
+
+
+def test_streaming_redraws_the_canvas_with_masks_shown(tiny_runs, capsys):
+    from dlmspec.cli.generate import render_canvas
+
+    class Decoder:
+        def decode(self, ids):
+            return "".join(f"<{i}>" for i in ids)
+
+    assert render_canvas(Decoder(), [1, 2, MASK, 3, MASK, MASK], MASK) == "<1><2>\u2591<3>\u2591\u2591"
+    code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "The", "--device", "cpu", "--stream"])
+    assert code == 0 and "settings:" in capsys.readouterr().out
