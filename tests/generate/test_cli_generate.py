@@ -164,3 +164,40 @@ def test_streaming_redraws_the_canvas_with_masks_shown(tiny_runs, capsys):
     assert render_canvas(Decoder(), [1, 2, MASK, 3, MASK, MASK], MASK) == "<1><2>\u2591<3>\u2591\u2591"
     code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "The", "--device", "cpu", "--stream"])
     assert code == 0 and "settings:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_the_benchs_peer_loop_is_the_same_algorithm_as_the_sampler(threshold):
+    """bench/gpu/generate_demo.py times LLaDA's generate.py loop beside backends/generate: greedy, they
+    commit the same tokens (the mask token's logit at -inf in both, as the sampler sets it)."""
+    from bench_scripts import load_script
+    from tiny_lm import TinyTransformer
+
+    from dlmspec.backends.generate.config import GenerateConfig
+    from dlmspec.backends.generate.sampler import generate
+
+    bench = load_script("bench/gpu/generate_demo.py", "generate_demo_bench")
+    vocab, mask = 12, 11
+    tiny = TinyTransformer(vocab, seed=4)
+
+    def logits_fn(tokens, attention_mask=None):
+        out = tiny(tokens, attention_mask)
+        out[..., mask] = float("-inf")
+        return out
+
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    config = GenerateConfig(gen_length=8, steps=4, block_length=4, mask_token_id=mask,
+                            remasking="threshold" if threshold else "low_confidence", threshold=threshold or 0.9)
+    ours = generate(logits_fn, prompts, config)
+    theirs, passes = bench.peer_generate(logits_fn, prompts, steps=4, gen_length=8, block_length=4, mask_id=mask,
+                                         threshold=threshold)
+    assert torch.equal(ours.sequences, theirs) and ours.forward_passes == passes
+
+
+def test_a_cuda_device_without_a_gpu_names_the_device_flag(tiny_runs, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    capsys.readouterr()
+    code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "a", "--device", "cuda", "--json"])
+    (issue,) = json.loads(capsys.readouterr().out)["issues"]
+    assert code == 2 and issue["key"] == "--device" and "no CUDA device" in issue["message"] and issue["hint"]
