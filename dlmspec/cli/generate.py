@@ -443,7 +443,7 @@ def generate_command(
     model_path: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help=_MODEL_HELP),
     prompt: list[str] = typer.Option([], "--prompt", help="A prompt (repeatable)."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts", help='JSONL of {"prompt": TEXT} per line.'),
-    spec: Optional[str] = typer.Option(None, "--spec", help="Take the [generate] table of this spec file."),
+    spec: Optional[str] = typer.Option(None, "--spec", help="A spec file whose [generate] table sets the defaults (over the checkpoint's; only that table is read)."),
     gen_length: Optional[int] = typer.Option(None, "--gen-length", help="Tokens generated after each prompt (128)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Denoising steps over --gen-length (128)."),
     block_length: Optional[int] = typer.Option(None, "--block-length", help="Semi-autoregressive block (128)."),
@@ -493,7 +493,9 @@ def generate_command(
                 "decoding": "masked diffusion" if config.kind == "mdm" else "left to right, full recompute (no KV cache)"}
     for out in run["outputs"]:
         out["settings"] = recorded
-    result = {"model": _model_info(model), "settings": recorded, "origins": settings.origins, **run}
+    lock = os.path.join(model.path, "spec.lock.toml")
+    sources = {"checkpoint": lock if model.generate_table is not None else None, "spec": spec}
+    result = {"model": _model_info(model), "settings": recorded, "origins": settings.origins, "sources": sources, **run}
     if json_output:
         print_envelope(command_name(ctx), ok=True, result=result)
         return

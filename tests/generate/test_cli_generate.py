@@ -72,6 +72,7 @@ def test_a_flag_beats_the_spec_which_beats_the_checkpoint(tiny_runs, capsys, tmp
     assert (r["settings"]["gen_length"], r["settings"]["block_length"], r["settings"]["steps"]) == (8, 4, 2)
     assert r["settings"]["remasking"] == "random"
     assert (r["origins"]["gen_length"], r["origins"]["steps"], r["origins"]["threshold"]) == ("spec", "flag", "default")
+    assert r["sources"] == {"checkpoint": str(tiny_runs["mdm"][1] / "spec.lock.toml"), "spec": str(spec)}
 
 
 def test_an_ar_run_decodes_left_to_right(tiny_runs, capsys):
