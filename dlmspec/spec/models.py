@@ -527,7 +527,8 @@ class GenerateSpec(Section):
     ids come from ``[objective]`` and the tokenizer). Defaults are LLaDA's generate.py (threshold:
     Fast-dLLM's); flags of ``dlmspec generate`` override them, and every output records the values
     used. The rules that join fields (``block_length`` divides ``gen_length``, ``steps`` a multiple
-    of the blocks) are ``GenerateConfig``'s, checked when ``generate`` runs (docs/generate.md)."""
+    of the blocks) are ``GenerateConfig``'s: the rule ``generate-settings``
+    (:mod:`dlmspec.check.generate`) and ``generate`` itself run them (docs/generate.md)."""
 
     gen_length: PositiveInt = Field(128, description="Tokens generated after each prompt (LLaDA: 128).")
     steps: PositiveInt = Field(128, description="Denoising steps over gen_length, split equally over the blocks "
