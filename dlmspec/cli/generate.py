@@ -429,7 +429,7 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         steps += out.steps
         for i, (ids, reason) in enumerate(zip(out.generated, out.finish_reasons)):
             outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": batch[i],
-                            "text": model.decode(ids), "ids": ids,
+                            "prompt_text": model.decode(batch[i]), "text": model.decode(ids), "ids": ids,
                             "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first})
     seconds = time.perf_counter() - start
     generated = sum(len(o["ids"]) for o in outputs)
@@ -503,8 +503,7 @@ def generate_command(
     from rich.text import Text
 
     for out in run["outputs"]:
-        shown_prompt = out["prompt"] if out["prompt"] is not None else model.decode(out["prompt_ids"])
-        console.print(Text(shown_prompt, style="dim"), Text(out["text"]), sep="")
+        console.print(Text(out["prompt_text"], style="dim"), Text(out["text"]), sep="")
         console.print(Text(f"[{out['finish_reason']}, {len(out['ids'])} tokens]", style="dim"))
     shown = ", ".join(f"{k} = {v}" for k, v in config.to_dict().items() if v is not None)
     console.print(Text(f"settings: {shown}; {run['forward_passes']} forward passes, "

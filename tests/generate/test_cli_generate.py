@@ -94,7 +94,7 @@ def test_a_prompts_file_of_text_and_ids_is_batched(tiny_runs, capsys, tmp_path):
     assert code == 0, env
     outs = env["result"]["outputs"]
     assert [o["prompt"] for o in outs] == ["One", None, "Two three"]
-    assert outs[1]["prompt_ids"] == [464, 2068]
+    assert outs[1]["prompt_ids"] == [464, 2068] and outs[1]["prompt_text"] == "The quick"
     assert [(o["batch"], o["seed"]) for o in outs] == [(0, 0), (0, 0), (1, 2)]  # batch b draws from seed + first row
 
 
@@ -114,6 +114,8 @@ def _bad(tmp_path: Path, run_dir: Path) -> list[tuple[list[str], str, str]]:
     empty.write_text("\n")
     badspec = tmp_path / "badgen.toml"
     badspec.write_text(f'extends = "{ROOT / "specs" / "demo-dlm.toml"}"\n[generate]\ngen_length = 16\nblock_length = 5\n')
+    typo = tmp_path / "typo.toml"
+    typo.write_text(f'extends = "{ROOT / "specs" / "demo-dlm.toml"}"\n[generate]\nsteps = 0\n')
     r = str(run_dir)
     return [
         ([r], "--prompt", "give the prompts one way"),
@@ -129,6 +131,8 @@ def _bad(tmp_path: Path, run_dir: Path) -> list[tuple[list[str], str, str]]:
         ([r, "--prompt", "a", "--top-p", "0"], "--top-p", "(0, 1]"),
         ([r, "--prompt", "a", "--steps", "5"], "--steps", "multiple of the number of blocks"),
         ([r, "--prompt", "a", "--spec", str(badspec)], "generate.block_length", "must divide gen_length = 16"),
+        ([r, "--prompt", "a", "--spec", str(tmp_path / "missing.toml")], "<file>", "file not found"),
+        ([r, "--prompt", "a", "--spec", str(typo)], "generate.steps", "wrong type or out of range"),
         ([r, "--prompt", "a", "--gen-length", "200", "--block-length", "200", "--steps", "200"], "--gen-length",
          "max_position_embeddings = 128"),
         ([r, "--prompt", "a", "--batch-size", "0"], "--batch-size", ">= 1"),
@@ -147,8 +151,8 @@ def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, 
         assert issue["key"] == key and why in issue["message"] and issue["hint"], (args, issue)
         if key == "--block-length":
             assert issue["value"] == 3 and issue["hint"] == "use --block-length 2"
-        if key.startswith("generate."):
-            assert issue["file"].endswith("badgen.toml") and issue["line"] == 4, issue
+        if key.startswith("generate."):  # the --spec file's line of the key
+            assert issue["file"].endswith(("badgen.toml", "typo.toml")) and issue["line"] in (3, 4), issue
     # without --json: the issue table on stderr, nothing on stdout, no traceback
     code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "a", "--block-length", "3", "--device", "cpu"])
     captured = capsys.readouterr()
