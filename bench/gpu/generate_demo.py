@@ -11,8 +11,8 @@ Steps (``bench/gpu/generate_demo.sh`` runs them; every result JSON holds the com
   softmax over the full vocabulary in float64), run on the checkpoint converted to a Hugging Face
   ``Qwen3ForCausalLM`` (the demo's shape: RMSNorm, SwiGLU, GQA, q/k RMSNorm) whose attention is made
   bidirectional (``is_causal = False`` on its attention modules: the stock class runs a DLM causally;
-  both logit differences against megatron-core are recorded). gen-hf's bidirectional export class
-  (issue #20) is not used: it was not merged when this was written.
+  both logit differences against megatron-core are recorded), as ``convert mcore-to-hf`` of a DLM
+  configures it (``is_causal: false``); the weights are mapped in memory from the loaded model.
 - ``summary``: the ELBO of the early and the late checkpoints (``dlmspec eval --json`` outputs) with
   95 % intervals and whether they overlap.
 - ``make-tiny`` (``--dry`` only): a tiny run (iter 100/200/300) and dataset on CPU, so the script runs
@@ -218,8 +218,8 @@ def speed(args: argparse.Namespace) -> None:
                       "settings": {"gen_length": args.gen_length, "steps": args.steps, "block_length": args.block_length,
                                    "threshold": 0.9, "temperature": 0.0, "prompt_tokens": len(base[0])},
                       "tokens_counted": "batch x gen_length (EOS not cut)", "logit_checks": checks, "results": results,
-                      "note": "gen-hf's bidirectional HF export was not merged: the peers' side is transformers' Qwen3ForCausalLM "
-                              "with is_causal = False on its attention modules"})
+                      "note": "the peers' side is transformers' Qwen3ForCausalLM (weights mapped by backends/convert) "
+                              "with is_causal = False on its attention modules (as convert mcore-to-hf of a DLM writes)"})
 
 
 # --------------------------------------------------------------------------- summary
