@@ -33,11 +33,19 @@ def _generate_settings(ctx: Context) -> Iterator[Finding]:
     if table is None:
         return
     kind = ctx.spec.objective.kind
-    try:
-        GenerateConfig(kind=kind, mask_token_id=0 if kind == "mdm" else None, **table.model_dump())
-    except GenerateConfigError as exc:
-        key = f"generate.{exc.field}"
-        value = _fix_value(exc.field, exc.fix)
-        why = str(exc).split(": ", 1)[-1].split("; use ")[0]
-        yield Finding(key, why, f"use {exc.fix}", value=exc.value,
-                      fix=Fix({key: value}) if value is not None else None)
+    values = table.model_dump()
+    # GenerateConfig stops at its first error: apply each fix and check again, so every finding (and
+    # the fix of each, given the fixes before it) is reported at once
+    for _ in range(len(values)):
+        try:
+            GenerateConfig(kind=kind, mask_token_id=0 if kind == "mdm" else None, **values)
+            return
+        except GenerateConfigError as exc:
+            key = f"generate.{exc.field}"
+            value = _fix_value(exc.field, exc.fix)
+            why = str(exc).split(": ", 1)[-1].split("; use ")[0]
+            yield Finding(key, why, f"use {exc.fix}", value=exc.value,
+                          fix=Fix({key: value}) if value is not None else None)
+            if value is None or exc.field not in values:
+                return
+            values[exc.field] = value
