@@ -28,15 +28,17 @@ else
   PROMPT=(--tokens 32 --n 8)
 fi
 t0=$(date +%s)
+: > "$OUT/commands.txt"
+cmd() { echo "$*" >> "$OUT/commands.txt"; "$@"; }  # the CLI's JSON envelopes hold no command: commands.txt does
 $PY "$here/generate_demo.py" prompts --data "$DATA" "${PROMPT[@]}" "${TOK[@]}" --out "$OUT/prompts.jsonl"
 # 1. text from the late checkpoint (both decoding rules); the envelope records every setting
 for rule in low_confidence threshold; do
-  $PY -m dlmspec.cli generate "$RUN/iter_0000300" --prompts "$OUT/prompts.jsonl" --remasking "$rule" "${GEN[@]}" \
+  cmd $PY -m dlmspec.cli generate "$RUN/iter_0000300" --prompts "$OUT/prompts.jsonl" --remasking "$rule" "${GEN[@]}" \
     --device "$DEV" --json > "$OUT/generate_iter300_$rule.json"
 done
 # 2. the ELBO bound of an early, a middle and the late checkpoint (both estimators, the same windows and seed)
 for it in 0000100 0000200 0000300; do
-  $PY -m dlmspec.cli eval "$RUN/iter_$it" --data "$DATA" --estimator both "${EVAL[@]}" --device "$DEV" --json \
+  cmd $PY -m dlmspec.cli eval "$RUN/iter_$it" --data "$DATA" --estimator both "${EVAL[@]}" --device "$DEV" --json \
     > "$OUT/eval_iter$it.json"
 done
 $PY "$here/generate_demo.py" summary "$OUT"/eval_iter*.json --out "$OUT/elbo_summary.json"
