@@ -2,8 +2,8 @@
 
 The sampler and the likelihood estimators take ``logits_fn(tokens[, attention_mask])``; this module
 adapts the model the runtime builds (``dlmspec.backends.megatron.layers.build_model``), called as
-``model(input_ids, position_ids, attention_mask)``. No megatron-core import: the model is only called.
-Loading a checkpoint into it is not built yet (docs/generate.md, "Not built yet").
+``model(input_ids, position_ids, attention_mask)``. No megatron-core import at TP = 1: the model is only called. Loading a checkpoint into it:
+:mod:`dlmspec.backends.generate.load`.
 """
 
 from __future__ import annotations
@@ -24,20 +24,17 @@ def gpt_logits_fn(model: Any, *, tensor_model_parallel_size: int = 1):
 
     Args:
         model: the ``GPTModel`` (or a wrapper of it with the same ``forward``), in eval mode.
-        tensor_model_parallel_size: 1 (the output's vocabulary is whole). With TP > 1 each rank holds
-            a slice of the vocabulary, which would have to be gathered; not built.
+        tensor_model_parallel_size: the model's TP. Above 1 each rank's output holds a slice of the
+            vocabulary; the slices are all-gathered over the tensor-parallel group
+            (megatron-core's ``gather_from_tensor_model_parallel_region``), so every rank gets the
+            whole logits and runs the sampler alike (written for any TP; tested at TP = 1).
 
     Returns:
         A function ``(tokens [b, s], attention_mask [b, s] or None) -> logits [b, s, V]`` (float32).
-
-    Raises:
-        NotImplementedError: ``tensor_model_parallel_size > 1``.
     """
-    if tensor_model_parallel_size != 1:
-        raise NotImplementedError(
-            f"tensor_model_parallel_size = {tensor_model_parallel_size}: the vocabulary-parallel logits are not "
-            "gathered yet; sample at tensor_model_parallel_size = 1"
-        )
+    gather = None
+    if tensor_model_parallel_size > 1:
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region as gather
 
     @torch.no_grad()
     def logits_fn(tokens: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
@@ -48,6 +45,9 @@ def gpt_logits_fn(model: Any, *, tensor_model_parallel_size: int = 1):
         else:
             position_ids = (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp(min=0)
             hidden_mask = (~attention_mask.bool()).view(b, 1, 1, s)
-        return model(tokens, position_ids, hidden_mask).float()
+        logits = model(tokens, position_ids, hidden_mask)
+        if gather is not None:
+            logits = gather(logits.contiguous())
+        return logits.float()
 
     return logits_fn

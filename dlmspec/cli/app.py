@@ -39,13 +39,24 @@ _LAZY_GROUPS: dict[str, tuple[Callable[[], typer.Typer], str]] = {
 }
 
 
+def _generate_commands() -> typer.Typer:
+    # lazy: only `dlmspec generate` / `eval` need them (they import torch inside the commands)
+    from dlmspec.cli.generate import app as generate_app
+
+    return generate_app
+
+
+#: Top-level commands of a sub-app imported on first use: name -> function returning the sub-app.
+_LAZY_COMMANDS: dict[str, Callable[[], typer.Typer]] = {"generate": _generate_commands, "eval": _generate_commands}
+
+
 class _Group(Group):
     """Runs the command; turns a :class:`SpecError` from any command into the issue report and
     exit code 2. Sub-apps in :data:`_LAZY_GROUPS` are imported on first use."""
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         names = super().list_commands(ctx)
-        return names + [n for n in _LAZY_GROUPS if n not in names]
+        return names + [n for n in (*_LAZY_GROUPS, *_LAZY_COMMANDS) if n not in names]
 
     def get_command(self, ctx: typer.Context, name: str) -> Any:
         if name in _LAZY_GROUPS and name not in self.commands:
@@ -53,6 +64,8 @@ class _Group(Group):
             command = typer.main.get_command(sub_app())
             command.name, command.help = name, help_text
             self.add_command(command, name)
+        if name in _LAZY_COMMANDS and name not in self.commands:
+            self.add_command(typer.main.get_command(_LAZY_COMMANDS[name]()).commands[name], name)
         return super().get_command(ctx, name)
 
     def invoke(self, ctx: typer.Context) -> Any:

@@ -551,6 +551,30 @@ class LoggingSpec(Section):
     profile_ranks: list[NonNegativeInt] = Field(default_factory=lambda: [0])
 
 
+class GenerateSpec(Section):
+    """``[generate]``: the sampler's settings for ``dlmspec generate`` / ``eval`` (every field of
+    ``dlmspec.backends.generate.config.GenerateConfig`` but the model's own: ``kind`` and the token
+    ids come from ``[objective]`` and the tokenizer). Defaults are LLaDA's generate.py (threshold:
+    Fast-dLLM's); flags of ``dlmspec generate`` override them, and every output records the values
+    used. The rules that join fields (``block_length`` divides ``gen_length``, ``steps`` a multiple
+    of the blocks) are ``GenerateConfig``'s: the rule ``generate-settings``
+    (:mod:`dlmspec.check.generate`) and ``generate`` itself run them (docs/generate.md)."""
+
+    gen_length: PositiveInt = Field(128, description="Tokens generated after each prompt (LLaDA: 128).")
+    steps: PositiveInt = Field(128, description="Denoising steps over gen_length, split equally over the blocks "
+                               "(not used by remasking = 'threshold').")
+    block_length: PositiveInt = Field(128, description="Semi-autoregressive block length; divides gen_length.")
+    remasking: Literal["low_confidence", "random", "threshold"] = Field(
+        "low_confidence", description="Which predictions a step commits: the most confident (LLaDA), random "
+        "(LLaDA's baseline) or all above `threshold` (Fast-dLLM).")
+    threshold: float = Field(0.9, gt=0.0, le=1.0, description="remasking = 'threshold': the confidence committed at.")
+    temperature: float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
+    top_k: PositiveInt | None = Field(None, description="Keep the top_k largest logits (None: all).")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")
+    cfg_scale: float = Field(0.0, ge=0.0, description="Classifier-free guidance w (LLaDA App. B.3); 0: none. MDM only.")
+    seed: NonNegativeInt = Field(0, description="Seed of the sampler's random draws.")
+
+
 class Spec(Section):
     """A whole training job. ``name`` names the run; every table has defaults except
     ``[model]`` and ``[train]``'s batch and length. The run's paths may hold ``{name}``
@@ -570,6 +594,8 @@ class Spec(Section):
     checkpoint: CheckpointSpec = _table()
     cluster: ClusterSpec = _table()
     logging: LoggingSpec = _table()
+    generate: GenerateSpec | None = Field(
+        None, description="Sampler settings of `dlmspec generate` / `eval` (left out of the lock file when absent).")
     lock: dict[str, Any] | None = Field(
         None,
         description="Written by `dlmspec compile` into spec.lock.toml (content hash, dlmspec version, "

@@ -60,6 +60,7 @@ TIGHT = {"train.seq_length": 196608, "model.max_position_embeddings": 196608, "t
 #: (changes to BASE, the rule and key that refuse it): the rules of the runtime, SLURM, memory
 #: and the end-of-document id, and a schema error beside a rule error.
 FAILING: list[tuple[dict[str, Any], str, str]] = [
+    ({"generate.block_length": 30}, "generate-settings", "generate.block_length"),
     ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
     ({"stage.kind": "sft", "objective.variable_length_prob": 0.01}, "sft-variable-length",
      "objective.variable_length_prob"),

@@ -77,6 +77,17 @@ def _inspect(tmp: Path) -> list[str]:
     return ["data", "inspect", result.datasets[0].prefix, "--json"]
 
 
+def _ids(tmp: Path) -> Path:
+    path = tmp / "prompts.jsonl"
+    path.write_text('{"prompt_ids": [1, 2, 3]}\n')
+    return path
+
+
+def _dataset(tmp: Path) -> str:
+    assert main(_prepare(tmp, str(_jsonl(tmp)))) == 0
+    return str(tmp / "ds")
+
+
 def _foreign(tmp: Path) -> Path:
     path = tmp / "mine.json"
     path.write_text('{"not": "a dlmspec schema"}\n')
@@ -132,6 +143,12 @@ CASES: dict[tuple[str, ...], tuple[list[Case], list[Case]]] = {
     ("convert", "mcore-to-hf"): ([lambda t: ["convert", "mcore-to-hf", str(_tiny_mcore(t)[1]), str(t / "back"),
                                              "--json"]],
                                  [lambda t: ["convert", "mcore-to-hf", str(t / "none"), str(t / "back"), "--json"]]),
+    ("generate",): ([lambda t: ["generate", str(_tiny_hf(t)), "--prompts", str(_ids(t)), "--gen-length", "4",
+                                "--device", "cpu", "--json"]],
+                    [lambda t: ["generate", str(t / "none"), "--prompt", "a", "--json"]]),
+    ("eval",): ([lambda t: ["eval", str(_tiny_hf(t)), "--data", _dataset(t), "--seq-length", "8", "--device", "cpu",
+                            "--json"]],
+                [lambda t: ["eval", str(t / "none"), "--data", str(t / "none"), "--json"]]),
     ("convert", "verify"): ([lambda t: ["convert", "verify", *map(str, _tiny_mcore(t)), "--json"]],
                             [lambda t: ["convert", "verify", str(t / "none"), str(t / "none2"), "--json"]]),
 }

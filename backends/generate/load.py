@@ -1,0 +1,545 @@
+"""Load a trained model for generation and scoring: :func:`load_model` -> :class:`LoadedModel`.
+
+What :func:`load_model` accepts (``path``), looked at in this order:
+
+1. a checkpoint the dlmspec runtime wrote (``iter_0000300/`` holding ``dlmspec.json`` with the spec
+   record, :mod:`dlmspec.backends.megatron.spec_record`), a save folder with its ``latest`` tracker
+   (``runs/demo-dlm/checkpoints``), or a run folder holding ``checkpoints/latest``
+   (``runs/demo-dlm``): the ``GPTModel`` is built the way the runtime builds it
+   (:func:`dlmspec.backends.megatron.layers.build_layer_spec` / ``build_model``, every value from
+   the record) and its weights are read with ``dist_checkpointing``
+   (:func:`dlmspec.backends.megatron.init_from.load_model_weights`, any TP/PP layout on disk);
+2. a Hugging Face checkpoint (``config.json`` + ``*.safetensors``) or a megatron-core checkpoint
+   written by ``dlmspec convert hf-to-mcore`` (``dlmspec_convert.json``): the weights go through
+   :mod:`dlmspec.backends.convert` into the same runtime ``GPTModel`` (local layers).
+
+The result is stable API (the lm-eval wrapper and the ``generate`` / ``eval`` commands call it):
+``logits_fn`` (:class:`~dlmspec.backends.generate.sampler.LogitsFn`), ``kind`` (``"mdm"`` /
+``"ar"``), the token ids, the tokenizer, and the spec record. Megatron-core runs on a CUDA device
+or, for the tests, on CPU (the three CUDA-only spots of megatron-core 0.16.1 patched as
+:func:`dlmspec.backends.convert.mcore_model.enable_cpu_forward` does; dense models only). Tensor
+parallelism: run under ``torchrun`` with ``tensor_model_parallel_size`` processes; every rank
+runs the sampler with the same seed and :func:`dlmspec.backends.generate.models.gpt_logits_fn`
+gathers the vocabulary-parallel logits (written for any TP, tested at TP = 1). AR models decode
+with full recompute (:func:`~dlmspec.backends.generate.sampler.full_recompute`): megatron-core's
+KV-cache inference path is not wired to the runtime's local SDPA attention. docs/generate.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+#: The runtime checkpoint's metadata file (``dlmspec.backends.megatron.checkpointing.METADATA_FILENAME``).
+METADATA_FILENAME = "dlmspec.json"
+#: The save folder's tracker (``checkpointing.TRACKER_FILENAME``).
+TRACKER_FILENAME = "latest"
+#: The sidecar ``dlmspec convert hf-to-mcore`` writes (``dlmspec.backends.convert.mcore_io.SIDECAR_NAME``).
+CONVERT_SIDECAR = "dlmspec_convert.json"
+#: Hugging Face families trained as masked-diffusion LMs (their ``kind`` is ``"mdm"``).
+MDM_FAMILIES = ("llada", "dream")
+
+
+class LoadError(ValueError):
+    """A model cannot be loaded from the path given.
+
+    Attributes:
+        path: the path given.
+        why: what is wrong, in words.
+        fix: what to pass instead.
+    """
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        self.path, self.why, self.fix = str(path), why, fix
+        super().__init__(f"{path}: {why}; {fix}")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for :func:`~dlmspec.backends.generate.sampler.generate` and the likelihoods.
+
+    Attributes:
+        logits_fn: ``(tokens [B, L], attention_mask [B, L] bool or None) -> logits [B, L, V]``
+            (float32, ``V`` the tokenizer's vocabulary ``model.vocab_size``: the columns of the
+            padded vocabulary, and a mask token placed there, are dropped).
+        kind: ``"mdm"`` (bidirectional, masked diffusion) or ``"ar"`` (causal).
+        mask_token_id: the mask token (MDM; ``None`` for AR).
+        eos_token_id: end of sequence / document (the run's ``data.eod_id``; ``None`` if unknown).
+        pad_token_id: the id written at left padding (``eos_token_id``, else 0; hidden from attention).
+        vocab_size: ``V``, the tokenizer's vocabulary (the logits' last dimension).
+        tokenizer: an object with ``tokenize(text) -> list[int]`` and ``detokenize(ids) -> str``
+            (:func:`dlmspec.tokenizers.build_tokenizer`), or ``None`` when the run's tokenizer
+            files cannot be found (then ``tokenizer_error`` says why).
+        tokenizer_error: why ``tokenizer`` is ``None``.
+        record: the spec record (``{"model.hidden_size": 768, ...}``) the checkpoint holds, or the
+            values derived from a converted checkpoint.
+        generate_table: the ``[generate]`` table of the checkpoint's ``spec.lock.toml``, if any.
+        source: ``"dlmspec"`` (a runtime checkpoint), ``"mcore"`` (a converted one) or ``"hf"``.
+        path: the checkpoint folder loaded.
+        iteration: the training step of the checkpoint (``None`` when not recorded).
+        device: where the model runs.
+        model: the ``GPTModel`` (eval mode).
+        max_length: the longest sequence the model takes (``max_position_embeddings``).
+    """
+
+    logits_fn: Callable[..., torch.Tensor]
+    kind: str
+    mask_token_id: Optional[int]
+    eos_token_id: Optional[int]
+    pad_token_id: int
+    vocab_size: int
+    tokenizer: Any
+    tokenizer_error: Optional[str]
+    record: Dict[str, Any]
+    generate_table: Optional[Dict[str, Any]]
+    source: str
+    path: str
+    iteration: Optional[int]
+    device: torch.device
+    model: Any
+    max_length: Optional[int] = None
+    _cleanup: List[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def encode(self, text: str) -> List[int]:
+        """Token ids of ``text`` (no BOS/EOS added).
+
+        Raises:
+            LoadError: the model has no tokenizer (``tokenizer_error`` says why).
+        """
+        if self.tokenizer is None:
+            raise LoadError(self.path, f"no tokenizer ({self.tokenizer_error})",
+                            "run from the folder the training ran in, so the tokenizer files it names are found")
+        return list(self.tokenizer.tokenize(text))
+
+    def decode(self, ids: List[int]) -> str:
+        """Text of ``ids`` (``str(ids)`` without a tokenizer)."""
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return self.tokenizer.detokenize([int(i) for i in ids])
+
+    def close(self) -> None:
+        """Release what :func:`load_model` set up (the process group and model-parallel state it
+        created, the CPU patches); the model must not be called afterwards."""
+        while self._cleanup:
+            self._cleanup.pop()()
+
+
+# --------------------------------------------------------------------------- finding the checkpoint
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise LoadError(path, f"cannot be read as JSON ({exc})", "pass a checkpoint the dlmspec runtime wrote") from None
+
+
+def _latest(root: str) -> Optional[str]:
+    tracker = os.path.join(root, TRACKER_FILENAME)
+    if not os.path.isfile(tracker):
+        return None
+    with open(tracker, encoding="utf-8") as f:
+        name = f.read().strip()
+    path = os.path.join(root, name)
+    if not os.path.isdir(path):
+        raise LoadError(tracker, f"names {name!r} but {path} does not exist",
+                        "pass one of the iter_* folders that exist")
+    return path
+
+
+def find_checkpoint(path: str) -> tuple[str, str]:
+    """Which kind of checkpoint ``path`` is, and its folder.
+
+    Returns:
+        ``(source, folder)``: ``source`` is ``"dlmspec"`` (a runtime checkpoint: ``folder`` holds
+        ``dlmspec.json``), ``"mcore"`` (``dlmspec convert hf-to-mcore`` output) or ``"hf"``.
+
+    Raises:
+        LoadError: ``path`` does not exist or is none of them (the message lists what was looked for).
+    """
+    p = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.exists(p):
+        raise LoadError(path, "does not exist", "pass a run folder, a checkpoint folder (iter_*) or a Hugging Face folder")
+    if not os.path.isdir(p):
+        raise LoadError(path, "is a file, not a folder", "pass the checkpoint's folder")
+    if os.path.isfile(os.path.join(p, METADATA_FILENAME)):
+        return "dlmspec", p
+    for root in (p, os.path.join(p, "checkpoints")):
+        latest = _latest(root)
+        if latest is not None:
+            if not os.path.isfile(os.path.join(latest, METADATA_FILENAME)):
+                raise LoadError(latest, f"has no {METADATA_FILENAME}", "pass a checkpoint the dlmspec runtime wrote")
+            return "dlmspec", latest
+    if os.path.isfile(os.path.join(p, CONVERT_SIDECAR)):
+        return "mcore", p
+    if os.path.isfile(os.path.join(p, "config.json")) and any(n.endswith(".safetensors") for n in os.listdir(p)):
+        return "hf", p
+    raise LoadError(
+        path, f"is not a checkpoint: no {METADATA_FILENAME}, no {TRACKER_FILENAME} (nor checkpoints/{TRACKER_FILENAME}), "
+        f"no {CONVERT_SIDECAR}, no config.json with *.safetensors",
+        "pass a run folder (runs/NAME), its checkpoints folder, one iter_* folder, or a Hugging Face folder",
+    )
+
+
+# --------------------------------------------------------------------------- megatron-core set-up
+
+
+def _pick_device(device: Any) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LoadError(str(device), "no CUDA device is visible", "use device 'cpu' (tiny models) or run on a GPU machine")
+    return dev
+
+
+def _setup_parallel(tp: int, device: torch.device, cleanup: List[Callable[[], None]]) -> None:
+    """A process group and megatron-core's model-parallel state (created only if absent)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        else:
+            dist.init_process_group("gloo" if device.type == "cpu" else "nccl", store=dist.HashStore(), rank=0,
+                                    world_size=1)
+        cleanup.append(dist.destroy_process_group)
+    world = dist.get_world_size()
+    if world % tp:
+        raise LoadError("tensor_model_parallel_size", f"{tp} does not divide the {world} processes",
+                        f"start {tp} processes (torchrun --nproc-per-node {tp})")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tp, 1)
+        cleanup.append(parallel_state.destroy_model_parallel)
+    elif parallel_state.get_tensor_model_parallel_world_size() != tp:
+        raise LoadError("tensor_model_parallel_size", "megatron-core's model-parallel state is set up for TP = "
+                        f"{parallel_state.get_tensor_model_parallel_world_size()}", f"load with TP = {tp}")
+
+
+def _cpu_patches(cleanup: List[Callable[[], None]]) -> None:
+    """megatron-core 0.16.1 asks ``torch.cuda.current_device()`` (RoPE, buffers) and calls
+    ``torch.cuda.synchronize()`` (checkpoint loading): on a CPU-only torch both become no-ops
+    while the model is loaded (undone by :meth:`LoadedModel.close`)."""
+    if torch.cuda.is_available():
+        return
+    saved = (torch.cuda.current_device, torch.cuda.synchronize)
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+
+    def undo() -> None:
+        torch.cuda.current_device, torch.cuda.synchronize = saved  # type: ignore[assignment]
+
+    cleanup.append(undo)
+
+
+def _activation(name: str) -> Any:
+    import torch.nn.functional as F
+
+    if name == "squared_relu":
+        from megatron.core.activations import squared_relu
+
+        return squared_relu
+    table = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+    if name not in table:
+        raise LoadError("model.activation", f"the record's activation function {name!r} is not known to the loader",
+                        "one of silu (swiglu), gelu, relu, squared_relu")
+    return table[name]
+
+
+def _dtype(record: Dict[str, Any], device: torch.device, dtype: Optional[str]) -> str:
+    if dtype is not None:
+        return dtype
+    if device.type == "cpu":
+        return "fp32"  # bf16 matmuls on CPU are slow and the tests compare numbers
+    return record.get("precision.dtype") or "bf16"
+
+
+def build_transformer_config(record: Dict[str, Any], *, tp: int, dtype: str, cpu: bool) -> Any:
+    """megatron-core's ``TransformerConfig`` from a spec record, as train.py's ``build_configs``
+    writes it (templates/train.py.j2), for inference: no dropout, no fusions that need CUDA kernels.
+
+    Raises:
+        LoadError: a record value the loader cannot map (named).
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    r = record
+    params_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    kw: Dict[str, Any] = dict(
+        num_layers=r["model.num_layers"], hidden_size=r["model.hidden_size"],
+        ffn_hidden_size=r["model.ffn_hidden_size"], num_attention_heads=r["model.num_attention_heads"],
+        num_query_groups=r["model.num_query_groups"], kv_channels=r["model.kv_channels"],
+        normalization=r["model.normalization"], layernorm_epsilon=r.get("model.layernorm_epsilon") or 1e-5,
+        gated_linear_unit=bool(r["model.gated_linear_unit"]), activation_func=_activation(r["model.activation"]),
+        add_bias_linear=bool(r["model.add_bias_linear"]), add_qkv_bias=bool(r["model.add_qkv_bias"]),
+        qk_layernorm=bool(r["model.qk_layernorm"]), hidden_dropout=0.0, attention_dropout=0.0,
+        bf16=dtype == "bf16", fp16=dtype == "fp16", params_dtype=params_dtype, pipeline_dtype=params_dtype,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
+        use_cpu_initialization=cpu, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+    )
+    if r.get("model.num_experts"):
+        kw.update(num_moe_experts=r["model.num_experts"], moe_ffn_hidden_size=r["model.moe_ffn_hidden_size"],
+                  moe_router_topk=r["model.moe_router_topk"], moe_layer_freq=r.get("model.moe_layer_freq") or 1,
+                  moe_shared_expert_intermediate_size=r.get("model.moe_shared_expert_intermediate_size"),
+                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+                  moe_token_dispatcher_type="allgather")
+    return TransformerConfig(**kw)
+
+
+_REQUIRED = ("objective.kind", "objective.attention_mask", "model.num_layers", "model.hidden_size",
+             "model.ffn_hidden_size", "model.num_attention_heads", "model.num_query_groups", "model.kv_channels",
+             "model.normalization", "model.activation", "model.gated_linear_unit", "model.add_bias_linear",
+             "model.add_qkv_bias", "model.qk_layernorm", "model.padded_vocab_size", "model.vocab_size")
+
+
+def _tokenizer(record: Dict[str, Any]) -> tuple[Any, Optional[str]]:
+    from dlmspec.tokenizers import TokenizerError, build_tokenizer
+
+    kind = record.get("data.tokenizer.type")
+    if not kind:
+        return None, "the checkpoint records no [data.tokenizer]"
+    try:
+        return build_tokenizer(kind, tokenizer_model=record.get("data.tokenizer.model"),
+                               vocab_file=record.get("data.tokenizer.vocab_file"),
+                               merge_file=record.get("data.tokenizer.merge_file"),
+                               vocab_size=record.get("data.tokenizer.vocab_size")), None
+    except (TokenizerError, OSError, ImportError) as exc:
+        return None, f"{kind}: {exc} (relative paths are relative to {os.getcwd()})"
+
+
+def _lock_generate_table(folder: str) -> Optional[Dict[str, Any]]:
+    lock = os.path.join(folder, "spec.lock.toml")
+    try:
+        with open(lock, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    table = data.get("generate")
+    return dict(table) if isinstance(table, dict) else None
+
+
+def _finish(model: Any, record: Dict[str, Any], *, source: str, folder: str, iteration: Optional[int],
+            device: torch.device, tp: int, cleanup: List[Callable[[], None]], tokenizer: Any = None,
+            tokenizer_error: Optional[str] = None, generate_table: Optional[Dict[str, Any]] = None) -> LoadedModel:
+    from dlmspec.backends.generate.models import gpt_logits_fn
+
+    kind = record["objective.kind"]
+    vocab = int(record["model.vocab_size"])
+    base = gpt_logits_fn(model, tensor_model_parallel_size=tp)
+
+    def logits_fn(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return base(tokens, attention_mask)[..., :vocab]
+
+    # the tokenizer's vocabulary only: the padded columns (and a mask token placed in the padding, the
+    # demo's 50257 of GPT-2's 50257 ids) are never data; the softmax over the rest stays a distribution
+    mask = record.get("objective.mask_token_id") if kind == "mdm" else None
+    eos = record.get("data.eod_id")
+    return LoadedModel(
+        logits_fn=logits_fn, kind=kind, mask_token_id=mask, eos_token_id=eos,
+        pad_token_id=eos if eos is not None else 0, vocab_size=vocab, tokenizer=tokenizer,
+        tokenizer_error=tokenizer_error, record=record, generate_table=generate_table, source=source,
+        path=folder, iteration=iteration, device=device, model=model,
+        max_length=record.get("model.max_position_embeddings"), _cleanup=cleanup,
+    )
+
+
+def _prepare_forward(model: Any, device: torch.device) -> None:
+    if device.type != "cpu":
+        return
+    from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+    initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)  # dropout's CUDA RNG fork: a no-op
+
+
+def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: int,
+                  cleanup: List[Callable[[], None]]) -> LoadedModel:
+    from megatron.core.utils import unwrap_model
+
+    from dlmspec.backends.megatron.init_from import load_model_weights
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+
+    meta = _read_json(os.path.join(folder, METADATA_FILENAME))
+    record = ((meta.get("spec") or {}).get("record")) if isinstance(meta, dict) else None
+    if not isinstance(record, dict):
+        raise LoadError(folder, f"{METADATA_FILENAME} holds no spec record (written before the runtime recorded specs)",
+                        "load a checkpoint of a run compiled by this dlmspec, or convert it with `dlmspec convert`")
+    missing = [k for k in _REQUIRED if k not in record]
+    if missing:
+        raise LoadError(folder, f"the spec record lacks {', '.join(missing)}", "load a checkpoint of this dlmspec's runtime")
+    if record.get("objective.attention_mask") == "block_causal":
+        raise LoadError(folder, "a block-causal model is not sampled by the masked-diffusion sampler yet",
+                        "load an mdm (bidirectional) or ar (causal) checkpoint")
+    _cpu_patches(cleanup) if device.type == "cpu" else None
+    _setup_parallel(tp, device, cleanup)
+    config = build_transformer_config(record, tp=tp, dtype=_dtype(record, device, dtype), cpu=device.type == "cpu")
+    te = meta.get("layer_spec") == "transformer_engine" and device.type == "cuda"
+    from dlmspec.backends.megatron.layers import transformer_engine_available
+
+    spec = build_layer_spec(attention=record["objective.attention_mask"], block_size=record.get("objective.block_size"),
+                            num_experts=record.get("model.num_experts") or None, qk_layernorm=config.qk_layernorm,
+                            normalization=config.normalization,
+                            use_transformer_engine=te and transformer_engine_available())
+    chunks = build_model(
+        config, layer_spec=spec, vocab_size=int(record["model.padded_vocab_size"]),
+        max_sequence_length=int(record.get("model.max_position_embeddings") or 4096),
+        position_embedding_type=record.get("model.position_embedding_type") or "rope",
+        rotary_base=int(record.get("model.rotary_base") or 10000),
+        rotary_percent=float(record.get("model.rotary_percent") or 1.0),
+        share_embeddings_and_output_weights=not record.get("model.untie_embeddings_and_output_weights", False),
+    )
+    try:
+        load_model_weights(folder, chunks)
+    except (RuntimeError, KeyError, OSError, ValueError) as exc:
+        raise LoadError(folder, f"the weights do not load into the model its record describes ({str(exc)[:300]})",
+                        "load a complete checkpoint (one `latest` names)") from None
+    model = chunks[0].to(device).eval()
+    _prepare_forward(unwrap_model(model), device)
+    tokenizer, why = _tokenizer(record)
+    return _finish(model, record, source="dlmspec", folder=folder, iteration=meta.get("iteration"), device=device,
+                   tp=tp, cleanup=cleanup, tokenizer=tokenizer, tokenizer_error=why,
+                   generate_table=_lock_generate_table(folder))
+
+
+def _record_from_dims(dims: Any, kind: str, mask_token_id: Optional[int], eos: Optional[int]) -> Dict[str, Any]:
+    """A spec record for a converted model (``ModelDims`` of :mod:`dlmspec.backends.convert`)."""
+    return {
+        "objective.kind": kind, "objective.mask_token_id": mask_token_id,
+        "objective.attention_mask": "bidirectional" if kind == "mdm" else "causal", "objective.block_size": None,
+        "model.family": dims.family, "model.num_layers": dims.num_layers, "model.hidden_size": dims.hidden_size,
+        "model.ffn_hidden_size": dims.ffn_hidden_size, "model.num_attention_heads": dims.num_attention_heads,
+        "model.num_query_groups": dims.num_query_groups, "model.kv_channels": dims.kv_channels,
+        "model.normalization": "RMSNorm", "model.activation": "silu", "model.gated_linear_unit": True,
+        "model.add_bias_linear": False, "model.add_qkv_bias": dims.add_qkv_bias, "model.qk_layernorm": dims.qk_layernorm,
+        "model.num_experts": dims.num_experts or 0, "model.moe_ffn_hidden_size": dims.moe_ffn_hidden_size or None,
+        "model.moe_router_topk": dims.moe_router_topk or None, "model.vocab_size": dims.vocab_size,
+        "model.padded_vocab_size": dims.padded_vocab_size, "model.position_embedding_type": "rope",
+        "model.untie_embeddings_and_output_weights": not dims.tied,
+        "model.max_position_embeddings": dims.max_position_embeddings, "model.rotary_base": dims.rotary_base,
+        "model.rotary_percent": 1.0, "model.layernorm_epsilon": dims.norm_epsilon, "data.eod_id": eos,
+    }
+
+
+def _load_converted(source: str, folder: str, device: torch.device, dtype: Optional[str], tp: int,
+                    kind: Optional[str], mask_token_id: Optional[int], cleanup: List[Callable[[], None]]) -> LoadedModel:
+    from dlmspec.backends.convert import hf_io, mcore_io, mcore_model
+    from dlmspec.backends.convert.errors import ConversionError
+    from dlmspec.backends.convert.hf_config import dims_from_hf_config
+    from dlmspec.backends.convert.state_dict import hf_to_mcore_state_dict
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+
+    if tp != 1:
+        raise LoadError(folder, "converted checkpoints load at tensor_model_parallel_size = 1", "use TP = 1")
+    try:
+        if source == "hf":
+            config = hf_io.read_hf_config(folder)
+            dims = dims_from_hf_config(config, source=os.path.join(folder, hf_io.CONFIG_NAME))
+            state = hf_to_mcore_state_dict(hf_io.SafetensorsReader(folder), dims)
+        else:
+            config = (mcore_io.read_sidecar(folder) or {}).get("hf_config") or {}
+            with mcore_io.process_group():
+                state, dims = mcore_io.load_mcore_checkpoint(folder, None)
+    except ConversionError as exc:
+        raise LoadError(folder, str(exc), "pass a checkpoint `dlmspec convert verify` accepts") from None
+    family_kind = "mdm" if dims.family in MDM_FAMILIES else "ar"
+    kind = kind or family_kind
+    if kind == "mdm" and mask_token_id is None:
+        mask_token_id = config.get("mask_token_id") or (126336 if dims.family == "llada" else None)
+        if mask_token_id is None:
+            raise LoadError(folder, f"a {dims.family} model sampled as mdm needs its mask token id",
+                            "give the mask token id (--mask-token-id)")
+    if mask_token_id is not None and not 0 <= mask_token_id < dims.padded_vocab_size:
+        raise LoadError(folder, f"mask token id {mask_token_id} is outside the padded vocabulary of "
+                        f"{dims.padded_vocab_size}", "give the model's mask token id (--mask-token-id)")
+    eos = config.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    record = _record_from_dims(dims, kind, mask_token_id, eos if isinstance(eos, int) else None)
+    if device.type == "cpu":
+        _cpu_patches(cleanup)
+    _setup_parallel(1, device, cleanup)
+    tc_kwargs = mcore_model.transformer_config_kwargs(dims, tp=1, cpu=device.type == "cpu")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    want = _dtype({"precision.dtype": "bf16"}, device, dtype)
+    params_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[want]
+    tc_kwargs.update(params_dtype=params_dtype, bf16=want == "bf16", fp16=want == "fp16")
+    tconfig = TransformerConfig(**tc_kwargs)
+    spec = build_layer_spec(attention=record["objective.attention_mask"], num_experts=dims.num_experts or None,
+                            qk_layernorm=dims.qk_layernorm, use_transformer_engine=False)
+    gpt_kwargs = mcore_model.gpt_model_kwargs(dims)
+    if gpt_kwargs.pop("rope_scaling", False):
+        raise LoadError(folder, "RoPE scaling (Llama 3.1's) is not built by the runtime's model", "load a model without rope_scaling")
+    gpt_kwargs.pop("rope_scaling_factor", None)
+    (chunk,) = build_model(tconfig, layer_spec=spec, **gpt_kwargs)
+    from megatron.core.utils import unwrap_model
+
+    try:
+        mcore_model.load_into_model(unwrap_model(chunk), state)
+    except ConversionError as exc:
+        raise LoadError(folder, str(exc), "pass a checkpoint `dlmspec convert verify` accepts") from None
+    model = chunk.to(device).eval()
+    _prepare_forward(unwrap_model(model), device)
+    tokenizer, why = None, "no tokenizer files in the checkpoint folder"
+    if source == "hf" and any(os.path.isfile(os.path.join(folder, n)) for n in ("tokenizer.json", "tokenizer_config.json")):
+        from dlmspec.tokenizers import TokenizerError, build_tokenizer
+
+        try:
+            tokenizer, why = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=folder), None
+        except (TokenizerError, OSError, ImportError, ValueError) as exc:
+            tokenizer, why = None, str(exc)
+    return _finish(model, record, source=source, folder=folder, iteration=None, device=device, tp=1,
+                   cleanup=cleanup, tokenizer=tokenizer, tokenizer_error=why)
+
+
+def load_model(path: str, *, device: Any = None, dtype: Optional[str] = None, tensor_model_parallel_size: int = 1,
+               kind: Optional[str] = None, mask_token_id: Optional[int] = None) -> LoadedModel:
+    """Load a model for generation and scoring (the module docstring lists what ``path`` may be).
+
+    Args:
+        path: a run folder, a save folder with ``latest``, one ``iter_*`` checkpoint folder, a
+            ``dlmspec convert hf-to-mcore`` folder or a Hugging Face folder.
+        device: ``"cuda"``, ``"cuda:1"``, ``"cpu"``, a ``torch.device``, or ``None`` / ``"auto"``
+            (the current CUDA device, else CPU).
+        dtype: ``"bf16"``, ``"fp16"`` or ``"fp32"``; default: the run's ``precision.dtype`` on a GPU,
+            fp32 on CPU.
+        tensor_model_parallel_size: TP of the loaded model (processes of the run; 1 here).
+        kind: converted checkpoints only: ``"mdm"`` or ``"ar"`` (default: ``"mdm"`` for the LLaDA
+            and Dream families, else ``"ar"``). A runtime checkpoint's kind is its record's.
+        mask_token_id: converted checkpoints only: the mask token (LLaDA's 126336 by default).
+
+    Returns:
+        A :class:`LoadedModel`; call :meth:`LoadedModel.close` when done (it releases the process
+        group and model-parallel state that loading created).
+
+    Raises:
+        LoadError: the path is not a checkpoint, its record is missing or unusable, the weights do
+            not load, no CUDA device for ``device="cuda"`` (each with ``path``, ``why``, ``fix``).
+    """
+    source, folder = find_checkpoint(path)
+    dev = _pick_device(device)
+    if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
+        raise LoadError(str(dtype), "not a dtype", "one of bf16, fp16, fp32")
+    cleanup: List[Callable[[], None]] = []
+    try:
+        with warnings.catch_warnings():  # megatron-core's and torch.distributed.checkpoint's deprecation notes
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            if source == "dlmspec":
+                return _load_runtime(folder, dev, dtype, tensor_model_parallel_size, cleanup)
+            return _load_converted(source, folder, dev, dtype, tensor_model_parallel_size, kind, mask_token_id,
+                                   cleanup)
+    except BaseException:
+        while cleanup:
+            cleanup.pop()()
+        raise

@@ -1,0 +1,688 @@
+"""``dlmspec generate`` and ``dlmspec eval``: sample from a trained model and measure it.
+
+Both load the model with :func:`dlmspec.backends.generate.load.load_model` (a run folder, a save
+folder, one ``iter_*`` checkpoint, a converted or a Hugging Face checkpoint) and run
+:mod:`dlmspec.backends.generate` (the sampler, the ELBO estimators, multiple choice). torch and
+megatron-core are imported inside the commands, so ``import dlmspec.cli`` stays light.
+
+The settings of ``generate``, lowest first: ``GenerateConfig``'s defaults (LLaDA's), the
+``[generate]`` table of the checkpoint's ``spec.lock.toml``, the ``[generate]`` table of
+``--spec FILE``, then the flags. The values used, and where each came from, are recorded with
+every output. Bad input (a flag, a file, a spec value, a path that is no checkpoint) is an issue
+table (or the ``--json`` envelope) naming the flag or key, the value, why and a fix: exit code 2.
+docs/generate.md, "The commands".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import typer
+
+from dlmspec.cli.help import MARKUP_MODE, Command, Group
+from dlmspec.cli.output import command_name, print_envelope, stderr, stdout, use_json
+from dlmspec.errors import SpecError, SpecIssue
+
+app = typer.Typer(cls=Group, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=MARKUP_MODE)
+
+#: The ``[generate]`` table's keys (``GenerateSpec``), in ``GenerateConfig``'s order.
+TABLE_FIELDS = ("gen_length", "steps", "block_length", "remasking", "threshold", "temperature", "top_k", "top_p",
+                "cfg_scale", "seed")
+#: ``GenerateConfig`` fields that come from the model (its record and tokenizer) unless a flag sets them.
+MODEL_FIELDS = ("kind", "mask_token_id", "eos_token_id", "pad_token_id")
+#: The default ELBO estimator of ``eval`` (LLaDA Eq. 6: the lower-variance one; docs/generate.md).
+DEFAULT_ESTIMATOR = "count"
+#: Largest prompts / choices file read, bytes.
+MAX_FILE_BYTES = 64 << 20
+_MODEL_HELP = ("A run folder (runs/NAME), its checkpoints folder (latest names the checkpoint), one iter_* folder, "
+               "a `dlmspec convert hf-to-mcore` folder or a Hugging Face folder.")
+
+
+def flag(field: str) -> str:
+    """The command-line spelling of a ``GenerateConfig`` field: ``block_length`` -> ``--block-length``."""
+    return "--" + field.replace("_", "-")
+
+
+def _issue(key: str, value: Any, why: str, fix: str, rule: str = "generate-input", file: str | None = None,
+           line: int | None = None) -> SpecError:
+    return SpecError([SpecIssue(key=key, value=value, message=why, hint=fix, rule=rule, file=file, line=line,
+                                source="dlmspec.cli.generate")])
+
+
+# --------------------------------------------------------------------------- settings
+
+
+class Settings:
+    """The resolved ``GenerateConfig`` keyword arguments and where each came from.
+
+    Attributes:
+        values: field -> value (every ``GenerateConfig`` field).
+        origins: field -> ``"default"``, ``"model"`` (the checkpoint's record / tokenizer),
+            ``"checkpoint"`` (its spec.lock.toml ``[generate]``), ``"spec"`` (``--spec``) or ``"flag"``.
+        where: field -> ``(key, file, line)`` to name in an error about it.
+    """
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.origins: dict[str, str] = {}
+        self.where: dict[str, tuple[str, str | None, int | None]] = {}
+
+    def set(self, field: str, value: Any, origin: str, key: str, file: str | None = None,
+            line: int | None = None) -> None:
+        self.values[field] = value
+        self.origins[field] = origin
+        self.where[field] = (key, file, line)
+
+
+def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: Optional[int],
+                     pad_token_id: Optional[int], lock_table: Optional[dict[str, Any]] = None,
+                     lock_file: Optional[str] = None, spec_table: Optional[dict[str, Any]] = None,
+                     spec_locate: Optional[Callable[[str], tuple[Any, Any]]] = None,
+                     flags: Optional[dict[str, Any]] = None) -> tuple[Any, Settings]:
+    """Join the sources of the settings (module docstring) into a ``GenerateConfig``.
+
+    Args:
+        kind, mask_token_id, eos_token_id, pad_token_id: the model's (``LoadedModel``).
+        lock_table: the checkpoint's ``[generate]`` table (raw TOML values; unknown keys ignored).
+        lock_file: its file, for errors.
+        spec_table: the keys ``--spec``'s ``[generate]`` sets.
+        spec_locate: ``dotted key -> (file, line)`` of the ``--spec`` file.
+        flags: field -> value of the flags given (``None`` = not given; ``eos_token_id = -1``: none).
+
+    Returns:
+        ``(GenerateConfig, Settings)``.
+
+    Raises:
+        SpecError: a value ``GenerateConfig`` refuses, named where it came from (the flag, or the
+            spec key with file and line) with its fix.
+    """
+    from dlmspec.backends.generate.config import GenerateConfig, GenerateConfigError
+
+    s = Settings()
+    defaults = GenerateConfig.__dataclass_fields__
+    for field in TABLE_FIELDS:
+        s.set(field, defaults[field].default, "default", flag(field))
+    for field, value in (("kind", kind), ("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id),
+                         ("pad_token_id", pad_token_id)):
+        s.set(field, value, "model", flag(field))
+    for field, value in (lock_table or {}).items():
+        if field in TABLE_FIELDS:
+            s.set(field, value, "checkpoint", f"generate.{field}", lock_file)
+    for field, value in (spec_table or {}).items():
+        file, line = spec_locate(f"generate.{field}") if spec_locate else (None, None)
+        s.set(field, value, "spec", f"generate.{field}", file, line)
+    for field, value in (flags or {}).items():
+        if value is None:
+            continue
+        if field == "eos_token_id" and value == -1:
+            value = None
+        s.set(field, value, "flag", flag(field))
+    if s.values["kind"] == "ar":
+        s.values["mask_token_id"] = None  # an AR model has none; a flag giving one changes nothing
+    try:
+        config = GenerateConfig(**s.values)
+    except GenerateConfigError as exc:
+        key, file, line = s.where.get(exc.field, (flag(exc.field), None, None))
+        origin = s.origins.get(exc.field, "default")
+        why = str(exc).split(": ", 1)[-1].split("; use ")[0]
+        fix = exc.fix
+        if origin in ("default", "model"):
+            why += f" (the {'default' if origin == 'default' else 'model'}'s value)"
+        if key.startswith("--"):  # a flag's fix in the flag's spelling: "--block-length 2"
+            fix = fix.replace(f"{exc.field} = ", f"{key} ")
+        raise _issue(key, exc.value, why, f"use {fix}", rule="generate-settings", file=file, line=line) from None
+    return config, s
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _read_lines(path: str, flag_name: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` of each non-blank line of a JSONL file."""
+    if not os.path.isfile(path):
+        why = "is a folder" if os.path.isdir(path) else "does not exist"
+        raise _issue(flag_name, path, f"{why}: a JSONL file is read", "give an existing .jsonl file")
+    if os.path.getsize(path) > MAX_FILE_BYTES:
+        raise _issue(flag_name, path, f"is larger than {MAX_FILE_BYTES >> 20} MiB", "split it into smaller files")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _issue(flag_name, path, f"cannot be read ({exc})", "give a UTF-8 .jsonl file") from None
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            yield number, json.loads(text)
+        except ValueError as exc:
+            raise _issue(flag_name, f"{path}:{number}", f"line {number} is not JSON ({exc})",
+                         'one JSON object per line, e.g. {"prompt": "Once upon a time"}', file=path, line=number) from None
+
+
+def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[str, Any]]:
+    """The prompts of ``--prompt TEXT`` (repeatable) or ``--prompts FILE.jsonl``: per line
+    ``{"prompt": TEXT}`` or ``{"prompt_ids": [id, ...]}`` (token ids: for a model without a tokenizer).
+
+    Returns:
+        ``[{"prompt": TEXT} or {"prompt_ids": [...]}, ...]``.
+
+    Raises:
+        SpecError: neither or both given, an empty prompt, a bad file or line (named).
+    """
+    if bool(prompt) == bool(prompts_file):
+        raise _issue("--prompt", None if not prompt else prompt[0],
+                     "give the prompts one way: --prompt TEXT (repeatable) or --prompts FILE.jsonl" if not prompt
+                     else "--prompt and --prompts were both given",
+                     '--prompt "Once upon a time" or --prompts prompts.jsonl')
+    if prompt:
+        for text in prompt:
+            if not text:
+                raise _issue("--prompt", text, "is empty: the model needs at least one token", '--prompt "The"')
+        return [{"prompt": text} for text in prompt]
+    out: list[dict[str, Any]] = []
+    for number, row in _read_lines(prompts_file, "--prompts"):  # type: ignore[arg-type]
+        text = row.get("prompt") if isinstance(row, dict) else None
+        ids = row.get("prompt_ids") if isinstance(row, dict) else None
+        if isinstance(text, str) and text:
+            out.append({"prompt": text})
+        elif isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            out.append({"prompt_ids": ids})
+        else:
+            raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number} has neither a non-empty \"prompt\" "
+                         "string nor a non-empty \"prompt_ids\" list of token ids",
+                         '{"prompt": "Once upon a time"} or {"prompt_ids": [464, 2068]}', file=prompts_file, line=number)
+    if not out:
+        raise _issue("--prompts", prompts_file, "holds no prompt", '{"prompt": "Once upon a time"} per line')
+    return out
+
+
+def read_choices(path: str) -> list[dict[str, Any]]:
+    """Multiple-choice items of a JSONL file: ``{"context": str, "choices": [str, ...], "label": int}``.
+
+    Raises:
+        SpecError: a bad file or line (named, with the line).
+    """
+    items = []
+    for number, row in _read_lines(path, "--choices"):
+        ok = (isinstance(row, dict) and isinstance(row.get("context"), str) and isinstance(row.get("choices"), list)
+              and len(row["choices"]) >= 2 and all(isinstance(c, str) and c for c in row["choices"]))
+        if not ok:
+            raise _issue("--choices", f"{path}:{number}",
+                         f"line {number} is not {{\"context\": str, \"choices\": [at least 2 non-empty str], \"label\": int}}",
+                         '{"context": "The sky is", "choices": [" blue", " green"], "label": 0}', file=path, line=number)
+        label = row.get("label")
+        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(row["choices"]):
+            raise _issue("--choices", f"{path}:{number}", f"line {number}: \"label\" = {label!r} is not an index of its "
+                         f"{len(row['choices'])} choices", f"a label in 0..{len(row['choices']) - 1}", file=path,
+                         line=number)
+        items.append(row)
+    if not items:
+        raise _issue("--choices", path, "holds no item", '{"context": ..., "choices": [...], "label": 0} per line')
+    return items
+
+
+def find_dataset(prefix: str) -> str:
+    """The indexed dataset's prefix (``PREFIX.bin`` + ``PREFIX.idx``); ``PREFIX_text_document`` is
+    tried too (``dlmspec data prepare --output-prefix PREFIX`` writes it).
+
+    Raises:
+        SpecError: neither exists (``--data`` named).
+    """
+    for candidate in (prefix, prefix + "_text_document"):
+        if os.path.isfile(candidate + ".bin") and os.path.isfile(candidate + ".idx"):
+            return candidate
+    raise _issue("--data", prefix, f"no {prefix}.bin / .idx (nor {prefix}_text_document.bin / .idx)",
+                 "give the prefix `dlmspec data prepare --output-prefix` wrote, e.g. .data/demo-valid")
+
+
+def dataset_windows(prefix: str, *, seq_length: int, num_sequences: int, vocab_size: int) -> tuple[Any, dict[str, Any]]:
+    """The first ``num_sequences`` windows of ``seq_length`` tokens of the dataset's documents,
+    concatenated in order (as megatron-core's GPT dataset packs them, without shuffling).
+
+    Returns:
+        ``(LongTensor[n, seq_length], facts)``; ``n <= num_sequences`` when the data is shorter.
+
+    Raises:
+        SpecError: the dataset cannot be read, holds no full window, or ids outside the vocabulary.
+    """
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    try:
+        data = IndexedDataset(prefix, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - megatron raises AssertionError/ValueError/OSError on a bad file
+        raise _issue("--data", prefix, f"cannot be read as a Megatron indexed dataset ({str(exc)[:200]})",
+                     "give a prefix `dlmspec data prepare` wrote") from None
+    need = seq_length * num_sequences
+    pieces, have, docs = [], 0, 0
+    for i in range(len(data)):
+        doc = np.asarray(data[i], dtype=np.int64)
+        pieces.append(doc)
+        have += doc.size
+        docs += 1
+        if have >= need:
+            break
+    flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    n = min(num_sequences, flat.size // seq_length)
+    if n == 0:
+        raise _issue("--seq-length", seq_length, f"the dataset holds {flat.size} tokens, less than one window",
+                     f"--seq-length {max(2, flat.size)}")
+    windows = torch.from_numpy(flat[: n * seq_length].reshape(n, seq_length).copy())
+    top = int(windows.max())
+    if top >= vocab_size:
+        raise _issue("--data", prefix, f"holds token id {top}, outside the model's vocabulary of {vocab_size}",
+                     "score data tokenized with the model's tokenizer")
+    return windows, {"prefix": prefix, "documents_read": docs, "num_sequences": n, "seq_length": seq_length,
+                     "tokens": n * seq_length, "windows": "the first documents concatenated in order, cut into "
+                     "windows of seq_length (no shuffling)"}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mask_token_id: Optional[int]) -> Any:
+    from dlmspec.backends.generate.load import LoadError, load_model
+
+    if kind is not None and kind not in ("mdm", "ar"):
+        raise _issue("--kind", kind, "not a model kind", "--kind mdm or --kind ar")
+    if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
+        raise _issue("--dtype", dtype, "not a dtype", "--dtype bf16, fp16 or fp32")
+    try:
+        return load_model(path, device=device, dtype=dtype, kind=kind, mask_token_id=mask_token_id)
+    except LoadError as exc:
+        key = "RUN_OR_CHECKPOINT"
+        if exc.path in (device, str(device)):
+            key = "--device"
+        raise _issue(key, exc.path, exc.why, exc.fix, rule="generate-load") from None
+    except (RuntimeError, ValueError) as exc:
+        if "device" in str(exc).lower():
+            raise _issue("--device", device, str(exc)[:300], "--device cpu or --device cuda") from None
+        raise
+
+
+def _model_info(model: Any) -> dict[str, Any]:
+    return {"path": model.path, "source": model.source, "kind": model.kind, "iteration": model.iteration,
+            "name": model.record.get("name"), "vocab_size": model.vocab_size, "device": str(model.device),
+            "mask_token_id": model.mask_token_id, "eos_token_id": model.eos_token_id}
+
+
+def _spec_table(spec: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional[Callable[[str], Any]]]:
+    if spec is None:
+        return None, None
+    from dlmspec.spec.load import load
+
+    loaded = load(spec)  # a SpecError (file, line, key) is reported by the group
+    table = loaded.spec.generate
+    if table is None:
+        return {}, loaded.locate
+    return table.model_dump(exclude_unset=True), loaded.locate
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def render_canvas(model: Any, ids: list[int], mask_id: Optional[int], placeholder: str = "\u2591") -> str:
+    """The text of a partly decoded region: each run of committed ids decoded, each mask shown as
+    ``placeholder``."""
+    parts, run = [], []
+    for t in ids:
+        if mask_id is not None and t == mask_id:
+            if run:
+                parts.append(model.decode(run))
+                run = []
+            parts.append(placeholder)
+        else:
+            run.append(t)
+    if run:
+        parts.append(model.decode(run))
+    return "".join(parts)
+
+
+class _Stream:
+    """``on_step`` of the sampler: a progress bar over the steps and, on a terminal, the canvas of
+    the batch's rows redrawn after each step (rich ``Live``)."""
+
+    def __init__(self, model: Any, config: Any, total_steps: int, live: bool, progress: bool) -> None:
+        self.model, self.config = model, config
+        self.live = self.bar = None
+        if not (live or progress):
+            return
+        from rich.console import Group as RichGroup
+        from rich.live import Live
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        self._group, self._text = RichGroup, Text
+        self.bar = Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=stderr(), transient=True, disable=not progress)
+        self.task = self.bar.add_task("steps", total=total_steps)
+        if live:
+            self.live = Live(console=stdout(), transient=True, auto_refresh=False)
+            self.live.start()
+        elif progress:
+            self.bar.start()
+
+    def __call__(self, event: Any) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        if self.live is not None:
+            rows = event.tokens[:4, event.prompt_length:].tolist()
+            texts = [self._text(render_canvas(self.model, r, self.config.mask_token_id)) for r in rows]
+            self.live.update(self._group(*texts, self.bar), refresh=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+        elif self.bar is not None:
+            self.bar.stop()
+
+
+# --------------------------------------------------------------------------- generate
+
+
+def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_size: int, stream: bool,
+                  progress: bool) -> dict[str, Any]:
+    import torch
+
+    from dlmspec.backends.generate.sampler import generate, generate_ar
+
+    encoded = []
+    for p in prompts:
+        if "prompt_ids" in p:
+            ids = p["prompt_ids"]
+            bad = [i for i in ids if i >= model.vocab_size or i == config.mask_token_id]
+            if bad:
+                raise _issue("--prompts", bad[0], f"prompt_ids hold {bad[0]}: the mask token or outside the "
+                             f"vocabulary of {model.vocab_size}", "ids of the model's tokenizer")
+        else:
+            if model.tokenizer is None:
+                raise _issue("--prompt", p["prompt"], f"the model's tokenizer cannot be built ({model.tokenizer_error})",
+                             'run from the folder the training ran in, or give {"prompt_ids": [...]} in --prompts')
+            ids = model.encode(p["prompt"])
+            if not ids:
+                raise _issue("--prompt", p["prompt"], "tokenizes to no token", "a prompt with at least one token")
+        if model.max_length and len(ids) + config.gen_length > model.max_length:
+            raise _issue("--gen-length", config.gen_length, f"a prompt of {len(ids)} tokens plus {config.gen_length} "
+                         f"exceeds the model's max_position_embeddings = {model.max_length}",
+                         f"--gen-length {max(1, model.max_length - len(ids))} or a shorter prompt")
+        encoded.append(ids)
+    outputs: list[dict[str, Any]] = []
+    passes = steps = 0
+    sampler = generate if config.kind == "mdm" else generate_ar
+    per_batch = config.gen_length if config.kind == "ar" or config.remasking == "threshold" else config.steps
+    start = time.perf_counter()
+    for first in range(0, len(encoded), batch_size):
+        batch = encoded[first:first + batch_size]
+        gen = torch.Generator(device=model.device).manual_seed(config.seed + first)
+        streamer = _Stream(model, config, per_batch, live=stream, progress=progress)
+        try:
+            out = sampler(model.logits_fn, batch, config, on_step=streamer, generator=gen, device=model.device)
+        finally:
+            streamer.close()
+        passes += out.forward_passes
+        steps += out.steps
+        for i, (ids, reason) in enumerate(zip(out.generated, out.finish_reasons)):
+            outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": batch[i],
+                            "prompt_text": model.decode(batch[i]), "text": model.decode(ids), "ids": ids,
+                            "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first})
+    seconds = time.perf_counter() - start
+    generated = sum(len(o["ids"]) for o in outputs)
+    return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds,
+            "generated_tokens": generated, "tokens_per_second": generated / seconds if seconds > 0 else None}
+
+
+@app.command("generate", cls=Command)
+def generate_command(
+    ctx: typer.Context,
+    model_path: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help=_MODEL_HELP),
+    prompt: list[str] = typer.Option([], "--prompt", help="A prompt (repeatable)."),
+    prompts_file: Optional[str] = typer.Option(None, "--prompts", help='JSONL of {"prompt": TEXT} per line.'),
+    spec: Optional[str] = typer.Option(None, "--spec", help="A spec file whose [generate] table sets the defaults (over the checkpoint's; only that table is read)."),
+    gen_length: Optional[int] = typer.Option(None, "--gen-length", help="Tokens generated after each prompt (128)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Denoising steps over --gen-length (128)."),
+    block_length: Optional[int] = typer.Option(None, "--block-length", help="Semi-autoregressive block (128)."),
+    remasking: Optional[str] = typer.Option(None, "--remasking", help="low_confidence (default), random or threshold."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="--remasking threshold: confidence (0.9)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the top-k logits (all)."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass (all)."),
+    cfg_scale: Optional[float] = typer.Option(None, "--cfg-scale", help="Classifier-free guidance w, MDM (0)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sampler (0); batch b draws from seed + b x batch size."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="Default: the run's objective.mask_token_id."),
+    eos_token_id: Optional[int] = typer.Option(None, "--eos-token-id", help="Default: the run's data.eod_id; -1: no EOS."),
+    pad_token_id: Optional[int] = typer.Option(None, "--pad-token-id", help="Left padding's id (default: EOS)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="mdm or ar: converted checkpoints only (default: by family)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts sampled together."),
+    device: str = typer.Option("auto", "--device", help="cuda, cuda:N, cpu or auto (a GPU if visible)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: the run's on a GPU, fp32 on CPU)."),
+    stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Redraw the text after each step (default: on a terminal)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the outputs and settings as JSON on stdout."),
+) -> None:
+    """Sample text from a trained model: masked diffusion for an mdm run, left to right for an ar run.
+
+    Every output records the settings it was made with (and where each came from: default,
+    model, checkpoint, spec, flag). AR models decode with full recompute (no KV cache).
+    """
+    use_json(ctx, json_output)
+    if batch_size < 1:
+        raise _issue("--batch-size", batch_size, "must be >= 1", "--batch-size 8")
+    texts = read_prompts(prompt, prompts_file)
+    spec_table, locate = _spec_table(spec)
+    flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking,
+                 threshold=threshold, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
+                 seed=seed, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    model = _load(model_path, device, dtype, kind, mask_token_id)
+    try:
+        config, settings = resolve_settings(
+            kind=model.kind, mask_token_id=model.mask_token_id, eos_token_id=model.eos_token_id,
+            pad_token_id=None, lock_table=model.generate_table,
+            lock_file=os.path.join(model.path, "spec.lock.toml"), spec_table=spec_table, spec_locate=locate,
+            flags=flags)
+        on_terminal = sys.stdout.isatty() and not json_output
+        live = on_terminal if stream is None else (stream and not json_output)
+        run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty())
+    finally:
+        model.close()
+    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default",
+                "decoding": "masked diffusion" if config.kind == "mdm" else "left to right, full recompute (no KV cache)"}
+    for out in run["outputs"]:
+        out["settings"] = recorded
+    lock = os.path.join(model.path, "spec.lock.toml")
+    sources = {"checkpoint": lock if model.generate_table is not None else None, "spec": spec}
+    result = {"model": _model_info(model), "settings": recorded, "origins": settings.origins, "sources": sources, **run}
+    if json_output:
+        print_envelope(command_name(ctx), ok=True, result=result)
+        return
+    console = stdout()
+    from rich.text import Text
+
+    for out in run["outputs"]:
+        console.print(Text(out["prompt_text"], style="dim"), Text(out["text"]), sep="")
+        console.print(Text(f"[{out['finish_reason']}, {len(out['ids'])} tokens]", style="dim"))
+    shown = ", ".join(f"{k} = {v}" for k, v in config.to_dict().items() if v is not None)
+    console.print(Text(f"settings: {shown}; {run['forward_passes']} forward passes, "
+                       f"{run['generated_tokens']} tokens in {run['seconds']:.2f} s", style="dim"))
+
+
+# --------------------------------------------------------------------------- eval
+
+
+def _progress(total: int, label: str) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=stderr(),
+                   transient=True, disable=not sys.stderr.isatty())
+    task = bar.add_task(label, total=total)
+    return bar, task
+
+
+def score_dataset(model: Any, windows: Any, *, estimators: list[str], num_samples: int, samples_per_forward: int,
+                  eps: float, seed: int, batch_size: int, show_progress: bool = True) -> dict[str, Any]:
+    """The dataset's scores: AR perplexity, or for MDM the ELBO bound per estimator.
+
+    Each estimator draws from its own generator seeded with ``seed``, batch after batch of
+    ``batch_size`` windows, so the library reproduces the numbers: ``elbo_nll(logits_fn, batch,
+    generator=torch.Generator(device).manual_seed(seed), ...)`` over the same batches, merged with
+    ``merge_elbo_results``.
+    """
+    import torch
+
+    from dlmspec.backends.generate.likelihood import ar_nll, elbo_nll, merge_elbo_results
+
+    windows = windows.to(model.device)
+    batches = [windows[i:i + batch_size] for i in range(0, windows.shape[0], batch_size)]
+    if model.kind == "ar":
+        nll = torch.cat([ar_nll(model.logits_fn, b).nll for b in batches])
+        tokens = (windows.shape[1] - 1) * windows.shape[0]
+        per_token = float(nll.sum()) / tokens
+        return {"ar": {"nll_per_token": per_token, "perplexity": math.exp(per_token), "num_tokens": tokens,
+                       "num_sequences": int(windows.shape[0]), "exact": True}}
+    out: dict[str, Any] = {}
+    for estimator in estimators:
+        gen = torch.Generator(device=model.device).manual_seed(seed)
+        bar, task = _progress(len(batches), f"ELBO ({estimator})")
+        results = []
+        with bar:
+            for b in batches:
+                results.append(elbo_nll(model.logits_fn, b, mask_token_id=model.mask_token_id, generator=gen,
+                                        estimator=estimator, num_samples=num_samples,
+                                        samples_per_forward=samples_per_forward, eps=eps))
+                bar.advance(task)
+        total = merge_elbo_results(results).total()
+        total["stderr_method"] = "per row std / sqrt(num_samples), rows independent"
+        out[estimator] = total
+    return {"elbo": out}
+
+
+@app.command("eval", cls=Command)
+def eval_command(
+    ctx: typer.Context,
+    model_path: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help=_MODEL_HELP),
+    data: Optional[str] = typer.Option(None, "--data", help="Indexed dataset PREFIX (PREFIX.bin/.idx, or PREFIX_text_document)."),
+    choices: Optional[str] = typer.Option(None, "--choices", help='JSONL of {"context", "choices", "label"}: multiple-choice accuracy.'),
+    seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per scored window (default: the run's train.seq_length)."),
+    num_sequences: int = typer.Option(64, "--num-sequences", help="Windows scored (the dataset's first)."),
+    estimator: str = typer.Option(DEFAULT_ESTIMATOR, "--estimator", help="MDM ELBO: count (LLaDA Eq. 6, default: lower variance), time (Eq. 3, 1/t weights) or both."),
+    num_samples: int = typer.Option(128, "--num-samples", help="Monte-Carlo samples per sequence (LLaDA's mc_num: 128)."),
+    samples_per_forward: int = typer.Option(16, "--samples-per-forward", help="Samples per forward pass (memory only)."),
+    eps: float = typer.Option(1e-3, "--eps", help="--estimator time: lower bound of t (the training default)."),
+    normalize: str = typer.Option("sum", "--normalize", help="--choices: compare total NLL (sum, lm-eval acc) or per token (mean)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the masks drawn."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Windows per batch."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="mdm or ar: converted checkpoints only."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="Converted checkpoints only."),
+    device: str = typer.Option("auto", "--device", help="cuda, cuda:N, cpu or auto."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp32."),
+    json_output: bool = typer.Option(False, "--json", help="Print the scores as JSON on stdout."),
+) -> None:
+    """Measure a model: AR perplexity, or the masked-diffusion ELBO bound on NLL per token with its
+    standard error and sample count; --choices: multiple-choice accuracy with a Wilson 95 % interval."""
+    use_json(ctx, json_output)
+    if data is None and choices is None:
+        raise _issue("--data", None, "nothing to score", "--data PREFIX (an indexed dataset) and/or --choices FILE.jsonl")
+    checks = [("--num-sequences", num_sequences, num_sequences >= 1, "--num-sequences 64"),
+              ("--num-samples", num_samples, num_samples >= 2, "--num-samples 128 (a standard error needs >= 2)"),
+              ("--samples-per-forward", samples_per_forward, samples_per_forward >= 1, "--samples-per-forward 16"),
+              ("--batch-size", batch_size, batch_size >= 1, "--batch-size 8"),
+              ("--eps", eps, 0.0 <= eps < 1.0, "--eps 0.001"),
+              ("--estimator", estimator, estimator in ("count", "time", "both"), "--estimator count, time or both"),
+              ("--normalize", normalize, normalize in ("sum", "mean"), "--normalize sum or mean"),
+              ("--seed", seed, seed >= 0, "--seed 0")]
+    if seq_length is not None:
+        checks.append(("--seq-length", seq_length, seq_length >= 2, "--seq-length 512"))
+    for key, value, ok, fix in checks:
+        if not ok:
+            raise _issue(key, value, "out of range", fix)
+    items = read_choices(choices) if choices is not None else None
+    prefix = find_dataset(data) if data is not None else None
+    model = _load(model_path, device, dtype, kind, mask_token_id)
+    settings = {"estimator": estimator, "default_estimator": DEFAULT_ESTIMATOR, "num_samples": num_samples,
+                "samples_per_forward": samples_per_forward, "eps": eps, "seed": seed, "batch_size": batch_size,
+                "normalize": normalize}
+    result: dict[str, Any] = {"model": _model_info(model), "settings": settings}
+    try:
+        if prefix is not None:
+            length = seq_length or int(model.record.get("train.seq_length") or 512)
+            if model.max_length and length > model.max_length:
+                raise _issue("--seq-length", length, f"exceeds the model's max_position_embeddings = {model.max_length}",
+                             f"--seq-length {model.max_length}")
+            windows, facts = dataset_windows(prefix, seq_length=length, num_sequences=num_sequences,
+                                             vocab_size=model.vocab_size)
+            settings["seq_length"] = length
+            result["data"] = facts
+            estimators = ["count", "time"] if estimator == "both" else [estimator]
+            result.update(score_dataset(model, windows, estimators=estimators, num_samples=num_samples,
+                                        samples_per_forward=samples_per_forward, eps=eps, seed=seed,
+                                        batch_size=batch_size))
+        if items is not None:
+            result["choices"] = _score_choices(model, items, normalize=normalize, seed=seed, estimator=estimator,
+                                               num_samples=num_samples, samples_per_forward=samples_per_forward,
+                                               eps=eps, path=choices)
+    finally:
+        model.close()
+    if json_output:
+        print_envelope(command_name(ctx), ok=True, result=result)
+        return
+    _print_eval(result)
+
+
+def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, seed: int, estimator: str,
+                   num_samples: int, samples_per_forward: int, eps: float, path: str) -> dict[str, Any]:
+    import torch
+
+    from dlmspec.backends.generate.likelihood import multiple_choice
+
+    if model.tokenizer is None:
+        raise _issue("RUN_OR_CHECKPOINT", model.path, f"--choices needs the model's tokenizer ({model.tokenizer_error})",
+                     "run from the folder the training ran in")
+    tokenized = []
+    for item in items:
+        context = model.encode(item["context"])
+        if not context and model.kind == "ar":
+            context = [model.eos_token_id if model.eos_token_id is not None else 0]  # AR needs a first token
+        tokenized.append({"context": context, "choices": [model.encode(c) for c in item["choices"]],
+                          "label": item["label"]})
+    bar, task = _progress(len(items), "choices")
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    kwargs = {}
+    if model.kind == "mdm":
+        kwargs = dict(estimator="count" if estimator == "both" else estimator, num_samples=num_samples,
+                      samples_per_forward=samples_per_forward, eps=eps)
+    with bar:
+        res = multiple_choice(model.logits_fn, tokenized, kind=model.kind, mask_token_id=model.mask_token_id,
+                              generator=gen, normalize=normalize, device=model.device,
+                              on_item=lambda _: bar.advance(task), **kwargs)
+    out = res.to_dict()
+    out["file"] = path
+    out["scoring"] = ("ELBO bound of -log p(choice | context)" if model.kind == "mdm" else "exact -log p(choice | context)")
+    return out
+
+
+def _print_eval(result: dict[str, Any]) -> None:
+    from rich.text import Text
+
+    console = stdout()
+    m = result["model"]
+    console.print(Text(f"{m['path']} ({m['kind']}, iteration {m['iteration']})", style="bold"))
+    if "data" in result:
+        d = result["data"]
+        console.print(Text(f"data: {d['prefix']}, {d['num_sequences']} windows of {d['seq_length']} tokens"))
+    if "ar" in result:
+        a = result["ar"]
+        console.print(f"NLL {a['nll_per_token']:.4f} nats/token, perplexity {a['perplexity']:.2f} (exact, AR)")
+    for name, e in (result.get("elbo") or {}).items():
+        default = " (default)" if name == DEFAULT_ESTIMATOR else ""
+        console.print(f"ELBO bound ({name}{default}): {e['nll_per_token']:.4f} +- {e['stderr_per_token']:.4f} nats/token "
+                      f"(1 standard error), perplexity <= {e['perplexity_bound']:.2f}; {e['num_samples']} samples x "
+                      f"{e['num_sequences']} sequences")
+    if "choices" in result:
+        c = result["choices"]
+        lo, hi = c["interval_95"]
+        console.print(f"multiple choice: accuracy {c['accuracy']:.3f} (Wilson 95 % interval {lo:.3f}-{hi:.3f}), "
+                      f"n = {c['n']}, normalize = {c['normalize']}")

@@ -1,0 +1,149 @@
+"""`dlmspec eval` (dlmspec/cli/generate.py) on tiny runtime checkpoints: the ELBO bound (both
+estimators), the AR perplexity and the multiple-choice accuracy equal the library functions' for the
+same seed; every bad input is exit code 2 naming the flag, the value and a fix."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from dlmspec.cli import main
+from tiny_ckpt import TEXTS, tiny_runs, write_dataset  # noqa: F401 (a fixture)
+
+SEQ, N, SAMPLES = 16, 4, 6
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    return write_dataset(root / "valid_text_document", TEXTS)
+
+
+@pytest.fixture(scope="module")
+def choices(tmp_path_factory):
+    path = tmp_path_factory.mktemp("choices") / "mc.jsonl"
+    items = [{"context": "The sky is", "choices": [" blue", " green today"], "label": 0},
+             {"context": "One, two,", "choices": [" three", " dog", " x"], "label": 2},
+             {"context": "", "choices": [" Hello", " world"], "label": 1}]
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path, items
+
+
+def run_json(capsys, *args: str):
+    capsys.readouterr()
+    code = main(["eval", *args, "--device", "cpu", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def windows(prefix):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    data = IndexedDataset(str(prefix))
+    flat = torch.cat([torch.from_numpy(data[i].astype("int64")) for i in range(len(data))])
+    return flat[: N * SEQ].view(N, SEQ)
+
+
+def test_the_elbo_of_both_estimators_is_the_librarys(tiny_runs, data, capsys):
+    from dlmspec.backends.generate.likelihood import elbo_nll, merge_elbo_results
+    from dlmspec.backends.generate.load import load_model
+
+    run_dir = tiny_runs["mdm"][0]
+    prefix = str(data).removesuffix("_text_document")  # the prefix given to data prepare is accepted too
+    code, env = run_json(capsys, str(run_dir), "--data", prefix, "--seq-length", str(SEQ), "--num-sequences", str(N),
+                         "--num-samples", str(SAMPLES), "--samples-per-forward", "4", "--estimator", "both",
+                         "--batch-size", "2", "--seed", "7")
+    assert code == 0, env
+    r = env["result"]
+    assert r["data"]["prefix"] == str(data) and r["data"]["num_sequences"] == N
+    assert r["settings"]["default_estimator"] == "count"
+    model = load_model(str(run_dir), device="cpu")
+    try:
+        x = windows(data)
+        for estimator in ("count", "time"):
+            gen = torch.Generator().manual_seed(7)
+            parts = [elbo_nll(model.logits_fn, x[i:i + 2], mask_token_id=model.mask_token_id, generator=gen,
+                              estimator=estimator, num_samples=SAMPLES, samples_per_forward=4) for i in range(0, N, 2)]
+            want = merge_elbo_results(parts).total()
+            got = r["elbo"][estimator]
+            assert got["nll_per_token"] == pytest.approx(want["nll_per_token"], rel=1e-9)
+            assert got["stderr_per_token"] == pytest.approx(want["stderr_per_token"], rel=1e-9)
+            assert (got["num_samples"], got["num_sequences"], got["num_tokens"]) == (SAMPLES, N, N * SEQ)
+            assert got["stderr_per_token"] > 0
+            # an untrained model is near uniform over GPT-2's 50257 ids
+            assert abs(got["nll_per_token"] - math.log(50257)) < 3
+    finally:
+        model.close()
+
+
+def test_the_ar_perplexity_is_the_librarys(tiny_runs, data, capsys):
+    from dlmspec.backends.generate.likelihood import ar_nll
+    from dlmspec.backends.generate.load import load_model
+
+    run_dir = tiny_runs["ar"][0]
+    code, env = run_json(capsys, str(run_dir), "--data", str(data), "--seq-length", str(SEQ), "--num-sequences", str(N))
+    assert code == 0, env
+    model = load_model(str(run_dir), device="cpu")
+    try:
+        want = ar_nll(model.logits_fn, windows(data)).total()
+    finally:
+        model.close()
+    got = env["result"]["ar"]
+    assert got["nll_per_token"] == pytest.approx(want["nll_per_token"], rel=1e-6)
+    assert got["perplexity"] == pytest.approx(want["perplexity"], rel=1e-6) and got["num_tokens"] == want["num_tokens"]
+
+
+@pytest.mark.parametrize("kind", ["mdm", "ar"])
+def test_multiple_choice_is_the_librarys_with_a_wilson_interval(tiny_runs, choices, capsys, kind):
+    from dlmspec.backends.generate.likelihood import multiple_choice, wilson_interval
+    from dlmspec.backends.generate.load import load_model
+
+    path, items = choices
+    run_dir = tiny_runs[kind][0]
+    code, env = run_json(capsys, str(run_dir), "--choices", str(path), "--num-samples", "4", "--seed", "1")
+    assert code == 0, env
+    got = env["result"]["choices"]
+    model = load_model(str(run_dir), device="cpu")
+    try:
+        tokenized = [{"context": model.encode(i["context"]) or ([model.eos_token_id] if kind == "ar" else []),
+                      "choices": [model.encode(c) for c in i["choices"]], "label": i["label"]} for i in items]
+        extra = dict(num_samples=4) if kind == "mdm" else {}
+        want = multiple_choice(model.logits_fn, tokenized, kind=kind, mask_token_id=model.mask_token_id,
+                               generator=torch.Generator().manual_seed(1), **extra)
+    finally:
+        model.close()
+    assert got["predictions"] == want.predictions and got["accuracy"] == want.accuracy
+    correct = sum(p == y for p, y in zip(want.predictions, want.labels))
+    assert got["interval_95"] == pytest.approx(list(wilson_interval(correct, 3))) and got["interval_method"] == "wilson"
+
+
+def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, data, choices, capsys, tmp_path):
+    from tiny_ckpt import write_dataset as write
+
+    run = str(tiny_runs["mdm"][0])
+    nolabel = tmp_path / "nolabel.jsonl"
+    nolabel.write_text('{"context": "a", "choices": [" b", " c"], "label": 5}\n')
+    onechoice = tmp_path / "one.jsonl"
+    onechoice.write_text('{"context": "a", "choices": [" b"], "label": 0}\n')
+    tiny = write(tmp_path / "tiny", ["Hi"])
+    cases = [
+        ([run], "--data", "nothing to score"),
+        ([run, "--data", str(tmp_path / "nope")], "--data", "no "),
+        ([run, "--data", str(data), "--num-samples", "1"], "--num-samples", "out of range"),
+        ([run, "--data", str(data), "--estimator", "best"], "--estimator", "out of range"),
+        ([run, "--data", str(data), "--eps", "1.0"], "--eps", "out of range"),
+        ([run, "--data", str(data), "--seq-length", "1"], "--seq-length", "out of range"),
+        ([run, "--data", str(data), "--seq-length", "256"], "--seq-length", "max_position_embeddings = 128"),
+        ([run, "--data", str(tiny), "--seq-length", "16"], "--seq-length", "less than one window"),
+        ([run, "--choices", str(nolabel)], "--choices", "\"label\" = 5"),
+        ([run, "--choices", str(onechoice)], "--choices", "line 1 is not"),
+        ([run, "--choices", str(tmp_path / "missing.jsonl")], "--choices", "does not exist"),
+        ([str(tmp_path), "--data", str(data)], "RUN_OR_CHECKPOINT", "is not a checkpoint"),
+    ]
+    for args, key, why in cases:
+        code, env = run_json(capsys, *args)
+        assert code == 2 and env["ok"] is False, (args, env)
+        (issue,) = env["issues"]
+        assert issue["key"] == key and why in issue["message"] and issue["hint"], (args, issue)
