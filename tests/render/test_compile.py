@@ -398,8 +398,6 @@ RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
      "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
       "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
-    ({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"},
-     "runtime-variable-length-te", "objective.variable_length_prob"),
     ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
      "runtime-document-mask-te", "data.reset_attention_mask"),
     ({"objective.variable_length_prob": 0.01, "objective.variable_length": "micro_batch",
@@ -639,7 +637,7 @@ def test_train_py_carries_the_resolved_values(tmp_path: Path) -> None:
     for snippet in ("num_query_groups=4,", "kv_channels=64,", "vocab_size=50304,", "mask_token_id=50257,",
                     "activation_func=F.silu,", "gated_linear_unit=True,", "params_dtype=torch.bfloat16,",
                     "peak_tflops_per_gpu=989.0,", f"lr_decay_iters={resolved.train_iters},", "signal_exit_code=85,",
-                    "use_transformer_engine=False,  # auto: objective.variable_length_prob = 0.01 needs the local",
+                    "use_transformer_engine=False,  # auto: objective.variable_length_prob = 0.01 keeps the local layers",
                     "Run path: transformer_impl = 'auto' -> local (auto: objective.variable_length_prob",
                     "overlap_grad_reduce=False,",  # one GPU: no gradient reduction to overlap
                     "blend=[('.data/demo-train_text_document', 1.0)],"):

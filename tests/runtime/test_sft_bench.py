@@ -1,4 +1,4 @@
-"""bench/gpu/sft_eval.py and sft_prepare.py on CPU: both models are scored on the same inputs (fixed
+"""bench/gpu/sft_eval.py on CPU: both models are scored on the same inputs (fixed
 masks), a sample's score is its SFT loss, the intervals are the normal 95% ones, and the
 conversations are a paragraph and its first sentence."""
 
@@ -59,9 +59,3 @@ def test_interval() -> None:
     assert math.isclose(out["ci95"][0], 2.5 - half) and math.isclose(out["ci95"][1], 2.5 + half)
 
 
-def test_conversations_are_a_paragraph_and_its_first_sentence() -> None:
-    prepare = load_script("bench/gpu/sft_prepare.py", "sft_prepare")
-    text = ("Short.\n\n" + "The first sentence of this paragraph is here. " + "More words follow it. " * 20
-            + "\n\n   >>> code block that is long enough " * 10)
-    [(prompt, response)] = prepare.pairs([text])
-    assert prompt.endswith("\n\nFirst sentence:") and response == " The first sentence of this paragraph is here."
