@@ -86,6 +86,10 @@ class LoadedModel:
         device: where the model runs.
         model: the ``GPTModel`` (eval mode).
         max_length: the longest sequence the model takes (``max_position_embeddings``).
+        chat_tokens: ``{id: text}`` of the chat special tokens an SFT run's dataset record gave
+            ids beyond the tokenizer's vocabulary (``<|im_start|>`` = 50258 with GPT-2); the
+            logits keep their columns (so a tuned model can end its turn), ``V`` grows to cover
+            them, and every other column past the tokenizer's vocabulary (the mask) is ``-inf``.
     """
 
     logits_fn: Callable[..., torch.Tensor]
@@ -104,6 +108,7 @@ class LoadedModel:
     device: torch.device
     model: Any
     max_length: Optional[int] = None
+    chat_tokens: Dict[int, str] = field(default_factory=dict)
     _cleanup: List[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def encode(self, text: str) -> List[int]:
@@ -118,10 +123,25 @@ class LoadedModel:
         return list(self.tokenizer.tokenize(text))
 
     def decode(self, ids: List[int]) -> str:
-        """Text of ``ids`` (``str(ids)`` without a tokenizer)."""
+        """Text of ``ids`` (``str(ids)`` without a tokenizer). Chat tokens an SFT dataset gave ids
+        beyond the tokenizer's vocabulary (:attr:`chat_tokens`) decode to their text; any other id
+        the tokenizer does not have decodes to ``<id:N>``."""
         if self.tokenizer is None:
             return " ".join(map(str, ids))
-        return self.tokenizer.detokenize([int(i) for i in ids])
+        limit = int(self.record.get("model.vocab_size") or self.vocab_size)
+        out: List[str] = []
+        run: List[int] = []
+        for i in (int(x) for x in ids):
+            if i < limit:
+                run.append(i)
+                continue
+            if run:
+                out.append(self.tokenizer.detokenize(run))
+                run = []
+            out.append(self.chat_tokens.get(i, f"<id:{i}>"))
+        if run:
+            out.append(self.tokenizer.detokenize(run))
+        return "".join(out)
 
     def close(self) -> None:
         """Release what :func:`load_model` set up (the process group and model-parallel state it
@@ -336,11 +356,9 @@ def _finish(model: Any, record: Dict[str, Any], *, source: str, folder: str, ite
     from dlmspec.backends.generate.models import gpt_logits_fn
 
     kind = record["objective.kind"]
+    chat = chat_tokens(record)
     vocab = int(record["model.vocab_size"])
-    base = gpt_logits_fn(model, tensor_model_parallel_size=tp)
-
-    def logits_fn(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return base(tokens, attention_mask)[..., :vocab]
+    logits_fn, vocab = logits_columns(gpt_logits_fn(model, tensor_model_parallel_size=tp), vocab, chat)
 
     # the tokenizer's vocabulary only: the padded columns (and a mask token placed in the padding, the
     # demo's 50257 of GPT-2's 50257 ids) are never data; the softmax over the rest stays a distribution
@@ -351,8 +369,59 @@ def _finish(model: Any, record: Dict[str, Any], *, source: str, folder: str, ite
         pad_token_id=eos if eos is not None else 0, vocab_size=vocab, tokenizer=tokenizer,
         tokenizer_error=tokenizer_error, record=record, generate_table=generate_table, source=source,
         path=folder, iteration=iteration, device=device, model=model,
-        max_length=record.get("model.max_position_embeddings"), _cleanup=cleanup,
+        max_length=record.get("model.max_position_embeddings"), chat_tokens=chat, _cleanup=cleanup,
     )
+
+
+def chat_tokens(record: Dict[str, Any]) -> Dict[int, str]:
+    """``{id: text}`` of the chat tokens the SFT dataset records (``dlmspec data prepare --sft``,
+    the ``"sft"`` section's ``special_tokens``) of the run's training data gave ids beyond the
+    vocabulary; ``{}`` for a pre-training run, or when no record is found from the current folder
+    (the data paths are the run's, relative to where it was launched)."""
+    from dlmspec.data.record import RecordError, read_record
+
+    prefixes: List[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            prefixes.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+
+    walk(record.get("data.train"))
+    for prefix in prefixes:
+        try:
+            body = read_record(prefix)
+        except (RecordError, OSError):
+            continue
+        sft = (body or {}).get("sft")
+        if isinstance(sft, dict) and isinstance(sft.get("special_tokens"), dict):
+            return {int(i): str(t) for t, i in sft["special_tokens"].items()}
+    return {}
+
+
+def logits_columns(base: Callable[..., torch.Tensor], vocab: int, chat: Dict[int, str]
+                   ) -> tuple[Callable[..., torch.Tensor], int]:
+    """The logits a sampler sees: the tokenizer's ``vocab`` columns, plus the columns up to the
+    largest chat-token id when ``chat`` has any, where every added column that is not a chat token
+    (the mask token, unused padding) is ``-inf``. Returns ``(logits_fn, V)``."""
+    if not chat:
+        return (lambda tokens, attention_mask=None: base(tokens, attention_mask)[..., :vocab]), vocab
+    width = max(vocab, max(chat) + 1)
+    blocked = [i for i in range(vocab, width) if i not in chat]
+
+    def logits_fn(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        out = base(tokens, attention_mask)[..., :width]
+        if blocked:
+            out = out.clone()
+            out[..., blocked] = float("-inf")
+        return out
+
+    return logits_fn, width
 
 
 def _prepare_forward(model: Any, device: torch.device) -> None:
