@@ -1,0 +1,94 @@
+"""SFT planning (issue #19): padding waste. Padded conversations leave positions without a real
+token, so an SFT plan reports real (non-padding) tokens/s and the steps a token budget takes,
+from the dataset record's mean conversation length or a stated assumption
+(``dlmspec/plan/sft.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from dlmspec.cli.commands import app
+from dlmspec.data.record import write_record
+from dlmspec.plan import make_plan
+from dlmspec.plan.sft import ASSUMED_MEAN_FRACTION, packing, real_fraction
+from dlmspec.resolve import resolve
+from dlmspec.spec.load import load
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "specs" / "demo-dlm.toml"
+SFT = ROOT / "specs" / "megadlms-1.7b-sft.toml"  # seq 1024, train_tokens 2B, data .data/chat-sft_text_document
+runner = CliRunner()
+
+
+def _plan(path: Path, *overrides: str):
+    return make_plan(resolve(load(path, list(overrides)).spec))
+
+
+def test_pretraining_has_no_sft_section():
+    assert _plan(DEMO).sft is None and _plan(DEMO).to_dict()["sft"] is None
+
+
+def test_without_a_record_the_mean_is_a_stated_assumption(tmp_path):
+    plan = _plan(SFT, f'data.train=["{tmp_path}/none_text_document"]')
+    s = plan.sft
+    assert s.source == "assumed" and s.mean_sample_tokens == ASSUMED_MEAN_FRACTION * 1024
+    assert any(line.startswith("assumed:") for line in s.sources)
+    assert not s.packed and s.packing_key is None  # padded, the default
+    assert s.real_fraction == pytest.approx(0.5)
+    assert s.positions_per_second == pytest.approx(plan.time.tokens_per_second)
+    assert s.real_tokens_per_second == pytest.approx(0.5 * plan.time.tokens_per_second)
+    per_step = plan.layout.global_batch * plan.layout.seq
+    assert s.real_tokens_to_train == pytest.approx(plan.layout.train_iters * per_step * 0.5)
+    # the budget counts real tokens: twice the steps train_tokens sets (which count positions)
+    assert s.iters_for_train_tokens == math.ceil(2_000_000_000 / (per_step * 0.5))
+    assert s.seconds_for_train_tokens == pytest.approx(s.iters_for_train_tokens * plan.time.step_seconds)
+
+
+def test_the_record_gives_the_mean_and_the_response_share(tmp_path):
+    prefix = str(tmp_path / "chat_text_document")
+    write_record(prefix, documents=1000, tokens=256_000,
+                 sft={"response_tokens": 64_000, "prompt_tokens": 192_000, "rows": {"written": 1000}})
+    plan = _plan(SFT, f'data.train=["{prefix}"]')
+    s = plan.sft
+    assert s.source == "record" and s.mean_sample_tokens == pytest.approx(256.0)
+    assert s.real_fraction == pytest.approx(0.25) and s.response_fraction == pytest.approx(0.25)
+    assert s.response_tokens_per_second == pytest.approx(plan.time.tokens_per_second * 0.25 * 0.25)
+    data = plan.to_dict()["sft"]
+    assert data["mean_sample_source"] == "record" and data["real_fraction"] == pytest.approx(0.25)
+    json.dumps(data)
+
+
+def test_a_blend_weighs_its_records_and_longer_than_seq_is_cut(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_record(a, documents=10, tokens=10 * 512)
+    write_record(b, documents=10, tokens=10 * 4096)  # over-long: a sequence holds 1024 of them
+    s = _plan(SFT, f'data.train=[{{prefix="{a}", weight=3}}, {{prefix="{b}", weight=1}}]').sft
+    assert s.mean_sample_tokens == pytest.approx((3 * 512 + 4096) / 4)
+    assert s.real_fraction == pytest.approx(1.0)  # min(mean, seq) / seq with the mean 1408 > 1024
+    assert s.response_fraction is None  # no "sft" section: unknown, not guessed
+
+
+def test_packing_is_read_defensively():
+    assert packing(None) == (False, None)
+    assert packing(SimpleNamespace(chat_template="chatml")) == (False, None)
+    assert packing(SimpleNamespace(packed_sequence=True)) == (True, "packed_sequence")
+    assert packing(SimpleNamespace(packing="pad")) == (False, "packing")
+    # packed: never below the padded fraction; short conversations fill most of a sequence
+    assert real_fraction(256, 1024, packed=True) == pytest.approx(1 - 256 / 2048)
+    assert real_fraction(256, 1024, packed=False) == pytest.approx(0.25)
+    assert real_fraction(2048, 1024, packed=True) == pytest.approx(1.0)
+
+
+def test_cli_prints_the_sft_lines(tmp_path):
+    result = runner.invoke(app, ["plan", str(SFT), "--set", f'data.train=["{tmp_path}/x_text_document"]'])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "SFT: padded, one conversation per sequence (the default); mean conversation 512 tokens (assumed)" in text
+    assert "50% of the positions are real (non-padding) tokens" in text and "real tokens/s of" in text
+    assert "train.train_tokens = 2,000,000,000 real tokens would take" in text
