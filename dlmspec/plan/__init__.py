@@ -24,6 +24,7 @@ from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, mem
 from dlmspec.plan.provenance import calibration_for, path_summary, provenance
 from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
                                 relayout, transformer_impl)
+from dlmspec.plan.sft import SftPlan, sft_plan
 from dlmspec.plan.time import TIME_TERMS, TimePlan, time_plan
 from dlmspec.resolve import Resolved
 
@@ -83,6 +84,7 @@ class Plan:
         provenance: the layer path, the calibration and the dimensions outside what its runs
             measured (:func:`dlmspec.plan.provenance.provenance`; :func:`make_plan` sets it with
             both paths' summaries for ``transformer_impl = "auto"``, else computed on demand).
+        sft: an SFT stage's token counts (:mod:`dlmspec.plan.sft`), None for other stages.
     """
 
     name: str
@@ -94,6 +96,7 @@ class Plan:
     runtime: dict[str, str]
     calibration: Calibration = field(default=DEFAULT_CALIBRATION)
     provenance: dict[str, Any] | None = None
+    sft: SftPlan | None = None
 
     @property
     def peak_bytes(self) -> float:
@@ -194,6 +197,7 @@ class Plan:
             "runtime": dict(self.runtime),
             "calibration": self.calibration.to_dict(),
             "provenance": self.provenance if self.provenance is not None else provenance(self),
+            "sft": self.sft.to_dict() if self.sft is not None else None,
         }
 
 
@@ -276,6 +280,7 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
         paths = [path_summary(te, "where Transformer Engine imports on the cluster"),
                  path_summary(plan, "where it does not (the tables)")]
     plan.provenance = provenance(plan, custom=custom, paths=paths)
+    plan.sft = sft_plan(resolved, plan.time.tokens_per_second, plan.time.step_seconds, lay.global_batch * lay.seq)
     return plan
 
 

@@ -16,6 +16,7 @@ from dlmspec.gpus import GiB
 from dlmspec.plan import Plan
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
+from dlmspec.plan.sft import sft_lines
 from dlmspec.plan.time import TIME_TERMS
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
@@ -154,6 +155,8 @@ def plan_renderable(plan: Plan) -> Group:
     if lay.train_iters:
         summary.append(f"\n{lay.train_iters:,} steps: {_seconds(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
     parts.append(summary)
+    if plan.sft is not None:
+        parts.append(Text("\n".join(sft_lines(plan.sft, lay.train_iters, t.to_train_seconds))))
     return Group(*parts)
 
 
