@@ -92,3 +92,33 @@ def test_cli_prints_the_sft_lines(tmp_path):
     assert "SFT: padded, one conversation per sequence (the default); mean conversation 512 tokens (assumed)" in text
     assert "50% of the positions are real (non-padding) tokens" in text and "real tokens/s of" in text
     assert "train.train_tokens = 2,000,000,000 real tokens would take" in text
+
+
+def test_segment_masks_are_planned_on_the_local_path():
+    """A packed SFT sequence (or MDM padding that is partly unsupervised, stage.sft.pad_eos_tokens
+    set) passes a [b, 1, s, s] segment mask (backends/megatron/sft.py segment_attention_mask); SDPA's
+    masked kernel saves it as an additive mask of the activation dtype in every layer."""
+    from dataclasses import replace
+
+    from dlmspec.plan.memory import layer_terms
+    from dlmspec.plan.sft import needs_segment_mask
+
+    assert needs_segment_mask(SimpleNamespace(packed_sequence=True), "ar")
+    assert needs_segment_mask(SimpleNamespace(packed_sequence=False, pad_eos_tokens=2), "mdm")
+    assert not needs_segment_mask(SimpleNamespace(packed_sequence=False, pad_eos_tokens=None), "mdm")
+    assert not needs_segment_mask(SimpleNamespace(packed_sequence=False, pad_eos_tokens=2), "ar")
+    assert not needs_segment_mask(None, "mdm")
+    plan = _plan(SFT, "train.micro_batch_size=2", "train.global_batch_size=256",
+                 'model.transformer_impl="local"', "objective.variable_length_prob=0.0", "model.num_query_groups=8")
+    assert not plan.shape.segment_mask  # main's [stage.sft] has no packing key: padded, no mask
+    masked = replace(plan.shape, segment_mask=True)
+    b, s = plan.layout.micro_batch, plan.layout.seq
+    a, g, d = masked.heads, masked.groups, masked.head_dim
+    assert (a, g) == (16, 8) and masked.qk_norm
+    before = layer_terms(plan.shape, plan.layout).dense_kept["attention_mask_path"]
+    after = layer_terms(masked, plan.layout).dense_kept["attention_mask_path"]
+    assert before == 0.0
+    # the mask, and with GQA the repeat_interleave'd k, v in place of the rotated k
+    assert after == pytest.approx(2 * b * s * s + 2 * 2 * b * s * a * d - 2 * b * s * g * d)
+    te = replace(plan.layout, impl="transformer_engine")
+    assert layer_terms(masked, te).dense_kept["attention_mask_path"] == 0.0  # TE refuses masks
