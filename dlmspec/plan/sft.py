@@ -16,7 +16,9 @@ written), weighted by the blend's weights; without a record it is an assumption
 
 Spec keys read (``[stage.sft]``, read with defaults since the section is still growing):
 ``packed_sequence`` (bool; also accepted: ``packing``/``pack_sequences`` as a bool or
-``"pack"``/``"pad"``), default padded.
+``"pack"``/``"pad"``), default padded; ``pad_eos_tokens`` (None: every padding EOS supervised).
+Packing, or MDM padding partly supervised, passes a segment mask whose memory the memory model
+counts (``ModelShape.segment_mask``).
 """
 
 from __future__ import annotations
@@ -102,6 +104,16 @@ def packing(sft: Any) -> tuple[bool, str | None]:
             return value.lower() in ("pack", "packed", "true"), key
         return bool(value), key
     return False, None
+
+
+def needs_segment_mask(sft: Any, objective_kind: str) -> bool:
+    """Whether an SFT stage's batches carry a ``[b, 1, s, s]`` segment mask: packed sequences, or
+    masked-diffusion padding of which only ``pad_eos_tokens`` are supervised (the rest is a
+    segment of its own) - ``backends/megatron/sft.py`` ``needs_attention_mask``. ``sft`` is the
+    ``[stage.sft]`` section or None; keys read with defaults."""
+    if packing(sft)[0]:
+        return True
+    return objective_kind == "mdm" and getattr(sft, "pad_eos_tokens", None) is not None
 
 
 def record_mean(prefix: str) -> tuple[float | None, float | None, str]:
