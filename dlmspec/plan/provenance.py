@@ -11,13 +11,10 @@ calibration runs covered (:class:`~dlmspec.plan.calibration.MeasuredRange`), and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dlmspec.plan.calibration import CALIBRATED_PATHS, FITTED_FROM, Calibration, MeasuredRange
-
-if TYPE_CHECKING:
-    from dlmspec.plan import Plan
-    from dlmspec.plan.shape import Layout, ModelShape
+from dlmspec.plan.shape import Layout, ModelShape
 
 #: The layer path whose constants stand in for a path without a calibration.
 FALLBACK_PATH = "local+sdpa"
@@ -120,11 +117,11 @@ def calibration_text(impl: str, calibrated: bool, custom: bool) -> str:
             f"({source}), so its memory and step time can be off (issue #21)")
 
 
-def provenance(plan: Plan, *, custom: bool = False, paths: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``provenance`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys in docs/planner.md).
 
     Args:
-        plan: the plan.
+        plan: the :class:`dlmspec.plan.Plan` (typed ``Any``: this module is imported by it).
         custom: the caller passed its own :class:`Calibration` (then nothing is said about a
             fitted range but the path).
         paths: :func:`path_summary` of each layer path the runtime may take (``auto``), or None.
@@ -146,7 +143,7 @@ def provenance(plan: Plan, *, custom: bool = False, paths: list[dict[str, Any]] 
     }
 
 
-def path_summary(plan: Plan, where: str) -> dict[str, Any]:
+def path_summary(plan: Any, where: str) -> dict[str, Any]:
     """What one layer path plans (``where`` says when the runtime takes it): peak memory,
     whether it fits, step time, tokens/s, and whether its constants were fitted on that path."""
     _, _, calibrated = calibration_for(plan.layout.impl)
