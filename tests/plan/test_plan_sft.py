@@ -122,3 +122,18 @@ def test_segment_masks_are_planned_on_the_local_path():
     assert after == pytest.approx(2 * b * s * s + 2 * 2 * b * s * a * d - 2 * b * s * g * d)
     te = replace(plan.layout, impl="transformer_engine")
     assert layer_terms(masked, te).dense_kept["attention_mask_path"] == 0.0  # TE refuses masks
+
+
+@pytest.mark.parametrize("spec", [SFT, DEMO])
+def test_planning_a_fast_loaded_spec_imports_no_pydantic(spec):
+    """``dlmspec plan`` loads with ``fast=True``; reading ``[stage.sft]`` keys that the section may
+    not have must not fall back to the pydantic model (an import of ~100 ms)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom dlmspec.spec.load import load\nfrom dlmspec.resolve import resolve\n"
+            "from dlmspec.plan import make_plan\n"
+            f"make_plan(resolve(load({str(spec)!r}, fast=True).spec)).to_dict()\n"
+            "print(sorted(m for m in ('pydantic', 'dlmspec.spec.models') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]", out
