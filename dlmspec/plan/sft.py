@@ -93,11 +93,23 @@ class SftPlan:
         }
 
 
+def sft_key(sft: Any, key: str) -> Any:
+    """``[stage.sft]`` value ``key``, or None when the section (or the key) is absent. Read from
+    the object's own fields, never through ``getattr``'s fallback: a fast-loaded spec
+    (:mod:`dlmspec.spec.fast`) answers an unknown name by building its pydantic model."""
+    if sft is None:
+        return None
+    fields = getattr(sft, "__dict__", None)
+    if isinstance(fields, dict):
+        return fields.get(key)
+    return getattr(sft, key, None)
+
+
 def packing(sft: Any) -> tuple[bool, str | None]:
     """``(packed, key)`` from a ``[stage.sft]`` section (or None): the first of
     :data:`PACKING_KEYS` it has; padded when it has none."""
     for key in PACKING_KEYS:
-        value = getattr(sft, key, None) if sft is not None else None
+        value = sft_key(sft, key)
         if value is None:
             continue
         if isinstance(value, str):
@@ -113,7 +125,7 @@ def needs_segment_mask(sft: Any, objective_kind: str) -> bool:
     ``[stage.sft]`` section or None; keys read with defaults."""
     if packing(sft)[0]:
         return True
-    return objective_kind == "mdm" and getattr(sft, "pad_eos_tokens", None) is not None
+    return objective_kind == "mdm" and sft_key(sft, "pad_eos_tokens") is not None
 
 
 def record_mean(prefix: str) -> tuple[float | None, float | None, str]:
