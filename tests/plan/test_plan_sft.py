@@ -39,7 +39,7 @@ def test_without_a_record_the_mean_is_a_stated_assumption(tmp_path):
     s = plan.sft
     assert s.source == "assumed" and s.mean_sample_tokens == ASSUMED_MEAN_FRACTION * 1024
     assert any(line.startswith("assumed:") for line in s.sources)
-    assert not s.packed and s.packing_key is None  # padded, the default
+    assert not s.packed and s.packing_key == "packed_sequence"  # padded, the default (stage.sft.packed_sequence)
     assert s.real_fraction == pytest.approx(0.5)
     assert s.positions_per_second == pytest.approx(plan.time.tokens_per_second)
     assert s.real_tokens_per_second == pytest.approx(0.5 * plan.time.tokens_per_second)
@@ -89,9 +89,22 @@ def test_cli_prints_the_sft_lines(tmp_path):
     result = runner.invoke(app, ["plan", str(SFT), "--set", f'data.train=["{tmp_path}/x_text_document"]'])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "SFT: padded, one conversation per sequence (the default); mean conversation 512 tokens (assumed)" in text
+    assert ("SFT: padded, one conversation per sequence (packed_sequence = false); mean conversation 512 tokens "
+            "(assumed)") in text
     assert "50% of the positions are real (non-padding) tokens" in text and "real tokens/s of" in text
     assert "train.train_tokens = 2,000,000,000 real tokens would take" in text
+    result = runner.invoke(app, ["plan", str(SFT), "--set", f'data.train=["{tmp_path}/x_text_document"]',
+                                 "--set", "stage.sft.packed_sequence=true"])
+    text = " ".join(result.output.split())
+    assert "SFT: packed (packed_sequence = true)" in text and "75% of the positions are real" in text
+
+
+def test_packed_sequence_plans_the_segment_mask():
+    padded = _plan(SFT, 'model.transformer_impl="local"')
+    packed = _plan(SFT, 'model.transformer_impl="local"', "stage.sft.packed_sequence=true")
+    assert not padded.shape.segment_mask and packed.shape.segment_mask
+    assert packed.memory.layer_terms.dense_kept["attention_mask_path"] > 0
+    assert packed.peak_allocated_bytes > padded.peak_allocated_bytes
 
 
 def test_segment_masks_are_planned_on_the_local_path():
@@ -110,7 +123,7 @@ def test_segment_masks_are_planned_on_the_local_path():
     assert not needs_segment_mask(None, "mdm")
     plan = _plan(SFT, "train.micro_batch_size=2", "train.global_batch_size=256",
                  'model.transformer_impl="local"', "objective.variable_length_prob=0.0", "model.num_query_groups=8")
-    assert not plan.shape.segment_mask  # main's [stage.sft] has no packing key: padded, no mask
+    assert not plan.shape.segment_mask  # padded (packed_sequence = false), every padding EOS supervised: no mask
     masked = replace(plan.shape, segment_mask=True)
     b, s = plan.layout.micro_batch, plan.layout.seq
     a, g, d = masked.heads, masked.groups, masked.head_dim
