@@ -201,6 +201,33 @@ def read_runs(results: Path) -> tuple[list[Run], list[str]]:
     return runs, skipped
 
 
+def measured_range(runs: list[Run], impl: str = "local+sdpa") -> dict[str, Any]:
+    """What the runs of layer path ``impl`` (the path each run reported, else the one the planner
+    infers) covered, as the fields of :class:`dlmspec.plan.calibration.MeasuredRange`
+    (``tests/plan/test_plan_provenance.py`` compares the committed ``LOCAL_MEASURED`` with it)."""
+    from dlmspec.plan.shape import layout, model_shape, transformer_impl
+
+    runs = [r for r in runs if (r.impl or transformer_impl(r.resolved)[0]) == impl]
+    shapes = [(model_shape(r.resolved), layout(r.resolved, r.impl), r.resolved.gpu.id) for r in runs]
+
+    def span(values):
+        values = list(values)
+        return (min(values), max(values))
+
+    return {
+        "gpus": tuple(sorted({g for _, _, g in shapes})),
+        "world_size": span(lay.world for _, lay, _ in shapes),
+        "parameters": span(s.total_params for s, _, _ in shapes),
+        "micro_batch": span(lay.micro_batch for _, lay, _ in shapes),
+        "seq_length": span(lay.seq for _, lay, _ in shapes),
+        "tokens_per_microbatch": span(lay.micro_batch * lay.seq for _, lay, _ in shapes),
+        "fp8": tuple(sorted({lay.fp8 for _, lay, _ in shapes})),
+        "num_experts": tuple(sorted({s.num_experts for s, _, _ in shapes if s.num_experts})),
+        "parallel_max": {k: max(getattr(lay, k) for _, lay, _ in shapes) for k in ("tp", "pp", "cp", "ep")},
+        "runs": len(runs),
+    }
+
+
 def _plan(run: Run, calib: Calibration):
     return make_plan(run.resolved, calib, impl=run.impl)
 

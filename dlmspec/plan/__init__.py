@@ -21,8 +21,10 @@ from dlmspec.gpus import GPU, GiB
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import model_flops_per_token
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, memory_plan
+from dlmspec.plan.provenance import calibration_for, path_summary, provenance
 from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
                                 relayout, transformer_impl)
+from dlmspec.plan.sft import SftPlan, sft_plan
 from dlmspec.plan.time import TIME_TERMS, TimePlan, time_plan
 from dlmspec.resolve import Resolved
 
@@ -79,6 +81,10 @@ class Plan:
         runtime: the layer implementation the run takes (``transformer_impl``) and the one the
             models assume (``modelled_as``).
         calibration: the constants used.
+        provenance: the layer path, the calibration and the dimensions outside what its runs
+            measured (:func:`dlmspec.plan.provenance.provenance`; :func:`make_plan` sets it with
+            both paths' summaries for ``transformer_impl = "auto"``, else computed on demand).
+        sft: an SFT stage's token counts (:mod:`dlmspec.plan.sft`), None for other stages.
     """
 
     name: str
@@ -89,6 +95,8 @@ class Plan:
     time: TimePlan
     runtime: dict[str, str]
     calibration: Calibration = field(default=DEFAULT_CALIBRATION)
+    provenance: dict[str, Any] | None = None
+    sft: SftPlan | None = None
 
     @property
     def peak_bytes(self) -> float:
@@ -188,6 +196,8 @@ class Plan:
             "gpu_hours": t.gpu_hours,
             "runtime": dict(self.runtime),
             "calibration": self.calibration.to_dict(),
+            "provenance": self.provenance if self.provenance is not None else provenance(self),
+            "sft": self.sft.to_dict() if self.sft is not None else None,
         }
 
 
@@ -236,6 +246,9 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
     modelled, description = transformer_impl(resolved)
     if impl is not None and impl != modelled:
         modelled, description = impl, f"{impl} (requested for this plan)"
+    custom = calibration is not None
+    if calibration is None:
+        calibration = calibration_for(modelled)[0]
     lay = layout(resolved, modelled)
     shape = model_shape(resolved)
     runtime = {
@@ -258,6 +271,16 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
     hint = compiled_kernels_hint(plan)
     if hint:
         plan.runtime["kernels_hint"] = hint
+    paths = None
+    if impl is None and resolved.transformer_impl == "auto":
+        # The runtime takes Transformer Engine where it imports, else the local layers: plan both.
+        te_calib = calibration if custom else calibration_for("transformer_engine")[0]
+        te = plan_layout(resolved.spec.name, shape, layout(resolved, "transformer_engine"), resolved.gpu,
+                         {**runtime, "modelled_as": "transformer_engine"}, te_calib)
+        paths = [path_summary(te, "where Transformer Engine imports on the cluster"),
+                 path_summary(plan, "where it does not (the tables)")]
+    plan.provenance = provenance(plan, custom=custom, paths=paths)
+    plan.sft = sft_plan(resolved, plan.time.tokens_per_second, plan.time.step_seconds, lay.global_batch * lay.seq)
     return plan
 
 

@@ -189,3 +189,63 @@ FITTED = (
     "seconds_per_fused_ce_kernel",
     "host_launch_seconds",
 )
+
+
+@dataclass(frozen=True)
+class MeasuredRange:
+    """What the calibration runs of one layer path covered, each dimension on its own (a plan
+    inside every range can still combine them in a way no run did).
+
+    ``bench/plan/calibrate.py``'s :func:`measured_range` computes it from the committed runs
+    (``bench/results/*.json``); ``tests/plan/test_plan_provenance.py`` checks the literals below
+    against it, so a new calibration run that widens a range fails the test until they are
+    updated. Attributes are ``(least, largest)`` pairs unless named otherwise:
+
+    Attributes:
+        gpus: catalog ids of the GPUs measured (``cluster.gpu``).
+        world_size: GPUs per run.
+        parameters: total parameter counts (``dlmspec.params``, tokenizer vocabulary).
+        micro_batch: ``train.micro_batch_size``.
+        seq_length: ``train.seq_length``.
+        tokens_per_microbatch: ``micro_batch * seq_length``.
+        fp8: the ``precision.fp8 != "none"`` values measured (``(False,)``: bf16 only).
+        num_experts: MoE expert counts measured (``()``: no MoE run).
+        parallel_max: the largest TP, PP, CP and EP of a run.
+        runs: how many runs, and the files (:data:`FITTED_FROM`).
+    """
+
+    gpus: tuple[str, ...]
+    world_size: tuple[int, int]
+    parameters: tuple[int, int]
+    micro_batch: tuple[int, int]
+    seq_length: tuple[int, int]
+    tokens_per_microbatch: tuple[int, int]
+    fp8: tuple[bool, ...]
+    num_experts: tuple[int, ...]
+    parallel_max: dict[str, int]
+    runs: int
+
+
+#: What the runs behind :data:`DEFAULT_CALIBRATION` covered (all on the local+sdpa layer path;
+#: ``bench/plan/calibrate.py``'s ``measured_range``, checked by tests/plan/test_plan_provenance.py).
+LOCAL_MEASURED = MeasuredRange(
+    gpus=("h200",),
+    world_size=(1, 2),
+    parameters=(152712960, 1720574976),
+    micro_batch=(4, 32),
+    seq_length=(512, 4096),
+    tokens_per_microbatch=(2048, 16384),
+    fp8=(False,),
+    num_experts=(8,),
+    parallel_max={"tp": 2, "pp": 2, "cp": 2, "ep": 2},
+    runs=70,
+)
+
+#: Layer path -> (the constants fitted on it, what its runs covered). A path missing here has no
+#: calibration run: the planner plans it with the local path's constants and marks every number
+#: "uncalibrated" (:mod:`dlmspec.plan.provenance`). The Transformer Engine path is missing until
+#: TE calibration runs are committed (issue #21): the four TE measurements quoted there are not
+#: enough to fit constants, and none is used here.
+CALIBRATED_PATHS: dict[str, tuple[Calibration, MeasuredRange]] = {
+    "local+sdpa": (DEFAULT_CALIBRATION, LOCAL_MEASURED),
+}

@@ -234,6 +234,8 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
       ``a != g``, the ``repeat_interleave``-d k and v (``2*y*T*a*d/t``) in place of the rotated k
       (``-y*T*g*d/t``) and - without q/k norm - of the mixed QKV output. A run's peak includes
       the steps where a sequence was truncated, so the term counts whenever the spec allows it.
+      An SFT stage's segment mask (``ModelShape.segment_mask``: packed conversations, or MDM
+      padding partly unsupervised) is ``[b, 1, s, s]``: ``y*b*s*s``.
     * ``cp_gathered_kv`` (local+sdpa with ``cp > 1``): ``SDPACoreAttention`` all-gathers k and
       v over the CP group (``backends/megatron/attention.py``) and SDPA saves the gathered
       ``[cp*T, g*d/t]`` pair, in place of the rotated local k: ``2*y*cp*T*g*d/t - y*T*g*d/t``.
@@ -282,6 +284,8 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
             mask = y * s_local * lay.seq
         if shape.variable_length_prob > 0:
             mask = max(mask, y * lay.micro_batch * lay.seq)
+        if shape.segment_mask:
+            mask = max(mask, y * lay.micro_batch * s_local * lay.seq)
         if lay.cp > 1 and shape.attention != "bidirectional":
             c = s_local / 2
             mask = y * c * (2 * lay.cp + 1) * c

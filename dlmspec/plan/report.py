@@ -15,6 +15,8 @@ from rich.text import Text
 from dlmspec.gpus import GiB
 from dlmspec.plan import Plan
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
+from dlmspec.plan.provenance import outside_text, paths_text, provenance
+from dlmspec.plan.sft import sft_lines
 from dlmspec.plan.time import TIME_TERMS
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
@@ -83,6 +85,14 @@ def plan_renderable(plan: Plan) -> Group:
         f"recompute {lay.recompute}; distributed optimizer {'on' if lay.distributed_optimizer else 'off'}\n"
     )
     head.append(f"layers: {plan.runtime['transformer_impl']}", style="dim")
+    prov = plan.provenance if plan.provenance is not None else provenance(plan)
+    cal = prov["calibration"]
+    head.append(f"\ncalibration: {cal['text']}", style="dim" if cal["status"] == "calibrated" else "yellow")
+    if prov.get("paths"):
+        head.append(f"\n{paths_text(prov['paths'])}", style="dim")
+    outside = outside_text(prov["outside_measured"], prov["measured_range"])
+    if outside:
+        head.append(f"\nwarning: {outside}", style="yellow")
     if plan.runtime.get("cross_entropy"):
         head.append(f"\nloss: {plan.runtime['cross_entropy']}", style="dim")
     if plan.runtime.get("attention"):
@@ -145,6 +155,8 @@ def plan_renderable(plan: Plan) -> Group:
     if lay.train_iters:
         summary.append(f"\n{lay.train_iters:,} steps: {_seconds(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
     parts.append(summary)
+    if plan.sft is not None:
+        parts.append(Text("\n".join(sft_lines(plan.sft, lay.train_iters, t.to_train_seconds))))
     return Group(*parts)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from dlmspec.gpus import GPU
 from dlmspec.params import mlp_params
+from dlmspec.plan.sft import needs_segment_mask
 from dlmspec.resolve import LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size  # noqa: F401 - search reads it here
 
 #: Bytes per element of each ``[precision] dtype``.
@@ -51,6 +52,8 @@ class ModelShape:
         total_params, active_params: :class:`dlmspec.params.ParamCounts` with the tokenizer
             vocabulary (published-figure comparable).
         padded_total_params: the same with the padded vocabulary (what is in memory).
+        segment_mask: an SFT stage passes a ``[b, 1, s, s]`` segment mask (packed sequences, or
+            MDM padding partly unsupervised: :func:`dlmspec.plan.sft.needs_segment_mask`).
     """
 
     num_layers: int
@@ -93,6 +96,7 @@ class ModelShape:
     total_params: int
     active_params: int
     padded_total_params: int
+    segment_mask: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -282,6 +286,8 @@ def model_shape(resolved: Resolved) -> ModelShape:
         total_params=resolved.params.total,
         active_params=resolved.params.active,
         padded_total_params=resolved.params_padded.total,
+        segment_mask=(resolved.spec.stage.kind == "sft"
+                      and needs_segment_mask(resolved.spec.stage.sft, resolved.spec.objective.kind)),
     )
 
 

@@ -21,7 +21,7 @@ DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 TOP_KEYS = {
     "schema", "name", "gpu", "layout", "parameters", "memory", "flops", "time", "throughput", "mfu",
-    "gpu_hours", "runtime", "calibration",
+    "gpu_hours", "runtime", "calibration", "provenance", "sft",
 }
 
 

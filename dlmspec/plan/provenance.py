@@ -1,0 +1,162 @@
+"""Where a plan's numbers come from: the layer path, the calibration, and what was measured.
+
+A plan is counted from shapes, but its step time and a few memory terms scale with constants
+fitted on GPU runs of one layer path (:data:`dlmspec.plan.calibration.CALIBRATED_PATHS`). This
+module says, for a plan, which path it models, which constants it used (and whether they were
+fitted on that path: the Transformer Engine path has no calibration run yet and is planned with
+the local path's constants, marked "uncalibrated"), which of its dimensions lie outside what the
+calibration runs covered (:class:`~dlmspec.plan.calibration.MeasuredRange`), and, for
+``transformer_impl = "auto"``, what it plans on each path the runtime may take.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlmspec.plan.calibration import CALIBRATED_PATHS, FITTED_FROM, Calibration, MeasuredRange
+from dlmspec.plan.shape import Layout, ModelShape
+
+#: The layer path whose constants stand in for a path without a calibration.
+FALLBACK_PATH = "local+sdpa"
+
+#: Where the committed calibration runs are (named in messages).
+RESULTS_DIR = "bench/results/"
+
+
+def calibration_for(impl: str) -> tuple[Calibration, MeasuredRange, bool]:
+    """The constants to plan layer path ``impl`` with.
+
+    Returns:
+        ``(calibration, measured, calibrated)``: the path's own fitted constants and range when
+        :data:`~dlmspec.plan.calibration.CALIBRATED_PATHS` has them (``calibrated`` true), else
+        the local path's (``calibrated`` false: every number of such a plan is uncalibrated).
+    """
+    if impl in CALIBRATED_PATHS:
+        calib, measured = CALIBRATED_PATHS[impl]
+        return calib, measured, True
+    calib, measured = CALIBRATED_PATHS[FALLBACK_PATH]
+    return calib, measured, False
+
+
+def _span(pair: tuple[int, int], fmt: str = "{:,}") -> str:
+    lo, hi = pair
+    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def outside_measured(shape: ModelShape, lay: Layout, gpu_id: str, measured: MeasuredRange) -> list[dict[str, Any]]:
+    """The plan's dimensions outside what the calibration runs covered, one dict each:
+    ``{"key": spec key, "value": the plan's, "measured": the runs' range in words}``, in the
+    order sizes, micro batch, sequence, GPU, GPU count, fp8, MoE, parallel sizes. Empty when
+    every dimension is inside its range (each dimension is checked on its own)."""
+    out: list[dict[str, Any]] = []
+
+    def add(key: str, value: Any, text: str) -> None:
+        out.append({"key": key, "value": value, "measured": text})
+
+    lo, hi = measured.parameters
+    if not lo <= shape.total_params <= hi:
+        add("model (parameters)", shape.total_params, f"{lo / 1e6:,.0f}M-{hi / 1e6:,.0f}M parameters")
+    if not measured.micro_batch[0] <= lay.micro_batch <= measured.micro_batch[1]:
+        add("train.micro_batch_size", lay.micro_batch, f"micro batch {_span(measured.micro_batch)}")
+    if not measured.seq_length[0] <= lay.seq <= measured.seq_length[1]:
+        add("train.seq_length", lay.seq, f"sequence {_span(measured.seq_length)}")
+    tokens = lay.micro_batch * lay.seq
+    if not measured.tokens_per_microbatch[0] <= tokens <= measured.tokens_per_microbatch[1]:
+        add("train.micro_batch_size * train.seq_length", tokens,
+            f"{_span(measured.tokens_per_microbatch)} tokens per microbatch")
+    if gpu_id not in measured.gpus:
+        add("cluster.gpu", gpu_id, f"GPU {', '.join(measured.gpus)}")
+    if not measured.world_size[0] <= lay.world <= measured.world_size[1]:
+        add("cluster (GPUs)", lay.world, f"{_span(measured.world_size)} GPUs")
+    if lay.fp8 not in measured.fp8:
+        add("precision.fp8", lay.fp8, "fp8 runs" if True in measured.fp8 else "bf16 only (no fp8 run)")
+    if shape.is_moe and shape.num_experts not in measured.num_experts:
+        add("model.num_experts", shape.num_experts,
+            f"{'/'.join(map(str, measured.num_experts))} experts" if measured.num_experts else "no MoE run")
+    keys = {"tp": "parallel.tensor_model_parallel_size", "pp": "parallel.pipeline_model_parallel_size",
+            "cp": "parallel.context_parallel_size", "ep": "parallel.expert_model_parallel_size"}
+    for name, key in keys.items():
+        if getattr(lay, name) > measured.parallel_max.get(name, 1):
+            add(key, getattr(lay, name), f"{name.upper()} up to {measured.parallel_max.get(name, 1)}")
+    return out
+
+
+def outside_text(entries: list[dict[str, Any]], measured_range: str) -> str:
+    """The warning line of :func:`outside_measured`'s entries (empty string when there are none)."""
+    if not entries:
+        return ""
+    def value(e: dict[str, Any]) -> str:
+        v = e["value"]
+        return f"{v / 1e9:.2f}B" if e["key"] == "model (parameters)" else repr(v)
+
+    parts = [f"{e['key']} = {value(e)} (measured: {e['measured']})" for e in entries]
+    return (f"outside what the calibration runs measured ({measured_range}; each dimension on its own): "
+            + "; ".join(parts) + " - the plan extrapolates there")
+
+
+def paths_text(paths: list[dict[str, Any]]) -> str:
+    """One line per layer path of a ``transformer_impl = "auto"`` plan (:func:`path_summary`)."""
+    lines = []
+    for p in paths:
+        lines.append(f"  {p['where']}: {p['layer_path']}, peak {p['peak_bytes'] / 1024**3:,.1f} GiB "
+                     f"({'fits' if p['fits'] else 'DOES NOT FIT'}), {p['step_seconds']:.4g} s per step, "
+                     f"{p['tokens_per_second']:,.0f} tokens/s ({p['calibration']})")
+    return 'transformer_impl = "auto" plans both layer paths:\n' + "\n".join(lines)
+
+
+def calibration_text(impl: str, calibrated: bool, custom: bool) -> str:
+    """One line naming the constants a plan of layer path ``impl`` used."""
+    if custom:
+        return f"{impl}: constants passed to make_plan (not dlmspec/plan/calibration.py's defaults)"
+    _, measured, _ = calibration_for(impl)
+    source = (f"dlmspec/plan/calibration.py, fitted on {measured.runs} {FALLBACK_PATH if not calibrated else impl} "
+              f"runs on {', '.join(measured.gpus)} ({RESULTS_DIR})")
+    if calibrated:
+        return f"{impl}: {source}"
+    return (f"UNCALIBRATED for {impl}: no {impl} calibration run yet; planned with the {FALLBACK_PATH} constants "
+            f"({source}), so its memory and step time can be off (issue #21)")
+
+
+def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``provenance`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys in docs/planner.md).
+
+    Args:
+        plan: the :class:`dlmspec.plan.Plan` (typed ``Any``: this module is imported by it).
+        custom: the caller passed its own :class:`Calibration` (then nothing is said about a
+            fitted range but the path).
+        paths: :func:`path_summary` of each layer path the runtime may take (``auto``), or None.
+    """
+    impl = plan.layout.impl
+    _, measured, calibrated = calibration_for(impl)
+    return {
+        "layer_path": impl,
+        "calibration": {
+            "status": "custom" if custom else ("calibrated" if calibrated else "uncalibrated"),
+            "fitted_on": FALLBACK_PATH if not calibrated else impl,
+            "constants": "make_plan(calibration=...)" if custom else "dlmspec/plan/calibration.py",
+            "fitted_from": FITTED_FROM,
+            "text": calibration_text(impl, calibrated, custom),
+        },
+        "outside_measured": outside_measured(plan.shape, plan.layout, plan.gpu.id, measured),
+        "measured_range": f"{measured.runs} {FALLBACK_PATH if not calibrated else impl} runs in {RESULTS_DIR}",
+        "paths": paths,
+    }
+
+
+def path_summary(plan: Any, where: str) -> dict[str, Any]:
+    """What one layer path plans (``where`` says when the runtime takes it): peak memory,
+    whether it fits, step time, tokens/s, and whether its constants were fitted on that path."""
+    _, _, calibrated = calibration_for(plan.layout.impl)
+    return {
+        "where": where,
+        "layer_path": plan.layout.impl,
+        "calibration": "calibrated" if calibrated else "uncalibrated",
+        "peak_bytes": int(round(plan.peak_bytes)),
+        "peak_allocated_bytes": int(round(plan.peak_allocated_bytes)),
+        "fits": plan.fits,
+        "step_seconds": plan.time.step_seconds,
+        "tokens_per_second": plan.time.tokens_per_second,
+    }
+
+
+__all__ = ["calibration_for", "outside_measured", "outside_text", "paths_text", "provenance", "path_summary"]
