@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Session 8 on one H200, two device calls back to back (the second reuses the first's runs when the
+# machine is still held, else re-trains the base model first).
+# CPU machine first (repository root):
+#   .venv/bin/python bench/gpu/sft_prepare.py                     # .data (demo + SFT sets), .device/sft-demo
+#   .venv/bin/python bench/gpu/sft_answers.py prompts             # .data/sft/heldout_prompts.jsonl
+#   bash bench/gpu/session7_resume.sh --compile /work/main/.device/s7 && cp bench/gpu/session7_resume.sh .device/
+#   DLMSPEC_PYTHON=.venv/bin/python bash bench/gpu/viz_demo.sh --dry      # .device/viz-demo
+#   rm -f .whl/dl/*.whl && .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl/dl .
+# Device: PART=1 bash bench/gpu/session8.sh $OUT   (carry .whl/mc .whl/dl .data .device)
+#         PART=2 bash bench/gpu/session8.sh $OUT   (carry .whl/mc .whl/dl .whl/wandb .data .device)
+# PART=1: the SDPA first-call check (bench/gpu/sdpa_choice.py), exact resume (session7_resume.sh
+#   PART=s8) in the background, and the SFT demo (sft_demo.sh) with the base and tuned models'
+#   answers on held-out prompts (dlmspec generate). PART=2: generate_demo.sh on the SFT demo's base
+#   run (its checkpoints at 100, 200, 300) and viz_demo.sh (W&B offline, plot).
+set -u
+out=${1:?usage: PART=1|2 session8.sh OUT}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/mc/*.whl .whl/dl/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+base=runs/bench-sft-demo/base
+if [ "${PART:-1}" = 1 ]; then
+  mkdir -p "$out/resume" "$out/sft"
+  python3 bench/gpu/sdpa_choice.py > "$out/sdpa_choice.jsonl" 2> "$out/sdpa_choice.err"
+  cat "$out/sdpa_choice.jsonl"
+  (PART=s8 BUDGET_S=430 bash .device/session7_resume.sh "$out/resume" > "$out/resume.log" 2>&1) & pr=$!
+  OUT=$out/sft PYTHON=python3 timeout 470 bash bench/gpu/sft_demo.sh > "$out/sft.log" 2>&1
+  echo "sft_demo exit $?"; tail -5 "$out/sft.log"
+  for m in base sft; do
+    timeout 60 python3 -m dlmspec.cli generate "runs/bench-sft-demo/$m" --prompts .data/sft/heldout_prompts.jsonl \
+      --gen-length 64 --steps 64 --block-length 32 --batch-size 8 --json > "$out/sft/answers_$m.json" 2> "$out/sft/answers_$m.err"
+    echo "generate $m exit $?"
+  done
+  python3 bench/gpu/sft_answers.py table "$out/sft/answers_base.json" "$out/sft/answers_sft.json" \
+    .data/sft/heldout_prompts.jsonl "$out/sft/sft_answers_h200.json" > /dev/null 2>&1; echo "answers table exit $?"
+  wait $pr; echo "resume exit $?"; tail -12 "$out/resume.log"
+  rm -rf runs/bench-sft-demo/sft/checkpoints
+else
+  mkdir -p "$out/gen" "$out/viz"
+  if [ ! -d "$base/checkpoints/iter_0000300" ]; then
+    echo "fresh machine: training the base demo again"; timeout 200 bash .device/sft-demo/base/launch.sh > "$out/base_again.log" 2>&1
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/wb .whl/wandb/*.whl
+  (export PYTHONPATH=/tmp/site:/tmp/wb WANDB_DIR=/tmp/wandb; OUT=$out/viz timeout 240 bash bench/gpu/viz_demo.sh > "$out/viz.log" 2>&1; echo "viz exit $?" >> "$out/viz.log") & pv=$!
+  OUT=$out/gen RUN=$base/checkpoints PYTHON=python3 timeout 500 bash bench/gpu/generate_demo.sh > "$out/gen.log" 2>&1
+  echo "generate_demo exit $?"; tail -5 "$out/gen.log"
+  wait $pv; tail -3 "$out/viz.log"
+fi
+ls -R "$out" | head -60
+# at most 8 files come back: everything in one archive
+tar czf /tmp/session8_part${PART:-1}.tgz -C "$out" . && rm -rf "${out:?}"/* && mv /tmp/session8_part${PART:-1}.tgz "$out/"
+ls -la "$out"

@@ -1,0 +1,63 @@
+"""Issue #19 after #20: the fine-tuned demo model's answers on held-out prompts beside the base
+model's. ``prompts`` (CPU machine) writes the first N held-out conversations' prompts, as the SFT
+data holds them (every token before the first response token: the ChatML user turn and the
+assistant header), to a JSONL of ``{"prompt_ids": [...], "reference": ...}``; on the GPU machine
+``bench/gpu/sft_demo.sh``'s runs are then sampled with ``dlmspec generate`` (see session8.sh).
+
+Usage: python bench/gpu/sft_answers.py prompts [--n 8] [--out .data/sft/heldout_prompts.jsonl]
+       python bench/gpu/sft_answers.py table BASE.json TUNED.json PROMPTS.jsonl OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELDOUT = ".data/demo-sft-heldout_text_document"
+
+
+def prompts(n: int, out: Path) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from dlmspec.tokenizers import build_tokenizer
+
+    tokens = IndexedDataset(HELDOUT)
+    flags = IndexedDataset(HELDOUT + "_response")
+    tok = build_tokenizer("GPT2BPETokenizer", vocab_file=".data/gpt2/vocab.json", merge_file=".data/gpt2/merges.txt")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for i in range(min(n, len(tokens))):
+            ids, resp = tokens[i].tolist(), flags[i].tolist()
+            start = resp.index(1)
+            reference = [t for t, r in zip(ids[start:], resp[start:]) if r and t < 50257]
+            f.write(json.dumps({"prompt_ids": ids[:start], "reference": tok.detokenize(reference)}) + "\n")
+    print(f"wrote {min(n, len(tokens))} prompts to {out}")
+
+
+def table(base: Path, tuned: Path, prompt_file: Path, out: Path) -> None:
+    rows = [json.loads(line) for line in prompt_file.read_text().splitlines() if line.strip()]
+    b, t = json.loads(base.read_text()), json.loads(tuned.read_text())
+    bo, to = b["result"]["outputs"], t["result"]["outputs"]
+    out.write_text(json.dumps({
+        "what": "held-out prompts of the demo SFT set: the base (pre-trained) and the fine-tuned model's answers",
+        "settings": {"base": b["result"].get("settings"), "tuned": t["result"].get("settings")},
+        "answers": [{"reference": r["reference"], "base": x.get("text"), "tuned": y.get("text")}
+                    for r, x, y in zip(rows, bo, to)],
+    }, indent=1) + "\n")
+    print(out.read_text()[:4000])
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("prompts")
+    a.add_argument("--n", type=int, default=8)
+    a.add_argument("--out", type=Path, default=Path(".data/sft/heldout_prompts.jsonl"))
+    t = sub.add_parser("table")
+    for name in ("base", "tuned", "prompt_file", "out"):
+        t.add_argument(name, type=Path)
+    args = p.parse_args()
+    prompts(args.n, args.out) if args.cmd == "prompts" else table(args.base, args.tuned, args.prompt_file, args.out)
