@@ -336,6 +336,22 @@ def check_indexed_dataset(prefix: str, vocab_size: int) -> DatasetCheck:
     return out
 
 
+def _vocabulary_of(prefix: str, vocab_size: int) -> int:
+    """The ids a dataset may hold: ``[0, vocab_size)``, widened to the chat tokens an SFT
+    dataset's record gave ids past the vocabulary (``dlmspec data prepare --sft``: ``<|im_start|>``
+    = 50258 with GPT-2); validate's ``sft-special-token-ids`` keeps those off [MASK] and inside
+    the padded vocabulary."""
+    from dlmspec.data.record import RecordError, read_record
+
+    try:
+        record = read_record(prefix)
+    except (RecordError, OSError):
+        return vocab_size
+    special = ((record or {}).get("sft") or {}).get("special_tokens") or {}
+    ids = [int(i) for i in special.values() if isinstance(i, int)]
+    return max([vocab_size] + [i + 1 for i in ids])
+
+
 def data_problems(data: "DataConfig") -> List[str]:
     """The :func:`check_indexed_dataset` problems of every prefix of ``data``'s blends whose two
     files exist (missing ones are :func:`missing_data_files`' to report), in blend order; empty
@@ -354,7 +370,7 @@ def data_problems(data: "DataConfig") -> List[str]:
                 continue
             seen.add(prefix)
             try:
-                problems.extend(check_indexed_dataset(prefix, data.vocab_size).problems)
+                problems.extend(check_indexed_dataset(prefix, _vocabulary_of(prefix, data.vocab_size)).problems)
             except OSError as exc:
                 problems.append(f"{exc.filename or prefix}: cannot be read ({exc.strerror or exc})")
     return problems

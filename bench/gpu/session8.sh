@@ -34,16 +34,27 @@ if [ "${PART:-1}" = 1 ]; then
     .data/sft/heldout_prompts.jsonl "$out/sft/sft_answers_h200.json" > /dev/null 2>&1; echo "answers table exit $?"
   wait $pr; echo "resume exit $?"; tail -12 "$out/resume.log"
   rm -rf runs/bench-sft-demo/sft/checkpoints
-else
-  mkdir -p "$out/gen" "$out/viz"
-  if [ ! -d "$base/checkpoints/iter_0000300" ]; then
-    echo "fresh machine: training the base demo again"; timeout 200 bash .device/sft-demo/base/launch.sh > "$out/base_again.log" 2>&1
-  fi
+elif [ "${PART}" = 2 ]; then
+  # PART=1's SFT and answers failed (the start check refused the chat-token ids; `python3 -m
+  # dlmspec.cli` from the checkout imported its dlmspec/ without backends): again on a fresh
+  # machine with both fixed (PYTHONSAFEPATH keeps the checkout's folder off sys.path), then the
+  # generation demo on the base run once it is trained, and the W&B demo beside it.
+  export PYTHONSAFEPATH=1
+  mkdir -p "$out/sft" "$out/gen" "$out/viz"
+  (OUT=$out/sft PYTHON=python3 timeout 420 bash bench/gpu/sft_demo.sh > "$out/sft.log" 2>&1; echo "sft_demo exit $?" >> "$out/sft.log") & ps=$!
+  until [ -f "$out/sft/base_metrics.jsonl" ] || ! kill -0 $ps 2>/dev/null; do sleep 2; done
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/wb .whl/wandb/*.whl
   (export PYTHONPATH=/tmp/site:/tmp/wb WANDB_DIR=/tmp/wandb; OUT=$out/viz timeout 240 bash bench/gpu/viz_demo.sh > "$out/viz.log" 2>&1; echo "viz exit $?" >> "$out/viz.log") & pv=$!
-  OUT=$out/gen RUN=$base/checkpoints PYTHON=python3 timeout 500 bash bench/gpu/generate_demo.sh > "$out/gen.log" 2>&1
-  echo "generate_demo exit $?"; tail -5 "$out/gen.log"
-  wait $pv; tail -3 "$out/viz.log"
+  (OUT=$out/gen RUN=$base/checkpoints PYTHON=python3 timeout 360 bash bench/gpu/generate_demo.sh > "$out/gen.log" 2>&1; echo "generate_demo exit $?" >> "$out/gen.log") & pg=$!
+  wait $ps; tail -4 "$out/sft.log"
+  for m in base sft; do
+    timeout 90 python3 -m dlmspec.cli generate "runs/bench-sft-demo/$m" --prompts .data/sft/heldout_prompts.jsonl \
+      --gen-length 64 --steps 64 --block-length 32 --batch-size 8 --json > "$out/sft/answers_$m.json" 2> "$out/sft/answers_$m.err"
+    echo "generate $m exit $?"
+  done
+  python3 bench/gpu/sft_answers.py table "$out/sft/answers_base.json" "$out/sft/answers_sft.json" \
+    .data/sft/heldout_prompts.jsonl "$out/sft/sft_answers_h200.json" > /dev/null 2>&1; echo "answers table exit $?"
+  wait $pg $pv; tail -3 "$out/gen.log"; tail -3 "$out/viz.log"
 fi
 ls -R "$out" | head -60
 # at most 8 files come back: everything in one archive

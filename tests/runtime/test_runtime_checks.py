@@ -695,3 +695,18 @@ def test_load_checkpoint_keeps_this_specs_optimizer_hyperparameters(tmp_path_fac
     expected = _scheduler(600, lr=5e-4)
     expected.step(100)
     assert group["lr"] == pytest.approx(expected.optimizer.param_groups[0]["lr"])
+
+
+def test_sft_chat_token_ids_past_the_vocabulary_pass_the_start_check(tmp_path: Path) -> None:
+    """An SFT dataset's chat tokens (ids past the tokenizer's vocabulary that `data prepare --sft`
+    gave them, recorded in PREFIX.dlmspec.json) are data, not a foreign tokenizer's ids; without
+    the record the same ids are refused."""
+    from dlmspec.backends.megatron.data import DataConfig, data_problems
+    from dlmspec.data.record import write_record
+
+    prefix = _dataset(tmp_path / "sft", top=VOCAB + 2)  # holds VOCAB + 2
+    data = DataConfig(seq_length=16, vocab_size=VOCAB, eod_id=0, blend=[(str(prefix), None)])
+    [problem] = data_problems(data)
+    assert f"token id {VOCAB + 2} is outside" in problem
+    write_record(str(prefix), sft={"special_tokens": {"<|im_start|>": VOCAB + 1, "<|im_end|>": VOCAB + 2}})
+    assert data_problems(data) == []
