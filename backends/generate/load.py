@@ -424,6 +424,16 @@ def logits_columns(base: Callable[..., torch.Tensor], vocab: int, chat: Dict[int
     return logits_fn, width
 
 
+def _seed_model_parallel_rng() -> None:
+    """megatron-core initialises GPU weights inside its model-parallel RNG fork, which fails
+    ("cuda rng state model-parallel-rng is not added") until the tracker holds that state; the
+    checkpoint's weights replace the initial ones, so the seed (0) changes nothing that is used."""
+    from megatron.core import tensor_parallel
+
+    if "model-parallel-rng" not in tensor_parallel.get_cuda_rng_tracker().get_states():
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
+
+
 def _prepare_forward(model: Any, device: torch.device) -> None:
     if device.type != "cpu":
         return
@@ -460,6 +470,8 @@ def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: i
                             num_experts=record.get("model.num_experts") or None, qk_layernorm=config.qk_layernorm,
                             normalization=config.normalization,
                             use_transformer_engine=te and transformer_engine_available())
+    if device.type == "cuda":
+        _seed_model_parallel_rng()
     chunks = build_model(
         config, layer_spec=spec, vocab_size=int(record["model.padded_vocab_size"]),
         max_sequence_length=int(record.get("model.max_position_embeddings") or 4096),
@@ -550,6 +562,8 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
     if gpt_kwargs.pop("rope_scaling", False):
         raise LoadError(folder, "RoPE scaling (Llama 3.1's) is not built by the runtime's model", "load a model without rope_scaling")
     gpt_kwargs.pop("rope_scaling_factor", None)
+    if device.type == "cuda":
+        _seed_model_parallel_rng()
     (chunk,) = build_model(tconfig, layer_spec=spec, **gpt_kwargs)
     from megatron.core.utils import unwrap_model
 

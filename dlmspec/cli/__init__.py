@@ -209,6 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _abort_types(click_exceptions: Any) -> tuple:
+    """What a Ctrl-C (``Abort``) is under this typer: typer >= 0.20 defines it in
+    ``typer.exceptions`` (its ``_click.exceptions`` has none), older typer takes click's."""
+    import typer
+
+    found = tuple({t for t in (getattr(typer, "Abort", None), getattr(click_exceptions, "Abort", None))
+                   if isinstance(t, type)})
+    return found or (KeyboardInterrupt,)
+
+
 def _run_json(app: Any, args: list[str]) -> int:
     """Run ``app`` for a ``--json`` command line: a usage error (a missing argument, an unknown
     option, a value of the wrong type: click's ``UsageError``) is printed as the JSON envelope,
@@ -234,7 +244,7 @@ def _run_json(app: Any, args: list[str]) -> int:
         issue = SpecIssue(key, exc.format_message(), hint=f"see {'dlmspec ' * bool(words)}{command} -h", rule="usage")
         print_envelope(command, ok=False, issues=[issue])
         return EXIT_USAGE
-    except click_exceptions.Abort:
+    except _abort_types(click_exceptions):
         return 1
     except SystemExit as exc:
         code = exc.code
