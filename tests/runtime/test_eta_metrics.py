@@ -140,3 +140,22 @@ def test_a_phase_says_what_it_does_and_how_long_it_took(tmp_path, capsys) -> Non
     assert out[0] == "[dlmspec] building the datasets ..."
     assert out[1].startswith("[dlmspec] building the datasets: ") and out[1].endswith(" s")
     assert set(timings) == {"build_data"} and timings["build_data"] >= 0 and math.isfinite(timings["build_data"])
+
+
+def test_a_rich_train_line_stays_one_line_in_a_log_file(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    """console = "auto"/"rich" into a file or pipe (SLURM logs, `| tee`): rich's 80-column default
+    must not wrap the train line (it did on the H200: ETA on a third line, grep finds half)."""
+    logger = MetricsLogger(LoggingConfig(run_dir=str(tmp_path), tensorboard=False, console="rich"), enabled=True)
+    with megatron_cpu_world(tmp_path_factory, monkeypatch):
+        meter = IntervalMeter(torch.device("cpu"), tokens_per_step=4096, flops_per_token=1000, world_size=1,
+                              peak_tflops=None)
+        clock = iter([14.0, 14.0])
+        monkeypatch.setattr("dlmspec.backends.megatron.metrics.now", lambda: next(clock))
+        meter.start = 10.0
+        for _ in range(4):
+            meter.add(torch.tensor([8.0, 4.0]), True, 1.0)
+        meter.log(logger, TrainState(iteration=100, consumed_train_samples=400), train_iters=400, lr=1e-3)
+    logger.close()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    [line] = [ln for ln in lines if "iter" in ln]
+    assert len(line) > 80 and line.rstrip().endswith("ETA 5m00s")
