@@ -162,7 +162,7 @@ class MetricsLogger:
             try:
                 from rich.console import Console
 
-                self._console = Console()
+                self._console = Console(soft_wrap=True)  # one line per record in log files too
             except ImportError:
                 if config.console == "rich":
                     raise
