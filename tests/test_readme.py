@@ -16,3 +16,16 @@ def test_readme_spec_validates() -> None:
     loaded = load_text(blocks[0], "README.toml")
     errors = [i for i in find(("spec",), loaded, resolve(loaded.spec)) if i.severity == "error"]
     assert errors == [], [str(e) for e in errors]
+
+
+def test_readme_sft_chain_submits_pretraining_then_sft(monkeypatch, capsys) -> None:
+    """README's SFT section: its `dlmspec submit ... --dry-run` line runs as written and chains
+    the SFT job after the pre-training job."""
+    from dlmspec.cli import main
+
+    line = next(ln for ln in README.read_text().splitlines() if "dlmspec submit specs/demo-dlm.toml" in ln)
+    args = line.split("#")[0].split()[1:]  # drop .venv/bin/dlmspec
+    monkeypatch.chdir(README.parent)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "specs/demo-dlm-sft.toml" in out and "--dependency=afterok:$job1" in out
