@@ -217,3 +217,25 @@ def test_layouts_that_find_nothing_raise_at_the_users_line(tmp_path):
     assert (issue.file, issue.line) == (str(path), 4) and "Spec.layouts" in issue.hint
     with pytest.raises(SpecError):
         Spec.layouts(Spec.load("demo-dlm"), top=0)
+
+
+def test_an_assignment_into_a_table_the_base_file_never_wrote_is_kept(tmp_path):
+    """`Spec.load("demo-dlm")` has no [parallel] or [recompute]: assigning their keys must reach
+    the loaded spec (they were dropped, silently: the README trial's TP 5 validated as TP 1)."""
+    path = _write(tmp_path, "assign.py", (
+        "from dlmspec.dsl import Spec\n"
+        "b = Spec.load('demo-dlm')\n"
+        "b.recompute.granularity = 'full'\n"
+        "b.parallel.sequence_parallel = False\n"
+        "b.cluster.gpus_per_node = 2\n"
+        "b.parallel.tensor_model_parallel_size = 2\n"
+        "spec = b\n"))
+    spec = load(path).spec
+    assert spec.recompute.granularity == "full"
+    assert spec.parallel.tensor_model_parallel_size == 2 and spec.cluster.gpus_per_node == 2
+    bad = _write(tmp_path, "bad.py", "from dlmspec.dsl import Spec\nb = Spec.load('demo-dlm')\n"
+                 "b.parallel.tensor_model_parallel_size = 5\nspec = b\n")
+    from dlmspec.check import issues_for, load_for
+    loaded, resolved, issues = load_for("validate", bad, [], fast=False)
+    assert any(i.key == "parallel.tensor_model_parallel_size" and i.line == 3 and i.severity == "error"
+               for i in issues)
