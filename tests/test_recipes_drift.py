@@ -101,6 +101,7 @@ KEYWORDS: dict[str, list[tuple[str, str, Expect]]] = {
     "checkpoint.save_interval": [("CheckpointConfig", "save_interval", _same)],
     "checkpoint.init_from": [("CheckpointConfig", "init_from", _same)],
     "logging.log_interval": [("LoggingConfig", "log_interval", _same)],
+    "stage.sft.pad_eos_tokens": [("SftConfig", "pad_eos_tokens", lambda v, r: None if v == "unset" else v)],
 }
 
 #: Keys of the data files that reach no train.py keyword, and why.

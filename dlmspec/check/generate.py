@@ -1,6 +1,6 @@
 """Rules of the ``[generate]`` table (the sampler's settings of ``dlmspec generate`` / ``eval``):
 the values that join fields are checked by the sampler's own settings class,
-``dlmspec.backends.generate.config.GenerateConfig`` (plain Python, no torch), so ``validate`` and
+``dlmspec.generate_settings.GenerateConfig`` (plain Python, no torch), so ``validate`` and
 ``generate`` cannot disagree."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from dlmspec.backends.generate.config import GenerateConfig, GenerateConfigError
+from dlmspec.generate_settings import GenerateConfig, GenerateConfigError
 from dlmspec.check.registry import Context, Finding, Fix, rule
 
 
@@ -24,7 +24,7 @@ def _fix_value(field: str, fix: str) -> Any:
 @rule(
     "generate-settings",
     "error",
-    "dlmspec.backends.generate.config.GenerateConfig (LLaDA generate.py: block_length divides gen_length, "
+    "dlmspec.generate_settings.GenerateConfig (LLaDA generate.py: block_length divides gen_length, "
     "steps a multiple of the blocks and at most gen_length; guidance is for mdm only)",
     "[generate] holds settings the sampler can run",
 )

@@ -101,7 +101,7 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
         SpecError: a value ``GenerateConfig`` refuses, named where it came from (the flag, or the
             spec key with file and line) with its fix.
     """
-    from dlmspec.backends.generate.config import GenerateConfig, GenerateConfigError
+    from dlmspec.generate_settings import GenerateConfig, GenerateConfigError
 
     s = Settings()
     defaults = GenerateConfig.__dataclass_fields__

@@ -799,6 +799,23 @@ def _checked_sweep(path: Path, members: list[_Member]) -> list[_Member]:
     return members
 
 
+def _non_string_keys(data: Any, path: Path, prefix: str = "") -> list[SpecIssue]:
+    """Issues for table keys that are not strings (a Python spec's ``{1: 2}``; TOML keys are
+    always strings): spec keys are names, and pydantic would raise a bare ``TypeError``."""
+    issues: list[SpecIssue] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if not isinstance(key, str):
+                where = prefix.rstrip(".") or "<spec>"
+                issues.append(SpecIssue(where, f"a key of this table is {key!r} ({type(key).__name__}); spec keys are "
+                                        "names (strings)", value=repr(key)[:80],
+                                        hint=f"write the key as a string, e.g. {str(key)!r}, or remove it",
+                                        rule="schema", file=str(path)))
+            else:
+                issues.extend(_non_string_keys(value, path, f"{prefix}{key}."))
+    return issues
+
+
 def _load_python(path: Path, member: str | None = None) -> tuple[dict[str, Any], dict[str, Origin]]:
     """The data and origins of the Python spec ``path`` (``member``: of that member of its
     sweep). Raises SpecError: see :func:`_python_members`; a sweep without ``member``, or an
@@ -1059,7 +1076,8 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         origins[key] = ("--set", None)
     if issues:
         raise SpecError(issues)
-    issues = _int64_issues(data, origins, path) or _placeholder_issues(data, origins, path)
+    issues = (_non_string_keys(data, path) or _int64_issues(data, origins, path)
+              or _placeholder_issues(data, origins, path))
     if issues:
         raise SpecError(issues)
     if path.suffix != ".py" and _written_by_dlmspec(absolute, data):

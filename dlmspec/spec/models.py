@@ -553,7 +553,7 @@ class LoggingSpec(Section):
 
 class GenerateSpec(Section):
     """``[generate]``: the sampler's settings for ``dlmspec generate`` / ``eval`` (every field of
-    ``dlmspec.backends.generate.config.GenerateConfig`` but the model's own: ``kind`` and the token
+    ``dlmspec.generate_settings.GenerateConfig`` but the model's own: ``kind`` and the token
     ids come from ``[objective]`` and the tokenizer). Defaults are LLaDA's generate.py (threshold:
     Fast-dLLM's); flags of ``dlmspec generate`` override them, and every output records the values
     used. The rules that join fields (``block_length`` divides ``gen_length``, ``steps`` a multiple

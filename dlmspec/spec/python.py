@@ -288,9 +288,30 @@ def spec_data(spec: Any) -> dict[str, Any]:
     from dlmspec.spec.dotted import set_dotted
 
     data = spec.model_dump(exclude_unset=True, exclude_none=True)
+    _add_assigned_tables(spec, data)
     for key, template in templates_of(spec).items():
         set_dotted(data, key, template)
     return data
+
+
+def _add_assigned_tables(model: Any, data: dict[str, Any]) -> None:
+    """Add to ``data`` the tables of ``model`` whose keys were assigned although the table
+    itself never was (``spec.parallel.tensor_model_parallel_size = 2`` on a spec whose file has no
+    ``[parallel]``): pydantic's ``exclude_unset`` leaves such a table out, since the parent's
+    ``model_fields_set`` does not hold it, and the assignment was lost."""
+    from pydantic import BaseModel
+
+    for name in type(model).model_fields:
+        value = getattr(model, name, None)
+        if not isinstance(value, BaseModel):
+            continue
+        if name not in data:
+            sub = value.model_dump(exclude_unset=True, exclude_none=True)
+            _add_assigned_tables(value, sub)
+            if sub:
+                data[name] = sub
+        elif isinstance(data[name], dict):
+            _add_assigned_tables(value, data[name])
 
 
 def error_frames(tb: Any) -> Iterator[Any]:

@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 START = ROOT / "tests" / "slurm" / "start-cluster.sh"
 STOP = ROOT / "tests" / "slurm" / "stop-cluster.sh"
 CHECK_SPEC = ROOT / "tests" / "slurm" / "check-spec.toml"
-SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py")
+SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py"
+               and not p.name.endswith("-sweep.py"))  # a sweep is several specs: tests/cli/test_sweep.py
 STATE_DIR = Path(os.environ.get("DLMSPEC_SLURM_DIR", "/tmp/dlmspec-slurm"))
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}
