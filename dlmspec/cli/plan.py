@@ -224,7 +224,7 @@ def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> 
         from rich.table import Table
 
         report_warnings(warnings)
-        table = Table(title=f"sweep of {len(rows)} specs (dlmspec plan MEMBER for one breakdown)", title_justify="left")
+        table = Table(title=f"sweep of {len(rows)} specs (dlmspec plan FILE.py::MEMBER for one breakdown)", title_justify="left")
         for header in ("name", "peak GiB/GPU", "fits", "step s", "tokens/s", "MFU", "to train"):
             table.add_column(header)
         for row in rows:

@@ -161,8 +161,11 @@ def _tokenizer_state(record: dict[str, Any] | None, notes: list[str]) -> dict[st
     return section
 
 
-def _decode(section: dict[str, Any] | None, ids: list[int], notes: list[str]) -> str | None:
-    """The sample's text with the recorded tokenizer; None (and a note) when it cannot be built."""
+def _decode(section: dict[str, Any] | None, ids: list[int], notes: list[str],
+            special: dict[int, str] | None = None) -> str | None:
+    """The sample's text with the recorded tokenizer; None (and a note) when it cannot be built.
+    ``special`` maps the chat tokens an SFT record gave ids past the vocabulary to their text
+    (``<|im_start|>``), which the tokenizer cannot decode."""
     if section is None:
         notes.append("no dataset record (written by Megatron-LM's preprocess_data.py or an older dlmspec): "
                      "the tokenizer is unknown, the sample is shown as ids")
@@ -183,7 +186,21 @@ def _decode(section: dict[str, Any] | None, ids: list[int], notes: list[str]) ->
         tokenizer = build_tokenizer(kind, tokenizer_model=files.get("tokenizer_model"),
                                     vocab_file=files.get("vocab_file"), merge_file=files.get("merge_file"),
                                     vocab_size=vocab_size)
-        return str(tokenizer.detokenize(ids))
+        if not special:
+            return str(tokenizer.detokenize(ids))
+        parts: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in special:
+                if run:
+                    parts.append(str(tokenizer.detokenize(run)))
+                    run = []
+                parts.append(special[i])
+            else:
+                run.append(i)
+        if run:
+            parts.append(str(tokenizer.detokenize(run)))
+        return "".join(parts)
     except (TokenizerError, ImportError) as exc:
         notes.append(f"the recorded tokenizer {kind} cannot be built here ({exc}): the sample is shown as ids")
     except Exception as exc:  # a tokenizer library's own decoding error: ids only
@@ -239,7 +256,12 @@ def inspect_dataset(name: str, *, sample_document: int = 0, sample_tokens: int =
             offset = int(pointers[first]) // itemsize
             ids = [int(x) for x in data[offset : offset + count]]
     section = _tokenizer_state(record, notes)
-    text = _decode(section, ids, notes) if decode and ids else None
+    sft = (record or {}).get("sft") if isinstance(record, dict) else None
+    special = {int(i): str(t) for t, i in ((sft or {}).get("special_tokens") or {}).items() if isinstance(i, int)}
+    if special:
+        notes.append("SFT data (chat template {!r}): chat tokens {} were given ids past the vocabulary".format(
+            (sft or {}).get("chat_template"), ", ".join(f"{t} = {i}" for i, t in sorted(special.items()))))
+    text = _decode(section, ids, notes, special) if decode and ids else None
     if record is not None and isinstance(record.get("tokens"), int) and record["tokens"] != tokens:
         notes.append(f"the record says {record['tokens']:,} tokens, the index {tokens:,}: the record is stale")
     return Inspection(

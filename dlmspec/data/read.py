@@ -42,11 +42,13 @@ class Chunk:
 def check_input(path: str) -> None:
     """Raise :class:`DataPrepareError` unless ``path`` is a non-empty file (``--input``)."""
     if not os.path.exists(path):
-        raise DataPrepareError(f"input file not found: {path}")
+        raise DataPrepareError(f"--input {path}: file not found; give a JSONL file (one JSON object per line, "
+                               "e.g. {\"text\": \"...\"}), or --hf-dataset NAME for a Hugging Face dataset")
     if not os.path.isfile(path):
-        raise DataPrepareError(f"input is not a file: {path}")
+        raise DataPrepareError(f"--input {path}: not a file; give one JSONL file (a folder of .jsonl/.parquet/.csv "
+                               "files is read with --hf-dataset FOLDER)")
     if os.path.getsize(path) == 0:
-        raise DataPrepareError(f"input file is empty: {path}")
+        raise DataPrepareError(f"--input {path}: the file is empty; give a JSONL file with one document per line")
 
 
 def _rest_of_line(handle: Any) -> int:

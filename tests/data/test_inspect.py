@@ -136,3 +136,23 @@ def test_record_for_every_key(tmp_path):
     res = json.loads(_inspect(result.datasets[0].prefix, "--json").output)["result"]
     assert res["sample"]["text"] == "1 2 3"
     assert np.array_equal(res["sample"]["ids"], [1, 2, 3])
+
+
+def test_sft_chat_tokens_decode_to_their_text(tmp_path):
+    """An SFT dataset's chat tokens (ids past the vocabulary, in the record's sft section) are
+    shown as their text in the decoded sample, and a note names them (README trial: <|im_start|>
+    vanished from the sample)."""
+    from dlmspec.data.inspect import _decode
+
+    class Tok:
+        def detokenize(self, ids):
+            return "".join(chr(ord("a") + i) for i in ids)
+
+    import dlmspec.tokenizers as toks
+    section = {"type": "GPT2BPETokenizer", "files": {}, "files_match": True, "vocab_size": 5}
+    original = toks.build_tokenizer
+    toks.build_tokenizer = lambda *a, **k: Tok()
+    try:
+        assert _decode(section, [7, 0, 1, 8], [], {7: "<|im_start|>", 8: "<|im_end|>"}) == "<|im_start|>ab<|im_end|>"
+    finally:
+        toks.build_tokenizer = original

@@ -360,9 +360,9 @@ def _error_cases(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     ok = str(paths["ok"])
     return {
         "missing input": (["--input", str(paths["missing"]), *GPT2_CLI],
-                          [f"input file not found: {paths['missing']}"]),
+                          [f"--input {paths['missing']}: file not found", "--hf-dataset NAME"]),
         "empty input": (["--input", str(paths["empty"]), *GPT2_CLI],
-                        [f"input file is empty: {paths['empty']}"]),
+                        [f"--input {paths['empty']}: the file is empty"]),
         "blank lines only": (["--input", str(paths["blank"]), *GPT2_CLI],
                              [f"no JSON lines (only blank lines): {paths['blank']}"]),
         "invalid json": (["--input", str(paths["bad_json"]), *GPT2_CLI],
