@@ -40,12 +40,12 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from .checks import check_objective, check_sequence_length, refuse
 from .config import RunConfig
-from .data import batch_to_device, build_dataloader
+from .data import batch_to_device
 from .layers import layer_spec_attention, layer_spec_backend
-from .microbatches import MicrobatchFeed, MicrobatchItem
+from .microbatches import MicrobatchItem
 from .objective import ObjectiveBatch, apply_loss_normalization, build_objective
-from .rng import TRAIN_STREAM, VALID_STREAM, masking_generator
-from .stage import ObjectiveForwardStep, PretrainStage, StageContext, StageData
+from .rng import masking_generator
+from .stage import ObjectiveForwardStep, PretrainStage, StageContext, StageData, stage_feeds
 
 #: ``stage.sft.over_long``: what happens to a conversation longer than a sample.
 OVER_LONG = ("skip", "truncate")
@@ -445,21 +445,7 @@ class SftStage(PretrainStage):
         self.stats = train_ds.stats
         if ctx.data_parallel_rank == 0 and os.environ.get("RANK", "0") in ("", "0"):
             print(f"sft data: {train_ds.stats.line()}", flush=True)
-        train_loader = build_dataloader(
-            train_ds, consumed_samples=consumed_samples, micro_batch_size=sched.micro_batch_size,
-            data_parallel_rank=ctx.data_parallel_rank, data_parallel_size=ctx.data_parallel_size,
-            num_workers=run.data.num_workers,
-        )
-        valid = None
-        if valid_ds is not None:
-            def valid() -> MicrobatchFeed:
-                loader = build_dataloader(
-                    valid_ds, consumed_samples=0, micro_batch_size=sched.micro_batch_size,
-                    data_parallel_rank=ctx.data_parallel_rank, data_parallel_size=ctx.data_parallel_size,
-                    num_workers=0,
-                )
-                return MicrobatchFeed(loader, num_chunks, VALID_STREAM)
-        return StageData(train=MicrobatchFeed(train_loader, num_chunks, TRAIN_STREAM), valid=valid)
+        return stage_feeds(run, ctx, train_ds, valid_ds, consumed_samples=consumed_samples, num_chunks=num_chunks)
 
     def checkpoint_metadata(self) -> Dict[str, Any]:
         """``{"objective": ..., "sft": <SftConfig as a dict>}``."""

@@ -133,6 +133,29 @@ class Stage(Protocol):
         """Entries of every checkpoint's ``dlmspec.json`` (e.g. ``"objective"``)."""
 
 
+def stage_feeds(run: RunConfig, ctx: StageContext, train_ds: Any, valid_ds: Any, *, consumed_samples: int,
+                num_chunks: int) -> StageData:
+    """A stage's datasets as this rank's microbatch feeds: the training one from
+    ``consumed_samples`` on (``run.data.num_workers`` loader workers), and a validation feed made
+    afresh at every evaluation (the same batches each time; no workers), ``None`` without one."""
+    sched = run.schedule
+    train_loader = build_dataloader(
+        train_ds, consumed_samples=consumed_samples, micro_batch_size=sched.micro_batch_size,
+        data_parallel_rank=ctx.data_parallel_rank, data_parallel_size=ctx.data_parallel_size,
+        num_workers=run.data.num_workers,
+    )
+    valid = None
+    if valid_ds is not None:
+        def valid() -> MicrobatchFeed:
+            loader = build_dataloader(
+                valid_ds, consumed_samples=0, micro_batch_size=sched.micro_batch_size,
+                data_parallel_rank=ctx.data_parallel_rank, data_parallel_size=ctx.data_parallel_size,
+                num_workers=0,
+            )
+            return MicrobatchFeed(loader, num_chunks, VALID_STREAM)
+    return StageData(train=MicrobatchFeed(train_loader, num_chunks, TRAIN_STREAM), valid=valid)
+
+
 class PretrainStage:
     """Pre-training: megatron's GPT datasets of packed documents, a masked-diffusion or
     autoregressive objective (:mod:`dlmspec.backends.megatron.objective`), and the loss
@@ -195,21 +218,7 @@ class PretrainStage:
             valid_samples=eval_batches,
             add_extra_token_to_sequence=(self.objective.kind == "ar"),
         )
-        train_loader = build_dataloader(
-            train_ds, consumed_samples=consumed_samples, micro_batch_size=sched.micro_batch_size,
-            data_parallel_rank=ctx.data_parallel_rank, data_parallel_size=ctx.data_parallel_size,
-            num_workers=run.data.num_workers,
-        )
-        valid = None
-        if valid_ds is not None:
-            def valid() -> MicrobatchFeed:
-                loader = build_dataloader(
-                    valid_ds, consumed_samples=0, micro_batch_size=sched.micro_batch_size,
-                    data_parallel_rank=ctx.data_parallel_rank, data_parallel_size=ctx.data_parallel_size,
-                    num_workers=0,
-                )
-                return MicrobatchFeed(loader, num_chunks, VALID_STREAM)
-        return StageData(train=MicrobatchFeed(train_loader, num_chunks, TRAIN_STREAM), valid=valid)
+        return stage_feeds(run, ctx, train_ds, valid_ds, consumed_samples=consumed_samples, num_chunks=num_chunks)
 
     def prepare_model(self, model: List[torch.nn.Module]) -> str:
         """Apply ``kernels.cross_entropy``: ``"fused_linear"`` moves the last stage's output layer
