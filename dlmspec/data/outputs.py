@@ -286,3 +286,29 @@ def remove_file(path: str) -> None:
     """Remove ``path`` if it exists."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+def commit_datasets(outputs: dict[Any, DatasetOutput], tmp: dict[Any, str], committed: set) -> None:
+    """Rename each finished ``tmp[key].bin/.idx`` onto its output. An ``.idx`` beside a ``.bin``
+    marks a complete dataset, so the old ``.idx`` goes first and the new one comes last; each key
+    whose ``.bin`` was renamed is added to ``committed`` (for :func:`discard_partial`)."""
+    for key, out in outputs.items():
+        remove_file(out.idx_path)
+        os.replace(tmp[key] + ".bin", out.bin_path)
+        committed.add(key)
+        os.replace(tmp[key] + ".idx", out.idx_path)
+
+
+def discard_partial(outputs: dict[Any, DatasetOutput], tmp: dict[Any, str], builders: dict[Any, Any],
+                    committed: set) -> None:
+    """After a failure: close the builders' files, remove the temporary ``.bin``/``.idx``, and a
+    renamed ``.bin`` whose ``.idx`` never followed (an incomplete dataset); complete ones stay."""
+    for key, out in outputs.items():
+        builder = builders.get(key)
+        if builder is not None:
+            with contextlib.suppress(Exception):
+                builder.data_file.close()
+        remove_file(tmp[key] + ".bin")
+        remove_file(tmp[key] + ".idx")
+        if key in committed and not os.path.exists(out.idx_path):
+            remove_file(out.bin_path)

@@ -40,9 +40,10 @@ from dlmspec.data.hub import HubSource, open_dataset
 from dlmspec.data.outputs import (
     DatasetOutput,
     check_outputs,
+    commit_datasets,
+    discard_partial,
     install_termination_handlers,
     protected_inputs,
-    remove_file,
     remove_stale_tmp,
     restore_handlers,
     tmp_tag,
@@ -367,24 +368,9 @@ def prepare(
             raise DataPrepareError(f"input file has no JSON lines (only blank lines): {input_name}")
         for key in keys:
             builders[key].finalize(tmp[key] + ".idx")
-        # Commit: an .idx next to a .bin marks a complete dataset, so the old .idx goes
-        # first and the new one comes last.
-        for key in keys:
-            out = outputs[key]
-            remove_file(out.idx_path)
-            os.replace(tmp[key] + ".bin", out.bin_path)
-            renamed_bins.add(key)
-            os.replace(tmp[key] + ".idx", out.idx_path)
+        commit_datasets(outputs, tmp, renamed_bins)
     except BaseException as exc:
-        for key in keys:
-            builder = builders.get(key)
-            if builder is not None:
-                with contextlib.suppress(Exception):
-                    builder.data_file.close()
-            remove_file(tmp[key] + ".bin")
-            remove_file(tmp[key] + ".idx")
-            if key in renamed_bins and not os.path.exists(outputs[key].idx_path):
-                remove_file(outputs[key].bin_path)
+        discard_partial(outputs, tmp, builders, renamed_bins)
         if isinstance(exc, OSError):  # disk full, quota, permissions: input reads raise their own
             where = f" ({exc.filename})" if exc.filename else ""
             raise DataPrepareError(

@@ -50,10 +50,11 @@ from dlmspec.data.errors import DataPrepareError
 from dlmspec.data.outputs import (
     DatasetOutput,
     check_outputs,
+    commit_datasets,
     dataset_prefix,
+    discard_partial,
     install_termination_handlers,
     protected_inputs,
-    remove_file,
     remove_stale_tmp,
     restore_handlers,
     tmp_tag,
@@ -654,11 +655,7 @@ def prepare_sft(
             )
         for name in outputs:
             builders[name].finalize(tmp[name] + ".idx")
-        for name, out in outputs.items():  # the old .idx goes first, the new one comes last
-            remove_file(out.idx_path)
-            os.replace(tmp[name] + ".bin", out.bin_path)
-            renamed.add(name)
-            os.replace(tmp[name] + ".idx", out.idx_path)
+        commit_datasets(outputs, tmp, renamed)
         sft = {
             "format": fmt or "messages",
             "chat_template": template,
@@ -688,15 +685,7 @@ def prepare_sft(
             sft=sft,
         )
     except BaseException as exc:
-        for name in outputs:
-            builder = builders.get(name)
-            if builder is not None:
-                with contextlib.suppress(Exception):
-                    builder.data_file.close()
-            remove_file(tmp[name] + ".bin")
-            remove_file(tmp[name] + ".idx")
-            if name in renamed and not os.path.exists(outputs[name].idx_path):
-                remove_file(outputs[name].bin_path)
+        discard_partial(outputs, tmp, builders, renamed)
         if isinstance(exc, OSError):
             raise DataPrepareError(
                 f"--output-prefix {output_prefix}: cannot write the dataset in {out_dir or os.curdir}: "
