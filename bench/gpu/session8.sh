@@ -18,6 +18,15 @@ out=${1:?usage: PART=1|2 session8.sh OUT}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/mc/*.whl .whl/dl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 base=runs/bench-sft-demo/base
+answers() {  # TIMEOUT_S: the base and the tuned SFT demo models' answers on held-out prompts, side by side
+  for m in base sft; do
+    timeout "$1" python3 -m dlmspec.cli generate "runs/bench-sft-demo/$m" --prompts .data/sft/heldout_prompts.jsonl \
+      --gen-length 64 --steps 64 --block-length 32 --batch-size 8 --json > "$out/sft/answers_$m.json" 2> "$out/sft/answers_$m.err"
+    echo "generate $m exit $?"
+  done
+  python3 bench/gpu/sft_answers.py table "$out/sft/answers_base.json" "$out/sft/answers_sft.json" \
+    .data/sft/heldout_prompts.jsonl "$out/sft/sft_answers_h200.json" > /dev/null 2>&1; echo "answers table exit $?"
+}
 if [ "${PART:-1}" = 1 ]; then
   mkdir -p "$out/resume" "$out/sft"
   python3 bench/gpu/sdpa_choice.py > "$out/sdpa_choice.jsonl" 2> "$out/sdpa_choice.err"
@@ -25,13 +34,7 @@ if [ "${PART:-1}" = 1 ]; then
   (PART=s8 BUDGET_S=430 bash .device/session7_resume.sh "$out/resume" > "$out/resume.log" 2>&1) & pr=$!
   OUT=$out/sft PYTHON=python3 timeout 470 bash bench/gpu/sft_demo.sh > "$out/sft.log" 2>&1
   echo "sft_demo exit $?"; tail -5 "$out/sft.log"
-  for m in base sft; do
-    timeout 60 python3 -m dlmspec.cli generate "runs/bench-sft-demo/$m" --prompts .data/sft/heldout_prompts.jsonl \
-      --gen-length 64 --steps 64 --block-length 32 --batch-size 8 --json > "$out/sft/answers_$m.json" 2> "$out/sft/answers_$m.err"
-    echo "generate $m exit $?"
-  done
-  python3 bench/gpu/sft_answers.py table "$out/sft/answers_base.json" "$out/sft/answers_sft.json" \
-    .data/sft/heldout_prompts.jsonl "$out/sft/sft_answers_h200.json" > /dev/null 2>&1; echo "answers table exit $?"
+  answers 60
   wait $pr; echo "resume exit $?"; tail -12 "$out/resume.log"
   rm -rf runs/bench-sft-demo/sft/checkpoints
 elif [ "${PART}" = 2 ]; then
@@ -47,13 +50,7 @@ elif [ "${PART}" = 2 ]; then
   (export PYTHONPATH=/tmp/site:/tmp/wb WANDB_DIR=/tmp/wandb; OUT=$out/viz timeout 240 bash bench/gpu/viz_demo.sh > "$out/viz.log" 2>&1; echo "viz exit $?" >> "$out/viz.log") & pv=$!
   (OUT=$out/gen RUN=$base/checkpoints PYTHON=python3 timeout 360 bash bench/gpu/generate_demo.sh > "$out/gen.log" 2>&1; echo "generate_demo exit $?" >> "$out/gen.log") & pg=$!
   wait $ps; tail -4 "$out/sft.log"
-  for m in base sft; do
-    timeout 90 python3 -m dlmspec.cli generate "runs/bench-sft-demo/$m" --prompts .data/sft/heldout_prompts.jsonl \
-      --gen-length 64 --steps 64 --block-length 32 --batch-size 8 --json > "$out/sft/answers_$m.json" 2> "$out/sft/answers_$m.err"
-    echo "generate $m exit $?"
-  done
-  python3 bench/gpu/sft_answers.py table "$out/sft/answers_base.json" "$out/sft/answers_sft.json" \
-    .data/sft/heldout_prompts.jsonl "$out/sft/sft_answers_h200.json" > /dev/null 2>&1; echo "answers table exit $?"
+  answers 90
   wait $pg $pv; tail -3 "$out/gen.log"; tail -3 "$out/viz.log"
 fi
 ls -R "$out" | head -60
