@@ -8,6 +8,7 @@
 #   python bench/gpu/sft_prepare.py
 # Then on the GPU machine:
 #   OUT=/some/dir bash bench/gpu/sft_demo.sh          # ~3-4 minutes on one H200
+#   STAGE=base | STAGE=sft OUT=... bash bench/gpu/sft_demo.sh   # only the pre-training | only SFT + evaluation
 #   bash bench/gpu/sft_demo.sh --dry                   # CPU: inputs, compiled files, masks; no training
 # Writes $OUT/sft_demo_h200.json (the evaluation, with the commands) and the launch logs.
 # Removes only its own run folder, runs/bench-sft-demo/, before it starts.
@@ -36,12 +37,18 @@ if [ "$dry" = 1 ]; then
   "${eval_cmd[@]}" --dry --out "$OUT/sft_demo_dry.json"
   exit $?
 fi
-rm -rf "$runs"
-t0=$(date +%s)
-bash "$dev/base/launch.sh" > "$OUT/base_launch.log" 2>&1; rc=$?
-echo "pre-training exit $rc after $(( $(date +%s) - t0 ))s" | tee -a "$OUT/base_launch.log"
-[ $rc = 0 ] || exit $rc
-cp "$runs/base/metrics.jsonl" "$OUT/base_metrics.jsonl" 2>/dev/null
+# STAGE=base: only the pre-training; STAGE=sft: only SFT and the evaluation (the base run kept);
+# default: both.
+stage=${STAGE:-all}
+if [ "$stage" != sft ]; then
+  rm -rf "$runs"
+  t0=$(date +%s)
+  bash "$dev/base/launch.sh" > "$OUT/base_launch.log" 2>&1; rc=$?
+  echo "pre-training exit $rc after $(( $(date +%s) - t0 ))s" | tee -a "$OUT/base_launch.log"
+  [ $rc = 0 ] || exit $rc
+  cp "$runs/base/metrics.jsonl" "$OUT/base_metrics.jsonl" 2>/dev/null
+  [ "$stage" = base ] && exit 0
+fi
 t0=$(date +%s)
 bash "$dev/sft/launch.sh" > "$OUT/sft_launch.log" 2>&1; rc=$?
 echo "SFT exit $rc after $(( $(date +%s) - t0 ))s" | tee -a "$OUT/sft_launch.log"
