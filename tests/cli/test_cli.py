@@ -608,3 +608,17 @@ def test_new_refuses_a_file_name_that_is_not_toml(tmp_path: Path) -> None:
     assert result.exit_code == 2 and not out.exists()
     (issue,) = json.loads(result.stdout)["issues"]
     assert issue["key"] == "<output>" and issue["hint"].endswith("x.toml")
+
+
+@pytest.mark.parametrize("args", [["validate", DEMO], ["new", "--preset", "llada-8b"]], ids=["validate", "new"])
+def test_set_without_equals_names_the_command_line_and_the_key(args: list[str], tmp_path: Path) -> None:
+    """`--set train.lr` (no `=`) is reported where it was written (the command line, not `<spec>`),
+    with a fix that keeps the user's key."""
+    if args[0] == "new":
+        args = args + [str(tmp_path / "x.toml")]
+    result = run(*args, "--set", "train.lr", "--json")
+    assert result.exit_code == EXIT_USAGE
+    issues = json.loads(result.stdout)["issues"]
+    (issue,) = [i for i in issues if i["rule"] == "set"]
+    assert issue["file"] == "command line"
+    assert "--set train.lr=" in issue["hint"]
