@@ -32,7 +32,7 @@ from dlmspec.credentials import redact
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.render.escape import comment, toml_document
 from dlmspec.gpus import GPUS, GiB, gpu_ids
-from dlmspec.spec.load import SHOW_HEADER, load, load_text, parse_set_value, set_dotted
+from dlmspec.spec.load import SHOW_HEADER, load, load_text, parse_set_value, set_dotted, set_syntax_issue
 from dlmspec.params import count_parameters
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
 from dlmspec.resolve import Resolved, resolve
@@ -376,8 +376,7 @@ def starter_spec(
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            problems.append(SpecIssue("--set", "expected section.key=value", value=item,
-                                      hint="e.g. --set train.seq_length=2048", rule="set"))
+            problems.append(set_syntax_issue(item))
             continue
         try:
             set_dotted(data, key.strip(), parse_set_value(text.strip()))

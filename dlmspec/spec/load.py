@@ -88,6 +88,9 @@ class LoadedSpec:
         return locate_key(self.origins, key, self.path)
 
 
+#: Where issues of command-line flags (``--set``) are reported.
+COMMAND_LINE = "command line"
+
 def locate_key(origins: dict[str, Origin], key: str, path: Path) -> Origin:
     """(file, line) for dotted ``key`` in ``origins``, else its nearest written ancestor (a table
     header), else the first key written under it (a misspelt table given only by
@@ -1016,6 +1019,16 @@ def _first_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+
+def set_syntax_issue(item: str) -> SpecIssue:
+    """The issue for a ``--set`` item that is not ``section.key=value`` (e.g. ``--set train.lr``):
+    reported on the command line, with a fix that keeps the user's key where there is one."""
+    key = item.partition("=")[0].strip()
+    example = (f"--set {key}=VALUE" if key and re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+", key)
+               else "e.g. --set parallel.tensor_model_parallel_size=2")
+    return SpecIssue("--set", "expected section.key=value", value=item, hint=example, rule="set",
+                     file=COMMAND_LINE)
+
 def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast: bool = False) -> LoadedSpec:
     """Load, merge and schema-validate a spec file.
 
@@ -1054,8 +1067,7 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
-            issues.append(SpecIssue("--set", "expected section.key=value", value=item,
-                                    hint="e.g. --set parallel.tensor_model_parallel_size=2", rule="set"))
+            issues.append(set_syntax_issue(item))
             continue
         parts = key.split(".")
         try:
