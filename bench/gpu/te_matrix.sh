@@ -2,11 +2,14 @@
 # Issue 21, correctness first: the compiled demo (specs/demo-dlm.toml, 40 steps per configuration) on
 # the Transformer Engine path - bf16 (TE's fused layer-norm + linear), fp8 delayed / tensorwise /
 # blockwise, recompute selective and full, variable_length_prob 0.5 (TE's padding mask), save at 20 and
-# resume to 40 - each against the local-path bf16 loss of the same seed. Details: bench/gpu/te_matrix.py.
+# resume to 40 - each against the local-path bf16 loss of the same seed; then MegaDLMs' objective per
+# micro-batch, a small MoE (grouped GEMM on TE), init_from a Hugging Face model of the demo's shape
+# (made on the spot) on both paths, and local bf16 on megatron-core 0.19.2 (from .whl/mc19, installed
+# into /tmp/site19; "not run: no wheel" without it). Details: bench/gpu/te_matrix.py.
 #
 # CPU (from the repository root; makes .data from ../shared/data, compiles into .device/te, checks flags):
 #   bash bench/gpu/te_matrix.sh --dry
-#   (optional, for megatron-core 0.19.2's field names: python3 -m pip download megatron-core==0.19.2
+#   (for the mc19 row and megatron-core 0.19.2's field names: python3 -m pip download megatron-core==0.19.2
 #    --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl/mc19)
 # GPU, one H200, after TE is installed into /tmp/site_te (../shared/gpu/transformer-engine.md) and
 # dlmspec + megatron-core into PYTHONPATH by the lead's wrapper; carry .data and .device/te (and .whl/mc19):

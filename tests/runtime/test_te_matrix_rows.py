@@ -102,7 +102,9 @@ FAKE = textwrap.dedent('''\
     run = os.path.join(runs, name)
     os.makedirs(run, exist_ok=True)
     with open(os.path.join(run, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps({"event": "start", "layer_spec": "local", "weights": {"from": "random"}}) + "\\n")
+        f.write(json.dumps({"event": "start", "layer_spec": "local", "weights": {"from": "random"},
+                            "provenance": {"versions": {"megatron_core": os.environ.get("FAKE_MCORE", "0.16.1")}}})
+                + "\\n")
         for i in range(1, 41):
             f.write(json.dumps({"event": "train", "iteration": i, "loss": scale * 10 / (1 + 0.1 * i)}) + "\\n")
     ''')
@@ -121,11 +123,13 @@ def test_launch_loop_gives_mc19_its_environment_and_skips_rows_not_run(tmp_path:
     results["te-moe"]["not_run"] = "for the test"
     t0 = time.time()
     te_matrix.run_matrix(results, dest, out, deadline=time.time() + 60, width=2,
-                         envs={"mc19-local-bf16": {"FAKE_SCALE": "1.5"}})
+                         envs={"mc19-local-bf16": {"FAKE_SCALE": "1.5", "FAKE_MCORE": "0.19.2"}})
     assert time.time() - t0 < 30
     assert not (out / "te-moe.json").exists() and "launches" not in results["te-moe"]
     row = json.loads((out / "mc19-local-bf16.json").read_text())
-    assert row["launches"]["mc19-local-bf16"]["command"].startswith("env FAKE_SCALE=1.5 bash ")
+    assert row["launches"]["mc19-local-bf16"]["command"].startswith("env FAKE_SCALE=1.5 FAKE_MCORE=0.19.2 bash ")
+    assert row["megatron_core"] == "0.19.2" and row["trains"] is True
+    assert json.loads((out / "local-bf16.json").read_text())["megatron_core"] == "0.16.1"
     assert row["agreement"]["against"] == "local-bf16" and not row["agreement"]["agree"]  # 1.5x: the env reached it
     assert abs(row["first_step"]["max_rel_diff"] - 0.5 / 1.5) < 1e-9 and row["first_step"]["compared"] == 1
     assert row["start"]["weights"] == {"from": "random"} and row["start"]["layer_spec"] == "local"
