@@ -133,3 +133,13 @@ def test_launch_loop_gives_mc19_its_environment_and_skips_rows_not_run(tmp_path:
     assert row["agreement"]["against"] == "local-bf16" and not row["agreement"]["agree"]  # 1.5x: the env reached it
     assert abs(row["first_step"]["max_rel_diff"] - 0.5 / 1.5) < 1e-9 and row["first_step"]["compared"] == 1
     assert row["start"]["weights"] == {"from": "random"} and row["start"]["layer_spec"] == "local"
+
+
+def test_dry_checks_the_mc19_rows_keywords_against_0_19_2(tmp_path: Path) -> None:
+    assert te_matrix.compile_config("mc19-local-bf16", tmp_path)[0] == 0
+    text = (tmp_path / "mc19-local-bf16" / "train.py").read_text()
+    assert te_matrix.mc19_unknown_keywords(text) == []
+    # a keyword 0.19.2 lacks is named with its class, also one spread in from PARALLEL_SIZES
+    bad = text.replace("num_layers=", "num_layerz=", 1).replace("tensor_model_parallel_size=", "tp_size=", 1)
+    assert te_matrix.mc19_unknown_keywords(bad) == ["TransformerConfig.num_layerz", "TransformerConfig.tp_size"]
+    assert te_matrix.mc19_unknown_keywords(text, tmp_path / "absent.json") is None
