@@ -203,6 +203,34 @@ def check_flags(name: str, text: str) -> List[str]:
     return wrong
 
 
+#: megatron-core 0.19.2's config fields, read from its wheel by bench/gpu/mcore_fields.py (committed).
+MC19_FIELDS = ROOT / "bench" / "results" / "mcore_0.19.2_fields.json"
+#: The megatron-core config classes train.py builds with keywords.
+MCORE_CLASSES = ("TransformerConfig", "DistributedDataParallelConfig", "OptimizerConfig")
+
+
+def mc19_unknown_keywords(text: str, record: Path = MC19_FIELDS) -> Optional[List[str]]:
+    """The keywords a train.py passes to megatron-core's config classes (``TransformerConfig``, with
+    ``**PARALLEL_SIZES`` expanded; ``DistributedDataParallelConfig``; ``OptimizerConfig``) that are no
+    field of those classes in megatron-core 0.19.2 (``record``): ``["Class.keyword", ...]``
+    ([] = all known; ``None`` when the record is absent)."""
+    try:
+        fields = json.loads(record.read_text())["classes"]
+    except (OSError, ValueError, KeyError):
+        return None
+    tree = ast.parse(text)
+    sizes = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+             and getattr(n.targets[0], "id", None) == "PARALLEL_SIZES"]
+    unknown = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in MCORE_CLASSES:
+            cls = node.func.id
+            for kw in node.keywords:
+                names = [kw.arg] if kw.arg else [s.arg for v in sizes for s in v.keywords]
+                unknown += [f"{cls}.{k}" for k in names if k not in fields.get(cls, [])]
+    return sorted(set(unknown))
+
+
 def build_objects(train_py: Path) -> Optional[str]:
     """Run the compiled file's ``build_configs()`` and ``build_run()`` (megatron-core's config checks,
     no CUDA); ``None`` when both build, else the error."""
@@ -665,6 +693,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             train_py = dest / name / "train.py"
             row["flags_wrong"] = check_flags(name, train_py.read_text())
+            row["mc19_unknown_keywords"] = mc19_unknown_keywords(train_py.read_text())
             row["build_error"] = build_objects(train_py)
             if name in HF_ROWS:
                 row["hf_model"] = hf_made[HF_ROWS[name]]
@@ -674,9 +703,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         init_error = (row.get("init_check") or {}).get("error")
         print(f"{name}: {state}" + (f"; flags wrong: {row.get('flags_wrong')}" if row.get("flags_wrong") else "")
               + (f"; build: {row['build_error']}" if row.get("build_error") else "")
-              + (f"; init_from: {init_error}" if init_error else ""), flush=True)
+              + (f"; init_from: {init_error}" if init_error else "")
+              + (f"; not in megatron-core 0.19.2: {row['mc19_unknown_keywords']}" if row.get("mc19_unknown_keywords")
+                 else ""), flush=True)
+    # a row run on 0.19.2 passes only keywords 0.19.2 has (the others are told, and run on 0.16.1)
     ok = all(r["compile_exit"] == 0 and not r.get("flags_wrong") and not r.get("build_error")
-             and not (r.get("init_check") or {}).get("error") for r in results.values())
+             and not (r.get("init_check") or {}).get("error")
+             and not (n in MC19_ROWS and r.get("mc19_unknown_keywords")) for n, r in results.items())
     mc19_rows = [n for n in names if n in MC19_ROWS]
     if args.dry:
         if mc19_rows:
@@ -718,7 +751,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "launch_wall_s": {k: v["wall_s"] for k, v in r.get("launches", {}).items()},
                         "first_step_rel_diff": (r.get("first_step") or {}).get("max_rel_diff"),
                         "trains": r.get("trains"), "megatron_core": r.get("megatron_core"),
-                        "init_check": r.get("init_check"),
+                        "init_check": r.get("init_check"), "mc19_unknown_keywords": r.get("mc19_unknown_keywords"),
                         "steps_logged": len(r.get("losses", {})),
                         "agreement": {k: r["agreement"][k] for k in ("against", "agree", "max_abs_diff", "max_rel_diff",
                                                                       "worst_iteration", "tolerance")}
