@@ -655,6 +655,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--budget-s", type=float, default=450, help="kill every launch after this many seconds")
     p.add_argument("--lanes", type=int, default=4, help="launches at once on the GPU")
     p.add_argument("--no-data", action="store_true", help="--dry without making the demo's data (.data)")
+    p.add_argument("--mc19-site", default=str(MC19_SITE),
+                   help=f"where megatron-core 0.19.2 is installed for the mc19 rows (emptied first; default {MC19_SITE})")
     args = p.parse_args(argv)
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")
@@ -721,7 +723,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"({time.time() - t_start:.1f}s)")
         return 0 if ok else 1
 
-    mc19 = install_mc19() if mc19_rows else None
+    mc19 = install_mc19(site=Path(args.mc19_site)) if mc19_rows else None
     envs: Dict[str, Dict[str, str]] = {}
     for n in mc19_rows:
         results[n]["mc19"] = mc19
@@ -750,6 +752,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "exits": {k: v["exit"] for k, v in r.get("launches", {}).items()},
                         "launch_wall_s": {k: v["wall_s"] for k, v in r.get("launches", {}).items()},
                         "first_step_rel_diff": (r.get("first_step") or {}).get("max_rel_diff"),
+                        "first_step_agree": (r.get("first_step") or {}).get("agree"),
                         "trains": r.get("trains"), "megatron_core": r.get("megatron_core"),
                         "init_check": r.get("init_check"), "mc19_unknown_keywords": r.get("mc19_unknown_keywords"),
                         "steps_logged": len(r.get("losses", {})),
