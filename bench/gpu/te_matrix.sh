@@ -16,6 +16,14 @@
 #   export PYTHONPATH=/tmp/site_te:$PYTHONPATH PYTHONUNBUFFERED=1; bash bench/gpu/te_matrix.sh $OUT
 # Every launch is killed at BUDGET_S (default 450 s) so the results come back within the call. $OUT then
 # holds te_matrix.json (summary) and te_matrix_runs.tgz (NAME.json per configuration, NAME*.log).
+# 18 rows, 19 launches (te-resume twice) on 4 lanes (+1 for the resume) after ~30 s of compiling and
+# making the two Hugging Face models (0.3 + 0.4 GB, removed at the end): estimated, not measured,
+# 40-60 s per launch (start-up ~30 s; the demo's step is ~0.09 s alone, bench/results/
+# demo_compiled_h200.json; init_from rows also convert on the CPU), ~300-400 s in all. Launches
+# not started by BUDGET_S are recorded as skipped_at_deadline. The rows added in session 9 alone, with
+# the references they need (9 launches, ~150-200 s; one line):
+#   NEW=local-bf16,local-bf16-again,mc19-local-bf16,local-varlen-microbatch,te-varlen-microbatch
+#   NEW=$NEW,local-moe,te-moe,local-init-from-hf,te-init-from-hf; bash bench/gpu/te_matrix.sh $OUT --only $NEW
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 PY=${PY:-python3}
