@@ -34,8 +34,8 @@ configurations then run (several at once on the one GPU; each launch is killed a
 losses, peak allocated / reserved memory, the comparison of its first 40 losses (and of its first
 alone) with its reference (:func:`agreement`), whether it trains (last loss below the first), and
 the start record's layers, weights and versions; ``OUT/te_matrix.json`` the summary, the versions
-and the noise criterion; ``OUT/te-bf16.json`` also the TE layer spec's modules. When ``.whl/mc19/`` holds a megatron-core
-wheel, its config fields go to ``OUT/mcore_fields.json`` (bench/gpu/mcore_fields.py).
+and the noise criterion; ``OUT/te-bf16.json`` also the TE layer spec's modules. When ``.whl/mc19/``
+holds a megatron-core wheel, its config fields go to ``OUT/mcore_fields.json`` (bench/gpu/mcore_fields.py).
 Exit code 0 when every configuration compiled (and ran), 1 otherwise.
 """
 
@@ -119,15 +119,16 @@ CONFIGS: Dict[str, tuple] = {
                              {"use_transformer_engine": True, **MEGADLMS_FLAGS}),
     # A small MoE (4 experts of 1024, top-2, every layer): grouped GEMM on TE (TEGroupedMLP), the
     # experts one by one on the local layers (validate refuses grouped GEMM there:
-    # moe-grouped-gemm needs TE). Both start from the same Hugging Face Qwen3-MoE weights
-    # (HF_MODELS["moe"]): the two expert modules draw their random initial weights in another order.
+    # grouped-GEMM experts need TE). Both start from the same Hugging Face Qwen3-MoE weights
+    # (make_hf("moe")): from random weights the two expert modules would differ (TEGroupedMLP draws
+    # every expert's fc1, then fc2; SequentialMLP expert by expert).
     "local-moe": ({**LOCAL, **MOE, "model.moe_grouped_gemm": False, "checkpoint.init_from": "hf:" + HF_DIR + "/moe"},
                   None, {"use_transformer_engine": False, **MOE_FLAGS, "moe_grouped_gemm": False,
                          "init_from": "hf:" + HF_DIR + "/moe"}),
     "te-moe": ({**TE, **MOE, "model.moe_grouped_gemm": True, "checkpoint.init_from": "hf:" + HF_DIR + "/moe"},
                "local-moe", {"use_transformer_engine": True, **MOE_FLAGS, "moe_grouped_gemm": True,
                              "init_from": "hf:" + HF_DIR + "/moe"}),
-    # checkpoint.init_from a Hugging Face Qwen3 of the demo's shape (HF_MODELS["dense"], random
+    # checkpoint.init_from a Hugging Face Qwen3 of the demo's shape (make_hf("dense"), random
     # weights made on the spot with save_pretrained): the first losses are that model's, on both paths.
     "local-init-from-hf": ({**LOCAL, "checkpoint.init_from": "hf:" + HF_DIR + "/dense"}, None,
                            {"use_transformer_engine": False, "init_from": "hf:" + HF_DIR + "/dense"}),
@@ -140,7 +141,7 @@ RESUME_AT = 20
 #: Rows whose launch runs on megatron-core 0.19.2 (installed from ``.whl/mc19`` into MC19_SITE).
 MC19_ROWS = ("mc19-local-bf16",)
 MC19_SITE = Path("/tmp/site19")
-#: Rows that start from a Hugging Face checkpoint: name -> HF_MODELS key.
+#: Rows that start from a Hugging Face checkpoint: name -> its :func:`make_hf` kind.
 HF_ROWS = {"local-moe": "moe", "te-moe": "moe", "local-init-from-hf": "dense", "te-init-from-hf": "dense"}
 
 #: bf16 keeps 8 significant bits: 5 units of its rounding (bench/throughput/loss_agreement.py).
@@ -656,7 +657,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--lanes", type=int, default=4, help="launches at once on the GPU")
     p.add_argument("--no-data", action="store_true", help="--dry without making the demo's data (.data)")
     p.add_argument("--mc19-site", default=str(MC19_SITE),
-                   help=f"where megatron-core 0.19.2 is installed for the mc19 rows (emptied first; default {MC19_SITE})")
+                   help=f"where the mc19 rows' megatron-core 0.19.2 is installed (emptied first; default {MC19_SITE})")
     args = p.parse_args(argv)
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")
