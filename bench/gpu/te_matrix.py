@@ -7,6 +7,17 @@ fused layer-norm + linear modules), fp8 with delayed, current per-tensor (``tens
 blockwise scaling, selective and full recomputation, variable-length sequences
 (``objective.variable_length_prob = 0.5``, TE's padding mask) against the same on the local
 layers, and a save at step 20 killed and resumed to step 40 against the uninterrupted TE run.
+Then, each TE row against the same on the local layers (issue 21, and issue 18's "the MegaDLMs spec
+runs on both layer paths"): MegaDLMs' objective (``te-varlen-microbatch``: eps 0 with one forced mask,
+realised-ratio weights, one cut per micro-batch, the loss normalised per micro-batch, as
+specs/megadlms-1.7b-mdm.toml; cut probability 0.5 so that cuts happen in 40 steps); a small MoE
+(``te-moe``: 4 experts of 1024, top-2, grouped GEMM on TE, the experts one by one on the local
+layers, where validate refuses grouped GEMM); ``checkpoint.init_from`` a Hugging Face Qwen3 of the
+demo's shape made on the spot (``te-init-from-hf``; random bf16 weights, ``save_pretrained``; the MoE
+pair starts from a Qwen3-MoE made the same way, so both expert modules hold the same weights); and
+``mc19-local-bf16``: local-bf16 on megatron-core 0.19.2, installed from ``.whl/mc19/*.whl`` into
+/tmp/site19 (first on the launch's PYTHONPATH, the rest kept), against local-bf16 on 0.16.1
+(recorded as not run when the wheel is absent).
 
     python3 bench/gpu/te_matrix.py --dry [--dest DIR] [--only A,B]   # CPU: compile, check the flags
     python3 bench/gpu/te_matrix.py OUT [--dest DIR] [--budget-s S]    # GPU: the same, then run them
@@ -14,13 +25,17 @@ layers, and a save at step 20 killed and resumed to step 40 against the uninterr
 ``--dry`` (no GPU needed) makes the demo's data from the offline kit when missing
 (bench/gpu/prepare.py ``demo_inputs``), compiles every configuration into ``--dest`` (default
 ``.device/te``), checks in each train.py the keywords its overrides must produce (:func:`check_flags`)
-and runs its ``build_configs()`` and ``build_run()`` (megatron-core's config checks). Without
-``--dry`` the configurations then run (several at once on the one GPU; each launch is killed at
-the budget) and ``OUT/NAME.json`` records per configuration: the command, the flags, the exit
-code, the per-step losses, peak allocated / reserved memory, and the comparison of its first 40 losses with its reference
-(:func:`agreement`); ``OUT/te_matrix.json`` the summary, the versions and the noise criterion;
-``OUT/te-bf16.json`` also the TE layer spec's modules. When ``.whl/mc19/`` holds a megatron-core
-wheel, its config fields go to ``OUT/mcore_fields.json`` (bench/gpu/mcore_fields.py).
+and runs its ``build_configs()`` and ``build_run()`` (megatron-core's config checks); for the
+init_from rows it writes the Hugging Face models' ``config.json`` (under ``runs/te-hf``) and checks
+them against the compiled model as the runtime does before converting (:func:`init_check`). Without
+``--dry`` the Hugging Face models get their weights, megatron-core 0.19.2 is installed, and the
+configurations then run (several at once on the one GPU; each launch is killed at the budget) and
+``OUT/NAME.json`` records per configuration: the command, the flags, the exit code, the per-step
+losses, peak allocated / reserved memory, the comparison of its first 40 losses (and of its first
+alone) with its reference (:func:`agreement`), whether it trains (last loss below the first), and
+the start record's layers, weights and versions; ``OUT/te_matrix.json`` the summary, the versions
+and the noise criterion; ``OUT/te-bf16.json`` also the TE layer spec's modules. When ``.whl/mc19/``
+holds a megatron-core wheel, its config fields go to ``OUT/mcore_fields.json`` (bench/gpu/mcore_fields.py).
 Exit code 0 when every configuration compiled (and ran), 1 otherwise.
 """
 
@@ -54,7 +69,20 @@ STEPS = 40
 COMMON = {"train.train_iters": STEPS, "train.lr_warmup_iters": 10, "train.eval_interval": 1000,
           "logging.log_interval": 1, "checkpoint.save_at_end": False, "checkpoint.save_interval": 1000}
 TE = {"model.transformer_impl": "transformer_engine", "objective.variable_length_prob": 0.0}
+LOCAL = {"model.transformer_impl": "local", "objective.variable_length_prob": 0.0}
 FP8 = {**TE, "precision.fp8": "hybrid"}
+#: MegaDLMs' objective and loss normalisation, as specs/megadlms-1.7b-mdm.toml writes them.
+MEGADLMS = {"objective.eps": 0.0, "objective.min_masked_tokens": 1, "objective.loss_weighting": "realised",
+            "objective.variable_length": "micro_batch", "objective.variable_length_prob": 0.5,
+            "train.loss_normalization": "micro_batch", "train.micro_batch_size": 16}
+MEGADLMS_FLAGS = {"eps": 0.0, "min_masked_tokens": 1, "loss_weighting": "realised", "variable_length": "micro_batch",
+                  "variable_length_prob": 0.5, "loss_normalization": "micro_batch", "calculate_per_token_loss": False,
+                  "micro_batch_size": 16}
+#: The small MoE: 4 experts of width 1024, top-2 routing, every layer.
+MOE = {"model.num_experts": 4, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 1024}
+MOE_FLAGS = {"num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 1024, "moe_layer_freq": 1}
+#: Where the Hugging Face checkpoints of the init_from rows are made (relative to the repository root).
+HF_DIR = "runs/te-hf"
 
 #: name -> (overrides, reference run, what train.py must say: keyword -> value).
 CONFIGS: Dict[str, tuple] = {
@@ -82,8 +110,39 @@ CONFIGS: Dict[str, tuple] = {
                   {"use_transformer_engine": True, "variable_length_prob": 0.5}),
     "te-resume": ({**TE, "checkpoint.save_interval": 20}, "te-bf16",
                   {"use_transformer_engine": True, "save_interval": 20}),
+    # MegaDLMs' objective (specs/megadlms-1.7b-mdm.toml): t ~ U(0, 1) with one forced mask, the
+    # realised-ratio weight, one cut per micro-batch, the loss normalised per micro-batch (two
+    # micro-batches of 16 per step, so the normalisation matters); the cut probability 0.5 (the
+    # recipe's 0.01 would cut no step of 40).
+    "local-varlen-microbatch": ({**LOCAL, **MEGADLMS}, None, {"use_transformer_engine": False, **MEGADLMS_FLAGS}),
+    "te-varlen-microbatch": ({**TE, **MEGADLMS}, "local-varlen-microbatch",
+                             {"use_transformer_engine": True, **MEGADLMS_FLAGS}),
+    # A small MoE (4 experts of 1024, top-2, every layer): grouped GEMM on TE (TEGroupedMLP), the
+    # experts one by one on the local layers (validate refuses grouped GEMM there:
+    # grouped-GEMM experts need TE). Both start from the same Hugging Face Qwen3-MoE weights
+    # (make_hf("moe")): from random weights the two expert modules would differ (TEGroupedMLP draws
+    # every expert's fc1, then fc2; SequentialMLP expert by expert).
+    "local-moe": ({**LOCAL, **MOE, "model.moe_grouped_gemm": False, "checkpoint.init_from": "hf:" + HF_DIR + "/moe"},
+                  None, {"use_transformer_engine": False, **MOE_FLAGS, "moe_grouped_gemm": False,
+                         "init_from": "hf:" + HF_DIR + "/moe"}),
+    "te-moe": ({**TE, **MOE, "model.moe_grouped_gemm": True, "checkpoint.init_from": "hf:" + HF_DIR + "/moe"},
+               "local-moe", {"use_transformer_engine": True, **MOE_FLAGS, "moe_grouped_gemm": True,
+                             "init_from": "hf:" + HF_DIR + "/moe"}),
+    # checkpoint.init_from a Hugging Face Qwen3 of the demo's shape (make_hf("dense"), random
+    # weights made on the spot with save_pretrained): the first losses are that model's, on both paths.
+    "local-init-from-hf": ({**LOCAL, "checkpoint.init_from": "hf:" + HF_DIR + "/dense"}, None,
+                           {"use_transformer_engine": False, "init_from": "hf:" + HF_DIR + "/dense"}),
+    "te-init-from-hf": ({**TE, "checkpoint.init_from": "hf:" + HF_DIR + "/dense"}, "local-init-from-hf",
+                        {"use_transformer_engine": True, "init_from": "hf:" + HF_DIR + "/dense"}),
+    # local-bf16 on megatron-core 0.19.2 (MC19_SITE first on PYTHONPATH), against 0.16.1's.
+    "mc19-local-bf16": (LOCAL, "local-bf16", {"use_transformer_engine": False, "variable_length_prob": 0.0}),
 }
 RESUME_AT = 20
+#: Rows whose launch runs on megatron-core 0.19.2 (installed from ``.whl/mc19`` into MC19_SITE).
+MC19_ROWS = ("mc19-local-bf16",)
+MC19_SITE = Path("/tmp/site19")
+#: Rows that start from a Hugging Face checkpoint: name -> its :func:`make_hf` kind.
+HF_ROWS = {"local-moe": "moe", "te-moe": "moe", "local-init-from-hf": "dense", "te-init-from-hf": "dense"}
 
 #: bf16 keeps 8 significant bits: 5 units of its rounding (bench/throughput/loss_agreement.py).
 BF16_RTOL = 5 * 2.0 ** -8
@@ -145,6 +204,34 @@ def check_flags(name: str, text: str) -> List[str]:
     return wrong
 
 
+#: megatron-core 0.19.2's config fields, read from its wheel by bench/gpu/mcore_fields.py (committed).
+MC19_FIELDS = ROOT / "bench" / "results" / "mcore_0.19.2_fields.json"
+#: The megatron-core config classes train.py builds with keywords.
+MCORE_CLASSES = ("TransformerConfig", "DistributedDataParallelConfig", "OptimizerConfig")
+
+
+def mc19_unknown_keywords(text: str, record: Path = MC19_FIELDS) -> Optional[List[str]]:
+    """The keywords a train.py passes to megatron-core's config classes (``TransformerConfig``, with
+    ``**PARALLEL_SIZES`` expanded; ``DistributedDataParallelConfig``; ``OptimizerConfig``) that are no
+    field of those classes in megatron-core 0.19.2 (``record``): ``["Class.keyword", ...]``
+    ([] = all known; ``None`` when the record is absent)."""
+    try:
+        fields = json.loads(record.read_text())["classes"]
+    except (OSError, ValueError, KeyError):
+        return None
+    tree = ast.parse(text)
+    sizes = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+             and getattr(n.targets[0], "id", None) == "PARALLEL_SIZES"]
+    unknown = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in MCORE_CLASSES:
+            cls = node.func.id
+            for kw in node.keywords:
+                names = [kw.arg] if kw.arg else [s.arg for v in sizes for s in v.keywords]
+                unknown += [f"{cls}.{k}" for k in names if k not in fields.get(cls, [])]
+    return sorted(set(unknown))
+
+
 def build_objects(train_py: Path) -> Optional[str]:
     """Run the compiled file's ``build_configs()`` and ``build_run()`` (megatron-core's config checks,
     no CUDA); ``None`` when both build, else the error."""
@@ -160,6 +247,160 @@ def build_objects(train_py: Path) -> Optional[str]:
             module.build_run()
     except Exception as exc:  # reported, not raised: the matrix goes on
         return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def spec_model() -> Dict[str, Any]:
+    """The ``[model]`` table of :data:`SPEC` (the demo's architecture)."""
+    import tomllib
+
+    return tomllib.loads((ROOT / SPEC).read_text())["model"]
+
+
+def hf_config_kwargs(kind: str) -> tuple[str, Dict[str, Any]]:
+    """``(transformers model_type, config keys)`` of a Hugging Face model of the demo's shape
+    (:data:`SPEC`'s ``[model]``: RMSNorm, SwiGLU and qk-norm make it a Qwen3): ``"dense"`` is a
+    ``qwen3``; ``"moe"`` a ``qwen3_moe`` with :data:`MOE`'s experts in every layer (top-k
+    probabilities renormalised, as megatron-core's softmax over the chosen experts).
+
+    Raises:
+        KeyError: ``kind`` is neither.
+    """
+    m = spec_model()
+    base = dict(vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], intermediate_size=m["ffn_hidden_size"],
+                num_hidden_layers=m["num_layers"], num_attention_heads=m["num_attention_heads"],
+                num_key_value_heads=m.get("num_query_groups", m["num_attention_heads"]),
+                head_dim=m.get("kv_channels", m["hidden_size"] // m["num_attention_heads"]),
+                max_position_embeddings=m["max_position_embeddings"], rope_theta=float(m.get("rotary_base", 10000)),
+                rms_norm_eps=float(m.get("layernorm_epsilon", 1e-5)),
+                tie_word_embeddings=not m.get("untie_embeddings_and_output_weights", False),
+                attention_bias=False)
+    if kind == "dense":
+        return "qwen3", base
+    if kind == "moe":
+        return "qwen3_moe", {**base, "num_experts": MOE["model.num_experts"],
+                             "num_experts_per_tok": MOE["model.moe_router_topk"],
+                             "moe_intermediate_size": MOE["model.moe_ffn_hidden_size"], "norm_topk_prob": True,
+                             "decoder_sparse_step": 1, "mlp_only_layers": []}
+    raise KeyError(f"unknown Hugging Face model kind {kind!r}: 'dense' or 'moe'")
+
+
+#: The seed of the Hugging Face models' random weights.
+HF_SEED = 1234
+
+
+def make_hf(kind: str, path: Path, *, weights: bool = True) -> Dict[str, Any]:
+    """Write a Hugging Face checkpoint of the demo's shape (:func:`hf_config_kwargs`) to ``path``:
+    ``config.json`` only when ``weights`` is false (``--dry``: enough for the dimension check),
+    else also random bf16 weights (``transformers``' own initialisation, seed :data:`HF_SEED`)
+    with ``save_pretrained`` (about 0.3 GB dense, 0.4 GB MoE). Returns what was written and its seconds."""
+    import shutil
+
+    from transformers import AutoConfig
+
+    t0 = time.time()
+    model_type, kwargs = hf_config_kwargs(kind)
+    shutil.rmtree(path, ignore_errors=True)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    if not weights:
+        config.save_pretrained(path)
+    else:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(HF_SEED)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.save_pretrained(path)
+        del model
+    return {"kind": kind, "path": str(path), "model_type": model_type, "config": kwargs, "weights": weights,
+            "seed": HF_SEED if weights else None, "seconds": round(time.time() - t0, 1)}
+
+
+def init_check(train_py: Path, hf_path: Path) -> Dict[str, Any]:
+    """Check a Hugging Face folder against a compiled configuration's model, as the runtime does before
+    it converts (``backends/megatron/init_from.py``: ``hf_dims``, ``check_dims``; CPU, no weights read).
+    Returns ``{"error": None or the mismatch, "warnings": [...]}``."""
+    spec = importlib.util.spec_from_file_location(f"te_matrix_init_{train_py.parent.name.replace('-', '_')}", train_py)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec.loader.exec_module(module)
+            config, model_kwargs = module.build_configs()[:2]
+        from dlmspec.backends.megatron.init_from import check_dims, hf_dims
+
+        dims = hf_dims(str(hf_path), padded_vocab_size=model_kwargs["vocab_size"])
+        return {"error": None, "warnings": check_dims(dims, config, model_kwargs)}
+    except Exception as exc:  # reported, not raised: the matrix goes on
+        return {"error": f"{type(exc).__name__}: {exc}", "warnings": []}
+
+
+def install_mc19(wheel_dir: Optional[Path] = None, site: Optional[Path] = None) -> Dict[str, Any]:
+    """Install the megatron-core wheel of ``wheel_dir`` (default ``.whl/mc19``) into ``site`` (default
+    :data:`MC19_SITE`, emptied first) without its dependencies (``pip install --no-deps --no-index
+    --target``; where pip cannot, the wheel's files unzipped), and ask that site which version imports.
+
+    Returns:
+        ``installed`` (a 0.19 version imports from ``site``), ``not_run`` ("no wheel" when there is
+        none), ``wheel``, ``wheel_bytes``, ``install`` (the command), ``megatron_core`` (what the
+        import printed: version and file, or its error) and ``env`` (the PYTHONPATH the rows get).
+    """
+    import shutil
+    import zipfile
+
+    wheel_dir = wheel_dir or ROOT / ".whl" / "mc19"
+    site = site or MC19_SITE
+    wheels = sorted(wheel_dir.glob("megatron_core-*.whl"))
+    if not wheels:
+        return {"installed": False, "not_run": "no wheel", "wheel_dir": str(wheel_dir)}
+    wheel = wheels[-1]
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    how = shlex.join(cmd)
+    if r.returncode != 0:  # a wheel is a zip of its importable files
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(site)
+        how = f"unzip {wheel} -d {site} (pip failed: {(r.stderr or r.stdout).strip()[-300:]})"
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+    v = subprocess.run([sys.executable, "-c", "import megatron.core as m; print(m.__version__, m.__file__)"],
+                       env={**os.environ, **env}, capture_output=True, text=True)
+    got = v.stdout.strip() or (v.stderr.strip()[-500:])
+    ok = v.returncode == 0 and got.startswith("0.19") and str(site) in got
+    return {"installed": ok, "not_run": None if ok else f"megatron-core 0.19 does not import from {site}",
+            "wheel": wheel.name, "wheel_bytes": wheel.stat().st_size, "install": how, "megatron_core": got, "env": env}
+
+
+def start_record(name: str) -> Optional[Dict[str, Any]]:
+    """What the run's last ``start`` record says about its layers and weights (``layer_spec``,
+    ``attention``, ``weights``, ``provenance``), or ``None``."""
+    path = RUNS / name / "metrics.jsonl"
+    rec = None
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                r = json.loads(line)
+                if isinstance(r, dict) and r.get("event") == "start":
+                    rec = r
+    if rec is None:
+        return None
+    return {k: rec.get(k) for k in ("layer_spec", "attention", "weights", "provenance")}
+
+
+def find_key(tree: Any, key: str) -> Any:
+    """The first value of ``key`` in nested dicts / lists (depth first), or ``None``."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for item in tree:
+            found = find_key(item, key)
+            if found is not None:
+                return found
     return None
 
 
@@ -221,8 +462,10 @@ class Lanes:
     """Launches of compiled configurations, at most ``width`` at once, each killed (with its process
     group) at the deadline."""
 
-    def __init__(self, dest: Path, out: Path, deadline: float, width: int) -> None:
+    def __init__(self, dest: Path, out: Path, deadline: float, width: int,
+                 envs: Optional[Dict[str, Dict[str, str]]] = None) -> None:
         self.dest, self.out, self.deadline, self.width = dest, out, deadline, width
+        self.envs = envs or {}  # name -> environment variables its launches get (mc19: PYTHONPATH)
         self.running: Dict[str, tuple] = {}
         self.done: Dict[str, Dict[str, Any]] = {}
 
@@ -230,6 +473,9 @@ class Lanes:
         log = open(self.out / f"{name}{tag}.log", "w")
         path = self.dest / name / "launch.sh"
         cmd = ["bash", str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)]
+        extra = self.envs.get(name, {})
+        if extra:
+            cmd = ["env"] + [f"{k}={v}" for k, v in extra.items()] + cmd
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.running[name + tag] = (proc, time.time(), log, cmd)
         return proc
@@ -293,12 +539,15 @@ class Resume:
         return self.phase < 3
 
 
-def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, deadline: float, width: int) -> float:
+def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, deadline: float, width: int,
+               envs: Optional[Dict[str, Dict[str, str]]] = None) -> float:
     """Launch every compiled configuration of ``results`` (``dest/NAME/launch.sh``, from the
-    repository root), compare the losses, write ``out/NAME.json``; the rows of ``results`` get
-    ``launches``, ``losses``, ``agreement`` (and ``resume``, ``layer_modules``). Returns the noise floor."""
-    runnable = [n for n in results if results[n]["compile_exit"] == 0]
-    lanes = Lanes(dest, out, deadline, width)
+    repository root; ``envs[NAME]`` added to its environment) except those marked ``not_run``,
+    compare the losses, write ``out/NAME.json``; the rows of ``results`` get ``launches``,
+    ``losses``, ``agreement``, ``first_step`` (iteration 1 alone), ``start`` (the start record's
+    layers and weights) (and ``resume``, ``layer_modules``). Returns the noise floor."""
+    runnable = [n for n in results if results[n]["compile_exit"] == 0 and not results[n].get("not_run")]
+    lanes = Lanes(dest, out, deadline, width, envs)
     for n in runnable:
         subprocess.run(["rm", "-rf", str(RUNS / n)], check=False)
     order = [n for n in runnable if n != "te-resume"]
@@ -338,13 +587,20 @@ def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, dea
         row["memory_gib"] = {k: max(metric(n, k).values(), default=None) for k in ("peak_mem_gib", "peak_reserved_gib")}
         times = sorted(v for i, v in metric(n, "step_time_s").items() if i > 10)
         row["median_step_time_s"] = times[len(times) // 2] if times else None  # lanes share the GPU: not a speed
-        ref = CONFIGS[n][1]
+        row["start"] = start_record(n)
+        row["megatron_core"] = find_key((row["start"] or {}).get("provenance"), "megatron_core")
+        c = curves[n]
+        row["trains"] = (bool(c) and 1 in c and max(c) > 1 and math.isfinite(c[max(c)])
+                         and c[max(c)] < c[1])  # the last loss logged below the first
+        ref = CONFIGS[n][1] if n in CONFIGS else None
         if ref and ref in curves:
             fp8 = CONFIGS[n][0].get("precision.fp8", "none") != "none"
             first = RESUME_AT + 1 if n == "te-resume" else 1
-            row["agreement"] = {"against": ref, "rtol": FP8_RTOL if fp8 else BF16_RTOL, "noise_floor": floor,
-                                **agreement(curves[n], curves[ref], rtol=FP8_RTOL if fp8 else BF16_RTOL,
-                                            floor=floor, first=first)}
+            rtol = FP8_RTOL if fp8 else BF16_RTOL
+            row["agreement"] = {"against": ref, "rtol": rtol, "noise_floor": floor,
+                                **agreement(curves[n], curves[ref], rtol=rtol, floor=floor, first=first)}
+            if n != "te-resume":
+                row["first_step"] = agreement(curves[n], curves[ref], rtol=rtol, floor=floor, first=1, last=1)
         if n == "te-resume":
             row["resume"] = resume_info
         if n == "te-bf16":
@@ -400,6 +656,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--budget-s", type=float, default=450, help="kill every launch after this many seconds")
     p.add_argument("--lanes", type=int, default=4, help="launches at once on the GPU")
     p.add_argument("--no-data", action="store_true", help="--dry without making the demo's data (.data)")
+    p.add_argument("--mc19-site", default=str(MC19_SITE),
+                   help=f"where the mc19 rows' megatron-core 0.19.2 is installed (emptied first; default {MC19_SITE})")
     args = p.parse_args(argv)
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")
@@ -422,6 +680,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         except SystemExit as exc:
             print(f"te_matrix: the demo's data is missing and cannot be made here ({exc}); carry .data", file=sys.stderr)
             return 1
+    # the Hugging Face checkpoints of the init_from rows, made on the spot (--dry: config.json only)
+    hf_made = {kind: make_hf(kind, ROOT / HF_DIR / kind, weights=not args.dry)
+               for kind in sorted({HF_ROWS[n] for n in names if n in HF_ROWS})}
+    for kind, made in hf_made.items():
+        print(f"Hugging Face {made['model_type']} ({kind}) written to {made['path']} in {made['seconds']} s"
+              + ("" if made["weights"] else " (config.json only)"), flush=True)
     results: Dict[str, Dict[str, Any]] = {}
     for name in names:
         code, text = compile_config(name, dest)
@@ -432,18 +696,45 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             train_py = dest / name / "train.py"
             row["flags_wrong"] = check_flags(name, train_py.read_text())
+            row["mc19_unknown_keywords"] = mc19_unknown_keywords(train_py.read_text())
             row["build_error"] = build_objects(train_py)
+            if name in HF_ROWS:
+                row["hf_model"] = hf_made[HF_ROWS[name]]
+                row["init_check"] = init_check(train_py, ROOT / HF_DIR / HF_ROWS[name])
         results[name] = row
         state = "compiled" if code == 0 else f"refused (exit {code})"
+        init_error = (row.get("init_check") or {}).get("error")
         print(f"{name}: {state}" + (f"; flags wrong: {row.get('flags_wrong')}" if row.get("flags_wrong") else "")
-              + (f"; build: {row['build_error']}" if row.get("build_error") else ""), flush=True)
-    ok = all(r["compile_exit"] == 0 and not r.get("flags_wrong") and not r.get("build_error") for r in results.values())
+              + (f"; build: {row['build_error']}" if row.get("build_error") else "")
+              + (f"; init_from: {init_error}" if init_error else "")
+              + (f"; not in megatron-core 0.19.2: {row['mc19_unknown_keywords']}" if row.get("mc19_unknown_keywords")
+                 else ""), flush=True)
+    # a row run on 0.19.2 passes only keywords 0.19.2 has (the others are told, and run on 0.16.1)
+    ok = all(r["compile_exit"] == 0 and not r.get("flags_wrong") and not r.get("build_error")
+             and not (r.get("init_check") or {}).get("error")
+             and not (n in MC19_ROWS and r.get("mc19_unknown_keywords")) for n, r in results.items())
+    mc19_rows = [n for n in names if n in MC19_ROWS]
     if args.dry:
+        if mc19_rows:
+            wheels = sorted((ROOT / ".whl" / "mc19").glob("megatron_core-*.whl"))
+            print(f"{', '.join(mc19_rows)}: megatron-core wheel "
+                  + (f"{wheels[-1].name} ({wheels[-1].stat().st_size} bytes)" if wheels
+                     else "absent from .whl/mc19 (the row will be recorded as not run: no wheel)"))
         print(f"te_matrix --dry: {len(results)} configuration(s) {'all right' if ok else 'NOT all right'} "
               f"({time.time() - t_start:.1f}s)")
         return 0 if ok else 1
 
-    run_matrix(results, dest, out, deadline=t_start + args.budget_s, width=args.lanes)
+    mc19 = install_mc19(site=Path(args.mc19_site)) if mc19_rows else None
+    envs: Dict[str, Dict[str, str]] = {}
+    for n in mc19_rows:
+        results[n]["mc19"] = mc19
+        if mc19["installed"]:
+            envs[n] = mc19["env"]
+        else:
+            results[n]["not_run"] = mc19["not_run"]
+            (out / f"{n}.json").write_text(json.dumps(results[n], indent=1) + "\n")
+    run_matrix(results, dest, out, deadline=t_start + args.budget_s, width=args.lanes, envs=envs)
+    subprocess.run(["rm", "-rf", str(ROOT / HF_DIR)], check=False)  # 0.7 GB of random weights
     wheel = sorted((ROOT / ".whl" / "mc19").glob("megatron_core-*.whl"))
     if wheel:
         subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "mcore_fields.py"), str(wheel[-1]),
@@ -456,8 +747,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "date": time.strftime("%Y-%m-%d"), "versions": versions(), "criterion": CRITERION,
         "noise_floor": results.get("local-bf16-again", {}).get("noise_floor", {}).get("max_rel_diff"),
         "wall_s": round(time.time() - t_start, 1),
+        "hf_models": hf_made, "mc19": mc19,
         "configs": {n: {"compile_exit": r["compile_exit"], "flags_wrong": r.get("flags_wrong"),
+                        "not_run": r.get("not_run"),
                         "exits": {k: v["exit"] for k, v in r.get("launches", {}).items()},
+                        "launch_wall_s": {k: v["wall_s"] for k, v in r.get("launches", {}).items()},
+                        "first_step_rel_diff": (r.get("first_step") or {}).get("max_rel_diff"),
+                        "first_step_agree": (r.get("first_step") or {}).get("agree"),
+                        "trains": r.get("trains"), "megatron_core": r.get("megatron_core"),
+                        "init_check": r.get("init_check"), "mc19_unknown_keywords": r.get("mc19_unknown_keywords"),
                         "steps_logged": len(r.get("losses", {})),
                         "agreement": {k: r["agreement"][k] for k in ("against", "agree", "max_abs_diff", "max_rel_diff",
                                                                       "worst_iteration", "tolerance")}
@@ -467,7 +765,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     (out / "te_matrix.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary["configs"], indent=1))
     ran = all(r.get("launches") and all(v["exit"] == 0 for k, v in r["launches"].items() if not k.endswith(".launch1"))
-              for r in results.values() if r["compile_exit"] == 0)
+              for r in results.values() if r["compile_exit"] == 0 and not r.get("not_run"))
     return 0 if ok and ran else 1
 
 
