@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Session 9 on one H200: one machine, held for back-to-back device calls (it goes back ~30 s after a
 # call). The long jobs run in process sessions of their own (setsid), which outlive the call that
-# started them, from a copy of the checkout in /tmp/s9/repo (later calls replace carried folders).
+# started them, from copies of the checkout under /tmp/s9 (later calls replace carried folders);
+# the calls in between only report progress and bring back what has finished.
 #
 # CPU machine first (repository root):
 #   .venv/bin/python bench/gpu/sft_prepare.py                # .data (demo + SFT sets), .device/sft-demo
 #   .venv/bin/python bench/gpu/sft_answers.py prompts        # .data/sft/heldout_prompts.jsonl
+#   bash bench/gpu/te_matrix.sh --dry                        # .device/te
+#   bash bench/gpu/te_calibration.sh --dry                   # .device/tecal
 #   rm -f .whl/dl/*.whl && .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl/dl .
 #   cp ../shared/gpu/te-install.sh .device/te-install.sh
 # Device calls, in order (carry in brackets):
 #   STEP=start  [.whl/mc .whl/dl .data .device/sft-demo .device/te-install.sh]
-#       installs megatron-core + dlmspec into /tmp/site; starts the generation job (gen_job below);
+#       installs megatron-core + dlmspec into /tmp/site; starts the generation job (gen_job);
 #   STEP=part N [.whl/te/core.part.0N]   (N = 0..5) copies one part of TE's core wheel to /tmp/te;
-#   STEP=te     [.whl/te/small .whl/te/core.md5 .device/te .whl/mc19]
-#       installs TE (../shared/gpu/te-install.sh), waits for the generation job's timed part, runs
-#       bench/gpu/te_matrix.sh, and returns both jobs' results;
-#   STEP=cal    [.device/tecal ...]  bench/gpu/te_calibration.sh (the TE planner calibration);
-#   STEP=peers  [.whl/peer ...]      bench/gpu/peers.sh (TE against the strong HF loops).
-# Each call writes into $OUT; at most 8 files come back, so every step packs one archive.
+#   STEP=te     [.whl/te/small .whl/te/core.md5 .device/te .device/tecal .device/te-install.sh .whl/mc19 .whl/peer]
+#       installs TE (../shared/gpu/te-install.sh) and starts the TE job (te_job): once the generation
+#       job's timed part is done, bench/gpu/te_matrix.sh; once the generation job is done (the GPU
+#       alone), bench/gpu/te_calibration.sh, then bench/gpu/peers.sh;
+#   STEP=poll S  waits up to S seconds (or until everything is done) and brings back what finished.
+# At most 8 files come back from a call, so each call packs one archive.
 set -u
 out=${1:?usage: STEP=start|part|te|cal|peers session9.sh OUT [N]}
 s9=/tmp/s9
@@ -49,6 +52,22 @@ gen_job() {  # #19's answers and #20's generation demo, in $s9/repo, results in 
   rm -rf runs/bench-sft-demo/sft/checkpoints
   touch "$s9/gen.done"
 }
+te_job() {  # TE correctness, then (GPU alone) calibration and the peers; results in $s9/res/<job>
+  cd "$s9/repo2" || exit 1
+  site; export PYTHONPATH=/tmp/site_te:$PYTHONPATH
+  mkdir -p "$s9/res/te" "$s9/res/cal" "$s9/res/peers"
+  w=0; until [ -f "$s9/gen_timed.done" ] || [ $w -ge 300 ]; do sleep 5; w=$((w + 5)); done
+  echo "te_job: waited ${w}s for the generation job's timed part $(date -u +%T)"
+  BUDGET_S=${TE_BUDGET_S:-420} bash bench/gpu/te_matrix.sh "$s9/res/te" > "$s9/res/te.log" 2>&1
+  echo "te_matrix exit $? $(date -u +%T)"; touch "$s9/te.done"
+  rm -rf runs/te
+  w=0; until [ -f "$s9/gen.done" ] || [ $w -ge 120 ]; do sleep 5; w=$((w + 5)); done
+  echo "te_job: waited ${w}s for the generation job $(date -u +%T)"
+  bash bench/gpu/te_calibration.sh "$s9/res/cal" > "$s9/res/cal.log" 2>&1
+  echo "te_calibration exit $? $(date -u +%T)"; touch "$s9/cal.done"
+  bash bench/gpu/peers.sh "$s9/res/peers" > "$s9/res/peers.log" 2>&1
+  echo "peers exit $? $(date -u +%T)"; touch "$s9/peers.done"
+}
 pack() {  # one archive of everything in $out
   ls -R "$out" | head -80
   tar czf "/tmp/session9_$1.tgz" -C "$out" . && rm -rf "${out:?}"/* && mv "/tmp/session9_$1.tgz" "$out/"
@@ -62,35 +81,31 @@ case "${STEP:?}" in
     rm -rf "$s9/repo" && mkdir -p "$s9/repo" && cp -a . "$s9/repo/" && rm -rf "$s9/repo/.whl"
     export -f gen_job site; export s9
     setsid bash -c gen_job > "$s9/gen_job.log" 2>&1 < /dev/null &
-    sleep 20; status ;;
+    sleep 15; status ;;
   part)
     n=${2:?part number}
     mkdir -p /tmp/te && cp ".whl/te/core.part.0$n" /tmp/te/ && ls -la /tmp/te; status ;;
   te)
-    mkdir -p "$out/te" "$out/gen"
     t0=$(date +%s)
     bash .device/te-install.sh .whl/te/small > "$out/te_install.log" 2>&1
     echo "te-install exit $? after $(( $(date +%s) - t0 ))s"; tail -3 "$out/te_install.log"
     cp /tmp/te/out/transformer_engine_torch-*.whl "$out/" 2>/dev/null
-    site; export PYTHONPATH=/tmp/site_te:$PYTHONPATH
-    python3 -c "import transformer_engine.pytorch as te, transformer_engine; print('TE', transformer_engine.__version__)" 2>&1 | tail -1
-    w=0; until [ -f "$s9/gen_timed.done" ] || [ $w -ge 240 ]; do sleep 5; w=$((w + 5)); done
-    echo "waited ${w}s for the generation job's timed part"; status
-    BUDGET_S=${BUDGET_S:-400} bash bench/gpu/te_matrix.sh "$out/te" > "$out/te_matrix.log" 2>&1
-    echo "te_matrix exit $?"; tail -25 "$out/te_matrix.log"
-    w=0; until [ -f "$s9/gen.done" ] || [ $w -ge 60 ]; do sleep 5; w=$((w + 5)); done
-    status; cp -a "$s9/gen/." "$out/gen/"; cp "$s9/gen_job.log" "$out/gen/"
-    rm -rf runs/te/*/checkpoints
-    pack te ;;
-  cal)
-    site; export PYTHONPATH=/tmp/site_te:$PYTHONPATH
-    [ -f "$s9/gen.done" ] || { status; cp -a "$s9/gen/." "$out/gen_late/" 2>/dev/null; }
-    bash bench/gpu/te_calibration.sh "$out" > "$out/te_calibration.log" 2>&1; echo "te_calibration exit $?"
-    tail -30 "$out/te_calibration.log"
-    pack cal ;;
-  peers)
-    site; export PYTHONPATH=/tmp/site_te:$PYTHONPATH
-    bash bench/gpu/peers.sh "$out" > "$out/peers.log" 2>&1; echo "peers exit $?"
-    tail -30 "$out/peers.log"
-    pack peers ;;
+    rm -rf "$s9/repo2" && mkdir -p "$s9/repo2" && cp -a . "$s9/repo2/" && rm -rf "$s9/repo2/.whl/te"
+    export -f te_job site; export s9
+    setsid bash -c te_job > "$s9/te_job.log" 2>&1 < /dev/null &
+    sleep 5; status; cat "$s9/te_job.log" ;;
+  poll)
+    limit=${2:-540}; w=0
+    until [ -f "$s9/peers.done" ] || [ $w -ge "$limit" ]; do sleep 10; w=$((w + 10)); done
+    status; echo "--- te job:"; cat "$s9/te_job.log" 2>/dev/null
+    tail -4 "$s9/res/te.log" "$s9/res/cal.log" "$s9/res/peers.log" 2>/dev/null
+    # bring back each finished job's results once (the gen job's, then te, cal, peers)
+    mkdir -p "$s9/sent"
+    for j in gen te cal peers; do
+      [ -f "$s9/$j.done" ] && [ ! -f "$s9/sent/$j" ] || continue
+      if [ $j = gen ]; then cp -a "$s9/gen" "$out/gen"; cp "$s9/gen_job.log" "$out/gen/"; else cp -a "$s9/res/$j" "$out/$j"; cp "$s9/res/$j.log" "$out/$j/" 2>/dev/null; fi
+      touch "$s9/sent/$j"
+    done
+    cp "$s9/gen_job.log" "$s9/te_job.log" "$out/" 2>/dev/null
+    pack "poll_$(date +%H%M%S)" ;;
 esac
