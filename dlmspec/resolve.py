@@ -474,7 +474,8 @@ def resolve_blend(entries: Any, key: str = "data.train") -> BlendResolution:
                     "data-glob-empty", key, written, written, f"the glob {written!r} matches no dataset "
                     "(no PATTERN.bin / PATTERN.idx)", "check the pattern against the prefixes `dlmspec data "
                     "prepare` wrote (e.g. 'data/web-*_text_document' for data/web-00000_text_document.bin/.idx; "
-                    "relative paths are read from the directory dlmspec runs in)"))
+                    "relative paths are read from the directory dlmspec runs in); a prefix whose name holds "
+                    "*, ? or [ is written with them in brackets: [*], [?], [[]"))
         group: list[tuple[str, int | None]] = []
         for prefix, listed, listed_docs in found:
             missing = [prefix + ext for ext in (".bin", ".idx") if not _exists(prefix + ext)]
