@@ -214,6 +214,8 @@ GLOB_CHARS = frozenset("*?[")
 _TMP_PART = ".tmp-"
 #: The first bytes of a Megatron ``.idx`` file (megatron.core.datasets.indexed_dataset._INDEX_HEADER).
 _INDEX_HEADER = b"MMIDIDX\x00\x00"
+#: Sequence lengths (int32) read at a time from an ``.idx``.
+_LENGTHS_PER_READ = 1 << 20
 #: ``.idx`` header: 9 magic bytes, version (u64), dtype code (u8), sequences (u64), document indices (u64).
 _INDEX_HEAD_BYTES = 34
 
@@ -307,18 +309,21 @@ def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int]
             version, _code, sequences, doc_indices = struct.unpack("<QBQQ", head[9:])
             if version != 1:
                 return f"index version {version} (megatron-core writes version 1)"
-            lengths = array.array("i")
-            if lengths.itemsize != 4:  # pragma: no cover - every platform CPython runs on has 4-byte int
-                return "this Python has no 4-byte int array"
-            data = handle.read(4 * sequences)
-            if len(data) < 4 * sequences:
-                return f"too short for its {sequences:,} sequences (a truncated copy?)"
-            lengths.frombytes(data)
-            if sys.byteorder == "big":
-                lengths.byteswap()
+            tokens, left = 0, sequences
+            while left:  # in pieces of 4 MiB: memory stays flat on a shard of many documents
+                count = min(left, _LENGTHS_PER_READ)
+                data = handle.read(4 * count)
+                if len(data) < 4 * count:
+                    return f"too short for its {sequences:,} sequences (a truncated copy?)"
+                lengths = array.array("i")
+                lengths.frombytes(data)
+                if sys.byteorder == "big":
+                    lengths.byteswap()
+                tokens += sum(lengths)
+                left -= count
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
-    return sum(lengths), max(0, doc_indices - 1)
+    return tokens, max(0, doc_indices - 1)
 
 
 def index_counts(prefix: str) -> tuple[int, int] | str:

@@ -264,3 +264,15 @@ def test_the_sft_plan_reads_the_records_of_the_resolved_shards(three: Path) -> N
     assert plan.sft is not None and plan.sft.source == "record"
     assert plan.sft.mean_sample_tokens == pytest.approx(want)
     assert len(plan.sft.sources) == 3
+
+
+def test_index_counts_read_in_pieces_and_refuse_a_truncated_index(three: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlmspec.resolve as resolve_module
+
+    assert resolve_module.index_counts(shard(2)) == (30, 8)
+    monkeypatch.setattr(resolve_module, "_LENGTHS_PER_READ", 3)
+    write_shard(str(three / "data" / "p_text_document"), docs_of(29))
+    assert resolve_module.index_counts("data/p_text_document") == (29, 8)
+    idx = three / "data" / "p_text_document.idx"
+    idx.write_bytes(idx.read_bytes()[:40])
+    assert "truncated" in resolve_module.index_counts("data/p_text_document")
