@@ -419,7 +419,8 @@ class TokenizerSpec(Section):
 
 
 class DataSpec(Section):
-    """``[data]``: train/valid blends of Megatron indexed datasets."""
+    """``[data]``: train/valid blends of Megatron indexed datasets (prefixes, globs of shards or
+    manifests of a sharded ``data prepare`` output: :class:`BlendEntry`)."""
 
     train: list[BlendEntry] = Field(default_factory=_empty_list)
     valid: list[BlendEntry] = Field(default_factory=_empty_list)
