@@ -7,6 +7,7 @@ import re
 from typing import Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.resolve import MANIFEST_KIND, BlendProblem, mixed_tokenizers
 
 
 @rule(
@@ -97,3 +98,68 @@ def _workers_implausible(ctx: Context) -> Iterator[Finding]:
                       "more than a node has CPU cores per GPU: the extra workers only take memory",
                       "use num_workers = 2 (the default; a few per rank keep up with training)",
                       fix=Fix({"data.num_workers": 2}))
+
+
+# --------------------------------------------------------------------------------------------
+# Globs and manifests of shards (dlmspec.resolve.resolve_blend): compile writes the shards they
+# resolve to on this machine into train.py and spec.lock.toml, so what keeps them from
+# resolving is an error (scope ``paths``: the verdict depends on the files here).
+
+_BLEND_RULES: dict[str, tuple[str, str]] = {
+    "data-glob-empty": (
+        "glob.glob of PATTERN.bin / PATTERN.idx (or of manifests), sorted: the shards compile writes into the blend",
+        "a glob in data.train / data.valid matches at least one dataset that holds tokens"),
+    "data-manifest-missing": (
+        "the manifest `dlmspec data prepare` writes beside a sharded output (PREFIX_KEY_document.manifest.json)",
+        "a manifest named in data.train / data.valid exists"),
+    "data-manifest-unreadable": (
+        "the manifest layout {\"kind\", \"version\", \"shards\": [{\"path\", \"documents\", \"tokens\"}], \"tokenizer\"}",
+        "a manifest is readable JSON listing its shards with their token counts"),
+    "data-manifest-kind": (
+        f"the manifest's kind {MANIFEST_KIND!r} and a version this dlmspec reads",
+        "a manifest path names a dlmspec dataset manifest"),
+    "data-shard-missing": (
+        "megatron-core IndexedDataset opens PREFIX.bin and PREFIX.idx of every shard of the blend",
+        "every shard a glob or manifest names has both files"),
+    "data-index-unreadable": (
+        "megatron-core indexed_dataset._IndexReader (the MMIDIDX header, version 1, sequence lengths)",
+        "every shard's .idx is a readable Megatron index"),
+    "data-manifest-tokens": (
+        "the shard's .idx (the sum of its sequence lengths): the blend's weights come from the manifest's counts",
+        "the tokens a manifest lists for a shard are the tokens in its .idx"),
+    "data-tokenizer-mixed": (
+        "the dataset records (PREFIX.dlmspec.json, dlmspec/data/record.py): the tokenizer each dataset was written with",
+        "every dataset of data.train and data.valid was written by the same tokenizer"),
+}
+
+
+def _blend_problems(ctx: Context) -> list[BlendProblem]:
+    """The resolution problems of both blends and the mixed-tokenizer ones, computed once per
+    check run (several rules read them)."""
+    if "blend_problems" not in ctx.cache:
+        d = ctx.spec.data
+        problems: list[BlendProblem] = []
+        if not d.mock:
+            train, valid = ctx.r.train_blend, ctx.r.valid_blend
+            problems = [*train.problems, *valid.problems,
+                        *mixed_tokenizers([("data.train", train), ("data.valid", valid)])]
+        ctx.cache["blend_problems"] = problems
+    return ctx.cache["blend_problems"]
+
+
+def _blend_rule(rule_id: str) -> None:
+    source, summary = _BLEND_RULES[rule_id]
+
+    def check(ctx: Context) -> Iterator[Finding]:
+        for p in _blend_problems(ctx):
+            if p.rule == rule_id:
+                yield Finding(p.key, f"{p.message} (in {p.path})" if p.path != p.entry else p.message,
+                              p.hint, value=p.entry)
+
+    check.__name__ = check.__qualname__ = "_" + rule_id.replace("-", "_")
+    check.__doc__ = f"``{rule_id}``: {summary}."
+    rule(rule_id, "error", source, summary, scope="paths")(check)
+
+
+for _rule_id in _BLEND_RULES:
+    _blend_rule(_rule_id)

@@ -9,6 +9,7 @@ from typing import Iterator
 
 from dlmspec.check.hints import join
 from dlmspec.check.registry import Context, Finding, rule
+from dlmspec.resolve import blend_kind
 
 
 #: A Hugging Face hub id (``org/name``): a tokenizer that loads from the hub, not a local path.
@@ -38,7 +39,9 @@ def _paths(ctx: Context) -> Iterator[Finding]:
     d, tok, ck = ctx.spec.data, ctx.spec.data.tokenizer, ctx.spec.checkpoint
     if not d.mock:
         for key in ("train", "valid"):
-            missing = [e.prefix for e in getattr(d, key) if not (_exists(e.prefix + ".bin") and _exists(e.prefix + ".idx"))]
+            # globs and manifests are resolved on this machine: the data-glob-* / data-manifest-* rules report them
+            missing = [e.prefix for e in getattr(d, key) if blend_kind(e.prefix) == "prefix"
+                       and not (_exists(e.prefix + ".bin") and _exists(e.prefix + ".idx"))]
             if missing:
                 yield Finding(
                     f"data.{key}",

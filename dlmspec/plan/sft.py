@@ -180,14 +180,16 @@ def sft_plan(resolved: Any, positions_per_second: float, step_seconds: float, to
     seq = spec.train.seq_length
     packed, key = packing(spec.stage.sft)
     means, weights, fracs, notes = [], [], [], []
-    for entry in spec.data.train:
-        mean, frac, note = record_mean(entry.prefix)
+    # the resolved blend: globs and manifests of data.train expanded into shards (dlmspec.resolve.resolve_blend)
+    shards = resolved.train_blend.pairs()
+    for prefix, weight in shards:
+        mean, frac, note = record_mean(prefix)
         notes.append(note)
         if mean is not None:
             means.append(mean)
-            weights.append(entry.weight)
+            weights.append(weight)
             fracs.append(frac)
-    if means and len(means) == len(spec.data.train):
+    if means and len(means) == len(shards):
         total = sum(weights)
         mean = sum(m * w for m, w in zip(means, weights)) / total
         source = "record"

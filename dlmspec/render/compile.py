@@ -211,7 +211,8 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
     (:data:`ACTIVATIONS`), ``dtype`` (:data:`DTYPES`), ``rotary_base`` (an int when integral:
     ``GPTModel`` types it ``int``), ``layer_path`` / ``run_path`` (the resolved layer path and
     why, as comment text), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend``
-    (``[prefix, weight]`` pairs), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
+    (``[prefix, weight]`` pairs of the resolved blends, globs and manifests expanded:
+    :func:`dlmspec.resolve.resolve_blend`), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
     (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`), ``python`` (``--python`` as a bash word,
     :func:`launch_interpreter`; ``None`` when not given), ``sft`` (``stage.kind = "sft"``: its
     ``section`` with defaults filled and the resolved ``pad_eos_tokens``; else ``None``).
@@ -241,8 +242,8 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
         "layer_path": resolved.transformer_impl_reason,
         "run_path": f"transformer_impl = {m.transformer_impl!r} -> {impl} ({resolved.transformer_impl_reason}): {run_path}",
         "eod": eod_choice(resolved.spec),
-        "blend": [(e.prefix, e.weight) for e in s.data.train],
-        "valid_blend": [(e.prefix, e.weight) for e in s.data.valid],
+        "blend": resolved.train_blend.pairs(),
+        "valid_blend": resolved.valid_blend.pairs(),
         "run_dir": run_dir(resolved),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
         "python": None if python is None else shell_word(python),

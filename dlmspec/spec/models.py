@@ -380,10 +380,15 @@ class TrainSpec(Section):
 
 
 class BlendEntry(Section):
-    """One dataset of a blend: an indexed-dataset prefix (``PREFIX.bin``/``PREFIX.idx``)."""
+    """One entry of a blend: an indexed-dataset prefix (``PREFIX.bin``/``PREFIX.idx``), a glob of
+    prefixes (``"data/web-*_text_document"``) or a manifest of a sharded output
+    (``PREFIX_KEY_document.manifest.json``, a glob of manifests too). A glob's or manifest's
+    ``weight`` is the group's share, split over its shards by their tokens; ``compile`` resolves
+    them on its machine (:func:`dlmspec.resolve.resolve_blend`) and writes the shards into
+    train.py and spec.lock.toml."""
 
-    prefix: str
-    weight: PositiveFloat = 1.0
+    prefix: str = Field(description="PREFIX of PREFIX.bin/.idx, a glob of prefixes, or a *.manifest.json.")
+    weight: PositiveFloat = Field(1.0, description="Sampling weight (a glob's or manifest's: its group's share).")
 
 
 class TokenizerSpec(Section):
@@ -414,7 +419,8 @@ class TokenizerSpec(Section):
 
 
 class DataSpec(Section):
-    """``[data]``: train/valid blends of Megatron indexed datasets."""
+    """``[data]``: train/valid blends of Megatron indexed datasets (prefixes, globs of shards or
+    manifests of a sharded ``data prepare`` output: :class:`BlendEntry`)."""
 
     train: list[BlendEntry] = Field(default_factory=_empty_list)
     valid: list[BlendEntry] = Field(default_factory=_empty_list)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 import tomli_w
 
+import blend_examples
 import sft_examples
 import test_validate
 import test_validate_compile_agree as agree
@@ -68,7 +69,7 @@ def examples() -> dict[str, Example]:
     found["checkpoint-inherited"] = Example({"extends": "base.toml", "name": "other",
                                              "logging": {"tensorboard_dir": "runs/other/tensorboard"}},
                                             kind="toml", files={"base.toml": parent})
-    for rule, (changes, files, _) in sft_examples.FILE_EXAMPLES.items():
+    for rule, (changes, files, _) in {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES}.items():
         found[rule] = Example(_base(changes), files=dict(files))
     return found
 
@@ -126,6 +127,16 @@ def _action_drop_set(example: Example, issues: list[SpecIssue]) -> None:
     example.args = ["--set", "train.lr=0.001"]
 
 
+def _action_blend_files(example: Example, issues: list[SpecIssue]) -> None:
+    """Name datasets that are there: each blend the rule names becomes one prefix whose files
+    exist (what `dlmspec data prepare` writes; the user's data in practice)."""
+    for issue in issues:
+        section, _, key = issue.key.partition(".")
+        example.data[section][key] = ["data/ok_text_document"]
+    example.files["data/ok_text_document.bin"] = ""
+    example.files["data/ok_text_document.idx"] = ""
+
+
 #: Rules whose fix is not a change of spec keys: rule -> (the action this test takes, why).
 ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
     "file": (_action_plain, "the spec file is missing: the fix is to write it, not a key"),
@@ -139,6 +150,8 @@ ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
     "tokenizer-files": (_action_tokenizer_model, "the tokenizer's files are the user's to name"),
     "eod-id-unknown": (_action_eod_id, "the id is in the tokenizer's files, which validate cannot read"),
     "slurm-value": (_action_slurm_partition, "partition, account, QOS and host names are the cluster's"),
+    **{rule: (_action_blend_files, "the shards, their records and manifests are files `dlmspec data prepare` writes")
+       for rule in blend_examples.FILE_EXAMPLES},
 }
 
 #: Rules this test cannot apply a fix to, with the reason (only the planner's own failure, which no spec reaches).

@@ -297,10 +297,12 @@ def test_every_rule_has_a_case() -> None:
     from test_validate_hardening import CASES as HARDENING_CASES, MASK_RULE  # issue 15's rules, tested there
 
     from sft_examples import FILE_EXAMPLES as SFT_FILE_RULES  # the SFT rules that read a dataset record
+    from blend_examples import FILE_EXAMPLES as BLEND_FILE_RULES  # globs and manifests (tests/test_blend.py)
 
     hardening = {case[0] for case in HARDENING_CASES} | {MASK_RULE}
     spec_rules = {r.id for r in RULES.values() if r.scope in FILES}
-    assert {case[0] for case in CASES} | hardening | FILE_RULES | set(SFT_FILE_RULES) == spec_rules
+    assert ({case[0] for case in CASES} | hardening | FILE_RULES | set(SFT_FILE_RULES)
+            | set(BLEND_FILE_RULES)) == spec_rules
 
 
 def _valid_base(name: str = "base") -> str:

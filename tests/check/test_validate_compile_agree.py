@@ -24,6 +24,7 @@ import dlmspec.cli.commands
 import dlmspec.cli.output
 import dlmspec.cli.plan
 import dlmspec.cli.validate
+import blend_examples
 import sft_examples
 import test_validate
 import test_validate_hardening
@@ -274,10 +275,14 @@ def test_plan_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 2 and ("plan", "<plan>", "error") in issues
 
 
-@pytest.mark.parametrize("rule", sorted(sft_examples.FILE_EXAMPLES))
+FILE_EXAMPLES = {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES}
+
+
+@pytest.mark.parametrize("rule", sorted(FILE_EXAMPLES))
 def test_sft_file_examples(rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The SFT rules that read the dataset record and the response masks (files of the example)."""
-    changes, files, key = sft_examples.FILE_EXAMPLES[rule]
+    """The rules that read files of the example: the SFT rules (the dataset record and the
+    response masks) and those of globs and manifests of shards."""
+    changes, files, key = FILE_EXAMPLES[rule]
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text, encoding="utf-8")
@@ -289,7 +294,7 @@ def test_sft_file_examples(rule: str, tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_every_rule_has_a_failing_example() -> None:
     covered = ({rule for _, rule, _ in FAILING} | {c[3] for c in LOAD_FAILING} | set(SPEC_EXAMPLES)
-               | {"checkpoint-inherited", "plan"} | set(sft_examples.FILE_EXAMPLES))
+               | {"checkpoint-inherited", "plan"} | set(FILE_EXAMPLES))
     assert covered == set(RULES), sorted(set(RULES) ^ covered)
 
 
