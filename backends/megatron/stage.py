@@ -190,6 +190,8 @@ class PretrainStage:
             variable_length_prob=run.objective.variable_length_prob,
             min_masked_tokens=run.objective.min_masked_tokens,
             variable_length=run.objective.variable_length,
+            shift=run.objective.shift,
+            cart_p=run.objective.cart_p,
         )
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
@@ -416,6 +418,8 @@ def _fused_loss_func(ob: ObjectiveBatch, weight: torch.Tensor, impl: str, hidden
 def _with_dlm_sums(triple, ob: ObjectiveBatch, per_token_loss: Optional[torch.Tensor]):
     """The loss triple with (masked diffusion) the report's ``DLM_REPORT`` sums (metrics.dlm_loss_sums)."""
     if ob.mask_ratio is not None:
-        triple[2][DLM_REPORT] = dlm_loss_sums(per_token_loss, ob.loss_weights, ob.mask_ratio, ob.masked, ob.token_mask)
+        # shifted labels: the weights' non-zero positions (output positions) stand for the masked ones
+        masked = None if ob.shifted else ob.masked
+        triple[2][DLM_REPORT] = dlm_loss_sums(per_token_loss, ob.loss_weights, ob.mask_ratio, masked, ob.token_mask)
     return triple
 

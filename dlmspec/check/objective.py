@@ -230,3 +230,43 @@ def _min_masked(ctx: Context) -> Iterator[Finding]:
             "use objective.min_masked_tokens = 1 (MegaDLMs: one forced mask in a row that drew none)",
             fix=Fix({"objective.min_masked_tokens": 1}),
         )
+
+
+@rule(
+    "mdm-cart-p-ignored",
+    "warning",
+    "Dream's CART weighting (DreamLM/Dream-Coder instruct/src/trainer/fsdp_sft_trainer.py:802-818): cart_p is read "
+    "by loss_weighting = 'cart' only",
+    "objective.cart_p is set only with loss_weighting = 'cart'",
+)
+def _cart_p_ignored(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.cart_p is not None and (o.kind != "mdm" or o.loss_weighting != "cart"):
+        yield Finding(
+            "objective.cart_p",
+            f"cart_p = {o.cart_p} has no effect with objective.kind = {o.kind!r} and loss_weighting = "
+            f"{o.loss_weighting!r}: only Dream's CART weighting reads it",
+            "remove objective.cart_p, or set objective.loss_weighting = 'cart' (mdm)",
+            value=o.cart_p,
+            fix=Fix(unset=("objective.cart_p",)),
+        )
+
+
+@rule(
+    "mdm-shift-ar",
+    "warning",
+    "Dream (DreamLM/Dream eval/eval.py:352-354): shift moves a masked-diffusion model's predictions to the AR "
+    "alignment; next-token prediction has it already",
+    "objective.shift is set only for the mdm objective",
+)
+def _shift_ar(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.shift and o.kind != "mdm":
+        yield Finding(
+            "objective.shift",
+            "objective.shift = true has no effect with objective.kind = 'ar': next-token prediction already "
+            "predicts position i + 1 from position i",
+            "remove objective.shift (or use objective.kind = 'mdm' with shift = true, Dream's objective)",
+            value=True,
+            fix=Fix(unset=("objective.shift",)),
+        )

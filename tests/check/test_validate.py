@@ -180,6 +180,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mdm-eps-zero", {"objective.eps": 0.0}, "objective.eps"),
     ("mdm-eps-zero", {"objective.eps": 0.0, "objective.min_masked_tokens": 1}, "objective.eps"),
     ("mdm-min-masked-tokens", {"objective.min_masked_tokens": 513}, "objective.min_masked_tokens"),
+    # issue 18, Dream: cart_p without CART, shift on next-token prediction
+    ("mdm-cart-p-ignored", {"objective.cart_p": 0.2}, "objective.cart_p"),
+    ("mdm-shift-ar", {"objective.kind": "ar", "objective.shift": True}, "objective.shift"),
     ("block-causal-needs-size", {"objective.attention_mask": "block_causal"}, "objective.block_size"),
     ("block-size-divides-seq", {"objective.attention_mask": "block_causal", "objective.block_size": 30},
      "objective.block_size"),
