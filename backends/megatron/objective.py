@@ -347,7 +347,9 @@ def cart_weights(masked: Tensor, present: Tensor, p: float) -> Tensor:
     DreamLM/Dream-Coder@87409da7db991fd24c9299f5ec4ed358b94e4631
     ``instruct/src/trainer/fsdp_sft_trainer.py:93-112`` (``context_adaptive_reweight``, the matrix)
     and ``:802-818`` (``non_mask.matmul(matrix).masked_fill(non_mask, 0)``, used instead of ``1/t``
-    at ``:824``); the same code is DreamLM/DreamOn@8a0a549 ``src/trainer/fsdp_sft_expand_trainer.py``.
+    at ``:824``; Dream-Coder's SFT run selects it, ``instruct/examples/training/run_sft.sh:3,8``).
+    DreamLM/DreamOn@8a0a549's config carries the same ``cart_p: 0.1``
+    (``src/trainer/config/sft_trainer.yaml:63``) but its trainer does not read it.
     One ``[b, s] x [s, s]`` float32 product (``2 b s^2`` FLOPs: under 0.01% of a 7B model's step).
 
     Args:
