@@ -84,7 +84,7 @@ KEYWORDS: dict[str, list[tuple[str, str, Expect]]] = {
     "derived.mask_token_id": [("ObjectiveConfig", "mask_token_id", _same)],
     **{f"objective.{name}": [("ObjectiveConfig", name, _same)] for name in (
         "kind", "eps", "loss_weighting", "variable_length_prob", "min_masked_tokens", "variable_length", "shift",
-        "cart_p")},
+        "cart_p", "unshift")},
     "train.loss_normalization": [("ObjectiveConfig", "loss_normalization", _same),
                                  ("TransformerConfig", "calculate_per_token_loss", lambda v, r: v == "global_token")],
     **{f"train.{name}": [("OptimizerConfig", name, _same)] for name in (

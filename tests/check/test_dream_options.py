@@ -54,3 +54,25 @@ def test_rules() -> None:
     assert "mdm-shift-ar" not in _rules({"objective.kind": "ar"})
     # CART has no 1/t: eps = 0 is safe with it (mdm-eps-zero reads the llada weighting only)
     assert "mdm-eps-zero" not in _rules({**DREAM, "objective.eps": 0.0})
+
+
+# ---------------------------------------------------------------- MegaDLMs' window: objective.unshift
+def test_unshift_reaches_train_py_and_defaults_off() -> None:
+    assert test_validate.make({}).objective.unshift is None
+    assert runtime_values(resolve(test_validate.make({}))).unshift is False
+    assert "ObjectiveConfig.unshift" not in _objective_call({})
+    assert _objective_call({"objective.unshift": True})["ObjectiveConfig.unshift"] is True
+    assert not _rules({"objective.unshift": True})
+
+
+def test_unshift_rules() -> None:
+    assert "mdm-unshift-ar" in _rules({"objective.kind": "ar", "objective.unshift": True})
+    # s - 1 positions: no pipeline (activations of seq_length positions), and a length the layout splits
+    assert "mdm-unshift-layout" in _rules({"objective.unshift": True, "parallel.pipeline_model_parallel_size": 2})
+    assert "mdm-unshift-layout" in _rules({"objective.unshift": True, "parallel.context_parallel_size": 2})
+    assert "mdm-unshift-layout" not in _rules({"objective.unshift": True})
+
+
+def test_shift_written_when_set() -> None:
+    """An explicit shift = false (MegaDLMs' spec says so) reaches train.py; unset writes nothing."""
+    assert _objective_call({"objective.shift": False})["ObjectiveConfig.shift"] is False

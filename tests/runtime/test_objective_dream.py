@@ -157,3 +157,56 @@ def test_cart_and_shift_through_build_objective_and_bad_values():
     for bad in (0.0, 1.0, -0.5, math.nan):
         with pytest.raises(ValueError, match="cart_p"):
             MaskedDiffusionObjective(MASK, loss_weighting="cart", cart_p=bad)
+
+
+# ---------------------------------------------------------------- MegaDLMs' 2,049-token window (objective.unshift)
+def _window_step(objective, s=8, rows=2):
+    from dlmspec.backends.megatron.microbatches import MicrobatchItem
+    from dlmspec.backends.megatron.rng import TRAIN_STREAM
+    from dlmspec.backends.megatron.stage import ObjectiveForwardStep
+
+    # megatron's GPTDataset with add_extra_token_to_sequence: s + 1 ids drawn, tokens = text[:-1], labels = text[1:]
+    text = torch.arange(rows * (s + 1)).view(rows, s + 1) + 1000
+    batch = {"tokens": text[:, :-1].clone(), "labels": text[:, 1:].clone(),
+             "position_ids": torch.arange(s).expand(rows, s).clone(), "loss_mask": torch.ones(rows, s)}
+    step = ObjectiveForwardStep(objective, seed=7, data_parallel_rank=0, eod_id=0, device=torch.device("cpu"))
+    return text, [step.prepare(MicrobatchItem(TRAIN_STREAM, it, 0, batch)) for it in range(40)]
+
+
+def test_unshift_sees_ids_1_to_s_minus_1_of_the_window():
+    """MegaDLMs gpt_model.py:427-431: input_ids[:, 1:], position_ids[:, 1:], labels[:, :-1]: of the s + 1
+    ids drawn, the model sees and predicts text[1 : s] (s - 1 positions), at positions 1 .. s - 1."""
+    s = 8
+    obj = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", min_masked_tokens=1, unshift=True)
+    text, prepared = _window_step(obj, s)
+    ob, position_ids, attention_mask = prepared[0]
+    assert ob.labels.tolist() == text[:, 1:s].tolist()
+    assert position_ids.tolist() == [list(range(1, s))] * 2
+    assert ob.input_ids.shape == (2, s - 1) and attention_mask is None
+    unmasked = ~ob.masked
+    assert torch.equal(ob.input_ids[unmasked], text[:, 1:s][unmasked])
+    assert int(ob.num_tokens) == 2 * (s - 1)
+
+
+def test_unshift_with_the_micro_batch_cut_keeps_megadlms_range():
+    """The cut comes first (L' ~ U{2 .. s} of the s tokens, gpt_model.py:418-421), then the unshift: the
+    model sees text[1 : L'], L' - 1 in 1 .. s - 1 positions, every row alike."""
+    s = 8
+    obj = MaskedDiffusionObjective(MASK, variable_length_prob=1.0, variable_length="micro_batch", unshift=True)
+    text, prepared = _window_step(obj, s)
+    lengths = set()
+    for ob, position_ids, _ in prepared:
+        n = ob.input_ids.shape[1]
+        lengths.add(n)
+        assert 1 <= n <= s - 1
+        assert ob.labels.tolist() == text[:, 1:1 + n].tolist()
+        assert position_ids[0].tolist() == list(range(1, 1 + n))
+    assert len(lengths) > 3
+
+
+def test_the_dataset_draws_the_extra_token_exactly_for_ar_and_unshift():
+    from dlmspec.backends.megatron.objective import dataset_extra_token
+
+    assert dataset_extra_token(build_objective("ar")) is True
+    assert dataset_extra_token(build_objective("mdm", mask_token_id=MASK)) is False
+    assert dataset_extra_token(build_objective("mdm", mask_token_id=MASK, unshift=True)) is True
