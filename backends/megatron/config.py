@@ -44,6 +44,8 @@ class ObjectiveConfig:
         shift: MDM Dream's shifted predictions (``objective.shift``): output position ``i - 1``
             predicts the token at ``i``; position 0 is never masked.
         cart_p: MDM ``"cart"``'s geometric parameter (``objective.cart_p``; Dream's trainers: 0.1).
+        unshift: MDM MegaDLMs' window (``objective.unshift``): the dataset draws ``seq_length + 1``
+            ids and the model sees ids ``1 .. seq_length - 1`` at positions ``1 .. seq_length - 1``.
     """
 
     kind: str = "mdm"
@@ -57,6 +59,7 @@ class ObjectiveConfig:
     loss_normalization: str = "global_token"
     shift: bool = False
     cart_p: float = 0.1
+    unshift: bool = False
 
 
 @dataclass

@@ -116,6 +116,24 @@ class MaskedDiffusionObjective:
         variable_length: ``"sequence"`` (each sequence cut alone, the tail hidden by a
             key-padding mask) or ``"micro_batch"`` (:meth:`cut_length`: one cut for every
             row, from a rank-independent generator; dense).
+        shift: Dream's shifted predictions (docs/recipes.md, "Shifted predictions"): the labels
+            handed to ``GPTModel`` are the clean ids shifted left (``labels[:, i] = x0[:, i + 1]``)
+            and the weights with them, so the logits of output position ``i - 1`` predict the
+            token at ``i``, as in the AR model the weights come from (DreamLM/Dream@fac0a7f
+            ``eval/eval.py:352-354``; DreamLM/Dream-Coder@87409da
+            ``instruct/src/trainer/fsdp_sft_trainer.py:777-786``). Position 0 has no logit before it
+            and is never masked (Dream: "bos always unmask", ``eval/eval.py:353``); the last output
+            position has no target and weighs 0. The input stays the noised sequence, attention
+            bidirectional.
+        cart_p: ``"cart"``'s geometric parameter ``p``, ``0 < p < 1`` (at 1 Dream's formula is
+            ``0 * log 0``); default :data:`CART_P_DEFAULT`.
+        unshift: MegaDLMs' 2,049-token window (docs/recipes.md, "The sample window"): the dataset
+            draws ``s + 1`` ids (:func:`dataset_extra_token`, megatron-core's
+            ``add_extra_token_to_sequence``) and :meth:`prepare` drops the first of the ``s``
+            tokens it is given (the forward step the first position id): the model sees and
+            predicts ids ``1 .. s - 1`` at positions ``1 .. s - 1`` (JinjieNi/MegaDLMs@bdf7545
+            ``megatron/core/models/difflm/gpt_model.py:427-431``), after the micro-batch cut
+            (MegaDLMs' order, ``:418-431``), in training and evaluation alike.
 
     Raises:
         ValueError: On an out-of-range argument.
@@ -135,6 +153,7 @@ class MaskedDiffusionObjective:
         variable_length: str = "sequence",
         shift: bool = False,
         cart_p: float = CART_P_DEFAULT,
+        unshift: bool = False,
     ) -> None:
         if int(mask_token_id) < 0:
             raise ValueError(f"mask_token_id must be >= 0, got {mask_token_id}")
@@ -158,6 +177,7 @@ class MaskedDiffusionObjective:
             raise ValueError(f"cart_p must be in (0, 1), got {cart_p!r}")
         self.shift = bool(shift)
         self.cart_p = float(cart_p)
+        self.unshift = bool(unshift)
 
     def cut_length(self, s: int, generator: torch.Generator, *, multiple: int = 1) -> Optional[int]:
         """The micro-batch cut (``variable_length = "micro_batch"``): ``None`` (no cut) or the
@@ -176,11 +196,15 @@ class MaskedDiffusionObjective:
             generator: A CPU ``torch.Generator``.
             multiple: >= 1.
 
+        With ``unshift`` the range is MegaDLMs' ``U{2 .. s}`` (the unshift then leaves ``L - 1``
+        positions; the multiple applies to ``L``).
+
         Returns:
             ``None`` or an int in ``[min(multiple, s), s)``.
         """
         coin = float(torch.rand(1, generator=generator)[0])
-        length = int(torch.randint(1, s + 1, (1,), generator=generator)[0])
+        # unshift: MegaDLMs' U{2 .. s} of the s tokens, one of which the unshift then drops
+        length = int(torch.randint(2 if self.unshift else 1, s + 1, (1,), generator=generator)[0])
         if self.variable_length_prob <= 0.0 or coin >= self.variable_length_prob:
             return None
         multiple = max(1, int(multiple))
@@ -234,6 +258,9 @@ class MaskedDiffusionObjective:
             if cut is not None:
                 tokens = tokens[:, :cut]
                 loss_mask = loss_mask[:, :cut] if loss_mask is not None else None
+        if self.unshift:
+            tokens = unshift_window(tokens)
+            loss_mask = unshift_window(loss_mask) if loss_mask is not None else None
         b, s = tokens.shape
         device = tokens.device
         valid = _valid_from_loss_mask(tokens, loss_mask)
@@ -313,6 +340,28 @@ class MaskedDiffusionObjective:
         scores = torch.where(free, scores, torch.full_like(scores, 2.0))  # taken or invalid: last
         rank = scores.argsort(dim=1).argsort(dim=1)  # rank of each position's score in its row
         return masked | (free & (rank < need.unsqueeze(1)))
+
+
+def unshift_window(x: Tensor) -> Tensor:
+    """MegaDLMs' unshift of a ``[b, s]`` batch tensor (tokens, position ids, a loss mask): ``x[:, 1:]``,
+    ``[b, s - 1]`` (``gpt_model.py:427-431``: ``input_ids[:, 1:]``, ``position_ids[:, 1:]``; its
+    ``labels[:, :-1]`` are the same ids as ``tokens[:, 1:]``, ``text[1 : s]``).
+
+    Raises:
+        ValueError: ``x`` is not ``[b, s]`` with ``s >= 2``.
+    """
+    if x.dim() != 2 or x.shape[1] < 2:
+        raise ValueError(f"unshift needs [batch, seq >= 2], got shape {tuple(x.shape)}")
+    return x[:, 1:]
+
+
+def dataset_extra_token(objective) -> bool:
+    """megatron-core's ``GPTDatasetConfig.add_extra_token_to_sequence`` for ``objective``: ``True``
+    (``seq_length + 1`` ids a sample, ``tokens = text[:-1]``, ``labels = text[1:]``) for next-token
+    prediction and for the MDM ``unshift`` window (MegaDLMs' GPTDataset draws 2,049 ids and keeps its
+    default ``True``, ``megatron/core/datasets/gpt_dataset.py:55,190-192``), else ``False`` (``seq_length``
+    ids, all of which the MDM objective trains on)."""
+    return objective.kind == "ar" or bool(getattr(objective, "unshift", False))
 
 
 _CART_MATRICES: Dict[Tuple[int, float, str], Tensor] = {}
@@ -532,6 +581,7 @@ def build_objective(
     variable_length: str = "sequence",
     shift: bool = False,
     cart_p: float = CART_P_DEFAULT,
+    unshift: bool = False,
 ):
     """Build the objective named by ``kind`` (``"mdm"`` or ``"ar"``); the MDM arguments are
     :class:`MaskedDiffusionObjective`'s.
@@ -551,6 +601,7 @@ def build_objective(
             variable_length=variable_length,
             shift=shift,
             cart_p=cart_p,
+            unshift=unshift,
         )
     if kind == "ar":
         return AutoregressiveObjective()

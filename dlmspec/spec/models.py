@@ -206,6 +206,14 @@ class ObjectiveSpec(Section):
         description="loss_weighting = 'cart': the geometric parameter p (near clean tokens count more as p grows). "
         "Unset: 0.1 (DreamLM/Dream-Coder instruct/src/trainer/config/sft_trainer.yaml:57).",
     )
+    unshift: bool | None = Field(
+        None,
+        description="MegaDLMs' 2,049-token window: the dataset draws seq_length + 1 ids (megatron-core's "
+        "add_extra_token_to_sequence, as MegaDLMs' GPTDataset) and the model sees and predicts ids 1 .. seq_length-1 "
+        "of each at positions 1 .. seq_length-1 (JinjieNi/MegaDLMs gpt_model.py:427-431: input_ids[:, 1:], "
+        "position_ids[:, 1:], labels[:, :-1]); a micro-batch cut comes first. Pre-training only. Unset: false "
+        "(seq_length ids, all trained on).",
+    )
 
 
 class SFTSpec(Section):
