@@ -962,6 +962,9 @@ class RuntimeValues:
             ``train.loss_normalization`` (unset: :func:`default_loss_normalization`) with their defaults filled.
         calculate_per_token_loss: megatron-core's ``TransformerConfig.calculate_per_token_loss``:
             True exactly for ``"global_token"`` (docs/recipes.md, "Loss normalisation").
+        shift, cart_p: ``objective.shift`` (unset: False) and, with ``loss_weighting = "cart"`` only,
+            ``objective.cart_p`` (unset: :data:`CART_P_DEFAULT`, Dream's trainers' 0.1); None otherwise.
+        unshift: ``objective.unshift`` of an mdm pre-training stage (an SFT stage never unshifts).
         variable_length_multiple: what a micro-batch cut's length is a multiple of: 2 x CP
             (megatron-core's load-balanced CP split, ``get_batch_on_this_cp_rank``) and TP under
             sequence parallelism (the sequence is split over TP ranks), their least common
@@ -995,6 +998,14 @@ class RuntimeValues:
     calculate_per_token_loss: bool = True
     variable_length_multiple: int = 1
     lr_points: list[list[int | float]] | None = None
+    shift: bool = False
+    cart_p: float | None = None
+    unshift: bool = False
+
+
+#: ``objective.cart_p`` unset: DreamLM's trainers' config default (DreamLM/Dream-Coder@87409da
+#: ``instruct/src/trainer/config/sft_trainer.yaml:57``; the runtime's ``objective.CART_P_DEFAULT``).
+CART_P_DEFAULT = 0.1
 
 
 def runtime_values(resolved: Resolved) -> RuntimeValues:
@@ -1045,4 +1056,8 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
         calculate_per_token_loss=normalization == "global_token",
         variable_length_multiple=math.lcm(2 * resolved.cp if resolved.cp > 1 else 1,
                                           resolved.tp if par.sequence_parallel and resolved.tp > 1 else 1),
+        shift=bool(spec.objective.shift),
+        unshift=bool(spec.objective.unshift) and spec.objective.kind == "mdm" and spec.stage.kind != "sft",
+        cart_p=((CART_P_DEFAULT if spec.objective.cart_p is None else spec.objective.cart_p)
+                if spec.objective.loss_weighting == "cart" else None),
     )

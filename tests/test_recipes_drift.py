@@ -83,7 +83,8 @@ KEYWORDS: dict[str, list[tuple[str, str, Expect]]] = {
     "kernels.sdpa_backend": [("build_layer_spec", "sdpa_backend", _same)],
     "derived.mask_token_id": [("ObjectiveConfig", "mask_token_id", _same)],
     **{f"objective.{name}": [("ObjectiveConfig", name, _same)] for name in (
-        "kind", "eps", "loss_weighting", "variable_length_prob", "min_masked_tokens", "variable_length")},
+        "kind", "eps", "loss_weighting", "variable_length_prob", "min_masked_tokens", "variable_length", "shift",
+        "cart_p", "unshift")},
     "train.loss_normalization": [("ObjectiveConfig", "loss_normalization", _same),
                                  ("TransformerConfig", "calculate_per_token_loss", lambda v, r: v == "global_token")],
     **{f"train.{name}": [("OptimizerConfig", name, _same)] for name in (

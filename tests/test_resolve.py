@@ -82,14 +82,14 @@ def test_auto_takes_the_path_the_features_need(tmp_path: Path, changes: dict[str
 
 
 @pytest.mark.parametrize("name, impl", [("demo-dlm", "local"), ("megadlms-1.7b-mdm", "auto"),
-                                        ("llada-8b-pretrain", "local"), ("demo-ar", "auto"),
+                                        ("llada-8b-pretrain", "auto"), ("demo-ar", "auto"),
                                         ("megadlms-1.7b-ar", "auto")])
 def test_bundled_specs_with_variable_length_take_the_local_path(name: str, impl: str) -> None:
-    """The demo and the LLaDA spec cut 1% of the sequences one by one (variable_length_prob =
-    0.01), which auto keeps on the local layers where they were measured (TE runs them through its
-    padding mask when asked): their train.py asks for the local layers, saying why, wherever
-    Transformer Engine imports. The MegaDLMs spec cuts whole
-    micro-batches (objective.variable_length = "micro_batch", issue #18): dense, either path."""
+    """The demo cuts 1% of the sequences one by one (variable_length_prob = 0.01), which auto keeps
+    on the local layers where they were measured (TE runs them through its padding mask when asked):
+    its train.py asks for the local layers, saying why, wherever Transformer Engine imports. The
+    MegaDLMs and LLaDA specs cut whole micro-batches (objective.variable_length = "micro_batch",
+    issue #18; LLaDA's GUIDELINES.md cuts the whole batch): dense, either path."""
     resolved = resolve(load(SPECS / f"{name}.toml").spec)
     assert resolved.transformer_impl == impl
     text = render(resolved, f"specs/{name}.toml")["train.py"]

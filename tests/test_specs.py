@@ -150,10 +150,12 @@ def test_sft_extends_the_pretraining_spec() -> None:
     sft, base = _resolved("megadlms-1.7b-sft"), _resolved("megadlms-1.7b-mdm")
     assert sft.spec.stage.kind == "sft" and sft.spec.stage.sft is not None and sft.spec.stage.sft.mask_prompt
     assert sft.spec.model == base.spec.model
-    # SFT cuts no sequence to a random length (rule sft-variable-length): the one objective change
+    # SFT cuts no sequence to a random length (rule sft-variable-length) and reads no 2,049-id window
+    # (rule mdm-unshift-sft): the two objective changes
     assert sft.spec.objective.variable_length_prob == 0 and base.spec.objective.variable_length_prob > 0
-    assert sft.spec.objective.model_copy(update={"variable_length_prob": 0.0}) == \
-        base.spec.objective.model_copy(update={"variable_length_prob": 0.0})
+    assert sft.spec.objective.unshift is False and base.spec.objective.unshift is True
+    same = {"variable_length_prob": 0.0, "unshift": False}
+    assert sft.spec.objective.model_copy(update=same) == base.spec.objective.model_copy(update=same)
     assert sft.spec.parallel == base.spec.parallel and sft.spec.cluster == base.spec.cluster
     assert sft.spec.checkpoint.init_from == "mcore:runs/megadlms-1.7b-mdm/checkpoints"
     assert sft.tokens_per_step == 256 * 1024 and sft.train_iters == math.ceil(2e9 / sft.tokens_per_step) == 7630

@@ -25,7 +25,8 @@ class ObjectiveConfig:
             (next-token prediction, causal attention).
         mask_token_id: MDM mask id (< padded vocab size).
         eps: MDM minimum noise level, ``t ~ U(eps, 1)``.
-        loss_weighting: MDM ``"llada"`` (1/t) or ``"realised"`` (1/realised ratio).
+        loss_weighting: MDM ``"llada"`` (1/t), ``"realised"`` (1/realised ratio) or ``"cart"``
+            (Dream's context-adaptive weight, :func:`~dlmspec.backends.megatron.objective.cart_weights`).
         variable_length_prob: MDM probability of truncating a sequence (or a
             micro-batch) to a random length (LLaDA: 0.01).
         min_masked_tokens: MDM forced masks per row (``objective.min_masked_tokens``;
@@ -40,6 +41,11 @@ class ObjectiveConfig:
             (:func:`~dlmspec.backends.megatron.objective.apply_loss_normalization`);
             ``TransformerConfig.calculate_per_token_loss`` must be True exactly for
             ``"global_token"`` (:func:`~dlmspec.backends.megatron.checks.check_loss_normalization`).
+        shift: MDM Dream's shifted predictions (``objective.shift``): output position ``i - 1``
+            predicts the token at ``i``; position 0 is never masked.
+        cart_p: MDM ``"cart"``'s geometric parameter (``objective.cart_p``; Dream's trainers: 0.1).
+        unshift: MDM MegaDLMs' window (``objective.unshift``): the dataset draws ``seq_length + 1``
+            ids and the model sees ids ``1 .. seq_length - 1`` at positions ``1 .. seq_length - 1``.
     """
 
     kind: str = "mdm"
@@ -51,6 +57,9 @@ class ObjectiveConfig:
     variable_length: str = "sequence"
     variable_length_multiple: int = 1
     loss_normalization: str = "global_token"
+    shift: bool = False
+    cart_p: float = 0.1
+    unshift: bool = False
 
 
 @dataclass

@@ -11,13 +11,18 @@ and their sources: docs/runtime.md, "Objectives".
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-LOSS_WEIGHTINGS = ("llada", "realised")
+LOSS_WEIGHTINGS = ("llada", "realised", "cart")
+#: ``objective.cart_p`` unset: the geometric parameter of DreamLM's trainers' configs
+#: (DreamLM/Dream-Coder@87409da ``instruct/src/trainer/config/sft_trainer.yaml:57``, DreamLM/DreamOn@8a0a549
+#: ``src/trainer/config/sft_trainer.yaml:63``: ``cart_p: 0.1``).
+CART_P_DEFAULT = 0.1
 #: ``objective.variable_length``: what a cut applies to (docs/recipes.md, "Variable length").
 VARIABLE_LENGTHS = ("sequence", "micro_batch")
 #: ``train.loss_normalization`` (docs/recipes.md, "Loss normalisation"): ``"global_token"`` is
@@ -52,6 +57,8 @@ class ObjectiveBatch:
             for AR.
         normalization: the :data:`LOSS_NORMALIZATIONS` entry :func:`apply_loss_normalization`
             applied (``"global_token"``: none); :func:`loss_triple` reports in its units.
+        shifted: ``True`` when ``labels`` and ``loss_weights`` are one position left of
+            ``masked`` (MDM ``shift``: output position ``i`` predicts input position ``i + 1``).
     """
 
     input_ids: Tensor
@@ -64,6 +71,7 @@ class ObjectiveBatch:
     masked: Optional[Tensor] = None
     lengths: Optional[Tensor] = None
     normalization: str = "global_token"
+    shifted: bool = False
 
 
 def _check_tokens(tokens: Tensor) -> None:
@@ -94,9 +102,9 @@ class MaskedDiffusionObjective:
         eps: Lower bound of the noise level, ``t = eps + (1 - eps) * u``;
             ``0 <= eps < 1`` (LLaDA uses 1e-3).  Bounds the weight ``1/t`` by
             ``1/eps``.
-        loss_weighting: ``"llada"`` (weight ``1/t``, LLaDA Eq. 3) or
-            ``"realised"`` (weight ``1/r`` with ``r`` the realised mask ratio of
-            the sequence).
+        loss_weighting: ``"llada"`` (weight ``1/t``, LLaDA Eq. 3), ``"realised"`` (weight
+            ``1/r`` with ``r`` the realised mask ratio of the sequence) or ``"cart"`` (Dream's
+            context-adaptive weight, :func:`cart_weights`, no ``1/t``).
         variable_length_prob: Probability that a sequence (``variable_length =
             "sequence"``) or a whole micro-batch (``"micro_batch"``) is truncated to a
             length drawn uniformly from ``{1, ..., s}`` (LLaDA: 0.01).
@@ -108,6 +116,24 @@ class MaskedDiffusionObjective:
         variable_length: ``"sequence"`` (each sequence cut alone, the tail hidden by a
             key-padding mask) or ``"micro_batch"`` (:meth:`cut_length`: one cut for every
             row, from a rank-independent generator; dense).
+        shift: Dream's shifted predictions (docs/recipes.md, "Shifted predictions"): the labels
+            handed to ``GPTModel`` are the clean ids shifted left (``labels[:, i] = x0[:, i + 1]``)
+            and the weights with them, so the logits of output position ``i - 1`` predict the
+            token at ``i``, as in the AR model the weights come from (DreamLM/Dream@fac0a7f
+            ``eval/eval.py:352-354``; DreamLM/Dream-Coder@87409da
+            ``instruct/src/trainer/fsdp_sft_trainer.py:777-786``). Position 0 has no logit before it
+            and is never masked (Dream: "bos always unmask", ``eval/eval.py:353``); the last output
+            position has no target and weighs 0. The input stays the noised sequence, attention
+            bidirectional.
+        cart_p: ``"cart"``'s geometric parameter ``p``, ``0 < p < 1`` (at 1 Dream's formula is
+            ``0 * log 0``); default :data:`CART_P_DEFAULT`.
+        unshift: MegaDLMs' 2,049-token window (docs/recipes.md, "The sample window"): the dataset
+            draws ``s + 1`` ids (:func:`dataset_extra_token`, megatron-core's
+            ``add_extra_token_to_sequence``) and :meth:`prepare` drops the first of the ``s``
+            tokens it is given (the forward step the first position id): the model sees and
+            predicts ids ``1 .. s - 1`` at positions ``1 .. s - 1`` (JinjieNi/MegaDLMs@bdf7545
+            ``megatron/core/models/difflm/gpt_model.py:427-431``), after the micro-batch cut
+            (MegaDLMs' order, ``:418-431``), in training and evaluation alike.
 
     Raises:
         ValueError: On an out-of-range argument.
@@ -125,6 +151,9 @@ class MaskedDiffusionObjective:
         variable_length_prob: float = 0.0,
         min_masked_tokens: int = 0,
         variable_length: str = "sequence",
+        shift: bool = False,
+        cart_p: float = CART_P_DEFAULT,
+        unshift: bool = False,
     ) -> None:
         if int(mask_token_id) < 0:
             raise ValueError(f"mask_token_id must be >= 0, got {mask_token_id}")
@@ -144,6 +173,11 @@ class MaskedDiffusionObjective:
         self.variable_length_prob = float(variable_length_prob)
         self.min_masked_tokens = int(min_masked_tokens)
         self.variable_length = variable_length
+        if not 0.0 < float(cart_p) < 1.0:  # also refuses nan
+            raise ValueError(f"cart_p must be in (0, 1), got {cart_p!r}")
+        self.shift = bool(shift)
+        self.cart_p = float(cart_p)
+        self.unshift = bool(unshift)
 
     def cut_length(self, s: int, generator: torch.Generator, *, multiple: int = 1) -> Optional[int]:
         """The micro-batch cut (``variable_length = "micro_batch"``): ``None`` (no cut) or the
@@ -162,11 +196,15 @@ class MaskedDiffusionObjective:
             generator: A CPU ``torch.Generator``.
             multiple: >= 1.
 
+        With ``unshift`` the range is MegaDLMs' ``U{2 .. s}`` (the unshift then leaves ``L - 1``
+        positions; the multiple applies to ``L``).
+
         Returns:
             ``None`` or an int in ``[min(multiple, s), s)``.
         """
         coin = float(torch.rand(1, generator=generator)[0])
-        length = int(torch.randint(1, s + 1, (1,), generator=generator)[0])
+        # unshift: MegaDLMs' U{2 .. s} of the s tokens, one of which the unshift then drops
+        length = int(torch.randint(2 if self.unshift else 1, s + 1, (1,), generator=generator)[0])
         if self.variable_length_prob <= 0.0 or coin >= self.variable_length_prob:
             return None
         multiple = max(1, int(multiple))
@@ -205,7 +243,9 @@ class MaskedDiffusionObjective:
             length_multiple: :meth:`cut_length`'s ``multiple``.
 
         Returns:
-            An :class:`ObjectiveBatch` with ``labels = tokens``.
+            An :class:`ObjectiveBatch` with ``labels = tokens`` (``shift``: ``tokens`` shifted left
+            by one, the last column a copy of the last id with weight 0); ``masked`` and
+            ``token_mask`` are in input positions, ``loss_weights`` in output positions.
 
         Raises:
             ValueError: If ``tokens`` is not ``[b, s]`` integer or ``loss_mask``
@@ -218,6 +258,9 @@ class MaskedDiffusionObjective:
             if cut is not None:
                 tokens = tokens[:, :cut]
                 loss_mask = loss_mask[:, :cut] if loss_mask is not None else None
+        if self.unshift:
+            tokens = unshift_window(tokens)
+            loss_mask = unshift_window(loss_mask) if loss_mask is not None else None
         b, s = tokens.shape
         device = tokens.device
         valid = _valid_from_loss_mask(tokens, loss_mask)
@@ -241,25 +284,40 @@ class MaskedDiffusionObjective:
             if bool(truncate.any()):
                 attention_mask = beyond.view(b, 1, 1, s)
 
-        masked = (draws < t.unsqueeze(1)) & valid
+        # shift: position 0 has no logit before it, so it is never masked (Dream's "bos always unmask")
+        maskable = valid
+        if self.shift:
+            maskable = valid & (torch.arange(s, device=device) > 0).unsqueeze(0)
+        masked = (draws < t.unsqueeze(1)) & maskable
         if self.min_masked_tokens > 0:
-            masked = self._force_masks(masked, valid, generator)
+            masked = self._force_masks(masked, maskable, generator)
         input_ids = torch.where(masked, torch.full_like(tokens, self.mask_token_id), tokens)
 
         masked_f = masked.to(torch.float32)
         if self.loss_weighting == "llada":
             # where(): an unmasked position weighs 0 even at t = 0 (eps = 0), never 0 / 0
             loss_weights = torch.where(masked, 1.0 / t.unsqueeze(1), torch.zeros_like(masked_f))
+        elif self.loss_weighting == "cart":
+            # the clean context is every position of the row's length that is not [MASK] (Dream counts
+            # prompt tokens too); a per-sequence cut's hidden tail is no context
+            present = torch.arange(s, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+            loss_weights = cart_weights(masked, present, self.cart_p)
         else:
             n_masked = masked_f.sum(dim=1)
-            n_valid = valid.to(torch.float32).sum(dim=1)
+            n_valid = maskable.to(torch.float32).sum(dim=1)
             ratio = n_masked / n_valid.clamp(min=1.0)
             # A sequence with nothing masked has all-zero weights (0 / clamp).
             loss_weights = masked_f / ratio.clamp(min=1e-12).unsqueeze(1)
 
+        labels_out = tokens.to(torch.int64)
+        if self.shift:
+            # output position i predicts x0[i + 1]; the last one predicts nothing (weight 0, any valid id)
+            labels_out = torch.cat([labels_out[:, 1:], labels_out[:, -1:]], dim=1)
+            loss_weights = torch.cat([loss_weights[:, 1:], torch.zeros_like(loss_weights[:, :1])], dim=1)
+
         return ObjectiveBatch(
             input_ids=input_ids,
-            labels=tokens.to(torch.int64),
+            labels=labels_out,
             loss_weights=loss_weights,
             num_tokens=valid.sum().to(torch.int),
             token_mask=valid,
@@ -267,6 +325,7 @@ class MaskedDiffusionObjective:
             mask_ratio=t,
             masked=masked,
             lengths=lengths,
+            shifted=self.shift,
         )
 
     def _force_masks(self, masked: Tensor, valid: Tensor, generator: torch.Generator) -> Tensor:
@@ -281,6 +340,85 @@ class MaskedDiffusionObjective:
         scores = torch.where(free, scores, torch.full_like(scores, 2.0))  # taken or invalid: last
         rank = scores.argsort(dim=1).argsort(dim=1)  # rank of each position's score in its row
         return masked | (free & (rank < need.unsqueeze(1)))
+
+
+def unshift_window(x: Tensor) -> Tensor:
+    """MegaDLMs' unshift of a ``[b, s]`` batch tensor (tokens, position ids, a loss mask): ``x[:, 1:]``,
+    ``[b, s - 1]`` (``gpt_model.py:427-431``: ``input_ids[:, 1:]``, ``position_ids[:, 1:]``; its
+    ``labels[:, :-1]`` are the same ids as ``tokens[:, 1:]``, ``text[1 : s]``).
+
+    Raises:
+        ValueError: ``x`` is not ``[b, s]`` with ``s >= 2``.
+    """
+    if x.dim() != 2 or x.shape[1] < 2:
+        raise ValueError(f"unshift needs [batch, seq >= 2], got shape {tuple(x.shape)}")
+    return x[:, 1:]
+
+
+def dataset_extra_token(objective) -> bool:
+    """megatron-core's ``GPTDatasetConfig.add_extra_token_to_sequence`` for ``objective``: ``True``
+    (``seq_length + 1`` ids a sample, ``tokens = text[:-1]``, ``labels = text[1:]``) for next-token
+    prediction and for the MDM ``unshift`` window (MegaDLMs' GPTDataset draws 2,049 ids and keeps its
+    default ``True``, ``megatron/core/datasets/gpt_dataset.py:55,190-192``), else ``False`` (``seq_length``
+    ids, all of which the MDM objective trains on)."""
+    return objective.kind == "ar" or bool(getattr(objective, "unshift", False))
+
+
+_CART_MATRICES: Dict[Tuple[int, float, str], Tensor] = {}
+
+
+def _cart_matrix(s: int, p: float, device: torch.device) -> Tensor:
+    """``G[i, n] = 1/2 * p * (1 - p)^(|n - i| - 1)`` for ``i != n``, 0 on the diagonal: ``[s, s]``
+    float32 (``4 s^2`` bytes: 16 MiB at s = 2048), computed as Dream-Coder does
+    (``exp(log p + (|k| - 1) log(1 - p)) * 0.5``, ``fsdp_sft_trainer.py:99-105``) and kept per
+    (s, p, device)."""
+    key = (int(s), float(p), str(device))
+    matrix = _CART_MATRICES.get(key)
+    if matrix is None:
+        idx = torch.arange(s, device=device)
+        k = (idx.unsqueeze(1) - idx.unsqueeze(0)).abs()
+        matrix = (math.log(p) + (k - 1).clamp(min=0).to(torch.float32) * math.log(1.0 - p)).exp() * 0.5
+        matrix = matrix.masked_fill(k == 0, 0.0)
+        if len(_CART_MATRICES) > 8:
+            _CART_MATRICES.clear()
+        _CART_MATRICES[key] = matrix
+    return matrix
+
+
+def cart_weights(masked: Tensor, present: Tensor, p: float) -> Tensor:
+    """Dream's CART weight ("context-adaptive token-level noise rescheduling", arXiv:2508.15487) of
+    each masked position.
+
+    ``w[j, n] = 1/2 * sum_{i != n} c[j, i] * p * (1 - p)^(|n - i| - 1)`` for a masked ``n``, 0
+    elsewhere, with ``c[j, i] = present[j, i] and not masked[j, i]`` (the clean tokens of the row;
+    ``Geo(p, k) = p (1 - p)^k`` is the geometric pmf, so near clean tokens count most). It replaces
+    the ``1/t`` factor: the loss is ``sum_n w_n CE_n``. Source, the Dream team's trainer:
+    DreamLM/Dream-Coder@87409da7db991fd24c9299f5ec4ed358b94e4631
+    ``instruct/src/trainer/fsdp_sft_trainer.py:93-112`` (``context_adaptive_reweight``, the matrix)
+    and ``:802-818`` (``non_mask.matmul(matrix).masked_fill(non_mask, 0)``, used instead of ``1/t``
+    at ``:824``; Dream-Coder's SFT run selects it, ``instruct/examples/training/run_sft.sh:3,8``).
+    DreamLM/DreamOn@8a0a549's config carries the same ``cart_p: 0.1``
+    (``src/trainer/config/sft_trainer.yaml:63``) but its trainer does not read it.
+    One ``[b, s] x [s, s]`` float32 product (``2 b s^2`` FLOPs: under 0.01% of a 7B model's step).
+
+    Args:
+        masked: ``[b, s]`` bool, the masked positions.
+        present: ``[b, s]`` bool, the positions that are part of the row (not beyond a cut).
+        p: The geometric parameter, ``0 < p < 1``.
+
+    Returns:
+        ``[b, s]`` float32 weights.
+
+    Raises:
+        ValueError: ``p`` outside ``(0, 1)`` or the shapes differ.
+    """
+    if not 0.0 < float(p) < 1.0:
+        raise ValueError(f"cart_p must be in (0, 1), got {p!r}")
+    if masked.shape != present.shape or masked.dim() != 2:
+        raise ValueError(f"masked {tuple(masked.shape)} and present {tuple(present.shape)} must be the same [b, s]")
+    clean = (present & ~masked).to(torch.float32)
+    weights = clean @ _cart_matrix(masked.shape[1], float(p), masked.device)
+    return torch.where(masked, weights, torch.zeros_like(weights))
 
 
 class AutoregressiveObjective:
@@ -441,6 +579,9 @@ def build_objective(
     variable_length_prob: float = 0.0,
     min_masked_tokens: int = 0,
     variable_length: str = "sequence",
+    shift: bool = False,
+    cart_p: float = CART_P_DEFAULT,
+    unshift: bool = False,
 ):
     """Build the objective named by ``kind`` (``"mdm"`` or ``"ar"``); the MDM arguments are
     :class:`MaskedDiffusionObjective`'s.
@@ -458,6 +599,9 @@ def build_objective(
             variable_length_prob=variable_length_prob,
             min_masked_tokens=min_masked_tokens,
             variable_length=variable_length,
+            shift=shift,
+            cart_p=cart_p,
+            unshift=unshift,
         )
     if kind == "ar":
         return AutoregressiveObjective()

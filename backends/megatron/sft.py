@@ -390,7 +390,7 @@ class SftStage(PretrainStage):
         run, o = self.run, self.run.objective
         sft_start_checks(run)
         objective = build_objective(o.kind, mask_token_id=o.mask_token_id, eps=o.eps, loss_weighting=o.loss_weighting,
-                                    min_masked_tokens=o.min_masked_tokens)
+                                    min_masked_tokens=o.min_masked_tokens, shift=o.shift, cart_p=o.cart_p)
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
         if needs_attention_mask(self.sft, objective.kind):

@@ -32,7 +32,8 @@ from .data import (
 from .layers import layer_spec_attention
 from .metrics import DLM_REPORT, dlm_loss_sums
 from .microbatches import MicrobatchFeed, MicrobatchItem
-from .objective import ObjectiveBatch, apply_loss_normalization, build_objective, loss_triple, reduce_loss
+from .objective import (ObjectiveBatch, apply_loss_normalization, build_objective, dataset_extra_token, loss_triple,
+                        reduce_loss, unshift_window)
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
 from .rng import TRAIN_STREAM, VALID_STREAM, masking_generator, variable_length_generator
 
@@ -190,6 +191,9 @@ class PretrainStage:
             variable_length_prob=run.objective.variable_length_prob,
             min_masked_tokens=run.objective.min_masked_tokens,
             variable_length=run.objective.variable_length,
+            shift=run.objective.shift,
+            cart_p=run.objective.cart_p,
+            unshift=run.objective.unshift,
         )
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
@@ -216,7 +220,7 @@ class PretrainStage:
             seed=run.seed,
             train_samples=sched.train_iters * sched.global_batch_size,
             valid_samples=eval_batches,
-            add_extra_token_to_sequence=(self.objective.kind == "ar"),
+            add_extra_token_to_sequence=dataset_extra_token(self.objective),
         )
         return stage_feeds(run, ctx, train_ds, valid_ds, consumed_samples=consumed_samples, num_chunks=num_chunks)
 
@@ -325,7 +329,10 @@ class ObjectiveForwardStep:
                 cut = variable_length_generator(self.seed, item.iteration, item.index, stream=item.stream)
             ob = self.objective.prepare(tokens, generator=generator, cut_generator=cut,
                                         length_multiple=self.length_multiple)
-            if ob.input_ids.shape[1] != tokens.shape[1]:  # the micro-batch was cut: every row alike
+            if getattr(self.objective, "unshift", False):  # MegaDLMs' window: the objective dropped the first id
+                n = ob.input_ids.shape[1]
+                tokens, position_ids = unshift_window(tokens[:, : n + 1]), unshift_window(position_ids[:, : n + 1])
+            elif ob.input_ids.shape[1] != tokens.shape[1]:  # the micro-batch was cut: every row alike
                 tokens = tokens[:, : ob.input_ids.shape[1]]
                 position_ids = position_ids[:, : ob.input_ids.shape[1]]
         else:
@@ -416,6 +423,8 @@ def _fused_loss_func(ob: ObjectiveBatch, weight: torch.Tensor, impl: str, hidden
 def _with_dlm_sums(triple, ob: ObjectiveBatch, per_token_loss: Optional[torch.Tensor]):
     """The loss triple with (masked diffusion) the report's ``DLM_REPORT`` sums (metrics.dlm_loss_sums)."""
     if ob.mask_ratio is not None:
-        triple[2][DLM_REPORT] = dlm_loss_sums(per_token_loss, ob.loss_weights, ob.mask_ratio, ob.masked, ob.token_mask)
+        # shifted labels: the weights' non-zero positions (output positions) stand for the masked ones
+        masked = None if ob.shifted else ob.masked
+        triple[2][DLM_REPORT] = dlm_loss_sums(per_token_loss, ob.loss_weights, ob.mask_ratio, masked, ob.token_mask)
     return triple
 

@@ -230,3 +230,118 @@ def _min_masked(ctx: Context) -> Iterator[Finding]:
             "use objective.min_masked_tokens = 1 (MegaDLMs: one forced mask in a row that drew none)",
             fix=Fix({"objective.min_masked_tokens": 1}),
         )
+
+
+@rule(
+    "mdm-cart-p-ignored",
+    "warning",
+    "Dream's CART weighting (DreamLM/Dream-Coder instruct/src/trainer/fsdp_sft_trainer.py:802-818): cart_p is read "
+    "by loss_weighting = 'cart' only",
+    "objective.cart_p is set only with loss_weighting = 'cart'",
+)
+def _cart_p_ignored(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.cart_p is not None and (o.kind != "mdm" or o.loss_weighting != "cart"):
+        yield Finding(
+            "objective.cart_p",
+            f"cart_p = {o.cart_p} has no effect with objective.kind = {o.kind!r} and loss_weighting = "
+            f"{o.loss_weighting!r}: only Dream's CART weighting reads it",
+            "remove objective.cart_p, or set objective.loss_weighting = 'cart' (mdm)",
+            value=o.cart_p,
+            fix=Fix(unset=("objective.cart_p",)),
+        )
+
+
+@rule(
+    "mdm-shift-ar",
+    "warning",
+    "Dream (DreamLM/Dream eval/eval.py:352-354): shift moves a masked-diffusion model's predictions to the AR "
+    "alignment; next-token prediction has it already",
+    "objective.shift is set only for the mdm objective",
+)
+def _shift_ar(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.shift and o.kind != "mdm":
+        yield Finding(
+            "objective.shift",
+            "objective.shift = true has no effect with objective.kind = 'ar': next-token prediction already "
+            "predicts position i + 1 from position i",
+            "set objective.shift = false (a spec that extends an mdm spec with it writes it so), or use "
+            "objective.kind = 'mdm' with shift = true (Dream's objective)",
+            value=True,
+            fix=Fix({"objective.shift": False}),
+        )
+
+
+@rule(
+    "mdm-unshift-ar",
+    "warning",
+    "MegaDLMs (JinjieNi/MegaDLMs gpt_model.py:427-431): the unshift undoes the AR label shift of megatron's GPTDataset "
+    "for masked diffusion; next-token prediction keeps it",
+    "objective.unshift is set only for the mdm objective",
+)
+def _unshift_ar(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.unshift and o.kind != "mdm":
+        yield Finding(
+            "objective.unshift",
+            "objective.unshift = true has no effect with objective.kind = 'ar': next-token prediction already reads "
+            "seq_length + 1 ids and predicts ids 1 .. seq_length",
+            "set objective.unshift = false (a spec that extends an mdm spec with it writes it so), or use "
+            "objective.kind = 'mdm' (MegaDLMs' objective)",
+            value=True,
+            fix=Fix({"objective.unshift": False}),
+        )
+
+
+@rule(
+    "mdm-unshift-sft",
+    "warning",
+    "backends/megatron/sft.py: an SFT sample is one conversation with its response mask, not a GPTDataset window",
+    "objective.unshift is false in an SFT stage",
+)
+def _unshift_sft(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.unshift and o.kind == "mdm" and ctx.spec.stage.kind == "sft":
+        yield Finding(
+            "objective.unshift",
+            "objective.unshift = true has no effect in an SFT stage: its samples are conversations, not "
+            "seq_length + 1 windows of a token stream",
+            "set objective.unshift = false (a spec that extends a pre-training spec with it writes it so)",
+            value=True,
+            fix=Fix({"objective.unshift": False}),
+        )
+
+
+@rule(
+    "mdm-unshift-layout",
+    "error",
+    "MegaDLMs (gpt_model.py:427-431): the unshift leaves seq_length - 1 positions; megatron-core's pipeline sends "
+    "activations of seq_length positions, its context-parallel split needs a multiple of 2 x CP "
+    "(get_batch_on_this_cp_rank), sequence parallelism a multiple of TP, Transformer Engine's fp8 GEMMs rows in "
+    "multiples of 8",
+    "objective.unshift runs with PP 1, and seq_length - 1 positions the layout can split",
+)
+def _unshift_layout(ctx: Context) -> Iterator[Finding]:
+    o, r, par, t = ctx.spec.objective, ctx.r, ctx.spec.parallel, ctx.spec.train
+    if not (o.unshift and o.kind == "mdm" and ctx.spec.stage.kind != "sft"):
+        return
+    n = t.seq_length - 1
+    problems = []
+    if r.pp > 1:
+        problems.append(f"pipeline parallelism (PP {r.pp}) sends activations of seq_length = {t.seq_length} positions")
+    if r.cp > 1 and n % (2 * r.cp):
+        problems.append(f"context parallelism (CP {r.cp}) splits a sequence into 2 x {r.cp} chunks")
+    if par.sequence_parallel and r.tp > 1 and n % r.tp:
+        problems.append(f"sequence parallelism splits a sequence over TP {r.tp}")
+    if ctx.spec.precision.fp8 != "none" and (t.micro_batch_size * n) % 8:
+        problems.append(f"fp8 GEMMs need rows in multiples of 8 ({t.micro_batch_size} x {n})")
+    if problems:
+        yield Finding(
+            "objective.unshift",
+            f"the unshift leaves seq_length - 1 = {n} positions, and " + "; ".join(problems),
+            "remove objective.unshift (the model then trains on all seq_length ids), or use a layout without "
+            "pipeline parallelism whose sequence split divides seq_length - 1",
+            value=True,
+            fix=Fix(unset=("objective.unshift",)),
+        )

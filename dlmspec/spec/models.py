@@ -172,8 +172,10 @@ class ObjectiveSpec(Section):
         description="t ~ U(eps, 1) (LLaDA's code: 1e-3). 0 is MegaDLMs' torch.rand(b) "
         "(JinjieNi/MegaDLMs gpt_model.py:309); with loss_weighting = 'llada' (1/t) it is refused (mdm-eps-zero).",
     )
-    loss_weighting: Literal["llada", "realised"] = Field(
-        "llada", description="llada: sum CE/t over masked / (b*s); realised: by the realised mask ratio."
+    loss_weighting: Literal["llada", "realised", "cart"] = Field(
+        "llada", description="llada: sum CE/t over masked / (b*s); realised: by the realised mask ratio; cart: Dream's "
+        "context-adaptive token-level weight w_n = 1/2 sum_{i != n} 1[x_t^i clean] p (1-p)^(|n-i|-1), no 1/t "
+        "(DreamLM/Dream-Coder instruct/src/trainer/fsdp_sft_trainer.py:93-112, 802-818).",
     )
     variable_length_prob: float = Field(
         0.0, ge=0.0, le=1.0, description="Share of sequences cut to a random length (LLaDA: 0.01)."
@@ -191,6 +193,26 @@ class ObjectiveSpec(Section):
         "micro-batch, drawn from (train.seed, iteration, micro-batch index) only, so every data-parallel rank cuts "
         "alike; the micro-batch is sliced, dense, and runs on either layer path (MegaDLMs gpt_model.py:269-297, "
         "413-425; LLaDA GUIDELINES.md one cut per batch). Evaluation never cuts. Unset: 'sequence'.",
+    )
+    shift: bool | None = Field(
+        None,
+        description="Dream's shifted predictions: the logits at position i-1 predict the token at i (the AR "
+        "model's head alignment kept; DreamLM/Dream eval/eval.py:352-354, DreamLM/Dream-Coder "
+        "fsdp_sft_trainer.py:777-786); position 0 is never masked, the last position predicts nothing. "
+        "Unset: false (each position predicts itself, LLaDA / MegaDLMs).",
+    )
+    cart_p: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="loss_weighting = 'cart': the geometric parameter p (near clean tokens count more as p grows). "
+        "Unset: 0.1 (DreamLM/Dream-Coder instruct/src/trainer/config/sft_trainer.yaml:57).",
+    )
+    unshift: bool | None = Field(
+        None,
+        description="MegaDLMs' 2,049-token window: the dataset draws seq_length + 1 ids (megatron-core's "
+        "add_extra_token_to_sequence, as MegaDLMs' GPTDataset) and the model sees and predicts ids 1 .. seq_length-1 "
+        "of each at positions 1 .. seq_length-1 (JinjieNi/MegaDLMs gpt_model.py:427-431: input_ids[:, 1:], "
+        "position_ids[:, 1:], labels[:, :-1]); a micro-batch cut comes first. Pre-training only. Unset: false "
+        "(seq_length ids, all trained on).",
     )
 
 

@@ -180,6 +180,15 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mdm-eps-zero", {"objective.eps": 0.0}, "objective.eps"),
     ("mdm-eps-zero", {"objective.eps": 0.0, "objective.min_masked_tokens": 1}, "objective.eps"),
     ("mdm-min-masked-tokens", {"objective.min_masked_tokens": 513}, "objective.min_masked_tokens"),
+    # issue 18, Dream: cart_p without CART, shift on next-token prediction
+    ("mdm-cart-p-ignored", {"objective.cart_p": 0.2}, "objective.cart_p"),
+    ("mdm-shift-ar", {"objective.kind": "ar", "objective.shift": True}, "objective.shift"),
+    # issue 18, MegaDLMs' window: unshift on next-token prediction, in SFT, on a layout that cannot split s - 1
+    ("mdm-unshift-ar", {"objective.kind": "ar", "objective.unshift": True}, "objective.unshift"),
+    ("mdm-unshift-sft", {"stage.kind": "sft", "objective.unshift": True}, "objective.unshift"),
+    ("mdm-unshift-layout", {"objective.unshift": True, "parallel.context_parallel_size": 2}, "objective.unshift"),
+    ("mdm-unshift-layout", {"objective.unshift": True, "parallel.pipeline_model_parallel_size": 2},
+     "objective.unshift"),
     ("block-causal-needs-size", {"objective.attention_mask": "block_causal"}, "objective.block_size"),
     ("block-size-divides-seq", {"objective.attention_mask": "block_causal", "objective.block_size": 30},
      "objective.block_size"),
