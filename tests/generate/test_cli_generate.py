@@ -81,9 +81,24 @@ def test_an_ar_run_decodes_left_to_right(tiny_runs, capsys):
     assert code == 0, env
     r = env["result"]
     assert r["model"]["kind"] == "ar" and r["settings"]["mask_token_id"] is None
-    assert "full recompute" in r["settings"]["decoding"]
+    # megatron-core's KV cache (GPTKVCacheStep), which gives the full recompute's tokens
+    assert r["settings"]["kv_cache"] is True and r["settings"]["kv_cache_fallback"] is None
+    assert "KV cache" in r["settings"]["decoding"]
     expected = library(run_dir, ["The quick brown fox"], gen_length=6)
     assert r["outputs"][0]["ids"] == expected.generated[0]
+    # --no-kv-cache: the full recompute, said so, the same tokens
+    code, env = run_json(capsys, str(run_dir), "--prompt", "The quick brown fox", "--gen-length", "6", "--no-kv-cache")
+    assert code == 0, env
+    s = env["result"]["settings"]
+    assert s["kv_cache"] is False and "--no-kv-cache" in s["kv_cache_fallback"] and "full recompute" in s["decoding"]
+    assert env["result"]["outputs"][0]["ids"] == expected.generated[0]
+
+
+def test_an_mdm_run_records_that_it_has_no_kv_cache(tiny_runs, capsys):
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--prompt", "Hi", "--steps", "4")
+    assert code == 0, env
+    s = env["result"]["settings"]
+    assert s["kv_cache"] is False and "bidirectional" in s["kv_cache_fallback"]
 
 
 def test_a_prompts_file_of_text_and_ids_is_batched(tiny_runs, capsys, tmp_path):

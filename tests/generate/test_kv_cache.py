@@ -88,3 +88,4 @@ def test_a_bidirectional_model_is_refused_with_the_reason(world):
     assert why is not None and "bidirectional" in why
     with pytest.raises(ValueError, match="full_recompute"):
         GPTKVCacheStep(world["bidirectional"])
+
