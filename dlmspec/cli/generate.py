@@ -386,8 +386,26 @@ class _Stream:
 # --------------------------------------------------------------------------- generate
 
 
+def decoding_plan(model: Any, config: Any, kv_cache: bool) -> tuple[bool, Optional[str], str]:
+    """How ``generate`` decodes: ``(kv_cache used, why not or None, the recorded "decoding" line)``.
+
+    An AR model decodes with megatron-core's KV cache (``LoadedModel.ar_step_fn``) unless
+    ``--no-kv-cache`` is given or the model cannot (``LoadedModel.kv_cache_fallback``: a diffusion
+    LM, Transformer Engine layers, ...); then with full recompute (the whole sequence each token).
+    """
+    if config.kind == "mdm":
+        why = getattr(model, "kv_cache_fallback", None) or "a diffusion LM"
+        return False, f"masked diffusion ({why}; Fast-dLLM's block caches are not built)", "masked diffusion"
+    why = None if kv_cache else "--no-kv-cache"
+    if why is None:
+        why = getattr(model, "kv_cache_fallback", "the model gives no KV cache step")
+    if why is None:
+        return True, None, "left to right, megatron-core KV cache (one prefill, then one column per token)"
+    return False, why, "left to right, full recompute (no KV cache)"
+
+
 def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_size: int, stream: bool,
-                  progress: bool) -> dict[str, Any]:
+                  progress: bool, kv_cache: bool = False) -> dict[str, Any]:
     import torch
 
     from dlmspec.backends.generate.sampler import generate, generate_ar
@@ -422,7 +440,9 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         gen = torch.Generator(device=model.device).manual_seed(config.seed + first)
         streamer = _Stream(model, config, per_batch, live=stream, progress=progress)
         try:
-            out = sampler(model.logits_fn, batch, config, on_step=streamer, generator=gen, device=model.device)
+            kwargs = {"step_fn": model.ar_step_fn(max_new_tokens=config.gen_length)} if kv_cache else {}
+            out = sampler(model.logits_fn, batch, config, on_step=streamer, generator=gen, device=model.device,
+                          **kwargs)
         finally:
             streamer.close()
         passes += out.forward_passes
@@ -462,12 +482,14 @@ def generate_command(
     device: str = typer.Option("auto", "--device", help="cuda, cuda:N, cpu or auto (a GPU if visible)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: the run's on a GPU, fp32 on CPU)."),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Redraw the text after each step (default: on a terminal)."),
+    kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="AR: decode with megatron-core's KV cache where the model allows it (default), or recompute the whole sequence per token."),
     json_output: bool = typer.Option(False, "--json", help="Print the outputs and settings as JSON on stdout."),
 ) -> None:
     """Sample text from a trained model: masked diffusion for an mdm run, left to right for an ar run.
 
     Every output records the settings it was made with (and where each came from: default,
-    model, checkpoint, spec, flag). AR models decode with full recompute (no KV cache).
+    model, checkpoint, spec, flag). AR models decode with megatron-core's KV cache where their
+    layers allow it (the local layer spec), else with full recompute (recorded: kv_cache, kv_cache_fallback).
     """
     use_json(ctx, json_output)
     if batch_size < 1:
@@ -486,11 +508,12 @@ def generate_command(
             flags=flags)
         on_terminal = sys.stdout.isatty() and not json_output
         live = on_terminal if stream is None else (stream and not json_output)
-        run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty())
+        cached, fallback, decoding = decoding_plan(model, config, kv_cache)
+        run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty(), kv_cache=cached)
     finally:
         model.close()
-    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default",
-                "decoding": "masked diffusion" if config.kind == "mdm" else "left to right, full recompute (no KV cache)"}
+    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default", "decoding": decoding,
+                "kv_cache": cached, "kv_cache_fallback": fallback}
     for out in run["outputs"]:
         out["settings"] = recorded
     lock = os.path.join(model.path, "spec.lock.toml")
