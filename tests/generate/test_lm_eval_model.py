@@ -21,6 +21,7 @@ from dlmspec.backends.generate import lm_eval_model  # noqa: E402
 from dlmspec.backends.generate.lm_eval_model import DlmspecLM  # noqa: E402
 from dlmspec.backends.generate.likelihood import ar_nll, continuation_nll  # noqa: E402
 
+from tiny_ckpt import tiny_runs  # noqa: E402,F401 (a fixture)
 from tiny_lm import PositionTable, TinyTransformer  # noqa: E402
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,?"
@@ -247,3 +248,20 @@ def test_the_lm_eval_command_line_finds_model_dlmspec(tmp_path: Path, monkeypatc
     results = list((tmp_path / "out").rglob("results*.json"))
     assert results, list((tmp_path / "out").rglob("*"))
     assert "acc,none" in json.loads(results[0].read_text())["results"]["tiny_mc"]
+
+
+def test_an_ar_checkpoint_from_path_generates_with_the_kv_cache(tiny_runs) -> None:
+    """``path=`` of an AR run: ``generate_until`` decodes with megatron-core's KV cache (the
+    loaded model's ``ar_step_fn``) and gives the full recompute's text."""
+    from dlmspec.backends.generate.models import GPTKVCacheStep
+
+    lm = DlmspecLM(path=str(tiny_runs["ar"][0]), device="cpu", progress=False)
+    try:
+        assert lm.step_fn_factory is not None and isinstance(lm.step_fn_factory(), GPTKVCacheStep)
+        request = Instance(request_type="generate_until", doc={},
+                           arguments=("The quick brown fox", {"until": ["\n\n"], "max_gen_toks": 5}), idx=0)
+        cached = lm.generate_until([request])
+        lm.step_fn_factory = None  # full recompute
+        assert lm.generate_until([request]) == cached
+    finally:
+        lm.loaded.close()
