@@ -119,7 +119,8 @@ class DlmspecLM(LM):
             (one token per step).
         device, dtype: for ``path``. batch_size: prompts per ``generate_until`` batch.
         step_fn_factory: AR only (Python): ``() -> ARStepFn`` for a KV cache
-            (:class:`~dlmspec.backends.generate.hf_model.HFKVCacheStep`).
+            (:class:`~dlmspec.backends.generate.hf_model.HFKVCacheStep`); with ``path``, default:
+            megatron-core's cache (``LoadedModel.ar_step_fn``) where the model allows it.
         progress: show a progress bar.
 
     Raises:
@@ -176,6 +177,9 @@ class DlmspecLM(LM):
         types = {"gen_length": int, "steps": int, "block_length": int, "remasking": str, "threshold": float,
                  "temperature": float, "top_k": int, "top_p": float, "cfg_scale": float}
         self.generate_args = {k: _parse(k, v, types[k]) for k, v in generate_args.items()}
+        if step_fn_factory is None and self.loaded is not None and getattr(self.loaded, "kv_cache_fallback", 1) is None:
+            room = int(self.generate_args.get("gen_length") or 256)  # a longer decode restarts the cache larger
+            step_fn_factory = lambda: self.loaded.ar_step_fn(max_new_tokens=room)  # noqa: E731
         self.step_fn_factory = step_fn_factory
         self.progress = progress
 
