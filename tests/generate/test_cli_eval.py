@@ -107,14 +107,20 @@ def test_multiple_choice_is_the_librarys_with_a_wilson_interval(tiny_runs, choic
     got = env["result"]["choices"]
     model = load_model(str(run_dir), device="cpu")
     try:
-        tokenized = [{"context": model.encode(i["context"]) or ([model.eos_token_id] if kind == "ar" else []),
-                      "choices": [model.encode(c) for c in i["choices"]], "label": i["label"]} for i in items]
+        tokenized = []
+        for i in items:  # lm-eval's split: the continuation is encode(context + choice) after encode(context)
+            context = model.encode(i["context"])
+            choices = [model.encode(i["context"] + c)[len(context):] for c in i["choices"]]
+            tokenized.append({"context": context or ([model.eos_token_id] if kind == "ar" else []),
+                              "choices": choices, "label": i["label"]})
         extra = dict(num_samples=4) if kind == "mdm" else {}
         want = multiple_choice(model.logits_fn, tokenized, kind=kind, mask_token_id=model.mask_token_id,
-                               generator=torch.Generator().manual_seed(1), **extra)
+                               seed=1, **extra)  # a generator seeded with 1 for every choice
     finally:
         model.close()
     assert got["predictions"] == want.predictions and got["accuracy"] == want.accuracy
+    assert [x for row in got["nll"] for x in row] == pytest.approx([x for row in want.nll for x in row], abs=1e-9)
+    assert "every choice" in got["seeding"]
     correct = sum(p == y for p, y in zip(want.predictions, want.labels))
     assert got["interval_95"] == pytest.approx(list(wilson_interval(correct, 3))) and got["interval_method"] == "wilson"
 

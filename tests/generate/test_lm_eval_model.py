@@ -265,3 +265,33 @@ def test_an_ar_checkpoint_from_path_generates_with_the_kv_cache(tiny_runs) -> No
         assert lm.generate_until([request]) == cached
     finally:
         lm.loaded.close()
+
+
+@pytest.mark.parametrize("kind", ["mdm", "ar"])
+def test_loglikelihood_equals_dlmspec_evals_for_the_same_seed(tiny_runs, tmp_path, capsys, kind) -> None:
+    """Issue #20's "the lm-eval wrapper's loglikelihood equals `dlmspec eval`'s for the same seed":
+    `dlmspec eval --choices` scores every (context, choice) with the wrapper's text split and a
+    generator seeded with --seed for each choice, so each choice's NLL is minus the wrapper's
+    loglikelihood of the same request (the empty context included: EOS for AR, nothing for MDM)."""
+    from dlmspec.cli import main
+
+    items = [{"context": "The sky is", "choices": [" blue", " green today"], "label": 0},
+             {"context": "One, two, ", "choices": ["three", "dog"], "label": 0},
+             {"context": "", "choices": ["Hello", "world"], "label": 1}]
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    run_dir = str(tiny_runs[kind][0])
+    capsys.readouterr()
+    code = main(["eval", run_dir, "--choices", str(path), "--num-samples", "6", "--seed", "5", "--device", "cpu",
+                 "--json"])
+    env = json.loads(capsys.readouterr().out)
+    assert code == 0, env
+    nll = env["result"]["choices"]["nll"]
+    lm = DlmspecLM(path=run_dir, device="cpu", seed=5, mc_samples=6, greedy_check=False, progress=False)
+    try:
+        requests = [_ll((i["context"], c), n) for n, i in enumerate(items) for c in i["choices"]]
+        got = [ll for ll, _ in lm.loglikelihood(requests)]
+    finally:
+        lm.loaded.close()
+    want = [-x for row in nll for x in row]
+    assert got == pytest.approx(want, abs=1e-9)
