@@ -39,7 +39,8 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 
 from dlmspec.backends.generate.config import GenerateConfig
-from dlmspec.backends.generate.likelihood import DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS, continuation_nll
+from dlmspec.backends.generate.likelihood import (DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS,
+                                                  continuation_nll, split_pair)
 from dlmspec.backends.generate.sampler import call_logits_fn, generate, generate_ar
 
 #: The generation settings a ``--model_args`` string may set (``GenerateConfig`` fields).
@@ -206,13 +207,7 @@ class DlmspecLM(LM):
         """``(context ids, continuation ids)``: trailing spaces of the context move to the continuation,
         and the continuation is ``encode(context + continuation)`` after ``encode(context)`` (LLaDA
         ``_encode_pair``, lm-eval HFLM ``_encode_pair``), so a word keeps its leading space."""
-        spaces = len(context) - len(context.rstrip())
-        if spaces:
-            continuation = context[-spaces:] + continuation
-            context = context[:-spaces]
-        whole = self.codec.encode(context + continuation)
-        ctx = self.codec.encode(context)
-        return ctx, whole[len(ctx):]
+        return split_pair(self.codec.encode, context, continuation)
 
     def _fit(self, context: List[int], continuation: List[int]) -> Tuple[List[int], List[int]]:
         """Drop context tokens on the left (then continuation ones) to fit ``max_length``."""

@@ -657,32 +657,39 @@ def eval_command(
 
 def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, seed: int, estimator: str,
                    num_samples: int, samples_per_forward: int, eps: float, path: str) -> dict[str, Any]:
-    import torch
-
-    from dlmspec.backends.generate.likelihood import multiple_choice
+    from dlmspec.backends.generate.likelihood import multiple_choice, split_pair
 
     if model.tokenizer is None:
         raise _issue("RUN_OR_CHECKPOINT", model.path, f"--choices needs the model's tokenizer ({model.tokenizer_error})",
                      "run from the folder the training ran in")
     tokenized = []
-    for item in items:
-        context = model.encode(item["context"])
+    for number, item in enumerate(items, 1):
+        pairs = [split_pair(model.encode, item["context"], c) for c in item["choices"]]
+        context = pairs[0][0]
         if not context and model.kind == "ar":
             context = [model.eos_token_id if model.eos_token_id is not None else 0]  # AR needs a first token
-        tokenized.append({"context": context, "choices": [model.encode(c) for c in item["choices"]],
-                          "label": item["label"]})
+        for choice, (_, ids) in zip(item["choices"], pairs):
+            if not ids:
+                raise _issue("--choices", f"{path}:{number}", f"choice {choice!r} has no tokens after its context",
+                             "a non-empty choice", file=path, line=number)
+        tokenized.append({"context": context, "choices": [ids for _, ids in pairs], "label": item["label"]})
     bar, task = _progress(len(items), "choices")
-    gen = torch.Generator(device=model.device).manual_seed(seed)
     kwargs = {}
     if model.kind == "mdm":
         kwargs = dict(estimator="count" if estimator == "both" else estimator, num_samples=num_samples,
                       samples_per_forward=samples_per_forward, eps=eps)
     with bar:
         res = multiple_choice(model.logits_fn, tokenized, kind=model.kind, mask_token_id=model.mask_token_id,
-                              generator=gen, normalize=normalize, device=model.device,
+                              seed=seed, normalize=normalize, device=model.device,
                               on_item=lambda _: bar.advance(task), **kwargs)
     out = res.to_dict()
     out["file"] = path
+    out["tokens"] = "choice = encode(context + choice) after encode(context), as lm-eval's _encode_pair"
+    if model.kind == "mdm":
+        out["seeding"] = ("a generator seeded with --seed for every choice (the lm-eval model's rule: the same "
+                          "number for the same request)")
+    else:
+        out["seeding"] = "exact for every choice (no random draws)"
     out["scoring"] = ("ELBO bound of -log p(choice | context)" if model.kind == "mdm" else "exact -log p(choice | context)")
     return out
 
