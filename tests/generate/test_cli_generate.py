@@ -221,3 +221,39 @@ def test_a_cuda_device_without_a_gpu_names_the_device_flag(tiny_runs, capsys):
     code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "a", "--device", "cuda", "--json"])
     (issue,) = json.loads(capsys.readouterr().out)["issues"]
     assert code == 2 and issue["key"] == "--device" and "no CUDA device" in issue["message"] and issue["hint"]
+
+
+def _terminal(monkeypatch):
+    """stdout as a terminal of 120 columns writing into a buffer (what a user's terminal receives)."""
+    import io
+
+    from rich.console import Console
+
+    from dlmspec.cli import generate as cli
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120, highlight=False, emoji=False)
+    monkeypatch.setattr(cli, "stdout", lambda: console)
+    return buf
+
+
+@pytest.mark.parametrize("kind", ["mdm", "ar"])
+def test_streaming_to_a_terminal_redraws_the_text_after_every_step(tiny_runs, capsys, monkeypatch, kind):
+    """Issue #20's "stream to the terminal": with --stream the canvas is redrawn after each step (the
+    masks still to decode shown as ░ for MDM, the text growing for AR), then the final text is printed;
+    --no-stream draws nothing before it."""
+    buf = _terminal(monkeypatch)
+    args = ["generate", str(tiny_runs[kind][0]), "--prompt", "The", "--device", "cpu", "--gen-length", "8"]
+    args += ["--block-length", "8", "--steps", "4"] if kind == "mdm" else ["--eos-token-id", "-1"]
+    assert main([*args, "--stream"]) == 0
+    streamed = buf.getvalue()
+    redraws = streamed.count("\x1b[2K")  # rich Live erases the previous drawing before each redraw
+    assert redraws >= (3 if kind == "mdm" else 7), streamed
+    if kind == "mdm":
+        assert "\u2591" in streamed  # a canvas with masks left, before the last step
+    final = streamed[streamed.rindex("settings:"):]
+    assert "forward passes" in final
+    buf.truncate(0)
+    buf.seek(0)
+    assert main([*args, "--no-stream"]) == 0
+    assert "\x1b[2K" not in buf.getvalue() and "\u2591" not in buf.getvalue()
