@@ -153,3 +153,42 @@ def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, 
         assert code == 2 and env["ok"] is False, (args, env)
         (issue,) = env["issues"]
         assert issue["key"] == key and why in issue["message"] and issue["hint"], (args, issue)
+
+
+def test_long_evaluations_show_progress_bars_on_a_terminal(tiny_runs, data, choices, capsys, monkeypatch):
+    """Issue #20's "progress bars on long evaluation": on a terminal (stderr) each ELBO estimator and
+    the multiple choice get a bar that reaches its total (batches, items); off a terminal none is drawn."""
+    import io
+
+    from rich.console import Console
+
+    from dlmspec.cli import generate as cli
+
+    bars = []
+    real = cli._progress
+
+    def recording(total, label):
+        bar, task = real(total, label)
+        bars.append((label, bar, task, total))
+        return bar, task
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    monkeypatch.setattr(cli, "_progress", recording)
+    monkeypatch.setattr(cli, "stderr", lambda: console)
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--data", str(data), "--seq-length", str(SEQ),
+                         "--num-sequences", str(N), "--num-samples", "2", "--batch-size", "2", "--estimator", "both",
+                         "--choices", str(choices[0]))
+    assert code == 0, env
+    assert [(label, total) for label, _, _, total in bars] == [("ELBO (count)", 2), ("ELBO (time)", 2), ("choices", 3)]
+    assert all(bar.tasks[0].completed == total for _, bar, _, total in bars)
+    drawn = buf.getvalue()
+    assert "ELBO (count)" in drawn and "choices" in drawn
+    # off a terminal: nothing drawn
+    bars.clear()
+    buf.truncate(0)
+    buf.seek(0)
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False, raising=False)
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--choices", str(choices[0]), "--num-samples", "2")
+    assert code == 0 and bars and buf.getvalue() == ""
