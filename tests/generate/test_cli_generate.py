@@ -257,3 +257,25 @@ def test_streaming_to_a_terminal_redraws_the_text_after_every_step(tiny_runs, ca
     buf.seek(0)
     assert main([*args, "--no-stream"]) == 0
     assert "\x1b[2K" not in buf.getvalue() and "\u2591" not in buf.getvalue()
+
+
+def test_a_specs_generate_table_reaches_the_lock_and_becomes_generates_defaults(tmp_path, capsys):
+    """The [generate] table of a spec is written into the compiled spec.lock.toml (which the runtime
+    copies into every checkpoint), and `generate` reads it back as the checkpoint's settings."""
+    from dlmspec.backends.generate.load import _lock_generate_table
+    from dlmspec.cli.generate import resolve_settings
+
+    spec = tmp_path / "gen.toml"
+    spec.write_text(f'extends = "{ROOT / "specs" / "demo-dlm.toml"}"\n[generate]\ngen_length = 64\n'
+                    'block_length = 32\nsteps = 32\nremasking = "threshold"\nthreshold = 0.8\n')
+    assert main(["compile", str(spec), "--output", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    table = _lock_generate_table(str(tmp_path / "out"))
+    assert table is not None
+    assert {k: table[k] for k in ("gen_length", "block_length", "steps", "remasking", "threshold")} == {
+        "gen_length": 64, "block_length": 32, "steps": 32, "remasking": "threshold", "threshold": 0.8}
+    config, settings = resolve_settings(kind="mdm", mask_token_id=MASK, eos_token_id=EOD, pad_token_id=None,
+                                        lock_table=table, flags={"steps": 64})
+    assert (config.gen_length, config.block_length, config.remasking, config.threshold, config.steps) == (
+        64, 32, "threshold", 0.8, 64)
+    assert settings.origins["gen_length"] == "checkpoint" and settings.origins["steps"] == "flag"
