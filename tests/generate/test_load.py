@@ -95,6 +95,14 @@ def test_a_hugging_face_checkpoint_loads_through_the_converter(tmp_path):
         with torch.no_grad():
             want = reference(input_ids=tokens).logits
         assert torch.allclose(model.logits_fn(tokens), want, atol=1e-4)
+        # an AR family decodes with megatron-core's KV cache, the tokens of the full recompute
+        from dlmspec.backends.generate.config import GenerateConfig
+        from dlmspec.backends.generate.sampler import generate_ar
+
+        config = GenerateConfig(kind="ar", gen_length=6)
+        prompts = [[1, 5, 7, 9], [11, 2]]
+        cached = generate_ar(None, prompts, config, step_fn=model.ar_step_fn(max_new_tokens=6))
+        assert cached.generated == generate_ar(model.logits_fn, prompts, config).generated
     finally:
         model.close()
     src, _ = make_tiny_hf("llada", tmp_path / "llada", seed=3)
