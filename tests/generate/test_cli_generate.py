@@ -279,3 +279,24 @@ def test_a_specs_generate_table_reaches_the_lock_and_becomes_generates_defaults(
     assert (config.gen_length, config.block_length, config.remasking, config.threshold, config.steps) == (
         64, 32, "threshold", 0.8, 64)
     assert settings.origins["gen_length"] == "checkpoint" and settings.origins["steps"] == "flag"
+
+
+def test_the_benchs_causal_alias_loads_a_dlm_checkpoint_as_an_ar_model_with_the_kv_cache(tiny_runs, tmp_path):
+    """bench/gpu/generate_demo.py times AR decoding on the demo-dlm checkpoint's weights run causally
+    (demo-ar's shape) when no AR checkpoint is given: the alias loads as kind ar, causal, with the cache."""
+    from bench_scripts import load_script
+
+    from dlmspec.backends.generate.load import load_model
+
+    bench = load_script("bench/gpu/generate_demo.py", "generate_demo_bench")
+    alias = bench.causal_alias(str(tiny_runs["mdm"][1]), tmp_path / "ar")
+    model = load_model(str(alias), device="cpu")
+    try:
+        assert (model.kind, model.mask_token_id, model.kv_cache_fallback) == ("ar", None, None)
+        tokens = torch.tensor([[464, 2068, 7586, 21831]])
+        changed = tokens.clone()
+        changed[0, -1] = 11
+        assert torch.allclose(model.logits_fn(changed)[0, 0], model.logits_fn(tokens)[0, 0])  # causal
+    finally:
+        model.close()
+    assert (tiny_runs["mdm"][1] / "dlmspec.json").read_text() != (alias / "dlmspec.json").read_text()
