@@ -102,7 +102,7 @@ class GPTKVCacheStep:
     """AR next-token logits of a megatron-core ``GPTModel`` with megatron-core's KV cache (an ``ARStepFn``).
 
     The first call runs the whole (left-padded) prompt with a fresh ``StaticInferenceContext``
-    (megatron-core ``megatron.core.inference.contexts``; 0.16.1 and 0.19.2 both take
+    (megatron-core ``megatron.core.inference.contexts.static_context``; 0.16.1 and later take
     ``(max_batch_size, max_sequence_length)``), which fills every layer's key/value buffers; each
     later call whose ``tokens`` extend the previous call's by one column (the contract of
     :func:`~dlmspec.backends.generate.sampler.generate_ar`) runs only that column: its embedding,
@@ -153,8 +153,10 @@ class GPTKVCacheStep:
         from megatron.core.inference.contexts.static_context import StaticInferenceContext
 
         context = StaticInferenceContext(batch, length + self.max_new_tokens)
-        # only the last column's logits are computed (0.16.1 sets this; a version without the field reads it)
-        context.materialize_only_last_token_logits = True
+        if not hasattr(context, "materialize_only_last_token_logits"):
+            # GPTModel reads it; megatron-core 0.16.1 sets it True (newer ones through their InferenceConfig,
+            # True too). Either way only the last column is used (``_logits``).
+            context.materialize_only_last_token_logits = True
         return context
 
     def _logits(self, out: Tensor) -> Tensor:
