@@ -155,9 +155,8 @@ def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, 
         assert issue["key"] == key and why in issue["message"] and issue["hint"], (args, issue)
 
 
-def test_long_evaluations_show_progress_bars_on_a_terminal(tiny_runs, data, choices, capsys, monkeypatch):
-    """Issue #20's "progress bars on long evaluation": on a terminal (stderr) each ELBO estimator and
-    the multiple choice get a bar that reaches its total (batches, items); off a terminal none is drawn."""
+def _recording_bars(monkeypatch):
+    """Record every progress bar `eval` makes, its stderr a terminal writing into a buffer."""
     import io
 
     from rich.console import Console
@@ -177,6 +176,13 @@ def test_long_evaluations_show_progress_bars_on_a_terminal(tiny_runs, data, choi
     monkeypatch.setattr(cli, "_progress", recording)
     monkeypatch.setattr(cli, "stderr", lambda: console)
     monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
+    return bars, buf, cli
+
+
+def test_long_evaluations_show_progress_bars_on_a_terminal(tiny_runs, data, choices, capsys, monkeypatch):
+    """Issue #20's "progress bars on long evaluation": on a terminal (stderr) each ELBO estimator and
+    the multiple choice get a bar that reaches its total (batches, items); off a terminal none is drawn."""
+    bars, buf, cli = _recording_bars(monkeypatch)
     code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--data", str(data), "--seq-length", str(SEQ),
                          "--num-sequences", str(N), "--num-samples", "2", "--batch-size", "2", "--estimator", "both",
                          "--choices", str(choices[0]))
@@ -192,3 +198,12 @@ def test_long_evaluations_show_progress_bars_on_a_terminal(tiny_runs, data, choi
     monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False, raising=False)
     code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--choices", str(choices[0]), "--num-samples", "2")
     assert code == 0 and bars and buf.getvalue() == ""
+
+
+def test_the_ar_perplexity_shows_a_progress_bar_over_its_batches(tiny_runs, data, capsys, monkeypatch):
+    bars, buf, _ = _recording_bars(monkeypatch)
+    code, env = run_json(capsys, str(tiny_runs["ar"][0]), "--data", str(data), "--seq-length", str(SEQ),
+                         "--num-sequences", str(N), "--batch-size", "2")
+    assert code == 0, env
+    assert [(label, total) for label, _, _, total in bars] == [("perplexity (AR)", 2)]
+    assert bars[0][1].tasks[0].completed == 2 and "perplexity (AR)" in buf.getvalue()
