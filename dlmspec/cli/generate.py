@@ -561,7 +561,13 @@ def score_dataset(model: Any, windows: Any, *, estimators: list[str], num_sample
     windows = windows.to(model.device)
     batches = [windows[i:i + batch_size] for i in range(0, windows.shape[0], batch_size)]
     if model.kind == "ar":
-        nll = torch.cat([ar_nll(model.logits_fn, b).nll for b in batches])
+        bar, task = _progress(len(batches), "perplexity (AR)")
+        parts = []
+        with bar:
+            for b in batches:
+                parts.append(ar_nll(model.logits_fn, b).nll)
+                bar.advance(task)
+        nll = torch.cat(parts)
         tokens = (windows.shape[1] - 1) * windows.shape[0]
         per_token = float(nll.sum()) / tokens
         return {"ar": {"nll_per_token": per_token, "perplexity": math.exp(per_token), "num_tokens": tokens,
