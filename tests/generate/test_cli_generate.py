@@ -300,3 +300,21 @@ def test_the_benchs_causal_alias_loads_a_dlm_checkpoint_as_an_ar_model_with_the_
     finally:
         model.close()
     assert (tiny_runs["mdm"][1] / "dlmspec.json").read_text() != (alias / "dlmspec.json").read_text()
+
+
+def test_the_decoding_plan_says_what_ran_and_why():
+    """`generate`'s recorded decoding: the KV cache for an AR model that takes it; full recompute with
+    the model's reason (e.g. Transformer Engine layers) or --no-kv-cache; masked diffusion for MDM."""
+    from types import SimpleNamespace
+
+    from dlmspec.cli.generate import decoding_plan
+
+    ar = SimpleNamespace(kind="ar")
+    assert decoding_plan(SimpleNamespace(kv_cache_fallback=None), ar, True)[:2] == (True, None)
+    te = SimpleNamespace(kv_cache_fallback="core attention TEDotProductAttention (Transformer Engine layers)")
+    cached, why, decoding = decoding_plan(te, ar, True)
+    assert not cached and "Transformer Engine" in why and "full recompute" in decoding
+    assert decoding_plan(SimpleNamespace(kv_cache_fallback=None), ar, False)[:2] == (False, "--no-kv-cache")
+    cached, why, decoding = decoding_plan(SimpleNamespace(kv_cache_fallback="bidirectional attention"),
+                                          SimpleNamespace(kind="mdm"), True)
+    assert not cached and decoding == "masked diffusion" and "bidirectional" in why
