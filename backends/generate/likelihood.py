@@ -354,9 +354,24 @@ class MultipleChoiceResult:
                 "labels": self.labels, "nll": self.nll, "stderr": self.stderr}
 
 
+def split_pair(encode: Callable[[str], List[int]], context: str, continuation: str) -> Tuple[List[int], List[int]]:
+    """``(context ids, continuation ids)`` of a text pair, as lm-eval HFLM's and LLaDA's
+    ``_encode_pair``: trailing spaces of the context move to the continuation, and the continuation
+    is ``encode(context + continuation)`` after ``encode(context)`` (so a word keeps its leading
+    space and a merge across the boundary is the tokenizer's own). ``dlmspec eval --choices`` and
+    the lm-eval model both split this way, so they score the same tokens."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        continuation = context[-spaces:] + continuation
+        context = context[:-spaces]
+    ctx = encode(context) if context else []
+    whole = encode(context + continuation)
+    return list(ctx), list(whole[len(ctx):])
+
+
 def multiple_choice(logits_fn: LogitsFn, items: Iterable[Mapping[str, Any]], *, kind: str,
                     mask_token_id: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                    normalize: str = "sum", device: Optional[torch.device] = None,
+                    seed: Optional[int] = None, normalize: str = "sum", device: Optional[torch.device] = None,
                     on_item: Optional[Callable[[int], None]] = None, **elbo_kwargs: Any) -> MultipleChoiceResult:
     """Conditional-likelihood multiple choice: each choice scored as ``-log p(choice | context)``.
 
@@ -366,6 +381,10 @@ def multiple_choice(logits_fn: LogitsFn, items: Iterable[Mapping[str, Any]], *, 
             least 2) and ``"label"`` (the correct index), as tokenized from issue #20's JSONL.
         kind: ``"mdm"`` (ELBO, :func:`elbo_nll`) or ``"ar"`` (exact).
         mask_token_id, generator: for ``"mdm"``; the generator is drawn from item by item, choice by choice.
+        seed: for ``"mdm"``, instead of ``generator``: every choice is scored with a new generator
+            seeded with ``seed`` (on ``device``), the lm-eval model's rule (``DlmspecLM.score``): a
+            choice's number does not depend on the items before it, and the choices of an item share
+            random numbers (a lower-variance difference between them).
         normalize: ``"sum"`` compares total NLL (lm-eval ``acc``); ``"mean"`` per token.
         device: where the tokens go.
         on_item: called with each item's index after it is scored (a progress bar's hook).
@@ -393,8 +412,11 @@ def multiple_choice(logits_fn: LogitsFn, items: Iterable[Mapping[str, Any]], *, 
             raise ValueError(f"item {index}: 'label' = {label!r}; use an index in 0..{len(choices) - 1}")
         scores, errors = [], []
         for choice in choices:
+            gen = generator
+            if seed is not None and kind == "mdm":
+                gen = torch.Generator(device=device if device is not None else "cpu").manual_seed(seed)
             nll, se, n = continuation_nll(logits_fn, item["context"], choice, kind=kind, mask_token_id=mask_token_id,
-                                          generator=generator, device=device, **elbo_kwargs)
+                                          generator=gen, device=device, **elbo_kwargs)
             div = n if normalize == "mean" else 1
             scores.append(nll / div)
             errors.append(se / div)

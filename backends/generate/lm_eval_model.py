@@ -39,7 +39,8 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 
 from dlmspec.backends.generate.config import GenerateConfig
-from dlmspec.backends.generate.likelihood import DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS, continuation_nll
+from dlmspec.backends.generate.likelihood import (DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS,
+                                                  continuation_nll, split_pair)
 from dlmspec.backends.generate.sampler import call_logits_fn, generate, generate_ar
 
 #: The generation settings a ``--model_args`` string may set (``GenerateConfig`` fields).
@@ -119,7 +120,8 @@ class DlmspecLM(LM):
             (one token per step).
         device, dtype: for ``path``. batch_size: prompts per ``generate_until`` batch.
         step_fn_factory: AR only (Python): ``() -> ARStepFn`` for a KV cache
-            (:class:`~dlmspec.backends.generate.hf_model.HFKVCacheStep`).
+            (:class:`~dlmspec.backends.generate.hf_model.HFKVCacheStep`); with ``path``, default:
+            megatron-core's cache (``LoadedModel.ar_step_fn``) where the model allows it.
         progress: show a progress bar.
 
     Raises:
@@ -176,6 +178,9 @@ class DlmspecLM(LM):
         types = {"gen_length": int, "steps": int, "block_length": int, "remasking": str, "threshold": float,
                  "temperature": float, "top_k": int, "top_p": float, "cfg_scale": float}
         self.generate_args = {k: _parse(k, v, types[k]) for k, v in generate_args.items()}
+        if step_fn_factory is None and self.loaded is not None and getattr(self.loaded, "kv_cache_fallback", 1) is None:
+            room = int(self.generate_args.get("gen_length") or 256)  # a longer decode restarts the cache larger
+            step_fn_factory = lambda: self.loaded.ar_step_fn(max_new_tokens=room)  # noqa: E731
         self.step_fn_factory = step_fn_factory
         self.progress = progress
 
@@ -202,13 +207,7 @@ class DlmspecLM(LM):
         """``(context ids, continuation ids)``: trailing spaces of the context move to the continuation,
         and the continuation is ``encode(context + continuation)`` after ``encode(context)`` (LLaDA
         ``_encode_pair``, lm-eval HFLM ``_encode_pair``), so a word keeps its leading space."""
-        spaces = len(context) - len(context.rstrip())
-        if spaces:
-            continuation = context[-spaces:] + continuation
-            context = context[:-spaces]
-        whole = self.codec.encode(context + continuation)
-        ctx = self.codec.encode(context)
-        return ctx, whole[len(ctx):]
+        return split_pair(self.codec.encode, context, continuation)
 
     def _fit(self, context: List[int], continuation: List[int]) -> Tuple[List[int], List[int]]:
         """Drop context tokens on the left (then continuation ones) to fit ``max_length``."""

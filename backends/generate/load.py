@@ -21,8 +21,9 @@ or, for the tests, on CPU (the three CUDA-only spots of megatron-core 0.16.1 pat
 parallelism: run under ``torchrun`` with ``tensor_model_parallel_size`` processes; every rank
 runs the sampler with the same seed and :func:`dlmspec.backends.generate.models.gpt_logits_fn`
 gathers the vocabulary-parallel logits (written for any TP, tested at TP = 1). AR models decode
-with full recompute (:func:`~dlmspec.backends.generate.sampler.full_recompute`): megatron-core's
-KV-cache inference path is not wired to the runtime's local SDPA attention. docs/generate.md.
+with megatron-core's KV cache (:meth:`LoadedModel.ar_step_fn`,
+:class:`~dlmspec.backends.generate.models.GPTKVCacheStep`) where the model's layers allow it
+(the local layer spec), else with full recompute (``kv_cache_fallback`` says why). docs/generate.md.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class LoadedModel:
             ids beyond the tokenizer's vocabulary (``<|im_start|>`` = 50258 with GPT-2); the
             logits keep their columns (so a tuned model can end its turn), ``V`` grows to cover
             them, and every other column past the tokenizer's vocabulary (the mask) is ``-inf``.
+        kv_cache_fallback: why :meth:`ar_step_fn` gives no KV cache (a diffusion LM, Transformer
+            Engine layers, ...: :func:`~dlmspec.backends.generate.models.kv_cache_unsupported`), or
+            ``None`` when it gives one.
     """
 
     logits_fn: Callable[..., torch.Tensor]
@@ -109,7 +113,25 @@ class LoadedModel:
     model: Any
     max_length: Optional[int] = None
     chat_tokens: Dict[int, str] = field(default_factory=dict)
+    kv_cache_fallback: Optional[str] = None
+    _columns: Optional[Callable[[torch.Tensor], torch.Tensor]] = field(default=None, repr=False)
     _cleanup: List[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def ar_step_fn(self, max_new_tokens: int) -> Optional[Callable[..., torch.Tensor]]:
+        """A fresh KV-cache ``ARStepFn`` for :func:`~dlmspec.backends.generate.sampler.generate_ar`
+        (:class:`~dlmspec.backends.generate.models.GPTKVCacheStep` over the loaded ``GPTModel``, its
+        logits cut to :attr:`vocab_size` columns as :attr:`logits_fn`'s are), or ``None`` when the
+        model cannot be decoded with one (:attr:`kv_cache_fallback` says why; decode with
+        ``full_recompute(logits_fn)``, ``generate_ar``'s default).
+
+        Args:
+            max_new_tokens: tokens decoded after the prompt (``gen_length``): the cache's room.
+        """
+        if self.kv_cache_fallback is not None:
+            return None
+        from dlmspec.backends.generate.models import GPTKVCacheStep
+
+        return GPTKVCacheStep(self.model, max_new_tokens=max_new_tokens, columns=self._columns)
 
     def encode(self, text: str) -> List[int]:
         """Token ids of ``text`` (no BOS/EOS added).
@@ -358,18 +380,22 @@ def _finish(model: Any, record: Dict[str, Any], *, source: str, folder: str, ite
     kind = record["objective.kind"]
     chat = chat_tokens(record)
     vocab = int(record["model.vocab_size"])
-    logits_fn, vocab = logits_columns(gpt_logits_fn(model, tensor_model_parallel_size=tp), vocab, chat)
+    logits_fn, columns, vocab = _columns(gpt_logits_fn(model, tensor_model_parallel_size=tp), vocab, chat)
 
     # the tokenizer's vocabulary only: the padded columns (and a mask token placed in the padding, the
     # demo's 50257 of GPT-2's 50257 ids) are never data; the softmax over the rest stays a distribution
     mask = record.get("objective.mask_token_id") if kind == "mdm" else None
     eos = record.get("data.eod_id")
+    from dlmspec.backends.generate.models import kv_cache_unsupported
+
+    no_cache = kv_cache_unsupported(model)
     return LoadedModel(
         logits_fn=logits_fn, kind=kind, mask_token_id=mask, eos_token_id=eos,
         pad_token_id=eos if eos is not None else 0, vocab_size=vocab, tokenizer=tokenizer,
         tokenizer_error=tokenizer_error, record=record, generate_table=generate_table, source=source,
         path=folder, iteration=iteration, device=device, model=model,
-        max_length=record.get("model.max_position_embeddings"), chat_tokens=chat, _cleanup=cleanup,
+        max_length=record.get("model.max_position_embeddings"), chat_tokens=chat, kv_cache_fallback=no_cache,
+        _columns=columns, _cleanup=cleanup,
     )
 
 
@@ -409,19 +435,28 @@ def logits_columns(base: Callable[..., torch.Tensor], vocab: int, chat: Dict[int
     """The logits a sampler sees: the tokenizer's ``vocab`` columns, plus the columns up to the
     largest chat-token id when ``chat`` has any, where every added column that is not a chat token
     (the mask token, unused padding) is ``-inf``. Returns ``(logits_fn, V)``."""
-    if not chat:
-        return (lambda tokens, attention_mask=None: base(tokens, attention_mask)[..., :vocab]), vocab
-    width = max(vocab, max(chat) + 1)
+    logits_fn, _, width = _columns(base, vocab, chat)
+    return logits_fn, width
+
+
+def _columns(base: Callable[..., torch.Tensor], vocab: int, chat: Dict[int, str]
+             ) -> tuple[Callable[..., torch.Tensor], Callable[[torch.Tensor], torch.Tensor], int]:
+    """:func:`logits_columns` and the column selection itself (``logits [..., V_padded] -> [..., V]``),
+    which the KV-cache step applies to its last-column logits."""
+    width = max(vocab, max(chat) + 1) if chat else vocab
     blocked = [i for i in range(vocab, width) if i not in chat]
 
-    def logits_fn(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        out = base(tokens, attention_mask)[..., :width]
+    def select(out: torch.Tensor) -> torch.Tensor:
+        out = out[..., :width]
         if blocked:
             out = out.clone()
             out[..., blocked] = float("-inf")
         return out
 
-    return logits_fn, width
+    def logits_fn(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return select(base(tokens, attention_mask))
+
+    return logits_fn, select, width
 
 
 def _seed_model_parallel_rng() -> None:

@@ -51,7 +51,9 @@ class LogitsFn(Protocol):
 
 
 class ARStepFn(Protocol):
-    """One step of AR decoding: the seam for a KV cache (the runtime's job; not built here).
+    """One step of AR decoding: the seam for a KV cache (megatron-core's:
+    :class:`~dlmspec.backends.generate.models.GPTKVCacheStep`; transformers':
+    :class:`~dlmspec.backends.generate.hf_model.HFKVCacheStep`).
 
     Called once per generated token with the whole sequence so far; each call extends the previous
     one by one column, so an implementation with a KV cache may run only ``tokens[:, -1:]`` against

@@ -13,6 +13,9 @@ Steps (``bench/gpu/generate_demo.sh`` runs them; every result JSON holds the com
   bidirectional (``is_causal = False`` on its attention modules: the stock class runs a DLM causally;
   both logit differences against megatron-core are recorded), as ``convert mcore-to-hf`` of a DLM
   configures it (``is_causal: false``); the weights are mapped in memory from the loaded model.
+- ``speed-ar`` (or ``speed --ar-out``): tokens/s of AR decoding at batch 1 and 32 with megatron-core's
+  KV cache against full recompute, on a trained AR checkpoint (``--ar-ckpt``) or, by default, the DLM
+  checkpoint's weights run causally (demo-ar's shape: the same decode cost, no training).
 - ``summary``: the ELBO of the early and the late checkpoints (``dlmspec eval --json`` outputs) with
   95 % intervals and whether they overlap.
 - ``make-tiny`` (``--dry`` only): a tiny run (iter 100/200/300) and dataset on CPU, so the script runs
@@ -213,6 +216,8 @@ def speed(args: argparse.Namespace) -> None:
                     print(f"{name[:30]:30s} batch {batch:3d} {rule:15s} {batch * args.gen_length / seconds:10.1f} tok/s "
                           f"({passes} passes)")
     model.close()
+    if args.ar_out:  # the AR decode speed in this process (one start of torch + megatron-core fewer)
+        speed_ar(args)
     _write(args.out, {"checkpoint": args.ckpt, "device": str(dev), "dtype": str(dtype),
                       "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                       "settings": {"gen_length": args.gen_length, "steps": args.steps, "block_length": args.block_length,
@@ -220,6 +225,87 @@ def speed(args: argparse.Namespace) -> None:
                       "tokens_counted": "batch x gen_length (EOS not cut)", "logit_checks": checks, "results": results,
                       "note": "the peers' side is transformers' Qwen3ForCausalLM (weights mapped by backends/convert) "
                               "with is_causal = False on its attention modules (as convert mcore-to-hf of a DLM writes)"})
+
+
+# --------------------------------------------------------------------------- AR decoding: KV cache on / off
+
+
+def causal_alias(ckpt: str, out: Path) -> Path:
+    """A checkpoint folder that loads ``ckpt``'s weights as an AR (causal) model: every file of
+    ``ckpt`` linked, ``dlmspec.json``'s spec record rewritten to ``objective.kind = "ar"``,
+    ``attention_mask = "causal"``, no mask token. specs/demo-ar.toml is demo-dlm.toml with
+    ``kind = "ar"``, so this is a demo-ar-shaped model at no training cost: the same decode cost as
+    a trained demo-ar checkpoint (tokens/s does not depend on the weights), not its text."""
+    from dlmspec.backends.generate.load import find_checkpoint
+
+    _, folder = find_checkpoint(ckpt)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(folder):
+        if name != "dlmspec.json":
+            os.symlink(os.path.join(folder, name), out / name)
+    meta = json.loads(Path(folder, "dlmspec.json").read_text())
+    meta["spec"]["record"].update({"objective.kind": "ar", "objective.attention_mask": "causal",
+                                   "objective.mask_token_id": None, "objective.block_size": None})
+    (out / "dlmspec.json").write_text(json.dumps(meta))
+    return out
+
+
+def speed_ar(args: argparse.Namespace) -> None:
+    """tokens/s of AR decoding, megatron-core's KV cache (``LoadedModel.ar_step_fn``) against full
+    recompute, at each batch of ``--batches``: greedy, no EOS (every row decodes ``--gen-length``
+    tokens), the prompts of ``--prompts`` (cycled to the batch); whether both give the same tokens."""
+    import tempfile
+
+    from dlmspec.backends.generate.config import GenerateConfig
+    from dlmspec.backends.generate.load import load_model
+    from dlmspec.backends.generate.sampler import generate_ar
+
+    rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    base = [r["prompt_ids"] for r in rows]
+    with tempfile.TemporaryDirectory() as tmp:
+        source = "a trained AR checkpoint" if args.ar_ckpt else (
+            f"{args.ckpt}'s weights run causally (causal_alias: demo-ar's shape, not a trained AR model)")
+        path = args.ar_ckpt or str(causal_alias(args.ckpt, Path(tmp) / "ar"))
+        model = load_model(path, device=args.device)
+        dev = model.device
+        results, same = [], {}
+        for batch in args.batches:
+            prompts_b = torch.tensor([base[i % len(base)] for i in range(batch)], device=dev)
+            outputs = {}
+            for cache in (True, False):
+                def run(n: int):
+                    config = GenerateConfig(kind="ar", gen_length=n, eos_token_id=None, pad_token_id=0)
+                    step = model.ar_step_fn(max_new_tokens=n) if cache else None
+                    return generate_ar(model.logits_fn, prompts_b, config, step_fn=step, device=dev)
+
+                run(8)  # warm-up (kernels, allocator)
+                _sync(dev)
+                start = time.perf_counter()
+                out = run(args.gen_length)
+                _sync(dev)
+                seconds = time.perf_counter() - start
+                outputs[cache] = out.sequences
+                tokens = batch * args.gen_length
+                results.append({"kv_cache": cache, "batch": batch, "seconds": seconds, "forward_passes": out.forward_passes,
+                                "tokens": tokens, "tokens_per_second": tokens / seconds})
+                print(f"AR {'KV cache' if cache else 'full recompute':15s} batch {batch:3d} {tokens / seconds:10.1f} tok/s")
+            same[str(batch)] = float((outputs[True] == outputs[False]).float().mean())
+        fallback = model.kv_cache_fallback
+        model.close()
+    speedup = {str(b): next(r["tokens_per_second"] for r in results if r["batch"] == b and r["kv_cache"])
+               / next(r["tokens_per_second"] for r in results if r["batch"] == b and not r["kv_cache"])
+               for b in args.batches}
+    _write(args.ar_out, {"checkpoint": args.ar_ckpt or args.ckpt, "model": source, "device": str(dev),
+                         "dtype": "fp32" if dev.type == "cpu" else "the run's precision.dtype",
+                         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+                         "settings": {"gen_length": args.gen_length, "temperature": 0.0, "eos": None,
+                                      "prompt_tokens": len(base[0])},
+                         "kv_cache_fallback": fallback, "results": results, "speedup_kv_cache": speedup,
+                         "same_tokens_fraction": same,
+                         "note": "KV cache: megatron-core StaticInferenceContext through GPTModel.forward("
+                                 "inference_context=...) (backends/generate/models.py GPTKVCacheStep); full recompute: "
+                                 "the whole sequence per token. Greedy tokens agree exactly in fp32 (tests); in bf16 "
+                                 "the two orders of summation may flip a near-tie (same_tokens_fraction)."})
 
 
 # --------------------------------------------------------------------------- summary
@@ -289,13 +375,23 @@ def main() -> None:
     s.add_argument("--block-length", type=int, default=32)
     s.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[1, 32])
     s.add_argument("--out", required=True)
+    s.add_argument("--ar-out", help="also time AR decoding, KV cache on / off (speed_ar), into this JSON")
+    s.add_argument("--ar-ckpt", help="a trained AR checkpoint for --ar-out (default: --ckpt run causally)")
+    a = sub.add_parser("speed-ar")
+    a.add_argument("--ckpt", required=True)
+    a.add_argument("--ar-ckpt")
+    a.add_argument("--prompts", required=True)
+    a.add_argument("--device", default="auto")
+    a.add_argument("--gen-length", type=int, default=128)
+    a.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[1, 32])
+    a.add_argument("--ar-out", required=True)
     m = sub.add_parser("summary")
     m.add_argument("evals", nargs="+")
     m.add_argument("--out", required=True)
     t = sub.add_parser("make-tiny")
     t.add_argument("--out", required=True)
     args = parser.parse_args()
-    {"prompts": prompts, "speed": speed, "summary": summary, "make-tiny": make_tiny}[args.step](args)
+    {"prompts": prompts, "speed": speed, "speed-ar": speed_ar, "summary": summary, "make-tiny": make_tiny}[args.step](args)
 
 
 if __name__ == "__main__":

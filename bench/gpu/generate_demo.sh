@@ -3,9 +3,13 @@
 # checkpoints runs/demo-dlm/checkpoints/iter_0000100, _0000200, _0000300) and its data
 # (.data/demo-valid_text_document, .data/gpt2): generation from prompts of the shared corpus, the
 # ELBO of the early and late checkpoints with error bars, tokens/s at batch 1 and 32 for
-# low-confidence and threshold decoding beside the peers' loop (bench/gpu/generate_demo.py).
+# low-confidence and threshold decoding beside the peers' loop, and AR decoding at batch 1 and 32 with
+# megatron-core's KV cache against full recompute (speed_ar.json: on RUN_AR, a trained demo-ar checkpoint,
+# when given, else the demo-dlm checkpoint's weights run causally: demo-ar's shape, the same decode cost,
+# no training) (bench/gpu/generate_demo.py).
 # Writes JSON (each with the command that made it) to $OUT (default bench/results/generate_demo).
-# About 3-4 minutes on an H200 (most of it is starting Python with torch + megatron-core 5 times).
+# About 3-4 minutes on an H200 (most of it is starting Python with torch + megatron-core 5 times; the
+# AR timing runs inside the speed step's process, about 20 s more).
 # Usage: bash bench/gpu/generate_demo.sh          (GPU)
 #        bash bench/gpu/generate_demo.sh --dry    (CPU, a tiny run built on the spot; ~6 minutes on 2 busy cores)
 set -euo pipefail
@@ -42,7 +46,8 @@ for it in 0000100 0000200 0000300; do
     > "$OUT/eval_iter$it.json"
 done
 $PY "$here/generate_demo.py" summary "$OUT"/eval_iter*.json --out "$OUT/elbo_summary.json"
-# 3. tokens/s: dlmspec's sampler on megatron-core beside the peers' loop on the converted HF model
+# 3. tokens/s: dlmspec's sampler on megatron-core beside the peers' loop on the converted HF model; then AR
+#    decoding, KV cache on / off (speed_ar.json)
 $PY "$here/generate_demo.py" speed --ckpt "$RUN/iter_0000300" --prompts "$OUT/prompts.jsonl" "${SPEED[@]}" \
-  --device "$DEV" --out "$OUT/speed.json"
+  --device "$DEV" --out "$OUT/speed.json" --ar-out "$OUT/speed_ar.json" ${RUN_AR:+--ar-ckpt "$RUN_AR"}
 echo "generate_demo: done in $(( $(date +%s) - t0 ))s; results in $OUT"

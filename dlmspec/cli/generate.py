@@ -386,8 +386,26 @@ class _Stream:
 # --------------------------------------------------------------------------- generate
 
 
+def decoding_plan(model: Any, config: Any, kv_cache: bool) -> tuple[bool, Optional[str], str]:
+    """How ``generate`` decodes: ``(kv_cache used, why not or None, the recorded "decoding" line)``.
+
+    An AR model decodes with megatron-core's KV cache (``LoadedModel.ar_step_fn``) unless
+    ``--no-kv-cache`` is given or the model cannot (``LoadedModel.kv_cache_fallback``: a diffusion
+    LM, Transformer Engine layers, ...); then with full recompute (the whole sequence each token).
+    """
+    if config.kind == "mdm":
+        why = getattr(model, "kv_cache_fallback", None) or "a diffusion LM"
+        return False, f"masked diffusion ({why}; Fast-dLLM's block caches are not built)", "masked diffusion"
+    why = None if kv_cache else "--no-kv-cache"
+    if why is None:
+        why = getattr(model, "kv_cache_fallback", "the model gives no KV cache step")
+    if why is None:
+        return True, None, "left to right, megatron-core KV cache (one prefill, then one column per token)"
+    return False, why, "left to right, full recompute (no KV cache)"
+
+
 def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_size: int, stream: bool,
-                  progress: bool) -> dict[str, Any]:
+                  progress: bool, kv_cache: bool = False) -> dict[str, Any]:
     import torch
 
     from dlmspec.backends.generate.sampler import generate, generate_ar
@@ -422,7 +440,9 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         gen = torch.Generator(device=model.device).manual_seed(config.seed + first)
         streamer = _Stream(model, config, per_batch, live=stream, progress=progress)
         try:
-            out = sampler(model.logits_fn, batch, config, on_step=streamer, generator=gen, device=model.device)
+            kwargs = {"step_fn": model.ar_step_fn(max_new_tokens=config.gen_length)} if kv_cache else {}
+            out = sampler(model.logits_fn, batch, config, on_step=streamer, generator=gen, device=model.device,
+                          **kwargs)
         finally:
             streamer.close()
         passes += out.forward_passes
@@ -462,12 +482,14 @@ def generate_command(
     device: str = typer.Option("auto", "--device", help="cuda, cuda:N, cpu or auto (a GPU if visible)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: the run's on a GPU, fp32 on CPU)."),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Redraw the text after each step (default: on a terminal)."),
+    kv_cache: bool = typer.Option(True, "--kv-cache/--no-kv-cache", help="AR: decode with megatron-core's KV cache where the model allows it (default), or recompute the whole sequence per token."),
     json_output: bool = typer.Option(False, "--json", help="Print the outputs and settings as JSON on stdout."),
 ) -> None:
     """Sample text from a trained model: masked diffusion for an mdm run, left to right for an ar run.
 
     Every output records the settings it was made with (and where each came from: default,
-    model, checkpoint, spec, flag). AR models decode with full recompute (no KV cache).
+    model, checkpoint, spec, flag). AR models decode with megatron-core's KV cache where their
+    layers allow it (the local layer spec), else with full recompute (recorded: kv_cache, kv_cache_fallback).
     """
     use_json(ctx, json_output)
     if batch_size < 1:
@@ -486,11 +508,12 @@ def generate_command(
             flags=flags)
         on_terminal = sys.stdout.isatty() and not json_output
         live = on_terminal if stream is None else (stream and not json_output)
-        run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty())
+        cached, fallback, decoding = decoding_plan(model, config, kv_cache)
+        run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty(), kv_cache=cached)
     finally:
         model.close()
-    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default",
-                "decoding": "masked diffusion" if config.kind == "mdm" else "left to right, full recompute (no KV cache)"}
+    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default", "decoding": decoding,
+                "kv_cache": cached, "kv_cache_fallback": fallback}
     for out in run["outputs"]:
         out["settings"] = recorded
     lock = os.path.join(model.path, "spec.lock.toml")
@@ -538,7 +561,13 @@ def score_dataset(model: Any, windows: Any, *, estimators: list[str], num_sample
     windows = windows.to(model.device)
     batches = [windows[i:i + batch_size] for i in range(0, windows.shape[0], batch_size)]
     if model.kind == "ar":
-        nll = torch.cat([ar_nll(model.logits_fn, b).nll for b in batches])
+        bar, task = _progress(len(batches), "perplexity (AR)")
+        parts = []
+        with bar:
+            for b in batches:
+                parts.append(ar_nll(model.logits_fn, b).nll)
+                bar.advance(task)
+        nll = torch.cat(parts)
         tokens = (windows.shape[1] - 1) * windows.shape[0]
         per_token = float(nll.sum()) / tokens
         return {"ar": {"nll_per_token": per_token, "perplexity": math.exp(per_token), "num_tokens": tokens,
@@ -634,32 +663,39 @@ def eval_command(
 
 def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, seed: int, estimator: str,
                    num_samples: int, samples_per_forward: int, eps: float, path: str) -> dict[str, Any]:
-    import torch
-
-    from dlmspec.backends.generate.likelihood import multiple_choice
+    from dlmspec.backends.generate.likelihood import multiple_choice, split_pair
 
     if model.tokenizer is None:
         raise _issue("RUN_OR_CHECKPOINT", model.path, f"--choices needs the model's tokenizer ({model.tokenizer_error})",
                      "run from the folder the training ran in")
     tokenized = []
-    for item in items:
-        context = model.encode(item["context"])
+    for number, item in enumerate(items, 1):
+        pairs = [split_pair(model.encode, item["context"], c) for c in item["choices"]]
+        context = pairs[0][0]
         if not context and model.kind == "ar":
             context = [model.eos_token_id if model.eos_token_id is not None else 0]  # AR needs a first token
-        tokenized.append({"context": context, "choices": [model.encode(c) for c in item["choices"]],
-                          "label": item["label"]})
+        for choice, (_, ids) in zip(item["choices"], pairs):
+            if not ids:
+                raise _issue("--choices", f"{path}:{number}", f"choice {choice!r} has no tokens after its context",
+                             "a non-empty choice", file=path, line=number)
+        tokenized.append({"context": context, "choices": [ids for _, ids in pairs], "label": item["label"]})
     bar, task = _progress(len(items), "choices")
-    gen = torch.Generator(device=model.device).manual_seed(seed)
     kwargs = {}
     if model.kind == "mdm":
         kwargs = dict(estimator="count" if estimator == "both" else estimator, num_samples=num_samples,
                       samples_per_forward=samples_per_forward, eps=eps)
     with bar:
         res = multiple_choice(model.logits_fn, tokenized, kind=model.kind, mask_token_id=model.mask_token_id,
-                              generator=gen, normalize=normalize, device=model.device,
+                              seed=seed, normalize=normalize, device=model.device,
                               on_item=lambda _: bar.advance(task), **kwargs)
     out = res.to_dict()
     out["file"] = path
+    out["tokens"] = "choice = encode(context + choice) after encode(context), as lm-eval's _encode_pair"
+    if model.kind == "mdm":
+        out["seeding"] = ("a generator seeded with --seed for every choice (the lm-eval model's rule: the same "
+                          "number for the same request)")
+    else:
+        out["seeding"] = "exact for every choice (no random draws)"
     out["scoring"] = ("ELBO bound of -log p(choice | context)" if model.kind == "mdm" else "exact -log p(choice | context)")
     return out
 

@@ -107,14 +107,20 @@ def test_multiple_choice_is_the_librarys_with_a_wilson_interval(tiny_runs, choic
     got = env["result"]["choices"]
     model = load_model(str(run_dir), device="cpu")
     try:
-        tokenized = [{"context": model.encode(i["context"]) or ([model.eos_token_id] if kind == "ar" else []),
-                      "choices": [model.encode(c) for c in i["choices"]], "label": i["label"]} for i in items]
+        tokenized = []
+        for i in items:  # lm-eval's split: the continuation is encode(context + choice) after encode(context)
+            context = model.encode(i["context"])
+            choices = [model.encode(i["context"] + c)[len(context):] for c in i["choices"]]
+            tokenized.append({"context": context or ([model.eos_token_id] if kind == "ar" else []),
+                              "choices": choices, "label": i["label"]})
         extra = dict(num_samples=4) if kind == "mdm" else {}
         want = multiple_choice(model.logits_fn, tokenized, kind=kind, mask_token_id=model.mask_token_id,
-                               generator=torch.Generator().manual_seed(1), **extra)
+                               seed=1, **extra)  # a generator seeded with 1 for every choice
     finally:
         model.close()
     assert got["predictions"] == want.predictions and got["accuracy"] == want.accuracy
+    assert [x for row in got["nll"] for x in row] == pytest.approx([x for row in want.nll for x in row], abs=1e-9)
+    assert "every choice" in got["seeding"]
     correct = sum(p == y for p, y in zip(want.predictions, want.labels))
     assert got["interval_95"] == pytest.approx(list(wilson_interval(correct, 3))) and got["interval_method"] == "wilson"
 
@@ -147,3 +153,57 @@ def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, 
         assert code == 2 and env["ok"] is False, (args, env)
         (issue,) = env["issues"]
         assert issue["key"] == key and why in issue["message"] and issue["hint"], (args, issue)
+
+
+def _recording_bars(monkeypatch):
+    """Record every progress bar `eval` makes, its stderr a terminal writing into a buffer."""
+    import io
+
+    from rich.console import Console
+
+    from dlmspec.cli import generate as cli
+
+    bars = []
+    real = cli._progress
+
+    def recording(total, label):
+        bar, task = real(total, label)
+        bars.append((label, bar, task, total))
+        return bar, task
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    monkeypatch.setattr(cli, "_progress", recording)
+    monkeypatch.setattr(cli, "stderr", lambda: console)
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True, raising=False)
+    return bars, buf, cli
+
+
+def test_long_evaluations_show_progress_bars_on_a_terminal(tiny_runs, data, choices, capsys, monkeypatch):
+    """Issue #20's "progress bars on long evaluation": on a terminal (stderr) each ELBO estimator and
+    the multiple choice get a bar that reaches its total (batches, items); off a terminal none is drawn."""
+    bars, buf, cli = _recording_bars(monkeypatch)
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--data", str(data), "--seq-length", str(SEQ),
+                         "--num-sequences", str(N), "--num-samples", "2", "--batch-size", "2", "--estimator", "both",
+                         "--choices", str(choices[0]))
+    assert code == 0, env
+    assert [(label, total) for label, _, _, total in bars] == [("ELBO (count)", 2), ("ELBO (time)", 2), ("choices", 3)]
+    assert all(bar.tasks[0].completed == total for _, bar, _, total in bars)
+    drawn = buf.getvalue()
+    assert "ELBO (count)" in drawn and "choices" in drawn
+    # off a terminal: nothing drawn
+    bars.clear()
+    buf.truncate(0)
+    buf.seek(0)
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False, raising=False)
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--choices", str(choices[0]), "--num-samples", "2")
+    assert code == 0 and bars and buf.getvalue() == ""
+
+
+def test_the_ar_perplexity_shows_a_progress_bar_over_its_batches(tiny_runs, data, capsys, monkeypatch):
+    bars, buf, _ = _recording_bars(monkeypatch)
+    code, env = run_json(capsys, str(tiny_runs["ar"][0]), "--data", str(data), "--seq-length", str(SEQ),
+                         "--num-sequences", str(N), "--batch-size", "2")
+    assert code == 0, env
+    assert [(label, total) for label, _, _, total in bars] == [("perplexity (AR)", 2)]
+    assert bars[0][1].tasks[0].completed == 2 and "perplexity (AR)" in buf.getvalue()

@@ -81,9 +81,24 @@ def test_an_ar_run_decodes_left_to_right(tiny_runs, capsys):
     assert code == 0, env
     r = env["result"]
     assert r["model"]["kind"] == "ar" and r["settings"]["mask_token_id"] is None
-    assert "full recompute" in r["settings"]["decoding"]
+    # megatron-core's KV cache (GPTKVCacheStep), which gives the full recompute's tokens
+    assert r["settings"]["kv_cache"] is True and r["settings"]["kv_cache_fallback"] is None
+    assert "KV cache" in r["settings"]["decoding"]
     expected = library(run_dir, ["The quick brown fox"], gen_length=6)
     assert r["outputs"][0]["ids"] == expected.generated[0]
+    # --no-kv-cache: the full recompute, said so, the same tokens
+    code, env = run_json(capsys, str(run_dir), "--prompt", "The quick brown fox", "--gen-length", "6", "--no-kv-cache")
+    assert code == 0, env
+    s = env["result"]["settings"]
+    assert s["kv_cache"] is False and "--no-kv-cache" in s["kv_cache_fallback"] and "full recompute" in s["decoding"]
+    assert env["result"]["outputs"][0]["ids"] == expected.generated[0]
+
+
+def test_an_mdm_run_records_that_it_has_no_kv_cache(tiny_runs, capsys):
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--prompt", "Hi", "--steps", "4")
+    assert code == 0, env
+    s = env["result"]["settings"]
+    assert s["kv_cache"] is False and "bidirectional" in s["kv_cache_fallback"]
 
 
 def test_a_prompts_file_of_text_and_ids_is_batched(tiny_runs, capsys, tmp_path):
@@ -206,3 +221,100 @@ def test_a_cuda_device_without_a_gpu_names_the_device_flag(tiny_runs, capsys):
     code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "a", "--device", "cuda", "--json"])
     (issue,) = json.loads(capsys.readouterr().out)["issues"]
     assert code == 2 and issue["key"] == "--device" and "no CUDA device" in issue["message"] and issue["hint"]
+
+
+def _terminal(monkeypatch):
+    """stdout as a terminal of 120 columns writing into a buffer (what a user's terminal receives)."""
+    import io
+
+    from rich.console import Console
+
+    from dlmspec.cli import generate as cli
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120, highlight=False, emoji=False)
+    monkeypatch.setattr(cli, "stdout", lambda: console)
+    return buf
+
+
+@pytest.mark.parametrize("kind", ["mdm", "ar"])
+def test_streaming_to_a_terminal_redraws_the_text_after_every_step(tiny_runs, capsys, monkeypatch, kind):
+    """Issue #20's "stream to the terminal": with --stream the canvas is redrawn after each step (the
+    masks still to decode shown as ░ for MDM, the text growing for AR), then the final text is printed;
+    --no-stream draws nothing before it."""
+    buf = _terminal(monkeypatch)
+    args = ["generate", str(tiny_runs[kind][0]), "--prompt", "The", "--device", "cpu", "--gen-length", "8"]
+    args += ["--block-length", "8", "--steps", "4"] if kind == "mdm" else ["--eos-token-id", "-1"]
+    assert main([*args, "--stream"]) == 0
+    streamed = buf.getvalue()
+    redraws = streamed.count("\x1b[2K")  # rich Live erases the previous drawing before each redraw
+    assert redraws >= (3 if kind == "mdm" else 7), streamed
+    if kind == "mdm":
+        assert "\u2591" in streamed  # a canvas with masks left, before the last step
+    final = streamed[streamed.rindex("settings:"):]
+    assert "forward passes" in final
+    buf.truncate(0)
+    buf.seek(0)
+    assert main([*args, "--no-stream"]) == 0
+    assert "\x1b[2K" not in buf.getvalue() and "\u2591" not in buf.getvalue()
+
+
+def test_a_specs_generate_table_reaches_the_lock_and_becomes_generates_defaults(tmp_path, capsys):
+    """The [generate] table of a spec is written into the compiled spec.lock.toml (which the runtime
+    copies into every checkpoint), and `generate` reads it back as the checkpoint's settings."""
+    from dlmspec.backends.generate.load import _lock_generate_table
+    from dlmspec.cli.generate import resolve_settings
+
+    spec = tmp_path / "gen.toml"
+    spec.write_text(f'extends = "{ROOT / "specs" / "demo-dlm.toml"}"\n[generate]\ngen_length = 64\n'
+                    'block_length = 32\nsteps = 32\nremasking = "threshold"\nthreshold = 0.8\n')
+    assert main(["compile", str(spec), "--output", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    table = _lock_generate_table(str(tmp_path / "out"))
+    assert table is not None
+    assert {k: table[k] for k in ("gen_length", "block_length", "steps", "remasking", "threshold")} == {
+        "gen_length": 64, "block_length": 32, "steps": 32, "remasking": "threshold", "threshold": 0.8}
+    config, settings = resolve_settings(kind="mdm", mask_token_id=MASK, eos_token_id=EOD, pad_token_id=None,
+                                        lock_table=table, flags={"steps": 64})
+    assert (config.gen_length, config.block_length, config.remasking, config.threshold, config.steps) == (
+        64, 32, "threshold", 0.8, 64)
+    assert settings.origins["gen_length"] == "checkpoint" and settings.origins["steps"] == "flag"
+
+
+def test_the_benchs_causal_alias_loads_a_dlm_checkpoint_as_an_ar_model_with_the_kv_cache(tiny_runs, tmp_path):
+    """bench/gpu/generate_demo.py times AR decoding on the demo-dlm checkpoint's weights run causally
+    (demo-ar's shape) when no AR checkpoint is given: the alias loads as kind ar, causal, with the cache."""
+    from bench_scripts import load_script
+
+    from dlmspec.backends.generate.load import load_model
+
+    bench = load_script("bench/gpu/generate_demo.py", "generate_demo_bench")
+    alias = bench.causal_alias(str(tiny_runs["mdm"][1]), tmp_path / "ar")
+    model = load_model(str(alias), device="cpu")
+    try:
+        assert (model.kind, model.mask_token_id, model.kv_cache_fallback) == ("ar", None, None)
+        tokens = torch.tensor([[464, 2068, 7586, 21831]])
+        changed = tokens.clone()
+        changed[0, -1] = 11
+        assert torch.allclose(model.logits_fn(changed)[0, 0], model.logits_fn(tokens)[0, 0])  # causal
+    finally:
+        model.close()
+    assert (tiny_runs["mdm"][1] / "dlmspec.json").read_text() != (alias / "dlmspec.json").read_text()
+
+
+def test_the_decoding_plan_says_what_ran_and_why():
+    """`generate`'s recorded decoding: the KV cache for an AR model that takes it; full recompute with
+    the model's reason (e.g. Transformer Engine layers) or --no-kv-cache; masked diffusion for MDM."""
+    from types import SimpleNamespace
+
+    from dlmspec.cli.generate import decoding_plan
+
+    ar = SimpleNamespace(kind="ar")
+    assert decoding_plan(SimpleNamespace(kv_cache_fallback=None), ar, True)[:2] == (True, None)
+    te = SimpleNamespace(kv_cache_fallback="core attention TEDotProductAttention (Transformer Engine layers)")
+    cached, why, decoding = decoding_plan(te, ar, True)
+    assert not cached and "Transformer Engine" in why and "full recompute" in decoding
+    assert decoding_plan(SimpleNamespace(kv_cache_fallback=None), ar, False)[:2] == (False, "--no-kv-cache")
+    cached, why, decoding = decoding_plan(SimpleNamespace(kv_cache_fallback="bidirectional attention"),
+                                          SimpleNamespace(kind="mdm"), True)
+    assert not cached and decoding == "masked diffusion" and "bidirectional" in why

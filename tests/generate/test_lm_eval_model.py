@@ -21,6 +21,7 @@ from dlmspec.backends.generate import lm_eval_model  # noqa: E402
 from dlmspec.backends.generate.lm_eval_model import DlmspecLM  # noqa: E402
 from dlmspec.backends.generate.likelihood import ar_nll, continuation_nll  # noqa: E402
 
+from tiny_ckpt import tiny_runs  # noqa: E402,F401 (a fixture)
 from tiny_lm import PositionTable, TinyTransformer  # noqa: E402
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,?"
@@ -247,3 +248,50 @@ def test_the_lm_eval_command_line_finds_model_dlmspec(tmp_path: Path, monkeypatc
     results = list((tmp_path / "out").rglob("results*.json"))
     assert results, list((tmp_path / "out").rglob("*"))
     assert "acc,none" in json.loads(results[0].read_text())["results"]["tiny_mc"]
+
+
+def test_an_ar_checkpoint_from_path_generates_with_the_kv_cache(tiny_runs) -> None:
+    """``path=`` of an AR run: ``generate_until`` decodes with megatron-core's KV cache (the
+    loaded model's ``ar_step_fn``) and gives the full recompute's text."""
+    from dlmspec.backends.generate.models import GPTKVCacheStep
+
+    lm = DlmspecLM(path=str(tiny_runs["ar"][0]), device="cpu", progress=False)
+    try:
+        assert lm.step_fn_factory is not None and isinstance(lm.step_fn_factory(), GPTKVCacheStep)
+        request = Instance(request_type="generate_until", doc={},
+                           arguments=("The quick brown fox", {"until": ["\n\n"], "max_gen_toks": 5}), idx=0)
+        cached = lm.generate_until([request])
+        lm.step_fn_factory = None  # full recompute
+        assert lm.generate_until([request]) == cached
+    finally:
+        lm.loaded.close()
+
+
+@pytest.mark.parametrize("kind", ["mdm", "ar"])
+def test_loglikelihood_equals_dlmspec_evals_for_the_same_seed(tiny_runs, tmp_path, capsys, kind) -> None:
+    """Issue #20's "the lm-eval wrapper's loglikelihood equals `dlmspec eval`'s for the same seed":
+    `dlmspec eval --choices` scores every (context, choice) with the wrapper's text split and a
+    generator seeded with --seed for each choice, so each choice's NLL is minus the wrapper's
+    loglikelihood of the same request (the empty context included: EOS for AR, nothing for MDM)."""
+    from dlmspec.cli import main
+
+    items = [{"context": "The sky is", "choices": [" blue", " green today"], "label": 0},
+             {"context": "One, two, ", "choices": ["three", "dog"], "label": 0},
+             {"context": "", "choices": ["Hello", "world"], "label": 1}]
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    run_dir = str(tiny_runs[kind][0])
+    capsys.readouterr()
+    code = main(["eval", run_dir, "--choices", str(path), "--num-samples", "6", "--seed", "5", "--device", "cpu",
+                 "--json"])
+    env = json.loads(capsys.readouterr().out)
+    assert code == 0, env
+    nll = env["result"]["choices"]["nll"]
+    lm = DlmspecLM(path=run_dir, device="cpu", seed=5, mc_samples=6, greedy_check=False, progress=False)
+    try:
+        requests = [_ll((i["context"], c), n) for n, i in enumerate(items) for c in i["choices"]]
+        got = [ll for ll, _ in lm.loglikelihood(requests)]
+    finally:
+        lm.loaded.close()
+    want = [-x for row in nll for x in row]
+    assert got == pytest.approx(want, abs=1e-9)

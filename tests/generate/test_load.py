@@ -95,6 +95,14 @@ def test_a_hugging_face_checkpoint_loads_through_the_converter(tmp_path):
         with torch.no_grad():
             want = reference(input_ids=tokens).logits
         assert torch.allclose(model.logits_fn(tokens), want, atol=1e-4)
+        # an AR family decodes with megatron-core's KV cache, the tokens of the full recompute
+        from dlmspec.backends.generate.config import GenerateConfig
+        from dlmspec.backends.generate.sampler import generate_ar
+
+        config = GenerateConfig(kind="ar", gen_length=6)
+        prompts = [[1, 5, 7, 9], [11, 2]]
+        cached = generate_ar(None, prompts, config, step_fn=model.ar_step_fn(max_new_tokens=6))
+        assert cached.generated == generate_ar(model.logits_fn, prompts, config).generated
     finally:
         model.close()
     src, _ = make_tiny_hf("llada", tmp_path / "llada", seed=3)
@@ -106,5 +114,31 @@ def test_a_hugging_face_checkpoint_loads_through_the_converter(tmp_path):
         changed = tokens.clone()
         changed[0, -1] = 12
         assert not torch.allclose(model.logits_fn(changed)[0, 0], model.logits_fn(tokens)[0, 0])  # sees the future
+    finally:
+        model.close()
+
+
+def test_a_loaded_ar_checkpoint_decodes_with_the_cache_and_an_mdm_one_says_why_not(tiny_runs):
+    from dlmspec.backends.generate.config import GenerateConfig
+    from dlmspec.backends.generate.load import load_model
+    from dlmspec.backends.generate.models import GPTKVCacheStep
+    from dlmspec.backends.generate.sampler import generate_ar
+
+    model = load_model(str(tiny_runs["ar"][0]), device="cpu")
+    try:
+        assert model.kv_cache_fallback is None
+        step = model.ar_step_fn(max_new_tokens=6)
+        assert isinstance(step, GPTKVCacheStep)
+        config = GenerateConfig(kind="ar", gen_length=6, eos_token_id=model.eos_token_id)
+        prompts = [model.encode("The quick brown fox"), model.encode("Hello")]
+        cached = generate_ar(None, prompts, config, step_fn=step)
+        full = generate_ar(model.logits_fn, prompts, config)
+        assert cached.generated == full.generated and step.incremental_calls == cached.steps - 1
+        assert cached.sequences.max() < model.vocab_size  # the loaded model's columns (no padded vocabulary)
+    finally:
+        model.close()
+    model = load_model(str(tiny_runs["mdm"][0]), device="cpu")
+    try:
+        assert model.ar_step_fn(max_new_tokens=4) is None and "bidirectional" in model.kv_cache_fallback
     finally:
         model.close()
