@@ -6,6 +6,7 @@ prepare`` with Megatron-LM's ``preprocess_data.py`` flag names, and ``dlmspec da
 
 from __future__ import annotations
 
+import os
 import signal
 from functools import partial
 from typing import Optional
@@ -70,8 +71,11 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
 @app.command(cls=Command, name="prepare")
 def prepare_command(
     ctx: typer.Context,
-    input: Optional[str] = typer.Option(
-        None, "--input", help="JSONL file, one JSON object per line (or --hf-dataset)."
+    input: Optional[list[str]] = typer.Option(
+        None,
+        "--input",
+        help="JSONL file, one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst), a folder of them "
+        "or a quoted glob ('data/*.jsonl.gz'); repeat for more, read in order (or --hf-dataset).",
     ),
     # The Hugging Face source: datasets.load_dataset(path, name, split=, revision=, streaming=).
     hf_dataset: Optional[str] = typer.Option(
@@ -162,13 +166,14 @@ def prepare_command(
         # one flag per choice (a --x/--no-x pair widens the help's name column past 80 columns)
         hf_streaming = False if no_hf_streaming else None
         show_progress = not no_progress
-        hub = source_from_flags(input, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
+        inputs = list(input or [])
+        hub = source_from_flags(" ".join(inputs) if inputs else None, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
         options = SftOptions(chat_template, messages_key, prompt_key, response_key, seq_length, overlong,
                              on_bad, first_new_token_id, mask_token_id, pad_token_id)
         if not sft and options.given():
             raise DataPrepareError(f"{options.given()[0]} is an SFT flag; add --sft (conversations) or drop it")
         result = (partial(prepare_sft_command, options=options) if sft else prepare)(
-            input,
+            _sft_input(inputs) if sft else (inputs or None),
             output_prefix,
             tokenizer_type=tokenizer_type,
             tokenizer_model=tokenizer_model,
@@ -196,6 +201,24 @@ def prepare_command(
         print_envelope("data prepare", ok=True, result=result.to_dict())
     else:
         (print_sft_summary if sft else _print_summary)(Console(), result)
+
+
+def _sft_input(values: list[str]) -> Optional[str]:
+    """The one ``--input`` file of ``--sft`` (its bad rows are listed by line number, of one file).
+
+    Raises:
+        DataPrepareError: several ``--input`` values, a folder or a glob.
+    """
+    if not values:
+        return None
+    one = values[0]
+    if len(values) > 1 or os.path.isdir(one) or (not os.path.exists(one) and set("*?[") & set(one)):
+        raise DataPrepareError(
+            f"--sft reads one --input file (.jsonl, .jsonl.gz or .jsonl.zst), got --input {' '.join(values)}; "
+            "concatenate the files first (cat a.jsonl b.jsonl > all.jsonl), or prepare each to its own "
+            "--output-prefix"
+        )
+    return one
 
 
 def _print_inspection(console: Console, found: Inspection) -> None:

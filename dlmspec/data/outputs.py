@@ -61,14 +61,15 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def protected_inputs(
-    input_name: str | None,
+    input_name: str | list[str] | None,
     tokenizer_model: str | None,
     vocab_file: str | None,
     merge_file: str | None,
 ) -> list[tuple[str, str]]:
     """(flag, path) of every file the run reads, which it must never write over (``input_name``
-    None: no ``--input`` file, the rows come from ``--hf-dataset``)."""
-    files = [("--input", input_name)] if input_name is not None else []
+    one ``--input`` file or a list of them; None: the rows come from ``--hf-dataset``)."""
+    names = [input_name] if isinstance(input_name, str) else list(input_name or [])
+    files = [("--input", name) for name in names]
     for flag, path in (
         ("--tokenizer-model", tokenizer_model),
         ("--vocab-file", vocab_file),

@@ -49,7 +49,7 @@ from dlmspec.data.outputs import (
     tmp_tag,
     dataset_prefix,
 )
-from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, check_input, read_chunks
+from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, read_chunks, resolve_inputs
 from dlmspec.data.record import tokenizer_section, write_record
 from dlmspec.tokenizers import TokenizerError, TokenizerArgs, canonical_tokenizer_type
 
@@ -74,6 +74,8 @@ class PrepareResult:
     notes: list[str] = field(default_factory=list)
     #: The ``--hf-dataset`` source (dataset, config, split, revision, streaming); None for --input.
     hf_dataset: Optional[dict[str, Any]] = None
+    #: Every ``--input`` file read, in order: path, bytes, mtime (:meth:`InputFile.to_dict`).
+    inputs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -174,8 +176,15 @@ def load_runtime() -> tuple[Any, Any, Any]:
     return np, DType, IndexedDatasetBuilder
 
 
+def input_label(files: Sequence[Any]) -> str:
+    """The inputs as the summary's ``input`` names them: the file, or ``FIRST ... LAST (N files)``."""
+    if len(files) == 1:
+        return files[0].path
+    return f"{files[0].path} ... {files[-1].path} ({len(files):,} files)"
+
+
 def prepare(
-    input_path: str | os.PathLike | None,
+    input_path: str | os.PathLike | Sequence[str | os.PathLike] | None,
     output_prefix: str | os.PathLike,
     *,
     tokenizer_type: str,
@@ -198,7 +207,9 @@ def prepare(
     JSON key.
 
     Args:
-        input_path: JSONL file, one JSON object per line (blank lines are skipped); None with
+        input_path: JSONL file, one JSON object per line (blank lines are skipped), or a list of
+            ``--input`` values: files (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``), folders, globs,
+            read in order as one stream (:func:`dlmspec.data.read.resolve_inputs`); None with
             ``hub``.
         output_prefix: datasets go to ``{output_prefix}_{key}_document.{bin,idx}``.
         tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size: passed to
@@ -234,7 +245,11 @@ def prepare(
             if hub is None
             else f"--input {input_path} and {hub.describe()}: pass one of them, not both"
         )
-    input_name = None if input_path is None else os.fspath(input_path)
+    if input_path is None or isinstance(input_path, (str, os.PathLike)):
+        values = None if input_path is None else [os.fspath(input_path)]
+    else:
+        values = [os.fspath(v) for v in input_path]
+    input_name = None if values is None else " ".join(values)
     output_prefix = os.fspath(output_prefix)
     keys = _parse_json_keys(json_keys)
     if int(workers) < 1:
@@ -253,8 +268,8 @@ def prepare(
             f"using {cpus} workers",
         )
         workers = cpus
-    if input_name is not None:
-        check_input(input_name)
+    files = [] if values is None else resolve_inputs(values)
+    input_files = [f.path for f in files]
     outputs = {
         key: DatasetOutput(
             json_key=key,
@@ -265,7 +280,7 @@ def prepare(
         for key in keys
     }
     protected = protected_inputs(
-        input_name,
+        input_files,
         *(None if p is None else os.fspath(p) for p in (tokenizer_model, vocab_file, merge_file)),
     )
     check_outputs(outputs, output_prefix, protected, bool(force))
@@ -280,7 +295,7 @@ def prepare(
     except TokenizerError as exc:
         raise DataPrepareError(str(exc)) from None
     opened = None if hub is None else open_dataset(hub, keys, show_progress=show_progress)
-    label = input_name if hub is None else hub.describe()
+    label = input_label(files) if hub is None else hub.describe()
     np, DType, IndexedDatasetBuilder = load_runtime()
     try:
         tokenizer = spec.build()
@@ -340,13 +355,13 @@ def prepare(
                 if show_progress:  # bytes of the file, or rows of the dataset (None: unknown)
                     task = progress.add_task(
                         "tokenizing",
-                        total=os.path.getsize(input_name) if opened is None else opened.num_rows,
+                        total=sum(f.size for f in files) if opened is None else opened.num_rows,
                         documents=0,
                         tokens=0,
                     )
                 if opened is None:
                     chunks = read_chunks(
-                        input_name, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes)
+                        input_files, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes)
                     )
                 else:
                     chunks = opened.chunks(max(1, chunk_docs), max(1, chunk_bytes))
@@ -365,7 +380,10 @@ def prepare(
         if documents == 0:
             if hub is not None:
                 raise DataPrepareError(f"{label}: the split has no rows; pick another --hf-split")
-            raise DataPrepareError(f"input file has no JSON lines (only blank lines): {input_name}")
+            if len(files) > 1:
+                raise DataPrepareError(f"--input {input_name}: the {len(files):,} files have no JSON lines "
+                                       "(only blank lines)")
+            raise DataPrepareError(f"input file has no JSON lines (only blank lines): {label}")
         for key in keys:
             builders[key].finalize(tmp[key] + ".idx")
         commit_datasets(outputs, tmp, renamed_bins)
@@ -381,7 +399,8 @@ def prepare(
     finally:
         restore_handlers(handlers)
     elapsed = time.perf_counter() - start
-    _write_records(outputs.values(), spec, tokenizer, vocab)
+    inputs = [f.to_dict() for f in files]
+    _write_records(outputs.values(), spec, tokenizer, vocab, inputs)
 
     return PrepareResult(
         input=label,
@@ -398,12 +417,15 @@ def prepare(
         datasets=[outputs[key] for key in keys],
         notes=notes,
         hf_dataset=None if hub is None else hub.to_dict(),
+        inputs=inputs,
     )
 
 
-def _write_records(outputs: Any, spec: TokenizerArgs, tokenizer: Any, vocab: int) -> None:
+def _write_records(outputs: Any, spec: TokenizerArgs, tokenizer: Any, vocab: int,
+                   inputs: list[dict[str, Any]]) -> None:
     """``PREFIX.dlmspec.json`` beside each dataset written (:mod:`dlmspec.data.record`): the
-    tokenizer (type, vocabulary size, EOD id, its files with their SHA-256) and the counts, so
+    tokenizer (type, vocabulary size, EOD id, its files with their SHA-256), the counts and the
+    ``--input`` files (path, bytes, mtime; none for ``--hf-dataset``), so
     ``dlmspec data inspect`` and the checks can tell how the dataset was made.
 
     Raises:
@@ -413,7 +435,8 @@ def _write_records(outputs: Any, spec: TokenizerArgs, tokenizer: Any, vocab: int
     section = tokenizer_section(spec.tokenizer_type, vocab_size=vocab, eod_id=tokenizer.eod, files=files)
     for out in outputs:
         try:
-            write_record(out.prefix, tokenizer=section, documents=out.documents, tokens=out.tokens)
+            write_record(out.prefix, tokenizer=section, documents=out.documents, tokens=out.tokens,
+                         **({"inputs": inputs} if inputs else {}))
         except OSError as exc:
             raise DataPrepareError(
                 f"{out.prefix}.{{bin,idx}} written, but its record {out.prefix}.dlmspec.json cannot be "
