@@ -219,17 +219,25 @@ def _size_text(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _is_shard_name(rest: str) -> bool:
+    """Whether ``rest`` (a name after ``PREFIX-``) starts as a shard's: five or more digits, ``_``."""
+    digits, sep, _ = rest.partition("_")
+    return bool(sep) and len(digits) >= 5 and digits.isascii() and digits.isdigit()
+
+
 def remove_stale_tmp(output_prefix: str, protected: list[tuple[str, str]]) -> list[str]:
     """Remove the temporary files of dead runs under ``output_prefix``; returns the notes.
 
     A file is one of ours by its name (:func:`_tmp_owner`), below the prefix's folder and
-    starting with ``{basename(output_prefix)}_``, for any key. It is removed when it was
+    starting with ``{basename(output_prefix)}_`` (or ``{basename(output_prefix)}-NNNNN_``, a
+    shard of ``--shard-size``), for any key. It is removed when it was
     written on this host (or before hosts were named) by a pid that does not run. Files of a
     live pid or of another host are kept and named in a note; an input file is never removed.
     A pid reused by an unrelated process keeps its files until that process ends.
     """
     directory = os.path.dirname(output_prefix) or "."
     start = os.path.basename(output_prefix) + "_"
+    shard_start = os.path.basename(output_prefix) + "-"  # a shard's: PREFIX-00000_KEY_document.tmp-...
     try:
         names = sorted(os.listdir(directory))
     except OSError:
@@ -240,7 +248,8 @@ def remove_stale_tmp(output_prefix: str, protected: list[tuple[str, str]]) -> li
     freed = 0
     failed: list[str] = []
     for name in names:
-        owner = _tmp_owner(name) if name.startswith(start) else None
+        ours = name.startswith(start) or (name.startswith(shard_start) and _is_shard_name(name[len(shard_start):]))
+        owner = _tmp_owner(name) if ours else None
         if owner is None:
             continue
         file_host, pid = owner
