@@ -254,3 +254,12 @@ def test_an_input_named_like_a_shard_is_refused(tmp_path):
                      "--shard-size", "10", "--force")
     assert result.exit_code == 2 and "never writes over its input" in _text(result.output)
     assert corpus.read_text().startswith("{")
+
+
+def test_a_failed_run_without_a_complete_shard_leaves_nothing(tmp_path):
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text(json.dumps({"text": "1 2 3"}) + "\n" + "{not json\n")
+    result = _invoke("--input", str(corpus), "--output-prefix", str(tmp_path / "out" / "ds"), *NULL_CLI,
+                     "--shard-size", "1k")
+    assert result.exit_code == 2 and "invalid JSON" in _text(result.output)
+    assert os.listdir(tmp_path / "out") == []
