@@ -498,6 +498,8 @@ def prepare(
     except BaseException as exc:
         if writer is not None:
             writer.discard()
+            if not writer.shards:  # nothing kept: leave nothing (a rerun starts as the first did)
+                remove_file(sharding.progress_path(output_prefix))
             if isinstance(exc, KeyboardInterrupt):
                 exc.kept = writer.kept_text()  # type: ignore[attr-defined]
         else:

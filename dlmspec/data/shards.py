@@ -366,8 +366,7 @@ class ShardWriter:
         """One line for an interrupted run: what is kept and how to go on."""
         n = len(self.shards)
         if n == 0:
-            return (f"no shard was complete; rerun the same command with --resume to start it again "
-                    f"(progress: {progress_path(self.output_prefix)})")
+            return "no shard was complete, so nothing is kept; rerun the same command to start again"
         last = shard_prefix(self.output_prefix, n - 1, self.keys[0])
         return (f"{n:,} complete shard{'s' if n != 1 else ''} kept (the last {last}.{{bin,idx}}); rerun the "
                 f"same command with --resume to continue after it (progress: {progress_path(self.output_prefix)})")
