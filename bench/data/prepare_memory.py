@@ -14,7 +14,8 @@ The prepare runs in a subprocess; psutil samples the RSS of it and its worker pr
 tree and of the parent alone. The result: input sizes (compressed and not), the limit, peak RSS,
 RSS at 10 %, 50 % and 90 % of the run's time, and the run's own summary (documents, tokens, shards).
 
-Usage (from the repository root; about 3 to 4 minutes on 2 shared cores with the defaults)::
+Usage (from the repository root; about 4 minutes on 2 shared cores with the defaults, 40 s of it the
+imports under load)::
 
     python bench/data/prepare_memory.py --out bench/results/data_prepare_memory_cpu.json
     python bench/data/prepare_memory.py --dry    # 3 MB of input, a quick end-to-end check
