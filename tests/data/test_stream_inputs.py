@@ -192,3 +192,18 @@ def test_reader_streams_and_resumes_after_a_line(shards):
     assert len(docs) == 100
     later = [(c.file_index, n) for c in read_chunks(files, 7, 1 << 20, start_after=(1, 10)) for n, _ in c.lines]
     assert later == docs[30 + 10:]
+
+
+def test_a_truncated_zst_file_is_an_error_not_a_short_dataset(tmp_path):
+    whole = zstandard.ZstdCompressor().compress(b"".join(_lines(0, 3000)))
+    for name, data in (("half.jsonl.zst", whole[: len(whole) // 2]), ("tail.jsonl.zst", whole[:-30])):
+        broken = tmp_path / name
+        broken.write_bytes(data)
+        text = _error(tmp_path, "--input", str(broken))
+        assert f"--input {broken}: cannot read it" in text and "zstd -t" in text, text
+    # several frames (zstd a b > ab.zst, or pzstd) are read whole
+    frames = tmp_path / "frames.jsonl.zst"
+    frames.write_bytes(zstandard.ZstdCompressor().compress(b"".join(_lines(0, 10)))
+                       + zstandard.ZstdCompressor().compress(b"".join(_lines(10, 5))))
+    result = _invoke("--input", str(frames), "--output-prefix", str(tmp_path / "f"), *NULL_CLI, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["result"]["documents"] == 15
