@@ -155,6 +155,52 @@ def compression(path: str) -> Optional[str]:
     return None
 
 
+class _ZstdRaw(io.RawIOBase):
+    """A ``.zst`` file decompressed as it is read, frame after frame, which (unlike
+    ``zstandard``'s ``stream_reader``, which returns what it has) raises ``EOFError`` when the file
+    ends inside a frame: a truncated file is an error, not a silently short input."""
+
+    def __init__(self, raw: Any, zstandard: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._obj = self._new()
+        self._in_frame = False
+        self._out = memoryview(b"")
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _feed(self, data: bytes) -> bytes:
+        parts = []
+        while data:
+            parts.append(self._obj.decompress(data))
+            self._in_frame = True
+            if not self._obj.eof:
+                break
+            data = self._obj.unused_data  # the next frame, if any
+            self._obj = self._new()
+            self._in_frame = False
+        return b"".join(parts)
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            if self._done:
+                return 0
+            data = self._raw.read(1 << 16)
+            if not data:
+                self._done = True
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame (truncated?)")
+                return 0
+            self._out = memoryview(self._feed(data))
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+
 class _InputStream:
     """A binary line reader over one input file, decompressing as it reads; ``position()`` is the
     offset reached in the file on disk (compressed bytes), for progress."""
@@ -178,8 +224,7 @@ class _InputStream:
 
                 self.handle: Any = gzip.GzipFile(fileobj=self.raw, mode="rb")
             elif kind == "zstd":
-                reader = zstandard.ZstdDecompressor().stream_reader(self.raw, read_across_frames=True)
-                self.handle = io.BufferedReader(reader, 1 << 16)
+                self.handle = io.BufferedReader(_ZstdRaw(self.raw, zstandard), 1 << 16)
             else:
                 self.handle = self.raw
         except BaseException:
