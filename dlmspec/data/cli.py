@@ -6,6 +6,7 @@ prepare`` with Megatron-LM's ``preprocess_data.py`` flag names, and ``dlmspec da
 
 from __future__ import annotations
 
+import os
 import signal
 from functools import partial
 from typing import Optional
@@ -57,10 +58,16 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
         ("elapsed", f"{result.elapsed_s:.2f} s ({result.workers} workers)"),
         ("tokens/s", f"{result.tokens_per_s:,.0f}"),
     ]
+    if result.shard_size is not None:
+        resumed = f", {result.resumed_shards:,} kept from the interrupted run" if result.resumed_shards else ""
+        rows.append(("shards", f"{len(result.shards):,} of up to {result.shard_size:,} tokens{resumed}"))
     for out in result.datasets:
         detail = f"{out.documents:,} documents, {out.tokens:,} tokens"
         if out.empty_documents:
             detail += f", {out.empty_documents:,} empty"
+        if result.shard_size is not None:
+            rows.append((f"key {out.json_key}", f"{result.manifests[out.json_key]} ({detail})"))
+            continue
         rows.append((f"key {out.json_key}", f"{out.prefix}.{{bin,idx}} ({detail})"))
     for name, value in rows:
         table.add_row(Text(name), Text(value))  # Text: no markup in paths or keys
@@ -70,8 +77,11 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
 @app.command(cls=Command, name="prepare")
 def prepare_command(
     ctx: typer.Context,
-    input: Optional[str] = typer.Option(
-        None, "--input", help="JSONL file, one JSON object per line (or --hf-dataset)."
+    input: Optional[list[str]] = typer.Option(
+        None,
+        "--input",
+        help="JSONL file, one JSON object per line (.jsonl, .jsonl.gz, .jsonl.zst), a folder of them "
+        "or a quoted glob ('data/*.jsonl.gz'); repeat for more, read in order (or --hf-dataset).",
     ),
     # The Hugging Face source: datasets.load_dataset(path, name, split=, revision=, streaming=).
     hf_dataset: Optional[str] = typer.Option(
@@ -139,6 +149,17 @@ def prepare_command(
         "--force",
         help="Replace an existing dataset at the output names (never an input file).",
     ),
+    shard_size: Optional[str] = typer.Option(
+        None,
+        "--shard-size",
+        help="Tokens per shard (2e9, 500M, 1.5G): numbered shards PREFIX-00000_KEY_document and a "
+        "manifest PREFIX_KEY_document.manifest.json, each shard kept once complete.",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue an interrupted --shard-size run after its last complete shard (same arguments).",
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
     # --sft: conversations to the SFT dataset (dlmspec.data.sft; docs/sft-data.md)
@@ -162,13 +183,18 @@ def prepare_command(
         # one flag per choice (a --x/--no-x pair widens the help's name column past 80 columns)
         hf_streaming = False if no_hf_streaming else None
         show_progress = not no_progress
-        hub = source_from_flags(input, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
+        inputs = list(input or [])
+        hub = source_from_flags(" ".join(inputs) if inputs else None, hf_dataset, hf_config, hf_split, hf_revision, hf_streaming)
         options = SftOptions(chat_template, messages_key, prompt_key, response_key, seq_length, overlong,
                              on_bad, first_new_token_id, mask_token_id, pad_token_id)
         if not sft and options.given():
             raise DataPrepareError(f"{options.given()[0]} is an SFT flag; add --sft (conversations) or drop it")
+        if sft and (shard_size is not None or resume):
+            raise DataPrepareError(f"{'--shard-size' if shard_size is not None else '--resume'}: not used with --sft "
+                                   "(an SFT set is written whole); drop it")
+        scale = {} if sft else {"shard_size": shard_size, "resume": resume}
         result = (partial(prepare_sft_command, options=options) if sft else prepare)(
-            input,
+            _sft_input(inputs) if sft else (inputs or None),
             output_prefix,
             tokenizer_type=tokenizer_type,
             tokenizer_model=tokenizer_model,
@@ -183,19 +209,39 @@ def prepare_command(
             show_progress=show_progress,
             console=err,
             hub=hub,
+            **scale,
         )
     except DataPrepareError as exc:
         _fail(err, str(exc), json_output, "data-prepare")
         raise typer.Exit(code=EXIT_USAGE) from None
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, PrepareInterrupted) else int(signal.SIGINT)
-        _fail(err, f"interrupted ({signal.Signals(signum).name}): temporary files removed, no dataset written",
-              json_output, "interrupted")
+        kept = getattr(exc, "kept", None)  # a --shard-size run: its complete shards stay
+        _fail(err, f"interrupted ({signal.Signals(signum).name}): temporary files removed, "
+              + (kept or "no dataset written"), json_output, "interrupted")
         raise typer.Exit(code=128 + signum) from None
     if json_output:
         print_envelope("data prepare", ok=True, result=result.to_dict())
     else:
         (print_sft_summary if sft else _print_summary)(Console(), result)
+
+
+def _sft_input(values: list[str]) -> Optional[str]:
+    """The one ``--input`` file of ``--sft`` (its bad rows are listed by line number, of one file).
+
+    Raises:
+        DataPrepareError: several ``--input`` values, a folder or a glob.
+    """
+    if not values:
+        return None
+    one = values[0]
+    if len(values) > 1 or os.path.isdir(one) or (not os.path.exists(one) and set("*?[") & set(one)):
+        raise DataPrepareError(
+            f"--sft reads one --input file (.jsonl, .jsonl.gz or .jsonl.zst), got --input {' '.join(values)}; "
+            "concatenate the files first (cat a.jsonl b.jsonl > all.jsonl), or prepare each to its own "
+            "--output-prefix"
+        )
+    return one
 
 
 def _print_inspection(console: Console, found: Inspection) -> None:

@@ -36,11 +36,12 @@ class EncodeConfig:
     #: ``"line"`` (a JSONL file: ``NAME:LINE``) or ``"row"`` (``--hf-dataset``: ``NAME, row I``).
     unit: str = "line"
 
-    def where(self, number: int) -> str:
-        """Where a document is, for messages: ``FILE:LINE`` or ``SOURCE, row INDEX``."""
+    def where(self, number: int, source: str | None = None) -> str:
+        """Where a document is, for messages: ``FILE:LINE`` (``source``: the file of several
+        ``--input`` files) or ``SOURCE, row INDEX``."""
         if self.unit == "row":
             return f"{self.input_name}, row {number}"
-        return f"{self.input_name}:{number}"
+        return f"{source or self.input_name}:{number}"
 
 
 @dataclass
@@ -59,6 +60,10 @@ class EncodedChunk:
     nbytes: int
     documents: int
     keys: dict[str, EncodedKey]
+    #: The documents' line numbers (rows: indices) in their file, and that file's place in the
+    #: input list: where a shard ends, for ``--resume``.
+    lines: tuple[int, ...] = ()
+    file_index: int = 0
 
 
 # Per-process state: the tokenizer of this worker (or of the parent with --workers 1).
@@ -96,7 +101,7 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
     if chunk.too_long is not None:
         lineno, length = chunk.too_long
         raise DataPrepareError(
-            f"{config.input_name}:{lineno}: the line has {length:,} bytes, more than "
+            f"{config.where(lineno, chunk.source)}: the line has {length:,} bytes, more than "
             f"--max-line-bytes {config.max_line_bytes:,}; a line is parsed and tokenized whole "
             "in memory (a byte-level BPE needs about 150 bytes per byte of text). Split the "
             f"document, drop the line, or raise the limit: --max-line-bytes {length}"
@@ -110,7 +115,7 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
     }
 
     for lineno, raw in chunk.lines:
-        where = config.where(lineno)
+        where = config.where(lineno, chunk.source)
         try:
             record = raw if isinstance(raw, dict) else json.loads(raw)
         except RecursionError:
@@ -193,7 +198,8 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
         )
         for key, (arrays, seq_lengths, per_doc) in parts.items()
     }
-    return EncodedChunk(nbytes=chunk.nbytes, documents=len(chunk.lines), keys=keys)
+    return EncodedChunk(nbytes=chunk.nbytes, documents=len(chunk.lines), keys=keys,
+                        lines=tuple(n for n, _ in chunk.lines), file_index=chunk.file_index)
 
 
 def mp_context() -> Any:

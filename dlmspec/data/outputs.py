@@ -61,14 +61,15 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def protected_inputs(
-    input_name: str | None,
+    input_name: str | list[str] | None,
     tokenizer_model: str | None,
     vocab_file: str | None,
     merge_file: str | None,
 ) -> list[tuple[str, str]]:
     """(flag, path) of every file the run reads, which it must never write over (``input_name``
-    None: no ``--input`` file, the rows come from ``--hf-dataset``)."""
-    files = [("--input", input_name)] if input_name is not None else []
+    one ``--input`` file or a list of them; None: the rows come from ``--hf-dataset``)."""
+    names = [input_name] if isinstance(input_name, str) else list(input_name or [])
+    files = [("--input", name) for name in names]
     for flag, path in (
         ("--tokenizer-model", tokenizer_model),
         ("--vocab-file", vocab_file),
@@ -218,17 +219,25 @@ def _size_text(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _is_shard_name(rest: str) -> bool:
+    """Whether ``rest`` (a name after ``PREFIX-``) starts as a shard's: five or more digits, ``_``."""
+    digits, sep, _ = rest.partition("_")
+    return bool(sep) and len(digits) >= 5 and digits.isascii() and digits.isdigit()
+
+
 def remove_stale_tmp(output_prefix: str, protected: list[tuple[str, str]]) -> list[str]:
     """Remove the temporary files of dead runs under ``output_prefix``; returns the notes.
 
     A file is one of ours by its name (:func:`_tmp_owner`), below the prefix's folder and
-    starting with ``{basename(output_prefix)}_``, for any key. It is removed when it was
+    starting with ``{basename(output_prefix)}_`` (or ``{basename(output_prefix)}-NNNNN_``, a
+    shard of ``--shard-size``), for any key. It is removed when it was
     written on this host (or before hosts were named) by a pid that does not run. Files of a
     live pid or of another host are kept and named in a note; an input file is never removed.
     A pid reused by an unrelated process keeps its files until that process ends.
     """
     directory = os.path.dirname(output_prefix) or "."
     start = os.path.basename(output_prefix) + "_"
+    shard_start = os.path.basename(output_prefix) + "-"  # a shard's: PREFIX-00000_KEY_document.tmp-...
     try:
         names = sorted(os.listdir(directory))
     except OSError:
@@ -239,7 +248,8 @@ def remove_stale_tmp(output_prefix: str, protected: list[tuple[str, str]]) -> li
     freed = 0
     failed: list[str] = []
     for name in names:
-        owner = _tmp_owner(name) if name.startswith(start) else None
+        ours = name.startswith(start) or (name.startswith(shard_start) and _is_shard_name(name[len(shard_start):]))
+        owner = _tmp_owner(name) if ours else None
         if owner is None:
             continue
         file_host, pid = owner

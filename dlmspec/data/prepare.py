@@ -26,6 +26,7 @@ only, which says ``install dlmspec[runtime]`` when one is missing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import warnings
@@ -43,14 +44,16 @@ from dlmspec.data.outputs import (
     commit_datasets,
     discard_partial,
     install_termination_handlers,
+    remove_file,
     protected_inputs,
     remove_stale_tmp,
     restore_handlers,
     tmp_tag,
     dataset_prefix,
 )
-from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, check_input, read_chunks
+from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, read_chunks, resolve_inputs
 from dlmspec.data.record import tokenizer_section, write_record
+from dlmspec.data import shards as sharding
 from dlmspec.tokenizers import TokenizerError, TokenizerArgs, canonical_tokenizer_type
 
 
@@ -74,10 +77,22 @@ class PrepareResult:
     notes: list[str] = field(default_factory=list)
     #: The ``--hf-dataset`` source (dataset, config, split, revision, streaming); None for --input.
     hf_dataset: Optional[dict[str, Any]] = None
+    #: Every ``--input`` file read, in order: path, bytes, mtime (:meth:`InputFile.to_dict`).
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    #: ``--shard-size`` (tokens); None: one dataset per key. Then, per shard, its index and per
+    #: key its prefix and counts; the manifest per key; how many shards (and their tokens, all
+    #: keys) an interrupted run had written before ``--resume``.
+    shard_size: Optional[int] = None
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    manifests: dict[str, str] = field(default_factory=dict)
+    resumed_shards: int = 0
+    resumed_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Tokens written per second by this run (shards kept from before ``--resume`` left out)."""
+        new = self.tokens - self.resumed_tokens
+        return new / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -174,8 +189,15 @@ def load_runtime() -> tuple[Any, Any, Any]:
     return np, DType, IndexedDatasetBuilder
 
 
+def input_label(files: Sequence[Any]) -> str:
+    """The inputs as the summary's ``input`` names them: the file, or ``FIRST ... LAST (N files)``."""
+    if len(files) == 1:
+        return files[0].path
+    return f"{files[0].path} ... {files[-1].path} ({len(files):,} files)"
+
+
 def prepare(
-    input_path: str | os.PathLike | None,
+    input_path: str | os.PathLike | Sequence[str | os.PathLike] | None,
     output_prefix: str | os.PathLike,
     *,
     tokenizer_type: str,
@@ -193,12 +215,16 @@ def prepare(
     chunk_docs: int = CHUNK_DOCS,
     chunk_bytes: int = CHUNK_BYTES,
     hub: HubSource | None = None,
+    shard_size: int | str | None = None,
+    resume: bool = False,
 ) -> PrepareResult:
     """Tokenize a JSONL file (or a Hugging Face dataset) into one Megatron indexed dataset per
     JSON key.
 
     Args:
-        input_path: JSONL file, one JSON object per line (blank lines are skipped); None with
+        input_path: JSONL file, one JSON object per line (blank lines are skipped), or a list of
+            ``--input`` values: files (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``), folders, globs,
+            read in order as one stream (:func:`dlmspec.data.read.resolve_inputs`); None with
             ``hub``.
         output_prefix: datasets go to ``{output_prefix}_{key}_document.{bin,idx}``.
         tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size: passed to
@@ -216,6 +242,11 @@ def prepare(
         hub: read this Hugging Face dataset's rows instead of ``input_path``
             (:func:`dlmspec.data.hub.open_dataset`; ``json_keys`` name its columns, every row is
             a document, ``max_line_bytes`` does not apply).
+        shard_size: tokens per shard (``2e9``, ``500M``; :func:`dlmspec.data.shards.parse_shard_size`):
+            numbered shards and a manifest per key instead of one dataset, written as they fill
+            and kept when the run is interrupted (:mod:`dlmspec.data.shards`). None: one dataset.
+        resume: with ``shard_size``, continue an interrupted run after its last complete shard
+            (its progress file must show the same arguments); with nothing to resume, start.
     Returns:
         A :class:`PrepareResult` with the counts and the written paths.
 
@@ -223,9 +254,11 @@ def prepare(
         DataPrepareError: the runtime extra is missing (:func:`load_runtime`); both or neither
             of ``input_path`` and ``hub``; a dataset that cannot be opened or read; bad input file,
             JSON (also nested too deeply), keys, a line over ``max_line_bytes``, or tokenizer
-            arguments; an output name that is an input file, or (without ``force``) already
-            exists; a write error (disk full). Any exception
-            (and KeyboardInterrupt) removes the temporary files; no ``.idx`` is left behind.
+            arguments; an output name that is an input file, or (without ``force`` or, sharded,
+            ``resume``) already exists; ``resume`` with other arguments than the interrupted run's
+            (naming what differs), without ``shard_size``, with ``hub`` or with ``force``; a write
+            error (disk full). Any exception (and KeyboardInterrupt) removes the temporary files;
+            no ``.idx`` is left behind; complete shards are kept (the exception's ``kept`` says so).
         PrepareInterrupted: SIGTERM or SIGHUP during the run (temporary files removed).
     """
     if (input_path is None) == (hub is None):
@@ -234,9 +267,25 @@ def prepare(
             if hub is None
             else f"--input {input_path} and {hub.describe()}: pass one of them, not both"
         )
-    input_name = None if input_path is None else os.fspath(input_path)
+    if input_path is None or isinstance(input_path, (str, os.PathLike)):
+        values = None if input_path is None else [os.fspath(input_path)]
+    else:
+        values = [os.fspath(v) for v in input_path]
+    input_name = None if values is None else " ".join(values)
     output_prefix = os.fspath(output_prefix)
     keys = _parse_json_keys(json_keys)
+    shard_size = sharding.parse_shard_size(shard_size)
+    if resume and force:
+        raise DataPrepareError("--resume and --force: pass one of them (--resume continues the interrupted run, "
+                               "--force starts over and replaces its shards)")
+    if resume and shard_size is None:
+        raise DataPrepareError(
+            "--resume continues a run with --shard-size (its complete shards are kept); add the interrupted "
+            "run's --shard-size, or drop --resume (without --shard-size the dataset is written whole at the end)"
+        )
+    if resume and hub is not None:
+        raise DataPrepareError(f"--resume continues a run of --input files, not {hub.describe()}; drop --resume "
+                               "(and pass --force to replace the shards)")
     if int(workers) < 1:
         raise DataPrepareError(f"--workers must be at least 1, got {workers}")
     if int(max_line_bytes) < 1:
@@ -253,8 +302,8 @@ def prepare(
             f"using {cpus} workers",
         )
         workers = cpus
-    if input_name is not None:
-        check_input(input_name)
+    files = [] if values is None else resolve_inputs(values)
+    input_files = [f.path for f in files]
     outputs = {
         key: DatasetOutput(
             json_key=key,
@@ -265,10 +314,25 @@ def prepare(
         for key in keys
     }
     protected = protected_inputs(
-        input_name,
+        input_files,
         *(None if p is None else os.fspath(p) for p in (tokenizer_model, vocab_file, merge_file)),
     )
-    check_outputs(outputs, output_prefix, protected, bool(force))
+    if shard_size is None:
+        check_outputs(outputs, output_prefix, protected, bool(force))
+    else:
+        sharding.check_protected(output_prefix, keys, protected)
+        existing = sharding.existing_outputs(output_prefix, keys)
+        if existing and not (force or resume):
+            if _interrupted(sharding.progress_path(output_prefix)):
+                earlier = ("an interrupted run's: pass --resume to continue it after its last complete shard, "
+                           "--force to start over")
+            else:
+                earlier = "a dataset from an earlier run? pass --force to replace it"
+            shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3:,} more" if len(existing) > 3 else "")
+            raise DataPrepareError(
+                f"--output-prefix {output_prefix} --shard-size: {shown} already exist ({earlier}), or pick "
+                "another --output-prefix"
+            )
     try:
         spec = TokenizerArgs(
             tokenizer_type=canonical_tokenizer_type(tokenizer_type),
@@ -280,7 +344,7 @@ def prepare(
     except TokenizerError as exc:
         raise DataPrepareError(str(exc)) from None
     opened = None if hub is None else open_dataset(hub, keys, show_progress=show_progress)
-    label = input_name if hub is None else hub.describe()
+    label = input_label(files) if hub is None else hub.describe()
     np, DType, IndexedDatasetBuilder = load_runtime()
     try:
         tokenizer = spec.build()
@@ -304,6 +368,46 @@ def prepare(
 
     for text in remove_stale_tmp(output_prefix, protected):
         _note(console, notes, text)
+    inputs = [f.to_dict() for f in files]
+    writer = None
+    start_after = None
+    if shard_size is not None:
+        section = _tokenizer_section(spec, tokenizer, vocab)
+        arguments = sharding.run_arguments(inputs, section, keys, bool(append_eod), shard_size, dtype.name)
+        kept: list[dict[str, Any]] = []
+        state_path = sharding.progress_path(output_prefix)
+        state = sharding.read_progress(state_path) if resume else None
+        if resume and state is None:
+            if sharding.existing_outputs(output_prefix, keys):
+                raise DataPrepareError(
+                    f"--resume: no progress file {state_path}, so the files at --output-prefix {output_prefix} "
+                    "are not an interrupted run's; pass --force (instead of --resume) to replace them"
+                )
+            _note(console, notes, f"--resume: nothing to resume (no {state_path}); starting at the first document")
+        if state is not None:
+            changed = sharding.differences(state.get("arguments") or {}, arguments)
+            if changed:
+                raise DataPrepareError(
+                    f"--resume: the arguments differ from the earlier run's ({state_path}): "
+                    f"{'; '.join(changed)}. Rerun with the same arguments, or pass --force (instead of "
+                    "--resume) to start over"
+                )
+            kept = list(state.get("shards") or [])
+            sharding.check_kept_shards(output_prefix, kept)
+            if state.get("complete"):
+                _note(console, notes, f"--resume: the run is complete already ({len(kept):,} shards); nothing to do")
+                return _sharded_result(label, output_prefix, spec, vocab, tokenizer, dtype, workers, append_eod,
+                                       0.0, keys, kept, 0, notes, hub, inputs, shard_size)
+            if kept:
+                start_after = tuple(kept[-1]["end"])
+                _note(console, notes, f"--resume: {len(kept):,} complete shards kept; continuing after "
+                                      f"{files[start_after[0]].path}:{start_after[1]}")
+        elif force:
+            for path in [sharding.progress_path(output_prefix)] + [sharding.manifest_path(output_prefix, k)
+                                                                    for k in keys]:
+                remove_file(path)  # nothing may point at a mix of old and new shards
+        writer = sharding.ShardWriter(output_prefix, keys, shard_size, IndexedDatasetBuilder, dtype, section,
+                                      inputs, arguments, kept)
 
     tag = tmp_tag()
     tmp = {key: f"{outputs[key].prefix}.{tag}" for key in keys}
@@ -320,10 +424,13 @@ def prepare(
         unit="line" if hub is None else "row",
     )
     documents = 0
+    tokens_seen = 0
     start = time.perf_counter()
     try:
         handlers.update(install_termination_handlers())
-        for key in keys:
+        if writer is not None:
+            writer.write_progress(complete=False)
+        for key in keys if writer is None else ():
             try:
                 builders[key] = IndexedDatasetBuilder(tmp[key] + ".bin", dtype=dtype.type)
             except OSError as exc:
@@ -340,37 +447,63 @@ def prepare(
                 if show_progress:  # bytes of the file, or rows of the dataset (None: unknown)
                     task = progress.add_task(
                         "tokenizing",
-                        total=os.path.getsize(input_name) if opened is None else opened.num_rows,
+                        total=sum(f.size for f in files[(start_after or (0,))[0]:]) if opened is None
+                        else opened.num_rows,
                         documents=0,
                         tokens=0,
                     )
                 if opened is None:
                     chunks = read_chunks(
-                        input_name, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes)
+                        input_files, max(1, chunk_docs), max(1, chunk_bytes), int(max_line_bytes),
+                        start_after=start_after,
                     )
                 else:
                     chunks = opened.chunks(max(1, chunk_docs), max(1, chunk_bytes))
                 for encoded in encoder.imap(chunks):
-                    for key, part in encoded.keys.items():
-                        _write_documents(builders[key], part, outputs[key])
+                    if writer is not None:
+                        writer.add(encoded)
+                    else:
+                        for key, part in encoded.keys.items():
+                            _write_documents(builders[key], part, outputs[key])
                     documents += encoded.documents
+                    tokens_seen += sum(len(part.tokens) for part in encoded.keys.values())
                     if task is not None:
                         progress.update(
                             task,
                             advance=encoded.nbytes if opened is None else encoded.documents,
                             documents=documents,
-                            tokens=sum(o.tokens for o in outputs.values()),
+                            tokens=tokens_seen,
                         )
 
+        if writer is not None:
+            if documents == 0 and not writer.shards:
+                raise DataPrepareError(f"input file has no JSON lines (only blank lines): {label}")
+            manifests = writer.finish()
+            if force:
+                for path in sharding.remove_extra_shards(output_prefix, keys, len(writer.shards)):
+                    notes.append(f"removed {path} (a shard of the earlier run, past this run's last)")
+            return _sharded_result(label, output_prefix, spec, vocab, tokenizer, dtype, workers, append_eod,
+                                   time.perf_counter() - start, keys, writer.shards, writer.resumed, notes, hub,
+                                   inputs, shard_size, manifests)
         if documents == 0:
             if hub is not None:
                 raise DataPrepareError(f"{label}: the split has no rows; pick another --hf-split")
-            raise DataPrepareError(f"input file has no JSON lines (only blank lines): {input_name}")
+            if len(files) > 1:
+                raise DataPrepareError(f"--input {input_name}: the {len(files):,} files have no JSON lines "
+                                       "(only blank lines)")
+            raise DataPrepareError(f"input file has no JSON lines (only blank lines): {label}")
         for key in keys:
             builders[key].finalize(tmp[key] + ".idx")
         commit_datasets(outputs, tmp, renamed_bins)
     except BaseException as exc:
-        discard_partial(outputs, tmp, builders, renamed_bins)
+        if writer is not None:
+            writer.discard()
+            if not writer.shards:  # nothing kept: leave nothing (a rerun starts as the first did)
+                remove_file(sharding.progress_path(output_prefix))
+            if isinstance(exc, KeyboardInterrupt):
+                exc.kept = writer.kept_text()  # type: ignore[attr-defined]
+        else:
+            discard_partial(outputs, tmp, builders, renamed_bins)
         if isinstance(exc, OSError):  # disk full, quota, permissions: input reads raise their own
             where = f" ({exc.filename})" if exc.filename else ""
             raise DataPrepareError(
@@ -381,7 +514,7 @@ def prepare(
     finally:
         restore_handlers(handlers)
     elapsed = time.perf_counter() - start
-    _write_records(outputs.values(), spec, tokenizer, vocab)
+    _write_records(outputs.values(), spec, tokenizer, vocab, inputs)
 
     return PrepareResult(
         input=label,
@@ -398,22 +531,64 @@ def prepare(
         datasets=[outputs[key] for key in keys],
         notes=notes,
         hf_dataset=None if hub is None else hub.to_dict(),
+        inputs=inputs,
     )
 
 
-def _write_records(outputs: Any, spec: TokenizerArgs, tokenizer: Any, vocab: int) -> None:
+def _interrupted(progress_file: str) -> bool:
+    """Whether ``progress_file`` is an unfinished sharded run's (False: none, or complete)."""
+    try:
+        with open(progress_file, encoding="utf-8") as f:
+            return not json.load(f).get("complete")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _tokenizer_section(spec: TokenizerArgs, tokenizer: Any, vocab: int) -> dict[str, Any]:
+    """The record's ``tokenizer`` section (:func:`dlmspec.data.record.tokenizer_section`)."""
+    files = {k: os.path.abspath(v) if v and os.path.exists(v) else v for k, v in spec.files().items()}
+    try:
+        return tokenizer_section(spec.tokenizer_type, vocab_size=vocab, eod_id=tokenizer.eod, files=files)
+    except OSError as exc:
+        raise DataPrepareError(f"cannot read the tokenizer file {exc.filename}: {exc.strerror or exc}") from None
+
+
+def _sharded_result(label: str, output_prefix: str, spec: TokenizerArgs, vocab: int, tokenizer: Any, dtype: Any,
+                    workers: int, append_eod: bool, elapsed: float, keys: Sequence[str], shards: list[dict[str, Any]],
+                    resumed: int, notes: list[str], hub: Any, inputs: list[dict[str, Any]], shard_size: int,
+                    manifests: Optional[dict[str, str]] = None) -> PrepareResult:
+    """The :class:`PrepareResult` of a sharded run (``shards``: the progress file's entries)."""
+    totals = sharding.kept_outputs(output_prefix, keys, shards)
+    first = next(iter(totals.values()))
+    before = sum(c["tokens"] for s in shards[:resumed] for c in s["keys"].values())
+    return PrepareResult(
+        input=label, output_prefix=output_prefix, tokenizer_type=spec.tokenizer_type, vocab_size=vocab,
+        eod=tokenizer.eod, dtype=dtype.name, workers=workers, append_eod=bool(append_eod),
+        documents=first.documents, tokens=sum(o.tokens for o in totals.values()), elapsed_s=elapsed,
+        datasets=[totals[k] for k in keys], notes=notes, hf_dataset=None if hub is None else hub.to_dict(),
+        inputs=inputs, shard_size=shard_size, resumed_shards=resumed, resumed_tokens=before,
+        manifests=manifests or {k: sharding.manifest_path(output_prefix, k) for k in keys},
+        shards=[{"index": s["index"], "keys": {k: {"path": sharding.shard_prefix(output_prefix, s["index"], k),
+                                                    "documents": c["documents"], "tokens": c["tokens"]}
+                                               for k, c in s["keys"].items()}} for s in shards],
+    )
+
+
+def _write_records(outputs: Any, spec: TokenizerArgs, tokenizer: Any, vocab: int,
+                   inputs: list[dict[str, Any]]) -> None:
     """``PREFIX.dlmspec.json`` beside each dataset written (:mod:`dlmspec.data.record`): the
-    tokenizer (type, vocabulary size, EOD id, its files with their SHA-256) and the counts, so
+    tokenizer (type, vocabulary size, EOD id, its files with their SHA-256), the counts and the
+    ``--input`` files (path, bytes, mtime; none for ``--hf-dataset``), so
     ``dlmspec data inspect`` and the checks can tell how the dataset was made.
 
     Raises:
         DataPrepareError: a record cannot be written (the dataset itself is complete).
     """
-    files = {k: os.path.abspath(v) if v and os.path.exists(v) else v for k, v in spec.files().items()}
-    section = tokenizer_section(spec.tokenizer_type, vocab_size=vocab, eod_id=tokenizer.eod, files=files)
+    section = _tokenizer_section(spec, tokenizer, vocab)
     for out in outputs:
         try:
-            write_record(out.prefix, tokenizer=section, documents=out.documents, tokens=out.tokens)
+            write_record(out.prefix, tokenizer=section, documents=out.documents, tokens=out.tokens,
+                         **({"inputs": inputs} if inputs else {}))
         except OSError as exc:
             raise DataPrepareError(
                 f"{out.prefix}.{{bin,idx}} written, but its record {out.prefix}.dlmspec.json cannot be "

@@ -1,16 +1,22 @@
-"""Reading the input of ``dlmspec data prepare``: the JSONL file's lines in chunks, the unit of
-work a tokenizer worker gets.
+"""Reading the input of ``dlmspec data prepare``: the ``--input`` values resolved to files (a
+file, a folder, a glob, repeated), each read as a stream of lines (plain, ``.gz`` or ``.zst``), in
+chunks, the unit of work a tokenizer worker gets.
 
 A line is read with a bounded ``readline``: one longer than ``--max-line-bytes`` (default
 :data:`MAX_LINE_BYTES`) ends the input with a chunk that names the line and its length, and never
-sits whole in memory.
+sits whole in memory. A compressed file is decompressed as it is read (``gzip`` from the standard
+library, ``.zst`` with the ``zstandard`` package), never whole, so memory does not grow with the
+input's size.
 """
 
 from __future__ import annotations
 
+import glob
+import io
 import os
+import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from dlmspec.data.errors import DataPrepareError
 
@@ -25,30 +31,216 @@ CHUNK_BYTES = 1 << 20
 MAX_LINE_BYTES = 8 << 20
 #: Block size for measuring (not keeping) the rest of a line over the limit.
 _SKIP_BLOCK = 1 << 20
+#: File names a folder given to ``--input`` contributes (other files in it are left out).
+INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
+_GLOB_CHARS = frozenset("*?[")
 
 
 @dataclass
 class Chunk:
-    """A run of input lines for one worker."""
+    """A run of input lines for one worker (never across two input files)."""
 
     #: (1-based line number, raw line), blank lines left out; or, for ``--hf-dataset``
     #: (:mod:`dlmspec.data.hub`), (0-based row index, the row's ``--json-keys`` values as a dict).
     lines: list[tuple[int, Any]]
-    nbytes: int  # bytes of input this chunk covers, blank lines included (rows: characters)
+    #: bytes of the input file this chunk covers, blank lines included (for a compressed file, of
+    #: the compressed file, about: its reader reads ahead); rows: characters. For progress only.
+    nbytes: int
     #: (line number, length in bytes) of a line over --max-line-bytes; it ends the input.
     too_long: Optional[tuple[int, int]] = None
+    #: The input file the lines are from (None: the only input, or a Hugging Face dataset).
+    source: Optional[str] = None
+    #: Its place in the resolved input list (0 for a single input).
+    file_index: int = 0
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file, as :func:`resolve_inputs` found it: the path as the user's value gave it,
+    its size in bytes and its modification time (ns since the epoch), which the dataset record
+    keeps and ``--resume`` compares."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"path": absolute path, "bytes": size, "mtime": ISO-8601 UTC, "mtime_ns": int}``."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.mtime_ns / 1e9))
+        return {"path": os.path.abspath(self.path), "bytes": self.size, "mtime": stamp,
+                "mtime_ns": self.mtime_ns}
 
 
 def check_input(path: str) -> None:
     """Raise :class:`DataPrepareError` unless ``path`` is a non-empty file (``--input``)."""
     if not os.path.exists(path):
         raise DataPrepareError(f"--input {path}: file not found; give a JSONL file (one JSON object per line, "
-                               "e.g. {\"text\": \"...\"}), or --hf-dataset NAME for a Hugging Face dataset")
+                               "e.g. {\"text\": \"...\"}), a folder of them, a quoted glob ('data/*.jsonl.gz'), "
+                               "or --hf-dataset NAME for a Hugging Face dataset")
     if not os.path.isfile(path):
-        raise DataPrepareError(f"--input {path}: not a file; give one JSONL file (a folder of .jsonl/.parquet/.csv "
-                               "files is read with --hf-dataset FOLDER)")
+        raise DataPrepareError(f"--input {path}: not a file; give a JSONL file (.jsonl, .jsonl.gz or .jsonl.zst), "
+                               "a folder of them or a quoted glob")
     if os.path.getsize(path) == 0:
         raise DataPrepareError(f"--input {path}: the file is empty; give a JSONL file with one document per line")
+
+
+def _stat(path: str) -> InputFile:
+    info = os.stat(path)
+    return InputFile(path, info.st_size, info.st_mtime_ns)
+
+
+def resolve_inputs(values: Sequence[str] | str) -> list[InputFile]:
+    """The files the ``--input`` values name, in a deterministic order.
+
+    Each value, in the order given, is a file (taken as is, whatever its name), a folder (its
+    files ending in one of :data:`INPUT_SUFFIXES`, in its subfolders too, hidden ones left out,
+    sorted by path), or a glob (``*``, ``?``, ``[...]``; ``**`` spans folders; its matches sorted
+    by path). Files are read in that order, as one stream of documents.
+
+    Raises:
+        DataPrepareError: a value names nothing (no file, an empty folder, a glob without a
+            match), a named file is missing or empty, or one file is named twice (a document
+            would be trained on twice; list it once).
+    """
+    if isinstance(values, (str, os.PathLike)):
+        values = [os.fspath(values)]
+    if not values:
+        raise DataPrepareError("--input: give at least one JSONL file, folder or quoted glob")
+    found: list[InputFile] = []
+    seen: dict[str, str] = {}
+    for value in values:
+        value = os.fspath(value)
+        if os.path.isdir(value):
+            paths = sorted(
+                os.path.join(root, name)
+                for root, dirs, names in os.walk(value)
+                for name in names
+                if not name.startswith(".") and name.endswith(INPUT_SUFFIXES)
+                and not any(part.startswith(".") for part in os.path.relpath(root, value).split(os.sep) if part != ".")
+            )
+            if not paths:
+                raise DataPrepareError(
+                    f"--input {value}: the folder has no input files (names ending in "
+                    f"{', '.join(INPUT_SUFFIXES)}); name the files or a glob, e.g. --input '{value}/*.txt.jsonl'"
+                )
+        elif not os.path.exists(value) and _GLOB_CHARS & set(value):
+            paths = sorted(p for p in glob.glob(value, recursive=True) if os.path.isfile(p))
+            if not paths:
+                raise DataPrepareError(
+                    f"--input {value}: the glob matches no file; check the pattern (quote it so that "
+                    "dlmspec, not the shell, expands it), e.g. --input 'data/*.jsonl.gz'"
+                )
+        else:
+            paths = [value]
+        for path in paths:
+            check_input(path)
+            key = os.path.realpath(path)
+            if key in seen:
+                raise DataPrepareError(
+                    f"--input {value}: {path} is also named by --input {seen[key]}; every document would be "
+                    "read twice. List each file once"
+                )
+            seen[key] = value
+            found.append(_stat(path))
+    return found
+
+
+def compression(path: str) -> Optional[str]:
+    """``"gzip"`` for a ``.gz`` name, ``"zstd"`` for ``.zst``/``.zstd``, None for a plain file."""
+    lower = path.lower()
+    if lower.endswith(".gz"):
+        return "gzip"
+    if lower.endswith((".zst", ".zstd")):
+        return "zstd"
+    return None
+
+
+class _ZstdRaw(io.RawIOBase):
+    """A ``.zst`` file decompressed as it is read, frame after frame, which (unlike
+    ``zstandard``'s ``stream_reader``, which returns what it has) raises ``EOFError`` when the file
+    ends inside a frame: a truncated file is an error, not a silently short input."""
+
+    def __init__(self, raw: Any, zstandard: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._obj = self._new()
+        self._in_frame = False
+        self._out = memoryview(b"")
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _feed(self, data: bytes) -> bytes:
+        parts = []
+        while data:
+            parts.append(self._obj.decompress(data))
+            self._in_frame = True
+            if not self._obj.eof:
+                break
+            data = self._obj.unused_data  # the next frame, if any
+            self._obj = self._new()
+            self._in_frame = False
+        return b"".join(parts)
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            if self._done:
+                return 0
+            data = self._raw.read(1 << 16)
+            if not data:
+                self._done = True
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame (truncated?)")
+                return 0
+            self._out = memoryview(self._feed(data))
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+
+class _InputStream:
+    """A binary line reader over one input file, decompressing as it reads; ``position()`` is the
+    offset reached in the file on disk (compressed bytes), for progress."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        kind = compression(path)
+        zstandard = None
+        if kind == "zstd":
+            try:
+                import zstandard
+            except ImportError:
+                raise DataPrepareError(
+                    f"--input {path}: a .zst file needs the zstandard package, which is not installed: "
+                    "pip install zstandard (or decompress it: zstd -d FILE)"
+                ) from None
+        self.raw = open(path, "rb")
+        try:
+            if kind == "gzip":
+                import gzip
+
+                self.handle: Any = gzip.GzipFile(fileobj=self.raw, mode="rb")
+            elif kind == "zstd":
+                self.handle = io.BufferedReader(_ZstdRaw(self.raw, zstandard), 1 << 16)
+            else:
+                self.handle = self.raw
+        except BaseException:
+            self.raw.close()
+            raise
+
+    def position(self) -> int:
+        return self.raw.tell()
+
+    def close(self) -> None:
+        if self.handle is not self.raw:
+            try:
+                self.handle.close()
+            except Exception:  # noqa: BLE001  (a corrupt stream's close re-raises its error)
+                pass
+        self.raw.close()
 
 
 def _rest_of_line(handle: Any) -> int:
@@ -63,40 +255,96 @@ def _rest_of_line(handle: Any) -> int:
         total += len(block)
 
 
-def read_chunks(
-    path: str, chunk_docs: int, chunk_bytes: int, max_line_bytes: int = MAX_LINE_BYTES
-) -> Iterator[Chunk]:
-    """Chunks of the input's lines; at most ``max_line_bytes + 1`` bytes of a line are read.
+def _read_error(path: str, lineno: int, exc: BaseException) -> DataPrepareError:
+    kind = compression(path)
+    what = getattr(exc, "strerror", None) or exc
+    hint = f"; is it a whole {kind} file? (test it: {'gzip -t' if kind == 'gzip' else 'zstd -t'} {path})" if kind else ""
+    return DataPrepareError(f"--input {path}: cannot read it (line {lineno + 1}): {what}{hint}")
 
-    A line longer than ``max_line_bytes`` (newline not counted) ends the input with a chunk
-    whose ``too_long`` names it (the lines before it come first, so errors keep input order).
-    Raises DataPrepareError when the file cannot be read.
-    """
+
+def _file_chunks(path: str, index: int, source: Optional[str], chunk_docs: int, chunk_bytes: int,
+                 max_line_bytes: int, after_line: int) -> Iterator[Chunk]:
+    """The chunks of one file; lines up to ``after_line`` are read and left out (a resumed run)."""
     lines: list[tuple[int, bytes]] = []
     size = 0
     lineno = 0
+    stream = None
     try:
-        with open(path, "rb") as handle:
-            while True:
-                raw = handle.readline(max_line_bytes + 1)
-                if not raw:
-                    break
-                lineno += 1
-                if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                    length = len(raw) + _rest_of_line(handle)
-                    if lines or size:
-                        yield Chunk(lines, size)
-                    yield Chunk([], 0, too_long=(lineno, length))
-                    return
+        stream = _InputStream(path)
+        handle = stream.handle
+        mark = stream.position()
+        while True:
+            raw = handle.readline(max_line_bytes + 1)
+            if not raw:
+                break
+            lineno += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                length = len(raw) + _rest_of_line(handle)
+                if lineno <= after_line:
+                    continue
+                if lines or size:
+                    yield Chunk(lines, size, source=source, file_index=index)
+                yield Chunk([], 0, too_long=(lineno, length), source=source, file_index=index)
+                return
+            if lineno <= after_line:
+                continue
+            if stream.handle is stream.raw:
                 size += len(raw)
-                if raw.strip():
-                    lines.append((lineno, raw))
-                if len(lines) >= chunk_docs or size >= chunk_bytes:
-                    yield Chunk(lines, size)
-                    lines, size = [], 0
-    except OSError as exc:
-        raise DataPrepareError(
-            f"--input {path}: cannot read it (line {lineno + 1}): {exc.strerror or exc}"
-        ) from None
+            if raw.strip():
+                lines.append((lineno, raw))
+            if len(lines) >= chunk_docs or size >= chunk_bytes:
+                if stream.handle is not stream.raw:
+                    now = stream.position()
+                    size, mark = size + now - mark, now
+                yield Chunk(lines, size, source=source, file_index=index)
+                lines, size = [], 0
+        if stream.handle is not stream.raw:
+            size += stream.position() - mark
+    except DataPrepareError:
+        raise
+    except (OSError, EOFError, ValueError) as exc:  # gzip/zstd: a truncated or corrupt stream
+        raise _read_error(path, lineno, exc) from None
+    except Exception as exc:  # zstandard.ZstdError is not an OSError
+        if type(exc).__module__.startswith("zstandard") or "Zstd" in type(exc).__name__:
+            raise _read_error(path, lineno, exc) from None
+        raise
+    finally:
+        if stream is not None:
+            stream.close()
     if lines or size:
-        yield Chunk(lines, size)
+        yield Chunk(lines, size, source=source, file_index=index)
+
+
+def read_chunks(
+    path: str | Sequence[str],
+    chunk_docs: int,
+    chunk_bytes: int,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    start_after: Optional[tuple[int, int]] = None,
+) -> Iterator[Chunk]:
+    """Chunks of the input's lines; at most ``max_line_bytes + 1`` bytes of a line are read.
+
+    ``path`` is one file or a list of files (:func:`resolve_inputs`), read in order; a chunk
+    never spans two files, and with several files each chunk's ``source`` names its file.
+    ``.gz`` and ``.zst`` files are decompressed as they are read. ``start_after`` =
+    ``(file index, line number)`` leaves out every line up to and including that one (they
+    are read, not parsed: a resumed run continues after its last complete shard).
+
+    A line longer than ``max_line_bytes`` (newline not counted) ends the input with a chunk
+    whose ``too_long`` names it (the lines before it come first, so errors keep input order).
+    Raises DataPrepareError when a file cannot be read (or decompressed, or ``zstandard`` is
+    missing for a ``.zst`` file).
+    """
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    several = len(paths) > 1
+    first_file, after_line = start_after if start_after is not None else (0, 0)
+    for index, one in enumerate(paths):
+        one = os.fspath(one)
+        if index < first_file:
+            continue
+        skip = after_line if index == first_file else 0
+        for chunk in _file_chunks(one, index, one if several else None, chunk_docs, chunk_bytes,
+                                  max_line_bytes, skip):
+            yield chunk
+            if chunk.too_long is not None:
+                return

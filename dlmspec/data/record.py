@@ -106,8 +106,22 @@ def write_record(prefix: str, **sections: Any) -> str:
         TypeError: a section is not JSON-serialisable.
     """
     body = {"schema": SCHEMA, "version": VERSION, **sections}
+    return write_json(record_path(prefix), body)
+
+
+def write_json(path: str, body: Any) -> str:
+    """Write ``body`` as JSON (indented, keys sorted: the same body gives the same bytes) to
+    ``path`` atomically: a temporary file in the same folder, renamed over ``path``; readable as
+    the umask allows. Also the manifests and progress file of :mod:`dlmspec.data.shards`.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OSError: the folder is not writable.
+        TypeError: ``body`` is not JSON-serialisable.
+    """
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    path = record_path(prefix)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=folder)
     try:
