@@ -812,13 +812,35 @@ def main(argv: Optional[List[str]] = None) -> int:
                                        "error": f"micro batch {too_big_from} ran out of memory"})
             continue
         t_start = time.perf_counter()
-        try:
-            attempt = run_micro_batch(
+
+        def attempt_once():
+            return run_micro_batch(
                 model, optimizer, objective, arch, mbs=mbs, seq=seq, warmup=args.warmup, steps=args.steps,
                 seed=args.seed, device=device, precision=precision, clip_grad=args.clip_grad,
                 sdpa_backend=args.sdpa_backend, flops=flops["flops_per_token"], peak_tflops=args.peak_tflops,
                 grad_accum=args.grad_accum, loss_fn=loss_fn,
             )
+
+        try:
+            try:
+                attempt = attempt_once()
+            except Exception as exc:  # noqa: BLE001 - a compile failure gets one retry, recorded
+                if "-compile" not in args.impl or _is_oom(exc) or "compile_fallback" in report["impl_setup"]:
+                    raise
+                # torch.compile could not take a layer (e.g. one of Liger's Triton kernels): the
+                # frames that fail to compile run eagerly from here on, and the JSON says so
+                import torch._dynamo as dynamo  # (a plain "import torch._dynamo" would make torch local to main)
+
+                report["impl_setup"]["compile_fallback"] = {
+                    "error": f"{type(exc).__name__}: {str(exc)[:1500]}",
+                    "then": "torch._dynamo.config.suppress_errors = True (frames that fail to compile run eagerly), "
+                            "dynamo reset, the micro batch run again"}
+                print(f"hf_baseline: compiled step failed ({type(exc).__name__}: {str(exc)[:300]}); retrying with "
+                      "torch._dynamo.config.suppress_errors = True", flush=True)
+                optimizer.zero_grad(set_to_none=True)
+                dynamo.reset()
+                dynamo.config.suppress_errors = True
+                attempt = attempt_once()
         except Exception as exc:  # noqa: BLE001 - classified and recorded
             oom = _is_oom(exc)
             attempt = {"micro_batch_size": mbs, "status": "oom" if oom else "error",
