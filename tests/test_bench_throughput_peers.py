@@ -359,3 +359,29 @@ def test_run_end_to_end_compiles_runs_and_reports_the_peer_ratios(tmp_path):
     assert r["megatron_bf16_over_fastest_hf_bf16"]["ratio"] == pytest.approx(40960 / 32768)
     assert data["hf"]["best_by_impl"]["plain"]["micro_batch_size"] == 6
     assert "te_fp8_over_hf_fp8: te-fp8 / liger-compile-fp8 = 1.600" in proc.stdout
+
+
+def test_peers_sh_installs_the_wheels_and_runs_one_run_py_within_its_budget(tmp_path):
+    """bench/gpu/peers.sh with a recording stand-in for python: the pip line (no index, no deps, a
+    target), then one run.py whose arguments parse and give issue 21's eight jobs; budget under 420 s."""
+    log = tmp_path / "calls.jsonl"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    whl = tmp_path / "whl"
+    whl.mkdir()
+    for name in ("liger_kernel-0.8.5-py3-none-any.whl", "torchao-0.18.0-cp310-abi3-manylinux_2_28_x86_64.whl"):
+        (whl / name).write_bytes(b"")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "bench/gpu/peers.sh", str(out)], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PY": str(fake), "WHL": str(whl), "SITE": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pip, bench = [json.loads(line) for line in log.read_text().splitlines()]
+    assert pip[:3] == ["-m", "pip", "install"] and "--no-index" in pip and "--no-deps" in pip
+    assert pip[pip.index("--target") + 1] == str(tmp_path / "site") and sum(a.endswith(".whl") for a in pip) == 2
+    assert bench[0] == "bench/throughput/run.py" and (out / "peers_install.log").exists()
+    args = run.parse_args(bench[1:])
+    assert 300 < args.budget_s < 420 and args.warmup == 3 and args.steps == 5 and args.out == str(out)
+    assert [run.job_name(*j) for j in run.job_order(args)] == [
+        "megatron-te-fp8_mb8", "hf-liger_mb12", "megatron-te-fp8_mb12", "hf-liger-compile-fp8_mb12",
+        "megatron-te-bf16_mb8", "hf-liger-compile_mb12", "megatron-te-bf16_mb12", "hf_mb6"]

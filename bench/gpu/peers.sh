@@ -55,6 +55,7 @@ wheels=$(ls "$WHL"/liger_kernel-*.whl "$WHL"/torchao-*.whl 2>/dev/null)
 cat "$out/peers_install.log"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$SITE PYTHONUNBUFFERED=1
 
+# shellcheck disable=SC2054 # the commas separate run.py's list values, not array elements
 args=(--out "$out" --work-dir /tmp/peers-work --tag peers
       --megatron-variants te-fp8,te-bf16 --megatron-micro-batch-sizes 8,12
       --hf-impls liger,liger-compile-fp8,liger-compile,plain --hf-micro-batch-sizes 12

@@ -38,6 +38,32 @@ with ``global_batch_size = grad_accum * micro_batch_size``):
   moments (16 bytes/parameter) with the forward under ``torch.autocast(bfloat16)`` (what the HF
   Trainer does with ``bf16=True``).
 
+``--impl`` (issue 21's strong peers; ``plain`` is all of the above):
+
+* ``liger``: Liger Kernel's RoPE, RMSNorm (every norm, the q/k norms included) and SwiGLU MLP
+  (``apply_liger_kernel_to_qwen3`` before the model is built; transformers' forward and loss are
+  not patched), and Liger's fused linear cross entropy on the masked rows only: the decoder's final
+  hidden states at positions with ``loss_weights != 0`` are gathered (``[n, H]``, no ``[b, s, V]``
+  logits) and ``liger_fused_linear_cross_entropy(h, lm_head.weight, labels)`` gives their cross
+  entropy. Liger has no per-token weights (its ``ce_weight`` is per class), so the objective's 1/t
+  reaches it through ``--flce-reduction``: ``none`` (default: per-row losses times their weights;
+  Liger 0.8 folds the per-token upstream gradient into the logits gradient in backward, at the
+  cost of recomputing the chunked logits there) or ``grouped`` (one ``reduction="sum"`` call per
+  distinct weight - one per sequence under LLaDA - times that weight: Liger's gradient-in-forward
+  path, scaled by the scalar upstream gradient; it holds one lm_head-sized weight gradient per
+  group until backward). Either way the loss is ``sum(CE * loss_weights) / num_tokens``, the plain
+  loop's (tests/test_bench_throughput_peers.py checks loss and every gradient on CPU against the
+  plain loop, through :func:`torch_fused_linear_cross_entropy`, a pure-torch stand-in of Liger's
+  function with its signature);
+* ``liger-compile``: the same with ``torch.compile`` of each decoder layer (``nn.Module.compile``,
+  ``--compile-backend``, default inductor); should a compiled step fail (not out of memory), the
+  micro batch runs again with ``torch._dynamo.config.suppress_errors = True`` and the JSON's
+  ``impl_setup.compile_fallback`` says so; ``impl_setup.dynamo`` has the graph and graph-break counts;
+* ``liger-compile-fp8``: the compiled loop with torchao float8 training
+  (``convert_to_float8_training``, tensorwise recipe: dynamic per-tensor scales) on the 7 linears
+  of every decoder layer (q/k/v/o, gate/up/down), before compiling; ``lm_head`` stays bf16 (its
+  weight goes to Liger's loss) and the embedding is no linear.
+
 Timing: CUDA events around each whole step (token draw, objective, forward, loss, backward,
 clipping, optimizer step, zero_grad) after ``--warmup`` untimed steps; the median of the
 ``--steps`` timed steps gives tokens/s, model TFLOP/s (:func:`throughput_common.flops_per_token`,

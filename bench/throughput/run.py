@@ -15,6 +15,20 @@ pure bf16 with fused AdamW, the same objective and masking RNG), timed with CUDA
 alternate between the sides by micro batch (so a time budget that runs out leaves both sides
 measured), and a side skips the micro batches above one that ran out of memory.
 
+Issue 21's peers (``bench/gpu/peers.sh`` runs them): ``--hf-impls`` picks hf_baseline.py's
+``--impl`` rows (``plain``, ``liger``, ``liger-compile``, ``liger-compile-fp8``; micro batches per
+impl with ``--hf-impl-micro-batch-sizes plain=6``) and ``--megatron-variants`` the megatron rows:
+``reference`` (train_reference.py, as above) or a variant of :data:`MEGATRON_VARIANTS` (``te-bf16``,
+``te-fp8``, ``te-fp8-tensorwise``, ``local-bf16``), for which the harness compiles
+``bench/throughput/qwen3-1.7b-mdm.toml`` with ``--set`` overrides (``dlmspec compile``, not part
+of the job's limit) and runs its train.py under torchrun as launch.sh does (without the
+``--check`` pass). Each side's rows are taken in the order given, alternating sides. The JSON's
+``ratios`` (:func:`peer_ratios`) holds TE fp8 / strongest HF bf16, TE fp8 / HF fp8 and bf16
+megatron / fastest HF bf16 (each naming its two rows, with issue 21's target) and every
+variant/impl pair; ``best_by_variant`` / ``best_by_impl`` the best micro batch of each row.
+``--dry-run`` also compiles every compiled job and checks its train.py's keywords, and tries the
+imports the chosen rows need with ``--python`` (``--skip-import-check`` to leave that out).
+
 Both sides are summarised the same way (:func:`throughput_common.summarize`): median step time
 of the timed steps, tokens/s (``micro_batch * nproc * seq / median``), model TFLOP/s per GPU from
 the planner's :func:`dlmspec.flops.model_flops_per_token`, MFU against 989 TFLOP/s, and
@@ -551,6 +565,9 @@ def run_job(args: argparse.Namespace, side: str, mbs: int, name: str, *, timeout
             dest = work / f"{name}.compiled"
             compiled = compile_job(args, impl, mbs, run_dir, dest)
             cmd = compiled_train_command(args, dest)
+            # what the compiled launch.sh exports before torchrun
+            env = {**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                   "TORCH_NCCL_AVOID_RECORD_STREAMS": env.get("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")}
     else:
         hf_json = work / f"{name}.json"
         hf_json.unlink(missing_ok=True)
