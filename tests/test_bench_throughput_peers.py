@@ -156,6 +156,7 @@ def test_liger_impl_runs_end_to_end_on_cpu_with_the_stand_in(hf, tmp_path):
     assert data["impl_setup"]["compiled"] == {"what": "each decoder layer, nn.Module.compile", "backend": "eager", "layers": 2}
     assert "masked rows only" in data["setup"]["loss"] and data["setup"]["flce_reduction"] == "none"
     assert "stand-in" in data["setup"]["liger"]
+    assert data["impl_setup"]["truncated_path_compiled"]["key_padding_mask"] is True  # before any timed step
     assert data["attempts"][0]["losses"] == pytest.approx(rows["plain"]["attempts"][0]["losses"], rel=1e-5)
 
 

@@ -60,7 +60,7 @@ args=(--out "$out" --work-dir /tmp/peers-work --tag peers
       --megatron-variants te-fp8,te-bf16 --megatron-micro-batch-sizes 8,12
       --hf-impls liger,liger-compile-fp8,liger-compile,plain --hf-micro-batch-sizes 12
       --hf-impl-micro-batch-sizes "plain=$PLAIN_MBS"
-      --warmup 3 --steps 5 --microbatches-per-step "$ACCUM" --timeout-s "${JOB_TIMEOUT_S:-120}")
+      --warmup 3 --steps 5 --microbatches-per-step "$ACCUM" --timeout-s "${JOB_TIMEOUT_S:-150}")
 if [ "$DRY" = 1 ]; then
   exec "$PY" bench/throughput/run.py --dry-run "${args[@]}" "$@"
 fi
