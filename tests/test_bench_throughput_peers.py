@@ -283,6 +283,13 @@ def test_run_dry_run_compiles_the_te_variants_and_checks_their_train_py(tmp_path
     text = (tmp_path / "megatron-te-fp8_mb12.compiled" / "train.py").read_text()
     kw = run.train_py_keywords(text)
     assert kw["fp8"] == "hybrid" and kw["use_transformer_engine"] is True and kw["global_batch_size"] == 24
+    # the import check: the imports the rows need, and the masked-row loss wiring through the stand-in
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--sides", "hf", "--hf-impls", "liger",
+                           "--hf-micro-batch-sizes", "12", "--work-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "# masked-row loss (stand-in) = plain loss (hf liger* impls): ok" in proc.stdout
+    assert "# import liger_kernel.transformers" in proc.stdout and "megatron" not in proc.stdout.split("# import")[1]
 
 
 def _summary(tps, **extra):

@@ -630,6 +630,21 @@ if "liger_kernel.transformers" in out:  # the exact import path hf_baseline.py t
         out["hf_baseline.load_liger()"] = "ok"
     except BaseException as exc:
         out["hf_baseline.load_liger()"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    try:  # the masked-row loss wiring on CPU, with the pure-torch stand-in of Liger's function
+        import torch
+        from throughput_common import TINY
+        from dlmspec.backends.megatron.objective import MaskedDiffusionObjective
+        torch.manual_seed(0)
+        model = hf_baseline.build_model(TINY, 16, device=torch.device("cpu"), param_dtype=torch.float32)
+        obj = MaskedDiffusionObjective(TINY["mask_token_id"], eps=1e-3, loss_weighting="llada", variable_length_prob=0.0)
+        ob = obj.prepare(torch.randint(0, TINY["tokenizer_vocab"], (2, 16)), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            plain = float(hf_baseline.plain_loss(model, ob))
+            diffs = {r: abs(float(hf_baseline.make_flce_loss(hf_baseline.torch_fused_linear_cross_entropy, r)(model, ob)) - plain) / plain
+                     for r in hf_baseline.FLCE_REDUCTIONS}
+        out["masked-row loss (stand-in) = plain loss"] = ("ok" if max(diffs.values()) < 1e-5 else "MISMATCH") + ": relative difference " + ", ".join(f"{r} {d:.1e}" for r, d in diffs.items())
+    except BaseException as exc:
+        out["masked-row loss (stand-in) = plain loss"] = f"{type(exc).__name__}: {exc}"[:300]
 print(json.dumps(out))
 """
 
@@ -687,9 +702,11 @@ def expected_keywords(args: argparse.Namespace, variant: str, mbs: int, run_dir:
 
 def dry_run(args: argparse.Namespace, jobs: List[tuple], work: Path, megatron_extra: List[str]) -> int:
     """Print every job's command; compile each compiled megatron job and check its train.py's
-    keywords (:func:`expected_keywords`); try the imports (:func:`import_check`) unless
-    ``--skip-import-check``. Exit code 1 when a compile or a keyword check failed, else 0 (an
-    import that fails here, e.g. Liger without Triton on a CPU machine, is reported, not fatal)."""
+    keywords (:func:`expected_keywords`); try the imports (:func:`import_check`; with a liger impl
+    also the masked-row loss through the pure-torch stand-in of Liger's function against the plain
+    loss, on a tiny CPU model) unless ``--skip-import-check``. Exit code 1 when a compile, a keyword
+    check or that loss check failed, else 0 (an import that fails here, e.g. Liger without Triton on
+    a CPU machine, is reported, not fatal)."""
     print("# env: PYTHONUNBUFFERED=1" + (f" PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf}" if args.alloc_conf else ""))
     failed = 0
     for side, impl, mbs in jobs:
@@ -715,8 +732,11 @@ def dry_run(args: argparse.Namespace, jobs: List[tuple], work: Path, megatron_ex
             cmd = hf_command(args, mbs, work / f"{name}.json", impl)
         print(f"{label}: {shlex.join(cmd)}")
     if not args.skip_import_check:
-        for module, status in import_check(args.python, needed_imports(args)).items():
-            print(f"# import {module} ({IMPORTS.get(module, 'hf liger* impls')}): {status}")
+        checked = import_check(args.python, needed_imports(args))
+        wiring = checked.get("masked-row loss (stand-in) = plain loss")
+        failed += wiring is not None and not wiring.startswith("ok")
+        for module, status in checked.items():
+            print(f"# {'' if ' ' in module else 'import '}{module} ({IMPORTS.get(module, 'hf liger* impls')}): {status}")
     print(f"# then: results JSON under {args.out or os.environ.get('OUT') or ROOT / 'bench' / 'results'}")
     return 1 if failed else 0
 
