@@ -340,7 +340,8 @@ else:
                "tokens_per_s": mbs * 4096 / step, "tflops_per_gpu": 1.0, "mfu": 0.001, "peak_mem_gib": 1.0,
                "peak_reserved_gib": 2.0}
     with open(argv[argv.index("--json") + 1], "w") as f:
-        json.dump({"attempts": [attempt], "bidirectional_check": {"bidirectional": True}}, f)
+        json.dump({"attempts": [attempt], "bidirectional_check": {"bidirectional": True},
+                   "impl_setup": {"impl": impl, "dynamo": {"unique_graphs": 1}}}, f)
 '''
 
 
@@ -366,6 +367,7 @@ def test_run_end_to_end_compiles_runs_and_reports_the_peer_ratios(tmp_path):
     assert r["te_fp8_over_hf_fp8"]["ratio"] == pytest.approx(81920 / 51200)
     assert r["megatron_bf16_over_fastest_hf_bf16"]["ratio"] == pytest.approx(40960 / 32768)
     assert data["hf"]["best_by_impl"]["plain"]["micro_batch_size"] == 6
+    assert [a["impl_setup"]["impl"] for a in data["hf"]["attempts"]] == ["liger", "liger-compile-fp8", "plain"]
     assert "te_fp8_over_hf_fp8: te-fp8 / liger-compile-fp8 = 1.600" in proc.stdout
 
 

@@ -396,7 +396,7 @@ def hf_attempt(args: argparse.Namespace, mbs: int, proc: Dict[str, Any], json_pa
     attempts = report.get("attempts") or []
     attempt: Dict[str, Any] = dict(attempts[0]) if attempts else {"micro_batch_size": mbs}
     attempt.update(returncode=proc["returncode"], seconds=proc["seconds"])
-    for key in ("bidirectional_check", "parameters", "versions", "setup", "flops_per_token", "flops_source"):
+    for key in ("bidirectional_check", "parameters", "versions", "setup", "impl_setup", "flops_per_token", "flops_source"):
         if key in report:
             attempt[key] = report[key]
     if proc["timed_out"]:
