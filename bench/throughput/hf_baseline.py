@@ -38,6 +38,32 @@ with ``global_batch_size = grad_accum * micro_batch_size``):
   moments (16 bytes/parameter) with the forward under ``torch.autocast(bfloat16)`` (what the HF
   Trainer does with ``bf16=True``).
 
+``--impl`` (issue 21's strong peers; ``plain`` is all of the above):
+
+* ``liger``: Liger Kernel's RoPE, RMSNorm (every norm, the q/k norms included) and SwiGLU MLP
+  (``apply_liger_kernel_to_qwen3`` before the model is built; transformers' forward and loss are
+  not patched), and Liger's fused linear cross entropy on the masked rows only: the decoder's final
+  hidden states at positions with ``loss_weights != 0`` are gathered (``[n, H]``, no ``[b, s, V]``
+  logits) and ``liger_fused_linear_cross_entropy(h, lm_head.weight, labels)`` gives their cross
+  entropy. Liger has no per-token weights (its ``ce_weight`` is per class), so the objective's 1/t
+  reaches it through ``--flce-reduction``: ``none`` (default: per-row losses times their weights;
+  Liger 0.8 folds the per-token upstream gradient into the logits gradient in backward, at the
+  cost of recomputing the chunked logits there) or ``grouped`` (one ``reduction="sum"`` call per
+  distinct weight - one per sequence under LLaDA - times that weight: Liger's gradient-in-forward
+  path, scaled by the scalar upstream gradient; it holds one lm_head-sized weight gradient per
+  group until backward). Either way the loss is ``sum(CE * loss_weights) / num_tokens``, the plain
+  loop's (tests/test_bench_throughput_peers.py checks loss and every gradient on CPU against the
+  plain loop, through :func:`torch_fused_linear_cross_entropy`, a pure-torch stand-in of Liger's
+  function with its signature);
+* ``liger-compile``: the same with ``torch.compile`` of each decoder layer (``nn.Module.compile``,
+  ``--compile-backend``, default inductor); should a compiled step fail (not out of memory), the
+  micro batch runs again with ``torch._dynamo.config.suppress_errors = True`` and the JSON's
+  ``impl_setup.compile_fallback`` says so; ``impl_setup.dynamo`` has the graph and graph-break counts;
+* ``liger-compile-fp8``: the compiled loop with torchao float8 training
+  (``convert_to_float8_training``, tensorwise recipe: dynamic per-tensor scales) on the 7 linears
+  of every decoder layer (q/k/v/o, gate/up/down), before compiling; ``lm_head`` stays bf16 (its
+  weight goes to Liger's loss) and the embedding is no linear.
+
 Timing: CUDA events around each whole step (token draw, objective, forward, loss, backward,
 clipping, optimizer step, zero_grad) after ``--warmup`` untimed steps; the median of the
 ``--steps`` timed steps gives tokens/s, model TFLOP/s (:func:`throughput_common.flops_per_token`,
@@ -94,6 +120,152 @@ PRECISIONS = {
                    "and backward under torch.autocast(bfloat16) (HF Trainer bf16=True)",
     "fp32": "fp32 parameters and compute, no autocast (CPU tests)",
 }
+
+
+#: ``--impl`` choices: the plain loop (a row of its own) and the strong peers of issue 21.
+IMPLS = {
+    "plain": "transformers Qwen3ForCausalLM as is: full [b, s, V] logits upcast to fp32, per-token cross entropy",
+    "liger": "Liger Kernel RoPE, RMSNorm and SwiGLU (apply_liger_kernel_to_qwen3, before the model is built) and "
+             "Liger's fused linear cross entropy on the masked rows only (no logits tensor)",
+    "liger-compile": "liger + torch.compile of each decoder layer (nn.Module.compile, in place)",
+    "liger-compile-fp8": "liger-compile + torchao float8 training (convert_to_float8_training, tensorwise scaling) on "
+                         "every nn.Linear of the decoder layers (q/k/v/o, gate/up/down); lm_head stays bf16 "
+                         "(Liger's fused linear cross entropy takes its weight)",
+}
+#: ``--flce-reduction`` choices: how the objective's per-token weights reach Liger's loss.
+FLCE_REDUCTIONS = {
+    "none": "one fused-linear-cross-entropy call over all masked rows with reduction='none', each row's loss times "
+            "its weight (Liger >= 0.8 folds the per-token upstream gradient into the logits gradient in backward, "
+            "recomputing the chunked logits there)",
+    "grouped": "one call with reduction='sum' per distinct weight value (LLaDA: one per sequence, weight 1/t), "
+               "each times its weight: Liger's compute-the-gradient-in-forward path, scaled by the scalar "
+               "upstream gradient; holds one lm_head-sized weight gradient per group until backward",
+}
+
+
+def torch_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight=None, ignore_index: int = -100,
+                                     lse_square_scale: float = 0.0, label_smoothing: float = 0.0,
+                                     reduction: str = "mean", softcap=None, return_z_loss: bool = False,
+                                     accum_dtype=None, use_token_scaling: bool = False,
+                                     return_token_accuracy: bool = False, return_predicted_tokens: bool = False,
+                                     chunk_mem_const: int = 1):
+    """Pure-torch stand-in of ``liger_kernel.transformers.functional.liger_fused_linear_cross_entropy``
+    (same parameters, Liger 0.8.5), for CPU where Liger (Triton) cannot import.
+
+    ``input`` ``[n, H]``, ``weight`` ``[V, H]``, ``target`` ``[n]`` int64; the logits
+    ``input @ weight.T (+ bias)`` in the input's dtype, upcast to fp32 for the cross entropy (as
+    Liger's kernel and transformers' ``ForCausalLMLoss`` do). ``reduction``: ``"mean"`` (over rows
+    whose target is not ``ignore_index``), ``"sum"`` or ``"none"`` (``[n]`` fp32).
+
+    Raises:
+        NotImplementedError: for any option the benchmark does not use (class weights, z-loss,
+            label smoothing, softcap, token scaling, accuracy/prediction outputs).
+    """
+    if (ce_weight is not None or lse_square_scale or label_smoothing or softcap is not None or return_z_loss
+            or use_token_scaling or return_token_accuracy or return_predicted_tokens):
+        raise NotImplementedError("the stand-in implements plain cross entropy only")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    logits = F.linear(input, weight, bias)
+    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction=reduction)
+
+
+def load_liger(standin: bool = False) -> Dict[str, Any]:
+    """Liger's pieces: ``{"apply": callable(), "flce": callable, "source": str, "version": str|None}``.
+
+    ``apply()`` patches transformers' Qwen3 module (RoPE function, ``Qwen3RMSNorm``, ``Qwen3MLP``;
+    not its forward, not its loss), so it must run before the model is built. ``standin=True``
+    (CPU tests): ``apply`` does nothing (transformers' own modules stay) and ``flce`` is
+    :func:`torch_fused_linear_cross_entropy`.
+
+    Raises:
+        ImportError: when ``liger_kernel`` (or Triton under it) cannot be imported.
+    """
+    if standin:
+        return {"apply": lambda: None, "flce": torch_fused_linear_cross_entropy, "version": None,
+                "source": "stand-in: bench/throughput/hf_baseline.py torch_fused_linear_cross_entropy; HF modules kept"}
+    import importlib.metadata
+
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    def apply() -> None:
+        apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+
+    return {"apply": apply, "flce": liger_fused_linear_cross_entropy,
+            "version": importlib.metadata.version("liger-kernel"),
+            "source": "liger_kernel.transformers.apply_liger_kernel_to_qwen3(rope, rms_norm, swiglu) + "
+                      "liger_kernel.transformers.functional.liger_fused_linear_cross_entropy"}
+
+
+def float8_filter(module, fqn: str) -> bool:
+    """torchao's ``module_filter_fn``: convert the decoder layers' linears, never ``lm_head``."""
+    return fqn != "lm_head" and not fqn.endswith(".lm_head")
+
+
+def convert_float8(model, *, emulate: bool = False) -> List[str]:
+    """``torchao.float8.convert_to_float8_training`` with the tensorwise recipe (dynamic per-tensor
+    scales, cuBLAS fp8 GEMMs) on every ``nn.Linear`` but ``lm_head``; returns the converted names.
+    ``emulate=True`` (CPU tests) casts to fp8 and back but multiplies in high precision.
+
+    Raises:
+        ImportError: when torchao cannot be imported. RuntimeError: when nothing was converted.
+    """
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    if emulate:
+        import dataclasses
+
+        config = dataclasses.replace(config, emulate=True)
+    convert_to_float8_training(model, module_filter_fn=float8_filter, config=config)
+    names = [name for name, mod in model.named_modules() if type(mod).__name__ == "Float8Linear"]
+    if not names:
+        raise RuntimeError("convert_to_float8_training converted no module")
+    return names
+
+
+def masked_flce_loss(hidden: torch.Tensor, lm_weight: torch.Tensor, ob: ObjectiveBatch, flce, *,
+                     reduction: str = "none") -> torch.Tensor:
+    """LLaDA loss of one microbatch from the final hidden states, never materialising full logits.
+
+    Args:
+        hidden: ``[b, s, H]`` final hidden states (after the last norm).
+        lm_weight: ``[V, H]`` output-layer weight.
+        ob: the objective's batch; rows with ``loss_weights != 0`` (the masked, non-truncated
+            positions) are gathered, ``[n, H]``, and only they reach ``flce``.
+        flce: Liger's ``liger_fused_linear_cross_entropy`` or :func:`torch_fused_linear_cross_entropy`.
+        reduction: a :data:`FLCE_REDUCTIONS` key.
+
+    Returns:
+        fp32 scalar ``sum(CE * loss_weights) / num_tokens`` - the same number as :func:`mdm_loss`
+        of the full logits (``tests/test_bench_throughput.py`` checks loss and gradients on CPU).
+    """
+    b, s, h = hidden.shape
+    flat_w = ob.loss_weights.reshape(b * s)
+    rows = torch.nonzero(flat_w, as_tuple=True)[0]
+    denom = ob.num_tokens.clamp(min=1).float()
+    if rows.numel() == 0:  # nothing masked: a zero that keeps the graph
+        return hidden.sum().float() * 0.0
+    weights = flat_w.index_select(0, rows)
+    if reduction == "none":
+        x = hidden.reshape(b * s, h).index_select(0, rows)
+        y = ob.labels.reshape(b * s).index_select(0, rows)
+        per_row = flce(x, lm_weight, y, reduction="none")
+        return (per_row.float() * weights).sum() / denom
+    if reduction != "grouped":
+        raise ValueError(f"reduction must be one of {sorted(FLCE_REDUCTIONS)}, got {reduction!r}")
+    values, inverse, counts = torch.unique(weights, return_inverse=True, return_counts=True)
+    rows = rows.index_select(0, torch.argsort(inverse, stable=True))  # rows of one weight side by side
+    x = hidden.reshape(b * s, h).index_select(0, rows)
+    y = ob.labels.reshape(b * s).index_select(0, rows)
+    sizes = counts.tolist()
+    total = None
+    for value, xg, yg in zip(values.tolist(), x.split(sizes), y.split(sizes)):
+        part = flce(xg, lm_weight, yg, reduction="sum").float() * value
+        total = part if total is None else total + part
+    return total / denom
 
 
 # --------------------------------------------------------------------------- model
@@ -218,6 +390,45 @@ def mdm_loss(logits: torch.Tensor, ob: ObjectiveBatch) -> torch.Tensor:
     return loss_sum / num_tokens.clamp(min=1).to(loss_sum.dtype)
 
 
+def plain_loss(model, ob: ObjectiveBatch) -> torch.Tensor:
+    """The plain loop's loss: :func:`forward_logits` (full logits) then :func:`mdm_loss`."""
+    logits = forward_logits(model, ob.input_ids, ob.attention_mask)
+    return mdm_loss(logits, ob)
+
+
+def make_flce_loss(flce, reduction: str = "none"):
+    """The Liger loops' loss ``fn(model, ob)``: the decoder (``model.model``, bidirectional, the same
+    mask mapping as :func:`forward_logits`) gives the final hidden states ``[b, s, H]``, then
+    :func:`masked_flce_loss` with ``model.lm_head.weight``."""
+
+    def loss_fn(model, ob: ObjectiveBatch) -> torch.Tensor:
+        out = model.model(input_ids=ob.input_ids, attention_mask=mask_mapping(model, ob.attention_mask), use_cache=False)
+        return masked_flce_loss(out.last_hidden_state, model.lm_head.weight, ob, flce, reduction=reduction)
+
+    return loss_fn
+
+
+def finish_impl(model, impl: str, *, compile_backend: str = "inductor", fp8_emulate: bool = False) -> Dict[str, Any]:
+    """What ``--impl`` adds once the (Liger-patched) model is built: torchao float8 first
+    (:func:`convert_float8`; torchao converts before compiling), then ``torch.compile`` of each
+    decoder layer in place (``nn.Module.compile``: parameter names unchanged). Returns a record of
+    what was done (module classes, converted linears, compiled layers)."""
+    info: Dict[str, Any] = {"impl": impl, "impl_note": IMPLS[impl]}
+    layer0 = model.model.layers[0]
+    info["modules"] = {"norm": type(layer0.input_layernorm).__name__, "mlp": type(layer0.mlp).__name__,
+                       "attention": type(layer0.self_attn).__name__}
+    if impl.endswith("-fp8"):
+        names = convert_float8(model, emulate=fp8_emulate)
+        info["float8"] = {"recipe": "tensorwise", "emulate": fp8_emulate, "converted_linears": len(names),
+                          "converted_example": names[:7], "kept_high_precision": ["lm_head"]}
+    if "-compile" in impl:
+        for layer in model.model.layers:
+            layer.compile(backend=compile_backend)
+        info["compiled"] = {"what": "each decoder layer, nn.Module.compile", "backend": compile_backend,
+                            "layers": len(model.model.layers)}
+    return info
+
+
 def build_optimizer(model, *, lr: float = 3e-4, weight_decay: float = 0.1, fused: bool = True):
     """``torch.optim.AdamW`` (fused) with weight decay on matrices only (megatron exempts norms
     and biases), betas (0.9, 0.95), eps 1e-8."""
@@ -316,7 +527,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _train_step(model, optimizer, objective, *, tokens_gen, iteration: int, mbs: int, seq: int, vocab: int,
                 seed: int, device: torch.device, precision: str, clip_grad: float, sdpa_backend: str,
-                grad_accum: int = 1):
+                grad_accum: int = 1, loss_fn=None):
     """One optimizer step over ``grad_accum`` microbatches (gradients accumulated, each
     microbatch's loss divided by ``grad_accum``); returns ``(detached mean loss, any truncated?)``.
     Locals (logits, graph) die with the frame, so nothing of this step is alive during the next one."""
@@ -324,7 +535,7 @@ def _train_step(model, optimizer, objective, *, tokens_gen, iteration: int, mbs:
     for index in range(grad_accum):
         loss, trunc = _microbatch(model, objective, tokens_gen=tokens_gen, iteration=iteration, index=index,
                                   mbs=mbs, seq=seq, vocab=vocab, seed=seed, device=device, precision=precision,
-                                  sdpa_backend=sdpa_backend, scale=1.0 / grad_accum)
+                                  sdpa_backend=sdpa_backend, scale=1.0 / grad_accum, loss_fn=loss_fn)
         total = loss if total is None else total + loss
         any_trunc = any_trunc or trunc
     if clip_grad > 0:
@@ -335,14 +546,13 @@ def _train_step(model, optimizer, objective, *, tokens_gen, iteration: int, mbs:
 
 
 def _microbatch(model, objective, *, tokens_gen, iteration: int, index: int, mbs: int, seq: int, vocab: int,
-                seed: int, device: torch.device, precision: str, sdpa_backend: str, scale: float):
-    """Forward and backward of one microbatch (loss scaled by ``scale``)."""
+                seed: int, device: torch.device, precision: str, sdpa_backend: str, scale: float, loss_fn=None):
+    """Forward and backward of one microbatch (loss scaled by ``scale``); ``loss_fn(model, ob)``
+    defaults to :func:`plain_loss`."""
     tokens = torch.randint(0, vocab, (mbs, seq), generator=tokens_gen, device=device)
     ob = objective.prepare(tokens, generator=masking_generator(seed, iteration, 0, index, device=device))
     with _autocast(device, precision), _sdpa_context(sdpa_backend):
-        logits = forward_logits(model, ob.input_ids, ob.attention_mask)
-        loss = mdm_loss(logits, ob)
-    del logits
+        loss = (loss_fn or plain_loss)(model, ob)
     (loss * scale if scale != 1.0 else loss).backward()
     return loss.detach(), ob.attention_mask is not None
 
@@ -351,7 +561,8 @@ def _microbatch(model, objective, *, tokens_gen, iteration: int, index: int, mbs
 
 def run_micro_batch(model, optimizer, objective, arch: Dict[str, Any], *, mbs: int, seq: int, warmup: int,
                     steps: int, seed: int, device: torch.device, precision: str, clip_grad: float,
-                    sdpa_backend: str, flops: float, peak_tflops: float, grad_accum: int = 1) -> Dict[str, Any]:
+                    sdpa_backend: str, flops: float, peak_tflops: float, grad_accum: int = 1,
+                    loss_fn=None) -> Dict[str, Any]:
     """Train ``warmup + steps`` steps of micro batch ``mbs`` and summarise the timed ones.
 
     Raises:
@@ -374,7 +585,7 @@ def run_micro_batch(model, optimizer, objective, arch: Dict[str, Any], *, mbs: i
         loss, trunc = _train_step(
             model, optimizer, objective, tokens_gen=tokens_gen, iteration=it, mbs=mbs, seq=seq,
             vocab=arch["tokenizer_vocab"], seed=seed, device=device, precision=precision,
-            clip_grad=clip_grad, sdpa_backend=sdpa_backend, grad_accum=grad_accum,
+            clip_grad=clip_grad, sdpa_backend=sdpa_backend, grad_accum=grad_accum, loss_fn=loss_fn,
         )
         if cuda:
             end.record()
@@ -411,6 +622,46 @@ def run_micro_batch(model, optimizer, objective, arch: Dict[str, Any], *, mbs: i
     return result
 
 
+def compile_truncated_path(model, optimizer, arch: Dict[str, Any], loss_fn, *, mbs: int, seq: int, seed: int,
+                           device: torch.device, precision: str, sdpa_backend: str) -> Dict[str, Any]:
+    """One untimed forward + backward of a batch whose sequences are all truncated, before any
+    timed step, so that the compiled layers' second graph (a key-padding mask instead of none) is
+    compiled here and not in a timed step that happens to truncate (LLaDA's 1%: about one step in
+    nine at micro batch 12). The gradients are dropped; the optimizer does not step. Returns
+    ``{"seconds": float}`` or ``{"error": str}`` (recorded, not raised)."""
+    objective = MaskedDiffusionObjective(arch["mask_token_id"], eps=1e-3, loss_weighting="llada", variable_length_prob=1.0)
+    t0 = time.perf_counter()
+    try:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed + 1)
+        tokens = torch.randint(0, arch["tokenizer_vocab"], (mbs, seq), generator=gen, device=device)
+        ob = objective.prepare(tokens, generator=masking_generator(seed, 10**6, 0, 0, device=device))
+        with _autocast(device, precision), _sdpa_context(sdpa_backend):
+            loss = loss_fn(model, ob)
+        loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        result: Dict[str, Any] = {"seconds": time.perf_counter() - t0, "key_padding_mask": ob.attention_mask is not None}
+    except Exception as exc:  # noqa: BLE001 - the timed steps still run (and compile it if they must)
+        result = {"error": f"{type(exc).__name__}: {str(exc)[:1000]}", "seconds": time.perf_counter() - t0}
+    optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _dynamo_counters() -> Dict[str, Any]:
+    """torch._dynamo's graph and graph-break counts of this process (what compiling the layers gave)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+                "graph_breaks": {str(k): int(v) for k, v in counters["graph_break"].items()}}
+    except Exception as exc:  # noqa: BLE001 - informational
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def _versions(device: torch.device) -> Dict[str, Any]:
     import transformers
 
@@ -436,6 +687,14 @@ def _versions(device: torch.device) -> Dict[str, Any]:
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-1.7b")
+    p.add_argument("--impl", choices=list(IMPLS), default="plain",
+                   help="plain: today's loop; liger, liger-compile, liger-compile-fp8: the strong peers (issue 21)")
+    p.add_argument("--flce-reduction", choices=list(FLCE_REDUCTIONS), default="none",
+                   help="how the per-token weights reach Liger's fused linear cross entropy (liger impls)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the -compile impls")
+    p.add_argument("--liger-standin", action="store_true",
+                   help="CPU tests: pure-torch stand-in of Liger's fused linear cross entropy, HF's own modules")
+    p.add_argument("--fp8-emulate", action="store_true", help="CPU tests: torchao float8 in emulation")
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--micro-batch-sizes", default="2,4,6,8", help="comma-separated, tried in increasing order")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per micro batch")
@@ -520,8 +779,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             "objective": {"kind": "mdm", "mask_token_id": arch["mask_token_id"], "eps": 1e-3,
                           "loss_weighting": "llada", "variable_length_prob": args.variable_length_prob,
                           "masking_rng": "dlmspec.backends.megatron.rng.masking_generator(seed, iteration, 0, 0)"},
-            "loss": "per-token cross entropy over the full [b, s, V] logits upcast to fp32 (as transformers' "
-                    "ForCausalLMLoss), weighted by the objective, / num_tokens",
+            "impl": args.impl,
+            "impl_note": IMPLS[args.impl],
+            "loss": ("per-token cross entropy over the full [b, s, V] logits upcast to fp32 (as transformers' "
+                     "ForCausalLMLoss), weighted by the objective, / num_tokens") if args.impl == "plain" else
+                    ("fused linear cross entropy (lm_head + cross entropy, chunked, no [b, s, V] logits) on the "
+                     "masked rows only (loss_weights != 0, gathered from the final hidden states), "
+                     f"sum(CE * loss_weights) / num_tokens; weights: {FLCE_REDUCTIONS[args.flce_reduction]}"),
+            "flce_reduction": args.flce_reduction if args.impl != "plain" else None,
             "data": "random token ids in [0, tokenizer_vocab), a fresh batch every step",
             "global_batch": f"{args.grad_accum} microbatch(es) per optimizer step (gradient accumulation)",
             "warmup_steps": args.warmup,
@@ -538,6 +803,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         "status": "running",
     }
     torch.manual_seed(args.seed)
+
+    loss_fn = None
+    if args.impl != "plain":
+        try:
+            liger = load_liger(args.liger_standin)
+            liger["apply"]()  # patches transformers' Qwen3 classes: before any model is built
+        except Exception as exc:  # noqa: BLE001 - recorded for run.py
+            report["status"] = "import_failed"
+            report["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+            _write(args.json, report)
+            print(f"hf_baseline: --impl {args.impl} needs liger_kernel: {report['error']}", file=sys.stderr)
+            return 1
+        report["versions"]["liger_kernel"] = liger["version"]
+        report["setup"]["liger"] = liger["source"]
+        loss_fn = make_flce_loss(liger["flce"], args.flce_reduction)
+        if args.impl.endswith("-fp8"):
+            try:
+                import importlib.metadata
+
+                report["versions"]["torchao"] = importlib.metadata.version("torchao")
+            except Exception:  # noqa: BLE001 - a version string only
+                report["versions"]["torchao"] = None
 
     if not args.skip_bidirectional_check:
         try:
@@ -556,6 +843,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.perf_counter()
     try:
         model = build_model(arch, seq, device=device, param_dtype=param_dtype)
+        report["impl_setup"] = finish_impl(model, args.impl, compile_backend=args.compile_backend,
+                                           fp8_emulate=args.fp8_emulate)
         optimizer = build_optimizer(model, lr=args.lr, fused=not args.no_fused)
     except Exception as exc:  # noqa: BLE001 - recorded for run.py
         report["status"] = "build_failed"
@@ -570,6 +859,12 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{flops['flops_per_token'] / 1e9:.2f} GFLOP/token ({flops['flops_source']})", flush=True)
     _write(args.json, report)
 
+    if "-compile" in args.impl and args.variable_length_prob > 0:
+        report["impl_setup"]["truncated_path_compiled"] = compile_truncated_path(
+            model, optimizer, arch, loss_fn, mbs=args.micro_batch_sizes[0], seq=seq, seed=args.seed, device=device,
+            precision=precision, sdpa_backend=args.sdpa_backend)
+        _write(args.json, report)
+
     metrics = open(args.metrics_jsonl, "w", encoding="utf-8") if args.metrics_jsonl else None
     too_big_from = None
     for mbs in args.micro_batch_sizes:
@@ -578,13 +873,35 @@ def main(argv: Optional[List[str]] = None) -> int:
                                        "error": f"micro batch {too_big_from} ran out of memory"})
             continue
         t_start = time.perf_counter()
-        try:
-            attempt = run_micro_batch(
+
+        def attempt_once():
+            return run_micro_batch(
                 model, optimizer, objective, arch, mbs=mbs, seq=seq, warmup=args.warmup, steps=args.steps,
                 seed=args.seed, device=device, precision=precision, clip_grad=args.clip_grad,
                 sdpa_backend=args.sdpa_backend, flops=flops["flops_per_token"], peak_tflops=args.peak_tflops,
-                grad_accum=args.grad_accum,
+                grad_accum=args.grad_accum, loss_fn=loss_fn,
             )
+
+        try:
+            try:
+                attempt = attempt_once()
+            except Exception as exc:  # noqa: BLE001 - a compile failure gets one retry, recorded
+                if "-compile" not in args.impl or _is_oom(exc) or "compile_fallback" in report["impl_setup"]:
+                    raise
+                # torch.compile could not take a layer (e.g. one of Liger's Triton kernels): the
+                # frames that fail to compile run eagerly from here on, and the JSON says so
+                import torch._dynamo as dynamo  # (a plain "import torch._dynamo" would make torch local to main)
+
+                report["impl_setup"]["compile_fallback"] = {
+                    "error": f"{type(exc).__name__}: {str(exc)[:1500]}",
+                    "then": "torch._dynamo.config.suppress_errors = True (frames that fail to compile run eagerly), "
+                            "dynamo reset, the micro batch run again"}
+                print(f"hf_baseline: compiled step failed ({type(exc).__name__}: {str(exc)[:300]}); retrying with "
+                      "torch._dynamo.config.suppress_errors = True", flush=True)
+                optimizer.zero_grad(set_to_none=True)
+                dynamo.reset()
+                dynamo.config.suppress_errors = True
+                attempt = attempt_once()
         except Exception as exc:  # noqa: BLE001 - classified and recorded
             oom = _is_oom(exc)
             attempt = {"micro_batch_size": mbs, "status": "oom" if oom else "error",
@@ -616,6 +933,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         _write(args.json, report)
     if metrics:
         metrics.close()
+    if "-compile" in args.impl:
+        report["impl_setup"]["dynamo"] = _dynamo_counters()
 
     best = best_attempt(report["attempts"])
     report["best"] = best and {k: best[k] for k in ("micro_batch_size", "median_step_time_s", "tokens_per_s",

@@ -15,6 +15,20 @@ pure bf16 with fused AdamW, the same objective and masking RNG), timed with CUDA
 alternate between the sides by micro batch (so a time budget that runs out leaves both sides
 measured), and a side skips the micro batches above one that ran out of memory.
 
+Issue 21's peers (``bench/gpu/peers.sh`` runs them): ``--hf-impls`` picks hf_baseline.py's
+``--impl`` rows (``plain``, ``liger``, ``liger-compile``, ``liger-compile-fp8``; micro batches per
+impl with ``--hf-impl-micro-batch-sizes plain=6``) and ``--megatron-variants`` the megatron rows:
+``reference`` (train_reference.py, as above) or a variant of :data:`MEGATRON_VARIANTS` (``te-bf16``,
+``te-fp8``, ``te-fp8-tensorwise``, ``local-bf16``), for which the harness compiles
+``bench/throughput/qwen3-1.7b-mdm.toml`` with ``--set`` overrides (``dlmspec compile``, not part
+of the job's limit) and runs its train.py under torchrun as launch.sh does (without the
+``--check`` pass). Each side's rows are taken in the order given, alternating sides. The JSON's
+``ratios`` (:func:`peer_ratios`) holds TE fp8 / strongest HF bf16, TE fp8 / HF fp8 and bf16
+megatron / fastest HF bf16 (each naming its two rows, with issue 21's target) and every
+variant/impl pair; ``best_by_variant`` / ``best_by_impl`` the best micro batch of each row.
+``--dry-run`` also compiles every compiled job and checks its train.py's keywords, and tries the
+imports the chosen rows need with ``--python`` (``--skip-import-check`` to leave that out).
+
 Both sides are summarised the same way (:func:`throughput_common.summarize`): median step time
 of the timed steps, tokens/s (``micro_batch * nproc * seq / median``), model TFLOP/s per GPU from
 the planner's :func:`dlmspec.flops.model_flops_per_token`, MFU against 989 TFLOP/s, and
@@ -68,6 +82,27 @@ from throughput_common import (  # noqa: E402
 
 REFERENCE = ROOT / "bench" / "runtime" / "train_reference.py"
 HF_BASELINE = ROOT / "bench" / "throughput" / "hf_baseline.py"
+#: The spec of the compiled megatron jobs (``--megatron-variants`` other than ``reference``).
+SPEC = ROOT / "bench" / "throughput" / "qwen3-1.7b-mdm.toml"
+
+#: ``--hf-impls``: hf_baseline.py's ``--impl`` choices (its ``IMPLS``; a test keeps them equal)
+#: and the precision of their GEMMs.
+HF_IMPLS = {"plain": "bf16", "liger": "bf16", "liger-compile": "bf16", "liger-compile-fp8": "fp8"}
+#: ``--megatron-variants``: ``reference`` is bench/runtime/train_reference.py (local layers, as
+#: before); the others compile :data:`SPEC` with these ``--set`` overrides and run its train.py.
+MEGATRON_VARIANTS: Dict[str, Dict[str, Any]] = {
+    "reference": {"precision": "bf16", "sets": None,
+                  "what": "bench/runtime/train_reference.py: local layer spec, SDPA, bf16"},
+    "local-bf16": {"precision": "bf16", "sets": {"model.transformer_impl": "local"},
+                   "what": "compiled spec, local layer spec, bf16"},
+    "te-bf16": {"precision": "bf16", "sets": {"model.transformer_impl": "transformer_engine"},
+                "what": "compiled spec, Transformer Engine layers, bf16"},
+    "te-fp8": {"precision": "fp8", "sets": {"model.transformer_impl": "transformer_engine", "precision.fp8": "hybrid"},
+               "what": "compiled spec, Transformer Engine layers, precision.fp8 = 'hybrid' (the default recipe: delayed scaling)"},
+    "te-fp8-tensorwise": {"precision": "fp8", "sets": {"model.transformer_impl": "transformer_engine",
+                                                       "precision.fp8": "hybrid", "precision.fp8_recipe": "tensorwise"},
+                          "what": "compiled spec, Transformer Engine layers, fp8 hybrid, current per-tensor scaling"},
+}
 #: issue #7's targets.
 TARGET_MFU = 0.50
 TARGET_RATIO = 1.4
@@ -82,6 +117,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--sides", default="megatron,hf", help="megatron, hf or both")
     p.add_argument("--megatron-micro-batch-sizes", default="4,6,8")
     p.add_argument("--hf-micro-batch-sizes", default="4,6,8")
+    p.add_argument("--hf-impls", default="plain",
+                   help=f"comma-separated hf_baseline.py --impl values, run in this order: {', '.join(HF_IMPLS)}")
+    p.add_argument("--hf-impl-micro-batch-sizes", action="append", default=[], metavar="IMPL=LIST",
+                   help="micro batches of one HF impl instead of --hf-micro-batch-sizes, e.g. plain=6 (repeatable)")
+    p.add_argument("--megatron-variants", default="reference",
+                   help=f"comma-separated, run in this order: {', '.join(MEGATRON_VARIANTS)} "
+                        "(reference = train_reference.py; the others compile --megatron-spec)")
+    p.add_argument("--megatron-spec", default=str(SPEC), help="spec of the compiled megatron variants")
+    p.add_argument("--skip-import-check", action="store_true", help="--dry-run: do not try the imports")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per job")
     p.add_argument("--steps", type=int, default=5, help="timed steps per job")
     p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-1.7b", help="model of both sides (tiny: CPU checks)")
@@ -112,6 +156,27 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     except ValueError as exc:
         p.error(str(exc))
     args.seq_length = args.seq_length or PRESET_SEQ_LENGTH[args.preset]
+    args.hf_impls = [s.strip() for s in args.hf_impls.split(",") if s.strip()]
+    bad = [i for i in args.hf_impls if i not in HF_IMPLS]
+    if bad or not args.hf_impls:
+        p.error(f"--hf-impls {','.join(bad) or repr('')}: choose from {', '.join(HF_IMPLS)}, e.g. --hf-impls plain,liger")
+    args.megatron_variants = [s.strip() for s in args.megatron_variants.split(",") if s.strip()]
+    bad = [v for v in args.megatron_variants if v not in MEGATRON_VARIANTS]
+    if bad or not args.megatron_variants:
+        p.error(f"--megatron-variants {','.join(bad) or repr('')}: choose from {', '.join(MEGATRON_VARIANTS)}, "
+                "e.g. --megatron-variants te-bf16,te-fp8")
+    args.hf_impl_mbs = {}
+    for item in args.hf_impl_micro_batch_sizes:
+        impl, _, values = item.partition("=")
+        if impl.strip() not in HF_IMPLS:
+            p.error(f"--hf-impl-micro-batch-sizes {item!r}: IMPL=LIST with IMPL one of {', '.join(HF_IMPLS)}, e.g. plain=6")
+        try:
+            args.hf_impl_mbs[impl.strip()] = sorted(set(parse_int_list(values)))
+        except ValueError as exc:
+            p.error(f"--hf-impl-micro-batch-sizes {item!r}: {exc}")
+    if any(v != "reference" for v in args.megatron_variants) and args.preset != "qwen3-1.7b":
+        p.error(f"--megatron-variants {','.join(args.megatron_variants)}: the compiled variants use "
+                f"{SPEC.name} (qwen3-1.7b); with --preset {args.preset} use --megatron-variants reference")
     if args.steps < 1 or args.warmup < 0 or args.nproc < 1 or args.seq_length < 2:
         p.error("need --steps >= 1, --warmup >= 0, --nproc >= 1")
     if args.tag and not all(c.isalnum() or c in "._-" for c in args.tag):
@@ -135,24 +200,62 @@ def megatron_command(args: argparse.Namespace, mbs: int, run_dir: Path, extra: L
     ] + extra
 
 
-def hf_command(args: argparse.Namespace, mbs: int, json_path: Path) -> List[str]:
+def compiled_sets(args: argparse.Namespace, variant: str, mbs: int, run_dir: Path) -> Dict[str, Any]:
+    """The ``--set`` overrides of one compiled megatron job (:data:`MEGATRON_VARIANTS` plus the
+    micro/global batch, ``warmup + steps`` iterations logged one by one, the seed, the GPUs and the
+    run directory)."""
+    return {**MEGATRON_VARIANTS[variant]["sets"],
+            "train.micro_batch_size": mbs,
+            "train.global_batch_size": args.microbatches_per_step * mbs * args.nproc,
+            "train.seq_length": args.seq_length,
+            "train.train_iters": args.warmup + args.steps,
+            "train.seed": args.seed,
+            "cluster.gpus_per_node": args.nproc,
+            "logging.log_interval": 1,
+            "logging.run_dir": str(run_dir)}
+
+
+def compile_command(args: argparse.Namespace, variant: str, mbs: int, run_dir: Path, dest: Path) -> List[str]:
+    """``dlmspec compile`` of one compiled megatron job into ``dest`` (this interpreter: the
+    compiler needs no GPU)."""
+    sets = compiled_sets(args, variant, mbs, run_dir)
+    return [sys.executable, "-m", "dlmspec.cli", "compile", str(args.megatron_spec), "-o", str(dest), "--force"] + [
+        a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+def compiled_train_command(args: argparse.Namespace, dest: Path) -> List[str]:
+    """The compiled train.py under torchrun, as launch.sh runs it (without its ``--check`` pass)."""
+    return [args.python, "-u", "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc_per_node={args.nproc}", str(dest / "train.py")]
+
+
+def hf_command(args: argparse.Namespace, mbs: int, json_path: Path, impl: str = "plain") -> List[str]:
     """The command of one HF job."""
     return [
         args.python, "-u", str(HF_BASELINE), "--preset", args.preset, "--seq-length", str(args.seq_length),
         "--micro-batch-sizes", str(mbs), "--warmup", str(args.warmup), "--steps", str(args.steps),
         "--seed", str(args.seed), "--device", args.hf_device, "--json", str(json_path),
         "--grad-accum", str(args.microbatches_per_step),
-    ] + list(args.hf_arg)
+    ] + (["--impl", impl] if impl != "plain" else []) + list(args.hf_arg)
+
+
+def job_name(side: str, impl: str, mbs: int) -> str:
+    """``megatron_mb8`` / ``hf_mb8`` for the reference and plain jobs, else ``megatron-te-fp8_mb8``, ``hf-liger_mb12``."""
+    default = "reference" if side == "megatron" else "plain"
+    return f"{side}_mb{mbs}" if impl == default else f"{side}-{impl}_mb{mbs}"
 
 
 def job_order(args: argparse.Namespace) -> List[tuple]:
-    """``[(side, micro_batch), ...]`` alternating sides by increasing micro batch."""
+    """``[(side, impl, micro_batch), ...]``: each side's jobs (variants / impls in the order given,
+    each by increasing micro batch) taken alternately, megatron first, so a time budget that runs
+    out leaves both sides measured (with one variant and one impl: alternating by micro batch)."""
+    mega = [("megatron", v, mbs) for v in args.megatron_variants for mbs in args.megatron_mbs] \
+        if "megatron" in args.sides else []
+    hf = [("hf", i, mbs) for i in args.hf_impls for mbs in args.hf_impl_mbs.get(i, args.hf_mbs)] \
+        if "hf" in args.sides else []
     jobs = []
-    for mbs in sorted(set(args.megatron_mbs) | set(args.hf_mbs)):
-        if "megatron" in args.sides and mbs in args.megatron_mbs:
-            jobs.append(("megatron", mbs))
-        if "hf" in args.sides and mbs in args.hf_mbs:
-            jobs.append(("hf", mbs))
+    for k in range(max(len(mega), len(hf))):
+        jobs += mega[k:k + 1] + hf[k:k + 1]
     return jobs
 
 
@@ -293,7 +396,7 @@ def hf_attempt(args: argparse.Namespace, mbs: int, proc: Dict[str, Any], json_pa
     attempts = report.get("attempts") or []
     attempt: Dict[str, Any] = dict(attempts[0]) if attempts else {"micro_batch_size": mbs}
     attempt.update(returncode=proc["returncode"], seconds=proc["seconds"])
-    for key in ("bidirectional_check", "parameters", "versions", "setup", "flops_per_token", "flops_source"):
+    for key in ("bidirectional_check", "parameters", "versions", "setup", "impl_setup", "flops_per_token", "flops_source"):
         if key in report:
             attempt[key] = report[key]
     if proc["timed_out"]:
@@ -359,14 +462,67 @@ def _side_summary(attempts: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
                                      "peak_mem_gib", "peak_reserved_gib")}
 
 
+#: Issue 21's targets (one H200, same run): TE fp8 >= 1.4x the strongest HF bf16 loop and ahead of
+#: the HF fp8 peer; bf16 (either megatron path) >= 1.1x the fastest HF bf16 loop.
+TARGET_FP8_OVER_HF_BF16 = 1.4
+TARGET_FP8_OVER_HF_FP8 = 1.0
+TARGET_BF16_OVER_HF_BF16 = 1.1
+
+
+def _fastest(best: Dict[str, Optional[Dict[str, Any]]], keys: List[str]) -> Optional[tuple]:
+    """``(key, summary)`` with the most tokens/s among ``keys`` of ``best`` (``None`` if none ran)."""
+    have = [(k, best[k]) for k in keys if best.get(k)]
+    return max(have, key=lambda kv: kv[1]["tokens_per_s"]) if have else None
+
+
+def peer_ratios(results: Dict[str, Any]) -> Dict[str, Any]:
+    """Issue 21's ratios from the best micro batch of each megatron variant and HF impl.
+
+    Returns ``{"by_pair": {"VARIANT/IMPL": ratio}, "te_fp8_over_strongest_hf_bf16",
+    "te_fp8_over_hf_fp8", "megatron_bf16_over_fastest_hf_bf16"}``; each named ratio is a dict
+    ``{"ratio", "megatron", "hf", "target", "met"}`` naming the two rows it divides (the fastest
+    megatron fp8 / bf16 variant; the fastest HF bf16 impl, which is the strongest; the HF fp8
+    impl), or ``None`` when a side has no such row.
+    """
+    mb = results["megatron"].get("best_by_variant") or {}
+    hb = results["hf"].get("best_by_impl") or {}
+    prec_m = {v: MEGATRON_VARIANTS[v]["precision"] for v in mb}
+    prec_h = {i: HF_IMPLS[i] for i in hb}
+    out: Dict[str, Any] = {"by_pair": {f"{v}/{i}": mb[v]["tokens_per_s"] / hb[i]["tokens_per_s"]
+                                       for v in mb for i in hb if mb[v] and hb[i]}}
+
+    def ratio(m_keys, h_keys, target):
+        m, h = _fastest(mb, m_keys), _fastest(hb, h_keys)
+        if not (m and h):
+            return None
+        r = m[1]["tokens_per_s"] / h[1]["tokens_per_s"]
+        return {"ratio": r, "megatron": m[0], "hf": h[0], "megatron_tokens_per_s": m[1]["tokens_per_s"],
+                "hf_tokens_per_s": h[1]["tokens_per_s"], "target": target, "met": r >= target}
+
+    te_fp8 = [v for v in mb if v.startswith("te-") and prec_m[v] == "fp8"]
+    bf16_m = [v for v in mb if prec_m[v] == "bf16"]
+    bf16_h = [i for i in hb if prec_h[i] == "bf16"]
+    fp8_h = [i for i in hb if prec_h[i] == "fp8"]
+    out["te_fp8_over_strongest_hf_bf16"] = ratio(te_fp8, bf16_h, TARGET_FP8_OVER_HF_BF16)
+    out["te_fp8_over_hf_fp8"] = ratio(te_fp8, fp8_h, TARGET_FP8_OVER_HF_FP8)
+    out["megatron_bf16_over_fastest_hf_bf16"] = ratio(bf16_m, bf16_h, TARGET_BF16_OVER_HF_BF16)
+    return out
+
+
 def finish(results: Dict[str, Any]) -> None:
-    """Fill the best attempt of each side, the ratio and the targets."""
+    """Fill the best attempt of each side, of each megatron variant and HF impl, the ratios
+    (:func:`peer_ratios`) and the targets."""
     m = results["megatron"]["best"] = _side_summary(results["megatron"]["attempts"])
     h = results["hf"]["best"] = _side_summary(results["hf"]["attempts"])
+    for side, key, default in (("megatron", "variant", "reference"), ("hf", "impl", "plain")):
+        names = list(dict.fromkeys(a.get(key, default) for a in results[side]["attempts"]))
+        results[side][f"best_by_{key}"] = {
+            n: _side_summary([a for a in results[side]["attempts"] if a.get(key, default) == n]) for n in names}
+    results["ratios"] = peer_ratios(results)
     ratio = (m["tokens_per_s"] / h["tokens_per_s"]) if (m and h) else None
     results["ratio_tokens_per_s"] = ratio
     ok = {side: {a["micro_batch_size"]: a["tokens_per_s"] for a in results[side]["attempts"] if a.get("status") == "ok"}
-          for side in ("megatron", "hf")}
+          for side in ("megatron", "hf")}  # one variant / impl per side: with several, the last of each micro batch
     results["ratio_at_equal_micro_batch"] = {
         str(mbs): ok["megatron"][mbs] / ok["hf"][mbs] for mbs in sorted(set(ok["megatron"]) & set(ok["hf"]))
     }
@@ -378,31 +534,64 @@ def finish(results: Dict[str, Any]) -> None:
     }
 
 
+def compile_job(args: argparse.Namespace, variant: str, mbs: int, run_dir: Path, dest: Path) -> Dict[str, Any]:
+    """Compile one megatron job's spec into ``dest``: ``{"command", "returncode", "output"}``."""
+    cmd = compile_command(args, variant, mbs, run_dir, dest)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+        return {"command": shlex.join(cmd), "returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-3000:]}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"command": shlex.join(cmd), "returncode": None, "output": f"{type(exc).__name__}: {exc}"}
+
+
 def run_job(args: argparse.Namespace, side: str, mbs: int, name: str, *, timeout: float, env: Dict[str, str], work: Path,
-            megatron_extra: List[str], flops: float, combined_log: Path, elapsed: float) -> tuple:
-    """Run one job and summarise it; appends its console output to ``combined_log``.
+            megatron_extra: List[str], flops: float, combined_log: Path, elapsed: float, impl: Optional[str] = None) -> tuple:
+    """Run one job and summarise it; appends its console output to ``combined_log``. ``impl``: the
+    megatron variant or the HF impl (default: ``reference`` / ``plain``). A compiled megatron variant
+    is compiled first (its compile time is not part of the job's limit).
 
     Returns:
         ``(attempt, number of train records the megatron runtime logged)``.
     """
+    impl = impl or ("reference" if side == "megatron" else "plain")
     log_path = work / f"{name}.log"
+    compiled = None
     if side == "megatron":
         run_dir = work / name
         shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl is appended to
-        cmd = megatron_command(args, mbs, run_dir, megatron_extra)
+        if impl == "reference":
+            cmd = megatron_command(args, mbs, run_dir, megatron_extra)
+        else:
+            dest = work / f"{name}.compiled"
+            compiled = compile_job(args, impl, mbs, run_dir, dest)
+            cmd = compiled_train_command(args, dest)
+            # what the compiled launch.sh exports before torchrun
+            env = {**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                   "TORCH_NCCL_AVOID_RECORD_STREAMS": env.get("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")}
     else:
         hf_json = work / f"{name}.json"
         hf_json.unlink(missing_ok=True)
-        cmd = hf_command(args, mbs, hf_json)
-    print(f"throughput: [{elapsed:5.0f} s] {name}: {shlex.join(cmd)}", flush=True)
-    proc = run_process(cmd, log_path=log_path, timeout_s=timeout, env=env)
-    steps_seen = 0
-    if side == "megatron":
-        metrics = read_megatron_metrics(run_dir / "metrics.jsonl")
-        steps_seen = len(metrics["train"])
-        attempt = megatron_attempt(args, mbs, proc, metrics, log_path, flops)
+        cmd = hf_command(args, mbs, hf_json, impl)
+    if compiled is not None and compiled["returncode"] != 0:
+        attempt = {"micro_batch_size": mbs, "status": "compile_failed", "returncode": compiled["returncode"],
+                   "seconds": 0.0, "error_tail": compiled["output"]}
+        proc = {"returncode": compiled["returncode"], "seconds": 0.0}
+        steps_seen = 0
+        log_path.write_text(compiled["output"], encoding="utf-8")
     else:
-        attempt = hf_attempt(args, mbs, proc, hf_json, log_path)
+        print(f"throughput: [{elapsed:5.0f} s] {name}: {shlex.join(cmd)}", flush=True)
+        proc = run_process(cmd, log_path=log_path, timeout_s=timeout, env=env)
+        steps_seen = 0
+        if side == "megatron":
+            metrics = read_megatron_metrics(run_dir / "metrics.jsonl")
+            steps_seen = len(metrics["train"])
+            attempt = megatron_attempt(args, mbs, proc, metrics, log_path, flops)
+        else:
+            attempt = hf_attempt(args, mbs, proc, hf_json, log_path)
+    attempt["variant" if side == "megatron" else "impl"] = impl
+    attempt["precision"] = (MEGATRON_VARIANTS[impl] if side == "megatron" else {"precision": HF_IMPLS[impl]})["precision"]
+    if compiled is not None:
+        attempt["compile_command"] = compiled["command"]
     attempt["command"] = shlex.join(cmd)
     with open(combined_log, "ab") as combined:
         combined.write(f"\n===== {name} ({attempt['status']}, exit {proc['returncode']}, {proc['seconds']:.0f} s): "
@@ -414,6 +603,144 @@ def run_job(args: argparse.Namespace, side: str, mbs: int, name: str, *, timeout
     return attempt, steps_seen
 
 
+#: What ``--dry-run`` tries to import with ``--python`` (module -> who needs it).
+IMPORTS = {
+    "torch": "both sides",
+    "transformers": "hf",
+    "megatron.core": "megatron",
+    "transformer_engine.pytorch": "megatron te-* variants",
+    "dlmspec.cli": "compiling the megatron variants",
+    "liger_kernel.transformers": "hf liger* impls (imports triton)",
+    "torchao.float8": "hf liger-compile-fp8",
+}
+_IMPORT_PROBE = r"""
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+out = {}
+for name in sys.argv[2:]:
+    try:
+        importlib.import_module(name)
+        out[name] = "ok"
+    except BaseException as exc:
+        out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+if "liger_kernel.transformers" in out:  # the exact import path hf_baseline.py takes for --impl liger*
+    try:
+        import hf_baseline
+        hf_baseline.load_liger()
+        out["hf_baseline.load_liger()"] = "ok"
+    except BaseException as exc:
+        out["hf_baseline.load_liger()"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    try:  # the masked-row loss wiring on CPU, with the pure-torch stand-in of Liger's function
+        import torch
+        from throughput_common import TINY
+        from dlmspec.backends.megatron.objective import MaskedDiffusionObjective
+        torch.manual_seed(0)
+        model = hf_baseline.build_model(TINY, 16, device=torch.device("cpu"), param_dtype=torch.float32)
+        obj = MaskedDiffusionObjective(TINY["mask_token_id"], eps=1e-3, loss_weighting="llada", variable_length_prob=0.0)
+        ob = obj.prepare(torch.randint(0, TINY["tokenizer_vocab"], (2, 16)), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            plain = float(hf_baseline.plain_loss(model, ob))
+            diffs = {r: abs(float(hf_baseline.make_flce_loss(hf_baseline.torch_fused_linear_cross_entropy, r)(model, ob)) - plain) / plain
+                     for r in hf_baseline.FLCE_REDUCTIONS}
+        out["masked-row loss (stand-in) = plain loss"] = ("ok" if max(diffs.values()) < 1e-5 else "MISMATCH") + ": relative difference " + ", ".join(f"{r} {d:.1e}" for r, d in diffs.items())
+    except BaseException as exc:
+        out["masked-row loss (stand-in) = plain loss"] = f"{type(exc).__name__}: {exc}"[:300]
+print(json.dumps(out))
+"""
+
+
+def needed_imports(args: argparse.Namespace) -> List[str]:
+    """The :data:`IMPORTS` the chosen sides, variants and impls need."""
+    mega = "megatron" in args.sides
+    hf = "hf" in args.sides
+    want = {"torch": True, "transformers": hf, "megatron.core": mega,
+            "transformer_engine.pytorch": mega and any(v.startswith("te-") for v in args.megatron_variants),
+            "dlmspec.cli": mega and any(v != "reference" for v in args.megatron_variants),
+            "liger_kernel.transformers": hf and any(i != "plain" for i in args.hf_impls),
+            "torchao.float8": hf and any(i.endswith("-fp8") for i in args.hf_impls)}
+    return [m for m in IMPORTS if want[m]]
+
+
+def import_check(python: str, modules: List[str]) -> Dict[str, str]:
+    """``{module: "ok" | "Error: message"}`` for ``modules`` (and hf_baseline's Liger loader when
+    Liger is among them), tried by ``python`` in a fresh process (an ``"error"`` key if it could not run)."""
+    try:
+        proc = subprocess.run([python, "-c", _IMPORT_PROBE, str(HF_BASELINE.parent), *modules], capture_output=True,
+                              text=True, timeout=300, cwd=str(ROOT))
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def train_py_keywords(text: str) -> Dict[str, Any]:
+    """The literal keyword arguments of every call in a compiled train.py (last one wins)."""
+    import ast
+
+    out: Dict[str, Any] = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg:
+                    try:
+                        out[kw.arg] = ast.literal_eval(kw.value)
+                    except ValueError:
+                        pass
+    return out
+
+
+def expected_keywords(args: argparse.Namespace, variant: str, mbs: int, run_dir: Path) -> Dict[str, Any]:
+    """What a compiled variant's train.py must say (``None``: keyword absent)."""
+    sets = MEGATRON_VARIANTS[variant]["sets"]
+    return {"use_transformer_engine": sets["model.transformer_impl"] == "transformer_engine",
+            "fp8": sets.get("precision.fp8"),
+            "micro_batch_size": mbs,
+            "global_batch_size": args.microbatches_per_step * mbs * args.nproc,
+            "seq_length": args.seq_length,
+            "train_iters": args.warmup + args.steps,
+            "run_dir": str(run_dir)}
+
+
+def dry_run(args: argparse.Namespace, jobs: List[tuple], work: Path, megatron_extra: List[str]) -> int:
+    """Print every job's command; compile each compiled megatron job and check its train.py's
+    keywords (:func:`expected_keywords`); try the imports (:func:`import_check`; with a liger impl
+    also the masked-row loss through the pure-torch stand-in of Liger's function against the plain
+    loss, on a tiny CPU model) unless ``--skip-import-check``. Exit code 1 when a compile, a keyword
+    check or that loss check failed, else 0 (an import that fails here, e.g. Liger without Triton on
+    a CPU machine, is reported, not fatal)."""
+    print("# env: PYTHONUNBUFFERED=1" + (f" PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf}" if args.alloc_conf else ""))
+    failed = 0
+    for side, impl, mbs in jobs:
+        name = job_name(side, impl, mbs)
+        label = f"{name.rsplit('_mb', 1)[0]} mb{mbs}"
+        if side == "megatron" and impl == "reference":
+            cmd = megatron_command(args, mbs, work / name, megatron_extra)
+        elif side == "megatron":
+            dest = work / f"{name}.compiled"
+            compiled = compile_job(args, impl, mbs, work / name, dest)
+            cmd = compiled_train_command(args, dest)
+            if compiled["returncode"] != 0:
+                failed += 1
+                print(f"# {label}: compile FAILED (exit {compiled['returncode']}): {compiled['command']}\n{compiled['output']}")
+            else:
+                got = train_py_keywords((dest / "train.py").read_text(encoding="utf-8"))
+                wrong = [f"{k}: want {v!r}, got {got.get(k)!r}"
+                         for k, v in expected_keywords(args, impl, mbs, work / name).items() if got.get(k) != v]
+                failed += bool(wrong)
+                print(f"# {label}: compiled ({compiled['command']}); train.py "
+                      + ("keywords " + "; ".join(wrong) if wrong else "keywords as expected"))
+        else:
+            cmd = hf_command(args, mbs, work / f"{name}.json", impl)
+        print(f"{label}: {shlex.join(cmd)}")
+    if not args.skip_import_check:
+        checked = import_check(args.python, needed_imports(args))
+        wiring = checked.get("masked-row loss (stand-in) = plain loss")
+        failed += wiring is not None and not wiring.startswith("ok")
+        for module, status in checked.items():
+            print(f"# {'' if ' ' in module else 'import '}{module} ({IMPORTS.get(module, 'hf liger* impls')}): {status}")
+    print(f"# then: results JSON under {args.out or os.environ.get('OUT') or ROOT / 'bench' / 'results'}")
+    return 1 if failed else 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     work = Path(args.work_dir)
@@ -422,15 +749,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     megatron_extra = list(args.megatron_arg)
 
     if args.dry_run:
-        print("# env: PYTHONUNBUFFERED=1" + (f" PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf}" if args.alloc_conf else ""))
-        for side, mbs in jobs:
-            if side == "megatron":
-                cmd = megatron_command(args, mbs, work / f"megatron_mb{mbs}", megatron_extra)
-            else:
-                cmd = hf_command(args, mbs, work / f"hf_mb{mbs}.json")
-            print(f"{side} mb{mbs}: {shlex.join(cmd)}")
-        print(f"# then: results JSON under {args.out or os.environ.get('OUT') or ROOT / 'bench' / 'results'}")
-        return 0
+        return dry_run(args, jobs, work, megatron_extra)
 
     t_begin = time.perf_counter()
     out_dir = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "results")
@@ -441,13 +760,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     flops = flops_per_token(arch, args.seq_length)
     argv_list = [sys.executable] + (sys.argv if argv is None else [sys.argv[0]] + list(argv))
     results: Dict[str, Any] = {
-        "benchmark": "issue #7 throughput: megatron-core runtime vs Hugging Face baseline",
+        "benchmark": "issue #7 / #21 throughput: megatron-core runtime vs Hugging Face baselines",
         "date": time.strftime("%Y-%m-%d"),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": argv_list,
         "command_line": shlex.join(argv_list),
         "host": {**host_info(), **gpu_info(), "PYTORCH_CUDA_ALLOC_CONF": env.get("PYTORCH_CUDA_ALLOC_CONF")},
-        "versions": {name: _version(name) for name in ("torch", "transformers", "megatron-core", "numpy")},
+        "versions": {name: _version(name) for name in ("torch", "transformers", "megatron-core", "numpy",
+                                                       "transformer-engine", "liger-kernel", "torchao", "triton")},
         "settings": {
             "model": f"{args.preset} preset of bench/runtime/train_reference.py (qwen3-1.7b: Qwen3-1.7B architecture, "
                      "28 layers, hidden 2048, ffn 6144, 16 heads, 8 KV groups, head dim 128, vocab 151936, untied), "
@@ -461,6 +781,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             "nproc_megatron": args.nproc,
             "megatron_micro_batch_sizes": args.megatron_mbs,
             "hf_micro_batch_sizes": args.hf_mbs,
+            "hf_impls": args.hf_impls,
+            "hf_impl_micro_batch_sizes": args.hf_impl_mbs,
+            "megatron_variants": {v: MEGATRON_VARIANTS[v]["what"] for v in args.megatron_variants},
+            "megatron_spec": str(Path(args.megatron_spec).resolve().relative_to(ROOT)
+                                 if Path(args.megatron_spec).resolve().is_relative_to(ROOT) else args.megatron_spec),
+            "jobs": [job_name(*job) for job in jobs],
             "megatron_extra_args": megatron_extra,
             "hf_extra_args": args.hf_arg,
             "timeout_s": args.timeout_s,
@@ -480,12 +806,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         "results_file": json_path.name,
         "log_file": combined_log.name,
     }
-    missing = []  # checked only for this interpreter (another --python may have other packages)
+    missing: Dict[Any, str] = {}  # checked only for this interpreter (another --python may have other packages)
     same_python = os.path.realpath(args.python) == os.path.realpath(sys.executable)
     if same_python and "megatron" in args.sides and not _importable("megatron.core"):
-        missing.append("megatron")
+        missing["megatron"] = "megatron.core"
     if same_python and "hf" in args.sides and not _importable("transformers"):
-        missing.append("hf")
+        missing["hf"] = "transformers"
+    if same_python and "megatron" in args.sides and not _importable("transformer_engine"):
+        for variant in args.megatron_variants:
+            if variant.startswith("te-"):
+                missing[("megatron", variant)] = "transformer_engine"
+    if same_python and "hf" in args.sides:
+        for impl in args.hf_impls:
+            standin = "--liger-standin" in args.hf_arg  # CPU checks: no Liger, no Triton needed
+            need = [m for m in (("liger_kernel", "triton") if impl != "plain" and not standin else ())
+                    + (("torchao",) if impl.endswith("-fp8") else ()) if not _importable(m)]
+            if need:
+                missing[("hf", impl)] = " and ".join(need)
     _write_json(json_path, results)
     print(f"throughput: {len(jobs)} jobs, results -> {json_path}", flush=True)
 
@@ -500,39 +837,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    oom_from: Dict[str, int] = {}
+    oom_from: Dict[tuple, int] = {}
     fallback_tried = args.no_fusion_fallback or "--no-fusion" in megatron_extra
-    for side, mbs in jobs:
+    for side, impl, mbs in jobs:
         left = args.budget_s - (time.perf_counter() - t_begin)
         attempts = results[side]["attempts"]
-        if side in missing:
-            what = "megatron.core" if side == "megatron" else "transformers"
-            attempts.append({"micro_batch_size": mbs, "status": "error",
+        label = {("variant" if side == "megatron" else "impl"): impl,
+                 "precision": (MEGATRON_VARIANTS[impl] if side == "megatron" else {"precision": HF_IMPLS[impl]})["precision"]}
+        if (side, impl) in missing or side in missing:
+            what = missing.get((side, impl)) or missing[side]
+            attempts.append({"micro_batch_size": mbs, "status": "error", **label,
                              "error": f"{what} is not importable by {args.python} (PYTHONPATH={os.environ.get('PYTHONPATH')})"})
             _write_json(json_path, results)
             continue
-        if side in oom_from:
-            attempts.append({"micro_batch_size": mbs, "status": "skipped", "error": f"micro batch {oom_from[side]} ran out of memory"})
+        if (side, impl) in oom_from:
+            attempts.append({"micro_batch_size": mbs, "status": "skipped", **label,
+                             "error": f"micro batch {oom_from[(side, impl)]} ran out of memory"})
             _write_json(json_path, results)
             continue
         if left < 60:
-            attempts.append({"micro_batch_size": mbs, "status": "skipped", "error": f"time budget: {left:.0f} s left"})
+            attempts.append({"micro_batch_size": mbs, "status": "skipped", **label, "error": f"time budget: {left:.0f} s left"})
             _write_json(json_path, results)
             continue
         timeout = min(args.timeout_s, left)
         tries = 0
         while True:
             tries += 1
-            name = f"{side}_mb{mbs}" + (f"_try{tries}" if tries > 1 else "")
+            name = job_name(side, impl, mbs) + (f"_try{tries}" if tries > 1 else "")
             try:
                 attempt, steps_seen = run_job(args, side, mbs, name, timeout=timeout, env=env, work=work,
                                               megatron_extra=megatron_extra, flops=flops["flops_per_token"],
-                                              combined_log=combined_log, elapsed=time.perf_counter() - t_begin)
+                                              combined_log=combined_log, elapsed=time.perf_counter() - t_begin, impl=impl)
             except Exception as exc:  # noqa: BLE001 - a harness bug must not lose the other jobs
                 attempt, steps_seen = {"micro_batch_size": mbs, "status": "error", "returncode": None, "seconds": 0.0,
-                                       "error": f"harness: {type(exc).__name__}: {exc}",
+                                       **label, "error": f"harness: {type(exc).__name__}: {exc}",
                                        "error_tail": traceback.format_exc()[-3000:]}, 0
-            retry = (side == "megatron" and not fallback_tried and attempt["status"] == "error"
+            retry = (side == "megatron" and impl == "reference" and not fallback_tried and attempt["status"] == "error"
                      and steps_seen == 0 and attempt.get("returncode") not in (None, 0)
                      and (args.budget_s - (time.perf_counter() - t_begin)) > 90)
             if retry:
@@ -547,7 +887,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             break
         attempts.append(attempt)
         if attempt["status"] == "oom":
-            oom_from[side] = mbs
+            oom_from[(side, impl)] = mbs
         if attempt["status"] == "ok":
             print(f"throughput: {name}: {attempt['median_step_time_s'] * 1000:.0f} ms/step, {attempt['tokens_per_s']:,.0f} tok/s, "
                   f"{attempt['tflops_per_gpu']:.1f} TFLOP/s/GPU, MFU {100 * attempt['mfu']:.1f}%, "
@@ -570,6 +910,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{best['tflops_per_gpu']:.1f} TFLOP/s/GPU, MFU {100 * best['mfu']:.1f}%, peak {best['peak_mem_gib'] or 0:.1f} GiB")
         else:
             print(f"throughput: best {label}: none completed")
+    for side, key in (("megatron", "variant"), ("hf", "impl")):
+        by = results[side][f"best_by_{key}"]
+        if len(by) > 1 or (by and next(iter(by)) not in ("reference", "plain")):
+            for name, best in by.items():
+                print(f"throughput:   {side} {name}: " + (
+                    f"micro batch {best['micro_batch_size']}, {best['tokens_per_s']:,.0f} tok/s, MFU {100 * best['mfu']:.1f}%, "
+                    f"peak {best['peak_mem_gib'] or 0:.1f} GiB allocated, {best.get('peak_reserved_gib') or 0:.1f} GiB reserved"
+                    if best else "none completed"))
+    for key, r in results["ratios"].items():
+        if key != "by_pair" and r:
+            print(f"throughput: {key}: {r['megatron']} / {r['hf']} = {r['ratio']:.3f} (target >= {r['target']}: "
+                  f"{'met' if r['met'] else 'not met'})")
     if results["ratio_tokens_per_s"] is not None:
         print(f"throughput: megatron / HF tokens/s = {results['ratio_tokens_per_s']:.3f} (target >= {TARGET_RATIO})")
     print(f"throughput: wrote {json_path} and {combined_log} in {results['seconds']:.0f} s", flush=True)
