@@ -250,6 +250,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--dry", action="store_true", help="compile and check only (CPU)")
     p.add_argument("--dest", default=DEST, help=f"compiled configurations (default {DEST})")
     p.add_argument("--only", default=None, help="comma-separated entry names")
+    p.add_argument("--no-build", action="store_true", help="--dry without build_configs() (no megatron-core import)")
     p.add_argument("--budget-s", type=float, default=420, help="all the runs within this many seconds (default 420)")
     p.add_argument("--min-start-s", type=float, default=45, help="no run starts with less time left (default 45)")
     p.add_argument("--repeats", type=int, default=1, help="repeats of the cheapest runs when time is left (default 1)")
@@ -276,7 +277,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         wrong = check_flags(entry, (dest / entry["name"] / "train.py").read_text())
         # on the GPU machine launch.sh's `train.py --check` does it; the driver keeps CUDA and megatron out
-        build = build_configs(dest / entry["name"] / "train.py") if args.dry else None
+        build = build_configs(dest / entry["name"] / "train.py") if args.dry and not args.no_build else None
         ok = ok and not wrong and not build
         plan = planned(entry)
         print(f"{entry['name']}: compiled{' (held out)' if entry['held_out'] else ''}; planned step "
