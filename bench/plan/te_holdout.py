@@ -54,7 +54,9 @@ def plan_numbers(entry: dict, host_launch_us: float | None = None) -> dict:
 
 def predict(out: Path) -> None:
     """Write the predictions of every matrix entry, with the commit and calibration they used."""
-    from dlmspec.plan.calibration import FITTED_FROM
+    from dlmspec.plan.calibration import FITTED_FROM, TE_FITTED_FROM
+
+    fitted_from = TE_FITTED_FROM or f"{FITTED_FROM} (the local path's: no TE calibration yet)"
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "dlmspec"], cwd=ROOT, capture_output=True,
@@ -69,7 +71,7 @@ def predict(out: Path) -> None:
                       "planned_peak_reserved_bytes": round(p["peak_reserved_bytes"]),
                       "planned_peak_bytes": round(p["peak_bytes"])})
     out.write_text(json.dumps({"made_at_commit": commit, "planner_modified_at_commit": bool(dirty),
-                               "calibration_fitted_from": FITTED_FROM,
+                               "calibration_fitted_from": fitted_from,
                                "command": "python bench/plan/te_holdout.py predict " + _shown(out),
                                "predictions": preds}, indent=1) + "\n")
     for r in preds:

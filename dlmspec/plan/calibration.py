@@ -241,11 +241,32 @@ LOCAL_MEASURED = MeasuredRange(
     runs=70,
 )
 
+#: Names of the Transformer Engine path's own constants: :data:`FITTED` plus the allocator's reserve
+#: (the TE runs record ``torch.cuda.max_memory_reserved()`` as well, ``bench/gpu/te_calibration.sh``).
+TE_FITTED_NAMES = FITTED + ("allocator_reserve_fraction",)
+
+# The Transformer Engine path's calibration (issue #21): ``bench/plan/calibrate.py --write`` rewrites
+# the lines between the two markers from the TE records of ``bench/results/*.json`` (``"impl":
+# "transformer_engine"``; held-out records are left out of the fit). ``TE_FITTED`` maps each of
+# :data:`TE_FITTED_NAMES` to its fitted value (the others are :data:`DEFAULT_CALIBRATION`'s),
+# ``TE_FITTED_FROM`` names the files and ``TE_MEASURED`` is what those runs covered. ``None``: no TE
+# calibration run is committed yet (the four TE measurements quoted in issue #21 are not enough to
+# fit constants, and none is used), so the TE path is planned with the local path's constants.
+# te-calibration:begin
+TE_FITTED: dict[str, float] | None = None
+TE_FITTED_FROM: str | None = None
+TE_MEASURED: MeasuredRange | None = None
+# te-calibration:end
+
 #: Layer path -> (the constants fitted on it, what its runs covered). A path missing here has no
 #: calibration run: the planner plans it with the local path's constants and marks every number
-#: "uncalibrated" (:mod:`dlmspec.plan.provenance`). The Transformer Engine path is missing until
-#: TE calibration runs are committed (issue #21): the four TE measurements quoted there are not
-#: enough to fit constants, and none is used here.
+#: "uncalibrated" (:mod:`dlmspec.plan.provenance`). The Transformer Engine path is here once its
+#: block above is fitted.
 CALIBRATED_PATHS: dict[str, tuple[Calibration, MeasuredRange]] = {
     "local+sdpa": (DEFAULT_CALIBRATION, LOCAL_MEASURED),
 }
+if TE_FITTED is not None and TE_MEASURED is not None:
+    CALIBRATED_PATHS["transformer_engine"] = (DEFAULT_CALIBRATION.with_values(**TE_FITTED), TE_MEASURED)
+
+#: Layer path -> the files its constants were fitted from (``None``: not fitted).
+FITTED_FROM_BY_PATH: dict[str, str | None] = {"local+sdpa": FITTED_FROM, "transformer_engine": TE_FITTED_FROM}
