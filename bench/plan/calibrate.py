@@ -40,12 +40,12 @@ The fit (relative errors, so small and large runs weigh alike):
   typical host (``Calibration.host_launch_seconds``) becomes their median first, then the fit
   runs: ``seconds_per_kernel / host_launch_seconds`` is the ratio the fit determines.
 * time: ``measured = sum_i c_i x_i + fixed``, ``x`` = the plan's features at 100% of every peak
-  (GEMM, attention, element-wise bytes, host kernel launches, NVLink transfers, host syncs,
+  (GEMM at the bf16 peak, the TE path's fp8 GEMMs at the fp8 peak, attention, element-wise bytes, host kernel launches, NVLink transfers, host syncs,
   Megatron-FSDP host operations, calls of torch.compile'd functions, the fused linear cross
   entropy's chunk-loop launches, 1)
   and ``fixed`` what is not linear in a fitted constant (latencies, the GPU's per-kernel floor,
   network transfers, the exposed data-parallel communication); ``c`` = (1/gemm_efficiency,
-  1/attention_efficiency, 1/memory_efficiency, seconds_per_kernel, 1/nvlink_efficiency,
+  1/fp8_gemm_efficiency, 1/attention_efficiency, 1/memory_efficiency, seconds_per_kernel, 1/nvlink_efficiency,
   host_sync_seconds, fsdp_seconds_per_op, seconds_per_compiled_call, seconds_per_fused_ce_kernel,
   step_overhead_seconds), non-negative least squares with a weak pull
   (weight ``--prior``) towards the current constants, so a constant no run exercises keeps its
@@ -112,7 +112,7 @@ BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 #: Activation-like allocated terms (scaled by activation_scale).
 ACT_TERMS = ("activations", "embedding_output_activations", "loss_logits", "backward_transient")
 #: Time features and the constant each one's coefficient maps to.
-TIME_FEATURES = ("gemm", "attention", "elementwise", "kernels", "nvlink", "syncs", "fsdp_ops", "compiled_calls",
+TIME_FEATURES = ("gemm", "gemm_fp8", "attention", "elementwise", "kernels", "nvlink", "syncs", "fsdp_ops", "compiled_calls",
                  "fused_ce_kernels", "const")
 #: Rounds of the time fit (each re-decides which runs are launch-bound).
 MAX_ROUNDS = 12
@@ -288,10 +288,10 @@ def fit_memory(runs: list[Run], calib: Calibration) -> tuple[float, float]:
 #: Time constants the fit sets, in :data:`TIME_FEATURES` order (``const`` ->
 #: step_overhead_seconds); the efficiencies enter as ``1/e = 1 + z`` with ``z >= 0``, so no
 #: fitted efficiency exceeds 1.
-TIME_CONSTANTS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "seconds_per_kernel",
+TIME_CONSTANTS = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "memory_efficiency", "seconds_per_kernel",
                   "nvlink_efficiency", "host_sync_seconds", "fsdp_seconds_per_op", "seconds_per_compiled_call",
                   "seconds_per_fused_ce_kernel", "step_overhead_seconds")
-EFFICIENCIES = {"gemm_efficiency", "attention_efficiency", "memory_efficiency", "nvlink_efficiency"}
+EFFICIENCIES = {"gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "memory_efficiency", "nvlink_efficiency"}
 
 
 def _time_z(calib: Calibration) -> np.ndarray:

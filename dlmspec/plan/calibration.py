@@ -64,6 +64,11 @@ class Calibration:
     Time (dimensionless efficiencies in (0, 1], seconds):
         gemm_efficiency: achieved / datasheet dense peak for the model's GEMMs. Default 0.70
             (large bf16 GEMMs reach 70-80% of peak on H100 with cuBLASLt). Fitted.
+        fp8_gemm_efficiency: the same for the fp8 GEMMs of the Transformer Engine path (the decoder
+            layers' linear layers with ``precision.fp8``), against the GPU's dense fp8 peak; the
+            output layer's GEMMs stay bf16 (``gemm_efficiency``). Fitted on TE fp8 runs only (no
+            local run has fp8); the default is ``gemm_efficiency``'s value (what fp8 plans used
+            before the constant existed), which the fit is pulled towards.
         attention_efficiency: the same for the attention core (QK^T and PV inside the SDPA
             kernel) of the backend the calibration runs took - cuDNN's (torch 2.11 on an H200);
             other backends scale it by ``dlmspec.plan.time.ATTENTION_BACKEND_SPEED`` (flash 0.703,
@@ -143,6 +148,7 @@ class Calibration:
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
     gemm_efficiency: float = 0.8303
+    fp8_gemm_efficiency: float = 0.8303
     attention_efficiency: float = 0.3865
     memory_efficiency: float = 0.9722
     nvlink_efficiency: float = 0.225
@@ -178,6 +184,7 @@ FITTED = (
     "activation_scale",
     "allocated_overhead_bytes",
     "gemm_efficiency",
+    "fp8_gemm_efficiency",
     "attention_efficiency",
     "memory_efficiency",
     "nvlink_efficiency",

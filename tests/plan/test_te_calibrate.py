@@ -31,7 +31,7 @@ GiB = 1024**3
 #: Made-up "true" TE constants the synthetic records are planned with (not measurements).
 TRUE_TE = DEFAULT_CALIBRATION.with_values(
     activation_scale=0.92, allocated_overhead_bytes=1.2 * GiB, gemm_efficiency=0.62, attention_efficiency=0.5,
-    memory_efficiency=0.75, step_overhead_seconds=0.03, allocator_reserve_fraction=0.025)
+    memory_efficiency=0.75, step_overhead_seconds=0.03, allocator_reserve_fraction=0.025, fp8_gemm_efficiency=0.45)
 
 
 def _resolved(entry: dict):
@@ -87,7 +87,10 @@ def test_te_constants_are_fitted_and_the_local_ones_kept(ingested) -> None:
     assert measured.runs == 7 and measured.fp8 == (False, True) and measured.num_experts == (8,)  # held out: not fitted
     assert measured.micro_batch == (4, 16) and measured.seq_length == (4096, 4096)
     assert mod.DEFAULT_CALIBRATION.to_dict() == DEFAULT_CALIBRATION.to_dict() and mod.FITTED_FROM == FITTED_FROM
-    assert te.gemm_efficiency == pytest.approx(TRUE_TE.gemm_efficiency, rel=0.1)
+    # One model shape at one sequence length: GEMM and attention time grow alike with the micro batch,
+    # so the fit pins their sum, not each efficiency (the plans are what is checked, below); the fp8
+    # GEMMs' constant moves on its own, below the bf16 one, as in the made-up truth.
+    assert te.fp8_gemm_efficiency < te.gemm_efficiency and te.fp8_gemm_efficiency < DEFAULT_CALIBRATION.fp8_gemm_efficiency
     assert te.allocator_reserve_fraction == pytest.approx(0.03, abs=0.006)
 
 
