@@ -142,3 +142,29 @@ def test_docs_get_the_te_table(ingested) -> None:
 if __name__ == "__main__":
     FIXTURE.write_text(json.dumps(synthetic_records(), indent=1) + "\n")
     print(f"wrote {FIXTURE.relative_to(ROOT)}")
+
+
+def test_te_measured_matches_the_committed_te_runs() -> None:
+    """calibration.py's TE block is what bench/results/ holds: no TE record, no TE constants; TE records
+    ingested, TE_MEASURED is their range (as test_measured_range_matches_the_committed_runs for local)."""
+    pytest.importorskip("numpy")
+    from dlmspec.plan.calibration import CALIBRATED_PATHS, TE_FITTED, TE_MEASURED
+
+    calibrate = load_script(ROOT / "bench" / "plan" / "calibrate.py", "plan_calibrate_te_range")
+    runs, _ = calibrate.read_runs(calibrate.RESULTS)
+    te = [r for r in runs if calibrate.path_of(r) == calibrate.TE and not r.held_out]
+    if not te:
+        assert TE_FITTED is None and TE_MEASURED is None and "transformer_engine" not in CALIBRATED_PATHS
+    else:
+        got = calibrate.measured_range(te, calibrate.TE)
+        assert TE_MEASURED is not None and got == {k: getattr(TE_MEASURED, k) for k in got}
+
+
+def test_holdout_compare_reads_the_records(tmp_path) -> None:
+    te_holdout = load_script(ROOT / "bench" / "plan" / "te_holdout.py", "plan_te_holdout")
+    out = tmp_path / "compare.json"
+    te_holdout.compare(ROOT / "bench" / "plan" / "te_holdout_predictions.json", FIXTURE, out)
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {e["name"] for e in json.loads(MATRIX.read_text())}
+    assert rows["te-bf16-mb4"]["measurements"] == 2 and rows["te-bf16-mb12"]["held_out"] is True
+    assert all(r["time_error"] is not None and r["reserved_error"] is not None for r in rows.values())
