@@ -295,15 +295,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     records = run_all(compiled, dest, out, budget_s=args.budget_s, t_start=t_start, min_start_s=args.min_start_s,
                       repeats=args.repeats)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    found = versions()
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
-        "device": "one NVIDIA H200",
+        "device": f"one GPU: {found.get('gpu')}",
         "transformer_impl": "transformer_engine",
         "description": (f"Issue 21: the planner's Transformer Engine calibration (bench/plan/te_matrix.json), one run at a "
                         f"time on one H200, each entry's steps of one microbatch each, median step time after its "
                         "warmup_steps; peak allocated / reserved = torch.cuda.max_memory_allocated / "
                         "max_memory_reserved (metrics.jsonl peak_mem_gib / peak_reserved_gib)"),
-        "commit": commit or None, "versions": versions(),
+        "commit": commit or None, "versions": found,
         "commands": {"device": f"bash bench/gpu/te_calibration.sh $OUT  (python3 bench/gpu/te_calibration.py $OUT "
                                f"--budget-s {args.budget_s:g} --repeats {args.repeats})",
                      "ingest (CPU machine)": f"cp $OUT/{RESULT} bench/results/ && .venv/bin/python bench/plan/calibrate.py --write",
