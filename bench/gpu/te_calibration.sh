@@ -9,9 +9,9 @@
 # CPU (from the repository root; compiles into .device/tecal and checks every train.py's flags):
 #   bash bench/gpu/te_calibration.sh --dry
 # GPU, one H200, after TE is installed into /tmp/site_te (../shared/gpu/transformer-engine.md) and
-# dlmspec + megatron-core into PYTHONPATH by the lead's wrapper; carry .device/tecal (mock data: no
-# .data needed, ~0.4 MB):
-#   export PYTHONPATH=/tmp/site_te:$PYTHONPATH PYTHONUNBUFFERED=1; bash bench/gpu/te_calibration.sh $OUT
+# dlmspec + megatron-core into PYTHONPATH by the lead's wrapper (the script puts /tmp/site_te first when
+# it is missing from PYTHONPATH; it compiles the entries there, ~10 s, and needs no .data: mock data):
+#   bash bench/gpu/te_calibration.sh $OUT          (BUDGET_S=420 by default; ~7.5 min in all)
 # $OUT then holds calibration_te_h200.json (bench/plan/calibrate.py's format: copy it to
 # bench/results/) and te_calibration_logs.tgz (each launch's console).
 set -u
@@ -24,6 +24,11 @@ if [ "${1:-}" = "--dry" ]; then
 fi
 out=${1:?usage: te_calibration.sh OUT | te_calibration.sh --dry}
 shift
+# Transformer Engine first on the path where the recipe installed it (../shared/gpu/transformer-engine.md)
+if [ -d /tmp/site_te ]; then
+  case ":${PYTHONPATH:-}:" in *:/tmp/site_te:*) ;; *) export PYTHONPATH=/tmp/site_te${PYTHONPATH:+:$PYTHONPATH} ;; esac
+fi
+export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpus.txt" 2>&1
 "$PY" bench/gpu/te_calibration.py "$out" --budget-s "${BUDGET_S:-420}" "$@"
