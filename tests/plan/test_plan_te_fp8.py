@@ -53,3 +53,21 @@ def test_calibrate_fits_it() -> None:
     from dlmspec.plan.calibration import FITTED
 
     assert "fp8_gemm_efficiency" in FITTED
+
+
+def test_a_constant_no_run_exercises_keeps_its_value_exactly(tmp_path) -> None:
+    """bf16 runs only (every local calibration run): fp8_gemm_efficiency's feature is 0 in each, so the fit
+    leaves it exactly as it was (docs/planner.md's table lists only the constants that moved)."""
+    from bench_scripts import load_script
+
+    pytest.importorskip("numpy")
+    calibrate = load_script(ROOT / "bench" / "plan" / "calibrate.py", "plan_calibrate_fp8_keep")
+    fixture = ROOT / "tests" / "fixtures" / "te_calibration_synthetic" / "calibration_te_synthetic.json"
+    data = json.loads(fixture.read_text())
+    data["runs"] = [r for r in data["runs"] if not any("precision.fp8" in o for o in r["overrides"])]
+    (tmp_path / "bf16.json").write_text(json.dumps(data))
+    runs, _ = calibrate.read_runs(tmp_path)
+    assert len(runs) >= 4
+    fitted = calibrate.fit_time(runs, DEFAULT_CALIBRATION, 0.1)
+    assert fitted.fp8_gemm_efficiency == DEFAULT_CALIBRATION.fp8_gemm_efficiency
+    assert fitted.gemm_efficiency != DEFAULT_CALIBRATION.gemm_efficiency
