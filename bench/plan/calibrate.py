@@ -341,8 +341,9 @@ def fit_time(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibr
     a = np.vstack([np.array(rows), prior_weight * np.eye(len(TIME_FEATURES))])
     b = np.concatenate([np.array(target), prior_weight * z0 / scale])
     z = nnls(a, b) * scale
+    used = np.array(rows).any(axis=0)  # a constant no run exercises keeps its value exactly
     values = {n: (1 / (1 + z[i]) if n in EFFICIENCIES else float(max(z[i], 1e-12)))
-              for i, n in enumerate(TIME_CONSTANTS)}
+              for i, n in enumerate(TIME_CONSTANTS) if used[i]}
     return calib.with_values(**values)
 
 
