@@ -40,12 +40,12 @@ The fit (relative errors, so small and large runs weigh alike):
   typical host (``Calibration.host_launch_seconds``) becomes their median first, then the fit
   runs: ``seconds_per_kernel / host_launch_seconds`` is the ratio the fit determines.
 * time: ``measured = sum_i c_i x_i + fixed``, ``x`` = the plan's features at 100% of every peak
-  (GEMM, attention, element-wise bytes, host kernel launches, NVLink transfers, host syncs,
+  (GEMM at the bf16 peak, the TE path's fp8 GEMMs at the fp8 peak, attention, element-wise bytes, host kernel launches, NVLink transfers, host syncs,
   Megatron-FSDP host operations, calls of torch.compile'd functions, the fused linear cross
   entropy's chunk-loop launches, 1)
   and ``fixed`` what is not linear in a fitted constant (latencies, the GPU's per-kernel floor,
   network transfers, the exposed data-parallel communication); ``c`` = (1/gemm_efficiency,
-  1/attention_efficiency, 1/memory_efficiency, seconds_per_kernel, 1/nvlink_efficiency,
+  1/fp8_gemm_efficiency, 1/attention_efficiency, 1/memory_efficiency, seconds_per_kernel, 1/nvlink_efficiency,
   host_sync_seconds, fsdp_seconds_per_op, seconds_per_compiled_call, seconds_per_fused_ce_kernel,
   step_overhead_seconds), non-negative least squares with a weak pull
   (weight ``--prior``) towards the current constants, so a constant no run exercises keeps its
@@ -53,6 +53,18 @@ The fit (relative errors, so small and large runs weigh alike):
   features are those of the side each run's slowest rank is on; the fit is repeated, each round
   re-deciding the sides with the constants of the last, until no run changes side (at most
   :data:`MAX_ROUNDS` rounds).
+
+Layer paths: the fit above is the local path's (records whose ``impl``, or the path the planner infers
+from their spec, is not ``transformer_engine``). Transformer Engine records (``bench/gpu/te_calibration.sh``'s
+``calibration_te_h200.json``, issue 21) get a fit of their own (:func:`fit_te`): the same memory and
+time fits, pulled towards the constants the TE path is planned with now (the local path's until a TE
+calibration is committed), plus ``allocator_reserve_fraction`` from their ``peak_reserved_bytes``
+(:func:`fit_reserve`). Records marked ``"held_out": true`` are left out of every fit and reported
+against it. The TE table goes between ``<!-- te-calibration:begin -->`` and ``<!-- te-calibration:end -->``
+of the docs, and ``--write`` rewrites calibration.py's TE block (``TE_FITTED``, ``TE_FITTED_FROM``,
+``TE_MEASURED``; :func:`write_te_calibration`), after which the planner plans the TE path with them
+and its provenance says "calibrated". A results folder with TE records only leaves the local
+section and constants as they are.
 
 Leave-one-out errors (refit without the run, predict it) are reported next to the in-sample
 ones; the step-time target is reported over every record, over the newest measurement of each
@@ -64,6 +76,7 @@ Usage::
     .venv/bin/python bench/plan/calibrate.py                # table into docs/planner.md
     .venv/bin/python bench/plan/calibrate.py --write        # ... and refit calibration.py
     .venv/bin/python bench/plan/calibrate.py --plan-only    # planned values of matrix.json
+    .venv/bin/python bench/plan/calibrate.py --results DIR --docs FILE --calibration-py FILE --write
 """
 
 from __future__ import annotations
@@ -99,7 +112,7 @@ BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 #: Activation-like allocated terms (scaled by activation_scale).
 ACT_TERMS = ("activations", "embedding_output_activations", "loss_logits", "backward_transient")
 #: Time features and the constant each one's coefficient maps to.
-TIME_FEATURES = ("gemm", "attention", "elementwise", "kernels", "nvlink", "syncs", "fsdp_ops", "compiled_calls",
+TIME_FEATURES = ("gemm", "gemm_fp8", "attention", "elementwise", "kernels", "nvlink", "syncs", "fsdp_ops", "compiled_calls",
                  "fused_ce_kernels", "const")
 #: Rounds of the time fit (each re-decides which runs are launch-bound).
 MAX_ROUNDS = 12
@@ -118,6 +131,8 @@ class Run:
     source: str
     host_launch_us: float | None = None
     order: tuple[str, str] = ("", "")
+    held_out: bool = False
+    measured_reserved_bytes: float | None = None
 
 
 def _matrix() -> dict[str, dict]:
@@ -196,8 +211,10 @@ def read_runs(results: Path) -> tuple[list[Run], list[str]]:
                 skipped.append(f"{path.name}: {name}: {str(exc).splitlines()[0]}")
                 continue
             host = rec.get("host_launch_us")
+            reserved = rec.get("peak_reserved_bytes")
             runs.append(Run(name, int(rec.get("gpus", resolved.world_size)), rec.get("impl"), resolved,
-                            float(mem), float(sec), path.name, float(host) if host else None, order))
+                            float(mem), float(sec), path.name, float(host) if host else None, order,
+                            bool(rec.get("held_out", False)), float(reserved) if reserved else None))
     return runs, skipped
 
 
@@ -226,6 +243,14 @@ def measured_range(runs: list[Run], impl: str = "local+sdpa") -> dict[str, Any]:
         "parallel_max": {k: max(getattr(lay, k) for _, lay, _ in shapes) for k in ("tp", "pp", "cp", "ep")},
         "runs": len(runs),
     }
+
+
+def path_of(run: Run) -> str:
+    """The layer path a run took: the one its record reports (``impl``), else the one the planner
+    infers from its spec (:func:`dlmspec.plan.shape.transformer_impl`)."""
+    from dlmspec.plan.shape import transformer_impl
+
+    return run.impl or transformer_impl(run.resolved)[0]
 
 
 def _plan(run: Run, calib: Calibration):
@@ -263,10 +288,10 @@ def fit_memory(runs: list[Run], calib: Calibration) -> tuple[float, float]:
 #: Time constants the fit sets, in :data:`TIME_FEATURES` order (``const`` ->
 #: step_overhead_seconds); the efficiencies enter as ``1/e = 1 + z`` with ``z >= 0``, so no
 #: fitted efficiency exceeds 1.
-TIME_CONSTANTS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "seconds_per_kernel",
+TIME_CONSTANTS = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "memory_efficiency", "seconds_per_kernel",
                   "nvlink_efficiency", "host_sync_seconds", "fsdp_seconds_per_op", "seconds_per_compiled_call",
                   "seconds_per_fused_ce_kernel", "step_overhead_seconds")
-EFFICIENCIES = {"gemm_efficiency", "attention_efficiency", "memory_efficiency", "nvlink_efficiency"}
+EFFICIENCIES = {"gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "memory_efficiency", "nvlink_efficiency"}
 
 
 def _time_z(calib: Calibration) -> np.ndarray:
@@ -316,8 +341,9 @@ def fit_time(runs: list[Run], calib: Calibration, prior_weight: float) -> Calibr
     a = np.vstack([np.array(rows), prior_weight * np.eye(len(TIME_FEATURES))])
     b = np.concatenate([np.array(target), prior_weight * z0 / scale])
     z = nnls(a, b) * scale
+    used = np.array(rows).any(axis=0)  # a constant no run exercises keeps its value exactly
     values = {n: (1 / (1 + z[i]) if n in EFFICIENCIES else float(max(z[i], 1e-12)))
-              for i, n in enumerate(TIME_CONSTANTS)}
+              for i, n in enumerate(TIME_CONSTANTS) if used[i]}
     return calib.with_values(**values)
 
 
@@ -533,23 +559,27 @@ def _planned_matrix_table() -> list[str]:
     return out
 
 
-def write_docs(section: str, docs: Path) -> None:
-    """Replace the calibration section of ``docs`` (append it when the markers are missing)."""
+def write_docs(section: str, docs: Path, begin: str = BEGIN, end: str = END,
+               heading: str = "Calibration results") -> None:
+    """Replace the section of ``docs`` between ``begin`` and ``end`` (append it under ``heading``
+    when the markers are missing)."""
     text = docs.read_text(encoding="utf-8") if docs.exists() else "# Planner\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + section + tail
     else:
-        text = text.rstrip("\n") + "\n\n## Calibration results\n\n" + section + "\n"
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n" + section + "\n"
     docs.write_text(text, encoding="utf-8")
 
 
-def write_calibration(fitted: Calibration, source: str) -> None:
-    """Rewrite the fitted defaults (``name: float = value`` lines) of calibration.py."""
+def write_calibration(fitted: Calibration, source: str, path: Path | None = None) -> None:
+    """Rewrite the fitted defaults (``name: float = value`` lines) of calibration.py (``path``,
+    default :data:`CALIBRATION_PY`)."""
     from dlmspec.plan.calibration import FITTED
 
-    text = CALIBRATION_PY.read_text(encoding="utf-8")
+    path = path or CALIBRATION_PY
+    text = path.read_text(encoding="utf-8")
     for name in FITTED:
         value = getattr(fitted, name)
         literal = f"{value:.0f}" if name.endswith("_bytes") else f"{value:.4g}"
@@ -557,7 +587,107 @@ def write_calibration(fitted: Calibration, source: str) -> None:
         if n != 1:
             raise SystemExit(f"calibration.py has no '{name}: float = ...' line")
     text, _ = re.subn(r'^FITTED_FROM = .*$', f"FITTED_FROM = {source!r}", text, count=1, flags=re.M)
-    CALIBRATION_PY.write_text(text, encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
+
+
+# --- the Transformer Engine path (issue 21) --------------------------------------------------------
+TE = "transformer_engine"
+TE_BEGIN, TE_END = "<!-- te-calibration:begin -->", "<!-- te-calibration:end -->"
+#: calibration.py's TE block (rewritten by :func:`write_te_calibration`).
+TE_BLOCK_BEGIN, TE_BLOCK_END = "# te-calibration:begin\n", "# te-calibration:end\n"
+
+
+def planned_reserved(plan) -> float:
+    """A plan's peak reserved bytes: peak allocated plus its ``allocator_reserve`` term (what
+    ``torch.cuda.max_memory_reserved()`` adds; the CUDA context and NCCL are outside both)."""
+    return plan.peak_allocated_bytes + plan.memory.peak.breakdown["allocator_reserve"]
+
+
+def fit_reserve(runs: list[Run], calib: Calibration) -> float:
+    """``allocator_reserve_fraction`` from the runs that recorded peak reserved memory: least squares
+    on relative errors of ``planned allocated * (1 + f)`` against measured reserved (clamped at >= 0;
+    ``calib``'s value when no run recorded it)."""
+    pairs = [(_plan(r, calib).peak_allocated_bytes, r.measured_reserved_bytes) for r in runs if r.measured_reserved_bytes]
+    if not pairs:
+        return calib.allocator_reserve_fraction
+    x = np.array([a / m for a, m in pairs])
+    return float(max(np.dot(x, np.ones_like(x)) / np.dot(x, x) - 1.0, 0.0))
+
+
+def fit_te(runs: list[Run], start: Calibration, prior_weight: float) -> Calibration:
+    """The TE path's constants from its non-held-out runs: :func:`fit` (memory, then time, pulled
+    towards ``start``, the constants the TE path is planned with now), then :func:`fit_reserve`."""
+    fitted = fit(runs, start, prior_weight) if len(runs) >= 2 else start
+    return fitted.with_values(allocator_reserve_fraction=fit_reserve(runs, fitted))
+
+
+def te_table(runs: list[Run], before: Calibration, fitted: Calibration, sources: list[str]) -> str:
+    """The markdown of the TE calibration section: per record planned (fitted) against measured peak
+    allocated, peak reserved and step time, the error with the constants before the fit, and the
+    median of each configuration's records against its plan, fitted and held-out configurations
+    counted apart (held-out records are not in the fit)."""
+    lines = [TE_BEGIN, "", "Generated by `bench/plan/calibrate.py` from the Transformer Engine records of "
+             + ", ".join(f"`{s}`" for s in sources) + " (`\"impl\": \"transformer_engine\"`); held-out records are "
+             "not in the fit.", "",
+             "| run | held out | measured allocated GiB | planned GiB | error | before | measured reserved GiB "
+             "| planned GiB | error | measured step s | planned s | error | before |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    groups: dict[str, list[tuple[float, float, float, bool]]] = {}
+    for r in runs:
+        p, p0 = _plan(r, fitted), _plan(r, before)
+        em, et = _err(p.peak_allocated_bytes, r.measured_bytes), _err(p.time.step_seconds, r.measured_seconds)
+        res = r.measured_reserved_bytes
+        er = _err(planned_reserved(p), res) if res else None
+        groups.setdefault(r.name, []).append((r.measured_bytes, r.measured_seconds, p.peak_allocated_bytes, r.held_out))
+        lines.append(
+            f"| {r.name} | {'held out' if r.held_out else ''} | {r.measured_bytes / GiB:.2f} | "
+            f"{p.peak_allocated_bytes / GiB:.2f} | {em:+.1%} | {_err(p0.peak_allocated_bytes, r.measured_bytes):+.1%} | "
+            + (f"{res / GiB:.2f} | {planned_reserved(p) / GiB:.2f} | {er:+.1%} | " if res else "- | - | - | ")
+            + f"{r.measured_seconds:.4f} | {p.time.step_seconds:.4f} | {et:+.1%} | "
+            f"{_err(p0.time.step_seconds, r.measured_seconds):+.1%} |")
+    summary = []
+    for held in (False, True):
+        names = [n for n, g in groups.items() if g[0][3] == held]
+        if not names:
+            continue
+        mem_ok = time_ok = 0
+        for n in names:
+            r0 = next(r for r in runs if r.name == n)
+            p = _plan(r0, fitted)
+            mem_ok += abs(_err(p.peak_allocated_bytes, float(np.median([g[0] for g in groups[n]])))) <= 0.05
+            time_ok += abs(_err(p.time.step_seconds, float(np.median([g[1] for g in groups[n]])))) <= 0.15
+        summary.append(f"{'held-out' if held else 'fitted'} configurations (median of their records): peak allocated "
+                       f"within 5% {mem_ok}/{len(names)}, step time within 15% {time_ok}/{len(names)}")
+    text = "; ".join(summary)
+    lines += ["", text[:1].upper() + text[1:] + ".", "", "| constant | before | fitted |", "|---|---:|---:|"]
+    from dlmspec.plan.calibration import TE_FITTED_NAMES
+
+    for key in TE_FITTED_NAMES:
+        if getattr(before, key) != getattr(fitted, key):
+            lines.append(f"| `{key}` | {getattr(before, key):.4g} | {getattr(fitted, key):.4g} |")
+    lines += ["", TE_END]
+    return "\n".join(lines)
+
+
+def write_te_calibration(fitted: Calibration, measured: dict[str, Any], source: str, path: Path | None = None) -> None:
+    """Rewrite calibration.py's TE block (between ``# te-calibration:begin`` and ``# te-calibration:end``)
+    with ``fitted``'s :data:`~dlmspec.plan.calibration.TE_FITTED_NAMES`, the files and the runs' range
+    (:func:`measured_range`); raises SystemExit when the block is missing."""
+    from dlmspec.plan.calibration import TE_FITTED_NAMES
+
+    path = path or CALIBRATION_PY
+    text = path.read_text(encoding="utf-8")
+    if TE_BLOCK_BEGIN not in text or TE_BLOCK_END not in text:
+        raise SystemExit(f"{path} has no '# te-calibration:begin' ... '# te-calibration:end' block")
+    values = ",\n".join(f"    {n!r}: {getattr(fitted, n):.0f}" if n.endswith("_bytes") else f"    {n!r}: {getattr(fitted, n):.4g}"
+                        for n in TE_FITTED_NAMES)
+    rng = ",\n".join(f"    {k}={v!r}" for k, v in measured.items())
+    block = (f"TE_FITTED: dict[str, float] | None = {{\n{values},\n}}\n"
+             f"TE_FITTED_FROM: str | None = {source!r}\n"
+             f"TE_MEASURED: MeasuredRange | None = MeasuredRange(\n{rng},\n)\n")
+    head, rest = text.split(TE_BLOCK_BEGIN, 1)
+    _, tail = rest.split(TE_BLOCK_END, 1)
+    path.write_text(head + TE_BLOCK_BEGIN + block + TE_BLOCK_END + tail, encoding="utf-8")
 
 
 def plan_only() -> int:
@@ -583,21 +713,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="rewrite the fitted defaults in calibration.py")
     parser.add_argument("--prior", type=float, default=0.1, help="weight of the pull towards the current constants")
     parser.add_argument("--plan-only", action="store_true", help="print planned values of bench/plan/matrix.json")
+    parser.add_argument("--calibration-py", default=str(CALIBRATION_PY),
+                        help="the calibration.py --write rewrites (default dlmspec/plan/calibration.py)")
     args = parser.parse_args(argv)
     if args.plan_only:
         return plan_only()
-    runs, skipped = read_runs(Path(args.results))
-    sources = sorted({r.source for r in runs})
-    fitted = fit(runs, DEFAULT_CALIBRATION, args.prior) if len(runs) >= 2 else DEFAULT_CALIBRATION
-    section = table(runs, DEFAULT_CALIBRATION, fitted, args.prior, skipped, sources)
-    write_docs(section, Path(args.docs))
-    print(section)
-    if not runs:
+    calibration_py = Path(args.calibration_py)
+    every, skipped = read_runs(Path(args.results))
+    te_runs = [r for r in every if path_of(r) == TE]
+    # the local path's fit, on its own records (held-out ones, if a file marks any, are not fitted)
+    runs = [r for r in every if path_of(r) != TE and not r.held_out]
+    if runs or not te_runs:
+        sources = sorted({r.source for r in runs})
+        fitted = fit(runs, DEFAULT_CALIBRATION, args.prior) if len(runs) >= 2 else DEFAULT_CALIBRATION
+        section = table(runs, DEFAULT_CALIBRATION, fitted, args.prior, skipped, sources)
+        write_docs(section, Path(args.docs))
+        print(section)
+    if not runs and not te_runs:
         print(f"no measured runs in {args.results}", file=sys.stderr)
         return 1
-    if args.write:
-        write_calibration(fitted, f"{', '.join(sources)} ({len(runs)} runs)")
-        print(f"rewrote {CALIBRATION_PY.relative_to(ROOT)}")
+    if args.write and runs:
+        write_calibration(fitted, f"{', '.join(sources)} ({len(runs)} runs)", calibration_py)
+        print(f"rewrote {calibration_py}")
+    if te_runs:
+        from dlmspec.plan.provenance import calibration_for
+
+        before = calibration_for(TE)[0]  # the committed constants the TE path is planned with now
+        fit_runs = [r for r in te_runs if not r.held_out]
+        te_sources = sorted({r.source for r in te_runs})
+        te_fitted = fit_te(fit_runs, before, args.prior)
+        section = te_table(te_runs, before, te_fitted, te_sources)
+        write_docs(section, Path(args.docs), TE_BEGIN, TE_END, "Transformer Engine calibration results")
+        print(section)
+        if args.write and fit_runs:
+            write_te_calibration(te_fitted, measured_range(fit_runs, TE),
+                                 f"{', '.join(sorted({r.source for r in fit_runs}))} ({len(fit_runs)} runs)",
+                                 calibration_py)
+            print(f"rewrote the TE block of {calibration_py}")
     return 0
 
 

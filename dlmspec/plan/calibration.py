@@ -64,6 +64,11 @@ class Calibration:
     Time (dimensionless efficiencies in (0, 1], seconds):
         gemm_efficiency: achieved / datasheet dense peak for the model's GEMMs. Default 0.70
             (large bf16 GEMMs reach 70-80% of peak on H100 with cuBLASLt). Fitted.
+        fp8_gemm_efficiency: the same for the fp8 GEMMs of the Transformer Engine path (the decoder
+            layers' linear layers with ``precision.fp8``), against the GPU's dense fp8 peak; the
+            output layer's GEMMs stay bf16 (``gemm_efficiency``). Fitted on TE fp8 runs only (no
+            local run has fp8); the default is ``gemm_efficiency``'s value (what fp8 plans used
+            before the constant existed), which the fit is pulled towards.
         attention_efficiency: the same for the attention core (QK^T and PV inside the SDPA
             kernel) of the backend the calibration runs took - cuDNN's (torch 2.11 on an H200);
             other backends scale it by ``dlmspec.plan.time.ATTENTION_BACKEND_SPEED`` (flash 0.703,
@@ -143,6 +148,7 @@ class Calibration:
     nccl_bytes_per_group: float = 64 * MiB
     allocator_reserve_fraction: float = 0.05
     gemm_efficiency: float = 0.8303
+    fp8_gemm_efficiency: float = 0.8303
     attention_efficiency: float = 0.3865
     memory_efficiency: float = 0.9722
     nvlink_efficiency: float = 0.225
@@ -178,6 +184,7 @@ FITTED = (
     "activation_scale",
     "allocated_overhead_bytes",
     "gemm_efficiency",
+    "fp8_gemm_efficiency",
     "attention_efficiency",
     "memory_efficiency",
     "nvlink_efficiency",
@@ -241,11 +248,32 @@ LOCAL_MEASURED = MeasuredRange(
     runs=70,
 )
 
+#: Names of the Transformer Engine path's own constants: :data:`FITTED` plus the allocator's reserve
+#: (the TE runs record ``torch.cuda.max_memory_reserved()`` as well, ``bench/gpu/te_calibration.sh``).
+TE_FITTED_NAMES = FITTED + ("allocator_reserve_fraction",)
+
+# The Transformer Engine path's calibration (issue #21): ``bench/plan/calibrate.py --write`` rewrites
+# the lines between the two markers from the TE records of ``bench/results/*.json`` (``"impl":
+# "transformer_engine"``; held-out records are left out of the fit). ``TE_FITTED`` maps each of
+# :data:`TE_FITTED_NAMES` to its fitted value (the others are :data:`DEFAULT_CALIBRATION`'s),
+# ``TE_FITTED_FROM`` names the files and ``TE_MEASURED`` is what those runs covered. ``None``: no TE
+# calibration run is committed yet (the four TE measurements quoted in issue #21 are not enough to
+# fit constants, and none is used), so the TE path is planned with the local path's constants.
+# te-calibration:begin
+TE_FITTED: dict[str, float] | None = None
+TE_FITTED_FROM: str | None = None
+TE_MEASURED: MeasuredRange | None = None
+# te-calibration:end
+
 #: Layer path -> (the constants fitted on it, what its runs covered). A path missing here has no
 #: calibration run: the planner plans it with the local path's constants and marks every number
-#: "uncalibrated" (:mod:`dlmspec.plan.provenance`). The Transformer Engine path is missing until
-#: TE calibration runs are committed (issue #21): the four TE measurements quoted there are not
-#: enough to fit constants, and none is used here.
+#: "uncalibrated" (:mod:`dlmspec.plan.provenance`). The Transformer Engine path is here once its
+#: block above is fitted.
 CALIBRATED_PATHS: dict[str, tuple[Calibration, MeasuredRange]] = {
     "local+sdpa": (DEFAULT_CALIBRATION, LOCAL_MEASURED),
 }
+if TE_FITTED is not None and TE_MEASURED is not None:
+    CALIBRATED_PATHS["transformer_engine"] = (DEFAULT_CALIBRATION.with_values(**TE_FITTED), TE_MEASURED)
+
+#: Layer path -> the files its constants were fitted from (``None``: not fitted).
+FITTED_FROM_BY_PATH: dict[str, str | None] = {"local+sdpa": FITTED_FROM, "transformer_engine": TE_FITTED_FROM}

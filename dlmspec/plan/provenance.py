@@ -3,8 +3,9 @@
 A plan is counted from shapes, but its step time and a few memory terms scale with constants
 fitted on GPU runs of one layer path (:data:`dlmspec.plan.calibration.CALIBRATED_PATHS`). This
 module says, for a plan, which path it models, which constants it used (and whether they were
-fitted on that path: the Transformer Engine path has no calibration run yet and is planned with
-the local path's constants, marked "uncalibrated"), which of its dimensions lie outside what the
+fitted on that path: a path without a calibration of its own - the Transformer Engine path until
+its runs are ingested by ``bench/plan/calibrate.py --write`` - is planned with the local path's
+constants, marked "uncalibrated"), which of its dimensions lie outside what the
 calibration runs covered (:class:`~dlmspec.plan.calibration.MeasuredRange`), and, for
 ``transformer_impl = "auto"``, what it plans on each path the runtime may take.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlmspec.plan.calibration import CALIBRATED_PATHS, FITTED_FROM, Calibration, MeasuredRange
+from dlmspec.plan.calibration import CALIBRATED_PATHS, FITTED_FROM_BY_PATH, Calibration, MeasuredRange
 from dlmspec.plan.shape import Layout, ModelShape
 
 #: The layer path whose constants stand in for a path without a calibration.
@@ -128,13 +129,14 @@ def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] |
     """
     impl = plan.layout.impl
     _, measured, calibrated = calibration_for(impl)
+    fitted_on = FALLBACK_PATH if not calibrated else impl
     return {
         "layer_path": impl,
         "calibration": {
             "status": "custom" if custom else ("calibrated" if calibrated else "uncalibrated"),
-            "fitted_on": FALLBACK_PATH if not calibrated else impl,
+            "fitted_on": fitted_on,
             "constants": "make_plan(calibration=...)" if custom else "dlmspec/plan/calibration.py",
-            "fitted_from": FITTED_FROM,
+            "fitted_from": FITTED_FROM_BY_PATH.get(fitted_on),
             "text": calibration_text(impl, calibrated, custom),
         },
         "outside_measured": outside_measured(plan.shape, plan.layout, plan.gpu.id, measured),

@@ -72,7 +72,11 @@ class StageWork:
 
     Attributes:
         stage: pipeline rank.
-        gemm_seconds: GEMM FLOPs / peak.
+        gemm_seconds: GEMM FLOPs / peak of the GEMMs at the bf16 (or fp32) peak: all of them
+            without fp8; with fp8 only the output layer's (the logits GEMMs: megatron-core's own
+            ``ColumnParallelLinear``, or the fused linear cross entropy, outside TE's fp8 autocast).
+        gemm_fp8_seconds: with fp8, the decoder layers' GEMM FLOPs (QKV, projection, MLP, experts:
+            TE's fp8 autocast wraps each ``TransformerLayer``) / the fp8 peak; 0 without fp8.
         attention_seconds: attention-core FLOPs / peak, over the SDPA backend's relative speed
             (:data:`ATTENTION_BACKEND_SPEED`).
         elementwise_seconds: element-wise bytes / HBM bandwidth.
@@ -98,6 +102,7 @@ class StageWork:
 
     stage: int
     gemm_seconds: float
+    gemm_fp8_seconds: float
     attention_seconds: float
     elementwise_seconds: float
     kernels: float
@@ -121,8 +126,8 @@ class StageWork:
 
 def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
     """(GEMM peak, attention peak) in FLOP/s: bf16/fp16 tensor-core peak; fp8 GEMMs at the fp8
-    peak (attention stays bf16); fp32 at the plain fp32 peak (PyTorch leaves TF32 off for
-    matmuls by default)."""
+    peak (attention, and the output layer's GEMMs, stay bf16: :class:`StageWork`); fp32 at the
+    plain fp32 peak (PyTorch leaves TF32 off for matmuls by default)."""
     if lay.dtype == "fp32":
         return gpu.fp32_tflops * 1e12, gpu.fp32_tflops * 1e12
     gemm = gpu.fp8_tflops if (lay.fp8 and gpu.fp8_tflops) else gpu.bf16_tflops
@@ -160,18 +165,24 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         if shape.shared_ffn:
             moe_fwd += T * gate * 2 * h * shape.shared_ffn / t
         gemm += moe_n * moe_fwd * (3 + frac["moe"])
+    decoder_gemm = gemm
     if stage == lay.pp - 1 and lay.fused_linear_ce:
         rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * T
         gemm += FUSED_CE_GEMM_PASSES[lay.fused_linear_backend] * 2 * h * shape.vocab * rows
     elif stage == lay.pp - 1:
         gemm += 3 * 2 * h * shape.vocab / t * T
+    if gemm_peak != attn_peak:  # fp8: the decoder's GEMMs at the fp8 peak, the output layer's at bf16
+        gemm_seconds, gemm_fp8_seconds = (gemm - decoder_gemm) / attn_peak, decoder_gemm / gemm_peak
+    else:
+        gemm_seconds, gemm_fp8_seconds = gemm / gemm_peak, 0.0
     attention = layers * attn_core * (3 + frac["attention_core"]) * T
     ew = elementwise_bytes(shape, lay, stage, counts)
     c = stage_collectives(shape, lay, gpu, stage, counts, calib)
     fused_ce = fused_ce_kernels(shape, lay) if (stage == lay.pp - 1 and lay.fused_linear_ce) else 0.0
     return StageWork(
         stage=stage,
-        gemm_seconds=gemm / gemm_peak,
+        gemm_seconds=gemm_seconds,
+        gemm_fp8_seconds=gemm_fp8_seconds,
         attention_seconds=attention / attn_peak / ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)],
         elementwise_seconds=ew / (gpu.hbm_gbps * 1e9),
         kernels=kernels_per_microbatch(shape, lay, counts, stage),
@@ -234,7 +245,7 @@ def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0
     cp = w.cp_comm_seconds / link_efficiency(w.cp_network, calib)
     cp = max(0.0, cp - attention) if w.cp_overlapped else cp + w.cp_collectives * lat
     terms = {
-        "gemm": w.gemm_seconds / calib.gemm_efficiency,
+        "gemm": w.gemm_seconds / calib.gemm_efficiency + w.gemm_fp8_seconds / calib.fp8_gemm_efficiency,
         "attention": attention,
         "elementwise": w.elementwise_seconds / calib.memory_efficiency,
         "kernel_launch": w.kernels * calib.gpu_seconds_per_kernel,
@@ -387,6 +398,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     intra = (0 if slow.tp_network else slow.tp_seconds) + (0 if slow.ep_network else slow.ep_backward_seconds)
     features = {
         "gemm": scale * gpu_side * slow.gemm_seconds,
+        "gemm_fp8": scale * gpu_side * slow.gemm_fp8_seconds,
         "attention": scale * gpu_side * slow.attention_seconds,
         "elementwise": scale * gpu_side * slow.elementwise_seconds + opt_bytes / hbm,
         "kernels": hs * (scale * (1 - gpu_side) * (slow.kernels - slow.fused_ce_kernels) + step_kernels),

@@ -1,0 +1,323 @@
+"""The planner's Transformer Engine calibration runs (issue 21), one at a time on one GPU.
+
+Compiles every entry of ``bench/plan/te_matrix.json`` (``bench/plan/te_matrix.py``) into
+``.device/tecal/NAME`` (run directory ``.device/runs/tecal/NAME``), checks in each train.py the
+keywords its overrides must produce (:func:`check_flags`) and, with ``--dry``, runs its ``build_configs()``
+(megatron-core's config checks, no CUDA; on the GPU each launch.sh's ``train.py --check`` does it). Without ``--dry`` the runs then go one after the other (timing needs the GPU
+alone), in the matrix's order, within ``--budget-s`` seconds in all: each launch is killed (its
+process group and every process below it) at its own limit, start-up allowance + 3x its planned
+steps, cut to what is left of the budget; a run is not started with less than ``--min-start-s`` left.
+When every entry has run and time is left, the cheapest runs (by their measured wall time) are
+repeated while one more fits.
+
+Each run's record (``bench/plan/calibrate.py``'s format): ``name``, ``base``, ``overrides``, ``impl``
+(``transformer_engine``), ``held_out``, ``repeat``, ``peak_allocated_bytes`` and ``peak_reserved_bytes``
+(the largest ``peak_mem_gib`` / ``peak_reserved_gib`` of the run's metrics.jsonl train records:
+``torch.cuda.max_memory_allocated()`` / ``max_memory_reserved()``, max over ranks,
+backends/megatron/metrics.py), ``step_seconds`` (median ``step_time_s`` of the iterations after
+the entry's ``warmup_steps``, one step per record), ``step_times``, ``tokens_per_s``, ``host_launch_us`` (mean of the
+run's host_launch events), ``exit_code``, ``wall_s``, ``limit_s``, ``killed_at_limit``, ``command``.
+
+    python3 bench/gpu/te_calibration.py --dry                 # CPU: compile, check the flags
+    python3 bench/gpu/te_calibration.py OUT [--budget-s 420]  # GPU: the same, then run them
+
+``OUT/calibration_te_h200.json`` gets the runs, date, device, versions and commands; ``OUT/NAME.log``
+each launch's console (``NAME.rN.log`` for repeat N). Exit code 0 when every entry compiled (and,
+without ``--dry``, at least one run was measured), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+sys.path.insert(0, str(ROOT / "bench" / "plan"))
+
+MATRIX = ROOT / "bench" / "plan" / "te_matrix.json"
+DEST = ".device/tecal"
+RUNS = ".device/runs/tecal"
+RESULT = "calibration_te_h200.json"
+#: Start-up allowance of a launch before its first step (imports, model build, TE's and cuDNN's
+#: first kernels: the runs start in ~25-40 s on the H200 machine).
+STARTUP_S = 60.0
+
+
+def run_overrides(name: str) -> List[str]:
+    """The ``--set`` values beyond the entry's that only place the run (run, tensorboard and
+    checkpoint directories of its own: no run resumes from another)."""
+    run = f"{RUNS}/{name}"
+    return [f'logging.run_dir="{run}"', f'logging.tensorboard_dir="{run}/tensorboard"', f'checkpoint.save="{run}/ckpt"']
+
+
+def compile_entry(entry: Dict[str, Any], dest: Path) -> tuple[int, str]:
+    """``dlmspec compile`` of one entry into ``dest/NAME`` (in this process); (exit code, output)."""
+    from dlmspec.cli import main as dlmspec
+
+    sets = entry["overrides"] + run_overrides(entry["name"])
+    argv = ["compile", entry["base"], "-o", str(dest / entry["name"]), "--force"] + [a for s in sets for a in ("--set", s)]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            code = dlmspec(argv)
+        except SystemExit as exc:  # typer's standalone mode
+            code = int(exc.code or 0)
+    return int(code or 0), buf.getvalue()
+
+
+def wanted_flags(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """What train.py must say for an entry's overrides: keyword -> literal value (``None``: absent)."""
+    sets = {}
+    for item in entry["overrides"]:
+        key, _, value = item.partition("=")
+        sets[key] = json.loads(value) if value[:1] in '"[-0123456789tf' else value
+    want: Dict[str, Any] = {"use_transformer_engine": True,
+                            "micro_batch_size": sets["train.micro_batch_size"],
+                            "global_batch_size": sets["train.global_batch_size"],
+                            "seq_length": sets["train.seq_length"]}
+    fp8 = sets.get("precision.fp8", "none")
+    want["fp8"] = None if fp8 == "none" else fp8
+    if fp8 != "none":
+        want["fp8_recipe"] = sets.get("precision.fp8_recipe", "delayed")
+    gran = sets.get("recompute.granularity")
+    if gran:
+        want["recompute_granularity"] = gran
+    if gran == "selective":
+        want["recompute_modules"] = sets["recompute.modules"]
+    if gran == "full":
+        want["recompute_method"] = sets["recompute.method"]
+        want["recompute_num_layers"] = sets["recompute.num_layers"]
+    if "model.num_experts" in sets:
+        want["num_moe_experts"] = sets["model.num_experts"]
+        want["moe_grouped_gemm"] = sets.get("model.moe_grouped_gemm", False)
+        want["moe_router_topk"] = sets["model.moe_router_topk"]
+    return want
+
+
+def check_flags(entry: Dict[str, Any], text: str) -> List[str]:
+    """What the entry's train.py says wrongly (``["keyword: want X, got Y", ...]``; [] = right)."""
+    from te_matrix import train_py_keywords
+
+    got = train_py_keywords(text)
+    return [f"{k}: want {v!r}, got {got.get(k)!r}" for k, v in wanted_flags(entry).items() if got.get(k) != v]
+
+
+def build_configs(train_py: Path) -> Optional[str]:
+    """Run the compiled file's ``build_configs()`` (megatron-core's config checks, no CUDA); ``None``
+    when it builds, else the error."""
+    spec = importlib.util.spec_from_file_location(f"tecal_{train_py.parent.name.replace('-', '_')}", train_py)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec.loader.exec_module(module)
+            module.build_configs()
+    except Exception as exc:  # reported, not raised: the matrix goes on
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def planned(entry: Dict[str, Any]) -> Dict[str, float]:
+    """The committed planner's step seconds and peak allocated / reserved bytes of an entry
+    (``bench/plan/te_holdout.py``'s :func:`plan_numbers`)."""
+    from te_holdout import plan_numbers
+
+    return plan_numbers(entry)
+
+
+def summarize(metrics: Path, warmup: int) -> Dict[str, Any]:
+    """The measurement of one run from its metrics.jsonl ({} when it logged no train record; no
+    ``step_seconds`` when it logged none after ``warmup``)."""
+    try:
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return {}
+    train = [r for r in records if r.get("event") == "train" and r.get("step_time_s")]
+    if not train:
+        return {}
+    steady = [r for r in train if r["iteration"] > warmup]
+    host = [r["host_launch_us"] for r in records if r.get("event") == "host_launch" and r.get("host_launch_us")]
+    out = {"peak_allocated_bytes": int(max(r["peak_mem_gib"] for r in train) * 2**30),
+           "peak_reserved_bytes": int(max(r.get("peak_reserved_gib", 0.0) for r in train) * 2**30),
+           "step_times": {str(r["iteration"]): round(r["step_time_s"], 5) for r in train},
+           "steps_measured": len(steady), "losses": [round(r["loss"], 4) for r in train]}
+    if steady:  # warm-up steps alone are no step time (the run died or was killed early)
+        out["step_seconds"] = statistics.median(r["step_time_s"] for r in steady)
+        out["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in steady)
+    if host:
+        out["host_launch_us"] = statistics.mean(host)
+    return out
+
+
+def launch(dirpath: Path, log: Path, limit: float) -> Dict[str, Any]:
+    """Run ``dirpath/launch.sh`` from the repository root, killed (its process group and every
+    process below it: torchrun starts its workers in sessions of their own) after ``limit`` s."""
+    from te_matrix import descendants
+
+    rel = dirpath.relative_to(ROOT) if dirpath.is_relative_to(ROOT) else dirpath
+    cmd = ["bash", str(rel / "launch.sh")]
+    t0 = time.time()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        killed = False
+        while proc.poll() is None:
+            if time.time() - t0 > limit:
+                killed = True
+                for pid in descendants(proc.pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(0.5)
+    return {"exit_code": proc.returncode, "wall_s": round(time.time() - t0, 1), "limit_s": round(limit, 1),
+            "killed_at_limit": killed, "command": shlex.join(cmd)}
+
+
+def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: float, t_start: float,
+            min_start_s: float, repeats: int) -> List[Dict[str, Any]]:
+    """Run the compiled entries one at a time within the budget, then repeat the cheapest ones;
+    returns a record per launch (or per entry left out)."""
+    records: List[Dict[str, Any]] = []
+    walls: Dict[str, float] = {}
+
+    def one(entry: Dict[str, Any], repeat: int) -> Optional[Dict[str, Any]]:
+        left = t_start + budget_s - time.time()
+        name = entry["name"]
+        if left < min_start_s:
+            return None
+        limit = min(left, STARTUP_S + 3 * entry["steps"] * planned(entry)["step_seconds"])
+        subprocess.run(["rm", "-rf", str(ROOT / RUNS / name)], check=False)
+        tag = f".r{repeat}" if repeat else ""
+        rec = {"name": name, "base": entry["base"], "overrides": entry["overrides"], "impl": "transformer_engine",
+               "held_out": entry["held_out"], "repeat": repeat, "gpus": 1}
+        rec.update(launch(dest / name, out / f"{name}{tag}.log", limit))
+        rec.update(summarize(ROOT / RUNS / name / "metrics.jsonl", entry["warmup_steps"]))
+        if "step_seconds" not in rec:
+            rec["error"] = (f"killed at its limit ({rec['limit_s']} s) before a step after warm-up was logged"
+                            if rec["killed_at_limit"] else
+                            f"exit code {rec['exit_code']} before a step after warm-up was logged (see {name}{tag}.log)")
+        subprocess.run(["rm", "-rf", str(ROOT / RUNS / name / "ckpt")], check=False)
+        walls[name] = rec["wall_s"]
+        print(f"te_calibration: {name}{tag}: exit {rec['exit_code']} in {rec['wall_s']} s (limit {rec['limit_s']} s); "
+              f"step {rec.get('step_seconds', float('nan')):.4f} s, allocated "
+              f"{rec.get('peak_allocated_bytes', 0) / 2**30:.1f} GiB, reserved {rec.get('peak_reserved_bytes', 0) / 2**30:.1f} GiB"
+              + (f"; {rec['error']}" if "error" in rec else ""), flush=True)
+        return rec
+
+    for entry in entries:
+        rec = one(entry, 0)
+        records.append(rec or {"name": entry["name"], "held_out": entry["held_out"], "impl": "transformer_engine",
+                               "error": "not run: budget spent"})
+    measured = [e for e in entries if e["name"] in walls and any(r["name"] == e["name"] and "step_seconds" in r
+                                                                     for r in records)]
+    for repeat in range(1, repeats + 1):
+        for entry in sorted(measured, key=lambda e: walls[e["name"]]):
+            if t_start + budget_s - time.time() < walls[entry["name"]] + 10:
+                break
+            rec = one(entry, repeat)
+            if rec:
+                records.append(rec)
+    return records
+
+
+def versions() -> Dict[str, Any]:
+    """torch, megatron-core, Transformer Engine and the GPU (what each import says)."""
+    from te_matrix import versions as te_versions
+
+    return te_versions()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", help="results folder ($OUT); not with --dry")
+    p.add_argument("--dry", action="store_true", help="compile and check only (CPU)")
+    p.add_argument("--dest", default=DEST, help=f"compiled configurations (default {DEST})")
+    p.add_argument("--only", default=None, help="comma-separated entry names")
+    p.add_argument("--no-build", action="store_true", help="--dry without build_configs() (no megatron-core import)")
+    p.add_argument("--budget-s", type=float, default=420, help="all the runs within this many seconds (default 420)")
+    p.add_argument("--min-start-s", type=float, default=45, help="no run starts with less time left (default 45)")
+    p.add_argument("--repeats", type=int, default=1, help="repeats of the cheapest runs when time is left (default 1)")
+    args = p.parse_args(argv)
+    if not args.dry and not args.out:
+        p.error("give OUT (the results folder), or --dry")
+    entries = json.loads(MATRIX.read_text())
+    if args.only:
+        names = [n for n in args.only.split(",") if n]
+        unknown = [n for n in names if n not in {e["name"] for e in entries}]
+        if unknown:
+            p.error(f"--only: unknown entr(y/ies) {unknown}; known: {', '.join(e['name'] for e in entries)}")
+        entries = [e for e in entries if e["name"] in names]
+    t_start = time.time()
+    os.chdir(ROOT)
+    dest = (ROOT / args.dest).resolve()
+    ok = True
+    compiled = []
+    for entry in entries:
+        code, text = compile_entry(entry, dest)
+        if code != 0:
+            ok = False
+            print(f"{entry['name']}: refused (exit {code}):\n{text[-3000:]}", flush=True)
+            continue
+        wrong = check_flags(entry, (dest / entry["name"] / "train.py").read_text())
+        # on the GPU machine launch.sh's `train.py --check` does it; the driver keeps CUDA and megatron out
+        build = build_configs(dest / entry["name"] / "train.py") if args.dry and not args.no_build else None
+        ok = ok and not wrong and not build
+        plan = planned(entry)
+        print(f"{entry['name']}: compiled{' (held out)' if entry['held_out'] else ''}; planned step "
+              f"{plan['step_seconds']:.3f} s, allocated {plan['peak_allocated_bytes'] / 2**30:.1f} GiB, reserved "
+              f"{plan['peak_reserved_bytes'] / 2**30:.1f} GiB" + (f"; flags wrong: {wrong}" if wrong else "")
+              + (f"; build_configs: {build}" if build else ""), flush=True)
+        if not wrong and not build:
+            compiled.append(entry)
+    if args.dry:
+        print(f"te_calibration --dry: {len(entries)} entr(y/ies) {'all right' if ok else 'NOT all right'} "
+              f"({time.time() - t_start:.1f}s)")
+        return 0 if ok else 1
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    records = run_all(compiled, dest, out, budget_s=args.budget_s, t_start=t_start, min_start_s=args.min_start_s,
+                      repeats=args.repeats)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    found = versions()
+    result = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+        "device": f"one GPU: {found.get('gpu')}",
+        "transformer_impl": "transformer_engine",
+        "description": (f"Issue 21: the planner's Transformer Engine calibration (bench/plan/te_matrix.json), one run at a "
+                        f"time on one H200, each entry's steps of one microbatch each, median step time after its "
+                        "warmup_steps; peak allocated / reserved = torch.cuda.max_memory_allocated / "
+                        "max_memory_reserved (metrics.jsonl peak_mem_gib / peak_reserved_gib)"),
+        "commit": commit or None, "versions": found,
+        "commands": {"device": f"bash bench/gpu/te_calibration.sh $OUT  (python3 bench/gpu/te_calibration.py $OUT "
+                               f"--budget-s {args.budget_s:g} --repeats {args.repeats})",
+                     "ingest (CPU machine)": f"cp $OUT/{RESULT} bench/results/ && .venv/bin/python bench/plan/calibrate.py --write",
+                     "compare with the committed predictions": "python3 bench/plan/te_holdout.py compare "
+                     f"bench/plan/te_holdout_predictions.json bench/results/{RESULT} OUT.json"},
+        "wall_s": round(time.time() - t_start, 1),
+        "runs": records,
+    }
+    (out / RESULT).write_text(json.dumps(result, indent=1) + "\n")
+    measured = sum("step_seconds" in r for r in records)
+    print(f"te_calibration: {measured}/{len(records)} launches measured in {result['wall_s']} s; {out / RESULT}")
+    return 0 if ok and measured else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
