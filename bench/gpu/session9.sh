@@ -58,14 +58,14 @@ te_job() {  # TE correctness, then (GPU alone) calibration and the peers; result
   mkdir -p "$s9/res/te" "$s9/res/cal" "$s9/res/peers"
   w=0; until [ -f "$s9/gen_timed.done" ] || [ $w -ge 300 ]; do sleep 5; w=$((w + 5)); done
   echo "te_job: waited ${w}s for the generation job's timed part $(date -u +%T)"
-  BUDGET_S=${TE_BUDGET_S:-420} bash bench/gpu/te_matrix.sh "$s9/res/te" > "$s9/res/te.log" 2>&1
+  LANES=${TE_LANES:-5} BUDGET_S=${TE_BUDGET_S:-360} bash bench/gpu/te_matrix.sh "$s9/res/te" > "$s9/res/te.log" 2>&1
   echo "te_matrix exit $? $(date -u +%T)"; touch "$s9/te.done"
   rm -rf runs/te
   w=0; until [ -f "$s9/gen.done" ] || [ $w -ge 120 ]; do sleep 5; w=$((w + 5)); done
   echo "te_job: waited ${w}s for the generation job $(date -u +%T)"
-  bash bench/gpu/te_calibration.sh "$s9/res/cal" > "$s9/res/cal.log" 2>&1
+  BUDGET_S=${CAL_BUDGET_S:-390} bash bench/gpu/te_calibration.sh "$s9/res/cal" > "$s9/res/cal.log" 2>&1
   echo "te_calibration exit $? $(date -u +%T)"; touch "$s9/cal.done"
-  bash bench/gpu/peers.sh "$s9/res/peers" > "$s9/res/peers.log" 2>&1
+  WHL=.whl/peer BUDGET_S=${PEERS_BUDGET_S:-400} bash bench/gpu/peers.sh "$s9/res/peers" > "$s9/res/peers.log" 2>&1
   echo "peers exit $? $(date -u +%T)"; touch "$s9/peers.done"
 }
 pack() {  # one archive of everything in $out
