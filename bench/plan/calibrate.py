@@ -63,8 +63,9 @@ calibration is committed), plus ``allocator_reserve_fraction`` from their ``peak
 against it. The TE table goes between ``<!-- te-calibration:begin -->`` and ``<!-- te-calibration:end -->``
 of the docs, and ``--write`` rewrites calibration.py's TE block (``TE_FITTED``, ``TE_FITTED_FROM``,
 ``TE_MEASURED``; :func:`write_te_calibration`), after which the planner plans the TE path with them
-and its provenance says "calibrated". A results folder with TE records only leaves the local
-section and constants as they are.
+and its provenance says "calibrated". A results folder with TE records only, or ``--te-only``,
+leaves the local section and constants as they are (a local refit from the committed constants
+moves them a little: the prior pulls towards the constants it starts from).
 
 Leave-one-out errors (refit without the run, predict it) are reported next to the in-sample
 ones; the step-time target is reported over every record, over the newest measurement of each
@@ -76,6 +77,7 @@ Usage::
     .venv/bin/python bench/plan/calibrate.py                # table into docs/planner.md
     .venv/bin/python bench/plan/calibrate.py --write        # ... and refit calibration.py
     .venv/bin/python bench/plan/calibrate.py --plan-only    # planned values of matrix.json
+    .venv/bin/python bench/plan/calibrate.py --te-only --write  # the TE path only (its table and block)
     .venv/bin/python bench/plan/calibrate.py --results DIR --docs FILE --calibration-py FILE --write
 """
 
@@ -713,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="rewrite the fitted defaults in calibration.py")
     parser.add_argument("--prior", type=float, default=0.1, help="weight of the pull towards the current constants")
     parser.add_argument("--plan-only", action="store_true", help="print planned values of bench/plan/matrix.json")
+    parser.add_argument("--te-only", action="store_true",
+                        help="fit, report and --write the Transformer Engine path only (the local constants and "
+                             "table stay as they are)")
     parser.add_argument("--calibration-py", default=str(CALIBRATION_PY),
                         help="the calibration.py --write rewrites (default dlmspec/plan/calibration.py)")
     args = parser.parse_args(argv)
@@ -722,7 +727,11 @@ def main(argv: list[str] | None = None) -> int:
     every, skipped = read_runs(Path(args.results))
     te_runs = [r for r in every if path_of(r) == TE]
     # the local path's fit, on its own records (held-out ones, if a file marks any, are not fitted)
-    runs = [r for r in every if path_of(r) != TE and not r.held_out]
+    runs = [] if args.te_only else [r for r in every if path_of(r) != TE and not r.held_out]
+    if args.te_only and not te_runs:
+        print(f"--te-only: no Transformer Engine record (\"impl\": \"transformer_engine\") in {args.results}",
+              file=sys.stderr)
+        return 1
     if runs or not te_runs:
         sources = sorted({r.source for r in runs})
         fitted = fit(runs, DEFAULT_CALIBRATION, args.prior) if len(runs) >= 2 else DEFAULT_CALIBRATION
