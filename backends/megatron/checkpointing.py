@@ -69,7 +69,8 @@ def prestart_checkpoint_helpers() -> None:
     """Start megatron-core's checkpoint-writer helper process now, immune to stop signals.
 
     ``dist_checkpointing.save`` gets its write-results queue from a ``multiprocessing`` manager
-    that it spawns on the first save (``filesystem_async._get_write_results_queue``). torchrun
+    that it spawns on the first save (``filesystem_async._get_write_results_queue``, renamed
+    ``get_write_results_queue`` in megatron-core 0.19). torchrun
     forwards a stop signal to the rank's whole process group, so a manager started before or
     during that signal died of it and the save made on the signal failed with ``EOFError``
     (seen on the H200: the stop arrived during the save at step 100 and no checkpoint was
@@ -84,13 +85,18 @@ def prestart_checkpoint_helpers() -> None:
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    # megatron-core 0.16: _get_write_results_queue; 0.19: get_write_results_queue (renamed)
+    start = (getattr(filesystem_async, "get_write_results_queue", None)
+             or getattr(filesystem_async, "_get_write_results_queue", None))
+    if start is None:  # a megatron-core without the shared queue: save() starts what it needs
+        return
     if threading.current_thread() is not threading.main_thread():
-        filesystem_async._get_write_results_queue()
+        start()
         return
     numbers = [getattr(signal, name) for name in EXIT_SIGNALS]
     previous = {n: signal.signal(n, signal.SIG_IGN) for n in numbers}
     try:
-        filesystem_async._get_write_results_queue()
+        start()
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
