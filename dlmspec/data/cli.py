@@ -152,8 +152,8 @@ def prepare_command(
     shard_size: Optional[str] = typer.Option(
         None,
         "--shard-size",
-        help="Tokens per shard (2e9, 500M, 1.5G): numbered shards PREFIX-00000_KEY_document and a "
-        "manifest PREFIX_KEY_document.manifest.json, each shard kept once complete.",
+        help="Tokens per shard (2e9, 500M, 1.5G): numbered shards PREFIX-00000_KEY_document, each kept "
+        "once complete, and a manifest (PREFIX_KEY_document, then .manifest.json) that data.train can name.",
     ),
     resume: bool = typer.Option(
         False,
