@@ -117,6 +117,11 @@ CONFIGS: Dict[str, tuple] = {
     "local-varlen-microbatch": ({**LOCAL, **MEGADLMS}, None, {"use_transformer_engine": False, **MEGADLMS_FLAGS}),
     "te-varlen-microbatch": ({**TE, **MEGADLMS}, "local-varlen-microbatch",
                              {"use_transformer_engine": True, **MEGADLMS_FLAGS}),
+    # the same with MegaDLMs' 2,049-token window (objective.unshift, issue 18), on both layer paths
+    "local-megadlms-window": ({**LOCAL, **MEGADLMS, "objective.unshift": True}, None,
+                              {"use_transformer_engine": False, **MEGADLMS_FLAGS, "unshift": True}),
+    "te-megadlms-window": ({**TE, **MEGADLMS, "objective.unshift": True}, "local-megadlms-window",
+                           {"use_transformer_engine": True, **MEGADLMS_FLAGS, "unshift": True}),
     # A small MoE (4 experts of 1024, top-2, every layer): grouped GEMM on TE (TEGroupedMLP), the
     # experts one by one on the local layers (validate refuses grouped GEMM there:
     # grouped-GEMM experts need TE). Both start from the same Hugging Face Qwen3-MoE weights
