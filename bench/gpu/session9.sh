@@ -42,7 +42,9 @@ gen_job() {  # #19's answers and #20's generation demo, in $s9/repo, results in 
   STAGE=sft OUT=$g/sft PYTHON=python3 timeout 300 bash bench/gpu/sft_demo.sh > "$g/sft.log" 2>&1
   echo "sft + evaluation exit $? $(date -u +%T)"
   for m in base sft; do
-    timeout 120 python3 -m dlmspec.cli generate "runs/bench-sft-demo/$m" --prompts .data/sft/heldout_prompts.jsonl \
+    # the base model has no embeddings for the chat tokens' ids: it reads the prompts as text
+    p=.data/sft/heldout_prompts.jsonl; [ $m = base ] && p=.data/sft/heldout_prompts_base.jsonl
+    timeout 120 python3 -m dlmspec.cli generate "runs/bench-sft-demo/$m" --prompts $p \
       --gen-length 64 --steps 64 --block-length 32 --batch-size 8 --json > "$g/sft/answers_$m.json" 2> "$g/sft/answers_$m.err"
     echo "generate $m exit $?"
   done

@@ -5,6 +5,7 @@ assistant header), to a JSONL of ``{"prompt_ids": [...], "reference": ...}``; on
 ``bench/gpu/sft_demo.sh``'s runs are then sampled with ``dlmspec generate`` (see session8.sh).
 
 Usage: python bench/gpu/sft_answers.py prompts [--n 8] [--out .data/sft/heldout_prompts.jsonl]
+       (also writes OUT's _base twin: the same prompts as text, for the base model)
        python bench/gpu/sft_answers.py table BASE.json TUNED.json PROMPTS.jsonl OUT.json
 """
 
@@ -27,14 +28,33 @@ def prompts(n: int, out: Path) -> None:
     tokens = IndexedDataset(HELDOUT)
     flags = IndexedDataset(HELDOUT + "_response")
     tok = build_tokenizer("GPT2BPETokenizer", vocab_file=".data/gpt2/vocab.json", merge_file=".data/gpt2/merges.txt")
+    special = {i: t for t, i in json.loads(Path(HELDOUT + ".dlmspec.json").read_text())["sft"]["special_tokens"].items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
+    base_out = out.with_name(out.stem + "_base" + out.suffix)
+    with out.open("w") as f, base_out.open("w") as g:
         for i in range(min(n, len(tokens))):
             ids, resp = tokens[i].tolist(), flags[i].tolist()
             start = resp.index(1)
             reference = [t for t, r in zip(ids[start:], resp[start:]) if r and t < 50257]
             f.write(json.dumps({"prompt_ids": ids[:start], "reference": tok.detokenize(reference)}) + "\n")
-    print(f"wrote {min(n, len(tokens))} prompts to {out}")
+            g.write(json.dumps({"prompt": as_text(ids[:start], special, tok)}) + "\n")
+    print(f"wrote {min(n, len(tokens))} prompts to {out} (and as text, for the base model, to {base_out})")
+
+
+def as_text(ids: list, special: dict, tok) -> str:
+    """The prompt as text, the chat tokens written out (``<|im_start|>``): the base model has no
+    embeddings for the ids the SFT data gave them (``dlmspec generate`` refuses ids outside its
+    vocabulary), so it reads the same conversation as plain text, tokenized by its own tokenizer."""
+    text, run = "", []
+    for i in ids + [None]:
+        if i is None or i in special:
+            text += tok.detokenize(run) if run else ""
+            run = []
+            if i is not None:
+                text += special[i]
+        else:
+            run.append(i)
+    return text
 
 
 def table(base: Path, tuned: Path, prompt_file: Path, out: Path) -> None:
