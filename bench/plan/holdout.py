@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -30,20 +31,31 @@ from dlmspec.resolve import resolve  # noqa: E402
 HOLDOUT = ROOT / "bench" / "plan" / "holdout.json"
 
 
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
     """``path`` relative to the repository when it is inside it."""
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def head_commit() -> str:
+    """The commit the repository is at (``git rev-parse HEAD``; "" outside a checkout)."""
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def entry_overrides(entry: dict, host_launch_us: float | None = None) -> list[str]:
+    """An entry's ``--set`` overrides, with ``cluster.host_launch_us`` (microseconds) when a measured
+    host speed is given."""
+    return list(entry["overrides"]) + ([f"cluster.host_launch_us={host_launch_us}"] if host_launch_us else [])
+
+
 def plan_entry(entry: dict, host_launch_us: float | None = None):
     """The plan of a holdout entry (optionally on a measured host speed)."""
-    overrides = list(entry["overrides"]) + ([f"cluster.host_launch_us={host_launch_us}"] if host_launch_us else [])
-    return make_plan(resolve(load(ROOT / entry["base"], overrides).spec), DEFAULT_CALIBRATION)
+    return make_plan(resolve(load(ROOT / entry["base"], entry_overrides(entry, host_launch_us)).spec),
+                     DEFAULT_CALIBRATION)
 
 
 def predict(out: Path) -> None:
     """Write the predictions of every holdout entry, with the commit and calibration they used."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = head_commit()
     entries = json.loads(HOLDOUT.read_text())
     preds = []
     for e in entries:
@@ -53,7 +65,7 @@ def predict(out: Path) -> None:
                       "planned_peak_allocated_bytes": p.peak_allocated_bytes,
                       "planned_peak_bytes": p.peak_bytes})
     out.write_text(json.dumps({"made_at_commit": commit, "calibration_fitted_from": FITTED_FROM,
-                               "command": "python bench/plan/holdout.py predict " + _shown(out),
+                               "command": "python bench/plan/holdout.py predict " + shown(out),
                                "predictions": preds}, indent=1) + "\n")
     for r in preds:
         print(f"{r['name']:44s} {r['planned_step_seconds']:.4f} s  {r['planned_peak_allocated_bytes'] / 2**30:.2f} GiB")
@@ -85,13 +97,15 @@ def compare(pred_path: Path, measured_path: Path, out: Path) -> int:
         print(f"{name:44s} step {run['step_seconds']:.4f} s predicted {p['planned_step_seconds']:.4f} "
               f"({row['time_error']:+.1%}; {row['time_error_on_measured_host']:+.1%} on its host)  "
               f"memory {row['memory_error']:+.1%}")
-    out.write_text(json.dumps({"predictions": _shown(pred_path),
+    out.write_text(json.dumps({"predictions": shown(pred_path),
                                "measurements": str(measured_path), "rows": rows}, indent=1) + "\n")
     return misses
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(predict: Callable[[Path], None], compare: Callable[[Path, Path, Path], int], description: str) -> int:
+    """The ``predict OUT`` / ``compare PREDICTIONS MEASURED OUT`` command line of a holdout script
+    (this one's and ``te_holdout.py``'s); exit code 1 when ``compare`` counts a miss."""
+    ap = argparse.ArgumentParser(description=description)
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("predict")
     a.add_argument("out", type=Path)
@@ -104,6 +118,10 @@ def main() -> int:
         predict(args.out.resolve())
         return 0
     return 1 if compare(args.predictions.resolve(), args.measured, args.out) else 0
+
+
+def main() -> int:
+    return cli(predict, compare, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

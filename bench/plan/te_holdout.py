@@ -18,7 +18,6 @@ unused blocks; the CUDA context and NCCL's buffers are outside both).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -27,25 +26,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "plan"))
 
 from dlmspec.spec.load import load  # noqa: E402
 from dlmspec.plan import make_plan  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
+from holdout import cli, entry_overrides, head_commit, shown  # noqa: E402
 
 MATRIX = ROOT / "bench" / "plan" / "te_matrix.json"
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository when it is inside it."""
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def plan_numbers(entry: dict, host_launch_us: float | None = None) -> dict:
     """The plan of a matrix entry (on the committed constants of its layer path; optionally on a
     measured host speed): ``step_seconds``, ``peak_allocated_bytes``, ``peak_reserved_bytes``,
     ``peak_bytes`` (what must fit: with the CUDA context), ``calibration`` (the provenance status)."""
-    overrides = list(entry["overrides"]) + ([f"cluster.host_launch_us={host_launch_us}"] if host_launch_us else [])
-    plan = make_plan(resolve(load(ROOT / entry["base"], overrides).spec))
+    plan = make_plan(resolve(load(ROOT / entry["base"], entry_overrides(entry, host_launch_us)).spec))
     reserve = plan.memory.peak.breakdown.get("allocator_reserve", 0.0)
     return {"step_seconds": plan.time.step_seconds, "peak_allocated_bytes": plan.peak_allocated_bytes,
             "peak_reserved_bytes": plan.peak_allocated_bytes + reserve, "peak_bytes": plan.peak_bytes,
@@ -58,7 +53,7 @@ def predict(out: Path) -> None:
 
     fitted_from = TE_FITTED_FROM or f"{FITTED_FROM} (the local path's: no TE calibration yet)"
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = head_commit()
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "dlmspec"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     preds = []
@@ -72,7 +67,7 @@ def predict(out: Path) -> None:
                       "planned_peak_bytes": round(p["peak_bytes"])})
     out.write_text(json.dumps({"made_at_commit": commit, "planner_modified_at_commit": bool(dirty),
                                "calibration_fitted_from": fitted_from,
-                               "command": "python bench/plan/te_holdout.py predict " + _shown(out),
+                               "command": "python bench/plan/te_holdout.py predict " + shown(out),
                                "predictions": preds}, indent=1) + "\n")
     for r in preds:
         print(f"{r['name']:32s} {'held out' if r['held_out'] else '        '} {r['planned_step_seconds']:.4f} s  "
@@ -108,25 +103,13 @@ def compare(pred_path: Path, measured_path: Path, out: Path) -> int:
               f"({row['time_error']:+.1%})  allocated {med['peak_allocated_bytes'] / 2**30:.1f} GiB "
               f"({row['allocated_error']:+.1%})  reserved {med['peak_reserved_bytes'] / 2**30:.1f} GiB"
               + (f" ({row['reserved_error']:+.1%})" if row["reserved_error"] is not None else ""))
-    out.write_text(json.dumps({"predictions": _shown(pred_path), "measurements": str(measured_path),
+    out.write_text(json.dumps({"predictions": shown(pred_path), "measurements": str(measured_path),
                                "rows": rows}, indent=1) + "\n")
     return misses
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("predict")
-    a.add_argument("out", type=Path)
-    b = sub.add_parser("compare")
-    b.add_argument("predictions", type=Path)
-    b.add_argument("measured", type=Path)
-    b.add_argument("out", type=Path)
-    args = ap.parse_args()
-    if args.cmd == "predict":
-        predict(args.out.resolve())
-        return 0
-    return 1 if compare(args.predictions.resolve(), args.measured, args.out) else 0
+    return cli(predict, compare, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
