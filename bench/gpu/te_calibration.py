@@ -29,13 +29,9 @@ without ``--dry``, at least one run was measured), 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import io
 import json
 import os
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +42,8 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 sys.path.insert(0, str(ROOT / "bench" / "plan"))
+
+from compiled_runs import call_train_py, compile_in_process, flags_wrong, kill_tree, versions  # noqa: E402
 
 MATRIX = ROOT / "bench" / "plan" / "te_matrix.json"
 DEST = ".device/tecal"
@@ -65,17 +63,7 @@ def run_overrides(name: str) -> List[str]:
 
 def compile_entry(entry: Dict[str, Any], dest: Path) -> tuple[int, str]:
     """``dlmspec compile`` of one entry into ``dest/NAME`` (in this process); (exit code, output)."""
-    from dlmspec.cli import main as dlmspec
-
-    sets = entry["overrides"] + run_overrides(entry["name"])
-    argv = ["compile", entry["base"], "-o", str(dest / entry["name"]), "--force"] + [a for s in sets for a in ("--set", s)]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            code = dlmspec(argv)
-        except SystemExit as exc:  # typer's standalone mode
-            code = int(exc.code or 0)
-    return int(code or 0), buf.getvalue()
+    return compile_in_process(entry["base"], dest / entry["name"], entry["overrides"] + run_overrides(entry["name"]))
 
 
 def wanted_flags(entry: Dict[str, Any]) -> Dict[str, Any]:
@@ -109,24 +97,14 @@ def wanted_flags(entry: Dict[str, Any]) -> Dict[str, Any]:
 
 def check_flags(entry: Dict[str, Any], text: str) -> List[str]:
     """What the entry's train.py says wrongly (``["keyword: want X, got Y", ...]``; [] = right)."""
-    from te_matrix import train_py_keywords
-
-    got = train_py_keywords(text)
-    return [f"{k}: want {v!r}, got {got.get(k)!r}" for k, v in wanted_flags(entry).items() if got.get(k) != v]
+    return flags_wrong(wanted_flags(entry), text)
 
 
 def build_configs(train_py: Path) -> Optional[str]:
     """Run the compiled file's ``build_configs()`` (megatron-core's config checks, no CUDA); ``None``
     when it builds, else the error."""
-    spec = importlib.util.spec_from_file_location(f"tecal_{train_py.parent.name.replace('-', '_')}", train_py)
-    module = importlib.util.module_from_spec(spec)
     try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            spec.loader.exec_module(module)
-            module.build_configs()
+        call_train_py(train_py, f"tecal_{train_py.parent.name.replace('-', '_')}", "build_configs")
     except Exception as exc:  # reported, not raised: the matrix goes on
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -167,8 +145,6 @@ def summarize(metrics: Path, warmup: int) -> Dict[str, Any]:
 def launch(dirpath: Path, log: Path, limit: float) -> Dict[str, Any]:
     """Run ``dirpath/launch.sh`` from the repository root, killed (its process group and every
     process below it: torchrun starts its workers in sessions of their own) after ``limit`` s."""
-    from te_matrix import descendants
-
     rel = dirpath.relative_to(ROOT) if dirpath.is_relative_to(ROOT) else dirpath
     cmd = ["bash", str(rel / "launch.sh")]
     t0 = time.time()
@@ -178,11 +154,7 @@ def launch(dirpath: Path, log: Path, limit: float) -> Dict[str, Any]:
         while proc.poll() is None:
             if time.time() - t0 > limit:
                 killed = True
-                for pid in descendants(proc.pid):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 proc.wait()
                 break
             time.sleep(0.5)
@@ -235,13 +207,6 @@ def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: f
             if rec:
                 records.append(rec)
     return records
-
-
-def versions() -> Dict[str, Any]:
-    """torch, megatron-core, Transformer Engine and the GPU (what each import says)."""
-    from te_matrix import versions as te_versions
-
-    return te_versions()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -45,7 +45,6 @@ import argparse
 import ast
 import contextlib
 import importlib.util
-import io
 import json
 import math
 import os
@@ -60,6 +59,10 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "throughput"))
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+
+# train_py_keywords: the tests' (and readers') te_matrix.train_py_keywords
+from compiled_runs import (call_train_py, compile_in_process, flags_wrong, kill_tree,  # noqa: E402,F401
+                           train_py_keywords, versions)
 
 SPEC = "specs/demo-dlm.toml"
 #: The configurations' run directories (``logging.run_dir = "runs/te/NAME"``).
@@ -171,42 +174,13 @@ def overrides(name: str) -> List[str]:
 
 def compile_config(name: str, dest: Path) -> tuple[int, str]:
     """``dlmspec compile`` of one configuration into ``dest/name`` (in this process); (exit code, output)."""
-    from dlmspec.cli import main as dlmspec
-
-    argv = ["compile", SPEC, "-o", str(dest / name), "--force"] + [a for s in overrides(name) for a in ("--set", s)]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            code = dlmspec(argv)
-        except SystemExit as exc:  # typer's standalone mode
-            code = int(exc.code or 0)
-    return int(code or 0), buf.getvalue()
-
-
-def train_py_keywords(text: str) -> Dict[str, Any]:
-    """The literal keyword arguments of every call in a train.py (last one wins per name)."""
-    out: Dict[str, Any] = {}
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Call):
-            for kw in node.keywords:
-                if kw.arg:
-                    try:
-                        out[kw.arg] = ast.literal_eval(kw.value)
-                    except ValueError:
-                        pass
-    return out
+    return compile_in_process(SPEC, dest / name, overrides(name))
 
 
 def check_flags(name: str, text: str) -> List[str]:
     """What the configuration's train.py says wrongly: ``["keyword: want X, got Y", ...]`` ([] = right).
     A keyword wanted as ``None`` must be absent (e.g. no ``fp8`` without fp8)."""
-    got = train_py_keywords(text)
-    wrong = []
-    for key, want in CONFIGS[name][2].items():
-        have = got.get(key)
-        if have != want:
-            wrong.append(f"{key}: want {want!r}, got {have!r}")
-    return wrong
+    return flags_wrong(CONFIGS[name][2], text)
 
 
 #: megatron-core 0.19.2's config fields, read from its wheel by bench/gpu/mcore_fields.py (committed).
@@ -240,16 +214,8 @@ def mc19_unknown_keywords(text: str, record: Path = MC19_FIELDS) -> Optional[Lis
 def build_objects(train_py: Path) -> Optional[str]:
     """Run the compiled file's ``build_configs()`` and ``build_run()`` (megatron-core's config checks,
     no CUDA); ``None`` when both build, else the error."""
-    spec = importlib.util.spec_from_file_location(f"te_matrix_{train_py.parent.name.replace('-', '_')}", train_py)
-    module = importlib.util.module_from_spec(spec)
     try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            spec.loader.exec_module(module)
-            module.build_configs()
-            module.build_run()
+        call_train_py(train_py, f"te_matrix_{train_py.parent.name.replace('-', '_')}", "build_configs", "build_run")
     except Exception as exc:  # reported, not raised: the matrix goes on
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -325,15 +291,9 @@ def init_check(train_py: Path, hf_path: Path) -> Dict[str, Any]:
     """Check a Hugging Face folder against a compiled configuration's model, as the runtime does before
     it converts (``backends/megatron/init_from.py``: ``hf_dims``, ``check_dims``; CPU, no weights read).
     Returns ``{"error": None or the mismatch, "warnings": [...]}``."""
-    spec = importlib.util.spec_from_file_location(f"te_matrix_init_{train_py.parent.name.replace('-', '_')}", train_py)
-    module = importlib.util.module_from_spec(spec)
     try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            spec.loader.exec_module(module)
-            config, model_kwargs = module.build_configs()[:2]
+        config, model_kwargs = call_train_py(train_py, f"te_matrix_init_{train_py.parent.name.replace('-', '_')}",
+                                             "build_configs")[0][:2]
         from dlmspec.backends.megatron.init_from import check_dims, hf_dims
 
         dims = hf_dims(str(hf_path), padded_vocab_size=model_kwargs["vocab_size"])
@@ -448,21 +408,6 @@ def losses(name: str) -> Dict[int, float]:
     return metric(name)
 
 
-def descendants(pid: int) -> List[int]:
-    """The ids of every process below ``pid`` (children first), read from ``/proc``."""
-    children: Dict[int, List[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
 class Lanes:
     """Launches of compiled configurations, at most ``width`` at once, each killed (with its process
     group) at the deadline."""
@@ -486,15 +431,8 @@ class Lanes:
         return proc
 
     def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to a launch's process group and every process below it: torchrun starts its
-        workers in sessions of their own (torch.distributed.elastic's subprocess handler), which a
-        signal to the group alone would leave running."""
-        proc = self.running[key][0]
-        for pid in descendants(proc.pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
+        """Send ``sig`` to a launch's process group and every process below it (:func:`kill_tree`)."""
+        kill_tree(self.running[key][0].pid, sig)
 
     def poll(self) -> None:
         for key, (proc, t0, log, cmd) in list(self.running.items()):
@@ -635,21 +573,6 @@ def layer_modules(train_py: Path) -> Dict[str, Any]:
             "pre_mlp_layernorm": name(layer.submodules.pre_mlp_layernorm),
             "fused_layernorm_linear": name(attn.linear_qkv) == "TELayerNormColumnParallelLinear"
             and name(layer.submodules.input_layernorm) == "IdentityOp"}
-
-
-def versions() -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for mod in ("torch", "megatron.core", "transformer_engine", "dlmspec"):
-        try:
-            m = __import__(mod, fromlist=["x"])
-            out[mod] = getattr(m, "__version__", None) or str(getattr(m, "__file__", ""))
-        except Exception as exc:
-            out[mod] = f"not importable: {type(exc).__name__}"
-    with contextlib.suppress(Exception):
-        import torch
-
-        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return out
 
 
 def main(argv: Optional[List[str]] = None) -> int:
