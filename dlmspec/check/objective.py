@@ -252,6 +252,12 @@ def _cart_p_ignored(ctx: Context) -> Iterator[Finding]:
         )
 
 
+def _true_has_no_effect(key: str, why: str, hint: str) -> Finding:
+    """The warning that boolean ``key`` (e.g. ``"objective.shift"``) is true where nothing reads it:
+    ``why`` says so, ``hint`` what to write; the fix sets it false."""
+    return Finding(key, why, hint, value=True, fix=Fix({key: False}))
+
+
 @rule(
     "mdm-shift-ar",
     "warning",
@@ -262,14 +268,12 @@ def _cart_p_ignored(ctx: Context) -> Iterator[Finding]:
 def _shift_ar(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
     if o.shift and o.kind != "mdm":
-        yield Finding(
+        yield _true_has_no_effect(
             "objective.shift",
             "objective.shift = true has no effect with objective.kind = 'ar': next-token prediction already "
             "predicts position i + 1 from position i",
             "set objective.shift = false (a spec that extends an mdm spec with it writes it so), or use "
             "objective.kind = 'mdm' with shift = true (Dream's objective)",
-            value=True,
-            fix=Fix({"objective.shift": False}),
         )
 
 
@@ -283,14 +287,12 @@ def _shift_ar(ctx: Context) -> Iterator[Finding]:
 def _unshift_ar(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
     if o.unshift and o.kind != "mdm":
-        yield Finding(
+        yield _true_has_no_effect(
             "objective.unshift",
             "objective.unshift = true has no effect with objective.kind = 'ar': next-token prediction already reads "
             "seq_length + 1 ids and predicts ids 1 .. seq_length",
             "set objective.unshift = false (a spec that extends an mdm spec with it writes it so), or use "
             "objective.kind = 'mdm' (MegaDLMs' objective)",
-            value=True,
-            fix=Fix({"objective.unshift": False}),
         )
 
 
@@ -303,13 +305,11 @@ def _unshift_ar(ctx: Context) -> Iterator[Finding]:
 def _unshift_sft(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
     if o.unshift and o.kind == "mdm" and ctx.spec.stage.kind == "sft":
-        yield Finding(
+        yield _true_has_no_effect(
             "objective.unshift",
             "objective.unshift = true has no effect in an SFT stage: its samples are conversations, not "
             "seq_length + 1 windows of a token stream",
             "set objective.unshift = false (a spec that extends a pre-training spec with it writes it so)",
-            value=True,
-            fix=Fix({"objective.unshift": False}),
         )
 
 
