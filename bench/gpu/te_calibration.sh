@@ -16,12 +16,8 @@
 # bench/results/) and te_calibration_logs.tgz (each launch's console).
 set -u
 cd "$(dirname "$0")/../.." || exit 2
-PY=${PY:-python3}
-[ -x .venv/bin/python ] && [ "${1:-}" = "--dry" ] && PY=.venv/bin/python
-if [ "${1:-}" = "--dry" ]; then
-  shift
-  exec "$PY" bench/gpu/te_calibration.py --dry "$@"
-fi
+. bench/gpu/driver.sh
+driver_dry te_calibration "$@"
 out=${1:?usage: te_calibration.sh OUT | te_calibration.sh --dry}
 shift
 # Transformer Engine first on the path where the recipe installed it (../shared/gpu/transformer-engine.md)
@@ -33,6 +29,6 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpus.txt" 2>&1
 "$PY" bench/gpu/te_calibration.py "$out" --budget-s "${BUDGET_S:-420}" "$@"
 rc=$?
-# few files come back from a device call: the result, gpus.txt and one archive of the logs
-(cd "$out" && files=$(ls *.log 2>/dev/null) && [ -n "$files" ] && tar czf te_calibration_logs.tgz $files && rm -f $files)
+# the result, gpus.txt and one archive of the logs
+driver_archive "$out" te_calibration_logs.tgz "" '*.log'
 exit $rc

@@ -26,18 +26,12 @@
 #   NEW=$NEW,local-moe,te-moe,local-init-from-hf,te-init-from-hf; bash bench/gpu/te_matrix.sh $OUT --only $NEW
 set -u
 cd "$(dirname "$0")/../.." || exit 2
-PY=${PY:-python3}
-[ -x .venv/bin/python ] && [ "${1:-}" = "--dry" ] && PY=.venv/bin/python
-if [ "${1:-}" = "--dry" ]; then
-  shift
-  exec "$PY" bench/gpu/te_matrix.py --dry "$@"
-fi
+. bench/gpu/driver.sh
+driver_dry te_matrix "$@"
 out=${1:?usage: te_matrix.sh OUT | te_matrix.sh --dry}
 shift
 "$PY" bench/gpu/te_matrix.py "$out" --budget-s "${BUDGET_S:-450}" --lanes "${LANES:-4}" "$@"
 rc=$?
-# few files come back from a device call: te_matrix.json (the summary) and one archive of the
-# per-configuration JSON files and logs
-(cd "$out" && files=$(ls *.json *.log 2>/dev/null | grep -v '^te_matrix.json$') \
-  && [ -n "$files" ] && tar czf te_matrix_runs.tgz $files && rm -f $files)
+# te_matrix.json (the summary) and one archive of the per-configuration JSON files and logs
+driver_archive "$out" te_matrix_runs.tgz te_matrix.json '*.json' '*.log'
 exit $rc
