@@ -42,6 +42,22 @@ def _records(ctx: Context) -> Iterator[tuple[str, str, dict[str, Any]]]:
             yield key, prefix, record["sft"]
 
 
+def _is_int(value: Any) -> bool:
+    """``value`` is a whole number as a record writes one (an ``int``, not a ``bool``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fix_or(fix: Fix | None, otherwise: str) -> str:
+    """A hint: ``"<the fix>, or <otherwise>"`` when there is a fix, else ``otherwise`` alone."""
+    return f"{fix.text()}, or {otherwise}" if fix else otherwise
+
+
+def _seq_length_fix(ctx: Context, length: int) -> Fix | None:
+    """``train.seq_length = length`` when the model's positions reach it (``model.max_position_embeddings``),
+    else ``None``."""
+    return Fix({"train.seq_length": length}) if length <= ctx.spec.model.max_position_embeddings else None
+
+
 @rule(
     "sft-response-missing",
     "error",
@@ -91,7 +107,7 @@ def _special_ids(ctx: Context) -> Iterator[Finding]:
     padded, mask = ctx.r.padded_vocab_size, ctx.r.mask_token_id
     for key, prefix, sft in _records(ctx):
         tokens = sft.get("special_tokens") or {}
-        ids = {name: v for name, v in tokens.items() if isinstance(v, int) and not isinstance(v, bool)}
+        ids = {name: v for name, v in tokens.items() if _is_int(v)}
         if mask is not None and ctx.spec.objective.kind == "mdm":
             clash = sorted(name for name, v in ids.items() if v == mask)
             if clash:
@@ -128,13 +144,13 @@ def _eod(ctx: Context) -> Iterator[Finding]:
         return
     for key, prefix, sft in _records(ctx):
         used = sft.get("eod_id")
-        if isinstance(used, int) and not isinstance(used, bool) and used != eod.value:
+        if _is_int(used) and used != eod.value:
             again = "prepare the data again with this spec's tokenizer"
             # a written eod_id may be the mistake; a tokenizer's own EOD means the data is another tokenizer's
             fix = Fix({"data.tokenizer.eod_id": used}) if ctx.is_set("data.tokenizer.eod_id") else None
             yield Finding("data.tokenizer.eod_id", f"{prefix!r} ends its conversations with id {used} (its record), "
                           f"the run pads with {eod.value} ({eod.source}): padding would not read as the end of a "
-                          "response", f"{fix.text()}, or {again}" if fix else again, value=eod.value, fix=fix)
+                          "response", _fix_or(fix, again), value=eod.value, fix=fix)
             return
 
 
@@ -149,14 +165,13 @@ def _max_length(ctx: Context) -> Iterator[Finding]:
     seq = ctx.spec.train.seq_length
     for key, prefix, sft in _records(ctx):
         length = sft.get("max_length")
-        if isinstance(length, int) and not isinstance(length, bool) and length > seq:
+        if _is_int(length) and length > seq:
             over = sft_section(ctx.spec).over_long
-            fix = Fix({"train.seq_length": length}) if length <= ctx.spec.model.max_position_embeddings else None
+            fix = _seq_length_fix(ctx, length)
             yield Finding("train.seq_length", f"{prefix!r} was prepared for conversations of up to {length} tokens "
                           f"(its record); those longer than {seq} are {'skipped' if over == 'skip' else 'truncated'} "
                           "(stage.sft.over_long; the runtime counts them at start)",
-                          (f"{fix.text()}, or prepare the data again with --seq-length {seq}" if fix
-                           else f"prepare the data again with --seq-length {seq}"), value=seq, fix=fix)
+                          _fix_or(fix, f"prepare the data again with --seq-length {seq}"), value=seq, fix=fix)
             return
 
 
@@ -215,13 +230,12 @@ def _prompt_too_long(ctx: Context) -> Iterator[Finding]:
             continue
         longest, none = found
         need = -(-(longest + 1) // 64) * 64
-        fix = Fix({"train.seq_length": need}) if need <= ctx.spec.model.max_position_embeddings else None
+        fix = _seq_length_fix(ctx, need)
         yield Finding("train.seq_length", f"{prefix!r} has a prompt of {longest} tokens: a conversation whose prompt "
                       f"fills the {seq} positions of a sample has no response token in it (skipped as over-long, or "
                       "truncated to a sample with nothing to learn)"
                       + (f"; {none} conversation(s) have no response token at all" if none else ""),
-                      (f"{fix.text()}, or drop such conversations when preparing the data (--seq-length {seq})"
-                       if fix else f"drop such conversations when preparing the data (--seq-length {seq})"),
+                      _fix_or(fix, f"drop such conversations when preparing the data (--seq-length {seq})"),
                       value=seq, fix=fix)
         return
 
