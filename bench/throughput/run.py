@@ -673,19 +673,12 @@ def import_check(python: str, modules: List[str]) -> Dict[str, str]:
 
 
 def train_py_keywords(text: str) -> Dict[str, Any]:
-    """The literal keyword arguments of every call in a compiled train.py (last one wins)."""
-    import ast
+    """The literal keyword arguments of every call in a compiled train.py (last one wins):
+    bench/gpu/compiled_runs.py's, which the TE matrix and calibration use too."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+    from compiled_runs import train_py_keywords as keywords
 
-    out: Dict[str, Any] = {}
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Call):
-            for kw in node.keywords:
-                if kw.arg:
-                    try:
-                        out[kw.arg] = ast.literal_eval(kw.value)
-                    except ValueError:
-                        pass
-    return out
+    return keywords(text)
 
 
 def expected_keywords(args: argparse.Namespace, variant: str, mbs: int, run_dir: Path) -> Dict[str, Any]:
