@@ -167,6 +167,21 @@ def test_path_not_found_leaves_globs_to_the_blend_rules(three: Path) -> None:
     assert not [f for f in found if f[0] == "path-not-found"]
 
 
+def test_path_not_found_says_what_a_near_miss_names(three: Path) -> None:
+    """A prefix that is not a dataset but names something dlmspec wrote gets a warning that says
+    what to write instead: the manifest beside a sharded output's prefix, the prefix of a .bin /
+    .idx name, and a file (the progress file) that is no dataset prefix."""
+    (three / "data" / "web_text_document.manifest.json").write_text(manifest_text(
+        [(f"web-{i:05d}_text_document", 3, t) for i, t in enumerate(TOKENS)]))
+    (three / "data" / "web.prepare-progress.json").write_text("{}")
+    cases = [("data/web_text_document", "data/web_text_document.manifest.json"),
+             ("data/web-00000_text_document.bin", "prefix = 'data/web-00000_text_document'"),
+             ("data/web.prepare-progress.json", "is a file, not a dataset prefix")]
+    for entry, said in cases:
+        (found,) = [i for i in load_for("validate", spec(three, [entry]), [])[2] if i.rule == "path-not-found"]
+        assert found.key == "data.train" and said in found.message + " " + found.hint, (entry, found)
+
+
 # ------------------------------------------------------------------------------------------
 # The rules: each fires with file, line, key, value, why and a fix
 
