@@ -242,6 +242,17 @@ def find_dataset(prefix: str) -> str:
     for candidate in (prefix, prefix + "_text_document"):
         if os.path.isfile(candidate + ".bin") and os.path.isfile(candidate + ".idx"):
             return candidate
+    from dlmspec.data.errors import DataPrepareError
+    from dlmspec.data.inspect import manifest_shards, resolve_manifest
+
+    try:
+        manifest = resolve_manifest(prefix) or resolve_manifest(prefix + "_text_document")
+        shards = manifest_shards(manifest)[1] if manifest else []
+    except DataPrepareError:
+        shards = []
+    if shards:
+        raise _issue("--data", prefix, f"a sharded output ({manifest}, {len(shards)} shards): eval scores the "
+                     "first windows of one dataset", f"pass one shard, e.g. --data {shards[0]}")
     raise _issue("--data", prefix, f"no {prefix}.bin / .idx (nor {prefix}_text_document.bin / .idx)",
                  "give the prefix `dlmspec data prepare --output-prefix` wrote, e.g. .data/demo-valid")
 

@@ -118,7 +118,7 @@ def resolve_manifest(name: str) -> Optional[str]:
     return found[0] if found else None
 
 
-def _manifest_shards(path: str) -> tuple[dict[str, Any], list[str]]:
+def manifest_shards(path: str) -> tuple[dict[str, Any], list[str]]:
     """``(manifest, shard prefixes in order)`` of a manifest (paths relative to its folder).
 
     Raises:
@@ -338,7 +338,7 @@ def _inspect_manifest(path: str, sample_document: int, sample_tokens: int, decod
     """A sharded output as one dataset: every shard of the manifest at ``path``, in order."""
     import numpy as np
 
-    manifest, prefixes = _manifest_shards(path)
+    manifest, prefixes = manifest_shards(path)
     dtypes: set[str] = set()
     all_lengths: list[Any] = []
     shards: list[dict[str, Any]] = []
