@@ -167,6 +167,21 @@ def test_path_not_found_leaves_globs_to_the_blend_rules(three: Path) -> None:
     assert not [f for f in found if f[0] == "path-not-found"]
 
 
+def test_path_not_found_says_what_a_near_miss_names(three: Path) -> None:
+    """A prefix that is not a dataset but names something dlmspec wrote gets a warning that says
+    what to write instead: the manifest beside a sharded output's prefix, the prefix of a .bin /
+    .idx name, and a file (the progress file) that is no dataset prefix."""
+    (three / "data" / "web_text_document.manifest.json").write_text(manifest_text(
+        [(f"web-{i:05d}_text_document", 3, t) for i, t in enumerate(TOKENS)]))
+    (three / "data" / "web.prepare-progress.json").write_text("{}")
+    cases = [("data/web_text_document", "data/web_text_document.manifest.json"),
+             ("data/web-00000_text_document.bin", "prefix = 'data/web-00000_text_document'"),
+             ("data/web.prepare-progress.json", "is a file, not a dataset prefix")]
+    for entry, said in cases:
+        (found,) = [i for i in load_for("validate", spec(three, [entry]), [])[2] if i.rule == "path-not-found"]
+        assert found.key == "data.train" and said in found.message + " " + found.hint, (entry, found)
+
+
 # ------------------------------------------------------------------------------------------
 # The rules: each fires with file, line, key, value, why and a fix
 
@@ -241,9 +256,43 @@ def test_rule_tokenizer_mixed(three: Path) -> None:
     assert ("data-tokenizer-mixed", "data.valid", "error") in issues(path)
 
 
+def test_rule_tokenizer_spec(three: Path) -> None:
+    """Data written by another tokenizer than the spec's [data.tokenizer] is refused (a
+    GPT2BPETokenizer spec on NullTokenizer shards trains on ids that mean other tokens)."""
+    vocab = three / "vocab.json"
+    vocab.write_text('{"a": 0}')
+    merges = three / "merges.txt"
+    merges.write_text("#version: 0.2\n")
+    gpt2 = {"type": "GPT2BPETokenizer", "vocab_file": str(vocab), "merge_file": str(merges)}
+    path = spec(three, ["data/web-*_text_document"], tokenizer=gpt2)
+    found = issue(path, "data-tokenizer-spec")
+    assert found.severity == "error" and found.key == "data.train" and found.value == "data/web-*_text_document"
+    assert "NullTokenizer" in found.message and "GPT2BPETokenizer" in found.message
+    assert "data prepare" in found.hint and "--tokenizer-type GPT2BPETokenizer" in found.hint
+    assert RULES["data-tokenizer-spec"].scope == "paths" and main(["validate", str(path)]) == 2
+    # the same type whose files differ (by SHA-256) from the ones the data was written with
+    from dlmspec.data.record import file_sha256
+
+    other = three / "other-vocab.json"
+    other.write_text('{"b": 0}')
+    written = {"type": "GPT2BPETokenizer", "vocab_size": 50257, "eod_id": 50256,
+               "files": {"vocab_file": {"path": str(other), "sha256": file_sha256(str(other))},
+                         "merge_file": {"path": str(merges), "sha256": file_sha256(str(merges))}}}
+    write_shard(str(three / "data" / "gpt-00000_text_document"), docs_of(10), written)
+    found = issue(spec(three, ["data/gpt-00000_text_document"], tokenizer=gpt2), "data-tokenizer-spec")
+    assert "vocab_file" in found.message and str(vocab) in found.message
+    # the spec's own tokenizer (the same files): no finding; datasets without a record are not compared
+    assert "data-tokenizer-spec" not in {r for r, _, _ in issues(spec(three, ["data/web-*_text_document"]))}
+    written["files"]["vocab_file"] = {"path": str(vocab), "sha256": file_sha256(str(vocab))}
+    write_shard(str(three / "data" / "gpt-00000_text_document"), docs_of(10), written)
+    assert "data-tokenizer-spec" not in {r for r, _, _ in issues(spec(three, ["data/gpt-00000_text_document"],
+                                                                     tokenizer=gpt2))}
+
+
 def test_every_blend_rule_is_registered() -> None:
     ids = {"data-glob-empty", "data-manifest-missing", "data-manifest-unreadable", "data-manifest-kind",
-           "data-shard-missing", "data-index-unreadable", "data-manifest-tokens", "data-tokenizer-mixed"}
+           "data-shard-missing", "data-index-unreadable", "data-manifest-tokens", "data-tokenizer-mixed",
+           "data-tokenizer-spec"}
     assert ids <= set(RULES) and all(RULES[i].severity == "error" and RULES[i].scope == "paths" for i in ids)
 
 

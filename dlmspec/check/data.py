@@ -3,10 +3,12 @@ DataLoader workers per rank."""
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Iterator
+from typing import Any, Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.data.record import RecordError, file_sha256, read_record
 from dlmspec.resolve import MANIFEST_KIND, BlendProblem, mixed_tokenizers
 
 
@@ -163,3 +165,73 @@ def _blend_rule(rule_id: str) -> None:
 
 for _rule_id in _BLEND_RULES:
     _blend_rule(_rule_id)
+
+
+#: A record's tokenizer file keys (dlmspec/data/record.py) -> the [data.tokenizer] key naming that file.
+_RECORD_FILE_KEYS = {"tokenizer_model": "model", "vocab_file": "vocab_file", "merge_file": "merge_file"}
+
+
+def _written_tokenizer(prefix: str) -> dict[str, Any] | None:
+    """The tokenizer section of ``PREFIX.dlmspec.json`` (:mod:`dlmspec.data.record`), or None
+    without a readable record (an unreadable one is left to the rules that read it)."""
+    try:
+        record = read_record(prefix)
+    except (RecordError, OSError):
+        return None
+    section = record.get("tokenizer") if isinstance(record, dict) else None
+    return section if isinstance(section, dict) else None
+
+
+def tokenizer_difference(spec_tokenizer: Any, written: dict[str, Any]) -> str | None:
+    """Why a dataset written with the record's tokenizer section ``written`` does not fit the
+    spec's ``[data.tokenizer]`` (:class:`~dlmspec.spec.models.TokenizerSpec`), or None when
+    nothing tells them apart: another type, or a file (``--tokenizer-model``, ``--vocab-file``,
+    ``--merge-file``) whose SHA-256 differs from the one recorded. Files that are not here (a
+    path of the job's machine, a hub name) and records without digests are not compared."""
+    kind = written.get("type")
+    if kind != spec_tokenizer.type:
+        return f"by {kind}, the spec's data.tokenizer.type is {spec_tokenizer.type!r}"
+    files = written.get("files") if isinstance(written.get("files"), dict) else {}
+    for record_key, spec_key in _RECORD_FILE_KEYS.items():
+        entry, mine = files.get(record_key), getattr(spec_tokenizer, spec_key, None)
+        if not isinstance(entry, dict) or not entry.get("sha256") or not mine or not os.path.isfile(mine):
+            continue
+        try:
+            same = file_sha256(mine) == entry["sha256"]
+        except OSError:
+            continue
+        if not same:
+            return (f"by {kind} with {record_key} {entry.get('path')!r}, whose contents (SHA-256) differ from "
+                    f"the spec's data.tokenizer.{spec_key} {mine!r}")
+    return None
+
+
+@rule(
+    "data-tokenizer-spec",
+    "error",
+    "the dataset records (PREFIX.dlmspec.json, dlmspec/data/record.py): the tokenizer `data prepare` wrote "
+    "each dataset with, against [data.tokenizer] (megatron-core reads the ids with the spec's tokenizer)",
+    "the datasets of data.train and data.valid were written by the spec's tokenizer (type and files)",
+    scope="paths",
+)
+def _tokenizer_spec(ctx: Context) -> Iterator[Finding]:
+    d = ctx.spec.data
+    if d.mock:
+        return
+    want = d.tokenizer
+    for key, resolution in (("data.train", ctx.r.train_blend), ("data.valid", ctx.r.valid_blend)):
+        for shard in resolution.shards:
+            written = _written_tokenizer(shard.prefix)
+            why = tokenizer_difference(want, written) if written is not None else None
+            if why is None:
+                continue
+            files = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                             (("tokenizer_model", want.model), ("vocab_file", want.vocab_file),
+                              ("merge_file", want.merge_file)) if v)
+            yield Finding(key, f"{shard.prefix!r} was written {why} (its record {shard.prefix}.dlmspec.json): "
+                          "the model would read its ids as other tokens",
+                          f"prepare the data again with the spec's tokenizer (`dlmspec data prepare "
+                          f"--tokenizer-type {want.type}{' ' + files if files else ''} ...`), or set "
+                          f"[data.tokenizer] to the one the data was written with (type = {written.get('type')!r} "
+                          "and its files)", value=shard.entry)
+            break  # one per blend

@@ -23,6 +23,23 @@ def _exists(path: str) -> bool:
         return False
 
 
+def _near_miss(prefix: str) -> str | None:
+    """What a data prefix that is not a dataset here names instead, when it is something
+    ``dlmspec data prepare`` wrote: a sharded output's manifest (``PREFIX.manifest.json``), the
+    prefix of a ``.bin`` / ``.idx`` name, or a file that is no prefix (a record, the progress file)."""
+    if _exists(prefix + ".manifest.json"):
+        return (f"{prefix!r} is a sharded output: name its manifest, prefix = {prefix + '.manifest.json'!r} "
+                "(or a glob of its shards)")
+    for ext in (".bin", ".idx"):
+        stem = prefix[: -len(ext)]
+        if prefix.endswith(ext) and _exists(stem + ".bin") and _exists(stem + ".idx"):
+            return f"a prefix is written without {ext}: prefix = {stem!r}"
+    if os.path.isfile(prefix):
+        return (f"{prefix!r} is a file, not a dataset prefix (PREFIX of PREFIX.bin / PREFIX.idx, or a "
+                "*.manifest.json)")
+    return None
+
+
 _ELSEWHERE = ("fine if it exists where the job runs (relative paths are read from the directory the job "
               "is launched in); else fix the path")
 
@@ -43,9 +60,11 @@ def _paths(ctx: Context) -> Iterator[Finding]:
             missing = [e.prefix for e in getattr(d, key) if blend_kind(e.prefix) == "prefix"
                        and not (_exists(e.prefix + ".bin") and _exists(e.prefix + ".idx"))]
             if missing:
+                near = [n for n in (_near_miss(m) for m in missing) if n]
                 yield Finding(
                     f"data.{key}",
-                    f"not on this machine: {join([repr(m) for m in missing], 3)} (PREFIX.bin / PREFIX.idx)",
+                    f"not on this machine: {join([repr(m) for m in missing], 3)} (PREFIX.bin / PREFIX.idx)"
+                    + (f"; {'; '.join(near)}" if near else ""),
                     f"{_ELSEWHERE}; `dlmspec data prepare` writes them",
                     value=missing,
                 )

@@ -27,6 +27,7 @@ import typer
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import command_name, print_envelope, stderr, stdout, use_json
 from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.spec.load import COMMAND_LINE
 
 app = typer.Typer(cls=Group, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=MARKUP_MODE)
 
@@ -50,6 +51,11 @@ def flag(field: str) -> str:
 
 def _issue(key: str, value: Any, why: str, fix: str, rule: str = "generate-input", file: str | None = None,
            line: int | None = None) -> SpecError:
+    """A :class:`SpecError` of one issue. An issue of a flag (``--prompts``) or of the argument
+    ``RUN_OR_CHECKPOINT`` with no file of its own is placed on the ``command line`` (as ``--set``'s
+    are), not in a spec."""
+    if file is None and (key.startswith("--") or key == "RUN_OR_CHECKPOINT"):
+        file = COMMAND_LINE
     return SpecError([SpecIssue(key=key, value=value, message=why, hint=fix, rule=rule, file=file, line=line,
                                 source="dlmspec.cli.generate")])
 
@@ -236,6 +242,17 @@ def find_dataset(prefix: str) -> str:
     for candidate in (prefix, prefix + "_text_document"):
         if os.path.isfile(candidate + ".bin") and os.path.isfile(candidate + ".idx"):
             return candidate
+    from dlmspec.data.errors import DataPrepareError
+    from dlmspec.data.inspect import manifest_shards, resolve_manifest
+
+    try:
+        manifest = resolve_manifest(prefix) or resolve_manifest(prefix + "_text_document")
+        shards = manifest_shards(manifest)[1] if manifest else []
+    except DataPrepareError:
+        shards = []
+    if shards:
+        raise _issue("--data", prefix, f"a sharded output ({manifest}, {len(shards)} shards): eval scores the "
+                     "first windows of one dataset", f"pass one shard, e.g. --data {shards[0]}")
     raise _issue("--data", prefix, f"no {prefix}.bin / .idx (nor {prefix}_text_document.bin / .idx)",
                  "give the prefix `dlmspec data prepare --output-prefix` wrote, e.g. .data/demo-valid")
 

@@ -262,6 +262,9 @@ def _print_inspection(console: Console, found: Inspection) -> None:
         ("tokens", f"{found.tokens:,} ({found.dtype}; mean {found.mean_document_tokens:,.1f}, "
                    f"max {found.max_document_tokens:,} per document)"),
     ]
+    if found.shards is not None:
+        rows.insert(0, ("shards", f"{len(found.shards):,} ({found.shards[0]['prefix']} ... {found.shards[-1]['prefix']})"
+                        if found.shards else "0"))
     for name, value in rows:
         table.add_row(Text(name), Text(value))
     console.print(table)
@@ -288,7 +291,8 @@ def _print_inspection(console: Console, found: Inspection) -> None:
 @app.command(cls=Command, name="inspect")
 def inspect_command(
     ctx: typer.Context,
-    prefix: str = typer.Argument(..., help="Dataset prefix (PREFIX.bin + PREFIX.idx), or prepare's --output-prefix."),
+    prefix: str = typer.Argument(..., help="Dataset prefix (PREFIX.bin + PREFIX.idx), prepare's --output-prefix, or a sharded "
+                                "output's *.manifest.json (all its shards as one dataset)."),
     sample_document: int = typer.Option(0, "--sample-document", help="Document shown as the sample (0-based)."),
     sample_tokens: int = typer.Option(SAMPLE_TOKENS, "--sample-tokens", help="Its first tokens shown and decoded."),
     no_decode: bool = typer.Option(False, "--no-decode", help="Show the sample as ids; build no tokenizer."),

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from dlmspec.data.errors import DataPrepareError
 from dlmspec.data.record import RecordError, file_sha256, read_record, record_path
+from dlmspec.data.shards import MANIFEST_KIND, MANIFEST_SUFFIX, MANIFEST_VERSION
 
 #: The first bytes of a Megatron ``.idx`` file (megatron.core.datasets.indexed_dataset._INDEX_HEADER).
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -40,7 +41,9 @@ class Inspection:
     ``tokenizer``: the record's tokenizer section plus ``files_match`` (every recorded file is
     there with the recorded SHA-256), or ``None`` without a record. ``sample``: ``document``,
     ``ids`` (its first tokens), ``text`` (decoded, ``None`` when the tokenizer is unknown or
-    cannot be built; ``notes`` says why)."""
+    cannot be built; ``notes`` says why). ``shards``: for a sharded output (its manifest), each
+    shard's ``prefix``, ``documents`` and ``tokens``, in order (``prefix`` is then the manifest's
+    path and ``record`` None); None for one dataset."""
 
     prefix: str
     dtype: str
@@ -55,6 +58,7 @@ class Inspection:
     sample: dict[str, Any]
     record: Optional[dict[str, Any]] = None
     notes: list[str] = field(default_factory=list)
+    shards: Optional[list[dict[str, Any]]] = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -86,6 +90,60 @@ def resolve_prefix(name: str) -> str:
         f"{name}: no dataset there ({name}.idx not found); pass the prefix of a .bin/.idx pair, e.g. "
         "the PREFIX_text_document that `dlmspec data prepare --output-prefix PREFIX` wrote"
     )
+
+
+def resolve_manifest(name: str) -> Optional[str]:
+    """The manifest of a sharded ``data prepare`` output ``name`` means, or None: ``name`` itself
+    when it ends in ``.manifest.json``; ``NAME.manifest.json`` (the manifest's prefix,
+    ``PREFIX_KEY_document``); or, for an ``--output-prefix`` with no dataset of its own, its one
+    ``NAME_*_document.manifest.json``.
+
+    Raises:
+        DataPrepareError: a ``.manifest.json`` that is not there; an output prefix of several
+            manifests (the message lists them).
+    """
+    if name.endswith(MANIFEST_SUFFIX):
+        if not os.path.isfile(name):
+            raise DataPrepareError(f"{name}: not found; pass the *.manifest.json that `dlmspec data prepare "
+                                   "--shard-size` wrote beside the shards, or one shard's prefix")
+        return name
+    if os.path.isfile(name + MANIFEST_SUFFIX):
+        return name + MANIFEST_SUFFIX
+    if os.path.isfile(name + ".idx") or glob.glob(glob.escape(name) + "_*_document.idx"):
+        return None
+    found = sorted(glob.glob(glob.escape(name) + "_*_document" + MANIFEST_SUFFIX))
+    if len(found) > 1:
+        raise DataPrepareError(f"{name}: an output prefix of several sharded datasets; inspect one of their "
+                               f"manifests: {', '.join(found)}")
+    return found[0] if found else None
+
+
+def manifest_shards(path: str) -> tuple[dict[str, Any], list[str]]:
+    """``(manifest, shard prefixes in order)`` of a manifest (paths relative to its folder).
+
+    Raises:
+        DataPrepareError: not JSON, another kind or version, no list of shards with paths.
+    """
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DataPrepareError(f"{path}: not a readable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
+        kind = manifest.get("kind") if isinstance(manifest, dict) else None
+        raise DataPrepareError(f"{path}: not a dataset manifest (its kind is {kind!r}, not {MANIFEST_KIND!r}); "
+                               "pass a *.manifest.json that `dlmspec data prepare --shard-size` wrote")
+    if manifest.get("version") != MANIFEST_VERSION:
+        raise DataPrepareError(f"{path}: manifest version {manifest.get('version')!r}, this dlmspec reads "
+                               f"version {MANIFEST_VERSION}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(e, dict) and isinstance(e.get("path"), str)
+                                               for e in shards):
+        raise DataPrepareError(f"{path}: its \"shards\" is not a list of {{\"path\": ...}}; prepare it again")
+    folder = os.path.dirname(path)
+    return manifest, [os.path.normpath(os.path.join(folder, e["path"])) for e in shards]
 
 
 def read_index(prefix: str) -> tuple[str, Any, Any, Any]:
@@ -208,37 +266,145 @@ def _decode(section: dict[str, Any] | None, ids: list[int], notes: list[str],
     return None
 
 
+def _read_dataset(prefix: str) -> tuple[str, Any, Any, Any, str]:
+    """``(dtype, sequence_lengths, sequence_pointers, document start indices, .bin path)`` of
+    ``PREFIX`` with its ``.bin`` checked against the index; document ``i`` spans sequences
+    ``docs[i]..docs[i+1]``.
+
+    Raises:
+        DataPrepareError: not an index, no ``.bin``, a ``.bin`` shorter than the index says.
+    """
+    import numpy as np
+
+    dtype, lengths, pointers, docs = read_index(prefix)
+    bin_path = prefix + ".bin"
+    if not os.path.isfile(bin_path):
+        raise DataPrepareError(f"{prefix}: {bin_path} not found (the .idx has no data file beside it)")
+    itemsize = np.dtype(dtype).itemsize
+    if len(pointers) and int(pointers[-1]) + int(lengths[-1]) * itemsize > os.path.getsize(bin_path):
+        raise DataPrepareError(f"{bin_path}: shorter than its index says ({os.path.getsize(bin_path):,} bytes); "
+                               "a truncated copy? prepare it again")
+    return dtype, lengths, pointers, np.asarray(docs, dtype=np.int64), bin_path
+
+
+def _document_lengths(lengths: Any, doc_indices: Any) -> Any:
+    """Tokens per document (numpy int64) from sequence lengths and document start indices."""
+    import numpy as np
+
+    starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    if len(doc_indices) > 1:
+        return starts[doc_indices[1:]] - starts[doc_indices[:-1]]
+    return np.zeros(0, np.int64)
+
+
+def _sample_ids(dtype: str, pointers: Any, doc_indices: Any, doc_lengths: Any, bin_path: str,
+                document: int, sample_tokens: int) -> list[int]:
+    """The first ``sample_tokens`` ids of ``document`` (0-based, of this dataset)."""
+    import numpy as np
+
+    first = int(doc_indices[document])
+    count = min(int(doc_lengths[document]), int(sample_tokens))
+    if not count:
+        return []
+    itemsize = np.dtype(dtype).itemsize
+    data = np.memmap(bin_path, mode="r", dtype=np.dtype(dtype))
+    offset = int(pointers[first]) // itemsize
+    return [int(x) for x in data[offset : offset + count]]
+
+
+def _finish(prefix: str, dtype: str, sequences: int, tokens: int, doc_lengths: Any, ids: list[int],
+            sample_document: int, record: Optional[dict[str, Any]], tokenizer: Optional[dict[str, Any]],
+            decode: bool, notes: list[str], shards: Optional[list[dict[str, Any]]] = None) -> Inspection:
+    """The :class:`Inspection` of counted documents: the tokenizer's state, the decoded sample."""
+    documents = len(doc_lengths)
+    section = _tokenizer_state({"tokenizer": tokenizer} if tokenizer is not None else None, notes)
+    sft = (record or {}).get("sft") if isinstance(record, dict) else None
+    special = {int(i): str(t) for t, i in ((sft or {}).get("special_tokens") or {}).items() if isinstance(i, int)}
+    if special:
+        notes.append("SFT data (chat template {!r}): chat tokens {} were given ids past the vocabulary".format(
+            (sft or {}).get("chat_template"), ", ".join(f"{t} = {i}" for i, t in sorted(special.items()))))
+    text = _decode(section, ids, notes, special) if decode and ids else None
+    return Inspection(
+        prefix=prefix, dtype=dtype, documents=documents, sequences=sequences, tokens=tokens,
+        empty_documents=int((doc_lengths == 0).sum()), max_document_tokens=int(doc_lengths.max(initial=0)),
+        mean_document_tokens=float(doc_lengths.mean()) if documents else 0.0,
+        histogram=_histogram(doc_lengths), tokenizer=section,
+        sample={"document": sample_document if documents else None, "ids": ids, "text": text},
+        record=record, notes=notes, shards=shards,
+    )
+
+
+def _inspect_manifest(path: str, sample_document: int, sample_tokens: int, decode: bool) -> Inspection:
+    """A sharded output as one dataset: every shard of the manifest at ``path``, in order."""
+    import numpy as np
+
+    manifest, prefixes = manifest_shards(path)
+    dtypes: set[str] = set()
+    all_lengths: list[Any] = []
+    shards: list[dict[str, Any]] = []
+    sequences = tokens = 0
+    ids: list[int] = []
+    offset = 0  # documents of the shards before this one
+    for prefix in prefixes:
+        if not (os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".bin")):
+            raise DataPrepareError(f"{path}: its shard {prefix} has no .bin/.idx there (moved or removed?); "
+                                   "restore it, or prepare the dataset again")
+        dtype, lengths, pointers, doc_indices, bin_path = _read_dataset(prefix)
+        dtypes.add(dtype)
+        doc_lengths = _document_lengths(lengths, doc_indices)
+        count = int(lengths.sum(dtype=np.int64))
+        if offset <= sample_document < offset + len(doc_lengths):
+            ids = _sample_ids(dtype, pointers, doc_indices, doc_lengths, bin_path, sample_document - offset,
+                              sample_tokens)
+        offset += len(doc_lengths)
+        all_lengths.append(doc_lengths)
+        sequences += int(len(lengths))
+        tokens += count
+        shards.append({"prefix": prefix, "documents": int(len(doc_lengths)), "tokens": count})
+    documents = offset
+    if documents and not 0 <= sample_document < documents:
+        raise DataPrepareError(f"--sample-document {sample_document}: the dataset has documents 0..{documents - 1}")
+    if len(dtypes) > 1:
+        raise DataPrepareError(f"{path}: its shards hold ids of several dtypes ({', '.join(sorted(dtypes))}); "
+                               "prepare the dataset again")
+    notes: list[str] = []
+    if isinstance(manifest.get("tokens"), int) and manifest["tokens"] != tokens:
+        notes.append(f"the manifest says {manifest['tokens']:,} tokens, the shards' indexes {tokens:,}: "
+                     "the manifest is stale")
+    tokenizer = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else None
+    doc_lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
+    return _finish(path, dtypes.pop() if dtypes else "uint16", sequences, tokens, doc_lengths, ids,
+                   sample_document, None, tokenizer, decode, notes, shards)
+
+
 def inspect_dataset(name: str, *, sample_document: int = 0, sample_tokens: int = SAMPLE_TOKENS,
                     decode: bool = True) -> Inspection:
     """Read a dataset's index, record and a sample (see :class:`Inspection`).
 
     Args:
-        name: the dataset prefix (or its ``.bin``/``.idx`` name, or a one-dataset ``--output-prefix``).
+        name: the dataset prefix (or its ``.bin``/``.idx`` name, or a one-dataset ``--output-prefix``),
+            or a sharded output: its ``*.manifest.json``, the manifest's prefix or its
+            ``--output-prefix`` (:func:`resolve_manifest`), inspected as one dataset of all shards.
         sample_document: the document shown (0-based).
         sample_tokens: how many of its first tokens are shown (and decoded).
         decode: build the recorded tokenizer to decode the sample.
 
     Raises:
         DataPrepareError: no dataset, not an index, a ``.bin`` shorter than the index says, a bad
-            record, ``sample_document`` out of range or ``sample_tokens`` < 1.
+            record or manifest, a manifest's shard missing, ``sample_document`` out of range or
+            ``sample_tokens`` < 1.
     """
     import numpy as np
 
-    prefix = resolve_prefix(name)
     if sample_tokens < 1:
         raise DataPrepareError(f"--sample-tokens must be at least 1, got {sample_tokens}")
-    dtype, lengths, pointers, docs = read_index(prefix)
-    bin_path = prefix + ".bin"
-    if not os.path.isfile(bin_path):
-        raise DataPrepareError(f"{prefix}: {bin_path} not found (the .idx has no data file beside it)")
-    itemsize = np.dtype(dtype).itemsize
+    manifest = resolve_manifest(name)
+    if manifest is not None:
+        return _inspect_manifest(manifest, sample_document, sample_tokens, decode)
+    prefix = resolve_prefix(name)
+    dtype, lengths, pointers, doc_indices, bin_path = _read_dataset(prefix)
     tokens = int(lengths.sum(dtype=np.int64))
-    if len(pointers) and int(pointers[-1]) + int(lengths[-1]) * itemsize > os.path.getsize(bin_path):
-        raise DataPrepareError(f"{bin_path}: shorter than its index says ({os.path.getsize(bin_path):,} bytes); "
-                               "a truncated copy? prepare it again")
-    starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    doc_indices = np.asarray(docs, dtype=np.int64)
-    doc_lengths = starts[doc_indices[1:]] - starts[doc_indices[:-1]] if len(doc_indices) > 1 else np.zeros(0, np.int64)
+    doc_lengths = _document_lengths(lengths, doc_indices)
     documents = len(doc_lengths)
     notes: list[str] = []
     try:
@@ -247,28 +413,11 @@ def inspect_dataset(name: str, *, sample_document: int = 0, sample_tokens: int =
         raise DataPrepareError(f"{record_path(prefix)}: {exc.reason}; move it away to inspect the data alone") from None
     if documents and not 0 <= sample_document < documents:
         raise DataPrepareError(f"--sample-document {sample_document}: the dataset has documents 0..{documents - 1}")
-    ids: list[int] = []
-    if documents:
-        first = int(doc_indices[sample_document])
-        count = min(int(doc_lengths[sample_document]), int(sample_tokens))
-        if count:
-            data = np.memmap(bin_path, mode="r", dtype=np.dtype(dtype))
-            offset = int(pointers[first]) // itemsize
-            ids = [int(x) for x in data[offset : offset + count]]
-    section = _tokenizer_state(record, notes)
-    sft = (record or {}).get("sft") if isinstance(record, dict) else None
-    special = {int(i): str(t) for t, i in ((sft or {}).get("special_tokens") or {}).items() if isinstance(i, int)}
-    if special:
-        notes.append("SFT data (chat template {!r}): chat tokens {} were given ids past the vocabulary".format(
-            (sft or {}).get("chat_template"), ", ".join(f"{t} = {i}" for i, t in sorted(special.items()))))
-    text = _decode(section, ids, notes, special) if decode and ids else None
+    ids = _sample_ids(dtype, pointers, doc_indices, doc_lengths, bin_path, sample_document, sample_tokens) \
+        if documents else []
     if record is not None and isinstance(record.get("tokens"), int) and record["tokens"] != tokens:
         notes.append(f"the record says {record['tokens']:,} tokens, the index {tokens:,}: the record is stale")
-    return Inspection(
-        prefix=prefix, dtype=dtype, documents=documents, sequences=int(len(lengths)), tokens=tokens,
-        empty_documents=int((doc_lengths == 0).sum()), max_document_tokens=int(doc_lengths.max(initial=0)),
-        mean_document_tokens=float(doc_lengths.mean()) if documents else 0.0,
-        histogram=_histogram(doc_lengths), tokenizer=section,
-        sample={"document": sample_document if documents else None, "ids": ids, "text": text},
-        record=record, notes=notes,
-    )
+    tokenizer = record.get("tokenizer") if isinstance(record, dict) and isinstance(record.get("tokenizer"), dict) \
+        else None
+    return _finish(prefix, dtype, int(len(lengths)), tokens, doc_lengths, ids, sample_document, record, tokenizer,
+                   decode, notes)

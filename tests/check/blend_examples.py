@@ -48,4 +48,6 @@ FILE_EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, str], str]] = {
     "data-tokenizer-mixed": ({"data.train": [GLOB]}, {**_shard("data/x-00000_text_document", 10),
                                                       **_shard("data/x-00001_text_document", 12,
                                                                null_tokenizer(vocab_size=500))}, "data.train"),
+    "data-tokenizer-spec": ({"data.train": [GLOB]}, {**_shard("data/x-00000_text_document", 10, {
+        "type": "SentencePieceTokenizer", "vocab_size": 999, "eod_id": 999, "files": {}})}, "data.train"),
 }

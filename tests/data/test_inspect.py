@@ -156,3 +156,43 @@ def test_sft_chat_tokens_decode_to_their_text(tmp_path):
         assert _decode(section, [7, 0, 1, 8], [], {7: "<|im_start|>", 8: "<|im_end|>"}) == "<|im_start|>ab<|im_end|>"
     finally:
         toks.build_tokenizer = original
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, texts):
+    """The same documents prepared whole and in shards of about 2,000 tokens (several shards)."""
+    root = tmp_path_factory.mktemp("inspect-shards")
+    source = kit.write_jsonl(root / "docs.jsonl", texts + [""])
+    whole = prepare(source, root / "whole", append_eod=True, **GPT2_ARGS).datasets[0].prefix
+    prepare(source, root / "web", append_eod=True, shard_size=2000, **GPT2_ARGS)
+    manifest = root / "web_text_document.manifest.json"
+    assert manifest.is_file() and len(json.loads(manifest.read_text())["shards"]) > 1
+    return root, whole, manifest
+
+
+def test_inspect_a_manifest_shows_the_whole_sharded_dataset(sharded):
+    """A sharded output is inspected as one dataset: its manifest, the manifest's prefix or the
+    --output-prefix give the counts and histogram of all shards together (those of the same
+    documents prepared whole), the shards, and a sample found by its document number."""
+    root, whole, manifest = sharded
+    one = json.loads(_inspect(whole, "--json", "--sample-document", "5").output)["result"]
+    for name in (str(manifest), str(manifest)[: -len(".manifest.json")], str(root / "web")):
+        out = _inspect(name, "--json", "--sample-document", "5")
+        assert out.exit_code == 0, (name, out.output)
+        res = json.loads(out.output)["result"]
+        for key in ("documents", "sequences", "tokens", "empty_documents", "max_document_tokens", "histogram", "dtype"):
+            assert res[key] == one[key], (name, key)
+        assert res["sample"] == one["sample"] and res["tokenizer"]["files_match"] is True
+        shards = res["shards"]
+        assert len(shards) > 1 and sum(s["tokens"] for s in shards) == one["tokens"]
+        assert all(Path(s["prefix"] + ".idx").is_file() for s in shards)
+    table = _inspect(str(manifest))
+    assert table.exit_code == 0 and "shards" in table.output
+    # a manifest whose shard is gone: exit 2 naming the shard
+    gone = json.loads(manifest.read_text())["shards"][0]["path"]  # the copy in bad/ has no shards beside it
+    bad = root / "bad"
+    bad.mkdir()
+    copy = bad / manifest.name
+    copy.write_text(manifest.read_text())
+    out = _inspect(str(copy))
+    assert out.exit_code == 2 and gone in out.output and "Traceback" not in out.output

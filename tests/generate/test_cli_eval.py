@@ -207,3 +207,19 @@ def test_the_ar_perplexity_shows_a_progress_bar_over_its_batches(tiny_runs, data
     assert code == 0, env
     assert [(label, total) for label, _, _, total in bars] == [("perplexity (AR)", 2)]
     assert bars[0][1].tasks[0].completed == 2 and "perplexity (AR)" in buf.getvalue()
+
+
+def test_data_naming_a_sharded_output_says_to_pass_one_shard(capsys, tmp_path):
+    """`--data` of a sharded `data prepare` output (its manifest, the manifest's prefix or the
+    --output-prefix) is refused naming its first shard, not with "no PREFIX.bin"."""
+    shard = tmp_path / "web-00000_text_document"
+    for ext in (".bin", ".idx"):
+        (tmp_path / f"web-00000_text_document{ext}").write_bytes(b"")
+    manifest = tmp_path / "web_text_document.manifest.json"
+    manifest.write_text(json.dumps({"kind": "dlmspec-dataset-manifest", "version": 1,
+                                    "shards": [{"path": shard.name, "documents": 1, "tokens": 4}]}))
+    for data in (str(manifest), str(tmp_path / "web_text_document"), str(tmp_path / "web")):
+        code = main(["eval", str(tmp_path), "--data", data, "--json"])
+        (issue,) = json.loads(capsys.readouterr().out)["issues"]
+        assert code == 2 and issue["key"] == "--data" and "sharded" in issue["message"], (data, issue)
+        assert f"--data {shard}" in issue["hint"], (data, issue)

@@ -318,3 +318,28 @@ def test_the_decoding_plan_says_what_ran_and_why():
     cached, why, decoding = decoding_plan(SimpleNamespace(kv_cache_fallback="bidirectional attention"),
                                           SimpleNamespace(kind="mdm"), True)
     assert not cached and decoding == "masked diffusion" and "bidirectional" in why
+
+
+def test_flag_and_argument_issues_are_placed_on_the_command_line_not_in_a_spec(capsys, tmp_path):
+    """Issues of RUN_OR_CHECKPOINT and the flags of `generate` / `eval` say they come from the command
+    line (as `--set`'s do), not `<spec>`: no spec is involved; a prompts file's line keeps its file."""
+    cases = [
+        (["generate", str(tmp_path / "nowhere"), "--prompt", "a"], "RUN_OR_CHECKPOINT"),
+        (["generate", str(tmp_path), "--prompt", "a"], "RUN_OR_CHECKPOINT"),
+        (["generate", str(tmp_path)], "--prompt"),
+        (["generate", str(tmp_path), "--prompts", str(tmp_path / "missing.jsonl")], "--prompts"),
+        (["eval", str(tmp_path)], "--data"),
+        (["eval", str(tmp_path), "--data", "x", "--estimator", "best"], "--estimator"),
+    ]
+    for args, key in cases:
+        code = main([*args, "--json"])
+        (issue,) = json.loads(capsys.readouterr().out)["issues"]
+        assert code == 2 and issue["key"] == key and issue["file"] == "command line", (args, issue)
+    code = main(["generate", str(tmp_path / "nowhere"), "--prompt", "a"])
+    err = capsys.readouterr().err
+    assert code == 2 and "command line" in err and "<spec>" not in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\nnot json\n')
+    code = main(["generate", str(tmp_path), "--prompts", str(bad), "--json"])
+    (issue,) = json.loads(capsys.readouterr().out)["issues"]
+    assert issue["file"] == str(bad) and issue["line"] == 2
