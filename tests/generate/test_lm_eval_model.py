@@ -295,3 +295,21 @@ def test_loglikelihood_equals_dlmspec_evals_for_the_same_seed(tiny_runs, tmp_pat
         lm.loaded.close()
     want = [-x for row in nll for x in row]
     assert got == pytest.approx(want, abs=1e-9)
+
+
+def test_the_lm_eval_command_line_reports_a_path_that_is_no_checkpoint_without_a_traceback(
+        tmp_path: Path, monkeypatch, offline_lm_eval, capsys) -> None:
+    """``dlmspec-lm-eval --model_args path=EMPTY`` exits 2 naming the flag, the path and why
+    (found by the session-9 new-user trial: it ended in a LoadError traceback)."""
+    task = _write_tasks(tmp_path / "data")[0]
+    import yaml
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tiny_mc.yaml").write_text(yaml.safe_dump(task))
+    (tmp_path / "emptyrun").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        lm_eval_model.main(["--model", "dlmspec", "--model_args", f"path={tmp_path / 'emptyrun'}",
+                            "--tasks", "tiny_mc", "--include_path", str(tmp_path / "tasks")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--model_args path=" in err and "emptyrun" in err and "Traceback" not in err
