@@ -380,7 +380,12 @@ if __name__ != "__main__":  # run as a script, the import in the block at the en
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``lm_eval``'s command line with the ``dlmspec`` model registered (``dlmspec-lm-eval``)."""
+    """``lm_eval``'s command line with the ``dlmspec`` model registered (``dlmspec-lm-eval``).
+
+    Raises:
+        SystemExit: 2 when ``--model_args path=`` names no loadable checkpoint (the message names
+            the path and why, from :class:`~dlmspec.backends.generate.load.LoadError`).
+    """
     import sys
 
     from lm_eval.__main__ import cli_evaluate
@@ -388,8 +393,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     saved = list(sys.argv)
     if argv is not None:
         sys.argv = [saved[0] if saved else "dlmspec-lm-eval", *argv]
+    from .load import LoadError
+
     try:
         cli_evaluate()
+    except LoadError as exc:  # a path= that is no checkpoint: the user's input, not a crash
+        print(f"dlmspec-lm-eval: error: --model_args path=...: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     finally:
         sys.argv = saved
 
