@@ -21,6 +21,8 @@
 #       alone), bench/gpu/te_calibration.sh, then bench/gpu/peers.sh;
 #   STEP=poll S  waits up to S seconds (or until everything is done) and brings back what finished.
 # At most 8 files come back from a call, so each call packs one archive.
+# Keep the calls back to back: a machine left idle for 30 s goes back with every job on it (session
+# 9 lost the calibration and the peers that way); prepare any change before the previous call returns.
 set -u
 out=${1:?usage: STEP=start|part|te|cal|peers session9.sh OUT [N]}
 s9=/tmp/s9
@@ -60,7 +62,7 @@ te_job() {  # TE correctness, then (GPU alone) calibration and the peers; result
   mkdir -p "$s9/res/te" "$s9/res/cal" "$s9/res/peers"
   w=0; until [ -f "$s9/gen_timed.done" ] || [ $w -ge 300 ]; do sleep 5; w=$((w + 5)); done
   echo "te_job: waited ${w}s for the generation job's timed part $(date -u +%T)"
-  LANES=${TE_LANES:-5} BUDGET_S=${TE_BUDGET_S:-360} bash bench/gpu/te_matrix.sh "$s9/res/te" > "$s9/res/te.log" 2>&1
+  LANES=${TE_LANES:-5} BUDGET_S=${TE_BUDGET_S:-450} bash bench/gpu/te_matrix.sh "$s9/res/te" > "$s9/res/te.log" 2>&1
   echo "te_matrix exit $? $(date -u +%T)"; touch "$s9/te.done"
   rm -rf runs/te
   w=0; until [ -f "$s9/gen.done" ] || [ $w -ge 120 ]; do sleep 5; w=$((w + 5)); done
@@ -89,6 +91,7 @@ case "${STEP:?}" in
     mkdir -p /tmp/te && cp ".whl/te/core.part.0$n" /tmp/te/ && ls -la /tmp/te; status ;;
   te)
     t0=$(date +%s)
+    site  # the install's import check needs pydantic (in /tmp/site)
     bash .device/te-install.sh .whl/te/small > "$out/te_install.log" 2>&1
     echo "te-install exit $? after $(( $(date +%s) - t0 ))s"; tail -3 "$out/te_install.log"
     cp /tmp/te/out/transformer_engine_torch-*.whl "$out/" 2>/dev/null
