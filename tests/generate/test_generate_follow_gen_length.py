@@ -11,18 +11,27 @@ from dlmspec.cli.generate import resolve_settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _spec(tmp_path: Path, table: str) -> Path:
-    path = tmp_path / "g.toml"
+def _rules(path: Path) -> list:
+    """(rule, key) of every issue ``dlmspec validate --json`` reports for ``path``."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dlmspec.cli.commands import app
+
+    report = json.loads(CliRunner().invoke(app, ["validate", str(path), "--json"]).stdout)
+    return [(i["rule"], i["key"]) for i in report["issues"] + report["warnings"]]
+
+
+def _spec(tmp_path: Path, table: str, name: str = "g.toml") -> Path:
+    path = tmp_path / name
     path.write_text((ROOT / "specs" / "demo-dlm.toml").read_text() + "\n[generate]\n" + table)
     return path
 
 
 def test_a_spec_giving_only_gen_length_validates_and_locks_steps_and_block_length_to_it(tmp_path: Path) -> None:
-    from dlmspec.cli.validate import spec_issues
-
     path = _spec(tmp_path, "gen_length = 64\n")
-    issues = [i for i in spec_issues(str(path)) if i.rule == "generate-settings"]
-    assert issues == []
+    assert [r for r in _rules(path) if r[0] == "generate-settings"] == []
     from typer.testing import CliRunner
 
     from dlmspec.cli.commands import app
@@ -36,12 +45,10 @@ def test_a_spec_giving_only_gen_length_validates_and_locks_steps_and_block_lengt
 
 
 def test_given_steps_or_block_length_are_kept(tmp_path: Path) -> None:
-    from dlmspec.cli.validate import spec_issues
-
     path = _spec(tmp_path, "gen_length = 64\nsteps = 32\nblock_length = 32\n")
-    assert [i for i in spec_issues(str(path)) if i.rule == "generate-settings"] == []
-    bad = _spec(tmp_path, "gen_length = 64\nsteps = 128\n")
-    assert [i.key for i in spec_issues(str(bad)) if i.rule == "generate-settings"] == ["generate.steps"]
+    assert [r for r in _rules(path) if r[0] == "generate-settings"] == []
+    bad = _spec(tmp_path, "gen_length = 64\nsteps = 128\n", "bad.toml")
+    assert [r[1] for r in _rules(bad) if r[0] == "generate-settings"] == ["generate.steps"]
 
 
 def test_the_gen_length_flag_alone_takes_steps_and_block_length_with_it() -> None:
