@@ -121,6 +121,27 @@ class GenerateConfig:
         return dataclasses.asdict(self)
 
 
+#: The fields that follow ``gen_length`` when they are not given (LLaDA's defaults are one length:
+#: one block over all generated tokens, one token committed a step).
+FOLLOW_GEN_LENGTH = ("steps", "block_length")
+
+
+def follow_gen_length(values: Any) -> Any:
+    """``values`` (a ``[generate]`` table or the settings given) with ``steps`` and ``block_length``
+    set to ``gen_length`` where ``gen_length`` is given and they are not; anything else unchanged.
+
+    Source: LLaDA generate.py's defaults (``steps = gen_length = block_length = 128``), and the
+    lm-eval model's rule for ``max_gen_toks`` (:mod:`dlmspec.backends.generate.lm_eval_model`).
+    Used by ``GenerateSpec`` (before validation, also by the fast loader) and by ``dlmspec generate``.
+    """
+    if not isinstance(values, dict) or "gen_length" not in values:
+        return values
+    out = dict(values)
+    for field in FOLLOW_GEN_LENGTH:
+        out.setdefault(field, values["gen_length"])
+    return out
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -128,6 +128,11 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
         if field == "eos_token_id" and value == -1:
             value = None
         s.set(field, value, "flag", flag(field))
+    from dlmspec.generate_settings import FOLLOW_GEN_LENGTH
+
+    for field in FOLLOW_GEN_LENGTH:  # not given anywhere: follow a given gen_length (follow_gen_length)
+        if s.origins[field] == "default" and s.origins["gen_length"] != "default":
+            s.set(field, s.values["gen_length"], "default", flag(field))
     if s.values["kind"] == "ar":
         s.values["mask_token_id"] = None  # an AR model has none; a flag giving one changes nothing
     try:

@@ -602,6 +602,15 @@ class GenerateSpec(Section):
     cfg_scale: float = Field(0.0, ge=0.0, description="Classifier-free guidance w (LLaDA App. B.3); 0: none. MDM only.")
     seed: NonNegativeInt = Field(0, description="Seed of the sampler's random draws.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _follow_gen_length(cls, data: Any) -> Any:
+        """``steps`` and ``block_length`` not written follow ``gen_length`` (LLaDA's defaults are one
+        length): :func:`dlmspec.generate_settings.follow_gen_length`."""
+        from dlmspec.generate_settings import follow_gen_length
+
+        return follow_gen_length(data)
+
 
 class Spec(Section):
     """A whole training job. ``name`` names the run; every table has defaults except
