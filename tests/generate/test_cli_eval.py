@@ -223,3 +223,17 @@ def test_data_naming_a_sharded_output_says_to_pass_one_shard(capsys, tmp_path):
         (issue,) = json.loads(capsys.readouterr().out)["issues"]
         assert code == 2 and issue["key"] == "--data" and "sharded" in issue["message"], (data, issue)
         assert f"--data {shard}" in issue["hint"], (data, issue)
+
+
+def test_every_bad_flag_is_reported_at_once_and_a_choice_says_its_choices(capsys, tmp_path):
+    """Several bad eval flags are reported together (before any checkpoint is read), and a flag
+    that takes one of a few words says so instead of "out of range" (the session-9 new-user trial)."""
+    code = main(["eval", str(tmp_path), "--data", "x", "--estimator", "foo", "--num-samples", "1",
+                 "--normalize", "median", "--json"])
+    issues = json.loads(capsys.readouterr().out)["issues"]
+    assert code == 2
+    by_key = {i["key"]: i for i in issues}
+    assert set(by_key) == {"--estimator", "--num-samples", "--normalize"}, issues
+    assert "not one of count, time, both" in by_key["--estimator"]["message"]
+    assert "not one of sum, mean" in by_key["--normalize"]["message"]
+    assert by_key["--num-samples"]["message"] == "out of range"
