@@ -647,9 +647,11 @@ def eval_command(
               ("--seed", seed, seed >= 0, "--seed 0")]
     if seq_length is not None:
         checks.append(("--seq-length", seq_length, seq_length >= 2, "--seq-length 512"))
-    for key, value, ok, fix in checks:
-        if not ok:
-            raise _issue(key, value, "out of range", fix)
+    words = {"--estimator": "count, time, both", "--normalize": "sum, mean"}  # flags that take one of a few words
+    bad = [_issue(key, value, f"not one of {words[key]}" if key in words else "out of range", fix).issues[0]
+           for key, value, ok, fix in checks if not ok]
+    if bad:  # every bad flag at once, before a checkpoint is read
+        raise SpecError(bad)
     items = read_choices(choices) if choices is not None else None
     prefix = find_dataset(data) if data is not None else None
     model = _load(model_path, device, dtype, kind, mask_token_id)
