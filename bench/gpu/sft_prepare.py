@@ -32,6 +32,9 @@ RUNS = "runs/bench-sft-demo"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-conversations", type=int, default=None, help="cap each split (a quick CPU check)")
+    parser.add_argument("--pad-eos-tokens", type=int, default=None,
+                        help="stage.sft.pad_eos_tokens for the SFT run (unset: the spec's, every padding EOS "
+                        "for mdm; session 9's tuned demo then answered with EOS at once)")
     args = parser.parse_args()
     for line in demo_inputs():
         print(line)
@@ -51,7 +54,8 @@ def main() -> None:
         f'checkpoint.save="{RUNS}/base/checkpoints"'])
     compile_spec("specs/demo-dlm-sft.toml", out / "sft", [
         f'logging.run_dir="{RUNS}/sft"', f'logging.tensorboard_dir="{RUNS}/sft/tensorboard"',
-        f'checkpoint.save="{RUNS}/sft/checkpoints"', f'checkpoint.init_from="mcore:{RUNS}/base/checkpoints"'])
+        f'checkpoint.save="{RUNS}/sft/checkpoints"', f'checkpoint.init_from="mcore:{RUNS}/base/checkpoints"']
+        + ([f"stage.sft.pad_eos_tokens={args.pad_eos_tokens}"] if args.pad_eos_tokens is not None else []))
     print(f"compiled -> {out.relative_to(ROOT)}/base, {out.relative_to(ROOT)}/sft")
 
 
