@@ -7,6 +7,25 @@ import contextlib
 import pytest
 
 
+@pytest.fixture(scope="module")
+def gloo_world():
+    """A one-process gloo world for the module (megatron-core's dataset builder synchronises ranks
+    through torch.distributed); created only if none exists, and destroyed afterwards if it was."""
+    import os
+
+    import torch.distributed as dist
+
+    created = False
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29547")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        created = True
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
 @contextlib.contextmanager
 def megatron_cpu_world(tmp_path_factory, mp: pytest.MonkeyPatch):
     """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU.

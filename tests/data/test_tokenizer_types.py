@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 
 import tokenizer_kit as kit
 from dlmspec.data.prepare import prepare
@@ -173,18 +171,6 @@ def _cases(files) -> dict[str, dict]:
         "MultimodalTokenizer": {"tokenizer_model": str(files["hf"])},
     }
 
-
-@pytest.fixture(scope="module")
-def gloo_world():
-    created = False
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29547")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        created = True
-    yield
-    if created:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("kind", ["BertWordPieceLowerCase", "BertWordPieceCase", "GPTSentencePieceTokenizer",

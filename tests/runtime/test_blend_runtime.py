@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
@@ -30,18 +29,8 @@ EOD = 999
 DOCS = (50, 100, 150)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def gloo_world():
-    # Megatron's dataset builder synchronises ranks through torch.distributed.
-    created = False
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29547")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        created = True
-    yield
-    if created:
-        dist.destroy_process_group()
+#: the one-process gloo world of tests/conftest.py, for every test here
+pytestmark = pytest.mark.usefixtures("gloo_world")
 
 
 def write_with_megatron(prefix: str, docs: list[list[int]]) -> None:

@@ -1,11 +1,9 @@
 """CPU tests of the data path: megatron datasets, sampler, document masks."""
 
-import os
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.gpt_dataset import MockGPTDataset
@@ -25,18 +23,8 @@ from dlmspec.backends.megatron.data import (
 EOD = 999
 
 
-@pytest.fixture(scope="module", autouse=True)
-def gloo_world():
-    # Megatron's dataset builder synchronises ranks through torch.distributed.
-    created = False
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29531")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        created = True
-    yield
-    if created:
-        dist.destroy_process_group()
+#: the one-process gloo world of tests/conftest.py, for every test here
+pytestmark = pytest.mark.usefixtures("gloo_world")
 
 
 @pytest.fixture(scope="module")
