@@ -130,9 +130,9 @@ def follow_gen_length(values: Any) -> Any:
     """``values`` (a ``[generate]`` table or the settings given) with ``steps`` and ``block_length``
     set to ``gen_length`` where ``gen_length`` is given and they are not; anything else unchanged.
 
-    Source: LLaDA generate.py's defaults (``steps = gen_length = block_length = 128``), and the
-    lm-eval model's rule for ``max_gen_toks`` (:mod:`dlmspec.backends.generate.lm_eval_model`).
-    Used by ``GenerateSpec`` (before validation, also by the fast loader) and by ``dlmspec generate``.
+    Source: LLaDA generate.py's defaults (``steps = gen_length = block_length = 128``). Used by
+    ``GenerateSpec`` (before validation, also by the fast loader), by ``dlmspec generate`` (on the
+    settings' origins) and by the lm-eval model (``max_gen_toks`` as ``gen_length``).
     """
     if not isinstance(values, dict) or "gen_length" not in values:
         return values

@@ -39,6 +39,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 
 from dlmspec.backends.generate.config import GenerateConfig
+from dlmspec.generate_settings import follow_gen_length
 from dlmspec.backends.generate.likelihood import (DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS,
                                                   continuation_nll, split_pair)
 from dlmspec.backends.generate.sampler import call_logits_fn, generate, generate_ar
@@ -298,9 +299,9 @@ class DlmspecLM(LM):
         gen_length = args.pop("gen_length", None) or int(gen_kwargs.get("max_gen_toks", 256))
         if self.kind == "ar":
             args = {k: v for k, v in args.items() if k in ("temperature", "top_k", "top_p")}
-        else:
-            args.setdefault("block_length", gen_length)
-            args.setdefault("steps", gen_length)
+        else:  # steps and block_length not given follow gen_length, as in a spec's [generate]
+            args = follow_gen_length({**args, "gen_length": gen_length})
+            del args["gen_length"]
         if gen_kwargs.get("do_sample") and "temperature" not in self.generate_args:
             args["temperature"] = float(gen_kwargs.get("temperature", 1.0))
         return GenerateConfig(kind=self.kind, gen_length=gen_length, mask_token_id=self.mask_token_id,

@@ -107,7 +107,7 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
         SpecError: a value ``GenerateConfig`` refuses, named where it came from (the flag, or the
             spec key with file and line) with its fix.
     """
-    from dlmspec.generate_settings import GenerateConfig, GenerateConfigError
+    from dlmspec.generate_settings import FOLLOW_GEN_LENGTH, GenerateConfig, GenerateConfigError
 
     s = Settings()
     defaults = GenerateConfig.__dataclass_fields__
@@ -128,8 +128,6 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
         if field == "eos_token_id" and value == -1:
             value = None
         s.set(field, value, "flag", flag(field))
-    from dlmspec.generate_settings import FOLLOW_GEN_LENGTH
-
     for field in FOLLOW_GEN_LENGTH:  # not given anywhere: follow a given gen_length (follow_gen_length)
         if s.origins[field] == "default" and s.origins["gen_length"] != "default":
             s.set(field, s.values["gen_length"], "default", flag(field))
