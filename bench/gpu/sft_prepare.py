@@ -12,7 +12,11 @@
    and ``.device/sft-demo/sft`` with run and checkpoint folders under ``runs/bench-sft-demo/``
    (the SFT run starts from the base run's checkpoints).
 
-Usage: ``python bench/gpu/sft_prepare.py [--max-conversations N]``
+Usage: ``python bench/gpu/sft_prepare.py [--max-conversations N] [--pad-eos-tokens N [--variant NAME]]``
+
+``--variant NAME`` compiles only a second SFT run, into ``.device/sft-demo/NAME`` with its run and
+checkpoint folders under ``runs/bench-sft-demo/NAME`` (from the same base checkpoints), so that two
+SFT settings can be fine-tuned side by side.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ def main() -> None:
     parser.add_argument("--pad-eos-tokens", type=int, default=None,
                         help="stage.sft.pad_eos_tokens for the SFT run (unset: the spec's, every padding EOS "
                         "for mdm; session 9's tuned demo then answered with EOS at once)")
+    parser.add_argument("--variant", default=None,
+                        help="compile only this SFT variant, into .device/sft-demo/VARIANT (run folder runs/bench-sft-demo/VARIANT)")
     args = parser.parse_args()
     for line in demo_inputs():
         print(line)
@@ -49,6 +55,14 @@ def main() -> None:
             cmd += ["--max-train", str(args.max_conversations), "--max-heldout", str(args.max_conversations)]
         subprocess.run(cmd, check=True, cwd=ROOT)
     out = ROOT / ".device" / "sft-demo"
+    name = args.variant or "sft"
+    if args.variant:
+        compile_spec("specs/demo-dlm-sft.toml", out / name, [
+            f'logging.run_dir="{RUNS}/{name}"', f'logging.tensorboard_dir="{RUNS}/{name}/tensorboard"',
+            f'checkpoint.save="{RUNS}/{name}/checkpoints"', f'checkpoint.init_from="mcore:{RUNS}/base/checkpoints"']
+            + ([f"stage.sft.pad_eos_tokens={args.pad_eos_tokens}"] if args.pad_eos_tokens is not None else []))
+        print(f"compiled -> {out.relative_to(ROOT)}/{name}")
+        return
     compile_spec("specs/demo-dlm.toml", out / "base", [
         f'logging.run_dir="{RUNS}/base"', f'logging.tensorboard_dir="{RUNS}/base/tensorboard"',
         f'checkpoint.save="{RUNS}/base/checkpoints"'])

@@ -51,7 +51,19 @@ RUNS = ".device/runs/tecal"
 RESULT = "calibration_te_h200.json"
 #: Start-up allowance of a launch before its first step (imports, model build, TE's and cuDNN's
 #: first kernels: the runs start in ~25-40 s on the H200 machine).
-STARTUP_S = 60.0
+STARTUP_S = 90.0
+#: ``--profile``: the steps torch.profiler records (``[logging] profile_step_start .. profile_step_end - 1``),
+#: after the warm-up and before the last step.
+PROFILE_STEPS = (6, 8)
+
+
+def profile_entry(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """The entry with ``[logging] profile`` on for :data:`PROFILE_STEPS` (``--profile``), named
+    ``NAME-profile`` (a run directory of its own): its step time is not a calibration point."""
+    start, end = PROFILE_STEPS
+    return {**entry, "name": entry["name"] + "-profile", "held_out": False,
+            "overrides": entry["overrides"] + ["logging.profile=true", f"logging.profile_step_start={start}",
+                                               f"logging.profile_step_end={end}"]}
 
 
 def run_overrides(name: str) -> List[str]:
@@ -186,6 +198,10 @@ def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: f
                             if rec["killed_at_limit"] else
                             f"exit code {rec['exit_code']} before a step after warm-up was logged (see {name}{tag}.log)")
         subprocess.run(["rm", "-rf", str(ROOT / RUNS / name / "ckpt")], check=False)
+        summary = ROOT / RUNS / name / "profile" / "summary_rank0.json"
+        if summary.is_file():  # --profile: the kernel-time summary comes back (the trace stays: tens of MB)
+            (out / f"{name}{tag}.profile_summary.json").write_bytes(summary.read_bytes())
+            rec["profile_summary"] = f"{name}{tag}.profile_summary.json"
         walls[name] = rec["wall_s"]
         print(f"te_calibration: {name}{tag}: exit {rec['exit_code']} in {rec['wall_s']} s (limit {rec['limit_s']} s); "
               f"step {rec.get('step_seconds', float('nan')):.4f} s, allocated "
@@ -219,6 +235,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--budget-s", type=float, default=420, help="all the runs within this many seconds (default 420)")
     p.add_argument("--min-start-s", type=float, default=45, help="no run starts with less time left (default 45)")
     p.add_argument("--repeats", type=int, default=1, help="repeats of the cheapest runs when time is left (default 1)")
+    p.add_argument("--profile", action="store_true",
+                   help=f"run the entries with torch.profiler on steps {PROFILE_STEPS[0]}..{PROFILE_STEPS[1] - 1} "
+                   "(NAME-profile; OUT gets profile_te_h200.json and each run's kernel-time summary), not a calibration")
     args = p.parse_args(argv)
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")
@@ -229,6 +248,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if unknown:
             p.error(f"--only: unknown entr(y/ies) {unknown}; known: {', '.join(e['name'] for e in entries)}")
         entries = [e for e in entries if e["name"] in names]
+    if args.profile:
+        entries = [profile_entry(e) for e in entries]
+    result_name = "profile_te_h200.json" if args.profile else RESULT
     t_start = time.time()
     os.chdir(ROOT)
     dest = (ROOT / args.dest).resolve()
@@ -278,9 +300,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "wall_s": round(time.time() - t_start, 1),
         "runs": records,
     }
-    (out / RESULT).write_text(json.dumps(result, indent=1) + "\n")
+    if args.profile:
+        result["description"] = ("Issue 21: where the step time goes - the entries run with torch.profiler on steps "
+                                 f"{PROFILE_STEPS[0]}..{PROFILE_STEPS[1] - 1} ([logging] profile); NAME-profile."
+                                 "profile_summary.json is the runtime's kernel-time summary "
+                                 "(backends/megatron/profiling.py); the step times are not calibration points")
+        result["commands"] = {"device": "bash bench/gpu/te_calibration.sh $OUT --profile --only NAME"}
+    (out / result_name).write_text(json.dumps(result, indent=1) + "\n")
     measured = sum("step_seconds" in r for r in records)
-    print(f"te_calibration: {measured}/{len(records)} launches measured in {result['wall_s']} s; {out / RESULT}")
+    print(f"te_calibration: {measured}/{len(records)} launches measured in {result['wall_s']} s; {out / result_name}")
     return 0 if ok and measured else 1
 
 

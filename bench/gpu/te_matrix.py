@@ -84,6 +84,15 @@ MEGADLMS_FLAGS = {"eps": 0.0, "min_masked_tokens": 1, "loss_weighting": "realise
 #: The small MoE: 4 experts of width 1024, top-2 routing, every layer.
 MOE = {"model.num_experts": 4, "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 1024}
 MOE_FLAGS = {"num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 1024, "moe_layer_freq": 1}
+#: The Qwen3-1.7B architecture (bench/throughput/qwen3-1.7b-mdm.toml's model) at sequence 4096 on mock
+#: data, micro batch 1: what the mc19 pair runs.
+QWEN3 = {"model.preset": "qwen3-1.7b", "model.num_layers": 28, "model.hidden_size": 2048, "model.ffn_hidden_size": 6144,
+         "model.num_attention_heads": 16, "model.num_query_groups": 8, "model.kv_channels": 128,
+         "model.vocab_size": 151936, "model.max_position_embeddings": 4096,
+         "model.untie_embeddings_and_output_weights": True, "data.mock": True, "data.train": [], "data.valid": [],
+         "data.tokenizer.type": "NullTokenizer", "data.tokenizer.vocab_size": 151934, "objective.mask_token_id": 151935,
+         "train.seq_length": 4096, "train.micro_batch_size": 1, "train.global_batch_size": 1}
+QWEN3_FLAGS = {"num_layers": 28, "hidden_size": 2048, "seq_length": 4096, "micro_batch_size": 1}
 #: Where the Hugging Face checkpoints of the init_from rows are made (relative to the repository root).
 HF_DIR = "runs/te-hf"
 
@@ -144,10 +153,14 @@ CONFIGS: Dict[str, tuple] = {
                         {"use_transformer_engine": True, "init_from": "hf:" + HF_DIR + "/dense"}),
     # local-bf16 on megatron-core 0.19.2 (MC19_SITE first on PYTHONPATH), against 0.16.1's.
     "mc19-local-bf16": (LOCAL, "local-bf16", {"use_transformer_engine": False, "variable_length_prob": 0.0}),
+    # the Qwen3-1.7B architecture at sequence 4096 (mock data), local layers, on 0.16.1 and on 0.19.2:
+    # the issue's "the Qwen3-1.7B spec trains on 0.19.2 as on 0.16.1"
+    "local-qwen3": ({**LOCAL, **QWEN3}, None, {"use_transformer_engine": False, **QWEN3_FLAGS}),
+    "mc19-local-qwen3": ({**LOCAL, **QWEN3}, "local-qwen3", {"use_transformer_engine": False, **QWEN3_FLAGS}),
 }
 RESUME_AT = 20
 #: Rows whose launch runs on megatron-core 0.19.2 (installed from ``.whl/mc19`` into MC19_SITE).
-MC19_ROWS = ("mc19-local-bf16",)
+MC19_ROWS = ("mc19-local-bf16", "mc19-local-qwen3")
 MC19_SITE = Path("/tmp/site19")
 #: Rows that start from a Hugging Face checkpoint: name -> its :func:`make_hf` kind.
 HF_ROWS = {"local-moe": "moe", "te-moe": "moe", "local-init-from-hf": "dense", "te-init-from-hf": "dense"}
@@ -492,8 +505,9 @@ def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, dea
     runnable = [n for n in results if results[n]["compile_exit"] == 0 and not results[n].get("not_run")]
     lanes = Lanes(dest, out, deadline, width, envs)
     for n in runnable:
-        subprocess.run(["rm", "-rf", str(RUNS / n)], check=False)
-    order = [n for n in runnable if n != "te-resume"]
+        if not results[n].get("reused"):
+            subprocess.run(["rm", "-rf", str(RUNS / n)], check=False)
+    order = [n for n in runnable if n != "te-resume" and not results[n].get("reused")]
     if order:  # the first builds megatron-core's index cache beside the data; the others once it trains
         lanes.start(order[0])
         metrics = RUNS / order[0] / "metrics.jsonl"
@@ -525,7 +539,10 @@ def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, dea
         results["local-bf16-again"]["noise_floor"] = noise
     for n in runnable:
         row = results[n]
-        row["launches"] = {key: v for key, v in lanes.done.items() if key.split(".launch")[0] == n}
+        if row.get("reused"):  # launched by an earlier invocation (--reuse): its curve, not relaunched
+            row["launches"] = row["reused"]["launches"]
+        else:
+            row["launches"] = {key: v for key, v in lanes.done.items() if key.split(".launch")[0] == n}
         row["losses"] = {str(i): v for i, v in sorted(curves[n].items())}
         row["memory_gib"] = {k: max(metric(n, k).values(), default=None) for k in ("peak_mem_gib", "peak_reserved_gib")}
         times = sorted(v for i, v in metric(n, "step_time_s").items() if i > 10)
@@ -583,6 +600,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--only", default=None, help="comma-separated configuration names")
     p.add_argument("--budget-s", type=float, default=450, help="kill every launch after this many seconds")
     p.add_argument("--lanes", type=int, default=4, help="launches at once on the GPU")
+    p.add_argument("--reuse", default=None, metavar="DIR:A,B",
+                   help="rows an earlier invocation ran (their runs/te/NAME and DIR/NAME.json are kept): "
+                   "references for this one's rows, not launched again")
     p.add_argument("--no-data", action="store_true", help="--dry without making the demo's data (.data)")
     p.add_argument("--mc19-site", default=str(MC19_SITE),
                    help=f"where the mc19 rows' megatron-core 0.19.2 is installed (emptied first; default {MC19_SITE})")
@@ -590,6 +610,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")
     names = list(CONFIGS) if not args.only else [n for n in args.only.split(",") if n]
+    reuse_dir, reused = None, []
+    if args.reuse:
+        reuse_dir, _, listed = args.reuse.rpartition(":")
+        reused = [n for n in listed.split(",") if n]
+        if not reuse_dir:
+            p.error("--reuse: give DIR:A,B (DIR holds the earlier invocation's NAME.json)")
+        names += [n for n in reused if n not in names]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         p.error(f"--only: unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
@@ -641,7 +668,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ok = all(r["compile_exit"] == 0 and not r.get("flags_wrong") and not r.get("build_error")
              and not (r.get("init_check") or {}).get("error")
              and not (n in MC19_ROWS and r.get("mc19_unknown_keywords")) for n, r in results.items())
-    mc19_rows = [n for n in names if n in MC19_ROWS]
+    for n in reused:  # not compiled again to run: the earlier invocation's record says how it ran
+        try:
+            earlier = json.loads((Path(reuse_dir) / f"{n}.json").read_text())
+        except (OSError, ValueError) as exc:
+            if args.dry:
+                continue
+            print(f"te_matrix: --reuse {n}: no earlier record in {reuse_dir} ({exc})", file=sys.stderr)
+            return 1
+        results[n]["reused"] = {"from": str(Path(reuse_dir) / f"{n}.json"), "launches": earlier.get("launches", {})}
+    mc19_rows = [n for n in names if n in MC19_ROWS and n not in reused]
     if args.dry:
         if mc19_rows:
             wheels = sorted((ROOT / ".whl" / "mc19").glob("megatron_core-*.whl"))
@@ -683,6 +719,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "first_step_rel_diff": (r.get("first_step") or {}).get("max_rel_diff"),
                         "first_step_agree": (r.get("first_step") or {}).get("agree"),
                         "trains": r.get("trains"), "megatron_core": r.get("megatron_core"),
+                        "reused_from": (r.get("reused") or {}).get("from"),
                         "init_check": r.get("init_check"), "mc19_unknown_keywords": r.get("mc19_unknown_keywords"),
                         "steps_logged": len(r.get("losses", {})),
                         "agreement": {k: r["agreement"][k] for k in ("against", "agree", "max_abs_diff", "max_rel_diff",

@@ -27,7 +27,8 @@ def test_the_new_rows_and_their_references() -> None:
     assert refs == {"local-varlen-microbatch": None, "te-varlen-microbatch": "local-varlen-microbatch",
                     "local-moe": None, "te-moe": "local-moe", "local-init-from-hf": None,
                     "te-init-from-hf": "local-init-from-hf", "mc19-local-bf16": "local-bf16"}
-    assert te_matrix.MC19_ROWS == ("mc19-local-bf16",)
+    assert te_matrix.MC19_ROWS == ("mc19-local-bf16", "mc19-local-qwen3")
+    assert te_matrix.CONFIGS["mc19-local-qwen3"][1] == "local-qwen3"
 
 
 def test_compiled_flags_of_the_new_rows(tmp_path: Path) -> None:
