@@ -8,7 +8,7 @@
 #   .venv/bin/python bench/gpu/sft_prepare.py                                  # .data, .device/sft-demo/{base,sft}
 #   .venv/bin/python bench/gpu/sft_prepare.py --pad-eos-tokens 8 --variant pad8  # .device/sft-demo/pad8
 #   .venv/bin/python bench/gpu/sft_answers.py prompts                          # .data/sft/heldout_prompts*.jsonl
-#   .venv/bin/python bench/gpu/te_matrix.py --dry --only "$TE1,$TE2"             # .device/te (the names below)
+#   .venv/bin/python bench/gpu/te_matrix.py --dry --only "$TE1,$TE2"          # .device/te (TE1, TE2 below)
 #   bash bench/gpu/te_calibration.sh --dry                                     # .device/tecal
 #   bash bench/gpu/te_calibration.sh --dry --profile --only te-fp8-delayed-mb8 --dest .device/teprof
 #   rm -f .whl/dl/*.whl && .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl/dl .
@@ -22,16 +22,21 @@
 #   STEP=part N [.whl/te/core.part.0N (+ .whl/peer with N=0)]   (N = 0..4) one part of TE's core wheel;
 #   STEP=te     [.whl/te/small .whl/te/core.md5 .device/tecal .device/teprof .device/te-install.sh]
 #       installs TE and starts te_job: the TE matrix's TE rows against te1's (--reuse), then, the GPU
-#       alone, te_calibration.sh, peers.sh (te-fp8 beside the HF peers) and one profiled fp8 run;
+#       alone, te_calibration.sh, peers.sh (te-fp8 and te-fp8-dpa beside the HF peers) and one profiled
+#       fp8 run, each within what is left of DONE_S (default 1590 s after the start call began);
 #   STEP=poll S  waits up to S seconds (or until everything is done) and brings back what finished.
 set -u
 out=${1:?usage: STEP=start|part|te|poll session10.sh OUT [N]}
 s10=/tmp/s10
 mkdir -p "$s10"
 TE1=local-bf16,local-qwen3,local-bf16-again,local-megadlms-window,mc19-local-qwen3,local-moe,local-init-from-hf,mc19-local-bf16
-TE2=te-megadlms-window,te-moe,te-init-from-hf
+TE2=te-megadlms-window,te-moe,te-init-from-hf,te-fp8-dpa,te-fp8-tensorwise-dpa
+# every job is done DONE_S seconds after the start call began (the machine is held 30 minutes at most)
+DONE_S=${DONE_S:-1590}
 REUSE=local-megadlms-window,local-moe,local-init-from-hf,local-bf16,local-bf16-again
 site() { export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1; }
+left() { echo $(( $(cat "$s10/t0") + DONE_S - $(date +%s) )); }  # seconds to the deadline
+least() { if [ "$1" -lt "$2" ]; then echo "$1"; else echo "$2"; fi; }
 gen_job() {  # #19: the demo pre-trained, fine-tuned two ways, evaluated, answering; results in $s10/gen
   cd "$s10/repo" || exit 1
   site
@@ -87,22 +92,31 @@ te_job() {  # after TE's install: the TE rows, then (the GPU alone) calibration,
   mkdir -p "$s10/res/te2" "$s10/res/cal" "$s10/res/peers" "$s10/res/prof"
   w=0; until [ -f "$s10/te1.done" ] || [ $w -ge 300 ]; do sleep 3; w=$((w + 3)); done
   echo "te_job: waited ${w}s for te1 $(date -u +%T)"
-  python3 bench/gpu/te_matrix.py "$s10/res/te2" --only "$TE2" --reuse "$s10/res/te1:$REUSE" --lanes 3 \
+  python3 bench/gpu/te_matrix.py "$s10/res/te2" --only "$TE2" --reuse "$s10/res/te1:$REUSE" --lanes 5 \
     --budget-s "${TE2_BUDGET_S:-200}" > "$s10/res/te2.log" 2>&1
   echo "te_matrix (TE rows) exit $? $(date -u +%T)"; touch "$s10/te2.done"
   rm -rf runs/te runs/te-hf
   w=0; until [ -f "$s10/gen.done" ] || [ $w -ge 200 ]; do sleep 3; w=$((w + 3)); done
   echo "te_job: waited ${w}s for the SFT job $(date -u +%T)"
-  BUDGET_S=${CAL_BUDGET_S:-740} bash bench/gpu/te_calibration.sh "$s10/res/cal" --repeats 0 > "$s10/res/cal.log" 2>&1
+  # the calibration first (at most 700 s, leaving the peers 300 s), then the peers, then the profile
+  b=$(least 700 $(( $(left) - 300 ))); echo "te_calibration budget ${b}s $(date -u +%T)"
+  BUDGET_S=$b bash bench/gpu/te_calibration.sh "$s10/res/cal" --repeats 0 --min-start-s 80 > "$s10/res/cal.log" 2>&1
   echo "te_calibration exit $? $(date -u +%T)"; touch "$s10/cal.done"
   rm -rf .device/runs/tecal
-  MEGATRON_VARIANTS=te-fp8 WHL=.whl/peer BUDGET_S=${PEERS_BUDGET_S:-360} bash bench/gpu/peers.sh "$s10/res/peers" \
+  b=$(least 420 $(( $(left) - 15 ))); echo "peers budget ${b}s $(date -u +%T)"
+  MEGATRON_VARIANTS=te-fp8,te-fp8-dpa WHL=.whl/peer BUDGET_S=$b bash bench/gpu/peers.sh "$s10/res/peers" \
     > "$s10/res/peers.log" 2>&1
   echo "peers exit $? $(date -u +%T)"; touch "$s10/peers.done"
   rm -rf /tmp/peers-work
-  BUDGET_S=${PROF_BUDGET_S:-130} bash bench/gpu/te_calibration.sh "$s10/res/prof" --profile --only te-fp8-delayed-mb8 \
-    --dest .device/teprof --repeats 0 > "$s10/res/prof.log" 2>&1
-  echo "profile exit $? $(date -u +%T)"; touch "$s10/prof.done"
+  b=$(( $(left) - 5 )); echo "profile budget ${b}s $(date -u +%T)"
+  if [ "$b" -ge 100 ]; then
+    BUDGET_S=$b bash bench/gpu/te_calibration.sh "$s10/res/prof" --profile --only te-fp8-delayed-mb8 \
+      --dest .device/teprof --repeats 0 > "$s10/res/prof.log" 2>&1
+    echo "profile exit $? $(date -u +%T)"
+  else
+    echo "profile not run: ${b}s left" | tee "$s10/res/prof.log"
+  fi
+  touch "$s10/prof.done"
 }
 pack() {  # one archive of everything in $out
   ls -R "$out" | head -60
@@ -117,6 +131,7 @@ status() {
 }
 case "${STEP:?}" in
   start)
+    date +%s > "$s10/t0"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv; python3 --version; df -h /tmp | tail -1
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/mc/*.whl .whl/dl/*.whl || exit 1
     mkdir -p /tmp/te && cp .whl/te/core.part.05 /tmp/te/
@@ -137,7 +152,7 @@ case "${STEP:?}" in
     echo "te-install exit $? after $(( $(date +%s) - t0 ))s"; tail -3 "$out/te_install.log"
     cp /tmp/te/out/transformer_engine_torch-*.whl "$out/" 2>/dev/null
     cp -a .device/tecal .device/teprof "$s10/repoA/.device/"
-    export -f te_job site; export s10 TE2 REUSE
+    export -f te_job site left least; export s10 TE2 REUSE DONE_S
     setsid bash -c te_job > "$s10/te_job.log" 2>&1 < /dev/null &
     sleep 5; status ;;
   poll)

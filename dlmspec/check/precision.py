@@ -252,3 +252,27 @@ def _layernorm_recompute_te(ctx: Context) -> Iterator[Finding]:
         yield Finding("recompute.modules", "'layernorm' recomputes nothing on the Transformer Engine layers: they fuse "
                       "each norm into the linear after it (no norm output is kept to drop)",
                       fix.text() + ", or model.transformer_impl = 'local' (separate norms)", fix=fix)
+
+
+@rule(
+    "fp8-attention",
+    "error",
+    "megatron.core.fp8_utils.get_fp8_recipe (fp8_dpa reaches TE's DelayedScaling and Float8CurrentScaling "
+    "recipes only)",
+    "precision.fp8_dot_product_attention runs with fp8 and the delayed or tensorwise recipe",
+)
+def _fp8_attention(ctx: Context) -> Iterator[Finding]:
+    p = ctx.spec.precision
+    if not p.fp8_dot_product_attention:
+        return
+    if p.fp8 == "none":
+        yield Finding("precision.fp8_dot_product_attention",
+                      "fp8 attention needs fp8: precision.fp8 = 'none'",
+                      "set precision.fp8 = 'hybrid', or fp8_dot_product_attention = false",
+                      fix=Fix({"precision.fp8_dot_product_attention": False}))
+    elif p.fp8_recipe not in ("delayed", "tensorwise"):
+        yield Finding("precision.fp8_dot_product_attention",
+                      f"megatron-core passes fp8 attention to the delayed and tensorwise recipes only, and "
+                      f"precision.fp8_recipe = {p.fp8_recipe!r}",
+                      "set precision.fp8_recipe = 'tensorwise', or fp8_dot_product_attention = false",
+                      fix=Fix({"precision.fp8_recipe": "tensorwise"}))

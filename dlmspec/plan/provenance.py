@@ -71,6 +71,8 @@ def outside_measured(shape: ModelShape, lay: Layout, gpu_id: str, measured: Meas
         add("cluster (GPUs)", lay.world, f"{_span(measured.world_size)} GPUs")
     if lay.fp8 not in measured.fp8:
         add("precision.fp8", lay.fp8, "fp8 runs" if True in measured.fp8 else "bf16 only (no fp8 run)")
+    if lay.fp8_attention:  # no calibration run has had fp8 attention (bench/results: none)
+        add("precision.fp8_dot_product_attention", True, "bf16 attention only (no fp8-attention run)")
     if shape.is_moe and shape.num_experts not in measured.num_experts:
         add("model.num_experts", shape.num_experts,
             f"{'/'.join(map(str, measured.num_experts))} experts" if measured.num_experts else "no MoE run")

@@ -134,6 +134,16 @@ def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
     return gemm * 1e12, gpu.bf16_tflops * 1e12
 
 
+def _attention_peak(gpu: GPU, lay: Layout, attn_peak: float) -> float:
+    """Attention's peak in FLOP/s: the fp8 peak with ``precision.fp8_dot_product_attention``
+    (Transformer Engine's fp8 fused attention runs both batched GEMMs in fp8), else ``attn_peak``.
+    The attention efficiency stays the bf16 one: no fp8-attention run is calibrated
+    (:func:`dlmspec.plan.provenance.outside_measured` says so)."""
+    if lay.fp8_attention and lay.dtype != "fp32" and gpu.fp8_tflops:
+        return gpu.fp8_tflops * 1e12
+    return attn_peak
+
+
 def mfu_peak_flops(gpu: GPU, dtype: str) -> float:
     """Peak FLOP/s MFU divides by: the dense bf16 peak (also for fp8 runs, the usual
     convention), the fp32 peak for fp32 runs."""
@@ -183,7 +193,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         stage=stage,
         gemm_seconds=gemm_seconds,
         gemm_fp8_seconds=gemm_fp8_seconds,
-        attention_seconds=attention / attn_peak / ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)],
+        attention_seconds=attention / _attention_peak(gpu, lay, attn_peak) / ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)],
         elementwise_seconds=ew / (gpu.hbm_gbps * 1e9),
         kernels=kernels_per_microbatch(shape, lay, counts, stage),
         syncs=syncs_per_microbatch(shape, lay, stage, counts),

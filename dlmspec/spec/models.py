@@ -306,6 +306,13 @@ class PrecisionSpec(Section):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Literal["none", "hybrid", "e4m3"] = "none"
     fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
+    fp8_dot_product_attention: bool = Field(
+        False,
+        description="Attention's two batched GEMMs in fp8 as well (megatron-core "
+        "TransformerConfig.fp8_dot_product_attention, Megatron-LM's --fp8-dot-product-attention: "
+        "Transformer Engine's fp8 fused attention through cuDNN); with precision.fp8 and the delayed or "
+        "tensorwise recipe only.",
+    )
 
 
 class KernelsSpec(Section):

@@ -161,6 +161,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("fp8-needs-te", {"precision.fp8": "hybrid", "model.transformer_impl": "local"}, "precision.fp8"),
     ("fp8-gpu", {"precision.fp8": "hybrid", "cluster.gpu": "a100-80gb"}, "precision.fp8"),
     ("fp8-recipe-gpu", {"precision.fp8": "e4m3", "precision.fp8_recipe": "mxfp8"}, "precision.fp8_recipe"),
+    ("fp8-attention", {"precision.fp8_dot_product_attention": True}, "precision.fp8_dot_product_attention"),
     ("fp8-keys-ignored", {"precision.fp8_recipe": "tensorwise"}, "precision.fp8_recipe"),
     ("fp8-blockwise-gpu", {"precision.fp8": "hybrid", "precision.fp8_recipe": "blockwise", "cluster.gpu": "l40s"},
      "precision.fp8_recipe"),

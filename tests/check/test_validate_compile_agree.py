@@ -83,6 +83,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
      "runtime-fsdp-init-from", "checkpoint.init_from"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
       "model.transformer_impl": "transformer_engine"}, "runtime-fsdp-fp8", "precision.fp8"),
+    ({"precision.fp8_dot_product_attention": True, "model.transformer_impl": "transformer_engine"}, "fp8-attention",
+     "precision.fp8_dot_product_attention"),
     ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
      "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
