@@ -82,6 +82,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.util
 import json
 import os
 import shlex
@@ -103,7 +104,10 @@ from throughput_common import (  # noqa: E402
     summarize,
 )
 
-if str(ROOT) not in sys.path:
+# the checkout's dlmspec only when none is installed: in the checkout, dlmspec.backends exists only
+# through an editable install (pyproject maps backends/ into it); an installed wheel has it itself
+# (session 10: ROOT first shadowed the wheel and every HF job failed with "No module named dlmspec.backends")
+if importlib.util.find_spec("dlmspec") is None and str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

@@ -270,6 +270,13 @@ def _fp8_attention(ctx: Context) -> Iterator[Finding]:
                       "fp8 attention needs fp8: precision.fp8 = 'none'",
                       "set precision.fp8 = 'hybrid', or fp8_dot_product_attention = false",
                       fix=Fix({"precision.fp8_dot_product_attention": False}))
+    elif ctx.r.attention_mask != "causal":
+        yield Finding("precision.fp8_dot_product_attention",
+                      f"Transformer Engine 2.20.2 found no fp8 attention backend for {ctx.r.attention_mask} "
+                      "attention on an H200 (both recipes stopped at the first step: 'No dot product attention "
+                      "backend is available', bench/results/session10_h200/te_matrix_te/te-fp8-dpa.log)",
+                      "set precision.fp8_dot_product_attention = false (fp8 GEMMs stay on)",
+                      fix=Fix({"precision.fp8_dot_product_attention": False}))
     elif p.fp8_recipe not in ("delayed", "tensorwise"):
         yield Finding("precision.fp8_dot_product_attention",
                       f"megatron-core passes fp8 attention to the delayed and tensorwise recipes only, and "
