@@ -109,13 +109,6 @@ CONFIGS: Dict[str, tuple] = {
                           {"use_transformer_engine": True, "fp8": "hybrid", "fp8_recipe": "tensorwise"}),
     "te-fp8-blockwise": ({**FP8, "precision.fp8_recipe": "blockwise"}, "local-bf16",
                          {"use_transformer_engine": True, "fp8": "hybrid", "fp8_recipe": "blockwise"}),
-    # fp8 attention (precision.fp8_dot_product_attention: TE's fp8 fused attention), both recipes that take it
-    "te-fp8-dpa": ({**FP8, "precision.fp8_recipe": "delayed", "precision.fp8_dot_product_attention": True}, "local-bf16",
-                   {"use_transformer_engine": True, "fp8": "hybrid", "fp8_recipe": "delayed",
-                    "fp8_dot_product_attention": True}),
-    "te-fp8-tensorwise-dpa": ({**FP8, "precision.fp8_recipe": "tensorwise", "precision.fp8_dot_product_attention": True},
-                              "local-bf16", {"use_transformer_engine": True, "fp8": "hybrid", "fp8_recipe": "tensorwise",
-                                             "fp8_dot_product_attention": True}),
     "te-recompute-selective": ({**TE, "recompute.granularity": "selective", "recompute.modules": ["core_attn", "mlp"]},
                                "local-bf16", {"use_transformer_engine": True, "recompute_granularity": "selective",
                                               "recompute_modules": ["core_attn", "mlp"]}),

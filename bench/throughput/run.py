@@ -19,7 +19,7 @@ Issue 21's peers (``bench/gpu/peers.sh`` runs them): ``--hf-impls`` picks hf_bas
 ``--impl`` rows (``plain``, ``liger``, ``liger-compile``, ``liger-compile-fp8``; micro batches per
 impl with ``--hf-impl-micro-batch-sizes plain=6``) and ``--megatron-variants`` the megatron rows:
 ``reference`` (train_reference.py, as above) or a variant of :data:`MEGATRON_VARIANTS` (``te-bf16``,
-``te-fp8``, ``te-fp8-tensorwise``, ``te-fp8-dpa``, ``local-bf16``), for which the harness compiles
+``te-fp8``, ``te-fp8-tensorwise``, ``local-bf16``), for which the harness compiles
 ``bench/throughput/qwen3-1.7b-mdm.toml`` with ``--set`` overrides (``dlmspec compile``, not part
 of the job's limit) and runs its train.py under torchrun as launch.sh does (without the
 ``--check`` pass). Each side's rows are taken in the order given, alternating sides. The JSON's
@@ -102,10 +102,6 @@ MEGATRON_VARIANTS: Dict[str, Dict[str, Any]] = {
     "te-fp8-tensorwise": {"precision": "fp8", "sets": {"model.transformer_impl": "transformer_engine",
                                                        "precision.fp8": "hybrid", "precision.fp8_recipe": "tensorwise"},
                           "what": "compiled spec, Transformer Engine layers, fp8 hybrid, current per-tensor scaling"},
-    "te-fp8-dpa": {"precision": "fp8", "sets": {"model.transformer_impl": "transformer_engine", "precision.fp8": "hybrid",
-                                                "precision.fp8_dot_product_attention": True},
-                   "what": "compiled spec, Transformer Engine layers, fp8 hybrid (delayed scaling) with fp8 attention "
-                           "(precision.fp8_dot_product_attention)"},
 }
 #: issue #7's targets.
 TARGET_MFU = 0.50
