@@ -7,7 +7,8 @@
 #   HF:       hf_baseline.py --impl liger, liger-compile-fp8, liger-compile at micro batch 12, and the plain
 #             loop (today's row) at micro batch PLAIN_MBS (default 6, its best: full fp32 logits);
 #   3 warm-up + 5 timed steps per job, ACCUM microbatches per optimizer step (default 1).
-#   MEGATRON_VARIANTS (default te-fp8,te-bf16) and MEGATRON_MBS (default 8,12) narrow the megatron side
+#   MEGATRON_VARIANTS (default te-fp8,te-bf16) and MEGATRON_MBS (default 8,12) narrow the megatron side, HF_IMPLS
+#   (default liger,liger-compile-fp8,liger-compile,plain) the HF side
 #   (session 10: te-fp8 only, its bf16 rows measured minutes before by te_calibration.sh on the same machine).
 # Jobs alternate between the sides in that order, so a budget that runs out still leaves both sides (and
 # the fp8 rows) measured. Reported (OUT/throughput_<date>_peers.json, its "ratios" key): TE fp8 / strongest
@@ -60,7 +61,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$SITE PYTHONUNBUFFERED=1
 # shellcheck disable=SC2054 # the commas separate run.py's list values, not array elements
 args=(--out "$out" --work-dir /tmp/peers-work --tag peers
       --megatron-variants "${MEGATRON_VARIANTS:-te-fp8,te-bf16}" --megatron-micro-batch-sizes "${MEGATRON_MBS:-8,12}"
-      --hf-impls liger,liger-compile-fp8,liger-compile,plain --hf-micro-batch-sizes 12
+      --hf-impls "${HF_IMPLS:-liger,liger-compile-fp8,liger-compile,plain}" --hf-micro-batch-sizes 12
       --hf-impl-micro-batch-sizes "plain=$PLAIN_MBS"
       --warmup 3 --steps 5 --microbatches-per-step "$ACCUM" --timeout-s "${JOB_TIMEOUT_S:-150}")
 if [ "$DRY" = 1 ]; then

@@ -21,6 +21,7 @@ pair starts from a Qwen3-MoE made the same way, so both expert modules hold the 
 
     python3 bench/gpu/te_matrix.py --dry [--dest DIR] [--only A,B]   # CPU: compile, check the flags
     python3 bench/gpu/te_matrix.py OUT [--dest DIR] [--budget-s S]    # GPU: the same, then run them
+    python3 bench/gpu/te_matrix.py --rescore DIR                      # compare DIR's records again
 
 ``--dry`` (no GPU needed) makes the demo's data from the offline kit when missing
 (bench/gpu/prepare.py ``demo_inputs``), compiles every configuration into ``--dest`` (default
@@ -421,6 +422,14 @@ def losses(name: str) -> Dict[int, float]:
     return metric(name)
 
 
+def reused_curve(row: Dict[str, Any]) -> Dict[int, float]:
+    """``{iteration: loss}`` of a ``--reuse``d row's earlier record (its ``losses``, as written to
+    ``NAME.json``); ``{}`` for a row not reused. A row run on another machine (a committed record)
+    has no run directory here, so its curve comes from the record."""
+    record = (row.get("reused") or {}).get("record") or {}
+    return {int(i): float(v) for i, v in (record.get("losses") or {}).items()}
+
+
 class Lanes:
     """Launches of compiled configurations, at most ``width`` at once, each killed (with its process
     group) at the deadline."""
@@ -531,7 +540,8 @@ def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, dea
         time.sleep(0.3)
     resume_info = resume.info if resume else None
 
-    curves = {n: losses(n) for n in runnable}
+    # a reused row's curve is its earlier record's when its run directory is not on this machine
+    curves = {n: losses(n) or reused_curve(results[n]) for n in runnable}
     floor = 0.0
     if "local-bf16" in curves and "local-bf16-again" in curves:
         noise = agreement(curves["local-bf16"], curves["local-bf16-again"], rtol=BF16_RTOL)
@@ -544,10 +554,15 @@ def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, dea
         else:
             row["launches"] = {key: v for key, v in lanes.done.items() if key.split(".launch")[0] == n}
         row["losses"] = {str(i): v for i, v in sorted(curves[n].items())}
-        row["memory_gib"] = {k: max(metric(n, k).values(), default=None) for k in ("peak_mem_gib", "peak_reserved_gib")}
-        times = sorted(v for i, v in metric(n, "step_time_s").items() if i > 10)
-        row["median_step_time_s"] = times[len(times) // 2] if times else None  # lanes share the GPU: not a speed
-        row["start"] = start_record(n)
+        earlier = (row.get("reused") or {}).get("record") if not losses(n) else None
+        if earlier is not None:  # run elsewhere (--reuse of a committed record): its measurements as recorded
+            for key in ("memory_gib", "median_step_time_s", "start"):
+                row[key] = earlier.get(key)
+        else:
+            row["memory_gib"] = {k: max(metric(n, k).values(), default=None) for k in ("peak_mem_gib", "peak_reserved_gib")}
+            times = sorted(v for i, v in metric(n, "step_time_s").items() if i > 10)
+            row["median_step_time_s"] = times[len(times) // 2] if times else None  # lanes share the GPU: not a speed
+            row["start"] = start_record(n)
         row["megatron_core"] = find_key((row["start"] or {}).get("provenance"), "megatron_core")
         c = curves[n]
         row["trains"] = (bool(c) and 1 in c and max(c) > 1 and math.isfinite(c[max(c)])
@@ -566,8 +581,35 @@ def run_matrix(results: Dict[str, Dict[str, Any]], dest: Path, out: Path, *, dea
         if n == "te-bf16":
             row["layer_modules"] = layer_modules(dest / n / "train.py")
         subprocess.run(["rm", "-rf", str(RUNS / n / "checkpoints")], check=False)
-        (out / f"{n}.json").write_text(json.dumps(row, indent=1) + "\n")
+        written = {**row, "reused": {k: v for k, v in row["reused"].items() if k != "record"}} if row.get("reused") else row
+        (out / f"{n}.json").write_text(json.dumps(written, indent=1) + "\n")
     return floor
+
+
+def rescore(folder: Path) -> List[str]:
+    """Compare again, from the records alone, each ``folder/NAME.json`` whose reference's record
+    (``CONFIGS[NAME][1]``) is in ``folder`` too: ``agreement`` and ``first_step`` as :func:`run_matrix`
+    computes them (the noise floor of ``local-bf16-again.json`` when present, else 0), written back
+    into ``NAME.json`` with ``"rescored": true``. For rows whose reference ran in another invocation
+    (e.g. a ``--reuse`` whose curve did not reach the comparison). Returns the rows rescored.
+    te-resume is left as it is (its comparison starts after the resume)."""
+    rows = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json")) if p.stem in CONFIGS}
+    curve = {n: {int(i): float(v) for i, v in (r.get("losses") or {}).items()} for n, r in rows.items()}
+    noise = (rows.get("local-bf16-again") or {}).get("noise_floor") or {}
+    floor = noise.get("max_rel_diff") or 0.0
+    done = []
+    for n, row in rows.items():
+        ref = CONFIGS[n][1]
+        if n == "te-resume" or not ref or ref not in rows:
+            continue
+        rtol = FP8_RTOL if CONFIGS[n][0].get("precision.fp8", "none") != "none" else BF16_RTOL
+        row["agreement"] = {"against": ref, "rtol": rtol, "noise_floor": floor,
+                            **agreement(curve[n], curve[ref], rtol=rtol, floor=floor)}
+        row["first_step"] = agreement(curve[n], curve[ref], rtol=rtol, floor=floor, first=1, last=1)
+        row["rescored"] = True
+        (folder / f"{n}.json").write_text(json.dumps(row, indent=1) + "\n")
+        done.append(n)
+    return done
 
 
 def layer_modules(train_py: Path) -> Dict[str, Any]:
@@ -598,6 +640,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--dry", action="store_true", help="compile and check only (CPU)")
     p.add_argument("--dest", default=".device/te", help="compiled configurations (default .device/te)")
     p.add_argument("--only", default=None, help="comma-separated configuration names")
+    p.add_argument("--rescore", metavar="DIR", default=None,
+                   help="compare again each DIR/NAME.json with its reference's DIR/REF.json (no launch)")
     p.add_argument("--budget-s", type=float, default=450, help="kill every launch after this many seconds")
     p.add_argument("--lanes", type=int, default=4, help="launches at once on the GPU")
     p.add_argument("--reuse", default=None, metavar="DIR:A,B",
@@ -607,6 +651,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--mc19-site", default=str(MC19_SITE),
                    help=f"where the mc19 rows' megatron-core 0.19.2 is installed (emptied first; default {MC19_SITE})")
     args = p.parse_args(argv)
+    if args.rescore:
+        done = rescore(Path(args.rescore))
+        for n in done:
+            a = json.loads((Path(args.rescore) / f"{n}.json").read_text())["agreement"]
+            print(f"{n} against {a['against']}: compared {a['compared']}, max relative difference "
+                  f"{a['max_rel_diff']}, agree {a['agree']}")
+        return 0 if done else 1
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")
     names = list(CONFIGS) if not args.only else [n for n in args.only.split(",") if n]
@@ -676,7 +727,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
             print(f"te_matrix: --reuse {n}: no earlier record in {reuse_dir} ({exc})", file=sys.stderr)
             return 1
-        results[n]["reused"] = {"from": str(Path(reuse_dir) / f"{n}.json"), "launches": earlier.get("launches", {})}
+        results[n]["reused"] = {"from": str(Path(reuse_dir) / f"{n}.json"), "launches": earlier.get("launches", {}),
+                                "record": {k: earlier.get(k) for k in ("losses", "memory_gib", "median_step_time_s", "start")}}
     mc19_rows = [n for n in names if n in MC19_ROWS and n not in reused]
     if args.dry:
         if mc19_rows:

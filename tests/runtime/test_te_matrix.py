@@ -88,3 +88,48 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
     time.sleep(2.5)
     lines = (runs / "te-resume" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in lines] == list(range(1, 41))
+
+
+def test_a_reused_committed_record_is_the_reference(tmp_path: Path, monkeypatch) -> None:
+    """``--reuse`` of a record run on another machine (no run directory here): the TE row is compared
+    with the record's losses (session 11's te-init-from-hf against session 10's local-init-from-hf
+    compared 0 steps before this), and the reused row keeps its recorded memory and start record."""
+    runs, dest, out, earlier = tmp_path / "runs", tmp_path / "dest", tmp_path / "out", tmp_path / "earlier"
+    out.mkdir()
+    earlier.mkdir()
+    (tmp_path / "fake.py").write_text(FAKE)
+    (dest / "te-bf16").mkdir(parents=True)
+    (dest / "te-bf16" / "launch.sh").write_text(f"{sys.executable} {tmp_path / 'fake.py'} te-bf16 {runs}\n")
+    record = {"config": "local-bf16", "losses": {str(i): 10 / (1 + 0.1 * i) * 1.003 for i in range(1, 41)},
+              "memory_gib": {"peak_mem_gib": 9.7, "peak_reserved_gib": 10.5}, "median_step_time_s": 0.2,
+              "start": {"layer_spec": "local"}, "launches": {"local-bf16": {"exit": 0, "wall_s": 90.0}}}
+    (earlier / "local-bf16.json").write_text(json.dumps(record))
+    monkeypatch.setattr(te_matrix, "RUNS", runs)
+    monkeypatch.setattr(te_matrix, "compile_config", lambda name, d: (0, ""))
+    monkeypatch.setattr(te_matrix, "check_flags", lambda name, text: [])
+    monkeypatch.setattr(te_matrix, "build_objects", lambda train_py: None)
+    monkeypatch.setattr(te_matrix, "mc19_unknown_keywords", lambda text: [])
+    (dest / "te-bf16" / "train.py").write_text("")
+    (dest / "local-bf16").mkdir()
+    (dest / "local-bf16" / "train.py").write_text("")
+    code = te_matrix.main([str(out), "--dest", str(dest), "--only", "te-bf16", "--reuse", f"{earlier}:local-bf16",
+                           "--no-data", "--budget-s", "60", "--lanes", "1"])
+    te = json.loads((out / "te-bf16.json").read_text())
+    assert te["agreement"]["against"] == "local-bf16" and te["agreement"]["compared"] == 40
+    assert te["agreement"]["agree"] and abs(te["agreement"]["max_rel_diff"] - 0.003 / 1.003) < 1e-9
+    local = json.loads((out / "local-bf16.json").read_text())
+    assert local["memory_gib"] == record["memory_gib"] and local["start"] == record["start"]
+    assert local["launches"] == record["launches"] and "record" not in local["reused"]
+    assert code == 0
+
+
+def test_rescore_compares_records_again(tmp_path: Path) -> None:
+    curve = {str(i): 10 / (1 + 0.1 * i) for i in range(1, 41)}
+    (tmp_path / "local-init-from-hf.json").write_text(json.dumps({"losses": curve}))
+    te = {k: v * (1.0001 if k == "5" else 1.0) for k, v in curve.items()}
+    (tmp_path / "te-init-from-hf.json").write_text(json.dumps({"losses": te, "agreement": {"compared": 0}}))
+    assert te_matrix.main(["--rescore", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "te-init-from-hf.json").read_text())
+    assert row["rescored"] and row["agreement"]["compared"] == 40 and row["agreement"]["worst_iteration"] == 5
+    assert row["agreement"]["agree"] and row["first_step"]["compared"] == 1
+    assert te_matrix.main(["--rescore", str(tmp_path / "none")]) == 1  # nothing to compare
