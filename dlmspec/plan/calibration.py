@@ -256,13 +256,41 @@ TE_FITTED_NAMES = FITTED + ("allocator_reserve_fraction",)
 # the lines between the two markers from the TE records of ``bench/results/*.json`` (``"impl":
 # "transformer_engine"``; held-out records are left out of the fit). ``TE_FITTED`` maps each of
 # :data:`TE_FITTED_NAMES` to its fitted value (the others are :data:`DEFAULT_CALIBRATION`'s),
-# ``TE_FITTED_FROM`` names the files and ``TE_MEASURED`` is what those runs covered. ``None``: no TE
-# calibration run is committed yet (the four TE measurements quoted in issue #21 are not enough to
-# fit constants, and none is used), so the TE path is planned with the local path's constants.
+# ``TE_FITTED_FROM`` names the files and ``TE_MEASURED`` is what those runs covered (one H200,
+# Qwen3-1.7B-architecture DLM at seq 4096: bf16 / fp8, micro batch 4..16, recompute, an 8-expert MoE;
+# measured in sessions 9 and 11, docs/planner.md). ``None`` would mean no TE calibration run: the TE path
+# planned with the local path's constants and marked "uncalibrated".
 # te-calibration:begin
-TE_FITTED: dict[str, float] | None = None
-TE_FITTED_FROM: str | None = None
-TE_MEASURED: MeasuredRange | None = None
+TE_FITTED: dict[str, float] | None = {
+    'activation_scale': 1.007,
+    'allocated_overhead_bytes': 3119935406,
+    'gemm_efficiency': 0.8759,
+    'fp8_gemm_efficiency': 0.7948,
+    'attention_efficiency': 0.2318,
+    'memory_efficiency': 0.9711,
+    'nvlink_efficiency': 0.225,
+    'seconds_per_kernel': 0.0001051,
+    'host_sync_seconds': 6.677e-05,
+    'step_overhead_seconds': 0.0003589,
+    'fsdp_seconds_per_op': 4.319e-05,
+    'seconds_per_compiled_call': 0.0004185,
+    'seconds_per_fused_ce_kernel': 1.404e-05,
+    'host_launch_seconds': 9.514e-06,
+    'allocator_reserve_fraction': 0.02946,
+}
+TE_FITTED_FROM: str | None = 'calibration_te_h200.json, calibration_te_h200_session9.json (8 runs)'
+TE_MEASURED: MeasuredRange | None = MeasuredRange(
+    gpus=('h200',),
+    world_size=(1, 1),
+    parameters=(2031739904, 3089163264),
+    micro_batch=(4, 16),
+    seq_length=(4096, 4096),
+    tokens_per_microbatch=(16384, 65536),
+    fp8=(False, True),
+    num_experts=(8,),
+    parallel_max={'tp': 1, 'pp': 1, 'cp': 1, 'ep': 1},
+    runs=8,
+)
 # te-calibration:end
 
 #: Layer path -> (the constants fitted on it, what its runs covered). A path missing here has no

@@ -13,7 +13,7 @@ import pytest
 
 from dlmspec.gpus import get_gpu
 from dlmspec.plan import make_plan
-from dlmspec.plan.calibration import DEFAULT_CALIBRATION
+from dlmspec.plan.calibration import CALIBRATED_PATHS, DEFAULT_CALIBRATION
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 
@@ -38,7 +38,8 @@ def test_fp8_plans_the_decoder_gemms_at_the_fp8_peak_and_the_output_layer_at_bf1
 
 
 def test_fp8_gemm_efficiency_is_a_constant_of_its_own() -> None:
-    slow = DEFAULT_CALIBRATION.with_values(fp8_gemm_efficiency=0.4)
+    te = CALIBRATED_PATHS["transformer_engine"][0]  # the TE path's fitted constants
+    slow = te.with_values(fp8_gemm_efficiency=0.4)
     assert _plan("te-bf16-mb8", slow).time.step_seconds == pytest.approx(_plan("te-bf16-mb8").time.step_seconds)
     assert _plan("te-fp8-delayed-mb8", slow).time.step_seconds > 1.2 * _plan("te-fp8-delayed-mb8").time.step_seconds
 
