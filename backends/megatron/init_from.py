@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -364,16 +365,29 @@ def _chunk_keys(model: List[torch.nn.Module]) -> List[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
+#: A ``sharded_state_dict()`` name of an ``_extra_state`` entry: ``..._extra_state``, and
+#: Transformer Engine's grouped-GEMM experts (``TEGroupedLinear``, megatron-core 0.16.1
+#: ``extensions/transformer_engine.py`` ``_sharded_state_dict_grouped``) name expert ``i > 0``'s
+#: ``..._extra_state<i>`` (one ShardedObject per expert under one checkpoint key).
+_EXTRA_STATE = re.compile(r"_extra_state\d*$")
+
+
+def is_extra_state(name: str) -> bool:
+    """True for an ``_extra_state`` entry of a (sharded) state dict, numbered or not."""
+    return _EXTRA_STATE.search(name) is not None
+
+
 def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     """Load only the model weights of the dist checkpoint ``path`` into ``model`` (collective).
 
     ``dist_checkpointing.load`` of the chunks' ``sharded_state_dict()`` (any TP/PP: each rank
     reads its shards; a padded vocabulary of another size is cut or zero-padded, megatron's
     ``allow_shape_mismatch``), then ``load_state_dict`` per chunk. ``_extra_state`` entries
-    (Transformer Engine's FP8 scaling history; ``None`` in local-spec modules) are neither
-    read nor required: a fresh run starts its own, and a converted checkpoint has none for
-    Transformer Engine's attention modules. Every other tensor must be there. Optimizer state,
-    iteration and RNG states in the checkpoint are not read.
+    (Transformer Engine's FP8 scaling history; ``None`` in local-spec modules), including the
+    grouped-GEMM experts' ``_extra_state1`` .. ``_extra_state<E-1>`` (:func:`is_extra_state`),
+    are neither read nor required: a fresh run starts its own, and a converted checkpoint has
+    none for Transformer Engine's attention modules. Every other tensor must be there.
+    Optimizer state, iteration and RNG states in the checkpoint are not read.
 
     Raises:
         megatron's ``CheckpointingException`` / ``KeyError``: a tensor the model has is missing
@@ -383,12 +397,12 @@ def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     """
     keys = _chunk_keys(model)
     chunks = [unwrap_model(m) for m in model]
-    state = {key: {k: v for k, v in chunk.sharded_state_dict().items() if not k.endswith("_extra_state")}
+    state = {key: {k: v for k, v in chunk.sharded_state_dict().items() if not is_extra_state(k)}
              for key, chunk in zip(keys, chunks)}
     loaded = dist_checkpointing.load(state, path)
     for key, chunk in zip(keys, chunks):
         result = chunk.load_state_dict(loaded[key], strict=False)
-        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        missing = [k for k in result.missing_keys if not is_extra_state(k)]
         if missing or result.unexpected_keys:
             raise RuntimeError(f"loading {path} into the model: not loaded {missing[:5]}, "
                                f"not in the model {list(result.unexpected_keys)[:5]}")
