@@ -20,8 +20,12 @@
 #       then the TE rows te-moe and te-init-from-hf against session 10's local rows (te_matrix --reuse)
 #   STEP=peers  [.whl/peer .device/teprof]  the profiled fp8 run (at most 100 s), then TE fp8 beside the
 #       HF peers (one run.py run) in what is left
+#   STEP=rows   [.device/te .data]  (added after session 11, for the next one) the te_matrix rows ROWS
+#       (default: te-moe and te-init-from-hf with their local references, on one machine) in 4 lanes
+# A call returns at most 8 files: PACK=1 leaves one archive, $OUT/STEP.tgz (session 11's calls 1 and 2
+# ran without it, and te_rows/te-moe.json and its log did not come back).
 set -u
-out=${1:?usage: STEP=start|part|te|cal|peers session11.sh OUT [N]}
+out=${1:?usage: STEP=start|part|te|cal|peers|rows session11.sh OUT [N]}
 t0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-585}
 left() { echo $(( t0 + DEADLINE_S - 15 - $(date +%s) )); }
@@ -73,5 +77,16 @@ case "${STEP:?}" in
     echo "peers exit $? $(date -u +%T)"; grep -h "tokens/s\|ratio" "$out/peers.log" | tail -n 12
     rm -rf /tmp/peers-work
     rm -rf .device/runs ;;
+  rows)
+    te_on
+    b=$(left)
+    r=${ROWS:-te-moe,local-moe,te-init-from-hf,local-init-from-hf}
+    echo "te_matrix $r: budget ${b}s $(date -u +%T)"
+    python3 bench/gpu/te_matrix.py "$out/rows" --only "$r" --lanes 4 --budget-s "$b" > "$out/rows.log" 2>&1
+    echo "te_matrix exit $? $(date -u +%T)"; grep -h "agree\|exit" "$out/rows.log" | tail -n 12
+    rm -rf runs/te runs/te-hf ;;
 esac
 ls -R "$out" | head -40
+if [ "${PACK:-0}" = 1 ]; then
+  tar czf "/tmp/$STEP.tgz" -C "$out" . && rm -rf "${out:?}"/* && mv "/tmp/$STEP.tgz" "$out/" && ls -la "$out"
+fi
