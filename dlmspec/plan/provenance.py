@@ -103,7 +103,9 @@ def paths_text(paths: list[dict[str, Any]]) -> str:
     for p in paths:
         lines.append(f"  {p['where']}: {p['layer_path']}, peak {p['peak_bytes'] / 1024**3:,.1f} GiB "
                      f"({'fits' if p['fits'] else 'DOES NOT FIT'}), {p['step_seconds']:.4g} s per step, "
-                     f"{p['tokens_per_second']:,.0f} tokens/s ({p['calibration']})")
+                     f"{p['tokens_per_second']:,.0f} tokens/s ({p['calibration']}"
+                     + (f"; outside its runs: {', '.join(p['outside_measured'])}" if p.get("outside_measured") else "")
+                     + ")")
     return 'transformer_impl = "auto" plans both layer paths:\n' + "\n".join(lines)
 
 
@@ -149,12 +151,14 @@ def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] |
 
 def path_summary(plan: Any, where: str) -> dict[str, Any]:
     """What one layer path plans (``where`` says when the runtime takes it): peak memory,
-    whether it fits, step time, tokens/s, and whether its constants were fitted on that path."""
-    _, _, calibrated = calibration_for(plan.layout.impl)
+    whether it fits, step time, tokens/s, whether its constants were fitted on that path, and the
+    keys of the dimensions outside that path's calibration runs (:func:`outside_measured`)."""
+    _, measured, calibrated = calibration_for(plan.layout.impl)
     return {
         "where": where,
         "layer_path": plan.layout.impl,
         "calibration": "calibrated" if calibrated else "uncalibrated",
+        "outside_measured": [e["key"] for e in outside_measured(plan.shape, plan.layout, plan.gpu.id, measured)],
         "peak_bytes": int(round(plan.peak_bytes)),
         "peak_allocated_bytes": int(round(plan.peak_allocated_bytes)),
         "fits": plan.fits,

@@ -51,6 +51,7 @@ def test_auto_plans_both_paths():
     paths = plan.to_dict()["provenance"]["paths"]
     assert [p["layer_path"] for p in paths] == ["transformer_engine", "local+sdpa"]
     assert [p["calibration"] for p in paths] == ["calibrated", "calibrated"]
+    assert "cluster.gpu" in paths[0]["outside_measured"] and "cluster.gpu" in paths[1]["outside_measured"]
     te = make_plan(resolved, impl="transformer_engine")
     assert paths[0]["peak_bytes"] == int(round(te.peak_bytes))
     assert paths[0]["step_seconds"] == pytest.approx(te.time.step_seconds)
@@ -89,7 +90,10 @@ def test_cli_prints_the_calibration_and_warning_lines():
     result = runner.invoke(app, ["plan", str(SFT)])
     text = " ".join(result.output.split())
     assert 'transformer_impl = "auto" plans both layer paths:' in text
-    assert "where Transformer Engine imports on the cluster: transformer_engine" in text and "(calibrated)" in text
+    assert "where Transformer Engine imports on the cluster: transformer_engine" in text
+    # each path's line names what lies outside its own runs (TE: one H200; local: up to 2 GPUs)
+    te_line = text.split("where Transformer Engine imports on the cluster: transformer_engine", 1)[1].split("where it does not", 1)[0]
+    assert "calibrated; outside its runs:" in te_line and "cluster.gpu" in te_line
     assert "warning: outside what the calibration runs measured" in text and "cluster.gpu = 'h100'" in text
     result = runner.invoke(app, ["plan", str(DEMO), "--json", "--set", 'cluster.gpu="h100"'])
     data = json.loads(result.stdout)["result"]
