@@ -6,6 +6,18 @@ import contextlib
 
 import pytest
 
+import shared_kit
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``shared_data`` when the offline data kit is missing (tests/shared_kit.py)."""
+    if shared_kit.PRESENT:
+        return
+    skip = pytest.mark.skip(reason=shared_kit.MISSING_REASON)
+    for item in items:
+        if item.get_closest_marker("shared_data"):
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="module")
 def gloo_world():

@@ -12,9 +12,9 @@ import base64
 import json
 from pathlib import Path
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "pydocs-train.jsonl"
-if not CORPUS.is_file():
-    CORPUS = Path("/work/shared/data/corpus/pydocs-train.jsonl")
+from shared_kit import SHARED_DATA
+
+CORPUS = SHARED_DATA / "corpus" / "pydocs-train.jsonl"
 
 #: Documents of the corpus the kit trains on (and the tests encode).
 N_DOCS = 40

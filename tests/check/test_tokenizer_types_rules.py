@@ -17,6 +17,8 @@ from dlmspec.cli.commands import app
 from dlmspec.resolve import eod_choice, resolve
 from dlmspec.spec.models import Spec
 
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:

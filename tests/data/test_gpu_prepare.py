@@ -13,9 +13,13 @@ from pathlib import Path
 from bench_scripts import load_script
 
 from dlmspec.data.prepare import prepare
+import pytest  # noqa: E402
+from shared_kit import SHARED_DATA  # noqa: E402
+
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = SHARED_DATA
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 

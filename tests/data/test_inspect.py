@@ -19,6 +19,8 @@ from dlmspec.data.prepare import prepare
 from dlmspec.data.record import file_sha256, read_record
 from dlmspec.tokenizers import build_tokenizer
 
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
 GPT2 = Path(kit.CORPUS).parents[1] / "tokenizers" / "gpt2"
 GPT2_ARGS = {"tokenizer_type": "GPT2BPETokenizer", "vocab_file": str(GPT2 / "vocab.json"),
              "merge_file": str(GPT2 / "merges.txt")}

@@ -31,9 +31,12 @@ from dlmspec.tokenizers import (
     TokenizerError,
     build_tokenizer,
 )
+from shared_kit import SHARED_DATA  # noqa: E402
+
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
 
 #: The shared data kit lies beside the checkout (``../shared``), here and in CI.
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = SHARED_DATA
 CORPUS = SHARED / "corpus" / "pydocs-train.jsonl"
 GPT2 = SHARED / "tokenizers" / "gpt2"
 VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")

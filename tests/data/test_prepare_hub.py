@@ -29,9 +29,12 @@ from dlmspec.data.errors import DataPrepareError
 from dlmspec.data.hub import HubSource, source_from_flags
 from dlmspec.data.outputs import dataset_prefix
 from dlmspec.data.prepare import prepare
+from shared_kit import SHARED_DATA  # noqa: E402
+
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = SHARED_DATA
 CORPUS = SHARED / "corpus" / "pydocs-valid.jsonl"
 GPT2 = SHARED / "tokenizers" / "gpt2"
 VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")

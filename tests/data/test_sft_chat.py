@@ -13,8 +13,11 @@ import pytest
 
 from dlmspec.data import chat
 from dlmspec.tokenizers import build_tokenizer
+from shared_kit import SHARED_DATA  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
+SHARED = SHARED_DATA
 GPT2 = SHARED / "tokenizers" / "gpt2"
 VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")
 BUILTIN = ("chatml", "llama3", "plain")

@@ -13,8 +13,12 @@ from typer.testing import CliRunner
 from dlmspec.data.cli import app
 from dlmspec.data.record import read_record
 from tests.bench_scripts import load_script
+import pytest  # noqa: E402
+from shared_kit import SHARED_DATA  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
+SHARED = SHARED_DATA
 script = load_script(Path("bench/sft_conversations.py"), "sft_conversations")
 
 

@@ -17,8 +17,11 @@ from typer.testing import CliRunner
 from dlmspec.data import chat, sft
 from dlmspec.data.cli import app
 from dlmspec.data.record import read_record
+from shared_kit import SHARED_DATA  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
+SHARED = SHARED_DATA
 GPT2 = SHARED / "tokenizers" / "gpt2"
 VOCAB, MERGES = str(GPT2 / "vocab.json"), str(GPT2 / "merges.txt")
 GPT2_CLI = ["--tokenizer-type", "gpt2bpe", "--vocab-file", VOCAB, "--merge-file", MERGES]

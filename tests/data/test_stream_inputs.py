@@ -18,8 +18,11 @@ from typer.testing import CliRunner
 from dlmspec.data.cli import app
 from dlmspec.data.read import read_chunks, resolve_inputs
 from dlmspec.data.record import read_record
+from shared_kit import SHARED_DATA  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
+SHARED = SHARED_DATA
 CORPUS = SHARED / "corpus" / "pydocs-train.jsonl"
 GPT2 = SHARED / "tokenizers" / "gpt2"
 GPT2_CLI = ["--tokenizer-type", "gpt2bpe", "--vocab-file", str(GPT2 / "vocab.json"),

@@ -20,6 +20,8 @@ import tokenizer_kit as kit
 from dlmspec.data.prepare import prepare
 from dlmspec.tokenizers import TOKENIZER_TYPES, TokenizerError, build_tokenizer
 
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:

@@ -13,6 +13,8 @@ import torch
 from dlmspec.cli import main
 from tiny_ckpt import TEXTS, tiny_runs, write_dataset  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
 SEQ, N, SAMPLES = 16, 4, 6
 
 

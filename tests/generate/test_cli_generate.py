@@ -14,6 +14,8 @@ import torch
 from dlmspec.cli import main
 from tiny_ckpt import EOD, MASK, tiny_runs  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -24,6 +24,8 @@ from dlmspec.backends.generate.likelihood import ar_nll, continuation_nll  # noq
 from tiny_ckpt import tiny_runs  # noqa: E402,F401 (a fixture)
 from tiny_lm import PositionTable, TinyTransformer  # noqa: E402
 
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,?"
 EOS, MASK, VOCAB = 30, 31, 32
 

@@ -11,6 +11,8 @@ import torch
 
 from tiny_ckpt import EOD, MASK, TOKENS, VOCAB, tiny_runs  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+
 def test_a_runtime_checkpoint_loads_into_the_model_it_records(tiny_runs):
     from dlmspec.backends.generate.load import load_model
 

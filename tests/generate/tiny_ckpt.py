@@ -8,16 +8,14 @@ so the loader reads exactly what a training run leaves. GPT-2's tokenizer of the
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
 import pytest
 import torch
+from shared_kit import SHARED_DATA
 
-GPT2 = Path(os.environ.get("DLMSPEC_SHARED_DATA", "/work/shared/data")) / "tokenizers" / "gpt2"
-if not GPT2.is_dir():  # the repository's sibling checkout (../shared/data)
-    GPT2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers" / "gpt2"
+GPT2 = SHARED_DATA / "tokenizers" / "gpt2"
 VOCAB, PADDED, EOD, MASK = 50257, 50304, 50256, 50257
 #: GPT-2 ids of " The quick brown fox jumps over the lazy" (any 8 real ids would do).
 TOKENS = torch.tensor([[464, 2068, 7586, 21831, 18045, 625, 262, 16931]])
