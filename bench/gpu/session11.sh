@@ -21,7 +21,12 @@
 #   STEP=peers  [.whl/peer .device/teprof]  the profiled fp8 run (at most 100 s), then TE fp8 beside the
 #       HF peers (one run.py run) in what is left
 #   STEP=rows   [.device/te .data]  (added after session 11, for the next one) the te_matrix rows ROWS
-#       (default: te-moe and te-init-from-hf with their local references, on one machine) in 4 lanes
+#       (default: te-moe and te-init-from-hf with their local references, on one machine) in 4 lanes,
+#       compiled into DEST (default .device/te), into $OUT/NAME (default rows)
+# Session 12: CAL_A= THEN=rows STEP=te (TE, then the default rows in the same call), then
+#   TE_MATRIX_STEPS=50 DEST=.device/te50 NAME=agree50 ROWS=local-bf16,local-bf16-again,te-bf16,te-fp8-delayed,\
+#   te-fp8-tensorwise,te-fp8-blockwise STEP=rows (compiled with the same TE_MATRIX_STEPS=50 --dry --dest .device/te50),
+#   then CAL_ROWS=0 ROWS_S=0 ONLY=... STEP=cal for calibration repeats (no rows after).
 # A call returns at most 8 files: PACK=1 leaves one archive, $OUT/STEP.tgz (session 11's calls 1 and 2
 # ran without it, and te_rows/te-moe.json and its log did not come back).
 set -u
@@ -30,7 +35,7 @@ t0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-585}
 left() { echo $(( t0 + DEADLINE_S - 15 - $(date +%s) )); }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
-CAL_A=te-bf16-mb8,te-fp8-delayed-mb8,te-bf16-mb12,te-fp8-tensorwise-mb8,te-fp8-delayed-mb12-selective
+CAL_A=${CAL_A-te-bf16-mb8,te-fp8-delayed-mb8,te-bf16-mb12,te-fp8-tensorwise-mb8,te-fp8-delayed-mb12-selective}
 CAL_B=te-moe-e8-top2-mb4,te-bf16-mb4,te-fp8-tensorwise-mb16-full,te-bf16-mb16-selective
 te_on() { export PYTHONPATH=/tmp/site_te:/tmp/site; }
 cal() {  # te_calibration of entries $1 into $out/$2 within what is left
@@ -40,6 +45,20 @@ cal() {  # te_calibration of entries $1 into $out/$2 within what is left
     > "$out/$2.log" 2>&1
   echo "te_calibration exit $? $(date -u +%T)"; grep -h "te_calibration:" "$out/$2.log" | tail -n 12
   rm -rf .device/runs/tecal
+}
+rows() {  # te_matrix rows $ROWS (compiled into $DEST) into $out/$NAME within what is left
+  local b r=${ROWS:-te-moe,local-moe,te-init-from-hf,local-init-from-hf} n=${NAME:-rows}
+  b=$(left)
+  echo "te_matrix $r (${TE_MATRIX_STEPS:-40} steps): budget ${b}s $(date -u +%T)"
+  python3 bench/gpu/te_matrix.py "$out/$n" --dest "${DEST:-.device/te}" --only "$r" --lanes 4 --budget-s "$b" \
+    > "$out/$n.log" 2>&1
+  echo "te_matrix exit $? $(date -u +%T)"; grep -h "agree\|exit" "$out/$n.log" | tail -n 12
+  rm -rf runs/te runs/te-hf
+}
+exit_pack() {  # PACK=1: everything in $out as one archive
+  if [ "${PACK:-0}" = 1 ]; then
+    tar czf "/tmp/$STEP.tgz" -C "$out" . && rm -rf "${out:?}"/* && mv "/tmp/$STEP.tgz" "$out/" && ls -la "$out"
+  fi
 }
 case "${STEP:?}" in
   start)
@@ -53,9 +72,11 @@ case "${STEP:?}" in
     echo "te-install exit $? after $(( $(date +%s) - t0 ))s"; tail -n 2 "$out/te_install.log"
     cp /tmp/te/out/transformer_engine_torch-*.whl "$out/" 2>/dev/null
     te_on
-    cal "$CAL_A" cal_a ;;
+    [ -n "$CAL_A" ] && cal "$CAL_A" cal_a
+    [ "${THEN:-}" = rows ] && rows ;;
   cal)
     te_on; DEADLINE_S=$(( DEADLINE_S - ${ROWS_S:-235} )) cal "${ONLY:-$CAL_B}" cal_b
+    [ "${CAL_ROWS:-1}" = 1 ] || { ls -R "$out" | head -40; exit_pack; exit 0; }
     b=$(left)
     echo "te_matrix te-moe,te-init-from-hf: budget ${b}s $(date -u +%T)"
     python3 bench/gpu/te_matrix.py "$out/te_rows" --only te-moe,te-init-from-hf --lanes 2 --budget-s "$b" \
@@ -79,14 +100,7 @@ case "${STEP:?}" in
     rm -rf .device/runs ;;
   rows)
     te_on
-    b=$(left)
-    r=${ROWS:-te-moe,local-moe,te-init-from-hf,local-init-from-hf}
-    echo "te_matrix $r: budget ${b}s $(date -u +%T)"
-    python3 bench/gpu/te_matrix.py "$out/rows" --only "$r" --lanes 4 --budget-s "$b" > "$out/rows.log" 2>&1
-    echo "te_matrix exit $? $(date -u +%T)"; grep -h "agree\|exit" "$out/rows.log" | tail -n 12
-    rm -rf runs/te runs/te-hf ;;
+    rows ;;
 esac
 ls -R "$out" | head -40
-if [ "${PACK:-0}" = 1 ]; then
-  tar czf "/tmp/$STEP.tgz" -C "$out" . && rm -rf "${out:?}"/* && mv "/tmp/$STEP.tgz" "$out/" && ls -la "$out"
-fi
+exit_pack
