@@ -147,6 +147,7 @@ class Plan:
                 "grad_reduce_in_fp32": lay.grad_fp32,
                 "dtype": lay.dtype,
                 "fp8": lay.fp8,
+                "fp8_recipe": lay.fp8_recipe or None,
             },
             "parameters": {
                 "total": self.shape.total_params,

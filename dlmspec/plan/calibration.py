@@ -216,6 +216,7 @@ class MeasuredRange:
         seq_length: ``train.seq_length``.
         tokens_per_microbatch: ``micro_batch * seq_length``.
         fp8: the ``precision.fp8 != "none"`` values measured (``(False,)``: bf16 only).
+        fp8_recipes: the ``precision.fp8_recipe`` values of the fp8 runs (``()``: no fp8 run).
         num_experts: MoE expert counts measured (``()``: no MoE run).
         parallel_max: the largest TP, PP, CP and EP of a run.
         runs: how many runs, and the files (:data:`FITTED_FROM`).
@@ -228,6 +229,7 @@ class MeasuredRange:
     seq_length: tuple[int, int]
     tokens_per_microbatch: tuple[int, int]
     fp8: tuple[bool, ...]
+    fp8_recipes: tuple[str, ...]
     num_experts: tuple[int, ...]
     parallel_max: dict[str, int]
     runs: int
@@ -243,6 +245,7 @@ LOCAL_MEASURED = MeasuredRange(
     seq_length=(512, 4096),
     tokens_per_microbatch=(2048, 16384),
     fp8=(False,),
+    fp8_recipes=(),
     num_experts=(8,),
     parallel_max={"tp": 2, "pp": 2, "cp": 2, "ep": 2},
     runs=70,
@@ -287,6 +290,7 @@ TE_MEASURED: MeasuredRange | None = MeasuredRange(
     seq_length=(4096, 4096),
     tokens_per_microbatch=(16384, 65536),
     fp8=(False, True),
+    fp8_recipes=('delayed', 'tensorwise'),
     num_experts=(8,),
     parallel_max={'tp': 1, 'pp': 1, 'cp': 1, 'ep': 1},
     runs=8,

@@ -47,7 +47,7 @@ def _span(pair: tuple[int, int], fmt: str = "{:,}") -> str:
 def outside_measured(shape: ModelShape, lay: Layout, gpu_id: str, measured: MeasuredRange) -> list[dict[str, Any]]:
     """The plan's dimensions outside what the calibration runs covered, one dict each:
     ``{"key": spec key, "value": the plan's, "measured": the runs' range in words}``, in the
-    order sizes, micro batch, sequence, GPU, GPU count, fp8, MoE, parallel sizes. Empty when
+    order sizes, micro batch, sequence, GPU, GPU count, fp8, fp8 recipe, MoE, parallel sizes. Empty when
     every dimension is inside its range (each dimension is checked on its own)."""
     out: list[dict[str, Any]] = []
 
@@ -68,9 +68,13 @@ def outside_measured(shape: ModelShape, lay: Layout, gpu_id: str, measured: Meas
     if gpu_id not in measured.gpus:
         add("cluster.gpu", gpu_id, f"GPU {', '.join(measured.gpus)}")
     if not measured.world_size[0] <= lay.world <= measured.world_size[1]:
-        add("cluster (GPUs)", lay.world, f"{_span(measured.world_size)} GPUs")
+        span = _span(measured.world_size)
+        add("cluster (GPUs)", lay.world, f"{span} GPU" if span == "1" else f"{span} GPUs")
     if lay.fp8 not in measured.fp8:
         add("precision.fp8", lay.fp8, "fp8 runs" if True in measured.fp8 else "bf16 only (no fp8 run)")
+    elif lay.fp8 and lay.fp8_recipe not in measured.fp8_recipes:
+        add("precision.fp8_recipe", lay.fp8_recipe,
+            f"fp8 recipes {' and '.join(measured.fp8_recipes)}" if measured.fp8_recipes else "no fp8 recipe")
     if lay.fp8_attention:  # no calibration run has had fp8 attention (bench/results: none)
         add("precision.fp8_dot_product_attention", True, "bf16 attention only (no fp8-attention run)")
     if shape.is_moe and shape.num_experts not in measured.num_experts:

@@ -82,7 +82,8 @@ def plan_renderable(plan: Plan) -> Group:
     head.append(
         f"TP {lay.tp}{' (SP)' if lay.sp and lay.tp > 1 else ''} x PP {lay.pp}{vpp} x CP {lay.cp} x DP {lay.dp}{ep}; "
         f"micro batch {lay.micro_batch} x {lay.num_microbatches} microbatches x seq {lay.seq}; "
-        f"recompute {lay.recompute}; distributed optimizer {'on' if lay.distributed_optimizer else 'off'}\n"
+        f"recompute {lay.recompute}; distributed optimizer {'on' if lay.distributed_optimizer else 'off'}"
+        + (f"; fp8 (recipe {lay.fp8_recipe})" if lay.fp8 else "") + "\n"
     )
     head.append(f"layers: {plan.runtime['transformer_impl']}", style="dim")
     prov = plan.provenance if plan.provenance is not None else provenance(plan)

@@ -121,7 +121,8 @@ class Layout:
         overlap_grad_reduce, overlap_param_gather: DDP overlap switches.
         grad_fp32: gradients kept and reduced in fp32.
         dtype: ``bf16``, ``fp16`` or ``fp32``; fp8: TE fp8 on; fp8_attention: ``[precision]
-            fp8_dot_product_attention`` with fp8 (attention planned at the fp8 peak).
+            fp8_dot_product_attention`` with fp8 (attention planned at the fp8 peak); fp8_recipe:
+            ``precision.fp8_recipe`` with fp8, ``""`` without.
         impl: ``transformer_engine`` or ``local+sdpa`` (the path the memory model assumes).
         cp_comm_type: ``[parallel] cp_comm_type`` (how context parallelism exchanges K/V).
         rope_fusion: ``[kernels] apply_rope_fusion`` (fused RoPE kernels; only with rotary
@@ -175,6 +176,7 @@ class Layout:
     fused_linear_impl: str = "auto"
     cp_comm_type: str = "p2p"
     fp8_attention: bool = False
+    fp8_recipe: str = ""
     rope_fusion: bool = False
     sdpa_backend: str = "auto"
     qkv_fusion: bool = False
@@ -336,6 +338,7 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         cp_comm_type=par.cp_comm_type,
         rope_fusion=spec.kernels.apply_rope_fusion,
         fp8_attention=spec.precision.fp8 != "none" and spec.precision.fp8_dot_product_attention,
+        fp8_recipe=spec.precision.fp8_recipe if spec.precision.fp8 != "none" else "",
         sdpa_backend=spec.kernels.sdpa_backend,
         qkv_fusion=getattr(spec.kernels, "qkv_fusion", False),
         compiled_norm=getattr(spec.kernels, "compiled_norm", False),

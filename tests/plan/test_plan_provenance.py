@@ -153,3 +153,53 @@ def test_te_measured_range_matches_the_committed_runs():
     runs, _ = calibrate.read_runs(calibrate.RESULTS)
     got = calibrate.measured_range([r for r in runs if not r.held_out], "transformer_engine")
     assert got == {k: getattr(TE_MEASURED, k) for k in got}
+
+
+# --- the fp8 recipe: printed, and a dimension of the measured range ----------------------
+THROUGHPUT = ROOT / "bench" / "throughput" / "qwen3-1.7b-mdm.toml"  # the TE calibration's model and sequence
+TE_FP8 = ('model.transformer_impl="transformer_engine"', 'precision.fp8="hybrid"')
+
+
+def test_te_measured_range_names_the_fp8_recipes_of_its_runs():
+    from dlmspec.plan.calibration import TE_MEASURED
+
+    assert TE_MEASURED.fp8_recipes == ("delayed", "tensorwise")
+    assert LOCAL_MEASURED.fp8_recipes == ()  # no fp8 run on the local path
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_a_measured_fp8_recipe_is_inside_the_range(recipe):
+    prov = _plan(THROUGHPUT, *TE_FP8, f'precision.fp8_recipe="{recipe}"').to_dict()["provenance"]
+    assert "precision.fp8_recipe" not in [e["key"] for e in prov["outside_measured"]]
+
+
+@pytest.mark.parametrize("recipe", ["blockwise", "mxfp8"])
+def test_an_unmeasured_fp8_recipe_is_outside_the_range(recipe):
+    data = _plan(THROUGHPUT, *TE_FP8, f'precision.fp8_recipe="{recipe}"').to_dict()
+    assert data["layout"]["fp8_recipe"] == recipe
+    entries = {e["key"]: e for e in data["provenance"]["outside_measured"]}
+    assert entries["precision.fp8_recipe"] == {"key": "precision.fp8_recipe", "value": recipe,
+                                               "measured": "fp8 recipes delayed and tensorwise"}
+
+
+def test_bf16_plans_have_no_recipe_and_no_recipe_warning():
+    data = _plan(THROUGHPUT, 'model.transformer_impl="transformer_engine"', 'precision.fp8_recipe="mxfp8"').to_dict()
+    assert data["layout"]["fp8_recipe"] is None
+    assert "precision.fp8_recipe" not in [e["key"] for e in data["provenance"]["outside_measured"]]
+
+
+def test_cli_prints_the_fp8_recipe_and_warns_outside_the_measured_recipes():
+    # (mxfp8 is refused on an H200 by validate's rules: it needs Blackwell)
+    args = ["plan", str(THROUGHPUT)] + [a for o in TE_FP8 + ('precision.fp8_recipe="blockwise"',) for a in ("--set", o)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "fp8 (recipe blockwise)" in text
+    assert "precision.fp8_recipe = 'blockwise' (measured: fp8 recipes delayed and tensorwise)" in text
+
+
+def test_one_gpu_range_is_singular():
+    prov = _plan(THROUGHPUT, 'model.transformer_impl="transformer_engine"', "cluster.gpus_per_node=2",
+                 "train.global_batch_size=16").to_dict()["provenance"]
+    entries = {e["key"]: e for e in prov["outside_measured"]}
+    assert entries["cluster (GPUs)"]["measured"] == "1 GPU"
