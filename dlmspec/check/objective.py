@@ -4,6 +4,8 @@ dimensions)."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Iterator
 
 from dlmspec.check.hints import largest_divisor_at_most
@@ -327,21 +329,28 @@ def _unshift_layout(ctx: Context) -> Iterator[Finding]:
     if not (o.unshift and o.kind == "mdm" and ctx.spec.stage.kind != "sft"):
         return
     n = t.seq_length - 1
-    problems = []
+    problems, fixes = [], []
     if r.pp > 1:
         problems.append(f"pipeline parallelism (PP {r.pp}) sends activations of seq_length = {t.seq_length} positions")
+        fixes.append("parallel.pipeline_model_parallel_size = 1")
     if r.cp > 1 and n % (2 * r.cp):
         problems.append(f"context parallelism (CP {r.cp}) splits a sequence into 2 x {r.cp} chunks")
+        fixes.append(f"a parallel.context_parallel_size whose 2 x CP divides {n} (CP 1 always does)")
     if par.sequence_parallel and r.tp > 1 and n % r.tp:
         problems.append(f"sequence parallelism splits a sequence over TP {r.tp}")
+        fixes.append(f"a parallel.tensor_model_parallel_size that divides {n}, or parallel.sequence_parallel = false")
     if ctx.spec.precision.fp8 != "none" and (t.micro_batch_size * n) % 8:
         problems.append(f"fp8 GEMMs need rows in multiples of 8 ({t.micro_batch_size} x {n})")
+        step = 8 // math.gcd(n, 8)  # micro batches that make micro_batch x n a multiple of 8
+        mb = -(-t.micro_batch_size // step) * step
+        fixes.append(f"train.micro_batch_size = {mb} ({mb} x {n} rows is a multiple of 8; any multiple of {step} "
+                     f"works) or precision.fp8 = \"none\"")
     if problems:
         yield Finding(
             "objective.unshift",
             f"the unshift leaves seq_length - 1 = {n} positions, and " + "; ".join(problems),
-            "remove objective.unshift (the model then trains on all seq_length ids), or use a layout without "
-            "pipeline parallelism whose sequence split divides seq_length - 1",
+            "remove objective.unshift (the model then trains on all seq_length ids), or keep it and set "
+            + "; and ".join(fixes),
             value=True,
             fix=Fix(unset=("objective.unshift",)),
         )

@@ -73,6 +73,28 @@ def test_unshift_rules() -> None:
     assert "mdm-unshift-layout" not in _rules({"objective.unshift": True})
 
 
+def test_unshift_layout_fix_names_what_works() -> None:
+    """The MegaDLMs spec (PP 1, micro batch 4, seq 2048) with TE fp8: 4 x 2047 rows is no multiple of 8.
+    The fix names what works there (micro batch 8, or no fp8), not pipeline parallelism, which is already 1."""
+    from dlmspec.check import find
+    from dlmspec.spec.load import load
+    from pathlib import Path
+
+    spec = load(Path(__file__).resolve().parents[2] / "specs" / "megadlms-1.7b-mdm.toml",
+                ['model.transformer_impl="transformer_engine"', 'precision.fp8="hybrid"']).spec
+    assert spec.parallel.pipeline_model_parallel_size == 1 and spec.train.micro_batch_size == 4
+    [issue] = [i for i in find(("spec", "runtime"), spec) if i.rule == "mdm-unshift-layout"]
+    assert "pipeline" not in issue.message and "pipeline" not in issue.hint
+    assert "train.micro_batch_size = 8" in issue.hint and 'precision.fp8 = "none"' in issue.hint
+    fixed = load(Path(__file__).resolve().parents[2] / "specs" / "megadlms-1.7b-mdm.toml",
+                 ['model.transformer_impl="transformer_engine"', 'precision.fp8="hybrid"', "train.micro_batch_size=8"]).spec
+    assert "mdm-unshift-layout" not in {i.rule for i in find(("spec", "runtime"), fixed)}
+    # with PP 2 as well, the fix names both changes
+    piped = {"objective.unshift": True, "parallel.pipeline_model_parallel_size": 2}
+    [issue] = [i for i in find(("spec", "runtime"), test_validate.make(piped)) if i.rule == "mdm-unshift-layout"]
+    assert "parallel.pipeline_model_parallel_size = 1" in issue.hint
+
+
 def test_shift_written_when_set() -> None:
     """An explicit shift = false (MegaDLMs' spec says so) reaches train.py; unset writes nothing."""
     assert _objective_call({"objective.shift": False})["ObjectiveConfig.shift"] is False
