@@ -230,7 +230,20 @@ def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> 
         for row in rows:
             table.add_row(*(_text(c) for c in row))
         stdout().print(table)
+        for line, style in _calibration_lines([(r[0], p["provenance"]["calibration"]) for r, p in zip(rows, plans)]):
+            stdout().print(_text(line, style=style), soft_wrap=True)
     return 0 if fits else EXIT_USAGE
+
+
+def _calibration_lines(members: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """The sweep's ``calibration:`` line(s) (``(text, style)``): one when every member was planned with
+    the same constants (each member's ``provenance.calibration``), else one per member, named."""
+    def style(cal: dict[str, Any]) -> str:
+        return "dim" if cal["status"] == "calibrated" else "yellow"
+
+    if len({cal["text"] for _, cal in members}) == 1:
+        return [(f"calibration: {members[0][1]['text']}", style(members[0][1]))]
+    return [(f"{name}: calibration: {cal['text']}", style(cal)) for name, cal in members]
 
 
 def _duration(seconds: float | None) -> str:

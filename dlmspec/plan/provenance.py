@@ -126,6 +126,20 @@ def calibration_text(impl: str, calibrated: bool, custom: bool) -> str:
             f"({source}), so its memory and step time can be off (issue #21)")
 
 
+def calibration_info(impl: str, *, custom: bool = False) -> dict[str, Any]:
+    """The ``provenance.calibration`` object of a plan (or a search, a sweep member) of layer path
+    ``impl``: ``status``, ``fitted_on``, ``constants``, ``fitted_from`` and its one-line ``text``."""
+    _, _, calibrated = calibration_for(impl)
+    fitted_on = FALLBACK_PATH if not calibrated else impl
+    return {
+        "status": "custom" if custom else ("calibrated" if calibrated else "uncalibrated"),
+        "fitted_on": fitted_on,
+        "constants": "make_plan(calibration=...)" if custom else "dlmspec/plan/calibration.py",
+        "fitted_from": FITTED_FROM_BY_PATH.get(fitted_on),
+        "text": calibration_text(impl, calibrated, custom),
+    }
+
+
 def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``provenance`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys in docs/planner.md).
 
@@ -137,16 +151,9 @@ def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] |
     """
     impl = plan.layout.impl
     _, measured, calibrated = calibration_for(impl)
-    fitted_on = FALLBACK_PATH if not calibrated else impl
     return {
         "layer_path": impl,
-        "calibration": {
-            "status": "custom" if custom else ("calibrated" if calibrated else "uncalibrated"),
-            "fitted_on": fitted_on,
-            "constants": "make_plan(calibration=...)" if custom else "dlmspec/plan/calibration.py",
-            "fitted_from": FITTED_FROM_BY_PATH.get(fitted_on),
-            "text": calibration_text(impl, calibrated, custom),
-        },
+        "calibration": calibration_info(impl, custom=custom),
         "outside_measured": outside_measured(plan.shape, plan.layout, plan.gpu.id, measured),
         "measured_range": f"{measured.runs} {FALLBACK_PATH if not calibrated else impl} runs in {RESULTS_DIR}",
         "paths": paths,
@@ -171,4 +178,4 @@ def path_summary(plan: Any, where: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["calibration_for", "outside_measured", "outside_text", "paths_text", "provenance", "path_summary"]
+__all__ = ["calibration_for", "calibration_info", "outside_measured", "outside_text", "paths_text", "provenance", "path_summary"]

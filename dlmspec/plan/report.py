@@ -177,6 +177,9 @@ def search_renderable(result: SearchResult, top: int, *, set_lines: bool = True)
         parts.append(note)
     head = Text(result.message, style="bold" if result.top else "bold red")
     parts.append(head)
+    if result.calibration:
+        parts.append(Text(f"calibration: {result.calibration['text']}",
+                          style="dim" if result.calibration["status"] == "calibrated" else "yellow"))
     if not result.top:
         return Group(*parts)
     table = Table(title=f"top {min(top, len(result.top))} layouts by tokens/s", title_justify="left")

@@ -29,7 +29,8 @@ from typing import Any, Iterator
 from dlmspec.check import issues_for
 from dlmspec.gpus import GPU
 from dlmspec.plan import HEADROOM_WARNING, SPEC_KEYS, PlanError, set_args
-from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
+from dlmspec.plan.calibration import Calibration
+from dlmspec.plan.provenance import calibration_for, calibration_info
 from dlmspec.plan.compute import step_flops
 from dlmspec.plan.memory import layer_terms, memory_plan
 from dlmspec.plan.shape import (
@@ -209,6 +210,8 @@ class SearchResult:
         spec_layout_issues: errors of the spec's own layout (the values of the searched keys
             it was given), which do not apply to the layouts found; the CLI fills them in
             (:func:`spec_issues_for_search`).
+        calibration: the constants the layouts were planned with
+            (:func:`dlmspec.plan.provenance.calibration_info`: ``status``, ``fitted_on``, ``text``, ...).
     """
 
     enumerated: int
@@ -222,6 +225,7 @@ class SearchResult:
     rejected_by_validator: list[tuple[Candidate, str]] = field(default_factory=list)
     tight: int = 0
     spec_layout_issues: list[Any] = field(default_factory=list)
+    calibration: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``dlmspec plan --search --json``; ``spec_layout_issues`` as
@@ -235,6 +239,7 @@ class SearchResult:
             "headroom_fraction": HEADROOM_WARNING,
             "tight": self.tight,
             "message": self.message,
+            "calibration": self.calibration,
             "spec_layout_issues": [{"rule": i.rule, "key": i.key, "value": i.value, "message": i.message}
                                    for i in self.spec_layout_issues],
             "top": [c.to_dict() for c in self.top],
@@ -521,7 +526,7 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         resolved: the spec (its model, GPU count, global batch, sequence length, precision,
             objective and everything not searched are kept).
         top: how many layouts to return.
-        calibration: constants (default :data:`~dlmspec.plan.calibration.DEFAULT_CALIBRATION`).
+        calibration: constants (default: the layer path's own, :func:`dlmspec.plan.provenance.calibration_for`, as make_plan takes them).
         validate: re-check the fastest fitting layouts with the validator (slower: one spec
             build per layout checked).
         max_checks: at most this many fitting layouts are re-checked.
@@ -540,12 +545,13 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
     """
     if resolved.gpu is None:
         raise PlanError(f"cluster.gpu = {resolved.spec.cluster.gpu!r} is not in the GPU catalog (dlmspec show --gpus)")
-    calib = calibration or DEFAULT_CALIBRATION
     gpu = resolved.gpu
     # The layer path is the spec's (auto with CP > 1 but not allgather means Transformer Engine); everything else
     # comes from the spec at the neutral layout, so a spec whose own layout breaks a rule is
     # searched like any other and its errors are not taken for the candidates'.
     modelled, _ = transformer_impl(resolved)
+    # the path's own constants, as make_plan takes them (calibration_for: the local ones for a path without a fit)
+    calib = calibration or calibration_for(modelled)[0]
     spec = neutral_layout_spec(resolved.spec)
     if spec is not resolved.spec:
         from dlmspec.resolve import resolve
@@ -636,6 +642,7 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         message=message + cp_note,
         rejected_by_validator=rejected,
         tight=tight,
+        calibration=calibration_info(modelled, custom=calibration is not None),
     )
 
 
@@ -650,5 +657,5 @@ def plan_candidate(resolved: Resolved, cand: Candidate, calibration: Calibration
                "modelled_as": lay.impl, "cross_entropy": cross_entropy_path(lay),
                "attention": attention_path(lay, resolved.gpu.compute_capability, shape),
                "kernels": kernels_path(shape, lay),
-               "host_launch": host_launch_path(lay, calibration or DEFAULT_CALIBRATION)}
-    return plan_layout(resolved.spec.name, shape, lay, resolved.gpu, runtime, calibration or DEFAULT_CALIBRATION)
+               "host_launch": host_launch_path(lay, calibration or calibration_for(lay.impl)[0])}
+    return plan_layout(resolved.spec.name, shape, lay, resolved.gpu, runtime, calibration or calibration_for(lay.impl)[0])

@@ -125,6 +125,43 @@ def test_plan_search_on_a_sweep_searches_each_member(tmp_path, capsys):
     assert text.count("top 2 layouts by tokens/s") == 2 and "mb16" in text and "mb32-full" in text
 
 
+LOCAL_CALIBRATION = "calibration: local+sdpa: dlmspec/plan/calibration.py, fitted on 70 local+sdpa runs on h200"
+
+
+def test_plan_and_search_of_a_sweep_name_their_calibration(tmp_path, capsys):
+    """Like a single plan, a sweep's table and each member's search say which constants planned them."""
+    from dlmspec.cli import main
+
+    sweep = tmp_path / "small.py"
+    sweep.write_text(SMALL)
+    assert main(["plan", str(sweep)]) == 0
+    text = capsys.readouterr().out
+    assert text.count(LOCAL_CALIBRATION) == 1  # one line: every member was planned with the same constants
+    code, envelope = _main_json(capsys, "plan", str(sweep))
+    assert all(m["provenance"]["calibration"]["status"] == "calibrated" for m in envelope["result"]["sweep"])
+    assert main(["plan", str(sweep), "--search", "--top", "1"]) == 0
+    assert capsys.readouterr().out.count(LOCAL_CALIBRATION) == 2  # one per member's search
+    code, envelope = _main_json(capsys, "plan", str(sweep), "--search", "--top", "1")
+    for member in envelope["result"]["sweep"]:
+        cal = member["search"]["calibration"]
+        assert cal["status"] == "calibrated" and cal["fitted_on"] == "local+sdpa"
+        assert LOCAL_CALIBRATION == "calibration: " + cal["text"].removesuffix(" (bench/results/)")
+
+
+def test_sweep_members_on_different_paths_each_name_theirs(tmp_path, capsys):
+    from dlmspec.cli import main
+
+    sweep = tmp_path / "paths.py"
+    sweep.write_text('from dlmspec.dsl import Spec\nbase = Spec.load("demo-dlm")\n'
+                     'spec = {"local": base,\n'
+                     '        "te": base.replace(model={"transformer_impl": "transformer_engine"},\n'
+                     '                           objective={"variable_length_prob": 0.0})}\n')
+    assert main(["plan", str(sweep)]) == 0
+    text = capsys.readouterr().out
+    assert "local: " + LOCAL_CALIBRATION in text
+    assert "te: calibration: transformer_engine: dlmspec/plan/calibration.py, fitted on 8 transformer_engine runs" in text
+
+
 def test_a_set_that_gives_members_one_name_or_folder_is_refused(tmp_path):
     for item, rule in (("name=x", "sweep-names"), ("checkpoint.save=ckpt", "sweep-paths")):
         with pytest.raises(SpecError) as info:

@@ -174,3 +174,23 @@ def test_rank_is_deterministic_and_orders_ties_headroom_and_speed():
         shuffled = expected[:]
         random.Random(seed).shuffle(shuffled)
         assert rank(shuffled) == expected
+
+
+def test_search_plans_with_the_layer_paths_own_calibration():
+    """A Transformer Engine spec is searched with the TE constants (as make_plan plans it), and the
+    result names them (``calibration``: the line ``plan --search`` prints, and its JSON)."""
+    from dlmspec.plan.calibration import CALIBRATED_PATHS, DEFAULT_CALIBRATION
+    from dlmspec.plan.search import plan_candidate
+
+    root = Path(__file__).resolve().parents[2]
+    te = resolve(load(root / "bench" / "throughput" / "qwen3-1.7b-mdm.toml",
+                      ['model.transformer_impl="transformer_engine"']).spec)
+    result = search(te, top=1, validate=False)
+    assert result.calibration["status"] == "calibrated" and result.calibration["fitted_on"] == "transformer_engine"
+    assert result.to_dict()["calibration"] == result.calibration
+    best = result.top[0]
+    assert plan_candidate(te, best).calibration == CALIBRATED_PATHS["transformer_engine"][0] != DEFAULT_CALIBRATION
+    planned = make_plan(resolve(te.spec.replace(train={"micro_batch_size": best.layout.micro_batch})))
+    local = resolve(load(root / "specs" / "demo-dlm.toml").spec)
+    assert search(local, top=1, validate=False).calibration["fitted_on"] == "local+sdpa"
+    assert planned.calibration == plan_candidate(te, best).calibration
