@@ -260,8 +260,10 @@ TE_FITTED_NAMES = FITTED + ("allocator_reserve_fraction",)
 # "transformer_engine"``; held-out records are left out of the fit). ``TE_FITTED`` maps each of
 # :data:`TE_FITTED_NAMES` to its fitted value (the others are :data:`DEFAULT_CALIBRATION`'s),
 # ``TE_FITTED_FROM`` names the files and ``TE_MEASURED`` is what those runs covered (one H200,
-# Qwen3-1.7B-architecture DLM at seq 4096: bf16 / fp8, micro batch 4..16, recompute, an 8-expert MoE;
-# measured in sessions 9 and 11, docs/planner.md). ``None`` would mean no TE calibration run: the TE path
+# Qwen3-1.7B-architecture DLM at seq 4096: bf16 / fp8 delayed and tensorwise, micro batch 4..16, recompute,
+# an 8-expert MoE). calibration_te_h200.json holds 9 configurations measured once each: 6 fitted, 3 held out
+# (planned before they were measured); with 2 repeats of fitted ones (calibration_te_h200_session9.json) the
+# fit used 8 runs, the "8 runs" below (docs/planner.md). ``None`` would mean no TE calibration run: the TE path
 # planned with the local path's constants and marked "uncalibrated".
 # te-calibration:begin
 TE_FITTED: dict[str, float] | None = {
