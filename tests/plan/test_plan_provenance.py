@@ -41,7 +41,7 @@ def test_te_plan_uses_its_own_calibration():
     assert plan.layout.impl == "transformer_engine" and "transformer_engine" in CALIBRATED_PATHS
     assert plan.calibration == CALIBRATED_PATHS["transformer_engine"][0] != DEFAULT_CALIBRATION
     assert prov["calibration"]["status"] == "calibrated" and prov["calibration"]["fitted_on"] == "transformer_engine"
-    assert "fitted on 8 transformer_engine runs on h200" in prov["calibration"]["text"]
+    assert "fitted on 12 transformer_engine runs on h200" in prov["calibration"]["text"]
 
 
 def test_auto_plans_both_paths():
