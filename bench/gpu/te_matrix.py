@@ -767,8 +767,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "mcore_fields.py"), str(wheel[-1]),
                         str(out / "mcore_fields.json")], check=False)
     summary = {
-        "benchmark": "issue 21: the compiled demo (specs/demo-dlm.toml) on the Transformer Engine path, 40 steps per "
-                     "configuration, against the local-path bf16 loss of the same seed",
+        "benchmark": "issue 21: the compiled demo (specs/demo-dlm.toml) on the Transformer Engine path, "
+                     f"{STEPS} steps per configuration, against the local-path bf16 loss of the same seed",
         "command": "bash bench/gpu/te_matrix.sh $OUT  (python3 bench/gpu/te_matrix.py $OUT --budget-s "
                    f"{args.budget_s:g} --lanes {args.lanes})",
         "date": time.strftime("%Y-%m-%d"), "versions": versions(), "criterion": CRITERION,
