@@ -243,6 +243,7 @@ def measured_range(runs: list[Run], impl: str = "local+sdpa") -> dict[str, Any]:
         "fp8": tuple(sorted({lay.fp8 for _, lay, _ in shapes})),
         "fp8_recipes": tuple(sorted({lay.fp8_recipe for _, lay, _ in shapes if lay.fp8})),
         "num_experts": tuple(sorted({s.num_experts for s, _, _ in shapes if s.num_experts})),
+        "rope_fusion": tuple(sorted({lay.rope_fusion for s, lay, _ in shapes if s.rope})),
         "parallel_max": {k: max(getattr(lay, k) for _, lay, _ in shapes) for k in ("tp", "pp", "cp", "ep")},
         "runs": len(runs),
     }

@@ -343,7 +343,9 @@ def set_args(changes: dict[str, Any]) -> list[str]:
 def _alternatives(plan: Plan) -> list[dict[str, Any]]:
     """Single changes (and one combination) that reduce memory, in the order they cost
     throughput least: distributed optimizer, selective then full recomputation, a smaller
-    micro batch, more TP (with sequence parallelism), more PP, more CP, more EP."""
+    micro batch (each smaller one that divides ``global_batch / dp``, largest first:
+    :func:`memory_fits` keeps the largest that fits), more TP (with sequence parallelism), more
+    PP, more CP, more EP."""
     s, lay = plan.shape, plan.layout
     alts: list[dict[str, Any]] = []
     if not lay.distributed_optimizer and lay.fsdp == "none" and lay.dp * lay.cp > 1:
@@ -352,8 +354,10 @@ def _alternatives(plan: Plan) -> list[dict[str, Any]]:
         alts.append({"recompute": "selective"})
     if lay.recompute != "full":
         alts.append({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1})
-    if lay.micro_batch > 1:
-        alts.append({"micro_batch": 1})
+    per_replica = lay.global_batch // max(lay.dp, 1)
+    smaller = [m for m in range(lay.micro_batch - 1, 0, -1) if per_replica % m == 0] or (
+        [1] if lay.micro_batch > 1 else [])
+    alts.extend({"micro_batch": m} for m in smaller)
     world = lay.world
     tp2 = lay.tp * 2
     if (tp2 <= lay.gpus_per_node and s.heads % tp2 == 0 and (s.groups % tp2 == 0 or tp2 % s.groups == 0)
@@ -379,7 +383,8 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
 
     Returns:
         ``(fits, advice)``. When it does not fit, ``advice`` lists the single changes
-        (:func:`_alternatives`) whose re-planned peak fits, each as ``--set`` arguments with the
+        (:func:`_alternatives`; of the smaller micro batches only the largest that fits) whose
+        re-planned peak fits, each as ``--set`` arguments with the
         new peak and throughput, fastest first; or, when none does, one line saying so and
         pointing at ``dlmspec plan --search``. Each change also keeps the batch arithmetic valid
         (``global_batch_size`` divisible by ``micro_batch_size * dp``); a change that breaks it is
@@ -389,16 +394,20 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
         return True, []
     options = []
     lay = plan.layout
+    micro_batch_found = False  # the largest smaller micro batch that fits is enough advice
     for change in _alternatives(plan):
+        if set(change) == {"micro_batch"} and micro_batch_found:
+            continue
         shape, new = relayout(plan.shape, lay, **change)
         if new.global_batch % (new.micro_batch * new.dp):
             continue
         alt = plan_layout(plan.name, shape, new, plan.gpu, plan.runtime, plan.calibration)
         if alt.fits:
             options.append((alt.time.tokens_per_second, alt.peak_bytes, change))
+            micro_batch_found = micro_batch_found or set(change) == {"micro_batch"}
     if not options:
         return False, [
-            f"no single change (recomputation, micro batch 1, distributed optimizer, 2x TP/PP/CP/EP) brings the "
+            f"no single change (recomputation, a smaller micro batch, distributed optimizer, 2x TP/PP/CP/EP) brings the "
             f"peak under {gib_text(plan.gpu.memory_bytes)}; run `dlmspec plan SPEC --search` for layouts that fit, "
             "or use more GPUs"
         ]

@@ -218,6 +218,9 @@ class MeasuredRange:
         fp8: the ``precision.fp8 != "none"`` values measured (``(False,)``: bf16 only).
         fp8_recipes: the ``precision.fp8_recipe`` values of the fp8 runs (``()``: no fp8 run).
         num_experts: MoE expert counts measured (``()``: no MoE run).
+        rope_fusion: the ``kernels.apply_rope_fusion`` values of the runs with rotary embeddings
+            (fused RoPE changes the element-wise kernels and their activations, which the fitted
+            constants absorb).
         parallel_max: the largest TP, PP, CP and EP of a run.
         runs: how many runs, and the files (:data:`FITTED_FROM`).
     """
@@ -231,6 +234,7 @@ class MeasuredRange:
     fp8: tuple[bool, ...]
     fp8_recipes: tuple[str, ...]
     num_experts: tuple[int, ...]
+    rope_fusion: tuple[bool, ...]
     parallel_max: dict[str, int]
     runs: int
 
@@ -247,6 +251,7 @@ LOCAL_MEASURED = MeasuredRange(
     fp8=(False,),
     fp8_recipes=(),
     num_experts=(8,),
+    rope_fusion=(False, True),
     parallel_max={"tp": 2, "pp": 2, "cp": 2, "ep": 2},
     runs=70,
 )
@@ -295,6 +300,7 @@ TE_MEASURED: MeasuredRange | None = MeasuredRange(
     fp8=(False, True),
     fp8_recipes=('delayed', 'tensorwise'),
     num_experts=(8,),
+    rope_fusion=(False,),
     parallel_max={'tp': 1, 'pp': 1, 'cp': 1, 'ep': 1},
     runs=12,
 )

@@ -47,7 +47,8 @@ def _span(pair: tuple[int, int], fmt: str = "{:,}") -> str:
 def outside_measured(shape: ModelShape, lay: Layout, gpu_id: str, measured: MeasuredRange) -> list[dict[str, Any]]:
     """The plan's dimensions outside what the calibration runs covered, one dict each:
     ``{"key": spec key, "value": the plan's, "measured": the runs' range in words}``, in the
-    order sizes, micro batch, sequence, GPU, GPU count, fp8, fp8 recipe, MoE, parallel sizes. Empty when
+    order sizes, micro batch, sequence, GPU, GPU count, fp8, fp8 recipe, fp8 attention, MoE, fused
+    RoPE, parallel sizes. Empty when
     every dimension is inside its range (each dimension is checked on its own)."""
     out: list[dict[str, Any]] = []
 
@@ -80,6 +81,10 @@ def outside_measured(shape: ModelShape, lay: Layout, gpu_id: str, measured: Meas
     if shape.is_moe and shape.num_experts not in measured.num_experts:
         add("model.num_experts", shape.num_experts,
             f"{'/'.join(map(str, measured.num_experts))} experts" if measured.num_experts else "no MoE run")
+    if shape.rope and lay.rope_fusion not in measured.rope_fusion:
+        add("kernels.apply_rope_fusion", lay.rope_fusion,
+            ("unfused RoPE only" if measured.rope_fusion == (False,) else "fused RoPE only")
+            if measured.rope_fusion else "no run with rotary embeddings")
     keys = {"tp": "parallel.tensor_model_parallel_size", "pp": "parallel.pipeline_model_parallel_size",
             "cp": "parallel.context_parallel_size", "ep": "parallel.expert_model_parallel_size"}
     for name, key in keys.items():

@@ -124,3 +124,28 @@ def test_memory_fits_advice_fits_when_it_says_so():
 
 def test_memory_rules_quiet_when_it_fits():
     assert find(("memory",), _demo().spec, _demo()) == []
+
+
+def test_memory_advice_names_the_largest_smaller_micro_batch_that_fits():
+    """A smaller micro batch means the largest one that divides the global batch and fits, not
+    micro batch 1: at fp8 micro batch 12 (global batch 12) on one H200, micro batch 6 (two
+    microbatches) leaves the headroom and is faster than full recomputation."""
+    import dataclasses
+
+    from dlmspec.plan import HEADROOM_WARNING
+    from dlmspec.spec.load import load
+
+    root = Path(__file__).resolve().parents[2]
+    loaded = load(root / "bench" / "throughput" / "qwen3-1.7b-mdm.toml",
+                  ['precision.fp8="hybrid"', "train.micro_batch_size=12", "train.global_batch_size=12"])
+    plan = make_plan(resolve(loaded.spec))
+    assert plan.fits and plan.peak_bytes > HEADROOM_WARNING * plan.gpu.memory_bytes
+    within = dataclasses.replace(plan.gpu, memory_bytes=int(HEADROOM_WARNING * plan.gpu.memory_bytes))
+    fits, advice = memory_fits(dataclasses.replace(plan, gpu=within))
+    assert not fits
+    micro = [line for line in advice if line.startswith("--set train.micro_batch_size=") and "recompute" not in line]
+    assert len(micro) == 1 and micro[0].startswith("--set train.micro_batch_size=6 ("), advice
+    assert advice[0] == micro[0]  # the fastest of the changes that fit
+    full = next(line for line in advice if "recompute.granularity=full" in line and "micro_batch" not in line)
+    tokens = lambda line: float(line.rsplit(", ", 1)[1].split(" tokens/s")[0].replace(",", ""))
+    assert tokens(micro[0]) > tokens(full)

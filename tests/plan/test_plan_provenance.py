@@ -160,6 +160,24 @@ THROUGHPUT = ROOT / "bench" / "throughput" / "qwen3-1.7b-mdm.toml"  # the TE cal
 TE_FP8 = ('model.transformer_impl="transformer_engine"', 'precision.fp8="hybrid"')
 
 
+def test_fused_rope_on_te_is_outside_the_te_runs():
+    """The TE calibration ran with RoPE unfused (specs/demo-dlm.toml's kernels): the throughput
+    spec's default fused RoPE on TE is named, and RoPE as the runs had it is not."""
+    from dlmspec.plan.calibration import TE_MEASURED
+
+    assert TE_MEASURED.rope_fusion == (False,) and LOCAL_MEASURED.rope_fusion == (False, True)
+    te = 'model.transformer_impl="transformer_engine"'
+    keys = [e["key"] for e in _plan(THROUGHPUT, te).to_dict()["provenance"]["outside_measured"]]
+    assert keys == ["kernels.apply_rope_fusion"], keys
+    entry = _plan(THROUGHPUT, te).to_dict()["provenance"]["outside_measured"][0]
+    assert entry["value"] is True and entry["measured"] == "unfused RoPE only"
+    unfused = _plan(THROUGHPUT, te, "kernels.apply_rope_fusion=false").to_dict()["provenance"]["outside_measured"]
+    assert unfused == []
+    # the local path measured both
+    local = _plan(THROUGHPUT, 'model.transformer_impl="local"').to_dict()["provenance"]["outside_measured"]
+    assert "kernels.apply_rope_fusion" not in [e["key"] for e in local]
+
+
 def test_te_measured_range_names_the_fp8_recipes_of_its_runs():
     from dlmspec.plan.calibration import TE_MEASURED
 
