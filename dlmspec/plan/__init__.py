@@ -355,9 +355,7 @@ def _alternatives(plan: Plan) -> list[dict[str, Any]]:
     if lay.recompute != "full":
         alts.append({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1})
     per_replica = lay.global_batch // max(lay.dp, 1)
-    smaller = [m for m in range(lay.micro_batch - 1, 0, -1) if per_replica % m == 0] or (
-        [1] if lay.micro_batch > 1 else [])
-    alts.extend({"micro_batch": m} for m in smaller)
+    alts.extend({"micro_batch": m} for m in range(lay.micro_batch - 1, 0, -1) if per_replica % m == 0)
     world = lay.world
     tp2 = lay.tp * 2
     if (tp2 <= lay.gpus_per_node and s.heads % tp2 == 0 and (s.groups % tp2 == 0 or tp2 % s.groups == 0)
