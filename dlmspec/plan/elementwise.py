@@ -19,7 +19,7 @@ from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, norms_compiled, 
 #: (``profile_mb10_one_microbatch``) and ``bench/results/profile_h200x2_2026-11-30.json``; the
 #: derivation is in docs/planner.md (*Time model*). The rest of the element-wise bytes stays at
 #: factor 1 (``Calibration.memory_efficiency`` is fitted on top); Transformer Engine fuses its
-#: norms into the GEMMs: no factor there.
+#: norms into the GEMMs: no factor there, but RoPE keeps its two.
 ELEMENTWISE_BYTES_FACTOR = {"norm": 3.7, "copies": 3.7, "rope_fused": 4.1, "rope_unfused": 6.0, "compiled": 3.2}
 #: Elements per q/k/v channel pass of the copies and ``cat`` that qkv_fusion removes, per token:
 #: the query's reshape copy (read + write ``a d``) and its gradient's copy (``a d`` again), the
@@ -121,25 +121,27 @@ def attention_block_bytes(shape: ModelShape, lay: Layout) -> float:
     function (:func:`~dlmspec.plan.shape.qkv_fused`) :data:`QKV_FUSED_PASSES` of ``(a + 2g) d``;
     else the q/k norms (5 passes of ``(a + g) d``), RoPE (:data:`ROPE_BYTES_PER_ELEMENT`) and the
     copies and ``cat`` (:data:`QKV_COPY_ELEMENTS`) - each times its
-    :data:`ELEMENTWISE_BYTES_FACTOR` on the local path (1 and no copies on the TE path)."""
+    :data:`ELEMENTWISE_BYTES_FACTOR` on the local path; on the TE path RoPE keeps its factor, the
+    norms and q/k norms have factor 1 and there are no copies."""
     h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
     t, r = lay.tp, lay.sequence_divisor
     y = DTYPE_BYTES[lay.dtype]
     qk = (a + g) * d * y / t
+    f = ELEMENTWISE_BYTES_FACTOR
+    rope = (ROPE_BYTES_PER_ELEMENT[lay.rope_fusion] * qk * f["rope_fused" if lay.rope_fusion else "rope_unfused"]
+            if shape.rope else 0.0)
     if lay.impl == "transformer_engine":
-        out = 10 * h * y / r
-        if shape.rope:
-            out += ROPE_BYTES_PER_ELEMENT[lay.rope_fusion] * qk
+        # RoPE keeps its factors on TE: unfused it is the same megatron-core PyTorch kernels as on
+        # the local path, and the TE runs' fused/unfused pairs bear it out (docs/planner.md)
+        out = 10 * h * y / r + rope
         if shape.qk_norm:
             out += 5 * qk
         return out
-    f = ELEMENTWISE_BYTES_FACTOR
     norm = _norm_factor(lay)
     out = 10 * h * y / r * norm
     if qkv_fused(shape, lay):
         return out + QKV_FUSED_PASSES * (a + 2 * g) * d * y / t * f["compiled"]
-    if shape.rope:
-        out += ROPE_BYTES_PER_ELEMENT[lay.rope_fusion] * qk * f["rope_fused" if lay.rope_fusion else "rope_unfused"]
+    out += rope
     if shape.qk_norm:
         out += 5 * qk * norm
     return out + QKV_COPY_ELEMENTS * qk * f["copies"]
