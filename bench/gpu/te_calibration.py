@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -155,6 +156,16 @@ def summarize(metrics: Path, warmup: int) -> Dict[str, Any]:
     return out
 
 
+def fused_linear_backend(log: Path) -> Optional[str]:
+    """The fused linear cross entropy's backend a run took (``"liger"`` or ``"torch"``), from the
+    runtime's start-up line ``cross entropy fused_linear (X)`` in its log; None when absent."""
+    try:
+        match = re.search(r"cross entropy fused_linear \((\w+)\)", log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
 def launch(dirpath: Path, log: Path, limit: float) -> Dict[str, Any]:
     """Run ``dirpath/launch.sh`` from the repository root, killed (its process group and every
     process below it: torchrun starts its workers in sessions of their own) after ``limit`` s."""
@@ -193,6 +204,9 @@ def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: f
         rec = {"name": name, "base": entry["base"], "overrides": entry["overrides"], "impl": "transformer_engine",
                "held_out": entry["held_out"], "repeat": repeat, "gpus": 1}
         rec.update(launch(dest / name, out / f"{name}{tag}.log", limit))
+        backend = fused_linear_backend(out / f"{name}{tag}.log")
+        if backend:  # what calibrate.py plans the record with (the spec's "auto" depends on the machine)
+            rec["fused_linear_backend"] = backend
         rec.update(summarize(ROOT / RUNS / name / "metrics.jsonl", entry["warmup_steps"]))
         if "step_seconds" not in rec:
             rec["error"] = (f"killed at its limit ({rec['limit_s']} s) before a step after warm-up was logged"

@@ -154,7 +154,8 @@ RECORD_ROPE_FUSION = False
 #: spec predates the keys (default on since), when the local path ran megatron-core's modules.
 RECORD_LOCAL_KERNELS = {"qkv_fusion": False, "compiled_norm": False}
 #: The fused linear cross entropy's backend in the Transformer Engine records (``"impl":
-#: "transformer_engine"``) whose overrides do not set ``kernels.fused_linear_impl``: Liger Kernel
+#: "transformer_engine"``) whose overrides do not set ``kernels.fused_linear_impl`` and that do not
+#: record ``fused_linear_backend`` (``bench/gpu/te_calibration.py`` reads it from each log now): Liger Kernel
 #: did not import beside TE on the GPU machine, so ``"auto"`` fell back to PyTorch row chunks
 #: (each run's log: ``cross entropy fused_linear (torch)``, session12_h200/calibration/). They are
 #: planned as they ran.
@@ -166,7 +167,8 @@ def _resolve_run(rec: dict, matrix: dict[str, dict]):
     :data:`RECORD_CROSS_ENTROPY` when it has no ``[kernels]`` table, ``apply_rope_fusion`` =
     :data:`RECORD_ROPE_FUSION` and :data:`RECORD_LOCAL_KERNELS` when the table lacks them), or
     ``base`` + ``overrides`` (a matrix entry's when the record names one; a TE record's
-    ``kernels.fused_linear_impl`` = :data:`TE_RECORD_FUSED_LINEAR_IMPL` unless it sets one); with
+    ``kernels.fused_linear_impl`` = its ``fused_linear_backend``, else
+    :data:`TE_RECORD_FUSED_LINEAR_IMPL`, unless it sets one); with
     the record's ``host_launch_us`` as ``cluster.host_launch_us``."""
     host = rec.get("host_launch_us")
     if "spec" in rec:
@@ -186,7 +188,8 @@ def _resolve_run(rec: dict, matrix: dict[str, dict]):
         raise ValueError("no spec: give 'spec', or 'base' and 'overrides', or a name from bench/plan/matrix.json")
     overrides = list(overrides)
     if rec.get("impl") == "transformer_engine" and not any(o.startswith("kernels.fused_linear_impl=") for o in overrides):
-        overrides.append(f"kernels.fused_linear_impl={TE_RECORD_FUSED_LINEAR_IMPL!r}")
+        backend = rec.get("fused_linear_backend", TE_RECORD_FUSED_LINEAR_IMPL)
+        overrides.append(f"kernels.fused_linear_impl={backend!r}")
     if host:
         overrides.append(f"cluster.host_launch_us={float(host)!r}")
     return resolve(load(ROOT / base, overrides).spec)

@@ -59,6 +59,7 @@ FAKE = textwrap.dedent('''\
     name, runs, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     d = runs / name
     d.mkdir(parents=True, exist_ok=True)
+    print("[dlmspec] stand-in: layer spec transformer_engine, cross entropy fused_linear (torch), RoPE unfused", flush=True)
     with open(d / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"event": "host_launch", "host_launch_us": 9.0}) + "\\n")
         for i in range(1, 11):
@@ -93,6 +94,7 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
     assert first["peak_allocated_bytes"] == int(2.1 * 2**30) and first["peak_reserved_bytes"] == 3 * 2**30
     assert first["host_launch_us"] == 9.0 and first["impl"] == "transformer_engine" and first["exit_code"] == 0
     assert first["overrides"] == entries[0]["overrides"] and first["held_out"] is False
+    assert first["fused_linear_backend"] == "torch"  # read from the runtime's start-up line in its log
     # the hung launch is killed at its own limit (1 s + 3 x 10 x 0.05 s): its two warm-up steps give
     # memory, no step time, and an error calibrate.py skips it by
     assert hung["killed_at_limit"] and hung["limit_s"] == 2.5 and hung["wall_s"] < 5
@@ -106,3 +108,17 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
     left = te_calibration.run_all(entries[:1], dest, out, budget_s=1, t_start=time.time() - 5, min_start_s=0.5, repeats=1)
     assert left == [{"name": entries[0]["name"], "held_out": entries[0]["held_out"], "impl": "transformer_engine",
                      "error": "not run: budget spent"}]
+
+
+def test_calibrate_plans_a_te_record_with_the_backend_it_ran() -> None:
+    """A record's ``fused_linear_backend`` decides how calibrate.py plans it; a TE record without
+    one (sessions 9-12) is planned with PyTorch row chunks, as their logs say they ran."""
+    import calibrate
+
+    entry = next(e for e in ENTRIES if e["name"] == "te-bf16-mb8")
+    base = {"name": entry["name"], "base": entry["base"], "overrides": entry["overrides"], "impl": "transformer_engine"}
+    assert calibrate._resolve_run(base, {}).spec.kernels.fused_linear_impl == "torch"
+    liger = calibrate._resolve_run({**base, "fused_linear_backend": "liger"}, {})
+    assert liger.spec.kernels.fused_linear_impl == "liger"
+    local = calibrate._resolve_run({**base, "impl": "local+sdpa"}, {})
+    assert local.spec.kernels.fused_linear_impl == "auto"  # the rule is the TE records'
