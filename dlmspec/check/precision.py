@@ -91,12 +91,22 @@ def _fp8_recompute(ctx: Context) -> Iterator[Finding]:
     p, rc = ctx.spec.precision, ctx.spec.recompute
     modules = [m for m in (rc.modules or []) if m in ("moe_act", "layernorm")]
     if p.fp8 != "none" and p.fp8_recipe == "delayed" and rc.granularity == "selective" and modules:
+        if modules == ["layernorm"] and ctx.r.transformer_impl != "local" and not ctx.spec.model.num_experts:
+            # on TE's dense layers 'layernorm' recomputes nothing (recompute-layernorm-te): dropping it loses nothing
+            rest = [m for m in rc.modules if m != "layernorm"]
+            fix = Fix({"recompute.modules": rest}) if rest else Fix({"recompute.granularity": "none"},
+                                                                    unset=("recompute.modules",))
+            hint = (f"{fix.text()} (on the Transformer Engine layers 'layernorm' recomputes nothing), or use "
+                    "precision.fp8_recipe = 'tensorwise' (Transformer Engine >= 2.6)")
+        else:
+            fix = Fix({"precision.fp8_recipe": "tensorwise"})
+            hint = ("use precision.fp8_recipe = 'tensorwise' (Transformer Engine >= 2.6), or drop "
+                    f"{' and '.join(repr(m) for m in modules)} from recompute.modules")
         yield Finding(
             "recompute.modules",
             f"recomputing {' and '.join(repr(m) for m in modules)} is not supported with delayed fp8 scaling",
-            "use precision.fp8_recipe = 'tensorwise' (Transformer Engine >= 2.6), or drop "
-            f"{' and '.join(repr(m) for m in modules)} from recompute.modules",
-            fix=Fix({"precision.fp8_recipe": "tensorwise"}),
+            hint,
+            fix=fix,
         )
 
 
@@ -252,6 +262,35 @@ def _layernorm_recompute_te(ctx: Context) -> Iterator[Finding]:
         yield Finding("recompute.modules", "'layernorm' recomputes nothing on the Transformer Engine layers: they fuse "
                       "each norm into the linear after it (no norm output is kept to drop)",
                       fix.text() + ", or model.transformer_impl = 'local' (separate norms)", fix=fix)
+
+
+@rule(
+    "recompute-core-attn-te",
+    "warning",
+    "megatron-core TransformerConfig.recompute_modules ('core_attn' checkpoints the attention core; TE's "
+    "fused DotProductAttention keeps only its output and log-sum-exp, no s x s scores: "
+    "megatron-core warns); dlmspec.plan.memory (what it frees)",
+    "on dense Transformer Engine layers selective recompute does not rely on 'core_attn' for memory",
+)
+def _core_attn_recompute_te(ctx: Context) -> Iterator[Finding]:
+    rc = ctx.spec.recompute
+    if rc.granularity != "selective" or ctx.r.transformer_impl == "local" or ctx.spec.model.num_experts:
+        return
+    modules = list(rc.modules) if rc.modules is not None else ["core_attn"]  # megatron-core's default
+    if "core_attn" not in modules:
+        return
+    rest = [m for m in modules if m != "core_attn"]
+    fix = Fix({"recompute.modules": rest or ["mlp"]})
+    yield Finding(
+        "recompute.modules",
+        ("'core_attn'" + (" (the default of recompute.modules)" if rc.modules is None else "")
+         + " frees almost nothing on the Transformer Engine layers: their fused attention keeps no s x s "
+         "scores, and its output is kept by linear_proj anyway; the backward runs attention's forward again"),
+        fix.text() + (" (the MLP's activations are what selective recompute saves there)" if not rest else "")
+        + ", or recompute.granularity = 'none' when memory allows",
+        value=modules,
+        fix=fix,
+    )
 
 
 @rule(

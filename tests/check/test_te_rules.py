@@ -162,3 +162,25 @@ def test_the_document_mask_refusal_says_what_train_py_says() -> None:
     from dlmspec.check import RULES
 
     assert "ignore" not in RULES["runtime-document-mask-te"].source
+
+
+def test_core_attn_recompute_frees_almost_nothing_on_te() -> None:
+    """'core_attn' (also megatron-core's default of recompute.modules) is warned about on the TE
+    dense layers, with a fix that keeps the rest; not on the local layers."""
+    sel = {"recompute.granularity": "selective", "recompute.modules": ["core_attn", "mlp"]}
+    (found,) = [i for i in issues({**TE, **sel}) if i.rule == "recompute-core-attn-te"]
+    assert found.severity == "warning" and found.key == "recompute.modules" and found.fix.set == {"recompute.modules": ["mlp"]}
+    (default,) = [i for i in issues({**TE, "recompute.granularity": "selective"}) if i.rule == "recompute-core-attn-te"]
+    assert "the default of recompute.modules" in default.message and default.fix.set == {"recompute.modules": ["mlp"]}
+    assert "recompute-core-attn-te" not in rules({**sel, "model.transformer_impl": "local"})
+    assert "recompute-core-attn-te" not in rules({**TE, "recompute.granularity": "selective", "recompute.modules": ["mlp"]})
+
+
+def test_fp8_delayed_layernorm_recompute_fix_on_te_drops_the_no_op() -> None:
+    """With delayed fp8 on TE's dense layers, the fix for recomputing 'layernorm' drops it (it
+    recomputes nothing there) rather than changing the fp8 recipe; on local layers it changes the recipe."""
+    sel = {**FP8, "recompute.granularity": "selective", "recompute.modules": ["layernorm", "mlp"]}
+    (te,) = [i for i in issues({**TE, **sel}) if i.rule == "fp8-recompute-modules"]
+    assert te.fix.set == {"recompute.modules": ["mlp"]} and "tensorwise" in te.hint
+    (moe,) = [i for i in issues({**TE, **sel, "model.num_experts": 8}) if i.rule == "fp8-recompute-modules"]
+    assert moe.fix.set == {"precision.fp8_recipe": "tensorwise"}
