@@ -629,6 +629,25 @@ def _starter(name: str, preset: str, *, file: str, where: str, **options: Any) -
         loaded = load_text(text, name=file)
         resolved = resolve(loaded.spec)
         issues = spec_issues(loaded, resolved)
+    elif resolved.gpu is not None and not chosen & _LAYOUT_KEYS:
+        # it fits at micro batch 1: the micro batch of the data-parallel layout that plans fastest
+        from dlmspec.plan import HEADROOM_WARNING, PlanError, fastest_micro_batch, make_plan
+
+        try:
+            plan = make_plan(resolved)
+        except PlanError:
+            return text, loaded, resolved, issues
+        best = fastest_micro_batch(plan, HEADROOM_WARNING * resolved.gpu.memory_bytes)
+        if best is not None and best.layout.micro_batch != plan.layout.micro_batch:
+            mb = best.layout.micro_batch
+            note = (f"Parallel layout: data parallel only; micro batch {mb}, the one that plans fastest with "
+                    f"headroom ({best.time.tokens_per_second / resolved.world_size:,.0f} tokens/s per GPU against "
+                    f"{plan.time.tokens_per_second / resolved.world_size:,.0f} at micro batch 1; planned peak "
+                    f"{best.peak_bytes / GiB:.1f} of {resolved.gpu.memory_bytes / GiB:.1f} GiB per GPU).")
+            text = starter_spec(name, preset, **options, layout={"train.micro_batch_size": mb}, layout_note=note)
+            loaded = load_text(text, name=file)
+            resolved = resolve(loaded.spec)
+            issues = spec_issues(loaded, resolved)
     return text, loaded, resolved, issues
 
 

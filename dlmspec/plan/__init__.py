@@ -34,6 +34,7 @@ __all__ = [
     "make_plan",
     "plan_layout",
     "memory_fits",
+    "fastest_micro_batch",
     "model_flops_per_token",
     "Calibration",
     "DEFAULT_CALIBRATION",
@@ -413,3 +414,21 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
     return False, [
         f"{' '.join(set_args(change))} (peak {gib_text(peak)}, {tps:,.0f} tokens/s)" for tps, peak, change in options
     ]
+
+
+def fastest_micro_batch(plan: Plan, limit_bytes: float, largest: int = 64) -> Plan | None:
+    """The plan of ``plan``'s layout at the micro batch with the most planned tokens/s whose peak
+    is at most ``limit_bytes`` per GPU: each micro batch up to ``largest`` that divides the
+    global batch per data-parallel replica (so the batch arithmetic stays valid; the other
+    layout keys unchanged). Ties go to the smaller micro batch. None when none fits."""
+    lay = plan.layout
+    per_replica = lay.global_batch // max(lay.dp, 1)
+    best: Plan | None = None
+    for m in range(1, min(per_replica, largest) + 1):
+        if per_replica % m:
+            continue
+        shape, new = relayout(plan.shape, lay, micro_batch=m)
+        alt = plan_layout(plan.name, shape, new, plan.gpu, plan.runtime, plan.calibration)
+        if alt.peak_bytes <= limit_bytes and (best is None or alt.time.tokens_per_second > best.time.tokens_per_second):
+            best = alt
+    return best

@@ -625,3 +625,23 @@ def test_set_without_equals_names_the_command_line_and_the_key(args: list[str], 
     (issue,) = [i for i in issues if i["rule"] == "set"]
     assert issue["file"] == "command line"
     assert "--set train.lr=" in issue["hint"]
+
+
+def test_new_picks_the_micro_batch_that_plans_fastest(tmp_path: Path) -> None:
+    """A starter spec that fits at micro batch 1 gets the data-parallel layout's fastest micro
+    batch with the planner's headroom (said in the header); --set train.micro_batch_size keeps the user's."""
+    from dlmspec.plan import HEADROOM_WARNING, make_plan
+
+    out = tmp_path / "q.toml"
+    assert run("new", str(out), "--preset", "qwen3-1.7b", "--gpu", "h200", "--gpus-per-node", "1").exit_code == 0
+    spec = load(out).spec
+    mb = spec.train.micro_batch_size
+    assert mb > 1 and f"micro batch {mb}, the one that plans fastest with headroom" in out.read_text()
+    plan = make_plan(resolve(spec))
+    assert plan.peak_bytes <= HEADROOM_WARNING * plan.gpu.memory_bytes
+    one = make_plan(resolve(spec.replace(**{"train.micro_batch_size": 1})))
+    assert plan.time.tokens_per_second > one.time.tokens_per_second
+    mine = tmp_path / "mine.toml"
+    assert run("new", str(mine), "--preset", "qwen3-1.7b", "--gpu", "h200", "--gpus-per-node", "1",
+               "--set", "train.micro_batch_size=2").exit_code == 0
+    assert load(mine).spec.train.micro_batch_size == 2 and "plans fastest" not in mine.read_text()
