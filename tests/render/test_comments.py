@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from dlmspec.check import load_for
 from dlmspec.cli import main
 from dlmspec.cli.commands import app
+from dlmspec.spec.load import load
 
 
 def _starter(tmp_path: Path) -> Path:
@@ -58,7 +59,8 @@ def test_comments_follow_a_tokenizer_set_on_the_command_line(tmp_path: Path) -> 
     # every other comment that prints a spec value prints the --set one
     assert "[cluster] nodes 2 x gpus_per_node 8." in train
     assert "Data parallel = 16 / (TP 1 x PP 1 x CP 1) = 16; expert data parallel = 16." in train
-    assert _comment(train, "global_batch_size=256,") == "16 microbatch(es) per step per data-parallel rank"
+    mb = load(spec).spec.train.micro_batch_size  # the starter's (dlmspec new picks the fastest)
+    assert _comment(train, "global_batch_size=256,") == f"{256 // (16 * mb)} microbatch(es) per step per data-parallel rank"
     assert "# [recompute] granularity = 'selective'" in train
     assert _comment(train, "init_from=None,") == "random initialisation (seed 7)"
     assert "H200" in _comment(train, "peak_tflops_per_gpu=")
