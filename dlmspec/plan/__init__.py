@@ -384,7 +384,8 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
         ``(fits, advice)``. When it does not fit, ``advice`` lists the single changes
         (:func:`_alternatives`; of the smaller micro batches only the largest that fits) whose
         re-planned peak fits, each as ``--set`` arguments with the
-        new peak and throughput, fastest first; or, when none does, one line saying so and
+        new peak and throughput (and, for a smaller micro batch, the microbatches per step of the
+        same global batch), fastest first; or, when none does, one line saying so and
         pointing at ``dlmspec plan --search``. Each change also keeps the batch arithmetic valid
         (``global_batch_size`` divisible by ``micro_batch_size * dp``); a change that breaks it is
         skipped. Empty advice when it fits.
@@ -402,7 +403,7 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
             continue
         alt = plan_layout(plan.name, shape, new, plan.gpu, plan.runtime, plan.calibration)
         if alt.fits:
-            options.append((alt.time.tokens_per_second, alt.peak_bytes, change))
+            options.append((alt.time.tokens_per_second, alt.peak_bytes, change, new))
             micro_batch_found = micro_batch_found or set(change) == {"micro_batch"}
     if not options:
         return False, [
@@ -411,8 +412,16 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
             "or use more GPUs"
         ]
     options.sort(key=lambda o: (-o[0], o[1], sorted(o[2].items())))
+
+    def steps(change: dict[str, Any], new: Any) -> str:
+        # a smaller micro batch keeps the global batch: say how many microbatches a step then takes
+        if "micro_batch" not in change:
+            return ""
+        return f"{max(1, new.global_batch // (new.micro_batch * new.dp))} microbatches per step; "
+
     return False, [
-        f"{' '.join(set_args(change))} (peak {gib_text(peak)}, {tps:,.0f} tokens/s)" for tps, peak, change in options
+        f"{' '.join(set_args(change))} ({steps(change, new)}peak {gib_text(peak)}, {tps:,.0f} tokens/s)"
+        for tps, peak, change, new in options
     ]
 
 
