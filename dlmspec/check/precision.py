@@ -80,6 +80,19 @@ def _fp8_ignored(ctx: Context) -> Iterator[Finding]:
                       fix=Fix(unset=("precision.fp8_recipe",)))
 
 
+def _layernorm_is_a_no_op(ctx: Context) -> bool:
+    """Whether recompute.modules' 'layernorm' recomputes nothing: the Transformer Engine dense
+    layers fuse each norm into the linear after it (MoE layers keep a separate pre-MLP norm)."""
+    return ctx.r.transformer_impl != "local" and not ctx.spec.model.num_experts
+
+
+def _without_module(modules: list[str], name: str) -> Fix:
+    """The fix that drops ``name`` from ``recompute.modules`` (no recompute when nothing is left)."""
+    rest = [m for m in modules if m != name]
+    return Fix({"recompute.modules": rest}) if rest else Fix({"recompute.granularity": "none"},
+                                                             unset=("recompute.modules",))
+
+
 @rule(
     "fp8-recompute-modules",
     "error",
@@ -91,11 +104,9 @@ def _fp8_recompute(ctx: Context) -> Iterator[Finding]:
     p, rc = ctx.spec.precision, ctx.spec.recompute
     modules = [m for m in (rc.modules or []) if m in ("moe_act", "layernorm")]
     if p.fp8 != "none" and p.fp8_recipe == "delayed" and rc.granularity == "selective" and modules:
-        if modules == ["layernorm"] and ctx.r.transformer_impl != "local" and not ctx.spec.model.num_experts:
+        if modules == ["layernorm"] and _layernorm_is_a_no_op(ctx):
             # on TE's dense layers 'layernorm' recomputes nothing (recompute-layernorm-te): dropping it loses nothing
-            rest = [m for m in rc.modules if m != "layernorm"]
-            fix = Fix({"recompute.modules": rest}) if rest else Fix({"recompute.granularity": "none"},
-                                                                    unset=("recompute.modules",))
+            fix = _without_module(list(rc.modules), "layernorm")
             hint = (f"{fix.text()} (on the Transformer Engine layers 'layernorm' recomputes nothing), or use "
                     "precision.fp8_recipe = 'tensorwise' (Transformer Engine >= 2.6)")
         else:
@@ -254,11 +265,8 @@ def _fp8_gemm_shapes(ctx: Context) -> Iterator[Finding]:
 def _layernorm_recompute_te(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
     modules = list(rc.modules or [])
-    if (rc.granularity == "selective" and "layernorm" in modules and ctx.r.transformer_impl != "local"
-            and not ctx.spec.model.num_experts):
-        rest = [m for m in modules if m != "layernorm"]
-        fix = Fix({"recompute.modules": rest}) if rest else Fix({"recompute.granularity": "none"},
-                                                                unset=("recompute.modules",))
+    if rc.granularity == "selective" and "layernorm" in modules and _layernorm_is_a_no_op(ctx):
+        fix = _without_module(modules, "layernorm")
         yield Finding("recompute.modules", "'layernorm' recomputes nothing on the Transformer Engine layers: they fuse "
                       "each norm into the linear after it (no norm output is kept to drop)",
                       fix.text() + ", or model.transformer_impl = 'local' (separate norms)", fix=fix)
