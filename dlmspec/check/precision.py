@@ -80,9 +80,10 @@ def _fp8_ignored(ctx: Context) -> Iterator[Finding]:
                       fix=Fix(unset=("precision.fp8_recipe",)))
 
 
-def _layernorm_is_a_no_op(ctx: Context) -> bool:
-    """Whether recompute.modules' 'layernorm' recomputes nothing: the Transformer Engine dense
-    layers fuse each norm into the linear after it (MoE layers keep a separate pre-MLP norm)."""
+def _te_dense_layers(ctx: Context) -> bool:
+    """Whether the layers may be Transformer Engine's dense ones (``transformer_impl`` TE or
+    ``auto``, no experts): there each norm is fused into the linear after it, so 'layernorm'
+    recomputes nothing (MoE layers keep a separate pre-MLP norm), and attention is TE's fused kernel."""
     return ctx.r.transformer_impl != "local" and not ctx.spec.model.num_experts
 
 
@@ -104,7 +105,7 @@ def _fp8_recompute(ctx: Context) -> Iterator[Finding]:
     p, rc = ctx.spec.precision, ctx.spec.recompute
     modules = [m for m in (rc.modules or []) if m in ("moe_act", "layernorm")]
     if p.fp8 != "none" and p.fp8_recipe == "delayed" and rc.granularity == "selective" and modules:
-        if modules == ["layernorm"] and _layernorm_is_a_no_op(ctx):
+        if modules == ["layernorm"] and _te_dense_layers(ctx):
             # on TE's dense layers 'layernorm' recomputes nothing (recompute-layernorm-te): dropping it loses nothing
             fix = _without_module(list(rc.modules), "layernorm")
             hint = (f"{fix.text()} (on the Transformer Engine layers 'layernorm' recomputes nothing), or use "
@@ -265,7 +266,7 @@ def _fp8_gemm_shapes(ctx: Context) -> Iterator[Finding]:
 def _layernorm_recompute_te(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
     modules = list(rc.modules or [])
-    if rc.granularity == "selective" and "layernorm" in modules and _layernorm_is_a_no_op(ctx):
+    if rc.granularity == "selective" and "layernorm" in modules and _te_dense_layers(ctx):
         fix = _without_module(modules, "layernorm")
         yield Finding("recompute.modules", "'layernorm' recomputes nothing on the Transformer Engine layers: they fuse "
                       "each norm into the linear after it (no norm output is kept to drop)",
@@ -282,7 +283,7 @@ def _layernorm_recompute_te(ctx: Context) -> Iterator[Finding]:
 )
 def _core_attn_recompute_te(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
-    if rc.granularity != "selective" or ctx.r.transformer_impl == "local" or ctx.spec.model.num_experts:
+    if rc.granularity != "selective" or not _te_dense_layers(ctx):
         return
     modules = list(rc.modules) if rc.modules is not None else ["core_attn"]  # megatron-core's default
     if "core_attn" not in modules:

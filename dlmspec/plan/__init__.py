@@ -341,6 +341,13 @@ def set_args(changes: dict[str, Any]) -> list[str]:
     return out
 
 
+def _replan(plan: Plan, **change: Any) -> Plan:
+    """``plan`` planned again with layout ``change`` (:func:`~dlmspec.plan.shape.relayout`'s
+    keywords), with the same GPU, runtime and calibration."""
+    shape, new = relayout(plan.shape, plan.layout, **change)
+    return plan_layout(plan.name, shape, new, plan.gpu, plan.runtime, plan.calibration)
+
+
 def _alternatives(plan: Plan) -> list[dict[str, Any]]:
     """Single changes (and one combination) that reduce memory, in the order they cost
     throughput least: distributed optimizer, selective then full recomputation, a smaller
@@ -393,15 +400,14 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
     if plan.fits:
         return True, []
     options = []
-    lay = plan.layout
     micro_batch_found = False  # the largest smaller micro batch that fits is enough advice
     for change in _alternatives(plan):
         if set(change) == {"micro_batch"} and micro_batch_found:
             continue
-        shape, new = relayout(plan.shape, lay, **change)
+        alt = _replan(plan, **change)
+        new = alt.layout
         if new.global_batch % (new.micro_batch * new.dp):
             continue
-        alt = plan_layout(plan.name, shape, new, plan.gpu, plan.runtime, plan.calibration)
         if alt.fits:
             options.append((alt.time.tokens_per_second, alt.peak_bytes, change, new))
             micro_batch_found = micro_batch_found or set(change) == {"micro_batch"}
@@ -415,9 +421,7 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
 
     def steps(change: dict[str, Any], new: Any) -> str:
         # a smaller micro batch keeps the global batch: say how many microbatches a step then takes
-        if "micro_batch" not in change:
-            return ""
-        return f"{max(1, new.global_batch // (new.micro_batch * new.dp))} microbatches per step; "
+        return f"{new.num_microbatches} microbatches per step; " if "micro_batch" in change else ""
 
     return False, [
         f"{' '.join(set_args(change))} ({steps(change, new)}peak {gib_text(peak)}, {tps:,.0f} tokens/s)"
@@ -430,14 +434,12 @@ def fastest_micro_batch(plan: Plan, limit_bytes: float, largest: int = 64) -> Pl
     is at most ``limit_bytes`` per GPU: each micro batch up to ``largest`` that divides the
     global batch per data-parallel replica (so the batch arithmetic stays valid; the other
     layout keys unchanged). Ties go to the smaller micro batch. None when none fits."""
-    lay = plan.layout
-    per_replica = lay.global_batch // max(lay.dp, 1)
+    per_replica = plan.layout.global_batch // max(plan.layout.dp, 1)
     best: Plan | None = None
     for m in range(1, min(per_replica, largest) + 1):
         if per_replica % m:
             continue
-        shape, new = relayout(plan.shape, lay, micro_batch=m)
-        alt = plan_layout(plan.name, shape, new, plan.gpu, plan.runtime, plan.calibration)
+        alt = _replan(plan, micro_batch=m)
         if alt.peak_bytes <= limit_bytes and (best is None or alt.time.tokens_per_second > best.time.tokens_per_second):
             best = alt
     return best

@@ -132,7 +132,7 @@ def attention_block_bytes(shape: ModelShape, lay: Layout) -> float:
             if shape.rope else 0.0)
     if lay.impl == "transformer_engine":
         # RoPE keeps its factors on TE: unfused it is the same megatron-core PyTorch kernels as on
-        # the local path, and the TE runs' fused/unfused pairs bear it out (docs/planner.md)
+        # the local path (fused: TE's kernel, assumed alike; docs/planner.md, "Kernels on TE")
         out = 10 * h * y / r + rope
         if shape.qk_norm:
             out += 5 * qk
