@@ -25,9 +25,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.core import dist_checkpointing
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import unwrap_model
+
+from dlmspec.backends.checkpoint_safety import dist_load
 
 #: ``init_from`` prefixes: Hugging Face folder, megatron-core dist checkpoint.
 INIT_KINDS = ("hf", "mcore")
@@ -380,7 +381,8 @@ def is_extra_state(name: str) -> bool:
 def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     """Load only the model weights of the dist checkpoint ``path`` into ``model`` (collective).
 
-    ``dist_checkpointing.load`` of the chunks' ``sharded_state_dict()`` (any TP/PP: each rank
+    ``dist_checkpointing.load`` (through :func:`~dlmspec.backends.checkpoint_safety.dist_load`:
+    nothing in the checkpoint runs code) of the chunks' ``sharded_state_dict()`` (any TP/PP: each rank
     reads its shards; a padded vocabulary of another size is cut or zero-padded, megatron's
     ``allow_shape_mismatch``), then ``load_state_dict`` per chunk. ``_extra_state`` entries
     (Transformer Engine's FP8 scaling history; ``None`` in local-spec modules), including the
@@ -390,6 +392,8 @@ def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     Optimizer state, iteration and RNG states in the checkpoint are not read.
 
     Raises:
+        CheckpointRefused: a checkpoint file names a global that could run code
+            (:mod:`dlmspec.backends.checkpoint_safety`).
         megatron's ``CheckpointingException`` / ``KeyError``: a tensor the model has is missing
             from the checkpoint, or its shape disagrees.
         RuntimeError: a model parameter or buffer was not loaded, or the checkpoint gave one
@@ -399,7 +403,7 @@ def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     chunks = [unwrap_model(m) for m in model]
     state = {key: {k: v for k, v in chunk.sharded_state_dict().items() if not is_extra_state(k)}
              for key, chunk in zip(keys, chunks)}
-    loaded = dist_checkpointing.load(state, path)
+    loaded = dist_load(state, path)
     for key, chunk in zip(keys, chunks):
         result = chunk.load_state_dict(loaded[key], strict=False)
         missing = [k for k in result.missing_keys if not is_extra_state(k)]
