@@ -24,7 +24,7 @@ megatron-core's ``TorchCommonLoadStrategy.load_common``, so megatron-core's and 
 loaders read through them. :func:`dist_load`, :func:`dist_load_tensors_metadata` and
 :func:`dcp_load` are the only callers of ``dist_checkpointing.load``,
 ``dist_checkpointing.load_tensors_metadata`` and ``dcp.load`` in backends/ and templates/
-(tests/runtime/test_checkpoint_loads_go_through_safety.py checks it).
+(tests/checkpoint/test_checkpoint_loads_go_through_safety.py checks it).
 
 Every refusal is a :class:`CheckpointRefused` (a :class:`~dlmspec.files.FileRefused`) naming
 the file and the refused ``(module, name)``; the CLI commands that open checkpoints turn it
@@ -42,13 +42,16 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Tuple
 
-from dlmspec.files import FileRefused, read_bytes, read_json
+from dlmspec.files import FileRefused, open_regular, read_bytes, read_json
 
 #: Cap of a ``.metadata`` file: torch's index of every tensor chunk; a 70B model at TP8 x PP8
 #: writes a few tens of MiB.
 MAX_METADATA_BYTES = 1 << 30
 #: Cap of ``common.pt`` (iteration, seed, scheduler and optimizer hyperparameters: KiBs).
 MAX_COMMON_BYTES = 256 << 20
+#: Stored byte objects up to this size are scanned before a load (:func:`scan_byte_objects`):
+#: a rank's RNG state is ~15 KiB, a Transformer Engine module's ``_extra_state`` a few KiB.
+MAX_SCANNED_OBJECT_BYTES = 4 << 20
 
 _CKPT = "torch.distributed.checkpoint"
 _DTYPE_NAMES = (
@@ -72,6 +75,9 @@ METADATA_GLOBALS: frozenset[Tuple[str, str]] = frozenset(
         "LoadItemType")]
     + [(f"{_CKPT}.filesystem", "_StorageInfo"), (f"{_CKPT}.filesystem", "_StoragePrefix"),
        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+       # StorageMeta.checkpoint_id of a dcp.save to a path (Megatron-FSDP): a path object, no I/O
+       ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib._local", "PosixPath"),
+       ("pathlib._local", "PurePosixPath"),
        ("builtins", "set"), ("builtins", "frozenset")]
     + [("torch", n) for n in _DTYPE_NAMES]
 )
@@ -237,11 +243,51 @@ def check_common_file(checkpoint_dir: str | os.PathLike[str]) -> Any:
     return load_object(data, where=common, what="common.pt")
 
 
+def scan_byte_objects(checkpoint_dir: str | os.PathLike[str], metadata: Any,
+                      limit: int = MAX_SCANNED_OBJECT_BYTES) -> int:
+    """Refuse a checkpoint whose stored byte objects (``rng_state``, ``_extra_state``, ...) of at
+    most ``limit`` bytes name a global :func:`load_object` would refuse, whether or not the
+    caller loads them: a scan of the pickle opcodes (``torch.serialization.
+    get_unsafe_globals_in_checkpoint``), nothing is unpickled. Larger ones (an optimizer's
+    sharded objects) are checked when loaded. Returns the number scanned.
+
+    Raises:
+        CheckpointRefused: the ``.distcp`` file, the object's name and the first such global.
+    """
+    import torch
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    byte_keys = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
+    scanned = 0
+    for index, info in metadata.storage_data.items():
+        if index.fqn not in byte_keys or not 0 <= int(info.length) <= limit:
+            continue
+        f = os.path.join(str(checkpoint_dir), info.relative_path)
+        if getattr(info, "transform_descriptors", None):
+            continue  # compressed or otherwise transformed: checked when loaded
+        fd = open_regular(f, what="checkpoint data file (.distcp)")
+        with os.fdopen(fd, "rb") as handle:
+            handle.seek(int(info.offset))
+            data = handle.read(int(info.length))
+        try:
+            with torch.serialization.safe_globals(byte_object_globals()):
+                names = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+        except Exception:  # noqa: BLE001 - not a zip torch file: load_object refuses or fails on it later
+            continue
+        if names:
+            module, _, name = names[0].rpartition(".")
+            raise _refuse_global(f, module, name, f"the stored object {index.fqn!r}")
+        scanned += 1
+    return scanned
+
+
 def check_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> Any:
-    """Read ``.metadata`` (:func:`read_metadata`) and ``common.pt`` (:func:`check_common_file`)
-    of ``checkpoint_dir`` safely before any loader touches them; returns the ``Metadata``."""
+    """Read ``.metadata`` (:func:`read_metadata`), ``common.pt`` (:func:`check_common_file`) and
+    the small stored byte objects (:func:`scan_byte_objects`) of ``checkpoint_dir`` safely before
+    any loader touches them; returns the ``Metadata``."""
     metadata = read_metadata(checkpoint_dir)
     check_common_file(checkpoint_dir)
+    scan_byte_objects(checkpoint_dir, metadata)
     return metadata
 
 

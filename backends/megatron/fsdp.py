@@ -348,6 +348,13 @@ def _read_run_state(stored: Any, path: str) -> Dict[str, Any]:
     return value
 
 
+def dlmspec_entries(run_state: Dict[str, Any], rng_state: Dict[str, Any]) -> Dict[str, Any]:
+    """The entries :func:`save_checkpoint_fsdp` adds to the DCP state dict:
+    ``{"dlmspec_state": JSON text, "rng_state": {"rank<N>": JSON text}}`` (:func:`encode_state`;
+    strings, which DCP stores as byte objects)."""
+    return {RUN_STATE_KEY: encode_state(run_state), "rng_state": {_rng_key(): encode_state(rng_state)}}
+
+
 def save_checkpoint_fsdp(
     path: str,
     *,
@@ -367,8 +374,7 @@ def save_checkpoint_fsdp(
 
     state = _state_dict(model, optimizer, is_loading=False)
     state = _preprocess(_symmetric_optimizer_state(state, optimizer), model)
-    state[RUN_STATE_KEY] = encode_state(run_state)
-    state["rng_state"] = {_rng_key(): encode_state(rng_state)}
+    state.update(dlmspec_entries(run_state, rng_state))
     dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
 
 
