@@ -368,7 +368,9 @@ def guarded(checkpoint_dir: str | os.PathLike[str], *, precheck: bool = True) ->
     """Pre-check ``checkpoint_dir`` (:func:`check_checkpoint`, yielded: its ``Metadata``) and,
     while the body runs, swap torch's and megatron-core's unsafe readers for this module's
     (``FileSystemReader.read_metadata``, ``DefaultLoadPlanner.load_bytes``,
-    ``TorchCommonLoadStrategy.load_common``). Re-entrant; the swap is undone on exit.
+    ``TorchCommonLoadStrategy.load_common``). Re-entrant; the swap is undone on exit. A refusal
+    inside torch's or megatron-core's load may reach the caller wrapped in their exceptions:
+    :func:`dist_load`, :func:`dist_load_tensors_metadata` and :func:`dcp_load` unwrap it.
 
     Raises:
         CheckpointRefused: see :func:`read_metadata_file`, :func:`load_object`.
@@ -393,11 +395,51 @@ def guarded(checkpoint_dir: str | os.PathLike[str], *, precheck: bool = True) ->
                     setattr(cls, attr, original)
 
 
+def _refusal_in(exc: BaseException) -> Optional[CheckpointRefused]:
+    """The :class:`CheckpointRefused` inside ``exc``: torch's ``CheckpointException`` keeps each
+    rank's failure in ``failures`` (``{rank: (exception, traceback)}`` or the exception), and
+    megatron-core re-raises with ``__cause__``/``__context__``."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, CheckpointRefused):
+            return e
+        if isinstance(e, (tuple, list)):
+            todo.extend(x for x in e if isinstance(x, (BaseException, tuple, list)))
+            continue
+        if not isinstance(e, BaseException):
+            continue
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo.extend(failures.values())
+        todo.extend([e.__cause__, e.__context__])
+    return None
+
+
+@contextmanager
+def _refusals_unwrapped() -> Iterator[None]:
+    """Re-raise a :class:`CheckpointRefused` that torch or megatron-core wrapped in their own
+    exception (a refusal inside ``load_bytes`` reaches the caller as torch's
+    ``CheckpointException``)."""
+    try:
+        yield
+    except CheckpointRefused:
+        raise
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        refused = _refusal_in(exc)
+        if refused is not None:
+            raise refused from None
+        raise
+
+
 def dist_load(sharded_state_dict: Any, checkpoint_dir: str | os.PathLike[str], **kwargs: Any) -> Any:
     """``megatron.core.dist_checkpointing.load`` under :func:`guarded`."""
     from megatron.core import dist_checkpointing
 
-    with guarded(checkpoint_dir):
+    with _refusals_unwrapped(), guarded(checkpoint_dir):
         return dist_checkpointing.load(sharded_state_dict, str(checkpoint_dir), **kwargs)
 
 
@@ -405,7 +447,7 @@ def dist_load_tensors_metadata(checkpoint_dir: str | os.PathLike[str], **kwargs:
     """``megatron.core.dist_checkpointing.load_tensors_metadata`` under :func:`guarded`."""
     from megatron.core import dist_checkpointing
 
-    with guarded(checkpoint_dir):
+    with _refusals_unwrapped(), guarded(checkpoint_dir):
         return dist_checkpointing.load_tensors_metadata(str(checkpoint_dir), **kwargs)
 
 
@@ -416,7 +458,7 @@ def dcp_load(state_dict: Any, checkpoint_dir: str | os.PathLike[str], *, planner
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    with guarded(checkpoint_dir) as metadata:
+    with _refusals_unwrapped(), guarded(checkpoint_dir) as metadata:
         dcp.load(state_dict, storage_reader=dcp.FileSystemReader(str(checkpoint_dir)),
                  planner=planner if planner is not None else DefaultLoadPlanner())
     return metadata
