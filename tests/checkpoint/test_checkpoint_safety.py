@@ -259,3 +259,40 @@ def test_resume_reads_the_real_checkpoint_and_refuses_a_payload_in_its_rng_state
             assert refused.value.global_name == ("posix", "system") and ".distcp" in refused.value.path
         assert not canary.exists()
     assert not os.path.exists(canary)
+
+
+def test_train_py_check_refuses_to_resume_from_a_hostile_checkpoint_with_exit_2(tmp_path, monkeypatch,
+                                                                              capsys) -> None:
+    import warnings
+
+    from dlmspec.backends.megatron import checks, training
+    from dlmspec.render.compile import compile_spec
+
+    out = tmp_path / "compiled"
+    compile_spec(ROOT / "specs" / "demo-dlm.toml", out, force=True,
+                 overrides=["data.mock=true", "data.train=[]", "data.valid=[]",
+                            "data.tokenizer.type=\"NullTokenizer\"", "data.tokenizer.vocab_size=50256"])
+    spec = importlib.util.spec_from_file_location("hostile_resume_train", out / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec.loader.exec_module(module)
+    canary = tmp_path / "canary"
+    ckpt = _copy(HERE / "torch_dist", tmp_path)
+    index = write_metadata_payload(ckpt, payloads(canary)["os.system"])
+    monkeypatch.setattr(checks, "start_point", lambda config: (str(ckpt), None))
+    monkeypatch.setattr(checks, "check_resume", lambda *a, **k: None)  # the spec record is another test's
+
+    def started(*args, **kwargs):
+        raise AssertionError("megatron-core was started")
+
+    monkeypatch.setattr(training, "initialize_distributed", started)
+    monkeypatch.setattr("sys.argv", ["train.py", "--check"])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert f"train.py: cannot resume: {index}" in err and "('posix', 'system')" in err
+    assert not canary.exists()
