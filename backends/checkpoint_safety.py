@@ -176,12 +176,13 @@ def byte_object_globals() -> list:
     return out
 
 
-_UNSUPPORTED = re.compile(r"(?:Unsupported global|Unsupported class|Trying to (?:call|load)[^:]*):?\s*(?:GLOBAL\s+)?"
-                          r"([A-Za-z_][\w.]*)")
+#: How torch's weights-only unpickler names a refused global ("Unsupported global: GLOBAL posix.system").
+_UNSUPPORTED = re.compile(r"Unsupported (?:global|class):?\s*(?:GLOBAL\s+)?([A-Za-z_][\w.]*)")
 
 
-def _offending_global(source: Any, exc: BaseException) -> Tuple[str, str]:
-    """The first global torch's weights-only unpickler refused, as ``(module, name)``."""
+def _offending_global(source: Any, exc: BaseException) -> Optional[Tuple[str, str]]:
+    """The first global torch's weights-only unpickler refused, as ``(module, name)`` (``None``
+    when it refused something else: an opcode, a malformed pickle)."""
     import torch
 
     allowed = {f"{g.__module__}.{g.__qualname__}" for g in byte_object_globals()}
@@ -195,7 +196,9 @@ def _offending_global(source: Any, exc: BaseException) -> Tuple[str, str]:
         names = []
     if not names:
         match = _UNSUPPORTED.search(str(exc))
-        names = [match.group(1)] if match else ["?.?"]
+        if match is None:
+            return None
+        names = [match.group(1)]
     module, _, name = names[0].rpartition(".")
     return module, name
 
@@ -210,7 +213,9 @@ def load_object(source: Any, *, where: str | os.PathLike[str], what: str = "a st
 
     Raises:
         CheckpointRefused: the object names a global outside torch's weights-only set and
-            :func:`byte_object_globals` (``global_name`` is the first such global).
+            :func:`byte_object_globals` (``global_name`` is the first such global), or holds
+            another pickle torch's weights-only loader refuses (``global_name`` ``None``).
+        RuntimeError, EOFError, ...: a truncated or corrupt object, as ``torch.load`` raises them.
     """
     import torch
 
@@ -219,8 +224,11 @@ def load_object(source: Any, *, where: str | os.PathLike[str], what: str = "a st
         with torch.serialization.safe_globals(byte_object_globals()):
             return torch.load(f, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
-        module, name = _offending_global(source, exc)
-        raise _refuse_global(where, module, name, what) from None
+        offending = _offending_global(source, exc)
+        if offending is None:
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise CheckpointRefused(where, f"{what} is refused by torch's weights-only loader ({first[:200]})") from None
+        raise _refuse_global(where, offending[0], offending[1], what) from None
 
 
 def check_common_file(checkpoint_dir: str | os.PathLike[str]) -> Any:
