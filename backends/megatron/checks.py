@@ -266,6 +266,10 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
             check_checkpoint(resume_from)  # nothing in it may run code when loaded
         except FileRefused as exc:
             refuse(f"cannot resume: {exc}")
+        except Exception as exc:  # noqa: BLE001 - unpickling a damaged index can raise almost anything
+            refuse(f"cannot resume: {os.path.join(resume_from, '.metadata')} cannot be read ({type(exc).__name__}: "
+                   f"{str(exc)[:200]}); it is truncated or corrupt. Fix: restore that checkpoint, or write the name "
+                   "of an earlier iter_* folder into the 'latest' file")
     problem = cuda_problem(processes_per_node=processes_per_node)
     if problem is not None:
         refuse(problem)

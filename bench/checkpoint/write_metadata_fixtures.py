@@ -18,7 +18,8 @@ writes ``OUT_DIR/torch-<torch version>_mcore-<megatron-core version>/`` holding:
   optimizer DTensors, and ``fsdp.dlmspec_entries`` (run state and RNG state as JSON text).
 
 The tests (tests/checkpoint/test_checkpoint_safety.py) load every folder under
-tests/fixtures/checkpoints through the safe readers. About 100 KiB per folder.
+tests/fixtures/checkpoints through the safe readers. Under 200 KiB per folder; copy the
+written folder into tests/fixtures/checkpoints/ to add it.
 """
 
 from __future__ import annotations

@@ -261,8 +261,9 @@ def test_resume_reads_the_real_checkpoint_and_refuses_a_payload_in_its_rng_state
     assert not os.path.exists(canary)
 
 
-def test_train_py_check_refuses_to_resume_from_a_hostile_checkpoint_with_exit_2(tmp_path, monkeypatch,
-                                                                              capsys) -> None:
+@pytest.mark.parametrize("damage", ["payload", "truncated"])
+def test_train_py_check_refuses_to_resume_from_a_hostile_or_truncated_index_with_exit_2(tmp_path, monkeypatch,
+                                                                                      capsys, damage) -> None:
     import warnings
 
     from dlmspec.backends.megatron import checks, training
@@ -279,7 +280,11 @@ def test_train_py_check_refuses_to_resume_from_a_hostile_checkpoint_with_exit_2(
         spec.loader.exec_module(module)
     canary = tmp_path / "canary"
     ckpt = _copy(HERE / "torch_dist", tmp_path)
-    index = write_metadata_payload(ckpt, payloads(canary)["os.system"])
+    if damage == "payload":
+        index = write_metadata_payload(ckpt, payloads(canary)["os.system"])
+    else:
+        index = ckpt / ".metadata"
+        index.write_bytes(index.read_bytes()[:100])
     monkeypatch.setattr(checks, "start_point", lambda config: (str(ckpt), None))
     monkeypatch.setattr(checks, "check_resume", lambda *a, **k: None)  # the spec record is another test's
 
@@ -294,5 +299,17 @@ def test_train_py_check_refuses_to_resume_from_a_hostile_checkpoint_with_exit_2(
         module.main()
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err
-    assert f"train.py: cannot resume: {index}" in err and "('posix', 'system')" in err
+    assert f"train.py: cannot resume: {index}" in err and "Traceback" not in err
+    if damage == "payload":
+        assert "('posix', 'system')" in err
+    else:
+        assert "truncated or corrupt" in err
     assert not canary.exists()
+
+
+def test_a_truncated_index_is_named_as_such_not_as_a_refused_global(tmp_path) -> None:
+    ckpt = _copy(HERE / "torch_dist", tmp_path)
+    data = (ckpt / ".metadata").read_bytes()
+    (ckpt / ".metadata").write_bytes(data[: len(data) // 2])
+    with pytest.raises((pickle.UnpicklingError, EOFError)):
+        cs.read_metadata(ckpt)
