@@ -28,7 +28,8 @@ import torch.distributed as dist
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import unwrap_model
 
-from dlmspec.backends.checkpoint_safety import dist_load
+from dlmspec.backends.checkpoint_safety import CheckpointRefused, check_checkpoint, dist_load
+from dlmspec.files import FileRefused
 
 #: ``init_from`` prefixes: Hugging Face folder, megatron-core dist checkpoint.
 INIT_KINDS = ("hf", "mcore")
@@ -441,8 +442,9 @@ def initialize_from(
 
     Raises:
         InitFromError: on every rank when rank 0 failed (malformed value, missing folder,
-            dimensions that differ from the run's, conversion error) or when a rank cannot see
-            the checkpoint.
+            dimensions that differ from the run's, conversion error, a checkpoint file that would
+            run code when loaded: :func:`~dlmspec.backends.checkpoint_safety.check_checkpoint`) or
+            when a rank cannot see the checkpoint.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -453,6 +455,10 @@ def initialize_from(
         if rank == 0:
             try:
                 status = {"ok": True, **_prepare_on_rank0(init_from, cache_dir, transformer_config, model_kwargs)}
+                try:
+                    check_checkpoint(status["checkpoint"])  # nothing in it may run code when loaded
+                except FileRefused as exc:
+                    raise InitFromError(f"checkpoint.init_from = {init_from!r}: {exc}") from None
             except Exception as exc:  # told to every rank first, so none waits for ever
                 failure = exc
                 text = str(exc) if isinstance(exc, InitFromError) else f"{type(exc).__name__}: {exc}"
@@ -485,7 +491,10 @@ def initialize_from(
         if group is not None:
             dist.destroy_process_group(group)
     t0 = time.perf_counter()
-    load_model_weights(checkpoint, model)
+    try:
+        load_model_weights(checkpoint, model)
+    except CheckpointRefused as exc:
+        raise InitFromError(f"checkpoint.init_from = {init_from!r}: {exc}") from None
     if dist.is_initialized():
         dist.barrier()
     return InitSource(

@@ -313,3 +313,26 @@ def test_a_truncated_index_is_named_as_such_not_as_a_refused_global(tmp_path) ->
     (ckpt / ".metadata").write_bytes(data[: len(data) // 2])
     with pytest.raises((pickle.UnpicklingError, EOFError)):
         cs.read_metadata(ckpt)
+
+
+@pytest.mark.parametrize("kind", ["index", "stored-object"])
+def test_init_from_refuses_a_hostile_megatron_checkpoint_on_every_rank(tmp_path_factory, tmp_path, monkeypatch,
+                                                                       kind) -> None:
+    from conftest import megatron_cpu_world
+
+    from dlmspec.backends.megatron.init_from import InitFromError, initialize_from
+
+    canary = tmp_path / "canary"
+    ckpt = _copy(HERE / "torch_dist", tmp_path)
+    if kind == "index":
+        bad = write_metadata_payload(ckpt, payloads(canary)["os.system"])
+    else:
+        fqn = next(k for k in cs.read_metadata(ckpt).state_dict_metadata if k.startswith("rng_state"))
+        bad = plant_byte_object(ckpt, fqn, torch_saved(SystemPayload(canary)))
+    with megatron_cpu_world(tmp_path_factory, monkeypatch):
+        model = _fixture_writer()._tiny_model()
+        with pytest.raises(InitFromError) as refused:
+            initialize_from(f"mcore:{ckpt}", model=model, cache_dir=str(tmp_path / "cache"),
+                            transformer_config=model[0].config, model_kwargs={})
+    assert str(bad) in str(refused.value) and "('posix', 'system')" in str(refused.value)
+    assert not canary.exists()
