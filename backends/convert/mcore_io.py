@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dlmspec.backends import checkpoint_safety
 from dlmspec.backends.convert import checks, families
 from dlmspec.backends.convert._atomic import atomic_directory, signals_held
 from dlmspec.backends.convert.dims import ModelDims
@@ -424,13 +425,13 @@ def check_checkpoint_files(ckpt: Path) -> None:
     Reads ``metadata.json`` (a JSON object), ``.metadata`` (torch's index of where each tensor's
     bytes are), compares every ``*.distcp`` file's size with the last byte ``.metadata`` places
     in it, and checks ``common.pt`` is a torch (zip) file: a copy that stopped early is named
-    here instead of failing inside torch's reader.
+    here instead of failing inside torch's reader. ``.metadata`` and ``common.pt`` are read
+    without running code in them (:mod:`dlmspec.backends.checkpoint_safety`).
 
     Raises:
-        ConversionError: naming the file and what is wrong with it.
+        ConversionError: naming the file and what is wrong with it (a global that could run
+            code: the file and the ``(module, name)``).
     """
-    from torch.distributed.checkpoint import FileSystemReader
-
     again = "Fix: copy (or save) the checkpoint again; an unfinished copy or save leaves files like this"
     read_json_object(ckpt / "metadata.json", "megatron-core's checkpoint metadata")
     index = ckpt / ".metadata"
@@ -438,7 +439,9 @@ def check_checkpoint_files(ckpt: Path) -> None:
         raise ConversionError(f"{index}: missing, so {ckpt} is not a complete torch_dist checkpoint. {again}",
                               tensor=str(index), expected="torch's checkpoint index")
     try:
-        metadata = FileSystemReader(str(ckpt)).read_metadata()
+        metadata = checkpoint_safety.read_metadata(ckpt)
+    except checkpoint_safety.CheckpointRefused as exc:
+        raise _refused(exc) from None
     except Exception as exc:  # unpickling a damaged file can raise almost anything
         raise ConversionError(f"{index}: cannot be read ({type(exc).__name__}: {exc}); it is truncated or corrupt. "
                               f"{again}", tensor=str(index), expected="torch's checkpoint index") from None
@@ -460,6 +463,19 @@ def check_checkpoint_files(ckpt: Path) -> None:
     if common.is_file() and not zipfile.is_zipfile(common):
         raise ConversionError(f"{common}: not a readable torch file (truncated or corrupt). {again}",
                               tensor=str(common), expected="a torch.save file")
+    try:
+        checkpoint_safety.check_common_file(ckpt)
+    except checkpoint_safety.CheckpointRefused as exc:
+        raise _refused(exc) from None
+    except _READ_ERRORS as exc:
+        raise ConversionError(f"{common}: cannot be read ({type(exc).__name__}: {exc}). {again}",
+                              tensor=str(common), expected="a torch.save file") from None
+
+
+def _refused(exc: checkpoint_safety.CheckpointRefused) -> ConversionError:
+    """The ``ConversionError`` (exit code 2 in the CLI) of a checkpoint file that could run code."""
+    return ConversionError(str(exc), tensor=exc.path,
+                           expected="tensors, numbers, strings and torch's checkpoint index only")
 
 
 def _stored_layers(meta: Mapping[str, Any], layer_layout: str) -> int:
@@ -496,10 +512,9 @@ def load_mcore_checkpoint(
     Raises:
         ConversionError: no dims (no sidecar and none given), a corrupt sidecar or truncated file
             (:func:`check_checkpoint_files`), a layer count, tensor or stored shape that
-            disagrees with ``dims``, a weight that is not floating point or not finite (named).
+            disagrees with ``dims``, a weight that is not floating point or not finite (named), a
+            checkpoint file naming a global that could run code (the file and the global).
     """
-    from megatron.core import dist_checkpointing
-
     ckpt = resolve_checkpoint_dir(path)
     sidecar = read_sidecar(ckpt)
     origin, fix = "the target config", ""
@@ -516,7 +531,9 @@ def load_mcore_checkpoint(
     check_checkpoint_files(ckpt)
     with process_group():
         try:
-            meta = dist_checkpointing.load_tensors_metadata(str(ckpt))
+            meta = checkpoint_safety.dist_load_tensors_metadata(ckpt)
+        except checkpoint_safety.CheckpointRefused as exc:
+            raise _refused(exc) from None
         except _READ_ERRORS as exc:
             raise ConversionError(f"{ckpt}: megatron-core cannot read the checkpoint's metadata ({type(exc).__name__}: "
                                   f"{exc}). Fix: copy (or save) the checkpoint again", tensor=str(ckpt),
@@ -578,7 +595,9 @@ def load_mcore_checkpoint(
             _prefer_present_norm_key(sharded, meta)
         _check_present(sharded, meta, ckpt)
         try:
-            loaded = dist_checkpointing.load(sharded, str(ckpt))
+            loaded = checkpoint_safety.dist_load(sharded, ckpt)
+        except checkpoint_safety.CheckpointRefused as exc:
+            raise _refused(exc) from None
         except _READ_ERRORS as exc:
             raise ConversionError(f"{ckpt}: megatron-core cannot read the checkpoint ({type(exc).__name__}: {exc}). "
                                   "Fix: copy (or save) the checkpoint again", tensor=str(ckpt),

@@ -515,8 +515,12 @@ def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: i
         rotary_percent=float(record.get("model.rotary_percent") or 1.0),
         share_embeddings_and_output_weights=not record.get("model.untie_embeddings_and_output_weights", False),
     )
+    from dlmspec.backends.checkpoint_safety import CheckpointRefused
+
     try:
         load_model_weights(folder, chunks)
+    except CheckpointRefused as exc:  # a checkpoint file that would run code: the file and the global
+        raise LoadError(exc.path, exc.why, exc.hint) from None
     except (RuntimeError, KeyError, OSError, ValueError) as exc:
         raise LoadError(folder, f"the weights do not load into the model its record describes ({str(exc)[:300]})",
                         "load a complete checkpoint (one `latest` names)") from None

@@ -37,6 +37,8 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
 
+from dlmspec.backends.checkpoint_safety import dist_load
+
 from .config import CheckpointConfig, TrainState
 from .distributed import parallel_layout
 from .fsdp import (
@@ -432,7 +434,10 @@ def load_checkpoint(
     the caller (``LoadedCheckpoint.rank_state``): the training loop sets them after building its
     data loaders, whose iterators draw from torch's CPU generator.
 
+    Every file is read without running code in it (:mod:`dlmspec.backends.checkpoint_safety`).
+
     Raises:
+        CheckpointRefused: a checkpoint file names a global that could run code.
         ValueError: If the checkpoint's seed differs from ``seed``
             (:func:`~dlmspec.backends.megatron.rng.check_resume_seed`).
         FileNotFoundError: If ``dlmspec.json`` is missing.
@@ -464,7 +469,7 @@ def load_checkpoint(
         )
     if same_layout:
         state["rng_state"] = _rng_sharded_object(None)
-    loaded = dist_checkpointing.load(state, path)
+    loaded = dist_load(state, path)
     check_resume_seed(loaded.get("seed"), seed)
 
     if len(model) == 1:

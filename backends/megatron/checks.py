@@ -19,6 +19,9 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from dlmspec.backends.checkpoint_safety import check_checkpoint
+from dlmspec.files import FileRefused
+
 from .checkpointing import start_point
 from .config import ObjectiveConfig, RunConfig, ScheduleConfig
 from .data import DataConfig, data_problems, missing_data_files
@@ -217,7 +220,9 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
     In order: the data files exist, and each ``.bin``/``.idx`` pair is sound
     (:func:`~dlmspec.backends.megatron.data.data_problems`); the spec lock beside train.py is read;
     a resume's checkpoint records a spec this one may continue, of this run's name or of
-    ``CheckpointConfig.resume_from_run`` (:func:`~dlmspec.backends.megatron.spec_record.check_resume`); a CUDA device is there
+    ``CheckpointConfig.resume_from_run`` (:func:`~dlmspec.backends.megatron.spec_record.check_resume`) and
+    holds nothing that would run code when loaded
+    (:func:`~dlmspec.backends.checkpoint_safety.check_checkpoint`); a CUDA device is there
     (:func:`~dlmspec.backends.megatron.distributed.cuda_problem`).
     :func:`~dlmspec.backends.megatron.training.train` runs them in every process; ``train.py --check``
     (what launch.sh runs before torchrun, which would report a worker's exit code 2 as its own
@@ -257,6 +262,14 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
                                         resume_from_run=run.checkpoint.resume_from_run)
         except ResumeRefused as exc:
             refuse(str(exc))
+        try:
+            check_checkpoint(resume_from)  # nothing in it may run code when loaded
+        except FileRefused as exc:
+            refuse(f"cannot resume: {exc}")
+        except Exception as exc:  # noqa: BLE001 - unpickling a damaged index can raise almost anything
+            refuse(f"cannot resume: {os.path.join(resume_from, '.metadata')} cannot be read ({type(exc).__name__}: "
+                   f"{str(exc)[:200]}); it is truncated or corrupt. Fix: restore that checkpoint, or write the name "
+                   "of an earlier iter_* folder into the 'latest' file")
     problem = cuda_problem(processes_per_node=processes_per_node)
     if problem is not None:
         refuse(problem)

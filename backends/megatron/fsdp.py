@@ -10,7 +10,11 @@ checkpoints (:func:`save_checkpoint_fsdp`, :func:`load_checkpoint_fsdp`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib.util
+import io
+import json
 import os
 import pickle
 from typing import Any, Dict, List, Optional, Tuple
@@ -22,8 +26,11 @@ import torch.distributed as dist
 FSDP_CHECKPOINT_FORMAT = "fsdp_dtensor"
 #: The format of every other checkpoint (``megatron.core.dist_checkpointing``).
 DIST_CHECKPOINT_FORMAT = "torch_dist"
-#: Key of the pickled run state (iteration, samples, seed, scheduler) in a Megatron-FSDP checkpoint.
+#: Key of the run state (iteration, samples, seed, scheduler; JSON text of :func:`encode_state`)
+#: in a Megatron-FSDP checkpoint.
 RUN_STATE_KEY = "dlmspec_state"
+#: Tensor dtypes :func:`decode_state` rebuilds (the RNG states are ``uint8``).
+_STATE_DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int32, torch.int64, torch.float32, torch.float64)}
 
 
 def uses_megatron_fsdp(ddp_config: Any) -> bool:
@@ -247,6 +254,107 @@ def _rng_key() -> str:
     return f"rank{dist.get_rank()}"
 
 
+def _encodable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        if str(t.dtype) not in _STATE_DTYPES:
+            raise TypeError(f"run/RNG state tensor of dtype {t.dtype}: not one of {sorted(_STATE_DTYPES)}")
+        return {"__tensor__": base64.b64encode(t.numpy().tobytes()).decode("ascii"), "dtype": str(t.dtype),
+                "shape": list(t.shape)}
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # ndarray, numpy scalars
+        return _encodable(value.tolist())
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encodable(v) for v in value]}
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError(f"run/RNG state dict with a key that is not a string: {sorted(map(repr, value))[:3]}")
+        if {"__tensor__", "__tuple__"} & set(value):
+            raise TypeError("run/RNG state dict with a key __tensor__ or __tuple__ (the encoding's own)")
+        return {k: _encodable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"run/RNG state value of type {type(value).__name__}: not JSON, a tuple or a tensor")
+
+
+def encode_state(value: Any) -> str:
+    """JSON text of the run state or RNG state of a Megatron-FSDP checkpoint (no pickle).
+
+    ``value``: nested dicts (string keys), lists, tuples, numbers, strings, ``None``, numpy
+    arrays (written as lists) and CPU/CUDA tensors of :data:`_STATE_DTYPES` (written as
+    ``{"__tensor__": base64 of the bytes, "dtype", "shape"}``); tuples as ``{"__tuple__": [...]}``
+    so that ``random.setstate`` and ``np.random.set_state`` get theirs back.
+
+    Raises:
+        TypeError: a value of another type.
+    """
+    return json.dumps(_encodable(value), separators=(",", ":"))
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    if isinstance(value, dict):
+        if "__tuple__" in value:
+            return tuple(_decoded(v) for v in value["__tuple__"])
+        if "__tensor__" in value:
+            dtype = _STATE_DTYPES[value["dtype"]]
+            data = bytearray(base64.b64decode(value["__tensor__"], validate=True))
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            return flat.reshape([int(n) for n in value["shape"]]).clone()
+        return {k: _decoded(v) for k, v in value.items()}
+    return value
+
+
+def decode_state(text: str) -> Any:
+    """The value :func:`encode_state` wrote.
+
+    Raises:
+        ValueError: not such JSON text (a ``json.JSONDecodeError``, an unknown tensor dtype, a
+            shape that does not fit the bytes).
+    """
+    try:
+        return _decoded(json.loads(text))
+    except (KeyError, TypeError, RuntimeError, binascii.Error) as exc:
+        raise ValueError(f"not a run/RNG state dlmspec wrote ({type(exc).__name__}: {exc})") from None
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Reads a pickle of plain data only (dicts, lists, tuples, numbers, strings, ``None``):
+    every global is refused, so nothing in it can run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        from dlmspec.backends.checkpoint_safety import CheckpointRefused
+
+        raise CheckpointRefused(self.path, f"the run state names the global ({module!r}, {name!r})",
+                                global_name=(module, name))
+
+
+def _read_run_state(stored: Any, path: str) -> Dict[str, Any]:
+    """The run state loaded from a checkpoint: :func:`encode_state`'s JSON text, or (written
+    before that) a pickle of plain data read by :class:`_PlainUnpickler`."""
+    if isinstance(stored, (bytes, bytearray)):
+        unpickler = _PlainUnpickler(io.BytesIO(bytes(stored)))
+        unpickler.path = os.path.join(path, RUN_STATE_KEY)
+        value = unpickler.load()
+    elif isinstance(stored, str):
+        value = decode_state(stored)
+    else:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: the run state ({RUN_STATE_KEY}) is a {type(stored).__name__}, not the "
+                         "JSON text dlmspec writes; save the checkpoint again")
+    return value
+
+
+def dlmspec_entries(run_state: Dict[str, Any], rng_state: Dict[str, Any]) -> Dict[str, Any]:
+    """The entries :func:`save_checkpoint_fsdp` adds to the DCP state dict:
+    ``{"dlmspec_state": JSON text, "rng_state": {"rank<N>": JSON text}}`` (:func:`encode_state`;
+    strings, which DCP stores as byte objects)."""
+    return {RUN_STATE_KEY: encode_state(run_state), "rng_state": {_rng_key(): encode_state(rng_state)}}
+
+
 def save_checkpoint_fsdp(
     path: str,
     *,
@@ -259,15 +367,14 @@ def save_checkpoint_fsdp(
 
     One ``torch.distributed.checkpoint.save`` of: ``model`` (DTensors), ``optimizer``
     (``fsdp_dtensor`` state), ``run_state`` (iteration, consumed samples, seed, scheduler state:
-    equal on every rank, pickled once under ``dlmspec_state``) and every rank's pickled RNG state
-    under ``rng_state.rank<N>``.
+    equal on every rank, JSON text of :func:`encode_state` once under ``dlmspec_state``) and every
+    rank's RNG state (JSON text too) under ``rng_state.rank<N>``.
     """
     import torch.distributed.checkpoint as dcp
 
     state = _state_dict(model, optimizer, is_loading=False)
     state = _preprocess(_symmetric_optimizer_state(state, optimizer), model)
-    state[RUN_STATE_KEY] = pickle.dumps(run_state)
-    state["rng_state"] = {_rng_key(): pickle.dumps(rng_state)}
+    state.update(dlmspec_entries(run_state, rng_state))
     dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
 
 
@@ -282,30 +389,35 @@ def load_checkpoint_fsdp(
     (collective), as Megatron-LM's ``_load_base_checkpoint`` does for ``fsdp_dtensor``: DCP loads
     in place into the preprocessed DTensors, then the unprocessed model and optimizer state dicts
     (the same storage) go to ``FullyShardedDataParallel.load_state_dict`` and
-    ``DistributedOptimizer.load_state_dict``.
+    ``DistributedOptimizer.load_state_dict``. Read through
+    :func:`~dlmspec.backends.checkpoint_safety.dcp_load`: nothing in the checkpoint runs code.
+    An RNG state written pickled (before the JSON text) is not restored (``None``).
 
     Returns:
         ``(run_state, rng_state)``: the ``run_state`` given to :func:`save_checkpoint_fsdp` and
         this rank's RNG state (``None`` unless ``load_rng`` and the checkpoint has this rank's).
+
+    Raises:
+        CheckpointRefused: a checkpoint file names a global that could run code.
+        ValueError: a run state that is not what dlmspec writes.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import default_planner
+    from dlmspec.backends.checkpoint_safety import dcp_load, read_metadata
 
     raw = _state_dict(model, optimizer, is_loading=True)
     raw_model = dict(raw["model"])
     raw_optimizer = dict(raw["optimizer"]) if "optimizer" in raw else None
     state = _preprocess(_symmetric_optimizer_state(raw, optimizer), model)
-    reader = dcp.FileSystemReader(path)
-    stored = reader.read_metadata().state_dict_metadata
-    state[RUN_STATE_KEY] = b""
+    stored = read_metadata(path).state_dict_metadata
+    state[RUN_STATE_KEY] = ""
     rng_fqn = f"rng_state.{_rng_key()}"
     if load_rng and rng_fqn in stored:
-        state["rng_state"] = {_rng_key(): b""}
-    dcp.load(state, storage_reader=reader, planner=default_planner.DefaultLoadPlanner())
+        state["rng_state"] = {_rng_key(): ""}
+    dcp_load(state, path)
 
     model[0].load_state_dict(raw_model, strict=True)
     if optimizer is not None and raw_optimizer is not None:
         with torch.no_grad():
             optimizer.load_state_dict(raw_optimizer)
     blob = state.get("rng_state", {}).get(_rng_key()) if load_rng else None
-    return pickle.loads(state[RUN_STATE_KEY]), (pickle.loads(blob) if blob else None)
+    rng = decode_state(blob) if isinstance(blob, str) and blob else None
+    return _read_run_state(state[RUN_STATE_KEY], path), rng

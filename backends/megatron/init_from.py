@@ -25,9 +25,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.core import dist_checkpointing
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import unwrap_model
+
+from dlmspec.backends.checkpoint_safety import CheckpointRefused, check_checkpoint, dist_load
+from dlmspec.files import FileRefused
 
 #: ``init_from`` prefixes: Hugging Face folder, megatron-core dist checkpoint.
 INIT_KINDS = ("hf", "mcore")
@@ -380,7 +382,8 @@ def is_extra_state(name: str) -> bool:
 def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     """Load only the model weights of the dist checkpoint ``path`` into ``model`` (collective).
 
-    ``dist_checkpointing.load`` of the chunks' ``sharded_state_dict()`` (any TP/PP: each rank
+    ``dist_checkpointing.load`` (through :func:`~dlmspec.backends.checkpoint_safety.dist_load`:
+    nothing in the checkpoint runs code) of the chunks' ``sharded_state_dict()`` (any TP/PP: each rank
     reads its shards; a padded vocabulary of another size is cut or zero-padded, megatron's
     ``allow_shape_mismatch``), then ``load_state_dict`` per chunk. ``_extra_state`` entries
     (Transformer Engine's FP8 scaling history; ``None`` in local-spec modules), including the
@@ -390,6 +393,8 @@ def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     Optimizer state, iteration and RNG states in the checkpoint are not read.
 
     Raises:
+        CheckpointRefused: a checkpoint file names a global that could run code
+            (:mod:`dlmspec.backends.checkpoint_safety`).
         megatron's ``CheckpointingException`` / ``KeyError``: a tensor the model has is missing
             from the checkpoint, or its shape disagrees.
         RuntimeError: a model parameter or buffer was not loaded, or the checkpoint gave one
@@ -399,7 +404,7 @@ def load_model_weights(path: str, model: List[torch.nn.Module]) -> None:
     chunks = [unwrap_model(m) for m in model]
     state = {key: {k: v for k, v in chunk.sharded_state_dict().items() if not is_extra_state(k)}
              for key, chunk in zip(keys, chunks)}
-    loaded = dist_checkpointing.load(state, path)
+    loaded = dist_load(state, path)
     for key, chunk in zip(keys, chunks):
         result = chunk.load_state_dict(loaded[key], strict=False)
         missing = [k for k in result.missing_keys if not is_extra_state(k)]
@@ -437,8 +442,9 @@ def initialize_from(
 
     Raises:
         InitFromError: on every rank when rank 0 failed (malformed value, missing folder,
-            dimensions that differ from the run's, conversion error) or when a rank cannot see
-            the checkpoint.
+            dimensions that differ from the run's, conversion error, a checkpoint file that would
+            run code when loaded: :func:`~dlmspec.backends.checkpoint_safety.check_checkpoint`) or
+            when a rank cannot see the checkpoint.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -449,6 +455,10 @@ def initialize_from(
         if rank == 0:
             try:
                 status = {"ok": True, **_prepare_on_rank0(init_from, cache_dir, transformer_config, model_kwargs)}
+                try:
+                    check_checkpoint(status["checkpoint"])  # nothing in it may run code when loaded
+                except FileRefused as exc:
+                    raise InitFromError(f"checkpoint.init_from = {init_from!r}: {exc}") from None
             except Exception as exc:  # told to every rank first, so none waits for ever
                 failure = exc
                 text = str(exc) if isinstance(exc, InitFromError) else f"{type(exc).__name__}: {exc}"
@@ -481,7 +491,10 @@ def initialize_from(
         if group is not None:
             dist.destroy_process_group(group)
     t0 = time.perf_counter()
-    load_model_weights(checkpoint, model)
+    try:
+        load_model_weights(checkpoint, model)
+    except CheckpointRefused as exc:
+        raise InitFromError(f"checkpoint.init_from = {init_from!r}: {exc}") from None
     if dist.is_initialized():
         dist.barrier()
     return InitSource(

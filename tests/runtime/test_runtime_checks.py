@@ -344,7 +344,7 @@ def test_load_checkpoint_loads_a_changed_schedule(tmp_path_factory, monkeypatch)
     loaded = {"model": {}, "opt_param_scheduler": old.state_dict(), "iteration": 100,
               "consumed_train_samples": 3200, "seed": 1}
     monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {"model": {}})
-    monkeypatch.setattr(checkpointing.dist_checkpointing, "load", lambda state, p: dict(loaded))
+    monkeypatch.setattr(checkpointing, "dist_load", lambda state, p: dict(loaded))
     new = _scheduler(600)
     with megatron_cpu_world(tmp_path_factory, monkeypatch):
         result = checkpointing.load_checkpoint(str(path), model=[torch.nn.Module()], scheduler=new, seed=1)
@@ -683,7 +683,7 @@ def test_load_checkpoint_keeps_this_specs_optimizer_hyperparameters(tmp_path_fac
     loaded = {"model": {}, "optimizer": {"param_groups": saved}, "opt_param_scheduler": old.state_dict(),
               "iteration": 100, "consumed_train_samples": 3200, "seed": 1}
     monkeypatch.setattr(checkpointing, "_model_sharded_state_dict", lambda model: {"model": {}})
-    monkeypatch.setattr(checkpointing.dist_checkpointing, "load", lambda state, p: dict(loaded))
+    monkeypatch.setattr(checkpointing, "dist_load", lambda state, p: dict(loaded))
     optimizer = _Optimizer(5e-4, (0.9, 0.98))
     scheduler = _scheduler(600, lr=5e-4)
     scheduler.optimizer = optimizer
