@@ -25,9 +25,12 @@ from dlmspec.spec.load import load_text  # noqa: E402
 from small_spec import SMALL_SPEC  # noqa: E402
 
 
-def compiled(tmp_path: Path, value: object, impl: str = "auto") -> Path:
-    spec = load_text(SMALL_SPEC).spec.replace(**{"kernels.gradient_accumulation_fusion": value,
-                                                  "model.transformer_impl": impl})
+def compiled(tmp_path: Path, value: object = None, impl: str = "auto") -> Path:
+    """train.py of the small spec; ``value`` None: the key left at its default."""
+    changes = {"model.transformer_impl": impl}
+    if value is not None:
+        changes["kernels.gradient_accumulation_fusion"] = value
+    spec = load_text(SMALL_SPEC).spec.replace(**changes)
     train = tmp_path / "train.py"
     train.write_text(render(resolve(spec), "spec.toml")["train.py"], encoding="utf-8")
     return train
@@ -53,8 +56,10 @@ def test_auto_fuses_only_with_transformer_engine_and_apex(te: bool, apex: bool, 
             assert config.gradient_accumulation_fusion is False
 
 
-def test_transformer_config_carries_the_decision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _import(compiled(tmp_path, "auto"))
+def test_default_spec_fuses_on_a_machine_with_transformer_engine_and_apex(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key left out ("auto"): build_configs' TransformerConfig has the fusion on where it runs."""
+    module = _import(compiled(tmp_path))
     machine(monkeypatch, te=True, apex=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
