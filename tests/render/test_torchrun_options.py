@@ -108,3 +108,33 @@ def test_probe_reads_the_installed_torchrun_help_and_its_list_matches_the_commit
     assert out.returncode == 0, out.stderr
     expected = [n for n in TORCHRUN_OPTIONAL if n in installed]
     assert [line.split("=", 1)[0] for line in out.stdout.split()] == expected
+
+
+@pytest.mark.parametrize("version, expected", [("2.8.0", "TERM"), ("2.13.0", "USR1")])
+def test_time_limit_signal_reaches_the_training_processes_on_every_torchrun(version: str, expected: str,
+                                                                           tmp_path: Path) -> None:
+    """SIGUSR1 to the batch script reaches torchrun's workers: as SIGUSR1 where torchrun forwards it
+    (``--signals-to-handle``, torch 2.10+), as SIGTERM (which torchrun forwards, and on which the
+    runtime saves too) where it does not; the job then exits with the requeue code."""
+    import signal
+    import time
+
+    from dlmspec.errors import REQUEUE_EXIT_CODE
+
+    help_file = tmp_path / "torchrun-help.txt"
+    help_file.write_text(fake_help(VERSIONS[version]))
+    proc, log, _ = run_script(render(**TWO_NODES), tmp_path, background=True,
+                              env={"FAKE_TORCHRUN_HELP": str(help_file), "FAKE_PY_WAIT": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not (log / "python.started").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (log / "python.signal").read_text().strip() == expected, stderr
+    assert proc.returncode == REQUEUE_EXIT_CODE, stderr
+    assert (log / "requeue").read_text().split() == ["4242"], stderr
