@@ -9,10 +9,10 @@ It adds two compiled variants to bench/throughput/run.py (``te-gaf-off``: the fu
 ``te-gaf-on``: true) and runs run.py's megatron side with them, alternating, at the demo's micro
 batch 32 and seq 512 (each job a fresh process: compile, then train.py under torchrun; 3 warm-up +
 10 timed steps). Then it writes ``grad_accum_fusion_<date>.json``: whether APEX's
-``fused_weight_gradient_mlp_cuda`` and Transformer Engine import on this machine (with
-``true`` train.py refuses, exit 2, without APEX: megatron-core's output layer needs it; the
-``on`` row then records that error), each variant's best median step time and tokens/s, and
-``speedup`` = off's median step time / on's. run.py's own results file and log sit beside it.
+``fused_weight_gradient_mlp_cuda`` and Transformer Engine import on this machine (``true`` fuses
+the Transformer Engine linears either way, and the output layer too only with APEX: the JSON's
+``on_fuses`` says which), each variant's best median step time and tokens/s, and ``speedup`` =
+off's median step time / on's. run.py's own results file and log sit beside it.
 The MFU/TFLOP columns of run.py's file count the ``--preset``'s model, not the demo's: compare
 step times.
 """
@@ -40,7 +40,7 @@ VARIANTS = {
     "te-gaf-on": {"precision": "bf16", "sets": {"model.transformer_impl": "transformer_engine",
                                                 "kernels.gradient_accumulation_fusion": True},
                   "what": "demo spec, Transformer Engine layers, gradient_accumulation_fusion = true "
-                          "(needs APEX's fused_weight_gradient_mlp_cuda)"},
+                          "(TE linears; the output layer too when APEX imports)"},
 }
 
 
@@ -83,6 +83,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     results_files = sorted(out_dir.glob("throughput_*_grad-accum-fusion*.json"), key=lambda q: q.stat().st_mtime)
     summary: Dict[str, Any] = {"command": "python3 bench/throughput/grad_accum_fusion.py", "spec": str(SPEC.relative_to(ROOT)),
                                "imports": imports(args.python), "run_py_exit": code, "variants": {}}
+    summary["on_fuses"] = ("TE linears and the output layer" if summary["imports"]["fused_weight_gradient_mlp_cuda"]
+                           else "TE linears only (no APEX: the output layer unfused)")
     if results_files and results_files[-1].stat().st_mtime >= started:
         data = json.loads(results_files[-1].read_text())
         summary["results_file"] = results_files[-1].name

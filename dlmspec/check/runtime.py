@@ -294,10 +294,11 @@ def _document_mask_te(ctx: Context) -> Iterator[Finding]:
     fix_keys=Fix({"kernels.gradient_accumulation_fusion": "auto"}),
 )
 def _gradient_accumulation_fusion_local(ctx: Context) -> Iterator[Finding]:
-    """train.py turns the fusion on with Transformer Engine linears only (each fuses the weight
-    gradient's accumulation into its GEMM; GPTModel's output layer, a ColumnParallelLinear, needs
-    APEX for it). On the local layers every linear would be megatron-core's own, each needing
-    APEX's kernel, a path the runtime neither installs nor tests."""
+    """train.py turns the fusion on in Transformer Engine linears (each fuses the weight gradient's
+    accumulation into its GEMM), and in GPTModel's output layer, a ColumnParallelLinear, only when
+    APEX imports. On the local layers every linear would be megatron-core's own, each needing
+    APEX's kernel, a path the runtime neither installs nor tests; with true, train.py exits 2
+    there."""
     if ctx.spec.kernels.gradient_accumulation_fusion is True and ctx.r.transformer_impl == "local":
         yield Finding("kernels.gradient_accumulation_fusion",
                       "gradient-accumulation fusion is enabled with Transformer Engine linears only, and "

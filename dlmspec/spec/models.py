@@ -339,8 +339,9 @@ class KernelsSpec(Section):
     gradient_accumulation_fusion: Literal["auto"] | bool = Field(
         "auto",
         description="megatron-core's gradient_accumulation_fusion: weight gradients accumulated into the fp32 "
-        "main_grad inside the GEMM. 'auto': on with Transformer Engine linears when APEX's "
-        "fused_weight_gradient_mlp_cuda imports (the output layer needs it), else off; true: required.",
+        "main_grad inside the GEMM. 'auto': on with Transformer Engine layers when APEX's "
+        "fused_weight_gradient_mlp_cuda imports (the output layer needs it), else off; true: on in the "
+        "Transformer Engine linears, and in the output layer when APEX imports.",
     )
     qkv_fusion: bool = Field(
         True,
