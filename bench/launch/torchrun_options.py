@@ -4,12 +4,14 @@ without downloading the wheels (~800 MB each).
 For each version: PyPI's JSON API (``https://pypi.org/pypi/torch/<ver>/json``; when that answers
 404, the project document ``https://pypi.org/pypi/torch/json`` and its ``releases[<ver>]``) names a
 manylinux x86_64 cp312 (else cp311) wheel; HTTP Range requests read the zip's end-of-central-directory
-record (and its ZIP64 locator: the wheels are over 4 GiB of entries' offsets only rarely, but
-handled), then the central directory, then the one local entry ``torch/distributed/run.py``, which
-is inflated (``zlib``, raw deflate). The options are the string arguments beginning ``--`` of every
-``add_argument`` call in that file, found with :mod:`ast`.
+record (and the ZIP64 record when the central directory's offset needs it), then the central
+directory, then the one local entry ``torch/distributed/run.py``, which is inflated (``zlib``,
+raw deflate). The options are the string arguments beginning ``--`` of every ``add_argument``
+call in that file, found with :mod:`ast`. A mirror whose JSON gives wheel URLs relative to the
+document is followed (``urljoin``).
 
-Usage (writes ``dlmspec/render/torchrun_options.json``; about 3 requests and a few hundred KB per version)::
+Usage (writes ``dlmspec/render/torchrun_options.json``; 4 range requests and a few MB per version, mostly
+the central directory)::
 
     python bench/launch/torchrun_options.py --out dlmspec/render/torchrun_options.json 2.6.0 2.7.0 ...
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dlmspec.render.launch_env import TORCHRUN_OPTIONAL, torchrun_options, torchrun_probe
+from dlmspec.render.launch_env import TORCHRUN_OPTIONAL, TORCHRUN_REQUIRED, torchrun_options, torchrun_probe
 from test_slurm import ROOT, nul_list, render, run_script
 
 VERSIONS = torchrun_options()
@@ -60,7 +60,7 @@ def test_committed_lists_cover_each_torch_release_the_extra_allows_and_name_thei
 @pytest.mark.parametrize("version", sorted(VERSIONS, key=lambda v: tuple(map(int, v.split(".")))))
 def test_options_always_passed_to_torchrun_are_in_every_torch_version(version: str) -> None:
     flags = always_passed(render(**TWO_NODES))
-    assert {"--node-rank", "--nnodes", "--nproc-per-node", "--master-addr", "--master-port"} <= flags
+    assert flags == set(TORCHRUN_REQUIRED)
     missing = sorted(flags - set(VERSIONS[version]))
     assert not missing, f"torch {version}'s torchrun has no {missing}"
 
