@@ -96,19 +96,22 @@ def _vpp_microbatches(ctx: Context) -> Iterator[Finding]:
 @rule(
     "pipeline-bubble",
     "warning",
-    "Narayanan et al. 2021 (Megatron-LM PTD-P), sec. 2.2.1: bubble time fraction (p - 1) / m",
-    "the pipeline bubble (PP - 1) / microbatches is at most 50%",
+    "Narayanan et al. 2021 (Megatron-LM PTD-P), sec. 2.2.1-2.2.2: bubble time fraction (p - 1) / m, "
+    "(p - 1) / (v m) with v interleaved (virtual) stages per GPU",
+    "the pipeline bubble (PP - 1) / (VPP x microbatches) is at most 50%",
 )
 def _bubble(ctx: Context) -> Iterator[Finding]:
     r, tr = ctx.r, ctx.spec.train
     if r.pp == 1 or tr.global_batch_size % (tr.micro_batch_size * r.dp):
         return
-    bubble = (r.pp - 1) / r.num_microbatches
+    virtual = r.vpp or 1
+    bubble = (r.pp - 1) / (virtual * r.num_microbatches)
     if bubble > 0.5:
         want = 4 * r.pp * tr.micro_batch_size * r.dp
         yield Finding(
             "train.global_batch_size",
-            f"{r.num_microbatches} microbatches over {r.pp} pipeline stages: the bubble costs "
+            f"{r.num_microbatches} microbatches over {r.pp} pipeline stages"
+            f"{f' ({virtual} virtual stages each)' if virtual > 1 else ''}: the bubble costs "
             f"{bubble:.0%} of the compute time",
             f"use at least 4 * PP microbatches (global_batch_size = {want}), or a smaller PP size",
             fix=Fix({"train.global_batch_size": want}),

@@ -279,3 +279,27 @@ def _document_mask_te(ctx: Context) -> Iterator[Finding]:
         yield Finding("data.reset_attention_mask", "a document mask is per query ([b, 1, s, s]), no key-padding mask "
                       "[b, 1, 1, s], and the Transformer Engine layers take no other: the runtime refuses it at "
                       "start-up (backends/megatron/checks.py check_masks_supported)")
+
+
+@rule(
+    "runtime-gradient-accumulation-fusion",
+    "error",
+    "megatron-core tensor_parallel/layers.py ColumnParallelLinear.__init__ (raises when "
+    "gradient_accumulation_fusion is on and APEX's fused_weight_gradient_mlp_cuda does not import; "
+    "extensions/transformer_engine.py passes it to TE's linears as fuse_wgrad_accumulation)",
+    "kernels.gradient_accumulation_fusion = true runs on the Transformer Engine path",
+    scope="runtime",
+    fix='set kernels.gradient_accumulation_fusion = "auto" (on with Transformer Engine linears when APEX '
+    'imports, else off), or model.transformer_impl = "transformer_engine"',
+    fix_keys=Fix({"kernels.gradient_accumulation_fusion": "auto"}),
+)
+def _gradient_accumulation_fusion_local(ctx: Context) -> Iterator[Finding]:
+    """train.py turns the fusion on in Transformer Engine linears (each fuses the weight gradient's
+    accumulation into its GEMM), and in GPTModel's output layer, a ColumnParallelLinear, only when
+    APEX imports. On the local layers every linear would be megatron-core's own, each needing
+    APEX's kernel, a path the runtime neither installs nor tests; with true, train.py exits 2
+    there."""
+    if ctx.spec.kernels.gradient_accumulation_fusion is True and ctx.r.transformer_impl == "local":
+        yield Finding("kernels.gradient_accumulation_fusion",
+                      "gradient-accumulation fusion is enabled with Transformer Engine linears only, and "
+                      f"the layers are local ({ctx.r.transformer_impl_reason})")

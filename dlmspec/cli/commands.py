@@ -556,9 +556,9 @@ def new(
     """Write a starter spec for a model preset that validates, plans and compiles as written,
     or (--from NAME) a copy of a bundled spec.
 
-    The layout is data parallel when that fits the GPU's memory; otherwise the fastest layout
-    that fits (as `dlmspec plan --search` ranks them), unless --set chooses parallel keys. When
-    nothing fits, nothing is written and the message says how many nodes would do.
+    The layout is the fastest that fits with headroom, as `dlmspec plan --search` ranks them
+    (data parallel or not), unless --set chooses parallel keys. When nothing fits, nothing is
+    written and the message says how many nodes would do.
     """
     use_json(ctx, json_output)
     target = Path(output)
@@ -605,9 +605,9 @@ def new(
 
 def _starter(name: str, preset: str, *, file: str, where: str, **options: Any) -> tuple[str, Any, Resolved,
                                                                                        list[SpecIssue]]:
-    """``dlmspec new``'s spec: :func:`starter_spec`, and when it does not fit (unless
-    ``overrides`` choose layout keys) the fastest layout that fits; ``(text, loaded, resolved,
-    issues)``. ``where`` names the output in the issue of a model that fits on no layout.
+    """``dlmspec new``'s spec: :func:`starter_spec` with, unless ``overrides`` choose layout keys,
+    the layout ``dlmspec plan --search`` ranks first among those that fit with headroom
+    (:func:`_fitting_layout`), data parallel or not; ``(text, loaded, resolved, issues)``. ``where`` names the output in the issue of a model that fits on no layout.
 
     Raises:
         SpecError: what :func:`starter_spec` raises; no layout fits.
@@ -617,37 +617,26 @@ def _starter(name: str, preset: str, *, file: str, where: str, **options: Any) -
     resolved = resolve(loaded.spec)
     issues = spec_issues(loaded, resolved)
     chosen = {item.partition("=")[0].strip() for item in options.get("overrides", ())}
-    if any(i.rule in ("memory-fits", "memory-headroom") for i in issues) and not chosen & _LAYOUT_KEYS:
-        layout, note, hint = _fitting_layout(resolved)
-        if layout is None:
-            raise SpecError([SpecIssue("--nodes", f"{preset} does not fit on {resolved.world_size} x "
-                                       f"{options.get('gpu', 'h100')}: {note}", value=options.get("nodes", 1),
-                                       hint=hint, rule="memory-fits",
-                                       source="dlmspec.plan.search (every layout of the model on these GPUs)",
-                                       file=where)])
-        text = starter_spec(name, preset, **options, layout=layout, layout_note=note)
-        loaded = load_text(text, name=file)
-        resolved = resolve(loaded.spec)
-        issues = spec_issues(loaded, resolved)
-    elif resolved.gpu is not None and not chosen & _LAYOUT_KEYS:
-        # it fits at micro batch 1: the micro batch of the data-parallel layout that plans fastest
-        from dlmspec.plan import HEADROOM_WARNING, PlanError, fastest_micro_batch, make_plan
-
-        try:
-            plan = make_plan(resolved)
-        except PlanError:
+    if chosen & _LAYOUT_KEYS:
+        return text, loaded, resolved, issues
+    unfit = any(i.rule in ("memory-fits", "memory-headroom") for i in issues)
+    if resolved.gpu is None and not unfit:
+        return text, loaded, resolved, issues
+    # The layout `dlmspec plan --search` ranks first among those that fit with headroom, whether or
+    # not data parallelism alone fits: on many GPUs a pipelined layout plans faster than DP.
+    layout, note, hint = _fitting_layout(resolved)
+    if layout is None:
+        if not unfit:
             return text, loaded, resolved, issues
-        best = fastest_micro_batch(plan, HEADROOM_WARNING * resolved.gpu.memory_bytes)
-        if best is not None and best.layout.micro_batch != plan.layout.micro_batch:
-            mb = best.layout.micro_batch
-            note = (f"Parallel layout: data parallel only; micro batch {mb}, the one that plans fastest with "
-                    f"headroom ({best.time.tokens_per_second / resolved.world_size:,.0f} tokens/s per GPU against "
-                    f"{plan.time.tokens_per_second / resolved.world_size:,.0f} at micro batch 1; planned peak "
-                    f"{best.peak_bytes / GiB:.1f} of {resolved.gpu.memory_bytes / GiB:.1f} GiB per GPU).")
-            text = starter_spec(name, preset, **options, layout={"train.micro_batch_size": mb}, layout_note=note)
-            loaded = load_text(text, name=file)
-            resolved = resolve(loaded.spec)
-            issues = spec_issues(loaded, resolved)
+        raise SpecError([SpecIssue("--nodes", f"{preset} does not fit on {resolved.world_size} x "
+                                   f"{options.get('gpu', 'h100')}: {note}", value=options.get("nodes", 1),
+                                   hint=hint, rule="memory-fits",
+                                   source="dlmspec.plan.search (every layout of the model on these GPUs)",
+                                   file=where)])
+    text = starter_spec(name, preset, **options, layout=layout, layout_note=note)
+    loaded = load_text(text, name=file)
+    resolved = resolve(loaded.spec)
+    issues = spec_issues(loaded, resolved)
     return text, loaded, resolved, issues
 
 

@@ -52,6 +52,7 @@ from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word,
 from dlmspec.spec.load import LoadedSpec
 from dlmspec.resolve import (Resolved, eod_choice, locked_spec, run_dir, runtime_values, schedule, sft_pad_eos_tokens,
                              sft_section)
+from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block
 from dlmspec.render.sbatch import render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec.models import Spec
@@ -215,7 +216,9 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
     :func:`dlmspec.resolve.resolve_blend`), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
     (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`), ``python`` (``--python`` as a bash word,
     :func:`launch_interpreter`; ``None`` when not given), ``sft`` (``stage.kind = "sft"``: its
-    ``section`` with defaults filled and the resolved ``pad_eos_tokens``; else ``None``).
+    ``section`` with defaults filled and the resolved ``pad_eos_tokens``; else ``None``),
+    ``launch_environment`` / ``preflight_args`` (launch.sh's exports and start check, the same as
+    launch.sbatch's: :mod:`dlmspec.render.launch_env`).
     """
     s = locked_spec(resolved)
     m = s.model
@@ -247,6 +250,8 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
         "run_dir": run_dir(resolved),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
         "python": None if python is None else shell_word(python),
+        "launch_environment": environment_block(resolved),
+        "preflight_args": " ".join(shell_word(a) for a in PREFLIGHT_ARGS),
         "sft": (None if resolved.spec.stage.kind != "sft" else
                 {"section": sft_section(resolved.spec), "pad_eos_tokens": sft_pad_eos_tokens(resolved.spec)}),
     }

@@ -46,6 +46,7 @@ from dlmspec import __version__
 from dlmspec.check import issues_for
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError
 from dlmspec.render.escape import comment, sbatch_value, shell_word
+from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block, torchrun_probe
 from dlmspec.resolve import Resolved, job_name, slurm_settings
 from dlmspec.templates import TEMPLATE_DIR
 
@@ -125,7 +126,11 @@ def sbatch_context(resolved: Resolved) -> dict[str, Any]:
     ``container_prefix`` (quoted words, each before a space),
     ``check_options`` (quoted words passed to ``dlmspec.backends.launch.check``), ``signal_seconds``,
     ``requeue``, ``requeue_exit``, ``port_base``, ``port_span``, ``wandb`` (check
-    ``WANDB_API_KEY`` at run time).
+    ``WANDB_API_KEY`` at run time), ``launch_environment`` (the exports shared with launch.sh:
+    :func:`dlmspec.render.launch_env.environment_block`), ``preflight_args`` (train.py's start-check
+    arguments, :data:`~dlmspec.render.launch_env.PREFLIGHT_ARGS`), ``torchrun_probe`` (the per-node
+    bash that picks the optional torchrun options its ``--help`` lists:
+    :func:`~dlmspec.render.launch_env.torchrun_probe`).
     """
     spec = resolved.spec
     cluster = spec.cluster
@@ -172,6 +177,9 @@ def sbatch_context(resolved: Resolved) -> dict[str, Any]:
         "port_span": PORT_SPAN,
         "wandb": spec.logging.wandb_project is not None and spec.logging.wandb_mode != "offline",
         "runtime_secrets": RUNTIME_SECRETS,
+        "launch_environment": environment_block(resolved),
+        "preflight_args": " ".join(shell_word(a) for a in PREFLIGHT_ARGS),
+        "torchrun_probe": torchrun_probe(slurm.signal_seconds_before_end),
     }
 
 

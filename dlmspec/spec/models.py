@@ -336,6 +336,13 @@ class KernelsSpec(Section):
         "path; on the local path a torch.compile'd kernel (backends/megatron/rope.py) in place of "
         "megatron-core's eight unfused element-wise kernels. No effect without rotary embeddings.",
     )
+    gradient_accumulation_fusion: Literal["auto"] | bool = Field(
+        "auto",
+        description="megatron-core's gradient_accumulation_fusion: weight gradients accumulated into the fp32 "
+        "main_grad inside the GEMM. 'auto': on with Transformer Engine layers when APEX's "
+        "fused_weight_gradient_mlp_cuda imports (the output layer needs it), else off; true: on in the "
+        "Transformer Engine linears, and in the output layer when APEX imports.",
+    )
     qkv_fusion: bool = Field(
         True,
         description="Local path: the split of the fused QKV projection, q/k RMSNorm and RoPE in one "

@@ -87,6 +87,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
      "precision.fp8_dot_product_attention"),
     ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
      "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
+    ({"kernels.gradient_accumulation_fusion": True, "model.transformer_impl": "local"},
+     "runtime-gradient-accumulation-fusion", "kernels.gradient_accumulation_fusion"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
       "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
     ({"logging.tensorboard_dir": "tb"}, "runtime-tensorboard-dir", "logging.tensorboard_dir"),

@@ -396,6 +396,8 @@ RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
       "model.transformer_impl": "transformer_engine"}, "runtime-fsdp-fp8", "precision.fp8"),
     ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
      "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
+    ({"kernels.gradient_accumulation_fusion": True, "model.transformer_impl": "local"},
+     "runtime-gradient-accumulation-fusion", "kernels.gradient_accumulation_fusion"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
       "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
     ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},

@@ -369,7 +369,9 @@ def test_torchrun_launch_gets_rendezvous_and_node_rank(tmp_path: Path) -> None:
     assert argv[:4] == ["-m", "torch.distributed.run", "--node-rank=1", "--nnodes=2"]
     assert "--nproc-per-node=4" in argv and "--master-addr=node07" in argv
     assert f"--master-port={rendezvous_port(4242)}" in argv
-    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in argv
+    # fakebin's torchrun --help lists no option: the optional signal options are left out
+    # (tests/render/test_torchrun_options.py passes each torch version's list).
+    assert not [a for a in argv if a.startswith(("--signals-to-handle", "--shutdown-timeout"))]
     assert argv[-1] == str(tmp_path / "train.py")
     env = env_dict(log / "python.env")
     assert env["MASTER_ADDR"] == "node07" and env["MASTER_PORT"] == str(rendezvous_port(4242))
