@@ -65,7 +65,7 @@ class TextCodec:
 
     def __init__(self, tokenizer: Any) -> None:
         if tokenizer is None:
-            raise ValueError("tokenizer: none; lm-eval sends text, so the model needs a tokenizer "
+            raise ModelArgsError("tokenizer: none; lm-eval sends text, so the model needs a tokenizer "
                              "(run from the folder the training ran in, so its tokenizer files are found)")
         self.tokenizer = tokenizer
 
@@ -108,7 +108,7 @@ def _parse(name: str, value: Any, kind: type) -> Any:
 #: ``--model_args`` numbers: ``name -> (type, lowest, highest or None, an example that works)``.
 #: ``mc_samples`` past a million (a day per request on a GPU) is taken as a typo.
 _RANGES: Dict[str, Tuple[type, Any, Any, str]] = {
-    "seed": (int, 0, (1 << 62) - 1, "seed=0"), "mc_samples": (int, 1, 1 << 20, "mc_samples=128"),
+    "seed": (int, 0, (1 << 62) - 1, "seed=0"), "mc_samples": (int, 2, 1 << 20, "mc_samples=128"),
     "samples_per_forward": (int, 1, 1 << 20, "samples_per_forward=16"), "eps": (float, 0.0, 0.999999, "eps=0.001"),
     "greedy_check": (bool, None, None, "greedy_check=false"), "max_length": (int, 2, 1 << 24, "max_length=2048"),
     "eos_token_id": (int, 0, (1 << 63) - 1, "eos_token_id=50256"),
@@ -199,40 +199,45 @@ class DlmspecLM(LM):
             eos_token_id = eos_token_id if eos_token_id is not None else self.loaded.eos_token_id
             pad_token_id = pad_token_id if pad_token_id is not None else self.loaded.pad_token_id
             max_length = max_length if max_length is not None else getattr(self.loaded, "max_length", None)
-        self.logits_fn = logits_fn
-        self.codec = TextCodec(tokenizer)
-        self.kind = kind or "mdm"
-        if self.kind not in ("mdm", "ar"):
-            raise ModelArgsError(f"--model_args kind={self.kind!r}: use kind=mdm or kind=ar")
-        self.mask_token_id = _parse("mask_token_id", mask_token_id, int)
-        if self.kind == "mdm" and self.mask_token_id is None:
-            raise ModelArgsError("--model_args mask_token_id: a diffusion LM needs its mask token (the run's "
-                                 "[objective] mask_token_id)")
-        self.eos_token_id = _parse("eos_token_id", eos_token_id, int)
-        self.pad_token_id = _parse("pad_token_id", pad_token_id, int)
-        self.seed = _parse("seed", seed, int)
-        self.elbo_kwargs = {"estimator": estimator, "num_samples": _parse("mc_samples", mc_samples, int),
-                            "samples_per_forward": _parse("samples_per_forward", samples_per_forward, int),
-                            "eps": _parse("eps", eps, float)}
-        self.greedy_check = _parse("greedy_check", greedy_check, bool)
-        self._max_length = _parse("max_length", max_length, int) or 2048
-        self.batch_size = 1 if batch_size in (None, "auto") else max(1, _parse("batch_size", str(batch_size).split(":")[0], int))
-        types = {"gen_length": int, "steps": int, "block_length": int, "remasking": str, "threshold": float,
-                 "temperature": float, "top_k": int, "top_p": float, "cfg_scale": float}
-        self.generate_args = {k: _parse(k, v, types[k]) for k, v in generate_args.items()}
-        gen_length = self.generate_args.get("gen_length")
-        if gen_length is not None and not 1 <= gen_length < self._max_length:
-            raise ModelArgsError(f"--model_args gen_length={gen_length}: the model takes {self._max_length} positions, "
-                                 f"prompt included; e.g. gen_length={min(256, self._max_length // 2)}")
-        try:  # every other setting checked now, not at the first generate_until request
-            self._config({"max_gen_toks": min(256, self._max_length - 1)})
-        except GenerateConfigError as exc:
-            raise ModelArgsError(f"--model_args {exc.field}={exc.value!r}: {str(exc).split(': ', 1)[-1]}") from None
-        if step_fn_factory is None and self.loaded is not None and getattr(self.loaded, "kv_cache_fallback", 1) is None:
-            room = int(self.generate_args.get("gen_length") or 256)  # a longer decode restarts the cache larger
-            step_fn_factory = lambda: self.loaded.ar_step_fn(max_new_tokens=room)  # noqa: E731
-        self.step_fn_factory = step_fn_factory
-        self.progress = progress
+        try:  # a refused setting releases the model loaded for it (its process group)
+            self.logits_fn = logits_fn
+            self.codec = TextCodec(tokenizer)
+            self.kind = kind or "mdm"
+            if self.kind not in ("mdm", "ar"):
+                raise ModelArgsError(f"--model_args kind={self.kind!r}: use kind=mdm or kind=ar")
+            self.mask_token_id = _parse("mask_token_id", mask_token_id, int)
+            if self.kind == "mdm" and self.mask_token_id is None:
+                raise ModelArgsError("--model_args mask_token_id: a diffusion LM needs its mask token (the run's "
+                                     "[objective] mask_token_id)")
+            self.eos_token_id = _parse("eos_token_id", eos_token_id, int)
+            self.pad_token_id = _parse("pad_token_id", pad_token_id, int)
+            self.seed = _parse("seed", seed, int)
+            self.elbo_kwargs = {"estimator": estimator, "num_samples": _parse("mc_samples", mc_samples, int),
+                                "samples_per_forward": _parse("samples_per_forward", samples_per_forward, int),
+                                "eps": _parse("eps", eps, float)}
+            self.greedy_check = _parse("greedy_check", greedy_check, bool)
+            self._max_length = _parse("max_length", max_length, int) or 2048
+            self.batch_size = 1 if batch_size in (None, "auto") else max(1, _parse("batch_size", str(batch_size).split(":")[0], int))
+            types = {"gen_length": int, "steps": int, "block_length": int, "remasking": str, "threshold": float,
+                     "temperature": float, "top_k": int, "top_p": float, "cfg_scale": float}
+            self.generate_args = {k: _parse(k, v, types[k]) for k, v in generate_args.items()}
+            gen_length = self.generate_args.get("gen_length")
+            if gen_length is not None and not 1 <= gen_length < self._max_length:
+                raise ModelArgsError(f"--model_args gen_length={gen_length}: the model takes {self._max_length} positions, "
+                                     f"prompt included; e.g. gen_length={min(256, self._max_length // 2)}")
+            try:  # every other setting checked now, not at the first generate_until request
+                self._config({"max_gen_toks": min(256, self._max_length - 1)})
+            except GenerateConfigError as exc:
+                raise ModelArgsError(f"--model_args {exc.field}={exc.value!r}: {str(exc).split(': ', 1)[-1]}") from None
+            if step_fn_factory is None and self.loaded is not None and getattr(self.loaded, "kv_cache_fallback", 1) is None:
+                room = int(self.generate_args.get("gen_length") or 256)  # a longer decode restarts the cache larger
+                step_fn_factory = lambda: self.loaded.ar_step_fn(max_new_tokens=room)  # noqa: E731
+            self.step_fn_factory = step_fn_factory
+            self.progress = progress
+        except BaseException:
+            if self.loaded is not None and hasattr(self.loaded, "close"):
+                self.loaded.close()
+            raise
 
     # ------------------------------------------------------------------ construction from --model_args
 

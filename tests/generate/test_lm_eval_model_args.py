@@ -40,7 +40,9 @@ def _exit(capsys, model_args: str, tasks: Path, task: str = "tiny_mc") -> str:
     for h in handlers:
         h.stream = sys.stderr
     try:
-        with pytest.raises(SystemExit) as stop:
+        # and leave no handler bound to this test's stderr behind for the tests after it
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit) as stop:
+            mp.setattr("lm_eval.__main__.setup_logging", lambda *args, **kwargs: None)
             lm_eval_model.main(["--model", "dlmspec", "--model_args", model_args, "--tasks", task, "--include_path",
                                 str(tasks), "--device", "cpu"])
     finally:
@@ -58,7 +60,7 @@ def _exit(capsys, model_args: str, tasks: Path, task: str = "tiny_mc") -> str:
     ("PATH,mc_samples=abc", "--model_args mc_samples='abc': not a whole number; e.g. mc_samples=4"),
     ("mc_samples=4", "--model_args path=...: give the run, checkpoint or Hugging Face folder"),
     ("PATH,logits_fn=abc", "--model_args logits_fn: not a dlmspec model argument"),
-    ("PATH,mc_samples=0", "--model_args mc_samples=0: out of range 1..1048576; e.g. mc_samples=128"),
+    ("PATH,mc_samples=0", "--model_args mc_samples=0: out of range 2..1048576; e.g. mc_samples=128"),
     ("PATH,eps=2.5", "--model_args eps=2.5: out of range"),
     ("PATH,seed=-1", "--model_args seed=-1: out of range"),
     ("PATH,gen_length=100000", "--model_args gen_length=100000: the model takes 128 positions"),
@@ -66,8 +68,11 @@ def _exit(capsys, model_args: str, tasks: Path, task: str = "tiny_mc") -> str:
 ])
 def test_bad_model_args_exit_2_with_one_line_naming_the_key_the_value_and_a_fix(
         tiny_runs, task_folder, offline_lm_eval, capsys, args, said) -> None:
+    import torch.distributed as dist
+
     line = _exit(capsys, args.replace("PATH", f"path={tiny_runs['mdm'][0]}"), task_folder)
     assert said in line, line
+    assert not dist.is_initialized()  # a model loaded before the refusal was released
 
 
 def test_a_damaged_checkpoint_exits_2_naming_the_file(tiny_runs, task_folder, offline_lm_eval, capsys,
