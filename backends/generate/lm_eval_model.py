@@ -117,6 +117,14 @@ _RANGES: Dict[str, Tuple[type, Any, Any, str]] = {
 }
 
 
+def _embedding_rows(loaded: Any) -> Optional[int]:
+    """How many token ids a loaded model embeds (its record's ``model.padded_vocab_size``), or
+    ``None`` when unknown (a logits function given from Python)."""
+    record = getattr(loaded, "record", None)
+    rows = record.get("model.padded_vocab_size") if isinstance(record, dict) else None
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
+
+
 def _check_ranges(**values: Any) -> None:
     """Parse each given ``--model_args`` number (:func:`_parse`) and check it against :data:`_RANGES`.
 
@@ -212,6 +220,12 @@ class DlmspecLM(LM):
             self.eos_token_id = _parse("eos_token_id", eos_token_id, int)
             self.pad_token_id = _parse("pad_token_id", pad_token_id, int)
             self.seed = _parse("seed", seed, int)
+            rows = _embedding_rows(self.loaded)
+            for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
+                value = getattr(self, name)
+                if rows is not None and value is not None and value >= rows:
+                    raise ModelArgsError(f"--model_args {name}={value}: the model embeds token ids 0..{rows - 1}; "
+                                         f"leave {name} out to use the model's own")
             self.elbo_kwargs = {"estimator": estimator, "num_samples": _parse("mc_samples", mc_samples, int),
                                 "samples_per_forward": _parse("samples_per_forward", samples_per_forward, int),
                                 "eps": _parse("eps", eps, float)}

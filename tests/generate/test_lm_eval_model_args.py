@@ -65,6 +65,8 @@ def _exit(capsys, model_args: str, tasks: Path, task: str = "tiny_mc") -> str:
     ("PATH,seed=-1", "--model_args seed=-1: out of range"),
     ("PATH,gen_length=100000", "--model_args gen_length=100000: the model takes 128 positions"),
     ("PATH,remasking=best", "--model_args remasking='best': not a remasking rule"),
+    ("PATH,mask_token_id=60000", "--model_args mask_token_id=60000: the model embeds token ids 0..50303"),
+    (f"PATH,mask_token_id={10**30}", f"--model_args mask_token_id={10**30}: out of range"),
 ])
 def test_bad_model_args_exit_2_with_one_line_naming_the_key_the_value_and_a_fix(
         tiny_runs, task_folder, offline_lm_eval, capsys, args, said) -> None:
