@@ -20,6 +20,11 @@ from typing import Any, Dict, Optional
 KINDS = ("mdm", "ar")
 #: Which masked positions a step commits (docs/generate.md, "Remasking").
 REMASKING = ("low_confidence", "random", "threshold")
+#: Token ids are int64 in torch (``torch.long`` tensors): the largest id + 1 any model can have.
+MAX_ID = 1 << 63
+#: ``torch.Generator.manual_seed`` takes a 64-bit seed; the sampler seeds batch ``b`` with
+#: ``seed + b x batch_size``, so the seed leaves half the range for that.
+MAX_SEED = 1 << 62
 
 
 class GenerateConfigError(ValueError):
@@ -177,10 +182,11 @@ def _validate(c: GenerateConfig) -> None:
         raise GenerateConfigError("cfg_scale", c.cfg_scale, "must be >= 0", "cfg_scale = 0.0 (no guidance)")
     for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(c, name)
-        if value is not None and (not _is_int(value) or value < 0):
-            raise GenerateConfigError(name, value, "a token id is a whole number >= 0", f"{name} = None or the tokenizer's id")
-    if not _is_int(c.seed) or c.seed < 0:
-        raise GenerateConfigError("seed", c.seed, "must be a whole number >= 0", "seed = 0")
+        if value is not None and (not _is_int(value) or not 0 <= value < MAX_ID):
+            raise GenerateConfigError(name, value, f"a token id is a whole number in 0..{MAX_ID - 1}",
+                                      f"{name} = None or the tokenizer's id")
+    if not _is_int(c.seed) or not 0 <= c.seed < MAX_SEED:
+        raise GenerateConfigError("seed", c.seed, f"must be a whole number in 0..{MAX_SEED - 1}", "seed = 0")
     if c.kind == "ar":
         if c.cfg_scale != 0.0:
             raise GenerateConfigError("cfg_scale", c.cfg_scale, "guidance is built for kind = 'mdm' only", "cfg_scale = 0.0")

@@ -30,6 +30,7 @@ and the continuation's ids are those of ``encode(context + continuation)`` after
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -39,7 +40,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 
 from dlmspec.backends.generate.config import GenerateConfig
-from dlmspec.generate_settings import follow_gen_length
+from dlmspec.generate_settings import GenerateConfigError, follow_gen_length
 from dlmspec.backends.generate.likelihood import (DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS,
                                                   continuation_nll, split_pair)
 from dlmspec.backends.generate.sampler import call_logits_fn, generate, generate_ar
@@ -53,13 +54,18 @@ MODEL_ARGS = ("path", "kind", "mask_token_id", "eos_token_id", "pad_token_id", "
               "max_batch_size", "dtype") + GENERATE_ARGS
 
 
+class ModelArgsError(ValueError):
+    """A ``--model_args`` key or value :class:`DlmspecLM` cannot take (the message names the
+    key, the value and a fix); ``dlmspec-lm-eval`` exits with code 2 on it."""
+
+
 class TextCodec:
     """Text <-> ids over a dlmspec tokenizer (``tokenize`` / ``detokenize``) or a Hugging Face one
     (``encode(text, add_special_tokens=False)`` / ``decode``)."""
 
     def __init__(self, tokenizer: Any) -> None:
         if tokenizer is None:
-            raise ValueError("tokenizer: none; lm-eval sends text, so the model needs a tokenizer "
+            raise ModelArgsError("tokenizer: none; lm-eval sends text, so the model needs a tokenizer "
                              "(run from the folder the training ran in, so its tokenizer files are found)")
         self.tokenizer = tokenizer
 
@@ -94,7 +100,44 @@ def _parse(name: str, value: Any, kind: type) -> Any:
             raise ValueError(value)
         return kind(value)
     except (TypeError, ValueError):
-        raise ValueError(f"--model_args {name}={value!r}: not {'a whole number' if kind is int else kind.__name__}") from None
+        what = {int: "a whole number", float: "a number", bool: "true or false"}.get(kind, kind.__name__)
+        example = {int: f"{name}=4", float: f"{name}=0.001", bool: f"{name}=false"}.get(kind, f"{name}=VALUE")
+        raise ModelArgsError(f"--model_args {name}={value!r}: not {what}; e.g. {example}") from None
+
+
+#: ``--model_args`` numbers: ``name -> (type, lowest, highest or None, an example that works)``.
+#: ``mc_samples`` past a million (a day per request on a GPU) is taken as a typo.
+_RANGES: Dict[str, Tuple[type, Any, Any, str]] = {
+    "seed": (int, 0, (1 << 62) - 1, "seed=0"), "mc_samples": (int, 2, 1 << 20, "mc_samples=128"),
+    "samples_per_forward": (int, 1, 1 << 20, "samples_per_forward=16"), "eps": (float, 0.0, 0.999999, "eps=0.001"),
+    "greedy_check": (bool, None, None, "greedy_check=false"), "max_length": (int, 2, 1 << 24, "max_length=2048"),
+    "eos_token_id": (int, 0, (1 << 63) - 1, "eos_token_id=50256"),
+    "pad_token_id": (int, 0, (1 << 63) - 1, "pad_token_id=50256"),
+    "mask_token_id": (int, 0, (1 << 63) - 1, "mask_token_id=126336"),
+}
+
+
+def _embedding_rows(loaded: Any) -> Optional[int]:
+    """How many token ids a loaded model embeds (its record's ``model.padded_vocab_size``), or
+    ``None`` when unknown (a logits function given from Python)."""
+    record = getattr(loaded, "record", None)
+    rows = record.get("model.padded_vocab_size") if isinstance(record, dict) else None
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
+
+
+def _check_ranges(**values: Any) -> None:
+    """Parse each given ``--model_args`` number (:func:`_parse`) and check it against :data:`_RANGES`.
+
+    Raises:
+        ModelArgsError: the key, the value, the range and an example that works.
+    """
+    for name, value in values.items():
+        kind, low, high, example = _RANGES[name]
+        parsed = _parse(name, value, kind)
+        if parsed is None or kind is bool:
+            continue
+        if not (math.isfinite(parsed) and low <= parsed and (high is None or parsed <= high)):
+            raise ModelArgsError(f"--model_args {name}={parsed!r}: out of range {low}..{high}; e.g. {example}")
 
 
 class DlmspecLM(LM):
@@ -143,11 +186,19 @@ class DlmspecLM(LM):
         if unknown:
             close = difflib.get_close_matches(unknown[0], MODEL_ARGS, n=1)
             hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(MODEL_ARGS)}"
-            raise ValueError(f"--model_args {unknown[0]}: not a dlmspec model argument; {hint}")
+            raise ModelArgsError(f"--model_args {unknown[0]}: not a dlmspec model argument; {hint}")
+        if kind is not None and kind not in ("mdm", "ar"):  # before a checkpoint is read
+            raise ModelArgsError(f"--model_args kind={kind!r}: not a model kind; use kind=mdm or kind=ar")
+        if estimator not in ESTIMATORS:
+            raise ModelArgsError(f"--model_args estimator={estimator!r}: use one of {', '.join(ESTIMATORS)}")
+        _check_ranges(seed=seed, mc_samples=mc_samples, samples_per_forward=samples_per_forward, eps=eps,
+                      greedy_check=greedy_check, max_length=max_length, eos_token_id=eos_token_id,
+                      pad_token_id=pad_token_id, mask_token_id=mask_token_id)  # before a checkpoint is read
         self.loaded = None
         if logits_fn is None:
             if path is None:
-                raise ValueError("--model_args path=...: give the run, checkpoint or Hugging Face folder to evaluate")
+                raise ModelArgsError("--model_args path=...: give the run, checkpoint or Hugging Face folder to "
+                                     "evaluate, e.g. --model_args path=runs/demo-dlm")
             self.loaded = from_path(path, device=device, dtype=dtype, kind=kind,
                                     mask_token_id=_parse("mask_token_id", mask_token_id, int))
             logits_fn, tokenizer = self.loaded.logits_fn, self.loaded.tokenizer
@@ -156,34 +207,76 @@ class DlmspecLM(LM):
             eos_token_id = eos_token_id if eos_token_id is not None else self.loaded.eos_token_id
             pad_token_id = pad_token_id if pad_token_id is not None else self.loaded.pad_token_id
             max_length = max_length if max_length is not None else getattr(self.loaded, "max_length", None)
-        self.logits_fn = logits_fn
-        self.codec = TextCodec(tokenizer)
-        self.kind = kind or "mdm"
-        if self.kind not in ("mdm", "ar"):
-            raise ValueError(f"--model_args kind={self.kind!r}: use kind=mdm or kind=ar")
-        self.mask_token_id = _parse("mask_token_id", mask_token_id, int)
-        if self.kind == "mdm" and self.mask_token_id is None:
-            raise ValueError("--model_args mask_token_id: a diffusion LM needs its mask token (the run's "
-                             "[objective] mask_token_id)")
-        self.eos_token_id = _parse("eos_token_id", eos_token_id, int)
-        self.pad_token_id = _parse("pad_token_id", pad_token_id, int)
-        self.seed = _parse("seed", seed, int)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"--model_args estimator={estimator!r}: use one of {', '.join(ESTIMATORS)}")
-        self.elbo_kwargs = {"estimator": estimator, "num_samples": _parse("mc_samples", mc_samples, int),
-                            "samples_per_forward": _parse("samples_per_forward", samples_per_forward, int),
-                            "eps": _parse("eps", eps, float)}
-        self.greedy_check = _parse("greedy_check", greedy_check, bool)
-        self._max_length = _parse("max_length", max_length, int) or 2048
-        self.batch_size = 1 if batch_size in (None, "auto") else max(1, _parse("batch_size", str(batch_size).split(":")[0], int))
-        types = {"gen_length": int, "steps": int, "block_length": int, "remasking": str, "threshold": float,
-                 "temperature": float, "top_k": int, "top_p": float, "cfg_scale": float}
-        self.generate_args = {k: _parse(k, v, types[k]) for k, v in generate_args.items()}
-        if step_fn_factory is None and self.loaded is not None and getattr(self.loaded, "kv_cache_fallback", 1) is None:
-            room = int(self.generate_args.get("gen_length") or 256)  # a longer decode restarts the cache larger
-            step_fn_factory = lambda: self.loaded.ar_step_fn(max_new_tokens=room)  # noqa: E731
-        self.step_fn_factory = step_fn_factory
-        self.progress = progress
+        try:  # a refused setting releases the model loaded for it (its process group)
+            self.logits_fn = logits_fn
+            self.codec = TextCodec(tokenizer)
+            self.kind = kind or "mdm"
+            if self.kind not in ("mdm", "ar"):
+                raise ModelArgsError(f"--model_args kind={self.kind!r}: use kind=mdm or kind=ar")
+            self.mask_token_id = _parse("mask_token_id", mask_token_id, int)
+            if self.kind == "mdm" and self.mask_token_id is None:
+                raise ModelArgsError("--model_args mask_token_id: a diffusion LM needs its mask token (the run's "
+                                     "[objective] mask_token_id)")
+            self.eos_token_id = _parse("eos_token_id", eos_token_id, int)
+            self.pad_token_id = _parse("pad_token_id", pad_token_id, int)
+            self.seed = _parse("seed", seed, int)
+            rows = _embedding_rows(self.loaded)
+            for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
+                value = getattr(self, name)
+                if rows is not None and value is not None and value >= rows:
+                    raise ModelArgsError(f"--model_args {name}={value}: the model embeds token ids 0..{rows - 1}; "
+                                         f"leave {name} out to use the model's own")
+            self.elbo_kwargs = {"estimator": estimator, "num_samples": _parse("mc_samples", mc_samples, int),
+                                "samples_per_forward": _parse("samples_per_forward", samples_per_forward, int),
+                                "eps": _parse("eps", eps, float)}
+            self.greedy_check = _parse("greedy_check", greedy_check, bool)
+            self._max_length = _parse("max_length", max_length, int) or 2048
+            self.batch_size = 1 if batch_size in (None, "auto") else max(1, _parse("batch_size", str(batch_size).split(":")[0], int))
+            types = {"gen_length": int, "steps": int, "block_length": int, "remasking": str, "threshold": float,
+                     "temperature": float, "top_k": int, "top_p": float, "cfg_scale": float}
+            self.generate_args = {k: _parse(k, v, types[k]) for k, v in generate_args.items()}
+            gen_length = self.generate_args.get("gen_length")
+            if gen_length is not None and not 1 <= gen_length < self._max_length:
+                raise ModelArgsError(f"--model_args gen_length={gen_length}: the model takes {self._max_length} positions, "
+                                     f"prompt included; e.g. gen_length={min(256, self._max_length // 2)}")
+            try:  # every other setting checked now, not at the first generate_until request
+                self._config({"max_gen_toks": min(256, self._max_length - 1)})
+            except GenerateConfigError as exc:
+                raise ModelArgsError(f"--model_args {exc.field}={exc.value!r}: {str(exc).split(': ', 1)[-1]}") from None
+            if step_fn_factory is None and self.loaded is not None and getattr(self.loaded, "kv_cache_fallback", 1) is None:
+                room = int(self.generate_args.get("gen_length") or 256)  # a longer decode restarts the cache larger
+                step_fn_factory = lambda: self.loaded.ar_step_fn(max_new_tokens=room)  # noqa: E731
+            self.step_fn_factory = step_fn_factory
+            self.progress = progress
+        except BaseException:
+            if self.loaded is not None and hasattr(self.loaded, "close"):
+                self.loaded.close()
+            raise
+
+    # ------------------------------------------------------------------ construction from --model_args
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "DlmspecLM":
+        """``--model_args "path=RUN,mc_samples=64"`` as a string (lm-eval's parser), keys checked
+        by :meth:`create_from_arg_obj`."""
+        return cls.create_from_arg_obj(lm_utils.simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: Dict[str, Any], additional_config: Optional[dict] = None) -> "DlmspecLM":
+        """The model of the ``--model_args`` keys (lm-eval's CLI parses them into a dict): only
+        :data:`MODEL_ARGS` (``logits_fn``, ``tokenizer``, ``step_fn_factory`` and ``progress`` are
+        Python objects, never command-line text).
+
+        Raises:
+            ModelArgsError: an unknown key (with the closest valid one).
+        """
+        for key in arg_dict:
+            if key not in MODEL_ARGS:
+                close = difflib.get_close_matches(str(key), MODEL_ARGS, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(MODEL_ARGS)}"
+                raise ModelArgsError(f"--model_args {key}: not a dlmspec model argument; {hint}")
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**arg_dict, **extra})
 
     # ------------------------------------------------------------------ lm-eval's properties
 
@@ -380,12 +473,29 @@ if __name__ != "__main__":  # run as a script, the import in the block at the en
     register()
 
 
+#: lm-eval 0.4.13's ``ValueError`` messages that refuse what the user typed (its flags), and their fix.
+LM_EVAL_INPUT_ERRORS = {
+    "Tasks not found": "list the tasks with `dlmspec-lm-eval ls tasks`, or give --include_path FOLDER for a task "
+                       "folder of your own",
+}
+
+
+def _one_line(exc: BaseException, width: int = 600) -> str:
+    """``str(exc)`` on one line, control characters escaped, at most ``width`` characters."""
+    text = " ".join(str(exc).split())
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """``lm_eval``'s command line with the ``dlmspec`` model registered (``dlmspec-lm-eval``).
 
     Raises:
-        SystemExit: 2 when ``--model_args path=`` names no loadable checkpoint (the message names
-            the path and why, from :class:`~dlmspec.backends.generate.load.LoadError`).
+        SystemExit: 2, with one line on stderr naming the flag, the value, why and a fix, when
+            ``--model_args path=`` names no loadable checkpoint
+            (:class:`~dlmspec.backends.generate.load.LoadError`), a ``--model_args`` key or value is
+            refused (:class:`ModelArgsError`), or lm-eval refuses a flag of its own
+            (:data:`LM_EVAL_INPUT_ERRORS`: an unknown task).
     """
     import sys
 
@@ -394,12 +504,23 @@ def main(argv: Optional[List[str]] = None) -> None:
     saved = list(sys.argv)
     if argv is not None:
         sys.argv = [saved[0] if saved else "dlmspec-lm-eval", *argv]
+    from dlmspec.files import FileRefused
+
     from .load import LoadError
 
     try:
         cli_evaluate()
     except LoadError as exc:  # a path= that is no checkpoint: the user's input, not a crash
-        print(f"dlmspec-lm-eval: error: --model_args path=...: {exc}", file=sys.stderr)
+        print(f"dlmspec-lm-eval: error: --model_args path=...: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (ModelArgsError, FileRefused) as exc:
+        print(f"dlmspec-lm-eval: error: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ValueError as exc:  # lm-eval's own refusals of its flags (an unknown task, ...)
+        fix = next((f for prefix, f in LM_EVAL_INPUT_ERRORS.items() if str(exc).startswith(prefix)), None)
+        if fix is None:
+            raise
+        print(f"dlmspec-lm-eval: error: {_one_line(exc)}; fix: {fix}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
         sys.argv = saved

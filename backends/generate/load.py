@@ -28,9 +28,8 @@ with megatron-core's KV cache (:meth:`LoadedModel.ar_step_fn`,
 
 from __future__ import annotations
 
-import json
 import os
-import tomllib
+import pickle
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -45,6 +44,61 @@ TRACKER_FILENAME = "latest"
 CONVERT_SIDECAR = "dlmspec_convert.json"
 #: Hugging Face families trained as masked-diffusion LMs (their ``kind`` is ``"mdm"``).
 MDM_FAMILIES = ("llada", "dream")
+#: Largest ``latest`` tracker read, bytes: it holds one folder name (``iter_0000300``).
+MAX_TRACKER_BYTES = 4096
+#: Largest ``dlmspec.json`` / ``spec.lock.toml`` read, bytes (each is a few KiB).
+MAX_RECORD_BYTES = 16 << 20
+
+
+def checkpoint_read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a checkpoint's weights raises on a damaged checkpoint folder (a missing,
+    truncated or zeroed ``.distcp`` shard, a truncated ``.metadata``, a ``common.pt`` that is not
+    a pickle): the exceptions :func:`load_model` turns into a :class:`LoadError` naming the folder.
+
+    ``OSError`` (a missing or unreadable file), ``EOFError`` and ``pickle.UnpicklingError`` (a
+    truncated or zeroed pickle), ``ValueError`` (``FileRefused``, a refused-pickle error of a safe
+    loader, a bad header), ``RuntimeError`` (torch's reader, a state-dict mismatch), ``KeyError`` /
+    ``IndexError`` / ``AttributeError`` / ``TypeError`` / ``AssertionError`` (a pickle that loads
+    into the wrong structure), megatron-core's ``CheckpointingException`` and torch.distributed
+    checkpoint's ``CheckpointException`` (a ``BaseException``: it wraps the errors of each rank).
+    """
+    errors: list[type[BaseException]] = [OSError, EOFError, pickle.UnpicklingError, ValueError, RuntimeError, KeyError,
+                                         IndexError, AttributeError, TypeError, AssertionError, UnicodeDecodeError]
+    try:
+        from megatron.core.dist_checkpointing.core import CheckpointingException
+
+        errors.append(CheckpointingException)
+    except ImportError:  # pragma: no cover - megatron-core is a dependency of the runtime
+        pass
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        errors.append(CheckpointException)
+    except ImportError:  # pragma: no cover - torch without torch.distributed
+        pass
+    return tuple(errors)
+
+
+def _safetensors_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from safetensors import SafetensorError
+
+        return (SafetensorError,)
+    except ImportError:  # pragma: no cover - safetensors comes with transformers
+        return ()
+
+
+def describe_read_error(exc: BaseException, width: int = 300) -> str:
+    """One line naming a checkpoint read error: its type and first words (a
+    ``CheckpointException`` lists each rank's error: the first is shown)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = getattr(inner, "exc", inner) if not isinstance(inner, BaseException) else inner
+        if isinstance(inner, BaseException):
+            exc = inner
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class LoadError(ValueError):
@@ -176,24 +230,51 @@ class LoadedModel:
 
 
 def _read_json(path: str) -> Any:
+    """The JSON of a checkpoint's record (``dlmspec.json``): a regular file, at most
+    :data:`MAX_RECORD_BYTES`, nested at most ``dlmspec.files.MAX_NESTING`` levels.
+
+    Raises:
+        LoadError: missing, not a regular file (a FIFO, a device), too large, not UTF-8, not JSON.
+    """
+    from dlmspec.files import FileRefused, read_json
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise LoadError(path, f"cannot be read as JSON ({exc})", "pass a checkpoint the dlmspec runtime wrote") from None
+        return read_json(path, limit=MAX_RECORD_BYTES, what=f"checkpoint record {os.path.basename(path)}")
+    except FileRefused as exc:
+        raise LoadError(path, exc.why, f"{exc.hint}; or pass a checkpoint the dlmspec runtime wrote") from None
 
 
 def _latest(root: str) -> Optional[str]:
+    """The checkpoint folder the save folder ``root``'s ``latest`` tracker names, or ``None``
+    when ``root`` has no tracker.
+
+    Raises:
+        LoadError: the tracker is not a regular file, larger than :data:`MAX_TRACKER_BYTES`, not
+            UTF-8, names no folder name, or names a folder that does not exist.
+    """
+    from dlmspec.files import FileRefused, read_text
+
     tracker = os.path.join(root, TRACKER_FILENAME)
-    if not os.path.isfile(tracker):
+    if not os.path.lexists(tracker) or os.path.isdir(tracker):
         return None
-    with open(tracker, encoding="utf-8") as f:
-        name = f.read().strip()
+    fix = "write the name of an iter_* folder of this folder into it (e.g. iter_0000300), or pass that folder"
+    try:
+        name = read_text(tracker, limit=MAX_TRACKER_BYTES, what="checkpoint tracker").strip()
+    except FileRefused as exc:
+        raise LoadError(tracker, exc.why, fix) from None
+    if not name or os.sep in name or name in (".", "..") or not name.isprintable():
+        raise LoadError(tracker, f"does not hold one folder name (it holds {name[:60]!r})", fix)
     path = os.path.join(root, name)
     if not os.path.isdir(path):
         raise LoadError(tracker, f"names {name!r} but {path} does not exist",
                         "pass one of the iter_* folders that exist")
     return path
+
+
+def _present(path: str) -> bool:
+    """Something other than a folder is at ``path`` (a file, a link, a FIFO: it is read, or
+    refused, by :func:`dlmspec.files.read_json`)."""
+    return os.path.lexists(path) and not os.path.isdir(path)
 
 
 def find_checkpoint(path: str) -> tuple[str, str]:
@@ -211,12 +292,12 @@ def find_checkpoint(path: str) -> tuple[str, str]:
         raise LoadError(path, "does not exist", "pass a run folder, a checkpoint folder (iter_*) or a Hugging Face folder")
     if not os.path.isdir(p):
         raise LoadError(path, "is a file, not a folder", "pass the checkpoint's folder")
-    if os.path.isfile(os.path.join(p, METADATA_FILENAME)):
+    if _present(os.path.join(p, METADATA_FILENAME)):  # a FIFO or device is refused when it is read
         return "dlmspec", p
     for root in (p, os.path.join(p, "checkpoints")):
         latest = _latest(root)
         if latest is not None:
-            if not os.path.isfile(os.path.join(latest, METADATA_FILENAME)):
+            if not _present(os.path.join(latest, METADATA_FILENAME)):
                 raise LoadError(latest, f"has no {METADATA_FILENAME}", "pass a checkpoint the dlmspec runtime wrote")
             return "dlmspec", latest
     if os.path.isfile(os.path.join(p, CONVERT_SIDECAR)):
@@ -346,6 +427,51 @@ _REQUIRED = ("objective.kind", "objective.attention_mask", "model.num_layers", "
              "model.add_qkv_bias", "model.qk_layernorm", "model.padded_vocab_size", "model.vocab_size")
 
 
+#: Record keys that must be whole numbers >= 1 (sizes), and their largest sane value: a record
+#: edited to ``hidden_size = 10**9`` is refused before a tensor is allocated.
+_SIZES = {"model.num_layers": 1 << 10, "model.hidden_size": 1 << 17, "model.ffn_hidden_size": 1 << 19,
+          "model.num_attention_heads": 1 << 12, "model.num_query_groups": 1 << 12, "model.kv_channels": 1 << 12,
+          "model.padded_vocab_size": 1 << 24, "model.vocab_size": 1 << 24, "model.max_position_embeddings": 1 << 24}
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_record(where: str, record: Dict[str, Any]) -> None:
+    """Refuse a spec record whose values cannot describe a model: the kind, the sizes (whole
+    numbers in ``1 .. _SIZES[key]``; ``max_position_embeddings`` may be absent), the vocabulary
+    (``vocab_size <= padded_vocab_size``) and the token ids (``objective.mask_token_id`` of a
+    diffusion LM, ``data.eod_id``: whole numbers below ``padded_vocab_size``).
+
+    Raises:
+        LoadError: naming ``where`` (the record's file), the key, the value and why.
+    """
+    fix = "load a checkpoint the dlmspec runtime wrote, with its dlmspec.json unchanged"
+    kind = record.get("objective.kind")
+    if kind not in ("mdm", "ar"):
+        raise LoadError(where, f"objective.kind = {repr(kind)[:40]} is not mdm or ar", fix)
+    for key, top in _SIZES.items():
+        value = record.get(key)
+        if value is None and key == "model.max_position_embeddings":
+            continue
+        if not _whole(value) or not 1 <= value <= top:
+            raise LoadError(where, f"{key} = {repr(value)[:40]} is not a whole number in 1..{top}", fix)
+    padded = record["model.padded_vocab_size"]
+    if record["model.vocab_size"] > padded:
+        raise LoadError(where, f"model.vocab_size = {record['model.vocab_size']} exceeds model.padded_vocab_size = "
+                        f"{padded}", fix)
+    ids = [("data.eod_id", record.get("data.eod_id"))]
+    if kind == "mdm":
+        ids.append(("objective.mask_token_id", record.get("objective.mask_token_id")))
+    for key, value in ids:
+        if value is None and key == "data.eod_id":
+            continue
+        if not _whole(value) or not 0 <= value < padded:
+            raise LoadError(where, f"{key} = {repr(value)[:40]} is not a token id of the model's {padded} embeddings "
+                            f"(a whole number in 0..{padded - 1})", fix)
+
+
 def _tokenizer(record: Dict[str, Any]) -> tuple[Any, Optional[str]]:
     from dlmspec.tokenizers import TokenizerError, build_tokenizer
 
@@ -362,12 +488,23 @@ def _tokenizer(record: Dict[str, Any]) -> tuple[Any, Optional[str]]:
 
 
 def _lock_generate_table(folder: str) -> Optional[Dict[str, Any]]:
+    """The ``[generate]`` table of the checkpoint's ``spec.lock.toml``; ``None`` when the
+    checkpoint has no lock file or the lock no such table.
+
+    Raises:
+        LoadError: the lock is not a regular file (a FIFO, a link to a device), larger than
+            :data:`MAX_RECORD_BYTES`, not UTF-8, or not TOML (named, with the fix).
+    """
+    from dlmspec.files import FileRefused, read_toml
+
     lock = os.path.join(folder, "spec.lock.toml")
-    try:
-        with open(lock, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError):
+    if not os.path.lexists(lock):
         return None
+    try:
+        data = read_toml(lock, limit=MAX_RECORD_BYTES, what="spec lock")
+    except FileRefused as exc:
+        raise LoadError(lock, exc.why, f"{exc.hint}: copy the run's spec.lock.toml (`dlmspec compile` writes it) "
+                        "into the checkpoint folder, or delete it to generate with the default settings") from None
     table = data.get("generate")
     return dict(table) if isinstance(table, dict) else None
 
@@ -485,7 +622,11 @@ def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: i
     from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 
     meta = _read_json(os.path.join(folder, METADATA_FILENAME))
-    record = ((meta.get("spec") or {}).get("record")) if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        raise LoadError(os.path.join(folder, METADATA_FILENAME), f"holds a JSON {type(meta).__name__}, not an object",
+                        "pass a checkpoint the dlmspec runtime wrote")
+    spec_meta = meta.get("spec")
+    record = spec_meta.get("record") if isinstance(spec_meta, dict) else None
     if not isinstance(record, dict):
         raise LoadError(folder, f"{METADATA_FILENAME} holds no spec record (written before the runtime recorded specs)",
                         "load a checkpoint of a run compiled by this dlmspec, or convert it with `dlmspec convert`")
@@ -495,41 +636,53 @@ def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: i
     if record.get("objective.attention_mask") == "block_causal":
         raise LoadError(folder, "a block-causal model is not sampled by the masked-diffusion sampler yet",
                         "load an mdm (bidirectional) or ar (causal) checkpoint")
+    check_record(os.path.join(folder, METADATA_FILENAME), record)
+    generate_table = _lock_generate_table(folder)  # a bad lock is refused before the weights are read
     _cpu_patches(cleanup) if device.type == "cpu" else None
     _setup_parallel(tp, device, cleanup)
-    config = build_transformer_config(record, tp=tp, dtype=_dtype(record, device, dtype), cpu=device.type == "cpu")
-    te = meta.get("layer_spec") == "transformer_engine" and device.type == "cuda"
     from dlmspec.backends.megatron.layers import transformer_engine_available
 
-    spec = build_layer_spec(attention=record["objective.attention_mask"], block_size=record.get("objective.block_size"),
-                            num_experts=record.get("model.num_experts") or None, qk_layernorm=config.qk_layernorm,
-                            normalization=config.normalization,
-                            use_transformer_engine=te and transformer_engine_available())
-    if device.type == "cuda":
-        _seed_model_parallel_rng()
-    chunks = build_model(
-        config, layer_spec=spec, vocab_size=int(record["model.padded_vocab_size"]),
-        max_sequence_length=int(record.get("model.max_position_embeddings") or 4096),
-        position_embedding_type=record.get("model.position_embedding_type") or "rope",
-        rotary_base=int(record.get("model.rotary_base") or 10000),
-        rotary_percent=float(record.get("model.rotary_percent") or 1.0),
-        share_embeddings_and_output_weights=not record.get("model.untie_embeddings_and_output_weights", False),
-    )
+    try:
+        config = build_transformer_config(record, tp=tp, dtype=_dtype(record, device, dtype), cpu=device.type == "cpu")
+        te = meta.get("layer_spec") == "transformer_engine" and device.type == "cuda"
+        spec = build_layer_spec(attention=record["objective.attention_mask"],
+                                block_size=record.get("objective.block_size"),
+                                num_experts=record.get("model.num_experts") or None, qk_layernorm=config.qk_layernorm,
+                                normalization=config.normalization,
+                                use_transformer_engine=te and transformer_engine_available())
+        if device.type == "cuda":
+            _seed_model_parallel_rng()
+        chunks = build_model(
+            config, layer_spec=spec, vocab_size=int(record["model.padded_vocab_size"]),
+            max_sequence_length=int(record.get("model.max_position_embeddings") or 4096),
+            position_embedding_type=record.get("model.position_embedding_type") or "rope",
+            rotary_base=int(record.get("model.rotary_base") or 10000),
+            rotary_percent=float(record.get("model.rotary_percent") or 1.0),
+            share_embeddings_and_output_weights=not record.get("model.untie_embeddings_and_output_weights", False),
+        )
+    except (TypeError, ValueError, AssertionError, KeyError, OverflowError) as exc:
+        raise LoadError(os.path.join(folder, METADATA_FILENAME), f"its spec record does not build a model "
+                        f"({type(exc).__name__}: {str(exc)[:200]})",
+                        "load a checkpoint the dlmspec runtime wrote, with its dlmspec.json unchanged") from None
     from dlmspec.backends.checkpoint_safety import CheckpointRefused
 
     try:
         load_model_weights(folder, chunks)
     except CheckpointRefused as exc:  # a checkpoint file that would run code: the file and the global
         raise LoadError(exc.path, exc.why, exc.hint) from None
-    except (RuntimeError, KeyError, OSError, ValueError) as exc:
-        raise LoadError(folder, f"the weights do not load into the model its record describes ({str(exc)[:300]})",
-                        "load a complete checkpoint (one `latest` names)") from None
+    except checkpoint_read_errors() as exc:
+        raise LoadError(folder, f"the weights cannot be read into the model its record describes "
+                        f"({describe_read_error(exc)})",
+                        "load a complete, undamaged checkpoint (one `latest` names; copy it again if it was "
+                        "cut short)") from None
     model = chunks[0].to(device).eval()
     _prepare_forward(unwrap_model(model), device)
     tokenizer, why = _tokenizer(record)
-    return _finish(model, record, source="dlmspec", folder=folder, iteration=meta.get("iteration"), device=device,
-                   tp=tp, cleanup=cleanup, tokenizer=tokenizer, tokenizer_error=why,
-                   generate_table=_lock_generate_table(folder))
+    iteration = meta.get("iteration")
+    return _finish(model, record, source="dlmspec", folder=folder,
+                   iteration=iteration if isinstance(iteration, int) and not isinstance(iteration, bool) else None,
+                   device=device, tp=tp, cleanup=cleanup, tokenizer=tokenizer, tokenizer_error=why,
+                   generate_table=generate_table)
 
 
 def _record_from_dims(dims: Any, kind: str, mask_token_id: Optional[int], eos: Optional[int]) -> Dict[str, Any]:
@@ -572,6 +725,9 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
                 state, dims = mcore_io.load_mcore_checkpoint(folder, None)
     except ConversionError as exc:
         raise LoadError(folder, str(exc), "pass a checkpoint `dlmspec convert verify` accepts") from None
+    except checkpoint_read_errors() + _safetensors_errors() as exc:
+        raise LoadError(folder, f"the checkpoint's files cannot be read ({describe_read_error(exc)})",
+                        "pass a complete, undamaged checkpoint (copy it again if it was cut short)") from None
     family_kind = "mdm" if dims.family in MDM_FAMILIES else "ar"
     kind = kind or family_kind
     if kind == "mdm" and mask_token_id is None:

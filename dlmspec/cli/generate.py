@@ -148,29 +148,76 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
     return config, s
 
 
+def embedding_rows(model: Any) -> int:
+    """How many token ids the model embeds: the record's ``model.padded_vocab_size`` (the mask
+    token of a runtime model sits in the padding), else the logits' width ``model.vocab_size``."""
+    padded = (getattr(model, "record", None) or {}).get("model.padded_vocab_size")
+    return int(padded) if isinstance(padded, int) and not isinstance(padded, bool) else int(model.vocab_size)
+
+
+def check_token_ids(model: Any, config: Any, settings: Settings) -> None:
+    """Refuse a mask, EOS or padding id the model has no embedding for (``--mask-token-id
+    1000000000000000000000000000000``), named where it came from, before the sampler writes it
+    into a tensor.
+
+    Raises:
+        SpecError: the id, its flag or key, and the model's range.
+    """
+    rows = embedding_rows(model)
+    for field in ("mask_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(config, field)
+        if value is None or value < rows:
+            continue
+        key, file, line = settings.where.get(field, (flag(field), None, None))
+        default = {"mask_token_id": model.mask_token_id, "eos_token_id": model.eos_token_id}.get(field)
+        fix = f"{key} {default}" if key.startswith("--") and default is not None else f"an id in 0..{rows - 1}"
+        raise _issue(key, value, f"the model embeds token ids 0..{rows - 1}: {value} is not one of them",
+                     f"use {fix} (the model's own)" if default is not None else f"use {fix}", file=file, line=line)
+
+
 # --------------------------------------------------------------------------- inputs
 
 
 def _read_lines(path: str, flag_name: str) -> Iterator[tuple[int, Any]]:
-    """``(line number, parsed JSON)`` of each non-blank line of a JSONL file."""
-    if not os.path.isfile(path):
-        why = "is a folder" if os.path.isdir(path) else "does not exist"
-        raise _issue(flag_name, path, f"{why}: a JSONL file is read", "give an existing .jsonl file")
-    if os.path.getsize(path) > MAX_FILE_BYTES:
-        raise _issue(flag_name, path, f"is larger than {MAX_FILE_BYTES >> 20} MiB", "split it into smaller files")
+    """``(line number, parsed JSON)`` of each non-blank line of a JSONL file, read with
+    :func:`dlmspec.files.iter_lines` (a regular file only, no line longer than
+    ``dlmspec.files.MAX_LINE_BYTES``, at most :data:`MAX_FILE_BYTES` in all, UTF-8, each line nested
+    at most ``dlmspec.files.MAX_NESTING`` levels).
+
+    Raises:
+        SpecError: the file is missing, not a regular file (a FIFO, a device, a folder), too large,
+            a line too long, not UTF-8, not JSON or nested too deep (named, with the line).
+    """
+    from dlmspec.files import FileRefused, iter_lines, loads_json
+
+    what = flag_name.lstrip("-") + " file"
+    total = 0
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _issue(flag_name, path, f"cannot be read ({exc})", "give a UTF-8 .jsonl file") from None
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        try:
-            yield number, json.loads(text)
-        except ValueError as exc:
-            raise _issue(flag_name, f"{path}:{number}", f"line {number} is not JSON ({exc})",
-                         'one JSON object per line, e.g. {"prompt": "Once upon a time"}', file=path, line=number) from None
+        for number, raw in iter_lines(path, what=what):
+            total += len(raw) + 1
+            if total > MAX_FILE_BYTES:
+                raise _issue(flag_name, path, f"is larger than {MAX_FILE_BYTES >> 20} MiB", "split it into smaller files")
+            if not raw.strip():
+                continue
+            try:
+                yield number, loads_json(raw, where=path, what=f"line {number}")
+            except FileRefused as exc:
+                raise _issue(flag_name, f"{path}:{number}", f"line {number} is not JSON ({exc.why})",
+                             'one JSON object per line, e.g. {"prompt": "Once upon a time"}', file=path,
+                             line=number) from None
+    except FileRefused as exc:
+        raise _issue(flag_name, path, exc.why, exc.hint) from None
+
+
+def unicode_problem(text: str) -> Optional[str]:
+    """Why ``text`` cannot be tokenized or printed as UTF-8 (a lone surrogate: an unpaired
+    ``\\ud800`` escape in JSON, or bytes of the command line that are not UTF-8), else ``None``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"character {exc.start} is a lone surrogate (U+{ord(text[exc.start]):04X}), not text: "
+                "it is not valid UTF-8")
+    return None
 
 
 def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[str, Any]]:
@@ -192,12 +239,21 @@ def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[st
         for text in prompt:
             if not text:
                 raise _issue("--prompt", text, "is empty: the model needs at least one token", '--prompt "The"')
+            why = unicode_problem(text)
+            if why:
+                raise _issue("--prompt", text.encode("utf-8", "backslashreplace").decode("ascii", "replace"), why,
+                             "give the prompt as UTF-8 text")
         return [{"prompt": text} for text in prompt]
     out: list[dict[str, Any]] = []
     for number, row in _read_lines(prompts_file, "--prompts"):  # type: ignore[arg-type]
         text = row.get("prompt") if isinstance(row, dict) else None
         ids = row.get("prompt_ids") if isinstance(row, dict) else None
         if isinstance(text, str) and text:
+            why = unicode_problem(text)
+            if why:
+                raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number}: \"prompt\" {why}",
+                             "write the prompt as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
+                             file=prompts_file, line=number)
             out.append({"prompt": text})
         elif isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             out.append({"prompt_ids": ids})
@@ -224,6 +280,12 @@ def read_choices(path: str) -> list[dict[str, Any]]:
             raise _issue("--choices", f"{path}:{number}",
                          f"line {number} is not {{\"context\": str, \"choices\": [at least 2 non-empty str], \"label\": int}}",
                          '{"context": "The sky is", "choices": [" blue", " green"], "label": 0}', file=path, line=number)
+        for name, text in [("context", row["context"])] + [(f"choice {i}", c) for i, c in enumerate(row["choices"])]:
+            why = unicode_problem(text)
+            if why:
+                raise _issue("--choices", f"{path}:{number}", f"line {number}: the {name} {why}",
+                             "write it as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
+                             file=path, line=number)
         label = row.get("label")
         if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(row["choices"]):
             raise _issue("--choices", f"{path}:{number}", f"line {number}: \"label\" = {label!r} is not an index of its "
@@ -344,6 +406,37 @@ def _spec_table(spec: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional
     return table.model_dump(exclude_unset=True), loaded.locate
 
 
+# --------------------------------------------------------------------------- printing
+
+#: Characters never sent raw to a terminal: C0 controls but newline and tab (ESC starts the
+#: escape sequences that move the cursor, retitle the window or hide text), DEL, and C1 controls
+#: (U+009B is a one-character CSI).
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character but newline and tab written as its escape
+    (``"\\x1b[2J"`` prints as the text ``\\x1b[2J``), so a prompt, a generated text
+    or a path cannot move the cursor, clear the screen or retitle the terminal. Used with
+    :class:`rich.text.Text`, which never reads ``[bold]`` as markup."""
+    return text.translate(_CONTROL)
+
+
+def _print_outputs(console: Any, outputs: list[dict[str, Any]], has_tokenizer: bool) -> None:
+    """Each output on the terminal: the prompt (dim) and the generated text after it; for a model
+    without a tokenizer (ids shown as numbers) the prompt's ids and the generated ids on lines of
+    their own, so the two never run together."""
+    from rich.text import Text
+
+    for out in outputs:
+        if has_tokenizer:
+            console.print(Text(terminal_safe(out["prompt_text"]), style="dim"), Text(terminal_safe(out["text"])), sep="")
+        else:
+            console.print(Text("prompt ids: " + " ".join(map(str, out["prompt_ids"])), style="dim"))
+            console.print(Text("generated ids: " + (" ".join(map(str, out["ids"])) or "(none)")))
+        console.print(Text(f"[{out['finish_reason']}, {len(out['ids'])} tokens]", style="dim"))
+
+
 # --------------------------------------------------------------------------- streaming
 
 
@@ -393,7 +486,7 @@ class _Stream:
             self.bar.advance(self.task)
         if self.live is not None:
             rows = event.tokens[:4, event.prompt_length:].tolist()
-            texts = [self._text(render_canvas(self.model, r, self.config.mask_token_id)) for r in rows]
+            texts = [self._text(terminal_safe(render_canvas(self.model, r, self.config.mask_token_id))) for r in rows]
             self.live.update(self._group(*texts, self.bar), refresh=True)
 
     def close(self) -> None:
@@ -526,6 +619,7 @@ def generate_command(
             pad_token_id=None, lock_table=model.generate_table,
             lock_file=os.path.join(model.path, "spec.lock.toml"), spec_table=spec_table, spec_locate=locate,
             flags=flags)
+        check_token_ids(model, config, settings)
         on_terminal = sys.stdout.isatty() and not json_output
         live = on_terminal if stream is None else (stream and not json_output)
         cached, fallback, decoding = decoding_plan(model, config, kv_cache)
@@ -545,9 +639,7 @@ def generate_command(
     console = stdout()
     from rich.text import Text
 
-    for out in run["outputs"]:
-        console.print(Text(out["prompt_text"], style="dim"), Text(out["text"]), sep="")
-        console.print(Text(f"[{out['finish_reason']}, {len(out['ids'])} tokens]", style="dim"))
+    _print_outputs(console, run["outputs"], model.tokenizer is not None)
     shown = ", ".join(f"{k} = {v}" for k, v in config.to_dict().items() if v is not None)
     console.print(Text(f"settings: {shown}; {run['forward_passes']} forward passes, "
                        f"{run['generated_tokens']} tokens in {run['seconds']:.2f} s", style="dim"))
@@ -700,6 +792,12 @@ def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, s
             if not ids:
                 raise _issue("--choices", f"{path}:{number}", f"choice {choice!r} has no tokens after its context",
                              "a non-empty choice", file=path, line=number)
+        longest = max(len(ids) for _, ids in pairs)
+        if model.max_length and len(context) + longest > model.max_length:
+            raise _issue("--choices", f"{path}:{number}", f"line {number}: a context of {len(context)} tokens plus its "
+                         f"longest choice of {longest} exceeds the model's max_position_embeddings = {model.max_length}",
+                         f"a context and choices of at most {model.max_length} tokens together (cut the context "
+                         "to its last sentences)", file=path, line=number)
         tokenized.append({"context": context, "choices": [ids for _, ids in pairs], "label": item["label"]})
     bar, task = _progress(len(items), "choices")
     kwargs = {}
@@ -727,10 +825,10 @@ def _print_eval(result: dict[str, Any]) -> None:
 
     console = stdout()
     m = result["model"]
-    console.print(Text(f"{m['path']} ({m['kind']}, iteration {m['iteration']})", style="bold"))
+    console.print(Text(terminal_safe(f"{m['path']} ({m['kind']}, iteration {m['iteration']})"), style="bold"))
     if "data" in result:
         d = result["data"]
-        console.print(Text(f"data: {d['prefix']}, {d['num_sequences']} windows of {d['seq_length']} tokens"))
+        console.print(Text(terminal_safe(f"data: {d['prefix']}, {d['num_sequences']} windows of {d['seq_length']} tokens")))
     if "ar" in result:
         a = result["ar"]
         console.print(f"NLL {a['nll_per_token']:.4f} nats/token, perplexity {a['perplexity']:.2f} (exact, AR)")
