@@ -18,7 +18,6 @@ from __future__ import annotations
 import array
 import functools
 import glob
-import json
 import math
 import os
 import posixpath
@@ -27,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dlmspec import files
 from dlmspec.gpus import GPU, GPUS
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
 from dlmspec.spec.fast import section_defaults
@@ -302,7 +302,7 @@ class BlendResolution:
 def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int] | str:
     del size, mtime_ns  # the cache key: a rewritten file is read again
     try:
-        with open(path, "rb") as handle:
+        with os.fdopen(files.open_regular(path, what="dataset index (.idx)"), "rb") as handle:
             head = handle.read(_INDEX_HEAD_BYTES)
             if len(head) < _INDEX_HEAD_BYTES or head[:9] != _INDEX_HEADER:
                 return f"does not start with {_INDEX_HEADER!r} (not a Megatron index)"
@@ -321,6 +321,8 @@ def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int]
                     lengths.byteswap()
                 tokens += sum(lengths)
                 left -= count
+    except files.FileRefused as exc:
+        return exc.why
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     return tokens, max(0, doc_indices - 1)
@@ -377,10 +379,9 @@ def _read_manifest(path: str, key: str, entry: str) -> tuple[list[_Listed], list
                        f"*{MANIFEST_SUFFIX} that `dlmspec data prepare` wrote beside the shards (relative paths are "
                        "read from the directory dlmspec runs in), or a glob of the shards' prefixes")
     try:
-        with open(path, encoding="utf-8") as handle:
-            body = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return problem("data-manifest-unreadable", f"manifest {path!r} is not readable JSON ({exc})", rewrite)
+        body = files.read_json(path, what="manifest")
+    except files.FileRefused as exc:
+        return problem("data-manifest-unreadable", f"manifest {path!r}: {exc.why}", rewrite)
     if not isinstance(body, dict) or body.get("kind") != MANIFEST_KIND:
         kind = body.get("kind") if isinstance(body, dict) else type(body).__name__
         return problem("data-manifest-kind", f"{path!r} is not a dataset manifest (its kind is {kind!r}, not "
