@@ -30,7 +30,7 @@ import json
 import os
 from typing import Any
 
-from dlmspec.files import FileRefused, read_json, write_atomic
+from dlmspec.files import FileRefused, default_mode, read_json, write_atomic
 
 #: ``schema`` of a dataset record.
 SCHEMA = "dlmspec.dataset"
@@ -123,10 +123,7 @@ def write_json(path: str, body: Any) -> str:
         TypeError: ``body`` is not JSON-serialisable.
     """
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    # a record is as readable as the dataset beside it (the umask applies)
-    umask = os.umask(0)
-    os.umask(umask)
-    write_atomic(path, text, mode=0o666 & ~umask)
+    write_atomic(path, text, mode=default_mode())  # as readable as the dataset beside it (the umask applies)
     return path
 
 
