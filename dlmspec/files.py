@@ -20,11 +20,18 @@ import contextlib
 import json
 import os
 import stat
-import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10 (a runtime container): tomli, else no TOML reading
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ImportError:
+        tomllib = None  # type: ignore[assignment]
 
 #: Default cap of a JSON or TOML record (dataset records, manifests, lock files, checkpoint
 #: records, ``config.json``): each is a few KiB; a manifest of 100,000 shards is ~20 MiB.
@@ -194,6 +201,8 @@ def read_toml(path: str | os.PathLike[str], *, limit: int = MAX_RECORD_BYTES, de
         FileRefused: see :func:`read_text`; nested past ``depth``; not TOML.
     """
     text = read_text(path, limit=limit, what=what)
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise FileRefused(path, "no TOML parser is installed (Python 3.10 without tomli)", "pip install tomli")
     if nesting_exceeds(text, depth, toml=True):
         raise FileRefused(path, f"the {what} nests arrays and tables more than {depth} levels deep",
                           f"point at the right {what}")
