@@ -158,16 +158,16 @@ def check_index(prefix: str, *, exact_bin: bool = False) -> IndexFacts:
         raise _bad(idx_path, f"document_indices[0] is {first:,}; the first document starts at sequence 0")
     for start in range(0, doc_entries, CHUNK):
         part = docs[max(0, start - 1):start + CHUNK]
-        down = np.flatnonzero(part[1:] < part[:-1])
-        if down.size:
-            i = max(0, start - 1) + int(down[0]) + 1
-            raise _bad(idx_path, f"document_indices[{i:,}] is {int(docs[i]):,}, less than the entry before it "
-                       f"({int(docs[i - 1]):,}): documents start in sequence order")
         high = np.flatnonzero((part > sequences) | (part < 0))
         if high.size:
             i = max(0, start - 1) + int(high[0])
             raise _bad(idx_path, f"document_indices[{i:,}] is {int(docs[i]):,}, outside the {sequences:,} "
                        "sequences the index holds")
+        down = np.flatnonzero(part[1:] < part[:-1])
+        if down.size:
+            i = max(0, start - 1) + int(down[0]) + 1
+            raise _bad(idx_path, f"document_indices[{i:,}] is {int(docs[i]):,}, less than the entry before it "
+                       f"({int(docs[i - 1]):,}): documents start in sequence order")
     if last != sequences:
         raise _bad(idx_path, f"the last document index is {last:,}, but the index holds {sequences:,} sequences "
                    "(it ends with the sequence count)")
