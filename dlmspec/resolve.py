@@ -374,7 +374,7 @@ def _read_manifest(path: str, key: str, entry: str) -> tuple[list[_Listed], list
         return [], [BlendProblem(rule_id, key, entry, path, message, hint)]
 
     rewrite = "write it again with `dlmspec data prepare` (it writes the manifest of a sharded output)"
-    if not _exists(path):
+    if not os.path.lexists(path):  # a FIFO or device is there, and refused by kind below
         return problem("data-manifest-missing", f"manifest {path!r} not found", "give the path of the "
                        f"*{MANIFEST_SUFFIX} that `dlmspec data prepare` wrote beside the shards (relative paths are "
                        "read from the directory dlmspec runs in), or a glob of the shards' prefixes")
