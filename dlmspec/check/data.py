@@ -211,8 +211,8 @@ def tokenizer_difference(spec_tokenizer: Any, written: dict[str, Any]) -> str | 
     "error",
     "the dataset records (PREFIX.dlmspec.json, dlmspec/data/record.py): the tokenizer `data prepare` wrote "
     "each dataset with, against [data.tokenizer] (megatron-core reads the ids with the spec's tokenizer)",
-    "the datasets of data.train and data.valid were written by the spec's tokenizer (type and files), as their "
-    "readable records say",
+    "the datasets of data.train and data.valid have readable records and were written by the spec's tokenizer "
+    "(type and files)",
     scope="paths",
 )
 def _tokenizer_spec(ctx: Context) -> Iterator[Finding]:
