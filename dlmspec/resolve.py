@@ -300,7 +300,7 @@ class BlendResolution:
 
 @functools.lru_cache(maxsize=4096)
 def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int] | str:
-    del size, mtime_ns  # the cache key: a rewritten file is read again
+    del mtime_ns  # the cache key (with size): a rewritten file is read again
     try:
         with os.fdopen(files.open_regular(path, what="dataset index (.idx)"), "rb") as handle:
             head = handle.read(_INDEX_HEAD_BYTES)
@@ -309,6 +309,10 @@ def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int]
             version, _code, sequences, doc_indices = struct.unpack("<QBQQ", head[9:])
             if version != 1:
                 return f"index version {version} (megatron-core writes version 1)"
+            expected = _INDEX_HEAD_BYTES + 12 * sequences + 8 * doc_indices
+            if size not in (expected, expected + sequences) or doc_indices < 1:
+                return (f"{size:,} bytes, but its header ({sequences:,} sequences, {doc_indices:,} document indices) "
+                        f"needs {expected:,} (truncated or damaged)")
             tokens, left = 0, sequences
             while left:  # in pieces of 4 MiB: memory stays flat on a shard of many documents
                 count = min(left, _LENGTHS_PER_READ)
@@ -319,6 +323,8 @@ def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int]
                 lengths.frombytes(data)
                 if sys.byteorder == "big":
                     lengths.byteswap()
+                if min(lengths) < 0:
+                    return f"holds a negative sequence length ({min(lengths):,}): a damaged index"
                 tokens += sum(lengths)
                 left -= count
     except files.FileRefused as exc:
@@ -332,7 +338,9 @@ def index_counts(prefix: str) -> tuple[int, int] | str:
     """``(tokens, documents)`` of the indexed dataset ``prefix``, read from ``PREFIX.idx`` without
     torch or numpy: the header's counts, then the sum of ``sequence_lengths`` (int32 after the
     34-byte header; megatron-core ``indexed_dataset._IndexReader``; ``document_indices`` holds one
-    more entry than there are documents). Cached by the file's size and modification time.
+    more entry than there are documents). The file must be a regular file of the size its header
+    gives, with no negative length (the full check, with numpy, is
+    :func:`dlmspec.data.index.check_index`). Cached by the file's size and modification time.
 
     Returns:
         The counts, or why the file cannot be read (a string).

@@ -108,3 +108,14 @@ def test_a_manifest_that_is_not_one_is_an_error_naming_it(data: Path, capsys, ki
             timer.cancel()
     assert code == 2 and "data-manifest-unreadable" in text, text
     assert "Traceback" not in text and "RecursionError" not in text
+
+
+def test_an_index_with_a_negative_length_is_an_error_naming_it(data: Path, capsys) -> None:
+    import struct
+
+    lengths, pointers = [10, -20, 30], [0, 20, 20]
+    idx = (b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 3, 4) + struct.pack("<3i", *lengths)
+           + struct.pack("<3q", *pointers) + struct.pack("<4q", 0, 1, 2, 3))
+    (data / "data" / "web-00000_text_document.idx").write_bytes(idx)
+    code, text = _run(["validate", str(_spec(data, ["data/web-*_text_document"]))], capsys)
+    assert code == 2 and "data-index-unreadable" in text and "negative sequence length" in text, text
