@@ -16,14 +16,22 @@ whole new one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
-import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10 (a runtime container): tomli, else no TOML reading
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ImportError:
+        tomllib = None  # type: ignore[assignment]
 
 #: Default cap of a JSON or TOML record (dataset records, manifests, lock files, checkpoint
 #: records, ``config.json``): each is a few KiB; a manifest of 100,000 shards is ~20 MiB.
@@ -193,6 +201,8 @@ def read_toml(path: str | os.PathLike[str], *, limit: int = MAX_RECORD_BYTES, de
         FileRefused: see :func:`read_text`; nested past ``depth``; not TOML.
     """
     text = read_text(path, limit=limit, what=what)
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise FileRefused(path, "no TOML parser is installed (Python 3.10 without tomli)", "pip install tomli")
     if nesting_exceeds(text, depth, toml=True):
         raise FileRefused(path, f"the {what} nests arrays and tables more than {depth} levels deep",
                           f"point at the right {what}")
@@ -247,11 +257,21 @@ def create_exclusive(path: str | os.PathLike[str], mode: int = 0o600) -> int:
                    | getattr(os, "O_CLOEXEC", 0), mode)
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int = 0o644) -> None:
-    """Write ``data`` (``str``: UTF-8, ``\\n`` line ends) to ``path``: into a temporary file
-    created exclusively beside it (``.<name>.tmp-<random>``), flushed, then renamed over ``path``.
-    A symbolic link at ``path`` is replaced by the file, never written through; on any failure the
-    temporary file is removed and ``path`` is as it was.
+def default_mode() -> int:
+    """``0o666`` less the process's umask: the mode ``open()`` would give a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike[str], *, mode: int | None = None) -> Iterator[BinaryIO]:
+    """A binary file to write the new content of ``path`` into, for writers that want a file
+    object (``fig.savefig(handle)``, ``json.dump``): a temporary file created exclusively beside
+    ``path`` (``.<name>.tmp-<random>``, ``O_CREAT | O_EXCL | O_NOFOLLOW``), flushed, given
+    ``mode`` (default :func:`default_mode`) and renamed over ``path`` when the block ends without
+    an exception. A symbolic link at ``path`` is replaced, never written through; on any failure
+    the temporary file is removed and ``path`` is as it was.
 
     Raises:
         OSError: the folder cannot be written, the disk is full, ...
@@ -260,15 +280,14 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int =
     target = Path(path)
     if target.is_dir() and not target.is_symlink():
         raise IsADirectoryError(f"{target} is a folder")
-    payload = data.encode("utf-8") if isinstance(data, str) else data
     temp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:12]}")
     fd = create_exclusive(temp, 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temp, mode)
+            os.fchmod(handle.fileno(), default_mode() if mode is None else mode)
         os.replace(temp, target)
     except BaseException:
         try:
@@ -276,3 +295,18 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int =
         except OSError:
             pass
         raise
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int = 0o644) -> None:
+    """Write ``data`` (``str``: UTF-8, ``\\n`` line ends) to ``path``: into a temporary file
+    created exclusively beside it (``.<name>.tmp-<random>``), flushed, then renamed over ``path``
+    (:func:`atomic_writer`). A symbolic link at ``path`` is replaced by the file, never written
+    through; on any failure the temporary file is removed and ``path`` is as it was.
+
+    Raises:
+        OSError: the folder cannot be written, the disk is full, ...
+        IsADirectoryError: ``path`` is a folder.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_writer(path, mode=mode) as handle:
+        handle.write(payload)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import array
 import functools
 import glob
-import json
 import math
 import os
 import posixpath
@@ -27,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dlmspec import files
 from dlmspec.gpus import GPU, GPUS
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
 from dlmspec.spec.fast import section_defaults
@@ -300,15 +300,19 @@ class BlendResolution:
 
 @functools.lru_cache(maxsize=4096)
 def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int] | str:
-    del size, mtime_ns  # the cache key: a rewritten file is read again
+    del mtime_ns  # the cache key (with size): a rewritten file is read again
     try:
-        with open(path, "rb") as handle:
+        with os.fdopen(files.open_regular(path, what="dataset index (.idx)"), "rb") as handle:
             head = handle.read(_INDEX_HEAD_BYTES)
             if len(head) < _INDEX_HEAD_BYTES or head[:9] != _INDEX_HEADER:
                 return f"does not start with {_INDEX_HEADER!r} (not a Megatron index)"
             version, _code, sequences, doc_indices = struct.unpack("<QBQQ", head[9:])
             if version != 1:
                 return f"index version {version} (megatron-core writes version 1)"
+            expected = _INDEX_HEAD_BYTES + 12 * sequences + 8 * doc_indices
+            if size not in (expected, expected + sequences) or doc_indices < 1:
+                return (f"{size:,} bytes, but its header ({sequences:,} sequences, {doc_indices:,} document indices) "
+                        f"needs {expected:,} (truncated or damaged)")
             tokens, left = 0, sequences
             while left:  # in pieces of 4 MiB: memory stays flat on a shard of many documents
                 count = min(left, _LENGTHS_PER_READ)
@@ -319,8 +323,12 @@ def _index_counts_cached(path: str, size: int, mtime_ns: int) -> tuple[int, int]
                 lengths.frombytes(data)
                 if sys.byteorder == "big":
                     lengths.byteswap()
+                if min(lengths) < 0:
+                    return f"holds a negative sequence length ({min(lengths):,}): a damaged index"
                 tokens += sum(lengths)
                 left -= count
+    except files.FileRefused as exc:
+        return exc.why
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     return tokens, max(0, doc_indices - 1)
@@ -330,7 +338,9 @@ def index_counts(prefix: str) -> tuple[int, int] | str:
     """``(tokens, documents)`` of the indexed dataset ``prefix``, read from ``PREFIX.idx`` without
     torch or numpy: the header's counts, then the sum of ``sequence_lengths`` (int32 after the
     34-byte header; megatron-core ``indexed_dataset._IndexReader``; ``document_indices`` holds one
-    more entry than there are documents). Cached by the file's size and modification time.
+    more entry than there are documents). The file must be a regular file of the size its header
+    gives, with no negative length (the full check, with numpy, is
+    :func:`dlmspec.data.index.check_index`). Cached by the file's size and modification time.
 
     Returns:
         The counts, or why the file cannot be read (a string).
@@ -372,15 +382,14 @@ def _read_manifest(path: str, key: str, entry: str) -> tuple[list[_Listed], list
         return [], [BlendProblem(rule_id, key, entry, path, message, hint)]
 
     rewrite = "write it again with `dlmspec data prepare` (it writes the manifest of a sharded output)"
-    if not _exists(path):
+    if not os.path.lexists(path):  # a FIFO or device is there, and refused by kind below
         return problem("data-manifest-missing", f"manifest {path!r} not found", "give the path of the "
                        f"*{MANIFEST_SUFFIX} that `dlmspec data prepare` wrote beside the shards (relative paths are "
                        "read from the directory dlmspec runs in), or a glob of the shards' prefixes")
     try:
-        with open(path, encoding="utf-8") as handle:
-            body = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return problem("data-manifest-unreadable", f"manifest {path!r} is not readable JSON ({exc})", rewrite)
+        body = files.read_json(path, what="manifest")
+    except files.FileRefused as exc:
+        return problem("data-manifest-unreadable", f"manifest {path!r}: {exc.why}", rewrite)
     if not isinstance(body, dict) or body.get("kind") != MANIFEST_KIND:
         kind = body.get("kind") if isinstance(body, dict) else type(body).__name__
         return problem("data-manifest-kind", f"{path!r} is not a dataset manifest (its kind is {kind!r}, not "

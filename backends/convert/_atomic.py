@@ -2,7 +2,10 @@
 wrote is lost, and an interrupted write leaves no temporary folder behind.
 
 * The files are written into ``<parent>/.<name>.tmp-<pid>@<host>.<8 hex>`` (same filesystem as
-  ``dst``), removed when the body raises, on Ctrl-C and on SIGTERM.
+  ``dst``), a folder created here and now (``mkdir`` fails on anything already there, a link
+  included) and readable by its owner only until it is moved into place, so no one else can plant
+  a link inside it; removed when the body raises, on Ctrl-C and on SIGTERM. Small files are
+  written with :func:`write_new` (created exclusively).
 * A new ``dst`` appears by one ``os.replace``. Over an existing folder (``overwrite``) only the
   files the writer owns (``owned`` patterns: the file names convert writes) are replaced or, when
   the new output lacks them (an older run's shards), removed; every other file stays. The
@@ -28,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dlmspec.backends.convert.errors import ConversionError, Interrupted
+from dlmspec.files import create_exclusive
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)@(?P<host>[^/]+)\.(?P<tag>[0-9a-f]{8})$")
 
@@ -156,6 +160,19 @@ def signals_held() -> Iterator[None]:
             signal.signal(signum, handler)
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)
+
+
+def write_new(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) into the new file ``path`` (inside the temporary folder of
+    :func:`atomic_directory`), created exclusively (:func:`dlmspec.files.create_exclusive`): a
+    file or link already at that name is an error, never written through or over.
+
+    Raises:
+        FileExistsError: something is already at ``path``.
+    """
+    fd = create_exclusive(path, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(text.encode("utf-8"))
 
 
 def _owned(name: str, owned: tuple[str, ...]) -> bool:

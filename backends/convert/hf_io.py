@@ -12,8 +12,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from dlmspec.backends.convert._atomic import atomic_directory
+from dlmspec.backends.convert._atomic import atomic_directory, write_new
 from dlmspec.backends.convert.errors import ConversionError
+from dlmspec.files import FileRefused, read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -29,17 +30,20 @@ OWNED_NAMES = (CONFIG_NAME, SINGLE_NAME, INDEX_NAME, "model-*-of-*.safetensors")
 def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """The JSON object in the file ``path`` (``what`` says what the file is, for messages).
 
+    Read with :func:`dlmspec.files.read_json`: a regular file (a FIFO or device is refused
+    unread), at most :data:`dlmspec.files.MAX_RECORD_BYTES`, nested at most
+    :data:`dlmspec.files.MAX_NESTING` levels.
+
     Raises:
-        ConversionError: the file cannot be read, is not JSON, or its top level is not an object.
+        ConversionError: the file is missing, not a regular file, too large, too deeply nested,
+            not UTF-8 JSON, or its top level is not an object.
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConversionError(f"{path}: cannot read {what}: {exc}", tensor=str(path), expected=what) from None
-    except json.JSONDecodeError as exc:
-        raise ConversionError(f"{path}: {what} is not valid JSON ({exc}). Fix: restore the file from the original "
-                              "checkpoint", tensor=str(path), expected="JSON") from None
+        data = read_json(path, what=what)
+    except FileRefused as exc:
+        raise ConversionError(f"{path}: {exc.why}. Fix: restore the file from the original checkpoint",
+                              tensor=str(path), expected=what) from None
     if not isinstance(data, dict):
         raise ConversionError(f"{path}: the top level of {what} is a {type(data).__name__}, expected a JSON object "
                               "({...}). Fix: restore the file from the original checkpoint", tensor=str(path),
@@ -235,8 +239,7 @@ def write_hf_checkpoint(
                 save_file(shard, str(tmp / fname), metadata={"format": "pt"})
                 weight_map.update({name: fname for name in shard})
             total = sum(t.numel() * t.element_size() for t in tensors.values())
-            (tmp / INDEX_NAME).write_text(
-                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
-            )
-        (tmp / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+            write_new(tmp / INDEX_NAME,
+                      json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        write_new(tmp / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
     return dst

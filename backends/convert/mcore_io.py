@@ -45,10 +45,11 @@ import torch.distributed as dist
 
 from dlmspec.backends import checkpoint_safety
 from dlmspec.backends.convert import checks, families
-from dlmspec.backends.convert._atomic import atomic_directory, signals_held
+from dlmspec.backends.convert._atomic import atomic_directory, signals_held, write_new
 from dlmspec.backends.convert.dims import ModelDims
 from dlmspec.backends.convert.errors import ConversionError
 from dlmspec.backends.convert.hf_io import read_json_object
+from dlmspec.files import FileRefused, read_text
 
 SIDECAR_NAME = "dlmspec_convert.json"
 LAYER_LAYOUTS = ("stacked", "per_layer")
@@ -333,15 +334,15 @@ def save_mcore_checkpoint(
             "layer_layout": layer_layout,
             "hf_config": dict(hf_config or {}),
         }
-        (tmp / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=2, sort_keys=True, default=str) + "\n")
+        write_new(tmp / SIDECAR_NAME, json.dumps(sidecar, indent=2, sort_keys=True, default=str) + "\n")
     return Path(dst)
 
 
 def _read_line(path: Path) -> str:
     try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConversionError(f"{path}: cannot read it: {exc}", tensor=str(path), expected="a text file") from None
+        return read_text(path, limit=1 << 16).strip()
+    except FileRefused as exc:
+        raise ConversionError(f"{path}: {exc.why}", tensor=str(path), expected="a text file") from None
 
 
 def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:

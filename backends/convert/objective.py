@@ -18,13 +18,13 @@ LLaDA / Dream families, diffusion LMs by design), else autoregressive.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dlmspec.backends.convert.errors import ConversionError
+from dlmspec.files import FileRefused, read_json
 
 #: The ``config.json`` key holding dlmspec's record of the objective.
 CONFIG_KEY = "dlmspec"
@@ -95,10 +95,9 @@ def checkpoint_objective(ckpt: str | os.PathLike[str], sidecar: Mapping[str, Any
     meta_path = os.path.join(os.fspath(ckpt), TRAINING_METADATA)
     if os.path.isfile(meta_path):
         try:
-            with open(meta_path, encoding="utf-8") as f:
-                meta = json.load(f)
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise ConversionError(f"{meta_path}: cannot read it as JSON ({exc})", tensor=meta_path,
+            meta = read_json(meta_path, what="checkpoint record")
+        except FileRefused as exc:
+            raise ConversionError(f"{meta_path}: cannot read it as JSON ({exc.why})", tensor=meta_path,
                                   expected="the training runtime's checkpoint metadata",
                                   hint="restore the file, or pass --objective mdm|ar") from None
         spec = meta.get("spec") if isinstance(meta, Mapping) else None

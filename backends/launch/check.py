@@ -11,7 +11,8 @@ and sends rank 0 what it saw (rank, local rank, node, SLURM's ids, the expected 
 Rank 0 checks world size, ranks, local ranks, processes per node, the rendezvous host (the
 allocation's first node) and port (derived from the job id), the environment the spec asked for
 and the all-reduce sum, and writes a JSON report (``"ok"``, ``"errors"``, what each rank saw).
-Exit 0 when every check passes, 1 otherwise (2 for bad arguments).
+Exit 0 when every check passes, 1 otherwise (2 for bad arguments, or a checkpoint marker that is
+not one).
 
 ``DLMSPEC_CHECK_MODE=train`` adds ``--train --state-dir DIR``: a simulated long job. It resumes
 from ``DIR/checkpoint.json`` when present, then runs ``--steps`` steps of ``--step-seconds``
@@ -23,8 +24,8 @@ reads the marker and continues. After the last step rank 0 writes ``DIR/report.j
 runs (start step, end step, how each ended).
 
 Secrets are never written: for ``WANDB_API_KEY`` and ``HF_TOKEN`` the report says only whether
-they are set. Needs torch (CPU is enough); of dlmspec only the exit code (:mod:`dlmspec.errors`, no
-pydantic).
+they are set. Needs torch (CPU is enough); of dlmspec only the exit code (:mod:`dlmspec.errors`) and
+:mod:`dlmspec.files` (no pydantic).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from dlmspec.errors import REQUEUE_EXIT_CODE
+from dlmspec.files import FileRefused, default_mode, read_json, write_atomic
 
 #: ``MASTER_PORT = PORT_BASE + SLURM_JOB_ID % PORT_SPAN``, as ``dlmspec.render.sbatch.rendezvous_port``.
 PORT_BASE = 10000
@@ -178,11 +180,37 @@ def check_world(facts: list[dict[str, Any]], args: argparse.Namespace, expected_
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically (a temporary file, then rename)."""
+    """Write ``data`` to ``path`` atomically (:func:`dlmspec.files.write_atomic`: a temporary file
+    created exclusively beside it, never through a link, then renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=default_mode())
+
+
+class MarkerRefused(CheckError):
+    """The checkpoint marker is there but is not one this check wrote (exit 2)."""
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The checkpoint marker ``{"step": int >= 0, "runs": [{...}, ...]}`` at ``path``, or ``None``
+    when there is none (read with :func:`dlmspec.files.read_json`: a regular file, at most 1 MiB).
+
+    Raises:
+        MarkerRefused: not a regular file, too large or deep, not JSON, or not that shape.
+    """
+    if not os.path.lexists(path):
+        return None
+    fix = f"remove {path} to start the simulated job from step 0"
+    try:
+        data = read_json(path, limit=1 << 20, what="checkpoint marker")
+    except FileRefused as exc:
+        raise MarkerRefused(f"{exc.path}: {exc.why}. Fix: {fix}") from None
+    step = data.get("step") if isinstance(data, dict) else None
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if (not isinstance(step, int) or isinstance(step, bool) or step < 0 or not isinstance(runs, list)
+            or not all(isinstance(r, dict) for r in runs)):
+        raise MarkerRefused(f"{path}: not a checkpoint marker (expected {{\"step\": N >= 0, \"runs\": [...]}}). "
+                            f"Fix: {fix}")
+    return data
 
 
 class _Signals:
@@ -244,9 +272,14 @@ def _train(args: argparse.Namespace, rank: int, report: dict[str, Any], signals:
     job = os.environ.get("SLURM_JOB_ID")
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     saved: list[Any] = [None]
-    if rank == 0 and marker.exists():
-        saved[0] = json.loads(marker.read_text(encoding="utf-8"))
+    if rank == 0:
+        try:
+            saved[0] = read_marker(marker)
+        except MarkerRefused as exc:  # every rank stops with it (none waits on a broadcast that never comes)
+            saved[0] = {"refused": str(exc)}
     dist.broadcast_object_list(saved, src=0)
+    if saved[0] is not None and "refused" in saved[0]:
+        raise MarkerRefused(saved[0]["refused"])
     start = int(saved[0]["step"]) if saved[0] else 0
     runs = list(saved[0]["runs"]) if saved[0] else []
     if rank == 0:
@@ -290,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return _run(args)
+    except MarkerRefused as exc:
+        print(f"check: error: {exc}", file=sys.stderr)
+        return 2
     except CheckError as exc:
         print(f"check: error: {exc}", file=sys.stderr)
         return 1

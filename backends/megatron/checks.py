@@ -218,7 +218,8 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
     """The checks before megatron-core starts (no process group, no CUDA yet).
 
     In order: the data files exist, and each ``.bin``/``.idx`` pair is sound
-    (:func:`~dlmspec.backends.megatron.data.data_problems`); the spec lock beside train.py is read;
+    (:func:`~dlmspec.backends.megatron.data.data_problems`); the spec lock beside train.py is read
+    (one that is there but is no lock file is refused: ``SpecLock.error``);
     a resume's checkpoint records a spec this one may continue, of this run's name or of
     ``CheckpointConfig.resume_from_run`` (:func:`~dlmspec.backends.megatron.spec_record.check_resume`) and
     holds nothing that would run code when loaded
@@ -243,6 +244,8 @@ def start_checks(run: RunConfig, *, transformer_config: TransformerConfig, layer
     if problems:
         refuse(f"the data cannot be trained on (relative to {os.getcwd()}):\n  " + "\n  ".join(problems))
     lock = read_spec_lock(run.spec_lock_file, run.spec_hash)
+    if lock.error is not None:
+        refuse(lock.error)
     record = spec_record(
         run, transformer_config=transformer_config, model_kwargs=model_kwargs, optimizer_config=optimizer_config,
         attention=layer_spec_attention(layer_spec), block_size=layer_spec_block_size(layer_spec),

@@ -9,6 +9,7 @@ documents, labels and attention meet at document boundaries: docs/runtime.md, "D
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -239,9 +240,12 @@ def _id_range(bin_path: str, dtype, tokens: int) -> Tuple[int, int, str, int]:
 def check_indexed_dataset(prefix: str, vocab_size: int) -> DatasetCheck:
     """Check that ``prefix.bin`` and ``prefix.idx`` belong together and fit the vocabulary.
 
-    Reads the ``.idx`` header (:data:`INDEX_MAGIC`, version, dtype, counts) and five numbers of
-    its arrays (the first and last sequence pointers and document indices, the last length),
-    so the check costs a few reads however large the index is. Then:
+    Both files must be regular files (a FIFO or device is refused before it is opened). Reads
+    the ``.idx`` header (:data:`INDEX_MAGIC`, version, dtype, counts) and five numbers of its
+    arrays (the first and last sequence pointers and document indices, the last length), then
+    every entry with :func:`dlmspec.data.index.check_index` (lengths ``>= 0``, pointers the running
+    sum of the lengths, document indices monotone within the sequence count: one pass over the
+    memory-mapped index, as megatron-core's own reading of it). Then:
 
     * ``.idx``: magic, version 1, an integer dtype, and exactly the size its header gives
       (34 bytes + 12 per sequence + 8 per document index, or 1 more per sequence for multimodal
@@ -265,13 +269,21 @@ def check_indexed_dataset(prefix: str, vocab_size: int) -> DatasetCheck:
     Returns:
         A :class:`DatasetCheck`; ``problems`` is empty for usable data.
     """
+    from dlmspec.data.index import IndexInconsistent, check_index
+    from dlmspec.files import FileRefused, file_kind
+
     out = DatasetCheck(prefix=prefix)
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
-    idx_size, bin_size = os.path.getsize(idx_path), os.path.getsize(bin_path)
 
     def problem(text: str) -> DatasetCheck:
         out.problems.append(text)
         return out
+
+    for path in (idx_path, bin_path):  # a FIFO would block the open below, a device has no end
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            return problem(f"{path}: {file_kind(mode)}, not a regular file; point the blend at the dataset's files")
+    idx_size, bin_size = os.path.getsize(idx_path), os.path.getsize(bin_path)
 
     with open(idx_path, "rb") as f:
         head = f.read(INDEX_HEADER_BYTES)
@@ -307,6 +319,14 @@ def check_indexed_dataset(prefix: str, vocab_size: int) -> DatasetCheck:
     if first_ptr != 0 or last_ptr < 0 or last_len < 0 or last_ptr % itemsize or doc_first != 0 or doc_last != sequences:
         return problem(f"{idx_path}: its pointers or document indices are inconsistent (first pointer {first_ptr}, "
                        f"document indices {doc_first}..{doc_last} for {sequences} sequences): damaged; {_PREPARE_AGAIN}")
+    try:  # every entry: lengths >= 0, pointers their running sum, document indices monotone in [0, S]
+        check_index(prefix)
+    except IndexInconsistent as exc:
+        if exc.path == idx_path:  # the .bin's size is judged below, with the dtype hint
+            out.tokens = 0
+            return problem(f"{idx_path}: {exc.why}: damaged; {_PREPARE_AGAIN}")
+    except FileRefused as exc:  # replaced by a FIFO or device since the check above
+        return problem(str(exc))
     need = last_ptr + last_len * itemsize
     out.tokens = need // itemsize
     described = f"its .idx describes {out.tokens} {out.dtype} tokens = {need} bytes"

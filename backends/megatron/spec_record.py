@@ -16,8 +16,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from dlmspec.files import MAX_NESTING, FileRefused, nesting_exceeds, read_json, read_text
+
 #: The lock file's name, beside train.py and inside each checkpoint.
 LOCK_FILENAME = "spec.lock.toml"
+#: A lock file is a few KiB; one larger than this is not one (``/dev/zero``, a wrong file).
+LOCK_MAX_BYTES = 4 * 2**20
 #: The checkpoint metadata file (``dlmspec.backends.megatron.training.METADATA_FILENAME``).
 METADATA_FILENAME = "dlmspec.json"
 #: Version of :func:`spec_record`'s layout.
@@ -76,6 +80,7 @@ class SpecLock:
         text: The lock file's content when it belongs to this train.py, else ``None``.
         tokenizer: The lock's ``[data.tokenizer]`` table (``None`` without a readable lock).
         warnings: One sentence per problem (missing file, another compile's lock).
+        error: Why the file there is no lock file at all (``file: why. Fix: ...``), else ``None``.
     """
 
     path: Optional[str] = None
@@ -83,9 +88,11 @@ class SpecLock:
     text: Optional[str] = None
     tokenizer: Optional[Dict[str, Any]] = None
     warnings: List[str] = field(default_factory=list)
+    error: Optional[str] = None
 
 
-def _parse_toml(text: str) -> Optional[Dict[str, Any]]:
+def _toml_parser() -> Any:
+    """``tomllib`` (Python 3.11+), else ``tomli``, else ``None``."""
     try:
         import tomllib  # Python 3.11+
     except ImportError:  # pragma: no cover - Python 3.10
@@ -93,9 +100,17 @@ def _parse_toml(text: str) -> Optional[Dict[str, Any]]:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
             return None
+    return tomllib
+
+
+def _parse_toml(text: str) -> Optional[Dict[str, Any]]:
+    """The TOML document ``text``; ``None`` when it is not TOML or no parser is installed."""
+    parser = _toml_parser()
+    if parser is None:  # pragma: no cover - Python 3.10 without tomli
+        return None
     try:
-        return tomllib.loads(text)
-    except ValueError:
+        return parser.loads(text)
+    except (ValueError, RecursionError):
         return None
 
 
@@ -109,28 +124,42 @@ def read_spec_lock(path: Optional[str], content_hash: Optional[str]) -> SpecLock
             equals it (a lock edited or written by another compile does not).
 
     Returns:
-        A :class:`SpecLock`; problems are warnings, never errors (the checkpoint then records
-        the hash without the file).
+        A :class:`SpecLock`. A missing lock, or one of another compile, is a warning (the
+        checkpoint then records the hash without the file); a lock that is there but is no lock
+        file (a FIFO or device, larger than :data:`LOCK_MAX_BYTES`, not UTF-8, nested deeper than
+        :data:`dlmspec.files.MAX_NESTING`, not TOML, no ``[lock] content_hash``) sets
+        ``error``, which :func:`dlmspec.backends.megatron.checks.start_checks` refuses (exit 2).
     """
     out = SpecLock(path=path, content_hash=content_hash)
     if not path:
         return out
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(4 * 2**20)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         out.warnings.append(f"{path} not found beside train.py: checkpoints record the spec's hash "
                             f"({content_hash}) but not its lock file; compile again to restore it")
         return out
-    except (OSError, UnicodeDecodeError) as exc:
-        out.warnings.append(f"{path} cannot be read ({exc}): checkpoints record the spec's hash only")
+    recompile = "compile the spec again (`dlmspec compile`), which writes spec.lock.toml beside train.py"
+    try:
+        text = read_text(path, limit=LOCK_MAX_BYTES, what="spec lock file")
+    except FileRefused as exc:
+        out.error = f"{exc.path}: {exc.why}. Fix: {recompile}"
+        return out
+    if nesting_exceeds(text, MAX_NESTING, toml=True):
+        out.error = f"{path}: the spec lock file nests more than {MAX_NESTING} levels deep. Fix: {recompile}"
         return out
     data = _parse_toml(text)
     if data is not None:
-        found = (data.get("lock") or {}).get("content_hash")
+        lock_table = data.get("lock")
+        found = lock_table.get("content_hash") if isinstance(lock_table, dict) else None
     else:
         match = re.search(r'(?m)^content_hash = "(sha256:[0-9a-f]{64})"$', text)
         found = match.group(1) if match else None
+    if data is None and (_toml_parser() is not None or found is None):
+        out.error = f"{path}: not a spec lock file (not valid TOML). Fix: {recompile}"
+        return out
+    if not isinstance(found, str):
+        out.error = (f"{path}: not a spec lock file (its [lock] table has no content_hash string). "
+                     f"Fix: {recompile}")
+        return out
     if content_hash is not None and found != content_hash:
         out.warnings.append(f"{path} holds spec {found}, train.py was compiled from {content_hash}: it belongs to "
                             "another compile; checkpoints record train.py's hash only (compile again to get the "
@@ -381,8 +410,9 @@ def check_resume(path: str, record: Dict[str, Any], *, content_hash: Optional[st
     meta_path = os.path.join(path, METADATA_FILENAME)
     weights = f'checkpoint.init_from = "mcore:{path}"'
     try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
+        if not os.path.lexists(meta_path):
+            raise FileNotFoundError(meta_path)
+        meta = read_json(meta_path, what="checkpoint record")
         if not isinstance(meta, dict):
             raise ValueError("not a JSON object")
     except FileNotFoundError:
@@ -390,9 +420,10 @@ def check_resume(path: str, record: Dict[str, Any], *, content_hash: Optional[st
             f"cannot resume from {path}: it has no {METADATA_FILENAME}, so dlmspec's runtime did not write it and "
             f"cannot continue it (iteration, samples, seed and schedule are kept there). Fix: to start from its "
             f"weights, set checkpoint.save (and checkpoint.load) to a new folder and {weights}") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # FileRefused is a ValueError: a FIFO, too large or deep, not JSON
+        why = exc.why if isinstance(exc, FileRefused) else exc
         raise ResumeRefused(
-            f"cannot resume from {path}: {meta_path} cannot be read ({exc}). Fix: restore the file, or remove the "
+            f"cannot resume from {path}: {meta_path} cannot be read ({why}). Fix: restore the file, or remove the "
             f"folder's name from the 'latest' file beside it to resume from an earlier checkpoint") from None
     spec = meta.get("spec") if isinstance(meta.get("spec"), dict) else {}
     old = spec.get("record") if isinstance(spec.get("record"), dict) else None

@@ -211,7 +211,8 @@ def tokenizer_difference(spec_tokenizer: Any, written: dict[str, Any]) -> str | 
     "error",
     "the dataset records (PREFIX.dlmspec.json, dlmspec/data/record.py): the tokenizer `data prepare` wrote "
     "each dataset with, against [data.tokenizer] (megatron-core reads the ids with the spec's tokenizer)",
-    "the datasets of data.train and data.valid were written by the spec's tokenizer (type and files)",
+    "the datasets of data.train and data.valid have readable records and were written by the spec's tokenizer "
+    "(type and files)",
     scope="paths",
 )
 def _tokenizer_spec(ctx: Context) -> Iterator[Finding]:
@@ -221,6 +222,14 @@ def _tokenizer_spec(ctx: Context) -> Iterator[Finding]:
     want = d.tokenizer
     for key, resolution in (("data.train", ctx.r.train_blend), ("data.valid", ctx.r.valid_blend)):
         for shard in resolution.shards:
+            try:
+                read_record(shard.prefix)
+            except RecordError as exc:  # a FIFO, /dev/zero, 100,000 nested brackets, not JSON, ...
+                yield Finding(key, f"{shard.prefix!r}: its record {exc.path} cannot be read ({exc.reason}), so "
+                              "the tokenizer it was written with is unknown",
+                              f"move {exc.path} away (the dataset is then used without a record), or prepare "
+                              "the data again with `dlmspec data prepare`", value=shard.entry)
+                break  # one per blend
             written = _written_tokenizer(shard.prefix)
             why = tokenizer_difference(want, written) if written is not None else None
             if why is None:

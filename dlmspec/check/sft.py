@@ -18,8 +18,6 @@ RESPONSE_SUFFIX = "_response"
 #: Response ``.bin`` files up to this size are read for the longest prompt when the record does not
 #: give it (``max_prompt_tokens``); larger ones are not scanned.
 PROMPT_SCAN_BYTES = 256 * 2**20
-#: megatron-core's ``.idx`` header (magic, version, dtype code, sequence and document counts).
-_IDX_HEADER = 34
 
 
 def _prefixes(ctx: Context) -> list[tuple[str, str]]:
@@ -188,16 +186,16 @@ def longest_prompt(prefix: str, record_sft: dict[str, Any] | None = None) -> tup
     """
     import numpy as np  # here, not at the top: validate's start-up path stays free of numpy
 
+    from dlmspec.data.index import check_index
+
     if record_sft and isinstance(record_sft.get("max_prompt_tokens"), int):
         return int(record_sft["max_prompt_tokens"]), 0
     resp = prefix + RESPONSE_SUFFIX
     try:
         if os.path.getsize(resp + ".bin") > PROMPT_SCAN_BYTES:
             return None
-        with open(resp + ".idx", "rb") as f:
-            head = f.read(_IDX_HEADER)
-            count = int(np.frombuffer(head[18:26], dtype="<u8")[0])
-            lengths = np.frombuffer(f.read(4 * count), dtype="<i4").astype(np.int64)
+        # regular files only, every entry consistent (dlmspec.data.index); FileRefused is a ValueError
+        lengths = check_index(resp).sequence_lengths.astype(np.int64)
         flags = np.fromfile(resp + ".bin", dtype=np.uint8)
     except (OSError, ValueError, IndexError):
         return None

@@ -196,6 +196,13 @@ def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], titl
     stdout().print(table)
 
 
+def _names_a_run_folder(path: str) -> bool:
+    """Whether ``dlmspec show PATH`` should answer ``PATH`` as a run folder although there is none:
+    nothing is there, it names a folder path (``runs/demo``) and not a spec file (``.toml``, ``.py``)."""
+    return (not os.path.lexists(path) and os.sep in path.rstrip(os.sep)
+            and not path.lower().endswith((".toml", ".py")))
+
+
 @app.command(cls=Command)
 def show(
     ctx: typer.Context,
@@ -221,7 +228,8 @@ def show(
     """
     use_json(ctx, json_output)
     chosen = [name for name, on in (("--gpus", gpus), ("--presets", presets), ("--rules", rules)) if on]
-    if spec is not None and not chosen and os.path.isdir(spec):  # a run directory: provenance, last metrics
+    if spec is not None and not chosen and (os.path.isdir(spec) or _names_a_run_folder(spec)):
+        # a run directory (or a path that can only mean one): provenance, last metrics
         from dlmspec.cli.runs import show_run
 
         return show_run(spec, set_=set_, json_output=json_output)

@@ -9,6 +9,7 @@ file dlmspec drew, any other file only with ``--force``.
 
 from __future__ import annotations
 
+import math
 import os
 
 import typer
@@ -18,9 +19,14 @@ from dlmspec.cli.help import Command
 from dlmspec.cli.output import print_envelope, use_json
 from dlmspec.cli.runs import RunLog, read_run
 from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.files import FileRefused, atomic_writer, open_regular
 
 #: The PNG metadata that marks a file this command wrote (a ``tEXt`` chunk).
 SOFTWARE = "dlmspec plot"
+
+#: Values beyond this magnitude (infinities, 1e308) are left out: no metric reaches it, and
+#: matplotlib cannot place ticks on an axis that spans them. NaN stays (a gap in the line).
+MAX_DRAWN = 1e30
 
 #: The panels: (title, event, key, y label).
 PANELS = (
@@ -34,22 +40,29 @@ def written_by_dlmspec(path: str) -> bool:
     """Whether the PNG at ``path`` carries this command's ``Software`` tag (read from the first
     64 KiB: matplotlib writes its text chunks before the image data)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(65536)
-    except OSError:
+        fd = open_regular(path, what="--output")
+    except FileRefused:  # a FIFO or device is never read (nor taken for a plot)
         return False
+    with os.fdopen(fd, "rb") as f:
+        try:
+            head = f.read(65536)
+        except OSError:
+            return False
     return head.startswith(b"\x89PNG") and b"Software\x00" + SOFTWARE.encode() in head
 
 
 def draw(runs: list[RunLog], output: str) -> dict[str, int]:
-    """Draw :data:`PANELS` for ``runs`` into the PNG ``output`` (written whole, then moved into
-    place); each line is labelled by its run's name (and directory, where two runs share a name).
+    """Draw :data:`PANELS` for ``runs`` into the PNG ``output`` (written whole into a file created
+    exclusively beside it, then moved into place: :func:`dlmspec.files.atomic_writer`); each line
+    is labelled by its run's name (and directory, where two runs share a name). Values larger
+    than :data:`MAX_DRAWN` in magnitude are left out.
 
     Returns:
         Points drawn per panel (``{"training loss": 40, ...}``).
 
     Raises:
         SpecError: matplotlib is not installed (``--output`` is not written).
+        OSError: the folder cannot be written.
     """
     try:
         import matplotlib
@@ -69,7 +82,8 @@ def draw(runs: list[RunLog], output: str) -> dict[str, int]:
     for ax, (title, event, key, ylabel) in zip(axes, PANELS):
         points[title] = 0
         for log, label in zip(runs, labels):
-            steps, values = log.series(event, key)
+            pairs = [(x, y) for x, y in zip(*log.series(event, key)) if math.isnan(y) or abs(y) <= MAX_DRAWN]
+            steps, values = [x for x, _ in pairs], [y for _, y in pairs]
             if steps:
                 ax.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label)
                 points[title] += len(steps)
@@ -81,14 +95,12 @@ def draw(runs: list[RunLog], output: str) -> dict[str, int]:
             ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, f"no {event} records", ha="center", va="center", transform=ax.transAxes)
-    tmp = f"{output}.tmp{os.getpid()}.png"  # written whole, then moved over --output
     try:
-        fig.savefig(tmp, dpi=110, metadata={"Software": SOFTWARE})
-        os.replace(tmp, output)
+        # a new file beside --output (created exclusively, never through a link), moved over it whole
+        with atomic_writer(output) as handle:
+            fig.savefig(handle, format="png", dpi=110, metadata={"Software": SOFTWARE})
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return points
 
 
@@ -110,16 +122,20 @@ def plot(
     runs = [read_run(d) for d in run_dirs]
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
-        raise SpecError([SpecIssue("--output", "is in a folder that does not exist", value=output,
+        raise SpecError([SpecIssue("--output", "is in a folder that does not exist", value=output, file=output,
                                    hint=f"create {parent} first, or give --output in an existing folder",
                                    rule="arguments")])
     if os.path.isdir(output) or os.path.islink(output):
-        raise SpecError([SpecIssue("--output", "is a folder or a symbolic link", value=output,
+        raise SpecError([SpecIssue("--output", "is a folder or a symbolic link", value=output, file=output,
                                    hint="give a file name, e.g. --output loss.png", rule="arguments")])
     if os.path.exists(output) and not force and not written_by_dlmspec(output):
-        raise SpecError([SpecIssue("--output", "exists and was not drawn by dlmspec plot", value=output,
+        raise SpecError([SpecIssue("--output", "exists and was not drawn by dlmspec plot", value=output, file=output,
                                    hint="give another --output, or add --force to replace it", rule="arguments")])
-    points = draw(runs, output)
+    try:
+        points = draw(runs, output)
+    except OSError as exc:
+        raise SpecError([SpecIssue("--output", f"cannot be written ({exc.strerror or exc})", value=output, file=output,
+                                   hint="give --output in a folder you can write", rule="arguments")]) from None
     if json_output:
         print_envelope("plot", ok=True, result={"output": output, "runs": [r.run_dir for r in runs], "points": points})
     else:

@@ -9,13 +9,14 @@ last one of a job killed mid-write) is skipped and counted. Imports neither torc
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.files import FileRefused, iter_lines, loads_json
 
 #: The runtime's metrics file inside a run directory (``MetricsLogger``).
 METRICS_FILE = "metrics.jsonl"
@@ -52,67 +53,111 @@ class RunLog:
 
     def series(self, event: str, key: str) -> tuple[list[int], list[float]]:
         """``(iterations, values)`` of ``key`` in the ``event`` records, by iteration; where a
-        resume repeated iterations, the later launch's value wins."""
+        resume repeated iterations, the later launch's value wins. Records whose iteration is not
+        an integer in ``[0, 2**63)`` or whose value is not a number a float holds are left out."""
         by_iteration: dict[int, float] = {}
         for record in self.events(event):
             value, iteration = record.get(key), record.get("iteration")
-            if isinstance(iteration, int) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (isinstance(iteration, int) and not isinstance(iteration, bool) and 0 <= iteration <= MAX_ITERATION
+                    and _real(value)):
                 by_iteration[iteration] = float(value)
         steps = sorted(by_iteration)
         return steps, [by_iteration[s] for s in steps]
 
 
+#: Iterations a record may give: megatron-core counts them in an int64.
+MAX_ITERATION = 2**63 - 1
+
+
+def _run_issue(run_dir: str, argument: str, message: str, hint: str) -> SpecError:
+    """An error about the run folder ``run_dir`` (the table's "where" is the folder, not a spec)."""
+    return SpecError([SpecIssue(argument, message, value=run_dir, hint=hint, rule="arguments", file=run_dir)])
+
+
 def read_run(run_dir: str, *, argument: str = "RUN_DIR") -> RunLog:
-    """Read ``<run_dir>/metrics.jsonl``.
+    """Read ``<run_dir>/metrics.jsonl`` (:func:`dlmspec.files.iter_lines`: a regular file, each
+    line at most :data:`dlmspec.files.MAX_LINE_BYTES`; each record nested at most
+    :data:`dlmspec.files.MAX_NESTING` levels). A line that is not a JSON object (not JSON, nested
+    too deep, an integer longer than Python converts, a list) is skipped and counted.
 
     Args:
-        run_dir: A run directory.
+        run_dir: A run folder.
         argument: How the command line names it, for the error.
 
     Raises:
-        SpecError: ``run_dir`` is not a directory, or holds no readable metrics.jsonl (the
-            issue names ``argument``, the value and what to give instead).
+        SpecError: ``run_dir`` is not a folder, or its metrics.jsonl is missing, not a regular
+            file (a FIFO, a link to a device), unreadable, or holds a line longer than the cap
+            (the issue names the run folder, ``argument``, why and what to give instead).
     """
     hint = "give the run's [logging] run_dir (default runs/<name>), the folder that holds metrics.jsonl"
     if not os.path.isdir(run_dir):
-        raise SpecError([SpecIssue(argument, "is not a directory", value=run_dir, hint=hint, rule="arguments")])
+        why = "is not a run folder: it is a file" if os.path.lexists(run_dir) else "is not a run folder: no such folder"
+        raise _run_issue(run_dir, argument, why, hint)
     path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.lexists(path):
+        raise _run_issue(run_dir, argument, f"is a folder without {METRICS_FILE} (no run has logged there yet)", hint)
     log = RunLog(run_dir)
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    log.skipped += 1
-                    continue
-                if isinstance(record, dict):
-                    log.records.append(record)
-                else:
-                    log.skipped += 1
-    except FileNotFoundError:
-        raise SpecError([SpecIssue(argument, f"holds no {METRICS_FILE} (no run has logged there yet)", value=run_dir,
-                                   hint=hint, rule="arguments")]) from None
-    except OSError as exc:
-        raise SpecError([SpecIssue(argument, f"{METRICS_FILE} cannot be read ({exc.strerror})", value=run_dir,
-                                   hint="check the file's permissions", rule="arguments")]) from None
+        for _line_no, line in iter_lines(path, what=f"run folder's {METRICS_FILE}"):
+            if not line.strip():
+                continue
+            try:
+                record = loads_json(line, where=path, what="metrics record")
+            except FileRefused:
+                log.skipped += 1
+                continue
+            if isinstance(record, dict):
+                log.records.append(record)
+            else:
+                log.skipped += 1
+    except FileRefused as exc:
+        raise _run_issue(run_dir, argument, f"{exc.path}: {exc.why}", exc.hint) from None
     return log
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else ``{}`` (a record written by hand may hold anything)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _real(value: Any) -> bool:
+    """A JSON number (not a bool) that converts to a float (a 400-digit integer does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, infinity: Python's json reads them) as the
+    string ``"nan"``, ``"inf"`` or ``"-inf"``, so ``--json`` prints standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def run_summary(log: RunLog) -> dict[str, Any]:
     """What ``dlmspec show RUN_DIR`` prints, as data (its ``--json`` result): the run's name, the
     number of launches, the last launch's provenance, its start phases' seconds, and the last
-    ``train``, ``valid``, ``checkpoint`` and ``exit`` records."""
+    ``train``, ``valid``, ``checkpoint`` and ``exit`` records. A provenance that is not an object
+    is ``None``; of the phases only those with a number of seconds are kept."""
     start = log.last("start") or {}
+    provenance = start.get("provenance")
+    phases = {str(k): float(v) for k, v in _mapping(start.get("phases_s")).items() if _real(v)}
     return {
         "run_dir": log.run_dir,
         "name": log.name,
         "launches": len(log.events("start")),
         "skipped_lines": log.skipped,
-        "provenance": start.get("provenance"),
-        "phases_s": start.get("phases_s"),
+        "provenance": provenance if isinstance(provenance, dict) else None,
+        "phases_s": phases or None,
         "last_train": log.last("train"),
         "last_valid": log.last("valid"),
         "last_checkpoint": log.last("checkpoint"),
@@ -126,6 +171,8 @@ def _number(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
+        if not math.isfinite(value) or abs(value) >= 1e15:
+            return f"{value:.4g}"
         return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
     return str(value)
 
@@ -137,8 +184,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
              + (f", {summary['skipped_lines']} unreadable line(s) skipped" if summary["skipped_lines"] else "") + ")"]
     prov = summary.get("provenance")
     if prov:
-        git = prov.get("git") or {}
-        versions = prov.get("versions") or {}
+        git = _mapping(prov.get("git"))
+        versions = _mapping(prov.get("versions"))
         commit = (f"{git.get('commit')}{' (dirty: tracked files differ)' if git.get('dirty') else ''} in {git.get('root')}"
                   if git.get("commit") else "none (not launched inside a git repository)")
         lines += ["", "provenance (last launch)",
@@ -179,13 +226,13 @@ def show_run(run_dir: str, *, set_: list[str], json_output: bool) -> None:
         SpecError: ``--set`` given (it changes specs, not runs), or :func:`read_run`'s errors.
     """
     if set_:
-        raise SpecError([SpecIssue("--set", "changes a spec, and RUN_DIR is a run directory", value=" ".join(set_),
-                                   hint=f"drop --set, or give a spec file: dlmspec show SPEC --set ...",
-                                   rule="arguments")])
+        raise SpecError([SpecIssue("--set", "changes a spec, and RUN_DIR is a run folder", value=" ".join(set_),
+                                   hint="drop --set, or give a spec file: dlmspec show SPEC --set ...",
+                                   rule="arguments", file=run_dir)])
     summary = run_summary(read_run(run_dir))
     if json_output:
         from dlmspec.cli.output import print_envelope
 
-        print_envelope("show", ok=True, result={"run": summary})
+        print_envelope("show", ok=True, result={"run": json_safe(summary)})
         return
     sys.stdout.write("\n".join(summary_lines(summary)) + "\n")

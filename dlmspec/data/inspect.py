@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import glob
 import os
-import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.index import DTYPE_CODES, INDEX_HEADER, IndexFacts, check_index  # noqa: F401 (re-exported)
 from dlmspec.data.record import RecordError, file_sha256, read_record, record_path
 from dlmspec.data.shards import MANIFEST_KIND, MANIFEST_SUFFIX, MANIFEST_VERSION
+from dlmspec.files import FileRefused, read_json
 
-#: The first bytes of a Megatron ``.idx`` file (megatron.core.datasets.indexed_dataset._INDEX_HEADER).
-INDEX_HEADER = b"MMIDIDX\x00\x00"
-#: megatron.core.datasets.indexed_dataset.DType: code -> numpy dtype name.
-DTYPE_CODES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32", 8: "uint16"}
 #: Tokens of the decoded sample, by default.
 SAMPLE_TOKENS = 64
 
@@ -122,25 +119,23 @@ def manifest_shards(path: str) -> tuple[dict[str, Any], list[str]]:
     """``(manifest, shard prefixes in order)`` of a manifest (paths relative to its folder).
 
     Raises:
-        DataPrepareError: not JSON, another kind or version, no list of shards with paths.
+        DataPrepareError: not a regular file, too large or deep, not JSON, another kind or
+            version, no list of shards with paths.
     """
-    import json
-
     try:
-        with open(path, encoding="utf-8") as handle:
-            manifest = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise DataPrepareError(f"{path}: not a readable manifest ({exc})") from None
+        manifest = read_json(path, what="dataset manifest")
+    except FileRefused as exc:
+        raise DataPrepareError(str(exc)) from None
     if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
         kind = manifest.get("kind") if isinstance(manifest, dict) else None
         raise DataPrepareError(f"{path}: not a dataset manifest (its kind is {kind!r}, not {MANIFEST_KIND!r}); "
                                "pass a *.manifest.json that `dlmspec data prepare --shard-size` wrote")
     if manifest.get("version") != MANIFEST_VERSION:
-        raise DataPrepareError(f"{path}: manifest version {manifest.get('version')!r}, this dlmspec reads "
+        raise DataPrepareError(f"{path}: manifest version {manifest.get('version')!r:.40}, this dlmspec reads "
                                f"version {MANIFEST_VERSION}")
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not all(isinstance(e, dict) and isinstance(e.get("path"), str)
-                                               for e in shards):
+                                               and e.get("path") for e in shards):
         raise DataPrepareError(f"{path}: its \"shards\" is not a list of {{\"path\": ...}}; prepare it again")
     folder = os.path.dirname(path)
     return manifest, [os.path.normpath(os.path.join(folder, e["path"])) for e in shards]
@@ -148,34 +143,22 @@ def manifest_shards(path: str) -> tuple[dict[str, Any], list[str]]:
 
 def read_index(prefix: str) -> tuple[str, Any, Any, Any]:
     """``(dtype name, sequence_lengths, sequence_pointers, document_indices)`` of ``PREFIX.idx``
-    (numpy arrays, memory-mapped).
+    (numpy arrays, memory-mapped), checked for consistency with itself and ``PREFIX.bin`` by
+    :func:`dlmspec.data.index.check_index`.
 
     Raises:
-        DataPrepareError: the file is not a Megatron index (header, version, dtype code, length).
+        DataPrepareError: not a regular file, not a Megatron index, or an inconsistent one (the
+            message names the file, the entry, why and the fix).
     """
-    import numpy as np
+    facts = _check(prefix)
+    return facts.dtype, facts.sequence_lengths, facts.sequence_pointers, facts.document_indices
 
-    path = prefix + ".idx"
-    bad = f"{path}: not a Megatron index (.idx) file"
+
+def _check(prefix: str) -> IndexFacts:
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(9 + 8 + 1 + 8 + 8)
-        if len(head) < 34 or head[:9] != INDEX_HEADER:
-            raise DataPrepareError(f"{bad}: it does not start with {INDEX_HEADER!r}")
-        version, code, sequences, documents = struct.unpack("<QBQQ", head[9:])
-        if version != 1 or code not in DTYPE_CODES:
-            raise DataPrepareError(f"{bad}: version {version}, dtype code {code} (megatron-core writes version 1)")
-        size = os.path.getsize(path)
-        if 34 + sequences * 12 + documents * 8 > size:
-            raise DataPrepareError(f"{bad}: {size:,} bytes, too short for {sequences:,} sequences and "
-                                   f"{documents:,} document indices (a truncated copy?)")
-        buffer = np.memmap(path, mode="r", dtype=np.uint8)
-        lengths = np.frombuffer(buffer, dtype=np.int32, count=sequences, offset=34)
-        pointers = np.frombuffer(buffer, dtype=np.int64, count=sequences, offset=34 + lengths.nbytes)
-        docs = np.frombuffer(buffer, dtype=np.int64, count=documents, offset=34 + lengths.nbytes + pointers.nbytes)
-    except OSError as exc:
-        raise DataPrepareError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    return DTYPE_CODES[code], lengths, pointers, docs
+        return check_index(prefix)
+    except FileRefused as exc:
+        raise DataPrepareError(str(exc)) from None
 
 
 def _histogram(doc_lengths: Any) -> list[dict[str, int]]:
@@ -268,23 +251,18 @@ def _decode(section: dict[str, Any] | None, ids: list[int], notes: list[str],
 
 def _read_dataset(prefix: str) -> tuple[str, Any, Any, Any, str]:
     """``(dtype, sequence_lengths, sequence_pointers, document start indices, .bin path)`` of
-    ``PREFIX`` with its ``.bin`` checked against the index; document ``i`` spans sequences
-    ``docs[i]..docs[i+1]``.
+    ``PREFIX`` with the index checked against itself and its ``.bin``
+    (:func:`dlmspec.data.index.check_index`); document ``i`` spans sequences ``docs[i]..docs[i+1]``.
 
     Raises:
-        DataPrepareError: not an index, no ``.bin``, a ``.bin`` shorter than the index says.
+        DataPrepareError: not an index, an inconsistent one, no ``.bin``, a ``.bin`` shorter than
+            the index says.
     """
     import numpy as np
 
-    dtype, lengths, pointers, docs = read_index(prefix)
-    bin_path = prefix + ".bin"
-    if not os.path.isfile(bin_path):
-        raise DataPrepareError(f"{prefix}: {bin_path} not found (the .idx has no data file beside it)")
-    itemsize = np.dtype(dtype).itemsize
-    if len(pointers) and int(pointers[-1]) + int(lengths[-1]) * itemsize > os.path.getsize(bin_path):
-        raise DataPrepareError(f"{bin_path}: shorter than its index says ({os.path.getsize(bin_path):,} bytes); "
-                               "a truncated copy? prepare it again")
-    return dtype, lengths, pointers, np.asarray(docs, dtype=np.int64), bin_path
+    facts = _check(prefix)
+    return (facts.dtype, facts.sequence_lengths, facts.sequence_pointers,
+            np.asarray(facts.document_indices, dtype=np.int64), facts.bin_path)
 
 
 def _document_lengths(lengths: Any, doc_indices: Any) -> Any:

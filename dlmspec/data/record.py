@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any
+
+from dlmspec.files import FileRefused, default_mode, read_json, write_atomic
 
 #: ``schema`` of a dataset record.
 SCHEMA = "dlmspec.dataset"
@@ -111,8 +112,8 @@ def write_record(prefix: str, **sections: Any) -> str:
 
 def write_json(path: str, body: Any) -> str:
     """Write ``body`` as JSON (indented, keys sorted: the same body gives the same bytes) to
-    ``path`` atomically: a temporary file in the same folder, renamed over ``path``; readable as
-    the umask allows. Also the manifests and progress file of :mod:`dlmspec.data.shards`.
+    ``path`` atomically (:func:`dlmspec.files.write_atomic`: a temporary file created exclusively
+    in the same folder, never through a link, renamed over ``path``); readable as the umask allows. Also the manifests and progress file of :mod:`dlmspec.data.shards`.
 
     Returns:
         ``path``.
@@ -122,20 +123,7 @@ def write_json(path: str, body: Any) -> str:
         TypeError: ``body`` is not JSON-serialisable.
     """
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        # mkstemp creates 0600; a record is as readable as the dataset beside it (umask applies)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text, mode=default_mode())  # as readable as the dataset beside it (the umask applies)
     return path
 
 
@@ -143,17 +131,18 @@ def read_record(prefix: str) -> dict[str, Any] | None:
     """The record of dataset ``prefix``, or ``None`` when it has none.
 
     Raises:
-        RecordError: the file exists but is not a dataset record this version can read (a
-            newer ``version`` is refused, so a reader never guesses at a layout it does not know).
+        RecordError: the file exists but is not a dataset record this version can read: not a
+            regular file (a FIFO, a device), larger than :data:`dlmspec.files.MAX_RECORD_BYTES`,
+            nested past :data:`dlmspec.files.MAX_NESTING`, not JSON, or another schema (a newer
+            ``version`` is refused, so a reader never guesses at a layout it does not know).
     """
     path = record_path(prefix)
-    if not os.path.exists(path):
+    if not os.path.exists(path):  # a dangling link too: no record
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            body = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(path, f"not a readable JSON file ({exc})") from exc
+        body = read_json(path, what="dataset record")
+    except FileRefused as exc:
+        raise RecordError(path, f"{exc.why}; {exc.hint}") from None
     if not isinstance(body, dict) or body.get("schema") != SCHEMA:
         raise RecordError(path, f"not a dataset record (its 'schema' is not {SCHEMA!r})")
     version = body.get("version")

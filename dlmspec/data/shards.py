@@ -23,7 +23,6 @@ shards are the bytes an uninterrupted run writes.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -39,6 +38,7 @@ from dlmspec.data.outputs import (
     tmp_tag,
 )
 from dlmspec.data.record import write_json, write_record
+from dlmspec.files import FileRefused, read_json
 
 MANIFEST_KIND = "dlmspec-dataset-manifest"
 MANIFEST_VERSION = 1
@@ -212,16 +212,16 @@ def read_progress(path: str) -> Optional[dict[str, Any]]:
     """The progress file, or None when there is none.
 
     Raises:
-        DataPrepareError: it exists but is not a progress file this version reads.
+        DataPrepareError: it exists but is not a progress file this version reads (not a
+            regular file, too large or too deeply nested: :func:`dlmspec.files.read_json`).
     """
     if not os.path.exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            body = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = read_json(path, what="progress file")
+    except FileRefused as exc:
         body = None
-        why = f"not readable JSON ({exc})"
+        why = exc.why
     if body is not None and (not isinstance(body, dict) or body.get("kind") != PROGRESS_KIND
                              or body.get("version") != PROGRESS_VERSION):
         why = f"not a progress file of this dlmspec (kind {PROGRESS_KIND!r}, version {PROGRESS_VERSION})"

@@ -81,8 +81,8 @@ def test_plot_replaces_its_own_png_and_refuses_other_files(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("make, why", [
-    (lambda root: root / "missing", "is not a directory"),
-    (lambda root: root, "holds no metrics.jsonl"),
+    (lambda root: root / "missing", "is not a run folder"),
+    (lambda root: root, "without metrics.jsonl"),
 ])
 def test_a_bad_run_dir_is_named(tmp_path, make, why) -> None:
     result = run_cli("plot", str(make(tmp_path)), "-o", str(tmp_path / "x.png"))

@@ -41,7 +41,7 @@ def test_missing_is_none_and_bad_ones_are_refused(tmp_path):
     prefix = str(tmp_path / "d")
     assert read_record(prefix) is None
     open(record_path(prefix), "w").write("not json")
-    with pytest.raises(RecordError, match="not a readable JSON file"):
+    with pytest.raises(RecordError, match="not valid JSON"):
         read_record(prefix)
     open(record_path(prefix), "w").write(json.dumps({"schema": "other", "version": 1}))
     with pytest.raises(RecordError, match="not a dataset record"):

@@ -160,3 +160,25 @@ def test_missing_launcher_variables_are_one_line_errors(monkeypatch: pytest.Monk
     code = main(["--report", "r.json", "--nodes", "1", "--nproc-per-node", "2", "--launcher", "srun"])
     err = capsys.readouterr().err
     assert code == 1 and "check: error: RANK is not set" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content, why", [
+    ("[" * 100_000 + "]" * 100_000, "nests"),
+    ("not json", "not valid JSON"),
+    ('{"step": -3, "runs": []}', "not a checkpoint marker"),
+    ('{"step": 4, "runs": "x"}', "not a checkpoint marker"),
+    (None, "character device"),
+])
+def test_a_checkpoint_marker_that_is_not_one_is_refused(tmp_path: Path, content, why) -> None:
+    from dlmspec.backends.launch.check import MarkerRefused, read_marker
+
+    marker = tmp_path / "checkpoint.json"
+    if content is None:
+        marker.symlink_to("/dev/zero")
+    else:
+        marker.write_text(content)
+    with pytest.raises(MarkerRefused, match=why):
+        read_marker(marker)
+    assert read_marker(tmp_path / "none.json") is None
+    (tmp_path / "ok.json").write_text('{"step": 4, "runs": [{"ended": "completed"}]}')
+    assert read_marker(tmp_path / "ok.json")["step"] == 4
