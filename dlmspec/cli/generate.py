@@ -336,6 +336,13 @@ def dataset_windows(prefix: str, *, seq_length: int, num_sequences: int, vocab_s
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+    from dlmspec.data.index import check_index
+    from dlmspec.files import FileRefused
+
+    try:  # an index that contradicts itself or its .bin is refused before megatron-core maps it
+        check_index(prefix, exact_bin=True)
+    except FileRefused as exc:
+        raise _issue("--data", prefix, exc.why, exc.hint) from None
     try:
         data = IndexedDataset(prefix, mmap=True)
     except Exception as exc:  # noqa: BLE001 - megatron raises AssertionError/ValueError/OSError on a bad file

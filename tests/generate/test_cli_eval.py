@@ -239,3 +239,22 @@ def test_every_bad_flag_is_reported_at_once_and_a_choice_says_its_choices(capsys
     assert "not one of count, time, both" in by_key["--estimator"]["message"]
     assert "not one of sum, mean" in by_key["--normalize"]["message"]
     assert by_key["--num-samples"]["message"] == "out of range"
+
+
+def test_data_whose_index_contradicts_itself_is_refused_naming_the_entry(tiny_runs, data, capsys, tmp_path):
+    """`eval --data` checks the index before scoring it: a negative sequence length is exit 2
+    naming the entry, never a score of nonsense."""
+    import shutil
+    import struct
+
+    forged = tmp_path / "forged_text_document"
+    shutil.copy(f"{data}.bin", f"{forged}.bin")
+    idx = bytearray(open(f"{data}.idx", "rb").read())
+    header = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence count, document count
+    idx[header:header + 4] = struct.pack("<i", -20)
+    open(f"{forged}.idx", "wb").write(bytes(idx))
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--data", str(forged), "--seq-length", str(SEQ),
+                         "--num-sequences", str(N))
+    assert code == 2, env
+    (issue,) = env["issues"]
+    assert issue["key"] == "--data" and "-20" in issue["message"] and issue["hint"], issue
