@@ -11,13 +11,12 @@ command: :func:`envelope` builds it, :func:`print_envelope` prints it (docs/arch
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from dlmspec.errors import SpecIssue
+from dlmspec.errors import SpecIssue, json_safe
 
 if TYPE_CHECKING:
     import typer
@@ -90,7 +89,8 @@ def envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
 
     ``issues`` are what made the command fail (empty when ``ok``): its errors, or, when it
     failed on warnings alone (``--strict``), every warning. ``warnings`` are the other findings.
-    Non-finite floats in ``result`` become ``None`` (JSON has no infinity).
+    Non-finite floats anywhere become the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (JSON has
+    no NaN or infinity; :func:`dlmspec.errors.json_safe`), so the document is always valid JSON.
 
     Args:
         command: the command's name (:func:`command_name`).
@@ -106,19 +106,7 @@ def envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
         failing, other = found, []
     return {"schema": RESULT_SCHEMA, "version": RESULT_VERSION, "command": command, "ok": ok,
             "issues": [_issue_dict(i) for i in failing], "warnings": [_issue_dict(i) for i in other],
-            "result": _finite(result)}
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (a search's ``inf`` for "no layout") as ``None``:
-    JSON has no infinity, and ``Infinity`` breaks strict parsers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+            "result": json_safe(result)}
 
 
 def print_envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
@@ -126,7 +114,8 @@ def print_envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
     """Print :func:`envelope` on stdout (indented JSON, one document)."""
     import json  # --json only (a table needs no JSON)
 
-    print(json.dumps(envelope(command, ok=ok, issues=issues, result=result), indent=2, allow_nan=False))
+    document = json_safe(envelope(command, ok=ok, issues=issues, result=result))
+    print(json.dumps(document, indent=2, allow_nan=False))
 
 
 def display_path(path: str | None) -> str | None:
