@@ -10,7 +10,7 @@ import pytest
 
 from dlmspec.cli import main
 from dlmspec.errors import SpecIssue, json_safe
-from tests.small_spec import SMALL_SPEC
+from small_spec import SMALL_SPEC
 
 COMMANDS = [["validate"], ["plan"], ["plan", "--search"], ["show"], ["compile", "--output", "{out}"]]
 CASES = {
