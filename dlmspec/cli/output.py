@@ -12,11 +12,12 @@ command: :func:`envelope` builds it, :func:`print_envelope` prints it (docs/arch
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from dlmspec.errors import SpecIssue, json_safe
+from dlmspec.errors import SpecIssue, json_safe, safe_repr
 
 if TYPE_CHECKING:
     import typer
@@ -134,6 +135,26 @@ def _issue_dict(issue: SpecIssue) -> dict[str, Any]:
     return data
 
 
+#: Characters a terminal acts on instead of printing: C0 controls (ESC starts CSI and OSC
+#: sequences), DEL, C1 controls (U+0080-U+009F; U+009B is a one-character CSI) and the bidi
+#: overrides and isolates (U+202A-U+202E, U+2066-U+2069), which reorder what follows.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every character a terminal would act on (:data:`_CONTROLS`) written as its
+    Python escape (``\\x1b``, ``\\u202e``), so a value from a spec (a run name, a key) cannot
+    move the cursor, recolour, retitle or clear the terminal the issue is printed on;
+    ``keep_newlines``: ``\\n`` stays a line break (dlmspec's own messages use it)."""
+    def escape(match: re.Match[str]) -> str:
+        ch = match.group()
+        if keep_newlines and ch == "\n":
+            return ch
+        return repr(ch)[1:-1] if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+    return _CONTROLS.sub(escape, text) if isinstance(text, str) else text
+
+
 def issues_table(issues: Iterable[SpecIssue]) -> Table:
     """The issues as a rich table: where, key, value, problem and fix. Cells are plain
     :class:`~rich.text.Text`, so brackets in user values are never read as markup."""
@@ -150,12 +171,13 @@ def issues_table(issues: Iterable[SpecIssue]) -> Table:
         if issue.line:
             where = f"{where}:{issue.line}"
         label = _text(issue.severity, style="bold red" if issue.severity == "error" else "yellow")
-        problem = _text(issue.message)
+        problem = _text(printable(issue.message, keep_newlines=True))
         if issue.hint:
             problem.append("\nfix: ", style="bold green")
-            problem.append(issue.hint)
-        problem.append(f"\n[{issue.rule}]", style="dim")
-        table.add_row(label, _text(where), _text(issue.key), _text("" if issue.value is None else repr(issue.value)), problem)
+            problem.append(printable(issue.hint, keep_newlines=True))
+        problem.append(f"\n[{printable(issue.rule)}]", style="dim")
+        value = "" if issue.value is None else safe_repr(issue.value, limit=10_000)
+        table.add_row(label, _text(printable(where)), _text(printable(issue.key)), _text(printable(value)), problem)
     return table
 
 
