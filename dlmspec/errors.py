@@ -166,7 +166,7 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else non_finite_text(value)
     if isinstance(value, int):
-        return value if _printable_int(value) else _long_int_text(value)
+        return value if printable_int(value) else _long_int_text(value)
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     if isinstance(value, dict):
@@ -174,7 +174,9 @@ def json_safe(value: Any) -> Any:
     return safe_repr(value)
 
 
-def _printable_int(value: int) -> bool:
+def printable_int(value: int) -> bool:
+    """Whether ``str(value)`` works: Python refuses integers of more than
+    ``sys.get_int_max_str_digits()`` (4300) digits."""
     import sys
 
     limit = sys.get_int_max_str_digits()
@@ -188,7 +190,7 @@ def _long_int_text(value: int) -> str:
 def safe_repr(value: Any, limit: int = 200) -> str:
     """``repr(value)`` cut to ``limit`` characters; never raises: an object whose ``__repr__``
     raises (or an integer longer than Python prints) gets a stand-in naming its type."""
-    if isinstance(value, int) and not isinstance(value, bool) and not _printable_int(value):
+    if isinstance(value, int) and not isinstance(value, bool) and not printable_int(value):
         return _long_int_text(value)
     try:
         text = repr(value)

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypeVar
 
 from dlmspec.errors import SpecIssue, json_safe, safe_repr
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     import typer
     from rich.console import Console
     from rich.table import Table
+
+T = TypeVar("T")
 
 _JSON_META = "dlmspec.json"
 _COMMAND_META = "dlmspec.command"
@@ -213,3 +215,34 @@ def human_count(n: int | float) -> str:
         if abs(n) >= div:
             return f"{n / div:.1f}{suffix}"
     return str(n)
+
+
+def progress(items: Sequence[T], description: str, *, after: float = 1.0) -> Iterator[T]:
+    """Yield ``items``; when stderr is a terminal and they have taken more than ``after``
+    seconds, show a rich progress bar (``description``, done/total, time left) on stderr until
+    the last one is done. The bar is transient (gone when done) and lines printed meanwhile
+    appear above it; piped or redirected runs never see it."""
+    import time
+
+    total = len(items)
+    if total < 2 or not sys.stderr.isatty():
+        yield from items
+        return
+    start = time.monotonic()
+    bar = None
+    task = None
+    try:
+        for done, item in enumerate(items):
+            if bar is None and time.monotonic() - start > after:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+                bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                               TimeRemainingColumn(), console=stderr(), transient=True)
+                bar.start()
+                task = bar.add_task(printable(description), total=total, completed=done)
+            yield item
+            if bar is not None:
+                bar.advance(task)  # type: ignore[arg-type]
+    finally:
+        if bar is not None:
+            bar.stop()
