@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlmspec.cli import main
-from dlmspec.errors import SpecIssue, json_safe
+from dlmspec.errors import SpecIssue
 from small_spec import SMALL_SPEC
 
 COMMANDS = [["validate"], ["plan"], ["plan", "--search"], ["show"], ["compile", "--output", "{out}"]]
@@ -43,6 +43,8 @@ def test_json_outputs_write_non_finite_spec_values_as_strings(tmp_path: Path, ca
 
 
 def test_json_safe_turns_every_non_finite_float_into_text() -> None:
+    from dlmspec.errors import json_safe
+
     data = {"a": [float("nan"), float("inf"), -float("inf"), 1.5], 2: (float("inf"),)}
     assert json_safe(data) == {"a": ["nan", "inf", "-inf", 1.5], "2": ["inf"]}
     issue = SpecIssue("k", "m", value={"x": float("nan")})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dlmspec.cli.commands import app
-from dlmspec.cli.output import issues_table, printable, stderr
+from dlmspec.cli.output import issues_table, stderr
 from dlmspec.errors import EXIT_USAGE, SpecIssue
 from small_spec import SMALL_SPEC
 
@@ -41,5 +41,7 @@ def test_issue_table_cells_are_printable() -> None:
 
 
 def test_printable_keeps_newlines_only_when_asked() -> None:
+    from dlmspec.cli.output import printable
+
     assert printable("a\nb\x1b") == "a\\nb\\x1b"
     assert printable("a\nb\x1b", keep_newlines=True) == "a\nb\\x1b"
