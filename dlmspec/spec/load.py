@@ -593,7 +593,12 @@ def _run_python(path: Path) -> tuple[bool, list[_Member]]:
     size = _check_file(path, None)
     key = (str(path), os.stat(path).st_mtime_ns, size)
     if key not in _RUNS:
-        _RUNS[key] = _python_members(path)
+        try:
+            _RUNS[key] = _python_members(path)
+        except (SpecError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's objects (a method of theirs raising) reach here
+            raise _python_error(path, exc) from None
     return _RUNS[key]
 
 
@@ -720,8 +725,13 @@ def _python_members(path: Path) -> tuple[bool, list[_Member]]:
                 raise SpecError([_placeholder_issue(key, value, {}, path) for e in placeholders
                                  for key, value, _ in e["ctx"]["problems"]]) from None
         raise _python_error(path, exc) from None
-    size = (dict.__len__ if isinstance(value, dict) else list.__len__ if isinstance(value, list) else
-            tuple.__len__ if isinstance(value, tuple) else lambda _: 0)(value)
+    # subclasses of dict, list and tuple are read through their base type: none of the user's
+    # methods (__len__, __iter__, items, ...) runs past this point
+    if isinstance(value, dict) and type(value) is not dict:
+        value = dict(dict.items(value))
+    elif isinstance(value, (list, tuple)) and type(value) not in (list, tuple):
+        value = list(list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value))
+    size = len(value) if isinstance(value, (dict, list, tuple)) else 0
     if size > MAX_SWEEP_MEMBERS:
         raise SpecError([_python_issue(path, f"the sweep has more than {MAX_SWEEP_MEMBERS:,} members (a generator "
                                        f"is read up to {MAX_SWEEP_MEMBERS + 1:,}: one that never ends is cut there)",
@@ -745,9 +755,7 @@ def _python_members(path: Path) -> tuple[bool, list[_Member]]:
         if not value:
             raise SpecError([_python_issue(path, "the sweep is empty", _spec_line(path), key="spec", value="[]",
                                            hint="give at least one spec")])
-        return True, _checked_sweep(path, [_member(path, m, i) for i, m in enumerate(list.__iter__(value) if
-                                                                                   isinstance(value, list) else
-                                                                                   tuple.__iter__(value))])
+        return True, _checked_sweep(path, [_member(path, m, i) for i, m in enumerate(value)])
     return False, [_member(path, value)]
 
 
@@ -982,6 +990,8 @@ def _load_python(path: Path, member: str | None = None) -> tuple[dict[str, Any],
     sweep). Raises SpecError: see :func:`_python_members`; a sweep without ``member``, or an
     unknown member."""
     is_sweep, members = _run_python(path)
+    if member is None and is_sweep and len(members) == 1:
+        member = members[0].name  # a sweep of one spec is that spec
     if member is None and is_sweep:
         names = _some_names(members)
         raise SpecError([SpecIssue("spec", f"the file defines a sweep of {len(members)} specs ({names}); "

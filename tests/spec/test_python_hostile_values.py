@@ -48,6 +48,9 @@ CASES = {
     "long-int-in-a-dict": (HEAD + "spec = base.model_dump(exclude_unset=True)\n"
                            "spec['train']['train_iters'] = 10 ** 5000\n", "train.train_iters", "4300"),
     "long-int-assigned": (HEAD + "base.train.train_iters = 10 ** 5000\nspec = base\n", "train.train_iters", "4300"),
+    "list-subclass-len-raises": (HEAD + "class L(list):\n    def __len__(self):\n        raise RuntimeError('x')\n"
+                                 "    def __iter__(self):\n        raise RuntimeError('x')\n"
+                                 "spec = L([base.model_dump(exclude_unset=True) | {'train': 1}])\n", "train", None),
     "exception-str-raises": ("class E(Exception):\n    def __str__(self):\n        raise RuntimeError('x')\n"
                              "raise E()\n", "<python>", "cannot be printed"),
     "exit-code-repr-raises": ("import sys\nclass C:\n    def __repr__(self):\n        raise RuntimeError('x')\n"
@@ -133,3 +136,10 @@ def test_loading_each_sweep_member_costs_linear_copies(tmp_path: Path, monkeypat
     small = _deepcopies(tmp_path, 10, monkeypatch)
     large = _deepcopies(tmp_path, 40, monkeypatch)
     assert large <= 5 * small, (small, large)  # linear: 4x; a copy of every member per load: 16x
+
+
+def test_a_sweep_of_one_spec_is_that_spec(tmp_path: Path) -> None:
+    path = _write(tmp_path, HEAD + "spec = [base.replace(name='only')]\n")
+    assert load(path).spec.name == "only"
+    done = _validate(path)
+    assert done.returncode == 0 and done.stdout.startswith("ok: only:"), done.stderr
