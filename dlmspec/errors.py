@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +29,11 @@ EXIT_USAGE = 2
 REQUEUE_EXIT_CODE = 85
 
 
+#: What a terminal acts on beyond the C0 controls json escapes: DEL, C1 (U+009B is a one-character
+#: CSI) and the bidi overrides and isolates.
+_TERMINAL_CONTROLS = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def toml_text(value: Any) -> str:
     """``value`` as a TOML value, as a spec (and ``--set``) writes it: ``true``, ``4``, ``0.0003``,
     ``"text"``, ``[0, 1]``, ``{ a = 1 }``."""
@@ -37,8 +43,8 @@ def toml_text(value: Any) -> str:
         return non_finite_text(value)
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):  # C0 controls are escaped by json; DEL, C1 and bidi controls here
+        return _TERMINAL_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_text(v) for v in value) + "]"
     if isinstance(value, dict):

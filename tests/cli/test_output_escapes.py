@@ -45,3 +45,21 @@ def test_printable_keeps_newlines_only_when_asked() -> None:
 
     assert printable("a\nb\x1b") == "a\\nb\\x1b"
     assert printable("a\nb\x1b", keep_newlines=True) == "a\nb\\x1b"
+
+
+def test_show_and_toml_text_write_c1_and_bidi_controls_as_escapes(tmp_path: Path) -> None:
+    import tomllib
+
+    from dlmspec.errors import toml_text
+    from dlmspec.render.escape import toml_document
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SMALL_SPEC.replace('name = "t"', 'name = "t"\ndescription = "x\\u009b2J \\u202eevil \\u007f"'),
+                    encoding="utf-8")
+    result = CliRunner().invoke(app, ["show", str(spec)])
+    assert result.exit_code == 0 and 'description = "x\\u009b2J \\u202eevil \\u007f"' in result.stdout
+    assert not RAW.search(result.stdout)
+    for text in (toml_text(HOSTILE), toml_document({"k\x9b": HOSTILE})):
+        assert not RAW.search(text)
+    assert tomllib.loads(toml_document({"k\x9b": HOSTILE})) == {"k\x9b": HOSTILE}
+    assert tomllib.loads("v = " + toml_text(HOSTILE))["v"] == HOSTILE
