@@ -12,10 +12,15 @@ Three things count as a secret:
   GitLab, OpenAI, Anthropic, Slack, AWS, Google, Stripe, npm and PyPI tokens, JWTs, PEM private
   keys and ``Bearer`` headers, each matched as a whole token (not glued to letters, digits, ``_``
   or ``-``) with its minimum length and character class, so ``/data/hf_cache`` and
-  ``/home/sk-lab`` are paths;
-* a credential inside a URL: ``scheme://user:password@host`` (``s3://KEY:SECRET@bucket`` too)
-  and query parameters such as ``?token=``, ``&sig=`` or ``X-Amz-Signature=``; a value that
-  names an environment variable (``$HF_TOKEN``, ``${HF_TOKEN}``) is not one.
+  ``/home/sk-lab`` are paths; Slack and Discord webhook URLs (the path is the secret); and an
+  AWS secret access key under any name, by its shape (exactly 40 base64 characters with both
+  cases, digits and a ``/`` or ``+``, random-looking: not a path, not a 40-digit git hash);
+* a credential inside a URL: ``scheme://user:password@host`` (``s3://KEY:SECRET@bucket`` too,
+  and ``scheme:/user:password@`` where joining the URL to a path collapsed ``//``), a key as the
+  URL's user (``https://KEY@o1.ingest.sentry.io/1``, a Sentry DSN: 32+ hex digits or a random
+  run of 20+), and query or fragment parameters such as ``?token=``, ``&sig=``,
+  ``#access_token=`` or ``X-Amz-Signature=``; a value that names an environment variable
+  (``$HF_TOKEN``, ``${HF_TOKEN}``) is not one.
 
 :func:`find_secret` describes what a string holds (never the secret itself),
 :func:`spec_secrets` walks every string of a spec, :func:`redact` copies data with each
