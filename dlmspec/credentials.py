@@ -237,6 +237,9 @@ TOKEN_SHAPES: tuple[TokenShape, ...] = (
                ("Bearer", "bearer", "BEARER")),
 )
 
+#: Every marker of :data:`TOKEN_SHAPES`, looked for once per text (:func:`_secrets`).
+_MARKERS = frozenset(marker for shape in TOKEN_SHAPES for marker in shape.markers)
+
 #: ``scheme://user:password@``: the password may hold ``/`` (AWS secret keys do), but a
 #: ``host:PORT/`` is not one (``https://host:8443/repo@v1``). One slash counts too: a URL
 #: joined to a path as a file name (``extends``) loses one (``/specs/https:/user:pw@host``).
@@ -268,9 +271,11 @@ def _url_what(scheme: str) -> str:
 
 def _secrets(text: str, assignments: bool) -> Iterator[tuple[str, tuple[int, int]]]:
     """(what, span of the secret) for each secret in ``text``, tokens first."""
+    present = {marker for marker in _MARKERS if marker in text}  # one pass over the markers per text
     for shape in TOKEN_SHAPES:
-        for span in shape.spans(text):
-            yield shape.what, span
+        if present.intersection(shape.markers):
+            for span in shape.spans(text):
+                yield shape.what, span
     if ":/" in text:
         for match in _compiled(_URL_PASSWORD).finditer(text):
             if not _placeholder(match.group("password")):
