@@ -12,10 +12,15 @@ Three things count as a secret:
   GitLab, OpenAI, Anthropic, Slack, AWS, Google, Stripe, npm and PyPI tokens, JWTs, PEM private
   keys and ``Bearer`` headers, each matched as a whole token (not glued to letters, digits, ``_``
   or ``-``) with its minimum length and character class, so ``/data/hf_cache`` and
-  ``/home/sk-lab`` are paths;
-* a credential inside a URL: ``scheme://user:password@host`` (``s3://KEY:SECRET@bucket`` too)
-  and query parameters such as ``?token=``, ``&sig=`` or ``X-Amz-Signature=``; a value that
-  names an environment variable (``$HF_TOKEN``, ``${HF_TOKEN}``) is not one.
+  ``/home/sk-lab`` are paths; Slack and Discord webhook URLs (the path is the secret); and an
+  AWS secret access key under any name, by its shape (exactly 40 base64 characters with both
+  cases, digits and a ``/`` or ``+``, random-looking: not a path, not a 40-digit git hash);
+* a credential inside a URL: ``scheme://user:password@host`` (``s3://KEY:SECRET@bucket`` too,
+  and ``scheme:/user:password@`` where joining the URL to a path collapsed ``//``), a key as the
+  URL's user (``https://KEY@o1.ingest.sentry.io/1``, a Sentry DSN: 32+ hex digits or a random
+  run of 20+), and query or fragment parameters such as ``?token=``, ``&sig=``,
+  ``#access_token=`` or ``X-Amz-Signature=``; a value that names an environment variable
+  (``$HF_TOKEN``, ``${HF_TOKEN}``) is not one.
 
 :func:`find_secret` describes what a string holds (never the secret itself),
 :func:`spec_secrets` walks every string of a spec, :func:`redact` copies data with each
@@ -122,6 +127,26 @@ def _random_run(token: str) -> bool:
     return _mixed_case(token) and max((len(r) for r in re.findall(r"[A-Za-z0-9]+", token)), default=0) >= 20
 
 
+def _hex_key(token: str) -> bool:
+    """32 or more hexadecimal digits with both letters and digits: a Sentry key, an API key."""
+    return len(token) >= 32 and re.fullmatch(r"[0-9a-fA-F]+", token) is not None and \
+        any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+
+
+def _aws_secret(token: str) -> bool:
+    """An AWS secret access key's shape: exactly 40 base64 characters holding upper- and
+    lower-case letters, digits and a ``/`` or ``+``, not a path (no leading, trailing or double
+    ``/``) and random (at least 10 case changes between neighbouring letters; a path of
+    capitalised words has a few, a random key about 17)."""
+    if len(token) != 40 or not ("/" in token or "+" in token) or not any(c.isdigit() for c in token):
+        return False
+    if not _mixed_case(token) or token.startswith("/") or token.endswith("/") or "//" in token:
+        return False
+    letters = [c for c in token if c.isalpha()]
+    changes = sum(1 for a, b in zip(letters, letters[1:]) if a.isupper() != b.isupper())
+    return changes >= 10
+
+
 def _always(token: str) -> bool:
     """A format specific enough by itself (fixed prefix, length and alphabet)."""
     return True
@@ -194,18 +219,36 @@ TOKEN_SHAPES: tuple[TokenShape, ...] = (
     TokenShape("a private key (-----BEGIN ... PRIVATE KEY-----)",
                r"(?P<body>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----)?)",
                _always, ("PRIVATE KEY-----",)),
+    TokenShape("a Slack webhook URL (hooks.slack.com/services/...; the path is the secret)",
+               r"(?i:hooks\.slack\.com)/(?:services|workflows|triggers)/(?P<body>[A-Za-z0-9_/\-]{16,})",
+               _always, ("hooks.slack.com", "HOOKS.SLACK.COM")),
+    TokenShape("a Discord webhook URL (discord.com/api/webhooks/...)",
+               r"(?i:discord(?:app)?\.com)/api/webhooks/(?P<body>[A-Za-z0-9_/\-]{16,})", _always,
+               ("discord.com/api/webhooks", "discordapp.com/api/webhooks")),
+    TokenShape("a key inside a URL's user part (https://KEY@host, as a Sentry DSN writes it; "
+               "sentry_sdk reads the DSN from SENTRY_DSN)",
+               r"(?i:[a-z][a-z0-9+.\-]*):/{1,2}(?P<body>[A-Za-z0-9_\-]{20,})@", lambda t: _hex_key(t) or _random_run(t),
+               (":/",)),
+    TokenShape("an AWS secret access key (40 base64 characters; AWS tools read it from AWS_SECRET_ACCESS_KEY)",
+               r"(?<![A-Za-z0-9+/=_\-.])(?P<body>[A-Za-z0-9+/]{40})(?![A-Za-z0-9+/=_\-.])", lambda t: _aws_secret(t),
+               ("/", "+")),
     TokenShape("a bearer token (Bearer ...)",
                r"(?<![A-Za-z0-9_])(?i:bearer)\s+(?P<body>[A-Za-z0-9._~+/\-]{16,}=*)", _random_run,
                ("Bearer", "bearer", "BEARER")),
 )
 
+#: Every marker of :data:`TOKEN_SHAPES`, looked for once per text (:func:`_secrets`).
+_MARKERS = frozenset(marker for shape in TOKEN_SHAPES for marker in shape.markers)
+
 #: ``scheme://user:password@``: the password may hold ``/`` (AWS secret keys do), but a
-#: ``host:PORT/`` is not one (``https://host:8443/repo@v1``).
-_URL_PASSWORD = (r"(?i)(?<![A-Za-z0-9+.\-])(?P<scheme>[a-z][a-z0-9+.\-]*)://[^\s/@:?#]*:(?!\d*(?:[/?#]|$))"
+#: ``host:PORT/`` is not one (``https://host:8443/repo@v1``). One slash counts too: a URL
+#: joined to a path as a file name (``extends``) loses one (``/specs/https:/user:pw@host``).
+_URL_PASSWORD = (r"(?i)(?<![A-Za-z0-9+.\-])(?P<scheme>[a-z][a-z0-9+.\-]*):/{1,2}[^\s/@:?#]*:(?!\d*(?:[/?#]|$))"
                  r"(?P<password>[^\s@]+)@")
 
-#: ``name=value`` in a query string or an option (``?token=...``, ``&sig=...``, ``--hf-token=...``).
-_ASSIGNMENT = r"(?:^|[?&;,\s])-{0,2}(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)=(?P<value>[^\s&;,#\"']+)"
+#: ``name=value`` in a query string, a URL fragment or an option (``?token=...``, ``&sig=...``,
+#: ``#access_token=...``, ``--hf-token=...``).
+_ASSIGNMENT = r"(?:^|[?&;,#\s])-{0,2}(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)=(?P<value>[^\s&;,#\"']+)"
 
 
 def _placeholder(value: str) -> bool:
@@ -228,10 +271,12 @@ def _url_what(scheme: str) -> str:
 
 def _secrets(text: str, assignments: bool) -> Iterator[tuple[str, tuple[int, int]]]:
     """(what, span of the secret) for each secret in ``text``, tokens first."""
+    present = {marker for marker in _MARKERS if marker in text}  # one pass over the markers per text
     for shape in TOKEN_SHAPES:
-        for span in shape.spans(text):
-            yield shape.what, span
-    if "://" in text:
+        if present.intersection(shape.markers):
+            for span in shape.spans(text):
+                yield shape.what, span
+    if ":/" in text:
         for match in _compiled(_URL_PASSWORD).finditer(text):
             if not _placeholder(match.group("password")):
                 yield _url_what(match.group("scheme")), match.span("password")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,17 +29,22 @@ EXIT_USAGE = 2
 REQUEUE_EXIT_CODE = 85
 
 
+#: What a terminal acts on beyond the C0 controls json escapes: DEL, C1 (U+009B is a one-character
+#: CSI) and the bidi overrides and isolates.
+_TERMINAL_CONTROLS = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def toml_text(value: Any) -> str:
     """``value`` as a TOML value, as a spec (and ``--set``) writes it: ``true``, ``4``, ``0.0003``,
     ``"text"``, ``[0, 1]``, ``{ a = 1 }``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+        return non_finite_text(value)
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):  # C0 controls are escaped by json; DEL, C1 and bidi controls here
+        return _TERMINAL_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_text(v) for v in value) + "]"
     if isinstance(value, dict):
@@ -150,14 +156,62 @@ class SpecIssue:
         return text
 
 
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
+def non_finite_text(value: float) -> str:
+    """A non-finite float as TOML (and a spec) writes it: ``"nan"``, ``"inf"``, ``"-inf"``."""
+    return "nan" if value != value else ("inf" if value > 0 else "-inf")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (dicts, lists, tuples, scalars) as data ``json.dumps(..., allow_nan=False)``
+    always writes: a non-finite float becomes its TOML text (:func:`non_finite_text`; JSON has
+    no NaN or infinity, and ``NaN``/``Infinity`` break strict parsers), a dict key a string, an
+    integer longer than Python prints (4300 digits) a string saying so, anything else
+    (a path, an object) its ``repr`` (:func:`safe_repr`, which never raises)."""
+    if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else non_finite_text(value)
+    if isinstance(value, int):
+        return value if printable_int(value) else _long_int_text(value)
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return repr(value)
+        return {(k if isinstance(k, str) else str(json_safe(k))): json_safe(v) for k, v in value.items()}
+    return safe_repr(value)
+
+
+def printable_int(value: int) -> bool:
+    """Whether ``str(value)`` works: Python refuses integers of more than
+    ``sys.get_int_max_str_digits()`` (4300) digits."""
+    import sys
+
+    limit = sys.get_int_max_str_digits()
+    return limit == 0 or value.bit_length() < limit * 3.3  # 4300 digits need about 14,284 bits
+
+
+def _long_int_text(value: int) -> str:
+    return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+
+
+def safe_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters; never raises: an object whose ``__repr__``
+    raises (or an integer longer than Python prints) gets a stand-in naming its type."""
+    if isinstance(value, int) and not isinstance(value, bool) and not printable_int(value):
+        return _long_int_text(value)
+    try:
+        text = repr(value)
+    except Exception:  # a user's object may raise anything from __repr__
+        try:
+            name = type(value).__name__
+        except Exception:
+            name = "object"
+        return f"<unprintable {name}>"
+    if not isinstance(text, str):
+        return "<unprintable>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_jsonable = json_safe
 
 
 @dataclass

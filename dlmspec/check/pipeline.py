@@ -75,6 +75,7 @@ def _vpp_layers(ctx: Context) -> Iterator[Finding]:
     "error",
     "megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving",
     "with interleaving, microbatches per step are a multiple of PP (and at least PP)",
+    needs_layout=True,
 )
 def _vpp_microbatches(ctx: Context) -> Iterator[Finding]:
     r, tr = ctx.r, ctx.spec.train
@@ -99,6 +100,7 @@ def _vpp_microbatches(ctx: Context) -> Iterator[Finding]:
     "Narayanan et al. 2021 (Megatron-LM PTD-P), sec. 2.2.1-2.2.2: bubble time fraction (p - 1) / m, "
     "(p - 1) / (v m) with v interleaved (virtual) stages per GPU",
     "the pipeline bubble (PP - 1) / (VPP x microbatches) is at most 50%",
+    needs_layout=True,
 )
 def _bubble(ctx: Context) -> Iterator[Finding]:
     r, tr = ctx.r, ctx.spec.train
@@ -123,6 +125,7 @@ def _bubble(ctx: Context) -> Iterator[Finding]:
     "error",
     "megatron.core.num_microbatches_calculator.ConstantNumMicroBatchesCalculator",
     "global_batch_size is a multiple of micro_batch_size * DP",
+    needs_layout=True,
 )
 def _batch(ctx: Context) -> Iterator[Finding]:
     r, tr = ctx.r, ctx.spec.train

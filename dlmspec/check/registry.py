@@ -92,6 +92,11 @@ class Rule:
         only_if_clean: run only when the scopes before this rule's found no error.
         fix_keys: the structured fix of every finding that gives none (the first choice of
             ``fix``, as keys to set or remove).
+        needs_layout: the rule reads what the layout derives (the data-parallel size, the
+            microbatches per step): it runs only when the layout is consistent
+            (:func:`layout_consistent`); on an inconsistent one the derived sizes are rounded
+            stand-ins, and its verdict and fix would be wrong (the layout's own error says what
+            to change, batch size included).
     """
 
     id: str
@@ -103,6 +108,7 @@ class Rule:
     fix: str | None = None
     only_if_clean: bool = False
     fix_keys: Fix | None = None
+    needs_layout: bool = False
 
 
 #: Every rule, in the order the modules of :mod:`dlmspec.check` register them.
@@ -110,14 +116,15 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(rule_id: str, severity: Severity, source: str, summary: str, *, scope: Scope = "spec",
-         fix: str | None = None, only_if_clean: bool = False, fix_keys: Fix | None = None) -> Callable:
+         fix: str | None = None, only_if_clean: bool = False, fix_keys: Fix | None = None,
+         needs_layout: bool = False) -> Callable:
     """Decorator registering a rule function in :data:`RULES` (see :class:`Rule`).
 
     Raises:
         ValueError: the id is registered already.
     """
     def register(func: Callable[["Context"], Iterator[Finding]]) -> Callable[["Context"], Iterator[Finding]]:
-        add_rule(Rule(rule_id, severity, source, summary, func, scope, fix, only_if_clean, fix_keys))
+        add_rule(Rule(rule_id, severity, source, summary, func, scope, fix, only_if_clean, fix_keys, needs_layout))
         return func
 
     return register
@@ -177,6 +184,16 @@ class Context:
         return self.loaded.locate(key)
 
 
+def layout_consistent(r: Resolved) -> bool:
+    """Whether the GPUs split into the layout: the world size is positive and a multiple of
+    TP * PP * CP (megatron-core's ``initialize_model_parallel``) and of ETP * EP * PP (its expert
+    groups). Otherwise :func:`dlmspec.resolve.resolve`'s data-parallel sizes and microbatches per
+    step are rounded stand-ins, which the ``needs_layout`` rules must not judge."""
+    world = r.world_size
+    return (world >= 1 and r.tp >= 1 and r.pp >= 1 and r.cp >= 1 and r.ep >= 1 and r.etp >= 1
+            and world % (r.tp * r.pp * r.cp) == 0 and world % (r.etp * r.ep * r.pp) == 0)
+
+
 def sort_key(issue: SpecIssue) -> tuple:
     """The one order of issues: errors first, then file, line (unknown last), key, rule, message."""
     return (
@@ -205,11 +222,14 @@ def find(scopes: Iterable[Scope], target: LoadedSpec | Spec, resolved: Resolved 
     spec = target.spec if isinstance(target, LoadedSpec) else target
     ctx = Context(spec=spec, r=resolved if resolved is not None else resolve(spec), loaded=loaded)
     found: list[SpecIssue] = []
+    consistent = layout_consistent(ctx.r)
     for scope in scopes:
         clean = not any(i.severity == "error" for i in found)
         for entry in RULES.values():
             if entry.scope != scope or entry.func is None or (entry.only_if_clean and not clean):
                 continue
+            if entry.needs_layout and not consistent:
+                continue  # the layout's own error (world-divisible-by-*) is reported instead
             for f in entry.func(ctx):
                 file, line = ctx.origin(f.key)
                 fix = f.fix if f.fix is not None else entry.fix_keys

@@ -9,7 +9,7 @@ import re
 from typing import Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
-from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name
+from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name, redact_text
 from dlmspec.render.escape import sbatch_value
 from dlmspec.resolve import job_name, slurm_settings
 
@@ -90,11 +90,15 @@ def _slurm_value(ctx: Context) -> Iterator[Finding]:
             sbatch_value(value)
         except ValueError as exc:
             where = f"{_BASE}.{key}" if key != "job_name" or "job_name" in slurm.model_fields_set else "name"
-            fix = Fix({where: "".join(ch for ch in value if ch.isprintable()).strip() or "run"})
+            # secrets are hidden before the value is rewritten: the rewritten text would no longer
+            # look like the secret it holds (secret-in-spec reports the secret itself)
+            fix = Fix({where: "".join(ch for ch in redact_text(value) if ch.isprintable()).strip() or "run"})
             yield Finding(where, str(exc), f"write it on one line without control characters: {fix.text()}",
                           value=value, fix=fix)
     if "/" in name and "%x" in slurm.output:
-        fix = Fix({f"{_BASE}.job_name": name.replace("/", "-")})  # the run's name and folders stay
+        # the run's name and folders stay; a secret in the name is hidden before '/' becomes '-' (a
+        # password of https://user:PASS@host/x would no longer look like one)
+        fix = Fix({f"{_BASE}.job_name": redact_text(name).replace("/", "-")})
         where = f"{_BASE}.job_name" if "job_name" in slurm.model_fields_set else "name"
         yield Finding(where, "a job name with '/' puts the log in a directory that does not exist "
                       f"(cluster.slurm.output {slurm.output!r} holds %x, the job name)",

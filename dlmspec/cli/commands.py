@@ -25,7 +25,8 @@ import typer
 
 from dlmspec.cli.app import app
 from dlmspec.cli.help import Command
-from dlmspec.cli.output import _text, command_name, human_count, print_envelope, report_warnings, stdout, use_json
+from dlmspec.cli.output import (_text, command_name, human_count, print_envelope, progress, report_warnings, stdout,
+                                use_json)
 from dlmspec.cli.validate import _memory, run_validate, spec_issues
 from dlmspec.check import RULES, SCOPE_NAMES
 from dlmspec.credentials import redact
@@ -804,7 +805,7 @@ def _compile_sweep(members: list[str], output: str, overrides: list[str], *, for
     from dlmspec.render.compile import compile_spec
 
     failed: list[SpecIssue] = []
-    for target in members:
+    for target in progress(members, f"checking {len(members)} members"):
         try:
             _, _, issues = load_for("compile", target, overrides)
         except SpecError as exc:

@@ -11,18 +11,20 @@ command: :func:`envelope` builds it, :func:`print_envelope` prints it (docs/arch
 
 from __future__ import annotations
 
-import math
 import os
+import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypeVar
 
-from dlmspec.errors import SpecIssue
+from dlmspec.errors import SpecIssue, json_safe, safe_repr
 
 if TYPE_CHECKING:
     import typer
     from rich.console import Console
     from rich.table import Table
+
+T = TypeVar("T")
 
 _JSON_META = "dlmspec.json"
 _COMMAND_META = "dlmspec.command"
@@ -90,7 +92,8 @@ def envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
 
     ``issues`` are what made the command fail (empty when ``ok``): its errors, or, when it
     failed on warnings alone (``--strict``), every warning. ``warnings`` are the other findings.
-    Non-finite floats in ``result`` become ``None`` (JSON has no infinity).
+    Non-finite floats anywhere become the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (JSON has
+    no NaN or infinity; :func:`dlmspec.errors.json_safe`), so the document is always valid JSON.
 
     Args:
         command: the command's name (:func:`command_name`).
@@ -106,19 +109,7 @@ def envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
         failing, other = found, []
     return {"schema": RESULT_SCHEMA, "version": RESULT_VERSION, "command": command, "ok": ok,
             "issues": [_issue_dict(i) for i in failing], "warnings": [_issue_dict(i) for i in other],
-            "result": _finite(result)}
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (a search's ``inf`` for "no layout") as ``None``:
-    JSON has no infinity, and ``Infinity`` breaks strict parsers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+            "result": json_safe(result)}
 
 
 def print_envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
@@ -126,7 +117,8 @@ def print_envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
     """Print :func:`envelope` on stdout (indented JSON, one document)."""
     import json  # --json only (a table needs no JSON)
 
-    print(json.dumps(envelope(command, ok=ok, issues=issues, result=result), indent=2, allow_nan=False))
+    document = json_safe(envelope(command, ok=ok, issues=issues, result=result))
+    print(json.dumps(document, indent=2, allow_nan=False))
 
 
 def display_path(path: str | None) -> str | None:
@@ -145,6 +137,26 @@ def _issue_dict(issue: SpecIssue) -> dict[str, Any]:
     return data
 
 
+#: Characters a terminal acts on instead of printing: C0 controls (ESC starts CSI and OSC
+#: sequences), DEL, C1 controls (U+0080-U+009F; U+009B is a one-character CSI) and the bidi
+#: overrides and isolates (U+202A-U+202E, U+2066-U+2069), which reorder what follows.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every character a terminal would act on (:data:`_CONTROLS`) written as its
+    Python escape (``\\x1b``, ``\\u202e``), so a value from a spec (a run name, a key) cannot
+    move the cursor, recolour, retitle or clear the terminal the issue is printed on;
+    ``keep_newlines``: ``\\n`` stays a line break (dlmspec's own messages use it)."""
+    def escape(match: re.Match[str]) -> str:
+        ch = match.group()
+        if keep_newlines and ch == "\n":
+            return ch
+        return repr(ch)[1:-1] if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+    return _CONTROLS.sub(escape, text) if isinstance(text, str) else text
+
+
 def issues_table(issues: Iterable[SpecIssue]) -> Table:
     """The issues as a rich table: where, key, value, problem and fix. Cells are plain
     :class:`~rich.text.Text`, so brackets in user values are never read as markup."""
@@ -161,12 +173,13 @@ def issues_table(issues: Iterable[SpecIssue]) -> Table:
         if issue.line:
             where = f"{where}:{issue.line}"
         label = _text(issue.severity, style="bold red" if issue.severity == "error" else "yellow")
-        problem = _text(issue.message)
+        problem = _text(printable(issue.message, keep_newlines=True))
         if issue.hint:
             problem.append("\nfix: ", style="bold green")
-            problem.append(issue.hint)
-        problem.append(f"\n[{issue.rule}]", style="dim")
-        table.add_row(label, _text(where), _text(issue.key), _text("" if issue.value is None else repr(issue.value)), problem)
+            problem.append(printable(issue.hint, keep_newlines=True))
+        problem.append(f"\n[{printable(issue.rule)}]", style="dim")
+        value = "" if issue.value is None else safe_repr(issue.value, limit=10_000)
+        table.add_row(label, _text(printable(where)), _text(printable(issue.key)), _text(printable(value)), problem)
     return table
 
 
@@ -202,3 +215,34 @@ def human_count(n: int | float) -> str:
         if abs(n) >= div:
             return f"{n / div:.1f}{suffix}"
     return str(n)
+
+
+def progress(items: Sequence[T], description: str, *, after: float = 1.0) -> Iterator[T]:
+    """Yield ``items``; when stderr is a terminal and they have taken more than ``after``
+    seconds, show a rich progress bar (``description``, done/total, time left) on stderr until
+    the last one is done. The bar is transient (gone when done) and lines printed meanwhile
+    appear above it; piped or redirected runs never see it."""
+    import time
+
+    total = len(items)
+    if total < 2 or not sys.stderr.isatty():
+        yield from items
+        return
+    start = time.monotonic()
+    bar = None
+    task = None
+    try:
+        for done, item in enumerate(items):
+            if bar is None and time.monotonic() - start > after:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+                bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                               TimeRemainingColumn(), console=stderr(), transient=True)
+                bar.start()
+                task = bar.add_task(printable(description), total=total, completed=done)
+            yield item
+            if bar is not None:
+                bar.advance(task)  # type: ignore[arg-type]
+    finally:
+        if bar is not None:
+            bar.stop()

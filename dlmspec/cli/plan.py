@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from dlmspec.check import issues_for
-from dlmspec.cli.output import _text, display_path, print_envelope, report_issues, report_warnings, stderr, stdout
+from dlmspec.cli.output import (_text, display_path, print_envelope, progress, report_issues, report_warnings, stderr,
+                                stdout)
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 from dlmspec.spec.load import load
 from dlmspec.plan import PlanError, make_plan
@@ -146,7 +147,7 @@ def _search_sweep(members: list[str], overrides: list[str], json_output: bool, t
     from dlmspec.plan.search import spec_issues_for_search
 
     found, failed, warnings = [], [], []
-    for target in members:
+    for target in progress(members, f"searching {len(members)} members"):
         try:
             loaded = load(target, overrides, fast=True)
             resolved = resolve(loaded.spec)
@@ -193,7 +194,7 @@ def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> 
     from dlmspec.gpus import GiB
 
     rows, plans, failed, warnings = [], [], [], []
-    for target in members:
+    for target in progress(members, f"planning {len(members)} members"):
         try:
             loaded = load(target, overrides, fast=True)
             resolved = resolve(loaded.spec)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dlmspec.check import issues_for, load_for
-from dlmspec.cli.output import display_path, human_count, print_envelope, report_warnings
+from dlmspec.cli.output import display_path, human_count, print_envelope, printable, progress, report_warnings
 from dlmspec.errors import SpecError, SpecIssue
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def _validate_sweep(members: list[str], overrides: list[str], *, strict: bool, j
     failed: list[SpecIssue] = []
     results = []
     warnings_all: list[SpecIssue] = []
-    for target in members:
+    for target in progress(members, f"validating {len(members)} members"):
         try:
             loaded, resolved, warnings = load_and_check(target, overrides, strict=strict, fast=True)
         except SpecError as exc:
@@ -134,7 +134,7 @@ def _ok_line(loaded: LoadedSpec, resolved: Resolved) -> str:
     fits = (f"; planned peak {memory['peak_bytes'] / GiB:.1f} of {memory['capacity_bytes'] / GiB:.1f} GiB per GPU"
             if memory else "")
     return (
-        f"ok: {loaded.spec.name}: {human_count(p.total)} parameters{active}, "
+        f"ok: {printable(loaded.spec.name)}: {human_count(p.total)} parameters{active}, "
         f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
         f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
         f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}; "

@@ -146,8 +146,14 @@ def sbatch_value(value: str) -> str:
 
 def toml_document(data: dict[str, Any]) -> str:
     """``data`` as a TOML document (``tomli_w.dumps``: every string a basic string with its
-    control characters escaped, keys quoted where they need it)."""
-    return tomli_w.dumps(data)
+    control characters escaped, keys quoted where they need it). tomli_w leaves DEL, the C1
+    controls (U+009B is a one-character CSI) and the bidi overrides as they are; they can only
+    stand inside a basic string or a quoted key, where ``\\uXXXX`` means the same character, so
+    they are written that way (a ``cat`` of the file or ``dlmspec show`` cannot drive the terminal)."""
+    return _TERMINAL_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", tomli_w.dumps(data))
+
+
+_TERMINAL_CONTROLS = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 __all__ = ["comment", "py_docstring", "py_literal", "sbatch_value", "shell_word", "toml_document"]

@@ -22,6 +22,8 @@ pydantic and the spec models (:mod:`dlmspec.spec.models`) are imported only to v
 
 from __future__ import annotations
 
+import ast
+import itertools
 import json
 import os
 import re
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-from dlmspec.errors import Fix, SpecError, SpecIssue
+from dlmspec.errors import Fix, SpecError, SpecIssue, printable_int, safe_repr
 from dlmspec.spec.dotted import (LONG_NUMBER, MAX_DEPTH, SetValueError, TooDeep, deep_merge, flatten_keys, nesting_message,
                                   parse_set_value, set_dotted, too_deep)
 
@@ -156,9 +158,12 @@ def _int64_issues(data: Any, origins: dict[str, Origin], path: Path) -> list[Spe
             stack.extend((v, (*where, i)) for i, v in reversed(list(enumerate(node))))
         elif isinstance(node, int) and not isinstance(node, bool) and not -INT64_MAX - 1 <= node <= INT64_MAX:
             key = ".".join(_leading_keys(where)) or "<root>"
-            digits = str(abs(node))
             sign = "-" if node < 0 else ""
-            shown: Any = node if len(digits) <= 30 else f"{sign}{digits[:12]}... ({len(digits)} digits)"
+            if printable_int(node):
+                digits = str(abs(node))
+                shown: Any = node if len(digits) <= 30 else f"{sign}{digits[:12]}... ({len(digits)} digits)"
+            else:  # str() refuses more than sys.get_int_max_str_digits() digits
+                shown = sign + safe_repr(abs(node))
             file, line = locate_key(origins, key, path)
             example = _default_example(key)
             fix = Fix({key: int(example.rpartition(" = ")[2])}) if example else None
@@ -582,15 +587,19 @@ def _overridden(member: _Member, overrides: list[str] | tuple[str, ...]) -> _Mem
 
 def _run_python(path: Path) -> tuple[bool, list[_Member]]:
     """Run the Python spec ``path`` once per process and version of the file: ``(is_sweep,
-    members)`` (:func:`_python_members`)."""
-    import copy
-
+    members)`` (:func:`_python_members`). The members are the cached ones, shared: a caller
+    copies the one it changes (:func:`_load_python` copies one member per load, so loading each
+    of N members costs N copies, not N x N)."""
     size = _check_file(path, None)
     key = (str(path), os.stat(path).st_mtime_ns, size)
     if key not in _RUNS:
-        _RUNS[key] = _python_members(path)
-    is_sweep, members = _RUNS[key]
-    return is_sweep, copy.deepcopy(members)
+        try:
+            _RUNS[key] = _python_members(path)
+        except (SpecError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's objects (a method of theirs raising) reach here
+            raise _python_error(path, exc) from None
+    return _RUNS[key]
 
 
 def _python_issue(path: Path, message: str, line: int | None, hint: str | None = None, value: Any = None,
@@ -632,8 +641,20 @@ def _python_error(path: Path, exc: BaseException) -> SpecError:
              f"{linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip()}" for tb in frames[-3:]]
     hint = ("your code raised it" + (f" (traceback, innermost last: {' | '.join(where)})" if where else "")
             + "; fix that line, then run dlmspec validate again")
-    return SpecError([SpecIssue("<python>", f"the spec file raised {type(exc).__name__}: {exc}", rule="python",
+    return SpecError([SpecIssue("<python>", f"the spec file raised {_type_name(exc)}: {_exc_text(exc)}", rule="python",
                                 file=file, line=line, hint=hint)])
+
+
+def _exc_text(exc: BaseException, limit: int = 500) -> str:
+    """``str(exc)`` cut to ``limit`` characters; an exception whose ``__str__`` raises (or
+    returns a non-string) is named by its type instead."""
+    try:
+        text = str(exc)
+    except Exception:
+        return f"<{_type_name(exc)} whose message cannot be printed>"
+    if not isinstance(text, str):
+        return f"<{_type_name(exc)}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _table_paths() -> dict[str, str]:
@@ -674,6 +695,7 @@ def _python_members(path: Path) -> tuple[bool, list[_Member]]:
 
     from dlmspec.spec import python
 
+    generated = False
     try:
         import runpy  # Python specs only
 
@@ -682,12 +704,14 @@ def _python_members(path: Path) -> tuple[bool, list[_Member]]:
             value = namespace.get("spec")
             if isinstance(value, (types.GeneratorType, range, map, filter)) or (
                     not isinstance(value, (dict, list, tuple, str, bytes, BaseModel)) and hasattr(value, "__next__")):
-                value = list(value)  # a generator runs the user's code too
+                # a generator runs the user's code too; one that never ends would fill the memory
+                value = list(itertools.islice(value, MAX_SWEEP_MEMBERS + 1))
+                generated = True
     except SpecError:
         raise
     except SystemExit as exc:  # sys.exit() in a spec file must not decide dlmspec's exit code
         frames = list(python.error_frames(exc.__traceback__))
-        raise SpecError([SpecIssue("<python>", f"the spec file called sys.exit({exc.code!r})", rule="python",
+        raise SpecError([SpecIssue("<python>", f"the spec file called sys.exit({safe_repr(exc.code, 80)})", rule="python",
                                    hint="a spec file assigns `spec`; it does not exit", file=str(path),
                                    line=frames[-1].tb_lineno if frames else None)]) from None
     except KeyboardInterrupt:
@@ -701,19 +725,35 @@ def _python_members(path: Path) -> tuple[bool, list[_Member]]:
                 raise SpecError([_placeholder_issue(key, value, {}, path) for e in placeholders
                                  for key, value, _ in e["ctx"]["problems"]]) from None
         raise _python_error(path, exc) from None
-    if isinstance(value, dict) and value and all(isinstance(v, BaseModel) for v in value.values()):
+    # subclasses of dict, list and tuple are read through their base type: none of the user's
+    # methods (__len__, __iter__, items, ...) runs past this point
+    if isinstance(value, dict) and type(value) is not dict:
+        value = dict(dict.items(value))
+    elif isinstance(value, (list, tuple)) and type(value) not in (list, tuple):
+        value = list(list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value))
+    size = len(value) if isinstance(value, (dict, list, tuple)) else 0
+    if size > MAX_SWEEP_MEMBERS:
+        raise SpecError([_python_issue(path, f"the sweep has more than {MAX_SWEEP_MEMBERS:,} members (a generator "
+                                       f"is read up to {MAX_SWEEP_MEMBERS + 1:,}: one that never ends is cut there)",
+                                       _spec_line(path), key="spec", value=f"{size:,} members" + (
+                                           " read" if generated else ""),
+                                       hint=f"give at most {MAX_SWEEP_MEMBERS:,} specs (split the sweep into files, "
+                                       "or end the generator, e.g. with itertools.islice(gen, N))")])
+    if isinstance(value, dict) and value and all(isinstance(v, BaseModel) for v in dict.values(value)):
         members = []
-        for name, member in value.items():
+        for name, member in dict.items(value):
             if not isinstance(name, str) or not name:
-                raise SpecError([_python_issue(path, "a sweep's names are non-empty strings", None, key="spec",
-                                               value=repr(name), hint='e.g. spec = {"mb2": base.replace(...)}')])
+                raise SpecError([_python_issue(path, "a sweep's names are non-empty strings", _spec_line(path),
+                                               key="spec", value=safe_repr(name),
+                                               hint='e.g. spec = {"mb2": base.replace(...)}')])
+            name = str.__str__(name)
             if member.name != name:
                 member = member.replace(name=name)
             members.append(_member(path, member))
         return True, _checked_sweep(path, members)
     if isinstance(value, (list, tuple)):
         if not value:
-            raise SpecError([_python_issue(path, "the sweep is empty", None, key="spec", value="[]",
+            raise SpecError([_python_issue(path, "the sweep is empty", _spec_line(path), key="spec", value="[]",
                                            hint="give at least one spec")])
         return True, _checked_sweep(path, [_member(path, m, i) for i, m in enumerate(value)])
     return False, [_member(path, value)]
@@ -734,9 +774,13 @@ def _member(path: Path, value: Any, index: int | None = None) -> _Member:
     if not isinstance(value, dict):
         raise SpecError([SpecIssue(where, "a Python spec must assign `spec = Spec(...)` (or a dict), or a "
                                    "sweep: a list, a dict of name -> Spec, or a generator of specs",
-                                   value=type(value).__name__ if value is not None else None,
+                                   value=_type_name(value) if value is not None else None,
                                    hint="end the file with: spec = Spec(model=..., train=...)",
-                                   rule="python", file=str(path))])
+                                   rule="python", file=str(path), line=_spec_line(path))])
+    value = _plain_data(value, path, origins)
+    if not origins:  # plain data: its keys were written where `spec` is assigned (or built above it)
+        line = _spec_line(path)
+        origins = {key: (str(path), line) for key in value} if line is not None else {}
     deep = too_deep(value)
     if deep is not None:
         node: Any = value
@@ -746,6 +790,107 @@ def _member(path: Path, value: Any, index: int | None = None) -> _Member:
                                    hint=_SPEC_DEPTH_HINT, rule="nesting", file=str(path))])
     name = value.get("name", DEFAULT_NAME)
     return _Member(name if isinstance(name, str) else str(name), value, origins)
+
+
+#: Most members a Python sweep may have (a generator is read up to one more, so one that never
+#: ends stops there instead of filling the memory).
+MAX_SWEEP_MEMBERS = 10_000
+
+
+def _type_name(value: Any) -> str:
+    try:
+        return str.__str__(type(value).__name__)
+    except Exception:  # a metaclass may make even this raise
+        return "object"
+
+
+def _spec_line(path: Path) -> int | None:
+    """The line of the file's last top-level ``spec = ...`` (where a spec built from plain data
+    was assigned), or None."""
+    from dlmspec.spec.python import _tree
+
+    tree = _tree(str(path))
+    line = None
+    for node in getattr(tree, "body", []):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == "spec" for t in targets):
+            line = node.lineno
+    return line
+
+
+def _plain_data(data: dict[str, Any], path: Path, origins: dict[str, Origin]) -> dict[str, Any]:
+    """A copy of the spec data ``data`` a Python file gave, made of what a TOML file holds:
+    dicts with string keys, lists, strings, numbers, booleans, dates and times (subclasses read
+    through their base type, so a subclass's ``items()``, ``__iter__``, ``__str__`` or
+    ``__repr__`` never runs; a ``pathlib`` path becomes its string). Iterative, and deeper than
+    :data:`MAX_DEPTH` (or cyclic) stops the copy; :func:`too_deep` then reports it.
+
+    Raises:
+        SpecError: a value of another type (a user's object, a set, bytes, ...), a key that is
+            not a string, an integer longer than Python prints (4300 digits): each at its key, the
+            line that set it when known (else the ``spec =`` line), with the value shown safely.
+    """
+    import datetime
+    import pathlib
+
+    issues: list[SpecIssue] = []
+
+    def issue(where: tuple[Any, ...], message: str, value: str, hint: str, rule: str = "python") -> None:
+        key = ".".join(str(p) for p in where) or "<spec>"
+        file, line = locate_key(origins, key, path)
+        issues.append(SpecIssue(key, message, value=value, hint=hint, rule=rule, file=file,
+                                line=line or _spec_line(path)))
+
+    out: Any = {}
+    stack: list[tuple[Any, Any, Any, tuple[Any, ...], int]] = [(data, None, None, (), 1)]
+    while stack:
+        node, parent, slot, where, depth = stack.pop()
+        if isinstance(node, bool) or node is None:
+            copy: Any = node
+        elif isinstance(node, str):
+            copy = str.__str__(node)
+        elif isinstance(node, int):
+            copy = int.__int__(node)
+            if not printable_int(copy):
+                issue(where, LONG_NUMBER, safe_repr(copy), "write the number itself; counts and sizes fit in int64",
+                      rule="int64")
+        elif isinstance(node, float):
+            copy = float.__float__(node)
+        elif isinstance(node, (datetime.date, datetime.time)):
+            copy = node
+        elif isinstance(node, pathlib.PurePath):
+            copy = os.fspath(node)
+        elif isinstance(node, (dict, list, tuple)):
+            if depth > MAX_DEPTH:  # too_deep reports it on what was copied (an empty table this deep)
+                copy = {} if isinstance(node, dict) else []
+            elif isinstance(node, dict):
+                copy = {}
+                for key, value in reversed(list(dict.items(node))):
+                    if not isinstance(key, str):
+                        issue(where, f"a key of this table is a {_type_name(key)} ({safe_repr(key, 60)}); spec keys "
+                              "are names (strings)", safe_repr(key), "write the key as a string, or remove it",
+                              rule="schema")
+                        continue
+                    key = str.__str__(key)
+                    stack.append((value, copy, key, (*where, key), depth + 1))
+            else:
+                items = list(list.__iter__(node) if isinstance(node, list) else tuple.__iter__(node))
+                copy = [None] * len(items)
+                for index in reversed(range(len(items))):
+                    stack.append((items[index], copy, index, (*where, index), depth + 1))
+        else:
+            issue(where, f"a spec value is a string, number, boolean, date, list or table (what TOML holds); this "
+                  f"is a {_type_name(node)} object", safe_repr(node),
+                  "write the value itself (str(...) for a path or a name, int(...) or float(...) for a number)")
+            continue
+        if parent is None:
+            out = copy
+        else:
+            parent[slot] = copy
+    if issues:
+        raise SpecError(issues)
+    return out
 
 
 def _checked_sweep(path: Path, members: list[_Member]) -> list[_Member]:
@@ -819,25 +964,50 @@ def _non_string_keys(data: Any, path: Path, prefix: str = "") -> list[SpecIssue]
     return issues
 
 
+#: id of a cached member list (:data:`_RUNS`, kept for the process) -> its members by name.
+_BY_NAME: dict[int, dict[str, _Member]] = {}
+
+
+def _by_name(members: list[_Member]) -> dict[str, _Member]:
+    """``members`` by name (the first of a name), built once per cached list."""
+    index = _BY_NAME.get(id(members))
+    if index is None:
+        index = {}
+        for m in members:
+            index.setdefault(m.name, m)
+        _BY_NAME[id(members)] = index
+    return index
+
+
+def _some_names(members: list[_Member], shown: int = 10) -> str:
+    """The first ``shown`` member names, comma-separated, and how many more there are."""
+    names = ", ".join(m.name for m in members[:shown])
+    return names + (f", ... ({len(members) - shown} more)" if len(members) > shown else "")
+
+
 def _load_python(path: Path, member: str | None = None) -> tuple[dict[str, Any], dict[str, Origin]]:
     """The data and origins of the Python spec ``path`` (``member``: of that member of its
     sweep). Raises SpecError: see :func:`_python_members`; a sweep without ``member``, or an
     unknown member."""
     is_sweep, members = _run_python(path)
+    if member is None and is_sweep and len(members) == 1:
+        member = members[0].name  # a sweep of one spec is that spec
     if member is None and is_sweep:
-        names = ", ".join(m.name for m in members)
+        names = _some_names(members)
         raise SpecError([SpecIssue("spec", f"the file defines a sweep of {len(members)} specs ({names}); "
                                    "this command takes one", value=str(path), rule="sweep",
                                    hint=f"pick one as {path.name}{MEMBER_SEP}{members[0].name} (validate, plan, "
                                    "compile and submit take the whole sweep)", file=str(path))])
+    import copy
+
     if member is not None:
-        chosen = [m for m in members if m.name == member] if is_sweep else []
-        if not chosen:
-            names = ", ".join(m.name for m in members) if is_sweep else "none: the file defines one spec"
+        chosen = _by_name(members).get(member) if is_sweep else None
+        if chosen is None:
+            names = _some_names(members) if is_sweep else "none: the file defines one spec"
             raise SpecError([SpecIssue("<file>", "no member of that name in the sweep", value=member,
                                        hint=f"members: {names}", rule="sweep", file=str(path))])
-        return chosen[0].data, chosen[0].origins
-    return members[0].data, members[0].origins
+        return copy.deepcopy(chosen.data), dict(chosen.origins)
+    return copy.deepcopy(members[0].data), dict(members[0].origins)
 
 
 #: Keys users bring from Megatron-LM's command line or other trainers -> what a spec writes.
@@ -890,13 +1060,13 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         if close:
             fix = Fix({key: close[0]})
             hint = hint.replace("? (", f"? {fix.text()} (", 1)
-    elif kind == "extra_forbidden":
+    elif kind in ("extra_forbidden", "no_such_attribute"):  # a key in a file or a dict; an attribute in Python
         model = _model_at(loc[:-1])
         options = list(model.model_fields) if model else []
         from difflib import get_close_matches
 
         close = get_close_matches(loc[-1], options, n=1)
-        message = "unknown key"
+        message = "unknown key" if kind == "extra_forbidden" else "unknown key: the table has no attribute of this name"
         hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(options)}" if options else None)
         if close:  # the hint names the key; the fix renames it, keeping the value
             fix = Fix({".".join([*loc[:-1], close[0]]): err.get("input")}, (key,))

@@ -18,6 +18,7 @@ Imports neither pydantic nor the models at import time (the models import this m
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import sys
 import weakref
@@ -86,7 +87,10 @@ def is_recording() -> bool:
 # --------------------------------------------------------------------------- the call stack
 
 
+@functools.lru_cache(maxsize=4096)
 def _internal(filename: str) -> bool:
+    """Whether frames of ``filename`` are dlmspec's, pydantic's or synthetic (cached: a sweep
+    asks once per construction, about the same few files)."""
     if filename.startswith("<"):
         return True  # runpy's frozen frames, exec'd strings
     if filename.startswith(_INTERNAL) and "/dlmspec/specs/" not in filename:
@@ -131,16 +135,24 @@ def _position(frame: Any, lasti: int | None = None) -> tuple[int, int, int, int]
     return None
 
 
+_calls: dict[int, dict[tuple[int, int | None, int, int | None], ast.Call]] = {}
+
+
 def _call_at(filename: str, position: tuple[int, int, int, int]) -> ast.Call | None:
+    """The call expression of ``filename`` at ``position`` (``(line, end_line, col, end_col)``);
+    the file's calls are indexed once per parsed tree, so a sweep of N members built by one
+    line costs N look-ups, not N walks of the file."""
     tree = _tree(filename)
     if tree is None:
         return None
-    line, end_line, col, end_col = position
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and (node.lineno, node.end_lineno, node.col_offset,
-                                           node.end_col_offset) == (line, end_line, col, end_col):
-            return node
-    return None
+    index = _calls.get(id(tree))
+    if index is None:
+        index = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                index.setdefault((node.lineno, node.end_lineno, node.col_offset, node.end_col_offset), node)
+        _calls[id(tree)] = index
+    return index.get(tuple(position))  # type: ignore[arg-type]
 
 
 def _keys(node: ast.AST, prefix: str, out: dict[str, int]) -> None:
