@@ -921,6 +921,11 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
             hint = "an item of this list is too short: give every part of it"
         else:
             hint = "add it to the spec"
+    elif kind == "int_type" and type(value) is float and math.isfinite(value) and value == int(value):
+        message = "a whole number written as a float"
+        hint = f"write it as an integer: {key} = {int(value)}"
+        if not any(p.isdigit() for p in loc):
+            fix = Fix({key: int(value)})
     elif kind in ("int_type", "float_type", "bool_type") and isinstance(value, str) and _unquoted(value, kind, path):
         text, parsed = _unquoted(value, kind, path)
         what = "a boolean" if kind == "bool_type" else "a number"

@@ -118,3 +118,12 @@ def test_python_spec_assignment_of_a_quoted_boolean_is_refused_with_the_python_l
     (issue,) = info.value.issues
     assert (issue.key, issue.line) == ("data.mock", 3)
     assert "data.mock = False" in issue.hint
+
+
+def test_whole_float_where_an_int_belongs_is_an_error_with_the_integer_fix(tmp_path):
+    path = _demo_with(tmp_path, global_batch_size="32.0")
+    with pytest.raises(SpecError) as info:
+        load(path, fast=True)
+    (issue,) = [i for i in info.value.issues if i.key == "train.global_batch_size"]
+    assert "train.global_batch_size = 32" in issue.hint
+    assert issue.fix is not None and issue.fix.set == {"train.global_batch_size": 32}
