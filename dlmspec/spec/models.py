@@ -409,14 +409,17 @@ class TrainSpec(Section):
     clip_grad: Float = Field(1.0, ge=0.0)
     eval_interval: PosInt = 1000
     eval_iters: PosInt = 10
-    loss_normalization: Literal["global_token", "micro_batch", "sequence"] | None = Field(
+    loss_normalization: Literal["global_token", "micro_batch", "sequence", "micro_batch_masked"] | None = Field(
         None,
         description="What the loss is a mean over. 'global_token': every loss-carrying token of the global batch "
         "weighs the same (megatron-core TransformerConfig.calculate_per_token_loss = True). 'micro_batch': each "
         "micro-batch's sum over its own tokens, averaged over micro-batches and data-parallel ranks "
         "(calculate_per_token_loss = False; MegaDLMs pretrain_difflm.py:265-268, megatron-core "
         "schedules.py forward_step_calc_loss; LLaDA GUIDELINES.md). 'sequence': each sequence's mean, then "
-        "the mean over sequences (LLaDA's SFT, GUIDELINES.md). Unset: 'global_token'; for stage.kind = 'sft' "
+        "the mean over sequences (LLaDA's SFT, GUIDELINES.md). 'micro_batch_masked': each micro-batch's weighted sum "
+        "over its own masked positions (mdm; ar: its loss tokens), averaged over micro-batches and data-parallel "
+        "ranks (calculate_per_token_loss = False; the Dream team's SFT trainers: DreamLM/Dream-Coder "
+        "instruct/src/trainer/fsdp_sft_trainer.py:830-831, 850-853). Unset: 'global_token'; for stage.kind = 'sft' "
         "with an mdm objective 'sequence' (LLaDA's SFT normalises each response by its length).",
     )
 
