@@ -111,3 +111,18 @@ def test_compiled_runtime_config_turns_per_token_loss_off():
         assert "calculate_per_token_loss=False" in str(exc)
     else:
         raise AssertionError("per-token loss accepted with micro_batch_masked")
+
+
+def test_the_spec_accepts_it_and_train_py_turns_per_token_loss_off():
+    from pathlib import Path
+
+    from dlmspec.render.compile import render
+    from dlmspec.resolve import resolve
+    from dlmspec.spec.load import load
+
+    root = Path(__file__).resolve().parents[2]
+    spec = load(root / "specs" / "demo-dlm.toml", ['train.loss_normalization="micro_batch_masked"']).spec
+    resolved = resolve(spec)
+    source = render(resolved, "specs/demo-dlm.toml")["train.py"]
+    assert "calculate_per_token_loss=False" in source
+    assert "loss_normalization='micro_batch_masked'" in source
