@@ -25,6 +25,58 @@ from dlmspec.backends.convert.state_dict import hf_to_mcore_state_dict, mcore_to
 
 PathLike = str | os.PathLike[str]
 
+#: The tokenizer files of a Hugging Face checkpoint folder (transformers' ``AutoTokenizer`` reads
+#: them from the folder): ``hf_to_mcore`` copies those present into the converted folder, where
+#: ``dlmspec generate`` / ``eval`` (:mod:`dlmspec.backends.generate.load`) find them. Code files
+#: (``tokenization_*.py``) are never copied.
+TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json")
+#: Patterns of SentencePiece / tiktoken model files copied as well (``tokenizer.model``, ``spiece.model``).
+TOKENIZER_PATTERNS = ("*.model", "*.tiktoken")
+#: Largest tokenizer file copied: the largest published ones are tens of MiB.
+MAX_TOKENIZER_BYTES = 512 << 20
+
+
+def tokenizer_files(src: PathLike) -> list[Path]:
+    """The tokenizer files in the folder ``src`` (:data:`TOKENIZER_NAMES`, :data:`TOKENIZER_PATTERNS`),
+    sorted by name; a symbolic link or anything but a regular file is left out."""
+    folder = Path(src)
+    if not folder.is_dir():
+        return []
+    found = {folder / name for name in TOKENIZER_NAMES}
+    for pattern in TOKENIZER_PATTERNS:
+        found.update(folder.glob(pattern))
+    return sorted((p for p in found if p.is_file() and not p.is_symlink()), key=lambda p: p.name)
+
+
+def read_tokenizer_files(src: PathLike) -> dict[str, bytes]:
+    """The tokenizer files of ``src`` (:func:`tokenizer_files`): name -> bytes, read before anything
+    is written, so a file that cannot be read stops the conversion before it starts.
+
+    Raises:
+        ConversionError: a tokenizer file that is not a regular file, or larger than
+            :data:`MAX_TOKENIZER_BYTES`, named.
+    """
+    from dlmspec.files import FileRefused, read_bytes
+
+    out = {}
+    for path in tokenizer_files(src):
+        try:
+            out[path.name] = read_bytes(path, limit=MAX_TOKENIZER_BYTES, what="tokenizer file")
+        except FileRefused as exc:
+            raise ConversionError(f"{path}: {exc.why}", tensor=path.name, hint=exc.hint) from None
+    return out
+
+
+def write_tokenizer_files(files: dict[str, bytes], dst: PathLike) -> list[str]:
+    """Write ``files`` (:func:`read_tokenizer_files`) into the folder ``dst``, each atomically
+    (:func:`dlmspec.files.write_atomic`: never through a link at the target); returns the names."""
+    from dlmspec.files import write_atomic
+
+    for name, data in files.items():
+        write_atomic(Path(dst) / name, data)
+    return sorted(files)
+
 
 def _dims_for(config: dict[str, Any], dims: ModelDims | None, *, make_vocab_size_divisible_by: int, tp: int,
               padded_vocab: int | None, source: str | None = None) -> ModelDims:
@@ -76,10 +128,13 @@ def hf_to_mcore(
         overwrite: write into an existing ``dst``, replacing only the files convert writes.
 
     Returns:
-        The :class:`ModelDims` written into the checkpoint's sidecar.
+        The :class:`ModelDims` written into the checkpoint's sidecar. The tokenizer files of
+        ``src`` (:func:`tokenizer_files`) are copied beside it, so ``dlmspec generate`` on ``dst``
+        finds the tokenizer (with ``overwrite``, over those already there).
 
     Raises:
-        ConversionError: ``dst`` is, holds or sits inside ``src``; unknown family, a config
+        ConversionError: ``dst`` is, holds or sits inside ``src``; a tokenizer file that is not
+            a regular file or is too large; unknown family, a config
             value of the wrong type or range, unsupported config feature, a corrupt safetensors
             file, a missing/unexpected tensor or a tensor whose shape disagrees with the target
             config, a weight that is not floating point or holds NaN/Inf (named), ``dst`` exists.
@@ -89,12 +144,14 @@ def hf_to_mcore(
     config = hf_io.read_hf_config(src)
     dims = _dims_for(config, dims, make_vocab_size_divisible_by=make_vocab_size_divisible_by, tp=tp,
                      padded_vocab=padded_vocab, source=str(Path(src) / hf_io.CONFIG_NAME))
+    tokenizer = read_tokenizer_files(src)
     reader = hf_io.SafetensorsReader(src)
     state = hf_to_mcore_state_dict(reader, dims, spec=spec)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     mcore_io.save_mcore_checkpoint(dst, state, dims, spec=spec, layer_layout=layer_layout, hf_config=config,
                                    overwrite=overwrite)
+    write_tokenizer_files(tokenizer, dst)
     return dims
 
 

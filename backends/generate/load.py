@@ -769,7 +769,8 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
     model = chunk.to(device).eval()
     _prepare_forward(unwrap_model(model), device)
     tokenizer, why = None, "no tokenizer files in the checkpoint folder"
-    if source == "hf" and any(os.path.isfile(os.path.join(folder, n)) for n in ("tokenizer.json", "tokenizer_config.json")):
+    # a Hugging Face folder, or a `convert hf-to-mcore` folder (which copies the source's tokenizer files)
+    if any(os.path.isfile(os.path.join(folder, n)) for n in ("tokenizer.json", "tokenizer_config.json")):
         from dlmspec.tokenizers import TokenizerError, build_tokenizer
 
         try:

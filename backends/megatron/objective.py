@@ -26,8 +26,11 @@ CART_P_DEFAULT = 0.1
 #: ``objective.variable_length``: what a cut applies to (docs/recipes.md, "Variable length").
 VARIABLE_LENGTHS = ("sequence", "micro_batch")
 #: ``train.loss_normalization`` (docs/recipes.md, "Loss normalisation"): ``"global_token"`` is
-#: megatron-core's ``calculate_per_token_loss=True``, the other two ``False``.
-LOSS_NORMALIZATIONS = ("global_token", "micro_batch", "sequence")
+#: megatron-core's ``calculate_per_token_loss=True``, the others ``False``.
+LOSS_NORMALIZATIONS = ("global_token", "micro_batch", "sequence", "micro_batch_masked")
+#: The normalisations megatron divides per micro-batch by its own ``num_tokens``: :func:`loss_triple`
+#: reports their micro-batch means.
+PER_MICRO_BATCH = ("micro_batch", "micro_batch_masked")
 
 
 @dataclass
@@ -523,7 +526,7 @@ def loss_triple(loss_sum: Tensor, batch: ObjectiveBatch) -> Tuple[Tensor, Tensor
     """
     num_tokens = batch.num_tokens
     report_sum, report_count = loss_sum.detach().float(), num_tokens.detach().to(torch.float32)
-    if batch.normalization == "micro_batch":
+    if batch.normalization in PER_MICRO_BATCH:
         # megatron divides this micro-batch by its own tokens: report its mean, counted once
         report_sum, report_count = report_sum / report_count.clamp(min=1.0), torch.ones_like(report_count)
     return loss_sum, num_tokens, {"lm loss": torch.stack([report_sum, report_count])}
@@ -542,6 +545,16 @@ def apply_loss_normalization(batch: ObjectiveBatch, normalization: str, *,
       the global batch weighs the same.
     * ``"micro_batch"``: unchanged weights and ``num_tokens`` (``False``): each micro-batch's mean
       over its own tokens weighs the same (MegaDLMs ``pretrain_difflm.py:265-268``).
+    * ``"micro_batch_masked"``: ``num_tokens`` = the micro-batch's masked positions (MDM:
+      ``masked.sum()``, at least 1; AR: its loss-mask positions, as ``"micro_batch"``), weights
+      times ``context_parallel_size`` (the count is the whole micro-batch's, taken before the
+      context-parallel slice, and megatron averages the CP ranks' losses): megatron's division
+      gives ``sum_n w_n CE_n / #masked`` per micro-batch, averaged over micro-batches and
+      data-parallel ranks. This is the Dream team's SFT trainers' loss
+      (DreamLM/Dream-Coder@87409da ``instruct/src/trainer/fsdp_sft_trainer.py:830-831``:
+      ``torch.sum(loss) / valid_token_this_rank`` with ``valid_token_this_rank`` the masked
+      positions of the rank's micro-batch, then ``/ n_micro_batches`` at 850-853, FSDP averaging
+      the ranks). A micro-batch without a masked position counts 1 (its loss sum is 0).
     * ``"sequence"``: each row's weights divided by its loss-carrying positions ``n_j`` (rows of
       none keep weight 0) and ``num_tokens`` = the rows with ``n_j > 0``: megatron's division
       then gives the mean of the rows' means (LLaDA's SFT). Under context parallelism (call it
@@ -558,6 +571,11 @@ def apply_loss_normalization(batch: ObjectiveBatch, normalization: str, *,
     """
     if normalization not in LOSS_NORMALIZATIONS:
         raise ValueError(f"loss normalization must be one of {LOSS_NORMALIZATIONS}, got {normalization!r}")
+    if normalization == "micro_batch_masked":
+        counted = batch.masked if batch.masked is not None else batch.token_mask
+        masked = counted.sum().clamp(min=1).to(torch.int)
+        return dataclasses.replace(batch, loss_weights=batch.loss_weights * float(context_parallel_size),
+                                   num_tokens=masked, normalization=normalization)
     if normalization != "sequence":
         return dataclasses.replace(batch, normalization=normalization)
     per_row = batch.token_mask.sum(dim=1)  # [b]

@@ -373,8 +373,9 @@ class ObjectiveForwardStep:
                 labels=sliced["labels"],
                 loss_weights=sliced["loss_weights"],
                 token_mask=sliced["token_mask"],
-                # "sequence" counts rows (set before the slice), the others this rank's positions
-                num_tokens=(ob.num_tokens if ob.normalization == "sequence"
+                # "sequence" counts rows and "micro_batch_masked" the masked positions (both set before the
+                # slice, the weights scaled by the CP size), the others this rank's positions
+                num_tokens=(ob.num_tokens if ob.normalization in ("sequence", "micro_batch_masked")
                             else sliced["token_mask"].sum().to(torch.int)),
             )
             position_ids = sliced["position_ids"]

@@ -33,9 +33,11 @@ import os
 import sys
 from typing import Any
 
-from dlmspec.cli.output import report_issues
-from dlmspec.cli.validate import run_validate
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+
+# dlmspec.cli.validate (the rules) and dlmspec.cli.output are imported by the commands that use
+# them: `dlmspec --help` and `dlmspec CMD --help` import neither the rules nor the spec models
+# (tests/cli/test_help_imports.py).
 
 # --------------------------------------------------------------------------------------------
 # Entry point
@@ -106,12 +108,16 @@ def _run_fast(command: str, options: dict[str, Any]) -> int:
     """Run a command :func:`fast_arguments` parsed, as typer would: a :class:`SpecError` is
     reported (table, or JSON with ``--json``) with exit code 2; Ctrl-C exits 130; a closed
     stdout (``| head``) exits 1 quietly. Returns the exit code."""
+    from dlmspec.cli.output import report_issues
+
     try:
         try:
             if command == "plan":
                 from dlmspec.cli.plan import run_plan
 
                 return run_plan(options["spec"], options["set"], options["json"], options["search"], options["top"])
+            from dlmspec.cli.validate import run_validate
+
             run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"],
                          command=command)
             return 0
@@ -190,13 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point (``[project.scripts] dlmspec``). Returns the exit code.
 
     The plain forms of ``validate``/``check``/``plan`` run without typer (see the module
-    docstring), and without pydantic plugins (:func:`skip_pydantic_plugin_discovery`);
+    docstring), and without pydantic plugins (:func:`skip_pydantic_plugin_discovery`), as
+    does any help (``-h``/``--help``: typer checks its parameters with pydantic);
     everything else goes to :data:`dlmspec.cli.commands.app`."""
     args = sys.argv[1:] if argv is None else list(argv)
     fast = fast_arguments(args) if "_DLMSPEC_COMPLETE" not in os.environ else None
     if fast is not None:
         skip_pydantic_plugin_discovery()
         return _run_fast(*fast)
+    if "--help" in args or "-h" in args:
+        skip_pydantic_plugin_discovery()  # help runs no command; typer's own parameter checks use pydantic
     from dlmspec.cli.commands import app  # here: importing typer and registering the commands is what the fast path skips
 
     if "--json" in args:

@@ -54,11 +54,25 @@ class _Group(Group):
     """Runs the command; turns a :class:`SpecError` from any command into the issue report and
     exit code 2. Sub-apps in :data:`_LAZY_GROUPS` are imported on first use."""
 
+    #: Set while this group prints its own help: the lazy sub-apps are then listed by name and help
+    #: text (:data:`_LAZY_GROUPS`) without importing them (``dlmspec --help`` would otherwise pay
+    #: for ``dlmspec.data.cli`` and the conversion commands).
+    _listing_help = False
+
     def list_commands(self, ctx: typer.Context) -> list[str]:
         names = super().list_commands(ctx)
         return names + [n for n in (*_LAZY_GROUPS, *_LAZY_COMMANDS) if n not in names]
 
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        self._listing_help = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing_help = False
+
     def get_command(self, ctx: typer.Context, name: str) -> Any:
+        if self._listing_help and name in _LAZY_GROUPS and name not in self.commands:
+            return Group(name=name, help=_LAZY_GROUPS[name][1])  # a listing only, never run
         if name in _LAZY_GROUPS and name not in self.commands:
             sub_app, help_text = _LAZY_GROUPS[name]
             command = typer.main.get_command(sub_app())

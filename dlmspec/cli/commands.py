@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import typer
 
@@ -27,17 +27,18 @@ from dlmspec.cli.app import app
 from dlmspec.cli.help import Command
 from dlmspec.cli.output import (_text, command_name, human_count, print_envelope, progress, report_warnings, stdout,
                                 use_json)
-from dlmspec.cli.validate import _memory, run_validate, spec_issues
-from dlmspec.check import RULES, SCOPE_NAMES
 from dlmspec.credentials import redact
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.render.escape import comment, toml_document
 from dlmspec.gpus import GPUS, GiB, gpu_ids
-from dlmspec.spec.load import SHOW_HEADER, load, load_text, parse_set_value, set_dotted, set_syntax_issue
-from dlmspec.params import count_parameters
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS, PUBLISHED, preset_names
-from dlmspec.resolve import Resolved, resolve
-from dlmspec.spec.models import ModelSpec, Spec
+
+# The rules, the loader, the resolver and the pydantic models are imported where a command body
+# needs them: `dlmspec --help` and `dlmspec CMD --help` import this module for the declarations
+# only (tests/cli/test_help_imports.py holds them to it).
+if TYPE_CHECKING:
+    from dlmspec.resolve import Resolved
+    from dlmspec.spec.models import Spec
 
 
 _SET_HELP = "Override a key: section.key=value (TOML value; repeatable; applied last)."
@@ -61,6 +62,8 @@ def validate(
     Settings the bundled runtime cannot run yet (SFT, RL, FSDP, ...) are reported
     by `dlmspec compile`.
     """
+    from dlmspec.cli.validate import run_validate
+
     use_json(ctx, json_output)
     run_validate(spec, set_, strict=strict, json_output=json_output, command=command_name(ctx))
 
@@ -138,6 +141,9 @@ def _gpu_rows() -> list[dict[str, Any]]:
 
 
 def _preset_rows() -> list[dict[str, Any]]:
+    from dlmspec.params import count_parameters
+    from dlmspec.spec.models import ModelSpec
+
     rows = []
     for name in preset_names():
         model = ModelSpec.model_validate({"preset": name})
@@ -171,6 +177,8 @@ def _published(total: int | str, active: int | str) -> str:
 
 def _rule_rows() -> list[dict[str, Any]]:
     """Every rule of :data:`dlmspec.check.RULES`, by scope (the loader's first, the runtime's last)."""
+    from dlmspec.check import RULES, SCOPE_NAMES
+
     ordered = sorted(RULES.values(), key=lambda r: SCOPE_NAMES.index(r.scope))
     return [{"id": r.id, "scope": r.scope, "severity": r.severity, "summary": r.summary, "source": r.source,
              "fix": r.fix} for r in ordered]
@@ -260,6 +268,9 @@ def show(
         else:
             _print_rows(rows, columns, title)
         return
+    from dlmspec.resolve import resolve
+    from dlmspec.spec.load import SHOW_HEADER, load
+
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
     data = minimal_data(loaded.spec) if minimal else spec_data(loaded.spec)
@@ -341,6 +352,8 @@ def starter_spec(
     Raises:
         SpecError: unknown preset, or a malformed ``--set`` override.
     """
+    from dlmspec.spec.load import parse_set_value, set_dotted, set_syntax_issue
+
     if preset not in PRESETS:
         from dlmspec.spec.load import preset_hint
 
@@ -425,6 +438,7 @@ def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str
     """
     from dlmspec.plan import HEADROOM_WARNING
     from dlmspec.plan.search import search
+    from dlmspec.resolve import resolve
 
     def best(candidate: Resolved) -> tuple[Any, Any]:
         result = search(candidate, top=20)
@@ -569,6 +583,8 @@ def new(
     (data parallel or not), unless --set chooses parallel keys. When nothing fits, nothing is
     written and the message says how many nodes would do.
     """
+    from dlmspec.cli.validate import _memory
+
     use_json(ctx, json_output)
     target = Path(output)
     if target.suffix != ".toml":
@@ -621,6 +637,10 @@ def _starter(name: str, preset: str, *, file: str, where: str, **options: Any) -
     Raises:
         SpecError: what :func:`starter_spec` raises; no layout fits.
     """
+    from dlmspec.cli.validate import spec_issues
+    from dlmspec.resolve import resolve
+    from dlmspec.spec.load import load_text
+
     text = starter_spec(name, preset, **options)
     loaded = load_text(text, name=file)
     resolved = resolve(loaded.spec)
@@ -690,6 +710,7 @@ def spec_json_schema() -> dict[str, Any]:
     (an enum of the preset ids), ``cluster.gpu`` as an enum of the catalog, and prefix strings
     as ``data.train`` / ``data.valid`` entries."""
     from dlmspec.gpus import gpu_ids
+    from dlmspec.spec.models import Spec
 
     schema = Spec.model_json_schema()
     defs = schema["$defs"]

@@ -7,8 +7,9 @@ forms, without typer).
 ``spec`` (``--search``: ``spec`` and ``search``). A spec that breaks a
 cross-field rule (:mod:`dlmspec.check`, ``plan``'s scopes) exits 2 with the usual issue table; a
 spec that does not fit prints its plan, the ``memory-fits`` issue (with what would make it fit)
-and exits 2. Whether the runtime supports every setting is checked by ``dlmspec validate``, not
-here.
+and exits 2. What ``dlmspec validate`` (and ``compile``) would refuse beyond that (files, SLURM
+settings, the runtime's gaps such as an unimplemented stage: :func:`validate_refusals`) is printed
+as warnings beside the plan: the plan of such a spec is still a plan, and exits 0.
 
 A Python sweep (:func:`dlmspec.spec.load.sweep_targets`) is planned member by member:
 one row each (:func:`_plan_sweep`), or with ``--search`` one search each (:func:`_search_sweep`).
@@ -22,9 +23,10 @@ names) are printed as the spec's, apart from the layouts found. It exits 2 when 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from dlmspec.check import issues_for
+from dlmspec.check import SCOPES, find, issues_for, sort_key
 from dlmspec.cli.output import (_text, display_path, print_envelope, progress, report_issues, report_warnings, stderr,
                                 stdout)
 from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
@@ -65,9 +67,11 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     resolved = resolve(loaded.spec)
     # plan's scopes: the spec's rules and, when they find no error, memory (a spec with errors
     # may have no layout to plan). Files, SLURM and the runtime's gaps are validate's: a plan of
-    # an RL spec is still a plan, and leaving the compiler out keeps `dlmspec plan` fast.
+    # an RL spec is still a plan, so what validate refuses there comes as warnings.
     issues = issues_for("plan", loaded, resolved)
     errors = [i for i in issues if i.severity == "error"]
+    if not search:
+        issues = sorted(issues + validate_refusals(loaded, resolved), key=sort_key)
     warnings = [i for i in issues if i.severity != "error"]
     if search:
         from dlmspec.plan.search import spec_issues_for_search
@@ -95,6 +99,22 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
         if memory_errors:
             report_issues(memory_errors)
     return EXIT_USAGE if memory_errors else 0
+
+
+#: What ``validate`` checks and ``plan`` does not stop on: its scopes beyond plan's, in its order.
+EXTRA_SCOPES = tuple(scope for scope in SCOPES["validate"] if scope not in SCOPES["plan"])
+
+
+def validate_refusals(loaded: Any, resolved: Any) -> list[SpecIssue]:
+    """What ``dlmspec validate`` (and ``compile``) reports for ``loaded`` beyond ``plan``'s own
+    rules: the registry's rules of :data:`EXTRA_SCOPES` (files on this machine, SLURM settings,
+    the runtime's gaps: :data:`dlmspec.check.SCOPES`), run by the same :func:`dlmspec.check.find`.
+    Each error comes back as a warning whose message says that validate and compile refuse it
+    (``plan`` still plans the spec); validate's warnings of those scopes (a data path not on this
+    machine, say) are not refusals and are left to validate."""
+    return [replace(issue, severity="warning",
+                    message=f"{issue.message} (dlmspec validate and compile refuse this spec)")
+            for issue in find(EXTRA_SCOPES, loaded, resolved) if issue.severity == "error"]
 
 
 def _search_result(resolved: Any, top: int, own_layout: list[SpecIssue]) -> Any:
@@ -209,7 +229,8 @@ def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> 
         except PlanError as exc:
             failed.append(member_issues(target, [SpecIssue("cluster.gpu", str(exc), rule="plan")])[0])
             continue
-        warnings.extend(member_issues(target, [i for i in issues if i.severity != "error"]))
+        warnings.extend(member_issues(target, [i for i in issues if i.severity != "error"]
+                                      + validate_refusals(loaded, resolved)))
         data = plan.to_dict()
         plans.append({"spec": display_path(target), **data})
         t = data["time"]

@@ -262,6 +262,9 @@ def _print_inspection(console: Console, found: Inspection) -> None:
         ("tokens", f"{found.tokens:,} ({found.dtype}; mean {found.mean_document_tokens:,.1f}, "
                    f"max {found.max_document_tokens:,} per document)"),
     ]
+    if found.response is not None:  # SFT data: the tokens that carry loss (the response mask)
+        rows.append(("loss tokens", f"{found.response['tokens']:,} ({100 * found.response['share']:.1f}% of tokens: "
+                                    "responses, their end-of-turn tokens and final EOD)"))
     if found.shards is not None:
         rows.insert(0, ("shards", f"{len(found.shards):,} ({found.shards[0]['prefix']} ... {found.shards[-1]['prefix']})"
                         if found.shards else "0"))
@@ -282,10 +285,30 @@ def _print_inspection(console: Console, found: Inspection) -> None:
     if sample["document"] is not None:
         console.print(Text(f"sample: document {sample['document']}, first {len(sample['ids'])} ids", style="bold"))
         console.print(Text(str(sample["ids"])), soft_wrap=True)
-        if sample["text"] is not None:
+        if sample.get("marked") is not None:
+            from dlmspec.data.inspect import LOSS_CLOSE, LOSS_OPEN
+
+            console.print(Text(f"loss on {sample['response_tokens']} of {len(sample['ids'])} sample tokens, "
+                               f"between {LOSS_OPEN} and {LOSS_CLOSE}:"), soft_wrap=True)
+            console.print(_marked_text(repr(sample["marked"]), LOSS_OPEN, LOSS_CLOSE), soft_wrap=True)
+        elif sample["text"] is not None:
             console.print(Text(repr(sample["text"])), soft_wrap=True)
     for note in found.notes:
         console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
+
+
+def _marked_text(text: str, open_: str, close: str) -> Text:
+    """``text`` with each span from ``open_`` to ``close`` (markers kept, so it reads in plain
+    text too) in bold green: the tokens that carry loss."""
+    out = Text()
+    rest = text
+    while open_ in rest:
+        before, _, after = rest.partition(open_)
+        inside, found, rest = after.partition(close)
+        out.append(before)
+        out.append(open_ + inside + (close if found else ""), style="bold green")
+    out.append(rest)
+    return out
 
 
 @app.command(cls=Command, name="inspect")

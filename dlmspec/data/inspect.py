@@ -27,6 +27,9 @@ from dlmspec.files import FileRefused, read_json
 
 #: Tokens of the decoded sample, by default.
 SAMPLE_TOKENS = 64
+#: Around each loss-carrying span of an SFT sample's decoded text (plain text: readable in a log,
+#: a pipe or ``--json``; the table colours the spans as well).
+LOSS_OPEN, LOSS_CLOSE = "[[", "]]"
 
 
 @dataclass
@@ -40,7 +43,14 @@ class Inspection:
     ``ids`` (its first tokens), ``text`` (decoded, ``None`` when the tokenizer is unknown or
     cannot be built; ``notes`` says why). ``shards``: for a sharded output (its manifest), each
     shard's ``prefix``, ``documents`` and ``tokens``, in order (``prefix`` is then the manifest's
-    path and ``record`` None); None for one dataset."""
+    path and ``record`` None); None for one dataset.
+
+    An SFT dataset (its record has an ``"sft"`` section and ``PREFIX_response.{bin,idx}`` lies beside
+    it: :mod:`dlmspec.data.sft`) adds ``response``: ``tokens`` (loss-carrying tokens in the dataset),
+    ``share`` (of all tokens), and the sample gains ``response`` (one 0/1 flag per sample id: 1
+    carries loss) and ``marked`` (the decoded sample with each loss-carrying span between
+    :data:`LOSS_OPEN` and :data:`LOSS_CLOSE`; ``None`` when the sample is not decoded). None for
+    pre-training data."""
 
     prefix: str
     dtype: str
@@ -56,6 +66,7 @@ class Inspection:
     record: Optional[dict[str, Any]] = None
     notes: list[str] = field(default_factory=list)
     shards: Optional[list[dict[str, Any]]] = None
+    response: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -249,6 +260,64 @@ def _decode(section: dict[str, Any] | None, ids: list[int], notes: list[str],
     return None
 
 
+def _marked(section: dict[str, Any] | None, ids: list[int], flags: list[int], notes: list[str],
+            special: dict[int, str] | None = None) -> str | None:
+    """The sample's text with each maximal run of loss-carrying ids (``flags`` 1) decoded on its own
+    and put between :data:`LOSS_OPEN` and :data:`LOSS_CLOSE`; the runs between them decoded on
+    their own too (so a byte-level BPE token cut at a run's edge may show as a replacement
+    character). None when the sample cannot be decoded (:func:`_decode` says why in ``notes``)."""
+    if not ids or len(flags) != len(ids):
+        return None
+    parts: list[str] = []
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or flags[end] != flags[start]:
+            quiet: list[str] = []
+            text = _decode(section, ids[start:end], quiet, special)
+            if text is None:
+                notes.extend(n for n in quiet if n not in notes)
+                return None
+            parts.append(f"{LOSS_OPEN}{text}{LOSS_CLOSE}" if flags[start] else text)
+            start = end
+    return "".join(parts)
+
+
+def _response_flags(prefix: str, record: Optional[dict[str, Any]], sample_document: int, sample_tokens: int,
+                    tokens: int, documents: int, notes: list[str]) -> tuple[Optional[dict[str, Any]], list[int]]:
+    """``(summary, sample flags)`` of an SFT dataset's response mask ``PREFIX_response``
+    (:data:`dlmspec.data.sft.RESPONSE_SUFFIX`): the loss-carrying tokens and their share of
+    ``tokens``, and the 0/1 flag of each of the sample's first ``sample_tokens`` ids. ``(None, [])``
+    for a dataset without an ``"sft"`` record section; a missing or mismatched mask is a note."""
+    import numpy as np
+
+    from dlmspec.data.sft import RESPONSE_SUFFIX
+
+    if not isinstance(record, dict) or not isinstance(record.get("sft"), dict):
+        return None, []
+    mask_prefix = prefix + RESPONSE_SUFFIX
+    if not (os.path.isfile(mask_prefix + ".idx") and os.path.isfile(mask_prefix + ".bin")):
+        notes.append(f"SFT data without its response mask ({mask_prefix}.bin/.idx not found): "
+                     "the tokens that carry loss are not shown")
+        return None, []
+    try:
+        dtype, lengths, pointers, doc_indices, bin_path = _read_dataset(mask_prefix)
+    except DataPrepareError as exc:
+        notes.append(f"the response mask cannot be read ({exc}): the tokens that carry loss are not shown")
+        return None, []
+    doc_lengths = _document_lengths(lengths, doc_indices)
+    if int(lengths.sum(dtype=np.int64)) != tokens or len(doc_lengths) != documents:
+        notes.append(f"the response mask {mask_prefix} does not match the tokens (other lengths): "
+                     "prepare the dataset again; the tokens that carry loss are not shown")
+        return None, []
+    values = np.memmap(bin_path, mode="r", dtype=np.dtype(dtype)) if tokens else np.zeros(0, np.uint8)
+    carried = int(np.count_nonzero(values[:tokens]))
+    flags = _sample_ids(dtype, pointers, doc_indices, doc_lengths, bin_path, sample_document, sample_tokens) \
+        if documents else []
+    summary = {"tokens": carried, "share": carried / tokens if tokens else 0.0, "prefix": mask_prefix,
+               "open": LOSS_OPEN, "close": LOSS_CLOSE}
+    return summary, [1 if f else 0 for f in flags]
+
+
 def _read_dataset(prefix: str) -> tuple[str, Any, Any, Any, str]:
     """``(dtype, sequence_lengths, sequence_pointers, document start indices, .bin path)`` of
     ``PREFIX`` with the index checked against itself and its ``.bin``
@@ -292,7 +361,8 @@ def _sample_ids(dtype: str, pointers: Any, doc_indices: Any, doc_lengths: Any, b
 
 def _finish(prefix: str, dtype: str, sequences: int, tokens: int, doc_lengths: Any, ids: list[int],
             sample_document: int, record: Optional[dict[str, Any]], tokenizer: Optional[dict[str, Any]],
-            decode: bool, notes: list[str], shards: Optional[list[dict[str, Any]]] = None) -> Inspection:
+            decode: bool, notes: list[str], shards: Optional[list[dict[str, Any]]] = None,
+            response: Optional[dict[str, Any]] = None, flags: Optional[list[int]] = None) -> Inspection:
     """The :class:`Inspection` of counted documents: the tokenizer's state, the decoded sample."""
     documents = len(doc_lengths)
     section = _tokenizer_state({"tokenizer": tokenizer} if tokenizer is not None else None, notes)
@@ -302,13 +372,18 @@ def _finish(prefix: str, dtype: str, sequences: int, tokens: int, doc_lengths: A
         notes.append("SFT data (chat template {!r}): chat tokens {} were given ids past the vocabulary".format(
             (sft or {}).get("chat_template"), ", ".join(f"{t} = {i}" for i, t in sorted(special.items()))))
     text = _decode(section, ids, notes, special) if decode and ids else None
+    sample: dict[str, Any] = {"document": sample_document if documents else None, "ids": ids, "text": text}
+    if response is not None:
+        flags = list(flags or [])
+        sample["response"] = flags
+        sample["response_tokens"] = sum(flags)
+        sample["marked"] = _marked(section, ids, flags, [], special) if text is not None else None
     return Inspection(
         prefix=prefix, dtype=dtype, documents=documents, sequences=sequences, tokens=tokens,
         empty_documents=int((doc_lengths == 0).sum()), max_document_tokens=int(doc_lengths.max(initial=0)),
         mean_document_tokens=float(doc_lengths.mean()) if documents else 0.0,
         histogram=_histogram(doc_lengths), tokenizer=section,
-        sample={"document": sample_document if documents else None, "ids": ids, "text": text},
-        record=record, notes=notes, shards=shards,
+        sample=sample, record=record, notes=notes, shards=shards, response=response,
     )
 
 
@@ -397,5 +472,6 @@ def inspect_dataset(name: str, *, sample_document: int = 0, sample_tokens: int =
         notes.append(f"the record says {record['tokens']:,} tokens, the index {tokens:,}: the record is stale")
     tokenizer = record.get("tokenizer") if isinstance(record, dict) and isinstance(record.get("tokenizer"), dict) \
         else None
+    response, flags = _response_flags(prefix, record, sample_document, sample_tokens, tokens, documents, notes)
     return _finish(prefix, dtype, int(len(lengths)), tokens, doc_lengths, ids, sample_document, record, tokenizer,
-                   decode, notes)
+                   decode, notes, response=response, flags=flags)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import math
 import os
 import re
 import stat
@@ -1090,6 +1091,18 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
             hint = "an item of this list is too short: give every part of it"
         else:
             hint = "add it to the spec"
+    elif kind == "int_type" and type(value) is float and math.isfinite(value) and value == int(value):
+        message = "a whole number written as a float"
+        hint = f"write it as an integer: {key} = {int(value)}"
+        if not any(p.isdigit() for p in loc):
+            fix = Fix({key: int(value)})
+    elif kind in ("int_type", "float_type", "bool_type") and isinstance(value, str) and _unquoted(value, kind, path):
+        text, parsed = _unquoted(value, kind, path)
+        what = "a boolean" if kind == "bool_type" else "a number"
+        message = f"{what} written as a string (quoted)"
+        hint = f"write it without quotes: {key} = {text}"
+        if not any(p.isdigit() for p in loc):
+            fix = Fix({key: parsed})
     elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         hint = message[0].lower() + message[1:]
         example = _example_value(loc, kind, err.get("ctx") or {})
@@ -1100,6 +1113,40 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         message = "wrong type or out of range"
     file, line = locate_key(origins, ".".join(loc), path)
     return SpecIssue(key=key, message=message, value=value, hint=hint, rule=rule, file=file, line=line, fix=fix)
+
+
+_TRUE_WORDS = frozenset({"true", "yes", "on", "y", "t", "1"})
+_FALSE_WORDS = frozenset({"false", "no", "off", "n", "f", "0"})
+
+
+def _unquoted(value: str, kind: str, path: Path) -> tuple[str, Any] | None:
+    """What a quoted number or boolean (``"3e-4"``, ``"256"``, ``"yes"``) means unquoted: ``(text,
+    value)`` with ``text`` as the spec's language writes it (TOML, or Python for a ``.py`` spec),
+    or ``None`` when ``value`` is no number (``int_type``, ``float_type``) or boolean word
+    (``bool_type``) at all."""
+    word = value.strip()
+    python = path.suffix == ".py"
+    if kind == "bool_type":
+        truth = True if word.lower() in _TRUE_WORDS else False if word.lower() in _FALSE_WORDS else None
+        if truth is None:
+            return None
+        return (str(truth) if python else str(truth).lower()), truth
+    try:
+        number: Any = int(word.replace("_", "")) if kind == "int_type" else float(word.replace("_", ""))
+    except ValueError:
+        if kind != "int_type":
+            return None
+        try:  # "1e3" for an int: the int it names, when it names one
+            as_float = float(word.replace("_", ""))
+        except ValueError:
+            return None
+        if not math.isfinite(as_float) or as_float != int(as_float):
+            return None
+        number = int(as_float)
+        return str(number), number
+    if isinstance(number, float) and not math.isfinite(number):
+        return None
+    return word, number
 
 
 def _literals(annotation: Any) -> list[Any]:

@@ -10,9 +10,11 @@ several fields (heads divisible by TP, batch divisible by DP, ...) live in
 :mod:`dlmspec.validate`; values derived from several fields live in :mod:`dlmspec.resolve`.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from annotated_types import Ge, Gt
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
 
 from dlmspec.spec import python
@@ -53,7 +55,18 @@ class Section(BaseModel):
 MAX_LAYERS = 10_000
 
 
-NonNegInt = Field(ge=0)
+#: The spec's number and boolean types: pydantic's strict mode, so a quoted value (``lr = "3e-4"``,
+#: ``global_batch_size = "256"``, ``mock = "yes"``) is an error naming the key, never silently
+#: converted; a float field still takes an integer (``lr = 1``: pydantic's strict float accepts
+#: ``int``), and an int or float field never takes a bool. :mod:`dlmspec.spec.load` turns the error
+#: into the fix with the value unquoted (``train.lr = 3e-4``). ``dlmspec.spec.fast`` checks the
+#: same (its ``_value`` takes exactly these Python types).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+PosInt = Annotated[int, Strict(), Gt(0)]
+NonNegInt = Annotated[int, Strict(), Ge(0)]
+PosFloat = Annotated[float, Strict(), Gt(0)]
 
 
 def _empty_list() -> list:
@@ -81,44 +94,44 @@ class ModelSpec(Section):
     ``gated_linear_unit``."""
 
     preset: str | None = Field(None, description="Published architecture id, e.g. 'qwen3-1.7b'.")
-    num_layers: int = Field(gt=0, le=MAX_LAYERS)
-    hidden_size: PositiveInt
-    ffn_hidden_size: PositiveInt
-    num_attention_heads: PositiveInt
-    num_query_groups: PositiveInt | None = Field(
+    num_layers: Int = Field(gt=0, le=MAX_LAYERS)
+    hidden_size: PosInt
+    ffn_hidden_size: PosInt
+    num_attention_heads: PosInt
+    num_query_groups: PosInt | None = Field(
         None, description="Key/value heads (GQA). Default: num_attention_heads (MHA)."
     )
-    kv_channels: PositiveInt | None = Field(
+    kv_channels: PosInt | None = Field(
         None, description="Head dimension. Default: hidden_size / num_attention_heads."
     )
-    vocab_size: PositiveInt = Field(description="Tokenizer vocabulary size (before padding).")
-    make_vocab_size_divisible_by: PositiveInt = 128
-    max_position_embeddings: PositiveInt
+    vocab_size: PosInt = Field(description="Tokenizer vocabulary size (before padding).")
+    make_vocab_size_divisible_by: PosInt = 128
+    max_position_embeddings: PosInt
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
-    rotary_base: PositiveFloat = 10000.0
-    rotary_percent: float = Field(1.0, gt=0.0, le=1.0)
+    rotary_base: PosFloat = 10000.0
+    rotary_percent: Float = Field(1.0, gt=0.0, le=1.0)
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
-    layernorm_epsilon: PositiveFloat = 1e-5
+    layernorm_epsilon: PosFloat = 1e-5
     activation: Literal["swiglu", "geglu", "gelu", "relu", "squared_relu", "silu"] = "swiglu"
-    qk_layernorm: bool = False
-    add_bias_linear: bool = False
-    add_qkv_bias: bool = False
-    untie_embeddings_and_output_weights: bool = True
-    hidden_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    init_method_std: PositiveFloat = 0.02
+    qk_layernorm: Bool = False
+    add_bias_linear: Bool = False
+    add_qkv_bias: Bool = False
+    untie_embeddings_and_output_weights: Bool = True
+    hidden_dropout: Float = Field(0.0, ge=0.0, lt=1.0)
+    attention_dropout: Float = Field(0.0, ge=0.0, lt=1.0)
+    init_method_std: PosFloat = 0.02
     # Mixture of experts (megatron.core.transformer.moe).
-    num_experts: PositiveInt | None = Field(None, description="Routed experts; unset = dense MLP.")
-    moe_router_topk: PositiveInt = 2
-    moe_ffn_hidden_size: PositiveInt | None = Field(None, description="Default: ffn_hidden_size.")
-    moe_shared_expert_intermediate_size: PositiveInt | None = None
-    moe_layer_freq: PositiveInt | list[int] = Field(
+    num_experts: PosInt | None = Field(None, description="Routed experts; unset = dense MLP.")
+    moe_router_topk: PosInt = 2
+    moe_ffn_hidden_size: PosInt | None = Field(None, description="Default: ffn_hidden_size.")
+    moe_shared_expert_intermediate_size: PosInt | None = None
+    moe_layer_freq: PosInt | list[Int] = Field(
         1, description="1 = every layer MoE; N = every Nth; or a 0/1 list, one entry per layer."
     )
     moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"] = "aux_loss"
-    moe_aux_loss_coeff: float = Field(1e-2, ge=0.0)
+    moe_aux_loss_coeff: Float = Field(1e-2, ge=0.0)
     moe_token_dispatcher_type: Literal["allgather", "alltoall"] = "alltoall"
-    moe_grouped_gemm: bool = False
+    moe_grouped_gemm: Bool = False
     transformer_impl: Literal["auto", "transformer_engine", "local"] = Field(
         "auto",
         description="Layer implementation: Transformer Engine if importable where the job runs (auto), "
@@ -157,17 +170,17 @@ class ObjectiveSpec(Section):
     prediction."""
 
     kind: Literal["mdm", "ar"] = "mdm"
-    mask_token_id: int | None = Field(
+    mask_token_id: Int | None = Field(
         None, ge=0, description="Id of [MASK]. Default: the preset's, else the first padded slot."
     )
     attention_mask: Literal["bidirectional", "causal", "block_causal"] | None = Field(
         None, description="Default: bidirectional for mdm, causal for ar."
     )
-    block_size: PositiveInt | None = Field(None, description="Block length for block_causal.")
+    block_size: PosInt | None = Field(None, description="Block length for block_causal.")
     noise_schedule: Literal["linear"] = Field(
         "linear", description="Masking probability as a function of t: linear means p(mask) = t."
     )
-    eps: float = Field(
+    eps: Float = Field(
         1e-3, ge=0.0, lt=1.0,
         description="t ~ U(eps, 1) (LLaDA's code: 1e-3). 0 is MegaDLMs' torch.rand(b) "
         "(JinjieNi/MegaDLMs gpt_model.py:309); with loss_weighting = 'llada' (1/t) it is refused (mdm-eps-zero).",
@@ -177,10 +190,10 @@ class ObjectiveSpec(Section):
         "context-adaptive token-level weight w_n = 1/2 sum_{i != n} 1[x_t^i clean] p (1-p)^(|n-i|-1), no 1/t "
         "(DreamLM/Dream-Coder instruct/src/trainer/fsdp_sft_trainer.py:93-112, 802-818).",
     )
-    variable_length_prob: float = Field(
+    variable_length_prob: Float = Field(
         0.0, ge=0.0, le=1.0, description="Share of sequences cut to a random length (LLaDA: 0.01)."
     )
-    min_masked_tokens: NonNegativeInt | None = Field(
+    min_masked_tokens: NonNegInt | None = Field(
         None,
         description="A row that drew fewer masked positions gets the missing ones at uniformly drawn unmasked "
         "positions. MegaDLMs: 1 (JinjieNi/MegaDLMs gpt_model.py:315-318, one position for a row that drew none). "
@@ -194,19 +207,19 @@ class ObjectiveSpec(Section):
         "alike; the micro-batch is sliced, dense, and runs on either layer path (MegaDLMs gpt_model.py:269-297, "
         "413-425; LLaDA GUIDELINES.md one cut per batch). Evaluation never cuts. Unset: 'sequence'.",
     )
-    shift: bool | None = Field(
+    shift: Bool | None = Field(
         None,
         description="Dream's shifted predictions: the logits at position i-1 predict the token at i (the AR "
         "model's head alignment kept; DreamLM/Dream eval/eval.py:352-354, DreamLM/Dream-Coder "
         "fsdp_sft_trainer.py:777-786); position 0 is never masked, the last position predicts nothing. "
         "Unset: false (each position predicts itself, LLaDA / MegaDLMs).",
     )
-    cart_p: float | None = Field(
+    cart_p: Float | None = Field(
         None, gt=0.0, lt=1.0,
         description="loss_weighting = 'cart': the geometric parameter p (near clean tokens count more as p grows). "
         "Unset: 0.1 (DreamLM/Dream-Coder instruct/src/trainer/config/sft_trainer.yaml:57).",
     )
-    unshift: bool | None = Field(
+    unshift: Bool | None = Field(
         None,
         description="MegaDLMs' 2,049-token window: the dataset draws seq_length + 1 ids (megatron-core's "
         "add_extra_token_to_sequence, as MegaDLMs' GPTDataset) and the model sees and predicts ids 1 .. seq_length-1 "
@@ -224,10 +237,10 @@ class SFTSpec(Section):
         "chatml", description="The chat template the data was rendered with ('tokenizer': the tokenizer's own, "
         "through transformers' apply_chat_template); validate compares it with the dataset record."
     )
-    mask_prompt: bool = Field(True, description="Never mask (or train on) prompt tokens.")
+    mask_prompt: Bool = Field(True, description="Never mask (or train on) prompt tokens.")
     prompt_key: str = "prompt"
     response_key: str = "response"
-    packed_sequence: bool = Field(
+    packed_sequence: Bool = Field(
         False,
         description="Pack several conversations into each sequence (Megatron-Bridge's packed sequences), "
         "attention kept inside each by a document mask (local layers only); false: one conversation per "
@@ -237,7 +250,7 @@ class SFTSpec(Section):
         "skip", description="A conversation longer than train.seq_length is skipped or truncated; the runtime "
         "counts either at start."
     )
-    pad_eos_tokens: NonNegativeInt | None = Field(
+    pad_eos_tokens: NonNegInt | None = Field(
         None,
         description="How many EOS of the padding after a conversation count as response (its own final EOD "
         "always does). Unset: all of them for mdm (LLaDA sec. 2.3: the model learns to fill its generation "
@@ -250,9 +263,9 @@ class RLSpec(Section):
     """``[stage.rl]``: reinforcement learning from a reward."""
 
     algorithm: Literal["diffu-grpo", "grpo"] = "diffu-grpo"
-    num_rollouts: PositiveInt = 8
+    num_rollouts: PosInt = 8
     reward: str = Field("exact_match", description="Reward function name.")
-    kl_coeff: float = Field(0.04, ge=0.0)
+    kl_coeff: Float = Field(0.04, ge=0.0)
 
 
 class StageSpec(Section):
@@ -268,22 +281,22 @@ class ParallelSpec(Section):
     (``ModelParallelConfig`` and ``DistributedDataParallelConfig``). The data-parallel size is
     derived (world size / (TP * PP * CP)), never written."""
 
-    tensor_model_parallel_size: PositiveInt = 1
-    pipeline_model_parallel_size: PositiveInt = 1
-    virtual_pipeline_model_parallel_size: PositiveInt | None = None
-    context_parallel_size: PositiveInt = 1
+    tensor_model_parallel_size: PosInt = 1
+    pipeline_model_parallel_size: PosInt = 1
+    virtual_pipeline_model_parallel_size: PosInt | None = None
+    context_parallel_size: PosInt = 1
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
-    expert_model_parallel_size: PositiveInt = 1
-    expert_tensor_parallel_size: PositiveInt | None = Field(None, description="Default: TP size.")
-    sequence_parallel: bool = False
-    use_distributed_optimizer: bool = True
+    expert_model_parallel_size: PosInt = 1
+    expert_tensor_parallel_size: PosInt | None = Field(None, description="Default: TP size.")
+    sequence_parallel: Bool = False
+    use_distributed_optimizer: Bool = True
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = (
         "no_shard"
     )
     fsdp: Literal["none", "megatron", "torch"] = "none"
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = False
-    grad_reduce_in_fp32: bool = Field(
+    overlap_grad_reduce: Bool = True
+    overlap_param_gather: Bool = False
+    grad_reduce_in_fp32: Bool = Field(
         True,
         description="Keep gradients (DDP main_grad buffer) in fp32 and reduce them in fp32, as "
         "Megatron-LM forces for bf16 (megatron-core DistributedDataParallelConfig.grad_reduce_in_fp32).",
@@ -296,7 +309,7 @@ class RecomputeSpec(Section):
 
     granularity: Literal["none", "selective", "full"] = "none"
     method: Literal["uniform", "block"] | None = None
-    num_layers: PositiveInt | None = None
+    num_layers: PosInt | None = None
     modules: list[Literal["core_attn", "mlp", "moe", "moe_act", "layernorm", "shared_experts"]] | None = None
 
 
@@ -306,7 +319,7 @@ class PrecisionSpec(Section):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: Literal["none", "hybrid", "e4m3"] = "none"
     fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "delayed"
-    fp8_dot_product_attention: bool = Field(
+    fp8_dot_product_attention: Bool = Field(
         False,
         description="Attention's two batched GEMMs in fp8 as well (megatron-core "
         "TransformerConfig.fp8_dot_product_attention, Megatron-LM's --fp8-dot-product-attention: "
@@ -327,29 +340,29 @@ class KernelsSpec(Section):
     fused_linear_impl: Literal["auto", "liger", "torch"] = Field(
         "auto", description="fused_linear backend: Liger Kernel (Triton) when it imports ('auto'), or PyTorch."
     )
-    cross_entropy_loss_fusion: bool = Field(
+    cross_entropy_loss_fusion: Bool = Field(
         False, description="megatron-core's fused vocab-parallel cross entropy (the 'megatron' path)."
     )
-    apply_rope_fusion: bool = Field(
+    apply_rope_fusion: Bool = Field(
         True,
         description="Fused RoPE: megatron-core's apply_rope_fusion (Transformer Engine's kernel) on the TE "
         "path; on the local path a torch.compile'd kernel (backends/megatron/rope.py) in place of "
         "megatron-core's eight unfused element-wise kernels. No effect without rotary embeddings.",
     )
-    gradient_accumulation_fusion: Literal["auto"] | bool = Field(
+    gradient_accumulation_fusion: Literal["auto"] | Bool = Field(
         "auto",
         description="megatron-core's gradient_accumulation_fusion: weight gradients accumulated into the fp32 "
         "main_grad inside the GEMM. 'auto': on with Transformer Engine layers when APEX's "
         "fused_weight_gradient_mlp_cuda imports (the output layer needs it), else off; true: on in the "
         "Transformer Engine linears, and in the output layer when APEX imports.",
     )
-    qkv_fusion: bool = Field(
+    qkv_fusion: Bool = Field(
         True,
         description="Local path: the split of the fused QKV projection, q/k RMSNorm and RoPE in one "
         "torch.compile'd kernel, with the backward writing the projection's gradient directly "
         "(backends/megatron/qkv.py). Ignored with Transformer Engine.",
     )
-    compiled_norm: bool = Field(
+    compiled_norm: Bool = Field(
         True,
         description="Local path: torch.compile'd RMSNorm/LayerNorm (backends/megatron/norms.py) in place "
         "of PyTorch's norm kernels. Ignored with Transformer Engine.",
@@ -367,21 +380,21 @@ class TrainSpec(Section):
     megatron-core ``OptimizerConfig`` fields; schedule keys are Megatron-LM's arguments
     (``OptimizerParamScheduler``)."""
 
-    micro_batch_size: PositiveInt = 1
-    global_batch_size: PositiveInt
-    seq_length: PositiveInt
-    train_iters: PositiveInt | None = None
-    train_tokens: PositiveInt | None = Field(None, description="Budget in tokens; sets train_iters.")
-    seed: int = 1234
+    micro_batch_size: PosInt = 1
+    global_batch_size: PosInt
+    seq_length: PosInt
+    train_iters: PosInt | None = None
+    train_tokens: PosInt | None = Field(None, description="Budget in tokens; sets train_iters.")
+    seed: Int = 1234
     optimizer: Literal["adam", "sgd"] = "adam"
-    lr: PositiveFloat = 3e-4
-    min_lr: float = Field(3e-5, ge=0.0)
+    lr: PosFloat = 3e-4
+    min_lr: Float = Field(3e-5, ge=0.0)
     lr_decay_style: Literal["cosine", "linear", "constant", "WSD", "inverse-square-root", "piecewise"] = Field(
         "cosine",
         description="megatron-core's decay styles, and 'piecewise': the learning rate follows train.lr_points "
         "(LLaDA's schedule, arXiv:2502.09992 sec. 2.2; dlmspec's wrapper of OptimizerParamScheduler.get_lr).",
     )
-    lr_points: list[tuple[int, float]] | None = Field(
+    lr_points: list[tuple[Int, Float]] | None = Field(
         None,
         description="lr_decay_style = 'piecewise': [[step, lr], ...] with steps non-decreasing in [0, train_iters]; "
         "the lr is linear between points, a step given twice is a jump (the second lr holds from that step on), "
@@ -391,26 +404,29 @@ class TrainSpec(Section):
         "are not used. A param group with its own max_lr gets the points scaled by max_lr / lr. Source: LLaDA "
         "(arXiv:2502.09992 sec. 2.2, docs/recipes.md).",
     )
-    lr_warmup_iters: int = Field(0, ge=0)
-    lr_warmup_fraction: float | None = Field(None, ge=0.0, le=1.0)
-    lr_decay_iters: PositiveInt | None = Field(None, description="Default: train_iters.")
+    lr_warmup_iters: Int = Field(0, ge=0)
+    lr_warmup_fraction: Float | None = Field(None, ge=0.0, le=1.0)
+    lr_decay_iters: PosInt | None = Field(None, description="Default: train_iters.")
     lr_wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "exponential"
-    lr_wsd_decay_iters: PositiveInt | None = None
-    weight_decay: float = Field(0.1, ge=0.0)
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    adam_beta2: float = Field(0.95, ge=0.0, lt=1.0)
-    adam_eps: PositiveFloat = 1e-8
-    clip_grad: float = Field(1.0, ge=0.0)
-    eval_interval: PositiveInt = 1000
-    eval_iters: PositiveInt = 10
-    loss_normalization: Literal["global_token", "micro_batch", "sequence"] | None = Field(
+    lr_wsd_decay_iters: PosInt | None = None
+    weight_decay: Float = Field(0.1, ge=0.0)
+    adam_beta1: Float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: Float = Field(0.95, ge=0.0, lt=1.0)
+    adam_eps: PosFloat = 1e-8
+    clip_grad: Float = Field(1.0, ge=0.0)
+    eval_interval: PosInt = 1000
+    eval_iters: PosInt = 10
+    loss_normalization: Literal["global_token", "micro_batch", "sequence", "micro_batch_masked"] | None = Field(
         None,
         description="What the loss is a mean over. 'global_token': every loss-carrying token of the global batch "
         "weighs the same (megatron-core TransformerConfig.calculate_per_token_loss = True). 'micro_batch': each "
         "micro-batch's sum over its own tokens, averaged over micro-batches and data-parallel ranks "
         "(calculate_per_token_loss = False; MegaDLMs pretrain_difflm.py:265-268, megatron-core "
         "schedules.py forward_step_calc_loss; LLaDA GUIDELINES.md). 'sequence': each sequence's mean, then "
-        "the mean over sequences (LLaDA's SFT, GUIDELINES.md). Unset: 'global_token'; for stage.kind = 'sft' "
+        "the mean over sequences (LLaDA's SFT, GUIDELINES.md). 'micro_batch_masked': each micro-batch's weighted sum "
+        "over its own masked positions (mdm; ar: its loss tokens), averaged over micro-batches and data-parallel "
+        "ranks (calculate_per_token_loss = False; the Dream team's SFT trainers: DreamLM/Dream-Coder "
+        "instruct/src/trainer/fsdp_sft_trainer.py:830-831, 850-853). Unset: 'global_token'; for stage.kind = 'sft' "
         "with an mdm objective 'sequence' (LLaDA's SFT normalises each response by its length).",
     )
 
@@ -424,7 +440,7 @@ class BlendEntry(Section):
     train.py and spec.lock.toml."""
 
     prefix: str = Field(description="PREFIX of PREFIX.bin/.idx, a glob of prefixes, or a *.manifest.json.")
-    weight: PositiveFloat = Field(1.0, description="Sampling weight (a glob's or manifest's: its group's share).")
+    weight: PosFloat = Field(1.0, description="Sampling weight (a glob's or manifest's: its group's share).")
 
 
 class TokenizerSpec(Section):
@@ -442,10 +458,10 @@ class TokenizerSpec(Section):
     )
     vocab_file: str | None = Field(None, description="--vocab-file: GPT-2 vocab.json, BERT vocab.txt.")
     merge_file: str | None = Field(None, description="--merge-file: GPT-2 merges.txt.")
-    vocab_size: PositiveInt | None = Field(
+    vocab_size: PosInt | None = Field(
         None, description="--vocab-size: NullTokenizer / NullMultimodalTokenizer ids before EOD; TikTokenizer total."
     )
-    eod_id: int | None = Field(
+    eod_id: Int | None = Field(
         None,
         ge=0,
         description="End-of-document id that `data prepare --append-eod` wrote (document masks, "
@@ -461,12 +477,12 @@ class DataSpec(Section):
     train: list[BlendEntry] = Field(default_factory=_empty_list)
     valid: list[BlendEntry] = Field(default_factory=_empty_list)
     split: str = Field("99,1,0", description="train,valid,test split of `train` when `valid` is empty.")
-    mock: bool = Field(False, description="Random tokens (megatron-core MockGPTDataset), for benchmarks.")
+    mock: Bool = Field(False, description="Random tokens (megatron-core MockGPTDataset), for benchmarks.")
     tokenizer: TokenizerSpec = _table()
-    num_workers: int = Field(2, ge=0)
-    reset_position_ids: bool = False
-    reset_attention_mask: bool = False
-    eod_mask_loss: bool = False
+    num_workers: Int = Field(2, ge=0)
+    reset_position_ids: Bool = False
+    reset_attention_mask: Bool = False
+    eod_mask_loss: Bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -481,17 +497,17 @@ class CheckpointSpec(Section):
     save: str | None = Field(None, description="Checkpoint directory (also resumed from).")
     load: str | None = Field(None, description="Directory to load from; default: save.")
     init_from: str | None = Field(None, description="'hf:PATH' or 'mcore:PATH' to initialise weights.")
-    save_interval: PositiveInt = 1000
-    save_at_end: bool = Field(True, description="Also save when training ends (or is stopped by a signal).")
+    save_interval: PosInt = 1000
+    save_at_end: Bool = Field(True, description="Also save when training ends (or is stopped by a signal).")
     format: Literal["torch_dist"] = "torch_dist"
-    resume: bool = Field(True, description="Resume from the latest checkpoint in `save` if any.")
+    resume: Bool = Field(True, description="Resume from the latest checkpoint in `save` if any.")
     resume_from_run: str | None = Field(
         None, description="The `name` of another spec whose checkpoints this run may continue. Unset: a resume "
         "from a checkpoint whose spec record holds another name is refused (train.py exits 2), and so is a "
         "checkpoint folder inherited from a spec of another name (rule checkpoint-inherited). Megatron-LM has no "
         "such key (its checkpoints name no run).",
     )
-    async_save: bool = False
+    async_save: Bool = False
 
 
 class SlurmSpec(Section):
@@ -504,10 +520,10 @@ class SlurmSpec(Section):
     time: str = "04:00:00"
     job_name: str = "dlmspec"
     output: str = "slurm-%x-%j.out"
-    exclusive: bool = True
+    exclusive: Bool = True
     constraint: str | None = None
     exclude: str | None = None
-    cpus_per_task: PositiveInt | None = None
+    cpus_per_task: PosInt | None = None
     mem: str | None = None
     launcher: Literal["torchrun", "srun"] = Field(
         "torchrun",
@@ -525,8 +541,8 @@ class SlurmSpec(Section):
         "pyxis", description="pyxis/enroot (srun --container-image) or apptainer exec."
     )
     container_mounts: list[str] = Field(default_factory=_empty_list)
-    signal_seconds_before_end: PositiveInt = 300
-    requeue: bool = True
+    signal_seconds_before_end: PosInt = 300
+    requeue: Bool = True
     env: dict[str, str] = Field(default_factory=dict)
 
 
@@ -534,18 +550,18 @@ class ClusterSpec(Section):
     """``[cluster]``: the hardware the job runs on."""
 
     gpu: str = Field("h100", description="GPU catalog id (`dlmspec show --gpus`).")
-    gpus_per_node: PositiveInt = 8
-    nodes: PositiveInt = 1
+    gpus_per_node: PosInt = 8
+    nodes: PosInt = 1
     interconnect: Literal["infiniband", "roce", "ethernet"] = "infiniband"
-    inter_node_gbps: PositiveFloat = Field(400.0, description="Network bandwidth per GPU, Gbit/s.")
-    host_launch_us: PositiveFloat | None = Field(
+    inter_node_gbps: PosFloat = Field(400.0, description="Network bandwidth per GPU, Gbit/s.")
+    host_launch_us: PosFloat | None = Field(
         None, description="Host (CPU) microseconds per eager CUDA kernel launch on this cluster's nodes, for "
         "`dlmspec plan`'s step time of launch-bound runs. The runtime measures it (backends/megatron/hostbench.py: "
         "median of 5 x 4,000 tiny torch.add launches) before and after training and logs it in metrics.jsonl "
         "(event host_launch, key host_launch_us). Unset: the planner's typical value (dlmspec.plan.calibration)."
     )
     slurm: SlurmSpec | None = None
-    allow_memory_overflow: bool = Field(
+    allow_memory_overflow: Bool = Field(
         False, description="Accept a planned per-GPU peak above the GPU's memory: the memory-fits error of "
         "`dlmspec validate`/`compile` becomes a warning (the plan is an estimate; set this after measuring). "
         "spec.lock.toml keeps it, so a compiled job records that it was accepted."
@@ -559,7 +575,7 @@ class ClusterSpec(Section):
 class LoggingSpec(Section):
     """``[logging]``: console, TensorBoard and Weights & Biases (names only; keys stay in the environment)."""
 
-    log_interval: PositiveInt = 10
+    log_interval: PosInt = 10
     run_dir: str | None = Field(
         None, description="Directory of the run's metrics.jsonl and exit_status.json. Default: runs/<name>."
     )
@@ -583,14 +599,14 @@ class LoggingSpec(Section):
         "uploads them), no API key needed."
     )
     wandb_tags: list[str] | None = Field(None, description="Tags of the W&B run.")
-    profile: bool = Field(
+    profile: Bool = Field(
         False, description="Record steps profile_step_start .. profile_step_end - 1 with torch.profiler "
         "(Megatron-LM's --profile --use-pytorch-profiler); the trace and a kernel-time summary go to "
         "<run_dir>/profile/."
     )
-    profile_step_start: NonNegativeInt = 10
-    profile_step_end: PositiveInt = 12
-    profile_ranks: list[NonNegativeInt] = Field(default_factory=lambda: [0])
+    profile_step_start: NonNegInt = 10
+    profile_step_end: PosInt = 12
+    profile_ranks: list[NonNegInt] = Field(default_factory=lambda: [0])
 
 
 class GenerateSpec(Section):
@@ -602,19 +618,19 @@ class GenerateSpec(Section):
     of the blocks) are ``GenerateConfig``'s: the rule ``generate-settings``
     (:mod:`dlmspec.check.generate`) and ``generate`` itself run them (docs/generate.md)."""
 
-    gen_length: PositiveInt = Field(128, description="Tokens generated after each prompt (LLaDA: 128).")
-    steps: PositiveInt = Field(128, description="Denoising steps over gen_length, split equally over the blocks "
+    gen_length: PosInt = Field(128, description="Tokens generated after each prompt (LLaDA: 128).")
+    steps: PosInt = Field(128, description="Denoising steps over gen_length, split equally over the blocks "
                                "(not used by remasking = 'threshold').")
-    block_length: PositiveInt = Field(128, description="Semi-autoregressive block length; divides gen_length.")
+    block_length: PosInt = Field(128, description="Semi-autoregressive block length; divides gen_length.")
     remasking: Literal["low_confidence", "random", "threshold"] = Field(
         "low_confidence", description="Which predictions a step commits: the most confident (LLaDA), random "
         "(LLaDA's baseline) or all above `threshold` (Fast-dLLM).")
-    threshold: float = Field(0.9, gt=0.0, le=1.0, description="remasking = 'threshold': the confidence committed at.")
-    temperature: float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
-    top_k: PositiveInt | None = Field(None, description="Keep the top_k largest logits (None: all).")
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")
-    cfg_scale: float = Field(0.0, ge=0.0, description="Classifier-free guidance w (LLaDA App. B.3); 0: none. MDM only.")
-    seed: NonNegativeInt = Field(0, description="Seed of the sampler's random draws.")
+    threshold: Float = Field(0.9, gt=0.0, le=1.0, description="remasking = 'threshold': the confidence committed at.")
+    temperature: Float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
+    top_k: PosInt | None = Field(None, description="Keep the top_k largest logits (None: all).")
+    top_p: Float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")
+    cfg_scale: Float = Field(0.0, ge=0.0, description="Classifier-free guidance w (LLaDA App. B.3); 0: none. MDM only.")
+    seed: NonNegInt = Field(0, description="Seed of the sampler's random draws.")
 
     @model_validator(mode="before")
     @classmethod
