@@ -1,9 +1,9 @@
-"""Run the whole hostile-file corpus (tests/hostile/corpus.py) and write a result JSON.
+"""Run the whole hostile-file corpus (tests/hostile/hostile_corpus.py) and write a result JSON.
 
     python bench/hardening/run_corpus.py --out bench/results/hostile_corpus_base.json
 
 Every case (every surface dlmspec reads besides the spec loader, every hostile class) runs
-through tests/hostile/driver.py: its commands as subprocesses of this interpreter's venv
+through tests/hostile/hostile_driver.py: its commands as subprocesses of this interpreter's venv
 (``dlmspec`` console script, ``python`` for ``train.py --check``) under a 2 GiB address-space
 limit and a 20 s timeout, in a folder of its own, judged on eight verdicts (no traceback, exit
 code 0 or 2, no hang, memory, no file changed outside the outputs, no code run, no secret leaked,
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests" / "hostile"), str(ROOT / "tests")]
 
-from corpus import SURFACES, all_cases, build_base  # noqa: E402
-from driver import MEMORY_BYTES, TIMEOUT_S, dumps, run_cases, strip_for_json, summary  # noqa: E402
+from hostile_corpus import SURFACES, all_cases, build_base  # noqa: E402
+from hostile_driver import MEMORY_BYTES, TIMEOUT_S, dumps, run_cases, strip_for_json, summary  # noqa: E402
 
 
 def versions() -> dict[str, str]:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                         keep=args.keep, report=report)
     total_s = time.monotonic() - started
     result = {
-        "what": "hostile-file corpus: every case's verdicts (tests/hostile/driver.py)",
+        "what": "hostile-file corpus: every case's verdicts (tests/hostile/hostile_driver.py)",
         "command": " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(["run_corpus.py", *argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),

@@ -1,4 +1,4 @@
-"""Hostile building blocks shared by the corpus (:mod:`corpus`): the payloads each hostile class
+"""Hostile building blocks shared by the corpus (:mod:`hostile_corpus`): the payloads each hostile class
 plants, written once here so every surface gets the same ones.
 
 Classes (:data:`CLASSES`): ``nesting`` (100,000 brackets), ``fifo`` (a named pipe where a file is

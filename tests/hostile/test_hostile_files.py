@@ -1,13 +1,13 @@
 """Hostile files never crash, hang, blow up, run code, write through links or leak secrets.
 
-A seeded subset of the hostile-file corpus (tests/hostile/corpus.py: every file dlmspec reads
+A seeded subset of the hostile-file corpus (tests/hostile/hostile_corpus.py: every file dlmspec reads
 besides the spec loader) with at least one case per surface and per hostile class, plus a benign
 control per surface (which must exit 0, so a command line the CLI rejects cannot pass by exiting
 2). Each case runs its commands as subprocesses of the venv's console script under a 2 GiB
 address-space limit and a 20 s timeout, in a folder of its own, and must: print no traceback,
 exit 0 or 2, finish in time, stay under 2 GiB, change no file outside its declared outputs (the
 victim file behind planted links unchanged), run no hostile code (no canary file), and print or
-write no planted secret (tests/hostile/driver.py). The whole corpus runs with
+write no planted secret (tests/hostile/hostile_driver.py). The whole corpus runs with
 ``python bench/hardening/run_corpus.py --out FILE``.
 
 ``DLMSPEC_HOSTILE_SEED`` draws another subset (default 0); ``DLMSPEC_HOSTILE_ALL=1`` runs every
@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [p for p in (str(HERE), str(HERE.parent)) if p not in sys.path]
 
-from corpus import SURFACES, all_cases, build_base, subset  # noqa: E402
-from driver import run_cases, summary  # noqa: E402
+from hostile_corpus import SURFACES, all_cases, build_base, subset  # noqa: E402
+from hostile_driver import run_cases, summary  # noqa: E402
 from hostile_data import CLASSES  # noqa: E402
 from shared_kit import PRESENT  # noqa: E402
 
@@ -43,7 +43,7 @@ JOBS = int(os.environ.get("DLMSPEC_HOSTILE_JOBS", "4"))
 
 
 #: Files the base material is built from: the cache of a previous run is reused while they are unchanged.
-BASE_SOURCES = ("tests/hostile/corpus.py", "tests/hostile/build_checkpoints.py", "tests/hostile/hostile_data.py",
+BASE_SOURCES = ("tests/hostile/hostile_corpus.py", "tests/hostile/build_checkpoints.py", "tests/hostile/hostile_data.py",
                 "tests/generate/tiny_ckpt.py", "backends/megatron/checkpointing.py", "backends/convert/mcore_io.py",
                 "backends/convert/tiny.py", "dlmspec/data/prepare.py", "dlmspec/data/shards.py", "dlmspec/data/record.py")
 
@@ -63,7 +63,9 @@ def base(request) -> Path:
     building it costs ~1-2 min of a busy machine."""
     if not PRESENT:
         pytest.skip("the offline data kit is missing")
-    folder = request.config.cache.mkdir(f"hostile-base-{_base_key()}")
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    folder = (cache.mkdir(f"hostile-base-{_base_key()}") if cache is not None
+              else request.getfixturevalue("tmp_path_factory").mktemp("hostile-base"))
     return build_base(folder, checkpoints=True, seed=SEED)
 
 

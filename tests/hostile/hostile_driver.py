@@ -1,4 +1,4 @@
-"""Runs hostile-corpus cases (:mod:`corpus`) and judges each.
+"""Runs hostile-corpus cases (:mod:`hostile_corpus`) and judges each.
 
 Each case gets a folder of its own (its commands' working directory, with ``HOME``, ``TMPDIR``
 and the library caches inside it), built by the case, then snapshotted (every entry, links not
@@ -45,7 +45,7 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [p for p in (str(HERE), str(HERE.parent)) if p not in sys.path]
 
-from corpus import ALWAYS_WRITABLE, Case, tools  # noqa: E402
+from hostile_corpus import ALWAYS_WRITABLE, Case, tools  # noqa: E402
 from hostile_data import CANARY  # noqa: E402
 
 TIMEOUT_S = 20.0

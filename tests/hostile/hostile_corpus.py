@@ -528,7 +528,7 @@ def _prepare_cases(base: Path, rng: random.Random, tool: dict[str, str]) -> list
         ("symlink", "progress-link-to-victim", resume_case(lambda c: (plant_victim(c), plant_link(c, progress))), resume_cmd, {"outputs": ("sh*",)}),
         ("symlink", "progress-shard-traversal", resume_case(lambda c: _json_edit(c, progress, lambda d: [s.__setitem__("path", "../victim/victim") for s in d.get("shards", [])])),
          resume_cmd, {"outputs": ("sh*",)}),
-        ("symlink", "input-is-output", lambda c: (c / "out").mkdir(), [["{dlmspec}", "data", "prepare", "--input", "corpus.jsonl",
+        ("symlink", "input-is-output", lambda c: shutil.copy2(base / "corpus.jsonl", c / "corpus.jsonl"), [["{dlmspec}", "data", "prepare", "--input", "corpus.jsonl",
                                                                         "--output-prefix", "corpus.jsonl", *gpt]], {}),
         ("secret", "sft-template-value-secret", lambda c: shutil.copy2(base / "sft.jsonl", c / "in.jsonl"), sft("in.jsonl", "--chat-template", secret), {"secret": secret}),
     ]
@@ -680,7 +680,8 @@ def _checkpoint_cases(base: Path, rng: random.Random, tool: dict[str, str]) -> l
         ("non-utf8", "lock-garbage", runtime(lambda c: _write(c, lock, b"[generate]\ngen_length = \"" + NON_UTF8 + b"\"\n")), g, {}),
         ("non-utf8", "common-pt-garbage", runtime(lambda c: _write(c, f"{ITER}/common.pt", NON_UTF8 * 100)), g + h, {}),
         ("symlink", "latest-traversal", runtime(lambda c: _write(c, latest, "../../../victim\n")), g + h, {}),
-        ("symlink", "output-link-to-victim-dir", runtime(lambda c: plant_link(c, "out_hf", str(c / "victim"))), h, {}),
+        ("symlink", "output-link-to-victim-dir", runtime(lambda c: plant_link(c, "out_hf", str(c / "victim"))), h,
+         {"outputs": (".out_hf*", "out_hf.*")}),
         ("symlink", "output-file-links", runtime(lambda c: [plant_link(c, f"out_hf/{n}") for n in ("config.json", "model.safetensors", "dlmspec_convert.json")]),
          [to_hf + ["--force"]], {}),
         ("symlink", "dlmspec-json-link-to-victim", runtime(lambda c: plant_link(c, meta)), g, {}),
@@ -691,7 +692,8 @@ def _checkpoint_cases(base: Path, rng: random.Random, tool: dict[str, str]) -> l
     ]
     cases = []
     for hostile, name, build, commands, extra in variants:
-        cases.append(Case(f"checkpoint/{hostile}/{name}", "checkpoint", hostile, commands, build, outputs,
+        case_outputs = extra.pop("outputs", outputs)
+        cases.append(Case(f"checkpoint/{hostile}/{name}", "checkpoint", hostile, commands, build, case_outputs,
                           needs_checkpoints=True, **extra))
     # a resume: train.py --check reads the run's latest and dlmspec.json (start_checks, check_resume)
     check = [["{dlmspec}", "compile", "spec.toml", "-o", "out"], ["{python}", "out/train.py", "--check"]]
