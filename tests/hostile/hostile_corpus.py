@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [p for p in (str(HERE), str(HERE.parent)) if p not in sys.path]
 
 from hostile_data import (  # noqa: E402
-    CANARY, CLASSES, ESCAPE, HUGE_INT, LONE_SURROGATE_JSON, NESTED_ARRAY, NESTED_OBJECT, NON_UTF8, RAW_SURROGATE,
+    CANARY, CLASSES, ESCAPE, ESCAPE_NAME, HUGE_INT, LONE_SURROGATE_JSON, NESTED_ARRAY, NESTED_OBJECT, NON_UTF8, RAW_SURROGATE,
     VICTIM, github_token, gzip_bomb, hostile_pickle, plant_device, plant_fifo, plant_link, plant_sparse,
     plant_victim, secret_token, zstd_bomb,
 )
@@ -138,6 +138,8 @@ def build_base(base: Path, *, checkpoints: bool = True, seed: int = 0, python: s
     tool = tools(python)
     base.mkdir(parents=True, exist_ok=True)
     if not (base / "BASE_DONE").exists():
+        for stale in base.iterdir():  # an interrupted build: start again
+            shutil.rmtree(stale) if stale.is_dir() and not stale.is_symlink() else stale.unlink()
         gpt2 = base / "gpt2"
         gpt2.mkdir(exist_ok=True)
         for name in ("vocab.json", "merges.txt"):
@@ -321,7 +323,7 @@ def _record_and_manifest_cases(base: Path, rng: random.Random, tool: dict[str, s
     mvariants: list[tuple[str, str, Callable[[Path], None], dict]] = [
         ("control", "copy", lambda c: None, {"expect_rc": (0,)}),
         ("nesting", "array-100k", lambda c: _write(c, man, NESTED_ARRAY), {}),
-        ("nesting", "shards-nested", lambda c: _json_edit(c, man, lambda d: d.__setitem__("shards", json.loads("[" * 1000 + "]" * 1000))), {}),
+        ("nesting", "shards-nested", lambda c: _raw_edit(c, man, lambda d, raw: d.__setitem__("shards", raw), NESTED_ARRAY), {}),
         ("fifo", "manifest-fifo", lambda c: plant_fifo(c, man), {}),
         ("fifo", "shard-bin-fifo", lambda c: plant_fifo(c, "sh-00000_text_document.bin"), {}),
         ("device", "shard-path-dev-zero", shards(lambda s: s[0].__setitem__("path", "/dev/zero")), {}),
@@ -385,8 +387,8 @@ def _indexed_cases(base: Path, rng: random.Random, tool: dict[str, str]) -> list
         ("huge", "idx-sparse-8g", lambda c: plant_sparse(c, idx), inspect, {}),
         ("symlink", "bin-link-to-victim", lambda c: plant_link(c, binf), inspect, {}),
         ("nesting", "record-nested-with-idx", lambda c: _write(c, f"{DATASET}.dlmspec.json", NESTED_ARRAY), inspect + check, {}),
-        ("escape", "prefix-with-escapes", lambda c: [os.rename(c / f"{DATASET}{s}", c / f"{ESCAPE}{s}") for s in (".bin", ".idx", ".dlmspec.json")],
-         [["{dlmspec}", "data", "inspect", ESCAPE]], {"forbidden_output": ("\x1b]0;PWNED", "\x1b[2J")}),
+        ("escape", "prefix-with-escapes", lambda c: [os.rename(c / f"{DATASET}{s}", c / f"{ESCAPE_NAME}{s}") for s in (".bin", ".idx", ".dlmspec.json")],
+         [["{dlmspec}", "data", "inspect", ESCAPE_NAME]], {"forbidden_output": ("\x1b]0;PWNED", "\x1b[2J")}),
     ]
     cases = []
     for hostile, name, edit, commands, extra in variants:

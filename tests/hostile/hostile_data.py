@@ -36,6 +36,8 @@ NESTED_ARRAY = "[" * DEPTH + "]" * DEPTH
 NESTED_OBJECT = '{"a":' * DEPTH + "1" + "}" * DEPTH
 #: A terminal escape: set the window title, clear the screen, red text, then an OSC 8 link.
 ESCAPE = "\x1b]0;PWNED\x07\x1b[2J\x1b[31mRED\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\"
+#: The escapes of :data:`ESCAPE` that fit in a file name (no ``/``).
+ESCAPE_NAME = "\x1b]0;PWNED\x07\x1b[2J\x1b[31mds"
 #: What must never reach the output raw (the ESC of the sequences above).
 ESCAPE_MARKERS = ("\x1b]0;PWNED", "\x1b[2J")
 #: Bytes that are no UTF-8 (a lone continuation byte, an overlong encoding, 0xFF).
