@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="Keep every case folder (failed ones are always kept).")
     args = parser.parse_args(argv)
 
+    found_versions = versions()  # before the run: the code the cases ran against
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="dlmspec-hostile-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "hostile-file corpus: every case's verdicts (tests/hostile/hostile_driver.py)",
         "command": " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(["run_corpus.py", *argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": versions(),
+        "versions": found_versions,
         "settings": {"seed": args.seed, "jobs": args.jobs, "timeout_s": args.timeout, "memory_bytes": args.memory,
                      "checkpoints": not args.no_checkpoints, "only": args.only, "match": args.match},
         "seconds": {"base": round(base_s, 1), "total": round(total_s, 1)},

@@ -530,8 +530,9 @@ def _prepare_cases(base: Path, rng: random.Random, tool: dict[str, str]) -> list
         ("symlink", "progress-link-to-victim", resume_case(lambda c: (plant_victim(c), plant_link(c, progress))), resume_cmd, {"outputs": ("sh*",)}),
         ("symlink", "progress-shard-traversal", resume_case(lambda c: _json_edit(c, progress, lambda d: [s.__setitem__("path", "../victim/victim") for s in d.get("shards", [])])),
          resume_cmd, {"outputs": ("sh*",)}),
-        ("symlink", "input-is-output", lambda c: shutil.copy2(base / "corpus.jsonl", c / "corpus.jsonl"), [["{dlmspec}", "data", "prepare", "--input", "corpus.jsonl",
-                                                                        "--output-prefix", "corpus.jsonl", *gpt]], {}),
+        ("symlink", "input-named-as-output", lambda c: shutil.copy2(base / "corpus.jsonl", c / "o_text_document.dlmspec.json"),
+         [["{dlmspec}", "data", "prepare", "--input", "o_text_document.dlmspec.json", "--output-prefix", "o", *gpt, "--force"]],
+         {"outputs": ("o_text_document.bin", "o_text_document.idx", ".o_text_document*", "o_text_document.*.tmp*")}),
         ("secret", "sft-template-value-secret", lambda c: shutil.copy2(base / "sft.jsonl", c / "in.jsonl"), sft("in.jsonl", "--chat-template", secret), {"secret": secret}),
     ]
     cases = []
