@@ -372,7 +372,7 @@ class MultimodalTextTokenizer:
 
         self.tokenizer_model = tokenizer_model
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_model)
+            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_model, trust_remote_code=False)
         except Exception as exc:
             raise TokenizerError(
                 f"cannot load the Hugging Face tokenizer {tokenizer_model!r} (--tokenizer-model): "
@@ -548,6 +548,7 @@ def build_tokenizer(
             merges_file=_optional_file(merge_file, "merge file", "--merge-file"),
             use_fast=True,
             include_special_tokens=False,
+            trust_remote_code=False,  # never run (or ask to run) a tokenizer folder's own code
         )
 
     if kind == "SentencePieceTokenizer":

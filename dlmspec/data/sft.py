@@ -286,7 +286,7 @@ def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer_model))
+        return AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer_model), trust_remote_code=False)
     except ImportError:
         raise DataPrepareError(
             "--chat-template tokenizer needs the transformers package (pip install transformers)"
