@@ -35,8 +35,9 @@ from typing import Any, Optional, Sequence
 from rich.console import Console
 
 from dlmspec.data.encode import ChunkEncoder, EncodeConfig, EncodedKey
+from dlmspec.credentials import redact_text
 from dlmspec.data.errors import DataPrepareError
-from dlmspec.files import FileRefused, read_json
+from dlmspec.files import FileRefused, create_exclusive, read_json
 from dlmspec.data.hub import HubSource, open_dataset
 from dlmspec.data.outputs import (
     DatasetOutput,
@@ -166,7 +167,8 @@ def load_runtime() -> tuple[Any, Any, Any]:
     workers built after it find these modules imported.
 
     Returns:
-        ``(numpy, DType, IndexedDatasetBuilder)``.
+        ``(numpy, DType, IndexedDatasetBuilder)``; the builder creates its files exclusively
+        (:func:`exclusive_builder`).
 
     Raises:
         DataPrepareError: a module cannot be imported (the runtime extra is not installed); the
@@ -186,14 +188,68 @@ def load_runtime() -> tuple[Any, Any, Any]:
             f"data prepare needs {provider} (module {module!r} cannot be imported: {exc}), "
             'which the runtime extra installs: install dlmspec[runtime] (pip install "dlmspec[runtime]")'
         ) from None
-    return np, DType, IndexedDatasetBuilder
+    return np, DType, exclusive_builder(IndexedDatasetBuilder)
+
+
+def _create_new(path: str) -> os.stat_result:
+    """Create the empty regular file ``path`` here and now (:func:`dlmspec.files.create_exclusive`:
+    never an existing file, never through a symbolic link), as readable as the umask allows;
+    returns its ``stat``.
+
+    Raises:
+        DataPrepareError: something (a file, a link) is at ``path`` already.
+    """
+    try:
+        fd = create_exclusive(path, 0o666)
+    except FileExistsError:
+        raise DataPrepareError(
+            f"{path}: a file or link is at this temporary name, where data prepare writes; it is never "
+            "written through. Remove it (or pick another --output-prefix)"
+        ) from None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def _same_inode(path: str, made: os.stat_result) -> bool:
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino)
+
+
+def exclusive_builder(builder_class: Any) -> Any:
+    """megatron-core's ``IndexedDatasetBuilder`` (``builder_class``) whose ``.bin`` and ``.idx``
+    (temporary names) are created by :func:`_create_new` before the builder opens them by name,
+    and checked afterwards to be the files created: a link or file planted at a temporary name is
+    refused, never written through."""
+
+    class ExclusiveBuilder(builder_class):  # type: ignore[misc, valid-type]
+        def __init__(self, bin_path: str, *args: Any, **kwargs: Any) -> None:
+            made = _create_new(bin_path)
+            super().__init__(bin_path, *args, **kwargs)
+            if not _same_inode(bin_path, made):
+                self.data_file.close()
+                raise DataPrepareError(f"{bin_path}: replaced while data prepare opened it; rerun")
+
+        def finalize(self, idx_path: str) -> None:
+            made = _create_new(idx_path)
+            super().finalize(idx_path)
+            if not _same_inode(idx_path, made):
+                raise DataPrepareError(f"{idx_path}: replaced while data prepare wrote it; rerun")
+
+    ExclusiveBuilder.__name__ = ExclusiveBuilder.__qualname__ = f"Exclusive{builder_class.__name__}"
+    return ExclusiveBuilder
 
 
 def input_label(files: Sequence[Any]) -> str:
-    """The inputs as the summary's ``input`` names them: the file, or ``FIRST ... LAST (N files)``."""
+    """The inputs as the summary's ``input`` names them: the file, or ``FIRST ... LAST (N files)``
+    (token-shaped parts redacted, :func:`dlmspec.credentials.redact_text`)."""
     if len(files) == 1:
-        return files[0].path
-    return f"{files[0].path} ... {files[-1].path} ({len(files):,} files)"
+        return redact_text(files[0].path)
+    return redact_text(f"{files[0].path} ... {files[-1].path} ({len(files):,} files)")
 
 
 def prepare(

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
+from dlmspec.credentials import redact_text
 from dlmspec.data.errors import DataPrepareError
 
 #: A chunk sent to a worker holds at most this many lines ...
@@ -66,9 +67,12 @@ class InputFile:
     mtime_ns: int
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"path": absolute path, "bytes": size, "mtime": ISO-8601 UTC, "mtime_ns": int}``."""
+        """``{"path": absolute path, "bytes": size, "mtime": ISO-8601 UTC, "mtime_ns": int}``; a
+        token-shaped part of the path (a folder named ``hf_...``) is redacted
+        (:func:`dlmspec.credentials.redact_text`), as the dataset record and the progress file
+        keep it."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.mtime_ns / 1e9))
-        return {"path": os.path.abspath(self.path), "bytes": self.size, "mtime": stamp,
+        return {"path": redact_text(os.path.abspath(self.path)), "bytes": self.size, "mtime": stamp,
                 "mtime_ns": self.mtime_ns}
 
 
@@ -357,7 +361,7 @@ def _read_error(path: str, lineno: int, exc: BaseException) -> DataPrepareError:
 
 
 def _file_chunks(path: str, index: int, source: Optional[str], chunk_docs: int, chunk_bytes: int,
-                 max_line_bytes: int, after_line: int) -> Iterator[Chunk]:
+                 max_line_bytes: int, after_line: int, go_on: bool = False) -> Iterator[Chunk]:
     """The chunks of one file; lines up to ``after_line`` are read and left out (a resumed run).
 
     Raises:
@@ -380,6 +384,8 @@ def _file_chunks(path: str, index: int, source: Optional[str], chunk_docs: int, 
                     yield Chunk(lines, size + now - mark, source=source, file_index=index)
                     lines, size, mark = [], 0, now
                 yield Chunk([], 0, too_long=(lineno, length), source=source, file_index=index)
+                if go_on:
+                    continue
                 return
             lines.append((lineno, raw))
             size += length + 1
@@ -416,6 +422,7 @@ def read_chunks(
     chunk_bytes: int,
     max_line_bytes: int = MAX_LINE_BYTES,
     start_after: Optional[tuple[int, int]] = None,
+    skip_too_long: bool = False,
 ) -> Iterator[Chunk]:
     """Chunks of the input's lines; at most ``max_line_bytes + 1`` bytes of a line are read.
 
@@ -426,7 +433,8 @@ def read_chunks(
     are read, not parsed: a resumed run continues after its last complete shard).
 
     A line longer than ``max_line_bytes`` (newline not counted) ends the input with a chunk
-    whose ``too_long`` names it (the lines before it come first, so errors keep input order).
+    whose ``too_long`` names it (the lines before it come first, so errors keep input order);
+    with ``skip_too_long`` that chunk comes and the input goes on after the line.
     Raises DataPrepareError when a file cannot be read (or decompressed, or ``zstandard`` is
     missing for a ``.zst`` file).
     """
@@ -439,7 +447,7 @@ def read_chunks(
             continue
         skip = after_line if index == first_file else 0
         for chunk in _file_chunks(one, index, one if several else None, chunk_docs, chunk_bytes,
-                                  max_line_bytes, skip):
+                                  max_line_bytes, skip, skip_too_long):
             yield chunk
-            if chunk.too_long is not None:
+            if chunk.too_long is not None and not skip_too_long:
                 return
