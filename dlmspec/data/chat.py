@@ -108,7 +108,7 @@ SECONDS_PER_MESSAGE = 0.01
 OUTPUT_CHARS = 1 << 20
 OUTPUT_PER_CHAR = 8
 #: Bytes of memory (address space) a row's rendering may add to the process (Linux: ``RLIMIT_AS``).
-RENDER_MEMORY = 2 << 30
+RENDER_MEMORY = 1 << 30
 
 
 class _Deadline(BaseException):
@@ -254,7 +254,7 @@ def _bounded_environment(text: str) -> Any:
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
-        base = _compile_jinja_template(text).environment
+        base = _compile_jinja_template("").environment  # its environment only: the text is compiled below
     except Exception:  # noqa: BLE001  (an older transformers: jinja's own sandbox, loop controls)
         base = None
     if base is not None:
@@ -430,7 +430,19 @@ class TokenizerTemplate:
         self.hf = hf_tokenizer
         self.name = name
         self.jinja = text
-        self._template = _bounded_environment(text)
+        try:  # jinja folds constant expressions (filters too) while compiling: bounded as a rendering
+            with bounded_rendering(RenderBounds(time.monotonic() + ROW_SECONDS, OUTPUT_CHARS, ROW_SECONDS)):
+                self._template = _bounded_environment(text)
+        except TemplateTooCostly as exc:
+            raise TemplateTooCostly(
+                f"--chat-template tokenizer: the chat_template of {name} {exc} while being compiled; fix the "
+                "template, or pick a built-in one, e.g. --chat-template chatml"
+            ) from None
+        except Exception as exc:  # noqa: BLE001  (jinja2.TemplateSyntaxError and what constant folding raises)
+            raise ChatTemplateError(
+                f"--chat-template tokenizer: the chat_template of {name} cannot be compiled ({str(exc)[:200]}); "
+                "fix the template, or pick a built-in one, e.g. --chat-template chatml"
+            ) from None
         #: What ``apply_chat_template`` passes the template besides the messages.
         self._variables = _plain(dict(getattr(hf_tokenizer, "special_tokens_map", None) or {}))
         specials = set(getattr(hf_tokenizer, "all_special_tokens", []) or [])
