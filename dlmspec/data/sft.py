@@ -312,6 +312,10 @@ def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
             "--chat-template tokenizer needs the transformers package (pip install transformers)"
         ) from None
     except Exception as exc:  # noqa: BLE001  (transformers raises many kinds on a bad folder)
+        if "trust_remote_code" in str(exc):
+            from dlmspec.tokenizers import remote_code_refusal
+
+            raise DataPrepareError(remote_code_refusal(tokenizer_type, tokenizer_model)) from None
         raise DataPrepareError(
             f"--tokenizer-model {tokenizer_model}: cannot load it with transformers' AutoTokenizer "
             f"({str(exc)[:300]}); pass a local tokenizer folder"
