@@ -372,8 +372,10 @@ class MultimodalTextTokenizer:
 
         self.tokenizer_model = tokenizer_model
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_model)
+            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_model, trust_remote_code=False)
         except Exception as exc:
+            if "trust_remote_code" in str(exc):
+                raise TokenizerError(remote_code_refusal("MultimodalTokenizer", tokenizer_model)) from None
             raise TokenizerError(
                 f"cannot load the Hugging Face tokenizer {tokenizer_model!r} (--tokenizer-model): "
                 f"{str(exc) or type(exc).__name__}"
@@ -460,7 +462,19 @@ def _megatron_tokenizer(tokenizer_type: str, library: str, path: str | None, **k
         raise
     except Exception as exc:
         detail = str(exc) or type(exc).__name__
+        if "trust_remote_code" in detail:
+            raise TokenizerError(remote_code_refusal(tokenizer_type, path)) from None
         raise TokenizerError(f"cannot build {tokenizer_type} from {path!r}: {detail}") from None
+
+
+def remote_code_refusal(tokenizer_type: str, path: Any) -> str:
+    """The message for a tokenizer folder that names its own Python code (``auto_map`` in its
+    ``tokenizer_config.json`` or ``config.json``), which dlmspec never runs
+    (``trust_remote_code=False``: transformers neither asks nor runs it)."""
+    return (f"--tokenizer-model {path}: the tokenizer folder names its own Python code (auto_map in "
+            f"tokenizer_config.json or config.json), which dlmspec never runs, so {tokenizer_type} cannot load "
+            "it; use a tokenizer whose class transformers has (e.g. set \"tokenizer_class\" to "
+            "\"PreTrainedTokenizerFast\" and remove auto_map, if its tokenizer.json is all it needs)")
 
 
 def build_tokenizer(
@@ -548,6 +562,7 @@ def build_tokenizer(
             merges_file=_optional_file(merge_file, "merge file", "--merge-file"),
             use_fast=True,
             include_special_tokens=False,
+            trust_remote_code=False,  # never run (or ask to run) a tokenizer folder's own code
         )
 
     if kind == "SentencePieceTokenizer":

@@ -296,7 +296,7 @@ def hf_reference_model(hf_path: PathLike, dims: ModelDims) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     if dims.family not in _STAND_INS:
-        return AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, trust_remote_code=False).eval()
     stand_in = dataclasses.replace(dims, family=_STAND_INS[dims.family], qk_layernorm=False)
     mcore_state = hf_to_mcore_state_dict(hf_io.SafetensorsReader(hf_path), dims)
     state = mcore_to_hf_state_dict(mcore_state, stand_in)

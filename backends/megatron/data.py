@@ -103,7 +103,7 @@ class DatasetTokenizer:
         """
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False)
         if tok.eos_token_id is None:
             raise ValueError(f"tokenizer {name_or_path} has no eos token to use as EOD")
         pad = tok.pad_token_id if tok.pad_token_id != tok.eos_token_id else None

@@ -31,9 +31,15 @@ Nothing here imports torch or megatron; ``transformers`` only for the ``tokenize
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
+import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 #: ``--chat-template`` choices.
 TEMPLATES: tuple[str, ...] = ("chatml", "llama3", "plain", "tokenizer")
@@ -83,6 +89,242 @@ SPECIAL_TOKENS: dict[str, tuple[str, ...]] = {
 class ChatTemplateError(ValueError):
     """A template cannot be used (unknown name, a tokenizer without ``chat_template``, a template
     whose renderings are not prefixes of each other); the message says why and what works."""
+
+
+class TemplateTooCostly(ChatTemplateError):
+    """A tokenizer's ``chat_template`` ran past a row's time, output or memory bound
+    (:class:`RenderBounds`): a template that loops without end or grows strings without bound."""
+
+
+#: Conversations longer than this many messages are split from one rendering when the template
+#: allows it (:meth:`TokenizerTemplate._segments_in_one_pass`); shorter ones prefix by prefix.
+FAST_MIN_MESSAGES = 16
+#: Seconds a tokenizer's chat template may take to render one row (all its renderings), plus
+#: :data:`SECONDS_PER_MESSAGE` per message of the row.
+ROW_SECONDS = 20.0
+SECONDS_PER_MESSAGE = 0.01
+#: Characters a rendering (or a string the template builds) may have: this many plus
+#: :data:`OUTPUT_PER_CHAR` per character of the row's contents.
+OUTPUT_CHARS = 1 << 20
+OUTPUT_PER_CHAR = 8
+#: Bytes of memory (address space) a row's rendering may add to the process (Linux: ``RLIMIT_AS``).
+RENDER_MEMORY = 1 << 30
+
+
+class _Deadline(BaseException):
+    """Raised by the SIGALRM handler inside a rendering (a BaseException: templates and jinja
+    never catch it); turned into :class:`TemplateTooCostly`."""
+
+
+@dataclass
+class RenderBounds:
+    """The bounds of one row's rendering: ``deadline`` (``time.monotonic()``), ``max_chars``."""
+
+    deadline: float
+    max_chars: int
+    seconds: float
+
+    def check(self, chars: int = 0) -> None:
+        if chars > self.max_chars:
+            raise TemplateTooCostly(f"wrote a string of more than {self.max_chars:,} characters")
+        if time.monotonic() > self.deadline:
+            raise TemplateTooCostly(f"ran longer than {self.seconds:.0f} s")
+
+
+_BOUNDS: contextvars.ContextVar[Optional[RenderBounds]] = contextvars.ContextVar("dlmspec_render_bounds", default=None)
+
+
+#: Loop attributes that take the next item before the current one is rendered.
+_PEEKING = frozenset(["last", "length", "revindex", "revindex0", "nextitem"])
+
+
+class _Tracker:
+    """Where a rendering's output stood when the template took each message (:class:`_Tracked`)."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.taken: dict[int, int] = {}
+        self.order: list[int] = []
+        self.passes = 0
+        self.unusual = False
+
+    def take(self, index: int) -> None:
+        if index not in self.taken:
+            self.taken[index] = self.written
+            self.order.append(index)
+
+
+_TRACKER: contextvars.ContextVar[Optional[_Tracker]] = contextvars.ContextVar("dlmspec_render_tracker", default=None)
+
+
+class _Tracked(list):
+    """The ``messages`` a template sees in :meth:`TokenizerTemplate._render_tracked`: a list whose
+    iteration tells the tracker when message ``offset + i`` is taken (a slice with step 1 is
+    tracked too; anything else marks the rendering unusual)."""
+
+    def __init__(self, items: Any, tracker: _Tracker, offset: int = 0) -> None:
+        super().__init__(items)
+        self._tracker = tracker
+        self._offset = offset
+
+    def __iter__(self) -> Iterator[Any]:
+        tracker, offset = self._tracker, self._offset
+        tracker.passes += 1
+        for i, item in enumerate(list.__iter__(self)):
+            tracker.take(offset + i)
+            yield item
+
+    def __reversed__(self) -> Iterator[Any]:
+        self._tracker.unusual = True
+        return list.__reversed__(self)
+
+    def __getitem__(self, key: Any) -> Any:
+        got = list.__getitem__(self, key)
+        if isinstance(key, slice):
+            start, _, step = key.indices(len(self))
+            if step == 1:
+                return _Tracked(got, self._tracker, self._offset + start)
+            self._tracker.unusual = True
+        return got
+
+
+def _check_size(value: Any) -> Any:
+    bounds = _BOUNDS.get()
+    if bounds is not None and isinstance(value, (str, list, tuple)):
+        bounds.check(len(value))
+    return value
+
+
+def _bounded_environment(text: str) -> Any:
+    """The compiled ``text`` in ``transformers``' chat-template environment (jinja2's
+    ``ImmutableSandboxedEnvironment``, ``trim_blocks``, ``lstrip_blocks``, its ``tojson``,
+    ``raise_exception``, ``strftime_now``, ``dict`` and ``namespace``), so renderings equal
+    ``apply_chat_template``'s, with the row's :class:`RenderBounds` checked where strings grow:
+    ``+``, ``*`` and ``**`` (checked before they run), ``~`` and every piece of output."""
+    import jinja2
+    from jinja2.compiler import CodeGenerator
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedCodeGenerator(CodeGenerator):
+        def visit_Concat(self, node: Any, frame: Any) -> None:  # ``a ~ b``: checked after joining
+            self.write("environment.bounded_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        code_generator_class = BoundedCodeGenerator
+        intercepted_binops = frozenset(["+", "*", "**"])
+
+        def bounded_concat(self, values: Any) -> str:
+            bounds = _BOUNDS.get()
+            if bounds is not None:
+                bounds.check(sum(len(v) if isinstance(v, str) else 0 for v in values))
+            return _check_size("".join(map(str, values)))
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            bounds = _BOUNDS.get()
+            if bounds is not None:
+                bounds.check()
+                if operator == "*":
+                    for seq, n in ((left, right), (right, left)):
+                        if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                            bounds.check(len(seq) * max(n, 0))
+                elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
+                    bounds.check(len(left) + len(right))
+                elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
+                        and right > 4096:
+                    raise TemplateTooCostly(f"computed {left} ** {right}")
+            return super().call_binop(context, operator, left, right)
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            tracker = _TRACKER.get()
+            if tracker is not None and attribute in _PEEKING and type(obj).__name__ == "LoopContext":
+                tracker.unusual = True  # loop.last & co. take the next message early
+            return super().getattr(obj, attribute)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            bounds = _BOUNDS.get()
+            if bounds is not None:
+                bounds.check()
+            return _check_size(super().call(__context, __obj, *args, **kwargs))
+
+    base = None
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        base = _compile_jinja_template("").environment  # its environment only: the text is compiled below
+    except Exception:  # noqa: BLE001  (an older transformers: jinja's own sandbox, loop controls)
+        base = None
+    if base is not None:
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[type(e) for e in base.extensions.values()])
+        env.filters.update(base.filters)
+        env.globals.update(base.globals)
+    else:
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    return env.from_string(text)
+
+
+@contextlib.contextmanager
+def bounded_rendering(bounds: RenderBounds, memory: int = RENDER_MEMORY) -> Iterator[None]:
+    """Render inside ``bounds``: a SIGALRM at the deadline (main thread only; elsewhere the
+    checks in the template's operations and output stop it), and on Linux an address-space
+    limit (``RLIMIT_AS``) of the current size plus ``memory`` bytes, so a template that builds a
+    huge string gets a ``MemoryError`` instead of the machine's memory. Both are restored after.
+
+    Raises:
+        TemplateTooCostly: the deadline passed, or memory ran out, inside the block.
+    """
+    token = _BOUNDS.set(bounds)
+    alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    previous_handler = None
+    limits = None
+    if alarm:
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise _Deadline()
+
+        previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, bounds.deadline - time.monotonic()))
+    limits = _limit_memory(memory)
+    try:
+        yield
+    except _Deadline:
+        raise TemplateTooCostly(f"ran longer than {bounds.seconds:.0f} s") from None
+    except MemoryError:
+        raise TemplateTooCostly(f"needed more than {memory >> 20:,} MiB of memory") from None
+    except RecursionError:
+        raise TemplateTooCostly("recursed too deep") from None
+    finally:
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous_handler)
+        if limits is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, limits)
+        _BOUNDS.reset(token)
+
+
+def _limit_memory(extra: int) -> Optional[tuple[int, int]]:
+    """Lower the soft ``RLIMIT_AS`` to the current address-space size plus ``extra`` bytes;
+    returns the limits to restore (None: not Linux, or the limit is lower already)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[0])
+        size = pages * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        want = size + extra
+        if hard != resource.RLIM_INFINITY and want > hard:
+            return None
+        if soft != resource.RLIM_INFINITY and soft <= want:
+            return None
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+        return soft, hard
+    except (ImportError, OSError, ValueError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -188,17 +430,66 @@ class TokenizerTemplate:
         self.hf = hf_tokenizer
         self.name = name
         self.jinja = text
+        try:  # jinja folds constant expressions (filters too) while compiling: bounded as a rendering
+            with bounded_rendering(RenderBounds(time.monotonic() + ROW_SECONDS, OUTPUT_CHARS, ROW_SECONDS)):
+                self._template = _bounded_environment(text)
+        except TemplateTooCostly as exc:
+            raise TemplateTooCostly(
+                f"--chat-template tokenizer: the chat_template of {name} {exc} while being compiled; fix the "
+                "template, or pick a built-in one, e.g. --chat-template chatml"
+            ) from None
+        except Exception as exc:  # noqa: BLE001  (jinja2.TemplateSyntaxError and what constant folding raises)
+            raise ChatTemplateError(
+                f"--chat-template tokenizer: the chat_template of {name} cannot be compiled ({str(exc)[:200]}); "
+                "fix the template, or pick a built-in one, e.g. --chat-template chatml"
+            ) from None
+        #: What ``apply_chat_template`` passes the template besides the messages.
+        self._variables = _plain(dict(getattr(hf_tokenizer, "special_tokens_map", None) or {}))
         specials = set(getattr(hf_tokenizer, "all_special_tokens", []) or [])
         specials.update(hf_tokenizer.get_added_vocab())
         #: Special/added token strings of the tokenizer, longest first (split out of template text).
         self.special_tokens: tuple[str, ...] = tuple(sorted((s for s in specials if s), key=lambda s: (-len(s), s)))
 
     def _render(self, messages: Sequence[dict[str, str]], generation: bool) -> str:
+        """``apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)``,
+        streamed, every piece checked against the row's bounds."""
         if not messages:  # transformers refuses an empty conversation
             return ""
-        return self.hf.apply_chat_template(
-            list(messages), chat_template=self.jinja, tokenize=False, add_generation_prompt=generation
-        )
+        bounds = _BOUNDS.get()
+        pieces: list[str] = []
+        total = 0
+        for piece in self._template.generate(messages=[dict(m) for m in messages], tools=None, documents=None,
+                                             add_generation_prompt=generation, **self._variables):
+            total += len(piece)
+            if bounds is not None:
+                bounds.check(total)
+            pieces.append(piece)
+        return "".join(pieces)
+
+    def _render_tracked(self, messages: Sequence[dict[str, str]]) -> tuple[str, _Tracker]:
+        """The rendering of the whole conversation (no generation prompt) and where the output
+        stood each time the template took a message."""
+        bounds = _BOUNDS.get()
+        tracker = _Tracker()
+        token = _TRACKER.set(tracker)
+        pieces: list[str] = []
+        try:
+            for piece in self._template.generate(messages=_Tracked([dict(m) for m in messages], tracker), tools=None,
+                                                 documents=None, add_generation_prompt=False, **self._variables):
+                tracker.written += len(piece)
+                if bounds is not None:
+                    bounds.check(tracker.written)
+                pieces.append(piece)
+        finally:
+            _TRACKER.reset(token)
+        return "".join(pieces), tracker
+
+    def bounds(self, messages: Sequence[dict[str, str]]) -> RenderBounds:
+        """A row's :class:`RenderBounds`: :data:`ROW_SECONDS` plus :data:`SECONDS_PER_MESSAGE` a
+        message; :data:`OUTPUT_CHARS` plus :data:`OUTPUT_PER_CHAR` per character of content."""
+        seconds = ROW_SECONDS + SECONDS_PER_MESSAGE * len(messages)
+        chars = sum(len(m.get("content") or "") for m in messages)
+        return RenderBounds(time.monotonic() + seconds, OUTPUT_CHARS + OUTPUT_PER_CHAR * chars, seconds)
 
     def render(self, messages: Sequence[dict[str, str]]) -> list[Segment]:
         """``messages`` as :class:`Segment` s (their texts joined equal the tokenizer's
@@ -209,11 +500,72 @@ class TokenizerTemplate:
                 content is not found where the template puts it.
             jinja2 errors: the template raised (``raise_exception``) for these messages.
         """
+        try:
+            with bounded_rendering(self.bounds(messages)):
+                if len(messages) > FAST_MIN_MESSAGES:
+                    found = self._segments_in_one_pass(messages)
+                    if found is not None:
+                        return found
+                return self._segments(messages)
+        except TemplateTooCostly as exc:
+            raise TemplateTooCostly(
+                f"--chat-template tokenizer: the chat_template of {self.name} {exc} rendering one "
+                f"conversation of {len(messages):,} messages (a template that loops without end or "
+                "grows strings without bound); fix the template, or pick a built-in one, e.g. "
+                "--chat-template chatml"
+            ) from None
+
+    def _segments_in_one_pass(self, messages: Sequence[dict[str, str]]) -> Optional[list[Segment]]:
+        """:meth:`_segments`' result from one rendering of the whole conversation instead of one
+        per prefix (linear instead of quadratic in the number of messages), or None when that
+        cannot be trusted for this template and conversation.
+
+        The rendering is cut where the template took each message (a template that loops over the
+        messages once, in order: the text before message ``k`` is taken is ``render(messages[:k])``).
+        Trusted only when every message was taken once, in order, in one pass, without
+        ``loop.last`` or other look-ahead, reversal or stepped slices; and checked: at messages 1,
+        2, the middle, the last and the first and last assistant turns, the cut equals the prefix
+        rendered on its own, and the generation prompt ``render(messages[:k], True)`` adds is the
+        same at the first and last assistant turn and starts every assistant turn's text.
+        """
+        full, tracker = self._render_tracked(messages)
+        n = len(messages)
+        if tracker.unusual or tracker.passes != 1 or tracker.order != sorted(tracker.order) \
+                or set(tracker.order) - set(range(n)) or not set(range(1, n)) <= set(tracker.order):
+            return None
+        cuts = [0] + [tracker.taken[k] for k in range(1, n)] + [len(full)]  # cuts[k]: end of messages[:k]
+        if any(a > b for a, b in zip(cuts, cuts[1:])):
+            return None
+        replies = [i for i, m in enumerate(messages) if m["role"] == RESPONSE_ROLE]
+        for k in sorted({1, 2, n // 2, n - 1, *replies[:1], *replies[-1:]} - {0}):
+            if k < n and self._render(messages[:k], False) != full[:cuts[k]]:
+                return None
+        prompts = set()
+        for k in {*replies[:1], *replies[-1:]}:
+            header = self._render(messages[:k], True)
+            if not header.startswith(full[:cuts[k]]):
+                return None
+            prompts.add(header[cuts[k]:])
+        if len(prompts) > 1:
+            return None
+        prompt = prompts.pop() if prompts else ""
+        if any(not full.startswith(prompt, cuts[k]) or cuts[k] + len(prompt) > cuts[k + 1] for k in replies):
+            return None
+        return self._split(messages, lambda k: full[:cuts[k]], lambda k: full[:cuts[k]] + prompt)
+
+    def _segments(self, messages: Sequence[dict[str, str]]) -> list[Segment]:
+        return self._split(messages, lambda k: self._render(messages[:k], False),
+                           lambda k: self._render(messages[:k], True))
+
+    def _split(self, messages: Sequence[dict[str, str]], rendered: Callable[[int], str],
+               header_of: Callable[[int], str]) -> list[Segment]:
+        """The segments, from ``rendered(k)`` (``render(messages[:k])``) and ``header_of(k)``
+        (``render(messages[:k], add_generation_prompt=True)``)."""
         out: list[Segment] = []
         previous = ""
         for index, message in enumerate(messages):
             if message["role"] != RESPONSE_ROLE:
-                current = self._render(messages[: index + 1], False)
+                current = rendered(index + 1)
                 self._check_prefix(previous, current, index)
                 added = current[len(previous):]
                 at, content = _find_content(added, message["content"])
@@ -225,9 +577,9 @@ class TokenizerTemplate:
                     out.append(Segment(added[at + len(content):], False, True))
                 previous = current
                 continue
-            header = self._render(messages[:index], True)
+            header = header_of(index)
             self._check_prefix(previous, header, index)
-            current = self._render(messages[: index + 1], False)
+            current = rendered(index + 1)
             self._check_prefix(header, current, index)
             body = current[len(header):]
             at, content = _find_content(body, message["content"])
@@ -259,6 +611,20 @@ class TokenizerTemplate:
                 "turns cannot be split into prompt and response; pick a built-in one, e.g. "
                 "--chat-template chatml"
             )
+
+
+def _plain(value: Any) -> Any:
+    """``value`` rebuilt of plain JSON types, as ``transformers`` gives a template its variables
+    (``_plain_template_data``; other objects become ``"<TypeName>"``)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value) if type(value) in (list, tuple) else [_plain(v) for v in value]
+    return f"<{type(value).__name__}>"
 
 
 def _find_content(text: str, content: str) -> tuple[int, str]:

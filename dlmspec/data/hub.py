@@ -26,7 +26,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Optional, Sequence
 
-from dlmspec.data.errors import DataPrepareError
+from dlmspec.data.errors import DataPrepareError, add_secret, hide_secrets
 from dlmspec.data.read import Chunk
 
 #: ``--hf-split`` when not given.
@@ -49,10 +49,22 @@ class HubSource:
     revision: Optional[str] = None
     streaming: bool = True
 
+    def __post_init__(self) -> None:
+        if "@" in self.dataset:  # https://user:password@host/...: never printed, in any form
+            from urllib.parse import urlsplit
+
+            try:
+                parts = urlsplit(self.dataset)
+                password = parts.password
+            except ValueError:
+                password = None
+            if password:
+                add_secret(password)
+
     def describe(self) -> str:
         """The source as the flags that name it, for messages and the summary's ``input``:
         ``--hf-dataset Salesforce/wikitext --hf-config wikitext-2-raw-v1 --hf-split train``."""
-        parts = [f"--hf-dataset {self.dataset}"]
+        parts = [f"--hf-dataset {hide_secrets(self.dataset)}"]
         if self.config is not None:
             parts.append(f"--hf-config {self.config}")
         if self.revision is not None:
@@ -61,8 +73,8 @@ class HubSource:
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The summary's ``hf_dataset`` entry."""
-        return asdict(self)
+        """The summary's ``hf_dataset`` entry (a password inside the dataset's URL redacted)."""
+        return {**asdict(self), "dataset": hide_secrets(self.dataset)}
 
 
 def source_from_flags(

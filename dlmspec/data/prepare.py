@@ -26,7 +26,6 @@ only, which says ``install dlmspec[runtime]`` when one is missing.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 import warnings
@@ -36,7 +35,9 @@ from typing import Any, Optional, Sequence
 from rich.console import Console
 
 from dlmspec.data.encode import ChunkEncoder, EncodeConfig, EncodedKey
+from dlmspec.credentials import redact_text
 from dlmspec.data.errors import DataPrepareError
+from dlmspec.files import FileRefused, create_exclusive, read_json
 from dlmspec.data.hub import HubSource, open_dataset
 from dlmspec.data.outputs import (
     DatasetOutput,
@@ -166,7 +167,8 @@ def load_runtime() -> tuple[Any, Any, Any]:
     workers built after it find these modules imported.
 
     Returns:
-        ``(numpy, DType, IndexedDatasetBuilder)``.
+        ``(numpy, DType, IndexedDatasetBuilder)``; the builder creates its files exclusively
+        (:func:`exclusive_builder`).
 
     Raises:
         DataPrepareError: a module cannot be imported (the runtime extra is not installed); the
@@ -186,14 +188,68 @@ def load_runtime() -> tuple[Any, Any, Any]:
             f"data prepare needs {provider} (module {module!r} cannot be imported: {exc}), "
             'which the runtime extra installs: install dlmspec[runtime] (pip install "dlmspec[runtime]")'
         ) from None
-    return np, DType, IndexedDatasetBuilder
+    return np, DType, exclusive_builder(IndexedDatasetBuilder)
+
+
+def _create_new(path: str) -> os.stat_result:
+    """Create the empty regular file ``path`` here and now (:func:`dlmspec.files.create_exclusive`:
+    never an existing file, never through a symbolic link), as readable as the umask allows;
+    returns its ``stat``.
+
+    Raises:
+        DataPrepareError: something (a file, a link) is at ``path`` already.
+    """
+    try:
+        fd = create_exclusive(path, 0o666)
+    except FileExistsError:
+        raise DataPrepareError(
+            f"{path}: a file or link is at this temporary name, where data prepare writes; it is never "
+            "written through. Remove it (or pick another --output-prefix)"
+        ) from None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def _same_inode(path: str, made: os.stat_result) -> bool:
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino)
+
+
+def exclusive_builder(builder_class: Any) -> Any:
+    """megatron-core's ``IndexedDatasetBuilder`` (``builder_class``) whose ``.bin`` and ``.idx``
+    (temporary names) are created by :func:`_create_new` before the builder opens them by name,
+    and checked afterwards to be the files created: a link or file planted at a temporary name is
+    refused, never written through."""
+
+    class ExclusiveBuilder(builder_class):  # type: ignore[misc, valid-type]
+        def __init__(self, bin_path: str, *args: Any, **kwargs: Any) -> None:
+            made = _create_new(bin_path)
+            super().__init__(bin_path, *args, **kwargs)
+            if not _same_inode(bin_path, made):
+                self.data_file.close()
+                raise DataPrepareError(f"{bin_path}: replaced while data prepare opened it; rerun")
+
+        def finalize(self, idx_path: str) -> None:
+            made = _create_new(idx_path)
+            super().finalize(idx_path)
+            if not _same_inode(idx_path, made):
+                raise DataPrepareError(f"{idx_path}: replaced while data prepare wrote it; rerun")
+
+    ExclusiveBuilder.__name__ = ExclusiveBuilder.__qualname__ = f"Exclusive{builder_class.__name__}"
+    return ExclusiveBuilder
 
 
 def input_label(files: Sequence[Any]) -> str:
-    """The inputs as the summary's ``input`` names them: the file, or ``FIRST ... LAST (N files)``."""
+    """The inputs as the summary's ``input`` names them: the file, or ``FIRST ... LAST (N files)``
+    (token-shaped parts redacted, :func:`dlmspec.credentials.redact_text`)."""
     if len(files) == 1:
-        return files[0].path
-    return f"{files[0].path} ... {files[-1].path} ({len(files):,} files)"
+        return redact_text(files[0].path)
+    return redact_text(f"{files[0].path} ... {files[-1].path} ({len(files):,} files)")
 
 
 def prepare(
@@ -376,7 +432,7 @@ def prepare(
         arguments = sharding.run_arguments(inputs, section, keys, bool(append_eod), shard_size, dtype.name)
         kept: list[dict[str, Any]] = []
         state_path = sharding.progress_path(output_prefix)
-        state = sharding.read_progress(state_path) if resume else None
+        state = read_progress(state_path) if resume else None
         if resume and state is None:
             if sharding.existing_outputs(output_prefix, keys):
                 raise DataPrepareError(
@@ -536,12 +592,135 @@ def prepare(
 
 
 def _interrupted(progress_file: str) -> bool:
-    """Whether ``progress_file`` is an unfinished sharded run's (False: none, or complete)."""
+    """Whether ``progress_file`` is an unfinished sharded run's (False: none, complete, or not a
+    progress file; read with :func:`dlmspec.files.read_json`, so a FIFO or device is never opened
+    for reading)."""
     try:
-        with open(progress_file, encoding="utf-8") as f:
-            return not json.load(f).get("complete")
-    except (OSError, ValueError, AttributeError):
+        body = read_json(progress_file, limit=PROGRESS_MAX_BYTES, what="progress file")
+    except FileRefused:
         return False
+    return isinstance(body, dict) and body.get("complete") is False
+
+
+#: The largest progress file read (one entry of about 300 bytes per shard and key: 100,000
+#: shards of a few keys fit).
+PROGRESS_MAX_BYTES = 256 << 20
+#: The largest count or offset a progress file may hold (bytes, tokens, line numbers): int64.
+_MAX_COUNT = 2**63 - 1
+_START_AGAIN = "pass --force (instead of --resume) to start over, or move the file away to start again without --resume"
+
+
+def _progress_refused(path: str, key: str, value: Any, why: str) -> DataPrepareError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return DataPrepareError(f"--resume: {path}: {key} is {shown}: {why}; the file was not written by an "
+                            f"interrupted run of this dlmspec (or was changed since). {_START_AGAIN}")
+
+
+def _count(path: str, key: str, value: Any) -> int:
+    if type(value) is not int:
+        raise _progress_refused(path, key, value, "expected a whole number")
+    if not 0 <= value <= _MAX_COUNT:
+        raise _progress_refused(path, key, value, f"expected a number from 0 to {_MAX_COUNT}")
+    return value
+
+
+def read_progress(path: str) -> Optional[dict[str, Any]]:
+    """The progress file of an interrupted sharded run (``PREFIX.prepare-progress.json``, written
+    by :class:`dlmspec.data.shards.ShardWriter`), every field checked; None when there is none.
+
+    Read with :func:`dlmspec.files.read_json` (a regular file only, at most
+    :data:`PROGRESS_MAX_BYTES`, UTF-8, nested at most 64 levels). Checked: ``kind`` and
+    ``version``; ``complete`` a boolean; ``arguments`` an object whose ``inputs`` (path, bytes,
+    mtime_ns), ``tokenizer``, ``json_keys``, ``append_eod``, ``shard_size`` and ``dtype`` have the
+    types :func:`dlmspec.data.shards.run_arguments` writes; ``shards`` a list whose entry ``i`` has
+    ``index`` ``i``, ``end`` ``[file index, line]`` (a file of ``arguments.inputs``, not before the
+    previous entry's end) and, for each key of ``arguments.json_keys``, counts from 0 to 2**63 - 1.
+    (Whether the arguments are this run's is :func:`dlmspec.data.shards.differences`' question;
+    a line past the input's end is found when the input is read, :func:`dlmspec.data.read.read_chunks`.)
+
+    Raises:
+        DataPrepareError: the file cannot be read (FIFO, device, too large, not UTF-8 or JSON) or a
+            field is wrong; the message names the file, the key, its value and the fix (start over
+            with ``--force``, or move the file away and run without ``--resume``).
+    """
+    if not os.path.lexists(path):
+        return None
+    try:
+        body = read_json(path, limit=PROGRESS_MAX_BYTES, what="progress file")
+    except FileRefused as exc:
+        raise DataPrepareError(f"--resume: {exc.path}: {exc.why}; {_START_AGAIN}") from None
+    if not isinstance(body, dict):
+        raise _progress_refused(path, "the file", type(body).__name__, "expected a JSON object")
+    if body.get("kind") != sharding.PROGRESS_KIND:
+        raise _progress_refused(path, "'kind'", body.get("kind"), f"expected {sharding.PROGRESS_KIND!r}")
+    if body.get("version") != sharding.PROGRESS_VERSION or type(body.get("version")) is not int:
+        raise _progress_refused(path, "'version'", body.get("version"),
+                                f"this dlmspec reads version {sharding.PROGRESS_VERSION}")
+    if type(body.get("complete")) is not bool:
+        raise _progress_refused(path, "'complete'", body.get("complete"), "expected true or false")
+    arguments = body.get("arguments")
+    if not isinstance(arguments, dict):
+        raise _progress_refused(path, "'arguments'", arguments, "expected an object")
+    inputs = arguments.get("inputs")
+    if not isinstance(inputs, list):
+        raise _progress_refused(path, "'arguments.inputs'", inputs, "expected a list of input files")
+    for i, item in enumerate(inputs):
+        where = f"'arguments.inputs[{i}]'"
+        if not isinstance(item, dict):
+            raise _progress_refused(path, where, item, "expected an object (path, bytes, mtime_ns)")
+        if not isinstance(item.get("path"), str):
+            raise _progress_refused(path, where[:-1] + ".path'", item.get("path"), "expected a path")
+        _count(path, where[:-1] + ".bytes'", item.get("bytes"))
+        if type(item.get("mtime_ns")) is not int:
+            raise _progress_refused(path, where[:-1] + ".mtime_ns'", item.get("mtime_ns"), "expected a whole number")
+    tokenizer = arguments.get("tokenizer")
+    if not isinstance(tokenizer, dict):
+        raise _progress_refused(path, "'arguments.tokenizer'", tokenizer, "expected an object")
+    tok_files = tokenizer.get("files", {})
+    if tok_files is not None and (not isinstance(tok_files, dict)
+                                  or not all(isinstance(v, dict) for v in tok_files.values())):
+        raise _progress_refused(path, "'arguments.tokenizer.files'", tok_files, "expected an object of objects")
+    json_keys = arguments.get("json_keys")
+    if not isinstance(json_keys, list) or not all(isinstance(k, str) for k in json_keys):
+        raise _progress_refused(path, "'arguments.json_keys'", json_keys, "expected a list of key names")
+    if type(arguments.get("append_eod")) is not bool:
+        raise _progress_refused(path, "'arguments.append_eod'", arguments.get("append_eod"), "expected true or false")
+    _count(path, "'arguments.shard_size'", arguments.get("shard_size"))
+    if not isinstance(arguments.get("dtype"), str):
+        raise _progress_refused(path, "'arguments.dtype'", arguments.get("dtype"), "expected a dtype name")
+    shards = body.get("shards")
+    if not isinstance(shards, list):
+        raise _progress_refused(path, "'shards'", shards, "expected a list of complete shards")
+    previous = (0, 0)
+    for i, entry in enumerate(shards):
+        where = f"'shards[{i}]"
+        if not isinstance(entry, dict):
+            raise _progress_refused(path, where + "'", entry, "expected an object (index, end, keys)")
+        if type(entry.get("index")) is not int or entry.get("index") != i:
+            raise _progress_refused(path, where + ".index'", entry.get("index"), f"expected {i} (shards in order)")
+        end = entry.get("end")
+        if not isinstance(end, list) or len(end) != 2:
+            raise _progress_refused(path, where + ".end'", end, "expected [file index, line number]")
+        file_index = _count(path, where + ".end[0]'", end[0])
+        line = _count(path, where + ".end[1]'", end[1])
+        if file_index >= len(inputs):
+            raise _progress_refused(path, where + ".end[0]'", file_index,
+                                    f"'arguments.inputs' lists {len(inputs)} input file{'s' if len(inputs) != 1 else ''}")
+        if (file_index, line) < previous:
+            raise _progress_refused(path, where + ".end'", end, f"before the previous shard's end {list(previous)}")
+        previous = (file_index, line)
+        counts = entry.get("keys")
+        if not isinstance(counts, dict) or sorted(counts) != sorted(json_keys):
+            shown = sorted(counts) if isinstance(counts, dict) else counts
+            raise _progress_refused(path, where + ".keys'", shown,
+                                    f"expected counts for each of 'arguments.json_keys' {json_keys}")
+        for key in json_keys:
+            if not isinstance(counts[key], dict):
+                raise _progress_refused(path, f"{where}.keys.{key}'", counts[key], "expected an object of counts")
+            for name in ("documents", "tokens", "sequences", "empty_documents", "bin_bytes", "idx_bytes"):
+                _count(path, f"{where}.keys.{key}.{name}'", counts[key].get(name))
+    return body
 
 
 def _tokenizer_section(spec: TokenizerArgs, tokenizer: Any, vocab: int) -> dict[str, Any]:

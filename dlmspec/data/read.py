@@ -2,11 +2,13 @@
 file, a folder, a glob, repeated), each read as a stream of lines (plain, ``.gz`` or ``.zst``), in
 chunks, the unit of work a tokenizer worker gets.
 
-A line is read with a bounded ``readline``: one longer than ``--max-line-bytes`` (default
+A file is read (and decompressed) :data:`READ_BLOCK` bytes at a time and cut into lines
+(:func:`iter_input_lines`): a line longer than ``--max-line-bytes`` (default
 :data:`MAX_LINE_BYTES`) ends the input with a chunk that names the line and its length, and never
-sits whole in memory. A compressed file is decompressed as it is read (``gzip`` from the standard
-library, ``.zst`` with the ``zstandard`` package), never whole, so memory does not grow with the
-input's size.
+sits whole in memory; runs of blank lines are counted a block at a time. A compressed file is
+decompressed as it is read (``gzip`` from the standard library, ``.zst`` with the ``zstandard``
+package), at most a block at a time whatever its ratio, so memory does not grow with the input's
+size or with what a small compressed file expands to.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import glob
 import io
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
+from dlmspec.credentials import redact_text
 from dlmspec.data.errors import DataPrepareError
 
 #: A chunk sent to a worker holds at most this many lines ...
@@ -29,8 +33,6 @@ CHUNK_BYTES = 1 << 20
 #: peaked at about 150 bytes of memory per byte of text (a 4 MB line: +620 MB resident), so
 #: 8 MiB keeps a worker near 1.3 GB while allowing book-length documents.
 MAX_LINE_BYTES = 8 << 20
-#: Block size for measuring (not keeping) the rest of a line over the limit.
-_SKIP_BLOCK = 1 << 20
 #: File names a folder given to ``--input`` contributes (other files in it are left out).
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 _GLOB_CHARS = frozenset("*?[")
@@ -65,9 +67,12 @@ class InputFile:
     mtime_ns: int
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"path": absolute path, "bytes": size, "mtime": ISO-8601 UTC, "mtime_ns": int}``."""
+        """``{"path": absolute path, "bytes": size, "mtime": ISO-8601 UTC, "mtime_ns": int}``; a
+        token-shaped part of the path (a folder named ``hf_...``) is redacted
+        (:func:`dlmspec.credentials.redact_text`), as the dataset record and the progress file
+        keep it."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.mtime_ns / 1e9))
-        return {"path": os.path.abspath(self.path), "bytes": self.size, "mtime": stamp,
+        return {"path": redact_text(os.path.abspath(self.path)), "bytes": self.size, "mtime": stamp,
                 "mtime_ns": self.mtime_ns}
 
 
@@ -155,55 +160,97 @@ def compression(path: str) -> Optional[str]:
     return None
 
 
+#: Decompressed (or, for a plain file, read) bytes taken at a time: the most a read holds besides
+#: the current line, whatever the compression ratio (a zstd frame of zeros expands 30,000-fold).
+READ_BLOCK = 1 << 20
+#: Bytes of the compressed file the zstd decoder reads at a time.
+_ZSTD_READ = 1 << 16
+_NOT_BLANK = re.compile(rb"[^ \t\n\r\x0b\x0c]")  # what bytes.strip() does not strip
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def zstd_frames_complete(handle: Any) -> bool:
+    """Whether the ``.zst`` file open as ``handle`` (seekable, binary) ends where its last frame
+    ends: the frames' headers and block headers are walked (RFC 8878: a frame header, blocks of
+    3-byte headers whose last one has bit 0 set, RLE blocks 1 byte of content, then a 4-byte
+    checksum when the header asks for one; skippable frames ``0x184D2A5?`` with a 4-byte
+    length), block contents are skipped, nothing is decompressed. False: truncated or not zstd."""
+    import zstandard
+
+    size = os.fstat(handle.fileno()).st_size
+    pos = 0
+    while pos < size:
+        handle.seek(pos)
+        head = handle.read(18)
+        if len(head) < 8:
+            return False
+        magic = int.from_bytes(head[:4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:
+            pos += 8 + int.from_bytes(head[4:8], "little")
+            continue
+        if magic != _ZSTD_MAGIC:
+            return False
+        try:
+            pos += zstandard.frame_header_size(head)
+        except zstandard.ZstdError:
+            return False
+        checksum = (head[4] >> 2) & 1
+        while True:
+            handle.seek(pos)
+            block = handle.read(3)
+            if len(block) < 3:
+                return False
+            header = int.from_bytes(block, "little")
+            kind, length = (header >> 1) & 3, header >> 3
+            pos += 3 + (1 if kind == 1 else length)
+            if pos > size:
+                return False
+            if header & 1:
+                break
+        pos += 4 * checksum
+    return pos == size
+
+
 class _ZstdRaw(io.RawIOBase):
-    """A ``.zst`` file decompressed as it is read, frame after frame, which (unlike
-    ``zstandard``'s ``stream_reader``, which returns what it has) raises ``EOFError`` when the file
-    ends inside a frame: a truncated file is an error, not a silently short input."""
+    """A ``.zst`` file decompressed as it is read, frame after frame, at most the buffer's size at
+    a time (``zstandard``'s ``stream_reader``: a small file of zeros never expands in memory).
+    When the stream ends, the file's frame structure is checked (:func:`zstd_frames_complete`):
+    a file that ends inside a frame raises ``EOFError``, an error rather than a short input."""
 
     def __init__(self, raw: Any, zstandard: Any) -> None:
         super().__init__()
         self._raw = raw
-        self._new = zstandard.ZstdDecompressor().decompressobj
-        self._obj = self._new()
-        self._in_frame = False
-        self._out = memoryview(b"")
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            raw, read_size=_ZSTD_READ, read_across_frames=True, closefd=False)
         self._done = False
 
     def readable(self) -> bool:
         return True
 
-    def _feed(self, data: bytes) -> bytes:
-        parts = []
-        while data:
-            parts.append(self._obj.decompress(data))
-            self._in_frame = True
-            if not self._obj.eof:
-                break
-            data = self._obj.unused_data  # the next frame, if any
-            self._obj = self._new()
-            self._in_frame = False
-        return b"".join(parts)
-
     def readinto(self, buffer: Any) -> int:
-        while not self._out:
-            if self._done:
-                return 0
-            data = self._raw.read(1 << 16)
-            if not data:
-                self._done = True
-                if self._in_frame:
-                    raise EOFError("the file ends inside a zstd frame (truncated?)")
-                return 0
-            self._out = memoryview(self._feed(data))
-        n = min(len(buffer), len(self._out))
-        buffer[:n] = self._out[:n]
-        self._out = self._out[n:]
-        return n
+        if self._done:
+            return 0
+        n = self._reader.readinto(buffer)
+        if n:
+            return n
+        self._done = True
+        position = self._raw.tell()
+        if not zstd_frames_complete(self._raw):
+            raise EOFError("the file ends inside a zstd frame (truncated?)")
+        self._raw.seek(position)
+        return 0
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+        finally:
+            super().close()
 
 
 class _InputStream:
-    """A binary line reader over one input file, decompressing as it reads; ``position()`` is the
-    offset reached in the file on disk (compressed bytes), for progress."""
+    """A binary reader over one input file, decompressing as it reads (``read(n)`` gives at most
+    ``n`` bytes, whatever the compression ratio); ``position()`` is the offset reached in the file
+    on disk (compressed bytes), for progress."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -243,16 +290,67 @@ class _InputStream:
         self.raw.close()
 
 
-def _rest_of_line(handle: Any) -> int:
-    """Read to the end of the current line in blocks; returns its bytes, newline not counted."""
-    total = 0
+def iter_input_lines(read: Any, max_line_bytes: int, block: int = READ_BLOCK) -> Iterator[tuple[int, Optional[bytes], int]]:
+    """The non-blank lines of a stream: ``(line number, line, length)``, 1-based, newline not
+    included; ``line`` is None for a line longer than ``max_line_bytes`` (its ``length`` measured,
+    its bytes never kept). ``read(n)`` gives at most ``n`` bytes (b"" at the end).
+
+    Memory: at most ``max_line_bytes + block`` bytes of a line are held. Blank lines (nothing but
+    ASCII whitespace, as ``bytes.strip`` strips) are counted, not yielded, a block at a time by a
+    regular-expression search, so a run of a billion blank lines costs a few seconds of reading.
+    The last line may lack its newline.
+    """
+    lineno = 0
+    parts: list[bytes] = []
+    length = 0
+    over = False
     while True:
-        block = handle.readline(_SKIP_BLOCK)
-        if not block:
-            return total
-        if block.endswith(b"\n"):
-            return total + len(block) - 1
-        total += len(block)
+        data = read(block)
+        if not data:
+            break
+        pos, size = 0, len(data)
+        while pos < size:
+            if length == 0:  # at a line start: skip a run of blank lines in one step
+                found = _NOT_BLANK.search(data, pos)
+                stop = size if found is None else found.start()
+                newlines = data.count(b"\n", pos, stop)
+                if newlines:
+                    lineno += newlines
+                    pos = data.rindex(b"\n", pos, stop) + 1
+                if found is None:  # whitespace to the block's end: the start of a line
+                    if pos < size:
+                        parts, length = [data[pos:]], size - pos
+                        over = length > max_line_bytes
+                        if over:
+                            parts = []
+                    break
+            end = data.find(b"\n", pos)
+            piece = data[pos:] if end < 0 else data[pos:end]
+            length += len(piece)
+            if not over:
+                if length > max_line_bytes:
+                    over, parts = True, []
+                else:
+                    parts.append(piece)
+            if end < 0:
+                break
+            lineno += 1
+            if over:
+                yield lineno, None, length
+            else:
+                line = parts[0] if len(parts) == 1 else b"".join(parts)
+                if line.strip():
+                    yield lineno, line, length
+            parts, length, over = [], 0, False
+            pos = end + 1
+    if length:
+        lineno += 1
+        if over:
+            yield lineno, None, length
+        else:
+            line = b"".join(parts)
+            if line.strip():
+                yield lineno, line, length
 
 
 def _read_error(path: str, lineno: int, exc: BaseException) -> DataPrepareError:
@@ -263,43 +361,39 @@ def _read_error(path: str, lineno: int, exc: BaseException) -> DataPrepareError:
 
 
 def _file_chunks(path: str, index: int, source: Optional[str], chunk_docs: int, chunk_bytes: int,
-                 max_line_bytes: int, after_line: int) -> Iterator[Chunk]:
-    """The chunks of one file; lines up to ``after_line`` are read and left out (a resumed run)."""
+                 max_line_bytes: int, after_line: int, go_on: bool = False) -> Iterator[Chunk]:
+    """The chunks of one file; lines up to ``after_line`` are read and left out (a resumed run).
+
+    Raises:
+        DataPrepareError: the file cannot be read or decompressed, or it has fewer than
+            ``after_line`` lines (a progress file that points past the input's end).
+    """
     lines: list[tuple[int, bytes]] = []
     size = 0
     lineno = 0
     stream = None
     try:
         stream = _InputStream(path)
-        handle = stream.handle
         mark = stream.position()
-        while True:
-            raw = handle.readline(max_line_bytes + 1)
-            if not raw:
-                break
-            lineno += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                length = len(raw) + _rest_of_line(handle)
-                if lineno <= after_line:
-                    continue
-                if lines or size:
-                    yield Chunk(lines, size, source=source, file_index=index)
-                yield Chunk([], 0, too_long=(lineno, length), source=source, file_index=index)
-                return
+        for lineno, raw, length in iter_input_lines(stream.handle.read, max_line_bytes):
             if lineno <= after_line:
                 continue
-            if stream.handle is stream.raw:
-                size += len(raw)
-            if raw.strip():
-                lines.append((lineno, raw))
-            if len(lines) >= chunk_docs or size >= chunk_bytes:
-                if stream.handle is not stream.raw:
+            if raw is None:
+                if lines:
                     now = stream.position()
-                    size, mark = size + now - mark, now
-                yield Chunk(lines, size, source=source, file_index=index)
-                lines, size = [], 0
-        if stream.handle is not stream.raw:
-            size += stream.position() - mark
+                    yield Chunk(lines, size + now - mark, source=source, file_index=index)
+                    lines, size, mark = [], 0, now
+                yield Chunk([], 0, too_long=(lineno, length), source=source, file_index=index)
+                if go_on:
+                    continue
+                return
+            lines.append((lineno, raw))
+            size += length + 1
+            if len(lines) >= chunk_docs or size >= chunk_bytes:
+                now = stream.position()
+                yield Chunk(lines, now - mark, source=source, file_index=index)
+                lines, size, mark = [], 0, now
+        size = stream.position() - mark
     except DataPrepareError:
         raise
     except (OSError, EOFError, ValueError) as exc:  # gzip/zstd: a truncated or corrupt stream
@@ -311,6 +405,13 @@ def _file_chunks(path: str, index: int, source: Optional[str], chunk_docs: int, 
     finally:
         if stream is not None:
             stream.close()
+    if after_line and lineno < after_line:
+        raise DataPrepareError(
+            f"--resume: the progress file says the last complete shard ends at line {after_line:,} of "
+            f"--input {path}, whose last non-blank line is line {lineno:,}; the file is not the "
+            "interrupted run's input (or the progress file was changed). Pass --force (instead of "
+            "--resume) to start over"
+        )
     if lines or size:
         yield Chunk(lines, size, source=source, file_index=index)
 
@@ -321,6 +422,7 @@ def read_chunks(
     chunk_bytes: int,
     max_line_bytes: int = MAX_LINE_BYTES,
     start_after: Optional[tuple[int, int]] = None,
+    skip_too_long: bool = False,
 ) -> Iterator[Chunk]:
     """Chunks of the input's lines; at most ``max_line_bytes + 1`` bytes of a line are read.
 
@@ -331,7 +433,8 @@ def read_chunks(
     are read, not parsed: a resumed run continues after its last complete shard).
 
     A line longer than ``max_line_bytes`` (newline not counted) ends the input with a chunk
-    whose ``too_long`` names it (the lines before it come first, so errors keep input order).
+    whose ``too_long`` names it (the lines before it come first, so errors keep input order);
+    with ``skip_too_long`` that chunk comes and the input goes on after the line.
     Raises DataPrepareError when a file cannot be read (or decompressed, or ``zstandard`` is
     missing for a ``.zst`` file).
     """
@@ -344,7 +447,7 @@ def read_chunks(
             continue
         skip = after_line if index == first_file else 0
         for chunk in _file_chunks(one, index, one if several else None, chunk_docs, chunk_bytes,
-                                  max_line_bytes, skip):
+                                  max_line_bytes, skip, skip_too_long):
             yield chunk
-            if chunk.too_long is not None:
+            if chunk.too_long is not None and not skip_too_long:
                 return

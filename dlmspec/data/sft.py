@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -46,6 +47,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlmspec.data import chat
+from dlmspec.credentials import redact_text
 from dlmspec.data.errors import DataPrepareError
 from dlmspec.data.outputs import (
     DatasetOutput,
@@ -77,7 +79,9 @@ BAD_KINDS: tuple[str, ...] = (
     "empty_response",  # an assistant turn (response) that is empty or only whitespace
     "no_response",     # no assistant turn, or turns after the last assistant turn
     "over_long",       # more than --seq-length tokens (--overlong skip), or the prompt alone is
-    "template_error",  # the tokenizer's own template refused the conversation
+    "template_error",  # the tokenizer's own template refused the conversation (or ran too long)
+    "bad_text",        # a string that is not Unicode text (a lone surrogate, "\ud800" in JSON)
+    "line_too_long",   # a line longer than --max-line-bytes (measured, never held whole)
 )
 #: Line numbers kept per kind for the summary and the record.
 KEEP_LINES = 20
@@ -176,6 +180,19 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "number")
 
 
+#: A UTF-16 surrogate code point: JSON's ``"\ud800"`` escapes parse to one, and no UTF-8 text holds it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(value: str, where: str) -> None:
+    """Raise :class:`BadRow` (``bad_text``) when ``value`` holds a lone surrogate (not Unicode
+    text: no tokenizer can encode it)."""
+    found = _SURROGATE.search(value)
+    if found is not None:
+        raise BadRow("bad_text", f"{where} holds the lone surrogate \\u{ord(found.group()):04x} at character "
+                     f"{found.start()} (not Unicode text; write the character itself, or a pair of surrogates)")
+
+
 def row_messages(record: Any, fmt: str, keys: dict[str, str]) -> list[dict[str, str]]:
     """The conversation of one parsed row, as ``[{"role", "content"}, ...]``.
 
@@ -197,6 +214,8 @@ def row_messages(record: Any, fmt: str, keys: dict[str, str]) -> list[dict[str, 
                 raise BadRow("missing_key", f"no key {key!r} (the row has keys: {present})")
             if not isinstance(record[key], str):
                 raise BadRow("wrong_type", f"key {key!r} must be a string, got a JSON {_json_type(record[key])}")
+        for key in (prompt_key, response_key):
+            _check_text(record[key], repr(key))
         if not record[response_key].strip():
             raise BadRow("empty_response", f"key {response_key!r} is empty")
         return [{"role": "user", "content": record[prompt_key]},
@@ -225,6 +244,7 @@ def row_messages(record: Any, fmt: str, keys: dict[str, str]) -> list[dict[str, 
         content = message["content"]
         if not isinstance(content, str):
             raise BadRow("wrong_type", f"{where}.content must be a string, got a JSON {_json_type(content)}")
+        _check_text(content, f"{where}.content")
         if role == chat.RESPONSE_ROLE and not content.strip():
             raise BadRow("empty_response", f"{where} is an assistant turn with empty content")
         out.append({"role": role, "content": content})
@@ -286,12 +306,16 @@ def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer_model))
+        return AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer_model), trust_remote_code=False)
     except ImportError:
         raise DataPrepareError(
             "--chat-template tokenizer needs the transformers package (pip install transformers)"
         ) from None
     except Exception as exc:  # noqa: BLE001  (transformers raises many kinds on a bad folder)
+        if "trust_remote_code" in str(exc):
+            from dlmspec.tokenizers import remote_code_refusal
+
+            raise DataPrepareError(remote_code_refusal(tokenizer_type, tokenizer_model)) from None
         raise DataPrepareError(
             f"--tokenizer-model {tokenizer_model}: cannot load it with transformers' AutoTokenizer "
             f"({str(exc)[:300]}); pass a local tokenizer folder"
@@ -435,7 +459,8 @@ def prepare_sft(
             :func:`dlmspec.data.prepare.prepare`.
         options: the ``--sft`` flags (:class:`SftOptions`).
         force: replace the files at the output names (never an input file).
-        max_line_bytes: longest line read (a longer one stops the run naming it).
+        max_line_bytes: longest line read; a longer one is a bad row (``line_too_long``: skipped and
+            counted with ``--on-bad skip``, the default; stops the run naming it with ``--on-bad fail``).
         show_progress: a progress bar on ``console`` (default stderr).
 
     Returns:
@@ -571,9 +596,15 @@ def prepare_sft(
             task = None
             if show_progress:
                 task = progress.add_task("tokenizing", total=os.path.getsize(input_name), documents=0, tokens=0)
-            for chunk in read_chunks(input_name, CHUNK_DOCS, CHUNK_BYTES, int(max_line_bytes)):
+            for chunk in read_chunks(input_name, CHUNK_DOCS, CHUNK_BYTES, int(max_line_bytes),
+                                     skip_too_long=on_bad == "skip"):
                 if chunk.too_long is not None:
                     lineno, length = chunk.too_long
+                    read += 1
+                    if on_bad == "skip":
+                        bad(lineno, "line_too_long", f"{length:,} bytes, more than --max-line-bytes "
+                            f"{int(max_line_bytes):,}")
+                        continue
                     raise DataPrepareError(
                         f"{input_name}:{lineno}: the line has {length:,} bytes, more than "
                         f"--max-line-bytes {int(max_line_bytes):,}; drop the line or raise the limit: "
@@ -698,7 +729,7 @@ def prepare_sft(
         _note(console, notes, f"{n_truncated:,} rows cut to --seq-length {options.seq_length:,} (their last "
               f"response is incomplete and has no EOD): lines {_lines_text(truncated, n_truncated)}")
     return SftResult(
-        input=input_name, output_prefix=output_prefix, tokenizer_type=kind, vocab_size=vocab, eod=eod,
+        input=redact_text(input_name), output_prefix=output_prefix, tokenizer_type=kind, vocab_size=vocab, eod=eod,
         dtype=dtype.name, chat_template=template, chat_template_sha256=sft["chat_template_sha256"],
         format=sft["format"], documents=written, tokens=tokens, response_tokens=response_tokens,
         prompt_tokens=tokens - response_tokens, rows=sft["rows"], bad_rows=sft["bad_rows"],
