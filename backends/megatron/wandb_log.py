@@ -35,19 +35,17 @@ def run_id(directory: str) -> str:
     """The W&B run id kept in ``<directory>/dlmspec-wandb-id``, made (16 lowercase hex digits,
     random) and written on first use, so every launch of the run directory logs to one W&B run."""
     path = os.path.join(directory, RUN_ID_FILE)
+    from dlmspec.files import FileRefused, read_text, write_atomic
+
     try:
-        with open(path, encoding="utf-8") as f:
-            found = f.read().strip()
-        if found:
+        found = read_text(path, limit=4096, what="W&B run id file").strip()
+        if found and all(c.isalnum() or c in "-_" for c in found):
             return found
-    except FileNotFoundError:
+    except FileRefused:  # missing, a pipe, a device, huge or not text: a new id replaces it
         pass
     os.makedirs(directory, exist_ok=True)
     new = secrets.token_hex(8)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(new + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, new + "\n")  # never through a link planted at the file or a temporary name
     return new
 
 

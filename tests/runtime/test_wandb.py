@@ -89,3 +89,23 @@ def test_an_unknown_mode_is_refused(tmp_path) -> None:
     config = LoggingConfig(run_dir=str(tmp_path), wandb_project="p", wandb_mode="disabled-ish")
     with pytest.raises(ValueError, match="logging.wandb_mode"):
         WandbRun.start(config, name="x")
+
+
+def test_run_id_file_is_never_written_through_a_link_and_a_pipe_is_not_read(tmp_path):
+    """The W&B run id file is created beside its target and renamed over it: a link planted at
+    its name is replaced (its target untouched); a FIFO there is replaced, not read (no hang)."""
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not an id!\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / RUN_ID_FILE).symlink_to(victim)
+    (linked / f"{RUN_ID_FILE}.tmp{os.getpid()}").symlink_to(victim)
+    new = run_id(str(linked))
+    assert victim.read_text() == "not an id!\n"
+    assert not (linked / RUN_ID_FILE).is_symlink() and (linked / RUN_ID_FILE).read_text().strip() == new
+    piped = tmp_path / "piped"
+    piped.mkdir()
+    os.mkfifo(piped / RUN_ID_FILE)
+    assert len(run_id(str(piped))) == 16
