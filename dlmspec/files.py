@@ -44,6 +44,9 @@ MAX_NESTING = 64
 #: Default cap of one line of a JSON-lines file (``metrics.jsonl``, ``--prompts``, ``--choices``).
 MAX_LINE_BYTES = 16 << 20
 
+#: Largest single read (bytes): a read reserves its whole size before the file answers.
+_READ_PIECE = 1 << 20
+
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 
 
@@ -103,17 +106,28 @@ def read_bytes(path: str | os.PathLike[str], *, limit: int = MAX_RECORD_BYTES, w
     Raises:
         FileRefused: see :func:`open_regular`; larger than ``limit``; a read error.
     """
+    too_large = FileRefused(path, f"the {what} is larger than {_size_text(limit)}, more than a {what} ever holds",
+                            f"point at the right {what}, or check that it was not replaced")
     fd = open_regular(path, what=what)
-    with os.fdopen(fd, "rb") as handle:
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        if os.fstat(handle.fileno()).st_size > limit:  # a huge (or sparse) file is refused unread
+            raise too_large
+        pieces: list[bytes] = []
+        total = 0
         try:
             # Blocking reads from here on (the file is regular): O_NONBLOCK only guarded the open.
-            data = handle.read(limit + 1)
+            # In pieces of at most 1 MiB: read(limit + 1) would reserve the whole cap up front.
+            while total <= limit:
+                piece = handle.read(min(_READ_PIECE, limit + 1 - total))
+                if not piece:
+                    break
+                pieces.append(piece)
+                total += len(piece)
         except OSError as exc:
             raise FileRefused(path, f"cannot read the {what}: {exc.strerror or exc}", "check the file") from None
-    if len(data) > limit:
-        raise FileRefused(path, f"the {what} is larger than {_size_text(limit)}, more than a {what} ever holds",
-                          f"point at the right {what}, or check that it was not replaced")
-    return data
+    if total > limit:  # it grew while it was read
+        raise too_large
+    return b"".join(pieces)
 
 
 def read_text(path: str | os.PathLike[str], *, limit: int = MAX_RECORD_BYTES, what: str = "file") -> str:

@@ -191,3 +191,23 @@ def test_create_exclusive_refuses_a_file_or_link_already_there(tmp_path: Path) -
     with pytest.raises(FileExistsError):
         files.create_exclusive(link)
     assert not (tmp_path / "target").exists()
+
+
+def test_a_large_cap_reserves_no_memory_for_a_small_file(tmp_path):
+    """read_bytes with a 1 GiB cap reads a small file in a process limited to 256 MiB of address
+    space beyond its start (a single read(limit + 1) would reserve the whole cap first)."""
+    import subprocess
+    import sys
+
+    small = tmp_path / "small.json"
+    small.write_text('{"a": 1}')
+    code = (
+        "import resource, sys\n"
+        "from dlmspec import files\n"
+        "with open('/proc/self/status') as f:\n"
+        "    vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith('VmSize'))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), vm + (256 << 20)))\n"
+        f"print(files.read_json({str(small)!r}, limit=1 << 30))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "{'a': 1}" in done.stdout, done.stderr[-2000:]
