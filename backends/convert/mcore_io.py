@@ -49,6 +49,7 @@ from dlmspec.backends.convert._atomic import atomic_directory, signals_held, wri
 from dlmspec.backends.convert.dims import ModelDims
 from dlmspec.backends.convert.errors import ConversionError
 from dlmspec.backends.convert.hf_io import read_json_object
+from dlmspec.credentials import redact
 from dlmspec.files import FileRefused, read_text
 
 SIDECAR_NAME = "dlmspec_convert.json"
@@ -332,7 +333,8 @@ def save_mcore_checkpoint(
             "format_version": 1,
             "dims": dims.to_dict(),
             "layer_layout": layer_layout,
-            "hf_config": dict(hf_config or {}),
+            # a token-shaped value in the source config.json is not copied into the record
+            "hf_config": redact(dict(hf_config or {})),
         }
         write_new(tmp / SIDECAR_NAME, json.dumps(sidecar, indent=2, sort_keys=True, default=str) + "\n")
     return Path(dst)
@@ -356,12 +358,19 @@ def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
         ConversionError: neither layout is found, or the iteration tracker holds no iteration.
     """
     path = Path(path)
-    if (path / "metadata.json").is_file():
+
+    def is_file(candidate: Path) -> bool:  # a name from a tracker may be too long for the OS
+        try:
+            return candidate.is_file()
+        except (OSError, ValueError):
+            return False
+
+    if is_file(path / "metadata.json"):
         return path
     latest = path / "latest"  # dlmspec runtime (backends/megatron/training.py): "iter_0000100"
-    if latest.is_file():
+    if is_file(latest):
         name = _read_line(latest)
-        if name and (path / name / "metadata.json").is_file():
+        if name and len(name) <= 255 and is_file(path / name / "metadata.json"):
             return path / name
     tracker = path / "latest_checkpointed_iteration.txt"
     if tracker.is_file():
@@ -374,7 +383,7 @@ def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
                 f"of a saved checkpoint there, e.g. {example}, or pass the iter_* folder itself",
                 tensor=str(tracker), expected="an iteration number")
         sub = path / ("release" if it == "release" else f"iter_{int(it):07d}")
-        if (sub / "metadata.json").is_file():
+        if is_file(sub / "metadata.json"):
             return sub
     raise ConversionError(
         f"{path} is not a megatron-core dist checkpoint (no metadata.json)",

@@ -113,15 +113,22 @@ def read_latest_checkpoint(root: Optional[str]) -> Optional[str]:
     """Path of the checkpoint named by ``root/latest``, or ``None`` if there is none.
 
     Raises:
-        FileNotFoundError: If ``latest`` names a directory that does not exist.
+        FileNotFoundError: ``latest`` names a directory that does not exist, or is not a regular
+            file of one folder name (UTF-8, at most 4 KiB).
     """
     if not root:
         return None
+    from dlmspec.files import FileRefused, read_text
+
     tracker = os.path.join(root, TRACKER_FILENAME)
-    if not os.path.isfile(tracker):
+    if not os.path.lexists(tracker):
         return None
-    with open(tracker) as f:
-        name = f.read().strip()
+    try:  # a regular file of one short line: a pipe, a device or binary garbage is refused
+        name = read_text(tracker, limit=4096, what="checkpoint tracker ('latest')").strip()
+    except FileRefused as exc:
+        raise FileNotFoundError(f"{tracker}: {exc.why}") from None
+    if not name or len(name) > 255 or os.sep in name or name in (".", "..") or not name.isprintable():
+        raise FileNotFoundError(f"{tracker} holds {name[:80]!r}, not the name of a checkpoint folder")
     path = os.path.join(root, name)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{tracker} names {name!r} but {path} does not exist")

@@ -37,6 +37,7 @@ import signal
 import stat
 import sys
 import threading
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -151,6 +152,8 @@ def case_env(folder: Path) -> dict[str, str]:
     one thread each (two busy cores), no GPU, no terminal."""
     home, tmp = folder / "home", folder / "tmp"
     home.mkdir(exist_ok=True)
+    if len(str(tmp)) > 60:  # Unix socket paths (multiprocessing's managers) hold at most 107 bytes
+        tmp = Path(tempfile.mkdtemp(prefix="hc-tmp-"))
     tmp.mkdir(exist_ok=True)
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env.update(HOME=str(home), TMPDIR=str(tmp), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),

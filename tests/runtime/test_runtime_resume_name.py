@@ -63,6 +63,9 @@ def _check(module, monkeypatch) -> None:
 
     monkeypatch.setattr(training, "initialize_distributed", refuse)
     monkeypatch.setattr(checks, "cuda_problem", lambda **kwargs: None)
+    # the fake checkpoint holds only its record (dlmspec.json): the name check is under test here,
+    # the index check of a real checkpoint has tests of its own (tests/checkpoint)
+    monkeypatch.setattr(checks, "check_checkpoint", lambda folder: None)
     monkeypatch.setattr("sys.argv", ["train.py", "--check"])
     monkeypatch.setenv("WORLD_SIZE", "1")
     with warnings.catch_warnings():
