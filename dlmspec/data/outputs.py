@@ -104,6 +104,12 @@ def check_outputs(
     for out in outputs.values():
         for path in (out.bin_path, out.idx_path, record_path(out.prefix)):
             for flag, value in protected:
+                if _same_file(value, path) and path == record_path(out.prefix):
+                    raise DataPrepareError(
+                        f"--output-prefix {output_prefix}: {path}, the dataset record, is an input file "
+                        f"({flag} {value}), and data prepare never writes over its input (--force does not "
+                        f"allow this); pick another --output-prefix, e.g. {output_prefix}-tokens"
+                    )
                 if _same_file(value, path):
                     if os.path.abspath(value) == os.path.abspath(path):
                         what = "this file is an output"
