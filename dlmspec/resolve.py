@@ -403,6 +403,7 @@ def _read_manifest(path: str, key: str, entry: str) -> tuple[list[_Listed], list
                        f"{shards!r:.60})", rewrite)
     folder = os.path.dirname(path)
     out: list[_Listed] = []
+    first_at: dict[str, int] = {}  # shard prefix -> its first index (a shard listed twice would be read twice)
     for i, shard in enumerate(shards):
         rel = shard.get("path") if isinstance(shard, dict) else None
         tokens = shard.get("tokens") if isinstance(shard, dict) else None
@@ -413,7 +414,12 @@ def _read_manifest(path: str, key: str, entry: str) -> tuple[list[_Listed], list
         if documents is not None and (not isinstance(documents, int) or isinstance(documents, bool) or documents < 0):
             return problem("data-manifest-unreadable", f"manifest {path!r}: shards[{i}].documents is "
                            f"{documents!r:.40}, not a count", rewrite)
-        out.append((posixpath.normpath(posixpath.join(folder, rel)), tokens, documents))
+        prefix = posixpath.normpath(posixpath.join(folder, rel))
+        if first_at.setdefault(prefix, i) != i:
+            return problem("data-manifest-unreadable", f"manifest {path!r}: shards[{i}] lists {rel!r} again "
+                           f"(shards[{first_at[prefix]}] is the same shard), so the blend would read it twice",
+                           rewrite)
+        out.append((prefix, tokens, documents))
     return out, []
 
 
@@ -491,8 +497,12 @@ def resolve_blend(entries: Any, key: str = "data.train") -> BlendResolution:
                     "relative paths are read from the directory dlmspec runs in); a prefix whose name holds "
                     "*, ? or [ is written with them in brackets: [*], [?], [[]"))
         group: list[tuple[str, int | None]] = []
+        looked: dict[str, tuple[list[str], tuple[int, int] | str]] = {}  # a shard listed again: its files once
         for prefix, listed, listed_docs in found:
-            missing = [prefix + ext for ext in (".bin", ".idx") if not _exists(prefix + ext)]
+            if prefix not in looked:
+                gone = [prefix + ext for ext in (".bin", ".idx") if not _exists(prefix + ext)]
+                looked[prefix] = (gone, "" if gone else index_counts(prefix))
+            missing, counts = looked[prefix]
             if missing:
                 problems.append(BlendProblem(
                     "data-shard-missing", key, written, missing[0], f"shard {prefix!r} of {written!r} has no "
@@ -500,7 +510,6 @@ def resolve_blend(entries: Any, key: str = "data.train") -> BlendResolution:
                     "(an interrupted run resumes and writes the missing shards), or remove the shard from the "
                     "manifest"))
                 continue
-            counts = index_counts(prefix)
             if isinstance(counts, str):
                 problems.append(BlendProblem("data-index-unreadable", key, written, prefix + ".idx",
                                              f"{prefix + '.idx'!r} {counts}", "write the shard again with `dlmspec "
@@ -537,9 +546,12 @@ def mixed_tokenizers(key_shards: list[tuple[str, BlendResolution]]) -> list[Blen
     compared."""
     first: tuple[str, tuple[Any, ...]] | None = None
     out: list[BlendProblem] = []
+    identities: dict[str, tuple[Any, ...] | None] = {}  # each dataset's record read once
     for key, resolution in key_shards:
         for shard in resolution.shards:
-            identity = _tokenizer_identity(shard.prefix)
+            if shard.prefix not in identities:
+                identities[shard.prefix] = _tokenizer_identity(shard.prefix)
+            identity = identities[shard.prefix]
             if identity is None:
                 continue
             if first is None:

@@ -178,16 +178,24 @@ def _written_tokenizer(prefix: str) -> dict[str, Any] | None:
         record = read_record(prefix)
     except (RecordError, OSError):
         return None
+    return _record_tokenizer(record)
+
+
+def _record_tokenizer(record: Any) -> dict[str, Any] | None:
+    """A read record's tokenizer section, or None."""
     section = record.get("tokenizer") if isinstance(record, dict) else None
     return section if isinstance(section, dict) else None
 
 
-def tokenizer_difference(spec_tokenizer: Any, written: dict[str, Any]) -> str | None:
+def tokenizer_difference(spec_tokenizer: Any, written: dict[str, Any],
+                         digests: dict[str, str] | None = None) -> str | None:
     """Why a dataset written with the record's tokenizer section ``written`` does not fit the
     spec's ``[data.tokenizer]`` (:class:`~dlmspec.spec.models.TokenizerSpec`), or None when
     nothing tells them apart: another type, or a file (``--tokenizer-model``, ``--vocab-file``,
     ``--merge-file``) whose SHA-256 differs from the one recorded. Files that are not here (a
-    path of the job's machine, a hub name) and records without digests are not compared."""
+    path of the job's machine, a hub name) and records without digests are not compared.
+    ``digests`` (path -> SHA-256) keeps each spec file's digest across calls, so the shards of a
+    manifest cost one hash of each tokenizer file, not one per shard."""
     kind = written.get("type")
     if kind != spec_tokenizer.type:
         return f"by {kind}, the spec's data.tokenizer.type is {spec_tokenizer.type!r}"
@@ -197,7 +205,11 @@ def tokenizer_difference(spec_tokenizer: Any, written: dict[str, Any]) -> str | 
         if not isinstance(entry, dict) or not entry.get("sha256") or not mine or not os.path.isfile(mine):
             continue
         try:
-            same = file_sha256(mine) == entry["sha256"]
+            if digests is None:
+                digest = file_sha256(mine)
+            else:
+                digest = digests[mine] if mine in digests else digests.setdefault(mine, file_sha256(mine))
+            same = digest == entry["sha256"]
         except OSError:
             continue
         if not same:
@@ -220,18 +232,23 @@ def _tokenizer_spec(ctx: Context) -> Iterator[Finding]:
     if d.mock:
         return
     want = d.tokenizer
+    digests: dict[str, str] = {}  # each spec tokenizer file hashed once
     for key, resolution in (("data.train", ctx.r.train_blend), ("data.valid", ctx.r.valid_blend)):
+        seen: set[str] = set()
         for shard in resolution.shards:
+            if shard.prefix in seen:  # a manifest may list a shard many times: its record is read once
+                continue
+            seen.add(shard.prefix)
             try:
-                read_record(shard.prefix)
+                record = read_record(shard.prefix)
             except RecordError as exc:  # a FIFO, /dev/zero, 100,000 nested brackets, not JSON, ...
                 yield Finding(key, f"{shard.prefix!r}: its record {exc.path} cannot be read ({exc.reason}), so "
                               "the tokenizer it was written with is unknown",
                               f"move {exc.path} away (the dataset is then used without a record), or prepare "
                               "the data again with `dlmspec data prepare`", value=shard.entry)
                 break  # one per blend
-            written = _written_tokenizer(shard.prefix)
-            why = tokenizer_difference(want, written) if written is not None else None
+            written = _record_tokenizer(record)
+            why = tokenizer_difference(want, written, digests) if written is not None else None
             if why is None:
                 continue
             files = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in

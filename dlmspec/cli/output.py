@@ -139,8 +139,10 @@ def _issue_dict(issue: SpecIssue) -> dict[str, Any]:
 
 #: Characters a terminal acts on instead of printing: C0 controls (ESC starts CSI and OSC
 #: sequences), DEL, C1 controls (U+0080-U+009F; U+009B is a one-character CSI) and the bidi
-#: overrides and isolates (U+202A-U+202E, U+2066-U+2069), which reorder what follows.
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: overrides and isolates (U+202A-U+202E, U+2066-U+2069), which reorder what follows; and lone
+#: surrogates (U+D800-U+DFFF, which JSON's ``"\\ud800"`` gives), which no encoding writes (printing
+#: one raises ``UnicodeEncodeError``, drawing one fails inside a font library).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def printable(text: str, *, keep_newlines: bool = False) -> str:
@@ -155,6 +157,20 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
         return repr(ch)[1:-1] if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
     return _CONTROLS.sub(escape, text) if isinstance(text, str) else text
+
+
+def shown(value: Any, *, keep_newlines: bool = False) -> str:
+    """``value`` (a string read from a file: a record, a manifest, a run's metrics, a file name)
+    as it may reach the terminal: ``str(value)`` with every token-shaped secret and URL password
+    replaced by ``<hidden>`` (:func:`dlmspec.credentials.redact_text`), then every character a
+    terminal acts on, and every lone surrogate, written as its escape (:func:`printable`).
+
+    The one function for file-read text on its way to a console, a plot or a message. Print the
+    result as :class:`rich.text.Text` (or with ``markup=False``), so brackets print literally."""
+    from dlmspec.credentials import redact_text
+
+    text = value if isinstance(value, str) else str(value)
+    return printable(redact_text(text), keep_newlines=keep_newlines)
 
 
 def issues_table(issues: Iterable[SpecIssue]) -> Table:

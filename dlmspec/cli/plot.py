@@ -16,7 +16,7 @@ import typer
 
 from dlmspec.cli.app import app
 from dlmspec.cli.help import Command
-from dlmspec.cli.output import print_envelope, use_json
+from dlmspec.cli.output import print_envelope, shown, use_json
 from dlmspec.cli.runs import RunLog, read_run
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.files import FileRefused, atomic_writer, open_regular
@@ -51,6 +51,15 @@ def written_by_dlmspec(path: str) -> bool:
     return head.startswith(b"\x89PNG") and b"Software\x00" + SOFTWARE.encode() in head
 
 
+def legend_label(name: str) -> str:
+    """A run's name as matplotlib may draw it: :func:`dlmspec.cli.output.shown` (secrets hidden,
+    control characters and lone surrogates escaped: FreeType cannot draw a surrogate), ``$``
+    escaped (matplotlib reads ``$...$`` as mathtext, and a bad formula fails the drawing) and a
+    leading ``_`` kept visible (matplotlib leaves labels starting with ``_`` out of the legend)."""
+    text = shown(name).replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
 def draw(runs: list[RunLog], output: str) -> dict[str, int]:
     """Draw :data:`PANELS` for ``runs`` into the PNG ``output`` (written whole into a file created
     exclusively beside it, then moved into place: :func:`dlmspec.files.atomic_writer`); each line
@@ -78,7 +87,8 @@ def draw(runs: list[RunLog], output: str) -> dict[str, int]:
     fig.subplots_adjust(left=0.055, right=0.985, bottom=0.13, top=0.92, wspace=0.3)
     points: dict[str, int] = {}
     names = [log.name for log in runs]
-    labels = [f"{name} ({log.run_dir})" if names.count(name) > 1 else name for name, log in zip(names, runs)]
+    labels = [legend_label(f"{name} ({log.run_dir})" if names.count(name) > 1 else name)
+              for name, log in zip(names, runs)]
     for ax, (title, event, key, ylabel) in zip(axes, PANELS):
         points[title] = 0
         for log, label in zip(runs, labels):
@@ -139,5 +149,5 @@ def plot(
     if json_output:
         print_envelope("plot", ok=True, result={"output": output, "runs": [r.run_dir for r in runs], "points": points})
     else:
-        print(f"wrote {output}: " + ", ".join(f"{title} {n} points" for title, n in points.items())
+        print(f"wrote {shown(output)}: " + ", ".join(f"{title} {n} points" for title, n in points.items())
               + f" from {len(runs)} run(s)")

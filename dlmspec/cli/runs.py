@@ -235,4 +235,8 @@ def show_run(run_dir: str, *, set_: list[str], json_output: bool) -> None:
 
         print_envelope("show", ok=True, result={"run": json_safe(summary)})
         return
-    sys.stdout.write("\n".join(summary_lines(summary)) + "\n")
+    from dlmspec.cli.output import shown
+
+    # each line quotes the run's own files (name, provenance, records): shown() hides secrets and
+    # escapes terminal controls and lone surrogates, which stdout could not encode
+    sys.stdout.write("\n".join(shown(line) for line in summary_lines(summary)) + "\n")

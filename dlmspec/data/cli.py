@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
-from dlmspec.cli.output import print_envelope, use_json
+from dlmspec.cli.output import print_envelope, shown, use_json
 from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
 from dlmspec.data.hub import source_from_flags
 from dlmspec.data.inspect import SAMPLE_TOKENS, Inspection, inspect_dataset
@@ -70,7 +70,7 @@ def _print_summary(console: Console, result: PrepareResult) -> None:
             continue
         rows.append((f"key {out.json_key}", f"{out.prefix}.{{bin,idx}} ({detail})"))
     for name, value in rows:
-        table.add_row(Text(name), Text(value))  # Text: no markup in paths or keys
+        table.add_row(Text(name), Text(shown(value)))  # Text: no markup in paths or keys
     console.print(table)
 
 
@@ -245,7 +245,10 @@ def _sft_input(values: list[str]) -> Optional[str]:
 
 
 def _print_inspection(console: Console, found: Inspection) -> None:
-    table = Table(title=f"dlmspec data inspect {found.prefix}", show_header=False, title_justify="left")
+    # every string read from the dataset's files (its name, record, manifest, sample) goes through
+    # shown(): secrets hidden, terminal escapes and lone surrogates escaped; Text: no markup
+    table = Table(title=Text(f"dlmspec data inspect {shown(found.prefix)}"), show_header=False,
+                  title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value")
     tok = found.tokenizer
@@ -269,7 +272,7 @@ def _print_inspection(console: Console, found: Inspection) -> None:
         rows.insert(0, ("shards", f"{len(found.shards):,} ({found.shards[0]['prefix']} ... {found.shards[-1]['prefix']})"
                         if found.shards else "0"))
     for name, value in rows:
-        table.add_row(Text(name), Text(value))
+        table.add_row(Text(name), Text(shown(value)))
     console.print(table)
     if found.histogram:
         hist = Table(title="document length histogram (tokens)", title_justify="left")
@@ -284,17 +287,17 @@ def _print_inspection(console: Console, found: Inspection) -> None:
     sample = found.sample
     if sample["document"] is not None:
         console.print(Text(f"sample: document {sample['document']}, first {len(sample['ids'])} ids", style="bold"))
-        console.print(Text(str(sample["ids"])), soft_wrap=True)
+        console.print(Text(shown(sample["ids"])), soft_wrap=True)
         if sample.get("marked") is not None:
             from dlmspec.data.inspect import LOSS_CLOSE, LOSS_OPEN
 
             console.print(Text(f"loss on {sample['response_tokens']} of {len(sample['ids'])} sample tokens, "
                                f"between {LOSS_OPEN} and {LOSS_CLOSE}:"), soft_wrap=True)
-            console.print(_marked_text(repr(sample["marked"]), LOSS_OPEN, LOSS_CLOSE), soft_wrap=True)
+            console.print(_marked_text(shown(repr(sample["marked"])), LOSS_OPEN, LOSS_CLOSE), soft_wrap=True)
         elif sample["text"] is not None:
-            console.print(Text(repr(sample["text"])), soft_wrap=True)
+            console.print(Text(shown(repr(sample["text"]))), soft_wrap=True)
     for note in found.notes:
-        console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
+        console.print(Text(f"note: {shown(note)}", style="yellow"), soft_wrap=True)
 
 
 def _marked_text(text: str, open_: str, close: str) -> Text:
@@ -344,5 +347,6 @@ def _fail(err: Console, message: str, json_output: bool, rule: str, command: str
         print_envelope(command, ok=False, issues=[SpecIssue(f"<{command}>", message, rule=rule,
                                                             source=f"dlmspec.data.{command.split()[-1]}")])
     else:
+        message = shown(message, keep_newlines=True)  # it may quote a file's name or contents
         err.print(f"error: {message}" if rule != "interrupted" else message, style="bold red", markup=False,
                   highlight=False, soft_wrap=rule != "interrupted")

@@ -69,9 +69,13 @@ class Inspection:
     response: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` result, every token-shaped secret read from the record or manifest (a
+        file path holding ``hf_...``) replaced by ``<hidden>`` (:func:`dlmspec.credentials.redact`)."""
+        from dlmspec.credentials import redact
+
         data = asdict(self)
         data["mean_document_tokens"] = round(self.mean_document_tokens, 2)
-        return data
+        return redact(data)
 
 
 def resolve_prefix(name: str) -> str:
@@ -309,8 +313,12 @@ def _response_flags(prefix: str, record: Optional[dict[str, Any]], sample_docume
         notes.append(f"the response mask {mask_prefix} does not match the tokens (other lengths): "
                      "prepare the dataset again; the tokens that carry loss are not shown")
         return None, []
-    values = np.memmap(bin_path, mode="r", dtype=np.dtype(dtype)) if tokens else np.zeros(0, np.uint8)
-    carried = int(np.count_nonzero(values[:tokens]))
+    try:
+        values = _map_tokens(bin_path, dtype, 0, tokens) if tokens else np.zeros(0, np.uint8)
+    except DataPrepareError as exc:
+        notes.append(f"{exc}: the tokens that carry loss are not shown")
+        return None, []
+    carried = int(np.count_nonzero(values))
     flags = _sample_ids(dtype, pointers, doc_indices, doc_lengths, bin_path, sample_document, sample_tokens) \
         if documents else []
     summary = {"tokens": carried, "share": carried / tokens if tokens else 0.0, "prefix": mask_prefix,
@@ -354,9 +362,32 @@ def _sample_ids(dtype: str, pointers: Any, doc_indices: Any, doc_lengths: Any, b
     if not count:
         return []
     itemsize = np.dtype(dtype).itemsize
-    data = np.memmap(bin_path, mode="r", dtype=np.dtype(dtype))
     offset = int(pointers[first]) // itemsize
-    return [int(x) for x in data[offset : offset + count]]
+    return [int(x) for x in _map_tokens(bin_path, dtype, offset, count)]
+
+
+def _map_tokens(bin_path: str, dtype: str, offset: int, count: int) -> Any:
+    """Tokens ``offset .. offset + count`` (in items of ``dtype``) of ``bin_path``, memory-mapped:
+    only that window is mapped (``np.memmap``'s ``offset``/``shape``), never the whole ``.bin``,
+    which may be far larger than the memory this process may use (a sparse 8 GiB file under a
+    2 GiB address-space limit). :func:`dlmspec.data.index.check_index` has checked that the
+    ``.bin`` holds every token its index describes.
+
+    Raises:
+        DataPrepareError: the window cannot be mapped (``ENOMEM`` under an address-space limit, a
+            file that shrank since it was checked): the message names the file and why.
+    """
+    import numpy as np
+
+    itemsize = np.dtype(dtype).itemsize
+    try:
+        return np.memmap(bin_path, mode="r", dtype=np.dtype(dtype), offset=offset * itemsize, shape=(count,))
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise DataPrepareError(
+            f"{bin_path}: cannot be mapped in the memory this process may use ({count * itemsize:,} bytes at byte "
+            f"{offset * itemsize:,}: {why}); raise the limit (ulimit -v) or inspect on a machine with more memory"
+        ) from None
 
 
 def _finish(prefix: str, dtype: str, sequences: int, tokens: int, doc_lengths: Any, ids: list[int],

@@ -53,8 +53,12 @@ class DatasetOutput:
 
 
 def _same_file(a: str, b: str) -> bool:
-    """Whether ``a`` and ``b`` name one file (same device and inode, links followed)."""
+    """Whether ``a`` and ``b`` name one file: the same path once links are resolved
+    (``os.path.realpath``: also when ``b`` does not exist yet), or the same device and inode (a
+    hard link)."""
     try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
         return os.path.samefile(a, b)
     except (OSError, ValueError):
         return False
@@ -88,16 +92,24 @@ def check_outputs(
 ) -> None:
     """Refuse output names that would lose a file; raises :class:`DataPrepareError`.
 
-    An output that is the same file as an input (by name, through a symlink on either side, a
-    symlinked folder, or a hard link) is always refused: the commit renames over the output
-    name. A folder at an output name is refused (it cannot be renamed over). Any other file
+    An output (``PREFIX.bin``, ``PREFIX.idx`` or the dataset record ``PREFIX.dlmspec.json``) that
+    is the same file as an input (by name, through a symlink on either side, a symlinked folder,
+    or a hard link) is always refused: the commit renames over the output name. A folder at an output name is refused (it cannot be renamed over). Any other file
     at an output name (a dataset from an earlier run, a lone ``.bin``) is refused unless
     ``force``.
     """
     existing: list[str] = []
+    from dlmspec.data.record import record_path
+
     for out in outputs.values():
-        for path in (out.bin_path, out.idx_path):
+        for path in (out.bin_path, out.idx_path, record_path(out.prefix)):
             for flag, value in protected:
+                if _same_file(value, path) and path == record_path(out.prefix):
+                    raise DataPrepareError(
+                        f"--output-prefix {output_prefix}: {path}, the dataset record, is an input file "
+                        f"({flag} {value}), and data prepare never writes over its input (--force does not "
+                        f"allow this); pick another --output-prefix, e.g. {output_prefix}-tokens"
+                    )
                 if _same_file(value, path):
                     if os.path.abspath(value) == os.path.abspath(path):
                         what = "this file is an output"
@@ -109,6 +121,8 @@ def check_outputs(
                         "(--force does not allow this). Pick another --output-prefix, e.g. "
                         f"{output_prefix}-tokens"
                     )
+            if path not in (out.bin_path, out.idx_path):
+                continue  # the record is replaced whole with the dataset (write_atomic)
             if os.path.isdir(path) and not os.path.islink(path):
                 raise DataPrepareError(
                     f"--output-prefix {output_prefix}: {path} is a folder, where the dataset "
