@@ -23,6 +23,7 @@ pydantic and the spec models (:mod:`dlmspec.spec.models`) are imported only to v
 from __future__ import annotations
 
 import ast
+import contextlib
 import itertools
 import json
 import math
@@ -33,6 +34,7 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from dlmspec.errors import Fix, SpecError, SpecIssue, printable_int, safe_repr
@@ -595,12 +597,48 @@ def _run_python(path: Path) -> tuple[bool, list[_Member]]:
     key = (str(path), os.stat(path).st_mtime_ns, size)
     if key not in _RUNS:
         try:
-            _RUNS[key] = _python_members(path)
+            with _cpu_limit(MAX_PYTHON_CPU_S):
+                _RUNS[key] = _python_members(path)
         except (SpecError, KeyboardInterrupt):
             raise
+        except _TooLong as exc:
+            raise _python_error(path, exc) from None
         except Exception as exc:  # noqa: BLE001 - the user's objects (a method of theirs raising) reach here
             raise _python_error(path, exc) from None
     return _RUNS[key]
+
+
+#: CPU seconds a Python spec file may run: its own code, building the spec or the sweep's members.
+MAX_PYTHON_CPU_S = 15.0
+
+
+class _TooLong(BaseException):
+    """Raised in a Python spec file's code when it ran past :data:`MAX_PYTHON_CPU_S` (a
+    ``BaseException``, so the file's own ``except Exception`` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def _cpu_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`_TooLong` in the running code once this process has used ``seconds`` more
+    CPU time (``ITIMER_PROF``); only in the main thread of a platform with ``setitimer``, else no
+    limit. The previous handler and timer are restored."""
+    import signal
+    import threading
+
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise _TooLong()
+
+    previous = signal.signal(signal.SIGPROF, expired)
+    old_timer = signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, *old_timer)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def _python_issue(path: Path, message: str, line: int | None, hint: str | None = None, value: Any = None,
@@ -619,6 +657,11 @@ def _python_error(path: Path, exc: BaseException) -> SpecError:
     frames = list(python.error_frames(exc.__traceback__))
     last = frames[-1] if frames else None
     line = last.tb_lineno if last is not None else None
+    if isinstance(exc, _TooLong):
+        return SpecError([_python_issue(
+            path, f"the spec file ran for more than {MAX_PYTHON_CPU_S:g} s of CPU time: a spec or sweep is built in "
+            "well under that (a sweep of 10,000 members, the most a sweep holds, in about 13 s)", line,
+            hint="build fewer members, or move long computations out of the spec file")])
     file = last.tb_frame.f_code.co_filename if last is not None else str(path)
     if isinstance(exc, ValidationError):
         origins: dict[str, Origin] = {}
