@@ -364,11 +364,23 @@ def _swap_targets() -> list:
                (DefaultLoadPlanner, "load_bytes", _safe_load_bytes)]
     try:
         from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
-    except ImportError:  # the FSDP path needs no megatron-core checkpoint code
+    except ImportError:  # megatron-core 0.19 has none, or the FSDP path without megatron-core
         pass
     else:
         targets.append((TorchCommonLoadStrategy, "load_common", _safe_load_common))
+    try:  # megatron-core 0.19: a legacy common.pt is read by this module-level function
+        from megatron.core.dist_checkpointing import serialization
+    except ImportError:
+        pass
+    else:
+        if callable(getattr(serialization, "load_common", None)):
+            targets.append((serialization, "load_common", _safe_load_common_function))
     return targets
+
+
+def _safe_load_common_function(checkpoint_dir: Any) -> Any:
+    """megatron-core 0.19's ``serialization.load_common`` through :func:`check_common_file`."""
+    return _safe_load_common(None, checkpoint_dir)
 
 
 @contextmanager

@@ -94,7 +94,11 @@ def test_each_real_checkpoint_loads_through_the_safe_readers(ckpt: Path) -> None
         value = value[0] if isinstance(value, list) else value  # megatron-core wraps a ShardedObject's data
         assert set(value) >= {"random", "numpy", "torch", "interval_loss"}
         random.Random().setstate(value["random"])
-        assert cs.check_common_file(ckpt)["iteration"] == 3
+        common = cs.check_common_file(ckpt)  # megatron-core before 0.19 writes common.pt
+        if common is None:  # 0.19 stores the common state as a byte object of the index
+            (key,) = [k for k in state if k.startswith("common_state")]
+            common = state[key][0] if isinstance(state[key], list) else state[key]
+        assert common["iteration"] == 3
     else:
         from dlmspec.backends.megatron import fsdp
 
@@ -182,18 +186,32 @@ def test_another_megatron_backend_is_refused(tmp_path) -> None:
 
 
 def test_the_safe_readers_replace_torchs_and_megatrons_only_inside_guarded() -> None:
-    from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
+    """Inside ``guarded`` torch's index reader and byte loader and megatron-core's common-state
+    loader (0.16: ``TorchCommonLoadStrategy.load_common``; 0.19: ``serialization.load_common``)
+    are the safe ones; outside, the originals are back."""
+    from megatron.core.dist_checkpointing import serialization
+    from megatron.core.dist_checkpointing.strategies import common
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    before = (FileSystemReader.read_metadata, DefaultLoadPlanner.load_bytes, TorchCommonLoadStrategy.load_common)
+    strategy = getattr(common, "TorchCommonLoadStrategy", None)
+    module_level = getattr(serialization, "load_common", None)
+    assert strategy is not None or module_level is not None, "no common-state loader of megatron-core is covered"
+
+    def current():
+        return (FileSystemReader.read_metadata, DefaultLoadPlanner.load_bytes,
+                strategy.load_common if strategy is not None else None, getattr(serialization, "load_common", None))
+
+    before = current()
     with cs.guarded(HERE / "torch_dist"):
         with cs.guarded(HERE / "fsdp_dtensor"):
             assert FileSystemReader.read_metadata is cs._safe_read_metadata
         assert DefaultLoadPlanner.load_bytes is cs._safe_load_bytes
-        assert TorchCommonLoadStrategy.load_common is cs._safe_load_common
-    assert (FileSystemReader.read_metadata, DefaultLoadPlanner.load_bytes,
-            TorchCommonLoadStrategy.load_common) == before
+        if strategy is not None:
+            assert strategy.load_common is cs._safe_load_common
+        if module_level is not None:
+            assert serialization.load_common is cs._safe_load_common_function
+    assert current() == before
 
 
 def test_fsdp_run_and_rng_state_are_json_text_that_restores_the_generators() -> None:
