@@ -104,8 +104,9 @@ def _save_strategy() -> Any:
     class _CPUTorchDistSaveShardedStrategy(TorchDistSaveShardedStrategy):
         """``torch_dist`` saving without CUDA calls (world size 1)."""
 
-        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret):
-            request = super()._get_save_and_finalize_callbacks(writer, save_state_dict_ret)
+        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret, *more):
+            # megatron-core 0.19 passes a third argument (async_strategy); 0.16 passes two
+            request = super()._get_save_and_finalize_callbacks(writer, save_state_dict_ret, *more)
             storage_writer, global_metadata, dist_wrapper = save_state_dict_ret
 
             def finalize() -> None:
