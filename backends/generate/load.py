@@ -94,10 +94,14 @@ def describe_read_error(exc: BaseException, width: int = 300) -> str:
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
         inner = next(iter(failures.values()))
+        if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+            inner = inner[0]  # torch keeps (exception, stack summary) per rank
         inner = getattr(inner, "exc", inner) if not isinstance(inner, BaseException) else inner
         if isinstance(inner, BaseException):
             exc = inner
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    text = f"{type(exc).__name__}: {exc}"
+    text = text.split("Traceback (most recent call last)")[0].strip()  # never a traceback in a message
+    text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

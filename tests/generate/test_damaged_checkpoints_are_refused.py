@@ -207,3 +207,20 @@ def test_the_load_error_list_takes_a_safe_unpicklers_refusal():
     for exc in (CheckpointRefused("global torch.nn.Foo is not allowed"), RefusedValue("no"), EOFError("Ran out of input")):
         assert isinstance(exc, errors)
     assert describe_read_error(EOFError("Ran out of input")) == "EOFError: Ran out of input"
+
+
+def test_a_read_error_is_described_without_the_ranks_traceback():
+    """torch's CheckpointException carries each rank's traceback: the one-line description names
+    the rank's error and never prints a traceback."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from dlmspec.backends.generate.load import describe_read_error
+
+    try:
+        raise ValueError("bad header")
+    except ValueError as inner:
+        import traceback
+
+        exc = CheckpointException("read", {0: (inner, traceback.extract_tb(inner.__traceback__))})
+    text = describe_read_error(exc)
+    assert text.startswith("ValueError: bad header") and "Traceback" not in text, text
