@@ -266,6 +266,10 @@ def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[st
     return out
 
 
+#: Most choices one multiple-choice item may have (benchmarks have 2 to ~10).
+MAX_CHOICES = 1000
+
+
 def read_choices(path: str) -> list[dict[str, Any]]:
     """Multiple-choice items of a JSONL file: ``{"context": str, "choices": [str, ...], "label": int}``.
 
@@ -280,6 +284,10 @@ def read_choices(path: str) -> list[dict[str, Any]]:
             raise _issue("--choices", f"{path}:{number}",
                          f"line {number} is not {{\"context\": str, \"choices\": [at least 2 non-empty str], \"label\": int}}",
                          '{"context": "The sky is", "choices": [" blue", " green"], "label": 0}', file=path, line=number)
+        if len(row["choices"]) > MAX_CHOICES:
+            raise _issue("--choices", f"{path}:{number}", f"line {number} has {len(row['choices']):,} choices: an item "
+                         f"has at most {MAX_CHOICES:,} (each choice is one scored forward pass)",
+                         "split the item, or keep the choices a question really has", file=path, line=number)
         for name, text in [("context", row["context"])] + [(f"choice {i}", c) for i, c in enumerate(row["choices"])]:
             why = unicode_problem(text)
             if why:

@@ -182,3 +182,18 @@ def test_prompt_ids_and_generated_ids_print_apart_without_a_tokenizer(tiny_runs,
     plain = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]
     assert plain[0] == "prompt ids: 15496", plain
     assert re.fullmatch(r"generated ids: \d+ \d+ \d+ \d+", plain[1]), plain
+
+
+def test_an_item_with_more_choices_than_any_benchmark_is_refused_naming_its_line(tmp_path):
+    """An item of 100,000 choices (100,000 scored passes) is refused before a model is loaded."""
+    import json as _json
+
+    from dlmspec.cli.generate import MAX_CHOICES, read_choices
+    from dlmspec.errors import SpecError
+
+    path = tmp_path / "many.jsonl"
+    path.write_text(_json.dumps({"context": "x", "choices": [" a"] * 100_000, "label": 0}) + "\n")
+    with pytest.raises(SpecError) as info:
+        read_choices(str(path))
+    (issue,) = info.value.issues
+    assert issue.key == "--choices" and issue.line == 1 and f"{MAX_CHOICES:,}" in issue.message
