@@ -588,25 +588,13 @@ MAX_JSON_BYTES = 256 << 20
 
 def read_json(path: str) -> Any:
     """The JSON in ``path`` (a tokenizer's ``tokenizer.json``, ``tokenizer_config.json``,
-    ``vocab.json`` ...); ``None`` when it cannot be read or parsed, is not a regular file (a
-    pipe or device is never opened: checked with ``os.stat`` first) or is larger than
-    :data:`MAX_JSON_BYTES`."""
-    import json
-    import stat
+    ``vocab.json`` ...), read by :func:`dlmspec.files.read_json` (a regular file of at most
+    :data:`MAX_JSON_BYTES`, never a pipe or device); ``None`` when it cannot be read or parsed."""
+    from dlmspec.files import FileRefused, read_json as read_untrusted_json
 
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JSON_BYTES:
-            return None
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                return None
-            data = handle.read(MAX_JSON_BYTES + 1)
-        if len(data) > MAX_JSON_BYTES:
-            return None
-        return json.loads(data.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
+        return read_untrusted_json(path, limit=MAX_JSON_BYTES, what="tokenizer file")
+    except FileRefused:
         return None
 
 

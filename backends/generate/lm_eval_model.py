@@ -482,8 +482,9 @@ LM_EVAL_INPUT_ERRORS = {
 
 def _one_line(exc: BaseException, width: int = 600) -> str:
     """``str(exc)`` on one line, control characters escaped, at most ``width`` characters."""
-    text = " ".join(str(exc).split())
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    from dlmspec.cli.output import printable
+
+    text = printable(" ".join(str(exc).split()))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 import typer
 
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
-from dlmspec.cli.output import command_name, print_envelope, stderr, stdout, use_json
+from dlmspec.cli.output import command_name, print_envelope, printable, stderr, stdout, use_json
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.spec.load import COMMAND_LINE
 
@@ -423,18 +423,12 @@ def _spec_table(spec: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional
 
 # --------------------------------------------------------------------------- printing
 
-#: Characters never sent raw to a terminal: C0 controls but newline and tab (ESC starts the
-#: escape sequences that move the cursor, retitle the window or hide text), DEL, and C1 controls
-#: (U+009B is a one-character CSI).
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]}
-
-
 def terminal_safe(text: str) -> str:
-    """``text`` with every control character but newline and tab written as its escape
-    (``"\\x1b[2J"`` prints as the text ``\\x1b[2J``), so a prompt, a generated text
-    or a path cannot move the cursor, clear the screen or retitle the terminal. Used with
+    """``text`` as it may reach the terminal: :func:`dlmspec.cli.output.printable` keeping
+    newlines and tabs (``"\\x1b[2J"`` prints as the text ``\\x1b[2J``), so a prompt, a generated
+    text or a path cannot move the cursor, clear the screen or retitle the terminal. Used with
     :class:`rich.text.Text`, which never reads ``[bold]`` as markup."""
-    return text.translate(_CONTROL)
+    return printable(text, keep_newlines=True)
 
 
 def _print_outputs(console: Any, outputs: list[dict[str, Any]], has_tokenizer: bool) -> None:

@@ -149,12 +149,15 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     """``text`` with every character a terminal would act on (:data:`_CONTROLS`) written as its
     Python escape (``\\x1b``, ``\\u202e``), so a value from a spec (a run name, a key) cannot
     move the cursor, recolour, retitle or clear the terminal the issue is printed on;
-    ``keep_newlines``: ``\\n`` stays a line break (dlmspec's own messages use it)."""
+    ``keep_newlines``: ``\\n`` stays a line break and ``\\t`` a tab (dlmspec's own messages, and
+    text such as prompts and generated code, use them)."""
     def escape(match: re.Match[str]) -> str:
         ch = match.group()
-        if keep_newlines and ch == "\n":
+        if keep_newlines and ch in "\n\t":
             return ch
-        return repr(ch)[1:-1] if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+        if ch in "\n\t":
+            return "\\n" if ch == "\n" else "\\t"
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
     return _CONTROLS.sub(escape, text) if isinstance(text, str) else text
 

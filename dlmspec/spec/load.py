@@ -660,7 +660,7 @@ def _python_error(path: Path, exc: BaseException) -> SpecError:
     if isinstance(exc, _TooLong):
         return SpecError([_python_issue(
             path, f"the spec file ran for more than {MAX_PYTHON_CPU_S:g} s of CPU time: a spec or sweep is built in "
-            "well under that (a sweep of 10,000 members, the most a sweep holds, in about 13 s)", line,
+            "well under that", line,
             hint="build fewer members, or move long computations out of the spec file")])
     file = last.tb_frame.f_code.co_filename if last is not None else str(path)
     if isinstance(exc, ValidationError):
