@@ -13,6 +13,8 @@
 #               0.19.2 into /tmp/site19; the fixtures of both pairs and the allow-list tests on them
 #   STEP=part N [.whl/te/core.part.0N]  (N = 0..4)
 #   STEP=te     [.whl/te/small .whl/te/core.md5 .device/te-install.sh]  TE into /tmp/site_te
+#   STEP=site   [.whl/mc .whl/te/core.part.05]  megatron-core 0.16.1 + dlmspec into /tmp/site only (no fixtures)
+#   STEP=tegaf  [as te]  te, then gaf with a 400 s budget, in one call
 #   STEP=gaf    []  bench/throughput/grad_accum_fusion.py (fusion on against off, TE layers, one GPU)
 set -u
 out=${OUT:?set OUT}
@@ -37,6 +39,11 @@ case "${STEP:?}" in
         -k "each_real_checkpoint or payload" 2>&1 | tail -n 4
     done
     (cd "$out" && tar czf fixtures.tgz fixtures && rm -rf fixtures) ;;
+  site)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 --version
+    python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/dlw . > "$out/wheel.log" 2>&1 || { tail "$out/wheel.log"; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/mc/*.whl /tmp/dlw/*.whl || exit 1
+    mkdir -p /tmp/te && cp .whl/te/core.part.05 /tmp/te/ && ls /tmp/te ;;
   part)
     mkdir -p /tmp/te && cp ".whl/te/core.part.0${N:?part number}" /tmp/te/ && ls /tmp/te ;;
   te)
@@ -46,5 +53,12 @@ case "${STEP:?}" in
   gaf)
     export PYTHONPATH=/tmp/site_te:/tmp/site
     timeout 560 python3 bench/throughput/grad_accum_fusion.py --out "$out" --budget-s 500 > "$out/grad_accum_fusion.log" 2>&1
+    echo "grad_accum_fusion exit $?"; tail -n 25 "$out/grad_accum_fusion.log" ;;
+  tegaf)
+    bash .device/te-install.sh .whl/te/small > "$out/te_install.log" 2>&1
+    echo "te-install exit $?"; tail -n 2 "$out/te_install.log"
+    cp /tmp/te/out/transformer_engine_torch-*.whl "$out/" 2>/dev/null
+    export PYTHONPATH=/tmp/site_te:/tmp/site
+    timeout 470 python3 bench/throughput/grad_accum_fusion.py --out "$out" --budget-s 400 > "$out/grad_accum_fusion.log" 2>&1
     echo "grad_accum_fusion exit $?"; tail -n 25 "$out/grad_accum_fusion.log" ;;
 esac
