@@ -17,16 +17,13 @@ update = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(update)
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.parametrize("spec", update.bundled_specs(), ids=lambda p: p.stem)
 def test_compiled_output_equals_golden_files(spec: Path, tmp_path: Path) -> None:
     golden = update.GOLDEN / spec.stem
     assert golden.is_dir(), f"no golden files for {spec.name}: run python tests/golden/update.py"
     update.compile_spec(spec, tmp_path / spec.stem)
-    got, want = _files(tmp_path / spec.stem), _files(golden)
+    got = update.compiled_files(tmp_path / spec.stem)
+    want = {str(p.relative_to(golden)): p.read_bytes() for p in sorted(golden.rglob("*")) if p.is_file()}
     assert sorted(got) == sorted(want)
     changed = [name for name in want if got[name] != want[name]]
     assert not changed, f"{spec.name}: compiled files differ from the golden files: {changed}"

@@ -34,11 +34,24 @@ def compile_spec(spec: Path, out: Path) -> None:
     )
 
 
+def normalize(data: bytes) -> bytes:
+    """Compiled files name the spec by its absolute path (their header line): the checkout's
+    location is written as ``<checkout>`` so the golden files hold in any clone."""
+    return data.replace(str(ROOT).encode(), b"<checkout>")
+
+
+def compiled_files(out: Path) -> dict[str, bytes]:
+    """``{relative path: normalized bytes}`` of every file under ``out``."""
+    return {str(p.relative_to(out)): normalize(p.read_bytes()) for p in sorted(out.rglob("*")) if p.is_file()}
+
+
 def main() -> None:
     if GOLDEN.exists():
         shutil.rmtree(GOLDEN)
     for spec in bundled_specs():
         compile_spec(spec, GOLDEN / spec.stem)
+        for name, data in compiled_files(GOLDEN / spec.stem).items():
+            (GOLDEN / spec.stem / name).write_bytes(data)
         print(f"{spec.relative_to(ROOT)} -> {(GOLDEN / spec.stem).relative_to(ROOT)}")
 
 
