@@ -260,7 +260,7 @@ LOCAL_MEASURED = MeasuredRange(
 #: (the TE runs record ``torch.cuda.max_memory_reserved()`` as well, ``bench/gpu/te_calibration.sh``).
 TE_FITTED_NAMES = FITTED + ("allocator_reserve_fraction",)
 
-# The Transformer Engine path's calibration (issue #21): ``bench/plan/calibrate.py --write`` rewrites
+# The Transformer Engine path's calibration: ``bench/plan/calibrate.py --write`` rewrites
 # the lines between the two markers from the TE records of ``bench/results/*.json`` (``"impl":
 # "transformer_engine"``; held-out records are left out of the fit). ``TE_FITTED`` maps each of
 # :data:`TE_FITTED_NAMES` to its fitted value (the others are :data:`DEFAULT_CALIBRATION`'s),
