@@ -186,3 +186,20 @@ def test_plan_calibration_line_names_no_issue(impl: str, calibrated: bool) -> No
 
     text = calibration_text(impl, calibrated, custom=False)
     assert impl in text and offences(text) == [], text
+
+
+def test_changelog_is_by_release_and_its_newest_release_is_the_package_version() -> None:
+    """CHANGELOG.md has an Unreleased section, then releases `## [X.Y.Z] - YYYY-MM-DD`, newest
+    first; the newest is pyproject's version, which `dlmspec --version` prints."""
+    import tomllib
+
+    import dlmspec
+
+    headings = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), flags=re.M)
+    assert headings[0] == "[Unreleased]", headings[:2]
+    releases = [re.fullmatch(r"\[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}", h) for h in headings[1:]]
+    assert releases and all(releases), headings
+    versions = [tuple(int(x) for x in m.group(1).split(".")) for m in releases]
+    assert versions == sorted(versions, reverse=True)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert releases[0].group(1) == project == dlmspec.__version__
