@@ -172,7 +172,8 @@ def _workspace(tmp_path: Path) -> Path:
     (work / "my-corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus[:80]))
     (work / "my-heldout.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus[80:100]))
     chats = [{"prompt": t.split("\n", 1)[0][:200], "response": t[:400]} for t in corpus[100:120]]
-    (work / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    (work / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats[:15]))
+    (work / "chats-heldout.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats[15:]))
     return work
 
 
