@@ -101,7 +101,7 @@ def _user_facing_files() -> list[Path]:
     "the S10 work period",
     "cites bench/results/session99_h200_that_does_not_exist.json",
 ])
-def test_checker_finds_work_periods_and_issue_numbers(text: str) -> None:
+def test_checker_finds_work_periods_and_ticket_numbers(text: str) -> None:
     assert offences(text), text
 
 
@@ -126,13 +126,13 @@ def test_checker_sets_aside_a_citation_of_an_existing_bench_file() -> None:
 # --- the repository ----------------------------------------------------------------------------
 
 
-def test_no_user_facing_file_is_named_after_a_work_period_or_issue() -> None:
+def test_no_user_facing_file_is_named_after_a_work_period_or_ticket() -> None:
     named = [p.relative_to(ROOT).as_posix() for p in _user_facing_files()
              if OFFENDING_NAME.search(p.name)]
     assert named == []
 
 
-def test_no_user_facing_text_refers_to_a_work_period_or_issue() -> None:
+def test_no_user_facing_text_refers_to_a_work_period_or_ticket() -> None:
     bad = {}
     for path in _user_facing_files():
         if path.suffix not in TEXT_SUFFIXES:
@@ -157,7 +157,7 @@ def _bundled_specs() -> list[str]:
 
 
 @pytest.mark.parametrize("spec", _bundled_specs())
-def test_validate_plan_and_compile_output_names_no_work_period_or_issue(spec, tmp_path, monkeypatch, capsys) -> None:
+def test_validate_plan_and_compile_output_names_no_work_period_or_ticket(spec, tmp_path, monkeypatch, capsys) -> None:
     from dlmspec.cli import main
 
     monkeypatch.chdir(ROOT)
@@ -179,7 +179,7 @@ def test_validate_plan_and_compile_output_names_no_work_period_or_issue(spec, tm
 
 @pytest.mark.parametrize("calibrated", [True, False])
 @pytest.mark.parametrize("impl", ["local+sdpa", "transformer_engine", "a-path-with-no-runs"])
-def test_plan_calibration_line_names_no_issue(impl: str, calibrated: bool) -> None:
+def test_plan_calibration_line_names_no_ticket(impl: str, calibrated: bool) -> None:
     """The `calibration:` line `plan` prints, also for a layer path without calibration runs
     (`UNCALIBRATED for PATH`), which no bundled spec reaches."""
     from dlmspec.plan.provenance import calibration_text
