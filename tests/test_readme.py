@@ -155,6 +155,29 @@ def test_setup_command_two_is_pytest_from_the_venv() -> None:
 # --- every command, in README's order ----------------------------------------------------------
 
 
+#: Documents for the workspace's JSONL files when the offline data kit is absent.
+SYNTHETIC = [f"Section {i}. The function parse_{i} reads a file of {i * 7} lines and returns a list of "
+             f"records; each record holds a name, a size and the line it came from." for i in range(120)]
+
+
+def _corpus_and_tokenizer(gpt2: Path) -> list[str]:
+    """GPT-2's tokenizer files into ``gpt2`` and the documents to write: the offline data kit's
+    (a real GPT-2 tokenizer and English text) when present, else a small byte-level BPE trained
+    here, in GPT-2's file format, and synthetic documents."""
+    kit = SHARED_DATA / "tokenizers" / "gpt2"
+    if (kit / "vocab.json").is_file():
+        for name in ("vocab.json", "merges.txt"):
+            shutil.copy(kit / name, gpt2 / name)
+        lines = (SHARED_DATA / "corpus" / "pydocs-train.jsonl").read_text(encoding="utf-8").splitlines()[:120]
+        return [json.loads(line)["text"] for line in lines]
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(SYNTHETIC * 3, vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"])
+    bpe.save_model(str(gpt2))
+    return list(SYNTHETIC)
+
+
 def _workspace(tmp_path: Path) -> Path:
     """A scratch folder that looks like a checkout after set-up command 1's install: the bundled
     specs, `.venv` (this interpreter's environment), GPT-2's tokenizer files in `.data/gpt2`, and
@@ -165,10 +188,7 @@ def _workspace(tmp_path: Path) -> Path:
     (work / ".venv").symlink_to(Path(sys.prefix))
     gpt2 = work / ".data" / "gpt2"
     gpt2.mkdir(parents=True)
-    for name in ("vocab.json", "merges.txt"):
-        shutil.copy(SHARED_DATA / "tokenizers" / "gpt2" / name, gpt2 / name)
-    corpus = [json.loads(line)["text"] for line in
-              (SHARED_DATA / "corpus" / "pydocs-train.jsonl").read_text(encoding="utf-8").splitlines()[:120]]
+    corpus = _corpus_and_tokenizer(gpt2)
     (work / "my-corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus[:80]))
     (work / "my-heldout.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus[80:100]))
     chats = [{"prompt": t.split("\n", 1)[0][:200], "response": t[:400]} for t in corpus[100:120]]
@@ -187,7 +207,6 @@ def _expected_exit(command: str) -> int:
     return 2 if "tensor_model_parallel_size=5" in command else 0
 
 
-@pytest.mark.shared_data
 def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     install, tests = _setup_commands()
     work = _workspace(tmp_path)
