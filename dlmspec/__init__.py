@@ -7,4 +7,4 @@ Data flows one way: a spec file is loaded (:mod:`dlmspec.spec.load`) into a
 Nothing in this package imports torch or megatron at import time.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,7 +1,7 @@
 """The settings of one generation run: :class:`GenerateConfig`, frozen, validated, recordable.
 
 Every output of the sampler records ``GenerateConfig.to_dict()`` beside it, so a number can be
-reproduced from its settings (issue #20: peers' users cannot reproduce each other's results
+reproduced from its settings (other tools' users cannot reproduce each other's results
 because ``steps`` / ``block_length`` / ``gen_length`` go unrecorded). The defaults are LLaDA's
 (github:ML-GSAI/LLaDA generate.py, ``generate()``): 128 steps, 128 tokens, one block of 128,
 temperature 0, no guidance, low-confidence remasking; the threshold 0.9 is Fast-dLLM's

@@ -1,4 +1,4 @@
-"""Generation and likelihood for trained models, against any logits function (issue #20's core).
+"""Generation and likelihood for trained models, against any logits function.
 
 :mod:`.sampler`: masked-diffusion sampling (LLaDA's low-confidence and random remasking,
 Fast-dLLM's threshold, semi-autoregressive blocks, guidance, EOS) and left-to-right AR decoding;

@@ -378,7 +378,7 @@ def multiple_choice(logits_fn: LogitsFn, items: Iterable[Mapping[str, Any]], *, 
     Args:
         logits_fn: the model.
         items: mappings with ``"context"`` (token ids), ``"choices"`` (a list of token-id lists, at
-            least 2) and ``"label"`` (the correct index), as tokenized from issue #20's JSONL.
+            least 2) and ``"label"`` (the correct index), as tokenized from an ``eval --choices`` JSONL file.
         kind: ``"mdm"`` (ELBO, :func:`elbo_nll`) or ``"ar"`` (exact).
         mask_token_id, generator: for ``"mdm"``; the generator is drawn from item by item, choice by choice.
         seed: for ``"mdm"``, instead of ``generator``: every choice is scored with a new generator

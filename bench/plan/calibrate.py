@@ -4,7 +4,7 @@ Reads every ``bench/results/*.json`` that holds calibration runs, plans each run
 reports planned vs measured peak allocated memory and step time (and Megatron-LM's theoretical
 memory formula on the same configuration), fits the constants of
 :mod:`dlmspec.plan.calibration` by least squares, and writes the tables into
-``docs/planner.md`` between ``<!-- calibration:begin -->`` and ``<!-- calibration:end -->``.
+``docs/planner-methods.md`` between ``<!-- calibration:begin -->`` and ``<!-- calibration:end -->``.
 
 Measurement files: a JSON list of runs, or an object with ``"runs": [...]`` (other keys such
 as ``"command"`` and ``"device"`` are kept as provenance). A run is::
@@ -74,7 +74,7 @@ plans (:func:`by_configuration`, with the spread of the repeated measurements). 
 
 Usage::
 
-    .venv/bin/python bench/plan/calibrate.py                # table into docs/planner.md
+    .venv/bin/python bench/plan/calibrate.py                # table into docs/planner-methods.md
     .venv/bin/python bench/plan/calibrate.py --write        # ... and refit calibration.py
     .venv/bin/python bench/plan/calibrate.py --plan-only    # planned values of matrix.json
     .venv/bin/python bench/plan/calibrate.py --te-only --write  # the TE path only (its table and block)
@@ -107,7 +107,7 @@ from dlmspec.spec.models import Spec  # noqa: E402
 GiB = 1024**3
 RESULTS = ROOT / "bench" / "results"
 MATRIX = ROOT / "bench" / "plan" / "matrix.json"
-DOCS = ROOT / "docs" / "planner.md"
+DOCS = ROOT / "docs" / "planner-methods.md"
 CALIBRATION_PY = ROOT / "dlmspec" / "plan" / "calibration.py"
 BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 

@@ -155,7 +155,7 @@ def _float32_range(ctx: Context) -> Iterator[Finding]:
 
 
 # --------------------------------------------------------------------------------------------
-# Transformer Engine's fp8 recipes and GEMM shapes, and recomputation on its layers (issue 21).
+# Transformer Engine's fp8 recipes and GEMM shapes, and recomputation on its layers.
 
 
 @rule(

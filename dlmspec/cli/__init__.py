@@ -8,7 +8,7 @@ The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app,
 :mod:`dlmspec.cli.help` (the help habits: ``-h``, flags without a type, markdown help). Command
 modules import the app and the output helpers, never this module.
 
-``validate`` and ``plan`` are the commands users run most (issues #2 and #4 target 0.3 s on a
+``validate`` and ``plan`` are the commands users run most (they are meant to answer in 0.3 s on a
 2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
 plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
 ``--json``, ``--search``, ``--top N`` (which implies ``--search``) - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,

@@ -1,4 +1,4 @@
-"""How every command's help looks (issue #17), shared by the app and its sub-apps.
+"""How every command's help looks, shared by the app and its sub-apps.
 
 - ``-h`` is ``--help`` (:data:`CONTEXT_SETTINGS` on the root app; click passes it on to every
   sub-context, so sub-apps and commands need nothing).

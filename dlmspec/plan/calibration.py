@@ -260,7 +260,7 @@ LOCAL_MEASURED = MeasuredRange(
 #: (the TE runs record ``torch.cuda.max_memory_reserved()`` as well, ``bench/gpu/te_calibration.sh``).
 TE_FITTED_NAMES = FITTED + ("allocator_reserve_fraction",)
 
-# The Transformer Engine path's calibration (issue #21): ``bench/plan/calibrate.py --write`` rewrites
+# The Transformer Engine path's calibration: ``bench/plan/calibrate.py --write`` rewrites
 # the lines between the two markers from the TE records of ``bench/results/*.json`` (``"impl":
 # "transformer_engine"``; held-out records are left out of the fit). ``TE_FITTED`` maps each of
 # :data:`TE_FITTED_NAMES` to its fitted value (the others are :data:`DEFAULT_CALIBRATION`'s),
@@ -269,7 +269,7 @@ TE_FITTED_NAMES = FITTED + ("allocator_reserve_fraction",)
 # an 8-expert MoE). calibration_te_h200.json holds 9 configurations measured once each: 6 fitted, 3 held out
 # (planned before they were measured); calibration_te_h200_session9.json (2 runs) and
 # calibration_te_h200_session12.json (6 runs, 2 of them held-out configurations) repeat some: the fit used
-# 12 runs of the 6 fitted configurations, the "12 runs" below (docs/planner.md). The runs are planned as they
+# 12 runs of the 6 fitted configurations, the "12 runs" below (docs/planner-methods.md). The runs are planned as they
 # ran: cross entropy in PyTorch row chunks (calibrate.py's TE_RECORD_FUSED_LINEAR_IMPL), RoPE unfused. ``None`` would mean no TE calibration run: the TE path
 # planned with the local path's constants and marked "uncalibrated".
 # te-calibration:begin

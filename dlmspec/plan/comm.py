@@ -24,7 +24,7 @@ from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
 #: ``a2a`` and ``a2a+p2p`` planned alike): the ring forward, again with dK/dV backward, behind the
 #: attention. ``allgather`` (megatron-core ``cp_comm_type = "all_gather"``): one all-gather forward
 #: and one reduce-scatter backward, not overlapped (``TransformerConfig.cp_comm_type``: "The
-#: all-gather is not async, and cannot be overlapped"), each a collective. More in docs/planner.md.
+#: all-gather is not async, and cannot be overlapped"), each a collective. More in docs/planner-methods.md.
 CP_KV_EXCHANGES = {"p2p": (3, True), "allgather": (2, False)}
 #: megatron-core DDP bucket size with ``overlap_grad_reduce``: ``max(40M, 1M * dp)`` parameters.
 DDP_BUCKET_PARAMS = 40_000_000

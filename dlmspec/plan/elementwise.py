@@ -5,7 +5,7 @@ gradient accumulation) and the optimizer's pass over its parameters.
 
 The bytes are counted per kernel from its operands; the effective-bytes factors of the small
 kernels around attention are measured (``bench/results/throughput_qwen3_1.7b_h200_session4.json``;
-how, in docs/planner.md, *Time model*).
+how, in docs/planner-methods.md, *Time model*).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, norms_compiled, 
 #: how many times their counted bytes (reads + writes) they take at the HBM bandwidth. Measured on
 #: Qwen3-1.7B: ``bench/results/throughput_qwen3_1.7b_h200_session4.json``
 #: (``profile_mb10_one_microbatch``) and ``bench/results/profile_h200x2_2026-11-30.json``; the
-#: derivation is in docs/planner.md (*Time model*). The rest of the element-wise bytes stays at
+#: derivation is in docs/planner-methods.md (*Time model*). The rest of the element-wise bytes stays at
 #: factor 1 (``Calibration.memory_efficiency`` is fitted on top); Transformer Engine fuses its
 #: norms into the GEMMs: no factor there, but RoPE keeps its two.
 ELEMENTWISE_BYTES_FACTOR = {"norm": 3.7, "copies": 3.7, "rope_fused": 4.1, "rope_unfused": 6.0, "compiled": 3.2}
@@ -132,7 +132,7 @@ def attention_block_bytes(shape: ModelShape, lay: Layout) -> float:
             if shape.rope else 0.0)
     if lay.impl == "transformer_engine":
         # RoPE keeps its factors on TE: unfused it is the same megatron-core PyTorch kernels as on
-        # the local path (fused: TE's kernel, assumed alike; docs/planner.md, "Kernels on TE")
+        # the local path (fused: TE's kernel, assumed alike; docs/planner-methods.md, "Kernels on TE")
         out = 10 * h * y / r + rope
         if shape.qk_norm:
             out += 5 * qk

@@ -5,7 +5,7 @@ microbatch and per optimizer step on one pipeline rank.
 :mod:`dlmspec.plan.time` turns the counts into host seconds (``Calibration.seconds_per_kernel``
 and the other host constants). The counts come from ``bench/plan/count_kernels.py`` (the local
 layers, on CPU), from megatron-core's source, and from the profiles in ``bench/results/``; the
-story of each is in docs/planner.md, *Time model*.
+story of each is in docs/planner-methods.md, *Time model*.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ KERNELS_QKV_COPIES = (2, 2)
 #: Kernels per norm (forward, backward): PyTorch's (``False``) and the ``torch.compile``'d norm
 #: (``True``, ``kernels.compiled_norm``); the compiled backward's 4 (and the fused QKV function's
 #: 12, :data:`KERNELS_QKV_FUSED`) are the one integer solution of the profiled total
-#: (``bench/results/throughput_qwen3_1.7b_h200_session4.json``; derivation in docs/planner.md).
+#: (``bench/results/throughput_qwen3_1.7b_h200_session4.json``; derivation in docs/planner-methods.md).
 KERNELS_NORM = {False: (1, 2), True: (1, 4)}
 #: q/k norms per layer (Qwen3/OLMo2 ``qk_layernorm``): 2, one for queries and one for keys.
 QK_NORMS = 2
@@ -87,7 +87,7 @@ SYNCS_PER_BUCKET = 2
 #: Megatron-FSDP's host operations, each costing ``Calibration.fsdp_seconds_per_op`` of host
 #: time, counted from megatron-core 0.16.1's ``megatron_fsdp.py`` and ``param_and_grad_buffer.py``
 #: (hook work, small kernels, allocations, stream waits, NCCL launches; which ones, in
-#: docs/planner.md): per microbatch and parameter tensor, per microbatch and bucket with sharded
+#: docs/planner-methods.md): per microbatch and parameter tensor, per microbatch and bucket with sharded
 #: weights (all-gathers) and with sharded gradients (reduce-scatters), per step and parameter
 #: tensor, per step and bucket.
 FSDP_OPS_PER_TENSOR = 5

@@ -5,7 +5,7 @@ A re-implementation (not a copy) of the arithmetic in Megatron-LM's
 ``compute_weight_and_optimizer_memory``, ``compute_activation_memory`` and
 ``compute_activation_memory_without_sp``, as ``report_theoretical_memory`` chooses between
 them), restricted to what dlmspec models (no multi-latent attention, no multi-token
-prediction). Megatron-LM prints it at start-up; ``docs/planner.md`` lists it next to the
+prediction). Megatron-LM prints it at start-up; ``docs/planner-methods.md`` lists it next to the
 planner and the GPU measurements.
 
 What it assumes, and where the planner differs:

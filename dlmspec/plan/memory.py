@@ -4,7 +4,7 @@ What is counted is what megatron-core 0.16 keeps on a GPU during training with t
 ``backends/megatron`` builds: static memory (weights, gradients, optimizer state, FSDP shards,
 fp8 copies), the activations each module saves (Korthikanti et al. 2022, sec. 4, with flash
 attention, GQA and recomputation), the microbatches in flight under each pipeline schedule, and
-the loss. The model, its notation and its sources, term by term: docs/planner.md, "The memory
+the loss. The model, its notation and its sources, term by term: docs/planner-methods.md, "The memory
 model"; the measurements it was checked against: ``bench/results/``.
 """
 

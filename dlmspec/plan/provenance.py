@@ -128,7 +128,7 @@ def calibration_text(impl: str, calibrated: bool, custom: bool) -> str:
     if calibrated:
         return f"{impl}: {source}"
     return (f"UNCALIBRATED for {impl}: no {impl} calibration run yet; planned with the {FALLBACK_PATH} constants "
-            f"({source}), so its memory and step time can be off (issue #21)")
+            f"({source}), so its memory and step time can be off")
 
 
 def calibration_info(impl: str, *, custom: bool = False) -> dict[str, Any]:

@@ -11,7 +11,7 @@ they expose. Per step (:func:`time_plan`): ``(m + (pp-1)/vpp)`` microbatch times
 bubble, Narayanan et al. 2021, sec. 2.2), the pipeline's p2p exchanges, the exposed
 data-parallel communication, the optimizer and the step's syncs and fixed overhead.
 
-The model, term by term, with the measurements behind its constants: docs/planner.md, *Time
+The model, term by term, with the measurements behind its constants: docs/planner-methods.md, *Time
 model*.
 """
 
@@ -61,7 +61,7 @@ TIME_TERMS = (
 #: Attention-core speed of each SDPA backend relative to cuDNN's, the backend every calibration
 #: run took (whose speed ``Calibration.attention_efficiency`` is). Measured:
 #: ``bench/results/profile_h200x2_2026-11-30.json`` (flash: Qwen3-1.7B's attention kernels side by
-#: side with cuDNN's; memory-efficient: its SDPA microbenchmark); how, in docs/planner.md.
+#: side with cuDNN's; memory-efficient: its SDPA microbenchmark); how, in docs/planner-methods.md.
 #: Transformer Engine's fused attention is cuDNN's.
 ATTENTION_BACKEND_SPEED = {"cudnn": 1.0, "transformer_engine": 1.0, "flash": 0.703, "efficient": 0.277}
 
@@ -321,7 +321,7 @@ class TimePlan:
 def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEFAULT_CALIBRATION,
               *, all_stages: bool = True, flops: FlopCounts | None = None,
               work_cache: dict[tuple, StageWork] | None = None) -> TimePlan:
-    """Step time of ``lay`` on ``gpu`` (see the module docstring and docs/planner.md). ``all_stages=False`` times
+    """Step time of ``lay`` on ``gpu`` (see the module docstring and docs/planner-methods.md). ``all_stages=False`` times
     only the first and last pipeline ranks (the others hold the same layers without the
     embedding or the logits); ``flops`` reuses :func:`~dlmspec.plan.compute.step_flops`;
     ``work_cache`` reuses :func:`stage_work` across layouts that differ only in data

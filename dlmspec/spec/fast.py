@@ -1,6 +1,6 @@
 """Checking a plainly valid spec without importing pydantic (``dlmspec validate`` and ``plan``).
 
-Issues #2 and #4 ask for ``dlmspec validate SPEC`` and ``dlmspec plan SPEC`` under 0.3 s on a
+``dlmspec validate SPEC`` and ``dlmspec plan SPEC`` are meant to answer in under 0.3 s on a
 2-core machine. Importing pydantic alone takes about 0.18 s there, building the spec models
 another 0.05 s (``bench/validate/results.json`` has the figures), so with pydantic the
 commands cannot get there. The pydantic models of :mod:`dlmspec.spec.models` stay the single source of

@@ -204,7 +204,7 @@ def test_main_returns_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", DEMO]) == 0
     assert main(["validate", DEMO, "--set", "train.global_batch_size=30"]) == EXIT_USAGE
     assert main(["--version"]) == 0
-    assert "dlmspec 0.1.0" in capsys.readouterr().out
+    assert "dlmspec 0.2.0" in capsys.readouterr().out
 
 
 HEAVY = {"torch", "megatron", "jinja2", "transformer_engine", "typer", "dlmspec.render.compile", "dlmspec.data.cli",

@@ -68,12 +68,12 @@ def test_the_fixture_is_labelled_synthetic() -> None:
 
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory):
-    """calibrate.py --write on the fixture, into copies of docs/planner.md and calibration.py."""
+    """calibrate.py --write on the fixture, into copies of docs/planner-methods.md and calibration.py."""
     pytest.importorskip("numpy")
     tmp = tmp_path_factory.mktemp("tecal")
     calib_py, docs = tmp / "calibration.py", tmp / "planner.md"
     calib_py.write_text((ROOT / "dlmspec" / "plan" / "calibration.py").read_text())
-    docs.write_text((ROOT / "docs" / "planner.md").read_text())
+    docs.write_text((ROOT / "docs" / "planner-methods.md").read_text())
     calibrate = load_script(ROOT / "bench" / "plan" / "calibrate.py", "plan_calibrate_te")
     code = calibrate.main(["--results", str(FIXTURE.parent), "--docs", str(docs), "--write",
                            "--calibration-py", str(calib_py)])
@@ -137,7 +137,7 @@ def test_docs_get_the_te_table(ingested) -> None:
         assert f"| {entry['name']} |" in section
     assert "held out" in section and "calibration_te_synthetic.json" in section
     # the local path's section is left as it was (the fixture has no local run)
-    local = (ROOT / "docs" / "planner.md").read_text().split("<!-- calibration:begin -->", 1)[1]
+    local = (ROOT / "docs" / "planner-methods.md").read_text().split("<!-- calibration:begin -->", 1)[1]
     assert local.split("<!-- calibration:end -->", 1)[0] in docs
 
 
@@ -187,12 +187,12 @@ def test_te_only_leaves_the_local_path_alone(tmp_path) -> None:
     calib_py, docs = tmp_path / "calibration.py", tmp_path / "planner.md"
     original = (ROOT / "dlmspec" / "plan" / "calibration.py").read_text()
     calib_py.write_text(original)
-    docs.write_text((ROOT / "docs" / "planner.md").read_text())
+    docs.write_text((ROOT / "docs" / "planner-methods.md").read_text())
     calibrate = load_script(ROOT / "bench" / "plan" / "calibrate.py", "plan_calibrate_te_only")
     assert calibrate.main(["--results", str(results), "--docs", str(docs), "--write", "--te-only",
                            "--calibration-py", str(calib_py)]) == 0
     written = calib_py.read_text()
     assert written.split("# te-calibration:begin")[0] == original.split("# te-calibration:begin")[0]
     assert "TE_FITTED: dict[str, float] | None = {" in written
-    local = (ROOT / "docs" / "planner.md").read_text().split("<!-- calibration:begin -->", 1)[1]
+    local = (ROOT / "docs" / "planner-methods.md").read_text().split("<!-- calibration:begin -->", 1)[1]
     assert local.split("<!-- calibration:end -->", 1)[0] in docs.read_text()

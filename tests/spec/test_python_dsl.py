@@ -134,11 +134,11 @@ def test_from_preset_is_what_new_writes():
         Spec.from_preset("qwen3-0.6b", gpus=12)
 
 
-def test_readme_python_example_runs_as_written(tmp_path):
-    """README's Python block, written to a file as a user would save it, is the docs example
+def test_spec_docs_python_example_runs_as_written(tmp_path):
+    """docs/spec.md's Python block, written to a file as a user would save it, is the docs example
     and validates as a sweep of two members."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "spec.md").read_text()
+    block = page.split("```python\n", 1)[1].split("```", 1)[0]
     assert block == (ROOT / "docs" / "python-example.py").read_text()
     example = tmp_path / "sweep.py"
     example.write_text(block)
