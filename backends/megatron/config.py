@@ -46,6 +46,9 @@ class ObjectiveConfig:
         cart_p: MDM ``"cart"``'s geometric parameter (``objective.cart_p``; Dream's trainers: 0.1).
         unshift: MDM MegaDLMs' window (``objective.unshift``): the dataset draws ``seq_length + 1``
             ids and the model sees ids ``1 .. seq_length - 1`` at positions ``1 .. seq_length - 1``.
+        noise_schedule, noise_schedule_exponent: MDM masking schedule ``alpha(t)``
+            (``objective.noise_schedule``: ``"linear"``, ``"cosine"``, ``"polynomial"`` with its exponent;
+            :mod:`dlmspec.objectives.schedules`).
     """
 
     kind: str = "mdm"
@@ -60,6 +63,8 @@ class ObjectiveConfig:
     shift: bool = False
     cart_p: float = 0.1
     unshift: bool = False
+    noise_schedule: str = "linear"
+    noise_schedule_exponent: float = 1.0
 
 
 @dataclass

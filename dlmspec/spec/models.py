@@ -177,8 +177,16 @@ class ObjectiveSpec(Section):
         None, description="Default: bidirectional for mdm, causal for ar."
     )
     block_size: PosInt | None = Field(None, description="Block length for block_causal.")
-    noise_schedule: Literal["linear"] = Field(
-        "linear", description="Masking probability as a function of t: linear means p(mask) = t."
+    noise_schedule: Literal["linear", "cosine", "polynomial"] = Field(
+        "linear", description="mdm masking schedule alpha(t), a token masked with probability 1 - alpha(t) at "
+        "t ~ U(eps, 1), its loss weighted by -alpha'(t)/(1-alpha(t)) (MDLM eq. 10) with loss_weighting = 'llada'; "
+        "the sampler and eval's ELBO follow it. linear: alpha = 1 - t, weight 1/t (LLaDA); cosine: "
+        "alpha = 1 - cos(pi/2 (1-t)) (dllm CosineAlphaScheduler, MD4); polynomial: alpha = 1 - t^a, weight a/t "
+        "(MD4), a = noise_schedule_exponent.",
+    )
+    noise_schedule_exponent: Float | None = Field(
+        None, gt=0.0, le=100.0,
+        description="noise_schedule = 'polynomial': the exponent a of alpha(t) = 1 - t^a. Unset: 1 (linear).",
     )
     eps: Float = Field(
         1e-3, ge=0.0, lt=1.0,

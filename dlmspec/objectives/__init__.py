@@ -1,0 +1,8 @@
+"""Objectives as plugins, compiler side: :mod:`dlmspec.objectives.base` (the registry),
+:mod:`dlmspec.objectives.mdm` (masked diffusion), :mod:`dlmspec.objectives.ar` (next-token
+prediction), :mod:`dlmspec.objectives.schedules` (masking schedules). The runtime halves:
+:mod:`dlmspec.backends.megatron.objectives`."""
+
+from dlmspec.objectives.base import Objective, get, kinds, register, template_options, unregister
+
+__all__ = ["Objective", "get", "kinds", "register", "template_options", "unregister"]
