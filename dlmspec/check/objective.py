@@ -222,7 +222,7 @@ def _eps_zero(ctx: Context) -> Iterator[Finding]:
 @rule(
     "mdm-min-masked-tokens",
     "error",
-    "dlmspec.backends.megatron.objective.MaskedDiffusionObjective (min_masked_tokens forced masks among a row's "
+    "dlmspec.backends.megatron.objectives.mdm.MaskedDiffusionObjective (min_masked_tokens forced masks among a row's "
     "seq_length positions)",
     "objective.min_masked_tokens <= train.seq_length",
 )

@@ -5,4 +5,7 @@ prediction), :mod:`dlmspec.objectives.schedules` (masking schedules). The runtim
 
 from dlmspec.objectives.base import Objective, get, kinds, register, template_options, unregister
 
+# the built-ins register themselves on import
+from dlmspec.objectives import ar, mdm  # noqa: E402,F401  (after base: they subclass it)
+
 __all__ = ["Objective", "get", "kinds", "register", "template_options", "unregister"]

@@ -131,7 +131,6 @@ def get(kind: str) -> Objective:
     Raises:
         KeyError: an unregistered kind (the message names the registered ones).
     """
-    _load_builtins()
     try:
         return _REGISTRY[kind]
     except KeyError:
@@ -140,10 +139,5 @@ def get(kind: str) -> Objective:
 
 def kinds() -> Tuple[str, ...]:
     """The registered kinds, built-ins first."""
-    _load_builtins()
     return tuple(_REGISTRY)
 
-
-def _load_builtins() -> None:
-    if "mdm" not in _REGISTRY:
-        from dlmspec.objectives import ar, mdm  # noqa: F401  (they register themselves)

@@ -6,6 +6,9 @@ from .base import (LOSS_NORMALIZATIONS, PER_MICRO_BATCH, ObjectiveBatch, Objecti
                    apply_loss_normalization, build_from_config, loss_triple, reduce_loss, register_runtime,
                    runtime_kinds, unregister_runtime)
 
+# the built-ins register themselves on import
+from . import ar, mdm  # noqa: E402,F401
+
 __all__ = ["LOSS_NORMALIZATIONS", "PER_MICRO_BATCH", "ObjectiveBatch", "ObjectiveRng", "RuntimeObjective",
            "apply_loss_normalization", "build_from_config", "loss_triple", "reduce_loss", "register_runtime",
            "runtime_kinds", "unregister_runtime"]

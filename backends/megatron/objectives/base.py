@@ -204,7 +204,6 @@ def unregister_runtime(kind: str) -> None:
 
 def runtime_kinds() -> Tuple[str, ...]:
     """The registered kinds."""
-    _load_builtins()
     return tuple(_RUNTIME)
 
 
@@ -218,16 +217,10 @@ def build_from_config(config: Any, **options: Any) -> RuntimeObjective:
     Raises:
         ValueError: an unregistered kind (naming the registered ones) or a bad setting.
     """
-    _load_builtins()
     factory = _RUNTIME.get(config.kind)
     if factory is None:
         raise ValueError(f"objective kind must be one of {sorted(_RUNTIME)}, got {config.kind!r}")
     return factory(config, **options)
-
-
-def _load_builtins() -> None:
-    if "mdm" not in _RUNTIME:
-        from dlmspec.backends.megatron.objectives import ar, mdm  # noqa: F401  (they register)
 
 
 def reduce_loss(
