@@ -41,20 +41,12 @@ POLYNOMIAL_EXPONENT_DEFAULT = 1.0
 _HALF_PI = math.pi / 2
 
 
-def _linear(t: Any, a: float, ops: Any) -> Tuple[Any, Any]:
-    return 1 - t, -1 + 0 * t
-
-
-def _cosine(t: Any, a: float, ops: Any) -> Tuple[Any, Any]:
-    return 1 - ops.cos(_HALF_PI * (1 - t)), -_HALF_PI * ops.sin(_HALF_PI * (1 - t))
-
-
-def _polynomial(t: Any, a: float, ops: Any) -> Tuple[Any, Any]:
-    return 1 - t ** a, -a * t ** (a - 1)
-
-
-_FORMULAS: Dict[str, Callable[[Any, float, Any], Tuple[Any, Any]]] = {
-    "linear": _linear, "cosine": _cosine, "polynomial": _polynomial,
+# Each schedule is (1 - alpha(t), alpha'(t)): the masked share is written directly, so the weight's
+# denominator 1 - alpha(t) is not 1 - (1 - x) (which cancels at small t).
+_FORMULAS: Dict[str, Tuple[Callable[[Any, float, Any], Any], Callable[[Any, float, Any], Any]]] = {
+    "linear": (lambda t, a, ops: t, lambda t, a, ops: -1 + 0 * t),
+    "cosine": (lambda t, a, ops: ops.cos(_HALF_PI * (1 - t)), lambda t, a, ops: -_HALF_PI * ops.sin(_HALF_PI * (1 - t))),
+    "polynomial": (lambda t, a, ops: t ** a, lambda t, a, ops: -a * t ** (a - 1)),
 }
 
 
@@ -87,21 +79,21 @@ class MaskingSchedule:
 
     def alpha(self, t: Any, ops: Any = math) -> Any:
         """``alpha(t)``, the probability a token is clean at ``t`` (float or tensor, as ``t``)."""
-        return _FORMULAS[self.name](t, float(self.exponent), ops)[0]
+        return 1 - _FORMULAS[self.name][0](t, float(self.exponent), ops)
 
     def alpha_derivative(self, t: Any, ops: Any = math) -> Any:
         """``d alpha / dt`` at ``t`` (<= 0)."""
-        return _FORMULAS[self.name](t, float(self.exponent), ops)[1]
+        return _FORMULAS[self.name][1](t, float(self.exponent), ops)
 
     def mask_probability(self, t: Any, ops: Any = math) -> Any:
         """``1 - alpha(t)``: each token is masked with it at time ``t``."""
-        return 1 - self.alpha(t, ops)
+        return _FORMULAS[self.name][0](t, float(self.exponent), ops)
 
     def weight(self, t: Any, ops: Any = math) -> Any:
         """The ELBO weight ``-alpha'(t) / (1 - alpha(t))`` (MDLM eq. 10), for ``t`` in ``(0, 1]``
         (infinite at ``t = 0``: the samplers draw ``t >= eps``)."""
-        alpha, derivative = _FORMULAS[self.name](t, float(self.exponent), ops)
-        return -derivative / (1 - alpha)
+        masked, derivative = (f(t, float(self.exponent), ops) for f in _FORMULAS[self.name])
+        return -derivative / masked
 
     def to_record(self) -> Dict[str, Any]:
         """``{"noise_schedule": name}`` plus ``"noise_schedule_exponent"`` for ``"polynomial"``."""

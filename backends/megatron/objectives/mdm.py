@@ -213,7 +213,9 @@ class MaskedDiffusionObjective(RuntimeObjective):
         u = torch.rand(b, generator=generator, device=device, dtype=torch.float32)
         t = self.eps + (1.0 - self.eps) * u
         # linear: p(mask) = t exactly (1 - (1 - t) would round differently)
-        p_mask = t if self.schedule.is_linear else self.schedule.mask_probability(t, torch).clamp(0.0, 1.0)
+        # another schedule: 1 - alpha(t) evaluated in float64 on the [b] noise levels, then float32
+        p_mask = t if self.schedule.is_linear else (
+            self.schedule.mask_probability(t.double(), torch).clamp(0.0, 1.0).to(torch.float32))
         draws = torch.rand(b, s, generator=generator, device=device, dtype=torch.float32)
 
         attention_mask = None
@@ -246,7 +248,7 @@ class MaskedDiffusionObjective(RuntimeObjective):
             if self.schedule.is_linear:
                 loss_weights = torch.where(masked, 1.0 / t.unsqueeze(1), torch.zeros_like(masked_f))
             else:  # the ELBO weight -alpha'(t) / (1 - alpha(t)) (MDLM eq. 10)
-                weight = self.schedule.weight(t, torch).to(torch.float32)
+                weight = self.schedule.weight(t.double(), torch).to(torch.float32)
                 loss_weights = torch.where(masked, weight.unsqueeze(1), torch.zeros_like(masked_f))
         elif self.loss_weighting == "cart":
             # the clean context is every position of the row's length that is not [MASK] (Dream counts
