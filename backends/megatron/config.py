@@ -9,7 +9,7 @@ what it sets. :class:`TrainState` is the loop's progress (saved in checkpoints),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dlmspec.errors import REQUEUE_EXIT_CODE  # "saved, requeue me": the batch script requeues on it
 
@@ -49,6 +49,8 @@ class ObjectiveConfig:
         noise_schedule, noise_schedule_exponent: MDM masking schedule ``alpha(t)``
             (``objective.noise_schedule``: ``"linear"``, ``"cosine"``, ``"polynomial"`` with its exponent;
             :mod:`dlmspec.objectives.schedules`).
+        options: settings of an objective registered outside the bundled ones (its compiler half's
+            ``runtime_options`` writes ``options={...}``; its runtime factory reads them).
     """
 
     kind: str = "mdm"
@@ -65,6 +67,7 @@ class ObjectiveConfig:
     unshift: bool = False
     noise_schedule: str = "linear"
     noise_schedule_exponent: float = 1.0
+    options: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

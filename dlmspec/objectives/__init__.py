@@ -6,6 +6,7 @@ prediction), :mod:`dlmspec.objectives.schedules` (masking schedules). The runtim
 from dlmspec.objectives.base import Objective, get, kinds, register, template_options, unregister
 
 # the built-ins register themselves on import
-from dlmspec.objectives import ar, mdm  # noqa: E402,F401  (after base: they subclass it)
+from dlmspec.objectives import mdm  # noqa: E402,F401  (after base: they subclass it; mdm first, the default)
+from dlmspec.objectives import ar  # noqa: E402,F401
 
 __all__ = ["Objective", "get", "kinds", "register", "template_options", "unregister"]

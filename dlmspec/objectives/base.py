@@ -12,6 +12,7 @@ Nothing here imports pydantic or torch: the fast ``validate``/``plan`` path impo
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from dlmspec.objectives.schedules import LINEAR, MaskingSchedule
@@ -116,13 +117,25 @@ def register(objective: Objective) -> Objective:
     """
     if not objective.kind:
         raise ValueError(f"{type(objective).__name__} has no kind")
+    new = objective.kind not in _REGISTRY
     _REGISTRY[objective.kind] = objective
+    if new:
+        _refresh_spec_models()
     return objective
 
 
 def unregister(kind: str) -> None:
     """Remove ``kind`` (tests that register a toy objective remove it again)."""
-    _REGISTRY.pop(kind, None)
+    if _REGISTRY.pop(kind, None) is not None:
+        _refresh_spec_models()
+
+
+def _refresh_spec_models() -> None:
+    """The spec models' ``objective.kind`` follows the registry, if they are loaded (they are not
+    imported here: the fast path runs without pydantic)."""
+    models = sys.modules.get("dlmspec.spec.models")
+    if models is not None and hasattr(models, "refresh_objective_kinds"):
+        models.refresh_objective_kinds()
 
 
 def get(kind: str) -> Objective:

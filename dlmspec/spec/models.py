@@ -17,6 +17,7 @@ from annotated_types import Ge, Gt
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
 
+from dlmspec import objectives
 from dlmspec.spec import python
 from dlmspec.spec.dotted import deep_merge, set_dotted
 from dlmspec.spec.names import DEFAULT_NAME, PlaceholderError, expand_names, placeholder_problems, problem_message
@@ -169,7 +170,7 @@ class ObjectiveSpec(Section):
     as in LLaDA (Nie et al. 2025, eq. 3) and MDLM (Sahoo et al. 2024); ``ar`` is next-token
     prediction."""
 
-    kind: Literal["mdm", "ar"] = "mdm"
+    kind: Literal[objectives.kinds()] = "mdm"  # the registered objectives (dlmspec.objectives): mdm, ar
     mask_token_id: Int | None = Field(
         None, ge=0, description="Id of [MASK]. Default: the preset's, else the first padded slot."
     )
@@ -723,3 +724,13 @@ class Spec(Section):
             python.record_of(new, create=True).templates.update(kept)
         python.note_replace(self, new, changes)
         return new
+
+
+def refresh_objective_kinds() -> None:
+    """Rebuild ``objective.kind``'s choices from the objective registry (:mod:`dlmspec.objectives`):
+    :func:`dlmspec.objectives.register` calls it when an objective is registered after this module
+    was imported (a plugin, a test's toy). The fast checker (:mod:`dlmspec.spec.fast`) knows the
+    built-in kinds only and leaves any other to these models."""
+    ObjectiveSpec.model_fields["kind"].annotation = Literal[objectives.kinds()]
+    ObjectiveSpec.model_rebuild(force=True)
+    Spec.model_rebuild(force=True)
