@@ -14,7 +14,11 @@ NELBO with the linear schedule; LLaDA, arXiv:2502.09992 Eq. 3-4). Two unbiased e
   which has infinite variance at ``eps = 0``, at the price of an ``O(eps)`` bias).
 
 Both have the same expectation, ``sum_{l=1..L} (1/l) E_{|M|=l}[ sum_{i in M} -log p(x_i | x_{-M}) ]``
-(docs/generate.md, "Likelihood", derives it). A conditional likelihood masks only the
+(docs/generate.md, "Likelihood", derives it). With another masking schedule ``alpha(t)`` (the model's
+``objective.noise_schedule``, :mod:`dlmspec.objectives.schedules`) ``"time"`` masks each target token
+with probability ``1 - alpha(t)`` and weights by ``-alpha'(t) / (1 - alpha(t))`` (MDLM eq. 10): the same
+bound (MDLM sec. 3.2: the NELBO does not depend on the schedule), another variance; ``"count"`` has no
+schedule. A conditional likelihood masks only the
 continuation; the context is always given. Every draw comes from the ``torch.Generator`` passed in,
 in a fixed order, so a result is reproducible from its seed. Plain torch; runs on CPU.
 """
