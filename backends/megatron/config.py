@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dlmspec.errors import REQUEUE_EXIT_CODE  # "saved, requeue me": the batch script requeues on it
+from dlmspec.objectives.mdm import CART_P_DEFAULT
 
 from .data import DataConfig
 
@@ -63,7 +64,7 @@ class ObjectiveConfig:
     variable_length_multiple: int = 1
     loss_normalization: str = "global_token"
     shift: bool = False
-    cart_p: float = 0.1
+    cart_p: float = CART_P_DEFAULT
     unshift: bool = False
     noise_schedule: str = "linear"
     noise_schedule_exponent: float = 1.0
