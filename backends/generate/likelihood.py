@@ -14,7 +14,11 @@ NELBO with the linear schedule; LLaDA, arXiv:2502.09992 Eq. 3-4). Two unbiased e
   which has infinite variance at ``eps = 0``, at the price of an ``O(eps)`` bias).
 
 Both have the same expectation, ``sum_{l=1..L} (1/l) E_{|M|=l}[ sum_{i in M} -log p(x_i | x_{-M}) ]``
-(docs/generate.md, "Likelihood", derives it). A conditional likelihood masks only the
+(docs/generate.md, "Likelihood", derives it). With another masking schedule ``alpha(t)`` (the model's
+``objective.noise_schedule``, :mod:`dlmspec.objectives.schedules`) ``"time"`` masks each target token
+with probability ``1 - alpha(t)`` and weights by ``-alpha'(t) / (1 - alpha(t))`` (MDLM eq. 10): the same
+bound (MDLM sec. 3.2: the NELBO does not depend on the schedule), another variance; ``"count"`` has no
+schedule. A conditional likelihood masks only the
 continuation; the context is always given. Every draw comes from the ``torch.Generator`` passed in,
 in a fixed order, so a result is reproducible from its seed. Plain torch; runs on CPU.
 """
@@ -29,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dlmspec import objectives
 from dlmspec.backends.generate.sampler import LogitsFn, call_logits_fn
+from dlmspec.objectives.schedules import MaskingSchedule
 
 ESTIMATORS = ("count", "time")
 #: LLaDA's Monte-Carlo sample count (get_log_likelihood.py ``mc_num``) and forward batch (``batch_size``).
@@ -128,7 +134,8 @@ def _check_inputs(tokens: Tensor, target_mask: Optional[Tensor], attention_mask:
 def elbo_nll(logits_fn: LogitsFn, tokens: Tensor, *, mask_token_id: int, generator: torch.Generator,
              target_mask: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
              estimator: str = "count", num_samples: int = DEFAULT_NUM_SAMPLES,
-             samples_per_forward: int = DEFAULT_SAMPLES_PER_FORWARD, eps: float = 1e-3) -> ELBOResult:
+             samples_per_forward: int = DEFAULT_SAMPLES_PER_FORWARD, eps: float = 1e-3,
+             schedule: Optional[MaskingSchedule] = None) -> ELBOResult:
     """Monte-Carlo ELBO bound on ``-log p(x[target] | x[~target])`` of a masked-diffusion LM, per row.
 
     Each sample masks some target positions of every row (the estimator's draw, see the module
@@ -151,6 +158,12 @@ def elbo_nll(logits_fn: LogitsFn, tokens: Tensor, *, mask_token_id: int, generat
         num_samples: Monte-Carlo samples per row, >= 2 (LLaDA: 128).
         samples_per_forward: samples per ``logits_fn`` call, >= 1 (LLaDA: 16).
         eps: ``"time"``: lower bound of ``t``, in ``[0, 1)`` (the training default 1e-3).
+        schedule: ``"time"``: the model's masking schedule ``alpha(t)``
+            (:mod:`dlmspec.objectives.schedules`; its objective's registration gives it): each target
+            token is masked with probability ``1 - alpha(t)`` and the sample weighted by
+            ``-alpha'(t) / (1 - alpha(t))`` (MDLM eq. 10); ``None`` or linear: ``t`` and ``1 / t`` as
+            before. The bound's value does not depend on it (MDLM sec. 3.2), its variance does.
+            ``"count"`` draws the number of masked tokens and has no schedule.
 
     Returns:
         An :class:`ELBOResult`.
@@ -186,8 +199,13 @@ def elbo_nll(logits_fn: LogitsFn, tokens: Tensor, *, mask_token_id: int, generat
         big_l = lengths.to(torch.float64).unsqueeze(0)  # [1, B]
         if estimator == "time":
             t = eps + (1.0 - eps) * (1.0 - u)  # (eps, 1]: never 0
-            masked = (draws < t.unsqueeze(-1)) & target
-            weight = 1.0 / t
+            if schedule is None or schedule.is_linear:
+                masked = (draws < t.unsqueeze(-1)) & target
+                weight = 1.0 / t
+            else:
+                p_mask = schedule.mask_probability(t, torch).clamp(0.0, 1.0)
+                masked = (draws < p_mask.unsqueeze(-1)) & target
+                weight = schedule.weight(t, torch)
         else:
             count = torch.minimum(torch.floor(u * big_l) + 1.0, big_l)  # U{1..L}
             scores = draws.masked_fill(~target, 2.0)  # context and padding sort last
@@ -282,7 +300,8 @@ def continuation_nll(logits_fn: LogitsFn, context: Sequence[int], continuation: 
         kind: ``"mdm"`` or ``"ar"``.
         mask_token_id, generator: required for ``"mdm"``.
         device: where the tokens go (default CPU).
-        elbo_kwargs: ``estimator``, ``num_samples``, ``samples_per_forward``, ``eps`` of :func:`elbo_nll`.
+        elbo_kwargs: ``estimator``, ``num_samples``, ``samples_per_forward``, ``eps``, ``schedule`` of
+            :func:`elbo_nll`.
 
     Returns:
         ``(nll, stderr, num_tokens)``; ``stderr`` is 0 for ``"ar"``.
@@ -292,13 +311,13 @@ def continuation_nll(logits_fn: LogitsFn, context: Sequence[int], continuation: 
     seq = torch.tensor([list(context) + list(continuation)], dtype=torch.int64, device=device)
     target = torch.zeros_like(seq, dtype=torch.bool)
     target[0, len(context):] = True
-    if kind == "ar":
+    if kind not in objectives.kinds():
+        raise ValueError(f"kind = {kind!r}: use 'mdm' or 'ar'")
+    if not objectives.get(kind).diffusion:
         if len(context) == 0:
             raise ValueError("context: an AR model scores a continuation after at least one token; prepend BOS")
         res = ar_nll(logits_fn, seq, target_mask=target)
         return float(res.nll[0]), 0.0, len(continuation)
-    if kind != "mdm":
-        raise ValueError(f"kind = {kind!r}: use 'mdm' or 'ar'")
     if mask_token_id is None or generator is None:
         raise ValueError("kind = 'mdm' needs mask_token_id and generator")
     res = elbo_nll(logits_fn, seq, mask_token_id=mask_token_id, generator=generator, target_mask=target, **elbo_kwargs)
@@ -413,7 +432,7 @@ def multiple_choice(logits_fn: LogitsFn, items: Iterable[Mapping[str, Any]], *, 
         scores, errors = [], []
         for choice in choices:
             gen = generator
-            if seed is not None and kind == "mdm":
+            if seed is not None and kind in objectives.kinds() and objectives.get(kind).diffusion:
                 gen = torch.Generator(device=device if device is not None else "cpu").manual_seed(seed)
             nll, se, n = continuation_nll(logits_fn, item["context"], choice, kind=kind, mask_token_id=mask_token_id,
                                           generator=gen, device=device, **elbo_kwargs)

@@ -329,7 +329,8 @@ class DlmspecLM(LM):
             return -nll, bool((logits.argmax(-1) == seq[0, len(context):]).all())
         gen = torch.Generator().manual_seed(self.seed)
         nll, _, _ = continuation_nll(self.logits_fn, context, continuation, kind="mdm",
-                                     mask_token_id=self.mask_token_id, generator=gen, **self.elbo_kwargs)
+                                     mask_token_id=self.mask_token_id, generator=gen, **self.elbo_kwargs,
+                                     schedule=getattr(self.loaded, "noise_schedule", None))
         greedy = False
         if self.greedy_check and context:
             n = len(continuation)

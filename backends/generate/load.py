@@ -32,9 +32,13 @@ import os
 import pickle
 import warnings
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
+
+from dlmspec import objectives
+from dlmspec.objectives.schedules import LINEAR, MaskingSchedule
 
 #: The runtime checkpoint's metadata file (``dlmspec.backends.megatron.checkpointing.METADATA_FILENAME``).
 METADATA_FILENAME = "dlmspec.json"
@@ -149,6 +153,9 @@ class LoadedModel:
             ids beyond the tokenizer's vocabulary (``<|im_start|>`` = 50258 with GPT-2); the
             logits keep their columns (so a tuned model can end its turn), ``V`` grows to cover
             them, and every other column past the tokenizer's vocabulary (the mask) is ``-inf``.
+        noise_schedule: the masking schedule the model was trained with (:func:`record_schedule`;
+            linear for AR and for records without one): hand it to ``generate(noise_schedule=...)``
+            and ``elbo_nll(schedule=...)``.
         kv_cache_fallback: why :meth:`ar_step_fn` gives no KV cache (a diffusion LM, Transformer
             Engine layers, ...: :func:`~dlmspec.backends.generate.models.kv_cache_unsupported`), or
             ``None`` when it gives one.
@@ -172,6 +179,7 @@ class LoadedModel:
     max_length: Optional[int] = None
     chat_tokens: Dict[int, str] = field(default_factory=dict)
     kv_cache_fallback: Optional[str] = None
+    noise_schedule: MaskingSchedule = LINEAR
     _columns: Optional[Callable[[torch.Tensor], torch.Tensor]] = field(default=None, repr=False)
     _cleanup: List[Callable[[], None]] = field(default_factory=list, repr=False)
 
@@ -474,6 +482,27 @@ def check_record(where: str, record: Dict[str, Any]) -> None:
         if not _whole(value) or not 0 <= value < padded:
             raise LoadError(where, f"{key} = {repr(value)[:40]} is not a token id of the model's {padded} embeddings "
                             f"(a whole number in 0..{padded - 1})", fix)
+    record_schedule(where, record)
+
+
+def record_schedule(where: str, record: Dict[str, Any]) -> MaskingSchedule:
+    """The masking schedule ``alpha(t)`` a record names (``objective.noise_schedule`` and
+    ``..._exponent``, written by the runtime for a schedule other than linear; absent: linear, as
+    every record written before schedules), through the objective's registration
+    (:mod:`dlmspec.objectives`): the sampler's transfer schedule and the ELBO's ``"time"`` draws
+    follow it.
+
+    Raises:
+        LoadError: an unknown schedule or a bad exponent, naming ``where``.
+    """
+    name, exponent = record.get("objective.noise_schedule"), record.get("objective.noise_schedule_exponent")
+    settings = SimpleNamespace(noise_schedule=name, noise_schedule_exponent=exponent)
+    try:
+        return objectives.get(record.get("objective.kind")).schedule(settings)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LoadError(where, f"objective.noise_schedule = {repr(name)[:40]}, objective.noise_schedule_exponent = "
+                        f"{repr(exponent)[:40]}: {str(exc)[:160]}",
+                        "load a checkpoint the dlmspec runtime wrote, with its dlmspec.json unchanged") from None
 
 
 def _tokenizer(record: Dict[str, Any]) -> tuple[Any, Optional[str]]:
@@ -536,7 +565,7 @@ def _finish(model: Any, record: Dict[str, Any], *, source: str, folder: str, ite
         tokenizer_error=tokenizer_error, record=record, generate_table=generate_table, source=source,
         path=folder, iteration=iteration, device=device, model=model,
         max_length=record.get("model.max_position_embeddings"), chat_tokens=chat, kv_cache_fallback=no_cache,
-        _columns=columns, _cleanup=cleanup,
+        noise_schedule=record_schedule(folder, record), _columns=columns, _cleanup=cleanup,
     )
 
 

@@ -24,7 +24,9 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 import torch
 from torch import Tensor
 
+from dlmspec import objectives
 from dlmspec.backends.generate.config import GenerateConfig
+from dlmspec.objectives.schedules import MaskingSchedule
 
 Prompts = Union[Tensor, Sequence[Sequence[int]]]
 
@@ -129,21 +131,35 @@ class GenerateOutput:
 # --------------------------------------------------------------------------------------------
 
 
-def num_transfer_tokens(masked_counts: Tensor, steps: int) -> Tensor:
+def num_transfer_tokens(masked_counts: Tensor, steps: int, schedule: Optional[MaskingSchedule] = None) -> Tensor:
     """How many tokens each step of a block commits (LLaDA generate.py ``get_num_transfer_tokens``).
 
     LLaDA's noise schedule is linear (arXiv:2502.09992 Eq. 8), so the reverse process over ``steps``
     equal intervals of ``t`` unmasks the same expected number each step: ``n // steps`` per step,
-    and one more in the first ``n % steps`` steps.
+    and one more in the first ``n % steps`` steps. Another masking schedule ``alpha(t)``
+    (:mod:`dlmspec.objectives.schedules`, the model's ``objective.noise_schedule``) runs the same
+    ``steps`` equal intervals of ``t`` from 1 to 0: after step ``k`` the expected masked share is
+    ``1 - alpha(1 - (k + 1) / steps)`` (MDLM, arXiv:2406.07524 sec. 3.2.3: a masked token is
+    unmasked between ``t`` and ``s`` with probability ``(alpha_s - alpha_t) / (1 - alpha_t)``), so
+    ``R_k = round(n (1 - alpha(t_(k+1))))`` stay masked and step ``k`` commits ``R_(k-1) - R_k``
+    (``R_(-1) = n``; every schedule ends at ``R = 0``).
 
     Args:
         masked_counts: ``LongTensor[B]``, masked positions of each row in the block.
         steps: steps of the block (>= 1).
+        schedule: the masking schedule (``None`` or linear: LLaDA's split above, unchanged).
 
     Returns:
         ``LongTensor[B, steps]``; row ``b`` sums to ``masked_counts[b]``.
     """
     counts = masked_counts.to(torch.int64).reshape(-1, 1)
+    if schedule is not None and not schedule.is_linear:
+        t_next = 1.0 - torch.arange(1, steps + 1, dtype=torch.float64, device=counts.device) / steps
+        share = schedule.mask_probability(t_next, torch).clamp(0.0, 1.0)  # [steps], ends at 0
+        share[-1] = 0.0
+        remaining = torch.floor(counts.to(torch.float64) * share.unsqueeze(0) + 0.5).to(torch.int64)
+        before = torch.cat([counts, remaining[:, :-1]], dim=1)
+        return before - remaining
     base = counts // steps
     remainder = counts % steps
     column = torch.arange(steps, device=counts.device).unsqueeze(0)
@@ -357,7 +373,8 @@ def _finish(sequences: Tensor, start: int, eos: Optional[int]) -> Tuple[List[Lis
 def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
              on_step: Optional[Callable[[StepEvent], None]] = None,
              generator: Optional[torch.Generator] = None,
-             device: Optional[Union[str, torch.device]] = None) -> GenerateOutput:
+             device: Optional[Union[str, torch.device]] = None,
+             noise_schedule: Optional[MaskingSchedule] = None) -> GenerateOutput:
     """Masked-diffusion sampling (LLaDA Sec. 2.4, semi-autoregressive blocks; Fast-dLLM's threshold).
 
     The canvas is the left-padded prompts followed by ``gen_length`` mask tokens. Blocks of
@@ -378,6 +395,9 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
         on_step: called after every step with a :class:`StepEvent`.
         generator: the random source (default: a generator seeded with ``config.seed``), on ``device``.
         device: where the canvas lives (default: the prompts tensor's, else CPU).
+        noise_schedule: the model's masking schedule (its objective's registration:
+            ``dlmspec.objectives.get(kind).schedule(objective)``); ``None``: linear (LLaDA's).
+            Sets how many tokens each step commits (:func:`num_transfer_tokens`).
 
     Returns:
         A :class:`GenerateOutput`.
@@ -386,7 +406,7 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
         ValueError: ``config.kind`` is not ``"mdm"``, a prompt contains the mask token, or
             ``logits_fn`` returns a wrong shape.
     """
-    if config.kind != "mdm":
+    if config.kind not in objectives.kinds() or not objectives.get(config.kind).diffusion:
         raise ValueError(f"kind = {config.kind!r}: generate() samples masked diffusion; use generate_ar() or kind = 'mdm'")
     mask_id = config.mask_token_id
     eos = config.eos_token_id
@@ -415,7 +435,8 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
         end = start + config.block_length
         if eos is not None and bool(done.any()):
             x[done, start:end] = eos
-        schedule = num_transfer_tokens((x[:, start:end] == mask_id).sum(dim=1), config.steps_per_block)
+        schedule = num_transfer_tokens((x[:, start:end] == mask_id).sum(dim=1), config.steps_per_block,
+                                       noise_schedule)
         block_step = 0
         while True:
             rows = (~done) & (x[:, start:end] == mask_id).any(dim=1)
@@ -503,7 +524,7 @@ def generate_ar(logits_fn: Optional[LogitsFn], prompts: Prompts, config: Generat
     Raises:
         ValueError: ``config.kind`` is not ``"ar"`` or neither ``logits_fn`` nor ``step_fn`` is given.
     """
-    if config.kind != "ar":
+    if config.kind not in objectives.kinds() or objectives.get(config.kind).diffusion:
         raise ValueError(f"kind = {config.kind!r}: generate_ar() decodes left to right; use generate() or kind = 'ar'")
     if step_fn is None:
         if logits_fn is None:

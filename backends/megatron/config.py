@@ -9,9 +9,10 @@ what it sets. :class:`TrainState` is the loop's progress (saved in checkpoints),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dlmspec.errors import REQUEUE_EXIT_CODE  # "saved, requeue me": the batch script requeues on it
+from dlmspec.objectives.mdm import CART_P_DEFAULT
 
 from .data import DataConfig
 
@@ -46,6 +47,11 @@ class ObjectiveConfig:
         cart_p: MDM ``"cart"``'s geometric parameter (``objective.cart_p``; Dream's trainers: 0.1).
         unshift: MDM MegaDLMs' window (``objective.unshift``): the dataset draws ``seq_length + 1``
             ids and the model sees ids ``1 .. seq_length - 1`` at positions ``1 .. seq_length - 1``.
+        noise_schedule, noise_schedule_exponent: MDM masking schedule ``alpha(t)``
+            (``objective.noise_schedule``: ``"linear"``, ``"cosine"``, ``"polynomial"`` with its exponent;
+            :mod:`dlmspec.objectives.schedules`).
+        options: settings of an objective registered outside the bundled ones (its compiler half's
+            ``runtime_options`` writes ``options={...}``; its runtime factory reads them).
     """
 
     kind: str = "mdm"
@@ -58,8 +64,11 @@ class ObjectiveConfig:
     variable_length_multiple: int = 1
     loss_normalization: str = "global_token"
     shift: bool = False
-    cart_p: float = 0.1
+    cart_p: float = CART_P_DEFAULT
     unshift: bool = False
+    noise_schedule: str = "linear"
+    noise_schedule_exponent: float = 1.0
+    options: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

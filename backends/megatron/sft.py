@@ -38,12 +38,14 @@ from torch import Tensor
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from dlmspec import objectives
+
 from .checks import check_objective, check_sequence_length, refuse
 from .config import RunConfig
 from .data import batch_to_device
 from .layers import layer_spec_attention, layer_spec_backend
 from .microbatches import MicrobatchItem
-from .objective import ObjectiveBatch, apply_loss_normalization, build_objective
+from .objective import ObjectiveBatch, ObjectiveRng, apply_loss_normalization, build_objective
 from .rng import masking_generator
 from .stage import ObjectiveForwardStep, PretrainStage, StageContext, StageData, stage_feeds
 
@@ -336,7 +338,7 @@ def segment_attention_mask(segment_ids: Tensor, *, dense: Optional[bool] = None)
 def needs_attention_mask(config: SftConfig, objective_kind: str) -> bool:
     """Whether SFT batches can carry an attention mask (then the local layers are needed): packs,
     or masked-diffusion padding that is partly unsupervised (``pad_eos_tokens`` not ``None``)."""
-    return config.packed_sequence or (objective_kind == "mdm" and config.pad_eos_tokens is not None)
+    return config.packed_sequence or objectives.get(objective_kind).unsupervised_padding_segment(config.pad_eos_tokens)
 
 
 class SftForwardStep(ObjectiveForwardStep):
@@ -350,10 +352,8 @@ class SftForwardStep(ObjectiveForwardStep):
         tokens, supervised = batch["tokens"], batch["loss_mask"]
         generator = masking_generator(self.seed, item.iteration, self.data_parallel_rank, item.index,
                                       stream=item.stream, device=self.device)
-        if self.objective.kind == "mdm":
-            ob = self.objective.prepare(tokens, generator=generator, loss_mask=supervised)
-        else:
-            ob = self.objective.prepare(tokens, generator=generator, labels=batch["labels"], loss_mask=supervised)
+        ob = self.objective.prepare({"tokens": tokens, "labels": batch["labels"], "loss_mask": supervised},
+                                    ObjectiveRng(generator))
         ob = apply_loss_normalization(ob, self.loss_normalization, context_parallel_size=self.context_parallel_size)
         cpu_segments = item.batch["segment_ids"]  # decided on the host copy: no device sync
         dense = bool((cpu_segments == cpu_segments[:, :1]).all())
@@ -389,8 +389,9 @@ class SftStage(PretrainStage):
         """
         run, o = self.run, self.run.objective
         sft_start_checks(run)
-        objective = build_objective(o.kind, mask_token_id=o.mask_token_id, eps=o.eps, loss_weighting=o.loss_weighting,
-                                    min_masked_tokens=o.min_masked_tokens, shift=o.shift, cart_p=o.cart_p)
+        # SFT cuts nothing and never unshifts: the run's objective without them
+        objective = build_objective(dataclasses.replace(o, variable_length_prob=0.0, variable_length="sequence",
+                                                        unshift=False))
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
         if needs_attention_mask(self.sft, objective.kind):
@@ -428,7 +429,8 @@ class SftStage(PretrainStage):
         run = self.run
         train_prefixes, valid_prefixes = self._prefixes()
         common = dict(seq_length=run.data.seq_length, eod_id=run.data.eod_id,
-                      autoregressive=(run.objective.kind == "ar"), config=self.sft, seed=run.seed)
+                      autoregressive=objectives.get(run.objective.kind).dataset_extra_token(run.objective, "sft"),
+                      config=self.sft, seed=run.seed)
         train_split, valid_split = (None, None) if valid_prefixes else self._split()
         train = SftDataset.from_prefixes(train_prefixes, split=train_split, num_samples=train_samples, **common)
         valid = None

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from dlmspec import objectives
 from dlmspec.files import MAX_NESTING, FileRefused, nesting_exceeds, read_json, read_text
 
 #: The lock file's name, beside train.py and inside each checkpoint.
@@ -213,6 +214,8 @@ def spec_record(run: Any, *, transformer_config: Any, model_kwargs: Dict[str, An
         "objective.min_masked_tokens": obj.min_masked_tokens,
         "objective.variable_length": obj.variable_length,
         "train.loss_normalization": obj.loss_normalization,
+        # a schedule other than linear (a linear run's record is as before): generate and eval follow it
+        **_schedule_record(obj),
         "model.num_layers": tc.num_layers,
         "model.hidden_size": tc.hidden_size,
         "model.ffn_hidden_size": tc.ffn_hidden_size,
@@ -334,6 +337,17 @@ def _show(value: Any) -> str:
 
 def _short(content_hash: Optional[str]) -> str:
     return "no recorded spec" if not content_hash else f"spec {content_hash[:19]}"
+
+
+def _schedule_record(objective: Any) -> Dict[str, Any]:
+    """``{"objective.noise_schedule": ..., "objective.noise_schedule_exponent": ...}`` of a run whose
+    masking schedule is not linear (its objective's registration, :mod:`dlmspec.objectives`), else ``{}``."""
+    if objective.kind not in objectives.kinds():
+        return {}
+    schedule = objectives.get(objective.kind).schedule(objective)
+    if schedule.name == "linear":
+        return {}
+    return {f"objective.{key}": value for key, value in schedule.to_record().items()}
 
 
 def _legacy_values(meta: Dict[str, Any]) -> Dict[str, Any]:

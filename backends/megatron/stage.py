@@ -33,7 +33,7 @@ from .layers import layer_spec_attention
 from .metrics import DLM_REPORT, dlm_loss_sums
 from .microbatches import MicrobatchFeed, MicrobatchItem
 from .objective import (ObjectiveBatch, apply_loss_normalization, build_objective, dataset_extra_token, loss_triple,
-                        reduce_loss, unshift_window)
+                        reduce_loss, ObjectiveRng)
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
 from .rng import TRAIN_STREAM, VALID_STREAM, masking_generator, variable_length_generator
 
@@ -183,18 +183,10 @@ class PretrainStage:
                 on the Transformer Engine path (:mod:`dlmspec.backends.megatron.checks`).
         """
         run = self.run
-        objective = build_objective(
-            run.objective.kind,
-            mask_token_id=run.objective.mask_token_id,
-            eps=run.objective.eps,
-            loss_weighting=run.objective.loss_weighting,
-            variable_length_prob=run.objective.variable_length_prob,
-            min_masked_tokens=run.objective.min_masked_tokens,
-            variable_length=run.objective.variable_length,
-            shift=run.objective.shift,
-            cart_p=run.objective.cart_p,
-            unshift=run.objective.unshift,
-        )
+        # the CP split needs 2 x CP whatever train.py says (megatron-core get_batch_on_this_cp_rank)
+        length_multiple = math.lcm(int(run.objective.variable_length_multiple),
+                                   2 * ctx.context_parallel_size if ctx.context_parallel_size > 1 else 1)
+        objective = build_objective(run.objective, length_multiple=length_multiple)
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
         check_sequence_length(run.data, model_kwargs)
         check_masks_supported(layer_spec, run.objective, run.data)
@@ -203,10 +195,7 @@ class PretrainStage:
             objective, seed=run.seed, data_parallel_rank=ctx.data_parallel_rank, eod_id=run.data.eod_id,
             reset_attention_mask=run.data.reset_attention_mask, device=ctx.device,
             context_parallel_size=ctx.context_parallel_size,
-            loss_normalization=run.objective.loss_normalization,
-            # the CP split needs 2 x CP whatever train.py says (megatron-core get_batch_on_this_cp_rank)
-            length_multiple=math.lcm(int(run.objective.variable_length_multiple),
-                                     2 * ctx.context_parallel_size if ctx.context_parallel_size > 1 else 1),
+            loss_normalization=run.objective.loss_normalization, length_multiple=length_multiple,
         )
 
     def build_data(self, *, consumed_samples: int, num_chunks: int) -> StageData:
@@ -322,23 +311,14 @@ class ObjectiveForwardStep:
             self.seed, item.iteration, self.data_parallel_rank, item.index,
             stream=item.stream, device=self.device,
         )
-        position_ids = batch["position_ids"]
-        if self.objective.kind == "mdm":
-            cut = None
-            if self.objective.variable_length == "micro_batch" and item.stream == TRAIN_STREAM:
-                cut = variable_length_generator(self.seed, item.iteration, item.index, stream=item.stream)
-            ob = self.objective.prepare(tokens, generator=generator, cut_generator=cut,
-                                        length_multiple=self.length_multiple)
-            if getattr(self.objective, "unshift", False):  # MegaDLMs' window: the objective dropped the first id
-                n = ob.input_ids.shape[1]
-                tokens, position_ids = unshift_window(tokens[:, : n + 1]), unshift_window(position_ids[:, : n + 1])
-            elif ob.input_ids.shape[1] != tokens.shape[1]:  # the micro-batch was cut: every row alike
-                tokens = tokens[:, : ob.input_ids.shape[1]]
-                position_ids = position_ids[:, : ob.input_ids.shape[1]]
-        else:
-            ob = self.objective.prepare(
-                tokens, generator=generator, labels=batch.get("labels"), loss_mask=batch.get("loss_mask")
-            )
+        cut = None
+        if getattr(self.objective, "draws_cut", False) and item.stream == TRAIN_STREAM:
+            cut = variable_length_generator(self.seed, item.iteration, item.index, stream=item.stream)
+        # the objective cuts / unshifts tokens and position ids alike (source_ids: the clean ids it kept)
+        ob = self.objective.prepare({"tokens": tokens, "position_ids": batch["position_ids"],
+                                     "labels": batch.get("labels"), "loss_mask": batch.get("loss_mask")},
+                                    ObjectiveRng(generator, cut))
+        tokens, position_ids = ob.source_ids, ob.position_ids
         ob = apply_loss_normalization(ob, self.loss_normalization, context_parallel_size=self.context_parallel_size)
         doc_mask = document_attention_mask(tokens, self.eod_id) if self.reset_attention_mask else None
         return self.slice_for_context_parallel(ob, position_ids, combine_attention_masks(ob.attention_mask, doc_mask))

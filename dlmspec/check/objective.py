@@ -1,6 +1,7 @@
 """Rules of the training objective and attention: autoregressive vs masked diffusion,
-block-causal attention's block size, and position embeddings (learned, RoPE's rotary
-dimensions)."""
+block-causal attention's block size, masking schedules, and position embeddings (learned, RoPE's
+rotary dimensions). What an objective is (diffusion or not, the attention it trains with) is read
+from its registration (:mod:`dlmspec.objectives`), never from its kind's name."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 
 from typing import Iterator
 
+from dlmspec import objectives
 from dlmspec.check.hints import largest_divisor_at_most
 from dlmspec.check.registry import Context, Finding, Fix, rule
 
@@ -19,14 +21,15 @@ from dlmspec.check.registry import Context, Finding, Fix, rule
     "the 'ar' objective uses causal attention",
 )
 def _ar_attention(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.objective.kind == "ar" and ctx.r.attention_mask != "causal":
+    p = objectives.get(ctx.spec.objective.kind)
+    if not p.diffusion and ctx.r.attention_mask not in p.attentions:
         yield Finding(
             "objective.attention_mask",
             f"next-token prediction with {ctx.r.attention_mask} attention lets each position see the "
             "token it predicts",
-            "use attention_mask = 'causal' (the default for ar), or objective.kind = 'mdm'",
+            f"use attention_mask = {p.attention!r} (the default for {p.kind}), or objective.kind = 'mdm'",
             value=ctx.r.attention_mask,
-            fix=Fix({"objective.attention_mask": "causal"}),
+            fix=Fix({"objective.attention_mask": p.attention}),
         )
 
 
@@ -38,7 +41,7 @@ def _ar_attention(ctx: Context) -> Iterator[Finding]:
     "masked diffusion uses bidirectional (or block-causal) attention",
 )
 def _mdm_causal(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.objective.kind == "mdm" and ctx.r.attention_mask == "causal":
+    if objectives.get(ctx.spec.objective.kind).diffusion and ctx.r.attention_mask == "causal":
         yield Finding(
             "objective.attention_mask",
             "a masked-diffusion model with causal attention cannot use the unmasked tokens to its right",
@@ -200,7 +203,7 @@ def _rotary_dims(ctx: Context) -> Iterator[Finding]:
 )
 def _eps_zero(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if o.kind == "mdm" and o.eps == 0 and o.loss_weighting == "llada":
+    if objectives.get(o.kind).diffusion and o.eps == 0 and o.loss_weighting == "llada":
         # t = u with u ~ U[0, 1) in float32: the weight 1/t of a masked position reaches 2**24 (and inf at u = 0
         # with a forced mask); E[(1/t)^2 * t] = E[1/t] diverges, so the estimator's variance is infinite whether or
         # not min_masked_tokens forces masks. The realised ratio r = masked / length is >= 1/length when anything
@@ -219,13 +222,13 @@ def _eps_zero(ctx: Context) -> Iterator[Finding]:
 @rule(
     "mdm-min-masked-tokens",
     "error",
-    "dlmspec.backends.megatron.objective.MaskedDiffusionObjective (min_masked_tokens forced masks among a row's "
+    "dlmspec.backends.megatron.objectives.mdm.MaskedDiffusionObjective (min_masked_tokens forced masks among a row's "
     "seq_length positions)",
     "objective.min_masked_tokens <= train.seq_length",
 )
 def _min_masked(ctx: Context) -> Iterator[Finding]:
     k, s = ctx.spec.objective.min_masked_tokens, ctx.spec.train.seq_length
-    if ctx.spec.objective.kind == "mdm" and k is not None and k > s:
+    if objectives.get(ctx.spec.objective.kind).diffusion and k is not None and k > s:
         yield Finding(
             "objective.min_masked_tokens",
             f"a row has {s} positions: {k} of them cannot be masked",
@@ -243,7 +246,7 @@ def _min_masked(ctx: Context) -> Iterator[Finding]:
 )
 def _cart_p_ignored(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if o.cart_p is not None and (o.kind != "mdm" or o.loss_weighting != "cart"):
+    if o.cart_p is not None and not (objectives.get(o.kind).diffusion and o.loss_weighting == "cart"):
         yield Finding(
             "objective.cart_p",
             f"cart_p = {o.cart_p} has no effect with objective.kind = {o.kind!r} and loss_weighting = "
@@ -269,7 +272,7 @@ def _true_has_no_effect(key: str, why: str, hint: str) -> Finding:
 )
 def _shift_ar(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if o.shift and o.kind != "mdm":
+    if o.shift and not objectives.get(o.kind).diffusion:
         yield _true_has_no_effect(
             "objective.shift",
             "objective.shift = true has no effect with objective.kind = 'ar': next-token prediction already "
@@ -288,7 +291,7 @@ def _shift_ar(ctx: Context) -> Iterator[Finding]:
 )
 def _unshift_ar(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if o.unshift and o.kind != "mdm":
+    if o.unshift and not objectives.get(o.kind).diffusion:
         yield _true_has_no_effect(
             "objective.unshift",
             "objective.unshift = true has no effect with objective.kind = 'ar': next-token prediction already reads "
@@ -306,7 +309,7 @@ def _unshift_ar(ctx: Context) -> Iterator[Finding]:
 )
 def _unshift_sft(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if o.unshift and o.kind == "mdm" and ctx.spec.stage.kind == "sft":
+    if o.unshift and objectives.get(o.kind).diffusion and ctx.spec.stage.kind == "sft":
         yield _true_has_no_effect(
             "objective.unshift",
             "objective.unshift = true has no effect in an SFT stage: its samples are conversations, not "
@@ -326,7 +329,7 @@ def _unshift_sft(ctx: Context) -> Iterator[Finding]:
 )
 def _unshift_layout(ctx: Context) -> Iterator[Finding]:
     o, r, par, t = ctx.spec.objective, ctx.r, ctx.spec.parallel, ctx.spec.train
-    if not (o.unshift and o.kind == "mdm" and ctx.spec.stage.kind != "sft"):
+    if not (o.unshift and objectives.get(o.kind).diffusion and ctx.spec.stage.kind != "sft"):
         return
     n = t.seq_length - 1
     problems, fixes = [], []
@@ -353,4 +356,44 @@ def _unshift_layout(ctx: Context) -> Iterator[Finding]:
             + "; and ".join(fixes),
             value=True,
             fix=Fix(unset=("objective.unshift",)),
+        )
+
+
+@rule(
+    "mdm-schedule-exponent-ignored",
+    "warning",
+    "MD4 (Shi et al. 2024, arXiv:2406.04329): alpha(t) = 1 - t^a is the polynomial schedule; linear and cosine "
+    "have no exponent (dlmspec/objectives/schedules.py)",
+    "objective.noise_schedule_exponent is set only with noise_schedule = 'polynomial'",
+)
+def _schedule_exponent_ignored(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.noise_schedule_exponent is not None and o.noise_schedule != "polynomial":
+        yield Finding(
+            "objective.noise_schedule_exponent",
+            f"noise_schedule_exponent = {o.noise_schedule_exponent:g} has no effect with noise_schedule = "
+            f"{o.noise_schedule!r}: only the polynomial schedule alpha(t) = 1 - t^a reads it",
+            "remove objective.noise_schedule_exponent, or set objective.noise_schedule = 'polynomial'",
+            value=o.noise_schedule_exponent,
+            fix=Fix(unset=("objective.noise_schedule_exponent",)),
+        )
+
+
+@rule(
+    "mdm-schedule-ar",
+    "warning",
+    "MDLM (Sahoo et al. 2024, eq. 10): the masking schedule alpha(t) belongs to masked diffusion; next-token "
+    "prediction masks nothing",
+    "objective.noise_schedule is 'linear' (its default) unless the objective is masked diffusion",
+)
+def _schedule_ar(ctx: Context) -> Iterator[Finding]:
+    o = ctx.spec.objective
+    if o.noise_schedule != "linear" and not objectives.get(o.kind).diffusion:
+        yield Finding(
+            "objective.noise_schedule",
+            f"noise_schedule = {o.noise_schedule!r} has no effect with objective.kind = {o.kind!r}: it masks no "
+            "tokens",
+            "set objective.noise_schedule = 'linear' (a spec that extends an mdm spec with another schedule writes "
+            "it so), or use objective.kind = 'mdm'",
+            fix=Fix({"objective.noise_schedule": "linear"}),
         )

@@ -563,6 +563,8 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         streamer = _Stream(model, config, per_batch, live=stream, progress=progress)
         try:
             kwargs = {"step_fn": model.ar_step_fn(max_new_tokens=config.gen_length)} if kv_cache else {}
+            if sampler is generate:  # the transfer schedule follows the model's masking schedule
+                kwargs["noise_schedule"] = getattr(model, "noise_schedule", None)
             out = sampler(model.logits_fn, batch, config, on_step=streamer, generator=gen, device=model.device,
                           **kwargs)
         finally:
@@ -702,7 +704,8 @@ def score_dataset(model: Any, windows: Any, *, estimators: list[str], num_sample
             for b in batches:
                 results.append(elbo_nll(model.logits_fn, b, mask_token_id=model.mask_token_id, generator=gen,
                                         estimator=estimator, num_samples=num_samples,
-                                        samples_per_forward=samples_per_forward, eps=eps))
+                                        samples_per_forward=samples_per_forward, eps=eps,
+                                        schedule=getattr(model, "noise_schedule", None)))
                 bar.advance(task)
         total = merge_elbo_results(results).total()
         total["stderr_method"] = "per row std / sqrt(num_samples), rows independent"
@@ -812,7 +815,7 @@ def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, s
     kwargs = {}
     if model.kind == "mdm":
         kwargs = dict(estimator="count" if estimator == "both" else estimator, num_samples=num_samples,
-                      samples_per_forward=samples_per_forward, eps=eps)
+                      samples_per_forward=samples_per_forward, eps=eps, schedule=getattr(model, "noise_schedule", None))
     with bar:
         res = multiple_choice(model.logits_fn, tokenized, kind=model.kind, mask_token_id=model.mask_token_id,
                               seed=seed, normalize=normalize, device=model.device,

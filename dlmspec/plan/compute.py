@@ -104,7 +104,8 @@ def step_flops(shape: ModelShape, lay: Layout) -> FlopCounts:
     fwd = hardware_forward_parts(shape, lay)
     frac = recompute_fraction(shape, lay)
     recompute_tok = sum(fwd[k] * frac[k] for k in fwd)
-    hardware_tok = 3 * sum(fwd.values()) + recompute_tok
+    # an objective's extra forward passes (a frozen teacher, a second view): forward only, no backward
+    hardware_tok = (3 + shape.extra_forward_passes) * sum(fwd.values()) + recompute_tok
     return FlopCounts(
         model_per_token=model_tok,
         model_per_step=model_tok * tokens,

@@ -40,9 +40,10 @@ ROPE_BYTES_PER_ELEMENT = {False: 12, True: 4}
 #: sum 4, normalise 4+4; backward scale 4+4, cast to bf16 4+2.
 CE_BYTES_PER_LOGIT = 52
 #: The fused linear cross entropy (``[kernels] cross_entropy = "fused_linear"``,
-#: ``backends/megatron/output_loss.py``) projects only the rows that carry loss: MDM masks each
-#: token with probability ``t ~ U(eps, 1)``, so half of them on average; AR all of them.
-FUSED_CE_ROW_FRACTION = {"mdm": 0.5, "ar": 1.0}
+#: ``backends/megatron/output_loss.py``) projects only the rows that carry loss: each objective
+#: registers that share (``dlmspec.objectives``, read as ``ModelShape.loss_row_fraction``): MDM
+#: masks each token with probability ``1 - alpha(t)``, half of them on average for the linear
+#: schedule; AR all of them.
 #: Its output-layer GEMM passes per projected row (``2 h V`` FLOPs each): Liger with per-token
 #: weights computes the logits again in backward (forward, recomputed forward, two gradients:
 #: 4), the PyTorch chunks compute the gradients in the forward pass (3).
@@ -97,7 +98,7 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     if stage == 0:
         total += 2 * h * y * T + (2 * y + 8) * V * h
     if stage == lay.pp - 1 and lay.fused_linear_ce:
-        rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * T
+        rows = shape.loss_row_fraction * T
         total += FUSED_CE_BYTES_PER_LOGIT[lay.fused_linear_backend] * rows * V + (4 + 3 * y) * h * T
         if local:
             total += (2 * y + 8) * V * h

@@ -10,7 +10,6 @@ story of each is in docs/planner-methods.md, *Time model*.
 
 from __future__ import annotations
 
-from dlmspec.plan.elementwise import FUSED_CE_ROW_FRACTION
 from dlmspec.plan.memory import fsdp_sharding, stage_layer_counts
 from dlmspec.plan.shape import Layout, ModelShape, norms_compiled, qkv_fused
 
@@ -239,7 +238,7 @@ def fused_ce_kernels(shape: ModelShape, lay: Layout) -> float:
     torch calls and Triton launches run inside one ``autograd.Function``, without megatron-core's
     modules around them."""
     if lay.fused_linear_backend == "torch":
-        rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * lay.micro_batch * lay.seq / lay.cp
+        rows = shape.loss_row_fraction * lay.micro_batch * lay.seq / lay.cp
         return 15 * -(-rows // 4096)
     return 8 * -(-shape.vocab // shape.hidden)
 
@@ -257,7 +256,7 @@ def syncs_per_microbatch(shape: ModelShape, lay: Layout, stage: int, counts: tup
             syncs += 2 * lay.vpp
         else:
             syncs += 1 if stage in (0, lay.pp - 1) else 2
-    if shape.objective == "mdm" and shape.variable_length_prob > 0:
+    if shape.variable_length_prob > 0:  # the objective's cut: one host sync
         syncs += 1
     if stage == lay.pp - 1 and lay.fused_linear_ce:
         syncs += 1  # the fused linear cross entropy's row selection (``nonzero``)

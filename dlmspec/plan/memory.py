@@ -579,7 +579,7 @@ def stage_memory(
         edge += (y * T * h + stat * T) / r + (1 if lay.fp8 else y) * T * h / r
     activations = scale * flight * stored_layers
     edge_acts = scale * flight * edge
-    per_token = (16 + (9 if shape.objective == "mdm" else 0) if first else 0) + (20 if last else 0)
+    per_token = (16 + shape.objective_bytes_per_token if first else 0) + (20 if last else 0)
     batch = flight * per_token * T
 
     # The largest transient of forward/backward.

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlmspec import objectives
 from dlmspec.data.record import RecordError, read_record
 
 #: Mean conversation length assumed without a dataset record, as a fraction of ``seq_length``:
@@ -125,7 +126,7 @@ def needs_segment_mask(sft: Any, objective_kind: str) -> bool:
     ``[stage.sft]`` section or None; keys read with defaults."""
     if packing(sft)[0]:
         return True
-    return objective_kind == "mdm" and sft_key(sft, "pad_eos_tokens") is not None
+    return objectives.get(objective_kind).unsupervised_padding_segment(sft_key(sft, "pad_eos_tokens"))
 
 
 def record_mean(prefix: str) -> tuple[float | None, float | None, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from dlmspec import objectives
 from dlmspec.gpus import GPU
 from dlmspec.params import mlp_params
 from dlmspec.plan.sft import needs_segment_mask
@@ -41,6 +42,10 @@ class ModelShape:
         attention: ``bidirectional``, ``causal`` or ``block_causal``; block_size for the latter.
         objective: ``mdm`` or ``ar``; variable_length_prob: MDM's share of sequences cut one by one behind a
             key-padding mask (0 for a micro-batch cut, which is dense).
+        loss_row_fraction, objective_bytes_per_token, extra_forward_passes: the objective's planner terms
+            (:class:`dlmspec.objectives.Objective`): the share of positions carrying loss, the bytes per token
+            its micro-batch adds on the first stage, the forward passes per micro-batch beyond the trained
+            model's one.
         attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
         norms_repl: the two layer norms' parameters (replicated).
         mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
@@ -97,6 +102,9 @@ class ModelShape:
     active_params: int
     padded_total_params: int
     segment_mask: bool = False
+    loss_row_fraction: float = 1.0
+    objective_bytes_per_token: int = 0
+    extra_forward_passes: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -246,6 +254,7 @@ def model_shape(resolved: Resolved) -> ModelShape:
         expert = mlp_params(m, resolved.moe_ffn_hidden_size or m.ffn_hidden_size)
         if m.moe_shared_expert_intermediate_size:
             shared_total = mlp_params(m, m.moe_shared_expert_intermediate_size)
+    objective = objectives.get(resolved.spec.objective.kind)
     return ModelShape(
         num_layers=m.num_layers,
         hidden=h,
@@ -274,9 +283,10 @@ def model_shape(resolved: Resolved) -> ModelShape:
         block_size=resolved.spec.objective.block_size or 0,
         objective=resolved.spec.objective.kind,
         # a micro-batch cut (objective.variable_length = "micro_batch") is dense: no mask to plan
-        variable_length_prob=(resolved.spec.objective.variable_length_prob
-                              if resolved.spec.objective.kind == "mdm"
-                              and (resolved.spec.objective.variable_length or "sequence") == "sequence" else 0.0),
+        variable_length_prob=objective.masked_variable_length_prob(resolved.spec.objective),
+        loss_row_fraction=objective.loss_row_fraction_of(resolved.spec.objective),
+        objective_bytes_per_token=objective.input_bytes_per_token,
+        extra_forward_passes=objective.extra_forward_passes(resolved.spec.objective),
         attn_split=attn_split,
         attn_repl=attn_repl,
         norms_repl=2 * norm * h,

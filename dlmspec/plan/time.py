@@ -24,7 +24,7 @@ from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.comm import ddp_buckets, dp_comm_seconds, dp_overlap, link_efficiency, pipeline_p2p, stage_collectives
 from dlmspec.plan.compute import FlopCounts, attended_keys, recompute_fraction, step_flops
-from dlmspec.plan.elementwise import FUSED_CE_GEMM_PASSES, FUSED_CE_ROW_FRACTION, OPTIMIZER_BYTES, elementwise_bytes
+from dlmspec.plan.elementwise import FUSED_CE_GEMM_PASSES, OPTIMIZER_BYTES, elementwise_bytes
 from dlmspec.plan.launches import (
     SYNCS_PER_BUCKET,
     SYNCS_PER_STEP,
@@ -177,7 +177,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         gemm += moe_n * moe_fwd * (3 + frac["moe"])
     decoder_gemm = gemm
     if stage == lay.pp - 1 and lay.fused_linear_ce:
-        rows = FUSED_CE_ROW_FRACTION.get(shape.objective, 1.0) * T
+        rows = shape.loss_row_fraction * T
         gemm += FUSED_CE_GEMM_PASSES[lay.fused_linear_backend] * 2 * h * shape.vocab * rows
     elif stage == lay.pp - 1:
         gemm += 3 * 2 * h * shape.vocab / t * T

@@ -44,7 +44,7 @@ from typing import Any, Iterable
 
 import jinja2
 
-from dlmspec import __version__
+from dlmspec import __version__, objectives
 from dlmspec.check import issues_for, load_for
 from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
@@ -165,6 +165,8 @@ def _environment() -> jinja2.Environment:
     env.filters["comment"] = comment
     env.filters["sh"] = lambda v: shell_word(str(v))
     env.filters["thousands"] = lambda n: f"{n:,}"
+    # an objective's own ObjectiveConfig keywords, from its registration (dlmspec.objectives)
+    env.filters["objective_options"] = objectives.template_options
     return env
 
 

@@ -17,6 +17,7 @@ from annotated_types import Ge, Gt
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
 
+from dlmspec import objectives
 from dlmspec.spec import python
 from dlmspec.spec.dotted import deep_merge, set_dotted
 from dlmspec.spec.names import DEFAULT_NAME, PlaceholderError, expand_names, placeholder_problems, problem_message
@@ -169,7 +170,7 @@ class ObjectiveSpec(Section):
     as in LLaDA (Nie et al. 2025, eq. 3) and MDLM (Sahoo et al. 2024); ``ar`` is next-token
     prediction."""
 
-    kind: Literal["mdm", "ar"] = "mdm"
+    kind: Literal[objectives.kinds()] = "mdm"  # the registered objectives (dlmspec.objectives): mdm, ar
     mask_token_id: Int | None = Field(
         None, ge=0, description="Id of [MASK]. Default: the preset's, else the first padded slot."
     )
@@ -177,8 +178,16 @@ class ObjectiveSpec(Section):
         None, description="Default: bidirectional for mdm, causal for ar."
     )
     block_size: PosInt | None = Field(None, description="Block length for block_causal.")
-    noise_schedule: Literal["linear"] = Field(
-        "linear", description="Masking probability as a function of t: linear means p(mask) = t."
+    noise_schedule: Literal["linear", "cosine", "polynomial"] = Field(
+        "linear", description="mdm masking schedule alpha(t), a token masked with probability 1 - alpha(t) at "
+        "t ~ U(eps, 1), its loss weighted by -alpha'(t)/(1-alpha(t)) (MDLM eq. 10) with loss_weighting = 'llada'; "
+        "the sampler and eval's ELBO follow it. linear: alpha = 1 - t, weight 1/t (LLaDA); cosine: "
+        "alpha = 1 - cos(pi/2 (1-t)) (dllm CosineAlphaScheduler, MD4); polynomial: alpha = 1 - t^a, weight a/t "
+        "(MD4), a = noise_schedule_exponent.",
+    )
+    noise_schedule_exponent: Float | None = Field(
+        None, gt=0.0, le=100.0,
+        description="noise_schedule = 'polynomial': the exponent a of alpha(t) = 1 - t^a. Unset: 1 (linear).",
     )
     eps: Float = Field(
         1e-3, ge=0.0, lt=1.0,
@@ -715,3 +724,13 @@ class Spec(Section):
             python.record_of(new, create=True).templates.update(kept)
         python.note_replace(self, new, changes)
         return new
+
+
+def refresh_objective_kinds() -> None:
+    """Rebuild ``objective.kind``'s choices from the objective registry (:mod:`dlmspec.objectives`):
+    :func:`dlmspec.objectives.register` calls it when an objective is registered after this module
+    was imported (a plugin, a test's toy). The fast checker (:mod:`dlmspec.spec.fast`) knows the
+    built-in kinds only and leaves any other to these models."""
+    ObjectiveSpec.model_fields["kind"].annotation = Literal[objectives.kinds()]
+    ObjectiveSpec.model_rebuild(force=True)
+    Spec.model_rebuild(force=True)

@@ -125,6 +125,9 @@ def test_rule_sources_name_runtime_code_that_exists() -> None:
         for text in texts:
             for m in _RUNTIME_REF.finditer(text):
                 module, names = (m[1], m[2].lstrip(".").split(".")[0]) if m[1] else (m[3], m[4] or "")
+                if m[1] and (ROOT / "backends" / "megatron" / module).is_dir():  # a package: module.file.Name
+                    parts = m[2].lstrip(".").split(".")
+                    module, names = f"{module}/{parts[0]}", (parts[1] if len(parts) > 1 else "")
                 path = ROOT / "backends" / "megatron" / f"{module}.py"
                 assert path.is_file(), f"{r.id}: {m[0]}: no {path.relative_to(ROOT)}"
                 if names:

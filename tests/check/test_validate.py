@@ -190,6 +190,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mdm-unshift-ar", {"objective.kind": "ar", "objective.unshift": True}, "objective.unshift"),
     ("mdm-unshift-sft", {"stage.kind": "sft", "objective.unshift": True}, "objective.unshift"),
     ("mdm-unshift-layout", {"objective.unshift": True, "parallel.context_parallel_size": 2}, "objective.unshift"),
+    # masking schedules: an exponent only the polynomial reads, a schedule on next-token prediction
+    ("mdm-schedule-exponent-ignored", {"objective.noise_schedule": "cosine", "objective.noise_schedule_exponent": 2.0},
+     "objective.noise_schedule_exponent"),
+    ("mdm-schedule-ar", {"objective.kind": "ar", "objective.noise_schedule": "cosine"}, "objective.noise_schedule"),
     ("mdm-unshift-layout", {"objective.unshift": True, "parallel.pipeline_model_parallel_size": 2},
      "objective.unshift"),
     ("block-causal-needs-size", {"objective.attention_mask": "block_causal"}, "objective.block_size"),

@@ -1,0 +1,156 @@
+"""The compiler side of an objective: one :class:`Objective` registered per ``objective.kind``.
+
+An objective module (:mod:`dlmspec.objectives.mdm`, :mod:`dlmspec.objectives.ar`, or one outside
+the package, e.g. a test's) subclasses :class:`Objective` and calls :func:`register`; the checks
+(:mod:`dlmspec.check.objective`, rules of the one registry :mod:`dlmspec.check.registry`), the
+planner (:mod:`dlmspec.plan`) and the template read it through :func:`get`, never by comparing
+``kind`` with a string. Its runtime half registers the same kind in
+:mod:`dlmspec.backends.megatron.objectives` (``prepare(batch, rng) -> ObjectiveBatch``).
+
+Nothing here imports pydantic or torch: the fast ``validate``/``plan`` path imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from dlmspec.objectives.schedules import LINEAR, MaskingSchedule
+
+
+class Objective:
+    """What the compiler knows of one objective. Subclass it, set the class attributes, override
+    the methods whose default does not fit, and :func:`register` an instance.
+
+    Attributes:
+        kind: the ``objective.kind`` it answers.
+        description: one line for messages.
+        attention: the attention mask ``objective.attention_mask`` defaults to
+            (``"bidirectional"``, ``"causal"``, ``"block_causal"``).
+        attentions: the attention masks it trains with.
+        diffusion: whether it masks tokens with ``[MASK]`` (needs ``mask_token_id``; sampled by the
+            masked-diffusion sampler, scored by the ELBO).
+        loss_row_fraction: the expected share of positions that carry loss (planner: the fused
+            linear cross entropy projects only those rows; MDM masks each token with probability
+            ``1 - alpha(t)``, a half on average over ``t ~ U(0, 1)`` for the linear schedule; AR 1).
+        input_bytes_per_token: bytes per token the objective adds to a micro-batch on the first
+            pipeline stage (MDM: the noised ids, the mask, the weights, ~9 B; planner memory).
+    """
+
+    kind: str = ""
+    description: str = ""
+    attention: str = "causal"
+    attentions: Tuple[str, ...] = ("causal",)
+    diffusion: bool = False
+    loss_row_fraction: float = 1.0
+    input_bytes_per_token: int = 0
+
+    # ---- planner terms -------------------------------------------------------------------------
+    def extra_seq_length(self, objective: Any) -> int:
+        """Positions the objective adds to ``train.seq_length`` in the model's input (0: none;
+        block diffusion's ``x_t (+) x_0`` would add ``seq_length``)."""
+        return 0
+
+    def extra_forward_passes(self, objective: Any) -> int:
+        """Forward passes per micro-batch beyond the one of the model being trained (0: none; a
+        frozen teacher or a second view would add 1)."""
+        return 0
+
+    def loss_row_fraction_of(self, objective: Any) -> float:
+        """The expected share of positions that carry loss for these settings (default:
+        :attr:`loss_row_fraction`)."""
+        return self.loss_row_fraction
+
+    def masked_variable_length_prob(self, objective: Any) -> float:
+        """The probability that a sequence is cut and its tail hidden by a key-padding mask
+        (``objective.variable_length = "sequence"``): planner host syncs and mask memory."""
+        return 0.0
+
+    # ---- data, sampling, likelihood ------------------------------------------------------------
+    def dataset_extra_token(self, objective: Any, stage_kind: str) -> bool:
+        """megatron-core's ``add_extra_token_to_sequence``: the dataset draws ``seq_length + 1`` ids."""
+        return False
+
+    def unsupervised_padding_segment(self, pad_eos_tokens: Optional[int]) -> bool:
+        """SFT: whether the padding beyond ``pad_eos_tokens`` becomes a segment of its own (then
+        batches carry a segment mask)."""
+        return False
+
+    def schedule(self, objective: Any) -> MaskingSchedule:
+        """The masking schedule ``alpha(t)`` (:mod:`dlmspec.objectives.schedules`): the training
+        loss's weight, the sampler's transfer schedule and eval's ELBO. Non-diffusion: linear
+        (unused)."""
+        return LINEAR
+
+    def runtime_options(self, objective: Any) -> List[Tuple[str, Any, str]]:
+        """``(keyword, value, comment)`` the template adds to ``ObjectiveConfig(...)`` beyond the
+        keys every objective has: options that differ from the runtime's defaults only, so a spec
+        that does not use them compiles to the same bytes."""
+        return []
+
+
+_REGISTRY: Dict[str, Objective] = {}
+
+
+def template_options(objective: Any) -> List[Tuple[str, Any, str]]:
+    """The ``(keyword, value, comment)`` of ``objective`` (the spec's ``[objective]``) that
+    ``templates/train.py.j2`` writes into ``ObjectiveConfig(...)``: its registration's
+    :meth:`Objective.runtime_options`. The template writes the value through ``| py`` and the
+    comment through ``| comment``; the keyword must be a Python identifier.
+
+    Raises:
+        ValueError: a keyword that is not an identifier.
+    """
+    options = get(objective.kind).runtime_options(objective)
+    for key, _, _ in options:
+        if not (isinstance(key, str) and key.isidentifier()):
+            raise ValueError(f"objective {objective.kind!r}: runtime option {key!r} is not a Python identifier")
+    return options
+
+
+def register(objective: Objective) -> Objective:
+    """Register ``objective`` under its ``kind`` (a second registration of a kind replaces the
+    first: a test may redefine its toy).
+
+    Raises:
+        ValueError: an empty kind.
+    """
+    if not objective.kind:
+        raise ValueError(f"{type(objective).__name__} has no kind")
+    new = objective.kind not in _REGISTRY
+    _REGISTRY[objective.kind] = objective
+    if new:
+        _refresh_spec_models()
+    return objective
+
+
+def unregister(kind: str) -> None:
+    """Remove ``kind`` (tests that register a toy objective remove it again)."""
+    if _REGISTRY.pop(kind, None) is not None:
+        _refresh_spec_models()
+
+
+def _refresh_spec_models() -> None:
+    """The spec models' ``objective.kind`` follows the registry, if they are loaded (they are not
+    imported here: the fast path runs without pydantic)."""
+    models = sys.modules.get("dlmspec.spec.models")
+    if models is not None and hasattr(models, "refresh_objective_kinds"):
+        models.refresh_objective_kinds()
+
+
+def get(kind: str) -> Objective:
+    """The registered objective of ``kind``.
+
+    Raises:
+        KeyError: an unregistered kind (the message names the registered ones).
+    """
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        raise KeyError(f"no objective registered for kind {kind!r}; registered: {sorted(_REGISTRY)}") from None
+
+
+def kinds() -> Tuple[str, ...]:
+    """The registered kinds, built-ins first."""
+    return tuple(_REGISTRY)
+
