@@ -91,3 +91,15 @@ def test_auto_chooses_flex_only_for_mask_functions():
     assert choose_backend("auto", ["bidirectional"], context_parallel=True) == "sdpa"
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         choose_backend("cudnn", ["bidirectional"])
+
+
+@pytest.mark.parametrize("backend", ["flex", "auto"])
+def test_train_py_builds_the_layers_with_the_named_backend(backend):
+    from dlmspec.render.compile import render
+
+    import ast
+
+    files = render(resolve(spec({"model.attention_backend": backend})), "t.toml")
+    ast.parse(files["train.py"])
+    assert f"attention_backend={backend!r},  # [model] attention_backend" in files["train.py"]
+    assert "attention_backend=" not in render(resolve(spec({})), "t.toml")["train.py"]
