@@ -91,3 +91,21 @@ def test_layer_spec_names_its_attention_backend():
     assert core(build_layer_spec(use_transformer_engine=False, attention_backend="auto")) is SDPACoreAttention
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         build_layer_spec(use_transformer_engine=False, attention_backend="cudnn")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_mask_object_passes_through_gptmodel_as_its_dense_tensor_does(backend):
+    """megatron-core's GPTModel hands attention_mask to the core attention untouched: a Document
+    mask object (segment ids, no s x s tensor) gives the logits of its dense megatron form."""
+    from dlmspec.backends.megatron import masks
+
+    model = _model(backend)
+    seg = torch.tensor([[0] * 12 + [1] * 20, [0] * 30 + [1] * 2])
+    tokens = torch.randint(0, 100, (2, SEQ), generator=torch.Generator().manual_seed(5))
+    pos = torch.arange(SEQ).expand(2, SEQ)
+    with torch.no_grad():
+        by_object = model(tokens, pos, masks.Document(seg))
+        by_tensor = model(tokens, pos, masks.Document(seg).dense(SEQ))
+        unmasked = model(tokens, pos, None)
+    torch.testing.assert_close(by_object, by_tensor, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(by_object, unmasked, atol=1e-3)
