@@ -98,7 +98,8 @@ class AttentionMask:
 
     # -- lowering -----------------------------------------------------------------------------
     def allowed(self, sq: int, sk: int, device=None) -> Tensor:
-        """Dense bool ``[b | 1, 1, sq, sk]``, ``True`` = attended (SDPA's convention)."""
+        """Dense bool, broadcastable to ``[b, 1, sq, sk]`` (key padding: ``[b, 1, 1, sk]``),
+        ``True`` = attended (SDPA's convention)."""
         b = self.batch or 1
         bi = torch.arange(b, device=device).view(b, 1, 1, 1)
         hi = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
@@ -108,7 +109,7 @@ class AttentionMask:
         return out.expand(b, 1, sq, sk).to(torch.bool)
 
     def dense(self, sq: int, sk: Optional[int] = None, device=None) -> Tensor:
-        """Dense bool ``[b | 1, 1, sq, sk]`` in megatron-core's convention: ``True`` = hidden."""
+        """:meth:`allowed` in megatron-core's convention: ``True`` = hidden."""
         return ~self.allowed(sq, sq if sk is None else sk, device)
 
     def sdpa(self, sq: int, sk: int, device=None) -> Tuple[Optional[Tensor], bool]:
