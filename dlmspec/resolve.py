@@ -105,7 +105,8 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
         masks, a per-query attention mask that the TE layers do not take
         (``dlmspec.backends.megatron.checks.check_masks_supported``), block-causal attention
         (``dlmspec.backends.megatron.layers.build_layer_spec``), and SFT batches with segment
-        masks (:func:`sft_attention_mask`). Transformer Engine only: fp8
+        masks (:func:`sft_attention_mask`), and a local core attention named by
+        ``model.attention_backend`` (``sdpa``, ``flex``). Transformer Engine only: fp8
         (megatron-core runs fp8 in TE layers), grouped-GEMM experts (``build_layer_spec``) and
         context parallelism with a ``cp_comm_type`` outside :data:`LOCAL_CP_COMM_TYPES`
         (``dlmspec.backends.megatron.attention``). Variable-length sequences run on both paths
@@ -116,6 +117,8 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
         ("data.reset_attention_mask = true", data.reset_attention_mask),
         ("objective.attention_mask = 'block_causal'", attention_mask == "block_causal"),
         (sft_attention_mask(spec) or "", sft_attention_mask(spec) is not None),
+        (f"model.attention_backend = {spec.model.attention_backend!r}",
+         spec.model.attention_backend in ("sdpa", "flex")),  # a core attention of the local layers
     ) if on]
     te = [text for text, on in (
         (f"precision.fp8 = {spec.precision.fp8!r}", spec.precision.fp8 != "none"),

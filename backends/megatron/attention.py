@@ -6,6 +6,12 @@ diffusion LM needs (``"bidirectional"``, ``"causal"``, ``"block_causal"``), a ca
 ``attention_mask`` combined with them, and context parallelism as megatron's
 ``cp_comm_type = "all_gather"``. Tensors in megatron's layout (``[s, b, heads, dim]``). The
 patterns, masks, kernels and the CP scheme: docs/runtime.md, "Attention".
+
+:class:`FlexCoreAttention` is the same core attention computed with FlexAttention
+(``torch.nn.attention.flex_attention``) and a ``BlockMask``, so a mask reaches the kernel without
+an ``s x s`` tensor (block diffusion's x_t ⊕ x_0 mask). Both take, as ``attention_mask``,
+megatron's bool tensors or a mask object of :mod:`dlmspec.backends.megatron.masks`; which
+backend runs which mask kind: :data:`dlmspec.attention.BACKENDS` (docs/attention.md).
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
+
+from dlmspec.attention import BACKENDS as ATTENTION_BACKEND_TABLE
+
+from . import masks as mask_objects
 
 ATTENTION_MODES = ("bidirectional", "causal", "block_causal")
 
@@ -104,6 +114,11 @@ def with_key_padding(base: type) -> type:
     """
 
     def forward(self, query, key, value, attention_mask, attn_mask_type, *args, **kwargs):
+        if isinstance(attention_mask, mask_objects.AttentionMask):
+            # a mask object lowered to what TE takes (masks.AttentionMask.te: ValueError for the rest)
+            te_type, attention_mask = attention_mask.te()
+            if te_type in ("causal", "padding_causal") and attn_mask_type == AttnMaskType.no_mask:
+                raise ValueError("a causal mask object on a Transformer Engine layer built bidirectional")
         packed = kwargs.get("packed_seq_params", args[1] if len(args) > 1 else None)
         if attention_mask is not None and packed is not None:
             raise NotImplementedError("a key-padding attention_mask together with packed_seq_params (THD)")
@@ -126,8 +141,8 @@ def with_key_padding(base: type) -> type:
 
 def takes_key_padding(module) -> bool:
     """True for a core attention that applies a ``[b, 1, 1, s]`` key-padding mask:
-    :class:`SDPACoreAttention` and :func:`with_key_padding` classes."""
-    return module is SDPACoreAttention or getattr(module, "key_padding_base", None) is not None
+    :class:`SDPACoreAttention`, :class:`FlexCoreAttention` and :func:`with_key_padding` classes."""
+    return module in (SDPACoreAttention, FlexCoreAttention) or getattr(module, "key_padding_base", None) is not None
 
 
 #: ``sdpa_backend`` values: PyTorch's order, or one backend tried first.
@@ -253,6 +268,8 @@ def _cp_chunk_mask(chunk: int, q_start: int, keys: int, block: int, device: str)
 class SDPACoreAttention(MegatronModule):
     """megatron-core ``core_attention`` module computed with PyTorch SDPA.
 
+    The mask kinds it runs: ``mask_kinds`` (:data:`dlmspec.attention.BACKENDS` ``["sdpa"]``).
+
     The constructor accepts exactly the keywords megatron's ``SelfAttention``
     passes to ``DotProductAttention`` (``config``, ``layer_number``,
     ``attn_mask_type``, ``attention_type``, ``attention_dropout``,
@@ -295,6 +312,10 @@ class SDPACoreAttention(MegatronModule):
             sliding-window attention or a non-vanilla softmax (features of
             megatron's attention this module does not implement).
     """
+
+    #: The backend's name in :data:`dlmspec.attention.BACKENDS`.
+    backend_name = "sdpa"
+    mask_kinds = ATTENTION_BACKEND_TABLE["sdpa"].runs
 
     def __init__(
         self,
@@ -373,7 +394,12 @@ class SDPACoreAttention(MegatronModule):
     def _sdpa_mask(
         self, attention_mask: Optional[Tensor], sq: int, sk: int, device: torch.device
     ) -> Tuple[Optional[Tensor], bool]:
-        """Return ``(allowed_mask or None, is_causal)`` for SDPA."""
+        """Return ``(allowed_mask or None, is_causal)`` for SDPA (a mask object of
+        :mod:`~dlmspec.backends.megatron.masks` is combined with the mode and lowered by its
+        :meth:`~dlmspec.backends.megatron.masks.AttentionMask.sdpa`)."""
+        if isinstance(attention_mask, mask_objects.AttentionMask):
+            mask = mask_objects.combine(mask_objects.structural(self.mode, self.block_size), attention_mask)
+            return mask.sdpa(sq, sk, device)
         if attention_mask is None:
             if self.mode == "bidirectional":
                 return None, False
@@ -414,7 +440,8 @@ class SDPACoreAttention(MegatronModule):
             value: ``[sk, b, ng, hn]``.
             attention_mask: ``None`` or bool, ``True`` = not attended,
                 broadcastable to ``[b, np, sq, sk]`` (e.g. ``[b, 1, 1, sk]``
-                key padding or ``[b, 1, sq, sk]`` document mask).
+                key padding or ``[b, 1, sq, sk]`` document mask), or a mask object
+                (:class:`~dlmspec.backends.megatron.masks.AttentionMask`), combined with the mode.
             attn_mask_type: Ignored (the pattern is the module's ``mode``).
             attention_bias: Must be ``None``.
             packed_seq_params: Must be ``None`` (THD packing needs TE).
@@ -470,6 +497,16 @@ class SDPACoreAttention(MegatronModule):
             ValueError: For an ``attention_mask`` (it would have to cover the gathered keys; the
                 trainer refuses masks under context parallelism) or an odd local length.
         """
+        if isinstance(attention_mask, mask_objects.AttentionMask):
+            # Only what the layer's own pattern already applies runs under CP (dlmspec.attention table).
+            extra = [k for k in attention_mask.kinds if k not in ("bidirectional", self.mode)]
+            if extra:
+                raise ValueError(
+                    f"SDPACoreAttention with context parallelism runs the layer's {self.mode} pattern only "
+                    f"(dlmspec.attention BACKENDS['sdpa'].context_parallel), not {extra} masks; use "
+                    "context_parallel_size = 1 for them"
+                )
+            attention_mask = None
         if attention_mask is not None:
             raise ValueError(
                 "SDPACoreAttention with context parallelism takes no attention_mask "
@@ -552,4 +589,138 @@ class SDPACoreAttention(MegatronModule):
                 context = _sdpa()
 
         # [b, np, sq, hn] -> [sq, b, np * hn]
+        return context.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_flex_attention():
+    """``torch.compile(flex_attention)``: FlexAttention's fused Triton kernels (forward and
+    backward) on CUDA; one compiled function per process (PyTorch recompiles per shape)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attention_eager(query: Tensor, key: Tensor, value: Tensor, block_mask, scale: float,
+                         enable_gqa: bool) -> Tensor:
+    """FlexAttention without compilation: PyTorch's reference implementation of the
+    ``flex_attention`` operator (it computes the full ``[b, h, sq, sk]`` scores, masked by the
+    ``BlockMask``'s ``mask_mod``), forward and backward, on any device.
+
+    ``torch.nn.attention.flex_attention.flex_attention`` refuses inputs that require gradients on
+    CPU (``_validate_device``) although its operator's eager forward and backward run there; for
+    those this calls the operator itself (``torch._higher_order_ops.flex_attention``) with the
+    options the public function would pass (PyTorch 2.13). Everything else goes through the
+    public function. Used on CPU (tests) only; CUDA runs :func:`compiled_flex_attention`.
+
+    Args:
+        query: ``[b, hq, sq, d]``; key, value: ``[b, hkv, sk, d]``.
+        block_mask: A ``BlockMask`` for ``(sq, sk)``.
+        scale: Softmax scale.
+        enable_gqa: ``hq`` is a multiple of ``hkv``.
+
+    Returns:
+        ``[b, hq, sq, d]``.
+    """
+    from torch.nn.attention import flex_attention as fa
+
+    needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
+    if not (query.device.type == "cpu" and needs_grad and torch.is_grad_enabled()):
+        return fa.flex_attention(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_op
+
+    if enable_gqa is False and query.size(1) != key.size(1):
+        raise ValueError(f"query heads {query.size(1)} != key heads {key.size(1)} without enable_gqa")
+    options = fa._apply_kernel_options(query, key, value, False, None, None)
+    out, _, _ = flex_op(query, key, value, fa._identity, block_mask.as_tuple(), scale, options)
+    return out
+
+
+class FlexCoreAttention(SDPACoreAttention):
+    """megatron-core ``core_attention`` module computed with FlexAttention
+    (``torch.nn.attention.flex_attention``) and a ``BlockMask``.
+
+    Built like :class:`SDPACoreAttention` (same keywords, ``mode`` and ``block_size``); the layer's
+    pattern and the call's ``attention_mask`` (a megatron bool tensor, or a mask object of
+    :mod:`~dlmspec.backends.megatron.masks`) are combined into one mask object, whose
+    ``BlockMask`` (``create_block_mask``, 128 x 128 tiles) the kernel reads: tiles that no key of
+    the mask reaches are skipped, so block-causal and block-diffusion masks cost their density,
+    and a mask function needs no ``s x s`` tensor. Structural masks' ``BlockMask``s are cached
+    per shape and device. On CUDA the kernel is ``torch.compile``'d
+    (:func:`compiled_flex_attention`); elsewhere PyTorch's reference implementation
+    (:func:`flex_attention_eager`).
+
+    The mask kinds it runs: ``mask_kinds`` (:data:`dlmspec.attention.BACKENDS` ``["flex"]``).
+
+    Raises:
+        ValueError: As :class:`SDPACoreAttention`, and for context parallelism or attention
+            dropout (FlexAttention has neither; the table's ``flex`` entry).
+    """
+
+    backend_name = "flex"
+    mask_kinds = ATTENTION_BACKEND_TABLE["flex"].runs
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
+                 attention_type: str, attention_dropout: Optional[float] = None,
+                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None,
+                 pg_collection: Optional[ProcessGroupCollection] = None, *, mode: str = "bidirectional",
+                 block_size: Optional[int] = None, sdpa_backend: str = "auto") -> None:
+        if int(config.context_parallel_size) > 1 and not ATTENTION_BACKEND_TABLE["flex"].context_parallel:
+            raise ValueError(
+                "FlexCoreAttention has no context parallelism (dlmspec.attention BACKENDS['flex']); "
+                "use attention_backend 'sdpa' (all_gather) or context_parallel_size = 1"
+            )
+        super().__init__(config, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
+                         None, pg_collection, mode=mode, block_size=block_size, sdpa_backend=sdpa_backend)
+        if self.dropout_p > 0.0 and not ATTENTION_BACKEND_TABLE["flex"].dropout:
+            raise ValueError(
+                f"FlexCoreAttention has no attention dropout (got {self.dropout_p}); use attention_backend 'sdpa' "
+                "or attention_dropout = 0"
+            )
+
+    def mask_for(self, attention_mask, sq: int, sk: int) -> "mask_objects.AttentionMask":
+        """The layer's pattern AND the call's mask, as one mask object.
+
+        Raises:
+            ValueError: A tensor that is not bool ``[b, 1, 1 | sq, sk]``; a per-query pattern with
+                ``sq != sk``.
+        """
+        if self.mode != "bidirectional" and sq != sk:
+            raise ValueError(f"{self.mode} attention needs equal query and key lengths, got {sq} and {sk}")
+        return mask_objects.combine(mask_objects.structural(self.mode, self.block_size),
+                                    mask_objects.from_megatron(attention_mask))
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask,
+                attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
+                packed_seq_params: Optional[PackedSeqParams] = None) -> Tensor:
+        """Attention over one tensor-parallel partition of the heads (as
+        :meth:`SDPACoreAttention.forward`): ``query [sq, b, np, hn]``, ``key`` / ``value``
+        ``[sk, b, ng, hn]``, ``attention_mask`` ``None``, a megatron bool tensor (``True`` = not
+        attended) or a mask object; returns ``[sq, b, np * hn]``.
+
+        Raises:
+            NotImplementedError: For ``attention_bias`` or ``packed_seq_params``.
+            ValueError: For a mask that is neither, or mismatched head counts.
+        """
+        del attn_mask_type
+        if packed_seq_params is not None:
+            raise NotImplementedError("FlexCoreAttention does not take packed_seq_params (THD); use the TE layer spec")
+        if attention_bias is not None:
+            raise NotImplementedError("FlexCoreAttention does not take an attention_bias")
+        sq, b, np_, hn = query.shape
+        sk, _, ng, _ = key.shape
+        if np_ % ng != 0:
+            raise ValueError(f"query heads ({np_}) not a multiple of key/value groups ({ng})")
+        mask = self.mask_for(attention_mask, sq, sk)
+        if mask.batch is not None and mask.batch != b:
+            raise ValueError(f"attention mask of {mask.batch} rows for a micro-batch of {b}")
+        block_mask = mask.block_mask(sq, sk, query.device)
+        q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
+        k = key.permute(1, 2, 0, 3)  # [b, ng, sk, hn]
+        v = value.permute(1, 2, 0, 3)
+        if query.is_cuda:
+            context = compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=self.softmax_scale,
+                                                enable_gqa=np_ != ng)
+        else:
+            context = flex_attention_eager(q, k, v, block_mask, self.softmax_scale, np_ != ng)
         return context.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)

@@ -2,7 +2,8 @@
 
 :func:`build_layer_spec` picks megatron-core's Transformer Engine layer spec when
 ``transformer_engine`` imports, and otherwise megatron-core's local spec with its
-``core_attention`` replaced by :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`.
+``core_attention`` replaced by :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`
+(or :class:`~dlmspec.backends.megatron.attention.FlexCoreAttention`, ``attention_backend="flex"``).
 :func:`build_model` builds the ``GPTModel`` chunk(s) of this pipeline rank and
 wraps them like Megatron-LM's ``get_model`` does: ``Float16Module`` for bf16/fp16,
 then megatron's ``DistributedDataParallel``.
@@ -31,12 +32,24 @@ from megatron.core.transformer import transformer_block
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from .attention import ATTENTION_MODES, MODE_TO_MASK_TYPE, SDPACoreAttention, takes_key_padding, with_key_padding
+from dlmspec.attention import SPEC_ATTENTION_BACKENDS, choose_backend
+
+from .attention import (
+    ATTENTION_MODES,
+    MODE_TO_MASK_TYPE,
+    FlexCoreAttention,
+    SDPACoreAttention,
+    takes_key_padding,
+    with_key_padding,
+)
 from .norms import CompiledLayerNorm, CompiledRMSNorm
 from .qkv import FusedQKVSelfAttention
 
 BACKEND_TRANSFORMER_ENGINE = "transformer_engine"
 BACKEND_LOCAL_SDPA = "local+sdpa"
+
+#: The local path's core attention of each ``attention_backend`` (dlmspec.attention's names).
+LOCAL_CORE_ATTENTION = {"sdpa": SDPACoreAttention, "flex": FlexCoreAttention}
 
 
 def transformer_engine_available() -> bool:
@@ -144,6 +157,7 @@ def build_layer_spec(
     sdpa_backend: str = "auto",
     qkv_fusion: bool = False,
     compiled_norm: bool = False,
+    attention_backend: Optional[str] = None,
 ) -> ModuleSpec:
     """Return the ``TransformerLayer`` spec for a dlmspec model.
 
@@ -167,6 +181,11 @@ def build_layer_spec(
             ignored with TE.
         compiled_norm: On the local path, :class:`CompiledLocalNorm` (``torch.compile``'d
             RMSNorm/LayerNorm) in place of :class:`LocalNorm`; ignored with TE.
+        attention_backend: The local path's core attention (``model.attention_backend``):
+            ``None``/``"sdpa"`` (:class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`),
+            ``"flex"`` (:class:`~dlmspec.backends.megatron.attention.FlexCoreAttention`) or
+            ``"auto"`` (:func:`dlmspec.attention.choose_backend` for the layer's pattern). With
+            TE only ``None``/``"auto"`` (TE's own attention).
 
     Returns:
         A megatron ``ModuleSpec``; :func:`layer_spec_backend` tells which path.
@@ -184,6 +203,8 @@ def build_layer_spec(
     """
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    if attention_backend is not None and attention_backend not in SPEC_ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {SPEC_ATTENTION_BACKENDS}, got {attention_backend!r}")
     if attention == "block_causal" and (block_size is None or block_size < 1):
         raise ValueError("attention='block_causal' needs block_size >= 1")
     if normalization not in ("RMSNorm", "LayerNorm"):
@@ -195,6 +216,9 @@ def build_layer_spec(
         raise ValueError("use_transformer_engine=True but transformer_engine does not import")
 
     if use_transformer_engine:
+        if attention_backend in ("sdpa", "flex"):
+            raise ValueError(f"attention_backend={attention_backend!r} is a core attention of the local layers; "
+                             "the Transformer Engine layers run TE's own (use_transformer_engine=False for it)")
         if attention == "block_causal":
             raise ValueError("block_causal attention is only implemented on the local+sdpa path")
         spec = get_gpt_layer_with_transformer_engine_spec(
@@ -228,8 +252,9 @@ def build_layer_spec(
     if qkv_fusion:
         self_attention.module = FusedQKVSelfAttention
     self_attention.params["attn_mask_type"] = MODE_TO_MASK_TYPE[attention]
+    backend = choose_backend(attention_backend, (attention,))
     self_attention.submodules.core_attention = ModuleSpec(
-        module=SDPACoreAttention,
+        module=LOCAL_CORE_ATTENTION[backend],
         params={"mode": attention, "block_size": block_size, "sdpa_backend": sdpa_backend},
     )
     return spec
@@ -242,12 +267,27 @@ def layer_spec_backend(spec: ModuleSpec) -> str:
         ValueError: If the spec's core attention is neither ours nor TE's.
     """
     module = _core_attention(spec)
-    if module is SDPACoreAttention:
-        return BACKEND_LOCAL_SDPA
+    if module in LOCAL_CORE_ATTENTION.values():
+        return BACKEND_LOCAL_SDPA  # the local layers' path (its core attention: layer_spec_attention_backend)
     module = getattr(module, "key_padding_base", module)  # attention.with_key_padding's subclass
     if "transformer_engine" in getattr(module, "__module__", ""):
         return BACKEND_TRANSFORMER_ENGINE
     raise ValueError(f"layer spec has an unrecognised core attention: {module!r}")
+
+
+def layer_spec_attention_backend(spec: ModuleSpec) -> str:
+    """The attention backend of a layer spec, as :data:`dlmspec.attention.BACKENDS` names it:
+    ``"sdpa"``, ``"flex"`` or ``"te"``.
+
+    Raises:
+        ValueError: If the spec's core attention is neither ours nor TE's.
+    """
+    module = _core_attention(spec)
+    for name, cls in LOCAL_CORE_ATTENTION.items():
+        if module is cls:
+            return name
+    layer_spec_backend(spec)  # raises for an unrecognised module
+    return "te"
 
 
 def _core_attention(spec: ModuleSpec) -> type:

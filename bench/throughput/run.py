@@ -19,7 +19,7 @@ Issue 21's peers (``bench/gpu/peers.sh`` runs them): ``--hf-impls`` picks hf_bas
 ``--impl`` rows (``plain``, ``liger``, ``liger-compile``, ``liger-compile-fp8``; micro batches per
 impl with ``--hf-impl-micro-batch-sizes plain=6``) and ``--megatron-variants`` the megatron rows:
 ``reference`` (train_reference.py, as above) or a variant of :data:`MEGATRON_VARIANTS` (``te-bf16``,
-``te-fp8``, ``te-fp8-tensorwise``, ``local-bf16``), for which the harness compiles
+``te-fp8``, ``te-fp8-tensorwise``, ``local-bf16``, ``local-bf16-flex``), for which the harness compiles
 ``bench/throughput/qwen3-1.7b-mdm.toml`` with ``--set`` overrides (``dlmspec compile``, not part
 of the job's limit) and runs its train.py under torchrun as launch.sh does (without the
 ``--check`` pass). Each side's rows are taken in the order given, alternating sides. The JSON's
@@ -95,6 +95,8 @@ MEGATRON_VARIANTS: Dict[str, Dict[str, Any]] = {
                   "what": "bench/runtime/train_reference.py: local layer spec, SDPA, bf16"},
     "local-bf16": {"precision": "bf16", "sets": {"model.transformer_impl": "local"},
                    "what": "compiled spec, local layer spec, bf16"},
+    "local-bf16-flex": {"precision": "bf16", "sets": {"model.transformer_impl": "local", "model.attention_backend": "flex"},
+                        "what": "compiled spec, local layer spec, FlexAttention (model.attention_backend = 'flex'), bf16"},
     "te-bf16": {"precision": "bf16", "sets": {"model.transformer_impl": "transformer_engine"},
                 "what": "compiled spec, Transformer Engine layers, bf16"},
     "te-fp8": {"precision": "fp8", "sets": {"model.transformer_impl": "transformer_engine", "precision.fp8": "hybrid"},

@@ -1,6 +1,8 @@
-"""Rules of masked diffusion's [MASK] token: a row of the padded embedding, distinct from the
+"""Rules of masks: masked diffusion's [MASK] token (a row of the padded embedding, distinct from the
 end-of-document and pad ids, a special or reserved id of the tokenizer, and, for a preset whose
-[MASK] is a token of its own published tokenizer, that token of the spec's tokenizer."""
+[MASK] is a token of its own published tokenizer, that token of the spec's tokenizer), and the
+attention masks a run needs against the attention backend that runs them (the table of
+:mod:`dlmspec.attention`: rule ``attention-backend-masks``)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from dlmspec.attention import BACKENDS, MASK_KINDS, backends_running, choose_backend, refused_kinds
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.check.tokenizer import tokenizer_eod, tokenizer_ids, tokenizer_pad
-from dlmspec.resolve import padded_vocab_size
+from dlmspec.resolve import padded_vocab_size, sft_attention_mask
 from dlmspec.spec.presets import MASK_TOKEN_IDS
 
 
@@ -287,3 +290,95 @@ def _local(path: str) -> bool:
         return os.path.exists(path)
     except (OSError, ValueError):
         return False
+
+
+# --------------------------------------------------------------------------------------------
+# Attention masks and the backend that runs them (dlmspec.attention's table).
+
+
+def attention_mask_needs(ctx: Context) -> dict[str, str]:
+    """The attention mask kinds (:data:`dlmspec.attention.MASK_KINDS`) the run applies, each
+    with the ``"key = value"`` that asks for it: the layer's pattern
+    (``objective.attention_mask``), key padding for variable-length MDM sequences cut one by one,
+    document masks (``data.reset_attention_mask``, SFT packing or partly supervised SFT padding)."""
+    o, r = ctx.spec.objective, ctx.r
+    needs = {r.attention_mask: f"objective.attention_mask = {r.attention_mask!r}"}
+    if o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence":
+        needs["key_padding"] = f"objective.variable_length_prob = {o.variable_length_prob!r}"
+    if ctx.spec.data.reset_attention_mask:
+        needs["document"] = "data.reset_attention_mask = true"
+    sft = sft_attention_mask(ctx.spec)
+    if sft is not None:
+        needs.setdefault("document", sft)
+    return {k: needs[k] for k in MASK_KINDS if k in needs}
+
+
+def attention_backend_of(ctx: Context, kinds: list[str]) -> str:
+    """The backend that runs the attention: ``te`` on the Transformer Engine path, else the local
+    path's choice of ``model.attention_backend`` (:func:`dlmspec.attention.choose_backend`)."""
+    if ctx.r.transformer_impl == "transformer_engine":
+        return "te"
+    return choose_backend(ctx.spec.model.attention_backend, kinds, context_parallel=ctx.r.cp > 1,
+                          dropout=ctx.spec.model.attention_dropout > 0)
+
+
+#: How a spec chooses each backend.
+_BACKEND_SETTING = {
+    "sdpa": {"model.attention_backend": "sdpa"},
+    "flex": {"model.attention_backend": "flex"},
+    "te": {"model.transformer_impl": "transformer_engine"},
+}
+
+
+@rule(
+    "attention-backend-masks",
+    "error",
+    "dlmspec.attention.BACKENDS (backends/megatron/attention.py SDPACoreAttention and FlexCoreAttention declare "
+    "their mask kinds from it; FlexCoreAttention refuses context parallelism and attention dropout, "
+    "layers.build_layer_spec refuses a local attention_backend on Transformer Engine layers)",
+    "the attention backend model.attention_backend names runs every attention mask of the run, on its layers",
+    scope="runtime",
+)
+def _attention_backend_masks(ctx: Context) -> Iterator[Finding]:
+    """Reports only a backend the spec names (``model.attention_backend``); the default paths'
+    refusals (Transformer Engine with block-causal or document masks, context parallelism with
+    masks) have their own rules (runtime-block-causal-te, runtime-document-mask-te,
+    cp-attention-mask, sft-attention-mask), which read the same table."""
+    named = ctx.spec.model.attention_backend
+    if named is None:
+        return
+    needs = attention_mask_needs(ctx)
+    kinds = list(needs)
+    cp, dropout = ctx.r.cp > 1, ctx.spec.model.attention_dropout > 0
+    if named in ("sdpa", "flex") and ctx.r.transformer_impl == "transformer_engine":
+        fix = Fix({"model.transformer_impl": "local"})
+        yield Finding("model.attention_backend",
+                      f"attention_backend = {named!r} is a core attention of the local layers, and the layers are "
+                      "Transformer Engine's (which run TE's own attention)",
+                      f"{fix.text()}, or remove model.attention_backend", fix=fix)
+        return
+    backend = attention_backend_of(ctx, kinds)
+    refused = refused_kinds(backend, kinds, context_parallel=cp, dropout=dropout)
+    if not refused:
+        return
+    running = [b for b in backends_running(kinds, context_parallel=cp, dropout=dropout)]
+    why = []
+    for k in refused:
+        if k == "dropout":
+            why.append(f"attention dropout (model.attention_dropout = {ctx.spec.model.attention_dropout!r})")
+        else:
+            why.append(f"{k} masks ({needs[k]})" + (" under context parallelism" if cp else ""))
+    key = "model.attention_dropout" if refused == ["dropout"] else "model.attention_backend"
+    if running:
+        fix = Fix(_BACKEND_SETTING[running[0]])
+        hint = (f"{fix.text()} (runs them: {', '.join(running)}; docs/attention.md)"
+                + (", or parallel.context_parallel_size = 1" if cp else ""))
+    elif cp:
+        fix = Fix({"parallel.context_parallel_size": 1})
+        hint = f"{fix.text()}: no attention backend runs {', '.join(refused)} under context parallelism"
+    else:
+        fix = None
+        hint = "no attention backend runs them together (docs/attention.md)"
+    yield Finding(key, f"the {BACKENDS[backend].name} attention backend (attention_backend = {named!r}) does not "
+                  f"run {' and '.join(why)}", hint,
+                  value=getattr(ctx.spec.model, key.split('.')[1]), fix=fix)

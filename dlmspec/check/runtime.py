@@ -7,6 +7,7 @@ from __future__ import annotations
 import posixpath
 from typing import Iterator
 
+from dlmspec.attention import refused_kinds
 from dlmspec.check.hints import with_layout
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.resolve import eod_choice, eod_used_by, run_dir
@@ -240,7 +241,7 @@ def _grouped_gemm_local(ctx: Context) -> Iterator[Finding]:
     fix_keys=Fix({"model.transformer_impl": "auto"}),
 )
 def _block_causal_te(ctx: Context) -> Iterator[Finding]:
-    if ctx.r.attention_mask == "block_causal" and ctx.r.transformer_impl == "transformer_engine":
+    if ctx.r.transformer_impl == "transformer_engine" and "block_causal" in refused_kinds("te", [ctx.r.attention_mask]):
         yield Finding("objective.attention_mask", "block-causal attention is implemented on the local + SDPA path "
                       "only (backends/megatron/layers.py), not with Transformer Engine layers")
 
@@ -275,7 +276,8 @@ def _variable_length_pipeline(ctx: Context) -> Iterator[Finding]:
     fix_keys=Fix({"model.transformer_impl": "auto"}),
 )
 def _document_mask_te(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.data.reset_attention_mask and ctx.r.transformer_impl == "transformer_engine":
+    if ctx.spec.data.reset_attention_mask and ctx.r.transformer_impl == "transformer_engine" and refused_kinds(
+            "te", ["document"]):
         yield Finding("data.reset_attention_mask", "a document mask is per query ([b, 1, s, s]), no key-padding mask "
                       "[b, 1, 1, s], and the Transformer Engine layers take no other: the runtime refuses it at "
                       "start-up (backends/megatron/checks.py check_masks_supported)")

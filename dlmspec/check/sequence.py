@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from dlmspec.attention import backends_running, refused_kinds
 from dlmspec.check.hints import local_because, multiple_above, or_te
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.resolve import LOCAL_CP_COMM_TYPES
@@ -148,7 +149,8 @@ def _cp_a2a(ctx: Context) -> Iterator[Finding]:
 def _cp_mask(ctx: Context) -> Iterator[Finding]:
     if ctx.r.cp == 1:
         return
-    if ctx.r.attention_mask == "block_causal" and ctx.r.transformer_impl != "local":
+    # dlmspec.attention's table: what each backend runs under context parallelism
+    if ctx.r.transformer_impl != "local" and refused_kinds("te", [ctx.r.attention_mask], context_parallel=True):
         yield Finding(
             "objective.attention_mask",
             "block-causal attention is an arbitrary mask, which Transformer Engine's context "
@@ -159,7 +161,8 @@ def _cp_mask(ctx: Context) -> Iterator[Finding]:
             fix=Fix({"model.transformer_impl": "local", "parallel.cp_comm_type": "allgather"}),
         )
     o = ctx.spec.objective
-    if o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence":
+    if (o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence"
+            and not backends_running(["key_padding"], context_parallel=True)):
         yield Finding(
             "objective.variable_length_prob",
             "sequences cut to a random length need a key-padding mask, which context parallelism "
@@ -168,7 +171,7 @@ def _cp_mask(ctx: Context) -> Iterator[Finding]:
             "or parallel.context_parallel_size = 1",
             fix=Fix({"objective.variable_length_prob": 0}),
         )
-    if ctx.spec.data.reset_attention_mask:
+    if ctx.spec.data.reset_attention_mask and not backends_running(["document"], context_parallel=True):
         yield Finding(
             "data.reset_attention_mask",
             "document masks are arbitrary masks, which context parallelism cannot split over GPUs",

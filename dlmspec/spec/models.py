@@ -138,6 +138,12 @@ class ModelSpec(Section):
         description="Layer implementation: Transformer Engine if importable where the job runs (auto), "
         "or megatron-core's local modules with SDPA attention.",
     )
+    attention_backend: Literal["sdpa", "flex", "auto"] | None = Field(
+        None,
+        description="Core attention of the local layers: 'sdpa' (PyTorch SDPA; unset means this), 'flex' "
+        "(FlexAttention with a block mask: no s x s mask tensor), or 'auto' (SDPA unless a mask only Flex runs "
+        "without a dense tensor). Transformer Engine layers run TE's own (docs/attention.md).",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -91,6 +91,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
      "runtime-gradient-accumulation-fusion", "kernels.gradient_accumulation_fusion"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
       "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
+    ({"model.attention_backend": "flex", "parallel.context_parallel_size": 2, "parallel.cp_comm_type": "allgather"},
+     "attention-backend-masks", "model.attention_backend"),
     ({"logging.tensorboard_dir": "tb"}, "runtime-tensorboard-dir", "logging.tensorboard_dir"),
     ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
      "runtime-document-mask-te", "data.reset_attention_mask"),

@@ -402,6 +402,8 @@ RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
       "model.transformer_impl": "transformer_engine"}, "runtime-block-causal-te", "objective.attention_mask"),
     ({"data.reset_attention_mask": True, "model.transformer_impl": "transformer_engine"},
      "runtime-document-mask-te", "data.reset_attention_mask"),
+    ({"model.attention_backend": "flex", "model.attention_dropout": 0.1}, "attention-backend-masks",
+     "model.attention_dropout"),
     ({"objective.variable_length_prob": 0.01, "objective.variable_length": "micro_batch",
       "parallel.pipeline_model_parallel_size": 2}, "runtime-variable-length-pipeline", "objective.variable_length"),
     ({"logging.tensorboard_dir": "tb"}, "runtime-tensorboard-dir", "logging.tensorboard_dir"),
