@@ -29,7 +29,6 @@ PENDING = {
     "backends/megatron/checks.py": 4,
     "backends/megatron/spec_record.py": 2,
     "dlmspec/check/generate.py": 1,
-    "dlmspec/check/mask.py": 1,
     "dlmspec/check/precision.py": 1,
     "dlmspec/check/runtime.py": 1,
     "dlmspec/check/sequence.py": 1,

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from dlmspec import objectives
 from dlmspec.attention import BACKENDS, MASK_KINDS, backends_running, choose_backend, refused_kinds
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.check.tokenizer import tokenizer_eod, tokenizer_ids, tokenizer_pad
@@ -185,8 +186,9 @@ def _mask_not_pad(ctx: Context) -> Iterator[Finding]:
     "objective.mask_token_id is only given for mdm",
 )
 def _mask_ignored(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.objective.kind == "ar" and ctx.spec.objective.mask_token_id is not None:
-        yield Finding("objective.mask_token_id", "has no effect with the 'ar' objective",
+    kind = ctx.spec.objective.kind
+    if not objectives.get(kind).diffusion and ctx.spec.objective.mask_token_id is not None:
+        yield Finding("objective.mask_token_id", f"has no effect with the {kind!r} objective",
                       "remove mask_token_id, or set objective.kind = 'mdm'",
                       fix=Fix(unset=("objective.mask_token_id",)))
 
@@ -303,7 +305,7 @@ def attention_mask_needs(ctx: Context) -> dict[str, str]:
     document masks (``data.reset_attention_mask``, SFT packing or partly supervised SFT padding)."""
     o, r = ctx.spec.objective, ctx.r
     needs = {r.attention_mask: f"objective.attention_mask = {r.attention_mask!r}"}
-    if o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence":
+    if objectives.get(o.kind).masked_variable_length_prob(o) > 0:
         needs["key_padding"] = f"objective.variable_length_prob = {o.variable_length_prob!r}"
     if ctx.spec.data.reset_attention_mask:
         needs["document"] = "data.reset_attention_mask = true"
