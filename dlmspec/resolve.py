@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlmspec import files
 from dlmspec.gpus import GPU, GPUS
+from dlmspec.layout import data_parallel_size, derive as derive_layout
 from dlmspec.params import ParamCounts, count_parameters, moe_layer_pattern
 from dlmspec.spec.fast import section_defaults
 from dlmspec.spec.presets import MASK_TOKEN_IDS
@@ -685,9 +686,9 @@ def resolve(spec: Spec) -> Resolved:
     tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
     ep = par.expert_model_parallel_size
     etp = par.expert_tensor_parallel_size or tp
-    dp = max(1, world // (tp * pp * cp))
-    expert_dp = max(1, world // (etp * ep * pp))
-    num_microbatches = max(1, tr.global_batch_size // (tr.micro_batch_size * dp))
+    dp, expert_dp, num_microbatches = derive_layout(world, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
+                                                    global_batch_size=tr.global_batch_size,
+                                                    micro_batch_size=tr.micro_batch_size)
     padded = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
     attention = spec.objective.attention_mask or ("bidirectional" if spec.objective.kind == "mdm" else "causal")
     mask_id = None
@@ -1037,7 +1038,7 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
     fsdp = par.fsdp == "megatron"
     reduce_scatter = fsdp and par.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
     all_gather = fsdp and par.data_parallel_sharding_strategy == "optim_grads_params"
-    group = max(1, resolved.world_size // (resolved.tp * resolved.pp))
+    group = data_parallel_size(resolved.world_size, resolved.tp, resolved.pp, 1)  # DP x CP
     gpu = resolved.gpu
     if gpu is None:
         peak, peak_source = None, f"GPU {spec.cluster.gpu!r} is not in the catalog: no MFU"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dlmspec.gpus import GPU
+from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
 from dlmspec.plan.sft import needs_segment_mask
 from dlmspec.resolve import LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size  # noqa: F401 - search reads it here
@@ -455,10 +456,9 @@ def relayout(shape: ModelShape, lay: Layout, **changes: object) -> tuple[ModelSh
     if "tp" in changes and "etp" not in changes and lay.etp == lay.tp:
         changes["etp"] = changes["tp"]
     new = replace(lay, **changes)  # type: ignore[arg-type]
-    dp = max(1, new.world // (new.tp * new.pp * new.cp))
-    expert_dp = max(1, new.world // (new.etp * new.ep * new.pp))
-    m = max(1, new.global_batch // (new.micro_batch * dp))
-    new = replace(new, dp=dp, expert_dp=expert_dp, num_microbatches=m)
+    sizes = derive_layout(new.world, tp=new.tp, pp=new.pp, cp=new.cp, ep=new.ep, etp=new.etp,
+                          global_batch_size=new.global_batch, micro_batch_size=new.micro_batch)
+    new = replace(new, dp=sizes.dp, expert_dp=sizes.expert_dp, num_microbatches=sizes.num_microbatches)
     if new.tp != lay.tp:
         shape = replace(shape, vocab=padded_vocab_size(shape.tokenizer_vocab, shape.vocab_divisible_by, new.tp))
     return shape, new
