@@ -13,7 +13,8 @@ from dlmspec.gpus import GPU
 from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
 from dlmspec.plan.sft import needs_segment_mask
-from dlmspec.resolve import LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size  # noqa: F401 - search reads it here
+from dlmspec.resolve import (LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size,  # noqa: F401 - search reads it here
+                             runtime_values)
 
 #: Bytes per element of each ``[precision] dtype``.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -301,7 +302,7 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
     implementation (default: :func:`transformer_impl`)."""
     spec = resolved.spec
     par, rc, tr = spec.parallel, spec.recompute, spec.train
-    modules = tuple(rc.modules) if rc.modules else ("core_attn",)
+    rt = runtime_values(resolved)  # the defaults resolve fills
     return Layout(
         tp=resolved.tp,
         pp=resolved.pp,
@@ -317,9 +318,9 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         seq=tr.seq_length,
         num_microbatches=resolved.num_microbatches,
         recompute=rc.granularity,
-        recompute_method=rc.method or "uniform",
-        recompute_layers=rc.num_layers or 1,
-        recompute_modules=modules,
+        recompute_method=rt.plan_recompute_method,
+        recompute_layers=rt.plan_recompute_layers,
+        recompute_modules=rt.recompute_modules,
         distributed_optimizer=par.use_distributed_optimizer,
         fsdp=par.fsdp,
         sharding=par.data_parallel_sharding_strategy,

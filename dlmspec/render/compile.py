@@ -50,7 +50,7 @@ from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_sec
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
-from dlmspec.resolve import (Resolved, eod_choice, locked_spec, run_dir, runtime_values, schedule, sft_pad_eos_tokens,
+from dlmspec.resolve import (Resolved, locked_spec, run_dir, runtime_values, schedule, sft_pad_eos_tokens,
                              sft_section)
 from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block
 from dlmspec.render.sbatch import render_sbatch
@@ -127,7 +127,7 @@ def render_lock(resolved: Resolved) -> str:
     data = canonical_data(locked_spec(resolved))
     derived = {k: v for k, v in resolved.derived().items() if v is not None}
     derived["parameters"] = dict(sorted(derived["parameters"].items()))
-    eod = eod_choice(resolved.spec)
+    eod = resolved.eod
     derived["eod_id"] = eod.value
     derived["eod_id_source"] = eod.source
     derived.update(schedule(resolved))
@@ -234,7 +234,7 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
     return {
         "r": resolved,
         "s": s,
-        "rt": runtime_values(resolved),
+        "rt": runtime_values(resolved),  # resolved.runtime
         "spec_label": spec_label,
         "content_hash": content_hash(resolved),
         "version": __version__,
@@ -244,7 +244,7 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
         "rotary_base": int(base) if float(base).is_integer() else float(base),
         "layer_path": resolved.transformer_impl_reason,
         "run_path": f"transformer_impl = {m.transformer_impl!r} -> {impl} ({resolved.transformer_impl_reason}): {run_path}",
-        "eod": eod_choice(resolved.spec),
+        "eod": resolved.eod,
         "blend": resolved.train_blend.pairs(),
         "valid_blend": resolved.valid_blend.pairs(),
         "run_dir": run_dir(resolved),

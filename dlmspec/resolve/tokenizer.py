@@ -1,0 +1,141 @@
+"""The tokenizer's values: the keys each type reads, the padded vocabulary, its facts read from
+its files, and the end-of-document id. The tokenizer files are read here, once per
+:func:`dlmspec.resolve.resolve` (:class:`~dlmspec.resolve.Resolved` keeps the results)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dlmspec.tokenizers import TokenizerFacts, read_json, tokenizer_facts
+
+if TYPE_CHECKING:
+    from dlmspec.spec.models import Spec
+
+
+#: The ``data.tokenizer`` keys each tokenizer type reads (Megatron-LM build_tokenizer, as
+#: :func:`dlmspec.tokenizers.build_tokenizer` documents its arguments): its files, NullTokenizer's
+#: and TikTokenizer's size, Hugging Face's optional vocab/merges overrides. ``eod_id`` is read by all.
+TOKENIZER_READS: dict[str, tuple[str, ...]] = {
+    "HuggingFaceTokenizer": ("model", "vocab_file", "merge_file"),
+    "SentencePieceTokenizer": ("model",),
+    "TikTokenizer": ("model", "vocab_size"),
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "NullTokenizer": ("vocab_size",),
+    "BertWordPieceLowerCase": ("vocab_file",),
+    "BertWordPieceCase": ("vocab_file",),
+    "GPTSentencePieceTokenizer": ("model",),
+    "Llama2Tokenizer": ("model",),
+    "MultimodalTokenizer": ("model",),
+    "NullMultimodalTokenizer": ("vocab_size",),
+}
+
+#: The ``data.tokenizer`` keys that name files or a size, in the order a spec lists them.
+TOKENIZER_KEYS = ("model", "vocab_file", "merge_file", "vocab_size")
+
+#: Ids of Megatron's GPT2BPETokenizer (GPT-2's byte-level BPE: 50,256 merges + <|endoftext|>).
+GPT2_VOCAB_SIZE = 50257
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    """Vocabulary padded to a multiple of ``divisible_by * tensor_parallel``, as Megatron-LM's
+    ``_vocab_size_with_padding`` (megatron/training/tokenizer/tokenizer.py) does."""
+    multiple = divisible_by * tensor_parallel
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+@dataclass(frozen=True)
+class EodChoice:
+    """The end-of-document id train.py passes to the runtime.
+
+    Attributes:
+        value: the id.
+        source: where it comes from, for a comment in train.py.
+        known: False when the id could not be told and ``value`` only fills the place.
+    """
+
+    value: int
+    source: str
+    known: bool = True
+
+
+#: GPT-2's end-of-document token and its id in the GPT-2 BPE vocabulary (Radford et al. 2019,
+#: encoder.json; ``dlmspec.tokenizers.GPT2_EOD_TOKEN``).
+GPT2_EOD = ("<|endoftext|>", 50256)
+
+
+def _hf_eos_id(folder: str) -> tuple[str, int] | None:
+    """``(token, id)`` of the EOS token of a local Hugging Face tokenizer folder, read from its
+    ``tokenizer_config.json`` (``eos_token``) and ``tokenizer.json`` (``added_tokens``, then
+    ``model.vocab``); None when either file is missing or has no such entry."""
+    config = read_json(os.path.join(folder, "tokenizer_config.json"))
+    data = read_json(os.path.join(folder, "tokenizer.json"))
+    if not isinstance(config, dict) or not isinstance(data, dict):
+        return None
+    eos = config.get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if not isinstance(eos, str):
+        return None
+    for entry in data.get("added_tokens") or []:
+        if isinstance(entry, dict) and entry.get("content") == eos and isinstance(entry.get("id"), int):
+            return eos, entry["id"]
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and isinstance(vocab.get(eos), int):
+        return eos, vocab[eos]
+    return None
+
+
+def gpt2_eod_id(vocab_file: str | None) -> int:
+    """GPT-2 BPE's ``<|endoftext|>`` id: from ``vocab_file`` when it is readable JSON, else 50256."""
+    vocab = read_json(vocab_file) if vocab_file else None
+    value = vocab.get(GPT2_EOD[0]) if isinstance(vocab, dict) else None
+    return value if isinstance(value, int) else GPT2_EOD[1]
+
+
+#: Tokenizer types whose size and EOD :func:`spec_tokenizer_facts` reads (the older types keep
+#: their own branches above).
+FILE_FACT_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
+                   "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullMultimodalTokenizer")
+
+
+def spec_tokenizer_facts(spec: Spec) -> TokenizerFacts | None:
+    """:func:`dlmspec.tokenizers.tokenizer_facts` of the spec's ``[data.tokenizer]``."""
+    tok = spec.data.tokenizer
+    return tokenizer_facts(tok.type, tokenizer_model=tok.model, vocab_file=tok.vocab_file,
+                           vocab_size=tok.vocab_size)
+
+
+def eod_choice(spec: Spec) -> EodChoice:
+    """The end-of-document id of the spec's tokenizer: ``data.tokenizer.eod_id`` when set;
+    else GPT2BPETokenizer's ``<|endoftext|>`` (from ``vocab_file`` when readable, else 50256);
+    NullTokenizer's ``vocab_size`` (megatron-core ``NullTokenizer``: EOD = vocab_size); a local
+    Hugging Face folder's EOS token (:func:`_hf_eos_id`). Otherwise (a hub name, SentencePiece,
+    TikToken) it is unknown: ``model.vocab_size - 1`` fills the place, ``known`` is False, and
+    the ``eod-id-unknown`` rule (:mod:`dlmspec.check.runtime`) reports it."""
+    tok = spec.data.tokenizer
+    if tok.eod_id is not None:
+        return EodChoice(tok.eod_id, "data.tokenizer.eod_id")
+    if tok.type == "GPT2BPETokenizer":
+        return EodChoice(gpt2_eod_id(tok.vocab_file), f"{GPT2_EOD[0]} of the GPT-2 BPE vocabulary")
+    if tok.type == "NullTokenizer":
+        value = tok.vocab_size if tok.vocab_size is not None else spec.model.vocab_size - 1
+        return EodChoice(value, "NullTokenizer: EOD = its vocab_size (megatron-core NullTokenizer)")
+    if tok.type in ("HuggingFaceTokenizer", "MultimodalTokenizer") and tok.model and os.path.isdir(tok.model):
+        found = _hf_eos_id(tok.model)
+        if found is not None:
+            return EodChoice(found[1], f"eos token {found[0]!r} of {tok.model}")
+    facts = spec_tokenizer_facts(spec)
+    if facts is not None and facts.eod is not None:
+        return EodChoice(facts.eod, f"{tok.type}'s EOD, from {facts.source}")
+    return EodChoice(spec.model.vocab_size - 1, "unknown at compile time; nothing in this run reads it", known=False)
+
+
+def eod_used_by(spec: Spec) -> list[str]:
+    """The spec keys that make the runtime read the end-of-document id (sorted)."""
+    d = spec.data
+    flags = {"data.mock": d.mock, "data.reset_attention_mask": d.reset_attention_mask,
+             "data.reset_position_ids": d.reset_position_ids, "data.eod_mask_loss": d.eod_mask_loss}
+    return sorted(k for k, on in flags.items() if on)
