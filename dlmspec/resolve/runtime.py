@@ -177,6 +177,9 @@ class RuntimeValues:
             (the spec's name, ``"online"``, no tags).
         recompute_modules: ``recompute.modules`` with megatron-core's default filled
             (``("core_attn",)``, ``TransformerConfig.recompute_modules``).
+        blend, valid_blend: ``DataConfig.blend`` / ``valid_blend``: the resolved blends'
+            ``(prefix, weight)`` pairs (globs and manifests expanded); None with mock data, and
+            ``valid_blend`` None when ``data.valid`` is empty (the ``split`` then carves it).
         plan_recompute_method, plan_recompute_layers: ``recompute.method`` / ``num_layers`` as the
             planner models them (unset: ``"uniform"`` and 1, megatron-core's full-recompute defaults).
         variable_length_multiple: what a micro-batch cut's length is a multiple of: 2 x CP
@@ -223,6 +226,8 @@ class RuntimeValues:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     plan_recompute_method: str = "uniform"
     plan_recompute_layers: int = 1
+    blend: list[tuple[str, float]] | None = None
+    valid_blend: list[tuple[str, float]] | None = None
 
 
 #: ``objective.cart_p`` unset: DreamLM's trainers' config default (DreamLM/Dream-Coder@87409da
@@ -293,4 +298,6 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
         recompute_modules=tuple(rc.modules) if rc.modules else ("core_attn",),
         plan_recompute_method=rc.method or "uniform",
         plan_recompute_layers=rc.num_layers or 1,
+        blend=None if spec.data.mock else resolved.train_blend.pairs(),
+        valid_blend=None if spec.data.mock or not resolved.valid_blend.pairs() else resolved.valid_blend.pairs(),
     )
