@@ -49,19 +49,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 #: Megatron-LM ``--tokenizer-type`` names this factory builds.
-TOKENIZER_TYPES: tuple[str, ...] = (
-    "GPT2BPETokenizer",
-    "HuggingFaceTokenizer",
-    "SentencePieceTokenizer",
-    "TikTokenizer",
-    "NullTokenizer",
-    "BertWordPieceLowerCase",
-    "BertWordPieceCase",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
-    "MultimodalTokenizer",
-    "NullMultimodalTokenizer",
-)
+from dlmspec.names import TOKENIZER_TYPES  # noqa: E402 - the one table (dlmspec.names)
 
 #: Short lowercase aliases accepted next to the Megatron names.
 TOKENIZER_ALIASES: dict[str, str] = {

@@ -36,10 +36,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from dlmspec.names import CHECKPOINT_RECORD, CHECKPOINT_TRACKER, OBJECTIVE_KINDS
+
 #: The runtime checkpoint's metadata file (``dlmspec.backends.megatron.checkpointing.METADATA_FILENAME``).
-METADATA_FILENAME = "dlmspec.json"
+METADATA_FILENAME = CHECKPOINT_RECORD
 #: The save folder's tracker (``checkpointing.TRACKER_FILENAME``).
-TRACKER_FILENAME = "latest"
+TRACKER_FILENAME = CHECKPOINT_TRACKER
 #: The sidecar ``dlmspec convert hf-to-mcore`` writes (``dlmspec.backends.convert.mcore_io.SIDECAR_NAME``).
 CONVERT_SIDECAR = "dlmspec_convert.json"
 #: Hugging Face families trained as masked-diffusion LMs (their ``kind`` is ``"mdm"``).
@@ -453,7 +455,7 @@ def check_record(where: str, record: Dict[str, Any]) -> None:
     """
     fix = "load a checkpoint the dlmspec runtime wrote, with its dlmspec.json unchanged"
     kind = record.get("objective.kind")
-    if kind not in ("mdm", "ar"):
+    if kind not in OBJECTIVE_KINDS:
         raise LoadError(where, f"objective.kind = {repr(kind)[:40]} is not mdm or ar", fix)
     for key, top in _SIZES.items():
         value = record.get(key)

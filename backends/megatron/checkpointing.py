@@ -38,6 +38,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
 
 from dlmspec.backends.checkpoint_safety import dist_load
+from dlmspec.names import CHECKPOINT_RECORD, CHECKPOINT_TRACKER
 
 from .config import CheckpointConfig, TrainState
 from .distributed import parallel_layout
@@ -63,8 +64,8 @@ from .rng import check_resume_seed
 from .signals import EXIT_SIGNALS
 from .spec_record import LOCK_FILENAME, load_scheduler_state
 
-TRACKER_FILENAME = "latest"
-METADATA_FILENAME = "dlmspec.json"
+TRACKER_FILENAME = CHECKPOINT_TRACKER
+METADATA_FILENAME = CHECKPOINT_RECORD
 
 
 def prestart_checkpoint_helpers() -> None:

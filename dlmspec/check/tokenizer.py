@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from dlmspec.names import TOKENIZER_NEEDS  # noqa: F401 - the rule's table, read here by its old name
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.resolve import (
     FILE_FACT_TYPES,
@@ -17,22 +18,6 @@ from dlmspec.resolve import (
     spec_tokenizer_facts,
 )
 from dlmspec.tokenizers import BERT_ADDED_TOKENS, BERT_SPECIAL_TOKENS, GPT2_EOD_TOKEN, read_bert_vocab, read_json
-
-
-#: The keys each tokenizer type reads (its files, or NullTokenizer's size).
-TOKENIZER_NEEDS: dict[str, tuple[str, ...]] = {
-    "HuggingFaceTokenizer": ("model",),
-    "SentencePieceTokenizer": ("model",),
-    "TikTokenizer": ("model",),
-    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
-    "NullTokenizer": ("vocab_size",),
-    "BertWordPieceLowerCase": ("vocab_file",),
-    "BertWordPieceCase": ("vocab_file",),
-    "GPTSentencePieceTokenizer": ("model",),
-    "Llama2Tokenizer": ("model",),
-    "MultimodalTokenizer": ("model",),
-    "NullMultimodalTokenizer": ("vocab_size",),
-}
 
 
 @rule(

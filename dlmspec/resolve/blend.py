@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlmspec import files
-from dlmspec.data.record import RecordError, read_record
+from dlmspec.data.record import RecordError, read_record, record_path
 
 
 #: ``kind`` of a sharded dataset's manifest (``PREFIX_KEY_document.manifest.json``, written by
@@ -244,7 +244,7 @@ def _tokenizer_identity(prefix: str) -> tuple[Any, ...] | None:
     """What tells the tokenizer a dataset was written with apart, from its record
     (:mod:`dlmspec.data.record`): type, vocabulary size, EOD id and each file's SHA-256 (its
     path where no hash was recorded); None without a readable record."""
-    from dlmspec.data.record import RecordError, read_record
+    from dlmspec.data.record import RecordError, read_record, record_path
 
     try:
         record = read_record(prefix)
@@ -375,7 +375,7 @@ def mixed_tokenizers(key_shards: list[tuple[str, BlendResolution]]) -> list[Blen
                 first = (shard.prefix, identity)
             elif identity != first[1]:
                 out.append(BlendProblem(
-                    "data-tokenizer-mixed", key, shard.entry, shard.prefix + ".dlmspec.json",
+                    "data-tokenizer-mixed", key, shard.entry, record_path(shard.prefix),
                     f"{shard.prefix!r} was written by {_describe_tokenizer(identity)}, {first[0]!r} by "
                     f"{_describe_tokenizer(first[1])}" + ("" if identity[:3] != first[1][:3] else
                                                           " (the same type with other files)") +
@@ -393,7 +393,7 @@ def record_mean(prefix: str) -> tuple[float | None, float | None, str]:
     except RecordError as exc:
         return None, None, f"{prefix}: record unreadable ({exc.reason})"
     if rec is None:
-        return None, None, f"{prefix}: no dataset record ({prefix}.dlmspec.json)"
+        return None, None, f"{prefix}: no dataset record ({record_path(prefix)})"
     sft = rec.get("sft") if isinstance(rec.get("sft"), dict) else {}
     resp, prompt = sft.get("response_tokens"), sft.get("prompt_tokens")
     frac = None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dlmspec.layout import data_parallel_size
+from dlmspec.names import CART_P_DEFAULT
 from dlmspec.resolve.stage import default_loss_normalization
 from dlmspec.spec.fast import section_defaults
 
@@ -228,11 +229,6 @@ class RuntimeValues:
     plan_recompute_layers: int = 1
     blend: list[tuple[str, float]] | None = None
     valid_blend: list[tuple[str, float]] | None = None
-
-
-#: ``objective.cart_p`` unset: DreamLM's trainers' config default (DreamLM/Dream-Coder@87409da
-#: ``instruct/src/trainer/config/sft_trainer.yaml:57``; the runtime's ``objective.CART_P_DEFAULT``).
-CART_P_DEFAULT = 0.1
 
 
 def runtime_values(resolved: Resolved) -> RuntimeValues:

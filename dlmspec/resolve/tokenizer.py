@@ -9,28 +9,12 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dlmspec.names import FILE_FACT_TYPES, TOKENIZER_READS  # noqa: F401 - read here by their old name
 from dlmspec.tokenizers import TokenizerFacts, read_json, tokenizer_facts
 
 if TYPE_CHECKING:
     from dlmspec.spec.models import Spec
 
-
-#: The ``data.tokenizer`` keys each tokenizer type reads (Megatron-LM build_tokenizer, as
-#: :func:`dlmspec.tokenizers.build_tokenizer` documents its arguments): its files, NullTokenizer's
-#: and TikTokenizer's size, Hugging Face's optional vocab/merges overrides. ``eod_id`` is read by all.
-TOKENIZER_READS: dict[str, tuple[str, ...]] = {
-    "HuggingFaceTokenizer": ("model", "vocab_file", "merge_file"),
-    "SentencePieceTokenizer": ("model",),
-    "TikTokenizer": ("model", "vocab_size"),
-    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
-    "NullTokenizer": ("vocab_size",),
-    "BertWordPieceLowerCase": ("vocab_file",),
-    "BertWordPieceCase": ("vocab_file",),
-    "GPTSentencePieceTokenizer": ("model",),
-    "Llama2Tokenizer": ("model",),
-    "MultimodalTokenizer": ("model",),
-    "NullMultimodalTokenizer": ("vocab_size",),
-}
 
 #: The ``data.tokenizer`` keys that name files or a size, in the order a spec lists them.
 TOKENIZER_KEYS = ("model", "vocab_file", "merge_file", "vocab_size")
@@ -93,12 +77,6 @@ def gpt2_eod_id(vocab_file: str | None) -> int:
     vocab = read_json(vocab_file) if vocab_file else None
     value = vocab.get(GPT2_EOD[0]) if isinstance(vocab, dict) else None
     return value if isinstance(value, int) else GPT2_EOD[1]
-
-
-#: Tokenizer types whose size and EOD :func:`spec_tokenizer_facts` reads (the older types keep
-#: their own branches above).
-FILE_FACT_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
-                   "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullMultimodalTokenizer")
 
 
 def spec_tokenizer_facts(spec: Spec) -> TokenizerFacts | None:
