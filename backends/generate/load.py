@@ -46,8 +46,6 @@ TRACKER_FILENAME = CHECKPOINT_TRACKER
 CONVERT_SIDECAR = "dlmspec_convert.json"
 #: Hugging Face families trained as masked-diffusion LMs (their ``kind`` is ``"mdm"``).
 MDM_FAMILIES = ("llada", "dream")
-#: Largest ``latest`` tracker read, bytes: it holds one folder name (``iter_0000300``).
-MAX_TRACKER_BYTES = 4096
 #: Largest ``dlmspec.json`` / ``spec.lock.toml`` read, bytes (each is a few KiB).
 MAX_RECORD_BYTES = 16 << 20
 
@@ -252,29 +250,20 @@ def _read_json(path: str) -> Any:
 
 def _latest(root: str) -> Optional[str]:
     """The checkpoint folder the save folder ``root``'s ``latest`` tracker names, or ``None``
-    when ``root`` has no tracker.
+    when ``root`` has no tracker (or a folder of that name): :func:`dlmspec.backends.tracker.latest_checkpoint`.
 
     Raises:
-        LoadError: the tracker is not a regular file, larger than :data:`MAX_TRACKER_BYTES`, not
-            UTF-8, names no folder name, or names a folder that does not exist.
+        LoadError: the tracker is not a regular file, larger than 4 KiB, not UTF-8, names no
+            folder name, or names a folder that does not exist.
     """
-    from dlmspec.files import FileRefused, read_text
+    from dlmspec.backends.tracker import TrackerError, latest_checkpoint, tracker_path
 
-    tracker = os.path.join(root, TRACKER_FILENAME)
-    if not os.path.lexists(tracker) or os.path.isdir(tracker):
+    if os.path.isdir(tracker_path(root)):
         return None
-    fix = "write the name of an iter_* folder of this folder into it (e.g. iter_0000300), or pass that folder"
     try:
-        name = read_text(tracker, limit=MAX_TRACKER_BYTES, what="checkpoint tracker").strip()
-    except FileRefused as exc:
-        raise LoadError(tracker, exc.why, fix) from None
-    if not name or os.sep in name or name in (".", "..") or not name.isprintable():
-        raise LoadError(tracker, f"does not hold one folder name (it holds {name[:60]!r})", fix)
-    path = os.path.join(root, name)
-    if not os.path.isdir(path):
-        raise LoadError(tracker, f"names {name!r} but {path} does not exist",
-                        "pass one of the iter_* folders that exist")
-    return path
+        return latest_checkpoint(root)
+    except TrackerError as exc:
+        raise LoadError(exc.path, exc.why, exc.fix) from None
 
 
 def _present(path: str) -> bool:
