@@ -610,6 +610,30 @@ TIKTOKEN_NUM_SPECIAL = 1000
 TIKTOKEN_DEFAULT_VOCAB = 131072
 
 
+def hf_special_token(folder: str, key: str) -> tuple[str, int] | None:
+    """``(token, id)`` of a special token of a local Hugging Face tokenizer folder: the token its
+    ``tokenizer_config.json`` names under ``key`` (``"eos_token"``, ``"mask_token"``, ...; a string
+    or ``{"content": ...}``), its id from ``tokenizer.json`` (``added_tokens``, then
+    ``model.vocab``). None when either file is missing or unreadable (:func:`read_json`) or has no
+    such entry."""
+    config = read_json(os.path.join(folder, "tokenizer_config.json"))
+    data = read_json(os.path.join(folder, "tokenizer.json"))
+    if not isinstance(config, dict) or not isinstance(data, dict):
+        return None
+    token = config.get(key)
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str):
+        return None
+    for entry in data.get("added_tokens") or []:
+        if isinstance(entry, dict) and entry.get("content") == token and isinstance(entry.get("id"), int):
+            return token, entry["id"]
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and isinstance(vocab.get(token), int):
+        return token, vocab[token]
+    return None
+
+
 def _readable(path: str | None) -> bool:
     """``path`` is a regular file of at most :data:`MAX_JSON_BYTES` (validate reads no larger
     tokenizer file, and never a pipe or device)."""

@@ -360,20 +360,6 @@ def _cpu_patches(cleanup: List[Callable[[], None]]) -> None:
     cleanup.append(undo)
 
 
-def _activation(name: str) -> Any:
-    import torch.nn.functional as F
-
-    if name == "squared_relu":
-        from megatron.core.activations import squared_relu
-
-        return squared_relu
-    table = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
-    if name not in table:
-        raise LoadError("model.activation", f"the record's activation function {name!r} is not known to the loader",
-                        "one of silu (swiglu), gelu, relu, squared_relu")
-    return table[name]
-
-
 def _dtype(record: Dict[str, Any], device: torch.device, dtype: Optional[str]) -> str:
     if dtype is not None:
         return dtype
@@ -383,37 +369,20 @@ def _dtype(record: Dict[str, Any], device: torch.device, dtype: Optional[str]) -
 
 
 def build_transformer_config(record: Dict[str, Any], *, tp: int, dtype: str, cpu: bool) -> Any:
-    """megatron-core's ``TransformerConfig`` from a spec record, as train.py's ``build_configs``
-    writes it (templates/train.py.j2), for inference: no dropout, no fusions that need CUDA kernels.
+    """megatron-core's ``TransformerConfig`` from a spec record for inference:
+    :func:`dlmspec.backends.model_config.transformer_config_from_record` (no dropout, no fusions
+    that need CUDA kernels; MoE tokens dispatched by all-gather).
 
     Raises:
         LoadError: a record value the loader cannot map (named).
     """
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from dlmspec.backends.model_config import PARAMS_DTYPES, RecordValueError, transformer_config_from_record
 
-    r = record
-    params_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    kw: Dict[str, Any] = dict(
-        num_layers=r["model.num_layers"], hidden_size=r["model.hidden_size"],
-        ffn_hidden_size=r["model.ffn_hidden_size"], num_attention_heads=r["model.num_attention_heads"],
-        num_query_groups=r["model.num_query_groups"], kv_channels=r["model.kv_channels"],
-        normalization=r["model.normalization"], layernorm_epsilon=r.get("model.layernorm_epsilon") or 1e-5,
-        gated_linear_unit=bool(r["model.gated_linear_unit"]), activation_func=_activation(r["model.activation"]),
-        add_bias_linear=bool(r["model.add_bias_linear"]), add_qkv_bias=bool(r["model.add_qkv_bias"]),
-        qk_layernorm=bool(r["model.qk_layernorm"]), hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=dtype == "bf16", fp16=dtype == "fp16", params_dtype=params_dtype, pipeline_dtype=params_dtype,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
-        use_cpu_initialization=cpu, bias_activation_fusion=False, bias_dropout_fusion=False,
-        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
-    )
-    if r.get("model.num_experts"):
-        kw.update(num_moe_experts=r["model.num_experts"], moe_ffn_hidden_size=r["model.moe_ffn_hidden_size"],
-                  moe_router_topk=r["model.moe_router_topk"], moe_layer_freq=r.get("model.moe_layer_freq") or 1,
-                  moe_shared_expert_intermediate_size=r.get("model.moe_shared_expert_intermediate_size"),
-                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
-                  moe_token_dispatcher_type="allgather")
-    return TransformerConfig(**kw)
+    try:
+        return transformer_config_from_record(record, tp=tp, params_dtype=PARAMS_DTYPES[dtype], cpu=cpu,
+                                              moe_token_dispatcher="allgather")
+    except RecordValueError as exc:
+        raise LoadError(exc.key, exc.why, exc.fix) from None
 
 
 _REQUIRED = ("objective.kind", "objective.attention_mask", "model.num_layers", "model.hidden_size",
@@ -680,23 +649,18 @@ def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: i
                    generate_table=generate_table)
 
 
-def _record_from_dims(dims: Any, kind: str, mask_token_id: Optional[int], eos: Optional[int]) -> Dict[str, Any]:
-    """A spec record for a converted model (``ModelDims`` of :mod:`dlmspec.backends.convert`)."""
-    return {
-        "objective.kind": kind, "objective.mask_token_id": mask_token_id,
-        "objective.attention_mask": "bidirectional" if kind == "mdm" else "causal", "objective.block_size": None,
-        "model.family": dims.family, "model.num_layers": dims.num_layers, "model.hidden_size": dims.hidden_size,
-        "model.ffn_hidden_size": dims.ffn_hidden_size, "model.num_attention_heads": dims.num_attention_heads,
-        "model.num_query_groups": dims.num_query_groups, "model.kv_channels": dims.kv_channels,
-        "model.normalization": "RMSNorm", "model.activation": "silu", "model.gated_linear_unit": True,
-        "model.add_bias_linear": False, "model.add_qkv_bias": dims.add_qkv_bias, "model.qk_layernorm": dims.qk_layernorm,
-        "model.num_experts": dims.num_experts or 0, "model.moe_ffn_hidden_size": dims.moe_ffn_hidden_size or None,
-        "model.moe_router_topk": dims.moe_router_topk or None, "model.vocab_size": dims.vocab_size,
-        "model.padded_vocab_size": dims.padded_vocab_size, "model.position_embedding_type": "rope",
-        "model.untie_embeddings_and_output_weights": not dims.tied,
-        "model.max_position_embeddings": dims.max_position_embeddings, "model.rotary_base": dims.rotary_base,
-        "model.rotary_percent": 1.0, "model.layernorm_epsilon": dims.norm_epsilon, "data.eod_id": eos,
-    }
+def converted_mask_token_id(folder: str, config: Dict[str, Any]) -> Optional[int]:
+    """The mask token of a converted masked-diffusion model: ``mask_token_id`` of its
+    ``config.json`` (LLaDA's 126336, Dream's 151666), else the id of the ``mask_token`` its
+    tokenizer files in ``folder`` name (:func:`dlmspec.tokenizers.hf_special_token`); None when
+    neither says."""
+    value = config.get("mask_token_id")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    from dlmspec.tokenizers import hf_special_token
+
+    found = hf_special_token(folder, "mask_token")
+    return found[1] if found is not None else None
 
 
 def _load_converted(source: str, folder: str, device: torch.device, dtype: Optional[str], tp: int,
@@ -705,6 +669,7 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
     from dlmspec.backends.convert.errors import ConversionError
     from dlmspec.backends.convert.hf_config import dims_from_hf_config
     from dlmspec.backends.convert.state_dict import hf_to_mcore_state_dict
+    from dlmspec.backends.model_config import PARAMS_DTYPES, record_from_dims, transformer_config_from_record
     from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 
     if tp != 1:
@@ -726,26 +691,22 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
     family_kind = "mdm" if dims.family in MDM_FAMILIES else "ar"
     kind = kind or family_kind
     if kind == "mdm" and mask_token_id is None:
-        mask_token_id = config.get("mask_token_id") or (126336 if dims.family == "llada" else None)
+        mask_token_id = converted_mask_token_id(folder, config)
         if mask_token_id is None:
-            raise LoadError(folder, f"a {dims.family} model sampled as mdm needs its mask token id",
-                            "give the mask token id (--mask-token-id)")
+            raise LoadError(folder, f"a {dims.family} model sampled as mdm needs its mask token id: neither its "
+                            "config.json (mask_token_id) nor its tokenizer (tokenizer_config.json mask_token) "
+                            "names one", "give the mask token id (--mask-token-id)")
     if mask_token_id is not None and not 0 <= mask_token_id < dims.padded_vocab_size:
         raise LoadError(folder, f"mask token id {mask_token_id} is outside the padded vocabulary of "
                         f"{dims.padded_vocab_size}", "give the model's mask token id (--mask-token-id)")
     eos = config.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) and eos else eos
-    record = _record_from_dims(dims, kind, mask_token_id, eos if isinstance(eos, int) else None)
+    record = record_from_dims(dims, kind, mask_token_id, eos if isinstance(eos, int) else None)
     if device.type == "cpu":
         _cpu_patches(cleanup)
     _setup_parallel(1, device, cleanup)
-    tc_kwargs = mcore_model.transformer_config_kwargs(dims, tp=1, cpu=device.type == "cpu")
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     want = _dtype({"precision.dtype": "bf16"}, device, dtype)
-    params_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[want]
-    tc_kwargs.update(params_dtype=params_dtype, bf16=want == "bf16", fp16=want == "fp16")
-    tconfig = TransformerConfig(**tc_kwargs)
+    tconfig = transformer_config_from_record(record, tp=1, params_dtype=PARAMS_DTYPES[want], cpu=device.type == "cpu")
     spec = build_layer_spec(attention=record["objective.attention_mask"], num_experts=dims.num_experts or None,
                             qk_layernorm=dims.qk_layernorm, use_transformer_engine=False)
     gpt_kwargs = mcore_model.gpt_model_kwargs(dims)
@@ -790,7 +751,7 @@ def load_model(path: str, *, device: Any = None, dtype: Optional[str] = None, te
         tensor_model_parallel_size: TP of the loaded model (processes of the run; 1 here).
         kind: converted checkpoints only: ``"mdm"`` or ``"ar"`` (default: ``"mdm"`` for the LLaDA
             and Dream families, else ``"ar"``). A runtime checkpoint's kind is its record's.
-        mask_token_id: converted checkpoints only: the mask token (LLaDA's 126336 by default).
+        mask_token_id: converted checkpoints only: the mask token (default: its config.json's ``mask_token_id``, else its tokenizer's ``mask_token``, :func:`converted_mask_token_id`).
 
     Returns:
         A :class:`LoadedModel`; call :meth:`LoadedModel.close` when done (it releases the process

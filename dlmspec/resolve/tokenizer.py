@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dlmspec.names import FILE_FACT_TYPES, TOKENIZER_READS  # noqa: F401 - read here by their old name
-from dlmspec.tokenizers import TokenizerFacts, read_json, tokenizer_facts
+from dlmspec.tokenizers import TokenizerFacts, hf_special_token, read_json, tokenizer_facts
 
 if TYPE_CHECKING:
     from dlmspec.spec.models import Spec
@@ -51,25 +51,9 @@ GPT2_EOD = ("<|endoftext|>", 50256)
 
 
 def _hf_eos_id(folder: str) -> tuple[str, int] | None:
-    """``(token, id)`` of the EOS token of a local Hugging Face tokenizer folder, read from its
-    ``tokenizer_config.json`` (``eos_token``) and ``tokenizer.json`` (``added_tokens``, then
-    ``model.vocab``); None when either file is missing or has no such entry."""
-    config = read_json(os.path.join(folder, "tokenizer_config.json"))
-    data = read_json(os.path.join(folder, "tokenizer.json"))
-    if not isinstance(config, dict) or not isinstance(data, dict):
-        return None
-    eos = config.get("eos_token")
-    if isinstance(eos, dict):
-        eos = eos.get("content")
-    if not isinstance(eos, str):
-        return None
-    for entry in data.get("added_tokens") or []:
-        if isinstance(entry, dict) and entry.get("content") == eos and isinstance(entry.get("id"), int):
-            return eos, entry["id"]
-    vocab = (data.get("model") or {}).get("vocab")
-    if isinstance(vocab, dict) and isinstance(vocab.get(eos), int):
-        return eos, vocab[eos]
-    return None
+    """``(token, id)`` of the EOS token of a local Hugging Face tokenizer folder
+    (:func:`dlmspec.tokenizers.hf_special_token` of ``eos_token``)."""
+    return hf_special_token(folder, "eos_token")
 
 
 def gpt2_eod_id(vocab_file: str | None) -> int:
