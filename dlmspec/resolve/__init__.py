@@ -18,9 +18,10 @@ and kept on the :class:`Resolved`, so :func:`dlmspec.render.compile.render` and 
 read values only. The layout (data-parallel sizes, microbatches, divisibility) is
 :mod:`dlmspec.layout`'s.
 
-Modules, by concern: :mod:`~dlmspec.resolve.model` (:class:`Resolved`, :func:`resolve`),
-:mod:`~dlmspec.resolve.runtime` (:class:`RuntimeValues`, ``Resolved.runtime``: what train.py and
-the launch scripts pass beyond the spec's own values; the lock file's filled keys),
+Modules, by concern: :mod:`~dlmspec.resolve.model` (:func:`resolve`), :mod:`~dlmspec.resolve.resolved`
+(:class:`Resolved`), :mod:`~dlmspec.resolve.values` (:class:`RuntimeValues`, ``Resolved.runtime``:
+what train.py and the launch scripts pass beyond the spec's own values),
+:mod:`~dlmspec.resolve.runtime` (their derivation, the schedule, the lock file's filled keys),
 :mod:`~dlmspec.resolve.tokenizer` (tokenizer keys, padded vocabulary, end-of-document id),
 :mod:`~dlmspec.resolve.blend` (data blends), :mod:`~dlmspec.resolve.layers` (layer path, cross
 entropy), :mod:`~dlmspec.resolve.stage` (the stage's defaults).
@@ -42,17 +43,17 @@ from dlmspec.resolve.layers import (  # noqa: F401
     layer_path,
 )
 from dlmspec.resolve.tokenizer import (  # noqa: F401
-    TOKENIZER_READS,
     TOKENIZER_KEYS,
     GPT2_VOCAB_SIZE,
     padded_vocab_size,
     EodChoice,
     GPT2_EOD,
     gpt2_eod_id,
-    FILE_FACT_TYPES,
     spec_tokenizer_facts,
     eod_choice,
     eod_used_by,
+    FILE_FACT_TYPES,
+    TOKENIZER_READS,
 )
 from dlmspec.resolve.blend import (  # noqa: F401
     MANIFEST_KIND,
@@ -66,6 +67,14 @@ from dlmspec.resolve.blend import (  # noqa: F401
     index_counts,
     resolve_blend,
     mixed_tokenizers,
+    record_mean,
+    record_means,
+)
+from dlmspec.resolve.values import (  # noqa: F401
+    RuntimeValues,
+)
+from dlmspec.resolve.resolved import (  # noqa: F401
+    Resolved,
 )
 from dlmspec.resolve.runtime import (  # noqa: F401
     run_dir,
@@ -76,12 +85,10 @@ from dlmspec.resolve.runtime import (  # noqa: F401
     lock_filled,
     locked_spec,
     init_cache_dir,
-    RuntimeValues,
-    CART_P_DEFAULT,
     runtime_values,
+    CART_P_DEFAULT,
 )
 from dlmspec.resolve.model import (  # noqa: F401
-    Resolved,
     resolve,
 )
 
@@ -120,6 +127,8 @@ __all__ = [
     "locked_spec",
     "mixed_tokenizers",
     "padded_vocab_size",
+    "record_mean",
+    "record_means",
     "resolve",
     "resolve_blend",
     "run_dir",
