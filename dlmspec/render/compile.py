@@ -205,13 +205,13 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
 
     Keys: ``r`` (the :class:`Resolved`: parallel sizes, dp, microbatches, padded vocabulary,
     query groups, head dimension, MoE FFN size, attention mask, mask token, train_iters,
-    parameter counts), ``rt`` (:func:`dlmspec.resolve.runtime_values`: every value train.py
-    passes beyond the spec's own, decided in resolve), ``s`` (:func:`locked_spec`, every default
+    parameter counts), ``rt`` (``resolved.runtime``, :class:`dlmspec.resolve.RuntimeValues`: every value
+    train.py passes beyond the spec's own, its defaults filled, decided in resolve), ``s`` (:func:`locked_spec`, every default
     filled), ``spec_label`` (the spec path as given), ``content_hash``, ``version``, and the
     spellings of values in Python: ``activation_func`` / ``gated_linear_unit``
     (:data:`ACTIVATIONS`), ``dtype`` (:data:`DTYPES`), ``rotary_base`` (an int when integral:
     ``GPTModel`` types it ``int``), ``layer_path`` / ``run_path`` (the resolved layer path and
-    why, as comment text), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend``
+    why, as comment text), ``eod`` (``resolved.eod``, :func:`dlmspec.resolve.eod_choice`), ``blend`` / ``valid_blend``
     (``[prefix, weight]`` pairs of the resolved blends, globs and manifests expanded:
     :func:`dlmspec.resolve.resolve_blend`), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
     (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`), ``python`` (``--python`` as a bash word,
@@ -269,7 +269,8 @@ def _refuse_secrets(resolved: Resolved, files: dict[str, str]) -> None:
 
 def render(resolved: Resolved, spec_label: str, *, python: str | None = None) -> dict[str, str]:
     """Every output file's text, by file name (sorted). Pure: the same ``resolved``,
-    ``spec_label`` and ``python`` give the same bytes. ``launch.sbatch`` is rendered by
+    ``spec_label`` and ``python`` give the same bytes, and no file is read (the tokenizer's files
+    and the SFT datasets' records were read by :func:`dlmspec.resolve.resolve`). ``launch.sbatch`` is rendered by
     :func:`dlmspec.render.sbatch.render_sbatch` and ``plan.json`` by :func:`dlmspec.plan.make_plan`,
     each only where that module exists. ``python`` (``--python``, :func:`launch_interpreter`)
     changes launch.sh and launch.sbatch only; without it they read ``DLMSPEC_PYTHON`` at launch.
