@@ -48,8 +48,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-#: Megatron-LM ``--tokenizer-type`` names this factory builds.
-from dlmspec.names import TOKENIZER_TYPES  # noqa: E402 - the one table (dlmspec.names)
+#: Megatron-LM ``--tokenizer-type`` names this factory builds (the one table: :mod:`dlmspec.names`).
+from dlmspec.names import TOKENIZER_TYPES
 
 #: Short lowercase aliases accepted next to the Megatron names.
 TOKENIZER_ALIASES: dict[str, str] = {
