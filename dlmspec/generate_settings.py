@@ -15,9 +15,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from dlmspec.names import OBJECTIVE_KINDS
+
 #: The decoding rules: "mdm" (masked diffusion) or "ar" (left to right); the names of
 #: ``[objective] kind``.
-KINDS = ("mdm", "ar")
+KINDS = OBJECTIVE_KINDS
 #: Which masked positions a step commits (docs/generate.md, "Remasking").
 REMASKING = ("low_confidence", "random", "threshold")
 #: Token ids are int64 in torch (``torch.long`` tensors): the largest id + 1 any model can have.

@@ -48,20 +48,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-#: Megatron-LM ``--tokenizer-type`` names this factory builds.
-TOKENIZER_TYPES: tuple[str, ...] = (
-    "GPT2BPETokenizer",
-    "HuggingFaceTokenizer",
-    "SentencePieceTokenizer",
-    "TikTokenizer",
-    "NullTokenizer",
-    "BertWordPieceLowerCase",
-    "BertWordPieceCase",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
-    "MultimodalTokenizer",
-    "NullMultimodalTokenizer",
-)
+#: Megatron-LM ``--tokenizer-type`` names this factory builds (the one table: :mod:`dlmspec.names`).
+from dlmspec.names import TOKENIZER_TYPES
 
 #: Short lowercase aliases accepted next to the Megatron names.
 TOKENIZER_ALIASES: dict[str, str] = {
@@ -620,6 +608,30 @@ class TokenizerFacts:
 TIKTOKEN_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 TIKTOKEN_NUM_SPECIAL = 1000
 TIKTOKEN_DEFAULT_VOCAB = 131072
+
+
+def hf_special_token(folder: str, key: str) -> tuple[str, int] | None:
+    """``(token, id)`` of a special token of a local Hugging Face tokenizer folder: the token its
+    ``tokenizer_config.json`` names under ``key`` (``"eos_token"``, ``"mask_token"``, ...; a string
+    or ``{"content": ...}``), its id from ``tokenizer.json`` (``added_tokens``, then
+    ``model.vocab``). None when either file is missing or unreadable (:func:`read_json`) or has no
+    such entry."""
+    config = read_json(os.path.join(folder, "tokenizer_config.json"))
+    data = read_json(os.path.join(folder, "tokenizer.json"))
+    if not isinstance(config, dict) or not isinstance(data, dict):
+        return None
+    token = config.get(key)
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str):
+        return None
+    for entry in data.get("added_tokens") or []:
+        if isinstance(entry, dict) and entry.get("content") == token and isinstance(entry.get("id"), int):
+            return token, entry["id"]
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and isinstance(vocab.get(token), int):
+        return token, vocab[token]
+    return None
 
 
 def _readable(path: str | None) -> bool:

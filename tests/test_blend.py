@@ -316,7 +316,7 @@ def test_the_sft_plan_reads_the_records_of_the_resolved_shards(three: Path) -> N
 
 
 def test_index_counts_read_in_pieces_and_refuse_a_truncated_index(three: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dlmspec.resolve as resolve_module
+    import dlmspec.resolve.blend as resolve_module
 
     assert resolve_module.index_counts(shard(2)) == (30, 8)
     monkeypatch.setattr(resolve_module, "_LENGTHS_PER_READ", 3)

@@ -25,7 +25,7 @@ BRANCH = re.compile(
 PENDING = {
     "backends/convert/objective.py": 6,
     "backends/generate/lm_eval_model.py": 9,
-    "backends/generate/load.py": 5,
+    "backends/generate/load.py": 3,
     "backends/megatron/checks.py": 4,
     "backends/megatron/spec_record.py": 2,
     "dlmspec/check/generate.py": 1,
@@ -37,7 +37,6 @@ PENDING = {
     "dlmspec/cli/commands.py": 3,
     "dlmspec/cli/generate.py": 10,
     "dlmspec/generate_settings.py": 1,
-    "dlmspec/resolve.py": 7,
 }
 
 

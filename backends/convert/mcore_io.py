@@ -49,6 +49,7 @@ from dlmspec.backends.convert._atomic import atomic_directory, signals_held, wri
 from dlmspec.backends.convert.dims import ModelDims
 from dlmspec.backends.convert.errors import ConversionError
 from dlmspec.backends.convert.hf_io import read_json_object
+from dlmspec.backends.tracker import TrackerError, latest_checkpoint, tracker_path
 from dlmspec.credentials import redact
 from dlmspec.files import FileRefused, read_text
 
@@ -368,11 +369,15 @@ def resolve_checkpoint_dir(path: str | os.PathLike[str]) -> Path:
 
     if is_file(path / "metadata.json"):
         return path
-    latest = path / "latest"  # dlmspec runtime (backends/megatron/training.py): "iter_0000100"
-    if is_file(latest):
-        name = _read_line(latest)
-        if name and len(name) <= 255 and is_file(path / name / "metadata.json"):
-            return path / name
+    latest = Path(tracker_path(path))  # dlmspec runtime (backends/megatron/checkpointing.py): "iter_0000100"
+    if os.path.lexists(latest):
+        try:
+            folder = latest_checkpoint(path)  # the one reader of the tracker (dlmspec.backends.tracker)
+        except TrackerError as exc:
+            raise ConversionError(f"{exc.path}: {exc.why}. Fix: {exc.fix}", tensor=str(latest),
+                                  expected="the name of a checkpoint folder") from None
+        if folder is not None and is_file(Path(folder) / "metadata.json"):
+            return Path(folder)
     tracker = path / "latest_checkpointed_iteration.txt"
     if tracker.is_file():
         it = _read_line(tracker)

@@ -1,7 +1,8 @@
 """Build a megatron-core GPTModel for :class:`ModelDims` and run it (CPU or CUDA).
 
 Used by :func:`dlmspec.backends.convert.api.verify` and ``bench/convert/verify_gpu.py``. The
-TransformerConfig mirrors the Hugging Face families: RMSNorm, SwiGLU
+TransformerConfig (:func:`dlmspec.backends.model_config.transformer_config_from_record`, the one
+generate builds too) mirrors the Hugging Face families: RMSNorm, SwiGLU
 (``gated_linear_unit`` + SiLU), no linear biases except optional q/k/v biases, optional
 per-head q/k RMSNorm, RoPE (non-interleaved), MoE routers that take top-k then softmax
 (normalised top-k probabilities) or softmax then top-k (``moe_router_pre_softmax``).
@@ -30,10 +31,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from dlmspec.backends.convert.dims import ModelDims
 from dlmspec.backends.convert.errors import ConversionError
+from dlmspec.backends.model_config import record_from_dims, transformer_config_from_record, transformer_config_kwargs_from_record
 
 #: Why a MoE GPTModel cannot run a forward pass on a CPU-only torch.
 MOE_CPU_REASON = (
@@ -46,7 +47,9 @@ MOE_CPU_REASON = (
 def transformer_config_kwargs(
     dims: ModelDims, *, tp: int = 1, params_dtype: torch.dtype = torch.float32, cpu: bool = True
 ) -> dict[str, Any]:
-    """Keyword arguments of megatron ``TransformerConfig`` for ``dims``.
+    """Keyword arguments of megatron ``TransformerConfig`` for ``dims``: those of its record
+    (:func:`dlmspec.backends.model_config.record_from_dims`), as generate builds them
+    (:func:`dlmspec.backends.model_config.transformer_config_kwargs_from_record`).
 
     Fusions that need CUDA kernels are off; dropout is 0 (for logit comparison).
 
@@ -57,47 +60,7 @@ def transformer_config_kwargs(
         cpu: build parameters on CPU (``use_cpu_initialization``) and pick the MoE dispatcher
             that does not create CUDA streams.
     """
-    kw: dict[str, Any] = dict(
-        num_layers=dims.num_layers,
-        hidden_size=dims.hidden_size,
-        ffn_hidden_size=dims.ffn_hidden_size if dims.ffn_hidden_size > 0 else dims.moe_ffn_hidden_size,
-        num_attention_heads=dims.num_attention_heads,
-        num_query_groups=dims.num_query_groups,
-        kv_channels=dims.kv_channels,
-        normalization="RMSNorm",
-        layernorm_epsilon=dims.norm_epsilon,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=dims.add_qkv_bias,
-        qk_layernorm=dims.qk_layernorm,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        tensor_model_parallel_size=tp,
-        params_dtype=params_dtype,
-        bf16=params_dtype == torch.bfloat16,
-        fp16=params_dtype == torch.float16,
-        use_cpu_initialization=cpu,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-    )
-    if dims.is_moe:
-        kw.update(
-            num_moe_experts=dims.num_experts,
-            moe_ffn_hidden_size=dims.moe_ffn_hidden_size,
-            moe_router_topk=dims.moe_router_topk,
-            moe_router_pre_softmax=not dims.moe_router_norm_topk,
-            moe_router_load_balancing_type="none",
-            moe_aux_loss_coeff=0.0,
-            moe_token_dispatcher_type="allgather" if cpu else "alltoall",
-        )
-        if dims.shared_expert_ffn_hidden_size:
-            kw["moe_shared_expert_intermediate_size"] = dims.shared_expert_ffn_hidden_size
-    return kw
+    return transformer_config_kwargs_from_record(record_from_dims(dims), tp=tp, params_dtype=params_dtype, cpu=cpu)
 
 
 def gpt_model_kwargs(dims: ModelDims) -> dict[str, Any]:
@@ -142,9 +105,8 @@ def build_gpt_model(
         ConversionError: unknown ``spec``.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
-    config = TransformerConfig(**transformer_config_kwargs(dims, tp=tp, params_dtype=params_dtype, cpu=cpu))
+    config = transformer_config_from_record(record_from_dims(dims), tp=tp, params_dtype=params_dtype, cpu=cpu)
     if config.num_moe_experts:
         from dlmspec.backends.megatron.layers import patch_moe_router_without_te
 

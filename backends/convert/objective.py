@@ -25,15 +25,16 @@ from typing import Any
 
 from dlmspec.backends.convert.errors import ConversionError
 from dlmspec.files import FileRefused, read_json
+from dlmspec.names import CHECKPOINT_RECORD, OBJECTIVE_KINDS
 
 #: The ``config.json`` key holding dlmspec's record of the objective.
 CONFIG_KEY = "dlmspec"
 #: The objectives (``[objective] kind``).
-OBJECTIVES = ("mdm", "ar")
+OBJECTIVES = OBJECTIVE_KINDS
 #: Families whose own (remote) modeling code is bidirectional: diffusion LMs by design.
 DIFFUSION_FAMILIES = frozenset({"llada", "dream"})
 #: A training checkpoint's metadata file (``dlmspec.backends.megatron.checkpointing.METADATA_FILENAME``).
-TRAINING_METADATA = "dlmspec.json"
+TRAINING_METADATA = CHECKPOINT_RECORD
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,15 @@ gathers the vocabulary-parallel logits (written for any TP, tested at TP = 1). A
 with megatron-core's KV cache (:meth:`LoadedModel.ar_step_fn`,
 :class:`~dlmspec.backends.generate.models.GPTKVCacheStep`) where the model's layers allow it
 (the local layer spec), else with full recompute (``kv_cache_fallback`` says why). docs/generate.md.
+
+Finding the checkpoint and the refusals (:class:`LoadError`) are in
+:mod:`dlmspec.backends.generate.checkpoint`; the ``TransformerConfig`` of a record is
+:func:`dlmspec.backends.model_config.transformer_config_from_record`, the one ``convert`` builds.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import warnings
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -39,88 +42,22 @@ import torch
 
 from dlmspec import objectives
 from dlmspec.objectives.schedules import LINEAR, MaskingSchedule
+from dlmspec.backends.generate.checkpoint import (  # noqa: F401 - part of this module's API
+    CONVERT_SIDECAR,
+    MAX_RECORD_BYTES,
+    METADATA_FILENAME,
+    TRACKER_FILENAME,
+    LoadError,
+    _latest,
+    _read_json,
+    checkpoint_read_errors,
+    describe_read_error,
+    find_checkpoint,
+)
+from dlmspec.backends.generate.checkpoint import _safetensors_errors  # noqa: F401
 
-#: The runtime checkpoint's metadata file (``dlmspec.backends.megatron.checkpointing.METADATA_FILENAME``).
-METADATA_FILENAME = "dlmspec.json"
-#: The save folder's tracker (``checkpointing.TRACKER_FILENAME``).
-TRACKER_FILENAME = "latest"
-#: The sidecar ``dlmspec convert hf-to-mcore`` writes (``dlmspec.backends.convert.mcore_io.SIDECAR_NAME``).
-CONVERT_SIDECAR = "dlmspec_convert.json"
 #: Hugging Face families trained as masked-diffusion LMs (their ``kind`` is ``"mdm"``).
 MDM_FAMILIES = ("llada", "dream")
-#: Largest ``latest`` tracker read, bytes: it holds one folder name (``iter_0000300``).
-MAX_TRACKER_BYTES = 4096
-#: Largest ``dlmspec.json`` / ``spec.lock.toml`` read, bytes (each is a few KiB).
-MAX_RECORD_BYTES = 16 << 20
-
-
-def checkpoint_read_errors() -> tuple[type[BaseException], ...]:
-    """What reading a checkpoint's weights raises on a damaged checkpoint folder (a missing,
-    truncated or zeroed ``.distcp`` shard, a truncated ``.metadata``, a ``common.pt`` that is not
-    a pickle): the exceptions :func:`load_model` turns into a :class:`LoadError` naming the folder.
-
-    ``OSError`` (a missing or unreadable file), ``EOFError`` and ``pickle.UnpicklingError`` (a
-    truncated or zeroed pickle), ``ValueError`` (``FileRefused``, a refused-pickle error of a safe
-    loader, a bad header), ``RuntimeError`` (torch's reader, a state-dict mismatch), ``KeyError`` /
-    ``IndexError`` / ``AttributeError`` / ``TypeError`` / ``AssertionError`` (a pickle that loads
-    into the wrong structure), megatron-core's ``CheckpointingException`` and torch.distributed
-    checkpoint's ``CheckpointException`` (a ``BaseException``: it wraps the errors of each rank).
-    """
-    errors: list[type[BaseException]] = [OSError, EOFError, pickle.UnpicklingError, ValueError, RuntimeError, KeyError,
-                                         IndexError, AttributeError, TypeError, AssertionError, UnicodeDecodeError]
-    try:
-        from megatron.core.dist_checkpointing.core import CheckpointingException
-
-        errors.append(CheckpointingException)
-    except ImportError:  # pragma: no cover - megatron-core is a dependency of the runtime
-        pass
-    try:
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        errors.append(CheckpointException)
-    except ImportError:  # pragma: no cover - torch without torch.distributed
-        pass
-    return tuple(errors)
-
-
-def _safetensors_errors() -> tuple[type[BaseException], ...]:
-    try:
-        from safetensors import SafetensorError
-
-        return (SafetensorError,)
-    except ImportError:  # pragma: no cover - safetensors comes with transformers
-        return ()
-
-
-def describe_read_error(exc: BaseException, width: int = 300) -> str:
-    """One line naming a checkpoint read error: its type and first words (a
-    ``CheckpointException`` lists each rank's error: the first is shown)."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
-            inner = inner[0]  # torch keeps (exception, stack summary) per rank
-        inner = getattr(inner, "exc", inner) if not isinstance(inner, BaseException) else inner
-        if isinstance(inner, BaseException):
-            exc = inner
-    text = f"{type(exc).__name__}: {exc}"
-    text = text.split("Traceback (most recent call last)")[0].strip()  # never a traceback in a message
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-class LoadError(ValueError):
-    """A model cannot be loaded from the path given.
-
-    Attributes:
-        path: the path given.
-        why: what is wrong, in words.
-        fix: what to pass instead.
-    """
-
-    def __init__(self, path: str, why: str, fix: str) -> None:
-        self.path, self.why, self.fix = str(path), why, fix
-        super().__init__(f"{path}: {why}; {fix}")
 
 
 @dataclass
@@ -238,91 +175,6 @@ class LoadedModel:
             self._cleanup.pop()()
 
 
-# --------------------------------------------------------------------------- finding the checkpoint
-
-
-def _read_json(path: str) -> Any:
-    """The JSON of a checkpoint's record (``dlmspec.json``): a regular file, at most
-    :data:`MAX_RECORD_BYTES`, nested at most ``dlmspec.files.MAX_NESTING`` levels.
-
-    Raises:
-        LoadError: missing, not a regular file (a FIFO, a device), too large, not UTF-8, not JSON.
-    """
-    from dlmspec.files import FileRefused, read_json
-
-    try:
-        return read_json(path, limit=MAX_RECORD_BYTES, what=f"checkpoint record {os.path.basename(path)}")
-    except FileRefused as exc:
-        raise LoadError(path, exc.why, f"{exc.hint}; or pass a checkpoint the dlmspec runtime wrote") from None
-
-
-def _latest(root: str) -> Optional[str]:
-    """The checkpoint folder the save folder ``root``'s ``latest`` tracker names, or ``None``
-    when ``root`` has no tracker.
-
-    Raises:
-        LoadError: the tracker is not a regular file, larger than :data:`MAX_TRACKER_BYTES`, not
-            UTF-8, names no folder name, or names a folder that does not exist.
-    """
-    from dlmspec.files import FileRefused, read_text
-
-    tracker = os.path.join(root, TRACKER_FILENAME)
-    if not os.path.lexists(tracker) or os.path.isdir(tracker):
-        return None
-    fix = "write the name of an iter_* folder of this folder into it (e.g. iter_0000300), or pass that folder"
-    try:
-        name = read_text(tracker, limit=MAX_TRACKER_BYTES, what="checkpoint tracker").strip()
-    except FileRefused as exc:
-        raise LoadError(tracker, exc.why, fix) from None
-    if not name or os.sep in name or name in (".", "..") or not name.isprintable():
-        raise LoadError(tracker, f"does not hold one folder name (it holds {name[:60]!r})", fix)
-    path = os.path.join(root, name)
-    if not os.path.isdir(path):
-        raise LoadError(tracker, f"names {name!r} but {path} does not exist",
-                        "pass one of the iter_* folders that exist")
-    return path
-
-
-def _present(path: str) -> bool:
-    """Something other than a folder is at ``path`` (a file, a link, a FIFO: it is read, or
-    refused, by :func:`dlmspec.files.read_json`)."""
-    return os.path.lexists(path) and not os.path.isdir(path)
-
-
-def find_checkpoint(path: str) -> tuple[str, str]:
-    """Which kind of checkpoint ``path`` is, and its folder.
-
-    Returns:
-        ``(source, folder)``: ``source`` is ``"dlmspec"`` (a runtime checkpoint: ``folder`` holds
-        ``dlmspec.json``), ``"mcore"`` (``dlmspec convert hf-to-mcore`` output) or ``"hf"``.
-
-    Raises:
-        LoadError: ``path`` does not exist or is none of them (the message lists what was looked for).
-    """
-    p = os.path.abspath(os.path.expanduser(str(path)))
-    if not os.path.exists(p):
-        raise LoadError(path, "does not exist", "pass a run folder, a checkpoint folder (iter_*) or a Hugging Face folder")
-    if not os.path.isdir(p):
-        raise LoadError(path, "is a file, not a folder", "pass the checkpoint's folder")
-    if _present(os.path.join(p, METADATA_FILENAME)):  # a FIFO or device is refused when it is read
-        return "dlmspec", p
-    for root in (p, os.path.join(p, "checkpoints")):
-        latest = _latest(root)
-        if latest is not None:
-            if not _present(os.path.join(latest, METADATA_FILENAME)):
-                raise LoadError(latest, f"has no {METADATA_FILENAME}", "pass a checkpoint the dlmspec runtime wrote")
-            return "dlmspec", latest
-    if os.path.isfile(os.path.join(p, CONVERT_SIDECAR)):
-        return "mcore", p
-    if os.path.isfile(os.path.join(p, "config.json")) and any(n.endswith(".safetensors") for n in os.listdir(p)):
-        return "hf", p
-    raise LoadError(
-        path, f"is not a checkpoint: no {METADATA_FILENAME}, no {TRACKER_FILENAME} (nor checkpoints/{TRACKER_FILENAME}), "
-        f"no {CONVERT_SIDECAR}, no config.json with *.safetensors",
-        "pass a run folder (runs/NAME), its checkpoints folder, one iter_* folder, or a Hugging Face folder",
-    )
-
-
 # --------------------------------------------------------------------------- megatron-core set-up
 
 
@@ -377,20 +229,6 @@ def _cpu_patches(cleanup: List[Callable[[], None]]) -> None:
     cleanup.append(undo)
 
 
-def _activation(name: str) -> Any:
-    import torch.nn.functional as F
-
-    if name == "squared_relu":
-        from megatron.core.activations import squared_relu
-
-        return squared_relu
-    table = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
-    if name not in table:
-        raise LoadError("model.activation", f"the record's activation function {name!r} is not known to the loader",
-                        "one of silu (swiglu), gelu, relu, squared_relu")
-    return table[name]
-
-
 def _dtype(record: Dict[str, Any], device: torch.device, dtype: Optional[str]) -> str:
     if dtype is not None:
         return dtype
@@ -400,37 +238,20 @@ def _dtype(record: Dict[str, Any], device: torch.device, dtype: Optional[str]) -
 
 
 def build_transformer_config(record: Dict[str, Any], *, tp: int, dtype: str, cpu: bool) -> Any:
-    """megatron-core's ``TransformerConfig`` from a spec record, as train.py's ``build_configs``
-    writes it (templates/train.py.j2), for inference: no dropout, no fusions that need CUDA kernels.
+    """megatron-core's ``TransformerConfig`` from a spec record for inference:
+    :func:`dlmspec.backends.model_config.transformer_config_from_record` (no dropout, no fusions
+    that need CUDA kernels; MoE tokens dispatched by all-gather).
 
     Raises:
         LoadError: a record value the loader cannot map (named).
     """
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from dlmspec.backends.model_config import PARAMS_DTYPES, RecordValueError, transformer_config_from_record
 
-    r = record
-    params_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    kw: Dict[str, Any] = dict(
-        num_layers=r["model.num_layers"], hidden_size=r["model.hidden_size"],
-        ffn_hidden_size=r["model.ffn_hidden_size"], num_attention_heads=r["model.num_attention_heads"],
-        num_query_groups=r["model.num_query_groups"], kv_channels=r["model.kv_channels"],
-        normalization=r["model.normalization"], layernorm_epsilon=r.get("model.layernorm_epsilon") or 1e-5,
-        gated_linear_unit=bool(r["model.gated_linear_unit"]), activation_func=_activation(r["model.activation"]),
-        add_bias_linear=bool(r["model.add_bias_linear"]), add_qkv_bias=bool(r["model.add_qkv_bias"]),
-        qk_layernorm=bool(r["model.qk_layernorm"]), hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=dtype == "bf16", fp16=dtype == "fp16", params_dtype=params_dtype, pipeline_dtype=params_dtype,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
-        use_cpu_initialization=cpu, bias_activation_fusion=False, bias_dropout_fusion=False,
-        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
-    )
-    if r.get("model.num_experts"):
-        kw.update(num_moe_experts=r["model.num_experts"], moe_ffn_hidden_size=r["model.moe_ffn_hidden_size"],
-                  moe_router_topk=r["model.moe_router_topk"], moe_layer_freq=r.get("model.moe_layer_freq") or 1,
-                  moe_shared_expert_intermediate_size=r.get("model.moe_shared_expert_intermediate_size"),
-                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
-                  moe_token_dispatcher_type="allgather")
-    return TransformerConfig(**kw)
+    try:
+        return transformer_config_from_record(record, tp=tp, params_dtype=PARAMS_DTYPES[dtype], cpu=cpu,
+                                              moe_token_dispatcher="allgather")
+    except RecordValueError as exc:
+        raise LoadError(exc.key, exc.why, exc.fix) from None
 
 
 _REQUIRED = ("objective.kind", "objective.attention_mask", "model.num_layers", "model.hidden_size",
@@ -461,7 +282,7 @@ def check_record(where: str, record: Dict[str, Any]) -> None:
     """
     fix = "load a checkpoint the dlmspec runtime wrote, with its dlmspec.json unchanged"
     kind = record.get("objective.kind")
-    if kind not in ("mdm", "ar"):
+    if kind not in objectives.kinds():
         raise LoadError(where, f"objective.kind = {repr(kind)[:40]} is not mdm or ar", fix)
     for key, top in _SIZES.items():
         value = record.get(key)
@@ -718,23 +539,18 @@ def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: i
                    generate_table=generate_table)
 
 
-def _record_from_dims(dims: Any, kind: str, mask_token_id: Optional[int], eos: Optional[int]) -> Dict[str, Any]:
-    """A spec record for a converted model (``ModelDims`` of :mod:`dlmspec.backends.convert`)."""
-    return {
-        "objective.kind": kind, "objective.mask_token_id": mask_token_id,
-        "objective.attention_mask": "bidirectional" if kind == "mdm" else "causal", "objective.block_size": None,
-        "model.family": dims.family, "model.num_layers": dims.num_layers, "model.hidden_size": dims.hidden_size,
-        "model.ffn_hidden_size": dims.ffn_hidden_size, "model.num_attention_heads": dims.num_attention_heads,
-        "model.num_query_groups": dims.num_query_groups, "model.kv_channels": dims.kv_channels,
-        "model.normalization": "RMSNorm", "model.activation": "silu", "model.gated_linear_unit": True,
-        "model.add_bias_linear": False, "model.add_qkv_bias": dims.add_qkv_bias, "model.qk_layernorm": dims.qk_layernorm,
-        "model.num_experts": dims.num_experts or 0, "model.moe_ffn_hidden_size": dims.moe_ffn_hidden_size or None,
-        "model.moe_router_topk": dims.moe_router_topk or None, "model.vocab_size": dims.vocab_size,
-        "model.padded_vocab_size": dims.padded_vocab_size, "model.position_embedding_type": "rope",
-        "model.untie_embeddings_and_output_weights": not dims.tied,
-        "model.max_position_embeddings": dims.max_position_embeddings, "model.rotary_base": dims.rotary_base,
-        "model.rotary_percent": 1.0, "model.layernorm_epsilon": dims.norm_epsilon, "data.eod_id": eos,
-    }
+def converted_mask_token_id(folder: str, config: Dict[str, Any]) -> Optional[int]:
+    """The mask token of a converted masked-diffusion model: ``mask_token_id`` of its
+    ``config.json`` (LLaDA's 126336, Dream's 151666), else the id of the ``mask_token`` its
+    tokenizer files in ``folder`` name (:func:`dlmspec.tokenizers.hf_special_token`); None when
+    neither says."""
+    value = config.get("mask_token_id")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    from dlmspec.tokenizers import hf_special_token
+
+    found = hf_special_token(folder, "mask_token")
+    return found[1] if found is not None else None
 
 
 def _load_converted(source: str, folder: str, device: torch.device, dtype: Optional[str], tp: int,
@@ -743,6 +559,7 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
     from dlmspec.backends.convert.errors import ConversionError
     from dlmspec.backends.convert.hf_config import dims_from_hf_config
     from dlmspec.backends.convert.state_dict import hf_to_mcore_state_dict
+    from dlmspec.backends.model_config import PARAMS_DTYPES, record_from_dims, transformer_config_from_record
     from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 
     if tp != 1:
@@ -764,26 +581,22 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
     family_kind = "mdm" if dims.family in MDM_FAMILIES else "ar"
     kind = kind or family_kind
     if kind == "mdm" and mask_token_id is None:
-        mask_token_id = config.get("mask_token_id") or (126336 if dims.family == "llada" else None)
+        mask_token_id = converted_mask_token_id(folder, config)
         if mask_token_id is None:
-            raise LoadError(folder, f"a {dims.family} model sampled as mdm needs its mask token id",
-                            "give the mask token id (--mask-token-id)")
+            raise LoadError(folder, f"a {dims.family} model sampled as mdm needs its mask token id: neither its "
+                            "config.json (mask_token_id) nor its tokenizer (tokenizer_config.json mask_token) "
+                            "names one", "give the mask token id (--mask-token-id)")
     if mask_token_id is not None and not 0 <= mask_token_id < dims.padded_vocab_size:
         raise LoadError(folder, f"mask token id {mask_token_id} is outside the padded vocabulary of "
                         f"{dims.padded_vocab_size}", "give the model's mask token id (--mask-token-id)")
     eos = config.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) and eos else eos
-    record = _record_from_dims(dims, kind, mask_token_id, eos if isinstance(eos, int) else None)
+    record = record_from_dims(dims, kind, mask_token_id, eos if isinstance(eos, int) else None)
     if device.type == "cpu":
         _cpu_patches(cleanup)
     _setup_parallel(1, device, cleanup)
-    tc_kwargs = mcore_model.transformer_config_kwargs(dims, tp=1, cpu=device.type == "cpu")
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     want = _dtype({"precision.dtype": "bf16"}, device, dtype)
-    params_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[want]
-    tc_kwargs.update(params_dtype=params_dtype, bf16=want == "bf16", fp16=want == "fp16")
-    tconfig = TransformerConfig(**tc_kwargs)
+    tconfig = transformer_config_from_record(record, tp=1, params_dtype=PARAMS_DTYPES[want], cpu=device.type == "cpu")
     spec = build_layer_spec(attention=record["objective.attention_mask"], num_experts=dims.num_experts or None,
                             qk_layernorm=dims.qk_layernorm, use_transformer_engine=False)
     gpt_kwargs = mcore_model.gpt_model_kwargs(dims)
@@ -828,7 +641,7 @@ def load_model(path: str, *, device: Any = None, dtype: Optional[str] = None, te
         tensor_model_parallel_size: TP of the loaded model (processes of the run; 1 here).
         kind: converted checkpoints only: ``"mdm"`` or ``"ar"`` (default: ``"mdm"`` for the LLaDA
             and Dream families, else ``"ar"``). A runtime checkpoint's kind is its record's.
-        mask_token_id: converted checkpoints only: the mask token (LLaDA's 126336 by default).
+        mask_token_id: converted checkpoints only: the mask token (default: its config.json's ``mask_token_id``, else its tokenizer's ``mask_token``, :func:`converted_mask_token_id`).
 
     Returns:
         A :class:`LoadedModel`; call :meth:`LoadedModel.close` when done (it releases the process

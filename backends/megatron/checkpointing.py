@@ -38,6 +38,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
 
 from dlmspec.backends.checkpoint_safety import dist_load
+from dlmspec.backends.tracker import TrackerError, latest_checkpoint
+from dlmspec.names import CHECKPOINT_RECORD, CHECKPOINT_TRACKER
 
 from .config import CheckpointConfig, TrainState
 from .distributed import parallel_layout
@@ -63,8 +65,8 @@ from .rng import check_resume_seed
 from .signals import EXIT_SIGNALS
 from .spec_record import LOCK_FILENAME, load_scheduler_state
 
-TRACKER_FILENAME = "latest"
-METADATA_FILENAME = "dlmspec.json"
+TRACKER_FILENAME = CHECKPOINT_TRACKER
+METADATA_FILENAME = CHECKPOINT_RECORD
 
 
 def prestart_checkpoint_helpers() -> None:
@@ -110,7 +112,8 @@ def checkpoint_name(iteration: int) -> str:
 
 
 def read_latest_checkpoint(root: Optional[str]) -> Optional[str]:
-    """Path of the checkpoint named by ``root/latest``, or ``None`` if there is none.
+    """Path of the checkpoint named by ``root/latest``, or ``None`` if there is none
+    (:func:`dlmspec.backends.tracker.latest_checkpoint`, the one reader of the tracker).
 
     Raises:
         FileNotFoundError: ``latest`` names a directory that does not exist, or is not a regular
@@ -118,21 +121,10 @@ def read_latest_checkpoint(root: Optional[str]) -> Optional[str]:
     """
     if not root:
         return None
-    from dlmspec.files import FileRefused, read_text
-
-    tracker = os.path.join(root, TRACKER_FILENAME)
-    if not os.path.lexists(tracker):
-        return None
-    try:  # a regular file of one short line: a pipe, a device or binary garbage is refused
-        name = read_text(tracker, limit=4096, what="checkpoint tracker ('latest')").strip()
-    except FileRefused as exc:
-        raise FileNotFoundError(f"{tracker}: {exc.why}") from None
-    if not name or len(name) > 255 or os.sep in name or name in (".", "..") or not name.isprintable():
-        raise FileNotFoundError(f"{tracker} holds {name[:80]!r}, not the name of a checkpoint folder")
-    path = os.path.join(root, name)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{tracker} names {name!r} but {path} does not exist")
-    return path
+    try:
+        return latest_checkpoint(root)
+    except TrackerError as exc:
+        raise FileNotFoundError(str(exc)) from None
 
 
 def start_point(ckpt: CheckpointConfig) -> Tuple[Optional[str], Optional[str]]:

@@ -21,6 +21,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from dlmspec.backends.checkpoint_safety import check_checkpoint
 from dlmspec.files import FileRefused
+from dlmspec.layout import batch_problem, num_microbatches, world_problem
 
 from .checkpointing import start_point
 from .config import ObjectiveConfig, RunConfig, ScheduleConfig
@@ -82,25 +83,24 @@ def check_parallel_config(
         virtual_pipeline_model_parallel_size=parallel_sizes["virtual_pipeline_model_parallel_size"],
         cross_entropy=cross_entropy, init_from=init_from,
     )
-    model_parallel = (parallel_sizes["tensor_model_parallel_size"] * parallel_sizes["pipeline_model_parallel_size"]
-                      * parallel_sizes["context_parallel_size"])
-    if world_size % model_parallel != 0:
-        raise ValueError(f"world size {world_size} not divisible by tp*pp*cp={model_parallel}")
+    problem = world_problem(world_size, parallel_sizes["tensor_model_parallel_size"],
+                            parallel_sizes["pipeline_model_parallel_size"], parallel_sizes["context_parallel_size"])
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def microbatches_per_step(schedule: ScheduleConfig, data_parallel_size: int) -> int:
     """Microbatches per step on each data-parallel rank: ``global_batch_size / (micro_batch_size * dp)``.
 
+    The rule and the count are :mod:`dlmspec.layout`'s, the ones the compiler resolves with.
+
     Raises:
         ValueError: if the global batch is not a multiple of ``micro_batch_size * dp``.
     """
-    micro_global = schedule.micro_batch_size * data_parallel_size
-    if schedule.global_batch_size % micro_global != 0:
-        raise ValueError(
-            f"global_batch_size {schedule.global_batch_size} not a multiple of micro_batch_size * "
-            f"data_parallel_size = {micro_global}"
-        )
-    return schedule.global_batch_size // micro_global
+    problem = batch_problem(schedule.global_batch_size, schedule.micro_batch_size, data_parallel_size)
+    if problem is not None:
+        raise ValueError(problem)
+    return num_microbatches(schedule.global_batch_size, schedule.micro_batch_size, data_parallel_size)
 
 
 def check_objective(objective, attention: str, vocab_size: int) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from dlmspec import objectives
+from dlmspec.names import CHECKPOINT_RECORD
 from dlmspec.files import MAX_NESTING, FileRefused, nesting_exceeds, read_json, read_text
 
 #: The lock file's name, beside train.py and inside each checkpoint.
@@ -24,7 +25,7 @@ LOCK_FILENAME = "spec.lock.toml"
 #: A lock file is a few KiB; one larger than this is not one (``/dev/zero``, a wrong file).
 LOCK_MAX_BYTES = 4 * 2**20
 #: The checkpoint metadata file (``dlmspec.backends.megatron.training.METADATA_FILENAME``).
-METADATA_FILENAME = "dlmspec.json"
+METADATA_FILENAME = CHECKPOINT_RECORD
 #: Version of :func:`spec_record`'s layout.
 RECORD_FORMAT = 1
 

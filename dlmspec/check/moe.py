@@ -7,6 +7,7 @@ from typing import Iterator
 
 from dlmspec.check.hints import divisors, join, nearest
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.layout import expert_world_divides
 
 
 def without_module(ctx: Context, *names: str) -> Fix:
@@ -24,7 +25,7 @@ def without_module(ctx: Context, *names: str) -> Fix:
 def _etp_moe_ffn(ctx: Context) -> Iterator[Finding]:
     ffn, etp, r = ctx.r.moe_ffn_hidden_size, ctx.r.etp, ctx.r
     if ffn is not None and ffn % etp:
-        options = [d for d in divisors(ffn) if r.world_size % (d * r.ep * r.pp) == 0] or [1]
+        options = [d for d in divisors(ffn) if expert_world_divides(r.world_size, d, r.ep, r.pp)] or [1]
         fix = Fix({"parallel.expert_tensor_parallel_size": nearest(options, etp)})
         also = [o for o in options if o != fix.set["parallel.expert_tensor_parallel_size"]][:5]
         yield Finding(
@@ -62,7 +63,7 @@ def _ep_experts(ctx: Context) -> Iterator[Finding]:
     experts = ctx.spec.model.num_experts
     if experts is not None and experts % ctx.r.ep:
         r = ctx.r
-        options = [d for d in divisors(experts) if r.world_size % (r.etp * d * r.pp) == 0] or [1]
+        options = [d for d in divisors(experts) if expert_world_divides(r.world_size, r.etp, d, r.pp)] or [1]
         fix = Fix({"parallel.expert_model_parallel_size": nearest(options, r.ep)})
         also = [o for o in options if o != fix.set["parallel.expert_model_parallel_size"]]
         yield Finding(

@@ -10,6 +10,7 @@ from typing import Iterator
 from dlmspec.check.hints import divisors, join, multiple_above, nearest, tp_hint, tp_options, with_layout
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.gpus import GPUS, gpu_ids
+from dlmspec.layout import expert_world_divides, world_divides
 
 
 @rule("unknown-gpu", "error", "dlmspec.gpus.GPUS", "cluster.gpu names a GPU in the catalog")
@@ -35,7 +36,7 @@ def _unknown_gpu(ctx: Context) -> Iterator[Finding]:
 def _world_model_parallel(ctx: Context) -> Iterator[Finding]:
     r, c = ctx.r, ctx.spec.cluster
     product = r.tp * r.pp * r.cp
-    if r.world_size % product == 0:
+    if world_divides(r.world_size, r.tp, r.pp, r.cp):
         return
     sizes = [
         ("parallel.tensor_model_parallel_size", r.tp),
@@ -80,7 +81,7 @@ def _world_expert_parallel(ctx: Context) -> Iterator[Finding]:
     r = ctx.r
     product = r.etp * r.ep * r.pp
     # With EP = 1 and ETP defaulted to TP this is implied by world-divisible-by-model-parallel.
-    if r.world_size % product == 0 or (r.ep == 1 and ctx.spec.parallel.expert_tensor_parallel_size is None):
+    if expert_world_divides(r.world_size, r.etp, r.ep, r.pp) or (r.ep == 1 and ctx.spec.parallel.expert_tensor_parallel_size is None):
         return
     key = "parallel.expert_model_parallel_size" if r.ep > 1 else "parallel.expert_tensor_parallel_size"
     experts = ctx.spec.model.num_experts or 1

@@ -7,6 +7,7 @@ from typing import Iterator
 
 from dlmspec.check.hints import divisors, join, multiple_above, nearest, with_layout
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.layout import batch_divides
 
 
 @rule(
@@ -79,7 +80,7 @@ def _vpp_layers(ctx: Context) -> Iterator[Finding]:
 )
 def _vpp_microbatches(ctx: Context) -> Iterator[Finding]:
     r, tr = ctx.r, ctx.spec.train
-    if r.vpp is None or r.pp == 1 or tr.global_batch_size % (tr.micro_batch_size * r.dp):
+    if r.vpp is None or r.pp == 1 or not batch_divides(tr.global_batch_size, tr.micro_batch_size, r.dp):
         return
     m = r.num_microbatches
     if m < r.pp or m % r.pp:
@@ -104,7 +105,7 @@ def _vpp_microbatches(ctx: Context) -> Iterator[Finding]:
 )
 def _bubble(ctx: Context) -> Iterator[Finding]:
     r, tr = ctx.r, ctx.spec.train
-    if r.pp == 1 or tr.global_batch_size % (tr.micro_batch_size * r.dp):
+    if r.pp == 1 or not batch_divides(tr.global_batch_size, tr.micro_batch_size, r.dp):
         return
     virtual = r.vpp or 1
     bubble = (r.pp - 1) / (virtual * r.num_microbatches)
@@ -130,7 +131,7 @@ def _bubble(ctx: Context) -> Iterator[Finding]:
 def _batch(ctx: Context) -> Iterator[Finding]:
     r, tr = ctx.r, ctx.spec.train
     step = tr.micro_batch_size * r.dp
-    if tr.global_batch_size % step == 0:
+    if batch_divides(tr.global_batch_size, tr.micro_batch_size, r.dp):
         return
     below, above = tr.global_batch_size // step * step, (tr.global_batch_size // step + 1) * step
     options = [v for v in (below, above) if v > 0]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 from dlmspec.errors import Fix, Severity, SpecError, SpecIssue
+from dlmspec.layout import expert_world_divides, world_divides
 from dlmspec.spec.load import LoadedSpec, load
 from dlmspec.resolve import Resolved, resolve
 
@@ -191,7 +192,7 @@ def layout_consistent(r: Resolved) -> bool:
     step are rounded stand-ins, which the ``needs_layout`` rules must not judge."""
     world = r.world_size
     return (world >= 1 and r.tp >= 1 and r.pp >= 1 and r.cp >= 1 and r.ep >= 1 and r.etp >= 1
-            and world % (r.tp * r.pp * r.cp) == 0 and world % (r.etp * r.ep * r.pp) == 0)
+            and world_divides(world, r.tp, r.pp, r.cp) and expert_world_divides(world, r.etp, r.ep, r.pp))
 
 
 def sort_key(issue: SpecIssue) -> tuple:

@@ -10,7 +10,7 @@ from typing import Iterator
 from dlmspec.attention import refused_kinds
 from dlmspec.check.hints import with_layout
 from dlmspec.check.registry import Context, Finding, Fix, rule
-from dlmspec.resolve import eod_choice, eod_used_by, run_dir
+from dlmspec.resolve import eod_used_by, run_dir
 
 
 @rule(
@@ -22,7 +22,7 @@ from dlmspec.resolve import eod_choice, eod_used_by, run_dir
     scope="runtime",
 )
 def _eod_unknown(ctx: Context) -> Iterator[Finding]:
-    eod = eod_choice(ctx.spec)
+    eod = ctx.r.eod
     if eod.known:
         return
     used = eod_used_by(ctx.spec)

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.data.record import RecordError, read_record
-from dlmspec.resolve import eod_choice, sft_attention_mask, sft_section
+from dlmspec.resolve import sft_attention_mask, sft_section
 
 #: The response-mask dataset beside ``PREFIX`` (backends/megatron/sft.py ``RESPONSE_SUFFIX``).
 RESPONSE_SUFFIX = "_response"
@@ -109,7 +109,7 @@ def _special_ids(ctx: Context) -> Iterator[Finding]:
         if mask is not None and ctx.spec.objective.kind == "mdm":
             clash = sorted(name for name, v in ids.items() if v == mask)
             if clash:
-                taken = set(ids.values()) | {eod_choice(ctx.spec).value}
+                taken = set(ids.values()) | {ctx.r.eod.value}
                 free = next((i for i in range(ctx.spec.model.vocab_size, padded) if i not in taken), None)
                 fix = Fix({"objective.mask_token_id": free}) if free is not None else None
                 yield Finding("objective.mask_token_id", f"{prefix!r} gives {', '.join(clash)} the id {mask}, "
@@ -137,7 +137,7 @@ def _special_ids(ctx: Context) -> Iterator[Finding]:
     scope="paths",
 )
 def _eod(ctx: Context) -> Iterator[Finding]:
-    eod = eod_choice(ctx.spec)
+    eod = ctx.r.eod
     if not eod.known:
         return
     for key, prefix, sft in _records(ctx):

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from dlmspec.names import TOKENIZER_NEEDS  # noqa: F401 - the rule's table, read here by its old name
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.resolve import (
     FILE_FACT_TYPES,
@@ -14,25 +15,8 @@ from dlmspec.resolve import (
     TOKENIZER_KEYS,
     TOKENIZER_READS,
     gpt2_eod_id,
-    spec_tokenizer_facts,
 )
 from dlmspec.tokenizers import BERT_ADDED_TOKENS, BERT_SPECIAL_TOKENS, GPT2_EOD_TOKEN, read_bert_vocab, read_json
-
-
-#: The keys each tokenizer type reads (its files, or NullTokenizer's size).
-TOKENIZER_NEEDS: dict[str, tuple[str, ...]] = {
-    "HuggingFaceTokenizer": ("model",),
-    "SentencePieceTokenizer": ("model",),
-    "TikTokenizer": ("model",),
-    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
-    "NullTokenizer": ("vocab_size",),
-    "BertWordPieceLowerCase": ("vocab_file",),
-    "BertWordPieceCase": ("vocab_file",),
-    "GPTSentencePieceTokenizer": ("model",),
-    "Llama2Tokenizer": ("model",),
-    "MultimodalTokenizer": ("model",),
-    "NullMultimodalTokenizer": ("vocab_size",),
-}
 
 
 @rule(
@@ -106,7 +90,7 @@ def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
         yield Finding("model.vocab_size", f"GPT-2's BPE emits {GPT2_VOCAB_SIZE} ids, more than the embedding has",
                       f"use model.vocab_size = {GPT2_VOCAB_SIZE}", fix=Fix({"model.vocab_size": GPT2_VOCAB_SIZE}))
     elif tok.type in FILE_FACT_TYPES:
-        facts = spec_tokenizer_facts(ctx.spec)
+        facts = ctx.r.tokenizer_facts
         if facts is not None and facts.size is not None and facts.size > vocab:
             yield Finding("model.vocab_size",
                           f"{tok.type} has {facts.size} ids ({facts.source}), more than the embedding's {vocab}: "
@@ -135,7 +119,7 @@ def _eod_tokenizer(ctx: Context) -> Iterator[Finding]:
     elif tok.type == "NullTokenizer" and tok.vocab_size is not None:
         own, what = tok.vocab_size, f"NullTokenizer(vocab_size = {tok.vocab_size})"
     elif tok.type in FILE_FACT_TYPES:
-        facts = spec_tokenizer_facts(ctx.spec)
+        facts = ctx.r.tokenizer_facts
         if facts is None or facts.eod is None:
             return
         own, what = facts.eod, f"{tok.type} ({facts.source})"
@@ -189,7 +173,7 @@ def tokenizer_eod(ctx: Context) -> int | None:
     if tok.type == "GPT2BPETokenizer":
         return gpt2_eod_id(tok.vocab_file)
     if tok.type in FILE_FACT_TYPES:
-        facts = spec_tokenizer_facts(ctx.spec)
+        facts = ctx.r.tokenizer_facts
         return facts.eod if facts is not None else None
     return None
 
@@ -205,7 +189,7 @@ def tokenizer_pad(ctx: Context) -> tuple[str, int, str] | None:
     (:func:`dlmspec.resolve.spec_tokenizer_facts`)."""
     tok = ctx.spec.data.tokenizer
     if tok.type in FILE_FACT_TYPES:  # BERT's [PAD], a SentencePiece model's pad piece
-        facts = spec_tokenizer_facts(ctx.spec)
+        facts = ctx.r.tokenizer_facts
         if facts is None or facts.pad is None:
             return None
         name = "[PAD]" if tok.type.startswith("BertWordPiece") else "pad piece"

@@ -30,6 +30,7 @@ import json
 import os
 from typing import Any
 
+from dlmspec.names import DATASET_RECORD_SUFFIX
 from dlmspec.files import FileRefused, default_mode, read_json, write_atomic
 
 #: ``schema`` of a dataset record.
@@ -37,7 +38,7 @@ SCHEMA = "dlmspec.dataset"
 #: The record layout this module writes and reads.
 VERSION = 1
 #: File name suffix after the dataset prefix.
-SUFFIX = ".dlmspec.json"
+SUFFIX = DATASET_RECORD_SUFFIX
 
 
 class RecordError(ValueError):

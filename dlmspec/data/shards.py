@@ -39,6 +39,7 @@ from dlmspec.data.outputs import (
 )
 from dlmspec.data.record import write_json, write_record
 from dlmspec.files import FileRefused, read_json
+from dlmspec.names import DATASET_RECORD_SUFFIX
 
 MANIFEST_KIND = "dlmspec-dataset-manifest"
 MANIFEST_VERSION = 1
@@ -99,7 +100,7 @@ def _shard_name_pattern(output_prefix: str, keys: Sequence[str]) -> re.Pattern:
     base = re.escape(os.path.basename(output_prefix))
     alternatives = "|".join(re.escape(k) for k in keys)
     return re.compile(rf"^{base}-(\d{{{SHARD_DIGITS},}})_(?:{alternatives})_document"
-                      rf"(?:\.bin|\.idx|{re.escape('.dlmspec.json')})$")
+                      rf"(?:\.bin|\.idx|{re.escape(DATASET_RECORD_SUFFIX)})$")
 
 
 def existing_outputs(output_prefix: str, keys: Sequence[str]) -> list[str]:

@@ -10,10 +10,7 @@ from typing import Any, List, Optional, Tuple
 from dlmspec.objectives.base import Objective, register
 from dlmspec.objectives.schedules import MaskingSchedule, masking_schedule
 
-#: ``objective.cart_p`` unset: the geometric parameter of DreamLM's trainers' configs
-#: (DreamLM/Dream-Coder@87409da ``instruct/src/trainer/config/sft_trainer.yaml:57``, DreamLM/DreamOn@8a0a549
-#: ``src/trainer/config/sft_trainer.yaml:63``: ``cart_p: 0.1``).
-CART_P_DEFAULT = 0.1
+from dlmspec.names import CART_P_DEFAULT  # noqa: F401 - objective.cart_p unset (its source: dlmspec.names)
 
 
 def _get(objective: Any, key: str, default: Any = None) -> Any:

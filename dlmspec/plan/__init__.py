@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlmspec.gpus import GPU, GiB
+from dlmspec.layout import batch_divides, expert_world_divides, world_divides
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import model_flops_per_token
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, memory_plan
@@ -367,17 +368,17 @@ def _alternatives(plan: Plan) -> list[dict[str, Any]]:
     world = lay.world
     tp2 = lay.tp * 2
     if (tp2 <= lay.gpus_per_node and s.heads % tp2 == 0 and (s.groups % tp2 == 0 or tp2 % s.groups == 0)
-            and world % (tp2 * lay.pp * lay.cp) == 0 and s.ffn % tp2 == 0):
+            and world_divides(world, tp2, lay.pp, lay.cp) and s.ffn % tp2 == 0):
         alts.append({"tp": tp2, "sp": True})
     pp2 = lay.pp * 2
-    if s.num_layers % pp2 == 0 and world % (lay.tp * pp2 * lay.cp) == 0:
+    if s.num_layers % pp2 == 0 and world_divides(world, lay.tp, pp2, lay.cp):
         alts.append({"pp": pp2})
     cp2 = lay.cp * 2
-    if lay.seq % (2 * cp2) == 0 and world % (lay.tp * lay.pp * cp2) == 0 and lay.seq >= 4096:
+    if lay.seq % (2 * cp2) == 0 and world_divides(world, lay.tp, lay.pp, cp2) and lay.seq >= 4096:
         alts.append({"cp": cp2})
     if s.is_moe:
         ep2 = lay.ep * 2
-        if s.num_experts % ep2 == 0 and world % (lay.etp * ep2 * lay.pp) == 0:
+        if s.num_experts % ep2 == 0 and expert_world_divides(world, lay.etp, ep2, lay.pp):
             alts.append({"ep": ep2})
     if lay.recompute != "full" and lay.micro_batch > 1:
         alts.append({"recompute": "full", "recompute_method": "uniform", "recompute_layers": 1, "micro_batch": 1})
@@ -406,7 +407,7 @@ def memory_fits(plan: Plan) -> tuple[bool, list[str]]:
             continue
         alt = _replan(plan, **change)
         new = alt.layout
-        if new.global_batch % (new.micro_batch * new.dp):
+        if not batch_divides(new.global_batch, new.micro_batch, new.dp):
             continue
         if alt.fits:
             options.append((alt.time.tokens_per_second, alt.peak_bytes, change, new))

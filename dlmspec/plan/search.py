@@ -1,8 +1,9 @@
 """Search the parallel layouts of a spec's model and cluster for the fastest that fit.
 
 :func:`enumerate_layouts` yields every layout the cross-field rules accept (the divisibility
-rules of :mod:`dlmspec.check`, repeated here as integer tests so that thousands of layouts
-are screened without building a spec each): TP, PP, virtual PP, CP, EP (and expert TP), micro
+rules of :mod:`dlmspec.check`, as the integer tests of :mod:`dlmspec.layout`, the one
+derivation of DP, microbatches and divisibility, so that thousands of layouts are screened
+without building a spec each): TP, PP, virtual PP, CP, EP (and expert TP), micro
 batch, recomputation (none, selective ``core_attn``, full uniform 1) and the distributed
 optimizer, for the spec's fixed global batch, sequence length, GPU count and everything else.
 :func:`search` plans each (memory of the ranks that can peak, step time), keeps those whose
@@ -28,6 +29,9 @@ from typing import Any, Iterator
 
 from dlmspec.check import issues_for
 from dlmspec.gpus import GPU
+from dlmspec.layout import (
+    batch_divides, data_parallel_size, expert_data_parallel_size, expert_world_divides, num_microbatches,
+)
 from dlmspec.plan import HEADROOM_WARNING, SPEC_KEYS, PlanError, set_args
 from dlmspec.plan.calibration import Calibration
 from dlmspec.plan.provenance import calibration_for, calibration_info
@@ -287,17 +291,18 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
                 sp = tp > 1
                 if sp and (base.seq // cp) % tp:
                     continue
-                dp = world // (tp * pp * cp)
-                if base.global_batch % dp:
+                dp = data_parallel_size(world, tp, pp, cp)  # exact: tp*pp*cp divides world here
+                if not batch_divides(base.global_batch, 1, dp):
                     continue
                 for ep, etp in _expert_choices(shape, world, tp, pp):
                     for mbs in _divisors(base.global_batch // dp):
                         if mbs > max_micro_batch:
                             break
-                        m = base.global_batch // (mbs * dp)
+                        m = num_microbatches(base.global_batch, mbs, dp)  # exact: mbs divides gbs/dp
                         vpps = [1] + [v for v in _divisors(L // pp) if v > 1 and pp > 1 and m >= pp and m % pp == 0]
                         for v in vpps:
-                            distopts = (True, False) if dp * cp > 1 or (shape.is_moe and world // (etp * ep * pp) > 1) \
+                            expert_dp = expert_data_parallel_size(world, etp, ep, pp)
+                            distopts = (True, False) if dp * cp > 1 or (shape.is_moe and expert_dp > 1) \
                                 else (base.distributed_optimizer,)
                             for distopt in distopts:
                                 # Recomputation innermost, cheapest first: the search skips the
@@ -318,7 +323,7 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
                                         changes["recompute_layers"] = nlayers
                                     lay = fast_replace(
                                         base, tp=tp, pp=pp, vpp=v, cp=cp, ep=ep, etp=etp, dp=dp,
-                                        expert_dp=world // (etp * ep * pp), sp=sp, micro_batch=mbs,
+                                        expert_dp=expert_dp, sp=sp, micro_batch=mbs,
                                         num_microbatches=m, recompute=gran, recompute_method=method,
                                         recompute_layers=nlayers,
                                         recompute_modules=base.recompute_modules,
@@ -337,7 +342,7 @@ def _expert_choices(shape: ModelShape, world: int, tp: int, pp: int) -> list[tup
         if shape.expert_ffn % etp:
             continue
         for ep in _divisors(shape.num_experts):
-            if world % (etp * ep * pp):
+            if not expert_world_divides(world, etp, ep, pp):
                 continue
             out.append((ep, etp))
     return out

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlmspec import objectives
-from dlmspec.data.record import RecordError, read_record
+from dlmspec.resolve.blend import record_mean  # noqa: F401 - read by resolve; kept importable here
 
 #: Mean conversation length assumed without a dataset record, as a fraction of ``seq_length``:
 #: half the sequence, an assumption (not a measurement) the plan states.
@@ -129,31 +129,6 @@ def needs_segment_mask(sft: Any, objective_kind: str) -> bool:
     return objectives.get(objective_kind).unsupervised_padding_segment(sft_key(sft, "pad_eos_tokens"))
 
 
-def record_mean(prefix: str) -> tuple[float | None, float | None, str]:
-    """``(mean conversation tokens, response fraction, note)`` of dataset ``prefix`` from its
-    record; ``(None, None, why)`` when it has no usable record."""
-    try:
-        rec = read_record(prefix)
-    except RecordError as exc:
-        return None, None, f"{prefix}: record unreadable ({exc.reason})"
-    if rec is None:
-        return None, None, f"{prefix}: no dataset record ({prefix}.dlmspec.json)"
-    sft = rec.get("sft") if isinstance(rec.get("sft"), dict) else {}
-    resp, prompt = sft.get("response_tokens"), sft.get("prompt_tokens")
-    frac = None
-    if isinstance(resp, (int, float)) and isinstance(prompt, (int, float)) and resp + prompt > 0:
-        frac = float(resp) / float(resp + prompt)
-    docs, tokens = rec.get("documents"), rec.get("tokens")
-    if isinstance(docs, (int, float)) and isinstance(tokens, (int, float)) and docs > 0:
-        mean = float(tokens) / float(docs)
-    else:
-        written = (sft.get("rows") or {}).get("written") if isinstance(sft.get("rows"), dict) else None
-        if frac is None or not isinstance(written, (int, float)) or written <= 0:
-            return None, None, f"{prefix}: its record has no token or document counts"
-        mean = float(resp + prompt) / float(written)
-    return mean, frac, f"{prefix}: mean {mean:,.0f} tokens per conversation (its record)"
-
-
 def real_fraction(mean: float, seq: int, packed: bool) -> float:
     """Real (non-padding) tokens per sequence position for conversations of mean length ``mean``
     in sequences of ``seq`` positions: padded, ``min(mean, seq) / seq`` (one conversation per
@@ -183,8 +158,10 @@ def sft_plan(resolved: Any, positions_per_second: float, step_seconds: float, to
     means, weights, fracs, notes = [], [], [], []
     # the resolved blend: globs and manifests of data.train expanded into shards (dlmspec.resolve.resolve_blend)
     shards = resolved.train_blend.pairs()
+    # each shard's record, read by dlmspec.resolve.resolve (Resolved.record_means)
+    read = {prefix: (mean, frac, note) for prefix, mean, frac, note in resolved.record_means}
     for prefix, weight in shards:
-        mean, frac, note = record_mean(prefix)
+        mean, frac, note = read.get(prefix) or record_mean(prefix)
         notes.append(note)
         if mean is not None:
             means.append(mean)

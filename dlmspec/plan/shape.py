@@ -11,9 +11,11 @@ from dataclasses import dataclass, replace
 
 from dlmspec import objectives
 from dlmspec.gpus import GPU
+from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
 from dlmspec.plan.sft import needs_segment_mask
-from dlmspec.resolve import LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size  # noqa: F401 - search reads it here
+from dlmspec.resolve import (LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size,  # noqa: F401 - search reads it here
+                             runtime_values)
 
 #: Bytes per element of each ``[precision] dtype``.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -310,7 +312,7 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
     implementation (default: :func:`transformer_impl`)."""
     spec = resolved.spec
     par, rc, tr = spec.parallel, spec.recompute, spec.train
-    modules = tuple(rc.modules) if rc.modules else ("core_attn",)
+    rt = runtime_values(resolved)  # the defaults resolve fills
     return Layout(
         tp=resolved.tp,
         pp=resolved.pp,
@@ -326,9 +328,9 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         seq=tr.seq_length,
         num_microbatches=resolved.num_microbatches,
         recompute=rc.granularity,
-        recompute_method=rc.method or "uniform",
-        recompute_layers=rc.num_layers or 1,
-        recompute_modules=modules,
+        recompute_method=rt.plan_recompute_method,
+        recompute_layers=rt.plan_recompute_layers,
+        recompute_modules=rt.recompute_modules,
         distributed_optimizer=par.use_distributed_optimizer,
         fsdp=par.fsdp,
         sharding=par.data_parallel_sharding_strategy,
@@ -465,10 +467,9 @@ def relayout(shape: ModelShape, lay: Layout, **changes: object) -> tuple[ModelSh
     if "tp" in changes and "etp" not in changes and lay.etp == lay.tp:
         changes["etp"] = changes["tp"]
     new = replace(lay, **changes)  # type: ignore[arg-type]
-    dp = max(1, new.world // (new.tp * new.pp * new.cp))
-    expert_dp = max(1, new.world // (new.etp * new.ep * new.pp))
-    m = max(1, new.global_batch // (new.micro_batch * dp))
-    new = replace(new, dp=dp, expert_dp=expert_dp, num_microbatches=m)
+    sizes = derive_layout(new.world, tp=new.tp, pp=new.pp, cp=new.cp, ep=new.ep, etp=new.etp,
+                          global_batch_size=new.global_batch, micro_batch_size=new.micro_batch)
+    new = replace(new, dp=sizes.dp, expert_dp=sizes.expert_dp, num_microbatches=sizes.num_microbatches)
     if new.tp != lay.tp:
         shape = replace(shape, vocab=padded_vocab_size(shape.tokenizer_vocab, shape.vocab_divisible_by, new.tp))
     return shape, new

@@ -50,7 +50,7 @@ from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_sec
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
-from dlmspec.resolve import (Resolved, eod_choice, locked_spec, run_dir, runtime_values, schedule, sft_pad_eos_tokens,
+from dlmspec.resolve import (Resolved, locked_spec, run_dir, runtime_values, schedule, sft_pad_eos_tokens,
                              sft_section)
 from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block
 from dlmspec.render.sbatch import render_sbatch
@@ -127,7 +127,7 @@ def render_lock(resolved: Resolved) -> str:
     data = canonical_data(locked_spec(resolved))
     derived = {k: v for k, v in resolved.derived().items() if v is not None}
     derived["parameters"] = dict(sorted(derived["parameters"].items()))
-    eod = eod_choice(resolved.spec)
+    eod = resolved.eod
     derived["eod_id"] = eod.value
     derived["eod_id_source"] = eod.source
     derived.update(schedule(resolved))
@@ -207,13 +207,13 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
 
     Keys: ``r`` (the :class:`Resolved`: parallel sizes, dp, microbatches, padded vocabulary,
     query groups, head dimension, MoE FFN size, attention mask, mask token, train_iters,
-    parameter counts), ``rt`` (:func:`dlmspec.resolve.runtime_values`: every value train.py
-    passes beyond the spec's own, decided in resolve), ``s`` (:func:`locked_spec`, every default
+    parameter counts), ``rt`` (``resolved.runtime``, :class:`dlmspec.resolve.RuntimeValues`: every value
+    train.py passes beyond the spec's own, its defaults filled, decided in resolve), ``s`` (:func:`locked_spec`, every default
     filled), ``spec_label`` (the spec path as given), ``content_hash``, ``version``, and the
     spellings of values in Python: ``activation_func`` / ``gated_linear_unit``
     (:data:`ACTIVATIONS`), ``dtype`` (:data:`DTYPES`), ``rotary_base`` (an int when integral:
     ``GPTModel`` types it ``int``), ``layer_path`` / ``run_path`` (the resolved layer path and
-    why, as comment text), ``eod`` (:func:`eod_choice`), ``blend`` / ``valid_blend``
+    why, as comment text), ``eod`` (``resolved.eod``, :func:`dlmspec.resolve.eod_choice`), ``blend`` / ``valid_blend``
     (``[prefix, weight]`` pairs of the resolved blends, globs and manifests expanded:
     :func:`dlmspec.resolve.resolve_blend`), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
     (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`), ``python`` (``--python`` as a bash word,
@@ -236,7 +236,7 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
     return {
         "r": resolved,
         "s": s,
-        "rt": runtime_values(resolved),
+        "rt": runtime_values(resolved),  # resolved.runtime
         "spec_label": spec_label,
         "content_hash": content_hash(resolved),
         "version": __version__,
@@ -246,7 +246,7 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
         "rotary_base": int(base) if float(base).is_integer() else float(base),
         "layer_path": resolved.transformer_impl_reason,
         "run_path": f"transformer_impl = {m.transformer_impl!r} -> {impl} ({resolved.transformer_impl_reason}): {run_path}",
-        "eod": eod_choice(resolved.spec),
+        "eod": resolved.eod,
         "blend": resolved.train_blend.pairs(),
         "valid_blend": resolved.valid_blend.pairs(),
         "run_dir": run_dir(resolved),
@@ -271,7 +271,8 @@ def _refuse_secrets(resolved: Resolved, files: dict[str, str]) -> None:
 
 def render(resolved: Resolved, spec_label: str, *, python: str | None = None) -> dict[str, str]:
     """Every output file's text, by file name (sorted). Pure: the same ``resolved``,
-    ``spec_label`` and ``python`` give the same bytes. ``launch.sbatch`` is rendered by
+    ``spec_label`` and ``python`` give the same bytes, and no file is read (the tokenizer's files
+    and the SFT datasets' records were read by :func:`dlmspec.resolve.resolve`). ``launch.sbatch`` is rendered by
     :func:`dlmspec.render.sbatch.render_sbatch` and ``plan.json`` by :func:`dlmspec.plan.make_plan`,
     each only where that module exists. ``python`` (``--python``, :func:`launch_interpreter`)
     changes launch.sh and launch.sbatch only; without it they read ``DLMSPEC_PYTHON`` at launch.
