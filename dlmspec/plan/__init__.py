@@ -165,8 +165,9 @@ class Plan:
                 "headroom_bytes": int(round(self.gpu.memory_bytes - peak.peak_bytes)),
                 "peak_stage": peak.stage,
                 "peak_phase": peak.phase,
-                "breakdown": {k: int(round(peak.breakdown[k])) for k in ALLOCATED_TERMS + RESERVED_TERMS},
-                "allocated_terms": list(ALLOCATED_TERMS),
+                "breakdown": {k: int(round(peak.breakdown[k]))
+                              for k in ALLOCATED_TERMS + peak.stage_terms + RESERVED_TERMS},
+                "allocated_terms": list(ALLOCATED_TERMS + peak.stage_terms),
                 "reserved_terms": list(RESERVED_TERMS),
                 "activation_per_layer": {
                     "dense": {k: int(round(v)) for k, v in lt.dense_kept.items()},

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from dlmspec.gpus import GiB
 from dlmspec.plan import Plan
-from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
+from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, stage_memory_label
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
 from dlmspec.plan.sft import sft_lines
 from dlmspec.plan.time import TIME_TERMS
@@ -110,10 +110,10 @@ def plan_renderable(plan: Plan) -> Group:
     mem.add_column("term")
     mem.add_column("GiB", justify="right")
     mem.add_column("what", style="dim")
-    for key in ALLOCATED_TERMS:
+    for key in ALLOCATED_TERMS + peak.stage_terms:
         value = peak.breakdown[key]
         if value:
-            mem.add_row(Text(key), Text(_gib(value)), Text(MEMORY_LABELS[key]))
+            mem.add_row(Text(key), Text(_gib(value)), Text(MEMORY_LABELS.get(key) or stage_memory_label(key)))
     mem.add_row(Text("peak allocated", style="bold"), Text(_gib(peak.peak_allocated_bytes), style="bold"),
                 Text("compare: torch.cuda.max_memory_allocated()"))
     for key in RESERVED_TERMS:

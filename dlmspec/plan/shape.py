@@ -54,6 +54,7 @@ class ModelShape:
         padded_total_params: the same with the padded vocabulary (what is in memory).
         segment_mask: an SFT stage passes a ``[b, 1, s, s]`` segment mask (packed sequences, or
             MDM padding partly unsupervised: :func:`dlmspec.plan.sft.needs_segment_mask`).
+        stage_kind: ``[stage] kind`` (its own memory terms: :data:`dlmspec.plan.memory.STAGE_MEMORY_TERMS`).
     """
 
     num_layers: int
@@ -97,6 +98,7 @@ class ModelShape:
     active_params: int
     padded_total_params: int
     segment_mask: bool = False
+    stage_kind: str = "pretrain"
 
     @property
     def is_moe(self) -> bool:
@@ -292,6 +294,7 @@ def model_shape(resolved: Resolved) -> ModelShape:
         padded_total_params=resolved.params_padded.total,
         segment_mask=(resolved.spec.stage.kind == "sft"
                       and needs_segment_mask(resolved.spec.stage.sft, resolved.spec.objective.kind)),
+        stage_kind=resolved.spec.stage.kind,
     )
 
 

@@ -271,7 +271,12 @@ class RLSpec(Section):
 class StageSpec(Section):
     """``[stage]``: which phase of training this job is."""
 
-    kind: Literal["pretrain", "sft", "rl"] = "pretrain"
+    kind: str = Field(
+        "pretrain",
+        description="The stage: 'pretrain', 'sft', 'rl' or a kind a plugin registers (dlmspec.stages); validate "
+        "refuses a kind no stage registers (rule stage-kind-known).",
+        json_schema_extra={"examples": ["pretrain", "sft", "rl"]},
+    )
     sft: SFTSpec | None = None
     rl: RLSpec | None = None
 
