@@ -373,6 +373,11 @@ class StageBase:
     def __init__(self, run: RunConfig) -> None:
         self.run = run
 
+    def start_checks(self) -> None:
+        """What this stage checks before megatron-core starts (``train.py --check`` calls it, after
+        the run's :func:`~dlmspec.backends.megatron.checks.start_checks`): nothing here. A refusal
+        is one message and exit code 2 (:func:`~dlmspec.backends.megatron.checks.refuse`)."""
+
     def reduce_reports(self, reports: List[Any], device: torch.device) -> Dict[str, torch.Tensor]:
         """A step's loss reports as global sums by key (:func:`sum_reports`: every tensor of the
         reports, ``"lm loss"`` always). Collective over the data-parallel group."""
