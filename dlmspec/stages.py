@@ -112,5 +112,5 @@ register_stage_kind(StageKind(
     "sft", "supervised fine-tuning on conversations with response masks (backends/megatron/sft.py)",
     imports=(("dlmspec.backends.megatron.sft", "SftConfig"),), template="stage_sft.py.j2",
     options_call="build_sft()", template_values=_sft_values))
-register_stage_kind(StageKind("rl", "reinforcement learning from a reward (not trained by the runtime yet)",
+register_stage_kind(StageKind("rl", "reinforcement learning from a reward",
                               runtime=False))

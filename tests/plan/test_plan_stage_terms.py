@@ -1,0 +1,26 @@
+"""A training stage's own memory terms in the plan (dlmspec/plan/memory.py STAGE_MEMORY_TERMS);
+the toy stage of tests/runtime/test_toy_stage.py plans one through a spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlmspec.plan import memory
+from dlmspec.plan.memory import StageMemoryTerm, register_stage_memory_term
+
+
+def test_a_stage_term_may_not_take_a_planner_terms_name() -> None:
+    for name in ("weights", "cuda_context"):
+        with pytest.raises(ValueError, match="planner's own terms"):
+            register_stage_memory_term("toy", StageMemoryTerm(name, "x", lambda s, l, i: 0.0))
+    assert "toy" not in memory.STAGE_MEMORY_TERMS
+
+
+def test_a_stage_term_registered_twice_is_counted_once() -> None:
+    try:
+        register_stage_memory_term("toy", StageMemoryTerm("buffer", "first", lambda s, l, i: 1.0))
+        register_stage_memory_term("toy", StageMemoryTerm("buffer", "second", lambda s, l, i: 2.0))
+        assert [t.label for t in memory.STAGE_MEMORY_TERMS["toy"]] == ["second"]
+        assert memory.stage_memory_label("buffer") == "second"
+    finally:
+        memory.STAGE_MEMORY_TERMS.pop("toy", None)
