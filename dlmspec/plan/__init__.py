@@ -25,7 +25,7 @@ from dlmspec.plan.provenance import calibration_for, path_summary, provenance
 from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
                                 relayout, transformer_impl)
 from dlmspec.plan.sft import SftPlan, sft_plan
-from dlmspec.plan.time import TIME_TERMS, TimePlan, time_plan
+from dlmspec.plan.time import TimePlan, time_plan
 from dlmspec.resolve import Resolved
 
 __all__ = [
@@ -183,7 +183,7 @@ class Plan:
             },
             "time": {
                 "step_seconds": t.step_seconds,
-                "breakdown_seconds": {k: t.breakdown[k] for k in TIME_TERMS},
+                "breakdown_seconds": {k: t.breakdown[k] for k in t.breakdown},  # TIME_TERMS, then the stage's
                 "slowest_stage": t.slowest_stage,
                 "train_iters": lay.train_iters,
                 "to_train_seconds": t.to_train_seconds,

@@ -17,7 +17,7 @@ from dlmspec.plan import Plan
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, stage_memory_label
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
 from dlmspec.plan.sft import sft_lines
-from dlmspec.plan.time import TIME_TERMS
+
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
     from dlmspec.plan.search import SearchResult
@@ -141,7 +141,7 @@ def plan_renderable(plan: Plan) -> Group:
     tt.add_column("term")
     tt.add_column("time", justify="right")
     tt.add_column("share", justify="right")
-    for key in TIME_TERMS:
+    for key in t.breakdown:  # TIME_TERMS, then the stage's own
         value = t.breakdown[key]
         if value:
             tt.add_row(Text(key), Text(_seconds(value)), Text(f"{100 * value / t.step_seconds:.1f}%"))

@@ -1,12 +1,14 @@
-"""A training stage's own memory terms in the plan (dlmspec/plan/memory.py STAGE_MEMORY_TERMS);
+"""A training stage's own memory and time terms in the plan (dlmspec/plan/memory.py
+STAGE_MEMORY_TERMS, dlmspec/plan/time.py STAGE_TIME_TERMS);
 the toy stage of tests/runtime/test_toy_stage.py plans one through a spec."""
 
 from __future__ import annotations
 
 import pytest
 
-from dlmspec.plan import memory
+from dlmspec.plan import memory, time
 from dlmspec.plan.memory import StageMemoryTerm, register_stage_memory_term
+from dlmspec.plan.time import StageTimeTerm, register_stage_time_term
 
 
 def test_a_stage_term_may_not_take_a_planner_terms_name() -> None:
@@ -14,6 +16,9 @@ def test_a_stage_term_may_not_take_a_planner_terms_name() -> None:
         with pytest.raises(ValueError, match="planner's own terms"):
             register_stage_memory_term("toy", StageMemoryTerm(name, "x", lambda s, l, i: 0.0))
     assert "toy" not in memory.STAGE_MEMORY_TERMS
+    with pytest.raises(ValueError, match="planner's own terms"):
+        register_stage_time_term("toy", StageTimeTerm("gemm", "x", lambda s, l, b: 0.0))
+    assert "toy" not in time.STAGE_TIME_TERMS
 
 
 def test_a_stage_term_registered_twice_is_counted_once() -> None:

@@ -27,6 +27,7 @@ from dlmspec.backends.megatron.stage import PretrainStage
 from dlmspec.check.registry import load_for
 from dlmspec.plan import make_plan
 from dlmspec.plan import memory as plan_memory
+from dlmspec.plan import time as plan_time
 from dlmspec.render.compile import compile_spec
 from dlmspec import stages as compiler_stages
 from test_runtime_loop import _Optimizer, cpu_train  # noqa: F401 (fixture)
@@ -34,6 +35,8 @@ from test_runtime_loop import _Optimizer, cpu_train  # noqa: F401 (fixture)
 TOY = "toy-kl"
 #: The toy's memory term: the frozen reference copy of this rank's weights.
 REFERENCE_TERM = "reference_weights"
+#: The toy's time term: the two forward passes (policy and reference) of its KL.
+KL_FORWARDS = "kl_forwards"
 #: The report key of the toy's KL sums: ``[KL summed over positions, positions]``.
 KL_REPORT = "toy kl"
 
@@ -164,6 +167,12 @@ def _reference_bytes(shape, lay, inputs) -> float:
     return inputs.param_bytes * (inputs.params[0] + inputs.params[1])
 
 
+def _kl_forward_seconds(shape, lay, breakdown) -> float:
+    """Two forward passes per microbatch (policy and reference logits): a forward is a third of
+    the step's compute (the backward costs twice the forward)."""
+    return 2 * (breakdown["gemm"] + breakdown["attention"] + breakdown["elementwise"]) / 3
+
+
 @pytest.fixture()
 def toy_registered():
     """The toy stage in all three registries, removed again afterwards."""
@@ -172,12 +181,15 @@ def toy_registered():
         imports=((__name__, ""),)))
     plan_memory.register_stage_memory_term(TOY, plan_memory.StageMemoryTerm(
         REFERENCE_TERM, "frozen reference copy of the weights", _reference_bytes))
+    plan_time.register_stage_time_term(TOY, plan_time.StageTimeTerm(
+        KL_FORWARDS, "forward passes of the policy and the reference for the KL", _kl_forward_seconds))
     runtime_stages.register_stage(TOY, ToyKLStage)
     try:
         yield
     finally:
         compiler_stages.STAGE_KINDS.pop(TOY, None)
         plan_memory.STAGE_MEMORY_TERMS.pop(TOY, None)
+        plan_time.STAGE_TIME_TERMS.pop(TOY, None)
         runtime_stages.STAGES.pop(TOY, None)
 
 
@@ -258,18 +270,23 @@ def test_an_unregistered_stage_kind_is_refused_by_validate(tmp_path: Path) -> No
     assert "'toy-kl'" in errors[0].message and "'pretrain'" in errors[0].message
 
 
-def test_the_toy_stage_validates_and_plans_its_reference_memory(tmp_path: Path, toy_registered) -> None:
+def test_the_toy_stage_validates_and_plans_its_reference_memory_and_time(tmp_path: Path, toy_registered) -> None:
     loaded, resolved, issues = load_for("validate", _spec(tmp_path))
     assert not [i for i in issues if i.severity == "error"]
-    toy = make_plan(resolved).to_dict()["memory"]
+    toy_plan = make_plan(resolved).to_dict()
     _, base_resolved, _ = load_for("validate", _spec(tmp_path, "pretrain"))
-    base = make_plan(base_resolved).to_dict()["memory"]
+    base_plan = make_plan(base_resolved).to_dict()
+    toy, base = toy_plan["memory"], base_plan["memory"]
     assert REFERENCE_TERM not in base["breakdown"] and REFERENCE_TERM not in base["allocated_terms"]
     term = toy["breakdown"][REFERENCE_TERM]
     assert term == 4 * base_resolved.params_padded.total  # fp32 weights, one rank (TP = PP = 1)
     assert toy["allocated_terms"][-1] == REFERENCE_TERM
     assert toy["peak_allocated_bytes"] - base["peak_allocated_bytes"] == term
     assert sum(toy["breakdown"][k] for k in toy["allocated_terms"]) == pytest.approx(toy["peak_allocated_bytes"], abs=20)
+    seconds, base_seconds = toy_plan["time"]["breakdown_seconds"], base_plan["time"]["breakdown_seconds"]
+    assert list(seconds)[-1] == KL_FORWARDS and KL_FORWARDS not in base_seconds
+    assert seconds[KL_FORWARDS] > 0 and seconds[KL_FORWARDS] == pytest.approx(_kl_forward_seconds(None, None, base_seconds))
+    assert toy_plan["time"]["step_seconds"] == pytest.approx(base_plan["time"]["step_seconds"] + seconds[KL_FORWARDS])
 
 
 def test_the_toy_stage_compiles_and_trains_on_cpu_through_the_registries(
