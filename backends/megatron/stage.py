@@ -45,7 +45,7 @@ from .data import (
 )
 from .fsdp import model_uses_megatron_fsdp
 from .layers import build_model, layer_spec_attention
-from .metrics import DLM_REPORT, DLM_SUMS, dlm_loss_sums, dlm_record
+from .metrics import DLM_REPORT, dlm_loss_sums, dlm_record
 from .microbatches import MicrobatchFeed, MicrobatchItem
 from .objective import (ObjectiveBatch, apply_loss_normalization, build_objective, dataset_extra_token, loss_triple,
                         reduce_loss, unshift_window)
@@ -75,14 +75,17 @@ class ModelFactory:
         layer_spec: The run's layer spec.
         model_kwargs: ``build_model``'s other keywords (``vocab_size``, ...).
         ddp_config: The policy's ``DistributedDataParallelConfig`` (``build(wrap_ddp=True)``).
+        builder: The model construction (default:
+            :func:`~dlmspec.backends.megatron.layers.build_model`; train() passes the one it uses).
     """
 
     def __init__(self, transformer_config: Any, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any],
-                 ddp_config: Any = None) -> None:
+                 ddp_config: Any = None, builder: Optional[Callable[..., List[torch.nn.Module]]] = None) -> None:
         self.transformer_config = transformer_config
         self.layer_spec = layer_spec
         self.model_kwargs = dict(model_kwargs)
         self.ddp_config = ddp_config
+        self.builder = builder if builder is not None else build_model
 
     def build(self, *, wrap_ddp: bool = False, initialize: bool = True) -> List[torch.nn.Module]:
         """This rank's chunks of a new model.
@@ -101,8 +104,8 @@ class ModelFactory:
         if not initialize:
             config = copy.copy(config)
             config.perform_initialization = False
-        return build_model(config, layer_spec=self.layer_spec, ddp_config=self.ddp_config if wrap_ddp else None,
-                           **self.model_kwargs)
+        return self.builder(config, layer_spec=self.layer_spec, ddp_config=self.ddp_config if wrap_ddp else None,
+                            **self.model_kwargs)
 
     def frozen_copy(self, model: List[torch.nn.Module]) -> List[torch.nn.Module]:
         """A frozen copy of ``model`` (the policy's chunks): built without DDP and without drawing

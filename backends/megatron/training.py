@@ -31,7 +31,7 @@ from .config import KernelConfig, RunConfig, TrainResult, TrainState
 from .distributed import current_device, initialize_distributed, seed_like_megatron, shutdown
 from .hostbench import record_host_launch
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
-from .layers import BACKEND_TRANSFORMER_ENGINE, layer_spec_backend
+from .layers import BACKEND_TRANSFORMER_ENGINE, build_model, layer_spec_backend
 from .metrics import (
     DLM_REPORT,
     IntervalMeter,
@@ -214,7 +214,8 @@ def train(
     dp_size, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     num_microbatches = microbatches_per_step(sched, dp_size)
     stage = stage if stage is not None else PretrainStage(run)
-    seam, factory = StageSeam(stage, run), ModelFactory(transformer_config, layer_spec, model_kwargs, ddp_config)
+    seam, factory = StageSeam(stage, run), ModelFactory(transformer_config, layer_spec, model_kwargs, ddp_config,
+                                                        build_model)
     resources = StageResources(factory, record=start.record, tensor_model_parallel_size=tensor_model_parallel_size)
     stage.setup(StageContext(run, device, dp_rank, dp_size, context_parallel_size, resources),
                 layer_spec=layer_spec, model_kwargs=model_kwargs)
