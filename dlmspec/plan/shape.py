@@ -8,6 +8,7 @@ so the layout search (:mod:`dlmspec.plan.search`) can evaluate thousands of layo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dlmspec.gpus import GPU
 from dlmspec.params import mlp_params
@@ -54,7 +55,10 @@ class ModelShape:
         padded_total_params: the same with the padded vocabulary (what is in memory).
         segment_mask: an SFT stage passes a ``[b, 1, s, s]`` segment mask (packed sequences, or
             MDM padding partly unsupervised: :func:`dlmspec.plan.sft.needs_segment_mask`).
-        stage_kind: ``[stage] kind`` (its own memory terms: :data:`dlmspec.plan.memory.STAGE_MEMORY_TERMS`).
+        stage_kind: ``[stage] kind`` (its own memory and time terms:
+            :data:`dlmspec.plan.memory.STAGE_MEMORY_TERMS`, :data:`dlmspec.plan.time.STAGE_TIME_TERMS`).
+        stage_options: the ``[stage.<kind>]`` table those terms read (e.g. RL's rollouts), as
+            sorted ``(key, value)`` pairs, lists as tuples (hashable); ``()`` without one.
     """
 
     num_layers: int
@@ -99,6 +103,7 @@ class ModelShape:
     padded_total_params: int
     segment_mask: bool = False
     stage_kind: str = "pretrain"
+    stage_options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -295,7 +300,25 @@ def model_shape(resolved: Resolved) -> ModelShape:
         segment_mask=(resolved.spec.stage.kind == "sft"
                       and needs_segment_mask(resolved.spec.stage.sft, resolved.spec.objective.kind)),
         stage_kind=resolved.spec.stage.kind,
+        stage_options=stage_options(resolved.spec.stage),
     )
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if hasattr(value, "model_fields_set"):  # a table (pydantic's, or the fast path's SpecTable): (key, value) pairs
+        return tuple(sorted((k, _frozen(v)) for k, v in value))
+    return value
+
+
+def stage_options(stage: Any) -> tuple[tuple[str, Any], ...]:
+    """``[stage.<kind>]`` of ``stage`` (the ``[stage]`` table) as sorted, hashable ``(key, value)``
+    pairs; ``()`` when the kind has no table of that name or it is unset."""
+    table = getattr(stage, stage.kind, None) if stage.kind.isidentifier() else None
+    return () if table is None else _frozen(table)
 
 
 def layout(resolved: Resolved, impl: str | None = None) -> Layout:

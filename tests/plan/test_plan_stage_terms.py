@@ -29,3 +29,26 @@ def test_a_stage_term_registered_twice_is_counted_once() -> None:
         assert memory.stage_memory_label("buffer") == "second"
     finally:
         memory.STAGE_MEMORY_TERMS.pop("toy", None)
+
+
+def test_a_stage_term_reads_its_stage_table_from_the_shape() -> None:
+    from pathlib import Path
+
+    from dlmspec.plan import make_plan
+    from dlmspec.plan.shape import model_shape
+    from dlmspec.resolve import resolve
+    from dlmspec.spec.load import load
+
+    spec = Path(__file__).resolve().parents[2] / "specs" / "demo-dlm.toml"
+    overrides = ['stage.kind="rl"', "stage.rl.num_rollouts=4"]
+    shapes = [model_shape(resolve(load(spec, overrides, fast=fast).spec)) for fast in (False, True)]
+    assert shapes[0].stage_options == shapes[1].stage_options  # the fast path's tables give the same
+    assert dict(shapes[0].stage_options)["num_rollouts"] == 4
+    assert model_shape(resolve(load(spec).spec)).stage_options == ()
+    try:
+        register_stage_memory_term("rl", StageMemoryTerm(
+            "rollout_buffer", "rollouts", lambda s, l, i: 1000.0 * dict(s.stage_options)["num_rollouts"]))
+        plan = make_plan(resolve(load(spec, overrides).spec)).to_dict()["memory"]
+        assert plan["breakdown"]["rollout_buffer"] == 4000
+    finally:
+        memory.STAGE_MEMORY_TERMS.pop("rl", None)
