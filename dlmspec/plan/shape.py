@@ -317,7 +317,8 @@ def _frozen(value: Any) -> Any:
 def stage_options(stage: Any) -> tuple[tuple[str, Any], ...]:
     """``[stage.<kind>]`` of ``stage`` (the ``[stage]`` table) as sorted, hashable ``(key, value)``
     pairs; ``()`` when the kind has no table of that name or it is unset."""
-    table = getattr(stage, stage.kind, None) if stage.kind.isidentifier() else None
+    table = {k: v for k, v in stage}.get(stage.kind)  # its fields only (an unknown attribute, or keys(), of the fast path's
+    # SpecTable would build its pydantic twin)
     return () if table is None else _frozen(table)
 
 
