@@ -239,7 +239,9 @@ def _train(module, tmp_path: Path, **schedule):
         run, data=dataclasses.replace(run.data, cache_dir=str(tmp_path / "cache")),
         schedule=dataclasses.replace(run.schedule, **schedule),
         checkpoint=dataclasses.replace(run.checkpoint, exit_signals=()),
-        logging=dataclasses.replace(run.logging, console="plain", wandb_project="dlmspec-test",
+        # absolute: wandb's service, started by an earlier test of the session, has another working directory
+        logging=dataclasses.replace(run.logging, run_dir=str(Path(run.logging.run_dir).resolve()),
+                                    console="plain", wandb_project="dlmspec-test",
                                     wandb_exp_name="toy", wandb_mode="offline"),
     )
     stage = module.build_stage(run)
