@@ -407,7 +407,9 @@ class StageBase:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore :meth:`state_dict` of a resumed checkpoint (called after :meth:`Stage.build_data`
-        and :meth:`Stage.prepare_model`, before the first step)."""
+        and :meth:`Stage.prepare_model`, before the first step and before the RNG states are set).
+        Not called after a resume into another parallel layout (the state is per rank, as the RNG
+        states are): the stage then starts its own state afresh."""
 
 
 class StageSeam:
