@@ -168,11 +168,12 @@ def _write_tracker_atomically(root: str, name: str) -> None:
         pass
 
 
-def _rng_state(interval_loss: Optional[List[float]] = None) -> Dict[str, Any]:
+def _rng_state(interval_loss: Optional[List[float]] = None, stage_state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """This rank's RNG states (Python, numpy, torch CPU; with CUDA the current device's generator
     and megatron-core's model-parallel RNG tracker), plus ``interval_loss`` when given: the
     ``[loss sum, tokens, skipped updates]`` of the steps since the last train record, which only
-    the last pipeline stage's ranks hold (why this is per rank, not common state)."""
+    the last pipeline stage's ranks hold (why this is per rank, not common state); and, when not
+    empty, the stage's own state (``"stage"``: :meth:`~dlmspec.backends.megatron.stage.StageBase.state_dict`)."""
     state: Dict[str, Any] = {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -183,6 +184,8 @@ def _rng_state(interval_loss: Optional[List[float]] = None) -> Dict[str, Any]:
         state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
     if interval_loss is not None:
         state["interval_loss"] = [float(v) for v in interval_loss]
+    if stage_state:
+        state["stage"] = stage_state
     return state
 
 
@@ -287,6 +290,7 @@ def save_checkpoint(
     optimizer_sharding: str = "dp_reshardable",
     spec_lock_text: Optional[str] = None,
     interval_loss: Optional[List[float]] = None,
+    stage_state: Optional[Dict[str, Any]] = None,
 ) -> str:
     """Write a megatron distributed checkpoint and then the ``latest`` tracker.
 
@@ -304,7 +308,8 @@ def save_checkpoint(
 
     ``interval_loss``: this rank's ``[loss sum, tokens, skipped updates]`` of the steps since the
     last train record, kept with its RNG states (:func:`_rng_state`) so that a resumed run's first
-    record averages the same steps as an uninterrupted run's.
+    record averages the same steps as an uninterrupted run's. ``stage_state``: this rank's stage
+    state, kept there too (nothing when empty).
 
     Returns:
         The checkpoint directory.
@@ -323,6 +328,7 @@ def save_checkpoint(
             root, path, rank=rank, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
             consumed_train_samples=consumed_train_samples, seed=seed, metadata=metadata,
             optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text, interval_loss=interval_loss,
+            stage_state=stage_state,
         )
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
         shutil.rmtree(path, ignore_errors=True)  # the partial folder must not stay (latest never names it)
@@ -341,7 +347,8 @@ def save_checkpoint(
 def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, model, optimizer, scheduler,
                            consumed_train_samples: int, seed: int, metadata: Optional[Dict[str, Any]],
                            optimizer_sharding: str, spec_lock_text: Optional[str],
-                           interval_loss: Optional[List[float]] = None) -> None:
+                           interval_loss: Optional[List[float]] = None,
+                           stage_state: Optional[Dict[str, Any]] = None) -> None:
     """:func:`save_checkpoint`'s writes, up to and including the ``latest`` tracker."""
     name = os.path.basename(path)
     if rank == 0:
@@ -357,7 +364,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         # torch.distributed.checkpoint of DTensors (backends/megatron/fsdp.py).
         optimizer_sharding = FSDP_CHECKPOINT_FORMAT
         save_checkpoint_fsdp(
-            path, model=model, optimizer=optimizer, rng_state=_rng_state(interval_loss),
+            path, model=model, optimizer=optimizer, rng_state=_rng_state(interval_loss, stage_state),
             run_state={"iteration": iteration, "consumed_train_samples": consumed_train_samples, "seed": seed,
                        "opt_param_scheduler": scheduler.state_dict() if scheduler is not None else None},
         )
@@ -371,7 +378,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         state["iteration"] = iteration
         state["consumed_train_samples"] = consumed_train_samples
         state["seed"] = seed
-        state["rng_state"] = _rng_sharded_object(_rng_state(interval_loss))
+        state["rng_state"] = _rng_sharded_object(_rng_state(interval_loss, stage_state))
         dist_checkpointing.save(state, path)
 
     if rank == 0:
@@ -547,11 +554,14 @@ class CheckpointManager:
         logger: The rank's :class:`~dlmspec.backends.megatron.metrics.MetricsLogger`.
         metadata: Entries of every checkpoint's ``dlmspec.json`` besides the ``reason``.
         spec_lock_text: The run's ``spec.lock.toml`` (copied into every checkpoint), or ``None``.
+        stage: The stage's ``state_dict()`` / ``load_state_dict()`` (a
+            :class:`~dlmspec.backends.megatron.stage.StageSeam`): saved per rank with the RNG states,
+            restored by :meth:`continue_run`; ``None``: nothing.
     """
 
     def __init__(self, config: CheckpointConfig, *, model: List[torch.nn.Module], optimizer, scheduler,
                  ddp_config: Optional[DistributedDataParallelConfig], seed: int, logger: MetricsLogger,
-                 metadata: Dict[str, Any], spec_lock_text: Optional[str]) -> None:
+                 metadata: Dict[str, Any], spec_lock_text: Optional[str], stage: Any = None) -> None:
         self.config = config
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.ddp_config = ddp_config
@@ -559,6 +569,7 @@ class CheckpointManager:
         self.logger = logger
         self.metadata = metadata
         self.spec_lock_text = spec_lock_text
+        self.stage = stage
         self._rank_state: Optional[Dict[str, Any]] = None
 
     def resume(self, path: str) -> TrainState:
@@ -585,8 +596,9 @@ class CheckpointManager:
     def continue_run(self, meter) -> None:
         """What a resumed run restores last, just before its first step: this rank's RNG states,
         and into ``meter`` (the loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`)
-        the loss sums and skipped updates of the log interval the stop fell in. Nothing without a
-        resume, or after one into another parallel layout.
+        the loss sums and skipped updates of the log interval the stop fell in, and the stage's own
+        state (``stage.load_state_dict``). Nothing without a resume, or after one into another
+        parallel layout.
 
         Last, because what the loop builds after loading the checkpoint draws random numbers: each
         DataLoader iterator draws its base seed from torch's CPU generator, so the RNG states
@@ -595,6 +607,8 @@ class CheckpointManager:
         rank_state, self._rank_state = self._rank_state, None
         if rank_state is None:
             return
+        if self.stage is not None and "stage" in rank_state:
+            self.stage.load_state_dict(rank_state["stage"])
         _set_rng_state(rank_state)
         if "interval_loss" in rank_state:
             loss_sum, tokens, skipped = rank_state["interval_loss"]
@@ -627,6 +641,7 @@ class CheckpointManager:
                 optimizer_sharding=self.config.optimizer_sharding, metadata={"reason": reason, **self.metadata},
                 spec_lock_text=self.spec_lock_text,
                 interval_loss=None if meter is None else [*meter.loss.tolist(), meter.skipped],
+                stage_state=None if self.stage is None else self.stage.state_dict(),
             )
         except CheckpointSaveError as exc:
             self.logger.record("exit", {"iteration": iteration, "reason": "checkpoint save failed", "error": str(exc),

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -371,19 +371,32 @@ class IntervalMeter:
 
     def _reset(self) -> None:
         self.loss = torch.zeros(2, dtype=torch.float32, device=self.device)
-        self.dlm: Optional[torch.Tensor] = None
+        #: the stage's report sums of the interval by key (``"lm loss"`` is :attr:`loss`)
+        self.sums: Dict[str, torch.Tensor] = {}
         self.iters = 0
         self.skipped = 0
         self.grad_norm = 0.0
 
-    def add(self, loss: torch.Tensor, update_ok: bool, grad_norm: float, dlm: Optional[torch.Tensor] = None) -> None:
+    @property
+    def dlm(self) -> Optional[torch.Tensor]:
+        """The interval's summed :func:`dlm_loss_sums` (``None`` unless the steps gave them)."""
+        return self.sums.get(DLM_REPORT)
+
+    def add(self, loss: torch.Tensor, update_ok: bool, grad_norm: float, dlm: Optional[torch.Tensor] = None,
+            sums: Optional[Dict[str, torch.Tensor]] = None) -> None:
         """Count one step: its ``[loss sum, tokens]``, whether the optimizer updated, its grad norm
-        and (masked diffusion) its summed :func:`dlm_loss_sums`."""
+        and its other report sums by key (``sums``: the stage's
+        :meth:`~dlmspec.backends.megatron.stage.StageBase.reduce_reports` without ``"lm loss"``;
+        ``dlm``: masked diffusion's summed :func:`dlm_loss_sums`, the ``DLM_REPORT`` entry)."""
         if not update_ok:
             self.skipped += 1
         self.loss += loss
+        extra = dict(sums or {})
+        extra.pop("lm loss", None)
         if dlm is not None:
-            self.dlm = dlm.clone() if self.dlm is None else self.dlm + dlm
+            extra[DLM_REPORT] = dlm
+        for key, value in extra.items():
+            self.sums[key] = value.clone() if key not in self.sums else self.sums[key] + value
         self.iters += 1
         self.grad_norm = grad_norm
 
@@ -391,14 +404,18 @@ class IntervalMeter:
         """Leave the time from ``since`` (a :func:`now`) until now out of the interval."""
         self.start += now() - since
 
-    def log(self, logger: MetricsLogger, state: TrainState, *, train_iters: int, lr: float) -> float:
+    def log(self, logger: MetricsLogger, state: TrainState, *, train_iters: int, lr: float,
+            metrics: Optional[Callable[[Dict[str, torch.Tensor]], Dict[str, Any]]] = None) -> float:
         """Write the interval's ``train`` record and console line (at ``state.iteration``, with the
         learning rate ``lr``), then start a new interval.
 
         The line shows the progress (``iter N/train_iters (P%)``), the tokens seen (``iteration x
         tokens_per_step``) and the time left (:func:`eta_seconds` at this interval's step time);
-        the record has them as ``train_iters``, ``tokens_seen`` and ``eta_s``, and the
-        masked-diffusion scalars of :func:`dlm_record` when the steps gave them.
+        the record has them as ``train_iters``, ``tokens_seen`` and ``eta_s``, then the stage's
+        entries: ``metrics(sums)`` of the interval's report sums (the stage's
+        :meth:`~dlmspec.backends.megatron.stage.StageBase.interval_metrics`; without it the
+        masked-diffusion scalars of :func:`dlm_record` when the steps gave them). TensorBoard and
+        W&B get every number of the record as ``train/<key>``.
 
         Collective: the peak memory is the maximum over all ranks. Returns the interval's loss.
         """
@@ -424,7 +441,13 @@ class IntervalMeter:
             "train_iters": train_iters, "tokens_seen": iteration * self.tokens_per_step,
             "eta_s": eta_seconds(iteration, train_iters, step_time),
         }
-        if self.dlm is not None:
+        if metrics is not None:
+            entries = metrics(self.sums)
+            taken = sorted(set(entries) & set(record))
+            if taken:
+                raise ValueError(f"the stage's interval metrics {taken} would replace the loop's own record entries")
+            record.update(entries)
+        elif self.dlm is not None:
             record.update(dlm_record(self.dlm))
         logger.record("train", record, step=iteration)
         mfu_text = f" | MFU {100 * tflops / peak:5.1f}%" if peak else ""

@@ -40,12 +40,12 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from dlmspec import objectives
 
-from .checks import check_objective, check_sequence_length, refuse
-from .config import RunConfig
+from .checks import refuse
+from .config import ObjectiveConfig, RunConfig
 from .data import batch_to_device
-from .layers import layer_spec_attention, layer_spec_backend
+from .layers import layer_spec_backend
 from .microbatches import MicrobatchItem
-from .objective import ObjectiveBatch, ObjectiveRng, apply_loss_normalization, build_objective
+from .objective import ObjectiveBatch, ObjectiveRng, apply_loss_normalization
 from .rng import masking_generator
 from .stage import ObjectiveForwardStep, PretrainStage, StageContext, StageData, stage_feeds
 
@@ -372,28 +372,31 @@ class SftStage(PretrainStage):
         sft: :class:`SftConfig`.
     """
 
-    def __init__(self, run: RunConfig, sft: SftConfig) -> None:
-        super().__init__(run)
-        self.sft = sft
+    def __init__(self, run: RunConfig, sft: Optional[SftConfig] = None) -> None:
+        super().__init__(run, sft)
+        self.sft = sft if sft is not None else SftConfig()
         self.stats: Optional[SftStats] = None
 
-    def setup(self, ctx: StageContext, *, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any]) -> None:
-        """Build the objective (no variable-length cut), check it and the masks against the layers.
+    def start_checks(self) -> None:
+        """The response datasets beside each prefix, of the same lengths (:func:`sft_start_checks`).
 
         Raises:
-            SystemExit: code 2 when the response datasets are missing or do not match
-                (:func:`sft_data_problems`).
-            ValueError: an unknown objective, attention that does not fit it, a mask id outside
-                the vocabulary, attention masks on the Transformer Engine path or under context
-                parallelism.
+            SystemExit: code 2 when they are missing or do not match (:func:`sft_data_problems`).
         """
-        run, o = self.run, self.run.objective
-        sft_start_checks(run)
-        # SFT cuts nothing and never unshifts: the run's objective without them
-        objective = build_objective(dataclasses.replace(o, variable_length_prob=0.0, variable_length="sequence",
-                                                        unshift=False))
-        check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
-        check_sequence_length(run.data, model_kwargs)
+        sft_start_checks(self.run)
+
+    def objective_config(self) -> ObjectiveConfig:
+        """The run's objective without what SFT never applies: no variable-length cut, no
+        MegaDLMs window."""
+        return dataclasses.replace(self.run.objective, variable_length_prob=0.0, variable_length="sequence",
+                                   unshift=False)
+
+    def check_layers(self, ctx: StageContext, objective: Any, layer_spec: ModuleSpec) -> None:
+        """Segment masks (:func:`needs_attention_mask`) need the local layers and no context parallelism.
+
+        Raises:
+            ValueError: attention masks on the Transformer Engine path or under context parallelism.
+        """
         if needs_attention_mask(self.sft, objective.kind):
             what = ("stage.sft.packed_sequence = true" if self.sft.packed_sequence
                     else "stage.sft.pad_eos_tokens with a masked-diffusion objective")
@@ -403,11 +406,18 @@ class SftStage(PretrainStage):
             if ctx.context_parallel_size > 1:
                 raise ValueError(f"{what} passes attention masks, which context parallelism cannot take: "
                                  "use context_parallel_size=1")
-        self.objective, self.kind, self._ctx = objective, f"sft-{objective.kind}", ctx
-        self._forward_step = SftForwardStep(
+
+    def kind_of(self, objective: Any) -> str:
+        """``"sft-<objective kind>"``."""
+        return f"sft-{objective.kind}"
+
+    def make_forward_step(self, objective: Any, ctx: StageContext) -> SftForwardStep:
+        """:class:`SftForwardStep`: response tokens only, segment masks, no cut."""
+        run = self.run
+        return SftForwardStep(
             objective, seed=run.seed, data_parallel_rank=ctx.data_parallel_rank, eod_id=run.data.eod_id,
             device=ctx.device, context_parallel_size=ctx.context_parallel_size,
-            loss_normalization=o.loss_normalization,
+            loss_normalization=run.objective.loss_normalization,
         )
 
     def _prefixes(self) -> Tuple[List[str], List[str]]:
@@ -429,8 +439,7 @@ class SftStage(PretrainStage):
         run = self.run
         train_prefixes, valid_prefixes = self._prefixes()
         common = dict(seq_length=run.data.seq_length, eod_id=run.data.eod_id,
-                      autoregressive=objectives.get(run.objective.kind).dataset_extra_token(run.objective, "sft"),
-                      config=self.sft, seed=run.seed)
+                      autoregressive=objectives.get(run.objective.kind).dataset_extra_token(run.objective, "sft"), config=self.sft, seed=run.seed)
         train_split, valid_split = (None, None) if valid_prefixes else self._split()
         train = SftDataset.from_prefixes(train_prefixes, split=train_split, num_samples=train_samples, **common)
         valid = None

@@ -4,11 +4,23 @@
 optimizer and learning-rate schedule, checkpoints, logging, the step, evaluation and save
 cadence) and asks a :class:`Stage` for the rest: pre-training (:class:`PretrainStage`) and
 supervised fine-tuning (:class:`~dlmspec.backends.megatron.sft.SftStage`); :class:`Stage` says
-what RL will supply.
+what RL will supply. A stage is chosen by ``[stage] kind`` from
+:data:`dlmspec.backends.megatron.stages.STAGES`.
+
+What a stage receives (:class:`StageResources`, on :attr:`StageContext.resources`): a
+:class:`ModelFactory` (megatron-core models built as train() builds the policy, e.g. a frozen
+reference copy sharded like it), the run's tokenizer (built on first use), and a
+``LogitsFn`` of a model chunk that works across tensor-parallel shards
+(:func:`dlmspec.backends.generate.models.gpt_logits_fn`). What it gives back besides the loss:
+the step's metrics (:meth:`StageBase.reduce_reports` / :meth:`StageBase.interval_metrics`), the
+samples a step consumed (:meth:`StageBase.samples_consumed`) and its own checkpoint state
+(:meth:`StageBase.state_dict` / :meth:`StageBase.load_state_dict`). :class:`StageBase` holds
+those defaults (pre-training's behaviour); the loop falls back to them for a stage without them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -16,12 +28,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
+import torch.distributed as dist
 
+from megatron.core import parallel_state
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.utils import get_batch_on_this_cp_rank, get_model_config, unwrap_model
 
 from .checks import check_masks_supported, check_objective, check_sequence_length
-from .config import RunConfig
+from .config import ObjectiveConfig, RunConfig
 from .data import (
     batch_to_device,
     build_dataloader,
@@ -29,13 +43,179 @@ from .data import (
     combine_attention_masks,
     document_attention_mask,
 )
-from .layers import layer_spec_attention
-from .metrics import DLM_REPORT, dlm_loss_sums
+from .fsdp import model_uses_megatron_fsdp
+from .layers import build_model, layer_spec_attention
+from .metrics import DLM_REPORT, dlm_loss_sums, dlm_record
 from .microbatches import MicrobatchFeed, MicrobatchItem
 from .objective import (ObjectiveBatch, apply_loss_normalization, build_objective, dataset_extra_token, loss_triple,
                         reduce_loss, ObjectiveRng)
 from .output_loss import defer_output_projection, linear_cross_entropy, resolve_fused_linear_impl
 from .rng import TRAIN_STREAM, VALID_STREAM, masking_generator, variable_length_generator
+
+
+#: The loss-report key of every stage's loss function: ``tensor([loss_sum, num_tokens])``
+#: (megatron-core's ``forward_step_func`` convention); the loop logs ``sum / num_tokens`` as ``loss``.
+LM_LOSS = "lm loss"
+
+
+class StageResourceError(ValueError):
+    """A resource a stage asked for cannot be had here (the message says why and what works)."""
+
+
+class ModelFactory:
+    """Builds megatron-core ``GPTModel`` chunks the way :func:`~dlmspec.backends.megatron.training.train`
+    builds the policy (:func:`~dlmspec.backends.megatron.layers.build_model` with the run's
+    ``TransformerConfig``, layer spec and sizes), so what a stage builds is sharded like the policy:
+    the same tensor-, pipeline- and expert-parallel slices on this rank, one chunk per virtual
+    pipeline stage.
+
+    Args:
+        transformer_config: The run's ``TransformerConfig`` (read when :meth:`build` runs, so
+            changes train() makes before building the policy, e.g. RoPE fusion, apply).
+        layer_spec: The run's layer spec.
+        model_kwargs: ``build_model``'s other keywords (``vocab_size``, ...).
+        ddp_config: The policy's ``DistributedDataParallelConfig`` (``build(wrap_ddp=True)``).
+        builder: The model construction (default:
+            :func:`~dlmspec.backends.megatron.layers.build_model`; train() passes the one it uses).
+    """
+
+    def __init__(self, transformer_config: Any, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any],
+                 ddp_config: Any = None, builder: Optional[Callable[..., List[torch.nn.Module]]] = None) -> None:
+        self.transformer_config = transformer_config
+        self.layer_spec = layer_spec
+        self.model_kwargs = dict(model_kwargs)
+        self.ddp_config = ddp_config
+        self.builder = builder if builder is not None else build_model
+
+    def build(self, *, wrap_ddp: bool = False, initialize: bool = True) -> List[torch.nn.Module]:
+        """This rank's chunks of a new model.
+
+        Args:
+            wrap_ddp: Wrap them in megatron DDP (or Megatron-FSDP) with ``ddp_config``, as the
+                policy is; ``False``: forward-only chunks (a reference model), no gradient buffers.
+            initialize: Draw initial weights (``TransformerConfig.perform_initialization``);
+                ``False`` leaves them unset and draws no random numbers (for a copy that loads
+                weights next: the run's RNG streams stay where they were).
+
+        Raises:
+            RuntimeError: megatron-core's model-parallel state is not initialised.
+        """
+        config = self.transformer_config
+        if not initialize:
+            config = copy.copy(config)
+            config.perform_initialization = False
+        return self.builder(config, layer_spec=self.layer_spec, ddp_config=self.ddp_config if wrap_ddp else None,
+                            **self.model_kwargs)
+
+    def frozen_copy(self, model: List[torch.nn.Module]) -> List[torch.nn.Module]:
+        """A frozen copy of ``model`` (the policy's chunks): built without DDP and without drawing
+        weights, its weights copied from ``model`` (:meth:`copy_weights`), in eval mode, every
+        parameter with ``requires_grad = False``. Memory: one more copy of this rank's weights in
+        the run's dtype (the planner's stage terms count it, :mod:`dlmspec.plan.memory`).
+
+        Raises:
+            StageResourceError: ``model`` is sharded by Megatron-FSDP (its chunks hold a shard of
+                each weight, not the layer: no copy of the same layout can be built here).
+        """
+        if model_uses_megatron_fsdp(model):
+            raise StageResourceError("a frozen copy of a Megatron-FSDP model cannot be built (each rank holds a "
+                                     "shard of every weight); use parallel.fsdp = \"none\" for a stage with a "
+                                     "reference model")
+        chunks = self.build(initialize=False)
+        self.copy_weights(model, chunks)
+        for chunk in chunks:
+            chunk.eval()
+            chunk.requires_grad_(False)
+        return chunks
+
+    @staticmethod
+    def copy_weights(source: List[torch.nn.Module], target: List[torch.nn.Module]) -> None:
+        """Copy ``source``'s weights into ``target`` chunk by chunk (same layout: built by the
+        same factory), e.g. to refresh a reference model. Under ``overlap_param_gather`` the
+        policy's weights are gathered by its next forward: copy after one, or before the step.
+
+        Raises:
+            ValueError: another number of chunks, or (``load_state_dict``, strict) other weights.
+        """
+        if len(source) != len(target):
+            raise ValueError(f"copy_weights: {len(source)} source chunk(s) and {len(target)} target chunk(s)")
+        with torch.no_grad():
+            for src, dst in zip(source, target):
+                unwrap_model(dst).load_state_dict(unwrap_model(src).state_dict(), strict=True)
+
+
+def tokenizer_from_record(record: Optional[Dict[str, Any]]) -> Any:
+    """The run's tokenizer from its spec record's ``data.tokenizer.*`` entries (the lock's
+    ``[data.tokenizer]`` table; :func:`dlmspec.tokenizers.build_tokenizer`, relative paths from the
+    working directory, as the data was prepared).
+
+    Raises:
+        StageResourceError: the record has no tokenizer, or it cannot be built (why, and the fix).
+    """
+    record = record or {}
+    kind = record.get("data.tokenizer.type")
+    if not kind:
+        raise StageResourceError("this stage needs the run's tokenizer and the spec records none: set "
+                                 "[data.tokenizer] in the spec and compile again")
+    from dlmspec.tokenizers import TokenizerError, build_tokenizer
+
+    try:
+        return build_tokenizer(kind, tokenizer_model=record.get("data.tokenizer.model"),
+                               vocab_file=record.get("data.tokenizer.vocab_file"),
+                               merge_file=record.get("data.tokenizer.merge_file"),
+                               vocab_size=record.get("data.tokenizer.vocab_size"))
+    except (TokenizerError, OSError, ImportError) as exc:
+        raise StageResourceError(f"the run's tokenizer ({kind}) cannot be built: {exc}; relative paths are "
+                                 "relative to the directory train.py is launched from") from None
+
+
+class StageResources:
+    """What the loop lends a stage (:attr:`StageContext.resources`).
+
+    Args:
+        model_factory: :class:`ModelFactory` of the run.
+        record: The run's spec record (``data.tokenizer.*`` entries build :attr:`tokenizer`).
+        tensor_model_parallel_size: The run's TP (:meth:`logits_fn` gathers the vocabulary over it).
+        tokenizer: A tokenizer to lend instead of building one from ``record`` (tests).
+    """
+
+    def __init__(self, model_factory: ModelFactory, *, record: Optional[Dict[str, Any]] = None,
+                 tensor_model_parallel_size: int = 1, tokenizer: Any = None) -> None:
+        self.model_factory = model_factory
+        self.record = record
+        self.tensor_model_parallel_size = int(tensor_model_parallel_size)
+        self._tokenizer = tokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        """The run's tokenizer (``encode(text) -> ids``, ``detokenize(ids) -> text``,
+        :class:`dlmspec.tokenizers.Tokenizer`), built on first use (a stage that never decodes text
+        needs no tokenizer files).
+
+        Raises:
+            StageResourceError: as :func:`tokenizer_from_record`.
+        """
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_from_record(self.record)
+        return self._tokenizer
+
+    def logits_fn(self, chunk: torch.nn.Module) -> Callable[..., torch.Tensor]:
+        """``logits_fn(tokens [b, s], attention_mask [b, s] or None) -> logits [b, s, V]`` (float32,
+        the whole padded vocabulary on every tensor-parallel rank) of ``chunk``, the sampler's
+        interface (:func:`dlmspec.backends.generate.models.gpt_logits_fn`, no gradients). Put the
+        chunk in eval mode for sampling, and back in train mode after.
+
+        Raises:
+            StageResourceError: ``chunk`` is not both pipeline ends (pipeline parallelism: the
+                logits of a whole model are not on one rank).
+        """
+        inner = unwrap_model(chunk)
+        if not (getattr(inner, "pre_process", True) and getattr(inner, "post_process", True)):
+            raise StageResourceError("a logits function needs a model chunk holding the embedding and the output "
+                                     "layer: pipeline_model_parallel_size must be 1 for this stage")
+        from dlmspec.backends.generate.models import gpt_logits_fn
+
+        return gpt_logits_fn(chunk, tensor_model_parallel_size=self.tensor_model_parallel_size)
 
 
 @dataclass(frozen=True)
@@ -49,6 +229,8 @@ class StageContext:
             (without context parallelism): which slice of each global batch it takes.
         context_parallel_size: CP size (the sequence is sliced over CP ranks after the
             objective drew its masks on the full sequence).
+        resources: The model factory, tokenizer and logits function the loop lends
+            (:class:`StageResources`; ``None`` where a stage is set up outside the loop).
     """
 
     run: RunConfig
@@ -56,6 +238,7 @@ class StageContext:
     data_parallel_rank: int
     data_parallel_size: int
     context_parallel_size: int = 1
+    resources: Optional[StageResources] = None
 
 
 @dataclass
@@ -79,15 +262,25 @@ class Stage(Protocol):
     """What a training stage supplies to the loop, in the order the loop calls it.
 
     1. :meth:`setup` once megatron-core's parallel state exists, before the model is built:
-       build the objective, refuse what this stage cannot train with these layers.
+       build the objective, refuse what this stage cannot train with these layers. Its
+       ``ctx.resources`` (:class:`StageResources`) lends the model factory, the tokenizer and
+       logits functions.
     2. :meth:`build_data` once the weights (and a resumed checkpoint) are loaded.
     3. :meth:`prepare_model`: change the model chunks for the loss, if the stage computes it
-       differently (pre-training: the fused output layer and cross entropy).
+       differently (pre-training: the fused output layer and cross entropy); a stage builds
+       what it needs beside the policy here, the weights loaded (a frozen reference:
+       ``ctx.resources.model_factory.frozen_copy(model)``).
     4. Every step :meth:`before_step`, then megatron's schedule calls :meth:`forward_step` once
        per microbatch (and model chunk); evaluation calls it on the validation feed, forward only.
-    5. :meth:`checkpoint_metadata` goes into every checkpoint's ``dlmspec.json``.
+       After the step the loop reduces the loss reports (:meth:`StageBase.reduce_reports`),
+       counts the samples (:meth:`StageBase.samples_consumed`) and, every ``log_interval``
+       steps, logs :meth:`StageBase.interval_metrics` of the summed reports.
+    5. :meth:`checkpoint_metadata` goes into every checkpoint's ``dlmspec.json``;
+       :meth:`StageBase.state_dict` into every checkpoint, per rank, and
+       :meth:`StageBase.load_state_dict` gets it back on a resume (same parallel layout).
 
-    :attr:`kind` names the objective in the start record and the console line.
+    :attr:`kind` names the objective in the start record and the console line. The members
+    of :class:`StageBase` are optional: the loop uses its defaults for a stage without them.
 
     The loss follows megatron-core's ``forward_step_func`` contract: ``forward_step`` returns
     ``(output, loss_func)`` and ``loss_func(output)`` returns ``(loss_sum, num_tokens,
@@ -98,7 +291,8 @@ class Stage(Protocol):
     ``"lm loss"``. Ranks that process the same data (tensor-, pipeline- and context-parallel
     peers) must build identical inputs: random draws are seeded from the item's stream,
     iteration and index (:func:`~dlmspec.backends.megatron.rng.masking_generator`), never from a
-    stateful generator.
+    stateful generator (or from one that :meth:`StageBase.state_dict` saves, identical on those
+    peers).
 
     Supervised fine-tuning (:class:`~dlmspec.backends.megatron.sft.SftStage`) supplies batches of
     conversations with a response mask (labels and loss weights on response tokens only, prompts
@@ -107,10 +301,13 @@ class Stage(Protocol):
     len(response)`` and ``num_tokens`` = sequences).
 
     What RL will supply: rollouts per step: :meth:`before_step` generates them with the current
-    policy (model chunks in eval mode, no gradients; rewards, advantages, reference
-    log-probabilities) and hands them to its training feed, so the step's microbatches are those
+    policy (model chunks in eval mode, no gradients, ``ctx.resources.logits_fn(chunk)`` for the
+    sampler; rewards decode text with ``ctx.resources.tokenizer``; reference log-probabilities
+    from a frozen copy) and hands them to its training feed, so the step's microbatches are those
     rollouts; a policy-gradient ``loss_func`` (clipped ratio, KL to the reference) with its own
-    normalisation; and what its checkpoints must keep besides the policy.
+    normalisation and report entries (reward, KL, clip fraction: :meth:`StageBase.reduce_reports`);
+    its own sample count (prompts, not sequences); and what its checkpoints keep besides the
+    policy (the rollout RNG and prompt order: :meth:`StageBase.state_dict`).
     """
 
     kind: str
@@ -132,6 +329,120 @@ class Stage(Protocol):
 
     def checkpoint_metadata(self) -> Dict[str, Any]:
         """Entries of every checkpoint's ``dlmspec.json`` (e.g. ``"objective"``)."""
+
+
+def sum_reports(reports: List[Any], device: torch.device) -> Dict[str, torch.Tensor]:
+    """The loss reports of a step's microbatches summed by key (float32, flattened), then over the
+    data-parallel group (with context parallelism) in one all-reduce when a process group exists.
+
+    ``"lm loss"`` (:data:`LM_LOSS`) is always there (zeros on a rank without the last pipeline
+    stage). Every rank of a data-parallel group holds the same pipeline stage and stage code, so
+    their reports have the same keys and sizes (summed in sorted key order).
+
+    Returns:
+        ``{key: summed tensor}``, ``"lm loss"`` = ``[loss sum, tokens]``.
+    """
+    parts: Dict[str, torch.Tensor] = {}
+    for report in reports:
+        if not isinstance(report, dict):
+            continue
+        for key, value in report.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            value = value.detach().to(device=device, dtype=torch.float32).reshape(-1)
+            parts[key] = value.clone() if key not in parts else parts[key] + value
+    if LM_LOSS not in parts:
+        parts[LM_LOSS] = torch.zeros(2, dtype=torch.float32, device=device)
+    keys = sorted(parts)
+    total = torch.cat([parts[k] for k in keys])
+    if dist.is_initialized():
+        dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    out, at = {}, 0
+    for key in keys:
+        n = parts[key].numel()
+        out[key] = total[at:at + n]
+        at += n
+    return out
+
+
+class StageBase:
+    """The optional members of a :class:`Stage`, with pre-training's behaviour (the loop uses
+    these for a stage that lacks them: :class:`StageSeam`).
+
+    Args:
+        run: The run's settings.
+    """
+
+    def __init__(self, run: RunConfig) -> None:
+        self.run = run
+
+    def start_checks(self) -> None:
+        """What this stage checks before megatron-core starts (``train.py --check`` calls it, after
+        the run's :func:`~dlmspec.backends.megatron.checks.start_checks`): nothing here. A refusal
+        is one message and exit code 2 (:func:`~dlmspec.backends.megatron.checks.refuse`)."""
+
+    def reduce_reports(self, reports: List[Any], device: torch.device) -> Dict[str, torch.Tensor]:
+        """A step's loss reports as global sums by key (:func:`sum_reports`: every tensor of the
+        reports, ``"lm loss"`` always). Collective over the data-parallel group."""
+        return sum_reports(reports, device)
+
+    def interval_metrics(self, sums: Dict[str, torch.Tensor]) -> Dict[str, Optional[float]]:
+        """The ``train`` record's entries (TensorBoard and W&B scalars ``train/<key>``) of the
+        :meth:`reduce_reports` sums added over the steps since the last record (the loop writes
+        ``loss`` from ``"lm loss"`` itself): here the masked-diffusion scalars of
+        :func:`~dlmspec.backends.megatron.metrics.dlm_record` when the reports carry
+        ``DLM_REPORT``."""
+        dlm = sums.get(DLM_REPORT)
+        return dlm_record(dlm) if dlm is not None else {}
+
+    def samples_consumed(self, iteration: int) -> int:
+        """Samples of the training feed the step at ``iteration`` consumed (the resume position
+        of :meth:`Stage.build_data`): one global batch."""
+        return int(self.run.schedule.global_batch_size)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's stage state to keep in checkpoints (tensors, numbers, strings, lists and
+        dicts of them: read back without running code); ``{}`` keeps nothing."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` of a resumed checkpoint (called after :meth:`Stage.build_data`
+        and :meth:`Stage.prepare_model`, before the first step and before the RNG states are set).
+        Not called after a resume into another parallel layout (the state is per rank, as the RNG
+        states are): the stage then starts its own state afresh."""
+
+
+class StageSeam:
+    """The loop's view of a stage: its :class:`StageBase` members, or the defaults for a stage
+    without them (``samples_consumed``: ``run``'s global batch).
+
+    Args:
+        stage: The stage.
+        run: The run's settings.
+    """
+
+    def __init__(self, stage: Any, run: RunConfig) -> None:
+        self.stage = stage
+        self._default = StageBase(run)
+
+    def _member(self, name: str) -> Callable[..., Any]:
+        found = getattr(self.stage, name, None)
+        return found if callable(found) else getattr(self._default, name)
+
+    def reduce_reports(self, reports: List[Any], device: torch.device) -> Dict[str, torch.Tensor]:
+        return self._member("reduce_reports")(reports, device)
+
+    def interval_metrics(self, sums: Dict[str, torch.Tensor]) -> Dict[str, Optional[float]]:
+        return self._member("interval_metrics")(sums)
+
+    def samples_consumed(self, iteration: int) -> int:
+        return int(self._member("samples_consumed")(iteration))
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self._member("state_dict")()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._member("load_state_dict")(state)
 
 
 def stage_feeds(run: RunConfig, ctx: StageContext, train_ds: Any, valid_ds: Any, *, consumed_samples: int,
@@ -157,7 +468,7 @@ def stage_feeds(run: RunConfig, ctx: StageContext, train_ds: Any, valid_ds: Any,
     return StageData(train=MicrobatchFeed(train_loader, num_chunks, TRAIN_STREAM), valid=valid)
 
 
-class PretrainStage:
+class PretrainStage(StageBase):
     """Pre-training: megatron's GPT datasets of packed documents, a masked-diffusion or
     autoregressive objective (:mod:`dlmspec.backends.megatron.objective`), and the loss
     normalisation of ``ObjectiveConfig.loss_normalization`` (default: the per-token loss of the
@@ -165,38 +476,70 @@ class PretrainStage:
 
     Args:
         run: The run's settings (objective, data, schedule, kernels, seed).
+        options: The stage's own options (``[stage.<kind>]``): pre-training has none (``None``).
     """
 
-    def __init__(self, run: RunConfig) -> None:
-        self.run = run
+    def __init__(self, run: RunConfig, options: Any = None) -> None:
+        super().__init__(run)
+        self.options = options
         self.kind = run.objective.kind
         self.objective = None
         self._ctx: Optional[StageContext] = None
         self._forward_step: Optional[ObjectiveForwardStep] = None
 
+    def start_checks(self) -> None:
+        """What this stage checks before megatron-core starts (``train.py --check``, and first in
+        :meth:`setup`): nothing more for pre-training (:func:`~dlmspec.backends.megatron.checks.start_checks`
+        checks the run)."""
+
+    def objective_config(self) -> ObjectiveConfig:
+        """The objective settings this stage trains with: the run's."""
+        return self.run.objective
+
+    def check_layers(self, ctx: StageContext, objective: Any, layer_spec: ModuleSpec) -> None:
+        """Refuse attention masks the layers cannot take
+        (:func:`~dlmspec.backends.megatron.checks.check_masks_supported`)."""
+        check_masks_supported(layer_spec, self.run.objective, self.run.data)
+
+    def kind_of(self, objective: Any) -> str:
+        """The name of the start record and console line: the objective's kind."""
+        return objective.kind
+
+    def make_forward_step(self, objective: Any, ctx: StageContext) -> "ObjectiveForwardStep":
+        """The forward step of this stage's batches: :class:`ObjectiveForwardStep` with document
+        masks and the micro-batch cut's length multiple."""
+        run = self.run
+        return ObjectiveForwardStep(
+            objective, seed=run.seed, data_parallel_rank=ctx.data_parallel_rank, eod_id=run.data.eod_id,
+            reset_attention_mask=run.data.reset_attention_mask, device=ctx.device,
+            context_parallel_size=ctx.context_parallel_size,
+            loss_normalization=run.objective.loss_normalization,
+            # the CP split needs 2 x CP whatever train.py says (megatron-core get_batch_on_this_cp_rank)
+            length_multiple=math.lcm(int(run.objective.variable_length_multiple),
+                                     2 * ctx.context_parallel_size if ctx.context_parallel_size > 1 else 1),
+        )
+
     def setup(self, ctx: StageContext, *, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any]) -> None:
-        """Build the objective and check it against the layers and the model's sizes.
+        """Check, build the objective of :meth:`objective_config` and check it against the layers
+        and the model's sizes, then make the forward step: :meth:`start_checks`,
+        :meth:`check_layers` and :meth:`make_forward_step` are what a derived stage changes.
 
         Raises:
             ValueError: an unknown objective, attention the objective cannot train with, a mask
                 id outside the vocabulary, sequences longer than the model's, or attention masks
                 on the Transformer Engine path (:mod:`dlmspec.backends.megatron.checks`).
         """
-        run = self.run
+        self.start_checks()
+        o = self.objective_config()
         # the CP split needs 2 x CP whatever train.py says (megatron-core get_batch_on_this_cp_rank)
-        length_multiple = math.lcm(int(run.objective.variable_length_multiple),
+        length_multiple = math.lcm(int(o.variable_length_multiple),
                                    2 * ctx.context_parallel_size if ctx.context_parallel_size > 1 else 1)
-        objective = build_objective(run.objective, length_multiple=length_multiple)
+        objective = build_objective(o, length_multiple=length_multiple)
         check_objective(objective, layer_spec_attention(layer_spec), int(model_kwargs["vocab_size"]))
-        check_sequence_length(run.data, model_kwargs)
-        check_masks_supported(layer_spec, run.objective, run.data)
-        self.objective, self.kind, self._ctx = objective, objective.kind, ctx
-        self._forward_step = ObjectiveForwardStep(
-            objective, seed=run.seed, data_parallel_rank=ctx.data_parallel_rank, eod_id=run.data.eod_id,
-            reset_attention_mask=run.data.reset_attention_mask, device=ctx.device,
-            context_parallel_size=ctx.context_parallel_size,
-            loss_normalization=run.objective.loss_normalization, length_multiple=length_multiple,
-        )
+        check_sequence_length(self.run.data, model_kwargs)
+        self.check_layers(ctx, objective, layer_spec)
+        self.objective, self.kind, self._ctx = objective, self.kind_of(objective), ctx
+        self._forward_step = self.make_forward_step(objective, ctx)
 
     def build_data(self, *, consumed_samples: int, num_chunks: int) -> StageData:
         """megatron's GPT datasets (:func:`~dlmspec.backends.megatron.data.build_datasets`) in Megatron-LM's

@@ -12,7 +12,7 @@ SIGUSR1 (:mod:`.signals`).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -34,7 +34,6 @@ from .init_from import InitFromError, InitSource, default_cache_dir, initialize_
 from .layers import BACKEND_TRANSFORMER_ENGINE, build_model, layer_spec_backend
 from .metrics import (
     DLM_REPORT,
-    DLM_SUMS,
     IntervalMeter,
     MetricsLogger,
     log_exit,
@@ -51,7 +50,7 @@ from .provenance import collect as collect_provenance
 from .rope import install_fused_rope
 from .signals import ExitSignalWatcher
 from .spec_record import spec_metadata
-from .stage import PretrainStage, Stage, StageContext
+from .stage import LM_LOSS, ModelFactory, PretrainStage, Stage, StageContext, StageResources, StageSeam
 
 
 @dataclass
@@ -92,14 +91,16 @@ class StepParts:
 class StepOutput:
     """One step's result: ``loss`` = ``[loss sum, tokens]`` over the data-parallel group,
     whether the optimizer updated (fp16 skips steps with overflowing gradients), the grad norm
-    (NaN when the optimizer gave none), and the step's summed
+    (NaN when the optimizer gave none), the step's summed
     :func:`~dlmspec.backends.megatron.metrics.dlm_loss_sums` (``None`` unless the loss reports
-    carry them: masked diffusion)."""
+    carry them: masked diffusion), and every report sum by key (the stage's
+    :meth:`~dlmspec.backends.megatron.stage.StageBase.reduce_reports`)."""
 
     loss: torch.Tensor
     update_ok: bool
     grad_norm: float
     dlm: Optional[torch.Tensor] = None
+    sums: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def sum_loss_reports(reports, device: torch.device) -> torch.Tensor:
@@ -110,18 +111,9 @@ def sum_loss_reports(reports, device: torch.device) -> torch.Tensor:
 
 def sum_step_reports(reports, device: torch.device) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """:func:`sum_loss_reports` and the summed ``DLM_REPORT`` vectors of the same reports
-    (``None`` when none has one), in one all-reduce. Every rank of a data-parallel group holds
-    the same pipeline stage and objective, so all or none of them have the vectors."""
-    dlm = any(isinstance(report, dict) and DLM_REPORT in report for report in reports)
-    total = torch.zeros(2 + (DLM_SUMS if dlm else 0), dtype=torch.float32, device=device)
-    for report in reports:
-        if isinstance(report, dict) and "lm loss" in report:
-            total[:2] += report["lm loss"].to(device=device, dtype=torch.float32)
-            if dlm and DLM_REPORT in report:
-                total[2:] += report[DLM_REPORT].to(device=device, dtype=torch.float32)
-    if dist.is_initialized():
-        dist.all_reduce(total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-    return total[:2], (total[2:] if dlm else None)
+    (``None`` when none has one), in one all-reduce (:func:`~dlmspec.backends.megatron.stage.sum_reports`)."""
+    sums = StageSeam(None, None).reduce_reports(reports, device)
+    return sums[LM_LOSS], sums.get(DLM_REPORT)
 
 
 def train_step(parts: StepParts, stage: Stage, feed: MicrobatchFeed, iteration: int) -> StepOutput:
@@ -136,8 +128,9 @@ def train_step(parts: StepParts, stage: Stage, feed: MicrobatchFeed, iteration: 
     update_ok, grad_norm, _ = parts.optimizer.step()
     if update_ok:
         parts.scheduler.step(increment=1)
-    loss, dlm = sum_step_reports(reports, parts.device)
-    return StepOutput(loss, bool(update_ok), float(grad_norm) if grad_norm is not None else float("nan"), dlm)
+    sums = StageSeam(stage, None).reduce_reports(reports, parts.device)  # the stage's, or every report summed
+    return StepOutput(sums[LM_LOSS], bool(update_ok), float(grad_norm) if grad_norm is not None else float("nan"),
+                      sums.get(DLM_REPORT), sums)
 
 
 def evaluate(parts: StepParts, stage: Stage, make_feed: Optional[Callable[[], MicrobatchFeed]],
@@ -149,12 +142,12 @@ def evaluate(parts: StepParts, stage: Stage, make_feed: Optional[Callable[[], Mi
     set_param_sync_hooks(parts.model, parts.ddp_config, enable=False)
     for m in parts.model:
         m.eval()
-    feed = make_feed()
+    feed, reduce = make_feed(), StageSeam(stage, None).reduce_reports
     total = torch.zeros(2, dtype=torch.float32, device=parts.device)
     with torch.no_grad():
         for step in range(eval_iters):
             feed.start(step)
-            total += sum_loss_reports(parts.run_schedule(stage, feed, forward_only=True), parts.device)
+            total += reduce(parts.run_schedule(stage, feed, forward_only=True), parts.device)[LM_LOSS]
     for m in parts.model:
         m.train()
     set_param_sync_hooks(parts.model, parts.ddp_config, enable=True)
@@ -221,15 +214,18 @@ def train(
     dp_size, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     num_microbatches = microbatches_per_step(sched, dp_size)
     stage = stage if stage is not None else PretrainStage(run)
-    ctx = StageContext(run, device, dp_rank, dp_size, context_parallel_size)
-    stage.setup(ctx, layer_spec=layer_spec, model_kwargs=model_kwargs)
+    seam, factory = StageSeam(stage, run), ModelFactory(transformer_config, layer_spec, model_kwargs, ddp_config,
+                                                        build_model)
+    resources = StageResources(factory, record=start.record, tensor_model_parallel_size=tensor_model_parallel_size)
+    stage.setup(StageContext(run, device, dp_rank, dp_size, context_parallel_size, resources),
+                layer_spec=layer_spec, model_kwargs=model_kwargs)
     rope_fusion = _apply_rope_fusion(run.kernels, transformer_config, layer_spec, model_kwargs)
     seed_like_megatron(run.seed)
 
     logger = MetricsLogger(run.logging, enabled=(rank == world - 1))  # the last stage's last rank
     # what produced the run, read where it is written (rank 0: checkpoints; the logging rank); long phases' seconds
     provenance, phases = collect_provenance(run.spec_hash) if rank in (0, world - 1) else None, {}
-    model = build_model(transformer_config, layer_spec=layer_spec, ddp_config=ddp_config, **model_kwargs)
+    model = factory.build(wrap_ddp=True)  # the policy; a stage builds more with the same factory
     # The weights: the latest checkpoint (a resume, loaded below with the optimizer), else init_from,
     # loaded now: megatron's optimizers copy their fp32 main weights from the model when built.
     init_source = None if start.init_from is None else _load_init_from(
@@ -242,7 +238,7 @@ def train(
         ckpt, model=model, optimizer=optimizer, scheduler=scheduler, ddp_config=ddp_config, seed=run.seed,
         logger=logger, metadata={**stage.checkpoint_metadata(), "layer_spec": layer_spec_backend(layer_spec),
                                  "spec": spec_metadata(start.lock, start.record), "provenance": provenance},
-        spec_lock_text=start.lock.text)
+        spec_lock_text=start.lock.text, stage=seam)
     state = _resume(checkpoints, start.resume_from, logger, phases)
     with phase(logger, "building the datasets (index files are built on first use)", phases, "build_data"):
         data = stage.build_data(consumed_samples=state.consumed_train_samples, num_chunks=len(model))
@@ -273,14 +269,15 @@ def train(
                 profiler.before_step(state.iteration)
             out = train_step(parts, stage, data.train, state.iteration)
             state.iteration += 1
-            state.consumed_train_samples += sched.global_batch_size
-            meter.add(out.loss, out.update_ok, out.grad_norm, out.dlm)
+            state.consumed_train_samples += seam.samples_consumed(state.iteration - 1)
+            meter.add(out.loss, out.update_ok, out.grad_norm, sums=out.sums)
             if profiler:
                 _profile_after_step(profiler, meter, state.iteration)
 
             if state.iteration % run.logging.log_interval == 0 or state.iteration == sched.train_iters:
                 state.last_train_loss = meter.log(logger, state, train_iters=sched.train_iters,
-                                                  lr=float(optimizer.param_groups[0]["lr"]))
+                                                  lr=float(optimizer.param_groups[0]["lr"]),
+                                                  metrics=seam.interval_metrics)
             do_eval = bool(sched.eval_interval) and state.iteration % sched.eval_interval == 0
             do_save = bool(ckpt.save_dir and ckpt.save_interval) and state.iteration % ckpt.save_interval == 0
             if do_eval or do_save:

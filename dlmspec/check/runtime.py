@@ -54,9 +54,14 @@ def _eod_unknown(ctx: Context) -> Iterator[Finding]:
     fix_keys=Fix({"stage.kind": "pretrain"}),
 )
 def _rl(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.stage.kind == "rl":
-        yield Finding("stage.kind", "reinforcement learning (stage.kind = 'rl') is not implemented by the megatron "
-                      "runtime (backends/megatron): it trains pretraining and SFT objectives only")
+    from dlmspec.stages import STAGE_KINDS, stage_kind
+
+    kind = ctx.spec.stage.kind
+    entry = stage_kind(kind)
+    if entry is not None and not entry.runtime:
+        trained = ", ".join(repr(k) for k, e in STAGE_KINDS.items() if e.runtime)
+        yield Finding("stage.kind", f"{entry.summary}: stage.kind = {kind!r} is not implemented by the megatron "
+                      f"runtime (backends/megatron), which trains the stages {trained}")
 
 
 @rule(

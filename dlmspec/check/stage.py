@@ -13,6 +13,24 @@ from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
 
 
 @rule(
+    "stage-kind-known",
+    "error",
+    "dlmspec.stages.STAGE_KINDS (the compiler's stages; the runtime's: dlmspec.backends.megatron.stages.STAGES)",
+    "stage.kind names a registered stage",
+    fix="set stage.kind = \"pretrain\"",
+    fix_keys=Fix({"stage.kind": "pretrain"}),
+)
+def _stage_kind(ctx: Context) -> Iterator[Finding]:
+    from dlmspec.stages import known_kinds, stage_kind
+
+    kind = ctx.spec.stage.kind
+    if stage_kind(kind) is None:
+        yield Finding("stage.kind", f"no stage of kind {kind!r} is registered (known: {known_kinds()})",
+                      "set stage.kind = \"pretrain\" (or \"sft\"), or import the module that registers the stage",
+                      fix=Fix({"stage.kind": "pretrain"}))
+
+
+@rule(
     "stage-table-ignored",
     "warning",
     "dlmspec.spec.models.StageSpec (stage.sft / stage.rl are read only by their stage kind)",

@@ -26,7 +26,7 @@ from dlmspec.plan.provenance import calibration_for, path_summary, provenance
 from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
                                 relayout, transformer_impl)
 from dlmspec.plan.sft import SftPlan, sft_plan
-from dlmspec.plan.time import TIME_TERMS, TimePlan, time_plan
+from dlmspec.plan.time import TimePlan, time_plan
 from dlmspec.resolve import Resolved
 
 __all__ = [
@@ -166,8 +166,9 @@ class Plan:
                 "headroom_bytes": int(round(self.gpu.memory_bytes - peak.peak_bytes)),
                 "peak_stage": peak.stage,
                 "peak_phase": peak.phase,
-                "breakdown": {k: int(round(peak.breakdown[k])) for k in ALLOCATED_TERMS + RESERVED_TERMS},
-                "allocated_terms": list(ALLOCATED_TERMS),
+                "breakdown": {k: int(round(peak.breakdown[k]))
+                              for k in ALLOCATED_TERMS + peak.stage_terms + RESERVED_TERMS},
+                "allocated_terms": list(ALLOCATED_TERMS + peak.stage_terms),
                 "reserved_terms": list(RESERVED_TERMS),
                 "activation_per_layer": {
                     "dense": {k: int(round(v)) for k, v in lt.dense_kept.items()},
@@ -183,7 +184,7 @@ class Plan:
             },
             "time": {
                 "step_seconds": t.step_seconds,
-                "breakdown_seconds": {k: t.breakdown[k] for k in TIME_TERMS},
+                "breakdown_seconds": {k: t.breakdown[k] for k in t.breakdown},  # TIME_TERMS, then the stage's
                 "slowest_stage": t.slowest_stage,
                 "train_iters": lay.train_iters,
                 "to_train_seconds": t.to_train_seconds,

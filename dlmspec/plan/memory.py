@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from math import ceil
-from typing import Any
+from typing import Any, Callable
 
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
@@ -37,6 +37,67 @@ ALLOCATED_TERMS = (
 
 #: Breakdown keys of memory outside the allocator (``peak_bytes`` adds them).
 RESERVED_TERMS = ("cuda_context", "nccl_buffers", "allocator_reserve")
+
+@dataclass(frozen=True)
+class StageTermInputs:
+    """What a stage's memory term reads of one pipeline rank (besides the shape and layout).
+
+    Attributes:
+        stage: pipeline rank (0 = first).
+        params: (non-expert, expert) parameters on the rank (:func:`stage_params`), scalars.
+        param_bytes: bytes per weight in the run's dtype (2 for bf16/fp16, 4 for fp32).
+        in_flight: microbatches of activations held at the peak (:func:`in_flight`).
+    """
+
+    stage: int
+    params: tuple[float, float]
+    param_bytes: int
+    in_flight: float
+
+
+@dataclass(frozen=True)
+class StageMemoryTerm:
+    """Memory a training stage keeps on every GPU besides the policy's (a frozen reference
+    model's weights, rollout buffers), allocated for the whole step (counted in both the
+    forward/backward and the optimizer-step peak).
+
+    Attributes:
+        name: its breakdown key (after :data:`ALLOCATED_TERMS`, before :data:`RESERVED_TERMS`).
+        label: what it is, for the plan's table.
+        bytes: ``(shape, layout, inputs) -> bytes`` on the rank (:class:`StageTermInputs`).
+    """
+
+    name: str
+    label: str
+    bytes: Callable[[ModelShape, Layout, StageTermInputs], float]
+
+
+#: ``[stage] kind`` -> its memory terms (:func:`register_stage_memory_term`); pre-training and
+#: SFT have none.
+STAGE_MEMORY_TERMS: dict[str, tuple[StageMemoryTerm, ...]] = {}
+
+
+def register_stage_memory_term(kind: str, term: StageMemoryTerm) -> None:
+    """Count ``term`` in the memory of every plan of ``[stage] kind = kind`` (replacing a term
+    of the same name: a module imported twice registers again).
+
+    Raises:
+        ValueError: ``term.name`` is one of the planner's own terms.
+    """
+    if term.name in ALLOCATED_TERMS or term.name in RESERVED_TERMS:
+        raise ValueError(f"stage memory term {term.name!r} is one of the planner's own terms")
+    kept = tuple(t for t in STAGE_MEMORY_TERMS.get(kind, ()) if t.name != term.name)
+    STAGE_MEMORY_TERMS[kind] = kept + (term,)
+
+
+def stage_memory_label(name: str) -> str:
+    """The label of a registered stage memory term (``name`` itself when none has it)."""
+    for terms in STAGE_MEMORY_TERMS.values():
+        for term in terms:
+            if term.name == name:
+                return term.label
+    return name
+
 
 #: Activation terms each selective-recompute module drops from a layer (megatron-core
 #: ``TransformerConfig.recompute_modules``; ``core_attn``, which frees part of a term, is
@@ -433,12 +494,14 @@ class StageMemory:
         layers: transformer layers on the rank (dense, MoE).
         in_flight: microbatches of activations held at the peak (:func:`in_flight`).
         params: parameters on the rank (dense/shared part, expert part), scalars.
-        breakdown: bytes per term at the peak (:data:`ALLOCATED_TERMS` + :data:`RESERVED_TERMS`).
+        breakdown: bytes per term at the peak (:data:`ALLOCATED_TERMS`, then the training
+            stage's own terms (:data:`STAGE_MEMORY_TERMS`), then :data:`RESERVED_TERMS`).
         phase: ``forward_backward`` or ``optimizer_step`` - when the peak happens.
         peak_allocated_bytes: sum of the allocated terms (compare with
             ``torch.cuda.max_memory_allocated``).
         peak_bytes: all terms: allocated plus CUDA context, NCCL and allocator reserve (what
             must fit the GPU).
+        stage_terms: the keys of the stage's own terms in ``breakdown`` (allocated memory).
     """
 
     stage: int
@@ -449,6 +512,7 @@ class StageMemory:
     phase: str = "forward_backward"
     peak_allocated_bytes: float = 0.0
     peak_bytes: float = 0.0
+    stage_terms: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (integers of bytes)."""
@@ -606,8 +670,10 @@ def stage_memory(
     else:
         step = 0.0
     overhead = calib.allocated_overhead_bytes
+    inputs = StageTermInputs(stage=stage, params=(p_dense, p_expert), param_bytes=param_b, in_flight=flight)
+    extra = {t.name: float(t.bytes(shape, lay, inputs)) for t in STAGE_MEMORY_TERMS.get(shape.stage_kind, ())}
     allocated = (weights + gradients + optimizer + fp8_cache + fsdp_buffers + sp_buffer + activations + edge_acts
-                 + batch + loss_logits + backward + step + overhead)
+                 + batch + loss_logits + backward + step + overhead + sum(extra.values()))
     context = calib.cuda_context_bytes
     nccl = calib.nccl_bytes_per_group * _nccl_groups(lay, shape)
     reserve = calib.allocator_reserve_fraction * allocated
@@ -625,12 +691,14 @@ def stage_memory(
         "backward_transient": backward,
         "optimizer_step_transient": step,
         "allocated_overhead": overhead,
+        **extra,
         "cuda_context": context,
         "nccl_buffers": nccl,
         "allocator_reserve": reserve,
     }
     return StageMemory(stage=stage, layers=counts, in_flight=flight, params=(p_dense, p_expert), breakdown=b,
-                       phase=phase, peak_allocated_bytes=allocated, peak_bytes=allocated + context + nccl + reserve)
+                       phase=phase, peak_allocated_bytes=allocated, peak_bytes=allocated + context + nccl + reserve,
+                       stage_terms=tuple(extra))
 
 
 def _full_recompute(lt: LayerTerms, lay: Layout, dense_n: int, moe_n: int) -> tuple[float, float]:

@@ -14,10 +14,10 @@ from rich.text import Text
 
 from dlmspec.gpus import GiB
 from dlmspec.plan import Plan
-from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS
+from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, stage_memory_label
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
 from dlmspec.plan.sft import sft_lines
-from dlmspec.plan.time import TIME_TERMS
+
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
     from dlmspec.plan.search import SearchResult
@@ -110,10 +110,10 @@ def plan_renderable(plan: Plan) -> Group:
     mem.add_column("term")
     mem.add_column("GiB", justify="right")
     mem.add_column("what", style="dim")
-    for key in ALLOCATED_TERMS:
+    for key in ALLOCATED_TERMS + peak.stage_terms:
         value = peak.breakdown[key]
         if value:
-            mem.add_row(Text(key), Text(_gib(value)), Text(MEMORY_LABELS[key]))
+            mem.add_row(Text(key), Text(_gib(value)), Text(MEMORY_LABELS.get(key) or stage_memory_label(key)))
     mem.add_row(Text("peak allocated", style="bold"), Text(_gib(peak.peak_allocated_bytes), style="bold"),
                 Text("compare: torch.cuda.max_memory_allocated()"))
     for key in RESERVED_TERMS:
@@ -141,7 +141,7 @@ def plan_renderable(plan: Plan) -> Group:
     tt.add_column("term")
     tt.add_column("time", justify="right")
     tt.add_column("share", justify="right")
-    for key in TIME_TERMS:
+    for key in t.breakdown:  # TIME_TERMS, then the stage's own
         value = t.breakdown[key]
         if value:
             tt.add_row(Text(key), Text(_seconds(value)), Text(f"{100 * value / t.step_seconds:.1f}%"))

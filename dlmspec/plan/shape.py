@@ -8,6 +8,7 @@ so the layout search (:mod:`dlmspec.plan.search`) can evaluate thousands of layo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dlmspec import objectives
 from dlmspec.gpus import GPU
@@ -61,6 +62,10 @@ class ModelShape:
         padded_total_params: the same with the padded vocabulary (what is in memory).
         segment_mask: an SFT stage passes a ``[b, 1, s, s]`` segment mask (packed sequences, or
             MDM padding partly unsupervised: :func:`dlmspec.plan.sft.needs_segment_mask`).
+        stage_kind: ``[stage] kind`` (its own memory and time terms:
+            :data:`dlmspec.plan.memory.STAGE_MEMORY_TERMS`, :data:`dlmspec.plan.time.STAGE_TIME_TERMS`).
+        stage_options: the ``[stage.<kind>]`` table those terms read (e.g. RL's rollouts), as
+            sorted ``(key, value)`` pairs, lists as tuples (hashable); ``()`` without one.
     """
 
     num_layers: int
@@ -107,6 +112,8 @@ class ModelShape:
     loss_row_fraction: float = 1.0
     objective_bytes_per_token: int = 0
     extra_forward_passes: int = 0
+    stage_kind: str = "pretrain"
+    stage_options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -304,7 +311,27 @@ def model_shape(resolved: Resolved) -> ModelShape:
         padded_total_params=resolved.params_padded.total,
         segment_mask=(resolved.spec.stage.kind == "sft"
                       and needs_segment_mask(resolved.spec.stage.sft, resolved.spec.objective.kind)),
+        stage_kind=resolved.spec.stage.kind,
+        stage_options=stage_options(resolved.spec.stage),
     )
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if hasattr(value, "model_fields_set"):  # a table (pydantic's, or the fast path's SpecTable): (key, value) pairs
+        return tuple(sorted((k, _frozen(v)) for k, v in value))
+    return value
+
+
+def stage_options(stage: Any) -> tuple[tuple[str, Any], ...]:
+    """``[stage.<kind>]`` of ``stage`` (the ``[stage]`` table) as sorted, hashable ``(key, value)``
+    pairs; ``()`` when the kind has no table of that name or it is unset."""
+    table = {k: v for k, v in stage}.get(stage.kind)  # its fields only (an unknown attribute, or keys(), of the fast path's
+    # SpecTable would build its pydantic twin)
+    return () if table is None else _frozen(table)
 
 
 def layout(resolved: Resolved, impl: str | None = None) -> Layout:

@@ -18,7 +18,7 @@ model*.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
@@ -57,6 +57,42 @@ TIME_TERMS = (
     "optimizer",
     "step_overhead",
 )
+
+@dataclass(frozen=True)
+class StageTimeTerm:
+    """Time a training stage adds to every step besides the policy's forward and backward (a
+    frozen reference model's forward, rollouts), on the slowest pipeline rank.
+
+    Attributes:
+        name: its breakdown key (after :data:`TIME_TERMS`).
+        label: what it is.
+        seconds: ``(shape, layout, breakdown) -> seconds`` per step, ``breakdown`` being the
+            step's :data:`TIME_TERMS` seconds (e.g. a forward pass: a third of ``gemm``,
+            ``attention`` and ``elementwise``, whose backward is twice the forward).
+    """
+
+    name: str
+    label: str
+    seconds: Callable[[ModelShape, Layout, dict[str, float]], float]
+
+
+#: ``[stage] kind`` -> its time terms (:func:`register_stage_time_term`); pre-training and SFT
+#: have none.
+STAGE_TIME_TERMS: dict[str, tuple[StageTimeTerm, ...]] = {}
+
+
+def register_stage_time_term(kind: str, term: StageTimeTerm) -> None:
+    """Count ``term`` in the step time of every plan of ``[stage] kind = kind`` (replacing a term
+    of the same name).
+
+    Raises:
+        ValueError: ``term.name`` is one of :data:`TIME_TERMS`.
+    """
+    if term.name in TIME_TERMS:
+        raise ValueError(f"stage time term {term.name!r} is one of the planner's own terms")
+    kept = tuple(t for t in STAGE_TIME_TERMS.get(kind, ()) if t.name != term.name)
+    STAGE_TIME_TERMS[kind] = kept + (term,)
+
 
 #: Attention-core speed of each SDPA backend relative to cuDNN's, the backend every calibration
 #: run took (whose speed ``Calibration.attention_efficiency`` is). Measured:
@@ -280,7 +316,8 @@ class TimePlan:
 
     Attributes:
         step_seconds: one optimizer step.
-        breakdown: seconds per :data:`TIME_TERMS` (sums to ``step_seconds``).
+        breakdown: seconds per :data:`TIME_TERMS`, then the training stage's own terms
+            (:data:`STAGE_TIME_TERMS`); sums to ``step_seconds``.
         slowest_stage: the pipeline rank that sets the pace.
         flops: :class:`FlopCounts`.
         tokens_per_second: ``global_batch * seq / step_seconds``.
@@ -398,6 +435,8 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         step_syncs += tensors
     b["host_sync"] += step_syncs * calib.host_sync_seconds * hs
     b["step_overhead"] = calib.step_overhead_seconds
+    for term in STAGE_TIME_TERMS.get(shape.stage_kind, ()):  # the training stage's own work (after TIME_TERMS)
+        b[term.name] = float(term.seconds(shape, lay, dict(b)))
     step = sum(b.values())
 
     # Linear features of the fitted constants (bench/plan/calibrate.py): seconds at 100% of

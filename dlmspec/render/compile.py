@@ -50,12 +50,12 @@ from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_sec
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
-from dlmspec.resolve import (Resolved, locked_spec, run_dir, runtime_values, schedule, sft_pad_eos_tokens,
-                             sft_section)
+from dlmspec.resolve import Resolved, locked_spec, run_dir, runtime_values, schedule
 from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block
 from dlmspec.render.sbatch import render_sbatch
 from dlmspec.templates import TEMPLATE_DIR
 from dlmspec.spec.models import Spec
+from dlmspec.stages import template_context as stage_template_context
 
 #: Every file name ``dlmspec compile`` may write; ``--force`` replaces these and only these,
 #: and only where :func:`is_generated` tells that dlmspec wrote the file there.
@@ -217,8 +217,10 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
     (``[prefix, weight]`` pairs of the resolved blends, globs and manifests expanded:
     :func:`dlmspec.resolve.resolve_blend`), ``run_dir`` (:func:`run_dir`), ``requeue_exit_code``
     (:data:`dlmspec.errors.REQUEUE_EXIT_CODE`), ``python`` (``--python`` as a bash word,
-    :func:`launch_interpreter`; ``None`` when not given), ``sft`` (``stage.kind = "sft"``: its
-    ``section`` with defaults filled and the resolved ``pad_eos_tokens``; else ``None``),
+    :func:`launch_interpreter`; ``None`` when not given), ``stage`` (the ``[stage] kind``'s entry of
+    :mod:`dlmspec.stages`: the imports, options template and call of ``train.py``, and the
+    template's ``table``: for ``"sft"`` its ``section`` with defaults filled and the resolved
+    ``pad_eos_tokens``),
     ``launch_environment`` / ``preflight_args`` (launch.sh's exports and start check, the same as
     launch.sbatch's: :mod:`dlmspec.render.launch_env`).
     """
@@ -254,8 +256,7 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
         "python": None if python is None else shell_word(python),
         "launch_environment": environment_block(resolved),
         "preflight_args": " ".join(shell_word(a) for a in PREFLIGHT_ARGS),
-        "sft": (None if resolved.spec.stage.kind != "sft" else
-                {"section": sft_section(resolved.spec), "pad_eos_tokens": sft_pad_eos_tokens(resolved.spec)}),
+        "stage": stage_template_context(resolved),
     }
 
 

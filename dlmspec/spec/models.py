@@ -283,10 +283,24 @@ class RLSpec(Section):
     kl_coeff: Float = Field(0.04, ge=0.0)
 
 
+def _registered_stage_kinds(schema: dict[str, Any]) -> None:
+    """The JSON Schema of ``stage.kind``: an enum of the kinds registered when the schema is made
+    (:data:`dlmspec.stages.STAGE_KINDS`; the loader takes any string, rule ``stage-kind-known``
+    refuses the others, as ``cluster.gpu``'s catalog)."""
+    from dlmspec.stages import STAGE_KINDS
+
+    schema["enum"] = list(STAGE_KINDS)
+
+
 class StageSpec(Section):
     """``[stage]``: which phase of training this job is."""
 
-    kind: Literal["pretrain", "sft", "rl"] = "pretrain"
+    kind: str = Field(
+        "pretrain",
+        description="The stage: 'pretrain', 'sft', 'rl' or a kind a plugin registers (dlmspec.stages); validate "
+        "refuses a kind no stage registers (rule stage-kind-known).",
+        json_schema_extra=_registered_stage_kinds,
+    )
     sft: SFTSpec | None = None
     rl: RLSpec | None = None
 

@@ -271,6 +271,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("path-not-found", {"checkpoint.load": "no/such/checkpoints"}, "checkpoint.load"),
     ("tokenizer-vocab", {"data.tokenizer.type": "GPT2BPETokenizer", "data.tokenizer.vocab_file": "v.json",
                          "data.tokenizer.merge_file": "m.txt"}, "model.vocab_size"),
+    ("stage-kind-known", {"stage.kind": "bogus"}, "stage.kind"),
     ("stage-table-ignored", {"stage.sft": {}}, "stage.sft"),
     ("generate-settings", {"generate.gen_length": 64, "generate.block_length": 48}, "generate.block_length"),
     ("generate-settings", {"generate.steps": 200}, "generate.steps"),

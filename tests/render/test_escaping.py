@@ -122,6 +122,7 @@ CONSTRAINED: dict[str, Any] = {
     "cluster.gpu": "h100",  # a GPU catalog id
     "cluster.slurm.time": "04:00:00",  # a SLURM time
     "cluster.slurm.mem": "480G",  # a SLURM memory size
+    "stage.kind": "pretrain",  # a registered stage (dlmspec.stages)
 }
 
 #: Slots that take a fixed form around the free text.

@@ -31,6 +31,7 @@ from dlmspec.backends.megatron.config import (
 )
 from dlmspec.backends.megatron.data import DataConfig
 from dlmspec.backends.megatron.layers import build_layer_spec
+from dlmspec.backends.megatron.stages import build_stage as build_stage_of
 from dlmspec.backends.megatron.training import train
 
 #: GPUs (processes) this file was compiled for: [cluster] nodes 8 x gpus_per_node 8.
@@ -264,6 +265,11 @@ def build_run():
     )
 
 
+def build_stage(run):
+    """[stage] kind = 'pretrain': the runtime stage train() runs (dlmspec.backends.megatron.stages.STAGES)."""
+    return build_stage_of('pretrain', run, None)
+
+
 def main():
     """Check the process count, then train. ``train.py --check`` (launch.sh, before torchrun) runs
     only the runtime's start checks (data files, the checkpoint a resume loads, the GPUs) in one
@@ -273,6 +279,7 @@ def main():
         start_checks(build_run(), transformer_config=transformer_config, layer_spec=build_layer(),
                      model_kwargs=model_kwargs, optimizer_config=optimizer_config, parallel_sizes=PARALLEL_SIZES,
                      world_size=WORLD_SIZE, processes_per_node=GPUS_PER_NODE)
+        build_stage(build_run()).start_checks()  # the stage's own start checks (SFT: the response masks)
         return
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size != WORLD_SIZE:
@@ -281,14 +288,16 @@ def main():
             "change [cluster] in the spec and compile again"
         )
     transformer_config, model_kwargs, ddp_config, optimizer_config = build_configs()
+    run = build_run()
     result = train(
-        build_run(),
+        run,
         transformer_config=transformer_config,
         layer_spec=build_layer(),
         model_kwargs=model_kwargs,
         ddp_config=ddp_config,
         optimizer_config=optimizer_config,
         **PARALLEL_SIZES,
+        stage=build_stage(run),
     )
     if int(os.environ.get("RANK", "0")) == world_size - 1:  # the runtime's logging rank
         print(f"train.py: {result}", flush=True)

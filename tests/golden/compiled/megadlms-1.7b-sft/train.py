@@ -31,7 +31,8 @@ from dlmspec.backends.megatron.config import (
 )
 from dlmspec.backends.megatron.data import DataConfig
 from dlmspec.backends.megatron.layers import build_layer_spec
-from dlmspec.backends.megatron.sft import SftConfig, SftStage, sft_start_checks
+from dlmspec.backends.megatron.sft import SftConfig
+from dlmspec.backends.megatron.stages import build_stage as build_stage_of
 from dlmspec.backends.megatron.training import train
 
 #: GPUs (processes) this file was compiled for: [cluster] nodes 1 x gpus_per_node 8.
@@ -277,6 +278,11 @@ def build_sft():
     )
 
 
+def build_stage(run):
+    """[stage] kind = 'sft': the runtime stage train() runs (dlmspec.backends.megatron.stages.STAGES)."""
+    return build_stage_of('sft', run, build_sft())
+
+
 def main():
     """Check the process count, then train. ``train.py --check`` (launch.sh, before torchrun) runs
     only the runtime's start checks (data files, the checkpoint a resume loads, the GPUs) in one
@@ -286,7 +292,7 @@ def main():
         start_checks(build_run(), transformer_config=transformer_config, layer_spec=build_layer(),
                      model_kwargs=model_kwargs, optimizer_config=optimizer_config, parallel_sizes=PARALLEL_SIZES,
                      world_size=WORLD_SIZE, processes_per_node=GPUS_PER_NODE)
-        sft_start_checks(build_run())  # the response masks beside each dataset, of the same lengths
+        build_stage(build_run()).start_checks()  # the stage's own start checks (SFT: the response masks)
         return
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size != WORLD_SIZE:
@@ -304,7 +310,7 @@ def main():
         ddp_config=ddp_config,
         optimizer_config=optimizer_config,
         **PARALLEL_SIZES,
-        stage=SftStage(run, build_sft()),  # [stage] kind = "sft": from checkpoint.init_from, its own [train] schedule
+        stage=build_stage(run),
     )
     if int(os.environ.get("RANK", "0")) == world_size - 1:  # the runtime's logging rank
         print(f"train.py: {result}", flush=True)
