@@ -269,7 +269,8 @@ def show(
             _print_rows(rows, columns, title)
         return
     from dlmspec.resolve import resolve
-    from dlmspec.spec.load import SHOW_HEADER, load
+    from dlmspec.spec.load import load
+    from dlmspec.spec.show import SHOW_HEADER
 
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
@@ -285,12 +286,12 @@ def show(
 def minimal_data(spec: Spec) -> dict[str, Any]:
     """:func:`spec_data` without the keys at their defaults (under ``[model]``, the preset's
     values when ``preset`` is set) and without empty tables
-    (:func:`dlmspec.spec.load.without_defaults`): TOML that loads back to ``spec``.
+    (:func:`dlmspec.spec.show.without_defaults`): TOML that loads back to ``spec``.
 
     Raises:
         SpecError: see :func:`spec_data`.
     """
-    from dlmspec.spec.load import without_defaults
+    from dlmspec.spec.show import without_defaults
 
     return without_defaults(spec_data(spec))
 
@@ -352,10 +353,11 @@ def starter_spec(
     Raises:
         SpecError: unknown preset, or a malformed ``--set`` override.
     """
-    from dlmspec.spec.load import parse_set_value, set_dotted, set_syntax_issue
+    from dlmspec.spec.dotted import parse_set_value, set_dotted
+    from dlmspec.spec.schema_errors import set_syntax_issue
 
     if preset not in PRESETS:
-        from dlmspec.spec.load import preset_hint
+        from dlmspec.spec.schema_errors import preset_hint
 
         raise SpecError([SpecIssue("--preset", "unknown preset", value=preset, hint=preset_hint(preset),
                                    rule="unknown-preset")])
@@ -790,7 +792,7 @@ def compile_command(
     from dlmspec.render.compile import compile_spec, launch_interpreter
 
     use_json(ctx, json_output)
-    from dlmspec.spec.load import sweep_targets
+    from dlmspec.spec.python_load import sweep_targets
 
     members = sweep_targets(spec, set_)
     if len(members) > 1:

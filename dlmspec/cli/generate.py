@@ -27,7 +27,7 @@ import typer
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import command_name, print_envelope, printable, stderr, stdout, use_json
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.spec.load import COMMAND_LINE
+from dlmspec.spec.lines import COMMAND_LINE
 
 app = typer.Typer(cls=Group, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=MARKUP_MODE)
 
