@@ -11,7 +11,6 @@ from typing import Any
 
 from dlmspec.spec.dotted import MAX_DEPTH
 
-
 #: Where a key was written: ``(file, line)``; line is None for keys from a Python spec.
 Origin = tuple[str, int | None]
 

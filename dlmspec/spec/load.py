@@ -34,8 +34,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.spec.dotted import MAX_DEPTH, SetValueError, TooDeep, nesting_message, parse_set_value, set_dotted, too_deep

@@ -20,7 +20,6 @@ from dlmspec.spec.dotted import LONG_NUMBER, deep_merge, flatten_keys, nesting_m
 from dlmspec.spec.lines import Origin, _deep_line, _leading_keys, _line_of, line_map, locate_key
 from dlmspec.spec.schema_errors import _INT64_HINT, _excerpt, _short_key
 
-
 #: Largest spec file read, bytes (4 MiB). Real specs are a few KiB; without a cap a mistaken
 #: path (``extends = "/dev/zero"``, a dataset) filled memory.
 MAX_SPEC_BYTES = 4 << 20

@@ -12,7 +12,6 @@ from typing import Any
 from dlmspec.spec.dotted import flatten_keys
 from dlmspec.spec.schema_errors import _model_at
 
-
 #: The first line of ``dlmspec show SPEC``'s TOML: with a lock's ``[lock] content_hash``, what
 #: tells the loader that dlmspec wrote every default of the file itself.
 SHOW_HEADER = "# Resolved spec printed by `dlmspec show`"

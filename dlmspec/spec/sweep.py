@@ -13,7 +13,6 @@ from dlmspec.errors import Fix, SpecError, SpecIssue
 from dlmspec.spec.dotted import parse_set_value, set_dotted
 from dlmspec.spec.lines import Origin, locate_key
 
-
 #: What a spec file name may end with to pick one member of a Python sweep: ``FILE.py::NAME``.
 MEMBER_SEP = "::"
 

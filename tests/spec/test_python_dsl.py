@@ -108,7 +108,8 @@ def test_python_spec_hashes_like_toml_and_validates_strict(tmp_path):
 @pytest.mark.parametrize("kind", ["lock", "show", "minimal"])
 def test_round_trips_without_warnings_under_strict(tmp_path, kind):
     from dlmspec.check import issues_for
-    from dlmspec.cli.commands import derived_comment, minimal_data, spec_data
+    from dlmspec.cli.commands.common import spec_data
+    from dlmspec.cli.commands.show import derived_comment, minimal_data
     from dlmspec.render.compile import content_hash, render_lock
     from dlmspec.render.escape import toml_document
     from dlmspec.resolve import resolve
