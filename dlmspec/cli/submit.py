@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.render.escape import shell_word
+from dlmspec.escape import shell_word
 from dlmspec.resolve import slurm_settings
 
 #: Where ``dlmspec submit SPEC`` compiles when no ``--output`` is given: ``compiled/<spec stem>``

@@ -43,7 +43,7 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from rich.console import Console
@@ -51,11 +51,13 @@ from rich.console import Console
 from dlmspec.credentials import redact_text
 from dlmspec.data import chat
 from dlmspec.data.errors import DataPrepareError
-from dlmspec.data.outputs import DatasetOutput, check_outputs, commit_datasets, dataset_prefix, discard_partial, install_termination_handlers, protected_inputs, remove_stale_tmp, restore_handlers, tmp_tag
+from dlmspec.data.outputs import (DatasetOutput, check_outputs, commit_datasets, dataset_prefix, discard_partial,
+                                  install_termination_handlers, protected_inputs, remove_stale_tmp, restore_handlers,
+                                  tmp_tag)
 from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, check_input, read_chunks
 from dlmspec.data.record import record_path, tokenizer_section, write_record
 from dlmspec.data.sft_rows import BadRow, row_messages
-from dlmspec.data.sft_summary import KEEP_LINES, _lines_text, _same, _token_text
+from dlmspec.data.sft_summary import KEEP_LINES, SftResult, _lines_text, _same, _token_text
 from dlmspec.data.sft_tokens import _hf_tokenizer, _require_hf, assign_special_ids, text_tokenize
 from dlmspec.tokenizers import TokenizerArgs, TokenizerError, canonical_tokenizer_type
 
@@ -117,48 +119,6 @@ class SftOptions:
     def given(self) -> list[str]:
         """The flags given (not None), by their CLI spelling."""
         return [flag for name, flag in self.FLAGS.items() if getattr(self, name) is not None]
-
-
-@dataclass
-class SftResult:
-    """What :func:`prepare_sft` wrote; ``to_dict()`` is the ``--json`` summary."""
-
-    input: str
-    output_prefix: str
-    tokenizer_type: str
-    vocab_size: int
-    eod: int
-    dtype: str
-    chat_template: str
-    chat_template_sha256: str
-    format: str
-    documents: int
-    tokens: int
-    response_tokens: int
-    prompt_tokens: int
-    rows: dict[str, int]
-    bad_rows: dict[str, int]
-    bad_row_lines: dict[str, list[int]]
-    truncated_lines: list[int]
-    special_tokens: dict[str, int]
-    special_tokens_in_vocab: dict[str, int]
-    max_length: Optional[int]
-    overlong: str
-    on_bad: str
-    datasets: list[DatasetOutput]
-    record: str
-    elapsed_s: float
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["tokens_per_s"] = round(self.tokens_per_s, 1)
-        data["elapsed_s"] = round(self.elapsed_s, 3)
-        return data
 
 
 def _check_options(options: SftOptions) -> tuple[str, str, str, dict[str, str], Optional[str]]:

@@ -7,14 +7,56 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from dlmspec.data.sft import SftResult
+from dlmspec.data.outputs import DatasetOutput
+
+@dataclass
+class SftResult:
+    """What :func:`prepare_sft` wrote; ``to_dict()`` is the ``--json`` summary."""
+
+    input: str
+    output_prefix: str
+    tokenizer_type: str
+    vocab_size: int
+    eod: int
+    dtype: str
+    chat_template: str
+    chat_template_sha256: str
+    format: str
+    documents: int
+    tokens: int
+    response_tokens: int
+    prompt_tokens: int
+    rows: dict[str, int]
+    bad_rows: dict[str, int]
+    bad_row_lines: dict[str, list[int]]
+    truncated_lines: list[int]
+    special_tokens: dict[str, int]
+    special_tokens_in_vocab: dict[str, int]
+    max_length: Optional[int]
+    overlong: str
+    on_bad: str
+    datasets: list[DatasetOutput]
+    record: str
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tokens_per_s"] = round(self.tokens_per_s, 1)
+        data["elapsed_s"] = round(self.elapsed_s, 3)
+        return data
+
 
 #: Line numbers kept per kind for the summary and the record.
 KEEP_LINES = 20

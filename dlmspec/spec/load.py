@@ -37,11 +37,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.spec.dotted import MAX_DEPTH, SetValueError, TooDeep, nesting_message, parse_set_value, set_dotted, too_deep
+from dlmspec.spec.dotted import (MAX_DEPTH, SetValueError, TooDeep, nesting_message, parse_set_value, set_dotted,
+                                 too_deep)
 from dlmspec.spec.lines import Origin, locate_key
 from dlmspec.spec.python_load import _load_python, _non_string_keys
 from dlmspec.spec.read import _SPEC_DEPTH_HINT, _chain_names, _load_toml
-from dlmspec.spec.schema_errors import _INT64_HINT, _excerpt, _int64_issues, _placeholder_issues, _schema_issue, _short_key, _without_bad_keys, set_syntax_issue
+from dlmspec.spec.schema_errors import (_INT64_HINT, _excerpt, _int64_issues, _placeholder_issues, _schema_issue,
+                                        _short_key, _without_bad_keys, set_syntax_issue)
 from dlmspec.spec.show import _without_written_defaults, _written_by_dlmspec
 from dlmspec.spec.sweep import split_member
 

@@ -19,7 +19,8 @@ from dlmspec.spec.dotted import LONG_NUMBER, MAX_DEPTH, nesting_message, too_dee
 from dlmspec.spec.lines import Origin, _leading_keys, locate_key
 from dlmspec.spec.read import _SPEC_DEPTH_HINT, _check_file
 from dlmspec.spec.schema_errors import _first_model, _placeholder_issue, _schema_issue, _short_key, _short_repr
-from dlmspec.spec.sweep import MAX_SWEEP_MEMBERS, MEMBER_SEP, _Member, _by_name, _checked_sweep, _overridden, _some_names, split_member
+from dlmspec.spec.sweep import (MAX_SWEEP_MEMBERS, MEMBER_SEP, _Member, _by_name, _checked_sweep, _overridden,
+                                _some_names, split_member)
 
 #: Python spec files already run in this process: (file, mtime_ns, size) -> members, or None for
 #: a file that assigns one spec (its member is the only entry then).

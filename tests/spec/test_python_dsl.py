@@ -111,7 +111,7 @@ def test_round_trips_without_warnings_under_strict(tmp_path, kind):
     from dlmspec.cli.commands.common import spec_data
     from dlmspec.cli.commands.show import derived_comment, minimal_data
     from dlmspec.render.compile import content_hash, render_lock
-    from dlmspec.render.escape import toml_document
+    from dlmspec.escape import toml_document
     from dlmspec.resolve import resolve
     from dlmspec.spec.show import SHOW_HEADER
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dlmspec.credentials import redact
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.render.escape import toml_document
+from dlmspec.escape import toml_document
 
 if TYPE_CHECKING:
     from dlmspec.spec.models import Spec

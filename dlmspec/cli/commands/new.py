@@ -17,7 +17,7 @@ from dlmspec.cli.help import Command
 from dlmspec.cli.output import human_count, print_envelope, report_warnings, use_json
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.gpus import GiB
-from dlmspec.render.escape import comment, toml_document
+from dlmspec.escape import comment, toml_document
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from dlmspec.cli.output import _text, human_count, print_envelope, stdout, use_j
 from dlmspec.credentials import redact
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.gpus import GPUS, GiB, gpu_ids
-from dlmspec.render.escape import toml_document
+from dlmspec.escape import toml_document
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PUBLISHED, preset_names
 
 if TYPE_CHECKING:
