@@ -4,7 +4,8 @@
 Each run is ``python -m dlmspec.cli ARGS`` in a new process (interpreter start-up, imports and the
 work all counted), timed with ``time.perf_counter`` around ``subprocess.run``; one untimed run of
 each command first warms the bytecode cache. Prints JSON: per command the median, min and max wall
-seconds of ``--runs`` runs and the exit code, and the machine's CPU count and load average before
+seconds of ``--runs`` runs, the median CPU seconds (user + sys of the child: steadier than wall
+time on a busy machine) and the exit code, and the machine's CPU count and load average before
 and after (other work on a shared machine inflates wall times).
 
     python bench/cli/startup.py                        # 20 runs each, specs/demo-dlm.toml
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,13 +34,17 @@ def time_command(args: list[str], runs: int, root: Path) -> dict[str, object]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     command = [sys.executable, "-m", "dlmspec.cli", *args]
     first = subprocess.run(command, cwd=root, env=env, capture_output=True)
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(command, cwd=root, env=env, capture_output=True)
         times.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return {"argv": ["dlmspec", *args], "exit_code": first.returncode, "median_s": round(statistics.median(times), 4),
-            "min_s": round(min(times), 4), "max_s": round(max(times), 4), "runs": runs}
+            "min_s": round(min(times), 4), "max_s": round(max(times), 4),
+            "cpu_median_s": round(statistics.median(cpu), 4), "runs": runs}
 
 
 def main() -> int:
