@@ -1,7 +1,7 @@
 """``dlmspec``: the command line's entry point (:func:`main`; ``python -m dlmspec.cli`` runs it).
 
 The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app, no command),
-:mod:`dlmspec.cli.commands` (the commands, registered on the app when imported),
+:mod:`dlmspec.cli.commands` (the commands, one module each, registered on the app when imported),
 :mod:`dlmspec.cli.validate` and :mod:`dlmspec.cli.plan` (the bodies of ``validate`` and ``plan``),
 :mod:`dlmspec.cli.submit` (``dlmspec submit``), :mod:`dlmspec.cli.convert` (``dlmspec convert``),
 :mod:`dlmspec.cli.output` (what every command prints, the ``--json`` envelope included),
@@ -9,9 +9,11 @@ The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app,
 modules import the app and the output helpers, never this module.
 
 ``validate`` and ``plan`` are the commands users run most (issues #2 and #4 target 0.3 s on a
-2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
-plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
-``--json``, ``--search``, ``--top N`` (which implies ``--search``) - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
+2-core machine; ``bench/validate/bench_validate.py`` and ``bench/cli/startup.py`` time them).
+:func:`main` runs their plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``,
+``--strict``, ``--json``, ``--search``, ``--top N`` (which implies ``--search``), as
+:data:`dlmspec.cli.fast_argv.COMMANDS` (generated from the typer declarations) lists them -
+itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
 :func:`dlmspec.cli.plan.run_plan`) and the same error handling, without importing typer or
 building the app (about 80 ms), and load the spec with ``fast=True``: a plainly valid spec is
 checked without pydantic (:mod:`dlmspec.spec.fast`; importing pydantic and building the models
