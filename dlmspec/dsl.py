@@ -57,7 +57,7 @@ def from_preset(preset: str, *, gpus: int | None = None, name: str | None = None
     """
     import tomllib
 
-    from dlmspec.cli.commands import starter_text
+    from dlmspec.cli.commands.new import starter_text
     from dlmspec.errors import SpecError, SpecIssue
     from dlmspec.spec.models import Spec
     from dlmspec.spec.python import record_of, templates_in
@@ -94,7 +94,7 @@ def load_spec(name_or_path: str | Path) -> Any:
 
     path = Path(name_or_path)
     if not path.suffix:
-        from dlmspec.cli.commands import bundled_specs
+        from dlmspec.cli.commands.new import bundled_specs
 
         specs = bundled_specs()
         if str(name_or_path) not in specs:

@@ -83,8 +83,8 @@ def run_case(case: dict[str, Any], memory: int) -> dict[str, Any]:
 
     # every module of dlmspec.cli that calls them (each imported the names; dlmspec.cli's fast path
     # imports them from dlmspec.cli.output when it reports)
-    for module in (cli, dlmspec.cli.output, dlmspec.cli.app, dlmspec.cli.commands, dlmspec.cli.plan,
-                   dlmspec.cli.validate):
+    for module in (cli, dlmspec.cli.output, dlmspec.cli.app, dlmspec.cli.commands.compile,
+                   dlmspec.cli.commands.new, dlmspec.cli.plan, dlmspec.cli.validate):
         for name, func in (("report_issues", report_issues), ("report_warnings", report_warnings)):
             if hasattr(module, name):
                 setattr(module, name, func)

@@ -34,8 +34,9 @@ PENDING = {
     "dlmspec/check/sequence.py": 1,
     "dlmspec/check/sft.py": 2,
     "dlmspec/check/stage.py": 2,
-    "dlmspec/cli/commands.py": 3,
-    "dlmspec/cli/generate.py": 10,
+    "dlmspec/cli/commands/new.py": 3,
+    "dlmspec/cli/generate.py": 9,
+    "dlmspec/cli/generate_options.py": 1,
     "dlmspec/generate_settings.py": 1,
 }
 

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from dlmspec.check import RULES, issues_for
-from dlmspec.cli.commands import spec_data, spec_json_schema
+from dlmspec.cli.commands.common import spec_data
+from dlmspec.cli.commands.schema import spec_json_schema
 from dlmspec.errors import SpecError
 from dlmspec.render.compile import check_spec, render
 from dlmspec.resolve import resolve

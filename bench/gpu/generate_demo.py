@@ -48,7 +48,7 @@ def _write(path: str, data: dict) -> None:
 def prompts(args: argparse.Namespace) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from dlmspec.cli.generate import find_dataset
+    from dlmspec.cli.generate_inputs import find_dataset
 
     data = IndexedDataset(find_dataset(args.data))
     tokenizer = None

@@ -10,7 +10,7 @@ from typing import Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.credentials import HIDDEN, NEVER_WRITTEN, is_secret_name, redact_text
-from dlmspec.render.escape import sbatch_value
+from dlmspec.escape import sbatch_value
 from dlmspec.resolve import job_name, slurm_settings
 
 #: ``--signal`` takes at most 65535 seconds (SLURM stores it in 16 bits, sbatch(1)).

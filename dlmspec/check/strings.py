@@ -64,7 +64,7 @@ _STRINGS_CHECKED_ELSEWHERE = ("cluster.slurm", "lock")
     "string-characters",
     "error",
     "POSIX (paths, names and environment variables end at NUL); generated files are UTF-8 "
-    "(dlmspec.render.escape writes every other character)",
+    "(dlmspec.escape writes every other character)",
     "no spec string holds NUL or a lone surrogate",
 )
 def _string_characters(ctx: Context) -> Iterator[Finding]:

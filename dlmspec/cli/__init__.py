@@ -1,7 +1,7 @@
 """``dlmspec``: the command line's entry point (:func:`main`; ``python -m dlmspec.cli`` runs it).
 
 The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app, no command),
-:mod:`dlmspec.cli.commands` (the commands, registered on the app when imported),
+:mod:`dlmspec.cli.commands` (the commands, one module each, registered on the app when imported),
 :mod:`dlmspec.cli.validate` and :mod:`dlmspec.cli.plan` (the bodies of ``validate`` and ``plan``),
 :mod:`dlmspec.cli.submit` (``dlmspec submit``), :mod:`dlmspec.cli.convert` (``dlmspec convert``),
 :mod:`dlmspec.cli.output` (what every command prints, the ``--json`` envelope included),
@@ -9,9 +9,11 @@ The package, in the order a command runs: :mod:`dlmspec.cli.app` (the typer app,
 modules import the app and the output helpers, never this module.
 
 ``validate`` and ``plan`` are the commands users run most (they are meant to answer in 0.3 s on a
-2-core machine; ``bench/validate/bench_validate.py`` times them). :func:`main` runs their
-plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``, ``--strict``,
-``--json``, ``--search``, ``--top N`` (which implies ``--search``) - itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
+2-core machine; ``bench/validate/bench_validate.py`` and ``bench/cli/startup.py`` time them).
+:func:`main` runs their plain forms - ``dlmspec validate|check|plan SPEC`` with ``--set``/``-s``,
+``--strict``, ``--json``, ``--search``, ``--top N`` (which implies ``--search``), as
+:data:`dlmspec.cli.fast_argv.COMMANDS` (generated from the typer declarations) lists them -
+itself, with the same bodies (:func:`dlmspec.cli.validate.run_validate`,
 :func:`dlmspec.cli.plan.run_plan`) and the same error handling, without importing typer or
 building the app (about 80 ms), and load the spec with ``fast=True``: a plainly valid spec is
 checked without pydantic (:mod:`dlmspec.spec.fast`; importing pydantic and building the models
@@ -43,45 +45,43 @@ from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 # Entry point
 
 
-#: Commands :func:`main` runs without typer: name -> (flags, options that take a value).
-_FAST_COMMANDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "validate": (frozenset({"--strict", "--json"}), frozenset({"--set", "-s"})),
-    "check": (frozenset({"--strict", "--json"}), frozenset({"--set", "-s"})),
-    "plan": (frozenset({"--json", "--search"}), frozenset({"--set", "-s", "--top"})),
-}
-
-
 def fast_arguments(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     """``argv`` parsed as typer (click) parses it, for the plain forms of ``validate``,
     ``check`` and ``plan`` only; ``None`` for anything else (typer then parses it, and prints
     its help or usage error).
 
-    Plain means: the command first; exactly one argument (SPEC) that does not start with ``-``;
-    flags and options among that command's, written ``--set VALUE``, ``--set=VALUE`` or ``-s
-    VALUE``, with a value that does not start with ``-`` (click would take it, but so rare a
-    form is left to click); ``--top`` a decimal number. Options may come before or after SPEC,
-    repeated flags count once and a repeated ``--top`` keeps the last, as in click.
+    The options come from :data:`dlmspec.cli.fast_argv.COMMANDS`, generated from the typer app's
+    declaration (``python -m dlmspec.generated``), so the two cannot drift apart. Plain means:
+    the command first; exactly one argument (SPEC) that does not start with ``-``; flags and
+    options among that command's, written ``--set VALUE``, ``--set=VALUE`` or ``-s VALUE``, with
+    a value that does not start with ``-`` (click would take it, but so rare a form is left to
+    click); an integer option's value a plain decimal number. Options may come before or after
+    SPEC, repeated flags count once, a repeatable option collects its values in order, and a
+    repeated single option keeps the last, as in click.
 
     Returns:
-        ``(command, options)``; options has ``spec``, ``set`` (list), ``json``, ``strict``,
-        ``search`` (bools) and ``top`` (int; ``None`` when not given).
+        ``(command, params)``: params by the typer parameter names (``spec``, ``set_``,
+        ``json_output``, ...), each present, defaults filled in, as click's ``ctx.params``.
     """
-    if not argv or argv[0] not in _FAST_COMMANDS:
+    from dlmspec.cli.fast_argv import COMMANDS
+
+    if not argv or argv[0] not in COMMANDS:
         return None
-    flags, valued = _FAST_COMMANDS[argv[0]]
-    options: dict[str, Any] = {"spec": None, "set": [], "json": False, "strict": False, "search": False, "top": None}
+    declared = COMMANDS[argv[0]]
+    flags, valued, argument = declared["flags"], declared["values"], declared["argument"]
+    params: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in declared["defaults"].items()}
     rest = argv[1:]
     i = 0
     while i < len(rest):
         token = rest[i]
         i += 1
         if not token.startswith("-"):
-            if options["spec"] is not None:
+            if params[argument] is not None:
                 return None  # an extra argument: typer's usage error
-            options["spec"] = token
+            params[argument] = token
             continue
         if token in flags:
-            options[token[2:]] = True
+            params[flags[token]] = True
             continue
         name, has_value, value = token.partition("=")
         if name not in valued or (has_value and not name.startswith("--")):
@@ -93,15 +93,18 @@ def fast_arguments(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
             i += 1
         if value.startswith("-"):
             return None
-        if name == "--top":
+        key, kind, repeatable = valued[name]
+        if kind == "int":
             if not (value.isascii() and value.isdigit()):
                 return None
-            options["top"] = int(value)
+            value = int(value)
+        if repeatable:
+            params[key].append(value)
         else:
-            options["set"].append(value)
-    if options["spec"] is None:
+            params[key] = value
+    if params[argument] is None:
         return None
-    return argv[0], options
+    return argv[0], params
 
 
 def _run_fast(command: str, options: dict[str, Any]) -> int:
@@ -115,14 +118,15 @@ def _run_fast(command: str, options: dict[str, Any]) -> int:
             if command == "plan":
                 from dlmspec.cli.plan import run_plan
 
-                return run_plan(options["spec"], options["set"], options["json"], options["search"], options["top"])
+                return run_plan(options["spec"], options["set_"], options["json_output"], options["search"],
+                                options["top"])
             from dlmspec.cli.validate import run_validate
 
-            run_validate(options["spec"], options["set"], strict=options["strict"], json_output=options["json"],
-                         command=command)
+            run_validate(options["spec"], options["set_"], strict=options["strict"],
+                         json_output=options["json_output"], command=command)
             return 0
         except SpecError as exc:
-            report_issues(exc.issues, as_json=options["json"], command=command)
+            report_issues(exc.issues, as_json=options["json_output"], command=command)
             return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

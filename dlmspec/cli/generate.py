@@ -5,382 +5,41 @@ folder, one ``iter_*`` checkpoint, a converted or a Hugging Face checkpoint) and
 :mod:`dlmspec.backends.generate` (the sampler, the ELBO estimators, multiple choice). torch and
 megatron-core are imported inside the commands, so ``import dlmspec.cli`` stays light.
 
-The settings of ``generate``, lowest first: ``GenerateConfig``'s defaults (LLaDA's), the
-``[generate]`` table of the checkpoint's ``spec.lock.toml``, the ``[generate]`` table of
-``--spec FILE``, then the flags. The values used, and where each came from, are recorded with
-every output. Bad input (a flag, a file, a spec value, a path that is no checkpoint) is an issue
-table (or the ``--json`` envelope) naming the flag or key, the value, why and a fix: exit code 2.
-docs/generate.md, "The commands".
+The settings of ``generate`` (:mod:`dlmspec.cli.generate_options`), lowest first: ``GenerateConfig``'s
+defaults (LLaDA's), the ``[generate]`` table of the checkpoint's ``spec.lock.toml``, the
+``[generate]`` table of ``--spec FILE``, then the flags. The values used, and where each came
+from, are recorded with every output. The input files (prompts, choices, a dataset) are read by
+:mod:`dlmspec.cli.generate_inputs`. This module holds the commands, loading the model and what
+they print (escaped for the terminal). Bad input (a flag, a file, a spec value, a path that is no
+checkpoint) is an issue table (or the ``--json`` envelope) naming the flag or key, the value, why
+and a fix: exit code 2. docs/generate.md, "The commands".
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
+from dlmspec.cli.generate_inputs import dataset_windows, find_dataset, read_choices, read_prompts
+from dlmspec.cli.generate_options import _issue, check_token_ids, resolve_settings
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import command_name, print_envelope, printable, stderr, stdout, use_json
-from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.spec.load import COMMAND_LINE
+from dlmspec.errors import SpecError
 
 app = typer.Typer(cls=Group, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=MARKUP_MODE)
 
-#: The ``[generate]`` table's keys (``GenerateSpec``), in ``GenerateConfig``'s order.
-TABLE_FIELDS = ("gen_length", "steps", "block_length", "remasking", "threshold", "temperature", "top_k", "top_p",
-                "cfg_scale", "seed")
-#: ``GenerateConfig`` fields that come from the model (its record and tokenizer) unless a flag sets them.
-MODEL_FIELDS = ("kind", "mask_token_id", "eos_token_id", "pad_token_id")
+
 #: The default ELBO estimator of ``eval`` (LLaDA Eq. 6: the lower-variance one; docs/generate.md).
 DEFAULT_ESTIMATOR = "count"
-#: Largest prompts / choices file read, bytes.
-MAX_FILE_BYTES = 64 << 20
+
+
 _MODEL_HELP = ("A run folder (runs/NAME), its checkpoints folder (latest names the checkpoint), one iter_* folder, "
                "a `dlmspec convert hf-to-mcore` folder or a Hugging Face folder.")
-
-
-def flag(field: str) -> str:
-    """The command-line spelling of a ``GenerateConfig`` field: ``block_length`` -> ``--block-length``."""
-    return "--" + field.replace("_", "-")
-
-
-def _issue(key: str, value: Any, why: str, fix: str, rule: str = "generate-input", file: str | None = None,
-           line: int | None = None) -> SpecError:
-    """A :class:`SpecError` of one issue. An issue of a flag (``--prompts``) or of the argument
-    ``RUN_OR_CHECKPOINT`` with no file of its own is placed on the ``command line`` (as ``--set``'s
-    are), not in a spec."""
-    if file is None and (key.startswith("--") or key == "RUN_OR_CHECKPOINT"):
-        file = COMMAND_LINE
-    return SpecError([SpecIssue(key=key, value=value, message=why, hint=fix, rule=rule, file=file, line=line,
-                                source="dlmspec.cli.generate")])
-
-
-# --------------------------------------------------------------------------- settings
-
-
-class Settings:
-    """The resolved ``GenerateConfig`` keyword arguments and where each came from.
-
-    Attributes:
-        values: field -> value (every ``GenerateConfig`` field).
-        origins: field -> ``"default"``, ``"model"`` (the checkpoint's record / tokenizer),
-            ``"checkpoint"`` (its spec.lock.toml ``[generate]``), ``"spec"`` (``--spec``) or ``"flag"``.
-        where: field -> ``(key, file, line)`` to name in an error about it.
-    """
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-        self.origins: dict[str, str] = {}
-        self.where: dict[str, tuple[str, str | None, int | None]] = {}
-
-    def set(self, field: str, value: Any, origin: str, key: str, file: str | None = None,
-            line: int | None = None) -> None:
-        self.values[field] = value
-        self.origins[field] = origin
-        self.where[field] = (key, file, line)
-
-
-def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: Optional[int],
-                     pad_token_id: Optional[int], lock_table: Optional[dict[str, Any]] = None,
-                     lock_file: Optional[str] = None, spec_table: Optional[dict[str, Any]] = None,
-                     spec_locate: Optional[Callable[[str], tuple[Any, Any]]] = None,
-                     flags: Optional[dict[str, Any]] = None) -> tuple[Any, Settings]:
-    """Join the sources of the settings (module docstring) into a ``GenerateConfig``.
-
-    Args:
-        kind, mask_token_id, eos_token_id, pad_token_id: the model's (``LoadedModel``).
-        lock_table: the checkpoint's ``[generate]`` table (raw TOML values; unknown keys ignored).
-        lock_file: its file, for errors.
-        spec_table: the keys ``--spec``'s ``[generate]`` sets.
-        spec_locate: ``dotted key -> (file, line)`` of the ``--spec`` file.
-        flags: field -> value of the flags given (``None`` = not given; ``eos_token_id = -1``: none).
-
-    Returns:
-        ``(GenerateConfig, Settings)``.
-
-    Raises:
-        SpecError: a value ``GenerateConfig`` refuses, named where it came from (the flag, or the
-            spec key with file and line) with its fix.
-    """
-    from dlmspec.generate_settings import FOLLOW_GEN_LENGTH, GenerateConfig, GenerateConfigError
-
-    s = Settings()
-    defaults = GenerateConfig.__dataclass_fields__
-    for field in TABLE_FIELDS:
-        s.set(field, defaults[field].default, "default", flag(field))
-    for field, value in (("kind", kind), ("mask_token_id", mask_token_id), ("eos_token_id", eos_token_id),
-                         ("pad_token_id", pad_token_id)):
-        s.set(field, value, "model", flag(field))
-    for field, value in (lock_table or {}).items():
-        if field in TABLE_FIELDS:
-            s.set(field, value, "checkpoint", f"generate.{field}", lock_file)
-    for field, value in (spec_table or {}).items():
-        file, line = spec_locate(f"generate.{field}") if spec_locate else (None, None)
-        s.set(field, value, "spec", f"generate.{field}", file, line)
-    for field, value in (flags or {}).items():
-        if value is None:
-            continue
-        if field == "eos_token_id" and value == -1:
-            value = None
-        s.set(field, value, "flag", flag(field))
-    for field in FOLLOW_GEN_LENGTH:  # not given anywhere: follow a given gen_length (follow_gen_length)
-        if s.origins[field] == "default" and s.origins["gen_length"] != "default":
-            s.set(field, s.values["gen_length"], "default", flag(field))
-    if s.values["kind"] == "ar":
-        s.values["mask_token_id"] = None  # an AR model has none; a flag giving one changes nothing
-    try:
-        config = GenerateConfig(**s.values)
-    except GenerateConfigError as exc:
-        key, file, line = s.where.get(exc.field, (flag(exc.field), None, None))
-        origin = s.origins.get(exc.field, "default")
-        why = str(exc).split(": ", 1)[-1].split("; use ")[0]
-        fix = exc.fix
-        if origin in ("default", "model"):
-            why += f" (the {'default' if origin == 'default' else 'model'}'s value)"
-        if key.startswith("--"):  # a flag's fix in the flag's spelling: "--block-length 2"
-            fix = fix.replace(f"{exc.field} = ", f"{key} ")
-        raise _issue(key, exc.value, why, f"use {fix}", rule="generate-settings", file=file, line=line) from None
-    return config, s
-
-
-def embedding_rows(model: Any) -> int:
-    """How many token ids the model embeds: the record's ``model.padded_vocab_size`` (the mask
-    token of a runtime model sits in the padding), else the logits' width ``model.vocab_size``."""
-    padded = (getattr(model, "record", None) or {}).get("model.padded_vocab_size")
-    return int(padded) if isinstance(padded, int) and not isinstance(padded, bool) else int(model.vocab_size)
-
-
-def check_token_ids(model: Any, config: Any, settings: Settings) -> None:
-    """Refuse a mask, EOS or padding id the model has no embedding for (``--mask-token-id
-    1000000000000000000000000000000``), named where it came from, before the sampler writes it
-    into a tensor.
-
-    Raises:
-        SpecError: the id, its flag or key, and the model's range.
-    """
-    rows = embedding_rows(model)
-    for field in ("mask_token_id", "eos_token_id", "pad_token_id"):
-        value = getattr(config, field)
-        if value is None or value < rows:
-            continue
-        key, file, line = settings.where.get(field, (flag(field), None, None))
-        default = {"mask_token_id": model.mask_token_id, "eos_token_id": model.eos_token_id}.get(field)
-        fix = f"{key} {default}" if key.startswith("--") and default is not None else f"an id in 0..{rows - 1}"
-        raise _issue(key, value, f"the model embeds token ids 0..{rows - 1}: {value} is not one of them",
-                     f"use {fix} (the model's own)" if default is not None else f"use {fix}", file=file, line=line)
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-def _read_lines(path: str, flag_name: str) -> Iterator[tuple[int, Any]]:
-    """``(line number, parsed JSON)`` of each non-blank line of a JSONL file, read with
-    :func:`dlmspec.files.iter_lines` (a regular file only, no line longer than
-    ``dlmspec.files.MAX_LINE_BYTES``, at most :data:`MAX_FILE_BYTES` in all, UTF-8, each line nested
-    at most ``dlmspec.files.MAX_NESTING`` levels).
-
-    Raises:
-        SpecError: the file is missing, not a regular file (a FIFO, a device, a folder), too large,
-            a line too long, not UTF-8, not JSON or nested too deep (named, with the line).
-    """
-    from dlmspec.files import FileRefused, iter_lines, loads_json
-
-    what = flag_name.lstrip("-") + " file"
-    total = 0
-    try:
-        for number, raw in iter_lines(path, what=what):
-            total += len(raw) + 1
-            if total > MAX_FILE_BYTES:
-                raise _issue(flag_name, path, f"is larger than {MAX_FILE_BYTES >> 20} MiB", "split it into smaller files")
-            if not raw.strip():
-                continue
-            try:
-                yield number, loads_json(raw, where=path, what=f"line {number}")
-            except FileRefused as exc:
-                raise _issue(flag_name, f"{path}:{number}", f"line {number} is not JSON ({exc.why})",
-                             'one JSON object per line, e.g. {"prompt": "Once upon a time"}', file=path,
-                             line=number) from None
-    except FileRefused as exc:
-        raise _issue(flag_name, path, exc.why, exc.hint) from None
-
-
-def unicode_problem(text: str) -> Optional[str]:
-    """Why ``text`` cannot be tokenized or printed as UTF-8 (a lone surrogate: an unpaired
-    ``\\ud800`` escape in JSON, or bytes of the command line that are not UTF-8), else ``None``."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"character {exc.start} is a lone surrogate (U+{ord(text[exc.start]):04X}), not text: "
-                "it is not valid UTF-8")
-    return None
-
-
-def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[str, Any]]:
-    """The prompts of ``--prompt TEXT`` (repeatable) or ``--prompts FILE.jsonl``: per line
-    ``{"prompt": TEXT}`` or ``{"prompt_ids": [id, ...]}`` (token ids: for a model without a tokenizer).
-
-    Returns:
-        ``[{"prompt": TEXT} or {"prompt_ids": [...]}, ...]``.
-
-    Raises:
-        SpecError: neither or both given, an empty prompt, a bad file or line (named).
-    """
-    if bool(prompt) == bool(prompts_file):
-        raise _issue("--prompt", None if not prompt else prompt[0],
-                     "give the prompts one way: --prompt TEXT (repeatable) or --prompts FILE.jsonl" if not prompt
-                     else "--prompt and --prompts were both given",
-                     '--prompt "Once upon a time" or --prompts prompts.jsonl')
-    if prompt:
-        for text in prompt:
-            if not text:
-                raise _issue("--prompt", text, "is empty: the model needs at least one token", '--prompt "The"')
-            why = unicode_problem(text)
-            if why:
-                raise _issue("--prompt", text.encode("utf-8", "backslashreplace").decode("ascii", "replace"), why,
-                             "give the prompt as UTF-8 text")
-        return [{"prompt": text} for text in prompt]
-    out: list[dict[str, Any]] = []
-    for number, row in _read_lines(prompts_file, "--prompts"):  # type: ignore[arg-type]
-        text = row.get("prompt") if isinstance(row, dict) else None
-        ids = row.get("prompt_ids") if isinstance(row, dict) else None
-        if isinstance(text, str) and text:
-            why = unicode_problem(text)
-            if why:
-                raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number}: \"prompt\" {why}",
-                             "write the prompt as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
-                             file=prompts_file, line=number)
-            out.append({"prompt": text})
-        elif isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-            out.append({"prompt_ids": ids})
-        else:
-            raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number} has neither a non-empty \"prompt\" "
-                         "string nor a non-empty \"prompt_ids\" list of token ids",
-                         '{"prompt": "Once upon a time"} or {"prompt_ids": [464, 2068]}', file=prompts_file, line=number)
-    if not out:
-        raise _issue("--prompts", prompts_file, "holds no prompt", '{"prompt": "Once upon a time"} per line')
-    return out
-
-
-#: Most choices one multiple-choice item may have (benchmarks have 2 to ~10).
-MAX_CHOICES = 1000
-
-
-def read_choices(path: str) -> list[dict[str, Any]]:
-    """Multiple-choice items of a JSONL file: ``{"context": str, "choices": [str, ...], "label": int}``.
-
-    Raises:
-        SpecError: a bad file or line (named, with the line).
-    """
-    items = []
-    for number, row in _read_lines(path, "--choices"):
-        ok = (isinstance(row, dict) and isinstance(row.get("context"), str) and isinstance(row.get("choices"), list)
-              and len(row["choices"]) >= 2 and all(isinstance(c, str) and c for c in row["choices"]))
-        if not ok:
-            raise _issue("--choices", f"{path}:{number}",
-                         f"line {number} is not {{\"context\": str, \"choices\": [at least 2 non-empty str], \"label\": int}}",
-                         '{"context": "The sky is", "choices": [" blue", " green"], "label": 0}', file=path, line=number)
-        if len(row["choices"]) > MAX_CHOICES:
-            raise _issue("--choices", f"{path}:{number}", f"line {number} has {len(row['choices']):,} choices: an item "
-                         f"has at most {MAX_CHOICES:,} (each choice is one scored forward pass)",
-                         "split the item, or keep the choices a question really has", file=path, line=number)
-        for name, text in [("context", row["context"])] + [(f"choice {i}", c) for i, c in enumerate(row["choices"])]:
-            why = unicode_problem(text)
-            if why:
-                raise _issue("--choices", f"{path}:{number}", f"line {number}: the {name} {why}",
-                             "write it as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
-                             file=path, line=number)
-        label = row.get("label")
-        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(row["choices"]):
-            raise _issue("--choices", f"{path}:{number}", f"line {number}: \"label\" = {label!r} is not an index of its "
-                         f"{len(row['choices'])} choices", f"a label in 0..{len(row['choices']) - 1}", file=path,
-                         line=number)
-        items.append(row)
-    if not items:
-        raise _issue("--choices", path, "holds no item", '{"context": ..., "choices": [...], "label": 0} per line')
-    return items
-
-
-def find_dataset(prefix: str) -> str:
-    """The indexed dataset's prefix (``PREFIX.bin`` + ``PREFIX.idx``); ``PREFIX_text_document`` is
-    tried too (``dlmspec data prepare --output-prefix PREFIX`` writes it).
-
-    Raises:
-        SpecError: neither exists (``--data`` named).
-    """
-    for candidate in (prefix, prefix + "_text_document"):
-        if os.path.isfile(candidate + ".bin") and os.path.isfile(candidate + ".idx"):
-            return candidate
-    from dlmspec.data.errors import DataPrepareError
-    from dlmspec.data.inspect import manifest_shards, resolve_manifest
-
-    try:
-        manifest = resolve_manifest(prefix) or resolve_manifest(prefix + "_text_document")
-        shards = manifest_shards(manifest)[1] if manifest else []
-    except DataPrepareError:
-        shards = []
-    if shards:
-        raise _issue("--data", prefix, f"a sharded output ({manifest}, {len(shards)} shards): eval scores the "
-                     "first windows of one dataset", f"pass one shard, e.g. --data {shards[0]}")
-    raise _issue("--data", prefix, f"no {prefix}.bin / .idx (nor {prefix}_text_document.bin / .idx)",
-                 "give the prefix `dlmspec data prepare --output-prefix` wrote, e.g. .data/demo-valid")
-
-
-def dataset_windows(prefix: str, *, seq_length: int, num_sequences: int, vocab_size: int) -> tuple[Any, dict[str, Any]]:
-    """The first ``num_sequences`` windows of ``seq_length`` tokens of the dataset's documents,
-    concatenated in order (as megatron-core's GPT dataset packs them, without shuffling).
-
-    Returns:
-        ``(LongTensor[n, seq_length], facts)``; ``n <= num_sequences`` when the data is shorter.
-
-    Raises:
-        SpecError: the dataset cannot be read, holds no full window, or ids outside the vocabulary.
-    """
-    import numpy as np
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    from dlmspec.data.index import check_index
-    from dlmspec.files import FileRefused
-
-    try:  # an index that contradicts itself or its .bin is refused before megatron-core maps it
-        check_index(prefix, exact_bin=True)
-    except FileRefused as exc:
-        raise _issue("--data", prefix, exc.why, exc.hint) from None
-    try:
-        data = IndexedDataset(prefix, mmap=True)
-    except Exception as exc:  # noqa: BLE001 - megatron raises AssertionError/ValueError/OSError on a bad file
-        raise _issue("--data", prefix, f"cannot be read as a Megatron indexed dataset ({str(exc)[:200]})",
-                     "give a prefix `dlmspec data prepare` wrote") from None
-    need = seq_length * num_sequences
-    pieces, have, docs = [], 0, 0
-    for i in range(len(data)):
-        doc = np.asarray(data[i], dtype=np.int64)
-        pieces.append(doc)
-        have += doc.size
-        docs += 1
-        if have >= need:
-            break
-    flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    n = min(num_sequences, flat.size // seq_length)
-    if n == 0:
-        raise _issue("--seq-length", seq_length, f"the dataset holds {flat.size} tokens, less than one window",
-                     f"--seq-length {max(2, flat.size)}")
-    windows = torch.from_numpy(flat[: n * seq_length].reshape(n, seq_length).copy())
-    top = int(windows.max())
-    if top >= vocab_size:
-        raise _issue("--data", prefix, f"holds token id {top}, outside the model's vocabulary of {vocab_size}",
-                     "score data tokenized with the model's tokenizer")
-    return windows, {"prefix": prefix, "documents_read": docs, "num_sequences": n, "seq_length": seq_length,
-                     "tokens": n * seq_length, "windows": "the first documents concatenated in order, cut into "
-                     "windows of seq_length (no shuffling)"}
-
-
-# --------------------------------------------------------------------------- loading
 
 
 def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mask_token_id: Optional[int]) -> Any:
@@ -421,8 +80,6 @@ def _spec_table(spec: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional
     return table.model_dump(exclude_unset=True), loaded.locate
 
 
-# --------------------------------------------------------------------------- printing
-
 def terminal_safe(text: str) -> str:
     """``text`` as it may reach the terminal: :func:`dlmspec.cli.output.printable` keeping
     newlines and tabs (``"\\x1b[2J"`` prints as the text ``\\x1b[2J``), so a prompt, a generated
@@ -444,9 +101,6 @@ def _print_outputs(console: Any, outputs: list[dict[str, Any]], has_tokenizer: b
             console.print(Text("prompt ids: " + " ".join(map(str, out["prompt_ids"])), style="dim"))
             console.print(Text("generated ids: " + (" ".join(map(str, out["ids"])) or "(none)")))
         console.print(Text(f"[{out['finish_reason']}, {len(out['ids'])} tokens]", style="dim"))
-
-
-# --------------------------------------------------------------------------- streaming
 
 
 def render_canvas(model: Any, ids: list[int], mask_id: Optional[int], placeholder: str = "\u2591") -> str:
@@ -503,9 +157,6 @@ class _Stream:
             self.live.stop()
         elif self.bar is not None:
             self.bar.stop()
-
-
-# --------------------------------------------------------------------------- generate
 
 
 def decoding_plan(model: Any, config: Any, kv_cache: bool) -> tuple[bool, Optional[str], str]:
@@ -654,9 +305,6 @@ def generate_command(
     shown = ", ".join(f"{k} = {v}" for k, v in config.to_dict().items() if v is not None)
     console.print(Text(f"settings: {shown}; {run['forward_passes']} forward passes, "
                        f"{run['generated_tokens']} tokens in {run['seconds']:.2f} s", style="dim"))
-
-
-# --------------------------------------------------------------------------- eval
 
 
 def _progress(total: int, label: str) -> Any:

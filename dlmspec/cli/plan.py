@@ -11,7 +11,7 @@ and exits 2. What ``dlmspec validate`` (and ``compile``) would refuse beyond tha
 settings, the runtime's gaps such as an unimplemented stage: :func:`validate_refusals`) is printed
 as warnings beside the plan: the plan of such a spec is still a plan, and exits 0.
 
-A Python sweep (:func:`dlmspec.spec.load.sweep_targets`) is planned member by member:
+A Python sweep (:func:`dlmspec.spec.python_load.sweep_targets`) is planned member by member:
 one row each (:func:`_plan_sweep`), or with ``--search`` one search each (:func:`_search_sweep`).
 
 ``dlmspec plan SPEC --search`` ranks the layouts that fit (:func:`dlmspec.plan.search.search`).
@@ -56,7 +56,7 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
         raise SpecError([SpecIssue("--top", "must be at least 1", value=top, hint="e.g. --top 5", rule="arguments")])
     search = search or top is not None
     top = DEFAULT_TOP if top is None else top
-    from dlmspec.spec.load import sweep_targets
+    from dlmspec.spec.python_load import sweep_targets
 
     members = sweep_targets(spec, overrides)
     if len(members) > 1:

@@ -4,7 +4,7 @@ prints the commands instead (:func:`dry_run_script`). The batch script itself is
 
 Each argument is a stage, in order (``pretrain.toml sft.toml``: SFT starts when pretraining
 succeeds): every job of a stage waits with ``--dependency=afterok:<ids>`` for all jobs of the
-stage before. A Python sweep (:func:`dlmspec.spec.load.sweep_targets`) is one stage of
+stage before. A Python sweep (:func:`dlmspec.spec.python_load.sweep_targets`) is one stage of
 independent jobs, one per member, side by side. ``--after JOBID`` delays the first stage (each
 member of a sweep)."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.render.escape import shell_word
+from dlmspec.escape import shell_word
 from dlmspec.resolve import slurm_settings
 
 #: Where ``dlmspec submit SPEC`` compiles when no ``--output`` is given: ``compiled/<spec stem>``
@@ -115,7 +115,8 @@ def plan_submission(
 
     python = compiler.launch_interpreter(python)
 
-    from dlmspec.spec.load import split_member, sweep_targets
+    from dlmspec.spec.python_load import sweep_targets
+    from dlmspec.spec.sweep import split_member
 
     if not targets:
         raise _submit_issue("<targets>", "nothing to submit", None, "give a spec file or a compiled directory")

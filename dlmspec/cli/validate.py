@@ -64,7 +64,7 @@ def run_validate(spec: str, overrides: list[str], *, strict: bool = False, json_
         SpecError: the spec has an error (or, with ``strict``, a warning); the caller prints it
             (:func:`report_issues`) and exits 2.
     """
-    from dlmspec.spec.load import sweep_targets
+    from dlmspec.spec.python_load import sweep_targets
 
     members = sweep_targets(spec, overrides)
     if len(members) > 1:

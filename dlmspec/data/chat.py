@@ -24,7 +24,7 @@ template text between turns are prompt. Each run of text with one flag is tokeni
 so no token straddles the prompt/response boundary and the prompt's tokens are those of the
 generation prompt (``add_generation_prompt=True``) that inference feeds the model. The special
 tokens are split out of the template's text (never out of a message's content: a content that
-contains ``<|im_end|>`` is tokenized as text, by :func:`dlmspec.data.sft.text_tokenize`).
+contains ``<|im_end|>`` is tokenized as text, by :func:`dlmspec.data.sft_tokens.text_tokenize`).
 
 Nothing here imports torch or megatron; ``transformers`` only for the ``tokenizer`` template.
 """

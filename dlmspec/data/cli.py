@@ -23,7 +23,8 @@ from dlmspec.data.hub import source_from_flags
 from dlmspec.data.inspect import SAMPLE_TOKENS, Inspection, inspect_dataset
 from dlmspec.data.prepare import PrepareResult, prepare
 from dlmspec.data.read import MAX_LINE_BYTES
-from dlmspec.data.sft import SftOptions, prepare_sft_command, print_sft_summary
+from dlmspec.data.sft import SftOptions, prepare_sft_command
+from dlmspec.data.sft_summary import print_sft_summary
 from dlmspec.errors import EXIT_USAGE, SpecIssue
 from dlmspec.tokenizers import valid_tokenizer_types
 

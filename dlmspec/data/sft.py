@@ -30,6 +30,11 @@ is incomplete; a row whose prompt alone fills the length is skipped as ``over_lo
 The run is one process (rendering is cheap beside tokenizing; the corpus of an SFT set is small);
 temporary files, ``--force`` and the never-overwrite-an-input checks are those of
 :mod:`dlmspec.data.outputs`. User-input problems raise :class:`~dlmspec.data.errors.DataPrepareError`.
+
+The parts: :mod:`dlmspec.data.sft_rows` (a JSON row to chat messages, or why it is bad),
+:mod:`dlmspec.data.sft_tokens` (the tokenizer side: special-token ids, tokenizing text as text) and
+:mod:`dlmspec.data.sft_summary` (the summary printed after a run); this module holds the options,
+the run (:func:`prepare_sft`) and its result.
 """
 
 from __future__ import annotations
@@ -37,38 +42,33 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from dlmspec.data import chat
 from dlmspec.credentials import redact_text
+from dlmspec.data import chat
 from dlmspec.data.errors import DataPrepareError
-from dlmspec.data.outputs import (
-    DatasetOutput,
-    check_outputs,
-    commit_datasets,
-    dataset_prefix,
-    discard_partial,
-    install_termination_handlers,
-    protected_inputs,
-    remove_stale_tmp,
-    restore_handlers,
-    tmp_tag,
-)
+from dlmspec.data.outputs import (DatasetOutput, check_outputs, commit_datasets, dataset_prefix, discard_partial,
+                                  install_termination_handlers, protected_inputs, remove_stale_tmp, restore_handlers,
+                                  tmp_tag)
 from dlmspec.data.read import CHUNK_BYTES, CHUNK_DOCS, MAX_LINE_BYTES, check_input, read_chunks
 from dlmspec.data.record import record_path, tokenizer_section, write_record
+from dlmspec.data.sft_rows import BadRow, row_messages
+from dlmspec.data.sft_summary import KEEP_LINES, SftResult, _lines_text, _same, _token_text
+from dlmspec.data.sft_tokens import _hf_tokenizer, _require_hf, assign_special_ids, text_tokenize
 from dlmspec.tokenizers import TokenizerArgs, TokenizerError, canonical_tokenizer_type
 
 #: The contract's key: the outputs are ``OUT_text_document`` and ``OUT_text_document_response``.
 JSON_KEY = "text"
+
+
 #: Suffix of the response-flag dataset after the token dataset's prefix.
 RESPONSE_SUFFIX = "_response"
+
+
 #: Kinds of bad rows, in the order the summary lists them.
 BAD_KINDS: tuple[str, ...] = (
     "not_json",        # not JSON, or not a JSON object
@@ -83,12 +83,12 @@ BAD_KINDS: tuple[str, ...] = (
     "bad_text",        # a string that is not Unicode text (a lone surrogate, "\ud800" in JSON)
     "line_too_long",   # a line longer than --max-line-bytes (measured, never held whole)
 )
-#: Line numbers kept per kind for the summary and the record.
-KEEP_LINES = 20
-#: The largest token id megatron-core's indexed datasets store (``DType.optimal_dtype``: int32).
-MAX_TOKEN_ID = 2**31 - 1
+
+
 #: ``--overlong`` and ``--on-bad`` choices.
 OVERLONG_CHOICES = ("skip", "truncate")
+
+
 ON_BAD_CHOICES = ("skip", "fail")
 
 
@@ -119,275 +119,6 @@ class SftOptions:
     def given(self) -> list[str]:
         """The flags given (not None), by their CLI spelling."""
         return [flag for name, flag in self.FLAGS.items() if getattr(self, name) is not None]
-
-
-@dataclass
-class SftResult:
-    """What :func:`prepare_sft` wrote; ``to_dict()`` is the ``--json`` summary."""
-
-    input: str
-    output_prefix: str
-    tokenizer_type: str
-    vocab_size: int
-    eod: int
-    dtype: str
-    chat_template: str
-    chat_template_sha256: str
-    format: str
-    documents: int
-    tokens: int
-    response_tokens: int
-    prompt_tokens: int
-    rows: dict[str, int]
-    bad_rows: dict[str, int]
-    bad_row_lines: dict[str, list[int]]
-    truncated_lines: list[int]
-    special_tokens: dict[str, int]
-    special_tokens_in_vocab: dict[str, int]
-    max_length: Optional[int]
-    overlong: str
-    on_bad: str
-    datasets: list[DatasetOutput]
-    record: str
-    elapsed_s: float
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["tokens_per_s"] = round(self.tokens_per_s, 1)
-        data["elapsed_s"] = round(self.elapsed_s, 3)
-        return data
-
-
-class BadRow(Exception):
-    """A row that cannot be used: ``kind`` (one of :data:`BAD_KINDS`) and why, in words."""
-
-    def __init__(self, kind: str, why: str) -> None:
-        super().__init__(why)
-        self.kind = kind
-        self.why = why
-
-
-# --------------------------------------------------------------------------- rows
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
-    return names.get(type(value), "number")
-
-
-#: A UTF-16 surrogate code point: JSON's ``"\ud800"`` escapes parse to one, and no UTF-8 text holds it.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _check_text(value: str, where: str) -> None:
-    """Raise :class:`BadRow` (``bad_text``) when ``value`` holds a lone surrogate (not Unicode
-    text: no tokenizer can encode it)."""
-    found = _SURROGATE.search(value)
-    if found is not None:
-        raise BadRow("bad_text", f"{where} holds the lone surrogate \\u{ord(found.group()):04x} at character "
-                     f"{found.start()} (not Unicode text; write the character itself, or a pair of surrogates)")
-
-
-def row_messages(record: Any, fmt: str, keys: dict[str, str]) -> list[dict[str, str]]:
-    """The conversation of one parsed row, as ``[{"role", "content"}, ...]``.
-
-    Args:
-        record: the parsed JSON line.
-        fmt: ``"messages"`` or ``"prompt_response"``.
-        keys: ``{"messages": ..., "prompt": ..., "response": ...}``, the row's key names.
-
-    Raises:
-        BadRow: the row is not a usable conversation (kind and why).
-    """
-    if not isinstance(record, dict):
-        raise BadRow("not_json", f"expected a JSON object, got a JSON {_json_type(record)}")
-    present = ", ".join(repr(k) for k in list(record)[:8]) or "none"
-    if fmt == "prompt_response":
-        prompt_key, response_key = keys["prompt"], keys["response"]
-        for key in (prompt_key, response_key):
-            if key not in record:
-                raise BadRow("missing_key", f"no key {key!r} (the row has keys: {present})")
-            if not isinstance(record[key], str):
-                raise BadRow("wrong_type", f"key {key!r} must be a string, got a JSON {_json_type(record[key])}")
-        for key in (prompt_key, response_key):
-            _check_text(record[key], repr(key))
-        if not record[response_key].strip():
-            raise BadRow("empty_response", f"key {response_key!r} is empty")
-        return [{"role": "user", "content": record[prompt_key]},
-                {"role": "assistant", "content": record[response_key]}]
-    key = keys["messages"]
-    if key not in record:
-        other = " (a file has one format: the first row's)" if keys["prompt"] in record else ""
-        raise BadRow("missing_key", f"no key {key!r} (the row has keys: {present}){other}")
-    messages = record[key]
-    if not isinstance(messages, list):
-        raise BadRow("wrong_type", f"key {key!r} must be a list of messages, got a JSON {_json_type(messages)}")
-    out: list[dict[str, str]] = []
-    for index, message in enumerate(messages):
-        where = f"{key}[{index}]"
-        if not isinstance(message, dict):
-            raise BadRow("wrong_type", f"{where} must be an object with role and content, got a JSON {_json_type(message)}")
-        role = message.get("role")
-        if role is None or role == "":
-            raise BadRow("missing_role", f"{where} has no 'role' (one of {', '.join(chat.ROLES)})")
-        if not isinstance(role, str):
-            raise BadRow("wrong_type", f"{where}.role must be a string, got a JSON {_json_type(role)}")
-        if role not in chat.ROLES:
-            raise BadRow("unknown_role", f"{where}.role {role!r} is not one of {', '.join(chat.ROLES)}")
-        if "content" not in message:
-            raise BadRow("missing_key", f"{where} has no 'content'")
-        content = message["content"]
-        if not isinstance(content, str):
-            raise BadRow("wrong_type", f"{where}.content must be a string, got a JSON {_json_type(content)}")
-        _check_text(content, f"{where}.content")
-        if role == chat.RESPONSE_ROLE and not content.strip():
-            raise BadRow("empty_response", f"{where} is an assistant turn with empty content")
-        out.append({"role": role, "content": content})
-    replies = [i for i, m in enumerate(out) if m["role"] == chat.RESPONSE_ROLE]
-    if not replies:
-        raise BadRow("no_response", "the conversation has no assistant turn (nothing to learn)")
-    if replies[-1] != len(out) - 1:
-        raise BadRow("no_response", f"{key}[{len(out) - 1}] ({out[-1]['role']}) comes after the last "
-                     "assistant turn (it would be trained on nothing)")
-    return out
-
-
-# --------------------------------------------------------------------------- tokenizer side
-
-
-def vocab_token_id(tokenizer: Any, token: str) -> Optional[int]:
-    """The id of ``token`` as one entry of ``tokenizer``'s vocabulary, or None when it has none.
-
-    Works for dlmspec's GPT-2 BPE (the ``tokenizers`` object under it) and megatron-core's
-    Hugging Face tokenizer (the ``transformers`` tokenizer under it); other types answer None (a
-    template token then gets a new id).
-    """
-    inner = getattr(tokenizer, "_tokenizer", None)
-    hf = getattr(inner, "tokenizer", None)
-    if hf is not None and hasattr(hf, "get_vocab"):
-        found = hf.get_vocab().get(token)
-        return None if found is None else int(found)
-    if inner is not None and hasattr(inner, "token_to_id"):
-        found = inner.token_to_id(token)
-        return None if found is None else int(found)
-    return None
-
-
-def text_tokenize(tokenizer: Any) -> Any:
-    """``tokenize(text) -> ids`` for the text of a conversation, special-token strings inside it
-    tokenized as text: megatron-core's Hugging Face tokenizer maps ``<|endoftext|>`` in a text to
-    its id, so the ``transformers`` tokenizer under it is called with ``split_special_tokens=True``
-    (a user's ``<|im_end|>`` cannot end a turn); other types already tokenize text as text."""
-    hf = getattr(getattr(tokenizer, "_tokenizer", None), "tokenizer", None)
-    if hf is not None and hasattr(hf, "encode"):
-        return lambda text: hf.encode(text, add_special_tokens=False, split_special_tokens=True)
-    return tokenizer.tokenize
-
-
-def _require_hf(tokenizer_type: str, tokenizer_model: Optional[str]) -> None:
-    """Refuse ``--chat-template tokenizer`` for a tokenizer type without a ``chat_template``."""
-    if tokenizer_type != "HuggingFaceTokenizer" or not tokenizer_model:
-        raise DataPrepareError(
-            f"--chat-template tokenizer: uses the Hugging Face tokenizer's own chat_template, and "
-            f"--tokenizer-type {tokenizer_type} has none; pass --tokenizer-type HuggingFaceTokenizer "
-            "--tokenizer-model DIR (a tokenizer with a chat_template), or a built-in template: "
-            "--chat-template chatml"
-        )
-
-
-def _hf_tokenizer(tokenizer_type: str, tokenizer_model: Optional[str]) -> Any:
-    """The ``transformers`` tokenizer for ``--chat-template tokenizer`` (its ``chat_template``)."""
-    _require_hf(tokenizer_type, tokenizer_model)
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer_model), trust_remote_code=False)
-    except ImportError:
-        raise DataPrepareError(
-            "--chat-template tokenizer needs the transformers package (pip install transformers)"
-        ) from None
-    except Exception as exc:  # noqa: BLE001  (transformers raises many kinds on a bad folder)
-        if "trust_remote_code" in str(exc):
-            from dlmspec.tokenizers import remote_code_refusal
-
-            raise DataPrepareError(remote_code_refusal(tokenizer_type, tokenizer_model)) from None
-        raise DataPrepareError(
-            f"--tokenizer-model {tokenizer_model}: cannot load it with transformers' AutoTokenizer "
-            f"({str(exc)[:300]}); pass a local tokenizer folder"
-        ) from None
-
-
-def assign_special_ids(
-    specials: tuple[str, ...],
-    tokenizer: Any,
-    vocab_size: int,
-    first_new: Optional[int],
-    mask_id: Optional[int],
-    pad_id: Optional[int],
-    eod_id: int,
-) -> tuple[dict[str, int], dict[str, int]]:
-    """Ids of a template's special tokens: ``(new, in_vocab)``.
-
-    A token the vocabulary has keeps its id (``in_vocab``); the others get ids from ``first_new``
-    (default ``vocab_size + 1``) upwards, in the template's order (``new``).
-
-    Raises:
-        DataPrepareError: ``first_new`` below ``vocab_size`` (it would reuse a token's id); a new
-            id, or a template token's id, equal to ``--mask-token-id`` or ``--pad-token-id``
-            (pad may equal EOD, which pads SFT samples by design).
-    """
-    in_vocab: dict[str, int] = {}
-    missing: list[str] = []
-    for token in specials:
-        found = vocab_token_id(tokenizer, token)
-        if found is None:
-            missing.append(token)
-        else:
-            in_vocab[token] = found
-    start = vocab_size + 1 if first_new is None else int(first_new)
-    if missing and start < vocab_size:
-        raise DataPrepareError(
-            f"--first-new-token-id {start}: below the vocabulary size {vocab_size}, so the new chat "
-            f"tokens ({', '.join(missing)}) would take ids of existing tokens; pass "
-            f"--first-new-token-id {vocab_size + 1} (the default: {vocab_size} stays free for [MASK])"
-        )
-    new = {token: start + i for i, token in enumerate(missing)}
-    end = start + len(missing)  # the first id after the new ones
-    if end > MAX_TOKEN_ID + 1:
-        raise DataPrepareError(
-            f"--first-new-token-id {start}: the new chat tokens' ids would pass {MAX_TOKEN_ID:,}, the largest "
-            f"id an indexed dataset holds (int32); pass --first-new-token-id {vocab_size + 1} (the default)"
-        )
-    for flag, value in (("--mask-token-id", mask_id), ("--pad-token-id", pad_id)):
-        if value is None:
-            continue
-        hit = next((t for t, i in new.items() if i == value), None)
-        if hit is not None:
-            raise DataPrepareError(
-                f"{flag} {value}: the chat token {hit} would get id {value} too (new chat tokens "
-                f"take ids {start}..{end - 1} from --first-new-token-id); pass --first-new-token-id "
-                f"{max(value + 1, vocab_size)} to put them after it, or another {flag}"
-            )
-        hit = next((t for t, i in in_vocab.items() if i == value), None)
-        if hit is not None and not (flag == "--pad-token-id" and value == eod_id):
-            raise DataPrepareError(
-                f"{flag} {value}: is the id of the template's token {hit} in the vocabulary; the "
-                f"model could not tell them apart; pass another {flag}, e.g. {flag} {end}"
-            )
-        if flag == "--mask-token-id" and value == eod_id:
-            raise DataPrepareError(
-                f"--mask-token-id {value}: is the EOD id, which ends every SFT sample and is "
-                f"supervised; pass another, e.g. --mask-token-id {vocab_size if start > vocab_size else end}"
-            )
-    return new, in_vocab
-
-
-# --------------------------------------------------------------------------- prepare
 
 
 def _check_options(options: SftOptions) -> tuple[str, str, str, dict[str, str], Optional[str]]:
@@ -738,64 +469,6 @@ def prepare_sft(
         overlong=overlong, on_bad=on_bad, datasets=list(outputs.values()), record=record_file,
         elapsed_s=time.perf_counter() - start_time, notes=notes,
     )
-
-
-def _same(a: str, b: str) -> bool:
-    """Whether two paths name one file (links followed); False when either is missing."""
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
-
-
-def _token_text(tokenizer: Any, token_id: int) -> str:
-    """The string of one id (``<|endoftext|>``), or "" when the tokenizer cannot say."""
-    hf = getattr(getattr(tokenizer, "_tokenizer", None), "tokenizer", None)
-    if hf is not None and hasattr(hf, "convert_ids_to_tokens"):  # its detokenize drops special tokens
-        with contextlib.suppress(Exception):
-            return str(hf.convert_ids_to_tokens(token_id) or "")
-    try:
-        return str(tokenizer.detokenize([token_id]))
-    except Exception:  # noqa: BLE001
-        return ""
-
-
-def _lines_text(kept: list[int], total: int) -> str:
-    text = ", ".join(str(n) for n in kept)
-    return text + (f" and {total - len(kept):,} more" if total > len(kept) else "")
-
-
-def print_sft_summary(console: Console, result: SftResult) -> None:
-    """The summary table of ``data prepare --sft`` (as the pre-training prepare prints it)."""
-    table = Table(title="dlmspec data prepare --sft", show_header=False, title_justify="left")
-    table.add_column("field", style="bold")
-    table.add_column("value")
-    rows = result.rows
-    specials = ", ".join(f"{t} {i}" for t, i in result.special_tokens.items()) or "none"
-    rows_out = [
-        ("input", f"{result.input} ({result.format})"),
-        ("tokenizer", f"{result.tokenizer_type} (vocab {result.vocab_size:,}, eod {result.eod}, {result.dtype})"),
-        ("chat template", f"{result.chat_template} (sha256 {result.chat_template_sha256[:12]})"),
-        ("new token ids", specials),
-        ("rows", f"{rows['read']:,} read, {rows['written']:,} written, {rows['skipped']:,} skipped, "
-                 f"{rows['truncated']:,} truncated"),
-    ]
-    for kind_, count in result.bad_rows.items():
-        rows_out.append((f"bad: {kind_}", f"{count:,} (lines {_lines_text(result.bad_row_lines[kind_], count)})"))
-    if rows["truncated"]:
-        rows_out.append(("truncated", f"{rows['truncated']:,} to --seq-length {result.max_length:,} "
-                         f"(lines {_lines_text(result.truncated_lines, rows['truncated'])})"))
-    rows_out += [
-        ("tokens", f"{result.tokens:,} ({result.response_tokens:,} response, {result.prompt_tokens:,} prompt)"),
-        ("elapsed", f"{result.elapsed_s:.2f} s"),
-        ("tokens/s", f"{result.tokens_per_s:,.0f}"),
-        ("dataset", f"{result.datasets[0].prefix}.{{bin,idx}}"),
-        ("response flags", f"{result.datasets[1].prefix}.{{bin,idx}}"),
-        ("record", result.record),
-    ]
-    for name, value in rows_out:
-        table.add_row(Text(name), Text(value))
-    console.print(table)
 
 
 def prepare_sft_command(

@@ -21,10 +21,10 @@ and checking the spec. The files:
   spec (:func:`content_hash`), dlmspec's version and the derived values.
 * ``plan.json``: :func:`dlmspec.plan.make_plan` ``(resolved).to_dict()``.
 
-Spec strings enter the templates only through :mod:`dlmspec.render.escape`, as the filters ``py``
+Spec strings enter the templates only through :mod:`dlmspec.escape`, as the filters ``py``
 (a Python literal), ``docstring`` (text inside train.py's docstring), ``comment`` (text of a
 ``#`` comment; a literal shown in a comment is ``| py | comment``) and ``sh`` (a bash word);
-the lock file is written by :func:`dlmspec.render.escape.toml_document`.
+the lock file is written by :func:`dlmspec.escape.toml_document`.
 
 Nothing here imports torch or megatron.
 """
@@ -48,7 +48,7 @@ from dlmspec import __version__, objectives
 from dlmspec.check import issues_for, load_for
 from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
-from dlmspec.render.escape import comment, py_docstring, py_literal, shell_word, toml_document
+from dlmspec.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
 from dlmspec.resolve import Resolved, locked_spec, run_dir, runtime_values, schedule
 from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block
@@ -158,7 +158,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    # The only ways a value enters a template (dlmspec.render.escape): a Python literal, docstring text,
+    # The only ways a value enters a template (dlmspec.escape): a Python literal, docstring text,
     # comment text, a shell word. A literal shown in a comment is `| py | comment`.
     env.filters["py"] = py_literal
     env.filters["docstring"] = py_docstring

@@ -15,7 +15,7 @@ each may pass.
   (``--signals-to-handle``: torch 2.10+, ``--shutdown-timeout``: torch 2.12+) are passed only when
   ``torchrun --help`` on the node lists them (:func:`torchrun_probe`).
 
-Every value reaching the scripts is a constant here or a :func:`~dlmspec.render.escape.shell_word`.
+Every value reaching the scripts is a constant here or a :func:`~dlmspec.escape.shell_word`.
 Nothing here imports torch or megatron.
 """
 
@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlmspec.render.escape import shell_word
+from dlmspec.escape import shell_word
 from dlmspec.resolve import Resolved, runtime_values
 
 #: The committed torchrun option lists, by torch version (``bench/launch/torchrun_options.py``).

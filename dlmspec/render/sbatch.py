@@ -22,9 +22,9 @@
 
 Every spec value that reaches the script is either checked against a strict pattern by the
 ``slurm`` rules (:mod:`dlmspec.check.slurm`; the whole value: a trailing newline does not pass)
-or quoted by :mod:`dlmspec.render.escape`:
-:func:`~dlmspec.render.escape.shell_word` for shell words, :func:`~dlmspec.render.escape.sbatch_value` for
-``#SBATCH`` lines (which sbatch parses itself, never a shell), :func:`~dlmspec.render.escape.comment` for
+or quoted by :mod:`dlmspec.escape`:
+:func:`~dlmspec.escape.shell_word` for shell words, :func:`~dlmspec.escape.sbatch_value` for
+``#SBATCH`` lines (which sbatch parses itself, never a shell), :func:`~dlmspec.escape.comment` for
 the header comment. Control characters (newlines included) are refused in ``#SBATCH`` values so
 no value can start a line of its own, and a container image or mount starting with ``-`` is
 refused so none becomes an option of ``apptainer``.
@@ -45,7 +45,7 @@ from typing import Any
 from dlmspec import __version__
 from dlmspec.check import issues_for
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError
-from dlmspec.render.escape import comment, sbatch_value, shell_word
+from dlmspec.escape import comment, sbatch_value, shell_word
 from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block, torchrun_probe
 from dlmspec.resolve import Resolved, job_name, slurm_settings
 from dlmspec.templates import TEMPLATE_DIR
@@ -77,7 +77,7 @@ def rendezvous_port(job_id: int) -> int:
 
 def sbatch_directives(resolved: Resolved) -> list[str]:
     """The ``#SBATCH`` options, each ``--name`` or ``--name=value`` (value already
-    :func:`~dlmspec.render.escape.sbatch_value` d), in the order they are written. Assumes the ``slurm``
+    :func:`~dlmspec.escape.sbatch_value` d), in the order they are written. Assumes the ``slurm``
     rules (:mod:`dlmspec.check.slurm`) found nothing."""
     cluster = resolved.spec.cluster
     slurm = slurm_settings(resolved)
@@ -118,7 +118,7 @@ def _words(*items: str) -> list[str]:
 
 def sbatch_context(resolved: Resolved) -> dict[str, Any]:
     """What ``templates/launch.sbatch.j2`` reads. Every string that becomes shell code is a
-    :func:`~dlmspec.render.escape.shell_word` here; the template adds only fixed text and integers.
+    :func:`~dlmspec.escape.shell_word` here; the template adds only fixed text and integers.
 
     Keys: ``name`` (comment-safe spec name), ``version``, ``directives``
     (:func:`sbatch_directives`), ``nodes``, ``gpus_per_node``, ``world_size``, ``launcher``,

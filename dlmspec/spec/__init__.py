@@ -2,9 +2,12 @@
 spec -> resolve -> check -> plan -> render).
 
 :mod:`dlmspec.spec.models` (the pydantic models: the schema), :mod:`dlmspec.spec.load` (TOML and
-Python files, ``extends``, ``--set``, with each key's file and line), :mod:`dlmspec.spec.dotted`
-(dotted keys, merging, nesting limits), :mod:`dlmspec.spec.fast` (the check of a plainly valid spec
-without pydantic, generated from the models), :mod:`dlmspec.spec.presets` (model presets) and
+Python files, ``extends``, ``--set``, with each key's file and line; its parts
+:mod:`~dlmspec.spec.read`, :mod:`~dlmspec.spec.lines`, :mod:`~dlmspec.spec.python_load`,
+:mod:`~dlmspec.spec.sweep`, :mod:`~dlmspec.spec.schema_errors`, :mod:`~dlmspec.spec.show`),
+:mod:`dlmspec.spec.dotted` (dotted keys, merging, nesting limits), :mod:`dlmspec.spec.fast` (the
+check of a plainly valid spec without pydantic, its table :mod:`dlmspec.spec.fast_schema` generated
+from the models by :mod:`dlmspec.spec.fast_build`), :mod:`dlmspec.spec.presets` (model presets) and
 :mod:`dlmspec.spec.shorthands`.
 
 ``from dlmspec.spec.models import Spec, ModelSpec, ...`` (what Python specs write) gives the models: they
@@ -14,7 +17,8 @@ import pydantic.
 
 from typing import Any
 
-_SUBMODULES = frozenset({"models", "load", "dotted", "fast", "presets", "shorthands"})
+_SUBMODULES = frozenset({"models", "load", "dotted", "fast", "fast_schema", "fast_build", "presets", "shorthands",
+                         "read", "lines", "python_load", "sweep", "schema_errors", "show", "names", "python"})
 
 
 def __getattr__(name: str) -> Any:

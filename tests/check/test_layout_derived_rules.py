@@ -9,7 +9,8 @@ from pathlib import Path
 from dlmspec.check import issues_for
 from dlmspec.check.registry import RULES
 from dlmspec.resolve import resolve
-from dlmspec.spec.load import load, sweep_targets
+from dlmspec.spec.load import load
+from dlmspec.spec.python_load import sweep_targets
 from small_spec import SMALL_SPEC
 
 #: 8 GPUs, global batch 12 of micro batch 4: TP 3 leaves a "DP" of 8 // 3 = 2 (step 8), TP 2 a DP of 4.

@@ -166,8 +166,8 @@ def outcome(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, list
     with monkeypatch.context() as patch:
         # every module of dlmspec.cli that calls them (each imported the names; dlmspec.cli's fast path
         # imports them from dlmspec.cli.output when it reports, so that module's names are patched too)
-        for module in (dlmspec.cli, dlmspec.cli.output, dlmspec.cli.app, dlmspec.cli.commands, dlmspec.cli.plan,
-                       dlmspec.cli.validate):
+        for module in (dlmspec.cli, dlmspec.cli.output, dlmspec.cli.app, dlmspec.cli.commands.compile,
+                       dlmspec.cli.commands.new, dlmspec.cli.plan, dlmspec.cli.validate):
             for name, func in (("report_issues", report_issues), ("report_warnings", report_warnings)):
                 if hasattr(module, name):
                     patch.setattr(module, name, func)

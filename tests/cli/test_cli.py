@@ -362,37 +362,6 @@ def test_fast_path_leaves_everything_else_to_typer(argv: list[str], capsys: pyte
     assert (code, out.out, out.err) == (typed.exit_code, typed.stdout, typed.stderr)
 
 
-def test_fast_arguments_parse_like_click() -> None:
-    from dlmspec.cli import fast_arguments
-
-    command, options = fast_arguments(["plan", "--set", "a=1", "S.toml", "-s", "b=2", "--set=c=3", "--json",
-                                       "--top", "7", "--search", "--top=3"])
-    assert command == "plan"
-    assert options == {"spec": "S.toml", "set": ["a=1", "b=2", "c=3"], "json": True, "strict": False,
-                       "search": True, "top": 3}
-    assert fast_arguments(["check", "S.toml", "--strict"])[1]["strict"] is True
-
-
-def test_fast_options_are_the_commands_options() -> None:
-    """Every option the fast parser takes is an option of the typer command, with the same
-    meaning (flag or value) and default: the two paths cannot drift apart."""
-    import typer
-
-    from dlmspec.cli import _FAST_COMMANDS, fast_arguments
-
-    group = typer.main.get_command(app)
-    for name, (flags, valued) in _FAST_COMMANDS.items():
-        command = group.commands[name]
-        declared = {opt: p for p in command.params if p.param_type_name == "option" for opt in p.opts}
-        for flag in flags:
-            assert declared[flag].is_flag and declared[flag].default is False, (name, flag)
-        for opt in valued:
-            assert not declared[opt].is_flag, (name, opt)
-        assert {p.name for p in command.params if p.param_type_name == "argument"} == {"spec"}
-        if "--top" in valued:
-            assert fast_arguments([name, "S"])[1]["top"] == declared["--top"].default
-
-
 @pytest.mark.parametrize("error, code", [(KeyboardInterrupt(), 130), (BrokenPipeError(32, "Broken pipe"), 1)])
 def test_fast_path_exits_like_typer_on_interrupt_and_closed_pipe(monkeypatch: pytest.MonkeyPatch, error: BaseException,
                                                                  code: int) -> None:

@@ -51,7 +51,7 @@ def test_show_and_toml_text_write_c1_and_bidi_controls_as_escapes(tmp_path: Path
     import tomllib
 
     from dlmspec.errors import toml_text
-    from dlmspec.render.escape import toml_document
+    from dlmspec.escape import toml_document
 
     spec = tmp_path / "spec.toml"
     spec.write_text(SMALL_SPEC.replace('name = "t"', 'name = "t"\ndescription = "x\\u009b2J \\u202eevil \\u007f"'),

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from dlmspec.errors import SpecError
-from dlmspec.spec.load import load, sweep_targets
+from dlmspec.spec.load import load
+from dlmspec.spec.python_load import sweep_targets
 
 import pytest
 

@@ -265,7 +265,7 @@ def test_a_specs_generate_table_reaches_the_lock_and_becomes_generates_defaults(
     """The [generate] table of a spec is written into the compiled spec.lock.toml (which the runtime
     copies into every checkpoint), and `generate` reads it back as the checkpoint's settings."""
     from dlmspec.backends.generate.load import _lock_generate_table
-    from dlmspec.cli.generate import resolve_settings
+    from dlmspec.cli.generate_options import resolve_settings
 
     spec = tmp_path / "gen.toml"
     spec.write_text(f'extends = "{ROOT / "specs" / "demo-dlm.toml"}"\n[generate]\ngen_length = 64\n'

@@ -188,7 +188,7 @@ def test_an_item_with_more_choices_than_any_benchmark_is_refused_naming_its_line
     """An item of 100,000 choices (100,000 scored passes) is refused before a model is loaded."""
     import json as _json
 
-    from dlmspec.cli.generate import MAX_CHOICES, read_choices
+    from dlmspec.cli.generate_inputs import MAX_CHOICES, read_choices
     from dlmspec.errors import SpecError
 
     path = tmp_path / "many.jsonl"

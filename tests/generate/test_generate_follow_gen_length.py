@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlmspec.cli.generate import resolve_settings
+from dlmspec.cli.generate_options import resolve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -569,7 +569,7 @@ def test_a_docstring_break_out_in_the_name_runs_nothing(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# The escaping functions themselves (dlmspec.render.escape), read back by the decoders above
+# The escaping functions themselves (dlmspec.escape), read back by the decoders above
 
 
 _BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
@@ -577,7 +577,7 @@ _BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
 @pytest.mark.parametrize("value", HOSTILE, ids=IDS)
 def test_each_escape_reads_back_as_the_value(value: str) -> None:
-    from dlmspec.render.escape import comment, py_docstring, py_literal, sbatch_value, shell_word
+    from dlmspec.escape import comment, py_docstring, py_literal, sbatch_value, shell_word
 
     assert ast.literal_eval(py_literal(value)) == value and not _BREAKS.search(py_literal(value))
     text = py_docstring(value)

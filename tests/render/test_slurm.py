@@ -23,7 +23,7 @@ import pytest
 from dlmspec.check import issues_for
 from dlmspec.check.slurm import time_limit_seconds
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError
-from dlmspec.render.escape import sbatch_value
+from dlmspec.escape import sbatch_value
 from dlmspec.spec.load import load, load_text
 from dlmspec.resolve import resolve
 from dlmspec.render.sbatch import (

@@ -4,7 +4,8 @@ import pytest
 
 from dlmspec.check import find
 from dlmspec.errors import SpecError
-from dlmspec.spec.load import KEY_ALIASES, load_text
+from dlmspec.spec.load import load_text
+from dlmspec.spec.schema_errors import KEY_ALIASES
 from dlmspec.resolve import resolve
 
 BASE = """

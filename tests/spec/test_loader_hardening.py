@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.spec.load import MAX_DEPTH, MAX_EXTENDS, MAX_SPEC_BYTES, load
+from dlmspec.spec.dotted import MAX_DEPTH
+from dlmspec.spec.load import load
+from dlmspec.spec.read import MAX_EXTENDS, MAX_SPEC_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = (ROOT / "specs" / "demo-dlm.toml").read_text(encoding="utf-8")

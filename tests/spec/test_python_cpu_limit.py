@@ -7,10 +7,11 @@ import pytest
 
 from dlmspec.errors import SpecError
 from dlmspec.spec import load as spec_load
+from dlmspec.spec import python_load
 
 
 def test_a_spec_file_that_loops_is_stopped_at_its_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(spec_load, "MAX_PYTHON_CPU_S", 0.5)
+    monkeypatch.setattr(python_load, "MAX_PYTHON_CPU_S", 0.5)
     path = tmp_path / "loops.py"
     path.write_text("from dlmspec.dsl import Spec\nspec = Spec.load('demo-dlm')\nx = 0\nwhile True:\n"
                     "    try:\n        x += 1\n    except Exception:\n        pass\n")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dlmspec.errors import SpecError
-from dlmspec.spec.load import load, sweep_targets
+from dlmspec.spec.load import load
+from dlmspec.spec.python_load import sweep_targets
 from dlmspec.dsl import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,11 +108,12 @@ def test_python_spec_hashes_like_toml_and_validates_strict(tmp_path):
 @pytest.mark.parametrize("kind", ["lock", "show", "minimal"])
 def test_round_trips_without_warnings_under_strict(tmp_path, kind):
     from dlmspec.check import issues_for
-    from dlmspec.cli.commands import derived_comment, minimal_data, spec_data
+    from dlmspec.cli.commands.common import spec_data
+    from dlmspec.cli.commands.show import derived_comment, minimal_data
     from dlmspec.render.compile import content_hash, render_lock
-    from dlmspec.render.escape import toml_document
+    from dlmspec.escape import toml_document
     from dlmspec.resolve import resolve
-    from dlmspec.spec.load import SHOW_HEADER
+    from dlmspec.spec.show import SHOW_HEADER
 
     for name in ("demo-dlm", "llada-8b-pretrain", "mixtral-8x7b-mdm"):
         loaded = load(ROOT / "specs" / f"{name}.toml")

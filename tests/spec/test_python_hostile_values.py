@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dlmspec.errors import SpecError
-from dlmspec.spec.load import load, sweep_targets
+from dlmspec.spec.load import load
+from dlmspec.spec.python_load import sweep_targets
 
 CLI = [sys.executable, "-m", "dlmspec.cli"]
 HEAD = 'from dlmspec.dsl import Spec\nbase = Spec.load("demo-dlm")\n'

@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 
 from dlmspec.spec import models as spec_module
 from dlmspec.check import find
-from dlmspec.cli.commands import app, spec_json_schema, starter_spec
+from dlmspec.cli.commands import app
+from dlmspec.cli.commands.new import starter_spec
+from dlmspec.cli.commands.schema import spec_json_schema
 from dlmspec.errors import SpecError
 from dlmspec.gpus import gpu_ids
 from dlmspec.spec.load import load_text

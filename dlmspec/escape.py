@@ -16,6 +16,9 @@ cannot be written for its target (NUL in a shell word, a control character in an
 line) raises :class:`ValueError` here; the validator refuses such values first, naming the key
 (rule ``string-characters`` of :mod:`dlmspec.check.strings`, the ``slurm`` rules of :mod:`dlmspec.check.slurm`).
 
+It sits below the pipeline (beside :mod:`dlmspec.files` and :mod:`dlmspec.errors`), not in
+:mod:`dlmspec.render`: the ``slurm`` rules of :mod:`dlmspec.check` and the CLI use it as well as the
+renderer, and a check never imports a later pipeline stage (docs/architecture.md, "Layers").
 Nothing here imports torch or megatron.
 """
 

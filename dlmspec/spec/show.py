@@ -1,0 +1,97 @@
+"""The spec ``dlmspec show`` prints with every default filled in, loaded back: the defaults it
+wrote (:data:`SHOW_HEADER` marks the file) are left out again, so the file means what the spec meant
+(:func:`without_defaults` also serves ``dlmspec new``'s minimal spec).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dlmspec.spec.dotted import flatten_keys
+from dlmspec.spec.schema_errors import _model_at
+
+#: The first line of ``dlmspec show SPEC``'s TOML: with a lock's ``[lock] content_hash``, what
+#: tells the loader that dlmspec wrote every default of the file itself.
+SHOW_HEADER = "# Resolved spec printed by `dlmspec show`"
+
+
+def _written_by_dlmspec(path: Path, data: dict[str, Any]) -> bool:
+    """Whether the TOML spec ``path`` is a ``spec.lock.toml`` (its ``[lock]`` has a
+    ``content_hash``) or ``dlmspec show`` output (its first line is :data:`SHOW_HEADER`)."""
+    lock = data.get("lock")
+    if isinstance(lock, dict) and isinstance(lock.get("content_hash"), str):
+        return True
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.readline(len(SHOW_HEADER) + 1).startswith(SHOW_HEADER)
+    except OSError:
+        return False
+
+
+def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A lock's or ``show``'s data without the keys dlmspec wrote for the defaults: each key
+    whose value is its default (the preset's, under ``[model]``), and each value the lock
+    filled in from resolving the spec (:data:`dlmspec.resolve.LOCK_FILLED_KEYS`) when
+    resolving without it gives it back. They are then unset, as in the spec the file was written from, so rules about keys
+    "given" (the "has no effect" warnings, ``train-budget``) do not fire on them. The result
+    is the same run: when its content hash differs from ``data``'s (or anything fails),
+    ``data`` is returned as it is.
+    """
+    import copy
+
+    try:
+        from dlmspec.resolve import LOCK_FILLED_KEYS, locked_spec, resolve
+        from dlmspec.spec.models import Spec
+
+        def locked(d: dict[str, Any]) -> str:
+            """What :func:`dlmspec.render.compile.content_hash` hashes, as JSON (the canonical
+            data of :func:`dlmspec.resolve.locked_spec`; the compiler sits above the loader)."""
+            out = locked_spec(resolve(Spec.model_validate(d)))
+            return json.dumps(out.model_dump(mode="json", exclude_none=True, exclude={"lock"}), sort_keys=True)
+
+        target = locked(data)
+        trimmed = without_defaults(data)
+        for key in LOCK_FILLED_KEYS:
+            *table, leaf = key.split(".")
+            node = trimmed
+            for part in table:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and leaf in node:
+                value = node.pop(leaf)
+                if locked(trimmed) != target:
+                    node[leaf] = value
+        return trimmed if locked(trimmed) == target else data
+    except Exception:  # noqa: BLE001 - a spec that does not validate: validation reports it as written
+        return data
+
+
+def without_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the spec data ``data`` without the keys whose value is their default (under
+    ``[model]`` with a ``preset``, the preset's value), tables left empty dropped; ``name``,
+    required keys and ``[lock]`` are kept. Loads to the same values (imports the models)."""
+    import copy
+
+    from dlmspec.spec.presets import PRESETS
+
+    trimmed = copy.deepcopy(data)
+    preset = PRESETS.get((trimmed.get("model") or {}).get("preset") or "", {})
+    for key in reversed(flatten_keys(trimmed)):  # leaves before their tables
+        *table, leaf = key.split(".")
+        if not table or table[0] == "lock":
+            continue
+        model = _model_at(table)
+        info = model.model_fields.get(leaf) if model is not None else None
+        in_preset = table == ["model"] and leaf in preset
+        if info is None or (info.is_required() and not in_preset):
+            continue
+        default = preset[leaf] if in_preset else info.get_default(call_default_factory=True)
+        node: Any = trimmed
+        for part in table:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node and node[leaf] == default:
+            del node[leaf]
+    for key in [k for k, v in trimmed.items() if v == {} and k not in ("model", "train")]:
+        del trimmed[key]
+    return trimmed
