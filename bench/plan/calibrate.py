@@ -105,7 +105,7 @@ from dlmspec.resolve import resolve  # noqa: E402
 from dlmspec.spec.models import Spec  # noqa: E402
 
 GiB = 1024**3
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "bench" / "calibration"
 MATRIX = ROOT / "bench" / "plan" / "matrix.json"
 DOCS = ROOT / "docs" / "planner.md"
 CALIBRATION_PY = ROOT / "dlmspec" / "plan" / "calibration.py"
@@ -196,10 +196,16 @@ def _resolve_run(rec: dict, matrix: dict[str, dict]):
 
 
 def read_runs(results: Path) -> tuple[list[Run], list[str]]:
-    """Every measured run under ``results`` and a note per skipped record."""
+    """Every measured run under ``results`` (its ``*.json`` files at any depth, except
+    ``manifest.json`` and ``fit.json``) and a note per skipped record."""
+    return read_runs_files(sorted(p for p in Path(results).rglob("*.json") if p.name not in ("manifest.json", "fit.json")))
+
+
+def read_runs_files(paths: list[Path]) -> tuple[list[Run], list[str]]:
+    """Every measured run of the files ``paths`` (in that order) and a note per skipped record."""
     matrix = _matrix()
     runs, skipped = [], []
-    for path in sorted(results.glob("*.json")):
+    for path in paths:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:

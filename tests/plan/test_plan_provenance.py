@@ -119,7 +119,7 @@ def test_measured_range_matches_the_committed_runs():
 
 def _te_records():
     by_name = {}
-    for path in sorted((ROOT / "bench" / "results").glob("calibration_te_h200*.json")):
+    for path in sorted(p for p in (ROOT / "bench" / "calibration" / "te" / "h200").glob("*.json") if p.name != "fit.json"):
         for run in json.loads(path.read_text())["runs"]:
             by_name.setdefault(run["name"], []).append(run)
     return by_name
