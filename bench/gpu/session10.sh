@@ -31,7 +31,7 @@ s10=/tmp/s10
 mkdir -p "$s10"
 TE1=local-bf16,local-qwen3,local-bf16-again,local-megadlms-window,mc19-local-qwen3,local-moe,local-init-from-hf,mc19-local-bf16
 # session 10 also ran te-fp8-dpa,te-fp8-tensorwise-dpa (fp8 attention): TE found no backend for them and
-# validate now refuses them, so the rows are gone (bench/results/session10_h200/te_matrix_te/)
+# validate now refuses them, so the rows are gone (bench/results/gpu_runs_h200_peers_te_matrix_sft_answers/te_matrix_te/)
 TE2=te-megadlms-window,te-moe,te-init-from-hf
 # every job is done DONE_S seconds after the start call began (the machine is held 30 minutes at most)
 DONE_S=${DONE_S:-1590}

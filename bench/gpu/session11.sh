@@ -5,7 +5,7 @@
 #
 # CPU machine first (repository root):
 #   .venv/bin/python bench/gpu/te_matrix.py --dry --only te-moe,te-init-from-hf \
-#       --reuse bench/results/session10_h200/te_matrix_local:local-moe,local-init-from-hf   # .data, .device/te
+#       --reuse bench/results/gpu_runs_h200_peers_te_matrix_sft_answers/te_matrix_local:local-moe,local-init-from-hf   # .data, .device/te
 #   bash bench/gpu/te_calibration.sh --dry                                                 # .device/tecal
 #   bash bench/gpu/te_calibration.sh --dry --profile --only te-fp8-delayed-mb8 --dest .device/teprof
 #   .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl/dl .
@@ -80,7 +80,7 @@ case "${STEP:?}" in
     b=$(left)
     echo "te_matrix te-moe,te-init-from-hf: budget ${b}s $(date -u +%T)"
     python3 bench/gpu/te_matrix.py "$out/te_rows" --only te-moe,te-init-from-hf --lanes 2 --budget-s "$b" \
-      --reuse bench/results/session10_h200/te_matrix_local:local-moe,local-init-from-hf > "$out/te_rows.log" 2>&1
+      --reuse bench/results/gpu_runs_h200_peers_te_matrix_sft_answers/te_matrix_local:local-moe,local-init-from-hf > "$out/te_rows.log" 2>&1
     echo "te_matrix exit $? $(date -u +%T)"; tail -n 4 "$out/te_rows.log"
     rm -rf runs/te runs/te-hf ;;
   peers)

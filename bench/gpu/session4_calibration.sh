@@ -24,7 +24,7 @@
 # in all ~8 min (480 s) for 26 configurations, under the default 540 s limit.
 #
 # Writes into OUT_DIR:
-#   calibration_h200x2_session4.json  every run (bench/plan/calibrate.py's format: name, peak,
+#   bench/calibration/local/h200/matrix-host-launch-2026-11-30-a.json  every run (bench/plan/calibrate.py's format: name, peak,
 #                                     step_seconds, host_launch_us, lane), with date (UTC, with
 #                                     the time), device and commands; copy it to bench/results/
 #                                     and run `.venv/bin/python bench/plan/calibrate.py --write`
@@ -116,7 +116,7 @@ result = {
     },
     "runs": runs,
 }
-name = os.environ.get("RESULT_NAME", "calibration_h200x2_session4.json")
+name = os.environ.get("RESULT_NAME", "bench/calibration/local/h200/matrix-host-launch-2026-11-30-a.json")
 json.dump(result, open(f"{out}/{name}", "w"), indent=2)
 ok = sum(1 for r in runs if "step_seconds" in r)
 print(f"session4: {ok}/{len(runs)} runs measured; {out}/{name}")

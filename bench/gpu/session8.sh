@@ -48,7 +48,7 @@ elif [ "${PART}" = 2 ]; then
   until [ -f "$out/sft/base_metrics.jsonl" ] || ! kill -0 $ps 2>/dev/null; do sleep 2; done
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/wb .whl/wandb/*.whl
   (export PYTHONPATH=/tmp/site:/tmp/wb WANDB_DIR=/tmp/wandb; OUT=$out/viz timeout 240 bash bench/gpu/viz_demo.sh > "$out/viz.log" 2>&1; echo "viz exit $?" >> "$out/viz.log") & pv=$!
-  (OUT=$out/gen RUN=$base/checkpoints PYTHON=python3 timeout 360 bash bench/gpu/generate_demo.sh > "$out/gen.log" 2>&1; echo "generate_demo exit $?" >> "$out/gen.log") & pg=$!
+  (OUT=$out/gen RUN=$base/checkpoints PYTHON=python3 timeout 360 bash bench/sampling/generate_demo.sh > "$out/gen.log" 2>&1; echo "generate_demo exit $?" >> "$out/gen.log") & pg=$!
   wait $ps; tail -4 "$out/sft.log"
   answers 90
   wait $pg $pv; tail -3 "$out/gen.log"; tail -3 "$out/viz.log"

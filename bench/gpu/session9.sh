@@ -37,7 +37,7 @@ gen_job() {  # #19's answers and #20's generation demo, in $s9/repo, results in 
   STAGE=base OUT=$g/sft PYTHON=python3 timeout 300 bash bench/gpu/sft_demo.sh > "$g/sft_base.log" 2>&1
   echo "base pre-training exit $? $(date -u +%T)"
   # the timed part (tokens/s) runs while nothing else is on the GPU; te_matrix waits for this marker
-  OUT=$g/gen RUN=runs/bench-sft-demo/base/checkpoints PYTHON=python3 timeout 360 bash bench/gpu/generate_demo.sh \
+  OUT=$g/gen RUN=runs/bench-sft-demo/base/checkpoints PYTHON=python3 timeout 360 bash bench/sampling/generate_demo.sh \
     > "$g/gen.log" 2>&1
   echo "generate_demo exit $? $(date -u +%T)"
   touch "$s9/gen_timed.done"

@@ -1,5 +1,5 @@
 """Assemble session 4's issue-#7 results (bench/gpu/session4_throughput.sh, session4_noise.sh) into
-bench/results/throughput_qwen3_1.7b_h200_session4.json and loss_agreement_qkv_norm_h200.json.
+bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf_repeat.json and loss_agreement_qkv_norm_h200.json.
 
     python bench/gpu/summarize_session4.py THROUGHPUT_WORK_DIR NOISE_WORK_DIR
 
@@ -79,14 +79,14 @@ def main(work: Path, noise: Path) -> None:
             "after": {k: profile[k] for k in ("wall_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step", "categories")},
             "after_peak_mem_gib": max(r["peak_mem_gib"] for r in _train_records(work / "metrics_qwen3_mb10_qkv_norm.jsonl")),
             "before_peak_mem_gib_note": "session 3's run at micro batch 10 without the two options (one microbatch per "
-                                        "step, 8 steps): 127.379 GiB, throughput_qwen3_1.7b_h200_session3.json, call_1, "
+                                        "step, 8 steps): 127.379 GiB, throughput_qwen3_1.7b_h200_reference_vs_hf.json, call_1, "
                                         "runtime_fused_rope_cudnn_mb10_11, attempt at micro batch 10",
             "before_session3": {k: before[k] for k in ("wall_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
                                                        "categories")},
             "top_kernels_after": profile["top_kernels"][:25],
         },
     }
-    (ROOT / "bench/results/throughput_qwen3_1.7b_h200_session4.json").write_text(json.dumps(out, indent=1) + "\n")
+    (ROOT / "bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf_repeat.json").write_text(json.dumps(out, indent=1) + "\n")
 
     spec = importlib.util.spec_from_file_location("loss_agreement", ROOT / "bench/throughput/loss_agreement.py")
     agreement = importlib.util.module_from_spec(spec)

@@ -52,7 +52,7 @@ RUNS = ".device/runs/tecal"
 RESULT = "calibration_te_h200.json"
 #: Start-up allowance of a launch before its first step (imports, model build, TE's and cuDNN's
 #: first kernels: session 9's two runs of 10 steps took 76 s each, ~65 s of it before the first step,
-#: bench/results/session9_h200.json).
+#: bench/results/gpu_runs_h200_te_install_and_calibration.json).
 STARTUP_S = 90.0
 #: ``--profile``: the steps torch.profiler records (``[logging] profile_step_start .. profile_step_end - 1``),
 #: after the warm-up and before the last step.

@@ -12,7 +12,7 @@
 # dlmspec + megatron-core into PYTHONPATH by the lead's wrapper (the script puts /tmp/site_te first when
 # it is missing from PYTHONPATH; it compiles the entries there, ~10 s, and needs no .data: mock data):
 #   bash bench/gpu/te_calibration.sh $OUT          (BUDGET_S=420 by default; ~7.5 min in all)
-# $OUT then holds calibration_te_h200.json (bench/plan/calibrate.py's format: copy it to
+# $OUT then holds bench/calibration/te/h200/te-matrix-2026-12-02.json (bench/plan/calibrate.py's format: copy it to
 # bench/results/) and te_calibration_logs.tgz (each launch's console).
 set -u
 cd "$(dirname "$0")/../.." || exit 2

@@ -424,7 +424,7 @@ def by_configuration(runs: list[Run], planned: list[float]) -> list[tuple[str, i
     planned seconds, relative error of the medians, spread)``, in first-seen order. ``spread`` is
     ``(max - min) / median`` of the measured step times (0 with one measurement): how far repeated
     measurements of one configuration disagree with each other. The medians are the comparison
-    that process-to-process host noise (``bench/results/host_variance_h200x2_session5.json``:
+    that process-to-process host noise (``bench/results/host_variance_h200x2.json``:
     fresh processes of one launch-bound workload differ by 17-20%) affects least."""
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(runs):

@@ -111,7 +111,7 @@ def test_measured_range_matches_the_committed_runs():
 
 
 # --- the TE path against its calibration runs (issue #21) ----------------------------------
-# bench/results/calibration_te_h200.json (session 11) and calibration_te_h200_session9.json: the 9
+# bench/calibration/te/h200/te-matrix-2026-12-02.json (session 11) and calibration_te_h200_session9.json: the 9
 # configurations of bench/plan/te_matrix.json on one H200, 3 of them held out of the fit (their plans
 # were committed before the runs, bench/plan/te_holdout_predictions.json). Issue #21's targets: peak
 # allocated within 5%, step time within 15%, on every configuration (median of its records).

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Issue #20 on one H200, from the repository root, after the demo pre-training (specs/demo-dlm.toml:
+# The demo's generation and ELBO on one GPU, from the repository root, after the demo pre-training (specs/demo-dlm.toml:
 # checkpoints runs/demo-dlm/checkpoints/iter_0000100, _0000200, _0000300) and its data
 # (.data/demo-valid_text_document, .data/gpt2): generation from prompts of the shared corpus, the
 # ELBO of the early and late checkpoints with error bars, tokens/s at batch 1 and 32 for
 # low-confidence and threshold decoding beside the peers' loop, and AR decoding at batch 1 and 32 with
 # megatron-core's KV cache against full recompute (speed_ar.json: on RUN_AR, a trained demo-ar checkpoint,
 # when given, else the demo-dlm checkpoint's weights run causally: demo-ar's shape, the same decode cost,
-# no training) (bench/gpu/generate_demo.py).
+# no training) (bench/sampling/generate_demo.py).
 # Writes JSON (each with the command that made it) to $OUT (default bench/results/generate_demo).
 # About 3-4 minutes on an H200 (most of it is starting Python with torch + megatron-core 5 times; the
 # AR timing runs inside the speed step's process, about 20 s more).
-# Usage: bash bench/gpu/generate_demo.sh          (GPU)
-#        bash bench/gpu/generate_demo.sh --dry    (CPU, a tiny run built on the spot; ~6 minutes on 2 busy cores)
+# Usage: bash bench/sampling/generate_demo.sh          (GPU)
+#        bash bench/sampling/generate_demo.sh --dry    (CPU, a tiny run built on the spot; ~6 minutes on 2 busy cores)
 set -euo pipefail
 PY=${PYTHON:-python3}
 OUT=${OUT:-bench/results/generate_demo}

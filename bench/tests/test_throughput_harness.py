@@ -14,9 +14,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_scripts import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
+import importlib.util
+
+
+def load_script(path, name):
+    """Execute a bench script as module ``name`` (registered in sys.modules for dataclasses and monkeypatch)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "throughput"
 
 
@@ -227,7 +237,7 @@ def test_hf_gradient_accumulation_counts_every_microbatch(hf, tmp_path):
 
 
 def test_run_microbatches_per_step_reaches_both_sides():
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-micro-batch-sizes", "4",
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-variants", "reference", "--megatron-micro-batch-sizes", "4",
                            "--hf-micro-batch-sizes", "4", "--microbatches-per-step", "4", "--nproc", "2"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -237,11 +247,13 @@ def test_run_microbatches_per_step_reaches_both_sides():
 
 
 def test_run_dry_run_prints_both_sides_commands():
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-micro-batch-sizes", "4,8",
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-variants", "reference", "--megatron-micro-batch-sizes", "4,8",
                            "--hf-micro-batch-sizes", "4", "--megatron-arg=--no-fusion"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert lines[-1].startswith("result: ") and "/bench/results/throughput/" in lines[-1]
+    lines = lines[:-1]
     assert [line.split(":")[0] for line in lines] == ["megatron mb4", "hf mb4", "megatron mb8"]
     mega = lines[0]
     for part in ("bench/runtime/train_reference.py", "--preset qwen3-1.7b", "--objective mdm", "--seq-length 4096",
@@ -250,7 +262,7 @@ def test_run_dry_run_prints_both_sides_commands():
     for part in ("bench/throughput/hf_baseline.py", "--micro-batch-sizes 4", "--warmup 3", "--steps 5", "--device cuda"):
         assert part in lines[1], part
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in proc.stdout
-    torchrun = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--sides", "megatron", "--nproc", "2",
+    torchrun = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-variants", "reference", "--sides", "megatron", "--nproc", "2",
                                "--megatron-micro-batch-sizes", "4"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert "torch.distributed.run --standalone --nproc-per-node=2" in torchrun.stdout
     assert "hf_baseline" not in torchrun.stdout
@@ -296,22 +308,23 @@ def test_run_records_failing_jobs_and_keeps_going(tmp_path):
                            "--python", str(fake), "--out", str(out), "--work-dir", str(tmp_path / "work")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "OUT": ""})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    [result] = list(out.glob("throughput_*.json"))
-    data = json.loads(result.read_text())
+    [result] = list((out / "throughput").glob("*.json"))
+    data = json.loads(result.read_text())["values"]
     assert "runs" not in data  # bench/plan/calibrate.py reads top-level "runs" lists
     statuses = [(a["micro_batch_size"], a["status"]) for a in data["hf"]["attempts"]]
     assert statuses == [(4, "oom"), (6, "skipped"), (8, "skipped")]
     assert data["hf"]["best"] is None and data["ratio_tokens_per_s"] is None and data["status"] == "done"
     assert "out of memory" in data["hf"]["attempts"][0]["error_tail"]
-    assert (out / data["log_file"]).exists()
+    assert result.with_suffix(".log").exists()
+    assert json.loads(result.read_text())["status"] == "failed"
     # a second run the same day does not overwrite the first
     slow = _fake_python(tmp_path, "sleep 30")
     subprocess.run([sys.executable, str(BENCH / "run.py"), "--sides", "hf", "--hf-micro-batch-sizes", "4",
                     "--python", str(slow), "--out", str(out), "--work-dir", str(tmp_path / "work"), "--timeout-s", "1"],
                    capture_output=True, text=True, timeout=60, cwd=ROOT)
-    results = sorted(out.glob("throughput_*.json"))
+    results = sorted((out / "throughput").glob("*.json"))
     assert len(results) == 2
-    newer = json.loads(next(p for p in results if p != result).read_text())
+    newer = json.loads(next(p for p in results if p != result).read_text())["values"]
     assert newer["hf"]["attempts"][0]["status"] == "timeout"
 
 
@@ -346,13 +359,13 @@ def test_run_end_to_end_with_fake_jobs_ratio_and_fusion_fallback(tmp_path):
     script.write_text(FAKE_JOBS)
     fake = _fake_python(tmp_path, f'shift; exec "{sys.executable}" "{script}" "$@"')
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--python", str(fake), "--out", str(out),
+    proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--python", str(fake), "--out", str(out), "--megatron-variants", "reference",
                            "--megatron-micro-batch-sizes", "2,4,8,16", "--hf-micro-batch-sizes", "2,4",
                            "--work-dir", str(tmp_path / "work")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "FAKE_FUSION_FAILS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    data = json.loads(next(out.glob("throughput_*.json")).read_text())
+    data = json.loads(next((out / "throughput").glob("*.json")).read_text())["values"]
     mega = [(a["micro_batch_size"], a["status"]) for a in data["megatron"]["attempts"]]
     assert mega == [(2, "error"), (2, "ok"), (4, "ok"), (8, "oom"), (16, "skipped")]
     assert data["megatron"]["attempts"][0]["retried_with"] == "--no-fusion"

@@ -1,6 +1,6 @@
-"""Issue #20 on one H200: generation and ELBO of the demo model, tokens/s beside the peers' way.
+"""Generation and ELBO of the demo model, tokens/s beside the peers' way (the sampling suite's worker).
 
-Steps (``bench/gpu/generate_demo.sh`` runs them; every result JSON holds the command that made it):
+Steps (``bench/sampling/run.py`` runs ``speed``; ``bench/sampling/generate_demo.sh`` all of them; every result JSON holds the command that made it):
 
 - ``prompts``: prompts from the shared corpus (the first documents of ``.data/demo-valid``, their
   first ``--tokens`` ids, as ``{"prompt_ids": [...], "text": ...}`` lines for ``dlmspec generate``).
