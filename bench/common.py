@@ -215,3 +215,38 @@ def finish(args: argparse.Namespace, suite: str, name: str, command: Sequence[st
     path = write_result(result, results_root(args))
     print(f"result: {path}")
     return path
+
+
+def run_steps(steps: Sequence[tuple[str, list[str], dict[str, str]]], work: Path, log: Path,
+              timeout_s: float) -> tuple[str, dict[str, Any]]:
+    """Run ``[(step, argv, extra env)]`` one after the other in ``work`` with :func:`child_env`,
+    output appended to ``log``; stops at the first failing step. Returns ``(status, {step:
+    {"command", "returncode", "seconds", "log_tail"?}})``, status ``ok`` or ``failed``."""
+    import time
+
+    record: dict[str, Any] = {}
+    for name, cmd, extra in steps:
+        print(f"{name}: {show(cmd)}", flush=True)
+        t0 = time.perf_counter()
+        with open(log, "ab") as out:
+            try:
+                code = subprocess.run(cmd, cwd=str(work), env=child_env(extra), stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        record[name] = {"command": show(cmd), "returncode": code, "seconds": round(time.perf_counter() - t0, 1)}
+        if code != 0:
+            tail = log.read_text(errors="replace").splitlines()[-30:]
+            record[name]["log_tail"] = tail
+            print("\n".join(tail), file=sys.stderr)
+            return "failed", record
+    return "ok", record
+
+
+def print_dry(steps: Sequence[tuple[str, list[str], dict[str, str]]], work: Path, path: Path) -> int:
+    """``--dry``: each step's shell line, then the result path."""
+    for name, cmd, extra in steps:
+        env = " ".join(f"{k}={v}" for k, v in extra.items())
+        print(f"{name}: {(env + ' ') if env else ''}{show(cmd, work)}")
+    print(f"result: {path}")
+    return 0

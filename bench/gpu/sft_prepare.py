@@ -1,4 +1,4 @@
-"""The inputs of ``bench/gpu/sft_demo.sh``, made here on the CPU machine from the offline data kit
+"""The inputs of ``bench/demos/sft_demo.sh``, made here on the CPU machine from the offline data kit
 (``../shared/data``; the GPU machine does not see it): carry ``.data/`` and ``.device/sft-demo/`` along.
 
 1. The demo's pre-training data and GPT-2 tokenizer (``bench/gpu/prepare.py demo_inputs``).

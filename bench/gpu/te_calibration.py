@@ -307,7 +307,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "warmup_steps; peak allocated / reserved = torch.cuda.max_memory_allocated / "
                         "max_memory_reserved (metrics.jsonl peak_mem_gib / peak_reserved_gib)"),
         "commit": commit or None, "versions": found,
-        "commands": {"device": f"bash bench/gpu/te_calibration.sh $OUT  (python3 bench/gpu/te_calibration.py $OUT "
+        "commands": {"device": f"bash bench/devbox/gpu/te_calibration.sh $OUT  (python3 bench/gpu/te_calibration.py $OUT "
                                f"--budget-s {args.budget_s:g} --repeats {args.repeats})",
                      "ingest (CPU machine)": f"cp $OUT/{RESULT} bench/results/ && .venv/bin/python bench/plan/calibrate.py --te-only --write",
                      "compare with the committed predictions": "python3 bench/plan/te_holdout.py compare "
@@ -320,7 +320,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  f"{PROFILE_STEPS[0]}..{PROFILE_STEPS[1] - 1} ([logging] profile); NAME-profile."
                                  "profile_summary.json is the runtime's kernel-time summary "
                                  "(backends/megatron/profiling.py); the step times are not calibration points")
-        result["commands"] = {"device": "bash bench/gpu/te_calibration.sh $OUT --profile --only NAME"}
+        result["commands"] = {"device": "bash bench/devbox/gpu/te_calibration.sh $OUT --profile --only NAME"}
     (out / result_name).write_text(json.dumps(result, indent=1) + "\n")
     measured = sum("step_seconds" in r for r in records)
     print(f"te_calibration: {measured}/{len(records)} launches measured in {result['wall_s']} s; {out / result_name}")

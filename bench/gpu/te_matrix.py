@@ -769,7 +769,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     summary = {
         "benchmark": "issue 21: the compiled demo (specs/demo-dlm.toml) on the Transformer Engine path, "
                      f"{STEPS} steps per configuration, against the local-path bf16 loss of the same seed",
-        "command": "bash bench/gpu/te_matrix.sh $OUT  (python3 bench/gpu/te_matrix.py $OUT --budget-s "
+        "command": "bash bench/devbox/gpu/te_matrix.sh $OUT  (python3 bench/gpu/te_matrix.py $OUT --budget-s "
                    f"{args.budget_s:g} --lanes {args.lanes})",
         "date": time.strftime("%Y-%m-%d"), "versions": versions(), "criterion": CRITERION,
         "noise_floor": results.get("local-bf16-again", {}).get("noise_floor", {}).get("max_rel_diff"),

@@ -55,7 +55,7 @@ The fit (relative errors, so small and large runs weigh alike):
   :data:`MAX_ROUNDS` rounds).
 
 Layer paths: the fit above is the local path's (records whose ``impl``, or the path the planner infers
-from their spec, is not ``transformer_engine``). Transformer Engine records (``bench/gpu/te_calibration.sh``'s
+from their spec, is not ``transformer_engine``). Transformer Engine records (``bench/devbox/gpu/te_calibration.sh``'s
 ``calibration_te_h200.json``, issue 21) get a fit of their own (:func:`fit_te`): the same memory and
 time fits, pulled towards the constants the TE path is planned with now (the local path's until a TE
 calibration is committed), plus ``allocator_reserve_fraction`` from their ``peak_reserved_bytes``

@@ -11,7 +11,7 @@ directory is carried to the GPU machine.
 Three entries are ``held_out``: their plans are committed before the run
 (``bench/plan/te_holdout.py predict``) and ``bench/plan/calibrate.py`` leaves them out of the TE fit,
 reporting them against the fitted constants instead (out of sample). The entries are in the order
-``bench/gpu/te_calibration.sh`` runs them: what a short budget must not miss first (the issue's two
+``bench/devbox/gpu/te_calibration.sh`` runs them: what a short budget must not miss first (the issue's two
 configurations, then the three held out), the two longest runs (micro batch 16) last.
 
 The format is ``bench/plan/matrix.json``'s plus ``transformer_impl``, ``held_out``, ``note``, ``steps`` and

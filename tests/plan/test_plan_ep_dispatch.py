@@ -83,8 +83,8 @@ def test_by_configuration_medians_and_spread():
 
 def test_committed_trials_are_what_the_script_computes():
     """bench/results/planner_trials_ep_dispatch_host_factor.json (quoted by docs/planner.md) is what
-    bench/plan/trials_session5.py computes on the committed records and constants."""
-    trials = load_script("bench/plan/trials_session5.py", "plan_trials_session5")
+    bench/plan/planner_trials.py computes on the committed records and constants."""
+    trials = load_script("bench/plan/planner_trials.py", "plan_trials_session5")
     committed = json.loads((ROOT / "bench" / "results" / "planner_trials_ep_dispatch_host_factor.json").read_text())
     assert trials.ep_dispatch() == committed["ep_dispatch"]
     assert committed["ep_dispatch"]["0"]["records_within_15"] == "55/70"

@@ -17,14 +17,14 @@
 #
 # GPU (from the repository root; TE in /tmp/site_te first on PYTHONPATH, megatron-core + dlmspec on it by
 # the lead's wrapper; carry .whl/peer with the two wheels below):
-#   export PYTHONPATH=/tmp/site_te:$PYTHONPATH PYTHONUNBUFFERED=1; bash bench/gpu/peers.sh $OUT
-# CPU: bash bench/gpu/peers.sh --dry      (run.py --dry-run: compiles every megatron job, checks its
+#   export PYTHONPATH=/tmp/site_te:$PYTHONPATH PYTHONUNBUFFERED=1; bash bench/devbox/gpu/peers.sh $OUT
+# CPU: bash bench/devbox/gpu/peers.sh --dry      (run.py --dry-run: compiles every megatron job, checks its
 #                                          train.py, tries every import; WHL=/work/main/.whl/peer)
 # The wheels (Liger Kernel 0.8.5, torchao 0.18.0) go into /tmp/peer with pip --no-index --no-deps --target
 # (the GPU machine has no registry), appended to PYTHONPATH. $OUT gets the JSON, run.py's combined log
 # and peers_install.log.
 set -u
-cd "$(dirname "$0")/../.." || exit 2
+cd "$(dirname "$0")/../../.." || exit 2
 PY=${PY:-python3}
 DRY=0
 if [ "${1:-}" = "--dry" ]; then

@@ -4,7 +4,7 @@
 # Device (repository root; carry .data .device .whl/mc):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
 #     .whl/mc/megatron_core*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && \
-#     bash bench/gpu/runtime_checks.sh $OUT                                          (~5 minutes)
+#     bash bench/devbox/gpu/runtime_checks.sh $OUT                                          (~5 minutes)
 # Steps, all in one run directory (.device/runs/checks), each resuming from the one before:
 #   base    train 0 -> 40, checkpoints at 20 and 40 (each with spec.lock.toml and the spec record)
 #   shape   num_layers 12 -> 6: must refuse (exit 2, names model.num_layers) before megatron-core

@@ -10,10 +10,10 @@
 #   python3 -m pip download --python-version 3.12 --only-binary=:all: --platform manylinux_2_28_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl/wandb wandb==0.31.0
 #                                                          # 37 wheels, 27 MB (wandb and what it imports)
-#   bash bench/gpu/viz_demo.sh --dry                       # compiles .device/viz-demo, checks the script
+#   bash bench/devbox/gpu/viz_demo.sh --dry                       # compiles .device/viz-demo, checks the script
 # Device (carry .data .device .whl/wandb, plus the wrapper's megatron-core/dlmspec):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/wb .whl/wandb/*.whl \
-#     && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/wb && bash bench/gpu/viz_demo.sh
+#     && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/wb && bash bench/devbox/gpu/viz_demo.sh
 # About 1-2 minutes on an H200 (start-up ~30-60 s, 60 steps at ~0.09 s, two evaluations, one save).
 # The PNG needs matplotlib on the device (39 MB more of wheels); without it the script says so and
 # `dlmspec plot OUT/run -o OUT/viz_demo_plot.png` draws it here from the copied metrics.jsonl.
@@ -71,7 +71,7 @@ result = {
     "benchmark": "issue 24: the demo for 60 steps with W&B offline (console line, offline run files, plot)",
     "dry": os.environ["DRY"] == "1",
     "commands": {"compile": os.environ["COMPILE_CMD"], "launch": os.environ["LAUNCH_CMD"],
-                 "plot": os.environ["PLOT_CMD"], "script": "bash bench/gpu/viz_demo.sh"},
+                 "plot": os.environ["PLOT_CMD"], "script": "bash bench/devbox/gpu/viz_demo.sh"},
     "exit_codes": {"compile": os.environ["COMPILE_RC"], "launch": os.environ["LAUNCH_RC"],
                    "plot": os.environ["PLOT_RC"]},
     "seconds": int(os.environ["SECONDS_ALL"]),

@@ -10,7 +10,7 @@ Each variant is fitted on every record under ``bench/results/`` (``calibrate.fit
 0.1 as ``calibrate.py`` uses) and scored: records within 15%, the newest record of each
 configuration within 15%, each configuration's median within 15%.
 
-    .venv/bin/python bench/plan/trials_session5.py [--json OUT]
+    .venv/bin/python bench/plan/planner_trials.py [--json OUT]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    result = {"command": "python bench/plan/trials_session5.py --json OUT",
+    result = {"command": "python bench/plan/planner_trials.py --json OUT",
               "ep_dispatch": ep_dispatch(), "multi_gpu_host_factor": multi_gpu_host_factor()}
     text = json.dumps(result, indent=1)
     print(text)

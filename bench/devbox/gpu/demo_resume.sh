@@ -6,7 +6,7 @@
 #   2. launch it again: it must resume from that checkpoint and train to the end;
 #   3. launch .device/demo-ref/launch.sh (same spec, own directories) uninterrupted.
 # Then bench/gpu/summarize_resume.py compares the resumed losses with the uninterrupted ones.
-# Usage: STOP_AT=150 bash bench/gpu/demo_resume.sh OUT_DIR
+# Usage: STOP_AT=150 bash bench/devbox/gpu/demo_resume.sh OUT_DIR
 set -u
 out=${1:?usage: demo_resume.sh OUT_DIR}
 STOP_AT=${STOP_AT:-150}

@@ -7,7 +7,7 @@
 #      pointed back at iter_0000020 and the same job is launched again: it must resume from step
 #      20 (dlmspec.json says checkpoint_format fsdp_dtensor) and its losses at steps 25..40 must
 #      match the uninterrupted run's (resume_summary.json).
-# Usage: bash bench/gpu/fsdp_session.sh OUT_DIR     (a few minutes on two H200s; 8 files in OUT_DIR)
+# Usage: bash bench/devbox/gpu/fsdp_resume.sh OUT_DIR     (a few minutes on two H200s; 8 files in OUT_DIR)
 # Each resume run is limited to LIMIT_S seconds (default 150): a run past it gets SIGTERM (torchrun
 # forwards it to its workers), SIGKILL 15 s later, and a "KILLED by the timeout" line in its log.
 set -u
@@ -39,7 +39,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpus.txt" 2>&1
 python3 -c 'import torch, megatron.core, einops; print("torch", torch.__version__, "megatron-core", megatron.core.__version__, "einops", einops.__version__)' >> "$out/gpus.txt" 2>&1
 
-[ -n "${SKIP_CALIBRATION:-}" ] || bash bench/gpu/run_matrix.sh "$out/calibration_fsdp.json" "$LIMIT_S" .device/plan/demo-fsdp
+[ -n "${SKIP_CALIBRATION:-}" ] || bash bench/devbox/gpu/run_matrix.sh "$out/calibration_fsdp.json" "$LIMIT_S" .device/plan/demo-fsdp
 
 run=.device/runs/fsdp-resume
 rm -rf "$run"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run compiled calibration directories on the GPU machine and summarise each run.
 #
-#   bash bench/gpu/run_matrix.sh OUT_JSON LIMIT_S DIR...
+#   bash bench/devbox/gpu/run_matrix.sh OUT_JSON LIMIT_S DIR...
 #
 # Each DIR is a `dlmspec compile` output (from bench/gpu/prepare.py); its launch.sh runs from
 # the repository root. The summary (bench/plan/calibrate.py's format) takes, from the run's

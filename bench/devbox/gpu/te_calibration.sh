@@ -7,16 +7,16 @@
 # limit. Details: bench/gpu/te_calibration.py.
 #
 # CPU (from the repository root; compiles into .device/tecal and checks every train.py's flags):
-#   bash bench/gpu/te_calibration.sh --dry
+#   bash bench/devbox/gpu/te_calibration.sh --dry
 # GPU, one H200, after TE is installed into /tmp/site_te (../shared/gpu/transformer-engine.md) and
 # dlmspec + megatron-core into PYTHONPATH by the lead's wrapper (the script puts /tmp/site_te first when
 # it is missing from PYTHONPATH; it compiles the entries there, ~10 s, and needs no .data: mock data):
-#   bash bench/gpu/te_calibration.sh $OUT          (BUDGET_S=420 by default; ~7.5 min in all)
+#   bash bench/devbox/gpu/te_calibration.sh $OUT          (BUDGET_S=420 by default; ~7.5 min in all)
 # $OUT then holds bench/calibration/te/h200/te-matrix-2026-12-02.json (bench/plan/calibrate.py's format: copy it to
 # bench/results/) and te_calibration_logs.tgz (each launch's console).
 set -u
-cd "$(dirname "$0")/../.." || exit 2
-. bench/gpu/driver.sh
+cd "$(dirname "$0")/../../.." || exit 2
+. bench/devbox/gpu/driver.sh
 driver_dry te_calibration "$@"
 out=${1:?usage: te_calibration.sh OUT | te_calibration.sh --dry}
 shift

@@ -7,9 +7,9 @@
 # Inputs (made on the CPU machine, which sees ../shared; carry .data/ and .device/sft-demo/):
 #   python bench/gpu/sft_prepare.py
 # Then on the GPU machine:
-#   OUT=/some/dir bash bench/gpu/sft_demo.sh          # ~3-4 minutes on one H200
-#   STAGE=base | STAGE=sft OUT=... bash bench/gpu/sft_demo.sh   # only the pre-training | only SFT + evaluation
-#   bash bench/gpu/sft_demo.sh --dry                   # CPU: inputs, compiled files, masks; no training
+#   OUT=/some/dir bash bench/demos/sft_demo.sh          # ~3-4 minutes on one H200
+#   STAGE=base | STAGE=sft OUT=... bash bench/demos/sft_demo.sh   # only the pre-training | only SFT + evaluation
+#   bash bench/demos/sft_demo.sh --dry                   # CPU: inputs, compiled files, masks; no training
 # Writes $OUT/sft_demo_h200.json (the evaluation, with the commands) and the launch logs.
 # Removes only its own run folder, runs/bench-sft-demo/, before it starts.
 set -u
