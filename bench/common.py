@@ -130,15 +130,14 @@ def work_dir(args: argparse.Namespace, suite: str) -> Path:
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a child job: this one, ``PYTHONUNBUFFERED=1``, and ``PYTHONPATH`` without
-    the checkout (entries equal to the repository root or inside it are dropped)."""
+    the checkout (an entry whose ``dlmspec`` folder is the checkout's is dropped)."""
     env = dict(os.environ)
     kept = []
     for entry in env.get("PYTHONPATH", "").split(os.pathsep):
         if not entry:
             continue
-        p = Path(entry).resolve()
-        if p == ROOT or ROOT in p.parents:
-            continue
+        if (Path(entry) / "dlmspec").resolve() == (ROOT / "dlmspec").resolve():
+            continue  # the checkout's dlmspec/ would shadow the installed package
         kept.append(entry)
     if kept:
         env["PYTHONPATH"] = os.pathsep.join(kept)

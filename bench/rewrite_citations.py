@@ -13,8 +13,8 @@ templates/ and bench/ (not the measured data under bench/results/ and bench/cali
   path has that name: by the new file name when it stayed in its folder, else (in files other than
   ``.py``) by the new path.
 
-A path is replaced only where it ends (the next character is not a letter, digit, ``_``, ``.`` or
-``-``), so ``bench/results/a`` does not rewrite ``bench/results/a.json``. Files are written through
+A path is replaced only where it ends (the next character is not a letter, digit, ``_`` or ``-``,
+nor a ``.`` followed by one), so ``bench/results/a`` does not rewrite ``bench/results/a.json``. Files are written through
 :func:`dlmspec.files.write_atomic`. Idempotent: a second run changes nothing.
 """
 
@@ -49,7 +49,7 @@ def rewriter(renames: dict[str, str]):
     """A function ``(text, suffix) -> rewritten text`` for ``renames``. A bare file name becomes
     the new file name when the file stayed in its folder; when it moved to another folder, the new
     path, in prose files only (not ``.py``: there a bare name is usually joined to a folder in code)."""
-    end = r"(?![\w.-])"
+    end = r"(?![\w-]|\.\w)"  # a sentence's full stop may follow a path
     full = [(re.compile(re.escape(old) + end), new) for old, new in sorted(renames.items(), key=lambda kv: -len(kv[0]))]
     names: dict[str, list[tuple[str, str]]] = {}
     for old, new in renames.items():

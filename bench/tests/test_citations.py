@@ -74,7 +74,7 @@ def test_rewrite_citations_replaces_old_paths_once_and_keeps_longer_names(tmp_pa
         "bench/results/run_a": "bench/results/run_measured_logs",
         "bench/results/cal_x.json": "bench/calibration/te/h200/x.json"}}))
     doc = tmp_path / "docs" / "page.md"
-    doc.write_text("see bench/results/run_a.json, bench/results/run_a/log.txt and bench/results/run_a_b.json; "
+    doc.write_text("see bench/results/run_a.json, bench/results/run_a/log.txt and bench/results/run_a_b.json; bench/results/run_a. "
                    "cal_x.json in prose\n")
     code = tmp_path / "docs" / "tool.py"
     code.write_text('PATH = ROOT / "bench" / "results" / "cal_x.json"\nOTHER = "run_a.json"\n')
@@ -82,7 +82,7 @@ def test_rewrite_citations_replaces_old_paths_once_and_keeps_longer_names(tmp_pa
     assert subprocess.run(cmd + ["--check"], capture_output=True, timeout=60).returncode == 1
     assert subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
     assert doc.read_text() == ("see bench/results/run_measured.json, bench/results/run_measured_logs/log.txt and "
-                               "bench/results/run_a_b.json; bench/calibration/te/h200/x.json in prose\n")
+                               "bench/results/run_a_b.json; bench/results/run_measured_logs. bench/calibration/te/h200/x.json in prose\n")
     # in code a bare name moved to another folder stays (it is joined to a folder there); same folder: renamed
     assert code.read_text() == 'PATH = ROOT / "bench" / "results" / "cal_x.json"\nOTHER = "run_measured.json"\n'
     before = doc.read_text()

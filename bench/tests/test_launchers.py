@@ -143,3 +143,30 @@ def test_calibration_ingest_refuses_a_result_of_another_suite(tmp_path):
     proc = subprocess.run([sys.executable, "bench/calibration/run.py", "--ingest", str(result), "--data", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "calibration result" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_throughput_dry_compiles_with_a_non_editable_install(tmp_path):
+    """dlmspec installed from its wheel into a folder, run by a Python without the editable install:
+    the harness's compile of the megatron variant imports the installed package (the checkout's
+    dlmspec/ has no templates: imported from the checkout, compile fails with ModuleNotFoundError)."""
+    import site
+    import sysconfig
+
+    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                            str(wheel_dir), str(ROOT)], capture_output=True, text=True, timeout=600)
+    if built.returncode != 0:
+        pytest.skip(f"cannot build the wheel here: {built.stderr[-300:]}")
+    [wheel] = wheel_dir.glob("dlmspec-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True, timeout=600)
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    deps = sysconfig.get_paths()["purelib"]  # torch, pydantic, ...: on PYTHONPATH, so no .pth (no editable finder)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), deps] + site.getsitepackages())}
+    proc = subprocess.run([str(bare / "bin" / "python"), "bench/throughput/run.py", "--dry", "--skip-import-check",
+                           "--sides", "megatron", "--megatron-micro-batch-sizes", "4", "--work-dir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "compiled (" in proc.stdout and "keywords as expected" in proc.stdout
+    assert (tmp_path / "work" / "megatron-local-bf16_mb4.compiled" / "train.py").is_file()

@@ -225,11 +225,11 @@ def test_one_gpu_range_is_singular():
 
 
 def test_te_plans_of_the_throughput_runs():
-    """The four TE runs of README's speed table (session 11, fused RoPE, which no calibration
+    """The four TE runs of README's speed table (fused RoPE, which no calibration
     run had, and Liger's fused linear cross entropy, where the calibration runs had PyTorch row
     chunks): held out of the fit, they check both. Step time and peak allocated within 5% of the
     measured (docs/planner.md, *Kernels on TE*)."""
-    record = json.loads((ROOT / "bench" / "results" / "session11_h200" / "peers" / "call4_megatron"
+    record = json.loads((ROOT / "bench" / "results" / "gpu_runs_h200_te_calibration_peers_profile" / "peers" / "call4_megatron"
                          / "throughput_2026-12-02_peers.json").read_text())
     attempts = record["megatron"]["attempts"]
     assert len(attempts) == 4 and all(a["status"] == "ok" for a in attempts)

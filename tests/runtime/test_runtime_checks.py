@@ -13,7 +13,7 @@
   previous checkpoint (the partial folder is removed).
 
 What needs a GPU (a real save, resume and failed save under megatron-core) is in
-bench/gpu/runtime_checks.sh.
+bench/devbox/gpu/runtime_checks.sh.
 """
 
 from __future__ import annotations
