@@ -15,7 +15,7 @@
 set -u
 dry=0
 [ "${1:-}" = "--dry" ] && dry=1
-OUT=${OUT:-bench/results/sft_demo}
+OUT=${OUT:-/tmp/sft_demo}
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
 dev=.device/sft-demo

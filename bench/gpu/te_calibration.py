@@ -309,9 +309,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "commit": commit or None, "versions": found,
         "commands": {"device": f"bash bench/devbox/gpu/te_calibration.sh $OUT  (python3 bench/gpu/te_calibration.py $OUT "
                                f"--budget-s {args.budget_s:g} --repeats {args.repeats})",
-                     "ingest (CPU machine)": f"cp $OUT/{RESULT} bench/results/ && .venv/bin/python bench/plan/calibrate.py --te-only --write",
+                     "ingest (CPU machine)": "python bench/calibration/run.py --ingest RESULT (a calibration result), then python bench/calibration/fit.py --write && python -m dlmspec.generated",
                      "compare with the committed predictions": "python3 bench/plan/te_holdout.py compare "
-                     f"bench/plan/te_holdout_predictions.json bench/results/{RESULT} OUT.json"},
+                     f"bench/plan/te_holdout_predictions.json $OUT/{RESULT} OUT.json"},
         "wall_s": round(time.time() - t_start, 1),
         "runs": records,
     }

@@ -7,14 +7,14 @@
 # megatron-core's KV cache against full recompute (speed_ar.json: on RUN_AR, a trained demo-ar checkpoint,
 # when given, else the demo-dlm checkpoint's weights run causally: demo-ar's shape, the same decode cost,
 # no training) (bench/sampling/generate_demo.py).
-# Writes JSON (each with the command that made it) to $OUT (default bench/results/generate_demo).
+# Writes JSON (each with the command that made it) to $OUT (default /tmp/generate_demo).
 # About 3-4 minutes on an H200 (most of it is starting Python with torch + megatron-core 5 times; the
 # AR timing runs inside the speed step's process, about 20 s more).
 # Usage: bash bench/sampling/generate_demo.sh          (GPU)
 #        bash bench/sampling/generate_demo.sh --dry    (CPU, a tiny run built on the spot; ~6 minutes on 2 busy cores)
 set -euo pipefail
 PY=${PYTHON:-python3}
-OUT=${OUT:-bench/results/generate_demo}
+OUT=${OUT:-/tmp/generate_demo}
 mkdir -p "$OUT"
 here=$(dirname "$0")
 if [ "${1:-}" = "--dry" ]; then

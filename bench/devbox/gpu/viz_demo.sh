@@ -20,7 +20,7 @@
 set -u
 DRY=0
 [ "${1:-}" = "--dry" ] && DRY=1
-OUT=${OUT:-bench/results/viz_demo}
+OUT=${OUT:-/tmp/viz_demo}
 PY=${DLMSPEC_PYTHON:-python3}
 NAME=viz-demo
 COMPILED=.device/$NAME
