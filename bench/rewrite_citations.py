@@ -9,7 +9,7 @@ under it) and replaces, in README.md, CHANGELOG.md, CONTRIBUTING.md and the text
 templates/ and bench/ (not the measured data under bench/results/ and bench/calibration/):
 
 * each old path, written out (``bench/results/x.json``, ``bench/results/dir/file``), by the new one;
-* each old result file name written alone (``holdout_h200x2_session5.json``), when no other renamed
+* each old result file name written alone (``old_name.json``), when no other renamed
   path has that name: by the new file name when it stayed in its folder, else (in files other than
   ``.py``) by the new path.
 

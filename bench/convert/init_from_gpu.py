@@ -1,4 +1,4 @@
-"""GPU check of ``checkpoint.init_from = "hf:PATH"`` through a compiled train.py (issue #6).
+"""GPU check of ``checkpoint.init_from = "hf:PATH"`` through a compiled train.py.
 
 Two halves, so the GPU machine needs neither pydantic nor the compiler:
 

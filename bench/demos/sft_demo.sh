@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #19 on one H200, from the repository root: pre-train the demo masked-diffusion LM
+# one H200, from the repository root: pre-train the demo masked-diffusion LM
 # (specs/demo-dlm.toml, its 300 iterations), fine-tune it with SFT (specs/demo-dlm-sft.toml, from
 # the pre-trained checkpoints), then score both on the held-out conversations with the same fixed
 # masks (bench/gpu/sft_eval.py): per-sample response loss with 95% confidence intervals.

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--max-conversations", type=int, default=None, help="cap each split (a quick CPU check)")
     parser.add_argument("--pad-eos-tokens", type=int, default=None,
                         help="stage.sft.pad_eos_tokens for the SFT run (unset: the spec's, every padding EOS "
-                        "for mdm; session 9's tuned demo then answered with EOS at once)")
+                        "for mdm; an earlier GPU run's tuned demo then answered with EOS at once)")
     parser.add_argument("--variant", default=None,
                         help="compile only this SFT variant, into .device/sft-demo/VARIANT (run folder runs/bench-sft-demo/VARIANT)")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""Summarise bench/devbox/gpu/demo_resume.sh's output into one JSON (issue #3's resume check).
+"""Summarise bench/devbox/gpu/demo_resume.sh's output into one JSON (the resume check).
 
     python3 bench/gpu/summarize_resume.py WORK_DIR OUT_JSON [--command CMD]
 
@@ -52,7 +52,7 @@ def main() -> None:
         return max(diffs) if diffs else None
 
     result = {
-        "benchmark": "issue #3: the compiled demo (specs/demo-dlm.toml) stopped by SIGTERM and launched again, "
+        "benchmark": "the compiled demo (specs/demo-dlm.toml) stopped by SIGTERM and launched again, "
                      "against the same spec run uninterrupted",
         "device": a.device, "command": a.command,
         "signal_checkpoint": saved[-1] if saved else None,

@@ -1,4 +1,4 @@
-"""The planner's Transformer Engine calibration runs (issue 21), one at a time on one GPU.
+"""The planner's Transformer Engine calibration runs, one at a time on one GPU.
 
 Compiles every entry of ``bench/plan/te_matrix.json`` (``bench/plan/te_matrix.py``) into
 ``.device/tecal/NAME`` (run directory ``.device/runs/tecal/NAME``), checks in each train.py the
@@ -51,7 +51,7 @@ DEST = ".device/tecal"
 RUNS = ".device/runs/tecal"
 RESULT = "calibration_te_h200.json"
 #: Start-up allowance of a launch before its first step (imports, model build, TE's and cuDNN's
-#: first kernels: session 9's two runs of 10 steps took 76 s each, ~65 s of it before the first step,
+#: first kernels: an earlier GPU run's two runs of 10 steps took 76 s each, ~65 s of it before the first step,
 #: bench/results/gpu_runs_h200_te_install_and_calibration.json).
 STARTUP_S = 90.0
 #: ``--profile``: the steps torch.profiler records (``[logging] profile_step_start .. profile_step_end - 1``),
@@ -302,7 +302,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
         "device": f"one GPU: {found.get('gpu')}",
         "transformer_impl": "transformer_engine",
-        "description": (f"Issue 21: the planner's Transformer Engine calibration (bench/plan/te_matrix.json), one run at a "
+        "description": (f"the planner's Transformer Engine calibration (bench/plan/te_matrix.json), one run at a "
                         f"time on one H200, each entry's steps of one microbatch each, median step time after its "
                         "warmup_steps; peak allocated / reserved = torch.cuda.max_memory_allocated / "
                         "max_memory_reserved (metrics.jsonl peak_mem_gib / peak_reserved_gib)"),
@@ -316,7 +316,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "runs": records,
     }
     if args.profile:
-        result["description"] = ("Issue 21: where the step time goes - the entries run with torch.profiler on steps "
+        result["description"] = ("where the step time goes - the entries run with torch.profiler on steps "
                                  f"{PROFILE_STEPS[0]}..{PROFILE_STEPS[1] - 1} ([logging] profile); NAME-profile."
                                  "profile_summary.json is the runtime's kernel-time summary "
                                  "(backends/megatron/profiling.py); the step times are not calibration points")

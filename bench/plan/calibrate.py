@@ -56,7 +56,7 @@ The fit (relative errors, so small and large runs weigh alike):
 
 Layer paths: the fit above is the local path's (records whose ``impl``, or the path the planner infers
 from their spec, is not ``transformer_engine``). Transformer Engine records (``bench/devbox/gpu/te_calibration.sh``'s
-``calibration_te_h200.json``, issue 21) get a fit of their own (:func:`fit_te`): the same memory and
+``calibration_te_h200.json``) get a fit of their own (:func:`fit_te`): the same memory and
 time fits, pulled towards the constants the TE path is planned with now (the local path's until a TE
 calibration is committed), plus ``allocator_reserve_fraction`` from their ``peak_reserved_bytes``
 (:func:`fit_reserve`). Records marked ``"held_out": true`` are left out of every fit and reported
@@ -157,7 +157,7 @@ RECORD_LOCAL_KERNELS = {"qkv_fusion": False, "compiled_norm": False}
 #: "transformer_engine"``) whose overrides do not set ``kernels.fused_linear_impl`` and that do not
 #: record ``fused_linear_backend`` (``bench/gpu/te_calibration.py`` reads it from each log now): Liger Kernel
 #: did not import beside TE on the GPU machine, so ``"auto"`` fell back to PyTorch row chunks
-#: (each run's log: ``cross entropy fused_linear (torch)``, session12_h200/calibration/). They are
+#: (each run's log: ``cross entropy fused_linear (torch)``, bench/results/gpu_runs_h200_te_repeats_fp8_agreement/calibration/). They are
 #: planned as they ran.
 TE_RECORD_FUSED_LINEAR_IMPL = "torch"
 
@@ -613,7 +613,7 @@ def write_calibration(fitted: Calibration, source: str, path: Path | None = None
     path.write_text(text, encoding="utf-8")
 
 
-# --- the Transformer Engine path (issue 21) --------------------------------------------------------
+# --- the Transformer Engine path --------------------------------------------------------
 TE = "transformer_engine"
 TE_BEGIN, TE_END = "<!-- te-calibration:begin -->", "<!-- te-calibration:end -->"
 #: calibration.py's TE block (rewritten by :func:`write_te_calibration`).

@@ -1,4 +1,4 @@
-"""Predict, then measure: the planner on configurations kept out of its calibration (issue #4).
+"""Predict, then measure: the planner on configurations kept out of its calibration.
 
 ``bench/plan/holdout.json`` lists configurations no calibration run had (the format of
 ``bench/plan/matrix.json``). ``predict`` plans each with the committed constants and writes the

@@ -1,4 +1,4 @@
-"""The planner's kernel launches per step against the profiles' (issue #4).
+"""The planner's kernel launches per step against the profiles'.
 
 Reads a profile file of per-rank ``torch.profiler`` summaries with their host part
 (``bench/results/profile_host_h200x2.json``, written from

@@ -1,7 +1,7 @@
-"""Two planner variants tried in session 5 (issue #4), refitted and scored like calibrate.py.
+"""Two planner variants tried, refitted and scored like calibrate.py.
 
 * ``ep_dispatch``: ``KERNELS_EP_DISPATCH`` (the alltoall dispatcher's launches per MoE layer at
-  EP > 1) at 0, as before session 5, and at its value.
+  EP > 1) at 0, as before, and at its value.
 * ``multi_gpu_host_factor``: every two-GPU record planned on a host slower by a factor (its
   ``host_launch_us``, or the typical host's, times 1.0, 1.15, 1.3) - the idea that the ranks of a
   two-GPU run each get less of the host than a one-GPU run. Kept out of the model.
@@ -34,7 +34,7 @@ PRIOR = 0.1
 
 
 def local_runs(runs) -> list:
-    """The local path's records (session 5's trials predate the Transformer Engine records, which
+    """The local path's records (an earlier GPU run's trials predate the Transformer Engine records, which
     calibrate.py fits apart: :func:`calibrate.fit_te`)."""
     return [r for r in runs if cal.path_of(r) != cal.TE]
 

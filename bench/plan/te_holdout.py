@@ -1,4 +1,4 @@
-"""Predict, then measure: the planner on the Transformer Engine calibration matrix (issue 21).
+"""Predict, then measure: the planner on the Transformer Engine calibration matrix.
 
 ``predict`` plans every entry of ``bench/plan/te_matrix.json`` (``bench/plan/te_calibration_matrix.py``)
 with the committed constants of the TE path (``dlmspec.plan.provenance.calibration_for``: the local

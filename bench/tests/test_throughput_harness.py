@@ -1,4 +1,4 @@
-"""bench/throughput (issue #7): the HF baseline on a tiny model on CPU (runs, JSON keys, really
+"""bench/throughput: the HF baseline on a tiny model on CPU (runs, JSON keys, really
 bidirectional), the loss-agreement helper, and run.py's commands, parsing and failure handling
 (with fake processes: no GPU, no megatron run)."""
 

@@ -1,4 +1,4 @@
-"""bench/throughput (issue 21): the strong HF peers of hf_baseline.py (--impl liger, liger-compile,
+"""bench/throughput: the strong HF peers of hf_baseline.py (--impl liger, liger-compile,
 liger-compile-fp8) and run.py's compiled megatron variants and ratios, on CPU.
 
 Liger Kernel imports Triton, which a CPU machine lacks: its masked-row fused linear cross entropy

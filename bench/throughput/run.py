@@ -493,7 +493,7 @@ def _side_summary(attempts: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
                                      "peak_mem_gib", "peak_reserved_gib")}
 
 
-#: Issue 21's targets (one H200, same run): TE fp8 >= 1.4x the strongest HF bf16 loop and ahead of
+#: The targets (one H200, same run): TE fp8 >= 1.4x the strongest HF bf16 loop and ahead of
 #: the HF fp8 peer; bf16 (either megatron path) >= 1.1x the fastest HF bf16 loop.
 TARGET_FP8_OVER_HF_BF16 = 1.4
 TARGET_FP8_OVER_HF_FP8 = 1.0
@@ -507,7 +507,7 @@ def _fastest(best: Dict[str, Optional[Dict[str, Any]]], keys: List[str]) -> Opti
 
 
 def peer_ratios(results: Dict[str, Any]) -> Dict[str, Any]:
-    """Issue 21's ratios from the best micro batch of each megatron variant and HF impl.
+    """The ratios from the best micro batch of each megatron variant and HF impl.
 
     Returns ``{"by_pair": {"VARIANT/IMPL": ratio}, "te_fp8_over_strongest_hf_bf16",
     "te_fp8_over_hf_fp8", "megatron_bf16_over_fastest_hf_bf16"}``; each named ratio is a dict

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #3's resume check with the compiled demo, on one GPU, from the repository root, after
+# the resume check with the compiled demo, on one GPU, from the repository root, after
 # `bench/gpu/prepare.py --demo`:
 #   1. launch .device/demo/launch.sh; once metrics.jsonl logs iteration STOP_AT, send SIGTERM to
 #      the launcher (torchrun, as a scheduler's stop would): the runtime must save and exit;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, "make it fast": the megatron side against the strong Hugging Face peers, in ONE run on one
+# "make it fast": the megatron side against the strong Hugging Face peers, in ONE run on one
 # H200, each job a fresh process (bench/throughput/run.py), within BUDGET_S (default 420 s) in all.
 #   megatron: the compiled Qwen3-1.7B DLM spec (bench/throughput/qwen3-1.7b-mdm.toml, seq 4096, mock data)
 #             on the Transformer Engine path, precision.fp8 = "hybrid" (te-fp8) and bf16 (te-bf16),
@@ -9,7 +9,7 @@
 #   3 warm-up + 5 timed steps per job, ACCUM microbatches per optimizer step (default 1).
 #   MEGATRON_VARIANTS (default te-fp8,te-bf16) and MEGATRON_MBS (default 8,12) narrow the megatron side, HF_IMPLS
 #   (default liger,liger-compile-fp8,liger-compile,plain) the HF side
-#   (session 10: te-fp8 only, its bf16 rows measured minutes before by te_calibration.sh on the same machine).
+#   (an earlier GPU run: te-fp8 only, its bf16 rows measured minutes before by te_calibration.sh on the same machine).
 # Jobs alternate between the sides in that order, so a budget that runs out still leaves both sides (and
 # the fp8 rows) measured. Reported (OUT/throughput_<date>_peers.json, its "ratios" key): TE fp8 / strongest
 # HF bf16, TE fp8 / HF fp8, bf16 megatron / fastest HF bf16, every variant/impl pair; tokens/s, MFU, peak

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15, train.py's checks before the first step and on resume, on one GPU, unattended.
+# train.py's checks before the first step and on resume, on one GPU, unattended.
 # Prepare (CPU machine): .venv/bin/python bench/gpu/prepare_checks.py   (-> .device/checks/*)
 # Device (repository root; carry .data .device .whl/mc):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21: the planner's Transformer Engine calibration - the 9 configurations of
+# the planner's Transformer Engine calibration - the 9 configurations of
 # bench/plan/te_matrix.json (Qwen3-1.7B-architecture DLM at sequence 4096: bf16, fp8 delayed and
 # tensorwise, micro batches 4..16, selective and full recomputation, an 8-expert grouped-GEMM MoE;
 # 3 held out, their plans committed before the run in bench/plan/te_holdout_predictions.json), one

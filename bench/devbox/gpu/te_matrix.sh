@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, correctness first: the compiled demo (specs/demo-dlm.toml, 40 steps per configuration) on
+# correctness first: the compiled demo (specs/demo-dlm.toml, 40 steps per configuration) on
 # the Transformer Engine path - bf16 (TE's fused layer-norm + linear), fp8 delayed / tensorwise /
 # blockwise, recompute selective and full, variable_length_prob 0.5 (TE's padding mask), save at 20 and
 # resume to 40 - each against the local-path bf16 loss of the same seed; then MegaDLMs' objective per
@@ -20,7 +20,7 @@
 # making the two Hugging Face models (0.3 + 0.4 GB, removed at the end): estimated, not measured,
 # 40-60 s per launch (start-up ~30 s; the demo's step is ~0.09 s alone, bench/results/
 # demo_compiled_h200.json; init_from rows also convert on the CPU), ~300-400 s in all. Launches
-# not started by BUDGET_S are recorded as skipped_at_deadline. The rows added in session 9 alone, with
+# not started by BUDGET_S are recorded as skipped_at_deadline. The rows added in one earlier GPU run alone, with
 # the references they need (9 launches, ~150-200 s; one line):
 #   NEW=local-bf16,local-bf16-again,mc19-local-bf16,local-varlen-microbatch,te-varlen-microbatch
 #   NEW=$NEW,local-moe,te-moe,local-init-from-hf,te-init-from-hf; bash bench/devbox/gpu/te_matrix.sh $OUT --only $NEW

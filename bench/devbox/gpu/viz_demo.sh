@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24's GPU item on one H200: the demo (specs/demo-dlm.toml) for 60 steps with W&B offline,
+# one H200: the demo (specs/demo-dlm.toml) for 60 steps with W&B offline,
 # to show the console line (progress, tokens seen, ETA; the timed start phases; the provenance line)
 # and the W&B offline run files. Copies to $OUT: the console log, metrics.jsonl, the offline run
 # folder, a `dlmspec plot` PNG, and viz_demo.json (the commands, exit codes, seconds, and the W&B
@@ -68,7 +68,7 @@ import os
 
 out = os.environ["OUT"]
 result = {
-    "benchmark": "issue 24: the demo for 60 steps with W&B offline (console line, offline run files, plot)",
+    "benchmark": "the demo for 60 steps with W&B offline (console line, offline run files, plot)",
     "dry": os.environ["DRY"] == "1",
     "commands": {"compile": os.environ["COMPILE_CMD"], "launch": os.environ["LAUNCH_CMD"],
                  "plot": os.environ["PLOT_CMD"], "script": "bash bench/devbox/gpu/viz_demo.sh"},
