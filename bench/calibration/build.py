@@ -201,7 +201,7 @@ def fitted_runs(data: Path, entry: dict[str, Any]):
 
 def provenance(entry: dict[str, Any], runs: int) -> str:
     """``FITTED_FROM``'s text: the data files, relative to the repository, and the run count."""
-    return f"bench/calibration/{entry['dir']}/{{{','.join(entry['runs'])}}} ({runs} runs)"
+    return f"bench/calibration/{entry['dir']}: {', '.join(entry['runs'])} ({runs} runs)"
 
 
 def render(data: Path = DATA) -> str:

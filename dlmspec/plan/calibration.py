@@ -178,7 +178,7 @@ class Calibration:
 
 
 #: Where the fitted defaults above come from: the calibration data files of the local path.
-FITTED_FROM = 'bench/calibration/local/h200/{1gpu-fused-ce-2026-11-30.json,1gpu-matrix-2026-11-29.json,1gpu-matrix-repeat-2026-11-30.json,2gpu-matrix-2026-11-30.json,2gpu-repeats-2026-11-30.json,2gpu-tp2-sp-2026-11-30.json,matrix-first-2026-11-30.json,matrix-host-launch-2026-11-30-a.json,matrix-host-launch-2026-11-30-b.json,matrix-host-launch-2026-11-30-c.json} (70 runs)'
+FITTED_FROM = 'bench/calibration/local/h200: 1gpu-fused-ce-2026-11-30.json, 1gpu-matrix-2026-11-29.json, 1gpu-matrix-repeat-2026-11-30.json, 2gpu-matrix-2026-11-30.json, 2gpu-repeats-2026-11-30.json, 2gpu-tp2-sp-2026-11-30.json, matrix-first-2026-11-30.json, matrix-host-launch-2026-11-30-a.json, matrix-host-launch-2026-11-30-b.json, matrix-host-launch-2026-11-30-c.json (70 runs)'
 
 #: The constants every plan uses unless one passes another :class:`Calibration`.
 DEFAULT_CALIBRATION = Calibration()
@@ -291,7 +291,7 @@ TE_FITTED: dict[str, float] | None = {
     'host_launch_seconds': 9.818e-06,
     'allocator_reserve_fraction': 0.029,
 }
-TE_FITTED_FROM: str | None = 'bench/calibration/te/h200/{te-matrix-2026-12-02.json,te-matrix-repeat-2026-12-02.json,te-matrix-repeat-2026-12-03.json} (12 runs)'
+TE_FITTED_FROM: str | None = 'bench/calibration/te/h200: te-matrix-2026-12-02.json, te-matrix-repeat-2026-12-02.json, te-matrix-repeat-2026-12-03.json (12 runs)'
 TE_MEASURED: MeasuredRange | None = MeasuredRange(
     gpus=('h200',),
     world_size=(1, 1),
