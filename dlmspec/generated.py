@@ -44,6 +44,8 @@ class Target:
 TARGETS: list[Target] = [
     Target(path="dlmspec/spec/fast_schema.py", build="dlmspec.spec.fast_build:generate"),
     Target(path="dlmspec/cli/fast_argv.py", build="dlmspec.cli.fast_argv_build:generate"),
+    # the planner's constants from the calibration data (bench/calibration/<path>/<gpu>/, a checkout only)
+    Target(path="dlmspec/plan/calibration.py", build="bench.calibration.build:render"),
 ]
 
 

@@ -163,7 +163,7 @@ def auto_sdpa_backend(device: torch.device) -> str:
     Qwen3-1.7B at micro batch 10 x 4096 tokens, cuDNN's forward + backward took 10.9 ms per layer
     against flash's 15.5 ms (``bench/results/profile_h200x2_2026-11-30.json``), and the whole
     step was 12% faster (36.7k against 32.8k tokens/s,
-    ``bench/results/throughput_qwen3_1.7b_h200_session3.json``). ``"auto"`` otherwise, which
+    ``bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf.json``). ``"auto"`` otherwise, which
     keeps PyTorch's own order; masked and causal attention keep it too.
     """
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0):

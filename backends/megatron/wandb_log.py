@@ -7,7 +7,7 @@ Megatron-LM's names (``--wandb-project``, ``--wandb-exp-name``, ``--wandb-save-d
 The run's id is kept in ``<save dir>/dlmspec-wandb-id`` and ``wandb.init(id=..., resume="allow")``
 continues it after a requeue (W&B ignores steps at or below the last one it holds, so the steps
 a resume repeats are not logged twice). :func:`read_offline_run` reads an offline run's
-``run-<id>.wandb`` file back with wandb's own record type (tests and ``bench/gpu/viz_demo.sh``).
+``run-<id>.wandb`` file back with wandb's own record type (tests and ``bench/devbox/gpu/viz_demo.sh``).
 """
 
 from __future__ import annotations

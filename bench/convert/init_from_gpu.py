@@ -1,4 +1,4 @@
-"""GPU check of ``checkpoint.init_from = "hf:PATH"`` through a compiled train.py (issue #6).
+"""GPU check of ``checkpoint.init_from = "hf:PATH"`` through a compiled train.py.
 
 Two halves, so the GPU machine needs neither pydantic nor the compiler:
 
@@ -42,7 +42,7 @@ C. A's checkpoints removed, the cache kept: ``init_from`` again, ``cache = "reus
    same first loss as A.
 
 It writes one JSON (``$OUT/init_from_gpu.json`` when ``OUT`` is set, else
-``bench/results/init_from_gpu.json``) with each launch's exit code, seconds, start record
+``OUT/init_from_gpu.json``) with each launch's exit code, seconds, start record
 ``weights`` and losses, each check's outcome and ``all_ok``, and each launch's console output
 under ``init_from_gpu_logs/`` beside it; exit code 0 when every check passed. About 1.5 minutes of GPU time at TP 1 (three launches of ~20-30 s; the conversion runs
 on the CPU).

@@ -3,7 +3,7 @@
 Run on a machine with >= 2 GPUs (not run in CI; the CPU tests cover the dense families at
 TP=1 with megatron's local spec)::
 
-    python bench/convert/verify_gpu.py --out bench/results/convert_verify_gpu.json
+    python bench/convert/verify_gpu.py --out /tmp/convert_verify_gpu.json
 
 What it does:
 

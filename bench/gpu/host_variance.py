@@ -1,4 +1,4 @@
-"""How much does a launch-bound step time vary between processes, and why? (issue #4)
+"""How much does a launch-bound step time vary between processes, and why?
 
 The planner's misses are launch-bound runs of the 153M demo whose repeated measurements differ by
 14-32% (docs/planner.md). This probe separates the causes on the device in ~2 minutes, with a

@@ -1,4 +1,4 @@
-"""megatron-core's config field names, read from its source without importing it (issue 21).
+"""megatron-core's config field names, read from its source without importing it.
 
 train.py passes keywords to three megatron-core dataclasses: ``TransformerConfig`` (with the fields
 it inherits from ``ModelParallelConfig``), ``DistributedDataParallelConfig`` and ``OptimizerConfig``.

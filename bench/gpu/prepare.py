@@ -170,7 +170,7 @@ def main() -> None:
         compile_spec("specs/demo-dlm.toml", out, [])
         print(f"compiled the demo -> {out.relative_to(ROOT)}")
         # The same demo in run and checkpoint directories of its own: the uninterrupted run
-        # that bench/gpu/demo_resume.sh compares a stopped-and-resumed run with.
+        # that bench/devbox/gpu/demo_resume.sh compares a stopped-and-resumed run with.
         ref = ROOT / ".device" / "demo-ref"
         if ref.exists():
             shutil.rmtree(ref)

@@ -1,4 +1,4 @@
-"""Compile what bench/gpu/runtime_checks.sh runs (issue 15, train.py's start and resume checks)
+"""Compile what bench/devbox/gpu/runtime_checks.sh runs (train.py's start and resume checks)
 into ``.device/checks/``, here on the CPU machine (the GPU machine has no jinja2).
 
 Every variant is ``specs/demo-dlm.toml`` shortened to 40 steps (warm-up 5, a checkpoint and an

@@ -3,7 +3,7 @@
 * ``.device/plan/demo-fsdp/``: the calibration entry ``demo-fsdp`` of ``bench/plan/matrix.json``
   (as ``bench/gpu/prepare.py demo-fsdp`` compiles it), for the planner's memory and step time;
 * ``.device/fsdp-resume/``: the same run, 40 steps, checkpointing every 20 steps into
-  ``.device/runs/fsdp-resume/ckpt``, for ``bench/gpu/fsdp_session.sh``'s save-and-resume check.
+  ``.device/runs/fsdp-resume/ckpt``, for ``bench/devbox/gpu/fsdp_resume.sh``'s save-and-resume check.
 
 Usage: ``.venv/bin/python bench/gpu/prepare_fsdp.py``
 """

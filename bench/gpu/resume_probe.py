@@ -1,6 +1,6 @@
-"""What a training step starts from, fingerprinted: a bench-only probe for bench/gpu/session7_resume.sh.
+"""What a training step starts from, fingerprinted: a bench-only probe for bench/devbox/gpu/demo_resume.sh.
 
-``session7_resume.sh --compile`` adds ``import resume_probe; resume_probe.install()`` to the
+a resume driver's ``--compile`` adds ``import resume_probe; resume_probe.install()`` to the
 deterministic runs' train.py (this file is copied beside it). Before the steps that follow
 iterations ``RESUME_PROBE_AT`` (default 100, 101, 200, 201) it writes one JSON line to
 ``runs/<the train.py folder's name>/probe.jsonl``: an exact integer fingerprint of every model

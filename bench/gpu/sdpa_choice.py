@@ -1,5 +1,5 @@
 """Which SDPA backend PyTorch picks for the demo's attention shapes, in a fresh process, with
-and without an earlier masked call (issue #17: the first forward after a resume took another
+and without an earlier masked call (the first forward after a resume took another
 backend than the uninterrupted run). Prints one JSON line per case; bench-only."""
 import json
 import subprocess

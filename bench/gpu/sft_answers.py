@@ -1,8 +1,8 @@
-"""Issue #19 after #20: the fine-tuned demo model's answers on held-out prompts beside the base
+"""The fine-tuned demo model's answers on held-out prompts beside the base
 model's. ``prompts`` (CPU machine) writes the first N held-out conversations' prompts, as the SFT
 data holds them (every token before the first response token: the ChatML user turn and the
 assistant header), to a JSONL of ``{"prompt_ids": [...], "reference": ...}``; on the GPU machine
-``bench/gpu/sft_demo.sh``'s runs are then sampled with ``dlmspec generate`` (see session8.sh).
+``bench/demos/sft_demo.sh``'s runs are then sampled with ``dlmspec generate``.
 
 Usage: python bench/gpu/sft_answers.py prompts [--n 8] [--out .data/sft/heldout_prompts.jsonl]
        (also writes OUT's _base twin: the same prompts as text, for the base model)

@@ -156,7 +156,7 @@ def main() -> None:
     n = min(args.max_samples, ds.stats.samples)
     feed = batches(ds, n, args.batch_size)
     result: Dict[str, Any] = {
-        "benchmark": "issue #19: SFT response loss on held-out conversations, base vs fine-tuned, fixed masks",
+        "benchmark": "SFT response loss on held-out conversations, base vs fine-tuned, fixed masks",
         "command": " ".join(["python"] + sys.argv),
         "data": args.data, "samples": n, "draws": args.draws, "mask_seed": args.seed,
         "objective": o.kind, "loss_normalization": o.loss_normalization, "sft": sft.__dict__,

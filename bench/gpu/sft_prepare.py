@@ -1,4 +1,4 @@
-"""The inputs of ``bench/gpu/sft_demo.sh``, made here on the CPU machine from the offline data kit
+"""The inputs of ``bench/demos/sft_demo.sh``, made here on the CPU machine from the offline data kit
 (``../shared/data``; the GPU machine does not see it): carry ``.data/`` and ``.device/sft-demo/`` along.
 
 1. The demo's pre-training data and GPT-2 tokenizer (``bench/gpu/prepare.py demo_inputs``).
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--max-conversations", type=int, default=None, help="cap each split (a quick CPU check)")
     parser.add_argument("--pad-eos-tokens", type=int, default=None,
                         help="stage.sft.pad_eos_tokens for the SFT run (unset: the spec's, every padding EOS "
-                        "for mdm; session 9's tuned demo then answered with EOS at once)")
+                        "for mdm; an earlier GPU run's tuned demo then answered with EOS at once)")
     parser.add_argument("--variant", default=None,
                         help="compile only this SFT variant, into .device/sft-demo/VARIANT (run folder runs/bench-sft-demo/VARIANT)")
     args = parser.parse_args()

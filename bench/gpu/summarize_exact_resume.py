@@ -1,4 +1,4 @@
-"""Summarise bench/gpu/session7_resume.sh (issue #17, "Exact resume") into one JSON.
+"""Summarise bench/devbox/gpu/demo_resume.sh ("Exact resume") into one JSON.
 
     python3 bench/gpu/summarize_exact_resume.py WORK_DIR OUT_JSON [--timing TIMING_DIR] [--command CMD]
 
@@ -17,7 +17,7 @@ The criterion, fixed before the runs (s1 = the step of the checkpoint the first 
   and then by chance (at about 1 step in 21 if the differences were independent), so the same
   count is reported with R and B swapped (B against the band of |R - A|) as the reference a
   perfect resume would reach.
-* ``nd`` with a third uninterrupted run C (session 8, fixed before its runs): the band is
+* ``nd`` with a third uninterrupted run C (an earlier GPU run, fixed before its runs): the band is
   ``band_t = max(|B_u - A_u|, |C_u - A_u| for |u - t| <= 10)``, the noise of two uninterrupted runs
   against A rather than of one; and as the reference a perfect resume would reach, each of B and
   C is checked the same way against the band of the other two (|R - A| and the other's).
@@ -197,7 +197,7 @@ def main() -> None:
     p.add_argument("--note", default="", help="what the runs' code was (branch, commit)")
     a = p.parse_args()
     result = {
-        "benchmark": "issue #17 exact resume: specs/demo-dlm.toml (kernels as shipped: all off) run uninterrupted "
+        "benchmark": "exact resume: specs/demo-dlm.toml (kernels as shipped: all off) run uninterrupted "
                      "twice (A, B) and stopped by SIGTERM after steps 100 and 200 and resumed to 300 (R); "
                      "'nd' = the demo's kernels, 'det' = SDPA memory-efficient backend + "
                      "torch.use_deterministic_algorithms(True) + CUBLAS_WORKSPACE_CONFIG=:4096:8",

@@ -1,4 +1,4 @@
-"""Summarise bench/gpu/demo_resume.sh's output into one JSON (issue #3's resume check).
+"""Summarise bench/devbox/gpu/demo_resume.sh's output into one JSON (the resume check).
 
     python3 bench/gpu/summarize_resume.py WORK_DIR OUT_JSON [--command CMD]
 
@@ -25,7 +25,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("work", type=Path)
     p.add_argument("out", type=Path)
-    p.add_argument("--command", default="STOP_AT=150 bash bench/gpu/demo_resume.sh $OUT/work")
+    p.add_argument("--command", default="STOP_AT=150 bash bench/devbox/gpu/demo_resume.sh $OUT/work")
     p.add_argument("--device", default="")
     a = p.parse_args()
     first = _load(a.work / "resume_metrics_launch1.jsonl")
@@ -52,7 +52,7 @@ def main() -> None:
         return max(diffs) if diffs else None
 
     result = {
-        "benchmark": "issue #3: the compiled demo (specs/demo-dlm.toml) stopped by SIGTERM and launched again, "
+        "benchmark": "the compiled demo (specs/demo-dlm.toml) stopped by SIGTERM and launched again, "
                      "against the same spec run uninterrupted",
         "device": a.device, "command": a.command,
         "signal_checkpoint": saved[-1] if saved else None,

@@ -1,4 +1,4 @@
-"""The planner's Transformer Engine calibration runs (issue 21), one at a time on one GPU.
+"""The planner's Transformer Engine calibration runs, one at a time on one GPU.
 
 Compiles every entry of ``bench/plan/te_matrix.json`` (``bench/plan/te_matrix.py``) into
 ``.device/tecal/NAME`` (run directory ``.device/runs/tecal/NAME``), checks in each train.py the
@@ -51,8 +51,8 @@ DEST = ".device/tecal"
 RUNS = ".device/runs/tecal"
 RESULT = "calibration_te_h200.json"
 #: Start-up allowance of a launch before its first step (imports, model build, TE's and cuDNN's
-#: first kernels: session 9's two runs of 10 steps took 76 s each, ~65 s of it before the first step,
-#: bench/results/session9_h200.json).
+#: first kernels: an earlier GPU run's two runs of 10 steps took 76 s each, ~65 s of it before the first step,
+#: bench/results/gpu_runs_h200_te_install_and_calibration.json).
 STARTUP_S = 90.0
 #: ``--profile``: the steps torch.profiler records (``[logging] profile_step_start .. profile_step_end - 1``),
 #: after the warm-up and before the last step.
@@ -302,25 +302,25 @@ def main(argv: Optional[List[str]] = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
         "device": f"one GPU: {found.get('gpu')}",
         "transformer_impl": "transformer_engine",
-        "description": (f"Issue 21: the planner's Transformer Engine calibration (bench/plan/te_matrix.json), one run at a "
+        "description": (f"the planner's Transformer Engine calibration (bench/plan/te_matrix.json), one run at a "
                         f"time on one H200, each entry's steps of one microbatch each, median step time after its "
                         "warmup_steps; peak allocated / reserved = torch.cuda.max_memory_allocated / "
                         "max_memory_reserved (metrics.jsonl peak_mem_gib / peak_reserved_gib)"),
         "commit": commit or None, "versions": found,
-        "commands": {"device": f"bash bench/gpu/te_calibration.sh $OUT  (python3 bench/gpu/te_calibration.py $OUT "
+        "commands": {"device": f"bash bench/devbox/gpu/te_calibration.sh $OUT  (python3 bench/gpu/te_calibration.py $OUT "
                                f"--budget-s {args.budget_s:g} --repeats {args.repeats})",
-                     "ingest (CPU machine)": f"cp $OUT/{RESULT} bench/results/ && .venv/bin/python bench/plan/calibrate.py --te-only --write",
+                     "ingest (CPU machine)": "python bench/calibration/run.py --ingest RESULT (a calibration result), then python bench/calibration/fit.py --write && python -m dlmspec.generated",
                      "compare with the committed predictions": "python3 bench/plan/te_holdout.py compare "
-                     f"bench/plan/te_holdout_predictions.json bench/results/{RESULT} OUT.json"},
+                     f"bench/plan/te_holdout_predictions.json $OUT/{RESULT} OUT.json"},
         "wall_s": round(time.time() - t_start, 1),
         "runs": records,
     }
     if args.profile:
-        result["description"] = ("Issue 21: where the step time goes - the entries run with torch.profiler on steps "
+        result["description"] = ("where the step time goes - the entries run with torch.profiler on steps "
                                  f"{PROFILE_STEPS[0]}..{PROFILE_STEPS[1] - 1} ([logging] profile); NAME-profile."
                                  "profile_summary.json is the runtime's kernel-time summary "
                                  "(backends/megatron/profiling.py); the step times are not calibration points")
-        result["commands"] = {"device": "bash bench/gpu/te_calibration.sh $OUT --profile --only NAME"}
+        result["commands"] = {"device": "bash bench/devbox/gpu/te_calibration.sh $OUT --profile --only NAME"}
     (out / result_name).write_text(json.dumps(result, indent=1) + "\n")
     measured = sum("step_seconds" in r for r in records)
     print(f"te_calibration: {measured}/{len(records)} launches measured in {result['wall_s']} s; {out / result_name}")

@@ -1,4 +1,4 @@
-"""The Transformer Engine path of the compiled demo, configuration by configuration (issue 21).
+"""The Transformer Engine path of the compiled demo, configuration by configuration.
 
 Each configuration is ``specs/demo-dlm.toml`` with ``--set`` overrides (:data:`CONFIGS`), 40 steps
 logged every step, in run and checkpoint directories of its own (``runs/te/NAME``): bf16 on the
@@ -7,8 +7,7 @@ fused layer-norm + linear modules), fp8 with delayed, current per-tensor (``tens
 blockwise scaling, selective and full recomputation, variable-length sequences
 (``objective.variable_length_prob = 0.5``, TE's padding mask) against the same on the local
 layers, and a save at step 20 killed and resumed to step 40 against the uninterrupted TE run.
-Then, each TE row against the same on the local layers (issue 21, and issue 18's "the MegaDLMs spec
-runs on both layer paths"): MegaDLMs' objective (``te-varlen-microbatch``: eps 0 with one forced mask,
+Then, each TE row against the same on the local layers: MegaDLMs' objective (``te-varlen-microbatch``: eps 0 with one forced mask,
 realised-ratio weights, one cut per micro-batch, the loss normalised per micro-batch, as
 specs/megadlms-1.7b-mdm.toml; cut probability 0.5 so that cuts happen in 40 steps); a small MoE
 (``te-moe``: 4 experts of 1024, top-2, grouped GEMM on TE, the experts one by one on the local
@@ -69,7 +68,7 @@ SPEC = "specs/demo-dlm.toml"
 #: The configurations' run directories (``logging.run_dir = "runs/te/NAME"``).
 RUNS = ROOT / "runs" / "te"
 #: Steps each configuration trains and compares: 40 (the committed te_matrix_h200.json), or
-#: $TE_MATRIX_STEPS (session 12's 50-step fp8 agreement: the issue's "first 50 steps"); set it alike
+#: $TE_MATRIX_STEPS (an earlier GPU run's 50-step fp8 agreement: the "first 50 steps" target); set it alike
 #: for --dry and the GPU run.
 STEPS = int(os.environ.get("TE_MATRIX_STEPS", "40"))
 #: What every configuration sets: STEPS steps logged one by one, no evaluation, no checkpoint.
@@ -133,7 +132,7 @@ CONFIGS: Dict[str, tuple] = {
     "local-varlen-microbatch": ({**LOCAL, **MEGADLMS}, None, {"use_transformer_engine": False, **MEGADLMS_FLAGS}),
     "te-varlen-microbatch": ({**TE, **MEGADLMS}, "local-varlen-microbatch",
                              {"use_transformer_engine": True, **MEGADLMS_FLAGS}),
-    # the same with MegaDLMs' 2,049-token window (objective.unshift, issue 18), on both layer paths
+    # the same with MegaDLMs' 2,049-token window (objective.unshift), on both layer paths
     "local-megadlms-window": ({**LOCAL, **MEGADLMS, "objective.unshift": True}, None,
                               {"use_transformer_engine": False, **MEGADLMS_FLAGS, "unshift": True}),
     "te-megadlms-window": ({**TE, **MEGADLMS, "objective.unshift": True}, "local-megadlms-window",
@@ -149,7 +148,7 @@ CONFIGS: Dict[str, tuple] = {
     "te-moe": ({**TE, **MOE, "model.moe_grouped_gemm": True, "checkpoint.init_from": "hf:" + HF_DIR + "/moe"},
                "local-moe", {"use_transformer_engine": True, **MOE_FLAGS, "moe_grouped_gemm": True,
                              "init_from": "hf:" + HF_DIR + "/moe"}),
-    # Session 12: te-moe's curve left local-moe's by up to 7% at one step (step 1 agreed to 1e-5).
+    # An earlier GPU run: te-moe's curve left local-moe's by up to 7% at one step (step 1 agreed to 1e-5).
     # The same local command run twice is the MoE noise floor; TE's layers with the experts one by one
     # (TE's SequentialMLP) separate grouped GEMM from the rest of the TE path.
     "local-moe-again": ({**LOCAL, **MOE, "model.moe_grouped_gemm": False, "checkpoint.init_from": "hf:" + HF_DIR + "/moe"},
@@ -767,9 +766,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "mcore_fields.py"), str(wheel[-1]),
                         str(out / "mcore_fields.json")], check=False)
     summary = {
-        "benchmark": "issue 21: the compiled demo (specs/demo-dlm.toml) on the Transformer Engine path, "
+        "benchmark": "the compiled demo (specs/demo-dlm.toml) on the Transformer Engine path, "
                      f"{STEPS} steps per configuration, against the local-path bf16 loss of the same seed",
-        "command": "bash bench/gpu/te_matrix.sh $OUT  (python3 bench/gpu/te_matrix.py $OUT --budget-s "
+        "command": "bash bench/devbox/gpu/te_matrix.sh $OUT  (python3 bench/gpu/te_matrix.py $OUT --budget-s "
                    f"{args.budget_s:g} --lanes {args.lanes})",
         "date": time.strftime("%Y-%m-%d"), "versions": versions(), "criterion": CRITERION,
         "noise_floor": results.get("local-bf16-again", {}).get("noise_floor", {}).get("max_rel_diff"),

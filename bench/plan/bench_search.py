@@ -1,6 +1,6 @@
 """Speed of the planner: one plan, the layout search, and the ``dlmspec plan`` command.
 
-Targets (issue #4): ``dlmspec plan`` answers in under 0.3 s without importing torch; the search
+Targets: ``dlmspec plan`` answers in under 0.3 s without importing torch; the search
 evaluates 10,000 candidate layouts in under 2 s. This script measures, on this machine:
 
 1. ``make_plan`` for every model preset (in-process, median of 20);

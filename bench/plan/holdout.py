@@ -1,9 +1,9 @@
-"""Predict, then measure: the planner on configurations kept out of its calibration (issue #4).
+"""Predict, then measure: the planner on configurations kept out of its calibration.
 
 ``bench/plan/holdout.json`` lists configurations no calibration run had (the format of
 ``bench/plan/matrix.json``). ``predict`` plans each with the committed constants and writes the
 predictions, with the commit they were made at, BEFORE anything runs on a GPU; ``compare`` reads
-the GPU measurements (``bench/gpu/run_matrix.sh``'s format) and reports each against the
+the GPU measurements (``bench/devbox/gpu/run_matrix.sh``'s format) and reports each against the
 committed prediction (typical host) and against the plan on the host speed the run logged.
 ``calibrate.py`` does not read these files, so the comparison stays out of sample.
 

@@ -1,7 +1,7 @@
-"""The planner's kernel launches per step against the profiles' (issue #4).
+"""The planner's kernel launches per step against the profiles'.
 
 Reads a profile file of per-rank ``torch.profiler`` summaries with their host part
-(``bench/results/profile_host_h200x2_session5.json``, written from
+(``bench/results/profile_host_h200x2.json``, written from
 ``backends/megatron/profiling.py`` summaries) and, for each configuration (a
 ``bench/plan/matrix.json`` name) and rank, prints the measured launches per step next to
 :func:`dlmspec.plan.launches.kernels_per_step` (the rank's pipeline stage; ranks of other layouts
@@ -25,7 +25,7 @@ from dlmspec.plan.shape import layout, model_shape  # noqa: E402
 from dlmspec.plan.launches import kernels_per_step  # noqa: E402
 from dlmspec.resolve import resolve  # noqa: E402
 
-PROFILE = ROOT / "bench" / "results" / "profile_host_h200x2_session5.json"
+PROFILE = ROOT / "bench" / "results" / "profile_host_h200x2.json"
 MATRIX = ROOT / "bench" / "plan" / "matrix.json"
 
 

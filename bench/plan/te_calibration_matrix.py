@@ -1,4 +1,4 @@
-"""The planner's Transformer Engine calibration matrix (issue 21): bench/plan/te_matrix.json.
+"""The planner's Transformer Engine calibration matrix: bench/plan/te_matrix.json.
 
 Nine configurations of the Qwen3-1.7B-architecture masked-diffusion LM at sequence 4096 on one H200,
 all on ``model.transformer_impl = "transformer_engine"``: bf16 and fp8 (``precision.fp8 = "hybrid"``
@@ -11,7 +11,7 @@ directory is carried to the GPU machine.
 Three entries are ``held_out``: their plans are committed before the run
 (``bench/plan/te_holdout.py predict``) and ``bench/plan/calibrate.py`` leaves them out of the TE fit,
 reporting them against the fitted constants instead (out of sample). The entries are in the order
-``bench/gpu/te_calibration.sh`` runs them: what a short budget must not miss first (the issue's two
+``bench/devbox/gpu/te_calibration.sh`` runs them: what a short budget must not miss first (the issue's two
 configurations, then the three held out), the two longest runs (micro batch 16) last.
 
 The format is ``bench/plan/matrix.json``'s plus ``transformer_impl``, ``held_out``, ``note``, ``steps`` and
@@ -41,7 +41,7 @@ COMMON = [
     "logging.log_interval=1", "checkpoint.save_interval=1000", "checkpoint.save_at_end=false",
     "objective.variable_length_prob=0.0", 'model.transformer_impl="transformer_engine"',
 ]
-#: The Qwen3-1.7B architecture at sequence 4096 with untied embeddings (2.03B parameters): issue 21's
+#: The Qwen3-1.7B architecture at sequence 4096 with untied embeddings (2.03B parameters): the benchmark's
 #: throughput configuration (tests/plan/test_plan_provenance.py QWEN3_TE).
 QWEN = [
     'model.preset="qwen3-1.7b"', "model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=6144",
@@ -70,7 +70,7 @@ CONFIGS: dict[str, tuple[list[str], bool, str]] = {
     "te-fp8-delayed-mb8": (mb(8) + FP8_DELAYED, False, "fp8 delayed scaling, the issue's 50.6k tokens/s configuration"),
     "te-bf16-mb12": (mb(12) + ["cluster.allow_memory_overflow=true"], True,
                      "held out: the configuration the planner calls 'does not fit' (143 GiB planned; it ran at 127.6 GiB "
-                     "allocated with 4 microbatches per step, issue 21): allow_memory_overflow lets it compile"),
+                     "allocated with 4 microbatches per step): allow_memory_overflow lets it compile"),
     "te-fp8-tensorwise-mb8": (mb(8) + FP8_TENSORWISE, True, "held out: fp8 current per-tensor scaling"),
     "te-fp8-delayed-mb12-selective": (mb(12) + FP8_DELAYED + SELECTIVE, True,
                                       "held out: fp8 delayed with selective recomputation"),

@@ -1,11 +1,11 @@
-"""Predict, then measure: the planner on the Transformer Engine calibration matrix (issue 21).
+"""Predict, then measure: the planner on the Transformer Engine calibration matrix.
 
 ``predict`` plans every entry of ``bench/plan/te_matrix.json`` (``bench/plan/te_calibration_matrix.py``)
 with the committed constants of the TE path (``dlmspec.plan.provenance.calibration_for``: the local
 path's while the TE path has no calibration of its own, marked "uncalibrated") and writes step
 seconds, peak allocated and peak reserved bytes, with the commit they were made at, BEFORE anything
 runs on a GPU (``bench/plan/te_holdout_predictions.json``). ``compare`` reads the measurements
-(``bench/gpu/te_calibration.sh``'s ``calibration_te_h200.json``) and reports each configuration's
+(``bench/devbox/gpu/te_calibration.sh``'s ``calibration_te_h200.json``) and reports each configuration's
 median against its committed prediction, held-out entries marked.
 
 Planned peak reserved = planned peak allocated + the plan's ``allocator_reserve`` term (what

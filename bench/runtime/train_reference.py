@@ -22,7 +22,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+# The installed dlmspec first (its backends and templates are mapped in by package-dir; the checkout's
+# dlmspec/ folder has neither); the checkout only when no dlmspec is installed (an editable install).
+import importlib.util  # noqa: E402
+
+if importlib.util.find_spec("dlmspec") is None:
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig

@@ -1,4 +1,4 @@
-"""The Hugging Face baseline of issue #7: masked-diffusion training of a plain ``transformers``
+"""The Hugging Face baseline: masked-diffusion training of a plain ``transformers``
 Qwen3 model with a hand-written loop, the way HF-based DLM trainers do it.
 
     python bench/throughput/hf_baseline.py --micro-batch-sizes 2,4,6,8 --json hf.json
@@ -38,7 +38,7 @@ with ``global_batch_size = grad_accum * micro_batch_size``):
   moments (16 bytes/parameter) with the forward under ``torch.autocast(bfloat16)`` (what the HF
   Trainer does with ``bf16=True``).
 
-``--impl`` (issue 21's strong peers; ``plain`` is all of the above):
+``--impl`` (the strong peers; ``plain`` is all of the above):
 
 * ``liger``: Liger Kernel's RoPE, RMSNorm (every norm, the q/k norms included) and SwiGLU MLP
   (``apply_liger_kernel_to_qwen3`` before the model is built; transformers' forward and loss are
@@ -106,7 +106,7 @@ from throughput_common import (  # noqa: E402
 
 # the checkout's dlmspec only when none is installed: in the checkout, dlmspec.backends exists only
 # through an editable install (pyproject maps backends/ into it); an installed wheel has it itself
-# (session 10: ROOT first shadowed the wheel and every HF job failed with "No module named dlmspec.backends")
+# (an earlier GPU run: ROOT first shadowed the wheel and every HF job failed with "No module named dlmspec.backends")
 if importlib.util.find_spec("dlmspec") is None and str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -126,7 +126,7 @@ PRECISIONS = {
 }
 
 
-#: ``--impl`` choices: the plain loop (a row of its own) and the strong peers of issue 21.
+#: ``--impl`` choices: the plain loop (a row of its own) and the strong peers.
 IMPLS = {
     "plain": "transformers Qwen3ForCausalLM as is: full [b, s, V] logits upcast to fp32, per-token cross entropy",
     "liger": "Liger Kernel RoPE, RMSNorm and SwiGLU (apply_liger_kernel_to_qwen3, before the model is built) and "
@@ -692,7 +692,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-1.7b")
     p.add_argument("--impl", choices=list(IMPLS), default="plain",
-                   help="plain: today's loop; liger, liger-compile, liger-compile-fp8: the strong peers (issue 21)")
+                   help="plain: today's loop; liger, liger-compile, liger-compile-fp8: the strong peers")
     p.add_argument("--flce-reduction", choices=list(FLCE_REDUCTIONS), default="none",
                    help="how the per-token weights reach Liger's fused linear cross entropy (liger impls)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the -compile impls")

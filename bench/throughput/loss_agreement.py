@@ -1,4 +1,4 @@
-"""Do two runs' loss curves agree? (issue #7: every optimisation keeps the first 50 steps' losses
+"""Do two runs' loss curves agree? (every optimisation keeps the first 50 steps' losses
 within bf16 noise of the run without it, same seed.)
 
     python bench/throughput/loss_agreement.py runs/base/metrics.jsonl runs/fused/metrics.jsonl

@@ -1,8 +1,16 @@
-"""Issue #7 throughput benchmark: the megatron-core runtime and the Hugging Face baseline, side by
-side, in one invocation on one GPU machine.
+"""The throughput suite: dlmspec's megatron-core runtime against Hugging Face peers (plain
+transformers, Liger Kernel, torch.compile, torchao fp8), side by side, in one invocation on one GPU
+machine. Start it with an installed dlmspec (``pip install .`` or a wheel; the child jobs run outside
+the checkout and import the installed package).
 
-    PYTHONUNBUFFERED=1 python bench/throughput/run.py            # results into $OUT or bench/results
-    python bench/throughput/run.py --dry-run                     # print the commands only
+    python bench/throughput/run.py --model qwen3-1.7b --gpus 1 --precision bf16 --peers plain,liger
+    python bench/throughput/run.py --dry        # print the commands and the result path (CPU)
+    python bench/throughput/run.py --slurm      # the same as an sbatch job on one node
+
+The result goes to ``bench/results/throughput/<date>-<gpu>-<name>.json`` (``--out`` for another
+root) in the schema of ``bench/schema.py``: its ``values`` hold everything below. ``--precision
+bf16`` runs the compiled ``local-bf16`` megatron variant, ``fp8`` the ``te-fp8`` one (Transformer
+Engine), unless ``--megatron-variants`` names others.
 
 For each micro batch of ``--megatron-micro-batch-sizes`` a fresh process runs
 ``bench/runtime/train_reference.py --preset qwen3-1.7b --objective mdm`` (the hand-written
@@ -15,7 +23,7 @@ pure bf16 with fused AdamW, the same objective and masking RNG), timed with CUDA
 alternate between the sides by micro batch (so a time budget that runs out leaves both sides
 measured), and a side skips the micro batches above one that ran out of memory.
 
-Issue 21's peers (``bench/gpu/peers.sh`` runs them): ``--hf-impls`` picks hf_baseline.py's
+The peers: ``--peers`` (``--hf-impls``) picks hf_baseline.py's
 ``--impl`` rows (``plain``, ``liger``, ``liger-compile``, ``liger-compile-fp8``; micro batches per
 impl with ``--hf-impl-micro-batch-sizes plain=6``) and ``--megatron-variants`` the megatron rows:
 ``reference`` (train_reference.py, as above) or a variant of :data:`MEGATRON_VARIANTS` (``te-bf16``,
@@ -24,7 +32,7 @@ impl with ``--hf-impl-micro-batch-sizes plain=6``) and ``--megatron-variants`` t
 of the job's limit) and runs its train.py under torchrun as launch.sh does (without the
 ``--check`` pass). Each side's rows are taken in the order given, alternating sides. The JSON's
 ``ratios`` (:func:`peer_ratios`) holds TE fp8 / strongest HF bf16, TE fp8 / HF fp8 and bf16
-megatron / fastest HF bf16 (each naming its two rows, with issue 21's target) and every
+megatron / fastest HF bf16 (each naming its two rows, with its target) and every
 variant/impl pair; ``best_by_variant`` / ``best_by_impl`` the best micro batch of each row.
 ``--dry-run`` also compiles every compiled job and checks its train.py's keywords, and tries the
 imports the chosen rows need with ``--python`` (``--skip-import-check`` to leave that out).
@@ -44,10 +52,11 @@ the first megatron job fails before its first step for a reason other than memor
 once with ``--no-fusion`` (megatron's torch.compile'd bias-SwiGLU fusion), which the later jobs
 then keep.
 
-Output (``--out``, default ``$OUT`` if set, else ``bench/results``): ``throughput_<date>.json``
-(never overwritten: a time suffix is added if it exists) and ``throughput_<date>.log`` with
-every job's console output (their tails). The JSON has no top-level ``runs`` key, so
-``bench/plan/calibrate.py`` does not read it as calibration runs.
+Output: the result file (above), written when the harness ends (also when stopped by SIGTERM, with
+status ``partial``), and beside it ``<same name>.log`` with every job's console output (their
+tails); while it runs, ``progress.json`` in the work directory holds what was measured so far.
+Child jobs run in the work directory (default ``/tmp/dlmspec-throughput``, refused inside the
+checkout) with ``PYTHONPATH`` stripped of the checkout (:func:`common.child_env`).
 """
 
 from __future__ import annotations
@@ -62,12 +71,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402  (bench/common.py)
 from throughput_common import (  # noqa: E402
     PEAK_TFLOPS,
     PRESET_SEQ_LENGTH,
@@ -105,7 +117,7 @@ MEGATRON_VARIANTS: Dict[str, Dict[str, Any]] = {
                                                        "precision.fp8": "hybrid", "precision.fp8_recipe": "tensorwise"},
                           "what": "compiled spec, Transformer Engine layers, fp8 hybrid, current per-tensor scaling"},
 }
-#: issue #7's targets.
+#: The targets the ratios are compared with.
 TARGET_MFU = 0.50
 TARGET_RATIO = 1.4
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
@@ -115,29 +127,40 @@ LOG_TAIL_BYTES = 200_000
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Pass options through with '=': --megatron-arg=--no-fusion --hf-arg=--fp32-master")
-    p.add_argument("--out", default=None, help="results directory (default: $OUT, else bench/results)")
+    p.add_argument("--out", default=None, help="results root (default bench/results): the result goes to "
+                   "<out>/throughput/<date>-<gpu>-<name>.json")
+    p.add_argument("--model", dest="preset", choices=sorted(PRESETS), default=None,
+                   help="model of both sides (qwen3-1.7b; tiny: CPU checks); same as --preset")
+    p.add_argument("--gpus", dest="nproc", type=int, default=None, help="GPUs of the megatron side (same as --nproc)")
+    p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
+                   help="megatron variant when --megatron-variants is not given: bf16 = local-bf16, fp8 = te-fp8")
+    p.add_argument("--peers", dest="hf_impls", default=None, help="the HF peers (same as --hf-impls)")
+    p.add_argument("--name", default=None, help="<name> of the result file (default <model>-<precision>-seq<N>)")
+    p.add_argument("--gpu", default=None, help="GPU family in the result file name (default: nvidia-smi's)")
+    p.add_argument("--dry", dest="dry_run", action="store_true", help="print the commands and the result path (same as --dry-run)")
+    p.add_argument("--slurm", action="store_true", help="submit this launcher as an sbatch job on one node (--dry: print it)")
     p.add_argument("--sides", default="megatron,hf", help="megatron, hf or both")
     p.add_argument("--megatron-micro-batch-sizes", default="4,6,8")
     p.add_argument("--hf-micro-batch-sizes", default="4,6,8")
-    p.add_argument("--hf-impls", default="plain",
+    p.add_argument("--hf-impls", default=None,
                    help=f"comma-separated hf_baseline.py --impl values, run in this order: {', '.join(HF_IMPLS)}")
     p.add_argument("--hf-impl-micro-batch-sizes", action="append", default=[], metavar="IMPL=LIST",
                    help="micro batches of one HF impl instead of --hf-micro-batch-sizes, e.g. plain=6 (repeatable)")
-    p.add_argument("--megatron-variants", default="reference",
+    p.add_argument("--megatron-variants", default=None,
                    help=f"comma-separated, run in this order: {', '.join(MEGATRON_VARIANTS)} "
                         "(reference = train_reference.py; the others compile --megatron-spec)")
     p.add_argument("--megatron-spec", default=str(SPEC), help="spec of the compiled megatron variants")
     p.add_argument("--skip-import-check", action="store_true", help="--dry-run: do not try the imports")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per job")
     p.add_argument("--steps", type=int, default=5, help="timed steps per job")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-1.7b", help="model of both sides (tiny: CPU checks)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model of both sides (tiny: CPU checks)")
     p.add_argument("--seq-length", type=int, default=None, help="default: the preset's (qwen3-1.7b: 4096)")
     p.add_argument("--hf-device", choices=["cuda", "auto"], default="cuda", help="auto lets the HF side fall back to CPU (tests)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--microbatches-per-step", type=int, default=1,
                    help="gradient accumulation on both sides: megatron global batch = N * micro batch * nproc, "
                         "HF --grad-accum N")
-    p.add_argument("--nproc", type=int, default=1, help="GPUs for megatron (torchrun, data parallel); HF always uses one")
+    p.add_argument("--nproc", type=int, default=None, help="GPUs for megatron (torchrun, data parallel); HF always uses one")
     p.add_argument("--timeout-s", type=float, default=180.0, help="limit of one job")
     p.add_argument("--budget-s", type=float, default=420.0, help="limit of the whole harness; jobs that would start with < 60 s left are skipped")
     p.add_argument("--alloc-conf", default="expandable_segments:True", help="PYTORCH_CUDA_ALLOC_CONF of every job ('' = leave as is)")
@@ -149,6 +172,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--tag", default="", help="suffix of the output file names")
     p.add_argument("--dry-run", action="store_true", help="print the jobs' commands and exit")
     args = p.parse_args(argv)
+    args.preset = args.preset or "qwen3-1.7b"
+    args.nproc = 1 if args.nproc is None else args.nproc
+    args.hf_impls = args.hf_impls or "plain"
+    if args.megatron_variants is None:
+        args.megatron_variants = "local-bf16" if args.precision == "bf16" else "te-fp8"
+        if args.preset != "qwen3-1.7b":
+            args.megatron_variants = "reference"
+    wd = Path(args.work_dir).resolve()
+    if wd == ROOT or ROOT in wd.parents:
+        p.error(f"--work-dir {wd}: inside the checkout; child jobs started there import the checkout's dlmspec/ "
+                "(no templates, no backends): give a directory outside it, e.g. /tmp/dlmspec-throughput")
+    if args.name and not all(c.isalnum() or c in "._-" for c in args.name):
+        p.error("--name may hold letters, digits, '.', '_' and '-' only")
     args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not args.sides or set(args.sides) - {"megatron", "hf"}:
         p.error("--sides takes megatron, hf or megatron,hf")
@@ -262,8 +298,9 @@ def job_order(args: argparse.Namespace) -> List[tuple]:
 
 
 def child_env(args: argparse.Namespace) -> Dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
+    """The jobs' environment: :func:`common.child_env` (``PYTHONPATH`` without the checkout,
+    ``PYTHONUNBUFFERED=1``) and ``PYTORCH_CUDA_ALLOC_CONF``."""
+    env = common.child_env()
     if args.alloc_conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
     return env
@@ -280,9 +317,11 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run_process(cmd: List[str], *, log_path: Path, timeout_s: float, env: Dict[str, str]) -> Dict[str, Any]:
+def run_process(cmd: List[str], *, log_path: Path, timeout_s: float, env: Dict[str, str],
+                cwd: Optional[Path] = None) -> Dict[str, Any]:
     """Run ``cmd`` in a process group of its own (same session, so whoever stops the harness's
-    session stops it too) with output to ``log_path``.
+    session stops it too) with output to ``log_path``, in ``cwd`` (default: the log's directory,
+    the work directory, outside the checkout).
 
     Returns:
         ``{"returncode": int | None, "timed_out": bool, "seconds": float}``; on timeout the whole
@@ -290,7 +329,7 @@ def run_process(cmd: List[str], *, log_path: Path, timeout_s: float, env: Dict[s
     """
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(cwd or log_path.parent),
                                 process_group=0)
         _CURRENT_GROUP[:] = [proc.pid]
         timed_out = False
@@ -442,14 +481,6 @@ def gpu_info() -> Dict[str, Any]:
         return {"nvidia_smi": f"unavailable: {exc}"}
 
 
-def output_paths(out_dir: Path, tag: str) -> tuple:
-    """``(json_path, log_path)`` for today, with a time suffix if the JSON already exists."""
-    stem = "throughput_" + time.strftime("%Y-%m-%d") + (f"_{tag}" if tag else "")
-    if (out_dir / f"{stem}.json").exists():
-        stem += time.strftime("_%H%M%S")
-    return out_dir / f"{stem}.json", out_dir / f"{stem}.log"
-
-
 def _write_json(path: Path, data: Dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
@@ -464,7 +495,7 @@ def _side_summary(attempts: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
                                      "peak_mem_gib", "peak_reserved_gib")}
 
 
-#: Issue 21's targets (one H200, same run): TE fp8 >= 1.4x the strongest HF bf16 loop and ahead of
+#: The targets (one H200, same run): TE fp8 >= 1.4x the strongest HF bf16 loop and ahead of
 #: the HF fp8 peer; bf16 (either megatron path) >= 1.1x the fastest HF bf16 loop.
 TARGET_FP8_OVER_HF_BF16 = 1.4
 TARGET_FP8_OVER_HF_FP8 = 1.0
@@ -478,7 +509,7 @@ def _fastest(best: Dict[str, Optional[Dict[str, Any]]], keys: List[str]) -> Opti
 
 
 def peer_ratios(results: Dict[str, Any]) -> Dict[str, Any]:
-    """Issue 21's ratios from the best micro batch of each megatron variant and HF impl.
+    """The ratios from the best micro batch of each megatron variant and HF impl.
 
     Returns ``{"by_pair": {"VARIANT/IMPL": ratio}, "te_fp8_over_strongest_hf_bf16",
     "te_fp8_over_hf_fp8", "megatron_bf16_over_fastest_hf_bf16"}``; each named ratio is a dict
@@ -540,7 +571,9 @@ def compile_job(args: argparse.Namespace, variant: str, mbs: int, run_dir: Path,
     """Compile one megatron job's spec into ``dest``: ``{"command", "returncode", "output"}``."""
     cmd = compile_command(args, variant, mbs, run_dir, dest)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+        work = Path(args.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(work), env=child_env(args))
         return {"command": shlex.join(cmd), "returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-3000:]}
     except (OSError, subprocess.SubprocessError) as exc:
         return {"command": shlex.join(cmd), "returncode": None, "output": f"{type(exc).__name__}: {exc}"}
@@ -663,12 +696,12 @@ def needed_imports(args: argparse.Namespace) -> List[str]:
     return [m for m in IMPORTS if want[m]]
 
 
-def import_check(python: str, modules: List[str]) -> Dict[str, str]:
+def import_check(python: str, modules: List[str], cwd: Optional[Path] = None) -> Dict[str, str]:
     """``{module: "ok" | "Error: message"}`` for ``modules`` (and hf_baseline's Liger loader when
     Liger is among them), tried by ``python`` in a fresh process (an ``"error"`` key if it could not run)."""
     try:
         proc = subprocess.run([python, "-c", _IMPORT_PROBE, str(HF_BASELINE.parent), *modules], capture_output=True,
-                              text=True, timeout=300, cwd=str(ROOT))
+                              text=True, timeout=300, cwd=str(cwd or Path(tempfile.gettempdir())), env=common.child_env())
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -732,8 +765,40 @@ def dry_run(args: argparse.Namespace, jobs: List[tuple], work: Path, megatron_ex
         failed += wiring is not None and not wiring.startswith("ok")
         for module, status in checked.items():
             print(f"# {'' if ' ' in module else 'import '}{module} ({IMPORTS.get(module, 'hf liger* impls')}): {status}")
-    print(f"# then: results JSON under {args.out or os.environ.get('OUT') or ROOT / 'bench' / 'results'}")
+    print(f"result: {result_path(args)}")
     return 1 if failed else 0
+
+
+def result_name(args: argparse.Namespace) -> str:
+    """``--name``, else ``<model>-<precision>-seq<N>[-<gpus>gpu]``."""
+    if args.name:
+        return args.name.lower()
+    return f"{args.preset}-{args.precision}-seq{args.seq_length}" + (f"-{args.nproc}gpu" if args.nproc > 1 else "")
+
+
+def result_path(args: argparse.Namespace) -> Path:
+    """Where the result will be written (today's date, UTC)."""
+    import datetime as dt
+
+    date = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    gpu = args.gpu or ("cpu" if args.dry_run else common.hardware(0)["gpu"])
+    return common.result_path(Path(args.out) if args.out else common.RESULTS, "throughput", date, gpu, result_name(args))
+
+
+def write_result(args: argparse.Namespace, results: Dict[str, Any], status: str, combined_log: Path) -> Path:
+    """The schema'd result file (``bench/schema.py``; ``values`` = the harness's results) and the
+    jobs' combined log beside it."""
+    result = common.Result(
+        suite="throughput", name=result_name(args), command=[str(c) for c in results["command"]],
+        versions=common.versions(("triton",)), hardware=common.hardware(args.nproc, args.gpu), values=results,
+        status=status)
+    path = common.write_result(result, Path(args.out) if args.out else common.RESULTS)
+    if combined_log.exists():
+        import shutil
+
+        shutil.copyfile(combined_log, path.with_suffix(".log"))
+    print(f"result: {path}", flush=True)
+    return path
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -743,19 +808,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     jobs = job_order(args)
     megatron_extra = list(args.megatron_arg)
 
+    slurm = common.maybe_slurm(args, list(sys.argv[1:] if argv is None else argv), "throughput")
+    if slurm is not None:
+        return slurm
     if args.dry_run:
         return dry_run(args, jobs, work, megatron_extra)
 
     t_begin = time.perf_counter()
-    out_dir = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "results")
-    out_dir.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    json_path, combined_log = output_paths(out_dir, args.tag)
+    if "megatron" in args.sides and any(v != "reference" for v in args.megatron_variants):
+        problem = common.check_installed(sys.executable, work)
+        if problem:
+            print(f"error: the compiled megatron variants need an installed dlmspec: {problem}", file=sys.stderr)
+            return 2
+    json_path, combined_log = work / "progress.json", work / "jobs.log"
+    combined_log.unlink(missing_ok=True)
     arch = PRESETS[args.preset]
     flops = flops_per_token(arch, args.seq_length)
     argv_list = [sys.executable] + (sys.argv if argv is None else [sys.argv[0]] + list(argv))
     results: Dict[str, Any] = {
-        "benchmark": "issue #7 / #21 throughput: megatron-core runtime vs Hugging Face baselines",
+        "benchmark": "throughput: dlmspec's megatron-core runtime vs Hugging Face peers",
         "date": time.strftime("%Y-%m-%d"),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": argv_list,
@@ -798,8 +870,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         "hf": {"attempts": [], "best": None},
         "ratio_tokens_per_s": None,
         "status": "running",
-        "results_file": json_path.name,
-        "log_file": combined_log.name,
     }
     missing: Dict[Any, str] = {}  # checked only for this interpreter (another --python may have other packages)
     same_python = os.path.realpath(args.python) == os.path.realpath(sys.executable)
@@ -827,6 +897,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         finish(results)
         results["status"] = f"interrupted by {signal.Signals(signum).name}"
         _write_json(json_path, results)
+        write_result(args, results, "partial", combined_log)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -919,7 +990,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{'met' if r['met'] else 'not met'})")
     if results["ratio_tokens_per_s"] is not None:
         print(f"throughput: megatron / HF tokens/s = {results['ratio_tokens_per_s']:.3f} (target >= {TARGET_RATIO})")
-    print(f"throughput: wrote {json_path} and {combined_log} in {results['seconds']:.0f} s", flush=True)
+    every = [a for side in ("megatron", "hf") for a in results[side]["attempts"]]
+    status = "ok" if every and all(a.get("status") == "ok" for a in every) else ("partial" if (m or h) else "failed")
+    write_result(args, results, status, combined_log)
+    print(f"throughput: done in {results['seconds']:.0f} s", flush=True)
     return 0 if (m or h) else 1
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the throughput benchmark (issue #7): model sizes, the FLOP count, the
+"""Shared pieces of the throughput benchmark: model sizes, the FLOP count, the
 summary of a list of step times, and provenance.
 
 No torch import at module level: ``bench/throughput/run.py --dry-run`` must work without it.
@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 #: Repository root (``bench/throughput/`` is two levels down).
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-#: Dense bf16 peak of one H100/H200 SXM in TFLOP/s, the MFU denominator of issue #7 and of the
+#: Dense bf16 peak of one H100/H200 SXM in TFLOP/s, the MFU denominator of the throughput suite and of the
 #: runtime's ``LoggingConfig.peak_tflops_per_gpu`` in ``bench/runtime/train_reference.py``.
 PEAK_TFLOPS = 989.0
 
@@ -61,7 +61,7 @@ TINY: Dict[str, Any] = dict(
 )
 
 PRESETS: Dict[str, Dict[str, Any]] = {"qwen3-1.7b": QWEN3_1_7B, "tiny": TINY}
-#: Sequence length of each preset in train_reference.py (issue #7 measures 4096).
+#: Sequence length of each preset in train_reference.py (the benchmark measures 4096).
 PRESET_SEQ_LENGTH: Dict[str, int] = {"qwen3-1.7b": 4096, "tiny": 128}
 
 

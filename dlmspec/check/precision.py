@@ -322,7 +322,7 @@ def _fp8_attention(ctx: Context) -> Iterator[Finding]:
         yield Finding("precision.fp8_dot_product_attention",
                       f"Transformer Engine 2.20.2 found no fp8 attention backend for {ctx.r.attention_mask} "
                       "attention on an H200 (both recipes stopped at the first step: 'No dot product attention "
-                      "backend is available', bench/results/session10_h200/te_matrix_te/te-fp8-dpa.log)",
+                      "backend is available', bench/results/gpu_runs_h200_peers_te_matrix_sft_answers/te_matrix_te/te-fp8-dpa.log)",
                       "set precision.fp8_dot_product_attention = false (fp8 GEMMs stay on)",
                       fix=Fix({"precision.fp8_dot_product_attention": False}))
     elif p.fp8_recipe not in ("delayed", "tensorwise"):

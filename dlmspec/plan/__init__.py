@@ -293,7 +293,7 @@ def compiled_kernels_hint(plan: "Plan") -> str | None:
     rank) whose ``torch.compile``'d functions add host time: the ``kernels.qkv_fusion=false
     kernels.compiled_norm=false`` alternative with its planned step time, when that is faster
     (``demo-mdm-b32-s512-defaults`` 0.1141 s against 0.0963 s without them,
-    ``bench/results/calibration_h200x2_session4b.json``). None otherwise."""
+    ``bench/calibration/local/h200/matrix-host-launch-2026-11-30-b.json``). None otherwise."""
     from dataclasses import replace
 
     from dlmspec.plan.time import time_plan

@@ -4,7 +4,7 @@ gradient accumulation) and the optimizer's pass over its parameters.
 :mod:`dlmspec.plan.time` divides them by the HBM bandwidth.
 
 The bytes are counted per kernel from its operands; the effective-bytes factors of the small
-kernels around attention are measured (``bench/results/throughput_qwen3_1.7b_h200_session4.json``;
+kernels around attention are measured (``bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf_repeat.json``;
 how, in docs/planner-methods.md, *Time model*).
 """
 
@@ -15,7 +15,7 @@ from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, norms_compiled, 
 
 #: Effective-bytes factors of the small element-wise kernels around attention on the local path:
 #: how many times their counted bytes (reads + writes) they take at the HBM bandwidth. Measured on
-#: Qwen3-1.7B: ``bench/results/throughput_qwen3_1.7b_h200_session4.json``
+#: Qwen3-1.7B: ``bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf_repeat.json``
 #: (``profile_mb10_one_microbatch``) and ``bench/results/profile_h200x2_2026-11-30.json``; the
 #: derivation is in docs/planner-methods.md (*Time model*). The rest of the element-wise bytes stays at
 #: factor 1 (``Calibration.memory_efficiency`` is fitted on top); Transformer Engine fuses its

@@ -23,18 +23,18 @@ KERNELS_PER_LAYER_FORWARD = {"local+sdpa": 33, "transformer_engine": 18}
 #: RoPE's share of the local layer's kernels (forward, backward) in :data:`KERNELS_PER_LAYER`:
 #: megatron-core's unfused RoPE for q and k (counted by ``bench/plan/count_kernels.py``), and one
 #: compiled Triton kernel per tensor and direction with ``[kernels] apply_rope_fusion`` (profiled:
-#: ``bench/results/throughput_qwen3_1.7b_h200_session4.json``). None without rotary embeddings.
+#: ``bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf_repeat.json``). None without rotary embeddings.
 KERNELS_ROPE_UNFUSED = (20, 14)
 KERNELS_ROPE_FUSED = (2, 2)
 #: The local layer's copies between the QKV projection and attention that ``[kernels] qkv_fusion``
 #: replaces (forward, backward): the query's reshape and the value's contiguous copy, the query
 #: gradient's copy and the gradients' ``cat`` (profiled:
-#: ``bench/results/throughput_qwen3_1.7b_h200_session4.json`` ``profile_mb10_one_microbatch``).
+#: ``bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf_repeat.json`` ``profile_mb10_one_microbatch``).
 KERNELS_QKV_COPIES = (2, 2)
 #: Kernels per norm (forward, backward): PyTorch's (``False``) and the ``torch.compile``'d norm
 #: (``True``, ``kernels.compiled_norm``); the compiled backward's 4 (and the fused QKV function's
 #: 12, :data:`KERNELS_QKV_FUSED`) are the one integer solution of the profiled total
-#: (``bench/results/throughput_qwen3_1.7b_h200_session4.json``; derivation in docs/planner-methods.md).
+#: (``bench/results/throughput_qwen3_1.7b_h200_reference_vs_hf_repeat.json``; derivation in docs/planner-methods.md).
 KERNELS_NORM = {False: (1, 2), True: (1, 4)}
 #: q/k norms per layer (Qwen3/OLMo2 ``qk_layernorm``): 2, one for queries and one for keys.
 QK_NORMS = 2
@@ -56,7 +56,7 @@ KERNELS_PER_LOCAL_EXPERT = {"local+sdpa": 13, "transformer_engine": 12}
 #: Launches the ``alltoall`` dispatcher adds per MoE layer and microbatch at expert-parallel size
 #: > 1 (megatron-core ``MoEAlltoAllTokenDispatcher``: the counts' all-gather, the all-to-alls,
 #: the chunk sorts and their backward). Measured, not counted:
-#: ``bench/results/profile_host_h200x2_session5.json``; the TE path's value is the local one.
+#: ``bench/results/profile_host_h200x2.json``; the TE path's value is the local one.
 KERNELS_EP_DISPATCH = {"local+sdpa": 48, "transformer_engine": 48}
 #: Kernels of selective recomputation per layer (``core_attn``: RNG state and the SDPA forward).
 KERNELS_PER_SELECTIVE_LAYER = 4

@@ -190,7 +190,7 @@ def test_streaming_redraws_the_canvas_with_masks_shown(tiny_runs, capsys):
 
 @pytest.mark.parametrize("threshold", [None, 0.3])
 def test_the_benchs_peer_loop_is_the_same_algorithm_as_the_sampler(threshold):
-    """bench/gpu/generate_demo.py times LLaDA's generate.py loop beside backends/generate: greedy, they
+    """bench/sampling/generate_demo.py times LLaDA's generate.py loop beside backends/generate: greedy, they
     commit the same tokens (the mask token's logit at -inf in both, as the sampler sets it)."""
     from bench_scripts import load_script
     from tiny_lm import TinyTransformer
@@ -198,7 +198,7 @@ def test_the_benchs_peer_loop_is_the_same_algorithm_as_the_sampler(threshold):
     from dlmspec.backends.generate.config import GenerateConfig
     from dlmspec.backends.generate.sampler import generate
 
-    bench = load_script("bench/gpu/generate_demo.py", "generate_demo_bench")
+    bench = load_script("bench/sampling/generate_demo.py", "generate_demo_bench")
     vocab, mask = 12, 11
     tiny = TinyTransformer(vocab, seed=4)
 
@@ -284,13 +284,13 @@ def test_a_specs_generate_table_reaches_the_lock_and_becomes_generates_defaults(
 
 
 def test_the_benchs_causal_alias_loads_a_dlm_checkpoint_as_an_ar_model_with_the_kv_cache(tiny_runs, tmp_path):
-    """bench/gpu/generate_demo.py times AR decoding on the demo-dlm checkpoint's weights run causally
+    """bench/sampling/generate_demo.py times AR decoding on the demo-dlm checkpoint's weights run causally
     (demo-ar's shape) when no AR checkpoint is given: the alias loads as kind ar, causal, with the cache."""
     from bench_scripts import load_script
 
     from dlmspec.backends.generate.load import load_model
 
-    bench = load_script("bench/gpu/generate_demo.py", "generate_demo_bench")
+    bench = load_script("bench/sampling/generate_demo.py", "generate_demo_bench")
     alias = bench.causal_alias(str(tiny_runs["mdm"][1]), tmp_path / "ar")
     model = load_model(str(alias), device="cpu")
     try:

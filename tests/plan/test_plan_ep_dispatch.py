@@ -40,7 +40,7 @@ def test_ep2_adds_the_dispatchers_launches_per_moe_layer():
 def test_ep2_measured_launch_difference_is_what_the_constant_encodes():
     """KERNELS_EP_DISPATCH comes from the session-5 profiles: the launches per step of the
     one-GPU and the EP2 run differ by what the other counts drop minus what the dispatcher adds."""
-    prof = json.loads((ROOT / "bench" / "results" / "profile_host_h200x2_session5.json").read_text())["summaries"]
+    prof = json.loads((ROOT / "bench" / "results" / "profile_host_h200x2.json").read_text())["summaries"]
     one = prof["demo-moe-e8-top2"]["rank0"]["host"]["launches_per_step"]
     ep2 = sum(prof["demo-moe-ep2"][r]["host"]["launches_per_step"] for r in ("rank0", "rank1")) / 2
     p1, p2 = _plan("demo-moe-e8-top2"), _plan("demo-moe-ep2")
@@ -82,10 +82,10 @@ def test_by_configuration_medians_and_spread():
 
 
 def test_committed_trials_are_what_the_script_computes():
-    """bench/results/planner_trials_session5.json (quoted by docs/planner.md) is what
-    bench/plan/trials_session5.py computes on the committed records and constants."""
-    trials = load_script("bench/plan/trials_session5.py", "plan_trials_session5")
-    committed = json.loads((ROOT / "bench" / "results" / "planner_trials_session5.json").read_text())
+    """bench/results/planner_trials_ep_dispatch_host_factor.json (quoted by docs/planner.md) is what
+    bench/plan/planner_trials.py computes on the committed records and constants."""
+    trials = load_script("bench/plan/planner_trials.py", "plan_trials_session5")
+    committed = json.loads((ROOT / "bench" / "results" / "planner_trials_ep_dispatch_host_factor.json").read_text())
     assert trials.ep_dispatch() == committed["ep_dispatch"]
     assert committed["ep_dispatch"]["0"]["records_within_15"] == "55/70"
     assert committed["ep_dispatch"]["48"]["medians_within_15"] == "28/28"

@@ -44,7 +44,7 @@ def test_predict_then_compare(tmp_path):
 def test_committed_predictions_match_the_committed_measurements():
     """The holdout result file compares each measurement with the prediction committed before it."""
     preds = {p["name"]: p for p in json.loads((ROOT / "bench/results/holdout_predictions.json").read_text())["predictions"]}
-    result = json.loads((ROOT / "bench/results/holdout_h200x2_session5.json").read_text())
+    result = json.loads((ROOT / "bench/results/planner_holdout_h200x2.json").read_text())
     measured = {r["name"]: r for r in result["runs"]}
     for row in result["comparison"]:
         p, m = preds[row["name"]], measured[row["name"]]

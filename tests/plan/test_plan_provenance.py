@@ -111,7 +111,7 @@ def test_measured_range_matches_the_committed_runs():
 
 
 # --- the TE path against its calibration runs (issue #21) ----------------------------------
-# bench/results/calibration_te_h200.json (session 11) and calibration_te_h200_session9.json: the 9
+# bench/calibration/te/h200/te-matrix-2026-12-02.json (session 11) and calibration_te_h200_session9.json: the 9
 # configurations of bench/plan/te_matrix.json on one H200, 3 of them held out of the fit (their plans
 # were committed before the runs, bench/plan/te_holdout_predictions.json). Issue #21's targets: peak
 # allocated within 5%, step time within 15%, on every configuration (median of its records).
@@ -119,7 +119,7 @@ def test_measured_range_matches_the_committed_runs():
 
 def _te_records():
     by_name = {}
-    for path in sorted((ROOT / "bench" / "results").glob("calibration_te_h200*.json")):
+    for path in sorted(p for p in (ROOT / "bench" / "calibration" / "te" / "h200").glob("*.json") if p.name != "fit.json"):
         for run in json.loads(path.read_text())["runs"]:
             by_name.setdefault(run["name"], []).append(run)
     return by_name
@@ -225,11 +225,11 @@ def test_one_gpu_range_is_singular():
 
 
 def test_te_plans_of_the_throughput_runs():
-    """The four TE runs of README's speed table (session 11, fused RoPE, which no calibration
+    """The four TE runs of README's speed table (fused RoPE, which no calibration
     run had, and Liger's fused linear cross entropy, where the calibration runs had PyTorch row
     chunks): held out of the fit, they check both. Step time and peak allocated within 5% of the
     measured (docs/planner.md, *Kernels on TE*)."""
-    record = json.loads((ROOT / "bench" / "results" / "session11_h200" / "peers" / "call4_megatron"
+    record = json.loads((ROOT / "bench" / "results" / "gpu_runs_h200_te_calibration_peers_profile" / "peers" / "call4_megatron"
                          / "throughput_2026-12-02_peers.json").read_text())
     attempts = record["megatron"]["attempts"]
     assert len(attempts) == 4 and all(a["status"] == "ok" for a in attempts)

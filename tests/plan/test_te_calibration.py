@@ -1,4 +1,4 @@
-"""bench/gpu/te_calibration.sh's driver (bench/gpu/te_calibration.py) on CPU, and the committed TE matrix
+"""bench/devbox/gpu/te_calibration.sh's driver (bench/gpu/te_calibration.py) on CPU, and the committed TE matrix
 and predictions (bench/plan/te_matrix.json, te_holdout_predictions.json): ``--dry`` compiles an entry and
 checks its train.py flags; the one-at-a-time launch loop (each launch's own limit, the budget, the
 repeats, the records calibrate.py reads) runs on stand-in launch scripts that log metrics.jsonl."""

@@ -13,7 +13,7 @@
   previous checkpoint (the partial folder is removed).
 
 What needs a GPU (a real save, resume and failed save under megatron-core) is in
-bench/gpu/runtime_checks.sh.
+bench/devbox/gpu/runtime_checks.sh.
 """
 
 from __future__ import annotations
@@ -622,7 +622,7 @@ def test_launch_sh_checks_before_torchrun(compiled) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# 6. found on the H200 (bench/gpu/runtime_checks.sh): a full tmpfs makes torch's checkpoint writer
+# 6. found on the H200 (bench/devbox/gpu/runtime_checks.sh): a full tmpfs makes torch's checkpoint writer
 # raise CheckpointException, a BaseException; and the optimizer's param groups bring the
 # checkpoint's max_lr back (the resumed lr at step 50 was 1.714e-4 with the old lr 1e-3, where
 # the new lr 5e-4 gives 1.317e-4)

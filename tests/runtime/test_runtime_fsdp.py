@@ -7,7 +7,7 @@ wiring: the compiled configs (tests/render/test_compile_megatron.py executes the
 the compiler's refusals (tests/render/test_compile.py), the runtime's own refusals, the checkpoint
 module's use of torch.distributed.checkpoint around the model state, and the planner's FSDP
 terms against megatron-core's constants. The wrapped run is ``demo-fsdp`` on two GPUs
-(bench/gpu/fsdp_session.sh).
+(bench/devbox/gpu/fsdp_resume.sh).
 """
 
 from __future__ import annotations

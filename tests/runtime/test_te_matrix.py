@@ -1,4 +1,4 @@
-"""bench/gpu/te_matrix.sh's driver (bench/gpu/te_matrix.py) on CPU: ``--dry`` compiles configurations
+"""bench/devbox/gpu/te_matrix.sh's driver (bench/gpu/te_matrix.py) on CPU: ``--dry`` compiles configurations
 and checks their train.py flags; the launch loop (lanes, the save-kill-resume check, the loss
 comparison and the JSON per configuration) runs on stand-in launch scripts that log losses."""
 

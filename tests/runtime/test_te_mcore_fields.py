@@ -24,7 +24,7 @@ RECORD = ROOT / "bench" / "results" / "mcore_0.19.2_fields.json"
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 import mcore_fields  # noqa: E402
 
-#: The TE / fp8 settings bench/gpu/te_matrix.sh runs, on top of each bundled spec.
+#: The TE / fp8 settings bench/devbox/gpu/te_matrix.sh runs, on top of each bundled spec.
 VARIANTS: dict[str, dict[str, Any]] = {
     "as-is": {},
     "te-bf16": {"model.transformer_impl": "transformer_engine", "objective.variable_length_prob": 0.0},

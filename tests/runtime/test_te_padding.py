@@ -3,7 +3,7 @@ takes the objective's ``[b, 1, 1, s]`` key-padding mask as TE's ``padding`` mask
 
 Transformer Engine does not install on this CPU machine, so its ``DotProductAttention`` is stood in
 by a class that records what megatron-core's ``TEDotProductAttention.forward`` would hand TE; the
-numbers themselves are compared with the local path on the H200 (bench/gpu/te_matrix.sh).
+numbers themselves are compared with the local path on the H200 (bench/devbox/gpu/te_matrix.sh).
 """
 
 from __future__ import annotations

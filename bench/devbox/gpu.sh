@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Development GPU machine only: ONE command per suite, from the repository root, within one call of at most
+# 10 minutes (the machine is held at most 30 minutes; nothing outside it is reachable). It installs the wheels
+# carried in .bench-wheels/ (bench/devbox/install.sh; dlmspec from its wheel, so no checkout on sys.path),
+# then runs the suite's launcher with a budget that fits the call, results under $OUT (bench/schema.py):
+#
+#   bash bench/devbox/gpu.sh throughput   # Qwen3-1.7B-architecture DLM, seq 4096: dlmspec local bf16 vs HF plain, HF+Liger (~5 min)
+#   bash bench/devbox/gpu.sh sampling     # the demo trained 100 steps, then dlmspec generate vs the LLaDA-style HF loop, batch 1 and 8 (~3 min)
+#   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
+#
+# Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+suite=${1:?usage: gpu.sh throughput|sampling [--dry]}
+shift
+OUT=${OUT:-/tmp/bench-out}
+SITE=${SITE:-/tmp/bench-site}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+dry=0
+for a in "$@"; do [ "$a" = --dry ] && dry=1; done
+if [ "$dry" = 0 ]; then
+  SITE=$SITE PY=$PY bash bench/devbox/install.sh > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
+  tail -1 "$OUT/install.log"
+  export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
+fi
+export PYTHONUNBUFFERED=1
+case "$suite" in
+  throughput)
+    # 3 jobs of one micro batch each (~90 s apiece: start-up, 3 warm-up + 5 timed steps); the harness stops
+    # starting jobs when less than 60 s of its budget is left and writes what it measured on SIGTERM.
+    timeout -s TERM -k 10 560 "$PY" bench/throughput/run.py --out "$OUT" --work-dir /tmp/bench-work/throughput \
+      --model qwen3-1.7b --gpus 1 --precision bf16 --peers plain,liger \
+      --megatron-micro-batch-sizes 4 --hf-micro-batch-sizes 4 --warmup 3 --steps 5 \
+      --timeout-s 170 --budget-s 520 "$@" ;;
+  sampling)
+    timeout -s TERM -k 10 560 "$PY" bench/sampling/run.py --out "$OUT" --work-dir /tmp/bench-work/sampling \
+      --gpus 1 --train-iters 100 --batches 1,8 --gen-length 128 --steps 128 --block-length 32 \
+      --timeout-s 400 "$@" ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling)" >&2; exit 2 ;;
+esac
+rc=$?
+echo "gpu.sh: $suite exit $rc; results in $OUT"
+exit $rc
