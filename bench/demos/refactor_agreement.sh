@@ -6,7 +6,7 @@
 #   git archive BASE | tar -x -C /tmp/presrc && pip wheel --no-deps --no-build-isolation -w .pre /tmp/presrc
 #   python -c "import sys; sys.path.insert(0, 'bench/gpu'); import prepare; prepare.demo_inputs()"   # .data/
 # On the GPU machine (carry .whl/mc .pre .data), from the repository root:
-#   bash bench/house/refactor_agreement.sh        # results under $OUT
+#   bash bench/demos/refactor_agreement.sh        # results under $OUT
 set -u
 out=${OUT:?set OUT}
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 DLMSPEC_PYTHON=python3
