@@ -6,9 +6,11 @@
 #   git archive BASE | tar -x -C /tmp/presrc && pip wheel --no-deps --no-build-isolation -w .pre /tmp/presrc
 #   python -c "import sys; sys.path.insert(0, 'bench/gpu'); import prepare; prepare.demo_inputs()"   # .data/
 # On the GPU machine (carry .whl/mc .pre .data), from the repository root:
-#   bash bench/demos/refactor_agreement.sh        # results under $OUT
+#   bash bench/demos/refactor_agreement.sh        # $OUT/agreement.json and $OUT/refactor_agreement.tgz (logs, metrics)
 set -u
-out=${OUT:?set OUT}
+top=${OUT:?set OUT}
+out=$top/refactor_agreement
+mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 DLMSPEC_PYTHON=python3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/mc/*.whl || exit 1
@@ -30,4 +32,7 @@ for side in pre post post-again; do
 done
 PYTHONPATH=/tmp/post:/tmp/site python3 bench/throughput/loss_agreement.py "$out/metrics-pre.jsonl" "$out/metrics-post.jsonl" \
   --steps 50 --noise "$out/metrics-post-again.jsonl" --json "$out/agreement.json"
-echo "loss_agreement exit $?"
+rc=$?
+echo "loss_agreement exit $rc"
+cp "$out/agreement.json" "$top/" 2>/dev/null
+tar czf "$top/refactor_agreement.tgz" -C "$top" refactor_agreement && rm -rf "$out"
