@@ -24,7 +24,7 @@ if [ "$dry" = 0 ]; then
   tail -1 "$OUT/install.log"
   export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
 fi
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # never the checkout's dlmspec/ from the working directory
 case "$suite" in
   throughput)
     # 3 jobs of one micro batch each (~90 s apiece: start-up, 3 warm-up + 5 timed steps); the harness stops

@@ -25,7 +25,7 @@ for whl in "$WHEELS"/*.whl; do
   if [ "$prefix" = dlmspec ]; then picked+=("$whl"); continue; fi
   mod=${module[$prefix]:-}
   if [ -z "$mod" ]; then echo "install.sh: $base: no module known, skipped" >&2; continue; fi
-  if PYTHONPATH=$SITE "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)" 2>/dev/null; then
+  if PYTHONSAFEPATH=1 PYTHONPATH=$SITE "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)" 2>/dev/null; then
     echo "install.sh: $mod already importable, $base not installed"
   else
     picked+=("$whl")
@@ -33,5 +33,5 @@ for whl in "$WHEELS"/*.whl; do
 done
 echo "install.sh: installing ${#picked[@]} wheels into $SITE"
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${picked[@]}"
-PYTHONPATH=$SITE "$PY" -c "import dlmspec, dlmspec.templates, dlmspec.backends, megatron.core, torch; \
+PYTHONSAFEPATH=1 PYTHONPATH=$SITE "$PY" -c "import dlmspec, dlmspec.templates, dlmspec.backends, megatron.core, torch; \
 print('install.sh: dlmspec', dlmspec.__version__, 'from', dlmspec.__file__, '; torch', torch.__version__)"
