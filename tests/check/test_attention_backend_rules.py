@@ -84,10 +84,15 @@ def test_table_keeps_transformer_engine_and_context_parallel_refusals():
     assert set(BACKENDS["flex"].runs) == set(MASK_KINDS)
 
 
-def test_auto_chooses_flex_only_for_mask_functions():
+def test_auto_chooses_flex_for_the_masks_it_runs_faster():
     assert choose_backend(None, ["bidirectional"]) == "sdpa"
-    assert choose_backend("auto", ["bidirectional", "document"]) == "sdpa"
+    assert choose_backend(None, ["block_causal"]) == "sdpa"  # unset: SDPA, as before
+    assert choose_backend("auto", ["bidirectional"]) == "sdpa"
+    assert choose_backend("auto", ["causal"]) == "sdpa"
+    assert choose_backend("auto", ["bidirectional", "document"]) == "sdpa"  # per-batch masks: the layer's pattern decides
+    assert choose_backend("auto", ["block_causal"]) == "flex"
     assert choose_backend("auto", ["bidirectional", "mask_mod"]) == "flex"
+    assert choose_backend("auto", ["block_causal"], context_parallel=True) == "sdpa"
     assert choose_backend("auto", ["bidirectional"], context_parallel=True) == "sdpa"
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         choose_backend("cudnn", ["bidirectional"])
