@@ -1,4 +1,4 @@
-"""bench/tests: the launchers (``--dry``), the result schema, the calibration build and the citations."""
+"""bench/bench_tests: the launchers (``--dry``), the result schema, the calibration build and the citations."""
 
 import sys
 from pathlib import Path

@@ -33,7 +33,7 @@ def cited_paths(root: Path = ROOT) -> dict[str, list[str]]:
         elif p.is_dir():
             files += [f for f in sorted(p.rglob("*")) if f.is_file() and f.suffix in SUFFIXES
                       and not f.relative_to(root).as_posix().startswith(("bench/results/", "bench/calibration/local/",
-                                                                        "bench/calibration/te/", "bench/tests/",
+                                                                        "bench/calibration/te/", "bench/bench_tests/",
                                                                         "bench/rewrite_citations.py"))]
     out: dict[str, list[str]] = {}
     for f in files:
