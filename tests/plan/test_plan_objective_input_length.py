@@ -64,7 +64,10 @@ def test_extra_seq_length_doubles_activations_and_flops_as_a_twice_longer_sequen
     assert toy_acts == pytest.approx(twice.memory.peak.breakdown["activations"])
     assert toy_acts == pytest.approx(2 * ar_acts)
     assert toy.memory.layer_terms.dense_total == pytest.approx(2 * ar.memory.layer_terms.dense_total)
-    assert toy.peak_bytes > ar.peak_bytes
+    assert toy.peak_bytes == pytest.approx(twice.peak_bytes) and toy.peak_bytes > ar.peak_bytes
+    # the step takes as long as the twice longer run's, and trains on half its tokens
+    assert toy.time.step_seconds == pytest.approx(twice.time.step_seconds)
+    assert toy.time.tokens_per_second == pytest.approx(twice.time.tokens_per_second / 2)
 
 
 def test_no_extra_seq_length_leaves_the_plan_as_it_was() -> None:
