@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from dlmspec import objectives
 from dlmspec.names import OBJECTIVE_KINDS
 
 #: The decoding rules: "mdm" (masked diffusion) or "ar" (left to right); the names of
@@ -189,7 +190,7 @@ def _validate(c: GenerateConfig) -> None:
                                       f"{name} = None or the tokenizer's id")
     if not _is_int(c.seed) or not 0 <= c.seed < MAX_SEED:
         raise GenerateConfigError("seed", c.seed, f"must be a whole number in 0..{MAX_SEED - 1}", "seed = 0")
-    if c.kind == "ar":
+    if not objectives.get(c.kind).diffusion:  # c.kind is one of KINDS (checked above)
         if c.cfg_scale != 0.0:
             raise GenerateConfigError("cfg_scale", c.cfg_scale, "guidance is built for kind = 'mdm' only", "cfg_scale = 0.0")
         return

@@ -17,28 +17,6 @@ BRANCH = re.compile(
     rf"""|{KIND}\s*(?:==|!=)"""             # "mdm" == x
     rf"""|\bin\s*[(\[{{]\s*{KIND}"""          # x in ("mdm", "ar"), x not in ["ar"]
 )
-#: Branches in modules other sessions are moving onto the registry (the resolve package, the CLI,
-#: generate's loader and lm-eval wrapper, convert, the runtime's start checks and spec record, and
-#: check rules outside check/objective.py). Each entry is the exact count there now: removing a
-#: branch means lowering its count (test_pending_objective_branches_are_counted_exactly), and no
-#: other module may add one.
-PENDING = {
-    "backends/convert/objective.py": 6,
-    "backends/generate/lm_eval_model.py": 9,
-    "backends/generate/load.py": 3,
-    "backends/megatron/checks.py": 4,
-    "backends/megatron/spec_record.py": 2,
-    "dlmspec/check/generate.py": 1,
-    "dlmspec/check/precision.py": 1,
-    "dlmspec/check/runtime.py": 1,
-    "dlmspec/check/sequence.py": 1,
-    "dlmspec/check/sft.py": 2,
-    "dlmspec/check/stage.py": 2,
-    "dlmspec/cli/commands/new.py": 3,
-    "dlmspec/cli/generate.py": 9,
-    "dlmspec/cli/generate_options.py": 1,
-    "dlmspec/generate_settings.py": 1,
-}
 
 
 def objective_branches() -> dict[str, list[str]]:
@@ -60,18 +38,9 @@ def objective_branches() -> dict[str, list[str]]:
 
 def test_no_objective_kind_branch_outside_the_objective_modules() -> None:
     found = objective_branches()
-    new = {path: lines for path, lines in found.items() if path not in PENDING}
-    grown = {path: lines for path, lines in found.items() if path in PENDING and len(lines) > PENDING[path]}
-    listing = "\n".join(f"{path}:{line}" for group in (new, grown) for path, lines in group.items() for line in lines)
-    assert not new and not grown, (
+    listing = "\n".join(f"{path}:{line}" for path, lines in found.items() for line in lines)
+    assert not found, (
         "branches on an objective's kind by name (ask dlmspec.objectives.get(kind) instead):\n" + listing)
-
-
-def test_pending_objective_branches_are_counted_exactly() -> None:
-    found = objective_branches()
-    stale = {path: (count, len(found.get(path, []))) for path, count in PENDING.items()
-             if len(found.get(path, [])) != count}
-    assert not stale, f"PENDING counts (listed, found) no longer match; lower them: {stale}"
 
 
 def test_the_branch_pattern_catches_each_spelling(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dlmspec import objectives
 from dlmspec.backends.convert.errors import ConversionError
 from dlmspec.files import FileRefused, read_json
 from dlmspec.names import CHECKPOINT_RECORD, OBJECTIVE_KINDS
@@ -55,8 +56,9 @@ class Objective:
 
     @property
     def is_diffusion(self) -> bool:
-        """``kind == "mdm"``."""
-        return self.kind == "mdm"
+        """Whether its kind's registration masks tokens with ``[MASK]``
+        (:attr:`dlmspec.objectives.Objective.diffusion`)."""
+        return objectives.is_diffusion(self.kind)
 
 
 AUTOREGRESSIVE = Objective("ar")
@@ -77,7 +79,7 @@ def hf_objective(config: Mapping[str, Any], source: str = "config.json") -> Obje
     mask = record.get("mask_token_id", config.get("mask_token_id"))
     mask = mask if isinstance(mask, int) and not isinstance(mask, bool) else None
     model_type = str(config.get("model_type", "")).lower()
-    if record.get("objective") == "mdm" or config.get("is_causal") is False or model_type in DIFFUSION_FAMILIES:
+    if objectives.is_diffusion(record.get("objective")) or config.get("is_causal") is False or model_type in DIFFUSION_FAMILIES:
         return Objective("mdm", mask, str(record.get("attention", "bidirectional")), source)
     return Objective("ar", None, "causal", source)
 
@@ -110,8 +112,9 @@ def checkpoint_objective(ckpt: str | os.PathLike[str], sidecar: Mapping[str, Any
                                       tensor="objective.kind", expected=OBJECTIVES,
                                       hint="pass --objective mdm or --objective ar")
             mask = record.get("objective.mask_token_id")
-            attention = record.get("objective.attention_mask") or ("bidirectional" if kind == "mdm" else "causal")
-            return Objective(kind, mask if kind == "mdm" else None, str(attention), meta_path)
+            registered = objectives.get(kind)
+            attention = record.get("objective.attention_mask") or registered.attention
+            return Objective(kind, mask if registered.diffusion else None, str(attention), meta_path)
     hf = (sidecar or {}).get("hf_config")
     if isinstance(hf, Mapping) and hf:
         return hf_objective(hf, source=f"{os.path.join(os.fspath(ckpt), 'dlmspec_convert.json')} (hf_config)")
@@ -135,15 +138,15 @@ def resolve_objective(found: Objective, kind: str | None, mask_token_id: int | N
     if kind is None and mask_token_id is None:
         return found
     new_kind = kind or ("mdm" if mask_token_id is not None else found.kind)
-    if new_kind == "ar":
+    if not objectives.is_diffusion(new_kind):
         if mask_token_id is not None:
-            raise ConversionError("mask_token_id given for objective = 'ar' (an AR model has no mask token)",
+            raise ConversionError(f"mask_token_id given for objective = {new_kind!r} (an AR model has no mask token)",
                                   tensor="mask_token_id", expected=None,
                                   hint="drop --mask-token-id, or pass --objective mdm")
-        return Objective("ar", None, "causal", "argument")
+        return Objective(new_kind, None, objectives.get(new_kind).attention, "argument")
     mask = mask_token_id if mask_token_id is not None else (found.mask_token_id if found.is_diffusion else None)
-    attention = found.attention if found.is_diffusion else "bidirectional"
-    return Objective("mdm", mask, attention, "argument")
+    attention = found.attention if found.is_diffusion else objectives.get(new_kind).attention
+    return Objective(new_kind, mask, attention, "argument")
 
 
 def diffusion_hf_config(config: dict[str, Any], objective: Objective, family: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 
+from dlmspec import objectives
 from dlmspec.backends.generate.config import GenerateConfig
 from dlmspec.generate_settings import GenerateConfigError, follow_gen_length
 from dlmspec.backends.generate.likelihood import (DEFAULT_NUM_SAMPLES, DEFAULT_SAMPLES_PER_FORWARD, ESTIMATORS,
@@ -187,8 +188,8 @@ class DlmspecLM(LM):
             close = difflib.get_close_matches(unknown[0], MODEL_ARGS, n=1)
             hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(MODEL_ARGS)}"
             raise ModelArgsError(f"--model_args {unknown[0]}: not a dlmspec model argument; {hint}")
-        if kind is not None and kind not in ("mdm", "ar"):  # before a checkpoint is read
-            raise ModelArgsError(f"--model_args kind={kind!r}: not a model kind; use kind=mdm or kind=ar")
+        if kind is not None and objectives.find(kind) is None:  # before a checkpoint is read
+            raise ModelArgsError(f"--model_args kind={kind!r}: not a model kind; use {objectives.kinds_text('kind=')}")
         if estimator not in ESTIMATORS:
             raise ModelArgsError(f"--model_args estimator={estimator!r}: use one of {', '.join(ESTIMATORS)}")
         _check_ranges(seed=seed, mc_samples=mc_samples, samples_per_forward=samples_per_forward, eps=eps,
@@ -211,10 +212,10 @@ class DlmspecLM(LM):
             self.logits_fn = logits_fn
             self.codec = TextCodec(tokenizer)
             self.kind = kind or "mdm"
-            if self.kind not in ("mdm", "ar"):
-                raise ModelArgsError(f"--model_args kind={self.kind!r}: use kind=mdm or kind=ar")
+            if objectives.find(self.kind) is None:
+                raise ModelArgsError(f"--model_args kind={self.kind!r}: use {objectives.kinds_text('kind=')}")
             self.mask_token_id = _parse("mask_token_id", mask_token_id, int)
-            if self.kind == "mdm" and self.mask_token_id is None:
+            if self.objective.diffusion and self.mask_token_id is None:
                 raise ModelArgsError("--model_args mask_token_id: a diffusion LM needs its mask token (the run's "
                                      "[objective] mask_token_id)")
             self.eos_token_id = _parse("eos_token_id", eos_token_id, int)
@@ -281,6 +282,12 @@ class DlmspecLM(LM):
     # ------------------------------------------------------------------ lm-eval's properties
 
     @property
+    def objective(self) -> objectives.Objective:
+        """The registration of :attr:`kind` (:mod:`dlmspec.objectives`): a diffusion LM is scored by
+        the ELBO and sampled by unmasking; one that predicts the next token exactly, left to right."""
+        return objectives.get(self.kind)
+
+    @property
     def max_length(self) -> int:
         """Longest token sequence sent to the model."""
         return self._max_length
@@ -306,10 +313,10 @@ class DlmspecLM(LM):
     def _fit(self, context: List[int], continuation: List[int]) -> Tuple[List[int], List[int]]:
         """Drop context tokens on the left (then continuation ones) to fit ``max_length``."""
         if len(continuation) >= self.max_length:
-            continuation = continuation[-(self.max_length - (1 if self.kind == "ar" else 0)):]
+            continuation = continuation[-(self.max_length - (1 if self.objective.predicts_next_token else 0)):]
         keep = self.max_length - len(continuation)
         context = context[-keep:] if keep > 0 else []
-        if self.kind == "ar" and not context:
+        if self.objective.predicts_next_token and not context:
             if self.prefix_token_id is None:
                 raise ValueError("an AR model scores a continuation after at least one token and this model has no "
                                  "EOS to start from; pass --model_args eos_token_id=ID")
@@ -322,7 +329,7 @@ class DlmspecLM(LM):
         """``(log p(continuation | context), is_greedy)`` of token ids: the ELBO bound for ``"mdm"``
         (a generator seeded with ``seed``), exact for ``"ar"``."""
         context, continuation = self._fit(context, continuation)
-        if self.kind == "ar":
+        if self.objective.predicts_next_token:
             nll, _, _ = continuation_nll(self.logits_fn, context, continuation, kind="ar")
             seq = torch.tensor([context + continuation])
             logits = call_logits_fn(self.logits_fn, seq, None)[0, len(context) - 1:-1]
@@ -372,7 +379,7 @@ class DlmspecLM(LM):
                 if not tokens:
                     raise ValueError("loglikelihood_rolling: a document without tokens")
                 prefix = self.prefix_token_id
-                if prefix is None and self.kind == "ar":
+                if prefix is None and self.objective.predicts_next_token:
                     raise ValueError("loglikelihood_rolling of an AR model starts from EOS; pass "
                                      "--model_args eos_token_id=ID")
                 windows = lm_utils.get_rolling_token_windows(token_list=tokens, prefix_token=-1 if prefix is None else prefix,
@@ -391,7 +398,7 @@ class DlmspecLM(LM):
     def _config(self, gen_kwargs: Dict[str, Any]) -> GenerateConfig:
         args = dict(self.generate_args)
         gen_length = args.pop("gen_length", None) or int(gen_kwargs.get("max_gen_toks", 256))
-        if self.kind == "ar":
+        if self.objective.predicts_next_token:
             args = {k: v for k, v in args.items() if k in ("temperature", "top_k", "top_p")}
         else:  # steps and block_length not given follow gen_length, as in a spec's [generate]
             args = follow_gen_length({**args, "gen_length": gen_length})
@@ -426,7 +433,7 @@ class DlmspecLM(LM):
                                                  "pass --model_args eos_token_id=ID")
                             ids = [self.prefix_token_id]
                         prompts.append(ids)
-                    if self.kind == "ar":
+                    if self.objective.predicts_next_token:
                         step_fn = self.step_fn_factory() if self.step_fn_factory is not None else None
                         output = generate_ar(self.logits_fn, prompts, config, step_fn=step_fn)
                     else:

@@ -295,7 +295,7 @@ def check_record(where: str, record: Dict[str, Any]) -> None:
         raise LoadError(where, f"model.vocab_size = {record['model.vocab_size']} exceeds model.padded_vocab_size = "
                         f"{padded}", fix)
     ids = [("data.eod_id", record.get("data.eod_id"))]
-    if kind == "mdm":
+    if objectives.is_diffusion(kind):
         ids.append(("objective.mask_token_id", record.get("objective.mask_token_id")))
     for key, value in ids:
         if value is None and key == "data.eod_id":
@@ -375,7 +375,7 @@ def _finish(model: Any, record: Dict[str, Any], *, source: str, folder: str, ite
 
     # the tokenizer's vocabulary only: the padded columns (and a mask token placed in the padding, the
     # demo's 50257 of GPT-2's 50257 ids) are never data; the softmax over the rest stays a distribution
-    mask = record.get("objective.mask_token_id") if kind == "mdm" else None
+    mask = record.get("objective.mask_token_id") if objectives.is_diffusion(kind) else None
     eos = record.get("data.eod_id")
     from dlmspec.backends.generate.models import kv_cache_unsupported
 
@@ -580,7 +580,7 @@ def _load_converted(source: str, folder: str, device: torch.device, dtype: Optio
                         "pass a complete, undamaged checkpoint (copy it again if it was cut short)") from None
     family_kind = "mdm" if dims.family in MDM_FAMILIES else "ar"
     kind = kind or family_kind
-    if kind == "mdm" and mask_token_id is None:
+    if objectives.is_diffusion(kind) and mask_token_id is None:
         mask_token_id = converted_mask_token_id(folder, config)
         if mask_token_id is None:
             raise LoadError(folder, f"a {dims.family} model sampled as mdm needs its mask token id: neither its "

@@ -19,6 +19,7 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from dlmspec import objectives
 from dlmspec.backends.checkpoint_safety import check_checkpoint
 from dlmspec.files import FileRefused
 from dlmspec.layout import batch_problem, num_microbatches, world_problem
@@ -115,10 +116,11 @@ def check_objective(objective, attention: str, vocab_size: int) -> None:
     Raises:
         ValueError: naming the objective and what does not fit.
     """
-    allowed = ("bidirectional", "block_causal") if objective.kind == "mdm" else ("causal",)
+    registered = objectives.get(objective.kind)
+    allowed = registered.attentions
     if attention not in allowed:
         raise ValueError(f"objective {objective.kind!r} needs attention in {allowed}, layer spec has {attention!r}")
-    if objective.kind == "mdm" and not 0 <= objective.mask_token_id < vocab_size:
+    if registered.diffusion and not 0 <= objective.mask_token_id < vocab_size:
         raise ValueError(f"mask_token_id {objective.mask_token_id} outside the model vocabulary [0, {vocab_size})")
 
 
@@ -158,8 +160,7 @@ def check_masks_supported(layers: Union[ModuleSpec, str], objective: ObjectiveCo
         backend, key_padding = layer_spec_backend(layers), layer_spec_takes_key_padding(layers)
     if backend != "transformer_engine":
         return
-    if (objective.kind == "mdm" and objective.variable_length_prob > 0 and objective.variable_length == "sequence"
-            and not key_padding):
+    if objectives.get(objective.kind).masked_variable_length_prob(objective) > 0 and not key_padding:
         raise ValueError("variable_length_prob > 0 with variable_length='sequence' needs a layer spec whose attention "
                          "applies key-padding masks: build_layer_spec's (use_transformer_engine=True takes them as "
                          "TE's padding mask type) or the local+sdpa one (use_transformer_engine=False); "
@@ -185,7 +186,7 @@ def check_loss_normalization(objective: ObjectiveConfig, transformer_config: Tra
         raise ValueError(
             f"loss_normalization={objective.loss_normalization!r} needs TransformerConfig.calculate_per_token_loss="
             f"{per_token}, got {transformer_config.calculate_per_token_loss}")
-    if (objective.kind == "mdm" and objective.variable_length == "micro_batch" and objective.variable_length_prob > 0
+    if (objectives.get(objective.kind).micro_batch_variable_length_prob(objective) > 0
             and pipeline_model_parallel_size > 1):
         raise ValueError("variable_length='micro_batch' needs pipeline_model_parallel_size=1 (the pipeline sends "
                          "activations of seq_length positions; a cut micro-batch is shorter)")

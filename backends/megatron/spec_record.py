@@ -206,7 +206,7 @@ def spec_record(run: Any, *, transformer_config: Any, model_kwargs: Dict[str, An
     values: Dict[str, Any] = {
         "name": run.name,
         "objective.kind": obj.kind,
-        "objective.mask_token_id": obj.mask_token_id if obj.kind == "mdm" else None,
+        "objective.mask_token_id": obj.mask_token_id if objectives.is_diffusion(obj.kind) else None,
         "objective.attention_mask": attention,
         "objective.block_size": block_size,
         "objective.eps": obj.eps,
@@ -360,7 +360,8 @@ def _legacy_values(meta: Dict[str, Any]) -> Dict[str, Any]:
             if key in objective:
                 values[f"objective.{key}"] = objective[key]
         if "mask_token_id" in objective:
-            values["objective.mask_token_id"] = objective["mask_token_id"] if objective.get("kind") == "mdm" else None
+            values["objective.mask_token_id"] = (objective["mask_token_id"] if objectives.is_diffusion(objective.get("kind"))
+                                                 else None)
     if meta.get("seed") is not None:
         values["train.seed"] = meta["seed"]
     return values

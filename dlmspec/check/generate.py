@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
+from dlmspec import objectives
 from dlmspec.generate_settings import GenerateConfig, GenerateConfigError
 from dlmspec.check.registry import Context, Finding, Fix, rule
 
@@ -38,7 +39,7 @@ def _generate_settings(ctx: Context) -> Iterator[Finding]:
     # the fix of each, given the fixes before it) is reported at once
     for _ in range(len(values)):
         try:
-            GenerateConfig(kind=kind, mask_token_id=0 if kind == "mdm" else None, **values)
+            GenerateConfig(kind=kind, mask_token_id=0 if objectives.get(kind).diffusion else None, **values)
             return
         except GenerateConfigError as exc:
             key = f"generate.{exc.field}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+from dlmspec import objectives
 from dlmspec.check.hints import local_because, or_te
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.spec.fast import SCHEMA
@@ -243,7 +244,7 @@ def _fp8_gemm_shapes(ctx: Context) -> Iterator[Finding]:
                       f"{t.micro_batch_size} x seq_length {t.seq_length}" + (f" / {split}" if split > 1 else "")
                       + f"), not a multiple of {FP8_ROWS}", f"set train.seq_length = {fixed}, or precision.fp8 = 'none'",
                       fix=Fix({"train.seq_length": fixed}))
-    if o.kind == "mdm" and o.variable_length_prob > 0 and o.variable_length == "micro_batch":
+    if objectives.get(o.kind).micro_batch_variable_length_prob(o) > 0:
         rt_multiple = math.lcm(2 * r.cp if r.cp > 1 else 1, r.tp if ctx.spec.parallel.sequence_parallel and r.tp > 1
                                else 1)  # dlmspec.resolve.runtime_values' variable_length_multiple
         if (t.micro_batch_size * rt_multiple) % (FP8_ROWS * split):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import posixpath
 from typing import Iterator
 
+from dlmspec import objectives
 from dlmspec.attention import refused_kinds
 from dlmspec.check.hints import with_layout
 from dlmspec.check.registry import Context, Finding, Fix, rule
@@ -264,7 +265,7 @@ def _block_causal_te(ctx: Context) -> Iterator[Finding]:
 )
 def _variable_length_pipeline(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if o.kind == "mdm" and o.variable_length_prob > 0 and o.variable_length == "micro_batch" and ctx.r.pp > 1:
+    if objectives.get(o.kind).micro_batch_variable_length_prob(o) > 0 and ctx.r.pp > 1:
         yield Finding("objective.variable_length", f"a micro-batch cut to a random length with pipeline parallelism "
                       f"(pipeline_model_parallel_size = {ctx.r.pp}): the stages exchange activations of seq_length "
                       "positions, so the runtime refuses it at start-up")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from dlmspec import objectives
 from dlmspec.attention import backends_running, refused_kinds
 from dlmspec.check.hints import local_because, multiple_above, or_te
 from dlmspec.check.registry import Context, Finding, Fix, rule
@@ -161,7 +162,7 @@ def _cp_mask(ctx: Context) -> Iterator[Finding]:
             fix=Fix({"model.transformer_impl": "local", "parallel.cp_comm_type": "allgather"}),
         )
     o = ctx.spec.objective
-    if (o.kind == "mdm" and o.variable_length_prob > 0 and (o.variable_length or "sequence") == "sequence"
+    if (objectives.get(o.kind).masked_variable_length_prob(o) > 0
             and not backends_running(["key_padding"], context_parallel=True)):
         yield Finding(
             "objective.variable_length_prob",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator
 
+from dlmspec import objectives
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.data.record import RecordError, read_record
 from dlmspec.resolve import sft_attention_mask, sft_section
@@ -106,7 +107,7 @@ def _special_ids(ctx: Context) -> Iterator[Finding]:
     for key, prefix, sft in _records(ctx):
         tokens = sft.get("special_tokens") or {}
         ids = {name: v for name, v in tokens.items() if _is_int(v)}
-        if mask is not None and ctx.spec.objective.kind == "mdm":
+        if mask is not None and objectives.get(ctx.spec.objective.kind).diffusion:
             clash = sorted(name for name, v in ids.items() if v == mask)
             if clash:
                 taken = set(ids.values()) | {ctx.r.eod.value}
@@ -275,7 +276,7 @@ def _attention_mask(ctx: Context) -> Iterator[Finding]:
 )
 def _variable_length(ctx: Context) -> Iterator[Finding]:
     o = ctx.spec.objective
-    if ctx.spec.stage.kind == "sft" and o.kind == "mdm" and o.variable_length_prob > 0:
+    if ctx.spec.stage.kind == "sft" and objectives.get(o.kind).variable_length_prob(o) > 0:
         yield Finding("objective.variable_length_prob", "has no effect in SFT: samples are conversations padded or "
                       "packed to train.seq_length, never cut to a random length")
 

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from dlmspec import objectives
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
 
@@ -57,14 +58,16 @@ def _rl_objective(ctx: Context) -> Iterator[Finding]:
     if st.kind != "rl":
         return
     algorithm = st.rl.algorithm if st.rl is not None else "diffu-grpo"
-    want = "mdm" if algorithm == "diffu-grpo" else "ar"
+    trained_by = {objectives.get(k).rl_algorithm: k for k in reversed(objectives.kinds())}
+    want = trained_by.get(algorithm)
     if kind != want:
+        fit = objectives.get(kind).rl_algorithm
         yield Finding(
             "stage.rl.algorithm",
             f"{algorithm} is for {want} models, and objective.kind = '{kind}'",
-            f"use algorithm = '{'grpo' if kind == 'ar' else 'diffu-grpo'}'",
+            f"use algorithm = '{fit}'" if fit else f"no RL algorithm trains objective.kind = '{kind}'",
             value=algorithm,
-            fix=Fix({"stage.rl.algorithm": "grpo" if kind == "ar" else "diffu-grpo"}),
+            fix=Fix({"stage.rl.algorithm": fit}) if fit else None,
         )
 
 

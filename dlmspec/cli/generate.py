@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from dlmspec import objectives
 from dlmspec.cli.generate_inputs import dataset_windows, find_dataset, read_choices, read_prompts
 from dlmspec.cli.generate_options import _issue, check_token_ids, resolve_settings
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
@@ -45,8 +46,8 @@ _MODEL_HELP = ("A run folder (runs/NAME), its checkpoints folder (latest names t
 def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mask_token_id: Optional[int]) -> Any:
     from dlmspec.backends.generate.load import LoadError, load_model
 
-    if kind is not None and kind not in ("mdm", "ar"):
-        raise _issue("--kind", kind, "not a model kind", "--kind mdm or --kind ar")
+    if kind is not None and objectives.find(kind) is None:
+        raise _issue("--kind", kind, "not a model kind", objectives.kinds_text("--kind "))
     if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
         raise _issue("--dtype", dtype, "not a dtype", "--dtype bf16, fp16 or fp32")
     try:
@@ -166,7 +167,7 @@ def decoding_plan(model: Any, config: Any, kv_cache: bool) -> tuple[bool, Option
     ``--no-kv-cache`` is given or the model cannot (``LoadedModel.kv_cache_fallback``: a diffusion
     LM, Transformer Engine layers, ...); then with full recompute (the whole sequence each token).
     """
-    if config.kind == "mdm":
+    if objectives.get(config.kind).diffusion:
         why = getattr(model, "kv_cache_fallback", None) or "a diffusion LM"
         return False, f"masked diffusion ({why}; Fast-dLLM's block caches are not built)", "masked diffusion"
     why = None if kv_cache else "--no-kv-cache"
@@ -205,8 +206,9 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         encoded.append(ids)
     outputs: list[dict[str, Any]] = []
     passes = steps = 0
-    sampler = generate if config.kind == "mdm" else generate_ar
-    per_batch = config.gen_length if config.kind == "ar" or config.remasking == "threshold" else config.steps
+    objective = objectives.get(config.kind)
+    sampler = generate if objective.diffusion else generate_ar
+    per_batch = config.gen_length if objective.predicts_next_token or config.remasking == "threshold" else config.steps
     start = time.perf_counter()
     for first in range(0, len(encoded), batch_size):
         batch = encoded[first:first + batch_size]
@@ -331,7 +333,7 @@ def score_dataset(model: Any, windows: Any, *, estimators: list[str], num_sample
 
     windows = windows.to(model.device)
     batches = [windows[i:i + batch_size] for i in range(0, windows.shape[0], batch_size)]
-    if model.kind == "ar":
+    if objectives.get(model.kind).predicts_next_token:
         bar, task = _progress(len(batches), "perplexity (AR)")
         parts = []
         with bar:
@@ -446,7 +448,7 @@ def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, s
     for number, item in enumerate(items, 1):
         pairs = [split_pair(model.encode, item["context"], c) for c in item["choices"]]
         context = pairs[0][0]
-        if not context and model.kind == "ar":
+        if not context and objectives.get(model.kind).predicts_next_token:
             context = [model.eos_token_id if model.eos_token_id is not None else 0]  # AR needs a first token
         for choice, (_, ids) in zip(item["choices"], pairs):
             if not ids:
@@ -461,7 +463,8 @@ def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, s
         tokenized.append({"context": context, "choices": [ids for _, ids in pairs], "label": item["label"]})
     bar, task = _progress(len(items), "choices")
     kwargs = {}
-    if model.kind == "mdm":
+    scored_by_elbo = objectives.get(model.kind).diffusion
+    if scored_by_elbo:
         kwargs = dict(estimator="count" if estimator == "both" else estimator, num_samples=num_samples,
                       samples_per_forward=samples_per_forward, eps=eps, schedule=getattr(model, "noise_schedule", None))
     with bar:
@@ -471,12 +474,12 @@ def _score_choices(model: Any, items: list[dict[str, Any]], *, normalize: str, s
     out = res.to_dict()
     out["file"] = path
     out["tokens"] = "choice = encode(context + choice) after encode(context), as lm-eval's _encode_pair"
-    if model.kind == "mdm":
+    if scored_by_elbo:
         out["seeding"] = ("a generator seeded with --seed for every choice (the lm-eval model's rule: the same "
                           "number for the same request)")
     else:
         out["seeding"] = "exact for every choice (no random draws)"
-    out["scoring"] = ("ELBO bound of -log p(choice | context)" if model.kind == "mdm" else "exact -log p(choice | context)")
+    out["scoring"] = ("ELBO bound of -log p(choice | context)" if scored_by_elbo else "exact -log p(choice | context)")
     return out
 
 

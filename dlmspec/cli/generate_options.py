@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from dlmspec import objectives
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.spec.lines import COMMAND_LINE
 
@@ -105,7 +106,8 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
     for field in FOLLOW_GEN_LENGTH:  # not given anywhere: follow a given gen_length (follow_gen_length)
         if s.origins[field] == "default" and s.origins["gen_length"] != "default":
             s.set(field, s.values["gen_length"], "default", flag(field))
-    if s.values["kind"] == "ar":
+    registered = objectives.find(s.values["kind"])  # an unregistered kind: refused by GenerateConfig below
+    if registered is not None and not registered.diffusion:
         s.values["mask_token_id"] = None  # an AR model has none; a flag giving one changes nothing
     try:
         config = GenerateConfig(**s.values)

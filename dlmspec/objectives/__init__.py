@@ -3,10 +3,12 @@
 prediction), :mod:`dlmspec.objectives.schedules` (masking schedules). The runtime halves:
 :mod:`dlmspec.backends.megatron.objectives`."""
 
-from dlmspec.objectives.base import Objective, get, kinds, register, template_options, unregister
+from dlmspec.objectives.base import (Objective, find, get, is_diffusion, kinds, kinds_text, register, template_options,
+                                     unregister)
 
 # the built-ins register themselves on import
 from dlmspec.objectives import mdm  # noqa: E402,F401  (after base: they subclass it; mdm first, the default)
 from dlmspec.objectives import ar  # noqa: E402,F401
 
-__all__ = ["Objective", "get", "kinds", "register", "template_options", "unregister"]
+__all__ = ["Objective", "find", "get", "is_diffusion", "kinds", "kinds_text", "register", "template_options",
+           "unregister"]

@@ -16,6 +16,9 @@ class Autoregressive(Objective):
     diffusion = False
     loss_row_fraction = 1.0
     input_bytes_per_token = 0
+    predicts_next_token = True
+    rl_algorithm = "grpo"
+    adjective = "autoregressive"
 
     def dataset_extra_token(self, objective: Any, stage_kind: str) -> bool:
         # tokens = text[:-1], labels = text[1:] (megatron-core's GPTDataset default)

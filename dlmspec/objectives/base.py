@@ -35,6 +35,12 @@ class Objective:
             ``1 - alpha(t)``, a half on average over ``t ~ U(0, 1)`` for the linear schedule; AR 1).
         input_bytes_per_token: bytes per token the objective adds to a micro-batch on the first
             pipeline stage (MDM: the noised ids, the mask, the weights, ~9 B; planner memory).
+        predicts_next_token: whether position ``i`` is trained to predict token ``i + 1`` (AR: a
+            score needs at least one context token, sampling runs left to right with megatron-core's
+            KV cache, likelihoods are exact rather than an ELBO bound).
+        rl_algorithm: the ``stage.rl.algorithm`` that trains it (``""``: none).
+        adjective: the objective as an adjective in descriptions (``dlmspec new``'s starter spec;
+            empty: its kind).
     """
 
     kind: str = ""
@@ -44,11 +50,16 @@ class Objective:
     diffusion: bool = False
     loss_row_fraction: float = 1.0
     input_bytes_per_token: int = 0
+    predicts_next_token: bool = True
+    rl_algorithm: str = ""
+    adjective: str = ""
 
     # ---- planner terms -------------------------------------------------------------------------
-    def extra_seq_length(self, objective: Any) -> int:
-        """Positions the objective adds to ``train.seq_length`` in the model's input (0: none;
-        block diffusion's ``x_t (+) x_0`` would add ``seq_length``)."""
+    def extra_seq_length(self, objective: Any, seq_length: int) -> int:
+        """Positions the objective adds to ``seq_length`` (``train.seq_length``) in the model's input
+        (0: none; block diffusion's ``x_t (+) x_0`` would add ``seq_length``). The planner's
+        activations, attention and FLOPs count ``seq_length + extra_seq_length``
+        (:func:`dlmspec.plan.shape.input_length`)."""
         return 0
 
     def extra_forward_passes(self, objective: Any) -> int:
@@ -65,6 +76,19 @@ class Objective:
         """The probability that a sequence is cut and its tail hidden by a key-padding mask
         (``objective.variable_length = "sequence"``): planner host syncs and mask memory."""
         return 0.0
+
+    def variable_length_prob(self, objective: Any) -> float:
+        """The probability that a sequence (``objective.variable_length = "sequence"``) or a whole
+        micro-batch (``"micro_batch"``) is cut to a random length (0: never; only MDM cuts)."""
+        return 0.0
+
+    def micro_batch_variable_length_prob(self, objective: Any) -> float:
+        """The probability that a whole micro-batch is cut to a random length
+        (``objective.variable_length = "micro_batch"``): a shorter dense micro-batch, which pipeline
+        parallelism cannot send and fp8 GEMMs need a multiple of rows of."""
+        if getattr(objective, "variable_length", None) != "micro_batch":
+            return 0.0
+        return self.variable_length_prob(objective)
 
     # ---- data, sampling, likelihood ------------------------------------------------------------
     def dataset_extra_token(self, objective: Any, stage_kind: str) -> bool:
@@ -153,4 +177,24 @@ def get(kind: str) -> Objective:
 def kinds() -> Tuple[str, ...]:
     """The registered kinds, built-ins first."""
     return tuple(_REGISTRY)
+
+
+def find(kind: Any) -> Optional[Objective]:
+    """The registered objective of ``kind``, or ``None`` for anything else (a value read from an
+    untrusted file: not a string, or no registered kind)."""
+    return _REGISTRY.get(kind) if isinstance(kind, str) else None
+
+
+def is_diffusion(kind: Any) -> bool:
+    """Whether ``kind`` is a registered objective that masks tokens with ``[MASK]``
+    (:attr:`Objective.diffusion`); ``False`` for anything unregistered."""
+    found = find(kind)
+    return found is not None and found.diffusion
+
+
+def kinds_text(prefix: str = "") -> str:
+    """The registered kinds for a message, each after ``prefix``: ``"mdm or ar"``,
+    ``kinds_text("--kind ")`` = ``"--kind mdm or --kind ar"``."""
+    names = [f"{prefix}{kind}" for kind in _REGISTRY]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 

@@ -26,10 +26,16 @@ class MaskedDiffusion(Objective):
     diffusion = True
     loss_row_fraction = 0.5
     input_bytes_per_token = 9
+    predicts_next_token = False
+    rl_algorithm = "diffu-grpo"
+    adjective = "masked-diffusion"
 
     def masked_variable_length_prob(self, objective: Any) -> float:
         if (_get(objective, "variable_length", "sequence")) != "sequence":
             return 0.0  # a micro-batch cut is dense: no mask
+        return float(_get(objective, "variable_length_prob", 0.0))
+
+    def variable_length_prob(self, objective: Any) -> float:
         return float(_get(objective, "variable_length_prob", 0.0))
 
     def loss_row_fraction_of(self, objective: Any) -> float:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import Calibration
 from dlmspec.plan.memory import fsdp_sharding
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length
 
 #: Context parallelism's key/value traffic per layer and microbatch, by ``cp_comm_type``: how many
 #: times each rank sends ``(cp - 1)`` K/V shards of ``y * T * 2 * g * d / t`` bytes, and whether
@@ -77,7 +77,7 @@ def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, coun
     h, g, d = shape.hidden, shape.groups, shape.head_dim
     t, r = lay.tp, lay.sequence_divisor
     y = DTYPE_BYTES[lay.dtype]
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     tp_s = ep_b = ep_f = cp_s = 0.0
     tp_n = ep_bn = ep_fn = cp_n = 0.0
     tp_net = ep_net = cp_net = False
@@ -126,7 +126,7 @@ def pipeline_p2p(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration) -
     once), not hidden (a sync follows each). Zeros without pipeline parallelism."""
     m, p, v = lay.num_microbatches, lay.pp, max(1, lay.vpp)
     y = DTYPE_BYTES[lay.dtype]
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     p2p_raw = p2p_lat = 0.0
     p2p_network = False
     if p > 1:

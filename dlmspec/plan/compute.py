@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 # Re-exported: the planner's callers import them from here.
 from dlmspec.flops import attended_keys, forward_flops_per_token, model_flops_per_token  # noqa: F401
-from dlmspec.plan.shape import Layout, ModelShape
+from dlmspec.plan.shape import Layout, ModelShape, input_length
 
 
 def shape_forward_parts(shape: ModelShape, seq: int, attention: str | None = None) -> dict[str, float]:
@@ -38,8 +38,10 @@ class FlopCounts:
     """FLOPs of one optimizer step over the whole job.
 
     Attributes:
-        model_per_token: :func:`model_flops_per_token` (3x forward, no recomputation).
-        model_per_step: ``model_per_token * global_batch * seq``.
+        model_per_token: :func:`model_flops_per_token` (3x forward, no recomputation) per input
+            position.
+        model_per_step: ``model_per_token * global_batch * input_length`` (``input_length``:
+            :func:`~dlmspec.plan.shape.input_length`, ``seq`` plus the objective's extra positions).
         hardware_per_step: what the GPUs execute: model FLOPs with the attention kernel's
             actual work (block-causal on SDPA's masked kernel computes all ``s*s`` pairs) plus
             one more forward of everything recomputed.
@@ -61,7 +63,7 @@ def hardware_forward_parts(shape: ModelShape, lay: Layout) -> dict[str, float]:
     kernel_attention = shape.attention
     if shape.attention == "block_causal":
         kernel_attention = "bidirectional"
-    return shape_forward_parts(shape, lay.seq, kernel_attention)
+    return shape_forward_parts(shape, input_length(shape, lay), kernel_attention)
 
 
 def recompute_fraction(shape: ModelShape, lay: Layout) -> dict[str, float]:
@@ -99,8 +101,8 @@ def recompute_fraction(shape: ModelShape, lay: Layout) -> dict[str, float]:
 
 def step_flops(shape: ModelShape, lay: Layout) -> FlopCounts:
     """FLOPs of one optimizer step of the whole job (see :class:`FlopCounts`)."""
-    tokens = lay.global_batch * lay.seq
-    model_tok = shape_model_flops_per_token(shape, lay.seq)
+    tokens = lay.global_batch * input_length(shape, lay)  # input positions (train.seq_length + the objective's extra)
+    model_tok = shape_model_flops_per_token(shape, input_length(shape, lay))
     fwd = hardware_forward_parts(shape, lay)
     frac = recompute_fraction(shape, lay)
     recompute_tok = sum(fwd[k] * frac[k] for k in fwd)

@@ -11,7 +11,7 @@ how, in docs/planner-methods.md, *Time model*).
 from __future__ import annotations
 
 from dlmspec.plan.memory import expert_tokens, linear_params
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, norms_compiled, qkv_fused
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length, norms_compiled, qkv_fused
 
 #: Effective-bytes factors of the small element-wise kernels around attention on the local path:
 #: how many times their counted bytes (reads + writes) they take at the HBM bandwidth. Measured on
@@ -77,7 +77,7 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
     t, r = lay.tp, lay.sequence_divisor
     y = DTYPE_BYTES[lay.dtype]
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     local = lay.impl != "transformer_engine"
     per_tok = 12 * h * y / r + attention_block_bytes(shape, lay)
     if shape.hidden_dropout > 0:

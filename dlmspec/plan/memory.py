@@ -16,7 +16,7 @@ from math import ceil
 from typing import Any, Callable
 
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length
 
 #: Breakdown keys of allocated memory, in report order (``peak_allocated_bytes`` is their sum).
 ALLOCATED_TERMS = (
@@ -253,7 +253,7 @@ def expert_tokens(shape: ModelShape, lay: Layout) -> float:
     over the expert-TP group (``etp``), so ``N = T*k*etp/t``; without it every TP rank holds all
     ``T`` tokens, ``N = T*k``. Routing is assumed balanced (the aux loss keeps it near).
     """
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     r = lay.sequence_divisor
     if r > 1:
         return T * shape.topk * lay.etp / r
@@ -321,7 +321,7 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
     t, r = lay.tp, lay.sequence_divisor
     y = DTYPE_BYTES[lay.dtype]
     y8 = 1 if lay.fp8 else y
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     stat = 8 if shape.layernorm else 4
     gate = 2 if shape.gated else 1
     local = lay.impl != "transformer_engine"
@@ -332,21 +332,21 @@ def layer_activation_terms(shape: ModelShape, lay: Layout, moe: bool) -> dict[st
         "qk_norm_stats": stat * T * (a + g) / t if shape.qk_norm else 0.0,
         "qk_norm_query_copy": y * T * a * d / t if (shape.qk_norm and g // t > 1 and a > g) else 0.0,
         "rotated_qk": y * T * (a + g) * d / t if (shape.rope or shape.qk_norm) else 0.0,
-        "rope_cos_sin": 4 * y * lay.seq / lay.cp * shape.rotary_dim if shape.rope else 0.0,
+        "rope_cos_sin": 4 * y * input_length(shape, lay) / lay.cp * shape.rotary_dim if shape.rope else 0.0,
         "attention_output": y * T * a * d / t + 4 * T * a / t,
         "attention_output_copy": T * a * d / t if lay.fp8 else 0.0,
         "attention_mask_path": 0.0,
         "dropout_masks": 2 * T * h / r if shape.hidden_dropout > 0 else 0.0,
     }
     if local:
-        s_local = lay.seq / lay.cp
+        s_local = input_length(shape, lay) / lay.cp
         mask = 0.0
         if shape.attention == "block_causal":
-            mask = y * s_local * lay.seq
+            mask = y * s_local * input_length(shape, lay)
         if shape.variable_length_prob > 0:
-            mask = max(mask, y * lay.micro_batch * lay.seq)
+            mask = max(mask, y * lay.micro_batch * input_length(shape, lay))
         if shape.segment_mask:
-            mask = max(mask, y * lay.micro_batch * s_local * lay.seq)
+            mask = max(mask, y * lay.micro_batch * s_local * input_length(shape, lay))
         if lay.cp > 1 and shape.attention != "bidirectional":
             c = s_local / 2
             mask = y * c * (2 * lay.cp + 1) * c
@@ -433,7 +433,7 @@ def layer_terms(shape: ModelShape, lay: Layout) -> LayerTerms:
     """Compute :class:`LayerTerms` (see :func:`layer_activation_terms`,
     :func:`apply_selective`, :func:`backward_workspace`)."""
     y = DTYPE_BYTES[lay.dtype]
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     lse = 4 * T * shape.heads / lay.tp
     dense = layer_activation_terms(shape, lay, False)
     moe = layer_activation_terms(shape, lay, True) if shape.is_moe else {}
@@ -471,7 +471,7 @@ def backward_workspace(shape: ModelShape, lay: Layout, moe: bool) -> float:
     h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
     t, r = lay.tp, lay.sequence_divisor
     y = DTYPE_BYTES[lay.dtype]
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     gate = 2 if shape.gated else 1
     gathered = y * T * h if r > 1 else 0.0
     local = lay.impl != "transformer_engine"
@@ -616,7 +616,7 @@ def stage_memory(
     fp8_cache = 2 * linear_params(shape, lay, counts) if lay.fp8 else 0.0
     layers = dense_n + moe_n
     fsdp_buffers = fsdp_unsharded_bytes(lay, p_dense + p_expert, layers, param_b, grad_b)
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     h = shape.hidden
     sp_buffer = y * T * h if (lay.sp and lay.tp > 1) else 0.0
 

@@ -48,7 +48,8 @@ class ModelShape:
         loss_row_fraction, objective_bytes_per_token, extra_forward_passes: the objective's planner terms
             (:class:`dlmspec.objectives.Objective`): the share of positions carrying loss, the bytes per token
             its micro-batch adds on the first stage, the forward passes per micro-batch beyond the trained
-            model's one.
+            model's one. extra_seq_length: positions the objective adds to ``train.seq_length`` in the
+            model's input (:func:`input_length`).
         attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
         norms_repl: the two layer norms' parameters (replicated).
         mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
@@ -112,6 +113,7 @@ class ModelShape:
     loss_row_fraction: float = 1.0
     objective_bytes_per_token: int = 0
     extra_forward_passes: int = 0
+    extra_seq_length: int = 0
     stage_kind: str = "pretrain"
     stage_options: tuple[tuple[str, Any], ...] = ()
 
@@ -296,6 +298,7 @@ def model_shape(resolved: Resolved) -> ModelShape:
         loss_row_fraction=objective.loss_row_fraction_of(resolved.spec.objective),
         objective_bytes_per_token=objective.input_bytes_per_token,
         extra_forward_passes=objective.extra_forward_passes(resolved.spec.objective),
+        extra_seq_length=objective.extra_seq_length(resolved.spec.objective, resolved.spec.train.seq_length),
         attn_split=attn_split,
         attn_repl=attn_repl,
         norms_repl=2 * norm * h,
@@ -314,6 +317,14 @@ def model_shape(resolved: Resolved) -> ModelShape:
         stage_kind=resolved.spec.stage.kind,
         stage_options=stage_options(resolved.spec.stage),
     )
+
+
+def input_length(shape: ModelShape, lay: Layout) -> int:
+    """The model's input length in positions: ``train.seq_length`` (:attr:`Layout.seq`) plus the
+    objective's :meth:`~dlmspec.objectives.Objective.extra_seq_length` (:attr:`ModelShape.extra_seq_length`;
+    block diffusion's ``x_t (+) x_0`` doubles it). Activations, attention and FLOPs scale with it;
+    the tokens a step trains on (throughput, the SFT plan) stay ``global_batch * seq``."""
+    return lay.seq + shape.extra_seq_length
 
 
 def _frozen(value: Any) -> Any:

@@ -38,7 +38,7 @@ from dlmspec.plan.launches import (
     syncs_per_microbatch,
 )
 from dlmspec.plan.memory import expert_tokens, fsdp_sharding, stage_layer_counts, stage_params
-from dlmspec.plan.shape import Layout, ModelShape, attention_backend
+from dlmspec.plan.shape import Layout, ModelShape, attention_backend, input_length
 
 #: Time breakdown keys, in report order (``step_seconds`` is their sum). ``kernel_launch``: the
 #: GPU's per-kernel floor plus, on launch-bound ranks, the time the GPU waits for the host;
@@ -193,13 +193,13 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     layers = dense_n + moe_n
     h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
     t, r = lay.tp, lay.sequence_divisor
-    T = lay.micro_batch * lay.seq / lay.cp
+    T = lay.micro_batch * input_length(shape, lay) / lay.cp
     gemm_peak, attn_peak = _peaks(gpu, lay)
     frac = recompute_fraction(shape, lay)
     gate = 3 if shape.gated else 2
     # Forward FLOPs per token of one layer, per rank.
     attn_linear = (2 * h * (a + 2 * g) * d + 2 * a * d * h) / t
-    keys = attended_keys(lay.seq, "bidirectional" if shape.attention == "block_causal" else shape.attention,
+    keys = attended_keys(input_length(shape, lay), "bidirectional" if shape.attention == "block_causal" else shape.attention,
                          shape.block_size or None)
     attn_core = 4 * a * d * keys / t
     mlp = gate * 2 * h * shape.ffn / t

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import typer
 
+from dlmspec import objectives
 from dlmspec.cli.app import app
 from dlmspec.cli.commands.common import NEW_FROM_MARK, _SET_HELP, _written_by_new, check_output_file, write_output_file
 from dlmspec.cli.help import Command
@@ -94,14 +95,15 @@ def starter_spec(
     seq = seq_length or min(4096, model["max_position_embeddings"])
     vocab = model["vocab_size"]
     objective_table: dict[str, Any] = {"kind": objective}
-    if objective == "mdm":
+    registered = objectives.find(objective)  # an unregistered kind: refused by validate, below
+    if objectives.is_diffusion(objective):
         mask, null_vocab, mask_why = _starter_mask(preset, vocab)
         objective_table["mask_token_id"] = mask
     else:
         null_vocab, mask_why = vocab - 1, None
     data: dict[str, Any] = {
         "name": name,
-        "description": f"{preset} {'masked-diffusion' if objective == 'mdm' else 'autoregressive'} "
+        "description": f"{preset} {(registered.adjective or objective) if registered is not None else 'autoregressive'} "
         f"pretraining on {world} {gpu} GPU(s) (starter spec from `dlmspec new`)",
         "model": {"preset": preset},
         "objective": objective_table,
@@ -239,8 +241,9 @@ def new(
     if from_ is not None:
         _copy_bundled(target, from_, force=force, json_output=json_output)
         return
-    if objective not in ("mdm", "ar"):
-        raise SpecError([SpecIssue("--objective", "not an objective", value=objective, hint="use mdm or ar",
+    if objectives.find(objective) is None:
+        raise SpecError([SpecIssue("--objective", "not an objective", value=objective,
+                                   hint=f"use {objectives.kinds_text()}",
                                    rule="arguments")])
     check_output_file(target, force=force, key="<output>", command="new", written_by=_written_by_new)
     name = target.stem.replace(".", "-") or "dlmspec-run"
