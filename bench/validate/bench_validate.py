@@ -1,6 +1,6 @@
 """How long ``dlmspec validate SPEC`` and ``dlmspec plan SPEC`` take, end to end, as a user runs them.
 
-Issues #2 and #4: each under 0.3 s wall on the CI machine (2 cores, no GPU, otherwise idle).
+The speed asked of validate and plan: each under 0.3 s wall on the CI machine (2 cores, no GPU, otherwise idle).
 Each run is a fresh ``python -m dlmspec.cli COMMAND SPEC`` process, so interpreter start-up,
 imports (pydantic, the planner, rich when a table is printed) and the work are all counted.
 Reports, per command and spec: wall seconds and CPU seconds (user + sys of the child) as min,
