@@ -170,10 +170,12 @@ def show(cmd: Sequence[str], cwd: Path | None = None) -> str:
     return f"(cd {shlex.quote(str(cwd))} && {line})" if cwd else line
 
 
-def sbatch_script(argv: Sequence[str], gpus: int, suite: str, time_limit: str = "01:00:00") -> str:
+def sbatch_script(argv: Sequence[str], gpus: int, suite: str, time_limit: str = "01:00:00",
+                  python: str | None = None) -> str:
     """An sbatch script that runs this launcher (``argv`` without ``--slurm``) on one node with
     ``gpus`` GPUs, from the repository root (the launcher itself starts its jobs outside the
-    checkout)."""
+    checkout), under ``python`` (default: the interpreter running this launcher, made absolute,
+    so the compute node runs the same environment rather than whatever ``python`` its PATH has)."""
     args = [a for a in argv if a != "--slurm"]
     return "\n".join([
         "#!/usr/bin/env bash",
@@ -185,7 +187,7 @@ def sbatch_script(argv: Sequence[str], gpus: int, suite: str, time_limit: str = 
         f"#SBATCH --time={time_limit}",
         "set -euo pipefail",
         f"cd {shlex.quote(str(ROOT))}",
-        "srun --ntasks=1 " + shlex.join(["python", *args]),
+        "srun --ntasks=1 " + shlex.join([os.path.abspath(python or sys.executable), *args]),
         "",
     ])
 

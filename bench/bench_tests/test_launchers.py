@@ -50,6 +50,8 @@ def test_slurm_dry_prints_an_sbatch_script_that_reruns_the_launcher(suite):
     assert proc.stdout.startswith("#!/usr/bin/env bash\n") and "#SBATCH --gpus-per-node=2" in proc.stdout
     srun = next(line for line in proc.stdout.splitlines() if line.startswith("srun "))
     assert argv[0] in srun and "--slurm" not in srun and "--dry" not in srun
+    # the compute node runs the interpreter that ran the launcher, not whatever `python` its PATH has
+    assert srun.split()[2] == os.path.abspath(sys.executable)
 
 
 def test_a_work_dir_inside_the_checkout_is_refused_before_anything_runs(tmp_path):
