@@ -20,8 +20,9 @@ from dlmspec.plan.shape import Layout, ModelShape
 #: The layer path whose constants stand in for a path without a calibration.
 FALLBACK_PATH = "local+sdpa"
 
-#: Where the committed calibration runs are (named in messages).
-RESULTS_DIR = "bench/results/"
+#: Where a user reads about the calibration runs (named in messages; the runs themselves are the
+#: repository's bench/calibration/ data, from which dlmspec/plan/calibration.py is generated).
+CALIBRATION_DOCS = "docs/planner-methods.md"
 
 
 def calibration_for(impl: str) -> tuple[Calibration, MeasuredRange, bool]:
@@ -123,8 +124,8 @@ def calibration_text(impl: str, calibrated: bool, custom: bool) -> str:
     if custom:
         return f"{impl}: constants passed to make_plan (not dlmspec/plan/calibration.py's defaults)"
     _, measured, _ = calibration_for(impl)
-    source = (f"dlmspec/plan/calibration.py, fitted on {measured.runs} {FALLBACK_PATH if not calibrated else impl} "
-              f"runs on {', '.join(measured.gpus)} ({RESULTS_DIR})")
+    source = (f"calibrated on {measured.runs} {FALLBACK_PATH if not calibrated else impl} "
+              f"runs on {', '.join(measured.gpus)} ({CALIBRATION_DOCS})")
     if calibrated:
         return f"{impl}: {source}"
     return (f"UNCALIBRATED for {impl}: no {impl} calibration run yet; planned with the {FALLBACK_PATH} constants "
@@ -160,7 +161,7 @@ def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] |
         "layer_path": impl,
         "calibration": calibration_info(impl, custom=custom),
         "outside_measured": outside_measured(plan.shape, plan.layout, plan.gpu.id, measured),
-        "measured_range": f"{measured.runs} {FALLBACK_PATH if not calibrated else impl} runs in {RESULTS_DIR}",
+        "measured_range": f"{measured.runs} {FALLBACK_PATH if not calibrated else impl} runs ({CALIBRATION_DOCS})",
         "paths": paths,
     }
 

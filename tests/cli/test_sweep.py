@@ -126,7 +126,7 @@ def test_plan_search_on_a_sweep_searches_each_member(tmp_path, capsys):
     assert text.count("top 2 layouts by tokens/s") == 2 and "mb16" in text and "mb32-full" in text
 
 
-LOCAL_CALIBRATION = "calibration: local+sdpa: dlmspec/plan/calibration.py, fitted on 70 local+sdpa runs on h200"
+LOCAL_CALIBRATION = "calibration: local+sdpa: calibrated on 70 local+sdpa runs on h200"
 
 
 def test_plan_and_search_of_a_sweep_name_their_calibration(tmp_path, capsys):
@@ -146,7 +146,7 @@ def test_plan_and_search_of_a_sweep_name_their_calibration(tmp_path, capsys):
     for member in envelope["result"]["sweep"]:
         cal = member["search"]["calibration"]
         assert cal["status"] == "calibrated" and cal["fitted_on"] == "local+sdpa"
-        assert LOCAL_CALIBRATION == "calibration: " + cal["text"].removesuffix(" (bench/results/)")
+        assert LOCAL_CALIBRATION == "calibration: " + cal["text"].removesuffix(" (docs/planner-methods.md)")
 
 
 def test_sweep_members_on_different_paths_each_name_theirs(tmp_path, capsys):
@@ -162,7 +162,7 @@ def test_sweep_members_on_different_paths_each_name_theirs(tmp_path, capsys):
     assert "local: " + LOCAL_CALIBRATION in text
     from dlmspec.plan.calibration import TE_MEASURED
 
-    assert (f"te: calibration: transformer_engine: dlmspec/plan/calibration.py, fitted on {TE_MEASURED.runs} "
+    assert (f"te: calibration: transformer_engine: calibrated on {TE_MEASURED.runs} "
             "transformer_engine runs") in text
 
 
