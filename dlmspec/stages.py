@@ -102,9 +102,8 @@ def template_context(resolved: Any) -> Dict[str, Any]:
 
 
 def _sft_values(resolved: Any) -> Dict[str, Any]:
-    from dlmspec.resolve import sft_pad_eos_tokens, sft_section
-
-    return {"section": sft_section(resolved.spec), "pad_eos_tokens": sft_pad_eos_tokens(resolved.spec)}
+    """The sft stage's table and padding, which resolve fills (``Resolved.stage_values``)."""
+    return resolved.stage_values
 
 
 register_stage_kind(StageKind("pretrain", "pre-training on packed documents (backends/megatron/stage.py)"))

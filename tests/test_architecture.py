@@ -34,9 +34,6 @@ BACKWARD_ALLOWED = {
     # Loading back a file `dlmspec show` wrote drops the defaults it filled in only when the
     # resolved spec's content hash is unchanged: the loader resolves (lazily, for such files only).
     ("dlmspec.spec.show", "dlmspec.resolve"),
-    # The stage registry sits below the spec (the models list its kinds); the "sft" entry's
-    # template values are resolve's SFT defaults, imported inside the function at render time.
-    ("dlmspec.stages", "dlmspec.resolve"),
 }
 
 #: Modules still over 800 lines that other work splits; the lead removes entries at merge.

@@ -14,6 +14,7 @@ from dlmspec.resolve.blend import BlendResolution, record_means, resolve_blend
 from dlmspec.resolve.layers import effective_cross_entropy, layer_path
 from dlmspec.resolve.resolved import Resolved
 from dlmspec.resolve.runtime import runtime_values
+from dlmspec.resolve.stage import stage_template_values
 from dlmspec.resolve.tokenizer import FILE_FACT_TYPES, eod_choice, padded_vocab_size, spec_tokenizer_facts
 from dlmspec.spec.presets import MASK_TOKEN_IDS
 
@@ -82,4 +83,4 @@ def resolve(spec: Spec) -> Resolved:
     )
     if spec.stage.kind == "sft" and not spec.data.mock:
         resolved = replace(resolved, record_means=record_means(resolved.train_blend))
-    return replace(resolved, runtime=runtime_values(resolved))
+    return replace(resolved, runtime=runtime_values(resolved), stage_values=stage_template_values(spec))

@@ -50,6 +50,9 @@ class Resolved:
         eod: the end-of-document id train.py passes to the runtime (:func:`eod_choice`).
         record_means: ``(prefix, mean conversation tokens, response fraction, note)`` of each
             training shard's dataset record, read for an SFT stage only (:func:`record_means`).
+        stage_values: what the stage's registration renders into train.py
+            (:data:`dlmspec.stages.STAGE_KINDS`' ``template_values``), computed here so the
+            registry (below the spec) never imports resolve; ``None`` for a stage without any.
         runtime: every value train.py and the launch scripts pass beyond the spec's own
             (:class:`~dlmspec.resolve.runtime.RuntimeValues`); None only while :func:`resolve`
             builds it.
@@ -87,6 +90,7 @@ class Resolved:
     eod: EodChoice | None = None
     runtime: RuntimeValues | None = None
     record_means: tuple[tuple[str, float | None, float | None, str], ...] = ()
+    stage_values: dict[str, Any] | None = None
 
     def tokenizer_size(self) -> int | None:
         """Ids the spec's tokenizer emits, when the spec says it (one more than its largest id):

@@ -53,3 +53,12 @@ def default_loss_normalization(spec: Spec) -> str:
     if spec.stage.kind == "sft" and objectives.get(spec.objective.kind).diffusion:
         return "sequence"
     return "global_token"
+
+
+def stage_template_values(spec: Spec) -> dict[str, Any] | None:
+    """What the ``[stage] kind``'s registration renders into train.py (``Resolved.stage_values``):
+    for ``"sft"`` its ``[stage.sft]`` table with defaults filled and the resolved
+    ``pad_eos_tokens``; ``None`` for other stages."""
+    if spec.stage.kind != "sft":
+        return None
+    return {"section": sft_section(spec), "pad_eos_tokens": sft_pad_eos_tokens(spec)}
