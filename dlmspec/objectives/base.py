@@ -41,6 +41,12 @@ class Objective:
         rl_algorithm: the ``stage.rl.algorithm`` that trains it (``""``: none).
         adjective: the objective as an adjective in descriptions (``dlmspec new``'s starter spec;
             empty: its kind).
+        spec_model: the pydantic model its ``[objective]`` table validates against: a subclass of
+            :class:`dlmspec.spec.models.ObjectiveSpec` (the keys every objective has) adding its own
+            keys; ``None`` (the built-ins): ``ObjectiveSpec`` itself. ``Spec.objective`` is then a
+            union discriminated on ``objective.kind`` (:func:`dlmspec.spec.models.objective_model`);
+            errors keep their plain locations (``objective.toy_rate``). Its ``kind`` field is
+            narrowed to the kinds registered with it when it is registered.
     """
 
     kind: str = ""
@@ -53,6 +59,7 @@ class Objective:
     predicts_next_token: bool = True
     rl_algorithm: str = ""
     adjective: str = ""
+    spec_model: Any = None  # a pydantic model class; not imported here (the fast path runs without pydantic)
 
     # ---- planner terms -------------------------------------------------------------------------
     def extra_seq_length(self, objective: Any, seq_length: int) -> int:
@@ -138,13 +145,25 @@ def register(objective: Objective) -> Objective:
 
     Raises:
         ValueError: an empty kind.
+        TypeError: a :attr:`Objective.spec_model` that does not subclass
+            :class:`dlmspec.spec.models.ObjectiveSpec` (raised once the spec models are loaded;
+            nothing is registered then).
     """
     if not objective.kind:
         raise ValueError(f"{type(objective).__name__} has no kind")
-    new = objective.kind not in _REGISTRY
+    before = _REGISTRY.get(objective.kind)
     _REGISTRY[objective.kind] = objective
-    if new:
-        _refresh_spec_models()
+    if before is None or getattr(before, "spec_model", None) is not objective.spec_model:
+        try:
+            _refresh_spec_models()
+        except Exception:
+            # a spec_model the spec models cannot take: the registry stays as it was
+            if before is None:
+                _REGISTRY.pop(objective.kind)
+            else:
+                _REGISTRY[objective.kind] = before
+            _refresh_spec_models()
+            raise
     return objective
 
 

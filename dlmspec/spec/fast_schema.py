@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0xcea3d5f3
+SPEC_CRC32 = 0x05ca3ea6
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
 
 from dlmspec import objectives
-from dlmspec.spec import python
+from dlmspec.spec import objective_union, python
+from dlmspec.spec.objective_union import OBJECTIVE_TAGS, plain_objective_loc  # noqa: F401 - schema_errors reads them here
 from dlmspec.spec.dotted import deep_merge, set_dotted
 from dlmspec.spec.names import DEFAULT_NAME, PlaceholderError, expand_names, placeholder_problems, problem_message
 from dlmspec.spec.presets import PRESETS
@@ -171,6 +172,10 @@ class ModelSpec(Section):
         return self.num_experts is not None
 
 
+# The spec model of the built-in objectives, and the base of an objective's own
+# (dlmspec.objectives.Objective.spec_model): a plugin subclasses it to add its keys, and [objective]
+# validates against the model registered for its kind (objective_model below). Its docstring is the
+# JSON Schema's description (`dlmspec schema`), so this note stays a comment.
 class ObjectiveSpec(Section):
     """``[objective]``: what the model learns. ``mdm`` is masked (absorbing-state) diffusion
     as in LLaDA (Nie et al. 2025, eq. 3) and MDLM (Sahoo et al. 2024); ``ar`` is next-token
@@ -746,11 +751,18 @@ class Spec(Section):
         return new
 
 
+def objective_model(kind: Any) -> type[ObjectiveSpec]:
+    """The spec model ``[objective]`` validates against for ``kind``
+    (:func:`dlmspec.spec.objective_union.objective_model`)."""
+    return objective_union.objective_model(kind, ObjectiveSpec)
+
+
 def refresh_objective_kinds() -> None:
-    """Rebuild ``objective.kind``'s choices from the objective registry (:mod:`dlmspec.objectives`):
-    :func:`dlmspec.objectives.register` calls it when an objective is registered after this module
-    was imported (a plugin, a test's toy). The fast checker (:mod:`dlmspec.spec.fast`) knows the
-    built-in kinds only and leaves any other to these models."""
-    ObjectiveSpec.model_fields["kind"].annotation = Literal[objectives.kinds()]
-    ObjectiveSpec.model_rebuild(force=True)
-    Spec.model_rebuild(force=True)
+    """Rebuild ``objective.kind``'s choices and ``[objective]``'s spec models from the objective
+    registry (:mod:`dlmspec.objectives`): :func:`dlmspec.objectives.register` calls it when an
+    objective is registered after this module was imported (a plugin, a test's toy). The fast
+    checker (:mod:`dlmspec.spec.fast`) knows the built-in kinds only and leaves any other to these
+    models; while every registered objective uses :class:`ObjectiveSpec`, ``Spec.objective`` stays
+    that model, else it becomes a union discriminated on ``kind``
+    (:func:`dlmspec.spec.objective_union.refresh`)."""
+    objective_union.refresh(ObjectiveSpec, Spec)

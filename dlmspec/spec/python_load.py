@@ -180,6 +180,10 @@ def _table_paths() -> dict[str, str]:
                 walk(sub, prefix + name + ".")
 
     walk(Spec, "")
+    from dlmspec.spec.models import OBJECTIVE_TAGS
+
+    for model in OBJECTIVE_TAGS.values():  # an objective's own spec model (Objective.spec_model)
+        out.setdefault(model.__name__, "objective")
     return out
 
 

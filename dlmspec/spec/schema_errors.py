@@ -134,7 +134,11 @@ KEY_ALIASES: dict[str, str] = {
 
 
 def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -> SpecIssue:
-    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    from dlmspec.spec.models import plain_objective_loc
+
+    loc = [str(p) for p in plain_objective_loc(err["loc"]) if not str(p).startswith("function-")]
+    # the location as pydantic gives it, with the tag of [objective]'s union (if any): the model to read
+    tagged = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
     key = ".".join(loc) or "<root>"
     kind = err["type"]
     value = err.get("input") if kind != "missing" else None
@@ -157,7 +161,7 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
             fix = Fix({key: close[0]})
             hint = hint.replace("? (", f"? {fix.text()} (", 1)
     elif kind in ("extra_forbidden", "no_such_attribute"):  # a key in a file or a dict; an attribute in Python
-        model = _model_at(loc[:-1])
+        model = _model_at(tagged[:-1])
         options = list(model.model_fields) if model else []
         from difflib import get_close_matches
 
@@ -174,7 +178,7 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
     elif kind == "literal_error":
         hint = "use " + message.removeprefix("Input should be ")
         message = "not an allowed value"
-        model = _model_at(loc[:-1])
+        model = _model_at(tagged[:-1])
         field = model.model_fields.get(loc[-1]) if model is not None else None
         allowed = [a for a in _literals(field.annotation) if a != value] if field is not None else []
         if allowed:
@@ -200,7 +204,7 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
             fix = Fix({key: parsed})
     elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         hint = message[0].lower() + message[1:]
-        example = _example_value(loc, kind, err.get("ctx") or {})
+        example = _example_value(tagged, kind, err.get("ctx") or {})
         if example is not None:
             hint += f", e.g. {loc[-1]} = {example}"
             if example != '"..."' and not any(p.isdigit() for p in loc):
@@ -312,8 +316,15 @@ def _example_value(loc: list[str], kind: str, ctx: dict[str, Any]) -> str | None
 def _model_at(loc: list[str]) -> type[BaseModel] | None:
     from dlmspec.spec.models import Spec
 
+    from dlmspec.spec.models import OBJECTIVE_TAGS
+
     model: type[BaseModel] | None = Spec
+    previous = None
     for part in loc:
+        if previous == "objective" and model is not None and part in OBJECTIVE_TAGS and part not in model.model_fields:
+            model, previous = OBJECTIVE_TAGS[part], part  # the union's tag: that objective's own model
+            continue
+        previous = part
         if model is None or part not in model.model_fields:
             return None
         annotation = model.model_fields[part].annotation
@@ -349,11 +360,13 @@ def _without_bad_keys(data: dict[str, Any], errors: list[dict[str, Any]], model:
     a required key is among them or the rest still does not validate."""
     import copy
 
+    from dlmspec.spec.models import plain_objective_loc
+
     trimmed = copy.deepcopy(data)
     dropped = []
     for err in errors:
         loc = []
-        for part in err["loc"]:
+        for part in plain_objective_loc(err["loc"]):
             if not isinstance(part, str) or part.startswith("function-"):
                 break  # a list element, or a validator's name: drop the whole key above it
             loc.append(part)
