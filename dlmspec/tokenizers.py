@@ -574,16 +574,39 @@ def build_tokenizer(
 MAX_JSON_BYTES = 256 << 20
 
 
+#: Parsed tokenizer files of this process, by (path, device, inode, size, mtime): validate's rules
+#: ask for the same vocab.json several times (EOD, [MASK] candidates, padding), and a GPT-2
+#: vocab.json takes ~50 ms to check and parse. A file that changes on disk is read again.
+_JSON_CACHE: dict[tuple[str, int, int, int, int], Any] = {}
+_JSON_CACHE_SIZE = 8
+
+
 def read_json(path: str) -> Any:
     """The JSON in ``path`` (a tokenizer's ``tokenizer.json``, ``tokenizer_config.json``,
     ``vocab.json`` ...), read by :func:`dlmspec.files.read_json` (a regular file of at most
-    :data:`MAX_JSON_BYTES`, never a pipe or device); ``None`` when it cannot be read or parsed."""
+    :data:`MAX_JSON_BYTES`, never a pipe or device); ``None`` when it cannot be read or parsed.
+    The same unchanged file is parsed once per process (:data:`_JSON_CACHE`): callers must not
+    modify what it returns."""
+    import os
+
     from dlmspec.files import FileRefused, read_json as read_untrusted_json
 
     try:
-        return read_untrusted_json(path, limit=MAX_JSON_BYTES, what="tokenizer file")
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except (OSError, ValueError, TypeError):
+        key = None
+    if key is not None and key in _JSON_CACHE:
+        return _JSON_CACHE[key]
+    try:
+        data = read_untrusted_json(path, limit=MAX_JSON_BYTES, what="tokenizer file")
     except FileRefused:
-        return None
+        data = None
+    if key is not None:
+        if len(_JSON_CACHE) >= _JSON_CACHE_SIZE:
+            _JSON_CACHE.pop(next(iter(_JSON_CACHE)))
+        _JSON_CACHE[key] = data
+    return data
 
 
 # ------------------------------------------------------------------------------------------

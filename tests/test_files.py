@@ -211,3 +211,39 @@ def test_a_large_cap_reserves_no_memory_for_a_small_file(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "{'a': 1}" in done.stdout, done.stderr[-2000:]
+
+
+def _nesting_by_characters(text: str, depth: int, *, toml: bool = False) -> bool:
+    """The character-by-character definition of :func:`dlmspec.files.nesting_exceeds`."""
+    level, quote, escaped = 0, "", False
+    for char in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\" and quote == '"':
+                escaped = True
+            elif char == quote:
+                quote = ""
+            continue
+        if char == '"' or (toml and char == "'"):
+            quote = char
+        elif char in "[{":
+            level += 1
+            if level > depth:
+                return True
+        elif char in "]}":
+            level = max(0, level - 1)
+    return False
+
+
+def test_nesting_check_agrees_with_its_character_by_character_definition():
+    import random
+
+    from dlmspec.files import nesting_exceeds
+
+    rng = random.Random(0)
+    alphabet = "[]{}\"'\\ab\n"
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+        depth, toml = rng.randint(0, 4), rng.random() < 0.5
+        assert nesting_exceeds(text, depth, toml=toml) == _nesting_by_characters(text, depth, toml=toml), (text, depth, toml)
