@@ -72,6 +72,8 @@ def test_the_runtime_reads_the_shared_names() -> None:
                          (generate_load, "METADATA_FILENAME"), (convert_objective, "TRAINING_METADATA")):
         assert getattr(module, attr) is names.CHECKPOINT_RECORD, (module.__name__, attr)
     assert checkpointing.TRACKER_FILENAME is names.CHECKPOINT_TRACKER
-    assert generate_load.TRACKER_FILENAME is names.CHECKPOINT_TRACKER
+    from dlmspec.backends.generate import checkpoint as generate_checkpoint
+
+    assert generate_checkpoint.TRACKER_FILENAME is names.CHECKPOINT_TRACKER
     assert convert_objective.OBJECTIVES is names.OBJECTIVE_KINDS
     assert objective.CART_P_DEFAULT == names.CART_P_DEFAULT

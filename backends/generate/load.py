@@ -42,19 +42,16 @@ import torch
 
 from dlmspec import objectives
 from dlmspec.objectives.schedules import LINEAR, MaskingSchedule
-from dlmspec.backends.generate.checkpoint import (  # noqa: F401 - part of this module's API
-    CONVERT_SIDECAR,
+from dlmspec.backends.generate.checkpoint import (  # noqa: F401 - LoadError, find_checkpoint: part of this module's API
     MAX_RECORD_BYTES,
     METADATA_FILENAME,
-    TRACKER_FILENAME,
     LoadError,
-    _latest,
     _read_json,
+    _safetensors_errors,
     checkpoint_read_errors,
     describe_read_error,
     find_checkpoint,
 )
-from dlmspec.backends.generate.checkpoint import _safetensors_errors  # noqa: F401
 
 #: Hugging Face families trained as masked-diffusion LMs (their ``kind`` is ``"mdm"``).
 MDM_FAMILIES = ("llada", "dream")

@@ -13,7 +13,7 @@ pytest.importorskip("megatron.core")
 
 from dlmspec.backends.convert.errors import ConversionError  # noqa: E402
 from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir  # noqa: E402
-from dlmspec.backends.generate.load import LoadError, _latest  # noqa: E402
+from dlmspec.backends.generate.checkpoint import LoadError, _latest  # noqa: E402
 from dlmspec.backends.megatron.checkpointing import read_latest_checkpoint  # noqa: E402
 
 #: A tracker's bytes -> the words every reader's refusal holds.
