@@ -120,3 +120,15 @@ def test_bad_pool_arguments_are_refused():
         RewardPool([RewardFunction("builtin:format", weight="x")])
     with pytest.raises(ValueError, match="workers = 0"):
         RewardPool([RewardFunction("builtin:format")], workers=0)
+
+
+def test_builtin_exact_match_reward_compares_final_answers_and_reports_a_row_without_answer():
+    rows = [{"prompt": "q", "completion": c, "prompt_id": i, "answer": "#### 1,234"} for i, c in
+            enumerate(["so #### 1234", "\\boxed{1,234}", "1234.", "#### 123", "nothing"])]
+    rows.append({"prompt": "q", "completion": "#### 5", "prompt_id": "no-answer"})
+    with RewardPool([RewardFunction("builtin:exact_match")], workers=1, timeout_s=5.0) as pool:
+        scores = pool.score(rows)
+    assert scores.values[:5, 0].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert len(scores.failures) == 1
+    failure = scores.failures[0]
+    assert (failure.prompt_id, failure.kind) == ("no-answer", "raised") and "no 'answer' field" in failure.message
