@@ -68,6 +68,53 @@ def test_one_step_gap_to_exact_elbo_is_reported(record_property, capsys):
     assert any(abs(g) > 1e-3 for t, g in gaps.items() if t > 1)  # biased beyond one token
 
 
+def _exact_spread(estimator, table, length):
+    """Exact mean and standard deviation of one draw's sequence estimate (sum over positions)."""
+    mean = second = 0.0
+    for prob, views in estimator.support(length):
+        value = sum(coef * float(table[frozenset(pos)][list(pos)].sum()) for pos, coef in views if pos)
+        mean += prob * value
+        second += prob * value * value
+    return mean, math.sqrt(max(second - mean * mean, 0.0))
+
+
+def _per_token_sd(estimator, table, length):
+    """Exact standard deviation of one draw's estimate at each position, averaged over positions."""
+    mean = torch.zeros(length, dtype=torch.float64)
+    second = torch.zeros(length, dtype=torch.float64)
+    for prob, views in estimator.support(length):
+        value = torch.zeros(length, dtype=torch.float64)
+        for pos, coef in views:
+            for k in pos:
+                value[k] += coef * table[frozenset(pos)][k]
+        mean += prob * value
+        second += prob * value * value
+    return float((second - mean * mean).clamp(min=0).sqrt().mean())
+
+
+def test_estimator_spread_per_forward_pass_is_reported(record_property, capsys):
+    lines = []
+    for completion in CASES[2:]:
+        length = len(completion)
+        table = masked_log_probs(_model(length, seed=2), PROMPT, completion)
+        elbo = float(exact_elbo_per_token(table, length).sum())
+        mean_c, sd_c = _exact_spread(estimators.get("coupled"), table, length)
+        mean_m, sd_m = _exact_spread(estimators.get("mc-elbo", k=1), table, length)
+        assert mean_c == pytest.approx(elbo, rel=1e-10) and mean_m == pytest.approx(elbo, rel=1e-10)
+        assert sd_c > 0 and sd_m > 0
+        # Two forward passes each: coupled (one pair) against mc-elbo with k = 2 (sd / sqrt(2)).
+        tok_c = _per_token_sd(estimators.get("coupled"), table, length)
+        tok_m = _per_token_sd(estimators.get("mc-elbo", k=1), table, length) / math.sqrt(2)
+        record_property(f"coupled_sd_T{length}", sd_c)
+        record_property(f"mc_elbo_k2_sd_T{length}", sd_m / math.sqrt(2))
+        record_property(f"coupled_token_sd_T{length}", tok_c)
+        record_property(f"mc_elbo_k2_token_sd_T{length}", tok_m)
+        lines.append(f"T={length}: ELBO {elbo:.3f}; sequence sd: coupled {sd_c:.3f}, mc-elbo k=2 "
+                     f"{sd_m / math.sqrt(2):.3f}; per-token sd: coupled {tok_c:.3f}, mc-elbo k=2 {tok_m:.3f}")
+    with capsys.disabled():
+        print("\nexact spread of one estimate (nats), tiny untrained model, two forward passes each:\n  " + "\n  ".join(lines))
+
+
 @pytest.mark.parametrize("name,options", [("coupled", {}), ("mc-elbo", {"k": 2}), ("one-step", {})])
 def test_sample_mean_of_estimator_calls_converges_to_its_exact_expectation(name, options):
     completion = [4, 0, 2, 2]
