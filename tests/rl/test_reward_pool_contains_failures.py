@@ -40,6 +40,10 @@ REWARDS = textwrap.dedent('''
 
     def uses_extra(prompt, completion, answer, level, **row):
         return float(completion == answer) + level
+
+    def heavy_modules_loaded(prompt, completion, **row):
+        import sys
+        return float(sum(name in sys.modules for name in ("torch", "megatron", "numpy")))
 ''')
 
 ROWS = [{"prompt": f"q{i}", "completion": "x" * (i + 1), "prompt_id": f"p{i}", "answer": "xx", "level": 10}
@@ -132,3 +136,11 @@ def test_builtin_exact_match_reward_compares_final_answers_and_reports_a_row_wit
     assert len(scores.failures) == 1
     failure = scores.failures[0]
     assert (failure.prompt_id, failure.kind) == ("no-answer", "raised") and "no 'answer' field" in failure.message
+
+
+def test_reward_workers_are_fresh_interpreters_without_torch(reward_file):
+    import torch  # noqa: F401 - the parent has it loaded
+
+    with RewardPool([RewardFunction(f"{reward_file}:heavy_modules_loaded")], workers=1, timeout_s=5.0) as pool:
+        scores = pool.score(ROWS[:1])
+    assert scores.values[0, 0].item() == 0.0
