@@ -5,7 +5,8 @@ Plain Python (no torch), so that a worker starts in a fraction of a second. The 
 (a fresh interpreter, never a fork of a CUDA process) and talks to it over the socket ``FD``
 (:class:`multiprocessing.connection.Connection` framing):
 
-- the parent first sends ``("init", [function, ...], base_dir)``; the worker loads the functions
+- the parent first sends ``("init", [function, ...], base_dir, memory_limit_mb)``; the worker
+  caps its address space (``RLIMIT_AS``) when ``memory_limit_mb`` is set, loads the functions
   and answers ``("ready", {function: load error or None})``;
 - then, per task ``(task_id, function_index, row)``, it sends ``(task_id, "ok", value)`` or
   ``(task_id, kind, message)`` with ``kind`` ``"raised"`` (the function raised, or could not be
@@ -151,11 +152,16 @@ def score_one(function: Callable[..., Any], row: Dict[str, Any]) -> Tuple[str, A
 def main(conn: Any) -> None:
     """The worker loop (module docstring)."""
     try:
-        tag, functions, base_dir = conn.recv()
+        tag, functions, base_dir, memory_limit_mb = conn.recv()
     except (EOFError, OSError, TypeError, ValueError):
         return
     if tag != "init":
         return
+    if memory_limit_mb:
+        import resource
+
+        limit = int(memory_limit_mb) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     loaded: List[Optional[Callable[..., Any]]] = []
     errors: Dict[str, Optional[str]] = {}
     for spec in functions:

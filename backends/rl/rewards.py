@@ -96,7 +96,7 @@ class _Worker:
     exec'd, so neither the training process's CUDA state nor its ``__main__`` module reaches it)
     and the parent's end of a socket pair, as a :class:`multiprocessing.connection.Connection`."""
 
-    def __init__(self, functions: List[str], base_dir: Optional[str]) -> None:
+    def __init__(self, functions: List[str], base_dir: Optional[str], memory_limit_mb: Optional[int]) -> None:
         parent, child = socket.socketpair()
         try:
             self.process = subprocess.Popen([sys.executable, "-m", "dlmspec.backends.rl.reward_worker", str(child.fileno())],
@@ -112,7 +112,7 @@ class _Worker:
         self.task: Optional[Tuple[int, int]] = None  # (row, function) in flight
         self.deadline = math.inf
         try:
-            self.conn.send(("init", functions, base_dir))
+            self.conn.send(("init", functions, base_dir, memory_limit_mb))
         except OSError:
             pass  # it died at once: its end of the socket is closed, which the pool reads as a crash
 
@@ -150,6 +150,8 @@ class RewardPool:
         base_dir: folder that relative function paths start from (the spec's folder); default the
             working directory.
         start_timeout_s: longest a worker may take to start and load the functions, seconds.
+        memory_limit_mb: cap of each worker's address space, MiB (``RLIMIT_AS``; a reward that
+            allocates past it raises ``MemoryError``, reported as ``"raised"``); default no cap.
 
     Raises:
         RewardPoolError: a function does not load (named, with why), or no worker starts.
@@ -157,7 +159,8 @@ class RewardPool:
     """
 
     def __init__(self, functions: List[RewardFunction], *, workers: int = 2, timeout_s: float = 10.0,
-                 base_dir: Optional[str] = None, start_timeout_s: float = 120.0) -> None:
+                 base_dir: Optional[str] = None, start_timeout_s: float = 120.0,
+                 memory_limit_mb: Optional[int] = None) -> None:
         if not functions:
             raise ValueError("RewardPool: give at least one reward function, e.g. RewardFunction('builtin:exact_match')")
         for f in functions:
@@ -173,12 +176,16 @@ class RewardPool:
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         self.base_dir = base_dir
+        if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
+                                            or memory_limit_mb < 64):
+            raise ValueError(f"RewardPool: memory_limit_mb = {memory_limit_mb!r}, an integer >= 64 (MiB) or None")
+        self.memory_limit_mb = memory_limit_mb
         self._specs = [f.function for f in self.functions]
         self._workers: List[_Worker] = []
         self._closed = False
         self.replaced = 0  #: workers killed and replaced so far (timeouts and crashes)
         for _ in range(workers):
-            self._workers.append(_Worker(self._specs, base_dir))
+            self._workers.append(_Worker(self._specs, base_dir, self.memory_limit_mb))
         try:
             self._wait_ready(all_workers=False)
         except BaseException:
@@ -224,7 +231,7 @@ class RewardPool:
 
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
-        fresh = _Worker(self._specs, self.base_dir)
+        fresh = _Worker(self._specs, self.base_dir, self.memory_limit_mb)
         self._workers[self._workers.index(worker)] = fresh
         self.replaced += 1
         return fresh
