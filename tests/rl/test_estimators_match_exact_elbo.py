@@ -282,3 +282,32 @@ def test_sample_mean_of_diffucoder_reference_draws_converges_to_its_exact_expect
 def test_bad_coupled_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         estimators.get("coupled", **options)
+
+
+@pytest.mark.parametrize("name,options", [("one-step", {}), ("coupled", {}), ("mc-elbo", {"k": 3}),
+                                          ("coupled", {"sampling": "time", "full_mask_pass": True})])
+def test_same_generator_state_gives_the_same_masks_so_old_and_new_policy_compare_like_with_like(name, options):
+    completion = torch.tensor([[3, 1, 0, 4, 2, 1]] * 8)
+    prompt = torch.tensor([PROMPT] * 8)
+    mask = torch.ones(8, 6, dtype=torch.bool)
+    model = _model(6)
+    estimator = estimators.get(name, **options)
+    seen = []
+
+    def model_fn(tokens):
+        seen.append(tokens.clone())
+        return model(tokens)
+
+    with torch.no_grad():
+        first = estimator(model_fn, prompt, completion, mask, mask_id=MASK_ID,
+                          generator=torch.Generator().manual_seed(11), prompt_mask_prob=0.5)
+        views_first, seen[:] = list(seen), []
+        second = estimator(model_fn, prompt, completion, mask, mask_id=MASK_ID,
+                           generator=torch.Generator().manual_seed(11), prompt_mask_prob=0.5)
+        views_second, seen[:] = list(seen), []
+        other = estimator(model_fn, prompt, completion, mask, mask_id=MASK_ID,
+                          generator=torch.Generator().manual_seed(12), prompt_mask_prob=0.5)
+    assert torch.equal(first, second) and all(torch.equal(a, b) for a, b in zip(views_first, views_second))
+    assert not all(torch.equal(a, b) for a, b in zip(views_first, seen))  # another seed, other masks
+    # One prompt mask per call, shared by all of the call's views.
+    assert all(torch.equal(v[:, :2], views_first[0][:, :2]) for v in views_first)
