@@ -63,10 +63,9 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 #: ``model_fn(tokens [N, P+T]) -> logits [N, P+T, V]``, with grad when training.

@@ -37,7 +37,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from dlmspec.backends.rl import reward_worker
 
 FAILURE_KINDS = ("raised", "timeout", "not_a_number", "crashed")
 
@@ -141,7 +140,7 @@ class _Worker:
 
 
 class RewardPool:
-    """Scores rows with reward functions in ``workers`` spawned processes (module docstring).
+    """Scores rows with reward functions in ``workers`` worker processes (module docstring).
 
     Args:
         functions: the rewards, at least one.

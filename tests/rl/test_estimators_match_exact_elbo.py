@@ -309,5 +309,6 @@ def test_same_generator_state_gives_the_same_masks_so_old_and_new_policy_compare
                           generator=torch.Generator().manual_seed(12), prompt_mask_prob=0.5)
     assert torch.equal(first, second) and all(torch.equal(a, b) for a, b in zip(views_first, views_second))
     assert not all(torch.equal(a, b) for a, b in zip(views_first, seen))  # another seed, other masks
+    assert not torch.equal(first, other)
     # One prompt mask per call, shared by all of the call's views.
     assert all(torch.equal(v[:, :2], views_first[0][:, :2]) for v in views_first)
