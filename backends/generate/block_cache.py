@@ -219,6 +219,9 @@ class GPTBlockLogits:
         self._cores = [m.core_attention for m in self._inner.modules() if hasattr(m, "core_attention")] \
             if cache != "none" else []
         self._gather = None
+        #: the sampler asks :meth:`greedy` (no gathered logits) at temperature 0 when set: at TP > 1
+        #: with a column selection :meth:`greedy` can apply to a shard.
+        self.vocab_parallel = tensor_model_parallel_size > 1 and (columns is None or hasattr(columns, "width"))
         if tensor_model_parallel_size > 1:
             from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
@@ -304,6 +307,44 @@ class GPTBlockLogits:
     def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, *,
                  refresh: bool = True) -> Tensor:
         """The logits ``[B, end - start, V]`` (float32) of the block's columns (see the class docstring)."""
+        out = self._block(tokens, attention_mask, start, end, refresh)
+        if self._gather is not None:
+            out = self._gather(out.contiguous())
+        out = out.float()
+        return self.columns(out) if self.columns is not None else out
+
+    @torch.no_grad()
+    def greedy(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, *, refresh: bool,
+               exclude: Optional[int] = None) -> tuple[Tensor, Tensor]:
+        """The block's argmax tokens and their confidences ``([B, block], [B, block])`` from this rank's
+        vocabulary shard, without gathering the logits (:func:`vocab_parallel_greedy`): what
+        ``sample_tokens(logits, temperature=0)`` gives on the gathered, column-selected logits with the
+        id ``exclude`` (the mask token) at ``-inf``.
+
+        The column selection is applied to the shard by id: ids ``>= columns.width`` and
+        ``columns.blocked`` are ``-inf`` (``load._columns``).
+        """
+        out = self._block(tokens, attention_mask, start, end, refresh).to(torch.float64)
+        group, vocab_start = None, 0
+        if self._gather is not None:
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_tensor_model_parallel_group()
+            vocab_start = parallel_state.get_tensor_model_parallel_rank() * out.shape[-1]
+        ids = torch.arange(vocab_start, vocab_start + out.shape[-1], device=out.device)
+        invalid = torch.zeros_like(ids, dtype=torch.bool)
+        if self.columns is not None:
+            invalid |= ids >= int(self.columns.width)
+            blocked = list(getattr(self.columns, "blocked", ()))
+            if blocked:
+                invalid |= torch.isin(ids, torch.tensor(blocked, device=out.device))
+        if exclude is not None:
+            invalid |= ids == exclude
+        out = out.masked_fill(invalid, float("-inf"))
+        return vocab_parallel_greedy(out, group=group, vocab_start=vocab_start)
+
+    def _block(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, refresh: bool) -> Tensor:
+        """The output layer's ``[B, end - start, V_r]`` for the block (this rank's vocabulary shard)."""
         b, length = tokens.shape
         if attention_mask is None:
             position_ids = torch.arange(length, device=tokens.device).unsqueeze(0).expand(b, length)
@@ -332,10 +373,7 @@ class GPTBlockLogits:
             with self._installed(rope=True):
                 out = self._forward(tokens[:, q_lo:q_hi], position_ids[:, q_lo:q_hi], None)
             self.cached_steps += 1
-        if self._gather is not None:
-            out = self._gather(out.contiguous())
-        out = out.float()
-        return self.columns(out) if self.columns is not None else out
+        return out
 
 
 def vocab_parallel_greedy(logits: Tensor, *, group: Any = None, vocab_start: int = 0) -> tuple[Tensor, Tensor]:

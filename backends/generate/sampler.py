@@ -450,6 +450,10 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     row_passes = torch.zeros(batch, dtype=torch.int64, device=dev)
     forward_passes = step = 0
     parallel = config.remasking in PARALLEL_REMASKING
+    # tensor parallelism at temperature 0: argmax and confidence from each rank's vocabulary shard
+    # (block_cache.vocab_parallel_greedy), never the gathered logits
+    vocab_parallel = (bool(getattr(block_fn, "vocab_parallel", False)) and config.temperature == 0
+                      and config.top_k is None and config.top_p in (None, 1.0) and config.cfg_scale == 0)
     for block in range(config.num_blocks):
         start = plen + block * config.block_length
         end = start + config.block_length
@@ -480,6 +484,9 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
                                 start, end, refresh=refresh)
                 cond_l, uncond_l = both.chunk(2, dim=0)
                 logits = classifier_free_guidance(cond_l, uncond_l, config.cfg_scale)
+            elif vocab_parallel:
+                logits = None
+                x0, confidence = block_fn.greedy(xs, attn_s, start, end, refresh=refresh, exclude=mask_id)
             else:
                 logits = block_fn(xs, attn_s, start, end, refresh=refresh)
             forward_passes += 1
@@ -489,11 +496,12 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
             else:
                 row_passes.index_add_(0, index, has_mask)
 
-            if mask_id < logits.shape[-1]:  # the mask token is never an output (else a commit would stay masked)
-                logits = logits.clone()
-                logits[..., mask_id] = float("-inf")
-            x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
-                                           top_p=config.top_p, generator=gen)
+            if logits is not None:
+                if mask_id < logits.shape[-1]:  # the mask token is never an output (else a commit would stay masked)
+                    logits = logits.clone()
+                    logits[..., mask_id] = float("-inf")
+                x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
+                                               top_p=config.top_p, generator=gen)
             if config.remasking == "random":
                 confidence = torch.rand(masked.shape, generator=gen, dtype=torch.float64, device=dev)
             if config.remasking == "threshold":

@@ -222,3 +222,36 @@ def test_compile_is_off_by_default_and_reaches_the_model_when_set(world):
     assert compiled.compile is True and compiled._forward is not world["causal"]
     assert isinstance(compiled._forward, torch._dynamo.eval_frame.OptimizedModule)
     assert compiled._forward._orig_mod is world["causal"]
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_the_vocabulary_parallel_greedy_path_gives_the_tokens_of_the_gathered_logits(world, cache):
+    from dlmspec.backends.generate.load import _columns
+    from dlmspec.backends.generate.models import gpt_logits_fn
+    from dlmspec.backends.generate.sampler import generate
+
+    # the loaded model's column selection: 60 tokenizer ids, a chat token at 61, id 60 blocked
+    fn, _, width = _columns(gpt_logits_fn(world["causal"]), 60, {61: "<|chat|>"})
+    assert width == 62
+    used = []
+
+    def factory(config):
+        block_fn, why = fn.block_logits(config)
+        block_fn.vocab_parallel = True  # as at TP > 1: the sampler asks greedy() of the shard (here all of V)
+        original = block_fn.greedy
+
+        def greedy(*args, **kwargs):
+            used.append(kwargs["exclude"])
+            return original(*args, **kwargs)
+
+        block_fn.greedy = greedy
+        return block_fn, why
+
+    forced = plain(fn)
+    forced.block_logits = factory
+    config = _config(cache=cache, remasking="threshold", threshold=0.2)
+    out = generate(forced, PROMPTS, config)
+    reference = generate(plain(fn), PROMPTS, _config(remasking="threshold", threshold=0.2))
+    assert used and set(used) == {MASK}
+    assert torch.equal(out.sequences, reference.sequences)
+    assert not ((out.sequences[:, 8:] >= 60) & (out.sequences[:, 8:] != 61)).any()
