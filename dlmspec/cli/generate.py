@@ -206,9 +206,10 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         encoded.append(ids)
     outputs: list[dict[str, Any]] = []
     passes = steps = 0
+    cache: dict[str, Any] = {}
     objective = objectives.get(config.kind)
     sampler = generate if objective.diffusion else generate_ar
-    per_batch = config.gen_length if objective.predicts_next_token or config.remasking == "threshold" else config.steps
+    per_batch = config.gen_length if objective.predicts_next_token or config.remasking in ("threshold", "factor") else config.steps
     start = time.perf_counter()
     for first in range(0, len(encoded), batch_size):
         batch = encoded[first:first + batch_size]
@@ -224,13 +225,15 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
             streamer.close()
         passes += out.forward_passes
         steps += out.steps
+        cache = {"cache": out.cache, "cache_fallback": out.cache_fallback}
         for i, (ids, reason) in enumerate(zip(out.generated, out.finish_reasons)):
             outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": batch[i],
                             "prompt_text": model.decode(batch[i]), "text": model.decode(ids), "ids": ids,
-                            "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first})
+                            "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first,
+                            "forward_passes": out.forward_passes_per_row[i]})
     seconds = time.perf_counter() - start
     generated = sum(len(o["ids"]) for o in outputs)
-    return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds,
+    return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds, **cache,
             "generated_tokens": generated, "tokens_per_second": generated / seconds if seconds > 0 else None}
 
 
