@@ -255,3 +255,14 @@ def test_the_vocabulary_parallel_greedy_path_gives_the_tokens_of_the_gathered_lo
     assert used and set(used) == {MASK}
     assert torch.equal(out.sequences, reference.sequences)
     assert not ((out.sequences[:, 8:] >= 60) & (out.sequences[:, 8:] != 61)).any()
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_guided_decoding_with_a_cache_gives_the_no_cache_tokens_on_a_causal_model(world, cache):
+    from dlmspec.backends.generate.models import gpt_logits_fn
+    from dlmspec.backends.generate.sampler import generate
+
+    fn = gpt_logits_fn(world["causal"])
+    reference = generate(plain(fn), PROMPTS, _config(cfg_scale=1.5))
+    out = generate(fn, PROMPTS, _config(cfg_scale=1.5, cache=cache))
+    assert out.cache == cache and torch.equal(out.sequences, reference.sequences)
