@@ -247,8 +247,11 @@ def generate_command(
     gen_length: Optional[int] = typer.Option(None, "--gen-length", help="Tokens generated after each prompt (128)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Denoising steps over --gen-length (128)."),
     block_length: Optional[int] = typer.Option(None, "--block-length", help="Semi-autoregressive block (128)."),
-    remasking: Optional[str] = typer.Option(None, "--remasking", help="low_confidence (default), random or threshold."),
+    remasking: Optional[str] = typer.Option(None, "--remasking", help="low_confidence (default), random, threshold or factor."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="--remasking threshold: confidence (0.9)."),
+    factor: Optional[float] = typer.Option(None, "--factor", help="--remasking factor: Fast-dLLM's f (1.0)."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Block KV cache: none (default), prefix or dual (Fast-dLLM)."),
+    cache_refresh: Optional[int] = typer.Option(None, "--cache-refresh", help="Steps between cache refreshes in a block (default: at each block's start)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the top-k logits (all)."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass (all)."),
@@ -277,7 +280,7 @@ def generate_command(
     texts = read_prompts(prompt, prompts_file)
     spec_table, locate = _spec_table(spec)
     flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking,
-                 threshold=threshold, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
+                 threshold=threshold, factor=factor, cache=cache, cache_refresh=cache_refresh, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
                  seed=seed, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     try:
