@@ -102,6 +102,7 @@ class FullCanvas:
     """
 
     cache = "none"
+    compile_fallback = "compile = true needs a megatron-core GPTModel of the runtime (gpt_logits_fn)"
 
     def __init__(self, logits_fn: Callable[..., Tensor]) -> None:
         self.logits_fn = logits_fn
@@ -191,14 +192,17 @@ class GPTBlockLogits:
             (``load.logits_columns``); default: all columns.
         tensor_model_parallel_size: the model's TP; above 1 the output layer's vocabulary shards
             are all-gathered for the block's columns only (``[b, block, V]``, never the canvas').
-        compile: run the model through ``torch.compile(mode="reduce-overhead")`` (CUDA graphs;
-            the shapes of the refresh and of the cached steps are fixed within a block).
+        compile: run the model through ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) with
+            ``cache = "none"``. With a block cache it is not run (``compile_fallback`` says why): the
+            cache keeps keys and values made inside the model's forward, which a CUDA-graph replay
+            would overwrite.
 
     Attributes:
         refreshes, cached_steps: calls that ran the whole canvas and calls that used the cache.
         keys, values: per core attention (in module order), the cached ``[L, b, ng, hn]`` tensors
             of the last refresh (empty for ``cache = "none"``).
         logit_rows: the number of positions the output layer ran on at the last call (``b x block``).
+        compile_fallback: why ``compile`` was asked for and is not run, or ``None``.
 
     Raises:
         ValueError: :func:`block_cache_unsupported` gives a reason.
@@ -214,7 +218,11 @@ class GPTBlockLogits:
         self.model = model
         self.cache = cache
         self.columns = columns
-        self.compile = bool(compile)
+        self.compile = bool(compile) and cache == "none"
+        self.compile_fallback = None
+        if compile and cache != "none":
+            self.compile_fallback = (f"compile = true is not run with cache = {cache!r}: the cache keeps keys and values "
+                                     "made inside the forward, which a CUDA-graph replay would overwrite (not built)")
         self._inner = unwrap_model(model)
         self._cores = [m.core_attention for m in self._inner.modules() if hasattr(m, "core_attention")] \
             if cache != "none" else []

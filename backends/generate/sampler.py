@@ -114,6 +114,7 @@ class GenerateOutput:
         cache: the block KV cache run (``"none"``, ``"prefix"``, ``"dual"``; AR: ``"none"``).
         cache_fallback: why ``cache`` is not ``config["cache"]`` (e.g. Transformer Engine layers,
             a Hugging Face model), or ``None``.
+        compile_fallback: why ``config["compile"]`` is set and the model runs uncompiled, or ``None``.
     """
 
     sequences: Tensor
@@ -126,6 +127,7 @@ class GenerateOutput:
     forward_passes_per_row: List[int] = field(default_factory=list)
     cache: str = "none"
     cache_fallback: Optional[str] = None
+    compile_fallback: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The output as JSON-ready values (what ``--json`` would print)."""
@@ -137,6 +139,7 @@ class GenerateOutput:
             "steps": self.steps,
             "cache": self.cache,
             "cache_fallback": self.cache_fallback,
+            "compile_fallback": self.compile_fallback,
             "config": self.config,
         }
 
@@ -530,7 +533,8 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     return GenerateOutput(sequences=x, prompt_length=plen, generated=generated, finish_reasons=reasons,
                           forward_passes=forward_passes, steps=step, config=config.to_dict(),
                           forward_passes_per_row=row_passes.tolist(), cache=block_fn.cache,
-                          cache_fallback=cache_fallback)
+                          cache_fallback=cache_fallback,
+                          compile_fallback=getattr(block_fn, "compile_fallback", None) if config.compile else None)
 
 
 def block_logits_for(logits_fn: Any, config: GenerateConfig) -> Tuple[BlockLogitsFn, Optional[str]]:

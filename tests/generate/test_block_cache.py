@@ -212,16 +212,24 @@ def test_a_logits_function_without_a_block_path_runs_without_cache_and_says_so(w
     assert out.cache == "none" and "megatron-core GPTModel" in out.cache_fallback
 
 
-def test_compile_is_off_by_default_and_reaches_the_model_when_set(world):
+def test_compile_is_off_by_default_and_reaches_the_model_when_set_without_a_cache(world):
     from dlmspec.backends.generate.models import gpt_logits_fn
 
+    from dlmspec.backends.generate.sampler import generate
+
     fn = gpt_logits_fn(world["causal"])
-    block_fn, _ = fn.block_logits(_config(cache="prefix"))
+    block_fn, _ = fn.block_logits(_config())
     assert block_fn.compile is False and block_fn._forward is world["causal"]
-    compiled, _ = fn.block_logits(_config(cache="prefix", compile=True))
+    compiled, _ = fn.block_logits(_config(compile=True))
     assert compiled.compile is True and compiled._forward is not world["causal"]
     assert isinstance(compiled._forward, torch._dynamo.eval_frame.OptimizedModule)
-    assert compiled._forward._orig_mod is world["causal"]
+    assert compiled._forward._orig_mod is world["causal"] and compiled.compile_fallback is None
+    # with a block cache compile is not run, and the output says why
+    cached, _ = fn.block_logits(_config(cache="dual", compile=True))
+    assert cached.compile is False and cached._forward is world["causal"] and "CUDA-graph" in cached.compile_fallback
+    out = generate(fn, PROMPTS, _config(cache="dual", compile=True))
+    assert out.cache == "dual" and "CUDA-graph" in out.to_dict()["compile_fallback"]
+    assert generate(fn, PROMPTS, _config(cache="dual")).compile_fallback is None
 
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
