@@ -235,7 +235,11 @@ class GPTBlockLogits:
 
             self._gather = gather_from_tensor_model_parallel_region
         self._forward = model
+        self._persistent = None
         if self.compile:
+            # one hook for the object's life (a hook added per call would change what the compiled graph
+            # guards on, so it would recompile at every call); outside a call it passes the input through
+            self._persistent = self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)
             self._forward = torch.compile(model, mode="reduce-overhead", dynamic=False)
         self.keys: List[Tensor] = []
         self.values: List[Tensor] = []
@@ -247,6 +251,8 @@ class GPTBlockLogits:
     # ------------------------------------------------------------------ hooks
 
     def _slice_hidden(self, module: Any, args: tuple, kwargs: dict):
+        if self._state.get("logits") is None:  # not inside a call of this object
+            return None
         lo, hi = self._state["logits"]
         hidden = args[0] if args else kwargs["input_"]
         hidden = hidden[lo:hi]
@@ -289,7 +295,8 @@ class GPTBlockLogits:
 
     @contextlib.contextmanager
     def _installed(self, rope: bool):
-        handles = [self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)]
+        handles = [] if self._persistent is not None else [
+            self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)]
         rotary = getattr(self._inner, "rotary_pos_emb", None)
         if rope and rotary is not None:
             handles.append(rotary.register_forward_pre_hook(self._rope_offset, with_kwargs=True))
@@ -301,6 +308,7 @@ class GPTBlockLogits:
         try:
             yield
         finally:
+            self._state["logits"] = None
             for handle in handles:
                 handle.remove()
             for core, own in patched:
