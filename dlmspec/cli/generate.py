@@ -206,9 +206,10 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         encoded.append(ids)
     outputs: list[dict[str, Any]] = []
     passes = steps = 0
+    cache: dict[str, Any] = {}
     objective = objectives.get(config.kind)
     sampler = generate if objective.diffusion else generate_ar
-    per_batch = config.gen_length if objective.predicts_next_token or config.remasking == "threshold" else config.steps
+    per_batch = config.gen_length if objective.predicts_next_token or config.remasking in ("threshold", "factor") else config.steps
     start = time.perf_counter()
     for first in range(0, len(encoded), batch_size):
         batch = encoded[first:first + batch_size]
@@ -224,13 +225,15 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
             streamer.close()
         passes += out.forward_passes
         steps += out.steps
+        cache = {"cache": out.cache, "cache_fallback": out.cache_fallback}
         for i, (ids, reason) in enumerate(zip(out.generated, out.finish_reasons)):
             outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": batch[i],
                             "prompt_text": model.decode(batch[i]), "text": model.decode(ids), "ids": ids,
-                            "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first})
+                            "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first,
+                            "forward_passes": out.forward_passes_per_row[i]})
     seconds = time.perf_counter() - start
     generated = sum(len(o["ids"]) for o in outputs)
-    return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds,
+    return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds, **cache,
             "generated_tokens": generated, "tokens_per_second": generated / seconds if seconds > 0 else None}
 
 
@@ -244,8 +247,11 @@ def generate_command(
     gen_length: Optional[int] = typer.Option(None, "--gen-length", help="Tokens generated after each prompt (128)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Denoising steps over --gen-length (128)."),
     block_length: Optional[int] = typer.Option(None, "--block-length", help="Semi-autoregressive block (128)."),
-    remasking: Optional[str] = typer.Option(None, "--remasking", help="low_confidence (default), random or threshold."),
+    remasking: Optional[str] = typer.Option(None, "--remasking", help="low_confidence (default), random, threshold or factor."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="--remasking threshold: confidence (0.9)."),
+    factor: Optional[float] = typer.Option(None, "--factor", help="--remasking factor: Fast-dLLM's f (1.0)."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Block KV cache: none (default), prefix or dual (Fast-dLLM)."),
+    cache_refresh: Optional[int] = typer.Option(None, "--cache-refresh", help="Steps between cache refreshes in a block (default: at each block's start)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the top-k logits (all)."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass (all)."),
@@ -274,7 +280,7 @@ def generate_command(
     texts = read_prompts(prompt, prompts_file)
     spec_table, locate = _spec_table(spec)
     flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking,
-                 threshold=threshold, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
+                 threshold=threshold, factor=factor, cache=cache, cache_refresh=cache_refresh, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
                  seed=seed, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     try:

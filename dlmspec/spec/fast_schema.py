@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0x05ca3ea6
+SPEC_CRC32 = 0x00c91965
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -257,8 +257,12 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'gen_length': (('int', {'gt': 0}), 'value', 128),
             'steps': (('int', {'gt': 0}), 'value', 128),
             'block_length': (('int', {'gt': 0}), 'value', 128),
-            'remasking': (('literal', ('low_confidence', 'random', 'threshold')), 'value', 'low_confidence'),
+            'remasking': (('literal', ('low_confidence', 'random', 'threshold', 'factor')), 'value', 'low_confidence'),
             'threshold': (('float', {'gt': 0.0, 'le': 1.0}), 'value', 0.9),
+            'factor': (('float', {'gt': 0.0}), 'value', 1.0),
+            'cache': (('literal', ('none', 'prefix', 'dual')), 'value', 'none'),
+            'cache_refresh': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'compile': (('bool',), 'value', False),
             'temperature': (('float', {'ge': 0.0}), 'value', 0.0),
             'top_k': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
             'top_p': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),

@@ -650,16 +650,27 @@ class GenerateSpec(Section):
     Fast-dLLM's); flags of ``dlmspec generate`` override them, and every output records the values
     used. The rules that join fields (``block_length`` divides ``gen_length``, ``steps`` a multiple
     of the blocks) are ``GenerateConfig``'s: the rule ``generate-settings``
-    (:mod:`dlmspec.check.generate`) and ``generate`` itself run them (docs/generate.md)."""
+    (:mod:`dlmspec.check.generate`) and ``generate`` itself run them; pipeline-parallel generation is
+    refused by the rule ``generate-pipeline`` (docs/generate.md)."""
 
     gen_length: PosInt = Field(128, description="Tokens generated after each prompt (LLaDA: 128).")
     steps: PosInt = Field(128, description="Denoising steps over gen_length, split equally over the blocks "
                                "(not used by remasking = 'threshold').")
     block_length: PosInt = Field(128, description="Semi-autoregressive block length; divides gen_length.")
-    remasking: Literal["low_confidence", "random", "threshold"] = Field(
+    remasking: Literal["low_confidence", "random", "threshold", "factor"] = Field(
         "low_confidence", description="Which predictions a step commits: the most confident (LLaDA), random "
-        "(LLaDA's baseline) or all above `threshold` (Fast-dLLM).")
+        "(LLaDA's baseline), all above `threshold` (Fast-dLLM) or Fast-dLLM's factor rule (`factor`).")
     threshold: Float = Field(0.9, gt=0.0, le=1.0, description="remasking = 'threshold': the confidence committed at.")
+    factor: Float = Field(1.0, gt=0.0, description="remasking = 'factor': commit the n most confident while "
+                          "the n-th confidence >= 1 - factor / (n + 1) (Fast-dLLM).")
+    cache: Literal["none", "prefix", "dual"] = Field(
+        "none", description="Block KV cache (Fast-dLLM): 'prefix' reuses the prompt's and finished blocks' keys "
+        "and values inside a block, 'dual' the masked suffix's too.")
+    cache_refresh: PosInt | None = Field(
+        None, description="Denoising steps between cache recomputations inside a block (None: at each block's "
+        "first step only, Fast-dLLM's; 1: every step, exact).")
+    compile: bool = Field(False, description="Run block forwards through torch.compile(mode='reduce-overhead') "
+                          "(CUDA graphs).")
     temperature: Float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
     top_k: PosInt | None = Field(None, description="Keep the top_k largest logits (None: all).")
     top_p: Float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")

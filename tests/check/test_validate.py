@@ -276,6 +276,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("generate-settings", {"generate.gen_length": 64, "generate.block_length": 48}, "generate.block_length"),
     ("generate-settings", {"generate.steps": 200}, "generate.steps"),
     ("generate-settings", {"objective.kind": "ar", "generate.cfg_scale": 1.0}, "generate.cfg_scale"),
+    ("generate-pipeline", {"parallel.pipeline_model_parallel_size": 2, "generate.gen_length": 64},
+     "parallel.pipeline_model_parallel_size"),
     ("rl-objective", {"stage.kind": "rl", "stage.rl": {"algorithm": "grpo"}}, "stage.rl.algorithm"),
     ("finetune-from-scratch", {"stage.kind": "sft"}, "checkpoint.init_from"),
     ("init-from-format", {"checkpoint.init_from": "/models/llada"}, "checkpoint.init_from"),
