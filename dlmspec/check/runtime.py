@@ -46,10 +46,10 @@ def _eod_unknown(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "runtime-rl",
+    "runtime-stage",
     "error",
-    "backends/megatron (trains pretraining and SFT objectives only: no rollouts, rewards or policy loss)",
-    "stage.kind is not 'rl'",
+    "dlmspec.stages.StageKind.runtime (a stage the compiler knows and the megatron runtime does not train)",
+    "stage.kind names a stage the runtime trains",
     scope="runtime",
     fix="set stage.kind = \"pretrain\"",
     fix_keys=Fix({"stage.kind": "pretrain"}),

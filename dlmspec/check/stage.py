@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from dlmspec import objectives
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
 
@@ -44,31 +43,6 @@ def _stage_table(ctx: Context) -> Iterator[Finding]:
             yield Finding(f"stage.{kind}", f"has no effect: stage.kind = '{st.kind}'",
                           f"remove [stage.{kind}], or set stage.kind = '{kind}'", value=None,
                           fix=Fix(unset=(f"stage.{kind}",)))
-
-
-@rule(
-    "rl-objective",
-    "error",
-    "d1 (Zhao et al. 2025): diffu-GRPO is GRPO for masked diffusion models; GRPO (Shao et al. "
-    "2024) needs autoregressive token log-probabilities",
-    "the RL algorithm matches the objective",
-)
-def _rl_objective(ctx: Context) -> Iterator[Finding]:
-    st, kind = ctx.spec.stage, ctx.spec.objective.kind
-    if st.kind != "rl":
-        return
-    algorithm = st.rl.algorithm if st.rl is not None else "diffu-grpo"
-    trained_by = {objectives.get(k).rl_algorithm: k for k in reversed(objectives.kinds())}
-    want = trained_by.get(algorithm)
-    if kind != want:
-        fit = objectives.get(kind).rl_algorithm
-        yield Finding(
-            "stage.rl.algorithm",
-            f"{algorithm} is for {want} models, and objective.kind = '{kind}'",
-            f"use algorithm = '{fit}'" if fit else f"no RL algorithm trains objective.kind = '{kind}'",
-            value=algorithm,
-            fix=Fix({"stage.rl.algorithm": fit}) if fit else None,
-        )
 
 
 @rule(
