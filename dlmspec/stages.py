@@ -7,7 +7,7 @@ compiled ``train.py`` needs to build the stage: the imports of its options (``[s
 options to ``STAGES[kind](run, options)``. Its planner terms (e.g. a frozen reference model's
 memory) register in :mod:`dlmspec.plan.memory` (:func:`~dlmspec.plan.memory.register_stage_memory_term`).
 ``validate`` refuses a kind that is not registered (rule ``stage-kind-known``) and a kind the
-runtime cannot train (``runtime = False``: rule ``runtime-stage``).
+runtime cannot train (``runtime = False``: rule ``stage-kind-known``).
 
 Pure Python (no torch, no pydantic): the fast ``validate`` path imports it.
 """
@@ -31,7 +31,7 @@ class StageKind:
     Attributes:
         kind: The spec value (lowercase letters, digits, ``_`` and ``-``).
         summary: One line for messages (``validate`` lists the known kinds with it).
-        runtime: Whether the runtime trains it (``False``: ``validate`` refuses it, rule ``runtime-stage``).
+        runtime: Whether the runtime trains it (``False``: ``validate`` refuses it, rule ``stage-kind-known``).
         imports: ``(module, name)`` pairs ``train.py`` imports, as ``from module import name``;
             ``name = ""`` imports the module alone (a module that registers a runtime stage of
             another package with :func:`dlmspec.backends.megatron.stages.register_stage`).

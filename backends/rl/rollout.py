@@ -375,11 +375,13 @@ class RolloutEngine:
 
     def next_prompts(self) -> List[int]:
         """This rank's prompts of the next rollout batch (indices into :attr:`rows`): the global
-        batch is the next ``grpo_prompts_per_step`` of the epoch's order (a new seeded order when
-        the epoch runs out; a batch never spans two epochs' orders partially: it wraps), rank
-        ``r`` takes its ``r``-th equal share."""
+        batch is the next ``grpo_prompts_per_step`` of the epoch's order; when fewer are left, the
+        tail is dropped and a new seeded order starts (a batch holds each prompt once, unless the
+        file has fewer prompts than a batch). Rank ``r`` takes its ``r``-th equal share."""
         per_step = self.config.grpo_prompts_per_step
         picked: List[int] = []
+        if len(self.order) - self.cursor < per_step <= len(self.order):
+            self.cursor = len(self.order)  # the epoch's tail is dropped: a batch holds a prompt once
         while len(picked) < per_step:
             if self.cursor >= len(self.order):
                 self.epoch += 1

@@ -41,6 +41,11 @@ def rl_table(spec: Any) -> Any:
     return rl if rl is not None else section_defaults(spec, "RLSpec")
 
 
+def rewards_of(rl: Any) -> list[tuple[str, float]]:
+    """``[(function, weight)]`` of ``stage.rl.rewards``; unset (empty): ``builtin:exact_match``, weight 1."""
+    return [(r.function, float(r.weight)) for r in rl.rewards] or [("builtin:exact_match", 1.0)]
+
+
 def estimator_of(rl: Any) -> str:
     """The estimator the stage uses: ``stage.rl.estimator``, else the algorithm's."""
     return rl.estimator or ALGORITHMS[rl.algorithm][1]
@@ -61,12 +66,14 @@ def _rl_objective(ctx: Context) -> Iterator[Finding]:
     if not _is_rl(ctx):
         return
     rl, kind = rl_table(ctx.spec), ctx.spec.objective.kind
-    diffusion = objectives.get(kind).diffusion
+    diffusion = ALGORITHMS[rl.algorithm][0]
     fit = objectives.get(kind).rl_algorithm
-    if ALGORITHMS[rl.algorithm][0] != diffusion:
-        what = "masked-diffusion" if ALGORITHMS[rl.algorithm][0] else "autoregressive"
+    # the objective kind each algorithm trains: the first registered one of its family with an algorithm
+    want = next((k for k in objectives.kinds() if objectives.get(k).rl_algorithm
+                 and objectives.get(k).diffusion == diffusion), None)
+    if not fit or objectives.get(kind).diffusion != diffusion:
         yield Finding(
-            "stage.rl.algorithm", f"{rl.algorithm} trains {what} models, and objective.kind = '{kind}'",
+            "stage.rl.algorithm", f"{rl.algorithm} is for {want} models, and objective.kind = '{kind}'",
             f"use algorithm = '{fit}'" if fit else f"no RL algorithm trains objective.kind = '{kind}'",
             value=rl.algorithm, fix=Fix({"stage.rl.algorithm": fit}) if fit else None)
         return
@@ -353,5 +360,5 @@ def rollout_values(spec: Any) -> dict[str, Any]:
     keys = ("gen_length", "steps", "block_length", "remasking", "threshold", "temperature", "top_k", "top_p",
             "cfg_scale", "seed")
     return {"section": rl, "estimator": estimator_of(rl),
-            "rewards": [(r.function, float(r.weight)) for r in rl.rewards],
+            "rewards": rewards_of(rl),
             "generate": {k: getattr(gen, k) for k in keys}}

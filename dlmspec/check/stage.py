@@ -16,7 +16,7 @@ from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
     "stage-kind-known",
     "error",
     "dlmspec.stages.STAGE_KINDS (the compiler's stages; the runtime's: dlmspec.backends.megatron.stages.STAGES)",
-    "stage.kind names a registered stage",
+    "stage.kind names a registered stage that the runtime trains",
     fix="set stage.kind = \"pretrain\"",
     fix_keys=Fix({"stage.kind": "pretrain"}),
 )
@@ -24,9 +24,15 @@ def _stage_kind(ctx: Context) -> Iterator[Finding]:
     from dlmspec.stages import known_kinds, stage_kind
 
     kind = ctx.spec.stage.kind
-    if stage_kind(kind) is None:
+    entry = stage_kind(kind)
+    if entry is None:
         yield Finding("stage.kind", f"no stage of kind {kind!r} is registered (known: {known_kinds()})",
                       "set stage.kind = \"pretrain\" (or \"sft\"), or import the module that registers the stage",
+                      fix=Fix({"stage.kind": "pretrain"}))
+    elif not entry.runtime:
+        yield Finding("stage.kind", f"{entry.summary}: stage.kind = {kind!r} is registered without a runtime stage "
+                      "(dlmspec.backends.megatron.stages.STAGES)",
+                      "set stage.kind = \"pretrain\", or install the package that trains the stage",
                       fix=Fix({"stage.kind": "pretrain"}))
 
 

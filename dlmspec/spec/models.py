@@ -317,8 +317,8 @@ class RLSpec(Section):
         "chatml", description="How a prompt is rendered before tokenising (the SFT stage's templates, dlmspec.data.chat)."
     )
     rewards: list[RewardSpec] = Field(
-        default_factory=lambda: [RewardSpec(function="builtin:exact_match")],
-        description="The reward functions and weights; the total reward is their weighted sum.",
+        [], description="The reward functions and weights; the total reward is their weighted sum. Empty: "
+        "[{function = \"builtin:exact_match\"}] (the final answer against the row's \"answer\").",
     )
     reward_workers: PosInt = Field(2, description="Worker processes scoring completions (outside the training process).")
     reward_timeout_s: PosFloat = Field(10.0, description="Seconds one reward call may take before it counts as failed.")
