@@ -113,12 +113,16 @@ class RLStage(StageBase):
         run: The run's settings (``objective.kind`` picks the sampler; ``seed``; ``logging.run_dir``).
         options: :class:`RLConfig`.
         core: :class:`RLCore` (default :func:`default_core`).
+        tokenizer: A tokenizer instead of the run's (``ctx.resources.tokenizer``, built from the
+            spec record), for a run without one (tests).
     """
 
-    def __init__(self, run: Any, options: Optional[RLConfig] = None, core: Optional[RLCore] = None) -> None:
+    def __init__(self, run: Any, options: Optional[RLConfig] = None, core: Optional[RLCore] = None,
+                 tokenizer: Any = None) -> None:
         super().__init__(run)
         self.config = options if options is not None else RLConfig()
         self.core = core
+        self.tokenizer = tokenizer
         self.kind = f"rl-{self.config.algorithm}"
         self.engine: Optional[RolloutEngine] = None
         self.rollout: Optional[Rollout] = None
@@ -171,7 +175,7 @@ class RLStage(StageBase):
                 schedule = None
         eos = run.data.eod_id
         self.engine = RolloutEngine(
-            self.config, tokenizer=resources.tokenizer, mask_id=run.objective.mask_token_id, eos_id=eos,
+            self.config, tokenizer=self.tokenizer if self.tokenizer is not None else resources.tokenizer, mask_id=run.objective.mask_token_id, eos_id=eos,
             pad_id=eos if eos is not None else 0, seed=run.seed, rank=ctx.data_parallel_rank,
             ranks=ctx.data_parallel_size, micro_batch_size=run.schedule.micro_batch_size, device=ctx.device,
             core=self.core, noise_schedule=schedule)
