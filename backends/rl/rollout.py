@@ -460,7 +460,8 @@ class RolloutEngine:
         for j, i in enumerate(picked):
             for k in range(G):
                 n = j * G + k
-                rows.append({**self.rows[i], "prompt": str(self.rows[i]["prompt"]), "prompt_id": int(i),
+                rows.append({**self.rows[i], "prompt": str(self.rows[i]["prompt"]),
+                             "prompt_id": self.rows[i].get("prompt_id", int(i)),
                              "completion": self.tokenizer.detokenize(list(out.generated[n]))})
         scores = self.scorer.score(rows)
         values = scores.values.to(torch.float32).cpu()
@@ -547,7 +548,8 @@ class RolloutEngine:
         generator = estimator_generator(self.seed, rollout.index, inner, self.rank, microbatch, tokens.device)
         return self.core.estimator(self.model_fn(logits, attention), tokens[:, :P], tokens[:, P:],
                                    rollout.completion_mask[rows], mask_id=self.mask_id if self.mask_id is not None
-                                   else -1, generator=generator, prompt_mask_prob=self.config.prompt_mask_prob)
+                                   else -1, generator=generator,
+                                   prompt_mask_prob=self.config.prompt_mask_prob if self.config.diffusion else 0.0)
 
     @torch.no_grad()
     def score_all(self, logits: Callable[..., Tensor], rollout: Rollout) -> List[Tensor]:
