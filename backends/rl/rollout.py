@@ -287,14 +287,17 @@ def completion_mask(completions: Tensor, eos_id: Optional[int]) -> Tuple[Tensor,
 
 def render_prompt(text: str, template: str) -> str:
     """``text`` as one user turn with the assistant's turn opened (the SFT stage's built-in chat
-    templates, :func:`dlmspec.data.chat.render`).
+    templates, :func:`dlmspec.data.chat.render`); ``template = "none"``: ``text`` itself.
 
     Raises:
-        ValueError: ``template = "tokenizer"`` (the RL stage renders built-in templates only).
+        ValueError: a template that is not built in (``"tokenizer"``: the RL stage renders
+            built-in templates only).
     """
+    if template == "none":
+        return text
     if template == "tokenizer":
         raise ValueError("stage.rl.chat_template = 'tokenizer' is not available to the RL stage: use 'chatml', "
-                         "'llama3' or 'plain'")
+                         "'llama3', 'plain' or 'none'")
     from dlmspec.data.chat import render, text_of
 
     return text_of(render(template, [{"role": "user", "content": text}], add_generation_prompt=True))

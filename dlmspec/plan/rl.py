@@ -10,7 +10,8 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
   ``cfg_scale > 0`` doubles the rows of each pass); the AR sampler makes ``gen_length`` passes, each
   over the sequence so far without a KV cache (mean length ``seq - gen_length / 2``). A forward
   pass over the rank's rows costs a third of the step's ``gemm + attention + elementwise`` (the
-  backward costs twice the forward: Narayanan et al. 2021, eq. 3's 3x) plus a third of one
+  backward costs twice the forward: Narayanan et al. 2021, eq. 3's 3x; a quarter with full
+  recomputation, which repeats the forward) plus a third of one
   microbatch's kernel launches (a sampler pass is one call over all the rank's rows: a small
   model's passes are launch-bound). Rollout time = ``passes x forward / mu``.
 * **Scoring** (``rl_scoring``): the estimator's forward passes per log-probability (one-step and
@@ -84,7 +85,9 @@ def rollout_passes(options: dict[str, Any], seq: int) -> float:
 def _forward(breakdown: dict[str, float], lay: Layout | None = None) -> float:
     """One forward pass over the rank's rows of a step: a third of the step's compute, and (a
     sampler pass is one call over all the rank's rows) a third of one microbatch's kernel launches."""
-    compute = (breakdown.get("gemm", 0.0) + breakdown.get("attention", 0.0) + breakdown.get("elementwise", 0.0)) / 3.0
+    # full recomputation runs each layer's forward twice: the step's compute is 4 forwards, not 3
+    passes = 4.0 if lay is not None and lay.recompute == "full" else 3.0
+    compute = (breakdown.get("gemm", 0.0) + breakdown.get("attention", 0.0) + breakdown.get("elementwise", 0.0)) / passes
     if lay is None:
         return compute
     microbatches = max(1, lay.global_batch // max(lay.micro_batch * lay.dp, 1))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0x8465211c
+SPEC_CRC32 = 0x8bd4b51b
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -288,7 +288,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'elbo_samples': (('int', {'gt': 0}), 'value', 4),
             'prompts': (('union', (('str', 0), ('none',))), 'value', None),
             'prompts_on_error': (('literal', ('error', 'skip')), 'value', 'error'),
-            'chat_template': (('literal', ('chatml', 'llama3', 'plain', 'tokenizer')), 'value', 'chatml'),
+            'chat_template': (('literal', ('chatml', 'llama3', 'plain', 'none')), 'value', 'chatml'),
             'rewards': (('list', ('model', 'RewardSpec')), 'copy', []),
             'reward_workers': (('int', {'gt': 0}), 'value', 2),
             'reward_timeout_s': (('float', {'gt': 0}), 'value', 10.0),

@@ -313,8 +313,9 @@ class RLSpec(Section):
         "error", description="A malformed prompt row stops the job naming file and line ('error'), or is skipped "
         "and counted ('skip')."
     )
-    chat_template: Literal["chatml", "llama3", "plain", "tokenizer"] = Field(
-        "chatml", description="How a prompt is rendered before tokenising (the SFT stage's templates, dlmspec.data.chat)."
+    chat_template: Literal["chatml", "llama3", "plain", "none"] = Field(
+        "chatml", description="How a prompt is rendered before tokenising: one user turn of the SFT stage's built-in "
+        "templates (dlmspec.data.chat), or 'none': the prompt text as written (a model pre-trained on the task's text)."
     )
     rewards: list[RewardSpec] = Field(
         [], description="The reward functions and weights; the total reward is their weighted sum. Empty: "
