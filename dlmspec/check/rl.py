@@ -33,6 +33,17 @@ BUILTIN_REWARDS = ("exact_match", "format")
 REWARD_FILE_LIMIT = 4 * 1024 * 1024
 
 
+def rl_files(spec: Any) -> list[tuple[str, str]]:
+    """``(key, path)`` of the files an RL stage reads: the prompts and each reward file."""
+    rl = rl_table(spec)
+    files = [("stage.rl.prompts", rl.prompts)] if rl.prompts else []
+    for i, entry in enumerate(rl.rewards):
+        where, sep, _ = entry.function.rpartition(":")
+        if sep and where and where != "builtin" and where.endswith(".py"):
+            files.append((f"stage.rl.rewards.{i}.function", where))
+    return files
+
+
 def rl_table(spec: Any) -> Any:
     """``[stage.rl]`` with its defaults filled (``RLSpec()`` where the spec has no such table)."""
     from dlmspec.spec.fast import section_defaults
@@ -247,10 +258,7 @@ def _rl_prompts_file(ctx: Context) -> Iterator[Finding]:
     from dlmspec.files import FileRefused, iter_lines, loads_json
 
     if not os.path.exists(path):
-        yield Finding("stage.rl.prompts", "no such file here",
-                      "fine if it exists where the job runs (relative paths are read from the directory the job is "
-                      "launched in); else fix the path", severity="warning")
-        return
+        return  # rule path-not-found says so
     try:
         for number, line in iter_lines(path, what="prompts file"):
             if not line.strip():
@@ -327,10 +335,7 @@ def _rl_rewards(ctx: Context) -> Iterator[Finding]:
                           value=spec)
             continue
         if not os.path.exists(where):
-            yield Finding(key, f"{where}: no such file here",
-                          "fine if it exists where the job runs (relative paths are read from the directory the "
-                          "job is launched in); else fix the path", value=spec, severity="warning")
-            continue
+            continue  # rule path-not-found says so
         try:
             source = read_text(where, limit=REWARD_FILE_LIMIT, what="reward file")
             if _async_def(source, name):

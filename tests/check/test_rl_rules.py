@@ -129,8 +129,10 @@ def test_reward_files_that_cannot_be_used_are_named_with_why(tmp_path, monkeypat
         found = rl_issues(spec({"stage.rl.rewards": [{"function": function}]}))
         assert [i.rule for i in found] == ["rl-reward-function"] and why in found[0].message, (function, found)
         assert found[0].severity == "error"
-    (missing,) = rl_issues(spec({"stage.rl.rewards": [{"function": "gone.py:correct"}]}))
-    assert missing.severity == "warning" and "no such file" in missing.message
+    assert rl_issues(spec({"stage.rl.rewards": [{"function": "gone.py:correct"}]})) == []
+    (missing,) = [i for i in find(SCOPES, spec({"stage.rl.rewards": [{"function": "gone.py:correct"}]}))
+                  if i.key == "stage.rl.rewards.0.function"]
+    assert (missing.rule, missing.severity) == ("path-not-found", "warning") and "gone.py" in missing.message
 
 
 def test_the_prompts_file_is_checked_through_the_file_reader(tmp_path, monkeypatch) -> None:
