@@ -33,9 +33,13 @@ estimator's expectation exactly.
   uniform of size ``l``, coefficients ``(T+1) / (2 l)`` and ``(T+1) / (2 (T - l))``: unbiased for
   the ELBO (``P(|M| = l) = 1/(T+1)`` is symmetric under ``l -> T - l``, each view contributes half
   of it), each weight at most ``(T+1)/2``. Two forward passes per pair. DiffuCoder's reference
-  code (``src/open_r1/coupled_grpo.py``) draws ``t ~ U(0.2, 0.8)`` with Bernoulli masks and
-  averages the pair with a fully masked pass; that version is biased for the ELBO and is not the
-  default here.
+  code (github:apple/ml-diffucoder ``src/open_r1/coupled_grpo.py``, ``forward_process``) instead
+  draws a mask ratio ``t ~ U(0.2, 0.8)``, masks each token with probability ``t``, weights
+  ``1/t`` and ``1/(1-t)`` and averages the pair with a fully masked pass: ``sampling = "time"``,
+  ``t_range = (0.2, 0.8)`` and ``full_mask_pass = True`` reproduce that estimate (one ``t`` per
+  row here, one per batch there). It is biased
+  for the ELBO (the range leaves part of the integral over ``t`` out; the third pass adds half
+  of the one-step term) and is not the default.
 - ``"mc-elbo"``: ``k`` independent views, each ``l ~ U{1..T}``, ``M`` uniform of size ``l``,
   coefficient ``T / (l k)`` (LLaDA eq. 6; the estimator of VRPO, Zhu et al. 2025 "LLaDA 1.5",
   arXiv:2505.19223, sec. 3, with ``k`` samples). ``k`` forward passes; unbiased.
@@ -59,10 +63,9 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Callable, Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 #: ``model_fn(tokens [N, P+T]) -> logits [N, P+T, V]``, with grad when training.
@@ -183,44 +186,99 @@ class OneStepEstimator(MaskedEstimator):
 
 
 class CoupledEstimator(MaskedEstimator):
-    """DiffuCoder's coupled sampling, unbiased form (module docstring): ``pairs`` complementary
-    pairs, ``2 * pairs`` forward passes.
+    """DiffuCoder's coupled sampling (module docstring): ``pairs`` complementary pairs, each
+    completion token masked in exactly one view of each pair; ``2 * pairs`` forward passes (one
+    more with ``full_mask_pass``).
 
     Args:
         pairs: complementary pairs per call, >= 1 (DiffuCoder: 1); the estimate averages them.
+        sampling: ``"count"`` (default: ``l ~ U{0..T}``, ``M`` uniform of size ``l``, weights
+            ``(T+1) / (2 l)`` and ``(T+1) / (2 (T-l))``; unbiased, weights at most ``(T+1)/2``) or
+            ``"time"`` (DiffuCoder's reference code: a mask ratio ``t ~ U(t_range)`` per row, each
+            token masked with probability ``t``, weights ``1 / (2 t)`` and ``1 / (2 (1-t))``;
+            unbiased only with ``t_range = (0, 1)``, where the weights are unbounded).
+        t_range: ``(low, high)``, ``0 <= low < high <= 1``, the ``"time"`` draw's range
+            (DiffuCoder: ``(0.2, 0.8)``).
+        full_mask_pass: add half of the fully masked pass's log-probabilities (one more forward
+            pass), as DiffuCoder's reference code averages the pair with it; biased by half the
+            one-step term. Default off.
     """
 
     name = "coupled"
+    SAMPLINGS = ("count", "time")
 
-    def __init__(self, pairs: int = 1) -> None:
+    def __init__(self, pairs: int = 1, *, sampling: str = "count", t_range: Tuple[float, float] = (0.2, 0.8),
+                 full_mask_pass: bool = False) -> None:
         if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
             raise ValueError(f"coupled estimator: pairs = {pairs!r}, an integer >= 1 is needed (DiffuCoder: 1)")
+        if sampling not in self.SAMPLINGS:
+            raise ValueError(f"coupled estimator: sampling = {sampling!r}, use 'count' (unbiased) or 'time' (DiffuCoder's)")
+        try:
+            low, high = (float(v) for v in t_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"coupled estimator: t_range = {t_range!r}, give (low, high), e.g. (0.2, 0.8)") from None
+        if not 0.0 <= low < high <= 1.0:
+            raise ValueError(f"coupled estimator: t_range = {t_range!r}, need 0 <= low < high <= 1, e.g. (0.2, 0.8)")
         self.pairs = pairs
-        self.forward_passes = 2 * pairs
+        self.sampling = sampling
+        self.t_range = (low, high)
+        self.full_mask_pass = bool(full_mask_pass)
+        self.forward_passes = 2 * pairs + int(self.full_mask_pass)
 
     def draw(self, valid: Tensor, generator: torch.Generator) -> List[View]:
         lengths = valid.sum(dim=1).to(torch.float64)
         views: List[View] = []
         for _ in range(self.pairs):
             u = torch.rand(valid.shape[0], generator=generator, dtype=torch.float64, device=valid.device)
-            sizes = torch.minimum(torch.floor(u * (lengths + 1)), lengths)  # l ~ U{0..T}
-            first = _uniform_subset(sizes.to(torch.int64), valid, generator)
-            second = valid & ~first
-            scale = (lengths + 1) / (2.0 * self.pairs)
-            views.append(View(first, torch.where(sizes > 0, scale / sizes.clamp(min=1), torch.zeros_like(scale))))
-            rest = lengths - sizes
-            views.append(View(second, torch.where(rest > 0, scale / rest.clamp(min=1), torch.zeros_like(scale))))
+            if self.sampling == "count":
+                sizes = torch.minimum(torch.floor(u * (lengths + 1)), lengths)  # l ~ U{0..T}
+                first = _uniform_subset(sizes.to(torch.int64), valid, generator)
+                scale = (lengths + 1) / (2.0 * self.pairs)
+                rest = lengths - sizes
+                coef_a = torch.where(sizes > 0, scale / sizes.clamp(min=1), torch.zeros_like(scale))
+                coef_b = torch.where(rest > 0, scale / rest.clamp(min=1), torch.zeros_like(scale))
+            else:
+                low, high = self.t_range
+                ratio = low + (high - low) * u
+                draws = torch.rand(valid.shape, generator=generator, dtype=torch.float64, device=valid.device)
+                first = valid & (draws < ratio.unsqueeze(1))
+                coef_a = 1.0 / (2.0 * self.pairs * ratio.clamp(min=1e-12))
+                coef_b = 1.0 / (2.0 * self.pairs * (1.0 - ratio).clamp(min=1e-12))
+            views.append(View(first, coef_a))
+            views.append(View(valid & ~first, coef_b))
+        if self.full_mask_pass:
+            views.append(View(valid.clone(), torch.full((valid.shape[0],), 0.5, dtype=torch.float64, device=valid.device)))
         return views
 
     def support(self, length: int):
+        """For ``"time"`` the draw is continuous; this is a finite distribution with the same
+        expectation: Gauss-Legendre nodes of ``t`` over ``t_range`` (``length // 2 + 2`` of them,
+        exact for the polynomials in ``t`` of degree ``<= length`` that the expectation integrates)."""
+        pairs: List[Tuple[float, Tuple[int, ...], float, float]] = []
+        subsets = [c for size in range(length + 1) for c in itertools.combinations(range(length), size)]
+        if self.sampling == "count":
+            for chosen in subsets:
+                size = len(chosen)
+                pairs.append((1.0 / ((length + 1) * math.comb(length, size)), chosen,
+                              (length + 1) / (2.0 * size) if size else 0.0,
+                              (length + 1) / (2.0 * (length - size)) if size < length else 0.0))
+        else:
+            import numpy as np
+
+            low, high = self.t_range
+            nodes, weights = np.polynomial.legendre.leggauss(length // 2 + 2)
+            for x, w in zip(nodes.tolist(), weights.tolist()):
+                ratio = low + (high - low) * (x + 1.0) / 2.0
+                for chosen in subsets:
+                    size = len(chosen)
+                    pairs.append((w / 2.0 * ratio ** size * (1.0 - ratio) ** (length - size), chosen,
+                                  1.0 / (2.0 * ratio), 1.0 / (2.0 * (1.0 - ratio))))
+        full = tuple(range(length))
         out = []
-        for size in range(length + 1):
-            for chosen in itertools.combinations(range(length), size):
-                rest = tuple(k for k in range(length) if k not in chosen)
-                prob = 1.0 / ((length + 1) * math.comb(length, size))
-                coef_a = (length + 1) / (2.0 * size) if size else 0.0
-                coef_b = (length + 1) / (2.0 * (length - size)) if size < length else 0.0
-                out.append((prob, [(chosen, coef_a), (rest, coef_b)]))
+        for prob, chosen, coef_a, coef_b in pairs:
+            rest = tuple(k for k in range(length) if k not in chosen)
+            views = [(chosen, coef_a), (rest, coef_b)] + ([(full, 0.5)] if self.full_mask_pass else [])
+            out.append((prob, views))
         return out
 
 
@@ -297,7 +355,8 @@ def names() -> Tuple[str, ...]:
 
 
 def get(name: str, **options) -> LogProbEstimator:
-    """The estimator ``name`` built with ``options`` (``"coupled"``: ``pairs``; ``"mc-elbo"``: ``k``).
+    """The estimator ``name`` built with ``options`` (``"coupled"``: ``pairs``, ``sampling``,
+    ``t_range``, ``full_mask_pass``; ``"mc-elbo"``: ``k``).
 
     Raises:
         ValueError: an unknown name (the known ones listed) or a bad option.

@@ -1,10 +1,13 @@
 """The reward worker process: loads the reward functions and scores one row at a time.
 
 Plain Python (no torch), so that a worker starts in a fraction of a second. The parent
-(:class:`dlmspec.backends.rl.rewards.RewardPool`) starts it with the ``spawn`` method (a fresh
-interpreter, never a fork of a CUDA process) and talks to it over a pipe:
+(:class:`dlmspec.backends.rl.rewards.RewardPool`) runs ``python -m dlmspec.backends.rl.reward_worker FD``
+(a fresh interpreter, never a fork of a CUDA process) and talks to it over the socket ``FD``
+(:class:`multiprocessing.connection.Connection` framing):
 
-- the worker first sends ``("ready", {function: load error or None})``;
+- the parent first sends ``("init", [function, ...], base_dir, memory_limit_mb)``; the worker
+  caps its address space (``RLIMIT_AS``) when ``memory_limit_mb`` is set, loads the functions
+  and answers ``("ready", {function: load error or None})``;
 - then, per task ``(task_id, function_index, row)``, it sends ``(task_id, "ok", value)`` or
   ``(task_id, kind, message)`` with ``kind`` ``"raised"`` (the function raised, or could not be
   loaded) or ``"not_a_number"`` (it returned something that is not a finite real number);
@@ -146,8 +149,19 @@ def score_one(function: Callable[..., Any], row: Dict[str, Any]) -> Tuple[str, A
     return "not_a_number", _short(f"returned {type(value).__name__} {shown}, not a number")
 
 
-def main(conn: Any, functions: List[str], base_dir: Optional[str]) -> None:
+def main(conn: Any) -> None:
     """The worker loop (module docstring)."""
+    try:
+        tag, functions, base_dir, memory_limit_mb = conn.recv()
+    except (EOFError, OSError, TypeError, ValueError):
+        return
+    if tag != "init":
+        return
+    if memory_limit_mb:
+        import resource
+
+        limit = int(memory_limit_mb) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     loaded: List[Optional[Callable[..., Any]]] = []
     errors: Dict[str, Optional[str]] = {}
     for spec in functions:
@@ -172,3 +186,9 @@ def main(conn: Any, functions: List[str], base_dir: Optional[str]) -> None:
             continue
         kind, value = score_one(function, row)
         conn.send((task_id, kind, value))
+
+
+if __name__ == "__main__":
+    from multiprocessing.connection import Connection
+
+    main(Connection(int(sys.argv[1])))

@@ -4,9 +4,11 @@
 ``"builtin:format"`` (:mod:`~dlmspec.backends.rl.reward_worker`); each is called
 ``function(prompt: str, completion: str, **row) -> float``.
 
-:class:`RewardPool` keeps ``workers`` processes started with the ``spawn`` method (fresh
-interpreters: never a fork of the training process, which holds CUDA state), each running
-:func:`dlmspec.backends.rl.reward_worker.main`. :meth:`RewardPool.score` hands every (row,
+:class:`RewardPool` keeps ``workers`` processes, each a fresh interpreter running
+:mod:`dlmspec.backends.rl.reward_worker` (``python -m``, exec'd: never a fork of the training
+process, which holds CUDA state, and the training script is not imported again, as
+multiprocessing's ``spawn`` would import ``__main__``), talking over a socket pair.
+:meth:`RewardPool.score` hands every (row,
 function) call to a free worker and waits at most ``timeout_s`` for it. A call that
 
 - raises (anything, ``SystemExit`` included) is a failure of kind ``"raised"``;
@@ -24,17 +26,17 @@ and logs :meth:`RewardScores.failure_counts`.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from dlmspec.backends.rl import reward_worker
 
 FAILURE_KINDS = ("raised", "timeout", "not_a_number", "crashed")
 
@@ -89,31 +91,56 @@ class RewardScores:
 
 
 class _Worker:
-    """One worker process and its end of the pipe."""
+    """One worker process (``python -m dlmspec.backends.rl.reward_worker FD``: a fresh interpreter,
+    exec'd, so neither the training process's CUDA state nor its ``__main__`` module reaches it)
+    and the parent's end of a socket pair, as a :class:`multiprocessing.connection.Connection`."""
 
-    def __init__(self, ctx: Any, functions: List[str], base_dir: Optional[str]) -> None:
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=reward_worker.main, args=(child, functions, base_dir), daemon=True,
-                                   name="dlmspec-reward-worker")
-        self.process.start()
-        child.close()
+    def __init__(self, functions: List[str], base_dir: Optional[str], memory_limit_mb: Optional[int]) -> None:
+        parent, child = socket.socketpair()
+        try:
+            self.process = subprocess.Popen([sys.executable, "-m", "dlmspec.backends.rl.reward_worker", str(child.fileno())],
+                                            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
         self.ready = False
         self.started = time.monotonic()
         self.task: Optional[Tuple[int, int]] = None  # (row, function) in flight
         self.deadline = math.inf
+        try:
+            self.conn.send(("init", functions, base_dir, memory_limit_mb))
+        except OSError:
+            pass  # it died at once: its end of the socket is closed, which the pool reads as a crash
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        """The exit status once ended (``-N``: killed by signal ``N``), else ``None``."""
+        return self.process.poll()
+
+    def join(self, timeout: float) -> None:
+        try:
+            self.process.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            pass
 
     def kill(self) -> None:
         try:
             self.conn.close()
         except OSError:
             pass
-        if self.process.is_alive():
+        if self.process.poll() is None:
             self.process.kill()
-        self.process.join(timeout=5)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
+            pass
 
 
 class RewardPool:
-    """Scores rows with reward functions in ``workers`` spawned processes (module docstring).
+    """Scores rows with reward functions in ``workers`` worker processes (module docstring).
 
     Args:
         functions: the rewards, at least one.
@@ -122,6 +149,8 @@ class RewardPool:
         base_dir: folder that relative function paths start from (the spec's folder); default the
             working directory.
         start_timeout_s: longest a worker may take to start and load the functions, seconds.
+        memory_limit_mb: cap of each worker's address space, MiB (``RLIMIT_AS``; a reward that
+            allocates past it raises ``MemoryError``, reported as ``"raised"``); default no cap.
 
     Raises:
         RewardPoolError: a function does not load (named, with why), or no worker starts.
@@ -129,7 +158,8 @@ class RewardPool:
     """
 
     def __init__(self, functions: List[RewardFunction], *, workers: int = 2, timeout_s: float = 10.0,
-                 base_dir: Optional[str] = None, start_timeout_s: float = 120.0) -> None:
+                 base_dir: Optional[str] = None, start_timeout_s: float = 120.0,
+                 memory_limit_mb: Optional[int] = None) -> None:
         if not functions:
             raise ValueError("RewardPool: give at least one reward function, e.g. RewardFunction('builtin:exact_match')")
         for f in functions:
@@ -145,13 +175,16 @@ class RewardPool:
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         self.base_dir = base_dir
+        if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
+                                            or memory_limit_mb < 64):
+            raise ValueError(f"RewardPool: memory_limit_mb = {memory_limit_mb!r}, an integer >= 64 (MiB) or None")
+        self.memory_limit_mb = memory_limit_mb
         self._specs = [f.function for f in self.functions]
-        self._ctx = multiprocessing.get_context("spawn")
         self._workers: List[_Worker] = []
         self._closed = False
         self.replaced = 0  #: workers killed and replaced so far (timeouts and crashes)
         for _ in range(workers):
-            self._workers.append(_Worker(self._ctx, self._specs, base_dir))
+            self._workers.append(_Worker(self._specs, base_dir, self.memory_limit_mb))
         try:
             self._wait_ready(all_workers=False)
         except BaseException:
@@ -189,7 +222,7 @@ class RewardPool:
                 try:
                     message = conn.recv()
                 except (EOFError, OSError):
-                    code = worker.process.exitcode
+                    code = worker.exitcode
                     raise RewardPoolError(f"a reward worker exited (code {code}) while loading "
                                           f"{', '.join(self._specs)}. Fix: run the reward files with python "
                                           "to see why they fail to load") from None
@@ -197,7 +230,7 @@ class RewardPool:
 
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
-        fresh = _Worker(self._ctx, self._specs, self.base_dir)
+        fresh = _Worker(self._specs, self.base_dir, self.memory_limit_mb)
         self._workers[self._workers.index(worker)] = fresh
         self.replaced += 1
         return fresh
@@ -261,8 +294,8 @@ class RewardPool:
                 try:
                     message = conn.recv()
                 except (EOFError, OSError):
-                    worker.process.join(timeout=1)
-                    code = worker.process.exitcode
+                    worker.join(timeout=1)
+                    code = worker.exitcode
                     if worker.task is None:
                         raise RewardPoolError(f"a reward worker exited (code {code}) while starting. Fix: run the "
                                               "reward files with python to see why they fail to load") from None
@@ -273,12 +306,19 @@ class RewardPool:
                 if not worker.ready:
                     self._on_ready(worker, message)
                     continue
-                task_id, kind, value = message
                 task = worker.task
                 worker.task, worker.deadline = None, math.inf
-                if task is None or task_id != task[0] * nfun + task[1]:
-                    continue  # not ours (cannot happen: one call at a time per worker)
+                if task is None:
+                    continue  # an answer after its call was given up (cannot happen: a late worker is killed)
                 done += 1
+                try:
+                    task_id, kind, value = message
+                except (TypeError, ValueError):
+                    task_id, kind, value = None, "crashed", f"the worker sent {type(message).__name__}, not an answer"
+                if task_id != task[0] * nfun + task[1]:
+                    fail(task, "crashed", str(value) if task_id is None else "the reward worker answered another call; replaced")
+                    self._replace(worker)
+                    continue
                 if kind == "ok":
                     values[task[0], task[1]] = float(value)
                 else:
@@ -310,7 +350,7 @@ class RewardPool:
                 pass
         end = time.monotonic() + 2.0
         for worker in self._workers:
-            worker.process.join(timeout=max(0.0, end - time.monotonic()))
+            worker.join(timeout=end - time.monotonic())
             worker.kill()
         self._workers = []
 

@@ -136,17 +136,19 @@ def test_sample_mean_of_estimator_calls_converges_to_its_exact_expectation(name,
 
 
 @pytest.mark.parametrize("pairs", [1, 3])
-def test_coupled_masks_cover_every_completion_token_exactly_once_per_pair(pairs):
+@pytest.mark.parametrize("sampling", ["count", "time"])
+def test_coupled_masks_cover_every_completion_token_exactly_once_per_pair(pairs, sampling):
     gen = torch.Generator().manual_seed(5)
     valid = torch.tensor([[True] * 6, [True] * 3 + [False] * 3, [True] + [False] * 5, [True] * 5 + [False]])
     valid = valid.repeat(50, 1)
-    views = estimators.get("coupled", pairs=pairs).draw(valid, gen)
+    views = estimators.get("coupled", pairs=pairs, sampling=sampling).draw(valid, gen)
     assert len(views) == 2 * pairs
     for first, second in zip(views[0::2], views[1::2]):
         count = first.masked.to(torch.int64) + second.masked.to(torch.int64)
         assert torch.equal(count, valid.to(torch.int64))  # each valid token once, padding never
     sizes = torch.stack([v.masked.sum(dim=1) for v in views[0::2]])
-    assert int(sizes.min()) == 0 and int(sizes.max()) == 6  # l ~ U{0..T} reaches both ends
+    if sampling == "count":
+        assert int(sizes.min()) == 0 and int(sizes.max()) == 6  # l ~ U{0..T} reaches both ends
 
 
 def test_estimators_leave_padding_positions_zero_and_masked():
@@ -229,3 +231,84 @@ def test_unknown_estimator_and_bad_options_name_the_fix():
         estimators.get("one-step", k=2)
     assert [estimators.get(n, **o).forward_passes for n, o in
             [("one-step", {}), ("coupled", {"pairs": 2}), ("mc-elbo", {"k": 5}), ("ar", {})]] == [1, 4, 5, 1]
+
+
+@pytest.mark.parametrize("completion", CASES[1:4], ids=lambda c: f"T{len(c)}")
+def test_coupled_time_sampling_over_the_whole_unit_interval_is_unbiased(completion):
+    table = masked_log_probs(_model(len(completion)), PROMPT, completion)
+    exact = exact_elbo_per_token(table, len(completion))
+    estimator = estimators.get("coupled", sampling="time", t_range=(0.0, 1.0))
+    torch.testing.assert_close(estimator_expectation(estimator, table, len(completion)), exact, rtol=1e-10, atol=1e-12)
+
+
+def test_diffucoder_reference_coupled_estimate_is_biased_by_its_range_and_full_mask_pass(record_property, capsys):
+    completion = [3, 1, 0, 4, 2, 1]
+    length = len(completion)
+    table = masked_log_probs(_model(length, seed=2), PROMPT, completion)
+    elbo = float(exact_elbo_per_token(table, length).sum())
+    truncated = estimators.get("coupled", sampling="time", t_range=(0.2, 0.8))
+    reference = estimators.get("coupled", sampling="time", t_range=(0.2, 0.8), full_mask_pass=True)
+    assert reference.forward_passes == 3
+    mean_truncated = float(estimator_expectation(truncated, table, length).sum())
+    mean_reference = float(estimator_expectation(reference, table, length).sum())
+    one_step = float(table[frozenset(range(length))].sum())
+    assert mean_reference == pytest.approx(mean_truncated + one_step / 2, rel=1e-10)  # the third pass adds half
+    assert abs(mean_truncated - elbo) > 1e-3  # the range (0.2, 0.8) leaves part of the ELBO out
+    record_property("diffucoder_reference_minus_elbo_T6", mean_reference - elbo)
+    with capsys.disabled():
+        print(f"\nT=6: exact ELBO {elbo:.3f}; coupled t in (0.2, 0.8): {mean_truncated:.3f}; "
+              f"with DiffuCoder's full-mask pass: {mean_reference:.3f}")
+
+
+def test_sample_mean_of_diffucoder_reference_draws_converges_to_its_exact_expectation():
+    completion = [4, 0, 2, 2]
+    model = _model(len(completion), seed=3)
+    table = masked_log_probs(model, PROMPT, completion)
+    estimator = estimators.get("coupled", sampling="time", t_range=(0.2, 0.8), full_mask_pass=True)
+    expected = estimator_expectation(estimator, table, len(completion))
+    rows = 4000
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        samples = estimator(model, torch.tensor(PROMPT).expand(rows, -1), torch.tensor(completion).expand(rows, -1),
+                            torch.ones(rows, len(completion), dtype=torch.bool), mask_id=MASK_ID,
+                            generator=gen).to(torch.float64)
+    z = (samples.mean(dim=0) - expected).abs() / (samples.std(dim=0) / math.sqrt(rows))
+    assert bool((z < 4.5).all()), f"z {z.tolist()}"
+
+
+@pytest.mark.parametrize("options,message", [({"sampling": "bernoulli"}, "sampling = 'bernoulli'"),
+                                             ({"sampling": "time", "t_range": (0.8, 0.2)}, "low < high"),
+                                             ({"t_range": "wide"}, "give \\(low, high\\)")])
+def test_bad_coupled_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        estimators.get("coupled", **options)
+
+
+@pytest.mark.parametrize("name,options", [("one-step", {}), ("coupled", {}), ("mc-elbo", {"k": 3}),
+                                          ("coupled", {"sampling": "time", "full_mask_pass": True})])
+def test_same_generator_state_gives_the_same_masks_so_old_and_new_policy_compare_like_with_like(name, options):
+    completion = torch.tensor([[3, 1, 0, 4, 2, 1]] * 8)
+    prompt = torch.tensor([PROMPT] * 8)
+    mask = torch.ones(8, 6, dtype=torch.bool)
+    model = _model(6)
+    estimator = estimators.get(name, **options)
+    seen = []
+
+    def model_fn(tokens):
+        seen.append(tokens.clone())
+        return model(tokens)
+
+    with torch.no_grad():
+        first = estimator(model_fn, prompt, completion, mask, mask_id=MASK_ID,
+                          generator=torch.Generator().manual_seed(11), prompt_mask_prob=0.5)
+        views_first, seen[:] = list(seen), []
+        second = estimator(model_fn, prompt, completion, mask, mask_id=MASK_ID,
+                           generator=torch.Generator().manual_seed(11), prompt_mask_prob=0.5)
+        views_second, seen[:] = list(seen), []
+        other = estimator(model_fn, prompt, completion, mask, mask_id=MASK_ID,
+                          generator=torch.Generator().manual_seed(12), prompt_mask_prob=0.5)
+    assert torch.equal(first, second) and all(torch.equal(a, b) for a, b in zip(views_first, views_second))
+    assert not all(torch.equal(a, b) for a, b in zip(views_first, seen))  # another seed, other masks
+    assert not torch.equal(first, other)
+    # One prompt mask per call, shared by all of the call's views.
+    assert all(torch.equal(v[:, :2], views_first[0][:, :2]) for v in views_first)

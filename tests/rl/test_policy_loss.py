@@ -134,3 +134,19 @@ def test_bad_settings_are_refused_with_a_fix(kwargs, message):
     args = {"cfg": PolicyLossConfig(), "mask": mask, **kwargs}
     with pytest.raises(ValueError, match=message):
         policy_loss(logp, old, adv, args["mask"], args["cfg"], group_size=kwargs.get("group_size"))
+
+
+def test_sequence_and_group_means_skip_rows_and_groups_without_tokens():
+    logp, old, ref, adv, mask = _tensors()
+    mask = mask.clone()
+    mask[2:] = False  # the second group has no token at all
+    cfg = PolicyLossConfig(kl_beta=0.04, normalisation="sequence")
+    terms = _token_terms(LOGP, OLD, REF, ADV, cfg)
+    kept = [[terms[i][t] for t in range(3) if MASK[i][t]] for i in range(2)]
+    loss, _ = policy_loss(logp, old, adv, mask, cfg, ref_logp=ref)
+    assert loss.item() == pytest.approx(sum(sum(k) / len(k) for k in kept) / 2, rel=1e-12)
+    cfg.normalisation = "group"
+    loss, _ = policy_loss(logp, old, adv, mask, cfg, ref_logp=ref, group_size=2)
+    assert loss.item() == pytest.approx(sum(map(sum, kept)) / sum(map(len, kept)), rel=1e-12)
+    empty, stats = policy_loss(logp, old, adv, torch.zeros_like(mask), cfg, ref_logp=ref, group_size=2)
+    assert empty.item() == 0.0 and stats["tokens"] == 0.0 and empty.requires_grad

@@ -40,6 +40,13 @@ REWARDS = textwrap.dedent('''
 
     def uses_extra(prompt, completion, answer, level, **row):
         return float(completion == answer) + level
+
+    def greedy(prompt, completion, **row):
+        return float(len(bytearray(4 << 30)))
+
+    def heavy_modules_loaded(prompt, completion, **row):
+        import sys
+        return float(sum(name in sys.modules for name in ("torch", "megatron", "numpy")))
 ''')
 
 ROWS = [{"prompt": f"q{i}", "completion": "x" * (i + 1), "prompt_id": f"p{i}", "answer": "xx", "level": 10}
@@ -120,6 +127,10 @@ def test_bad_pool_arguments_are_refused():
         RewardPool([RewardFunction("builtin:format", weight="x")])
     with pytest.raises(ValueError, match="workers = 0"):
         RewardPool([RewardFunction("builtin:format")], workers=0)
+    with pytest.raises(ValueError, match="memory_limit_mb = 10"):
+        RewardPool([RewardFunction("builtin:format")], memory_limit_mb=10)
+    with pytest.raises(ValueError, match="timeout_s = 0"):
+        RewardPool([RewardFunction("builtin:format")], timeout_s=0)
 
 
 def test_builtin_exact_match_reward_compares_final_answers_and_reports_a_row_without_answer():
@@ -132,3 +143,20 @@ def test_builtin_exact_match_reward_compares_final_answers_and_reports_a_row_wit
     assert len(scores.failures) == 1
     failure = scores.failures[0]
     assert (failure.prompt_id, failure.kind) == ("no-answer", "raised") and "no 'answer' field" in failure.message
+
+
+def test_reward_workers_are_fresh_interpreters_without_torch(reward_file):
+    import torch  # noqa: F401 - the parent has it loaded
+
+    with RewardPool([RewardFunction(f"{reward_file}:heavy_modules_loaded")], workers=1, timeout_s=5.0) as pool:
+        scores = pool.score(ROWS[:1])
+    assert scores.values[0, 0].item() == 0.0
+
+
+def test_a_reward_allocating_past_the_memory_cap_is_a_reported_failure(reward_file):
+    functions = [RewardFunction(f"{reward_file}:greedy"), RewardFunction(f"{reward_file}:length")]
+    with RewardPool(functions, workers=1, timeout_s=5.0, memory_limit_mb=1024) as pool:
+        scores = pool.score(ROWS[:2])
+    assert [(f.prompt_id, f.kind) for f in scores.failures] == [("p0", "raised"), ("p1", "raised")]
+    assert "MemoryError" in scores.failures[0].message
+    assert scores.values[:, 1].tolist() == [1.0, 2.0]
