@@ -4,14 +4,13 @@ what the stage reports. See :mod:`dlmspec.backends.rl.stage` for the algorithm."
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import atexit
 import json
 import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -401,6 +400,7 @@ class RolloutEngine:
         if self._scorer is None:
             c = self.config
             self._scorer = self.core.make_scorer(c.rewards, c.reward_workers, c.reward_timeout_s)
+            atexit.register(self.close)  # the stage has no end hook: stop the workers when the job exits
         return self._scorer
 
     def close(self) -> None:
