@@ -152,6 +152,25 @@ def _rl_per_rank(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
+    "rl-group-microbatch",
+    "error",
+    "backends/rl/loss.py policy_loss (loss_normalization = 'group' averages each group's tokens, so a microbatch "
+    "holds whole groups)",
+    "with loss_normalization = 'group', train.micro_batch_size is a multiple of grpo_group_size",
+)
+def _rl_group_microbatch(ctx: Context) -> Iterator[Finding]:
+    if not _is_rl(ctx):
+        return
+    rl, mbs = rl_table(ctx.spec), ctx.spec.train.micro_batch_size
+    if rl.loss_normalization == "group" and mbs % rl.grpo_group_size:
+        yield Finding("stage.rl.loss_normalization",
+                      f"'group' averages each group of {rl.grpo_group_size} completions, and a microbatch of "
+                      f"{mbs} rows cuts groups apart", "set stage.rl.loss_normalization = \"sequence\" (or a "
+                      f"micro_batch_size that is a multiple of {rl.grpo_group_size})", value=rl.loss_normalization,
+                      fix=Fix({"stage.rl.loss_normalization": "sequence"}))
+
+
+@rule(
     "rl-pipeline",
     "error",
     "backends/megatron/stage.py StageResources.logits_fn (the sampler needs one chunk holding the embedding and "

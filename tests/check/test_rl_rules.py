@@ -63,6 +63,7 @@ CASES = [
     ("rl-batch", {"stage.rl.grpo_group_size": 4}, "train.global_batch_size"),
     ("rl-prompts-per-rank", {"stage.rl.grpo_prompts_per_step": 4, "stage.rl.grpo_group_size": 16},
      "stage.rl.grpo_prompts_per_step"),
+    ("rl-group-microbatch", {"stage.rl.loss_normalization": "group"}, "stage.rl.loss_normalization"),
     ("rl-pipeline", {"parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
     ("rl-reference-fsdp", {"parallel.fsdp": "megatron"}, "parallel.fsdp"),
     ("rl-rollout-sampling", {"generate.temperature": 0.0}, "generate.temperature"),

@@ -285,6 +285,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("rl-batch", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 4}}, "train.global_batch_size"),
     ("rl-prompts-per-rank", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 16, "grpo_prompts_per_step": 4}},
      "stage.rl.grpo_prompts_per_step"),
+    ("rl-group-microbatch", {**RL, "stage.rl": {**RL_TABLE, "loss_normalization": "group"}},
+     "stage.rl.loss_normalization"),
     ("rl-pipeline", {**RL, "parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
     ("rl-reference-fsdp", {**RL, "parallel.fsdp": "megatron"}, "parallel.fsdp"),
     ("rl-rollout-sampling", {**RL, "generate.temperature": 0.0}, "generate.temperature"),
