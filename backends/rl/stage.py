@@ -150,16 +150,23 @@ class RLStage(StageBase):
             refuse(f"stage.rl.prompts: {self.config.prompts} holds no prompt")
 
     def setup(self, ctx: Any, *, layer_spec: Any, model_kwargs: Dict[str, Any]) -> None:
-        """Refuse pipeline parallelism and a Megatron-FSDP reference; build the rollout engine.
+        """Refuse pipeline parallelism and layers that ignore the prompts' key-padding mask; build
+        the rollout engine (the prompts read and tokenised).
 
         Raises:
             ValueError: what this stage cannot run here.
         """
         from megatron.core import parallel_state
 
+        from dlmspec.backends.megatron.layers import layer_spec_backend, layer_spec_takes_key_padding
+
         if parallel_state.get_pipeline_model_parallel_world_size() > 1:
             raise ValueError("an RL stage samples through one model chunk holding the whole model: "
                              "pipeline_model_parallel_size must be 1")
+        if layer_spec_backend(layer_spec) == "transformer_engine" and not layer_spec_takes_key_padding(layer_spec):
+            raise ValueError("an RL stage left-pads prompts of different lengths and hides the padding with a key-padding "
+                             "mask, which this Transformer Engine layer spec ignores: use dlmspec's build_layer_spec "
+                             "(its TE layers apply it) or use_transformer_engine=False")
         self.start_checks()
         run = self.run
         self._ctx = ctx
