@@ -99,8 +99,15 @@ def test_a_resumed_run_draws_the_rollouts_of_an_uninterrupted_one(tmp_path, cpu_
     assert {s["step"] for s in want} == {0, 2}  # a rollout batch every grpo_iterations = 2 steps
 
 
-def test_start_checks_refuse_a_missing_prompts_file(tmp_path) -> None:
+def test_start_checks_refuse_a_missing_or_malformed_prompts_file(tmp_path, capsys) -> None:
+    from dlmspec.backends.rl.rollout import default_core
+
     run = _rl_run(tmp_path)
-    with pytest.raises(SystemExit) as info:
-        RLStage(run, _options(prompts=str(tmp_path / "none.jsonl")), core=core()).start_checks()
-    assert info.value.code == 2 or "none.jsonl" in str(info.value)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"answer": "3"}\n')
+    for name in ("none.jsonl", "bad.jsonl"):
+        options = _options(prompts=str(tmp_path / name))
+        with pytest.raises(SystemExit) as info:
+            RLStage(run, options, core=default_core(options)).start_checks()
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and name in err and "Traceback" not in err, err
+    assert "bad.jsonl:2:" in err  # the malformed row, by file and line
