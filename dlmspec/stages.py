@@ -7,7 +7,7 @@ compiled ``train.py`` needs to build the stage: the imports of its options (``[s
 options to ``STAGES[kind](run, options)``. Its planner terms (e.g. a frozen reference model's
 memory) register in :mod:`dlmspec.plan.memory` (:func:`~dlmspec.plan.memory.register_stage_memory_term`).
 ``validate`` refuses a kind that is not registered (rule ``stage-kind-known``) and a kind the
-runtime cannot train (``runtime = False``: rule ``runtime-rl``).
+runtime cannot train (``runtime = False``: rule ``stage-kind-known``).
 
 Pure Python (no torch, no pydantic): the fast ``validate`` path imports it.
 """
@@ -31,7 +31,7 @@ class StageKind:
     Attributes:
         kind: The spec value (lowercase letters, digits, ``_`` and ``-``).
         summary: One line for messages (``validate`` lists the known kinds with it).
-        runtime: Whether the runtime trains it (``False``: ``validate`` refuses it, rule ``runtime-rl``).
+        runtime: Whether the runtime trains it (``False``: ``validate`` refuses it, rule ``stage-kind-known``).
         imports: ``(module, name)`` pairs ``train.py`` imports, as ``from module import name``;
             ``name = ""`` imports the module alone (a module that registers a runtime stage of
             another package with :func:`dlmspec.backends.megatron.stages.register_stage`).
@@ -111,5 +111,15 @@ register_stage_kind(StageKind(
     "sft", "supervised fine-tuning on conversations with response masks (backends/megatron/sft.py)",
     imports=(("dlmspec.backends.megatron.sft", "SftConfig"),), template="stage_sft.py.j2",
     options_call="build_sft()", template_values=_sft_values))
-register_stage_kind(StageKind("rl", "reinforcement learning from a reward",
-                              runtime=False))
+def _rl_values(resolved: Any) -> Dict[str, Any]:
+    """The rl stage's table (``[stage.rl]`` with defaults), its estimator and the rollout
+    sampler's ``[generate]`` settings (:func:`dlmspec.check.rl.rollout_values`)."""
+    from dlmspec.check.rl import rollout_values
+
+    return rollout_values(resolved.spec)
+
+
+register_stage_kind(StageKind(
+    "rl", "reinforcement learning from verifiable rewards: GRPO, diffu-GRPO, coupled-GRPO (backends/rl/stage.py)",
+    imports=(("dlmspec.backends.rl.stage", "RLConfig"),), template="stage_rl.py.j2",
+    options_call="build_rl()", template_values=_rl_values))

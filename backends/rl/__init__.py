@@ -11,6 +11,8 @@ stage (``[stage] kind = "rl"``).
 - :mod:`~dlmspec.backends.rl.rewards`: reward functions run in a pool of worker processes, each
   call with a timeout; failures are reported, never raised.
 - :mod:`~dlmspec.backends.rl.prompts`: the prompt file (JSON lines).
+- :mod:`~dlmspec.backends.rl.rollout`: one rank's rollouts, rewards, advantages and policy loss
+  (pure torch), and :mod:`~dlmspec.backends.rl.stage`: the RL stage of the training loop.
 
 Importing this package imports nothing: each module is imported where it is used (the reward
 workers import :mod:`~dlmspec.backends.rl.reward_worker` only, which needs no torch).

@@ -82,3 +82,9 @@ def _paths(ctx: Context) -> Iterator[Finding]:
             yield Finding("checkpoint.init_from", f"not on this machine ({what} is read)", _ELSEWHERE)
     if ck.load is not None and ck.load != ck.save and not _exists(ck.load):
         yield Finding("checkpoint.load", "not on this machine", _ELSEWHERE)
+    if ctx.spec.stage.kind == "rl":  # the RL stage's prompts and reward files (dlmspec/check/rl.py reads them)
+        from dlmspec.check.rl import rl_files
+
+        for key, path in rl_files(ctx.spec):
+            if not _exists(path):
+                yield Finding(key, f"{path}: not on this machine", _ELSEWHERE, value=path)

@@ -17,6 +17,7 @@ from dlmspec.plan import Plan
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, stage_memory_label
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
 from dlmspec.plan.sft import sft_lines
+from dlmspec.plan.rl import rl_lines
 
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
@@ -158,6 +159,8 @@ def plan_renderable(plan: Plan) -> Group:
     parts.append(summary)
     if plan.sft is not None:
         parts.append(Text("\n".join(sft_lines(plan.sft, lay.train_iters, t.to_train_seconds))))
+    if getattr(plan, "rl", None) is not None:
+        parts.append(Text("\n".join(rl_lines(plan.rl))))
     return Group(*parts)
 
 

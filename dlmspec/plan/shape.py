@@ -315,7 +315,7 @@ def model_shape(resolved: Resolved) -> ModelShape:
         segment_mask=(resolved.spec.stage.kind == "sft"
                       and needs_segment_mask(resolved.spec.stage.sft, resolved.spec.objective.kind)),
         stage_kind=resolved.spec.stage.kind,
-        stage_options=stage_options(resolved.spec.stage),
+        stage_options=stage_options(resolved.spec.stage, resolved.spec),
     )
 
 
@@ -337,12 +337,17 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def stage_options(stage: Any) -> tuple[tuple[str, Any], ...]:
+def stage_options(stage: Any, spec: Any = None) -> tuple[tuple[str, Any], ...]:
     """``[stage.<kind>]`` of ``stage`` (the ``[stage]`` table) as sorted, hashable ``(key, value)``
-    pairs; ``()`` when the kind has no table of that name or it is unset."""
+    pairs; ``()`` when the kind has no table of that name or it is unset. An RL stage's also holds
+    ``("generate", ...)``: the rollout sampler's ``[generate]`` table of ``spec`` (``()`` unset)."""
     table = {k: v for k, v in stage}.get(stage.kind)  # its fields only (an unknown attribute, or keys(), of the fast path's
     # SpecTable would build its pydantic twin)
-    return () if table is None else _frozen(table)
+    options = () if table is None else _frozen(table)
+    if stage.kind == "rl" and spec is not None:
+        generate = spec.generate
+        options = tuple(sorted(options + (("generate", () if generate is None else _frozen(generate)),)))
+    return options
 
 
 def layout(resolved: Resolved, impl: str | None = None) -> Layout:

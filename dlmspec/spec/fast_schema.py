@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0x00c91965
+SPEC_CRC32 = 0xbb787c28
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -287,10 +287,28 @@ SCHEMA: dict[str, dict[str, Any]] = {
         'validators': (),
         'properties': (),
         'fields': {
-            'algorithm': (('literal', ('diffu-grpo', 'grpo')), 'value', 'diffu-grpo'),
-            'num_rollouts': (('int', {'gt': 0}), 'value', 8),
-            'reward': (('str', 0), 'value', 'exact_match'),
-            'kl_coeff': (('float', {'ge': 0.0}), 'value', 0.04),
+            'algorithm': (('literal', ('diffu-grpo', 'coupled-grpo', 'grpo')), 'value', 'diffu-grpo'),
+            'estimator': (('union', (('literal', ('one-step', 'coupled', 'mc-elbo', 'ar')), ('none',))), 'value', None),
+            'elbo_samples': (('int', {'gt': 0}), 'value', 4),
+            'prompts': (('union', (('str', 0), ('none',))), 'value', None),
+            'prompts_on_error': (('literal', ('error', 'skip')), 'value', 'error'),
+            'chat_template': (('literal', ('chatml', 'llama3', 'plain', 'none')), 'value', 'chatml'),
+            'rewards': (('list', ('model', 'RewardSpec')), 'copy', []),
+            'reward_workers': (('int', {'gt': 0}), 'value', 2),
+            'reward_timeout_s': (('float', {'gt': 0}), 'value', 10.0),
+            'grpo_group_size': (('int', {'gt': 0}), 'value', 8),
+            'grpo_prompts_per_step': (('int', {'gt': 0}), 'value', 8),
+            'grpo_iterations': (('int', {'gt': 0}), 'value', 1),
+            'grpo_clamp_eps_lower': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.2),
+            'grpo_clamp_eps_upper': (('float', {'ge': 0.0}), 'value', 0.2),
+            'grpo_kl_beta': (('float', {'ge': 0.0}), 'value', 0.04),
+            'ref_model_sync_steps': (('union', (('int', {'gt': 0}), ('none',))), 'value', 64),
+            'prompt_mask_prob': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.15),
+            'advantage_scale': (('literal', ('std', 'none')), 'value', 'std'),
+            'filter_groups': (('bool',), 'value', False),
+            'loss_normalization': (('literal', ('token', 'sequence', 'group')), 'value', 'token'),
+            'truncated_completions': (('literal', ('keep', 'mask', 'zero_reward')), 'value', 'keep'),
+            'sample_log_interval': (('int', {'ge': 0}), 'value', 10),
         },
     },
     'BlendEntry': {
@@ -337,6 +355,14 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'signal_seconds_before_end': (('int', {'gt': 0}), 'value', 300),
             'requeue': (('bool',), 'value', True),
             'env': (('dict', ('str', 0)), 'copy', {}),
+        },
+    },
+    'RewardSpec': {
+        'validators': (),
+        'properties': (),
+        'fields': {
+            'function': (('str', 0), 'required', None),
+            'weight': (('float', {}), 'value', 1.0),
         },
     },
 }

@@ -75,6 +75,10 @@ def test_base_spec_is_clean() -> None:
 
 
 MOE = {"model.num_experts": 8}
+#: An RL stage BASE accepts: 8 prompts x 8 completions = the global batch of 64, one prompt per rank.
+RL_TABLE: dict[str, Any] = {"prompts": "p.jsonl", "grpo_group_size": 8, "grpo_prompts_per_step": 8}
+RL: dict[str, Any] = {"stage.kind": "rl", "stage.rl": RL_TABLE, "generate.temperature": 0.9,
+                      "checkpoint.init_from": "hf:m"}
 
 # (rule id, changes to BASE, key the issue must name)
 CASES: list[tuple[str, dict[str, Any], str]] = [
@@ -279,6 +283,21 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("generate-pipeline", {"parallel.pipeline_model_parallel_size": 2, "generate.gen_length": 64},
      "parallel.pipeline_model_parallel_size"),
     ("rl-objective", {"stage.kind": "rl", "stage.rl": {"algorithm": "grpo"}}, "stage.rl.algorithm"),
+    ("rl-table-missing", {"stage.kind": "rl", "generate.temperature": 0.9}, "stage.rl.prompts"),
+    ("rl-batch", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 4}}, "train.global_batch_size"),
+    ("rl-prompts-per-rank", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 16, "grpo_prompts_per_step": 4}},
+     "stage.rl.grpo_prompts_per_step"),
+    ("rl-group-microbatch", {**RL, "stage.rl": {**RL_TABLE, "loss_normalization": "group"}},
+     "stage.rl.loss_normalization"),
+    ("rl-pipeline", {**RL, "parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
+    ("rl-reference-fsdp", {**RL, "parallel.fsdp": "megatron"}, "parallel.fsdp"),
+    ("rl-rollout-sampling", {**RL, "generate.temperature": 0.0}, "generate.temperature"),
+    ("rl-reference-sync", {**RL, "stage.rl": {**RL_TABLE, "grpo_kl_beta": 0.0, "ref_model_sync_steps": 32}},
+     "stage.rl.ref_model_sync_steps"),
+    ("rl-clip-iterations", {**RL, "stage.rl": {**RL_TABLE, "grpo_clamp_eps_upper": 0.28}}, "stage.rl.grpo_clamp_eps_upper"),
+    ("rl-prompts-file", {**RL, "stage.rl": {**RL_TABLE, "prompts": "."}}, "stage.rl.prompts"),
+    ("rl-reward-function", {**RL, "stage.rl": {**RL_TABLE, "rewards": [{"function": "no_file_named"}]}},
+     "stage.rl.rewards.0.function"),
     ("finetune-from-scratch", {"stage.kind": "sft"}, "checkpoint.init_from"),
     ("init-from-format", {"checkpoint.init_from": "/models/llada"}, "checkpoint.init_from"),
     ("wandb-name-without-project", {"logging.wandb_exp_name": "run1"}, "logging.wandb_exp_name"),

@@ -62,7 +62,7 @@ TIGHT = {"train.seq_length": 196608, "model.max_position_embeddings": 196608, "t
 #: and the end-of-document id, and a schema error beside a rule error.
 FAILING: list[tuple[dict[str, Any], str, str]] = [
     ({"generate.block_length": 30}, "generate-settings", "generate.block_length"),
-    ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
+    ({"stage.kind": "rl"}, "rl-table-missing", "stage.rl.prompts"),
     ({"stage.kind": "sft", "objective.variable_length_prob": 0.01}, "sft-variable-length",
      "objective.variable_length_prob"),
     ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True, "pad_eos_tokens": 2}}, "sft-pad-eos-packed",
