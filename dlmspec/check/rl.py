@@ -339,8 +339,8 @@ def _rl_rewards(ctx: Context) -> Iterator[Finding]:
         where, sep, name = spec.rpartition(":")
         if not sep or not where or not name.isidentifier():
             yield Finding(key, "is not 'path/to/file.py:function' or 'builtin:NAME'",
-                          "write function = \"rewards.py:correct\" (a file and the function it defines) or "
-                          "\"builtin:exact_match\"", value=spec, fix=Fix({key: "builtin:exact_match"}))
+                          "write function = \"builtin:exact_match\", or a file and the function it defines "
+                          "(function = \"rewards.py:correct\")", value=spec, fix=Fix({key: "builtin:exact_match"}))
             continue
         if where == "builtin":
             if name not in BUILTIN_REWARDS:
