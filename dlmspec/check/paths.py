@@ -82,3 +82,6 @@ def _paths(ctx: Context) -> Iterator[Finding]:
             yield Finding("checkpoint.init_from", f"not on this machine ({what} is read)", _ELSEWHERE)
     if ck.load is not None and ck.load != ck.save and not _exists(ck.load):
         yield Finding("checkpoint.load", "not on this machine", _ELSEWHERE)
+    generation = ctx.spec.eval.generation if ctx.spec.eval is not None else None
+    if generation is not None and not _exists(generation.prompts):  # its rows: rule eval-generation-prompts
+        yield Finding("eval.generation.prompts", "not on this machine", f"{_ELSEWHERE}; `dlmspec task make` writes one")

@@ -290,7 +290,8 @@ def generate_command(
         run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty(), kv_cache=cached)
     finally:
         model.close()
-    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default", "decoding": decoding,
+    recorded = {**config.to_dict(), "preset": settings.preset, "batch_size": batch_size, "dtype": dtype or "default",
+                "decoding": decoding,
                 "kv_cache": cached, "kv_cache_fallback": fallback}
     for out in run["outputs"]:
         out["settings"] = recorded
