@@ -147,9 +147,10 @@ def _available_fields() -> frozenset[str]:
 def apply_preset(values: Any) -> Any:
     """``values`` (a ``[generate]`` table, or lm-eval model arguments) with its ``preset``'s
     settings filled in under the written keys, then ``steps`` / ``block_length`` following
-    ``gen_length`` (:func:`dlmspec.generate_settings.follow_gen_length`). ``preset`` stays in the
-    result (it is recorded). Anything that is not a dict, or has no ``preset``, only follows
-    ``gen_length``.
+    ``gen_length`` (:func:`dlmspec.generate_settings.follow_gen_length`). Where the table writes
+    ``gen_length``, a preset's ``steps`` or ``block_length`` equal to its own ``gen_length`` (one
+    token per step, one block) follows the written length instead. ``preset`` stays in the result
+    (it is recorded). Anything that is not a dict, or has no ``preset``, only follows ``gen_length``.
 
     Raises:
         PresetError: ``preset`` names no preset (a ``ValueError``: pydantic reports it on the key).
@@ -163,6 +164,10 @@ def apply_preset(values: Any) -> Any:
             raise PresetError(name)
         fields = _available_fields()
         filled = {k: v for k, v in preset.settings.items() if k in fields}
+        if "gen_length" in values:  # a preset's "one length" (steps or block = gen_length) follows a written gen_length
+            for key in ("steps", "block_length"):
+                if filled.get(key) == filled.get("gen_length"):
+                    filled.pop(key, None)
         values = {**filled, **values}
     return follow_gen_length(values)
 

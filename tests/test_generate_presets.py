@@ -42,7 +42,8 @@ def test_a_spec_preset_is_resolved_and_recorded(tmp_path):
     spec.write_text(f'extends = "{ROOT / "specs" / "demo-dlm.toml"}"\n[generate]\npreset = "llada-gsm8k-semi-ar"\n'
                     "gen_length = 128\n")
     table = load(spec).spec.generate
-    assert (table.preset, table.gen_length, table.block_length, table.steps) == ("llada-gsm8k-semi-ar", 128, 8, 256)
+    # the preset's one-token-per-step (steps = gen_length) follows the written gen_length; its block of 8 stays
+    assert (table.preset, table.gen_length, table.block_length, table.steps) == ("llada-gsm8k-semi-ar", 128, 8, 128)
     spec.write_text(f'extends = "{ROOT / "specs" / "demo-dlm.toml"}"\n[generate]\npreset = "nope"\n')
     result = CliRunner().invoke(app, ["validate", str(spec), "--json"])
     assert result.exit_code == 2
