@@ -105,6 +105,35 @@ def score_prompts(logits_fn: Callable[..., torch.Tensor], rows: Sequence[Dict[st
     return {"correct": correct, "count": len(rows), "forward_passes": passes, "completions": completions}
 
 
+def model_logits_fn(chunk: torch.nn.Module, tensor_model_parallel_size: int = 1) -> Callable[..., torch.Tensor]:
+    """:func:`~dlmspec.backends.generate.models.gpt_logits_fn` of the training model ``chunk``.
+
+    Under ``[kernels] cross_entropy = "fused_linear"`` the training model's output layer returns
+    its input (:func:`~dlmspec.backends.megatron.output_loss.defer_output_projection`), so the
+    model gives hidden states ``[b, s, h]``; they are projected here with the same weight
+    (``h @ W^T`` in fp32: the output layer's ``ColumnParallelLinear`` without bias; that kernel
+    runs at tensor-parallel size 1 only), giving the logits ``[b, s, V_padded]``.
+    """
+    from megatron.core.utils import unwrap_model
+
+    from dlmspec.backends.generate.models import gpt_logits_fn
+
+    from .output_loss import _hidden_passthrough
+
+    base = gpt_logits_fn(chunk, tensor_model_parallel_size=tensor_model_parallel_size)
+    inner = unwrap_model(chunk)
+    layer = getattr(inner, "output_layer", None)
+    if layer is None or getattr(layer.forward, "__func__", None) is not _hidden_passthrough:
+        return base
+    weight = inner.shared_embedding_or_output_weight() if inner.share_embeddings_and_output_weights else layer.weight
+
+    @torch.no_grad()
+    def projected(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return base(tokens, attention_mask) @ weight.float().t()
+
+    return projected
+
+
 class GenerationEvaluator:
     """Reads the prompts and builds the tokenizer once (at the start of training, so a bad file
     stops the run before the first step), then scores the model at :meth:`due` steps.
@@ -164,10 +193,9 @@ class GenerationEvaluator:
 
         from dlmspec.backends.generate.likelihood import wilson_interval
         from dlmspec.backends.generate.load import logits_columns
-        from dlmspec.backends.generate.models import gpt_logits_fn
 
         start = time.perf_counter()
-        logits_fn, _ = logits_columns(gpt_logits_fn(model[0], tensor_model_parallel_size=tensor_model_parallel_size),
+        logits_fn, _ = logits_columns(model_logits_fn(model[0], tensor_model_parallel_size),
                                       self.tokenizer.vocab_size, {})
         mine = list(range(dp_rank, len(self.rows), dp_size))
         was_training = [m.training for m in model]

@@ -105,3 +105,24 @@ def test_a_bad_prompts_file_stops_the_run_before_the_first_step_naming_file_and_
 
 def test_no_generation_eval_builds_nothing():
     assert build_generation_eval(SimpleNamespace(generation_eval=None)) is None
+
+
+def test_a_model_trained_with_the_fused_output_loss_is_sampled_from_its_logits(tmp_path, tmp_path_factory):
+    """Under cross_entropy = "fused_linear" the training model returns hidden states; the
+    evaluation projects them with the output weight and samples what the plain model samples."""
+    from dlmspec.backends.generate.models import gpt_logits_fn
+    from dlmspec.backends.megatron.generation_eval import model_logits_fn
+    from dlmspec.backends.megatron.output_loss import defer_output_projection
+
+    prompts = tmp_path / "test.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in addition_rows(PAIRS)))
+    tokens = torch.tensor([[1, 2, 10, 3, 11, MASK, MASK]])
+    with pytest.MonkeyPatch.context() as mp, megatron_cpu_world(tmp_path_factory, mp):
+        model = tiny_gpt().eval()
+        plain = gpt_logits_fn(model)(tokens)
+        before = _evaluator(prompts).run([model], device=torch.device("cpu"))["generation_examples"]
+        defer_output_projection(model)
+        assert gpt_logits_fn(model)(tokens).shape[-1] == 32  # hidden states now
+        torch.testing.assert_close(model_logits_fn(model)(tokens), plain, rtol=1e-5, atol=1e-5)
+        after = _evaluator(prompts).run([model], device=torch.device("cpu"))["generation_examples"]
+    assert after == before
