@@ -15,14 +15,18 @@ field for (``cache`` before block KV caches exist) stay in :attr:`Preset.protoco
 setting the peer uses that dlmspec's sampler does not have (Dream's ``alg = "entropy"``) is named
 there with the closest setting dlmspec applies. Plain Python: no torch import.
 
-Sources (all read for this table; file paths at the repositories' default branches):
+Sources (file paths at the repositories' default branches; where the text was read from a copy,
+the copy is named):
 
 - LLaDA (Nie et al. 2025, arXiv:2502.09992): the evaluation notes of github:ML-GSAI/LLaDA
   (``EVAL.md``: the Instruct table of gen_length / block_length per benchmark, "pure diffusion
-  sampling"; the semi-autoregressive GSM8K row gen_length 256, block_length 8, 78.6).
+  sampling"; the semi-autoregressive GSM8K row gen_length 256, block_length 8, 78.6), read as
+  stored in a public code index (the file's text; its repository was not shown there).
 - Fast-dLLM (Wu et al. 2025, arXiv:2505.22618): github:NVlabs/Fast-dLLM ``llada/eval_gsm8k.sh``
   (``length=256 block_length=32 num_fewshot=5``, ``threshold=0.9``, ``use_cache=True
-  dual_cache=True``) and ``v1/llada/eval_humaneval.sh`` (the same without ``--num_fewshot``).
+  dual_cache=True``; read from forks that keep the script's text, and cited by docs/generate.md
+  at commit 24cc59e) and ``v1/llada/eval_humaneval.sh`` (read from NVlabs/Fast-dLLM itself: the
+  same settings, no ``--num_fewshot``).
 - Dream (Ye et al. 2025, arXiv:2508.15487): github:DreamLM/Dream ``eval_instruct/eval.sh``
   (read as the copy ``Dream/eval_instruct/eval.sh`` of github:zhangshuibai/llada-reproduce):
   ``gsm8k_cot`` 0-shot ``max_new_tokens=256 diffusion_steps=256 temperature=0.1 top_p=0.9
