@@ -27,6 +27,7 @@ from dlmspec.check import stage  # noqa: F401
 from dlmspec.check import sft  # noqa: F401
 from dlmspec.check import rl  # noqa: F401
 from dlmspec.check import generate  # noqa: F401
+from dlmspec.check import eval_generation  # noqa: F401
 from dlmspec.check import strings  # noqa: F401
 from dlmspec.check import paths  # noqa: F401
 from dlmspec.check import slurm  # noqa: F401

@@ -34,7 +34,7 @@ def _generate_settings(ctx: Context) -> Iterator[Finding]:
     if table is None:
         return
     kind = ctx.spec.objective.kind
-    values = table.model_dump()
+    values = table.model_dump(exclude={"preset"})  # the preset's settings are filled in already
     # GenerateConfig stops at its first error: apply each fix and check again, so every finding (and
     # the fix of each, given the fixes before it) is reported at once
     for _ in range(len(values)):

@@ -88,3 +88,6 @@ def _paths(ctx: Context) -> Iterator[Finding]:
         for key, path in rl_files(ctx.spec):
             if not _exists(path):
                 yield Finding(key, f"{path}: not on this machine", _ELSEWHERE, value=path)
+    generation = ctx.spec.eval.generation if ctx.spec.eval is not None else None
+    if generation is not None and not _exists(generation.prompts):  # its rows: rule eval-generation-prompts
+        yield Finding("eval.generation.prompts", "not on this machine", f"{_ELSEWHERE}; `dlmspec task make` writes one")

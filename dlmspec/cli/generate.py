@@ -296,7 +296,8 @@ def generate_command(
         run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty(), kv_cache=cached)
     finally:
         model.close()
-    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default", "decoding": decoding,
+    recorded = {**config.to_dict(), "preset": settings.preset, "batch_size": batch_size, "dtype": dtype or "default",
+                "decoding": decoding,
                 "kv_cache": cached, "kv_cache_fallback": fallback}
     for out in run["outputs"]:
         out["settings"] = recorded
@@ -375,6 +376,13 @@ def eval_command(
     model_path: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help=_MODEL_HELP),
     data: Optional[str] = typer.Option(None, "--data", help="Indexed dataset PREFIX (PREFIX.bin/.idx, or PREFIX_text_document)."),
     choices: Optional[str] = typer.Option(None, "--choices", help='JSONL of {"context", "choices", "label"}: multiple-choice accuracy.'),
+    task: Optional[str] = typer.Option(None, "--task", help='JSONL of {"prompt", "answer"} (`dlmspec task make`): generation accuracy by exact match.'),
+    spec: Optional[str] = typer.Option(None, "--spec", help="A spec whose [generate] sets the sampler (over the checkpoint's) and whose [eval.generation] prompts is the task when --task is not given."),
+    max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="--task: score the file's first N prompts (default: all)."),
+    gen_length: Optional[int] = typer.Option(None, "--gen-length", help="--task: tokens generated per prompt."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="--task: denoising steps."),
+    block_length: Optional[int] = typer.Option(None, "--block-length", help="--task: semi-autoregressive block."),
+    remasking: Optional[str] = typer.Option(None, "--remasking", help="--task: low_confidence, random or threshold."),
     seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per scored window (default: the run's train.seq_length)."),
     num_sequences: int = typer.Option(64, "--num-sequences", help="Windows scored (the dataset's first)."),
     estimator: str = typer.Option(DEFAULT_ESTIMATOR, "--estimator", help="MDM ELBO: count (LLaDA Eq. 6, default: lower variance), time (Eq. 3, 1/t weights) or both."),
@@ -391,10 +399,15 @@ def eval_command(
     json_output: bool = typer.Option(False, "--json", help="Print the scores as JSON on stdout."),
 ) -> None:
     """Measure a model: AR perplexity, or the masked-diffusion ELBO bound on NLL per token with its
-    standard error and sample count; --choices: multiple-choice accuracy with a Wilson 95 % interval."""
+    standard error and sample count; --choices: multiple-choice accuracy with a Wilson 95 % interval;
+    --task: generation accuracy (exact match) with a Wilson 95 % interval and the settings used."""
     use_json(ctx, json_output)
-    if data is None and choices is None:
-        raise _issue("--data", None, "nothing to score", "--data PREFIX (an indexed dataset) and/or --choices FILE.jsonl")
+    from dlmspec.cli.eval_task import read_rows, score_task, task_source
+
+    task, max_prompts = task_source(task, spec, max_prompts)
+    if data is None and choices is None and task is None:
+        raise _issue("--data", None, "nothing to score", "--data PREFIX (an indexed dataset), --choices FILE.jsonl "
+                     "and/or --task FILE.jsonl")
     checks = [("--num-sequences", num_sequences, num_sequences >= 1, "--num-sequences 64"),
               ("--num-samples", num_samples, num_samples >= 2, "--num-samples 128 (a standard error needs >= 2)"),
               ("--samples-per-forward", samples_per_forward, samples_per_forward >= 1, "--samples-per-forward 16"),
@@ -405,12 +418,15 @@ def eval_command(
               ("--seed", seed, seed >= 0, "--seed 0")]
     if seq_length is not None:
         checks.append(("--seq-length", seq_length, seq_length >= 2, "--seq-length 512"))
+    if max_prompts is not None:
+        checks.append(("--max-prompts", max_prompts, max_prompts >= 1, "--max-prompts 500"))
     words = {"--estimator": "count, time, both", "--normalize": "sum, mean"}  # flags that take one of a few words
     bad = [_issue(key, value, f"not one of {words[key]}" if key in words else "out of range", fix).issues[0]
            for key, value, ok, fix in checks if not ok]
     if bad:  # every bad flag at once, before a checkpoint is read
         raise SpecError(bad)
     items = read_choices(choices) if choices is not None else None
+    rows = read_rows(task, max_prompts) if task is not None else None
     prefix = find_dataset(data) if data is not None else None
     model = _load(model_path, device, dtype, kind, mask_token_id)
     settings = {"estimator": estimator, "default_estimator": DEFAULT_ESTIMATOR, "num_samples": num_samples,
@@ -431,6 +447,16 @@ def eval_command(
             result.update(score_dataset(model, windows, estimators=estimators, num_samples=num_samples,
                                         samples_per_forward=samples_per_forward, eps=eps, seed=seed,
                                         batch_size=batch_size))
+        if rows is not None:
+            spec_table, locate = _spec_table(spec)
+            flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking)
+            config, gen_settings = resolve_settings(
+                kind=model.kind, mask_token_id=model.mask_token_id, eos_token_id=model.eos_token_id, pad_token_id=None,
+                lock_table=model.generate_table, lock_file=os.path.join(model.path, "spec.lock.toml"),
+                spec_table=spec_table, spec_locate=locate, flags=flags)
+            check_token_ids(model, config, gen_settings)
+            result["task"] = score_task(model, rows, path=task, config=config, settings=gen_settings,
+                                        batch_size=batch_size)
         if items is not None:
             result["choices"] = _score_choices(model, items, normalize=normalize, seed=seed, estimator=estimator,
                                                num_samples=num_samples, samples_per_forward=samples_per_forward,
@@ -506,6 +532,10 @@ def _print_eval(result: dict[str, Any]) -> None:
         console.print(f"ELBO bound ({name}{default}): {e['nll_per_token']:.4f} +- {e['stderr_per_token']:.4f} nats/token "
                       f"(1 standard error), perplexity <= {e['perplexity_bound']:.2f}; {e['num_samples']} samples x "
                       f"{e['num_sequences']} sequences")
+    if "task" in result:
+        from dlmspec.cli.eval_task import task_line
+
+        console.print(Text(terminal_safe(task_line(result["task"]))))
     if "choices" in result:
         c = result["choices"]
         lo, hi = c["interval_95"]

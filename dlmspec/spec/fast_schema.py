@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0xbb787c28
+SPEC_CRC32 = 0xf0f98ad1
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -31,6 +31,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'cluster': (('model', 'ClusterSpec'), 'table', None),
             'logging': (('model', 'LoggingSpec'), 'table', None),
             'generate': (('union', (('model', 'GenerateSpec'), ('none',))), 'value', None),
+            'eval': (('union', (('model', 'EvalSpec'), ('none',))), 'value', None),
             'lock': (('union', (('dict', ('any',)), ('none',))), 'value', None),
         },
     },
@@ -268,6 +269,14 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'top_p': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),
             'cfg_scale': (('float', {'ge': 0.0}), 'value', 0.0),
             'seed': (('int', {'ge': 0}), 'value', 0),
+            'preset': (('union', (('str', 0), ('none',))), 'value', None),
+        },
+    },
+    'EvalSpec': {
+        'validators': (),
+        'properties': (),
+        'fields': {
+            'generation': (('union', (('model', 'GenerationEvalSpec'), ('none',))), 'value', None),
         },
     },
     'SFTSpec': {
@@ -355,6 +364,17 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'signal_seconds_before_end': (('int', {'gt': 0}), 'value', 300),
             'requeue': (('bool',), 'value', True),
             'env': (('dict', ('str', 0)), 'copy', {}),
+        },
+    },
+    'GenerationEvalSpec': {
+        'validators': (),
+        'properties': (),
+        'fields': {
+            'prompts': (('str', 1), 'required', None),
+            'every': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'max_prompts': (('int', {'gt': 0}), 'value', 500),
+            'batch_size': (('int', {'gt': 0}), 'value', 64),
+            'checker': (('literal', ('exact_match',)), 'value', 'exact_match'),
         },
     },
     'RewardSpec': {

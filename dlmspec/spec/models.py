@@ -751,15 +751,43 @@ class GenerateSpec(Section):
     top_p: Float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")
     cfg_scale: Float = Field(0.0, ge=0.0, description="Classifier-free guidance w (LLaDA App. B.3); 0: none. MDM only.")
     seed: NonNegInt = Field(0, description="Seed of the sampler's random draws.")
+    preset: str | None = Field(None, description="A pinned evaluation protocol (dlmspec.generate_presets: "
+                               "'llada-gsm8k', 'fast-dllm-gsm8k', 'dream-gsm8k', ...): fills the keys not written; "
+                               "recorded with every output.")
 
     @model_validator(mode="before")
     @classmethod
     def _follow_gen_length(cls, data: Any) -> Any:
-        """``steps`` and ``block_length`` not written follow ``gen_length`` (LLaDA's defaults are one
-        length): :func:`dlmspec.generate_settings.follow_gen_length`."""
-        from dlmspec.generate_settings import follow_gen_length
+        """The ``preset``'s settings fill the keys not written, then ``steps`` and ``block_length``
+        not written follow ``gen_length`` (LLaDA's defaults are one length):
+        :func:`dlmspec.generate_presets.apply_preset`."""
+        from dlmspec.generate_presets import apply_preset
 
-        return follow_gen_length(data)
+        return apply_preset(data)
+
+
+class GenerationEvalSpec(Section):
+    """``[eval.generation]``: generation accuracy during training. At every ``every``-th step
+    (a multiple of ``train.eval_interval``; default: ``eval_interval``) the runtime samples the
+    first ``max_prompts`` prompts of ``prompts`` (JSONL ``{"prompt", "answer"}`` a line, as
+    ``dlmspec task make`` writes) with the current model and ``[generate]``'s settings, scores
+    each with ``checker`` (:mod:`dlmspec.tasks.check`) and logs ``eval/generation_accuracy``
+    with its count beside the validation loss (backends/megatron/generation_eval.py)."""
+
+    prompts: str = Field(min_length=1, description="JSONL of {\"prompt\", \"answer\"} rows (extra keys ignored).")
+    every: PosInt | None = Field(None, description="Steps between generation evaluations: a multiple of "
+                                 "train.eval_interval (default: eval_interval).")
+    max_prompts: PosInt = Field(500, description="Prompts scored each time (the file's first).")
+    batch_size: PosInt = Field(64, description="Prompts sampled together.")
+    checker: Literal["exact_match"] = Field("exact_match", description="How a completion is scored: the "
+                                            "normalised final answer equals the answer's (dlmspec.tasks.check).")
+
+
+class EvalSpec(Section):
+    """``[eval]``: evaluations the runtime runs at ``train.eval_interval`` besides the validation
+    loss: ``[eval.generation]`` (generation accuracy on a task)."""
+
+    generation: GenerationEvalSpec | None = None
 
 
 class Spec(Section):
@@ -783,6 +811,8 @@ class Spec(Section):
     logging: LoggingSpec = _table()
     generate: GenerateSpec | None = Field(
         None, description="Sampler settings of `dlmspec generate` / `eval` (left out of the lock file when absent).")
+    eval: EvalSpec | None = Field(
+        None, description="Evaluations during training besides the validation loss (left out of the lock file when absent).")
     lock: dict[str, Any] | None = Field(
         None,
         description="Written by `dlmspec compile` into spec.lock.toml (content hash, dlmspec version, "

@@ -18,6 +18,7 @@ import pytest
 import tomli_w
 
 import blend_examples
+import eval_generation_examples
 import sft_examples
 import test_validate
 import test_validate_compile_agree as agree
@@ -69,7 +70,8 @@ def examples() -> dict[str, Example]:
     found["checkpoint-inherited"] = Example({"extends": "base.toml", "name": "other",
                                              "logging": {"tensorboard_dir": "runs/other/tensorboard"}},
                                             kind="toml", files={"base.toml": parent})
-    for rule, (changes, files, _) in {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES}.items():
+    for rule, (changes, files, _) in {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES,
+                                      **eval_generation_examples.FILE_EXAMPLES}.items():
         found[rule] = Example(_base(changes), files=dict(files))
     return found
 
@@ -158,6 +160,7 @@ ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
     "tokenizer-files": (_action_tokenizer_model, "the tokenizer's files are the user's to name"),
     "eod-id-unknown": (_action_eod_id, "the id is in the tokenizer's files, which validate cannot read"),
     "slurm-value": (_action_slurm_partition, "partition, account, QOS and host names are the cluster's"),
+    "eval-generation-prompts": (eval_generation_examples.rewrite_prompts, "the prompts file is the user's to fix"),
     **{rule: (_action_blend_files, "the shards, their records and manifests are files `dlmspec data prepare` writes")
        for rule in blend_examples.FILE_EXAMPLES},
 }

@@ -26,6 +26,7 @@ import dlmspec.cli.plan
 import dlmspec.cli.validate
 import blend_examples
 import sft_examples
+import eval_generation_examples
 import test_validate
 import test_validate_hardening
 from dlmspec.check import RULES
@@ -63,6 +64,11 @@ TIGHT = {"train.seq_length": 196608, "model.max_position_embeddings": 196608, "t
 FAILING: list[tuple[dict[str, Any], str, str]] = [
     ({"generate.block_length": 30}, "generate-settings", "generate.block_length"),
     ({"stage.kind": "rl"}, "rl-table-missing", "stage.rl.prompts"),
+    ({"eval.generation": {"prompts": "p.jsonl", "every": 70}, "data.tokenizer": {"type": "HuggingFaceTokenizer",
+      "model": "org/name"}}, "eval-generation-every", "eval.generation.every"),
+    ({"eval.generation": {"prompts": "p.jsonl"}, "parallel.pipeline_model_parallel_size": 2,
+      "data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}}, "eval-generation-layout",
+     "parallel.pipeline_model_parallel_size"),
     ({"stage.kind": "sft", "objective.variable_length_prob": 0.01}, "sft-variable-length",
      "objective.variable_length_prob"),
     ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True, "pad_eos_tokens": 2}}, "sft-pad-eos-packed",
@@ -283,7 +289,7 @@ def test_plan_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 2 and ("plan", "<plan>", "error") in issues
 
 
-FILE_EXAMPLES = {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES}
+FILE_EXAMPLES = {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES, **eval_generation_examples.FILE_EXAMPLES}
 
 
 @pytest.mark.parametrize("rule", sorted(FILE_EXAMPLES))
