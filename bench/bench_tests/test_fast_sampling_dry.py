@@ -48,6 +48,7 @@ def test_dry_prints_every_step_in_order_and_exits_0_when_everything_is_present(t
     assert "--append-eod" in lines["data-train"] and "pretrain-train.jsonl" in lines["data-train"]
     # LLaDA's modelling code (which Fast-dLLM runs) has no q/k norm: the task model is trained without it
     assert "model.qk_layernorm=false" in lines["compile"] and "train.train_iters=300" in lines["compile"]
+    assert "checkpoint.save_interval=150" in lines["compile"]  # a half-way checkpoint survives a stopped training
     assert "launch.sh" in lines["train"] and "DLMSPEC_PYTHON=" in lines["train"]
     assert "transformers==4.49.0" in lines["peer-install"] and "--no-index" in lines["peer-install"]
     for side in ("measure-dlmspec", "measure-peers"):

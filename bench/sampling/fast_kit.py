@@ -215,8 +215,12 @@ def agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> Dict[st
 
 
 def _tps(summary: Dict[str, Any], name: str, batch: int) -> Optional[float]:
+    """tokens/s of ``name`` at ``batch``; ``None`` when not measured, or when a cache configuration ran
+    without its cache (the sampler's ``cache_fallback``: then it measured something else)."""
     entry = summary.get(name, {}).get("timing", {}).get(str(batch))
-    return entry.get("tokens_per_second") if entry else None
+    if not entry or entry.get("cache_fallback"):
+        return None
+    return entry.get("tokens_per_second")
 
 
 def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
@@ -284,7 +288,9 @@ def render_table(values: Dict[str, Any]) -> str:
         cells = [f"`{config.name}`"]
         for b in batches:
             t = entry.get("timing", {}).get(str(b))
-            cells.append(f"{t['tokens_per_second']:.0f} ({t['forward_passes']})" if t else entry.get("skipped", "n/a"))
+            fell_back = " no cache: fallback" if t and t.get("cache_fallback") else ""
+            cells.append(f"{t['tokens_per_second']:.0f} ({t['forward_passes']}){fell_back}" if t
+                         else ("skipped" if entry.get("skipped") else "n/a"))
         acc = entry.get("accuracy")
         cells.append(f"{acc['accuracy']:.3f} [{acc['interval_95'][0]:.3f}, {acc['interval_95'][1]:.3f}] (n={acc['n']})"
                      if acc and acc.get("accuracy") is not None else "n/a")

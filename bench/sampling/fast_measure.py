@@ -117,7 +117,7 @@ def measure(runners: Dict[str, Tuple[Optional[Runner], Optional[str]]], heldout:
             tokens = batch * args.gen_length
             entry["timing"][str(batch)] = {"seconds": seconds, "all_seconds": secs, "tokens": tokens,
                                            "tokens_per_second": tokens / seconds, "forward_passes": _passes(passes),
-                                           "prompt_tokens": int(prompts.shape[1])}
+                                           "prompt_tokens": int(prompts.shape[1]), **getattr(runner, "info", {})}
             print(fast_kit.stamp(t0, f"{name:32s} b{batch:<3d} {tokens / seconds:9.1f} tok/s  {_passes(passes)} passes"),
                   flush=True)
             save()
@@ -188,8 +188,13 @@ def dlmspec_runner(model: Any, config: fast_kit.Config, args: argparse.Namespace
 
     def run(prompts: Any) -> Tuple[Any, int]:
         out = generate(model.logits_fn, prompts, cfg, device=model.device, noise_schedule=model.noise_schedule)
+        per_row = list(getattr(out, "forward_passes_per_row", []) or [])
+        run.info = {"cache_run": getattr(out, "cache", "none"), "cache_fallback": getattr(out, "cache_fallback", None),
+                    "forward_passes_per_row_mean": sum(per_row) / len(per_row) if per_row else None,
+                    "config": {k: v for k, v in out.config.items() if k in wanted or k in ("remasking", "threshold")}}
         return out.sequences[:, out.prompt_length:], out.forward_passes
 
+    run.info = {}  # type: ignore[attr-defined]
     return run, None
 
 
@@ -257,7 +262,7 @@ def dlmspec_side(args: argparse.Namespace) -> int:
     fast_kit.write_json(work / "heldout.json", heldout)
     print(fast_kit.stamp(t0, f"loaded {args.ckpt} on {dev}; {len(ids)} held-out prompts, lengths "
                          f"{sorted(set(map(len, ids)))}"), flush=True)
-    extra: Dict[str, Any] = {"checkpoint": args.ckpt, "device": str(dev),
+    extra: Dict[str, Any] = {"checkpoint": args.ckpt, "iteration": model.iteration, "device": str(dev),
                              "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                              "model": {k: r.get(f"model.{k}") for k in ("num_layers", "hidden_size", "ffn_hidden_size",
                                                                          "num_attention_heads", "num_query_groups",

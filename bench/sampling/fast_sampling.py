@@ -82,6 +82,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma-separated configuration names (default all)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget-s", type=float, default=540, help="wall-clock budget of the whole run (default 540)")
+    p.add_argument("--measure-reserve-s", type=float, default=210,
+                   help="seconds kept for the measurement and report: the steps before them (training) are stopped "
+                   "when they would eat into it (default 210)")
     p.add_argument("--fast-dllm", default=str(ROOT / ".bench-peers" / "fast-dllm"), help="Fast-dLLM's files")
     p.add_argument("--peer-wheels", default=str(ROOT / ".bench-peers" / "wheels"), help="transformers 4.49.0 & co.")
     p.add_argument("--peer-site", default=None, help="where the peer wheels are installed (default WORK/peer-site)")
@@ -146,9 +149,11 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                 "model.qk_layernorm=false", f'checkpoint.save="{run_dir}/checkpoints"',
                 f'logging.run_dir="{run_dir}"', f'logging.tensorboard_dir="{run_dir}/tensorboard"',
                 f"cluster.gpus_per_node={args.gpus}"]
+        iters = args.train_iters or spec_train_iters(args.spec)
         if args.train_iters:
-            sets += [f"train.train_iters={args.train_iters}", f"checkpoint.save_interval={args.train_iters}",
-                     f"train.eval_interval={args.train_iters}", f"train.lr_warmup_iters={max(1, args.train_iters // 10)}"]
+            sets += [f"train.train_iters={iters}", f"train.lr_warmup_iters={max(1, iters // 10)}"]
+        if iters:  # a checkpoint half-way too: a training stopped by the time limit still leaves a model to measure
+            sets += [f"checkpoint.save_interval={max(1, iters // 2)}", f"train.eval_interval={iters}"]
         if args.gpu:
             sets.append(f'cluster.gpu="{args.gpu}"')
         compiled = work / "compiled"
@@ -171,6 +176,23 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                                     str(out / "fast-sampling-peers.json"), "--llada", str(llada), "--fast-dllm",
                                     str(Path(args.fast_dllm).resolve())] + flags, {"PEER_SITE": str(site)}))
     return steps
+
+
+def spec_train_iters(spec: str) -> Optional[int]:
+    """``[train] train_iters`` of the spec file (``None`` when it cannot be read: compile then says why)."""
+    import tomllib
+
+    try:
+        with open(spec, "rb") as f:
+            value = tomllib.load(f).get("train", {}).get("train_iters")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def trained_checkpoint(work: Path) -> bool:
+    """Whether the run left a checkpoint (``iter_*/dlmspec.json``) to measure."""
+    return any((work / "run" / "checkpoints").glob("iter_*/dlmspec.json"))
 
 
 def task_cli_available(python: str) -> Optional[str]:
@@ -268,6 +290,13 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
             print(fast_kit.stamp(t0, f"{name}: skipped, {left:.0f}s left"), flush=True)
             continue
         env = dict(extra)
+        if not name.startswith("measure-") and name != "peer-install":
+            left -= args.measure_reserve_s
+            if left < 15:
+                record[name] = {"command": common.show(cmd), "returncode": None, "skipped": "out of time"}
+                status = "failed"
+                print(fast_kit.stamp(t0, f"{name}: no time left before the measurement's reserve"), flush=True)
+                break
         if name == "measure-dlmspec":
             left = left * 0.55 if "measure-peers" in [s[0] for s in steps] else left
         if name.startswith("measure-"):
@@ -289,6 +318,10 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
         if code != 0:
             record[name]["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
             print("\n".join(record[name]["log_tail"]), file=sys.stderr, flush=True)
+            if name == "train" and trained_checkpoint(work):
+                status = "partial"  # stopped by its limit after a checkpoint: measure that one
+                record[name]["note"] = "stopped before its last iteration; the latest checkpoint is measured"
+                continue
             if not name.startswith("measure-"):
                 status = "failed"
                 break
