@@ -84,3 +84,18 @@ def test_table_has_a_row_per_measured_configuration_and_the_targets():
     assert rows[0].startswith("| `dlmspec/none/low_confidence` | 100 (10) | 800 (10) | 3200 (10) | 0.400 [0.360, 0.440]")
     assert "| batch 32: dlmspec/dual/threshold over dlmspec/none/low_confidence | 4.50 | >= 5 | no |" in table
     json.dumps(values)  # what the report writes is JSON
+
+
+def test_table_command_prints_a_results_settings_line_and_its_table(tmp_path, capsys):
+    from bench.sampling import fast_measure
+
+    values = {"settings": {"batches": [1, 8, 32], "gen_length": 64, "steps": 64, "block_length": 16, "threshold": 0.9,
+                           "factor": 1.0, "held_out": 512}, "configs": _summary()}
+    values["targets"] = fast_kit.targets(values["configs"], [1, 8, 32])
+    path = tmp_path / "2026-12-06-h100-fast.json"
+    path.write_text(json.dumps({"date": "2026-12-06", "hardware": {"gpu": "h100", "gpu_name": "NVIDIA H100 80GB HBM3"},
+                                "values": values}))
+    assert fast_measure.main(["table", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Measured 2026-12-06 on NVIDIA H100 80GB HBM3 (`2026-12-06-h100-fast.json`): gen_length 64")
+    assert fast_kit.render_table(values) in out

@@ -126,13 +126,18 @@ def measure(runners: Dict[str, Tuple[Optional[Runner], Optional[str]]], heldout:
         if runner is None:
             continue
         entry = result["configs"][name]
-        if time.time() > args.deadline:
-            entry.setdefault("cut", []).append("accuracy: deadline")
+        predicted = _predicted_pass_seconds(entry, len(ids))
+        if time.time() + (predicted or 0.0) > args.deadline:
+            entry.setdefault("cut", []).append(f"accuracy: would end after the deadline (predicted {predicted or 0:.0f}s)")
+            print(fast_kit.stamp(t0, f"{name}: held-out pass skipped, predicted {predicted or 0:.0f}s, "
+                                     f"{args.deadline - time.time():.0f}s left"), flush=True)
             continue
         generated: List[Optional[List[int]]] = [None] * len(ids)
         passes_total, start = 0, time.perf_counter()
         try:
             for group in fast_kit.eval_batches(lengths, args.eval_batch):
+                if time.time() > args.deadline:
+                    raise TimeoutError(f"deadline reached after {sum(g is not None for g in generated)} prompts")
                 prompts = torch.tensor([ids[i] for i in group], device=device)
                 gen, passes = runner(prompts)
                 passes_total += _passes(passes)
@@ -150,6 +155,17 @@ def measure(runners: Dict[str, Tuple[Optional[Runner], Optional[str]]], heldout:
               flush=True)
         save()
     save()
+
+
+def _predicted_pass_seconds(entry: Dict[str, Any], prompts: int) -> Optional[float]:
+    """Seconds the held-out pass of ``prompts`` prompts should take, from the timing at the largest
+    timed batch (seconds per prompt there; the pass's batches are at least as large, so this errs
+    long), or ``None`` without a timing."""
+    timing = entry.get("timing") or {}
+    if not timing:
+        return None
+    batch = max(timing, key=int)
+    return timing[batch]["seconds"] / int(batch) * prompts
 
 
 # --------------------------------------------------------------------------- dlmspec side
@@ -436,6 +452,21 @@ def _decoder(heldout: Dict[str, Any]) -> Callable[[List[int]], str]:
     return lambda ids: tok.detokenize([i for i in ids if i < limit])
 
 
+def table(args: argparse.Namespace) -> int:
+    """Print the docs/generate.md table of a suite result (``bench/results/sampling/...json``), under a
+    line naming its date, GPU and settings."""
+    data = json.loads(Path(args.result).read_text())
+    values = data.get("values", data)
+    s = values.get("settings", {})
+    hw = data.get("hardware", {})
+    print(f"Measured {data.get('date', '?')} on {hw.get('gpu_name') or hw.get('gpu', '?')} "
+          f"(`{Path(args.result).name}`): gen_length {s.get('gen_length')}, steps {s.get('steps')}, block_length "
+          f"{s.get('block_length')}, threshold {s.get('threshold')}, factor {s.get('factor')}, greedy, "
+          f"{s.get('held_out')} held-out prompts; tokens/s = batch x gen_length / seconds.\n")
+    print(fast_kit.render_table(values), end="")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="side", required=True)
@@ -471,8 +502,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--settings", default=None, help="the run's settings as JSON")
     r.add_argument("--out", required=True)
     r.add_argument("--table", default=None)
+    t = sub.add_parser("table", help="print the docs/generate.md table of a result file")
+    t.add_argument("result")
     args = p.parse_args(argv)
-    return {"dlmspec": dlmspec_side, "peers": peers_side, "report": report}[args.side](args)
+    return {"dlmspec": dlmspec_side, "peers": peers_side, "report": report, "table": table}[args.side](args)
 
 
 if __name__ == "__main__":
