@@ -46,6 +46,7 @@ def test_dry_prints_every_step_in_order_and_exits_0_when_everything_is_present(t
     lines = dict(line.split(": ", 1) for line in out.splitlines())
     assert "task make addition" in lines["task"] and "--test 512" in lines["task"]
     assert "--append-eod" in lines["data-train"] and "pretrain-train.jsonl" in lines["data-train"]
+    assert "--workers 8" in lines["data-train"] and "--workers 1" in lines["data-validation"]
     # LLaDA's modelling code (which Fast-dLLM runs) has no q/k norm: the task model is trained without it
     assert "model.qk_layernorm=false" in lines["compile"] and "train.train_iters=300" in lines["compile"]
     assert "checkpoint.save_interval=150" in lines["compile"]  # a half-way checkpoint survives a stopped training
@@ -55,7 +56,7 @@ def test_dry_prints_every_step_in_order_and_exits_0_when_everything_is_present(t
         assert "--batches 1,8,32" in lines[side] and "--eval-prompts 512" in lines[side]
     assert "--llada-out" in lines["measure-dlmspec"] and "--fast-dllm" in lines["measure-peers"]
     assert lines["result"] == str(tmp_path / "results" / "sampling" /
-                                  f"{TODAY}-cpu-fast-task-addition-dlm-gen64-b1-8-32.json")
+                                  f"{TODAY}-cpu-fast-task-addition-dlm-gen32-b1-8-32.json")
     assert not (tmp_path / "results").exists() and not (tmp_path / "work").exists()  # --dry writes nothing
 
 
@@ -98,3 +99,13 @@ def test_settings_that_cannot_run_exit_2_with_the_flag_and_a_value_that_works(ar
         fast_sampling.main(["--dry", *argv])
     assert exc.value.code == 2
     assert why in capsys.readouterr().err
+
+
+def test_a_spec_with_generation_eval_is_scored_on_the_validation_split_not_the_held_out_one(tmp_path, capsys):
+    flags = _present(tmp_path)
+    spec = Path(flags[flags.index("--spec") + 1])
+    spec.write_text(spec.read_text() + '\n[eval.generation]\nprompts = ".data/task-addition/test.jsonl"\n')
+    assert fast_sampling.main(["--dry", *flags], probe=lambda python: None) == 0
+    compile_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compile: "))
+    work = tmp_path / "work"
+    assert f'eval.generation.prompts="{work}/task/validation.jsonl"' in compile_line

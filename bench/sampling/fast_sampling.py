@@ -68,10 +68,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--ckpt", default=None, help="measure this checkpoint; skip task data preparation and training "
                    "(--task-dir must then hold the task)")
     p.add_argument("--task-dir", default=None, help="an existing task folder (default: made in the work directory)")
+    p.add_argument("--data-workers", type=int, default=8, help="tokenizer processes of data prepare (default 8)")
     p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--gen-length", type=int, default=64)
-    p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--gen-length", type=int, default=32,
+                   help="generated tokens (default 32: the answer, at most 7 tokens, in the first of 4 blocks)")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--block-length", type=int, default=8)
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--factor", type=float, default=1.0)
     p.add_argument("--cache-refresh", type=int, default=None, help="dlmspec's cache_refresh (default the sampler's)")
@@ -102,7 +104,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         p.error("--gen-length, --steps, --block-length, --repeats and --eval-batch must be >= 1")
     if args.gen_length % args.block_length or args.steps % (args.gen_length // args.block_length):
         p.error(f"--gen-length {args.gen_length} must be a multiple of --block-length {args.block_length}, and --steps "
-                "split evenly over the blocks (e.g. --gen-length 64 --steps 64 --block-length 16)")
+                "split evenly over the blocks (e.g. --gen-length 32 --steps 32 --block-length 8)")
     if args.ckpt and not args.task_dir:
         p.error("--ckpt needs --task-dir (the task folder the checkpoint was trained on)")
     if args.name and not all(c.isalnum() or c in "._-" for c in args.name):
@@ -141,7 +143,8 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
             steps.append((f"data-{split}", cli + [
                 "data", "prepare", "--input", str(task_dir / f"pretrain-{split}.jsonl"),
                 "--output-prefix", str(work / "data" / f"task-{split}"), "--tokenizer-type", "GPT2BPETokenizer",
-                "--vocab-file", str(tok / "vocab.json"), "--merge-file", str(tok / "merges.txt"), "--append-eod"], {}))
+                "--vocab-file", str(tok / "vocab.json"), "--merge-file", str(tok / "merges.txt"), "--append-eod",
+                "--workers", str(args.data_workers if split == "train" else 1)], {}))
         run_dir = work / "run"
         sets = [f'data.train=[{{prefix="{work}/data/task-train_text_document", weight=1.0}}]',
                 f'data.valid=[{{prefix="{work}/data/task-validation_text_document", weight=1.0}}]',
@@ -149,10 +152,12 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                 "model.qk_layernorm=false", f'checkpoint.save="{run_dir}/checkpoints"',
                 f'logging.run_dir="{run_dir}"', f'logging.tensorboard_dir="{run_dir}/tensorboard"',
                 f"cluster.gpus_per_node={args.gpus}"]
-        iters = args.train_iters or spec_train_iters(args.spec)
+        if spec_table(args.spec, "eval", "generation") is not None:  # scored on the validation split, once, at the end
+            sets += [f'eval.generation.prompts="{task_dir}/validation.jsonl"', "eval.generation.max_prompts=200"]
+        iters = args.train_iters or spec_table(args.spec, "train", "train_iters")
         if args.train_iters:
             sets += [f"train.train_iters={iters}", f"train.lr_warmup_iters={max(1, iters // 10)}"]
-        if iters:  # a checkpoint half-way too: a training stopped by the time limit still leaves a model to measure
+        if isinstance(iters, int) and iters > 0:  # a checkpoint half-way too: a training stopped by the time limit still leaves a model to measure
             sets += [f"checkpoint.save_interval={max(1, iters // 2)}", f"train.eval_interval={iters}"]
         if args.gpu:
             sets.append(f'cluster.gpu="{args.gpu}"')
@@ -178,16 +183,17 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
     return steps
 
 
-def spec_train_iters(spec: str) -> Optional[int]:
-    """``[train] train_iters`` of the spec file (``None`` when it cannot be read: compile then says why)."""
+def spec_table(spec: str, table: str, key: str) -> Any:
+    """``[table] key`` as written in the spec file (``None`` when absent or unreadable: compile then
+    says why)."""
     import tomllib
 
     try:
         with open(spec, "rb") as f:
-            value = tomllib.load(f).get("train", {}).get("train_iters")
+            section = tomllib.load(f).get(table, {})
     except (OSError, tomllib.TOMLDecodeError):
         return None
-    return value if isinstance(value, int) and value > 0 else None
+    return section.get(key) if isinstance(section, dict) else None
 
 
 def trained_checkpoint(work: Path) -> bool:
