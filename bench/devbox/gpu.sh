@@ -45,7 +45,7 @@ case "$suite" in
   fast-sampling)
     # The whole call is at most 600 s: what the install took is taken off the launcher's budget; the
     # launcher stops starting work when its budget runs out and writes what it measured.
-    budget=$(( 575 - ($(date +%s) - t_start) ))
+    budget=$(( 560 - ($(date +%s) - t_start) ))
     timeout -s TERM -k 10 $(( budget + 15 )) "$PY" bench/sampling/fast_sampling.py --out "$OUT" \
       --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@" ;;
   *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling)" >&2; exit 2 ;;

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -77,7 +78,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--factor", type=float, default=1.0)
     p.add_argument("--cache-refresh", type=int, default=None, help="dlmspec's cache_refresh (default the sampler's)")
-    p.add_argument("--repeats", type=int, default=2, help="timed generations per batch (the median is kept)")
+    p.add_argument("--repeats", type=int, default=3, help="timed generations per batch (the median is kept)")
     p.add_argument("--eval-batch", type=int, default=128)
     p.add_argument("--dlmspec-set", action="append", default=[], metavar="KEY=JSON",
                    help="another [generate] key for every dlmspec configuration")
@@ -179,7 +180,9 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                                       str(task_dir), "--llada-out", str(llada)] + flags + sets_d, {}))
     steps.append(("measure-peers", [py, str(MEASURE), "peers", "--work", str(work), "--partial",
                                     str(out / "fast-sampling-peers.json"), "--llada", str(llada), "--fast-dllm",
-                                    str(Path(args.fast_dllm).resolve())] + flags, {"PEER_SITE": str(site)}))
+                                    str(Path(args.fast_dllm).resolve())] + flags,
+                  # the pinned transformers first on the path, only in this process
+                  {"PYTHONPATH": os.pathsep.join(x for x in (str(site), common.child_env().get("PYTHONPATH", "")) if x)}))
     return steps
 
 
@@ -307,8 +310,6 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
             left = left * 0.55 if "measure-peers" in [s[0] for s in steps] else left
         if name.startswith("measure-"):
             cmd = cmd + ["--deadline", f"{now + left - 25:.0f}"]
-        if name == "measure-peers":
-            env["PYTHONPATH"] = ":".join(x for x in (env.pop("PEER_SITE"), common.child_env().get("PYTHONPATH", "")) if x)
         print(fast_kit.stamp(t0, f"{name}: {common.show(cmd)} (limit {left:.0f}s)"), flush=True)
         start = time.time()
         with open(log, "ab") as fh:
