@@ -99,3 +99,10 @@ def test_table_command_prints_a_results_settings_line_and_its_table(tmp_path, ca
     out = capsys.readouterr().out
     assert out.startswith("Measured 2026-12-06 on NVIDIA H100 80GB HBM3 (`2026-12-06-h100-fast.json`): gen_length 64")
     assert fast_kit.render_table(values) in out
+
+
+def test_speedups_give_each_configuration_over_each_implementations_own_baseline():
+    got = fast_kit.speedups(_summary(), [1, 32])
+    assert got["dlmspec/prefix/threshold"]["32"]["dlmspec/none/low_confidence"] == pytest.approx(6.0)
+    assert got["dlmspec/prefix/threshold"]["1"]["hf-loop/none/low_confidence"] == pytest.approx(12.0)
+    assert got["fast-dllm/dual/threshold"]["1"]["fast-dllm/none/low_confidence"] is None  # not measured

@@ -266,6 +266,16 @@ def targets(summary: Dict[str, Any], batches: Sequence[int]) -> List[Dict[str, A
     return out
 
 
+def speedups(summary: Dict[str, Any], batches: Sequence[int]) -> Dict[str, Dict[str, Dict[str, Optional[float]]]]:
+    """Per configuration and batch, its tokens/s over each no-cache low-confidence baseline
+    (dlmspec's, the peers' loop's and Fast-dLLM's own), so each implementation's own gain is
+    beside dlmspec's: ``{name: {batch: {baseline: ratio}}}``."""
+    bases = (BASELINE, "hf-loop/none/low_confidence", "fast-dllm/none/low_confidence")
+    return {c.name: {str(b): {base: _ratio(_tps(summary, c.name, b), _tps(summary, base, b)) for base in bases}
+                     for b in batches}
+            for c in CONFIGS if c.name in summary}
+
+
 # --------------------------------------------------------------------------- table
 
 

@@ -425,6 +425,7 @@ def report(args: argparse.Namespace) -> int:
     values = {"settings": settings, "scoring": scoring, "configs": summary,
               "sides": {p.get("side", "?"): {k: v for k, v in p.items() if k != "configs"} for p in parts}}
     values["targets"] = fast_kit.targets(summary, settings.get("batches", [1, 8, 32]))
+    values["speedups"] = fast_kit.speedups(summary, settings.get("batches", [1, 8, 32]))
     fast_kit.write_json(Path(args.out), values)
     table = fast_kit.render_table(values)
     if args.table:
