@@ -109,3 +109,12 @@ def test_a_spec_with_generation_eval_is_scored_on_the_validation_split_not_the_h
     compile_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compile: "))
     work = tmp_path / "work"
     assert f'eval.generation.prompts="{work}/task/validation.jsonl"' in compile_line
+
+
+def test_what_a_configuration_did_not_measure_is_listed_so_the_run_is_marked_partial():
+    complete = {"timing": {"1": {}, "8": {}}, "accuracy": {"accuracy": 0.5}}
+    assert fast_sampling._missing_parts(complete, [1, 8]) == []
+    cut = {"timing": {"1": {}}, "cut": ["accuracy: deadline"]}
+    assert fast_sampling._missing_parts(cut, [1, 8]) == ["timing b8", "accuracy", "accuracy: deadline"]
+    assert fast_sampling._missing_parts({"skipped": "no cache key"}, [1]) == ["skipped: no cache key"]
+    assert fast_sampling._missing_parts(None, [1]) == ["not run"]

@@ -126,7 +126,7 @@ def measure(runners: Dict[str, Tuple[Optional[Runner], Optional[str]]], heldout:
         if runner is None:
             continue
         entry = result["configs"][name]
-        predicted = _predicted_pass_seconds(entry, len(ids))
+        predicted = _predicted_pass_seconds(entry, len(fast_kit.eval_batches(lengths, args.eval_batch)))
         if time.time() + (predicted or 0.0) > args.deadline:
             entry.setdefault("cut", []).append(f"accuracy: would end after the deadline (predicted {predicted or 0:.0f}s)")
             print(fast_kit.stamp(t0, f"{name}: held-out pass skipped, predicted {predicted or 0:.0f}s, "
@@ -157,15 +157,15 @@ def measure(runners: Dict[str, Tuple[Optional[Runner], Optional[str]]], heldout:
     save()
 
 
-def _predicted_pass_seconds(entry: Dict[str, Any], prompts: int) -> Optional[float]:
-    """Seconds the held-out pass of ``prompts`` prompts should take, from the timing at the largest
-    timed batch (seconds per prompt there; the pass's batches are at least as large, so this errs
-    long), or ``None`` without a timing."""
+def _predicted_pass_seconds(entry: Dict[str, Any], batches: int) -> Optional[float]:
+    """The fewest seconds a held-out pass of ``batches`` generations can take: each at least as long
+    as one at the largest timed batch (the pass's batches are as large or larger), or ``None``
+    without a timing. A pass is skipped only when even this does not fit (one that then reaches the
+    deadline stops between batches)."""
     timing = entry.get("timing") or {}
     if not timing:
         return None
-    batch = max(timing, key=int)
-    return timing[batch]["seconds"] / int(batch) * prompts
+    return timing[max(timing, key=int)]["seconds"] * batches
 
 
 # --------------------------------------------------------------------------- dlmspec side

@@ -259,6 +259,18 @@ def settings(args: argparse.Namespace) -> Dict[str, Any]:
             "tokens_counted": "batch x gen_length (every implementation decodes every position)"}
 
 
+def _missing_parts(entry: Optional[Dict[str, Any]], batches: List[int]) -> List[str]:
+    """What a configuration's result lacks (empty: complete)."""
+    if not entry:
+        return ["not run"]
+    if entry.get("skipped"):
+        return [f"skipped: {entry['skipped']}"]
+    out = [f"timing b{b}" for b in batches if str(b) not in entry.get("timing", {})]
+    if not entry.get("accuracy"):
+        out.append("accuracy")
+    return out + list(entry.get("cut", [])) + list(entry.get("errors", []))
+
+
 def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]] = task_cli_available) -> int:
     t0 = time.time()
     args = parse_args(argv)
@@ -348,6 +360,12 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
     if code == 0 and report_json.exists():
         values.update(json.loads(report_json.read_text()))
     elif status == "ok":
+        status = "partial"
+    # what the run did not measure: a configuration skipped, cut by the deadline, failed, or unscored
+    values["incomplete"] = {c.name: _missing_parts(values.get("configs", {}).get(c.name), args.batch_list)
+                            for c in fast_kit.CONFIGS if (not args.only or c.name in args.only.split(","))}
+    values["incomplete"] = {k: v for k, v in values["incomplete"].items() if v}
+    if values["incomplete"] and status == "ok":
         status = "partial"
     path = common.finish(args, "sampling", result_name(args), [sys.executable, str(Path(__file__).resolve()), *raw],
                          values, status, notes="fast sampling: block caches and parallel decoding, task model, "
