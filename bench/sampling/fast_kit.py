@@ -1,6 +1,6 @@
 """Plain-Python parts of the fast-sampling suite (``bench/sampling/fast_sampling.py``): the
 configurations, the batching of held-out prompts, scoring (exact match, Wilson interval), token
-agreement, the issue's targets and the table for docs/generate.md. No torch import, so the CPU tests
+agreement, the speed and accuracy targets and the table for docs/generate.md. No torch import, so the CPU tests
 and the launcher's ``--dry`` use it without a GPU stack.
 
 Sources of the formulas:
@@ -8,7 +8,7 @@ Sources of the formulas:
 - Wilson score interval (Wilson 1927, "Probable inference, the law of succession, and statistical
   inference", JASA 22:209): ``(p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``,
   ``z = 1.96`` for 95 %.
-- Targets: the fast-sampling issue's "Done when" (dlmspec without cache at batch 1 >= 1.5x the
+- Targets (the fast-sampling feature's acceptance goals: dlmspec without cache at batch 1 >= 1.5x the
   peers' Hugging Face loop on the same settings; prefix and dual cache with threshold decoding
   >= 5x dlmspec's own no-cache low-confidence baseline at batch 32 and >= 3x at batch 1, and faster
   than Fast-dLLM's own implementation on the same model; accuracy within the no-cache run's 95 %
@@ -228,7 +228,7 @@ def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
 
 
 def targets(summary: Dict[str, Any], batches: Sequence[int]) -> List[Dict[str, Any]]:
-    """Each target of the issue beside its measured value: ``{"target", "measured", "goal", "met"}``
+    """Each speed and accuracy target beside its measured value: ``{"target", "measured", "goal", "met"}``
     (``measured`` ``None``, ``met`` ``None`` where a configuration is missing).
 
     ``summary``: config name -> ``{"timing": {batch: {"tokens_per_second", ...}}, "accuracy": {...}}``.
