@@ -106,3 +106,14 @@ def test_speedups_give_each_configuration_over_each_implementations_own_baseline
     assert got["dlmspec/prefix/threshold"]["32"]["dlmspec/none/low_confidence"] == pytest.approx(6.0)
     assert got["dlmspec/prefix/threshold"]["1"]["hf-loop/none/low_confidence"] == pytest.approx(12.0)
     assert got["fast-dllm/dual/threshold"]["1"]["fast-dllm/none/low_confidence"] is None  # not measured
+
+
+def test_compile_configurations_run_only_when_asked_and_after_all_the_others():
+    plain = [c.name for c in fast_kit.configs_of("dlmspec")]
+    assert not any(n.endswith("+compile") for n in plain)
+    both = [c.name for c in fast_kit.configs_of("dlmspec", with_compile=True)]
+    assert both[:len(plain)] == plain
+    assert both[len(plain):] == ["dlmspec/none/low_confidence+compile", "dlmspec/prefix/threshold+compile",
+                                 "dlmspec/dual/threshold+compile"]
+    assert [c.name for c in fast_kit.configs_of("dlmspec", ["dlmspec/dual/threshold+compile"])] == \
+        ["dlmspec/dual/threshold+compile"]

@@ -39,15 +39,18 @@ class Config:
         remasking: ``"low_confidence"`` (LLaDA: the schedule's count of most confident),
             ``"threshold"`` (Fast-dLLM: every confidence >= threshold, at least one) or ``"factor"``
             (Fast-dLLM's factor rule).
+        compile: dlmspec's ``[generate] compile = true`` (``torch.compile(mode="reduce-overhead")``:
+            CUDA graphs of the block forwards); measured after everything else (``--with-compile``).
     """
 
     impl: str
     cache: str
     remasking: str
+    compile: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.impl}/{self.cache}/{self.remasking}"
+        return f"{self.impl}/{self.cache}/{self.remasking}" + ("+compile" if self.compile else "")
 
     @property
     def side(self) -> str:
@@ -71,15 +74,23 @@ CONFIGS: Tuple[Config, ...] = (
     Config("fast-dllm", "prefix", "threshold"),
     Config("fast-dllm", "dual", "threshold"),
 )
-BY_NAME: Dict[str, Config] = {c.name: c for c in CONFIGS}
+#: dlmspec with CUDA graphs (``--with-compile``): after all of :data:`CONFIGS`, as their compilation
+#: takes time the others should have first.
+COMPILE_CONFIGS: Tuple[Config, ...] = (
+    Config("dlmspec", "none", "low_confidence", True),
+    Config("dlmspec", "prefix", "threshold", True),
+    Config("dlmspec", "dual", "threshold", True),
+)
+ALL_CONFIGS: Tuple[Config, ...] = CONFIGS + COMPILE_CONFIGS
+BY_NAME: Dict[str, Config] = {c.name: c for c in ALL_CONFIGS}
 #: The reference of token agreement and of the accuracy target: dlmspec's no-cache decoding.
 BASELINE = "dlmspec/none/low_confidence"
 BASELINE_THRESHOLD = "dlmspec/none/threshold"
 
 
-def configs_of(side: str, only: Optional[Sequence[str]] = None) -> List[Config]:
+def configs_of(side: str, only: Optional[Sequence[str]] = None, with_compile: bool = False) -> List[Config]:
     """The configurations ``side`` (``"dlmspec"`` or ``"peers"``) runs, restricted to ``only``
-    (names) when given.
+    (names) when given; with ``with_compile``, :data:`COMPILE_CONFIGS` last.
 
     Raises:
         ValueError: a name in ``only`` that is no configuration (the message lists them).
@@ -88,7 +99,8 @@ def configs_of(side: str, only: Optional[Sequence[str]] = None) -> List[Config]:
         unknown = [n for n in only if n not in BY_NAME]
         if unknown:
             raise ValueError(f"unknown configuration(s) {unknown}; known: {', '.join(BY_NAME)}")
-    return [c for c in CONFIGS if c.side == side and (not only or c.name in only)]
+    pool = ALL_CONFIGS if with_compile or (only and any(n in only for n in (c.name for c in COMPILE_CONFIGS))) else CONFIGS
+    return [c for c in pool if c.side == side and (not only or c.name in only)]
 
 
 # --------------------------------------------------------------------------- held-out prompts
@@ -273,7 +285,7 @@ def speedups(summary: Dict[str, Any], batches: Sequence[int]) -> Dict[str, Dict[
     bases = (BASELINE, "hf-loop/none/low_confidence", "fast-dllm/none/low_confidence")
     return {c.name: {str(b): {base: _ratio(_tps(summary, c.name, b), _tps(summary, base, b)) for base in bases}
                      for b in batches}
-            for c in CONFIGS if c.name in summary}
+            for c in ALL_CONFIGS if c.name in summary}
 
 
 # --------------------------------------------------------------------------- table
@@ -291,7 +303,7 @@ def render_table(values: Dict[str, Any]) -> str:
     batches = values.get("settings", {}).get("batches", [1, 8, 32])
     head = ["configuration"] + [f"tok/s b{b} (passes)" for b in batches] + ["accuracy [95% CI]", "agreement vs no-cache"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for config in CONFIGS:
+    for config in ALL_CONFIGS:
         entry = summary.get(config.name)
         if not entry:
             continue
@@ -338,8 +350,8 @@ def stamp(t0: float, message: str) -> str:
 
 
 def merge_configs(parts: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
-    """The ``configs`` of several workers' partial results, in :data:`CONFIGS` order."""
+    """The ``configs`` of several workers' partial results, in :data:`ALL_CONFIGS` order."""
     merged: Dict[str, Any] = {}
     for part in parts:
         merged.update(part.get("configs", {}))
-    return {c.name: merged[c.name] for c in CONFIGS if c.name in merged}
+    return {c.name: merged[c.name] for c in ALL_CONFIGS if c.name in merged}

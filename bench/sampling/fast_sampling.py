@@ -83,6 +83,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--dlmspec-set", action="append", default=[], metavar="KEY=JSON",
                    help="another [generate] key for every dlmspec configuration")
     p.add_argument("--only", default="", help="comma-separated configuration names (default all)")
+    p.add_argument("--with-compile", action="store_true", help="also dlmspec with [generate] compile = true (CUDA "
+                   "graphs): none/low_confidence, prefix/threshold, dual/threshold, after all the others")
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget-s", type=float, default=540, help="wall-clock budget of the whole run (default 540)")
     p.add_argument("--measure-reserve-s", type=float, default=210,
@@ -177,7 +179,8 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
     sets_d = [a for s in args.dlmspec_set for a in ("--dlmspec-set", s)]
     steps.append(("measure-dlmspec", [py, str(MEASURE), "dlmspec", "--work", str(work), "--partial",
                                       str(out / "fast-sampling-dlmspec.json"), "--ckpt", ckpt, "--task-dir",
-                                      str(task_dir), "--llada-out", str(llada)] + flags + sets_d, {}))
+                                      str(task_dir), "--llada-out", str(llada)] + flags + sets_d
+                  + (["--with-compile"] if args.with_compile else []), {}))
     steps.append(("measure-peers", [py, str(MEASURE), "peers", "--work", str(work), "--partial",
                                     str(out / "fast-sampling-peers.json"), "--llada", str(llada), "--fast-dllm",
                                     str(Path(args.fast_dllm).resolve())] + flags,
@@ -256,6 +259,7 @@ def settings(args: argparse.Namespace) -> Dict[str, Any]:
             "steps": args.steps, "block_length": args.block_length, "threshold": args.threshold, "factor": args.factor,
             "cache_refresh": args.cache_refresh, "repeats": args.repeats, "eval_batch": args.eval_batch,
             "temperature": 0.0, "eos_early_exit": False, "dlmspec_set": args.dlmspec_set,
+            "with_compile": args.with_compile,
             "tokens_counted": "batch x gen_length (every implementation decodes every position)"}
 
 
@@ -363,7 +367,8 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
         status = "partial"
     # what the run did not measure: a configuration skipped, cut by the deadline, failed, or unscored
     values["incomplete"] = {c.name: _missing_parts(values.get("configs", {}).get(c.name), args.batch_list)
-                            for c in fast_kit.CONFIGS if (not args.only or c.name in args.only.split(","))}
+                            for c in (fast_kit.ALL_CONFIGS if args.with_compile else fast_kit.CONFIGS)
+                            if (not args.only or c.name in args.only.split(","))}
     values["incomplete"] = {k: v for k, v in values["incomplete"].items() if v}
     if values["incomplete"] and status == "ok":
         status = "partial"
