@@ -268,7 +268,8 @@ def export_llada(model: Any, out: Path) -> Dict[str, Any]:
                   pad_token_id=model.pad_token_id, flash_attention=False, rope_full_precision=True,
                   attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0, torch_dtype="bfloat16",
                   vocab_size=padded)
-    hf_io.write_hf_checkpoint(str(out), mcore_to_hf_state_dict(state, dims), config)
+    # the work directory is the launcher's: a rerun replaces its export (overwrite) rather than measuring a stale one
+    hf_io.write_hf_checkpoint(str(out), mcore_to_hf_state_dict(state, dims), config, overwrite=True)
     del torch
     return config
 
@@ -309,6 +310,10 @@ def dlmspec_side(args: argparse.Namespace) -> int:
             extra["llada_export"] = str(args.llada_out)
         except Exception as exc:  # noqa: BLE001 - the peers side then reports it missing
             extra["llada_export_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            import shutil
+
+            shutil.rmtree(args.llada_out, ignore_errors=True)  # never leave an earlier run's export to be measured
+            (work / "probe.pt").unlink(missing_ok=True)
         print(fast_kit.stamp(t0, f"LLaDA export: {extra.get('llada_export') or extra['llada_export_error']}"), flush=True)
     runners = {c.name: dlmspec_runner(model, c, args)
                for c in fast_kit.configs_of("dlmspec", args.only, with_compile=args.with_compile)}

@@ -140,14 +140,15 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
     ckpt = args.ckpt
     if ckpt is None:
         if not args.task_dir:
+            # --force: the work directory is this launcher's own (a rerun on a warm machine replaces its files)
             steps.append(("task", cli + ["task", "make", args.task, "--out", str(task_dir), "--seed", "0",
-                                         "--test", str(args.test)] + args.task_args.split(), {}))
+                                         "--test", str(args.test), "--force"] + args.task_args.split(), {}))
         for split in ("train", "validation"):
             steps.append((f"data-{split}", cli + [
                 "data", "prepare", "--input", str(task_dir / f"pretrain-{split}.jsonl"),
                 "--output-prefix", str(work / "data" / f"task-{split}"), "--tokenizer-type", "GPT2BPETokenizer",
                 "--vocab-file", str(tok / "vocab.json"), "--merge-file", str(tok / "merges.txt"), "--append-eod",
-                "--workers", str(args.data_workers if split == "train" else 1)], {}))
+                "--workers", str(args.data_workers if split == "train" else 1), "--force"], {}))
         run_dir = work / "run"
         sets = [f'data.train=[{{prefix="{work}/data/task-train_text_document", weight=1.0}}]',
                 f'data.valid=[{{prefix="{work}/data/task-validation_text_document", weight=1.0}}]',
