@@ -75,7 +75,6 @@ def measure(runners: Dict[str, Tuple[Optional[Runner], Optional[str]]], heldout:
     """Time and run every runner (name -> ``(runner, None)`` or ``(None, why it is skipped)``) on the
     held-out prompts; write the partial result after each step and the ids at the end of each
     accuracy pass."""
-    import torch
 
     ids: List[List[int]] = heldout["ids"]
     lengths = [len(p) for p in ids]
@@ -236,7 +235,6 @@ def export_llada(model: Any, out: Path) -> Dict[str, Any]:
     Raises:
         ValueError: a model LLaDA's modelling code cannot express (q/k norm, biases).
     """
-    import torch
     from megatron.core.utils import unwrap_model
 
     from dlmspec.backends.convert import hf_io
@@ -270,7 +268,6 @@ def export_llada(model: Any, out: Path) -> Dict[str, Any]:
                   vocab_size=padded)
     # the work directory is the launcher's: a rerun replaces its export (overwrite) rather than measuring a stale one
     hf_io.write_hf_checkpoint(str(out), mcore_to_hf_state_dict(state, dims), config, overwrite=True)
-    del torch
     return config
 
 
