@@ -30,11 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 #: Known arrows back up, each with its reason; the lead removes an entry when its arrow goes.
-BACKWARD_ALLOWED = {
-    # Loading back a file `dlmspec show` wrote drops the defaults it filled in only when the
-    # resolved spec's content hash is unchanged: the loader resolves (lazily, for such files only).
-    ("dlmspec.spec.show", "dlmspec.resolve"),
-}
+BACKWARD_ALLOWED: set[tuple[str, str]] = set()
 
 #: Modules still over 800 lines that other work splits; the lead removes entries at merge.
 LONG_ALLOWED: set[str] = set()

@@ -72,6 +72,7 @@ def _model_info(model: Any) -> dict[str, Any]:
 def _spec_table(spec: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional[Callable[[str], Any]]]:
     if spec is None:
         return None, None
+    import dlmspec.resolve  # noqa: F401 - gives the loader its check of lock/show files' written defaults
     from dlmspec.spec.load import load
 
     loaded = load(spec)  # a SpecError (file, line, key) is reported by the group
