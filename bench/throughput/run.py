@@ -672,7 +672,7 @@ if "liger_kernel.transformers" in out:  # the exact import path hf_baseline.py t
         torch.manual_seed(0)
         model = hf_baseline.build_model(TINY, 16, device=torch.device("cpu"), param_dtype=torch.float32)
         obj = MaskedDiffusionObjective(TINY["mask_token_id"], eps=1e-3, loss_weighting="llada", variable_length_prob=0.0)
-        ob = obj.prepare(torch.randint(0, TINY["tokenizer_vocab"], (2, 16)), generator=torch.Generator().manual_seed(1))
+        ob = obj.prepare({"tokens": torch.randint(0, TINY["tokenizer_vocab"], (2, 16))}, torch.Generator().manual_seed(1))
         with torch.no_grad():
             plain = float(hf_baseline.plain_loss(model, ob))
             diffs = {r: abs(float(hf_baseline.make_flce_loss(hf_baseline.torch_fused_linear_cross_entropy, r)(model, ob)) - plain) / plain
