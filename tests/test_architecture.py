@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("dlmspec", "dlmspec.errors", "dlmspec.files", "dlmspec.escape", "dlmspec.credentials", "dlmspec.gpus",
               "dlmspec.params", "dlmspec.flops", "dlmspec.tokenizers", "dlmspec.generate_settings",
               "dlmspec.generated", "dlmspec.data", "dlmspec.names", "dlmspec.layout", "dlmspec.attention",
-              "dlmspec.objectives", "dlmspec.stages")),
+              "dlmspec.objectives", "dlmspec.stages", "dlmspec.wording")),
     ("spec", ("dlmspec.spec",)),
     ("resolve", ("dlmspec.resolve",)),
     ("plan", ("dlmspec.plan",)),
