@@ -44,6 +44,9 @@ _MODEL_HELP = ("A run folder (runs/NAME), its checkpoints folder (latest names t
 
 
 def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mask_token_id: Optional[int]) -> Any:
+    from dlmspec.backends.launch.no_gpu import quiet_megatron_without_gpu
+
+    quiet_megatron_without_gpu()  # before megatron-core's imports: without a GPU its warnings bury our message
     from dlmspec.backends.generate.load import LoadError, load_model
 
     if kind is not None and objectives.find(kind) is None:
