@@ -16,11 +16,16 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from dlmspec import objectives
-from dlmspec.names import OBJECTIVE_KINDS
 
-#: The decoding rules: "mdm" (masked diffusion) or "ar" (left to right); the names of
-#: ``[objective] kind``.
-KINDS = OBJECTIVE_KINDS
+
+def __getattr__(name: str) -> Any:
+    """``KINDS``: the decoding rules, the registered ``[objective] kind`` values
+    (:func:`dlmspec.objectives.kinds`: "mdm", masked diffusion, and "ar", left to right, first),
+    read from the registry each time so a plugin's kind counts."""
+    if name == "KINDS":
+        return objectives.kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 #: Which masked positions a step commits (docs/generate.md, "Remasking").
 REMASKING = ("low_confidence", "random", "threshold", "factor")
 #: The remasking rules whose block ends when it has no mask left (not after ``steps_per_block``).
@@ -189,8 +194,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def _validate(c: GenerateConfig) -> None:
-    if c.kind not in KINDS:
-        raise GenerateConfigError("kind", c.kind, "not a decoding rule", f'one of {", ".join(map(repr, KINDS))}')
+    if c.kind not in objectives.kinds():
+        raise GenerateConfigError("kind", c.kind, "not a decoding rule",
+                                  f'one of {", ".join(map(repr, objectives.kinds()))}')
     for name in ("gen_length", "steps", "block_length"):
         value = getattr(c, name)
         if not _is_int(value) or value < 1:
@@ -225,7 +231,7 @@ def _validate(c: GenerateConfig) -> None:
                                       f"{name} = None or the tokenizer's id")
     if not _is_int(c.seed) or not 0 <= c.seed < MAX_SEED:
         raise GenerateConfigError("seed", c.seed, f"must be a whole number in 0..{MAX_SEED - 1}", "seed = 0")
-    if not objectives.get(c.kind).diffusion:  # c.kind is one of KINDS (checked above)
+    if not objectives.get(c.kind).diffusion:  # c.kind is registered (checked above)
         if c.cfg_scale != 0.0:
             raise GenerateConfigError("cfg_scale", c.cfg_scale, "guidance is built for kind = 'mdm' only", "cfg_scale = 0.0")
         return

@@ -15,20 +15,10 @@ from typing import Any, Iterator
 
 from dlmspec import objectives
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.rl import ALGORITHMS, BUILTIN_REWARDS, DIFFUSION_ESTIMATORS, estimator_of, rewards_of  # noqa: F401
+from dlmspec.rl import rollout_values as rl_values
 
 #: ``stage.rl.algorithm`` -> (trains a masked-diffusion model?, its estimator, its source).
-ALGORITHMS: dict[str, tuple[bool, str, str]] = {
-    "diffu-grpo": (True, "one-step", "d1, Zhao et al. 2025, sec. 3.2 (one-step log-probability estimate)"),
-    "coupled-grpo": (True, "coupled", "DiffuCoder, Gong et al. 2025, sec. 5 (complementary mask pairs)"),
-    "grpo": (False, "ar", "GRPO, Shao et al. 2024, eq. 3 (exact token log-probabilities)"),
-}
-
-#: Estimators that score a masked-diffusion model (the others: an autoregressive one).
-DIFFUSION_ESTIMATORS = ("one-step", "coupled", "mc-elbo")
-
-#: Builtin rewards (backends/rl/rewards.py): ``builtin:<name>``.
-BUILTIN_REWARDS = ("exact_match", "format")
-
 #: Largest reward file validate parses (a reward module is small; a larger file is refused unread).
 REWARD_FILE_LIMIT = 4 * 1024 * 1024
 
@@ -50,16 +40,6 @@ def rl_table(spec: Any) -> Any:
 
     rl = spec.stage.rl
     return rl if rl is not None else section_defaults(spec, "RLSpec")
-
-
-def rewards_of(rl: Any) -> list[tuple[str, float]]:
-    """``[(function, weight)]`` of ``stage.rl.rewards``; unset (empty): ``builtin:exact_match``, weight 1."""
-    return [(r.function, float(r.weight)) for r in rl.rewards] or [("builtin:exact_match", 1.0)]
-
-
-def estimator_of(rl: Any) -> str:
-    """The estimator the stage uses: ``stage.rl.estimator``, else the algorithm's."""
-    return rl.estimator or ALGORITHMS[rl.algorithm][1]
 
 
 def _is_rl(ctx: Context) -> bool:
@@ -373,16 +353,8 @@ def _rl_rewards(ctx: Context) -> Iterator[Finding]:
 
 
 def rollout_values(spec: Any) -> dict[str, Any]:
-    """What ``stage_rl.py.j2`` renders into ``train.py``'s ``build_rl()``: ``section`` (``[stage.rl]``
-    with defaults), ``estimator`` (the algorithm's when unset), ``rewards`` (``[(function, weight)]``)
-    and ``generate`` (the rollout sampler's ``[generate]`` settings, defaults filled, as
-    ``GenerateConfig`` keywords)."""
+    """:func:`dlmspec.rl.rollout_values` of ``spec``: its ``[stage.rl]`` and ``[generate]`` with defaults filled."""
     from dlmspec.spec.fast import section_defaults
 
-    rl = rl_table(spec)
     gen = spec.generate if spec.generate is not None else section_defaults(spec, "GenerateSpec")
-    keys = ("gen_length", "steps", "block_length", "remasking", "threshold", "temperature", "top_k", "top_p",
-            "cfg_scale", "seed")
-    return {"section": rl, "estimator": estimator_of(rl),
-            "rewards": rewards_of(rl),
-            "generate": {k: getattr(gen, k) for k in keys}}
+    return rl_values(rl_table(spec), gen)

@@ -44,6 +44,9 @@ _MODEL_HELP = ("A run folder (runs/NAME), its checkpoints folder (latest names t
 
 
 def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mask_token_id: Optional[int]) -> Any:
+    from dlmspec.backends.launch.no_gpu import quiet_megatron_without_gpu
+
+    quiet_megatron_without_gpu()  # before megatron-core's imports: without a GPU its warnings bury our message
     from dlmspec.backends.generate.load import LoadError, load_model
 
     if kind is not None and objectives.find(kind) is None:
@@ -72,6 +75,7 @@ def _model_info(model: Any) -> dict[str, Any]:
 def _spec_table(spec: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional[Callable[[str], Any]]]:
     if spec is None:
         return None, None
+    import dlmspec.resolve  # noqa: F401 - gives the loader its check of lock/show files' written defaults
     from dlmspec.spec.load import load
 
     loaded = load(spec)  # a SpecError (file, line, key) is reported by the group

@@ -18,6 +18,7 @@ from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, stage_memory_la
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
 from dlmspec.plan.sft import sft_lines
 from dlmspec.plan.rl import rl_lines
+from dlmspec.wording import count
 
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
@@ -82,7 +83,7 @@ def plan_renderable(plan: Plan) -> Group:
     ep = f", EP {lay.ep} x ETP {lay.etp}" if plan.shape.is_moe else ""
     head.append(
         f"TP {lay.tp}{' (SP)' if lay.sp and lay.tp > 1 else ''} x PP {lay.pp}{vpp} x CP {lay.cp} x DP {lay.dp}{ep}; "
-        f"micro batch {lay.micro_batch} x {lay.num_microbatches} microbatches x seq {lay.seq}; "
+        f"micro batch {lay.micro_batch} x {count(lay.num_microbatches, 'microbatch')} x seq {lay.seq}; "
         f"recompute {lay.recompute}; distributed optimizer {'on' if lay.distributed_optimizer else 'off'}"
         + (f"; fp8 (recipe {lay.fp8_recipe})" if lay.fp8 else "") + "\n"
     )
@@ -173,7 +174,7 @@ def search_renderable(result: SearchResult, top: int, *, set_lines: bool = True)
 
     parts: list = []
     if result.spec_layout_issues:
-        note = Text(f"The spec's own layout breaks {len(result.spec_layout_issues)} rule(s); the search sets "
+        note = Text(f"The spec's own layout breaks {count(len(result.spec_layout_issues), 'rule')}; the search sets "
                     "these keys itself, so they do not apply to the layouts below:\n", style="yellow")
         for issue in result.spec_layout_issues:
             note.append(f"  {issue.key} = {issue.value!r}: {issue.message} [{issue.rule}]\n")

@@ -63,7 +63,7 @@ def test_validate_ok() -> None:
     r = resolve(load(DEMO).spec)
     result = run("validate", DEMO)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith("ok: demo-dlm: 152.7M parameters, 1 GPU(s) as TP 1 x PP 1 x CP 1 x DP 1")
+    assert result.stdout.startswith("ok: demo-dlm: 152.7M parameters, 1 GPU as TP 1 x PP 1 x CP 1 x DP 1")
     assert f"{r.train_iters:,} steps of 16,384 tokens; planned peak " in result.stdout
     assert "GiB per GPU" in result.stdout
     assert result.stderr == ""
