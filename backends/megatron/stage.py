@@ -557,7 +557,8 @@ class PretrainStage(StageBase):
         return stage_feeds(run, ctx, train_ds, valid_ds, consumed_samples=consumed_samples, num_chunks=num_chunks)
 
     def prepare_model(self, model: List[torch.nn.Module]) -> str:
-        """Apply ``kernels.cross_entropy``: ``"fused_linear"`` moves the last stage's output layer
+        """Let the objective adapt the model (its ``prepare_model(model)``, where it has one), then
+        apply ``kernels.cross_entropy``: ``"fused_linear"`` moves the last stage's output layer
         into the loss (:meth:`ObjectiveForwardStep.use_fused_linear_cross_entropy`).
 
         Returns:
@@ -567,6 +568,9 @@ class PretrainStage(StageBase):
         Raises:
             ValueError: an unknown ``kernels.cross_entropy``.
         """
+        prepare = getattr(self.objective, "prepare_model", None)
+        if prepare is not None:  # an objective that adapts the model (block diffusion's repeated RoPE)
+            prepare(model)
         cross_entropy = self.run.kernels.cross_entropy
         if cross_entropy == "fused_linear":
             fused_impl = self._forward_step.use_fused_linear_cross_entropy(model, self.run.kernels.fused_linear_impl)
