@@ -209,3 +209,18 @@ def _sdpa(ctx: Context) -> Iterator[Finding]:
                       f"SDPA applies the x_t (+) x_0 mask as a dense {n} x {n} tensor on its memory-efficient kernel",
                       "set model.attention_backend = 'flex' (a BlockMask that skips the masked tiles)",
                       value=ctx.spec.model.attention_backend, fix=Fix({"model.attention_backend": "flex"}))
+
+
+@rule(
+    "bd3lm-sft-packed",
+    "error",
+    "backends/megatron/sft.py SftForwardStep (packed conversations are segments apart by a per-query mask; "
+    "block diffusion's mask is one function of positions over x_t (+) x_0)",
+    "block-diffusion SFT runs one conversation a sequence",
+)
+def _sft_packed(ctx: Context) -> Iterator[Finding]:
+    sft = ctx.spec.stage.sft
+    if _bd3(ctx) and ctx.spec.stage.kind == "sft" and sft is not None and sft.packed_sequence:
+        yield Finding("stage.sft.packed_sequence", "block diffusion does not take the segment masks of packed "
+                      "conversations", "set stage.sft.packed_sequence = false (one conversation a sequence, "
+                      "padded with EOS)", fix=Fix({"stage.sft.packed_sequence": False}))

@@ -90,7 +90,9 @@ class BlockDiffusion(Objective):
                                 _get(objective, "noise_schedule_exponent", None))
 
     def unsupervised_padding_segment(self, pad_eos_tokens: Any) -> bool:
-        return pad_eos_tokens is not None
+        """SFT: no segment of its own for the unsupervised padding: it stays clean context after
+        the response, and a block sees only itself and the clean blocks before it."""
+        return False
 
     def attended_keys(self, objective: Any, seq_length: int) -> float:
         """Planner: mean keys per query of the ``2 * seq_length`` input

@@ -79,6 +79,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
     ({**BD3, "parallel.pipeline_model_parallel_size": 2}, "bd3lm-pipeline", "parallel.pipeline_model_parallel_size"),
     ({**BD3, "data.reset_attention_mask": True}, "bd3lm-document-mask", "data.reset_attention_mask"),
     ({**BD3, "model.attention_backend": "sdpa"}, "bd3lm-dense-sdpa", "model.attention_backend"),
+    ({**BD3, "stage.kind": "sft", "stage.sft": {"packed_sequence": True}}, "bd3lm-sft-packed",
+     "stage.sft.packed_sequence"),
     ({"generate.block_length": 30}, "generate-settings", "generate.block_length"),
     ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
     ({"stage.kind": "sft", "objective.variable_length_prob": 0.01}, "sft-variable-length",
