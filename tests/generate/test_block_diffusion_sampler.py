@@ -86,3 +86,57 @@ def test_lengths_that_are_not_whole_blocks_are_refused(gpt, kwargs, match) -> No
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         bd3_generate(gpt, torch.zeros(1, 4, dtype=torch.long), **args)
+
+
+def _loaded(gpt):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=gpt, record={"objective.block_size": 4}, mask_token_id=MASK, vocab_size=MASK,
+                           device=torch.device("cpu"), decode=lambda ids: " ".join(map(str, ids)))
+
+
+def test_dlmspec_generate_samples_a_block_diffusion_model_with_its_cache(gpt) -> None:
+    from types import SimpleNamespace
+
+    from dlmspec.backends.generate.block_diffusion import bd3_generate
+    from dlmspec.cli.generate import _run_block_diffusion
+
+    config = SimpleNamespace(gen_length=8, steps=4, seed=0, temperature=0.0)
+    prompts = [{"prompt_ids": [5, 6, 7, 8]}, {"prompt_ids": [9, 10, 11, 12, 13, 14, 15, 16]}]
+    out = _run_block_diffusion(_loaded(gpt), prompts, [p["prompt_ids"] for p in prompts], config, batch_size=2)
+    assert [len(o["ids"]) for o in out["outputs"]] == [8, 8] and out["generated_tokens"] == 16
+    alone = bd3_generate(gpt, torch.tensor([[5, 6, 7, 8]]), gen_length=8, block_size=4, steps_per_block=2,
+                         mask_token_id=MASK, cache=False, vocab_size=MASK)
+    assert out["outputs"][0]["ids"] == alone[0, 4:].tolist()
+
+
+def test_dlmspec_generate_refuses_a_prompt_that_is_not_whole_blocks(gpt) -> None:
+    from types import SimpleNamespace
+
+    from dlmspec.cli.generate import _run_block_diffusion
+    from dlmspec.errors import SpecError
+
+    config = SimpleNamespace(gen_length=8, steps=4, seed=0, temperature=0.0)
+    with pytest.raises(SpecError) as caught:
+        _run_block_diffusion(_loaded(gpt), [{"prompt_ids": [5, 6, 7]}], [[5, 6, 7]], config, batch_size=1)
+    assert "blocks of 4" in str(caught.value.issues[0]) and "prepend EOS" in str(caught.value.issues[0])
+
+
+def test_dlmspec_eval_scores_a_block_diffusion_model_with_its_nelbo(gpt) -> None:
+    from dlmspec.backends.generate.block_diffusion import bd3_forward
+    from dlmspec.backends.generate.likelihood import bd3_nelbo
+    from dlmspec.cli.generate import score_dataset
+
+    model = _loaded(gpt)
+    model.kind, model.noise_schedule = "bd3lm", None
+    windows = torch.randint(0, 60, (3, 8), generator=torch.Generator().manual_seed(4))
+    got = score_dataset(model, windows, estimators=["count"], num_samples=4, samples_per_forward=2, eps=1e-3, seed=7,
+                        batch_size=2, show_progress=False)["elbo"]["bd3"]
+    from dlmspec.backends.generate.likelihood import merge_elbo_results
+
+    g = torch.Generator().manual_seed(7)  # the library, batch after batch on one generator
+    parts = [bd3_nelbo(bd3_forward(gpt), b, block_size=4, mask_token_id=MASK, generator=g, num_samples=4,
+                       samples_per_forward=2) for b in (windows[:2], windows[2:])]
+    want = merge_elbo_results(parts).total()
+    assert got["num_tokens"] == 24 and got["estimator"] == "bd3" and got["stderr_per_token"] > 0
+    assert got["nll_per_token"] == pytest.approx(want["nll_per_token"], rel=1e-6)
