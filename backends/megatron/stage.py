@@ -583,7 +583,11 @@ class PretrainStage(StageBase):
         return cross_entropy
 
     def before_step(self, iteration: int, model: List[torch.nn.Module]) -> None:
-        """Nothing: pre-training's microbatches come from its datasets."""
+        """Tell the objective the step (its ``set_iteration``, where it has one: block diffusion's
+        block-size schedule); pre-training's microbatches come from its datasets."""
+        set_iteration = getattr(self.objective, "set_iteration", None)
+        if set_iteration is not None:
+            set_iteration(iteration)
 
     def forward_step(self, data_iterator: Iterator[MicrobatchItem], model: torch.nn.Module):
         """:class:`ObjectiveForwardStep` on the next microbatch."""

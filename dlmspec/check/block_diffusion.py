@@ -72,14 +72,15 @@ def _clip_order(ctx: Context) -> Iterator[Finding]:
 @rule(
     "bd3lm-keys-ignored",
     "warning",
-    "dlmspec.spec.models.ObjectiveSpec (noise_clip_min, noise_clip_max, ar_loss_weight: block diffusion only)",
+    "dlmspec.spec.models.ObjectiveSpec (noise_clip_min, noise_clip_max, ar_loss_weight, block_size_schedule: block "
+    "diffusion only)",
     "block diffusion's keys are given only with a block-diffusion objective",
 )
 def _ignored(ctx: Context) -> Iterator[Finding]:
     if _bd3(ctx):
         return
     o = ctx.spec.objective
-    for key in ("noise_clip_min", "noise_clip_max", "ar_loss_weight"):
+    for key in ("noise_clip_min", "noise_clip_max", "ar_loss_weight", "block_size_schedule"):
         if getattr(o, key) is not None:
             yield Finding(f"objective.{key}", f"has no effect with objective.kind = {o.kind!r}",
                           f"remove objective.{key}, or set objective.kind = 'bd3lm'", fix=Fix(unset=(f"objective.{key}",)))
@@ -224,3 +225,29 @@ def _sft_packed(ctx: Context) -> Iterator[Finding]:
         yield Finding("stage.sft.packed_sequence", "block diffusion does not take the segment masks of packed "
                       "conversations", "set stage.sft.packed_sequence = false (one conversation a sequence, "
                       "padded with EOS)", fix=Fix({"stage.sft.packed_sequence": False}))
+
+
+@rule(
+    "bd3lm-block-schedule",
+    "error",
+    "dlmspec/objectives/bd3lm.py block_at (piecewise constant from step 0) and kuleshov-group/bd3lms _sample_t "
+    "(num_blocks = n // block_size): each phase's block divides seq_length",
+    "a block-size schedule starts at step 0, its steps increase, and each block divides seq_length",
+)
+def _block_schedule(ctx: Context) -> Iterator[Finding]:
+    schedule = ctx.spec.objective.block_size_schedule
+    if not _bd3(ctx) or not schedule:
+        return
+    s = ctx.spec.train.seq_length
+    steps = [int(step) for step, _ in schedule]
+    bad = [int(b) for _, b in schedule if s % int(b)]
+    if steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])) or bad:
+        fixed, last = [], -1
+        for step, block in schedule:
+            step = 0 if not fixed else max(int(step), last + 1)
+            fixed.append([step, largest_divisor_at_most(s, int(block))])
+            last = step
+        why = (f"block {bad[0]} does not divide seq_length = {s}" if bad else
+               "the steps must start at 0 and increase")
+        yield Finding("objective.block_size_schedule", why,
+                      f"set objective.block_size_schedule = {fixed}", fix=Fix({"objective.block_size_schedule": fixed}))

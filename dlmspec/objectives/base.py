@@ -73,10 +73,11 @@ class Objective:
         (:func:`dlmspec.plan.shape.input_length`)."""
         return 0
 
-    def attended_keys(self, objective: Any, seq_length: int) -> Optional[float]:
+    def attended_keys(self, objective: Any, seq_length: int, train_iters: int = 0) -> Optional[float]:
         """Mean keys a query attends over the model's input (``seq_length + extra_seq_length``),
-        where the objective's own mask sets it (block diffusion's ``x_t (+) x_0``); ``None``: the
-        layer pattern's (:func:`dlmspec.flops.attended_keys`)."""
+        where the objective's own mask sets it (block diffusion's ``x_t (+) x_0``; averaged over the
+        ``train_iters`` steps where it changes during training); ``None``: the layer pattern's
+        (:func:`dlmspec.flops.attended_keys`)."""
         return None
 
     def extra_forward_passes(self, objective: Any) -> int:

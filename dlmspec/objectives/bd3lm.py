@@ -59,6 +59,32 @@ def attended_keys_block_diffusion(seq_length: int, block_size: int, *, clean_cau
     return (noised + clean) / (2 * L)
 
 
+def block_schedule(objective: Any) -> List[Tuple[int, int]]:
+    """``[(step, block_size), ...]`` of ``objective.block_size_schedule``, or ``[(0, block_size)]``."""
+    schedule = _get(objective, "block_size_schedule", None)
+    if schedule:
+        return [(int(step), int(size)) for step, size in schedule]
+    block = _get(objective, "block_size", None)
+    return [] if block is None else [(0, int(block))]
+
+
+def block_at(schedule: List[Tuple[int, int]], step: int) -> int:
+    """The block size at training step ``step`` (0-based): the size of the last entry whose step is
+    at or before it (a piecewise-constant warm-up / stable / decay: the block-level WSD of the
+    LLaDA 2.0 tech report, inclusionAI/LLaDA2.0 ``tech_report.pdf``).
+
+    Raises:
+        ValueError: an empty schedule, or one that does not start at step 0.
+    """
+    if not schedule or schedule[0][0] != 0:
+        raise ValueError(f"a block-size schedule starts at step 0, got {schedule!r}")
+    size = schedule[0][1]
+    for start, block in schedule:
+        if start <= step:
+            size = block
+    return size
+
+
 class BlockDiffusion(Objective):
     kind = "bd3lm"
     description = "block diffusion (BD3-LM: per-block noise, x_t (+) x_0 input)"
@@ -94,11 +120,21 @@ class BlockDiffusion(Objective):
         the response, and a block sees only itself and the clean blocks before it."""
         return False
 
-    def attended_keys(self, objective: Any, seq_length: int) -> float:
+    def attended_keys(self, objective: Any, seq_length: int, train_iters: int = 0) -> float:
         """Planner: mean keys per query of the ``2 * seq_length`` input
-        (:func:`attended_keys_block_diffusion`)."""
-        return attended_keys_block_diffusion(seq_length, int(_get(objective, "block_size", seq_length)),
-                                             clean_causal=float(_get(objective, "ar_loss_weight", 0.0)) > 0)
+        (:func:`attended_keys_block_diffusion`); with a block-size schedule, the mean over the
+        ``train_iters`` steps of each step's block (each phase weighted by its steps)."""
+        causal = float(_get(objective, "ar_loss_weight", 0.0)) > 0
+        schedule = block_schedule(objective) or [(0, seq_length)]
+        if len(schedule) == 1 or train_iters <= 0:
+            return attended_keys_block_diffusion(seq_length, schedule[0][1] if len(schedule) == 1 else seq_length,
+                                                 clean_causal=causal)
+        total = 0.0
+        for i, (start, block) in enumerate(schedule):
+            end = min(train_iters, schedule[i + 1][0] if i + 1 < len(schedule) else train_iters)
+            if end > start and seq_length % block == 0:
+                total += (end - start) * attended_keys_block_diffusion(seq_length, block, clean_causal=causal)
+        return total / train_iters
 
     def runtime_options(self, objective: Any) -> List[Tuple[str, Any, str]]:
         block = _get(objective, "block_size", None)
@@ -106,6 +142,8 @@ class BlockDiffusion(Objective):
         ar = float(_get(objective, "ar_loss_weight", 0.0))
         options = {"block_size": None if block is None else int(block), "noise_range": [low, high],
                    "ar_loss_weight": ar}
+        if _get(objective, "block_size_schedule", None):
+            options["block_size_schedule"] = [[int(s), int(b)] for s, b in block_schedule(objective)]
         schedule = self.schedule(objective)
         if schedule.name != "linear":
             options["noise_schedule"] = schedule.name

@@ -199,6 +199,13 @@ class ObjectiveSpec(Section):
     noise_clip_max: Float | None = Field(
         None, gt=0.0, le=1.0, description="bd3lm clipped schedule's upper end (see noise_clip_min). Unset: 1."
     )
+    block_size_schedule: list[tuple[NonNegInt, PosInt]] | None = Field(
+        None,
+        description="bd3lm: the block size over training as [[step, block_size], ...] from step 0, steps increasing: "
+        "step k trains with the block of the last entry at or before k, each a divisor of seq_length. LLaDA 2.0's "
+        "warm-up / stable / decay (inclusionAI/LLaDA2.0 tech_report.pdf, block-level WSD): blocks growing from small to seq_length (full-sequence "
+        "diffusion), then back to a small block. Unset: block_size throughout.",
+    )
     ar_loss_weight: Float | None = Field(
         None, ge=0.0, le=100.0,
         description="bd3lm: weight of a next-token loss on the clean half x_0, which is then causal within "

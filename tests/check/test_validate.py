@@ -317,6 +317,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         ("bd3lm-document-mask", {"data.reset_attention_mask": True}, "data.reset_attention_mask"),
         ("bd3lm-dense-sdpa", {"model.attention_backend": "sdpa"}, "model.attention_backend"),
         ("bd3lm-sft-packed", {"stage.kind": "sft", "stage.sft": {"packed_sequence": True}}, "stage.sft.packed_sequence"),
+        ("bd3lm-block-schedule", {"objective.block_size_schedule": [[0, 4], [50, 48]]}, "objective.block_size_schedule"),
     )],
     ("bd3lm-needs-block-size", {"objective.kind": "bd3lm"}, "objective.block_size"),
     ("bd3lm-keys-ignored", {"objective.ar_loss_weight": 0.5}, "objective.ar_loss_weight"),

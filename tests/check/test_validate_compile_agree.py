@@ -81,6 +81,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
     ({**BD3, "model.attention_backend": "sdpa"}, "bd3lm-dense-sdpa", "model.attention_backend"),
     ({**BD3, "stage.kind": "sft", "stage.sft": {"packed_sequence": True}}, "bd3lm-sft-packed",
      "stage.sft.packed_sequence"),
+    ({**BD3, "objective.block_size_schedule": [[0, 4], [50, 48]]}, "bd3lm-block-schedule",
+     "objective.block_size_schedule"),
     ({"generate.block_length": 30}, "generate-settings", "generate.block_length"),
     ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
     ({"stage.kind": "sft", "objective.variable_length_prob": 0.01}, "sft-variable-length",

@@ -29,6 +29,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
+from dlmspec.objectives.bd3lm import block_at
 from dlmspec.objectives.schedules import POLYNOMIAL_EXPONENT_DEFAULT, masking_schedule
 
 from .. import masks as mask_objects
@@ -46,6 +47,9 @@ class BlockDiffusionObjective(RuntimeObjective):
         ar_loss_weight: weight of the next-token loss on the clean half (``>= 0``); above 0 the clean
             half attends causally within itself.
         noise_schedule, noise_schedule_exponent: ``alpha(t)`` (:mod:`dlmspec.objectives.schedules`).
+        block_size_schedule: ``[(step, block_size), ...]`` from step 0 (LLaDA 2.0's warm-up / stable /
+            decay of the block): :meth:`set_iteration` sets ``block_size`` to the step's
+            (:func:`dlmspec.objectives.bd3lm.block_at`); ``None``: ``block_size`` throughout.
 
     Raises:
         ValueError: an argument out of range.
@@ -57,7 +61,8 @@ class BlockDiffusionObjective(RuntimeObjective):
 
     def __init__(self, mask_token_id: int, *, block_size: int, noise_range: Sequence[float] = (1e-3, 1.0),
                  ar_loss_weight: float = 0.0, noise_schedule: str = "linear",
-                 noise_schedule_exponent: float = POLYNOMIAL_EXPONENT_DEFAULT) -> None:
+                 noise_schedule_exponent: float = POLYNOMIAL_EXPONENT_DEFAULT,
+                 block_size_schedule: Optional[Sequence[Sequence[int]]] = None) -> None:
         if int(mask_token_id) < 0:
             raise ValueError(f"mask_token_id must be >= 0, got {mask_token_id}")
         if isinstance(block_size, bool) or int(block_size) < 1:
@@ -72,6 +77,18 @@ class BlockDiffusionObjective(RuntimeObjective):
         self.noise_range = (low, high)
         self.ar_loss_weight = float(ar_loss_weight)
         self.schedule = masking_schedule(noise_schedule, noise_schedule_exponent)
+        self.block_size_schedule = None
+        if block_size_schedule:
+            self.block_size_schedule = [(int(s), int(b)) for s, b in block_size_schedule]
+            if any(b < 1 for _, b in self.block_size_schedule):
+                raise ValueError(f"block_size_schedule sizes must be >= 1, got {block_size_schedule!r}")
+            self.set_iteration(0)
+
+    def set_iteration(self, iteration: int) -> None:
+        """The training step about to run (the stage's ``before_step``): with a block-size schedule
+        the block (and so the mask and the number of noise levels) becomes the step's."""
+        if self.block_size_schedule:
+            self.block_size = block_at(self.block_size_schedule, int(iteration))
 
     @property
     def clean_causal(self) -> bool:
@@ -228,7 +245,8 @@ def _from_config(config: Any, **_: Any) -> BlockDiffusionObjective:
         ar_loss_weight=float(options.get("ar_loss_weight", 0.0)),
         noise_schedule=options.get("noise_schedule", getattr(config, "noise_schedule", "linear")),
         noise_schedule_exponent=options.get("noise_schedule_exponent",
-                                            getattr(config, "noise_schedule_exponent", POLYNOMIAL_EXPONENT_DEFAULT)))
+                                            getattr(config, "noise_schedule_exponent", POLYNOMIAL_EXPONENT_DEFAULT)),
+        block_size_schedule=options.get("block_size_schedule"))
 
 
 register_runtime("bd3lm", _from_config)
