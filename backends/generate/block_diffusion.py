@@ -219,3 +219,33 @@ def bd3_forward(model: Any) -> Forward:
             model.rotary_pos_emb = inner
 
     return forward
+
+
+def bd3_continuation_nll(model: Any, context: List[int], continuation: List[int], *, block_size: int,
+                         mask_token_id: int, pad_token_id: int, generator: torch.Generator,
+                         **nelbo_kwargs: Any) -> tuple:
+    """``-log p(continuation | context)`` of a block-diffusion ``GPTModel`` as its NELBO bound:
+    ``context + continuation`` left-padded with ``pad_token_id`` (an end of document, as between
+    documents in training) to whole blocks, only the continuation scored
+    (:func:`~dlmspec.backends.generate.likelihood.bd3_nelbo`, the context and the padding clean).
+
+    Returns:
+        ``(nll, stderr, num_tokens)`` in nats.
+
+    Raises:
+        ValueError: an empty continuation.
+    """
+    from dlmspec.backends.generate.likelihood import bd3_nelbo
+
+    if not continuation:
+        raise ValueError("continuation: empty; give at least one token to score")
+    bs = int(block_size)
+    ids = list(context) + list(continuation)
+    pad = (-len(ids)) % bs
+    device = next(model.parameters()).device
+    seq = torch.tensor([[int(pad_token_id)] * pad + ids], dtype=torch.int64, device=device)
+    target = torch.zeros_like(seq, dtype=torch.bool)
+    target[0, pad + len(context):] = True
+    res = bd3_nelbo(bd3_forward(model), seq, block_size=bs, mask_token_id=mask_token_id, generator=generator,
+                    target_mask=target, **nelbo_kwargs)
+    return float(res.nll[0]), float(res.stderr[0]), len(continuation)

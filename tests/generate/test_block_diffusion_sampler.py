@@ -140,3 +140,19 @@ def test_dlmspec_eval_scores_a_block_diffusion_model_with_its_nelbo(gpt) -> None
     want = merge_elbo_results(parts).total()
     assert got["num_tokens"] == 24 and got["estimator"] == "bd3" and got["stderr_per_token"] > 0
     assert got["nll_per_token"] == pytest.approx(want["nll_per_token"], rel=1e-6)
+
+
+def test_a_continuation_is_scored_by_the_nelbo_of_the_left_padded_sequence(gpt) -> None:
+    from dlmspec.backends.generate.block_diffusion import bd3_continuation_nll, bd3_forward
+    from dlmspec.backends.generate.likelihood import bd3_nelbo
+
+    context, continuation = [5, 6, 7], [8, 9, 10, 11, 12]  # 8 tokens: whole blocks after no padding ...
+    got = bd3_continuation_nll(gpt, context[1:], continuation, block_size=4, mask_token_id=MASK, pad_token_id=62,
+                               generator=torch.Generator().manual_seed(3), num_samples=6, samples_per_forward=3)
+    # ... 7 tokens: one pad in front, only the continuation scored
+    seq = torch.tensor([[62, 6, 7, 8, 9, 10, 11, 12]])
+    target = torch.tensor([[False, False, False, True, True, True, True, True]])
+    want = bd3_nelbo(bd3_forward(gpt), seq, block_size=4, mask_token_id=MASK, generator=torch.Generator().manual_seed(3),
+                     target_mask=target, num_samples=6, samples_per_forward=3)
+    assert got[2] == 5 and got[0] == pytest.approx(float(want.nll[0])) and got[1] == pytest.approx(float(want.stderr[0]))
+    assert got[0] > 0
