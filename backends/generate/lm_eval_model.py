@@ -343,6 +343,16 @@ class DlmspecLM(LM):
             logits = call_logits_fn(self.logits_fn, seq, None)[0, len(context) - 1:-1]
             return -nll, bool((logits.argmax(-1) == seq[0, len(context):]).all())
         gen = torch.Generator().manual_seed(self.seed)
+        if self.objective.block_diffusion and self.loaded is not None:  # BD3-LM: its NELBO, block-causally
+            from dlmspec.backends.generate.block_diffusion import bd3_continuation_nll
+
+            gen = torch.Generator(device=self.loaded.device).manual_seed(self.seed)
+            kwargs = {k: v for k, v in self.elbo_kwargs.items() if k in ("num_samples", "samples_per_forward")}
+            nll, _, _ = bd3_continuation_nll(self.loaded.model, context, continuation,
+                                             block_size=int(self.loaded.record["objective.block_size"]),
+                                             mask_token_id=self.mask_token_id, pad_token_id=self.loaded.pad_token_id,
+                                             generator=gen, **kwargs)
+            return -nll, False
         nll, _, _ = continuation_nll(self.logits_fn, context, continuation, kind="mdm",
                                      mask_token_id=self.mask_token_id, generator=gen, **self.elbo_kwargs,
                                      schedule=getattr(self.loaded, "noise_schedule", None))

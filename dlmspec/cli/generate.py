@@ -212,6 +212,8 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
     passes = steps = 0
     cache: dict[str, Any] = {}
     objective = objectives.get(config.kind)
+    if objective.block_diffusion:
+        return _run_block_diffusion(model, prompts, encoded, config, batch_size)
     sampler = generate if objective.diffusion else generate_ar
     per_batch = config.gen_length if objective.predicts_next_token or config.remasking in ("threshold", "factor") else config.steps
     start = time.perf_counter()
@@ -239,6 +241,49 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
     generated = sum(len(o["ids"]) for o in outputs)
     return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds, **cache,
             "generated_tokens": generated, "tokens_per_second": generated / seconds if seconds > 0 else None}
+
+
+def _run_block_diffusion(model: Any, prompts: list[dict[str, Any]], encoded: list[list[int]], config: Any,
+                         batch_size: int) -> dict[str, Any]:
+    """A block-diffusion model (BD3-LM) samples block by block with the exact KV cache of its clean
+    prefix (:func:`dlmspec.backends.generate.block_diffusion.bd3_generate`); prompts and
+    ``--gen-length`` are whole blocks of the model's ``objective.block_size``, and ``--steps`` are
+    spread evenly over the blocks."""
+    import torch
+
+    from dlmspec.backends.generate.block_diffusion import bd3_generate
+
+    block = int(model.record["objective.block_size"])
+    if config.gen_length % block:
+        raise _issue("--gen-length", config.gen_length, f"not a whole number of the model's blocks of {block}",
+                     f"--gen-length {max(block, config.gen_length // block * block)}")
+    for ids in encoded:
+        if len(ids) % block:
+            raise _issue("--prompt", len(ids), f"a prompt of {len(ids)} tokens is not a whole number of the model's "
+                         f"blocks of {block} (blocks start at position 0)",
+                         f"a prompt of {(len(ids) // block + 1) * block} tokens (prepend EOS tokens)")
+    per_block = max(1, min(block, config.steps // (config.gen_length // block)))
+    outputs, start = [], time.perf_counter()
+    for first in range(0, len(encoded), batch_size):
+        rows = encoded[first:first + batch_size]
+        for length in sorted({len(r) for r in rows}):  # one batch per prompt length (no padding)
+            idx = [i for i, r in enumerate(rows) if len(r) == length]
+            prompt = torch.tensor([rows[i] for i in idx], dtype=torch.int64, device=model.device)
+            gen = torch.Generator(device=model.device).manual_seed(config.seed + first)
+            seqs = bd3_generate(model.model, prompt, gen_length=config.gen_length, block_size=block,
+                                steps_per_block=per_block, mask_token_id=model.mask_token_id, cache=True,
+                                temperature=config.temperature, generator=gen, vocab_size=model.vocab_size)
+            for j, i in enumerate(idx):
+                ids = seqs[j, length:].tolist()
+                outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": rows[i],
+                                "prompt_text": model.decode(rows[i]), "text": model.decode(ids), "ids": ids,
+                                "finish_reason": "length", "batch": first // batch_size, "seed": config.seed + first})
+    seconds = time.perf_counter() - start
+    generated = sum(len(o["ids"]) for o in outputs)
+    blocks = config.gen_length // block
+    return {"outputs": outputs, "forward_passes": blocks * (per_block + 1) * len(outputs), "steps": blocks * per_block,
+            "seconds": seconds, "generated_tokens": generated,
+            "tokens_per_second": generated / seconds if seconds > 0 else None}
 
 
 @app.command("generate", cls=Command)
@@ -357,6 +402,18 @@ def score_dataset(model: Any, windows: Any, *, estimators: list[str], num_sample
         return {"ar": {"nll_per_token": per_token, "perplexity": math.exp(per_token), "num_tokens": tokens,
                        "num_sequences": int(windows.shape[0]), "exact": True}}
     out: dict[str, Any] = {}
+    if objectives.get(model.kind).block_diffusion:  # BD3-LM's NELBO: a t per block, x_t (+) x_0 under its mask
+        from dlmspec.backends.generate.block_diffusion import bd3_forward
+        from dlmspec.backends.generate.likelihood import bd3_nelbo
+
+        gen = torch.Generator(device=model.device).manual_seed(seed)
+        forward, block = bd3_forward(model.model), int(model.record["objective.block_size"])
+        results = [bd3_nelbo(forward, b, block_size=block, mask_token_id=model.mask_token_id, generator=gen,
+                             num_samples=num_samples, samples_per_forward=samples_per_forward, noise_range=(eps, 1.0),
+                             schedule=getattr(model, "noise_schedule", None)) for b in batches]
+        total = merge_elbo_results(results).total()
+        total["stderr_method"] = "per row std / sqrt(num_samples), rows independent"
+        return {"elbo": {"bd3": total}}
     for estimator in estimators:
         gen = torch.Generator(device=model.device).manual_seed(seed)
         bar, task = _progress(len(batches), f"ELBO ({estimator})")

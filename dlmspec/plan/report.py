@@ -155,6 +155,11 @@ def plan_renderable(plan: Plan) -> Group:
     summary.append(f", {t.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU, MFU {100 * t.mfu:.1f}%")
     if t.flops.recompute_per_step:
         summary.append(f" ({t.hardware_tflops_per_gpu:,.0f} TFLOP/s with recomputation)")
+    if plan.shape.extra_seq_length:
+        summary.append(f"\nper data token ({lay.seq:,} a sequence): {t.tokens_per_second:,.0f} tokens/s, MFU "
+                       f"{100 * t.data_mfu:.1f}% (the model FLOPs of those tokens); the input's "
+                       f"{lay.seq + plan.shape.extra_seq_length:,} positions: {t.input_positions_per_second:,.0f}/s, "
+                       f"MFU {100 * t.mfu:.1f}% (their FLOPs at the mask's attention density)")
     if lay.train_iters:
         summary.append(f"\n{lay.train_iters:,} steps: {_seconds(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
     parts.append(summary)

@@ -49,7 +49,9 @@ class ModelShape:
             (:class:`dlmspec.objectives.Objective`): the share of positions carrying loss, the bytes per token
             its micro-batch adds on the first stage, the forward passes per micro-batch beyond the trained
             model's one. extra_seq_length: positions the objective adds to ``train.seq_length`` in the
-            model's input (:func:`input_length`).
+            model's input (:func:`input_length`). attended_keys: the mean keys per query of that input
+            where the objective's own mask sets them (block diffusion: ``(L + B) / 2`` over ``2 L``
+            queries, :meth:`~dlmspec.objectives.Objective.attended_keys`); 0: the layer pattern's.
         attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
         norms_repl: the two layer norms' parameters (replicated).
         mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
@@ -114,6 +116,7 @@ class ModelShape:
     objective_bytes_per_token: int = 0
     extra_forward_passes: int = 0
     extra_seq_length: int = 0
+    attended_keys: float = 0.0
     stage_kind: str = "pretrain"
     stage_options: tuple[tuple[str, Any], ...] = ()
 
@@ -299,6 +302,8 @@ def model_shape(resolved: Resolved) -> ModelShape:
         objective_bytes_per_token=objective.input_bytes_per_token,
         extra_forward_passes=objective.extra_forward_passes(resolved.spec.objective),
         extra_seq_length=objective.extra_seq_length(resolved.spec.objective, resolved.spec.train.seq_length),
+        attended_keys=float(objective.attended_keys(resolved.spec.objective, resolved.spec.train.seq_length,
+                                                    resolved.train_iters) or 0.0),
         attn_split=attn_split,
         attn_repl=attn_repl,
         norms_repl=2 * norm * h,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0xf0f98ad1
+SPEC_CRC32 = 0x981219c4
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -79,10 +79,14 @@ SCHEMA: dict[str, dict[str, Any]] = {
         'validators': (),
         'properties': (),
         'fields': {
-            'kind': (('literal', ('mdm', 'ar')), 'value', 'mdm'),
+            'kind': (('literal', ('mdm', 'ar', 'bd3lm')), 'value', 'mdm'),
             'mask_token_id': (('union', (('int', {'ge': 0}), ('none',))), 'value', None),
             'attention_mask': (('union', (('literal', ('bidirectional', 'causal', 'block_causal')), ('none',))), 'value', None),
             'block_size': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'noise_clip_min': (('union', (('float', {'ge': 0.0, 'le': 1.0}), ('none',))), 'value', None),
+            'noise_clip_max': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),
+            'block_size_schedule': (('union', (('list', ('tuple', (('int', {'ge': 0}), ('int', {'gt': 0})))), ('none',))), 'value', None),
+            'ar_loss_weight': (('union', (('float', {'ge': 0.0, 'le': 100.0}), ('none',))), 'value', None),
             'noise_schedule': (('literal', ('linear', 'cosine', 'polynomial')), 'value', 'linear'),
             'noise_schedule_exponent': (('union', (('float', {'gt': 0.0, 'le': 100.0}), ('none',))), 'value', None),
             'eps': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.001),

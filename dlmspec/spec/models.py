@@ -188,7 +188,29 @@ class ObjectiveSpec(Section):
     attention_mask: Literal["bidirectional", "causal", "block_causal"] | None = Field(
         None, description="Default: bidirectional for mdm, causal for ar."
     )
-    block_size: PosInt | None = Field(None, description="Block length for block_causal.")
+    block_size: PosInt | None = Field(
+        None, description="Block length for block_causal attention, and bd3lm's block (a divisor of seq_length)."
+    )
+    noise_clip_min: Float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="bd3lm clipped schedule: each block's noise level t ~ U(noise_clip_min, noise_clip_max) "
+        "(Arriola et al. 2025 sec. 5.2, e.g. 0.3 with max 0.8 at block 4). Unset: eps.",
+    )
+    noise_clip_max: Float | None = Field(
+        None, gt=0.0, le=1.0, description="bd3lm clipped schedule's upper end (see noise_clip_min). Unset: 1."
+    )
+    block_size_schedule: list[tuple[NonNegInt, PosInt]] | None = Field(
+        None,
+        description="bd3lm: the block size over training as [[step, block_size], ...] from step 0, steps increasing: "
+        "step k trains with the block of the last entry at or before k, each a divisor of seq_length. LLaDA 2.0's "
+        "warm-up / stable / decay (inclusionAI/LLaDA2.0 tech_report.pdf, block-level WSD): blocks growing from small to seq_length (full-sequence "
+        "diffusion), then back to a small block. Unset: block_size throughout.",
+    )
+    ar_loss_weight: Float | None = Field(
+        None, ge=0.0, le=100.0,
+        description="bd3lm: weight of a next-token loss on the clean half x_0, which is then causal within "
+        "itself (Megatron-Bridge dgpt_step.py ar_loss_weight, dllm.py compute_block_mask). Unset: 0.",
+    )
     noise_schedule: Literal["linear", "cosine", "polynomial"] = Field(
         "linear", description="mdm masking schedule alpha(t), a token masked with probability 1 - alpha(t) at "
         "t ~ U(eps, 1), its loss weighted by -alpha'(t)/(1-alpha(t)) (MDLM eq. 10) with loss_weighting = 'llada'; "

@@ -324,6 +324,24 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("sft-pretraining-data", {"stage.kind": "sft", "data.train": [{"prefix": "data/a_text_document", "weight": 1.0},
                                                                   {"prefix": "data/b_text_document", "weight": 2.0}]},
      "data.train"),
+    *[(rule, {"objective.kind": "bd3lm", "objective.block_size": 16, "model.transformer_impl": "local",
+              "model.attention_backend": "flex", **changes}, key) for rule, changes, key in (
+        ("bd3lm-block-divides-seq", {"objective.block_size": 24}, "objective.block_size"),
+        ("bd3lm-noise-clip-order", {"objective.noise_clip_min": 0.8, "objective.noise_clip_max": 0.3},
+         "objective.noise_clip_min"),
+        ("bd3lm-mdm-keys-ignored", {"objective.unshift": True}, "objective.unshift"),
+        ("bd3lm-variable-length", {"objective.variable_length_prob": 0.01}, "objective.variable_length_prob"),
+        ("bd3lm-attention-mask", {"objective.attention_mask": "block_causal"}, "objective.attention_mask"),
+        ("bd3lm-transformer-engine", {"model.transformer_impl": "transformer_engine"}, "model.transformer_impl"),
+        ("bd3lm-context-parallel", {"parallel.context_parallel_size": 2}, "parallel.context_parallel_size"),
+        ("bd3lm-pipeline", {"parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
+        ("bd3lm-document-mask", {"data.reset_attention_mask": True}, "data.reset_attention_mask"),
+        ("bd3lm-dense-sdpa", {"model.attention_backend": "sdpa"}, "model.attention_backend"),
+        ("bd3lm-sft-packed", {"stage.kind": "sft", "stage.sft": {"packed_sequence": True}}, "stage.sft.packed_sequence"),
+        ("bd3lm-block-schedule", {"objective.block_size_schedule": [[0, 4], [50, 48]]}, "objective.block_size_schedule"),
+    )],
+    ("bd3lm-needs-block-size", {"objective.kind": "bd3lm"}, "objective.block_size"),
+    ("bd3lm-keys-ignored", {"objective.ar_loss_weight": 0.5}, "objective.ar_loss_weight"),
 ]
 
 

@@ -540,7 +540,7 @@ def test_new_json(tmp_path: Path) -> None:
     ("args", "text"),
     [
         (["--preset", "qwen3-1.7x"], "did you mean 'qwen3-1.7b'"),
-        (["--preset", "llada-8b", "--objective", "gpt"], "use mdm or ar"),
+        (["--preset", "llada-8b", "--objective", "gpt"], "use mdm, ar or bd3lm"),
         (["--preset", "llada-8b", "--set", "train"], "expected section.key=value"),
         # (not a global batch no layout divides: new searches the layouts, and DP 1 divides 7)
         (["--preset", "llada-8b", "--set", "train.lr_warmup_iters=10000000"], "(pass changes to `dlmspec new` as --set"),
