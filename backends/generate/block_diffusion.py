@@ -85,8 +85,8 @@ class GPTBlockCache:
     """
 
     def __init__(self, model: Any) -> None:
-        self.model = model
-        self.layers = [layer.self_attention for layer in model.decoder.layers]
+        self.model = _gpt_model(model)  # its layers and rotary embedding; a wrapper (Float16Module) is called as given
+        self.layers = [layer.self_attention for layer in self.model.decoder.layers]
         self.keys: List[Optional[Tensor]] = [None] * len(self.layers)
         self.values: List[Optional[Tensor]] = [None] * len(self.layers)
         self.offset = 0
@@ -160,7 +160,7 @@ def bd3_generate(model_or_forward: Any, prompt: Tensor, *, gen_length: int, bloc
                          "(left-pad the prompt with EOS to a multiple of block_size)")
     if not 1 <= int(steps_per_block) <= bs:
         raise ValueError(f"steps_per_block = {steps_per_block}: use 1 .. block_size ({bs})")
-    is_model = hasattr(model_or_forward, "decoder")
+    is_model = hasattr(_gpt_model(model_or_forward), "decoder")
     if cache and not is_model:
         raise ValueError("cache=True needs a megatron-core GPTModel (its layers' keys and values are cached)")
     forward = (lambda ids, pos, mask: model_or_forward(ids, pos, mask)) if is_model else model_or_forward
@@ -202,6 +202,14 @@ def bd3_generate(model_or_forward: Any, prompt: Tensor, *, gen_length: int, bloc
     return seq
 
 
+def _gpt_model(model: Any) -> Any:
+    """The ``GPTModel`` inside wrappers that keep it as ``.module`` (megatron-core's ``Float16Module``,
+    DDP), as ``megatron.core.utils.unwrap_model`` finds it."""
+    while hasattr(model, "module") and not hasattr(model, "decoder"):
+        model = model.module
+    return model
+
+
 def bd3_forward(model: Any) -> Forward:
     """The :data:`~dlmspec.backends.generate.likelihood.BlockForwardFn` of a ``GPTModel`` for
     :func:`~dlmspec.backends.generate.likelihood.bd3_nelbo`: ``x_t (+) x_0`` with RoPE repeated for
@@ -209,14 +217,16 @@ def bd3_forward(model: Any) -> Forward:
     around the model's rotary embedding for the call only)."""
     from dlmspec.backends.megatron.objectives.bd3lm import RepeatedHalvesRotary
 
+    gpt = _gpt_model(model)
+
     @torch.no_grad()
     def forward(ids: Tensor, positions: Tensor, mask: Any) -> Tensor:
-        inner = model.rotary_pos_emb
-        model.rotary_pos_emb = RepeatedHalvesRotary(inner)
+        inner = gpt.rotary_pos_emb
+        gpt.rotary_pos_emb = RepeatedHalvesRotary(inner)
         try:
             return model(ids, positions, mask).float()
         finally:
-            model.rotary_pos_emb = inner
+            gpt.rotary_pos_emb = inner
 
     return forward
 

@@ -156,3 +156,29 @@ def test_a_continuation_is_scored_by_the_nelbo_of_the_left_padded_sequence(gpt) 
                      target_mask=target, num_samples=6, samples_per_forward=3)
     assert got[2] == 5 and got[0] == pytest.approx(float(want.nll[0])) and got[1] == pytest.approx(float(want.stderr[0]))
     assert got[0] > 0
+
+
+class _Wrapper(torch.nn.Module):
+    """A wrapper that keeps the model as ``.module`` and forwards to it, as megatron-core's
+    ``Float16Module`` does around every model ``load_model`` returns."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def test_a_wrapped_model_samples_and_scores_as_the_bare_one(gpt) -> None:
+    from dlmspec.backends.generate.block_diffusion import bd3_forward, bd3_generate
+    from dlmspec.backends.megatron.masks import block_diffusion
+
+    wrapped = _Wrapper(gpt)
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    args = dict(gen_length=8, block_size=4, steps_per_block=2, mask_token_id=MASK, vocab_size=MASK)
+    assert torch.equal(bd3_generate(wrapped, prompt, cache=True, **args), bd3_generate(gpt, prompt, cache=False, **args))
+    tokens = torch.randint(0, 60, (1, 8), generator=torch.Generator().manual_seed(3))
+    inputs, positions = torch.cat([tokens, tokens], dim=1), torch.arange(8).repeat(2).unsqueeze(0)
+    torch.testing.assert_close(bd3_forward(wrapped)(inputs, positions, block_diffusion(8, 4)),
+                               bd3_forward(gpt)(inputs, positions, block_diffusion(8, 4)))
