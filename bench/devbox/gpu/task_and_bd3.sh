@@ -9,7 +9,7 @@ python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/w .
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/dl /tmp/w/dlmspec-*.whl
 export PYTHONPATH=/tmp/dl:/tmp/site
 t0=$(date +%s)
-python3 bench/demos/bd3lm.py --work-dir /tmp/bd3 --out "$OUT" --python python3 --gpu h100 --train-iters 200 \
+python3 bench/demos/bd3lm.py --work-dir /tmp/bd3 --out "$OUT" --python python3 --gpu h100 --train-iters 150 \
   > "$OUT/bd3lm.log" 2>&1
 echo "bd3lm exit $? after $(( $(date +%s) - t0 ))s"
 python3 -m dlmspec.cli task make addition --out .data/task-addition --digits 3 --force > "$OUT/task.log" 2>&1
@@ -19,8 +19,8 @@ for s in train validation; do
     --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt --append-eod --workers 8 --force >> "$OUT/task.log" 2>&1
 done
 python3 -m dlmspec.cli compile specs/task-addition-ar.toml -o /tmp/task-ar --force --set cluster.gpus_per_node=1 \
-  --set train.train_iters=1000 >> "$OUT/task.log" 2>&1
-timeout 240 bash /tmp/task-ar/launch.sh > "$OUT/task-ar.log" 2>&1
+  --set train.train_iters=600 --set train.eval_interval=200 >> "$OUT/task.log" 2>&1
+timeout 170 bash /tmp/task-ar/launch.sh > "$OUT/task-ar.log" 2>&1
 echo "task-ar exit $? after $(( $(date +%s) - t0 ))s"
 grep -h "generation accuracy" "$OUT/task-ar.log"
 cp runs/task-addition-ar/metrics.jsonl "$OUT/task-ar-metrics.jsonl" 2>/dev/null
