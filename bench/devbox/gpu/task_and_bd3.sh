@@ -9,7 +9,7 @@ python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/w .
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/dl /tmp/w/dlmspec-*.whl
 export PYTHONPATH=/tmp/dl:/tmp/site
 t0=$(date +%s)
-python3 bench/demos/bd3lm.py --work-dir /tmp/bd3 --out "$OUT" --python python3 --gpu h100 --train-iters 150 \
+python3 bench/demos/bd3lm.py --work-dir /tmp/bd3 --out "$OUT" --python python3 --train-iters 150 \
   > "$OUT/bd3lm.log" 2>&1
 echo "bd3lm exit $? after $(( $(date +%s) - t0 ))s"
 python3 -m dlmspec.cli task make addition --out .data/task-addition --digits 3 --force > "$OUT/task.log" 2>&1
