@@ -9,6 +9,9 @@ python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/w .
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/dl /tmp/w/dlmspec-*.whl
 export PYTHONPATH=/tmp/dl:/tmp/site
 t0=$(date +%s)
+repo=$PWD
+mkdir -p /tmp/task && cp -r specs /tmp/task/ && mkdir -p /tmp/task/.data && cp -r .data/gpt2 /tmp/task/.data/
+cd /tmp/task  # outside the checkout: python3 -m dlmspec imports the installed package (templates included)
 python3 -m dlmspec.cli task make addition --out .data/task-addition --digits 3 --force > "$OUT/task.log" 2>&1
 for s in train validation; do
   python3 -m dlmspec.cli data prepare --input .data/task-addition/pretrain-$s.jsonl \
@@ -20,7 +23,8 @@ python3 -m dlmspec.cli compile specs/task-addition-ar.toml -o /tmp/task-ar --for
 timeout 170 bash /tmp/task-ar/launch.sh > "$OUT/task-ar.log" 2>&1
 echo "task-ar exit $? after $(( $(date +%s) - t0 ))s"
 grep -h "generation accuracy" "$OUT/task-ar.log"
-cp runs/task-addition-ar/metrics.jsonl "$OUT/task-ar-metrics.jsonl" 2>/dev/null
+cp /tmp/task/runs/task-addition-ar/metrics.jsonl "$OUT/task-ar-metrics.jsonl" 2>/dev/null
+cd "$repo"
 python3 bench/demos/bd3lm.py --work-dir /tmp/bd3 --out "$OUT" --python python3 --train-iters 150 \
   > "$OUT/bd3lm.log" 2>&1
 echo "bd3lm exit $? after $(( $(date +%s) - t0 ))s"
