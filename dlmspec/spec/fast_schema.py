@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0x981219c4
+SPEC_CRC32 = 0x4761c8eb
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {

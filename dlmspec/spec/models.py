@@ -782,10 +782,20 @@ class GenerateSpec(Section):
     def _follow_gen_length(cls, data: Any) -> Any:
         """The ``preset``'s settings fill the keys not written, then ``steps`` and ``block_length``
         not written follow ``gen_length`` (LLaDA's defaults are one length):
-        :func:`dlmspec.generate_presets.apply_preset`."""
-        from dlmspec.generate_presets import apply_preset
+        :func:`dlmspec.generate_presets.apply_preset`.
 
-        return apply_preset(data)
+        Raises:
+            PydanticCustomError: ``unknown_generate_preset`` (context ``preset``: the name as
+                written, ``fix``: the names that exist) for a name not in
+                :data:`~dlmspec.generate_presets.PRESETS`; :mod:`dlmspec.spec.schema_errors` reports
+                it at ``generate.preset``."""
+        from dlmspec.generate_presets import PresetError, apply_preset
+
+        try:
+            return apply_preset(data)
+        except PresetError as exc:
+            raise PydanticCustomError("unknown_generate_preset", "not a [generate] preset; {fix}",
+                                      {"preset": exc.value, "fix": exc.fix}) from None
 
 
 class GenerationEvalSpec(Section):
