@@ -471,8 +471,8 @@ def _decoder(heldout: Dict[str, Any]) -> Callable[[List[int]], str]:
 
 
 def table(args: argparse.Namespace) -> int:
-    """Print the docs/generate.md table of a suite result (``bench/results/sampling/...json``), under a
-    line naming its date, GPU and settings."""
+    """Print the docs/generate.md table of a suite result (the JSON file ``suite`` wrote in the
+    sampling results folder), under a line naming its date, GPU and settings."""
     data = json.loads(Path(args.result).read_text())
     values = data.get("values", data)
     s = values.get("settings", {})

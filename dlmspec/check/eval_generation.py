@@ -41,7 +41,7 @@ def _layout(ctx: Context) -> Iterator[Finding]:
         yield Finding("parallel.pipeline_model_parallel_size",
                       "[eval.generation] samples with the whole model on each rank's pipeline stage; the sampler "
                       "does not run pipeline-parallel models",
-                      "pipeline_model_parallel_size = 1, or leave [eval.generation] out and run `dlmspec eval "
+                      "set parallel.pipeline_model_parallel_size = 1, or leave [eval.generation] out and run `dlmspec eval "
                       "--task` on the checkpoints", fix=Fix({"parallel.pipeline_model_parallel_size": 1}))
     if ctx.spec.data.tokenizer.type == "NullTokenizer":
         yield Finding("data.tokenizer.type", "[eval.generation] prompts are text: the runtime encodes them and decodes "

@@ -7,6 +7,7 @@ from typing import Any
 
 from dlmspec.check.registry import Context, layout_consistent
 from dlmspec.errors import Fix
+from dlmspec.layout import world_divides
 from dlmspec.resolve import layer_path_needs
 
 #: :func:`divisors` lists divisors up to this value (hints never need larger ones, and a
@@ -77,7 +78,7 @@ def pp_for_layers(ctx: Context) -> int | None:
     layers, r = ctx.spec.model.num_layers, ctx.r
     if layers % r.pp == 0:
         return None
-    options = [d for d in divisors(layers) if r.world_size % (r.tp * r.cp * d) == 0] or divisors(layers)
+    options = [d for d in divisors(layers) if world_divides(r.world_size, r.tp, d, r.cp)] or divisors(layers)
     return nearest(options, r.pp)
 
 

@@ -83,8 +83,15 @@ def score_task(model: Any, rows: list[dict[str, Any]], *, path: str, config: Any
     return {"file": path, "n": n, "correct": correct, "accuracy": correct / n, "interval_95": [low, high],
             "interval_method": "wilson", "checker": CHECKER, "preset": settings.preset, "settings": config.to_dict(),
             "origins": settings.origins, "batch_size": batch_size, "forward_passes": out["forward_passes"],
-            "seconds": seconds, "decoding": ("masked diffusion" if model.kind != "ar" else "left to right, full recompute"),
+            "seconds": seconds, "decoding": _decoding(model.kind),
             "examples": [{**rows[c["index"]], **c} for c in out["completions"][:5]]}
+
+
+def _decoding(kind: str) -> str:
+    """How the sampler decodes a model of objective ``kind`` (the registration's ``diffusion``)."""
+    from dlmspec.objectives import get
+
+    return "masked diffusion" if get(kind).diffusion else "left to right, full recompute"
 
 
 def task_line(t: dict[str, Any]) -> str:

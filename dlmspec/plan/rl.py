@@ -47,6 +47,9 @@ RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "el
 GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "cfg_scale": 0.0, "remasking": "low_confidence"}
 #: The algorithm's estimator (backends/rl/stage.py ALGORITHM_ESTIMATOR).
 ALGORITHM_ESTIMATOR = {"diffu-grpo": "one-step", "coupled-grpo": "coupled", "grpo": "ar"}
+#: Estimators whose rollouts decode left to right (exact token log-probabilities of an
+#: autoregressive model); every other estimator's rollouts run the masked-diffusion sampler.
+LEFT_TO_RIGHT_ESTIMATORS = frozenset({ALGORITHM_ESTIMATOR["grpo"]})
 
 
 def rl_options(shape: ModelShape) -> dict[str, Any]:
@@ -68,7 +71,7 @@ def estimator_passes(options: dict[str, Any]) -> int:
 def diffusion_rollout(options: dict[str, Any]) -> bool:
     """Whether rollouts run the masked-diffusion sampler."""
     name = options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]
-    return name != "ar"
+    return name not in LEFT_TO_RIGHT_ESTIMATORS
 
 
 def rollout_passes(options: dict[str, Any], seq: int) -> float:

@@ -196,4 +196,6 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
         plan_recompute_layers=rc.num_layers or 1,
         blend=None if spec.data.mock else resolved.train_blend.pairs(),
         valid_blend=None if spec.data.mock or not resolved.valid_blend.pairs() else resolved.valid_blend.pairs(),
+        generation_every=(None if spec.eval is None or spec.eval.generation is None
+                          else spec.eval.generation.every or tr.eval_interval),
     )

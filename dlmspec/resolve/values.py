@@ -58,6 +58,9 @@ class RuntimeValues:
         blend, valid_blend: ``DataConfig.blend`` / ``valid_blend``: the resolved blends'
             ``(prefix, weight)`` pairs (globs and manifests expanded); None with mock data, and
             ``valid_blend`` None when ``data.valid`` is empty (the ``split`` then carves it).
+        generation_every: ``GenerationEvalConfig.every``: steps between generation evaluations,
+            ``eval.generation.every`` or, unset, ``train.eval_interval``; None without
+            ``[eval.generation]``.
         plan_recompute_method, plan_recompute_layers: ``recompute.method`` / ``num_layers`` as the
             planner models them (unset: ``"uniform"`` and 1, megatron-core's full-recompute defaults).
         variable_length_multiple: what a micro-batch cut's length is a multiple of: 2 x CP
@@ -106,3 +109,4 @@ class RuntimeValues:
     plan_recompute_layers: int = 1
     blend: list[tuple[str, float]] | None = None
     valid_blend: list[tuple[str, float]] | None = None
+    generation_every: int | None = None

@@ -9,7 +9,8 @@ truth; this module holds what the checker needs from them, generated from them:
 * :data:`SCHEMA`, in the generated module :mod:`dlmspec.spec.fast_schema`: per model, each field's type
   (int, float, bool, str, literal, optional, list, tuple, dict, nested model, as pydantic's
   ``FieldInfo`` says), bounds and default, the model's ``model_validator`` names and properties;
-  and :data:`SPEC_CRC32`, the checksum of ``dlmspec/spec/models.py`` it was generated from.
+  and :data:`SPEC_CRC32`, the checksum of ``dlmspec/spec/models.py`` and the modules holding some
+  of its tables (:data:`SPEC_SOURCES`) it was generated from.
   ``python -m dlmspec.generated`` rewrites it; ``python -m dlmspec.generated --check``
   exits 1 when it is stale (``tests/test_generated.py`` runs it; ``tests/spec/test_fastspec.py`` compares what :func:`check`
   builds with pydantic's models on every bundled spec and on generated ones).
@@ -53,8 +54,20 @@ from dlmspec.spec.presets import PRESETS
 from dlmspec.generate_presets import PresetError, apply_preset
 from dlmspec.spec.shorthands import prefix_strings
 
-#: The spec models this table is generated from.
-SPEC_SOURCE = Path(__file__).with_name("models.py")
+#: The spec models this table is generated from: dlmspec/spec/models.py and the modules beside it
+#: that hold some of its tables.
+SPEC_SOURCES = tuple(Path(__file__).with_name(name)
+                     for name in ("models.py", "section.py", "stage_models.py", "generate_models.py"))
+
+
+def sources_crc32() -> int:
+    """zlib.crc32 of :data:`SPEC_SOURCES`' bytes, one after the other (raises OSError)."""
+    import zlib
+
+    crc = 0
+    for path in SPEC_SOURCES:
+        crc = zlib.crc32(path.read_bytes(), crc)
+    return crc
 
 
 class _Off(Exception):
@@ -324,11 +337,9 @@ def _table(name: str, data: Any, parent: SpecTable | None, step: tuple) -> SpecT
 
 
 def _current() -> bool:
-    """Whether :data:`SCHEMA` was generated from the ``dlmspec/spec/models.py`` beside this file."""
-    import zlib
-
+    """Whether :data:`SCHEMA` was generated from the spec models beside this file (:data:`SPEC_SOURCES`)."""
     try:
-        return zlib.crc32(SPEC_SOURCE.read_bytes()) == SPEC_CRC32
+        return sources_crc32() == SPEC_CRC32
     except OSError:
         return False
 

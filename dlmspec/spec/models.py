@@ -8,13 +8,16 @@ is in :mod:`dlmspec.render.compile`'s templates and tested against the installed
 Only per-field checks live here (types, ranges, enumerations, unknown keys). Rules that relate
 several fields (heads divisible by TP, batch divisible by DP, ...) live in
 :mod:`dlmspec.validate`; values derived from several fields live in :mod:`dlmspec.resolve`.
+
+Some tables are defined beside this module, by concern, and imported here (import every model
+from this module): :mod:`dlmspec.spec.section` (the base :class:`Section` and the strict number
+types), :mod:`dlmspec.spec.stage_models` (``[stage]``, ``[stage.sft]``, ``[stage.rl]``) and
+:mod:`dlmspec.spec.generate_models` (``[generate]``, ``[eval]``).
 """
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from annotated_types import Ge, Gt
-
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from dlmspec import objectives
@@ -24,68 +27,11 @@ from dlmspec.spec.dotted import deep_merge, set_dotted
 from dlmspec.spec.names import DEFAULT_NAME, PlaceholderError, expand_names, placeholder_problems, problem_message
 from dlmspec.spec.presets import PRESETS
 from dlmspec.spec.shorthands import prefix_strings
-
-
-class Section(BaseModel):
-    """Base of every table: unknown keys are errors (a typo never passes silently), and numbers
-    are finite (TOML's ``inf``/``nan`` are never a valid size, rate or length).
-
-    Validators are built on first use (``defer_build``): ``dlmspec validate`` builds one, the
-    :class:`Spec`'s, which holds every table, instead of one per table at import (the import of
-    this module was a fifth of the command's time; bench/validate). Annotations are real types,
-    not strings (no ``from __future__ import annotations``), so pydantic need not evaluate them.
-    """
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, defer_build=True)
-
-    def __init__(self, /, **data: Any) -> None:
-        """Validate ``data``; a Python spec's keywords are recorded with their lines
-        (:func:`dlmspec.spec.python.note_init`)."""
-        super().__init__(**data)
-        python.note_init(self, data)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Assignment is validated (``spec.train.lr = "x"`` raises pydantic's ValidationError)
-        and, in a Python spec, recorded with its line (:func:`dlmspec.spec.python.note_assign`)."""
-        super().__setattr__(name, value)
-        if not name.startswith("_"):
-            python.note_assign(self, name)
-
-
-#: Largest ``model.num_layers`` accepted: far above any published model (Llama-3-405B has 126),
-#: and small enough that per-layer lists (``moe_layer_freq``, the planner's stages) stay cheap.
-MAX_LAYERS = 10_000
-
-
-#: The spec's number and boolean types: pydantic's strict mode, so a quoted value (``lr = "3e-4"``,
-#: ``global_batch_size = "256"``, ``mock = "yes"``) is an error naming the key, never silently
-#: converted; a float field still takes an integer (``lr = 1``: pydantic's strict float accepts
-#: ``int``), and an int or float field never takes a bool. :mod:`dlmspec.spec.load` turns the error
-#: into the fix with the value unquoted (``train.lr = 3e-4``). ``dlmspec.spec.fast`` checks the
-#: same (its ``_value`` takes exactly these Python types).
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]
-Bool = Annotated[bool, Strict()]
-PosInt = Annotated[int, Strict(), Gt(0)]
-NonNegInt = Annotated[int, Strict(), Ge(0)]
-PosFloat = Annotated[float, Strict(), Gt(0)]
-
-
-def _empty_list() -> list:
-    """``default_factory`` of the list keys: a Python function, whose signature pydantic reads
-    without the tokenizer that ``inspect.signature(list)`` needs (its regexes take about 5 ms
-    to compile, in every ``dlmspec validate``)."""
-    return []
-
-
-def _table() -> Any:
-    """Default of a table: ``{}``, validated by the parent's validator (every key at its default).
-
-    ``Field(default_factory=TheTable)`` would build ``TheTable``'s own validator the first time
-    a spec leaves the table out (with :class:`Section`'s ``defer_build``); this way one validator,
-    the :class:`Spec`'s, serves every table. The JSON Schema is the same (pydantic lists no
-    default for a factory)."""
-    return Field(default_factory=dict, validate_default=True)
+from dlmspec.spec.section import (  # noqa: F401 - the base of every table, importable from here as before
+    MAX_LAYERS, Bool, Float, Int, NonNegInt, PosFloat, PosInt, Section, _empty_list, _table,
+)
+from dlmspec.spec.stage_models import RewardSpec, RLSpec, SFTSpec, StageSpec  # noqa: F401 - [stage] and its tables
+from dlmspec.spec.generate_models import EvalSpec, GenerateSpec, GenerationEvalSpec  # noqa: F401 - [generate], [eval]
 
 
 class ModelSpec(Section):
@@ -269,142 +215,6 @@ class ObjectiveSpec(Section):
         "position_ids[:, 1:], labels[:, :-1]); a micro-batch cut comes first. Pre-training only. Unset: false "
         "(seq_length ids, all trained on).",
     )
-
-
-class SFTSpec(Section):
-    """``[stage.sft]``: supervised fine-tuning on conversations (``dlmspec data prepare --sft``
-    data: one document per conversation and its response mask, backends/megatron/sft.py)."""
-
-    chat_template: Literal["chatml", "llama3", "plain", "tokenizer"] = Field(
-        "chatml", description="The chat template the data was rendered with ('tokenizer': the tokenizer's own, "
-        "through transformers' apply_chat_template); validate compares it with the dataset record."
-    )
-    mask_prompt: Bool = Field(True, description="Never mask (or train on) prompt tokens.")
-    prompt_key: str = "prompt"
-    response_key: str = "response"
-    packed_sequence: Bool = Field(
-        False,
-        description="Pack several conversations into each sequence (Megatron-Bridge's packed sequences), "
-        "attention kept inside each by a document mask (local layers only); false: one conversation per "
-        "sequence, followed by EOS padding.",
-    )
-    over_long: Literal["skip", "truncate"] = Field(
-        "skip", description="A conversation longer than train.seq_length is skipped or truncated; the runtime "
-        "counts either at start."
-    )
-    pad_eos_tokens: NonNegInt | None = Field(
-        None,
-        description="How many EOS of the padding after a conversation count as response (its own final EOD "
-        "always does). Unset: all of them for mdm (LLaDA sec. 2.3: the model learns to fill its generation "
-        "length with EOS, which its fixed-length sampler needs), 0 for ar (an AR decoder stops at the first "
-        "EOD). Packing leaves no padding inside a sequence: no effect with packed_sequence = true.",
-    )
-
-
-class RewardSpec(Section):
-    """One entry of ``stage.rl.rewards``: a reward function and its weight in the total."""
-
-    function: str = Field(
-        description="'path/to/file.py:name' (a Python file, relative to the directory the job starts in, defining "
-        "name(prompt: str, completion: str, **row) -> float) or 'builtin:exact_match' / 'builtin:format'. validate "
-        "reads the file and checks that it defines the function; only the job imports it."
-    )
-    weight: Float = Field(1.0, description="Weight of this reward in the total (the weighted sum).")
-
-
-class RLSpec(Section):
-    """``[stage.rl]``: reinforcement learning from verifiable rewards (GRPO, Shao et al. 2024, for
-    autoregressive models; d1's diffu-GRPO, Zhao et al. 2025, and DiffuCoder's coupled-GRPO, Gong et
-    al. 2025, for masked diffusion). Names are Megatron-LM's (``--grpo-*``) where it has one.
-    Rollouts use the sampler settings of ``[generate]`` (temperature included)."""
-
-    algorithm: Literal["diffu-grpo", "coupled-grpo", "grpo"] = Field(
-        "diffu-grpo", description="'diffu-grpo' (d1: completion fully masked, prompt masked with prompt_mask_prob, "
-        "one forward pass), 'coupled-grpo' (DiffuCoder: complementary mask pairs, every completion token scored "
-        "once per pair), 'grpo' (autoregressive: exact token log-probabilities)."
-    )
-    estimator: Literal["one-step", "coupled", "mc-elbo", "ar"] | None = Field(
-        None, description="The log-probability estimator (backends/rl/estimators.py); unset: the algorithm's "
-        "(diffu-grpo: one-step, coupled-grpo: coupled, grpo: ar)."
-    )
-    elbo_samples: PosInt = Field(4, description="estimator = 'mc-elbo': masks drawn per log-probability (K).")
-    prompts: str | None = Field(
-        None, description="JSONL file of {\"prompt\", \"answer\", ...} rows (extra fields reach the rewards as **row)."
-    )
-    prompts_on_error: Literal["error", "skip"] = Field(
-        "error", description="A malformed prompt row stops the job naming file and line ('error'), or is skipped "
-        "and counted ('skip')."
-    )
-    chat_template: Literal["chatml", "llama3", "plain", "none"] = Field(
-        "chatml", description="How a prompt is rendered before tokenising: one user turn of the SFT stage's built-in "
-        "templates (dlmspec.data.chat), or 'none': the prompt text as written (a model pre-trained on the task's text)."
-    )
-    rewards: list[RewardSpec] = Field(
-        [], description="The reward functions and weights; the total reward is their weighted sum. Empty: "
-        "[{function = \"builtin:exact_match\"}] (the final answer against the row's \"answer\").",
-    )
-    reward_workers: PosInt = Field(2, description="Worker processes scoring completions (outside the training process).")
-    reward_timeout_s: PosFloat = Field(10.0, description="Seconds one reward call may take before it counts as failed.")
-    grpo_group_size: PosInt = Field(8, description="Completions sampled per prompt (G).")
-    grpo_prompts_per_step: PosInt = Field(
-        8, description="Prompts per rollout batch; prompts x group size must equal train.global_batch_size."
-    )
-    grpo_iterations: PosInt = Field(
-        1, description="Optimizer steps on each rollout batch (d1's mu); above 1 the ratio to the rollout policy is clipped."
-    )
-    grpo_clamp_eps_lower: Float = Field(0.2, ge=0.0, lt=1.0, description="Ratio clip below: 1 - eps.")
-    grpo_clamp_eps_upper: Float = Field(0.2, ge=0.0, description="Ratio clip above: 1 + eps (DAPO raises it).")
-    grpo_kl_beta: Float = Field(
-        0.04, ge=0.0, description="KL penalty to the frozen reference model (k3 estimator); 0 builds no reference."
-    )
-    ref_model_sync_steps: PosInt | None = Field(
-        64, description="Copy the policy into the reference every this many steps (d1, DiffuCoder: 64); unset: never."
-    )
-    prompt_mask_prob: Float = Field(
-        0.15, ge=0.0, lt=1.0, description="diffu-grpo / mc-elbo: probability of masking each prompt token when "
-        "scoring (d1: 0.15), a fresh mask per inner iteration."
-    )
-    advantage_scale: Literal["std", "none"] = Field(
-        "std", description="Divide each group's centred rewards by its std ('std', GRPO) or not ('none', Dr. GRPO)."
-    )
-    filter_groups: Bool = Field(
-        False, description="Drop groups whose rewards are all equal (DAPO's dynamic sampling filter): they carry no "
-        "advantage; the share dropped is logged."
-    )
-    loss_normalization: Literal["token", "sequence", "group"] = Field(
-        "token", description="Policy loss averaged over completion tokens ('token', DAPO), per sequence then over "
-        "sequences ('sequence', GRPO / d1), or per group ('group')."
-    )
-    truncated_completions: Literal["keep", "mask", "zero_reward"] = Field(
-        "keep", description="A completion that reached gen_length without EOS: trained as scored ('keep'), left out "
-        "of the loss ('mask', DAPO's overlong filter), or given reward 0 ('zero_reward')."
-    )
-    sample_log_interval: NonNegInt = Field(
-        10, description="Every this many rollout batches, write prompts, completions and rewards to "
-        "<run_dir>/rollouts.jsonl; 0: never."
-    )
-
-
-def _registered_stage_kinds(schema: dict[str, Any]) -> None:
-    """The JSON Schema of ``stage.kind``: an enum of the kinds registered when the schema is made
-    (:data:`dlmspec.stages.STAGE_KINDS`; the loader takes any string, rule ``stage-kind-known``
-    refuses the others, as ``cluster.gpu``'s catalog)."""
-    from dlmspec.stages import STAGE_KINDS
-
-    schema["enum"] = list(STAGE_KINDS)
-
-
-class StageSpec(Section):
-    """``[stage]``: which phase of training this job is."""
-
-    kind: str = Field(
-        "pretrain",
-        description="The stage: 'pretrain', 'sft', 'rl' or a kind a plugin registers (dlmspec.stages); validate "
-        "refuses a kind no stage registers (rule stage-kind-known).",
-        json_schema_extra=_registered_stage_kinds,
-    )
-    sft: SFTSpec | None = None
-    rl: RLSpec | None = None
 
 
 class ParallelSpec(Section):
@@ -738,78 +548,6 @@ class LoggingSpec(Section):
     profile_step_start: NonNegInt = 10
     profile_step_end: PosInt = 12
     profile_ranks: list[NonNegInt] = Field(default_factory=lambda: [0])
-
-
-class GenerateSpec(Section):
-    """``[generate]``: the sampler's settings for ``dlmspec generate`` / ``eval`` (every field of
-    ``dlmspec.generate_settings.GenerateConfig`` but the model's own: ``kind`` and the token
-    ids come from ``[objective]`` and the tokenizer). Defaults are LLaDA's generate.py (threshold:
-    Fast-dLLM's); flags of ``dlmspec generate`` override them, and every output records the values
-    used. The rules that join fields (``block_length`` divides ``gen_length``, ``steps`` a multiple
-    of the blocks) are ``GenerateConfig``'s: the rule ``generate-settings``
-    (:mod:`dlmspec.check.generate`) and ``generate`` itself run them; pipeline-parallel generation is
-    refused by the rule ``generate-pipeline`` (docs/generate.md)."""
-
-    gen_length: PosInt = Field(128, description="Tokens generated after each prompt (LLaDA: 128).")
-    steps: PosInt = Field(128, description="Denoising steps over gen_length, split equally over the blocks "
-                               "(not used by remasking = 'threshold').")
-    block_length: PosInt = Field(128, description="Semi-autoregressive block length; divides gen_length.")
-    remasking: Literal["low_confidence", "random", "threshold", "factor"] = Field(
-        "low_confidence", description="Which predictions a step commits: the most confident (LLaDA), random "
-        "(LLaDA's baseline), all above `threshold` (Fast-dLLM) or Fast-dLLM's factor rule (`factor`).")
-    threshold: Float = Field(0.9, gt=0.0, le=1.0, description="remasking = 'threshold': the confidence committed at.")
-    factor: Float = Field(1.0, gt=0.0, description="remasking = 'factor': commit the n most confident while "
-                          "the n-th confidence >= 1 - factor / (n + 1) (Fast-dLLM).")
-    cache: Literal["none", "prefix", "dual"] = Field(
-        "none", description="Block KV cache (Fast-dLLM): 'prefix' reuses the prompt's and finished blocks' keys "
-        "and values inside a block, 'dual' the masked suffix's too.")
-    cache_refresh: PosInt | None = Field(
-        None, description="Denoising steps between cache recomputations inside a block (None: at each block's "
-        "first step only, Fast-dLLM's; 1: every step, exact).")
-    compile: bool = Field(False, description="Run block forwards through torch.compile(mode='reduce-overhead') "
-                          "(CUDA graphs).")
-    temperature: Float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
-    top_k: PosInt | None = Field(None, description="Keep the top_k largest logits (None: all).")
-    top_p: Float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")
-    cfg_scale: Float = Field(0.0, ge=0.0, description="Classifier-free guidance w (LLaDA App. B.3); 0: none. MDM only.")
-    seed: NonNegInt = Field(0, description="Seed of the sampler's random draws.")
-    preset: str | None = Field(None, description="A pinned evaluation protocol (dlmspec.generate_presets: "
-                               "'llada-gsm8k', 'fast-dllm-gsm8k', 'dream-gsm8k', ...): fills the keys not written; "
-                               "recorded with every output.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _follow_gen_length(cls, data: Any) -> Any:
-        """The ``preset``'s settings fill the keys not written, then ``steps`` and ``block_length``
-        not written follow ``gen_length`` (LLaDA's defaults are one length):
-        :func:`dlmspec.generate_presets.apply_preset`."""
-        from dlmspec.generate_presets import apply_preset
-
-        return apply_preset(data)
-
-
-class GenerationEvalSpec(Section):
-    """``[eval.generation]``: generation accuracy during training. At every ``every``-th step
-    (a multiple of ``train.eval_interval``; default: ``eval_interval``) the runtime samples the
-    first ``max_prompts`` prompts of ``prompts`` (JSONL ``{"prompt", "answer"}`` a line, as
-    ``dlmspec task make`` writes) with the current model and ``[generate]``'s settings, scores
-    each with ``checker`` (:mod:`dlmspec.tasks.check`) and logs ``eval/generation_accuracy``
-    with its count beside the validation loss (backends/megatron/generation_eval.py)."""
-
-    prompts: str = Field(min_length=1, description="JSONL of {\"prompt\", \"answer\"} rows (extra keys ignored).")
-    every: PosInt | None = Field(None, description="Steps between generation evaluations: a multiple of "
-                                 "train.eval_interval (default: eval_interval).")
-    max_prompts: PosInt = Field(500, description="Prompts scored each time (the file's first).")
-    batch_size: PosInt = Field(64, description="Prompts sampled together.")
-    checker: Literal["exact_match"] = Field("exact_match", description="How a completion is scored: the "
-                                            "normalised final answer equals the answer's (dlmspec.tasks.check).")
-
-
-class EvalSpec(Section):
-    """``[eval]``: evaluations the runtime runs at ``train.eval_interval`` besides the validation
-    loss: ``[eval.generation]`` (generation accuracy on a task)."""
-
-    generation: GenerationEvalSpec | None = None
 
 
 class Spec(Section):

@@ -160,6 +160,12 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         if close:
             fix = Fix({key: close[0]})
             hint = hint.replace("? (", f"? {fix.text()} (", 1)
+    elif kind == "unknown_generate_preset":  # GenerateSpec: the table's validator names the key
+        loc = [*loc, "preset"]
+        key = ".".join(loc)
+        value = err["ctx"]["preset"]
+        message = "not a [generate] preset (dlmspec.generate_presets)"
+        hint = err["ctx"]["fix"]
     elif kind in ("extra_forbidden", "no_such_attribute"):  # a key in a file or a dict; an attribute in Python
         model = _model_at(tagged[:-1])
         options = list(model.model_fields) if model else []

@@ -342,6 +342,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     )],
     ("bd3lm-needs-block-size", {"objective.kind": "bd3lm"}, "objective.block_size"),
     ("bd3lm-keys-ignored", {"objective.ar_loss_weight": 0.5}, "objective.ar_loss_weight"),
+    # BASE evaluates every 50 steps: a generation evaluation at step 75 would never run
+    ("eval-generation-every", {"eval.generation": {"prompts": "p.jsonl", "every": 75}}, "eval.generation.every"),
 ]
 
 
@@ -354,11 +356,12 @@ def test_every_rule_has_a_case() -> None:
 
     from sft_examples import FILE_EXAMPLES as SFT_FILE_RULES  # the SFT rules that read a dataset record
     from blend_examples import FILE_EXAMPLES as BLEND_FILE_RULES  # globs and manifests (tests/test_blend.py)
+    from eval_generation_examples import FILE_EXAMPLES as EVAL_GENERATION_FILE_RULES  # reads the prompts file
 
     hardening = {case[0] for case in HARDENING_CASES} | {MASK_RULE}
     spec_rules = {r.id for r in RULES.values() if r.scope in FILES}
     assert ({case[0] for case in CASES} | hardening | FILE_RULES | set(SFT_FILE_RULES)
-            | set(BLEND_FILE_RULES)) == spec_rules
+            | set(BLEND_FILE_RULES) | set(EVAL_GENERATION_FILE_RULES)) == spec_rules
 
 
 def _valid_base(name: str = "base") -> str:

@@ -151,6 +151,10 @@ CASES: dict[tuple[str, ...], tuple[list[Case], list[Case]]] = {
                 [lambda t: ["eval", str(t / "none"), "--data", str(t / "none"), "--json"]]),
     ("convert", "verify"): ([lambda t: ["convert", "verify", *map(str, _tiny_mcore(t)), "--json"]],
                             [lambda t: ["convert", "verify", str(t / "none"), str(t / "none2"), "--json"]]),
+    ("task", "make"): ([lambda t: ["task", "make", "addition", "--out", str(t / "task"), "--train", "20", "--valid",
+                                   "10", "--test", "500", "--json"]],
+                       [lambda t: ["task", "make", "division", "--out", str(t / "task"), "--json"],
+                        lambda t: ["task", "make", "addition", "--out", str(t / "task"), "--test", "5", "--json"]]),
 }
 
 

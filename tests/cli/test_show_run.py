@@ -43,7 +43,7 @@ def test_show_prints_the_provenance_and_the_last_metrics(tmp_path) -> None:
     result = show(str(run_dir(tmp_path, truncated=True)))
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert "run demo" in out and "2 launches" in out and "1 unreadable line(s) skipped" in out
+    assert "run demo" in out and "2 launches" in out and "1 unreadable line skipped" in out
     assert PROVENANCE["spec_hash"] in out and "00" * 32 not in out  # the last launch's
     assert "f" * 40 + " (dirty: tracked files differ) in /src/specs" in out
     assert "megatron-core       0.16.1" in out and "transformer-engine  not installed" in out

@@ -406,6 +406,10 @@ RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
     ({"objective.variable_length_prob": 0.01, "objective.variable_length": "micro_batch",
       "parallel.pipeline_model_parallel_size": 2}, "runtime-variable-length-pipeline", "objective.variable_length"),
     ({"logging.tensorboard_dir": "tb"}, "runtime-tensorboard-dir", "logging.tensorboard_dir"),
+    # a text tokenizer (NullTokenizer is the rule's other finding) and two pipeline stages
+    ({"eval.generation": {"prompts": "task/test.jsonl"}, "parallel.pipeline_model_parallel_size": 2,
+      "data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name", "eod_id": 0}},
+     "eval-generation-layout", "parallel.pipeline_model_parallel_size"),
 ]
 
 

@@ -122,16 +122,18 @@ CONSTRAINED: dict[str, Any] = {
     "cluster.gpu": "h100",  # a GPU catalog id
     "cluster.slurm.time": "04:00:00",  # a SLURM time
     "cluster.slurm.mem": "480G",  # a SLURM memory size
-    "stage.kind": "pretrain",  # a registered stage (dlmspec.stages)
+    "stage.kind": "rl",  # a registered stage (dlmspec.stages): the RL stage writes its prompts and rewards in train.py
+    "generate.preset": None,  # a [generate] preset id (dlmspec.generate presets)
 }
 
 #: Slots that take a fixed form around the free text.
-FORM = {"checkpoint.init_from": "mcore:{}"}
+FORM = {"checkpoint.init_from": "mcore:{}", "stage.rl.rewards[].function": "{}.py:reward"}
 
 #: Slots that must take every hostile value without NUL (so the test reaches train.py, the shell
 #: scripts and the lock file with each one).
 MUST_ACCEPT = {"name", "description", "data.train[].prefix", "data.split", "checkpoint.save",
-               "logging.run_dir", "cluster.slurm.env{=}", "data.tokenizer.model"}
+               "logging.run_dir", "cluster.slurm.env{=}", "data.tokenizer.model", "stage.rl.prompts",
+               "stage.rl.rewards[].function", "eval.generation.prompts"}
 
 #: Slots compile never writes: a spec's [lock] table is dropped (compile writes its own).
 NOT_WRITTEN = {"lock{}", "lock{=}"}
@@ -145,7 +147,8 @@ MARKERS = {slot: f"Q{i:02d}Z" for i, slot in enumerate(SLOTS)}
 def test_the_slots_cover_the_schema() -> None:
     """A new string key in the schema lands here (and in the placement below) by itself."""
     assert {"name", "data.train[].prefix", "cluster.slurm.env{}", "cluster.slurm.env{=}",
-            "cluster.slurm.container_mounts[]", "checkpoint.init_from", "lock{}"} <= set(SLOTS)
+            "cluster.slurm.container_mounts[]", "checkpoint.init_from", "lock{}", "stage.rl.prompts",
+            "stage.rl.rewards[].function", "eval.generation.prompts"} <= set(SLOTS)
     assert set(CONSTRAINED) | set(FORM) | MUST_ACCEPT <= set(SLOTS)
     assert len(SLOTS) >= 35
 
@@ -199,13 +202,20 @@ def _value(slot: str, text: str | None) -> Any:
 
 
 def build(hostile: dict[str, str], runtime: str = "pyxis") -> dict[str, Any]:
-    """A compilable spec with a marker in every slot except those in ``hostile`` (slot -> value)."""
+    """A compilable spec with a marker in every slot except those in ``hostile`` (slot -> value).
+
+    The stage is RL (its prompts file and reward function paths are written in train.py): 8
+    prompts x 8 completions = the global batch of 64, rollouts sampled (temperature > 0). The
+    tokenizer is GPT-2's BPE: [eval.generation] needs a text tokenizer (rule
+    eval-generation-layout), and its vocab_file / merge_file are string slots it reads; the model's
+    50305 rows (GPT-2's 50257 ids and padding) leave a padded slot for [MASK] (rule mask-token-range)."""
     data: dict[str, Any] = {
-        "model": _model(),
-        "stage": {"kind": "pretrain"},
-        "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 64, "train_iters": 10,
+        "model": {**_model(), "vocab_size": 50305},
+        "stage": {"kind": "rl", "rl": {"grpo_group_size": 8, "grpo_prompts_per_step": 8}},
+        "generate": {"temperature": 0.9},
+        "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 64, "train_iters": 10,
                   "eval_interval": 5},
-        "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
+        "data": {"tokenizer": {"type": "GPT2BPETokenizer"}},
         "cluster": {"gpus_per_node": 8, "nodes": 1, "slurm": {"container_runtime": runtime}},
     }
     for slot in SLOTS:
@@ -492,7 +502,8 @@ def assert_same_program(benign_dir: Path, hostile_dir: Path, accepted: dict[str,
             node.value = _sub(node.value, pairs)
     assert ast.dump(b_tree) == ast.dump(h_tree)
     strings = {n.value for n in ast.walk(h_tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    for slot in ("name", "data.train[].prefix", "checkpoint.save", "logging.run_dir", "data.split"):
+    for slot in ("name", "data.train[].prefix", "checkpoint.save", "logging.run_dir", "data.split",
+                 "stage.rl.prompts", "eval.generation.prompts"):
         if slot in accepted:
             assert accepted[slot] in strings, slot
     if "name" in accepted:
