@@ -8,8 +8,27 @@ import shared_kit
 from cpu_world_kit import gloo_world  # noqa: F401 (a fixture every test can ask for)
 
 
+#: Tests that hold a machine-wide resource (a SLURM cluster, two-rank gloo worlds, torchrun's
+#: rendezvous ports): under pytest-xdist (``-n auto --dist loadgroup``) they run in one group, one
+#: after another on one worker, never beside each other.
+EXCLUSIVE = "exclusive"
+EXCLUSIVE_MODULES = {
+    "tests/integration/launch/test_check.py",                       # torchrun, 2 ranks, free ports
+    "tests/integration/runtime/test_runtime_context_parallel.py",   # 2-rank gloo worlds
+    "tests/integration/runtime/test_runtime_fsdp.py",               # 2-rank gloo world
+    "tests/integration/runtime/test_runtime_init_from.py",          # torchrun --nproc_per_node=2
+    "tests/integration/slurm/test_submit_chain.py",                 # the one-node SLURM cluster
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``shared_data`` when the offline data kit is missing (tests/kits/shared_kit.py)."""
+    """Put the tests of :data:`EXCLUSIVE_MODULES` and those marked ``slurm`` in one xdist group; skip
+    the tests marked ``shared_data`` when the offline data kit is missing (tests/kits/shared_kit.py)."""
+    root = config.rootpath
+    for item in items:
+        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if where in EXCLUSIVE_MODULES or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE))
     if shared_kit.PRESENT:
         return
     skip = pytest.mark.skip(reason=shared_kit.MISSING_REASON)

@@ -6,19 +6,14 @@ import copy
 from typing import Any
 import validate_kit
 import rule_cases_kit
+from spec_kit import spec_dict
 
 
 #: A small valid spec (8 GPUs, data parallel): the failing examples change it.
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"train": ["data/x_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+BASE: dict[str, Any] = spec_dict({
+    "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/x_text_document"]},
     "logging": {"tensorboard_dir": "runs/t/tensorboard"},
-}
+})
 
 
 #: A peak of about 105 GiB per GPU on H100s (80 GiB): the memory rule's example.
@@ -86,7 +81,7 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
 
 def spec_rule_examples() -> dict[str, tuple[dict[str, Any], str]]:
     """One example per rule of the spec and paths scopes: the first case of the rule tests
-    (tests/check/test_validate.py, test_validate_hardening.py) as spec data, and the key it names."""
+    (tests/unit/check/test_validate.py, test_validate_rule_cases.py) as spec data, and the key it names."""
     examples: dict[str, tuple[dict[str, Any], str]] = {}
     for rule, changes, key in validate_kit.CASES:
         examples.setdefault(rule, (merged(validate_kit.BASE, changes), key))

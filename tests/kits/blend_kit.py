@@ -6,19 +6,14 @@ import copy
 from pathlib import Path
 from typing import Any
 import tomli_w
+from spec_kit import spec_dict
 
 
 #: A small valid spec (8 GPUs, NullTokenizer of 999: EOD 999); ``data.train`` is the test's.
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"train": ["data/web-*_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+BASE: dict[str, Any] = spec_dict({
+    "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/web-*_text_document"]},
     "logging": {"tensorboard_dir": "runs/t/tensorboard"},
-}
+})
 
 
 def spec(folder: Path, train: Any = None, name: str = "spec.toml", **data: Any) -> Path:

@@ -10,18 +10,16 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def gloo_world():
+def gloo_world(tmp_path_factory):
     """A one-process gloo world for the module (megatron-core's dataset builder synchronises ranks
-    through torch.distributed); created only if none exists, and destroyed afterwards if it was."""
-    import os
-
+    through torch.distributed); created only if none exists, and destroyed afterwards if it was.
+    Its rendezvous is a file store in a temporary folder, so it binds no port (tests run in parallel)."""
     import torch.distributed as dist
 
     created = False
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29547")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        store = tmp_path_factory.mktemp("gloo") / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
         created = True
     yield
     if created:

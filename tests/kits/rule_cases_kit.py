@@ -1,20 +1,13 @@
-"""Helpers shared by tests (moved from test_validate_hardening.py): BASE, CASES, MASK_RULE."""
+"""Helpers shared by tests (moved from test_validate_rule_cases.py): BASE, CASES, MASK_RULE."""
 
 from __future__ import annotations
 
 from typing import Any
+from spec_kit import spec_dict
 
 
 #: A valid data-parallel spec: 8 GPUs, vocab 1000 (padded 1024, [MASK] = 1000), head dim 32.
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+BASE: dict[str, Any] = spec_dict()
 
 
 # (rule, changes that break it, key named, changes the hint suggests, text of the hint)

@@ -6,21 +6,14 @@ import copy
 from typing import Any
 from dlmspec.check import find
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
 
 SCOPES = ("spec", "runtime")
 
 
 #: A valid spec of 8 H100s: vocab 1000, hidden 256, head dim 32, mock data.
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+BASE: dict[str, Any] = spec_dict()
 
 
 TE = {"model.transformer_impl": "transformer_engine"}

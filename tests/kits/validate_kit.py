@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
 
 #: A local Hugging Face tokenizer folder (tokenizer_config.json only) whose pad token is id 998.
@@ -14,28 +15,10 @@ PAD_998 = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf-tokenizer-p
 
 #: A small, valid data-parallel spec: 8 GPUs, DP 8, 4 microbatches, vocab 1000 (padded 1024,
 #: [MASK] = 1000).
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {
-        "num_layers": 8,
-        "hidden_size": 256,
-        "ffn_hidden_size": 1024,
-        "num_attention_heads": 8,
-        "num_query_groups": 4,
-        "vocab_size": 1000,
-        "max_position_embeddings": 1024,
-    },
-    "train": {
-        "micro_batch_size": 2,
-        "global_batch_size": 64,
-        "seq_length": 512,
-        "train_iters": 100,
-        "lr_warmup_iters": 10,
-        "eval_interval": 50,
-    },
-    "data": {"train": ["data/x_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+BASE: dict[str, Any] = spec_dict({
+    "model.num_layers": 8,
+    "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/x_text_document"]},
+})
 
 
 def make(changes: dict[str, Any] | None = None) -> Spec:
@@ -159,14 +142,14 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("ar-attention", {"objective.kind": "ar", "objective.attention_mask": "bidirectional"},
      "objective.attention_mask"),
     ("mdm-causal-attention", {"objective.attention_mask": "causal"}, "objective.attention_mask"),
-    # issue 18: t ~ U(0, 1) with the 1/t weight is unbounded (MegaDLMs pairs eps = 0 with the realised ratio)
+    # t ~ U(0, 1) with the 1/t weight is unbounded (MegaDLMs pairs eps = 0 with the realised ratio)
     ("mdm-eps-zero", {"objective.eps": 0.0}, "objective.eps"),
     ("mdm-eps-zero", {"objective.eps": 0.0, "objective.min_masked_tokens": 1}, "objective.eps"),
     ("mdm-min-masked-tokens", {"objective.min_masked_tokens": 513}, "objective.min_masked_tokens"),
-    # issue 18, Dream: cart_p without CART, shift on next-token prediction
+    # Dream: cart_p without CART, shift on next-token prediction
     ("mdm-cart-p-ignored", {"objective.cart_p": 0.2}, "objective.cart_p"),
     ("mdm-shift-ar", {"objective.kind": "ar", "objective.shift": True}, "objective.shift"),
-    # issue 18, MegaDLMs' window: unshift on next-token prediction, in SFT, on a layout that cannot split s - 1
+    # MegaDLMs' window: unshift on next-token prediction, in SFT, on a layout that cannot split s - 1
     ("mdm-unshift-ar", {"objective.kind": "ar", "objective.unshift": True}, "objective.unshift"),
     ("mdm-unshift-sft", {"stage.kind": "sft", "objective.unshift": True}, "objective.unshift"),
     ("mdm-unshift-layout", {"objective.unshift": True, "parallel.context_parallel_size": 2}, "objective.unshift"),
@@ -234,12 +217,12 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("tokenizer-files", {"data.tokenizer.type": "GPT2BPETokenizer", "model.vocab_size": 50257},
      "data.tokenizer.vocab_file"),
     ("tokenizer-vocab", {"data.tokenizer.vocab_size": 1000}, "model.vocab_size"),
-    # a NullTokenizer's size left behind when the tokenizer changed (issue 17): GPT-2's BPE ignores it
+    # a NullTokenizer's size left behind when the tokenizer changed: GPT-2's BPE ignores it
     ("tokenizer-keys-ignored", {"data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json",
                                                    "merge_file": "m.txt", "vocab_size": 50257},
                                 "model.vocab_size": 50304}, "data.tokenizer.vocab_size"),
     ("tokenizer-keys-ignored", {"data.tokenizer.model": "org/tok"}, "data.tokenizer.model"),
-    # an eod_id left from another tokenizer (issue 17's trial: gpt-neox's 0 on GPT-2's BPE)
+    # an eod_id left from another tokenizer (the trial: gpt-neox's 0 on GPT-2's BPE)
     ("eod-id-tokenizer", {"data.tokenizer": {"type": "GPT2BPETokenizer", "vocab_file": "v.json",
                                              "merge_file": "m.txt", "eod_id": 0},
                           "model.vocab_size": 50304}, "data.tokenizer.eod_id"),

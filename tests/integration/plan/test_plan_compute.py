@@ -9,6 +9,7 @@ from dlmspec.plan import make_plan, model_flops_per_token
 from dlmspec.plan.compute import attended_keys
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
 
 def test_model_flops_per_token_by_hand():
@@ -46,11 +47,12 @@ def test_attended_keys():
         attended_keys(8, "sliding")
 
 
-BASE = {
+BASE = spec_dict({
+    "name": None,
+    "data": None,
     "model": {"preset": "qwen3-1.7b"},
     "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096, "train_iters": 1000},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+})
 
 
 def _plan(**overrides):

@@ -2,7 +2,7 @@
 directory rules, refused runtime gaps, the lock file, quoting, the shell scripts and the CLI.
 
 The megatron-core side (keywords, executing ``build_configs()``) is in
-``tests/render/test_compile_megatron.py``.
+``tests/unit/render/test_compile_megatron.py``.
 """
 
 from __future__ import annotations
@@ -36,28 +36,16 @@ from dlmspec.render.compile import (
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load
 from dlmspec.resolve import eod_choice, resolve
+from spec_kit import spec_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
 #: A small valid spec: 8 GPUs, data parallel 8, vocab 1000 (padded 1024, [MASK] 1000), NullTokenizer.
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {
-        "num_layers": 4,
-        "hidden_size": 256,
-        "ffn_hidden_size": 1024,
-        "num_attention_heads": 8,
-        "num_query_groups": 4,
-        "vocab_size": 1000,
-        "max_position_embeddings": 1024,
-    },
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"train": ["data/x_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+BASE: dict[str, Any] = spec_dict({
+    "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/x_text_document"]},
     "logging": {"tensorboard_dir": "runs/t/tensorboard"},
-}
+})
 
 
 def spec_file(tmp_path: Path, changes: dict[str, Any] | None = None, name: str = "spec.toml") -> Path:
@@ -457,7 +445,7 @@ def _checkpoint_call(train_py: str) -> dict[str, Any]:
 )
 def test_init_from_is_rendered_as_plain_python(tmp_path: Path, changes: dict[str, Any], init_from: str | None,
                                                cache_dir: str | None) -> None:
-    """checkpoint.init_from compiles (issue #6): train.py passes it to the runtime's
+    """checkpoint.init_from compiles: train.py passes it to the runtime's
     CheckpointConfig as a literal, with the directory hf: weights are converted into."""
     compile_spec(spec_file(tmp_path, changes), tmp_path / "a")
     text = (tmp_path / "a" / "train.py").read_text()
@@ -469,7 +457,7 @@ def test_init_from_is_rendered_as_plain_python(tmp_path: Path, changes: dict[str
     assert read_all(tmp_path / "a")["train.py"].splitlines()[1:] == read_all(tmp_path / "b")["train.py"].splitlines()[1:]
 
 
-def test_a_malformed_init_from_is_refused_with_file_line_and_fix(tmp_path: Path) -> None:
+def test_a_malformed_init_from_is_refused_with_file_line_and_remedy(tmp_path: Path) -> None:
     path = spec_file(tmp_path, {"checkpoint.init_from": "/models/qwen"})
     with pytest.raises(SpecError) as info:
         compile_spec(path, tmp_path / "out")
@@ -564,7 +552,7 @@ def test_py_literal_round_trips() -> None:
 
 
 # Bundled specs whose header says "`dlmspec compile` refuses it" (the runtime cannot run them yet)
-# are left out; tests/test_specs.py checks that exactly those are refused, with what message.
+# are left out; tests/unit/specs/test_specs.py checks that exactly those are refused, with what message.
 @pytest.mark.parametrize("spec", sorted(p for p in (ROOT / "specs").glob("*.toml")
                                         if "`dlmspec compile` refuses it" not in p.read_text()), ids=lambda p: p.stem)
 def test_every_spec_compiles_to_valid_python_and_shell(tmp_path: Path, spec: Path) -> None:
@@ -625,7 +613,7 @@ def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path
 
 
 def test_launch_sh_says_when_the_interpreter_does_not_exist(tmp_path: Path) -> None:
-    """DLMSPEC_PYTHON naming no file is said as such, not as 'cannot import torch' (issue 17's
+    """DLMSPEC_PYTHON naming no file is said as such, not as 'cannot import torch' (the
     new-user trial)."""
     compile_spec(spec_file(tmp_path), tmp_path / "out")
     run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
@@ -712,7 +700,7 @@ def test_python_option_writes_the_interpreter_into_both_scripts_and_nothing_else
         subprocess.run(["bash", "-n", str(script)], check=True)
 
 
-def test_launch_sh_names_the_compiled_interpreter_and_the_fix(tmp_path: Path) -> None:
+def test_launch_sh_names_the_compiled_interpreter_and_the_remedy(tmp_path: Path) -> None:
     python = _interpreter_without_torch(tmp_path / "my env" / "bin" / "python")
     other = _interpreter_without_torch(tmp_path / "other" / "python")
     compile_spec(spec_file(tmp_path), tmp_path / "out", python=str(python))

@@ -12,16 +12,9 @@ from dlmspec.attention import BACKENDS, MASK_KINDS, backends_running, choose_bac
 from dlmspec.check import find
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+BASE: dict[str, Any] = spec_dict()
 CP2 = {"parallel.context_parallel_size": 2, "parallel.cp_comm_type": "allgather"}
 
 

@@ -16,18 +16,12 @@ import tomli_w
 from blend_shards import docs_of, null_tokenizer, write_shard  # noqa: E402
 
 from dlmspec.cli import main  # noqa: E402
+from spec_kit import spec_dict
 
-SPEC = {
-    "name": "t",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"train": ["data/web-00000_text_document"],
-             "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+SPEC = spec_dict({
+    "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/web-00000_text_document"]},
     "logging": {"tensorboard_dir": "runs/t/tensorboard"},
-}
+})
 
 
 def _spec(folder: Path, train: list[str]) -> Path:

@@ -14,21 +14,18 @@ from dlmspec.check import RULES, issues_for
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 RULE = "mask-token-published"
 MEGADLMS_FOLDER = ".models/MegaDLMs/megatron/training/tokenizer/gptneox_tokenizer"
 
 #: A small megadlms-1.7b spec (preset, [MASK] from the preset: 50277) with a Hugging Face tokenizer.
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"preset": "megadlms-1.7b", "num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512,
-              "num_attention_heads": 4, "num_query_groups": 4},
+BASE: dict[str, Any] = spec_dict({
+    "model": {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4, "num_query_groups": 4, "preset": "megadlms-1.7b"},
     "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 256, "train_iters": 10},
-    "data": {"train": ["data/x_text_document"],
-             "tokenizer": {"type": "HuggingFaceTokenizer", "model": "tok", "eod_id": 0}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+    "data": {"tokenizer": {"type": "HuggingFaceTokenizer", "model": "tok", "eod_id": 0}, "train": ["data/x_text_document"]},
+})
 
 
 def _tokenizer(folder: Path, size: int, added: dict[int, tuple[str, bool]]) -> Path:

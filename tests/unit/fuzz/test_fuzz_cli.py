@@ -25,19 +25,12 @@ from typer.testing import CliRunner
 
 from dlmspec.cli.commands import app
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
 COMMANDS = (["validate"], ["show"], ["plan"], ["validate", "--json"], ["plan", "--json"], ["check", "--strict"])
 
 #: A valid spec every command accepts (exit 0): the mutations below start from it.
-BASE: dict[str, Any] = {
-    "name": "fuzz",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8},
-}
+BASE: dict[str, Any] = spec_dict({"name": "fuzz", "cluster.nodes": None})
 
 
 def _fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:

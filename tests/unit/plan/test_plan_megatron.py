@@ -11,12 +11,15 @@ from dlmspec.plan.megatron_formula import megatron_activation_bytes, megatron_es
 from dlmspec.plan.shape import layout, model_shape
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
-LLAMA = {
+LLAMA = spec_dict({
+    "name": None,
+    "data": None,
     "model": {"preset": "llama-3-8b"},
     "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8},
-}
+    "cluster.nodes": None,
+})
 
 
 def _resolved(**overrides):

@@ -16,23 +16,21 @@ from dlmspec.plan.megatron_formula import in_flight_interleaved_megatron
 from dlmspec.plan.shape import layout, model_shape
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
+from spec_kit import spec_dict
 
 #: No constant overheads and no fitted activation scale: the test checks the counted terms only.
 BARE = Calibration(allocated_overhead_bytes=0, cuda_context_bytes=0, nccl_bytes_per_group=0,
                    allocator_reserve_fraction=0.0, activation_scale=1.0)
 
-SMALL = {
+SMALL = spec_dict({
+    "data": None,
     "name": "small",
-    "model": {
-        "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4,
-        "num_query_groups": 2, "kv_channels": 16, "vocab_size": 1000, "max_position_embeddings": 256,
-        "normalization": "RMSNorm", "activation": "swiglu", "transformer_impl": "local",
-    },
+    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4, "num_query_groups": 2, "vocab_size": 1000, "max_position_embeddings": 256, "kv_channels": 16, "normalization": "RMSNorm", "activation": "swiglu", "transformer_impl": "local"},
+    "train": {"micro_batch_size": 2, "global_batch_size": 2, "seq_length": 256, "train_iters": 10},
+    "cluster.gpus_per_node": 1,
     "objective": {"kind": "ar"},
     "kernels": {"cross_entropy": "megatron"},
-    "train": {"micro_batch_size": 2, "global_batch_size": 2, "seq_length": 256, "train_iters": 10},
-    "cluster": {"gpu": "h100", "gpus_per_node": 1, "nodes": 1},
-}
+})
 
 
 def _resolved(overrides: dict | None = None, base: dict = SMALL):
@@ -64,7 +62,7 @@ def test_small_model_by_hand():
         + y * T * 2 * f  # SwiGLU input [T, 2f]
         + y * T * f  # linear_fc2 input
     )
-    assert per_layer == 1388544  # also what autograd saves on CPU: tests/plan/test_plan_saved_tensors.py
+    assert per_layer == 1388544  # also what autograd saves on CPU: tests/integration/plan/test_plan_saved_tensors.py
     assert b["activations"] == L * per_layer
     output = (y * T * h + 4 * T) + y * T * h  # final norm input (+ rstd), output-layer input
     assert b["embedding_output_activations"] == output
@@ -109,11 +107,12 @@ def test_breakdown_sums_to_peaks():
     assert peak.peak_bytes > peak.peak_allocated_bytes  # CUDA context and reserve are extra
 
 
-QWEN = {
+QWEN = spec_dict({
+    "name": None,
+    "data": None,
     "model": {"preset": "qwen3-1.7b"},
     "train": {"micro_batch_size": 4, "global_batch_size": 64, "seq_length": 4096, "train_iters": 10},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+})
 
 
 def _activations(overrides: dict) -> float:

@@ -32,26 +32,18 @@ from compile_megatron_kit import (  # noqa: F401 (fixtures among them)
     _counter,
     _import,
 )
+from spec_kit import spec_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 
 #: 8 layers, 8 GPUs, vocab 1000 (padded 1024); variations below change it.
-BASE: dict[str, Any] = {
+BASE: dict[str, Any] = spec_dict({
     "name": "v",
-    "model": {
-        "num_layers": 8,
-        "hidden_size": 256,
-        "ffn_hidden_size": 1024,
-        "num_attention_heads": 8,
-        "num_query_groups": 4,
-        "vocab_size": 1000,
-        "max_position_embeddings": 1024,
-    },
-    "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"train": ["data/x_text_document"], "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+    "model.num_layers": 8,
+    "train.micro_batch_size": 1,
+    "train.global_batch_size": 32,
+    "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/x_text_document"]},
+})
 
 VARIATIONS: dict[str, dict[str, Any]] = {
     "dp8": {},
@@ -119,7 +111,7 @@ def _write_variation(tmp_path: Path, name: str) -> Path:
     return path
 
 
-# Bundled specs whose header says "`dlmspec compile` refuses it" are left out (tests/test_specs.py).
+# Bundled specs whose header says "`dlmspec compile` refuses it" are left out (tests/unit/specs/test_specs.py).
 CASES = [pytest.param(p, id=p.stem) for p in sorted((ROOT / "specs").glob("*.toml"))
          if "`dlmspec compile` refuses it" not in p.read_text()] + [
     pytest.param(name, id=f"var-{name}") for name in VARIATIONS

@@ -16,16 +16,13 @@ import dlmspec.tokenizers
 from dlmspec.render.compile import render
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
+from spec_kit import spec_dict
 
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
-              "vocab_size": 1000, "max_position_embeddings": 256},
-    "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 128, "train_iters": 10,
-              "eval_interval": 5},
+BASE: dict[str, Any] = spec_dict({
+    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256},
+    "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 128, "train_iters": 10, "eval_interval": 5},
     "data": {"train": ["data/x_text_document"]},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+})
 
 
 def write_spec(tmp_path: Path, tokenizer: dict[str, Any], **tables: Any) -> Path:

@@ -1,4 +1,4 @@
-"""Tests of dlmspec.resolve's layer path (issue 15): ``transformer_impl = "auto"`` never takes a
+"""Tests of dlmspec.resolve's layer path: ``transformer_impl = "auto"`` never takes a
 path the spec's features cannot run on. The resolved choice (and why) reaches train.py as a
 literal, the lock file, the plan and validate's report; an explicit path that cannot run a
 feature is a validate (and compile) error."""
@@ -20,19 +20,12 @@ from dlmspec.render.compile import render
 from dlmspec.spec.load import load
 from dlmspec.plan import make_plan
 from dlmspec.resolve import resolve
+from spec_kit import spec_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 SPECS = ROOT / "specs"
 
-BASE: dict[str, Any] = {
-    "name": "t",
-    "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-              "num_query_groups": 4, "vocab_size": 1000, "max_position_embeddings": 1024},
-    "train": {"micro_batch_size": 2, "global_batch_size": 64, "seq_length": 512, "train_iters": 100,
-              "lr_warmup_iters": 10, "eval_interval": 50},
-    "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
-}
+BASE: dict[str, Any] = spec_dict()
 
 
 def spec_file(tmp_path: Path, changes: dict[str, Any]) -> Path:
@@ -89,7 +82,7 @@ def test_bundled_specs_with_variable_length_take_the_local_path(name: str, impl:
     on the local layers where they were measured (TE runs them through its padding mask when asked):
     its train.py asks for the local layers, saying why, wherever Transformer Engine imports. The
     MegaDLMs and LLaDA specs cut whole micro-batches (objective.variable_length = "micro_batch",
-    issue #18; LLaDA's GUIDELINES.md cuts the whole batch): dense, either path."""
+    LLaDA's GUIDELINES.md cuts the whole batch): dense, either path."""
     resolved = resolve(load(SPECS / f"{name}.toml").spec)
     assert resolved.transformer_impl == impl
     text = render(resolved, f"specs/{name}.toml")["train.py"]
@@ -123,7 +116,7 @@ def test_transformer_engine_with_a_local_only_feature_is_a_validate_error(tmp_pa
 def test_features_that_need_both_paths_are_an_error_naming_both(tmp_path: Path) -> None:
     """auto with a local-only feature (document masks) and a Transformer Engine-only one (fp8):
     no path runs both; the error says which feature chose the local path. Variable-length
-    sequences run on both (TE's padding mask, issue 21): with fp8, auto takes TE."""
+    sequences run on both (TE's padding mask): with fp8, auto takes TE."""
     path = spec_file(tmp_path, {"data.reset_attention_mask": True, "precision.fp8": "hybrid"})
     result = CliRunner().invoke(app, ["validate", str(path), "--json"])
     assert result.exit_code == 2

@@ -12,20 +12,17 @@ from dlmspec.plan.shape import layout
 from dlmspec.render.compile import render
 from dlmspec.resolve import Resolved, resolve, runtime_values
 from dlmspec.spec.load import load
+from spec_kit import spec_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 
-SPEC = {
+SPEC = spec_dict({
     "name": "defaults",
-    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
-              "vocab_size": 1000, "max_position_embeddings": 256},
-    "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 128, "train_iters": 10,
-              "eval_interval": 5},
-    "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-    "cluster": {"gpu": "h100", "gpus_per_node": 8, "nodes": 1},
+    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256},
+    "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 128, "train_iters": 10, "eval_interval": 5},
     "logging": {"wandb_project": "p"},
     "recompute": {"granularity": "selective"},
-}
+})
 
 #: A value the template decides: ``{{ (a or b) }}``, ``default(...)``, ``x is none`` inside a
 #: printed expression.

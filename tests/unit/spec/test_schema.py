@@ -26,6 +26,7 @@ from dlmspec.errors import SpecError
 from dlmspec.gpus import gpu_ids
 from dlmspec.spec.load import load_text
 from dlmspec.spec.presets import preset_names
+from spec_kit import spec_dict
 
 ROOT = Path(__file__).resolve().parents[3]
 SPECS = sorted((ROOT / "specs").glob("*.toml"))
@@ -140,12 +141,20 @@ def test_starter_specs_conform(preset: str) -> None:
     assert check(tomllib.loads(starter_spec("s", preset))) == []
 
 
-MINIMAL: dict[str, Any] = {"model": {"preset": "qwen3-0.6b"}, "train": {"global_batch_size": 8, "seq_length": 512}}
-EXPLICIT: dict[str, Any] = {
-    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
-              "vocab_size": 1000, "max_position_embeddings": 512},
+MINIMAL: dict[str, Any] = spec_dict({
+    "name": None,
+    "data": None,
+    "cluster": None,
+    "model": {"preset": "qwen3-0.6b"},
     "train": {"global_batch_size": 8, "seq_length": 512},
-}
+})
+EXPLICIT: dict[str, Any] = spec_dict({
+    "name": None,
+    "data": None,
+    "cluster": None,
+    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 512},
+    "train": {"global_batch_size": 8, "seq_length": 512},
+})
 
 
 def _edit(base: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
@@ -174,7 +183,7 @@ EDITS: list[tuple[dict[str, Any], str, Any, bool]] = [
     (MINIMAL, "model.moe_layer_freq", [1, 0], True),
     (MINIMAL, "objective.attention_mask", "block_causal", True),
     (MINIMAL, "objective.attention_mask", "full", False),
-    (MINIMAL, "objective.eps", 0.0, True),  # MegaDLMs: t ~ U(0, 1) (issue 18)
+    (MINIMAL, "objective.eps", 0.0, True),  # MegaDLMs: t ~ U(0, 1)
     (MINIMAL, "objective.eps", -0.1, False),
     (MINIMAL, "train.lr_points", [[10, 1e-4]], True),
     (MINIMAL, "train.lr_points", [[10]], False),  # a [step, lr] pair (prefixItems, minItems)
