@@ -1,7 +1,7 @@
-"""The failing examples of the rules of shards named in the spec (dlmspec/check/data.py, issue 23):
+"""The failing examples of the rules of shards named in the spec (dlmspec/check/data.py):
 a spec change of test_validate_compile_agree.BASE and the files beside it (tiny shards, their
 records, manifests), as text. Shared by test_validate, test_validate_compile_agree and
-test_fixes_validate; tests/test_blend.py tests each rule in full."""
+test_remedies_validate; tests/unit/data/test_blend.py tests each rule in full."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tiny Megatron indexed datasets for the blend tests, written without torch: the layout of
-megatron-core's ``IndexedDatasetBuilder`` (one sequence per document; tests/runtime/test_blend_runtime.py
+megatron-core's ``IndexedDatasetBuilder`` (one sequence per document; tests/integration/runtime/test_blend_runtime.py
 checks that the bytes equal the builder's), a dataset record, and a manifest of shards."""
 
 from __future__ import annotations

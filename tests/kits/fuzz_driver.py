@@ -1,4 +1,4 @@
-"""Runs fuzz cases for ``tests/test_fuzz_specs.py``: each case in its own process.
+"""Runs fuzz cases for ``tests/integration/fuzz/test_fuzz_specs.py``: each case in its own process.
 
 ``python tests/kits/fuzz_driver.py CASES.json RESULTS.json [--jobs N] [--timeout S] [--memory BYTES]``
 

@@ -103,7 +103,7 @@ def cpu_train_world(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
     monkeypatch.setattr(checks, "cuda_problem", lambda **kwargs: None)
-    monkeypatch.setattr(training, "prestart_checkpoint_helpers", lambda: None)  # tests/runtime/test_runtime_signals_moe.py
+    monkeypatch.setattr(training, "prestart_checkpoint_helpers", lambda: None)  # tests/integration/runtime/test_runtime_signals_moe.py
     monkeypatch.setattr(training, "get_megatron_optimizer", lambda config, model: _Optimizer())
     monkeypatch.setattr(training, "get_forward_backward_func", lambda: _forward_backward)
     try:

@@ -1,6 +1,6 @@
 """The failing examples of the SFT rules that read files (dlmspec/check/sft.py): a spec change of
 test_validate_compile_agree.BASE and the files beside it (an SFT dataset record, empty data and
-response-mask files). Shared by test_sft_rules, test_validate_compile_agree and test_fixes_validate."""
+response-mask files). Shared by test_sft_rules, test_validate_compile_agree and test_remedies_validate."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_schedule_rules() -> None:
     ("objective.noise_schedule_exponent=0", ["objective.noise_schedule_exponent", "greater than 0"]),
     ("objective.noise_schedule_exponent=-2.0", ["objective.noise_schedule_exponent", "greater than 0"]),
 ])
-def test_bad_schedule_values_exit_2_naming_key_and_fix(tmp_path: Path, setting: str, words: list[str]) -> None:
+def test_bad_schedule_values_exit_2_naming_key_and_remedy(tmp_path: Path, setting: str, words: list[str]) -> None:
     spec = tmp_path / "s.toml"
     spec.write_text(f'extends = "{DLM.as_posix()}"\n', encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", "dlmspec.cli", "validate", str(spec), "--set", setting],

@@ -69,7 +69,7 @@ def test_validate_ok() -> None:
     assert result.stderr == ""
 
 
-def test_validate_reports_every_issue_with_location_and_fix() -> None:
+def test_validate_reports_every_finding_with_location_and_remedy() -> None:
     result = run("validate", DEMO, "--set", "train.global_batch_size=30", "--set", "parallel.sequence_parallel=true")
     assert result.exit_code == EXIT_USAGE
     no_traceback(result)
@@ -249,7 +249,7 @@ def test_validate_imports_neither_torch_nor_megatron_nor_the_compiler() -> None:
 ])
 def test_plan_and_validate_import_no_torch(argv: list[str]) -> None:
     """`dlmspec plan` (with or without --search, --json) and validate's error report do not
-    import torch, megatron or typer either (issue #4); nor the compiler, except for --search
+    import torch, megatron or typer either; nor the compiler, except for --search
     (which asks the compiler what the runtime cannot run). pydantic only where it decides: a
     schema error, a value only its lax mode takes, and --search (which changes the spec)."""
     code, modules = _modules_after(argv)
@@ -409,7 +409,7 @@ def test_show_catalogs() -> None:
     llama = next(p for p in presets if p["id"] == "llama-3-8b")
     assert llama["parameters"] == 8_030_261_248 and llama["published"] == "8,030,261,248"
     rules = json.loads(run("show", "--rules", "--json").stdout)["result"]["rules"]
-    assert sorted(r["id"] for r in rules) == sorted(RULES)  # the order: tests/check/test_registry.py
+    assert sorted(r["id"] for r in rules) == sorted(RULES)  # the order: tests/integration/check/test_registry.py
     table = run("show", "--presets")
     assert table.exit_code == 0 and "mixtral-8x7b" in table.stdout and "46.7B" in table.stdout
 
@@ -557,7 +557,7 @@ def test_new_bad_arguments(tmp_path: Path, args: list[str], text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# dlmspec schema (the schema itself: tests/spec/test_schema.py)
+# dlmspec schema (the schema itself: tests/unit/spec/test_schema.py)
 
 
 def test_schema_command(tmp_path: Path) -> None:
@@ -575,7 +575,7 @@ def test_schema_command(tmp_path: Path) -> None:
 
 
 def test_new_refuses_a_file_name_that_is_not_toml(tmp_path: Path) -> None:
-    """``dlmspec new x.py`` wrote TOML into a .py file, which Python then could not run (issue 17's
+    """``dlmspec new x.py`` wrote TOML into a .py file, which Python then could not run (the
     new-user trial): a name that does not end in .toml is refused, with the .toml name as fix."""
     out = tmp_path / "x.py"
     result = run("new", str(out), "--from", "demo-dlm", "--json")

@@ -1,4 +1,4 @@
-"""Sweeps in a Python spec (issue 22): validate, plan and compile handle each member; compile
+"""Sweeps in a Python spec: validate, plan and compile handle each member; compile
 writes one folder per member, deterministically; duplicate names and shared folders are refused."""
 
 import json

@@ -94,8 +94,8 @@ def test_convert_errors_without_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
-def test_a_folder_without_config_or_of_an_unknown_family_gets_a_fix(tmp_path: Path) -> None:
-    """README promises a fix on convert's error line (issue 17's new-user trial found none)."""
+def test_a_folder_without_config_or_of_an_unknown_family_gets_a_remedy(tmp_path: Path) -> None:
+    """README promises a fix on convert's error line (the new-user trial found none)."""
     result = _run("convert", "hf-to-mcore", str(tmp_path / "nonexist"), str(tmp_path / "dst"))
     assert result.exit_code == 2 and "fix: give the folder that holds the checkpoint's config.json" in result.output
     bad = tmp_path / "bad"

@@ -126,7 +126,7 @@ def test_missing_file_and_folder_are_refused_by_name(tmp_path: Path) -> None:
         files.read_text(tmp_path)
 
 
-def test_the_refusal_is_one_line_with_the_file_why_and_fix(tmp_path: Path) -> None:
+def test_the_refusal_is_one_line_with_the_file_why_and_remedy(tmp_path: Path) -> None:
     fifo = _fifo(tmp_path / "p")
     with pytest.raises(FileRefused) as refused:
         files.read_json(fifo, what="dataset record")

@@ -1,5 +1,5 @@
 """Fuzzing the bundled and starter specs: mutated copies never crash, hang or blow up, and
-``validate`` and ``compile`` agree on each (issue 15).
+``validate`` and ``compile`` agree on each.
 
 Each case is one of the bundled specs (``specs/*.toml``) or a starter spec (``dlmspec new
 --preset NAME``, every preset, both objectives) with one to three mutations: any key of the

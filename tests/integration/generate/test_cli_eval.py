@@ -127,7 +127,7 @@ def test_multiple_choice_is_the_librarys_with_a_wilson_interval(tiny_runs, choic
     assert got["interval_95"] == pytest.approx(list(wilson_interval(correct, 3))) and got["interval_method"] == "wilson"
 
 
-def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, data, choices, capsys, tmp_path):
+def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_remedy(tiny_runs, data, choices, capsys, tmp_path):
     from tiny_ckpt import write_dataset as write
 
     run = str(tiny_runs["mdm"][0])
@@ -182,7 +182,7 @@ def _recording_bars(monkeypatch):
 
 
 def test_long_evaluations_show_progress_bars_on_a_terminal(tiny_runs, data, choices, capsys, monkeypatch):
-    """Issue #20's "progress bars on long evaluation": on a terminal (stderr) each ELBO estimator and
+    """the "progress bars on long evaluation": on a terminal (stderr) each ELBO estimator and
     the multiple choice get a bar that reaches its total (batches, items); off a terminal none is drawn."""
     bars, buf, cli = _recording_bars(monkeypatch)
     code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--data", str(data), "--seq-length", str(SEQ),

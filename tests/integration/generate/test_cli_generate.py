@@ -160,7 +160,7 @@ def _bad(tmp_path: Path, run_dir: Path) -> list[tuple[list[str], str, str]]:
     ]
 
 
-def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_fix(tiny_runs, capsys, tmp_path):
+def test_every_bad_input_exits_2_naming_the_flag_the_value_and_a_remedy(tiny_runs, capsys, tmp_path):
     for args, key, why in _bad(tmp_path, tiny_runs["mdm"][0]):
         code, env = run_json(capsys, *args)
         assert code == 2 and env["ok"] is False and env["result"] is None, (args, env)
@@ -241,7 +241,7 @@ def _terminal(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["mdm", "ar"])
 def test_streaming_to_a_terminal_redraws_the_text_after_every_step(tiny_runs, capsys, monkeypatch, kind):
-    """Issue #20's "stream to the terminal": with --stream the canvas is redrawn after each step (the
+    """the "stream to the terminal": with --stream the canvas is redrawn after each step (the
     masks still to decode shown as ░ for MDM, the text growing for AR), then the final text is printed;
     --no-stream draws nothing before it."""
     buf = _terminal(monkeypatch)
@@ -322,7 +322,7 @@ def test_the_decoding_plan_says_what_ran_and_why():
     assert not cached and decoding == "masked diffusion" and "bidirectional" in why
 
 
-def test_flag_and_argument_issues_are_placed_on_the_command_line_not_in_a_spec(capsys, tmp_path):
+def test_flag_and_argument_findings_are_placed_on_the_command_line_not_in_a_spec(capsys, tmp_path):
     """Issues of RUN_OR_CHECKPOINT and the flags of `generate` / `eval` say they come from the command
     line (as `--set`'s do), not `<spec>`: no spec is involved; a prompts file's line keeps its file."""
     cases = [

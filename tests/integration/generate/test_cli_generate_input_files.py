@@ -69,7 +69,7 @@ def _files(tmp_path: Path) -> dict[str, Path]:
             "surrogate_choice": surrogate_choice, "not_utf8": not_utf8}
 
 
-def test_hostile_prompts_and_choices_files_exit_2_naming_the_flag_why_and_a_fix(tiny_runs, capsys, tmp_path):
+def test_hostile_prompts_and_choices_files_exit_2_naming_the_flag_why_and_a_remedy(tiny_runs, capsys, tmp_path):
     f = _files(tmp_path)
     run = str(tiny_runs["mdm"][0])
     cases = [

@@ -123,7 +123,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_damaged_checkpoint_exits_2_naming_the_file_why_and_a_fix(tiny_runs, tmp_path, capsys, case):
+def test_a_damaged_checkpoint_exits_2_naming_the_file_why_and_a_remedy(tiny_runs, tmp_path, capsys, case):
     run, it = linked_copy(tiny_runs["mdm"][0], tmp_path)
     named = _damage(case, run, it)
     capsys.readouterr()

@@ -62,7 +62,7 @@ def test_defaults_are_llada_and_are_recorded():
     (dict(eos_token_id=MASK), "eos_token_id", "EOS"),
     (dict(gen_length=0), "gen_length", "128"),
 ])
-def test_a_bad_setting_names_field_value_and_a_fix(kw, field, fix):
+def test_a_bad_setting_names_field_value_and_a_remedy(kw, field, fix):
     with pytest.raises(GenerateConfigError) as err:
         _config(**kw)
     assert isinstance(err.value, ValueError) and err.value.field == field
@@ -70,7 +70,7 @@ def test_a_bad_setting_names_field_value_and_a_fix(kw, field, fix):
     assert message.startswith(f"{field} = {kw[field]!r}") and fix in message
 
 
-def test_the_suggested_fix_is_accepted():
+def test_the_suggested_remedy_is_accepted():
     for kw in (dict(block_length=5), dict(steps=7), dict(steps=13)):
         with pytest.raises(GenerateConfigError) as err:
             _config(**kw)

@@ -149,7 +149,7 @@ def test_generate_until_cuts_at_the_first_stop_string() -> None:
     assert ar.generate_until([request]) == ["hi"]
 
 
-def test_bad_model_args_are_named_with_a_fix() -> None:
+def test_bad_model_args_are_named_with_a_remedy() -> None:
     with pytest.raises(ValueError, match="mc_sample: not a dlmspec model argument; did you mean mc_samples"):
         _lm(mc_sample=4)
     with pytest.raises(ValueError, match="mask_token_id"):
@@ -230,7 +230,7 @@ def test_an_ar_checkpoint_from_path_generates_with_the_kv_cache(tiny_runs) -> No
 
 @pytest.mark.parametrize("kind", ["mdm", "ar"])
 def test_loglikelihood_equals_dlmspec_evals_for_the_same_seed(tiny_runs, tmp_path, capsys, kind) -> None:
-    """Issue #20's "the lm-eval wrapper's loglikelihood equals `dlmspec eval`'s for the same seed":
+    """the "the lm-eval wrapper's loglikelihood equals `dlmspec eval`'s for the same seed":
     `dlmspec eval --choices` scores every (context, choice) with the wrapper's text split and a
     generator seeded with --seed for each choice, so each choice's NLL is minus the wrapper's
     loglikelihood of the same request (the empty context included: EOS for AR, nothing for MDM)."""

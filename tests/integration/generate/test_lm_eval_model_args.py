@@ -68,7 +68,7 @@ def _exit(capsys, model_args: str, tasks: Path, task: str = "tiny_mc") -> str:
     ("PATH,mask_token_id=60000", "--model_args mask_token_id=60000: the model embeds token ids 0..50303"),
     (f"PATH,mask_token_id={10**30}", f"--model_args mask_token_id={10**30}: out of range"),
 ])
-def test_bad_model_args_exit_2_with_one_line_naming_the_key_the_value_and_a_fix(
+def test_bad_model_args_exit_2_with_one_line_naming_the_key_the_value_and_a_remedy(
         tiny_runs, task_folder, offline_lm_eval, capsys, args, said) -> None:
     import torch.distributed as dist
 

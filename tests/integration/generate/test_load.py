@@ -59,7 +59,7 @@ def test_an_ar_checkpoint_is_causal(tiny_runs):
         model.close()
 
 
-def test_bad_paths_are_refused_with_why_and_a_fix(tiny_runs, tmp_path):
+def test_bad_paths_are_refused_with_why_and_a_remedy(tiny_runs, tmp_path):
     from dlmspec.backends.generate.load import LoadError, load_model
 
     (tmp_path / "file.txt").write_text("x")

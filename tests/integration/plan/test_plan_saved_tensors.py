@@ -9,7 +9,7 @@ model) must equal :func:`dlmspec.plan.memory.layer_activation_terms`; what the 1
 saves besides its layer must equal the planner's output-side terms plus the loss's fp32 softmax.
 
 Two differences between this CPU run and a GPU run are removed: megatron's RoPE asks for
-``torch.cuda.current_device()`` (patched to CPU, as ``tests/runtime/test_runtime_model.py`` does), and
+``torch.cuda.current_device()`` (patched to CPU, as ``tests/integration/runtime/test_runtime_model.py`` does), and
 PyTorch's CPU build computes RMSNorm with a composite implementation that saves fp32 copies,
 while on CUDA ``rms_norm`` runs the fused ``_fused_rms_norm`` kernel, which saves the input and
 the fp32 ``rstd`` - emulated here with an autograd function that saves exactly those.

@@ -1,4 +1,4 @@
-"""SFT planning (issue #19): padding waste. Padded conversations leave positions without a real
+"""SFT planning: padding waste. Padded conversations leave positions without a real
 token, so an SFT plan reports real (non-padding) tokens/s and the steps a token budget takes,
 from the dataset record's mean conversation length or a stated assumption
 (``dlmspec/plan/sft.py``)."""

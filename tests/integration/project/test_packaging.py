@@ -1,4 +1,4 @@
-"""Packaging (issue #16): the wheel holds the compiler, the runtime (``dlmspec.backends``), the
+"""Packaging: the wheel holds the compiler, the runtime (``dlmspec.backends``), the
 templates and the bundled specs, and works from a directory outside the checkout; the compiler
 side never imports torch or megatron.
 
@@ -107,7 +107,7 @@ def test_new_from_refuses_an_unknown_bundled_spec(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv", [["compile", "specs/demo-dlm.toml", "-o", "{out}"],
                                   ["show", "specs/demo-dlm.toml"], ["new", "{out}.toml", "--from", "demo-dlm"]])
 def test_the_compiler_never_imports_torch_or_megatron(tmp_path: Path, argv: list[str]) -> None:
-    """validate and plan are covered by tests/cli/test_cli.py; compile, show and new here."""
+    """validate and plan are covered by tests/integration/cli/test_cli.py; compile, show and new here."""
     argv = [a.replace("{out}", str(tmp_path / "out")) for a in argv]
     code = ("import sys\nfrom dlmspec.cli import main\n"
             f"code = main({argv!r})\n"

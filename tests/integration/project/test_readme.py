@@ -149,7 +149,7 @@ def test_ci_runs_readme_install_and_test_commands() -> None:
 
 def test_setup_command_two_is_pytest_from_the_venv() -> None:
     _, tests = _setup_commands()
-    assert tests == ".venv/bin/python -m pytest"
+    assert tests == ".venv/bin/python -m pytest -n auto --dist loadgroup"
 
 
 # --- every command, in README's order ----------------------------------------------------------
@@ -238,7 +238,7 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
                 assert result.returncode == 2, f"{part}\nexit {result.returncode}\n{out[-3000:]}"
                 assert "Traceback" not in out and "CUDA" in out, out[-3000:]
             else:
-                pytest.fail(f"README command with no runner in tests/test_readme.py: {part}")
+                pytest.fail(f"README command with no runner in tests/integration/project/test_readme.py: {part}")
             ran.append(part)
     assert any("launch.sh" in c for c in ran) and any("--sft" in c for c in ran), ran
 

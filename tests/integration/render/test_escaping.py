@@ -1,4 +1,4 @@
-"""Spec strings reach the generated files as data only (issue 15: no code from spec strings).
+"""Spec strings reach the generated files as data only (no code from spec strings).
 
 Every string field of the schema (found by walking the pydantic models of ``dlmspec.spec.models``) gets
 a harmless marker in a *benign* spec and a hostile value in a *hostile* spec; both are compiled.
@@ -555,7 +555,7 @@ def test_hostile_container_values_with_apptainer(tmp_path: Path, value: str) -> 
 
 
 def test_a_docstring_break_out_in_the_name_runs_nothing(tmp_path: Path) -> None:
-    """The attack of issue 15: a run name that closes train.py's docstring."""
+    """The attack of a run name that closes train.py's docstring."""
     name = 'x"""; import os; os.system("touch PWNED"); """'
     spec = build({"name": name})
     (tmp_path / "spec.toml").write_text(tomli_w.dumps(spec), encoding="utf-8")

@@ -4,7 +4,7 @@ The script is run by bash here with fake ``srun``/``scontrol``/``apptainer`` and
 on PATH (tests/slurm/fakebin), so quoting, the rendezvous variables, the per-task wrappers,
 the signal trap and the requeue are exercised for real, and hostile spec values are shown to
 arrive intact with no side effect. ``shellcheck`` runs when installed (``apt-get install -y
-shellcheck``). The real SLURM tests are in tests/render/test_slurm_cluster.py.
+shellcheck``). The real SLURM tests are in tests/integration/render/test_slurm_cluster.py.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from slurm_kit import (  # noqa: F401 (fixtures among them)
 )
 
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py"
-               and not p.name.endswith("-sweep.py"))  # a sweep: tests/cli/test_sweep.py compiles each member
+               and not p.name.endswith("-sweep.py"))  # a sweep: tests/integration/cli/test_sweep.py compiles each member
 SHELLCHECK = shutil.which("shellcheck")
 
 
@@ -337,7 +337,7 @@ def test_torchrun_launch_gets_rendezvous_and_node_rank(tmp_path: Path) -> None:
     assert "--nproc-per-node=4" in argv and "--master-addr=node07" in argv
     assert f"--master-port={rendezvous_port(4242)}" in argv
     # fakebin's torchrun --help lists no option: the optional signal options are left out
-    # (tests/render/test_torchrun_options.py passes each torch version's list).
+    # (tests/integration/render/test_torchrun_options.py passes each torch version's list).
     assert not [a for a in argv if a.startswith(("--signals-to-handle", "--shutdown-timeout"))]
     assert argv[-1] == str(tmp_path / "train.py")
     env = env_dict(log / "python.env")

@@ -42,7 +42,7 @@ START = ROOT / "tests" / "slurm" / "start-cluster.sh"
 STOP = ROOT / "tests" / "slurm" / "stop-cluster.sh"
 CHECK_SPEC = ROOT / "tests" / "slurm" / "check-spec.toml"
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py"
-               and not p.name.endswith("-sweep.py"))  # a sweep is several specs: tests/cli/test_sweep.py
+               and not p.name.endswith("-sweep.py"))  # a sweep is several specs: tests/integration/cli/test_sweep.py
 STATE_DIR = Path(os.environ.get("DLMSPEC_SLURM_DIR", "/tmp/dlmspec-slurm"))
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}

@@ -1,4 +1,4 @@
-"""CPU test of shards named in the spec (issue 23): a spec whose ``data.train`` is a glob of three
+"""CPU test of shards named in the spec: a spec whose ``data.train`` is a glob of three
 shards compiles to a blend that megatron-core's ``BlendedMegatronDatasetBuilder`` loads (through
 ``dlmspec.backends.megatron.data.build_datasets``, as train.py does), sampling each shard by its
 share of the tokens; and the torch-free shard writer of the compile tests (tests/kits/blend_shards.py)

@@ -1,5 +1,5 @@
 """Progress, tokens seen and time left in the training line; the masked-diffusion scalars (loss by
-noise-level bucket, the realised mask ratio) and the timed phases of a start (issue 24)."""
+noise-level bucket, the realised mask ratio) and the timed phases of a start."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Provenance of a run (issue 24): the spec's hash, the dlmspec version, the git commit of the
+"""Provenance of a run: the spec's hash, the dlmspec version, the git commit of the
 spec's repository and the library versions, read at launch, in the start record at the head of
 metrics.jsonl and in every checkpoint's dlmspec.json."""
 

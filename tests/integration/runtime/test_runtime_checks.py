@@ -1,4 +1,4 @@
-"""train.py's checks before the first step and on resume (issue 15), on CPU.
+"""train.py's checks before the first step and on resume, on CPU.
 
 * the spec record: compiled train.py hands the runtime its lock (hash literal + the
   spec.lock.toml beside it); checkpoints keep the lock and a record of the run's values; a
@@ -137,7 +137,7 @@ def test_resume_allows_and_reports_schedule_logging_and_eval_changes(tmp_path: P
 
 
 def test_resume_reports_changed_objective_options(tmp_path: Path, compiled) -> None:
-    """Issue #18's options are in the record: a resume that changes them is allowed and lists them."""
+    """the options are in the record: a resume that changes them is allowed and lists them."""
     from dlmspec.backends.megatron import spec_record as sr
 
     ckpt = _fake_checkpoint(tmp_path, 100, _meta_of(compiled["base"][0]))

@@ -3,8 +3,8 @@
 megatron-core 0.16.1's FullyShardedDataParallel cannot be built on a CPU (gloo) world: it asks
 ``torch.cuda.current_device()`` for its device and builds CUDA streams and a ``DeviceMesh`` of
 device type "cuda" (seen here: "Torch not compiled with CUDA enabled"). So this checks the
-wiring: the compiled configs (tests/render/test_compile_megatron.py executes them with FSDP variations),
-the compiler's refusals (tests/render/test_compile.py), the runtime's own refusals, the checkpoint
+wiring: the compiled configs (tests/unit/render/test_compile_megatron.py executes them with FSDP variations),
+the compiler's refusals (tests/integration/render/test_compile.py), the runtime's own refusals, the checkpoint
 module's use of torch.distributed.checkpoint around the model state, and the planner's FSDP
 terms against megatron-core's constants. The wrapped run is ``demo-fsdp`` on two GPUs
 (bench/devbox/gpu/fsdp_resume.sh).
@@ -95,7 +95,7 @@ def test_the_wrapper_needs_cuda_on_this_machine() -> None:
 # The runtime's refusals
 
 
-def test_fsdp_problems_name_each_fix() -> None:
+def test_fsdp_problems_name_each_remedy() -> None:
     from megatron.core.optimizer import OptimizerConfig
 
     from dlmspec.backends.megatron.fsdp import fsdp_problems

@@ -8,7 +8,7 @@ converted again, a model whose dimensions differ is refused before any conversio
 wins over init_from, ``mcore:`` loads a dlmspec run's checkpoint, and in a world of two
 processes rank 0 converts while rank 1 waits (and both stop on rank 0's error).
 
-megatron-core on CPU as in tests/runtime/test_runtime_model.py: a gloo world of one process with
+megatron-core on CPU as in tests/integration/runtime/test_runtime_model.py: a gloo world of one process with
 ``torch.cuda.current_device`` patched to ``"cpu"``.
 """
 

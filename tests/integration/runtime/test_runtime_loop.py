@@ -1,4 +1,4 @@
-"""The training loop and its stage seam, on CPU (issue 16).
+"""The training loop and its stage seam, on CPU.
 
 ``train()`` is the loop; a :class:`~dlmspec.backends.megatron.stage.Stage` supplies the data, the
 objective and the per-step work (pre-training today). Here a fake stage runs through the loop's

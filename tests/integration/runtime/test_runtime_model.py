@@ -113,7 +113,7 @@ def test_forward_backward_through_objective_forward_step_and_ddp():
     assert float(emb[MASK].abs().sum()) > 0 and float(emb[100:MASK].abs().sum()) == 0
 
 
-def test_loss_falls_with_manual_sgd_on_a_fixed_batch():
+def test_loss_falls_with_manual_sgd_on_a_constant_batch():
     model = _model()
     forward_step = _step(MaskedDiffusionObjective(MASK))
     item = MicrobatchItem(TRAIN_STREAM, 0, 0, _batch(3))
@@ -406,7 +406,7 @@ def test_optimizer_state_is_loaded_without_autograd(tmp_path):
 
 
 def test_micro_batch_cut_runs_the_model_dense_and_ranks_agree():
-    """objective.variable_length = "micro_batch" (issue #18): every row and its position ids are
+    """objective.variable_length = "micro_batch": every row and its position ids are
     sliced to one length, with no attention mask; another data-parallel rank (other masks) cuts
     the same micro-batch to the same length; evaluation never cuts; the loss normalisations
     report in their own units."""

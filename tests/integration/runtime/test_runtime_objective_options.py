@@ -1,4 +1,4 @@
-"""CPU tests of issue #18's objective options against hand computations
+"""CPU tests of the objective options against hand computations
 (backends/megatron/objective.py, rng.py): ``eps = 0`` with MegaDLMs' forced mask
 (``min_masked_tokens``), the per-micro-batch variable-length cut (``variable_length =
 "micro_batch"``, the same on every data-parallel rank) and the three loss normalisations
@@ -169,7 +169,7 @@ def test_three_normalisations_against_a_hand_sum():
     a = _ob([[1, 2, 3, 4], [2, 2, 2, 2]], [[1, 1, 1, 1], [1, 1, 0, 0]])
     b = _ob([[6, 6], [3, 0]], [[1, 1], [1, 0]])
     expected = {"global_token": 29 / 9, "micro_batch": 11 / 3, "sequence": 13.5 / 4}
-    # the fourth, "micro_batch_masked", counts masked positions (tests/runtime/test_loss_normalization_masked.py)
+    # the fourth, "micro_batch_masked", counts masked positions (tests/integration/runtime/test_loss_normalization_masked.py)
     assert set(LOSS_NORMALIZATIONS) == set(expected) | {"micro_batch_masked"}
     for mode, value in expected.items():
         triples = [reduce_loss(ce, apply_loss_normalization(ob, mode)) for ob, ce in (a, b)]

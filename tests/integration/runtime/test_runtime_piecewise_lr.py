@@ -1,4 +1,4 @@
-"""The piecewise learning-rate schedule (issue 18, LLaDA's schedule) on CPU, with the scheduler
+"""The piecewise learning-rate schedule (LLaDA's schedule) on CPU, with the scheduler
 alone: ``train.lr_decay_style = "piecewise"`` follows ``train.lr_points`` after megatron's
 warm-up, jumps where a step repeats, holds the last lr, and a resumed scheduler gives the
 uninterrupted one's learning rates."""

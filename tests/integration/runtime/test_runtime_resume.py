@@ -1,4 +1,4 @@
-"""Exact resume on CPU (issue 17): what a resumed run carries into step k+1 is what an
+"""Exact resume on CPU: what a resumed run carries into step k+1 is what an
 uninterrupted one carries.
 
 The whole of ``train()`` runs twice with the pre-training stage on megatron's mock data (the

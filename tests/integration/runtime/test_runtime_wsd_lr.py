@@ -1,4 +1,4 @@
-"""MegaDLMs' schedule (issue 18: `--lr-decay-style WSD --lr-wsd-decay-style exponential
+"""MegaDLMs' schedule (`--lr-decay-style WSD --lr-wsd-decay-style exponential
 --lr-wsd-decay-iters 1000`, JinjieNi/MegaDLMs@bdf7545 examples/dlm_training/dlm_pretrain_1.7b.sh:157-163)
 on CPU, with the scheduler alone: megatron-core's ``OptimizerParamScheduler`` as
 ``backends/megatron/optim.py`` builds it, against a hand table, and built from the compiled

@@ -1,7 +1,7 @@
 """The compiled train.py of the bundled SFT specs on CPU: it builds SftStage from build_run() and
 build_sft(), whose setup checks the data and the layers and whose data gives microbatches the
 objective noises on response tokens only (megatron-core's model is not run: no GPU here; the
-keywords against megatron-core are tests/render/test_compile_megatron.py's, which compiles every
+keywords against megatron-core are tests/unit/render/test_compile_megatron.py's, which compiles every
 bundled spec)."""
 
 from __future__ import annotations

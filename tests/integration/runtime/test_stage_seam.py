@@ -1,7 +1,7 @@
 """What the stage seam lends a stage and takes back from it (backends/megatron/stage.py,
 stages.py, metrics.py): the model factory's frozen copy, the tokenizer, the logits function,
 the reduction of a stage's own loss reports, its metrics in the train record, the runtime stage
-registry. The whole loop with a stage of its own: tests/runtime/test_toy_stage.py."""
+registry. The whole loop with a stage of its own: tests/integration/runtime/test_toy_stage.py."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_the_tokenizer_comes_from_the_spec_record() -> None:
     assert tok.detokenize([3, 4]) == "3 4"
 
 
-def test_a_missing_or_broken_tokenizer_is_named_with_the_fix(tmp_path: Path) -> None:
+def test_a_missing_or_broken_tokenizer_is_named_with_the_remedy(tmp_path: Path) -> None:
     with pytest.raises(StageResourceError, match=r"set \[data.tokenizer\]"):
         tokenizer_from_record({})
     broken = {"data.tokenizer.type": "GPT2BPETokenizer", "data.tokenizer.vocab_file": str(tmp_path / "none.json"),

@@ -1,4 +1,4 @@
-"""Variable-length MDM sequences on the Transformer Engine path (issue 21): the TE core attention
+"""Variable-length MDM sequences on the Transformer Engine path: the TE core attention
 takes the objective's ``[b, 1, 1, s]`` key-padding mask as TE's ``padding`` mask type.
 
 Transformer Engine does not install on this CPU machine, so its ``DotProductAttention`` is stood in

@@ -177,7 +177,7 @@ def _kl_forward_seconds(shape, lay, breakdown) -> float:
 def toy_registered():
     """The toy stage in all three registries, removed again afterwards."""
     compiler_stages.register_stage_kind(compiler_stages.StageKind(
-        TOY, "pre-training with a frozen reference model and its KL (tests/runtime/test_toy_stage.py)",
+        TOY, "pre-training with a frozen reference model and its KL (tests/integration/runtime/test_toy_stage.py)",
         imports=((__name__, ""),)))
     plan_memory.register_stage_memory_term(TOY, plan_memory.StageMemoryTerm(
         REFERENCE_TERM, "frozen reference copy of the weights", _reference_bytes))

@@ -1,4 +1,4 @@
-"""Weights & Biases logging (issue 24): a CPU run with ``wandb`` offline, its run file read back
+"""Weights & Biases logging: a CPU run with ``wandb`` offline, its run file read back
 with wandb's own record type and compared with metrics.jsonl; a resume continues the same W&B
 run; the API key stays in the environment."""
 

@@ -1,4 +1,4 @@
-"""dlmspec submit (issue 19/22): several spec arguments are a chain of stages (afterok, each on
+"""dlmspec submit: several spec arguments are a chain of stages (afterok, each on
 the whole previous stage); a sweep's members are one stage of independent jobs side by side;
 --after JOBID delays the first stage (every member of a sweep). Shown by --dry-run and run with
 the fake sbatch."""

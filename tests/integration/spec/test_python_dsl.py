@@ -1,4 +1,4 @@
-"""The Python DSL (issue 22): every schema error at the line that set its key (a multi-line
+"""The Python DSL: every schema error at the line that set its key (a multi-line
 call, a later .replace, an assignment), rule findings at lines, the user's own traceback, round
 trips without "has no effect" warnings under --strict, equal content hashes, docs' example."""
 

@@ -42,7 +42,7 @@ QUOTED = [
 
 
 @pytest.mark.parametrize("key,written,dotted,fix_text,fixed", QUOTED)
-def test_quoted_number_or_boolean_is_an_error_with_the_unquoted_fix(tmp_path, key, written, dotted, fix_text, fixed):
+def test_quoted_number_or_boolean_is_an_error_with_the_unquoted_remedy(tmp_path, key, written, dotted, fix_text, fixed):
     path = _demo_with(tmp_path, **{key: written})
     for fast_path in (False, True):
         with pytest.raises(SpecError) as info:
@@ -120,7 +120,7 @@ def test_python_spec_assignment_of_a_quoted_boolean_is_refused_with_the_python_l
     assert "data.mock = False" in issue.hint
 
 
-def test_whole_float_where_an_int_belongs_is_an_error_with_the_integer_fix(tmp_path):
+def test_whole_float_where_an_int_belongs_is_an_error_with_the_integer_remedy(tmp_path):
     path = _demo_with(tmp_path, global_batch_size="32.0")
     with pytest.raises(SpecError) as info:
         load(path, fast=True)

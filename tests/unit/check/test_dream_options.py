@@ -1,4 +1,4 @@
-"""Dream's objective options through the compiler (issue #18): ``objective.shift`` and
+"""Dream's objective options through the compiler: ``objective.shift`` and
 ``objective.loss_weighting = "cart"`` with ``objective.cart_p``: the keys, their defaults (unset:
 today's behaviour and today's bytes), their rules and what train.py receives."""
 
@@ -73,7 +73,7 @@ def test_unshift_rules() -> None:
     assert "mdm-unshift-layout" not in _rules({"objective.unshift": True})
 
 
-def test_unshift_layout_fix_names_what_works() -> None:
+def test_unshift_layout_remedy_names_what_works() -> None:
     """The MegaDLMs spec (PP 1, micro batch 4, seq 2048) with TE fp8: 4 x 2047 rows is no multiple of 8.
     The fix names what works there (micro batch 8, or no fp8), not pipeline parallelism, which is already 1."""
     from dlmspec.check import find

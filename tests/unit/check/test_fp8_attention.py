@@ -1,4 +1,4 @@
-"""``[precision] fp8_dot_product_attention`` (issue 21, "FP8 attention where TE offers it"): the
+"""``[precision] fp8_dot_product_attention`` ("FP8 attention where TE offers it"): the
 rule that keeps it to fp8 with the delayed or tensorwise recipe (megatron-core passes ``fp8_dpa``
 to those two TE recipes only), the keyword train.py passes to ``TransformerConfig``, and the plan
 (attention at the fp8 peak, flagged as outside what the calibration measured)."""
@@ -10,7 +10,7 @@ from dlmspec.resolve import resolve
 from te_rules_kit import FP8, TE, issues, rules, spec
 
 DPA = {"precision.fp8_dot_product_attention": True}
-#: fp8 attention was measured to fail on bidirectional attention (session 10, H200): the rule lets
+#: fp8 attention was measured to fail on bidirectional attention (H200): the rule lets
 #: only causal attention (an AR objective) through
 AR = {"objective.kind": "ar"}
 
@@ -26,7 +26,7 @@ def test_fp8_attention_on_bidirectional_attention_is_refused_with_the_measuremen
     assert "te-fp8-dpa.log" in found[0].message and "= false" in found[0].hint
 
 
-def test_fp8_attention_without_fp8_is_refused_with_a_fix() -> None:
+def test_fp8_attention_without_fp8_is_refused_with_a_remedy() -> None:
     found = [i for i in issues({**TE, **DPA}) if i.rule == "fp8-attention"]
     assert len(found) == 1 and found[0].severity == "error"
     assert found[0].key == "precision.fp8_dot_product_attention" and "precision.fp8 = 'none'" in found[0].message

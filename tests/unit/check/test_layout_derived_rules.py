@@ -23,7 +23,7 @@ def _rules(path: Path | str) -> dict[str, object]:
     return {i.rule: i for i in issues_for("validate", loaded, resolve(loaded.spec))}
 
 
-def test_an_inconsistent_tp_gets_no_batch_fix_from_a_rounded_dp(tmp_path: Path) -> None:
+def test_an_inconsistent_tp_gets_no_batch_remedy_from_a_rounded_dp(tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
     spec.write_text(EIGHT_GPUS + "[parallel]\ntensor_model_parallel_size = 3\n")
     found = _rules(spec)
@@ -39,7 +39,7 @@ def test_a_consistent_layout_still_gets_the_batch_rule(tmp_path: Path) -> None:
     assert found["batch-divisible"].fix.set == {"train.global_batch_size": 16}
 
 
-def test_a_sweep_member_with_a_bad_tp_gets_only_the_layout_fix(tmp_path: Path) -> None:
+def test_a_sweep_member_with_a_bad_tp_gets_only_the_layout_remedy(tmp_path: Path) -> None:
     base = tmp_path / "base.toml"
     base.write_text(EIGHT_GPUS)
     sweep = tmp_path / "sweep.py"

@@ -1,4 +1,4 @@
-"""Issue #18's objective options through the compiler: the spec keys (``objective.eps = 0``,
+"""the objective options through the compiler: the spec keys (``objective.eps = 0``,
 ``objective.min_masked_tokens``, ``objective.variable_length``, ``train.loss_normalization``),
 their rules, the layer path they allow and what train.py receives; the bundled specs compile
 byte-identically while they leave the options at their defaults (the defaults print nothing new)."""
@@ -59,7 +59,7 @@ def test_micro_batch_cut_runs_on_both_layer_paths() -> None:
     assert resolve(validate_kit.make(cut)).transformer_impl == "auto"
     assert resolve(validate_kit.make({"objective.variable_length_prob": 0.01})).transformer_impl == "local"
     assert not {r for r in _rules({**cut, "model.transformer_impl": "transformer_engine"}) if r.startswith("runtime-")}
-    # a per-sequence cut runs on TE too (its padding mask, issue 21; tests/check/test_te_rules.py)
+    # a per-sequence cut runs on TE too (its padding mask; tests/unit/check/test_te_rules.py)
     assert not {r for r in _rules({"objective.variable_length_prob": 0.01, "model.transformer_impl": "transformer_engine"})
                 if r.startswith("runtime-")}
     assert "cp-attention-mask" not in _rules({**cut, "parallel.context_parallel_size": 2})

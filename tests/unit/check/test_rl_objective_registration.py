@@ -45,7 +45,7 @@ def test_matching_algorithm_gives_no_finding() -> None:
     assert _rl_findings('stage.rl.algorithm="grpo"') == []
 
 
-def test_objective_no_algorithm_trains_is_refused_without_a_fix() -> None:
+def test_objective_no_algorithm_trains_is_refused_without_a_remedy() -> None:
     objectives.register(NoRl())
     try:
         (finding,) = _rl_findings(f'objective.kind="{KIND}"', 'stage.rl.algorithm="grpo"')

@@ -2,7 +2,7 @@
 against the spec (template, special-token ids, EOD, max_length, the longest prompt), the
 response-mask dataset, the attention masks packing needs, and what SFT does not apply. Each rule's
 failing example (files included) is also run by test_validate_compile_agree (validate and
-compile agree) and test_fixes_validate (its fix validates)."""
+compile agree) and test_remedies_validate (its fix validates)."""
 
 from __future__ import annotations
 

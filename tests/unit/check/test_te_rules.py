@@ -1,4 +1,4 @@
-"""Validate rules of the Transformer Engine / fp8 combinations (issue 21): what the runtime runs on
+"""Validate rules of the Transformer Engine / fp8 combinations: what the runtime runs on
 TE now (variable-length sequences through TE's padding mask), what it cannot (each an issue with
 its reason and a fix), and the layer path ``auto`` takes for them."""
 
@@ -160,7 +160,7 @@ def test_core_attn_recompute_frees_almost_nothing_on_te() -> None:
     assert "recompute-core-attn-te" not in rules({**TE, "recompute.granularity": "selective", "recompute.modules": ["mlp"]})
 
 
-def test_fp8_delayed_layernorm_recompute_fix_on_te_drops_the_no_op() -> None:
+def test_fp8_delayed_layernorm_recompute_remedy_on_te_drops_the_no_op() -> None:
     """With delayed fp8 on TE's dense layers, the fix for recomputing 'layernorm' drops it (it
     recomputes nothing there) rather than changing the fp8 recipe; on local layers it changes the recipe."""
     sel = {**FP8, "recompute.granularity": "selective", "recompute.modules": ["layernorm", "mlp"]}

@@ -51,10 +51,10 @@ FILE_RULES = {"checkpoint-inherited"}
 
 
 def test_every_rule_has_a_case() -> None:
-    from rule_cases_kit import CASES as HARDENING_CASES, MASK_RULE  # issue 15's rules, tested there
+    from rule_cases_kit import CASES as HARDENING_CASES, MASK_RULE  # the rules, tested there
 
     from sft_examples import FILE_EXAMPLES as SFT_FILE_RULES  # the SFT rules that read a dataset record
-    from blend_examples import FILE_EXAMPLES as BLEND_FILE_RULES  # globs and manifests (tests/test_blend.py)
+    from blend_examples import FILE_EXAMPLES as BLEND_FILE_RULES  # globs and manifests (tests/unit/data/test_blend.py)
 
     hardening = {case[0] for case in HARDENING_CASES} | {MASK_RULE}
     spec_rules = {r.id for r in RULES.values() if r.scope in FILES}
@@ -79,7 +79,7 @@ def _inherited(tmp_path, parent_tables: str, child_text: str, overrides: tuple[s
 
 
 def test_an_inherited_checkpoint_folder_of_a_renamed_run_is_an_error(tmp_path) -> None:
-    """Issue 17: the child would resume (or overwrite) the parent's run, and a SLURM job has no
+    """The child would resume (or overwrite) the parent's run, and a SLURM job has no
     one to ask: an error, whose fix ({name}) validates."""
     parent = '\n[checkpoint]\nsave = "runs/base/checkpoints"\n'
     (found,) = _inherited(tmp_path, parent, 'name = "child-run"\n')
@@ -133,7 +133,7 @@ def test_every_inherited_path_holding_the_parents_name_is_flagged(tmp_path, key,
 
 
 def test_a_relative_spec_path_with_set_name_is_not_an_inherited_folder(tmp_path, monkeypatch) -> None:
-    """The false positive of issue 17: `dlmspec validate spec.toml --set name=x`, with no parent."""
+    """A false positive to avoid: `dlmspec validate spec.toml --set name=x`, with no parent."""
     from dlmspec.cli import main
 
     (tmp_path / "spec.toml").write_text(_valid_base() + '\n[checkpoint]\nsave = "runs/base/checkpoints"\n',
@@ -235,7 +235,7 @@ def test_batch_hint_gives_neighbouring_multiples() -> None:
     assert issue.hint == "use global_batch_size = 48 or 64"
 
 
-def test_issues_are_sorted_errors_first_and_deterministic() -> None:
+def test_findings_are_sorted_errors_first_and_deterministic() -> None:
     spec = make({"train.global_batch_size": 60, "train.eval_interval": 200, "parallel.sequence_parallel": True})
     first, second = find(("spec",), spec), find(("spec",), spec)
     assert [i.to_dict() for i in first] == [i.to_dict() for i in second]
@@ -272,7 +272,7 @@ gpus_per_node = 10
 """
 
 
-def test_issues_point_at_file_and_line() -> None:
+def test_findings_point_at_file_and_line() -> None:
     loaded = load_text(TOML, name="specs/lines.toml")
     issues = {i.rule: i for i in find(("spec",), loaded)}
     assert (issues["batch-divisible"].file, issues["batch-divisible"].line) == ("specs/lines.toml", 11)
@@ -283,14 +283,14 @@ def test_issues_point_at_file_and_line() -> None:
     assert str(issues["batch-divisible"]).startswith("specs/lines.toml:11: error: train.global_batch_size = 9:")
 
 
-def test_one_run_finds_every_issue() -> None:
+def test_one_run_finds_every_finding() -> None:
     loaded = load_text(TOML, name="lines.toml")
     issues = find(("spec",), loaded)
     assert {"batch-divisible", "tp-divides-heads", "tp-divides-ffn"} <= {i.rule for i in issues}
     assert len([i for i in issues if i.severity == "error"]) >= 3
 
 
-def test_warnings_are_issues_of_their_own() -> None:
+def test_warnings_are_findings_of_their_own() -> None:
     assert [(w.rule, w.severity) for w in find(("spec",), make({"train.eval_interval": 200}))] == [
         ("eval-interval", "warning")]
     assert find(("spec",), make()) == []
@@ -439,7 +439,7 @@ def test_pad_that_is_also_eod_is_reported_once(tmp_path: Path) -> None:
     assert [i.rule for i in _pad_issues(_hf(folder, **{"objective.mask_token_id": 999}))] == ["mask-token-distinct"]
 
 
-def test_validate_reports_mask_equal_to_pad_with_file_line_and_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_validate_reports_mask_equal_to_pad_with_file_line_and_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """`dlmspec validate` exits 2 and names the file, the line of objective.mask_token_id, the
     key, the value, why and an id that works."""
@@ -501,7 +501,7 @@ def test_schema_errors_and_rule_errors_are_reported_in_one_run(tmp_path) -> None
 def test_an_inherited_tokenizer_key_is_not_reported(tmp_path) -> None:
     """A child that changes the tokenizer type cannot remove the keys its parent wrote for the
     old type (TOML has no null): those are not reported, so ``--strict`` can pass; the same key
-    written in the child itself is (issue 17's new-user trial)."""
+    written in the child itself is (the new-user trial)."""
     from dlmspec.check import load_for
 
     parent = tmp_path / "parent.toml"
@@ -516,10 +516,10 @@ def test_an_inherited_tokenizer_key_is_not_reported(tmp_path) -> None:
     assert issue.key == "data.tokenizer.model"
 
 
-def test_inherited_tensorboard_fix_agrees_with_the_runtime_rule(tmp_path) -> None:
+def test_inherited_tensorboard_remedy_agrees_with_the_runtime_rule(tmp_path) -> None:
     """checkpoint-inherited's fix of an inherited TensorBoard folder is <run_dir>/tensorboard, the
     one folder the runtime writes (rule runtime-tensorboard-dir): applied, neither rule fires
-    (issue 17's new-user trial found the two fixes disagreeing)."""
+    (the new-user trial found the two fixes disagreeing)."""
     from dlmspec.check import load_for
 
     text = Path(__file__).resolve().parents[3].joinpath("specs", "demo-dlm.toml").read_text()

@@ -1,4 +1,4 @@
-"""``dlmspec validate`` and ``dlmspec compile`` agree (issues 15 and 16): on every bundled spec,
+"""``dlmspec validate`` and ``dlmspec compile`` agree: on every bundled spec,
 every starter spec and one failing example of every rule of :data:`dlmspec.check.RULES` (the
 loader's, the spec's, the files', SLURM's, memory's and the runtime's), both exit with the same
 code and report the same issues (rule, key, severity), and the example's rule is among them. The

@@ -1,4 +1,4 @@
-"""One JSON envelope on every command (issue #17): ``--json`` prints
+"""One JSON envelope on every command: ``--json`` prints
 ``{"schema": "dlmspec.result", "version": 1, "command", "ok", "issues", "warnings", "result"}``
 with the same keys on success and failure, built by :func:`dlmspec.cli.output.envelope`.
 
@@ -248,7 +248,7 @@ def test_the_envelope_is_documented() -> None:
 ])
 def test_usage_errors_print_the_envelope(args, command, key, capsys, monkeypatch) -> None:
     """A usage error (missing argument or option, unknown option, a value of the wrong type) with
-    --json prints the envelope too, not only click's usage box (issue 17's new-user trial)."""
+    --json prints the envelope too, not only click's usage box (the new-user trial)."""
     from dlmspec.cli import main
 
     monkeypatch.chdir(Path(__file__).resolve().parents[3])

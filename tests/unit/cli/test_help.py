@@ -1,4 +1,4 @@
-"""Help and CLI habits (issue #17): ``-h`` is ``--help`` everywhere, flags show no type, help
+"""Help and CLI habits: ``-h`` is ``--help`` everywhere, flags show no type, help
 text reflows to the terminal (no line broken mid-sentence, no word lost to markup) at 80 and
 200 columns, ``plan --top`` is not silently ignored, and a missing spec file gets a fix.
 
@@ -128,7 +128,7 @@ def test_top_implies_search(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     assert "implies --search" in text
 
 
-def test_missing_spec_file_gets_a_fix_without_extends(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_missing_spec_file_gets_a_remedy_without_extends(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "specs").mkdir()

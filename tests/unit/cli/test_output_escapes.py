@@ -31,7 +31,7 @@ def test_control_sequences_in_a_run_name_and_a_key_print_as_escapes(tmp_path: Pa
     assert "[bold]x[/bold]" in result.stderr
 
 
-def test_issue_table_cells_are_printable() -> None:
+def test_finding_table_cells_are_printable() -> None:
     issue = SpecIssue(HOSTILE, HOSTILE, value=HOSTILE, hint=HOSTILE, file="spec\x1b[2J.toml", line=3)
     console = stderr()
     with console.capture() as captured:

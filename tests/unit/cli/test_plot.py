@@ -1,4 +1,4 @@
-"""``dlmspec plot RUN_DIR [RUN_DIR...]`` (issue 24): a PNG of loss, validation loss and tokens/s
+"""``dlmspec plot RUN_DIR [RUN_DIR...]``: a PNG of loss, validation loss and tokens/s
 against steps from two fake runs; a file dlmspec did not draw is replaced only with --force."""
 
 from __future__ import annotations

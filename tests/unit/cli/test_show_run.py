@@ -1,4 +1,4 @@
-"""``dlmspec show RUN_DIR`` (issue 24): the provenance of the last launch and the last metrics of
+"""``dlmspec show RUN_DIR``: the provenance of the last launch and the last metrics of
 a run directory; a spec file is still shown as before."""
 
 from __future__ import annotations

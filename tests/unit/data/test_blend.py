@@ -1,4 +1,4 @@
-"""Shards named in the spec (issue 23): ``data.train`` / ``data.valid`` entries may be a glob of
+"""Shards named in the spec: ``data.train`` / ``data.valid`` entries may be a glob of
 dataset prefixes or a manifest of a sharded output (``*.manifest.json``), alone or with a weight
 (the group's share, split over its shards by tokens). ``compile`` writes the resolved shards
 into train.py's blend and spec.lock.toml; the rules ``data-glob-*`` / ``data-manifest-*`` /

@@ -99,7 +99,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("name,path,value,needle", FIELD_CASES, ids=[c[0] for c in FIELD_CASES])
-def test_resume_refuses_a_progress_file_field_naming_key_and_fix(finished, tmp_path, name, path, value, needle):
+def test_resume_refuses_a_progress_file_field_naming_key_and_remedy(finished, tmp_path, name, path, value, needle):
     corpus, out, progress = finished
     work = tmp_path / "out"
     work.mkdir()

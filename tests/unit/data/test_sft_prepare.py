@@ -207,7 +207,7 @@ def test_prompt_response_rows_and_keys(tmp_path):
         (["--json-keys", "body"], "--json-keys body: not used with --sft"),
     ],
 )
-def test_bad_flags_exit_2_with_flag_value_and_fix(flags, message, tmp_path):
+def test_bad_flags_exit_2_with_flag_value_and_remedy(flags, message, tmp_path):
     path = _write(tmp_path / "c.jsonl", [json.dumps(GOOD[0])])
     out = tmp_path / "out"
     result = _invoke(["--input", str(path), "--output-prefix", str(out / "o"), *GPT2_CLI, *flags])

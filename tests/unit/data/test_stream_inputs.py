@@ -154,7 +154,7 @@ def _error(tmp_path: Path, *args: str) -> str:
     return " ".join(result.output.split())
 
 
-def test_input_errors_name_the_value_and_a_fix(shards, tmp_path):
+def test_input_errors_name_the_value_and_a_remedy(shards, tmp_path):
     folder, whole = shards
     empty = tmp_path / "empty"
     empty.mkdir()

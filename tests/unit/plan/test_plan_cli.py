@@ -37,7 +37,7 @@ def test_plan_json_and_set():
     assert data["parameters"]["total"] == 152712960
 
 
-def test_invalid_spec_exits_2_with_issues():
+def test_invalid_spec_exits_2_with_findings():
     result = runner.invoke(app, ["plan", DEMO, "--json", "--set", "parallel.tensor_model_parallel_size=5"])
     assert result.exit_code == 2
     data = json.loads(result.stdout)
@@ -119,7 +119,7 @@ def test_search_set_lines_are_whole_at_any_terminal_width():
 
 
 def test_impossible_layout_is_refused_before_planning():
-    """A pipeline size of 10**9 (found by tests/test_fuzz_cli.py) is a topology error: plan exits 2
+    """A pipeline size of 10**9 (found by tests/unit/fuzz/test_fuzz_cli.py) is a topology error: plan exits 2
     with the issue, quickly, instead of planning 10**9 stages for the memory rule (MemoryError)."""
     for args in (["plan", DEMO], ["plan", DEMO, "--json"]):
         result = runner.invoke(app, [*args, "--set", "parallel.pipeline_model_parallel_size=1000000000"])

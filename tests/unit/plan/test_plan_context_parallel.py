@@ -1,7 +1,7 @@
 """Context parallelism on the local layers (``cp_comm_type = "allgather"``) in the compiler and
 the planner: the validator accepts it, ``train.py`` passes megatron-core's ``"all_gather"``, and
 the time model charges the all-gather path's exchange whole (``dlmspec.plan.comm.CP_KV_EXCHANGES``).
-The runtime itself: ``tests/runtime/test_runtime_context_parallel.py``."""
+The runtime itself: ``tests/integration/runtime/test_runtime_context_parallel.py``."""
 
 import pytest
 

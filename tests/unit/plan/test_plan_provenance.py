@@ -1,4 +1,4 @@
-"""Where a plan's numbers come from (issue #21): the layer path and calibration each plan names,
+"""Where a plan's numbers come from: the layer path and calibration each plan names,
 both layer paths for ``transformer_impl = "auto"``, and the warning for a configuration outside
 what the calibration runs measured (``dlmspec/plan/provenance.py``)."""
 
@@ -110,10 +110,10 @@ def test_measured_range_matches_the_committed_runs():
     assert got == {k: getattr(LOCAL_MEASURED, k) for k in got}
 
 
-# --- the TE path against its calibration runs (issue #21) ----------------------------------
-# bench/calibration/te/h200/te-matrix-2026-12-02.json (session 11) and calibration_te_h200_session9.json: the 9
+# --- the TE path against its calibration runs ----------------------------------
+# bench/calibration/te/h200/te-matrix-2026-12-02.json and calibration_te_h200_session9.json: the 9
 # configurations of bench/plan/te_matrix.json on one H200, 3 of them held out of the fit (their plans
-# were committed before the runs, bench/plan/te_holdout_predictions.json). Issue #21's targets: peak
+# were committed before the runs, bench/plan/te_holdout_predictions.json). the targets: peak
 # allocated within 5%, step time within 15%, on every configuration (median of its records).
 
 

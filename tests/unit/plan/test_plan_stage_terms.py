@@ -1,6 +1,6 @@
 """A training stage's own memory and time terms in the plan (dlmspec/plan/memory.py
 STAGE_MEMORY_TERMS, dlmspec/plan/time.py STAGE_TIME_TERMS);
-the toy stage of tests/runtime/test_toy_stage.py plans one through a spec."""
+the toy stage of tests/integration/runtime/test_toy_stage.py plans one through a spec."""
 
 from __future__ import annotations
 

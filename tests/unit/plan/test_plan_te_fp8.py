@@ -1,4 +1,4 @@
-"""The fp8 GEMMs of the Transformer Engine path (issue 21): megatron-core runs the decoder layers' linear
+"""The fp8 GEMMs of the Transformer Engine path: megatron-core runs the decoder layers' linear
 layers in fp8 (TE's fp8 autocast wraps each TransformerLayer) while the output layer (megatron's own
 ColumnParallelLinear, or the fused linear cross entropy) stays bf16, and fp8 GEMMs reach their own
 fraction of the fp8 peak: ``Calibration.fp8_gemm_efficiency``, a time feature of its own (``gemm_fp8``)

@@ -1,10 +1,10 @@
-"""bench/plan/calibrate.py on Transformer Engine runs (issue 21): the TE path gets constants of its own,
+"""bench/plan/calibrate.py on Transformer Engine runs: the TE path gets constants of its own,
 fitted on the TE records only (held-out ones left out of the fit and reported against it), written into
 dlmspec/plan/calibration.py's TE block, after which the planner's provenance says "calibrated" for TE.
 
 The results are tests/fixtures/te_calibration_synthetic/calibration_te_synthetic.json: SYNTHETIC records,
 the plans of bench/plan/te_matrix.json under made-up TE constants (:data:`TRUE_TE`) with 1% noise, for
-this test only (never under bench/results). Regenerate with ``.venv/bin/python tests/plan/test_te_calibrate.py``.
+this test only (never under bench/results). Regenerate with ``.venv/bin/python tests/unit/plan/test_te_calibrate.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def synthetic_records() -> dict:
                      "peak_reserved_bytes": int(alloc * (1 + TRUE_TE.allocator_reserve_fraction) * (1 + rng.uniform(0, 0.01))),
                      "step_seconds": plan.time.step_seconds * (1 + rng.uniform(-0.01, 0.01))})
     return {"synthetic": True,
-            "description": "SYNTHETIC, for tests/plan/test_te_calibrate.py only: bench/plan/te_matrix.json planned "
+            "description": "SYNTHETIC, for tests/unit/plan/test_te_calibrate.py only: bench/plan/te_matrix.json planned "
                            "with made-up TE constants (TRUE_TE there) plus 1% noise. Not a measurement; never copy "
                            "it to bench/results/.",
             "date": "2000-01-01", "runs": runs}

@@ -19,7 +19,7 @@ import te_calibration  # noqa: E402
 ENTRIES = json.loads((ROOT / "bench" / "plan" / "te_matrix.json").read_text())
 
 
-def test_the_matrix_covers_what_issue_21_asks() -> None:
+def test_the_matrix_covers_the_te_and_fp8_cases() -> None:
     sets = [dict(o.split("=", 1) for o in e["overrides"]) for e in ENTRIES]
     assert len(ENTRIES) >= 8 and sum(e["held_out"] for e in ENTRIES) == 3
     assert all(s["model.transformer_impl"] == '"transformer_engine"' and s["train.seq_length"] == "4096" for s in sets)
@@ -112,7 +112,7 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
 
 def test_calibrate_plans_a_te_record_with_the_backend_it_ran() -> None:
     """A record's ``fused_linear_backend`` decides how calibrate.py plans it; a TE record without
-    one (sessions 9-12) is planned with PyTorch row chunks, as their logs say they ran."""
+    one (the earlier GPU runs) is planned with PyTorch row chunks, as their logs say they ran."""
     import calibrate
 
     entry = next(e for e in ENTRIES if e["name"] == "te-bf16-mb8")

@@ -1,4 +1,4 @@
-"""The comments of a compiled train.py say what the resolved spec holds (issue 17): after ``--set``
+"""The comments of a compiled train.py say what the resolved spec holds: after ``--set``
 changes the tokenizer, the GPU count, the recomputation or the seed, every comment that prints
 a spec value prints the new one, and the vocabulary comment names where its number comes from
 (``model.vocab_size``; the tokenizer's own count only where the spec says it)."""

@@ -1,4 +1,4 @@
-"""A resume from a checkpoint another spec ``name`` wrote is refused (issue 17), on CPU: the spec
+"""A resume from a checkpoint another spec ``name`` wrote is refused, on CPU: the spec
 record in every checkpoint holds the run's name; ``train.py --check`` (and train()) exit 2 naming
 both names, the checkpoint folder and the key to set, unless ``checkpoint.resume_from_run`` names
 the run the checkpoint belongs to (a SLURM job has no one to ask)."""

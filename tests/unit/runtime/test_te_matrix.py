@@ -92,7 +92,7 @@ def test_the_launch_loop_on_stand_in_runs(tmp_path: Path, monkeypatch) -> None:
 
 def test_a_reused_committed_record_is_the_reference(tmp_path: Path, monkeypatch) -> None:
     """``--reuse`` of a record run on another machine (no run directory here): the TE row is compared
-    with the record's losses (session 11's te-init-from-hf against session 10's local-init-from-hf
+    with the record's losses (the te-init-from-hf against the local-init-from-hf
     compared 0 steps before this), and the reused row keeps its recorded memory and start record."""
     runs, dest, out, earlier = tmp_path / "runs", tmp_path / "dest", tmp_path / "out", tmp_path / "earlier"
     out.mkdir()

@@ -1,4 +1,4 @@
-"""bench/gpu/te_matrix.py's rows of issue 21 / 18 on CPU: MegaDLMs' objective per micro-batch, a
+"""bench/gpu/te_matrix.py's rows (Transformer Engine, fp8, MegaDLMs' objective) on CPU: MegaDLMs' objective per micro-batch, a
 small MoE (grouped GEMM on TE), ``checkpoint.init_from`` a Hugging Face model of the demo's shape
 made on the spot, and the demo on megatron-core 0.19.2 (installed from a wheel into a site of its
 own, recorded as not run without one)."""

@@ -1,6 +1,6 @@
 """train.py's megatron-core keywords against megatron-core 0.16.1 (installed) and 0.19.2 (recorded in
 bench/results/mcore_0.19.2_fields.json by bench/gpu/mcore_fields.py from the 0.19.2 wheel: it needs
-Python 3.12, so it is read, not imported), for the bundled specs and their TE / fp8 variants (issue 21)."""
+Python 3.12, so it is read, not imported), for the bundled specs and their TE / fp8 variants."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``[logging]``'s W&B keys through the compiler (issue 24): `compile` no longer refuses
+"""``[logging]``'s W&B keys through the compiler: `compile` no longer refuses
 ``wandb_project``; train.py's LoggingConfig carries project, name, save dir, entity, mode and tags
 (escaped); the API key is never a spec value; the bundled specs compile as before."""
 

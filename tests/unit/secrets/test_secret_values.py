@@ -74,7 +74,7 @@ def test_secret_shaped_env_values_are_refused_and_never_written(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("key", ["name", "cluster.slurm.job_name"])
-def test_a_url_password_in_the_job_name_is_hidden_in_the_slash_free_fix(tmp_path: Path, key: str) -> None:
+def test_a_url_password_in_the_job_name_is_hidden_in_the_slash_free_remedy(tmp_path: Path, key: str) -> None:
     url = _cat("https://alice:", PASSWORD, "@host/x")
     spec = tmp_path / "spec.toml"
     if key == "name":

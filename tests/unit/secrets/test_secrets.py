@@ -1,4 +1,4 @@
-"""Secrets never reach a generated file or the screen (dlmspec.credentials, issue 15 "Secrets").
+"""Secrets never reach a generated file or the screen (dlmspec.credentials).
 
 Environment names that hold secrets (``DB_PASS``, ``GH_PAT``, ``*_AUTH``, ...), token-shaped
 values (``hf_...``, ``ghp_...``, ``sk-...``, AWS key ids, JWTs, ...; whole tokens only, so
@@ -193,7 +193,7 @@ def test_a_token_glued_to_other_word_characters_is_not_a_whole_token() -> None:
     assert find("x" + token) is None and find(token + "_cache") is None and find("my-" + token) is None
 
 
-def test_an_issue_never_holds_a_secret() -> None:
+def test_a_finding_never_holds_a_secret() -> None:
     token = TOKENS["github"]
     issue = SpecIssue("cluster.gpu", f"'{token}' is not in the GPU catalog", value=token, hint=f"not {token}")
     assert issue.value == "<hidden>"

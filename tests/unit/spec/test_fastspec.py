@@ -20,7 +20,7 @@ SPECS = sorted((ROOT / "specs").glob("*.toml"))
 
 
 def test_generated_table_matches_the_models_checksum() -> None:
-    """SCHEMA was generated from the dlmspec/spec/models.py beside it (tests/test_generated.py checks
+    """SCHEMA was generated from the dlmspec/spec/models.py beside it (tests/integration/project/test_generated.py checks
     the file is what `python -m dlmspec.generated` writes)."""
     assert fastspec._current()
 

@@ -1,4 +1,4 @@
-"""The ``{name}`` placeholder of the run's paths (issue 17): it expands to the spec's final name
+"""The ``{name}`` placeholder of the run's paths: it expands to the spec's final name
 (after ``extends`` and ``--set``) when the spec is validated, so the checks, the plan, the compiled
 files and the runtime all see the expanded path; any other ``{...}`` in those keys is the loader's
 ``name-placeholder`` error, whose fix loads."""
@@ -153,7 +153,7 @@ def test_python_specs_and_models_expand_too(tmp_path: Path) -> None:
     ("runs/x}/checkpoints", "runs/x}}/checkpoints"),
     ("${SCRATCH}/checkpoints", "${{SCRATCH}}/checkpoints"),  # a shell variable (not expanded): kept as text
 ])
-def test_any_other_brace_is_an_error_whose_fix_loads(tmp_path: Path, written: str, fixed: str) -> None:
+def test_any_other_brace_is_an_error_whose_remedy_loads(tmp_path: Path, written: str, fixed: str) -> None:
     path = _write(tmp_path, "p.toml", PARENT.replace('save = "runs/{name}/checkpoints"', f'save = "{written}"'))
     with pytest.raises(SpecError) as err:
         load(path)

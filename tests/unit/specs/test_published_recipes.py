@@ -1,4 +1,4 @@
-"""The published values of the bundled recipes (specs/published/*.toml, issue #18).
+"""The published values of the bundled recipes (specs/published/*.toml).
 
 Each data file lists the settings a publication fixes (layout: the header comment of any of the
 files). This test checks the layout of every entry and holds each bundled spec to what its file
@@ -6,7 +6,7 @@ says: a "matches" entry's published value is the spec's resolved value, and the 
 recorded for "differs", "placeholder", "silent" (and "missing-option" where given) are the spec's
 values today, so a drift in either direction fails here. Loading and resolving a spec is pure
 Python (no torch): the whole file runs in well under a second per spec. (The compiled train.py
-against the same files: tests/test_recipes_drift.py.) At the end: the MegaDLMs spec on both layer
+against the same files: tests/unit/specs/test_recipes_drift.py.) At the end: the MegaDLMs spec on both layer
 paths, and the one combination validate refuses on Transformer Engine.
 """
 
@@ -200,7 +200,7 @@ def _validate(*overrides: str):
 
 @pytest.mark.parametrize("impl, use_te", [("local", "False"), ("transformer_engine", "True"), ("auto", "None")])
 def test_megadlms_runs_on_both_layer_paths(impl: str, use_te: str) -> None:
-    """#18's "done when": the bundled spec validates and compiles on the local and the Transformer
+    """The bundled spec validates and compiles on the local and the Transformer
     Engine layers alike (and "auto" leaves the choice to the GPU machine): its variable-length cut
     is per micro-batch, a dense shorter batch that needs no key-padding mask."""
     loaded, resolved, issues = _validate(f"model.transformer_impl={impl}")

@@ -1,7 +1,7 @@
-"""The published values against the generated code (issue #18: "a test compiles each spec and
+"""The published values against the generated code ("a test compiles each spec and
 compares the generated code with it, so a drift fails CI").
 
-tests/test_published_recipes.py holds each bundled spec's *resolved* values to its data file
+tests/unit/specs/test_published_recipes.py holds each bundled spec's *resolved* values to its data file
 (specs/published/*.toml); this file holds the *compiled train.py* to the same entries: each spec
 is rendered in-process (:func:`dlmspec.render.compile.render`, no torch), its train.py parsed with
 ``ast``, and every entry whose key maps to a generated keyword (a megatron-core config field, a

@@ -30,7 +30,7 @@ REFUSED: dict[str, set[tuple[str, str]]] = {}
 
 
 def test_bundled_specs_exist() -> None:
-    """Issue #2's list: MegaDLMs' 1.7B example, LLaDA-8B pretraining, Dream-7B adapted from
+    """the list: MegaDLMs' 1.7B example, LLaDA-8B pretraining, Dream-7B adapted from
     Qwen2.5-7B, an SFT spec, a Mixtral-style MoE DLM and a small demo that fits one GPU."""
     names = {p.stem for p in SPECS}
     assert {"demo-dlm", "demo-ar", "megadlms-1.7b-mdm", "megadlms-1.7b-ar", "llada-8b-pretrain",
@@ -180,7 +180,7 @@ def _raw(path: Path, key: str):
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_a_renamed_child_of_a_bundled_spec_gets_folders_of_its_own(path: Path, tmp_path: Path) -> None:
-    """Issue 17: the bundled specs write their run paths as runs/{name}/..., so a spec that
+    """The bundled specs write their run paths as runs/{name}/..., so a spec that
     extends one and changes `name` saves, resumes and logs in runs/<its name>/, and no rule
     says it inherits another run's folder."""
     for key in RUN_PATHS:

@@ -1,4 +1,4 @@
-"""Every rule's fix validates (issue 17): one failing example of every rule of
+"""Every rule's fix validates: one failing example of every rule of
 :data:`dlmspec.check.RULES` (the examples of test_validate_compile_agree.py), its findings'
 structured fixes (:class:`dlmspec.errors.Fix`) applied to the spec, and the spec validated again:
 the rule no longer fires, no error appears that was not there before, and a spec whose only
@@ -168,7 +168,7 @@ USER_FILES = {("blank-value", "data.tokenizer.model"), ("blank-value", "data.tok
 
 
 def all_cases() -> list[tuple[str, dict[str, Any], str]]:
-    """Every case of the rule tests (test_validate, test_validate_hardening, the compile-agree
+    """Every case of the rule tests (test_validate, test_validate_rule_cases, the compile-agree
     FAILING list) as (rule, spec data, key): every branch those tests reach, not just the first."""
     cases = [(rule, agree.merged(validate_kit.BASE, changes), key) for rule, changes, key in validate_kit.CASES]
     cases += [(rule, agree.merged(rule_cases_kit.BASE, changes), key)
@@ -282,7 +282,7 @@ def test_every_rule_is_covered() -> None:
 
 
 @pytest.mark.parametrize("rule", sorted(EXAMPLES))
-def test_fix_validates(rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remedy_validates(rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # relative paths of the spec (data, tokenizer files) live here
     example = copy.deepcopy(EXAMPLES[rule])
     before = validate(write(tmp_path, example), example.args)
@@ -310,7 +310,7 @@ def test_fix_validates(rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("rule, data, key", ALL_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(ALL_CASES)])
-def test_every_case_fix_validates(rule: str, data: dict[str, Any], key: str, tmp_path: Path,
+def test_every_case_remedy_validates(rule: str, data: dict[str, Any], key: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Each case's findings of its rule, fixed by their structured fixes: the rule is quiet and no
     new error appears (a user's file, :data:`USER_FILES`, is the one fix that is not keys)."""
@@ -331,7 +331,7 @@ def test_every_case_fix_validates(rule: str, data: dict[str, Any], key: str, tmp
     assert not errors(after) - errors(before)
 
 
-def test_mask_fix_is_not_the_eod_id(tmp_path: Path) -> None:
+def test_mask_remedy_is_not_the_eod_id(tmp_path: Path) -> None:
     """The reported case: vocab_size = 50257 and a NullTokenizer of 50257 (its EOD is 50257, the
     default [MASK] id): the fix of mask-token-distinct must not be mask_token_id = 50257."""
     data = _base({"model.vocab_size": 50257, "data.tokenizer.vocab_size": 50257})
@@ -341,7 +341,7 @@ def test_mask_fix_is_not_the_eod_id(tmp_path: Path) -> None:
     assert issue.fix is not None and issue.fix.set.get("objective.mask_token_id") not in (None, 50257)
 
 
-def test_fix_in_json(tmp_path: Path) -> None:
+def test_remedy_in_json(tmp_path: Path) -> None:
     """``--json`` carries the structured fix beside the hint."""
     import json
 
@@ -355,7 +355,7 @@ def test_fix_in_json(tmp_path: Path) -> None:
     assert issue["fix"]["unset"] == [] and issue["fix"]["set"]["parallel.tensor_model_parallel_size"] in (1, 2, 4, 8)
 
 
-def test_strings_inside_lists_and_free_tables_get_fixes(tmp_path: Path) -> None:
+def test_strings_inside_lists_and_free_tables_get_remedies(tmp_path: Path) -> None:
     """A secret or a NUL inside a list (a data.train entry, a list of the free-form [lock] table)
     gets a fix that rewrites the list without it, and the rule is quiet once it is applied."""
     token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
@@ -378,7 +378,7 @@ def test_strings_inside_lists_and_free_tables_get_fixes(tmp_path: Path) -> None:
      Fix({"train.micro_batch_size": 2}, ("train.micro_batch_sise",))),
     ({"model.num_layers": 0}, "model.num_layers", Fix({"model.num_layers": 1})),
 ], ids=["allowed-value", "misspelt-key", "range"])
-def test_schema_fixes_validate(changes: dict[str, Any], key: str, fix: Fix, tmp_path: Path) -> None:
+def test_schema_remedies_validate(changes: dict[str, Any], key: str, fix: Fix, tmp_path: Path) -> None:
     """The loader's schema issues: an allowed value (the first the field lists that is not the
     rejected one), a misspelt key renamed to the close one with its value (the hint names the key:
     ``did you mean 'micro_batch_size'?``), a value within the range."""

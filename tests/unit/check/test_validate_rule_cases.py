@@ -1,4 +1,4 @@
-"""Accepted nonsense that failed later (issue 15): the validator refuses it, naming the key.
+"""Accepted nonsense that failed later: the validator refuses it, naming the key.
 
 Every rule here has a failing example whose issue names the key, says why and suggests a fix;
 the suggested value is in the hint, and the spec with that value applied has no issue of the
@@ -70,7 +70,7 @@ def test_every_new_rule_has_a_case() -> None:
 
 @pytest.mark.parametrize(("rule", "changes", "key", "fix", "hint"), CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_rule_fires_and_its_fix_validates(rule: str, changes: dict[str, Any], key: str, fix: dict[str, Any],
+def test_rule_fires_and_its_remedy_validates(rule: str, changes: dict[str, Any], key: str, fix: dict[str, Any],
                                           hint: str) -> None:
     found = [i for i in issues_of(make(changes), rule) if i.key == key]
     assert found, f"{rule} did not name {key}: {issues_of(make(changes), rule)}"

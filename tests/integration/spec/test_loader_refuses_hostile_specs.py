@@ -1,7 +1,7 @@
 """dlmspec.spec.load on hostile files: deep nesting, endless or blocking files, huge files, long
 ``extends`` chains and deep ``--set`` values are refused with one issue (file, key, value, why,
 fix), the same with and without the fast path (dlmspec.spec.fast), never a RecursionError,
-MemoryError or hang. Issue 15 (tracebacks and blow-ups)."""
+MemoryError or hang."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`dlmspec convert` on bad input and on interruption (issue 15).
+"""`dlmspec convert` on bad input and on interruption.
 
 Every broken checkpoint here gets exit code 2, no traceback, and a message naming the file and the
 problem; an output that overlaps the input is refused; ``--force`` replaces only the files convert
