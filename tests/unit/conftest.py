@@ -7,6 +7,7 @@ file to move and where to.
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
 import subprocess
 
@@ -29,6 +30,7 @@ def _no_process(request, monkeypatch):
             "(typer's CliRunner for the CLI).")
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)  # multiprocessing's spawn and forkserver
     for name in ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "execvp"):
         if hasattr(os, name):
             monkeypatch.setattr(os, name, refuse)
