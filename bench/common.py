@@ -164,6 +164,45 @@ def check_installed(python: str, cwd: Path) -> str | None:
     return None
 
 
+#: Import name -> how to get it, for :func:`missing_peers` (the peers and layer paths a suite compares).
+PEER_INSTALL = {
+    "torch": "pip install 'torch>=2.6' (or an NGC PyTorch container)",
+    "transformers": "pip install 'transformers>=4.45' (in dlmspec[runtime])",
+    "megatron.core": "pip install 'megatron-core>=0.16.1,<0.20' (in dlmspec[runtime])",
+    "transformer_engine.pytorch": "pip install 'transformer-engine[pytorch]' (or an NGC PyTorch container)",
+    "dlmspec.cli": "pip install . from the repository root (an installed dlmspec, not the checkout)",
+    "liger_kernel.transformers": "pip install liger-kernel (needs triton, i.e. a CUDA machine), "
+                                 "or choose --peers plain",
+    "torchao.float8": "pip install torchao, or leave out the *-fp8 peers",
+}
+
+
+def missing_peers(checked: dict[str, str], needed_by: dict[str, str]) -> list[str]:
+    """One line per module of ``checked`` (module -> ``"ok"`` or the import's error, as a suite's
+    import probe reports it) that did not import: ``MODULE (needed by WHO): ERROR; get it: HOW``
+    (:data:`PEER_INSTALL`). Keys with a space (checks that are not imports) are left out."""
+    lines = []
+    for module, status in checked.items():
+        if " " in module or status == "ok":
+            continue
+        how = PEER_INSTALL.get(module, f"pip install {module.split('.')[0].replace('_', '-')}")
+        lines.append(f"{module} (needed by {needed_by[module]}): {status}; get it: {how}")
+    return lines
+
+
+def report_missing(lines: Sequence[str], python: str) -> int:
+    """``--dry`` with peers missing: print what is missing and how to get it on stderr; exit code 2
+    (0 when ``lines`` is empty)."""
+    if not lines:
+        return 0
+    print(f"error: {len(lines)} {'dependency' if len(lines) == 1 else 'dependencies'} of this run missing "
+          f"for {python}:", file=sys.stderr)
+    for line in lines:
+        print(f"  {line}", file=sys.stderr)
+    print("install them, or leave out the peers that need them", file=sys.stderr)
+    return 2
+
+
 def show(cmd: Sequence[str], cwd: Path | None = None) -> str:
     """One shell line of ``cmd`` (``cd DIR && ...`` when it runs elsewhere)."""
     line = shlex.join([str(c) for c in cmd])

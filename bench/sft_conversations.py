@@ -1,4 +1,5 @@
-"""Build the demo SFT conversation set from the shared corpus, and print (or run) the
+"""Build the demo SFT conversation set from the shared corpus (without the data kit: from this
+Python's standard library docstrings, :func:`stdlib_corpus`), and print (or run) the
 ``dlmspec data prepare --sft`` commands that tokenize it.
 
 Each conversation is one prose paragraph of the Python documentation (the data kit's
@@ -46,12 +47,45 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 MARKUP_START = ("..", ":", "*", "-", "=", "+", "|", ">>>", "#", "~", "^", "`")
 
 
-def kit_dir() -> Path:
-    """The shared data kit's folder (``../shared/data`` beside the checkout first)."""
+#: What gets the demo's GPT-2 tokenizer without the data kit (docs/getting-started.md).
+GPT2_DOWNLOAD = ".venv/bin/hf download openai-community/gpt2 vocab.json merges.txt --local-dir .data/gpt2"
+
+
+def kit_dir() -> Path | None:
+    """The shared data kit's folder (``../shared/data`` beside the checkout first), or ``None``."""
     for candidate in KIT_CANDIDATES:
         if (candidate / "corpus" / "pydocs-train.jsonl").is_file():
             return candidate
-    raise SystemExit("error: the shared data kit (../shared/data) is not here; pass --corpus-dir")
+    return None
+
+
+def stdlib_corpus(out: Path, every: int = 20) -> Path:
+    """``out/pydocs-{train,valid}.jsonl`` from this interpreter's own Python documentation: the
+    docstrings of the standard library's ``.py`` files (read with :mod:`ast`, never imported), one
+    ``{"id", "text"}`` document per file in sorted path order, every ``every``-th file held out.
+    What the demo builds its conversations from when the data kit (``../shared/data``, whose
+    ``pydocs-*.jsonl`` are the Python docs too) is not here. Returns ``out``."""
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    splits: dict[str, list[dict]] = {"train": [], "valid": []}
+    files = sorted(f for f in root.rglob("*.py") if "site-packages" not in f.parts and "test" not in f.parts
+                   and "tests" not in f.parts and "idlelib" not in f.parts)
+    for index, path in enumerate(files):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        docs = [ast.get_docstring(tree)] + [ast.get_docstring(node) for node in tree.body
+                                            if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        text = "\n\n".join(d for d in docs if d)
+        if text:
+            split = "valid" if index % every == every - 1 else "train"
+            splits[split].append({"id": str(path.relative_to(root)), "text": text})
+    for split, rows in splits.items():
+        write_jsonl(out / f"pydocs-{split}.jsonl", rows)
+    return out
 
 
 def prose_paragraphs(text: str) -> list[str]:
@@ -113,7 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", action="store_true", help="run the prepare commands (with --force)")
     args = parser.parse_args(argv)
 
-    corpus = args.corpus_dir or kit_dir() / "corpus"
+    kit = kit_dir()
+    if args.corpus_dir is not None:
+        corpus = args.corpus_dir
+    elif kit is not None:
+        corpus = kit / "corpus"
+    else:  # no data kit: the standard library's own documentation
+        corpus = stdlib_corpus(args.out / "stdlib-corpus")
+        print(f"no data kit (../shared/data): built the corpus from this Python's standard library docstrings "
+              f"in {corpus}", file=sys.stderr)
     train = conversations(corpus / "pydocs-train.jsonl", args.max_train)
     heldout = conversations(corpus / "pydocs-valid.jsonl", args.max_heldout)
     write_jsonl(args.out / "train.jsonl", train)
@@ -123,10 +165,15 @@ def main(argv: list[str] | None = None) -> int:
 
     gpt2 = args.data / "gpt2"
     if not (gpt2 / "vocab.json").is_file() or not (gpt2 / "merges.txt").is_file():
-        kit = (args.corpus_dir.parent if args.corpus_dir else kit_dir()) / "tokenizers" / "gpt2"
+        source = (args.corpus_dir.parent if args.corpus_dir else kit or Path("/nonexistent")) / "tokenizers" / "gpt2"
+        if not all((source / name).is_file() for name in ("vocab.json", "merges.txt")):
+            print(f"error: the GPT-2 tokenizer is not in {gpt2}/ and there is no data kit to copy it from; "
+                  f"get it with: {GPT2_DOWNLOAD} (the pre-training demo's, docs/getting-started.md), "
+                  "then run this again", file=sys.stderr)
+            return 2
         gpt2.mkdir(parents=True, exist_ok=True)
         for name in ("vocab.json", "merges.txt"):
-            shutil.copyfile(kit / name, gpt2 / name)
+            shutil.copyfile(source / name, gpt2 / name)
         print(f"copied the GPT-2 tokenizer to {gpt2}/", file=sys.stderr)
     commands = []
     for split in ("train", "heldout"):

@@ -88,6 +88,7 @@ def load_spec(name_or_path: str | Path) -> Any:
     Raises:
         SpecError: no such bundled spec or file, or the file does not load.
     """
+    import dlmspec.resolve  # noqa: F401 - gives the loader its check of lock/show files' written defaults
     from dlmspec.errors import SpecError, SpecIssue
     from dlmspec.spec.load import load
     from dlmspec.spec.python import _note, record_of, templates_in

@@ -325,3 +325,30 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int =
     payload = data.encode("utf-8") if isinstance(data, str) else data
     with atomic_writer(path, mode=mode) as handle:
         handle.write(payload)
+
+
+def append_text(path: str | os.PathLike[str], text: str, *, mode: int = 0o644) -> None:
+    """Append ``text`` (UTF-8) to the regular file ``path``, creating it if absent: opened with
+    ``O_APPEND | O_CREAT | O_NOFOLLOW`` (never written through a symbolic link; a link or a
+    non-regular file there is refused), one ``write`` per call (a log of JSON lines).
+
+    Raises:
+        FileRefused: ``path`` is a symbolic link or not a regular file.
+        OSError: the folder cannot be written, the disk is full, ...
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise FileRefused(path, "is a symbolic link, which is never written through",
+                              "remove the link, or point the run's folder elsewhere") from None
+        raise exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRefused(path, f"is a {file_kind(info.st_mode)}, not a regular file",
+                              "remove it, or point the run's folder elsewhere")
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)

@@ -74,6 +74,7 @@ def forward_flops_per_token(
     moe_ffn_hidden_size: int = 0,
     moe_shared_expert_intermediate_size: int = 0,
     num_moe_layers: int = 0,
+    keys: float | None = None,
 ) -> dict[str, float]:
     """Forward FLOPs per token, by part (see the module docstring for the rules).
 
@@ -82,12 +83,15 @@ def forward_flops_per_token(
         ``attention_linear`` = ``L * 2*h*(a + 2g)*d`` (linear_qkv) ``+ L * 2*a*d*h``
         (linear_proj); ``attention_core`` = ``L * 4*a*d*keys``; ``mlp`` = dense layers' ``2*h*f``
         per GEMM (three GEMMs when gated); ``moe`` = MoE layers' router, ``topk`` experts and
-        shared expert; ``logits`` = ``2*h*V``.
+        shared expert; ``logits`` = ``2*h*V``. ``keys`` (optional) replaces
+        :func:`attended_keys` where an objective's own mask sets the keys per query (block
+        diffusion's ``x_t (+) x_0``).
     """
     h, a, g, d = hidden_size, num_attention_heads, num_query_groups, kv_channels
     mult = 3 if gated else 2
     dense_layers = num_layers - num_moe_layers
-    keys = attended_keys(seq_length, attention, block_size)
+    if keys is None:
+        keys = attended_keys(seq_length, attention, block_size)
     moe = 0.0
     if num_moe_layers:
         per = 2 * h * num_experts + moe_router_topk * mult * 2 * h * moe_ffn_hidden_size

@@ -16,13 +16,24 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from dlmspec import objectives
-from dlmspec.names import OBJECTIVE_KINDS
 
-#: The decoding rules: "mdm" (masked diffusion) or "ar" (left to right); the names of
-#: ``[objective] kind``.
-KINDS = OBJECTIVE_KINDS
+
+def __getattr__(name: str) -> Any:
+    """``KINDS``: the decoding rules, the registered ``[objective] kind`` values
+    (:func:`dlmspec.objectives.kinds`: "mdm", masked diffusion, and "ar", left to right, first),
+    read from the registry each time so a plugin's kind counts."""
+    if name == "KINDS":
+        return objectives.kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 #: Which masked positions a step commits (docs/generate.md, "Remasking").
-REMASKING = ("low_confidence", "random", "threshold")
+REMASKING = ("low_confidence", "random", "threshold", "factor")
+#: The remasking rules whose block ends when it has no mask left (not after ``steps_per_block``).
+PARALLEL_REMASKING = ("threshold", "factor")
+#: Block KV caches of semi-autoregressive decoding (docs/generate.md, "Block KV caches"):
+#: Fast-dLLM's prefix and dual caches (arXiv:2505.22618 Sec. 3.2, github:NVlabs/Fast-dLLM
+#: llada/generate.py ``generate_with_prefix_cache`` / ``generate_with_dual_cache``).
+CACHES = ("none", "prefix", "dual")
 #: Token ids are int64 in torch (``torch.long`` tensors): the largest id + 1 any model can have.
 MAX_ID = 1 << 63
 #: ``torch.Generator.manual_seed`` takes a 64-bit seed; the sampler seeds batch ``b`` with
@@ -68,7 +79,23 @@ class GenerateConfig:
             ``"threshold"`` (commit every prediction whose confidence is at least ``threshold``,
             at least one per step: Fast-dLLM's confidence-aware parallel decoding, arXiv:2505.22618,
             llada/generate.py ``get_transfer_index``).
+            ``"factor"`` (Fast-dLLM's factor-based parallel decoding, llada/generate.py
+            ``get_transfer_index_dynamic``: with the masked confidences sorted ``c_(1) >= c_(2) >= ...``,
+            commit the ``n`` most confident for the largest ``n`` with ``c_(k) >= 1 - factor / (k + 1)``
+            for every ``k <= n``, at least one).
         threshold: the confidence ``remasking = "threshold"`` commits at, in ``(0, 1]`` (Fast-dLLM: 0.9).
+        factor: the ``f`` of ``remasking = "factor"``, > 0 (Fast-dLLM's examples: 1.0).
+        cache: the block KV cache: ``"none"`` (every step runs the whole canvas), ``"prefix"`` (keys
+            and values of the prompt and the finished blocks are computed at a block's first step and
+            reused by its later steps, which run the current block and the suffix) or ``"dual"`` (the
+            masked suffix's keys and values cached too; later steps run the current block only).
+            Fast-dLLM (arXiv:2505.22618 Sec. 3.2). Exact on causal and block-causal models (block
+            boundaries on the model's blocks); an approximation on bidirectional ones.
+        cache_refresh: denoising steps between recomputations of the cache inside a block; ``None``
+            recomputes at each block's first step only (Fast-dLLM's); ``1`` at every step (the
+            no-cache tokens exactly).
+        compile: run the model's block forwards through ``torch.compile(mode="reduce-overhead")``
+            (CUDA graphs; shapes are static within a block); ``False`` by default.
         temperature: 0 is greedy (argmax); above 0 samples ``softmax(logits / temperature)`` by
             Gumbel-max with float64 noise (LLaDA ``add_gumbel_noise``).
         top_k: keep the ``top_k`` largest logits before sampling; ``None``: all.
@@ -95,6 +122,10 @@ class GenerateConfig:
     block_length: int = 128
     remasking: str = "low_confidence"
     threshold: float = 0.9
+    factor: float = 1.0
+    cache: str = "none"
+    cache_refresh: Optional[int] = None
+    compile: bool = False
     temperature: float = 0.0
     top_k: Optional[int] = None
     top_p: Optional[float] = None
@@ -163,8 +194,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def _validate(c: GenerateConfig) -> None:
-    if c.kind not in KINDS:
-        raise GenerateConfigError("kind", c.kind, "not a decoding rule", f'one of {", ".join(map(repr, KINDS))}')
+    if c.kind not in objectives.kinds():
+        raise GenerateConfigError("kind", c.kind, "not a decoding rule",
+                                  f'one of {", ".join(map(repr, objectives.kinds()))}')
     for name in ("gen_length", "steps", "block_length"):
         value = getattr(c, name)
         if not _is_int(value) or value < 1:
@@ -175,6 +207,15 @@ def _validate(c: GenerateConfig) -> None:
         )
     if not _is_number(c.threshold) or not 0.0 < c.threshold <= 1.0:
         raise GenerateConfigError("threshold", c.threshold, "a confidence is in (0, 1]", "threshold = 0.9 (Fast-dLLM's)")
+    if not _is_number(c.factor) or c.factor <= 0.0:
+        raise GenerateConfigError("factor", c.factor, "the factor rule's f must be a number > 0", "factor = 1.0 (Fast-dLLM's)")
+    if c.cache not in CACHES:
+        raise GenerateConfigError("cache", c.cache, "not a block KV cache", f'one of {", ".join(map(repr, CACHES))}')
+    if c.cache_refresh is not None and (not _is_int(c.cache_refresh) or c.cache_refresh < 1):
+        raise GenerateConfigError("cache_refresh", c.cache_refresh, "must be a whole number >= 1 or None",
+                                  "cache_refresh = None (recompute at each block's first step, Fast-dLLM's)")
+    if not isinstance(c.compile, bool):
+        raise GenerateConfigError("compile", c.compile, "must be true or false", "compile = false")
     if not _is_number(c.temperature) or c.temperature < 0.0:
         raise GenerateConfigError("temperature", c.temperature, "must be >= 0", "temperature = 0.0 (greedy) or 1.0")
     if c.top_k is not None and (not _is_int(c.top_k) or c.top_k < 1):
@@ -190,7 +231,7 @@ def _validate(c: GenerateConfig) -> None:
                                       f"{name} = None or the tokenizer's id")
     if not _is_int(c.seed) or not 0 <= c.seed < MAX_SEED:
         raise GenerateConfigError("seed", c.seed, f"must be a whole number in 0..{MAX_SEED - 1}", "seed = 0")
-    if not objectives.get(c.kind).diffusion:  # c.kind is one of KINDS (checked above)
+    if not objectives.get(c.kind).diffusion:  # c.kind is registered (checked above)
         if c.cfg_scale != 0.0:
             raise GenerateConfigError("cfg_scale", c.cfg_scale, "guidance is built for kind = 'mdm' only", "cfg_scale = 0.0")
         return
@@ -210,7 +251,7 @@ def _validate(c: GenerateConfig) -> None:
             "block_length", c.block_length, f"must divide gen_length = {c.gen_length} (LLaDA generate.py)",
             f"block_length = {fits[-1]}",
         )
-    if c.remasking != "threshold":
+    if c.remasking not in PARALLEL_REMASKING:
         if c.steps > c.gen_length:
             raise GenerateConfigError(
                 "steps", c.steps, f"more steps than tokens (gen_length = {c.gen_length}) leaves steps that commit nothing",

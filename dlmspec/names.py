@@ -27,9 +27,8 @@ DATASET_RECORD_SUFFIX = "." + CHECKPOINT_RECORD
 MDM = "mdm"
 #: ``[objective] kind = "ar"``: autoregressive next-token prediction (causal attention).
 AR = "ar"
-#: The built-in ``[objective] kind`` values (a plugin registers more: :func:`dlmspec.objectives.kinds`
-#: is the list a spec may name; each registration holds its default attention).
-OBJECTIVE_KINDS: tuple[str, ...] = (MDM, AR)
+#: The ``[objective] kind`` values a spec may name are :func:`dlmspec.objectives.kinds` (the
+#: registry: the built-ins ``MDM`` and ``AR`` and what a plugin registers, each with its attention).
 
 #: ``[objective] attention_mask`` values: every query sees every key; key ``j`` only for ``j <= i``;
 #: blocks of ``objective.block_size`` see themselves and every earlier block.

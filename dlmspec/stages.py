@@ -7,7 +7,7 @@ compiled ``train.py`` needs to build the stage: the imports of its options (``[s
 options to ``STAGES[kind](run, options)``. Its planner terms (e.g. a frozen reference model's
 memory) register in :mod:`dlmspec.plan.memory` (:func:`~dlmspec.plan.memory.register_stage_memory_term`).
 ``validate`` refuses a kind that is not registered (rule ``stage-kind-known``) and a kind the
-runtime cannot train (``runtime = False``: rule ``runtime-rl``).
+runtime cannot train (``runtime = False``: rule ``stage-kind-known``).
 
 Pure Python (no torch, no pydantic): the fast ``validate`` path imports it.
 """
@@ -31,7 +31,7 @@ class StageKind:
     Attributes:
         kind: The spec value (lowercase letters, digits, ``_`` and ``-``).
         summary: One line for messages (``validate`` lists the known kinds with it).
-        runtime: Whether the runtime trains it (``False``: ``validate`` refuses it, rule ``runtime-rl``).
+        runtime: Whether the runtime trains it (``False``: ``validate`` refuses it, rule ``stage-kind-known``).
         imports: ``(module, name)`` pairs ``train.py`` imports, as ``from module import name``;
             ``name = ""`` imports the module alone (a module that registers a runtime stage of
             another package with :func:`dlmspec.backends.megatron.stages.register_stage`).
@@ -40,6 +40,12 @@ class StageKind:
         options_call: The expression ``train.py`` passes as the stage's options: ``"None"`` or a
             call of a function without arguments that ``template`` defines (``"build_sft()"``).
         template_values: ``resolved -> stage.table`` for ``template`` (``None``: no values).
+        section: The ``[stage.<section>]`` table of the kind's options (``None``: it has none) and
+            the name of its model in :mod:`dlmspec.spec.models` (``"SFTSpec"``).
+        resolve_values: ``(spec, table, defaults) -> values`` that :func:`dlmspec.resolve.resolve`
+            keeps (``Resolved.stage_values``), ``table`` being the ``section`` table with its
+            defaults filled (``None`` without a section) and ``defaults(model_name)`` another
+            section's defaults (``"GenerateSpec"``); ``None``: the stage keeps no values.
     """
 
     kind: str
@@ -49,6 +55,8 @@ class StageKind:
     template: Optional[str] = None
     options_call: str = "None"
     template_values: Optional[Callable[[Any], Any]] = None
+    section: Optional[Tuple[str, str]] = None
+    resolve_values: Optional[Callable[[Any, Any, Callable[[str], Any]], Any]] = None
 
 
 #: ``[stage] kind`` -> :class:`StageKind`, in registration order.
@@ -101,15 +109,52 @@ def template_context(resolved: Any) -> Dict[str, Any]:
             "options_call": entry.options_call, "table": values}
 
 
-def _sft_values(resolved: Any) -> Dict[str, Any]:
-    """The sft stage's table and padding, which resolve fills (``Resolved.stage_values``)."""
+def _resolved_values(resolved: Any) -> Dict[str, Any]:
+    """The stage's values, which resolve fills (``Resolved.stage_values``: the registration's ``resolve_values``)."""
     return resolved.stage_values
+
+
+def sft_pad_eos_tokens(table: Any, objective_kind: str) -> Optional[int]:
+    """The padding EOS an SFT sample supervises, of ``[stage.sft]`` ``table`` (``pad_eos_tokens``;
+    ``None``: all).
+
+    Unset: all for mdm (LLaDA, Nie et al. 2025, sec. 2.3: padding EOS are response tokens, so the
+    model learns to fill its fixed generation length with EOS), 0 for ar (the conversation's own
+    final EOD, supervised by its response mask, teaches an AR decoder to stop; EOS after EOS
+    would only add easy tokens to the loss).
+    """
+    from dlmspec import objectives
+
+    value = table.pad_eos_tokens
+    if value is not None:
+        return int(value)
+    return None if objectives.get(objective_kind).diffusion else 0
+
+
+def _sft_resolve_values(spec: Any, table: Any, defaults: Callable[[str], Any]) -> Dict[str, Any]:
+    """``[stage.sft]`` with its defaults filled and the resolved ``pad_eos_tokens``."""
+    return {"section": table, "pad_eos_tokens": sft_pad_eos_tokens(table, spec.objective.kind)}
 
 
 register_stage_kind(StageKind("pretrain", "pre-training on packed documents (backends/megatron/stage.py)"))
 register_stage_kind(StageKind(
     "sft", "supervised fine-tuning on conversations with response masks (backends/megatron/sft.py)",
     imports=(("dlmspec.backends.megatron.sft", "SftConfig"),), template="stage_sft.py.j2",
-    options_call="build_sft()", template_values=_sft_values))
-register_stage_kind(StageKind("rl", "reinforcement learning from a reward",
-                              runtime=False))
+    options_call="build_sft()", template_values=_resolved_values, section=("sft", "SFTSpec"),
+    resolve_values=_sft_resolve_values))
+
+
+def _rl_resolve_values(spec: Any, table: Any, defaults: Callable[[str], Any]) -> Dict[str, Any]:
+    """``[stage.rl]`` with defaults, its estimator, rewards and the rollout sampler's ``[generate]``
+    settings (:func:`dlmspec.rl.rollout_values`)."""
+    from dlmspec.rl import rollout_values
+
+    gen = spec.generate if spec.generate is not None else defaults("GenerateSpec")
+    return rollout_values(table, gen)
+
+
+register_stage_kind(StageKind(
+    "rl", "reinforcement learning from verifiable rewards: GRPO, diffu-GRPO, coupled-GRPO (backends/rl/stage.py)",
+    imports=(("dlmspec.backends.rl.stage", "RLConfig"),), template="stage_rl.py.j2",
+    options_call="build_rl()", template_values=_resolved_values, section=("rl", "RLSpec"),
+    resolve_values=_rl_resolve_values))

@@ -26,12 +26,10 @@ from typing import Any
 from dlmspec import objectives
 from dlmspec.backends.convert.errors import ConversionError
 from dlmspec.files import FileRefused, read_json
-from dlmspec.names import CHECKPOINT_RECORD, OBJECTIVE_KINDS
+from dlmspec.names import CHECKPOINT_RECORD
 
 #: The ``config.json`` key holding dlmspec's record of the objective.
 CONFIG_KEY = "dlmspec"
-#: The objectives (``[objective] kind``).
-OBJECTIVES = OBJECTIVE_KINDS
 #: Families whose own (remote) modeling code is bidirectional: diffusion LMs by design.
 DIFFUSION_FAMILIES = frozenset({"llada", "dream"})
 #: A training checkpoint's metadata file (``dlmspec.backends.megatron.checkpointing.METADATA_FILENAME``).
@@ -107,9 +105,9 @@ def checkpoint_objective(ckpt: str | os.PathLike[str], sidecar: Mapping[str, Any
         record = spec.get("record") if isinstance(spec, Mapping) else None
         if isinstance(record, Mapping) and "objective.kind" in record:
             kind = record["objective.kind"]
-            if kind not in OBJECTIVES:
-                raise ConversionError(f"{meta_path}: objective.kind = {kind!r} is not one of {OBJECTIVES}",
-                                      tensor="objective.kind", expected=OBJECTIVES,
+            if kind not in objectives.kinds():
+                raise ConversionError(f"{meta_path}: objective.kind = {kind!r} is not one of {objectives.kinds()}",
+                                      tensor="objective.kind", expected=objectives.kinds(),
                                       hint="pass --objective mdm or --objective ar")
             mask = record.get("objective.mask_token_id")
             registered = objectives.get(kind)
@@ -125,12 +123,12 @@ def resolve_objective(found: Objective, kind: str | None, mask_token_id: int | N
     """``found`` overridden by explicit arguments (``kind``/``mask_token_id`` of :func:`mcore_to_hf`).
 
     Raises:
-        ConversionError: ``kind`` not in :data:`OBJECTIVES`, a negative or non-integer
+        ConversionError: ``kind`` not in :func:`dlmspec.objectives.kinds`, a negative or non-integer
             ``mask_token_id``, or a mask token given for ``kind = "ar"``.
     """
-    if kind is not None and kind not in OBJECTIVES:
-        raise ConversionError(f"objective = {kind!r} is not one of {', '.join(OBJECTIVES)}", tensor="objective",
-                              expected=OBJECTIVES, hint="use --objective mdm (diffusion) or --objective ar")
+    if kind is not None and kind not in objectives.kinds():
+        raise ConversionError(f"objective = {kind!r} is not one of {', '.join(objectives.kinds())}", tensor="objective",
+                              expected=objectives.kinds(), hint="use --objective mdm (diffusion) or --objective ar")
     if mask_token_id is not None and (not isinstance(mask_token_id, int) or isinstance(mask_token_id, bool)
                                       or mask_token_id < 0):
         raise ConversionError(f"mask_token_id = {mask_token_id!r} is not a token id", tensor="mask_token_id",
@@ -185,3 +183,11 @@ def diffusion_hf_config(config: dict[str, Any], objective: Objective, family: st
     if family not in DIFFUSION_FAMILIES:
         out["is_causal"] = False
     return out
+
+
+def __getattr__(name: str) -> Any:
+    """``OBJECTIVES``: the ``[objective] kind`` values, :func:`dlmspec.objectives.kinds` (the
+    registry, read each time)."""
+    if name == "OBJECTIVES":
+        return objectives.kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -52,7 +52,7 @@ GENERATE_ARGS = ("gen_length", "steps", "block_length", "remasking", "threshold"
 #: Every ``--model_args`` key (the constructor's keywords that a string can carry).
 MODEL_ARGS = ("path", "kind", "mask_token_id", "eos_token_id", "pad_token_id", "seed", "mc_samples",
               "samples_per_forward", "estimator", "eps", "greedy_check", "max_length", "device", "batch_size",
-              "max_batch_size", "dtype") + GENERATE_ARGS
+              "max_batch_size", "dtype", "preset") + GENERATE_ARGS
 
 
 class ModelArgsError(ValueError):
@@ -181,8 +181,16 @@ class DlmspecLM(LM):
                  greedy_check: bool = True, max_length: Optional[int] = None, device: Any = None,
                  dtype: Optional[str] = None, batch_size: Any = 1, max_batch_size: Any = None,
                  step_fn_factory: Optional[Callable[[], Any]] = None, progress: bool = True,
-                 **generate_args: Any) -> None:
+                 preset: Optional[str] = None, **generate_args: Any) -> None:
         super().__init__()
+        self.preset = preset
+        if preset is not None:  # a pinned protocol (dlmspec.generate_presets): given keys win
+            from dlmspec.generate_presets import PRESETS
+
+            if preset not in PRESETS:
+                raise ModelArgsError(f"--model_args preset={preset!r}: not a preset; use one of {', '.join(sorted(PRESETS))}")
+            filled = {k: v for k, v in PRESETS[preset].settings.items() if k in GENERATE_ARGS}
+            generate_args = {**filled, **generate_args}
         unknown = [k for k in generate_args if k not in GENERATE_ARGS]
         if unknown:
             close = difflib.get_close_matches(unknown[0], MODEL_ARGS, n=1)
@@ -335,6 +343,16 @@ class DlmspecLM(LM):
             logits = call_logits_fn(self.logits_fn, seq, None)[0, len(context) - 1:-1]
             return -nll, bool((logits.argmax(-1) == seq[0, len(context):]).all())
         gen = torch.Generator().manual_seed(self.seed)
+        if self.objective.block_diffusion and self.loaded is not None:  # BD3-LM: its NELBO, block-causally
+            from dlmspec.backends.generate.block_diffusion import bd3_continuation_nll
+
+            gen = torch.Generator(device=self.loaded.device).manual_seed(self.seed)
+            kwargs = {k: v for k, v in self.elbo_kwargs.items() if k in ("num_samples", "samples_per_forward")}
+            nll, _, _ = bd3_continuation_nll(self.loaded.model, context, continuation,
+                                             block_size=int(self.loaded.record["objective.block_size"]),
+                                             mask_token_id=self.mask_token_id, pad_token_id=self.loaded.pad_token_id,
+                                             generator=gen, **kwargs)
+            return -nll, False
         nll, _, _ = continuation_nll(self.logits_fn, context, continuation, kind="mdm",
                                      mask_token_id=self.mask_token_id, generator=gen, **self.elbo_kwargs,
                                      schedule=getattr(self.loaded, "noise_schedule", None))
@@ -450,7 +468,8 @@ class DlmspecLM(LM):
         """Recorded in lm-eval's results ``config``: the settings that make the numbers reproducible."""
         return {"dlmspec_kind": self.kind, "dlmspec_seed": self.seed, "dlmspec_elbo": dict(self.elbo_kwargs),
                 "dlmspec_generate": dict(self.generate_args), "dlmspec_max_length": self.max_length,
-                "dlmspec_mask_token_id": self.mask_token_id, "dlmspec_eos_token_id": self.eos_token_id}
+                "dlmspec_mask_token_id": self.mask_token_id, "dlmspec_eos_token_id": self.eos_token_id,
+                "dlmspec_preset": self.preset}
 
 
 def from_path(path: str, *, device: Any = None, dtype: Optional[str] = None, kind: Optional[str] = None,

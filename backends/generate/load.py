@@ -444,6 +444,9 @@ def _columns(base: Callable[..., torch.Tensor], vocab: int, chat: Dict[int, str]
     def logits_fn(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return select(base(tokens, attention_mask))
 
+    select.width, select.blocked = width, tuple(blocked)  # type: ignore[attr-defined]  # for a vocabulary shard
+    if hasattr(base, "block_logits"):  # the block sampler's path (current block's logits, block KV cache)
+        logits_fn.block_logits = lambda config: base.block_logits(config, columns=select)  # type: ignore[attr-defined]
     return logits_fn, select, width
 
 

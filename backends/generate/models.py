@@ -31,6 +31,10 @@ def gpt_logits_fn(model: Any, *, tensor_model_parallel_size: int = 1):
 
     Returns:
         A function ``(tokens [b, s], attention_mask [b, s] or None) -> logits [b, s, V]`` (float32).
+        Its attribute ``block_logits(config, columns=None)`` gives the sampler's
+        :class:`~dlmspec.backends.generate.block_cache.BlockLogitsFn` for a
+        :class:`~dlmspec.backends.generate.config.GenerateConfig` and why it runs no cache when
+        ``config.cache`` asks for one (:func:`gpt_block_logits`).
     """
     gather = None
     if tensor_model_parallel_size > 1:
@@ -50,7 +54,39 @@ def gpt_logits_fn(model: Any, *, tensor_model_parallel_size: int = 1):
             logits = gather(logits.contiguous())
         return logits.float()
 
+    def block_logits(config: Any, columns: Optional[Any] = None) -> Any:
+        return gpt_block_logits(model, config, columns=columns, tensor_model_parallel_size=tensor_model_parallel_size,
+                                full=logits_fn if columns is None else (lambda t, m=None: columns(logits_fn(t, m))))
+
+    logits_fn.block_logits = block_logits  # type: ignore[attr-defined]
+    logits_fn.model = model  # type: ignore[attr-defined]
     return logits_fn
+
+
+def gpt_block_logits(model: Any, config: Any, *, columns: Optional[Any] = None, tensor_model_parallel_size: int = 1,
+                     full: Optional[Any] = None) -> tuple[Any, Optional[str]]:
+    """The block sampler's logits function of a megatron-core ``GPTModel`` for ``config``, and the
+    reason it runs no cache when ``config.cache`` asks for one (``None`` when it runs it).
+
+    :class:`~dlmspec.backends.generate.block_cache.GPTBlockLogits` with ``config.cache`` and
+    ``config.compile``; where :func:`~dlmspec.backends.generate.block_cache.block_cache_unsupported`
+    refuses the cache (Transformer Engine core attention, ...), the same without cache (the current
+    block's logits only); where it refuses even that, the whole canvas through ``full`` (the
+    model's :func:`gpt_logits_fn`, columns selected).
+    """
+    from dlmspec.backends.generate.block_cache import FullCanvas, GPTBlockLogits, block_cache_unsupported
+
+    cache = getattr(config, "cache", "none")
+    why = block_cache_unsupported(model, cache)
+    fallback = None
+    if why is not None and cache != "none":
+        fallback = f"cache = {cache!r} is not run: {why}"
+        cache = "none"
+        why = block_cache_unsupported(model, cache)
+    if why is not None:
+        return FullCanvas(full), fallback
+    return GPTBlockLogits(model, cache=cache, columns=columns, tensor_model_parallel_size=tensor_model_parallel_size,
+                          compile=bool(getattr(config, "compile", False))), fallback
 
 
 # --------------------------------------------------------------------------- AR decoding with a KV cache

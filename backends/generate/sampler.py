@@ -18,14 +18,16 @@ handed to the logits function (see :class:`LogitsFn`), which may also derive pos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from dlmspec import objectives
+from dlmspec.backends.generate.block_cache import BlockLogitsFn, FullCanvas, call_logits_fn
 from dlmspec.backends.generate.config import GenerateConfig
+from dlmspec.generate_settings import PARALLEL_REMASKING
 from dlmspec.objectives.schedules import MaskingSchedule
 
 Prompts = Union[Tensor, Sequence[Sequence[int]]]
@@ -105,6 +107,14 @@ class GenerateOutput:
         forward_passes: number of calls of the logits function (a guided step is one call of ``2B`` rows).
         steps: number of sampler steps run.
         config: ``GenerateConfig.to_dict()``, recorded with the output.
+        forward_passes_per_row: per row, the forward passes in which it still had a masked position
+            in the current block (what decoding it alone would take; :func:`generate_ar`: its steps
+            until its EOS). Rows stay in the batch until their block ends, so ``forward_passes``
+            counts the batch's calls.
+        cache: the block KV cache run (``"none"``, ``"prefix"``, ``"dual"``; AR: ``"none"``).
+        cache_fallback: why ``cache`` is not ``config["cache"]`` (e.g. Transformer Engine layers,
+            a Hugging Face model), or ``None``.
+        compile_fallback: why ``config["compile"]`` is set and the model runs uncompiled, or ``None``.
     """
 
     sequences: Tensor
@@ -114,6 +124,10 @@ class GenerateOutput:
     forward_passes: int
     steps: int
     config: Dict[str, Any]
+    forward_passes_per_row: List[int] = field(default_factory=list)
+    cache: str = "none"
+    cache_fallback: Optional[str] = None
+    compile_fallback: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The output as JSON-ready values (what ``--json`` would print)."""
@@ -121,7 +135,11 @@ class GenerateOutput:
             "generated": self.generated,
             "finish_reasons": self.finish_reasons,
             "forward_passes": self.forward_passes,
+            "forward_passes_per_row": self.forward_passes_per_row,
             "steps": self.steps,
+            "cache": self.cache,
+            "cache_fallback": self.cache_fallback,
+            "compile_fallback": self.compile_fallback,
             "config": self.config,
         }
 
@@ -252,21 +270,27 @@ def classifier_free_guidance(cond: Tensor, uncond: Tensor, scale: float) -> Tens
 
 
 def commit_positions(confidence: Tensor, masked: Tensor, *, count: Optional[Tensor] = None,
-                     threshold: Optional[float] = None) -> Tensor:
+                     threshold: Optional[float] = None, factor: Optional[float] = None) -> Tensor:
     """Which masked positions a step commits.
 
     With ``count`` (``low_confidence`` and ``random``), the ``count[b]`` masked positions of row
     ``b`` with the highest ``confidence`` (LLaDA generate.py: ``topk`` over the confidence, non-masked
     positions at ``-inf``). With ``threshold``, every masked position whose confidence is
     ``>= threshold``, and the most confident one whatever its confidence, so each row with a mask
-    commits at least one (Fast-dLLM llada/generate.py ``get_transfer_index``). Ties go to the
-    leftmost position.
+    commits at least one (Fast-dLLM llada/generate.py ``get_transfer_index``). With ``factor`` ``f``
+    (Fast-dLLM's factor-based parallel decoding, arXiv:2505.22618 Sec. 3.3; llada/generate.py
+    ``get_transfer_index_dynamic``): with the row's ``N`` masked confidences sorted
+    ``c_(1) >= ... >= c_(N)``, commit the ``n`` most confident, ``n`` the length of the leading run
+    of ``c_(k) >= 1 - f / (k + 1)`` (``k = 1`` always passes); as Fast-dLLM's code, ``n = N - 1``
+    becomes ``N`` (its loop commits every masked position when only the last one fails). Ties go to
+    the leftmost position.
 
     Args:
         confidence: ``FloatTensor[B, N]``.
         masked: ``BoolTensor[B, N]``, the positions that may be committed.
         count: ``LongTensor[B]``, at most the number of masked positions of the row.
         threshold: in ``(0, 1]``.
+        factor: ``f > 0``.
 
     Returns:
         ``BoolTensor[B, N]``, a subset of ``masked``.
@@ -276,6 +300,15 @@ def commit_positions(confidence: Tensor, masked: Tensor, *, count: Optional[Tens
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
     if threshold is not None:
         chosen = (scores >= threshold) | (rank == 0)
+    elif factor is not None:
+        ranks = torch.arange(order.shape[-1], device=order.device, dtype=torch.float64)
+        sorted_scores = torch.gather(scores, -1, order)
+        passes = sorted_scores >= 1.0 - factor / (ranks + 2.0)
+        passes[..., 0] = True
+        lead = torch.cumprod(passes.to(torch.int64), dim=-1).sum(dim=-1, keepdim=True)
+        total = masked.sum(dim=-1, keepdim=True)
+        n = torch.where(lead == total - 1, total, lead)
+        chosen = rank < n
     else:
         assert count is not None
         chosen = rank < count.reshape(-1, 1)
@@ -326,24 +359,6 @@ def left_pad(prompts: Prompts, pad_id: int, device: Optional[Union[str, torch.de
     return tokens, mask, lengths
 
 
-def call_logits_fn(logits_fn: Callable[..., Tensor], tokens: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
-    """Call ``logits_fn`` as :class:`LogitsFn` says (no mask argument when ``attention_mask`` is None).
-
-    Returns:
-        ``[B, L, V]`` logits.
-
-    Raises:
-        ValueError: ``logits_fn`` returned another shape.
-    """
-    logits = logits_fn(tokens) if attention_mask is None else logits_fn(tokens, attention_mask)
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(tokens.shape):
-        raise ValueError(
-            f"logits_fn returned shape {tuple(logits.shape)} for tokens of shape {tuple(tokens.shape)}; "
-            "it must return [batch, length, vocab]"
-        )
-    return logits
-
-
 def _generator(config: GenerateConfig, generator: Optional[torch.Generator], device: torch.device) -> torch.Generator:
     if generator is not None:
         return generator
@@ -380,13 +395,19 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     The canvas is the left-padded prompts followed by ``gen_length`` mask tokens. Blocks of
     ``block_length`` are decoded left to right; a block gets ``steps // num_blocks`` steps, and step
     ``i`` commits ``num_transfer_tokens(...)[i]`` of its masked positions (``low_confidence``: the most
-    confident predictions; ``random``: random ones) or, under ``threshold``, every prediction at or
-    above the threshold and at least one, until the block has no mask left. A committed token is
-    never changed again; positions right of the current block are predicted but never committed.
+    confident predictions; ``random``: random ones) or, under ``threshold`` / ``factor``, what
+    :func:`commit_positions` selects (at least one), until the block has no mask left. A committed
+    token is never changed again; positions right of the current block are never committed, and
+    only the current block's logits are asked for (:func:`block_logits_for`: a megatron-core model
+    runs its output layer on the block only, with the block KV cache ``config.cache`` refreshed at
+    the block's first step and every ``config.cache_refresh`` steps). The rows decoded in a block
+    stay in the batch until the block ends (static shapes; the only host sync inside a block is
+    the end test of ``threshold`` / ``factor``).
     With ``cfg_scale > 0`` each step runs the batch twice in one call, the second copy with the
     prompt masked, and combines them (:func:`classifier_free_guidance`). With ``eos_token_id`` set, a
     row whose block came out all EOS is finished: its later blocks are filled with EOS without a
-    forward pass, and it leaves the batch handed to ``logits_fn``; its output ends at its first EOS.
+    forward pass, and it leaves the batch handed to ``logits_fn`` from the next block on; its output
+    ends at its first EOS.
 
     Args:
         logits_fn: the model (:class:`LogitsFn`).
@@ -427,51 +448,81 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     given = torch.zeros(batch, length, dtype=torch.bool, device=dev)  # prompt positions (masked for CFG)
     given[:, :plen] = True if prompt_attn is None else prompt_attn
 
+    block_fn, cache_fallback = block_logits_for(logits_fn, config)
     done = torch.zeros(batch, dtype=torch.bool, device=dev)
+    row_passes = torch.zeros(batch, dtype=torch.int64, device=dev)
     forward_passes = step = 0
-    threshold = config.remasking == "threshold"
+    parallel = config.remasking in PARALLEL_REMASKING
+    # tensor parallelism at temperature 0: argmax and confidence from each rank's vocabulary shard
+    # (block_cache.vocab_parallel_greedy), never the gathered logits
+    vocab_parallel = (bool(getattr(block_fn, "vocab_parallel", False)) and config.temperature == 0
+                      and config.top_k is None and config.top_p in (None, 1.0) and config.cfg_scale == 0)
     for block in range(config.num_blocks):
         start = plen + block * config.block_length
         end = start + config.block_length
+        # the rows decoded in this block: fixed for the whole block (static shapes, one sync per block)
+        index: Optional[Tensor] = None
         if eos is not None and bool(done.any()):
             x[done, start:end] = eos
-        schedule = num_transfer_tokens((x[:, start:end] == mask_id).sum(dim=1), config.steps_per_block,
+            index = (~done).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+        xs = x if index is None else x[index]
+        attn_s = attn if attn is None or index is None else attn[index]
+        given_s = given if index is None else given[index]
+        schedule = num_transfer_tokens((xs[:, start:end] == mask_id).sum(dim=1), config.steps_per_block,
                                        noise_schedule)
         block_step = 0
         while True:
-            rows = (~done) & (x[:, start:end] == mask_id).any(dim=1)
-            if not bool(rows.any()) or (not threshold and block_step >= config.steps_per_block):
-                break
-            index = rows.nonzero().squeeze(1)
-            xs = x[index]
-            attn_s = attn[index] if attn is not None else None
-            if config.cfg_scale > 0:
-                uncond = xs.masked_fill(given[index], mask_id)
-                both = call_logits_fn(logits_fn, torch.cat([xs, uncond]), None if attn_s is None else torch.cat([attn_s, attn_s]))
-                cond_l, uncond_l = both.chunk(2, dim=0)
-                logits = classifier_free_guidance(cond_l[:, start:end], uncond_l[:, start:end], config.cfg_scale)
-            else:
-                logits = call_logits_fn(logits_fn, xs, attn_s)[:, start:end]
-            forward_passes += 1
-
-            if mask_id < logits.shape[-1]:  # the mask token is never an output (else a commit would stay masked)
-                logits = logits.clone()
-                logits[..., mask_id] = float("-inf")
             masked = xs[:, start:end] == mask_id
-            x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
-                                           top_p=config.top_p, generator=gen)
+            if parallel:
+                if block_step > 0 and not bool(masked.any()):  # the block's end: one sync a step
+                    break
+            elif block_step >= config.steps_per_block:
+                break
+            refresh = block_step == 0 or (config.cache_refresh is not None and block_step % config.cache_refresh == 0)
+            if config.cfg_scale > 0:
+                uncond = xs.masked_fill(given_s, mask_id)
+                both = block_fn(torch.cat([xs, uncond]), None if attn_s is None else torch.cat([attn_s, attn_s]),
+                                start, end, refresh=refresh)
+                cond_l, uncond_l = both.chunk(2, dim=0)
+                logits = classifier_free_guidance(cond_l, uncond_l, config.cfg_scale)
+            elif vocab_parallel:
+                logits = None
+                x0, confidence = block_fn.greedy(xs, attn_s, start, end, refresh=refresh, exclude=mask_id)
+            else:
+                logits = block_fn(xs, attn_s, start, end, refresh=refresh)
+            forward_passes += 1
+            has_mask = masked.any(dim=1).to(torch.int64)
+            if index is None:
+                row_passes += has_mask
+            else:
+                row_passes.index_add_(0, index, has_mask)
+
+            if logits is not None:
+                if mask_id < logits.shape[-1]:  # the mask token is never an output (else a commit would stay masked)
+                    logits = logits.clone()
+                    logits[..., mask_id] = float("-inf")
+                x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
+                                               top_p=config.top_p, generator=gen)
             if config.remasking == "random":
                 confidence = torch.rand(masked.shape, generator=gen, dtype=torch.float64, device=dev)
-            if threshold:
+            if config.remasking == "threshold":
                 chosen = commit_positions(confidence, masked, threshold=config.threshold)
+            elif config.remasking == "factor":
+                chosen = commit_positions(confidence, masked, factor=config.factor)
             else:
-                chosen = commit_positions(confidence, masked, count=schedule[index, block_step])
-            block_x = x[index, start:end]
-            x[index, start:end] = torch.where(chosen, x0, block_x)
+                chosen = commit_positions(confidence, masked, count=schedule[:, block_step])
+            xs[:, start:end] = torch.where(chosen, x0, xs[:, start:end])
+            if index is not None:
+                x[index, start:end] = xs[:, start:end]
 
             if on_step is not None:
                 committed = torch.zeros(batch, length, dtype=torch.bool, device=dev)
-                committed[index, start:end] = chosen
+                if index is None:
+                    committed[:, start:end] = chosen
+                else:
+                    committed[index, start:end] = chosen
                 on_step(StepEvent(step=step, block=block, tokens=x, committed=committed, prompt_length=plen))
             step += 1
             block_step += 1
@@ -480,7 +531,29 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
 
     generated, reasons = _finish(x, plen, eos)
     return GenerateOutput(sequences=x, prompt_length=plen, generated=generated, finish_reasons=reasons,
-                          forward_passes=forward_passes, steps=step, config=config.to_dict())
+                          forward_passes=forward_passes, steps=step, config=config.to_dict(),
+                          forward_passes_per_row=row_passes.tolist(), cache=block_fn.cache,
+                          cache_fallback=cache_fallback,
+                          compile_fallback=getattr(block_fn, "compile_fallback", None) if config.compile else None)
+
+
+def block_logits_for(logits_fn: Any, config: GenerateConfig) -> Tuple[BlockLogitsFn, Optional[str]]:
+    """The :class:`~dlmspec.backends.generate.block_cache.BlockLogitsFn` :func:`generate` runs, and
+    why it runs no cache although ``config.cache`` asks for one (``None`` when it runs what is asked).
+
+    A logits function with a ``block_logits(config)`` attribute (the megatron-core ``GPTModel``'s of
+    :func:`~dlmspec.backends.generate.models.gpt_logits_fn`) builds its own (current block's logits
+    only; ``config.cache``; ``config.compile``); any other runs the whole canvas each step
+    (:class:`~dlmspec.backends.generate.block_cache.FullCanvas`: a Hugging Face model, a test model).
+    """
+    factory = getattr(logits_fn, "block_logits", None)
+    if factory is not None:
+        return factory(config)
+    fallback = None
+    if config.cache != "none":
+        fallback = (f"cache = {config.cache!r} needs a megatron-core GPTModel of the runtime "
+                    "(gpt_logits_fn); this logits function runs the whole canvas each step")
+    return FullCanvas(logits_fn), fallback
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,8 +609,10 @@ def generate_ar(logits_fn: Optional[LogitsFn], prompts: Prompts, config: Generat
     dev = x.device
     gen = _generator(config, generator, dev)
     done = torch.zeros(batch, dtype=torch.bool, device=dev)
+    row_passes = torch.zeros(batch, dtype=torch.int64, device=dev)
     steps = 0
     while steps < config.gen_length and not bool(done.all()):
+        row_passes += (~done).to(torch.int64)
         logits = step_fn(x, attn)
         token, _ = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
                                  top_p=config.top_p, generator=gen)
@@ -554,4 +629,5 @@ def generate_ar(logits_fn: Optional[LogitsFn], prompts: Prompts, config: Generat
         steps += 1
     generated, reasons = _finish(x, plen, eos)
     return GenerateOutput(sequences=x, prompt_length=plen, generated=generated, finish_reasons=reasons,
-                          forward_passes=steps, steps=steps, config=config.to_dict())
+                          forward_passes=steps, steps=steps, config=config.to_dict(),
+                          forward_passes_per_row=row_passes.tolist())

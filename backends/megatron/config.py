@@ -268,6 +268,8 @@ class RunConfig:
             when its hash is ``spec_hash`` (:mod:`dlmspec.backends.megatron.spec_record`).
         layer_path: Why the layer spec takes its path (Transformer Engine or local), as the
             compiler resolved ``transformer_impl``; logged with the start record.
+        generation_eval: ``[eval.generation]``
+            (:class:`~dlmspec.backends.megatron.generation_eval.GenerationEvalConfig`); ``None``: none.
     """
 
     objective: ObjectiveConfig
@@ -281,6 +283,7 @@ class RunConfig:
     spec_hash: Optional[str] = None
     spec_lock_file: Optional[str] = None
     layer_path: str = ""
+    generation_eval: Optional[Any] = None
 
 
 @dataclass

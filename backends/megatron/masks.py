@@ -552,32 +552,43 @@ def from_megatron(attention_mask: Optional[Tensor]) -> Optional[AttentionMask]:
     return DenseMask(attention_mask)
 
 
-def block_diffusion(seq_len: int, block_size: int) -> MaskFunction:
+def block_diffusion(seq_len: int, block_size: int, *, clean_causal: bool = False) -> MaskFunction:
     """Block diffusion's mask over the input x_t ⊕ x_0 of length ``2 * seq_len`` (BD3-LM,
     Arriola et al. 2025, eq. 8 and kuleshov-group/bd3lms ``block_diff_mask``): a noised block
     attends to itself (block-diagonal within x_t) and to the clean blocks before it (offset
-    block-causal from x_t to x_0); the clean half is block-causal in itself.
+    block-causal from x_t to x_0); the clean half is block-causal in itself, or causal with
+    ``clean_causal`` (Megatron-Bridge ``diffusion/common/dllm.py compute_block_mask``, the form a
+    next-token loss on x_0 needs: ``objective.ar_loss_weight``).
+
+    Query ``q`` and key ``k`` in ``[0, 2n)``: half ``h(i) = i >= n``, block ``blk(i) = (i mod n) //
+    block_size``; attended iff ``h(q) = h(k) = x_t and blk(q) = blk(k)``, or ``h(q) = x_t, h(k) = x_0
+    and blk(q) > blk(k)``, or ``h(q) = h(k) = x_0 and blk(q) >= blk(k)`` (``q >= k`` causal). It is
+    a :class:`MaskFunction` without per-row data: FlexAttention's ``BlockMask`` is built once per
+    length and device and skips the masked tiles; no ``2n x 2n`` tensor is made on that path.
 
     Raises:
         ValueError: ``block_size < 1`` or ``seq_len`` not a multiple of it.
     """
     n, bs = int(seq_len), int(block_size)
-    if bs < 1 or n % bs:
+    if bs < 1 or n < 1 or n % bs:
         raise ValueError(f"seq_len ({n}) must be a positive multiple of block_size ({bs})")
-    return MaskFunction(_bd3_mod(n, bs), block_size=bs, name=f"block_diffusion(n={n}, block={bs})")
+    name = f"block_diffusion(n={n}, block={bs}{', causal x_0' if clean_causal else ''})"
+    return MaskFunction(_bd3_mod(n, bs, bool(clean_causal)), block_size=bs, name=name)
 
 
 @functools.lru_cache(maxsize=None)
-def _bd3_mod(n: int, bs: int) -> MaskMod:
-    # One function per (n, block): the BlockMask cache keys on it.
+def _bd3_mod(n: int, bs: int, clean_causal: bool = False) -> MaskMod:
+    # One function per (n, block, clean_causal): the BlockMask cache keys on it.
     def bd3(b, h, q_idx, kv_idx):
         x0_q, x0_kv = q_idx >= n, kv_idx >= n
         block_q = torch.where(x0_q, q_idx - n, q_idx) // bs
         block_kv = torch.where(x0_kv, kv_idx - n, kv_idx) // bs
-        diagonal = (block_q == block_kv) & (x0_q == x0_kv)
+        diagonal = (block_q == block_kv) & ~x0_q & ~x0_kv
         offset_causal = (block_q > block_kv) & x0_kv & ~x0_q
-        clean_causal = (block_q >= block_kv) & x0_kv & x0_q
-        return diagonal | offset_causal | clean_causal
+        if clean_causal:
+            clean = (q_idx >= kv_idx) & x0_kv & x0_q
+        else:
+            clean = (block_q >= block_kv) & x0_kv & x0_q
+        return diagonal | offset_causal | clean
 
     return bd3
-

@@ -357,8 +357,15 @@ class SftForwardStep(ObjectiveForwardStep):
         ob = apply_loss_normalization(ob, self.loss_normalization, context_parallel_size=self.context_parallel_size)
         cpu_segments = item.batch["segment_ids"]  # decided on the host copy: no device sync
         dense = bool((cpu_segments == cpu_segments[:, :1]).all())
-        return self.slice_for_context_parallel(ob, batch["position_ids"],
-                                               segment_attention_mask(batch["segment_ids"], dense=dense))
+        segments = segment_attention_mask(batch["segment_ids"], dense=dense)
+        if ob.input_ids.shape != tokens.shape:
+            # an objective that widens the input (block diffusion's x_t (+) x_0) brings its own position
+            # ids and mask object; its rules refuse segment masks (packed sequences)
+            if segments is not None:
+                raise ValueError(f"objective {self.objective.kind!r} takes no segment masks: use "
+                                 "stage.sft.packed_sequence = false")
+            return self.slice_for_context_parallel(ob, ob.position_ids, ob.attention_mask)
+        return self.slice_for_context_parallel(ob, batch["position_ids"], segments)
 
 
 class SftStage(PretrainStage):

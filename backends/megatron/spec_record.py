@@ -208,7 +208,8 @@ def spec_record(run: Any, *, transformer_config: Any, model_kwargs: Dict[str, An
         "objective.kind": obj.kind,
         "objective.mask_token_id": obj.mask_token_id if objectives.is_diffusion(obj.kind) else None,
         "objective.attention_mask": attention,
-        "objective.block_size": block_size,
+        # block diffusion's block lives in the objective's options (its layers are bidirectional)
+        "objective.block_size": block_size if block_size is not None else (getattr(obj, "options", None) or {}).get("block_size"),
         "objective.eps": obj.eps,
         "objective.loss_weighting": obj.loss_weighting,
         "objective.variable_length_prob": obj.variable_length_prob,

@@ -557,7 +557,8 @@ class PretrainStage(StageBase):
         return stage_feeds(run, ctx, train_ds, valid_ds, consumed_samples=consumed_samples, num_chunks=num_chunks)
 
     def prepare_model(self, model: List[torch.nn.Module]) -> str:
-        """Apply ``kernels.cross_entropy``: ``"fused_linear"`` moves the last stage's output layer
+        """Let the objective adapt the model (its ``prepare_model(model)``, where it has one), then
+        apply ``kernels.cross_entropy``: ``"fused_linear"`` moves the last stage's output layer
         into the loss (:meth:`ObjectiveForwardStep.use_fused_linear_cross_entropy`).
 
         Returns:
@@ -567,6 +568,9 @@ class PretrainStage(StageBase):
         Raises:
             ValueError: an unknown ``kernels.cross_entropy``.
         """
+        prepare = getattr(self.objective, "prepare_model", None)
+        if prepare is not None:  # an objective that adapts the model (block diffusion's repeated RoPE)
+            prepare(model)
         cross_entropy = self.run.kernels.cross_entropy
         if cross_entropy == "fused_linear":
             fused_impl = self._forward_step.use_fused_linear_cross_entropy(model, self.run.kernels.fused_linear_impl)
@@ -579,7 +583,11 @@ class PretrainStage(StageBase):
         return cross_entropy
 
     def before_step(self, iteration: int, model: List[torch.nn.Module]) -> None:
-        """Nothing: pre-training's microbatches come from its datasets."""
+        """Tell the objective the step (its ``set_iteration``, where it has one: block diffusion's
+        block-size schedule); pre-training's microbatches come from its datasets."""
+        set_iteration = getattr(self.objective, "set_iteration", None)
+        if set_iteration is not None:
+            set_iteration(iteration)
 
     def forward_step(self, data_iterator: Iterator[MicrobatchItem], model: torch.nn.Module):
         """:class:`ObjectiveForwardStep` on the next microbatch."""

@@ -9,6 +9,7 @@ module for ``train.py`` to import).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Dict
 
 from .config import RunConfig
@@ -18,6 +19,10 @@ from .stage import PretrainStage
 #: ``[stage] kind`` -> the stage class (``cls(run, options)`` builds it; see
 #: :class:`~dlmspec.backends.megatron.stage.Stage`).
 STAGES: Dict[str, type] = {"pretrain": PretrainStage, "sft": SftStage}
+
+#: Stages of this package kept out of the import of this module (they import it): ``kind`` ->
+#: the module that registers it (:func:`build_stage` imports it on first use).
+_STAGE_MODULES: Dict[str, str] = {"rl": "dlmspec.backends.rl.stage"}
 
 
 def register_stage(kind: str, cls: type) -> None:
@@ -41,6 +46,9 @@ def build_stage(kind: str, run: RunConfig, options: Any = None) -> Any:
             (a train.py compiled for a stage whose module was not imported, or a newer dlmspec).
     """
     cls = STAGES.get(kind)
+    if cls is None and kind in _STAGE_MODULES:  # registers itself on import
+        importlib.import_module(_STAGE_MODULES[kind])
+        cls = STAGES.get(kind)
     if cls is None:
         raise SystemExit(f"train.py: stage.kind = {kind!r} has no runtime stage here (known: "
                          f"{', '.join(sorted(STAGES))}); install the dlmspec that compiled this file, or the "

@@ -29,6 +29,7 @@ from .checkpointing import CheckpointManager, prestart_checkpoint_helpers
 from .checks import check_loss_normalization, check_parallel_config, microbatches_per_step, start_checks
 from .config import KernelConfig, RunConfig, TrainResult, TrainState
 from .distributed import current_device, initialize_distributed, seed_like_megatron, shutdown
+from .generation_eval import build_generation_eval, log_generation_eval
 from .hostbench import record_host_launch
 from .init_from import InitFromError, InitSource, default_cache_dir, initialize_from
 from .layers import BACKEND_TRANSFORMER_ENGINE, build_model, layer_spec_backend
@@ -66,6 +67,9 @@ class StepParts:
         micro_batch_size, seq_length: Sequences per microbatch and tokens per sequence.
         device: Where the loss sums live.
         ddp_config: For the parameter-gather hooks around evaluation (``None``: none).
+        generation_eval: ``[eval.generation]``'s evaluator, run after the validation loss at the
+            steps it is due (:mod:`.generation_eval`; ``None``: none). The prompts are read when it
+            is built, before the first step.
     """
 
     model: List[torch.nn.Module]
@@ -77,6 +81,7 @@ class StepParts:
     seq_length: int
     device: torch.device
     ddp_config: Optional[DistributedDataParallelConfig] = None
+    generation_eval: Any = None
 
     def run_schedule(self, stage: Stage, feed: MicrobatchFeed, *, forward_only: bool):
         """megatron's schedule over one step's microbatches of ``feed``; the loss reports."""
@@ -152,6 +157,14 @@ def evaluate(parts: StepParts, stage: Stage, make_feed: Optional[Callable[[], Mi
         m.train()
     set_param_sync_hooks(parts.model, parts.ddp_config, enable=True)
     return float(total[0] / total[1].clamp(min=1.0))
+
+
+def log_evaluations(logger: MetricsLogger, parts: StepParts, iteration: int, valid_loss: Optional[float],
+                    tensor_model_parallel_size: int) -> None:
+    """The validation loss's record, then ``[eval.generation]``'s where it is due at ``iteration``
+    (:func:`~dlmspec.backends.megatron.generation_eval.log_generation_eval`)."""
+    log_validation(logger, iteration, valid_loss)
+    log_generation_eval(parts.generation_eval, parts, logger, iteration, tensor_model_parallel_size)
 
 
 def train(
@@ -244,7 +257,7 @@ def train(
         data = stage.build_data(consumed_samples=state.consumed_train_samples, num_chunks=len(model))
     cross_entropy = stage.prepare_model(model)
     parts = StepParts(model, optimizer, scheduler, get_forward_backward_func(), num_microbatches,
-                      sched.micro_batch_size, run.data.seq_length, device, ddp_config)
+                      sched.micro_batch_size, run.data.seq_length, device, ddp_config, build_generation_eval(run))
     flops_per_token = model_flops_per_token_of(transformer_config, layer_spec, model_kwargs, run.data.seq_length)
     log_start(logger, run=run, objective=stage.kind, layer_spec=layer_spec, model=model, iteration=state.iteration,
               num_microbatches=num_microbatches, flops_per_token=flops_per_token, cross_entropy=cross_entropy,
@@ -284,7 +297,7 @@ def train(
                 paused = now()  # evaluation and saving are excluded from the throughput
                 if do_eval:
                     state.last_valid_loss = evaluate(parts, stage, data.valid, sched.eval_iters)
-                    log_validation(logger, state.iteration, state.last_valid_loss)
+                    log_evaluations(logger, parts, state.iteration, state.last_valid_loss, tensor_model_parallel_size)
                 if do_save:
                     checkpoints.save(state, "interval", meter)
                 meter.exclude(paused)

@@ -155,7 +155,7 @@ def test_hf_loss_is_the_runtimes_objective(hf):
     torch.manual_seed(0)
     obj = MaskedDiffusionObjective(9, variable_length_prob=0.0)
     tokens = torch.randint(0, 9, (2, 6))
-    ob = obj.prepare(tokens, generator=torch.Generator().manual_seed(3))
+    ob = obj.prepare({"tokens": tokens}, torch.Generator().manual_seed(3))
     logits = torch.randn(2, 6, 10, dtype=torch.bfloat16)
     expected = sum(
         float(-torch.log_softmax(logits[b, i].float(), -1)[tokens[b, i]]) * float(ob.loss_weights[b, i])

@@ -71,7 +71,7 @@ def _tiny_batch(hf, torch, *, mbs=3, seq=24, variable_length_prob=0.0, seed=5):
     obj = MaskedDiffusionObjective(TINY["mask_token_id"], eps=1e-3, loss_weighting="llada",
                                    variable_length_prob=variable_length_prob)
     tokens = torch.randint(0, TINY["tokenizer_vocab"], (mbs, seq), generator=torch.Generator().manual_seed(seed))
-    return obj.prepare(tokens, generator=torch.Generator().manual_seed(seed + 1))
+    return obj.prepare({"tokens": tokens}, torch.Generator().manual_seed(seed + 1))
 
 
 @pytest.mark.parametrize("reduction", ["none", "grouped"])

@@ -2,6 +2,7 @@
 
     python bench/calibration/fit.py            # print each path's constants: committed -> refitted
     python bench/calibration/fit.py --write    # ... and write them to each fit.json
+    python bench/calibration/fit.py --write --only transformer_engine   # one layer path only
     python -m dlmspec.generated                # then regenerate dlmspec/plan/calibration.py
 
 The fit is ``bench/plan/calibrate.py``'s :func:`fit` (memory by linear least squares, time by
@@ -28,13 +29,16 @@ from bench.calibration.build import (  # noqa: E402
 )
 
 
-def refit(data: Path = DATA) -> dict[str, dict]:
-    """Layer path -> ``{"before": constants, "after": constants, "runs": n, "entry": manifest entry}``."""
+def refit(data: Path = DATA, only: str | None = None) -> dict[str, dict]:
+    """Layer path -> ``{"before": constants, "after": constants, "runs": n, "entry": manifest entry}``
+    (``only``: that layer path alone; the others' fit.json are left as they are)."""
     from dlmspec.plan.calibration import DEFAULT_CALIBRATION, FITTED, TE_FITTED_NAMES
 
     calibrate = _calibrate()
     out = {}
     for entry in read_manifest(data):
+        if only is not None and entry["layer_path"] != only:
+            continue
         te = entry["layer_path"] == "transformer_engine"
         names = TE_FITTED_NAMES if te else FITTED
         fit_path = data / entry["fit"]
@@ -59,11 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="write the refitted constants into each fit.json")
     p.add_argument("--data", default=str(DATA), help="calibration data directory (default bench/calibration)")
+    p.add_argument("--only", choices=("local+sdpa", "transformer_engine"), default=None,
+                   help="refit this layer path only (a refit moves constants a little even on unchanged data)")
     args = p.parse_args(argv)
     data = Path(args.data)
     from dlmspec.files import write_atomic
 
-    for path, r in refit(data).items():
+    for path, r in refit(data, args.only).items():
         print(f"{path} ({r['runs']} runs of {r['entry']['dir']}):")
         for n, v in r["after"].items():
             b = r["before"].get(n)

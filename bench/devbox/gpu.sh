@@ -6,12 +6,16 @@
 #
 #   bash bench/devbox/gpu.sh throughput   # Qwen3-1.7B-architecture DLM, seq 4096: dlmspec local bf16 vs HF plain, HF+Liger (~5 min)
 #   bash bench/devbox/gpu.sh sampling     # the demo trained 100 steps, then dlmspec generate vs the LLaDA-style HF loop, batch 1 and 8 (~3 min)
+#   bash bench/devbox/gpu.sh fast-sampling  # task model trained (~4 min), then dlmspec's block caches and parallel decoding
+#                                           # vs the peers' HF loop and Fast-dLLM's own code, batch 1/8/32, held-out accuracy
+#                                           # (carry .bench-wheels .bench-peers .bench-data: bench/devbox/fetch_fast_dllm.sh)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
 #
 # Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-suite=${1:?usage: gpu.sh throughput|sampling [--dry]}
+suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling [--dry]}
+t_start=$(date +%s)
 shift
 OUT=${OUT:-/tmp/bench-out}
 SITE=${SITE:-/tmp/bench-site}
@@ -22,6 +26,7 @@ for a in "$@"; do [ "$a" = --dry ] && dry=1; done
 if [ "$dry" = 0 ]; then
   SITE=$SITE PY=$PY bash bench/devbox/install.sh > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
   tail -1 "$OUT/install.log"
+  echo "gpu.sh: install took $(( $(date +%s) - t_start ))s"
   export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
 fi
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # never the checkout's dlmspec/ from the working directory
@@ -37,7 +42,13 @@ case "$suite" in
     timeout -s TERM -k 10 560 "$PY" bench/sampling/run.py --out "$OUT" --work-dir /tmp/bench-work/sampling \
       --gpus 1 --train-iters 100 --batches 1,8 --gen-length 128 --steps 128 --block-length 32 \
       --timeout-s 400 "$@" ;;
-  *) echo "gpu.sh: unknown suite $suite (throughput, sampling)" >&2; exit 2 ;;
+  fast-sampling)
+    # The whole call is at most 600 s: what the install took is taken off the launcher's budget; the
+    # launcher stops starting work when its budget runs out and writes what it measured.
+    budget=$(( 560 - ($(date +%s) - t_start) ))
+    timeout -s TERM -k 10 $(( budget + 15 )) "$PY" bench/sampling/fast_sampling.py --out "$OUT" \
+      --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@" ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling)" >&2; exit 2 ;;
 esac
 rc=$?
 echo "gpu.sh: $suite exit $rc; results in $OUT"

@@ -61,31 +61,30 @@ time fits, pulled towards the constants the TE path is planned with now (the loc
 calibration is committed), plus ``allocator_reserve_fraction`` from their ``peak_reserved_bytes``
 (:func:`fit_reserve`). Records marked ``"held_out": true`` are left out of every fit and reported
 against it. The TE table goes between ``<!-- te-calibration:begin -->`` and ``<!-- te-calibration:end -->``
-of the docs, and ``--write`` rewrites calibration.py's TE block (``TE_FITTED``, ``TE_FITTED_FROM``,
-``TE_MEASURED``; :func:`write_te_calibration`), after which the planner plans the TE path with them
-and its provenance says "calibrated". A results folder with TE records only, or ``--te-only``,
-leaves the local section and constants as they are (a local refit from the committed constants
-moves them a little: the prior pulls towards the constants it starts from).
+of the docs. The constants themselves are written by ``bench/calibration/fit.py --write`` (into the
+calibration data's fit.json, from which ``python -m dlmspec.generated`` writes calibration.py),
+after which the planner plans the TE path with them and its provenance says "calibrated". A results
+folder with TE records only, or ``--te-only``, leaves the local section as it is.
 
 Leave-one-out errors (refit without the run, predict it) are reported next to the in-sample
 ones; the step-time target is reported over every record, over the newest measurement of each
 configuration, and as the median of each configuration's measurements against the median of its
-plans (:func:`by_configuration`, with the spread of the repeated measurements). ``--write`` rewrites the fitted defaults in ``dlmspec/plan/calibration.py``.
+plans (:func:`by_configuration`, with the spread of the repeated measurements).
 
 Usage::
 
     .venv/bin/python bench/plan/calibrate.py                # table into docs/planner-methods.md
-    .venv/bin/python bench/plan/calibrate.py --write        # ... and refit calibration.py
     .venv/bin/python bench/plan/calibrate.py --plan-only    # planned values of matrix.json
-    .venv/bin/python bench/plan/calibrate.py --te-only --write  # the TE path only (its table and block)
-    .venv/bin/python bench/plan/calibrate.py --results DIR --docs FILE --calibration-py FILE --write
+    .venv/bin/python bench/plan/calibrate.py --te-only      # the TE path only (its table)
+    .venv/bin/python bench/plan/calibrate.py --results DIR --docs FILE
+    .venv/bin/python bench/calibration/fit.py --write       # the constants (fit.json), then
+    .venv/bin/python -m dlmspec.generated                   # ... calibration.py from them
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +107,6 @@ GiB = 1024**3
 RESULTS = ROOT / "bench" / "calibration"
 MATRIX = ROOT / "bench" / "plan" / "matrix.json"
 DOCS = ROOT / "docs" / "planner-methods.md"
-CALIBRATION_PY = ROOT / "dlmspec" / "plan" / "calibration.py"
 BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 
 #: Activation-like allocated terms (scaled by activation_scale).
@@ -596,28 +594,9 @@ def write_docs(section: str, docs: Path, begin: str = BEGIN, end: str = END,
     docs.write_text(text, encoding="utf-8")
 
 
-def write_calibration(fitted: Calibration, source: str, path: Path | None = None) -> None:
-    """Rewrite the fitted defaults (``name: float = value`` lines) of calibration.py (``path``,
-    default :data:`CALIBRATION_PY`)."""
-    from dlmspec.plan.calibration import FITTED
-
-    path = path or CALIBRATION_PY
-    text = path.read_text(encoding="utf-8")
-    for name in FITTED:
-        value = getattr(fitted, name)
-        literal = f"{value:.0f}" if name.endswith("_bytes") else f"{value:.4g}"
-        text, n = re.subn(rf"^(    {name}: float = ).*$", rf"\g<1>{literal}", text, count=1, flags=re.M)
-        if n != 1:
-            raise SystemExit(f"calibration.py has no '{name}: float = ...' line")
-    text, _ = re.subn(r'^FITTED_FROM = .*$', f"FITTED_FROM = {source!r}", text, count=1, flags=re.M)
-    path.write_text(text, encoding="utf-8")
-
-
 # --- the Transformer Engine path --------------------------------------------------------
 TE = "transformer_engine"
 TE_BEGIN, TE_END = "<!-- te-calibration:begin -->", "<!-- te-calibration:end -->"
-#: calibration.py's TE block (rewritten by :func:`write_te_calibration`).
-TE_BLOCK_BEGIN, TE_BLOCK_END = "# te-calibration:begin\n", "# te-calibration:end\n"
 
 
 def planned_reserved(plan) -> float:
@@ -692,27 +671,6 @@ def te_table(runs: list[Run], before: Calibration, fitted: Calibration, sources:
     return "\n".join(lines)
 
 
-def write_te_calibration(fitted: Calibration, measured: dict[str, Any], source: str, path: Path | None = None) -> None:
-    """Rewrite calibration.py's TE block (between ``# te-calibration:begin`` and ``# te-calibration:end``)
-    with ``fitted``'s :data:`~dlmspec.plan.calibration.TE_FITTED_NAMES`, the files and the runs' range
-    (:func:`measured_range`); raises SystemExit when the block is missing."""
-    from dlmspec.plan.calibration import TE_FITTED_NAMES
-
-    path = path or CALIBRATION_PY
-    text = path.read_text(encoding="utf-8")
-    if TE_BLOCK_BEGIN not in text or TE_BLOCK_END not in text:
-        raise SystemExit(f"{path} has no '# te-calibration:begin' ... '# te-calibration:end' block")
-    values = ",\n".join(f"    {n!r}: {getattr(fitted, n):.0f}" if n.endswith("_bytes") else f"    {n!r}: {getattr(fitted, n):.4g}"
-                        for n in TE_FITTED_NAMES)
-    rng = ",\n".join(f"    {k}={v!r}" for k, v in measured.items())
-    block = (f"TE_FITTED: dict[str, float] | None = {{\n{values},\n}}\n"
-             f"TE_FITTED_FROM: str | None = {source!r}\n"
-             f"TE_MEASURED: MeasuredRange | None = MeasuredRange(\n{rng},\n)\n")
-    head, rest = text.split(TE_BLOCK_BEGIN, 1)
-    _, tail = rest.split(TE_BLOCK_END, 1)
-    path.write_text(head + TE_BLOCK_BEGIN + block + TE_BLOCK_END + tail, encoding="utf-8")
-
-
 def plan_only() -> int:
     """Print the planned peak and step time of each matrix entry (sizing the GPU runs)."""
     rows = 0
@@ -733,18 +691,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default=str(RESULTS), help="directory of measurement JSON files")
     parser.add_argument("--docs", default=str(DOCS), help="markdown file to write the tables into")
-    parser.add_argument("--write", action="store_true", help="rewrite the fitted defaults in calibration.py")
     parser.add_argument("--prior", type=float, default=0.1, help="weight of the pull towards the current constants")
     parser.add_argument("--plan-only", action="store_true", help="print planned values of bench/plan/matrix.json")
     parser.add_argument("--te-only", action="store_true",
-                        help="fit, report and --write the Transformer Engine path only (the local constants and "
-                             "table stay as they are)")
-    parser.add_argument("--calibration-py", default=str(CALIBRATION_PY),
-                        help="the calibration.py --write rewrites (default dlmspec/plan/calibration.py)")
+                        help="fit and report the Transformer Engine path only (the local table stays as it is)")
     args = parser.parse_args(argv)
     if args.plan_only:
         return plan_only()
-    calibration_py = Path(args.calibration_py)
     every, skipped = read_runs(Path(args.results))
     te_runs = [r for r in every if path_of(r) == TE]
     # the local path's fit, on its own records (held-out ones, if a file marks any, are not fitted)
@@ -762,9 +715,6 @@ def main(argv: list[str] | None = None) -> int:
     if not runs and not te_runs:
         print(f"no measured runs in {args.results}", file=sys.stderr)
         return 1
-    if args.write and runs:
-        write_calibration(fitted, f"{', '.join(sources)} ({len(runs)} runs)", calibration_py)
-        print(f"rewrote {calibration_py}")
     if te_runs:
         from dlmspec.plan.provenance import calibration_for
 
@@ -775,11 +725,6 @@ def main(argv: list[str] | None = None) -> int:
         section = te_table(te_runs, before, te_fitted, te_sources)
         write_docs(section, Path(args.docs), TE_BEGIN, TE_END, "Transformer Engine calibration results")
         print(section)
-        if args.write and fit_runs:
-            write_te_calibration(te_fitted, measured_range(fit_runs, TE),
-                                 f"{', '.join(sorted({r.source for r in fit_runs}))} ({len(fit_runs)} runs)",
-                                 calibration_py)
-            print(f"rewrote the TE block of {calibration_py}")
     return 0
 
 

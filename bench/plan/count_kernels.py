@@ -271,7 +271,7 @@ def objective_kernels() -> int:
     gen = torch.Generator().manual_seed(0)
     c = Counter()
     with c:
-        ob = objective.prepare(tokens, generator=gen)
+        ob = objective.prepare({"tokens": tokens}, gen)
         per_token = torch.rand(2, 64, requires_grad=True)
         loss, _, _ = reduce_loss(per_token, ob)
     with c:

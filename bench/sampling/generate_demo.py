@@ -191,9 +191,10 @@ def speed(args: argparse.Namespace) -> None:
         checks["bidirectional_max_abs_logit_diff"] = float((hf_forward(probe).float() - ours).abs().max())
         for batch in args.batches:
             prompts_b = torch.tensor([base[i % len(base)] for i in range(batch)], device=dev)
-            for rule in ("low_confidence", "threshold"):
+            for rule in args.remasking:
                 config = GenerateConfig(gen_length=args.gen_length, steps=args.steps, block_length=args.block_length,
-                                        remasking=rule, threshold=0.9, mask_token_id=model.mask_token_id)
+                                        remasking=rule, threshold=0.9, factor=args.factor, cache=args.cache,
+                                        mask_token_id=model.mask_token_id)
                 runs = {
                     "dlmspec (megatron-core GPTModel, backends/generate/sampler.py)":
                         lambda: generate(model.logits_fn, prompts_b, config, device=dev),
@@ -202,6 +203,8 @@ def speed(args: argparse.Namespace) -> None:
                                               block_length=args.block_length, mask_id=model.mask_token_id,
                                               threshold=0.9 if rule == "threshold" else None),
                 }
+                if rule == "factor":  # the peers' loop here has no factor rule: dlmspec alone
+                    runs = dict(list(runs.items())[:1])
                 for name, fn in runs.items():
                     fn()  # warm-up (kernels, allocator)
                     _sync(dev)
@@ -210,7 +213,8 @@ def speed(args: argparse.Namespace) -> None:
                     _sync(dev)
                     seconds = time.perf_counter() - start
                     passes = out.forward_passes if hasattr(out, "forward_passes") else out[1]
-                    results.append({"implementation": name, "batch": batch, "remasking": rule, "seconds": seconds,
+                    results.append({"implementation": name, "batch": batch, "remasking": rule,
+                                    "cache": getattr(out, "cache", "none"), "seconds": seconds,
                                     "forward_passes": passes, "tokens": batch * args.gen_length,
                                     "tokens_per_second": batch * args.gen_length / seconds})
                     print(f"{name[:30]:30s} batch {batch:3d} {rule:15s} {batch * args.gen_length / seconds:10.1f} tok/s "
@@ -374,6 +378,11 @@ def main() -> None:
     s.add_argument("--steps", type=int, default=128)
     s.add_argument("--block-length", type=int, default=32)
     s.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[1, 32])
+    s.add_argument("--cache", choices=["none", "prefix", "dual"], default="none",
+                   help="[generate] cache of dlmspec's runs (Fast-dLLM's block KV caches)")
+    s.add_argument("--remasking", type=lambda v: v.split(","), default=["low_confidence", "threshold"],
+                   help="comma-separated rules: low_confidence, threshold, factor (factor: dlmspec only)")
+    s.add_argument("--factor", type=float, default=1.0, help="f of remasking factor (Fast-dLLM)")
     s.add_argument("--out", required=True)
     s.add_argument("--ar-out", help="also time AR decoding, KV cache on / off (speed_ar), into this JSON")
     s.add_argument("--ar-ckpt", help="a trained AR checkpoint for --ar-out (default: --ckpt run causally)")

@@ -554,7 +554,7 @@ def _microbatch(model, objective, *, tokens_gen, iteration: int, index: int, mbs
     """Forward and backward of one microbatch (loss scaled by ``scale``); ``loss_fn(model, ob)``
     defaults to :func:`plain_loss`."""
     tokens = torch.randint(0, vocab, (mbs, seq), generator=tokens_gen, device=device)
-    ob = objective.prepare(tokens, generator=masking_generator(seed, iteration, 0, index, device=device))
+    ob = objective.prepare({"tokens": tokens}, masking_generator(seed, iteration, 0, index, device=device))
     with _autocast(device, precision), _sdpa_context(sdpa_backend):
         loss = (loss_fn or plain_loss)(model, ob)
     (loss * scale if scale != 1.0 else loss).backward()
@@ -639,7 +639,7 @@ def compile_truncated_path(model, optimizer, arch: Dict[str, Any], loss_fn, *, m
         gen = torch.Generator(device=device)
         gen.manual_seed(seed + 1)
         tokens = torch.randint(0, arch["tokenizer_vocab"], (mbs, seq), generator=gen, device=device)
-        ob = objective.prepare(tokens, generator=masking_generator(seed, 10**6, 0, 0, device=device))
+        ob = objective.prepare({"tokens": tokens}, masking_generator(seed, 10**6, 0, 0, device=device))
         with _autocast(device, precision), _sdpa_context(sdpa_backend):
             loss = loss_fn(model, ob)
         loss.backward()

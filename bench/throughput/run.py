@@ -672,7 +672,7 @@ if "liger_kernel.transformers" in out:  # the exact import path hf_baseline.py t
         torch.manual_seed(0)
         model = hf_baseline.build_model(TINY, 16, device=torch.device("cpu"), param_dtype=torch.float32)
         obj = MaskedDiffusionObjective(TINY["mask_token_id"], eps=1e-3, loss_weighting="llada", variable_length_prob=0.0)
-        ob = obj.prepare(torch.randint(0, TINY["tokenizer_vocab"], (2, 16)), generator=torch.Generator().manual_seed(1))
+        ob = obj.prepare({"tokens": torch.randint(0, TINY["tokenizer_vocab"], (2, 16))}, torch.Generator().manual_seed(1))
         with torch.no_grad():
             plain = float(hf_baseline.plain_loss(model, ob))
             diffs = {r: abs(float(hf_baseline.make_flce_loss(hf_baseline.torch_fused_linear_cross_entropy, r)(model, ob)) - plain) / plain
@@ -732,9 +732,10 @@ def dry_run(args: argparse.Namespace, jobs: List[tuple], work: Path, megatron_ex
     """Print every job's command; compile each compiled megatron job and check its train.py's
     keywords (:func:`expected_keywords`); try the imports (:func:`import_check`; with a liger impl
     also the masked-row loss through the pure-torch stand-in of Liger's function against the plain
-    loss, on a tiny CPU model) unless ``--skip-import-check``. Exit code 1 when a compile, a keyword
-    check or that loss check failed, else 0 (an import that fails here, e.g. Liger without Triton on
-    a CPU machine, is reported, not fatal)."""
+    loss, on a tiny CPU model) unless ``--skip-import-check``. Exit code 2 when a module the chosen
+    sides and peers need does not import (each named with how to get it:
+    :func:`common.missing_peers`; e.g. Liger without Triton on a CPU machine: ``--peers plain``),
+    else 1 when a compile, a keyword check or that loss check failed, else 0."""
     print("# env: PYTHONUNBUFFERED=1" + (f" PYTORCH_CUDA_ALLOC_CONF={args.alloc_conf}" if args.alloc_conf else ""))
     failed = 0
     for side, impl, mbs in jobs:
@@ -759,13 +760,17 @@ def dry_run(args: argparse.Namespace, jobs: List[tuple], work: Path, megatron_ex
         else:
             cmd = hf_command(args, mbs, work / f"{name}.json", impl)
         print(f"{label}: {shlex.join(cmd)}")
+    missing: List[str] = []
     if not args.skip_import_check:
         checked = import_check(args.python, needed_imports(args))
         wiring = checked.get("masked-row loss (stand-in) = plain loss")
         failed += wiring is not None and not wiring.startswith("ok")
         for module, status in checked.items():
             print(f"# {'' if ' ' in module else 'import '}{module} ({IMPORTS.get(module, 'hf liger* impls')}): {status}")
+        missing = common.missing_peers(checked, IMPORTS)
     print(f"result: {result_path(args)}")
+    if missing:
+        return common.report_missing(missing, args.python)
     return 1 if failed else 0
 
 

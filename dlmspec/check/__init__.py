@@ -19,13 +19,16 @@ from dlmspec.check import moe  # noqa: F401
 from dlmspec.check import recompute  # noqa: F401
 from dlmspec.check import precision  # noqa: F401
 from dlmspec.check import objective  # noqa: F401
+from dlmspec.check import block_diffusion  # noqa: F401
 from dlmspec.check import tokenizer  # noqa: F401
 from dlmspec.check import mask  # noqa: F401
 from dlmspec.check import schedule  # noqa: F401
 from dlmspec.check import data  # noqa: F401
 from dlmspec.check import stage  # noqa: F401
 from dlmspec.check import sft  # noqa: F401
+from dlmspec.check import rl  # noqa: F401
 from dlmspec.check import generate  # noqa: F401
+from dlmspec.check import eval_generation  # noqa: F401
 from dlmspec.check import strings  # noqa: F401
 from dlmspec.check import paths  # noqa: F401
 from dlmspec.check import slurm  # noqa: F401

@@ -34,7 +34,7 @@ def _generate_settings(ctx: Context) -> Iterator[Finding]:
     if table is None:
         return
     kind = ctx.spec.objective.kind
-    values = table.model_dump()
+    values = table.model_dump(exclude={"preset"})  # the preset's settings are filled in already
     # GenerateConfig stops at its first error: apply each fix and check again, so every finding (and
     # the fix of each, given the fixes before it) is reported at once
     for _ in range(len(values)):
@@ -50,3 +50,25 @@ def _generate_settings(ctx: Context) -> Iterator[Finding]:
             if value is None or exc.field not in values:
                 return
             values[exc.field] = value
+
+
+@rule(
+    "generate-pipeline",
+    "error",
+    "dlmspec.backends.generate (sampler.generate, models.gpt_logits_fn): every denoising step calls the whole "
+    "model and reads its logits on the same rank; pipeline-parallel generation (stages passing activations "
+    "per step) is not built",
+    "[generate] runs on a model of one pipeline stage (tensor parallelism is supported)",
+)
+def _generate_pipeline(ctx: Context) -> Iterator[Finding]:
+    if ctx.spec.generate is None or ctx.r.pp <= 1:
+        return
+    yield Finding(
+        "parallel.pipeline_model_parallel_size",
+        f"generation runs the model on one pipeline stage (embedding, every layer and the output layer on each "
+        f"rank: each denoising step calls the whole model); this spec splits it over PP = {ctx.r.pp} stages",
+        "remove generate from this spec and generate from its checkpoint loaded on one stage (`dlmspec generate` "
+        "loads a torch_dist checkpoint at PP = 1 and TP = --tp; or convert it), or set "
+        "parallel.pipeline_model_parallel_size = 1 and fit the model with tensor_model_parallel_size",
+        fix=Fix(unset=("generate",)),
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlmspec.check.registry import Context
+from dlmspec.check.registry import Context, layout_consistent
 from dlmspec.errors import Fix
 from dlmspec.resolve import layer_path_needs
 
@@ -70,19 +70,61 @@ def multiple_above(value: int, step: int) -> int:
     return (value // step + 1) * step
 
 
+def pp_for_layers(ctx: Context) -> int | None:
+    """The PP size rule ``pp-divides-layers`` proposes when ``num_layers`` is not a multiple of
+    the spec's (the divisor of ``num_layers`` nearest it whose TP * PP * CP divides the GPUs),
+    ``None`` when it is a multiple."""
+    layers, r = ctx.spec.model.num_layers, ctx.r
+    if layers % r.pp == 0:
+        return None
+    options = [d for d in divisors(layers) if r.world_size % (r.tp * r.cp * d) == 0] or divisors(layers)
+    return nearest(options, r.pp)
+
+
+def _batch_steps(ctx: Context, sizes: tuple[int, int, int] | None = None) -> list[int]:
+    """``micro_batch_size * DP`` of each layout a printed fix may leave: the spec's (when it splits
+    the GPUs), the one of ``sizes`` (TP, PP, CP), and the PP of :func:`pp_for_layers`. A global
+    batch size that is a multiple of all of them is right whichever of the fixes is applied."""
+    r, tr = ctx.r, ctx.spec.train
+    layouts = [(r.tp, r.pp, r.cp)] if layout_consistent(r) else []
+    if sizes is not None:
+        layouts.append(sizes)
+    pp = pp_for_layers(ctx)
+    if pp is not None:
+        layouts.append((r.tp, pp, r.cp))
+    steps = []
+    for tp, pp, cp in layouts:
+        product = tp * pp * cp
+        if product > 0 and r.world_size % product == 0:
+            steps.append(tr.micro_batch_size * (r.world_size // product))
+    return steps
+
+
+def agreed_global_batch_size(ctx: Context, sizes: tuple[int, int, int] | None = None) -> int:
+    """The global batch size every fix of the layout and the batch proposes: the next multiple
+    above the spec's of the least common multiple of :func:`_batch_steps`, so a fix applied alone
+    and all of them applied together validate (``batch-divisible`` with either data-parallel size)."""
+    import math
+
+    steps = _batch_steps(ctx, sizes) or [ctx.spec.train.micro_batch_size]
+    return multiple_above(ctx.spec.train.global_batch_size, math.lcm(*steps))
+
+
 def with_layout(ctx: Context, fix: Fix) -> Fix:
     """``fix`` (which changes TP, PP or CP) plus the global batch size the new data-parallel size
-    needs, when the spec's is no longer a multiple of micro_batch_size * DP (batch-divisible)."""
+    needs, when the spec's is no longer a multiple of micro_batch_size * DP (batch-divisible):
+    :func:`agreed_global_batch_size`, the value ``batch-divisible``'s fix gives too."""
     r, tr = ctx.r, ctx.spec.train
-    sizes = [fix.set.get(f"parallel.{k}", v) for k, v in (("tensor_model_parallel_size", r.tp),
-             ("pipeline_model_parallel_size", r.pp), ("context_parallel_size", r.cp))]
+    sizes = (fix.set.get("parallel.tensor_model_parallel_size", r.tp),
+             fix.set.get("parallel.pipeline_model_parallel_size", r.pp),
+             fix.set.get("parallel.context_parallel_size", r.cp))
     product = sizes[0] * sizes[1] * sizes[2]
     if product <= 0 or r.world_size % product:
         return fix
     step = tr.micro_batch_size * (r.world_size // product)
     if tr.global_batch_size % step == 0 or "train.global_batch_size" in fix.set:
         return fix
-    return Fix({**fix.set, "train.global_batch_size": multiple_above(tr.global_batch_size, step)}, fix.unset)
+    return Fix({**fix.set, "train.global_batch_size": agreed_global_batch_size(ctx, sizes)}, fix.unset)
 
 
 def tp_hint(ctx: Context) -> tuple[str, Fix | None]:

@@ -307,6 +307,8 @@ def attention_mask_needs(ctx: Context) -> dict[str, str]:
     needs = {r.attention_mask: f"objective.attention_mask = {r.attention_mask!r}"}
     if objectives.get(o.kind).masked_variable_length_prob(o) > 0:
         needs["key_padding"] = f"objective.variable_length_prob = {o.variable_length_prob!r}"
+    if objectives.get(o.kind).block_diffusion:
+        needs["mask_mod"] = f"objective.kind = {o.kind!r}"
     if ctx.spec.data.reset_attention_mask:
         needs["document"] = "data.reset_attention_mask = true"
     sft = sft_attention_mask(ctx.spec)

@@ -87,11 +87,12 @@ def _block_divides(ctx: Context) -> Iterator[Finding]:
 @rule(
     "block-size-ignored",
     "warning",
-    "dlmspec.spec.models.ObjectiveSpec.block_size (used only by block_causal attention)",
+    "dlmspec.spec.models.ObjectiveSpec.block_size (used only by block_causal attention and block diffusion)",
     "objective.block_size is only given with block_causal attention",
 )
 def _block_ignored(ctx: Context) -> Iterator[Finding]:
-    if ctx.spec.objective.block_size is not None and ctx.r.attention_mask != "block_causal":
+    if (ctx.spec.objective.block_size is not None and ctx.r.attention_mask != "block_causal"
+            and not objectives.get(ctx.spec.objective.kind).block_diffusion):
         yield Finding("objective.block_size", f"has no effect with {ctx.r.attention_mask} attention",
                       "remove block_size, or set attention_mask = 'block_causal'",
                       fix=Fix(unset=("objective.block_size",)))

@@ -11,6 +11,7 @@ from dlmspec.check.hints import divisors, join, multiple_above, nearest, tp_hint
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.gpus import GPUS, gpu_ids
 from dlmspec.layout import expert_world_divides, world_divides
+from dlmspec.wording import count, plural
 
 
 @rule("unknown-gpu", "error", "dlmspec.gpus.GPUS", "cluster.gpu names a GPU in the catalog")
@@ -64,7 +65,7 @@ def _world_model_parallel(ctx: Context) -> Iterator[Finding]:
         hint = f"use nodes * gpus_per_node a multiple of {product}: {fix.text()}"
     yield Finding(
         key,
-        f"{r.world_size} GPUs ({c.nodes} node(s) x {c.gpus_per_node}) are not divisible by "
+        f"{count(r.world_size, 'GPU')} ({count(c.nodes, 'node')} x {c.gpus_per_node}) {plural('is', r.world_size)} not divisible by "
         f"TP*PP*CP = {r.tp}*{r.pp}*{r.cp} = {product}",
         hint,
         fix=fix,
@@ -96,7 +97,7 @@ def _world_expert_parallel(ctx: Context) -> Iterator[Finding]:
         hint = fix.text()
     yield Finding(
         key,
-        f"{r.world_size} GPUs are not divisible by ETP*EP*PP = {r.etp}*{r.ep}*{r.pp} = {product}",
+        f"{count(r.world_size, 'GPU')} {plural('is', r.world_size)} not divisible by ETP*EP*PP = {r.etp}*{r.ep}*{r.pp} = {product}",
         hint,
         fix=fix,
     )

@@ -40,6 +40,23 @@ def _near_miss(prefix: str) -> str | None:
     return None
 
 
+#: The bundled demos' datasets -> the command (from the repository root) that writes them.
+DEMO_DATA = {
+    ".data/demo-sft-train_text_document": "python bench/sft_conversations.py --run",
+    ".data/demo-sft-heldout_text_document": "python bench/sft_conversations.py --run",
+}
+
+
+def _writer(missing: list[str]) -> str:
+    """What writes the missing prefixes: a demo's own command (:data:`DEMO_DATA`), else
+    ``dlmspec data prepare``."""
+    demo = sorted({DEMO_DATA[m] for m in missing if m in DEMO_DATA})
+    if demo:
+        return (f"`{'`, `'.join(demo)}` writes them (the SFT demo's conversations, from the data kit "
+                "../shared/data or, without it, from Python's own docstrings; run from the repository root)")
+    return "`dlmspec data prepare` writes them"
+
+
 _ELSEWHERE = ("fine if it exists where the job runs (relative paths are read from the directory the job "
               "is launched in); else fix the path")
 
@@ -65,7 +82,7 @@ def _paths(ctx: Context) -> Iterator[Finding]:
                     f"data.{key}",
                     f"not on this machine: {join([repr(m) for m in missing], 3)} (PREFIX.bin / PREFIX.idx)"
                     + (f"; {'; '.join(near)}" if near else ""),
-                    f"{_ELSEWHERE}; `dlmspec data prepare` writes them",
+                    f"{_ELSEWHERE}; {_writer(missing)}",
                     value=missing,
                 )
     for key in ("vocab_file", "merge_file"):
@@ -82,3 +99,12 @@ def _paths(ctx: Context) -> Iterator[Finding]:
             yield Finding("checkpoint.init_from", f"not on this machine ({what} is read)", _ELSEWHERE)
     if ck.load is not None and ck.load != ck.save and not _exists(ck.load):
         yield Finding("checkpoint.load", "not on this machine", _ELSEWHERE)
+    if ctx.spec.stage.kind == "rl":  # the RL stage's prompts and reward files (dlmspec/check/rl.py reads them)
+        from dlmspec.check.rl import rl_files
+
+        for key, path in rl_files(ctx.spec):
+            if not _exists(path):
+                yield Finding(key, f"{path}: not on this machine", _ELSEWHERE, value=path)
+    generation = ctx.spec.eval.generation if ctx.spec.eval is not None else None
+    if generation is not None and not _exists(generation.prompts):  # its rows: rule eval-generation-prompts
+        yield Finding("eval.generation.prompts", "not on this machine", f"{_ELSEWHERE}; `dlmspec task make` writes one")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from dlmspec.check.hints import divisors, join, multiple_above, nearest, with_layout
+from dlmspec.check.hints import (agreed_global_batch_size, divisors, join, nearest, pp_for_layers,
+                                with_layout)
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.layout import batch_divides
 
@@ -17,12 +18,9 @@ from dlmspec.layout import batch_divides
     "num_layers is a multiple of PP",
 )
 def _pp_layers(ctx: Context) -> Iterator[Finding]:
-    layers, pp = ctx.spec.model.num_layers, ctx.r.pp
-    if layers % pp:
-        r = ctx.r
-        rest = r.tp * r.cp
-        options = [d for d in divisors(layers) if r.world_size % (rest * d) == 0] or divisors(layers)
-        fix = with_layout(ctx, Fix({"parallel.pipeline_model_parallel_size": nearest(options, pp)}))
+    layers, pp = ctx.spec.model.num_layers, pp_for_layers(ctx)
+    if pp is not None:
+        fix = with_layout(ctx, Fix({"parallel.pipeline_model_parallel_size": pp}))
         yield Finding(
             "parallel.pipeline_model_parallel_size",
             f"num_layers = {layers} is not a multiple of the PP size",
@@ -135,6 +133,8 @@ def _batch(ctx: Context) -> Iterator[Finding]:
         return
     below, above = tr.global_batch_size // step * step, (tr.global_batch_size // step + 1) * step
     options = [v for v in (below, above) if v > 0]
+    if pp_for_layers(ctx) is not None:  # pp-divides-layers' fix changes DP: the value right for both
+        options = [agreed_global_batch_size(ctx)]
     yield Finding(
         "train.global_batch_size",
         f"not a multiple of micro_batch_size * data-parallel size = {tr.micro_batch_size} * {r.dp} = {step}",

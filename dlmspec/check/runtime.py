@@ -46,26 +46,6 @@ def _eod_unknown(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
-    "runtime-rl",
-    "error",
-    "backends/megatron (trains pretraining and SFT objectives only: no rollouts, rewards or policy loss)",
-    "stage.kind is not 'rl'",
-    scope="runtime",
-    fix="set stage.kind = \"pretrain\"",
-    fix_keys=Fix({"stage.kind": "pretrain"}),
-)
-def _rl(ctx: Context) -> Iterator[Finding]:
-    from dlmspec.stages import STAGE_KINDS, stage_kind
-
-    kind = ctx.spec.stage.kind
-    entry = stage_kind(kind)
-    if entry is not None and not entry.runtime:
-        trained = ", ".join(repr(k) for k, e in STAGE_KINDS.items() if e.runtime)
-        yield Finding("stage.kind", f"{entry.summary}: stage.kind = {kind!r} is not implemented by the megatron "
-                      f"runtime (backends/megatron), which trains the stages {trained}")
-
-
-@rule(
     "runtime-async-save",
     "error",
     "backends/megatron/checkpointing.py (synchronous megatron-core dist_checkpointing saves only)",

@@ -13,6 +13,7 @@ from dlmspec import objectives
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.data.record import RecordError, read_record
 from dlmspec.resolve import sft_attention_mask, sft_section
+from dlmspec.wording import count
 
 #: The response-mask dataset beside ``PREFIX`` (backends/megatron/sft.py ``RESPONSE_SUFFIX``).
 RESPONSE_SUFFIX = "_response"
@@ -233,7 +234,7 @@ def _prompt_too_long(ctx: Context) -> Iterator[Finding]:
         yield Finding("train.seq_length", f"{prefix!r} has a prompt of {longest} tokens: a conversation whose prompt "
                       f"fills the {seq} positions of a sample has no response token in it (skipped as over-long, or "
                       "truncated to a sample with nothing to learn)"
-                      + (f"; {none} conversation(s) have no response token at all" if none else ""),
+                      + (f"; {count(none, 'conversation has')} no response token at all" if none else ""),
                       _fix_or(fix, f"drop such conversations when preparing the data (--seq-length {seq})"),
                       value=seq, fix=fix)
         return

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from dlmspec import objectives
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
 
@@ -17,7 +16,7 @@ from dlmspec.spec.names import NAME_KEYS, PLACEHOLDER, has_placeholder
     "stage-kind-known",
     "error",
     "dlmspec.stages.STAGE_KINDS (the compiler's stages; the runtime's: dlmspec.backends.megatron.stages.STAGES)",
-    "stage.kind names a registered stage",
+    "stage.kind names a registered stage that the runtime trains",
     fix="set stage.kind = \"pretrain\"",
     fix_keys=Fix({"stage.kind": "pretrain"}),
 )
@@ -25,9 +24,15 @@ def _stage_kind(ctx: Context) -> Iterator[Finding]:
     from dlmspec.stages import known_kinds, stage_kind
 
     kind = ctx.spec.stage.kind
-    if stage_kind(kind) is None:
+    entry = stage_kind(kind)
+    if entry is None:
         yield Finding("stage.kind", f"no stage of kind {kind!r} is registered (known: {known_kinds()})",
                       "set stage.kind = \"pretrain\" (or \"sft\"), or import the module that registers the stage",
+                      fix=Fix({"stage.kind": "pretrain"}))
+    elif not entry.runtime:
+        yield Finding("stage.kind", f"{entry.summary}: stage.kind = {kind!r} is registered without a runtime stage "
+                      "(dlmspec.backends.megatron.stages.STAGES)",
+                      "set stage.kind = \"pretrain\", or install the package that trains the stage",
                       fix=Fix({"stage.kind": "pretrain"}))
 
 
@@ -44,31 +49,6 @@ def _stage_table(ctx: Context) -> Iterator[Finding]:
             yield Finding(f"stage.{kind}", f"has no effect: stage.kind = '{st.kind}'",
                           f"remove [stage.{kind}], or set stage.kind = '{kind}'", value=None,
                           fix=Fix(unset=(f"stage.{kind}",)))
-
-
-@rule(
-    "rl-objective",
-    "error",
-    "d1 (Zhao et al. 2025): diffu-GRPO is GRPO for masked diffusion models; GRPO (Shao et al. "
-    "2024) needs autoregressive token log-probabilities",
-    "the RL algorithm matches the objective",
-)
-def _rl_objective(ctx: Context) -> Iterator[Finding]:
-    st, kind = ctx.spec.stage, ctx.spec.objective.kind
-    if st.kind != "rl":
-        return
-    algorithm = st.rl.algorithm if st.rl is not None else "diffu-grpo"
-    trained_by = {objectives.get(k).rl_algorithm: k for k in reversed(objectives.kinds())}
-    want = trained_by.get(algorithm)
-    if kind != want:
-        fit = objectives.get(kind).rl_algorithm
-        yield Finding(
-            "stage.rl.algorithm",
-            f"{algorithm} is for {want} models, and objective.kind = '{kind}'",
-            f"use algorithm = '{fit}'" if fit else f"no RL algorithm trains objective.kind = '{kind}'",
-            value=algorithm,
-            fix=Fix({"stage.rl.algorithm": fit}) if fit else None,
-        )
 
 
 @rule(

@@ -165,7 +165,7 @@ _NAMED_STRINGS: dict[str, tuple[str, str]] = {
     "logging.wandb_entity": ("the W&B entity", "remove logging.wandb_entity (unset: the API key's own)"),
     "stage.sft.prompt_key": ("the JSON key of prompts", 'use prompt_key = "prompt"'),
     "stage.sft.response_key": ("the JSON key of responses", 'use response_key = "response"'),
-    "stage.rl.reward": ("the reward function", 'use reward = "exact_match"'),
+    "stage.rl.prompts": ("the prompts file", 'use prompts = "prompts.jsonl"'),
 }
 
 

@@ -86,12 +86,13 @@ def _tokenizer_vocab(ctx: Context) -> Iterator[Finding]:
             f"use model.vocab_size = {tok.vocab_size + 1} (or more), or data.tokenizer.vocab_size <= {vocab - 1}",
             fix=fix,
         )
-    elif tok.type == "GPT2BPETokenizer" and vocab < GPT2_VOCAB_SIZE:
-        yield Finding("model.vocab_size", f"GPT-2's BPE emits {GPT2_VOCAB_SIZE} ids, more than the embedding has",
-                      f"use model.vocab_size = {GPT2_VOCAB_SIZE}", fix=Fix({"model.vocab_size": GPT2_VOCAB_SIZE}))
+    elif tok.type == "GPT2BPETokenizer" and (ctx.r.tokenizer_size() or 0) > vocab:
+        size = ctx.r.tokenizer_size()
+        yield Finding("model.vocab_size", f"GPT-2's BPE emits {size} ids, more than the embedding has",
+                      f"use model.vocab_size = {size}", fix=Fix({"model.vocab_size": size}))
     elif tok.type in FILE_FACT_TYPES:
         facts = ctx.r.tokenizer_facts
-        if facts is not None and facts.size is not None and facts.size > vocab:
+        if facts is not None and facts.size is not None and (ctx.r.tokenizer_size() or 0) > vocab:
             yield Finding("model.vocab_size",
                           f"{tok.type} has {facts.size} ids ({facts.source}), more than the embedding's {vocab}: "
                           "its largest ids would index past the embedding",
@@ -164,17 +165,17 @@ def _eod_range(ctx: Context) -> Iterator[Finding]:
 def tokenizer_eod(ctx: Context) -> int | None:
     """The end-of-document id the data holds, when the spec says it: ``data.tokenizer.eod_id``,
     NullTokenizer's ``vocab_size`` (megatron-core NullTokenizer), GPT-2 BPE's ``<|endoftext|>``
-    (50256). Other tokenizers keep it in their files, which the validator does not read."""
-    tok = ctx.spec.data.tokenizer
-    if tok.eod_id is not None:
-        return tok.eod_id
-    if tok.type == "NullTokenizer":
-        return tok.vocab_size
-    if tok.type == "GPT2BPETokenizer":
-        return gpt2_eod_id(tok.vocab_file)
-    if tok.type in FILE_FACT_TYPES:
-        facts = ctx.r.tokenizer_facts
-        return facts.eod if facts is not None else None
+    (50256), the EOD the files of a :data:`FILE_FACT_TYPES` tokenizer hold. Read from the resolved
+    spec (``ctx.r.eod``, :func:`dlmspec.resolve.eod_choice`, which read the files once); ``None``
+    for the other tokenizers (a Hugging Face one's EOS is the runtime's to check) and where the
+    id is unknown."""
+    tok, eod = ctx.spec.data.tokenizer, ctx.r.eod
+    if eod is None or not eod.known:
+        return None
+    if tok.eod_id is not None or tok.type == "GPT2BPETokenizer" or tok.type in FILE_FACT_TYPES:
+        return eod.value
+    if tok.type == "NullTokenizer" and tok.vocab_size is not None:
+        return eod.value
     return None
 
 

@@ -216,9 +216,10 @@ def mcore_to_hf_command(
     _start(ctx, json_output)
     from dlmspec.backends.convert import mcore_to_hf
     from dlmspec.backends.convert.mcore_io import resolve_checkpoint_dir
-    from dlmspec.backends.convert.objective import OBJECTIVES, hf_objective
+    from dlmspec import objectives
+    from dlmspec.backends.convert.objective import hf_objective
 
-    if objective is not None and objective not in OBJECTIVES:
+    if objective is not None and objective not in objectives.kinds():
         _fail(f"--objective {objective!r} is not an objective", key="--objective",
               hint="--objective mdm (a diffusion LM) or --objective ar")
     if mask_token_id is not None and mask_token_id < 0:

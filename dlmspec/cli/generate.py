@@ -44,6 +44,9 @@ _MODEL_HELP = ("A run folder (runs/NAME), its checkpoints folder (latest names t
 
 
 def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mask_token_id: Optional[int]) -> Any:
+    from dlmspec.backends.launch.no_gpu import quiet_megatron_without_gpu
+
+    quiet_megatron_without_gpu()  # before megatron-core's imports: without a GPU its warnings bury our message
     from dlmspec.backends.generate.load import LoadError, load_model
 
     if kind is not None and objectives.find(kind) is None:
@@ -72,6 +75,7 @@ def _model_info(model: Any) -> dict[str, Any]:
 def _spec_table(spec: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional[Callable[[str], Any]]]:
     if spec is None:
         return None, None
+    import dlmspec.resolve  # noqa: F401 - gives the loader its check of lock/show files' written defaults
     from dlmspec.spec.load import load
 
     loaded = load(spec)  # a SpecError (file, line, key) is reported by the group
@@ -206,9 +210,12 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
         encoded.append(ids)
     outputs: list[dict[str, Any]] = []
     passes = steps = 0
+    cache: dict[str, Any] = {}
     objective = objectives.get(config.kind)
+    if objective.block_diffusion:
+        return _run_block_diffusion(model, prompts, encoded, config, batch_size)
     sampler = generate if objective.diffusion else generate_ar
-    per_batch = config.gen_length if objective.predicts_next_token or config.remasking == "threshold" else config.steps
+    per_batch = config.gen_length if objective.predicts_next_token or config.remasking in ("threshold", "factor") else config.steps
     start = time.perf_counter()
     for first in range(0, len(encoded), batch_size):
         batch = encoded[first:first + batch_size]
@@ -224,14 +231,59 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
             streamer.close()
         passes += out.forward_passes
         steps += out.steps
+        cache = {"cache": out.cache, "cache_fallback": out.cache_fallback}
         for i, (ids, reason) in enumerate(zip(out.generated, out.finish_reasons)):
             outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": batch[i],
                             "prompt_text": model.decode(batch[i]), "text": model.decode(ids), "ids": ids,
-                            "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first})
+                            "finish_reason": reason, "batch": first // batch_size, "seed": config.seed + first,
+                            "forward_passes": out.forward_passes_per_row[i]})
     seconds = time.perf_counter() - start
     generated = sum(len(o["ids"]) for o in outputs)
-    return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds,
+    return {"outputs": outputs, "forward_passes": passes, "steps": steps, "seconds": seconds, **cache,
             "generated_tokens": generated, "tokens_per_second": generated / seconds if seconds > 0 else None}
+
+
+def _run_block_diffusion(model: Any, prompts: list[dict[str, Any]], encoded: list[list[int]], config: Any,
+                         batch_size: int) -> dict[str, Any]:
+    """A block-diffusion model (BD3-LM) samples block by block with the exact KV cache of its clean
+    prefix (:func:`dlmspec.backends.generate.block_diffusion.bd3_generate`); prompts and
+    ``--gen-length`` are whole blocks of the model's ``objective.block_size``, and ``--steps`` are
+    spread evenly over the blocks."""
+    import torch
+
+    from dlmspec.backends.generate.block_diffusion import bd3_generate
+
+    block = int(model.record["objective.block_size"])
+    if config.gen_length % block:
+        raise _issue("--gen-length", config.gen_length, f"not a whole number of the model's blocks of {block}",
+                     f"--gen-length {max(block, config.gen_length // block * block)}")
+    for ids in encoded:
+        if len(ids) % block:
+            raise _issue("--prompt", len(ids), f"a prompt of {len(ids)} tokens is not a whole number of the model's "
+                         f"blocks of {block} (blocks start at position 0)",
+                         f"a prompt of {(len(ids) // block + 1) * block} tokens (prepend EOS tokens)")
+    per_block = max(1, min(block, config.steps // (config.gen_length // block)))
+    outputs, start = [], time.perf_counter()
+    for first in range(0, len(encoded), batch_size):
+        rows = encoded[first:first + batch_size]
+        for length in sorted({len(r) for r in rows}):  # one batch per prompt length (no padding)
+            idx = [i for i, r in enumerate(rows) if len(r) == length]
+            prompt = torch.tensor([rows[i] for i in idx], dtype=torch.int64, device=model.device)
+            gen = torch.Generator(device=model.device).manual_seed(config.seed + first)
+            seqs = bd3_generate(model.model, prompt, gen_length=config.gen_length, block_size=block,
+                                steps_per_block=per_block, mask_token_id=model.mask_token_id, cache=True,
+                                temperature=config.temperature, generator=gen, vocab_size=model.vocab_size)
+            for j, i in enumerate(idx):
+                ids = seqs[j, length:].tolist()
+                outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": rows[i],
+                                "prompt_text": model.decode(rows[i]), "text": model.decode(ids), "ids": ids,
+                                "finish_reason": "length", "batch": first // batch_size, "seed": config.seed + first})
+    seconds = time.perf_counter() - start
+    generated = sum(len(o["ids"]) for o in outputs)
+    blocks = config.gen_length // block
+    return {"outputs": outputs, "forward_passes": blocks * (per_block + 1) * len(outputs), "steps": blocks * per_block,
+            "seconds": seconds, "generated_tokens": generated,
+            "tokens_per_second": generated / seconds if seconds > 0 else None}
 
 
 @app.command("generate", cls=Command)
@@ -244,8 +296,11 @@ def generate_command(
     gen_length: Optional[int] = typer.Option(None, "--gen-length", help="Tokens generated after each prompt (128)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Denoising steps over --gen-length (128)."),
     block_length: Optional[int] = typer.Option(None, "--block-length", help="Semi-autoregressive block (128)."),
-    remasking: Optional[str] = typer.Option(None, "--remasking", help="low_confidence (default), random or threshold."),
+    remasking: Optional[str] = typer.Option(None, "--remasking", help="low_confidence (default), random, threshold or factor."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="--remasking threshold: confidence (0.9)."),
+    factor: Optional[float] = typer.Option(None, "--factor", help="--remasking factor: Fast-dLLM's f (1.0)."),
+    cache: Optional[str] = typer.Option(None, "--cache", help="Block KV cache: none (default), prefix or dual (Fast-dLLM)."),
+    cache_refresh: Optional[int] = typer.Option(None, "--cache-refresh", help="Steps between cache refreshes in a block (default: at each block's start)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the top-k logits (all)."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass (all)."),
@@ -274,7 +329,7 @@ def generate_command(
     texts = read_prompts(prompt, prompts_file)
     spec_table, locate = _spec_table(spec)
     flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking,
-                 threshold=threshold, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
+                 threshold=threshold, factor=factor, cache=cache, cache_refresh=cache_refresh, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
                  seed=seed, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     try:
@@ -290,7 +345,8 @@ def generate_command(
         run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty(), kv_cache=cached)
     finally:
         model.close()
-    recorded = {**config.to_dict(), "batch_size": batch_size, "dtype": dtype or "default", "decoding": decoding,
+    recorded = {**config.to_dict(), "preset": settings.preset, "batch_size": batch_size, "dtype": dtype or "default",
+                "decoding": decoding,
                 "kv_cache": cached, "kv_cache_fallback": fallback}
     for out in run["outputs"]:
         out["settings"] = recorded
@@ -346,6 +402,18 @@ def score_dataset(model: Any, windows: Any, *, estimators: list[str], num_sample
         return {"ar": {"nll_per_token": per_token, "perplexity": math.exp(per_token), "num_tokens": tokens,
                        "num_sequences": int(windows.shape[0]), "exact": True}}
     out: dict[str, Any] = {}
+    if objectives.get(model.kind).block_diffusion:  # BD3-LM's NELBO: a t per block, x_t (+) x_0 under its mask
+        from dlmspec.backends.generate.block_diffusion import bd3_forward
+        from dlmspec.backends.generate.likelihood import bd3_nelbo
+
+        gen = torch.Generator(device=model.device).manual_seed(seed)
+        forward, block = bd3_forward(model.model), int(model.record["objective.block_size"])
+        results = [bd3_nelbo(forward, b, block_size=block, mask_token_id=model.mask_token_id, generator=gen,
+                             num_samples=num_samples, samples_per_forward=samples_per_forward, noise_range=(eps, 1.0),
+                             schedule=getattr(model, "noise_schedule", None)) for b in batches]
+        total = merge_elbo_results(results).total()
+        total["stderr_method"] = "per row std / sqrt(num_samples), rows independent"
+        return {"elbo": {"bd3": total}}
     for estimator in estimators:
         gen = torch.Generator(device=model.device).manual_seed(seed)
         bar, task = _progress(len(batches), f"ELBO ({estimator})")
@@ -369,6 +437,13 @@ def eval_command(
     model_path: str = typer.Argument(..., metavar="RUN_OR_CHECKPOINT", help=_MODEL_HELP),
     data: Optional[str] = typer.Option(None, "--data", help="Indexed dataset PREFIX (PREFIX.bin/.idx, or PREFIX_text_document)."),
     choices: Optional[str] = typer.Option(None, "--choices", help='JSONL of {"context", "choices", "label"}: multiple-choice accuracy.'),
+    task: Optional[str] = typer.Option(None, "--task", help='JSONL of {"prompt", "answer"} (`dlmspec task make`): generation accuracy by exact match.'),
+    spec: Optional[str] = typer.Option(None, "--spec", help="A spec whose [generate] sets the sampler (over the checkpoint's) and whose [eval.generation] prompts is the task when --task is not given."),
+    max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="--task: score the file's first N prompts (default: all)."),
+    gen_length: Optional[int] = typer.Option(None, "--gen-length", help="--task: tokens generated per prompt."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="--task: denoising steps."),
+    block_length: Optional[int] = typer.Option(None, "--block-length", help="--task: semi-autoregressive block."),
+    remasking: Optional[str] = typer.Option(None, "--remasking", help="--task: low_confidence, random or threshold."),
     seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per scored window (default: the run's train.seq_length)."),
     num_sequences: int = typer.Option(64, "--num-sequences", help="Windows scored (the dataset's first)."),
     estimator: str = typer.Option(DEFAULT_ESTIMATOR, "--estimator", help="MDM ELBO: count (LLaDA Eq. 6, default: lower variance), time (Eq. 3, 1/t weights) or both."),
@@ -385,10 +460,15 @@ def eval_command(
     json_output: bool = typer.Option(False, "--json", help="Print the scores as JSON on stdout."),
 ) -> None:
     """Measure a model: AR perplexity, or the masked-diffusion ELBO bound on NLL per token with its
-    standard error and sample count; --choices: multiple-choice accuracy with a Wilson 95 % interval."""
+    standard error and sample count; --choices: multiple-choice accuracy with a Wilson 95 % interval;
+    --task: generation accuracy (exact match) with a Wilson 95 % interval and the settings used."""
     use_json(ctx, json_output)
-    if data is None and choices is None:
-        raise _issue("--data", None, "nothing to score", "--data PREFIX (an indexed dataset) and/or --choices FILE.jsonl")
+    from dlmspec.cli.eval_task import read_rows, score_task, task_source
+
+    task, max_prompts = task_source(task, spec, max_prompts)
+    if data is None and choices is None and task is None:
+        raise _issue("--data", None, "nothing to score", "--data PREFIX (an indexed dataset), --choices FILE.jsonl "
+                     "and/or --task FILE.jsonl")
     checks = [("--num-sequences", num_sequences, num_sequences >= 1, "--num-sequences 64"),
               ("--num-samples", num_samples, num_samples >= 2, "--num-samples 128 (a standard error needs >= 2)"),
               ("--samples-per-forward", samples_per_forward, samples_per_forward >= 1, "--samples-per-forward 16"),
@@ -399,12 +479,15 @@ def eval_command(
               ("--seed", seed, seed >= 0, "--seed 0")]
     if seq_length is not None:
         checks.append(("--seq-length", seq_length, seq_length >= 2, "--seq-length 512"))
+    if max_prompts is not None:
+        checks.append(("--max-prompts", max_prompts, max_prompts >= 1, "--max-prompts 500"))
     words = {"--estimator": "count, time, both", "--normalize": "sum, mean"}  # flags that take one of a few words
     bad = [_issue(key, value, f"not one of {words[key]}" if key in words else "out of range", fix).issues[0]
            for key, value, ok, fix in checks if not ok]
     if bad:  # every bad flag at once, before a checkpoint is read
         raise SpecError(bad)
     items = read_choices(choices) if choices is not None else None
+    rows = read_rows(task, max_prompts) if task is not None else None
     prefix = find_dataset(data) if data is not None else None
     model = _load(model_path, device, dtype, kind, mask_token_id)
     settings = {"estimator": estimator, "default_estimator": DEFAULT_ESTIMATOR, "num_samples": num_samples,
@@ -425,6 +508,16 @@ def eval_command(
             result.update(score_dataset(model, windows, estimators=estimators, num_samples=num_samples,
                                         samples_per_forward=samples_per_forward, eps=eps, seed=seed,
                                         batch_size=batch_size))
+        if rows is not None:
+            spec_table, locate = _spec_table(spec)
+            flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking)
+            config, gen_settings = resolve_settings(
+                kind=model.kind, mask_token_id=model.mask_token_id, eos_token_id=model.eos_token_id, pad_token_id=None,
+                lock_table=model.generate_table, lock_file=os.path.join(model.path, "spec.lock.toml"),
+                spec_table=spec_table, spec_locate=locate, flags=flags)
+            check_token_ids(model, config, gen_settings)
+            result["task"] = score_task(model, rows, path=task, config=config, settings=gen_settings,
+                                        batch_size=batch_size)
         if items is not None:
             result["choices"] = _score_choices(model, items, normalize=normalize, seed=seed, estimator=estimator,
                                                num_samples=num_samples, samples_per_forward=samples_per_forward,
@@ -500,6 +593,10 @@ def _print_eval(result: dict[str, Any]) -> None:
         console.print(f"ELBO bound ({name}{default}): {e['nll_per_token']:.4f} +- {e['stderr_per_token']:.4f} nats/token "
                       f"(1 standard error), perplexity <= {e['perplexity_bound']:.2f}; {e['num_samples']} samples x "
                       f"{e['num_sequences']} sequences")
+    if "task" in result:
+        from dlmspec.cli.eval_task import task_line
+
+        console.print(Text(terminal_safe(task_line(result["task"]))))
     if "choices" in result:
         c = result["choices"]
         lo, hi = c["interval_95"]

@@ -14,8 +14,8 @@ from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.spec.lines import COMMAND_LINE
 
 #: The ``[generate]`` table's keys (``GenerateSpec``), in ``GenerateConfig``'s order.
-TABLE_FIELDS = ("gen_length", "steps", "block_length", "remasking", "threshold", "temperature", "top_k", "top_p",
-                "cfg_scale", "seed")
+TABLE_FIELDS = ("gen_length", "steps", "block_length", "remasking", "threshold", "factor", "cache", "cache_refresh",
+                "compile", "temperature", "top_k", "top_p", "cfg_scale", "seed")
 
 
 #: ``GenerateConfig`` fields that come from the model (its record and tokenizer) unless a flag sets them.
@@ -52,6 +52,8 @@ class Settings:
         self.values: dict[str, Any] = {}
         self.origins: dict[str, str] = {}
         self.where: dict[str, tuple[str, str | None, int | None]] = {}
+        #: ``[generate] preset`` of the spec (else the checkpoint's), recorded with every output.
+        self.preset: str | None = None
 
     def set(self, field: str, value: Any, origin: str, key: str, file: str | None = None,
             line: int | None = None) -> None:
@@ -92,9 +94,14 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
                          ("pad_token_id", pad_token_id)):
         s.set(field, value, "model", flag(field))
     for field, value in (lock_table or {}).items():
+        if field == "preset" and isinstance(value, str):
+            s.preset = value  # its settings are in the table already (filled in when the spec was validated)
         if field in TABLE_FIELDS:
             s.set(field, value, "checkpoint", f"generate.{field}", lock_file)
     for field, value in (spec_table or {}).items():
+        if field == "preset":
+            s.preset = value
+            continue
         file, line = spec_locate(f"generate.{field}") if spec_locate else (None, None)
         s.set(field, value, "spec", f"generate.{field}", file, line)
     for field, value in (flags or {}).items():

@@ -25,6 +25,20 @@ CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 MARKUP_MODE = "markdown"
 
 
+def usage_piece(piece: str) -> str:
+    """A usage-line piece as the user reads it: ``{output}`` -> ``OUTPUT``, ``{targets}...`` ->
+    ``TARGETS...``, ``[name]`` -> ``[NAME]``; anything else (``[OPTIONS]``, ``COMMAND [ARGS]...``)
+    as it is."""
+    import re
+
+    match = re.fullmatch(r"([{\[])([a-z_][a-z0-9_-]*)([}\]])(\.\.\.)?", piece)
+    if match is None:
+        return piece
+    opening, name, _, more = match.groups()
+    name = name.upper()
+    return (name if opening == "{" else f"[{name}]") + (more or "")
+
+
 class _QuietFlags:
     """Help without a type for flags: typer's rich help labels every option with its type, so a
     flag read ``--force <bool>`` although it takes no value. A flag's metavar is set empty."""
@@ -35,6 +49,12 @@ class _QuietFlags:
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
         return params
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        """The usage line's pieces with each argument in capitals (``OUTPUT``, ``[NAME]``,
+        ``TARGETS...``): typer writes a required one in braces (``{output}``), which reads as a
+        placeholder left unformatted."""
+        return [usage_piece(piece) for piece in super().collect_usage_pieces(ctx)]  # type: ignore[misc]
 
 
 class Command(_QuietFlags, TyperCommand):

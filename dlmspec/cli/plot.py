@@ -20,6 +20,7 @@ from dlmspec.cli.output import print_envelope, shown, use_json
 from dlmspec.cli.runs import RunLog, read_run
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.files import FileRefused, atomic_writer, open_regular
+from dlmspec.wording import count
 
 #: The PNG metadata that marks a file this command wrote (a ``tEXt`` chunk).
 SOFTWARE = "dlmspec plot"
@@ -150,4 +151,4 @@ def plot(
         print_envelope("plot", ok=True, result={"output": output, "runs": [r.run_dir for r in runs], "points": points})
     else:
         print(f"wrote {shown(output)}: " + ", ".join(f"{title} {n} points" for title, n in points.items())
-              + f" from {len(runs)} run(s)")
+              + f" from {count(len(runs), 'run')}")

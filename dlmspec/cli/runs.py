@@ -17,6 +17,7 @@ from typing import Any
 
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.files import FileRefused, iter_lines, loads_json
+from dlmspec.wording import count
 
 #: The runtime's metrics file inside a run directory (``MetricsLogger``).
 METRICS_FILE = "metrics.jsonl"
@@ -181,7 +182,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     """:func:`run_summary` as the text ``dlmspec show RUN_DIR`` prints."""
     lines = [f"run {summary['name']} ({os.path.join(summary['run_dir'], METRICS_FILE)}, "
              f"{summary['launches']} launch{'es' if summary['launches'] != 1 else ''}"
-             + (f", {summary['skipped_lines']} unreadable line(s) skipped" if summary["skipped_lines"] else "") + ")"]
+             + (f", {count(summary['skipped_lines'], 'unreadable line')} skipped" if summary["skipped_lines"] else "") + ")"]
     prov = summary.get("provenance")
     if prov:
         git = _mapping(prov.get("git"))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from dlmspec.check import issues_for, load_for
 from dlmspec.cli.output import display_path, human_count, print_envelope, printable, progress, report_warnings
 from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.wording import count
 
 if TYPE_CHECKING:
     from dlmspec.resolve import Resolved
@@ -135,8 +136,8 @@ def _ok_line(loaded: LoadedSpec, resolved: Resolved) -> str:
             if memory else "")
     return (
         f"ok: {printable(loaded.spec.name)}: {human_count(p.total)} parameters{active}, "
-        f"{resolved.world_size} GPU(s) as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
-        f"x DP {resolved.dp}, {resolved.num_microbatches} microbatch(es) per step, "
+        f"{count(resolved.world_size, 'GPU')} as TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} "
+        f"x DP {resolved.dp}, {count(resolved.num_microbatches, 'microbatch')} per step, "
         f"{resolved.train_iters:,} steps of {resolved.tokens_per_step:,} tokens{fits}; "
         f"layers: {resolved.transformer_impl} ({resolved.transformer_impl_reason})"
     )

@@ -47,6 +47,9 @@ class Objective:
             union discriminated on ``objective.kind`` (:func:`dlmspec.spec.models.objective_model`);
             errors keep their plain locations (``objective.toy_rate``). Its ``kind`` field is
             narrowed to the kinds registered with it when it is registered.
+        block_diffusion: whether it trains on block diffusion's ``x_t (+) x_0`` input with a mask
+            function passed to each attention call (reads ``objective.block_size``; the local
+            layers only: :mod:`dlmspec.check.block_diffusion`).
     """
 
     kind: str = ""
@@ -59,6 +62,7 @@ class Objective:
     predicts_next_token: bool = True
     rl_algorithm: str = ""
     adjective: str = ""
+    block_diffusion: bool = False
     spec_model: Any = None  # a pydantic model class; not imported here (the fast path runs without pydantic)
 
     # ---- planner terms -------------------------------------------------------------------------
@@ -68,6 +72,13 @@ class Objective:
         activations, attention and FLOPs count ``seq_length + extra_seq_length``
         (:func:`dlmspec.plan.shape.input_length`)."""
         return 0
+
+    def attended_keys(self, objective: Any, seq_length: int, train_iters: int = 0) -> Optional[float]:
+        """Mean keys a query attends over the model's input (``seq_length + extra_seq_length``),
+        where the objective's own mask sets it (block diffusion's ``x_t (+) x_0``; averaged over the
+        ``train_iters`` steps where it changes during training); ``None``: the layer pattern's
+        (:func:`dlmspec.flops.attended_keys`)."""
+        return None
 
     def extra_forward_passes(self, objective: Any) -> int:
         """Forward passes per micro-batch beyond the one of the model being trained (0: none; a

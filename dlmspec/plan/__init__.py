@@ -26,6 +26,7 @@ from dlmspec.plan.provenance import calibration_for, path_summary, provenance
 from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
                                 relayout, transformer_impl)
 from dlmspec.plan.sft import SftPlan, sft_plan
+from dlmspec.plan.rl import RLPlan, rl_plan
 from dlmspec.plan.time import TimePlan, time_plan
 from dlmspec.resolve import Resolved
 
@@ -87,6 +88,7 @@ class Plan:
             measured (:func:`dlmspec.plan.provenance.provenance`; :func:`make_plan` sets it with
             both paths' summaries for ``transformer_impl = "auto"``, else computed on demand).
         sft: an SFT stage's token counts (:mod:`dlmspec.plan.sft`), None for other stages.
+        rl: an RL stage's rollout counts and times (:mod:`dlmspec.plan.rl`), None for other stages.
     """
 
     name: str
@@ -99,6 +101,7 @@ class Plan:
     calibration: Calibration = field(default=DEFAULT_CALIBRATION)
     provenance: dict[str, Any] | None = None
     sft: SftPlan | None = None
+    rl: RLPlan | None = None
 
     @property
     def peak_bytes(self) -> float:
@@ -202,6 +205,7 @@ class Plan:
             "calibration": self.calibration.to_dict(),
             "provenance": self.provenance if self.provenance is not None else provenance(self),
             "sft": self.sft.to_dict() if self.sft is not None else None,
+            **({"rl": self.rl.to_dict()} if self.rl is not None else {}),
         }
 
 
@@ -285,6 +289,7 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
                  path_summary(plan, "where it does not (the tables)")]
     plan.provenance = provenance(plan, custom=custom, paths=paths)
     plan.sft = sft_plan(resolved, plan.time.tokens_per_second, plan.time.step_seconds, lay.global_batch * lay.seq)
+    plan.rl = rl_plan(plan)
     return plan
 
 

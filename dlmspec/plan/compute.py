@@ -25,6 +25,7 @@ def shape_forward_parts(shape: ModelShape, seq: int, attention: str | None = Non
         gated=shape.gated, attention=attention or shape.attention, block_size=shape.block_size or None,
         num_experts=shape.num_experts, moe_router_topk=shape.topk, moe_ffn_hidden_size=shape.expert_ffn,
         moe_shared_expert_intermediate_size=shape.shared_ffn, num_moe_layers=sum(shape.moe_layers) if shape.is_moe else 0,
+        keys=shape.attended_keys or None,  # an objective's own mask (block diffusion): its density
     )
 
 

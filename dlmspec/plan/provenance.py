@@ -4,7 +4,7 @@ A plan is counted from shapes, but its step time and a few memory terms scale wi
 fitted on GPU runs of one layer path (:data:`dlmspec.plan.calibration.CALIBRATED_PATHS`). This
 module says, for a plan, which path it models, which constants it used (and whether they were
 fitted on that path: a path without a calibration of its own - the Transformer Engine path until
-its runs are ingested by ``bench/plan/calibrate.py --write`` - is planned with the local path's
+its runs are fitted by ``bench/calibration/fit.py --write`` - is planned with the local path's
 constants, marked "uncalibrated"), which of its dimensions lie outside what the
 calibration runs covered (:class:`~dlmspec.plan.calibration.MeasuredRange`), and, for
 ``transformer_impl = "auto"``, what it plans on each path the runtime may take.

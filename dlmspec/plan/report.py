@@ -17,6 +17,8 @@ from dlmspec.plan import Plan
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, stage_memory_label
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
 from dlmspec.plan.sft import sft_lines
+from dlmspec.plan.rl import rl_lines
+from dlmspec.wording import count
 
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
@@ -81,7 +83,7 @@ def plan_renderable(plan: Plan) -> Group:
     ep = f", EP {lay.ep} x ETP {lay.etp}" if plan.shape.is_moe else ""
     head.append(
         f"TP {lay.tp}{' (SP)' if lay.sp and lay.tp > 1 else ''} x PP {lay.pp}{vpp} x CP {lay.cp} x DP {lay.dp}{ep}; "
-        f"micro batch {lay.micro_batch} x {lay.num_microbatches} microbatches x seq {lay.seq}; "
+        f"micro batch {lay.micro_batch} x {count(lay.num_microbatches, 'microbatch')} x seq {lay.seq}; "
         f"recompute {lay.recompute}; distributed optimizer {'on' if lay.distributed_optimizer else 'off'}"
         + (f"; fp8 (recipe {lay.fp8_recipe})" if lay.fp8 else "") + "\n"
     )
@@ -153,11 +155,18 @@ def plan_renderable(plan: Plan) -> Group:
     summary.append(f", {t.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU, MFU {100 * t.mfu:.1f}%")
     if t.flops.recompute_per_step:
         summary.append(f" ({t.hardware_tflops_per_gpu:,.0f} TFLOP/s with recomputation)")
+    if plan.shape.extra_seq_length:
+        summary.append(f"\nper data token ({lay.seq:,} a sequence): {t.tokens_per_second:,.0f} tokens/s, MFU "
+                       f"{100 * t.data_mfu:.1f}% (the model FLOPs of those tokens); the input's "
+                       f"{lay.seq + plan.shape.extra_seq_length:,} positions: {t.input_positions_per_second:,.0f}/s, "
+                       f"MFU {100 * t.mfu:.1f}% (their FLOPs at the mask's attention density)")
     if lay.train_iters:
         summary.append(f"\n{lay.train_iters:,} steps: {_seconds(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
     parts.append(summary)
     if plan.sft is not None:
         parts.append(Text("\n".join(sft_lines(plan.sft, lay.train_iters, t.to_train_seconds))))
+    if getattr(plan, "rl", None) is not None:
+        parts.append(Text("\n".join(rl_lines(plan.rl))))
     return Group(*parts)
 
 
@@ -170,7 +179,7 @@ def search_renderable(result: SearchResult, top: int, *, set_lines: bool = True)
 
     parts: list = []
     if result.spec_layout_issues:
-        note = Text(f"The spec's own layout breaks {len(result.spec_layout_issues)} rule(s); the search sets "
+        note = Text(f"The spec's own layout breaks {count(len(result.spec_layout_issues), 'rule')}; the search sets "
                     "these keys itself, so they do not apply to the layouts below:\n", style="yellow")
         for issue in result.spec_layout_issues:
             note.append(f"  {issue.key} = {issue.value!r}: {issue.message} [{issue.rule}]\n")

@@ -52,6 +52,7 @@ from dlmspec.plan.shape import (
 )
 from dlmspec.plan.time import time_plan
 from dlmspec.resolve import Resolved, padded_vocab_size
+from dlmspec.wording import count
 
 #: Recomputation settings the search tries: (granularity, method, num_layers).
 RECOMPUTE_CHOICES = (("none", "uniform", 1), ("selective", "uniform", 1), ("full", "uniform", 1))
@@ -634,7 +635,7 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
                    f"{cap / gib:.1f} GiB of one {gpu.name}; use more GPUs, a GPU with more memory, a shorter "
                    "sequence or a smaller global batch")
     else:
-        message = (f"no layout satisfies the divisibility rules for {base.world} GPUs, global batch "
+        message = (f"no layout satisfies the divisibility rules for {count(base.world, 'GPU')}, global batch "
                    f"{base.global_batch} and sequence length {base.seq}; change the GPU count or the batch")
     return SearchResult(
         enumerated=enumerated,

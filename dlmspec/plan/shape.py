@@ -49,7 +49,9 @@ class ModelShape:
             (:class:`dlmspec.objectives.Objective`): the share of positions carrying loss, the bytes per token
             its micro-batch adds on the first stage, the forward passes per micro-batch beyond the trained
             model's one. extra_seq_length: positions the objective adds to ``train.seq_length`` in the
-            model's input (:func:`input_length`).
+            model's input (:func:`input_length`). attended_keys: the mean keys per query of that input
+            where the objective's own mask sets them (block diffusion: ``(L + B) / 2`` over ``2 L``
+            queries, :meth:`~dlmspec.objectives.Objective.attended_keys`); 0: the layer pattern's.
         attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
         norms_repl: the two layer norms' parameters (replicated).
         mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
@@ -114,6 +116,7 @@ class ModelShape:
     objective_bytes_per_token: int = 0
     extra_forward_passes: int = 0
     extra_seq_length: int = 0
+    attended_keys: float = 0.0
     stage_kind: str = "pretrain"
     stage_options: tuple[tuple[str, Any], ...] = ()
 
@@ -299,6 +302,8 @@ def model_shape(resolved: Resolved) -> ModelShape:
         objective_bytes_per_token=objective.input_bytes_per_token,
         extra_forward_passes=objective.extra_forward_passes(resolved.spec.objective),
         extra_seq_length=objective.extra_seq_length(resolved.spec.objective, resolved.spec.train.seq_length),
+        attended_keys=float(objective.attended_keys(resolved.spec.objective, resolved.spec.train.seq_length,
+                                                    resolved.train_iters) or 0.0),
         attn_split=attn_split,
         attn_repl=attn_repl,
         norms_repl=2 * norm * h,
@@ -315,7 +320,7 @@ def model_shape(resolved: Resolved) -> ModelShape:
         segment_mask=(resolved.spec.stage.kind == "sft"
                       and needs_segment_mask(resolved.spec.stage.sft, resolved.spec.objective.kind)),
         stage_kind=resolved.spec.stage.kind,
-        stage_options=stage_options(resolved.spec.stage),
+        stage_options=stage_options(resolved.spec.stage, resolved.spec),
     )
 
 
@@ -337,12 +342,17 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def stage_options(stage: Any) -> tuple[tuple[str, Any], ...]:
+def stage_options(stage: Any, spec: Any = None) -> tuple[tuple[str, Any], ...]:
     """``[stage.<kind>]`` of ``stage`` (the ``[stage]`` table) as sorted, hashable ``(key, value)``
-    pairs; ``()`` when the kind has no table of that name or it is unset."""
+    pairs; ``()`` when the kind has no table of that name or it is unset. An RL stage's also holds
+    ``("generate", ...)``: the rollout sampler's ``[generate]`` table of ``spec`` (``()`` unset)."""
     table = {k: v for k, v in stage}.get(stage.kind)  # its fields only (an unknown attribute, or keys(), of the fast path's
     # SpecTable would build its pydantic twin)
-    return () if table is None else _frozen(table)
+    options = () if table is None else _frozen(table)
+    if stage.kind == "rl" and spec is not None:
+        generate = spec.generate
+        options = tuple(sorted(options + (("generate", () if generate is None else _frozen(generate)),)))
+    return options
 
 
 def layout(resolved: Resolved, impl: str | None = None) -> Layout:

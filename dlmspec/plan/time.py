@@ -17,13 +17,15 @@ model*.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.comm import ddp_buckets, dp_comm_seconds, dp_overlap, link_efficiency, pipeline_p2p, stage_collectives
-from dlmspec.plan.compute import FlopCounts, attended_keys, recompute_fraction, step_flops
+from dlmspec.plan.compute import (FlopCounts, attended_keys, recompute_fraction, shape_model_flops_per_token,
+                                   step_flops)
 from dlmspec.plan.elementwise import FUSED_CE_GEMM_PASSES, OPTIMIZER_BYTES, elementwise_bytes
 from dlmspec.plan.launches import (
     SYNCS_PER_BUCKET,
@@ -199,8 +201,9 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     gate = 3 if shape.gated else 2
     # Forward FLOPs per token of one layer, per rank.
     attn_linear = (2 * h * (a + 2 * g) * d + 2 * a * d * h) / t
-    keys = attended_keys(input_length(shape, lay), "bidirectional" if shape.attention == "block_causal" else shape.attention,
-                         shape.block_size or None)
+    keys = shape.attended_keys or attended_keys(
+        input_length(shape, lay), "bidirectional" if shape.attention == "block_causal" else shape.attention,
+        shape.block_size or None)
     attn_core = 4 * a * d * keys / t
     mlp = gate * 2 * h * shape.ffn / t
     gemm_tok = layers * attn_linear * (3 + frac["attention_linear"]) + dense_n * mlp * (3 + frac["mlp"])
@@ -330,6 +333,12 @@ class TimePlan:
             launches, syncs and FSDP host operations counted on the typical host: times
             :func:`host_speed`).
         host_scale: :func:`host_speed` of the layout (1.0 on the calibration's typical host).
+        input_positions_per_second: ``global_batch * input_length / step_seconds``: the positions the
+            model runs (block diffusion's ``x_t (+) x_0``: twice the data tokens); ``mfu`` counts
+            their model FLOPs at the objective's attention density.
+        data_mfu: the MFU of the data tokens alone: the model FLOPs of ``seq`` positions with the
+            layer pattern's attention (what an MDM step over the same tokens counts) per second per
+            GPU over :func:`mfu_peak_flops`; equal to ``mfu`` for an objective without extra positions.
     """
 
     step_seconds: float
@@ -344,6 +353,8 @@ class TimePlan:
     gpu_hours: float
     features: dict[str, float]
     host_scale: float = 1.0
+    input_positions_per_second: float = 0.0
+    data_mfu: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready ``time`` section."""
@@ -485,4 +496,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
         gpu_hours=to_train * world / 3600,
         features=features,
         host_scale=hs,
+        input_positions_per_second=lay.global_batch * input_length(shape, lay) / step,
+        data_mfu=(shape_model_flops_per_token(dataclasses.replace(shape, extra_seq_length=0, attended_keys=0.0), lay.seq)
+                  * tokens / step / world / mfu_peak_flops(gpu, lay.dtype)),
     )

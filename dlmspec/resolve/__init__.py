@@ -140,3 +140,27 @@ __all__ = [
     "slurm_settings",
     "spec_tokenizer_facts",
 ]
+
+
+def locked_form(data: dict) -> str:
+    """The canonical JSON of ``locked_spec(resolve(Spec(data)))`` for the spec data ``data``:
+    what :func:`dlmspec.render.compile.content_hash` hashes, so two data with the same form
+    compile to the same run. Raises pydantic's ValidationError for data that does not validate.
+    The loader's check (:func:`dlmspec.spec.show.use_locked_form`) before it leaves out the
+    defaults a ``spec.lock.toml`` or ``dlmspec show`` file wrote."""
+    import json
+
+    from dlmspec.spec.models import Spec
+
+    out = locked_spec(resolve(Spec.model_validate(data)))
+    return json.dumps(out.model_dump(mode="json", exclude_none=True, exclude={"lock"}), sort_keys=True)
+
+
+def _wire_loader() -> None:
+    """Hand the loader (below this layer) the content-hash check of show/lock round trips."""
+    from dlmspec.spec.show import use_locked_form
+
+    use_locked_form(locked_form, LOCK_FILLED_KEYS)
+
+
+_wire_loader()

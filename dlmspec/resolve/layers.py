@@ -47,6 +47,8 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
     local = [text for text, on in (
         ("data.reset_attention_mask = true", data.reset_attention_mask),
         ("objective.attention_mask = 'block_causal'", attention_mask == "block_causal"),
+        (f"objective.kind = {spec.objective.kind!r} (a mask function per call)",
+         objectives.get(spec.objective.kind).block_diffusion),
         (sft_attention_mask(spec) or "", sft_attention_mask(spec) is not None),
         (f"model.attention_backend = {spec.model.attention_backend!r}",
          spec.model.attention_backend in ("sdpa", "flex")),  # a core attention of the local layers

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dlmspec import objectives
+from dlmspec import objectives, stages
 from dlmspec.spec.fast import section_defaults
 
 if TYPE_CHECKING:
@@ -19,17 +19,9 @@ def sft_section(spec: Spec) -> Any:
 
 
 def sft_pad_eos_tokens(spec: Spec) -> int | None:
-    """The padding EOS an SFT sample supervises (``stage.sft.pad_eos_tokens``; ``None``: all).
-
-    Unset: all for mdm (LLaDA, Nie et al. 2025, sec. 2.3: padding EOS are response tokens, so the
-    model learns to fill its fixed generation length with EOS), 0 for ar (the conversation's own
-    final EOD, supervised by its response mask, teaches an AR decoder to stop; EOS after EOS
-    would only add easy tokens to the loss).
-    """
-    value = sft_section(spec).pad_eos_tokens
-    if value is not None:
-        return int(value)
-    return None if objectives.get(spec.objective.kind).diffusion else 0
+    """The padding EOS an SFT sample supervises (``stage.sft.pad_eos_tokens``; ``None``: all;
+    unset: :func:`dlmspec.stages.sft_pad_eos_tokens`'s default of the objective)."""
+    return stages.sft_pad_eos_tokens(sft_section(spec), spec.objective.kind)
 
 
 def sft_attention_mask(spec: Spec) -> str | None:
@@ -56,9 +48,18 @@ def default_loss_normalization(spec: Spec) -> str:
 
 
 def stage_template_values(spec: Spec) -> dict[str, Any] | None:
-    """What the ``[stage] kind``'s registration renders into train.py (``Resolved.stage_values``):
-    for ``"sft"`` its ``[stage.sft]`` table with defaults filled and the resolved
-    ``pad_eos_tokens``; ``None`` for other stages."""
-    if spec.stage.kind != "sft":
+    """What the ``[stage] kind``'s registration (:mod:`dlmspec.stages`) keeps for train.py
+    (``Resolved.stage_values``): its ``resolve_values(spec, table)``, ``table`` being its
+    ``[stage.<section>]`` with defaults filled (sft: the table and the resolved
+    ``pad_eos_tokens``); ``None`` for a kind that keeps none or is not registered (``validate``
+    refuses it)."""
+    entry = stages.stage_kind(spec.stage.kind)
+    if entry is None or entry.resolve_values is None:
         return None
-    return {"section": sft_section(spec), "pad_eos_tokens": sft_pad_eos_tokens(spec)}
+    table = None
+    if entry.section is not None:
+        name, model = entry.section
+        table = getattr(spec.stage, name, None)
+        if table is None:
+            table = section_defaults(spec, model)
+    return entry.resolve_values(spec, table, lambda model: section_defaults(spec, model))

@@ -24,7 +24,7 @@ truth; this module holds what the checker needs from them, generated from them:
   models are known here (:data:`_VALIDATORS`): ``DataSpec._prefix_strings`` calls the same
   :func:`dlmspec.spec.shorthands.prefix_strings`, ``Spec._expand_name`` the same
   :func:`dlmspec.spec.names.expand_names`, ``GenerateSpec._follow_gen_length`` calls the same
-  :func:`dlmspec.generate_settings.follow_gen_length`, ``ModelSpec._apply_preset`` is repeated (falling
+  :func:`dlmspec.generate_presets.apply_preset`, ``ModelSpec._apply_preset`` is repeated (falling
   back to pydantic where it cannot decide); a model with any other validator is always left to
   pydantic.
 
@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator
 from dlmspec.spec.fast_schema import SCHEMA, SPEC_CRC32
 from dlmspec.spec.names import PlaceholderError, expand_names
 from dlmspec.spec.presets import PRESETS
-from dlmspec.generate_settings import follow_gen_length
+from dlmspec.generate_presets import PresetError, apply_preset
 from dlmspec.spec.shorthands import prefix_strings
 
 #: The spec models this table is generated from.
@@ -161,6 +161,15 @@ def _apply_preset(data: Any) -> Any:
     return data
 
 
+def _generate_preset(data: Any) -> Any:
+    """``GenerateSpec._follow_gen_length``: :func:`dlmspec.generate_presets.apply_preset` (an
+    unknown preset is pydantic's error)."""
+    try:
+        return apply_preset(data)
+    except PresetError:
+        raise _Off from None
+
+
 def _prefix_strings(data: Any) -> Any:
     """``DataSpec._prefix_strings``: :func:`dlmspec.spec.shorthands.prefix_strings`."""
     return prefix_strings(data)
@@ -180,7 +189,7 @@ _VALIDATORS: dict[tuple[str, str], Callable[[Any], Any]] = {
     ("ModelSpec", "_apply_preset"): _apply_preset,
     ("DataSpec", "_prefix_strings"): _prefix_strings,
     ("Spec", "_expand_name"): _expand_name,
-    ("GenerateSpec", "_follow_gen_length"): follow_gen_length,
+    ("GenerateSpec", "_follow_gen_length"): _generate_preset,
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of dlmspec/spec/models.py when this table was generated.
-SPEC_CRC32 = 0x05ca3ea6
+SPEC_CRC32 = 0x981219c4
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -31,6 +31,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'cluster': (('model', 'ClusterSpec'), 'table', None),
             'logging': (('model', 'LoggingSpec'), 'table', None),
             'generate': (('union', (('model', 'GenerateSpec'), ('none',))), 'value', None),
+            'eval': (('union', (('model', 'EvalSpec'), ('none',))), 'value', None),
             'lock': (('union', (('dict', ('any',)), ('none',))), 'value', None),
         },
     },
@@ -78,10 +79,14 @@ SCHEMA: dict[str, dict[str, Any]] = {
         'validators': (),
         'properties': (),
         'fields': {
-            'kind': (('literal', ('mdm', 'ar')), 'value', 'mdm'),
+            'kind': (('literal', ('mdm', 'ar', 'bd3lm')), 'value', 'mdm'),
             'mask_token_id': (('union', (('int', {'ge': 0}), ('none',))), 'value', None),
             'attention_mask': (('union', (('literal', ('bidirectional', 'causal', 'block_causal')), ('none',))), 'value', None),
             'block_size': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'noise_clip_min': (('union', (('float', {'ge': 0.0, 'le': 1.0}), ('none',))), 'value', None),
+            'noise_clip_max': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),
+            'block_size_schedule': (('union', (('list', ('tuple', (('int', {'ge': 0}), ('int', {'gt': 0})))), ('none',))), 'value', None),
+            'ar_loss_weight': (('union', (('float', {'ge': 0.0, 'le': 100.0}), ('none',))), 'value', None),
             'noise_schedule': (('literal', ('linear', 'cosine', 'polynomial')), 'value', 'linear'),
             'noise_schedule_exponent': (('union', (('float', {'gt': 0.0, 'le': 100.0}), ('none',))), 'value', None),
             'eps': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.001),
@@ -257,13 +262,25 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'gen_length': (('int', {'gt': 0}), 'value', 128),
             'steps': (('int', {'gt': 0}), 'value', 128),
             'block_length': (('int', {'gt': 0}), 'value', 128),
-            'remasking': (('literal', ('low_confidence', 'random', 'threshold')), 'value', 'low_confidence'),
+            'remasking': (('literal', ('low_confidence', 'random', 'threshold', 'factor')), 'value', 'low_confidence'),
             'threshold': (('float', {'gt': 0.0, 'le': 1.0}), 'value', 0.9),
+            'factor': (('float', {'gt': 0.0}), 'value', 1.0),
+            'cache': (('literal', ('none', 'prefix', 'dual')), 'value', 'none'),
+            'cache_refresh': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'compile': (('bool',), 'value', False),
             'temperature': (('float', {'ge': 0.0}), 'value', 0.0),
             'top_k': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
             'top_p': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),
             'cfg_scale': (('float', {'ge': 0.0}), 'value', 0.0),
             'seed': (('int', {'ge': 0}), 'value', 0),
+            'preset': (('union', (('str', 0), ('none',))), 'value', None),
+        },
+    },
+    'EvalSpec': {
+        'validators': (),
+        'properties': (),
+        'fields': {
+            'generation': (('union', (('model', 'GenerationEvalSpec'), ('none',))), 'value', None),
         },
     },
     'SFTSpec': {
@@ -283,10 +300,28 @@ SCHEMA: dict[str, dict[str, Any]] = {
         'validators': (),
         'properties': (),
         'fields': {
-            'algorithm': (('literal', ('diffu-grpo', 'grpo')), 'value', 'diffu-grpo'),
-            'num_rollouts': (('int', {'gt': 0}), 'value', 8),
-            'reward': (('str', 0), 'value', 'exact_match'),
-            'kl_coeff': (('float', {'ge': 0.0}), 'value', 0.04),
+            'algorithm': (('literal', ('diffu-grpo', 'coupled-grpo', 'grpo')), 'value', 'diffu-grpo'),
+            'estimator': (('union', (('literal', ('one-step', 'coupled', 'mc-elbo', 'ar')), ('none',))), 'value', None),
+            'elbo_samples': (('int', {'gt': 0}), 'value', 4),
+            'prompts': (('union', (('str', 0), ('none',))), 'value', None),
+            'prompts_on_error': (('literal', ('error', 'skip')), 'value', 'error'),
+            'chat_template': (('literal', ('chatml', 'llama3', 'plain', 'none')), 'value', 'chatml'),
+            'rewards': (('list', ('model', 'RewardSpec')), 'copy', []),
+            'reward_workers': (('int', {'gt': 0}), 'value', 2),
+            'reward_timeout_s': (('float', {'gt': 0}), 'value', 10.0),
+            'grpo_group_size': (('int', {'gt': 0}), 'value', 8),
+            'grpo_prompts_per_step': (('int', {'gt': 0}), 'value', 8),
+            'grpo_iterations': (('int', {'gt': 0}), 'value', 1),
+            'grpo_clamp_eps_lower': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.2),
+            'grpo_clamp_eps_upper': (('float', {'ge': 0.0}), 'value', 0.2),
+            'grpo_kl_beta': (('float', {'ge': 0.0}), 'value', 0.04),
+            'ref_model_sync_steps': (('union', (('int', {'gt': 0}), ('none',))), 'value', 64),
+            'prompt_mask_prob': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.15),
+            'advantage_scale': (('literal', ('std', 'none')), 'value', 'std'),
+            'filter_groups': (('bool',), 'value', False),
+            'loss_normalization': (('literal', ('token', 'sequence', 'group')), 'value', 'token'),
+            'truncated_completions': (('literal', ('keep', 'mask', 'zero_reward')), 'value', 'keep'),
+            'sample_log_interval': (('int', {'ge': 0}), 'value', 10),
         },
     },
     'BlendEntry': {
@@ -333,6 +368,25 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'signal_seconds_before_end': (('int', {'gt': 0}), 'value', 300),
             'requeue': (('bool',), 'value', True),
             'env': (('dict', ('str', 0)), 'copy', {}),
+        },
+    },
+    'GenerationEvalSpec': {
+        'validators': (),
+        'properties': (),
+        'fields': {
+            'prompts': (('str', 1), 'required', None),
+            'every': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'max_prompts': (('int', {'gt': 0}), 'value', 500),
+            'batch_size': (('int', {'gt': 0}), 'value', 64),
+            'checker': (('literal', ('exact_match',)), 'value', 'exact_match'),
+        },
+    },
+    'RewardSpec': {
+        'validators': (),
+        'properties': (),
+        'fields': {
+            'function': (('str', 0), 'required', None),
+            'weight': (('float', {}), 'value', 1.0),
         },
     },
 }

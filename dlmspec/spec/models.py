@@ -188,7 +188,29 @@ class ObjectiveSpec(Section):
     attention_mask: Literal["bidirectional", "causal", "block_causal"] | None = Field(
         None, description="Default: bidirectional for mdm, causal for ar."
     )
-    block_size: PosInt | None = Field(None, description="Block length for block_causal.")
+    block_size: PosInt | None = Field(
+        None, description="Block length for block_causal attention, and bd3lm's block (a divisor of seq_length)."
+    )
+    noise_clip_min: Float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="bd3lm clipped schedule: each block's noise level t ~ U(noise_clip_min, noise_clip_max) "
+        "(Arriola et al. 2025 sec. 5.2, e.g. 0.3 with max 0.8 at block 4). Unset: eps.",
+    )
+    noise_clip_max: Float | None = Field(
+        None, gt=0.0, le=1.0, description="bd3lm clipped schedule's upper end (see noise_clip_min). Unset: 1."
+    )
+    block_size_schedule: list[tuple[NonNegInt, PosInt]] | None = Field(
+        None,
+        description="bd3lm: the block size over training as [[step, block_size], ...] from step 0, steps increasing: "
+        "step k trains with the block of the last entry at or before k, each a divisor of seq_length. LLaDA 2.0's "
+        "warm-up / stable / decay (inclusionAI/LLaDA2.0 tech_report.pdf, block-level WSD): blocks growing from small to seq_length (full-sequence "
+        "diffusion), then back to a small block. Unset: block_size throughout.",
+    )
+    ar_loss_weight: Float | None = Field(
+        None, ge=0.0, le=100.0,
+        description="bd3lm: weight of a next-token loss on the clean half x_0, which is then causal within "
+        "itself (Megatron-Bridge dgpt_step.py ar_loss_weight, dllm.py compute_block_mask). Unset: 0.",
+    )
     noise_schedule: Literal["linear", "cosine", "polynomial"] = Field(
         "linear", description="mdm masking schedule alpha(t), a token masked with probability 1 - alpha(t) at "
         "t ~ U(eps, 1), its loss weighted by -alpha'(t)/(1-alpha(t)) (MDLM eq. 10) with loss_weighting = 'llada'; "
@@ -279,13 +301,88 @@ class SFTSpec(Section):
     )
 
 
-class RLSpec(Section):
-    """``[stage.rl]``: reinforcement learning from a reward."""
+class RewardSpec(Section):
+    """One entry of ``stage.rl.rewards``: a reward function and its weight in the total."""
 
-    algorithm: Literal["diffu-grpo", "grpo"] = "diffu-grpo"
-    num_rollouts: PosInt = 8
-    reward: str = Field("exact_match", description="Reward function name.")
-    kl_coeff: Float = Field(0.04, ge=0.0)
+    function: str = Field(
+        description="'path/to/file.py:name' (a Python file, relative to the directory the job starts in, defining "
+        "name(prompt: str, completion: str, **row) -> float) or 'builtin:exact_match' / 'builtin:format'. validate "
+        "reads the file and checks that it defines the function; only the job imports it."
+    )
+    weight: Float = Field(1.0, description="Weight of this reward in the total (the weighted sum).")
+
+
+class RLSpec(Section):
+    """``[stage.rl]``: reinforcement learning from verifiable rewards (GRPO, Shao et al. 2024, for
+    autoregressive models; d1's diffu-GRPO, Zhao et al. 2025, and DiffuCoder's coupled-GRPO, Gong et
+    al. 2025, for masked diffusion). Names are Megatron-LM's (``--grpo-*``) where it has one.
+    Rollouts use the sampler settings of ``[generate]`` (temperature included)."""
+
+    algorithm: Literal["diffu-grpo", "coupled-grpo", "grpo"] = Field(
+        "diffu-grpo", description="'diffu-grpo' (d1: completion fully masked, prompt masked with prompt_mask_prob, "
+        "one forward pass), 'coupled-grpo' (DiffuCoder: complementary mask pairs, every completion token scored "
+        "once per pair), 'grpo' (autoregressive: exact token log-probabilities)."
+    )
+    estimator: Literal["one-step", "coupled", "mc-elbo", "ar"] | None = Field(
+        None, description="The log-probability estimator (backends/rl/estimators.py); unset: the algorithm's "
+        "(diffu-grpo: one-step, coupled-grpo: coupled, grpo: ar)."
+    )
+    elbo_samples: PosInt = Field(4, description="estimator = 'mc-elbo': masks drawn per log-probability (K).")
+    prompts: str | None = Field(
+        None, description="JSONL file of {\"prompt\", \"answer\", ...} rows (extra fields reach the rewards as **row)."
+    )
+    prompts_on_error: Literal["error", "skip"] = Field(
+        "error", description="A malformed prompt row stops the job naming file and line ('error'), or is skipped "
+        "and counted ('skip')."
+    )
+    chat_template: Literal["chatml", "llama3", "plain", "none"] = Field(
+        "chatml", description="How a prompt is rendered before tokenising: one user turn of the SFT stage's built-in "
+        "templates (dlmspec.data.chat), or 'none': the prompt text as written (a model pre-trained on the task's text)."
+    )
+    rewards: list[RewardSpec] = Field(
+        [], description="The reward functions and weights; the total reward is their weighted sum. Empty: "
+        "[{function = \"builtin:exact_match\"}] (the final answer against the row's \"answer\").",
+    )
+    reward_workers: PosInt = Field(2, description="Worker processes scoring completions (outside the training process).")
+    reward_timeout_s: PosFloat = Field(10.0, description="Seconds one reward call may take before it counts as failed.")
+    grpo_group_size: PosInt = Field(8, description="Completions sampled per prompt (G).")
+    grpo_prompts_per_step: PosInt = Field(
+        8, description="Prompts per rollout batch; prompts x group size must equal train.global_batch_size."
+    )
+    grpo_iterations: PosInt = Field(
+        1, description="Optimizer steps on each rollout batch (d1's mu); above 1 the ratio to the rollout policy is clipped."
+    )
+    grpo_clamp_eps_lower: Float = Field(0.2, ge=0.0, lt=1.0, description="Ratio clip below: 1 - eps.")
+    grpo_clamp_eps_upper: Float = Field(0.2, ge=0.0, description="Ratio clip above: 1 + eps (DAPO raises it).")
+    grpo_kl_beta: Float = Field(
+        0.04, ge=0.0, description="KL penalty to the frozen reference model (k3 estimator); 0 builds no reference."
+    )
+    ref_model_sync_steps: PosInt | None = Field(
+        64, description="Copy the policy into the reference every this many steps (d1, DiffuCoder: 64); unset: never."
+    )
+    prompt_mask_prob: Float = Field(
+        0.15, ge=0.0, lt=1.0, description="diffu-grpo / mc-elbo: probability of masking each prompt token when "
+        "scoring (d1: 0.15), a fresh mask per inner iteration."
+    )
+    advantage_scale: Literal["std", "none"] = Field(
+        "std", description="Divide each group's centred rewards by its std ('std', GRPO) or not ('none', Dr. GRPO)."
+    )
+    filter_groups: Bool = Field(
+        False, description="Drop groups whose rewards are all equal (DAPO's dynamic sampling filter): they carry no "
+        "advantage; the share dropped is logged."
+    )
+    loss_normalization: Literal["token", "sequence", "group"] = Field(
+        "token", description="Policy loss averaged over completion tokens ('token', DAPO), per sequence then over "
+        "sequences ('sequence', GRPO / d1), or per group ('group')."
+    )
+    truncated_completions: Literal["keep", "mask", "zero_reward"] = Field(
+        "keep", description="A completion that reached gen_length without EOS: trained as scored ('keep'), left out "
+        "of the loss ('mask', DAPO's overlong filter), or given reward 0 ('zero_reward')."
+    )
+    sample_log_interval: NonNegInt = Field(
+        10, description="Every this many rollout batches, write prompts, completions and rewards to "
+        "<run_dir>/rollouts.jsonl; 0: never."
+    )
 
 
 def _registered_stage_kinds(schema: dict[str, Any]) -> None:
@@ -650,30 +747,69 @@ class GenerateSpec(Section):
     Fast-dLLM's); flags of ``dlmspec generate`` override them, and every output records the values
     used. The rules that join fields (``block_length`` divides ``gen_length``, ``steps`` a multiple
     of the blocks) are ``GenerateConfig``'s: the rule ``generate-settings``
-    (:mod:`dlmspec.check.generate`) and ``generate`` itself run them (docs/generate.md)."""
+    (:mod:`dlmspec.check.generate`) and ``generate`` itself run them; pipeline-parallel generation is
+    refused by the rule ``generate-pipeline`` (docs/generate.md)."""
 
     gen_length: PosInt = Field(128, description="Tokens generated after each prompt (LLaDA: 128).")
     steps: PosInt = Field(128, description="Denoising steps over gen_length, split equally over the blocks "
                                "(not used by remasking = 'threshold').")
     block_length: PosInt = Field(128, description="Semi-autoregressive block length; divides gen_length.")
-    remasking: Literal["low_confidence", "random", "threshold"] = Field(
+    remasking: Literal["low_confidence", "random", "threshold", "factor"] = Field(
         "low_confidence", description="Which predictions a step commits: the most confident (LLaDA), random "
-        "(LLaDA's baseline) or all above `threshold` (Fast-dLLM).")
+        "(LLaDA's baseline), all above `threshold` (Fast-dLLM) or Fast-dLLM's factor rule (`factor`).")
     threshold: Float = Field(0.9, gt=0.0, le=1.0, description="remasking = 'threshold': the confidence committed at.")
+    factor: Float = Field(1.0, gt=0.0, description="remasking = 'factor': commit the n most confident while "
+                          "the n-th confidence >= 1 - factor / (n + 1) (Fast-dLLM).")
+    cache: Literal["none", "prefix", "dual"] = Field(
+        "none", description="Block KV cache (Fast-dLLM): 'prefix' reuses the prompt's and finished blocks' keys "
+        "and values inside a block, 'dual' the masked suffix's too.")
+    cache_refresh: PosInt | None = Field(
+        None, description="Denoising steps between cache recomputations inside a block (None: at each block's "
+        "first step only, Fast-dLLM's; 1: every step, exact).")
+    compile: bool = Field(False, description="Run block forwards through torch.compile(mode='reduce-overhead') "
+                          "(CUDA graphs).")
     temperature: Float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
     top_k: PosInt | None = Field(None, description="Keep the top_k largest logits (None: all).")
     top_p: Float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")
     cfg_scale: Float = Field(0.0, ge=0.0, description="Classifier-free guidance w (LLaDA App. B.3); 0: none. MDM only.")
     seed: NonNegInt = Field(0, description="Seed of the sampler's random draws.")
+    preset: str | None = Field(None, description="A pinned evaluation protocol (dlmspec.generate_presets: "
+                               "'llada-gsm8k', 'fast-dllm-gsm8k', 'dream-gsm8k', ...): fills the keys not written; "
+                               "recorded with every output.")
 
     @model_validator(mode="before")
     @classmethod
     def _follow_gen_length(cls, data: Any) -> Any:
-        """``steps`` and ``block_length`` not written follow ``gen_length`` (LLaDA's defaults are one
-        length): :func:`dlmspec.generate_settings.follow_gen_length`."""
-        from dlmspec.generate_settings import follow_gen_length
+        """The ``preset``'s settings fill the keys not written, then ``steps`` and ``block_length``
+        not written follow ``gen_length`` (LLaDA's defaults are one length):
+        :func:`dlmspec.generate_presets.apply_preset`."""
+        from dlmspec.generate_presets import apply_preset
 
-        return follow_gen_length(data)
+        return apply_preset(data)
+
+
+class GenerationEvalSpec(Section):
+    """``[eval.generation]``: generation accuracy during training. At every ``every``-th step
+    (a multiple of ``train.eval_interval``; default: ``eval_interval``) the runtime samples the
+    first ``max_prompts`` prompts of ``prompts`` (JSONL ``{"prompt", "answer"}`` a line, as
+    ``dlmspec task make`` writes) with the current model and ``[generate]``'s settings, scores
+    each with ``checker`` (:mod:`dlmspec.tasks.check`) and logs ``eval/generation_accuracy``
+    with its count beside the validation loss (backends/megatron/generation_eval.py)."""
+
+    prompts: str = Field(min_length=1, description="JSONL of {\"prompt\", \"answer\"} rows (extra keys ignored).")
+    every: PosInt | None = Field(None, description="Steps between generation evaluations: a multiple of "
+                                 "train.eval_interval (default: eval_interval).")
+    max_prompts: PosInt = Field(500, description="Prompts scored each time (the file's first).")
+    batch_size: PosInt = Field(64, description="Prompts sampled together.")
+    checker: Literal["exact_match"] = Field("exact_match", description="How a completion is scored: the "
+                                            "normalised final answer equals the answer's (dlmspec.tasks.check).")
+
+
+class EvalSpec(Section):
+    """``[eval]``: evaluations the runtime runs at ``train.eval_interval`` besides the validation
+    loss: ``[eval.generation]`` (generation accuracy on a task)."""
+
+    generation: GenerationEvalSpec | None = None
 
 
 class Spec(Section):
@@ -697,6 +833,8 @@ class Spec(Section):
     logging: LoggingSpec = _table()
     generate: GenerateSpec | None = Field(
         None, description="Sampler settings of `dlmspec generate` / `eval` (left out of the lock file when absent).")
+    eval: EvalSpec | None = Field(
+        None, description="Evaluations during training besides the validation loss (left out of the lock file when absent).")
     lock: dict[str, Any] | None = Field(
         None,
         description="Written by `dlmspec compile` into spec.lock.toml (content hash, dlmspec version, "

@@ -5,9 +5,8 @@ wrote (:data:`SHOW_HEADER` marks the file) are left out again, so the file means
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dlmspec.spec.dotted import flatten_keys
 from dlmspec.spec.schema_errors import _model_at
@@ -30,30 +29,50 @@ def _written_by_dlmspec(path: Path, data: dict[str, Any]) -> bool:
         return False
 
 
-def _without_written_defaults(data: dict[str, Any]) -> dict[str, Any]:
+#: What the layer above the spec gives the loader to tell whether leaving a written default out
+#: changes the run (set by :func:`use_locked_form`; :mod:`dlmspec.resolve` sets it when imported).
+_LOCKED_FORM: tuple[Callable[[dict[str, Any]], str], tuple[str, ...]] | None = None
+
+
+def use_locked_form(canonical: Callable[[dict[str, Any]], str], filled_keys: tuple[str, ...]) -> None:
+    """Give the loader the content-hash check of :func:`_without_written_defaults`.
+
+    Args:
+        canonical: spec data (a dict as loaded from TOML) -> a string equal for two data exactly
+            when they compile to the same content hash (:mod:`dlmspec.resolve` gives the
+            canonical JSON of its ``locked_spec(resolve(Spec(data)))``, which
+            :func:`dlmspec.render.compile.content_hash` hashes). May raise for data that does
+            not validate.
+        filled_keys: dotted keys a ``spec.lock.toml`` fills in from resolving the spec
+            (:data:`dlmspec.resolve.LOCK_FILLED_KEYS`).
+
+    The spec layer sits below the resolver, so the resolver hands the check down (it calls
+    this when imported); until then a lock or ``show`` file loads with every key it wrote set.
+    """
+    global _LOCKED_FORM
+    _LOCKED_FORM = (canonical, tuple(filled_keys))
+
+
+def _without_written_defaults(data: dict[str, Any],
+                              locked_form: tuple[Callable[[dict[str, Any]], str], tuple[str, ...]] | None = None,
+                              ) -> dict[str, Any]:
     """A lock's or ``show``'s data without the keys dlmspec wrote for the defaults: each key
     whose value is its default (the preset's, under ``[model]``), and each value the lock
-    filled in from resolving the spec (:data:`dlmspec.resolve.LOCK_FILLED_KEYS`) when
+    filled in from resolving the spec (the ``filled_keys`` of :func:`use_locked_form`) when
     resolving without it gives it back. They are then unset, as in the spec the file was written from, so rules about keys
     "given" (the "has no effect" warnings, ``train-budget``) do not fire on them. The result
-    is the same run: when its content hash differs from ``data``'s (or anything fails),
-    ``data`` is returned as it is.
+    is the same run: when its canonical form (``locked_form``, else the one given to
+    :func:`use_locked_form`) differs from ``data``'s (or anything fails), ``data`` is returned
+    as it is; so it is when no check was given.
     """
-    import copy
-
+    form = locked_form or _LOCKED_FORM
+    if form is None:
+        return data
+    locked, filled_keys = form
     try:
-        from dlmspec.resolve import LOCK_FILLED_KEYS, locked_spec, resolve
-        from dlmspec.spec.models import Spec
-
-        def locked(d: dict[str, Any]) -> str:
-            """What :func:`dlmspec.render.compile.content_hash` hashes, as JSON (the canonical
-            data of :func:`dlmspec.resolve.locked_spec`; the compiler sits above the loader)."""
-            out = locked_spec(resolve(Spec.model_validate(d)))
-            return json.dumps(out.model_dump(mode="json", exclude_none=True, exclude={"lock"}), sort_keys=True)
-
         target = locked(data)
         trimmed = without_defaults(data)
-        for key in LOCK_FILLED_KEYS:
+        for key in filled_keys:
             *table, leaf = key.split(".")
             node = trimmed
             for part in table:

@@ -24,11 +24,38 @@ TOO_BIG = {"train.seq_length": 262144, "model.max_position_embeddings": 262144, 
 TIGHT = {"train.seq_length": 196608, "model.max_position_embeddings": 196608, "train.micro_batch_size": 8}
 
 
+#: A block-diffusion spec that validates (the base of the bd3lm rules' examples).
+BD3 = {"objective.kind": "bd3lm", "objective.block_size": 16, "model.transformer_impl": "local",
+       "model.attention_backend": "flex"}
+
 #: (changes to BASE, the rule and key that refuse it): the rules of the runtime, SLURM, memory
 #: and the end-of-document id, and a schema error beside a rule error.
 FAILING: list[tuple[dict[str, Any], str, str]] = [
+    ({k: v for k, v in BD3.items() if k != "objective.block_size"}, "bd3lm-needs-block-size", "objective.block_size"),
+    ({**BD3, "objective.block_size": 24}, "bd3lm-block-divides-seq", "objective.block_size"),
+    ({**BD3, "objective.noise_clip_min": 0.8, "objective.noise_clip_max": 0.3}, "bd3lm-noise-clip-order",
+     "objective.noise_clip_min"),
+    ({"objective.ar_loss_weight": 0.5}, "bd3lm-keys-ignored", "objective.ar_loss_weight"),
+    ({**BD3, "objective.shift": True}, "bd3lm-mdm-keys-ignored", "objective.shift"),
+    ({**BD3, "objective.variable_length_prob": 0.01}, "bd3lm-variable-length", "objective.variable_length_prob"),
+    ({**BD3, "objective.attention_mask": "block_causal"}, "bd3lm-attention-mask", "objective.attention_mask"),
+    ({"objective.kind": "bd3lm", "objective.block_size": 16, "model.transformer_impl": "transformer_engine"},
+     "bd3lm-transformer-engine", "model.transformer_impl"),
+    ({**BD3, "parallel.context_parallel_size": 2}, "bd3lm-context-parallel", "parallel.context_parallel_size"),
+    ({**BD3, "parallel.pipeline_model_parallel_size": 2}, "bd3lm-pipeline", "parallel.pipeline_model_parallel_size"),
+    ({**BD3, "data.reset_attention_mask": True}, "bd3lm-document-mask", "data.reset_attention_mask"),
+    ({**BD3, "model.attention_backend": "sdpa"}, "bd3lm-dense-sdpa", "model.attention_backend"),
+    ({**BD3, "stage.kind": "sft", "stage.sft": {"packed_sequence": True}}, "bd3lm-sft-packed",
+     "stage.sft.packed_sequence"),
+    ({**BD3, "objective.block_size_schedule": [[0, 4], [50, 48]]}, "bd3lm-block-schedule",
+     "objective.block_size_schedule"),
     ({"generate.block_length": 30}, "generate-settings", "generate.block_length"),
-    ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
+    ({"stage.kind": "rl"}, "rl-table-missing", "stage.rl.prompts"),
+    ({"eval.generation": {"prompts": "p.jsonl", "every": 70}, "data.tokenizer": {"type": "HuggingFaceTokenizer",
+      "model": "org/name"}}, "eval-generation-every", "eval.generation.every"),
+    ({"eval.generation": {"prompts": "p.jsonl"}, "parallel.pipeline_model_parallel_size": 2,
+      "data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}}, "eval-generation-layout",
+     "parallel.pipeline_model_parallel_size"),
     ({"stage.kind": "sft", "objective.variable_length_prob": 0.01}, "sft-variable-length",
      "objective.variable_length_prob"),
     ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True, "pad_eos_tokens": 2}}, "sft-pad-eos-packed",

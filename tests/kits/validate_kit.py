@@ -37,6 +37,10 @@ def make(changes: dict[str, Any] | None = None) -> Spec:
 
 
 MOE = {"model.num_experts": 8}
+#: An RL stage BASE accepts: 8 prompts x 8 completions = the global batch of 64, one prompt per rank.
+RL_TABLE: dict[str, Any] = {"prompts": "p.jsonl", "grpo_group_size": 8, "grpo_prompts_per_step": 8}
+RL: dict[str, Any] = {"stage.kind": "rl", "stage.rl": RL_TABLE, "generate.temperature": 0.9,
+                      "checkpoint.init_from": "hf:m"}
 
 
 # (rule id, changes to BASE, key the issue must name)
@@ -239,7 +243,24 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("generate-settings", {"generate.gen_length": 64, "generate.block_length": 48}, "generate.block_length"),
     ("generate-settings", {"generate.steps": 200}, "generate.steps"),
     ("generate-settings", {"objective.kind": "ar", "generate.cfg_scale": 1.0}, "generate.cfg_scale"),
+    ("generate-pipeline", {"parallel.pipeline_model_parallel_size": 2, "generate.gen_length": 64},
+     "parallel.pipeline_model_parallel_size"),
     ("rl-objective", {"stage.kind": "rl", "stage.rl": {"algorithm": "grpo"}}, "stage.rl.algorithm"),
+    ("rl-table-missing", {"stage.kind": "rl", "generate.temperature": 0.9}, "stage.rl.prompts"),
+    ("rl-batch", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 4}}, "train.global_batch_size"),
+    ("rl-prompts-per-rank", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 16, "grpo_prompts_per_step": 4}},
+     "stage.rl.grpo_prompts_per_step"),
+    ("rl-group-microbatch", {**RL, "stage.rl": {**RL_TABLE, "loss_normalization": "group"}},
+     "stage.rl.loss_normalization"),
+    ("rl-pipeline", {**RL, "parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
+    ("rl-reference-fsdp", {**RL, "parallel.fsdp": "megatron"}, "parallel.fsdp"),
+    ("rl-rollout-sampling", {**RL, "generate.temperature": 0.0}, "generate.temperature"),
+    ("rl-reference-sync", {**RL, "stage.rl": {**RL_TABLE, "grpo_kl_beta": 0.0, "ref_model_sync_steps": 32}},
+     "stage.rl.ref_model_sync_steps"),
+    ("rl-clip-iterations", {**RL, "stage.rl": {**RL_TABLE, "grpo_clamp_eps_upper": 0.28}}, "stage.rl.grpo_clamp_eps_upper"),
+    ("rl-prompts-file", {**RL, "stage.rl": {**RL_TABLE, "prompts": "."}}, "stage.rl.prompts"),
+    ("rl-reward-function", {**RL, "stage.rl": {**RL_TABLE, "rewards": [{"function": "no_file_named"}]}},
+     "stage.rl.rewards.0.function"),
     ("finetune-from-scratch", {"stage.kind": "sft"}, "checkpoint.init_from"),
     ("init-from-format", {"checkpoint.init_from": "/models/llada"}, "checkpoint.init_from"),
     ("wandb-name-without-project", {"logging.wandb_exp_name": "run1"}, "logging.wandb_exp_name"),
@@ -266,4 +287,22 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("sft-pretraining-data", {"stage.kind": "sft", "data.train": [{"prefix": "data/a_text_document", "weight": 1.0},
                                                                   {"prefix": "data/b_text_document", "weight": 2.0}]},
      "data.train"),
+    *[(rule, {"objective.kind": "bd3lm", "objective.block_size": 16, "model.transformer_impl": "local",
+              "model.attention_backend": "flex", **changes}, key) for rule, changes, key in (
+        ("bd3lm-block-divides-seq", {"objective.block_size": 24}, "objective.block_size"),
+        ("bd3lm-noise-clip-order", {"objective.noise_clip_min": 0.8, "objective.noise_clip_max": 0.3},
+         "objective.noise_clip_min"),
+        ("bd3lm-mdm-keys-ignored", {"objective.unshift": True}, "objective.unshift"),
+        ("bd3lm-variable-length", {"objective.variable_length_prob": 0.01}, "objective.variable_length_prob"),
+        ("bd3lm-attention-mask", {"objective.attention_mask": "block_causal"}, "objective.attention_mask"),
+        ("bd3lm-transformer-engine", {"model.transformer_impl": "transformer_engine"}, "model.transformer_impl"),
+        ("bd3lm-context-parallel", {"parallel.context_parallel_size": 2}, "parallel.context_parallel_size"),
+        ("bd3lm-pipeline", {"parallel.pipeline_model_parallel_size": 2}, "parallel.pipeline_model_parallel_size"),
+        ("bd3lm-document-mask", {"data.reset_attention_mask": True}, "data.reset_attention_mask"),
+        ("bd3lm-dense-sdpa", {"model.attention_backend": "sdpa"}, "model.attention_backend"),
+        ("bd3lm-sft-packed", {"stage.kind": "sft", "stage.sft": {"packed_sequence": True}}, "stage.sft.packed_sequence"),
+        ("bd3lm-block-schedule", {"objective.block_size_schedule": [[0, 4], [50, 48]]}, "objective.block_size_schedule"),
+    )],
+    ("bd3lm-needs-block-size", {"objective.kind": "bd3lm"}, "objective.block_size"),
+    ("bd3lm-keys-ignored", {"objective.ar_loss_weight": 0.5}, "objective.ar_loss_weight"),
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -137,42 +137,30 @@ class RuntimeObjective:
     draws_cut: bool = False
     diffusion: bool = False
 
-    def prepare(self, batch: Any, rng: Optional[ObjectiveRng] = None, **keywords: Any) -> ObjectiveBatch:
+    def prepare(self, batch: Mapping[str, Optional[Tensor]],
+                rng: Union[ObjectiveRng, torch.Generator, None] = None) -> ObjectiveBatch:
         """The one entry point: ``prepare(batch, rng) -> ObjectiveBatch``.
 
         Args:
             batch: a mapping with ``"tokens"`` (``[b, s]`` int ids, required) and any of
                 ``"labels"``, ``"loss_mask"`` (``[b, s]``) and ``"position_ids"`` (``[b, s]``).
-                A bare ``[b, s]`` tensor is read as ``{"tokens": batch}`` with the keyword form
-                ``generator=``, ``loss_mask=``, ``labels=``, ``cut_generator=`` (and MDM's
-                ``length_multiple=``) of earlier callers.
-            rng: :class:`ObjectiveRng` (a bare ``torch.Generator`` is its ``masking``).
+            rng: :class:`ObjectiveRng` (a bare ``torch.Generator`` is its ``masking``; ``None``:
+                no generator, the objective draws from torch's default one).
 
         Returns:
             The :class:`ObjectiveBatch` (see :meth:`prepare_batch` of each objective).
 
         Raises:
-            TypeError: keywords with a mapping batch, or a batch without ``"tokens"``.
+            TypeError: a batch that is not a mapping with ``"tokens"`` (a bare tensor included:
+                pass ``{"tokens": tensor}``).
             ValueError: as :meth:`prepare_batch`.
         """
-        options: Dict[str, Any] = {}
-        if isinstance(batch, Tensor):
-            generator = keywords.pop("generator", None)
-            cut = keywords.pop("cut_generator", None)
-            batch = {"tokens": batch, "loss_mask": keywords.pop("loss_mask", None),
-                     "labels": keywords.pop("labels", None)}
-            if "length_multiple" in keywords:
-                options["length_multiple"] = keywords.pop("length_multiple")
-            if keywords:
-                raise TypeError(f"prepare() got unexpected keywords {sorted(keywords)}")
-            rng = ObjectiveRng(generator if generator is not None else (rng if isinstance(rng, torch.Generator) else None), cut)
-        elif keywords:
-            raise TypeError(f"prepare(batch, rng) takes no keywords with a mapping batch, got {sorted(keywords)}")
         if isinstance(rng, torch.Generator):
             rng = ObjectiveRng(rng)
         if not isinstance(batch, Mapping) or "tokens" not in batch:
-            raise TypeError("prepare() needs a batch mapping with 'tokens' (or a [b, s] tensor)")
-        return self.prepare_batch(batch, rng if rng is not None else ObjectiveRng(), **options)
+            raise TypeError(f"prepare(batch, rng) needs a mapping with 'tokens' ({{'tokens': tensor}}), "
+                            f"got {type(batch).__name__}")
+        return self.prepare_batch(batch, rng if rng is not None else ObjectiveRng())
 
     def prepare_batch(self, batch: Mapping[str, Optional[Tensor]], rng: ObjectiveRng,
                       **options: Any) -> ObjectiveBatch:

@@ -24,6 +24,7 @@ from dlmspec.cli.commands import schema as _schema  # noqa: F401
 from dlmspec.cli.commands import compile as _compile  # noqa: F401
 from dlmspec.cli.commands import submit as _submit  # noqa: F401
 from dlmspec.cli.commands import plan as _plan  # noqa: F401
+from dlmspec.cli.commands import task as _task  # noqa: F401
 from dlmspec.cli import plot as _plot  # noqa: E402,F401  (registers `dlmspec plot` on the app)
 
 __all__ = ["app"]

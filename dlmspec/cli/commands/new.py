@@ -20,6 +20,7 @@ from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.gpus import GiB
 from dlmspec.escape import comment, toml_document
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS
+from dlmspec.wording import count, plural
 
 if TYPE_CHECKING:
     from dlmspec.resolve import Resolved
@@ -104,7 +105,7 @@ def starter_spec(
     data: dict[str, Any] = {
         "name": name,
         "description": f"{preset} {(registered.adjective or objective) if registered is not None else 'autoregressive'} "
-        f"pretraining on {world} {gpu} GPU(s) (starter spec from `dlmspec new`)",
+        f"pretraining on {world} {gpu} {plural('GPU', world)} (starter spec from `dlmspec new`)",
         "model": {"preset": preset},
         "objective": objective_table,
         "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
@@ -267,7 +268,7 @@ def new(
                                "derived": resolved.derived(), "memory": _memory(resolved)})
         return
     report_warnings(issues)
-    print(f"wrote {output}: {human_count(resolved.params.total)} parameters, {resolved.world_size} GPU(s) as "
+    print(f"wrote {output}: {human_count(resolved.params.total)} parameters, {count(resolved.world_size, 'GPU')} as "
           f"TP {resolved.tp} x PP {resolved.pp} x CP {resolved.cp} x DP {resolved.dp}; "
           f"next: dlmspec validate {output}, dlmspec plan {output}")
 

@@ -34,7 +34,7 @@ def test_show_rules_lists_every_rule_with_its_scope() -> None:
     assert scopes == sorted(scopes, key=SCOPE_NAMES.index) and set(scopes) == set(SCOPE_NAMES)
     table = CliRunner().invoke(app, ["show", "--rules"])
     assert table.exit_code == 0
-    for rule_id in ("schema", "tp-divides-heads", "path-not-found", "slurm-secret", "memory-fits", "runtime-rl"):
+    for rule_id in ("schema", "tp-divides-heads", "path-not-found", "slurm-secret", "memory-fits", "rl-batch"):
         assert rule_id in table.stdout
 
 

@@ -63,7 +63,7 @@ def test_validate_ok() -> None:
     r = resolve(load(DEMO).spec)
     result = run("validate", DEMO)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith("ok: demo-dlm: 152.7M parameters, 1 GPU(s) as TP 1 x PP 1 x CP 1 x DP 1")
+    assert result.stdout.startswith("ok: demo-dlm: 152.7M parameters, 1 GPU as TP 1 x PP 1 x CP 1 x DP 1")
     assert f"{r.train_iters:,} steps of 16,384 tokens; planned peak " in result.stdout
     assert "GiB per GPU" in result.stdout
     assert result.stderr == ""
@@ -540,7 +540,7 @@ def test_new_json(tmp_path: Path) -> None:
     ("args", "text"),
     [
         (["--preset", "qwen3-1.7x"], "did you mean 'qwen3-1.7b'"),
-        (["--preset", "llada-8b", "--objective", "gpt"], "use mdm or ar"),
+        (["--preset", "llada-8b", "--objective", "gpt"], "use mdm, ar or bd3lm"),
         (["--preset", "llada-8b", "--set", "train"], "expected section.key=value"),
         # (not a global batch no layout divides: new searches the layouts, and DP 1 divides 7)
         (["--preset", "llada-8b", "--set", "train.lr_warmup_iters=10000000"], "(pass changes to `dlmspec new` as --set"),

@@ -56,7 +56,7 @@ def _exit(capsys, model_args: str, tasks: Path, task: str = "tiny_mc") -> str:
 
 @pytest.mark.parametrize(("args", "said"), [
     ("PATH,mc_sample=4", "--model_args mc_sample: not a dlmspec model argument; did you mean mc_samples?"),
-    ("PATH,kind=zz", "--model_args kind='zz': not a model kind; use kind=mdm or kind=ar"),
+    ("PATH,kind=zz", "--model_args kind='zz': not a model kind; use kind=mdm, kind=ar or kind=bd3lm"),
     ("PATH,mc_samples=abc", "--model_args mc_samples='abc': not a whole number; e.g. mc_samples=4"),
     ("mc_samples=4", "--model_args path=...: give the run, checkpoint or Hugging Face folder"),
     ("PATH,logits_fn=abc", "--model_args logits_fn: not a dlmspec model argument"),

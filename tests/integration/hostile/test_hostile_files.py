@@ -8,7 +8,7 @@ address-space limit and a 20 s timeout, in a folder of its own, and must: print 
 exit 0 or 2, finish in time, stay under 2 GiB, change no file outside its declared outputs (the
 victim file behind planted links unchanged), run no hostile code (no canary file), and print or
 write no planted secret (tests/hostile/hostile_driver.py). The whole corpus runs with
-``python bench/hardening/run_corpus.py --out FILE``.
+``python bench/hostile/run_corpus.py --out FILE``.
 
 ``DLMSPEC_HOSTILE_SEED`` draws another subset (default 0); ``DLMSPEC_HOSTILE_ALL=1`` runs every
 case. A failure lists each failing case with its verdicts and keeps its folder under the pytest

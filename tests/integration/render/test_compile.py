@@ -366,7 +366,6 @@ def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
 
 #: (changes, the runtime rule that refuses them, the key it names)
 RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
-    ({"stage.kind": "rl"}, "runtime-rl", "stage.kind"),
     ({"stage.kind": "sft", "stage.sft": {"packed_sequence": True}, "model.transformer_impl": "transformer_engine"},
      "sft-attention-mask", "model.transformer_impl"),
     ({"checkpoint.async_save": True}, "runtime-async-save", "checkpoint.async_save"),
@@ -652,7 +651,7 @@ def test_cli_compile_and_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_cli_invalid_spec_exits_2_with_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = spec_file(tmp_path, {"stage.kind": "rl"})
+    path = spec_file(tmp_path, {"stage.kind": "bogus"})
     assert cli_main(["compile", str(path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "stage.kind" in err and "spec.toml" in err and "Traceback" not in err

@@ -70,7 +70,7 @@ def test_the_train_line_and_record_carry_progress_tokens_and_eta(tmp_path, tmp_p
 def _mdm_batch(rows=4, seq=8):
     """An MDM batch of the objective's own masking (noise levels drawn per row)."""
     tokens = torch.arange(rows * seq).reshape(rows, seq) % 50
-    return MaskedDiffusionObjective(mask_token_id=99).prepare(tokens, generator=torch.Generator().manual_seed(0))
+    return MaskedDiffusionObjective(mask_token_id=99).prepare({"tokens": tokens}, torch.Generator().manual_seed(0))
 
 
 def test_loss_by_t_bucket_and_the_realised_mask_ratio() -> None:

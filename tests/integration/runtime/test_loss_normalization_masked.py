@@ -68,7 +68,7 @@ def test_matches_the_dream_formula_on_a_cart_weighted_shifted_batch():
             g = torch.Generator()
             g.manual_seed(100 * rank + micro)
             tokens = torch.randint(0, 50, (3, 16), generator=g)
-            ob = obj.prepare(tokens, generator=g)
+            ob = obj.prepare({"tokens": tokens}, g)
             ce = torch.rand(ob.loss_weights.shape, generator=g) * 5
             assert int(ob.masked.sum()) > 0
             expected.append(float((ce * ob.loss_weights).sum()) / int(ob.masked.sum()))

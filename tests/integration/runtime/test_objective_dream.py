@@ -48,7 +48,7 @@ def test_shift_hand_case(monkeypatch):
     # t = 0.5 (eps 0 is fine here: the weight is 1/t = 2); uniforms: only position 2 below t
     _fake_draws(monkeypatch, [torch.tensor([0.5]), torch.tensor([[0.9, 0.9, 0.1, 0.9]])])
     obj = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", shift=True)
-    ob = obj.prepare(tokens, generator=_gen())
+    ob = obj.prepare({"tokens": tokens}, _gen())
     assert ob.input_ids.tolist() == [[10, 11, MASK, 13]]
     assert ob.labels[0, :3].tolist() == [11, 12, 13]
     # realised ratio: 1 masked of the 3 maskable positions (position 0 cannot be masked): weight 3
@@ -64,7 +64,7 @@ def test_shift_never_masks_position_zero(monkeypatch):
     llada weight 1/t moves one position left, the last output position weighs 0."""
     tokens = torch.tensor([[10, 11, 12, 13]])
     _fake_draws(monkeypatch, [torch.tensor([0.5]), torch.zeros(1, 4)])
-    ob = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="llada", shift=True).prepare(tokens, generator=_gen())
+    ob = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="llada", shift=True).prepare({"tokens": tokens}, _gen())
     assert ob.masked.tolist() == [[False, True, True, True]]
     assert ob.input_ids.tolist() == [[10, MASK, MASK, MASK]]
     assert ob.loss_weights.tolist() == [[2.0, 2.0, 2.0, 0.0]]
@@ -76,7 +76,7 @@ def test_shift_with_a_forced_mask_never_forces_position_zero():
     tokens = torch.arange(2).view(1, 2) + 10
     for seed in range(20):
         obj = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", min_masked_tokens=1, shift=True)
-        ob = obj.prepare(tokens, generator=_gen(seed))
+        ob = obj.prepare({"tokens": tokens}, _gen(seed))
         assert ob.masked.tolist() == [[False, True]]
         assert ob.loss_weights.tolist() == [[1.0, 0.0]]  # ratio 1 / 1 maskable position
 
@@ -84,8 +84,8 @@ def test_shift_with_a_forced_mask_never_forces_position_zero():
 def test_shift_off_is_todays_stream():
     """shift = False (the default) draws and returns exactly what the objective returned before."""
     tokens = torch.randint(0, 50, (3, 16), generator=_gen(5))
-    a = MaskedDiffusionObjective(MASK).prepare(tokens, generator=_gen(1))
-    b = MaskedDiffusionObjective(MASK, shift=False).prepare(tokens, generator=_gen(1))
+    a = MaskedDiffusionObjective(MASK).prepare({"tokens": tokens}, _gen(1))
+    b = MaskedDiffusionObjective(MASK, shift=False).prepare({"tokens": tokens}, _gen(1))
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_weights, b.loss_weights)
     assert torch.equal(a.labels, tokens)
 
@@ -139,13 +139,13 @@ def test_cart_objective_uses_the_cart_weight_and_no_one_over_t(monkeypatch):
     tokens = torch.tensor([[10, 11, 12, 13, 14]])
     _fake_draws(monkeypatch, [torch.tensor([0.25]), torch.tensor([[0.0, 0.1, 0.9, 0.9, 0.2]])])
     p = 0.3
-    ob = MaskedDiffusionObjective(MASK, loss_weighting="cart", cart_p=p).prepare(tokens, generator=_gen())
+    ob = MaskedDiffusionObjective(MASK, loss_weighting="cart", cart_p=p).prepare({"tokens": tokens}, _gen())
     row = [True, True, False, False, True]
     assert ob.masked[0].tolist() == row
     assert ob.loss_weights[0].tolist() == pytest.approx(_cart_by_hand(row, p), rel=1e-6)
 
     _fake_draws(monkeypatch, [torch.tensor([0.25]), torch.tensor([[0.0, 0.1, 0.9, 0.9, 0.2]])])
-    ob = MaskedDiffusionObjective(MASK, loss_weighting="cart", cart_p=p, shift=True).prepare(tokens, generator=_gen())
+    ob = MaskedDiffusionObjective(MASK, loss_weighting="cart", cart_p=p, shift=True).prepare({"tokens": tokens}, _gen())
     row = [False, True, False, False, True]  # position 0 is never masked with shift
     assert ob.masked[0].tolist() == row
     assert ob.loss_weights[0].tolist() == pytest.approx(_cart_by_hand(row, p)[1:] + [0.0], rel=1e-6)

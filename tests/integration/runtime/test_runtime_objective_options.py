@@ -16,6 +16,7 @@ from dlmspec.backends.megatron.objective import (
     LOSS_NORMALIZATIONS,
     MaskedDiffusionObjective,
     AutoregressiveObjective,
+    ObjectiveRng,
     apply_loss_normalization,
     build_objective,
     reduce_loss,
@@ -55,14 +56,14 @@ def test_forced_mask_hand_case(monkeypatch):
 
     monkeypatch.setattr(torch, "rand", fake_rand)
     plain = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised")
-    ob = plain.prepare(tokens, generator=_gen(0))
+    ob = plain.prepare({"tokens": tokens}, _gen(0))
     assert ob.masked.tolist() == [[True, False, False, False], [False] * 4]
     assert ob.loss_weights[1].tolist() == [0.0] * 4  # nothing masked: weight 0, never 0 / 0
     assert ob.loss_weights[0].tolist() == [4.0, 0.0, 0.0, 0.0]  # r = 1/4
 
     draws = iter([torch.tensor([0.5, 0.0]), torch.tensor([[0.1, 0.9, 0.9, 0.9], [0.3, 0.2, 0.6, 0.7]])])
     forced = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", min_masked_tokens=1)
-    ob = forced.prepare(tokens, generator=_gen(0))
+    ob = forced.prepare({"tokens": tokens}, _gen(0))
     assert ob.masked[0].tolist() == [True, False, False, False]  # row 0 had one: untouched
     assert int(ob.masked[1].sum()) == 1  # row 1 gets exactly one
     k = int(ob.masked[1].nonzero()[0, 0])
@@ -73,11 +74,11 @@ def test_forced_mask_hand_case(monkeypatch):
 def test_forced_mask_position_is_uniform_and_k_is_honoured():
     obj = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", min_masked_tokens=3)
     tokens = torch.zeros(4000, 5, dtype=torch.int64)
-    ob = obj.prepare(tokens, generator=_gen(1))
+    ob = obj.prepare({"tokens": tokens}, _gen(1))
     assert torch.all(ob.masked.sum(dim=1) >= 3)
     one = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", min_masked_tokens=1)
     # t tiny for every row: force through a huge batch of short rows and count where the forced one lands
-    ob = one.prepare(torch.zeros(20000, 4, dtype=torch.int64), generator=_gen(2))
+    ob = one.prepare({"tokens": torch.zeros(20000, 4, dtype=torch.int64)}, _gen(2))
     assert torch.all(ob.masked.sum(dim=1) >= 1)
     lonely = ob.masked[ob.masked.sum(dim=1) == 1].float().mean(dim=0)  # position frequencies of single masks
     assert torch.all((lonely - 0.25).abs() < 0.03), lonely
@@ -85,15 +86,15 @@ def test_forced_mask_position_is_uniform_and_k_is_honoured():
 
 def test_min_masked_zero_leaves_the_stream_as_today():
     tokens = torch.randint(0, 90, (3, 16), generator=_gen(4))
-    a = MaskedDiffusionObjective(MASK, eps=1e-3).prepare(tokens, generator=_gen(7))
-    b = MaskedDiffusionObjective(MASK, eps=1e-3, min_masked_tokens=0).prepare(tokens, generator=_gen(7))
+    a = MaskedDiffusionObjective(MASK, eps=1e-3).prepare({"tokens": tokens}, _gen(7))
+    b = MaskedDiffusionObjective(MASK, eps=1e-3, min_masked_tokens=0).prepare({"tokens": tokens}, _gen(7))
     assert torch.equal(a.masked, b.masked) and torch.equal(a.loss_weights, b.loss_weights)
 
 
 def test_min_masked_is_bounded_by_the_valid_length():
     obj = MaskedDiffusionObjective(MASK, eps=0.0, loss_weighting="realised", min_masked_tokens=4)
     loss_mask = torch.tensor([[1, 1, 0, 0]])
-    ob = obj.prepare(torch.zeros(1, 4, dtype=torch.int64), generator=_gen(3), loss_mask=loss_mask)
+    ob = obj.prepare({"tokens": torch.zeros(1, 4, dtype=torch.int64), "loss_mask": loss_mask}, _gen(3))
     assert ob.masked.tolist() == [[True, True, False, False]]
 
 
@@ -106,7 +107,7 @@ def test_micro_batch_cut_is_one_length_for_every_row_and_every_rank():
     lengths = set()
     for rank in (0, 1):
         cut = variable_length_generator(1234, 17, 2)
-        ob = obj.prepare(tokens, generator=_gen(100 + rank), cut_generator=cut)
+        ob = obj.prepare({"tokens": tokens}, ObjectiveRng(_gen(100 + rank), cut))
         assert ob.attention_mask is None
         assert ob.input_ids.shape[0] == 3 and ob.labels.shape == ob.input_ids.shape
         assert torch.equal(ob.labels, tokens[:, : ob.input_ids.shape[1]])
@@ -132,7 +133,7 @@ def test_micro_batch_cut_probability_and_range():
 def test_micro_batch_without_cut_generator_never_cuts():
     """Evaluation passes no cut generator: nothing is cut."""
     obj = MaskedDiffusionObjective(MASK, variable_length_prob=1.0, variable_length="micro_batch")
-    ob = obj.prepare(torch.zeros(2, 8, dtype=torch.int64), generator=_gen(0))
+    ob = obj.prepare({"tokens": torch.zeros(2, 8, dtype=torch.int64)}, _gen(0))
     assert ob.input_ids.shape == (2, 8) and ob.attention_mask is None
 
 
@@ -140,7 +141,7 @@ def _ob(ce_rows, weight_rows):
     """An AR objective batch with given weights: each row j has n_j loss-carrying positions."""
     weights = torch.tensor(weight_rows, dtype=torch.float32)
     tokens = torch.zeros(weights.shape, dtype=torch.int64)
-    ob = AutoregressiveObjective().prepare(tokens, labels=tokens, loss_mask=weights)
+    ob = AutoregressiveObjective().prepare({"tokens": tokens, "labels": tokens, "loss_mask": weights})
     return ob, torch.tensor(ce_rows, dtype=torch.float32)
 
 

@@ -18,7 +18,7 @@ from dlmspec.backends.megatron.rng import (
 def _masks(seed, iteration, dp_rank, mb, stream=TRAIN_STREAM):
     tokens = torch.arange(2 * 64).view(2, 64) % 50
     obj = MaskedDiffusionObjective(63, variable_length_prob=0.3)
-    return obj.prepare(tokens, generator=masking_generator(seed, iteration, dp_rank, mb, stream=stream))
+    return obj.prepare({"tokens": tokens}, masking_generator(seed, iteration, dp_rank, mb, stream=stream))
 
 
 def test_seed_is_pinned():

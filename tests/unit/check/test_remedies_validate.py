@@ -18,6 +18,7 @@ import pytest
 import tomli_w
 
 import blend_examples
+import eval_generation_examples
 import sft_examples
 import validate_kit
 import agree_kit as agree
@@ -69,7 +70,8 @@ def examples() -> dict[str, Example]:
     found["checkpoint-inherited"] = Example({"extends": "base.toml", "name": "other",
                                              "logging": {"tensorboard_dir": "runs/other/tensorboard"}},
                                             kind="toml", files={"base.toml": parent})
-    for rule, (changes, files, _) in {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES}.items():
+    for rule, (changes, files, _) in {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES,
+                                      **eval_generation_examples.FILE_EXAMPLES}.items():
         found[rule] = Example(_base(changes), files=dict(files))
     return found
 
@@ -87,6 +89,12 @@ def _action_mkfiles(example: Example, issues: list[SpecIssue]) -> None:
                 example.files[value + ".idx"] = ""
             else:
                 example.files[value] = "{}"
+
+
+def _action_rl_prompts(example: Example, issues: list[SpecIssue]) -> None:
+    """Write the prompts file RL rolls out (JSON lines of prompt and answer) and name it."""
+    example.files["prompts.jsonl"] = '{"prompt": "1 + 1 =", "answer": "2"}\n'
+    example.data.setdefault("stage", {}).setdefault("rl", {})["prompts"] = "prompts.jsonl"
 
 
 def _action_plain(example: Example, issues: list[SpecIssue]) -> None:
@@ -147,9 +155,12 @@ ACTIONS: dict[str, tuple[Callable[[Example, list[SpecIssue]], None], str]] = {
     "path-not-found": (_action_mkfiles, "the files are missing on this machine: the fix is to create them"),
     "finetune-from-scratch": (_action_finetune_from, "the weights to start from are the user's checkpoint"),
     "sft-response-missing": (_action_sft_response, "the response masks are files `dlmspec data prepare --sft` writes"),
+    "rl-table-missing": (_action_rl_prompts, "the prompts RL rolls out are the user's file"),
+    "rl-prompts-file": (_action_rl_prompts, "the prompts RL rolls out are the user's file"),
     "tokenizer-files": (_action_tokenizer_model, "the tokenizer's files are the user's to name"),
     "eod-id-unknown": (_action_eod_id, "the id is in the tokenizer's files, which validate cannot read"),
     "slurm-value": (_action_slurm_partition, "partition, account, QOS and host names are the cluster's"),
+    "eval-generation-prompts": (eval_generation_examples.rewrite_prompts, "the prompts file is the user's to fix"),
     **{rule: (_action_blend_files, "the shards, their records and manifests are files `dlmspec data prepare` writes")
        for rule in blend_examples.FILE_EXAMPLES},
 }
@@ -241,8 +252,8 @@ def apply(data: dict[str, Any], fix: Fix) -> None:
     for key, value in fix.set.items():
         *parents, last = key.split(".")
         node = data
-        for part in parents:
-            node = node.setdefault(part, {})
+        for part in parents:  # a digit indexes a list (stage.rl.rewards.0.function)
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
         node[last] = copy.deepcopy(value)
 
 

@@ -25,6 +25,7 @@ import dlmspec.cli.output
 import dlmspec.cli.plan
 import dlmspec.cli.validate
 import blend_examples
+import eval_generation_examples
 import sft_examples
 import validate_kit
 import rule_cases_kit
@@ -56,7 +57,9 @@ STARTER_NODES = {"llama-3-70b": 4, "mixtral-8x7b": 2, "qwen3-30b-a3b": 2}
 
 #: The warnings among those examples (the others are errors).
 WARNING_EXAMPLES = {("memory-headroom", "cluster.gpu"), ("sft-variable-length", "objective.variable_length_prob"),
-                    ("sft-pad-eos-packed", "stage.sft.pad_eos_tokens"), ("sft-pretraining-data", "data.eod_mask_loss")}
+                    ("sft-pad-eos-packed", "stage.sft.pad_eos_tokens"), ("sft-pretraining-data", "data.eod_mask_loss"),
+                    ("bd3lm-keys-ignored", "objective.ar_loss_weight"), ("bd3lm-mdm-keys-ignored", "objective.shift"),
+                    ("bd3lm-dense-sdpa", "model.attention_backend")}
 
 #: (file name, text, extra arguments, the loader's rule, its key): one spec per ``load`` rule. The
 #: text None is BASE as TOML; "" writes nothing (the file is missing).
@@ -197,7 +200,7 @@ def test_plan_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 2 and ("plan", "<plan>", "error") in issues
 
 
-FILE_EXAMPLES = {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES}
+FILE_EXAMPLES = {**sft_examples.FILE_EXAMPLES, **blend_examples.FILE_EXAMPLES, **eval_generation_examples.FILE_EXAMPLES}
 
 
 @pytest.mark.parametrize("rule", sorted(FILE_EXAMPLES))

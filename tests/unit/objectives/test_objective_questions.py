@@ -42,8 +42,8 @@ def test_lookups_of_untrusted_values_answer_none_without_raising(value: Any) -> 
 
 
 def test_kind_lists_in_messages_follow_the_registry() -> None:
-    assert objectives.kinds_text() == "mdm or ar"
-    assert objectives.kinds_text("--kind ") == "--kind mdm or --kind ar"
+    assert objectives.kinds_text() == "mdm, ar or bd3lm"
+    assert objectives.kinds_text("--kind ") == "--kind mdm, --kind ar or --kind bd3lm"
 
     class Toy(objectives.Objective):
         kind = "toy-unmasking"
@@ -52,7 +52,7 @@ def test_kind_lists_in_messages_follow_the_registry() -> None:
 
     objectives.register(Toy())
     try:
-        assert objectives.kinds_text("kind=") == "kind=mdm, kind=ar or kind=toy-unmasking"
+        assert objectives.kinds_text("kind=") == "kind=mdm, kind=ar, kind=bd3lm or kind=toy-unmasking"
         assert objectives.is_diffusion("toy-unmasking") and objectives.find("toy-unmasking").rl_algorithm == ""
     finally:
         objectives.unregister("toy-unmasking")

@@ -102,17 +102,30 @@ def test_table_and_docs_section(tmp_path):
     assert "old" not in text and "text before" in text and "text after" in text and text.count(cal.BEGIN) == 1
 
 
-def test_write_calibration_rewrites_fitted_defaults(tmp_path, monkeypatch):
+def test_write_calibration_rewrites_fitted_defaults(tmp_path):
+    """bench/calibration/fit.py --write (the one writer) fits the local path's records into its
+    fit.json, and calibration.py rendered from that data (build.py) plans with those constants."""
+    from calibration_data_kit import calibration_copy
+
     cal = _calibrate()
+    records = json.loads((_write_measurements(tmp_path, noise=0.0) / "synthetic.json").read_text())
+    data = calibration_copy(tmp_path, "local+sdpa", {"synthetic.json": {"date": "2000-01-01", **records}},
+                            prior_weight=0.001)
+    fit = load_script(ROOT / "bench" / "calibration" / "fit.py", "calibration_fit_local")
+    assert fit.main(["--write", "--data", str(data), "--only", "local+sdpa"]) == 0
+    written = json.loads((data / "local" / "h200" / "fit.json").read_text())
+    assert written["files"] == ["synthetic.json"] and written["runs_fitted"] == len(RUNS)
+    build = load_script(ROOT / "bench" / "calibration" / "build.py", "calibration_build_local")
     copy = tmp_path / "calibration.py"
-    copy.write_text((ROOT / "dlmspec" / "plan" / "calibration.py").read_text())
-    monkeypatch.setattr(cal, "CALIBRATION_PY", copy)
-    cal.write_calibration(TRUE, f"synthetic.json ({len(RUNS)} runs)")
+    copy.write_text(build.render(data))
     module = _load("plan_calibration_copy", copy)
-    written = module.Calibration()
+    assert module.FITTED_FROM == f"bench/calibration/local/h200: synthetic.json ({len(RUNS)} runs)"
+    made = module.Calibration()
     for name in FITTED:
-        assert getattr(written, name) == pytest.approx(getattr(TRUE, name), rel=1e-3)
-    assert module.FITTED_FROM == f"synthetic.json ({len(RUNS)} runs)"
+        assert getattr(made, name) == pytest.approx(written["constants"][name], rel=1e-12)
+    assert made.activation_scale == pytest.approx(TRUE.activation_scale, rel=1e-3)
+    assert made.allocated_overhead_bytes == pytest.approx(TRUE.allocated_overhead_bytes, rel=1e-2)
+    assert not hasattr(cal, "write_calibration") and not hasattr(cal, "write_te_calibration")
 
 
 def test_record_host_launch_plans_the_run_on_its_host(tmp_path):

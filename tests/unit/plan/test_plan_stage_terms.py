@@ -40,15 +40,16 @@ def test_a_stage_term_reads_its_stage_table_from_the_shape() -> None:
     from dlmspec.spec.load import load
 
     spec = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
-    overrides = ['stage.kind="rl"', "stage.rl.num_rollouts=4"]
+    overrides = ['stage.kind="rl"', "stage.rl.grpo_group_size=4"]
     shapes = [model_shape(resolve(load(spec, overrides, fast=fast).spec)) for fast in (False, True)]
     assert shapes[0].stage_options == shapes[1].stage_options  # the fast path's tables give the same
-    assert dict(shapes[0].stage_options)["num_rollouts"] == 4
+    assert dict(shapes[0].stage_options)["grpo_group_size"] == 4
     assert model_shape(resolve(load(spec).spec)).stage_options == ()
+    registered = memory.STAGE_MEMORY_TERMS.get("rl", ())
     try:
         register_stage_memory_term("rl", StageMemoryTerm(
-            "rollout_buffer", "rollouts", lambda s, l, i: 1000.0 * dict(s.stage_options)["num_rollouts"]))
+            "rollout_buffer", "rollouts", lambda s, l, i: 1000.0 * dict(s.stage_options)["grpo_group_size"]))
         plan = make_plan(resolve(load(spec, overrides).spec)).to_dict()["memory"]
         assert plan["breakdown"]["rollout_buffer"] == 4000
     finally:
-        memory.STAGE_MEMORY_TERMS.pop("rl", None)
+        memory.STAGE_MEMORY_TERMS["rl"] = registered

@@ -1,6 +1,7 @@
 """bench/plan/calibrate.py on Transformer Engine runs: the TE path gets constants of its own,
-fitted on the TE records only (held-out ones left out of the fit and reported against it), written into
-dlmspec/plan/calibration.py's TE block, after which the planner's provenance says "calibrated" for TE.
+fitted on the TE records only (held-out ones left out of the fit and reported against it), written by
+bench/calibration/fit.py --write into the TE fit.json that dlmspec/plan/calibration.py's TE block is
+rendered from (bench/calibration/build.py), after which the planner's provenance says "calibrated" for TE.
 
 The results are tests/fixtures/te_calibration_synthetic/calibration_te_synthetic.json: SYNTHETIC records,
 the plans of bench/plan/te_matrix.json under made-up TE constants (:data:`TRUE_TE`) with 1% noise, for
@@ -67,16 +68,21 @@ def test_the_fixture_is_labelled_synthetic() -> None:
 
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory):
-    """calibrate.py --write on the fixture, into copies of docs/planner-methods.md and calibration.py."""
+    """The fixture as the TE path's run file of a copy of bench/calibration/: fit.py --write --only
+    transformer_engine, calibration.py rendered from that data (build.py), and calibrate.py's docs
+    tables written into a copy of docs/planner-methods.md."""
     pytest.importorskip("numpy")
+    from calibration_data_kit import calibration_copy
+
     tmp = tmp_path_factory.mktemp("tecal")
+    data = calibration_copy(tmp, "transformer_engine", {FIXTURE.name: json.loads(FIXTURE.read_text())})
+    fit = load_script(ROOT / "bench" / "calibration" / "fit.py", "calibration_fit_te")
+    assert fit.main(["--write", "--data", str(data), "--only", "transformer_engine"]) == 0
     calib_py, docs = tmp / "calibration.py", tmp / "planner.md"
-    calib_py.write_text((ROOT / "dlmspec" / "plan" / "calibration.py").read_text())
+    calib_py.write_text(load_script(ROOT / "bench" / "calibration" / "build.py", "calibration_build_te").render(data))
     docs.write_text((ROOT / "docs" / "planner-methods.md").read_text())
     calibrate = load_script(ROOT / "bench" / "plan" / "calibrate.py", "plan_calibrate_te")
-    code = calibrate.main(["--results", str(FIXTURE.parent), "--docs", str(docs), "--write",
-                           "--calibration-py", str(calib_py)])
-    assert code == 0
+    assert calibrate.main(["--results", str(FIXTURE.parent), "--docs", str(docs)]) == 0
     return load_script(calib_py, "te_calibration_written"), docs.read_text()
 
 
@@ -84,7 +90,7 @@ def test_te_constants_are_fitted_and_the_local_ones_kept(ingested) -> None:
     mod, _ = ingested
     assert "transformer_engine" in mod.CALIBRATED_PATHS
     te, measured = mod.CALIBRATED_PATHS["transformer_engine"]
-    assert mod.TE_FITTED_FROM.startswith("calibration_te_synthetic.json")
+    assert mod.TE_FITTED_FROM.startswith("bench/calibration/te/h200: calibration_te_synthetic.json")
     assert measured.runs == 7 and measured.fp8 == (False, True) and measured.num_experts == (8,)  # held out: not fitted
     assert measured.micro_batch == (4, 16) and measured.seq_length == (4096, 4096)
     assert mod.DEFAULT_CALIBRATION.to_dict() == DEFAULT_CALIBRATION.to_dict() and mod.FITTED_FROM == FITTED_FROM
@@ -123,7 +129,7 @@ def test_provenance_says_calibrated_on_the_te_path(ingested, monkeypatch) -> Non
     prov = plan.to_dict()["provenance"]
     assert prov["layer_path"] == "transformer_engine"
     assert prov["calibration"]["status"] == "calibrated" and prov["calibration"]["fitted_on"] == "transformer_engine"
-    assert prov["calibration"]["fitted_from"].startswith("calibration_te_synthetic.json")
+    assert prov["calibration"]["fitted_from"].startswith("bench/calibration/te/h200: calibration_te_synthetic.json")
     assert not prov["calibration"]["text"].startswith("UNCALIBRATED")
     assert plan.calibration.gemm_efficiency == mod.CALIBRATED_PATHS["transformer_engine"][0].gemm_efficiency
     assert prov["outside_measured"] == []  # a matrix entry is inside what the TE runs covered
@@ -172,10 +178,13 @@ def test_holdout_compare_reads_the_records(tmp_path) -> None:
 
 
 def test_te_only_leaves_the_local_path_alone(tmp_path) -> None:
-    """--te-only ingests the TE records and neither refits nor rewrites the local constants and table
-    (a local refit from the committed constants moves them a little, and with them every local plan)."""
+    """calibrate.py --te-only writes the TE table and leaves the local one; fit.py --write --only
+    transformer_engine refits the TE constants and neither refits nor rewrites the local ones (a
+    local refit from the committed constants moves them a little, and with them every local plan)."""
     pytest.importorskip("numpy")
     import shutil
+
+    from calibration_data_kit import calibration_copy
 
     results = tmp_path / "results"
     results.mkdir()
@@ -183,15 +192,19 @@ def test_te_only_leaves_the_local_path_alone(tmp_path) -> None:
     (results / "local.json").write_text(json.dumps({"runs": [
         {"name": "demo-mdm-b32-s512", "peak_allocated_bytes": 9 * GiB, "step_seconds": 0.2},
         {"name": "demo-mdm-b8-s2048", "peak_allocated_bytes": 9 * GiB, "step_seconds": 0.2}]}))
-    calib_py, docs = tmp_path / "calibration.py", tmp_path / "planner.md"
-    original = (ROOT / "dlmspec" / "plan" / "calibration.py").read_text()
-    calib_py.write_text(original)
+    docs = tmp_path / "planner.md"
     docs.write_text((ROOT / "docs" / "planner-methods.md").read_text())
     calibrate = load_script(ROOT / "bench" / "plan" / "calibrate.py", "plan_calibrate_te_only")
-    assert calibrate.main(["--results", str(results), "--docs", str(docs), "--write", "--te-only",
-                           "--calibration-py", str(calib_py)]) == 0
-    written = calib_py.read_text()
-    assert written.split("# te-calibration:begin")[0] == original.split("# te-calibration:begin")[0]
-    assert "TE_FITTED: dict[str, float] | None = {" in written
+    assert calibrate.main(["--results", str(results), "--docs", str(docs), "--te-only"]) == 0
     local = (ROOT / "docs" / "planner-methods.md").read_text().split("<!-- calibration:begin -->", 1)[1]
     assert local.split("<!-- calibration:end -->", 1)[0] in docs.read_text()
+    data = calibration_copy(tmp_path, "transformer_engine", {FIXTURE.name: json.loads(FIXTURE.read_text())})
+    local_fit = (data / "local" / "h200" / "fit.json").read_text()
+    fit = load_script(ROOT / "bench" / "calibration" / "fit.py", "calibration_fit_te_only")
+    assert fit.main(["--write", "--data", str(data), "--only", "transformer_engine"]) == 0
+    assert (data / "local" / "h200" / "fit.json").read_text() == local_fit
+    assert json.loads((data / "te" / "h200" / "fit.json").read_text())["files"] == [FIXTURE.name]
+    original = (ROOT / "dlmspec" / "plan" / "calibration.py").read_text()
+    written = load_script(ROOT / "bench" / "calibration" / "build.py", "calibration_build_te_only").render(data)
+    assert written.split("# te-calibration:begin")[0] == original.split("# te-calibration:begin")[0]
+    assert "TE_FITTED: dict[str, float] | None = {" in written and written != original

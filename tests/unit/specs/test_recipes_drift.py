@@ -42,6 +42,14 @@ def _blend(value: Any, r: Resolved) -> Any:
     return [(e["prefix"], e["weight"]) for e in value] or None
 
 
+def _rollout_generate(r: Resolved, name: str, value: Any) -> dict[str, Any]:
+    """The RL stage's ``generate`` keyword with ``name`` = ``value`` (equal to train.py's only
+    when train.py holds that value)."""
+    from dlmspec.check.rl import rollout_values
+
+    return {**rollout_values(r.spec)["generate"], name: value}
+
+
 #: Spec key -> the train.py keywords that carry it: (call, keyword, expected). ``call`` is the
 #: called name (``TransformerConfig``, ``ObjectiveConfig``, ...), the variable a ``dict(...)`` is
 #: assigned to (``PARALLEL_SIZES``, ``model_kwargs``), or ``module`` for a module-level constant.
@@ -103,6 +111,13 @@ KEYWORDS: dict[str, list[tuple[str, str, Expect]]] = {
     "checkpoint.init_from": [("CheckpointConfig", "init_from", _same)],
     "logging.log_interval": [("LoggingConfig", "log_interval", _same)],
     "stage.sft.pad_eos_tokens": [("SftConfig", "pad_eos_tokens", lambda v, r: None if v == "unset" else v)],
+    **{f"stage.rl.{name}": [("RLConfig", name, _same)] for name in (
+        "advantage_scale", "chat_template", "grpo_clamp_eps_lower", "grpo_clamp_eps_upper", "grpo_group_size",
+        "grpo_iterations", "grpo_kl_beta", "loss_normalization", "prompt_mask_prob", "prompts", "ref_model_sync_steps",
+        "truncated_completions")},
+    # the rollout sampler's [generate] settings: one dict keyword of RLConfig, holding the entry's value
+    **{f"generate.{name}": [("RLConfig", "generate", lambda v, r, name=name: _rollout_generate(r, name, v))]
+       for name in ("gen_length", "steps", "block_length", "remasking", "temperature")},
 }
 
 #: Keys of the data files that reach no train.py keyword, and why.
@@ -116,6 +131,7 @@ NOT_GENERATED: dict[str, str] = {
     "derived.parameters.total": "a count the compiler writes in a comment",
     "derived.parameters.non_embedding": "a count the compiler writes in a comment",
     "stage.kind": "the SFT stage is not rendered yet (rule runtime-sft refuses it)",
+    "cluster.slurm.time": "reaches launch.sbatch (#SBATCH --time), not train.py",
     "stage.sft.mask_prompt": "the SFT stage is not rendered yet (rule runtime-sft refuses it)",
     "stage.sft.chat_template": "the SFT stage is not rendered yet (rule runtime-sft refuses it)",
 }
@@ -219,7 +235,7 @@ def test_every_key_is_mapped_or_said_not_generated() -> None:
 #: How many train.py keywords each data file's entries reach (at least: a mapping or an entry lost
 #: would lower it).
 CHECKED = {"dream-7b-adapt": 25, "llada-8b-pretrain": 38, "megadlms-1.7b-ar": 5, "megadlms-1.7b-mdm": 71,
-           "megadlms-1.7b-sft": 11, "mixtral-8x7b-mdm": 15}
+           "megadlms-1.7b-sft": 11, "mixtral-8x7b-mdm": 15, "llada-8b-d1-gsm8k": 34}
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)

@@ -16,6 +16,10 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+from dlmspec.backends.launch.no_gpu import quiet_megatron_without_gpu
+
+quiet_megatron_without_gpu()  # no CUDA device: megatron-core's import warnings would bury the start check's refusal
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.transformer_config import TransformerConfig

@@ -1,6 +1,6 @@
 """Run the whole hostile-file corpus (tests/hostile/hostile_corpus.py) and write a result JSON.
 
-    python bench/hardening/run_corpus.py --out bench/results/hostile_corpus_base.json
+    python bench/hostile/run_corpus.py --out bench/results/hostile_corpus_base.json
 
 Every case (every surface dlmspec reads besides the spec loader, every hostile class) runs
 through tests/hostile/hostile_driver.py: its commands as subprocesses of this interpreter's venv

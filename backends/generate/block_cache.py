@@ -1,0 +1,430 @@
+"""Block logits for semi-autoregressive decoding: the current block's logits only, with Fast-dLLM's
+block KV caches on megatron-core models.
+
+The sampler (:func:`~dlmspec.backends.generate.sampler.generate`) asks, at every denoising step, for
+the logits of the current block ``[start, end)`` of the canvas, through a :class:`BlockLogitsFn`:
+
+- :class:`FullCanvas` serves any :class:`~dlmspec.backends.generate.sampler.LogitsFn` (a Hugging Face
+  model, a test model): the whole canvas through the model, the block's columns kept. No cache.
+- :class:`GPTBlockLogits` serves a megatron-core ``GPTModel`` of the runtime. Its output layer is
+  run on the block's hidden states only (a forward pre-hook on ``output_layer`` slices
+  ``hidden_states [s, b, h]`` before it), so the ``[b, s, V]`` logits of the whole canvas are never
+  computed. With ``cache = "prefix"`` or ``"dual"`` it keeps every layer's keys and values:
+
+  * **refresh** (a block's first step, and every ``cache_refresh`` steps): the whole canvas runs as
+    without a cache; every core attention stores its keys and values ``[L, b, ng, hn]`` (after RoPE).
+  * **prefix** (Fast-dLLM ``generate_with_prefix_cache``): later steps run the columns
+    ``[start, L)`` (the block and the masked suffix); each layer's queries attend to the cached keys
+    of ``[0, start)`` and their own keys.
+  * **dual** (Fast-dLLM ``generate_with_dual_cache``): later steps run ``[start, end)`` only; the
+    keys of ``[0, start)`` and of the suffix ``[end, L)`` come from the cache.
+
+  Source: Wu et al. 2025, "Fast-dLLM", arXiv:2505.22618 Sec. 3.2 (Fig. 2), and its code
+  github:NVlabs/Fast-dLLM llada/generate.py. Positions are those of the full canvas: learned
+  absolute embeddings get the canvas' position ids of the columns run, RoPE gets the offset of the
+  first column run (a forward pre-hook on ``rotary_pos_emb`` passes ``offset=start``), so a cached
+  step's queries and keys are rotated as in the full forward. The attention pattern of the layer
+  (causal, block-causal by ``block_size``, bidirectional) is applied with the canvas' column
+  indices, and left padding by the key-padding mask of the canvas.
+
+  On a causal model, and on a block-causal model whose blocks the sampler's blocks start on, no
+  cached key depends on a column that changes after the refresh (and no query of the current block
+  sees a suffix key), so the cached steps give the no-cache logits. On a bidirectional model
+  they are Fast-dLLM's approximation (finished blocks no longer see the current block change).
+
+The cache is implemented on the local layer spec's core attention
+(:class:`~dlmspec.backends.megatron.attention.SDPACoreAttention` and its Flex subclass): while a
+:class:`GPTBlockLogits` call runs, each core attention's ``forward`` is replaced (on the instance)
+by one that stores or reads the cache and attends through the module's own ``_attend``; it is
+restored after the call. Other core attentions (Transformer Engine layers) cannot take the cache:
+:func:`block_cache_unsupported` says why, and the sampler falls back to ``cache = "none"`` (the
+current block's logits still only) and records the reason in the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, List, Optional, Protocol
+
+import torch
+from torch import Tensor
+
+
+class BlockLogitsFn(Protocol):
+    """The model as the block sampler sees it.
+
+    Attributes:
+        cache: the cache it runs: ``"none"``, ``"prefix"`` or ``"dual"``.
+
+    Called as ``fn(tokens, attention_mask, start, end, refresh=...)``:
+
+    Args:
+        tokens: ``LongTensor[B, L]``, the whole canvas (left-padded prompts, generated region).
+        attention_mask: ``BoolTensor[B, L]`` (``True`` = real token) or ``None`` (no row padded).
+        start, end: the current block's columns ``[start, end)``.
+        refresh: recompute the whole canvas (and the cache); a call with ``refresh=False`` must
+            follow a refresh of the same rows, canvas length and block.
+
+    Returns:
+        ``FloatTensor[B, end - start, V]``: the logits of the block's columns.
+    """
+
+    cache: str
+
+    def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, *,
+                 refresh: bool) -> Tensor: ...
+
+
+def call_logits_fn(logits_fn: Callable[..., Tensor], tokens: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
+    """Call ``logits_fn`` as :class:`~dlmspec.backends.generate.sampler.LogitsFn` says (no mask
+    argument when ``attention_mask`` is None).
+
+    Returns:
+        ``[B, L, V]`` logits.
+
+    Raises:
+        ValueError: ``logits_fn`` returned another shape.
+    """
+    logits = logits_fn(tokens) if attention_mask is None else logits_fn(tokens, attention_mask)
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(tokens.shape):
+        raise ValueError(
+            f"logits_fn returned shape {tuple(logits.shape)} for tokens of shape {tuple(tokens.shape)}; "
+            "it must return [batch, length, vocab]"
+        )
+    return logits
+
+
+class FullCanvas:
+    """:class:`BlockLogitsFn` of any logits function: the whole canvas each step, the block kept.
+
+    Args:
+        logits_fn: a :class:`~dlmspec.backends.generate.sampler.LogitsFn`.
+    """
+
+    cache = "none"
+    compile_fallback = "compile = true needs a megatron-core GPTModel of the runtime (gpt_logits_fn)"
+
+    def __init__(self, logits_fn: Callable[..., Tensor]) -> None:
+        self.logits_fn = logits_fn
+
+    def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, *,
+                 refresh: bool = True) -> Tensor:
+        return call_logits_fn(self.logits_fn, tokens, attention_mask)[:, start:end]
+
+
+def block_cache_unsupported(model: Any, cache: str) -> Optional[str]:
+    """Why :class:`GPTBlockLogits` cannot run ``cache`` on ``model``, or ``None`` when it can.
+
+    ``"none"`` needs a megatron-core ``GPTModel`` holding both ends (embedding and output layer) and
+    no sequence parallelism (the block's hidden states are sliced before the output layer).
+    ``"prefix"`` / ``"dual"`` need, besides, every core attention to be the local layer spec's
+    :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention` (or its Flex subclass), without
+    context parallelism, and RoPE, learned absolute or no position embedding (not multi-latent
+    attention, YaRN or multimodal RoPE).
+    """
+    from megatron.core.utils import unwrap_model
+
+    inner = unwrap_model(model)
+    config = getattr(inner, "config", None)
+    if config is None or not hasattr(inner, "output_layer") or not hasattr(inner, "embedding"):
+        return "not a megatron-core GPTModel holding the embedding and the output layer (one pipeline stage)"
+    if getattr(config, "sequence_parallel", False):
+        return "sequence parallelism (hidden states are split over the sequence before the output layer)"
+    if cache == "none":
+        return None
+    from dlmspec.backends.megatron.attention import SDPACoreAttention
+
+    if getattr(config, "multi_latent_attention", False):
+        return "multi-latent attention (its keys are latents)"
+    if getattr(inner, "position_embedding_type", "rope") not in ("rope", "learned_absolute", "none"):
+        return f"position_embedding_type = {inner.position_embedding_type!r} (RoPE, learned_absolute or none are cached)"
+    if int(getattr(config, "context_parallel_size", 1)) > 1:
+        return "context parallelism (each rank holds part of the sequence)"
+    cores = [m.core_attention for m in inner.modules() if hasattr(m, "core_attention")]
+    if not cores:
+        return "the model has no attention layer on this rank"
+    for core in cores:
+        if not isinstance(core, SDPACoreAttention):
+            return (f"core attention {type(core).__name__} (Transformer Engine layers): the block cache runs the "
+                    "local layer spec's SDPACoreAttention only")
+    return None
+
+
+def allowed_keys(mode: str, block_size: Optional[int], q_columns: Tensor, k_columns: Tensor,
+                 key_padding: Optional[Tensor]) -> Optional[Tensor]:
+    """The attention pattern of queries at canvas columns ``q_columns`` over keys at ``k_columns``.
+
+    ``"causal"``: key ``j`` is seen by query ``i`` when ``j <= i``; ``"block_causal"``: when
+    ``j // block_size <= i // block_size``; ``"bidirectional"``: always (the patterns of
+    :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention`, by column index). A padding key
+    (``key_padding`` False) is never seen.
+
+    Args:
+        mode, block_size: the core attention's.
+        q_columns: ``LongTensor[sq]``; k_columns: ``LongTensor[sk]``.
+        key_padding: ``BoolTensor[b, sk]`` (``True`` = real) or ``None``.
+
+    Returns:
+        ``BoolTensor`` broadcastable to ``[b, heads, sq, sk]`` (``True`` = attended), or ``None``
+        when everything is seen.
+    """
+    allowed = None
+    if mode == "causal":
+        allowed = (k_columns.view(1, -1) <= q_columns.view(-1, 1)).view(1, 1, len(q_columns), len(k_columns))
+    elif mode == "block_causal":
+        bs = int(block_size)
+        allowed = ((k_columns // bs).view(1, -1) <= (q_columns // bs).view(-1, 1)).view(1, 1, len(q_columns), len(k_columns))
+    if key_padding is not None:
+        pad = key_padding.bool().view(key_padding.shape[0], 1, 1, -1)
+        allowed = pad if allowed is None else allowed & pad
+    return allowed
+
+
+class GPTBlockLogits:
+    """:class:`BlockLogitsFn` of a megatron-core ``GPTModel``: the block's logits only, and a block KV cache.
+
+    See the module docstring for the algorithm and its sources.
+
+    Args:
+        model: the ``GPTModel`` (or a wrapper with the same ``forward``), eval mode, one pipeline stage.
+        cache: ``"none"``, ``"prefix"`` or ``"dual"`` (:func:`block_cache_unsupported` must accept it).
+        columns: ``logits [..., V_padded] -> logits [..., V]``, the loaded model's column selection
+            (``load.logits_columns``); default: all columns.
+        tensor_model_parallel_size: the model's TP; above 1 the output layer's vocabulary shards
+            are all-gathered for the block's columns only (``[b, block, V]``, never the canvas').
+        compile: run the model through ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) with
+            ``cache = "none"``. With a block cache it is not run (``compile_fallback`` says why): the
+            cache keeps keys and values made inside the model's forward, which a CUDA-graph replay
+            would overwrite.
+
+    Attributes:
+        refreshes, cached_steps: calls that ran the whole canvas and calls that used the cache.
+        keys, values: per core attention (in module order), the cached ``[L, b, ng, hn]`` tensors
+            of the last refresh (empty for ``cache = "none"``).
+        logit_rows: the number of positions the output layer ran on at the last call (``b x block``).
+        compile_fallback: why ``compile`` was asked for and is not run, or ``None``.
+
+    Raises:
+        ValueError: :func:`block_cache_unsupported` gives a reason.
+    """
+
+    def __init__(self, model: Any, *, cache: str = "none", columns: Optional[Callable[[Tensor], Tensor]] = None,
+                 tensor_model_parallel_size: int = 1, compile: bool = False) -> None:
+        why = block_cache_unsupported(model, cache)
+        if why is not None:
+            raise ValueError(f"no {cache!r} block cache for this model: {why}")
+        from megatron.core.utils import unwrap_model
+
+        self.model = model
+        self.cache = cache
+        self.columns = columns
+        self.compile = bool(compile) and cache == "none"
+        self.compile_fallback = None
+        if compile and cache != "none":
+            self.compile_fallback = (f"compile = true is not run with cache = {cache!r}: the cache keeps keys and values "
+                                     "made inside the forward, which a CUDA-graph replay would overwrite (not built)")
+        self._inner = unwrap_model(model)
+        self._cores = [m.core_attention for m in self._inner.modules() if hasattr(m, "core_attention")] \
+            if cache != "none" else []
+        self._gather = None
+        #: the sampler asks :meth:`greedy` (no gathered logits) at temperature 0 when set: at TP > 1
+        #: with a column selection :meth:`greedy` can apply to a shard.
+        self.vocab_parallel = tensor_model_parallel_size > 1 and (columns is None or hasattr(columns, "width"))
+        if tensor_model_parallel_size > 1:
+            from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+            self._gather = gather_from_tensor_model_parallel_region
+        self._forward = model
+        self._persistent = None
+        if self.compile:
+            # one hook for the object's life (a hook added per call would change what the compiled graph
+            # guards on, so it would recompile at every call); outside a call it passes the input through
+            self._persistent = self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)
+            self._forward = torch.compile(model, mode="reduce-overhead", dynamic=False)
+        self.keys: List[Tensor] = []
+        self.values: List[Tensor] = []
+        self.refreshes = 0
+        self.cached_steps = 0
+        self.logit_rows = 0
+        self._state: Dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ hooks
+
+    def _slice_hidden(self, module: Any, args: tuple, kwargs: dict):
+        if self._state.get("logits") is None:  # not inside a call of this object
+            return None
+        lo, hi = self._state["logits"]
+        hidden = args[0] if args else kwargs["input_"]
+        hidden = hidden[lo:hi]
+        self.logit_rows = hidden.shape[0] * hidden.shape[1]
+        if args:
+            return (hidden,) + tuple(args[1:]), kwargs
+        kwargs = dict(kwargs)
+        kwargs["input_"] = hidden
+        return args, kwargs
+
+    def _rope_offset(self, module: Any, args: tuple, kwargs: dict):
+        kwargs = dict(kwargs)
+        kwargs["offset"] = self._state["q_lo"]
+        return args, kwargs
+
+    def _core_forward(self, index: int, core: Any, original: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        from dlmspec.backends.megatron.attention import SDPACoreAttention
+
+        def forward(query: Tensor, key: Tensor, value: Tensor, attention_mask: Any = None, *args: Any,
+                    **kwargs: Any) -> Tensor:
+            state = self._state
+            if state["phase"] == "refresh":
+                if len(self.keys) <= index:
+                    self.keys.append(key)
+                    self.values.append(value)
+                else:
+                    self.keys[index], self.values[index] = key, value
+                return original(query, key, value, attention_mask, *args, **kwargs)
+            q_lo, q_hi = state["q_lo"], state["q_hi"]
+            cached_k, cached_v = self.keys[index], self.values[index]
+            parts_k, parts_v = [cached_k[:q_lo], key], [cached_v[:q_lo], value]
+            if q_hi < cached_k.shape[0]:
+                parts_k.append(cached_k[q_hi:])
+                parts_v.append(cached_v[q_hi:])
+            full_k, full_v = torch.cat(parts_k, dim=0), torch.cat(parts_v, dim=0)
+            mask = allowed_keys(core.mode, core.block_size, state["q_columns"], state["k_columns"], state["padding"])
+            return SDPACoreAttention._attend(core, query, full_k, full_v, mask, False)
+
+        return forward
+
+    @contextlib.contextmanager
+    def _installed(self, rope: bool):
+        handles = [] if self._persistent is not None else [
+            self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)]
+        rotary = getattr(self._inner, "rotary_pos_emb", None)
+        if rope and rotary is not None:
+            handles.append(rotary.register_forward_pre_hook(self._rope_offset, with_kwargs=True))
+        patched = []
+        for index, core in enumerate(self._cores):
+            own = core.__dict__.get("forward")  # an instance-level forward set by someone else, kept
+            core.forward = self._core_forward(index, core, own if own is not None else type(core).forward.__get__(core))
+            patched.append((core, own))
+        try:
+            yield
+        finally:
+            self._state["logits"] = None
+            for handle in handles:
+                handle.remove()
+            for core, own in patched:
+                if own is None:
+                    del core.forward  # back to the class's forward
+                else:
+                    core.forward = own
+
+    # ------------------------------------------------------------------ call
+
+    @torch.no_grad()
+    def __call__(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, *,
+                 refresh: bool = True) -> Tensor:
+        """The logits ``[B, end - start, V]`` (float32) of the block's columns (see the class docstring)."""
+        out = self._block(tokens, attention_mask, start, end, refresh)
+        if self._gather is not None:
+            out = self._gather(out.contiguous())
+        out = out.float()
+        return self.columns(out) if self.columns is not None else out
+
+    @torch.no_grad()
+    def greedy(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, *, refresh: bool,
+               exclude: Optional[int] = None) -> tuple[Tensor, Tensor]:
+        """The block's argmax tokens and their confidences ``([B, block], [B, block])`` from this rank's
+        vocabulary shard, without gathering the logits (:func:`vocab_parallel_greedy`): what
+        ``sample_tokens(logits, temperature=0)`` gives on the gathered, column-selected logits with the
+        id ``exclude`` (the mask token) at ``-inf``.
+
+        The column selection is applied to the shard by id: ids ``>= columns.width`` and
+        ``columns.blocked`` are ``-inf`` (``load._columns``).
+        """
+        out = self._block(tokens, attention_mask, start, end, refresh).to(torch.float64)
+        group, vocab_start = None, 0
+        if self._gather is not None:
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_tensor_model_parallel_group()
+            vocab_start = parallel_state.get_tensor_model_parallel_rank() * out.shape[-1]
+        ids = torch.arange(vocab_start, vocab_start + out.shape[-1], device=out.device)
+        invalid = torch.zeros_like(ids, dtype=torch.bool)
+        if self.columns is not None:
+            invalid |= ids >= int(self.columns.width)
+            blocked = list(getattr(self.columns, "blocked", ()))
+            if blocked:
+                invalid |= torch.isin(ids, torch.tensor(blocked, device=out.device))
+        if exclude is not None:
+            invalid |= ids == exclude
+        out = out.masked_fill(invalid, float("-inf"))
+        return vocab_parallel_greedy(out, group=group, vocab_start=vocab_start)
+
+    def _block(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, refresh: bool) -> Tensor:
+        """The output layer's ``[B, end - start, V_r]`` for the block (this rank's vocabulary shard)."""
+        b, length = tokens.shape
+        if attention_mask is None:
+            position_ids = torch.arange(length, device=tokens.device).unsqueeze(0).expand(b, length)
+            hidden_mask = None
+        else:
+            position_ids = (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp(min=0)
+            hidden_mask = (~attention_mask.bool()).view(b, 1, 1, length)
+        if self.cache == "none" or refresh:
+            self._state = {"phase": "refresh", "logits": (start, end)}
+            with self._installed(rope=False):
+                out = self._forward(tokens, position_ids, hidden_mask)
+            if self.cache != "none":
+                self.refreshes += 1
+                self._state["shape"] = (b, length)
+        else:
+            if self._state.get("shape") != (b, length) or not self.keys:
+                raise ValueError(f"a cached step needs a refresh of the same rows and length first (got {b} x {length})")
+            q_lo, q_hi = start, (length if self.cache == "prefix" else end)
+            device = tokens.device
+            self._state.update(
+                phase="step", q_lo=q_lo, q_hi=q_hi, logits=(0, end - start),
+                q_columns=torch.arange(q_lo, q_hi, device=device),
+                k_columns=torch.arange(length, device=device),
+                padding=attention_mask,
+            )
+            with self._installed(rope=True):
+                out = self._forward(tokens[:, q_lo:q_hi], position_ids[:, q_lo:q_hi], None)
+            self.cached_steps += 1
+        return out
+
+
+def vocab_parallel_greedy(logits: Tensor, *, group: Any = None, vocab_start: int = 0) -> tuple[Tensor, Tensor]:
+    """Argmax token and its probability from vocabulary-parallel logits, without gathering them.
+
+    Each tensor-parallel rank holds the logits of its vocabulary shard ``[vocab_start, vocab_start
+    + V_r)`` (megatron-core's ``ColumnParallelLinear`` output layer, ``gather_output=False``). Per
+    position, each rank computes its shard's max ``m_r``, the global index of its first maximum and
+    its log-sum-exp ``s_r``; ``m = max_r m_r`` and the token (the smallest global index reaching
+    ``m``: ``torch.argmax``'s tie rule) by all-reduce (MAX of ``m_r``, then MIN of the indices of the
+    ranks reaching ``m``), and ``log Z = m + log sum_r exp(s_r - m)`` by an all-reduce (SUM) of
+    ``exp(s_r - m)``. The confidence is ``p = exp(m - log Z)``: the softmax probability of the argmax
+    token, LLaDA's ``x0_p`` at temperature 0 (:func:`~dlmspec.backends.generate.sampler.sample_tokens`).
+    Communication: three all-reduces of ``[b, s]``, never ``[b, s, V]``.
+
+    Args:
+        logits: ``FloatTensor[b, s, V_r]``, this rank's shard (float64 is used inside).
+        group: the tensor-parallel process group (``None``: no communication, TP = 1).
+        vocab_start: the global id of this shard's first column.
+
+    Returns:
+        ``(tokens LongTensor[b, s], confidence Float64Tensor[b, s])``, equal on every rank.
+    """
+    x = logits.to(torch.float64)
+    local_max, local_arg = x.max(dim=-1)
+    local_lse = torch.logsumexp(x, dim=-1)
+    if group is None:
+        return local_arg + vocab_start, torch.exp(local_max - local_lse)
+    import torch.distributed as dist
+
+    global_max = local_max.clone()
+    dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
+    index = torch.where(local_max == global_max, local_arg + vocab_start,
+                        torch.full_like(local_arg, torch.iinfo(torch.int64).max))
+    dist.all_reduce(index, op=dist.ReduceOp.MIN, group=group)
+    z = torch.exp(local_lse - global_max)
+    dist.all_reduce(z, op=dist.ReduceOp.SUM, group=group)
+    return index, torch.exp(-torch.log(z))

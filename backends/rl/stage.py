@@ -1,0 +1,360 @@
+"""The RL stage (``[stage] kind = "rl"``): GRPO for autoregressive models and diffu-GRPO /
+coupled-GRPO for masked-diffusion models, on the training loop's stage seam.
+
+One *rollout batch* is ``grpo_prompts_per_step`` prompts x ``grpo_group_size`` completions
+(``train.global_batch_size`` sequences; each data-parallel rank rolls out whole groups of its
+``grpo_prompts_per_step / dp`` prompts). Every ``grpo_iterations`` optimizer steps
+:meth:`RLStage.before_step` makes a new one (:class:`RolloutEngine`):
+
+1. its prompts, in a seeded order per epoch (:meth:`RolloutEngine.next_prompts`), rendered with
+   the SFT stage's chat template and tokenised;
+2. ``G`` completions each from the sampler with the current policy in eval mode
+   (:func:`dlmspec.backends.generate.sampler.generate` for masked diffusion,
+   :func:`~dlmspec.backends.generate.sampler.generate_ar` for AR; settings of ``[generate]``,
+   through ``ctx.resources.logits_fn(chunk)``), drawn from the stage's rollout generator (kept in
+   checkpoints);
+3. rewards in worker processes (``backends/rl/rewards.py`` :class:`RewardPool`); a failed reward
+   (raised, hung, not a number, crashed worker) leaves that completion out of the loss;
+4. group-normalised advantages (GRPO, Shao et al. 2024, eq. 3: ``(r - mean_g) / (std_g + eps)``;
+   ``advantage_scale = "none"``: Dr. GRPO, Liu et al. 2025), optionally dropping groups whose
+   rewards do not vary (DAPO, Yu et al. 2025, sec. 3.2);
+5. with ``grpo_iterations > 1`` the rollout policy's log-probabilities ("old", one per inner
+   iteration, each with that iteration's estimator masks: d1 draws a fresh prompt mask per inner
+   iteration) and with ``grpo_kl_beta > 0`` the frozen reference's, in microbatches.
+
+The step's microbatches are the rollout batch's rows (``train.micro_batch_size`` each); the
+forward step scores them with the estimator (``backends/rl/estimators.py``: one forward pass for
+``one-step``, two for ``coupled``, K for ``mc-elbo``, one for ``ar``) and the loss function is
+the clipped ratio objective (``backends/rl/loss.py`` :func:`policy_loss`: asymmetric bounds
+``[1 - eps_lower, 1 + eps_upper]``, k3 KL to the reference). Megatron's schedule adds the
+microbatches' losses weighted by their rows (``num_tokens`` = rows, so the step's loss is the
+mean over rows of each microbatch's normalised loss).
+
+Logged per step (``train`` records: metrics.jsonl, TensorBoard, W&B): reward mean/std in total and
+per function, accuracy (the share of exact-match rewards equal to 1), KL, clip fraction, ratio,
+the share of groups without reward variance and of those filtered, failed rewards, completion
+length, the share of EOS-terminated completions, rollout and update seconds, rollout tokens/s.
+Every ``sample_log_interval`` rollout batches the first rank writes its prompts, completions and
+rewards to ``<run_dir>/rollouts.jsonl``.
+
+Checkpoints keep, per rank (:meth:`RLStage.state_dict`), the rollout generator's state, the prompt
+order and cursor, and the rollout batch in flight (a resume between two inner iterations trains
+on the same rollouts): a resumed run draws the rollouts an uninterrupted one draws. The reference
+model is rebuilt as a copy of the loaded policy on a resume (not the copy in use when the
+checkpoint was written) until its next refresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+from torch import Tensor
+
+from dlmspec.backends.megatron.stage import LM_LOSS, StageBase, StageData, sum_reports
+
+from .rollout import (LOSS_REPORT, ROLLOUT_REPORT, RLConfig, RLCore, Rollout, RolloutEngine, RolloutStats,
+                      default_core, rollout_metrics, write_samples)
+
+__all__ = ["RLConfig", "RLStage", "register"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The stage of the training loop (megatron-core)
+
+
+def _training_logits(model: torch.nn.Module, tensor_model_parallel_size: int) -> Callable[..., Tensor]:
+    """``(tokens [b, s], attention [b, s] or None) -> logits [b, s, V]`` float32 of a megatron-core
+    ``GPTModel`` chunk, with gradients: :func:`dlmspec.backends.generate.models.gpt_logits_fn`'s
+    positions and key-padding mask; the vocabulary gathered over tensor-parallel ranks
+    (megatron-core's ``gather_from_tensor_model_parallel_region``, whose backward splits it)."""
+    gather = None
+    if tensor_model_parallel_size > 1:
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region as gather
+
+    def fn(tokens: Tensor, attention: Optional[Tensor] = None) -> Tensor:
+        b, s = tokens.shape
+        if attention is None:
+            position_ids = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
+            hidden_mask = None
+        else:
+            position_ids = (attention.to(torch.int64).cumsum(-1) - 1).clamp(min=0)
+            hidden_mask = (~attention.bool()).view(b, 1, 1, s)
+        logits = model(tokens, position_ids, hidden_mask)
+        if gather is not None:
+            logits = gather(logits.contiguous())
+        return logits.float()
+
+    return fn
+
+
+class _RolloutRows:
+    """The training feed's source: each ``next()`` is the next microbatch of the rollout batch in
+    use (row slices; the forward step reads the rollout itself)."""
+
+    def __init__(self, stage: "RLStage") -> None:
+        self.stage = stage
+
+    def __iter__(self) -> "_RolloutRows":
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        return self.stage._next_microbatch()
+
+
+class RLStage(StageBase):
+    """The RL stage of :func:`~dlmspec.backends.megatron.training.train` (see the module docstring).
+
+    Args:
+        run: The run's settings (``objective.kind`` picks the sampler; ``seed``; ``logging.run_dir``).
+        options: :class:`RLConfig`.
+        core: :class:`RLCore` (default :func:`default_core`).
+        tokenizer: A tokenizer instead of the run's (``ctx.resources.tokenizer``, built from the
+            spec record), for a run without one (tests).
+    """
+
+    def __init__(self, run: Any, options: Optional[RLConfig] = None, core: Optional[RLCore] = None,
+                 tokenizer: Any = None) -> None:
+        super().__init__(run)
+        self.config = options if options is not None else RLConfig()
+        self.core = core
+        self.tokenizer = tokenizer
+        self.kind = f"rl-{self.config.algorithm}"
+        self.engine: Optional[RolloutEngine] = None
+        self.rollout: Optional[Rollout] = None
+        self.reference: Optional[List[torch.nn.Module]] = None
+        self._ctx = None
+        self._model: Optional[List[torch.nn.Module]] = None
+        self._microbatch = 0
+        self._inner = 0
+        self._iteration = 0
+        self._report_rollout = False
+        self._step_start: Optional[float] = None
+        self._update_seconds = 0.0
+
+    # -- the seam ----------------------------------------------------------------------------
+    def start_checks(self) -> None:
+        """The prompts file is readable (``read_prompts``; a malformed row: exit 2 naming file and line)."""
+        from dlmspec.backends.megatron.checks import refuse
+
+        core = self.core or default_core(self.config)
+        try:
+            rows, skipped = core.read_prompts(self.config.prompts, on_error=self.config.prompts_on_error)
+        except (OSError, ValueError) as exc:
+            refuse(f"stage.rl.prompts: {exc}")
+        if not rows:
+            refuse(f"stage.rl.prompts: {self.config.prompts} holds no prompt")
+
+    def setup(self, ctx: Any, *, layer_spec: Any, model_kwargs: Dict[str, Any]) -> None:
+        """Refuse pipeline parallelism and layers that ignore the prompts' key-padding mask; build
+        the rollout engine (the prompts read and tokenised).
+
+        Raises:
+            ValueError: what this stage cannot run here.
+        """
+        from megatron.core import parallel_state
+
+        from dlmspec.backends.megatron.layers import layer_spec_backend, layer_spec_takes_key_padding
+
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            raise ValueError("an RL stage samples through one model chunk holding the whole model: "
+                             "pipeline_model_parallel_size must be 1")
+        if layer_spec_backend(layer_spec) == "transformer_engine" and not layer_spec_takes_key_padding(layer_spec):
+            raise ValueError("an RL stage left-pads prompts of different lengths and hides the padding with a key-padding "
+                             "mask, which this Transformer Engine layer spec ignores: use dlmspec's build_layer_spec "
+                             "(its TE layers apply it) or use_transformer_engine=False")
+        self.start_checks()
+        run = self.run
+        self._ctx = ctx
+        self._tp = parallel_state.get_tensor_model_parallel_world_size()
+        resources = ctx.resources
+        schedule = None
+        if self.config.diffusion:
+            from dlmspec import objectives
+
+            try:
+                schedule = objectives.get(run.objective.kind).schedule(run.objective)
+            except (AttributeError, TypeError, ValueError):
+                schedule = None
+        eos = run.data.eod_id
+        self.engine = RolloutEngine(
+            self.config, tokenizer=self.tokenizer if self.tokenizer is not None else resources.tokenizer, mask_id=run.objective.mask_token_id, eos_id=eos,
+            pad_id=eos if eos is not None else 0, seed=run.seed, rank=ctx.data_parallel_rank,
+            ranks=ctx.data_parallel_size, micro_batch_size=run.schedule.micro_batch_size, device=ctx.device,
+            core=self.core, noise_schedule=schedule)
+        if ctx.data_parallel_rank == 0 and os.environ.get("RANK", "0") in ("", "0"):
+            print(f"rl: {len(self.engine.rows)} prompts ({self.engine.skipped} malformed rows skipped), "
+                  f"{self.config.algorithm} with the {self.config.estimator_name} estimator", flush=True)
+
+    def build_data(self, *, consumed_samples: int, num_chunks: int) -> Any:
+        """A training feed over the rollout batch in use; no validation feed (held-out accuracy is
+        ``dlmspec eval``'s)."""
+        from dlmspec.backends.megatron.microbatches import MicrobatchFeed
+        from dlmspec.backends.megatron.rng import TRAIN_STREAM
+
+        return StageData(train=MicrobatchFeed(_RolloutRows(self), num_chunks, TRAIN_STREAM), valid=None)
+
+    def prepare_model(self, model: List[torch.nn.Module]) -> str:
+        """Keep the policy; build the frozen reference (``grpo_kl_beta > 0``) as a copy of the
+        loaded policy (the ``init_from`` weights at the start) through the model factory."""
+        self._model = model
+        if self.config.grpo_kl_beta > 0:
+            self.reference = self._ctx.resources.model_factory.frozen_copy(model)
+        return f"{self.config.estimator_name} estimator"
+
+    def _eval_logits(self, chunk: torch.nn.Module) -> Callable[..., Tensor]:
+        from dlmspec.backends.generate.models import gpt_logits_fn
+
+        return gpt_logits_fn(chunk, tensor_model_parallel_size=self._tp)
+
+    def before_step(self, iteration: int, model: List[torch.nn.Module]) -> None:
+        """A new rollout batch every ``grpo_iterations`` steps (policy in eval mode, no gradients);
+        the reference refreshed every ``ref_model_sync_steps``; the samples file at its interval."""
+        now = time.perf_counter()
+        if self._step_start is not None:
+            self._update_seconds = now - self._step_start
+        c = self.config
+        self._iteration = iteration
+        if self.reference is not None and c.ref_model_sync_steps and iteration > 0 \
+                and iteration % c.ref_model_sync_steps == 0:
+            self._ctx.resources.model_factory.copy_weights(model, self.reference)
+        self._inner = iteration % c.grpo_iterations
+        if self.rollout is None or self._inner == 0:  # a resume between inner iterations keeps its rollouts
+            chunk = model[0]
+            chunk.eval()
+            try:
+                policy = _no_grad(_training_logits(chunk, self._tp))
+                reference = _no_grad(_training_logits(self.reference[0], self._tp)) if self.reference else None
+                self.rollout = self.engine.rollout(self._eval_logits(chunk), policy_fn=policy, reference_fn=reference)
+            finally:
+                chunk.train()
+            self._report_rollout = True
+            interval = c.sample_log_interval
+            if interval and self.rollout.index % interval == 0 and self._first_rank():
+                write_samples(self.run.logging.run_dir, self.rollout.samples, iteration)
+        self._microbatch = 0
+        self._step_start = time.perf_counter()
+
+    def _first_rank(self) -> bool:
+        return self._ctx.data_parallel_rank == 0 and os.environ.get("RANK", "0") in ("", "0")
+
+    def _next_microbatch(self) -> Dict[str, Any]:
+        m = self.run.schedule.micro_batch_size
+        start = self._microbatch * m
+        if self.rollout is None or start >= self.rollout.rows:
+            raise StopIteration
+        index = self._microbatch
+        self._microbatch += 1
+        report_rollout = self._report_rollout and index == 0
+        if report_rollout:
+            self._report_rollout = False
+        return {"start": start, "stop": start + m, "index": index, "rollout": report_rollout}
+
+    def forward_step(self, data_iterator: Iterator[Any], model: torch.nn.Module):
+        """``(log-probabilities [m, T], loss_func)`` of the next microbatch of rollout rows."""
+        item = next(data_iterator)
+        b = item.batch
+        rows = slice(int(b["start"]), int(b["stop"]))
+        logits = _training_logits(model, self._tp)
+        loss, stats = self.engine.loss(logits, self.rollout, rows, self._inner, int(b["index"]))
+        kept = int(self.rollout.keep[rows].sum())
+        extra = {}
+        if b["rollout"]:
+            vector = self.rollout.stats.vector()
+            extra[ROLLOUT_REPORT] = torch.tensor(vector, dtype=torch.float32, device=loss.device)
+        extra["rl update seconds"] = torch.tensor([self._update_seconds if int(b["index"]) == 0 else 0.0],
+                                                  device=loss.device)
+        return loss, functools.partial(_rl_loss_func, stats, kept, extra)
+
+    def reduce_reports(self, reports: List[Any], device: torch.device) -> Dict[str, Tensor]:
+        """Every report summed over microbatches and data-parallel ranks; a rank that made no
+        rollout this step adds zeros of the rollout report's length (the all-reduce needs the same
+        keys on every rank)."""
+        length = len(RolloutStats(reward_sums=[0.0] * len(self.config.rewards),
+                                  reward_squares=[0.0] * len(self.config.rewards),
+                                  reward_counts=[0] * len(self.config.rewards)).vector())
+        if not any(isinstance(r, dict) and ROLLOUT_REPORT in r for r in reports):
+            reports = list(reports) + [{ROLLOUT_REPORT: torch.zeros(length, device=device)}]
+        return sum_reports(reports, device)
+
+    def interval_metrics(self, sums: Dict[str, Tensor]) -> Dict[str, Optional[float]]:
+        """``rl/...`` entries: the rollout batches' statistics (:func:`rollout_metrics`) and the
+        policy loss's means over microbatches (``rl/kl``, ``rl/clip_fraction``, ``rl/ratio_mean``)."""
+        out: Dict[str, Optional[float]] = {}
+        roll = sums.get(ROLLOUT_REPORT)
+        if roll is not None and float(roll[0]) > 0:
+            out.update(rollout_metrics(roll.tolist(), [f for f, _ in self.config.rewards]))
+        lv = sums.get(LOSS_REPORT)
+        if lv is not None and float(lv[0]) > 0:
+            n = float(lv[0])
+            out["rl/kl"] = float(lv[1]) / n
+            out["rl/clip_fraction"] = float(lv[2]) / n
+            out["rl/ratio_mean"] = float(lv[3]) / n
+            out["rl/rows_trained"] = float(lv[4])
+        up = sums.get("rl update seconds")
+        if up is not None:
+            out["rl/update_seconds"] = float(up.sum())
+        return out
+
+    def samples_consumed(self, iteration: int) -> int:
+        """Prompts: ``grpo_prompts_per_step`` on the step that rolled out, else 0."""
+        return self.config.grpo_prompts_per_step if iteration % self.config.grpo_iterations == 0 else 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The rollout engine's state (:meth:`RolloutEngine.state_dict`) and the rollout batch in use."""
+        if self.engine is None:
+            return {}
+        return {"engine": self.engine.state_dict(), "rollout": None if self.rollout is None else self.rollout.state()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if not state or self.engine is None:
+            return
+        self.engine.load_state_dict(state["engine"])
+        if state.get("rollout") is not None:
+            r = Rollout.from_state(state["rollout"])
+            device = self._ctx.device
+            self.rollout = dataclasses.replace(
+                r, tokens=r.tokens.to(device), attention=None if r.attention is None else r.attention.to(device),
+                completion_mask=r.completion_mask.to(device), advantages=r.advantages.to(device),
+                keep=r.keep.to(device),
+                old_logp=None if r.old_logp is None else [t.to(device) for t in r.old_logp],
+                ref_logp=None if r.ref_logp is None else [t.to(device) for t in r.ref_logp])
+
+    def checkpoint_metadata(self) -> Dict[str, Any]:
+        """``{"objective": ..., "rl": <RLConfig as a dict>}``."""
+        return {"objective": dataclasses.asdict(self.run.objective), "rl": dataclasses.asdict(self.config)}
+
+
+def _no_grad(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Tensor:
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def _rl_loss_func(stats: Dict[str, float], kept: int, extra: Dict[str, Tensor], loss: Tensor):
+    """megatron's loss triple of a microbatch: ``(loss x 1, 1 microbatch, reports)`` so the step's
+    loss is the mean of its microbatches' normalised losses (``calculate_per_token_loss``:
+    megatron divides by the summed ``num_tokens``)."""
+    one = torch.ones((), device=loss.device, dtype=torch.int)
+    report = {LM_LOSS: torch.stack([loss.detach().float(), one.float()]),
+              LOSS_REPORT: torch.tensor([1.0, float(stats.get("kl", 0.0)), float(stats.get("clip_fraction", 0.0)),
+                                         float(stats.get("ratio_mean", 1.0)), float(kept)], device=loss.device),
+              **extra}
+    return loss, one, report
+
+
+def register() -> None:
+    """Make :class:`RLStage` the runtime stage of ``[stage] kind = "rl"``."""
+    from dlmspec.backends.megatron.stages import register_stage
+
+    register_stage("rl", RLStage)
+
+
+register()

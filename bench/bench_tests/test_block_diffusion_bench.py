@@ -1,0 +1,37 @@
+"""bench/demos/bd3lm.py without a GPU: ``--dry`` lists the two compiles (same data, steps and batch),
+the two trainings and the evaluation; the training values are read from a metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from bench_scripts import load_script  # noqa: E402
+
+
+def test_dry_lists_both_trainings_at_equal_data_and_the_evaluation(tmp_path, capsys) -> None:
+    bench = load_script(ROOT / "bench" / "demos" / "bd3lm.py", "bd3lm_bench")
+    assert bench.main(["--dry", "--work-dir", str(tmp_path / "w"), "--train-iters", "40"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["compile-mdm", "compile-bd3lm", "train-mdm", "train-bd3lm",
+                                                      "evaluate", "result"]
+    for kind in ("mdm", "bd3lm"):
+        line = next(x for x in lines if x.startswith(f"compile-{kind}"))
+        assert "train.train_iters=40" in line and "demo-train_text_document" in line
+    assert "model.transformer_impl=\"local\"" in lines[0].replace("'", "")
+    assert lines[-1].endswith("-bd3lm-vs-mdm.json")
+
+
+def test_training_values_are_read_from_the_metrics(tmp_path) -> None:
+    bench = load_script(ROOT / "bench" / "demos" / "bd3lm.py", "bd3lm_bench")
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"event": "train", "iteration": i, "loss": 10.0 - i / 10, "tokens_per_s": 1000.0 + i,
+             "peak_mem_gib": 3.0 + i / 100} for i in range(5, 105, 5)]
+    metrics.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n", encoding="utf-8")
+    got = bench.train_values(metrics)
+    assert got["loss_curve"][0] == [5, 9.5] and got["final_loss"] == rows[-1]["loss"]
+    assert got["tokens_per_s_median"] == 1000.0 + 77.5  # the median of iterations 55 .. 100
+    assert got["peak_mem_gib"] == 4.0

@@ -1,0 +1,388 @@
+"""The fast-sampling suite: block KV caches and parallel decoding of ``dlmspec generate`` against the
+peers' loop and Fast-dLLM's own implementation, on a task model trained in the same run, with
+held-out accuracy.
+
+    python bench/sampling/fast_sampling.py --gpus 1                 # everything, one GPU, ~9 minutes
+    python bench/sampling/fast_sampling.py --dry                    # print the plan; exit 2 if something is missing
+
+Steps (each a process started in the work directory, outside the checkout, with the installed dlmspec;
+each prints progress with UTC timestamps; each worker rewrites its partial result under ``--out``
+after every configuration, so a run stopped by its time limit still returns what it measured):
+
+1. ``task``: ``dlmspec task make addition`` (prompts, answers, the pre-training text; ``--test`` held-out
+   prompts, at least 500).
+2. ``data-train`` / ``data-valid``: ``dlmspec data prepare`` of the task's pre-training text with GPT-2's
+   BPE (``--tokenizer-dir``), end-of-document appended (it ends each answer).
+3. ``compile`` + ``train``: ``--spec`` (default ``specs/task-addition-dlm.toml``) on that data, with
+   ``model.qk_layernorm = false`` (LLaDA's modelling code, which Fast-dLLM runs, has no q/k norm),
+   ``--train-iters`` iterations, one checkpoint at the end.
+4. ``peer-install``: the transformers Fast-dLLM pins (4.49.0) and its tokenizers/huggingface-hub,
+   from ``--peer-wheels``, into ``--peer-site`` (only the peers' process puts it on its path).
+5. ``measure-dlmspec``: ``fast_measure.py dlmspec`` (dlmspec's sampler: no cache with low-confidence
+   and threshold decoding, prefix and dual cache with threshold and factor decoding) and the LLaDA
+   export of the model.
+6. ``measure-peers``: ``fast_measure.py peers`` (the LLaDA ``generate.py``-style Hugging Face loop and
+   Fast-dLLM's own no-cache, prefix-cache and dual-cache functions, ``--fast-dllm``, on the export).
+7. ``report``: accuracy (exact match, Wilson 95 %), agreement, the targets beside the measured ratios,
+   the table for docs/generate.md.
+
+The result (``bench/schema.py``) goes to ``<out>/sampling/<date>-<gpu>-<name>.json`` with the table
+beside it (``.md``) and the log (``.log``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import fast_kit  # noqa: E402
+
+ROOT = common.ROOT
+MEASURE = ROOT / "bench" / "sampling" / "fast_measure.py"
+#: Fast-dLLM's files the peers' process needs (bench/devbox/fetch_fast_dllm.sh writes them).
+FAST_DLLM_FILES = ("COMMIT", "llada/generate.py", "llada/model/__init__.py", "llada/model/configuration_llada.py",
+                   "llada/model/modeling_llada.py")
+#: The wheels of the transformers Fast-dLLM's requirements.txt pins, and the two packages whose
+#: versions that transformers checks at import.
+PEER_WHEELS = ("transformers-4.49.0-", "tokenizers-0.21.", "huggingface_hub-0.")
+FETCH = "bash bench/devbox/fetch_fast_dllm.sh"
+Step = Tuple[str, List[str], Dict[str, str]]
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_common(p, precision=None)
+    p.add_argument("--spec", default=str(ROOT / "specs" / "task-addition-dlm.toml"), help="the task model's spec")
+    p.add_argument("--task", default="addition", help="dlmspec task make's task (default addition)")
+    p.add_argument("--task-args", default="", help="more arguments of dlmspec task make, one string (e.g. '--digits 4')")
+    p.add_argument("--test", type=int, default=512, help="held-out prompts made and scored (default 512, at least 500)")
+    p.add_argument("--train-iters", type=int, default=None, help="iterations of the training (default the spec's)")
+    p.add_argument("--ckpt", default=None, help="measure this checkpoint; skip task data preparation and training "
+                   "(--task-dir must then hold the task)")
+    p.add_argument("--task-dir", default=None, help="an existing task folder (default: made in the work directory)")
+    p.add_argument("--data-workers", type=int, default=8, help="tokenizer processes of data prepare (default 8)")
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--gen-length", type=int, default=32,
+                   help="generated tokens (default 32: the answer, at most 7 tokens, in the first of 4 blocks)")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--block-length", type=int, default=8)
+    p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--factor", type=float, default=1.0)
+    p.add_argument("--cache-refresh", type=int, default=None, help="dlmspec's cache_refresh (default the sampler's)")
+    p.add_argument("--repeats", type=int, default=3, help="timed generations per batch (the median is kept)")
+    p.add_argument("--eval-batch", type=int, default=128)
+    p.add_argument("--dlmspec-set", action="append", default=[], metavar="KEY=JSON",
+                   help="another [generate] key for every dlmspec configuration")
+    p.add_argument("--only", default="", help="comma-separated configuration names (default all)")
+    p.add_argument("--with-compile", action="store_true", help="also dlmspec with [generate] compile = true (CUDA "
+                   "graphs): none/low_confidence, prefix/threshold, dual/threshold, after all the others")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--budget-s", type=float, default=540, help="wall-clock budget of the whole run (default 540)")
+    p.add_argument("--measure-reserve-s", type=float, default=210,
+                   help="seconds kept for the measurement and report: the steps before them (training) are stopped "
+                   "when they would eat into it (default 210)")
+    p.add_argument("--fast-dllm", default=str(ROOT / ".bench-peers" / "fast-dllm"), help="Fast-dLLM's files")
+    p.add_argument("--peer-wheels", default=str(ROOT / ".bench-peers" / "wheels"), help="transformers 4.49.0 & co.")
+    p.add_argument("--peer-site", default=None, help="where the peer wheels are installed (default WORK/peer-site)")
+    p.add_argument("--tokenizer-dir", default=str(ROOT / ".bench-data" / "gpt2"), help="GPT-2's vocab.json, merges.txt")
+    args = p.parse_args(argv)
+    try:
+        args.batch_list = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batches {args.batches!r}: comma-separated integers, e.g. 1,8,32")
+    if not args.batch_list or min(args.batch_list) < 1:
+        p.error(f"--batches {args.batches!r}: batch sizes >= 1, e.g. 1,8,32")
+    if args.test < 500:
+        p.error(f"--test {args.test}: at least 500 held-out prompts (the accuracy's interval needs them), e.g. --test 512")
+    if min(args.gen_length, args.steps, args.block_length, args.repeats, args.eval_batch) < 1:
+        p.error("--gen-length, --steps, --block-length, --repeats and --eval-batch must be >= 1")
+    if args.gen_length % args.block_length or args.steps % (args.gen_length // args.block_length):
+        p.error(f"--gen-length {args.gen_length} must be a multiple of --block-length {args.block_length}, and --steps "
+                "split evenly over the blocks (e.g. --gen-length 32 --steps 32 --block-length 8)")
+    if args.ckpt and not args.task_dir:
+        p.error("--ckpt needs --task-dir (the task folder the checkpoint was trained on)")
+    if args.name and not all(c.isalnum() or c in "._-" for c in args.name):
+        p.error("--name may hold letters, digits, '.', '_' and '-' only")
+    try:
+        fast_kit.configs_of("dlmspec", [x for x in args.only.split(",") if x])
+    except ValueError as exc:
+        p.error(f"--only: {exc}")
+    return args
+
+
+def measure_flags(args: argparse.Namespace) -> List[str]:
+    flags = ["--device", args.device, "--gen-length", str(args.gen_length), "--steps", str(args.steps),
+             "--block-length", str(args.block_length), "--threshold", str(args.threshold), "--factor", str(args.factor),
+             "--batches", ",".join(map(str, args.batch_list)), "--repeats", str(args.repeats),
+             "--eval-prompts", str(args.test), "--eval-batch", str(args.eval_batch)]
+    if args.cache_refresh is not None:
+        flags += ["--cache-refresh", str(args.cache_refresh)]
+    if args.only:
+        flags += ["--only", args.only]
+    return flags
+
+
+def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
+    """``[(step, argv, extra env)]`` of the run (the workers' ``--deadline`` is added when they start)."""
+    py, cli = args.python, [args.python, "-m", "dlmspec.cli"]
+    tok = Path(args.tokenizer_dir).resolve()
+    task_dir = Path(args.task_dir).resolve() if args.task_dir else work / "task"
+    steps: List[Step] = []
+    ckpt = args.ckpt
+    if ckpt is None:
+        if not args.task_dir:
+            # --force: the work directory is this launcher's own (a rerun on a warm machine replaces its files)
+            steps.append(("task", cli + ["task", "make", args.task, "--out", str(task_dir), "--seed", "0",
+                                         "--test", str(args.test), "--force"] + args.task_args.split(), {}))
+        for split in ("train", "validation"):
+            steps.append((f"data-{split}", cli + [
+                "data", "prepare", "--input", str(task_dir / f"pretrain-{split}.jsonl"),
+                "--output-prefix", str(work / "data" / f"task-{split}"), "--tokenizer-type", "GPT2BPETokenizer",
+                "--vocab-file", str(tok / "vocab.json"), "--merge-file", str(tok / "merges.txt"), "--append-eod",
+                "--workers", str(args.data_workers if split == "train" else 1), "--force"], {}))
+        run_dir = work / "run"
+        sets = [f'data.train=[{{prefix="{work}/data/task-train_text_document", weight=1.0}}]',
+                f'data.valid=[{{prefix="{work}/data/task-validation_text_document", weight=1.0}}]',
+                f'data.tokenizer={{type="GPT2BPETokenizer", vocab_file="{tok}/vocab.json", merge_file="{tok}/merges.txt"}}',
+                "model.qk_layernorm=false", f'checkpoint.save="{run_dir}/checkpoints"',
+                f'logging.run_dir="{run_dir}"', f'logging.tensorboard_dir="{run_dir}/tensorboard"',
+                f"cluster.gpus_per_node={args.gpus}"]
+        if spec_table(args.spec, "eval", "generation") is not None:  # scored on the validation split, once, at the end
+            sets += [f'eval.generation.prompts="{task_dir}/validation.jsonl"', "eval.generation.max_prompts=200"]
+        iters = args.train_iters or spec_table(args.spec, "train", "train_iters")
+        if args.train_iters:
+            sets += [f"train.train_iters={iters}", f"train.lr_warmup_iters={max(1, iters // 10)}"]
+        if isinstance(iters, int) and iters > 0:  # a checkpoint half-way too: a training stopped by the time limit still leaves a model to measure
+            sets += [f"checkpoint.save_interval={max(1, iters // 2)}", f"train.eval_interval={iters}"]
+        if args.gpu:
+            sets.append(f'cluster.gpu="{args.gpu}"')
+        compiled = work / "compiled"
+        steps.append(("compile", cli + ["compile", str(Path(args.spec).resolve()), "-o", str(compiled), "--force"]
+                      + [a for s in sets for a in ("--set", s)], {}))
+        steps.append(("train", ["bash", str(compiled / "launch.sh")], {"DLMSPEC_PYTHON": py}))
+        ckpt = str(run_dir / "checkpoints")  # the latest checkpoint of the run
+    site = Path(args.peer_site) if args.peer_site else work / "peer-site"
+    steps.append(("peer-install", [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                                   "--no-cache-dir", "--upgrade", "--target", str(site), "--find-links",
+                                   str(Path(args.peer_wheels).resolve()), "transformers==4.49.0", "tokenizers<0.22",
+                                   "huggingface-hub<1.0"], {}))
+    flags = measure_flags(args)
+    llada = work / "llada-hf"
+    sets_d = [a for s in args.dlmspec_set for a in ("--dlmspec-set", s)]
+    steps.append(("measure-dlmspec", [py, str(MEASURE), "dlmspec", "--work", str(work), "--partial",
+                                      str(out / "fast-sampling-dlmspec.json"), "--ckpt", ckpt, "--task-dir",
+                                      str(task_dir), "--llada-out", str(llada)] + flags + sets_d
+                  + (["--with-compile"] if args.with_compile else []), {}))
+    steps.append(("measure-peers", [py, str(MEASURE), "peers", "--work", str(work), "--partial",
+                                    str(out / "fast-sampling-peers.json"), "--llada", str(llada), "--fast-dllm",
+                                    str(Path(args.fast_dllm).resolve())] + flags,
+                  # the pinned transformers first on the path, only in this process
+                  {"PYTHONPATH": os.pathsep.join(x for x in (str(site), common.child_env().get("PYTHONPATH", "")) if x)}))
+    return steps
+
+
+def spec_table(spec: str, table: str, key: str) -> Any:
+    """``[table] key`` as written in the spec file (``None`` when absent or unreadable: compile then
+    says why)."""
+    import tomllib
+
+    try:
+        with open(spec, "rb") as f:
+            section = tomllib.load(f).get(table, {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return section.get(key) if isinstance(section, dict) else None
+
+
+def trained_checkpoint(work: Path) -> bool:
+    """Whether the run left a checkpoint (``iter_*/dlmspec.json``) to measure."""
+    return any((work / "run" / "checkpoints").glob("iter_*/dlmspec.json"))
+
+
+def task_cli_available(python: str) -> Optional[str]:
+    """``None`` when ``python -m dlmspec.cli task make --help`` works (the task generator is
+    installed), else why not."""
+    try:
+        proc = subprocess.run([python, "-m", "dlmspec.cli", "task", "make", "--help"], capture_output=True, text=True,
+                              timeout=120, cwd="/", env=common.child_env())
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{python} did not start: {exc}"
+    if proc.returncode != 0:
+        return "this dlmspec has no `dlmspec task make` (the task generator): install a dlmspec that has it"
+    return None
+
+
+def missing(args: argparse.Namespace, probe: Callable[[str], Optional[str]] = task_cli_available) -> List[Tuple[str, str]]:
+    """``[(what is missing, the command that gets it)]`` for the run (empty: everything is present)."""
+    out: List[Tuple[str, str]] = []
+    fd = Path(args.fast_dllm)
+    for name in FAST_DLLM_FILES:
+        if not (fd / name).is_file():
+            out.append((f"Fast-dLLM's {name} under {fd}", FETCH))
+    wheels = Path(args.peer_wheels)
+    present = [p.name for p in wheels.glob("*.whl")] if wheels.is_dir() else []
+    for prefix in PEER_WHEELS:
+        if not any(n.startswith(prefix) for n in present):
+            out.append((f"the wheel {prefix}* under {wheels}", FETCH))
+    tok = Path(args.tokenizer_dir)
+    if args.ckpt is None:
+        for name in ("vocab.json", "merges.txt"):
+            if not (tok / name).is_file():
+                out.append((f"GPT-2's {name} under {tok}", FETCH))
+        if not Path(args.spec).is_file():
+            out.append((f"the spec {args.spec}", "a dlmspec checkout with specs/task-addition-dlm.toml, or --spec FILE"))
+        if not args.task_dir:
+            why = probe(args.python)
+            if why:
+                out.append((why, "pip install a dlmspec with the task generator (bench/devbox/fetch_wheels.sh builds its wheel)"))
+    elif args.task_dir and not (Path(args.task_dir) / "test.jsonl").is_file():
+        out.append((f"the held-out prompts {args.task_dir}/test.jsonl", "dlmspec task make addition --out DIR"))
+    return out
+
+
+def result_name(args: argparse.Namespace) -> str:
+    model = Path(args.spec).stem if args.ckpt is None else "checkpoint"
+    return (args.name or f"fast-{model}-gen{args.gen_length}-b{'-'.join(map(str, args.batch_list))}").lower()
+
+
+def settings(args: argparse.Namespace) -> Dict[str, Any]:
+    return {"spec": str(args.spec), "task": args.task, "task_args": args.task_args, "held_out": args.test,
+            "train_iters": args.train_iters, "batches": args.batch_list, "gen_length": args.gen_length,
+            "steps": args.steps, "block_length": args.block_length, "threshold": args.threshold, "factor": args.factor,
+            "cache_refresh": args.cache_refresh, "repeats": args.repeats, "eval_batch": args.eval_batch,
+            "temperature": 0.0, "eos_early_exit": False, "dlmspec_set": args.dlmspec_set,
+            "with_compile": args.with_compile,
+            "tokens_counted": "batch x gen_length (every implementation decodes every position)"}
+
+
+def _missing_parts(entry: Optional[Dict[str, Any]], batches: List[int]) -> List[str]:
+    """What a configuration's result lacks (empty: complete)."""
+    if not entry:
+        return ["not run"]
+    if entry.get("skipped"):
+        return [f"skipped: {entry['skipped']}"]
+    out = [f"timing b{b}" for b in batches if str(b) not in entry.get("timing", {})]
+    if not entry.get("accuracy"):
+        out.append("accuracy")
+    return out + list(entry.get("cut", [])) + list(entry.get("errors", []))
+
+
+def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]] = task_cli_available) -> int:
+    t0 = time.time()
+    args = parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    slurm = common.maybe_slurm(args, raw, "sampling")
+    if slurm is not None:
+        return slurm
+    work = common.work_dir(args, "fast-sampling")
+    out = common.results_root(args)
+    steps = plan(args, work, out)
+    lacking = missing(args, probe)
+    if args.dry:
+        common.print_dry(steps + [("report", [args.python, str(MEASURE), "report", "--work", str(work), "..."], {})], work,
+                         common.planned_path(args, "sampling", result_name(args)))
+        for what, how in lacking:
+            print(f"missing: {what}; get it with: {how}", file=sys.stderr)
+        return 2 if lacking else 0
+    if lacking:
+        for what, how in lacking:
+            print(f"error: missing {what}; get it with: {how}", file=sys.stderr)
+        return 2
+    problem = common.check_installed(args.python, work)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    log = work / "fast-sampling.log"
+    deadline = t0 + args.budget_s
+    record: Dict[str, Any] = {}
+    status = "ok"
+    reserve_report = 30.0
+    for name, cmd, extra in steps:
+        now = time.time()
+        left = deadline - now - reserve_report
+        if left < 15:
+            record[name] = {"command": common.show(cmd), "returncode": None, "skipped": "out of time"}
+            status = "partial"
+            print(fast_kit.stamp(t0, f"{name}: skipped, {left:.0f}s left"), flush=True)
+            continue
+        env = dict(extra)
+        if not name.startswith("measure-") and name != "peer-install":
+            left -= args.measure_reserve_s
+            if left < 15:
+                record[name] = {"command": common.show(cmd), "returncode": None, "skipped": "out of time"}
+                status = "failed"
+                print(fast_kit.stamp(t0, f"{name}: no time left before the measurement's reserve"), flush=True)
+                break
+        if name == "measure-dlmspec":
+            left = left * 0.55 if "measure-peers" in [s[0] for s in steps] else left
+        if name.startswith("measure-"):
+            cmd = cmd + ["--deadline", f"{now + left - 25:.0f}"]
+        print(fast_kit.stamp(t0, f"{name}: {common.show(cmd)} (limit {left:.0f}s)"), flush=True)
+        start = time.time()
+        with open(log, "ab") as fh:
+            fh.write(f"\n===== {name}: {common.show(cmd)}\n".encode())
+            fh.flush()
+            try:
+                code = subprocess.run(cmd, cwd=str(work), env=common.child_env(env), stdout=fh, stderr=subprocess.STDOUT,
+                                      timeout=left).returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        record[name] = {"command": common.show(cmd), "returncode": code, "seconds": round(time.time() - start, 1)}
+        print(fast_kit.stamp(t0, f"{name}: exit {code} after {time.time() - start:.0f}s"), flush=True)
+        if code != 0:
+            record[name]["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
+            print("\n".join(record[name]["log_tail"]), file=sys.stderr, flush=True)
+            if name == "train" and trained_checkpoint(work):
+                status = "partial"  # stopped by its limit after a checkpoint: measure that one
+                record[name]["note"] = "stopped before its last iteration; the latest checkpoint is measured"
+                continue
+            if not name.startswith("measure-"):
+                status = "failed"
+                break
+            status = "partial"
+    values: Dict[str, Any] = {"steps": record, "settings": settings(args)}
+    partials = [str(out / "fast-sampling-dlmspec.json"), str(out / "fast-sampling-peers.json")]
+    report_json, planned = work / "report.json", common.planned_path(args, "sampling", result_name(args))
+    rep = [args.python, str(MEASURE), "report", "--work", str(work), "--partials", *partials,
+           "--settings", json.dumps(settings(args)), "--out", str(report_json), "--table", str(planned.with_suffix(".md"))]
+    planned.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        code = subprocess.run(rep, cwd=str(work), env=common.child_env(), timeout=max(30.0, deadline + 20 - time.time())
+                              ).returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    record["report"] = {"command": common.show(rep[:5] + ["..."]), "returncode": code}
+    if code == 0 and report_json.exists():
+        values.update(json.loads(report_json.read_text()))
+    elif status == "ok":
+        status = "partial"
+    # what the run did not measure: a configuration skipped, cut by the deadline, failed, or unscored
+    values["incomplete"] = {c.name: _missing_parts(values.get("configs", {}).get(c.name), args.batch_list)
+                            for c in (fast_kit.ALL_CONFIGS if args.with_compile else fast_kit.CONFIGS)
+                            if (not args.only or c.name in args.only.split(","))}
+    values["incomplete"] = {k: v for k, v in values["incomplete"].items() if v}
+    if values["incomplete"] and status == "ok":
+        status = "partial"
+    path = common.finish(args, "sampling", result_name(args), [sys.executable, str(Path(__file__).resolve()), *raw],
+                         values, status, notes="fast sampling: block caches and parallel decoding, task model, "
+                         "held-out accuracy (bench/sampling/fast_sampling.py)")
+    if log.exists():
+        import shutil
+
+        shutil.copyfile(log, path.with_suffix(".log"))
+    print(fast_kit.stamp(t0, f"done: {status}; {path}"), flush=True)
+    return 0 if status == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

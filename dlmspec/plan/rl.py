@@ -1,0 +1,209 @@
+"""What an RL stage (``[stage] kind = "rl"``) plans besides the policy's forward and backward.
+
+Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion rows of
+``train.seq_length`` positions; a rollout batch serves ``grpo_iterations`` = mu steps):
+
+* **Rollouts** (``rl_rollout``, backends/rl/stage.py through the sampler): one rollout batch per mu
+  steps. The masked-diffusion sampler makes ``generate.steps`` forward passes over the whole
+  sequence (LLaDA's sampler: one per denoising step, prompt and completion; ``remasking =
+  "threshold"`` commits at least one token per step, so ``steps`` is its upper bound;
+  ``cfg_scale > 0`` doubles the rows of each pass); the AR sampler makes ``gen_length`` passes, each
+  over the sequence so far without a KV cache (mean length ``seq - gen_length / 2``). A forward
+  pass over the rank's rows costs a third of the step's ``gemm + attention + elementwise`` (the
+  backward costs twice the forward: Narayanan et al. 2021, eq. 3's 3x; a quarter with full
+  recomputation, which repeats the forward) plus a third of one
+  microbatch's kernel launches (a sampler pass is one call over all the rank's rows: a small
+  model's passes are launch-bound). Rollout time = ``passes x forward / mu``.
+* **Scoring** (``rl_scoring``): the estimator's forward passes per log-probability (one-step and
+  ar: 1; coupled: 2, DiffuCoder's complementary pair; mc-elbo: K). The policy's own training pass
+  is one forward and backward of the base step; the other ``n - 1`` passes also run backward (a
+  forward and backward each). With mu > 1 the rollout policy's log-probabilities (n forwards per
+  inner iteration, all made at rollout time) and with ``grpo_kl_beta > 0`` the reference's (n
+  forwards) add forwards without backward.
+* **Memory** (``rl_reference``): with ``grpo_kl_beta > 0`` a frozen copy of this rank's weights in
+  the run's dtype (:meth:`dlmspec.backends.megatron.stage.ModelFactory.frozen_copy`), held the
+  whole step. The sampler's ``[rows, seq, vocab]`` float32 logits exist during the rollout only,
+  when no activation is held: :func:`rl_plan` reports them, the step's peak does not count them.
+
+Reads ``[stage.rl]`` (:attr:`dlmspec.plan.shape.ModelShape.stage_options`, defaults of
+:class:`dlmspec.spec.models.RLSpec` where unwritten) and the rollout sampler's ``[generate]``
+settings (the ``"generate"`` entry the shape adds for an RL stage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dlmspec.plan.memory import StageMemoryTerm, StageTermInputs, register_stage_memory_term
+from dlmspec.plan.shape import Layout, ModelShape, input_length
+from dlmspec.plan.time import StageTimeTerm, register_stage_time_term
+
+#: ``[stage.rl]`` defaults the planner reads (as :class:`dlmspec.spec.models.RLSpec`).
+RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "elbo_samples": 4,
+                               "grpo_iterations": 1, "grpo_kl_beta": 0.04, "grpo_group_size": 8,
+                               "grpo_prompts_per_step": 8}
+#: ``[generate]`` defaults the planner reads (as :class:`dlmspec.spec.models.GenerateSpec`).
+GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "cfg_scale": 0.0, "remasking": "low_confidence"}
+#: The algorithm's estimator (backends/rl/stage.py ALGORITHM_ESTIMATOR).
+ALGORITHM_ESTIMATOR = {"diffu-grpo": "one-step", "coupled-grpo": "coupled", "grpo": "ar"}
+
+
+def rl_options(shape: ModelShape) -> dict[str, Any]:
+    """``[stage.rl]`` of ``shape`` with :data:`RL_DEFAULTS` filled, and ``"generate"``: the rollout
+    sampler's settings with :data:`GENERATE_DEFAULTS` filled."""
+    options = dict(shape.stage_options)
+    gen = dict(options.pop("generate", ()) or ())
+    out = {**RL_DEFAULTS, **{k: v for k, v in options.items() if v is not None or k == "estimator"}}
+    out["generate"] = {**GENERATE_DEFAULTS, **{k: v for k, v in gen.items() if v is not None}}
+    return out
+
+
+def estimator_passes(options: dict[str, Any]) -> int:
+    """Forward passes of one log-probability (the estimator's ``forward_passes``)."""
+    name = options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]
+    return {"one-step": 1, "ar": 1, "coupled": 2}.get(name, int(options["elbo_samples"]))
+
+
+def diffusion_rollout(options: dict[str, Any]) -> bool:
+    """Whether rollouts run the masked-diffusion sampler."""
+    name = options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]
+    return name != "ar"
+
+
+def rollout_passes(options: dict[str, Any], seq: int) -> float:
+    """Forward passes of the sampler per rollout batch, in full-sequence, one-batch equivalents
+    (see the module docstring)."""
+    gen = options["generate"]
+    if diffusion_rollout(options):
+        passes = float(gen["steps"])
+        return passes * (2.0 if float(gen["cfg_scale"]) > 0 else 1.0)
+    length = int(gen["gen_length"])
+    return length * max(seq - length / 2.0, 1.0) / max(seq, 1)
+
+
+def _forward(breakdown: dict[str, float], lay: Layout | None = None) -> float:
+    """One forward pass over the rank's rows of a step: a third of the step's compute, and (a
+    sampler pass is one call over all the rank's rows) a third of one microbatch's kernel launches."""
+    # full recomputation runs each layer's forward twice: the step's compute is 4 forwards, not 3
+    passes = 4.0 if lay is not None and lay.recompute == "full" else 3.0
+    compute = (breakdown.get("gemm", 0.0) + breakdown.get("attention", 0.0) + breakdown.get("elementwise", 0.0)) / passes
+    if lay is None:
+        return compute
+    microbatches = max(1, lay.global_batch // max(lay.micro_batch * lay.dp, 1))
+    return compute + breakdown.get("kernel_launch", 0.0) / (3.0 * microbatches)
+
+
+def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float]) -> float:
+    """Rollout time per optimizer step: ``passes x forward / grpo_iterations``."""
+    options = rl_options(shape)
+    passes = rollout_passes(options, input_length(shape, lay))
+    return passes * _forward(breakdown, lay) / int(options["grpo_iterations"])
+
+
+def scoring_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float]) -> float:
+    """The estimator's extra passes, the rollout policy's and the reference's forwards, per step."""
+    options = rl_options(shape)
+    n = estimator_passes(options)
+    forward = _forward(breakdown)
+    extra = (n - 1) * 3.0 * forward  # forward and backward of every pass beyond the base step's
+    if int(options["grpo_iterations"]) > 1:
+        extra += n * forward
+    if float(options["grpo_kl_beta"]) > 0:
+        extra += n * forward
+    return extra
+
+
+def reference_bytes(shape: ModelShape, lay: Layout, inputs: StageTermInputs) -> float:
+    """A frozen copy of the rank's weights (``grpo_kl_beta > 0``), else 0."""
+    if float(rl_options(shape)["grpo_kl_beta"]) <= 0:
+        return 0.0
+    return float(sum(inputs.params)) * inputs.param_bytes
+
+
+register_stage_time_term("rl", StageTimeTerm("rl_rollout", "rollouts (sampler forward passes)", rollout_seconds))
+register_stage_time_term("rl", StageTimeTerm("rl_scoring", "estimator, rollout-policy and reference passes",
+                                             scoring_seconds))
+register_stage_memory_term("rl", StageMemoryTerm("rl_reference", "frozen reference model (grpo_kl_beta > 0)",
+                                                 reference_bytes))
+
+
+@dataclass
+class RLPlan:
+    """An RL stage's rollout counts and times.
+
+    Attributes:
+        algorithm, estimator: as the stage runs them.
+        rollout_batches: rollout batches in ``train_iters`` steps (``ceil(steps / mu)``).
+        prompts_seen: ``rollout_batches x grpo_prompts_per_step``.
+        completions: ``rollout_batches x prompts x G``.
+        sampler_passes: forward passes per rollout batch (full-sequence equivalents).
+        estimator_passes: forward passes per log-probability.
+        rollout_seconds: one rollout batch (``rl_rollout x mu``).
+        step_seconds: one optimizer step (rollout share included).
+        rollout_share: the rollout's share of the step time.
+        to_train_seconds: ``step_seconds x train_iters``.
+        rollout_logits_bytes: the sampler's float32 logits of the rank's rows during a rollout
+            (not in the step's peak; see the module docstring).
+        reference_bytes: the reference model's memory per GPU (0 without KL).
+    """
+
+    algorithm: str
+    estimator: str
+    rollout_batches: int
+    prompts_seen: int
+    completions: int
+    sampler_passes: float
+    estimator_passes: int
+    rollout_seconds: float
+    step_seconds: float
+    rollout_share: float
+    to_train_seconds: float
+    rollout_logits_bytes: float
+    reference_bytes: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``rl`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys as the attributes)."""
+        return dict(self.__dict__)
+
+
+def rl_plan(plan: Any) -> RLPlan | None:
+    """The :class:`RLPlan` of ``plan`` (a :class:`dlmspec.plan.Plan`), ``None`` for other stages."""
+    shape, lay, t = plan.shape, plan.layout, plan.time
+    if shape.stage_kind != "rl":
+        return None
+    options = rl_options(shape)
+    mu = int(options["grpo_iterations"])
+    batches = -(-int(lay.train_iters or 0) // mu)
+    prompts = int(options["grpo_prompts_per_step"])
+    rows_per_rank = lay.global_batch / max(lay.dp, 1)
+    seq = input_length(shape, lay)
+    cfg = 2 if diffusion_rollout(options) and float(options["generate"]["cfg_scale"]) > 0 else 1
+    logits = rows_per_rank * cfg * seq * shape.vocab * 4.0
+    ref = max((m.breakdown.get("rl_reference", 0.0) for m in plan.memory.stages), default=0.0) \
+        if hasattr(plan.memory, "stages") else 0.0
+    rollout_step = t.breakdown.get("rl_rollout", 0.0)
+    return RLPlan(
+        algorithm=str(options["algorithm"]),
+        estimator=str(options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]),
+        rollout_batches=batches, prompts_seen=batches * prompts,
+        completions=batches * prompts * int(options["grpo_group_size"]),
+        sampler_passes=rollout_passes(options, seq), estimator_passes=estimator_passes(options),
+        rollout_seconds=rollout_step * mu, step_seconds=t.step_seconds,
+        rollout_share=rollout_step / t.step_seconds if t.step_seconds else 0.0,
+        to_train_seconds=t.to_train_seconds, rollout_logits_bytes=logits, reference_bytes=ref,
+    )
+
+
+def rl_lines(rl: RLPlan) -> list[str]:
+    """The plan's lines of an RL stage."""
+    gib = 1024 ** 3
+    return [
+        f"RL ({rl.algorithm}, {rl.estimator} estimator: {rl.estimator_passes} forward pass(es) per log-probability): "
+        f"{rl.rollout_batches:,} rollout batches, {rl.prompts_seen:,} prompts, {rl.completions:,} completions",
+        f"rollout: {rl.sampler_passes:,.0f} sampler passes, {rl.rollout_seconds:.2f} s per rollout batch "
+        f"({100 * rl.rollout_share:.0f}% of the {rl.step_seconds:.2f} s step); sampler logits "
+        f"{rl.rollout_logits_bytes / gib:.1f} GiB per GPU while sampling (not in the training peak)",
+        f"reference model: {rl.reference_bytes / gib:.1f} GiB per GPU" if rl.reference_bytes else
+        "reference model: none (grpo_kl_beta = 0)",
+    ]
