@@ -341,7 +341,7 @@ def make_tiny(args: argparse.Namespace) -> None:
     root = Path(__file__).resolve().parents[2]
     sys.path[:0] = [str(root / "tests" / "kits")]
     import pytest
-    from conftest import megatron_cpu_world
+    from cpu_world_kit import megatron_cpu_world
     from tiny_ckpt import TEXTS, write_dataset, write_runtime_checkpoint
 
     out = Path(args.out)

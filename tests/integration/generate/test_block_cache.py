@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from block_cache_kit import EOS, MASK, VOCAB, plain, tiny_gpt
-from conftest import megatron_cpu_world
+from cpu_world_kit import megatron_cpu_world
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15], [16, 17, 18, 19, 20]]  # P = 8: on the blocks of 4
 

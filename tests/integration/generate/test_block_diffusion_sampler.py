@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import megatron_cpu_world
+from cpu_world_kit import megatron_cpu_world
 
 VOCAB, MASK = 64, 63
 

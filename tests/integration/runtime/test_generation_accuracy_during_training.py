@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import megatron_cpu_world
+from cpu_world_kit import megatron_cpu_world
 from generation_eval_kit import EOS, MASK, Oracle, WordTokenizer, addition_rows, tiny_gpt
 
 from dlmspec.backends.generate.config import GenerateConfig
