@@ -1,7 +1,7 @@
 """Helpers of the block-diffusion tests (no test module imports another): a tiny attention LM that
 takes any mask object of ``backends/megatron/masks.py`` and position ids, and a one-process CPU
 world for ``training.train`` (the megatron-core pieces that need CUDA replaced by fakes, as
-tests/runtime/test_runtime_loop.py does)."""
+tests/integration/runtime/test_runtime_loop.py does)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the generation-evaluation tests share: a word-level tokenizer of the addition task's text,
 addition rows, an oracle logits function that answers chosen rows right and the rest wrong, and a
-tiny megatron-core GPTModel on CPU (as tests/generate/test_generate_gptmodel.py builds it)."""
+tiny megatron-core GPTModel on CPU (as tests/integration/generate/test_generate_gptmodel.py builds it)."""
 
 from __future__ import annotations
 

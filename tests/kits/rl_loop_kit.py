@@ -1,7 +1,7 @@
 """The whole of ``train()`` on CPU for the RL stage's tests (not a test module): a one-process gloo
 world, a tiny megatron-core GPTModel, and the two CUDA-only pieces of megatron-core replaced by
 fakes (the optimizer, which never changes the weights, and the no-pipelining schedule). Copied from
-tests/runtime/test_runtime_loop.py (test modules never import each other)."""
+tests/integration/runtime/test_runtime_loop.py (test modules never import each other)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def cpu_train_world(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
     monkeypatch.setattr(checks, "cuda_problem", lambda **kwargs: None)
-    monkeypatch.setattr(training, "prestart_checkpoint_helpers", lambda: None)  # tests/runtime/test_runtime_signals_moe.py
+    monkeypatch.setattr(training, "prestart_checkpoint_helpers", lambda: None)  # tests/integration/runtime/test_runtime_signals_moe.py
     monkeypatch.setattr(training, "get_megatron_optimizer", lambda config, model: _Optimizer())
     monkeypatch.setattr(training, "get_forward_backward_func", lambda: _forward_backward)
     try:

@@ -12,7 +12,7 @@ import pytest
 from dlmspec.cli import main
 from tiny_ckpt import tiny_runs  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/shared_kit.py)
+pytestmark = pytest.mark.shared_data  # reads the offline data kit (tests/kits/shared_kit.py)
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -72,7 +72,7 @@ def test_extra_seq_length_doubles_activations_and_flops_as_a_twice_longer_sequen
 
 def test_no_extra_seq_length_leaves_the_plan_as_it_was() -> None:
     for kind in objectives.kinds():
-        if not objectives.get(kind).block_diffusion:  # x_t (+) x_0: tests/plan/test_block_diffusion_plan.py
+        if not objectives.get(kind).block_diffusion:  # x_t (+) x_0: tests/unit/plan/test_block_diffusion_plan.py
             assert objectives.get(kind).extra_seq_length(None, 4096) == 0
     plan = _plan()
     assert plan.shape.extra_seq_length == 0
