@@ -24,7 +24,7 @@ megatron-core's ``TorchCommonLoadStrategy.load_common``, so megatron-core's and 
 loaders read through them. :func:`dist_load`, :func:`dist_load_tensors_metadata` and
 :func:`dcp_load` are the only callers of ``dist_checkpointing.load``,
 ``dist_checkpointing.load_tensors_metadata`` and ``dcp.load`` in backends/ and templates/
-(tests/checkpoint/test_checkpoint_loads_go_through_safety.py checks it).
+(tests/unit/checkpoint/test_checkpoint_loads_go_through_safety.py checks it).
 
 Every refusal is a :class:`CheckpointRefused` (a :class:`~dlmspec.files.FileRefused`) naming
 the file and the refused ``(module, name)``; the CLI commands that open checkpoints turn it

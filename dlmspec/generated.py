@@ -2,14 +2,14 @@
 
 ``python -m dlmspec.generated`` rewrites every target of :data:`TARGETS` whose text changed;
 ``python -m dlmspec.generated --check`` writes nothing and exits 1 naming the stale files (0 when
-all are current). ``tests/test_generated.py`` runs the check, so a change to a source (the spec
+all are current). ``tests/integration/project/test_generated.py`` runs the check, so a change to a source (the spec
 models, the CLI's declaration, ...) without regenerating fails the tests.
 
 A target is a path relative to the repository root and a ``build`` function named
 ``"package.module:function"``, imported only when that target is generated (a build may import
 pydantic or typer; the generated file must not need them). ``build()`` returns the file's full
 text: its first line is :data:`MARKER`, its second a comment naming its sources. The marker is
-how ``tests/test_architecture.py`` tells generated files (allowed past the 800-line limit) from
+how ``tests/unit/project/test_architecture.py`` tells generated files (allowed past the 800-line limit) from
 written ones. Files are written with :func:`dlmspec.files.write_atomic`.
 
 Raises (``build_text``): ``ValueError`` when a build returns something that is not a str starting

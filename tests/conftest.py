@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 import shared_kit
+from cpu_world_kit import gloo_world  # noqa: F401 (a fixture every test can ask for)
+
+
+#: Tests that hold a machine-wide resource (a SLURM cluster, two-rank gloo worlds, torchrun's
+#: rendezvous ports): under pytest-xdist (``-n auto --dist loadgroup``) they run in one group, one
+#: after another on one worker, never beside each other.
+EXCLUSIVE = "exclusive"
+EXCLUSIVE_MODULES = {
+    "tests/integration/launch/test_check.py",                       # torchrun, 2 ranks, free ports
+    "tests/integration/runtime/test_runtime_context_parallel.py",   # 2-rank gloo worlds
+    "tests/integration/runtime/test_runtime_fsdp.py",               # 2-rank gloo world
+    "tests/integration/runtime/test_runtime_init_from.py",          # torchrun --nproc_per_node=2
+    "tests/integration/slurm/test_submit_chain.py",                 # the one-node SLURM cluster
+}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``shared_data`` when the offline data kit is missing (tests/shared_kit.py)."""
+    """Put the tests of :data:`EXCLUSIVE_MODULES` and those marked ``slurm`` in one xdist group; skip
+    the tests marked ``shared_data`` when the offline data kit is missing (tests/kits/shared_kit.py)."""
+    root = config.rootpath
+    for item in items:
+        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if where in EXCLUSIVE_MODULES or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE))
     if shared_kit.PRESENT:
         return
     skip = pytest.mark.skip(reason=shared_kit.MISSING_REASON)
@@ -19,48 +37,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="module")
-def gloo_world():
-    """A one-process gloo world for the module (megatron-core's dataset builder synchronises ranks
-    through torch.distributed); created only if none exists, and destroyed afterwards if it was."""
-    import os
+@pytest.fixture
+def spec_dict():
+    """The spec factory (tests/kits/spec_kit.py): ``spec_dict({"train.seq_length": 1024}, name="v")``
+    returns a fresh small valid spec dict with those changes."""
+    import spec_kit
 
-    import torch.distributed as dist
-
-    created = False
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29547")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        created = True
-    yield
-    if created:
-        dist.destroy_process_group()
+    return spec_kit.spec_dict
 
 
-@contextlib.contextmanager
-def megatron_cpu_world(tmp_path_factory, mp: pytest.MonkeyPatch):
-    """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU.
+@pytest.fixture
+def spec_file(tmp_path):
+    """The spec factory writing TOML: ``spec_file({"parallel.tensor_model_parallel_size": 2})`` returns
+    ``tmp_path/spec.toml`` (``file_name=`` for another name in tmp_path)."""
+    import spec_kit
 
-    megatron-core asks ``torch.cuda.current_device()`` for RoPE and DDP buffers and calls
-    ``torch.cuda.synchronize()`` in its checkpoint strategy: both are patched on ``mp`` for the
-    CPU. The process group is created only if none exists, and destroyed afterwards if it was.
-    """
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
+    def write(*changes, **tables):
+        return spec_kit.spec_file(tmp_path, *changes, **tables)
 
-    created = False
-    if not dist.is_initialized():
-        store = tmp_path_factory.mktemp("pg") / "store"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-        created = True
-    mp.setattr(torch.cuda, "current_device", lambda: "cpu")
-    mp.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
-    parallel_state.initialize_model_parallel(1, 1)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        if created:
-            dist.destroy_process_group()
+    return write

@@ -26,7 +26,7 @@ estimator's expectation exactly.
   per-token log-probability estimation with prompt masking", the mean-field decomposition
   ``log pi(o | c) ~ sum_k log p(o_k | c')``): one view, the whole completion masked, ``c = 1``. One
   forward pass; biased (it scores each token with no completion token visible); its gap to the
-  ELBO is what ``tests/rl/test_estimators_match_exact_elbo.py`` reports.
+  ELBO is what ``tests/integration/rl/test_estimators_match_exact_elbo.py`` reports.
 - ``"coupled"`` (DiffuCoder's coupled-GRPO: Gong et al. 2025, arXiv:2506.20639, the
   coupled-GRPO section, "coupled sampling", and fig. 2): pairs of complementary masks ``(M, M^c)``, so every completion
   token is masked, and scored, exactly once per pair. dlmspec draws ``l ~ U{0..T}`` and ``M``

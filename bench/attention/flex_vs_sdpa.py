@@ -28,7 +28,7 @@ backward 2.5 x forward: FlashAttention-2's count). Peak memory per case
 shapes and one row per (measurement, mask, backend).
 
 ``--dry``: tiny shapes in float32 on the CPU (FlexAttention uncompiled), two iterations: checks
-the script end to end (tests/bench/test_attention_flex_vs_sdpa.py), measures nothing.
+the script end to end (bench/bench_tests/test_attention_flex_vs_sdpa.py), measures nothing.
 """
 
 from __future__ import annotations

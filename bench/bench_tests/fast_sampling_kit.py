@@ -3,7 +3,7 @@ modelling code can express (no q/k norm, no biases, head width = hidden / heads)
 held-out addition prompts, and where the offline data kit's GPT-2 tokenizer lies.
 
 The checkpoint is written the way the dlmspec runtime writes one (``build_layer_spec`` /
-``build_model`` / ``spec_record`` / ``save_checkpoint``), as tests/generate/tiny_ckpt.py does, on a
+``build_model`` / ``spec_record`` / ``save_checkpoint``), as tests/kits/tiny_ckpt.py does, on a
 one-process gloo world with megatron-core's model-parallel state on CPU.
 """
 

@@ -112,7 +112,7 @@ S, I, H = "sess" + "ion", "iss" + "ue", "#"
     f"answers beside the base model's ({H}19)",
     f"run by the S{10} harness",
 ])
-def test_checker_finds_a_work_period_or_an_issue_number(text: str) -> None:
+def test_checker_finds_a_work_period_or_a_ticket_number(text: str) -> None:
     assert offences(text), text
 
 
@@ -154,10 +154,10 @@ def test_checker_finds_a_file_or_folder_named_after_a_work_period(tmp_path: Path
 # --- the repository ----------------------------------------------------------------------------
 
 
-def test_no_bench_file_mentions_a_work_period_or_an_issue_number() -> None:
+def test_no_bench_file_mentions_a_work_period_or_a_ticket_number() -> None:
     found = text_offences(BENCH)
     assert not found, "\n".join(f"bench/{path}: {hits[:3]} ({len(hits)} in all)" for path, hits in found.items())
 
 
-def test_no_bench_file_or_folder_is_named_after_a_work_period_or_an_issue() -> None:
+def test_no_bench_file_or_folder_is_named_after_a_work_period_or_a_ticket() -> None:
     assert name_offences(BENCH) == []

@@ -17,7 +17,7 @@ writes ``OUT_DIR/torch-<torch version>_mcore-<megatron-core version>/`` holding:
   model's tensors as DTensors on a one-rank CPU ``DeviceMesh`` (Shard(0)), Adam-style
   optimizer DTensors, and ``fsdp.dlmspec_entries`` (run state and RNG state as JSON text).
 
-The tests (tests/checkpoint/test_checkpoint_safety.py) load every folder under
+The tests (tests/integration/checkpoint/test_checkpoint_safety.py) load every folder under
 tests/fixtures/checkpoints through the safe readers. Under 200 KiB per folder; copy the
 written folder into tests/fixtures/checkpoints/ to add it.
 """

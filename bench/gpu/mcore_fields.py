@@ -13,7 +13,7 @@ machine, and writes ``{"version": ..., "source": ..., "classes": {name: [field, 
     python3 bench/gpu/mcore_fields.py --installed OUT.json    # the megatron-core this Python imports
 
 The CPU tests check the extractor against ``dataclasses.fields`` of the installed 0.16.1 and every
-keyword train.py writes against the recorded 0.19.2 fields (tests/runtime/test_te_mcore_fields.py).
+keyword train.py writes against the recorded 0.19.2 fields (tests/unit/runtime/test_te_mcore_fields.py).
 Exit code 2 on a file that is not megatron-core.
 """
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests" / "hostile"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "tests" / "hostile"), str(ROOT / "tests" / "kits")]
 
 from hostile_corpus import SURFACES, all_cases, build_base  # noqa: E402
 from hostile_driver import MEMORY_BYTES, TIMEOUT_S, dumps, run_cases, strip_for_json, summary  # noqa: E402

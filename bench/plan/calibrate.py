@@ -240,7 +240,7 @@ def read_runs_files(paths: list[Path]) -> tuple[list[Run], list[str]]:
 def measured_range(runs: list[Run], impl: str = "local+sdpa") -> dict[str, Any]:
     """What the runs of layer path ``impl`` (the path each run reported, else the one the planner
     infers) covered, as the fields of :class:`dlmspec.plan.calibration.MeasuredRange`
-    (``tests/plan/test_plan_provenance.py`` compares the committed ``LOCAL_MEASURED`` with it)."""
+    (``tests/unit/plan/test_plan_provenance.py`` compares the committed ``LOCAL_MEASURED`` with it)."""
     from dlmspec.plan.shape import layout, model_shape, transformer_impl
 
     runs = [r for r in runs if (r.impl or transformer_impl(r.resolved)[0]) == impl]

@@ -3,7 +3,7 @@
 
 Builds megatron-core GPT models with this project's local layer spec
 (``backends/megatron/layers.py``) on CPU in a one-process gloo world, as
-``tests/plan/test_plan_saved_tensors.py`` does, and counts every ATen operator a forward and a
+``tests/integration/plan/test_plan_saved_tensors.py`` does, and counts every ATen operator a forward and a
 backward pass dispatch (``TorchDispatchMode``), leaving out operators that launch no CUDA kernel
 (views, reshapes, allocations, metadata). Differences between this CPU run and the CUDA run are
 emulated so that the count is the CUDA one:
@@ -99,7 +99,7 @@ def _fused(name: str, n: int, fn):
 
 class _FusedRMSNorm(torch.autograd.Function):
     """CUDA's ``_fused_rms_norm`` on CPU: saves what it saves (the input, fp32 rstd, the weight)
-    and counts one kernel forward, two backward (also used by tests/plan/test_plan_saved_tensors.py)."""
+    and counts one kernel forward, two backward (also used by tests/integration/plan/test_plan_saved_tensors.py)."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):

@@ -42,7 +42,7 @@ COMMON = [
     "objective.variable_length_prob=0.0", 'model.transformer_impl="transformer_engine"',
 ]
 #: The Qwen3-1.7B architecture at sequence 4096 with untied embeddings (2.03B parameters): the benchmark's
-#: throughput configuration (tests/plan/test_plan_provenance.py QWEN3_TE).
+#: throughput configuration (tests/unit/plan/test_plan_provenance.py QWEN3_TE).
 QWEN = [
     'model.preset="qwen3-1.7b"', "model.num_layers=28", "model.hidden_size=2048", "model.ffn_hidden_size=6144",
     "model.num_attention_heads=16", "model.num_query_groups=8", "model.kv_channels=128", "model.vocab_size=151936",

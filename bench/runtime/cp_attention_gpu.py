@@ -1,6 +1,6 @@
 """Context parallelism of the SDPA core attention on GPUs: CP = N against CP = 1, per kernel path.
 
-``tests/runtime/test_runtime_context_parallel.py`` checks the arithmetic on CPU (gloo, float64, SDPA's
+``tests/integration/runtime/test_runtime_context_parallel.py`` checks the arithmetic on CPU (gloo, float64, SDPA's
 math kernel). This runs the same comparison where the GPU kernels are picked: NCCL all-gather /
 reduce-scatter, flash for bidirectional attention and the sequence-opening causal chunk, the
 memory-efficient kernel with a mask for the other causal / block-causal chunks, in bf16 at a

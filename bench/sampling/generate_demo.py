@@ -339,9 +339,9 @@ def summary(args: argparse.Namespace) -> None:
 def make_tiny(args: argparse.Namespace) -> None:
     """A tiny run with checkpoints 100/200/300 and a dataset, on CPU (the tests' builders)."""
     root = Path(__file__).resolve().parents[2]
-    sys.path[:0] = [str(root / "tests"), str(root / "tests" / "generate")]
+    sys.path[:0] = [str(root / "tests" / "kits")]
     import pytest
-    from conftest import megatron_cpu_world
+    from cpu_world_kit import megatron_cpu_world
     from tiny_ckpt import TEXTS, write_dataset, write_runtime_checkpoint
 
     out = Path(args.out)

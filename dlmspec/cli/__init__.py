@@ -39,7 +39,7 @@ from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
 
 # dlmspec.cli.validate (the rules) and dlmspec.cli.output are imported by the commands that use
 # them: `dlmspec --help` and `dlmspec CMD --help` import neither the rules nor the spec models
-# (tests/cli/test_help_imports.py).
+# (tests/integration/cli/test_help_imports.py).
 
 # --------------------------------------------------------------------------------------------
 # Entry point
@@ -181,7 +181,7 @@ def skip_pydantic_plugin_discovery() -> bool:
     the import). dlmspec's spec models use no plugin, so the fast path registers a
     ``pydantic.plugin._loader`` whose ``get_plugins`` returns none: what pydantic's own returns
     with plugins disabled. Nothing is done when the user named plugins to disable (then they use
-    the others) or when pydantic has already looked. ``tests/cli/test_cli.py`` checks that the
+    the others) or when pydantic has already looked. ``tests/integration/cli/test_cli.py`` checks that the
     installed pydantic still asks that module for ``get_plugins`` only.
     """
     if os.environ.get("PYDANTIC_DISABLE_PLUGINS", "__all__") not in _PLUGINS_OFF:

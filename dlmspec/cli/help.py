@@ -7,7 +7,7 @@
 - Help text is markdown (:data:`MARKUP_MODE`, on every app), so hard-wrapped docstrings reflow to
   the terminal's width; write ``<...>`` only inside backticks (markdown reads it as a tag).
 
-``tests/cli/test_help.py`` renders every command's help at 80 and 200 columns and checks all of it.
+``tests/unit/cli/test_help.py`` renders every command's help at 80 and 200 columns and checks all of it.
 """
 
 from __future__ import annotations

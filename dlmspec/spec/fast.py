@@ -12,7 +12,7 @@ truth; this module holds what the checker needs from them, generated from them:
   and :data:`SPEC_CRC32`, the checksum of ``dlmspec/spec/models.py`` and the modules holding some
   of its tables (:data:`SPEC_SOURCES`) it was generated from.
   ``python -m dlmspec.generated`` rewrites it; ``python -m dlmspec.generated --check``
-  exits 1 when it is stale (``tests/test_generated.py`` runs it; ``tests/spec/test_fastspec.py`` compares what :func:`check`
+  exits 1 when it is stale (``tests/integration/project/test_generated.py`` runs it; ``tests/unit/spec/test_fastspec.py`` compares what :func:`check`
   builds with pydantic's models on every bundled spec and on generated ones).
 * :func:`check`: the merged spec dict -> a :class:`SpecTable` tree, or ``None`` whenever
   anything is not plainly valid: a value of a type other than the field's own (``"2"`` or

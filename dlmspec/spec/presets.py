@@ -3,7 +3,7 @@
 Each preset is the ``[model]`` table a user would otherwise write by hand, with the keys of
 :class:`dlmspec.spec.models.ModelSpec` (Megatron-LM's argument names). Explicit keys in a spec
 override the preset's. ``PUBLISHED`` holds the parameter counts the authors publish, with
-their source, so ``tests/spec/test_presets.py`` can check our parameter counter against them.
+their source, so ``tests/unit/spec/test_presets.py`` can check our parameter counter against them.
 
 Sources are the models' ``config.json`` files on the Hugging Face hub (and their papers);
 the dict keys below are the ``config.json`` values renamed to Megatron's names:

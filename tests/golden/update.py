@@ -2,7 +2,7 @@
 
 Run ``python tests/golden/update.py`` from the project root after a change that is meant to change
 compiled output, and commit the new files in a commit of their own that says why they changed.
-``tests/golden/test_golden_compile.py`` fails when compiling a bundled spec gives other bytes.
+``tests/integration/golden/test_golden_compile.py`` fails when compiling a bundled spec gives other bytes.
 """
 
 from __future__ import annotations

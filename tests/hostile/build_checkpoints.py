@@ -7,7 +7,7 @@ Writes:
 
 * ``OUT/run``: a runtime run (``run/checkpoints/iter_0000010/`` with ``.metadata``,
   ``*.distcp``, ``common.pt``, ``dlmspec.json``, ``spec.lock.toml``; ``run/checkpoints/latest``):
-  tests/generate/tiny_ckpt.py's one-layer masked-diffusion GPTModel, saved by the runtime's own
+  tests/kits/tiny_ckpt.py's one-layer masked-diffusion GPTModel, saved by the runtime's own
   ``save_checkpoint``;
 * ``OUT/hf``: a tiny Llama Hugging Face checkpoint (``dlmspec.backends.convert.tiny``) and
   ``OUT/mcore`` its ``dlmspec convert hf-to-mcore`` conversion;
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "generate")]
+sys.path[:0] = [str(HERE), str(HERE.parent / "kits")]
 
 
 class _Factory:
@@ -40,7 +40,7 @@ def main(out: Path) -> None:
     import pytest
     import torch
 
-    from conftest import megatron_cpu_world
+    from cpu_world_kit import megatron_cpu_world
     from hostile_data import _Payload
     from tiny_ckpt import LOCK_TEXT, write_runtime_checkpoint
 

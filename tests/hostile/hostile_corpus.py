@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [p for p in (str(HERE), str(HERE.parent)) if p not in sys.path]
+sys.path[:0] = [p for p in (str(HERE), str(HERE.parent / "kits")) if p not in sys.path]
 
 from hostile_data import (  # noqa: E402
     CANARY, CLASSES, ESCAPE, ESCAPE_NAME, HUGE_INT, LONE_SURROGATE_JSON, NESTED_ARRAY, NESTED_OBJECT, NON_UTF8, RAW_SURROGATE,
@@ -130,7 +130,7 @@ def tools(python: str | None = None) -> dict[str, str]:
 def build_base(base: Path, *, checkpoints: bool = True, seed: int = 0, python: str | None = None) -> Path:
     """Write the benign material the cases copy into ``base`` (kept when already complete).
 
-    Needs the offline data kit's GPT-2 tokenizer (tests/shared_kit.py). ``checkpoints``: also
+    Needs the offline data kit's GPT-2 tokenizer (tests/kits/shared_kit.py). ``checkpoints``: also
     build the tiny checkpoints (:mod:`build_checkpoints`, a process of its own: ~20-60 s).
     """
     from shared_kit import SHARED_DATA

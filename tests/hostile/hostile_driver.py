@@ -8,7 +8,7 @@ started through a launcher that sets ``RLIMIT_AS`` (default 2 GiB) and then ``ex
 session of its own; the driver polls ``wait4`` and kills the whole process group past the
 timeout (default 20 s). ``wait4``'s ``ru_maxrss`` is the peak resident memory of the command and
 of every descendant it waited for (Linux reports the maximum over them, as ``RUSAGE_CHILDREN``).
-As tests/fuzz_driver.py: one process per case, a memory cap, a timeout, the peak RSS; cases run
+As tests/kits/fuzz_driver.py: one process per case, a memory cap, a timeout, the peak RSS; cases run
 ``jobs`` at a time.
 
 Verdicts per case (all must hold):
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [p for p in (str(HERE), str(HERE.parent)) if p not in sys.path]
+sys.path[:0] = [p for p in (str(HERE), str(HERE.parent / "kits")) if p not in sys.path]
 
 from hostile_corpus import ALWAYS_WRITABLE, Case, tools  # noqa: E402
 from hostile_data import CANARY  # noqa: E402

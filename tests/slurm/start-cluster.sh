@@ -1,5 +1,5 @@
 #!/bin/bash
-# Start a one-node SLURM cluster on loopback for tests/render/test_slurm_cluster.py (and CI).
+# Start a one-node SLURM cluster on loopback for tests/integration/render/test_slurm_cluster.py (and CI).
 #
 #   bash tests/slurm/start-cluster.sh [STATE_DIR]     (default: $DLMSPEC_SLURM_DIR or /tmp/dlmspec-slurm)
 #   export SLURM_CONF=STATE_DIR/slurm.conf             then sbatch, squeue, sinfo ... talk to it

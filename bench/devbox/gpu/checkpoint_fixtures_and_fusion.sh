@@ -35,7 +35,7 @@ case "${STEP:?}" in
     cp -r "$out"/fixtures/* tests/fixtures/checkpoints/
     for site in /tmp/site /tmp/site19:/tmp/site; do
       echo "allow-list tests with PYTHONPATH=$site:"
-      PYTHONPATH=$site:tests python3 -m pytest -p no:cacheprovider tests/checkpoint/test_checkpoint_safety.py -q \
+      PYTHONPATH=$site:tests python3 -m pytest -p no:cacheprovider tests/integration/checkpoint/test_checkpoint_safety.py -q \
         -k "each_real_checkpoint or payload" 2>&1 | tail -n 4
     done
     (cd "$out" && tar czf fixtures.tgz fixtures && rm -rf fixtures) ;;

@@ -10,7 +10,7 @@ this package is imported: :mod:`~dlmspec.cli.commands.validate` (``validate``, i
 package (typer and the app take about 80 ms to build) and hands everything else here. The rules,
 the loader, the resolver and the pydantic models are imported where a command body needs them:
 ``dlmspec --help`` and ``dlmspec CMD --help`` import these modules for the declarations only
-(tests/cli/test_help_imports.py holds them to it).
+(tests/integration/cli/test_help_imports.py holds them to it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,76 @@
+"""The planner's RL terms (dlmspec/plan/rl.py): rollout time = sampler passes x one forward pass /
+grpo_iterations, the estimator's extra passes, the reference model's forward and memory, and the
+rollout counts of a run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from dlmspec.plan import make_plan
+from dlmspec.resolve import resolve
+from dlmspec.spec.load import load
+
+DEMO = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
+RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
+      "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=0.9",
+      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300"]
+
+
+def plan(*extra: str):
+    return make_plan(resolve(load(DEMO, [*RL, *extra]).spec))
+
+
+def _forward(p) -> float:
+    b, lay = p.time.breakdown, p.layout
+    microbatches = lay.global_batch // (lay.micro_batch * lay.dp)
+    return (b["gemm"] + b["attention"] + b["elementwise"]) / 3 + b["kernel_launch"] / (3 * microbatches)
+
+
+@pytest.mark.parametrize("mu", [1, 4])
+def test_rollout_time_is_sampler_passes_times_a_forward_over_the_inner_iterations(mu: int) -> None:
+    p = plan(f"stage.rl.grpo_iterations={mu}")
+    assert p.time.breakdown["rl_rollout"] == pytest.approx(64 * _forward(p) / mu)
+    assert p.rl.rollout_batches == math.ceil(300 / mu) and p.rl.prompts_seen == p.rl.rollout_batches * 8
+    assert p.rl.completions == p.rl.prompts_seen * 4 and p.rl.sampler_passes == 64
+    assert p.time.step_seconds == pytest.approx(sum(p.time.breakdown.values()))
+
+
+def test_guidance_doubles_the_sampler_passes_and_the_ar_sampler_passes_once_per_token() -> None:
+    assert plan("generate.cfg_scale=1.0").rl.sampler_passes == 128
+    ar = make_plan(resolve(load(Path(DEMO.parent / "demo-ar.toml"), [*RL, 'stage.rl.algorithm="grpo"']).spec))
+    seq = ar.layout.seq
+    assert ar.rl.sampler_passes == pytest.approx(128 * (seq - 64) / seq) and ar.rl.estimator == "ar"
+
+
+def test_the_estimator_reference_and_old_policy_passes_are_counted() -> None:
+    one = plan("stage.rl.grpo_kl_beta=0.0")
+    assert one.time.breakdown["rl_scoring"] == 0.0  # one pass, no reference, mu = 1: nothing extra
+    f = _forward(one) - one.time.breakdown["kernel_launch"] / (3 * (one.layout.global_batch // (
+        one.layout.micro_batch * one.layout.dp)))
+    coupled = plan("stage.rl.grpo_kl_beta=0.0", 'stage.rl.algorithm="coupled-grpo"')
+    assert coupled.time.breakdown["rl_scoring"] == pytest.approx(3 * f)  # the pair's second pass, forward and backward
+    with_ref = plan("stage.rl.grpo_kl_beta=0.04", "stage.rl.grpo_iterations=2")
+    assert with_ref.time.breakdown["rl_scoring"] == pytest.approx(2 * f)  # old policy + reference, one forward each
+    mc = plan("stage.rl.grpo_kl_beta=0.0", 'stage.rl.estimator="mc-elbo"', "stage.rl.elbo_samples=4")
+    assert mc.rl.estimator_passes == 4 and mc.time.breakdown["rl_scoring"] == pytest.approx(9 * f)
+
+
+def test_the_reference_model_is_a_copy_of_the_weights_in_memory_only_with_a_kl_penalty() -> None:
+    with_ref, without = plan("stage.rl.grpo_kl_beta=0.04"), plan("stage.rl.grpo_kl_beta=0.0")
+    stage = with_ref.memory.peak
+    assert stage.breakdown["rl_reference"] == pytest.approx(sum(stage.params) * 2)  # bf16 weights
+    assert without.memory.peak.breakdown["rl_reference"] == 0.0
+    assert with_ref.rl.reference_bytes == stage.breakdown["rl_reference"] and without.rl.reference_bytes == 0.0
+
+
+def test_the_plan_json_and_text_carry_the_rl_section() -> None:
+    from dlmspec.plan.rl import rl_lines
+
+    p = plan()
+    assert p.to_dict()["rl"]["rollout_batches"] == 300
+    text = "\n".join(rl_lines(p.rl))
+    assert "300 rollout batches" in text and "sampler passes" in text and "reference model" in text
+    assert "rl" not in make_plan(resolve(load(DEMO).spec)).to_dict()
