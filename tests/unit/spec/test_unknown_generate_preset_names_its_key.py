@@ -12,31 +12,21 @@ import pytest
 from dlmspec.cli import main
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load
+from spec_kit import spec_file
 
-SPEC = '''name = "p"
-[model]
-preset = "qwen3-0.6b"
-[train]
-micro_batch_size = 1
-global_batch_size = 8
-seq_length = 64
-train_iters = 10
-[data]
-mock = true
-[generate]
-preset = "llada-gsm8k\\n$(touch PWNED)"
-'''
+#: An unknown preset whose text would run a command if it reached a shell unescaped.
+PRESET = "llada-gsm8k\n$(touch PWNED)"
 
 
 def test_unknown_generate_preset_is_refused_at_generate_preset(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC, encoding="utf-8")
+    spec = spec_file(tmp_path, {"generate.preset": PRESET})
+    line = next(n for n, text in enumerate(spec.read_text(encoding="utf-8").splitlines(), 1) if text.startswith("preset"))
     with pytest.raises(SpecError) as info:
         load(spec)
     (issue,) = [i for i in info.value.errors if i.key.startswith("generate")]
-    assert (issue.key, issue.value) == ("generate.preset", "llada-gsm8k\n$(touch PWNED)")
-    assert "llada-gsm8k-semi-ar" in issue.hint and issue.line == 12
+    assert (issue.key, issue.value) == ("generate.preset", PRESET)
+    assert "llada-gsm8k-semi-ar" in issue.hint and issue.line == line
     capsys.readouterr()
     assert main(["validate", str(spec), "--json"]) == 2
     out = capsys.readouterr()
