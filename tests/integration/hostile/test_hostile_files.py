@@ -39,8 +39,9 @@ pytestmark = pytest.mark.shared_data  # the GPT-2 tokenizer of the offline data 
 
 SEED = int(os.environ.get("DLMSPEC_HOSTILE_SEED", "0"))
 RUN_ALL = os.environ.get("DLMSPEC_HOSTILE_ALL") == "1"
-#: Cases run at once: the hang cases wait idle (a FIFO), so more than the two cores pays.
-JOBS = int(os.environ.get("DLMSPEC_HOSTILE_JOBS", "4"))
+#: Cases run at once: the hang cases wait idle (a FIFO), so more than the two cores pays; under
+#: pytest-xdist another worker shares the cores, so two (a case is judged hung by its wall time).
+JOBS = int(os.environ.get("DLMSPEC_HOSTILE_JOBS", "2" if os.environ.get("PYTEST_XDIST_WORKER") else "4"))
 
 
 #: Files the base material is built from: the cache of a previous run is reused while they are unchanged.

@@ -89,7 +89,13 @@ def cluster() -> Iterator[Path]:
 
 
 def slurm(*args: str, check: bool = True, timeout: float = 30) -> str:
-    result = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    """Run a SLURM client command; a controller too busy to answer (a loaded CI machine) is asked
+    again, up to five times, 2 s apart, before its error counts."""
+    for _ in range(5):
+        result = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+        if "Unable to contact slurm controller" not in result.stderr:
+            break
+        time.sleep(2)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr}")
     return result.stdout + result.stderr
