@@ -9,11 +9,15 @@ import rule_cases_kit
 from spec_kit import spec_dict
 
 
-#: A small valid spec (8 GPUs, data parallel): the failing examples change it.
-BASE: dict[str, Any] = spec_dict({
+#: What :data:`BASE` changes in spec_kit.DEFAULT (data from files, a tensorboard folder):
+#: ``spec_file(folder, AGREE, changes)`` writes BASE with ``changes``.
+AGREE: dict[str, Any] = {
     "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/x_text_document"]},
     "logging": {"tensorboard_dir": "runs/t/tensorboard"},
-})
+}
+
+#: A small valid spec (8 GPUs, data parallel): the failing examples change it.
+BASE: dict[str, Any] = spec_dict(AGREE)
 
 
 #: A peak of about 105 GiB per GPU on H100s (80 GiB): the memory rule's example.

@@ -85,7 +85,13 @@ def spec_toml(*changes: Mapping[str, Any], **tables: Any) -> str:
 
 def spec_file(folder: Path, *changes: Mapping[str, Any], file_name: str = "spec.toml", **tables: Any) -> Path:
     """:func:`spec_dict` written as TOML to ``folder / file_name``; returns the path."""
-    path = Path(folder) / file_name
+    return write_toml(Path(folder) / file_name, spec_dict(*changes, **tables))
+
+
+def write_toml(path: Path, data: Mapping[str, Any]) -> Path:
+    """``data`` (a spec a test built itself, e.g. from a bundled spec or :func:`spec_dict`) written as
+    TOML (``tomli_w``, UTF-8) to ``path``, parent folders made as needed; returns ``path``."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(spec_toml(*changes, **tables), encoding="utf-8")
+    path.write_text(tomli_w.dumps(dict(data)), encoding="utf-8")
     return path

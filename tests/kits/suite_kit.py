@@ -14,6 +14,9 @@ Every answer comes from the module's syntax tree (``ast``), never from importing
 - :func:`spec_literals`: module-level dict or string literals that hold a whole spec: a dict
   display with both ``"model"`` and ``"train"`` keys, or a string (or f-string) holding both a
   ``[model]`` and a ``[train]`` TOML table header.
+- :func:`spec_writers`: the functions (tests excepted) whose own body turns a dict into TOML
+  (``tomli_w.dumps`` / ``tomli_w.dump``) and writes it, or, named ``*spec*``, writes text: a
+  spec-file writer of the module's own.
 """
 
 from __future__ import annotations
@@ -219,3 +222,42 @@ def _is_spec_literal(value: ast.AST) -> bool:
     else:
         return False
     return bool(re.search(r"^\s*\[model\]", text, re.M) and re.search(r"^\s*\[train\]", text, re.M))
+
+
+#: Calls that write a file.
+_FILE_WRITES = re.compile(r"(^|\.)(write_text|write_bytes|write|open|dump)$")
+
+
+def _own_nodes(func: ast.AST):
+    """The nodes of a function's own body: nested functions and classes left out (they are their own)."""
+    stack = list(ast.iter_child_nodes(func))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def spec_writers(path: Path) -> list[str]:
+    """``"name (line N)"`` for each function of the module at ``path`` (at any depth; ``test_*``
+    functions excepted) whose own body both turns a dict into TOML (``tomli_w.dumps`` /
+    ``tomli_w.dump``, imported as ``tomli_w`` or by name from it) and writes a file
+    (``write_text``, ``write_bytes``, ``write``, ``open`` or ``tomli_w.dump``), or whose name holds
+    ``spec`` and whose own body calls ``write_text`` (TOML text written by hand): a helper that
+    writes a spec file itself instead of ``spec_kit.spec_file`` / ``spec_kit.write_toml``. A
+    function that only parses the TOML text it made (never writes it) is no writer."""
+    tree = _tree(path)
+    by_name = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and node.module == "tomli_w" for alias in node.names if alias.name in ("dumps", "dump")}
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or func.name.startswith("test_"):
+            continue
+        calls = [name for node in _own_nodes(func) if isinstance(node, ast.Call)
+                 for name in [_dotted(node.func) or getattr(node.func, "attr", None)] if name]
+        toml = any(name in ("tomli_w.dumps", "tomli_w.dump") or name in by_name for name in calls)
+        named = "spec" in func.name.lower() and any(name.endswith("write_text") for name in calls)
+        if (toml or named) and any(_FILE_WRITES.search(name) for name in calls):
+            found.append(f"{func.name} (line {func.lineno})")
+    return sorted(found, key=lambda hit: int(hit.rsplit(" ", 1)[1].rstrip(")")))

@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from dlmspec.cli.commands import app
 from dlmspec.spec.presets import PRESETS
 from dlmspec.spec.models import Spec
+from spec_kit import write_toml
 
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = ROOT / "tests" / "kits" / "fuzz_driver.py"
@@ -215,13 +215,12 @@ def make_cases(work: Path, count: int, seed: int) -> tuple[list[dict[str, Any]],
         base, data = rng.choice(bases)
         data = copy.deepcopy(data)
         done = mutate(data, rng)
-        try:
-            text = tomli_w.dumps(data)
-        except (TypeError, ValueError):  # not expressible in TOML (e.g. an array of tables and values)
-            continue
         case_id = f"{len(cases):04d}-{base.stem}"
         path = base.parent / f"case-{case_id}.toml"
-        path.write_text(text, encoding="utf-8")
+        try:
+            write_toml(path, data)  # tomli_w refuses before the file is made
+        except (TypeError, ValueError):  # not expressible in TOML (e.g. an array of tables and values)
+            continue
         cases.append({"id": case_id, "spec": str(path), "out": str(work / "out" / case_id)})
         mutations[case_id] = done
     (work / "out").mkdir()

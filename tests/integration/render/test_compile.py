@@ -8,7 +8,6 @@ The megatron-core side (keywords, executing ``build_configs()``) is in
 from __future__ import annotations
 
 import ast
-import copy
 import json
 import os
 import py_compile
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 
 from dlmspec.check import RULES
 from dlmspec.cli import main as cli_main
@@ -36,30 +34,17 @@ from dlmspec.render.compile import (
 from dlmspec.errors import SpecError
 from dlmspec.spec.load import load
 from dlmspec.resolve import eod_choice, resolve
-from spec_kit import spec_dict
+from spec_kit import spec_file
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "specs" / "demo-dlm.toml"
 
-#: A small valid spec: 8 GPUs, data parallel 8, vocab 1000 (padded 1024, [MASK] 1000), NullTokenizer.
-BASE: dict[str, Any] = spec_dict({
+#: A small valid spec: 8 GPUs, data parallel 8, vocab 1000 (padded 1024, [MASK] 1000), NullTokenizer:
+#: what it changes in spec_kit.DEFAULT (``spec_file(tmp_path, SMALL, changes)`` writes it with ``changes``).
+SMALL: dict[str, Any] = {
     "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/x_text_document"]},
     "logging": {"tensorboard_dir": "runs/t/tensorboard"},
-})
-
-
-def spec_file(tmp_path: Path, changes: dict[str, Any] | None = None, name: str = "spec.toml") -> Path:
-    """BASE with dotted ``changes`` applied, written as TOML."""
-    data = copy.deepcopy(BASE)
-    for key, value in (changes or {}).items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    path = tmp_path / name
-    path.write_text(tomli_w.dumps(data), encoding="utf-8")
-    return path
+}
 
 
 def read_all(directory: Path) -> dict[str, bytes]:
@@ -114,11 +99,11 @@ def test_a_new_output_directory_gets_the_usual_mode(tmp_path: Path) -> None:
 
 def test_content_hash_ignores_how_a_value_is_written(tmp_path: Path) -> None:
     """Writing a default explicitly, or the value resolve() derives, is the same run."""
-    plain = resolve(load(spec_file(tmp_path)).spec)
-    explicit = resolve(load(spec_file(tmp_path, {"model.num_query_groups": 4, "model.kv_channels": 32,
+    plain = resolve(load(spec_file(tmp_path, SMALL)).spec)
+    explicit = resolve(load(spec_file(tmp_path, SMALL, {"model.num_query_groups": 4, "model.kv_channels": 32,
                                                  "parallel.tensor_model_parallel_size": 1,
-                                                 "objective.mask_token_id": 1000}, "b.toml")).spec)
-    changed = resolve(load(spec_file(tmp_path, {"train.lr": 1e-3}, "c.toml")).spec)
+                                                 "objective.mask_token_id": 1000}, file_name="b.toml")).spec)
+    changed = resolve(load(spec_file(tmp_path, SMALL, {"train.lr": 1e-3}, file_name="c.toml")).spec)
     assert content_hash(plain) == content_hash(explicit)
     assert content_hash(plain) != content_hash(changed)
 
@@ -172,7 +157,7 @@ def test_refuses_a_non_empty_directory(tmp_path: Path) -> None:
 
 def test_force_replaces_generated_files_and_keeps_the_users(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}), out)  # an earlier compile
+    compile_spec(spec_file(tmp_path, SMALL, {"train.lr": 1e-3}), out)  # an earlier compile
     (out / "notes.txt").write_text("mine")
     compile_spec(DEMO, out, force=True)
     assert (out / "notes.txt").read_text() == "mine"
@@ -277,10 +262,10 @@ def test_a_full_disk_mid_write_leaves_the_old_file_set(tmp_path: Path, existing:
 
     out = tmp_path / "out"
     if existing:
-        compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}, "old.toml"), out)
+        compile_spec(spec_file(tmp_path, SMALL, {"train.lr": 1e-3}, file_name="old.toml"), out)
         (out / "notes.txt").write_text("mine")
     before = read_all(out) if existing else None
-    new_spec = spec_file(tmp_path, {"train.lr": 2e-3}, "new.toml")
+    new_spec = spec_file(tmp_path, SMALL, {"train.lr": 2e-3}, file_name="new.toml")
     sizes = sorted(len(t.encode()) for t in render(resolve(load(new_spec).spec), str(new_spec)).values())
     limit = sizes[-2] - 1
 
@@ -324,12 +309,12 @@ def test_no_space_on_the_third_file_keeps_the_old_set(tmp_path: Path, monkeypatc
     from dlmspec.render import compile as compile_module
 
     out = tmp_path / "out"
-    compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}, "old.toml"), out)
+    compile_spec(spec_file(tmp_path, SMALL, {"train.lr": 1e-3}, file_name="old.toml"), out)
     (out / "notes.txt").write_text("mine")
     before = read_all(out)
     _fail_on_call(monkeypatch, compile_module, "_write_file", 3, errno.ENOSPC)
     with pytest.raises(SpecError) as info:
-        compile_spec(spec_file(tmp_path, {"train.lr": 2e-3}, "new.toml"), out, force=True)
+        compile_spec(spec_file(tmp_path, SMALL, {"train.lr": 2e-3}, file_name="new.toml"), out, force=True)
     (issue,) = info.value.issues
     assert issue.key == "--output" and "No space left on device" in issue.message and "nothing was changed" in issue.message
     assert read_all(out) == before and not _leftovers(tmp_path)
@@ -343,17 +328,17 @@ def test_a_rename_that_fails_puts_the_old_files_back(tmp_path: Path, monkeypatch
     import errno
 
     out = tmp_path / "out"
-    compile_spec(spec_file(tmp_path, {"train.lr": 1e-3}, "old.toml"), out)
+    compile_spec(spec_file(tmp_path, SMALL, {"train.lr": 1e-3}, file_name="old.toml"), out)
     before = read_all(out)
     _fail_on_call(monkeypatch, os, "rename", call, errno.EIO)
     with pytest.raises(SpecError):
-        compile_spec(spec_file(tmp_path, {"train.lr": 2e-3}, "new.toml"), out, force=True)
+        compile_spec(spec_file(tmp_path, SMALL, {"train.lr": 2e-3}, file_name="new.toml"), out, force=True)
     monkeypatch.undo()
     assert read_all(out) == before and not _leftovers(tmp_path)
 
 
 def test_invalid_spec_writes_nothing(tmp_path: Path) -> None:
-    path = spec_file(tmp_path, {"parallel.tensor_model_parallel_size": 3})
+    path = spec_file(tmp_path, SMALL, {"parallel.tensor_model_parallel_size": 3})
     with pytest.raises(SpecError) as info:
         compile_spec(path, tmp_path / "out")
     assert any(i.key == "parallel.tensor_model_parallel_size" for i in info.value.errors)
@@ -405,7 +390,7 @@ RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
 def test_runtime_gaps_are_refused_naming_the_key(tmp_path: Path, changes: dict[str, Any], rule: str,
                                                  key: str) -> None:
     with pytest.raises(SpecError) as info:
-        compile_spec(spec_file(tmp_path, changes), tmp_path / "out")
+        compile_spec(spec_file(tmp_path, SMALL, changes), tmp_path / "out")
     found = [i for i in info.value.errors if RULES[i.rule].scope == "runtime"]
     assert [(i.rule, i.key) for i in found] == [(rule, key)]
     assert found[0].hint and found[0].file and found[0].file.endswith("spec.toml")
@@ -419,7 +404,7 @@ def test_fsdp_with_default_cross_entropy_compiles_with_megatrons(tmp_path: Path)
     """``cross_entropy = "auto"`` under Megatron-FSDP takes megatron's vocab-parallel cross
     entropy (resolve.effective_cross_entropy), so a spec that only sets fsdp compiles."""
     out = tmp_path / "out"
-    compile_spec(spec_file(tmp_path, {"parallel.fsdp": "megatron"}), out)
+    compile_spec(spec_file(tmp_path, SMALL, {"parallel.fsdp": "megatron"}), out)
     text = (out / "train.py").read_text()
     assert "use_megatron_fsdp=True" in text and "cross_entropy='megatron'" in text
 
@@ -450,18 +435,18 @@ def test_init_from_is_rendered_as_plain_python(tmp_path: Path, changes: dict[str
                                                cache_dir: str | None) -> None:
     """checkpoint.init_from compiles: train.py passes it to the runtime's
     CheckpointConfig as a literal, with the directory hf: weights are converted into."""
-    compile_spec(spec_file(tmp_path, changes), tmp_path / "a")
+    compile_spec(spec_file(tmp_path, SMALL, changes), tmp_path / "a")
     text = (tmp_path / "a" / "train.py").read_text()
     kwargs = _checkpoint_call(text)
     assert kwargs["init_from"] == init_from and kwargs["init_cache_dir"] == cache_dir
     if init_from is not None:
         assert f"init_from={init_from!r}," in text  # visible as written in the spec
-    compile_spec(spec_file(tmp_path, changes, "b.toml"), tmp_path / "b")
+    compile_spec(spec_file(tmp_path, SMALL, changes, file_name="b.toml"), tmp_path / "b")
     assert read_all(tmp_path / "a")["train.py"].splitlines()[1:] == read_all(tmp_path / "b")["train.py"].splitlines()[1:]
 
 
 def test_a_malformed_init_from_is_refused_with_file_line_and_remedy(tmp_path: Path) -> None:
-    path = spec_file(tmp_path, {"checkpoint.init_from": "/models/qwen"})
+    path = spec_file(tmp_path, SMALL, {"checkpoint.init_from": "/models/qwen"})
     with pytest.raises(SpecError) as info:
         compile_spec(path, tmp_path / "out")
     issue = next(i for i in info.value.errors if i.key == "checkpoint.init_from")
@@ -474,7 +459,7 @@ def test_a_malformed_init_from_is_refused_with_file_line_and_remedy(tmp_path: Pa
 
 
 def test_block_causal_on_the_local_path_compiles(tmp_path: Path) -> None:
-    compile_spec(spec_file(tmp_path, {"objective.attention_mask": "block_causal", "objective.block_size": 32,
+    compile_spec(spec_file(tmp_path, SMALL, {"objective.attention_mask": "block_causal", "objective.block_size": 32,
                                       "model.transformer_impl": "local"}), tmp_path / "out")
     text = (tmp_path / "out" / "train.py").read_text()
     assert "attention='block_causal'" in text and "block_size=32" in text
@@ -487,9 +472,9 @@ def test_block_causal_on_the_local_path_compiles(tmp_path: Path) -> None:
 def test_eod_of_gpt2_null_and_explicit(tmp_path: Path) -> None:
     demo = load(DEMO).spec
     assert eod_choice(demo).value == 50256 and eod_choice(demo).known
-    null = load(spec_file(tmp_path)).spec
+    null = load(spec_file(tmp_path, SMALL)).spec
     assert eod_choice(null).value == 999
-    explicit = load(spec_file(tmp_path, {"data.tokenizer.eod_id": 7}, "b.toml")).spec
+    explicit = load(spec_file(tmp_path, SMALL, {"data.tokenizer.eod_id": 7}, file_name="b.toml")).spec
     assert eod_choice(explicit).value == 7
 
 
@@ -499,18 +484,18 @@ def test_eod_read_from_a_local_hugging_face_folder(tmp_path: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>"}}))
     (folder / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 2, "content": "</s>"}],
                                                        "model": {"vocab": {"a": 0}}}))
-    spec = load(spec_file(tmp_path, {"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": str(folder)}})).spec
+    spec = load(spec_file(tmp_path, SMALL, {"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": str(folder)}})).spec
     choice = eod_choice(spec)
     assert (choice.value, choice.known) == (2, True)
 
 
 def test_unknown_eod_is_a_warning_when_unused_and_an_error_when_used(tmp_path: Path) -> None:
     hub = {"data.tokenizer": {"type": "HuggingFaceTokenizer", "model": "org/name"}}
-    result = compile_spec(spec_file(tmp_path, hub), tmp_path / "a")
+    result = compile_spec(spec_file(tmp_path, SMALL, hub), tmp_path / "a")
     assert [w.rule for w in result.warnings if w.rule != "path-not-found"] == ["eod-id-unknown"]
     assert "eod_id=999,  # unknown at compile time" in (tmp_path / "a" / "train.py").read_text()
     with pytest.raises(SpecError) as info:
-        compile_spec(spec_file(tmp_path, {**hub, "data.reset_attention_mask": True}, "b.toml"), tmp_path / "b")
+        compile_spec(spec_file(tmp_path, SMALL, {**hub, "data.reset_attention_mask": True}, file_name="b.toml"), tmp_path / "b")
     assert [i.key for i in info.value.errors] == ["data.tokenizer.eod_id"]
     assert "data.reset_attention_mask" in info.value.errors[0].message
 
@@ -524,9 +509,9 @@ HOSTILE = "x'\"; $(touch pwned) `id` \\\n#"
 
 def test_hostile_strings_stay_inside_their_literals(tmp_path: Path) -> None:
     name = HOSTILE.replace("\n", " ")  # launch.sbatch refuses control characters in the job name
-    path = spec_file(tmp_path, {"name": name, "description": HOSTILE, "logging": {},
+    path = spec_file(tmp_path, SMALL, {"name": name, "description": HOSTILE, "logging": {},
                                 "data.train": [HOSTILE + "_text_document"],
-                                "checkpoint.save": HOSTILE}, "hostile\n$(x).toml")
+                                "checkpoint.save": HOSTILE}, file_name="hostile\n$(x).toml")
     compile_spec(path, tmp_path / "out")
     out = tmp_path / "out"
     train = (out / "train.py").read_text()
@@ -573,18 +558,18 @@ def test_every_spec_compiles_to_valid_python_and_shell(tmp_path: Path, spec: Pat
 
 
 def test_launch_sh_is_single_node_torchrun_with_the_spec_gpu_count(tmp_path: Path) -> None:
-    compile_spec(spec_file(tmp_path, {"parallel.tensor_model_parallel_size": 2,
+    compile_spec(spec_file(tmp_path, SMALL, {"parallel.tensor_model_parallel_size": 2,
                                       "parallel.sequence_parallel": True}), tmp_path / "out")
     text = (tmp_path / "out" / "launch.sh").read_text()
     assert "set -euo pipefail" in text
     assert "-m torch.distributed.run" in text and "--nproc_per_node=8" in text and "--nnodes=1" in text
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text
-    compile_spec(spec_file(tmp_path, {}, "b.toml"), tmp_path / "dp")
+    compile_spec(spec_file(tmp_path, SMALL, {}, file_name="b.toml"), tmp_path / "dp")
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in (tmp_path / "dp" / "launch.sh").read_text()
 
 
 def test_launch_sh_refuses_a_multi_node_job(tmp_path: Path) -> None:
-    compile_spec(spec_file(tmp_path, {"cluster.nodes": 2, "train.global_batch_size": 128}), tmp_path / "out")
+    compile_spec(spec_file(tmp_path, SMALL, {"cluster.nodes": 2, "train.global_batch_size": 128}), tmp_path / "out")
     run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True)
     assert run.returncode == 2 and "launch.sbatch" in run.stderr
     assert "torch.distributed.run" not in (tmp_path / "out" / "launch.sh").read_text()
@@ -598,14 +583,14 @@ SHELLCHECK = shutil.which("shellcheck")
                                      {"parallel.tensor_model_parallel_size": 2, "parallel.sequence_parallel": True}],
                          ids=["dp8", "two-nodes", "tp2-sp"])
 def test_launch_sh_passes_shellcheck(tmp_path: Path, changes: dict[str, Any]) -> None:
-    compile_spec(spec_file(tmp_path, changes), tmp_path / "out")
+    compile_spec(spec_file(tmp_path, SMALL, changes), tmp_path / "out")
     run = subprocess.run([SHELLCHECK, "--norc", "--shell=bash", str(tmp_path / "out" / "launch.sh")],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout
 
 
 def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path) -> None:
-    compile_spec(spec_file(tmp_path), tmp_path / "out")
+    compile_spec(spec_file(tmp_path, SMALL), tmp_path / "out")
     # A Python without site-packages (-S), started outside the checkout: no dlmspec.backends.megatron.
     python = tmp_path / "python-without-site"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
@@ -618,7 +603,7 @@ def test_launch_sh_stops_early_when_the_runtime_is_not_importable(tmp_path: Path
 def test_launch_sh_says_when_the_interpreter_does_not_exist(tmp_path: Path) -> None:
     """DLMSPEC_PYTHON naming no file is said as such, not as 'cannot import torch' (the
     new-user trial)."""
-    compile_spec(spec_file(tmp_path), tmp_path / "out")
+    compile_spec(spec_file(tmp_path, SMALL), tmp_path / "out")
     run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
                          cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": str(tmp_path / "no-such-python")})
     assert run.returncode == 2 and "no interpreter" in run.stderr and "DLMSPEC_PYTHON" in run.stderr
@@ -655,7 +640,7 @@ def test_cli_compile_and_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_cli_invalid_spec_exits_2_with_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = spec_file(tmp_path, {"stage.kind": "bogus"})
+    path = spec_file(tmp_path, SMALL, {"stage.kind": "bogus"})
     assert cli_main(["compile", str(path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "stage.kind" in err and "spec.toml" in err and "Traceback" not in err
@@ -687,7 +672,7 @@ def _assigned(script: str, name: str) -> str:
 
 
 def test_python_option_writes_the_interpreter_into_both_scripts_and_nothing_else(tmp_path: Path) -> None:
-    resolved = resolve(load(spec_file(tmp_path)).spec)
+    resolved = resolve(load(spec_file(tmp_path, SMALL)).spec)
     plain = render(resolved, "spec.toml")
     hostile = "/opt/my env/bin/py'thon $HOME"
     chosen = render(resolved, "spec.toml", python=hostile)
@@ -706,7 +691,7 @@ def test_python_option_writes_the_interpreter_into_both_scripts_and_nothing_else
 def test_launch_sh_names_the_compiled_interpreter_and_the_remedy(tmp_path: Path) -> None:
     python = _interpreter_without_torch(tmp_path / "my env" / "bin" / "python")
     other = _interpreter_without_torch(tmp_path / "other" / "python")
-    compile_spec(spec_file(tmp_path), tmp_path / "out", python=str(python))
+    compile_spec(spec_file(tmp_path, SMALL), tmp_path / "out", python=str(python))
     run = subprocess.run(["bash", str(tmp_path / "out" / "launch.sh")], capture_output=True, text=True,
                          cwd=tmp_path, env={**os.environ, "DLMSPEC_PYTHON": str(other), "PYTHONPATH": ""})
     # --python wins over DLMSPEC_PYTHON; the message names it and says how to choose another.
@@ -716,7 +701,7 @@ def test_launch_sh_names_the_compiled_interpreter_and_the_remedy(tmp_path: Path)
 
 
 def test_launch_sh_without_python_option_takes_dlmspec_python_else_python3(tmp_path: Path) -> None:
-    compile_spec(spec_file(tmp_path), tmp_path / "out")
+    compile_spec(spec_file(tmp_path, SMALL), tmp_path / "out")
     fake_bin = tmp_path / "bin"
     _interpreter_without_torch(fake_bin / "python3")
     env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": ""}
@@ -733,7 +718,7 @@ def test_launch_sh_without_python_option_takes_dlmspec_python_else_python3(tmp_p
 def test_python_option_keeps_a_bare_name_and_makes_a_relative_path_absolute(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    resolved = resolve(load(spec_file(tmp_path)).spec)
+    resolved = resolve(load(spec_file(tmp_path, SMALL)).spec)
     assert _assigned(render(resolved, "spec.toml", python="python3.11")["launch.sh"], "PYTHON") == "python3.11"
     text = render(resolved, "spec.toml", python=".venv/bin/python")["launch.sh"]
     assert _assigned(text, "PYTHON") == str(tmp_path / ".venv/bin/python")
@@ -742,7 +727,7 @@ def test_python_option_keeps_a_bare_name_and_makes_a_relative_path_absolute(tmp_
 @pytest.mark.parametrize("bad", ["", "python\n3"])
 def test_python_option_refuses_an_empty_or_multi_line_value(tmp_path: Path, bad: str) -> None:
     with pytest.raises(SpecError) as caught:
-        compile_spec(spec_file(tmp_path), tmp_path / "out", python=bad)
+        compile_spec(spec_file(tmp_path, SMALL), tmp_path / "out", python=bad)
     assert caught.value.issues[0].key == "--python" and caught.value.issues[0].hint
     assert not (tmp_path / "out").exists()
 
@@ -759,11 +744,11 @@ def test_cli_compile_and_submit_take_python(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_python_option_warns_when_the_path_is_not_executable_here(tmp_path: Path) -> None:
-    missing = compile_spec(spec_file(tmp_path), tmp_path / "a", python=str(tmp_path / "nowhere" / "python"))
+    missing = compile_spec(spec_file(tmp_path, SMALL), tmp_path / "a", python=str(tmp_path / "nowhere" / "python"))
     assert [(w.key, w.rule, w.severity) for w in missing.warnings if w.key == "--python"] == [
         ("--python", "python-path", "warning")]
     present = _interpreter_without_torch(tmp_path / "env" / "python")
-    assert not [w for w in compile_spec(spec_file(tmp_path), tmp_path / "b", python=str(present)).warnings
+    assert not [w for w in compile_spec(spec_file(tmp_path, SMALL), tmp_path / "b", python=str(present)).warnings
                 if w.key == "--python"]
-    assert not [w for w in compile_spec(spec_file(tmp_path), tmp_path / "c", python="python3.11").warnings
+    assert not [w for w in compile_spec(spec_file(tmp_path, SMALL), tmp_path / "c", python="python3.11").warnings
                 if w.key == "--python"]  # a bare name is looked up where the job runs

@@ -10,7 +10,6 @@ runs megatron-core's ``__post_init__`` checks and gives objects that hold the re
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -22,7 +21,6 @@ from types import ModuleType
 from typing import Any, Callable
 
 import pytest
-import tomli_w
 
 from dlmspec.render.compile import check_spec, render
 from dlmspec.spec.load import load
@@ -32,18 +30,19 @@ from compile_megatron_kit import (  # noqa: F401 (fixtures among them)
     _counter,
     _import,
 )
-from spec_kit import spec_dict
+from spec_kit import spec_file
 
 ROOT = Path(__file__).resolve().parents[3]
 
-#: 8 layers, 8 GPUs, vocab 1000 (padded 1024); variations below change it.
-BASE: dict[str, Any] = spec_dict({
+#: 8 layers, 8 GPUs, vocab 1000 (padded 1024): what it changes in spec_kit.DEFAULT; variations below
+#: change it further (``spec_file(tmp_path, BASE, VARIATIONS[name], file_name=f"{name}.toml")``).
+BASE: dict[str, Any] = {
     "name": "v",
     "model.num_layers": 8,
     "train.micro_batch_size": 1,
     "train.global_batch_size": 32,
     "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/x_text_document"]},
-})
+}
 
 VARIATIONS: dict[str, dict[str, Any]] = {
     "dp8": {},
@@ -95,22 +94,6 @@ VARIATIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _write_variation(tmp_path: Path, name: str) -> Path:
-    data = copy.deepcopy(BASE)
-    for key, value in VARIATIONS[name].items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        if value is None:
-            node.pop(last, None)
-        else:
-            node[last] = value
-    path = tmp_path / f"{name}.toml"
-    path.write_text(tomli_w.dumps(data), encoding="utf-8")
-    return path
-
-
 # Bundled specs whose header says "`dlmspec compile` refuses it" are left out (tests/unit/specs/test_specs.py).
 CASES = [pytest.param(p, id=p.stem) for p in sorted((ROOT / "specs").glob("*.toml"))
          if "`dlmspec compile` refuses it" not in p.read_text()] + [
@@ -121,7 +104,7 @@ CASES = [pytest.param(p, id=p.stem) for p in sorted((ROOT / "specs").glob("*.tom
 
 def _compile(case: Path | str, tmp_path: Path) -> tuple[Resolved, Path]:
     """Load, check and render a case; returns the resolved spec and the written train.py."""
-    path = case if isinstance(case, Path) else _write_variation(tmp_path, case)
+    path = case if isinstance(case, Path) else spec_file(tmp_path, BASE, VARIATIONS[case], file_name=f"{case}.toml")
     loaded = load(path)
     resolved = resolve(loaded.spec)
     check_spec(loaded, resolved)  # each case is a valid spec: a failure here means a bad case

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-import tomli_w
 from pydantic import BaseModel
 
 from dlmspec.check import RULES, find, issues_for
@@ -41,6 +40,7 @@ from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
 from dlmspec.spec.models import Spec
 from dlmspec.spec.names import NAME_KEYS, bad_tokens
+from spec_kit import write_toml
 
 #: Values that would run code, break a line or change an argument if any generated file took
 #: them as code: docstring and quote break-outs, shell substitutions, line breaks of every kind
@@ -427,7 +427,7 @@ def assert_same_shell(benign: str, hostile: str, pairs: list[tuple[str, str]]) -
 def benign_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The benign spec compiled (once for the module)."""
     base = tmp_path_factory.mktemp("benign")
-    (base / "spec.toml").write_text(tomli_w.dumps(build({})), encoding="utf-8")
+    write_toml(base / "spec.toml", build({}))
     compile_spec(base / "spec.toml", base / "out")
     return base / "out"
 
@@ -446,7 +446,7 @@ def compile_hostile(tmp_path: Path, value: str) -> tuple[Path, dict[str, str], s
     hostile = {slot: value for slot in SLOTS}
     refused: set[str] = set()
     for _ in range(8):
-        spec.write_text(tomli_w.dumps(build(hostile)), encoding="utf-8")
+        write_toml(spec, build(hostile))
         try:
             result = compile_spec(spec, tmp_path / "hostile")
             break
@@ -569,7 +569,7 @@ def test_a_docstring_break_out_in_the_name_runs_nothing(tmp_path: Path) -> None:
     """The attack of a run name that closes train.py's docstring."""
     name = 'x"""; import os; os.system("touch PWNED"); """'
     spec = build({"name": name})
-    (tmp_path / "spec.toml").write_text(tomli_w.dumps(spec), encoding="utf-8")
+    write_toml(tmp_path / "spec.toml", spec)
     compile_spec(tmp_path / "spec.toml", tmp_path / "out")
     tree = ast.parse((tmp_path / "out" / "train.py").read_text(encoding="utf-8"))
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
@@ -615,7 +615,7 @@ def test_validate_refuses_nul_naming_the_key(tmp_path: Path, capsys: pytest.Capt
     spec = build({})
     spec["data"]["train"][0]["prefix"] = "data/a\x00b"
     path = tmp_path / "spec.toml"
-    path.write_text(tomli_w.dumps(spec), encoding="utf-8")
+    write_toml(path, spec)
     assert cli_main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "data.train" in err and "NUL" in err and "string-characters" in err and "Traceback" not in err

@@ -35,7 +35,8 @@ from dlmspec.render.sbatch import (
 )
 from dlmspec.cli.submit import dry_run_script, plan_submission, submit
 from dlmspec.spec.models import Spec
-from small_spec import SMALL_SPEC
+from small_spec import SMALL, SMALL_SPEC
+from spec_kit import spec_file
 
 from slurm_kit import (  # noqa: F401 (fixtures among them)
     BASE,
@@ -476,15 +477,10 @@ def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return log
 
 
-def write_spec(tmp_path: Path, name: str, extra: str = "") -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(BASE.replace('name = "t"', f'name = "{name}"') + extra)
-    return path
-
-
 def test_submit_chains_stages_with_afterok(fake_sbatch: Path, tmp_path: Path) -> None:
-    a = write_spec(tmp_path, "pretrain", '[cluster.slurm]\noutput = "logs/a/%j.out"\n')
-    b = write_spec(tmp_path, "sft")
+    a = spec_file(tmp_path, SMALL, name="pretrain", file_name="pretrain.toml",
+                  cluster={"slurm": {"output": "logs/a/%j.out"}})
+    b = spec_file(tmp_path, SMALL, name="sft", file_name="sft.toml")
     lines: list[str] = []
     jobs = submit([str(a), str(b)], check_mode="env", echo=lines.append)
     assert [j.job_id for j in jobs] == ["1001", "1002"]
@@ -503,8 +499,8 @@ def test_submit_chains_stages_with_afterok(fake_sbatch: Path, tmp_path: Path) ->
 
 
 def test_submit_dry_run_prints_and_writes_nothing(fake_sbatch: Path, tmp_path: Path) -> None:
-    a = write_spec(tmp_path, "a")
-    b = write_spec(tmp_path, "b")
+    a = spec_file(tmp_path, SMALL, name="a", file_name="a.toml")
+    b = spec_file(tmp_path, SMALL, name="b", file_name="b.toml")
     lines: list[str] = []
     assert submit([str(a), str(b)], dry_run=True, output="out dir", echo=lines.append) == []
     text = "\n".join(lines)
@@ -517,7 +513,7 @@ def test_submit_dry_run_prints_and_writes_nothing(fake_sbatch: Path, tmp_path: P
 
 
 def test_submit_errors_are_spec_errors(fake_sbatch: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    a = write_spec(tmp_path, "a")
+    a = spec_file(tmp_path, SMALL, name="a", file_name="a.toml")
     with pytest.raises(SpecError, match="no such spec file"):
         submit([str(tmp_path / "missing.toml")])
     with pytest.raises(SpecError, match="unknown check mode"):
@@ -538,7 +534,7 @@ def test_submit_errors_are_spec_errors(fake_sbatch: Path, tmp_path: Path, monkey
 def test_cli_submit_exit_codes(fake_sbatch: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                capsys: pytest.CaptureFixture[str]) -> None:
     cli = pytest.importorskip("dlmspec.cli")
-    a = write_spec(tmp_path, "a")
+    a = spec_file(tmp_path, SMALL, name="a", file_name="a.toml")
     assert cli.main(["submit", str(a), "--dry-run"]) == 0
     assert "sbatch --parsable compiled/a/launch.sbatch" in capsys.readouterr().out
     assert cli.main(["submit", str(a), "--check", "env"]) == 0
@@ -551,7 +547,7 @@ def test_cli_submit_exit_codes(fake_sbatch: Path, tmp_path: Path, monkeypatch: p
 
 def test_plan_submission_refuses_set_on_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    a = write_spec(tmp_path, "a")
+    a = spec_file(tmp_path, SMALL, name="a", file_name="a.toml")
     steps = plan_submission([str(a)])
     assert steps[0].compile_command == ["dlmspec", "compile", str(a), "--output", "compiled/a"]
     script = dry_run_script(steps, check_mode="train")

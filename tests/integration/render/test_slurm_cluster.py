@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import tomli_w
 
 from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
 from dlmspec.cli.submit import submit
 from dlmspec.render.sbatch import render_sbatch
+from spec_kit import write_toml
 
 ROOT = Path(__file__).resolve().parents[3]
 START = ROOT / "tests" / "slurm" / "start-cluster.sh"
@@ -136,13 +136,12 @@ def done(fields: dict[str, str]) -> bool:
     return fields.get("JobState") in TERMINAL
 
 
-def write_spec(tmp_path: Path, slurm_table: dict[str, Any]) -> Path:
+def check_spec(slurm_table: dict[str, Any]) -> dict[str, Any]:
+    """The bundled check spec with a [cluster.slurm] table for the test cluster (``slurm_table`` added)."""
     data = tomllib.loads(CHECK_SPEC.read_text())
     data["cluster"]["slurm"] = {"partition": "debug", "time": "00:10:00", "signal_seconds_before_end": 60,
                                 **slurm_table}
-    path = tmp_path / "spec.toml"
-    path.write_text(tomli_w.dumps(data))
-    return path
+    return data
 
 
 HOSTILE_NAME = "chk \"$(touch pwned-1)\" 'q' `touch pwned-2` #x"
@@ -152,8 +151,9 @@ HOSTILE_VALUE = "v $(touch pwned-3) `touch pwned-4` 'q' \"d\" \\ ; x\nsecond lin
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_env_check_job(launcher: str, cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    spec = write_spec(tmp_path, {"launcher": launcher, "job_name": HOSTILE_NAME, "output": "logs/%j.out",
-                                 "env": {"DLM_HOSTILE": HOSTILE_VALUE, "NCCL_DEBUG": "INFO"}})
+    spec = write_toml(tmp_path / "spec.toml", check_spec({
+        "launcher": launcher, "job_name": HOSTILE_NAME, "output": "logs/%j.out",
+        "env": {"DLM_HOSTILE": HOSTILE_VALUE, "NCCL_DEBUG": "INFO"}}))
     jobs = submit([str(spec)], output=str(tmp_path / "compiled"), check_mode="env", echo=lambda line: None)
     job = jobs[0].job_id
     log = tmp_path / "logs" / f"{job}.out"
@@ -184,7 +184,7 @@ def test_preemption_checkpoint_requeue_resume(cluster: Path, tmp_path: Path, mon
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DLMSPEC_CHECK_STEPS", "40")
     monkeypatch.setenv("DLMSPEC_CHECK_STEP_SECONDS", "0.25")
-    spec = write_spec(tmp_path, {"job_name": "preempt"})
+    spec = write_toml(tmp_path / "spec.toml", check_spec({"job_name": "preempt"}))
     job = submit([str(spec)], output=str(tmp_path / "compiled"), check_mode="train", echo=lambda line: None)[0].job_id
     state = tmp_path / f"dlmspec-check-{job}"
     log = tmp_path / f"slurm-preempt-{job}.out"

@@ -10,25 +10,18 @@ import threading
 from pathlib import Path
 
 import pytest
-import tomli_w
 
 
 from blend_shards import docs_of, null_tokenizer, write_shard  # noqa: E402
 
 from dlmspec.cli import main  # noqa: E402
-from spec_kit import spec_dict
+from spec_kit import spec_file
 
-SPEC = spec_dict({
+#: What the spec changes in spec_kit.DEFAULT: data from files (each test names its data.train).
+FILES = {
     "data": {"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}, "train": ["data/web-00000_text_document"]},
     "logging": {"tensorboard_dir": "runs/t/tensorboard"},
-})
-
-
-def _spec(folder: Path, train: list[str]) -> Path:
-    body = dict(SPEC, data=dict(SPEC["data"], train=train))
-    path = folder / "spec.toml"
-    path.write_text(tomli_w.dumps(body))
-    return path
+}
 
 
 def _hostile(path: Path, kind: str) -> threading.Timer | None:
@@ -76,7 +69,7 @@ KINDS = ["fifo", "dev-zero", "nested"]
 def test_a_dataset_record_that_is_not_one_is_an_error_naming_it(data: Path, capsys, kind: str, command: str) -> None:
     record = data / "data" / "web-00000_text_document.dlmspec.json"
     timer = _hostile(record, kind)
-    args = [command, str(_spec(data, ["data/web-00000_text_document"]))]
+    args = [command, str(spec_file(data, FILES, {"data.train": ["data/web-00000_text_document"]}))]
     if command == "compile":
         args += ["--output", str(data / "out")]
     try:
@@ -94,7 +87,7 @@ def test_a_manifest_that_is_not_one_is_an_error_naming_it(data: Path, capsys, ki
     manifest = data / "data" / "web_text_document.manifest.json"
     timer = _hostile(manifest, kind)
     try:
-        code, text = _run(["validate", str(_spec(data, ["data/web_text_document.manifest.json"]))], capsys)
+        code, text = _run(["validate", str(spec_file(data, FILES, {"data.train": ["data/web_text_document.manifest.json"]}))], capsys)
     finally:
         if timer is not None:
             timer.cancel()
@@ -109,5 +102,5 @@ def test_an_index_with_a_negative_length_is_an_error_naming_it(data: Path, capsy
     idx = (b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 3, 4) + struct.pack("<3i", *lengths)
            + struct.pack("<3q", *pointers) + struct.pack("<4q", 0, 1, 2, 3))
     (data / "data" / "web-00000_text_document.idx").write_bytes(idx)
-    code, text = _run(["validate", str(_spec(data, ["data/web-*_text_document"]))], capsys)
+    code, text = _run(["validate", str(spec_file(data, FILES, {"data.train": ["data/web-*_text_document"]}))], capsys)
     assert code == 2 and "data-index-unreadable" in text and "negative sequence length" in text, text

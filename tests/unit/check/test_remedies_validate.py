@@ -26,6 +26,7 @@ import rule_cases_kit
 from dlmspec.check import RULES, load_for
 from dlmspec.cli import main
 from dlmspec.errors import Fix, SpecError, SpecIssue, toml_text
+from spec_kit import write_toml
 
 MISSING = object()
 
@@ -202,20 +203,19 @@ def write(folder: Path, example: Example) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
     if example.kind == "toml":
-        path = folder / "spec.toml"
-        path.write_text(tomli_w.dumps(example.data), encoding="utf-8")
+        path = write_toml(folder / "spec.toml", example.data)
     elif example.kind == "missing":
         path = folder / "spec.toml"
         path.unlink(missing_ok=True)
-    elif example.kind == "broken-toml":
-        path = folder / "spec.toml"
-        path.write_text(tomli_w.dumps(example.data) + "name = [\n", encoding="utf-8")
+    elif example.kind == "broken-toml":  # the spec's TOML, then an unclosed array
+        path = write_toml(folder / "spec.toml", example.data)
+        path.write_text(path.read_text(encoding="utf-8") + "name = [\n", encoding="utf-8")
     elif example.kind == "raising-py":
         path = folder / "spec.py"
         path.write_text(f"spec = {example.data!r}\nraise RuntimeError('no spec here')\n", encoding="utf-8")
-    elif example.kind == "deep-toml":
-        path = folder / "spec.toml"
-        path.write_text("x = " + "[" * 40 + "]" * 40 + "\n" + tomli_w.dumps(example.data), encoding="utf-8")
+    elif example.kind == "deep-toml":  # an array nested 40 deep, then the spec's TOML
+        path = write_toml(folder / "spec.toml", example.data)
+        path.write_text("x = " + "[" * 40 + "]" * 40 + "\n" + path.read_text(encoding="utf-8"), encoding="utf-8")
     else:
         path = folder / "spec.py"
         path.write_text(f"spec = {example.data!r}\n", encoding="utf-8")

@@ -7,14 +7,12 @@ file keeps."""
 
 from __future__ import annotations
 
-import copy
 import json
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 from typer.testing import CliRunner
 
 import dlmspec.check.memory
@@ -34,8 +32,10 @@ from dlmspec.cli import main
 from dlmspec.cli.commands import app
 from dlmspec.plan import PlanError
 from dlmspec.spec.presets import PRESETS
+from spec_kit import spec_file
 
 from agree_kit import (  # noqa: F401 (fixtures among them)
+    AGREE,
     BASE,
     FAILING,
     SPEC_EXAMPLES,
@@ -76,19 +76,6 @@ LOAD_FAILING: list[tuple[str, str, list[str], str, str]] = [
     ("spec.toml", None, ["--set", "checkpoint.save=\"runs/{nmae}/checkpoints\""], "name-placeholder",
      "checkpoint.save"),
 ]
-
-
-def spec_file(folder: Path, changes: dict[str, Any], name: str = "spec.toml") -> Path:
-    data = copy.deepcopy(BASE)
-    for key, value in changes.items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    path = folder / name
-    path.write_text(tomli_w.dumps(data), encoding="utf-8")
-    return path
 
 
 def outcome(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[tuple[str, str, str]]]:
@@ -145,7 +132,7 @@ def test_starter_specs(preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("changes, rule, key", FAILING, ids=[f"{r}:{k}" for _, r, k in FAILING])
 def test_failing_examples(changes: dict[str, Any], rule: str, key: str, tmp_path: Path,
                           monkeypatch: pytest.MonkeyPatch) -> None:
-    code, issues = assert_agree(spec_file(tmp_path, changes), tmp_path / "out", monkeypatch)
+    code, issues = assert_agree(spec_file(tmp_path, AGREE, changes), tmp_path / "out", monkeypatch)
     severity = "warning" if (rule, key) in WARNING_EXAMPLES else "error"
     assert code == (2 if severity == "error" else 0) and (rule, key, severity) in issues
 
@@ -153,7 +140,7 @@ def test_failing_examples(changes: dict[str, Any], rule: str, key: str, tmp_path
 @pytest.mark.parametrize("name, text, args, rule, key", LOAD_FAILING, ids=[c[3] for c in LOAD_FAILING])
 def test_load_examples(name: str, text: str | None, args: list[str], rule: str, key: str, tmp_path: Path,
                        monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = spec_file(tmp_path, {}, name) if text is None else tmp_path / name
+    spec = spec_file(tmp_path, AGREE, {}, file_name=name) if text is None else tmp_path / name
     if text:
         spec.write_text(text, encoding="utf-8")
     code, issues = assert_agree(spec, tmp_path / "out", monkeypatch, args)
@@ -181,7 +168,7 @@ def test_spec_rule_examples(rule: str, tmp_path: Path, monkeypatch: pytest.Monke
 def test_checkpoint_inherited_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The one rule that reads which file wrote a key: a spec that renames the run of the spec it
     extends, and inherits its checkpoint folder."""
-    spec_file(tmp_path, {"checkpoint.save": "runs/t/checkpoints"}, "base.toml")
+    spec_file(tmp_path, AGREE, {"checkpoint.save": "runs/t/checkpoints"}, file_name="base.toml")
     child = tmp_path / "child.toml"
     child.write_text('extends = "base.toml"\nname = "other"\n[logging]\ntensorboard_dir = "runs/other/tensorboard"\n',
                      encoding="utf-8")
@@ -196,7 +183,7 @@ def test_plan_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         raise PlanError("no model of this spec")
 
     monkeypatch.setattr(dlmspec.check.memory, "make_plan", fail)
-    code, issues = assert_agree(spec_file(tmp_path, {}), tmp_path / "out", monkeypatch)
+    code, issues = assert_agree(spec_file(tmp_path, AGREE, {}), tmp_path / "out", monkeypatch)
     assert code == 2 and ("plan", "<plan>", "error") in issues
 
 
@@ -212,7 +199,7 @@ def test_sft_file_examples(rule: str, tmp_path: Path, monkeypatch: pytest.Monkey
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    code, issues = assert_agree(spec_file(tmp_path, changes), tmp_path / "out", monkeypatch)
+    code, issues = assert_agree(spec_file(tmp_path, AGREE, changes), tmp_path / "out", monkeypatch)
     severity = RULES[rule].severity
     assert (rule, key, severity) in issues and code == (2 if severity == "error" else 0)
 
@@ -227,7 +214,7 @@ def test_memory_override_turns_the_error_into_a_recorded_warning(tmp_path: Path,
     """``cluster.allow_memory_overflow = true`` is the memory rule's one override: validate,
     plan and compile then pass with a ``memory-fits`` warning, and spec.lock.toml keeps the key,
     so the compiled job says that it was accepted on purpose."""
-    spec = spec_file(tmp_path, {**TOO_BIG, "cluster.allow_memory_overflow": True})
+    spec = spec_file(tmp_path, AGREE, {**TOO_BIG, "cluster.allow_memory_overflow": True})
     code, issues = assert_agree(spec, tmp_path / "out", monkeypatch)
     assert code == 0 and ("memory-fits", "cluster.gpu", "warning") in issues
     code, planned = outcome(["plan", str(spec)], monkeypatch)
@@ -235,7 +222,7 @@ def test_memory_override_turns_the_error_into_a_recorded_warning(tmp_path: Path,
     lock = tomllib.loads((tmp_path / "out" / "spec.lock.toml").read_text())
     assert lock["cluster"]["allow_memory_overflow"] is True
     # The same spec without the override: an error everywhere, and the fix names the override.
-    plain = spec_file(tmp_path, TOO_BIG, "plain.toml")
+    plain = spec_file(tmp_path, AGREE, TOO_BIG, file_name="plain.toml")
     assert outcome(["plan", str(plain)], monkeypatch)[0] == 2
     result = CliRunner().invoke(app, ["validate", str(plain), "--json"])
     (memory,) = [i for i in json.loads(result.stdout)["issues"] if i["rule"] == "memory-fits"]

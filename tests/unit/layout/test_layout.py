@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-import tomli_w
 
 from dlmspec import layout
 from dlmspec.check import issues_for
@@ -17,6 +16,7 @@ from dlmspec.plan.shape import layout as plan_layout
 from dlmspec.plan.shape import model_shape, relayout
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
+from spec_kit import spec_file
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,21 +35,16 @@ TABLE = [
 
 
 def spec_for(tmp_path: Path, gpus: int, tp: int, pp: int, cp: int, gbs: int, mbs: int):
-    data = {
-        "name": "t",
-        "model": {"num_layers": 8, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 8,
-                  "num_query_groups": 8, "vocab_size": 1000, "max_position_embeddings": 1024},
-        "train": {"micro_batch_size": mbs, "global_batch_size": gbs, "seq_length": 256, "train_iters": 10,
-                  "eval_interval": 5},
-        "parallel": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                     "context_parallel_size": cp, "sequence_parallel": tp > 1},
-        "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
-        "cluster": {"gpu": "h100", "gpus_per_node": gpus, "nodes": 1},
-    }
-    if cp > 1:
-        data["model"]["transformer_impl"] = "transformer_engine"
-    path = tmp_path / "spec.toml"
-    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    """The loaded spec of 8 layers (no grouped queries) on ``gpus`` GPUs of one node with this layout
+    and batch (sequence 256, 10 iterations); transformer_engine when context parallel."""
+    path = spec_file(tmp_path, {
+        "model.num_layers": 8, "model.num_query_groups": 8,
+        "model.transformer_impl": "transformer_engine" if cp > 1 else None,
+        "train.micro_batch_size": mbs, "train.global_batch_size": gbs, "train.seq_length": 256,
+        "train.train_iters": 10, "train.eval_interval": 5, "train.lr_warmup_iters": None,
+        "cluster.gpus_per_node": gpus,
+    }, parallel={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                 "context_parallel_size": cp, "sequence_parallel": tp > 1})
     return load(path)
 
 

@@ -3,36 +3,21 @@ id and size) and the SFT datasets' records are read by resolve and kept on the R
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 
 import dlmspec.files
 import dlmspec.tokenizers
 from dlmspec.render.compile import render
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
-from spec_kit import spec_dict
+from spec_kit import TINY, spec_file
 
-BASE: dict[str, Any] = spec_dict({
-    "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256},
-    "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 128, "train_iters": 10, "eval_interval": 5},
-    "data": {"train": ["data/x_text_document"]},
-})
-
-
-def write_spec(tmp_path: Path, tokenizer: dict[str, Any], **tables: Any) -> Path:
-    data = copy.deepcopy(BASE)
-    data["data"]["tokenizer"] = tokenizer
-    for key, value in tables.items():
-        data.setdefault(key, {}).update(value)
-    path = tmp_path / "spec.toml"
-    path.write_text(tomli_w.dumps(data), encoding="utf-8")
-    return path
+#: spec_kit.TINY's data: one dataset from files and no tokenizer (each test names its own).
+DATA: dict[str, Any] = {"data": {"train": ["data/x_text_document"]}}
 
 
 def gpt2_files(tmp_path: Path) -> dict[str, Any]:
@@ -68,11 +53,8 @@ def sft_with_record(tmp_path: Path) -> Path:
     Path(str(prefix) + ".dlmspec.json").write_text(json.dumps(
         {"schema": "dlmspec.dataset", "version": 1, "documents": 10, "tokens": 640,
          "sft": {"prompt_tokens": 320, "response_tokens": 320}}), encoding="utf-8")
-    path = write_spec(tmp_path, {"type": "NullTokenizer", "vocab_size": 999}, stage={"kind": "sft"})
-    data = __import__("tomllib").loads(path.read_text(encoding="utf-8"))
-    data["data"]["train"] = [str(prefix)]
-    path.write_text(tomli_w.dumps(data), encoding="utf-8")
-    return path
+    return spec_file(tmp_path, TINY, {"data": {"train": [str(prefix)]}},
+                     data={"tokenizer": {"type": "NullTokenizer", "vocab_size": 999}}, stage={"kind": "sft"})
 
 
 def refuse_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -90,9 +72,9 @@ def refuse_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.parametrize("make, expect", [
-    (lambda tmp: write_spec(tmp, gpt2_files(tmp)), "eod_id=7,"),
-    (lambda tmp: write_spec(tmp, hf_folder(tmp)), "eod_id=3,"),
-    (lambda tmp: write_spec(tmp, bert_vocab(tmp)), "(BertWordPieceCase: 602 ids)"),
+    (lambda tmp: spec_file(tmp, TINY, DATA, data={"tokenizer": gpt2_files(tmp)}), "eod_id=7,"),
+    (lambda tmp: spec_file(tmp, TINY, DATA, data={"tokenizer": hf_folder(tmp)}), "eod_id=3,"),
+    (lambda tmp: spec_file(tmp, TINY, DATA, data={"tokenizer": bert_vocab(tmp)}), "(BertWordPieceCase: 602 ids)"),
     (sft_with_record, "mean 64 tokens per conversation (its record)"),
 ], ids=["gpt2-vocab", "hf-folder", "wordpiece-vocab", "sft-record"])
 def test_render_reads_no_file_given_a_resolved_spec(tmp_path, monkeypatch, make, expect) -> None:

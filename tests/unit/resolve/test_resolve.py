@@ -6,13 +6,11 @@ feature is a validate (and compile) error."""
 from __future__ import annotations
 
 import ast
-import copy
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 from typer.testing import CliRunner
 
 from dlmspec.cli.commands import app
@@ -20,25 +18,10 @@ from dlmspec.render.compile import render
 from dlmspec.spec.load import load
 from dlmspec.plan import make_plan
 from dlmspec.resolve import resolve
-from spec_kit import spec_dict
+from spec_kit import spec_file
 
 ROOT = Path(__file__).resolve().parents[3]
 SPECS = ROOT / "specs"
-
-BASE: dict[str, Any] = spec_dict()
-
-
-def spec_file(tmp_path: Path, changes: dict[str, Any]) -> Path:
-    data = copy.deepcopy(BASE)
-    for key, value in changes.items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    path = tmp_path / "spec.toml"
-    path.write_text(tomli_w.dumps(data), encoding="utf-8")
-    return path
 
 
 def build_layer_call(train_py: str) -> ast.Call:

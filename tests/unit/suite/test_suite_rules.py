@@ -116,6 +116,7 @@ TEXT_SPECS = {
     ("tests/integration/runtime/test_toy_stage.py", "SPEC"): "a format template ({kind})",
     ("tests/unit/spec/test_hints.py", "BASE"): "a format template ({extra} between tables)",
     ("tests/unit/spec/test_names.py", "PARENT"): "a parent file whose run paths the tests rewrite",
+    ("tests/kits/small_spec.py", "SMALL"): "the changes to spec_kit.DEFAULT that SMALL_SPEC and spec_file apply",
 }
 
 
@@ -124,6 +125,28 @@ def test_whole_specs_come_from_the_spec_factory() -> None:
              f"the same names in tests/conftest.py), stating only what differs from spec_kit.DEFAULT"
              for p in FILES if p != KITS / "spec_kit.py" for hit in suite_kit.spec_literals(p)
              if (_rel(p), hit.split(" (")[0].split(":")[0]) not in TEXT_SPECS]
+    assert found == [], "\n".join(found)
+
+
+#: Spec-file writers of a test module's own that write a file spec_kit does not make (not a spec
+#: from spec_kit.DEFAULT nor a dict): (module, function) -> why.
+OWN_SPEC_WRITERS = {
+    ("tests/integration/cli/test_plan_states_refusals.py", "_rl_spec"): "the bundled demo-dlm spec's text, edited",
+    ("tests/integration/convert/test_convert_cli.py", "_spec_for"): "a model read from a checkpoint's config.json",
+    ("tests/integration/runtime/test_toy_stage.py", "_spec"): "its SPEC format template ({kind})",
+    ("tests/integration/spec/test_loader_refuses_hostile_specs.py", "_spec"): "hostile TOML text, no spec",
+    ("tests/unit/check/test_block_diffusion_rules.py", "_spec_file"): "a child extending the bundled bd3 spec",
+    ("tests/unit/generate/test_generate_follow_gen_length.py", "_spec"): "the bundled demo-dlm spec plus [generate]",
+    ("tests/unit/secrets/test_secrets.py", "spec_file"): "SMALL_SPEC's text with hand-written TOML lines",
+    ("tests/unit/secrets/test_secrets.py", "_spec_with_data_secret"): "SMALL_SPEC's text, edited line by line",
+}
+
+
+def test_no_test_module_writes_a_spec_file_with_a_helper_of_its_own() -> None:
+    found = [f"{_rel(p)}: {hit} writes a spec file itself: use spec_kit.spec_file(folder, changes, "
+             f"file_name=...) (or spec_kit.write_toml(path, data) for a spec built another way) from "
+             f"tests/kits/spec_kit.py" for p in FILES if not p.is_relative_to(KITS)
+             for hit in suite_kit.spec_writers(p) if (_rel(p), hit.split(" (")[0]) not in OWN_SPEC_WRITERS]
     assert found == [], "\n".join(found)
 
 
@@ -190,6 +213,30 @@ def test_test_module_imports_are_found(tmp_path: Path) -> None:
 ])
 def test_spec_literals_are_found(tmp_path: Path, text: str) -> None:
     assert suite_kit.spec_literals(_probe(tmp_path, text))
+
+
+@pytest.mark.parametrize("text", [
+    "import tomli_w\ndef spec_file(p, d):\n    p.write_text(tomli_w.dumps(d))\n",
+    "from tomli_w import dumps\ndef _w(p, d):\n    p.write_text(dumps(d))\n",
+    "import tomli_w\nclass K:\n    def write(self, f, d):\n        tomli_w.dump(d, f)\n",
+])
+def test_spec_writers_are_found(tmp_path: Path, text: str) -> None:
+    assert suite_kit.spec_writers(_probe(tmp_path, text))
+
+
+def test_hand_written_toml_in_a_spec_helper_is_a_spec_writer(tmp_path: Path) -> None:
+    text = "def write_spec(p, name):\n    p.write_text(BASE.replace('t', name))\n"
+    assert suite_kit.spec_writers(_probe(tmp_path, text)) == ["write_spec (line 1)"]
+
+
+def test_toml_made_only_to_parse_is_no_spec_writer(tmp_path: Path) -> None:
+    text = "import tomli_w\ndef _loads(d):\n    return load_text(tomli_w.dumps(d))\n"
+    assert suite_kit.spec_writers(_probe(tmp_path, text)) == []
+
+
+def test_a_test_that_dumps_toml_inline_is_no_spec_writer(tmp_path: Path) -> None:
+    text = "import tomli_w\ndef test_x(tmp_path):\n    (tmp_path / 'a.toml').write_text(tomli_w.dumps({}))\n"
+    assert suite_kit.spec_writers(_probe(tmp_path, text)) == []
 
 
 def test_a_table_alone_is_no_spec_literal(tmp_path: Path) -> None:
