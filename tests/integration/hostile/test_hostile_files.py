@@ -62,10 +62,13 @@ def _base_key() -> str:
 def base(request) -> Path:
     """The benign material (dataset, manifest, tokenizer folder, run folder, tiny checkpoints),
     kept in pytest's cache folder (.pytest_cache) while the files it is built from are unchanged:
-    building it costs ~1-2 min of a busy machine."""
+    building it costs ~1-2 min of a busy machine. Under pytest-xdist it is built in a temporary
+    folder of the worker (the cache folder is shared by the workers)."""
     if not PRESENT:
         pytest.skip("the offline data kit is missing")
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # workers share .pytest_cache: build in this worker's own folder
+        cache = None
     folder = (cache.mkdir(f"hostile-base-{_base_key()}") if cache is not None
               else request.getfixturevalue("tmp_path_factory").mktemp("hostile-base"))
     return build_base(folder, checkpoints=True, seed=SEED)
