@@ -90,8 +90,8 @@ def cluster() -> Iterator[Path]:
 
 def slurm(*args: str, check: bool = True, timeout: float = 30) -> str:
     """Run a SLURM client command; a controller too busy to answer (a loaded CI machine) is asked
-    again, for up to a minute, before its error counts."""
-    for _ in range(30):
+    again, up to five times, 2 s apart, before its error counts (a controller that exited stays unreachable)."""
+    for _ in range(5):
         result = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
         if "Unable to contact slurm controller" not in result.stderr:
             break
