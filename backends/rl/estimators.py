@@ -60,6 +60,7 @@ like with like, as d1's ``mask_seeds``): give each a generator in the same state
 
 from __future__ import annotations
 
+import abc
 import itertools
 import math
 from dataclasses import dataclass
@@ -134,7 +135,7 @@ class View:
     coef: Tensor
 
 
-class MaskedEstimator:
+class MaskedEstimator(abc.ABC):
     """Base of the masked-diffusion estimators: draws views (:meth:`draw`), runs ``model_fn`` once
     per view and sums ``coef * log p`` over each view's masked positions. Subclasses give
     :meth:`draw` and :meth:`support`."""
@@ -142,15 +143,16 @@ class MaskedEstimator:
     name = "masked"
     forward_passes = 1
 
-    def draw(self, valid: Tensor, generator: torch.Generator) -> List[View]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def draw(self, valid: Tensor, generator: torch.Generator) -> List[View]:
+        """The views (masks and coefficients) of one call."""
 
-    def support(self, length: int) -> List[Tuple[float, List[Tuple[Tuple[int, ...], float]]]]:  # pragma: no cover
+    @abc.abstractmethod
+    def support(self, length: int) -> List[Tuple[float, List[Tuple[Tuple[int, ...], float]]]]:
         """The exact distribution of one draw for a completion of ``length`` valid tokens:
         ``[(probability, [(masked positions, coefficient), ...]), ...]``, probabilities summing
         to 1 (for several samples or pairs: the distribution of one of them, whose average the
         estimate is; the expectation is the same)."""
-        raise NotImplementedError
 
     def __call__(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
                  mask_id: int, generator: torch.Generator, prompt_mask_prob: float = 0.0) -> Tensor:
