@@ -22,6 +22,7 @@ EXCLUSIVE_MODULES = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Put the tests of :data:`EXCLUSIVE_MODULES` and those marked ``slurm`` in one xdist group; skip
     the tests marked ``shared_data`` when the offline data kit is missing (tests/kits/shared_kit.py)."""
