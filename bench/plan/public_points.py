@@ -257,7 +257,10 @@ def point_spec(p: Point) -> dict[str, Any]:
         "train": {"micro_batch_size": c["micro_batch_size"], "global_batch_size": c["global_batch_size"],
                   "seq_length": c["seq_length"], "train_iters": 100},
         "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": vocab - 1}},
-        "cluster": {"gpu": p.gpu, "gpus_per_node": p.gpus_per_node, "nodes": p.gpus // p.gpus_per_node},
+        # The configuration ran, so it fit: the memory rule's own advice for a measured run. Whether
+        # the plan agrees is reported per point (Prediction.fits), not a refusal.
+        "cluster": {"gpu": p.gpu, "gpus_per_node": p.gpus_per_node, "nodes": p.gpus // p.gpus_per_node,
+                    "allow_memory_overflow": True},
     }
     if c.get("recompute_num_layers"):
         spec["recompute"] = {"granularity": "full", "method": "block", "num_layers": c["recompute_num_layers"]}
@@ -363,8 +366,10 @@ def fit(points: list[Point] | None = None, *, rounds: int = 4) -> dict[str, Any]
     plans = []
     for p in cal:
         try:
+            if validation_errors(p):
+                continue  # refused by dlmspec validate: not fitted (predict() reports it)
             plans.append((p, _make_plan(p, calibration=base)))
-        except Exception:  # noqa: BLE001 - a refused point is not fitted (predict() reports it)
+        except Exception:  # noqa: BLE001 - a point that does not plan is not fitted (predict() reports it)
             continue
     values = {k: getattr(base, k) for k in FITTED_CONSTANTS}
     gpus = sorted({p.gpu for p, _ in plans if p.gpu not in CALIBRATED_GPUS})
@@ -446,6 +451,19 @@ class Prediction:
         }
 
 
+def validation_errors(p: Point) -> list[str]:
+    """What ``dlmspec validate`` refuses in a point's spec (its errors, one line each)."""
+    import tomli_w
+
+    from dlmspec.check.registry import issues_for
+    from dlmspec.resolve import resolve
+    from dlmspec.spec.load import load_text
+
+    loaded = load_text(tomli_w.dumps(point_spec(p)), name=f"{p.name}.toml")
+    return [f"{i.key}: {' '.join(i.message.split())}" for i in issues_for("validate", loaded, resolve(loaded.spec))
+            if i.severity == "error"]
+
+
 def predict(points: list[Point] | None = None) -> list[Prediction]:
     """Plan every used point (calibration and held out); a spec that does not validate or plan is
     recorded as refused with the planner's message."""
@@ -461,6 +479,11 @@ def predict(points: list[Point] | None = None) -> list[Prediction]:
             continue
         pred = Prediction(point=p, held_out=p.name in held_names)
         try:
+            errors = validation_errors(p)
+            if errors:
+                pred.refused = "dlmspec validate: " + "; ".join(errors)
+                out.append(pred)
+                continue
             plan = _make_plan(p)
         except (SpecError, PlanError, ValueError) as exc:
             pred.refused = " ".join(str(exc).split())[:400]
@@ -489,6 +512,8 @@ def summary(preds: list[Prediction]) -> dict[str, Any]:
     cal = [x for x in preds if not x.held_out]
     return {"held_out": stats(held), "calibration": stats(cal),
             "refused": [{"name": x.point.name, "why": x.refused} for x in preds if x.refused],
+            "planned_not_to_fit": [{"name": x.point.name, "peak_gib": round(x.peak_gib, 1)} for x in preds
+                                   if x.fits is False],
             "target": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX}}
 
 
@@ -508,6 +533,10 @@ def table(preds: list[Prediction], excluded: list[Point]) -> str:
             lines.append(f"{key}: {st['points']} points, median |error| {st['median_abs_error']:.1%}, "
                          f"max {st['max_abs_error']:.1%} ({st['worst']}), signed median {st['signed_median_error']:+.1%}")
     lines.append(f"target on held-out points: median <= {TARGET_MEDIAN:.0%}, none over {TARGET_MAX:.0%}")
+    nofit = s["planned_not_to_fit"]
+    if nofit:
+        lines.append(f"planned NOT to fit though they ran: {len(nofit)} of {len(preds)} points ("
+                     + ", ".join(f"{r['name']} {r['peak_gib']:.0f} GiB" for r in nofit) + ")")
     for r in s["refused"]:
         lines.append(f"refused: {r['name']}: {r['why']}")
     for p in excluded:
