@@ -144,3 +144,14 @@ def test_benchmark_prints_the_table_and_writes_the_result_file(tmp_path, capsys)
     result = json.loads(out.read_text())
     assert result["summary"]["held_out"]["points"] == 14
     assert all(p["error"] is not None or p["refused"] for p in result["points"])
+
+
+def test_broken_fit_file_exits_2_naming_the_file_and_key(tmp_path, monkeypatch, capsys):
+    data = _copy_data(tmp_path)
+    fit = json.loads((data / "fit.json").read_text())
+    fit["public_host_launch_seconds"] = "fast"
+    (data / "fit.json").write_text(json.dumps(fit))
+    monkeypatch.setattr(pp, "DATA", data)
+    assert pp.main([]) == 2
+    err = capsys.readouterr().err
+    assert "fit.json" in err and "public_host_launch_seconds" in err and "Traceback" not in err

@@ -116,9 +116,10 @@ POINT_KEYS = ("name", "family", "system", "gpus", "gpus_per_node", "precision", 
 CONFIG_KEYS = ("global_batch_size", "micro_batch_size", "seq_length", "tp", "pp", "cp", "ep")
 
 
-def read_models(data: Path = DATA) -> dict[str, Any]:
+def read_models(data: Path | None = None) -> dict[str, Any]:
     """``models.json``: ``families`` (name -> ``model``, ``series``, ``source``, ``moe``) and
     ``excluded`` (name -> why)."""
+    data = DATA if data is None else data
     path = data / MODELS_FILE
     doc = _read(path)
     if not isinstance(doc, dict) or doc.get("schema") != POINTS_SCHEMA or not isinstance(doc.get("families"), dict):
@@ -130,13 +131,15 @@ def read_models(data: Path = DATA) -> dict[str, Any]:
     return doc
 
 
-def point_files(data: Path = DATA) -> list[Path]:
+def point_files(data: Path | None = None) -> list[Path]:
     """The points files of ``data`` (every ``*.json`` but ``models.json`` and ``fit.json``), sorted."""
+    data = DATA if data is None else data
     return sorted(p for p in data.glob("*.json") if p.name not in (MODELS_FILE, "fit.json"))
 
 
-def read_points(data: Path = DATA) -> list[Point]:
+def read_points(data: Path | None = None) -> list[Point]:
     """Every point of every points file, checked (:class:`PublicDataError` on a broken one)."""
+    data = DATA if data is None else data
     models = read_models(data)
     fams = models["families"]
     out: list[Point] = []
@@ -314,8 +317,9 @@ CALIBRATED_GPUS = ("h200",)
 FIT_SCHEMA = "dlmspec-calibration-fit/1"
 
 
-def read_fit(data: Path = DATA) -> dict[str, Any] | None:
+def read_fit(data: Path | None = None) -> dict[str, Any] | None:
     """``fit.json`` of the public points (None before the first fit)."""
+    data = DATA if data is None else data
     path = data / "fit.json"
     if not path.is_file():
         return None
@@ -471,6 +475,7 @@ def predict(points: list[Point] | None = None) -> list[Prediction]:
     from dlmspec.plan import PlanError
 
     points = read_points() if points is None else points
+    read_fit()  # a broken fit.json is a data error (PublicDataError), not a refused point
     _, held = split(points)
     held_names = {p.name for p in held}
     out = []
@@ -563,6 +568,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="with --fit: write bench/calibration/public/fit.json "
                     "(then python -m dlmspec.generated regenerates dlmspec/plan/calibration.py)")
     args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except PublicDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.fit:
         result_fit = fit()
         text = json.dumps(result_fit, indent=1) + "\n"
@@ -573,11 +586,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {DATA / 'fit.json'}")
         print(text)
         return 0
-    try:
-        points = read_points()
-    except PublicDataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    points = read_points()
     preds = predict(points)
     print(table(preds, [p for p in points if p.use == "excluded"]))
     if args.out:

@@ -421,7 +421,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
             key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
                    lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding, lay.rope_fusion,
-                   lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend)
+                   lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend, lay.tp_comm_overlap, lay.moe_a2a_overlap)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
