@@ -204,6 +204,87 @@ def provenance(entry: dict[str, Any], runs: int) -> str:
     return f"bench/calibration/{entry['dir']}: {', '.join(entry['runs'])} ({runs} runs)"
 
 
+def _public_points_module():
+    """bench/plan/public_points.py as a module (its split, fit reader and point reader)."""
+    import importlib.util
+
+    name = "dlmspec_bench_public_points"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "plan" / "public_points.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def public_block(data: Path = DATA) -> str:
+    """``PUBLIC_FITTED``/``PUBLIC_FITTED_FROM``/``PUBLIC_MEASURED``/``PUBLIC_POINTS`` from the
+    manifest's ``public`` entry (its files must be those of ``public/``) and ``public/fit.json``
+    (empty constants before the first fit)."""
+    man_path = data / "manifest.json"
+    entry = _read_json(man_path).get("public")
+    if entry is None:
+        return ("PUBLIC_FITTED: dict[str, Any] = {}\nPUBLIC_FITTED_FROM: str | None = None\n"
+                "PUBLIC_MEASURED: MeasuredRange | None = None\nPUBLIC_POINTS: tuple[dict[str, Any], ...] = ()\n")
+    d = entry.get("dir")
+    if d != "public" or not (data / d).is_dir():
+        raise CalibrationDataError(man_path, "public.dir", d, "'public', a directory under bench/calibration")
+    on_disk = sorted(p.name for p in (data / d).glob("*.json") if p.name != "fit.json")
+    if entry.get("runs") != on_disk:
+        raise CalibrationDataError(man_path, "public.runs", entry.get("runs"),
+                                   f"must list every data file of {d}/ (there: {', '.join(on_disk)})")
+    pp = _public_points_module()
+    try:
+        points = pp.read_points(data / d)
+        fitted = pp.read_fit(data / d)
+    except pp.PublicDataError as exc:
+        raise CalibrationDataError(exc.file, exc.key, exc.value, exc.why) from None
+    cal, held = pp.split(points)
+    if fitted:  # the points the fit used (the calibration split less those dlmspec validate refuses)
+        cal = [p for p in cal if p.name in set(fitted["calibration_points"])]
+    params = pp.family_parameters(cal)
+    consts: dict[str, Any] = {}
+    if fitted:
+        stray = sorted(set(fitted.get("calibration_points") or ()) - {p.name for p in cal})
+        if stray:
+            raise CalibrationDataError(data / d / "fit.json", "calibration_points", stray,
+                                       "not calibration points of the split: refit (python bench/plan/public_points.py --fit --write)")
+        consts = {k: float(v) for k, v in fitted["constants"].items()}
+        consts["gpu_compute_scale"] = {k: float(v) for k, v in sorted(fitted["gpu_compute_scale"].items())}
+    rows = []
+    for p in sorted(cal, key=lambda p: (p.gpus, p.name)):
+        c = p.config
+        rows.append({"name": p.name, "gpu": p.gpu, "gpus": p.gpus, "parameters": params[p.family], "tp": c["tp"],
+                     "pp": c["pp"], "cp": c.get("cp", 1), "ep": c.get("ep", 1), "precision": p.precision})
+    recipes = {"fp8-cs": "tensorwise", "fp8-delayed": "delayed", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}
+    fams = pp.read_models(data / d)["families"]
+    experts = sorted({int(fams[p.family]["model"].get("num_experts") or 128) for p in cal if p.moe})
+    rng = {
+        "gpus": tuple(sorted({p.gpu for p in cal})),
+        "world_size": (min(p.gpus for p in cal), max(p.gpus for p in cal)),
+        "parameters": (min(params.values()), max(params.values())),
+        "micro_batch": (min(p.config["micro_batch_size"] for p in cal), max(p.config["micro_batch_size"] for p in cal)),
+        "seq_length": (min(p.config["seq_length"] for p in cal), max(p.config["seq_length"] for p in cal)),
+        "tokens_per_microbatch": (min(p.config["micro_batch_size"] * p.config["seq_length"] for p in cal),
+                                  max(p.config["micro_batch_size"] * p.config["seq_length"] for p in cal)),
+        "fp8": tuple(sorted({p.precision != "bf16" for p in cal})),
+        "fp8_recipes": tuple(sorted({recipes[p.precision] for p in cal if p.precision in recipes})),
+        "num_experts": tuple(experts),
+        "rope_fusion": (),
+        "parallel_max": {k: max(p.config.get(k, 1) or 1 for p in cal) for k in ("tp", "pp", "cp", "ep")},
+        "runs": len(cal),
+    }
+    body = ",\n".join(f"    {k!r}: {v!r}" for k, v in consts.items())
+    rng_text = ",\n".join(f"    {k}={v!r}" for k, v in rng.items())
+    rows_text = "".join(f"    {r!r},\n" for r in rows)
+    files = ", ".join(entry["runs"])
+    return (f"PUBLIC_FITTED: dict[str, Any] = {{\n{body}{',' if body else ''}\n}}\n"
+            f"PUBLIC_FITTED_FROM: str | None = {f'bench/calibration/public: {files} ({len(cal)} calibration points, {len(held)} held out)'!r}\n"
+            f"PUBLIC_MEASURED: MeasuredRange | None = MeasuredRange(\n{rng_text},\n)\n"
+            f"PUBLIC_POINTS: tuple[dict[str, Any], ...] = (\n{rows_text})\n")
+
+
 def render(data: Path = DATA) -> str:
     """The full text of ``dlmspec/plan/calibration.py`` from the data under ``data``."""
     from dlmspec.plan.calibration import FITTED, TE_FITTED_NAMES
@@ -235,6 +316,8 @@ def render(data: Path = DATA) -> str:
                               f"TE_FITTED_FROM: str | None = {provenance(te, len(te_runs))!r}\n"
                               f"TE_MEASURED: MeasuredRange | None = MeasuredRange(\n{rng_text},\n)\n")
         sources.append(f"bench/calibration/{te['dir']}/")
+    values["public_block"] = public_block(data)
+    sources.append("bench/calibration/public/")
     values["marker"] = f"{MARKER}\n# Sources: {', '.join(sources)} (build: bench/calibration/build.py:render)"
     from dlmspec.files import read_text
 

@@ -26,6 +26,19 @@ from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length
 #: and one reduce-scatter backward, not overlapped (``TransformerConfig.cp_comm_type``: "The
 #: all-gather is not async, and cannot be overlapped"), each a collective. More in docs/planner-methods.md.
 CP_KV_EXCHANGES = {"p2p": (3, True), "allgather": (2, False)}
+#: Tensor-parallel collectives per layer and microbatch on the Transformer Engine path, in units of
+#: one all-gather (or reduce-scatter) of the gathered ``[T, h]`` activation (an all-reduce is two):
+#: ``(exposed, overlapped)``. Sequence parallel: forward the all-gathers before QKV and FC1 and the
+#: reduce-scatters after the projection and FC2 (4, exposed: megatron-core waits on them), backward
+#: the all-gathers of the output gradients of the projection and FC2 (2, exposed:
+#: ``_ReduceScatterToSequenceParallelRegion.backward``), and 4 that Transformer Engine overlaps
+#: with GEMMs in ``_Linear.backward`` / ``_LayerNormLinear.backward`` (``async_op=True``): the
+#: re-gather of QKV's and FC1's input for their weight gradient beside the data-gradient GEMM, and
+#: the reduce-scatter of their data gradient beside the weight-gradient GEMM. Without sequence
+#: parallelism: the forward all-reduces after the projection and FC2 (4 units, exposed) and the
+#: backward all-reduces of QKV's and FC1's data gradient (4 units, overlapped the same way).
+#: The local path keeps its calibrated count (8 units, exposed; fitted on two-GPU runs).
+TE_TP_UNITS = {True: (6, 4), False: (4, 4)}
 #: megatron-core DDP bucket size with ``overlap_grad_reduce``: ``max(40M, 1M * dp)`` parameters.
 DDP_BUCKET_PARAMS = 40_000_000
 
@@ -61,6 +74,8 @@ class Collectives:
     cp_network: bool
     cp_overlapped: bool
     cp_collectives: float
+    tp_overlapped_seconds: float = 0.0
+    tp_hiding_share: float = 0.0
 
 
 def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, counts: tuple[int, int],
@@ -80,12 +95,22 @@ def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, coun
     T = lay.micro_batch * input_length(shape, lay) / lay.cp
     tp_s = ep_b = ep_f = cp_s = 0.0
     tp_n = ep_bn = ep_fn = cp_n = 0.0
+    tp_over = hiding = 0.0
     tp_net = ep_net = cp_net = False
     cp_overlapped = True
     if t > 1:
         bw, tp_net = bandwidth(gpu, lay, t, calib, raw=True)
         unit = y * T * h * (t - 1) / t / bw
-        tp_n = 8 * layers + (2 if stage == lay.pp - 1 else 0) + (2 if stage == 0 else 0)
+        ends = (2 if stage == lay.pp - 1 else 0) + (2 if stage == 0 else 0)
+        if lay.impl == "transformer_engine":
+            exposed, overlapped = TE_TP_UNITS[lay.sequence_divisor > 1]
+            if lay.tp_comm_overlap:
+                exposed, overlapped = 0, exposed + overlapped
+            tp_n = exposed * layers + ends
+            tp_over = overlapped * layers * unit
+            hiding = tp_hiding_share(shape, lay, counts)
+        else:
+            tp_n = 8 * layers + ends
         if moe_n and lay.etp > 1:
             tp_n += moe_n * 4 * shape.topk
         tp_s = tp_n * unit
@@ -93,7 +118,7 @@ def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, coun
         # Expert ranks are ordered etp-ep-edp-pp: an EP group spans etp * ep consecutive ranks.
         span = lay.ep * lay.etp
         bw, ep_net = bandwidth(gpu, lay, span, calib, raw=True)
-        a2a = y * (T / r) * shape.topk * h * (lay.ep - 1) / lay.ep / bw
+        a2a = y * (T / r) * shape.topk * h * a2a_share(lay) / bw
         ep_f = ep_b = moe_n * 2 * a2a
         ep_fn = moe_n * 3  # dispatch, combine and the all-gather of the token counts
         ep_bn = moe_n * 2
@@ -116,7 +141,43 @@ def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, coun
         cp_network=cp_net,
         cp_overlapped=cp_overlapped,
         cp_collectives=cp_n,
+        tp_overlapped_seconds=tp_over,
+        tp_hiding_share=hiding,
     )
+
+
+def a2a_share(lay: Layout) -> float:
+    """Share of a rank's dispatched tokens that cross the slowest link of an expert-parallel
+    all-to-all: ``(ep - 1) / ep`` inside a node; across nodes only the tokens bound for the
+    ``ep - L`` off-node ranks (``L = gpus_per_node / etp`` EP ranks share a node: expert ranks are
+    ordered etp-ep-edp-pp), ``(ep - L) / ep``, which the network carries while NVLink carries the
+    rest at the same time (NCCL's all-to-all posts every peer's send at once)."""
+    span = lay.ep * lay.etp
+    if span <= lay.gpus_per_node:
+        return (lay.ep - 1) / lay.ep
+    local = max(1, lay.gpus_per_node // max(1, lay.etp))
+    return (lay.ep - local) / lay.ep
+
+
+def tp_hiding_share(shape: ModelShape, lay: Layout, counts: tuple[int, int]) -> float:
+    """Share of a rank's GEMM time the overlapped TP collectives hide behind.
+
+    Without userbuffers: the backward GEMMs of the column-parallel layers (QKV and FC1: the
+    data- and weight-gradient GEMMs Transformer Engine runs beside the async re-gather and
+    reduce-scatter), 2/3 of their share of the decoder's GEMM FLOPs. With
+    ``Layout.tp_comm_overlap`` (userbuffers, megatron-core ``tp_comm_overlap``): every GEMM of
+    the layer, each split into chunks that run beside the ring exchange of the next
+    (Transformer Engine ``CommOverlap`` / ``CommOverlapP2P``)."""
+    if lay.tp_comm_overlap:
+        return 1.0
+    h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
+    gate = 3 if shape.gated else 2
+    dense_n, moe_n = counts
+    qkv, proj = h * (a + 2 * g) * d, a * d * h
+    mlp = gate * h * shape.ffn if dense_n else 0.0
+    col = qkv + (h * shape.ffn * (gate - 1) if dense_n else 0.0)
+    total = qkv + proj + mlp
+    return 2 / 3 * col / total if total else 0.0
 
 
 def pipeline_p2p(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration) -> tuple[float, float, bool]:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlmspec.plan.calibration import CALIBRATED_PATHS, FITTED_FROM_BY_PATH, Calibration, MeasuredRange
+import math
+
+from dlmspec.plan.calibration import (CALIBRATED_PATHS, FITTED_FROM_BY_PATH, PUBLIC_FITTED_FROM, PUBLIC_MEASURED,
+                                      PUBLIC_POINTS, Calibration, MeasuredRange)
 from dlmspec.plan.shape import Layout, ModelShape
 
 #: The layer path whose constants stand in for a path without a calibration.
@@ -94,6 +97,66 @@ def outside_measured(shape: ModelShape, lay: Layout, gpu_id: str, measured: Meas
     return out
 
 
+#: The layer path whose multi-GPU constants are fitted on the public points.
+PUBLIC_PATH = "transformer_engine"
+
+
+def _ratio(a: float, b: float) -> str:
+    r = a / b
+    return "the same" if abs(r - 1) < 0.005 else (f"{r:.2g}x" if r >= 1 else f"1/{1 / r:.2g}")
+
+
+def nearest_public_points(shape: ModelShape, lay: Layout, gpu_id: str, k: int = 2) -> list[dict[str, Any]]:
+    """The ``k`` public calibration points (:data:`~dlmspec.plan.calibration.PUBLIC_POINTS`) nearest
+    to a plan, and how far it is from each: distance = |log GPU-count ratio| + |log parameter ratio|
+    + |log TP ratio| + |log PP ratio| + |log EP ratio| + |log CP ratio| + 1 for another GPU model
+    (so each doubling of a size counts log 2). Each entry: ``name``, ``gpu``, ``gpus``,
+    ``parameters``, ``tp``, ``pp``, ``cp``, ``ep``, ``precision`` and ``how_far`` in words (the plan
+    against the point: GPU count and parameter ratios, the parallel sizes that differ)."""
+    if not PUBLIC_POINTS:
+        return []
+
+    def dist(pt: dict[str, Any]) -> float:
+        d = abs(math.log(lay.world / pt["gpus"])) + abs(math.log(max(1, shape.total_params) / pt["parameters"]))
+        for key in ("tp", "pp", "ep", "cp"):
+            d += abs(math.log(getattr(lay, key) / pt[key]))
+        return d + (0.0 if pt["gpu"] == gpu_id else 1.0)
+
+    out = []
+    for pt in sorted(PUBLIC_POINTS, key=lambda pt: (dist(pt), pt["name"]))[:k]:
+        far = [f"{_ratio(lay.world, pt['gpus'])} the GPUs ({lay.world:,} vs {pt['gpus']:,})",
+               f"{_ratio(shape.total_params, pt['parameters'])} the parameters ({shape.total_params / 1e9:,.1f}B vs "
+               f"{pt['parameters'] / 1e9:,.1f}B)"]
+        far += [f"{key.upper()} {getattr(lay, key)} vs {pt[key]}" for key in ("tp", "pp", "cp", "ep")
+                if getattr(lay, key) != pt[key]]
+        if pt["gpu"] != gpu_id:
+            far.append(f"GPU {gpu_id} vs {pt['gpu']}")
+        out.append({**pt, "how_far": ", ".join(far)})
+    return out
+
+
+def public_info(shape: ModelShape, lay: Layout, gpu_id: str) -> dict[str, Any] | None:
+    """The ``provenance.public_points`` object of a Transformer Engine plan: where its multi-GPU
+    constants come from (``fitted_from``), the nearest public calibration points and how far the
+    plan is from them (:func:`nearest_public_points`), the dimensions outside what those points
+    covered (``outside``: :func:`outside_measured` against
+    :data:`~dlmspec.plan.calibration.PUBLIC_MEASURED`, GPU count and parallel sizes only: model
+    sizes and batches are the one-GPU calibration's business) and a one-line ``text``. None for the
+    local path or before any public fit."""
+    if lay.impl != PUBLIC_PATH or PUBLIC_MEASURED is None or not PUBLIC_POINTS:
+        return None
+    near = nearest_public_points(shape, lay, gpu_id)
+    keep = ("cluster (GPUs)", "cluster.gpu", "parallel.")
+    outside = [e for e in outside_measured(shape, lay, gpu_id, PUBLIC_MEASURED) if e["key"].startswith(keep)]
+    text = (f"multi-GPU constants fitted on {PUBLIC_MEASURED.runs} public measurements "
+            f"({PUBLIC_MEASURED.world_size[0]}-{PUBLIC_MEASURED.world_size[1]} GPUs, "
+            f"{', '.join(PUBLIC_MEASURED.gpus)}); nearest: "
+            + "; ".join(f"{n['name']} ({n['how_far']})" for n in near))
+    if outside:
+        text += "; outside them: " + "; ".join(f"{e['key']} = {e['value']!r} (measured: {e['measured']})" for e in outside)
+    return {"fitted_from": PUBLIC_FITTED_FROM, "nearest": near, "outside": outside, "text": text}
+
+
 def outside_text(entries: list[dict[str, Any]], measured_range: str) -> str:
     """The warning line of :func:`outside_measured`'s entries (empty string when there are none)."""
     if not entries:
@@ -163,6 +226,7 @@ def provenance(plan: Any, *, custom: bool = False, paths: list[dict[str, Any]] |
         "outside_measured": outside_measured(plan.shape, plan.layout, plan.gpu.id, measured),
         "measured_range": f"{measured.runs} {FALLBACK_PATH if not calibrated else impl} runs ({CALIBRATION_DOCS})",
         "paths": paths,
+        "public_points": None if custom else public_info(plan.shape, plan.layout, plan.gpu.id),
     }
 
 
@@ -184,4 +248,5 @@ def path_summary(plan: Any, where: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["calibration_for", "calibration_info", "outside_measured", "outside_text", "paths_text", "provenance", "path_summary"]
+__all__ = ["calibration_for", "calibration_info", "nearest_public_points", "outside_measured", "outside_text", "paths_text",
+           "provenance", "path_summary", "public_info"]

@@ -96,6 +96,8 @@ def plan_renderable(plan: Plan) -> Group:
     outside = outside_text(prov["outside_measured"], prov["measured_range"])
     if outside:
         head.append(f"\nwarning: {outside}", style="yellow")
+    if prov.get("public_points"):
+        head.append(f"\npublic points: {prov['public_points']['text']}", style="dim")
     if plan.runtime.get("cross_entropy"):
         head.append(f"\nloss: {plan.runtime['cross_entropy']}", style="dim")
     if plan.runtime.get("attention"):

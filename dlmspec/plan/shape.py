@@ -161,6 +161,15 @@ class Layout:
             launch, as ``backends/megatron/hostbench.py`` measures it), or None: the
             calibration's typical value (:attr:`Calibration.host_launch_seconds`).
         train_iters: optimizer steps of the run.
+        tp_comm_overlap: tensor-parallel communication overlapped with the GEMMs through Transformer
+            Engine's userbuffers (megatron-core ``TransformerConfig.tp_comm_overlap``). dlmspec does
+            not compile it (False for every spec); a planner of a run that had it (the public
+            measurements, ``bench/plan/public_points.py``) sets it.
+        moe_a2a_overlap: the expert-parallel all-to-alls of one microbatch run beside another
+            microbatch's forward or backward compute (megatron-core
+            ``TransformerConfig.overlap_moe_expert_parallel_comm``, the combined 1F1B schedule of
+            ``megatron/core/pipeline_parallel/combined_1f1b.py``). Not compiled by dlmspec (False
+            for every spec); set like ``tp_comm_overlap`` for runs that had it.
     """
 
     tp: int
@@ -204,6 +213,8 @@ class Layout:
     qkv_fusion: bool = False
     compiled_norm: bool = False
     host_launch_seconds: float | None = None
+    tp_comm_overlap: bool = False
+    moe_a2a_overlap: bool = False
 
     @property
     def fused_linear_ce(self) -> bool:

@@ -136,6 +136,12 @@ class StageWork:
         fused_ce_kernels: the fused linear cross entropy's chunk-loop launches among ``kernels``
             (:func:`~dlmspec.plan.launches.fused_ce_kernels`), each at ``Calibration.seconds_per_fused_ce_kernel`` of
             host time instead of ``seconds_per_kernel``.
+        tp_overlapped_seconds: the TP collectives that run beside GEMMs (Transformer Engine's
+            async backward collectives; all of them with userbuffers), bytes / bandwidth (100%):
+            :data:`~dlmspec.plan.comm.TE_TP_UNITS`; tp_hiding_share: the share of the GEMM time
+            they hide behind (:func:`~dlmspec.plan.comm.tp_hiding_share`).
+        ep_overlapped: the EP all-to-alls run beside another microbatch's compute
+            (``Layout.moe_a2a_overlap``).
     """
 
     stage: int
@@ -160,6 +166,9 @@ class StageWork:
     fsdp_ops: float = 0.0
     compiled_calls: float = 0.0
     fused_ce_kernels: float = 0.0
+    tp_overlapped_seconds: float = 0.0
+    tp_hiding_share: float = 0.0
+    ep_overlapped: bool = False
 
 
 def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
@@ -228,11 +237,13 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     ew = elementwise_bytes(shape, lay, stage, counts)
     c = stage_collectives(shape, lay, gpu, stage, counts, calib)
     fused_ce = fused_ce_kernels(shape, lay) if (stage == lay.pp - 1 and lay.fused_linear_ce) else 0.0
+    speed = calib.gpu_compute_scale.get(gpu.id, 1.0)  # the GPU's achieved compute vs the calibration's GPU
     return StageWork(
         stage=stage,
-        gemm_seconds=gemm_seconds,
-        gemm_fp8_seconds=gemm_fp8_seconds,
-        attention_seconds=attention / _attention_peak(gpu, lay, attn_peak) / ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)],
+        gemm_seconds=gemm_seconds / speed,
+        gemm_fp8_seconds=gemm_fp8_seconds / speed,
+        attention_seconds=(attention / _attention_peak(gpu, lay, attn_peak)
+                           / ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)] / speed),
         elementwise_seconds=ew / (gpu.hbm_gbps * 1e9),
         kernels=kernels_per_microbatch(shape, lay, counts, stage),
         syncs=syncs_per_microbatch(shape, lay, stage, counts),
@@ -251,6 +262,9 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         fsdp_ops=fsdp_host_ops(shape, lay, stage, counts)[0],
         compiled_calls=compiled_calls_per_microbatch(shape, lay, counts, stage),
         fused_ce_kernels=fused_ce,
+        tp_overlapped_seconds=c.tp_overlapped_seconds,
+        tp_hiding_share=c.tp_hiding_share,
+        ep_overlapped=lay.moe_a2a_overlap and bool(moe_n) and lay.ep > 1,
     )
 
 
@@ -276,6 +290,17 @@ def host_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0) -> f
             + w.fsdp_ops * calib.fsdp_seconds_per_op) * host_scale
 
 
+def tp_overlap_exposed(w: StageWork, calib: Calibration, gemm_seconds: float) -> float:
+    """Seconds of the overlapped TP collectives (:attr:`StageWork.tp_overlapped_seconds`) left
+    exposed: what exceeds the GEMM time they hide behind (``gemm_seconds * tp_hiding_share``), at
+    least ``Calibration.tp_overlap_exposed_fraction`` of them (the first and last chunk of each
+    overlapped GEMM, and the GEMMs' slow-down from sharing the SMs with NCCL)."""
+    if not w.tp_overlapped_seconds:
+        return 0.0
+    over = w.tp_overlapped_seconds / link_efficiency(w.tp_network, calib)
+    return max(over * calib.tp_overlap_exposed_fraction, over - gemm_seconds * w.tp_hiding_share)
+
+
 def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0) -> tuple[dict[str, float], bool]:
     """Seconds of one microbatch on a rank, by term, and whether the rank is launch-bound.
 
@@ -293,22 +318,32 @@ def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0
     attention = w.attention_seconds / calib.attention_efficiency
     cp = w.cp_comm_seconds / link_efficiency(w.cp_network, calib)
     cp = max(0.0, cp - attention) if w.cp_overlapped else cp + w.cp_collectives * lat
+    gemm = w.gemm_seconds / calib.gemm_efficiency + w.gemm_fp8_seconds / calib.fp8_gemm_efficiency
     terms = {
-        "gemm": w.gemm_seconds / calib.gemm_efficiency + w.gemm_fp8_seconds / calib.fp8_gemm_efficiency,
+        "gemm": gemm,
         "attention": attention,
         "elementwise": w.elementwise_seconds / calib.memory_efficiency,
         "kernel_launch": w.kernels * calib.gpu_seconds_per_kernel,
         "host_sync": 0.0,
-        "tp_communication": w.tp_seconds / link_efficiency(w.tp_network, calib) + w.tp_collectives * lat,
+        "tp_communication": (w.tp_seconds / link_efficiency(w.tp_network, calib) + w.tp_collectives * lat
+                             + tp_overlap_exposed(w, calib, gemm)),
         "ep_communication": w.ep_backward_seconds / link_efficiency(w.ep_network, calib) + w.ep_backward_collectives * lat,
         "cp_communication": cp,
     }
+    ep_forward = w.ep_forward_seconds / link_efficiency(w.ep_network, calib) + w.ep_forward_collectives * lat
+    if w.ep_overlapped:
+        # Combined 1F1B: every all-to-all beside the other microbatch's compute; what exceeds it,
+        # and at least ep_overlap_exposed_fraction, stays exposed.
+        ep_all = terms["ep_communication"] + ep_forward
+        hide = terms["gemm"] + terms["attention"] + terms["elementwise"]
+        terms["ep_communication"] = max(ep_all * calib.ep_overlap_exposed_fraction, ep_all - hide)
+        ep_forward = 0.0
     gpu = sum(terms.values())
     host = host_seconds(w, calib, host_scale)
     launch_bound = host > gpu
     if launch_bound:
         terms["kernel_launch"] += host - gpu
-    terms["ep_communication"] += w.ep_forward_seconds / link_efficiency(w.ep_network, calib) + w.ep_forward_collectives * lat
+    terms["ep_communication"] += ep_forward
     terms["host_sync"] = w.syncs * calib.host_sync_seconds * host_scale
     return terms, launch_bound
 
@@ -386,7 +421,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
             key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
                    lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding, lay.rope_fusion,
-                   lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend)
+                   lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend, lay.tp_comm_overlap, lay.moe_a2a_overlap)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
