@@ -221,12 +221,12 @@ class ShapeRule:
     new head count, else every head has its own (MHA).
 
     The search: every width ``hidden_size`` in steps of ``width_multiple`` and every depth
-    ``num_layers``; for each, the ``ffn_hidden_size`` (a multiple of ``ffn_multiple``) whose ``N``
-    is nearest the target, kept when it is within ``ffn_slack`` (a factor) of ``ffn_ratio x
-    hidden_size`` and ``N`` is within ``tolerance`` (relative) of the target. Of those shapes the
-    one nearest both ratios wins: the least ``|log((hidden/layers) / aspect_ratio)| +
-    |log(ffn / (ffn_ratio x hidden))|``, ties to the nearer ``N``. The MLP width is what brings a
-    coarse (width, depth) grid onto the target at small sizes.
+    ``num_layers``, and every ``ffn_hidden_size`` (a multiple of ``ffn_multiple``) within
+    ``ffn_slack`` (a factor) of ``ffn_ratio x hidden_size``; of the shapes whose ``N`` is within
+    ``tolerance`` (relative) of the target, the one nearest both ratios wins: the least
+    ``|log((hidden/layers) / aspect_ratio)| + |log(ffn / (ffn_ratio x hidden))|``, ties to the
+    nearer ``N``. The MLP width is what brings a coarse (width, depth) grid onto the target at
+    small sizes.
 
     Attributes:
         aspect_ratio: preferred ``hidden_size / num_layers``.
@@ -382,14 +382,26 @@ def model_shape(base: models.Spec, n: float, rule: ShapeRule | None = None) -> M
         hi = math.floor(ffn_ratio * h * rule.ffn_slack / step) * step
         dims = {"hidden_size": h, "num_attention_heads": heads, "num_query_groups": groups,
                 "kv_channels": rule.head_dim}
-        if count({**dims, "num_layers": 1, "ffn_hidden_size": lo}).non_embedding > target * (1 + rule.tolerance):
+        smallest = count({**dims, "num_layers": 1, "ffn_hidden_size": lo})
+        if smallest.non_embedding > target * (1 + rule.tolerance):
+            if nearest is None:  # the target is below the rule's smallest shape
+                nearest = ModelShape(target=target, num_layers=1, hidden_size=h, ffn_hidden_size=lo,
+                                     num_attention_heads=heads, num_query_groups=groups, kv_channels=rule.head_dim,
+                                     non_embedding=smallest.non_embedding, total=smallest.total)
             break  # one layer of this width is already too large; wider ones are larger still
         for layers in range(1, 100_000):
             at_lo = count({**dims, "num_layers": layers, "ffn_hidden_size": lo}).non_embedding
             if at_lo > target * (1 + rule.tolerance):
                 break
             per_ffn = (count({**dims, "num_layers": layers, "ffn_hidden_size": lo + step}).non_embedding - at_lo) / step
-            ffn = min(hi, max(lo, int(round((lo + (target - at_lo) / per_ffn) / step)) * step))
+            # N is linear in ffn: the MLP widths within tolerance form an interval; take the one in
+            # it (and in the slack band) nearest ffn_ratio x hidden, else the one nearest the target
+            first = max(lo, math.ceil((lo + (target * (1 - rule.tolerance) - at_lo) / per_ffn) / step) * step)
+            last = min(hi, math.floor((lo + (target * (1 + rule.tolerance) - at_lo) / per_ffn) / step) * step)
+            if first <= last:
+                ffn = min(last, max(first, int(round(ffn_ratio * h / step)) * step))
+            else:
+                ffn = min(hi, max(lo, int(round((lo + (target - at_lo) / per_ffn) / step)) * step))
             counts = count({**dims, "num_layers": layers, "ffn_hidden_size": ffn})
             shape = ModelShape(target=target, num_layers=layers, hidden_size=h, ffn_hidden_size=ffn,
                                num_attention_heads=heads, num_query_groups=groups, kv_channels=rule.head_dim,
@@ -400,8 +412,11 @@ def model_shape(base: models.Spec, n: float, rule: ShapeRule | None = None) -> M
                 distance = abs(math.log(h / layers / rule.aspect_ratio)) + abs(math.log(ffn / (ffn_ratio * h)))
                 found.append((distance, abs(shape.relative_error), shape))
     if not found:
-        hint = "ask for a larger size"
-        if nearest is not None:
+        assert nearest is not None  # the first width gives one
+        if nearest.non_embedding > target and nearest.num_layers == 1 and nearest.hidden_size == rule.width_multiple:
+            hint = (f"ask for {nearest.non_embedding:,} or more (the rule's smallest shape: 1 layer x "
+                    f"{nearest.hidden_size} wide)")
+        else:
             hint = (f"ask for {nearest.non_embedding:,} (nearest: {nearest.num_layers} layers x {nearest.hidden_size} "
                     f"wide), or widen the tolerance: ShapeRule(tolerance={abs(nearest.relative_error) * 1.01:.3g})")
         raise _python_error(
