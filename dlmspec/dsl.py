@@ -434,7 +434,8 @@ def _describe(spec: models.Spec, shape: ModelShape, extra: str) -> str:
 def _scaled_schedule(base: models.Spec, iters: int) -> dict[str, Any]:
     """``train`` keys that make ``base`` run ``iters`` steps with the same schedule shape:
     ``train_iters`` set (``train_tokens`` unset), ``lr_warmup_iters`` and ``lr_decay_iters``
-    scaled by ``iters / base iterations`` (at least 1 and warm-up below decay),
+    scaled by ``iters / base iterations`` (at least 1 and warm-up below decay), as are
+    ``lr_wsd_decay_iters`` and the steps of a piecewise schedule's ``lr_points``,
     ``lr_warmup_fraction`` kept, ``eval_interval`` at most ``iters`` (every run is evaluated
     at its end), ``[checkpoint]`` left as it is (``save_at_end`` saves the last step)."""
     from dlmspec.resolve import resolve
@@ -451,6 +452,10 @@ def _scaled_schedule(base: models.Spec, iters: int) -> dict[str, Any]:
         out["lr_decay_iters"] = decay
     if tr.lr_warmup_iters:
         out["lr_warmup_iters"] = min(max(1, int(round(tr.lr_warmup_iters * ratio))), max(0, decay - 1))
+    if tr.lr_wsd_decay_iters is not None:
+        out["lr_wsd_decay_iters"] = min(decay, max(1, int(round(tr.lr_wsd_decay_iters * ratio))))
+    if tr.lr_points:
+        out["lr_points"] = [[min(iters, int(round(step * ratio))), lr] for step, lr in tr.lr_points]
     if tr.eval_interval > iters:
         out["eval_interval"] = iters
     return out

@@ -101,3 +101,19 @@ def test_an_isoflop_sweep_file_gives_one_member_per_budget_and_size_that_loads(t
     assert len(targets) == 4
     names = [load(t).spec.name for t in targets]
     assert len(set(names)) == 4 and all(t.endswith("::" + n) for t, n in zip(targets, names))
+
+
+def test_step_counted_schedules_are_scaled_with_the_steps(spec_dict):
+    wsd = Spec.model_validate(spec_dict({"train.train_iters": 1000, "train.lr_decay_style": "WSD",
+                                         "train.lr_wsd_decay_iters": 200, "train.lr_warmup_iters": 0}))
+    (spec,) = Spec.isoflop(wsd, [5e13], [1e6]).values()
+    iters = spec.train.train_iters
+    assert spec.train.lr_wsd_decay_iters == round(200 * iters / 1000)
+    piecewise = Spec.model_validate(spec_dict({"train.train_iters": 1000, "train.lr_decay_style": "piecewise",
+                                               "train.lr_warmup_iters": 0, "train.lr": 1e-3,
+                                               "train.lr_points": [[0, 1e-3], [800, 1e-3], [1000, 1e-4]]}))
+    (spec,) = Spec.isoflop(piecewise, [5e13], [1e6]).values()
+    assert spec.train.lr_points == [(0, 1e-3), (round(800 * iters / 1000), 1e-3), (iters, 1e-4)]
+    from dlmspec.check import issues_for
+
+    assert [str(i) for i in issues_for("validate", spec, resolve(spec)) if i.severity == "error"] == []
