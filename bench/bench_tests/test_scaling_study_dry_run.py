@@ -146,3 +146,35 @@ def test_the_readers_take_the_last_validation_loss_and_the_eval_scores(tmp_path)
     for bad in ("", "{", json.dumps({"ok": False, "issues": []}), json.dumps([1])):
         (tmp_path / "bad.json").write_text(bad)
         assert run.eval_scores(tmp_path / "bad.json") is None
+
+
+def test_a_member_is_trained_then_evaluated_in_its_own_folder_and_its_files_kept(tmp_path):
+    """run_member with stand-ins for launch.sh and dlmspec eval (the real ones need a GPU): the run's
+    folder, its loss, its scores, the copies beside the result; a member after the budget is skipped."""
+    import threading
+
+    run = _launcher()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "demo-valid_text_document.idx").write_bytes(b"x")
+    work = tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    row = {"name": "m1", "valid_prefix": ".data/demo-valid_text_document"}
+    train_script = ("test -e .data/demo-valid_text_document.idx && mkdir -p runs/m1/checkpoints/iter_0000007 && "
+                    "echo '{\"event\": \"valid\", \"iteration\": 7, \"loss\": 5.5}' > runs/m1/metrics.jsonl && "
+                    "echo '{\"provenance\": {}}' > runs/m1/checkpoints/iter_0000007/dlmspec.json")
+    eval_script = "echo '{\"ok\": true, \"result\": {\"ar\": {\"nll_per_token\": 5.25, \"num_tokens\": 64}}}'"
+    train = ("train-m1", ["bash", "-c", train_script], {})
+    ev = ("eval-m1", ["bash", "-c", eval_script], {})
+    out = run.run_member(row, train, ev, work, data, time.monotonic() + 60, threading.Lock())
+    assert out["train"]["returncode"] == 0 and out["eval"]["returncode"] == 0 and "log_tail" not in out
+    assert out["valid_loss"] == 5.5
+    assert out["eval_scores"] == {"kind": "ar_nll", "nll_per_token": 5.25, "perplexity": None, "num_tokens": 64,
+                                  "num_sequences": None}
+    run.keep_files(work, [row], tmp_path / "kept")
+    assert sorted(p.name for p in (tmp_path / "kept" / "m1").iterdir()) == ["dlmspec.json", "eval.json", "metrics.jsonl"]
+    failing = ("train-m2", ["bash", "-c", "echo boom; exit 3"], {})
+    out = run.run_member({**row, "name": "m2"}, failing, ev, work, data, time.monotonic() + 60, threading.Lock())
+    assert out["train"]["returncode"] == 3 and "eval" not in out and out["log_tail"] == ["boom"]
+    late = run.run_member({**row, "name": "m3"}, train, ev, work, data, time.monotonic() - 1, threading.Lock())
+    assert late == {"skipped": "the study's --budget-s ran out before it started"}
