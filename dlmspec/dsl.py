@@ -213,7 +213,8 @@ class ShapeRule:
 
     The default follows the small models of Hoffmann et al. 2022 (Chinchilla), Table A9: a head
     dimension of 64 (``num_attention_heads = hidden_size / 64``) and depth growing with width at
-    ``hidden_size / num_layers`` near 64 (their 44M-306M rows: 512/8, 640/10, 768/12, 1024/16);
+    ``hidden_size / num_layers`` of 40 to 64 (their 44M-306M rows: 512/8, 640/10, 640/16, 768/12,
+    1024/16), 64 being the preferred ratio here;
     Kaplan et al. 2020 (Fig. 5) find the loss within a few percent over aspect ratios 20-200, so
     the ratio is a preference, not a constraint. The MLP is near the base spec's
     ``ffn_hidden_size / hidden_size`` (the demo's 2048/768 = 8/3, SwiGLU's ratio in LLaMA) unless
@@ -247,6 +248,31 @@ class ShapeRule:
     ffn_multiple: int = 8
     tolerance: float = 0.02
     max_width: int = 16384
+
+    def __post_init__(self) -> None:
+        """Refuse a rule no shape can follow (SpecError at the user's line, naming the field)."""
+        import math
+
+        checks = (("aspect_ratio", self.aspect_ratio, float), ("head_dim", self.head_dim, int),
+                  ("width_multiple", self.width_multiple, int), ("ffn_slack", self.ffn_slack, float),
+                  ("ffn_multiple", self.ffn_multiple, int), ("tolerance", self.tolerance, float),
+                  ("max_width", self.max_width, int))
+        for name, value, kind in checks:
+            ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+                  and value > 0 and (kind is float or isinstance(value, int)))
+            if not ok:
+                raise _python_error(f"ShapeRule.{name}", f"must be a positive {'number' if kind is float else 'integer'}",
+                                    value, f"e.g. ShapeRule({name}={getattr(ShapeRule, name)!r})")
+        if self.ffn_ratio is not None and (isinstance(self.ffn_ratio, bool) or not isinstance(self.ffn_ratio, (int, float))
+                                           or not self.ffn_ratio > 0):
+            raise _python_error("ShapeRule.ffn_ratio", "must be a positive number (or None: the base's)", self.ffn_ratio,
+                                "e.g. ShapeRule(ffn_ratio=8 / 3)")
+        if self.ffn_slack < 1:
+            raise _python_error("ShapeRule.ffn_slack", "is a factor of at least 1", self.ffn_slack,
+                                "e.g. ShapeRule(ffn_slack=1.5)")
+        if self.width_multiple % self.head_dim:
+            raise _python_error("ShapeRule.width_multiple", f"must be a multiple of head_dim ({self.head_dim})",
+                                self.width_multiple, f"e.g. ShapeRule(width_multiple={self.head_dim})")
 
     #: Where the default values come from (printed in member descriptions and docs/python.md).
     source = ("Hoffmann et al. 2022 (Chinchilla) Table A9: head dim 64, hidden/layers ~ 64; "
@@ -323,6 +349,8 @@ def _positive_numbers(key: str, values: Any, example: str) -> list[float]:
     """``values`` as a non-empty list of positive finite numbers (SpecError naming ``key`` else)."""
     import math
 
+    if isinstance(values, (str, bytes)):
+        raise _python_error(key, "needs a list of positive numbers, not a string", values, f"e.g. {example}")
     items = [values] if isinstance(values, (int, float)) and not isinstance(values, bool) else values
     try:
         items = list(items)
@@ -361,9 +389,6 @@ def model_shape(base: models.Spec, n: float, rule: ShapeRule | None = None) -> M
     if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
         raise _python_error("sizes", "a model size is a positive number of non-embedding parameters", n,
                             "e.g. sizes=[1e6, 2e6, 4e6]")
-    if rule.width_multiple % rule.head_dim or rule.head_dim < 1:
-        raise _python_error("rule.width_multiple", "must be a multiple of rule.head_dim", rule.width_multiple,
-                            f"e.g. ShapeRule(width_multiple={rule.head_dim})")
     ffn_ratio = rule.ffn_ratio or m.ffn_hidden_size / m.hidden_size
     groups_of = m.num_query_groups or m.num_attention_heads
     gqa = m.num_attention_heads // groups_of if m.num_attention_heads % groups_of == 0 else 1

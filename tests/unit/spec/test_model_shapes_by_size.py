@@ -98,3 +98,11 @@ def test_a_mixture_of_experts_base_and_bad_sizes_are_refused(spec_dict):
         with pytest.raises(SpecError) as info:
             Spec.shapes(dense, bad)
         assert info.value.issues[0].key == "sizes", bad
+
+
+def test_a_rule_no_shape_can_follow_is_refused_naming_its_field():
+    for field, value in (("aspect_ratio", 0), ("head_dim", 48.5), ("tolerance", -0.1), ("ffn_slack", 0.5),
+                         ("width_multiple", 96), ("ffn_ratio", 0), ("max_width", float("inf"))):
+        with pytest.raises(SpecError) as info:
+            ShapeRule(**{field: value})
+        assert info.value.issues[0].key == f"ShapeRule.{field}", field
