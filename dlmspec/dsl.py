@@ -346,12 +346,14 @@ def _python_error(key: str, why: str, value: Any, hint: str) -> Exception:
 
 
 def _positive_numbers(key: str, values: Any, example: str) -> list[float]:
-    """``values`` as a non-empty list of positive finite numbers (SpecError naming ``key`` else)."""
+    """``values`` as a non-empty list of positive finite numbers (any ``numbers.Real``: numpy's too;
+    SpecError naming ``key`` else)."""
     import math
+    import numbers
 
     if isinstance(values, (str, bytes)):
         raise _python_error(key, "needs a list of positive numbers, not a string", values, f"e.g. {example}")
-    items = [values] if isinstance(values, (int, float)) and not isinstance(values, bool) else values
+    items = [values] if isinstance(values, numbers.Real) and not isinstance(values, bool) else values
     try:
         items = list(items)
     except TypeError:
@@ -359,7 +361,7 @@ def _positive_numbers(key: str, values: Any, example: str) -> list[float]:
     if not items:
         raise _python_error(key, "needs at least one value", values, f"e.g. {example}")
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item) or item <= 0:
+        if isinstance(item, bool) or not isinstance(item, numbers.Real) or not math.isfinite(item) or item <= 0:
             raise _python_error(key, "every value must be a positive number", item, f"e.g. {example}")
     if len(set(items)) != len(items):
         raise _python_error(key, "a value is given twice (members would share a name)", items,

@@ -117,3 +117,10 @@ def test_step_counted_schedules_are_scaled_with_the_steps(spec_dict):
     from dlmspec.check import issues_for
 
     assert [str(i) for i in issues_for("validate", spec, resolve(spec)) if i.severity == "error"] == []
+
+
+def test_numpy_budgets_and_sizes_give_the_same_members_as_floats():
+    np = pytest.importorskip("numpy")
+    base = Spec.load("demo-dlm")
+    from_numpy = Spec.isoflop(base, np.array([3e13, 1e14]), np.array([500_000, 2_000_000], dtype=np.int64))
+    assert list(from_numpy) == list(Spec.isoflop(base, [3e13, 1e14], [5e5, 2e6]))
