@@ -566,6 +566,9 @@ def isoflop(base: models.Spec, budgets: Any, sizes: Any, *, rule: ShapeRule | No
                     f"give budgets of at least {flops:.3g} FLOPs, or leave out the larger sizes")
             tokens = iters * tokens_per_step
             name = f"{base.name}-c{flops_label(c)}-{label}-d{count_label(tokens)}"
+            if name in out:
+                raise _python_error("budgets", f"two budgets give one member name ({name}): names keep three "
+                                    "significant digits", budgets, "give budgets that differ in their first three digits")
             extra = (f"{iters:,} steps = {tokens:,} tokens = {iters * flops:.4g} training FLOPs "
                      f"(isoFLOP budget {c:.4g}, planner's count)")
             out[name] = spec.replace(name=name, train=_scaled_schedule(spec, iters),
@@ -607,7 +610,11 @@ def data_constrained(base: models.Spec, sizes: Any, unique_tokens: Any, epochs: 
             for e in epochs_:
                 iters = max(1, int(round(u * e / tokens_per_step)))
                 tokens = iters * tokens_per_step
-                name = f"{base.name}-{label}-u{count_label(u)}-e{e:g}"
+                name = f"{base.name}-{label}-u{count_label(u)}-e{e:.3g}"
+                if name in out:
+                    raise _python_error("unique_tokens", f"two grid cells give one member name ({name}): names keep "
+                                        "three significant digits", [unique_tokens, epochs],
+                                        "give unique tokens and epochs that differ in their first three digits")
                 extra = (f"{int(u):,} unique training tokens, {iters:,} steps = {tokens:,} tokens "
                          f"({tokens / u:.3g} epochs)")
                 out[name] = spec.replace(name=name, data={"train": train}, train=_scaled_schedule(spec, iters),

@@ -124,3 +124,10 @@ def test_numpy_budgets_and_sizes_give_the_same_members_as_floats():
     base = Spec.load("demo-dlm")
     from_numpy = Spec.isoflop(base, np.array([3e13, 1e14]), np.array([500_000, 2_000_000], dtype=np.int64))
     assert list(from_numpy) == list(Spec.isoflop(base, [3e13, 1e14], [5e5, 2e6]))
+
+
+def test_budgets_that_would_share_a_member_name_are_refused():
+    with pytest.raises(SpecError) as info:
+        Spec.isoflop(Spec.load("demo-dlm"), [1.0001e14, 1.0002e14], [1e6])
+    (issue,) = info.value.issues
+    assert issue.key == "budgets" and "one member name" in issue.message
