@@ -348,9 +348,16 @@ def _cap_tokens(ctx: Context) -> Iterator[Finding]:
     known = {r.data.prefix: r.data for r in rep.datasets if r.data.cap is not None}
     for i, e in enumerate(d.train):
         data = known.get(e.prefix)
-        if data is None or e.max_unique_tokens is None or data.split_tokens is None:
+        if data is None or e.max_unique_tokens is None:
             continue
         key = f"data.train.{i}.max_unique_tokens"
+        if data.split_tokens is None:  # no readable .idx: the record's count of the whole dataset bounds the split
+            if data.tokens is not None and e.max_unique_tokens > data.tokens:
+                yield Finding("data.train", f"{e.prefix!r}: max_unique_tokens {e.max_unique_tokens:,} is more than "
+                              f"the {data.tokens:,} tokens its record gives for the whole dataset: the cap caps "
+                              "nothing", f"set {key} = {data.tokens} (at most), or remove it",
+                              value=e.prefix, fix=Fix({key: data.tokens}))
+            continue
         if e.max_unique_tokens > data.split_tokens:
             yield Finding("data.train", f"{e.prefix!r}: max_unique_tokens {e.max_unique_tokens:,} is more than the "
                           f"{data.split_tokens:,} tokens of its training split ({data.source}): the cap caps nothing",

@@ -108,6 +108,14 @@ def test_a_cap_below_the_first_document_is_refused(folder: Path) -> None:
     assert "keeps no whole document" in issue.message and issue.fix.set == {"data.train.0.max_unique_tokens": 4}
 
 
+def test_a_cap_above_the_tokens_a_record_gives_is_refused_without_the_index(folder: Path) -> None:
+    (folder / "data/a_text_document.idx").unlink()  # the record alone: 40 tokens
+    data = spec_dict(RUN, {"train.train_iters": 2, "data.train": [{"prefix": "data/a_text_document",
+                                                                   "max_unique_tokens": 41}]})
+    issue = _fires_and_fix_silences(folder, data, "data-cap-tokens", "data.train")
+    assert "its record gives" in issue.message and issue.fix.set == {"data.train.0.max_unique_tokens": 40}
+
+
 def test_a_cap_on_a_dataset_that_is_not_here_is_not_judged(folder: Path) -> None:
     data = spec_dict(RUN, {"train.train_iters": 2, "data.train": [{"prefix": "data/elsewhere_text_document",
                                                                    "max_unique_tokens": 10**9}]})
