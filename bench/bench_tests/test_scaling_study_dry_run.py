@@ -171,8 +171,16 @@ def test_a_member_is_trained_then_evaluated_in_its_own_folder_and_its_files_kept
     assert out["valid_loss"] == 5.5
     assert out["eval_scores"] == {"kind": "ar_nll", "nll_per_token": 5.25, "perplexity": None, "num_tokens": 64,
                                   "num_sequences": None}
-    run.keep_files(work, [row], tmp_path / "kept")
-    assert sorted(p.name for p in (tmp_path / "kept" / "m1").iterdir()) == ["dlmspec.json", "eval.json", "metrics.jsonl"]
+    row["study"] = "scaling-demo-x.py"
+    lock = work / "compiled" / "scaling-demo-x" / "m1" / "spec.lock.toml"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("name = 'm1'\n")
+    (data / "demo-valid_text_document.dlmspec.json").write_text("{}")
+    run.keep_files(work, [row], tmp_path / "kept", data)
+    kept = tmp_path / "kept"
+    assert sorted(p.name for p in (kept / "runs" / "m1").iterdir()) == [
+        "dlmspec.json", "eval.json", "metrics.jsonl", "spec.lock.toml"]
+    assert [p.name for p in (kept / ".data").iterdir()] == ["demo-valid_text_document.dlmspec.json"]
     failing = ("train-m2", ["bash", "-c", "echo boom; exit 3"], {})
     out = run.run_member({**row, "name": "m2"}, failing, ev, work, data, time.monotonic() + 60, threading.Lock())
     assert out["train"]["returncode"] == 3 and "eval" not in out and out["log_tail"] == ["boom"]

@@ -26,8 +26,10 @@ counts them, the total beside it; training FLOPs = the planner's model FLOPs per
 from ``--data-dir``; the planned training seconds), then what the run measured: exit codes and
 seconds of training and evaluation, the last validation loss of its ``metrics.jsonl``, and the
 evaluation. The result goes to ``bench/results/scaling/<date>-<gpu>-<name>.json`` (``--out``:
-under it), each member's ``metrics.jsonl``, ``eval.json`` and last checkpoint's ``dlmspec.json``
-(its provenance and spec record) to the folder of the same name beside it, for ``dlmspec fit``.
+under it); beside it, in the folder of the same name, ``runs/<name>/`` holds each member's
+``metrics.jsonl``, ``eval.json``, ``spec.lock.toml`` and last checkpoint's ``dlmspec.json``, and
+``.data/`` the dataset records, so ``dlmspec fit --sweep FOLDER/runs`` fits the study without its
+checkpoints (:func:`keep_files`).
 """
 
 from __future__ import annotations
@@ -277,18 +279,26 @@ def run_member(row, train, ev, work: Path, data: Path, deadline: float, lock: th
     return out
 
 
-def keep_files(work: Path, rows: list[dict[str, Any]], dest: Path) -> None:
-    """Copy each member's metrics.jsonl, eval.json and last checkpoint's dlmspec.json to ``dest/<name>/``."""
+def keep_files(work: Path, rows: list[dict[str, Any]], dest: Path, data: Path | None = None) -> None:
+    """A copy of the study that ``dlmspec fit --sweep DEST/runs`` reads, without the checkpoints:
+    ``DEST/runs/<name>/`` with each member's ``metrics.jsonl``, ``eval.json``, its compiled
+    ``spec.lock.toml`` and its last checkpoint's ``dlmspec.json`` (provenance and spec record), and
+    ``DEST/.data/`` with the dataset records (``*.dlmspec.json``: token counts) of ``data``, where
+    the locks' relative ``.data/`` paths point from ``DEST``."""
     for row in rows:
         run_dir = member_dir(work, row["name"]) / "runs" / row["name"]
-        target = dest / row["name"]
+        target = dest / "runs" / row["name"]
         found = [run_dir / "metrics.jsonl", run_dir / "eval.json"]
-        iters = sorted((run_dir / "checkpoints").glob("iter_*/dlmspec.json"))
-        found += iters[-1:]
+        found.append(work / "compiled" / Path(row.get("study", "")).stem / row["name"] / "spec.lock.toml")
+        found += sorted((run_dir / "checkpoints").glob("iter_*/dlmspec.json"))[-1:]
         for src in found:
             if src.is_file():
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, target / src.name)
+    if data is not None and data.is_dir():
+        for record in sorted(data.glob("*.dlmspec.json")):
+            (dest / ".data").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(record, dest / ".data" / record.name)
 
 
 def prepare_data(args) -> int:
@@ -368,7 +378,7 @@ def main(argv=None) -> int:
                               "epochs": "dlmspec.data.repetition: tokens drawn / unique training tokens"}}
     command = [sys.executable, str(Path(__file__).resolve()), *raw]
     path = common.finish(args, SUITE, name, command, values, status)
-    keep_files(work, rows, path.with_suffix(""))
+    keep_files(work, rows, path.with_suffix(""), data)
     return 0 if status == "ok" else 1
 
 
