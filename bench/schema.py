@@ -39,6 +39,7 @@ SUITES = {
     "sampling": "generation tokens/s of dlmspec generate against a LLaDA-style Hugging Face loop",
     "data": "dlmspec data prepare: tokens/s and peak memory on CPU",
     "demos": "the stage demos end to end: pre-training + resume, SFT",
+    "scaling": "a scaling study trained and evaluated end to end: isoFLOP and data-constrained runs, their losses",
 }
 STATUSES = ("ok", "partial", "failed", "dry")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")

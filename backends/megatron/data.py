@@ -21,6 +21,7 @@ from torch import Tensor
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.utils import Split
 
 
 @dataclass
@@ -49,6 +50,10 @@ class DataConfig:
         cache_dir: Where megatron caches its index files (default: next to the
             data, in ``<dir>/cache``).
         mmap_bin_files: Memory-map the ``.bin`` files.
+        max_unique_tokens: ``{prefix: tokens}`` of the ``blend`` datasets whose training split
+            is capped (``data.train[].max_unique_tokens``): each trains on the longest prefix of
+            whole documents of its split within the cap (:class:`CappedGPTDataset`); ``None``:
+            no cap.
     """
 
     seq_length: int
@@ -65,6 +70,7 @@ class DataConfig:
     num_workers: int = 2
     cache_dir: Optional[str] = None
     mmap_bin_files: bool = True
+    max_unique_tokens: Optional[Dict[str, int]] = None
 
 
 class DatasetTokenizer:
@@ -410,16 +416,67 @@ def _blend_tuple(blend: Optional[Sequence[Tuple[str, Optional[float]]]]):
     return (prefixes, [float(w) for w in weights])
 
 
+@dataclass
+class CappedGPTDatasetConfig(GPTDatasetConfig):
+    """megatron's ``GPTDatasetConfig`` with the caps of :class:`CappedGPTDataset`.
+
+    Attributes:
+        max_unique_tokens: ``{dataset prefix: tokens}`` (the blend's prefixes as written).
+    """
+
+    max_unique_tokens: Optional[Dict[str, int]] = None
+
+
+class CappedGPTDataset(GPTDataset):
+    """megatron-core's ``GPTDataset`` whose training split of a capped dataset is cut to a prefix.
+
+    For a dataset named in ``config.max_unique_tokens`` the training split's document indices
+    (``indexed_indices``, the ``arange`` the builder gives, in file order) are cut to the longest
+    prefix whose tokens do not exceed the cap (:func:`dlmspec.data.repetition.capped_documents`)
+    before megatron-core builds its document, sample and shuffle indices from them: the shuffle
+    (from ``random_seed``) only orders that fixed set, and every rank reads the indices rank 0
+    built, so the documents are the same for every seed and rank count. Validation and test
+    splits are not cut. The caps are part of the dataset's cache key
+    (``_key_config_attributes``), so an index cached for another cap is never reused.
+
+    Raises:
+        ValueError: a cap keeps no whole document (the split's first document is longer).
+    """
+
+    def __init__(self, indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config) -> None:
+        cap = (config.max_unique_tokens or {}).get(dataset_path)
+        if cap is not None and index_split == Split.train and indexed_indices is not None:
+            from dlmspec.data.repetition import capped_documents
+
+            kept = capped_documents(indexed_dataset.sequence_lengths[indexed_indices], int(cap))
+            if kept == 0:
+                first = int(indexed_dataset.sequence_lengths[indexed_indices[0]]) if len(indexed_indices) else 0
+                raise ValueError(f"{dataset_path}: max_unique_tokens {cap} keeps no whole document (the first "
+                                 f"document of its training split holds {first} tokens); raise the cap")
+            indexed_indices = indexed_indices[:kept]
+        super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config)
+
+    @staticmethod
+    def _key_config_attributes() -> List[str]:
+        return GPTDataset._key_config_attributes() + ["max_unique_tokens"]
+
+
 def build_gpt_dataset_config(
     data: DataConfig, *, seed: int, add_extra_token_to_sequence: bool, tokenizer: Optional[DatasetTokenizer] = None
 ) -> GPTDatasetConfig:
-    """Translate a :class:`DataConfig` into megatron's ``GPTDatasetConfig``.
+    """Translate a :class:`DataConfig` into megatron's ``GPTDatasetConfig``
+    (:class:`CappedGPTDatasetConfig` when ``data.max_unique_tokens`` caps a dataset).
 
     Raises:
-        ValueError: If neither ``mock`` nor ``blend`` is set, or both are.
+        ValueError: If neither ``mock`` nor ``blend`` is set, or both are; or a cap names a
+            dataset outside ``blend``.
     """
     if data.mock == bool(data.blend):
         raise ValueError("set exactly one of DataConfig.mock=True or DataConfig.blend")
+    caps = dict(data.max_unique_tokens or {})
+    unknown = sorted(set(caps) - {str(p) for p, _ in data.blend or []})
+    if unknown:
+        raise ValueError(f"max_unique_tokens names datasets outside the training blend: {unknown}")
     tokenizer = tokenizer or DatasetTokenizer(data.vocab_size, data.eod_id, data.pad_id)
     kwargs = dict(
         random_seed=seed,
@@ -435,11 +492,14 @@ def build_gpt_dataset_config(
     )
     if data.mock:
         return GPTDatasetConfig(**kwargs)
+    config_class = GPTDatasetConfig
+    if caps:
+        config_class, kwargs["max_unique_tokens"] = CappedGPTDatasetConfig, caps
     if data.valid_blend:
-        return GPTDatasetConfig(
+        return config_class(
             blend_per_split=[_blend_tuple(data.blend), _blend_tuple(data.valid_blend), None], **kwargs
         )
-    return GPTDatasetConfig(blend=_blend_tuple(data.blend), split=data.split, **kwargs)
+    return config_class(blend=_blend_tuple(data.blend), split=data.split, **kwargs)
 
 
 def build_datasets(
@@ -476,7 +536,7 @@ def build_datasets(
     config = build_gpt_dataset_config(
         data, seed=seed, add_extra_token_to_sequence=add_extra_token_to_sequence, tokenizer=tokenizer
     )
-    cls = MockGPTDataset if data.mock else GPTDataset
+    cls = MockGPTDataset if data.mock else CappedGPTDataset if data.max_unique_tokens else GPTDataset
     # Megatron wants a size for every split that has weights; the test split is
     # never read here, so it gets 0 samples.
     sizes = [int(train_samples), max(int(valid_samples), 0), 0]

@@ -9,12 +9,14 @@
 #   bash bench/devbox/gpu.sh fast-sampling  # task model trained (~4 min), then dlmspec's block caches and parallel decoding
 #                                           # vs the peers' HF loop and Fast-dLLM's own code, batch 1/8/32, held-out accuracy
 #                                           # (carry .bench-wheels .bench-peers .bench-data: bench/devbox/fetch_fast_dllm.sh)
+#   bash bench/devbox/gpu.sh scaling      # the bundled scaling studies: 28 small runs side by side, each evaluated (~5-8 min)
+#                                           # (carry .bench-wheels .data: python bench/scaling/run.py --prepare-data)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
 #
 # Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling [--dry]}
+suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling|scaling [--dry]}
 t_start=$(date +%s)
 shift
 OUT=${OUT:-/tmp/bench-out}
@@ -48,7 +50,14 @@ case "$suite" in
     budget=$(( 560 - ($(date +%s) - t_start) ))
     timeout -s TERM -k 10 $(( budget + 15 )) "$PY" bench/sampling/fast_sampling.py --out "$OUT" \
       --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@" ;;
-  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling)" >&2; exit 2 ;;
+  scaling)
+    # The bundled scaling studies (28 small runs, 8 side by side on the GPU, then dlmspec eval of each): carry
+    # .bench-wheels and .data (python bench/scaling/run.py --prepare-data on the CPU machine). The launcher stops
+    # starting runs when its budget (what is left of 560 s after the install) runs out and writes what it measured.
+    budget=$(( 560 - ($(date +%s) - t_start) ))
+    timeout -s TERM -k 10 $(( budget + 20 )) "$PY" bench/scaling/run.py --out "$OUT" --work-dir /tmp/bench-work/scaling \
+      --gpus 1 --python "$PY" --budget-s "$budget" "$@" ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling)" >&2; exit 2 ;;
 esac
 rc=$?
 echo "gpu.sh: $suite exit $rc; results in $OUT"

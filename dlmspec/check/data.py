@@ -8,6 +8,7 @@ import re
 from typing import Any, Iterator
 
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.errors import toml_text
 from dlmspec.data.record import RecordError, file_sha256, read_record
 from dlmspec.resolve import MANIFEST_KIND, BlendProblem, mixed_tokenizers
 
@@ -261,3 +262,149 @@ def _tokenizer_spec(ctx: Context) -> Iterator[Finding]:
                           f"[data.tokenizer] to the one the data was written with (type = {written.get('type')!r} "
                           "and its files)", value=shard.entry)
             break  # one per blend
+
+
+# --------------------------------------------------------------------------------------------
+# Unique-token caps and repetition (dlmspec.data.repetition: the arithmetic and its sources).
+
+def _entries(entries: Any, drop_cap_at: int | None = None) -> list[dict[str, Any]]:
+    """``entries`` as TOML-ready tables, without the cap of entry ``drop_cap_at`` (every cap when None)."""
+    out = []
+    for i, e in enumerate(entries):
+        table: dict[str, Any] = {"prefix": e.prefix, "weight": e.weight}
+        if e.max_unique_tokens is not None and drop_cap_at is not None and i != drop_cap_at:
+            table["max_unique_tokens"] = e.max_unique_tokens
+        out.append(table)
+    return out
+
+
+@rule(
+    "data-cap-kind",
+    "error",
+    "dlmspec.backends.megatron.data.CappedGPTDataset: the cap cuts the training split of one megatron-core "
+    "GPTDataset (an indexed dataset read by a pre-training stage)",
+    "data.train[].max_unique_tokens is set only on a dataset prefix of data.train, of a pre-training stage, "
+    "without mock data",
+)
+def _cap_kind(ctx: Context) -> Iterator[Finding]:
+    from dlmspec.resolve import blend_kind
+
+    d = ctx.spec.data
+    for i, e in enumerate(d.valid):
+        if e.max_unique_tokens is not None:
+            yield Finding("data.valid", f"{e.prefix!r} sets max_unique_tokens: the cap applies to training data "
+                          "only (validation reads its whole split, so capped runs are compared on the same data)",
+                          f"remove its max_unique_tokens: set data.valid = {toml_text(_entries(d.valid))}",
+                          value=e.prefix, fix=Fix({"data.valid": _entries(d.valid)}))
+    capped = [(i, e) for i, e in enumerate(d.train) if e.max_unique_tokens is not None]
+    if not capped:
+        return
+    if d.mock:
+        yield Finding("data.train", "max_unique_tokens with data.mock = true: mock data has no documents to cap",
+                      "remove data.train (mock data reads no files), or set data.mock = false to train on the "
+                      "capped datasets", value=[e.prefix for _, e in capped], fix=Fix(unset=("data.train",)))
+        return
+    if ctx.spec.stage.kind != "pretrain":
+        fixed = _entries(d.train)
+        yield Finding("data.train", f"max_unique_tokens with stage.kind = {ctx.spec.stage.kind!r}: only a "
+                      "pre-training stage reads data.train through megatron-core's GPT datasets, which the cap "
+                      "cuts", f"remove the caps: set data.train = {toml_text(fixed)}",
+                      value=[e.prefix for _, e in capped], fix=Fix({"data.train": fixed}))
+        return
+    for i, e in capped:
+        kind = blend_kind(e.prefix)
+        if kind != "prefix":
+            fixed = _entries(d.train, drop_cap_at=i)
+            yield Finding("data.train", f"{e.prefix!r} is a {kind} of shards: max_unique_tokens caps one dataset "
+                          "prefix (a prefix of its documents in file order)",
+                          f"name one dataset prefix (a shard's PREFIX) with the cap, or remove the cap: set "
+                          f"data.train = {toml_text(fixed)}", value=e.prefix, fix=Fix({"data.train": fixed}))
+
+
+def _repetition(ctx: Context) -> Any:
+    """:func:`dlmspec.data.repetition.repetition` of the spec, computed once per check run."""
+    if "repetition" not in ctx.cache:
+        from dlmspec.data.repetition import repetition
+
+        ctx.cache["repetition"] = repetition(ctx.spec, ctx.r)
+    return ctx.cache["repetition"]
+
+
+@rule(
+    "data-cap-tokens",
+    "error",
+    "dlmspec.data.repetition.capped_documents over the dataset's .idx (megatron-core sequence_lengths of its "
+    "training split)",
+    "each data.train[].max_unique_tokens is at most its dataset's training tokens and keeps at least one document",
+    scope="paths",
+)
+def _cap_tokens(ctx: Context) -> Iterator[Finding]:
+    d = ctx.spec.data
+    if d.mock or ctx.spec.stage.kind != "pretrain" or not any(e.max_unique_tokens for e in d.train):
+        return
+    rep = _repetition(ctx)
+    if rep is None:
+        return
+    known = {r.data.prefix: r.data for r in rep.datasets if r.data.cap is not None}
+    for i, e in enumerate(d.train):
+        data = known.get(e.prefix)
+        if data is None or e.max_unique_tokens is None:
+            continue
+        key = f"data.train.{i}.max_unique_tokens"
+        if data.split_tokens is None:  # no readable .idx: the record's count of the whole dataset bounds the split
+            if data.tokens is not None and e.max_unique_tokens > data.tokens:
+                yield Finding("data.train", f"{e.prefix!r}: max_unique_tokens {e.max_unique_tokens:,} is more than "
+                              f"the {data.tokens:,} tokens its record gives for the whole dataset: the cap caps "
+                              "nothing", f"set {key} = {data.tokens} (at most), or remove it",
+                              value=e.prefix, fix=Fix({key: data.tokens}))
+            continue
+        if e.max_unique_tokens > data.split_tokens:
+            yield Finding("data.train", f"{e.prefix!r}: max_unique_tokens {e.max_unique_tokens:,} is more than the "
+                          f"{data.split_tokens:,} tokens of its training split ({data.source}): the cap caps nothing",
+                          f"set {key} = {data.split_tokens} (the whole split), or remove it",
+                          value=e.prefix, fix=Fix({key: data.split_tokens}))
+        elif data.kept_documents == 0:
+            yield Finding("data.train", f"{e.prefix!r}: max_unique_tokens {e.max_unique_tokens:,} keeps no whole "
+                          f"document (the first document of its training split holds {data.first_document:,} "
+                          "tokens)", f"set {key} = {data.first_document} (one document) or more",
+                          value=e.prefix, fix=Fix({key: data.first_document}))
+
+
+@rule(
+    "data-repetition",
+    "warning",
+    "Muennighoff et al. 2023 (arXiv:2305.16264): AR returns diminish past ~4 epochs (R*_D ~ 15.4); Prabhudesai "
+    "et al. 2025 (arXiv:2507.15857) and Ni et al. 2025, 'Diffusion Language Models are Super Data Learners' "
+    "(arXiv:2511.03276): masked diffusion LMs use repeated data well up to ~100 epochs",
+    "no training dataset is repeated for more epochs than the literature reports as useful for the objective "
+    "(AR: 4, diffusion: 100); a note, not an error",
+    scope="paths",
+)
+def _repetition_note(ctx: Context) -> Iterator[Finding]:
+    import math
+
+    if ctx.spec.data.mock or ctx.spec.stage.kind != "pretrain":
+        return
+    rep = _repetition(ctx)
+    if rep is None or not rep.over:
+        return
+    t = ctx.spec.train
+    per_step = t.global_batch_size * t.seq_length
+    # the most steps that keep every dataset at or below the threshold: weight x iters x per_step / U <= E
+    iters = min(math.floor(rep.threshold * r.data.unique_tokens / (r.weight * per_step)) for r in rep.over)
+    for r in rep.over:
+        what = "a diffusion" if rep.diffusion else "an AR"
+        message = (f"{r.data.prefix!r} is repeated {r.epochs:,.1f} epochs ({r.drawn_tokens:,.0f} tokens drawn from "
+                   f"{r.data.unique_tokens:,} unique), past the ~{rep.threshold:g} epochs {what} objective is "
+                   f"reported to use well ({rep.source})")
+        if iters < 1:
+            yield Finding("data.train", message, "use more unique data (a larger dataset or a higher "
+                          "max_unique_tokens), or fewer steps", value=r.data.entry)
+        elif ctx.is_set("train.train_tokens") and t.train_iters is None:
+            yield Finding("data.train", message, f"if that is not the study's intent, set train.train_tokens = "
+                          f"{iters * per_step} (or use more unique data)", value=r.data.entry,
+                          fix=Fix({"train.train_tokens": iters * per_step}))
+        else:
+            yield Finding("data.train", message, f"if that is not the study's intent, set train.train_iters = "
+                          f"{iters} (or use more unique data)", value=r.data.entry,
+                          fix=Fix({"train.train_iters": iters}))

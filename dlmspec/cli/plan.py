@@ -88,14 +88,18 @@ def run_plan(spec: str, overrides: list[str], json_output: bool, search: bool, t
     except PlanError as exc:
         raise SpecError([SpecIssue("cluster.gpu", str(exc), value=resolved.spec.cluster.gpu, rule="plan")]) from None
     memory_errors = [e for e in errors if e.rule.startswith("memory-")]
+    repeated = _repetition(loaded.spec, resolved)
     if json_output:
         print_envelope("plan", ok=not memory_errors, issues=issues,
-                       result={"spec": display_path(str(loaded.path)), **plan.to_dict()})
+                       result={"spec": display_path(str(loaded.path)), **plan.to_dict(),
+                               "data": None if repeated is None else repeated.to_dict()})
     else:
-        from dlmspec.plan.report import print_plan
+        from dlmspec.plan.report import print_plan, repetition_renderable
 
         report_warnings(warnings)
         print_plan(plan, stdout())
+        if repeated is not None:
+            stdout().print(repetition_renderable(repeated), soft_wrap=True)
         if memory_errors:
             report_issues(memory_errors)
     return EXIT_USAGE if memory_errors else 0
@@ -202,16 +206,28 @@ def _search_sweep(members: list[str], overrides: list[str], json_output: bool, t
     return EXIT_USAGE if empty else 0
 
 
+def _repetition(spec: Any, resolved: Any) -> Any:
+    """The run's epochs and unique tokens (:func:`dlmspec.data.repetition.repetition`; None with
+    mock data)."""
+    from dlmspec.data.repetition import repetition
+
+    return repetition(spec, resolved)
+
+
 def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> int:
-    """``dlmspec plan SWEEP.py``: one row per member (peak memory per GPU, whether it fits, step
-    time, tokens/s, MFU, time to train), in the sweep's order, or with ``json_output`` the
-    envelope whose ``result.sweep`` holds each member's plan. Exit 2 when a member does not fit.
+    """``dlmspec plan SWEEP.py``: one table of the study (:mod:`dlmspec.plan.study`): per member
+    N (non-embedding parameters) beside the total, training FLOPs, tokens, epochs, GPU-hours,
+    MFU, peak memory per GPU, whether it fits and the time to train, in the sweep's order, then
+    the study's total GPU-hours; or with ``json_output`` the envelope whose ``result.sweep``
+    holds each member's plan (as ``dlmspec plan MEMBER --json``'s result) and ``result.study``
+    the same numbers as the table (:func:`dlmspec.plan.study.study_dict`). Exit 2 when a member
+    does not fit.
 
     Raises:
         SpecError: a member does not load or breaks a rule (every member's issues at once).
     """
     from dlmspec.cli.validate import member_issues
-    from dlmspec.gpus import GiB
+    from dlmspec.plan.study import study_dict, study_row
 
     rows, plans, failed, warnings = [], [], [], []
     for target in progress(members, f"planning {len(members)} members"):
@@ -231,28 +247,22 @@ def _plan_sweep(members: list[str], overrides: list[str], json_output: bool) -> 
             continue
         warnings.extend(member_issues(target, [i for i in issues if i.severity != "error"]
                                       + validate_refusals(loaded, resolved)))
-        data = plan.to_dict()
-        plans.append({"spec": display_path(target), **data})
-        t = data["time"]
-        rows.append((loaded.spec.name, f"{data['memory']['peak_bytes'] / GiB:.1f}", "yes" if plan.fits else "NO",
-                     f"{t['step_seconds']:.3f}", f"{data['throughput']['tokens_per_second']:,.0f}",
-                     f"{100 * (data['mfu'] or 0):.1f}%", _duration(t["to_train_seconds"])))
+        repeated = _repetition(loaded.spec, resolved)
+        plans.append({"spec": display_path(target), **plan.to_dict(),
+                      "data": None if repeated is None else repeated.to_dict()})
+        rows.append(study_row(loaded.spec.name, display_path(target), resolved, plan, repeated))
     if failed:
         raise SpecError(failed + warnings)
     fits = all(p["memory"]["fits"] for p in plans)
     if json_output:
-        print_envelope("plan", ok=fits, issues=warnings, result={"sweep": plans})
+        print_envelope("plan", ok=fits, issues=warnings, result={"sweep": plans, "study": study_dict(rows)})
     else:
-        from rich.table import Table
+        from dlmspec.plan.report import study_renderable
 
         report_warnings(warnings)
-        table = Table(title=f"sweep of {len(rows)} specs (dlmspec plan FILE.py::MEMBER for one breakdown)", title_justify="left")
-        for header in ("name", "peak GiB/GPU", "fits", "step s", "tokens/s", "MFU", "to train"):
-            table.add_column(header)
-        for row in rows:
-            table.add_row(*(_text(c) for c in row))
-        stdout().print(table)
-        for line, style in _calibration_lines([(r[0], p["provenance"]["calibration"]) for r, p in zip(rows, plans)]):
+        stdout().print(study_renderable(rows, f"sweep of {len(rows)} specs (dlmspec plan FILE.py::MEMBER for one "
+                                              "breakdown)"))
+        for line, style in _calibration_lines([(r.name, p["provenance"]["calibration"]) for r, p in zip(rows, plans)]):
             stdout().print(_text(line, style=style), soft_wrap=True)
     return 0 if fits else EXIT_USAGE
 
@@ -267,9 +277,3 @@ def _calibration_lines(members: list[tuple[str, dict[str, Any]]]) -> list[tuple[
         return [(f"calibration: {members[0][1]['text']}", style(members[0][1]))]
     return [(f"{name}: calibration: {cal['text']}", style(cal)) for name, cal in members]
 
-
-def _duration(seconds: float | None) -> str:
-    """``seconds`` as ``12 min`` or ``3.4 h`` (``-`` when unknown)."""
-    if seconds is None:
-        return "-"
-    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"

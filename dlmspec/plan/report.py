@@ -236,3 +236,49 @@ def print_search(result: SearchResult, top: int, console: Console) -> None:
     console.print(search_renderable(result, top, set_lines=False))
     for i, c in enumerate(result.top, 1):
         console.print(Text(f"#{i}: {' '.join(c.set_args())}"), soft_wrap=True)
+
+
+def repetition_renderable(rep) -> Text:
+    """The training data's epochs and unique tokens (:func:`dlmspec.data.repetition.repetition_lines`);
+    a line past the literature's threshold (``note:``) in yellow, unknown counts dim."""
+    from dlmspec.data.repetition import repetition_lines
+
+    text = Text()
+    for i, line in enumerate(repetition_lines(rep)):
+        style = "yellow" if line.startswith("note:") else "dim" if line.startswith("  unknown:") else ""
+        text.append(("\n" if i else "") + line, style=style)
+    return text
+
+
+def _flops(n: float) -> str:
+    return f"{n:.2e}"
+
+
+def _hours(h: float) -> str:
+    """GPU-hours with three significant digits below 100 (``0.0253``), else to a tenth."""
+    return f"{h:,.1f}" if h >= 100 else f"{h:.3g}"
+
+
+def study_renderable(rows: list, title: str) -> Group:
+    """The sweep's one table (:mod:`dlmspec.plan.study`): per member N (non-embedding) and total
+    parameters, training FLOPs, tokens, epochs, GPU-hours, MFU, peak memory per GPU, whether it
+    fits; then the study's total GPU-hours and what N means."""
+    from dlmspec.plan.study import N_DEFINITION
+
+    table = Table(title=title, title_justify="left")
+    for header in ("name", "N (non-emb.)", "total params", "train FLOPs", "tokens", "epochs", "GPU-hours", "MFU",
+                   "peak GiB/GPU", "fits", "to train"):
+        table.add_column(header)
+    for r in rows:
+        table.add_row(*(Text(c) for c in (
+            r.name, _count(r.non_embedding_params), _count(r.total_params), _flops(r.training_flops),
+            _count(r.tokens), "-" if r.epochs is None else f"{r.epochs:,.2f}", _hours(r.gpu_hours),
+            f"{100 * r.mfu:.1f}%", _gib(r.peak_bytes), "yes" if r.fits else "NO",
+            "-" if r.to_train_seconds is None else _seconds(r.to_train_seconds))))
+    total = sum(r.gpu_hours for r in rows)
+    foot = Text()
+    foot.append(f"study total: {_hours(total)} GPU-hours over {count(len(rows), 'run')}", style="bold")
+    foot.append(f"\n{N_DEFINITION}; train FLOPs: the planner's model FLOPs x train_iters (dlmspec/flops.py, "
+                "no recomputation); epochs: tokens / unique training tokens ('-': mock data or counts not readable "
+                "here)", style="dim")
+    return Group(table, foot)

@@ -11,6 +11,7 @@ from dlmspec import objectives
 from dlmspec.layout import data_parallel_size
 from dlmspec.names import CART_P_DEFAULT
 from dlmspec.resolve.stage import default_loss_normalization
+from dlmspec.data.repetition import train_caps
 from dlmspec.resolve.values import RuntimeValues
 from dlmspec.spec.fast import section_defaults
 
@@ -196,6 +197,7 @@ def runtime_values(resolved: Resolved) -> RuntimeValues:
         plan_recompute_layers=rc.num_layers or 1,
         blend=None if spec.data.mock else resolved.train_blend.pairs(),
         valid_blend=None if spec.data.mock or not resolved.valid_blend.pairs() else resolved.valid_blend.pairs(),
+        max_unique_tokens=None if spec.data.mock else (train_caps(spec.data.train) or None),
         generation_every=(None if spec.eval is None or spec.eval.generation is None
                           else spec.eval.generation.every or tr.eval_interval),
     )

@@ -58,6 +58,9 @@ class RuntimeValues:
         blend, valid_blend: ``DataConfig.blend`` / ``valid_blend``: the resolved blends'
             ``(prefix, weight)`` pairs (globs and manifests expanded); None with mock data, and
             ``valid_blend`` None when ``data.valid`` is empty (the ``split`` then carves it).
+        max_unique_tokens: ``DataConfig.max_unique_tokens``: ``{prefix: cap}`` of the
+            ``data.train`` entries that set ``max_unique_tokens``
+            (:func:`dlmspec.data.repetition.train_caps`); None when none does (or mock data).
         generation_every: ``GenerationEvalConfig.every``: steps between generation evaluations,
             ``eval.generation.every`` or, unset, ``train.eval_interval``; None without
             ``[eval.generation]``.
@@ -109,4 +112,5 @@ class RuntimeValues:
     plan_recompute_layers: int = 1
     blend: list[tuple[str, float]] | None = None
     valid_blend: list[tuple[str, float]] | None = None
+    max_unique_tokens: dict[str, int] | None = None
     generation_every: int | None = None

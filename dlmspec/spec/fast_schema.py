@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0x90700f12
+SPEC_CRC32 = 0x30ad77e5
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -330,6 +330,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         'fields': {
             'prefix': (('str', 0), 'required', None),
             'weight': (('float', {'gt': 0}), 'value', 1.0),
+            'max_unique_tokens': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
         },
     },
     'TokenizerSpec': {

@@ -382,6 +382,14 @@ class BlendEntry(Section):
 
     prefix: str = Field(description="PREFIX of PREFIX.bin/.idx, a glob of prefixes, or a *.manifest.json.")
     weight: PosFloat = Field(1.0, description="Sampling weight (a glob's or manifest's: its group's share).")
+    max_unique_tokens: PosInt | None = Field(
+        None,
+        description="data.train only: train on at most this many unique tokens of this dataset: the longest "
+        "prefix of whole documents (megatron-core's sequences, in file order) of its training split whose tokens "
+        "do not exceed it; the same documents for every seed and rank count, repeated for as many epochs as the "
+        "run draws (data-constrained studies, Muennighoff et al. 2023). One dataset prefix only (not a glob or "
+        "manifest); pre-training stages only. Unset: the whole split.",
+    )
 
 
 class TokenizerSpec(Section):

@@ -14,9 +14,9 @@ from blend_shards import data_bytes, docs_of, index_bytes, manifest_text, null_t
 import json  # noqa: E402
 
 
-def _shard(prefix: str, tokens: int, tokenizer: dict[str, Any] | None = None) -> dict[str, str]:
+def _shard(prefix: str, tokens: int, tokenizer: dict[str, Any] | None = None, per_doc: int = 4) -> dict[str, str]:
     """A shard's files as text (every byte of these small ids and counts is ASCII), with its record."""
-    docs = docs_of(tokens)
+    docs = docs_of(tokens, per_doc)
     files = {prefix + ".bin": data_bytes(docs).decode("ascii"),
              prefix + ".idx": index_bytes([len(d) for d in docs]).decode("ascii")}
     record = {"schema": "dlmspec.dataset", "version": 1, "tokenizer": tokenizer or null_tokenizer(),
@@ -48,4 +48,9 @@ FILE_EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, str], str]] = {
                                                                null_tokenizer(vocab_size=500))}, "data.train"),
     "data-tokenizer-spec": ({"data.train": [GLOB]}, {**_shard("data/x-00000_text_document", 10, {
         "type": "SentencePieceTokenizer", "vocab_size": 999, "eod_id": 999, "files": {}})}, "data.train"),
+    # one document of 4,112 tokens (0x1010: its index bytes stay ASCII); a cap above it; 3,276,800 tokens
+    # drawn (100 x 64 x 512) from 4,112: 797 epochs
+    "data-cap-tokens": ({"data.train": [{"prefix": "data/x_text_document", "max_unique_tokens": 5000}]},
+                        _shard("data/x_text_document", 4112, per_doc=4112), "data.train"),
+    "data-repetition": ({}, _shard("data/x_text_document", 4112, per_doc=4112), "data.train"),
 }

@@ -45,6 +45,14 @@ RL: dict[str, Any] = {"stage.kind": "rl", "stage.rl": RL_TABLE, "generate.temper
 
 # (rule id, changes to BASE, key the issue must name)
 CASES: list[tuple[str, dict[str, Any], str]] = [
+    # max_unique_tokens: training data only, one dataset prefix, a pre-training stage, files not mock
+    ("data-cap-kind", {"data.valid": [{"prefix": "data/v_text_document", "max_unique_tokens": 10}]}, "data.valid"),
+    ("data-cap-kind", {"data.train": [{"prefix": "data/web-*_text_document", "max_unique_tokens": 10}]},
+     "data.train"),
+    ("data-cap-kind", {"data.mock": True, "data.train": [{"prefix": "data/x_text_document", "max_unique_tokens": 10}]},
+     "data.train"),
+    ("data-cap-kind", {"stage.kind": "sft", "data.train": [{"prefix": "data/x_text_document",
+                                                            "max_unique_tokens": 10}]}, "data.train"),
     ("unknown-gpu", {"cluster.gpu": "h1000"}, "cluster.gpu"),
     ("world-divisible-by-model-parallel", {"cluster.gpus_per_node": 6, "parallel.tensor_model_parallel_size": 4},
      "parallel.tensor_model_parallel_size"),

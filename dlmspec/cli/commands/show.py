@@ -197,12 +197,20 @@ def show(
     loaded = load(spec, set_)
     resolved = resolve(loaded.spec)
     data = minimal_data(loaded.spec) if minimal else spec_data(loaded.spec)
+    from dlmspec.data.repetition import repetition, repetition_lines
+    from dlmspec.escape import comment
+
+    repeated = repetition(loaded.spec, resolved)  # None with mock data
     if json_output:
-        print_envelope("show", ok=True, result={"spec": redact(data), "derived": redact(resolved.derived())})
+        result = {"spec": redact(data), "derived": redact(resolved.derived())}
+        if repeated is not None:
+            result["data"] = repeated.to_dict()
+        print_envelope("show", ok=True, result=result)
         return
     header = (f"# Only what differs from the defaults, printed by `dlmspec show --minimal {Path(spec).name}`\n"
               if minimal else f"{SHOW_HEADER}: every default is written out\n")
-    sys.stdout.write(header + toml_document(redact(data)) + "\n" + derived_comment(resolved))
+    epochs = "" if repeated is None else "".join(f"# {comment(line)}\n" for line in repetition_lines(repeated))
+    sys.stdout.write(header + toml_document(redact(data)) + "\n" + derived_comment(resolved) + epochs)
 
 
 def minimal_data(spec: Spec) -> dict[str, Any]:

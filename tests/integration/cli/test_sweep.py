@@ -77,10 +77,6 @@ def _main_json(capsys, *args):
     return code, json.loads(capsys.readouterr().out)
 
 
-def _duration(seconds):
-    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
-
-
 def test_plan_rows_equal_each_member_planned_alone(tmp_path, capsys):
     from dlmspec.cli import main
     from dlmspec.gpus import GiB
@@ -101,11 +97,9 @@ def test_plan_rows_equal_each_member_planned_alone(tmp_path, capsys):
     rows = {cells[0]: cells[1:] for line in text.splitlines() if line.startswith("│")
             for cells in [[c.strip() for c in line.strip("│").split("│")]]}
     assert set(rows) == {"mb16", "mb32-full"}
-    for name, plan in alone.items():
-        t = plan["time"]
-        assert rows[name] == [f"{plan['memory']['peak_bytes'] / GiB:.1f}", "yes" if plan["memory"]["fits"] else "NO",
-                              f"{t['step_seconds']:.3f}", f"{plan['throughput']['tokens_per_second']:,.0f}",
-                              f"{100 * plan['mfu']:.1f}%", _duration(t["to_train_seconds"])], name
+    for name, plan in alone.items():  # columns 7-9: MFU, peak GiB/GPU, fits (the study table's)
+        assert rows[name][6:9] == [f"{100 * plan['mfu']:.1f}%", f"{plan['memory']['peak_bytes'] / GiB:,.2f}",
+                                   "yes" if plan["memory"]["fits"] else "NO"], name
 
 
 def test_plan_search_on_a_sweep_searches_each_member(tmp_path, capsys):
