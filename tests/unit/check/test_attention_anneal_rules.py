@@ -38,7 +38,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("change,rule,key", CASES)
-def test_a_setting_annealing_cannot_run_with_is_reported_at_its_key_and_its_fix_clears_it(tmp_path, change, rule,
+def test_a_setting_annealing_cannot_run_with_is_reported_at_its_key_and_its_remedy_clears_it(tmp_path, change, rule,
                                                                                            key) -> None:
     issues = _issues(tmp_path, change)
     assert rule in issues, sorted(issues)
@@ -49,7 +49,7 @@ def test_a_setting_annealing_cannot_run_with_is_reported_at_its_key_and_its_fix_
     assert rule not in _issues(tmp_path / "fixed", fixed), fix
 
 
-def test_more_annealing_steps_than_training_steps_is_fixed_to_train_iters(tmp_path) -> None:
+def test_more_annealing_steps_than_training_steps_is_refused_with_train_iters_as_the_remedy(tmp_path) -> None:
     issue = _issues(tmp_path, {"objective.attention_anneal_iters": 500})["attention-anneal-iters"]
     assert issue.fix.set == {"objective.attention_anneal_iters": 100}
     assert issue.severity == "error"
