@@ -118,3 +118,21 @@ def test_a_block_diffusion_export_needs_its_block_size(mcore, tmp_path) -> None:
         mcore_to_hf(mcore, tmp_path / "bad2", objective="mdm", mask_token_id=MASK, block_size=2)
     with pytest.raises(ConversionError, match="not a block length"):
         mcore_to_hf(mcore, tmp_path / "bad3", objective="bd3lm", mask_token_id=MASK, block_size=0)
+
+
+def test_the_convert_command_exports_a_block_diffusion_checkpoint_and_names_its_block(mcore, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from dlmspec.cli.commands import app
+
+    ckpt = _training_checkpoint(mcore, tmp_path)
+    result = CliRunner().invoke(app, ["convert", "mcore-to-hf", str(ckpt), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "block-diffusion (blocks of 4" in result.output
+    result = CliRunner().invoke(app, ["convert", "mcore-to-hf", str(mcore), str(tmp_path / "out2"), "--objective",
+                                      "bd3lm", "--mask-token-id", str(MASK), "--block-size", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out2" / "config.json").read_text())["dlmspec"]["block_size"] == 2
+    result = CliRunner().invoke(app, ["convert", "mcore-to-hf", str(mcore), str(tmp_path / "out3"), "--objective",
+                                      "bd3lm", "--mask-token-id", str(MASK), "--block-size", "0"])
+    assert result.exit_code == 2 and "--block-size" in result.output
