@@ -53,3 +53,10 @@ def test_more_annealing_steps_than_training_steps_is_refused_with_train_iters_as
     issue = _issues(tmp_path, {"objective.attention_anneal_iters": 500})["attention-anneal-iters"]
     assert issue.fix.set == {"objective.attention_anneal_iters": 100}
     assert issue.severity == "error"
+
+
+def test_auto_layers_take_the_local_path_for_annealing(tmp_path) -> None:
+    from dlmspec.resolve import resolve
+
+    spec = load(spec_file(tmp_path, ANNEAL, {"model.transformer_impl": "auto", "model.attention_backend": None})).spec
+    assert resolve(spec).transformer_impl == "local"
