@@ -166,6 +166,7 @@ def mcore_to_hf(
     overwrite: bool = False,
     objective: str | None = None,
     mask_token_id: int | None = None,
+    block_size: int | None = None,
 ) -> ModelDims:
     """Convert a megatron-core dist checkpoint into a Hugging Face safetensors checkpoint.
 
@@ -188,6 +189,9 @@ def mcore_to_hf(
             checkpoint's ``dlmspec.json`` record, else the remembered Hugging Face config, else AR).
         mask_token_id: the diffusion LM's mask token, recorded in ``config.json`` (default: the
             checkpoint's record); implies ``objective = "mdm"`` when that is not given.
+        block_size: a block-diffusion LM's block (``objective = "bd3lm"``; default: the
+            checkpoint's record), written into ``config.json``'s ``dlmspec`` record with the input
+            and mask convention (docs/block-diffusion.md, "Hugging Face export").
 
     Returns:
         The :class:`ModelDims` used.
@@ -204,7 +208,7 @@ def mcore_to_hf(
     check_separate(mcore_io.resolve_checkpoint_dir(src), dst)
     sidecar = mcore_io.read_sidecar(src) or {}
     found = checkpoint_objective(mcore_io.resolve_checkpoint_dir(src), sidecar)
-    chosen = resolve_objective(found, objective, mask_token_id)
+    chosen = resolve_objective(found, objective, mask_token_id, block_size)
     state, dims = mcore_io.load_mcore_checkpoint(src, dims)
     hf_state = mcore_to_hf_state_dict(state, dims)
     base = hf_config if hf_config is not None else sidecar.get("hf_config") or None

@@ -592,3 +592,86 @@ def _bd3_mod(n: int, bs: int, clean_causal: bool = False) -> MaskMod:
         return diagonal | offset_causal | clean
 
     return bd3
+
+
+@dataclass(frozen=True, eq=False)
+class AnnealedCausal(AttentionMask):
+    """The causal mask with keys above the diagonal opened at random: query ``i`` attends key ``j``
+    iff ``j <= i`` or ``opened[i, j]`` (attention annealing from causal to bidirectional,
+    DiffuLLaMA; the schedule and its source: :mod:`dlmspec.objectives.attention_anneal`). One
+    ``opened`` for every row and head of a micro-batch (the paper's code expands one ``[s, s]``
+    mask over the batch). Kind ``mask_mod``: SDPA takes it dense, FlexAttention as a ``BlockMask``
+    (every tile holds opened keys, so none is skipped), Transformer Engine refuses it.
+
+    Its data is per micro-batch, so it has no cache key; instead each instance keeps the
+    ``BlockMask`` and the SDPA tensor it built, so the layers of one forward pass share them (built
+    once per micro-batch, not once per layer).
+
+    Args:
+        opened: bool ``[s, s]``, ``True`` where a key is attended beyond the causal mask.
+
+    Raises:
+        ValueError: ``opened`` not a square 2-D bool tensor.
+    """
+
+    opened: Tensor = None
+    ratio: float = 0.0
+    _built: dict = field(default_factory=dict, repr=False)
+    kind: ClassVar[str] = "mask_mod"
+
+    def __post_init__(self):
+        o = self.opened
+        if not isinstance(o, Tensor) or o.dim() != 2 or o.shape[0] != o.shape[1] or o.dtype != torch.bool:
+            raise ValueError("AnnealedCausal needs a square bool [s, s] tensor, True at opened keys")
+
+    def mask_mod(self) -> MaskMod:
+        opened = self.opened
+
+        def annealed_causal(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) | opened[q_idx, kv_idx]
+
+        return annealed_causal
+
+    def _check(self, sq: int, sk: int) -> None:
+        s = int(self.opened.shape[0])
+        if sq != s or sk != s:
+            raise ValueError(f"an annealed causal mask of {s} positions for {sq} queries and {sk} keys")
+
+    def allowed(self, sq, sk, device=None):
+        self._check(sq, sk)
+        key = ("allowed", str(torch.device(device)) if device is not None else None)
+        if key not in self._built:
+            causal = torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+            self._built[key] = (causal | self.opened.to(device)).view(1, 1, sq, sk)
+        return self._built[key]
+
+    def block_mask(self, sq: int, sk: int, device, *, tile: int = FLEX_TILE):
+        self._check(sq, sk)
+        key = ("block_mask", str(torch.device(device)), tile)
+        if key not in self._built:
+            self._built[key] = _build_block_mask(self.mask_mod(), None, sq, sk, str(torch.device(device)), tile)
+        return self._built[key]
+
+
+def annealed_causal(seq_len: int, ratio: float, generator: Optional[torch.Generator] = None,
+                    device=None) -> Optional[AnnealedCausal]:
+    """The attention-annealing mask of one micro-batch at ratio ``r`` (``r_k`` of
+    :func:`dlmspec.objectives.attention_anneal.anneal_ratio`): ``U ~ U(0, 1)^{s x s}`` drawn from
+    ``generator`` (float32, on ``device``) and ``opened = U < r`` (HKUNLP/DiffuLLaMA
+    ``get_anneal_attn_mask``: ``bernoulli(r)`` OR the causal mask). ``r >= 1``: ``None`` (full
+    attention; nothing drawn). ``r <= 0``: the causal mask as an :class:`AnnealedCausal` with
+    nothing opened (the ``s x s`` uniforms are still drawn, so the stream does not depend on ``r``).
+
+    Raises:
+        ValueError: ``seq_len < 1`` or a ratio that is not a number.
+    """
+    r = float(ratio)
+    if r != r:
+        raise ValueError("the annealing ratio is nan")
+    if int(seq_len) < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    if r >= 1.0:
+        return None
+    s = int(seq_len)
+    u = torch.rand(s, s, generator=generator, device=device, dtype=torch.float32)
+    return AnnealedCausal(u < r, ratio=r)

@@ -35,3 +35,17 @@ def test_training_values_are_read_from_the_metrics(tmp_path) -> None:
     assert got["loss_curve"][0] == [5, 9.5] and got["final_loss"] == rows[-1]["loss"]
     assert got["tokens_per_s_median"] == 1000.0 + 77.5  # the median of iterations 55 .. 100
     assert got["peak_mem_gib"] == 4.0
+
+
+def test_the_kernel_control_adds_mdm_on_flex_attention_and_splits_the_ratio(tmp_path, capsys) -> None:
+    bench = load_script(ROOT / "bench" / "demos" / "bd3lm.py", "bd3lm_bench")
+    assert bench.main(["--dry", "--work-dir", str(tmp_path / "w"), "--kernel-control"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["compile-mdm", "compile-bd3lm", "compile-mdm-flex", "train-mdm",
+                                                      "train-bd3lm", "train-mdm-flex", "evaluate", "result"]
+    flex = next(x for x in lines if x.startswith("compile-mdm-flex")).replace("'", "")
+    assert "demo-dlm.toml" in flex and 'model.attention_backend="flex"' in flex and "mdm-flex/checkpoints" in flex
+    got = bench.throughput_ratios({"mdm": {"tokens_per_s_median": 200.0}, "bd3lm": {"tokens_per_s_median": 150.0},
+                                   "mdm-flex": {"tokens_per_s_median": 180.0}, "train_iters": 10})
+    assert got == {"tokens_per_s_ratio_bd3lm_over_mdm": 0.75, "tokens_per_s_ratio_mdm_flex_over_mdm": 0.9,
+                   "tokens_per_s_ratio_bd3lm_over_mdm_flex": 150.0 / 180.0}

@@ -18,6 +18,14 @@ whether the tokens are equal), and MDM's sampler at the same tokens and steps fo
 training values are read from each run's ``metrics.jsonl`` (loss curve, ``tokens_per_s``: data
 tokens, ``peak_mem_gib``); the ratio BD3 / MDM of the median tokens/s after the first 50 steps is
 the target's (at least 0.9). The result: ``bench/results/demos/<date>-<gpu>-bd3lm-vs-mdm.json``.
+
+``--kernel-control`` adds a third training, MDM on FlexAttention (``mdm-flex``: the BD3 run's kernel,
+no mask), so the gap splits in two ratios: ``mdm-flex / mdm`` (FlexAttention against SDPA's
+cuDNN / flash kernel on the same MDM step) and ``bd3lm / mdm-flex`` (the doubled ``x_t (+) x_0`` input
+and its mask on the same kernel). The compute-bound bound of the second, from the planner's FLOPs,
+is ``(6 N + 6 V h r) / (12 N + 6 V h r)`` per data token (``N`` the non-embedding parameters, ``V h``
+the output layer, ``r`` its share of projected rows; attention aside): about 0.56 for the demo model,
+so a ratio above it is launch/overhead-bound headroom, not lost work.
 """
 
 from __future__ import annotations
@@ -36,7 +44,11 @@ ROOT = common.ROOT
 SPECS = {"mdm": ROOT / "specs" / "demo-dlm.toml", "bd3lm": ROOT / "specs" / "demo-bd3lm.toml"}
 #: Both runs on the local layers, whole sequences: the same layer path, so tokens/s compare.
 SAME = {"mdm": ['model.transformer_impl="local"', 'model.attention_backend="sdpa"', "objective.variable_length_prob=0.0"],
-        "bd3lm": []}
+        "bd3lm": [],
+        "mdm-flex": ['model.transformer_impl="local"', 'model.attention_backend="flex"',
+                     "objective.variable_length_prob=0.0"]}
+#: Each training's spec (``mdm-flex``: the MDM demo on the BD3 run's FlexAttention kernel).
+SPEC_OF = {**SPECS, "mdm-flex": SPECS["mdm"]}
 
 
 def parse_args(argv):
@@ -54,6 +66,8 @@ def parse_args(argv):
     p.add_argument("--gen-batch", type=int, default=8)
     p.add_argument("--evaluate", default=None, help=argparse.SUPPRESS)  # the evaluation step (a work dir)
     p.add_argument("--prepare-data", action="store_true", help="prepare .data/ from the shared kit and exit")
+    p.add_argument("--kernel-control", action="store_true",
+                   help="also train MDM on FlexAttention (mdm-flex): the kernel's share of the tokens/s gap")
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"), help="the offline data kit")
     return p.parse_args(argv)
 
@@ -76,14 +90,19 @@ def compile_cmd(args, work: Path, kind: str) -> list[str]:
         f'checkpoint.save="{run_dir}/checkpoints"', f'logging.run_dir="{run_dir}"',
         f'logging.tensorboard_dir="{run_dir}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
     ] + ([f'cluster.gpu="{args.gpu}"'] if args.gpu else [])
-    return [args.python, "-m", "dlmspec.cli", "compile", str(SPECS[kind]), "-o", str(work / f"{kind}.compiled"),
+    return [args.python, "-m", "dlmspec.cli", "compile", str(SPEC_OF[kind]), "-o", str(work / f"{kind}.compiled"),
             "--force"] + [a for s in sets for a in ("--set", s)]
+
+
+def trainings(args) -> list[str]:
+    """The runs trained: MDM and BD3-LM, and with ``--kernel-control`` MDM on FlexAttention."""
+    return list(SPECS) + (["mdm-flex"] if getattr(args, "kernel_control", False) else [])
 
 
 def plan(args, work: Path, raw: list[str]):
     launch = {"DLMSPEC_PYTHON": args.python}
-    steps = [(f"compile-{k}", compile_cmd(args, work, k), {}) for k in SPECS]
-    steps += [(f"train-{k}", ["bash", str(work / f"{k}.compiled" / "launch.sh")], launch) for k in SPECS]
+    steps = [(f"compile-{k}", compile_cmd(args, work, k), {}) for k in trainings(args)]
+    steps += [(f"train-{k}", ["bash", str(work / f"{k}.compiled" / "launch.sh")], launch) for k in trainings(args)]
     steps.append(("evaluate", [args.python, str(Path(__file__).resolve()), *raw, "--evaluate", str(work)], {}))
     return steps
 
@@ -106,6 +125,22 @@ def train_values(metrics: Path) -> dict:
             "peak_mem_gib": max((r["peak_mem_gib"] for r in train), default=None),
             "peak_reserved_gib": max((r.get("peak_reserved_gib") or 0 for r in train), default=None),
             "final_loss": train[-1]["loss"] if train else None, "valid_loss_in_training": valid}
+
+
+def throughput_ratios(values: dict) -> dict:
+    """``tokens_per_s_ratio_bd3lm_over_mdm`` (the target's), and with an ``mdm-flex`` run the split
+    of it: ``..._mdm_flex_over_mdm`` (the kernel) and ``..._bd3lm_over_mdm_flex`` (the doubled input on
+    the same kernel); ``None`` where a run has no tokens/s."""
+    tps = {k: (v or {}).get("tokens_per_s_median") for k, v in values.items() if isinstance(v, dict)}
+
+    def ratio(a: str, b: str):
+        return tps[a] / tps[b] if tps.get(a) and tps.get(b) else None
+
+    out = {"tokens_per_s_ratio_bd3lm_over_mdm": ratio("bd3lm", "mdm")}
+    if "mdm-flex" in values:
+        out["tokens_per_s_ratio_mdm_flex_over_mdm"] = ratio("mdm-flex", "mdm")
+        out["tokens_per_s_ratio_bd3lm_over_mdm_flex"] = ratio("bd3lm", "mdm-flex")
+    return out
 
 
 def validation_windows(args, seq: int, count: int):
@@ -221,10 +256,9 @@ def main(argv=None) -> int:
     log = work / "bd3lm.log"
     status, record = common.run_steps(steps[:-1], work, log, args.timeout_s)
     values = {"steps": record, "train_iters": args.train_iters}
-    for kind in SPECS:
+    for kind in trainings(args):
         values[kind] = train_values(work / kind / "metrics.jsonl")
-    mdm_tps, bd3_tps = values["mdm"]["tokens_per_s_median"], values["bd3lm"]["tokens_per_s_median"]
-    values["tokens_per_s_ratio_bd3lm_over_mdm"] = (bd3_tps / mdm_tps) if (mdm_tps and bd3_tps) else None
+    values.update(throughput_ratios(values))
     if status == "ok":
         import subprocess
 

@@ -1,6 +1,8 @@
 """Rules of block diffusion (``objective.kind = "bd3lm"``, BD3-LM, Arriola et al. 2025): the block
 size, the clipped noise range, and what the ``x_t (+) x_0`` input and its mask function can run on
-(the local layers, one context-parallel rank, one pipeline stage, no other attention mask). Which
+(the local layers, one context-parallel rank, one pipeline stage, no other attention mask), and of
+attention annealing, the other AR-to-diffusion adaptation schedule (``objective.attention_anneal_iters``,
+DiffuLLaMA: :mod:`dlmspec.objectives.attention_anneal`). Which
 objective trains this way is read from its registration (``Objective.block_diffusion``), never
 from its kind's name. Design and sources: docs/block-diffusion.md."""
 
@@ -251,3 +253,118 @@ def _block_schedule(ctx: Context) -> Iterator[Finding]:
                "the steps must start at 0 and increase")
         yield Finding("objective.block_size_schedule", why,
                       f"set objective.block_size_schedule = {fixed}", fix=Fix({"objective.block_size_schedule": fixed}))
+
+
+# ---- attention annealing (DiffuLLaMA): adapting an AR model, causal -> bidirectional -------------
+# The schedule and its source: dlmspec/objectives/attention_anneal.py. The runtime draws the mask in
+# the mdm objective (backends/megatron/objectives/mdm.py) as a mask object of the local layers.
+
+_ANNEAL = "objective.attention_anneal_iters"
+_UNSET_ANNEAL = Fix(unset=(_ANNEAL,))
+
+
+def _anneals(ctx: Context) -> bool:
+    return ctx.spec.objective.attention_anneal_iters is not None
+
+
+@rule(
+    "attention-anneal-objective",
+    "error",
+    "Gong et al. 2024 (DiffuLLaMA, arXiv:2410.17891) sec. 3.2: annealing relaxes a causal mask to the full "
+    "attention of a masked-diffusion model; backends/megatron/objectives/mdm.py draws it (set_iteration)",
+    "attention annealing trains a masked-diffusion objective over bidirectional layers",
+)
+def _anneal_objective(ctx: Context) -> Iterator[Finding]:
+    if not _anneals(ctx):
+        return
+    o = objectives.get(ctx.spec.objective.kind)
+    if not o.diffusion or o.block_diffusion:
+        why = ("block diffusion adapts an AR model with objective.block_size_schedule instead (blocks growing from 1)"
+               if o.block_diffusion else f"objective.kind = {o.kind!r} does not train full attention")
+        yield Finding(_ANNEAL, why, f"remove {_ANNEAL}", fix=_UNSET_ANNEAL)
+    elif ctx.r.attention_mask != "bidirectional":
+        yield Finding(_ANNEAL, f"the layers are {ctx.r.attention_mask}: annealing ends at full attention",
+                      f"remove {_ANNEAL}, or remove objective.attention_mask (bidirectional)", fix=_UNSET_ANNEAL)
+
+
+@rule(
+    "attention-anneal-iters",
+    "error",
+    "HKUNLP/DiffuLLaMA trainer.py: attn_mask_ratio = min(1, (global_step + 1) / anneal_steps), full attention "
+    "only from step anneal_steps - 1",
+    "attention annealing ends within training",
+)
+def _anneal_iters(ctx: Context) -> Iterator[Finding]:
+    k, n = ctx.spec.objective.attention_anneal_iters, ctx.r.train_iters
+    if k is not None and n and k > n:
+        yield Finding(_ANNEAL, f"{k} annealing steps for a run of {n}: the model would never train with full "
+                      "attention, which is what it samples with", f"set {_ANNEAL} = {n} (at most train_iters)",
+                      fix=Fix({_ANNEAL: int(n)}))
+
+
+@rule(
+    "attention-anneal-init-from",
+    "warning",
+    "Gong et al. 2024 sec. 3.2: annealing keeps an AR model's causal attention working while it adapts; a model "
+    "trained from random weights has no causal attention to keep",
+    "attention annealing starts from an AR checkpoint",
+)
+def _anneal_init(ctx: Context) -> Iterator[Finding]:
+    if _anneals(ctx) and not ctx.spec.checkpoint.init_from:
+        yield Finding(_ANNEAL, "no checkpoint.init_from: annealing adapts a trained AR model, from random weights it "
+                      "only delays full attention", f"remove {_ANNEAL} (or set checkpoint.init_from to the AR model)",
+                      fix=_UNSET_ANNEAL)
+
+
+@rule(
+    "attention-anneal-transformer-engine",
+    "error",
+    "transformer_engine.pytorch DotProductAttention's fused kernels take no_mask, causal and padding masks "
+    "(dlmspec/attention.py BACKENDS['te']), not the annealed mask (causal OR a random [s, s] draw)",
+    "attention annealing runs on the local layers",
+)
+def _anneal_te(ctx: Context) -> Iterator[Finding]:
+    if _anneals(ctx) and ctx.r.transformer_impl == "transformer_engine":
+        yield Finding("model.transformer_impl", "Transformer Engine's fused attention cannot apply the annealed "
+                      "mask (causal OR keys opened at random)", "set model.transformer_impl = 'local'",
+                      fix=Fix({"model.transformer_impl": "local"}))
+
+
+@rule(
+    "attention-anneal-context-parallel",
+    "error",
+    "backends/megatron/attention.py SDPACoreAttention._forward_context_parallel runs the layer's structural "
+    "pattern only; FlexAttention runs no context parallelism (dlmspec/attention.py BACKENDS)",
+    "attention annealing runs without context parallelism",
+)
+def _anneal_cp(ctx: Context) -> Iterator[Finding]:
+    if _anneals(ctx) and ctx.r.cp > 1:
+        yield Finding("parallel.context_parallel_size", "the annealed mask covers the whole sequence; a "
+                      "context-parallel rank holds two chunks of it", "set parallel.context_parallel_size = 1",
+                      fix=Fix({"parallel.context_parallel_size": 1}))
+
+
+@rule(
+    "attention-anneal-document-mask",
+    "error",
+    "backends/megatron/stage.py ObjectiveForwardStep.prepare ORs a document mask tensor with the objective's "
+    "mask; the annealed mask is a mask object",
+    "attention annealing runs without document masks",
+)
+def _anneal_document(ctx: Context) -> Iterator[Finding]:
+    if _anneals(ctx) and ctx.spec.data.reset_attention_mask:
+        yield Finding("data.reset_attention_mask", "attention annealing does not combine with document masks",
+                      "set data.reset_attention_mask = false", fix=Fix({"data.reset_attention_mask": False}))
+
+
+@rule(
+    "attention-anneal-stage",
+    "error",
+    "HKUNLP/DiffuLLaMA README (fine-tuning: anneal_steps 1, the base model is already bidirectional); "
+    "backends/megatron/sft.py SftForwardStep passes segment masks, not the objective's",
+    "attention annealing runs in a pretrain stage",
+)
+def _anneal_stage(ctx: Context) -> Iterator[Finding]:
+    if _anneals(ctx) and ctx.spec.stage.kind != "pretrain":
+        yield Finding(_ANNEAL, f"stage.kind = {ctx.spec.stage.kind!r} fine-tunes a model that is already "
+                      "bidirectional (and would not apply the mask)", f"remove {_ANNEAL}", fix=_UNSET_ANNEAL)

@@ -207,6 +207,8 @@ def mcore_to_hf_command(
         "record (a training checkpoint's dlmspec.json, else the converted config), else ar."),
     mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="The diffusion LM's mask token, "
                                                 "recorded in config.json (default: the checkpoint's)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="A block-diffusion LM's block "
+                                             "(--objective bd3lm; default: the checkpoint's record)."),
     force: bool = typer.Option(False, "--force", help=_FORCE_HELP),
     json_output: bool = typer.Option(False, "--json", help=_JSON_HELP),
 ) -> None:
@@ -225,15 +227,22 @@ def mcore_to_hf_command(
     if mask_token_id is not None and mask_token_id < 0:
         _fail(f"--mask-token-id {mask_token_id} is not a token id", key="--mask-token-id",
               hint="the run's [objective] mask_token_id, an integer >= 0")
+    if block_size is not None and block_size < 1:
+        _fail(f"--block-size {block_size} is not a block length", key="--block-size",
+              hint="the run's [objective] block_size, an integer >= 1")
     _check_paths(src, dst, force)
     _check_paths(_run(resolve_checkpoint_dir, src), dst, force)
-    dims = _run(mcore_to_hf, src, dst, overwrite=force, objective=objective, mask_token_id=mask_token_id)
+    dims = _run(mcore_to_hf, src, dst, overwrite=force, objective=objective, mask_token_id=mask_token_id,
+                block_size=block_size)
     written = hf_objective(_run(_read_config, dst))
     attention = "bidirectional" if written.is_diffusion else "causal"
+    if written.is_block_diffusion:
+        attention = f"block-diffusion (blocks of {written.block_size}, input x_t + x_0)"
     if json_output:
         print_envelope("convert mcore-to-hf", ok=True, result={
             "output": str(dst), "family": dims.family, "num_layers": dims.num_layers, "vocab_size": dims.vocab_size,
-            "objective": written.kind, "attention": attention, "mask_token_id": written.mask_token_id})
+            "objective": written.kind, "attention": attention, "mask_token_id": written.mask_token_id,
+            **({"block_size": written.block_size} if written.is_block_diffusion else {})})
         return
     typer.echo(f"wrote {dst} ({dims.family}, {dims.num_layers} layers, vocabulary {dims.vocab_size}, "
                f"{written.kind}: {attention} attention)")

@@ -81,6 +81,11 @@ class MaskedDiffusion(Objective):
                             f"{formula[schedule.name]} (MDLM eq. 10 weight -alpha'/(1-alpha))"))
             if schedule.name == "polynomial":
                 options.append(("noise_schedule_exponent", float(schedule.exponent), "the polynomial's exponent a"))
+        anneal = _get(objective, "attention_anneal_iters", None)
+        if anneal is not None:
+            options.append(("options", {"attention_anneal_iters": int(anneal)},
+                            "attention annealing (DiffuLLaMA arXiv:2410.17891 sec. 3.2): step k attends the causal "
+                            "mask OR each key with probability min(1, (k+1)/attention_anneal_iters)"))
         return options
 
 

@@ -36,7 +36,8 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
         masks, a per-query attention mask that the TE layers do not take
         (``dlmspec.backends.megatron.checks.check_masks_supported``), block-causal attention
         (``dlmspec.backends.megatron.layers.build_layer_spec``), and SFT batches with segment
-        masks (:func:`sft_attention_mask`), and a local core attention named by
+        masks (:func:`sft_attention_mask`), attention annealing (its random mask per call), and a
+        local core attention named by
         ``model.attention_backend`` (``sdpa``, ``flex``). Transformer Engine only: fp8
         (megatron-core runs fp8 in TE layers), grouped-GEMM experts (``build_layer_spec``) and
         context parallelism with a ``cp_comm_type`` outside :data:`LOCAL_CP_COMM_TYPES`
@@ -49,6 +50,8 @@ def layer_path_needs(spec: Spec, attention_mask: str, cp: int) -> tuple[list[str
         ("objective.attention_mask = 'block_causal'", attention_mask == "block_causal"),
         (f"objective.kind = {spec.objective.kind!r} (a mask function per call)",
          objectives.get(spec.objective.kind).block_diffusion),
+        (f"objective.attention_anneal_iters = {spec.objective.attention_anneal_iters!r} (an annealed mask per call)",
+         spec.objective.attention_anneal_iters is not None),
         (sft_attention_mask(spec) or "", sft_attention_mask(spec) is not None),
         (f"model.attention_backend = {spec.model.attention_backend!r}",
          spec.model.attention_backend in ("sdpa", "flex")),  # a core attention of the local layers

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0x30ad77e5
+SPEC_CRC32 = 0x14aaef75
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -87,6 +87,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'noise_clip_max': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),
             'block_size_schedule': (('union', (('list', ('tuple', (('int', {'ge': 0}), ('int', {'gt': 0})))), ('none',))), 'value', None),
             'ar_loss_weight': (('union', (('float', {'ge': 0.0, 'le': 100.0}), ('none',))), 'value', None),
+            'attention_anneal_iters': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
             'noise_schedule': (('literal', ('linear', 'cosine', 'polynomial')), 'value', 'linear'),
             'noise_schedule_exponent': (('union', (('float', {'gt': 0.0, 'le': 100.0}), ('none',))), 'value', None),
             'eps': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.001),

@@ -157,6 +157,14 @@ class ObjectiveSpec(Section):
         description="bd3lm: weight of a next-token loss on the clean half x_0, which is then causal within "
         "itself (Megatron-Bridge dgpt_step.py ar_loss_weight, dllm.py compute_block_mask). Unset: 0.",
     )
+    attention_anneal_iters: PosInt | None = Field(
+        None,
+        description="mdm adapting an AR model (checkpoint.init_from): over the first attention_anneal_iters steps the "
+        "causal mask is relaxed to full attention, step k (from 0) attending each key above the diagonal with "
+        "probability min(1, (k + 1) / attention_anneal_iters), one draw per micro-batch (DiffuLLaMA, Gong et al. "
+        "2024 arXiv:2410.17891 sec. 3.2; HKUNLP/DiffuLLaMA trainer.py anneal_steps, get_anneal_attn_mask). Local "
+        "layers only. Unset: full attention from the first step.",
+    )
     noise_schedule: Literal["linear", "cosine", "polynomial"] = Field(
         "linear", description="mdm masking schedule alpha(t), a token masked with probability 1 - alpha(t) at "
         "t ~ U(eps, 1), its loss weighted by -alpha'(t)/(1-alpha(t)) (MDLM eq. 10) with loss_weighting = 'llada'; "

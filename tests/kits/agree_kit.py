@@ -32,6 +32,10 @@ TIGHT = {"train.seq_length": 196608, "model.max_position_embeddings": 196608, "t
 BD3 = {"objective.kind": "bd3lm", "objective.block_size": 16, "model.transformer_impl": "local",
        "model.attention_backend": "flex"}
 
+#: A masked-diffusion spec adapting an AR checkpoint with attention annealing that validates.
+ANNEAL = {"objective.attention_anneal_iters": 40, "checkpoint.init_from": "mcore:ar-checkpoint",
+          "model.transformer_impl": "local", "model.attention_backend": "sdpa"}
+
 #: (changes to BASE, the rule and key that refuse it): the rules of the runtime, SLURM, memory
 #: and the end-of-document id, and a schema error beside a rule error.
 FAILING: list[tuple[dict[str, Any], str, str]] = [
@@ -53,6 +57,15 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
      "stage.sft.packed_sequence"),
     ({**BD3, "objective.block_size_schedule": [[0, 4], [50, 48]]}, "bd3lm-block-schedule",
      "objective.block_size_schedule"),
+    ({**ANNEAL, "objective.kind": "ar"}, "attention-anneal-objective", "objective.attention_anneal_iters"),
+    ({**ANNEAL, "objective.attention_anneal_iters": 500}, "attention-anneal-iters", "objective.attention_anneal_iters"),
+    ({**ANNEAL, "checkpoint.init_from": None}, "attention-anneal-init-from", "objective.attention_anneal_iters"),
+    ({**ANNEAL, "model.transformer_impl": "transformer_engine", "model.attention_backend": None},
+     "attention-anneal-transformer-engine", "model.transformer_impl"),
+    ({**ANNEAL, "parallel.context_parallel_size": 2}, "attention-anneal-context-parallel",
+     "parallel.context_parallel_size"),
+    ({**ANNEAL, "data.reset_attention_mask": True}, "attention-anneal-document-mask", "data.reset_attention_mask"),
+    ({**ANNEAL, "stage.kind": "sft"}, "attention-anneal-stage", "objective.attention_anneal_iters"),
     ({"generate.block_length": 30}, "generate-settings", "generate.block_length"),
     ({"stage.kind": "rl"}, "rl-table-missing", "stage.rl.prompts"),
     ({"eval.generation": {"prompts": "p.jsonl", "every": 70}, "data.tokenizer": {"type": "HuggingFaceTokenizer",

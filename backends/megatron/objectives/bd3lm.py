@@ -20,10 +20,18 @@ For clean ids ``x0 [b, L]`` and ``n = L / B`` blocks of ``B = block_size``:
 
 ``block_size = L`` with one block per row is MDM's estimator over the same draws (one ``t`` per
 sequence, the clean half then unseen by ``x_t``).
+
+Without an AR loss the clean half's outputs carry no loss, so after :meth:`prepare_model` (no
+sequence parallelism) the model's decoder hands only the ``x_t`` half to the output layer
+(:func:`noised_half_output`): its logits and cross entropy (or the fused projection's hidden
+states) are computed for ``L`` rows, not ``2 L``, and the batch's labels, weights and masks are
+``[b, L]``. The loss and every gradient are the same as over ``2 L`` rows with the clean half
+weighted 0.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
 import torch
@@ -34,6 +42,24 @@ from dlmspec.objectives.schedules import POLYNOMIAL_EXPONENT_DEFAULT, masking_sc
 
 from .. import masks as mask_objects
 from .base import ObjectiveBatch, ObjectiveRng, RuntimeObjective, check_tokens, register_runtime, valid_from_loss_mask
+
+
+@dataclass(frozen=True, eq=False)
+class NoisedHalfMask(mask_objects.MaskFunction):
+    """The block-diffusion mask of a training micro-batch whose loss is on the ``x_t`` half only:
+    the same mask function (and so the same cached ``BlockMask``), and the sign for
+    :func:`noised_half_output` to pass only the first half of the decoder's output on."""
+
+
+def noised_half_output(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+    """A forward hook (``with_kwargs=True``) of megatron-core's ``TransformerBlock`` (``GPTModel.decoder``):
+    called with a :class:`NoisedHalfMask`, its output ``[2L, b, h]`` becomes the first half ``[L, b, h]``
+    (the ``x_t`` positions), so ``GPTModel`` projects and scores only those; any other call is left
+    as it is (``None``)."""
+    if isinstance(kwargs.get("attention_mask"), NoisedHalfMask) and isinstance(output, Tensor) \
+            and output.shape[0] % 2 == 0:
+        return output[: output.shape[0] // 2]
+    return None
 
 
 class BlockDiffusionObjective(RuntimeObjective):
@@ -77,6 +103,7 @@ class BlockDiffusionObjective(RuntimeObjective):
         self.noise_range = (low, high)
         self.ar_loss_weight = float(ar_loss_weight)
         self.schedule = masking_schedule(noise_schedule, noise_schedule_exponent)
+        self.noised_half_loss = False  # set by prepare_model where the decoder passes on the x_t half only
         self.block_size_schedule = None
         if block_size_schedule:
             self.block_size_schedule = [(int(s), int(b)) for s, b in block_size_schedule]
@@ -96,8 +123,12 @@ class BlockDiffusionObjective(RuntimeObjective):
         return self.ar_loss_weight > 0.0
 
     def mask(self, seq_len: int) -> mask_objects.MaskFunction:
-        """The attention mask of an input of ``2 * seq_len`` positions."""
-        return mask_objects.block_diffusion(seq_len, self.block_size, clean_causal=self.clean_causal)
+        """The attention mask of an input of ``2 * seq_len`` positions (a :class:`NoisedHalfMask`
+        when the loss is on the ``x_t`` half only)."""
+        mask = mask_objects.block_diffusion(seq_len, self.block_size, clean_causal=self.clean_causal)
+        if self.noised_half_loss:
+            return NoisedHalfMask(mask.fn, block_size=mask.block_size, name=mask.name)
+        return mask
 
     def sample_t(self, b: int, num_blocks: int, generator: Optional[torch.Generator], device) -> Tensor:
         """``[b, num_blocks]`` float32 noise levels, ``low + (high - low) * u``, one uniform per block."""
@@ -160,6 +191,14 @@ class BlockDiffusionObjective(RuntimeObjective):
         elif tuple(position_ids.shape) != (b, L):
             raise ValueError(f"position_ids shape {tuple(position_ids.shape)} != tokens shape {(b, L)}")
         false = torch.zeros_like(valid)
+        if self.noised_half_loss:  # the model scores the x_t half only: labels and weights of L positions
+            return ObjectiveBatch(
+                input_ids=torch.cat([xt, x0], dim=1), labels=x0, loss_weights=dlm_weights,
+                num_tokens=valid.sum().to(torch.int), token_mask=valid, attention_mask=self.mask(L),
+                mask_ratio=t_blocks.mean(dim=1), masked=masked,
+                lengths=torch.full((b,), L, dtype=torch.int64, device=device),
+                position_ids=torch.cat([position_ids, position_ids], dim=1).to(torch.int64),
+                source_ids=torch.cat([x0, x0], dim=1))
         return ObjectiveBatch(
             input_ids=torch.cat([xt, x0], dim=1),
             labels=torch.cat([x0, ar_labels], dim=1),
@@ -175,9 +214,17 @@ class BlockDiffusionObjective(RuntimeObjective):
         )
 
     def prepare_model(self, model: List[torch.nn.Module]) -> None:
-        """Make RoPE follow the position ids of the doubled input (:func:`repeat_rotary_halves`)."""
+        """Make RoPE follow the position ids of the doubled input (:func:`repeat_rotary_halves`);
+        without an AR loss and without sequence parallelism, let the decoder pass only the ``x_t``
+        half to the output layer (:func:`noised_half_output`) and the batches carry ``[b, L]``
+        labels and weights (:attr:`noised_half_loss`)."""
+        halved = []
         for chunk in model:
             repeat_rotary_halves(chunk)
+            module = _gpt_model(chunk)
+            if getattr(module, "post_process", False):
+                halved.append(self.ar_loss_weight == 0.0 and _pass_noised_half(module))
+        self.noised_half_loss = bool(halved) and all(halved)
 
 
 class RepeatedHalvesRotary(torch.nn.Module):
@@ -210,6 +257,25 @@ class RepeatedHalvesRotary(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(super().__getattr__("inner"), name)
+
+
+def _gpt_model(chunk: torch.nn.Module) -> torch.nn.Module:
+    module = chunk
+    while hasattr(module, "module") and not hasattr(module, "decoder"):
+        module = module.module
+    return module
+
+
+def _pass_noised_half(module: torch.nn.Module) -> bool:
+    """Hook :func:`noised_half_output` on ``module.decoder`` once; ``False`` (nothing hooked) under
+    sequence parallelism, where each rank's decoder output is a slice of the sequence."""
+    decoder = getattr(module, "decoder", None)
+    if decoder is None or getattr(getattr(module, "config", None), "sequence_parallel", False):
+        return False
+    if not getattr(decoder, "_dlmspec_noised_half", False):
+        decoder.register_forward_hook(noised_half_output, with_kwargs=True)
+        decoder._dlmspec_noised_half = True
+    return True
 
 
 def repeat_rotary_halves(chunk: torch.nn.Module) -> bool:

@@ -13,9 +13,11 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import Tensor
 
+from dlmspec.objectives.attention_anneal import anneal_ratio
 from dlmspec.objectives.mdm import CART_P_DEFAULT
 from dlmspec.objectives.schedules import POLYNOMIAL_EXPONENT_DEFAULT, masking_schedule
 
+from .. import masks as mask_objects
 from .base import ObjectiveBatch, ObjectiveRng, RuntimeObjective, check_tokens, register_runtime, valid_from_loss_mask
 
 LOSS_WEIGHTINGS = ("llada", "realised", "cart")
@@ -71,6 +73,13 @@ class MaskedDiffusionObjective(RuntimeObjective):
             linear: ``t`` and ``1/t``, computed as before).
         noise_schedule_exponent: ``"polynomial"``'s exponent ``a`` (``alpha = 1 - t^a``).
         length_multiple: :meth:`cut_length`'s ``multiple`` (the layout's; default 1).
+        attention_anneal_iters: DiffuLLaMA's attention annealing over the first ``K`` steps
+            (``objective.attention_anneal_iters``; :mod:`dlmspec.objectives.attention_anneal`):
+            at step ``k`` (:meth:`set_iteration`) a micro-batch's attention is the causal mask OR
+            keys opened with probability ``min(1, (k + 1) / K)``
+            (:func:`~dlmspec.backends.megatron.masks.annealed_causal`), its ``[s, s]`` uniforms
+            drawn last from the masking generator (the other draws are as without it). 0 or 1:
+            none (full attention from the first step).
 
     Raises:
         ValueError: On an out-of-range argument.
@@ -95,6 +104,7 @@ class MaskedDiffusionObjective(RuntimeObjective):
         noise_schedule: str = "linear",
         noise_schedule_exponent: float = POLYNOMIAL_EXPONENT_DEFAULT,
         length_multiple: int = 1,
+        attention_anneal_iters: int = 0,
     ) -> None:
         if int(mask_token_id) < 0:
             raise ValueError(f"mask_token_id must be >= 0, got {mask_token_id}")
@@ -122,6 +132,15 @@ class MaskedDiffusionObjective(RuntimeObjective):
         self.schedule = masking_schedule(noise_schedule, noise_schedule_exponent)
         self.length_multiple = max(1, int(length_multiple))
         self.draws_cut = self.variable_length == "micro_batch" and self.variable_length_prob > 0.0
+        if isinstance(attention_anneal_iters, bool) or int(attention_anneal_iters) < 0:
+            raise ValueError(f"attention_anneal_iters must be an int >= 0, got {attention_anneal_iters!r}")
+        self.attention_anneal_iters = int(attention_anneal_iters)
+        self.attention_anneal_ratio = anneal_ratio(0, self.attention_anneal_iters)
+
+    def set_iteration(self, iteration: int) -> None:
+        """The training step about to run (the stage's ``before_step``): with attention annealing,
+        the step's ratio ``min(1, (k + 1) / K)`` (:func:`dlmspec.objectives.attention_anneal.anneal_ratio`)."""
+        self.attention_anneal_ratio = anneal_ratio(int(iteration), self.attention_anneal_iters)
 
     def dataset_extra_token(self) -> bool:
         return self.unshift  # MegaDLMs' window: seq_length + 1 ids
@@ -185,7 +204,9 @@ class MaskedDiffusionObjective(RuntimeObjective):
         Returns:
             An :class:`ObjectiveBatch` with ``labels = tokens`` (``shift``: ``tokens`` shifted left
             by one, the last column a copy of the last id with weight 0); ``masked`` and
-            ``token_mask`` are in input positions, ``loss_weights`` in output positions.
+            ``token_mask`` are in input positions, ``loss_weights`` in output positions;
+            ``attention_mask`` the ``[b, 1, 1, s]`` key padding of cut rows, or (annealing) a mask
+            object: the annealed causal mask, AND the key padding where a row was cut.
 
         Raises:
             ValueError: If ``tokens`` is not ``[b, s]`` integer or ``loss_mask``
@@ -261,6 +282,11 @@ class MaskedDiffusionObjective(RuntimeObjective):
             ratio = n_masked / n_valid.clamp(min=1.0)
             # A sequence with nothing masked has all-zero weights (0 / clamp).
             loss_weights = masked_f / ratio.clamp(min=1e-12).unsqueeze(1)
+
+        if self.attention_anneal_ratio < 1.0:
+            # drawn after every other draw: the batch is the one without annealing, plus its mask
+            anneal = mask_objects.annealed_causal(s, self.attention_anneal_ratio, generator, device)
+            attention_mask = mask_objects.combine(mask_objects.from_megatron(attention_mask), anneal)
 
         labels_out = tokens.to(torch.int64)
         if self.shift:
@@ -381,7 +407,8 @@ def _from_config(config: Any, *, length_multiple: int = 1) -> MaskedDiffusionObj
         variable_length=config.variable_length, shift=config.shift, cart_p=config.cart_p,
         unshift=config.unshift, noise_schedule=getattr(config, "noise_schedule", "linear"),
         noise_schedule_exponent=getattr(config, "noise_schedule_exponent", POLYNOMIAL_EXPONENT_DEFAULT),
-        length_multiple=length_multiple)
+        length_multiple=length_multiple,
+        attention_anneal_iters=int((getattr(config, "options", None) or {}).get("attention_anneal_iters", 0)))
 
 
 register_runtime("mdm", _from_config)

@@ -65,8 +65,10 @@ def test_block_diffusion_trains_a_few_steps_on_cpu(tmp_path: Path, monkeypatch) 
             optimizer_config=OptimizerConfig(lr=1e-3, min_lr=1e-4, use_distributed_optimizer=False), stage=stage)
     assert (result.iteration, result.exit_reason) == (3, "completed")
     assert isinstance(stage.objective, BlockDiffusionObjective) and stage.objective.block_size == 8
-    # per-token loss over x_t (+) x_0, and RoPE repeated for the two halves
-    assert seen and all(got == ((2, 2 * SEQ), "RepeatedHalvesRotary") for got in seen), seen
+    # per-token loss over the x_t half only (no AR loss: the decoder passes the first half on), RoPE
+    # repeated for the two halves
+    assert stage.objective.noised_half_loss
+    assert seen and all(got == ((2, SEQ), "RepeatedHalvesRotary") for got in seen), seen
     import json
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [e["loss"] for e in events if e.get("event") == "train"]

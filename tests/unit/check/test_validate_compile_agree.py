@@ -59,7 +59,8 @@ STARTER_NODES = {"llama-3-70b": 4, "mixtral-8x7b": 2, "qwen3-30b-a3b": 2}
 WARNING_EXAMPLES = {("memory-headroom", "cluster.gpu"), ("sft-variable-length", "objective.variable_length_prob"),
                     ("sft-pad-eos-packed", "stage.sft.pad_eos_tokens"), ("sft-pretraining-data", "data.eod_mask_loss"),
                     ("bd3lm-keys-ignored", "objective.ar_loss_weight"), ("bd3lm-mdm-keys-ignored", "objective.shift"),
-                    ("bd3lm-dense-sdpa", "model.attention_backend")}
+                    ("bd3lm-dense-sdpa", "model.attention_backend"),
+                    ("attention-anneal-init-from", "objective.attention_anneal_iters")}
 
 #: (file name, text, extra arguments, the loader's rule, its key): one spec per ``load`` rule. The
 #: text None is BASE as TOML; "" writes nothing (the file is missing).
