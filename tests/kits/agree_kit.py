@@ -33,8 +33,7 @@ BD3 = {"objective.kind": "bd3lm", "objective.block_size": 16, "model.transformer
        "model.attention_backend": "flex"}
 
 #: A masked-diffusion spec adapting an AR checkpoint with attention annealing that validates.
-ANNEAL = {"objective.attention_anneal_iters": 40, "checkpoint.init_from": "mcore:ar-checkpoint",
-          "model.transformer_impl": "local", "model.attention_backend": "sdpa"}
+from validate_kit import ANNEAL  # noqa: E402 (one definition of the annealing settings)
 
 #: (changes to BASE, the rule and key that refuse it): the rules of the runtime, SLURM, memory
 #: and the end-of-document id, and a schema error beside a rule error.

@@ -43,8 +43,22 @@ RL: dict[str, Any] = {"stage.kind": "rl", "stage.rl": RL_TABLE, "generate.temper
                       "checkpoint.init_from": "hf:m"}
 
 
+#: Attention annealing from an AR checkpoint on the local layers: what the annealing rules accept.
+ANNEAL: dict[str, Any] = {"objective.attention_anneal_iters": 40, "checkpoint.init_from": "mcore:ar-checkpoint",
+                          "model.transformer_impl": "local", "model.attention_backend": "sdpa"}
+
 # (rule id, changes to BASE, key the issue must name)
 CASES: list[tuple[str, dict[str, Any], str]] = [
+    # attention annealing (DiffuLLaMA): each rule with the setting it cannot run with
+    ("attention-anneal-objective", {**ANNEAL, "objective.kind": "ar"}, "objective.attention_anneal_iters"),
+    ("attention-anneal-iters", {**ANNEAL, "objective.attention_anneal_iters": 10**7}, "objective.attention_anneal_iters"),
+    ("attention-anneal-init-from", {**ANNEAL, "checkpoint.init_from": None}, "objective.attention_anneal_iters"),
+    ("attention-anneal-transformer-engine", {**ANNEAL, "model.transformer_impl": "transformer_engine"},
+     "model.transformer_impl"),
+    ("attention-anneal-context-parallel", {**ANNEAL, "parallel.context_parallel_size": 2},
+     "parallel.context_parallel_size"),
+    ("attention-anneal-document-mask", {**ANNEAL, "data.reset_attention_mask": True}, "data.reset_attention_mask"),
+    ("attention-anneal-stage", {**ANNEAL, "stage.kind": "sft"}, "objective.attention_anneal_iters"),
     # max_unique_tokens: training data only, one dataset prefix, a pre-training stage, files not mock
     ("data-cap-kind", {"data.valid": [{"prefix": "data/v_text_document", "max_unique_tokens": 10}]}, "data.valid"),
     ("data-cap-kind", {"data.train": [{"prefix": "data/web-*_text_document", "max_unique_tokens": 10}]},
