@@ -43,6 +43,7 @@ with their sources.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -156,7 +157,9 @@ class DatasetTokens:
 
 
 def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, entry: str | None = None) -> DatasetTokens:
-    """The unique training tokens of dataset ``prefix`` (see the module docstring).
+    """The unique training tokens of dataset ``prefix`` (see the module docstring). Cached by the
+    ``.idx``'s, ``.bin``'s and the record's size and modification time (a sweep's members share their data;
+    a rewritten file is read again).
 
     Args:
         prefix: The dataset path without ``.bin`` / ``.idx``.
@@ -168,11 +171,29 @@ def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, en
     Returns:
         A :class:`DatasetTokens`; never raises on unreadable files (``why`` says what).
     """
+    import dataclasses
+    import os
+
+    entry = prefix if entry is None else entry
+    marks = []
+    for path in (prefix + ".idx", prefix + ".bin", prefix + ".dlmspec.json"):
+        try:
+            st = os.stat(path)
+            marks.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except (OSError, ValueError):
+            marks.append(None)
+    found = _dataset_tokens_cached(prefix, split, cap, tuple(marks))
+    return found if found.entry == entry else dataclasses.replace(found, entry=entry)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dataset_tokens_cached(prefix: str, split: str | None, cap: int | None, marks: tuple) -> DatasetTokens:
+    del marks  # the cache key: the files' sizes and modification times
     from dlmspec.data.index import check_index
     from dlmspec.data.record import RecordError, read_record, record_path
     from dlmspec.files import FileRefused
 
-    entry = prefix if entry is None else entry
+    entry = prefix
     try:
         facts = check_index(prefix)
     except FileRefused as exc:
@@ -318,11 +339,13 @@ def train_caps(entries: Sequence[Any]) -> dict[str, int]:
 
 def repetition(spec: Any, resolved: Any) -> Repetition | None:
     """The :class:`Repetition` of a resolved spec (``spec``: :class:`~dlmspec.spec.models.Spec`,
-    ``resolved``: :class:`~dlmspec.resolve.Resolved`); None with mock data or no training data
-    (nothing is repeated). Reads each dataset's ``.idx`` (or record) on this machine."""
+    ``resolved``: :class:`~dlmspec.resolve.Resolved`); None with mock data, no training data, or
+    a stage other than pre-training (an SFT or RL stage reads its data one conversation or prompt
+    per sample, which this arithmetic does not describe). Reads each dataset's ``.idx`` (or
+    record) on this machine."""
     from dlmspec import objectives
 
-    if spec.data.mock or not resolved.train_blend.shards:
+    if spec.data.mock or not resolved.train_blend.shards or spec.stage.kind != "pretrain":
         return None
     caps = train_caps(spec.data.train)
     split = None if spec.data.valid else spec.data.split

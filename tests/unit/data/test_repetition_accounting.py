@@ -136,6 +136,19 @@ def test_mock_data_repeats_nothing(tmp_path: Path) -> None:
     assert repetition(loaded.spec, resolve(loaded.spec)) is None
 
 
+def test_a_stage_that_reads_conversations_is_not_counted_as_pretraining(data: Path) -> None:
+    # SFT reads one conversation per sample: the pre-training arithmetic would be wrong, so none is given
+    loaded = load(spec_file(data, RUN, {"data.train": ["data/a_text_document"], "stage.kind": "sft"}))
+    assert repetition(loaded.spec, resolve(loaded.spec)) is None
+
+
+def test_a_rewritten_dataset_is_counted_again(data: Path) -> None:
+    changes = {"data.train": ["data/a_text_document"], "data.valid": ["data/v_text_document"]}
+    assert _rep(data, **changes).unique_tokens == 40
+    write_shard(str(data / "data/a_text_document"), docs_of(48), null_tokenizer())
+    assert _rep(data, **changes).unique_tokens == 48
+
+
 def test_split_bounds_round_like_megatron_core() -> None:
     # megatron-core: int(round(f * S)) of the normalised train weight
     assert train_split_bounds(10, "99,1,0") == (0, 10)
