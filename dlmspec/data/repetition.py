@@ -176,7 +176,9 @@ def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, en
 
     entry = prefix if entry is None else entry
     marks = []
-    for path in (prefix + ".idx", prefix + ".bin", prefix + ".dlmspec.json"):
+    from dlmspec.data.record import record_path
+
+    for path in (prefix + ".idx", prefix + ".bin", record_path(prefix)):
         try:
             st = os.stat(path)
             marks.append((st.st_size, st.st_mtime_ns, st.st_ino))
