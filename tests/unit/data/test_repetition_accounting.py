@@ -168,3 +168,12 @@ def test_capped_documents_counts_whole_documents() -> None:
 
 def test_thresholds_are_the_cited_ones() -> None:
     assert (AR_EPOCHS, DIFFUSION_EPOCHS) == (4.0, 100.0)
+
+
+def test_a_pipe_in_place_of_the_index_is_refused_not_read(data: Path) -> None:
+    import os
+
+    os.mkfifo(data / "data/p_text_document.idx")  # opening it for reading would block
+    (data / "data/p_text_document.bin").write_bytes(b"")
+    counted = dataset_tokens("data/p_text_document", split=None, cap=10)
+    assert counted.unique_tokens is None and "is a FIFO (named pipe), not a regular file" in counted.why, counted.why
