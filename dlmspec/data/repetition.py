@@ -125,6 +125,33 @@ def capped_documents(lengths: Any, cap: int) -> int:
     return int(np.searchsorted(ends, cap, side="right"))
 
 
+#: Document lengths read at a time from an index (memory stays flat on a large one).
+CHUNK = 1 << 22
+
+
+def _split_counts(lengths: Any, begin: int, end: int, cap: int | None) -> tuple[int, int, int]:
+    """``(split tokens, kept documents, unique tokens)`` of documents ``[begin, end)`` of
+    ``lengths`` (a 1-D integer array, e.g. the memory-mapped ``sequence_lengths``) under ``cap``
+    (None: every document kept), in pieces of :data:`CHUNK`: the same answer as
+    :func:`capped_documents` over the whole split."""
+    import numpy as np
+
+    split_tokens = 0
+    kept, unique, full = end - begin, None, cap is None
+    for start in range(begin, end, CHUNK):
+        part = np.asarray(lengths[start:min(end, start + CHUNK)], dtype=np.int64)
+        if not full and unique is None:
+            room = cap - split_tokens  # tokens the cap leaves for this piece
+            fits = capped_documents(part, room) if room > 0 else 0
+            if fits < len(part):
+                kept = start - begin + fits
+                unique = split_tokens + int(part[:fits].sum())
+        split_tokens += int(part.sum())
+    if unique is None:
+        unique = split_tokens
+    return split_tokens, kept, unique
+
+
 @dataclass(frozen=True)
 class DatasetTokens:
     """The unique training tokens of one dataset of ``data.train``.
@@ -156,10 +183,12 @@ class DatasetTokens:
     why: str | None = None
 
 
-def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, entry: str | None = None) -> DatasetTokens:
+def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None,
+                   entry: str | None = None) -> DatasetTokens:
     """The unique training tokens of dataset ``prefix`` (see the module docstring). Cached by the
-    ``.idx``'s, ``.bin``'s and the record's size and modification time (a sweep's members share their data;
-    a rewritten file is read again).
+    ``.idx``'s, ``.bin``'s and the record's size and modification time (a sweep's members share
+    their data; a rewritten file is read again). The index is read in pieces of
+    :data:`CHUNK` documents, so memory stays flat on an index of millions of documents.
 
     Args:
         prefix: The dataset path without ``.bin`` / ``.idx``.
@@ -174,10 +203,10 @@ def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, en
     import dataclasses
     import os
 
-    entry = prefix if entry is None else entry
-    marks = []
     from dlmspec.data.record import record_path
 
+    entry = prefix if entry is None else entry
+    marks = []
     for path in (prefix + ".idx", prefix + ".bin", record_path(prefix)):
         try:
             st = os.stat(path)
@@ -203,16 +232,9 @@ def _dataset_tokens_cached(prefix: str, split: str | None, cap: int | None, mark
     except (OSError, ValueError) as exc:
         reason = f"{prefix}.idx: cannot be read ({exc})"
     else:
-        import numpy as np
-
         begin, end = train_split_bounds(facts.sequences, split)
-        lengths = np.asarray(facts.sequence_lengths[begin:end], dtype=np.int64)
-        split_tokens = int(lengths.sum())
-        kept, unique = end - begin, split_tokens
-        if cap is not None:
-            kept = capped_documents(lengths, cap)
-            unique = int(lengths[:kept].sum())
-        first = int(lengths[0]) if len(lengths) else None
+        split_tokens, kept, unique = _split_counts(facts.sequence_lengths, begin, end, cap)
+        first = int(facts.sequence_lengths[begin]) if end > begin else None
         return DatasetTokens(prefix, entry, cap, facts.tokens, facts.sequences, split_tokens, unique, kept, first,
                              "index")
     try:

@@ -177,3 +177,17 @@ def test_a_pipe_in_place_of_the_index_is_refused_not_read(data: Path) -> None:
     (data / "data/p_text_document.bin").write_bytes(b"")
     counted = dataset_tokens("data/p_text_document", split=None, cap=10)
     assert counted.unique_tokens is None and "is a FIFO (named pipe), not a regular file" in counted.why, counted.why
+
+
+def test_counting_in_pieces_gives_the_counts_of_the_whole(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is read CHUNK documents at a time; pieces of 3 documents give what one piece gives."""
+    import dlmspec.data.repetition as repetition_module
+
+    whole = [dataset_tokens("data/b_text_document", split="70,30", cap=cap) for cap in (None, 1, 9, 30, 70, 1000)]
+    monkeypatch.setattr(repetition_module, "CHUNK", 3)
+    repetition_module._dataset_tokens_cached.cache_clear()
+    pieces = [dataset_tokens("data/b_text_document", split="70,30", cap=cap) for cap in (None, 1, 9, 30, 70, 1000)]
+    assert pieces == whole
+    # b: 25 documents of 4 tokens; "70,30" trains on round(0.7 x 25) = 18 (72 tokens)
+    assert [(p.kept_documents, p.unique_tokens) for p in pieces] == [(18, 72), (0, 0), (2, 8), (7, 28), (17, 68),
+                                                                    (18, 72)]
