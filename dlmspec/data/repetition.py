@@ -43,6 +43,7 @@ with their sources.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -124,6 +125,33 @@ def capped_documents(lengths: Any, cap: int) -> int:
     return int(np.searchsorted(ends, cap, side="right"))
 
 
+#: Document lengths read at a time from an index (memory stays flat on a large one).
+CHUNK = 1 << 22
+
+
+def _split_counts(lengths: Any, begin: int, end: int, cap: int | None) -> tuple[int, int, int]:
+    """``(split tokens, kept documents, unique tokens)`` of documents ``[begin, end)`` of
+    ``lengths`` (a 1-D integer array, e.g. the memory-mapped ``sequence_lengths``) under ``cap``
+    (None: every document kept), in pieces of :data:`CHUNK`: the same answer as
+    :func:`capped_documents` over the whole split."""
+    import numpy as np
+
+    split_tokens = 0
+    kept, unique, full = end - begin, None, cap is None
+    for start in range(begin, end, CHUNK):
+        part = np.asarray(lengths[start:min(end, start + CHUNK)], dtype=np.int64)
+        if not full and unique is None:
+            room = cap - split_tokens  # tokens the cap leaves for this piece
+            fits = capped_documents(part, room) if room > 0 else 0
+            if fits < len(part):
+                kept = start - begin + fits
+                unique = split_tokens + int(part[:fits].sum())
+        split_tokens += int(part.sum())
+    if unique is None:
+        unique = split_tokens
+    return split_tokens, kept, unique
+
+
 @dataclass(frozen=True)
 class DatasetTokens:
     """The unique training tokens of one dataset of ``data.train``.
@@ -155,8 +183,12 @@ class DatasetTokens:
     why: str | None = None
 
 
-def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, entry: str | None = None) -> DatasetTokens:
-    """The unique training tokens of dataset ``prefix`` (see the module docstring).
+def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None,
+                   entry: str | None = None) -> DatasetTokens:
+    """The unique training tokens of dataset ``prefix`` (see the module docstring). Cached by the
+    ``.idx``'s, ``.bin``'s and the record's size and modification time (a sweep's members share
+    their data; a rewritten file is read again). The index is read in pieces of
+    :data:`CHUNK` documents, so memory stays flat on an index of millions of documents.
 
     Args:
         prefix: The dataset path without ``.bin`` / ``.idx``.
@@ -168,11 +200,31 @@ def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, en
     Returns:
         A :class:`DatasetTokens`; never raises on unreadable files (``why`` says what).
     """
+    import dataclasses
+    import os
+
+    from dlmspec.data.record import record_path
+
+    entry = prefix if entry is None else entry
+    marks = []
+    for path in (prefix + ".idx", prefix + ".bin", record_path(prefix)):
+        try:
+            st = os.stat(path)
+            marks.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except (OSError, ValueError):
+            marks.append(None)
+    found = _dataset_tokens_cached(prefix, split, cap, tuple(marks))
+    return found if found.entry == entry else dataclasses.replace(found, entry=entry)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dataset_tokens_cached(prefix: str, split: str | None, cap: int | None, marks: tuple) -> DatasetTokens:
+    del marks  # the cache key: the files' sizes and modification times
     from dlmspec.data.index import check_index
     from dlmspec.data.record import RecordError, read_record, record_path
     from dlmspec.files import FileRefused
 
-    entry = prefix if entry is None else entry
+    entry = prefix
     try:
         facts = check_index(prefix)
     except FileRefused as exc:
@@ -180,16 +232,9 @@ def dataset_tokens(prefix: str, *, split: str | None, cap: int | None = None, en
     except (OSError, ValueError) as exc:
         reason = f"{prefix}.idx: cannot be read ({exc})"
     else:
-        import numpy as np
-
         begin, end = train_split_bounds(facts.sequences, split)
-        lengths = np.asarray(facts.sequence_lengths[begin:end], dtype=np.int64)
-        split_tokens = int(lengths.sum())
-        kept, unique = end - begin, split_tokens
-        if cap is not None:
-            kept = capped_documents(lengths, cap)
-            unique = int(lengths[:kept].sum())
-        first = int(lengths[0]) if len(lengths) else None
+        split_tokens, kept, unique = _split_counts(facts.sequence_lengths, begin, end, cap)
+        first = int(facts.sequence_lengths[begin]) if end > begin else None
         return DatasetTokens(prefix, entry, cap, facts.tokens, facts.sequences, split_tokens, unique, kept, first,
                              "index")
     try:
@@ -318,11 +363,13 @@ def train_caps(entries: Sequence[Any]) -> dict[str, int]:
 
 def repetition(spec: Any, resolved: Any) -> Repetition | None:
     """The :class:`Repetition` of a resolved spec (``spec``: :class:`~dlmspec.spec.models.Spec`,
-    ``resolved``: :class:`~dlmspec.resolve.Resolved`); None with mock data or no training data
-    (nothing is repeated). Reads each dataset's ``.idx`` (or record) on this machine."""
+    ``resolved``: :class:`~dlmspec.resolve.Resolved`); None with mock data, no training data, or
+    a stage other than pre-training (an SFT or RL stage reads its data one conversation or prompt
+    per sample, which this arithmetic does not describe). Reads each dataset's ``.idx`` (or
+    record) on this machine."""
     from dlmspec import objectives
 
-    if spec.data.mock or not resolved.train_blend.shards:
+    if spec.data.mock or not resolved.train_blend.shards or spec.stage.kind != "pretrain":
         return None
     caps = train_caps(spec.data.train)
     split = None if spec.data.valid else spec.data.split

@@ -97,6 +97,24 @@ def test_validation_is_the_uncapped_split_and_the_cache_keeps_caps_apart(corpus)
     assert _drawn(valid_whole, 1) == _drawn(valid_capped, 1) == validation
 
 
+def test_in_a_blend_only_the_capped_dataset_is_cut(corpus, tmp_path) -> None:
+    prefix, lengths, cache = corpus
+    other = str(tmp_path / "d")
+    builder = IndexedDatasetBuilder(other + ".bin", dtype=np.uint16)
+    for i in range(20):  # ids 101..120: documents of the other dataset
+        builder.add_document(np.concatenate([np.full(9, 101 + i), [EOD]]), [10])
+    builder.finalize(other + ".idx")
+    data = DataConfig(seq_length=16, vocab_size=1000, eod_id=EOD, blend=[(prefix, 1.0), (other, 1.0)], split=SPLIT,
+                      cache_dir=cache, max_unique_tokens={prefix: CAP})
+    train, _ = build_datasets(data, seed=5, train_samples=400, valid_samples=8, add_extra_token_to_sequence=False)
+    docs = _drawn(train, 2)
+    begin, end = train_split_bounds(DOCUMENTS, SPLIT)
+    kept = capped_documents(lengths[begin:end], CAP)
+    other_begin, other_end = train_split_bounds(20, SPLIT)
+    assert {d for d in docs if d < 100} == set(range(begin, begin + kept))
+    assert {d - 100 for d in docs if d >= 100} == set(range(other_begin, other_end))
+
+
 def test_a_cap_below_the_first_document_is_refused(corpus) -> None:
     prefix, lengths, cache = corpus
     with pytest.raises(ValueError, match="keeps no whole document"):

@@ -56,8 +56,16 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_hand_counts_of_the_layer_are_the_parameter_counts() -> None:
-    assert 256 * (256 + 2 * 4 * 32) + 256 * 256 == 196_608 and 3 * 1024 * 256 == 786_432
+def test_the_hand_formula_matches_the_parameter_counter(tmp_path: Path) -> None:
+    """The hand formula above agrees with dlmspec.params for both models (so the rows below test
+    the table, not the formula)."""
+    from dlmspec.params import count_parameters
+    from dlmspec.spec.load import load
+
+    for layers in (2, 4):
+        model = load(write_toml(tmp_path / f"m{layers}.toml", spec_dict({"model.num_layers": layers}))).spec.model
+        counts = count_parameters(model)
+        assert (counts.non_embedding, counts.total) == (_n(layers), _n(layers) + 2 * 1000 * 256)
     assert (_n(2), _n(4)) == (1_967_360, 3_934_464)
 
 

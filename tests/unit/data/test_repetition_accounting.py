@@ -136,6 +136,19 @@ def test_mock_data_repeats_nothing(tmp_path: Path) -> None:
     assert repetition(loaded.spec, resolve(loaded.spec)) is None
 
 
+def test_a_stage_that_reads_conversations_is_not_counted_as_pretraining(data: Path) -> None:
+    # SFT reads one conversation per sample: the pre-training arithmetic would be wrong, so none is given
+    loaded = load(spec_file(data, RUN, {"data.train": ["data/a_text_document"], "stage.kind": "sft"}))
+    assert repetition(loaded.spec, resolve(loaded.spec)) is None
+
+
+def test_a_rewritten_dataset_is_counted_again(data: Path) -> None:
+    changes = {"data.train": ["data/a_text_document"], "data.valid": ["data/v_text_document"]}
+    assert _rep(data, **changes).unique_tokens == 40
+    write_shard(str(data / "data/a_text_document"), docs_of(48), null_tokenizer())
+    assert _rep(data, **changes).unique_tokens == 48
+
+
 def test_split_bounds_round_like_megatron_core() -> None:
     # megatron-core: int(round(f * S)) of the normalised train weight
     assert train_split_bounds(10, "99,1,0") == (0, 10)
@@ -155,3 +168,26 @@ def test_capped_documents_counts_whole_documents() -> None:
 
 def test_thresholds_are_the_cited_ones() -> None:
     assert (AR_EPOCHS, DIFFUSION_EPOCHS) == (4.0, 100.0)
+
+
+def test_a_pipe_in_place_of_the_index_is_refused_not_read(data: Path) -> None:
+    import os
+
+    os.mkfifo(data / "data/p_text_document.idx")  # opening it for reading would block
+    (data / "data/p_text_document.bin").write_bytes(b"")
+    counted = dataset_tokens("data/p_text_document", split=None, cap=10)
+    assert counted.unique_tokens is None and "is a FIFO (named pipe), not a regular file" in counted.why, counted.why
+
+
+def test_counting_in_pieces_gives_the_counts_of_the_whole(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is read CHUNK documents at a time; pieces of 3 documents give what one piece gives."""
+    import dlmspec.data.repetition as repetition_module
+
+    whole = [dataset_tokens("data/b_text_document", split="70,30", cap=cap) for cap in (None, 1, 9, 30, 70, 1000)]
+    monkeypatch.setattr(repetition_module, "CHUNK", 3)
+    repetition_module._dataset_tokens_cached.cache_clear()
+    pieces = [dataset_tokens("data/b_text_document", split="70,30", cap=cap) for cap in (None, 1, 9, 30, 70, 1000)]
+    assert pieces == whole
+    # b: 25 documents of 4 tokens; "70,30" trains on round(0.7 x 25) = 18 (72 tokens)
+    assert [(p.kept_documents, p.unique_tokens) for p in pieces] == [(18, 72), (0, 0), (2, 8), (7, 28), (17, 68),
+                                                                    (18, 72)]
