@@ -198,10 +198,11 @@ def _layout_problems(s: Split) -> list[Problem]:
         return [Problem("pipeline-layout-virtual-size", "parallel.virtual_pipeline_model_parallel_size",
                         f"virtual_pipeline_model_parallel_size = {s.vpp} but the layout has {len(stages)} stages "
                         f"= PP {s.pp} x {detected} virtual stages")]
+    own = []  # dlmspec's own, after megatron-core's (which would set the size from the layout)
     if s.vpp is None and detected > 1:
-        return [Problem("pipeline-layout-virtual-size", "parallel.virtual_pipeline_model_parallel_size",
-                        f"the layout has {len(stages)} stages = PP {s.pp} x {detected} virtual stages; "
-                        "write virtual_pipeline_model_parallel_size so the runtime's pipeline groups agree")]
+        own = [Problem("pipeline-layout-virtual-size", "parallel.virtual_pipeline_model_parallel_size",
+                       f"the layout has {len(stages)} stages = PP {s.pp} x {detected} virtual stages; "
+                       "write virtual_pipeline_model_parallel_size so the runtime's pipeline groups agree")]
     flat = "".join(stages)
     why = []
     if not flat or flat[0] != "E":
@@ -216,7 +217,7 @@ def _layout_problems(s: Split) -> list[Problem]:
         why.append(f"it has {flat.count('t')} transformer layers 't', and model.num_layers = {s.num_layers}")
     if flat.count("m"):
         why.append("it has MTP layers 'm', and the model has none (mtp_num_layers unset)")
-    return [Problem("pipeline-layout-layers", key, "; ".join(why))] if why else []
+    return ([Problem("pipeline-layout-layers", key, "; ".join(why))] if why else []) + own
 
 
 def _stage_count_problems(s: Split) -> list[Problem]:

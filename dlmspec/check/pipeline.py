@@ -182,6 +182,7 @@ def _fix_of(split: Split, **changes: object) -> Fix | None:
     removed, its default applies) when megatron-core builds the changed split, else None."""
     if split_problems(split._replace(**changes)):
         return None
+    changes = {k: v for k, v in changes.items() if getattr(split, k) != v}  # what it writes: the keys it changes
     sets = {_KEYS[k]: v for k, v in changes.items() if v is not None and v is not False}
     return Fix(sets, tuple(_KEYS[k] for k, v in changes.items() if v is None or v is False))
 
