@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0xfa0deb76
+SPEC_CRC32 = 0x74dc0e9b
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -115,8 +115,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'tensor_model_parallel_size': (('int', {'gt': 0}), 'value', 1),
             'pipeline_model_parallel_size': (('int', {'gt': 0}), 'value', 1),
             'virtual_pipeline_model_parallel_size': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
-            'account_for_embedding_in_pipeline_split': (('bool',), 'value', False),
-            'account_for_loss_in_pipeline_split': (('bool',), 'value', False),
+            'account_for_embedding_in_pipeline_split': (('union', (('bool',), ('none',))), 'value', None),
+            'account_for_loss_in_pipeline_split': (('union', (('bool',), ('none',))), 'value', None),
             'num_layers_in_first_pipeline_stage': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
             'num_layers_in_last_pipeline_stage': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
             'pipeline_model_parallel_layout': (('union', (('str', 0), ('none',))), 'value', None),

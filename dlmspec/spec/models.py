@@ -225,17 +225,18 @@ class ParallelSpec(Section):
     tensor_model_parallel_size: PosInt = 1
     pipeline_model_parallel_size: PosInt = 1
     virtual_pipeline_model_parallel_size: PosInt | None = None
-    account_for_embedding_in_pipeline_split: Bool = Field(
-        False,
+    account_for_embedding_in_pipeline_split: Bool | None = Field(
+        None,
         description="Count the embedding as one layer of the pipeline split: num_layers + 1 (+ 1 with the loss) "
         "layers split evenly and the first rank's first virtual stage builds one transformer layer fewer "
-        "(megatron-core TransformerConfig.account_for_embedding_in_pipeline_split).",
+        "(megatron-core TransformerConfig.account_for_embedding_in_pipeline_split). Unset: off, megatron-core's "
+        "default.",
     )
-    account_for_loss_in_pipeline_split: Bool = Field(
-        False,
+    account_for_loss_in_pipeline_split: Bool | None = Field(
+        None,
         description="Count the loss (output layer) as one layer of the pipeline split: the last rank's last "
         "virtual stage builds one transformer layer fewer (megatron-core "
-        "TransformerConfig.account_for_loss_in_pipeline_split).",
+        "TransformerConfig.account_for_loss_in_pipeline_split). Unset: off, megatron-core's default.",
     )
     num_layers_in_first_pipeline_stage: PosInt | None = Field(
         None,
