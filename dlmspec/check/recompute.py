@@ -62,6 +62,15 @@ def _layers_per_chunk(ctx: Context) -> int | None:
     return math.gcd(*(n for row in chunk_layers(split) for n in row)) or None
 
 
+def _largest_chunk(ctx: Context) -> int | None:
+    """Layers in the largest model chunk (an uneven split's chunks differ); None as
+    :func:`_layers_per_chunk`."""
+    split = split_of(ctx.spec.model.num_layers, ctx.spec.parallel, ctx.r.pp, ctx.r.vpp)
+    if split_problems(split):
+        return None
+    return max(n for row in chunk_layers(split) for n in row) or None
+
+
 @rule(
     "recompute-uniform-divides-layers",
     "error",
@@ -93,7 +102,7 @@ def _recompute_uniform(ctx: Context) -> Iterator[Finding]:
 )
 def _recompute_range(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
-    chunk = _layers_per_chunk(ctx)
+    chunk = _largest_chunk(ctx)
     if rc.granularity == "full" and rc.method == "block" and rc.num_layers is not None and chunk and rc.num_layers > chunk:
         yield Finding(
             "recompute.num_layers",

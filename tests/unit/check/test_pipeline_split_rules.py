@@ -61,7 +61,7 @@ def _errors(data: dict[str, Any]) -> list[SpecIssue]:
 
 
 @pytest.mark.parametrize(("rule", "changes", "key"), FAILING, ids=[f"{c[0]}-{i}" for i, c in enumerate(FAILING)])
-def test_each_uneven_split_rule_refuses_and_its_fix_validates(rule: str, changes: dict[str, Any], key: str) -> None:
+def test_each_uneven_split_rule_refuses_and_its_remedy_validates(rule: str, changes: dict[str, Any], key: str) -> None:
     data = _data(changes)
     errors = _errors(data)
     (issue,) = [i for i in errors if i.rule == rule]
@@ -71,7 +71,7 @@ def test_each_uneven_split_rule_refuses_and_its_fix_validates(rule: str, changes
     assert _errors(data) == [], [(i.rule, i.message) for i in _errors(data)]
 
 
-def test_a_stage_count_fix_moves_the_written_count_the_least() -> None:
+def test_a_stage_count_remedy_moves_the_written_count_the_least() -> None:
     """8 layers on PP 4 with 3 on the first rank: 5 left over 3 ranks does not divide; 2 (6 / 3)
     is nearer 3 than 5 (3 / 3)."""
     (issue,) = [i for i in _errors(_data({P + "pipeline_model_parallel_size": 4,
@@ -80,7 +80,7 @@ def test_a_stage_count_fix_moves_the_written_count_the_least() -> None:
     assert issue.fix.set == {P + "num_layers_in_first_pipeline_stage": 2} and not issue.fix.unset
 
 
-def test_a_broken_layout_is_fixed_with_the_accounted_layout_written_out() -> None:
+def test_a_broken_layout_is_replaced_by_the_accounted_layout_written_out() -> None:
     (issue,) = [i for i in _errors(_data({P + "pipeline_model_parallel_size": 2,
                                           P + "pipeline_model_parallel_layout": "Et*4|t*3L"}))
                 if i.rule == "pipeline-layout-layers"]

@@ -89,3 +89,28 @@ def test_the_bundled_405b_layout_plans_with_its_published_split() -> None:
     assert plan.memory.peak.stage == 1  # the first rank with 16 layers: more in flight than ranks 2-6
     assert plan.memory.peak.peak_bytes < plan.gpu.memory_bytes
     assert plan.time.slowest_stage == 1
+
+
+def test_the_layout_search_keeps_the_split_and_proposes_only_layouts_megatron_core_builds() -> None:
+    """14 layers with both accounting flags on 8 GPUs: an even-split search would skip PP 2 and
+    PP 4 (14 is a multiple of neither 4 nor 2 x VPP 4); with the flags (14 + 2) / PP splits, and
+    every proposed layout validates with the spec's split kept."""
+    from dlmspec.check import find
+    from dlmspec.plan.search import enumerate_layouts, search
+    from dlmspec.plan.shape import pipeline_fits
+
+    data = spec_dict({"model.num_layers": 14, "parallel.pipeline_model_parallel_size": 4,
+                      "parallel.account_for_embedding_in_pipeline_split": True,
+                      "parallel.account_for_loss_in_pipeline_split": True})
+    spec = Spec.model_validate(data)
+    resolved = resolve(spec)
+    plan = make_plan(resolved)
+    layouts = [lay for lay, _ in enumerate_layouts(plan.shape, plan.layout)]
+    assert {(lay.pp, lay.vpp) for lay in layouts} >= {(4, 1), (2, 1), (2, 2), (2, 4), (4, 2)}
+    assert all(pipeline_fits(plan.shape, lay, lay.pp, lay.vpp) for lay in layouts)
+    result = search(resolved, top=5)
+    assert result.top, result.message
+    for cand in result.top:
+        new = spec.replace(**cand.spec_changes())
+        assert new.parallel.account_for_embedding_in_pipeline_split and new.parallel.account_for_loss_in_pipeline_split
+        assert [i for i in find(("spec",), new) if i.severity == "error"] == []
