@@ -89,6 +89,13 @@ def test_the_bundled_405b_layout_plans_with_its_published_split() -> None:
     assert plan.memory.peak.stage == 1  # the first rank with 16 layers: more in flight than ranks 2-6
     assert plan.memory.peak.peak_bytes < plan.gpu.memory_bytes
     assert plan.time.slowest_stage == 1
+    from rich.console import Console
+
+    from dlmspec.plan.report import plan_renderable
+
+    console = Console(record=True, width=200)
+    console.print(plan_renderable(plan))
+    assert "PP 8 x VPP 8 (layers per rank 15, 16, 16, 16, 16, 16, 16, 15)" in console.export_text()
 
 
 def test_the_layout_search_keeps_the_split_and_proposes_only_layouts_megatron_core_builds() -> None:
