@@ -16,7 +16,7 @@ from math import ceil
 from typing import Any, Callable
 
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
-from dlmspec.pipeline_split import Split, layer_ranges
+from dlmspec.pipeline_split import Split, chunk_layers, layer_ranges
 from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length, pipeline_split
 
 #: Breakdown keys of allocated memory, in report order (``peak_allocated_bytes`` is their sum).
@@ -245,6 +245,26 @@ def in_flight(lay: Layout, stage: int) -> float:
         return float(min(pp - stage, m))
     warmup = min(2 * (pp - stage - 1) + (v - 1) * pp, m * v)
     return min(warmup + 1, m * v) / v
+
+
+def in_flight_layers(shape: ModelShape, lay: Layout, stage: int) -> float:
+    """Microbatches of rank ``stage``'s transformer-layer activations held at its peak, in units of
+    the whole stage: :func:`in_flight`, except under an uneven split with interleaving, where the
+    virtual stages in flight hold different layer counts. There the interleaved schedule's
+    ``W = min(warmup + 1, m*vpp)`` chunk-microbatches run in megatron-core's order (the ``k``-th is
+    model chunk ``(k mod pp*vpp) // pp``: ``get_model_chunk_id`` with
+    ``microbatch_group_size_per_vp_stage = pp``), and the result is the layers they hold over the
+    stage's layers (for equal chunks ``W / vpp``, :func:`in_flight`'s value)."""
+    flight = in_flight(lay, stage)
+    if lay.pipeline_split is None or lay.vpp <= 1 or lay.pp == 1:
+        return flight
+    chunks = chunk_layers(pipeline_split(shape, lay))[stage]
+    total = sum(chunks)
+    if not total:
+        return flight
+    held = round(flight * lay.vpp)  # W chunk-microbatches
+    group = lay.pp * lay.vpp
+    return sum(chunks[(k % group) // lay.pp] for k in range(held)) / total
 
 
 def expert_tokens(shape: ModelShape, lay: Layout) -> float:
@@ -644,7 +664,7 @@ def stage_memory(
     if last:
         stat = 8 if shape.layernorm else 4
         edge += (y * T * h + stat * T) / r + (1 if lay.fp8 else y) * T * h / r
-    activations = scale * flight * stored_layers
+    activations = scale * in_flight_layers(shape, lay, stage) * stored_layers
     edge_acts = scale * flight * edge
     per_token = (16 + shape.objective_bytes_per_token if first else 0) + (20 if last else 0)
     batch = flight * per_token * T

@@ -121,3 +121,19 @@ def test_the_layout_search_keeps_the_split_and_proposes_only_layouts_megatron_co
         new = spec.replace(**cand.spec_changes())
         assert new.parallel.account_for_embedding_in_pipeline_split and new.parallel.account_for_loss_in_pipeline_split
         assert [i for i in find(("spec",), new) if i.severity == "error"] == []
+
+
+def test_interleaved_in_flight_layers_follow_the_schedules_chunk_order_by_hand() -> None:
+    """405B, PP 8 x VPP 8, 64 microbatches. Rank 0 warms up 2*7 + 7*8 = 70 chunk-microbatches and
+    holds 71 at its peak: chunk 0 (1 layer) for k = 0-7 and 64-70, chunks 1-7 (2 layers) for
+    k = 8-63: 8 + 112 + 7 = 127 layer-microbatches, 127 / 15 stage-microbatches (not 8.875).
+    Rank 7 holds 57: chunks 0-6 (2 layers) for k = 0-55 and chunk 7 (1 layer) for k = 56:
+    113 / 15. A rank of equal chunks keeps the schedule's count (rank 1: 8.625)."""
+    from dlmspec.plan.memory import in_flight_layers
+
+    plan = make_plan(resolve(load(ROOT / "specs" / "llama-3.1-405b-pretrain.toml").spec))
+    shape, lay = plan.shape, plan.layout
+    assert in_flight(lay, 0) == 71 / 8
+    assert in_flight_layers(shape, lay, 0) == 127 / 15
+    assert in_flight_layers(shape, lay, 7) == 113 / 15
+    assert in_flight_layers(shape, lay, 1) == in_flight(lay, 1) == 69 / 8
