@@ -101,7 +101,9 @@ def expand_layout(text: str) -> list[str]:
     for pattern in _UNROLL:
         size = len(text)
         for match in pattern.finditer(text):
-            size += len(match.group(1)) * int(match.group(2)) - len(match.group(0))
+            digits = match.group(2)  # int() of thousands of digits raises; any count past the cap is refused
+            times = int(digits) if len(digits) <= 12 else MAX_EXPANDED + 1
+            size += len(match.group(1)) * times - len(match.group(0))
             if size > MAX_EXPANDED:
                 raise LayoutError(f"it expands to more than {MAX_EXPANDED} characters")
         text = pattern.sub(lambda m: m.group(1) * int(m.group(2)), text)

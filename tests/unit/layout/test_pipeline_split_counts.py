@@ -87,6 +87,8 @@ def test_a_layout_that_expands_past_the_cap_is_refused_before_it_is_expanded() -
         expand_layout("Et*" + str(MAX_EXPANDED) + "L")
     with pytest.raises(LayoutError, match="more than"):
         expand_layout("t" * (MAX_EXPANDED + 1))
+    with pytest.raises(LayoutError, match="expands to more than"):  # a count Python's int() refuses to read
+        expand_layout("Et*" + "9" * 5000 + "L")
 
 
 def test_an_unknown_layer_character_names_itself_and_the_known_ones() -> None:
