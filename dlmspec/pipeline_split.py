@@ -161,7 +161,7 @@ def split_problems(split: Split) -> list[Problem]:
         return _layout_problems(s)
     if s.first is not None or s.last is not None:
         return _stage_count_problems(s)
-    v = s.vpp if (s.vpp is not None and s.pp > 1) else None
+    v = s.vpp if (s.vpp is not None and s.pp > 1) else None  # get_num_layers_to_build ignores VPP at PP 1
     n = s.num_layers + int(s.embedding) + int(s.loss)
     if not (s.embedding or s.loss):
         if n % s.pp:
@@ -176,10 +176,10 @@ def split_problems(split: Split) -> list[Problem]:
     if n % s.pp:
         return [Problem("pipeline-accounted-layers-divide", par + "pipeline_model_parallel_size",
                         f"{what} = {n} is not a multiple of the PP size {s.pp}")]
-    if v is not None and (n // s.pp) % v:
+    if s.vpp is not None and (n // s.pp) % s.vpp:  # __post_init__ checks VPP whatever PP is
         return [Problem("pipeline-accounted-layers-divide", par + "virtual_pipeline_model_parallel_size",
                         f"each pipeline rank has ({what}) / PP = {n // s.pp} layers, not a multiple of the "
-                        f"virtual size {v}")]
+                        f"virtual size {s.vpp}")]
     return []
 
 
@@ -265,8 +265,9 @@ def chunk_layers(split: Split) -> tuple[tuple[int, ...], ...]:
             return tuple((L // (pp * v),) * v for _ in range(pp))
         base, extra = divmod(L, pp)
         return tuple((base + (1 if i < extra else 0),) for i in range(pp))
-    if s.layout is not None:
+    if s.layout is not None:  # its own virtual size (the spec's, when it builds; at PP 1 too)
         stages = expand_layout(s.layout)
+        v = len(stages) // pp
         return tuple(tuple(stages[c * pp + i].count("t") for c in range(v)) for i in range(pp))
     if s.first is not None or s.last is not None:
         rest, left = s.num_layers, pp

@@ -299,7 +299,8 @@ def _layout_alone(ctx: Context) -> Iterator[Finding]:
 @rule(
     "pipeline-layout-grammar",
     "error",
-    "megatron.core.transformer.pipeline_parallel_layer_layout.PipelineParallelLayerLayout.parse_str_to_list",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (PP layout) -> "
+    "pipeline_parallel_layer_layout.PipelineParallelLayerLayout.parse_str_to_list",
     "pipeline_model_parallel_layout is made of 'E', 'L', 't', 'm', '|', ',' and '(...)*n' / 'x*n' repeats",
 )
 def _layout_grammar(ctx: Context) -> Iterator[Finding]:
@@ -310,7 +311,8 @@ def _layout_grammar(ctx: Context) -> Iterator[Finding]:
 @rule(
     "pipeline-layout-stages",
     "error",
-    "megatron.core.transformer.pipeline_parallel_layer_layout.PipelineParallelLayerLayout.__init__",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (PP layout) -> "
+    "pipeline_parallel_layer_layout.PipelineParallelLayerLayout.__init__",
     "pipeline_model_parallel_layout has a multiple of PP stages",
 )
 def _layout_stages(ctx: Context) -> Iterator[Finding]:
@@ -331,7 +333,8 @@ def _layout_virtual(ctx: Context) -> Iterator[Finding]:
 @rule(
     "pipeline-layout-layers",
     "error",
-    "megatron.core.transformer.pipeline_parallel_layer_layout.PipelineParallelLayerLayout.validate_layer_layout",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (PP layout) -> "
+    "pipeline_parallel_layer_layout.PipelineParallelLayerLayout.validate_layer_layout",
     "pipeline_model_parallel_layout starts with 'E', ends with 'L', has each once and num_layers 't'",
 )
 def _layout_layers(ctx: Context) -> Iterator[Finding]:

@@ -23,14 +23,14 @@ LAYOUTS = ["Et*4|t*4L", "Et*3|t*5L", "Et|t*2|t*2|t*2|tL", "Et*2|t*2|t*2|t*2L", "
 
 def _cases() -> list[Split]:
     cases = []
-    for layers, pp, vpp in itertools.product((6, 8, 10, 14), (2, 4), (None, 2, 4)):
+    for layers, pp, vpp in itertools.product((6, 8, 10, 14), (1, 2, 4), (None, 2, 4)):
         cases.append(Split(layers, pp, vpp))
         for embedding, loss in ((True, False), (False, True), (True, True)):
             cases.append(Split(layers, pp, vpp, embedding=embedding, loss=loss))
         for first, last in ((1, None), (2, None), (None, 2), (2, 2), (4, 2), (4, 4), (3, 1)):
             cases.append(Split(layers, pp, vpp, first=first, last=last))
         cases.append(Split(layers, pp, vpp, first=2, embedding=True))
-    for layout, pp, vpp in itertools.product(LAYOUTS, (2, 4), (None, 2)):
+    for layout, pp, vpp in itertools.product(LAYOUTS, (1, 2, 4), (None, 2)):
         cases.append(Split(8, pp, vpp, layout=layout))
         cases.append(Split(8, pp, vpp, layout=layout, loss=True))
     cases.append(Split(126, 8, 8, embedding=True, loss=True))
@@ -57,6 +57,8 @@ def _megatron(split: Split) -> tuple[tuple[int, ...], ...] | None:
                 pipeline_dtype=torch.bfloat16, account_for_embedding_in_pipeline_split=split.embedding,
                 account_for_loss_in_pipeline_split=split.loss, **options)
         v = config.virtual_pipeline_model_parallel_size or 1
+        if config.pipeline_model_parallel_layout is None and split.pp == 1:
+            v = 1  # get_num_layers_to_build ignores VPP at PP 1: one chunk
         if config.pipeline_model_parallel_layout is not None:
             layout = config.pipeline_model_parallel_layout.layout
             return tuple(tuple(layout[i][c].count(LayerType.decoder) for c in range(v)) for i in range(split.pp))
@@ -79,6 +81,8 @@ def test_refusals_and_layer_counts_agree_with_megatron_core(split: Split) -> Non
         assert theirs is not None
         return
     assert (not ours) == (theirs is not None), (ours, theirs)
+    if split.pp == 1 and split.vpp is not None and split.layout is None:
+        return  # VPP at PP 1 (refused by vpp-needs-pp): megatron-core's count depends on which virtual stage asks
     if theirs is not None:
         assert chunk_layers(split) == theirs
 
