@@ -8,6 +8,7 @@ from typing import Any
 from dlmspec.check.registry import Context, layout_consistent
 from dlmspec.errors import Fix
 from dlmspec.layout import world_divides
+from dlmspec.pipeline_split import split_of
 from dlmspec.resolve import layer_path_needs
 
 #: :func:`divisors` lists divisors up to this value (hints never need larger ones, and a
@@ -74,10 +75,10 @@ def multiple_above(value: int, step: int) -> int:
 def pp_for_layers(ctx: Context) -> int | None:
     """The PP size rule ``pp-divides-layers`` proposes when ``num_layers`` is not a multiple of
     the spec's (the divisor of ``num_layers`` nearest it whose TP * PP * CP divides the GPUs),
-    ``None`` when it is a multiple."""
+    ``None`` when it is a multiple or the spec sets one of megatron-core's uneven splits."""
     layers, r = ctx.spec.model.num_layers, ctx.r
-    if layers % r.pp == 0:
-        return None
+    if layers % r.pp == 0 or split_of(layers, ctx.spec.parallel, r.pp, r.vpp).uneven:
+        return None  # an uneven split has its own rules (dlmspec.check.pipeline)
     options = [d for d in divisors(layers) if world_divides(r.world_size, r.tp, d, r.cp)] or divisors(layers)
     return nearest(options, r.pp)
 

@@ -1,5 +1,10 @@
-"""Rules of the pipeline schedule: layers per stage, the interleaved (virtual) pipeline,
-microbatches per step and the pipeline bubble."""
+"""Rules of the pipeline schedule: layers per stage (the even split and megatron-core's uneven
+ones: embedding/loss accounting, first/last stage counts, an explicit layout), the interleaved
+(virtual) pipeline, microbatches per step and the pipeline bubble.
+
+What megatron-core refuses about a split is :func:`dlmspec.pipeline_split.split_problems`'s (the
+one place); each rule here reports its problems and adds a fix that
+:func:`~dlmspec.pipeline_split.split_problems` accepts."""
 
 from __future__ import annotations
 
@@ -9,6 +14,23 @@ from dlmspec.check.hints import (agreed_global_batch_size, divisors, join, neare
                                 with_layout)
 from dlmspec.check.registry import Context, Finding, Fix, rule
 from dlmspec.layout import batch_divides
+from dlmspec.pipeline_split import (LayoutError, Split, chunk_layers, expand_layout, layout_string, split_of,
+                                    split_problems)
+
+#: :class:`~dlmspec.pipeline_split.Split` field -> its spec key.
+_KEYS = {
+    "first": "parallel.num_layers_in_first_pipeline_stage",
+    "last": "parallel.num_layers_in_last_pipeline_stage",
+    "embedding": "parallel.account_for_embedding_in_pipeline_split",
+    "loss": "parallel.account_for_loss_in_pipeline_split",
+    "layout": "parallel.pipeline_model_parallel_layout",
+    "vpp": "parallel.virtual_pipeline_model_parallel_size",
+}
+
+
+def _split(ctx: Context) -> Split:
+    """The spec's pipeline split at its resolved PP and VPP sizes."""
+    return split_of(ctx.spec.model.num_layers, ctx.spec.parallel, ctx.r.pp, ctx.r.vpp)
 
 
 @rule(
@@ -19,14 +41,26 @@ from dlmspec.layout import batch_divides
 )
 def _pp_layers(ctx: Context) -> Iterator[Finding]:
     layers, pp = ctx.spec.model.num_layers, pp_for_layers(ctx)
-    if pp is not None:
+    if pp is not None and not _split(ctx).uneven:
         fix = with_layout(ctx, Fix({"parallel.pipeline_model_parallel_size": pp}))
+        keep = _accounting_fix(_split(ctx))
+        also = f"; or keep PP {ctx.r.pp} and {keep.text()} (megatron-core's uneven split)" if keep else ""
         yield Finding(
             "parallel.pipeline_model_parallel_size",
             f"num_layers = {layers} is not a multiple of the PP size",
-            f"{fix.text()} (the divisors of {layers}: {join(divisors(layers))})",
+            f"{fix.text()} (the divisors of {layers}: {join(divisors(layers))}){also}",
             fix=fix,
         )
+
+
+def _accounting_fix(split: Split) -> Fix | None:
+    """The embedding/loss accounting flags that make ``split`` (the even one) build at its PP and
+    VPP sizes, or None."""
+    for embedding, loss in ((True, True), (True, False), (False, True)):
+        fix = _fix_of(split, embedding=embedding, loss=loss)
+        if fix is not None:
+            return fix
+    return None
 
 
 @rule(
@@ -53,7 +87,7 @@ def _vpp_pp(ctx: Context) -> Iterator[Finding]:
 )
 def _vpp_layers(ctx: Context) -> Iterator[Finding]:
     r, layers = ctx.r, ctx.spec.model.num_layers
-    if r.vpp is None or r.pp == 1 or layers % r.pp:
+    if r.vpp is None or r.pp == 1 or layers % r.pp or _split(ctx).uneven:
         return
     per_stage = layers // r.pp
     if per_stage % r.vpp:
@@ -141,3 +175,189 @@ def _batch(ctx: Context) -> Iterator[Finding]:
         f"use global_batch_size = {join(options)}",
         fix=Fix({"train.global_batch_size": options[0]}),
     )
+
+
+def _fix_of(split: Split, **changes: object) -> Fix | None:
+    """The :class:`Fix` writing ``changes`` (fields of :class:`Split`; None or False: the key
+    removed, its default applies) when megatron-core builds the changed split, else None."""
+    if split_problems(split._replace(**changes)):
+        return None
+    changes = {k: v for k, v in changes.items() if getattr(split, k) != v}  # what it writes: the keys it changes
+    sets = {_KEYS[k]: v for k, v in changes.items() if v is not None and v is not False}
+    return Fix(sets, tuple(_KEYS[k] for k, v in changes.items() if v is None or v is False))
+
+
+def _first(split: Split, *candidates: dict[str, object]) -> Fix | None:
+    """The fix of the first of ``candidates`` (field changes) under which the split builds."""
+    for changes in candidates:
+        fix = _fix_of(split, **changes)
+        if fix is not None:
+            return fix
+    return None
+
+
+def _written_layout(split: Split) -> str | None:
+    """A layout string megatron-core accepts for this model at the spec's PP and VPP: the split with
+    the embedding and the loss accounted (the published recipes' balance), else the even one."""
+    bare = split._replace(first=None, last=None, layout=None)
+    for candidate in (bare._replace(embedding=True, loss=True), bare._replace(embedding=False, loss=False)):
+        if not split_problems(candidate):
+            text = layout_string(chunk_layers(candidate))
+            if not split_problems(split._replace(first=None, last=None, embedding=False, loss=False, layout=text)):
+                return text
+    return None
+
+
+def _stage_counts_fix(split: Split) -> Fix | None:
+    """The first/last stage counts nearest the spec's (only those it writes) that megatron-core
+    accepts, else the even split or the accounted one."""
+    step = split.vpp or 1
+
+    def values(start: int | None) -> list[int | None]:
+        if start is None:
+            return [None]
+        return sorted(range(step, split.num_layers + 1, step), key=lambda x: (abs(x - start), x))[:64]
+
+    best: tuple[int, Fix] | None = None
+    for first in values(split.first):
+        for last in values(split.last):
+            fix = _fix_of(split, first=first, last=last)
+            if fix is not None:
+                distance = abs((first or 0) - (split.first or 0)) + abs((last or 0) - (split.last or 0))
+                if best is None or distance < best[0]:
+                    best = (distance, fix)
+    if best is not None:
+        return best[1]
+    return _first(split, {"first": None, "last": None}, {"first": None, "last": None, "embedding": True, "loss": True})
+
+
+def _split_findings(ctx: Context, rule_id: str) -> Iterator[Finding]:
+    """Findings of ``rule_id``'s problems (:func:`~dlmspec.pipeline_split.split_problems`), each with
+    a fix megatron-core accepts."""
+    split = _split(ctx)
+    for problem in split_problems(split):
+        if problem.rule != rule_id:
+            continue
+        fix = _repair(split, rule_id)
+        hint = fix.text() if fix is not None else ("no split of these layers fits this PP size: change "
+                                                    "parallel.pipeline_model_parallel_size")
+        yield Finding(problem.key, problem.why, hint, fix=fix)
+
+
+def _repair(split: Split, rule_id: str) -> Fix | None:
+    """A fix for ``rule_id``'s problem with ``split`` (see each rule's text for the order tried)."""
+    if rule_id == "pipeline-stage-layers-with-accounting":
+        return _first(split, {"embedding": False, "loss": False}, {"first": None, "last": None})
+    if rule_id == "pipeline-layout-alone":
+        return _first(split, {"first": None, "last": None, "embedding": False, "loss": False}, {"layout": None})
+    if rule_id in ("pipeline-layout-grammar", "pipeline-layout-stages", "pipeline-layout-layers"):
+        text = _written_layout(split)
+        return _first(split, *([{"layout": text}] if text else []), {"layout": None})
+    if rule_id == "pipeline-layout-virtual-size":
+        try:
+            detected = len(expand_layout(split.layout or "")) // split.pp
+        except LayoutError:
+            return None
+        return _first(split, {"vpp": detected if detected > 1 else None}, {"layout": None})
+    if rule_id == "pipeline-stage-layers":
+        return _stage_counts_fix(split)
+    if rule_id == "pipeline-accounted-layers-divide":
+        n = split.num_layers + int(split.embedding) + int(split.loss)
+        vpps: list[dict[str, object]] = []
+        if split.vpp is not None and n % split.pp == 0:
+            options = [d for d in divisors(n // split.pp) if d > 1]
+            vpps = [{"vpp": nearest(options, split.vpp)}] if options else []
+            vpps.append({"vpp": None})
+        flags = [{"embedding": e, "loss": l} for e, l in ((True, True), (True, False), (False, True), (False, False))
+                 if (e, l) != (split.embedding, split.loss)]
+        return _first(split, *vpps, *flags)
+    return None
+
+
+@rule(
+    "pipeline-stage-layers-with-accounting",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (uneven PP)",
+    "num_layers_in_first/last_pipeline_stage and account_for_embedding/loss_in_pipeline_split are not set together",
+)
+def _counts_with_accounting(ctx: Context) -> Iterator[Finding]:
+    """Fix: remove the accounting flags, else the stage counts (whichever leaves a split that builds)."""
+    yield from _split_findings(ctx, "pipeline-stage-layers-with-accounting")
+
+
+@rule(
+    "pipeline-layout-alone",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (PP layout)",
+    "pipeline_model_parallel_layout is set without the other pipeline split options",
+)
+def _layout_alone(ctx: Context) -> Iterator[Finding]:
+    """Fix: remove the other options (the layout places every layer), else the layout."""
+    yield from _split_findings(ctx, "pipeline-layout-alone")
+
+
+@rule(
+    "pipeline-layout-grammar",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (PP layout) -> "
+    "pipeline_parallel_layer_layout.PipelineParallelLayerLayout.parse_str_to_list",
+    "pipeline_model_parallel_layout is made of 'E', 'L', 't', 'm', '|', ',' and '(...)*n' / 'x*n' repeats",
+)
+def _layout_grammar(ctx: Context) -> Iterator[Finding]:
+    """Fix: the layout of the accounted (else the even) split, written out; else remove it."""
+    yield from _split_findings(ctx, "pipeline-layout-grammar")
+
+
+@rule(
+    "pipeline-layout-stages",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (PP layout) -> "
+    "pipeline_parallel_layer_layout.PipelineParallelLayerLayout.__init__",
+    "pipeline_model_parallel_layout has a multiple of PP stages",
+)
+def _layout_stages(ctx: Context) -> Iterator[Finding]:
+    yield from _split_findings(ctx, "pipeline-layout-stages")
+
+
+@rule(
+    "pipeline-layout-virtual-size",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (the VPP size conflicts with "
+    "the layout) and backends/megatron/checks.check_parallel_config (the runtime's VPP size is the spec's)",
+    "virtual_pipeline_model_parallel_size equals the layout's stages / PP (written when above 1)",
+)
+def _layout_virtual(ctx: Context) -> Iterator[Finding]:
+    yield from _split_findings(ctx, "pipeline-layout-virtual-size")
+
+
+@rule(
+    "pipeline-layout-layers",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (PP layout) -> "
+    "pipeline_parallel_layer_layout.PipelineParallelLayerLayout.validate_layer_layout",
+    "pipeline_model_parallel_layout starts with 'E', ends with 'L', has each once and num_layers 't'",
+)
+def _layout_layers(ctx: Context) -> Iterator[Finding]:
+    yield from _split_findings(ctx, "pipeline-layout-layers")
+
+
+@rule(
+    "pipeline-stage-layers",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (uneven PP)",
+    "first/last stage layers are multiples of VPP and the rest split evenly (by VPP) over the middle stages",
+)
+def _stage_layers(ctx: Context) -> Iterator[Finding]:
+    """Fix: the nearest first/last counts that work (only the keys the spec writes)."""
+    yield from _split_findings(ctx, "pipeline-stage-layers")
+
+
+@rule(
+    "pipeline-accounted-layers-divide",
+    "error",
+    "megatron.core.transformer.transformer_config.TransformerConfig.__post_init__ (account_for_*_in_pipeline_split)",
+    "num_layers plus the accounted embedding and loss is a multiple of PP, and the layers per rank of VPP",
+)
+def _accounted(ctx: Context) -> Iterator[Finding]:
+    """Fix: the nearest VPP size that divides the layers per rank, else other accounting flags."""
+    yield from _split_findings(ctx, "pipeline-accounted-layers-divide")

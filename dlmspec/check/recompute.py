@@ -3,11 +3,13 @@ layers of a pipeline stage, and keys that have no effect with the chosen granula
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from dlmspec.check.hints import divisors, join, nearest
 from dlmspec.check.moe import without_module
 from dlmspec.check.registry import Context, Finding, Fix, rule
+from dlmspec.pipeline_split import chunk_layers, split_of, split_problems
 
 
 @rule(
@@ -53,10 +55,20 @@ def _layers_per_chunk(ctx: Context) -> int | None:
     """Layers in one model chunk (one pipeline stage, or one virtual stage with interleaving):
     ``len(TransformerBlock.layers)``. None when PP (or VPP) does not divide the layers (other
     rules report that)."""
-    layers, pp, vpp = ctx.spec.model.num_layers, ctx.r.pp, ctx.r.vpp or 1
-    if layers % pp or (layers // pp) % vpp:
+    split = split_of(ctx.spec.model.num_layers, ctx.spec.parallel, ctx.r.pp, ctx.r.vpp)
+    if split_problems(split):
         return None
-    return layers // pp // vpp
+    # an uneven split (dlmspec.pipeline_split) has chunks of several sizes: what divides them all
+    return math.gcd(*(n for row in chunk_layers(split) for n in row)) or None
+
+
+def _largest_chunk(ctx: Context) -> int | None:
+    """Layers in the largest model chunk (an uneven split's chunks differ); None as
+    :func:`_layers_per_chunk`."""
+    split = split_of(ctx.spec.model.num_layers, ctx.spec.parallel, ctx.r.pp, ctx.r.vpp)
+    if split_problems(split):
+        return None
+    return max(n for row in chunk_layers(split) for n in row) or None
 
 
 @rule(
@@ -90,7 +102,7 @@ def _recompute_uniform(ctx: Context) -> Iterator[Finding]:
 )
 def _recompute_range(ctx: Context) -> Iterator[Finding]:
     rc = ctx.spec.recompute
-    chunk = _layers_per_chunk(ctx)
+    chunk = _largest_chunk(ctx)
     if rc.granularity == "full" and rc.method == "block" and rc.num_layers is not None and chunk and rc.num_layers > chunk:
         yield Finding(
             "recompute.num_layers",

@@ -24,6 +24,7 @@ from dlmspec.plan.compute import model_flops_per_token
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, memory_plan
 from dlmspec.plan.provenance import calibration_for, path_summary, provenance
 from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
+                                pipeline_fits,
                                 relayout, transformer_impl)
 from dlmspec.plan.sft import SftPlan, sft_plan
 from dlmspec.plan.rl import RLPlan, rl_plan
@@ -377,7 +378,8 @@ def _alternatives(plan: Plan) -> list[dict[str, Any]]:
             and world_divides(world, tp2, lay.pp, lay.cp) and s.ffn % tp2 == 0):
         alts.append({"tp": tp2, "sp": True})
     pp2 = lay.pp * 2
-    if s.num_layers % pp2 == 0 and world_divides(world, lay.tp, pp2, lay.cp):
+    fits = s.num_layers % pp2 == 0 if lay.pipeline_split is None else pipeline_fits(s, lay, pp2, lay.vpp)
+    if fits and world_divides(world, lay.tp, pp2, lay.cp):
         alts.append({"pp": pp2})
     cp2 = lay.cp * 2
     if lay.seq % (2 * cp2) == 0 and world_divides(world, lay.tp, lay.pp, cp2) and lay.seq >= 4096:

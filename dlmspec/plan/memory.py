@@ -16,7 +16,8 @@ from math import ceil
 from typing import Any, Callable
 
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length
+from dlmspec.pipeline_split import Split, chunk_layers, layer_ranges
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length, pipeline_split
 
 #: Breakdown keys of allocated memory, in report order (``peak_allocated_bytes`` is their sum).
 ALLOCATED_TERMS = (
@@ -202,27 +203,29 @@ def optimizer_bytes_per_param(optimizer: str, dtype: str) -> int:
 def stage_layer_counts(shape: ModelShape, lay: Layout, stage: int) -> tuple[int, int]:
     """(dense layers, MoE layers) held by pipeline rank ``stage``.
 
-    Without interleaving rank ``i`` holds layers ``[i*L/pp, (i+1)*L/pp)`` (megatron-core
-    ``get_transformer_layer_offset``; when ``pp`` does not divide ``L`` the first
-    ``L % pp`` ranks take one more, a conservative stand-in for the uneven split the validator
-    rejects). With ``vpp`` chunks, chunk ``c`` of rank ``i`` holds layers
-    ``[(c*pp + i)*Lc, (c*pp + i + 1)*Lc)`` with ``Lc = L / (pp*vpp)``.
+    The layers of each of its virtual stages are :func:`dlmspec.pipeline_split.layer_ranges`'
+    (megatron-core ``get_num_layers_to_build`` and ``get_transformer_layer_offset``): the even
+    split (chunk ``c`` of rank ``i`` holds layers ``[(c*pp + i)*Lc, (c*pp + i + 1)*Lc)``,
+    ``Lc = L / (pp*vpp)``), or the uneven one the spec sets (embedding/loss accounting, first/last
+    stage counts, an explicit layout: :attr:`~dlmspec.plan.shape.Layout.pipeline_split`). A split
+    megatron-core refuses gets a stand-in: the first ``L % pp`` ranks take one layer more.
     """
-    return _layer_counts(shape.num_layers, shape.moe_layers if shape.is_moe else None, lay.pp, lay.vpp, stage)
+    return _layer_counts(shape.moe_layers if shape.is_moe else None, pipeline_split(shape, lay), stage)
 
 
 @lru_cache(maxsize=8192)
-def _layer_counts(L: int, pattern: tuple[int, ...] | None, pp: int, v: int, stage: int) -> tuple[int, int]:
-    if v > 1 and L % (pp * v) == 0:
-        lc = L // (pp * v)
-        ranges = [((c * pp + stage) * lc, (c * pp + stage + 1) * lc) for c in range(v)]
-    else:
-        base, extra = divmod(L, pp)
-        start = stage * base + min(stage, extra)
-        ranges = [(start, start + base + (1 if stage < extra else 0))]
+def _layer_counts(pattern: tuple[int, ...] | None, split: Split, stage: int) -> tuple[int, int]:
+    ranges = layer_ranges(split, stage)
     n = sum(b - a for a, b in ranges)
     moe = sum(sum(pattern[a:b]) for a, b in ranges) if pattern else 0
     return n - moe, moe
+
+
+def heaviest_stage(shape: ModelShape, lay: Layout) -> int:
+    """The first pipeline rank holding the most transformer layers (with an uneven split a middle
+    rank can hold more than the first and the last)."""
+    counts = [sum(stage_layer_counts(shape, lay, i)) for i in range(lay.pp)]
+    return max(range(lay.pp), key=lambda i: (counts[i], -i))
 
 
 def in_flight(lay: Layout, stage: int) -> float:
@@ -242,6 +245,26 @@ def in_flight(lay: Layout, stage: int) -> float:
         return float(min(pp - stage, m))
     warmup = min(2 * (pp - stage - 1) + (v - 1) * pp, m * v)
     return min(warmup + 1, m * v) / v
+
+
+def in_flight_layers(shape: ModelShape, lay: Layout, stage: int) -> float:
+    """Microbatches of rank ``stage``'s transformer-layer activations held at its peak, in units of
+    the whole stage: :func:`in_flight`, except under an uneven split with interleaving, where the
+    virtual stages in flight hold different layer counts. There the interleaved schedule's
+    ``W = min(warmup + 1, m*vpp)`` chunk-microbatches run in megatron-core's order (the ``k``-th is
+    model chunk ``(k mod pp*vpp) // pp``: ``get_model_chunk_id`` with
+    ``microbatch_group_size_per_vp_stage = pp``), and the result is the layers they hold over the
+    stage's layers (for equal chunks ``W / vpp``, :func:`in_flight`'s value)."""
+    flight = in_flight(lay, stage)
+    if lay.pipeline_split is None or lay.vpp <= 1 or lay.pp == 1:
+        return flight
+    chunks = chunk_layers(pipeline_split(shape, lay))[stage]
+    total = sum(chunks)
+    if not total:
+        return flight
+    held = round(flight * lay.vpp)  # W chunk-microbatches
+    group = lay.pp * lay.vpp
+    return sum(chunks[(k % group) // lay.pp] for k in range(held)) / total
 
 
 def expert_tokens(shape: ModelShape, lay: Layout) -> float:
@@ -641,7 +664,7 @@ def stage_memory(
     if last:
         stat = 8 if shape.layernorm else 4
         edge += (y * T * h + stat * T) / r + (1 if lay.fp8 else y) * T * h / r
-    activations = scale * flight * stored_layers
+    activations = scale * in_flight_layers(shape, lay, stage) * stored_layers
     edge_acts = scale * flight * edge
     per_token = (16 + shape.objective_bytes_per_token if first else 0) + (20 if last else 0)
     batch = flight * per_token * T
@@ -769,9 +792,10 @@ def memory_plan(
     """Memory of each pipeline rank.
 
     ``all_stages=False`` (the layout search) evaluates only the ranks that can be the peak:
-    the first (most microbatches in flight, the embedding), the last (the logits) and the rank
-    with the most MoE layers; any other rank holds no more layers, fewer in-flight
-    microbatches than the first and neither the embedding nor the logits. ``terms`` reuses
+    the first (most microbatches in flight, the embedding), the last (the logits), the rank
+    with the most MoE layers and, with an uneven split, the first rank with the most layers; any
+    other rank holds no more layers, fewer in-flight microbatches than one of these and neither
+    the embedding nor the logits. ``terms`` reuses
     :func:`layer_terms` computed for a layout with the same per-layer shapes (the search caches
     them).
     """
@@ -780,6 +804,8 @@ def memory_plan(
         ids: list[int] = list(range(lay.pp))
     else:
         ids = [0, lay.pp - 1]
+        if lay.pipeline_split is not None:
+            ids.append(heaviest_stage(shape, lay))
         if shape.is_moe:
             moe_counts = [stage_layer_counts(shape, lay, i)[1] for i in range(lay.pp)]
             ids.append(max(range(lay.pp), key=lambda i: (moe_counts[i], -i)))

@@ -13,9 +13,11 @@ from rich.table import Table
 from rich.text import Text
 
 from dlmspec.gpus import GiB
+from dlmspec.pipeline_split import rank_layers
 from dlmspec.plan import Plan
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, stage_memory_label
 from dlmspec.plan.provenance import outside_text, paths_text, provenance
+from dlmspec.plan.shape import pipeline_split
 from dlmspec.plan.sft import sft_lines
 from dlmspec.plan.rl import rl_lines
 from dlmspec.wording import count
@@ -80,6 +82,8 @@ def plan_renderable(plan: Plan) -> Group:
         + f" on {lay.world} x {plan.gpu.id} ({plan.gpu.name})\n"
     )
     vpp = f" x VPP {lay.vpp}" if lay.vpp > 1 else ""
+    if lay.pipeline_split is not None:  # megatron-core's uneven split: the layers of each rank
+        vpp += f" (layers per rank {', '.join(str(n) for n in rank_layers(pipeline_split(plan.shape, lay)))})"
     ep = f", EP {lay.ep} x ETP {lay.etp}" if plan.shape.is_moe else ""
     head.append(
         f"TP {lay.tp}{' (SP)' if lay.sp and lay.tp > 1 else ''} x PP {lay.pp}{vpp} x CP {lay.cp} x DP {lay.dp}{ep}; "

@@ -37,10 +37,12 @@ from dlmspec.plan.calibration import Calibration
 from dlmspec.plan.provenance import calibration_for, calibration_info
 from dlmspec.plan.compute import step_flops
 from dlmspec.plan.memory import layer_terms, memory_plan
+from dlmspec.pipeline_split import LayoutError, expand_layout
 from dlmspec.plan.shape import (
     LOCAL_CP_COMM_TYPES,
     Layout,
     ModelShape,
+    pipeline_fits,
     attention_path,
     cross_entropy_path,
     fast_replace,
@@ -264,6 +266,27 @@ def _tp_ok(shape: ModelShape, tp: int) -> bool:
     return not (dense and shape.ffn % tp)
 
 
+def _split_vpps(shape: ModelShape, base: Layout, pp: int) -> list[int]:
+    """Virtual sizes (1: no interleaving) at which megatron-core builds ``base``'s pipeline split on
+    ``pp`` ranks (:func:`dlmspec.plan.shape.pipeline_fits`); empty: none. The even split: 1 and
+    the divisors of ``L / pp`` above 1 when PP > 1, nothing when PP does not divide ``L``."""
+    L = shape.num_layers
+    if base.pipeline_split is None:
+        if L % pp:
+            return []
+        return [1] + [v for v in _divisors(L // pp) if v > 1 and pp > 1]
+    # a valid VPP divides L (first/last counts), L + 1 or L + 2 (accounting), or is the layout's
+    # stage count over PP
+    candidates = {v for n in (L, L + 1, L + 2) for v in _divisors(n)} if pp > 1 else set()
+    layout = base.pipeline_split[4]
+    if layout is not None and pp > 1:
+        try:
+            candidates.add(max(1, len(expand_layout(layout)) // pp))
+        except LayoutError:
+            pass
+    return [v for v in sorted(candidates | {1}) if pipeline_fits(shape, base, pp, v)]
+
+
 def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True, cp_comm_type: str = "p2p",
                       max_micro_batch: int = MAX_MICRO_BATCH) -> Iterator[tuple[Layout, dict[str, Any]]]:
     """Every layout of ``base``'s cluster and batch the divisibility rules accept, with the
@@ -282,7 +305,8 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
         if tp > base.gpus_per_node or not _tp_ok(shape, tp):
             continue
         for pp in _divisors(world // tp):
-            if L % pp:
+            split_vpps = _split_vpps(shape, base, pp)
+            if not split_vpps:
                 continue
             for cp in _divisors(world // (tp * pp)):
                 if cp > 1 and (not allow_cp or base.seq % (2 * cp)):
@@ -300,7 +324,7 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
                         if mbs > max_micro_batch:
                             break
                         m = num_microbatches(base.global_batch, mbs, dp)  # exact: mbs divides gbs/dp
-                        vpps = [1] + [v for v in _divisors(L // pp) if v > 1 and pp > 1 and m >= pp and m % pp == 0]
+                        vpps = [v for v in split_vpps if v == 1 or (m >= pp and m % pp == 0)]
                         for v in vpps:
                             expert_dp = expert_data_parallel_size(world, etp, ep, pp)
                             distopts = (True, False) if dp * cp > 1 or (shape.is_moe and expert_dp > 1) \

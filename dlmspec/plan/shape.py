@@ -14,6 +14,7 @@ from dlmspec import objectives
 from dlmspec.gpus import GPU
 from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
+from dlmspec.pipeline_split import Split, split_of, split_problems
 from dlmspec.plan.sft import needs_segment_mask
 from dlmspec.resolve import (LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size,  # noqa: F401 - search reads it here
                              runtime_values)
@@ -157,6 +158,11 @@ class Layout:
             (:func:`attention_backend` resolves ``auto`` against the GPU).
         optimizer: ``adam`` or ``sgd``.
         world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
+        pipeline_split: megatron-core's uneven pipeline split options of ``[parallel]``:
+            ``(num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage,
+            account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split,
+            pipeline_model_parallel_layout)``; None: the even split. :func:`pipeline_split` makes
+            the :class:`~dlmspec.pipeline_split.Split` of a layout from it.
         host_launch_seconds: ``cluster.host_launch_us`` in seconds (host time per eager kernel
             launch, as ``backends/megatron/hostbench.py`` measures it), or None: the
             calibration's typical value (:attr:`Calibration.host_launch_seconds`).
@@ -215,6 +221,7 @@ class Layout:
     host_launch_seconds: float | None = None
     tp_comm_overlap: bool = False
     moe_a2a_overlap: bool = False
+    pipeline_split: tuple[int | None, int | None, bool, bool, str | None] | None = None
 
     @property
     def fused_linear_ce(self) -> bool:
@@ -414,7 +421,32 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         qkv_fusion=getattr(spec.kernels, "qkv_fusion", False),
         compiled_norm=getattr(spec.kernels, "compiled_norm", False),
         host_launch_seconds=_host_launch_seconds(spec.cluster),
+        pipeline_split=split_options(spec.parallel),
     )
+
+
+def split_options(parallel: Any) -> tuple[int | None, int | None, bool, bool, str | None] | None:
+    """:attr:`Layout.pipeline_split` of a ``[parallel]`` table: its uneven-split options, None when
+    it sets none (the even split)."""
+    split = split_of(1, parallel)
+    if not split.uneven:
+        return None
+    return split.first, split.last, split.embedding, split.loss, split.layout
+
+
+def pipeline_split(shape: ModelShape, lay: Layout, pp: int | None = None, vpp: int | None = None) -> Split:
+    """The :class:`~dlmspec.pipeline_split.Split` of ``lay`` (``pp`` / ``vpp`` override its sizes:
+    the search tries others): what :func:`dlmspec.pipeline_split.chunk_layers` places."""
+    pp = lay.pp if pp is None else pp
+    v = lay.vpp if vpp is None else vpp
+    options = lay.pipeline_split or (None, None, False, False, None)
+    return Split(shape.num_layers, pp, v if (v > 1 and pp > 1) else None, *options)
+
+
+def pipeline_fits(shape: ModelShape, lay: Layout, pp: int, vpp: int) -> bool:
+    """Whether megatron-core builds ``lay``'s split at ``pp`` x ``vpp`` (1: no interleaving)
+    (:func:`dlmspec.pipeline_split.split_problems`)."""
+    return not split_problems(pipeline_split(shape, lay, pp, vpp))
 
 
 def _host_launch_seconds(cluster) -> float | None:

@@ -39,7 +39,7 @@ from dlmspec.plan.launches import (
     param_tensors,
     syncs_per_microbatch,
 )
-from dlmspec.plan.memory import expert_tokens, fsdp_sharding, stage_layer_counts, stage_params
+from dlmspec.plan.memory import expert_tokens, fsdp_sharding, heaviest_stage, stage_layer_counts, stage_params
 from dlmspec.plan.shape import Layout, ModelShape, attention_backend, input_length
 
 #: Time breakdown keys, in report order (``step_seconds`` is their sum). ``kernel_launch``: the
@@ -406,12 +406,15 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
               work_cache: dict[tuple, StageWork] | None = None) -> TimePlan:
     """Step time of ``lay`` on ``gpu`` (see the module docstring and docs/planner-methods.md). ``all_stages=False`` times
     only the first and last pipeline ranks (the others hold the same layers without the
-    embedding or the logits); ``flops`` reuses :func:`~dlmspec.plan.compute.step_flops`;
+    embedding or the logits), and with an uneven split the rank with the most layers too (the
+    slowest rank sets every microbatch's pace, and the bubble is ``(pp - 1) / vpp`` of its time); ``flops`` reuses :func:`~dlmspec.plan.compute.step_flops`;
     ``work_cache`` reuses :func:`stage_work` across layouts that differ only in data
     parallelism, the optimizer or the batch count (the search passes one dict per search)."""
     if flops is None:
         flops = step_flops(shape, lay)
     stages = range(lay.pp) if (all_stages or lay.pp <= 2) else (0, lay.pp - 1)
+    if lay.pipeline_split is not None and not (all_stages or lay.pp <= 2):
+        stages = sorted({0, lay.pp - 1, heaviest_stage(shape, lay)})  # an uneven split's fullest rank
     hs = host_speed(lay, calib)
     best = None
     for i in stages:
@@ -421,7 +424,8 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
             key = (i, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.sp, lay.micro_batch, lay.recompute,
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
                    lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding, lay.rope_fusion,
-                   lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend, lay.tp_comm_overlap, lay.moe_a2a_overlap)
+                   lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend, lay.tp_comm_overlap, lay.moe_a2a_overlap,
+                   lay.pipeline_split)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)

@@ -47,6 +47,7 @@ import jinja2
 from dlmspec import __version__, objectives
 from dlmspec.check import issues_for, load_for
 from dlmspec.credentials import ENVIRONMENT_FIX, HIDDEN, NEVER_WRITTEN, find_secret, spec_secrets
+from dlmspec.pipeline_split import rank_layers, split_of
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError, SpecIssue
 from dlmspec.escape import comment, py_docstring, py_literal, shell_word, toml_document
 from dlmspec.spec.load import LoadedSpec
@@ -222,7 +223,8 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
     template's ``table``: for ``"sft"`` its ``section`` with defaults filled and the resolved
     ``pad_eos_tokens``),
     ``launch_environment`` / ``preflight_args`` (launch.sh's exports and start check, the same as
-    launch.sbatch's: :mod:`dlmspec.render.launch_env`).
+    launch.sbatch's: :mod:`dlmspec.render.launch_env`), ``pipeline_ranks`` (layers per pipeline rank
+    of an uneven split, else None).
     """
     s = locked_spec(resolved)
     m = s.model
@@ -257,7 +259,15 @@ def template_context(resolved: Resolved, spec_label: str, python: str | None = N
         "launch_environment": environment_block(resolved),
         "preflight_args": " ".join(shell_word(a) for a in PREFLIGHT_ARGS),
         "stage": stage_template_context(resolved),
+        "pipeline_ranks": _pipeline_ranks(resolved),
     }
+
+
+def _pipeline_ranks(resolved: Resolved) -> tuple[int, ...] | None:
+    """Transformer layers on each pipeline rank under the spec's uneven split
+    (:func:`dlmspec.pipeline_split.rank_layers`, train.py's comment), None for the even split."""
+    split = split_of(resolved.spec.model.num_layers, resolved.spec.parallel, resolved.pp, resolved.vpp)
+    return rank_layers(split) if split.uneven else None
 
 
 def _refuse_secrets(resolved: Resolved, files: dict[str, str]) -> None:

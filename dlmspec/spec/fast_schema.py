@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0x14aaef75
+SPEC_CRC32 = 0x8853a6a0
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -116,6 +116,11 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'tensor_model_parallel_size': (('int', {'gt': 0}), 'value', 1),
             'pipeline_model_parallel_size': (('int', {'gt': 0}), 'value', 1),
             'virtual_pipeline_model_parallel_size': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'account_for_embedding_in_pipeline_split': (('union', (('bool',), ('none',))), 'value', None),
+            'account_for_loss_in_pipeline_split': (('union', (('bool',), ('none',))), 'value', None),
+            'num_layers_in_first_pipeline_stage': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'num_layers_in_last_pipeline_stage': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
+            'pipeline_model_parallel_layout': (('union', (('str', 0), ('none',))), 'value', None),
             'context_parallel_size': (('int', {'gt': 0}), 'value', 1),
             'cp_comm_type': (('literal', ('p2p', 'a2a', 'allgather', 'a2a+p2p')), 'value', 'p2p'),
             'expert_model_parallel_size': (('int', {'gt': 0}), 'value', 1),

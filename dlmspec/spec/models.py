@@ -233,6 +233,35 @@ class ParallelSpec(Section):
     tensor_model_parallel_size: PosInt = 1
     pipeline_model_parallel_size: PosInt = 1
     virtual_pipeline_model_parallel_size: PosInt | None = None
+    account_for_embedding_in_pipeline_split: Bool | None = Field(
+        None,
+        description="Count the embedding as one layer of the pipeline split: num_layers + 1 (+ 1 with the loss) "
+        "layers split evenly and the first rank's first virtual stage builds one transformer layer fewer "
+        "(megatron-core TransformerConfig.account_for_embedding_in_pipeline_split). Unset: off, megatron-core's "
+        "default.",
+    )
+    account_for_loss_in_pipeline_split: Bool | None = Field(
+        None,
+        description="Count the loss (output layer) as one layer of the pipeline split: the last rank's last "
+        "virtual stage builds one transformer layer fewer (megatron-core "
+        "TransformerConfig.account_for_loss_in_pipeline_split). Unset: off, megatron-core's default.",
+    )
+    num_layers_in_first_pipeline_stage: PosInt | None = Field(
+        None,
+        description="Transformer layers on the first pipeline rank; the other ranks split the rest evenly "
+        "(megatron-core TransformerConfig.num_layers_in_first_pipeline_stage).",
+    )
+    num_layers_in_last_pipeline_stage: PosInt | None = Field(
+        None,
+        description="Transformer layers on the last pipeline rank (megatron-core "
+        "TransformerConfig.num_layers_in_last_pipeline_stage).",
+    )
+    pipeline_model_parallel_layout: str | None = Field(
+        None,
+        description="Explicit layer placement, one '|'-separated stage per (virtual) stage in the order "
+        "vpp_rank * PP + pp_rank: 'E' embedding, 'L' loss, 't' transformer layer, '(...)*n' and 'x*n' repeat, "
+        "e.g. 'Et*3|(t*4|)*2t*3L' (megatron-core TransformerConfig.pipeline_model_parallel_layout).",
+    )
     context_parallel_size: PosInt = 1
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
     expert_model_parallel_size: PosInt = 1

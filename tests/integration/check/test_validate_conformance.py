@@ -57,6 +57,15 @@ MIRRORED = frozenset({
     "recompute-full-needs-method",
     "recompute-full-needs-num-layers",
     "fp8-recompute-modules",
+    # megatron-core's uneven pipeline splits (dlmspec.pipeline_split)
+    "pipeline-stage-layers-with-accounting",
+    "pipeline-layout-alone",
+    "pipeline-layout-grammar",
+    "pipeline-layout-stages",
+    "pipeline-layout-virtual-size",
+    "pipeline-layout-layers",
+    "pipeline-stage-layers",
+    "pipeline-accounted-layers-divide",
 })
 
 #: Cites ModelParallelConfig.__post_init__, where megatron-core only warns (dlmspec: an error).
@@ -109,6 +118,7 @@ def build(knobs: dict[str, Any]) -> Spec:
     }
     if knobs["vpp"] is not None:
         parallel["virtual_pipeline_model_parallel_size"] = knobs["vpp"]
+    parallel.update(split_keys(knobs.get("split", "none"), knobs["layers"], knobs["pp"], knobs["vpp"]))
     if knobs["etp"] is not None:
         parallel["expert_tensor_parallel_size"] = knobs["etp"]
     recompute: dict[str, Any] = {"granularity": granularity}
@@ -125,6 +135,33 @@ def build(knobs: dict[str, Any]) -> Spec:
         "data": {"mock": True, "tokenizer": {"type": "NullTokenizer", "vocab_size": 999}},
         "cluster": {"gpus_per_node": world},
     })
+
+
+def _layout(layers: int, stages: int) -> str:
+    """A layout of ``layers`` over ``stages`` stages, the first ones one layer more, 'E' first, 'L' last."""
+    counts = [layers // stages + (1 if i < layers % stages else 0) for i in range(stages)]
+    parts = ["t" * c for c in counts]
+    parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
+    return "|".join(parts)
+
+
+def split_keys(split: str, layers: int, pp: int, vpp: int | None) -> dict[str, Any]:
+    """``[parallel]`` keys of a pipeline split knob (megatron-core's uneven options)."""
+    layout = _layout(layers, pp * (vpp or 1))
+    return {
+        "none": {},
+        "accounting": {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True},
+        "embedding": {"account_for_embedding_in_pipeline_split": True},
+        "first": {"num_layers_in_first_pipeline_stage": 1},
+        "last": {"num_layers_in_last_pipeline_stage": 2},
+        "first+accounting": {"num_layers_in_first_pipeline_stage": 1, "account_for_embedding_in_pipeline_split": True},
+        "layout": {"pipeline_model_parallel_layout": layout},
+        "layout-short": {"pipeline_model_parallel_layout": layout.replace("t", "", 1)},
+        "layout+loss": {"pipeline_model_parallel_layout": layout, "account_for_loss_in_pipeline_split": True},
+        "layout-bad-char": {"pipeline_model_parallel_layout": layout.replace("t", "x", 1)},
+        "layout-one-stage": {"pipeline_model_parallel_layout": _layout(layers, 1)},
+        "layout-without-vpp": {"pipeline_model_parallel_layout": _layout(layers, pp)},
+    }[split]
 
 
 _ENV = dlm_compile._environment()  # compile.render builds a new environment per call (slow here)
@@ -199,6 +236,8 @@ def knobs(draw: Any) -> dict[str, Any]:
         "dtype": draw(st.sampled_from(["bf16", "bf16", "fp16", "fp32"])),
         "fp8": draw(st.sampled_from(["none", "none", "hybrid", "e4m3"])),
         "recipe": draw(st.sampled_from(["delayed", "tensorwise"])),
+        "split": draw(st.sampled_from(["none", "none", "none", "accounting", "embedding", "first", "last",
+                                       "first+accounting", "layout", "layout-short", "layout+loss"])),
     }
 
 
@@ -208,6 +247,7 @@ CLEAN: dict[str, Any] = {
     "layers": 4, "hidden": 256, "heads": 8, "groups": 4, "kv": None, "tp": 2, "pp": 1, "vpp": None, "cp": 1,
     "ep": 1, "etp": None, "sp": True, "experts": None, "topk": 2, "shared": False, "bias": False,
     "grouped_gemm": False, "recompute": RECOMPUTE[0], "dtype": "bf16", "fp8": "none", "recipe": "delayed",
+    "split": "none",
 }
 MOE = {"experts": 4, "ep": 2}
 ONE_RULE_EACH: dict[str, dict[str, Any]] = {
@@ -221,6 +261,14 @@ ONE_RULE_EACH: dict[str, dict[str, Any]] = {
     "recompute-full-needs-method": {"recompute": RECOMPUTE[1]},
     "recompute-full-needs-num-layers": {"recompute": RECOMPUTE[2]},
     "fp8-recompute-modules": {"fp8": "hybrid", "recompute": RECOMPUTE[9]},
+    "pipeline-stage-layers-with-accounting": {"pp": 2, "split": "first+accounting"},
+    "pipeline-layout-alone": {"pp": 2, "split": "layout+loss"},
+    "pipeline-layout-grammar": {"pp": 2, "split": "layout-bad-char"},
+    "pipeline-layout-stages": {"pp": 2, "split": "layout-one-stage"},
+    "pipeline-layout-virtual-size": {"pp": 2, "vpp": 2, "split": "layout-without-vpp"},
+    "pipeline-layout-layers": {"pp": 2, "split": "layout-short"},
+    "pipeline-stage-layers": {"pp": 4, "split": "last"},
+    "pipeline-accounted-layers-divide": {"pp": 2, "split": "embedding"},
 }
 
 

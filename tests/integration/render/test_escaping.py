@@ -124,6 +124,7 @@ CONSTRAINED: dict[str, Any] = {
     "cluster.slurm.mem": "480G",  # a SLURM memory size
     "stage.kind": "rl",  # a registered stage (dlmspec.stages): the RL stage writes its prompts and rewards in train.py
     "generate.preset": None,  # a [generate] preset id (dlmspec.generate presets)
+    "parallel.pipeline_model_parallel_layout": None,  # megatron-core's layout grammar (rule pipeline-layout-grammar)
 }
 
 #: Slots that take a fixed form around the free text.
