@@ -9,6 +9,8 @@
 #   bash bench/devbox/gpu.sh fast-sampling  # task model trained (~4 min), then dlmspec's block caches and parallel decoding
 #                                           # vs the peers' HF loop and Fast-dLLM's own code, batch 1/8/32, held-out accuracy
 #                                           # (carry .bench-wheels .bench-peers .bench-data: bench/devbox/fetch_fast_dllm.sh)
+#   bash bench/devbox/gpu.sh task-rl      # the addition task's DLM and AR trained and scored, then RL on the DLM (~9 min;
+#                                         # carry .bench-wheels .bench-data)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
 #
 # Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
@@ -48,7 +50,11 @@ case "$suite" in
     budget=$(( 560 - ($(date +%s) - t_start) ))
     timeout -s TERM -k 10 $(( budget + 15 )) "$PY" bench/sampling/fast_sampling.py --out "$OUT" \
       --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@" ;;
-  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling)" >&2; exit 2 ;;
+  task-rl)
+    # the addition task's DLM and AR models trained side by side, scored held-out, then diffu-GRPO on the DLM
+    # (bench/devbox/gpu/task_rl.sh; carry .bench-wheels .bench-data)
+    bash bench/devbox/gpu/task_rl.sh "$@" ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, task-rl)" >&2; exit 2 ;;
 esac
 rc=$?
 echo "gpu.sh: $suite exit $rc; results in $OUT"
