@@ -39,6 +39,13 @@ by one that stores or reads the cache and attends through the module's own ``_at
 restored after the call. Other core attentions (Transformer Engine layers) cannot take the cache:
 :func:`block_cache_unsupported` says why, and the sampler falls back to ``cache = "none"`` (the
 current block's logits still only) and records the reason in the output.
+
+:class:`GPTBlockCache` is the exact clean-prefix cache of block diffusion (BD3-LM, Arriola et al.
+2025, sec. 4, Algorithm 2; :func:`~dlmspec.backends.generate.block_diffusion.bd3_generate`): the
+keys and values of the prompt and of every decoded block are appended once and never recomputed,
+and a denoising step runs the current block alone. Both caches swap the core attentions' forward
+on the instance (:func:`patched_core_forwards`) and offset RoPE with a pre-hook on the model's
+rotary embedding (:func:`rope_offset_hook`).
 """
 
 from __future__ import annotations
@@ -180,6 +187,46 @@ def allowed_keys(mode: str, block_size: Optional[int], q_columns: Tensor, k_colu
     return allowed
 
 
+def core_attentions(model: Any) -> List[Any]:
+    """The core attention of every attention layer of ``model`` (an unwrapped ``GPTModel``), in
+    module order."""
+    return [m.core_attention for m in model.modules() if hasattr(m, "core_attention")]
+
+
+@contextlib.contextmanager
+def patched_core_forwards(cores: List[Any], make_forward: Callable[[int, Any, Callable[..., Tensor]], Callable[..., Tensor]]):
+    """For the duration, each core attention's ``forward`` is ``make_forward(index, core,
+    original)`` (set on the instance; ``original`` is the forward it had: an instance-level
+    forward someone else set is kept and restored, else the class's)."""
+    patched = []
+    for index, core in enumerate(cores):
+        own = core.__dict__.get("forward")
+        core.forward = make_forward(index, core, own if own is not None else type(core).forward.__get__(core))
+        patched.append((core, own))
+    try:
+        yield
+    finally:
+        for core, own in patched:
+            if own is None:
+                del core.forward  # back to the class's forward
+            else:
+                core.forward = own
+
+
+def rope_offset_hook(rotary: torch.nn.Module, offset: Callable[[], int]) -> Any:
+    """A forward pre-hook on megatron-core's ``RotaryEmbedding`` that passes ``offset=offset()``
+    (``RotaryEmbedding.forward(max_seq_len, offset=0)`` rotates positions ``offset ..
+    offset + max_seq_len - 1``), so columns run alone get the angles of their canvas positions.
+    Returns the hook's handle (``.remove()`` it)."""
+
+    def hook(module: Any, args: tuple, kwargs: dict):
+        kwargs = dict(kwargs)
+        kwargs["offset"] = int(offset())
+        return args, kwargs
+
+    return rotary.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 class GPTBlockLogits:
     """:class:`BlockLogitsFn` of a megatron-core ``GPTModel``: the block's logits only, and a block KV cache.
 
@@ -224,8 +271,7 @@ class GPTBlockLogits:
             self.compile_fallback = (f"compile = true is not run with cache = {cache!r}: the cache keeps keys and values "
                                      "made inside the forward, which a CUDA-graph replay would overwrite (not built)")
         self._inner = unwrap_model(model)
-        self._cores = [m.core_attention for m in self._inner.modules() if hasattr(m, "core_attention")] \
-            if cache != "none" else []
+        self._cores = core_attentions(self._inner) if cache != "none" else []
         self._gather = None
         #: the sampler asks :meth:`greedy` (no gathered logits) at temperature 0 when set: at TP > 1
         #: with a column selection :meth:`greedy` can apply to a shard.
@@ -263,11 +309,6 @@ class GPTBlockLogits:
         kwargs["input_"] = hidden
         return args, kwargs
 
-    def _rope_offset(self, module: Any, args: tuple, kwargs: dict):
-        kwargs = dict(kwargs)
-        kwargs["offset"] = self._state["q_lo"]
-        return args, kwargs
-
     def _core_forward(self, index: int, core: Any, original: Callable[..., Tensor]) -> Callable[..., Tensor]:
         from dlmspec.backends.megatron.attention import SDPACoreAttention
 
@@ -299,23 +340,14 @@ class GPTBlockLogits:
             self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)]
         rotary = getattr(self._inner, "rotary_pos_emb", None)
         if rope and rotary is not None:
-            handles.append(rotary.register_forward_pre_hook(self._rope_offset, with_kwargs=True))
-        patched = []
-        for index, core in enumerate(self._cores):
-            own = core.__dict__.get("forward")  # an instance-level forward set by someone else, kept
-            core.forward = self._core_forward(index, core, own if own is not None else type(core).forward.__get__(core))
-            patched.append((core, own))
+            handles.append(rope_offset_hook(rotary, lambda: self._state["q_lo"]))
         try:
-            yield
+            with patched_core_forwards(self._cores, self._core_forward):
+                yield
         finally:
             self._state["logits"] = None
             for handle in handles:
                 handle.remove()
-            for core, own in patched:
-                if own is None:
-                    del core.forward  # back to the class's forward
-                else:
-                    core.forward = own
 
     # ------------------------------------------------------------------ call
 
@@ -390,6 +422,77 @@ class GPTBlockLogits:
                 out = self._forward(tokens[:, q_lo:q_hi], position_ids[:, q_lo:q_hi], None)
             self.cached_steps += 1
         return out
+
+
+class GPTBlockCache:
+    """The exact clean-prefix KV cache of block diffusion for a megatron-core ``GPTModel`` on the
+    local layers (a core attention of ``backends/megatron/attention.py``: SDPA or FlexAttention):
+    each layer's keys and values arrive at its core attention ``[s, b, groups, head_dim]``, RoPE
+    applied; the cache keeps those of the prompt and the decoded blocks, in order. Use it as a
+    context manager; leaving restores the model (:func:`patched_core_forwards`,
+    :func:`rope_offset_hook`).
+
+    Modes: :meth:`step` runs a block at ``offset`` attending the stored keys and itself, storing
+    nothing; :meth:`append` does the same and stores the block's keys and values after the others.
+    The core attention is called with no mask (the block sees every stored key and itself: the
+    block-causal pattern of ``[prefix, block]``, :func:`~dlmspec.backends.generate.block_diffusion.
+    prefix_block_mask`, restricted to the block's queries).
+
+    Args:
+        model: the ``GPTModel`` or a megatron-core wrapper of it (``Float16Module``, DDP:
+            ``megatron.core.utils.unwrap_model``); the unwrapped model is called.
+    """
+
+    def __init__(self, model: Any) -> None:
+        from megatron.core.utils import unwrap_model
+
+        self.model = unwrap_model(model)
+        self._cores = core_attentions(self.model)
+        self.keys: List[Optional[Tensor]] = [None] * len(self._cores)
+        self.values: List[Optional[Tensor]] = [None] * len(self._cores)
+        self.offset = 0
+        self.store = False
+        self._stack: Optional[contextlib.ExitStack] = None
+
+    def _core_forward(self, index: int, core: Any, original: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        def forward(query: Tensor, key: Tensor, value: Tensor, attention_mask: Any = None, *args: Any,
+                    **kwargs: Any) -> Tensor:
+            if self.store:
+                self.keys[index] = key if self.keys[index] is None else torch.cat([self.keys[index], key], dim=0)
+                self.values[index] = value if self.values[index] is None else torch.cat([self.values[index], value], dim=0)
+                key, value = self.keys[index], self.values[index]
+            elif self.keys[index] is not None:
+                key = torch.cat([self.keys[index], key], dim=0)
+                value = torch.cat([self.values[index], value], dim=0)
+            return original(query, key, value, None, *args, **kwargs)
+
+        return forward
+
+    def __enter__(self) -> "GPTBlockCache":
+        stack = contextlib.ExitStack()
+        stack.enter_context(patched_core_forwards(self._cores, self._core_forward))
+        stack.callback(rope_offset_hook(self.model.rotary_pos_emb, lambda: self.offset).remove)
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    def _run(self, block: Tensor, offset: int, store: bool) -> Tensor:
+        self.offset, self.store = int(offset), store
+        b, n = block.shape
+        positions = torch.arange(offset, offset + n, device=block.device).unsqueeze(0).expand(b, n)
+        return self.model(block, positions, None)
+
+    def step(self, block: Tensor, offset: int) -> Tensor:
+        """Logits ``[b, n, V]`` of ``block`` at positions ``offset ..``, attending the cache."""
+        return self._run(block, offset, False)
+
+    def append(self, block: Tensor, offset: int) -> Tensor:
+        """As :meth:`step`, and store the block's keys and values (a clean block, or the prompt)."""
+        return self._run(block, offset, True)
 
 
 def vocab_parallel_greedy(logits: Tensor, *, group: Any = None, vocab_start: int = 0) -> tuple[Tensor, Tensor]:

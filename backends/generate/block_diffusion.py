@@ -11,7 +11,8 @@ change, and a cache of them is exact.
 * :func:`bd3_generate` with ``cache=False`` recomputes ``[prefix, block]`` at every denoising step
   under :func:`prefix_block_mask`;
 * with ``cache=True`` (a megatron-core ``GPTModel`` on the local layers) the prefix's keys and
-  values are stored per layer (:class:`GPTBlockCache`) and every step runs the current block alone
+  values are stored per layer (:class:`~dlmspec.backends.generate.block_cache.GPTBlockCache`,
+  beside the Fast-dLLM caches of the masked-diffusion sampler) and every step runs the current block alone
   (its RoPE at its own positions), attending the stored keys and itself; a decoded block is run once
   more to append its keys and values.
 
@@ -27,6 +28,7 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch import Tensor
 
+from dlmspec.backends.generate.block_cache import GPTBlockCache
 from dlmspec.backends.generate.sampler import commit_positions, num_transfer_tokens, sample_tokens
 from dlmspec.backends.megatron.masks import MaskFunction
 
@@ -50,84 +52,6 @@ def prefix_block_mask(prefix_len: int, block_size: int) -> MaskFunction:
         return (k // bs <= q // bs) | (q >= p)
 
     return MaskFunction(fn, block_size=bs, name=f"prefix_block(prefix={p}, block={bs})")
-
-
-class _CachedCoreAttention(torch.nn.Module):
-    """A layer's core attention behind :class:`GPTBlockCache`: the stored keys and values before the
-    call's (``[s, b, groups, head_dim]``, concatenated on ``s``), no mask (the block sees them all and
-    itself)."""
-
-    def __init__(self, inner: torch.nn.Module, cache: "GPTBlockCache", index: int) -> None:
-        super().__init__()
-        self.inner, self.index = inner, index
-        self.__dict__["cache"] = cache  # not a submodule
-
-    def forward(self, query, key, value, attention_mask, *args, **kwargs):
-        cache, i = self.cache, self.index
-        if cache.store:
-            cache.keys[i] = key if cache.keys[i] is None else torch.cat([cache.keys[i], key], dim=0)
-            cache.values[i] = value if cache.values[i] is None else torch.cat([cache.values[i], value], dim=0)
-            key, value = cache.keys[i], cache.values[i]
-        elif cache.keys[i] is not None:
-            key, value = torch.cat([cache.keys[i], key], dim=0), torch.cat([cache.values[i], value], dim=0)
-        return self.inner(query, key, value, None, *args, **kwargs)
-
-
-class GPTBlockCache:
-    """An exact block KV cache for a megatron-core ``GPTModel`` on the local layers (a core
-    attention of ``backends/megatron/attention.py``: SDPA or FlexAttention): it wraps each layer's
-    ``core_attention`` (keys and values arrive there ``[s, b, groups, head_dim]``, RoPE applied) and
-    the model's ``rotary_pos_emb`` (an offset). Use it as a context manager; leaving restores the
-    model.
-
-    Modes: :meth:`step` runs a block at ``offset`` attending the stored keys and itself, storing
-    nothing; :meth:`append` does the same and stores the block's keys and values after the others.
-    """
-
-    def __init__(self, model: Any) -> None:
-        self.model = _gpt_model(model)  # its layers and rotary embedding; a wrapper (Float16Module) is called as given
-        self.layers = [layer.self_attention for layer in self.model.decoder.layers]
-        self.keys: List[Optional[Tensor]] = [None] * len(self.layers)
-        self.values: List[Optional[Tensor]] = [None] * len(self.layers)
-        self.offset = 0
-        self.store = False
-        self._saved: list = []
-
-    def __enter__(self) -> "GPTBlockCache":
-        for i, attention in enumerate(self.layers):
-            inner = attention.core_attention
-            self._saved.append((attention, inner))
-            attention.core_attention = _CachedCoreAttention(inner, self, i)
-        rotary = self.model.rotary_pos_emb
-        original = rotary.forward  # the bound method: calling it never reaches the override below
-        self._rotary = rotary
-
-        cache = self
-
-        def offset_rotary(max_seq_len, *args, **kwargs):
-            return original(int(max_seq_len) + cache.offset, *args, **kwargs)[cache.offset:]
-
-        rotary.forward = offset_rotary
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for attention, inner in self._saved:
-            attention.core_attention = inner
-        del self._rotary.forward  # the class's forward again
-
-    def _run(self, block: Tensor, offset: int, store: bool) -> Tensor:
-        self.offset, self.store = int(offset), store
-        b, n = block.shape
-        positions = torch.arange(offset, offset + n, device=block.device).unsqueeze(0).expand(b, n)
-        return self.model(block, positions, None)
-
-    def step(self, block: Tensor, offset: int) -> Tensor:
-        """Logits ``[b, n, V]`` of ``block`` at positions ``offset ..``, attending the cache."""
-        return self._run(block, offset, False)
-
-    def append(self, block: Tensor, offset: int) -> Tensor:
-        """As :meth:`step`, and store the block's keys and values (a clean block, or the prompt)."""
-        return self._run(block, offset, True)
 
 
 @torch.no_grad()
@@ -160,7 +84,9 @@ def bd3_generate(model_or_forward: Any, prompt: Tensor, *, gen_length: int, bloc
                          "(left-pad the prompt with EOS to a multiple of block_size)")
     if not 1 <= int(steps_per_block) <= bs:
         raise ValueError(f"steps_per_block = {steps_per_block}: use 1 .. block_size ({bs})")
-    is_model = hasattr(_gpt_model(model_or_forward), "decoder")
+    from megatron.core.utils import unwrap_model
+
+    is_model = hasattr(unwrap_model(model_or_forward), "decoder")
     if cache and not is_model:
         raise ValueError("cache=True needs a megatron-core GPTModel (its layers' keys and values are cached)")
     forward = (lambda ids, pos, mask: model_or_forward(ids, pos, mask)) if is_model else model_or_forward
@@ -202,14 +128,6 @@ def bd3_generate(model_or_forward: Any, prompt: Tensor, *, gen_length: int, bloc
     return seq
 
 
-def _gpt_model(model: Any) -> Any:
-    """The ``GPTModel`` inside wrappers that keep it as ``.module`` (megatron-core's ``Float16Module``,
-    DDP), as ``megatron.core.utils.unwrap_model`` finds it."""
-    while hasattr(model, "module") and not hasattr(model, "decoder"):
-        model = model.module
-    return model
-
-
 def bd3_forward(model: Any) -> Forward:
     """The :data:`~dlmspec.backends.generate.likelihood.BlockForwardFn` of a ``GPTModel`` for
     :func:`~dlmspec.backends.generate.likelihood.bd3_nelbo`: ``x_t (+) x_0`` with RoPE repeated for
@@ -217,7 +135,9 @@ def bd3_forward(model: Any) -> Forward:
     around the model's rotary embedding for the call only)."""
     from dlmspec.backends.megatron.objectives.bd3lm import RepeatedHalvesRotary
 
-    gpt = _gpt_model(model)
+    from megatron.core.utils import unwrap_model
+
+    gpt = unwrap_model(model)
 
     @torch.no_grad()
     def forward(ids: Tensor, positions: Tensor, mask: Any) -> Tensor:

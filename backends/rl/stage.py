@@ -39,9 +39,18 @@ rewards to ``<run_dir>/rollouts.jsonl``.
 
 Checkpoints keep, per rank (:meth:`RLStage.state_dict`), the rollout generator's state, the prompt
 order and cursor, and the rollout batch in flight (a resume between two inner iterations trains
-on the same rollouts): a resumed run draws the rollouts an uninterrupted one draws. The reference
-model is rebuilt as a copy of the loaded policy on a resume (not the copy in use when the
-checkpoint was written) until its next refresh.
+on the same rollouts): a resumed run draws the rollouts an uninterrupted one draws.
+
+The reference model (``grpo_kl_beta > 0``) of a resumed run is the one an uninterrupted run holds
+at that step: the checkpoint records the step of its last refresh (``reference_synced_at``; 0: not
+refreshed since the start) and, when that is after the start or the run has no
+``checkpoint.init_from``, this rank's reference weights (its shard, as the RNG states are kept:
+tensors only, read back without running code). A resume loads them; a reference not refreshed
+since the start is loaded again from ``checkpoint.init_from``
+(:func:`~dlmspec.backends.megatron.init_from.initialize_from`), so a run with
+``ref_model_sync_steps = 0`` keeps no weights in its checkpoints. A resume into another parallel
+layout (the stage's state is per rank and not restored) and a checkpoint written before this
+record keep the reference as a copy of the loaded policy, and say so.
 """
 
 from __future__ import annotations
@@ -127,6 +136,8 @@ class RLStage(StageBase):
         self.engine: Optional[RolloutEngine] = None
         self.rollout: Optional[Rollout] = None
         self.reference: Optional[List[torch.nn.Module]] = None
+        #: the step whose policy the reference copies (0: the starting weights, ``init_from``'s)
+        self.reference_synced_at = 0
         self._ctx = None
         self._model: Optional[List[torch.nn.Module]] = None
         self._microbatch = 0
@@ -222,6 +233,7 @@ class RLStage(StageBase):
         if self.reference is not None and c.ref_model_sync_steps and iteration > 0 \
                 and iteration % c.ref_model_sync_steps == 0:
             self._ctx.resources.model_factory.copy_weights(model, self.reference)
+            self.reference_synced_at = iteration
         self._inner = iteration % c.grpo_iterations
         if self.rollout is None or self._inner == 0:  # a resume between inner iterations keeps its rollouts
             chunk = model[0]
@@ -305,15 +317,24 @@ class RLStage(StageBase):
         return self.config.grpo_prompts_per_step if iteration % self.config.grpo_iterations == 0 else 0
 
     def state_dict(self) -> Dict[str, Any]:
-        """The rollout engine's state (:meth:`RolloutEngine.state_dict`) and the rollout batch in use."""
+        """The rollout engine's state (:meth:`RolloutEngine.state_dict`), the rollout batch in use
+        and, with a reference model, the step of its last refresh and (when it is not
+        ``init_from``'s weights) this rank's reference weights (module docstring)."""
         if self.engine is None:
             return {}
-        return {"engine": self.engine.state_dict(), "rollout": None if self.rollout is None else self.rollout.state()}
+        state = {"engine": self.engine.state_dict(), "rollout": None if self.rollout is None else self.rollout.state()}
+        if self.reference is not None:
+            state["reference_synced_at"] = int(self.reference_synced_at)
+            if self.reference_synced_at > 0 or not self.run.checkpoint.init_from:
+                state["reference"] = [_tensor_state(chunk) for chunk in self.reference]
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not state or self.engine is None:
             return
         self.engine.load_state_dict(state["engine"])
+        if self.reference is not None:
+            self._restore_reference(state)
         if state.get("rollout") is not None:
             r = Rollout.from_state(state["rollout"])
             device = self._ctx.device
@@ -324,9 +345,66 @@ class RLStage(StageBase):
                 old_logp=None if r.old_logp is None else [t.to(device) for t in r.old_logp],
                 ref_logp=None if r.ref_logp is None else [t.to(device) for t in r.ref_logp])
 
+    def _restore_reference(self, state: Dict[str, Any]) -> None:
+        """The reference of an uninterrupted run at the resumed step (module docstring): the saved
+        weights, else ``init_from``'s when it was not refreshed since the start.
+
+        Raises:
+            ValueError: the saved weights do not fit the reference (other names or shapes).
+        """
+        if "reference_synced_at" not in state:
+            if self._first_rank():
+                print("rl: this checkpoint does not record the reference model; it is a copy of the loaded policy "
+                      "until its next refresh", flush=True)
+            return
+        self.reference_synced_at = int(state["reference_synced_at"])
+        saved = state.get("reference")
+        if saved is not None:
+            if len(saved) != len(self.reference):
+                raise ValueError(f"the checkpoint holds {len(saved)} reference chunk(s), the run {len(self.reference)}")
+            with torch.no_grad():
+                for chunk, weights in zip(self.reference, saved):
+                    _load_tensor_state(chunk, weights)
+            return
+        from dlmspec.backends.megatron.init_from import default_cache_dir, initialize_from
+
+        ckpt, factory = self.run.checkpoint, self._ctx.resources.model_factory
+        initialize_from(ckpt.init_from, model=self.reference,
+                        cache_dir=ckpt.init_cache_dir or default_cache_dir(ckpt.save_dir, self.run.logging.run_dir),
+                        transformer_config=factory.transformer_config, model_kwargs=factory.model_kwargs)
+
     def checkpoint_metadata(self) -> Dict[str, Any]:
         """``{"objective": ..., "rl": <RLConfig as a dict>}``."""
         return {"objective": dataclasses.asdict(self.run.objective), "rl": dataclasses.asdict(self.config)}
+
+
+def _tensor_state(chunk: torch.nn.Module) -> Dict[str, Tensor]:
+    """The tensors of ``chunk``'s (unwrapped) ``state_dict``, on the CPU: names -> tensors
+    (non-tensor entries such as Transformer Engine's ``_extra_state`` are left out; they carry no
+    weights)."""
+    from megatron.core.utils import unwrap_model
+
+    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap_model(chunk).state_dict().items()
+            if isinstance(v, Tensor)}
+
+
+def _load_tensor_state(chunk: torch.nn.Module, weights: Dict[str, Tensor]) -> None:
+    """Copy :func:`_tensor_state` ``weights`` into ``chunk``'s tensors of the same names.
+
+    Raises:
+        ValueError: a tensor of ``chunk`` is missing from ``weights``, or a shape differs.
+    """
+    from megatron.core.utils import unwrap_model
+
+    own = {k: v for k, v in unwrap_model(chunk).state_dict().items() if isinstance(v, Tensor)}
+    missing = sorted(set(own) - set(weights))
+    if missing:
+        raise ValueError(f"the checkpoint's reference weights lack {missing[:3]} ({len(missing)} tensors)")
+    for name, target in own.items():
+        if tuple(weights[name].shape) != tuple(target.shape):
+            raise ValueError(f"reference weight {name}: shape {tuple(weights[name].shape)} in the checkpoint, "
+                             f"{tuple(target.shape)} in the run")
+        target.copy_(weights[name].to(target.device, target.dtype))
 
 
 def _no_grad(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:

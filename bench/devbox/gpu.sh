@@ -11,6 +11,8 @@
 #                                           # (carry .bench-wheels .bench-peers .bench-data: bench/devbox/fetch_fast_dllm.sh)
 #   bash bench/devbox/gpu.sh scaling      # the bundled scaling studies: 28 small runs side by side, each evaluated (~5-8 min)
 #                                           # (carry .bench-wheels .data: python bench/scaling/run.py --prepare-data)
+#   bash bench/devbox/gpu.sh task-rl      # the addition task's DLM and AR trained and scored, then RL on the DLM (~9 min;
+#                                         # carry .bench-wheels .bench-data)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
 #
 # Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
@@ -57,7 +59,11 @@ case "$suite" in
     budget=$(( 560 - ($(date +%s) - t_start) ))
     timeout -s TERM -k 10 $(( budget + 20 )) "$PY" bench/scaling/run.py --out "$OUT" --work-dir /tmp/bench-work/scaling \
       --gpus 1 --python "$PY" --budget-s "$budget" "$@" ;;
-  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling)" >&2; exit 2 ;;
+  task-rl)
+    # the addition task's DLM and AR models trained side by side, scored held-out, then diffu-GRPO on the DLM
+    # (bench/devbox/gpu/task_rl.sh; carry .bench-wheels .bench-data)
+    bash bench/devbox/gpu/task_rl.sh "$@" ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, task-rl)" >&2; exit 2 ;;
 esac
 rc=$?
 echo "gpu.sh: $suite exit $rc; results in $OUT"

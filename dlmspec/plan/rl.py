@@ -4,16 +4,31 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
 ``train.seq_length`` positions; a rollout batch serves ``grpo_iterations`` = mu steps):
 
 * **Rollouts** (``rl_rollout``, backends/rl/stage.py through the sampler): one rollout batch per mu
-  steps. The masked-diffusion sampler makes ``generate.steps`` forward passes over the whole
-  sequence (LLaDA's sampler: one per denoising step, prompt and completion; ``remasking =
-  "threshold"`` commits at least one token per step, so ``steps`` is its upper bound;
-  ``cfg_scale > 0`` doubles the rows of each pass); the AR sampler makes ``gen_length`` passes, each
-  over the sequence so far without a KV cache (mean length ``seq - gen_length / 2``). A forward
-  pass over the rank's rows costs a third of the step's ``gemm + attention + elementwise`` (the
-  backward costs twice the forward: Narayanan et al. 2021, eq. 3's 3x; a quarter with full
-  recomputation, which repeats the forward) plus a third of one
-  microbatch's kernel launches (a sampler pass is one call over all the rank's rows: a small
-  model's passes are launch-bound). Rollout time = ``passes x forward / mu``.
+  steps. The masked-diffusion sampler makes ``generate.steps`` forward calls (LLaDA's sampler: one
+  per denoising step; ``remasking = "threshold"`` / ``"factor"`` commit at least one token per step,
+  so ``steps`` is their upper bound; ``cfg_scale > 0`` doubles the rows of each call); the AR
+  sampler makes ``gen_length`` calls, each over the sequence so far without a KV cache (mean
+  length ``seq - gen_length / 2``). What a diffusion call computes depends on ``[generate] cache``
+  (backends/generate/block_cache.py; Fast-dLLM, Wu et al. 2025, arXiv:2505.22618 sec. 3.2), with
+  ``L = seq`` the canvas, ``P = L - gen_length`` the prompt, ``B = block_length``, ``n =
+  gen_length / B`` blocks of ``k = steps / n`` steps and ``r = cache_refresh`` (unset: ``k``, a
+  refresh at each block's first step only):
+
+  - ``"none"``: every call runs all ``L`` columns: ``steps`` full passes.
+  - ``"prefix"`` / ``"dual"``: per block, ``ceil(k / r)`` refresh calls run all ``L`` columns (and
+    store every layer's keys and values); the other ``k - ceil(k / r)`` calls run ``q`` query
+    columns against all ``L`` keys (the cached ones and their own): ``q = L - (P + b B)`` for
+    block ``b`` under ``"prefix"`` (the block and the masked suffix), ``q = B`` under ``"dual"``.
+    The attended length is ``L`` keys in every call. Such a call costs ``q / L`` of a full pass in
+    both its linear layers (``q`` columns) and its attention (``q x L`` of ``L x L`` scores).
+
+  :func:`sampler_schedule` gives the calls, the full-pass equivalents and these lengths. A full
+  forward pass over the rank's rows costs a third of the step's ``gemm + attention +
+  elementwise`` (the backward costs twice the forward: Narayanan et al. 2021, eq. 3's 3x; a
+  quarter with full recomputation, which repeats the forward), and every call, cached or not, a
+  third of one microbatch's kernel launches (a sampler call is one call over all the rank's rows:
+  a small model's calls are launch-bound, and a cached call launches as many kernels). Rollout time
+  = ``(equivalents x forward compute + calls x launches) / mu``.
 * **Scoring** (``rl_scoring``): the estimator's forward passes per log-probability (one-step and
   ar: 1; coupled: 2, DiffuCoder's complementary pair; mc-elbo: K). The policy's own training pass
   is one forward and backward of the base step; the other ``n - 1`` passes also run backward (a
@@ -32,6 +47,7 @@ settings (the ``"generate"`` entry the shape adds for an RL stage).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +60,8 @@ RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "el
                                "grpo_iterations": 1, "grpo_kl_beta": 0.04, "grpo_group_size": 8,
                                "grpo_prompts_per_step": 8}
 #: ``[generate]`` defaults the planner reads (as :class:`dlmspec.spec.models.GenerateSpec`).
-GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "cfg_scale": 0.0, "remasking": "low_confidence"}
+GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "block_length": 128, "cfg_scale": 0.0,
+                                     "remasking": "low_confidence", "cache": "none", "cache_refresh": None}
 #: The algorithm's estimator (backends/rl/stage.py ALGORITHM_ESTIMATOR).
 ALGORITHM_ESTIMATOR = {"diffu-grpo": "one-step", "coupled-grpo": "coupled", "grpo": "ar"}
 #: Estimators whose rollouts decode left to right (exact token log-probabilities of an
@@ -74,34 +91,76 @@ def diffusion_rollout(options: dict[str, Any]) -> bool:
     return name not in LEFT_TO_RIGHT_ESTIMATORS
 
 
+def sampler_schedule(options: dict[str, Any], seq: int) -> dict[str, Any]:
+    """The sampler's work per rollout batch (module docstring, "Rollouts"):
+
+    - ``calls``: forward calls (each doubled by guidance);
+    - ``equivalents``: their compute in full-sequence, one-batch forward passes;
+    - ``cache``: the ``[generate] cache`` run (``"none"`` for the AR sampler);
+    - ``refresh_calls`` / ``cached_calls``: calls that run all ``seq`` columns and calls that run the
+      cached ``query_columns`` (mean over the cached calls; 0 without any);
+    - ``attended_keys``: keys each query attends (``seq``; the AR sampler's mean prefix length).
+    """
+    gen = options["generate"]
+    if not diffusion_rollout(options):
+        length = int(gen["gen_length"])
+        mean = max(seq - length / 2.0, 1.0)
+        return {"calls": float(length), "equivalents": length * mean / max(seq, 1), "cache": "none",
+                "refresh_calls": float(length), "cached_calls": 0.0, "query_columns": 0.0, "attended_keys": mean}
+    rows = 2.0 if float(gen["cfg_scale"]) > 0 else 1.0
+    steps, cache = float(gen["steps"]), str(gen.get("cache") or "none")
+    if cache == "none":
+        return {"calls": steps * rows, "equivalents": steps * rows, "cache": cache, "refresh_calls": steps * rows,
+                "cached_calls": 0.0, "query_columns": 0.0, "attended_keys": float(seq)}
+    length = max(int(seq), 1)
+    gen_length = int(gen["gen_length"])
+    block = max(1, min(int(gen["block_length"]), gen_length))
+    blocks = max(1, gen_length // block)
+    per_block = steps / blocks
+    refresh = gen.get("cache_refresh")
+    refreshes = min(per_block, float(math.ceil(per_block / (int(refresh) if refresh else per_block))))
+    cached = per_block - refreshes
+    prompt = max(length - gen_length, 0)
+    columns = [float(length - (prompt + b * block)) if cache == "prefix" else float(block) for b in range(blocks)]
+    columns = [min(max(c, 1.0), float(length)) for c in columns]
+    equivalents = sum(refreshes + cached * c / length for c in columns)
+    return {"calls": steps * rows, "equivalents": equivalents * rows, "cache": cache,
+            "refresh_calls": refreshes * blocks * rows, "cached_calls": cached * blocks * rows,
+            "query_columns": sum(columns) / len(columns) if cached > 0 else 0.0, "attended_keys": float(length)}
+
+
 def rollout_passes(options: dict[str, Any], seq: int) -> float:
     """Forward passes of the sampler per rollout batch, in full-sequence, one-batch equivalents
-    (see the module docstring)."""
-    gen = options["generate"]
-    if diffusion_rollout(options):
-        passes = float(gen["steps"])
-        return passes * (2.0 if float(gen["cfg_scale"]) > 0 else 1.0)
-    length = int(gen["gen_length"])
-    return length * max(seq - length / 2.0, 1.0) / max(seq, 1)
+    (:func:`sampler_schedule`'s ``equivalents``)."""
+    return float(sampler_schedule(options, seq)["equivalents"])
 
 
-def _forward(breakdown: dict[str, float], lay: Layout | None = None) -> float:
-    """One forward pass over the rank's rows of a step: a third of the step's compute, and (a
-    sampler pass is one call over all the rank's rows) a third of one microbatch's kernel launches."""
+def _forward_parts(breakdown: dict[str, float], lay: Layout | None = None) -> tuple[float, float]:
+    """``(compute, launches)`` of one forward pass over the rank's rows of a step: a third of the
+    step's compute (a quarter under full recomputation) and (a sampler call is one call over all the
+    rank's rows) a third of one microbatch's kernel launches (0 without ``lay``)."""
     # full recomputation runs each layer's forward twice: the step's compute is 4 forwards, not 3
     passes = 4.0 if lay is not None and lay.recompute == "full" else 3.0
     compute = (breakdown.get("gemm", 0.0) + breakdown.get("attention", 0.0) + breakdown.get("elementwise", 0.0)) / passes
     if lay is None:
-        return compute
+        return compute, 0.0
     microbatches = max(1, lay.global_batch // max(lay.micro_batch * lay.dp, 1))
-    return compute + breakdown.get("kernel_launch", 0.0) / (3.0 * microbatches)
+    return compute, breakdown.get("kernel_launch", 0.0) / (3.0 * microbatches)
+
+
+def _forward(breakdown: dict[str, float], lay: Layout | None = None) -> float:
+    """One forward pass over the rank's rows of a step (:func:`_forward_parts`, summed)."""
+    compute, launches = _forward_parts(breakdown, lay)
+    return compute + launches
 
 
 def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float]) -> float:
-    """Rollout time per optimizer step: ``passes x forward / grpo_iterations``."""
+    """Rollout time per optimizer step: ``(equivalents x forward compute + calls x launches) /
+    grpo_iterations`` (module docstring)."""
     options = rl_options(shape)
-    passes = rollout_passes(options, input_length(shape, lay))
-    return passes * _forward(breakdown, lay) / int(options["grpo_iterations"])
+    schedule = sampler_schedule(options, input_length(shape, lay))
+    compute, launches = _forward_parts(breakdown, lay)
+    return (schedule["equivalents"] * compute + schedule["calls"] * launches) / int(options["grpo_iterations"])
 
 
 def scoring_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float]) -> float:
@@ -140,7 +199,11 @@ class RLPlan:
         rollout_batches: rollout batches in ``train_iters`` steps (``ceil(steps / mu)``).
         prompts_seen: ``rollout_batches x grpo_prompts_per_step``.
         completions: ``rollout_batches x prompts x G``.
-        sampler_passes: forward passes per rollout batch (full-sequence equivalents).
+        sampler_passes: forward passes per rollout batch (full-sequence equivalents, caches included).
+        sampler_calls: forward calls per rollout batch (:func:`sampler_schedule`).
+        cache: the rollout sampler's ``[generate] cache``.
+        cached_query_columns: columns a cached call runs (mean; 0 without a cache).
+        attended_keys: keys each query attends per call.
         estimator_passes: forward passes per log-probability.
         rollout_seconds: one rollout batch (``rl_rollout x mu``).
         step_seconds: one optimizer step (rollout share included).
@@ -164,6 +227,10 @@ class RLPlan:
     to_train_seconds: float
     rollout_logits_bytes: float
     reference_bytes: float
+    sampler_calls: float = 0.0
+    cache: str = "none"
+    cached_query_columns: float = 0.0
+    attended_keys: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The ``rl`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys as the attributes)."""
@@ -186,6 +253,7 @@ def rl_plan(plan: Any) -> RLPlan | None:
     ref = max((m.breakdown.get("rl_reference", 0.0) for m in plan.memory.stages), default=0.0) \
         if hasattr(plan.memory, "stages") else 0.0
     rollout_step = t.breakdown.get("rl_rollout", 0.0)
+    schedule = sampler_schedule(options, seq)
     return RLPlan(
         algorithm=str(options["algorithm"]),
         estimator=str(options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]),
@@ -195,6 +263,8 @@ def rl_plan(plan: Any) -> RLPlan | None:
         rollout_seconds=rollout_step * mu, step_seconds=t.step_seconds,
         rollout_share=rollout_step / t.step_seconds if t.step_seconds else 0.0,
         to_train_seconds=t.to_train_seconds, rollout_logits_bytes=logits, reference_bytes=ref,
+        sampler_calls=float(schedule["calls"]), cache=str(schedule["cache"]),
+        cached_query_columns=float(schedule["query_columns"]), attended_keys=float(schedule["attended_keys"]),
     )
 
 
@@ -204,7 +274,9 @@ def rl_lines(rl: RLPlan) -> list[str]:
     return [
         f"RL ({rl.algorithm}, {rl.estimator} estimator: {rl.estimator_passes} forward pass(es) per log-probability): "
         f"{rl.rollout_batches:,} rollout batches, {rl.prompts_seen:,} prompts, {rl.completions:,} completions",
-        f"rollout: {rl.sampler_passes:,.0f} sampler passes, {rl.rollout_seconds:.2f} s per rollout batch "
+        f"rollout: {rl.sampler_calls:,.0f} sampler calls ({rl.cache} cache"
+        + (f": cached calls run {rl.cached_query_columns:,.0f} of {rl.attended_keys:,.0f} columns" if rl.cached_query_columns else "")
+        + f") = {rl.sampler_passes:,.1f} sampler passes of the whole sequence, {rl.rollout_seconds:.2f} s per rollout batch "
         f"({100 * rl.rollout_share:.0f}% of the {rl.step_seconds:.2f} s step); sampler logits "
         f"{rl.rollout_logits_bytes / gib:.1f} GiB per GPU while sampling (not in the training peak)",
         f"reference model: {rl.reference_bytes / gib:.1f} GiB per GPU" if rl.reference_bytes else

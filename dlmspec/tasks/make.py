@@ -6,6 +6,13 @@ Tasks (:data:`TASKS`):
 - ``addition`` (the default): ``a + b`` of two non-negative integers of at most ``digits``
   digits, each drawn uniformly from ``[0, 10**digits)``. Prompt ``" 4 0 7 + 1 9 5 ="``, answer
   ``" 6 0 2"``.
+- ``addition-padded``: the same sums written at fixed width: each operand zero-padded to
+  ``digits`` digits and the sum to ``digits + 1`` (prompt ``" 0 0 7 + 1 9 5 ="``, answer
+  ``" 0 2 0 2"``), so every digit of a place sits at the same offset in every example. Zero
+  padding is what lets small transformers learn addition from few examples (Lee et al. 2023,
+  "Teaching Arithmetic to Small Transformers", arXiv:2307.03381, sec. 4: the "plain" format
+  with zero-padded operands and output); with variable-width numbers the model must first
+  find each digit's place from the lengths. The easier variant of ``addition``.
 - ``sorting``: a list of ``length`` digits drawn uniformly from ``0 .. max_value``, sorted
   ascending. Prompt ``" sort 5 3 9 3 ="``, answer ``" 3 3 5 9"``.
 
@@ -45,9 +52,10 @@ class TaskOptionError(ValueError):
         super().__init__(f"{option} = {value!r}: {why}. Fix: {fix}")
 
 
-def space_digits(number: int) -> str:
-    """``407`` -> ``" 4 0 7"``: each digit after a space (one GPT-2 token each)."""
-    return "".join(" " + d for d in str(number))
+def space_digits(number: int, width: int = 0) -> str:
+    """``407`` -> ``" 4 0 7"``: each digit after a space (one GPT-2 token each); zero-padded on
+    the left to ``width`` digits (``space_digits(7, 3)`` -> ``" 0 0 7"``)."""
+    return "".join(" " + d for d in str(number).zfill(width))
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,14 @@ def _draw_addition(rng: random.Random, opts: Dict[str, int]) -> Tuple[str, str, 
     return prompt, prompt, space_digits(a + b)
 
 
+def _draw_addition_padded(rng: random.Random, opts: Dict[str, int]) -> Tuple[str, str, str]:
+    width = opts["digits"]
+    top = 10 ** width
+    a, b = rng.randrange(top), rng.randrange(top)
+    prompt = f"{space_digits(a, width)} +{space_digits(b, width)} ="
+    return prompt, prompt, space_digits(a + b, width + 1)
+
+
 def _draw_sorting(rng: random.Random, opts: Dict[str, int]) -> Tuple[str, str, str]:
     values = [rng.randrange(opts["max_value"] + 1) for _ in range(opts["length"])]
     prompt = " sort" + "".join(f" {v}" for v in values) + " ="
@@ -82,6 +98,10 @@ TASKS: Dict[str, Task] = {
         "addition", "a + b, each of at most --digits digits",
         {"digits": (5, "digits of each operand (the sum has at most one more)", 1, 18)},
         _draw_addition, lambda o: (10 ** o["digits"]) ** 2),
+    "addition-padded": Task(
+        "addition-padded", "a + b at fixed width: operands zero-padded to --digits digits, the sum to --digits + 1",
+        {"digits": (3, "digits of each operand, zero-padded (the sum has one more)", 1, 18)},
+        _draw_addition_padded, lambda o: (10 ** o["digits"]) ** 2),
     "sorting": Task(
         "sorting", "sort a list of --length digits 0 .. --max-value ascending",
         {"length": (10, "how many numbers the list holds", 2, 64),

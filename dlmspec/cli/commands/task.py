@@ -77,7 +77,7 @@ def check_targets(folder: Path, names: list[str], force: bool) -> None:
 @task_app.command("make", cls=Command)
 def make_command(
     ctx: typer.Context,
-    name: str = typer.Argument("addition", metavar="NAME", help="The task: addition (default) or sorting."),
+    name: str = typer.Argument("addition", metavar="NAME", help="The task: addition (default), addition-padded (fixed width, easier) or sorting."),
     out: str = typer.Option(..., "--out", help="Folder to write the files into (created if missing)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed and options give byte-identical files."),
     train: int = typer.Option(200_000, "--train", help="Training rows."),

@@ -158,23 +158,29 @@ def test_a_continuation_is_scored_by_the_nelbo_of_the_left_padded_sequence(gpt) 
     assert got[0] > 0
 
 
-class _Wrapper(torch.nn.Module):
-    """A wrapper that keeps the model as ``.module`` and forwards to it, as megatron-core's
-    ``Float16Module`` does around every model ``load_model`` returns."""
+def _wrapper_class():
+    from megatron.core.transformer.module import Float16Module
 
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
+    class _Wrapper(Float16Module):
+        """megatron-core's ``Float16Module`` around the model, as ``load_model`` returns every model,
+        without its cast to half precision (a float32 comparison): it keeps the model as ``.module``
+        and forwards to it (``megatron.core.utils.unwrap_model`` unwraps it)."""
 
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        def __init__(self, module):
+            torch.nn.Module.__init__(self)
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    return _Wrapper
 
 
 def test_a_wrapped_model_samples_and_scores_as_the_bare_one(gpt) -> None:
     from dlmspec.backends.generate.block_diffusion import bd3_forward, bd3_generate
     from dlmspec.backends.megatron.masks import block_diffusion
 
-    wrapped = _Wrapper(gpt)
+    wrapped = _wrapper_class()(gpt)
     prompt = torch.tensor([[5, 6, 7, 8]])
     args = dict(gen_length=8, block_size=4, steps_per_block=2, mask_token_id=MASK, vocab_size=MASK)
     assert torch.equal(bd3_generate(wrapped, prompt, cache=True, **args), bd3_generate(gpt, prompt, cache=False, **args))

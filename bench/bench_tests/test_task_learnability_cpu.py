@@ -1,0 +1,37 @@
+"""bench/sampling/task_learnability.py end to end on CPU for a few steps: the task files, the token stream
+through megatron-core's GPTDataset, the runtime objective, the sampler and the checker run, and the result
+records the settings, the loss curve and each evaluation with its Wilson interval."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT2 = Path(os.environ.get("GPT2_DIR", "/work/main/.bench-data/gpt2"))
+
+
+@pytest.mark.skipif(not (GPT2 / "vocab.json").is_file(), reason="GPT-2's BPE files are not here (GPT2_DIR)")
+@pytest.mark.parametrize("mode", ["mdm", "mdm-sft", "ar"])
+def test_a_short_learnability_run_records_losses_and_scored_evaluations(tmp_path, mode) -> None:
+    out = tmp_path / "result.json"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench/sampling/task_learnability.py"), "--mode", mode, "--steps", "10",
+         "--eval-every", "10", "--train", "300", "--test", "40", "--batch", "4", "--seq-length", "32", "--dim", "32",
+         "--layers", "1", "--heads", "2", "--work", str(tmp_path / "work"), "--vocab-file", str(GPT2 / "vocab.json"),
+         "--merge-file", str(GPT2 / "merges.txt"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["mode"] == mode and result["task"] == "addition-padded" and result["steps"] == 10
+    assert [step for step, _ in result["loss_curve"]] == [10] and result["loss_curve"][0][1] > 0
+    final = result["final"]
+    assert final["count"] == 40 and 0 <= final["correct"] <= 40
+    low, high = final["wilson95"]
+    assert 0.0 <= low <= final["accuracy"] <= high <= 1.0
+    assert len(final["examples"]) == 3 and "after_eod" in final

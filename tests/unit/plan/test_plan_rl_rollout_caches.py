@@ -1,0 +1,59 @@
+"""The planner's rollout time with the sampler's block KV caches (dlmspec/plan/rl.py,
+``sampler_schedule``): a refresh call runs the whole sequence, a cached call runs the block and
+the masked suffix (``"prefix"``) or the block alone (``"dual"``) against every key, ``cache_refresh``
+sets the refreshes per block, and the kernel launches count once per call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlmspec.plan import make_plan
+from dlmspec.resolve import resolve
+from dlmspec.spec.load import load
+
+DEMO = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
+# seq 512 (demo-dlm), a completion of 128 in 4 blocks of 32, 64 steps: 16 per block
+RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
+      "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=0.9",
+      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300"]
+
+
+def plan(*extra: str):
+    return make_plan(resolve(load(DEMO, [*RL, *extra]).spec))
+
+
+def _parts(p) -> tuple[float, float]:
+    b, lay = p.time.breakdown, p.layout
+    microbatches = lay.global_batch // (lay.micro_batch * lay.dp)
+    return (b["gemm"] + b["attention"] + b["elementwise"]) / 3, b["kernel_launch"] / (3 * microbatches)
+
+
+@pytest.mark.parametrize("cache, refresh, equivalents, columns", [
+    # one refresh per block, 15 cached calls over 512 - (384 + 32 b) columns: 128, 96, 64, 32
+    ("prefix", None, 4 + 15 * (128 + 96 + 64 + 32) / 512, 80.0),
+    ("dual", None, 4 + 15 * 4 * 32 / 512, 32.0),
+    # a refresh every 4 steps: 4 per block, 12 cached calls
+    ("prefix", 4, 16 + 12 * (128 + 96 + 64 + 32) / 512, 80.0),
+    # a refresh every step: no cached call, the no-cache cost
+    ("dual", 1, 64.0, 0.0),
+])
+def test_cached_rollouts_cost_the_columns_they_run(cache, refresh, equivalents, columns) -> None:
+    extra = [f'generate.cache="{cache}"'] + ([f"generate.cache_refresh={refresh}"] if refresh else [])
+    p = plan(*extra)
+    assert p.layout.seq == 512
+    assert p.rl.sampler_passes == pytest.approx(equivalents)
+    assert p.rl.sampler_calls == 64 and p.rl.cache == cache and p.rl.attended_keys == 512
+    assert p.rl.cached_query_columns == pytest.approx(columns)
+    compute, launches = _parts(p)
+    assert p.time.breakdown["rl_rollout"] == pytest.approx(equivalents * compute + 64 * launches)
+
+
+def test_a_cache_makes_the_planned_rollout_cheaper_than_none_and_dual_cheaper_than_prefix() -> None:
+    none, prefix, dual = (plan(f'generate.cache="{c}"') for c in ("none", "prefix", "dual"))
+    assert none.rl.sampler_passes == 64 and none.rl.cache == "none"
+    assert dual.time.breakdown["rl_rollout"] < prefix.time.breakdown["rl_rollout"] < none.time.breakdown["rl_rollout"]
+    from dlmspec.plan.rl import rl_lines
+
+    assert "cached calls run 32 of 512 columns" in "\n".join(rl_lines(dual.rl))
