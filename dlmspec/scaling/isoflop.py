@@ -175,6 +175,15 @@ def fit_isoflops(n: Sequence[float], d: Sequence[float], compute: Sequence[float
         tolerance: Budget grouping factor (:func:`group_budgets`).
         bootstrap: Resamples for the intervals (0: none).
     """
+    from dlmspec.scaling.law import single_threaded_blas
+
+    with single_threaded_blas():
+        return _fit_isoflops(n, d, compute, loss, stderr, tolerance, bootstrap, percentile, seed)
+
+
+def _fit_isoflops(n: Sequence[float], d: Sequence[float], compute: Sequence[float], loss: Sequence[float],
+                  stderr: Sequence[float] | None, tolerance: float, bootstrap: int, percentile: float,
+                  seed: int) -> IsoFlopFit:
     n_a, d_a, c_a, l_a = (np.asarray(v, dtype=float) for v in (n, d, compute, loss))
     s_a = np.full_like(l_a, np.nan) if stderr is None else np.asarray(stderr, dtype=float)
     groups = group_budgets(c_a, tolerance)

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dlmspec.scaling.law import HUBER_DELTA, FitError, Law, log_loss_weights
+from dlmspec.scaling.law import HUBER_DELTA, FitError, Law, log_loss_weights, single_threaded_blas
 
 #: Muennighoff et al. 2023's fitted R*_D (Section 3.1 / Figure 3): ~15.4 repetitions.
 PUBLISHED_R_D = 15.4
@@ -157,14 +157,17 @@ def fit_repetition(law: Law, n: Sequence[float], d: Sequence[float], unique_toke
     r_d, r_n = PUBLISHED_R_D, PUBLISHED_R_N
     done = 0
     if len(levels) >= MIN_REPETITION_LEVELS:
-        r_d, r_n = _fit_r_star(law, n_a, d_a, u_a, np.log(l_a), weights, delta)
+        with single_threaded_blas():
+            r_d, r_n = _fit_r_star(law, n_a, d_a, u_a, np.log(l_a), weights, delta)
         result_source = "fitted"
         if bootstrap > 0:
             rng = np.random.default_rng(seed)
             samples = []
             for _ in range(bootstrap):
                 idx = rng.integers(0, len(n_a), len(n_a))
-                samples.append(_fit_r_star(law, n_a[idx], d_a[idx], u_a[idx], np.log(l_a[idx]), weights[idx], delta))
+                with single_threaded_blas():
+                    samples.append(_fit_r_star(law, n_a[idx], d_a[idx], u_a[idx], np.log(l_a[idx]), weights[idx],
+                                               delta))
             done = bootstrap
             tail = (100.0 - percentile) / 2
             arr = np.array(samples)
