@@ -9,8 +9,8 @@ For each budget with at least 3 distinct model sizes a parabola of loss in ``log
 
 is fitted; its minimum ``N_opt = exp(-p1 / (2 p2))`` (a parabola that opens downward has none:
 the budget is reported and left out) is the budget's compute-optimal size, and
-``D_opt = C / (k N_opt)`` (``C = k N D``, ``k`` the budget's median ``C_i / (N_i D_i)``: 6 in
-Hoffmann's accounting). Then power laws ``N_opt = n0 C^a`` and ``D_opt = d0 C^b`` are fitted by
+``D_opt = C / f(N_opt)``, ``f(N) = s N + b`` the FLOPs per token fitted to the budget's points
+(:func:`dlmspec.scaling.law.flops_per_token_line`; ``6 N`` in Hoffmann's accounting). Then power laws ``N_opt = n0 C^a`` and ``D_opt = d0 C^b`` are fitted by
 least squares in log-log (Hoffmann et al. 2022, Table 2 reports a and b).
 
 Intervals are bootstrap percentiles: resample the points inside each budget with replacement,
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+
+from dlmspec.scaling.law import flops_per_token_line
 
 #: Points whose FLOPs lie within this factor of a budget's smallest are one budget.
 BUDGET_TOLERANCE = 1.25
@@ -141,9 +143,9 @@ def _budget_optima(n: np.ndarray, d: np.ndarray, c: np.ndarray, loss: np.ndarray
             if isinstance(found, str):
                 budget.why_none = found
             else:
-                k = float(np.median(c[sel] / (n[sel] * d[sel])))
+                slope, intercept = flops_per_token_line(n[sel], c[sel], d[sel])
                 budget.n_opt, budget.loss_opt = found
-                budget.d_opt = budget.compute / (k * budget.n_opt)
+                budget.d_opt = budget.compute / (slope * budget.n_opt + intercept)
         budgets.append(budget)
     return budgets
 

@@ -25,11 +25,18 @@ standard error anywhere every ``w_i`` is 1: Hoffmann's objective exactly. ``delt
 its meaning (a residual of 1e-3 in log-loss for a point of typical precision).
 
 Compute-optimal allocation (Hoffmann et al. 2022, Eq. 4 and Appendix D.3): for training FLOPs
-``C = k N D`` (``k = 6`` in Kaplan et al. 2020 and Hoffmann; dlmspec's points carry the
-planner's count, so ``k`` is the median of ``C_i / (N_i D_i)`` over the points),
+``C = 6 N D`` (Kaplan et al. 2020; Hoffmann)
 
-    N*(C) = G (C/k)^(beta/(alpha+beta)),  D*(C) = G^-1 (C/k)^(alpha/(alpha+beta)),
+    N*(C) = G (C/6)^(beta/(alpha+beta)),  D*(C) = G^-1 (C/6)^(alpha/(alpha+beta)),
     G = (alpha A / (beta B))^(1/(alpha+beta)).
+
+dlmspec's points carry the planner's FLOPs (:mod:`dlmspec.flops`: attention and the logits GEMM
+included, so not 6 N a token: at small widths the logits dominate). The FLOPs per token are
+then taken as a line in N fitted to the points, ``f(N) = s N + b`` (least squares of ``C_i / D_i``
+on ``N_i``; ``b = 0`` and ``s`` the median ``C_i / (N_i D_i)`` when the line's intercept would
+be negative or the points have one size), and ``N*(C)`` minimises ``L(N, C / f(N))`` over N
+(``scipy.optimize.minimize_scalar``, bounded, in log N); with ``b = 0`` that is Eq. 4 with
+``k = s`` in place of 6.
 
 Intervals are bootstrap percentiles (Besiroglu et al. 2024's method): resample the points with
 replacement ``bootstrap`` times, refit each from the full fit's best starts, and take the 2.5th
@@ -137,6 +144,44 @@ def single_threaded_blas() -> Iterator[None]:
         yield
 
 
+def flops_per_token_line(n: Any, compute: Any, tokens: Any) -> tuple[float, float]:
+    """``(s, b)`` of the FLOPs per token ``f(N) = s N + b`` of the points (the module docstring).
+
+    Args:
+        n, compute, tokens: ``[points]`` parameters, training FLOPs and training tokens."""
+    n_a, per_token = np.asarray(n, dtype=float), np.asarray(compute, dtype=float) / np.asarray(tokens, dtype=float)
+    ok = np.isfinite(per_token) & (per_token > 0) & np.isfinite(n_a) & (n_a > 0)
+    n_a, per_token = n_a[ok], per_token[ok]
+    if not len(n_a):
+        return KAPLAN_FLOPS_PER_PARAM_TOKEN, 0.0
+    if len(np.unique(n_a)) >= 2:
+        slope, intercept = np.polyfit(n_a, per_token, 1)
+        if slope > 0 and intercept >= 0:
+            return float(slope), float(intercept)
+    return float(np.median(per_token / n_a)), 0.0
+
+
+def optimal_allocation(law: Law, compute: float, flops_per_token: tuple[float, float]) -> tuple[float, float]:
+    """``(N*, D*)`` minimising ``law`` at training FLOPs ``compute`` when a token costs
+    ``s N + b`` FLOPs (``flops_per_token = (s, b)``): Hoffmann et al. 2022's Eq. 4 with ``k = s``
+    when ``b = 0``, else a bounded 1-D minimisation over log N."""
+    slope, intercept = flops_per_token
+    if intercept == 0:
+        n, d = law.optimal(compute, slope)
+        return float(n), float(d)
+    from scipy.optimize import minimize_scalar
+
+    top = math.log(max((compute - intercept) / slope, 2.0))  # the largest N that still trains on one token
+
+    def loss_at(x: float) -> float:
+        n = math.exp(x)
+        return float(law.loss(n, compute / (slope * n + intercept)))
+
+    found = minimize_scalar(loss_at, bounds=(0.0, top), method="bounded", options={"xatol": 1e-7})
+    n = math.exp(float(found.x))
+    return n, compute / (slope * n + intercept)
+
+
 def _log_sum_exp_terms(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(prediction [points], softmax [3, points])`` of ``LSE(a - alpha log N, b - beta log D, e)``."""
     a, b, e, alpha, beta = theta
@@ -229,7 +274,7 @@ class LawFit:
         objective: The Huber objective at it.
         points: Points fitted.
         starts: L-BFGS-B starts of the grid.
-        flops_per_param_token: ``k`` of ``C = k N D`` (median of the points' ``C/(N D)``).
+        flops_per_token: ``(s, b)``: a token costs ``s N + b`` FLOPs (:func:`flops_per_token_line`).
         bootstrap: Resamples drawn (0: no intervals).
         bootstrap_failed: Resamples whose refit did not converge (left out of the percentiles).
         percentile: Central interval width in percent (95: the 2.5th to 97.5th percentiles).
@@ -242,7 +287,7 @@ class LawFit:
     objective: float
     points: int
     starts: int
-    flops_per_param_token: float
+    flops_per_token: tuple[float, float]
     bootstrap: int = 0
     bootstrap_failed: int = 0
     percentile: float = 95.0
@@ -255,13 +300,13 @@ class LawFit:
         Eq. 4) with their bootstrap intervals (``None`` without a bootstrap)."""
         out = []
         for budget in budgets:
-            n, d = self.law.optimal(budget, self.flops_per_param_token)
+            n, d = optimal_allocation(self.law, budget, self.flops_per_token)
             row: dict[str, Any] = {"compute": float(budget), "N": float(n), "D": float(d),
                                    "N_interval": None, "D_interval": None}
             if self.samples is not None and len(self.samples):
                 ns, ds = [], []
                 for E, A, B, alpha, beta in self.samples:
-                    n_b, d_b = Law(E, A, B, alpha, beta).optimal(budget, self.flops_per_param_token)
+                    n_b, d_b = optimal_allocation(Law(E, A, B, alpha, beta), budget, self.flops_per_token)
                     ns.append(float(n_b))
                     ds.append(float(d_b))
                 row["N_interval"] = _percentiles(np.array(ns), self.percentile)
@@ -272,7 +317,8 @@ class LawFit:
     def as_dict(self) -> dict[str, Any]:
         return {"method": "Hoffmann et al. 2022 approach 3: Huber (delta 1e-3) on log loss, L-BFGS-B from a grid",
                 "law": self.law.as_dict(), "objective": self.objective, "points": self.points,
-                "starts": self.starts, "flops_per_param_token": self.flops_per_param_token,
+                "starts": self.starts, "flops_per_token": {"per_parameter": self.flops_per_token[0],
+                                                                      "constant": self.flops_per_token[1]},
                 "bootstrap": {"resamples": self.bootstrap, "failed": self.bootstrap_failed,
                               "percentile": self.percentile, "seed": self.seed},
                 "intervals": {k: list(v) for k, v in self.intervals.items()}}
@@ -295,7 +341,8 @@ def fit_law(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *, st
         d: ``[points]`` training tokens D.
         loss: ``[points]`` final loss (nats per token), > 0.
         stderr: ``[points]`` standard errors of the losses (NaN: none), or ``None``.
-        compute: ``[points]`` training FLOPs, for ``k`` of ``C = k N D``; default ``k = 6``.
+        compute: ``[points]`` training FLOPs, for the FLOPs per token (:func:`flops_per_token_line`);
+            default ``6 N``.
         grid: Starts per parameter (default :data:`DEFAULT_GRID`, 72 starts; :data:`HOFFMANN_GRID`
             is Hoffmann et al.'s 4,500).
         delta: Huber's delta (default 1e-3).
@@ -317,13 +364,7 @@ def fit_law(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *, st
     for name, values in (("N", n_a), ("D", d_a), ("loss", l_a)):
         if not np.all(np.isfinite(values) & (values > 0)):
             raise FitError(f"a {name} that is not a positive finite number", f"every point needs {name} > 0")
-    k = KAPLAN_FLOPS_PER_PARAM_TOKEN
-    if compute is not None:
-        c_a = np.asarray(compute, dtype=float)
-        ratios = c_a / (n_a * d_a)
-        ratios = ratios[np.isfinite(ratios) & (ratios > 0)]
-        if len(ratios):
-            k = float(np.median(ratios))
+    k = (KAPLAN_FLOPS_PER_PARAM_TOKEN, 0.0) if compute is None else flops_per_token_line(n_a, compute, d_a)
     log_n, log_d, log_l = np.log(n_a), np.log(d_a), np.log(l_a)
     weights = log_loss_weights(l_a, s_a)
     starts = grid_starts(grid)
@@ -332,10 +373,11 @@ def fit_law(n: Sequence[float], d: Sequence[float], loss: Sequence[float], *, st
 
 
 def _fit(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, weights: np.ndarray, starts: np.ndarray,
-         delta: float, bootstrap: int, bootstrap_starts: int, percentile: float, seed: int, k: float) -> LawFit:
+         delta: float, bootstrap: int, bootstrap_starts: int, percentile: float, seed: int,
+         k: tuple[float, float]) -> LawFit:
     best, distinct = _minimise(starts, log_n, log_d, log_l, weights, delta, keep=max(bootstrap_starts, 1))
     result = LawFit(law=_law(best.theta), objective=best.value, points=len(log_n), starts=len(starts),
-                    flops_per_param_token=k, percentile=percentile, seed=seed)
+                    flops_per_token=k, percentile=percentile, seed=seed)
     if bootstrap > 0:
         rng = np.random.default_rng(seed)
         samples, failed = [], 0

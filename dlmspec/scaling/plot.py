@@ -3,7 +3,8 @@ only here).
 
 Left: the isoFLOP profiles, loss against N per compute budget: the points (repeated-data runs as
 crosses), each budget's parabola (approach 2), the fitted law along the budget (N, D = C/(k N)),
-and the law's optimum N*(C) with its bootstrap interval. Right: the compute-optimal N*(C) of the
+and the law's optimum N*(C) with its bootstrap interval (a token costing ``s N + b`` FLOPs, as
+:func:`dlmspec.scaling.law.flops_per_token_line` fits it). Right: the compute-optimal N*(C) of the
 law with its interval band, approach 2's minima with theirs, and the points' N against C.
 
 The PNG carries ``Software: dlmspec fit`` in its metadata, so a later fit may replace it.
@@ -51,7 +52,9 @@ def draw(study: Any, output: str) -> None:
 
     from dlmspec.scaling.isoflop import group_budgets
 
-    law, k = study.law.law, study.law.flops_per_param_token
+    from dlmspec.scaling.law import Law, optimal_allocation
+
+    law, (slope, intercept) = study.law.law, study.law.flops_per_token
     base = study.single_epoch
     n = np.array([p.params for p in base], dtype=float)
     c = np.array([p.flops for p in base], dtype=float)
@@ -69,7 +72,7 @@ def draw(study: Any, output: str) -> None:
         if budget.coefficients is not None:
             p2, p1, p0 = budget.coefficients
             left.plot(grid, p2 * np.log(grid) ** 2 + p1 * np.log(grid) + p0, color=colour, lw=1)
-        left.plot(grid, law.loss(grid, budget.compute / (k * grid)), color=colour, lw=1, ls="--")
+        left.plot(grid, law.loss(grid, budget.compute / (slope * grid + intercept)), color=colour, lw=1, ls="--")
         n_star = row["N"]
         left.plot([n_star], [law.loss(n_star, row["D"])], marker="*", markersize=11, color=colour, mec="black")
         if row["N_interval"]:
@@ -85,15 +88,14 @@ def draw(study: Any, output: str) -> None:
     left.grid(True, alpha=0.3)
     budgets = np.array([row["compute"] for row in study.optimum])
     span = np.geomspace(min(c.min(), budgets.min()) / 2, max(c.max(), budgets.max()) * 2, 100)
-    n_line, _ = law.optimal(span, k)
+    n_line = [optimal_allocation(law, float(x), study.law.flops_per_token)[0] for x in span]
     right.plot(span, n_line, color="black", lw=1.2, label="N*(C) of the law")
     if study.law.samples is not None and len(study.law.samples):
-        from dlmspec.scaling.law import Law
-
-        curves = np.array([Law(*s).optimal(span, k)[0] for s in study.law.samples])
+        curves = np.array([[optimal_allocation(Law(*s), float(x), study.law.flops_per_token)[0] for x in span[::5]]
+                           for s in study.law.samples])
         tail = (100 - study.law.percentile) / 2
         lo, hi = np.percentile(curves, [tail, 100 - tail], axis=0)
-        right.fill_between(span, lo, hi, color="grey", alpha=0.3,
+        right.fill_between(span[::5], lo, hi, color="grey", alpha=0.3,
                            label=f"{study.law.percentile:g} % bootstrap interval ({study.law.bootstrap} resamples)")
     found = [b for b in study.isoflops.budgets if b.n_opt is not None]
     for b in found:

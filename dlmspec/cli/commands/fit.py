@@ -91,7 +91,8 @@ def _print(study: Any, skipped: list[Any]) -> None:
     for name, value in fit.law.as_dict().items():
         law.add_row(name, _fmt(value, 5), _interval(fit.intervals.get(name), 4))
     console.print(law)
-    opt = Table(title=f"compute-optimal at the budgets present (C = {fit.flops_per_param_token:.3g} N D)")
+    slope, intercept = fit.flops_per_token
+    opt = Table(title=f"compute-optimal at the budgets present (a token costs {slope:.3g} N + {intercept:.3g} FLOPs)")
     for column in ("C FLOPs", "N* (law)", "interval", "D* (law)", "interval", "N_opt (isoFLOP)", "interval"):
         opt.add_column(column, justify="right")
     for row, budget in zip(study.optimum, study.isoflops.budgets):

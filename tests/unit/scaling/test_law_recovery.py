@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import scaling_kit
-from dlmspec.scaling.law import FitError, Law, fit_law, huber_objective, log_loss_weights
+from dlmspec.scaling.law import (FitError, Law, fit_law, flops_per_token_line, huber_objective, log_loss_weights,
+                                 optimal_allocation)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +93,24 @@ def test_fewer_points_than_parameters_are_refused() -> None:
 def test_a_non_positive_loss_is_refused() -> None:
     with pytest.raises(FitError, match="loss"):
         fit_law([1e8, 2e8, 3e8, 4e8, 5e8], [1e9] * 5, [3.0, 2.9, 0.0, 2.7, 2.6])
+
+
+def test_the_flops_per_token_line_of_the_planners_count() -> None:
+    """A token of the planner's count costs 6 N plus the logits and attention: s N + b."""
+    n = np.array([1e6, 4e6, 1.6e7])
+    d = np.array([1e9, 2e9, 3e9])
+    slope, intercept = flops_per_token_line(n, (6 * n + 7e7) * d, d)
+    assert (slope, intercept) == pytest.approx((6.0, 7e7))
+    assert flops_per_token_line(n, 6 * n * d, d) == pytest.approx((6.0, 0.0), abs=1e-6)
+
+
+def test_the_optimum_under_a_constant_cost_per_token_is_the_constrained_minimum() -> None:
+    law = Law(**scaling_kit.KNOWN)
+    budget, cost = 1e18, (6.0, 7e7)
+    n_star, d_star = optimal_allocation(law, budget, cost)
+    assert budget == pytest.approx(d_star * (6.0 * n_star + 7e7))
+    sizes = np.geomspace(n_star / 3, n_star * 3, 2001)
+    brute = sizes[np.argmin(law.loss(sizes, budget / (6.0 * sizes + 7e7)))]
+    assert n_star == pytest.approx(brute, rel=2e-3)
+    # a fixed cost per token makes tokens dearer: the optimum moves to fewer tokens than under 6 N D
+    assert d_star < law.optimal(budget)[1]
