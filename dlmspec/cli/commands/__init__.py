@@ -2,8 +2,8 @@
 this package is imported: :mod:`~dlmspec.cli.commands.validate` (``validate``, its hidden alias
 ``check``), :mod:`~dlmspec.cli.commands.show`, :mod:`~dlmspec.cli.commands.new`,
 :mod:`~dlmspec.cli.commands.schema`, :mod:`~dlmspec.cli.commands.compile`,
-:mod:`~dlmspec.cli.commands.submit`, :mod:`~dlmspec.cli.commands.plan` and :mod:`dlmspec.cli.plot`
-(``plot``); what several share is :mod:`~dlmspec.cli.commands.common`. ``generate``, ``eval``,
+:mod:`~dlmspec.cli.commands.submit`, :mod:`~dlmspec.cli.commands.plan`, :mod:`dlmspec.cli.plot`
+(``plot``) and :mod:`~dlmspec.cli.commands.fit` (``fit``); what several share is :mod:`~dlmspec.cli.commands.common`. ``generate``, ``eval``,
 ``data`` and ``convert`` are sub-apps :data:`~dlmspec.cli.app.app` imports on first use.
 
 :func:`dlmspec.cli.main` runs the plain forms of ``validate`` and ``plan`` without importing this
@@ -26,5 +26,6 @@ from dlmspec.cli.commands import submit as _submit  # noqa: F401
 from dlmspec.cli.commands import plan as _plan  # noqa: F401
 from dlmspec.cli.commands import task as _task  # noqa: F401
 from dlmspec.cli import plot as _plot  # noqa: E402,F401  (registers `dlmspec plot` on the app)
+from dlmspec.cli.commands import fit as _fit  # noqa: E402,F401
 
 __all__ = ["app"]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 import typer
 
+import scaling_kit
 from dlmspec.cli import main
 from dlmspec.cli.commands import app
 
@@ -135,6 +136,8 @@ CASES: dict[tuple[str, ...], tuple[list[Case], list[Case]]] = {
                    lambda t: ["submit", str(t / "missing.toml"), "--dry-run", "--json"]]),
     ("plot",): ([lambda t: ["plot", str(_run_dir(t)), "-o", str(t / "p.png"), "--json"]],
                 [lambda t: ["plot", str(t / "none"), "-o", str(t / "p.png"), "--json"]]),
+    ("fit",): ([lambda t: ["fit", *map(str, scaling_kit.isoflop_study(t / "runs")), "--bootstrap", "0", "--json"]],
+               [lambda t: ["fit", str(t / "none"), "--json"]]),
     ("data", "prepare"): ([lambda t: _prepare(t, str(_jsonl(t)))],
                           [lambda t: _prepare(t, str(t / "missing.jsonl"))]),
     ("data", "inspect"): ([_inspect], [lambda t: ["data", "inspect", str(t / "none"), "--json"]]),

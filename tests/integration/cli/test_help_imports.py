@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 #: Modules no help may import: the spec models (pydantic models built), the rules, the compiler.
 NEVER = ("dlmspec.spec.models", "dlmspec.check", "dlmspec.resolve", "dlmspec.plan", "dlmspec.render.compile",
-         "jinja2", "torch", "megatron")
+         "jinja2", "torch", "megatron", "scipy")
 
 
 def _imported_by(argv: list[str]) -> tuple[int, str, set[str]]:
@@ -46,7 +46,8 @@ def test_root_help_imports_no_models_rules_compiler_nor_lazy_sub_apps():
 
 @pytest.mark.parametrize("argv", [["validate", "--help"], ["plan", "--help"], ["show", "--help"],
                                   ["new", "--help"], ["compile", "--help"], ["submit", "-h"], ["schema", "--help"],
-                                  ["generate", "--help"], ["convert", "--help"], ["plot", "--help"]])
+                                  ["generate", "--help"], ["convert", "--help"], ["plot", "--help"],
+                                  ["fit", "--help"]])
 def test_command_help_imports_no_models_rules_nor_compiler(argv):
     rc, text, modules = _imported_by(argv)
     assert rc == 0 and "Usage" in text

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("check", ("dlmspec.check",)),
     ("search", ("dlmspec.plan.search", "dlmspec.plan.report")),
     ("render", ("dlmspec.render",)),
-    ("cli", ("dlmspec.cli", "dlmspec.data.cli", "dlmspec.dsl")),
+    ("cli", ("dlmspec.cli", "dlmspec.data.cli", "dlmspec.dsl", "dlmspec.scaling")),
 ]
 
 #: Known arrows back up, each with its reason; the lead removes an entry when its arrow goes.

@@ -1,0 +1,327 @@
+"""The points of a scaling study, read from run folders: what ``dlmspec fit`` fits.
+
+A run folder (``[logging] run_dir``, default ``runs/<name>``) holds what the runtime writes
+(``backends/megatron/metrics.py``): ``metrics.jsonl`` with a ``start`` record per launch
+(``model_flops_per_token``, the lock file's path ``spec_lock``, ``run_config`` with the data blend
+and ``logging.run_dir`` as the spec wrote it), ``train`` records (``tokens_seen``), ``valid``
+records (``loss``). :func:`read_point` takes from them, per run:
+
+* D, training tokens: the last ``train`` record's ``tokens_seen`` (iterations x global batch x
+  sequence length).
+* C, training FLOPs: ``model_flops_per_token`` x D (the planner's count, :mod:`dlmspec.flops`:
+  forward + backward matmuls, attention included).
+* N, parameters: non-embedding (as Kaplan et al. 2020 and Hoffmann et al. 2022 fit them), counted
+  from the run's ``spec.lock.toml`` by :func:`dlmspec.params.count_parameters`; the total beside.
+* the final loss: ``eval.json`` in the run folder when present (what ``dlmspec eval RUN --data
+  PREFIX --json > RUN/eval.json`` prints: for a masked-diffusion model the ELBO bound on NLL per
+  token of its default estimator with its standard error, for AR the exact NLL per token), else
+  the last ``valid`` record's loss (no standard error).
+* U, unique tokens, and the epochs D / U: from the dataset records of the lock's ``data.train``
+  (``PREFIX.dlmspec.json``: ``tokens``; ``max_unique_tokens`` of an entry caps it): a dataset of
+  weight share ``w_i`` gives ``min(w_i D, U_i)`` unique tokens, the run ``U = sum_i`` of them.
+  Unknown (``None``, with why) when a record is missing or unreadable, or the run trains on mock
+  data: only the data-constrained fit needs them.
+
+A run missing D, N or the loss is skipped (:class:`Skipped`, with why), never guessed. A folder
+that is no run folder, or a file that exists and cannot be read (a lock file, ``eval.json``), is an
+error (:class:`~dlmspec.errors.SpecError`, exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.files import FileRefused, read_json
+
+#: The file ``dlmspec fit`` reads a run's evaluation from (``dlmspec eval ... --json`` output).
+EVAL_FILE = "eval.json"
+#: The lock file's name beside train.py and in a run folder.
+LOCK_FILE = "spec.lock.toml"
+#: The estimator ``dlmspec eval`` reports first (its default; ``dlmspec.cli.generate``).
+EVAL_ESTIMATORS = ("count", "time", "bd3")
+
+
+@dataclass
+class RunPoint:
+    """One run of a study (units: parameters, tokens, FLOPs, nats per token).
+
+    Attributes:
+        run_dir, name: The folder and the run's name.
+        params: N, non-embedding parameters.
+        total_params: All parameters (embeddings counted).
+        tokens: D, training tokens.
+        flops: C, training FLOPs (the planner's count).
+        loss: Final validation loss.
+        stderr: Its standard error (``None``: not measured).
+        loss_source: Where the loss comes from (``eval.json (ELBO, count)``, ``metrics.jsonl valid``).
+        unique_tokens: U (``None``: unknown; ``unique_why`` says why).
+        epochs: D / U (``None`` with U).
+        objective: The run's objective kind (``mdm``, ``ar``, ...).
+    """
+
+    run_dir: str
+    name: str
+    params: int
+    total_params: int
+    tokens: int
+    flops: float
+    loss: float
+    stderr: float | None
+    loss_source: str
+    unique_tokens: int | None = None
+    epochs: float | None = None
+    unique_why: str | None = None
+    objective: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir, "name": self.name, "N": self.params, "N_total": self.total_params,
+                "D": self.tokens, "C": self.flops, "loss": self.loss, "stderr": self.stderr,
+                "loss_source": self.loss_source, "unique_tokens": self.unique_tokens, "epochs": self.epochs,
+                "unique_why": self.unique_why, "objective": self.objective}
+
+
+@dataclass
+class Skipped:
+    """A run left out of the fit: its folder, name and why."""
+
+    run_dir: str
+    name: str
+    why: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"run_dir": self.run_dir, "name": self.name, "why": self.why}
+
+
+def _issue(run_dir: str, key: str, value: Any, why: str, fix: str, file: str | None = None) -> SpecError:
+    return SpecError([SpecIssue(key, why, value=value, hint=fix, rule="fit-input", file=file or run_dir,
+                                source="dlmspec.scaling.runs")])
+
+
+def _number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def launch_dir(run_dir: str, recorded_run_dir: Any) -> str:
+    """The folder the run was launched from, which the spec's relative paths refer to: where the
+    run folder's recorded relative ``run_dir`` (``runs/NAME``) ends, else the folder's parent's
+    parent (``runs/NAME`` under it)."""
+    actual = os.path.abspath(run_dir)
+    if isinstance(recorded_run_dir, str) and recorded_run_dir and not os.path.isabs(recorded_run_dir):
+        parts = os.path.normpath(recorded_run_dir).split(os.sep)
+        tail = actual.split(os.sep)
+        if len(parts) < len(tail) and tail[-len(parts):] == parts:
+            return os.sep.join(tail[:-len(parts)]) or os.sep
+    return os.path.dirname(os.path.dirname(actual))
+
+
+def _resolve(path: str, base: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(base, path)
+
+
+def find_lock(run_dir: str, start: dict[str, Any], base: str) -> str | None:
+    """The run's ``spec.lock.toml``: the start record's ``spec_lock`` (relative to the launch
+    folder ``base``), else one in the run folder; ``None`` when neither exists."""
+    candidates = []
+    recorded = start.get("spec_lock")
+    if isinstance(recorded, str) and recorded:
+        candidates.append(_resolve(recorded, base))
+    candidates.append(os.path.join(run_dir, LOCK_FILE))
+    for path in candidates:
+        if os.path.lexists(path):
+            return path
+    return None
+
+
+def read_eval(run_dir: str) -> tuple[float, float | None, str] | None:
+    """``(loss, stderr, source)`` from ``<run_dir>/eval.json`` (the ``dlmspec eval --json``
+    envelope), or ``None`` when the run folder has none.
+
+    Raises:
+        SpecError: the file exists but is unreadable, or holds no score of a dataset.
+    """
+    path = os.path.join(run_dir, EVAL_FILE)
+    if not os.path.lexists(path):
+        return None
+    fix = f"write it with: dlmspec eval {run_dir} --data PREFIX --json > {path}"
+    try:
+        body = read_json(path, limit=16 << 20, what="eval result")
+    except FileRefused as exc:
+        raise _issue(run_dir, EVAL_FILE, exc.path, exc.why, exc.hint, file=path) from None
+    result = body.get("result") if isinstance(body, dict) else None
+    if not isinstance(result, dict):
+        raise _issue(run_dir, EVAL_FILE, path, "is not the JSON `dlmspec eval --json` prints (no 'result' object)",
+                     fix, file=path)
+    elbo = result.get("elbo")
+    if isinstance(elbo, dict):
+        for estimator in (*EVAL_ESTIMATORS, *sorted(elbo)):
+            entry = elbo.get(estimator)
+            if isinstance(entry, dict) and _number(entry.get("nll_per_token")):
+                err = entry.get("stderr_per_token")
+                return (float(entry["nll_per_token"]), float(err) if _number(err) and err > 0 else None,
+                        f"{EVAL_FILE} (ELBO bound, {estimator} estimator)")
+    ar = result.get("ar")
+    if isinstance(ar, dict) and _number(ar.get("nll_per_token")):
+        return float(ar["nll_per_token"]), None, f"{EVAL_FILE} (AR NLL, exact)"
+    raise _issue(run_dir, f"{EVAL_FILE}: result", path, "holds no dataset score (no result.elbo or result.ar with "
+                 "nll_per_token): the evaluation was run without --data", fix, file=path)
+
+
+def _unique_tokens(spec: Any, tokens: int, base: str) -> tuple[int | None, str | None]:
+    """``(U, None)`` or ``(None, why)`` (the module docstring)."""
+    from dlmspec.data.record import RecordError, read_record
+
+    data = spec.data
+    if getattr(data, "mock", False):
+        return None, "the run trains on mock data"
+    entries = list(getattr(data, "train", None) or [])
+    if not entries:
+        return None, "the lock names no data.train dataset"
+    weights = [getattr(e, "weight", None) for e in entries]
+    sizes = []
+    for entry in entries:
+        prefix = _resolve(str(entry.prefix), base)
+        try:
+            record = read_record(prefix)
+        except RecordError as exc:
+            return None, f"the dataset record of {entry.prefix} is unreadable ({exc})"
+        if record is None or not _number(record.get("tokens")):
+            return None, f"{entry.prefix} has no dataset record with its token count (PREFIX.dlmspec.json)"
+        size = int(record["tokens"])
+        cap = getattr(entry, "max_unique_tokens", None)
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+            size = min(size, cap)
+        sizes.append(size)
+    if all(w is None for w in weights):
+        weights = list(sizes)  # megatron weighs a blend without weights by size
+    if any(w is None or not _number(w) or w < 0 for w in weights) or sum(weights) <= 0:
+        return None, "the blend's weights are neither all given nor all omitted"
+    total = float(sum(weights))
+    unique = sum(min(w / total * tokens, size) for w, size in zip(weights, sizes))
+    return int(round(unique)), None
+
+
+def read_point(run_dir: str) -> RunPoint | Skipped:
+    """One run folder's point (the module docstring), or why it is skipped.
+
+    Raises:
+        SpecError: ``run_dir`` is no run folder (no ``metrics.jsonl``), or its lock file or
+            ``eval.json`` exists and cannot be read.
+    """
+    from dlmspec.cli.runs import read_run
+
+    log = read_run(run_dir, argument="RUN")
+    name = log.name
+    start = log.last("start")
+    if start is None:
+        return Skipped(run_dir, name, "metrics.jsonl has no start record (the run never started training)")
+    run_config = start.get("run_config") if isinstance(start.get("run_config"), dict) else {}
+    logging_config = run_config.get("logging") if isinstance(run_config.get("logging"), dict) else {}
+    base = launch_dir(run_dir, logging_config.get("run_dir"))
+    train = [r for r in log.events("train") if _number(r.get("tokens_seen")) and r["tokens_seen"] > 0]
+    if not train:
+        return Skipped(run_dir, name, "no train record with tokens_seen (the run logged no training step)")
+    tokens = int(train[-1]["tokens_seen"])
+    flops_per_token = start.get("model_flops_per_token")
+    if not _number(flops_per_token) or flops_per_token <= 0:
+        return Skipped(run_dir, name, "the start record has no model_flops_per_token (a run of an older dlmspec)")
+    lock_path = find_lock(run_dir, start, base)
+    if lock_path is None:
+        return Skipped(run_dir, name, f"no {LOCK_FILE} (the start record's spec_lock, or one in the run folder): "
+                       "its parameters cannot be counted")
+    try:
+        from dlmspec.spec.load import load
+
+        spec = load(lock_path).spec
+    except SpecError as exc:
+        first = exc.issues[0] if exc.issues else None
+        why = f"{first.key}: {first.message}" if first else "does not load"
+        raise _issue(run_dir, LOCK_FILE, lock_path, f"the run's lock file cannot be read ({why})",
+                     "give the run folder of a run compiled by dlmspec (its spec.lock.toml beside train.py)",
+                     file=lock_path) from None
+    from dlmspec.params import count_parameters
+
+    counts = count_parameters(spec.model)
+    found = read_eval(run_dir)
+    if found is None:
+        valid = [r for r in log.events("valid") if _number(r.get("loss"))]
+        if not valid:
+            return Skipped(run_dir, name, f"no validation loss: no valid record in metrics.jsonl and no {EVAL_FILE} "
+                           f"(dlmspec eval {run_dir} --data PREFIX --json > {os.path.join(run_dir, EVAL_FILE)})")
+        found = (float(valid[-1]["loss"]), None, f"metrics.jsonl valid record (iteration {valid[-1].get('iteration')})")
+    loss, stderr, source = found
+    if not loss > 0:
+        return Skipped(run_dir, name, f"the loss from {source} is {loss}, not a positive number")
+    unique, why = _unique_tokens(spec, tokens, base)
+    objective = start.get("objective") if isinstance(start.get("objective"), str) else None
+    return RunPoint(run_dir=run_dir, name=name, params=counts.non_embedding, total_params=counts.total, tokens=tokens,
+                    flops=float(flops_per_token) * tokens, loss=loss, stderr=stderr, loss_source=source,
+                    unique_tokens=unique, epochs=(tokens / unique) if unique else None, unique_why=why,
+                    objective=objective)
+
+
+def sweep_runs(folder: str) -> list[str]:
+    """The run folders directly inside ``folder`` (those holding ``metrics.jsonl``), sorted.
+
+    Raises:
+        SpecError: ``folder`` is not a folder, or holds no run folder.
+    """
+    if not os.path.isdir(folder):
+        raise _issue(folder, "--sweep", folder, "is not a folder", "give the folder holding the sweep's run folders "
+                     "(e.g. runs/)")
+    found = sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                   if os.path.isdir(os.path.join(folder, n)) and os.path.lexists(os.path.join(folder, n, "metrics.jsonl")))
+    if not found:
+        raise _issue(folder, "--sweep", folder, "holds no run folder (no sub-folder with metrics.jsonl)",
+                     "give the folder holding the sweep's run folders (e.g. runs/), or the runs themselves")
+    return found
+
+
+@dataclass
+class Pooled:
+    """Replicates of one (N, D, U) pooled into one point (:func:`pool_replicates`)."""
+
+    point: RunPoint
+    replicates: list[str]
+
+
+def pool_replicates(points: list[RunPoint]) -> list[Pooled]:
+    """Runs of the same N, D and U (replicates: other seeds) pooled into one point: the
+    inverse-variance weighted mean loss with standard error ``1 / sqrt(sum 1/s_i^2)`` when every
+    replicate has a standard error; else the plain mean with the replicates' standard error of
+    the mean (``std / sqrt(k)``, ``k >= 2``). Runs differing in any of N, D, U are distinct points."""
+    groups: dict[tuple[int, int, int | None], list[RunPoint]] = {}
+    for p in points:
+        groups.setdefault((p.params, p.tokens, p.unique_tokens), []).append(p)
+    pooled = []
+    for members in groups.values():
+        if len(members) == 1:
+            pooled.append(Pooled(members[0], [members[0].run_dir]))
+            continue
+        losses = [m.loss for m in members]
+        if all(m.stderr for m in members):
+            w = [1.0 / m.stderr ** 2 for m in members]  # type: ignore[operator]
+            loss = sum(wi * li for wi, li in zip(w, losses)) / sum(w)
+            err: float | None = 1.0 / math.sqrt(sum(w))
+        else:
+            k = len(members)
+            loss = sum(losses) / k
+            var = sum((li - loss) ** 2 for li in losses) / (k - 1)
+            err = math.sqrt(var / k) if var > 0 else None
+        first = members[0]
+        point = RunPoint(run_dir=first.run_dir, name=f"{first.name} (+{len(members) - 1} replicates)",
+                         params=first.params, total_params=first.total_params, tokens=first.tokens,
+                         flops=sum(m.flops for m in members) / len(members), loss=loss, stderr=err,
+                         loss_source=f"pooled over {len(members)} replicates", unique_tokens=first.unique_tokens,
+                         epochs=first.epochs, unique_why=first.unique_why, objective=first.objective)
+        pooled.append(Pooled(point, [m.run_dir for m in members]))
+    return pooled
