@@ -21,6 +21,49 @@ from .config import CheckpointConfig, ScheduleConfig
 from .fsdp import uses_megatron_fsdp
 
 
+#: What train.py prints before exiting 2 when the precision-aware optimizer cannot be built.
+FUSED_ADAM_MISSING = (
+    "train.py: [train] use_precision_aware_optimizer = true needs Transformer Engine's FusedAdam "
+    "(transformer_engine.pytorch.optimizers.FusedAdam with master_weight_dtype, exp_avg_dtype, exp_avg_sq_dtype "
+    "and use_decoupled_grad: Transformer Engine >= 2.0), also on the local layers, and {why}. Install "
+    "Transformer Engine on this machine, or set [train] optimizer_cpu_offload = true (megatron-core's "
+    "HybridDeviceOptimizer runs torch AdamW and needs no Transformer Engine), or use_precision_aware_optimizer = false."
+)
+
+
+def fused_adam_problem() -> Optional[str]:
+    """Why megatron-core 0.16.1's ``OptimizerConfig.__post_init__`` would refuse the precision-aware
+    optimizer here (it imports ``transformer_engine.pytorch.optimizers.FusedAdam`` and asserts the
+    keywords ``master_weight_dtype``, ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``use_decoupled_grad``),
+    or None when it would not."""
+    import inspect
+
+    try:
+        from transformer_engine.pytorch.optimizers import FusedAdam
+    except ImportError as exc:
+        return f"it does not import here ({exc})"
+    names = inspect.signature(FusedAdam).parameters
+    missing = [n for n in ("master_weight_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "use_decoupled_grad")
+               if n not in names]
+    return f"this Transformer Engine's FusedAdam lacks {', '.join(missing)}" if missing else None
+
+
+def require_fused_adam() -> None:
+    """Exit 2 with :data:`FUSED_ADAM_MISSING` when :func:`fused_adam_problem` finds one (train.py
+    calls it before ``OptimizerConfig`` with the precision-aware optimizer and no CPU offload, so
+    a machine without Transformer Engine gets a message, not megatron-core's traceback).
+
+    Raises:
+        SystemExit: code 2.
+    """
+    why = fused_adam_problem()
+    if why is not None:
+        import sys
+
+        print(FUSED_ADAM_MISSING.format(why=why), file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _plain_points(points) -> List[List[float]]:
     """``[[step, lr], ...]`` as plain lists of an int and a float (a checkpoint compares them)."""
     return [[int(step), float(lr)] for step, lr in points]
