@@ -268,6 +268,10 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
         "kernels": kernels_path(shape, lay),
         "host_launch": host_launch_path(lay, calibration or DEFAULT_CALIBRATION),
     }
+    if lay.precision_aware or lay.cpu_offload:  # [train] optimizer-state options (only then: plan.json stays as it was)
+        from dlmspec.plan.optimizer_state import describe
+
+        runtime["optimizer_state"] = describe(lay)
     plan = plan_layout(
         resolved.spec.name,
         shape,

@@ -106,6 +106,8 @@ def plan_renderable(plan: Plan) -> Group:
         head.append(f"\nhint: {plan.runtime['kernels_hint']}", style="yellow")
     if plan.runtime.get("host_launch"):
         head.append(f"\nhost: {plan.runtime['host_launch']}", style="dim")
+    if plan.runtime.get("optimizer_state"):
+        head.append(f"\noptimizer state: {plan.runtime['optimizer_state']}", style="dim")
 
     mem = Table(title=f"memory per GPU (GiB), peak on pipeline stage {peak.stage} during "
                       f"{peak.phase.replace('_', ' ')}", title_justify="left")

@@ -15,6 +15,7 @@ from dlmspec.gpus import GPU
 from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
 from dlmspec.plan.sft import needs_segment_mask
+from dlmspec.spec.optimizer_options import optimizer_options
 from dlmspec.resolve import (LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size,  # noqa: F401 - search reads it here
                              runtime_values)
 
@@ -156,6 +157,9 @@ class Layout:
             Both are ignored on the Transformer Engine path. sdpa_backend: ``[kernels] sdpa_backend`` as the spec says it
             (:func:`attention_backend` resolves ``auto`` against the GPU).
         optimizer: ``adam`` or ``sgd``.
+        precision_aware, main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype, store_param_remainders,
+            cpu_offload, offload_fraction, overlap_offload: ``[train]``'s optimizer-state options
+            (:mod:`dlmspec.spec.optimizer_options`; their bytes: :mod:`dlmspec.plan.optimizer_state`).
         world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
         host_launch_seconds: ``cluster.host_launch_us`` in seconds (host time per eager kernel
             launch, as ``backends/megatron/hostbench.py`` measures it), or None: the
@@ -204,6 +208,14 @@ class Layout:
     qkv_fusion: bool = False
     compiled_norm: bool = False
     host_launch_seconds: float | None = None
+    precision_aware: bool = False
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    store_param_remainders: bool = True
+    cpu_offload: bool = False
+    offload_fraction: float = 1.0
+    overlap_offload: bool = False
 
     @property
     def fused_linear_ce(self) -> bool:
@@ -403,7 +415,17 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         qkv_fusion=getattr(spec.kernels, "qkv_fusion", False),
         compiled_norm=getattr(spec.kernels, "compiled_norm", False),
         host_launch_seconds=_host_launch_seconds(spec.cluster),
+        **_optimizer_state(tr),
     )
+
+
+def _optimizer_state(train) -> dict[str, Any]:
+    """The :class:`Layout` fields of ``[train]``'s optimizer-state options."""
+    o = optimizer_options(train)
+    return dict(precision_aware=o.use_precision_aware_optimizer, main_params_dtype=o.main_params_dtype,
+                exp_avg_dtype=o.exp_avg_dtype, exp_avg_sq_dtype=o.exp_avg_sq_dtype,
+                store_param_remainders=o.store_param_remainders, cpu_offload=o.optimizer_cpu_offload,
+                offload_fraction=o.optimizer_offload_fraction, overlap_offload=o.overlap_cpu_optimizer_d2h_h2d)
 
 
 def _host_launch_seconds(cluster) -> float | None:
