@@ -64,6 +64,11 @@ SPEC_KEYS = {
     "recompute_method": "recompute.method",
     "recompute_layers": "recompute.num_layers",
     "distributed_optimizer": "parallel.use_distributed_optimizer",
+    "recompute_modules": "recompute.modules",
+    "precision_aware": "train.use_precision_aware_optimizer",
+    "exp_avg_dtype": "train.exp_avg_dtype",
+    "exp_avg_sq_dtype": "train.exp_avg_sq_dtype",
+    "cpu_offload": "train.optimizer_cpu_offload",
 }
 
 
@@ -344,6 +349,8 @@ def set_args(changes: dict[str, Any]) -> list[str]:
         key = SPEC_KEYS[fieldname]
         if isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):  # a TOML array of strings (recompute.modules)
+            text = "[" + ",".join(f'"{v}"' for v in value) + "]"
         elif isinstance(value, str):
             text = value
         else:
