@@ -3,8 +3,9 @@ what megatron-core 0.16.1 refuses when it builds the optimizer, and what Megatro
 before it (the precision-aware optimizer, its state dtypes and CPU offload).
 
 Sources, per rule: ``megatron/core/optimizer/optimizer_config.py`` ``OptimizerConfig.__post_init__``
-(adam only, distributed optimizer only, Transformer Engine's ``FusedAdam`` unless CPU offload,
-fp32 dtypes without the precision-aware optimizer); ``megatron/core/optimizer/__init__.py``
+(adam only, distributed optimizer only, Transformer Engine importable: ``is_te_min_version`` raises
+a ``TypeError`` without it, CPU offload included; its ``FusedAdam`` unless CPU offload; fp32 dtypes
+without the precision-aware optimizer); ``megatron/core/optimizer/__init__.py``
 ``_get_megatron_optimizer_based_on_param_groups`` (CPU offload builds ``HybridDeviceOptimizer``
 with ``param_update_in_fp32=True`` and torch AdamW: fp32 master weights and moments, whatever the
 dtype fields say); Megatron-LM ``megatron/training/arguments.py`` ``validate_args`` (CPU offload
@@ -112,27 +113,30 @@ def _dtypes_need_pa(ctx: Context) -> Iterator[Finding]:
     "precision-aware-needs-transformer-engine",
     "warning",
     "megatron.core.optimizer.optimizer_config.OptimizerConfig.__post_init__ (--use-precision-aware-optimizer "
-    "requires FusedAdam from TransformerEngine, except with optimizer_cpu_offload)",
+    "requires FusedAdam from TransformerEngine, and calls is_te_min_version('2.1.0') first, which raises "
+    "without Transformer Engine, with optimizer_cpu_offload too)",
     "the precision-aware optimizer on layers that may be local is planned with Transformer Engine installed",
 )
 def _needs_te(ctx: Context) -> Iterator[Finding]:
     opts = optimizer_options(ctx.spec.train)
-    if not opts.use_precision_aware_optimizer or opts.optimizer_cpu_offload:
-        return
-    if ctx.r.transformer_impl == "transformer_engine":
+    if not opts.use_precision_aware_optimizer or ctx.r.transformer_impl == "transformer_engine":
         return
     layers = ("the layers are local" if ctx.r.transformer_impl == "local"
               else "the layers are local where Transformer Engine does not import")
-    unset = _dtype_keys_set(ctx, OFFLOAD_STATE_KEYS)
-    fix = Fix({"train.optimizer_cpu_offload": True}, unset)
+    need = ("Transformer Engine importable (megatron-core 0.16.1 reads its version even for the CPU-offloaded "
+            "optimizer, whose torch AdamW needs no FusedAdam)" if opts.optimizer_cpu_offload
+            else "Transformer Engine's FusedAdam (Transformer Engine >= 2.0)")
+    keys = ("train.use_precision_aware_optimizer", "train.optimizer_cpu_offload", "train.store_param_remainders",
+            "train.optimizer_offload_fraction", "train.overlap_cpu_optimizer_d2h_h2d",
+            *(f"train.{k}" for k in opts.low_precision_dtypes))
+    fix = Fix(unset=tuple(k for k in keys if ctx.value(k) is not None))
     yield Finding(
         "train.use_precision_aware_optimizer",
-        f"needs Transformer Engine's FusedAdam installed on the GPU machine for the optimizer alone ({layers}); "
-        "without it train.py exits 2 before training",
+        f"needs {need} installed on the GPU machine for the optimizer alone ({layers}); without it train.py "
+        "exits 2 before training",
         fix=fix,
-        hint=f"install Transformer Engine where the job runs, or {fix.text()} (megatron-core's HybridDeviceOptimizer: "
-             "torch AdamW with fp32 master weights and moments in host memory, no Transformer Engine; it costs "
-             "PCIe copies each step, see dlmspec plan)",
+        hint=f"install Transformer Engine where the job runs (the layers may stay local), or {fix.text()} "
+             "(fp32 optimizer state)",
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0x4a5296cb
+SPEC_CRC32 = 0x1b2494ca
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {

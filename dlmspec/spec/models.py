@@ -361,8 +361,8 @@ class TrainSpec(Section):
         None,
         description="megatron-core's precision-aware optimizer (OptimizerConfig.use_precision_aware_optimizer): the "
         "master weights, main gradients and Adam moments may be kept in the dtypes below; Adam with "
-        "parallel.use_distributed_optimizer only, and Transformer Engine's FusedAdam installed (on the local layers "
-        "too) unless optimizer_cpu_offload. Unset: false.",
+        "parallel.use_distributed_optimizer only, with Transformer Engine installed (on the local layers too: "
+        "megatron-core 0.16.1 reads its version, and builds its FusedAdam unless optimizer_cpu_offload). Unset: false.",
     )
     main_params_dtype: Literal["fp32", "fp16"] | None = Field(
         None, description="Master weights' dtype (OptimizerConfig.main_params_dtype; Megatron-LM's "
@@ -387,7 +387,7 @@ class TrainSpec(Section):
     optimizer_cpu_offload: Bool | None = Field(
         None, description="Keep optimizer_offload_fraction of the optimizer's master weights and moments in host "
         "memory and step them there (OptimizerConfig.optimizer_cpu_offload: megatron-core's HybridDeviceOptimizer, "
-        "torch AdamW on the CPU; no Transformer Engine needed). Needs use_precision_aware_optimizer. Unset: false.",
+        "torch AdamW on the CPU, no FusedAdam). Needs use_precision_aware_optimizer. Unset: false.",
     )
     optimizer_offload_fraction: Float | None = Field(
         None, gt=0.0, le=1.0, description="Share of the optimizer state offloaded with optimizer_cpu_offload "
