@@ -68,8 +68,8 @@ RECOMPUTE_CHOICES = (
     ("full", "uniform", 1, None),
 )
 
-#: Optimizer-state options the search falls back to for a layout whose spec-own optimizer state
-#: does not fit at any recomputation (name, layout changes): bf16 Adam moments with the int16
+#: Optimizer-state options the search falls back to when no layout fits with the spec's own
+#: optimizer state (name, layout changes): bf16 Adam moments with the int16
 #: remainders of the fp32 master (Transformer Engine's FusedAdam: 6 bytes per parameter instead of
 #: 12, :mod:`dlmspec.plan.optimizer_state`), then all of the state in host memory (CPU offload).
 #: Tried only for Adam with the distributed optimizer and a spec that sets none of them.
@@ -291,26 +291,29 @@ def optimizer_state_name(lay: Layout) -> str:
     return ""
 
 
-def _optimizer_choices(base: Layout, distopt: bool) -> list[tuple[str, dict[str, Any]]]:
-    """The spec's own optimizer state (``("", {})``) and, for Adam on the distributed optimizer
-    when the spec sets no state option, :data:`OPTIMIZER_CHOICES`."""
-    own: list[tuple[str, dict[str, Any]]] = [("", {})]
+def _optimizer_choices(base: Layout, distopt: bool, state_options: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The spec's own optimizer state (``("", {})``), or with ``state_options`` the
+    :data:`OPTIMIZER_CHOICES` (for Adam on the distributed optimizer when the spec sets no state
+    option; none otherwise)."""
+    if not state_options:
+        return [("", {})]
     if distopt and base.optimizer == "adam" and not (base.precision_aware or base.cpu_offload) and base.fsdp == "none":
-        return own + list(OPTIMIZER_CHOICES)
-    return own
+        return list(OPTIMIZER_CHOICES)
+    return []
 
 
-def _selective_sets(shape: ModelShape, base: Layout) -> list[tuple[str, ...]]:
+def _selective_sets(shape: ModelShape, base: Layout, layernorm: bool = True) -> list[tuple[str, ...]]:
     """The selective module sets of :data:`RECOMPUTE_CHOICES` for this model and path: the spec's
     own modules first (when it names any), 'layernorm' not on Transformer Engine's dense layers
-    (the norm is fused into the next linear: nothing to recompute, rule recompute-layernorm-te),
+    (the norm is fused into the next linear: nothing to recompute, rule recompute-layernorm-te;
+    ``layernorm=False`` where the run may take them, ``transformer_impl = "auto"``),
     'mlp' not on an all-MoE model."""
     dense = not shape.is_moe or 0 in shape.moe_layers
     sets: list[tuple[str, ...]] = []
     for gran, _, _, modules in RECOMPUTE_CHOICES:
         if gran != "selective" or modules is None:
             continue
-        if "layernorm" in modules and base.impl == "transformer_engine" and not shape.is_moe:
+        if "layernorm" in modules and (not layernorm or base.impl == "transformer_engine") and not shape.is_moe:
             continue
         if "mlp" in modules and not dense:
             continue
@@ -331,7 +334,8 @@ def _tp_ok(shape: ModelShape, tp: int) -> bool:
 
 
 def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True, cp_comm_type: str = "p2p",
-                      max_micro_batch: int = MAX_MICRO_BATCH) -> Iterator[tuple[Layout, dict[str, Any]]]:
+                      max_micro_batch: int = MAX_MICRO_BATCH,
+                      state_options: bool = False, layernorm_recompute: bool = True) -> Iterator[tuple[Layout, dict[str, Any]]]:
     """Every layout of ``base``'s cluster and batch the divisibility rules accept, with the
     layout changes that select it. Deterministic order.
 
@@ -344,7 +348,7 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
     divisible by VPP and microbatches a positive multiple of PP.
     """
     world, L = base.world, shape.num_layers
-    selective = _selective_sets(shape, base)
+    selective = _selective_sets(shape, base, layernorm_recompute)
     own_modules = tuple(base.recompute_modules)
     for tp in _divisors(world):
         if tp > base.gpus_per_node or not _tp_ok(shape, tp):
@@ -379,7 +383,7 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
                             # that fits, and tries a state option only where the spec's own state
                             # fits nowhere (:func:`search`).
                             for distopt, (_, state_changes), (gran, method, nlayers, modules) in (
-                                    (d, st, rc) for d in distopts for st in _optimizer_choices(base, d)
+                                    (d, st, rc) for d in distopts for st in _optimizer_choices(base, d, state_options)
                                     for rc in RECOMPUTE_CHOICES):
                                 if gran == "selective" and modules not in selective:
                                     continue
@@ -657,28 +661,34 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
     smallest: Candidate | None = None
     enumerated = evaluated = 0
     caches = _Caches()
-    # Layouts that fit with headroom: without recomputation (more is slower), with some recomputation
-    # (full is slower than any selective set), with any optimizer state (the state options are a fallback).
+    # Layouts that fit with headroom: without recomputation (more is slower) and with some
+    # recomputation (full is slower than any selective set), per layout and optimizer state.
     fitted_none: set[tuple] = set()
     fitted_some: set[tuple] = set()
-    fitted_bases: set[tuple] = set()
-    for lay, changes in enumerate_layouts(shape0, base, allow_cp=allow_cp, cp_comm_type=spec.parallel.cp_comm_type):
-        enumerated += 1
-        base_group = (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.micro_batch, lay.distributed_optimizer)
-        state = optimizer_state_name(lay) if optimizer_state_name(lay) != optimizer_state_name(base) else ""
-        group = base_group + (state,)
-        if (state and base_group in fitted_bases) or group in fitted_none or (
-                lay.recompute == "full" and group in fitted_some):
-            continue  # a variant with the spec's optimizer state, or less recomputation, fits with headroom
-        evaluated += 1
-        cand = evaluate(_shape_for(shape0, lay.tp, shapes), lay, gpu, calib, changes, caches, time_all=time_all)
-        if cand.peak_bytes <= cap:
-            fitting.append(cand)
-            if not cand.tight:  # a tight fit still tries more recomputation, for headroom
-                fitted_bases.add(base_group)
-                (fitted_none if lay.recompute == "none" else fitted_some).add(group)
-        if smallest is None or cand.peak_bytes < smallest.peak_bytes:
-            smallest = cand
+    # The spec's own optimizer state first; the state options (OPTIMIZER_CHOICES) only when no layout
+    # fits with it, so a spec that fits is searched as before and one that does not is told which
+    # option places it.
+    layernorm = resolved.transformer_impl == "local"  # 'layernorm' recomputes nothing on TE's dense layers
+    state_pass = False
+    for state_options in (False, True):
+        if state_options and fitting:
+            break
+        state_pass = state_options
+        for lay, changes in enumerate_layouts(shape0, base, allow_cp=allow_cp, cp_comm_type=spec.parallel.cp_comm_type,
+                                              state_options=state_options, layernorm_recompute=layernorm):
+            enumerated += 1
+            group = (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.micro_batch, lay.distributed_optimizer,
+                     optimizer_state_name(lay))
+            if group in fitted_none or (lay.recompute == "full" and group in fitted_some):
+                continue  # the same layout with less recomputation fits with headroom: this one is slower
+            evaluated += 1
+            cand = evaluate(_shape_for(shape0, lay.tp, shapes), lay, gpu, calib, changes, caches, time_all=time_all)
+            if cand.peak_bytes <= cap:
+                fitting.append(cand)
+                if not cand.tight:  # a tight fit still tries more recomputation, for headroom
+                    (fitted_none if lay.recompute == "none" else fitted_some).add(group)
+            if smallest is None or cand.peak_bytes < smallest.peak_bytes:
+                smallest = cand
     fitting = rank(fitting)
     tight = sum(1 for c in fitting if c.tight)
     chosen: list[Candidate] = []
@@ -708,8 +718,11 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
                "\"transformer_engine\", to include it)")
     if chosen:
         message = (f"{len(fitting)} of {evaluated} planned layouts fit the {cap / gib:.1f} GiB of one {gpu.name} "
-                   f"({enumerated} enumerated; {enumerated - evaluated} skipped: more recomputation, or an "
-                   "optimizer-state option, than a fitting variant)")
+                   f"({enumerated} enumerated; {enumerated - evaluated} skipped: more recomputation than a "
+                   "fitting variant)")
+        if state_pass:
+            message += ("; none fits with the spec's fp32 optimizer state: these keep it in bf16 or in host memory "
+                        "(the opt. state column, train.use_precision_aware_optimizer and its keys in the --set lines)")
         if tight:
             message += (f"; {tight} use more than {HEADROOM_WARNING:.0%} of the memory and rank after those "
                         "with headroom" + (" (none has more)" if all(c.tight for c in fitting) else ""))

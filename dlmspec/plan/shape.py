@@ -160,6 +160,8 @@ class Layout:
         precision_aware, main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype, store_param_remainders,
             cpu_offload, offload_fraction, overlap_offload: ``[train]``'s optimizer-state options
             (:mod:`dlmspec.spec.optimizer_options`; their bytes: :mod:`dlmspec.plan.optimizer_state`).
+        moe_grouped_gemm: ``[model] moe_grouped_gemm`` on a MoE model (the experts' launches:
+            :mod:`dlmspec.plan.moe_experts`).
         world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
         host_launch_seconds: ``cluster.host_launch_us`` in seconds (host time per eager kernel
             launch, as ``backends/megatron/hostbench.py`` measures it), or None: the
@@ -216,6 +218,7 @@ class Layout:
     cpu_offload: bool = False
     offload_fraction: float = 1.0
     overlap_offload: bool = False
+    moe_grouped_gemm: bool = False
 
     @property
     def fused_linear_ce(self) -> bool:
@@ -416,6 +419,7 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         compiled_norm=getattr(spec.kernels, "compiled_norm", False),
         host_launch_seconds=_host_launch_seconds(spec.cluster),
         **_optimizer_state(tr),
+        moe_grouped_gemm=bool(spec.model.num_experts) and spec.model.moe_grouped_gemm,
     )
 
 

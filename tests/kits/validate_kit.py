@@ -125,6 +125,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
                                 "recompute.num_layers": 2, "recompute.modules": ["mlp"]}, "recompute.modules"),
     ("recompute-moe-modules", {"recompute.granularity": "selective", "recompute.modules": ["moe"]},
      "recompute.modules"),
+    ("moe-sequential-experts", {"model.num_experts": 16, "model.transformer_impl": "local"}, "model.moe_grouped_gemm"),
     # optimizer state (dlmspec/check/optimizer.py)
     ("precision-aware-needs-adam", {"train.use_precision_aware_optimizer": True, "train.optimizer": "sgd"},
      "train.optimizer"),

@@ -19,6 +19,7 @@ from dlmspec.cli.output import human_count, print_envelope, report_warnings, use
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.gpus import GiB
 from dlmspec.escape import comment, toml_document
+from dlmspec.check.moe import SEQUENTIAL_EXPERTS_NOTE
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS
 from dlmspec.wording import count, plural
 
@@ -106,7 +107,9 @@ def starter_spec(
         "name": name,
         "description": f"{preset} {(registered.adjective or objective) if registered is not None else 'autoregressive'} "
         f"pretraining on {world} {gpu} {plural('GPU', world)} (starter spec from `dlmspec new`)",
-        "model": {"preset": preset},
+        # grouped-GEMM experts for a fine-grained MoE (rule moe-sequential-experts)
+        "model": {"preset": preset, **({"moe_grouped_gemm": True}
+                                       if (model.get("num_experts") or 0) >= SEQUENTIAL_EXPERTS_NOTE else {})},
         "objective": objective_table,
         "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
         "precision": {"dtype": "bf16"},
