@@ -21,8 +21,9 @@ Grouped GEMM, per MoE layer and microbatch:
   kernel, one launch per GEMM over all experts): no per-expert launches. dlmspec's local layers do
   not build it (rule ``runtime-grouped-gemm-local``); it is counted for completeness.
 
-These constants are counted from the code, not fitted: uncalibrated until a grouped-GEMM MoE run
-(``bench/throughput/run.py --megatron-variants te-bf16-moe-grouped``) has been measured on a GPU.
+These constants are counted from the code, not fitted: uncalibrated beyond the one 8-expert run
+until a fine-grained MoE (the 128-expert, top-8 model) has been measured with and without grouped
+GEMM on a GPU.
 """
 
 from __future__ import annotations

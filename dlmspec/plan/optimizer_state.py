@@ -32,8 +32,8 @@ The offload's time (:func:`offload_seconds`) is the gradient copy to the host an
 back over PCIe (:data:`PCIE_GBPS` per GPU model, at :data:`PCIE_EFFICIENCY`) plus torch's fused
 AdamW on the host (:data:`HOST_ADAM_BYTES` per parameter at :data:`HOST_ADAM_GBPS`), summed, or
 the larger of the two with ``overlap_cpu_optimizer_d2h_h2d``. These constants are stated, not
-measured on this project's runs: uncalibrated until ``bench/throughput/run.py
---megatron-variants optimizer-offload`` has run on a GPU.
+measured on this project's runs: uncalibrated until ``bench/throughput/optimizer_state_agreement.py``
+(its ``te-bf16-cpu-offload`` and ``local-bf16-cpu-offload`` step times) has run on a GPU.
 """
 
 from __future__ import annotations
