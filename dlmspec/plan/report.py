@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
 MEMORY_LABELS = {
     "weights": "bf16/fp32 parameters (DDP param buffer)",
     "gradients": "main_grad buffer (fp32 with grad_reduce_in_fp32)",
-    "optimizer_states": "fp32 master + Adam moments (sharded with dist. optimizer)",
+    "optimizer_states": "master weights + Adam moments (sharded with dist. optimizer; dtypes: [train])",
     "fp8_weight_cache": "Transformer Engine fp8 weights + transposes",
     "fsdp_unsharded_buffers": "FSDP: gathered weights, unsharded grads",
     "sp_gather_buffer": "sequence-parallel all-gather buffer",

@@ -45,7 +45,7 @@ def test_few_experts_per_rank_or_grouped_gemm_get_no_note():
     assert not _note({"model.moe_grouped_gemm": True, "model.transformer_impl": "transformer_engine"})
 
 
-def test_a_spec_that_needs_the_local_layers_gets_the_note_without_a_key_fix():
+def test_a_spec_that_needs_the_local_layers_gets_the_note_with_words_only():
     (issue,) = _note({"objective.attention_mask": "block_causal", "objective.block_size": 64,
                       "model.transformer_impl": "auto"})
     assert issue.fix is None and "Transformer Engine layers" in issue.hint

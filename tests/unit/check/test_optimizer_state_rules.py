@@ -52,7 +52,7 @@ def _apply(data: dict[str, Any], fix: Fix) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("rule", "changes", "key"), FAILING, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(FAILING)])
-def test_optimizer_state_rule_fires_and_its_fix_validates(rule: str, changes: dict[str, Any], key: str) -> None:
+def test_optimizer_state_rule_fires_and_its_remedy_validates(rule: str, changes: dict[str, Any], key: str) -> None:
     data = spec_dict({"model.transformer_impl": "transformer_engine", **changes})
     issues = [i for i in find(SCOPES, Spec.model_validate(data)) if i.rule == rule]
     assert [(i.key, i.severity) for i in issues] == [(key, "error")]
