@@ -608,7 +608,8 @@ def _validator_errors(resolved: Resolved, cand: Candidate, known: set[tuple[str,
 
 
 def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = None, *,
-           validate: bool = True, max_checks: int = 200, time_all: bool = False) -> SearchResult:
+           validate: bool = True, max_checks: int = 200, time_all: bool = False,
+           state_options: bool = True) -> SearchResult:
     """Find the fastest layouts of ``resolved``'s model and cluster that fit the GPU.
 
     Args:
@@ -621,6 +622,9 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         max_checks: at most this many fitting layouts are re-checked.
         time_all: also time the layouts that do not fit (only the fitting ones are ranked;
             ``bench/plan/bench_search.py`` sets it to measure the worst case).
+        state_options: when no layout fits with the spec's own optimizer state, search again with
+            :data:`OPTIMIZER_CHOICES` (``dlmspec new`` leaves them out: a starter spec keeps fp32
+            state and asks for more nodes instead).
 
     Returns:
         A :class:`SearchResult`; ``top`` ranked by :func:`rank` (tokens/s, ties to the simpler
@@ -670,12 +674,12 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
     # option places it.
     layernorm = resolved.transformer_impl == "local"  # 'layernorm' recomputes nothing on TE's dense layers
     state_pass = False
-    for state_options in (False, True):
-        if state_options and fitting:
+    for with_options in (False, True) if state_options else (False,):
+        if with_options and fitting:
             break
-        state_pass = state_options
+        state_pass = with_options
         for lay, changes in enumerate_layouts(shape0, base, allow_cp=allow_cp, cp_comm_type=spec.parallel.cp_comm_type,
-                                              state_options=state_options, layernorm_recompute=layernorm):
+                                              state_options=with_options, layernorm_recompute=layernorm):
             enumerated += 1
             group = (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.micro_batch, lay.distributed_optimizer,
                      optimizer_state_name(lay))

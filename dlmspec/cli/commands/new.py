@@ -19,7 +19,6 @@ from dlmspec.cli.output import human_count, print_envelope, report_warnings, use
 from dlmspec.errors import SpecError, SpecIssue
 from dlmspec.gpus import GiB
 from dlmspec.escape import comment, toml_document
-from dlmspec.check.moe import SEQUENTIAL_EXPERTS_NOTE
 from dlmspec.spec.presets import MASK_TOKEN_IDS, PRESETS
 from dlmspec.wording import count, plural
 
@@ -92,6 +91,8 @@ def starter_spec(
 
         raise SpecError([SpecIssue("--preset", "unknown preset", value=preset, hint=preset_hint(preset),
                                    rule="unknown-preset")])
+    from dlmspec.check.moe import SEQUENTIAL_EXPERTS_NOTE  # here: `new --help` imports no rules
+
     model = PRESETS[preset]
     world = nodes * gpus_per_node
     seq = seq_length or min(4096, model["max_position_embeddings"])
@@ -177,7 +178,7 @@ def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str
     from dlmspec.resolve import resolve
 
     def best(candidate: Resolved) -> tuple[Any, Any]:
-        result = search(candidate, top=20)
+        result = search(candidate, top=20, state_options=False)  # a starter keeps fp32 optimizer state
         cap = HEADROOM_WARNING * candidate.gpu.memory_bytes
         return next((c for c in result.top if c.peak_bytes <= cap), None), result
 
