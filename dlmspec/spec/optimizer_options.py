@@ -1,6 +1,6 @@
-"""The optimizer-state options of ``[train]`` with their defaults filled in: the values
-megatron-core's ``OptimizerConfig`` gets (``templates/train.py.j2``), the rules read
-(:mod:`dlmspec.check.optimizer`) and the planner counts (:mod:`dlmspec.plan.optimizer_state`).
+"""The optimizer-state options of ``[train]`` with their defaults filled in: the values the rules
+read (:mod:`dlmspec.check.optimizer`) and the planner counts (:mod:`dlmspec.plan.optimizer_state`);
+``templates/train.py.j2`` writes the keys a spec sets into megatron-core's ``OptimizerConfig``.
 
 The spec leaves each key unset (``None``) by default so a spec that does not use them compiles to
 the same bytes as before they existed; "unset" means megatron-core's default, except
@@ -16,12 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-#: megatron-core ``OptimizerConfig`` dtype field values per spec dtype name (Megatron-LM
-#: ``arguments.py`` ``dtype_map``: fp8 is ``torch.uint8``, Transformer Engine's FusedAdam fp8 state).
-TORCH_DTYPES: dict[str, str] = {
-    "fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.uint8",
-}
 
 #: Bytes per element of each state dtype (fp8: one byte, Transformer Engine's ``Float8Tensor``
 #: with one fp32 scale per tensor, which is not counted).
@@ -57,31 +51,10 @@ class OptimizerOptions:
     overlap_cpu_optimizer_d2h_h2d: bool = False
 
     @property
-    def any_set(self) -> bool:
-        """Whether any option differs from megatron-core's plain optimizer (the compiled job
-        then passes them to ``OptimizerConfig``)."""
-        return self != OptimizerOptions()
-
-    @property
     def low_precision_dtypes(self) -> list[str]:
         """The dtype keys set to something other than fp32, in :data:`KEYS` order."""
         return [k for k in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
                 if getattr(self, k) != "fp32"]
-
-    def config_kwargs(self) -> dict[str, str]:
-        """``OptimizerConfig`` keyword -> Python source of its value (dtypes as ``torch.*``), for
-        the options that differ from megatron-core's defaults, plus ``optimizer_offload_fraction``
-        whenever CPU offload is on (megatron-core's default 0.0 is not the spec's)."""
-        out: dict[str, str] = {}
-        core_defaults = {**DEFAULTS, "optimizer_offload_fraction": 0.0}
-        for key in KEYS:
-            value = getattr(self, key)
-            if key == "optimizer_offload_fraction" and not self.optimizer_cpu_offload:
-                continue
-            if value == core_defaults[key]:
-                continue
-            out[key] = TORCH_DTYPES[value] if key.endswith("_dtype") else repr(value)
-        return out
 
 
 def optimizer_options(train: Any) -> OptimizerOptions:
