@@ -21,6 +21,55 @@ from .config import CheckpointConfig, ScheduleConfig
 from .fsdp import uses_megatron_fsdp
 
 
+#: What train.py prints before exiting 2 when the precision-aware optimizer cannot be built.
+FUSED_ADAM_MISSING = (
+    "train.py: [train] use_precision_aware_optimizer = true needs Transformer Engine on this machine, also on "
+    "the local layers: {why}. Install Transformer Engine here, or remove use_precision_aware_optimizer (and "
+    "the optimizer-state keys that need it) from [train]."
+)
+
+
+def fused_adam_problem(cpu_offload: bool = False) -> Optional[str]:
+    """Why megatron-core 0.16.1's ``OptimizerConfig.__post_init__`` would refuse the precision-aware
+    optimizer here, or None when it would not. It calls ``is_te_min_version("2.1.0")``, which raises
+    a ``TypeError`` where Transformer Engine does not import (CPU offload included); without CPU
+    offload it then imports ``transformer_engine.pytorch.optimizers.FusedAdam`` and asserts the
+    keywords ``master_weight_dtype``, ``exp_avg_dtype``, ``exp_avg_sq_dtype``, ``use_decoupled_grad``."""
+    import inspect
+
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError as exc:
+        return f"megatron-core reads Transformer Engine's version, and it does not import ({exc})"
+    if cpu_offload:
+        return None
+    try:
+        from transformer_engine.pytorch.optimizers import FusedAdam
+    except ImportError as exc:
+        return f"megatron-core builds Transformer Engine's FusedAdam, and it does not import ({exc})"
+    names = inspect.signature(FusedAdam).parameters
+    missing = [n for n in ("master_weight_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "use_decoupled_grad")
+               if n not in names]
+    return (f"this Transformer Engine's FusedAdam lacks {', '.join(missing)} (Transformer Engine >= 2.0 has them)"
+            if missing else None)
+
+
+def require_fused_adam(cpu_offload: bool = False) -> None:
+    """Exit 2 with :data:`FUSED_ADAM_MISSING` when :func:`fused_adam_problem` finds one (train.py
+    calls it before ``OptimizerConfig`` with the precision-aware optimizer, so a machine without
+    Transformer Engine gets a message, not megatron-core's traceback).
+
+    Raises:
+        SystemExit: code 2.
+    """
+    why = fused_adam_problem(cpu_offload)
+    if why is not None:
+        import sys
+
+        print(FUSED_ADAM_MISSING.format(why=why), file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _plain_points(points) -> List[List[float]]:
     """``[[step, lr], ...]`` as plain lists of an int and a float (a checkpoint compares them)."""
     return [[int(step), float(lr)] for step, lr in points]

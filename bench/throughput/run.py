@@ -27,7 +27,9 @@ The peers: ``--peers`` (``--hf-impls``) picks hf_baseline.py's
 ``--impl`` rows (``plain``, ``liger``, ``liger-compile``, ``liger-compile-fp8``; micro batches per
 impl with ``--hf-impl-micro-batch-sizes plain=6``) and ``--megatron-variants`` the megatron rows:
 ``reference`` (train_reference.py, as above) or a variant of :data:`MEGATRON_VARIANTS` (``te-bf16``,
-``te-fp8``, ``te-fp8-tensorwise``, ``local-bf16``, ``local-bf16-flex``), for which the harness compiles
+``te-fp8``, ``te-fp8-tensorwise``, ``local-bf16``, ``local-bf16-flex``, and the optimizer-state ones:
+``te-bf16-precision-aware``, ``te-bf16-bf16-states``, ``te-bf16-bf16-grads``, ``te-bf16-cpu-offload``,
+``local-bf16-bf16-states``, ``local-bf16-cpu-offload``), for which the harness compiles
 ``bench/throughput/qwen3-1.7b-mdm.toml`` with ``--set`` overrides (``dlmspec compile``, not part
 of the job's limit) and runs its train.py under torchrun as launch.sh does (without the
 ``--check`` pass). Each side's rows are taken in the order given, alternating sides. The JSON's
@@ -116,6 +118,34 @@ MEGATRON_VARIANTS: Dict[str, Dict[str, Any]] = {
     "te-fp8-tensorwise": {"precision": "fp8", "sets": {"model.transformer_impl": "transformer_engine",
                                                        "precision.fp8": "hybrid", "precision.fp8_recipe": "tensorwise"},
                           "what": "compiled spec, Transformer Engine layers, fp8 hybrid, current per-tensor scaling"},
+    # Optimizer-state options ([train], dlmspec/plan/optimizer_state.py); their losses against te-bf16's / local-bf16's:
+    # bench/throughput/optimizer_state_agreement.py
+    "te-bf16-precision-aware": {"precision": "bf16", "sets": {"model.transformer_impl": "transformer_engine",
+                                                             "train.use_precision_aware_optimizer": True},
+                                "what": "TE layers, bf16; precision-aware optimizer (TE FusedAdam, fp32 master as int16 "
+                                        "remainders, fp32 moments)"},
+    "te-bf16-bf16-states": {"precision": "bf16", "sets": {"model.transformer_impl": "transformer_engine",
+                                                         "train.use_precision_aware_optimizer": True,
+                                                         "train.exp_avg_dtype": "bf16", "train.exp_avg_sq_dtype": "bf16"},
+                            "what": "TE layers, bf16; precision-aware optimizer with bf16 Adam moments"},
+    "te-bf16-bf16-grads": {"precision": "bf16", "sets": {"model.transformer_impl": "transformer_engine",
+                                                        "train.use_precision_aware_optimizer": True,
+                                                        "train.main_grads_dtype": "bf16",
+                                                        "parallel.grad_reduce_in_fp32": False},
+                           "what": "TE layers, bf16; precision-aware optimizer with bf16 main gradients"},
+    "te-bf16-cpu-offload": {"precision": "bf16", "sets": {"model.transformer_impl": "transformer_engine",
+                                                         "train.use_precision_aware_optimizer": True,
+                                                         "train.optimizer_cpu_offload": True},
+                            "what": "TE layers, bf16; optimizer state in host memory (HybridDeviceOptimizer)"},
+    "local-bf16-bf16-states": {"precision": "bf16", "sets": {"model.transformer_impl": "local",
+                                                            "train.use_precision_aware_optimizer": True,
+                                                            "train.exp_avg_dtype": "bf16", "train.exp_avg_sq_dtype": "bf16"},
+                               "what": "local layers, bf16; precision-aware optimizer with bf16 moments (TE installed "
+                                       "for its FusedAdam)"},
+    "local-bf16-cpu-offload": {"precision": "bf16", "sets": {"model.transformer_impl": "local",
+                                                            "train.use_precision_aware_optimizer": True,
+                                                            "train.optimizer_cpu_offload": True},
+                               "what": "local layers, bf16; optimizer state in host memory (TE importable)"},
 }
 #: The targets the ratios are compared with.
 TARGET_MFU = 0.50
@@ -689,7 +719,10 @@ def needed_imports(args: argparse.Namespace) -> List[str]:
     mega = "megatron" in args.sides
     hf = "hf" in args.sides
     want = {"torch": True, "transformers": hf, "megatron.core": mega,
-            "transformer_engine.pytorch": mega and any(v.startswith("te-") for v in args.megatron_variants),
+            # the te-* layers, and the precision-aware optimizer on any layers (megatron-core reads TE's version)
+            "transformer_engine.pytorch": mega and any(
+                v.startswith("te-") or (MEGATRON_VARIANTS.get(v, {}).get("sets") or {}).get("train.use_precision_aware_optimizer")
+                for v in args.megatron_variants),
             "dlmspec.cli": mega and any(v != "reference" for v in args.megatron_variants),
             "liger_kernel.transformers": hf and any(i != "plain" for i in args.hf_impls),
             "torchao.float8": hf and any(i.endswith("-fp8") for i in args.hf_impls)}
@@ -725,7 +758,9 @@ def expected_keywords(args: argparse.Namespace, variant: str, mbs: int, run_dir:
             "global_batch_size": args.microbatches_per_step * mbs * args.nproc,
             "seq_length": args.seq_length,
             "train_iters": args.warmup + args.steps,
-            "run_dir": str(run_dir)}
+            "run_dir": str(run_dir),
+            "use_precision_aware_optimizer": sets.get("train.use_precision_aware_optimizer"),
+            "optimizer_cpu_offload": sets.get("train.optimizer_cpu_offload")}
 
 
 def dry_run(args: argparse.Namespace, jobs: List[tuple], work: Path, megatron_extra: List[str]) -> int:

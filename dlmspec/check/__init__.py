@@ -18,6 +18,7 @@ from dlmspec.check import sequence  # noqa: F401
 from dlmspec.check import moe  # noqa: F401
 from dlmspec.check import recompute  # noqa: F401
 from dlmspec.check import precision  # noqa: F401
+from dlmspec.check import optimizer  # noqa: F401
 from dlmspec.check import objective  # noqa: F401
 from dlmspec.check import block_diffusion  # noqa: F401
 from dlmspec.check import tokenizer  # noqa: F401

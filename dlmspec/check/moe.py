@@ -206,3 +206,51 @@ def _moe_act(ctx: Context) -> Iterator[Finding]:
             "set model.moe_grouped_gemm = true, or drop 'moe_act' from recompute.modules",
             fix=Fix({"model.moe_grouped_gemm": True}),
         )
+
+
+#: Local experts (``num_experts / expert_model_parallel_size``) from which the validator notes that
+#: ``SequentialMLP`` runs them one after the other: a fine-grained MoE (Qwen3-30B-A3B, OLMoE: 128 and
+#: 64 experts) launches hundreds of small GEMMs per layer (dlmspec.plan.moe_experts).
+SEQUENTIAL_EXPERTS_NOTE = 16
+
+
+@rule(
+    "moe-sequential-experts",
+    "warning",
+    "megatron.core.transformer.moe.experts.SequentialMLP (one MLP per local expert, one after the other) "
+    "and TEGroupedMLP / GroupedMLP (grouped GEMM); launch counts: dlmspec.plan.moe_experts",
+    "a MoE with many experts per rank runs grouped GEMM",
+)
+def _sequential_experts(ctx: Context) -> Iterator[Finding]:
+    from dlmspec.plan.launches import KERNELS_PER_LOCAL_EXPERT
+    from dlmspec.plan.moe_experts import GROUPED_PER_LOCAL_EXPERT, GROUPED_PER_MOE_LAYER
+    from dlmspec.resolve import layer_path_needs
+
+    m, r = ctx.spec.model, ctx.r
+    if not m.is_moe or m.moe_grouped_gemm or r.ep < 1 or m.num_experts // r.ep < SEQUENTIAL_EXPERTS_NOTE:
+        return
+    local = m.num_experts // r.ep
+    moe_layers = sum(r.moe_layers)
+    path = "local+sdpa" if r.transformer_impl == "local" else "transformer_engine"
+    sequential = moe_layers * local * KERNELS_PER_LOCAL_EXPERT[path]
+    grouped = moe_layers * (GROUPED_PER_MOE_LAYER["transformer_engine"]
+                            + GROUPED_PER_LOCAL_EXPERT["transformer_engine"] * local)
+    needs_local, _ = layer_path_needs(ctx.spec, r.attention_mask, r.cp)
+    message = (f"the {local} local experts of each of the {moe_layers} MoE layers run one after the other "
+               f"(megatron-core's SequentialMLP): about {sequential:,} expert kernel launches per microbatch, "
+               f"against about {grouped:,} with Transformer Engine's grouped GEMM (planned, uncalibrated)")
+    local_note = ("; megatron-core's GroupedMLP would group them on the local layers where the grouped_gemm "
+                  "kernel installs, which dlmspec's local layers do not build (runtime-grouped-gemm-local)")
+    if needs_local:
+        yield Finding("model.moe_grouped_gemm", message + local_note,
+                      hint=f"grouped GEMM runs on the Transformer Engine layers, which {', '.join(needs_local)} "
+                           "keeps from this spec; without it set model.moe_grouped_gemm = true",
+                      fix=None)
+        return
+    changes: dict = {"model.moe_grouped_gemm": True}
+    if m.transformer_impl == "local":
+        changes["model.transformer_impl"] = "transformer_engine"
+        message += local_note
+    fix = Fix(changes)
+    yield Finding("model.moe_grouped_gemm", message, fix=fix,
+                  hint=f"{fix.text()} (Transformer Engine's TEGroupedMLP; dlmspec plan shows the step time of both)")

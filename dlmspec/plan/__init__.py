@@ -65,6 +65,11 @@ SPEC_KEYS = {
     "recompute_method": "recompute.method",
     "recompute_layers": "recompute.num_layers",
     "distributed_optimizer": "parallel.use_distributed_optimizer",
+    "recompute_modules": "recompute.modules",
+    "precision_aware": "train.use_precision_aware_optimizer",
+    "exp_avg_dtype": "train.exp_avg_dtype",
+    "exp_avg_sq_dtype": "train.exp_avg_sq_dtype",
+    "cpu_offload": "train.optimizer_cpu_offload",
 }
 
 
@@ -269,6 +274,10 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
         "kernels": kernels_path(shape, lay),
         "host_launch": host_launch_path(lay, calibration or DEFAULT_CALIBRATION),
     }
+    if lay.precision_aware or lay.cpu_offload:  # [train] optimizer-state options (only then: plan.json stays as it was)
+        from dlmspec.plan.optimizer_state import describe
+
+        runtime["optimizer_state"] = describe(lay)
     plan = plan_layout(
         resolved.spec.name,
         shape,
@@ -341,6 +350,8 @@ def set_args(changes: dict[str, Any]) -> list[str]:
         key = SPEC_KEYS[fieldname]
         if isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):  # a TOML array of strings (recompute.modules)
+            text = "[" + ",".join(f'"{v}"' for v in value) + "]"
         elif isinstance(value, str):
             text = value
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dlmspec.plan.memory import fsdp_sharding, stage_layer_counts
 from dlmspec.plan.shape import Layout, ModelShape, norms_compiled, qkv_fused
+from dlmspec.plan.moe_experts import expert_kernels
 
 #: Kernels per transformer layer per microbatch, forward + backward. Local path: counted by
 #: ``bench/plan/count_kernels.py`` on megatron-core's local layers (33 forward, 45 backward with
@@ -116,7 +117,7 @@ def kernels_per_microbatch(shape: ModelShape, lay: Layout, counts: tuple[int, in
     kernels = layers * per_layer
     experts = 0.0
     if moe_n:
-        experts = KERNELS_PER_LOCAL_EXPERT[path] * shape.num_experts / lay.ep
+        experts = expert_kernels(shape, lay, path, KERNELS_PER_LOCAL_EXPERT[path])  # grouped GEMM: plan/moe_experts.py
         dispatch = KERNELS_EP_DISPATCH[path] if lay.ep > 1 else 0
         kernels += moe_n * (KERNELS_PER_MOE_LAYER[path] + experts + dispatch)
     if lay.recompute == "full":

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.pipeline_split import Split, chunk_layers, layer_ranges
+from dlmspec.plan import optimizer_state
 from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length, pipeline_split
 
 #: Breakdown keys of allocated memory, in report order (``peak_allocated_bytes`` is their sum).
@@ -194,7 +195,8 @@ def optimizer_bytes_per_param(optimizer: str, dtype: str) -> int:
     Adam: fp32 ``exp_avg`` and ``exp_avg_sq`` (8) plus, for bf16/fp16 models, the fp32 master
     weights (4) of megatron-core's mixed-precision optimizers: 12 (Megatron-LM
     ``theoretical_memory_usage.py``: 18 = 2 + 4 + 12). SGD (megatron uses momentum 0.9): one
-    fp32 momentum (4) plus the master copy for half-precision models.
+    fp32 momentum (4) plus the master copy for half-precision models. The plain optimizer only:
+    the precision-aware and offloaded ones are :func:`dlmspec.plan.optimizer_state.state_bytes`.
     """
     states = 8 if optimizer == "adam" else 4
     return states + (0 if dtype == "fp32" else 4)
@@ -625,7 +627,7 @@ def stage_memory(
     y = DTYPE_BYTES[lay.dtype]
     param_b = 4 if lay.dtype == "fp32" else 2
     grad_b = 4 if (lay.grad_fp32 or lay.dtype == "fp32") else param_b
-    opt_b = optimizer_bytes_per_param(lay.optimizer, lay.dtype)
+    opt_b = optimizer_state.gpu_bytes_per_param(lay)  # [train] optimizer-state options (plan/optimizer_state.py)
     shard = lay.dp * lay.cp
     eshard = lay.expert_dp
     full_fsdp, grad_fsdp, opt_sharded = fsdp_sharding(lay)
@@ -756,8 +758,11 @@ def _step_transient(lay: Layout, p_dense: float, p_expert: float, sharded: bool,
     Without it megatron-core falls back to ``torch.optim.AdamW`` (foreach), whose
     ``_multi_tensor_adam`` allocates ``sqrt(exp_avg_sq)`` for every parameter it owns: 4 bytes
     per parameter; bf16 gradients are also copied to fp32 (``main_param.grad = grad.float()``).
+    The precision-aware optimizer: :func:`dlmspec.plan.optimizer_state.step_transient_bytes`.
     """
     owned = p_dense / shard + p_expert / eshard if sharded else p_dense + p_expert
+    if lay.precision_aware:  # TE FusedAdam (or the hybrid optimizer): its fp32 copies of low-precision state
+        return optimizer_state.step_transient_bytes(lay) * owned
     temp = 0.0
     if lay.impl != "transformer_engine" and lay.optimizer == "adam":
         temp += 4 * owned

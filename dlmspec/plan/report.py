@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
 MEMORY_LABELS = {
     "weights": "bf16/fp32 parameters (DDP param buffer)",
     "gradients": "main_grad buffer (fp32 with grad_reduce_in_fp32)",
-    "optimizer_states": "fp32 master + Adam moments (sharded with dist. optimizer)",
+    "optimizer_states": "master weights + Adam moments (sharded with dist. optimizer; dtypes: [train])",
     "fp8_weight_cache": "Transformer Engine fp8 weights + transposes",
     "fsdp_unsharded_buffers": "FSDP: gathered weights, unsharded grads",
     "sp_gather_buffer": "sequence-parallel all-gather buffer",
@@ -112,6 +112,8 @@ def plan_renderable(plan: Plan) -> Group:
         head.append(f"\nhint: {plan.runtime['kernels_hint']}", style="yellow")
     if plan.runtime.get("host_launch"):
         head.append(f"\nhost: {plan.runtime['host_launch']}", style="dim")
+    if plan.runtime.get("optimizer_state"):
+        head.append(f"\noptimizer state: {plan.runtime['optimizer_state']}", style="dim")
 
     mem = Table(title=f"memory per GPU (GiB), peak on pipeline stage {peak.stage} during "
                       f"{peak.phase.replace('_', ' ')}", title_justify="left")
@@ -198,15 +200,19 @@ def search_renderable(result: SearchResult, top: int, *, set_lines: bool = True)
     if not result.top:
         return Group(*parts)
     table = Table(title=f"top {min(top, len(result.top))} layouts by tokens/s", title_justify="left")
-    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "dist.opt", "peak GiB", "memory",
-                "tokens/s", "MFU"):
+    from dlmspec.plan.search import optimizer_state_name
+
+    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "dist.opt", "opt. state", "peak GiB",
+                "memory", "tokens/s", "MFU"):
         table.add_column(col, justify="right")
     lines = Text(no_wrap=True, overflow="ignore")  # one copy-pasteable line per layout
     for i, c in enumerate(result.top, 1):
         lay = c.layout
         table.add_row(*[Text(x) for x in (
             str(i), str(lay.tp), str(lay.pp), str(lay.vpp) if lay.vpp > 1 else "-", str(lay.cp), str(lay.ep),
-            str(lay.dp), str(lay.micro_batch), lay.recompute, "on" if lay.distributed_optimizer else "off",
+            str(lay.dp), str(lay.micro_batch),
+            lay.recompute + (f" ({'+'.join(lay.recompute_modules)})" if lay.recompute == "selective" else ""),
+            "on" if lay.distributed_optimizer else "off", optimizer_state_name(lay) or "spec",
             _gib(c.peak_bytes), f"{100 * c.memory_fraction:.1f}%{' !' if c.tight else ''}",
             f"{c.tokens_per_second:,.0f}", f"{100 * c.mfu:.1f}%")])
         lines.append(f"#{i}: {' '.join(c.set_args())}\n")

@@ -56,8 +56,29 @@ from dlmspec.plan.time import time_plan
 from dlmspec.resolve import Resolved, padded_vocab_size
 from dlmspec.wording import count
 
-#: Recomputation settings the search tries: (granularity, method, num_layers).
-RECOMPUTE_CHOICES = (("none", "uniform", 1), ("selective", "uniform", 1), ("full", "uniform", 1))
+#: Recomputation settings the search tries: (granularity, method, num_layers, selective modules).
+#: The selective ones are megatron-core's ``recompute_modules`` sets that recompute GEMM-free or
+#: cheap parts (attention core, norms) or the MLP; the search times every one that fits and ranks
+#: them by tokens/s (:func:`search`), so the cheapest to recompute is not assumed the fastest.
+RECOMPUTE_CHOICES = (
+    ("none", "uniform", 1, None),
+    ("selective", "uniform", 1, ("core_attn",)),
+    ("selective", "uniform", 1, ("layernorm",)),
+    ("selective", "uniform", 1, ("core_attn", "layernorm")),
+    ("selective", "uniform", 1, ("mlp",)),
+    ("selective", "uniform", 1, ("core_attn", "mlp")),
+    ("full", "uniform", 1, None),
+)
+
+#: Optimizer-state options the search falls back to when no layout fits with the spec's own
+#: optimizer state (name, layout changes): bf16 Adam moments with the int16
+#: remainders of the fp32 master (Transformer Engine's FusedAdam: 6 bytes per parameter instead of
+#: 12, :mod:`dlmspec.plan.optimizer_state`), then all of the state in host memory (CPU offload).
+#: Tried only for Adam with the distributed optimizer and a spec that sets none of them.
+OPTIMIZER_CHOICES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("bf16-states", {"precision_aware": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}),
+    ("cpu-offload", {"precision_aware": True, "cpu_offload": True}),
+)
 
 #: Micro batch sizes above this are not tried (activations grow linearly, throughput saturates).
 MAX_MICRO_BATCH = 64
@@ -89,6 +110,8 @@ NEUTRAL_LAYOUT: dict[str, Any] = {
 
 #: Recomputation, least first (the tie-break prefers less).
 _RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+#: Optimizer-state options, the spec's own first (the tie-break prefers it).
+_STATE_ORDER = {"": 0, "precision-aware": 1, "bf16-states": 1, "cpu-offload": 2}
 
 
 #: :func:`_divisors` tries at most this many divisors of a number.
@@ -167,7 +190,11 @@ class Candidate:
         parts += [f"etp{lay.etp}"] if lay.etp != lay.tp else []
         parts.append(f"mb{lay.micro_batch}")
         parts += {"selective": ["sel"], "full": ["full"]}.get(lay.recompute, [])
+        if lay.recompute == "selective" and tuple(lay.recompute_modules) != ("core_attn",):
+            parts[-1] += "(" + "+".join(lay.recompute_modules) + ")"
         parts += ["distopt"] if lay.distributed_optimizer else []
+        state = optimizer_state_name(lay)
+        parts += [state] if state else []
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,7 +212,9 @@ class Candidate:
             "micro_batch_size": lay.micro_batch,
             "num_microbatches": lay.num_microbatches,
             "recompute_granularity": lay.recompute,
+            "recompute_modules": list(lay.recompute_modules) if lay.recompute == "selective" else None,
             "use_distributed_optimizer": lay.distributed_optimizer,
+            "optimizer_state": optimizer_state_name(lay) or "spec",
             "peak_bytes": int(round(self.peak_bytes)),
             "peak_allocated_bytes": int(round(self.peak_allocated_bytes)),
             "memory_fraction": self.memory_fraction,
@@ -255,6 +284,46 @@ class SearchResult:
         }
 
 
+def optimizer_state_name(lay: Layout) -> str:
+    """The :data:`OPTIMIZER_CHOICES` name of ``lay``'s optimizer-state options, ``""`` for none."""
+    if lay.cpu_offload:
+        return "cpu-offload"
+    if lay.precision_aware:
+        return "bf16-states" if (lay.exp_avg_dtype, lay.exp_avg_sq_dtype) == ("bf16", "bf16") else "precision-aware"
+    return ""
+
+
+def _optimizer_choices(base: Layout, distopt: bool, state_options: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The spec's own optimizer state (``("", {})``), or with ``state_options`` the
+    :data:`OPTIMIZER_CHOICES` (for Adam on the distributed optimizer when the spec sets no state
+    option; none otherwise)."""
+    if not state_options:
+        return [("", {})]
+    if distopt and base.optimizer == "adam" and not (base.precision_aware or base.cpu_offload) and base.fsdp == "none":
+        return list(OPTIMIZER_CHOICES)
+    return []
+
+
+def _selective_sets(shape: ModelShape, base: Layout, layernorm: bool = True) -> list[tuple[str, ...]]:
+    """The selective module sets of :data:`RECOMPUTE_CHOICES` for this model and path: the spec's
+    own modules first (when it names any), 'layernorm' not on Transformer Engine's dense layers
+    (the norm is fused into the next linear: nothing to recompute, rule recompute-layernorm-te;
+    ``layernorm=False`` where the run may take them, ``transformer_impl = "auto"``),
+    'mlp' not on an all-MoE model."""
+    dense = not shape.is_moe or 0 in shape.moe_layers
+    sets: list[tuple[str, ...]] = []
+    for gran, _, _, modules in RECOMPUTE_CHOICES:
+        if gran != "selective" or modules is None:
+            continue
+        if "layernorm" in modules and (not layernorm or base.impl == "transformer_engine") and not shape.is_moe:
+            continue
+        if "mlp" in modules and not dense:
+            continue
+        sets.append(modules)
+    own = tuple(base.recompute_modules)
+    return [own] + [m for m in sets if m != own] if own and own not in sets else sets
+
+
 def _tp_ok(shape: ModelShape, tp: int) -> bool:
     """``tp-divides-heads``, ``tp-divides-query-groups`` (or groups replicated over TP) and
     ``tp-divides-ffn`` of :mod:`dlmspec.check.parallel`."""
@@ -288,7 +357,8 @@ def _split_vpps(shape: ModelShape, base: Layout, pp: int) -> list[int]:
 
 
 def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True, cp_comm_type: str = "p2p",
-                      max_micro_batch: int = MAX_MICRO_BATCH) -> Iterator[tuple[Layout, dict[str, Any]]]:
+                      max_micro_batch: int = MAX_MICRO_BATCH,
+                      state_options: bool = False, layernorm_recompute: bool = True) -> Iterator[tuple[Layout, dict[str, Any]]]:
     """Every layout of ``base``'s cluster and batch the divisibility rules accept, with the
     layout changes that select it. Deterministic order.
 
@@ -301,6 +371,8 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
     divisible by VPP and microbatches a positive multiple of PP.
     """
     world, L = base.world, shape.num_layers
+    selective = _selective_sets(shape, base, layernorm_recompute)
+    own_modules = tuple(base.recompute_modules)
     for tp in _divisors(world):
         if tp > base.gpus_per_node or not _tp_ok(shape, tp):
             continue
@@ -329,32 +401,41 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
                             expert_dp = expert_data_parallel_size(world, etp, ep, pp)
                             distopts = (True, False) if dp * cp > 1 or (shape.is_moe and expert_dp > 1) \
                                 else (base.distributed_optimizer,)
-                            for distopt in distopts:
-                                # Recomputation innermost, cheapest first: the search skips the
-                                # rest of the group once one fits (more recomputation is slower).
-                                for gran, method, nlayers in RECOMPUTE_CHOICES:
-                                    changes: dict[str, Any] = {
-                                        "tp": tp, "pp": pp, "cp": cp, "sp": sp, "micro_batch": mbs,
-                                        "distributed_optimizer": distopt,
-                                    }
-                                    if v > 1:
-                                        changes["vpp"] = v
-                                    if shape.is_moe:
-                                        changes["ep"] = ep
-                                        changes["etp"] = etp
-                                    changes["recompute"] = gran
-                                    if gran == "full":
-                                        changes["recompute_method"] = method
-                                        changes["recompute_layers"] = nlayers
-                                    lay = fast_replace(
-                                        base, tp=tp, pp=pp, vpp=v, cp=cp, ep=ep, etp=etp, dp=dp,
-                                        expert_dp=expert_dp, sp=sp, micro_batch=mbs,
-                                        num_microbatches=m, recompute=gran, recompute_method=method,
-                                        recompute_layers=nlayers,
-                                        recompute_modules=base.recompute_modules,
-                                        distributed_optimizer=distopt,
-                                    )
-                                    yield lay, changes
+                            # The optimizer state (the spec's first), then recomputation
+                            # innermost, cheapest first: the search skips full recomputation once
+                            # a cheaper one fits (it is the slowest), times every selective set
+                            # that fits, and tries a state option only where the spec's own state
+                            # fits nowhere (:func:`search`).
+                            for distopt, (_, state_changes), (gran, method, nlayers, modules) in (
+                                    (d, st, rc) for d in distopts for st in _optimizer_choices(base, d, state_options)
+                                    for rc in RECOMPUTE_CHOICES):
+                                if gran == "selective" and modules not in selective:
+                                    continue
+                                changes: dict[str, Any] = {
+                                    "tp": tp, "pp": pp, "cp": cp, "sp": sp, "micro_batch": mbs,
+                                    "distributed_optimizer": distopt,
+                                }
+                                if v > 1:
+                                    changes["vpp"] = v
+                                if shape.is_moe:
+                                    changes["ep"] = ep
+                                    changes["etp"] = etp
+                                changes["recompute"] = gran
+                                if gran == "full":
+                                    changes["recompute_method"] = method
+                                    changes["recompute_layers"] = nlayers
+                                if gran == "selective" and modules != own_modules:
+                                    changes["recompute_modules"] = modules
+                                changes.update(state_changes)
+                                lay = fast_replace(
+                                    base, tp=tp, pp=pp, vpp=v, cp=cp, ep=ep, etp=etp, dp=dp,
+                                    expert_dp=expert_dp, sp=sp, micro_batch=mbs,
+                                    num_microbatches=m, recompute=gran, recompute_method=method,
+                                    recompute_layers=nlayers,
+                                    recompute_modules=modules if gran == "selective" else base.recompute_modules,
+                                    distributed_optimizer=distopt, **state_changes,
+                                )
+                                yield lay, changes
 
 
 def _expert_choices(shape: ModelShape, world: int, tp: int, pp: int) -> list[tuple[int, int]]:
@@ -399,7 +480,8 @@ class _Caches:
         return got
 
     def step_flops(self, shape: ModelShape, lay: Layout):
-        key = (shape.vocab, lay.recompute, lay.recompute_method, lay.recompute_layers, lay.pp * lay.vpp)
+        key = (shape.vocab, lay.recompute, lay.recompute_method, lay.recompute_layers, lay.recompute_modules,
+               lay.pp * lay.vpp)
         got = self.flops.get(key)
         if got is None:
             got = self.flops[key] = step_flops(shape, lay)
@@ -438,7 +520,8 @@ def simplicity(lay: Layout) -> tuple[int, ...]:
     tensor parallel sizes (CP splits every sequence and needs Transformer Engine; interleaving
     and pipelining add schedule and p2p traffic), then recomputation (none, selective, full)."""
     dims = sum(1 for n in (lay.tp, lay.pp, lay.cp, lay.ep) if n > 1) + (1 if lay.vpp > 1 else 0)
-    return (dims, lay.cp, lay.vpp, lay.pp, lay.ep, lay.tp, _RECOMPUTE_ORDER.get(lay.recompute, 3))
+    return (dims, lay.cp, lay.vpp, lay.pp, lay.ep, lay.tp, _RECOMPUTE_ORDER.get(lay.recompute, 3),
+            _STATE_ORDER.get(optimizer_state_name(lay), 3))
 
 
 def rank(candidates: list[Candidate], tolerance: float = TIE_TOLERANCE) -> list[Candidate]:
@@ -549,7 +632,8 @@ def _validator_errors(resolved: Resolved, cand: Candidate, known: set[tuple[str,
 
 
 def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = None, *,
-           validate: bool = True, max_checks: int = 200, time_all: bool = False) -> SearchResult:
+           validate: bool = True, max_checks: int = 200, time_all: bool = False,
+           state_options: bool = True) -> SearchResult:
     """Find the fastest layouts of ``resolved``'s model and cluster that fit the GPU.
 
     Args:
@@ -562,6 +646,9 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         max_checks: at most this many fitting layouts are re-checked.
         time_all: also time the layouts that do not fit (only the fitting ones are ranked;
             ``bench/plan/bench_search.py`` sets it to measure the worst case).
+        state_options: when no layout fits with the spec's own optimizer state, search again with
+            :data:`OPTIMIZER_CHOICES` (``dlmspec new`` leaves them out: a starter spec keeps fp32
+            state and asks for more nodes instead).
 
     Returns:
         A :class:`SearchResult`; ``top`` ranked by :func:`rank` (tokens/s, ties to the simpler
@@ -602,20 +689,34 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
     smallest: Candidate | None = None
     enumerated = evaluated = 0
     caches = _Caches()
-    fitted_group: tuple | None = None
-    for lay, changes in enumerate_layouts(shape0, base, allow_cp=allow_cp, cp_comm_type=spec.parallel.cp_comm_type):
-        enumerated += 1
-        group = (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.micro_batch, lay.distributed_optimizer)
-        if group == fitted_group:
-            continue  # a cheaper recomputation of this layout already fits with headroom: this one is slower
-        evaluated += 1
-        cand = evaluate(_shape_for(shape0, lay.tp, shapes), lay, gpu, calib, changes, caches, time_all=time_all)
-        if cand.peak_bytes <= cap:
-            fitting.append(cand)
-            if not cand.tight:  # a tight fit still tries more recomputation, for headroom
-                fitted_group = group
-        if smallest is None or cand.peak_bytes < smallest.peak_bytes:
-            smallest = cand
+    # Layouts that fit with headroom: without recomputation (more is slower) and with some
+    # recomputation (full is slower than any selective set), per layout and optimizer state.
+    fitted_none: set[tuple] = set()
+    fitted_some: set[tuple] = set()
+    # The spec's own optimizer state first; the state options (OPTIMIZER_CHOICES) only when no layout
+    # fits with it, so a spec that fits is searched as before and one that does not is told which
+    # option places it.
+    layernorm = resolved.transformer_impl == "local"  # 'layernorm' recomputes nothing on TE's dense layers
+    state_pass = False
+    for with_options in (False, True) if state_options else (False,):
+        if with_options and fitting:
+            break
+        state_pass = with_options
+        for lay, changes in enumerate_layouts(shape0, base, allow_cp=allow_cp, cp_comm_type=spec.parallel.cp_comm_type,
+                                              state_options=with_options, layernorm_recompute=layernorm):
+            enumerated += 1
+            group = (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.etp, lay.micro_batch, lay.distributed_optimizer,
+                     optimizer_state_name(lay))
+            if group in fitted_none or (lay.recompute == "full" and group in fitted_some):
+                continue  # the same layout with less recomputation fits with headroom: this one is slower
+            evaluated += 1
+            cand = evaluate(_shape_for(shape0, lay.tp, shapes), lay, gpu, calib, changes, caches, time_all=time_all)
+            if cand.peak_bytes <= cap:
+                fitting.append(cand)
+                if not cand.tight:  # a tight fit still tries more recomputation, for headroom
+                    (fitted_none if lay.recompute == "none" else fitted_some).add(group)
+            if smallest is None or cand.peak_bytes < smallest.peak_bytes:
+                smallest = cand
     fitting = rank(fitting)
     tight = sum(1 for c in fitting if c.tight)
     chosen: list[Candidate] = []
@@ -647,6 +748,9 @@ def search(resolved: Resolved, top: int = 5, calibration: Calibration | None = N
         message = (f"{len(fitting)} of {evaluated} planned layouts fit the {cap / gib:.1f} GiB of one {gpu.name} "
                    f"({enumerated} enumerated; {enumerated - evaluated} skipped: more recomputation than a "
                    "fitting variant)")
+        if state_pass:
+            message += ("; none fits with the spec's fp32 optimizer state: these keep it in bf16 or in host memory "
+                        "(the opt. state column, train.use_precision_aware_optimizer and its keys in the --set lines)")
         if tight:
             message += (f"; {tight} use more than {HEADROOM_WARNING:.0%} of the memory and rank after those "
                         "with headroom" + (" (none has more)" if all(c.tight for c in fitting) else ""))

@@ -16,6 +16,7 @@ from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
 from dlmspec.pipeline_split import Split, split_of, split_problems
 from dlmspec.plan.sft import needs_segment_mask
+from dlmspec.spec.optimizer_options import optimizer_options
 from dlmspec.resolve import (LOCAL_CP_COMM_TYPES, Resolved, effective_cross_entropy, padded_vocab_size,  # noqa: F401 - search reads it here
                              runtime_values)
 
@@ -157,6 +158,11 @@ class Layout:
             Both are ignored on the Transformer Engine path. sdpa_backend: ``[kernels] sdpa_backend`` as the spec says it
             (:func:`attention_backend` resolves ``auto`` against the GPU).
         optimizer: ``adam`` or ``sgd``.
+        precision_aware, main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype, store_param_remainders,
+            cpu_offload, offload_fraction, overlap_offload: ``[train]``'s optimizer-state options
+            (:mod:`dlmspec.spec.optimizer_options`; their bytes: :mod:`dlmspec.plan.optimizer_state`).
+        moe_grouped_gemm: ``[model] moe_grouped_gemm`` on a MoE model (the experts' launches:
+            :mod:`dlmspec.plan.moe_experts`).
         world, gpus_per_node: GPUs; inter_node_gbps: network bandwidth per GPU, Gbit/s.
         pipeline_split: megatron-core's uneven pipeline split options of ``[parallel]``:
             ``(num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage,
@@ -222,6 +228,15 @@ class Layout:
     tp_comm_overlap: bool = False
     moe_a2a_overlap: bool = False
     pipeline_split: tuple[int | None, int | None, bool, bool, str | None] | None = None
+    precision_aware: bool = False
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    store_param_remainders: bool = True
+    cpu_offload: bool = False
+    offload_fraction: float = 1.0
+    overlap_offload: bool = False
+    moe_grouped_gemm: bool = False
 
     @property
     def fused_linear_ce(self) -> bool:
@@ -422,6 +437,8 @@ def layout(resolved: Resolved, impl: str | None = None) -> Layout:
         compiled_norm=getattr(spec.kernels, "compiled_norm", False),
         host_launch_seconds=_host_launch_seconds(spec.cluster),
         pipeline_split=split_options(spec.parallel),
+        **_optimizer_state(tr),
+        moe_grouped_gemm=bool(spec.model.num_experts) and spec.model.moe_grouped_gemm,
     )
 
 
@@ -447,6 +464,15 @@ def pipeline_fits(shape: ModelShape, lay: Layout, pp: int, vpp: int) -> bool:
     """Whether megatron-core builds ``lay``'s split at ``pp`` x ``vpp`` (1: no interleaving)
     (:func:`dlmspec.pipeline_split.split_problems`)."""
     return not split_problems(pipeline_split(shape, lay, pp, vpp))
+
+
+def _optimizer_state(train) -> dict[str, Any]:
+    """The :class:`Layout` fields of ``[train]``'s optimizer-state options."""
+    o = optimizer_options(train)
+    return dict(precision_aware=o.use_precision_aware_optimizer, main_params_dtype=o.main_params_dtype,
+                exp_avg_dtype=o.exp_avg_dtype, exp_avg_sq_dtype=o.exp_avg_sq_dtype,
+                store_param_remainders=o.store_param_remainders, cpu_offload=o.optimizer_cpu_offload,
+                offload_fraction=o.optimizer_offload_fraction, overlap_offload=o.overlap_cpu_optimizer_d2h_h2d)
 
 
 def _host_launch_seconds(cluster) -> float | None:

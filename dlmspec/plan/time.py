@@ -27,6 +27,7 @@ from dlmspec.plan.comm import ddp_buckets, dp_comm_seconds, dp_overlap, link_eff
 from dlmspec.plan.compute import (FlopCounts, attended_keys, recompute_fraction, shape_model_flops_per_token,
                                    step_flops)
 from dlmspec.plan.elementwise import FUSED_CE_GEMM_PASSES, OPTIMIZER_BYTES, elementwise_bytes
+from dlmspec.plan.optimizer_state import offload_seconds, step_traffic_bytes
 from dlmspec.plan.launches import (
     SYNCS_PER_BUCKET,
     SYNCS_PER_STEP,
@@ -425,7 +426,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
                    lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding, lay.rope_fusion,
                    lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend, lay.tp_comm_overlap, lay.moe_a2a_overlap,
-                   lay.pipeline_split)
+                   lay.pipeline_split, lay.moe_grouped_gemm)
             w = work_cache.get(key)
             if w is None:
                 w = work_cache[key] = stage_work(shape, lay, gpu, i, calib)
@@ -472,14 +473,15 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     path = layer_path(lay)
     sharded = fsdp_sharding(lay)[2]
     owned = p_dense / (lay.dp * lay.cp) + p_expert / lay.expert_dp if sharded else p_dense + p_expert
-    opt_bytes = OPTIMIZER_BYTES[path] * owned
+    opt_bytes = step_traffic_bytes(lay, OPTIMIZER_BYTES[path]) * owned  # [train] optimizer-state options
     opt_bytes += (grad_b + 4) * (p_dense + p_expert)  # zero the grad buffer, read it for the norm
     hbm = gpu.hbm_gbps * 1e9
     tensors = param_tensors(shape, lay, slow.stage, counts)
     step_kernels = optimizer_step_kernels(shape, lay, slow.stage, counts)
     fsdp_step_ops = fsdp_host_ops(shape, lay, slow.stage, counts)[1]
     b["optimizer"] = (opt_bytes / (hbm * calib.memory_efficiency)
-                      + (step_kernels * calib.seconds_per_kernel + fsdp_step_ops * calib.fsdp_seconds_per_op) * hs)
+                      + (step_kernels * calib.seconds_per_kernel + fsdp_step_ops * calib.fsdp_seconds_per_op) * hs
+                      + offload_seconds(lay, owned, gpu.id))  # CPU offload: PCIe copies and the host's AdamW
     step_syncs = SYNCS_PER_STEP + SYNCS_PER_BUCKET * ddp_buckets(lay, p_dense, p_expert)
     if path == "local+sdpa":
         step_syncs += tensors

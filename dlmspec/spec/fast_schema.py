@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0x8853a6a0
+SPEC_CRC32 = 0x3fbd0301
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -193,6 +193,15 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'adam_beta2': (('float', {'ge': 0.0, 'lt': 1.0}), 'value', 0.95),
             'adam_eps': (('float', {'gt': 0}), 'value', 1e-08),
             'clip_grad': (('float', {'ge': 0.0}), 'value', 1.0),
+            'use_precision_aware_optimizer': (('union', (('bool',), ('none',))), 'value', None),
+            'main_params_dtype': (('union', (('literal', ('fp32', 'fp16')), ('none',))), 'value', None),
+            'main_grads_dtype': (('union', (('literal', ('fp32', 'bf16')), ('none',))), 'value', None),
+            'exp_avg_dtype': (('union', (('literal', ('fp32', 'fp16', 'bf16', 'fp8')), ('none',))), 'value', None),
+            'exp_avg_sq_dtype': (('union', (('literal', ('fp32', 'fp16', 'bf16', 'fp8')), ('none',))), 'value', None),
+            'store_param_remainders': (('union', (('bool',), ('none',))), 'value', None),
+            'optimizer_cpu_offload': (('union', (('bool',), ('none',))), 'value', None),
+            'optimizer_offload_fraction': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),
+            'overlap_cpu_optimizer_d2h_h2d': (('union', (('bool',), ('none',))), 'value', None),
             'eval_interval': (('int', {'gt': 0}), 'value', 1000),
             'eval_iters': (('int', {'gt': 0}), 'value', 10),
             'loss_normalization': (('union', (('literal', ('global_token', 'micro_batch', 'sequence', 'micro_batch_masked')), ('none',))), 'value', None),

@@ -392,6 +392,48 @@ class TrainSpec(Section):
     adam_beta2: Float = Field(0.95, ge=0.0, lt=1.0)
     adam_eps: PosFloat = 1e-8
     clip_grad: Float = Field(1.0, ge=0.0)
+    # Optimizer-state memory (megatron-core OptimizerConfig's precision and offload fields; where
+    # each byte goes: dlmspec.plan.optimizer_state; the rules: dlmspec.check.optimizer).
+    use_precision_aware_optimizer: Bool | None = Field(
+        None,
+        description="megatron-core's precision-aware optimizer (OptimizerConfig.use_precision_aware_optimizer): the "
+        "master weights, main gradients and Adam moments may be kept in the dtypes below; Adam with "
+        "parallel.use_distributed_optimizer only, with Transformer Engine installed (on the local layers too: "
+        "megatron-core 0.16.1 reads its version, and builds its FusedAdam unless optimizer_cpu_offload). Unset: false.",
+    )
+    main_params_dtype: Literal["fp32", "fp16"] | None = Field(
+        None, description="Master weights' dtype (OptimizerConfig.main_params_dtype; Megatron-LM's "
+        "--main-params-dtype). fp32 with bf16 weights keeps only the 16 low bits (store_param_remainders). Unset: fp32.",
+    )
+    main_grads_dtype: Literal["fp32", "bf16"] | None = Field(
+        None, description="Main gradients' dtype (OptimizerConfig.main_grads_dtype): the DDP gradient buffer, "
+        "so bf16 goes with parallel.grad_reduce_in_fp32 = false (Megatron-LM --main-grads-dtype). Unset: fp32.",
+    )
+    exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"] | None = Field(
+        None, description="Adam's first moment's dtype (OptimizerConfig.exp_avg_dtype; fp8 is megatron-core's "
+        "torch.uint8, Transformer Engine's scaled fp8). Unset: fp32.",
+    )
+    exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"] | None = Field(
+        None, description="Adam's second moment's dtype (OptimizerConfig.exp_avg_sq_dtype). Unset: fp32.",
+    )
+    store_param_remainders: Bool | None = Field(
+        None, description="With the precision-aware optimizer, fp32 master weights and bf16 weights: keep only the "
+        "16 bits the bf16 weight lacks (OptimizerConfig.store_param_remainders; Transformer Engine >= 2.1). "
+        "Unset: true.",
+    )
+    optimizer_cpu_offload: Bool | None = Field(
+        None, description="Keep optimizer_offload_fraction of the optimizer's master weights and moments in host "
+        "memory and step them there (OptimizerConfig.optimizer_cpu_offload: megatron-core's HybridDeviceOptimizer, "
+        "torch AdamW on the CPU, no FusedAdam). Needs use_precision_aware_optimizer. Unset: false.",
+    )
+    optimizer_offload_fraction: Float | None = Field(
+        None, gt=0.0, le=1.0, description="Share of the optimizer state offloaded with optimizer_cpu_offload "
+        "(OptimizerConfig.optimizer_offload_fraction). Unset: 1.0 (Megatron-LM's --optimizer-offload-fraction).",
+    )
+    overlap_cpu_optimizer_d2h_h2d: Bool | None = Field(
+        None, description="Overlap the offloaded optimizer's gradient and weight copies with its CPU step, one "
+        "CPU optimizer per parameter (OptimizerConfig.overlap_cpu_optimizer_d2h_h2d). Unset: false.",
+    )
     eval_interval: PosInt = 1000
     eval_iters: PosInt = 10
     loss_normalization: Literal["global_token", "micro_batch", "sequence", "micro_batch_masked"] | None = Field(

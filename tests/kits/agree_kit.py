@@ -90,6 +90,8 @@ FAILING: list[tuple[dict[str, Any], str, str]] = [
      "kernels.cross_entropy"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "checkpoint.init_from": "mcore:runs/b/ckpt"},
      "runtime-fsdp-init-from", "checkpoint.init_from"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.data_parallel_sharding_strategy": "optim",
+      "train.use_precision_aware_optimizer": True}, "optimizer-state-fsdp", "parallel.fsdp"),
     ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "precision.fp8": "hybrid",
       "model.transformer_impl": "transformer_engine"}, "runtime-fsdp-fp8", "precision.fp8"),
     ({"precision.fp8_dot_product_attention": True, "model.transformer_impl": "transformer_engine"}, "fp8-attention",

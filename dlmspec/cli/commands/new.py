@@ -91,6 +91,8 @@ def starter_spec(
 
         raise SpecError([SpecIssue("--preset", "unknown preset", value=preset, hint=preset_hint(preset),
                                    rule="unknown-preset")])
+    from dlmspec.check.moe import SEQUENTIAL_EXPERTS_NOTE  # here: `new --help` imports no rules
+
     model = PRESETS[preset]
     world = nodes * gpus_per_node
     seq = seq_length or min(4096, model["max_position_embeddings"])
@@ -106,7 +108,9 @@ def starter_spec(
         "name": name,
         "description": f"{preset} {(registered.adjective or objective) if registered is not None else 'autoregressive'} "
         f"pretraining on {world} {gpu} {plural('GPU', world)} (starter spec from `dlmspec new`)",
-        "model": {"preset": preset},
+        # grouped-GEMM experts for a fine-grained MoE (rule moe-sequential-experts)
+        "model": {"preset": preset, **({"moe_grouped_gemm": True}
+                                       if (model.get("num_experts") or 0) >= SEQUENTIAL_EXPERTS_NOTE else {})},
         "objective": objective_table,
         "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
         "precision": {"dtype": "bf16"},
@@ -174,7 +178,7 @@ def _fitting_layout(resolved: Resolved) -> tuple[dict[str, Any] | None, str, str
     from dlmspec.resolve import resolve
 
     def best(candidate: Resolved) -> tuple[Any, Any]:
-        result = search(candidate, top=20)
+        result = search(candidate, top=20, state_options=False)  # a starter keeps fp32 optimizer state
         cap = HEADROOM_WARNING * candidate.gpu.memory_bytes
         return next((c for c in result.top if c.peak_bytes <= cap), None), result
 

@@ -368,6 +368,8 @@ RUNTIME_GAPS: list[tuple[dict[str, Any], str, str]] = [
       "model.transformer_impl": "transformer_engine"}, "runtime-fsdp-fp8", "precision.fp8"),
     ({"model.num_experts": 8, "model.moe_grouped_gemm": True, "model.transformer_impl": "local"},
      "runtime-grouped-gemm-local", "model.moe_grouped_gemm"),
+    ({"parallel.fsdp": "megatron", "kernels.cross_entropy": "megatron", "parallel.data_parallel_sharding_strategy": "optim",
+      "train.use_precision_aware_optimizer": True}, "optimizer-state-fsdp", "parallel.fsdp"),
     ({"kernels.gradient_accumulation_fusion": True, "model.transformer_impl": "local"},
      "runtime-gradient-accumulation-fusion", "kernels.gradient_accumulation_fusion"),
     ({"objective.attention_mask": "block_causal", "objective.block_size": 32,
