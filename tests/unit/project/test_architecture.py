@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("dlmspec", "dlmspec.errors", "dlmspec.files", "dlmspec.escape", "dlmspec.credentials", "dlmspec.gpus",
               "dlmspec.params", "dlmspec.flops", "dlmspec.tokenizers", "dlmspec.generate_settings",
-              "dlmspec.generated", "dlmspec.data", "dlmspec.names", "dlmspec.layout", "dlmspec.attention",
+              "dlmspec.generated", "dlmspec.data", "dlmspec.names", "dlmspec.layout", "dlmspec.pipeline_split",
+              "dlmspec.attention",
               "dlmspec.objectives", "dlmspec.stages", "dlmspec.tasks", "dlmspec.generate_presets",
               "dlmspec.wording", "dlmspec.rl")),
     ("spec", ("dlmspec.spec",)),
