@@ -248,6 +248,8 @@ def point_spec(p: Point) -> dict[str, Any]:
         parallel["expert_model_parallel_size"] = c["ep"]
     if c.get("etp"):
         parallel["expert_tensor_parallel_size"] = c["etp"]
+    if "grad_reduce_in_fp32" in c:
+        parallel["grad_reduce_in_fp32"] = bool(c["grad_reduce_in_fp32"])
     if c.get("fsdp"):
         parallel["fsdp"] = "megatron"
         parallel["data_parallel_sharding_strategy"] = "optim_grads_params"
@@ -291,12 +293,20 @@ def _make_plan(p: Point, calibration=None):
         changes["tp_comm_overlap"] = True
     if p.config.get("moe_a2a_overlap") and p.config.get("ep", 1) > 1:
         changes["moe_a2a_overlap"] = True  # recipe moe_a2a_overlap (Layout.moe_a2a_overlap)
+    if p.config.get("fp8_param_gather") and plan.layout.fp8:
+        # The recipe kept fp8 primary weights (megatron-core fp8_param_gather), which dlmspec does
+        # not compile: the memory model is asked for that layout (Layout.fp8_param_gather).
+        changes["fp8_param_gather"] = True
     fitted = read_fit() if calibration is None else None
     if fitted:
         changes["host_launch_seconds"] = fitted["public_host_launch_seconds"]
     if changes:
         plan.layout = dataclasses.replace(plan.layout, **changes)
         plan.time = time_plan(plan.shape, plan.layout, plan.gpu, plan.calibration)
+        if changes.get("fp8_param_gather"):
+            from dlmspec.plan.memory import memory_plan
+
+            plan.memory = memory_plan(plan.shape, plan.layout, plan.calibration)
     return plan
 
 
