@@ -244,6 +244,9 @@ def point_spec(p: Point) -> dict[str, Any]:
     }
     if c.get("vpp") and c["vpp"] > 1 and c["pp"] > 1:
         parallel["virtual_pipeline_model_parallel_size"] = c["vpp"]
+    for key in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if c.get(key):
+            parallel[key] = True  # the recipe's uneven split (megatron-core TransformerConfig)
     if c.get("ep", 1) > 1:
         parallel["expert_model_parallel_size"] = c["ep"]
     if c.get("etp"):
