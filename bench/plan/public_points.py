@@ -94,6 +94,7 @@ class Point:
     source_file: str
     source: dict[str, Any]
     planned_num_layers: int | None = None
+    planned_not_to_fit_why: str | None = None
     moe: bool = False
     model: dict[str, Any] = field(default_factory=dict)
 
@@ -172,6 +173,10 @@ def read_points(data: Path | None = None) -> list[Point]:
                 raise PublicDataError(path, f"{where}.use", p["use"], "'used' or 'excluded'")
             if p["use"] == "excluded" and not p.get("why_excluded"):
                 raise PublicDataError(path, f"{where}.why_excluded", None, "an excluded point says why")
+            nofit = p.get("planned_not_to_fit_why")
+            if nofit is not None and (not isinstance(nofit, str) or len(nofit.split()) < 5):
+                raise PublicDataError(path, f"{where}.planned_not_to_fit_why", nofit,
+                                      "a sentence saying why the plan of a run that fit says it does not")
             fam = fams.get(p["family"])
             if p["use"] == "used" and fam is None:
                 raise PublicDataError(path, f"{where}.family", p["family"], f"a family of {MODELS_FILE}")
@@ -184,7 +189,8 @@ def read_points(data: Path | None = None) -> list[Point]:
                 model_tflops_per_gpu=p["measured"].get("model_tflops_per_gpu"), use=p["use"],
                 why_excluded=p.get("why_excluded"), assumptions=tuple(p.get("assumptions", ())),
                 source_file=f"bench/calibration/public/{path.name}", source=src,
-                planned_num_layers=p.get("planned_num_layers"), moe=bool((fam or {}).get("moe")),
+                planned_num_layers=p.get("planned_num_layers"),
+                planned_not_to_fit_why=p.get("planned_not_to_fit_why"), moe=bool((fam or {}).get("moe")),
                 model=dict((fam or {}).get("model", {}))))
     return out
 
@@ -530,8 +536,8 @@ def summary(preds: list[Prediction]) -> dict[str, Any]:
     cal = [x for x in preds if not x.held_out]
     return {"held_out": stats(held), "calibration": stats(cal),
             "refused": [{"name": x.point.name, "why": x.refused} for x in preds if x.refused],
-            "planned_not_to_fit": [{"name": x.point.name, "peak_gib": round(x.peak_gib, 1)} for x in preds
-                                   if x.fits is False],
+            "planned_not_to_fit": [{"name": x.point.name, "peak_gib": round(x.peak_gib, 1),
+                                    "why": x.point.planned_not_to_fit_why} for x in preds if x.fits is False],
             "target": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX}}
 
 
