@@ -94,6 +94,7 @@ class Point:
     source_file: str
     source: dict[str, Any]
     planned_num_layers: int | None = None
+    planned_not_to_fit_why: str | None = None
     moe: bool = False
     model: dict[str, Any] = field(default_factory=dict)
 
@@ -172,6 +173,10 @@ def read_points(data: Path | None = None) -> list[Point]:
                 raise PublicDataError(path, f"{where}.use", p["use"], "'used' or 'excluded'")
             if p["use"] == "excluded" and not p.get("why_excluded"):
                 raise PublicDataError(path, f"{where}.why_excluded", None, "an excluded point says why")
+            nofit = p.get("planned_not_to_fit_why")
+            if nofit is not None and (not isinstance(nofit, str) or len(nofit.split()) < 5):
+                raise PublicDataError(path, f"{where}.planned_not_to_fit_why", nofit,
+                                      "a sentence saying why the plan of a run that fit says it does not")
             fam = fams.get(p["family"])
             if p["use"] == "used" and fam is None:
                 raise PublicDataError(path, f"{where}.family", p["family"], f"a family of {MODELS_FILE}")
@@ -184,7 +189,8 @@ def read_points(data: Path | None = None) -> list[Point]:
                 model_tflops_per_gpu=p["measured"].get("model_tflops_per_gpu"), use=p["use"],
                 why_excluded=p.get("why_excluded"), assumptions=tuple(p.get("assumptions", ())),
                 source_file=f"bench/calibration/public/{path.name}", source=src,
-                planned_num_layers=p.get("planned_num_layers"), moe=bool((fam or {}).get("moe")),
+                planned_num_layers=p.get("planned_num_layers"),
+                planned_not_to_fit_why=p.get("planned_not_to_fit_why"), moe=bool((fam or {}).get("moe")),
                 model=dict((fam or {}).get("model", {}))))
     return out
 
@@ -244,10 +250,15 @@ def point_spec(p: Point) -> dict[str, Any]:
     }
     if c.get("vpp") and c["vpp"] > 1 and c["pp"] > 1:
         parallel["virtual_pipeline_model_parallel_size"] = c["vpp"]
+    for key in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if c.get(key):
+            parallel[key] = True  # the recipe's uneven split (megatron-core TransformerConfig)
     if c.get("ep", 1) > 1:
         parallel["expert_model_parallel_size"] = c["ep"]
     if c.get("etp"):
         parallel["expert_tensor_parallel_size"] = c["etp"]
+    if "grad_reduce_in_fp32" in c:
+        parallel["grad_reduce_in_fp32"] = bool(c["grad_reduce_in_fp32"])
     if c.get("fsdp"):
         parallel["fsdp"] = "megatron"
         parallel["data_parallel_sharding_strategy"] = "optim_grads_params"
@@ -291,12 +302,20 @@ def _make_plan(p: Point, calibration=None):
         changes["tp_comm_overlap"] = True
     if p.config.get("moe_a2a_overlap") and p.config.get("ep", 1) > 1:
         changes["moe_a2a_overlap"] = True  # recipe moe_a2a_overlap (Layout.moe_a2a_overlap)
+    if p.config.get("fp8_param_gather") and plan.layout.fp8:
+        # The recipe kept fp8 primary weights (megatron-core fp8_param_gather), which dlmspec does
+        # not compile: the memory model is asked for that layout (Layout.fp8_param_gather).
+        changes["fp8_param_gather"] = True
     fitted = read_fit() if calibration is None else None
     if fitted:
         changes["host_launch_seconds"] = fitted["public_host_launch_seconds"]
     if changes:
         plan.layout = dataclasses.replace(plan.layout, **changes)
         plan.time = time_plan(plan.shape, plan.layout, plan.gpu, plan.calibration)
+        if changes.get("fp8_param_gather"):
+            from dlmspec.plan.memory import memory_plan
+
+            plan.memory = memory_plan(plan.shape, plan.layout, plan.calibration)
     return plan
 
 
@@ -517,8 +536,8 @@ def summary(preds: list[Prediction]) -> dict[str, Any]:
     cal = [x for x in preds if not x.held_out]
     return {"held_out": stats(held), "calibration": stats(cal),
             "refused": [{"name": x.point.name, "why": x.refused} for x in preds if x.refused],
-            "planned_not_to_fit": [{"name": x.point.name, "peak_gib": round(x.peak_gib, 1)} for x in preds
-                                   if x.fits is False],
+            "planned_not_to_fit": [{"name": x.point.name, "peak_gib": round(x.peak_gib, 1),
+                                    "why": x.point.planned_not_to_fit_why} for x in preds if x.fits is False],
             "target": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX}}
 
 

@@ -572,6 +572,18 @@ def stage_memory(
     gradients = grad_b * sharded(p_dense, p_expert, grad_fsdp)
     optimizer = opt_b * sharded(p_dense, p_expert, opt_sharded)
     fp8_cache = 2 * linear_params(shape, lay, counts) if lay.fp8 else 0.0
+    if lay.fp8 and lay.fp8_param_gather and not full_fsdp:
+        # fp8 primary weights (megatron-core fp8_param / fp8_param_gather: TE fp8_model_init builds
+        # the linear weights as Float8Tensor / MXFP8Tensor; the DDP param buffer holds them as
+        # uint8, megatron/core/distributed/param_and_grad_buffer.py ``_ParamAndGradBuffer``
+        # ``param_dtype = torch.uint8`` for fp8 params): 1 byte per linear weight instead of the
+        # bf16 copy, plus the 1-byte transpose (Hopper ``Float8Tensor._transpose``) or column-wise
+        # copy (``MXFP8Tensor._columnwise_data``) that backward reads, in place of the 2-byte
+        # per-step fp8 cache TE keeps for bf16 weights (``is_first_microbatch``).
+        lin_expert = moe_n * (shape.num_experts / lay.ep) * shape.expert_params / lay.etp if moe_n else 0.0
+        lin_dense = linear_params(shape, lay, counts) - lin_expert
+        weights -= (param_b - 1) * (lin_dense + lin_expert)
+        fp8_cache = 1 * (lin_dense + lin_expert)
     layers = dense_n + moe_n
     fsdp_buffers = fsdp_unsharded_bytes(lay, p_dense + p_expert, layers, param_b, grad_b)
     T = lay.micro_batch * input_length(shape, lay) / lay.cp

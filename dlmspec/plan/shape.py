@@ -182,6 +182,12 @@ class Layout:
             ``TransformerConfig.overlap_moe_expert_parallel_comm``, the combined 1F1B schedule of
             ``megatron/core/pipeline_parallel/combined_1f1b.py``). Not compiled by dlmspec (False
             for every spec); set like ``tp_comm_overlap`` for runs that had it.
+        fp8_param_gather: with ``fp8``, the linear layers' primary weights are fp8 tensors
+            (megatron-core ``TransformerConfig.fp8_param`` / ``DistributedDataParallelConfig.
+            fp8_param_gather``: Transformer Engine ``fp8_model_init``), gathered by the distributed
+            optimizer in fp8. Not compiled by dlmspec (False for every spec); set like
+            ``tp_comm_overlap`` for runs that had it (:func:`dlmspec.plan.memory.stage_memory`
+            counts their weights at 1 byte plus the 1-byte transpose / column-wise copy).
     """
 
     tp: int
@@ -227,6 +233,7 @@ class Layout:
     host_launch_seconds: float | None = None
     tp_comm_overlap: bool = False
     moe_a2a_overlap: bool = False
+    fp8_param_gather: bool = False
     pipeline_split: tuple[int | None, int | None, bool, bool, str | None] | None = None
     precision_aware: bool = False
     main_params_dtype: str = "fp32"
