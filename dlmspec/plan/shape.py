@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dlmspec import objectives
+from dlmspec.attention import choose_backend
 from dlmspec.gpus import GPU
 from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
@@ -57,6 +58,9 @@ class ModelShape:
             extra_positions_output: whether those extra positions reach the output layer
             (:meth:`~dlmspec.objectives.Objective.extra_positions_output`; the rows:
             :func:`output_length`).
+        attention_anneal_iters: ``objective.attention_anneal_iters`` (0: none); anneal_backend: the
+            attention backend that runs the annealed mask (``sdpa`` or ``flex``; the extra memory of
+            those steps: :mod:`dlmspec.plan.phases`).
         attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
         norms_repl: the two layer norms' parameters (replicated).
         mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
@@ -123,6 +127,8 @@ class ModelShape:
     extra_seq_length: int = 0
     attended_keys: float = 0.0
     extra_positions_output: bool = True
+    attention_anneal_iters: int = 0
+    anneal_backend: str = ""
     stage_kind: str = "pretrain"
     stage_options: tuple[tuple[str, Any], ...] = ()
 
@@ -340,6 +346,9 @@ def model_shape(resolved: Resolved) -> ModelShape:
         extra_forward_passes=objective.extra_forward_passes(resolved.spec.objective),
         extra_seq_length=objective.extra_seq_length(resolved.spec.objective, resolved.spec.train.seq_length),
         extra_positions_output=bool(objective.extra_positions_output(resolved.spec.objective)),
+        attention_anneal_iters=int(getattr(resolved.spec.objective, "attention_anneal_iters", None) or 0),
+        anneal_backend=(choose_backend(m.attention_backend, (resolved.attention_mask,))
+                        if getattr(resolved.spec.objective, "attention_anneal_iters", None) else ""),
         attended_keys=float(objective.attended_keys(resolved.spec.objective, resolved.spec.train.seq_length,
                                                     resolved.train_iters) or 0.0),
         attn_split=attn_split,
