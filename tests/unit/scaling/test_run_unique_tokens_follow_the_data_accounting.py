@@ -48,16 +48,16 @@ def test_a_glob_of_shards_counts_every_shard(tmp_path: Path) -> None:
 
 
 def test_fit_and_the_planner_count_the_same_unique_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # two datasets weighted 1:3 drawing 1,000 tokens: a (396 tokens after the split) gives
-    # min(250, 396); b (10 documents, round(0.99 * 10) = 10 train: 40 tokens) gives min(750, 40)
+    # two datasets weighted 1:1 drawing 1,000 tokens: a (100 documents, split 99,1,0 trains 99:
+    # 396 tokens) gives min(500, 396); b (10 documents, round(0.99 * 10) = 10: 40 tokens) min(500, 40)
     write_shard(str(tmp_path / "data/a_text_document"), docs_of(400), null_tokenizer())
     write_shard(str(tmp_path / "data/b_text_document"), docs_of(40), null_tokenizer())
     data = {"data.train": [{"prefix": "data/a_text_document", "weight": 1.0},
-                           {"prefix": "data/b_text_document", "weight": 3.0}],
+                           {"prefix": "data/b_text_document", "weight": 1.0}],
             "data.split": "99,1,0", "train.seq_length": 8, "train.global_batch_size": 5,
             "train.micro_batch_size": 1, "train.train_iters": 25, "train.lr_warmup_iters": 0}
     point = _point(tmp_path, data, tokens=25 * 5 * 8)
-    assert point.unique_tokens == 250 + 40  # min(250, 396) + min(750, 40)
+    assert point.unique_tokens == 396 + 40
     monkeypatch.chdir(tmp_path)
     spec = load(tmp_path / "runs" / "r" / "spec.lock.toml").spec
     assert repetition(spec, resolve(spec)).seen_tokens == pytest.approx(point.unique_tokens)
