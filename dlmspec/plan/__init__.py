@@ -124,7 +124,8 @@ class Plan:
     def phases(self) -> list[Phase]:
         """Stretches of training costlier than the steady steps the peak describes (attention
         annealing's first steps: :mod:`dlmspec.plan.phases`); empty for most runs."""
-        return plan_phases(self.shape, self.layout, self.peak_bytes, self.memory.peak.stage, self.gpu.memory_bytes)
+        return plan_phases(self.shape, self.layout, self.peak_bytes, self.memory.peak.stage, self.gpu.memory_bytes,
+                           self.gpu, self.calibration)
 
     @property
     def fits(self) -> bool:
@@ -219,7 +220,7 @@ class Plan:
             "provenance": self.provenance if self.provenance is not None else provenance(self),
             "sft": self.sft.to_dict() if self.sft is not None else None,
             **({"rl": self.rl.to_dict()} if self.rl is not None else {}),
-            **({"phases": [p.to_dict() for p in self.phases]} if self.phases else {}),
+            **({"phases": [p.to_dict() for p in phases]} if (phases := self.phases) else {}),
         }
 
 

@@ -49,6 +49,10 @@ class Phase:
         peak_bytes: the plan's peak plus ``extra_bytes``.
         fits: whether ``peak_bytes`` fits the GPU.
         note: how the bytes are counted and what else changes.
+        step_seconds: the step time during the phase where the time model has its kernel
+            (attention annealing on SDPA: the masked, memory-efficient kernel,
+            :data:`~dlmspec.plan.time.ATTENTION_BACKEND_SPEED` ``"efficient"``); None where it has
+            none (FlexAttention).
     """
 
     name: str
@@ -58,12 +62,13 @@ class Phase:
     peak_bytes: float
     fits: bool
     note: str
+    step_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``plan --json`` ``phases[]``; bytes as integers)."""
         return {"name": self.name, "steps": self.steps, "during": self.during,
                 "extra_bytes": int(round(self.extra_bytes)), "peak_bytes": int(round(self.peak_bytes)),
-                "fits": self.fits, "note": self.note}
+                "fits": self.fits, "note": self.note, "step_seconds": self.step_seconds}
 
 
 def anneal_extra_bytes(shape: ModelShape, lay: Layout, stage: int = 0) -> float:
@@ -79,8 +84,11 @@ def anneal_extra_bytes(shape: ModelShape, lay: Layout, stage: int = 0) -> float:
     return float(s) * s * (ANNEAL_DRAW_BYTES + held * (flight - 1))
 
 
-def plan_phases(shape: ModelShape, lay: Layout, peak_bytes: float, peak_stage: int, capacity: float) -> list[Phase]:
-    """The run's costlier phases (empty for most runs): attention annealing's first steps."""
+def plan_phases(shape: ModelShape, lay: Layout, peak_bytes: float, peak_stage: int, capacity: float,
+                gpu: Any = None, calib: Any = None) -> list[Phase]:
+    """The run's costlier phases (empty for most runs): attention annealing's first steps. With
+    ``gpu`` (and ``calib``, the plan's calibration), the phase's step time on SDPA's masked kernel
+    (:attr:`Phase.step_seconds`)."""
     phases = []
     steps = annealed_steps(shape.attention_anneal_iters, lay.train_iters)
     if steps:
@@ -89,11 +97,20 @@ def plan_phases(shape: ModelShape, lay: Layout, peak_bytes: float, peak_stage: i
         backend = shape.anneal_backend or "sdpa"
         kernel = ("SDPA runs masked (memory-efficient kernel, not flash / cuDNN)" if backend == "sdpa"
                   else "FlexAttention builds a BlockMask per micro-batch")
+        step = None
+        if gpu is not None and backend == "sdpa":
+            from dataclasses import replace
+
+            from dlmspec.plan.time import time_plan
+
+            masked = replace(lay, sdpa_backend="efficient")
+            step = time_plan(shape, masked, gpu, calib, all_stages=False).step_seconds if calib else None
         phases.append(Phase(
             name="attention annealing", steps=steps, during=f"during the first {steps:,} steps",
             extra_bytes=extra, peak_bytes=peak_bytes + extra, fits=peak_bytes + extra <= capacity,
             note=(f"one {s:,} x {s:,} mask draw per micro-batch: {ANNEAL_DRAW_BYTES} bytes per entry at the draw "
                   f"(float32 uniforms + bool), {ANNEAL_HELD_BYTES.get(backend, 2)} held per micro-batch in flight "
                   f"({backend}); {kernel}; FLOPs unchanged"),
+            step_seconds=step,
         ))
     return phases

@@ -7,12 +7,14 @@ counts on the spec kit's small spec; a run without annealing has no phase."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
 
 from dlmspec.plan import make_plan
 from dlmspec.plan.pipeline_stages import in_flight
+from dlmspec.plan.time import ATTENTION_BACKEND_SPEED, time_plan
 from dlmspec.plan.report import plan_renderable
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
@@ -64,3 +66,16 @@ def test_annealing_over_a_single_step_or_none_has_no_phase(tmp_path) -> None:
     assert _plan(tmp_path, {"objective.attention_anneal_iters": 1}).phases == []
     plain = make_plan(resolve(load(spec_file(tmp_path)).spec))
     assert plain.phases == [] and "phases" not in plain.to_dict()
+
+
+def test_the_annealing_steps_are_timed_on_sdpas_masked_kernel(tmp_path) -> None:
+    plan = _plan(tmp_path)
+    (phase,) = plan.phases
+    masked = time_plan(plan.shape, replace(plan.layout, sdpa_backend="efficient"), plan.gpu, plan.calibration)
+    assert phase.step_seconds == pytest.approx(masked.step_seconds)
+    assert phase.step_seconds >= plan.time.step_seconds  # this tiny model is launch-bound: equal here
+    # the steady steps' attention on cuDNN (speed 1), the annealing steps' on the memory-efficient kernel
+    assert masked.breakdown["attention"] == pytest.approx(
+        plan.time.breakdown["attention"] / ATTENTION_BACKEND_SPEED["efficient"])
+    # FlexAttention: the time model has no speed for it, so no step time is claimed
+    assert _plan(tmp_path, {"model.attention_backend": "flex"}).phases[0].step_seconds is None
