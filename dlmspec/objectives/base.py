@@ -73,6 +73,14 @@ class Objective:
         (:func:`dlmspec.plan.shape.input_length`)."""
         return 0
 
+    def extra_positions_output(self, objective: Any) -> bool:
+        """Whether the :meth:`extra_seq_length` positions reach the output layer (logits and cross
+        entropy) when the decoder's output is whole (no sequence parallelism). ``True`` (the
+        default): every input position does; ``False``: the runtime drops them from the decoder's
+        output first (block diffusion without an AR loss scores only ``x_t``). The planner's
+        output rows: :func:`dlmspec.plan.shape.output_length`."""
+        return True
+
     def attended_keys(self, objective: Any, seq_length: int, train_iters: int = 0) -> Optional[float]:
         """Mean keys a query attends over the model's input (``seq_length + extra_seq_length``),
         where the objective's own mask sets it (block diffusion's ``x_t (+) x_0``; averaged over the

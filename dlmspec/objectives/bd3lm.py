@@ -102,6 +102,13 @@ class BlockDiffusion(Objective):
         """The clean copy ``x_0``: ``seq_length`` more positions (the input is ``2 L`` long)."""
         return int(seq_length)
 
+    def extra_positions_output(self, objective: Any) -> bool:
+        """The clean half ``x_0`` reaches the output layer only with an AR loss on it: without one
+        the runtime passes only the ``x_t`` half (``L`` rows) from the decoder to the output layer
+        (``backends/megatron/objectives/bd3lm.py`` ``noised_half_output``; under sequence
+        parallelism it keeps all ``2 L``: :func:`dlmspec.plan.shape.output_length`)."""
+        return float(_get(objective, "ar_loss_weight", 0.0)) > 0
+
     def loss_row_fraction_of(self, objective: Any) -> float:
         """The share of the ``2 L`` output rows that carry loss: the masked ``x_t`` positions,
         ``E[1 - alpha(t)]`` over ``t ~ U(low, high)`` (linear: the mean of the range) over ``2 L``,

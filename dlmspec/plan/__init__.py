@@ -22,6 +22,7 @@ from dlmspec.layout import batch_divides, expert_world_divides, world_divides
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.compute import model_flops_per_token
 from dlmspec.plan.memory import ALLOCATED_TERMS, RESERVED_TERMS, MemoryPlan, memory_plan
+from dlmspec.plan.phases import Phase, plan_phases
 from dlmspec.plan.provenance import calibration_for, path_summary, provenance
 from dlmspec.plan.shape import (Layout, ModelShape, attention_path, cross_entropy_path, kernels_path, layout, model_shape,
                                 pipeline_fits,
@@ -120,6 +121,13 @@ class Plan:
         return self.memory.peak.peak_allocated_bytes
 
     @property
+    def phases(self) -> list[Phase]:
+        """Stretches of training costlier than the steady steps the peak describes (attention
+        annealing's first steps: :mod:`dlmspec.plan.phases`); empty for most runs."""
+        return plan_phases(self.shape, self.layout, self.peak_bytes, self.memory.peak.stage, self.gpu.memory_bytes,
+                           self.gpu, self.calibration)
+
+    @property
     def fits(self) -> bool:
         """Whether :attr:`peak_bytes` is at most the GPU's memory."""
         return self.peak_bytes <= self.gpu.memory_bytes
@@ -212,6 +220,7 @@ class Plan:
             "provenance": self.provenance if self.provenance is not None else provenance(self),
             "sft": self.sft.to_dict() if self.sft is not None else None,
             **({"rl": self.rl.to_dict()} if self.rl is not None else {}),
+            **({"phases": [p.to_dict() for p in phases]} if (phases := self.phases) else {}),
         }
 
 

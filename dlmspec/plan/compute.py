@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 # Re-exported: the planner's callers import them from here.
 from dlmspec.flops import attended_keys, forward_flops_per_token, model_flops_per_token  # noqa: F401
-from dlmspec.plan.shape import Layout, ModelShape, input_length
+from dlmspec.plan.shape import Layout, ModelShape, input_length, output_length
 
 
 def shape_forward_parts(shape: ModelShape, seq: int, attention: str | None = None) -> dict[str, float]:
@@ -40,7 +40,7 @@ class FlopCounts:
 
     Attributes:
         model_per_token: :func:`model_flops_per_token` (3x forward, no recomputation) per input
-            position.
+            position, the logits counted on the output rows (:func:`output_rows_scaled`).
         model_per_step: ``model_per_token * global_batch * input_length`` (``input_length``:
             :func:`~dlmspec.plan.shape.input_length`, ``seq`` plus the objective's extra positions).
         hardware_per_step: what the GPUs execute: model FLOPs with the attention kernel's
@@ -57,14 +57,27 @@ class FlopCounts:
     forward_parts: dict[str, float]
 
 
+def output_rows_scaled(parts: dict[str, float], shape: ModelShape, lay: Layout) -> dict[str, float]:
+    """``parts`` (forward FLOPs per input position) with the output layer's ``logits`` counted on
+    the rows that reach it: times ``output_length / input_length``
+    (:func:`~dlmspec.plan.shape.output_length`; block diffusion without an AR loss: ``L / 2L``,
+    the ``x_t`` half only). Other parts are unchanged; per input position, so that
+    ``parts * global_batch * input_length`` is the step's."""
+    share = output_length(shape, lay) / input_length(shape, lay)
+    if share == 1 or "logits" not in parts:
+        return parts
+    return {**parts, "logits": parts["logits"] * share}
+
+
 def hardware_forward_parts(shape: ModelShape, lay: Layout) -> dict[str, float]:
-    """Forward FLOPs per token the kernels execute: block-causal attention runs on SDPA's
+    """Forward FLOPs per input position the kernels execute: block-causal attention runs on SDPA's
     memory-efficient kernel with a boolean mask, which computes every ``(query, key)`` pair,
-    so it costs as much as bidirectional attention."""
+    so it costs as much as bidirectional attention; the logits on the output rows only
+    (:func:`output_rows_scaled`)."""
     kernel_attention = shape.attention
     if shape.attention == "block_causal":
         kernel_attention = "bidirectional"
-    return shape_forward_parts(shape, input_length(shape, lay), kernel_attention)
+    return output_rows_scaled(shape_forward_parts(shape, input_length(shape, lay), kernel_attention), shape, lay)
 
 
 def recompute_fraction(shape: ModelShape, lay: Layout) -> dict[str, float]:
@@ -103,7 +116,8 @@ def recompute_fraction(shape: ModelShape, lay: Layout) -> dict[str, float]:
 def step_flops(shape: ModelShape, lay: Layout) -> FlopCounts:
     """FLOPs of one optimizer step of the whole job (see :class:`FlopCounts`)."""
     tokens = lay.global_batch * input_length(shape, lay)  # input positions (train.seq_length + the objective's extra)
-    model_tok = shape_model_flops_per_token(shape, input_length(shape, lay))
+    # the output layer's GEMM on the rows that reach it (block diffusion without AR loss: x_t's L of 2L)
+    model_tok = 3 * sum(output_rows_scaled(shape_forward_parts(shape, input_length(shape, lay)), shape, lay).values())
     fwd = hardware_forward_parts(shape, lay)
     frac = recompute_fraction(shape, lay)
     recompute_tok = sum(fwd[k] * frac[k] for k in fwd)

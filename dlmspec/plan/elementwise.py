@@ -11,7 +11,7 @@ how, in docs/planner-methods.md, *Time model*).
 from __future__ import annotations
 
 from dlmspec.plan.memory import expert_tokens, linear_params
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length, norms_compiled, qkv_fused
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length, norms_compiled, output_rows, qkv_fused
 
 #: Effective-bytes factors of the small element-wise kernels around attention on the local path:
 #: how many times their counted bytes (reads + writes) they take at the HBM bandwidth. Measured on
@@ -70,7 +70,9 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     with dropout; MoE permute/unpermute 8 per routed token copy; the local path's weight-
     gradient accumulation into ``main_grad`` (bf16 gradient written and read, fp32 read and
     written: ``2y + 8`` per weight); the embedding's dense gradient (``2y + 8`` per entry); the
-    cross entropy :data:`CE_BYTES_PER_LOGIT` per logit. The norms, q/k norms, RoPE and the QKV
+    cross entropy :data:`CE_BYTES_PER_LOGIT` per logit, on the rows that reach the output layer
+    (:func:`~dlmspec.plan.shape.output_rows`; the fused one's ``(4 + 3y) h`` hidden-state hand-over
+    too). The norms, q/k norms, RoPE and the QKV
     copies are :func:`attention_block_bytes` (effective bytes on the local path).
     """
     dense_n, moe_n = counts
@@ -95,15 +97,16 @@ def elementwise_bytes(shape: ModelShape, lay: Layout, stage: int, counts: tuple[
     if local:
         total += (2 * y + 8) * linear_params(shape, lay, counts)
     V = shape.vocab / t
+    out = output_rows(shape, lay)  # rows reaching the output layer (the final norm runs on all T)
     if stage == 0:
         total += 2 * h * y * T + (2 * y + 8) * V * h
     if stage == lay.pp - 1 and lay.fused_linear_ce:
         rows = shape.loss_row_fraction * T
-        total += FUSED_CE_BYTES_PER_LOGIT[lay.fused_linear_backend] * rows * V + (4 + 3 * y) * h * T
+        total += FUSED_CE_BYTES_PER_LOGIT[lay.fused_linear_backend] * rows * V + (4 + 3 * y) * h * out
         if local:
             total += (2 * y + 8) * V * h
     elif stage == lay.pp - 1:
-        total += CE_BYTES_PER_LOGIT * T * V + 5 * h * y * T / r * _norm_factor(lay)
+        total += CE_BYTES_PER_LOGIT * out * V + 5 * h * y * T / r * _norm_factor(lay)
         if local:
             total += (2 * y + 8) * V * h
     return total

@@ -18,7 +18,7 @@ from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
 from dlmspec.plan.pipeline_stages import (heaviest_stage, in_flight, in_flight_layers,  # noqa: F401 - read here too
                                           stage_layer_counts)
 from dlmspec.plan import optimizer_state
-from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length
+from dlmspec.plan.shape import DTYPE_BYTES, Layout, ModelShape, input_length, output_rows
 
 #: Breakdown keys of allocated memory, in report order (``peak_allocated_bytes`` is their sum).
 ALLOCATED_TERMS = (
@@ -618,12 +618,13 @@ def stage_memory(
 
     # The largest transient of forward/backward.
     loss = 0.0
+    rows = output_rows(shape, lay)  # the rows reaching the output layer (block diffusion: x_t's only)
     if last and lay.fused_linear_ce:
-        loss = fused_linear_ce_bytes(T, h, shape.vocab, y, lay.fused_linear_backend)
+        loss = fused_linear_ce_bytes(rows, h, shape.vocab, y, lay.fused_linear_backend)
     elif last:
         V = shape.vocab / lay.tp
-        logits = (4 + (y if y != 4 else 0)) * T * V
-        out_bwd = y * T * V + (y * V * h if lay.impl != "transformer_engine" else 0.0) + y * T * h
+        logits = (4 + (y if y != 4 else 0)) * rows * V
+        out_bwd = y * rows * V + (y * V * h if lay.impl != "transformer_engine" else 0.0) + y * rows * h
         loss = logits if logits > out_bwd else out_bwd
     workspace = 0.0
     if layers:

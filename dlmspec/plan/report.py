@@ -171,6 +171,11 @@ def plan_renderable(plan: Plan) -> Group:
     if lay.train_iters:
         summary.append(f"\n{lay.train_iters:,} steps: {_seconds(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
     parts.append(summary)
+    for phase in plan.phases:
+        parts.append(Text(f"{phase.during} ({phase.name}): +{_gib(phase.extra_bytes)} GiB per GPU, peak "
+                          f"{_gib(phase.peak_bytes)} GiB{'' if phase.fits else ' (does not fit)'}"
+                          + (f", {_seconds(phase.step_seconds)} a step" if phase.step_seconds else "")
+                          + f"; {phase.note}"))
     if plan.sft is not None:
         parts.append(Text("\n".join(sft_lines(plan.sft, lay.train_iters, t.to_train_seconds))))
     if getattr(plan, "rl", None) is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dlmspec import objectives
+from dlmspec.attention import choose_backend
 from dlmspec.gpus import GPU
 from dlmspec.layout import derive as derive_layout
 from dlmspec.params import mlp_params
@@ -54,6 +55,12 @@ class ModelShape:
             model's input (:func:`input_length`). attended_keys: the mean keys per query of that input
             where the objective's own mask sets them (block diffusion: ``(L + B) / 2`` over ``2 L``
             queries, :meth:`~dlmspec.objectives.Objective.attended_keys`); 0: the layer pattern's.
+            extra_positions_output: whether those extra positions reach the output layer
+            (:meth:`~dlmspec.objectives.Objective.extra_positions_output`; the rows:
+            :func:`output_length`).
+        attention_anneal_iters: ``objective.attention_anneal_iters`` (0: none); anneal_backend: the
+            attention backend that runs the annealed mask (``sdpa`` or ``flex``; the extra memory of
+            those steps: :mod:`dlmspec.plan.phases`).
         attn_split, attn_repl: attention parameters split over TP / replicated per TP rank.
         norms_repl: the two layer norms' parameters (replicated).
         mlp_split, mlp_repl: dense MLP parameters split over TP / replicated (fc2 bias).
@@ -119,6 +126,9 @@ class ModelShape:
     extra_forward_passes: int = 0
     extra_seq_length: int = 0
     attended_keys: float = 0.0
+    extra_positions_output: bool = True
+    attention_anneal_iters: int = 0
+    anneal_backend: str = ""
     stage_kind: str = "pretrain"
     stage_options: tuple[tuple[str, Any], ...] = ()
 
@@ -342,6 +352,10 @@ def model_shape(resolved: Resolved) -> ModelShape:
         objective_bytes_per_token=objective.input_bytes_per_token,
         extra_forward_passes=objective.extra_forward_passes(resolved.spec.objective),
         extra_seq_length=objective.extra_seq_length(resolved.spec.objective, resolved.spec.train.seq_length),
+        extra_positions_output=bool(objective.extra_positions_output(resolved.spec.objective)),
+        attention_anneal_iters=int(getattr(resolved.spec.objective, "attention_anneal_iters", None) or 0),
+        anneal_backend=(choose_backend(m.attention_backend, (resolved.attention_mask,))
+                        if getattr(resolved.spec.objective, "attention_anneal_iters", None) else ""),
         attended_keys=float(objective.attended_keys(resolved.spec.objective, resolved.spec.train.seq_length,
                                                     resolved.train_iters) or 0.0),
         attn_split=attn_split,
@@ -370,6 +384,28 @@ def input_length(shape: ModelShape, lay: Layout) -> int:
     block diffusion's ``x_t (+) x_0`` doubles it). Activations, attention and FLOPs scale with it;
     the tokens a step trains on (throughput, the SFT plan) stay ``global_batch * seq``."""
     return lay.seq + shape.extra_seq_length
+
+
+def output_length(shape: ModelShape, lay: Layout) -> int:
+    """Positions per sequence that reach the output layer (the logits GEMM, the cross entropy, the
+    fused projection's hidden-state hand-over): :func:`input_length`, less the objective's extra
+    positions where the objective drops them after the decoder
+    (:attr:`ModelShape.extra_positions_output` false: block diffusion without an AR loss, whose
+    decoder passes only the ``x_t`` half, ``backends/megatron/objectives/bd3lm.py``
+    ``noised_half_output``). Under sequence parallelism (``sp`` with ``tp > 1``) every position
+    stays: each rank's decoder output is a slice of the sequence, which the runtime does not cut.
+
+    Example: ``seq = 4096``, BD3-LM without AR loss: input 8192, output 4096 (8192 with SP)."""
+    if shape.extra_positions_output or lay.sequence_divisor > 1:
+        return input_length(shape, lay)
+    return lay.seq
+
+
+def output_rows(shape: ModelShape, lay: Layout) -> float:
+    """Rows of one micro-batch that reach the output layer on one rank:
+    ``micro_batch * output_length / cp`` (:func:`output_length`; the ``[rows, vocab / tp]`` logits
+    of megatron's cross entropy, ``rows`` hidden states of the fused one)."""
+    return lay.micro_batch * output_length(shape, lay) / lay.cp
 
 
 def _frozen(value: Any) -> Any:

@@ -41,7 +41,7 @@ from dlmspec.plan.launches import (
     syncs_per_microbatch,
 )
 from dlmspec.plan.memory import expert_tokens, fsdp_sharding, heaviest_stage, stage_layer_counts, stage_params
-from dlmspec.plan.shape import Layout, ModelShape, attention_backend, input_length
+from dlmspec.plan.shape import Layout, ModelShape, attention_backend, input_length, output_rows
 
 #: Time breakdown keys, in report order (``step_seconds`` is their sum). ``kernel_launch``: the
 #: GPU's per-kernel floor plus, on launch-bound ranks, the time the GPU waits for the host;
@@ -229,7 +229,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         rows = shape.loss_row_fraction * T
         gemm += FUSED_CE_GEMM_PASSES[lay.fused_linear_backend] * 2 * h * shape.vocab * rows
     elif stage == lay.pp - 1:
-        gemm += 3 * 2 * h * shape.vocab / t * T
+        gemm += 3 * 2 * h * shape.vocab / t * output_rows(shape, lay)  # the rows reaching the output layer
     if gemm_peak != attn_peak:  # fp8: the decoder's GEMMs at the fp8 peak, the output layer's at bf16
         gemm_seconds, gemm_fp8_seconds = (gemm - decoder_gemm) / attn_peak, decoder_gemm / gemm_peak
     else:

@@ -16,11 +16,15 @@ records (``loss``). :func:`read_point` takes from them, per run:
   PREFIX --json > RUN/eval.json`` prints: for a masked-diffusion model the ELBO bound on NLL per
   token of its default estimator with its standard error, for AR the exact NLL per token), else
   the last ``valid`` record's loss (no standard error).
-* U, unique tokens, and the epochs D / U: from the dataset records of the lock's ``data.train``
-  (``PREFIX.dlmspec.json``: ``tokens``; ``max_unique_tokens`` of an entry caps it): a dataset of
-  weight share ``w_i`` gives ``min(w_i D, U_i)`` unique tokens, the run ``U = sum_i`` of them.
-  Unknown (``None``, with why) when a record is missing or unreadable, or the run trains on mock
-  data: only the data-constrained fit needs them.
+* U, unique tokens, and the epochs D / U: the lock's ``data.train`` (paths from the launch folder)
+  counted by :mod:`dlmspec.data.repetition`, the planner's arithmetic: each dataset's training
+  split (``data.split`` carved out when there is no ``data.valid``) after its
+  ``max_unique_tokens`` cap, ``U_i``, from its ``.idx`` (or its record ``PREFIX.dlmspec.json``
+  where neither a split nor a cap needs the documents' lengths); a dataset of weight share
+  ``w_i`` gives ``min(w_i D, U_i)`` unique tokens, the run ``U = sum_i`` of them
+  (:attr:`~dlmspec.data.repetition.Repetition.seen_tokens`). Unknown (``None``, with why) when a
+  count cannot be read, the blend does not resolve, or the run trains on mock data: only the
+  data-constrained fit needs them.
 
 A run missing D, N or the loss is skipped (:class:`Skipped`, with why), never guessed. A folder
 that is no run folder, or a file that exists and cannot be read (a lock file, ``eval.json``), is an
@@ -177,8 +181,13 @@ def read_eval(run_dir: str) -> tuple[float, float | None, str] | None:
 
 
 def _unique_tokens(spec: Any, tokens: int, base: str) -> tuple[int | None, str | None]:
-    """``(U, None)`` or ``(None, why)`` (the module docstring)."""
-    from dlmspec.data.record import RecordError, read_record
+    """``(U, None)`` or ``(None, why)``: the unique tokens a run of ``tokens`` training tokens saw,
+    ``sum_i min(w_i tokens, U_i)`` by :func:`dlmspec.data.repetition.repeat` over the datasets
+    of ``spec.data.train`` (globs and manifests expanded, relative paths from ``base``) counted by
+    :func:`dlmspec.data.repetition.dataset_tokens` (the split carve-out, the ``.idx``, the cap)."""
+    from dlmspec import objectives
+    from dlmspec.data.repetition import dataset_tokens, repeat, split_vector, train_caps
+    from dlmspec.resolve.blend import resolve_blend
 
     data = spec.data
     if getattr(data, "mock", False):
@@ -186,28 +195,28 @@ def _unique_tokens(spec: Any, tokens: int, base: str) -> tuple[int | None, str |
     entries = list(getattr(data, "train", None) or [])
     if not entries:
         return None, "the lock names no data.train dataset"
-    weights = [getattr(e, "weight", None) for e in entries]
-    sizes = []
-    for entry in entries:
-        prefix = _resolve(str(entry.prefix), base)
-        try:
-            record = read_record(prefix)
-        except RecordError as exc:
-            return None, f"the dataset record of {entry.prefix} is unreadable ({exc})"
-        if record is None or not _number(record.get("tokens")):
-            return None, f"{entry.prefix} has no dataset record with its token count (PREFIX.dlmspec.json)"
-        size = int(record["tokens"])
-        cap = getattr(entry, "max_unique_tokens", None)
-        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
-            size = min(size, cap)
-        sizes.append(size)
-    if all(w is None for w in weights):
-        weights = list(sizes)  # megatron weighs a blend without weights by size
-    if any(w is None or not _number(w) or w < 0 for w in weights) or sum(weights) <= 0:
-        return None, "the blend's weights are neither all given nor all omitted"
-    total = float(sum(weights))
-    unique = sum(min(w / total * tokens, size) for w, size in zip(weights, sizes))
-    return int(round(unique)), None
+    located = [entry.model_copy(update={"prefix": _resolve(str(entry.prefix), base)}) for entry in entries]
+    blend = resolve_blend(located, "data.train")
+    if blend.problems or not blend.shards:
+        first = blend.problems[0] if blend.problems else None
+        return None, f"data.train does not resolve ({first.message if first else 'no dataset'})"
+    split = None if getattr(data, "valid", None) else data.split
+    try:
+        split_vector(split) if split is not None else None
+    except ValueError as exc:
+        return None, str(exc)
+    caps = train_caps(located)
+    written = {_resolve(str(e.prefix), base): str(e.prefix) for e in entries}
+    datasets = [(dataset_tokens(shard.prefix, split=split, cap=caps.get(shard.prefix) if shard.prefix == shard.entry
+                                else None, entry=written.get(shard.entry, shard.entry)), float(shard.weight))
+                for shard in blend.shards]
+    try:
+        rep = repeat(datasets, int(tokens), diffusion=bool(objectives.get(spec.objective.kind).diffusion))
+    except ValueError as exc:
+        return None, f"data.train: {exc}"
+    if rep.seen_tokens is None:
+        return None, "; ".join(rep.unknown) or "a dataset's unique tokens are unknown"
+    return int(round(rep.seen_tokens)), None
 
 
 def read_point(run_dir: str) -> RunPoint | Skipped:

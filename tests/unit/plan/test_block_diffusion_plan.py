@@ -44,7 +44,8 @@ def test_model_flops_count_the_masks_attention_density() -> None:
     assert keys == pytest.approx((512 + 16) / 2)
     parts = forward_flops_per_token(s.num_layers, s.hidden, s.ffn, s.heads, s.groups, s.head_dim, s.vocab, 1024,
                                     gated=s.gated, keys=keys)
-    want = 3 * sum(parts.values()) * bd3.layout.global_batch * 1024
+    # the output layer's 2 h V on the x_t half only (512 rows: no AR loss)
+    want = 3 * (sum(parts.values()) * 1024 - parts["logits"] * 512) * bd3.layout.global_batch
     assert bd3.time.flops.model_per_step == pytest.approx(want)
     # not a bidirectional 2L (each query would see 1024 keys)
     full = forward_flops_per_token(s.num_layers, s.hidden, s.ffn, s.heads, s.groups, s.head_dim, s.vocab, 1024,

@@ -19,7 +19,8 @@ def _dataset(root: Path, tokens: int) -> dict:
     (root / "data").mkdir(exist_ok=True)
     record = {"schema": "dlmspec.dataset", "version": 1, "documents": 10, "tokens": tokens}
     (root / "data" / "x_text_document.dlmspec.json").write_text(json.dumps(record))
-    return {"data.mock": None, "data.train": ["data/x_text_document"]}
+    # the whole dataset trains (no validation carve-out): its record's token count is the training split's
+    return {"data.mock": None, "data.train": ["data/x_text_document"], "data.split": "100,0,0"}
 
 
 def test_the_launch_folder_is_where_the_recorded_run_dir_ends(tmp_path: Path) -> None:
@@ -41,7 +42,9 @@ def test_a_dataset_without_a_record_leaves_unique_tokens_unknown_with_why(tmp_pa
     data = {"data.mock": None, "data.train": ["data/y_text_document"]}
     run = scaling_kit.write_run(tmp_path / "runs" / "r", shape=(4, 256), tokens=10**6, loss=3.0, data=data)
     point = read_point(str(run))
-    assert point.unique_tokens is None and "no dataset record" in point.unique_why
+    # the planner's words (dlmspec.data.repetition): neither the index nor the record can be read
+    assert point.unique_tokens is None and "y_text_document.idx" in point.unique_why
+    assert "no record" in point.unique_why
 
 
 def test_a_study_with_repeated_runs_uses_the_published_r_star_below_three_levels(tmp_path: Path) -> None:
