@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from bundled_specs_kit import single_specs
+
 from dlmspec.check import issues_for
 from dlmspec.check.slurm import time_limit_seconds
 from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError
@@ -49,8 +51,7 @@ from slurm_kit import (  # noqa: F401 (fixtures among them)
     spec_with,
 )
 
-SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py"
-               and not p.name.endswith("-sweep.py"))  # a sweep: tests/integration/cli/test_sweep.py compiles each member
+SPECS = single_specs()  # a sweep is several specs: tests/integration/cli/test_sweep.py compiles each member
 SHELLCHECK = shutil.which("shellcheck")
 
 

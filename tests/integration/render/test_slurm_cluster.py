@@ -31,6 +31,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from bundled_specs_kit import single_specs
+
 from dlmspec.spec.load import load
 from dlmspec.resolve import resolve
 from dlmspec.cli.submit import submit
@@ -41,8 +43,7 @@ ROOT = Path(__file__).resolve().parents[3]
 START = ROOT / "tests" / "slurm" / "start-cluster.sh"
 STOP = ROOT / "tests" / "slurm" / "stop-cluster.sh"
 CHECK_SPEC = ROOT / "tests" / "slurm" / "check-spec.toml"
-SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".toml", ".py") and p.name != "__init__.py"
-               and not p.name.endswith("-sweep.py"))  # a sweep is several specs: tests/integration/cli/test_sweep.py
+SPECS = single_specs()  # a sweep is several specs: tests/integration/cli/test_sweep.py compiles each member
 #: Nodes a job larger than the test cluster is judged at: its "multinode" partition is this host (2 CPUs) and 63
 #: CLOUD nodes of 128 CPUs (tests/slurm/start-cluster.sh), so 32 fit every variant's request.
 MULTINODE_NODES = 32
