@@ -63,7 +63,7 @@ class Finding:
     ``hint`` to ``fix`` in words (:meth:`Fix.text`), else the rule's ``fix``; ``severity`` to
     the rule's (a rule whose verdict has an override, like ``memory-fits``, yields a warning
     where the spec accepts the risk). A hint written beside a ``fix`` names its keys and values
-    (tests/unit/check/test_remedies_validate.py holds every rule to it): the fix is the hint's first
+    (tests/integration/check/test_remedies_validate.py holds every rule to it): the fix is the hint's first
     choice, never the rejected value.
     """
 

@@ -1,5 +1,5 @@
 """Small tokenizers trained offline on the shared corpus, for the tokenizer-type tests
-(tests/unit/data/test_tokenizer_types.py, tests/unit/data/test_inspect.py,
+(tests/unit/data/test_tokenizer_types.py, tests/integration/data/test_inspect.py,
 tests/check/test_tokenizer_types.py): a BERT WordPiece ``vocab.txt`` (``tokenizers``), a
 SentencePiece Unigram ``.model`` with BOS/EOS/pad (``sentencepiece``), a byte-level BPE turned into
 megatron-core's tiktoken ``.json`` and a local Hugging Face tokenizer folder (a BERT tokenizer

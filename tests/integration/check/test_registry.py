@@ -138,7 +138,7 @@ def test_rule_sources_name_runtime_code_that_exists() -> None:
 
 
 def _runtime_findings(r: Rule) -> list[Any]:
-    """The findings of a runtime rule on its failing example (tests/unit/check/test_validate_compile_agree.py)."""
+    """The findings of a runtime rule on its failing example (tests/integration/check/test_validate_compile_agree.py)."""
     from agree_kit import BASE, FAILING, merged
 
     examples = [changes for changes, rule_id, _ in FAILING if rule_id == r.id]

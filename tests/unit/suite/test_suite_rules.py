@@ -54,7 +54,7 @@ NAME_WORDS = re.compile(r"(?:^|_)(fix|fixes|fixed|hardening|session|sessions|iss
 #: An issue number or a work period cited in a test's text: "issue 12", "issues 3", "#35", "session 4".
 CITATION = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&/\"'])#\d+\b(?!:)|\b[Ss]essions? \d+")
 #: The checkers of citations themselves hold examples of them.
-CITATION_CHECKERS = (TESTS / "unit" / "suite" / "test_suite_rules.py", TESTS / "unit" / "project" / "test_user_facing_text.py",
+CITATION_CHECKERS = (TESTS / "unit" / "suite" / "test_suite_rules.py", TESTS / "integration" / "project" / "test_user_facing_text.py",
                      ROOT / "bench" / "bench_tests" / "test_results_text.py")
 
 
