@@ -189,19 +189,6 @@ def fsdp_unsharded_bytes(lay: Layout, params: float, layers: int, param_b: int, 
     return total
 
 
-def optimizer_bytes_per_param(optimizer: str, dtype: str) -> int:
-    """Optimizer-state bytes per parameter before sharding.
-
-    Adam: fp32 ``exp_avg`` and ``exp_avg_sq`` (8) plus, for bf16/fp16 models, the fp32 master
-    weights (4) of megatron-core's mixed-precision optimizers: 12 (Megatron-LM
-    ``theoretical_memory_usage.py``: 18 = 2 + 4 + 12). SGD (megatron uses momentum 0.9): one
-    fp32 momentum (4) plus the master copy for half-precision models. The plain optimizer only:
-    the precision-aware and offloaded ones are :func:`dlmspec.plan.optimizer_state.state_bytes`.
-    """
-    states = 8 if optimizer == "adam" else 4
-    return states + (0 if dtype == "fp32" else 4)
-
-
 def expert_tokens(shape: ModelShape, lay: Layout) -> float:
     """Token-expert pairs one rank's experts process per microbatch and MoE layer, ``N``.
 

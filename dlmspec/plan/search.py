@@ -351,7 +351,7 @@ def _split_vpps(shape: ModelShape, base: Layout, pp: int) -> list[int]:
     if layout is not None and pp > 1:
         try:
             candidates.add(max(1, len(expand_layout(layout)) // pp))
-        except LayoutError:
+        except LayoutError:  # a layout string megatron-core cannot parse: validate reports it; no extra candidate
             pass
     return [v for v in sorted(candidates | {1}) if pipeline_fits(shape, base, pp, v)]
 
@@ -370,7 +370,7 @@ def enumerate_layouts(shape: ModelShape, base: Layout, *, allow_cp: bool = True,
     ``global_batch % (micro_batch * DP) == 0``; interleaving only with PP > 1, layers per stage
     divisible by VPP and microbatches a positive multiple of PP.
     """
-    world, L = base.world, shape.num_layers
+    world = base.world
     selective = _selective_sets(shape, base, layernorm_recompute)
     own_modules = tuple(base.recompute_modules)
     for tp in _divisors(world):

@@ -43,7 +43,7 @@ class _Optimizer:
         return {}
 
     def load_state_dict(self, state) -> None:
-        pass
+        """Nothing to restore: this stand-in optimizer keeps no state (its sharded_state_dict is empty)."""
 
 
 def _forward_backward(*, forward_step_func, data_iterator, model, num_microbatches, seq_length, micro_batch_size,

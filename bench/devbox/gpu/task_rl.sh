@@ -187,7 +187,7 @@ def rewards(name):
             e = json.loads(line)
             if e.get("event") == "train" and "rl/reward_mean" in e:
                 rows.append([e.get("iteration"), e["rl/reward_mean"], e.get("rl/kl")])
-    except OSError:
+    except OSError:  # the stage did not run (or wrote no metrics): the summary shows no rewards for it
         pass
     return rows
 
