@@ -17,7 +17,10 @@ prompts, ``--steps-per-block`` steps a block, greedy, with the cache and without
 whether the tokens are equal), and MDM's sampler at the same tokens and steps for reference. The
 training values are read from each run's ``metrics.jsonl`` (loss curve, ``tokens_per_s``: data
 tokens, ``peak_mem_gib``); the ratio BD3 / MDM of the median tokens/s after the first 50 steps is
-the target's (at least 0.9). The result: ``bench/results/demos/<date>-<gpu>-bd3lm-vs-mdm.json``.
+the target's (at least 0.9). Beside each run's measured median step time and peak memory stand its
+planned ones (``planned``, from the ``plan.json`` its compile wrote, planned for the GPU measured when
+the planner's catalog has it; ``measured_over_planned``). The result:
+``bench/results/demos/<date>-<gpu>-bd3lm-vs-mdm.json``.
 
 ``--kernel-control`` adds a third training, MDM on FlexAttention (``mdm-flex``: the BD3 run's kernel,
 no mask), so the gap splits in two ratios: ``mdm-flex / mdm`` (FlexAttention against SDPA's
