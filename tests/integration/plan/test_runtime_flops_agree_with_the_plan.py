@@ -3,7 +3,7 @@
 equal the planner's for the same compiled spec: ``flops.model_per_step / (global_batch *
 seq_length)``. Masked diffusion, next-token prediction and block diffusion (2L input positions at
 the three-part mask's density, the output layer on the x_t half without an AR loss, on both halves
-with one, the mask's density averaged over a block-size schedule's steps; and in an SFT stage). The data-token count
+with one or under sequence parallelism, the mask's density averaged over a block-size schedule's steps; and in an SFT stage). The data-token count
 (``data_only``) equals the planner's ``data_mfu`` numerator. Each spec is compiled to train.py and its
 configs built as ``train()`` receives them."""
 
@@ -33,6 +33,8 @@ CASES = {
     "bd3lm-ar-loss": ("demo-bd3lm.toml", ["objective.ar_loss_weight=0.5"]),
     "bd3lm-block-schedule": ("demo-bd3lm.toml", ["objective.block_size_schedule=[[0, 4], [100, 16], [200, 512]]"]),
     "bd3lm-sft": ("demo-bd3lm-sft.toml", []),
+    "bd3lm-sequence-parallel": ("demo-bd3lm.toml", ["parallel.tensor_model_parallel_size=2",
+                                                    "parallel.sequence_parallel=true", "cluster.gpus_per_node=2"]),
 }
 
 
