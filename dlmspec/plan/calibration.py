@@ -336,10 +336,10 @@ TE_MEASURED: MeasuredRange | None = MeasuredRange(
 # precision) for :func:`dlmspec.plan.provenance.nearest_public_points`.
 # public-calibration:begin
 PUBLIC_FITTED: dict[str, Any] = {
-    'nvlink_efficiency': 0.4813,
+    'nvlink_efficiency': 0.3313,
     'network_efficiency': 0.95,
-    'tp_overlap_exposed_fraction': 0.15,
-    'gpu_compute_scale': {'b200': 0.84, 'gb200': 0.74, 'h100': 0.76},
+    'tp_overlap_exposed_fraction': 0.1,
+    'gpu_compute_scale': {'b200': 0.82, 'gb200': 0.74, 'h100': 0.76},
 }
 PUBLIC_FITTED_FROM: str | None = 'bench/calibration/public: megatron-bridge-performance-summary.json, models.json, nemo-24.07-performance-summary.json (20 calibration points, 14 held out)'
 PUBLIC_MEASURED: MeasuredRange | None = MeasuredRange(
