@@ -169,6 +169,14 @@ def read_points(data: Path | None = None) -> list[Point]:
             tps = p["measured"].get("tokens_per_second_per_gpu")
             if isinstance(tps, bool) or not isinstance(tps, (int, float)) or not tps > 0:
                 raise PublicDataError(path, f"{where}.measured.tokens_per_second_per_gpu", tps, "a positive number")
+            kind = c.get("moe_token_dispatcher_type")
+            if kind is not None and kind not in ("alltoall", "allgather", "flex"):
+                raise PublicDataError(path, f"{where}.config.moe_token_dispatcher_type", kind,
+                                      "'alltoall', 'allgather' or 'flex' (megatron-core moe_token_dispatcher_type)")
+            if kind == "flex" and c.get("moe_flex_dispatcher_backend") not in ("deepep", "hybridep"):
+                raise PublicDataError(path, f"{where}.config.moe_flex_dispatcher_backend",
+                                      c.get("moe_flex_dispatcher_backend"),
+                                      "a flex dispatcher names its backend: 'deepep' or 'hybridep'")
             if p["use"] not in ("used", "excluded"):
                 raise PublicDataError(path, f"{where}.use", p["use"], "'used' or 'excluded'")
             if p["use"] == "excluded" and not p.get("why_excluded"):
