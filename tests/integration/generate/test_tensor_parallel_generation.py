@@ -10,7 +10,9 @@ and once in two processes at TP = 2 (``torch.multiprocessing.spawn``, gloo, a fi
 
 * the masked-diffusion sampler's tokens for no cache, the prefix and the dual cache, low-confidence,
   threshold and factor decoding, temperature 0 (the vocabulary-parallel argmax path), on left-padded
-  prompts of different lengths; and at temperature > 0 (the block's gathered logits);
+  prompts of different lengths; and at temperature > 0 and with guidance (the block's gathered logits);
+* the same at TP = 2 with megatron-core's sequence parallelism (a training model's layout), on a
+  canvas whose length TP does not divide;
 * the vocabulary-parallel argmax and confidence
   (:func:`~dlmspec.backends.generate.block_cache.vocab_parallel_greedy` through
   ``GPTBlockLogits.greedy``) against ``sample_tokens`` on the gathered logits of the same block,
@@ -45,6 +47,7 @@ CASES = [
     ("dual-refresh2-threshold", dict(cache="dual", remasking="threshold", cache_refresh=2)),
     ("none-temperature", dict(cache="none", temperature=0.7, seed=3)),
     ("prefix-temperature", dict(cache="prefix", temperature=0.7, seed=3)),
+    ("dual-guidance", dict(cache="dual", cfg_scale=1.0)),
 ]
 
 #: cases also run at TP = 2 with sequence parallelism (a canvas of 21 columns: not a multiple of TP).
@@ -234,7 +237,8 @@ def test_tensor_parallel_sampling_computes_only_the_current_blocks_logits(worlds
         vocab_shard = {s[2] for s in shapes}
         assert len(vocab_shard) == 1
         gathers = rank["gathers"][name]
-        if dict(CASES)[name].get("temperature", 0.0) == 0:
+        case = dict(CASES)[name]
+        if case.get("temperature", 0.0) == 0 and case.get("cfg_scale", 0.0) == 0:
             assert gathers == []  # the argmax and confidence come from the shards (three [b, s] all-reduces)
         else:
             assert gathers and {g[1] for g in gathers} == {BLOCK} and {g[2] for g in gathers} == vocab_shard
