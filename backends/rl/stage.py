@@ -423,13 +423,14 @@ class RLStage(StageBase):
                       "until its next refresh", flush=True)
             return
         sync = int(self.config.ref_model_sync_steps or 0)
-        refreshed = bool(sync) and iteration >= sync
+        # refreshed before step ``k x sync`` (before_step), after the checkpoint of step ``k x sync``
+        refreshed = bool(sync) and iteration > sync
         if refreshed or not self.run.checkpoint.init_from:
             from dlmspec.backends.megatron.checks import refuse
 
             refuse(f"{checkpoint}: this checkpoint keeps the RL reference model's weights per rank (the format of "
                    "earlier dlmspec versions), which a resume into another parallel layout cannot read"
-                   + (f" (refreshed at step {iteration - iteration % sync})" if refreshed else "")
+                   + (f" (refreshed at step {(iteration - 1) // sync * sync})" if refreshed else "")
                    + f". Fix: resume it once with the parallel layout it was saved with (parallel_layout in "
                    f"{os.path.join(checkpoint, 'dlmspec.json')}) and let it save a checkpoint (checkpoints now keep the "
                    "reference as a sharded state that any layout reads), then resume that one in the new layout")
