@@ -403,7 +403,8 @@ class RLStage(StageBase):
 
         Raises:
             SystemExit: code 2 (:func:`~dlmspec.backends.megatron.checks.refuse`) for a per-rank
-                reference resumed in another layout: the message names the checkpoint and the fix.
+                reference resumed in another layout, or recorded weights that cannot be read
+                (:meth:`_read_reference`): the message names the checkpoint and the fix.
             ValueError: the saved weights do not fit the reference (other names or shapes).
         """
         if self.reference is None:
@@ -411,7 +412,7 @@ class RLStage(StageBase):
         if common is not None and "reference_synced_at" in common:
             self.reference_synced_at = int(common["reference_synced_at"])
             if common.get("reference_saved"):
-                self._load_reference(load({"reference": self._reference_template()})["reference"])
+                self._load_reference(self._read_reference(load, checkpoint))
             else:
                 self._reload_reference_from_init_from()
             return
@@ -436,6 +437,31 @@ class RLStage(StageBase):
                    "reference as a sharded state that any layout reads), then resume that one in the new layout")
         self.reference_synced_at = 0
         self._reload_reference_from_init_from()
+
+    def _read_reference(self, load: Callable[[Dict[str, Any]], Dict[str, Any]], checkpoint: str) -> Dict[str, Any]:
+        """The reference's saved weights (``load`` of :meth:`_reference_template`).
+
+        Raises:
+            SystemExit: code 2 when the checkpoint records them but they cannot be read (missing
+                keys, other shapes, a truncated file): the message names the checkpoint and the fix.
+            CheckpointRefused: a checkpoint file that could run code (as the policy's load).
+        """
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from dlmspec.backends.checkpoint_safety import CheckpointRefused
+        from dlmspec.backends.megatron.checkpointing import _error_line
+        from dlmspec.backends.megatron.checks import refuse
+
+        try:
+            return load({"reference": self._reference_template()})["reference"]
+        except CheckpointRefused:
+            raise
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
+            refuse(f"{checkpoint}: the checkpoint records the RL reference model's weights (rl_reference.*, "
+                   f"reference_saved in its common.pt) but they cannot be read: {_error_line(exc)}. Fix: resume from "
+                   f"the checkpoint before it (write that folder's name into {os.path.dirname(checkpoint)}/latest), or "
+                   "copy this checkpoint again if it was copied")
+            raise  # refuse() exits
 
     def _load_reference(self, loaded: Dict[str, Any]) -> None:
         """Copy the loaded sharded state dicts (``{"chunk<i>": state}``) into the reference chunks.

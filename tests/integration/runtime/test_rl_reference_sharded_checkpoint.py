@@ -2,20 +2,23 @@
 checkpointing.py): saved with megatron-core's distributed checkpointing beside the policy, its
 tensors under the ``rl_reference.`` key prefix, and restored on resume, so that a resumed run
 holds the reference, draws the rollouts and logs the losses of an uninterrupted run. The whole of
-``train()`` on CPU, one process (tests/kits/rl_checkpoint_kit.py)."""
+``train()`` on CPU, one process (tests/kits/rl_checkpoint_kit.py). A checkpoint that records
+the reference's weights without holding them is refused with exit code 2."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import torch
+import pytest
 
 from dlmspec.backends.checkpoint_safety import check_common_file, dist_load_tensors_metadata
 from dlmspec.backends.megatron import training
+from dlmspec.backends.rl.stage import RLStage
 
-from rl_checkpoint_kit import (MovingOptimizer, resumed, rl_run, rl_stage, same, train_rl, weights,
+from rl_checkpoint_kit import (MovingOptimizer, resumed, rl_options, rl_run, rl_stage, same, train_rl, weights,
                                write_prompts)
+from rl_kit import CharTokenizer, core
 from rl_loop_kit import _events, cpu_train  # noqa: F401 (fixture)
 
 
@@ -95,3 +98,29 @@ def test_a_never_refreshed_reference_adds_no_tensors_and_comes_back_from_init_fr
     assert stage.reference_synced_at == 0
     assert same(weights(stage.reference), weights(uninterrupted.reference))
     assert not same(weights(stage.reference), weights(stage._model))
+
+
+class _RecordWithoutWeights(RLStage):
+    """Records reference weights in ``common.pt`` but writes none (a damaged checkpoint)."""
+
+    def sharded_state_dict(self):
+        state = super().sharded_state_dict()
+        state.pop("reference", None)
+        return state
+
+
+def test_a_checkpoint_missing_the_recorded_reference_weights_is_refused_with_exit_2(
+        tmp_path, cpu_train, monkeypatch, capsys) -> None:
+    _setup(tmp_path, monkeypatch)
+    split = rl_run(tmp_path / "rl", stop_at_iteration=3)
+    train_rl(split, _RecordWithoutWeights(split, rl_options(2), core=core(), tokenizer=CharTokenizer()))
+    again = resumed(split)
+    with pytest.raises(SystemExit) as exc:
+        train_rl(again, rl_stage(again, 2))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    folder = str(tmp_path / "rl" / "ckpt" / "iter_0000003")
+    assert f"train.py: {folder}: the checkpoint records the RL reference model's weights" in err
+    assert "cannot be read" in err and "rl_reference.decoder" in err  # the missing tensor named
+    assert f"Fix: resume from the checkpoint before it (write that folder's name into {folder[:-len('/iter_0000003')]}/latest)" in err
+    assert "Traceback" not in err
