@@ -414,7 +414,7 @@ class RLStage(StageBase):
             if common.get("reference_saved"):
                 self._load_reference(self._read_reference(load, checkpoint))
             else:
-                self._reload_reference_from_init_from()
+                self._reload_reference_from_init_from(checkpoint)
             return
         if self._restored_per_rank:
             return
@@ -436,7 +436,7 @@ class RLStage(StageBase):
                    f"{os.path.join(checkpoint, 'dlmspec.json')}) and let it save a checkpoint (checkpoints now keep the "
                    "reference as a sharded state that any layout reads), then resume that one in the new layout")
         self.reference_synced_at = 0
-        self._reload_reference_from_init_from()
+        self._reload_reference_from_init_from(checkpoint)
 
     def _read_reference(self, load: Callable[[Dict[str, Any]], Dict[str, Any]], checkpoint: str) -> Dict[str, Any]:
         """The reference's saved weights (``load`` of :meth:`_reference_template`).
@@ -496,12 +496,23 @@ class RLStage(StageBase):
             return
         self._reload_reference_from_init_from()
 
-    def _reload_reference_from_init_from(self) -> None:
+    def _reload_reference_from_init_from(self, checkpoint: Optional[str] = None) -> None:
         """The reference's weights read again from ``checkpoint.init_from``
-        (:func:`~dlmspec.backends.megatron.init_from.initialize_from`)."""
+        (:func:`~dlmspec.backends.megatron.init_from.initialize_from`).
+
+        Raises:
+            SystemExit: code 2 when this run sets no ``checkpoint.init_from`` (the message names
+                ``checkpoint``, the one resumed, and the fix).
+        """
+        from dlmspec.backends.megatron.checks import refuse
         from dlmspec.backends.megatron.init_from import default_cache_dir, initialize_from
 
         ckpt, factory = self.run.checkpoint, self._ctx.resources.model_factory
+        if not ckpt.init_from:
+            refuse(f"{checkpoint or 'the checkpoint resumed'}: its RL reference model is checkpoint.init_from's weights "
+                   "(not refreshed since the start, so not saved), and this run sets no checkpoint.init_from. Fix: set "
+                   "checkpoint.init_from to the value the run started with (in the checkpoint's spec.lock.toml) and "
+                   "compile again")
         initialize_from(ckpt.init_from, model=self.reference,
                         cache_dir=ckpt.init_cache_dir or default_cache_dir(ckpt.save_dir, self.run.logging.run_dir),
                         transformer_config=factory.transformer_config, model_kwargs=factory.model_kwargs)

@@ -124,3 +124,20 @@ def test_a_checkpoint_missing_the_recorded_reference_weights_is_refused_with_exi
     assert "cannot be read" in err and "rl_reference.decoder" in err  # the missing tensor named
     assert f"Fix: resume from the checkpoint before it (write that folder's name into {folder[:-len('/iter_0000003')]}/latest)" in err
     assert "Traceback" not in err
+
+
+def test_a_reference_kept_as_init_from_without_init_from_on_resume_is_refused_with_exit_2(
+        tmp_path, cpu_train, monkeypatch, capsys) -> None:
+    _setup(tmp_path, monkeypatch)
+    seed_run = rl_run(tmp_path / "seed", train_iters=2)
+    train_rl(seed_run, rl_stage(seed_run, 0))
+    split = rl_run(tmp_path / "rl", init_from=f"mcore:{seed_run.checkpoint.save_dir}", stop_at_iteration=3)
+    train_rl(split, rl_stage(split, 0))
+    again = rl_run(tmp_path / "rl")  # the relaunch dropped checkpoint.init_from
+    with pytest.raises(SystemExit) as exc:
+        train_rl(again, rl_stage(again, 0))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    folder = str(tmp_path / "rl" / "ckpt" / "iter_0000003")
+    assert f"train.py: {folder}: its RL reference model is checkpoint.init_from's weights" in err
+    assert "Fix: set checkpoint.init_from to the value the run started with" in err and "Traceback" not in err
