@@ -393,8 +393,9 @@ class RLStage(StageBase):
                 old_logp=None if r.old_logp is None else [t.to(device) for t in r.old_logp],
                 ref_logp=None if r.ref_logp is None else [t.to(device) for t in r.ref_logp])
 
-    def load_sharded_state_dict(self, common: Optional[Dict[str, Any]], load: Callable[[Dict[str, Any]], Dict[str, Any]],
-                                *, checkpoint: str, iteration: int) -> None:
+    def load_sharded_state_dict(self, common: Optional[Dict[str, Any]],
+                                load: Callable[[Dict[str, Any]], Dict[str, Any]], *, checkpoint: str,
+                                iteration: int) -> None:
         """The reference of an uninterrupted run at the resumed step (module docstring): the saved
         weights (resharded to this run's layout), else ``init_from``'s when it was not refreshed
         since the start. A checkpoint of the per-rank format (no ``reference_synced_at`` in
@@ -433,8 +434,8 @@ class RLStage(StageBase):
                    "earlier dlmspec versions), which a resume into another parallel layout cannot read"
                    + (f" (refreshed at step {(iteration - 1) // sync * sync})" if refreshed else "")
                    + f". Fix: resume it once with the parallel layout it was saved with (parallel_layout in "
-                   f"{os.path.join(checkpoint, 'dlmspec.json')}) and let it save a checkpoint (checkpoints now keep the "
-                   "reference as a sharded state that any layout reads), then resume that one in the new layout")
+                   f"{os.path.join(checkpoint, 'dlmspec.json')}) and let it save a checkpoint (checkpoints now keep "
+                   "the reference as a sharded state that any layout reads), then resume that one in the new layout")
         self.reference_synced_at = 0
         self._reload_reference_from_init_from(checkpoint)
 
@@ -509,10 +510,10 @@ class RLStage(StageBase):
 
         ckpt, factory = self.run.checkpoint, self._ctx.resources.model_factory
         if not ckpt.init_from:
-            refuse(f"{checkpoint or 'the checkpoint resumed'}: its RL reference model is checkpoint.init_from's weights "
-                   "(not refreshed since the start, so not saved), and this run sets no checkpoint.init_from. Fix: set "
-                   "checkpoint.init_from to the value the run started with (in the checkpoint's spec.lock.toml) and "
-                   "compile again")
+            refuse(f"{checkpoint or 'the checkpoint resumed'}: its RL reference model is checkpoint.init_from's "
+                   "weights (not refreshed since the start, so not saved), and this run sets no "
+                   "checkpoint.init_from. Fix: set checkpoint.init_from to the value the run started with (in the "
+                   "checkpoint's spec.lock.toml) and compile again")
         initialize_from(ckpt.init_from, model=self.reference,
                         cache_dir=ckpt.init_cache_dir or default_cache_dir(ckpt.save_dir, self.run.logging.run_dir),
                         transformer_config=factory.transformer_config, model_kwargs=factory.model_kwargs)

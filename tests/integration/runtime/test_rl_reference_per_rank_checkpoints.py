@@ -49,7 +49,8 @@ def test_a_refreshed_per_rank_reference_in_another_layout_is_refused_with_exit_2
     folder = str(tmp_path / "rl" / "ckpt" / "iter_0000003")
     assert f"train.py: {folder}: this checkpoint keeps the RL reference model's weights per rank" in err
     assert "another parallel layout" in err and "refreshed at step 2" in err
-    assert f"Fix: resume it once with the parallel layout it was saved with (parallel_layout in {folder}/dlmspec.json)" in err
+    fix = f"Fix: resume it once with the parallel layout it was saved with (parallel_layout in {folder}/dlmspec.json)"
+    assert fix in err
     assert "Traceback" not in err
 
 
