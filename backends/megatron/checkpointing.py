@@ -3,7 +3,8 @@
 Layout of ``CheckpointConfig.save_dir`` (details in docs/runtime.md, "Checkpoints")::
 
     save_dir/iter_0000100/               megatron distributed checkpoint (model, optimizer,
-                                         scheduler, iteration, consumed samples, seed, RNG)
+                                         scheduler, iteration, consumed samples, seed, RNG;
+                                         the stage's sharded state, e.g. an RL reference model)
     save_dir/iter_0000100/dlmspec.json   metadata, with the record of the spec that wrote it
     save_dir/iter_0000100/spec.lock.toml the lock file beside train.py
     save_dir/latest                      "iter_0000100", written last and atomically
@@ -67,6 +68,9 @@ from .spec_record import LOCK_FILENAME, load_scheduler_state
 
 TRACKER_FILENAME = CHECKPOINT_TRACKER
 METADATA_FILENAME = CHECKPOINT_RECORD
+#: The distributed checkpoint's entry of the stage's sharded state
+#: (:meth:`~dlmspec.backends.megatron.stage.StageBase.sharded_state_dict`).
+STAGE_KEY = "stage"
 
 
 def prestart_checkpoint_helpers() -> None:
@@ -291,6 +295,7 @@ def save_checkpoint(
     spec_lock_text: Optional[str] = None,
     interval_loss: Optional[List[float]] = None,
     stage_state: Optional[Dict[str, Any]] = None,
+    stage_sharded_state: Optional[Dict[str, Any]] = None,
 ) -> str:
     """Write a megatron distributed checkpoint and then the ``latest`` tracker.
 
@@ -309,7 +314,11 @@ def save_checkpoint(
     ``interval_loss``: this rank's ``[loss sum, tokens, skipped updates]`` of the steps since the
     last train record, kept with its RNG states (:func:`_rng_state`) so that a resumed run's first
     record averages the same steps as an uninterrupted run's. ``stage_state``: this rank's stage
-    state, kept there too (nothing when empty).
+    state, kept there too (nothing when empty). ``stage_sharded_state``: the stage's
+    :meth:`~dlmspec.backends.megatron.stage.StageBase.sharded_state_dict`, saved in the same
+    distributed checkpoint under the key :data:`STAGE_KEY` (its ``ShardedTensor`` s beside the
+    policy's, under their own key prefix, so any parallel layout reads them back; its plain values in
+    megatron-core's common state, ``common.pt``); nothing when empty.
 
     Returns:
         The checkpoint directory.
@@ -328,7 +337,7 @@ def save_checkpoint(
             root, path, rank=rank, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
             consumed_train_samples=consumed_train_samples, seed=seed, metadata=metadata,
             optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text, interval_loss=interval_loss,
-            stage_state=stage_state,
+            stage_state=stage_state, stage_sharded_state=stage_sharded_state,
         )
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
         shutil.rmtree(path, ignore_errors=True)  # the partial folder must not stay (latest never names it)
@@ -348,7 +357,8 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
                            consumed_train_samples: int, seed: int, metadata: Optional[Dict[str, Any]],
                            optimizer_sharding: str, spec_lock_text: Optional[str],
                            interval_loss: Optional[List[float]] = None,
-                           stage_state: Optional[Dict[str, Any]] = None) -> None:
+                           stage_state: Optional[Dict[str, Any]] = None,
+                           stage_sharded_state: Optional[Dict[str, Any]] = None) -> None:
     """:func:`save_checkpoint`'s writes, up to and including the ``latest`` tracker."""
     name = os.path.basename(path)
     if rank == 0:
@@ -359,6 +369,9 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
     dist.barrier()
 
     fsdp = model_uses_megatron_fsdp(model)
+    if fsdp and stage_sharded_state:
+        raise ValueError("a stage's sharded state is saved in megatron-core distributed checkpoints only, not in "
+                         "Megatron-FSDP's fsdp_dtensor ones: use parallel.fsdp = \"none\" for this stage")
     if fsdp:
         # megatron's DistributedOptimizer takes only "fsdp_dtensor" under Megatron-FSDP: a
         # torch.distributed.checkpoint of DTensors (backends/megatron/fsdp.py).
@@ -379,6 +392,9 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         state["consumed_train_samples"] = consumed_train_samples
         state["seed"] = seed
         state["rng_state"] = _rng_sharded_object(_rng_state(interval_loss, stage_state))
+        if stage_sharded_state:
+            # after the optimizer's sharded_state_dict, which maps the model entries of ``state``
+            state[STAGE_KEY] = stage_sharded_state
         dist_checkpointing.save(state, path)
 
     if rank == 0:
@@ -556,7 +572,9 @@ class CheckpointManager:
         spec_lock_text: The run's ``spec.lock.toml`` (copied into every checkpoint), or ``None``.
         stage: The stage's ``state_dict()`` / ``load_state_dict()`` (a
             :class:`~dlmspec.backends.megatron.stage.StageSeam`): saved per rank with the RNG states,
-            restored by :meth:`continue_run`; ``None``: nothing.
+            restored by :meth:`continue_run`; and its ``sharded_state_dict()`` /
+            ``load_sharded_state_dict()``: saved in the distributed checkpoint (:data:`STAGE_KEY`),
+            restored by :meth:`continue_run` in any parallel layout; ``None``: nothing.
     """
 
     def __init__(self, config: CheckpointConfig, *, model: List[torch.nn.Module], optimizer, scheduler,
@@ -571,6 +589,7 @@ class CheckpointManager:
         self.spec_lock_text = spec_lock_text
         self.stage = stage
         self._rank_state: Optional[Dict[str, Any]] = None
+        self._resumed: Optional[Tuple[str, int]] = None
 
     def resume(self, path: str) -> TrainState:
         """Load the checkpoint at ``path`` (:func:`load_checkpoint`) and return the progress it holds.
@@ -583,6 +602,7 @@ class CheckpointManager:
         loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                  seed=self.seed, restore_rng=False)
         self._rank_state = loaded.rank_state
+        self._resumed = (path, loaded.iteration)
         iteration, consumed = loaded.iteration, loaded.consumed_train_samples
         self.logger.text(f"resumed from {path} at iteration {iteration} (consumed {consumed} samples)")
         if loaded.scheduler_changes:
@@ -598,22 +618,49 @@ class CheckpointManager:
         and into ``meter`` (the loop's :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`)
         the loss sums and skipped updates of the log interval the stop fell in, and the stage's own
         state (``stage.load_state_dict``). Nothing without a resume, or after one into another
-        parallel layout.
+        parallel layout. Then, after any resume (any layout), the stage's sharded state
+        (:meth:`_load_stage_sharded`). Collective.
 
         Last, because what the loop builds after loading the checkpoint draws random numbers: each
         DataLoader iterator draws its base seed from torch's CPU generator, so the RNG states
         restored before the data were one draw ahead of the uninterrupted run's at its next step.
+        And after the stage's ``prepare_model``: what a stage keeps in its sharded state (the RL
+        stage's reference model) is built there.
         """
         rank_state, self._rank_state = self._rank_state, None
+        resumed, self._resumed = self._resumed, None
+        if self.stage is not None and rank_state is not None and "stage" in rank_state:
+            self.stage.load_state_dict(rank_state["stage"])
+        if self.stage is not None and resumed is not None:
+            self._load_stage_sharded(*resumed)
         if rank_state is None:
             return
-        if self.stage is not None and "stage" in rank_state:
-            self.stage.load_state_dict(rank_state["stage"])
         _set_rng_state(rank_state)
         if "interval_loss" in rank_state:
             loss_sum, tokens, skipped = rank_state["interval_loss"]
             meter.loss += torch.tensor([loss_sum, tokens], dtype=meter.loss.dtype, device=meter.loss.device)
             meter.skipped += int(skipped)
+
+    def _load_stage_sharded(self, path: str, iteration: int) -> None:
+        """Hand the stage its sharded state of the checkpoint at ``path``: ``common``, the plain
+        values it saved under :data:`STAGE_KEY` (megatron-core's ``common.pt``, read without
+        running code: :func:`~dlmspec.backends.checkpoint_safety.check_common_file`; ``None`` for
+        a checkpoint without them: written before the stage kept any, or a Megatron-FSDP one), and
+        ``load(template)``, a collective ``dist_checkpointing.load`` of ``template``'s sharded
+        tensors (:func:`~dlmspec.backends.checkpoint_safety.dist_load`, resharded to this run's
+        layout) returning the loaded entries."""
+        common = None
+        if not model_uses_megatron_fsdp(self.model):
+            from dlmspec.backends.checkpoint_safety import check_common_file
+
+            saved = check_common_file(path)
+            entry = saved.get(STAGE_KEY) if isinstance(saved, dict) else None
+            common = entry if isinstance(entry, dict) else None
+
+        def load(template: Dict[str, Any]) -> Dict[str, Any]:
+            return dist_load({STAGE_KEY: template}, path)[STAGE_KEY]
+
+        self.stage.load_sharded_state_dict(common, load, checkpoint=path, iteration=iteration)
 
     def save(self, state: TrainState, reason: str, meter=None) -> str:
         """Checkpoint the current step and record it in ``state``; returns the directory.
@@ -642,6 +689,7 @@ class CheckpointManager:
                 spec_lock_text=self.spec_lock_text,
                 interval_loss=None if meter is None else [*meter.loss.tolist(), meter.skipped],
                 stage_state=None if self.stage is None else self.stage.state_dict(),
+                stage_sharded_state=None if self.stage is None else self.stage.sharded_state_dict(),
             )
         except CheckpointSaveError as exc:
             self.logger.record("exit", {"iteration": iteration, "reason": "checkpoint save failed", "error": str(exc),

@@ -277,7 +277,9 @@ class Stage(Protocol):
        steps, logs :meth:`StageBase.interval_metrics` of the summed reports.
     5. :meth:`checkpoint_metadata` goes into every checkpoint's ``dlmspec.json``;
        :meth:`StageBase.state_dict` into every checkpoint, per rank, and
-       :meth:`StageBase.load_state_dict` gets it back on a resume (same parallel layout).
+       :meth:`StageBase.load_state_dict` gets it back on a resume (same parallel layout);
+       :meth:`StageBase.sharded_state_dict` into the distributed checkpoint beside the policy,
+       and :meth:`StageBase.load_sharded_state_dict` gets it back on a resume in any layout.
 
     :attr:`kind` names the objective in the start record and the console line. The members
     of :class:`StageBase` are optional: the loop uses its defaults for a stage without them.
@@ -411,6 +413,31 @@ class StageBase:
         Not called after a resume into another parallel layout (the state is per rank, as the RNG
         states are): the stage then starts its own state afresh."""
 
+    def sharded_state_dict(self) -> Dict[str, Any]:
+        """State kept in the checkpoint's megatron-core distributed checkpoint beside the policy
+        (:func:`~dlmspec.backends.megatron.checkpointing.save_checkpoint`, key ``"stage"``), which
+        a resume in any parallel layout reads back: megatron-core ``ShardedTensor`` s (a model's
+        ``sharded_state_dict(prefix=...)``, keys distinct from the policy's) and plain values
+        (numbers, strings: megatron-core's common state, written by rank 0, the same on every
+        rank). ``{}`` keeps nothing."""
+        return {}
+
+    def load_sharded_state_dict(self, common: Optional[Dict[str, Any]],
+                                load: Callable[[Dict[str, Any]], Dict[str, Any]], *, checkpoint: str,
+                                iteration: int) -> None:
+        """Restore :meth:`sharded_state_dict` on a resume in any layout (every rank; after
+        :meth:`Stage.prepare_model` and :meth:`load_state_dict`, before the first step).
+
+        Args:
+            common: The plain values :meth:`sharded_state_dict` saved; ``None``: the checkpoint
+                holds none (saved by a stage or a dlmspec version that kept none).
+            load: Collective: ``load(template)`` reads ``template``'s sharded tensors (the
+                entries as :meth:`sharded_state_dict` saved them, built on this run's layout) and
+                returns the saved entries with them loaded (megatron-core's ``load``: the common
+                values too).
+            checkpoint: The checkpoint folder (for messages); ``iteration``: its step.
+        """
+
 
 class StageSeam:
     """The loop's view of a stage: its :class:`StageBase` members, or the defaults for a stage
@@ -443,6 +470,14 @@ class StageSeam:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._member("load_state_dict")(state)
+
+    def sharded_state_dict(self) -> Dict[str, Any]:
+        return self._member("sharded_state_dict")()
+
+    def load_sharded_state_dict(self, common: Optional[Dict[str, Any]],
+                                load: Callable[[Dict[str, Any]], Dict[str, Any]], *, checkpoint: str,
+                                iteration: int) -> None:
+        self._member("load_sharded_state_dict")(common, load, checkpoint=checkpoint, iteration=iteration)
 
 
 def stage_feeds(run: RunConfig, ctx: StageContext, train_ds: Any, valid_ds: Any, *, consumed_samples: int,

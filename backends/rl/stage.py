@@ -42,15 +42,21 @@ order and cursor, and the rollout batch in flight (a resume between two inner it
 on the same rollouts): a resumed run draws the rollouts an uninterrupted one draws.
 
 The reference model (``grpo_kl_beta > 0``) of a resumed run is the one an uninterrupted run holds
-at that step: the checkpoint records the step of its last refresh (``reference_synced_at``; 0: not
-refreshed since the start) and, when that is after the start or the run has no
-``checkpoint.init_from``, this rank's reference weights (its shard, as the RNG states are kept:
-tensors only, read back without running code). A resume loads them; a reference not refreshed
-since the start is loaded again from ``checkpoint.init_from``
+at that step. It is kept in the checkpoint's megatron-core distributed checkpoint, beside the
+policy (:meth:`RLStage.sharded_state_dict`): ``reference_synced_at``, the step of its last refresh
+(0: not refreshed since the start), and, when that is after the start or the run has no
+``checkpoint.init_from``, its weights as the reference chunks' ``sharded_state_dict`` with every
+key under ``rl_reference.`` (:data:`REFERENCE_PREFIX`), written once over all ranks as the policy's
+weights are. A resume in any tensor- or data-parallel layout loads them, resharded
+(:meth:`RLStage.load_sharded_state_dict`); a reference not refreshed since the start is loaded
+again from ``checkpoint.init_from``
 (:func:`~dlmspec.backends.megatron.init_from.initialize_from`), so a run with
-``ref_model_sync_steps = 0`` keeps no weights in its checkpoints. A resume into another parallel
-layout (the stage's state is per rank and not restored) and a checkpoint written before this
-record keep the reference as a copy of the loaded policy, and say so.
+``ref_model_sync_steps = 0`` keeps no reference weights in its checkpoints.
+
+Checkpoints of earlier versions kept the reference's weights per rank (with the RNG states): they
+resume in the layout they were saved in; in another layout their reference is reloaded from
+``init_from`` when it had not been refreshed, and otherwise the resume is refused (exit 2, naming
+the checkpoint: resume it once in its own layout, whose next checkpoint is of the sharded format).
 """
 
 from __future__ import annotations
@@ -69,7 +75,17 @@ from dlmspec.backends.megatron.stage import LM_LOSS, StageBase, StageData, sum_r
 from .rollout import (LOSS_REPORT, ROLLOUT_REPORT, RLConfig, RLCore, Rollout, RolloutEngine, RolloutStats,
                       default_core, rollout_metrics, write_samples)
 
-__all__ = ["RLConfig", "RLStage", "register"]
+__all__ = ["REFERENCE_PREFIX", "RLConfig", "RLStage", "reference_prefix", "register"]
+
+#: The key prefix of the reference model's tensors in a checkpoint (megatron-core distributed
+#: checkpointing: the policy's keys are ``embedding...``, ``decoder...``, ``output_layer...``).
+REFERENCE_PREFIX = "rl_reference."
+
+
+def reference_prefix(chunk: int, chunks: int) -> str:
+    """The key prefix of reference chunk ``chunk`` of ``chunks``: :data:`REFERENCE_PREFIX` for one
+    chunk, ``rl_reference<i>.`` for virtual pipeline chunks (as the policy's ``model<i>``)."""
+    return REFERENCE_PREFIX if chunks == 1 else f"rl_reference{chunk}."
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,6 +154,8 @@ class RLStage(StageBase):
         self.reference: Optional[List[torch.nn.Module]] = None
         #: the step whose policy the reference copies (0: the starting weights, ``init_from``'s)
         self.reference_synced_at = 0
+        self._per_rank_state_loaded = False
+        self._restored_per_rank = False
         self._ctx = None
         self._model: Optional[List[torch.nn.Module]] = None
         self._microbatch = 0
@@ -317,16 +335,44 @@ class RLStage(StageBase):
         return self.config.grpo_prompts_per_step if iteration % self.config.grpo_iterations == 0 else 0
 
     def state_dict(self) -> Dict[str, Any]:
-        """The rollout engine's state (:meth:`RolloutEngine.state_dict`), the rollout batch in use
-        and, with a reference model, the step of its last refresh and (when it is not
-        ``init_from``'s weights) this rank's reference weights (module docstring)."""
+        """This rank's state: the rollout engine's (:meth:`RolloutEngine.state_dict`) and the
+        rollout batch in use. The reference model is in :meth:`sharded_state_dict`."""
         if self.engine is None:
             return {}
-        state = {"engine": self.engine.state_dict(), "rollout": None if self.rollout is None else self.rollout.state()}
-        if self.reference is not None:
-            state["reference_synced_at"] = int(self.reference_synced_at)
-            if self.reference_synced_at > 0 or not self.run.checkpoint.init_from:
-                state["reference"] = [_tensor_state(chunk) for chunk in self.reference]
+        return {"engine": self.engine.state_dict(), "rollout": None if self.rollout is None else self.rollout.state()}
+
+    def _reference_weights_kept(self) -> bool:
+        """Whether checkpoints keep the reference's weights: after its first refresh, or always
+        without ``checkpoint.init_from`` (nothing else to rebuild it from)."""
+        return self.reference_synced_at > 0 or not self.run.checkpoint.init_from
+
+    def _reference_template(self) -> Dict[str, Any]:
+        """The reference chunks' megatron-core sharded state dicts (``{"chunk<i>": ...}``): the
+        module names as the policy's (so ``load_state_dict`` takes what a load returns), every
+        checkpoint key under :func:`reference_prefix` (megatron-core's ``add_prefix_for_sharding``,
+        which renames the ``ShardedTensor`` keys only)."""
+        from megatron.core.dist_checkpointing.utils import add_prefix_for_sharding
+        from megatron.core.utils import unwrap_model
+
+        n, out = len(self.reference), {}
+        for i, chunk in enumerate(self.reference):
+            state = unwrap_model(chunk).sharded_state_dict()
+            add_prefix_for_sharding(state, reference_prefix(i, n))
+            out[f"chunk{i}"] = state
+        return out
+
+    def sharded_state_dict(self) -> Dict[str, Any]:
+        """With a reference model: ``reference_synced_at`` (the step of its last refresh; 0: the
+        starting weights), ``reference_saved`` and, when saved (:meth:`_reference_weights_kept`),
+        ``reference``: its chunks' ``sharded_state_dict`` under the key prefix
+        :data:`REFERENCE_PREFIX` (megatron-core distributed checkpointing, written beside the
+        policy's tensors: any TP/PP/DP layout reads it back). ``{}`` without a reference."""
+        if self.reference is None:
+            return {}
+        saved = self._reference_weights_kept()
+        state: Dict[str, Any] = {"reference_synced_at": int(self.reference_synced_at), "reference_saved": saved}
+        if saved:
+            state["reference"] = self._reference_template()
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -334,7 +380,9 @@ class RLStage(StageBase):
             return
         self.engine.load_state_dict(state["engine"])
         if self.reference is not None:
-            self._restore_reference(state)
+            self._per_rank_state_loaded = True
+            if "reference_synced_at" in state:  # the per-rank record of earlier versions
+                self._restore_reference_per_rank(state)
         if state.get("rollout") is not None:
             r = Rollout.from_state(state["rollout"])
             device = self._ctx.device
@@ -345,19 +393,100 @@ class RLStage(StageBase):
                 old_logp=None if r.old_logp is None else [t.to(device) for t in r.old_logp],
                 ref_logp=None if r.ref_logp is None else [t.to(device) for t in r.ref_logp])
 
-    def _restore_reference(self, state: Dict[str, Any]) -> None:
+    def load_sharded_state_dict(self, common: Optional[Dict[str, Any]],
+                                load: Callable[[Dict[str, Any]], Dict[str, Any]], *, checkpoint: str,
+                                iteration: int) -> None:
         """The reference of an uninterrupted run at the resumed step (module docstring): the saved
-        weights, else ``init_from``'s when it was not refreshed since the start.
+        weights (resharded to this run's layout), else ``init_from``'s when it was not refreshed
+        since the start. A checkpoint of the per-rank format (no ``reference_synced_at`` in
+        ``common``) was restored by :meth:`load_state_dict` in its own layout; in another layout
+        its reference is reloaded from ``init_from`` when it had not been refreshed, else refused.
 
         Raises:
+            SystemExit: code 2 (:func:`~dlmspec.backends.megatron.checks.refuse`) for a per-rank
+                reference resumed in another layout, or recorded weights that cannot be read
+                (:meth:`_read_reference`): the message names the checkpoint and the fix.
             ValueError: the saved weights do not fit the reference (other names or shapes).
         """
-        if "reference_synced_at" not in state:
+        if self.reference is None:
+            return
+        if common is not None and "reference_synced_at" in common:
+            self.reference_synced_at = int(common["reference_synced_at"])
+            if common.get("reference_saved"):
+                self._load_reference(self._read_reference(load, checkpoint))
+            else:
+                self._reload_reference_from_init_from(checkpoint)
+            return
+        if self._restored_per_rank:
+            return
+        if self._per_rank_state_loaded:  # same layout, but no record of the reference at all
             if self._first_rank():
                 print("rl: this checkpoint does not record the reference model; it is a copy of the loaded policy "
                       "until its next refresh", flush=True)
             return
+        sync = int(self.config.ref_model_sync_steps or 0)
+        # refreshed before step ``k x sync`` (before_step), after the checkpoint of step ``k x sync``
+        refreshed = bool(sync) and iteration > sync
+        if refreshed or not self.run.checkpoint.init_from:
+            from dlmspec.backends.megatron.checks import refuse
+
+            refuse(f"{checkpoint}: this checkpoint keeps the RL reference model's weights per rank (the format of "
+                   "earlier dlmspec versions), which a resume into another parallel layout cannot read"
+                   + (f" (refreshed at step {(iteration - 1) // sync * sync})" if refreshed else "")
+                   + f". Fix: resume it once with the parallel layout it was saved with (parallel_layout in "
+                   f"{os.path.join(checkpoint, 'dlmspec.json')}) and let it save a checkpoint (checkpoints now keep "
+                   "the reference as a sharded state that any layout reads), then resume that one in the new layout")
+        self.reference_synced_at = 0
+        self._reload_reference_from_init_from(checkpoint)
+
+    def _read_reference(self, load: Callable[[Dict[str, Any]], Dict[str, Any]], checkpoint: str) -> Dict[str, Any]:
+        """The reference's saved weights (``load`` of :meth:`_reference_template`).
+
+        Raises:
+            SystemExit: code 2 when the checkpoint records them but they cannot be read (missing
+                keys, other shapes, a truncated file): the message names the checkpoint and the fix.
+            CheckpointRefused: a checkpoint file that could run code (as the policy's load).
+        """
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from dlmspec.backends.checkpoint_safety import CheckpointRefused
+        from dlmspec.backends.megatron.checkpointing import _error_line
+        from dlmspec.backends.megatron.checks import refuse
+
+        try:
+            return load({"reference": self._reference_template()})["reference"]
+        except CheckpointRefused:
+            raise
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
+            refuse(f"{checkpoint}: the checkpoint records the RL reference model's weights (rl_reference.*, "
+                   f"reference_saved in its common.pt) but they cannot be read: {_error_line(exc)}. Fix: resume from "
+                   f"the checkpoint before it (write that folder's name into {os.path.dirname(checkpoint)}/latest), or "
+                   "copy this checkpoint again if it was copied")
+            raise  # refuse() exits
+
+    def _load_reference(self, loaded: Dict[str, Any]) -> None:
+        """Copy the loaded sharded state dicts (``{"chunk<i>": state}``) into the reference chunks.
+
+        Raises:
+            ValueError: another number of chunks; (``load_state_dict``, strict) other weights.
+        """
+        from megatron.core.utils import unwrap_model
+
+        if len(loaded) != len(self.reference):
+            raise ValueError(f"the checkpoint holds {len(loaded)} reference chunk(s), the run {len(self.reference)}")
+        with torch.no_grad():
+            for i, chunk in enumerate(self.reference):
+                unwrap_model(chunk).load_state_dict(loaded[f"chunk{i}"], strict=True)
+
+    def _restore_reference_per_rank(self, state: Dict[str, Any]) -> None:
+        """The reference of a checkpoint of the per-rank format (earlier versions, same layout):
+        the rank's saved tensors, else ``init_from``'s weights when not refreshed since the start.
+
+        Raises:
+            ValueError: the saved weights do not fit the reference (other names or shapes).
+        """
         self.reference_synced_at = int(state["reference_synced_at"])
+        self._restored_per_rank = True
         saved = state.get("reference")
         if saved is not None:
             if len(saved) != len(self.reference):
@@ -366,9 +495,25 @@ class RLStage(StageBase):
                 for chunk, weights in zip(self.reference, saved):
                     _load_tensor_state(chunk, weights)
             return
+        self._reload_reference_from_init_from()
+
+    def _reload_reference_from_init_from(self, checkpoint: Optional[str] = None) -> None:
+        """The reference's weights read again from ``checkpoint.init_from``
+        (:func:`~dlmspec.backends.megatron.init_from.initialize_from`).
+
+        Raises:
+            SystemExit: code 2 when this run sets no ``checkpoint.init_from`` (the message names
+                ``checkpoint``, the one resumed, and the fix).
+        """
+        from dlmspec.backends.megatron.checks import refuse
         from dlmspec.backends.megatron.init_from import default_cache_dir, initialize_from
 
         ckpt, factory = self.run.checkpoint, self._ctx.resources.model_factory
+        if not ckpt.init_from:
+            refuse(f"{checkpoint or 'the checkpoint resumed'}: its RL reference model is checkpoint.init_from's "
+                   "weights (not refreshed since the start, so not saved), and this run sets no "
+                   "checkpoint.init_from. Fix: set checkpoint.init_from to the value the run started with (in the "
+                   "checkpoint's spec.lock.toml) and compile again")
         initialize_from(ckpt.init_from, model=self.reference,
                         cache_dir=ckpt.init_cache_dir or default_cache_dir(ckpt.save_dir, self.run.logging.run_dir),
                         transformer_config=factory.transformer_config, model_kwargs=factory.model_kwargs)
@@ -378,18 +523,10 @@ class RLStage(StageBase):
         return {"objective": dataclasses.asdict(self.run.objective), "rl": dataclasses.asdict(self.config)}
 
 
-def _tensor_state(chunk: torch.nn.Module) -> Dict[str, Tensor]:
-    """The tensors of ``chunk``'s (unwrapped) ``state_dict``, on the CPU: names -> tensors
-    (non-tensor entries such as Transformer Engine's ``_extra_state`` are left out; they carry no
-    weights)."""
-    from megatron.core.utils import unwrap_model
-
-    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap_model(chunk).state_dict().items()
-            if isinstance(v, Tensor)}
-
-
 def _load_tensor_state(chunk: torch.nn.Module, weights: Dict[str, Tensor]) -> None:
-    """Copy :func:`_tensor_state` ``weights`` into ``chunk``'s tensors of the same names.
+    """Copy ``weights`` (a per-rank checkpoint's reference chunk: the tensors of the chunk's
+    unwrapped ``state_dict`` by name, non-tensor entries left out) into ``chunk``'s tensors of the
+    same names.
 
     Raises:
         ValueError: a tensor of ``chunk`` is missing from ``weights``, or a shape differs.

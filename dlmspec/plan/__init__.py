@@ -308,7 +308,7 @@ def make_plan(resolved: Resolved, calibration: Calibration | None = None, *, imp
                  path_summary(plan, "where it does not (the tables)")]
     plan.provenance = provenance(plan, custom=custom, paths=paths)
     plan.sft = sft_plan(resolved, plan.time.tokens_per_second, plan.time.step_seconds, lay.global_batch * lay.seq)
-    plan.rl = rl_plan(plan)
+    plan.rl = rl_plan(plan, init_from=bool(resolved.spec.checkpoint.init_from))
     return plan
 
 

@@ -39,6 +39,11 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
   the run's dtype (:meth:`dlmspec.backends.megatron.stage.ModelFactory.frozen_copy`), held the
   whole step. The sampler's ``[rows, seq, vocab]`` float32 logits exist during the rollout only,
   when no activation is held: :func:`rl_plan` reports them, the step's peak does not count them.
+* **Checkpoints** (:func:`reference_checkpoint`): the reference's weights are saved beside the
+  policy's (megatron-core distributed checkpointing: each tensor once over all ranks, in the run's
+  dtype) in every checkpoint after its first refresh (after ``ref_model_sync_steps`` steps), or in
+  every checkpoint without ``checkpoint.init_from``; before a refresh a resume reads ``init_from``
+  again.
 
 Reads ``[stage.rl]`` (:attr:`dlmspec.plan.shape.ModelShape.stage_options`, defaults of
 :class:`dlmspec.spec.models.RLSpec` where unwritten) and the rollout sampler's ``[generate]``
@@ -58,7 +63,7 @@ from dlmspec.plan.time import StageTimeTerm, register_stage_time_term
 #: ``[stage.rl]`` defaults the planner reads (as :class:`dlmspec.spec.models.RLSpec`).
 RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "elbo_samples": 4,
                                "grpo_iterations": 1, "grpo_kl_beta": 0.04, "grpo_group_size": 8,
-                               "grpo_prompts_per_step": 8}
+                               "grpo_prompts_per_step": 8, "ref_model_sync_steps": 64}
 #: ``[generate]`` defaults the planner reads (as :class:`dlmspec.spec.models.GenerateSpec`).
 GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "block_length": 128, "cfg_scale": 0.0,
                                      "remasking": "low_confidence", "cache": "none", "cache_refresh": None}
@@ -183,6 +188,29 @@ def reference_bytes(shape: ModelShape, lay: Layout, inputs: StageTermInputs) -> 
     return float(sum(inputs.params)) * inputs.param_bytes
 
 
+def reference_checkpoint(options: dict[str, Any], *, parameters: int, dtype: str, init_from: bool,
+                         train_iters: int) -> tuple[float, int | None]:
+    """``(bytes, step)``: what the reference adds to a checkpoint, and the step after which every
+    checkpoint holds it (``None``: none does). Bytes: ``parameters`` (the whole model, padded
+    vocabulary: what megatron-core's distributed checkpoint writes, each tensor once over all
+    ranks) x bytes per weight of ``dtype`` (4 for fp32, else 2: the reference is built in the
+    run's dtype, :meth:`dlmspec.backends.megatron.stage.ModelFactory.frozen_copy`). Saved
+    (backends/rl/stage.py ``RLStage.sharded_state_dict``) in every checkpoint without ``init_from``
+    (step 0: nothing else rebuilds it), else in those after its first refresh, made before the step
+    after ``ref_model_sync_steps`` steps when the run has one more step; never with
+    ``grpo_kl_beta = 0`` (no reference)."""
+    if float(options["grpo_kl_beta"]) <= 0:
+        return 0.0, None
+    sync = int(options.get("ref_model_sync_steps") or 0)
+    if not init_from:
+        first: int | None = 0
+    elif sync and sync < int(train_iters):
+        first = sync
+    else:
+        return 0.0, None
+    return float(parameters) * (4 if dtype == "fp32" else 2), first
+
+
 register_stage_time_term("rl", StageTimeTerm("rl_rollout", "rollouts (sampler forward passes)", rollout_seconds))
 register_stage_time_term("rl", StageTimeTerm("rl_scoring", "estimator, rollout-policy and reference passes",
                                              scoring_seconds))
@@ -212,6 +240,10 @@ class RLPlan:
         rollout_logits_bytes: the sampler's float32 logits of the rank's rows during a rollout
             (not in the step's peak; see the module docstring).
         reference_bytes: the reference model's memory per GPU (0 without KL).
+        reference_checkpoint_bytes: what the reference adds to each checkpoint that holds it, over
+            all GPUs (:func:`reference_checkpoint`; 0: never saved).
+        reference_checkpoint_from: the step after which every checkpoint holds it (0: all of
+            them; ``None``: none).
     """
 
     algorithm: str
@@ -231,14 +263,17 @@ class RLPlan:
     cache: str = "none"
     cached_query_columns: float = 0.0
     attended_keys: float = 0.0
+    reference_checkpoint_bytes: float = 0.0
+    reference_checkpoint_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``rl`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys as the attributes)."""
         return dict(self.__dict__)
 
 
-def rl_plan(plan: Any) -> RLPlan | None:
-    """The :class:`RLPlan` of ``plan`` (a :class:`dlmspec.plan.Plan`), ``None`` for other stages."""
+def rl_plan(plan: Any, *, init_from: bool = False) -> RLPlan | None:
+    """The :class:`RLPlan` of ``plan`` (a :class:`dlmspec.plan.Plan`), ``None`` for other stages;
+    ``init_from``: the spec sets ``checkpoint.init_from`` (:func:`reference_checkpoint`)."""
     shape, lay, t = plan.shape, plan.layout, plan.time
     if shape.stage_kind != "rl":
         return None
@@ -254,6 +289,8 @@ def rl_plan(plan: Any) -> RLPlan | None:
         if hasattr(plan.memory, "stages") else 0.0
     rollout_step = t.breakdown.get("rl_rollout", 0.0)
     schedule = sampler_schedule(options, seq)
+    ckpt_bytes, ckpt_from = reference_checkpoint(options, parameters=int(shape.padded_total_params), dtype=lay.dtype,
+                                                 init_from=init_from, train_iters=int(lay.train_iters or 0))
     return RLPlan(
         algorithm=str(options["algorithm"]),
         estimator=str(options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]),
@@ -265,6 +302,7 @@ def rl_plan(plan: Any) -> RLPlan | None:
         to_train_seconds=t.to_train_seconds, rollout_logits_bytes=logits, reference_bytes=ref,
         sampler_calls=float(schedule["calls"]), cache=str(schedule["cache"]),
         cached_query_columns=float(schedule["query_columns"]), attended_keys=float(schedule["attended_keys"]),
+        reference_checkpoint_bytes=ckpt_bytes, reference_checkpoint_from=ckpt_from,
     )
 
 
@@ -279,6 +317,11 @@ def rl_lines(rl: RLPlan) -> list[str]:
         + f") = {rl.sampler_passes:,.1f} sampler passes of the whole sequence, {rl.rollout_seconds:.2f} s per rollout batch "
         f"({100 * rl.rollout_share:.0f}% of the {rl.step_seconds:.2f} s step); sampler logits "
         f"{rl.rollout_logits_bytes / gib:.1f} GiB per GPU while sampling (not in the training peak)",
-        f"reference model: {rl.reference_bytes / gib:.1f} GiB per GPU" if rl.reference_bytes else
-        "reference model: none (grpo_kl_beta = 0)",
+        (f"reference model: {rl.reference_bytes / gib:.1f} GiB per GPU; "
+         + (("every checkpoint" if not rl.reference_checkpoint_from else
+             f"every checkpoint after step {rl.reference_checkpoint_from:,}")
+            + f" holds it: +{rl.reference_checkpoint_bytes / gib:.1f} GiB on disk"
+            if rl.reference_checkpoint_from is not None else
+            "checkpoints hold none (a resume reads checkpoint.init_from again)"))
+        if rl.reference_bytes else "reference model: none (grpo_kl_beta = 0)",
     ]
