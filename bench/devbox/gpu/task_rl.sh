@@ -25,14 +25,15 @@
 # install.log. They are written on every exit, a failed or skipped step included.
 #
 # Time: everything is written by START + END_S (570 s after gpu.sh started, START = GPU_SH_START): every step
-# runs under `timeout` with what is left, training runs save a checkpoint when stopped (SIGTERM), the RL run's
-# iterations are fitted to the time left (its planned step time x 1.5: reward workers and host work are not
-# planned), and the rollout benchmark is skipped when it no longer fits.
+# runs under `timeout` with what is left, training runs save a checkpoint when stopped (SIGTERM; and half-way),
+# the task model and its SFT stage are stopped early rather than leave RL less than its start-up and
+# RL_MIN_ITERS steps, the RL run's iterations are fitted to the time left (its planned step time x 1.5: reward
+# workers and host work are not planned), and the rollout benchmark is skipped when it no longer fits.
 #
-# Settings (environment): ALGO (diffu-grpo), TASK (addition-padded), DIGITS (3), TEST (1000 held-out rows),
+# Settings (environment): ALGO (diffu-grpo), TASK (addition-padded), DIGITS (3), TEST (2000 held-out rows),
 # TRAIN_ROWS (200000: the task's training rows, its pre-training text and the RL prompts),
-# EVAL_PROMPTS (1000), TRAIN_ITERS (DLM 800, AR 1500; ~0.1 s a step on an H100: bench/results/sampling), SFT_ITERS
-# (800), RL_ITERS (200 at most; 2 steps a rollout batch), RL_LR (the spec's 1e-5), GPU (h100/h200: nvidia-smi's),
+# EVAL_PROMPTS (2000: a Wilson interval of +-2.2 points at 50 %), TRAIN_ITERS (DLM 800, AR 1500; ~0.1 s a step on an H100: bench/results/sampling), SFT_ITERS
+# (800), RL_ITERS (200 at most; 2 steps a rollout batch), RL_MIN_ITERS (100), RL_LR (the spec's 1e-5), GPU (h100/h200: nvidia-smi's),
 # END_S (570). Overrides of the bundled specs, all recorded in summary.json: one GPU and the GPU present; the
 # masked-diffusion chain without q/k norm (model.qk_layernorm = false: LLaDA's modelling code, which d1's loop
 # runs on the export, has none); the iteration counts and their warm-up, save and evaluation intervals; the RL
@@ -55,16 +56,17 @@ case "$ALGO" in
 esac
 TASK=${TASK:-addition-padded}
 DIGITS=${DIGITS:-3}
-TEST=${TEST:-1000}
+TEST=${TEST:-2000}
 TRAIN_ROWS=${TRAIN_ROWS:-200000}
-EVAL_PROMPTS=${EVAL_PROMPTS:-1000}
+EVAL_PROMPTS=${EVAL_PROMPTS:-2000}
 if [ "$model" = dlm ]; then TRAIN_ITERS=${TRAIN_ITERS:-800}; else TRAIN_ITERS=${TRAIN_ITERS:-1500}; fi
 SFT_ITERS=${SFT_ITERS:-800}
 RL_ITERS=${RL_ITERS:-200}
+RL_MIN_ITERS=${RL_MIN_ITERS:-100}
 RL_LR=${RL_LR:-}
 END_S=${END_S:-570}
 START=${GPU_SH_START:-$(date +%s)}
-for v in TEST TRAIN_ROWS EVAL_PROMPTS TRAIN_ITERS SFT_ITERS RL_ITERS END_S START DIGITS; do
+for v in TEST TRAIN_ROWS EVAL_PROMPTS TRAIN_ITERS SFT_ITERS RL_ITERS RL_MIN_ITERS END_S START DIGITS; do
   case "${!v}" in ''|*[!0-9]*) echo "task_rl.sh: $v=${!v} is not a whole number" >&2; exit 2 ;; esac
 done
 [ "$TRAIN_ITERS" -ge 20 ] && [ "$SFT_ITERS" -ge 20 ] && [ "$RL_ITERS" -ge 4 ] \
@@ -209,9 +211,10 @@ fi
 common=(--set cluster.gpus_per_node=1 --set "cluster.gpu=\"$GPU\"")
 [ "$model" = dlm ] && common+=(--set model.qk_layernorm=false)
 warm=$(( TRAIN_ITERS / 10 < 100 ? TRAIN_ITERS / 10 : 100 ))
+# a checkpoint half-way too: a training stopped by its time limit still leaves one if its SIGTERM save fails
 task_sets=("${common[@]}" --set train.train_iters="$TRAIN_ITERS" --set train.lr_warmup_iters="$warm"
-           --set checkpoint.save_interval="$TRAIN_ITERS" --set train.eval_interval="$(( TRAIN_ITERS / 2 ))")
-sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.save_interval="$SFT_ITERS"
+           --set checkpoint.save_interval="$(( TRAIN_ITERS / 2 ))" --set train.eval_interval="$(( TRAIN_ITERS / 2 ))")
+sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.save_interval="$(( SFT_ITERS / 2 ))"
           --set train.eval_interval="$(( SFT_ITERS / 4 ))")
 rl_sets() {  # the RL job's --set for $1 iterations
   local sets=("${common[@]}" --set train.train_iters="$1" --set checkpoint.save_interval="$1" --set logging.log_interval=2
@@ -249,18 +252,24 @@ if [ "$dry" = 1 ]; then
   exit 0
 fi
 
-# 3. the task model (and its SFT stage)
-step train-task "$(limit 230)" bash job-task/launch.sh
+# 3. the task model (and its SFT stage), stopped early rather than leave RL less than rl_min seconds (its
+# start-up and RL_MIN_ITERS steps at 1.5 x the planned step) and what comes after it: the scoring after RL
+# and, for masked diffusion, the rollout benchmark
+after=45
+[ "$model" = dlm ] && after=$(( after + 95 ))
+rl_min=$("$PY" -c 'import sys; print(int(40 + 1.5 * float(sys.argv[1]) * int(sys.argv[2])))' "$planned" "$RL_MIN_ITERS")
+sft_min=0
+[ "$model" = dlm ] && sft_min=90
+cap() { local want=$1 reserve=$2 l; l=$(( $(left) - reserve )); echo $(( want < l ? want : l )); }
+step train-task "$(cap "$([ "$model" = dlm ] && echo 170 || echo 230)" $(( after + rl_min + sft_min )))" bash job-task/launch.sh
 grep -h "generation accuracy" "$logs/train-task.log" | tail -2
 if [ "$model" = dlm ]; then
   wait $pid_sft_data; log "sft data exit $?"
-  step train-sft "$(limit 170)" bash job-sft/launch.sh
+  step train-sft "$(cap 170 $(( after + rl_min )))" bash job-sft/launch.sh
   grep -h "generation accuracy" "$logs/train-sft.log" | tail -2
 fi
 
 # 4. RL, its iterations fitted to the time left (start-up ~40 s; after it: the scoring, and the rollout benchmark)
-after=45
-[ "$model" = dlm ] && after=$(( after + 95 ))
 fit=$("$PY" -c 'import sys; left, p, cap = (float(a) for a in sys.argv[1:]); n = int((left - 40) / (1.5 * p)) // 2 * 2; print(max(4, min(int(cap), n)))' \
   "$(( $(left) - after ))" "$planned" "$RL_ITERS")
 rl_iters=$fit
@@ -271,17 +280,21 @@ if [ "$rl_iters" != "$RL_ITERS" ]; then
 fi
 log "rl: $rl_iters iterations (asked $RL_ITERS), $(left)s left"
 STDOUT_TO=$logs/eval-before.json step eval-before "$(limit 90)" "$PY" -m dlmspec.cli eval "$start_run" --task "$test_file" --max-prompts "$EVAL_PROMPTS" \
-  --spec "$task_spec" --json &
+  --batch-size 500 --spec "$task_spec" --json &
 pid_before=$!
 step train-rl "$(( $(left) - after > 20 ? $(left) - after : 20 ))" bash job-rl/launch.sh
 wait $pid_before
 STDOUT_TO=$logs/eval-after.json step eval-after "$(limit 60)" "$PY" -m dlmspec.cli eval "runs/$rl_name" --task "$test_file" --max-prompts "$EVAL_PROMPTS" \
-  --spec "$task_spec" --json
+  --batch-size 500 --spec "$task_spec" --json
 
-# 5. the rollout benchmark beside d1's loop (masked diffusion only), on the RL run's checkpoint
+# 5. the rollout benchmark beside d1's loop (masked diffusion only), on the RL run's checkpoint (the starting
+# model's when the RL run left none)
 if [ "$model" = dlm ] && [ -f "$peers/fast-dllm/llada/model/modeling_llada.py" ] && [ "$(left)" -ge 60 ]; then
   bench=$repo/bench/sampling/d1_rollout.py
-  step bench-dlmspec "$(limit 60)" "$PY" "$bench" dlmspec --ckpt "runs/$rl_name/checkpoints" --job job-rl --work d1 \
+  bench_ckpt=runs/$rl_name/checkpoints
+  ls "$bench_ckpt"/iter_*/dlmspec.json > /dev/null 2>&1 || bench_ckpt=$start_run/checkpoints
+  log "rollout benchmark on $bench_ckpt"
+  step bench-dlmspec "$(limit 75)" "$PY" "$bench" dlmspec --ckpt "$bench_ckpt" --job job-rl --work d1 \
     --out "$logs/rollout-dlmspec.json" --llada-out d1/llada --device cuda --repeats 3 \
   && step peer-install "$(limit 40)" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target peer-site --find-links "$peers/wheels" "transformers==4.49.0" "tokenizers<0.22" "huggingface-hub<1.0" \
