@@ -106,7 +106,7 @@ def test_a_call_whose_steps_failed_is_summarised_with_what_is_there(tmp_path) ->
 def test_the_command_writes_the_summary_with_the_calls_settings(tmp_path) -> None:
     logs = write_call(tmp_path / "logs")
     out = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--logs", str(logs), "--algo", "diffu-grpo", "--out", str(out),
+    proc = subprocess.run([sys.executable, str(SCRIPT), "summary", "--logs", str(logs), "--algo", "diffu-grpo", "--out", str(out),
                            "--extra", json.dumps({"gpu": "h100", "rl_iters_run": 20})],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -116,3 +116,43 @@ def test_the_command_writes_the_summary_with_the_calls_settings(tmp_path) -> Non
     bad = subprocess.run([sys.executable, str(SCRIPT), "--logs", str(logs), "--algo", "x", "--out", str(out),
                           "--extra", "[1]"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--extra" in bad.stderr
+
+
+def scored_run(root: Path, scores: dict, saved: set) -> Path:
+    """A run folder whose metrics.jsonl scores ``{iteration: accuracy}`` in training and whose
+    checkpoints folder holds the ``saved`` iterations."""
+    rows = [{"event": "valid", "iteration": it, "loss": 1.0, "generation_accuracy": acc} for it, acc in scores.items()]
+    root.mkdir(parents=True)
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for it in saved:
+        (root / "checkpoints" / f"iter_{it:07d}").mkdir(parents=True)
+        (root / "checkpoints" / f"iter_{it:07d}" / "dlmspec.json").write_text("{}")
+    return root
+
+
+def test_rl_starts_from_the_latest_checkpoint_with_room_above_it(tmp_path) -> None:
+    run = scored_run(tmp_path / "r", {250: 0.1, 500: 0.5, 750: 0.7, 1000: 0.9, 1250: 0.6}, {250, 500, 750, 1000})
+    choice = rl_chain.pick_start(run, 0.75)
+    # 1250 (0.6) has no checkpoint; 1000 is above 0.75: the latest within is 750
+    assert choice["iteration"] == 750 and choice["checkpoint"].endswith("checkpoints/iter_0000750")
+    assert [c["iteration"] for c in choice["candidates"]] == [250, 500, 750, 1000]
+
+
+def test_every_checkpoint_above_the_cap_gives_the_earliest_and_none_scored_the_latest(tmp_path) -> None:
+    run = scored_run(tmp_path / "a", {200: 0.8, 400: 0.95}, {200, 400})
+    assert rl_chain.pick_start(run, 0.75)["iteration"] == 200
+    bare = scored_run(tmp_path / "b", {}, {100})
+    choice = rl_chain.pick_start(bare, 0.75)
+    assert choice["iteration"] is None and choice["checkpoint"] == str(bare / "checkpoints")
+
+
+def test_pick_start_command_prints_the_checkpoint_and_refuses_a_cap_outside_zero_one(tmp_path) -> None:
+    run = scored_run(tmp_path / "r", {10: 0.3}, {10})
+    out = tmp_path / "start.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "pick-start", "--run", str(run), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("iter_0000010")
+    assert json.loads(out.read_text())["accuracy"] == 0.3
+    bad = subprocess.run([sys.executable, str(SCRIPT), "pick-start", "--run", str(run), "--out", str(out),
+                          "--max-accuracy", "75"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--max-accuracy 75.0" in bad.stderr

@@ -29,7 +29,8 @@ def run(tmp_path: Path, suite: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("env, named", [({"ALGO": "ppo"}, "ALGO=ppo"), ({"TRAIN_ITERS": "ten"}, "TRAIN_ITERS=ten"),
-                                        ({"RL_ITERS": "2"}, "RL_ITERS at least 4")])
+                                        ({"RL_ITERS": "2"}, "RL_ITERS at least 4"),
+                                        ({"START_ACC_MAX": "0.7x"}, "START_ACC_MAX=0.7x")])
 def test_a_bad_setting_exits_2_naming_it(tmp_path, env, named) -> None:
     proc = run(tmp_path, "task-rl", **env)
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr + proc.stdout[-1000:]
@@ -59,11 +60,14 @@ def test_grpo_dry_run_compiles_the_ar_chain_and_writes_the_summary(tmp_path) -> 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary, names, overrides = _outputs(tmp_path, "grpo")
     assert summary["algorithm"] == "grpo" and summary["dry"] is True and summary["gpu"] == "h100"
-    assert summary["rl_spec"] == "specs/task-addition-ar-rl.toml" and summary["starting_model"] == "runs/task-addition-ar"
+    assert summary["rl_spec"] == "specs/task-addition-ar-rl.toml" and summary["starting_model"] == "runs/task-addition-ar/checkpoints"
     assert summary["step_time"]["planned"]["estimator"] == "ar" and summary["step_time"]["planned"]["step_s"] > 0
     assert summary["heldout"]["criterion_met"] is None and summary["sft_iters"] is None
     assert {"plan-task.json", "plan-rl.json", "steps.tsv", "validate-rl.log"} <= names and "plan-sft.json" not in names
     assert "qk_layernorm" not in overrides and 'cluster.gpu="h100"' in overrides and "logging.log_interval=2" in overrides
+    # the AR run is scored on the validation prompts at each of its 6 checkpoints: the candidates RL may start from
+    assert "checkpoint.save_interval=250" in overrides and "train.eval_interval=250" in overrides
+    assert 'eval.generation.prompts=".data/task-addition/validation.jsonl"' in overrides
 
 
 @needs_gpt2
@@ -77,3 +81,4 @@ def test_coupled_grpo_dry_run_compiles_the_sft_chain_for_llada_export(tmp_path) 
     assert {"plan-sft.json", "sft-data-train.log"} <= names
     assert "model.qk_layernorm=false" in overrides and 'stage.rl.chat_template="plain"' in overrides
     assert 'checkpoint.init_from="mcore:runs/task-addition-dlm-sft/checkpoints"' in overrides
+    assert 'eval.generation.prompts=".data/task-addition/validation-plain.jsonl"' in overrides

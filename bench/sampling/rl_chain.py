@@ -19,7 +19,15 @@ and the median ``step_time_s`` of the RL run's ``train`` records, leaving out th
 (start-up, first kernels) and any interval that began before the held-out scoring of the starting
 model (run beside the RL run's start) ended. Target: within 15 %.
 
-    python bench/sampling/rl_chain.py --logs LOGS --algo diffu-grpo --out OUT/summary.json
+The model RL starts from (``pick-start``): of the starting run's checkpoints that have an in-training
+held-out score on the *validation* prompts (``[eval.generation]``, greedy; the test prompts are kept
+for the scoring before and after RL), the latest whose accuracy is at most ``--max-accuracy``: RL
+needs completions that are sometimes right (a group whose rewards all agree has no advantage) and
+room above the start. When every scored checkpoint is above it, the earliest; without any score,
+the run's latest checkpoint.
+
+    python bench/sampling/rl_chain.py summary --logs LOGS --algo diffu-grpo --out OUT/summary.json
+    python bench/sampling/rl_chain.py pick-start --run runs/task-addition-ar --max-accuracy 0.75 --out LOGS/start.json
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -223,6 +232,7 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
         if any(_finite(c["rollout_tokens_per_s"]) for c in curve) else None,
         "training": {name: training(records(logs / f"metrics-{name}.jsonl")) for name in ("task", "sft", "rl")
                      if (logs / f"metrics-{name}.jsonl").exists()},
+        "start": load_json(logs / "start.json"),
         "steps": steps,
     }
     if extra:
@@ -230,8 +240,44 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
     return summary
 
 
+def pick_start(run_dir: Path, max_accuracy: float) -> Dict[str, Any]:
+    """The checkpoint RL starts from (module docstring): ``{"checkpoint", "iteration", "accuracy",
+    "rule", "candidates"}``; ``checkpoint`` is an ``iter_*`` folder or the run's checkpoints folder."""
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    scored: Dict[int, float] = {}
+    for r in records(run_dir / "metrics.jsonl"):
+        it, acc = r.get("iteration"), r.get("generation_accuracy")
+        if isinstance(it, int) and _finite(acc) and (root / f"iter_{it:07d}" / "dlmspec.json").is_file():
+            scored[it] = float(acc)  # a resume's later record wins
+    candidates = [{"iteration": it, "accuracy": scored[it]} for it in sorted(scored)]
+    if not candidates:
+        return {"checkpoint": str(root), "iteration": None, "accuracy": None, "candidates": [],
+                "rule": "no checkpoint with an in-training score: the run's latest"}
+    within = [c for c in candidates if c["accuracy"] <= max_accuracy]
+    chosen, rule = (within[-1], f"the latest with validation accuracy <= {max_accuracy}") if within else \
+        (candidates[0], f"every scored checkpoint is above {max_accuracy}: the earliest")
+    return {"checkpoint": str(root / f"iter_{chosen['iteration']:07d}"), **chosen, "rule": rule,
+            "max_accuracy": max_accuracy, "candidates": candidates}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "pick-start":
+        q = argparse.ArgumentParser(prog="rl_chain.py pick-start", description=pick_start.__doc__.splitlines()[0])
+        q.add_argument("--run", required=True, help="the starting run's folder (metrics.jsonl, checkpoints/)")
+        q.add_argument("--max-accuracy", type=float, default=0.75)
+        q.add_argument("--out", required=True, help="the choice as JSON")
+        a = q.parse_args(argv[1:])
+        if not 0.0 <= a.max_accuracy <= 1.0:
+            q.error(f"--max-accuracy {a.max_accuracy}: a share in [0, 1], e.g. 0.75")
+        choice = pick_start(Path(a.run), a.max_accuracy)
+        Path(a.out).write_text(json.dumps(choice, indent=1) + "\n")
+        print(choice["checkpoint"])
+        return 0
+    if argv and argv[0] == "summary":
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog="rl_chain.py summary", description=__doc__.splitlines()[0])
     p.add_argument("--logs", required=True, help="the folder task_rl.sh wrote its files into")
     p.add_argument("--algo", required=True, help="diffu-grpo, coupled-grpo or grpo")
     p.add_argument("--out", required=True, help="summary.json to write")

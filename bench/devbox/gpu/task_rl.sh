@@ -12,7 +12,10 @@
 #   bash bench/devbox/gpu.sh rl-diffu-grpo          # GPU machine; carry .bench-wheels .bench-data .bench-peers
 #   bash bench/devbox/gpu.sh rl-diffu-grpo --dry    # CPU: the task, the data, every compile and plan, the summary
 #
-# Held-out accuracy: `dlmspec eval RUN --task test file --spec TASK_SPEC` of the model RL starts from and of the
+# The model RL starts from: of the starting run's checkpoints, each scored in training on the validation prompts,
+# the latest with accuracy <= START_ACC_MAX (0.75: RL needs room above the start and groups whose completions
+# are sometimes right; bench/sampling/rl_chain.py pick-start).
+# Held-out accuracy: `dlmspec eval CHECKPOINT --task test file --spec TASK_SPEC` of that model and of the
 # RL run, EVAL_PROMPTS prompts each, greedy (the task spec's [generate]: the RL run's own [generate] samples
 # at temperature 1 for its rollouts); the criterion is after above before with Wilson 95 % intervals apart.
 # The scoring of the starting model runs beside the RL run's start (its first steps are left out of the
@@ -64,6 +67,9 @@ SFT_ITERS=${SFT_ITERS:-800}
 RL_ITERS=${RL_ITERS:-200}
 RL_MIN_ITERS=${RL_MIN_ITERS:-100}
 RL_LR=${RL_LR:-}
+START_ACC_MAX=${START_ACC_MAX:-0.75}
+[[ "$START_ACC_MAX" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] \
+  || { echo "task_rl.sh: START_ACC_MAX=$START_ACC_MAX is not a share in [0, 1], e.g. 0.75" >&2; exit 2; }
 END_S=${END_S:-570}
 START=${GPU_SH_START:-$(date +%s)}
 for v in TEST TRAIN_ROWS EVAL_PROMPTS TRAIN_ITERS SFT_ITERS RL_ITERS RL_MIN_ITERS END_S START DIGITS; do
@@ -140,6 +146,7 @@ test_file=.data/task-addition/test.jsonl
 [ "$model" = dlm ] && test_file=.data/task-addition/test-plain.jsonl
 start_run=runs/task-addition-$model
 [ "$model" = dlm ] && start_run=runs/task-addition-dlm-sft
+start_ckpt=$start_run/checkpoints  # the checkpoint RL starts from: picked after training (rl_chain.py pick-start)
 overrides=()  # every --set given to a compile of the chain, for the summary
 
 # the files that come back, on every exit (a failed step included): summary, plot, one tarball
@@ -153,12 +160,12 @@ finish() {
   cp "runs/$rl_name/rollouts.jsonl" "$logs/rollouts-rl.jsonl" 2>/dev/null
   for kind in task sft rl; do cp "job-$kind/plan.json" "$logs/plan-$kind.json" 2>/dev/null; done
   local extra
-  extra=$(printf '{"gpu": "%s", "dry": %s, "task": "%s", "digits": %s, "train_rows": %s, "held_out_rows": %s, "eval_prompts": %s, "train_iters": %s, "sft_iters": %s, "rl_iters_asked": %s, "rl_iters_run": %s, "rl_lr": "%s", "rl_spec": "%s", "task_spec": "%s", "starting_model": "%s", "seconds_since_start": %s}' \
+  extra=$(printf '{"gpu": "%s", "dry": %s, "task": "%s", "digits": %s, "train_rows": %s, "held_out_rows": %s, "eval_prompts": %s, "train_iters": %s, "sft_iters": %s, "rl_iters_asked": %s, "rl_iters_run": %s, "rl_lr": "%s", "rl_spec": "%s", "task_spec": "%s", "starting_model": "%s", "start_accuracy_max": %s, "seconds_since_start": %s}' \
     "$GPU" "$([ "$dry" = 1 ] && echo true || echo false)" "$TASK" "$DIGITS" "$TRAIN_ROWS" "$TEST" "$EVAL_PROMPTS" "$TRAIN_ITERS" \
     "$([ "$model" = dlm ] && echo "$SFT_ITERS" || echo null)" "$RL_ITERS" "${rl_iters:-null}" "${RL_LR:-spec}" "$rl_spec" \
-    "$task_spec" "$start_run" "$(( $(date +%s) - START ))")
+    "$task_spec" "$start_ckpt" "$START_ACC_MAX" "$(( $(date +%s) - START ))")
   printf '%s\n' "${overrides[@]}" > "$logs/overrides.txt"
-  timeout 30 "$PY" "$repo/bench/sampling/rl_chain.py" --logs "$logs" --algo "$ALGO" --out "$OUT/summary.json" \
+  timeout 30 "$PY" "$repo/bench/sampling/rl_chain.py" summary --logs "$logs" --algo "$ALGO" --out "$OUT/summary.json" \
     --extra "$extra" > "$logs/summary.log" 2>&1
   log "summary exit $?"
   cat "$logs/summary.log"
@@ -192,11 +199,12 @@ if [ "$model" = dlm ]; then
   "$PY" - <<'EOF2'
 import json
 from dlmspec.data.chat import render, text_of
-with open(".data/task-addition/test.jsonl") as f, open(".data/task-addition/test-plain.jsonl", "w") as g:
-    for line in f:
-        row = json.loads(line)
-        row["prompt"] = text_of(render("plain", [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True))
-        g.write(json.dumps(row, sort_keys=True) + "\n")
+for split in ("test", "validation"):
+    with open(f".data/task-addition/{split}.jsonl") as f, open(f".data/task-addition/{split}-plain.jsonl", "w") as g:
+        for line in f:
+            row = json.loads(line)
+            row["prompt"] = text_of(render("plain", [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True))
+            g.write(json.dumps(row, sort_keys=True) + "\n")
 EOF2
   ( for s in train validation; do
       step "sft-data-$s" "$(limit 200)" "$PY" -m dlmspec.cli data prepare --sft --chat-template plain \
@@ -211,20 +219,25 @@ fi
 common=(--set cluster.gpus_per_node=1 --set "cluster.gpu=\"$GPU\"")
 [ "$model" = dlm ] && common+=(--set model.qk_layernorm=false)
 warm=$(( TRAIN_ITERS / 10 < 100 ? TRAIN_ITERS / 10 : 100 ))
-# a checkpoint half-way too: a training stopped by its time limit still leaves one if its SIGTERM save fails
+# The training runs are scored in training on the validation prompts (greedy), and save a checkpoint at each
+# score: the starting run's checkpoints are the candidates RL may start from (rl_chain.py pick-start: the latest
+# with validation accuracy <= START_ACC_MAX). The DLM's pre-training (not a candidate) saves half-way.
+every=$(( TRAIN_ITERS / 2 ))
+[ "$model" = ar ] && every=$(( TRAIN_ITERS / 6 ))
 task_sets=("${common[@]}" --set train.train_iters="$TRAIN_ITERS" --set train.lr_warmup_iters="$warm"
-           --set checkpoint.save_interval="$(( TRAIN_ITERS / 2 ))" --set train.eval_interval="$(( TRAIN_ITERS / 2 ))")
-sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.save_interval="$(( SFT_ITERS / 2 ))"
-          --set train.eval_interval="$(( SFT_ITERS / 4 ))")
-rl_sets() {  # the RL job's --set for $1 iterations
+           --set checkpoint.save_interval="$every" --set train.eval_interval="$every"
+           --set 'eval.generation.prompts=".data/task-addition/validation.jsonl"')
+sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.save_interval="$(( SFT_ITERS / 4 ))"
+          --set train.eval_interval="$(( SFT_ITERS / 4 ))"
+          --set 'eval.generation.prompts=".data/task-addition/validation-plain.jsonl"')
+rl_sets() {  # the RL job's --set for $1 iterations from the checkpoint $2
   local sets=("${common[@]}" --set train.train_iters="$1" --set checkpoint.save_interval="$1" --set logging.log_interval=2
-              --set train.eval_interval="$1" --set 'train.lr_decay_style="constant"')
-  [ "$model" = dlm ] && sets+=(--set 'checkpoint.init_from="mcore:runs/task-addition-dlm-sft/checkpoints"'
-                               --set 'stage.rl.chat_template="plain"')
+              --set train.eval_interval="$1" --set 'train.lr_decay_style="constant"' --set "checkpoint.init_from=\"mcore:$2\"")
+  [ "$model" = dlm ] && sets+=(--set 'stage.rl.chat_template="plain"')
   [ -n "$RL_LR" ] && sets+=(--set "train.lr=$RL_LR")
   printf '%s\n' "${sets[@]}"
 }
-mapfile -t rl_args < <(rl_sets "$RL_ITERS")
+mapfile -t rl_args < <(rl_sets "$RL_ITERS" "$start_ckpt")
 overrides=("task: ${task_sets[*]}" "rl: ${rl_args[*]}")
 step compile-task "$(limit 60)" "$PY" -m dlmspec.cli compile "$task_spec" -o job-task --force --python "$PY" "${task_sets[@]}" &
 pid_c1=$!
@@ -269,17 +282,19 @@ if [ "$model" = dlm ]; then
   grep -h "generation accuracy" "$logs/train-sft.log" | tail -2
 fi
 
-# 4. RL, its iterations fitted to the time left (start-up ~40 s; after it: the scoring, and the rollout benchmark)
+# 4. RL from the checkpoint picked, its iterations fitted to the time left (start-up ~40 s; after it: the scoring
+# and the rollout benchmark)
+picked=$(timeout 30 "$PY" "$repo/bench/sampling/rl_chain.py" pick-start --run "$start_run" --max-accuracy "$START_ACC_MAX" \
+  --out "$logs/start.json" 2> "$logs/pick-start.log") && [ -n "$picked" ] && start_ckpt=$picked
+log "RL starts from $start_ckpt ($(tr -d '\n' < "$logs/start.json" 2>/dev/null | head -c 300))"
 fit=$("$PY" -c 'import sys; left, p, cap = (float(a) for a in sys.argv[1:]); n = int((left - 40) / (1.5 * p)) // 2 * 2; print(max(4, min(int(cap), n)))' \
   "$(( $(left) - after ))" "$planned" "$RL_ITERS")
 rl_iters=$fit
-if [ "$rl_iters" != "$RL_ITERS" ]; then
-  mapfile -t rl_args < <(rl_sets "$rl_iters")
-  overrides[1]="rl: ${rl_args[*]}"
-  step compile-rl-fitted 30 "$PY" -m dlmspec.cli compile "$rl_spec" -o job-rl --force --python "$PY" "${rl_args[@]}"
-fi
+mapfile -t rl_args < <(rl_sets "$rl_iters" "$start_ckpt")
+overrides[1]="rl: ${rl_args[*]}"
+step compile-rl-fitted 30 "$PY" -m dlmspec.cli compile "$rl_spec" -o job-rl --force --python "$PY" "${rl_args[@]}"
 log "rl: $rl_iters iterations (asked $RL_ITERS), $(left)s left"
-STDOUT_TO=$logs/eval-before.json step eval-before "$(limit 90)" "$PY" -m dlmspec.cli eval "$start_run" --task "$test_file" --max-prompts "$EVAL_PROMPTS" \
+STDOUT_TO=$logs/eval-before.json step eval-before "$(limit 90)" "$PY" -m dlmspec.cli eval "$start_ckpt" --task "$test_file" --max-prompts "$EVAL_PROMPTS" \
   --batch-size 500 --spec "$task_spec" --json &
 pid_before=$!
 step train-rl "$(( $(left) - after > 20 ? $(left) - after : 20 ))" bash job-rl/launch.sh
@@ -292,7 +307,7 @@ STDOUT_TO=$logs/eval-after.json step eval-after "$(limit 60)" "$PY" -m dlmspec.c
 if [ "$model" = dlm ] && [ -f "$peers/fast-dllm/llada/model/modeling_llada.py" ] && [ "$(left)" -ge 60 ]; then
   bench=$repo/bench/sampling/d1_rollout.py
   bench_ckpt=runs/$rl_name/checkpoints
-  ls "$bench_ckpt"/iter_*/dlmspec.json > /dev/null 2>&1 || bench_ckpt=$start_run/checkpoints
+  ls "$bench_ckpt"/iter_*/dlmspec.json > /dev/null 2>&1 || bench_ckpt=$start_ckpt
   log "rollout benchmark on $bench_ckpt"
   step bench-dlmspec "$(limit 75)" "$PY" "$bench" dlmspec --ckpt "$bench_ckpt" --job job-rl --work d1 \
     --out "$logs/rollout-dlmspec.json" --llada-out d1/llada --device cuda --repeats 3 \
