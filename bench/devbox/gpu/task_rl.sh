@@ -25,7 +25,9 @@
 # What comes back in $OUT (at most 8 files): summary.json (bench/sampling/rl_chain.py), task-rl-ALGO-reward-kl.png
 # (`dlmspec plot` of the RL run: reward and KL beside loss and tokens/s), task-rl-ALGO-logs.tgz (every log, the
 # runs' metrics.jsonl, the eval JSONs, the plans, rollouts.jsonl, the rollout benchmark's JSONs), and gpu.sh's
-# install.log. They are written on every exit, a failed or skipped step included.
+# install.log. They are written on every exit, a failed or skipped step included. Without matplotlib on the GPU
+# machine there is no PNG (plot.log says so): draw it from the tarball's metrics-rl.jsonl with
+#   mkdir -p rl-run && cp metrics-rl.jsonl rl-run/metrics.jsonl && dlmspec plot rl-run -o reward-kl.png
 #
 # Time: everything is written by START + END_S (570 s after gpu.sh started, START = GPU_SH_START): every step
 # runs under `timeout` with what is left, training runs save a checkpoint when stopped (SIGTERM; and half-way),
@@ -77,7 +79,7 @@ for v in TEST TRAIN_ROWS EVAL_PROMPTS TRAIN_ITERS SFT_ITERS RL_ITERS RL_MIN_ITER
 done
 [ "$TRAIN_ITERS" -ge 20 ] && [ "$SFT_ITERS" -ge 20 ] && [ "$RL_ITERS" -ge 4 ] \
   || { echo "task_rl.sh: TRAIN_ITERS and SFT_ITERS must be at least 20, RL_ITERS at least 4" >&2; exit 2; }
-deadline=$(( START + END_S - 25 ))  # every step ends by then; the last 25 s: summary, plot, tarball
+deadline=$(( START + END_S - 35 ))  # every step ends by then; the last 35 s: summary, plot, tarball
 t0=$(date +%s)
 mkdir -p "$OUT"
 logs=${LOGS:-/tmp/task-rl-logs}
@@ -165,12 +167,12 @@ finish() {
     "$([ "$model" = dlm ] && echo "$SFT_ITERS" || echo null)" "$RL_ITERS" "${rl_iters:-null}" "${RL_LR:-spec}" "$rl_spec" \
     "$task_spec" "$start_ckpt" "$START_ACC_MAX" "$(( $(date +%s) - START ))")
   printf '%s\n' "${overrides[@]}" > "$logs/overrides.txt"
-  timeout 30 "$PY" "$repo/bench/sampling/rl_chain.py" summary --logs "$logs" --algo "$ALGO" --out "$OUT/summary.json" \
+  timeout 12 "$PY" "$repo/bench/sampling/rl_chain.py" summary --logs "$logs" --algo "$ALGO" --out "$OUT/summary.json" \
     --extra "$extra" > "$logs/summary.log" 2>&1
   log "summary exit $?"
   cat "$logs/summary.log"
   if [ -f "runs/$rl_name/metrics.jsonl" ]; then
-    timeout 40 "$PY" -m dlmspec.cli plot "runs/$rl_name" -o "$OUT/task-rl-$ALGO-reward-kl.png" --force > "$logs/plot.log" 2>&1
+    timeout 20 "$PY" -m dlmspec.cli plot "runs/$rl_name" -o "$OUT/task-rl-$ALGO-reward-kl.png" --force > "$logs/plot.log" 2>&1
     log "plot exit $? ($(tail -1 "$logs/plot.log"))"
   fi
   tar czf "$OUT/task-rl-$ALGO-logs.tgz" -C "$logs" . 2>/dev/null
