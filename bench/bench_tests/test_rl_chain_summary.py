@@ -107,15 +107,18 @@ def test_the_command_writes_the_summary_with_the_calls_settings(tmp_path) -> Non
     logs = write_call(tmp_path / "logs")
     out = tmp_path / "summary.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "summary", "--logs", str(logs), "--algo", "diffu-grpo", "--out", str(out),
-                           "--extra", json.dumps({"gpu": "h100", "rl_iters_run": 20})],
+                           "--field", "gpu=h100", "--field", "rl_iters_run=20", "--field", "rl_lr=spec",
+                           "--field", 'task=", "x": {"y'],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
-    assert doc["gpu"] == "h100" and doc["rl_iters_run"] == 20 and doc["heldout"]["criterion_met"] is True
+    assert doc["gpu"] == "h100" and doc["rl_iters_run"] == 20 and doc["rl_lr"] == "spec"
+    assert doc["task"] == '", "x": {"y' and "x" not in doc  # text stays text
+    assert doc["heldout"]["criterion_met"] is True
     assert json.loads(proc.stdout)["step_time"]["planned_s"] == 0.27
-    bad = subprocess.run([sys.executable, str(SCRIPT), "--logs", str(logs), "--algo", "x", "--out", str(out),
-                          "--extra", "[1]"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--extra" in bad.stderr
+    bad = subprocess.run([sys.executable, str(SCRIPT), "summary", "--logs", str(logs), "--algo", "x", "--out", str(out),
+                          "--field", "no-equals-sign"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--field 'no-equals-sign'" in bad.stderr
 
 
 def scored_run(root: Path, scores: dict, saved: set) -> Path:

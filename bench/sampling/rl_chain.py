@@ -240,6 +240,16 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
     return summary
 
 
+def field_value(text: str) -> Any:
+    """A ``--field`` value: a JSON number, ``true``, ``false`` or ``null`` as such, any other text as
+    the string it is (never parsed as an object or list)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if value is None or isinstance(value, (bool, int, float)) else text
+
+
 def pick_start(run_dir: Path, max_accuracy: float) -> Dict[str, Any]:
     """The checkpoint RL starts from (module docstring): ``{"checkpoint", "iteration", "accuracy",
     "rule", "candidates"}``; ``checkpoint`` is an ``iter_*`` folder or the run's checkpoints folder."""
@@ -281,16 +291,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--logs", required=True, help="the folder task_rl.sh wrote its files into")
     p.add_argument("--algo", required=True, help="diffu-grpo, coupled-grpo or grpo")
     p.add_argument("--out", required=True, help="summary.json to write")
-    p.add_argument("--extra", default=None, help="a JSON object merged into the summary (settings of the call)")
+    p.add_argument("--field", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the call added to the summary (VALUE: a JSON number, true, false or null, "
+                        "else the text as written)")
     args = p.parse_args(argv)
-    extra = None
-    if args.extra:
-        try:
-            extra = json.loads(args.extra)
-        except ValueError as exc:
-            p.error(f"--extra: not JSON ({exc})")
-        if not isinstance(extra, dict):
-            p.error("--extra: a JSON object, e.g. '{\"gpu\": \"h100\"}'")
+    extra: Dict[str, Any] = {}
+    for item in args.field:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--field {item!r}: KEY=VALUE, e.g. --field gpu=h100")
+        extra[key] = field_value(value)
     summary = summarize(Path(args.logs), args.algo, extra)
     Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
     brief = {k: summary[k] for k in ("algorithm", "heldout_before", "heldout_after", "heldout", "reward_first",

@@ -161,14 +161,14 @@ finish() {
   done
   cp "runs/$rl_name/rollouts.jsonl" "$logs/rollouts-rl.jsonl" 2>/dev/null
   for kind in task sft rl; do cp "job-$kind/plan.json" "$logs/plan-$kind.json" 2>/dev/null; done
-  local extra
-  extra=$(printf '{"gpu": "%s", "dry": %s, "task": "%s", "digits": %s, "train_rows": %s, "held_out_rows": %s, "eval_prompts": %s, "train_iters": %s, "sft_iters": %s, "rl_iters_asked": %s, "rl_iters_run": %s, "rl_lr": "%s", "rl_spec": "%s", "task_spec": "%s", "starting_model": "%s", "start_accuracy_max": %s, "seconds_since_start": %s}' \
-    "$GPU" "$([ "$dry" = 1 ] && echo true || echo false)" "$TASK" "$DIGITS" "$TRAIN_ROWS" "$TEST" "$EVAL_PROMPTS" "$TRAIN_ITERS" \
-    "$([ "$model" = dlm ] && echo "$SFT_ITERS" || echo null)" "$RL_ITERS" "${rl_iters:-null}" "${RL_LR:-spec}" "$rl_spec" \
-    "$task_spec" "$start_ckpt" "$START_ACC_MAX" "$(( $(date +%s) - START ))")
   printf '%s\n' "${overrides[@]}" > "$logs/overrides.txt"
+  local f=(gpu="$GPU" dry="$([ "$dry" = 1 ] && echo true || echo false)" task="$TASK" digits="$DIGITS"
+           train_rows="$TRAIN_ROWS" held_out_rows="$TEST" eval_prompts="$EVAL_PROMPTS" train_iters="$TRAIN_ITERS"
+           sft_iters="$([ "$model" = dlm ] && echo "$SFT_ITERS" || echo null)" rl_iters_asked="$RL_ITERS"
+           rl_iters_run="${rl_iters:-null}" rl_lr="${RL_LR:-spec}" rl_spec="$rl_spec" task_spec="$task_spec"
+           starting_model="$start_ckpt" start_accuracy_max="$START_ACC_MAX" seconds_since_start="$(( $(date +%s) - START ))")
   timeout 12 "$PY" "$repo/bench/sampling/rl_chain.py" summary --logs "$logs" --algo "$ALGO" --out "$OUT/summary.json" \
-    --extra "$extra" > "$logs/summary.log" 2>&1
+    "${f[@]/#/--field=}" > "$logs/summary.log" 2>&1
   log "summary exit $?"
   cat "$logs/summary.log"
   if [ -f "runs/$rl_name/metrics.jsonl" ]; then
