@@ -24,10 +24,11 @@ Three processes (``bench/devbox/gpu/task_rl.sh`` runs them after the RL run):
 - ``d1``: in the environment of the transformers LLaDA's modelling code was written for (4.49.0,
   as the fast-sampling suite's peers), LLaDA's modelling file (Fast-dLLM's copy, pinned:
   ``fast_measure.load_fast_dllm``; called without its cache arguments it is LLaDA's forward) loads
-  the export in bf16 (d1: ``torch_dtype=bfloat16``; d1 also quantises to 4 bits, which only slows
-  it: not done here) and :func:`d1_generate` times the same rollout batch, whole (``d1/whole-batch``:
-  the fastest way to run d1's loop) and in d1's chunks of one group (``d1/generation-batch``: d1's
-  ``generation_batch_size`` = ``num_generations``), plus one greedy rollout.
+  the export in bf16 (d1: ``torch_dtype=bfloat16``; d1's ``train.yaml`` also loads the model in 4
+  bits with LoRA adapters, not done here: a plain bf16 model) and :func:`d1_generate` times the same
+  rollout batch, whole (``d1/whole-batch``: all rows in one call, the largest batch d1's loop can
+  take) and in d1's chunks of one group (``d1/generation-batch``: d1's ``generation_batch_size`` =
+  ``num_generations``), plus one greedy rollout. The target is taken against the faster of the two.
 - ``report``: tokens/s of each (rows x ``gen_length`` over the median seconds of ``--repeats`` timed
   rollouts after one warm-up; both loops decode every position of the one-block canvas), dlmspec's
   ratio over the faster d1 variant against the target (>= 3), the rollouts' exact-match share on each
