@@ -262,7 +262,8 @@ if [ "$dry" = 1 ]; then
   [ "$model" = dlm ] && { wait $pid_sft_data; log "sft data exit $?"; }
   step validate-rl 60 "$PY" -m dlmspec.cli validate "$rl_spec" "${rl_args[@]}"
   log "dry: on the GPU: bash job-task/launch.sh$([ "$model" = dlm ] && echo "; bash job-sft/launch.sh"); dlmspec eval" \
-      "$start_run --task $test_file --spec $task_spec beside bash job-rl/launch.sh; dlmspec eval runs/$rl_name" \
+      "<the checkpoint of $start_run that rl_chain.py pick-start picks> --task $test_file --spec $task_spec beside" \
+      "bash job-rl/launch.sh (init_from that checkpoint, iterations fitted to the time left); dlmspec eval runs/$rl_name" \
       "$([ "$model" = dlm ] && echo "; d1_rollout.py dlmspec, d1 (transformers 4.49.0 from .bench-peers/wheels), report")"
   exit 0
 fi
