@@ -18,7 +18,9 @@ MFU):
   from their bytes).
 
 :func:`model_flops_per_token` is the single definition of MFU's numerator for the planner
-(:mod:`dlmspec.plan.compute`), the runtime (``backends/megatron/metrics.py``) and the benchmarks.
+(:mod:`dlmspec.plan.compute`), the runtime (``backends/megatron/metrics.py``) and the benchmarks;
+:func:`model_flops_per_data_token` is the same count per data token for an objective whose model
+input is longer than its data (block diffusion's ``x_t (+) x_0``), which the runtime logs.
 This module imports nothing but the standard library (no pydantic), so the GPU machine, which
 has neither pydantic nor the spec models, imports it too.
 """
@@ -156,3 +158,66 @@ def model_flops_per_token(
         moe_shared_expert_intermediate_size=moe_shared_expert_intermediate_size, num_moe_layers=num_moe_layers,
     )
     return 3 * sum(parts.values())
+
+
+def model_flops_per_data_token(
+    num_layers: int,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    kv_channels: int,
+    vocab_size: int,
+    seq_length: int,
+    *,
+    extra_seq_length: int = 0,
+    keys: float | None = None,
+    output_length: int | None = None,
+    gated: bool = True,
+    attention: str = "bidirectional",
+    block_size: int | None = None,
+    num_experts: int = 0,
+    moe_router_topk: int = 0,
+    moe_ffn_hidden_size: int = 0,
+    moe_shared_expert_intermediate_size: int = 0,
+    num_moe_layers: int = 0,
+) -> float:
+    """Model FLOPs of a training step per data token, for an objective whose model input is longer
+    than its data: MFU's numerator when tokens/s counts the data (``global_batch * seq_length``
+    per step), and the ``C = flops_per_token * tokens`` of a scaling fit.
+
+    Each sequence of ``seq_length = L`` data tokens runs ``n = L + extra_seq_length`` positions
+    through the decoder (block diffusion's ``x_t (+) x_0``: ``n = 2 L``), each query attending
+    ``keys`` keys (the objective's mask; default :func:`attended_keys` of ``n`` under
+    ``attention``), and ``output_length`` rows (default ``n``) through the output layer (block
+    diffusion without an AR loss: the ``L`` rows of ``x_t``). With the parts of
+    :func:`forward_flops_per_token` at ``n`` positions:
+
+    ``3 * (n * (attention_linear + attention_core + mlp + moe) + output_length * logits) / L``
+
+    the planner's count of the same step (:func:`dlmspec.plan.compute.step_flops`:
+    ``model_per_step / (global_batch * L)``). With no extra positions it is
+    :func:`model_flops_per_token`.
+
+    Example: the demo BD3-LM model (``L = 512``, blocks of 16, no AR loss): ``n = 1024``, ``keys =
+    (L + B) / 2 = 264``, the logits on 512 rows.
+
+    Raises:
+        ValueError: ``seq_length < 1``, ``extra_seq_length < 0``, or an ``output_length`` outside
+            ``1 .. n``; as :func:`attended_keys` for ``attention`` / ``block_size``.
+    """
+    if seq_length < 1 or extra_seq_length < 0:
+        raise ValueError(f"seq_length must be >= 1 and extra_seq_length >= 0, got {seq_length}, {extra_seq_length}")
+    n = seq_length + extra_seq_length
+    rows = n if output_length is None else output_length
+    if not 1 <= rows <= n:
+        raise ValueError(f"output_length must lie in 1 .. {n} (the input positions), got {output_length}")
+    parts = forward_flops_per_token(
+        num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels,
+        vocab_size, n, gated=gated, attention=attention, block_size=block_size,
+        num_experts=num_experts, moe_router_topk=moe_router_topk, moe_ffn_hidden_size=moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=moe_shared_expert_intermediate_size, num_moe_layers=num_moe_layers,
+        keys=keys,
+    )
+    decoder = sum(v for k, v in parts.items() if k != "logits")
+    return 3 * (n * decoder + rows * parts["logits"]) / seq_length

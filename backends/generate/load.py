@@ -20,7 +20,7 @@ or, for the tests, on CPU (the three CUDA-only spots of megatron-core 0.16.1 pat
 :func:`dlmspec.backends.convert.mcore_model.enable_cpu_forward` does; dense models only). Tensor
 parallelism: run under ``torchrun`` with ``tensor_model_parallel_size`` processes; every rank
 runs the sampler with the same seed and :func:`dlmspec.backends.generate.models.gpt_logits_fn`
-gathers the vocabulary-parallel logits (written for any TP, tested at TP = 1). AR models decode
+gathers the vocabulary-parallel logits (tested at TP = 2 on CPU, gloo). AR models decode
 with megatron-core's KV cache (:meth:`LoadedModel.ar_step_fn`,
 :class:`~dlmspec.backends.generate.models.GPTKVCacheStep`) where the model's layers allow it
 (the local layer spec), else with full recompute (``kv_cache_fallback`` says why). docs/generate.md.

@@ -27,7 +27,13 @@ def gpt_logits_fn(model: Any, *, tensor_model_parallel_size: int = 1):
         tensor_model_parallel_size: the model's TP. Above 1 each rank's output holds a slice of the
             vocabulary; the slices are all-gathered over the tensor-parallel group
             (megatron-core's ``gather_from_tensor_model_parallel_region``), so every rank gets the
-            whole logits and runs the sampler alike (written for any TP; tested at TP = 1).
+            whole logits and runs the sampler alike (tested at TP = 2 on CPU against TP = 1:
+            tests/integration/generate/test_tensor_parallel_generation.py). With sequence
+            parallelism (a training model: ``[eval.generation]``, RL rollouts) megatron-core splits
+            the sequence over the TP ranks and asserts that its length divides by TP; a canvas of
+            another length gets ``-s mod TP`` columns on the right, hidden by the key-padding mask
+            (no real column attends to them: the logits of the real columns are unchanged), and
+            their logits are dropped.
 
     Returns:
         A function ``(tokens [b, s], attention_mask [b, s] or None) -> logits [b, s, V]`` (float32).
@@ -37,12 +43,24 @@ def gpt_logits_fn(model: Any, *, tensor_model_parallel_size: int = 1):
         ``config.cache`` asks for one (:func:`gpt_block_logits`).
     """
     gather = None
+    multiple = 1  # the sequence length megatron-core's sequence parallelism needs a multiple of
     if tensor_model_parallel_size > 1:
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region as gather
+        from megatron.core.utils import unwrap_model
+
+        if getattr(getattr(unwrap_model(model), "config", None), "sequence_parallel", False):
+            multiple = tensor_model_parallel_size
 
     @torch.no_grad()
     def logits_fn(tokens: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         b, s = tokens.shape
+        extra = -s % multiple
+        if extra:  # hidden right padding up to a multiple of TP (sequence parallelism)
+            real = (torch.ones(b, s, dtype=torch.bool, device=tokens.device) if attention_mask is None
+                    else attention_mask.bool())
+            attention_mask = torch.cat([real, torch.zeros(b, extra, dtype=torch.bool, device=tokens.device)], dim=1)
+            tokens = torch.cat([tokens, tokens.new_zeros(b, extra)], dim=1)
+            s += extra
         if attention_mask is None:
             position_ids = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
             hidden_mask = None
@@ -52,7 +70,7 @@ def gpt_logits_fn(model: Any, *, tensor_model_parallel_size: int = 1):
         logits = model(tokens, position_ids, hidden_mask)
         if gather is not None:
             logits = gather(logits.contiguous())
-        return logits.float()
+        return (logits[:, : s - extra] if extra else logits).float()
 
     def block_logits(config: Any, columns: Optional[Any] = None) -> Any:
         return gpt_block_logits(model, config, columns=columns, tensor_model_parallel_size=tensor_model_parallel_size,

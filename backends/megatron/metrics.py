@@ -27,7 +27,7 @@ from megatron.core import parallel_state
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from dlmspec.flops import model_flops_per_token as _model_flops_per_token
+from dlmspec.flops import model_flops_per_data_token as _model_flops_per_data_token
 
 from .config import CheckpointConfig, LoggingConfig, RunConfig, TrainState
 from .distributed import parallel_layout
@@ -62,24 +62,33 @@ def model_flops_per_token(
     moe_ffn_hidden_size: Optional[int] = None,
     moe_shared_expert_intermediate_size: Optional[int] = None,
     num_moe_layers: Optional[int] = None,
+    extra_seq_length: int = 0,
+    keys: Optional[float] = None,
+    output_length: Optional[int] = None,
 ) -> int:
-    """Training FLOPs (forward + backward) per token of the model's matmuls: MFU's numerator.
+    """Training FLOPs (forward + backward) of the model's matmuls per data token: MFU's numerator.
 
-    The count is :func:`dlmspec.flops.model_flops_per_token`, the planner's (one definition; see
-    its docstring for the rules and sources). This adapter takes megatron-core's conventions:
+    The count is :func:`dlmspec.flops.model_flops_per_data_token`, the planner's (one definition;
+    see :mod:`dlmspec.flops` for the rules and sources): the ``seq_length + extra_seq_length`` input
+    positions through the decoder at ``keys`` keys per query (the objective's mask; ``None``: the
+    layer pattern's), ``output_length`` rows (``None``: all) through the output layer, per
+    ``seq_length`` data tokens. Without extra positions it is
+    :func:`dlmspec.flops.model_flops_per_token`. This adapter takes megatron-core's conventions:
     ``None`` for unset MoE sizes, ``moe_ffn_hidden_size`` defaulting to ``ffn_hidden_size``, and
     every layer MoE unless ``num_moe_layers`` says otherwise.
 
     Returns:
-        FLOPs per token, rounded to an int.
+        FLOPs per data token, rounded to an int.
 
     Raises:
-        ValueError: For an unknown ``attention`` or a missing ``block_size``.
+        ValueError: For an unknown ``attention``, a missing ``block_size`` or an ``output_length``
+            outside the input.
     """
     moe_layers = (num_layers if num_moe_layers is None else num_moe_layers) if num_experts else 0
-    return int(round(_model_flops_per_token(
+    return int(round(_model_flops_per_data_token(
         num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels,
-        vocab_size, seq_length, gated=gated_mlp, attention=attention, block_size=block_size,
+        vocab_size, seq_length, extra_seq_length=extra_seq_length, keys=keys, output_length=output_length,
+        gated=gated_mlp, attention=attention, block_size=block_size,
         num_experts=num_experts or 0, moe_router_topk=moe_router_topk if num_experts else 0,
         moe_ffn_hidden_size=(moe_ffn_hidden_size or ffn_hidden_size) if num_experts else 0,
         moe_shared_expert_intermediate_size=moe_shared_expert_intermediate_size or 0,
@@ -87,11 +96,62 @@ def model_flops_per_token(
     )))
 
 
+@dataclasses.dataclass(frozen=True)
+class ObjectiveInput:
+    """What an objective does to the model's input, for the FLOP count (the planner's
+    :func:`dlmspec.plan.shape.input_length`, :func:`~dlmspec.plan.shape.output_length` and
+    ``ModelShape.attended_keys``, from the same compiler plugin).
+
+    Attributes:
+        extra_seq_length: positions beyond ``seq_length`` in the model's input (block diffusion: ``L``).
+        keys: mean keys per query under the objective's own mask (``None``: the layer pattern's).
+        output_length: rows per sequence reaching the output layer (``None``: every input position).
+    """
+
+    extra_seq_length: int = 0
+    keys: Optional[float] = None
+    output_length: Optional[int] = None
+
+
+def objective_input(objective: Any, seq_length: int, train_iters: int = 0, *,
+                    sequence_parallel: bool = False) -> ObjectiveInput:
+    """:class:`ObjectiveInput` of a run's ``ObjectiveConfig`` (:class:`~dlmspec.backends.megatron.config.ObjectiveConfig`):
+    the compiler half of its kind (:mod:`dlmspec.objectives`, standard library only) read with the
+    config's fields and its ``options`` (``block_size``, ``ar_loss_weight``, ``block_size_schedule``
+    for block diffusion: the names of the spec's ``[objective]`` keys). The extra positions reach the
+    output layer unless the plugin drops them (``extra_positions_output``: block diffusion without
+    an AR loss, whose decoder hands on the ``x_t`` half only) and the decoder's output is whole (no
+    ``sequence_parallel``: ``backends/megatron/objectives/bd3lm.py`` ``_pass_noised_half``). A kind
+    without a compiler half, or ``None``: no extra positions."""
+    from types import SimpleNamespace
+
+    from dlmspec.objectives import find
+
+    plugin = find(getattr(objective, "kind", None))
+    if plugin is None:
+        return ObjectiveInput()
+    fields = dataclasses.asdict(objective) if dataclasses.is_dataclass(objective) else {}
+    options = dict(fields.pop("options", None) or {})
+    view = SimpleNamespace(**{**fields, **options})
+    extra = int(plugin.extra_seq_length(view, seq_length))
+    if not extra:
+        return ObjectiveInput()
+    keys = plugin.attended_keys(view, seq_length, train_iters)
+    output = None if (plugin.extra_positions_output(view) or sequence_parallel) else seq_length
+    return ObjectiveInput(extra_seq_length=extra, keys=None if keys is None else float(keys), output_length=output)
+
+
 def model_flops_per_token_from_config(
-    config: TransformerConfig, *, vocab_size: int, seq_length: int, attention: str, block_size: Optional[int] = None
+    config: TransformerConfig, *, vocab_size: int, seq_length: int, attention: str, block_size: Optional[int] = None,
+    objective_terms: Optional[ObjectiveInput] = None,
 ) -> int:
-    """:func:`model_flops_per_token` with the sizes read from a ``TransformerConfig``."""
+    """:func:`model_flops_per_token` with the sizes read from a ``TransformerConfig`` (and the
+    objective's input, :func:`objective_input`)."""
+    terms = objective_terms or ObjectiveInput()
     return model_flops_per_token(
+        extra_seq_length=terms.extra_seq_length,
+        keys=terms.keys,
+        output_length=terms.output_length,
         num_layers=config.num_layers,
         hidden_size=config.hidden_size,
         ffn_hidden_size=config.ffn_hidden_size,
@@ -112,12 +172,22 @@ def model_flops_per_token_from_config(
 
 
 def model_flops_per_token_of(config: TransformerConfig, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any],
-                             seq_length: int) -> int:
+                             seq_length: int, objective: Any = None, train_iters: int = 0,
+                             data_only: bool = False) -> int:
     """:func:`model_flops_per_token_from_config` of a run: the model's (padded) vocabulary from
-    ``model_kwargs``, the attention pattern and block size from its layer spec."""
+    ``model_kwargs``, the attention pattern and block size from its layer spec, the objective's
+    input from ``objective`` (the run's ``ObjectiveConfig``; :func:`objective_input` over
+    ``train_iters`` steps): per data token, the FLOPs of the whole step (block diffusion: ``2 L``
+    positions at the mask's density, the output layer on the rows reaching it), what the planner's
+    ``flops.model_per_step / (global_batch * seq_length)`` counts. ``data_only``: the model FLOPs of
+    the ``seq_length`` data tokens alone under the layer pattern (what an MDM step over the same
+    tokens counts; the planner's ``data_mfu``)."""
+    terms = None if data_only else objective_input(objective, seq_length, train_iters,
+                                                   sequence_parallel=bool(config.sequence_parallel))
     return model_flops_per_token_from_config(
         config, vocab_size=int(model_kwargs["vocab_size"]), seq_length=seq_length,
         attention=layer_spec_attention(layer_spec), block_size=layer_spec_block_size(layer_spec),
+        objective_terms=terms,
     )
 
 
@@ -354,16 +424,23 @@ class IntervalMeter:
     Args:
         device: Where the loss sums live.
         tokens_per_step: Global batch size x sequence length.
-        flops_per_token: Model FLOPs of one token (:func:`model_flops_per_token_from_config`).
+        flops_per_token: Model FLOPs of the step per data token (:func:`model_flops_per_token_of`;
+            block diffusion: its ``2 L`` input positions at the mask's density): ``tflops_per_gpu``
+            and ``mfu``.
         world_size: Number of GPUs.
         peak_tflops: ``LoggingConfig.peak_tflops_per_gpu`` (MFU's denominator), or ``None``.
+        data_flops_per_token: for an objective whose input is longer than its data, the model FLOPs
+            of the data tokens alone (``model_flops_per_token_of(..., data_only=True)``): the record
+            adds ``data_tflops_per_gpu`` and ``data_mfu`` (the planner's ``data_mfu``); ``None``: not
+            recorded (equal to the above).
     """
 
     def __init__(self, device: torch.device, *, tokens_per_step: int, flops_per_token: int, world_size: int,
-                 peak_tflops: Optional[float]) -> None:
+                 peak_tflops: Optional[float], data_flops_per_token: Optional[int] = None) -> None:
         self.device = device
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
+        self.data_flops_per_token = data_flops_per_token
         self.world_size = world_size
         self.peak = peak_tflops
         self._reset()
@@ -441,6 +518,10 @@ class IntervalMeter:
             "train_iters": train_iters, "tokens_seen": iteration * self.tokens_per_step,
             "eta_s": eta_seconds(iteration, train_iters, step_time),
         }
+        if self.data_flops_per_token is not None:  # the data tokens' FLOPs alone (block diffusion: L of 2L)
+            data_tflops = self.data_flops_per_token * tokens_per_s / self.world_size / 1e12
+            record["data_tflops_per_gpu"] = data_tflops
+            record["data_mfu"] = (data_tflops / peak) if peak else None
         if metrics is not None:
             entries = metrics(self.sums)
             taken = sorted(set(entries) & set(record))

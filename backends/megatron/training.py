@@ -258,7 +258,13 @@ def train(
     cross_entropy = stage.prepare_model(model)
     parts = StepParts(model, optimizer, scheduler, get_forward_backward_func(), num_microbatches,
                       sched.micro_batch_size, run.data.seq_length, device, ddp_config, build_generation_eval(run))
-    flops_per_token = model_flops_per_token_of(transformer_config, layer_spec, model_kwargs, run.data.seq_length)
+    # per data token: the step's model FLOPs (block diffusion: 2L positions at the mask's density, the
+    # output layer on the rows reaching it; the planner's model_per_step / data tokens), and the data
+    # tokens' own where the objective's input is longer (both MFUs are logged)
+    flops_per_token = model_flops_per_token_of(transformer_config, layer_spec, model_kwargs, run.data.seq_length,
+                                               run.objective, sched.train_iters)
+    data_flops = model_flops_per_token_of(transformer_config, layer_spec, model_kwargs, run.data.seq_length,
+                                          data_only=True)
     log_start(logger, run=run, objective=stage.kind, layer_spec=layer_spec, model=model, iteration=state.iteration,
               num_microbatches=num_microbatches, flops_per_token=flops_per_token, cross_entropy=cross_entropy,
               rope_fusion=rope_fusion, parallel_sizes=parallel_sizes, lock=start.lock, resume_from=start.resume_from,
@@ -271,7 +277,8 @@ def train(
     record_host_launch(logger, "start", state.iteration)  # the host's launch speed, next to the step times
     meter = IntervalMeter(device, tokens_per_step=sched.global_batch_size * run.data.seq_length,
                           flops_per_token=flops_per_token, world_size=world,
-                          peak_tflops=run.logging.peak_tflops_per_gpu)
+                          peak_tflops=run.logging.peak_tflops_per_gpu,
+                          data_flops_per_token=data_flops if data_flops != flops_per_token else None)
     checkpoints.continue_run(meter)  # a resume's RNG states, set after everything above drew from them
     try:
         while state.iteration < sched.train_iters:

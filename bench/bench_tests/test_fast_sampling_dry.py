@@ -37,14 +37,15 @@ def _present(tmp: Path) -> list[str]:
 
 
 def test_dry_prints_every_step_in_order_and_exits_0_when_everything_is_present(tmp_path, capsys):
-    rc = fast_sampling.main(["--dry", "--train-iters", "300", *_present(tmp_path)], probe=lambda python: None)
+    rc = fast_sampling.main(["--dry", "--stage", "pretrain", "--train-iters", "300", *_present(tmp_path)],
+                            probe=lambda python: None)
     out, err = capsys.readouterr()
     assert rc == 0, err
     names = [line.split(":", 1)[0] for line in out.splitlines()]
     assert names == ["task", "data-train", "data-validation", "compile", "train", "peer-install", "measure-dlmspec",
                      "measure-peers", "report", "result"]
     lines = dict(line.split(": ", 1) for line in out.splitlines())
-    assert "task make addition" in lines["task"] and "--test 512" in lines["task"]
+    assert "task make addition-padded" in lines["task"] and "--test 512" in lines["task"]
     assert "--append-eod" in lines["data-train"] and "pretrain-train.jsonl" in lines["data-train"]
     assert "--workers 8" in lines["data-train"] and "--workers 1" in lines["data-validation"]
     # LLaDA's modelling code (which Fast-dLLM runs) has no q/k norm: the task model is trained without it
@@ -105,7 +106,7 @@ def test_a_spec_with_generation_eval_is_scored_on_the_validation_split_not_the_h
     flags = _present(tmp_path)
     spec = Path(flags[flags.index("--spec") + 1])
     spec.write_text(spec.read_text() + '\n[eval.generation]\nprompts = ".data/task-addition/test.jsonl"\n')
-    assert fast_sampling.main(["--dry", *flags], probe=lambda python: None) == 0
+    assert fast_sampling.main(["--dry", "--stage", "pretrain", *flags], probe=lambda python: None) == 0
     compile_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compile: "))
     work = tmp_path / "work"
     assert f'eval.generation.prompts="{work}/task/validation.jsonl"' in compile_line

@@ -17,7 +17,10 @@ prompts, ``--steps-per-block`` steps a block, greedy, with the cache and without
 whether the tokens are equal), and MDM's sampler at the same tokens and steps for reference. The
 training values are read from each run's ``metrics.jsonl`` (loss curve, ``tokens_per_s``: data
 tokens, ``peak_mem_gib``); the ratio BD3 / MDM of the median tokens/s after the first 50 steps is
-the target's (at least 0.9). The result: ``bench/results/demos/<date>-<gpu>-bd3lm-vs-mdm.json``.
+the target's (at least 0.9). Beside each run's measured median step time and peak memory stand its
+planned ones (``planned``, from the ``plan.json`` its compile wrote, planned for the GPU measured when
+the planner's catalog has it; ``measured_over_planned``). The result:
+``bench/results/demos/<date>-<gpu>-bd3lm-vs-mdm.json``.
 
 ``--kernel-control`` adds a third training, MDM on FlexAttention (``mdm-flex``: the BD3 run's kernel,
 no mask), so the gap splits in two ratios: ``mdm-flex / mdm`` (FlexAttention against SDPA's
@@ -89,7 +92,7 @@ def compile_cmd(args, work: Path, kind: str) -> list[str]:
         "train.eval_iters=2", "logging.log_interval=5", f"checkpoint.save_interval={n}",
         f'checkpoint.save="{run_dir}/checkpoints"', f'logging.run_dir="{run_dir}"',
         f'logging.tensorboard_dir="{run_dir}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
-    ] + ([f'cluster.gpu="{args.gpu}"'] if args.gpu else [])
+    ] + ([f'cluster.gpu="{args.plan_gpu}"'] if getattr(args, "plan_gpu", None) else [])
     return [args.python, "-m", "dlmspec.cli", "compile", str(SPEC_OF[kind]), "-o", str(work / f"{kind}.compiled"),
             "--force"] + [a for s in sets for a in ("--set", s)]
 
@@ -108,7 +111,9 @@ def plan(args, work: Path, raw: list[str]):
 
 
 def train_values(metrics: Path) -> dict:
-    """Loss curve, median data tokens/s after the first 50 steps, peak memory, validation loss."""
+    """Loss curve, median data tokens/s, step time and MFU after the first 50 steps (``mfu`` with the
+    step's model FLOPs per data token; ``data_mfu``, block diffusion only, with the data tokens'
+    own), peak memory, validation loss."""
     train, valid = [], None
     for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
         try:
@@ -119,12 +124,56 @@ def train_values(metrics: Path) -> dict:
             train.append(rec)
         elif rec.get("event") in ("valid", "eval") and "loss" in rec:
             valid = rec["loss"]
-    steady = [r["tokens_per_s"] for r in train if r["iteration"] > 50] or [r["tokens_per_s"] for r in train]
+    later = [r for r in train if r["iteration"] > 50] or train
+
+    def median(key: str):
+        got = [r[key] for r in later if isinstance(r.get(key), (int, float))]
+        return statistics.median(got) if got else None
+
     return {"loss_curve": [[r["iteration"], r["loss"]] for r in train],
-            "tokens_per_s_median": statistics.median(steady) if steady else None,
+            "tokens_per_s_median": median("tokens_per_s"), "step_time_s_median": median("step_time_s"),
+            "mfu_median": median("mfu"), "data_mfu_median": median("data_mfu"),
             "peak_mem_gib": max((r["peak_mem_gib"] for r in train), default=None),
             "peak_reserved_gib": max((r.get("peak_reserved_gib") or 0 for r in train), default=None),
             "final_loss": train[-1]["loss"] if train else None, "valid_loss_in_training": valid}
+
+
+def planned_values(compiled: Path) -> dict | None:
+    """The plan ``dlmspec compile`` wrote beside the run (``plan.json``, by this checkout's planner, for
+    the GPU of ``cluster.gpu``): step time, data tokens/s, MFU and peak memory, to set beside the
+    measured ones; ``None`` without a plan."""
+    try:
+        plan = json.loads((compiled / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    gib = 2 ** 30
+    return {"gpu": plan["gpu"]["id"], "step_time_s": plan["time"]["step_seconds"],
+            "tokens_per_s": plan["throughput"]["tokens_per_second"], "mfu": plan["mfu"],
+            "peak_allocated_gib": plan["memory"]["peak_allocated_bytes"] / gib,
+            "peak_gib": plan["memory"]["peak_bytes"] / gib}
+
+
+def planned_vs_measured(planned: dict | None, measured: dict) -> dict | None:
+    """Measured over planned: median step time, peak allocated memory (``max_memory_allocated``)."""
+    if not planned:
+        return None
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    return {"step_time": ratio(measured.get("step_time_s_median"), planned["step_time_s"]),
+            "peak_allocated": ratio(measured.get("peak_mem_gib"), planned["peak_allocated_gib"])}
+
+
+def plan_gpu(args) -> str | None:
+    """The GPU the runs are planned for: ``--gpu``, else this machine's when the planner's catalog has
+    it (``nvidia-smi``'s family), else ``None`` (the spec's ``cluster.gpu``)."""
+    if args.gpu:
+        return args.gpu
+    from dlmspec.gpus import GPUS
+
+    family = common.hardware(0)["gpu"]
+    return family if family in GPUS else None
 
 
 def throughput_ratios(values: dict) -> dict:
@@ -246,6 +295,7 @@ def main(argv=None) -> int:
         return 0
     name = (args.name or "bd3lm-vs-mdm" + ("-mock" if args.mock else "")).lower()
     work = common.work_dir(args, "demos")
+    args.plan_gpu = args.gpu if args.dry else plan_gpu(args)  # compile (and plan) for the GPU measured
     steps = plan(args, work, raw)
     if args.dry:
         return common.print_dry(steps, work, common.planned_path(args, "demos", name))
@@ -258,6 +308,8 @@ def main(argv=None) -> int:
     values = {"steps": record, "train_iters": args.train_iters}
     for kind in trainings(args):
         values[kind] = train_values(work / kind / "metrics.jsonl")
+        values[kind]["planned"] = planned_values(work / f"{kind}.compiled")
+        values[kind]["measured_over_planned"] = planned_vs_measured(values[kind]["planned"], values[kind])
     values.update(throughput_ratios(values))
     if status == "ok":
         import subprocess

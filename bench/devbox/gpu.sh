@@ -6,7 +6,7 @@
 #
 #   bash bench/devbox/gpu.sh throughput   # Qwen3-1.7B-architecture DLM, seq 4096: dlmspec local bf16 vs HF plain, HF+Liger (~5 min)
 #   bash bench/devbox/gpu.sh sampling     # the demo trained 100 steps, then dlmspec generate vs the LLaDA-style HF loop, batch 1 and 8 (~3 min)
-#   bash bench/devbox/gpu.sh fast-sampling  # task model trained (~4 min), then dlmspec's block caches and parallel decoding
+#   bash bench/devbox/gpu.sh fast-sampling  # task model pre-trained then SFT-tuned (~4 min), then dlmspec's block caches and parallel decoding
 #                                           # vs the peers' HF loop and Fast-dLLM's own code, batch 1/8/32, held-out accuracy
 #                                           # (carry .bench-wheels .bench-peers .bench-data: bench/devbox/fetch_fast_dllm.sh)
 #   bash bench/devbox/gpu.sh scaling      # the bundled scaling studies: 28 small runs side by side, each evaluated (~5-8 min)

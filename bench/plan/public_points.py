@@ -169,6 +169,14 @@ def read_points(data: Path | None = None) -> list[Point]:
             tps = p["measured"].get("tokens_per_second_per_gpu")
             if isinstance(tps, bool) or not isinstance(tps, (int, float)) or not tps > 0:
                 raise PublicDataError(path, f"{where}.measured.tokens_per_second_per_gpu", tps, "a positive number")
+            kind = c.get("moe_token_dispatcher_type")
+            if kind is not None and kind not in ("alltoall", "allgather", "flex"):
+                raise PublicDataError(path, f"{where}.config.moe_token_dispatcher_type", kind,
+                                      "'alltoall', 'allgather' or 'flex' (megatron-core moe_token_dispatcher_type)")
+            if kind == "flex" and c.get("moe_flex_dispatcher_backend") not in ("deepep", "hybridep"):
+                raise PublicDataError(path, f"{where}.config.moe_flex_dispatcher_backend",
+                                      c.get("moe_flex_dispatcher_backend"),
+                                      "a flex dispatcher names its backend: 'deepep' or 'hybridep'")
             if p["use"] not in ("used", "excluded"):
                 raise PublicDataError(path, f"{where}.use", p["use"], "'used' or 'excluded'")
             if p["use"] == "excluded" and not p.get("why_excluded"):
@@ -230,7 +238,8 @@ def point_spec(p: Point) -> dict[str, Any]:
     is silent (each point's ``assumptions`` say which apply): the Transformer Engine path, the
     distributed optimizer with overlapped gradient reduce-scatter and parameter all-gather
     (megatron-core's defaults in both recipes' collections), sequence parallelism with TP > 1,
-    megatron-core FSDP (``optim_grads_params``) where the table's FSDP column is set, full block
+    megatron-core FSDP (``optim_grads_params``) where the table's FSDP column is set (the parameter
+    all-gather's overlap off where the point's ``overlap_param_gather`` is false), full block
     recompute where the recipe sets ``recompute_num_layers``, autoregressive pre-training
     (``objective.kind = "ar"``: causal attention), no recompute otherwise."""
     c = p.config
@@ -257,6 +266,8 @@ def point_spec(p: Point) -> dict[str, Any]:
         parallel["expert_model_parallel_size"] = c["ep"]
     if c.get("etp"):
         parallel["expert_tensor_parallel_size"] = c["etp"]
+    if c.get("overlap_param_gather") is False:
+        parallel["overlap_param_gather"] = False  # the recipe turned it off
     if "grad_reduce_in_fp32" in c:
         parallel["grad_reduce_in_fp32"] = bool(c["grad_reduce_in_fp32"])
     if c.get("fsdp"):
@@ -302,6 +313,10 @@ def _make_plan(p: Point, calibration=None):
         changes["tp_comm_overlap"] = True
     if p.config.get("moe_a2a_overlap") and p.config.get("ep", 1) > 1:
         changes["moe_a2a_overlap"] = True  # recipe moe_a2a_overlap (Layout.moe_a2a_overlap)
+    if p.config.get("moe_token_dispatcher_type") == "flex" and p.config.get("ep", 1) > 1:
+        # The recipe dispatched with DeepEP / HybridEP (megatron-core "flex"), which dlmspec does not
+        # compile: the time model is asked for that layout (Layout.moe_flex_dispatcher).
+        changes["moe_flex_dispatcher"] = p.config["moe_flex_dispatcher_backend"]
     if p.config.get("fp8_param_gather") and plan.layout.fp8:
         # The recipe kept fp8 primary weights (megatron-core fp8_param_gather), which dlmspec does
         # not compile: the memory model is asked for that layout (Layout.fp8_param_gather).

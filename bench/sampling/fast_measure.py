@@ -11,6 +11,10 @@
   (its ``llada/generate.py``, pinned by commit: ``bench/devbox/fetch_fast_dllm.sh``).
 - ``report``: accuracy (exact match, Wilson 95 %), token agreement with dlmspec's no-cache
   decoding, the targets, the markdown table.
+- ``render``: a task folder's held-out and validation prompts rendered with a chat template
+  (:func:`dlmspec.data.chat.render` with the generation prompt, as ``dlmspec data prepare --sft``
+  renders the SFT rows the model was tuned on), written to another folder of the same layout: the
+  prompts an SFT model is scored on (``bench/devbox/gpu/task_rl.sh`` renders them the same way).
 
 Protocol of each configuration (both sides the same):
 
@@ -291,6 +295,7 @@ def dlmspec_side(args: argparse.Namespace) -> int:
     print(fast_kit.stamp(t0, f"loaded {args.ckpt} on {dev}; {len(ids)} held-out prompts, lengths "
                          f"{sorted(set(map(len, ids)))}"), flush=True)
     extra: Dict[str, Any] = {"checkpoint": args.ckpt, "iteration": model.iteration, "device": str(dev),
+                             "held_out_file": str(Path(args.task_dir) / "test.jsonl"),
                              "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                              "model": {k: r.get(f"model.{k}") for k in ("num_layers", "hidden_size", "ffn_hidden_size",
                                                                          "num_attention_heads", "num_query_groups",
@@ -404,6 +409,54 @@ def peers_side(args: argparse.Namespace) -> int:
     for c in fast_kit.configs_of("peers", args.only):
         runners[c.name] = (hf_loop(c.remasking), None) if c.impl == "hf-loop" else (fast_dllm(c.cache, c.remasking), None)
     measure(runners, heldout, args, dev, "peers", extra, t0)
+    return 0
+
+
+# --------------------------------------------------------------------------- render
+
+
+#: The files of a task folder whose prompts ``render`` puts in the chat template.
+RENDERED = ("test.jsonl", "validation.jsonl")
+
+
+def render_prompts(template: str, task_dir: Path, out: Path) -> Dict[str, int]:
+    """Write ``out/<file>`` for each of :data:`RENDERED` in ``task_dir``: every row as it is, its
+    ``prompt`` replaced by ``text_of(render(template, [user: prompt], add_generation_prompt=True))``.
+    Returns ``{file: rows}``.
+
+    Raises:
+        dlmspec.files.FileRefused: a file that is not a regular file, a line over the line cap.
+        ValueError: a line that is not a JSON object with a string ``prompt`` (file and line named),
+            or an unknown template (:func:`dlmspec.data.chat.render`'s error).
+    """
+    from dlmspec.data.chat import render, text_of
+    from dlmspec.files import iter_lines, loads_json, write_atomic
+
+    counts: Dict[str, int] = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RENDERED:
+        lines = []
+        for number, line in iter_lines(task_dir / name, what="task file"):
+            if not line.strip():
+                continue
+            row = loads_json(line, where=f"{task_dir / name}:{number}")
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise ValueError(f"{task_dir / name}:{number}: needs a string key 'prompt'")
+            row["prompt"] = text_of(render(template, [{"role": "user", "content": row["prompt"]}],
+                                           add_generation_prompt=True))
+            lines.append(json.dumps(row, sort_keys=True) + "\n")
+        write_atomic(out / name, "".join(lines))
+        counts[name] = len(lines)
+    return counts
+
+
+def render_side(args: argparse.Namespace) -> int:
+    try:
+        counts = render_prompts(args.template, Path(args.task_dir), Path(args.out))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: render --template {args.template} --task-dir {args.task_dir}: {exc}", file=sys.stderr)
+        return 2
+    print(f"rendered with the {args.template!r} template into {args.out}: {counts}")
     return 0
 
 
@@ -524,8 +577,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--table", default=None)
     t = sub.add_parser("table", help="print the docs/generate.md table of a result file")
     t.add_argument("result")
+    c = sub.add_parser("render", help="a task folder's prompts in a chat template (what an SFT model is scored on)")
+    c.add_argument("--template", required=True, help="the chat template (plain, chatml, llama3)")
+    c.add_argument("--task-dir", required=True, help="the folder dlmspec task make wrote")
+    c.add_argument("--out", required=True, help="the folder of the rendered test.jsonl and validation.jsonl")
     args = p.parse_args(argv)
-    return {"dlmspec": dlmspec_side, "peers": peers_side, "report": report, "table": table}[args.side](args)
+    return {"dlmspec": dlmspec_side, "peers": peers_side, "report": report, "table": table,
+            "render": render_side}[args.side](args)
 
 
 if __name__ == "__main__":

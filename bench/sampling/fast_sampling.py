@@ -5,25 +5,43 @@ held-out accuracy.
     python bench/sampling/fast_sampling.py --gpus 1                 # everything, one GPU, ~9 minutes
     python bench/sampling/fast_sampling.py --dry                    # print the plan; exit 2 if something is missing
 
+The model measured (``--stage sft``, the default) is the one that learns the task: masked diffusion
+pre-trained on the task text scores about 1 % held-out, the same model after SFT in LLaDA's layout
+(prompt never masked, answer and the EODs after it masked) 62 %, in the CPU study of
+``bench/sampling/task_learnability.py`` (``bench/results/sampling/task-learnability-cpu/``). So the run
+pre-trains ``--spec`` briefly, tunes it with ``--sft-spec`` from that checkpoint (the chain of
+``bench/devbox/gpu/task_rl.sh``) and scores the tuned model on the held-out prompts rendered with its
+chat template. ``--stage pretrain`` measures the pre-trained model on the raw prompts instead.
+
 Steps (each a process started in the work directory, outside the checkout, with the installed dlmspec;
 each prints progress with UTC timestamps; each worker rewrites its partial result under ``--out``
 after every configuration, so a run stopped by its time limit still returns what it measured):
 
-1. ``task``: ``dlmspec task make addition`` (prompts, answers, the pre-training text; ``--test`` held-out
-   prompts, at least 500).
-2. ``data-train`` / ``data-valid``: ``dlmspec data prepare`` of the task's pre-training text with GPT-2's
-   BPE (``--tokenizer-dir``), end-of-document appended (it ends each answer).
-3. ``compile`` + ``train``: ``--spec`` (default ``specs/task-addition-dlm.toml``) on that data, with
+1. ``task``: ``dlmspec task make addition-padded --digits 3`` (prompts, answers, the pre-training text,
+   the SFT pairs; ``--test`` held-out prompts, at least 500).
+2. ``data-sft-train`` / ``data-sft-validation`` (``--stage sft``; in the background: :data:`BACKGROUND`
+   says which step waits for each): ``dlmspec data prepare --sft`` of the SFT pairs with the SFT spec's chat template,
+   ``--sft-seq-length`` tokens a row (the rendered prompt, about 16, and ``--gen-length``: the SFT rows
+   are the sampler's canvas, the EODs after the answer included).
+3. ``data-train`` / ``data-validation``: ``dlmspec data prepare`` of the task's pre-training text with
+   GPT-2's BPE (``--tokenizer-dir``), end-of-document appended (it ends each answer).
+4. ``render`` (``--stage sft``): the held-out and validation prompts rendered with the chat template
+   (``fast_measure.py render``) into ``WORK/task-chat/``.
+5. ``compile`` + ``train``: ``--spec`` (default ``specs/task-addition-dlm.toml``) on the task text, with
    ``model.qk_layernorm = false`` (LLaDA's modelling code, which Fast-dLLM runs, has no q/k norm),
-   ``--train-iters`` iterations, one checkpoint at the end.
-4. ``peer-install``: the transformers Fast-dLLM pins (4.49.0) and its tokenizers/huggingface-hub,
+   ``--train-iters`` iterations (``--stage sft``: 500), stopped by SIGTERM after ``--train-timeout-s``
+   (the runtime saves a checkpoint on it).
+6. ``compile-sft`` + ``train-sft`` (``--stage sft``): ``--sft-spec`` (default
+   ``specs/task-addition-dlm-sft.toml``) from the pre-trained checkpoint (``checkpoint.init_from``),
+   ``--sft-iters`` iterations, the same q/k-norm setting, stopped after ``--sft-timeout-s``.
+7. ``peer-install``: the transformers Fast-dLLM pins (4.49.0) and its tokenizers/huggingface-hub,
    from ``--peer-wheels``, into ``--peer-site`` (only the peers' process puts it on its path).
-5. ``measure-dlmspec``: ``fast_measure.py dlmspec`` (dlmspec's sampler: no cache with low-confidence
+8. ``measure-dlmspec``: ``fast_measure.py dlmspec`` on the scored model (dlmspec's sampler: no cache with low-confidence
    and threshold decoding, prefix and dual cache with threshold and factor decoding) and the LLaDA
    export of the model.
-6. ``measure-peers``: ``fast_measure.py peers`` (the LLaDA ``generate.py``-style Hugging Face loop and
+9. ``measure-peers``: ``fast_measure.py peers`` (the LLaDA ``generate.py``-style Hugging Face loop and
    Fast-dLLM's own no-cache, prefix-cache and dual-cache functions, ``--fast-dllm``, on the export).
-7. ``report``: accuracy (exact match, Wilson 95 %), agreement, the targets beside the measured ratios,
+10. ``report``: accuracy (exact match, Wilson 95 %), agreement, the targets beside the measured ratios,
    the table for docs/generate.md.
 
 The result (``bench/schema.py``) goes to ``<out>/sampling/<date>-<gpu>-<name>.json`` with the table
@@ -56,14 +74,40 @@ FAST_DLLM_FILES = ("COMMIT", "llada/generate.py", "llada/model/__init__.py", "ll
 PEER_WHEELS = ("transformers-4.49.0-", "tokenizers-0.21.", "huggingface_hub-0.")
 FETCH = "bash bench/devbox/fetch_fast_dllm.sh"
 Step = Tuple[str, List[str], Dict[str, str]]
+#: Steps started in the background, and the step that waits for each (the SFT rows are tokenised in
+#: one process, during the pre-training; the validation text beside the training text).
+BACKGROUND = {"data-sft-train": "compile-sft", "data-sft-validation": "compile-sft", "data-validation": "compile"}
+#: Pre-training iterations before the SFT stage when ``--train-iters`` is not given (~75 s on one H100
+#: at the spec's 16,384 tokens a step: 1,000 took 127 s with start-up, bench/results/sampling/).
+PRETRAIN_ITERS_BEFORE_SFT = 500
+#: Seconds a training stopped by its time limit gets between SIGTERM (the runtime saves a checkpoint)
+#: and SIGKILL.
+STOP_GRACE_S = 45.0
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common(p, precision=None)
-    p.add_argument("--spec", default=str(ROOT / "specs" / "task-addition-dlm.toml"), help="the task model's spec")
-    p.add_argument("--task", default="addition", help="dlmspec task make's task (default addition)")
-    p.add_argument("--task-args", default="", help="more arguments of dlmspec task make, one string (e.g. '--digits 4')")
+    p.add_argument("--spec", default=str(ROOT / "specs" / "task-addition-dlm.toml"),
+                   help="the task model's pre-training spec")
+    p.add_argument("--stage", choices=("sft", "pretrain"), default="sft",
+                   help="the model measured: sft (default: pre-training, then SFT in LLaDA's layout from its "
+                   "checkpoint, scored on prompts in its chat template) or pretrain (the pre-trained model, raw prompts)")
+    p.add_argument("--sft-spec", default=str(ROOT / "specs" / "task-addition-dlm-sft.toml"),
+                   help="the SFT stage's spec (--stage sft; it starts from the pre-trained checkpoint)")
+    p.add_argument("--sft-iters", type=int, default=1500, help="iterations of the SFT stage (default 1500)")
+    p.add_argument("--sft-seq-length", type=int, default=None,
+                   help="tokens of an SFT row (default 24 + --gen-length: the rendered prompt, ~16, and the canvas)")
+    p.add_argument("--chat-template", default=None,
+                   help="the SFT chat template (default the SFT spec's [stage.sft] chat_template, else plain)")
+    p.add_argument("--train-timeout-s", type=float, default=None,
+                   help="stop the pre-training (SIGTERM: it saves a checkpoint) after this many seconds "
+                   "(default 110 with --stage sft, else only the budget)")
+    p.add_argument("--sft-timeout-s", type=float, default=120.0, help="the same for the SFT stage (default 120)")
+    p.add_argument("--task", default="addition-padded",
+                   help="dlmspec task make's task (default addition-padded: fixed width, the learnable variant)")
+    p.add_argument("--task-args", default="--digits 3",
+                   help="more arguments of dlmspec task make, one string (default '--digits 3')")
     p.add_argument("--test", type=int, default=512, help="held-out prompts made and scored (default 512, at least 500)")
     p.add_argument("--train-iters", type=int, default=None, help="iterations of the training (default the spec's)")
     p.add_argument("--ckpt", default=None, help="measure this checkpoint; skip task data preparation and training "
@@ -110,6 +154,19 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                 "split evenly over the blocks (e.g. --gen-length 32 --steps 32 --block-length 8)")
     if args.ckpt and not args.task_dir:
         p.error("--ckpt needs --task-dir (the task folder the checkpoint was trained on)")
+    if min(args.sft_iters, args.sft_seq_length if args.sft_seq_length is not None else 1) < 1:
+        p.error("--sft-iters and --sft-seq-length must be >= 1, e.g. --sft-iters 1500 --sft-seq-length 56")
+    if args.stage == "sft" and args.ckpt is None:
+        if args.train_iters is None:
+            args.train_iters = PRETRAIN_ITERS_BEFORE_SFT
+        if args.train_timeout_s is None:
+            args.train_timeout_s = 110.0
+        if args.sft_seq_length is None:
+            args.sft_seq_length = 24 + args.gen_length
+        if args.chat_template is None:
+            stage = spec_table(args.sft_spec, "stage", "sft")
+            template = stage.get("chat_template") if isinstance(stage, dict) else None
+            args.chat_template = template if isinstance(template, str) and template else "plain"
     if args.name and not all(c.isalnum() or c in "._-" for c in args.name):
         p.error("--name may hold letters, digits, '.', '_' and '-' only")
     try:
@@ -138,17 +195,31 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
     task_dir = Path(args.task_dir).resolve() if args.task_dir else work / "task"
     steps: List[Step] = []
     ckpt = args.ckpt
+    measured_task_dir = task_dir
+    sft = args.stage == "sft" and ckpt is None
+    tokenizer_flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(tok / "vocab.json"),
+                       "--merge-file", str(tok / "merges.txt")]
     if ckpt is None:
         if not args.task_dir:
             # --force: the work directory is this launcher's own (a rerun on a warm machine replaces its files)
             steps.append(("task", cli + ["task", "make", args.task, "--out", str(task_dir), "--seed", "0",
                                          "--test", str(args.test), "--force"] + args.task_args.split(), {}))
+        if sft:  # LLaDA's SFT layout: the prompt in the chat template, the answer and the EODs after it
+            for split in ("train", "validation"):
+                steps.append((f"data-sft-{split}", cli + [
+                    "data", "prepare", "--sft", "--chat-template", args.chat_template,
+                    "--input", str(task_dir / f"sft-{split}.jsonl"), "--output-prefix", str(work / "data" / f"task-sft-{split}"),
+                    *tokenizer_flags, "--seq-length", str(args.sft_seq_length), "--force"], {}))
         for split in ("train", "validation"):
             steps.append((f"data-{split}", cli + [
                 "data", "prepare", "--input", str(task_dir / f"pretrain-{split}.jsonl"),
                 "--output-prefix", str(work / "data" / f"task-{split}"), "--tokenizer-type", "GPT2BPETokenizer",
                 "--vocab-file", str(tok / "vocab.json"), "--merge-file", str(tok / "merges.txt"), "--append-eod",
                 "--workers", str(args.data_workers if split == "train" else 1), "--force"], {}))
+        if sft:
+            measured_task_dir = work / "task-chat"
+            steps.append(("render", [py, str(MEASURE), "render", "--template", args.chat_template, "--task-dir",
+                                     str(task_dir), "--out", str(measured_task_dir)], {}))
         run_dir = work / "run"
         sets = [f'data.train=[{{prefix="{work}/data/task-train_text_document", weight=1.0}}]',
                 f'data.valid=[{{prefix="{work}/data/task-validation_text_document", weight=1.0}}]',
@@ -170,6 +241,27 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                       + [a for s in sets for a in ("--set", s)], {}))
         steps.append(("train", ["bash", str(compiled / "launch.sh")], {"DLMSPEC_PYTHON": py}))
         ckpt = str(run_dir / "checkpoints")  # the latest checkpoint of the run
+        if sft:
+            sft_dir = work / "run-sft"
+            n = args.sft_iters
+            sft_sets = [f'data.train=[{{prefix="{work}/data/task-sft-train_text_document", weight=1.0}}]',
+                        f'data.valid=[{{prefix="{work}/data/task-sft-validation_text_document", weight=1.0}}]',
+                        sets[2], "model.qk_layernorm=false", f'checkpoint.init_from="mcore:{run_dir}/checkpoints"',
+                        f'checkpoint.save="{sft_dir}/checkpoints"', f'logging.run_dir="{sft_dir}"',
+                        f'logging.tensorboard_dir="{sft_dir}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
+                        f"train.seq_length={args.sft_seq_length}", f"train.train_iters={n}",
+                        f"train.lr_warmup_iters={max(1, n // 20)}", f"checkpoint.save_interval={max(1, n // 2)}",
+                        f"train.eval_interval={n}"]
+            if spec_table(args.sft_spec, "eval", "generation") is not None:  # validation prompts in the template
+                sft_sets += [f'eval.generation.prompts="{measured_task_dir}/validation.jsonl"',
+                             "eval.generation.max_prompts=200"]
+            if args.gpu:
+                sft_sets.append(f'cluster.gpu="{args.gpu}"')
+            compiled_sft = work / "compiled-sft"
+            steps.append(("compile-sft", cli + ["compile", str(Path(args.sft_spec).resolve()), "-o", str(compiled_sft),
+                                                "--force"] + [a for s in sft_sets for a in ("--set", s)], {}))
+            steps.append(("train-sft", ["bash", str(compiled_sft / "launch.sh")], {"DLMSPEC_PYTHON": py}))
+            ckpt = str(sft_dir / "checkpoints")
     site = Path(args.peer_site) if args.peer_site else work / "peer-site"
     steps.append(("peer-install", [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                                    "--no-cache-dir", "--upgrade", "--target", str(site), "--find-links",
@@ -180,7 +272,7 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
     sets_d = [a for s in args.dlmspec_set for a in ("--dlmspec-set", s)]
     steps.append(("measure-dlmspec", [py, str(MEASURE), "dlmspec", "--work", str(work), "--partial",
                                       str(out / "fast-sampling-dlmspec.json"), "--ckpt", ckpt, "--task-dir",
-                                      str(task_dir), "--llada-out", str(llada)] + flags + sets_d
+                                      str(measured_task_dir), "--llada-out", str(llada)] + flags + sets_d
                   + (["--with-compile"] if args.with_compile else []), {}))
     steps.append(("measure-peers", [py, str(MEASURE), "peers", "--work", str(work), "--partial",
                                     str(out / "fast-sampling-peers.json"), "--llada", str(llada), "--fast-dllm",
@@ -203,9 +295,33 @@ def spec_table(spec: str, table: str, key: str) -> Any:
     return section.get(key) if isinstance(section, dict) else None
 
 
-def trained_checkpoint(work: Path) -> bool:
-    """Whether the run left a checkpoint (``iter_*/dlmspec.json``) to measure."""
-    return any((work / "run" / "checkpoints").glob("iter_*/dlmspec.json"))
+def trained_checkpoint(work: Path, run: str = "run") -> bool:
+    """Whether the run ``work/run`` left a checkpoint (``iter_*/dlmspec.json``) to measure or start from."""
+    return any((work / run / "checkpoints").glob("iter_*/dlmspec.json"))
+
+
+def run_step(cmd: List[str], cwd: Path, env: Dict[str, str], log: Any, limit: float,
+             grace: float = 5.0) -> Tuple[Optional[int], bool]:
+    """Run ``cmd`` (its own session, output to the open file ``log``) for at most ``limit`` seconds; at
+    the limit its process group gets SIGTERM (a training saves a checkpoint on it), and SIGKILL after
+    ``grace`` more. Returns ``(exit code, stopped by the limit)``."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return proc.wait(timeout=max(0.0, limit)), False
+    except subprocess.TimeoutExpired:
+        pass
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.wait(timeout=wait), True
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.poll(), True
 
 
 def task_cli_available(python: str) -> Optional[str]:
@@ -240,6 +356,9 @@ def missing(args: argparse.Namespace, probe: Callable[[str], Optional[str]] = ta
                 out.append((f"GPT-2's {name} under {tok}", FETCH))
         if not Path(args.spec).is_file():
             out.append((f"the spec {args.spec}", "a dlmspec checkout with specs/task-addition-dlm.toml, or --spec FILE"))
+        if args.stage == "sft" and not Path(args.sft_spec).is_file():
+            out.append((f"the SFT spec {args.sft_spec}", "a dlmspec checkout with specs/task-addition-dlm-sft.toml, "
+                        "or --sft-spec FILE (or --stage pretrain)"))
         if not args.task_dir:
             why = probe(args.python)
             if why:
@@ -250,12 +369,20 @@ def missing(args: argparse.Namespace, probe: Callable[[str], Optional[str]] = ta
 
 
 def result_name(args: argparse.Namespace) -> str:
-    model = Path(args.spec).stem if args.ckpt is None else "checkpoint"
+    model = (Path(args.sft_spec if args.stage == "sft" else args.spec).stem) if args.ckpt is None else "checkpoint"
     return (args.name or f"fast-{model}-gen{args.gen_length}-b{'-'.join(map(str, args.batch_list))}").lower()
 
 
 def settings(args: argparse.Namespace) -> Dict[str, Any]:
-    return {"spec": str(args.spec), "task": args.task, "task_args": args.task_args, "held_out": args.test,
+    sft = args.stage == "sft" and args.ckpt is None
+    return {"spec": str(args.spec), "stage": args.stage if args.ckpt is None else "checkpoint",
+            "sft_spec": str(args.sft_spec) if sft else None, "sft_iters": args.sft_iters if sft else None,
+            "sft_seq_length": args.sft_seq_length if sft else None, "chat_template": args.chat_template if sft else None,
+            "scored_model": ("SFT (LLaDA's layout) from the pre-trained checkpoint; held-out prompts in its chat template"
+                             if sft else "pre-trained on the task text; raw held-out prompts" if args.ckpt is None
+                             else "the given checkpoint"),
+            "train_timeout_s": args.train_timeout_s, "sft_timeout_s": args.sft_timeout_s if sft else None,
+            "task": args.task, "task_args": args.task_args, "held_out": args.test,
             "train_iters": args.train_iters, "batches": args.batch_list, "gen_length": args.gen_length,
             "steps": args.steps, "block_length": args.block_length, "threshold": args.threshold, "factor": args.factor,
             "cache_refresh": args.cache_refresh, "repeats": args.repeats, "eval_batch": args.eval_batch,
@@ -274,6 +401,30 @@ def _missing_parts(entry: Optional[Dict[str, Any]], batches: List[int]) -> List[
     if not entry.get("accuracy"):
         out.append("accuracy")
     return out + list(entry.get("cut", [])) + list(entry.get("errors", []))
+
+
+def _wait_background(background: Dict[str, Tuple[subprocess.Popen, float, Any, Path]], record: Dict[str, Any],
+                     until: float, log: Path, t0: float) -> List[str]:
+    """Wait (until the epoch second ``until``) for the background steps, append their logs to ``log``
+    and record each; returns the names of those that failed or did not finish."""
+    failed = []
+    for name, (proc, start, fh, bg_log) in background.items():
+        try:
+            code: Optional[int] = proc.wait(timeout=max(1.0, until - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+            record[name]["note"] = "killed: not done before the training's share of the budget ended"
+        fh.close()
+        record[name].update(returncode=code, seconds=round(time.time() - start, 1))
+        with open(log, "ab") as out:
+            out.write(f"\n===== {name} (background): {record[name]['command']}\n".encode())
+            out.write(bg_log.read_bytes())
+        print(fast_kit.stamp(t0, f"{name}: exit {code} after {record[name]['seconds']:.0f}s"), flush=True)
+        if code != 0:
+            record[name]["log_tail"] = bg_log.read_text(errors="replace").splitlines()[-25:]
+            failed.append(name)
+    return failed
 
 
 def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]] = task_cli_available) -> int:
@@ -307,9 +458,25 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
     record: Dict[str, Any] = {}
     status = "ok"
     reserve_report = 30.0
+    background: Dict[str, Tuple[subprocess.Popen, float, Any, Path]] = {}
     for name, cmd, extra in steps:
         now = time.time()
         left = deadline - now - reserve_report
+        if name in BACKGROUND:  # its own log; waited for before AFTER_BACKGROUND
+            bg_log = work / f"{name}.log"
+            fh = open(bg_log, "wb")
+            print(fast_kit.stamp(t0, f"{name} (background): {common.show(cmd)}"), flush=True)
+            background[name] = (subprocess.Popen(cmd, cwd=str(work), env=common.child_env(dict(extra)), stdout=fh,
+                                                 stderr=subprocess.STDOUT), time.time(), fh, bg_log)
+            record[name] = {"command": common.show(cmd), "background": True}
+            continue
+        waited = {b: background.pop(b) for b in [b for b in background if BACKGROUND[b] == name]}
+        if waited:
+            failed = _wait_background(waited, record, deadline - reserve_report - args.measure_reserve_s, log, t0)
+            if failed:
+                status = "failed"
+                print(fast_kit.stamp(t0, f"{', '.join(failed)} failed: {name} needs its output"), flush=True)
+                break
         if left < 15:
             record[name] = {"command": common.show(cmd), "returncode": None, "skipped": "out of time"}
             status = "partial"
@@ -327,29 +494,40 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
             left = left * 0.55 if "measure-peers" in [s[0] for s in steps] else left
         if name.startswith("measure-"):
             cmd = cmd + ["--deadline", f"{now + left - 25:.0f}"]
+        grace = 5.0
+        own_limit = {"train": args.train_timeout_s, "train-sft": args.sft_timeout_s if args.stage == "sft" else None}
+        if own_limit.get(name) is not None and own_limit[name] < left - STOP_GRACE_S:
+            left, grace = own_limit[name], STOP_GRACE_S  # stopped by SIGTERM: the runtime saves a checkpoint
+        elif name in own_limit:
+            left, grace = max(15.0, left - STOP_GRACE_S), STOP_GRACE_S
         print(fast_kit.stamp(t0, f"{name}: {common.show(cmd)} (limit {left:.0f}s)"), flush=True)
         start = time.time()
         with open(log, "ab") as fh:
             fh.write(f"\n===== {name}: {common.show(cmd)}\n".encode())
             fh.flush()
-            try:
-                code = subprocess.run(cmd, cwd=str(work), env=common.child_env(env), stdout=fh, stderr=subprocess.STDOUT,
-                                      timeout=left).returncode
-            except subprocess.TimeoutExpired:
-                code = None
+            code, stopped = run_step(cmd, work, common.child_env(env), fh, left, grace)
         record[name] = {"command": common.show(cmd), "returncode": code, "seconds": round(time.time() - start, 1)}
-        print(fast_kit.stamp(t0, f"{name}: exit {code} after {time.time() - start:.0f}s"), flush=True)
+        if stopped:
+            record[name]["stopped_at_s"] = round(left)
+        print(fast_kit.stamp(t0, f"{name}: exit {code}{' (stopped by its limit)' if stopped else ''} after "
+                                 f"{time.time() - start:.0f}s"), flush=True)
         if code != 0:
             record[name]["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
             print("\n".join(record[name]["log_tail"]), file=sys.stderr, flush=True)
-            if name == "train" and trained_checkpoint(work):
-                status = "partial"  # stopped by its limit after a checkpoint: measure that one
-                record[name]["note"] = "stopped before its last iteration; the latest checkpoint is measured"
+            run = {"train": "run", "train-sft": "run-sft"}.get(name)
+            if run and trained_checkpoint(work, run):
+                status = "partial"  # stopped by its limit after a checkpoint: go on from / measure that one
+                record[name]["note"] = "stopped before its last iteration; its latest checkpoint is used"
                 continue
             if not name.startswith("measure-"):
                 status = "failed"
                 break
             status = "partial"
+    for name, (proc, _, fh, _) in background.items():  # a run stopped early: no tokeniser left behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        fh.close()
     values: Dict[str, Any] = {"steps": record, "settings": settings(args)}
     partials = [str(out / "fast-sampling-dlmspec.json"), str(out / "fast-sampling-peers.json")]
     report_json, planned = work / "report.json", common.planned_path(args, "sampling", result_name(args))

@@ -68,7 +68,7 @@ def _generate_pipeline(ctx: Context) -> Iterator[Finding]:
         f"generation runs the model on one pipeline stage (embedding, every layer and the output layer on each "
         f"rank: each denoising step calls the whole model); this spec splits it over PP = {ctx.r.pp} stages",
         "remove generate from this spec and generate from its checkpoint loaded on one stage (`dlmspec generate` "
-        "loads a torch_dist checkpoint at PP = 1 and TP = --tp; or convert it), or set "
+        "reads a checkpoint saved at any PP into one stage), or set "
         "parallel.pipeline_model_parallel_size = 1 and fit the model with tensor_model_parallel_size",
         fix=Fix(unset=("generate",)),
     )

@@ -147,8 +147,10 @@ class Calibration:
             sharing SMs with NCCL). Default 0.2; the Transformer Engine path's is fitted on the
             public measurements' calibration split (``bench/calibration/public/fit.json``).
         ep_overlap_exposed_fraction: with ``Layout.moe_a2a_overlap`` (megatron-core
-            ``overlap_moe_expert_parallel_comm``), the fraction of the expert-parallel all-to-alls
-            left exposed however long the compute beside them. Default 0.2 (as
+            ``overlap_moe_expert_parallel_comm``), the least fraction of the expert-parallel
+            all-to-alls left exposed however well the combined 1F1B schedule pairs them with compute
+            (:func:`dlmspec.plan.time.ep_overlap_exposed`): the compute's slow-down from sharing the
+            SMs with the all-to-all kernels, and the dispatcher's host syncs. Default 0.2 (as
             dp_overlap_exposed_fraction); not fitted: no calibration point had the overlap.
         gpu_compute_scale: catalog GPU id -> its achieved GEMM and attention speed relative to
             what the calibration's GPU achieves at the same efficiencies (the peaks of
@@ -336,10 +338,10 @@ TE_MEASURED: MeasuredRange | None = MeasuredRange(
 # precision) for :func:`dlmspec.plan.provenance.nearest_public_points`.
 # public-calibration:begin
 PUBLIC_FITTED: dict[str, Any] = {
-    'nvlink_efficiency': 0.4813,
+    'nvlink_efficiency': 0.3313,
     'network_efficiency': 0.95,
-    'tp_overlap_exposed_fraction': 0.15,
-    'gpu_compute_scale': {'b200': 0.84, 'gb200': 0.74, 'h100': 0.76},
+    'tp_overlap_exposed_fraction': 0.1,
+    'gpu_compute_scale': {'b200': 0.82, 'gb200': 0.74, 'h100': 0.76},
 }
 PUBLIC_FITTED_FROM: str | None = 'bench/calibration/public: megatron-bridge-performance-summary.json, models.json, nemo-24.07-performance-summary.json (20 calibration points, 14 held out)'
 PUBLIC_MEASURED: MeasuredRange | None = MeasuredRange(

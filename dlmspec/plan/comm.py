@@ -118,7 +118,7 @@ def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, coun
         # Expert ranks are ordered etp-ep-edp-pp: an EP group spans etp * ep consecutive ranks.
         span = lay.ep * lay.etp
         bw, ep_net = bandwidth(gpu, lay, span, calib, raw=True)
-        a2a = y * (T / r) * shape.topk * h * a2a_share(lay) / bw
+        a2a = y * (T / r) * shape.topk * h * a2a_share(lay, shape) / bw
         ep_f = ep_b = moe_n * 2 * a2a
         ep_fn = moe_n * 3  # dispatch, combine and the all-gather of the token counts
         ep_bn = moe_n * 2
@@ -146,17 +146,104 @@ def stage_collectives(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, coun
     )
 
 
-def a2a_share(lay: Layout) -> float:
-    """Share of a rank's dispatched tokens that cross the slowest link of an expert-parallel
-    all-to-all: ``(ep - 1) / ep`` inside a node; across nodes only the tokens bound for the
-    ``ep - L`` off-node ranks (``L = gpus_per_node / etp`` EP ranks share a node: expert ranks are
-    ordered etp-ep-edp-pp), ``(ep - L) / ep``, which the network carries while NVLink carries the
-    rest at the same time (NCCL's all-to-all posts every peer's send at once)."""
+def a2a_share(lay: Layout, shape: ModelShape | None = None) -> float:
+    """Bytes of a rank's expert-parallel all-to-all that cross its slowest link, as a share of the
+    ``topk`` copies of its dispatched tokens (``y * T/r * topk * h``).
+
+    ``alltoall`` dispatcher (megatron-core ``MoEAlltoAllTokenDispatcher``: the tokens are permuted
+    per expert, so a token bound for two experts of one rank is sent twice): ``(ep - 1) / ep``
+    inside a node; across nodes only the copies bound for the ``ep - L`` off-node ranks (``L =
+    gpus_per_node / etp`` EP ranks share a node: expert ranks are ordered etp-ep-edp-pp),
+    ``(ep - L) / ep``, which the network carries while NVLink carries the rest at the same time
+    (NCCL's all-to-all posts every peer's send at once).
+
+    ``flex`` dispatcher (``Layout.moe_flex_dispatcher``; needs ``shape``): the routing map is
+    taken per destination rank (megatron-core ``MoEFlexTokenDispatcher``, DeepEP and HybridEP
+    permute for communication by rank), so a token is sent once to each rank that holds any of
+    its experts; with DeepEP, across nodes once per destination node, then forwarded over NVLink
+    (megatron-core ``transformer/moe/README.md``: DeepEP "removes redundant tokens during
+    cross-node communication"; the design of the DeepSeek-V3 technical report, arXiv 2412.19437,
+    sec. 3.2.2). HybridEP documents no such merge across nodes (its README names NVLink domains,
+    GB200 NVL72): per destination rank there too. With balanced routing over ``E`` experts, a
+    destination holding ``n`` of them receives a token with probability ``1 - C(E - n, k) /
+    C(E, k)`` (``k = topk`` distinct experts), so the share is ``(D - 1) * (1 - C(E - E/D, k) /
+    C(E, k)) / k`` over ``D`` destinations (EP ranks; DeepEP across nodes: nodes), across nodes
+    the off-node ones only: ``(ep - L) * (1 - C(E - E/ep, k) / C(E, k)) / k``."""
     span = lay.ep * lay.etp
+    flex = lay.moe_flex_dispatcher if (shape is not None and shape.num_experts > 0 and shape.topk > 0) else ""
     if span <= lay.gpus_per_node:
+        if flex:
+            return _distinct_destinations(shape.num_experts, shape.topk, lay.ep) / shape.topk
         return (lay.ep - 1) / lay.ep
     local = max(1, lay.gpus_per_node // max(1, lay.etp))
+    if flex == "deepep":
+        nodes = max(1, lay.ep // local)
+        return _distinct_destinations(shape.num_experts, shape.topk, nodes) / shape.topk
+    if flex:
+        per_rank = _distinct_destinations(shape.num_experts, shape.topk, lay.ep) / (lay.ep - 1)
+        return (lay.ep - local) * per_rank / shape.topk
     return (lay.ep - local) / lay.ep
+
+
+def _distinct_destinations(experts: int, topk: int, destinations: int) -> float:
+    """Expected number of the ``destinations - 1`` other destinations (of ``destinations``, each
+    holding ``experts / destinations`` experts) that hold at least one of a token's ``topk``
+    distinct experts, chosen uniformly: ``(D - 1) * (1 - C(E - E/D, k) / C(E, k))``."""
+    from math import comb
+
+    if destinations <= 1:
+        return 0.0
+    per = experts // destinations
+    k = min(topk, experts)
+    none = comb(experts - per, k) / comb(experts, k) if experts - per >= k else 0.0
+    return (destinations - 1) * (1.0 - none)
+
+
+def combined_1f1b_layer_seconds(attn_fwd: float, attn_bwd: float, mlp_fwd: float, mlp_dgrad: float,
+                                mlp_wgrad: float, a2a: float) -> float:
+    """Seconds of one MoE layer's forward (microbatch A) merged with another layer's backward
+    (microbatch B) by megatron-core's combined 1F1B schedule (``overlap_moe_expert_parallel_comm``:
+    ``TransformerLayerSchedulePlan.run`` in ``megatron/core/models/common/model_chunk_schedule_plan.py``):
+    the all-to-alls on a communication stream, the compute on the compute stream, in the order
+    that function issues them and with the data dependencies between them::
+
+        comm: combine_bwd(B)      | dispatch_fwd(A) -> dispatch_bwd(B)            | combine_fwd(A)
+        comp: pre_dispatch_fwd(A) | mlp_bwd(B) -> mlp_bwd_dw(B) -> mlp_fwd(A)     | pre_dispatch_bwd(B)
+
+    ``attn_fwd`` / ``attn_bwd``: the pre-dispatch part (attention, router, permute) forward and
+    backward; ``mlp_fwd``, ``mlp_dgrad``, ``mlp_wgrad``: the experts' forward, data-gradient and
+    (delayed, ``delay_wgrad_compute``) weight-gradient GEMMs; ``a2a``: one all-to-all (dispatch
+    and combine move the same bytes). An all-to-all hides only behind the compute it is paired
+    with: a layer whose all-to-alls outlast their partners is communication-bound however much
+    compute the microbatch has in total. Returns the time both streams are done."""
+    combine_bwd = a2a                                   # comm, needs nothing of this layer
+    pre_fwd = attn_fwd                                  # comp
+    mlp_bwd = max(pre_fwd, combine_bwd) + mlp_dgrad     # comp: after its gradient arrives
+    dispatch_fwd = max(combine_bwd, pre_fwd) + a2a      # comm: after the router and permute
+    mlp_dw = mlp_bwd + mlp_wgrad                        # comp
+    dispatch_bwd = max(dispatch_fwd, mlp_bwd) + a2a     # comm: after the experts' data gradient
+    mlp_f = max(mlp_dw, dispatch_fwd) + mlp_fwd         # comp: after the tokens arrive
+    combine_fwd = max(dispatch_bwd, mlp_f) + a2a        # comm: after the experts' forward
+    pre_bwd = max(mlp_f, dispatch_bwd) + attn_bwd       # comp: after the gradient's dispatch back
+    return max(combine_fwd, pre_bwd)
+
+
+def combined_1f1b_unpaired_share(lay: Layout, stage: int) -> float:
+    """Share of a rank's forward (and backward) model chunks the combined 1F1B schedule runs
+    unpaired, their all-to-alls exposed: the warm-up forwards and cool-down backwards of
+    megatron-core's pipeline schedule (``get_pp_rank_microbatches`` in
+    ``megatron/core/pipeline_parallel/schedules.py``: ``(pp - rank - 1) * 2 + (vpp - 1) * pp``
+    with virtual stages, ``pp - rank - 1`` without, plus the one extra forward the overlap
+    schedules first) of the ``m * vpp`` chunks; without pipelining the first forward and the last
+    backward (``combined_1f1b_schedule_for_no_pipelining``)."""
+    m, p, v = lay.num_microbatches, lay.pp, max(1, lay.vpp)
+    if p == 1:
+        warm = 1
+    elif v > 1:
+        warm = (p - stage - 1) * 2 + (v - 1) * p + 1
+    else:
+        warm = p - stage - 1 + 1
+    return min(1.0, warm / max(1, m * v))
 
 
 def tp_hiding_share(shape: ModelShape, lay: Layout, counts: tuple[int, int]) -> float:

@@ -10,8 +10,8 @@ story of each is in docs/planner-methods.md, *Time model*.
 
 from __future__ import annotations
 
-from dlmspec.plan.memory import fsdp_sharding, stage_layer_counts
-from dlmspec.plan.shape import Layout, ModelShape, norms_compiled, qkv_fused
+from dlmspec.plan.memory import TORCH_FUSED_CE_CHUNK_ROWS, fsdp_sharding, stage_layer_counts
+from dlmspec.plan.shape import Layout, ModelShape, input_length, norms_compiled, qkv_fused
 from dlmspec.plan.moe_experts import expert_kernels
 
 #: Kernels per transformer layer per microbatch, forward + backward. Local path: counted by
@@ -237,11 +237,27 @@ def fused_ce_kernels(shape: ModelShape, lay: Layout) -> float:
     PyTorch implementation runs ``ceil(rows / 4096)`` chunks of about 15 kernels. Their host cost
     is ``Calibration.seconds_per_fused_ce_kernel`` each (:func:`dlmspec.plan.time.host_seconds`): the loop's plain
     torch calls and Triton launches run inside one ``autograd.Function``, without megatron-core's
-    modules around them."""
+    modules around them.
+
+    The rows are those the projection takes, the loss-carrying ones (:func:`fused_ce_rows`)."""
     if lay.fused_linear_backend == "torch":
-        rows = shape.loss_row_fraction * lay.micro_batch * lay.seq / lay.cp
-        return 15 * -(-rows // 4096)
+        return 15 * -(-fused_ce_rows(shape, lay) // TORCH_FUSED_CE_CHUNK_ROWS)
     return 8 * -(-shape.vocab // shape.hidden)
+
+
+def fused_ce_rows(shape: ModelShape, lay: Layout) -> float:
+    """Rows of one micro-batch the fused linear cross entropy projects on one rank: those with a
+    non-zero loss weight (``backends/megatron/output_loss.py`` ``linear_cross_entropy`` selects them),
+    ``loss_row_fraction * micro_batch * input_length / cp``. ``loss_row_fraction`` is the objective's
+    share of the input positions that carry loss (:attr:`~dlmspec.plan.shape.ModelShape.loss_row_fraction`,
+    the share :mod:`dlmspec.plan.time` and :mod:`dlmspec.plan.elementwise` take of the same
+    positions): block diffusion's masked ``x_t`` tokens are about ``(low + high) / 2`` of ``L``, a
+    quarter of its ``2 L`` input (``+ L - 1`` AR rows of ``x_0`` with an AR loss), so the rows are
+    counted over the input length, not over ``train.seq_length``.
+
+    Example: the demo BD3-LM spec (micro batch 32, ``L = 512``, ``t ~ U(0.001, 1)``):
+    ``0.25025 * 32 * 1024 = 8200`` rows, three PyTorch chunks of 4096."""
+    return shape.loss_row_fraction * lay.micro_batch * input_length(shape, lay) / lay.cp
 
 
 def syncs_per_microbatch(shape: ModelShape, lay: Layout, stage: int, counts: tuple[int, int]) -> float:

@@ -121,6 +121,20 @@ SELECTIVE_DROPS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Bytes of a micro-batch per input position on the first pipeline rank: the int64 token ids and
+#: position ids (8 + 8); the objective adds its own (``ModelShape.objective_bytes_per_token``: MDM's
+#: and block diffusion's noised ids and masks, 9), per input position too
+#: (``backends/megatron/objectives``: ``ObjectiveBatch.input_ids``, ``position_ids``, ``source_ids``,
+#: ``masked``, ``token_mask``).
+BATCH_BYTES_PER_INPUT_POSITION = 16
+#: Bytes per row reaching the output layer on the last pipeline rank: int64 labels (8), fp32 loss
+#: weights (4), the fp32 per-token loss and its gradient (4 + 4). Block diffusion without an AR loss
+#: hands the loss ``[b, L]`` labels and weights for its ``2 L`` input positions
+#: (``BlockDiffusionObjective.prepare_batch`` with ``noised_half_loss``), so these count the output
+#: rows (:func:`dlmspec.plan.shape.output_rows`), not the input positions.
+BATCH_BYTES_PER_OUTPUT_ROW = 20
+
+
 #: Rows per chunk of the PyTorch fused linear cross entropy
 #: (``dlmspec.backends.megatron.output_loss.DEFAULT_CHUNK_ROWS``).
 TORCH_FUSED_CE_CHUNK_ROWS = 4096
@@ -600,8 +614,11 @@ def stage_memory(
         edge += (y * T * h + stat * T) / r + (1 if lay.fp8 else y) * T * h / r
     activations = scale * in_flight_layers(shape, lay, stage) * stored_layers
     edge_acts = scale * flight * edge
-    per_token = (16 + shape.objective_bytes_per_token if first else 0) + (20 if last else 0)
-    batch = flight * per_token * T
+    # the micro-batch: ids and positions of every input position on the first rank, the loss's tensors
+    # of the rows reaching the output layer on the last (block diffusion without an AR loss: x_t's L)
+    batch = flight * ((BATCH_BYTES_PER_INPUT_POSITION + shape.objective_bytes_per_token) * T if first else 0.0)
+    if last:
+        batch += flight * BATCH_BYTES_PER_OUTPUT_ROW * output_rows(shape, lay)
 
     # The largest transient of forward/backward.
     loss = 0.0

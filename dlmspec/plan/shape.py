@@ -192,6 +192,12 @@ class Layout:
             ``TransformerConfig.overlap_moe_expert_parallel_comm``, the combined 1F1B schedule of
             ``megatron/core/pipeline_parallel/combined_1f1b.py``). Not compiled by dlmspec (False
             for every spec); set like ``tp_comm_overlap`` for runs that had it.
+        moe_flex_dispatcher: the backend of megatron-core's ``flex`` token dispatcher the MoE
+            layers dispatch with (``moe_token_dispatcher_type = "flex"``,
+            ``moe_flex_dispatcher_backend``: ``"deepep"`` or ``"hybridep"``), ``""`` for the
+            ``alltoall`` / ``allgather`` dispatchers; its bytes: :func:`dlmspec.plan.comm.a2a_share`.
+            Not compiled by dlmspec (``""`` for every spec: ``[model] moe_token_dispatcher_type``
+            offers ``alltoall`` and ``allgather``); set like ``tp_comm_overlap`` for runs that had it.
         fp8_param_gather: with ``fp8``, the linear layers' primary weights are fp8 tensors
             (megatron-core ``TransformerConfig.fp8_param`` / ``DistributedDataParallelConfig.
             fp8_param_gather``: Transformer Engine ``fp8_model_init``), gathered by the distributed
@@ -243,6 +249,7 @@ class Layout:
     host_launch_seconds: float | None = None
     tp_comm_overlap: bool = False
     moe_a2a_overlap: bool = False
+    moe_flex_dispatcher: str = ""
     fp8_param_gather: bool = False
     pipeline_split: tuple[int | None, int | None, bool, bool, str | None] | None = None
     precision_aware: bool = False

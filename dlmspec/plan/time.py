@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
-from dlmspec.plan.comm import ddp_buckets, dp_comm_seconds, dp_overlap, link_efficiency, pipeline_p2p, stage_collectives
+from dlmspec.plan.comm import (combined_1f1b_layer_seconds, combined_1f1b_unpaired_share, ddp_buckets, dp_comm_seconds,
+                               dp_overlap, link_efficiency, pipeline_p2p, stage_collectives)
 from dlmspec.plan.compute import (FlopCounts, attended_keys, recompute_fraction, shape_model_flops_per_token,
                                    step_flops)
 from dlmspec.plan.elementwise import FUSED_CE_GEMM_PASSES, OPTIMIZER_BYTES, elementwise_bytes
@@ -143,6 +144,12 @@ class StageWork:
             they hide behind (:func:`~dlmspec.plan.comm.tp_hiding_share`).
         ep_overlapped: the EP all-to-alls run beside another microbatch's compute
             (``Layout.moe_a2a_overlap``).
+        layers, moe_layers: the rank's transformer layers and its MoE layers among them.
+        expert_gemm_seconds: the routed experts' GEMMs (forward and backward) among
+            ``gemm_seconds`` / ``gemm_fp8_seconds`` (at the decoder's GEMM peak, 100%): the MLP
+            part of a MoE layer the combined 1F1B schedule pairs with the all-to-alls.
+        ep_unpaired_share: with ``ep_overlapped``, the share of the rank's model chunks the
+            schedule runs unpaired (:func:`~dlmspec.plan.comm.combined_1f1b_unpaired_share`).
     """
 
     stage: int
@@ -170,6 +177,10 @@ class StageWork:
     tp_overlapped_seconds: float = 0.0
     tp_hiding_share: float = 0.0
     ep_overlapped: bool = False
+    layers: int = 0
+    moe_layers: int = 0
+    expert_gemm_seconds: float = 0.0
+    ep_unpaired_share: float = 0.0
 
 
 def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
@@ -218,8 +229,10 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     mlp = gate * 2 * h * shape.ffn / t
     gemm_tok = layers * attn_linear * (3 + frac["attention_linear"]) + dense_n * mlp * (3 + frac["mlp"])
     gemm = gemm_tok * T
+    expert_gemm = 0.0
     if moe_n:
         N = expert_tokens(shape, lay)
+        expert_gemm = moe_n * N * gate * 2 * h * shape.expert_ffn / lay.etp * (3 + frac["moe"])
         moe_fwd = N * gate * 2 * h * shape.expert_ffn / lay.etp + T / r * 2 * h * shape.num_experts
         if shape.shared_ffn:
             moe_fwd += T * gate * 2 * h * shape.shared_ffn / t
@@ -266,6 +279,10 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         tp_overlapped_seconds=c.tp_overlapped_seconds,
         tp_hiding_share=c.tp_hiding_share,
         ep_overlapped=lay.moe_a2a_overlap and bool(moe_n) and lay.ep > 1,
+        layers=layers,
+        moe_layers=moe_n,
+        expert_gemm_seconds=expert_gemm / gemm_peak / speed,
+        ep_unpaired_share=combined_1f1b_unpaired_share(lay, stage) if moe_n else 0.0,
     )
 
 
@@ -302,6 +319,33 @@ def tp_overlap_exposed(w: StageWork, calib: Calibration, gemm_seconds: float) ->
     return max(over * calib.tp_overlap_exposed_fraction, over - gemm_seconds * w.tp_hiding_share)
 
 
+def ep_overlap_exposed(w: StageWork, calib: Calibration, ep_all: float, compute: float) -> float:
+    """Seconds of a microbatch's expert-parallel all-to-alls (``ep_all``: all of them, latency
+    included) left exposed by megatron-core's combined 1F1B schedule (``Layout.moe_a2a_overlap``)
+    beside ``compute`` seconds of GEMMs, attention and element-wise work on the rank.
+
+    Per MoE layer the compute is split into the experts' GEMMs (``expert_gemm_seconds`` at the
+    decoder's GEMM efficiency; a third forward, a third data gradient, a third weight gradient)
+    and the pre-dispatch rest (attention, router, permute: a third forward, two thirds backward),
+    and each layer pair is timed by :func:`~dlmspec.plan.comm.combined_1f1b_layer_seconds` with
+    ``ep_all / (4 * moe_layers)`` per all-to-all: what the pair takes beyond its compute is
+    exposed. The warm-up and cool-down chunks (``ep_unpaired_share``) run unpaired: their
+    all-to-alls are exposed whole. At least ``Calibration.ep_overlap_exposed_fraction`` of
+    ``ep_all`` stays exposed (the compute's slow-down from sharing the SMs with the all-to-all
+    kernels, and the dispatcher's host syncs)."""
+    if not ep_all or not w.moe_layers:
+        return ep_all
+    eff = calib.fp8_gemm_efficiency if w.gemm_fp8_seconds else calib.gemm_efficiency
+    per_layer = compute / max(1, w.layers)
+    mlp = min(per_layer, w.expert_gemm_seconds / eff / w.moe_layers)
+    pre = per_layer - mlp
+    a2a = ep_all / (4 * w.moe_layers)
+    pair = combined_1f1b_layer_seconds(pre / 3, 2 * pre / 3, mlp / 3, mlp / 3, mlp / 3, a2a)
+    paired = w.moe_layers * max(0.0, pair - per_layer)
+    exposed = (1 - w.ep_unpaired_share) * paired + w.ep_unpaired_share * ep_all
+    return max(ep_all * calib.ep_overlap_exposed_fraction, exposed)
+
+
 def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0) -> tuple[dict[str, float], bool]:
     """Seconds of one microbatch on a rank, by term, and whether the rank is launch-bound.
 
@@ -333,11 +377,8 @@ def microbatch_seconds(w: StageWork, calib: Calibration, host_scale: float = 1.0
     }
     ep_forward = w.ep_forward_seconds / link_efficiency(w.ep_network, calib) + w.ep_forward_collectives * lat
     if w.ep_overlapped:
-        # Combined 1F1B: every all-to-all beside the other microbatch's compute; what exceeds it,
-        # and at least ep_overlap_exposed_fraction, stays exposed.
-        ep_all = terms["ep_communication"] + ep_forward
-        hide = terms["gemm"] + terms["attention"] + terms["elementwise"]
-        terms["ep_communication"] = max(ep_all * calib.ep_overlap_exposed_fraction, ep_all - hide)
+        terms["ep_communication"] = ep_overlap_exposed(w, calib, terms["ep_communication"] + ep_forward,
+                                                       terms["gemm"] + terms["attention"] + terms["elementwise"])
         ep_forward = 0.0
     gpu = sum(terms.values())
     host = host_seconds(w, calib, host_scale)
@@ -426,6 +467,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
                    lay.recompute_method, lay.recompute_layers, lay.recompute_modules, lay.impl, shape.vocab,
                    lay.fused_linear_ce, lay.fused_linear_backend, lay.fsdp, lay.sharding, lay.rope_fusion,
                    lay.qkv_fusion, lay.compiled_norm, lay.sdpa_backend, lay.tp_comm_overlap, lay.moe_a2a_overlap,
+                   lay.moe_flex_dispatcher,
                    lay.pipeline_split, lay.moe_grouped_gemm)
             w = work_cache.get(key)
             if w is None:
