@@ -35,7 +35,7 @@ def rl_metrics(start: float, step_s: float, intervals: int, every: int = 2) -> l
         rows.append({"event": "train", "iteration": k * every, "time": t, "loss": 0.1,
                      "step_time_s": step_s * 3 if first else step_s, "rl/reward_mean": 0.4 + 0.01 * k,
                      "rl/kl": 1e-3 * k, "rl/accuracy": 0.4 + 0.01 * k, "rl/clip_fraction": 0.0,
-                     "rl/rollout_tokens_per_s": 5000.0})
+                     "rl/rollout_tokens_per_s": 5000.0, "rl/rollout_seconds": 0.2 if first else 0.1})
     return rows
 
 
@@ -72,6 +72,7 @@ def test_reward_and_kl_curve_per_logged_step(tmp_path) -> None:
     assert s["rl_steps_logged"] == 10 and [c["iteration"] for c in s["rl_curve"]] == list(range(2, 21, 2))
     assert s["reward_first"] == pytest.approx(0.41) and s["reward_last"] == pytest.approx(0.50)
     assert s["kl_last"] == pytest.approx(0.01) and s["rl_logged_rollout_tokens_per_s"] == 5000.0
+    assert s["rl_logged_rollout_seconds"] == pytest.approx(0.1)  # the first (start-up) interval left out
 
 
 def test_measured_step_time_leaves_out_start_up_and_the_scoring_beside_it(tmp_path) -> None:

@@ -113,9 +113,11 @@ def compare_heldout(before: Optional[Dict[str, Any]], after: Optional[Dict[str, 
 
 def rl_curve(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per logged RL step: iteration, mean reward, rollout exact-match share, KL, clip fraction,
-    step time and rollout tokens/s."""
+    step time, rollout tokens/s, and the seconds of the interval's rollouts and of its last update
+    (``rl/rollout_seconds``, ``rl/update_seconds``: where a step's time goes)."""
     keys = {"reward": "rl/reward_mean", "accuracy": "rl/accuracy", "kl": "rl/kl", "clip": "rl/clip_fraction",
-            "step_time_s": "step_time_s", "rollout_tokens_per_s": "rl/rollout_tokens_per_s"}
+            "step_time_s": "step_time_s", "rollout_tokens_per_s": "rl/rollout_tokens_per_s",
+            "rollout_seconds": "rl/rollout_seconds", "update_seconds": "rl/update_seconds"}
     return [{"iteration": r.get("iteration"), **{k: r.get(v) for k, v in keys.items()}}
             for r in rows if r.get("event") == "train" and "rl/reward_mean" in r]
 
@@ -206,6 +208,11 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _median(values: List[Any]) -> Optional[float]:
+    kept = [float(v) for v in values if _finite(v)]
+    return statistics.median(kept) if kept else None
+
+
 def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The summary of the call whose files are in ``logs`` (module docstring)."""
     logs = Path(logs)
@@ -227,6 +234,7 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
             k: bench.get(k) for k in ("tokens_per_second", "ratios", "fastest_d1", "ratio_over_fastest_d1", "target",
                                       "target_met", "rollout_exact_match", "greedy_agreement", "rows", "settings",
                                       "sides", "error")},
+        "rl_logged_rollout_seconds": _median([c["rollout_seconds"] for c in curve[1:]]),
         "rl_logged_rollout_tokens_per_s": statistics.median([c["rollout_tokens_per_s"] for c in curve
                                                              if _finite(c["rollout_tokens_per_s"])])
         if any(_finite(c["rollout_tokens_per_s"]) for c in curve) else None,
