@@ -11,14 +11,19 @@
 #                                           # (carry .bench-wheels .bench-peers .bench-data: bench/devbox/fetch_fast_dllm.sh)
 #   bash bench/devbox/gpu.sh scaling      # the bundled scaling studies: 28 small runs side by side, each evaluated (~5-8 min)
 #                                           # (carry .bench-wheels .data: python bench/scaling/run.py --prepare-data)
-#   bash bench/devbox/gpu.sh task-rl      # the addition task's DLM and AR trained and scored, then RL on the DLM (~9 min;
-#                                         # carry .bench-wheels .bench-data)
+#   bash bench/devbox/gpu.sh rl-diffu-grpo    # the addition task's DLM trained, SFT, held-out accuracy, diffu-GRPO,
+#                                             # held-out accuracy after, reward/KL plot, planned vs measured step
+#                                             # time, rollout tokens/s beside d1's loop (~9 min; carry .bench-wheels
+#                                             # .bench-data .bench-peers: bench/devbox/fetch_fast_dllm.sh)
+#   bash bench/devbox/gpu.sh rl-coupled-grpo  # the same with coupled-GRPO
+#   bash bench/devbox/gpu.sh rl-grpo          # the same for the AR model with GRPO (no SFT, no d1 loop)
+#   ALGO=... bash bench/devbox/gpu.sh task-rl # the same as rl-ALGO (bench/devbox/gpu/task_rl.sh)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
 #
 # Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling|scaling [--dry]}
+suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling|scaling|rl-diffu-grpo|rl-coupled-grpo|rl-grpo|task-rl [--dry]}
 t_start=$(date +%s)
 shift
 OUT=${OUT:-/tmp/bench-out}
@@ -59,11 +64,13 @@ case "$suite" in
     budget=$(( 560 - ($(date +%s) - t_start) ))
     timeout -s TERM -k 10 $(( budget + 20 )) "$PY" bench/scaling/run.py --out "$OUT" --work-dir /tmp/bench-work/scaling \
       --gpus 1 --python "$PY" --budget-s "$budget" "$@" ;;
-  task-rl)
-    # the addition task's DLM and AR models trained side by side, scored held-out, then diffu-GRPO on the DLM
-    # (bench/devbox/gpu/task_rl.sh; carry .bench-wheels .bench-data)
-    bash bench/devbox/gpu/task_rl.sh "$@" ;;
-  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, task-rl)" >&2; exit 2 ;;
+  rl-diffu-grpo|rl-coupled-grpo|rl-grpo|task-rl)
+    # one RL algorithm per call: its task model trained in the call, held-out accuracy before and after RL
+    # (bench/devbox/gpu/task_rl.sh; everything written within 570 s of this script's start, the install included)
+    algo=${ALGO:-diffu-grpo}
+    [ "$suite" != task-rl ] && algo=${suite#rl-}
+    ALGO=$algo GPU_SH_START=$t_start bash bench/devbox/gpu/task_rl.sh "$@" ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, rl-diffu-grpo, rl-coupled-grpo, rl-grpo, task-rl)" >&2; exit 2 ;;
 esac
 rc=$?
 echo "gpu.sh: $suite exit $rc; results in $OUT"

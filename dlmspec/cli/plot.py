@@ -1,6 +1,8 @@
 """``dlmspec plot RUN_DIR [RUN_DIR...]``: a PNG of loss, validation loss and tokens/s against
 steps, the runs side by side (one line each, named by the run's name), from their
-``metrics.jsonl`` (:func:`dlmspec.cli.runs.read_run`).
+``metrics.jsonl`` (:func:`dlmspec.cli.runs.read_run`); when a run is an RL stage (its ``train``
+records carry ``rl/reward_mean``), two more panels: the mean reward and the KL to the reference
+(``rl/kl``, the k3 estimate backends/rl/loss.py logs).
 
 matplotlib (the ``viz`` extra) is imported only when a plot is drawn, with its non-interactive
 Agg backend. The PNG carries ``Software: dlmspec plot`` in its metadata: a later plot replaces a
@@ -36,6 +38,20 @@ PANELS = (
     ("throughput", "train", "tokens_per_s", "tokens/s"),
 )
 
+#: The RL stage's panels, drawn when any run logs ``rl/reward_mean`` (backends/rl/rollout.py
+#: ``rollout_metrics``; ``rl/kl``: backends/rl/stage.py ``interval_metrics``).
+RL_PANELS = (
+    ("reward", "train", "rl/reward_mean", "mean reward of the rollouts"),
+    ("KL to the reference", "train", "rl/kl", "KL (k3 estimate)"),
+)
+
+
+def panels_for(runs: list[RunLog]) -> tuple[tuple[str, str, str, str], ...]:
+    """:data:`PANELS`, and :data:`RL_PANELS` when any of ``runs`` logged an RL reward."""
+    if any(log.series("train", RL_PANELS[0][2])[0] for log in runs):
+        return PANELS + RL_PANELS
+    return PANELS
+
 
 def written_by_dlmspec(path: str) -> bool:
     """Whether the PNG at ``path`` carries this command's ``Software`` tag (read from the first
@@ -62,7 +78,7 @@ def legend_label(name: str) -> str:
 
 
 def draw(runs: list[RunLog], output: str) -> dict[str, int]:
-    """Draw :data:`PANELS` for ``runs`` into the PNG ``output`` (written whole into a file created
+    """Draw :func:`panels_for` ``runs`` into the PNG ``output`` (written whole into a file created
     exclusively beside it, then moved into place: :func:`dlmspec.files.atomic_writer`); each line
     is labelled by its run's name (and directory, where two runs share a name). Values larger
     than :data:`MAX_DRAWN` in magnitude are left out.
@@ -83,14 +99,15 @@ def draw(runs: list[RunLog], output: str) -> dict[str, int]:
         raise SpecError([SpecIssue("dlmspec plot", "needs matplotlib, which is not installed", value=None,
                                    hint="pip install matplotlib (or pip install 'dlmspec[viz]')",
                                    rule="arguments")]) from None
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
+    panels = panels_for(runs)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     # fixed margins: a layout engine takes twice the time of the drawing itself
     fig.subplots_adjust(left=0.055, right=0.985, bottom=0.13, top=0.92, wspace=0.3)
     points: dict[str, int] = {}
     names = [log.name for log in runs]
     labels = [legend_label(f"{name} ({log.run_dir})" if names.count(name) > 1 else name)
               for name, log in zip(names, runs)]
-    for ax, (title, event, key, ylabel) in zip(axes, PANELS):
+    for ax, (title, event, key, ylabel) in zip(axes, panels):
         points[title] = 0
         for log, label in zip(runs, labels):
             pairs = [(x, y) for x, y in zip(*log.series(event, key)) if math.isnan(y) or abs(y) <= MAX_DRAWN]
@@ -124,7 +141,8 @@ def plot(
     force: bool = typer.Option(False, "--force", help="Replace --output even when dlmspec did not draw it."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Plot loss, validation loss and tokens/s against steps for one or more runs (a PNG).
+    """Plot loss, validation loss and tokens/s against steps for one or more runs (a PNG); an RL
+    run adds its mean reward and its KL to the reference.
 
     Exit code 2 when a RUN_DIR holds no metrics.jsonl, --output is another file (without --force)
     or its folder does not exist, or matplotlib is missing.

@@ -1,43 +1,117 @@
 #!/usr/bin/env bash
-# One GPU call (run by `bash bench/devbox/gpu.sh task-rl`, within 9 minutes on one H100): the addition
-# task model, masked diffusion (specs/task-addition-dlm.toml) and its AR baseline (specs/task-addition-ar.toml),
-# trained side by side on the one GPU and scored on the held-out prompts (`dlmspec eval --task`), then the RL
-# stage (specs/task-addition-dlm-rl.toml, diffu-GRPO) on the trained DLM for RL_ITERS steps, its reward per step
-# and the held-out accuracy before and after. Everything under $OUT: logs, metrics.jsonl of each run, the eval
-# JSON of each model, and summary.json (what the report quotes).
+# One GPU call per RL algorithm (run by `bash bench/devbox/gpu.sh rl-diffu-grpo|rl-coupled-grpo|rl-grpo`, or
+# `ALGO=... bash bench/devbox/gpu.sh task-rl`; at most 9 minutes on one H100 or H200, gpu.sh's install of
+# ~40 s included): the addition task's model trained in the same call, its held-out accuracy, the RL stage,
+# the held-out accuracy after it, and, for the masked-diffusion algorithms, rollout tokens/s beside d1's loop.
 #
-#   bash bench/devbox/gpu.sh task-rl            # GPU machine; carry .bench-wheels .bench-data
-#   bash bench/devbox/gpu.sh task-rl --dry      # CPU: the task, the data and every compile/validate step, no training
+#   ALGO=diffu-grpo    specs/task-addition-dlm.toml (TRAIN_ITERS) -> specs/task-addition-dlm-sft.toml (SFT_ITERS)
+#   ALGO=coupled-grpo    -> specs/task-addition-dlm-rl.toml / -rl-coupled.toml from the SFT model (chat template
+#                           "plain", as it was tuned), then bench/sampling/d1_rollout.py on the RL checkpoint
+#   ALGO=grpo          specs/task-addition-ar.toml (TRAIN_ITERS) -> specs/task-addition-ar-rl.toml
 #
-# Then the DLM's SFT stage (specs/task-addition-dlm-sft.toml: LLaDA's layout, prompt clean, answer masked) from
-# its checkpoint, scored on the held-out prompts rendered with its template; RL starts from the SFT model
-# (RL_FROM=dlm: from the pre-trained DLM).
-# Settings (environment): TASK (addition-padded), DIGITS (3), TRAIN_ITERS (2000, the specs'), SFT_ITERS (1000),
-# RL_ITERS (24), RL_FROM (sft), TEST (1000), EVAL_PROMPTS (500 scored per model), TRAIN_TIMEOUT (210 s for the
-# two trainings together; a run stopped by it saves a checkpoint on SIGTERM, and every 500 steps), SFT_TIMEOUT
-# (120 s), BUDGET (500 s from this script's start to the end of RL: gpu.sh's install comes before).
+#   bash bench/devbox/gpu.sh rl-diffu-grpo          # GPU machine; carry .bench-wheels .bench-data .bench-peers
+#   bash bench/devbox/gpu.sh rl-diffu-grpo --dry    # CPU: the task, the data, every compile and plan, the summary
+#
+# The model RL starts from: of the starting run's checkpoints, each scored in training on the validation prompts,
+# the latest with accuracy <= START_ACC_MAX (0.75: RL needs room above the start and groups whose completions
+# are sometimes right; bench/sampling/rl_chain.py pick-start).
+# Held-out accuracy: `dlmspec eval CHECKPOINT --task test file --spec TASK_SPEC` of that model and of the
+# RL run, EVAL_PROMPTS prompts each, greedy (the task spec's [generate]: the RL run's own [generate] samples
+# at temperature 1 for its rollouts); the criterion is after above before with Wilson 95 % intervals apart.
+# The scoring of the starting model runs beside the RL run's start (its first steps are left out of the
+# measured step time). Planned RL step time: the compiled RL job's plan.json (for the GPU nvidia-smi names);
+# measured: the median step_time_s of its metrics.jsonl (bench/sampling/rl_chain.py).
+#
+# What comes back in $OUT (at most 8 files): summary.json (bench/sampling/rl_chain.py), task-rl-ALGO-reward-kl.png
+# (`dlmspec plot` of the RL run: reward and KL beside loss and tokens/s), task-rl-ALGO-logs.tgz (every log, the
+# runs' metrics.jsonl, the eval JSONs, the plans, rollouts.jsonl, the rollout benchmark's JSONs), and gpu.sh's
+# install.log. They are written on every exit, a failed or skipped step included. Without matplotlib on the GPU
+# machine there is no PNG (plot.log says so): draw it from the tarball's metrics-rl.jsonl with
+#   mkdir -p rl-run && cp metrics-rl.jsonl rl-run/metrics.jsonl && dlmspec plot rl-run -o reward-kl.png
+#
+# Time: everything is written by START + END_S (570 s after gpu.sh started, START = GPU_SH_START): every step
+# runs under `timeout` with what is left, training runs save a checkpoint when stopped (SIGTERM; and half-way),
+# the task model and its SFT stage are stopped early rather than leave RL less than its start-up and
+# RL_MIN_ITERS steps, the RL run's iterations are fitted to the time left (its planned step time x 1.5: reward
+# workers and host work are not planned), and the rollout benchmark is skipped when it no longer fits.
+#
+# Settings (environment): ALGO (diffu-grpo), TASK (addition-padded), DIGITS (3), TEST (2000 held-out rows),
+# TRAIN_ROWS (200000: the task's training rows, its pre-training text and the RL prompts),
+# EVAL_PROMPTS (2000: a Wilson interval of +-2.2 points at 50 %), TRAIN_ITERS (DLM 800, AR 1500; ~0.1 s a step on an H100: bench/results/sampling), SFT_ITERS
+# (800), RL_ITERS (200 at most; 2 steps a rollout batch), RL_MIN_ITERS (100), RL_LR (the spec's 1e-5), GPU (h100/h200: nvidia-smi's),
+# END_S (570). Overrides of the bundled specs, all recorded in summary.json: one GPU and the GPU present; the
+# masked-diffusion chain without q/k norm (model.qk_layernorm = false: LLaDA's modelling code, which d1's loop
+# runs on the export, has none); the iteration counts and their warm-up, save and evaluation intervals; the RL
+# run from the SFT model with the "plain" template, logged every 2 steps (a log interval is then one rollout
+# batch and its second update), at a constant learning rate after its warm-up (d1: constant_with_warmup).
 # The code run is this checkout's (laid out as the installed package in /tmp/task-rl-src), not the carried
-# dlmspec wheel, so no wheel has to be rebuilt after a commit; the wheels give the dependencies.
+# dlmspec wheel; the wheels give the dependencies.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 repo=$PWD
 dry=0
 for a in "$@"; do [ "$a" = --dry ] && dry=1; done
 OUT=${OUT:-/tmp/bench-out}
+ALGO=${ALGO:-diffu-grpo}
+case "$ALGO" in
+  diffu-grpo) rl_spec=specs/task-addition-dlm-rl.toml; rl_name=task-addition-dlm-rl; model=dlm ;;
+  coupled-grpo) rl_spec=specs/task-addition-dlm-rl-coupled.toml; rl_name=task-addition-dlm-rl-coupled; model=dlm ;;
+  grpo) rl_spec=specs/task-addition-ar-rl.toml; rl_name=task-addition-ar-rl; model=ar ;;
+  *) echo "task_rl.sh: ALGO=$ALGO is not an RL algorithm; use ALGO=diffu-grpo, coupled-grpo or grpo" >&2; exit 2 ;;
+esac
 TASK=${TASK:-addition-padded}
 DIGITS=${DIGITS:-3}
-TRAIN_ITERS=${TRAIN_ITERS:-2000}
-TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-210}
-EVAL_PROMPTS=${EVAL_PROMPTS:-500}
-BUDGET=${BUDGET:-500}
-SFT_ITERS=${SFT_ITERS:-1000}
-SFT_TIMEOUT=${SFT_TIMEOUT:-120}
-RL_FROM=${RL_FROM:-sft}
-RL_ITERS=${RL_ITERS:-24}
-TEST=${TEST:-1000}
+TEST=${TEST:-2000}
+TRAIN_ROWS=${TRAIN_ROWS:-200000}
+EVAL_PROMPTS=${EVAL_PROMPTS:-2000}
+if [ "$model" = dlm ]; then TRAIN_ITERS=${TRAIN_ITERS:-800}; else TRAIN_ITERS=${TRAIN_ITERS:-1500}; fi
+SFT_ITERS=${SFT_ITERS:-800}
+RL_ITERS=${RL_ITERS:-200}
+RL_MIN_ITERS=${RL_MIN_ITERS:-100}
+RL_LR=${RL_LR:-}
+START_ACC_MAX=${START_ACC_MAX:-0.75}
+[[ "$START_ACC_MAX" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] \
+  || { echo "task_rl.sh: START_ACC_MAX=$START_ACC_MAX is not a share in [0, 1], e.g. 0.75" >&2; exit 2; }
+END_S=${END_S:-570}
+START=${GPU_SH_START:-$(date +%s)}
+for v in TEST TRAIN_ROWS EVAL_PROMPTS TRAIN_ITERS SFT_ITERS RL_ITERS RL_MIN_ITERS END_S START DIGITS; do
+  case "${!v}" in ''|*[!0-9]*) echo "task_rl.sh: $v=${!v} is not a whole number" >&2; exit 2 ;; esac
+done
+[ "$TRAIN_ITERS" -ge 20 ] && [ "$SFT_ITERS" -ge 20 ] && [ "$RL_ITERS" -ge 4 ] \
+  || { echo "task_rl.sh: TRAIN_ITERS and SFT_ITERS must be at least 20, RL_ITERS at least 4" >&2; exit 2; }
+deadline=$(( START + END_S - 35 ))  # every step ends by then; the last 35 s: summary, plot, tarball
 t0=$(date +%s)
 mkdir -p "$OUT"
-log() { echo "[task-rl +$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/steps.log"; }
+logs=${LOGS:-/tmp/task-rl-logs}
+[ "$dry" = 1 ] && logs=$OUT/dry-logs
+rm -rf "$logs" && mkdir -p "$logs"
+: > "$logs/steps.tsv"
+log() { echo "[task-rl $ALGO +$(( $(date +%s) - START ))s] $*" | tee -a "$logs/steps.log"; }
+left() { echo $(( deadline - $(date +%s) )); }
+
+# step NAME LIMIT CMD...: CMD under `timeout` (SIGTERM at LIMIT s, SIGKILL 15 s later), its output in
+# LOGS/NAME.log (stdout in the file STDOUT_TO instead, when set), its exit code and times in LOGS/steps.tsv;
+# skipped (exit 124) with under 5 s.
+step() {
+  local name=$1 limit=$2 t rc
+  shift 2
+  t=$(date +%s)
+  if [ "$limit" -lt 5 ]; then
+    printf '%s\tskipped\t%s\t%s\n' "$name" "$t" "$t" >> "$logs/steps.tsv"
+    log "$name: skipped, ${limit}s left"
+    return 124
+  fi
+  if [ -n "${STDOUT_TO:-}" ]; then
+    timeout -s TERM -k 15 "$limit" "$@" > "$STDOUT_TO" 2> "$logs/$name.log"
+  else
+    timeout -s TERM -k 15 "$limit" "$@" > "$logs/$name.log" 2>&1
+  fi
+  rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$t" "$(date +%s)" >> "$logs/steps.tsv"
+  log "$name exit $rc after $(( $(date +%s) - t ))s (limit ${limit}s)"
+  return $rc
+}
+limit() { local want=$1 l; l=$(( $(left) - 15 )); echo $(( want < l ? want : l )); }  # LIMIT for a step that wants $1 s
 
 # this checkout as the installed package (package-dir of pyproject.toml), first on the path
 src=${SRC:-/tmp/task-rl-src}
@@ -62,142 +136,191 @@ rm -rf "$work" && mkdir -p "$work/.data"
 cp -r specs "$work/specs"
 gpt2=.bench-data/gpt2
 [ -f "$gpt2/vocab.json" ] || gpt2=${GPT2_DIR:-/work/main/.bench-data/gpt2}
-cp -r "$gpt2" "$work/.data/gpt2" || { log "no GPT-2 BPE files (carry .bench-data: bench/devbox/fetch_fast_dllm.sh)"; exit 2; }
-cd "$work"  # the specs' relative paths (.data/..., runs/...) are from here
+peers=$repo/.bench-peers
+if [ -z "${GPU:-}" ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) GPU=h200 ;; *H100*PCIe*) GPU=h100-pcie ;; *) GPU=h100 ;;  # no GPU (--dry): planned for an H100
+  esac
+fi
 
-log "task: $TASK --digits $DIGITS"
-dl task make "$TASK" --out .data/task-addition --digits "$DIGITS" --test "$TEST" > "$OUT/task.log" 2>&1 || { cat "$OUT/task.log"; exit 2; }
+task_spec=specs/task-addition-$model.toml
+test_file=.data/task-addition/test.jsonl
+[ "$model" = dlm ] && test_file=.data/task-addition/test-plain.jsonl
+start_run=runs/task-addition-$model
+[ "$model" = dlm ] && start_run=runs/task-addition-dlm-sft
+start_ckpt=$start_run/checkpoints  # the checkpoint RL starts from: picked after training (rl_chain.py pick-start)
+overrides=()  # every --set given to a compile of the chain, for the summary
+
+# the files that come back, on every exit (a failed step included): summary, plot, one tarball
+finish() {
+  trap - EXIT
+  cd "$work" 2>/dev/null || cd "$repo"
+  for kind in task sft rl; do
+    case $kind in task) run=runs/task-addition-$model ;; sft) run=runs/task-addition-dlm-sft ;; rl) run=runs/$rl_name ;; esac
+    cp "$run/metrics.jsonl" "$logs/metrics-$kind.jsonl" 2>/dev/null
+  done
+  cp "runs/$rl_name/rollouts.jsonl" "$logs/rollouts-rl.jsonl" 2>/dev/null
+  for kind in task sft rl; do cp "job-$kind/plan.json" "$logs/plan-$kind.json" 2>/dev/null; done
+  printf '%s\n' "${overrides[@]}" > "$logs/overrides.txt"
+  local f=(gpu="$GPU" dry="$([ "$dry" = 1 ] && echo true || echo false)" task="$TASK" digits="$DIGITS"
+           train_rows="$TRAIN_ROWS" held_out_rows="$TEST" eval_prompts="$EVAL_PROMPTS" train_iters="$TRAIN_ITERS"
+           sft_iters="$([ "$model" = dlm ] && echo "$SFT_ITERS" || echo null)" rl_iters_asked="$RL_ITERS"
+           rl_iters_run="${rl_iters:-null}" rl_lr="${RL_LR:-spec}" rl_spec="$rl_spec" task_spec="$task_spec"
+           starting_model="$start_ckpt" start_accuracy_max="$START_ACC_MAX" seconds_since_start="$(( $(date +%s) - START ))")
+  timeout 12 "$PY" "$repo/bench/sampling/rl_chain.py" summary --logs "$logs" --algo "$ALGO" --out "$OUT/summary.json" \
+    "${f[@]/#/--field=}" > "$logs/summary.log" 2>&1
+  log "summary exit $?"
+  cat "$logs/summary.log"
+  if [ -f "runs/$rl_name/metrics.jsonl" ]; then
+    timeout 20 "$PY" -m dlmspec.cli plot "runs/$rl_name" -o "$OUT/task-rl-$ALGO-reward-kl.png" --force > "$logs/plot.log" 2>&1
+    log "plot exit $? ($(tail -1 "$logs/plot.log"))"
+  fi
+  tar czf "$OUT/task-rl-$ALGO-logs.tgz" -C "$logs" . 2>/dev/null
+  log "done; $OUT: $(ls "$OUT" | tr '\n' ' ')"
+}
+trap finish EXIT
+
+cp -r "$gpt2" "$work/.data/gpt2" || { log "no GPT-2 BPE files (carry .bench-data: bench/devbox/fetch_fast_dllm.sh)"; exit 2; }
+if [ "$model" = dlm ] && [ ! -f "$peers/fast-dllm/llada/model/modeling_llada.py" ]; then
+  log "no LLaDA modelling files under $peers (carry .bench-peers: bench/devbox/fetch_fast_dllm.sh); the rollout benchmark will be skipped"
+fi
+cd "$work"  # the specs' relative paths (.data/..., runs/...) are from here
+log "$ALGO on $GPU: task $TASK --digits $DIGITS; task model $TRAIN_ITERS iterations$([ "$model" = dlm ] && echo ", SFT $SFT_ITERS"), RL at most $RL_ITERS"
+
+# 1. the task and its data
+step task "$(limit 60)" "$PY" -m dlmspec.cli task make "$TASK" --out .data/task-addition --digits "$DIGITS" --test "$TEST" \
+  --train "$TRAIN_ROWS" || exit 2
 for s in train validation; do
-  dl data prepare --input ".data/task-addition/pretrain-$s.jsonl" --output-prefix ".data/task-addition-${s/validation/valid}" \
-    --tokenizer-type GPT2BPETokenizer --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt \
-    --append-eod --workers 8 >> "$OUT/task.log" 2>&1 || { tail -20 "$OUT/task.log"; exit 2; }
+  step "data-$s" "$(limit 60)" "$PY" -m dlmspec.cli data prepare --input ".data/task-addition/pretrain-$s.jsonl" \
+    --output-prefix ".data/task-addition-${s/validation/valid}" --tokenizer-type GPT2BPETokenizer \
+    --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt --append-eod --workers 8 || exit 2
 done
-log "data prepared"
-# the SFT stage's data (LLaDA's layout, the plain template) and the held-out prompts rendered with it; the SFT
-# rows are tokenised in one process: in the background while the GPU trains
-"$PY" - <<'EOF2'
+if [ "$model" = dlm ]; then
+  # the SFT stage's data (LLaDA's layout, the plain template) and the held-out prompts rendered with it; the
+  # SFT rows are tokenised in one process, in the background while the GPU trains
+  "$PY" - <<'EOF2'
 import json
 from dlmspec.data.chat import render, text_of
-with open(".data/task-addition/test.jsonl") as f, open(".data/task-addition/test-plain.jsonl", "w") as g:
-    for line in f:
-        row = json.loads(line)
-        row["prompt"] = text_of(render("plain", [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True))
-        g.write(json.dumps(row, sort_keys=True) + "\n")
+for split in ("test", "validation"):
+    with open(f".data/task-addition/{split}.jsonl") as f, open(f".data/task-addition/{split}-plain.jsonl", "w") as g:
+        for line in f:
+            row = json.loads(line)
+            row["prompt"] = text_of(render("plain", [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True))
+            g.write(json.dumps(row, sort_keys=True) + "\n")
 EOF2
-( for s in train validation; do
-    dl data prepare --sft --chat-template plain --input ".data/task-addition/sft-$s.jsonl" \
-      --output-prefix ".data/task-addition-sft-${s/validation/valid}" --tokenizer-type GPT2BPETokenizer \
-      --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt --seq-length 24 || exit 1
-  done ) > "$OUT/sft-data.log" 2>&1 &
-pid_sft_data=$!
-
-common=(--set cluster.gpus_per_node=1 --set train.train_iters="$TRAIN_ITERS" --set checkpoint.save_interval=500)
-for kind in dlm ar; do
-  dl compile "specs/task-addition-$kind.toml" -o "job-$kind" --force --python "$PY" "${common[@]}" \
-    > "$OUT/compile-$kind.log" 2>&1 || { cat "$OUT/compile-$kind.log"; exit 2; }
-done
-dl compile specs/task-addition-dlm-sft.toml -o job-sft --force --python "$PY" --set cluster.gpus_per_node=1 \
-  --set train.train_iters="$SFT_ITERS" > "$OUT/compile-sft.log" 2>&1 || { cat "$OUT/compile-sft.log"; exit 2; }
-# RL from the SFT model (its prompts rendered with the plain template, as it was tuned) or from the DLM
-rl=(--set cluster.gpus_per_node=1 --set train.train_iters="$RL_ITERS" --set checkpoint.save_interval="$RL_ITERS"
-    --set train.lr_warmup_iters=3)
-if [ "$RL_FROM" = sft ]; then
-  rl+=(--set 'checkpoint.init_from="mcore:runs/task-addition-dlm-sft/checkpoints"' --set 'stage.rl.chat_template="plain"')
-  rl_test=.data/task-addition/test-plain.jsonl
-else
-  rl_test=.data/task-addition/test.jsonl
+  ( for s in train validation; do
+      step "sft-data-$s" "$(limit 200)" "$PY" -m dlmspec.cli data prepare --sft --chat-template plain \
+        --input ".data/task-addition/sft-$s.jsonl" --output-prefix ".data/task-addition-sft-${s/validation/valid}" \
+        --tokenizer-type GPT2BPETokenizer --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt \
+        --seq-length 24 || exit 1
+    done ) &
+  pid_sft_data=$!
 fi
-dl compile specs/task-addition-dlm-rl.toml -o job-rl --force --python "$PY" "${rl[@]}" \
-  > "$OUT/compile-rl.log" 2>&1 || { cat "$OUT/compile-rl.log"; exit 2; }
-for kind in dlm ar sft rl; do cp "job-$kind/plan.json" "$OUT/plan-$kind.json"; done
-log "compiled: job-dlm job-ar job-sft job-rl (rl from $RL_FROM)"
+
+# 2. the jobs, compiled for the GPU present
+common=(--set cluster.gpus_per_node=1 --set "cluster.gpu=\"$GPU\"")
+[ "$model" = dlm ] && common+=(--set model.qk_layernorm=false)
+warm=$(( TRAIN_ITERS / 10 < 100 ? TRAIN_ITERS / 10 : 100 ))
+# The training runs are scored in training on the validation prompts (greedy), and save a checkpoint at each
+# score: the starting run's checkpoints are the candidates RL may start from (rl_chain.py pick-start: the latest
+# with validation accuracy <= START_ACC_MAX). The DLM's pre-training (not a candidate) saves half-way.
+every=$(( TRAIN_ITERS / 2 ))
+[ "$model" = ar ] && every=$(( TRAIN_ITERS / 6 ))
+task_sets=("${common[@]}" --set train.train_iters="$TRAIN_ITERS" --set train.lr_warmup_iters="$warm"
+           --set checkpoint.save_interval="$every" --set train.eval_interval="$every"
+           --set 'eval.generation.prompts=".data/task-addition/validation.jsonl"')
+sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.save_interval="$(( SFT_ITERS / 4 ))"
+          --set train.eval_interval="$(( SFT_ITERS / 4 ))"
+          --set 'eval.generation.prompts=".data/task-addition/validation-plain.jsonl"')
+rl_sets() {  # the RL job's --set for $1 iterations from the checkpoint $2
+  local sets=("${common[@]}" --set train.train_iters="$1" --set checkpoint.save_interval="$1" --set logging.log_interval=2
+              --set train.eval_interval="$1" --set 'train.lr_decay_style="constant"' --set "checkpoint.init_from=\"mcore:$2\"")
+  [ "$model" = dlm ] && sets+=(--set 'stage.rl.chat_template="plain"')
+  [ -n "$RL_LR" ] && sets+=(--set "train.lr=$RL_LR")
+  printf '%s\n' "${sets[@]}"
+}
+mapfile -t rl_args < <(rl_sets "$RL_ITERS" "$start_ckpt")
+overrides=("task: ${task_sets[*]}" "rl: ${rl_args[*]}")
+step compile-task "$(limit 60)" "$PY" -m dlmspec.cli compile "$task_spec" -o job-task --force --python "$PY" "${task_sets[@]}" &
+pid_c1=$!
+if [ "$model" = dlm ]; then
+  overrides+=("sft: ${sft_sets[*]}")
+  step compile-sft "$(limit 60)" "$PY" -m dlmspec.cli compile specs/task-addition-dlm-sft.toml -o job-sft --force \
+    --python "$PY" "${sft_sets[@]}" &
+  pid_c2=$!
+fi
+step compile-rl "$(limit 60)" "$PY" -m dlmspec.cli compile "$rl_spec" -o job-rl --force --python "$PY" "${rl_args[@]}"
+rc_rl=$?
+wait $pid_c1; rc_task=$?
+rc_sft=0
+[ "$model" = dlm ] && { wait $pid_c2; rc_sft=$?; }
+[ $rc_task = 0 ] && [ $rc_sft = 0 ] && [ $rc_rl = 0 ] || { log "a compile failed (logs: compile-*.log)"; exit 2; }
+planned=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["time"]["step_seconds"])' job-rl/plan.json)
+log "compiled job-task$([ "$model" = dlm ] && echo " job-sft") job-rl; planned RL step ${planned}s on $GPU"
+
 if [ "$dry" = 1 ]; then
-  wait $pid_sft_data; log "sft data exit $?"
-  dl validate specs/task-addition-dlm-sft.toml --set train.train_iters="$SFT_ITERS" > "$OUT/validate-sft.log" 2>&1
-  log "validate sft exit $? (the init_from checkpoint is missing on a dry run: a warning)"
-  log "dry: would run, on the GPU: bash job-dlm/launch.sh & bash job-ar/launch.sh (side by side), then"
-  log "dry:   bash job-sft/launch.sh (from the DLM's checkpoint), dlmspec eval of each (--task test.jsonl;"
-  log "dry:   the SFT model --task test-plain.jsonl), bash job-rl/launch.sh, dlmspec eval runs/task-addition-dlm-rl"
+  [ "$model" = dlm ] && { wait $pid_sft_data; log "sft data exit $?"; }
+  step validate-rl 60 "$PY" -m dlmspec.cli validate "$rl_spec" "${rl_args[@]}"
+  log "dry: on the GPU: bash job-task/launch.sh$([ "$model" = dlm ] && echo "; bash job-sft/launch.sh"); dlmspec eval" \
+      "<the checkpoint of $start_run that rl_chain.py pick-start picks> --task $test_file --spec $task_spec beside" \
+      "bash job-rl/launch.sh (init_from that checkpoint, iterations fitted to the time left); dlmspec eval runs/$rl_name" \
+      "$([ "$model" = dlm ] && echo "; d1_rollout.py dlmspec, d1 (transformers 4.49.0 from .bench-peers/wheels), report")"
   exit 0
 fi
 
-# (a) both task models at once on the one GPU (a 153M model at micro batch 64 leaves it mostly idle)
-timeout -s TERM -k 30 "$TRAIN_TIMEOUT" bash job-dlm/launch.sh > "$OUT/train-dlm.log" 2>&1 &
-pid_dlm=$!
-timeout -s TERM -k 30 "$TRAIN_TIMEOUT" bash job-ar/launch.sh > "$OUT/train-ar.log" 2>&1 &
-pid_ar=$!
-wait $pid_dlm; rc_dlm=$?
-wait $pid_ar; rc_ar=$?
-log "trained: dlm exit $rc_dlm, ar exit $rc_ar"
-for kind in dlm ar; do
-  cp "runs/task-addition-$kind/metrics.jsonl" "$OUT/metrics-$kind.jsonl" 2>/dev/null
-  grep -h "generation accuracy" "$OUT/train-$kind.log" | tail -3
-done
-score() {  # score KIND RUN_DIR TEST_FILE: held-out exact match of a run's last checkpoint
-  timeout 90 "$PY" -m dlmspec.cli eval "$2" --task "$3" --max-prompts "$EVAL_PROMPTS" --json \
-    > "$OUT/eval-$1.json" 2> "$OUT/eval-$1.log"
-  log "eval $1 exit $?: $(head -c 600 "$OUT/eval-$1.json")"
-}
-wait $pid_sft_data; log "sft data exit $?"
-# the SFT stage from the DLM's checkpoint, while the two pre-trained models are scored beside it
-timeout -s TERM -k 30 "$SFT_TIMEOUT" bash job-sft/launch.sh > "$OUT/train-sft.log" 2>&1 &
-pid_sft=$!
-score dlm runs/task-addition-dlm .data/task-addition/test.jsonl
-score ar runs/task-addition-ar .data/task-addition/test.jsonl
-wait $pid_sft; log "sft exit $?"
-cp runs/task-addition-dlm-sft/metrics.jsonl "$OUT/metrics-sft.jsonl" 2>/dev/null
-grep -h "generation accuracy" "$OUT/train-sft.log" | tail -3
-score sft runs/task-addition-dlm-sft .data/task-addition/test-plain.jsonl
+# 3. the task model (and its SFT stage), stopped early rather than leave RL less than rl_min seconds (its
+# start-up and RL_MIN_ITERS steps at 1.5 x the planned step) and what comes after it: the scoring after RL
+# and, for masked diffusion, the rollout benchmark
+after=45
+[ "$model" = dlm ] && after=$(( after + 95 ))
+rl_min=$("$PY" -c 'import sys; print(int(40 + 1.5 * float(sys.argv[1]) * int(sys.argv[2])))' "$planned" "$RL_MIN_ITERS")
+sft_min=0
+[ "$model" = dlm ] && sft_min=90
+cap() { local want=$1 reserve=$2 l; l=$(( $(left) - reserve )); echo $(( want < l ? want : l )); }
+step train-task "$(cap "$([ "$model" = dlm ] && echo 170 || echo 230)" $(( after + rl_min + sft_min )))" bash job-task/launch.sh
+grep -h "generation accuracy" "$logs/train-task.log" | tail -2
+if [ "$model" = dlm ]; then
+  wait $pid_sft_data; log "sft data exit $?"
+  step train-sft "$(cap 170 $(( after + rl_min )))" bash job-sft/launch.sh
+  grep -h "generation accuracy" "$logs/train-sft.log" | tail -2
+fi
 
-# (b) RL on the trained DLM (init_from = its checkpoints, as the spec says)
-left=$(( BUDGET - ($(date +%s) - t0) ))  # gpu.sh's install ran before t0
-log "rl: $RL_ITERS steps, ${left}s left"
-timeout -s TERM -k 10 $(( left > 60 ? left - 40 : 20 )) bash job-rl/launch.sh > "$OUT/train-rl.log" 2>&1
-log "rl exit $?"
-cp runs/task-addition-dlm-rl/metrics.jsonl "$OUT/metrics-rl.jsonl" 2>/dev/null
-cp runs/task-addition-dlm-rl/rollouts.jsonl "$OUT/rollouts-rl.jsonl" 2>/dev/null
-score rl runs/task-addition-dlm-rl "$rl_test"
+# 4. RL from the checkpoint picked, its iterations fitted to the time left (start-up ~40 s; after it: the scoring
+# and the rollout benchmark)
+picked=$(timeout 30 "$PY" "$repo/bench/sampling/rl_chain.py" pick-start --run "$start_run" --max-accuracy "$START_ACC_MAX" \
+  --out "$logs/start.json" 2> "$logs/pick-start.log") && [ -n "$picked" ] && start_ckpt=$picked
+log "RL starts from $start_ckpt ($(tr -d '\n' < "$logs/start.json" 2>/dev/null | head -c 300))"
+fit=$("$PY" -c 'import sys; left, p, cap = (float(a) for a in sys.argv[1:]); n = int((left - 40) / (1.5 * p)) // 2 * 2; print(max(4, min(int(cap), n)))' \
+  "$(( $(left) - after ))" "$planned" "$RL_ITERS")
+rl_iters=$fit
+mapfile -t rl_args < <(rl_sets "$rl_iters" "$start_ckpt")
+overrides[1]="rl: ${rl_args[*]}"
+step compile-rl-fitted 30 "$PY" -m dlmspec.cli compile "$rl_spec" -o job-rl --force --python "$PY" "${rl_args[@]}"
+log "rl: $rl_iters iterations (asked $RL_ITERS), $(left)s left"
+STDOUT_TO=$logs/eval-before.json step eval-before "$(limit 90)" "$PY" -m dlmspec.cli eval "$start_ckpt" --task "$test_file" --max-prompts "$EVAL_PROMPTS" \
+  --batch-size 500 --spec "$task_spec" --json &
+pid_before=$!
+step train-rl "$(( $(left) - after > 20 ? $(left) - after : 20 ))" bash job-rl/launch.sh
+wait $pid_before
+STDOUT_TO=$logs/eval-after.json step eval-after "$(limit 60)" "$PY" -m dlmspec.cli eval "runs/$rl_name" --task "$test_file" --max-prompts "$EVAL_PROMPTS" \
+  --batch-size 500 --spec "$task_spec" --json
 
-# (c) the summary
-"$PY" - "$OUT" <<'EOF'
-import json, os, sys
-out = sys.argv[1]
-
-def load(name):
-    try:
-        return json.load(open(os.path.join(out, name)))
-    except (OSError, ValueError):
-        return None
-
-def accuracy(name):
-    """The eval --task record (the dict holding "accuracy" and "interval_95", wherever the JSON nests it)."""
-    todo = [load(name)]
-    while todo:
-        doc = todo.pop()
-        if isinstance(doc, dict):
-            if "accuracy" in doc and "interval_95" in doc:
-                return {k: doc.get(k) for k in ("accuracy", "correct", "n", "interval_95", "file")}
-            todo.extend(doc.values())
-    return None
-
-def rewards(name):
-    rows = []
-    try:
-        for line in open(os.path.join(out, name)):
-            e = json.loads(line)
-            if e.get("event") == "train" and "rl/reward_mean" in e:
-                rows.append([e.get("iteration"), e["rl/reward_mean"], e.get("rl/kl")])
-    except OSError:  # the stage did not run (or wrote no metrics): the summary shows no rewards for it
-        pass
-    return rows
-
-rl = rewards("metrics-rl.jsonl")
-summary = {"dlm_heldout": accuracy("eval-dlm.json"), "ar_heldout": accuracy("eval-ar.json"),
-           "dlm_sft_heldout": accuracy("eval-sft.json"),
-           "rl_heldout_after": accuracy("eval-rl.json"),
-           "rl_reward_per_logged_step": rl, "rl_reward_first": rl[0][1] if rl else None,
-           "rl_reward_last": rl[-1][1] if rl else None}
-json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
-print(json.dumps(summary, indent=2))
-EOF
-log "done; results in $OUT"
+# 5. the rollout benchmark beside d1's loop (masked diffusion only), on the RL run's checkpoint (the starting
+# model's when the RL run left none)
+if [ "$model" = dlm ] && [ -f "$peers/fast-dllm/llada/model/modeling_llada.py" ] && [ "$(left)" -ge 60 ]; then
+  bench=$repo/bench/sampling/d1_rollout.py
+  bench_ckpt=runs/$rl_name/checkpoints
+  ls "$bench_ckpt"/iter_*/dlmspec.json > /dev/null 2>&1 || bench_ckpt=$start_ckpt
+  log "rollout benchmark on $bench_ckpt"
+  step bench-dlmspec "$(limit 75)" "$PY" "$bench" dlmspec --ckpt "$bench_ckpt" --job job-rl --work d1 \
+    --out "$logs/rollout-dlmspec.json" --llada-out d1/llada --device cuda --repeats 3 \
+  && step peer-install "$(limit 40)" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target peer-site --find-links "$peers/wheels" "transformers==4.49.0" "tokenizers<0.22" "huggingface-hub<1.0" \
+  && PYTHONPATH=$PWD/peer-site:$PYTHONPATH step bench-d1 "$(limit 60)" "$PY" "$bench" d1 --work d1 --llada d1/llada \
+    --fast-dllm "$peers/fast-dllm" --out "$logs/rollout-d1.json" --device cuda --repeats 3
+  step bench-report 30 "$PY" "$bench" report --work d1 --parts "$logs/rollout-dlmspec.json" "$logs/rollout-d1.json" \
+    --out "$logs/rollout-bench.json"
+elif [ "$model" = dlm ]; then
+  log "rollout benchmark skipped: $(left)s left, or no LLaDA modelling files under $peers"
+fi
+exit 0

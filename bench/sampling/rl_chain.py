@@ -1,0 +1,327 @@
+"""The summary of one RL chain GPU call (bench/devbox/gpu/task_rl.sh): held-out accuracy before and
+after RL with their intervals, the reward and KL per logged step, planned against measured RL step
+time, and the rollout benchmark beside d1's loop (bench/sampling/d1_rollout.py).
+
+Reads only what the call wrote (each file may be missing: the summary then says so, it never fails):
+
+- ``eval-before.json`` / ``eval-after.json``: ``dlmspec eval RUN --task FILE --json`` of the model RL
+  starts from (the SFT model for the masked-diffusion algorithms, the pre-trained AR model for
+  ``grpo``) and of the RL run, both greedy (the task spec's ``[generate]`` through ``--spec``);
+- ``metrics-*.jsonl``: the runs' ``metrics.jsonl`` (``train`` records: ``step_time_s`` per log
+  interval, ``rl/...``; ``generation_accuracy`` records of the task model's training);
+- ``plan-rl.json``: the compiled RL job's ``plan.json`` (``time.step_seconds``, ``rl.*``);
+- ``rollout-bench.json``: ``d1_rollout.py report``;
+- ``steps.tsv``: ``name, exit code, start, end`` (epoch seconds) of every step the script ran.
+
+Planned against measured step time: the plan's ``time.step_seconds`` (the mean step, a rollout batch
+spread over its ``grpo_iterations`` steps, as the runtime's ``step_time_s`` averages a log interval)
+and the median ``step_time_s`` of the RL run's ``train`` records, leaving out the first interval
+(start-up, first kernels) and any interval that began before the held-out scoring of the starting
+model (run beside the RL run's start) ended. Target: within 15 %.
+
+The model RL starts from (``pick-start``): of the starting run's checkpoints that have an in-training
+held-out score on the *validation* prompts (``[eval.generation]``, greedy; the test prompts are kept
+for the scoring before and after RL), the latest whose accuracy is at most ``--max-accuracy``: RL
+needs completions that are sometimes right (a group whose rewards all agree has no advantage) and
+room above the start. When every scored checkpoint is above it, the earliest; without any score,
+the run's latest checkpoint.
+
+    python bench/sampling/rl_chain.py summary --logs LOGS --algo diffu-grpo --out OUT/summary.json
+    python bench/sampling/rl_chain.py pick-start --run runs/task-addition-ar --max-accuracy 0.75 --out LOGS/start.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+#: Planned RL step time within this share of the measured one: the issue's target.
+STEP_TIME_TOLERANCE = 0.15
+
+
+def load_json(path: Path) -> Any:
+    """The JSON document at ``path``, or ``None`` when it is missing or not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def records(path: Path) -> List[Dict[str, Any]]:
+    """The JSON objects of a JSONL file, one a line (missing file: none; a bad line is skipped: a
+    run killed mid-write leaves a partial last line)."""
+    out: List[Dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict):
+                    out.append(row)
+    except OSError:
+        pass
+    return out
+
+
+def _dicts(doc: Any) -> Iterator[Dict[str, Any]]:
+    todo = [doc]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            yield item
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+
+
+def heldout(path: Path) -> Optional[Dict[str, Any]]:
+    """The ``dlmspec eval --task`` result in ``path`` (the object holding ``accuracy`` and
+    ``interval_95``, wherever the JSON envelope nests it): accuracy, correct, n, interval, file and
+    the sampler's temperature and steps."""
+    for d in _dicts(load_json(path)):
+        if "accuracy" in d and "interval_95" in d:
+            settings = d.get("settings") or {}
+            return {**{k: d.get(k) for k in ("accuracy", "correct", "n", "interval_95", "file", "seconds")},
+                    "temperature": settings.get("temperature"), "steps": settings.get("steps"),
+                    "gen_length": settings.get("gen_length")}
+    return None
+
+
+def intervals_overlap(a: List[float], b: List[float]) -> bool:
+    """Whether the closed intervals ``[a0, a1]`` and ``[b0, b1]`` share a point."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def compare_heldout(before: Optional[Dict[str, Any]], after: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Accuracy after RL against before: the difference, whether the 95 % intervals overlap and
+    whether the issue's criterion holds (after above before, intervals apart)."""
+    if not before or not after:
+        return {"criterion_met": None, "why": "a held-out score is missing"}
+    overlap = intervals_overlap(before["interval_95"], after["interval_95"])
+    better = after["accuracy"] > before["accuracy"]
+    return {"difference": after["accuracy"] - before["accuracy"], "intervals_overlap": overlap,
+            "after_above_before": better, "criterion_met": better and not overlap,
+            "same_sampler": (before.get("temperature"), before.get("steps")) == (after.get("temperature"), after.get("steps"))}
+
+
+def rl_curve(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per logged RL step: iteration, mean reward, rollout exact-match share, KL, clip fraction,
+    step time, rollout tokens/s, and the seconds of the interval's rollouts and of its last update
+    (``rl/rollout_seconds``, ``rl/update_seconds``: where a step's time goes)."""
+    keys = {"reward": "rl/reward_mean", "accuracy": "rl/accuracy", "kl": "rl/kl", "clip": "rl/clip_fraction",
+            "step_time_s": "step_time_s", "rollout_tokens_per_s": "rl/rollout_tokens_per_s",
+            "rollout_seconds": "rl/rollout_seconds", "update_seconds": "rl/update_seconds"}
+    return [{"iteration": r.get("iteration"), **{k: r.get(v) for k, v in keys.items()}}
+            for r in rows if r.get("event") == "train" and "rl/reward_mean" in r]
+
+
+def measured_step_seconds(rows: List[Dict[str, Any]], *, not_before: Optional[float] = None) -> Dict[str, Any]:
+    """The median ``step_time_s`` of the ``train`` records, leaving out the first (start-up) and any
+    whose interval (``time - steps x step_time_s``, to ``time``) began before ``not_before``."""
+    train = [r for r in rows if r.get("event") == "train" and isinstance(r.get("step_time_s"), (int, float))]
+    kept, previous = [], None
+    for i, r in enumerate(train):
+        iteration = r.get("iteration")
+        steps = (iteration - previous) if isinstance(iteration, int) and isinstance(previous, int) else None
+        previous = iteration if isinstance(iteration, int) else previous
+        if i == 0:
+            continue
+        began = r.get("time") - steps * r["step_time_s"] if steps and isinstance(r.get("time"), (int, float)) else None
+        if not_before is not None and (began is None or began < not_before):
+            continue
+        kept.append(float(r["step_time_s"]))
+    return {"median_s": statistics.median(kept) if kept else None, "intervals": len(kept),
+            "left_out": len(train) - len(kept), "values": kept}
+
+
+def planned_step(plan: Any) -> Dict[str, Any]:
+    """The plan's step time and its RL terms (``None`` where the plan is missing)."""
+    if not isinstance(plan, dict):
+        return {"step_s": None}
+    time_ = plan.get("time") or {}
+    rl = plan.get("rl") or {}
+    parts = time_.get("breakdown_seconds") or {}
+    return {"step_s": time_.get("step_seconds"), "gpu": (plan.get("gpu") or {}).get("id"),
+            "rollout_s_per_step": parts.get("rl_rollout"), "scoring_s_per_step": parts.get("rl_scoring"),
+            "rollout_batch_s": rl.get("rollout_seconds"), "rollout_share": rl.get("rollout_share"),
+            "estimator": rl.get("estimator"), "estimator_passes": rl.get("estimator_passes")}
+
+
+def step_times(plan: Any, rows: List[Dict[str, Any]], not_before: Optional[float]) -> Dict[str, Any]:
+    """Planned against measured RL step time and whether they agree within :data:`STEP_TIME_TOLERANCE`
+    (``|planned - measured| / measured``)."""
+    planned, measured = planned_step(plan), measured_step_seconds(rows, not_before=not_before)
+    out: Dict[str, Any] = {"planned": planned, "measured": measured, "tolerance": STEP_TIME_TOLERANCE}
+    p, m = planned.get("step_s"), measured.get("median_s")
+    if p and m:
+        out["planned_over_measured"] = p / m
+        out["relative_error"] = abs(p - m) / m
+        out["within_tolerance"] = out["relative_error"] <= STEP_TIME_TOLERANCE
+    return out
+
+
+def steps_table(path: Path) -> Dict[str, Dict[str, Any]]:
+    """``steps.tsv`` as ``{name: {"exit", "start", "end", "seconds"}}`` (the last line of a name)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        cells = line.split("\t")
+        if len(cells) != 4:
+            continue
+        name, code, start, end = cells
+        try:
+            s, e = float(start), float(end)
+        except ValueError:
+            continue
+        out[name] = {"exit": code, "start": s, "end": e, "seconds": e - s}
+    return out
+
+
+def training(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """A training run's last iteration, last train and validation loss, median step time, and its
+    in-training generation accuracy per evaluation (``[eval.generation]``)."""
+    train = [r for r in rows if r.get("event") == "train"]
+    valid = [r for r in rows if r.get("event") == "valid" and isinstance(r.get("loss"), (int, float))]
+    gens = [{"iteration": r.get("iteration"), "accuracy": r["generation_accuracy"],
+             "interval_95": r.get("generation_interval_95")} for r in rows if "generation_accuracy" in r]
+    exits = [r for r in rows if r.get("event") == "exit"]
+    times = [r["step_time_s"] for r in train[1:] if isinstance(r.get("step_time_s"), (int, float))]
+    return {"last_iteration": train[-1].get("iteration") if train else None,
+            "train_iters": train[-1].get("train_iters") if train else None,
+            "last_loss": train[-1].get("loss") if train else None,
+            "last_valid_loss": valid[-1]["loss"] if valid else None,
+            "median_step_time_s": statistics.median(times) if times else None,
+            "generation_accuracy": gens, "exit": exits[-1].get("reason") if exits else None}
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _median(values: List[Any]) -> Optional[float]:
+    kept = [float(v) for v in values if _finite(v)]
+    return statistics.median(kept) if kept else None
+
+
+def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The summary of the call whose files are in ``logs`` (module docstring)."""
+    logs = Path(logs)
+    steps = steps_table(logs / "steps.tsv")
+    before, after = heldout(logs / "eval-before.json"), heldout(logs / "eval-after.json")
+    rl_rows = records(logs / "metrics-rl.jsonl")
+    curve = rl_curve(rl_rows)
+    not_before = (steps.get("eval-before") or {}).get("end")
+    bench = load_json(logs / "rollout-bench.json")
+    summary: Dict[str, Any] = {
+        "algorithm": algo,
+        "heldout_before": before, "heldout_after": after, "heldout": compare_heldout(before, after),
+        "rl_steps_logged": len(curve),
+        "reward_first": curve[0]["reward"] if curve else None, "reward_last": curve[-1]["reward"] if curve else None,
+        "kl_last": curve[-1]["kl"] if curve else None,
+        "rl_curve": curve,
+        "step_time": step_times(load_json(logs / "plan-rl.json"), rl_rows, not_before),
+        "rollout_bench": None if not isinstance(bench, dict) else {
+            k: bench.get(k) for k in ("tokens_per_second", "ratios", "fastest_d1", "ratio_over_fastest_d1", "target",
+                                      "target_met", "rollout_exact_match", "greedy_agreement", "rows", "settings",
+                                      "sides", "error")},
+        "rl_logged_rollout_seconds": _median([c["rollout_seconds"] for c in curve[1:]]),
+        "rl_logged_rollout_tokens_per_s": statistics.median([c["rollout_tokens_per_s"] for c in curve
+                                                             if _finite(c["rollout_tokens_per_s"])])
+        if any(_finite(c["rollout_tokens_per_s"]) for c in curve) else None,
+        "training": {name: training(records(logs / f"metrics-{name}.jsonl")) for name in ("task", "sft", "rl")
+                     if (logs / f"metrics-{name}.jsonl").exists()},
+        "start": load_json(logs / "start.json"),
+        "steps": steps,
+    }
+    if extra:
+        summary.update(extra)
+    return summary
+
+
+def field_value(text: str) -> Any:
+    """A ``--field`` value: a JSON number, ``true``, ``false`` or ``null`` as such, any other text as
+    the string it is (never parsed as an object or list)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if value is None or isinstance(value, (bool, int, float)) else text
+
+
+def pick_start(run_dir: Path, max_accuracy: float) -> Dict[str, Any]:
+    """The checkpoint RL starts from (module docstring): ``{"checkpoint", "iteration", "accuracy",
+    "rule", "candidates"}``; ``checkpoint`` is an ``iter_*`` folder or the run's checkpoints folder."""
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    scored: Dict[int, float] = {}
+    for r in records(run_dir / "metrics.jsonl"):
+        it, acc = r.get("iteration"), r.get("generation_accuracy")
+        if isinstance(it, int) and _finite(acc) and (root / f"iter_{it:07d}" / "dlmspec.json").is_file():
+            scored[it] = float(acc)  # a resume's later record wins
+    candidates = [{"iteration": it, "accuracy": scored[it]} for it in sorted(scored)]
+    if not candidates:
+        return {"checkpoint": str(root), "iteration": None, "accuracy": None, "candidates": [],
+                "rule": "no checkpoint with an in-training score: the run's latest"}
+    within = [c for c in candidates if c["accuracy"] <= max_accuracy]
+    chosen, rule = (within[-1], f"the latest with validation accuracy <= {max_accuracy}") if within else \
+        (candidates[0], f"every scored checkpoint is above {max_accuracy}: the earliest")
+    return {"checkpoint": str(root / f"iter_{chosen['iteration']:07d}"), **chosen, "rule": rule,
+            "max_accuracy": max_accuracy, "candidates": candidates}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "pick-start":
+        q = argparse.ArgumentParser(prog="rl_chain.py pick-start", description=pick_start.__doc__.splitlines()[0])
+        q.add_argument("--run", required=True, help="the starting run's folder (metrics.jsonl, checkpoints/)")
+        q.add_argument("--max-accuracy", type=float, default=0.75)
+        q.add_argument("--out", required=True, help="the choice as JSON")
+        a = q.parse_args(argv[1:])
+        if not 0.0 <= a.max_accuracy <= 1.0:
+            q.error(f"--max-accuracy {a.max_accuracy}: a share in [0, 1], e.g. 0.75")
+        choice = pick_start(Path(a.run), a.max_accuracy)
+        Path(a.out).write_text(json.dumps(choice, indent=1) + "\n")
+        print(choice["checkpoint"])
+        return 0
+    if argv and argv[0] == "summary":
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog="rl_chain.py summary", description=__doc__.splitlines()[0])
+    p.add_argument("--logs", required=True, help="the folder task_rl.sh wrote its files into")
+    p.add_argument("--algo", required=True, help="diffu-grpo, coupled-grpo or grpo")
+    p.add_argument("--out", required=True, help="summary.json to write")
+    p.add_argument("--field", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the call added to the summary (VALUE: a JSON number, true, false or null, "
+                        "else the text as written)")
+    args = p.parse_args(argv)
+    extra: Dict[str, Any] = {}
+    for item in args.field:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--field {item!r}: KEY=VALUE, e.g. --field gpu=h100")
+        extra[key] = field_value(value)
+    summary = summarize(Path(args.logs), args.algo, extra)
+    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    brief = {k: summary[k] for k in ("algorithm", "heldout_before", "heldout_after", "heldout", "reward_first",
+                                     "reward_last", "kl_last")}
+    brief["step_time"] = {k: summary["step_time"].get(k) for k in ("planned_over_measured", "within_tolerance")}
+    brief["step_time"]["planned_s"] = summary["step_time"]["planned"].get("step_s")
+    brief["step_time"]["measured_s"] = summary["step_time"]["measured"].get("median_s")
+    if summary["rollout_bench"]:
+        brief["rollout_bench"] = {k: summary["rollout_bench"].get(k) for k in ("tokens_per_second", "ratio_over_fastest_d1",
+                                                                               "target_met")}
+    print(json.dumps(brief, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
