@@ -70,6 +70,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 from torch import Tensor
 
+from dlmspec.names import CHECKPOINT_RECORD
 from dlmspec.backends.megatron.stage import LM_LOSS, StageBase, StageData, sum_reports
 
 from .rollout import (LOSS_REPORT, ROLLOUT_REPORT, RLConfig, RLCore, Rollout, RolloutEngine, RolloutStats,
@@ -434,7 +435,7 @@ class RLStage(StageBase):
                    "earlier dlmspec versions), which a resume into another parallel layout cannot read"
                    + (f" (refreshed at step {(iteration - 1) // sync * sync})" if refreshed else "")
                    + f". Fix: resume it once with the parallel layout it was saved with (parallel_layout in "
-                   f"{os.path.join(checkpoint, 'dlmspec.json')}) and let it save a checkpoint (checkpoints now keep "
+                   f"{os.path.join(checkpoint, CHECKPOINT_RECORD)}) and let it save a checkpoint (checkpoints now keep "
                    "the reference as a sharded state that any layout reads), then resume that one in the new layout")
         self.reference_synced_at = 0
         self._reload_reference_from_init_from(checkpoint)
