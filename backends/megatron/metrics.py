@@ -171,6 +171,18 @@ def model_flops_per_token_from_config(
     )
 
 
+def run_flops_per_token(config: TransformerConfig, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any],
+                        seq_length: int, objective: Any, train_iters: int) -> Tuple[int, Optional[int]]:
+    """``(step FLOPs per data token, data tokens' own FLOPs per token or None)`` of a run, both by
+    :func:`model_flops_per_token_of`: the first counts the objective's input (block diffusion: ``2 L``
+    positions at the mask's density, the output layer on the rows reaching it; the planner's
+    ``model_per_step / data tokens``), the second only where the objective's input is longer than
+    the data (then both MFUs are logged), else None."""
+    step = model_flops_per_token_of(config, layer_spec, model_kwargs, seq_length, objective, train_iters)
+    data = model_flops_per_token_of(config, layer_spec, model_kwargs, seq_length, data_only=True)
+    return step, (data if data != step else None)
+
+
 def model_flops_per_token_of(config: TransformerConfig, layer_spec: ModuleSpec, model_kwargs: Dict[str, Any],
                              seq_length: int, objective: Any = None, train_iters: int = 0,
                              data_only: bool = False) -> int:

@@ -40,7 +40,7 @@ from .metrics import (
     log_exit,
     log_start,
     log_validation,
-    model_flops_per_token_of,
+    run_flops_per_token,
     now,
     phase,
 )
@@ -258,18 +258,12 @@ def train(
     cross_entropy = stage.prepare_model(model)
     parts = StepParts(model, optimizer, scheduler, get_forward_backward_func(), num_microbatches,
                       sched.micro_batch_size, run.data.seq_length, device, ddp_config, build_generation_eval(run))
-    # per data token: the step's model FLOPs (block diffusion: 2L positions at the mask's density, the
-    # output layer on the rows reaching it; the planner's model_per_step / data tokens), and the data
-    # tokens' own where the objective's input is longer (both MFUs are logged)
-    flops_per_token = model_flops_per_token_of(transformer_config, layer_spec, model_kwargs, run.data.seq_length,
-                                               run.objective, sched.train_iters)
-    data_flops = model_flops_per_token_of(transformer_config, layer_spec, model_kwargs, run.data.seq_length,
-                                          data_only=True)
+    flops_per_token, data_flops = run_flops_per_token(transformer_config, layer_spec, model_kwargs,
+                                                      run.data.seq_length, run.objective, sched.train_iters)
     log_start(logger, run=run, objective=stage.kind, layer_spec=layer_spec, model=model, iteration=state.iteration,
               num_microbatches=num_microbatches, flops_per_token=flops_per_token, cross_entropy=cross_entropy,
               rope_fusion=rope_fusion, parallel_sizes=parallel_sizes, lock=start.lock, resume_from=start.resume_from,
               resume_check=start.resume_check, init_source=init_source, provenance=provenance, phases=phases)
-
     for m in model:
         m.train()
     profiler = (StepProfiler(run.logging.run_dir, run.logging.profile_step_start, run.logging.profile_step_end,
@@ -277,8 +271,7 @@ def train(
     record_host_launch(logger, "start", state.iteration)  # the host's launch speed, next to the step times
     meter = IntervalMeter(device, tokens_per_step=sched.global_batch_size * run.data.seq_length,
                           flops_per_token=flops_per_token, world_size=world,
-                          peak_tflops=run.logging.peak_tflops_per_gpu,
-                          data_flops_per_token=data_flops if data_flops != flops_per_token else None)
+                          peak_tflops=run.logging.peak_tflops_per_gpu, data_flops_per_token=data_flops)
     checkpoints.continue_run(meter)  # a resume's RNG states, set after everything above drew from them
     try:
         while state.iteration < sched.train_iters:
