@@ -41,7 +41,7 @@ records (``loss``). :func:`read_point` takes from them, per run:
 
 A run missing D, N or the loss is skipped (:class:`Skipped`, with why), never guessed. A folder
 that is no run folder, or a file that exists and cannot be read (a lock file; an ``eval.json``
-that is a link or no regular file, over the byte cap, unreadable, or JSON that is not the
+that is no regular file (a folder, a FIFO), over the byte cap, unreadable, or JSON that is not the
 ``dlmspec eval`` envelope or holds no dataset score), is an error
 (:class:`~dlmspec.errors.SpecError`, exit 2): such a file was put there by something other than
 an interrupted evaluation, and replacing its score by another validation set's loss would hide it.
@@ -179,7 +179,7 @@ def read_eval(run_dir: str, notes: list[str] | None = None) -> tuple[float, floa
     why goes to ``notes`` (when given).
 
     Raises:
-        SpecError: the file exists but cannot be read (a link or no regular file, over 16 MiB,
+        SpecError: the file exists but cannot be read (no regular file, over 16 MiB,
             an I/O error), or is JSON that is not the envelope, or holds no score of a dataset.
     """
     path = os.path.join(run_dir, EVAL_FILE)

@@ -25,7 +25,7 @@ the envelope's ``warnings``.
 ``-KIND`` before its suffix (``fit.png`` -> ``fit-ar.png``, ``fit-mdm.png``).
 
 Exit code 2 (file, key, why, fix) for a folder that is no run folder, a lock file or
-``eval.json`` that cannot be read (a link, no regular file, JSON that is not ``dlmspec eval``'s),
+``eval.json`` that cannot be read (no regular file, JSON that is not ``dlmspec eval``'s),
 no objective with as many usable runs as the law's parameters, an ``--objective`` no run trains,
 or a ``--plot`` it may not write. numpy, scipy and matplotlib are imported inside the command only.
 """
