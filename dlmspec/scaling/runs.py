@@ -26,7 +26,8 @@ records (``loss``). :func:`read_point` takes from them, per run:
   study's time budget) or that holds a failed evaluation's envelope (``"ok": false``) counts as
   no evaluation: the run keeps its valid loss and :attr:`RunPoint.notes` says why (``dlmspec
   fit`` prints it as a warning naming the file).
-* the objective: the start record's ``objective`` (else the lock's ``objective.kind``), and the
+* the objective: the start record's ``objective`` (else, or when it is not a plain name
+  (:data:`OBJECTIVE_NAME`), the lock's ``objective.kind``), and the
   configured data caps (``data.train[].max_unique_tokens``): runs pool as replicates only when
   these agree too (:func:`pool_replicates`).
 * U, unique tokens, and the epochs D / U: the lock's ``data.train`` (paths from the launch folder)
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -63,6 +65,9 @@ EVAL_FILE = "eval.json"
 LOCK_FILE = "spec.lock.toml"
 #: The estimator ``dlmspec eval`` reports first (its default; ``dlmspec.cli.generate``).
 EVAL_ESTIMATORS = ("count", "time", "bd3")
+#: An objective kind as a start record may name it (it goes into ``--plot`` file names and table
+#: titles: no path separator, no markup); any other value falls back to the lock's objective.
+OBJECTIVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")
 #: The loss sources of ``dlmspec fit --loss`` (:func:`select_loss`).
 LOSS_SOURCES = ("auto", "eval", "valid")
 
@@ -332,9 +337,9 @@ def read_point(run_dir: str, *, loss: str = "auto") -> RunPoint | Skipped:
         return Skipped(run_dir, name, "; ".join(notes))
     first_loss, stderr, source = sources.get("eval") or sources["valid"]
     unique, why = _unique_tokens(spec, tokens, base)
-    objective = start.get("objective") if isinstance(start.get("objective"), str) and start.get("objective") else None
-    if objective is None:
-        objective = str(spec.objective.kind)
+    objective = start.get("objective")
+    if not (isinstance(objective, str) and OBJECTIVE_NAME.fullmatch(objective)):
+        objective = str(spec.objective.kind)  # the lock's, which the spec schema checked
     caps = tuple(sorted((str(e.prefix), int(e.max_unique_tokens)) for e in (getattr(spec.data, "train", None) or [])
                         if getattr(e, "max_unique_tokens", None) is not None))
     return RunPoint(run_dir=run_dir, name=name, params=counts.non_embedding, total_params=counts.total, tokens=tokens,
@@ -400,6 +405,21 @@ def sweep_runs(folder: str) -> list[str]:
     if not found:
         raise _issue(folder, "--sweep", folder, "holds no run folder (no sub-folder with metrics.jsonl)",
                      "give the folder holding the sweep's run folders (e.g. runs/), or the runs themselves")
+    return found
+
+
+def sweep_unstarted(folder: str) -> list[Skipped]:
+    """The sub-folders of ``folder`` that hold a run's ``spec.lock.toml`` but no ``metrics.jsonl``
+    (runs that never started, e.g. a study's time budget ran out first), each as a
+    :class:`Skipped` with why, so a sweep's fit names every run it leaves out."""
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for n in sorted(os.listdir(folder)):
+        path = os.path.join(folder, n)
+        if (os.path.isdir(path) and not os.path.lexists(os.path.join(path, "metrics.jsonl"))
+                and os.path.lexists(os.path.join(path, LOCK_FILE))):
+            found.append(Skipped(path, n, f"no metrics.jsonl, only its {LOCK_FILE}: the run never started"))
     return found
 
 

@@ -186,10 +186,12 @@ def fit_command(
     from dlmspec.scaling.runs import LOSS_SOURCES
 
     folders = list(runs or [])
+    unstarted = []
     if sweep is not None:
-        from dlmspec.scaling.runs import sweep_runs
+        from dlmspec.scaling.runs import sweep_runs, sweep_unstarted
 
         folders += sweep_runs(sweep)
+        unstarted = sweep_unstarted(sweep)
     if not folders:
         raise _issue("RUN...", None, "no run folder given", "dlmspec fit runs/a runs/b ... or dlmspec fit --sweep runs/")
     if loss not in LOSS_SOURCES:
@@ -203,7 +205,7 @@ def fit_command(
     from dlmspec.scaling.runs import RunPoint, by_objective, read_point
     from dlmspec.scaling.study import fit_objectives
 
-    points, skipped, warnings = [], [], []
+    points, skipped, warnings = [], list(unstarted), []
     for folder in dict.fromkeys(folders):  # a folder given twice counts once
         found = read_point(folder, loss=loss)
         (points if isinstance(found, RunPoint) else skipped).append(found)

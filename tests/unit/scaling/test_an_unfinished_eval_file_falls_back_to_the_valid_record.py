@@ -63,3 +63,14 @@ def test_an_eval_file_that_is_no_regular_file_is_still_refused(tmp_path: Path) -
     assert result.exit_code == 2, result.output
     issue = json.loads(result.stdout)["issues"][0]
     assert issue["key"] == "eval.json" and issue["hint"]
+
+
+def test_a_sweep_names_the_runs_that_never_started(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    scaling_kit.isoflop_study(runs)
+    never = scaling_kit.write_run(runs / "never-started", shape=(4, 256), tokens=None, loss=None)
+    (never / "metrics.jsonl").unlink()  # the study's budget ran out before it started: only its lock was kept
+    result = CliRunner().invoke(app, ["fit", "--sweep", str(runs), "--bootstrap", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    (skipped,) = json.loads(result.stdout)["result"]["skipped"]
+    assert skipped["name"] == "never-started" and "never started" in skipped["why"]

@@ -96,3 +96,12 @@ def test_an_objective_with_too_few_runs_is_named_and_the_others_fitted(tmp_path:
     assert list(doc["objectives"]) == ["ar"]
     assert "2 single-epoch points" in doc["not_fitted"]["mdm"]["why"]
     assert any("objective mdm is not fitted" in w["message"] for w in envelope["warnings"])
+
+
+def test_an_objective_that_is_no_plain_name_falls_back_to_the_locks(tmp_path: Path) -> None:
+    from dlmspec.scaling.runs import read_point
+    from dlmspec.spec.load import load
+
+    # the objective names --plot files and table titles: a path or markup in a start record never reaches them
+    run = scaling_kit.write_run(tmp_path / "r", shape=(4, 256), tokens=10**8, loss=3.0, objective="../../x[bold]")
+    assert read_point(str(run)).objective == load(str(run / "spec.lock.toml")).spec.objective.kind

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import scaling_kit
 from dlmspec.cli.commands import app
-from dlmspec.scaling.runs import RunPoint, select_loss
+from dlmspec.scaling.runs import RunPoint
 
 
 def run_cli(*args: str):
@@ -31,6 +31,8 @@ def _point(name: str, valid: float | None, elbo: float | None) -> RunPoint:
 
 
 def test_auto_takes_the_valid_records_unless_every_run_has_an_evaluation() -> None:
+    from dlmspec.scaling.runs import select_loss
+
     some = [_point("a", 4.0, 4.4), _point("b", 3.9, None)]
     chosen, skipped, used, why = select_loss(some, "auto")
     assert used == "valid" and "1 of 2" in why and not skipped
@@ -40,6 +42,8 @@ def test_auto_takes_the_valid_records_unless_every_run_has_an_evaluation() -> No
 
 
 def test_a_chosen_source_skips_the_runs_without_it_naming_them() -> None:
+    from dlmspec.scaling.runs import select_loss
+
     chosen, skipped, used, _ = select_loss([_point("a", 4.0, 4.4), _point("b", 3.9, None)], "eval")
     assert used == "eval" and [p.name for p in chosen] == ["a"]
     assert [s.name for s in skipped] == ["b"] and "no eval.json" in skipped[0].why
