@@ -180,7 +180,8 @@ def test_a_member_is_trained_then_evaluated_in_its_own_folder_and_its_files_kept
     kept = tmp_path / "kept"
     assert sorted(p.name for p in (kept / "runs" / "m1").iterdir()) == [
         "dlmspec.json", "eval.json", "metrics.jsonl", "spec.lock.toml"]
-    assert [p.name for p in (kept / ".data").iterdir()] == ["demo-valid_text_document.dlmspec.json"]
+    assert sorted(p.name for p in (kept / ".data").iterdir()) == ["demo-valid_text_document.dlmspec.json",
+                                                                   "demo-valid_text_document.idx"]
     failing = ("train-m2", ["bash", "-c", "echo boom; exit 3"], {})
     out = run.run_member({**row, "name": "m2"}, failing, ev, work, data, time.monotonic() + 60, threading.Lock())
     assert out["train"]["returncode"] == 3 and "eval" not in out and out["log_tail"] == ["boom"]

@@ -27,9 +27,10 @@ from ``--data-dir``; the planned training seconds), then what the run measured: 
 seconds of training and evaluation, the last validation loss of its ``metrics.jsonl``, and the
 evaluation. The result goes to ``bench/results/scaling/<date>-<gpu>-<name>.json`` (``--out``:
 under it); beside it, in the folder of the same name, ``runs/<name>/`` holds each member's
-``metrics.jsonl``, ``eval.json``, ``spec.lock.toml`` and last checkpoint's ``dlmspec.json``, and
-``.data/`` the dataset records, so ``dlmspec fit --sweep FOLDER/runs`` fits the study without its
-checkpoints (:func:`keep_files`).
+``metrics.jsonl``, ``eval.json`` (unless empty: an evaluation the budget stopped), ``spec.lock.toml``
+and last checkpoint's ``dlmspec.json``, and ``.data/`` the dataset records and indexes (``.idx``:
+document lengths, what a unique-token cap is counted with), so ``dlmspec fit --sweep FOLDER/runs``
+fits the study, epochs included, without its checkpoints or token files (:func:`keep_files`).
 """
 
 from __future__ import annotations
@@ -279,12 +280,21 @@ def run_member(row, train, ev, work: Path, data: Path, deadline: float, lock: th
     return out
 
 
+def _empty(path: Path) -> bool:
+    """Whether ``path`` holds nothing but white space (an evaluation stopped before it printed)."""
+    return path.stat().st_size < (1 << 16) and not path.read_bytes().strip()
+
+
 def keep_files(work: Path, rows: list[dict[str, Any]], dest: Path, data: Path | None = None) -> None:
     """A copy of the study that ``dlmspec fit --sweep DEST/runs`` reads, without the checkpoints:
-    ``DEST/runs/<name>/`` with each member's ``metrics.jsonl``, ``eval.json``, its compiled
-    ``spec.lock.toml`` and its last checkpoint's ``dlmspec.json`` (provenance and spec record), and
-    ``DEST/.data/`` with the dataset records (``*.dlmspec.json``: token counts) of ``data``, where
-    the locks' relative ``.data/`` paths point from ``DEST``."""
+    ``DEST/runs/<name>/`` with each member's ``metrics.jsonl``, ``eval.json`` (not when it is empty:
+    the study's budget stopped the evaluation, and the run's loss is then its ``metrics.jsonl``
+    valid record), its compiled ``spec.lock.toml`` and its last checkpoint's ``dlmspec.json``
+    (provenance and spec record), and ``DEST/.data/`` with each dataset's record
+    (``PREFIX.dlmspec.json``: token counts) of ``data`` and its index beside it (``PREFIX.idx``:
+    the documents' lengths, which a ``max_unique_tokens`` cap is counted with; ~17 KB for the demo
+    corpus, the ``.bin`` token files stay behind), where the locks' relative ``.data/`` paths point
+    from ``DEST``."""
     for row in rows:
         run_dir = member_dir(work, row["name"]) / "runs" / row["name"]
         target = dest / "runs" / row["name"]
@@ -292,13 +302,16 @@ def keep_files(work: Path, rows: list[dict[str, Any]], dest: Path, data: Path | 
         found.append(work / "compiled" / Path(row.get("study", "")).stem / row["name"] / "spec.lock.toml")
         found += sorted((run_dir / "checkpoints").glob("iter_*/dlmspec.json"))[-1:]
         for src in found:
-            if src.is_file():
+            if src.is_file() and not (src.name == "eval.json" and _empty(src)):
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, target / src.name)
     if data is not None and data.is_dir():
         for record in sorted(data.glob("*.dlmspec.json")):
             (dest / ".data").mkdir(parents=True, exist_ok=True)
             shutil.copyfile(record, dest / ".data" / record.name)
+            index = record.with_name(record.name[: -len(".dlmspec.json")] + ".idx")
+            if index.is_file():
+                shutil.copyfile(index, dest / ".data" / index.name)
 
 
 def prepare_data(args) -> int:

@@ -62,7 +62,8 @@ class IndexFacts:
         dtype: Token dtype name (``"uint16"``...); ``itemsize`` its bytes.
         sequences: ``S``; ``documents``: documents (``D - 1``).
         tokens: ``sum(sequence_lengths)``; ``data_bytes``: ``tokens * itemsize``, where the last
-            sequence ends in ``.bin``; ``bin_bytes``: the ``.bin``'s size.
+            sequence ends in ``.bin``; ``bin_bytes``: the ``.bin``'s size (``None``: no ``.bin``,
+            with ``bin_optional``).
         multimodal: The index holds sequence modes.
         sequence_lengths, sequence_pointers, document_indices: numpy arrays (int32, int64, int64)
             over the memory-mapped ``.idx``.
@@ -76,7 +77,7 @@ class IndexFacts:
     documents: int
     tokens: int
     data_bytes: int
-    bin_bytes: int
+    bin_bytes: int | None
     multimodal: bool
     sequence_lengths: Any
     sequence_pointers: Any
@@ -87,7 +88,7 @@ def _bad(path: str, why: str) -> IndexInconsistent:
     return IndexInconsistent(path, why, _PREPARE_AGAIN)
 
 
-def check_index(prefix: str, *, exact_bin: bool = False) -> IndexFacts:
+def check_index(prefix: str, *, exact_bin: bool = False, bin_optional: bool = False) -> IndexFacts:
     """Read ``PREFIX.idx`` and check it against itself and ``PREFIX.bin`` (see the module doc).
 
     Args:
@@ -95,6 +96,10 @@ def check_index(prefix: str, *, exact_bin: bool = False) -> IndexFacts:
         exact_bin: Also require the ``.bin`` to end where the last sequence ends (megatron's
             builder writes the tokens back to back; training refuses anything else, ``data
             inspect`` only notes it).
+        bin_optional: A missing ``.bin`` is no error (``bin_bytes`` is then ``None``): for
+            counting documents and tokens from the index alone (the unique tokens of a results
+            folder that keeps each dataset's ``.idx`` but not its tokens). A ``.bin`` that
+            exists is checked as always.
 
     Returns:
         :class:`IndexFacts` of a consistent index.
@@ -176,6 +181,11 @@ def check_index(prefix: str, *, exact_bin: bool = False) -> IndexFacts:
     try:
         st = os.stat(bin_path)
     except FileNotFoundError:
+        if bin_optional:
+            return IndexFacts(idx_path=idx_path, bin_path=bin_path, dtype=dtype, itemsize=itemsize,
+                              sequences=sequences, documents=doc_entries - 1, tokens=data_bytes // itemsize,
+                              data_bytes=data_bytes, bin_bytes=None, multimodal=size != expected,
+                              sequence_lengths=lengths, sequence_pointers=pointers, document_indices=docs)
         raise FileRefused(bin_path, "the data file (.bin) beside the index does not exist",
                           "copy the .bin with its .idx, or " + _PREPARE_AGAIN) from None
     except OSError as exc:

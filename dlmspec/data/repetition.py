@@ -32,7 +32,7 @@ What ``plan``, ``show`` and ``validate`` say about a run's data, and what the ru
   ``T = sum(T_i)``, ``U = sum(U_i)``, seen ``= sum(min(T_i, U_i))``, epochs ``T / U``.
 
 Counts come from each dataset's ``.idx`` (:func:`dlmspec.data.index.check_index`: exact per
-document); without a readable index, from its record (``PREFIX.dlmspec.json``,
+document; the ``.bin`` is checked when present, but the counts need only the index); without a readable index, from its record (``PREFIX.dlmspec.json``,
 :mod:`dlmspec.data.record`: ``tokens``) only where neither a split nor a cap needs the
 per-document lengths. Otherwise the counts are *unknown* and :attr:`DatasetTokens.why` says why;
 nothing is estimated.
@@ -226,7 +226,7 @@ def _dataset_tokens_cached(prefix: str, split: str | None, cap: int | None, mark
 
     entry = prefix
     try:
-        facts = check_index(prefix)
+        facts = check_index(prefix, bin_optional=True)  # the counts need the document lengths, not the tokens
     except FileRefused as exc:
         reason = f"{exc.path}: {exc.why}"
     except (OSError, ValueError) as exc:

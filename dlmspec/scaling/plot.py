@@ -1,7 +1,7 @@
 """The figure of ``dlmspec fit --plot PATH`` (a PNG; matplotlib with its Agg backend, imported
 only here).
 
-Left: the isoFLOP profiles, loss against N per compute budget: the points (repeated-data runs as
+One objective's fit (its kind and loss source in the title). Left: the isoFLOP profiles, loss against N per compute budget: the points (repeated-data runs as
 crosses), each budget's parabola (approach 2), the fitted law along the budget (N, D = C/(k N)),
 and the law's optimum N*(C) with its bootstrap interval (a token costing ``s N + b`` FLOPs, as
 :func:`dlmspec.scaling.law.flops_per_token_line` fits it). Right: the compute-optimal N*(C) of the
@@ -60,8 +60,11 @@ def draw(study: Any, output: str) -> None:
     c = np.array([p.flops for p in base], dtype=float)
     loss = np.array([p.loss for p in base], dtype=float)
     err = np.array([np.nan if p.stderr is None else p.stderr for p in base], dtype=float)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.12, top=0.9, wspace=0.25)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.9))
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.12, top=0.85, wspace=0.25)
+    if getattr(study, "objective", None):
+        source = {"eval": "eval.json", "valid": "metrics.jsonl valid records"}.get(study.loss_source or "", "?")
+        fig.suptitle(f"objective {study.objective}: loss from {source}", fontsize=11)
     colours = plt.cm.viridis(np.linspace(0.05, 0.85, max(len(study.isoflops.budgets), 1)))
     for colour, budget, row in zip(colours, study.isoflops.budgets, study.optimum):
         idx = np.array(budget.indices)

@@ -12,10 +12,24 @@ records (``loss``). :func:`read_point` takes from them, per run:
   forward + backward matmuls, attention included).
 * N, parameters: non-embedding (as Kaplan et al. 2020 and Hoffmann et al. 2022 fit them), counted
   from the run's ``spec.lock.toml`` by :func:`dlmspec.params.count_parameters`; the total beside.
-* the final loss: ``eval.json`` in the run folder when present (what ``dlmspec eval RUN --data
-  PREFIX --json > RUN/eval.json`` prints: for a masked-diffusion model the ELBO bound on NLL per
-  token of its default estimator with its standard error, for AR the exact NLL per token), else
-  the last ``valid`` record's loss (no standard error).
+* the final loss, from one of two sources (both read; :func:`select_loss` picks one for all the
+  runs of an objective, so one fit never mixes validation sets):
+
+  - ``eval``: ``eval.json`` in the run folder (what ``dlmspec eval RUN --data PREFIX --json >
+    RUN/eval.json`` prints: for a masked-diffusion model the ELBO bound on NLL per token of its
+    default estimator with its standard error, for AR the exact NLL per token);
+  - ``valid``: the last ``valid`` record of ``metrics.jsonl`` (the training's own validation
+    loss, on its validation split; no standard error).
+
+  :attr:`RunPoint.loss` is the eval loss when the run has one, else the valid one.
+  An ``eval.json`` that is empty or not JSON (an evaluation stopped before it printed, e.g. by a
+  study's time budget) or that holds a failed evaluation's envelope (``"ok": false``) counts as
+  no evaluation: the run keeps its valid loss and :attr:`RunPoint.notes` says why (``dlmspec
+  fit`` prints it as a warning naming the file).
+* the objective: the start record's ``objective`` (else, or when it is not a plain name
+  (:data:`OBJECTIVE_NAME`), the lock's ``objective.kind``), and the
+  configured data caps (``data.train[].max_unique_tokens``): runs pool as replicates only when
+  these agree too (:func:`pool_replicates`).
 * U, unique tokens, and the epochs D / U: the lock's ``data.train`` (paths from the launch folder)
   counted by :mod:`dlmspec.data.repetition`, the planner's arithmetic: each dataset's training
   split (``data.split`` carved out when there is no ``data.valid``) after its
@@ -27,19 +41,23 @@ records (``loss``). :func:`read_point` takes from them, per run:
   data-constrained fit needs them.
 
 A run missing D, N or the loss is skipped (:class:`Skipped`, with why), never guessed. A folder
-that is no run folder, or a file that exists and cannot be read (a lock file, ``eval.json``), is an
-error (:class:`~dlmspec.errors.SpecError`, exit 2).
+that is no run folder, or a file that exists and cannot be read (a lock file; an ``eval.json``
+that is no regular file (a folder, a FIFO), over the byte cap, unreadable, or JSON that is not the
+``dlmspec eval`` envelope or holds no dataset score), is an error
+(:class:`~dlmspec.errors.SpecError`, exit 2): such a file was put there by something other than
+an interrupted evaluation, and replacing its score by another validation set's loss would hide it.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlmspec.errors import SpecError, SpecIssue
-from dlmspec.files import FileRefused, read_json
+from dlmspec.files import FileRefused, loads_json, read_text
 
 #: The file ``dlmspec fit`` reads a run's evaluation from (``dlmspec eval ... --json`` output).
 EVAL_FILE = "eval.json"
@@ -47,6 +65,11 @@ EVAL_FILE = "eval.json"
 LOCK_FILE = "spec.lock.toml"
 #: The estimator ``dlmspec eval`` reports first (its default; ``dlmspec.cli.generate``).
 EVAL_ESTIMATORS = ("count", "time", "bd3")
+#: An objective kind as a start record may name it (it goes into ``--plot`` file names and table
+#: titles: no path separator, no markup); any other value falls back to the lock's objective.
+OBJECTIVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")
+#: The loss sources of ``dlmspec fit --loss`` (:func:`select_loss`).
+LOSS_SOURCES = ("auto", "eval", "valid")
 
 
 @dataclass
@@ -65,6 +88,10 @@ class RunPoint:
         unique_tokens: U (``None``: unknown; ``unique_why`` says why).
         epochs: D / U (``None`` with U).
         objective: The run's objective kind (``mdm``, ``ar``, ...).
+        data_caps: The configured ``data.train[].max_unique_tokens`` as sorted ``(prefix, cap)``
+            pairs (empty: no cap).
+        sources: Every loss the run has, ``{"eval" | "valid": (loss, stderr, source words)}``.
+        notes: What the reader found worth a warning (an empty ``eval.json``), one sentence each.
     """
 
     run_dir: str
@@ -80,13 +107,16 @@ class RunPoint:
     epochs: float | None = None
     unique_why: str | None = None
     objective: str | None = None
+    data_caps: tuple[tuple[str, int], ...] = ()
+    sources: dict[str, tuple[float, float | None, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_dir": self.run_dir, "name": self.name, "N": self.params, "N_total": self.total_params,
                 "D": self.tokens, "C": self.flops, "loss": self.loss, "stderr": self.stderr,
                 "loss_source": self.loss_source, "unique_tokens": self.unique_tokens, "epochs": self.epochs,
-                "unique_why": self.unique_why, "objective": self.objective}
+                "unique_why": self.unique_why, "objective": self.objective,
+                "max_unique_tokens": dict(self.data_caps) or None}
 
 
 @dataclass
@@ -146,21 +176,42 @@ def find_lock(run_dir: str, start: dict[str, Any], base: str) -> str | None:
     return None
 
 
-def read_eval(run_dir: str) -> tuple[float, float | None, str] | None:
+def read_eval(run_dir: str, notes: list[str] | None = None) -> tuple[float, float | None, str] | None:
     """``(loss, stderr, source)`` from ``<run_dir>/eval.json`` (the ``dlmspec eval --json``
-    envelope), or ``None`` when the run folder has none.
+    envelope), or ``None`` when the run folder has none, or has one that records no finished
+    evaluation: empty, not JSON (an evaluation stopped before it printed all of it), or the
+    envelope of a failed evaluation (``"ok": false``). For those a sentence naming the file and
+    why goes to ``notes`` (when given).
 
     Raises:
-        SpecError: the file exists but is unreadable, or holds no score of a dataset.
+        SpecError: the file exists but cannot be read (no regular file, over 16 MiB,
+            an I/O error), or is JSON that is not the envelope, or holds no score of a dataset.
     """
     path = os.path.join(run_dir, EVAL_FILE)
     if not os.path.lexists(path):
         return None
     fix = f"write it with: dlmspec eval {run_dir} --data PREFIX --json > {path}"
     try:
-        body = read_json(path, limit=16 << 20, what="eval result")
+        text = read_text(path, limit=16 << 20, what="eval result")
     except FileRefused as exc:
         raise _issue(run_dir, EVAL_FILE, exc.path, exc.why, exc.hint, file=path) from None
+    unfinished = None
+    if not text.strip():
+        unfinished = "is empty (the evaluation was stopped before it printed its result)"
+    else:
+        try:
+            body = loads_json(text, where=path, what="eval result")
+        except FileRefused as exc:
+            body, unfinished = None, f"is not a whole JSON document ({exc.why}: an evaluation stopped while printing?)"
+        if isinstance(body, dict) and body.get("ok") is False:
+            issues = body.get("issues") if isinstance(body.get("issues"), list) else []
+            first = issues[0] if issues and isinstance(issues[0], dict) else {}
+            unfinished = ("records a failed evaluation (\"ok\": false" +
+                          (f": {first.get('key')}: {first.get('message')}" if first else "") + ")")
+    if unfinished is not None:
+        if notes is not None:
+            notes.append(f"{path} {unfinished}: its loss is not used; {fix}")
+        return None
     result = body.get("result") if isinstance(body, dict) else None
     if not isinstance(result, dict):
         raise _issue(run_dir, EVAL_FILE, path, "is not the JSON `dlmspec eval --json` prints (no 'result' object)",
@@ -219,12 +270,17 @@ def _unique_tokens(spec: Any, tokens: int, base: str) -> tuple[int | None, str |
     return int(round(rep.seen_tokens)), None
 
 
-def read_point(run_dir: str) -> RunPoint | Skipped:
+def read_point(run_dir: str, *, loss: str = "auto") -> RunPoint | Skipped:
     """One run folder's point (the module docstring), or why it is skipped.
+
+    Args:
+        run_dir: The run folder.
+        loss: ``"valid"`` reads no ``eval.json`` (the fit will not use it); ``"auto"`` and
+            ``"eval"`` read both sources (:func:`select_loss` chooses).
 
     Raises:
         SpecError: ``run_dir`` is no run folder (no ``metrics.jsonl``), or its lock file or
-            ``eval.json`` exists and cannot be read.
+            ``eval.json`` exists and cannot be read (the module docstring).
     """
     from dlmspec.cli.runs import read_run
 
@@ -260,22 +316,79 @@ def read_point(run_dir: str) -> RunPoint | Skipped:
     from dlmspec.params import count_parameters
 
     counts = count_parameters(spec.model)
-    found = read_eval(run_dir)
-    if found is None:
-        valid = [r for r in log.events("valid") if _number(r.get("loss"))]
-        if not valid:
-            return Skipped(run_dir, name, f"no validation loss: no valid record in metrics.jsonl and no {EVAL_FILE} "
-                           f"(dlmspec eval {run_dir} --data PREFIX --json > {os.path.join(run_dir, EVAL_FILE)})")
-        found = (float(valid[-1]["loss"]), None, f"metrics.jsonl valid record (iteration {valid[-1].get('iteration')})")
-    loss, stderr, source = found
-    if not loss > 0:
-        return Skipped(run_dir, name, f"the loss from {source} is {loss}, not a positive number")
+    notes: list[str] = []
+    sources: dict[str, tuple[float, float | None, str]] = {}
+    found = read_eval(run_dir, notes) if loss != "valid" else None
+    if found is not None:
+        sources["eval"] = found
+    valid = [r for r in log.events("valid") if _number(r.get("loss"))]
+    if valid:
+        sources["valid"] = (float(valid[-1]["loss"]), None,
+                            f"metrics.jsonl valid record (iteration {valid[-1].get('iteration')})")
+    if not sources:
+        why = "; ".join(notes) if notes else f"no {EVAL_FILE}"
+        return Skipped(run_dir, name, f"no validation loss: no valid record in metrics.jsonl and {why} "
+                       f"(dlmspec eval {run_dir} --data PREFIX --json > {os.path.join(run_dir, EVAL_FILE)})")
+    for key, (value, _, source) in list(sources.items()):
+        if not value > 0:
+            notes.append(f"the loss from {source} is {value}, not a positive number: not used")
+            del sources[key]
+    if not sources:
+        return Skipped(run_dir, name, "; ".join(notes))
+    first_loss, stderr, source = sources.get("eval") or sources["valid"]
     unique, why = _unique_tokens(spec, tokens, base)
-    objective = start.get("objective") if isinstance(start.get("objective"), str) else None
+    objective = start.get("objective")
+    if not (isinstance(objective, str) and OBJECTIVE_NAME.fullmatch(objective)):
+        objective = str(spec.objective.kind)  # the lock's, which the spec schema checked
+    caps = tuple(sorted((str(e.prefix), int(e.max_unique_tokens)) for e in (getattr(spec.data, "train", None) or [])
+                        if getattr(e, "max_unique_tokens", None) is not None))
     return RunPoint(run_dir=run_dir, name=name, params=counts.non_embedding, total_params=counts.total, tokens=tokens,
-                    flops=float(flops_per_token) * tokens, loss=loss, stderr=stderr, loss_source=source,
+                    flops=float(flops_per_token) * tokens, loss=first_loss, stderr=stderr, loss_source=source,
                     unique_tokens=unique, epochs=(tokens / unique) if unique else None, unique_why=why,
-                    objective=objective)
+                    objective=objective, data_caps=caps, sources=sources, notes=notes)
+
+
+def by_objective(points: list[RunPoint]) -> dict[str, list[RunPoint]]:
+    """The points grouped by :attr:`RunPoint.objective` (``ar``, ``mdm``, ...), objectives sorted
+    by name; each objective is a study of its own (its own law, isoFLOP parabolas and optimum)."""
+    groups: dict[str, list[RunPoint]] = {}
+    for p in points:
+        groups.setdefault(p.objective or "unknown", []).append(p)
+    return dict(sorted(groups.items()))
+
+
+def select_loss(points: list[RunPoint], source: str = "auto") -> tuple[list[RunPoint], list[Skipped], str, str]:
+    """One loss source for all ``points`` (the runs of one objective), so their fit compares
+    losses on one validation set: ``(points with that loss, runs skipped for lack of it, the
+    source used ("eval" or "valid"), why it was used)``.
+
+    ``source``: ``"eval"`` (every run's ``eval.json``; runs without one are skipped), ``"valid"``
+    (every run's last ``metrics.jsonl`` valid record; runs without one are skipped), ``"auto"``
+    (``eval`` when every run has one, else ``valid`` for all).
+
+    Raises:
+        ValueError: ``source`` is none of :data:`LOSS_SOURCES`.
+    """
+    if source not in LOSS_SOURCES:
+        raise ValueError(f"loss source {source!r}: expected one of {', '.join(LOSS_SOURCES)}")
+    with_eval = sum(1 for p in points if "eval" in p.sources)
+    if source == "auto":
+        used = "eval" if points and with_eval == len(points) else "valid"
+        why = (f"auto: every one of the {len(points)} runs has an {EVAL_FILE}" if used == "eval" else
+               f"auto: {with_eval} of {len(points)} runs have an {EVAL_FILE}, so all use their metrics.jsonl valid record")
+    else:
+        used, why = source, f"--loss {source}"
+    chosen, skipped = [], []
+    for p in points:
+        found = p.sources.get(used)
+        if found is None:
+            what = (f"no {EVAL_FILE} with a score" if used == "eval" else "no valid record in metrics.jsonl")
+            skipped.append(Skipped(p.run_dir, p.name, f"{what}, and the fit of its objective ({p.objective}) uses "
+                                   f"{'eval.json' if used == 'eval' else 'the valid records'} ({why})"))
+            continue
+        loss, stderr, words = found
+        chosen.append(replace(p, loss=loss, stderr=stderr, loss_source=words))
+    return chosen, skipped, used, why
 
 
 def sweep_runs(folder: str) -> list[str]:
@@ -295,6 +408,21 @@ def sweep_runs(folder: str) -> list[str]:
     return found
 
 
+def sweep_unstarted(folder: str) -> list[Skipped]:
+    """The sub-folders of ``folder`` that hold a run's ``spec.lock.toml`` but no ``metrics.jsonl``
+    (runs that never started, e.g. a study's time budget ran out first), each as a
+    :class:`Skipped` with why, so a sweep's fit names every run it leaves out."""
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for n in sorted(os.listdir(folder)):
+        path = os.path.join(folder, n)
+        if (os.path.isdir(path) and not os.path.lexists(os.path.join(path, "metrics.jsonl"))
+                and os.path.lexists(os.path.join(path, LOCK_FILE))):
+            found.append(Skipped(path, n, f"no metrics.jsonl, only its {LOCK_FILE}: the run never started"))
+    return found
+
+
 @dataclass
 class Pooled:
     """Replicates of one (N, D, U) pooled into one point (:func:`pool_replicates`)."""
@@ -303,14 +431,22 @@ class Pooled:
     replicates: list[str]
 
 
+def replicate_key(p: RunPoint) -> tuple[Any, ...]:
+    """What replicates share: objective, N, D, U and the configured data caps
+    (``data.train[].max_unique_tokens``). U alone cannot tell data-constrained runs apart when it
+    is unknown (no ``.idx`` to count a cap with), so the caps as configured are part of the key."""
+    return (p.objective, p.params, p.tokens, p.unique_tokens, p.data_caps)
+
+
 def pool_replicates(points: list[RunPoint]) -> list[Pooled]:
-    """Runs of the same N, D and U (replicates: other seeds) pooled into one point: the
+    """Runs of the same :func:`replicate_key` (replicates: other seeds) pooled into one point: the
     inverse-variance weighted mean loss with standard error ``1 / sqrt(sum 1/s_i^2)`` when every
     replicate has a standard error; else the plain mean with the replicates' standard error of
-    the mean (``std / sqrt(k)``, ``k >= 2``). Runs differing in any of N, D, U are distinct points."""
-    groups: dict[tuple[int, int, int | None], list[RunPoint]] = {}
+    the mean (``std / sqrt(k)``, ``k >= 2``). Runs differing in any part of the key (objective,
+    N, D, U, data caps) are distinct points."""
+    groups: dict[tuple[Any, ...], list[RunPoint]] = {}
     for p in points:
-        groups.setdefault((p.params, p.tokens, p.unique_tokens), []).append(p)
+        groups.setdefault(replicate_key(p), []).append(p)
     pooled = []
     for members in groups.values():
         if len(members) == 1:
@@ -331,6 +467,7 @@ def pool_replicates(points: list[RunPoint]) -> list[Pooled]:
                          params=first.params, total_params=first.total_params, tokens=first.tokens,
                          flops=sum(m.flops for m in members) / len(members), loss=loss, stderr=err,
                          loss_source=f"pooled over {len(members)} replicates", unique_tokens=first.unique_tokens,
-                         epochs=first.epochs, unique_why=first.unique_why, objective=first.objective)
+                         epochs=first.epochs, unique_why=first.unique_why, objective=first.objective,
+                         data_caps=first.data_caps)
         pooled.append(Pooled(point, [m.run_dir for m in members]))
     return pooled

@@ -12,6 +12,11 @@ prints and draws.
   published ones.
 * The compute-optimal N*(C) and D*(C) of the law at each compute budget present, with bootstrap
   intervals (the same resamples as the law's).
+
+A study whose runs train different objectives (AR and a diffusion LM side by side) is several
+studies: :func:`fit_objectives` fits each objective's runs on their own (a law, parabolas and
+optimum each), every run of an objective with the same loss source
+(:func:`dlmspec.scaling.runs.select_loss`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from dlmspec.scaling.isoflop import BUDGET_TOLERANCE, IsoFlopFit, fit_isoflops, group_budgets
 from dlmspec.scaling.law import PARAMETERS, FitError, LawFit, fit_law
 from dlmspec.scaling.repetition import RepetitionFit, fit_repetition
-from dlmspec.scaling.runs import Pooled, RunPoint, pool_replicates
+from dlmspec.scaling.runs import Pooled, RunPoint, Skipped, by_objective, pool_replicates, select_loss
 
 #: A run whose epochs exceed this repeats its data (a rounding margin above one epoch).
 SINGLE_EPOCH = 1.0 + 1e-6
@@ -41,11 +46,59 @@ class StudyFit:
     optimum: list[dict[str, Any]]
     repetition: RepetitionFit | None = None
     repeated: list[RunPoint] = field(default_factory=list)
+    objective: str | None = None
+    loss_source: str | None = None
+    loss_why: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``points``, ``law``, ``isoflops``, ``optimum``, ``data_constrained``, and
+        ``objective`` (the runs' objective kind) with ``loss`` (``{"source": "eval" | "valid",
+        "why": ...}``) when :func:`fit_objectives` made it."""
         return {"points": [dict(p.point.as_dict(), replicates=p.replicates) for p in self.points],
                 "law": self.law.as_dict(), "isoflops": self.isoflops.as_dict(), "optimum": self.optimum,
-                "data_constrained": self.repetition.as_dict() if self.repetition else None}
+                "data_constrained": self.repetition.as_dict() if self.repetition else None,
+                "objective": self.objective, "loss": {"source": self.loss_source, "why": self.loss_why}}
+
+
+@dataclass
+class ObjectiveFits:
+    """:func:`fit_objectives`' answer: ``fits`` (objective kind -> its :class:`StudyFit`),
+    ``failed`` (objective kind -> the :class:`~dlmspec.scaling.law.FitError` that kept it from a
+    fit), ``skipped`` (runs left out because they lack the loss source their objective uses) and
+    ``left_out`` (runs of objectives other than the one asked for)."""
+
+    fits: dict[str, StudyFit]
+    failed: dict[str, FitError]
+    skipped: list[Skipped]
+    left_out: list[RunPoint]
+
+
+def fit_objectives(points: list[RunPoint], *, loss: str = "auto", objective: str | None = None,
+                   **options: Any) -> ObjectiveFits:
+    """Fit each objective's points on their own (:func:`~dlmspec.scaling.runs.by_objective`):
+    one loss source for all the runs of an objective (:func:`~dlmspec.scaling.runs.select_loss`,
+    ``loss``: ``auto``, ``eval`` or ``valid``), then :func:`fit_study` (``options``: its keyword
+    arguments). ``objective``: fit only that kind (the other runs go to ``left_out``).
+
+    An objective with too few points is in ``failed`` with why; the others are fitted.
+    """
+    groups = by_objective(points)
+    left_out: list[RunPoint] = []
+    if objective is not None:
+        left_out = [p for kind, ps in groups.items() if kind != objective for p in ps]
+        groups = {objective: groups.get(objective, [])}
+    answer = ObjectiveFits(fits={}, failed={}, skipped=[], left_out=left_out)
+    for kind, members in groups.items():
+        chosen, skipped, used, why = select_loss(members, loss)
+        answer.skipped += skipped
+        try:
+            fit = fit_study(chosen, **options)
+        except FitError as exc:
+            answer.failed[kind] = exc
+            continue
+        fit.objective, fit.loss_source, fit.loss_why = kind, used, why
+        answer.fits[kind] = fit
+    return answer
 
 
 def fit_study(points: list[RunPoint], *, bootstrap: int = 200, percentile: float = 95.0, seed: int = 0,
@@ -85,4 +138,4 @@ def fit_study(points: list[RunPoint], *, bootstrap: int = 200, percentile: float
     return study
 
 
-__all__ = ["FitError", "StudyFit", "fit_study"]
+__all__ = ["FitError", "ObjectiveFits", "StudyFit", "fit_objectives", "fit_study"]

@@ -54,12 +54,14 @@ SHAPES = ((4, 256), (6, 384), (8, 512), (12, 768))
 
 def write_run(folder: Path, *, shape: tuple[int, int], tokens: int | None, loss: float | None,
               flops_per_token: float | None = None, eval_result: dict[str, Any] | None = None,
-              name: str | None = None, data: dict[str, Any] | None = None, lock: bool = True) -> Path:
+              name: str | None = None, data: dict[str, Any] | None = None, lock: bool = True,
+              objective: str = "mdm") -> Path:
     """A run folder as the runtime leaves it: ``spec.lock.toml`` (spec_kit's spec with ``shape``),
     ``metrics.jsonl`` with a start record (``model_flops_per_token``: default 6 N, N counted as
     ``dlmspec fit`` counts it), a train record with ``tokens_seen`` (none if ``tokens`` is None),
     a valid record with ``loss`` (none if ``loss`` is None), and ``eval.json`` when
-    ``eval_result`` is given (the ``result`` of ``dlmspec eval --json``)."""
+    ``eval_result`` is given (the ``result`` of ``dlmspec eval --json``). ``objective``: the start
+    record's objective kind (the lock keeps spec_kit's)."""
     from dlmspec.params import count_parameters
     from dlmspec.spec.load import load
 
@@ -73,7 +75,7 @@ def write_run(folder: Path, *, shape: tuple[int, int], tokens: int | None, loss:
     n = count_parameters(load(path).spec.model).non_embedding
     if not lock:
         path.unlink()
-    records = [{"event": "start", "name": name or folder.name, "iteration": 0, "objective": "mdm",
+    records = [{"event": "start", "name": name or folder.name, "iteration": 0, "objective": objective,
                 "model_flops_per_token": flops_per_token if flops_per_token is not None else 6 * n,
                 "spec_lock": "spec.lock.toml-not-here", "run_config": {"logging": {"run_dir": f"runs/{folder.name}"}}}]
     if tokens is not None:
@@ -99,12 +101,14 @@ def non_embedding(shape: tuple[int, int]) -> int:
 
 
 def isoflop_study(root: Path, budgets: tuple[float, ...] = (1e16, 1e17, 1e18), seed: int = 0,
-                  noise: float = 0.003) -> list[Path]:
-    """Run folders of an isoFLOP study of :data:`KNOWN`: per budget C each of :data:`SHAPES` with
-    D = C / (6 N) and the law's loss times ``exp(noise x normal)``."""
+                  noise: float = 0.003, law: dict[str, float] | None = None, objective: str = "mdm",
+                  prefix: str = "") -> list[Path]:
+    """Run folders ``PREFIXc<i>-<layers>x<hidden>`` of an isoFLOP study of ``law`` (default
+    :data:`KNOWN`) for ``objective``: per budget C each of :data:`SHAPES` with D = C / (6 N) and the
+    law's loss times ``exp(noise x normal)``."""
     from dlmspec.scaling.law import Law
 
-    law = Law(**KNOWN)
+    law = Law(**(law or KNOWN))
     rng = np.random.default_rng(seed)
     folders = []
     for i, budget in enumerate(budgets):
@@ -112,5 +116,6 @@ def isoflop_study(root: Path, budgets: tuple[float, ...] = (1e16, 1e17, 1e18), s
             n = non_embedding(shape)
             d = int(budget / (6 * n))
             loss = float(law.loss(n, d) * np.exp(noise * rng.standard_normal()))
-            folders.append(write_run(root / f"c{i}-{shape[0]}x{shape[1]}", shape=shape, tokens=d, loss=loss))
+            folders.append(write_run(root / f"{prefix}c{i}-{shape[0]}x{shape[1]}", shape=shape, tokens=d, loss=loss,
+                                     objective=objective))
     return folders

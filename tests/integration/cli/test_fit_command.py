@@ -109,9 +109,10 @@ def test_an_unreadable_lock_file_exits_2_naming_it(tmp_path: Path) -> None:
     assert "cannot be read" in issue["message"] and issue["hint"]
 
 
-def test_a_corrupt_eval_file_exits_2_naming_it(tmp_path: Path) -> None:
+def test_an_eval_file_that_is_not_the_eval_envelope_exits_2_naming_it(tmp_path: Path) -> None:
+    # JSON written by something other than dlmspec eval (an empty or cut-off file is a warning instead)
     run = scaling_kit.write_run(tmp_path / "r", shape=(4, 256), tokens=10**8, loss=3.0)
-    (run / "eval.json").write_text('{"result": {"elbo": ')
+    (run / "eval.json").write_text('{"nll": 3.1}')
     issue = _issue(run_cli("fit", str(run), "--json"))
     assert issue["key"] == "eval.json" and issue["file"].endswith("eval.json")
 
