@@ -172,12 +172,16 @@ def _write_tracker_atomically(root: str, name: str) -> None:
         pass
 
 
-def _rng_state(interval_loss: Optional[List[float]] = None, stage_state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def _rng_state(interval_loss: Optional[List[float]] = None, stage_state: Optional[Dict[str, Any]] = None,
+               interval_sums: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """This rank's RNG states (Python, numpy, torch CPU; with CUDA the current device's generator
     and megatron-core's model-parallel RNG tracker), plus ``interval_loss`` when given: the
     ``[loss sum, tokens, skipped updates]`` of the steps since the last train record, which only
     the last pipeline stage's ranks hold (why this is per rank, not common state); and, when not
-    empty, the stage's own state (``"stage"``: :meth:`~dlmspec.backends.megatron.stage.StageBase.state_dict`)."""
+    empty, the stage's own state (``"stage"``: :meth:`~dlmspec.backends.megatron.stage.StageBase.state_dict`)
+    and the interval's report sums (``"interval_sums"``: :func:`interval_sums_state`), so the first
+    ``train`` record after a resume averages the stage's metrics over the same steps as an
+    uninterrupted run's."""
     state: Dict[str, Any] = {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -190,7 +194,30 @@ def _rng_state(interval_loss: Optional[List[float]] = None, stage_state: Optiona
         state["interval_loss"] = [float(v) for v in interval_loss]
     if stage_state:
         state["stage"] = stage_state
+    if interval_sums:
+        state["interval_sums"] = interval_sums
     return state
+
+
+def interval_sums_state(sums: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """The :class:`~dlmspec.backends.megatron.metrics.IntervalMeter`'s report sums as plain values
+    (``{key: {"dtype": "float32", "shape": [...], "values": [...]}}``: read back without running
+    code, exactly for float32 and float64)."""
+    return {str(k): {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
+                     "values": [float(x) for x in v.detach().flatten().tolist()]} for k, v in sums.items()}
+
+
+def restore_interval_sums(saved: Any, device: torch.device) -> Dict[str, torch.Tensor]:
+    """:func:`interval_sums_state`'s inverse; entries that are not of that form are left out."""
+    out: Dict[str, torch.Tensor] = {}
+    if not isinstance(saved, dict):
+        return out
+    for key, entry in saved.items():
+        dtype = getattr(torch, str(entry.get("dtype")), None) if isinstance(entry, dict) else None
+        if not isinstance(dtype, torch.dtype) or not isinstance(entry.get("values"), list):
+            continue
+        out[key] = torch.tensor(entry["values"], dtype=dtype, device=device).reshape(entry.get("shape") or [-1])
+    return out
 
 
 def _set_rng_state(state: Dict[str, Any]) -> None:
@@ -296,6 +323,7 @@ def save_checkpoint(
     interval_loss: Optional[List[float]] = None,
     stage_state: Optional[Dict[str, Any]] = None,
     stage_sharded_state: Optional[Dict[str, Any]] = None,
+    interval_sums: Optional[Dict[str, Any]] = None,
 ) -> str:
     """Write a megatron distributed checkpoint and then the ``latest`` tracker.
 
@@ -337,7 +365,7 @@ def save_checkpoint(
             root, path, rank=rank, iteration=iteration, model=model, optimizer=optimizer, scheduler=scheduler,
             consumed_train_samples=consumed_train_samples, seed=seed, metadata=metadata,
             optimizer_sharding=optimizer_sharding, spec_lock_text=spec_lock_text, interval_loss=interval_loss,
-            stage_state=stage_state, stage_sharded_state=stage_sharded_state,
+            stage_state=stage_state, stage_sharded_state=stage_sharded_state, interval_sums=interval_sums,
         )
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's is a BaseException
         shutil.rmtree(path, ignore_errors=True)  # the partial folder must not stay (latest never names it)
@@ -358,7 +386,8 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
                            optimizer_sharding: str, spec_lock_text: Optional[str],
                            interval_loss: Optional[List[float]] = None,
                            stage_state: Optional[Dict[str, Any]] = None,
-                           stage_sharded_state: Optional[Dict[str, Any]] = None) -> None:
+                           stage_sharded_state: Optional[Dict[str, Any]] = None,
+                           interval_sums: Optional[Dict[str, Any]] = None) -> None:
     """:func:`save_checkpoint`'s writes, up to and including the ``latest`` tracker."""
     name = os.path.basename(path)
     if rank == 0:
@@ -377,7 +406,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         # torch.distributed.checkpoint of DTensors (backends/megatron/fsdp.py).
         optimizer_sharding = FSDP_CHECKPOINT_FORMAT
         save_checkpoint_fsdp(
-            path, model=model, optimizer=optimizer, rng_state=_rng_state(interval_loss, stage_state),
+            path, model=model, optimizer=optimizer, rng_state=_rng_state(interval_loss, stage_state, interval_sums),
             run_state={"iteration": iteration, "consumed_train_samples": consumed_train_samples, "seed": seed,
                        "opt_param_scheduler": scheduler.state_dict() if scheduler is not None else None},
         )
@@ -391,7 +420,7 @@ def _save_checkpoint_files(root: str, path: str, *, rank: int, iteration: int, m
         state["iteration"] = iteration
         state["consumed_train_samples"] = consumed_train_samples
         state["seed"] = seed
-        state["rng_state"] = _rng_sharded_object(_rng_state(interval_loss, stage_state))
+        state["rng_state"] = _rng_sharded_object(_rng_state(interval_loss, stage_state, interval_sums))
         if stage_sharded_state:
             # after the optimizer's sharded_state_dict, which maps the model entries of ``state``
             state[STAGE_KEY] = stage_sharded_state
@@ -640,6 +669,8 @@ class CheckpointManager:
             loss_sum, tokens, skipped = rank_state["interval_loss"]
             meter.loss += torch.tensor([loss_sum, tokens], dtype=meter.loss.dtype, device=meter.loss.device)
             meter.skipped += int(skipped)
+        for key, value in restore_interval_sums(rank_state.get("interval_sums"), meter.loss.device).items():
+            meter.sums[key] = value if key not in meter.sums else meter.sums[key] + value
 
     def _load_stage_sharded(self, path: str, iteration: int) -> None:
         """Hand the stage its sharded state of the checkpoint at ``path``: ``common``, the plain
@@ -688,6 +719,7 @@ class CheckpointManager:
                 optimizer_sharding=self.config.optimizer_sharding, metadata={"reason": reason, **self.metadata},
                 spec_lock_text=self.spec_lock_text,
                 interval_loss=None if meter is None else [*meter.loss.tolist(), meter.skipped],
+                interval_sums=None if meter is None else interval_sums_state(meter.sums),
                 stage_state=None if self.stage is None else self.stage.state_dict(),
                 stage_sharded_state=None if self.stage is None else self.stage.sharded_state_dict(),
             )

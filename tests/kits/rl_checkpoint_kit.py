@@ -51,8 +51,7 @@ def rl_run(root: Path, *, init_from: Optional[str] = None, **schedule):
     """The run of a test: ``root/ckpt``, ``root/run``; ``schedule`` overrides (``stop_at_iteration``)."""
     base = dict(micro_batch_size=2, global_batch_size=4, train_iters=4, eval_interval=None)
     run = _run(root, **{**base, **schedule})
-    # a train record per step: the stage's metrics of one step each (a record spanning a resume
-    # adds only the steps after it for them)
+    # a train record per step: the stage's metrics of one step each
     return dataclasses.replace(run, objective=ObjectiveConfig(kind="mdm", mask_token_id=MASK),
                                checkpoint=dataclasses.replace(run.checkpoint, init_from=init_from),
                                logging=dataclasses.replace(run.logging, log_interval=1))
