@@ -31,8 +31,16 @@ from dlmspec.scaling.law import PARAMETERS, FitError, LawFit, fit_law
 from dlmspec.scaling.repetition import RepetitionFit, fit_repetition
 from dlmspec.scaling.runs import Pooled, RunPoint, Skipped, by_objective, pool_replicates, select_loss
 
-#: A run whose epochs exceed this repeats its data (a rounding margin above one epoch).
-SINGLE_EPOCH = 1.0 + 1e-6
+#: A run whose epochs exceed this repeats its data. The margin above one epoch is rounding: a cap
+#: keeps whole documents and a run ends on a whole step, so a one-epoch design lands a little above
+#: 1 (the bundled data-constrained pair: 1.0002 epochs); 1% more tokens than unique tokens is still
+#: read as one epoch (Muennighoff et al. 2023's repetition term, R = epochs - 1, is then < 0.01).
+SINGLE_EPOCH = 1.01
+
+
+def is_single_epoch(point: RunPoint) -> bool:
+    """Whether ``point`` counts as a run of at most one epoch (unknown epochs count as one)."""
+    return point.epochs is None or point.epochs <= SINGLE_EPOCH
 
 
 @dataclass
@@ -109,8 +117,8 @@ def fit_study(points: list[RunPoint], *, bootstrap: int = 200, percentile: float
         FitError: fewer single-epoch points than the law's 5 parameters.
     """
     pooled = pool_replicates(points)
-    base = [p.point for p in pooled if p.point.epochs is None or p.point.epochs <= SINGLE_EPOCH]
-    repeated = [p.point for p in pooled if p.point.epochs is not None and p.point.epochs > SINGLE_EPOCH]
+    base = [p.point for p in pooled if is_single_epoch(p.point)]
+    repeated = [p.point for p in pooled if not is_single_epoch(p.point)]
     if len(base) < len(PARAMETERS):
         extra = f" ({len(repeated)} more repeat their data: the law is fitted on single-epoch runs)" if repeated else ""
         raise FitError(f"{len(base)} single-epoch points{extra} for a law of {len(PARAMETERS)} parameters",
