@@ -276,8 +276,29 @@ def run_member(row, train, ev, work: Path, data: Path, deadline: float, lock: th
         out["eval"] = {"returncode": ecode, "seconds": round(time.monotonic() - t0, 1)}
         out["eval_scores"] = eval_scores(run_dir / "eval.json")
     if code != 0 or out.get("eval", {}).get("returncode") != 0:
-        out["log_tail"] = log.read_text(errors="replace").splitlines()[-20:] if log.is_file() else []
+        lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+        out["log_tail"] = lines[-20:]
+        cause = first_error(lines)
+        if cause:
+            out["error"] = cause
     return out
+
+
+#: Lines that name why a run failed (a Python exception's last line, CUDA's out-of-memory), as a
+#: torchrun log prints them before the launcher's own ``ChildFailedError`` summary.
+_ERROR_MARKERS = ("Error:", "Exception:", "out of memory", "Killed")
+
+
+def first_error(lines: list[str]) -> str | None:
+    """The first line of a run's log that names an error (:data:`_ERROR_MARKERS`) other than
+    torchrun's summary (``ChildFailedError``), without the ``[rank0]:`` prefix; None when none does.
+    The last 20 lines of a failed torchrun job are its launcher's summary, which names no cause."""
+    for line in lines:
+        text = line.split("]:", 1)[1].strip() if line.startswith("[rank") and "]:" in line else line.strip()
+        if "ChildFailedError" in text or not any(m in text for m in _ERROR_MARKERS):
+            continue
+        return text[:500]
+    return None
 
 
 def _empty(path: Path) -> bool:
