@@ -7,7 +7,6 @@ process (tests/kits/rl_checkpoint_kit.py)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import torch
 
