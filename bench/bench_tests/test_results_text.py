@@ -5,6 +5,9 @@ Checked: the name of every file and folder under ``bench/`` and the text of ever
 
 * compressed archives (``*.tgz``, ``*.gz``, ``*.zip``): raw logs packed on the GPU machine as it
   returned them, binary, not rewritten;
+* figures (``*.png`` with PNG's signature) and megatron-core dataset indexes (``*.idx`` with its
+  ``MMIDIDX`` header) that a result folder carries so ``dlmspec fit`` can read it: binary, their
+  names are still checked;
 * ``__pycache__`` folders;
 * the keys of ``bench/results/renames.json``'s ``renames`` map: they are the old paths that map
   exists to translate (``bench/rewrite_citations.py`` reads them); its description and its new
@@ -41,9 +44,20 @@ OFFENCE = re.compile(
 OFFENDING_NAME = re.compile(r"(?i)session|issue[-_ ]?\d|(?<![a-z])s\d\d(?![0-9])")
 
 
-def is_exempt(path: Path) -> bool:
-    """True for a compressed archive or anything under a ``__pycache__`` folder."""
-    return "__pycache__" in path.parts or path.name.endswith(ARCHIVE_SUFFIXES)
+#: Binary result files by suffix and the first bytes they must start with (see the module docstring).
+BINARY_SIGNATURES = {".png": b"\x89PNG\r\n\x1a\n", ".idx": b"MMIDIDX\x00\x00"}
+
+
+def is_exempt(path: Path, root: Path = BENCH) -> bool:
+    """True for a compressed archive, a PNG figure or a megatron-core dataset index (by their
+    signatures: a text file named ``.png`` is still read), or anything under ``__pycache__``."""
+    if "__pycache__" in path.parts or path.name.endswith(ARCHIVE_SUFFIXES):
+        return True
+    signature = BINARY_SIGNATURES.get(path.suffix)
+    if signature is None:
+        return False
+    with open(root / path, "rb") as fh:
+        return fh.read(len(signature)) == signature
 
 
 def offences(text: str) -> list[str]:
@@ -69,7 +83,7 @@ def checked_text(path: Path) -> str:
 
 def bench_files(root: Path) -> list[Path]:
     """Every file under ``root`` that the text check reads."""
-    return [p for p in sorted(root.rglob("*")) if p.is_file() and not is_exempt(p.relative_to(root))]
+    return [p for p in sorted(root.rglob("*")) if p.is_file() and not is_exempt(p.relative_to(root), root)]
 
 
 def text_offences(root: Path) -> dict[str, list[str]]:
@@ -161,3 +175,15 @@ def test_no_bench_file_mentions_a_work_period_or_a_ticket_number() -> None:
 
 def test_no_bench_file_or_folder_is_named_after_a_work_period_or_a_ticket() -> None:
     assert name_offences(BENCH) == []
+
+
+def test_checker_sets_aside_figures_and_dataset_indexes_by_their_signature_only(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "fit.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    (results / "demo_text_document.idx").write_bytes(b"MMIDIDX\x00\x00" + bytes(range(256)))
+    (results / "fake.png").write_text(f"measured in {S} 12\n", encoding="utf-8")
+    (results / "raw.idx").write_bytes(bytes(range(256)))
+    found = text_offences(tmp_path)
+    assert sorted(found) == ["results/fake.png", "results/raw.idx"]
+    assert found["results/raw.idx"] == ["not UTF-8 text and not a compressed archive"]
