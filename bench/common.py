@@ -17,6 +17,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -292,3 +293,26 @@ def print_dry(steps: Sequence[tuple[str, list[str], dict[str, str]]], work: Path
         print(f"{name}: {(env + ' ') if env else ''}{show(cmd, work)}")
     print(f"result: {path}")
     return 0
+
+
+def run_limited(cmd: Sequence[str], cwd: Path, env: dict[str, str], stdout: Any, limit: float,
+                grace: float = 10.0, *, stderr: Any = subprocess.STDOUT) -> tuple[int | None, bool]:
+    """Run ``cmd`` in its own session (output to the open files ``stdout`` / ``stderr``) for at most
+    ``limit`` seconds; past it the whole process group gets SIGTERM (a training saves a checkpoint on
+    it), and SIGKILL ``grace`` seconds later. Returns ``(exit code, stopped by the limit)``; the code
+    is ``None`` only when the group outlived SIGKILL's 30 s wait."""
+    proc = subprocess.Popen(list(cmd), cwd=str(cwd), env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+    try:
+        return proc.wait(timeout=max(0.0, limit)), False
+    except subprocess.TimeoutExpired:
+        pass  # past the limit: the signals below
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.wait(timeout=wait), True
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.poll(), True

@@ -300,28 +300,9 @@ def trained_checkpoint(work: Path, run: str = "run") -> bool:
     return any((work / run / "checkpoints").glob("iter_*/dlmspec.json"))
 
 
-def run_step(cmd: List[str], cwd: Path, env: Dict[str, str], log: Any, limit: float,
-             grace: float = 5.0) -> Tuple[Optional[int], bool]:
-    """Run ``cmd`` (its own session, output to the open file ``log``) for at most ``limit`` seconds; at
-    the limit its process group gets SIGTERM (a training saves a checkpoint on it), and SIGKILL after
-    ``grace`` more. Returns ``(exit code, stopped by the limit)``."""
-    import signal
-
-    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        return proc.wait(timeout=max(0.0, limit)), False
-    except subprocess.TimeoutExpired:
-        pass
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            return proc.wait(timeout=wait), True
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.poll(), True
+#: ``(cmd, cwd, env, log, limit, grace) -> (exit code, stopped by the limit)``: SIGTERM at the limit
+#: (a training saves a checkpoint on it), SIGKILL ``grace`` seconds later (bench/common.py).
+run_step = common.run_limited
 
 
 def task_cli_available(python: str) -> Optional[str]:

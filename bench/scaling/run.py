@@ -41,8 +41,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -193,21 +191,11 @@ def link_data(home: Path, data: Path) -> None:
 
 def run_until(cmd: list[str], cwd: Path, env: dict[str, str], out, deadline: float) -> tuple[int | None, float]:
     """Run ``cmd`` in its own process group, output to ``out``; at ``deadline`` (``time.monotonic``)
-    SIGTERM the group, SIGKILL it 10 s later. Returns ``(exit code or None when stopped, seconds)``."""
+    SIGTERM the group, SIGKILL it 10 s later (:func:`common.run_limited`). Returns ``(exit code or
+    None when stopped, seconds)``."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=str(cwd), env=common.child_env(env), stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        code = None
-    return code, round(time.monotonic() - t0, 1)
+    code, stopped = common.run_limited(cmd, cwd, common.child_env(env), out, max(1.0, deadline - time.monotonic()))
+    return (None if stopped else code), round(time.monotonic() - t0, 1)
 
 
 def last_valid_loss(metrics: Path) -> float | None:
@@ -265,14 +253,9 @@ def run_member(row, train, ev, work: Path, data: Path, deadline: float, lock: th
             print(f"{ev[0]}: {common.show(ev[1], home)}", flush=True)
         with open(run_dir / "eval.json", "wb") as fh, open(log, "ab") as err:
             t0 = time.monotonic()
-            proc = subprocess.Popen(ev[1], cwd=str(home), env=common.child_env(ev[2]), stdout=fh, stderr=err,
-                                    start_new_session=True)
-            try:
-                ecode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                ecode = None
+            ecode, stopped = common.run_limited(ev[1], home, common.child_env(ev[2]), fh,
+                                                max(1.0, deadline - time.monotonic()), grace=0.0, stderr=err)
+            ecode = None if stopped else ecode
         out["eval"] = {"returncode": ecode, "seconds": round(time.monotonic() - t0, 1)}
         out["eval_scores"] = eval_scores(run_dir / "eval.json")
     if code != 0 or out.get("eval", {}).get("returncode") != 0:
