@@ -162,8 +162,10 @@ def evaluate(parts: StepParts, stage: Stage, make_feed: Optional[Callable[[], Mi
 def log_evaluations(logger: MetricsLogger, parts: StepParts, iteration: int, valid_loss: Optional[float],
                     tensor_model_parallel_size: int) -> None:
     """The validation loss's record, then ``[eval.generation]``'s where it is due at ``iteration``
-    (:func:`~dlmspec.backends.megatron.generation_eval.log_generation_eval`)."""
-    log_validation(logger, iteration, valid_loss)
+    (:func:`~dlmspec.backends.megatron.generation_eval.log_generation_eval`). Without a validation
+    loss (``valid_loss`` None: no validation data, as in an RL stage) only the latter."""
+    if valid_loss is not None:
+        log_validation(logger, iteration, valid_loss)
     log_generation_eval(parts.generation_eval, parts, logger, iteration, tensor_model_parallel_size)
 
 
