@@ -1,8 +1,10 @@
 """``dlmspec plot RUN_DIR [RUN_DIR...]``: a PNG of loss, validation loss and tokens/s against
 steps, the runs side by side (one line each, named by the run's name), from their
-``metrics.jsonl`` (:func:`dlmspec.cli.runs.read_run`); when a run is an RL stage (its ``train``
-records carry ``rl/reward_mean``), two more panels: the mean reward and the KL to the reference
-(``rl/kl``, the k3 estimate backends/rl/loss.py logs).
+``metrics.jsonl`` (:func:`dlmspec.cli.runs.read_run`); when a run scored generated answers during
+training (``[eval.generation]``), their exact-match accuracy; when a run is an RL stage (its
+``train`` records carry ``rl/reward_mean``), two more panels: the mean reward and the KL to the
+reference (``rl/kl``, the k3 estimate backends/rl/loss.py logs), and no validation loss panel
+when only RL runs are drawn (the stage has no validation feed).
 
 matplotlib (the ``viz`` extra) is imported only when a plot is drawn, with its non-interactive
 Agg backend. The PNG carries ``Software: dlmspec plot`` in its metadata: a later plot replaces a
@@ -46,11 +48,25 @@ RL_PANELS = (
 )
 
 
+#: The panel of ``[eval.generation]``'s score (backends/megatron/generation_eval.py), drawn when
+#: any run logs ``generation_accuracy`` in its ``eval`` records.
+ACCURACY_PANEL = ("generation accuracy", "eval", "generation_accuracy", "exact-match accuracy (validation prompts)")
+
+
 def panels_for(runs: list[RunLog]) -> tuple[tuple[str, str, str, str], ...]:
-    """:data:`PANELS`, and :data:`RL_PANELS` when any of ``runs`` logged an RL reward."""
-    if any(log.series("train", RL_PANELS[0][2])[0] for log in runs):
-        return PANELS + RL_PANELS
-    return PANELS
+    """:data:`PANELS`, then :data:`ACCURACY_PANEL` when any of ``runs`` logged a generation
+    accuracy, then :data:`RL_PANELS` when any logged an RL reward. The validation loss is left out
+    when only RL runs are drawn and none logged one (an RL stage has no validation feed)."""
+    def logged(event: str, key: str) -> bool:
+        return any(log.series(event, key)[0] for log in runs)
+
+    rl = [bool(log.series("train", RL_PANELS[0][2])[0]) for log in runs]
+    panels = [p for p in PANELS if not (p[1] == "valid" and all(rl) and not logged("valid", p[2]))]
+    if logged(ACCURACY_PANEL[1], ACCURACY_PANEL[2]):
+        panels.append(ACCURACY_PANEL)
+    if any(rl):
+        panels.extend(RL_PANELS)
+    return tuple(panels)
 
 
 def written_by_dlmspec(path: str) -> bool:
@@ -141,8 +157,9 @@ def plot(
     force: bool = typer.Option(False, "--force", help="Replace --output even when dlmspec did not draw it."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Plot loss, validation loss and tokens/s against steps for one or more runs (a PNG); an RL
-    run adds its mean reward and its KL to the reference.
+    """Plot loss, validation loss and tokens/s against steps for one or more runs (a PNG); a run
+    scoring generated answers adds their accuracy, an RL run its mean reward and its KL to the
+    reference.
 
     Exit code 2 when a RUN_DIR holds no metrics.jsonl, --output is another file (without --force)
     or its folder does not exist, or matplotlib is missing.
