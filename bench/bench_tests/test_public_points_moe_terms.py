@@ -21,7 +21,7 @@ PIN = 0.005
 #: The held-out points over the target (none over 25%) in the committed result, with why: the
 #: plan of the B200 Qwen3-235B point is host-launch-bound at the public hosts' fitted launch time,
 #: and the host work of megatron-core's combined 1F1B schedule (the recipe's moe_a2a_overlap, which
-#: Megatron-Bridge pull request #1760 turned off "due to CPU overhead") is not counted
+#: a later Megatron-Bridge recipe turned off for its CPU overhead) is not counted
 #: (docs/planner-methods.md, "MoE layers at cluster scale").
 OVER_TARGET = {"bridge-25.11-b200-qwen3-235b-a22b-mxfp8-64gpu"}
 
