@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -29,6 +29,9 @@ if str(ROOT / "bench") not in sys.path:
     sys.path.insert(0, str(ROOT / "bench"))
 
 from schema import Result, result_path, write_result  # noqa: E402
+
+from dlmspec.cli.runs import METRICS_FILE, iter_metrics  # noqa: E402
+from dlmspec.files import FileRefused  # noqa: E402
 
 #: Packages whose versions every result records (``None`` when not installed).
 VERSIONED = ("dlmspec", "torch", "megatron-core", "transformer-engine", "transformers", "liger-kernel",
@@ -316,3 +319,77 @@ def run_limited(cmd: Sequence[str], cwd: Path, env: dict[str, str], stdout: Any,
         except subprocess.TimeoutExpired:
             continue
     return proc.poll(), True
+
+
+class MetricsRows(list):
+    """The records (``dict``) of one metrics file, in file order: a ``list``, plus how it was read.
+
+    Attributes:
+        path: The file read (``<run dir>/metrics.jsonl`` when a run folder was given).
+        found: Whether ``path`` existed (``False``: no run has logged there; the list is empty).
+        skipped: Lines left out: not JSON (the last line of a run killed mid-write), not UTF-8,
+            or not a JSON object. Blank lines are neither records nor skipped.
+        refused: Why reading stopped early, or ``None``: ``path`` is not a regular file (a FIFO,
+            a device, a folder), unreadable, or holds a line longer than
+            :data:`dlmspec.files.MAX_LINE_BYTES` (the records before that line are kept).
+    """
+
+    def __init__(self, path: Path, records: Iterable[dict[str, Any]] = ()) -> None:
+        super().__init__(records)
+        self.path = path
+        self.found = False
+        self.skipped = 0
+        self.refused: str | None = None
+
+
+def metrics_path(path_or_run_dir: str | os.PathLike[str]) -> Path:
+    """The metrics file of ``path_or_run_dir``: ``<dir>/metrics.jsonl`` for a folder (a run's
+    ``[logging] run_dir``), else the path itself (a copy under another name, as a GPU call's
+    tarball holds: ``metrics-rl.jsonl``)."""
+    path = Path(path_or_run_dir)
+    return path / METRICS_FILE if path.is_dir() else path
+
+
+def read_metrics(path_or_run_dir: str | os.PathLike[str]) -> MetricsRows:
+    """Every record of a run's ``metrics.jsonl`` (``backends/megatron/metrics.py``: one JSON object
+    a line with ``"event"`` ``start`` / ``train`` / ``valid`` / ``eval`` / ``checkpoint`` /
+    ``host_launch`` / ``resume`` / ``exit``), read by the compiler's reader
+    (:func:`dlmspec.cli.runs.iter_metrics`: :func:`dlmspec.files.iter_lines`, a regular file, each
+    line capped) - the one reader every bench script uses.
+
+    Never raises on what a run left behind: a missing file gives an empty list (``found`` false);
+    a line that is not a JSON object (a truncated last line, a list, garbage) is skipped and
+    counted (``skipped``); a file that is not a regular one, or a line past the cap, ends the
+    reading with the records read so far and the reason in ``refused``.
+
+    Args:
+        path_or_run_dir: A run folder, or a metrics file (any name).
+
+    Returns:
+        :class:`MetricsRows`: a ``list`` of the records (dicts), in file order (a resumed run's
+        launches one after the other).
+    """
+    rows = MetricsRows(metrics_path(path_or_run_dir))
+    if not os.path.lexists(rows.path):
+        return rows
+    rows.found = True
+    try:
+        for record in iter_metrics(rows.path):
+            if record is None:
+                rows.skipped += 1
+            else:
+                rows.append(record)
+    except FileRefused as exc:
+        rows.refused = f"{exc.why} (fix: {exc.hint})"
+    return rows
+
+
+def events(rows: Iterable[dict[str, Any]], *names: str) -> list[dict[str, Any]]:
+    """The records whose ``"event"`` is one of ``names`` (``events(rows, "valid", "eval")``), in order."""
+    return [r for r in rows if r.get("event") in names]
+
+
+def last(rows: Iterable[dict[str, Any]], *names: str) -> dict[str, Any] | None:
+    """The last record whose ``"event"`` is one of ``names``, or ``None``."""
+    found = events(rows, *names)
+    return found[-1] if found else None

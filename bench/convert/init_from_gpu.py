@@ -168,9 +168,12 @@ def _launch(tp: int, tag: str, limit: int, logs: Path) -> dict:
         proc = subprocess.run(["timeout", "-s", "KILL", str(limit), "bash", str(WORK / f"tp{tp}" / "launch.sh")],
                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                               env={**os.environ, "DLMSPEC_PYTHON": os.environ.get("DLMSPEC_PYTHON", sys.executable)})
-    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    start = next((r for r in records if r["event"] == "start"), {})
-    losses = {r["iteration"]: r["loss"] for r in records if r["event"] == "train"}
+    sys.path.insert(0, str(REPO / "bench"))
+    import common  # bench/common.py: read_metrics
+
+    records = common.read_metrics(metrics)
+    start = (common.events(records, "start") or [{}])[0]
+    losses = {r["iteration"]: r["loss"] for r in common.events(records, "train")}
     return {"tag": tag, "exit_code": proc.returncode, "seconds": round(time.time() - t0, 1),
             "weights": start.get("weights"), "iteration_at_start": start.get("iteration"), "losses": losses,
             "log_tail": (logs / f"tp{tp}_{tag}.log").read_text()[-1500:]}

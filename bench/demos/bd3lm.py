@@ -114,16 +114,10 @@ def train_values(metrics: Path) -> dict:
     """Loss curve, median data tokens/s, step time and MFU after the first 50 steps (``mfu`` with the
     step's model FLOPs per data token; ``data_mfu``, block diffusion only, with the data tokens'
     own), peak memory, validation loss."""
-    train, valid = [], None
-    for line in metrics.read_text(errors="replace").splitlines() if metrics.exists() else []:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("event") == "train":
-            train.append(rec)
-        elif rec.get("event") in ("valid", "eval") and "loss" in rec:
-            valid = rec["loss"]
+    rows = common.read_metrics(metrics)
+    train = common.events(rows, "train")
+    scored = [r for r in common.events(rows, "valid", "eval") if "loss" in r]
+    valid = scored[-1]["loss"] if scored else None
     later = [r for r in train if r["iteration"] > 50] or train
 
     def median(key: str):

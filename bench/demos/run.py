@@ -18,7 +18,6 @@ resume restores the data order, RNG and optimizer state). The result goes to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -70,17 +69,10 @@ def plan(args, work: Path):
 
 
 def losses(metrics: Path) -> dict[int, float]:
-    """iteration -> loss of the train records of a metrics.jsonl (the last record of an iteration wins)."""
-    out = {}
-    if metrics.exists():
-        for line in metrics.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == "train" and "loss" in rec:
-                out[int(rec["iteration"])] = float(rec["loss"])
-    return out
+    """iteration -> loss of the train records of a metrics.jsonl (:func:`common.read_metrics`; the
+    last record of an iteration wins)."""
+    return {int(rec["iteration"]): float(rec["loss"]) for rec in common.events(common.read_metrics(metrics), "train")
+            if "loss" in rec}
 
 
 def stop_when_logged(cmd, env, work: Path, metrics: Path, iteration: int, log: Path, timeout_s: float) -> dict:

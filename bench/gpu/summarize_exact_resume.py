@@ -31,16 +31,19 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402  (bench/common.py: read_metrics)
 
 WINDOW = 10
 EVAL_WINDOW = 50
 
 
 def _load(path: Path) -> list:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a metrics file (:func:`common.read_metrics`; [] when it is missing)."""
+    return common.read_metrics(path)
 
 
 def _series(records, event: str) -> dict:

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402  (bench/common.py: read_metrics)
 
 
 def _load(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a metrics file (:func:`common.read_metrics`; [] when it is missing)."""
+    return common.read_metrics(path)
 
 
 def main() -> None:

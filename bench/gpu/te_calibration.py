@@ -46,6 +46,9 @@ sys.path.insert(0, str(ROOT / "bench" / "plan"))
 
 from compiled_runs import call_train_py, compile_in_process, flags_wrong, kill_tree, versions  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (bench/common.py: read_metrics)
+
 MATRIX = ROOT / "bench" / "plan" / "te_matrix.json"
 DEST = ".device/tecal"
 RUNS = ".device/runs/tecal"
@@ -134,16 +137,14 @@ def planned(entry: Dict[str, Any]) -> Dict[str, float]:
 
 def summarize(metrics: Path, warmup: int) -> Dict[str, Any]:
     """The measurement of one run from its metrics.jsonl ({} when it logged no train record; no
-    ``step_seconds`` when it logged none after ``warmup``)."""
-    try:
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return {}
-    train = [r for r in records if r.get("event") == "train" and r.get("step_time_s")]
+    ``step_seconds`` when it logged none after ``warmup``; :func:`common.read_metrics`: a line that
+    is not a JSON object, as a killed run's cut last line, is skipped)."""
+    records = common.read_metrics(metrics)
+    train = [r for r in common.events(records, "train") if r.get("step_time_s")]
     if not train:
         return {}
     steady = [r for r in train if r["iteration"] > warmup]
-    host = [r["host_launch_us"] for r in records if r.get("event") == "host_launch" and r.get("host_launch_us")]
+    host = [r["host_launch_us"] for r in common.events(records, "host_launch") if r.get("host_launch_us")]
     out = {"peak_allocated_bytes": int(max(r["peak_mem_gib"] for r in train) * 2**30),
            "peak_reserved_bytes": int(max(r.get("peak_reserved_gib", 0.0) for r in train) * 2**30),
            "step_times": {str(r["iteration"]): round(r["step_time_s"], 5) for r in train},

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import importlib.util
 import json
 import math
@@ -63,6 +62,9 @@ sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 # train_py_keywords: the tests' (and readers') te_matrix.train_py_keywords
 from compiled_runs import (call_train_py, compile_in_process, flags_wrong, kill_tree,  # noqa: E402,F401
                            train_py_keywords, versions)
+
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (bench/common.py: read_metrics)
 
 SPEC = "specs/demo-dlm.toml"
 #: The configurations' run directories (``logging.run_dir = "runs/te/NAME"``).
@@ -366,14 +368,7 @@ def install_mc19(wheel_dir: Optional[Path] = None, site: Optional[Path] = None) 
 def start_record(name: str) -> Optional[Dict[str, Any]]:
     """What the run's last ``start`` record says about its layers and weights (``layer_spec``,
     ``attention``, ``weights``, ``provenance``), or ``None``."""
-    path = RUNS / name / "metrics.jsonl"
-    rec = None
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                r = json.loads(line)
-                if isinstance(r, dict) and r.get("event") == "start":
-                    rec = r
+    rec = common.last(common.read_metrics(RUNS / name), "start")
     if rec is None:
         return None
     return {k: rec.get(k) for k in ("layer_spec", "attention", "weights", "provenance")}

@@ -39,6 +39,9 @@ sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 
 from compiled_runs import call_train_py, compile_in_process, flags_wrong, kill_tree, versions  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+import common  # noqa: E402  (bench/common.py: read_metrics)
+
 SPEC = "specs/demo-dlm.toml"
 RUNS = "runs/uneven"
 STEPS = 30
@@ -106,19 +109,10 @@ def prepare(name: str, dest: Path, gpu: str) -> Dict[str, Any]:
 
 
 def records(name: str) -> List[Dict[str, Any]]:
-    """The run's train records (``RUNS/name/metrics.jsonl``; [] when there is none)."""
-    path = ROOT / RUNS / name / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("event", "train") == "train" and "iteration" in rec:
-            out.append(rec)
-    return out
+    """The run's train records (``RUNS/name/metrics.jsonl``, :func:`common.read_metrics`; [] when
+    there is none; a record without ``event`` counts as one)."""
+    return [rec for rec in common.read_metrics(ROOT / RUNS / name / "metrics.jsonl")
+            if rec.get("event", "train") == "train" and "iteration" in rec]
 
 
 def run(name: str, dest: Path, out: Path, budget: float) -> Dict[str, Any]:

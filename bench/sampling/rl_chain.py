@@ -40,6 +40,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402
+
 #: Planned RL step time within this share of the measured one: the issue's target.
 STEP_TIME_TOLERANCE = 0.15
 
@@ -50,24 +53,6 @@ def load_json(path: Path) -> Any:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-
-
-def records(path: Path) -> List[Dict[str, Any]]:
-    """The JSON objects of a JSONL file, one a line (missing file: none; a bad line is skipped: a
-    run killed mid-write leaves a partial last line)."""
-    out: List[Dict[str, Any]] = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict):
-                    out.append(row)
-    except OSError:
-        pass
-    return out
 
 
 def _dicts(doc: Any) -> Iterator[Dict[str, Any]]:
@@ -218,7 +203,7 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
     logs = Path(logs)
     steps = steps_table(logs / "steps.tsv")
     before, after = heldout(logs / "eval-before.json"), heldout(logs / "eval-after.json")
-    rl_rows = records(logs / "metrics-rl.jsonl")
+    rl_rows = common.read_metrics(logs / "metrics-rl.jsonl")
     curve = rl_curve(rl_rows)
     not_before = (steps.get("eval-before") or {}).get("end")
     bench = load_json(logs / "rollout-bench.json")
@@ -238,7 +223,7 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
         "rl_logged_rollout_tokens_per_s": statistics.median([c["rollout_tokens_per_s"] for c in curve
                                                              if _finite(c["rollout_tokens_per_s"])])
         if any(_finite(c["rollout_tokens_per_s"]) for c in curve) else None,
-        "training": {name: training(records(logs / f"metrics-{name}.jsonl")) for name in ("task", "sft", "rl")
+        "training": {name: training(common.read_metrics(logs / f"metrics-{name}.jsonl")) for name in ("task", "sft", "rl")
                      if (logs / f"metrics-{name}.jsonl").exists()},
         "start": load_json(logs / "start.json"),
         "steps": steps,
@@ -264,7 +249,7 @@ def pick_start(run_dir: Path, max_accuracy: float) -> Dict[str, Any]:
     run_dir = Path(run_dir)
     root = run_dir / "checkpoints"
     scored: Dict[int, float] = {}
-    for r in records(run_dir / "metrics.jsonl"):
+    for r in common.read_metrics(run_dir):
         it, acc = r.get("iteration"), r.get("generation_accuracy")
         if isinstance(it, int) and _finite(acc) and (root / f"iter_{it:07d}" / "dlmspec.json").is_file():
             scored[it] = float(acc)  # a resume's later record wins

@@ -199,17 +199,11 @@ def run_until(cmd: list[str], cwd: Path, env: dict[str, str], out, deadline: flo
 
 
 def last_valid_loss(metrics: Path) -> float | None:
-    """The loss of the last validation record of a ``metrics.jsonl`` (None when there is none)."""
-    loss = None
-    if metrics.is_file():
-        for line in metrics.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") in ("valid", "eval") and isinstance(rec.get("loss"), (int, float)):
-                loss = float(rec["loss"])
-    return loss
+    """The loss of the last validation record (``valid`` or ``eval``) of a ``metrics.jsonl`` with a
+    number as its loss (None when there is none; :func:`common.read_metrics`)."""
+    scored = [r for r in common.events(common.read_metrics(metrics), "valid", "eval")
+              if isinstance(r.get("loss"), (int, float))]
+    return float(scored[-1]["loss"]) if scored else None
 
 
 def eval_scores(path: Path) -> dict[str, Any] | None:

@@ -12,7 +12,9 @@ is the mean over its interval, so both runs must log at the same interval), as
 ``bench/throughput/hf_baseline.py --metrics-jsonl`` writes them, or as
 ``bench/runtime/gpu_session.sh`` collects them (a ``"run"`` tag per line: select one run with
 ``--where-a/--where-b KEY=VALUE``). Records without ``"event"`` count as train records; of
-several records of one iteration (a resumed run appends) the last one wins.
+several records of one iteration (a resumed run appends) the last one wins. Files are read with
+bench/common.py's ``read_metrics``: a line that is not a JSON object (the cut last line of a run
+killed mid-write) is skipped, so its iteration counts as not logged.
 
 Comparison: for every iteration ``<= --steps`` logged by either run, the relative difference
 ``|a - b| / max(|a|, |b|)``. The runs agree when both logged the same iterations up to
@@ -41,6 +43,9 @@ import math
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402  (bench/common.py: read_metrics)
 
 #: Relative spacing of bf16 numbers (8 significant bits).
 BF16_EPS = 2.0 ** -8
@@ -71,28 +76,23 @@ def read_losses(path: str | Path, *, key: str = "loss", where: Sequence[Tuple[st
     """``{iteration: value of key}`` of the train records of a JSON-lines metrics file.
 
     Args:
-        path: the file.
+        path: the file (:func:`common.read_metrics`; a run folder reads its ``metrics.jsonl``).
         key: the value to read (``loss``; ``grad_norm`` works too).
         where: ``(key, value)`` pairs a record must match (values compared as strings).
 
     Raises:
-        MetricsError: if the file cannot be read or holds no matching train record with
-            ``iteration`` and ``key``.
+        MetricsError: if the file is missing or cannot be read whole (not a regular file, a line
+            past the reader's cap), or holds no matching train record with ``iteration`` and ``key``.
     """
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise MetricsError(f"{path}: cannot read ({exc})") from exc
+    rows = common.read_metrics(path)
+    path = rows.path
+    if not rows.found:
+        raise MetricsError(f"{path}: cannot read (no such file)")
+    if rows.refused:
+        raise MetricsError(f"{path}: cannot read ({rows.refused})")
     values: Dict[int, float] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise MetricsError(f"{path}:{number}: not JSON ({exc.msg})") from exc
-        if not isinstance(rec, dict) or rec.get("event", "train") != "train" or not _matches(rec, where):
+    for rec in rows:
+        if rec.get("event", "train") != "train" or not _matches(rec, where):
             continue
         iteration = rec.get("iteration", rec.get("step"))
         if not isinstance(iteration, int) or rec.get(key) is None:
@@ -100,7 +100,8 @@ def read_losses(path: str | Path, *, key: str = "loss", where: Sequence[Tuple[st
         values[iteration] = float(rec[key])
     if not values:
         filt = f" matching {dict(where)}" if where else ""
-        raise MetricsError(f"{path}: no train records with 'iteration' and {key!r}{filt}")
+        bad = f" ({rows.skipped} line{'s' if rows.skipped != 1 else ''} not a JSON object)" if rows.skipped else ""
+        raise MetricsError(f"{path}: no train records with 'iteration' and {key!r}{filt}{bad}")
     return values
 
 

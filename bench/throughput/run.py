@@ -389,27 +389,12 @@ def _looks_oom(text: str) -> bool:
 
 def read_megatron_metrics(path: Path) -> Dict[str, Any]:
     """``{"start": dict | None, "train": [records by iteration], "exit": dict | None}`` of a
-    runtime ``metrics.jsonl`` (unparseable lines are skipped; later records of an iteration win)."""
-    out: Dict[str, Any] = {"start": None, "train": [], "exit": None}
-    by_iter: Dict[int, Dict[str, Any]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        event = rec.get("event")
-        if event == "start":
-            out["start"] = rec
-        elif event == "exit":
-            out["exit"] = rec
-        elif event == "train" and isinstance(rec.get("iteration"), int):
-            by_iter[rec["iteration"]] = rec
-    out["train"] = [by_iter[i] for i in sorted(by_iter)]
-    return out
+    runtime ``metrics.jsonl`` (:func:`common.read_metrics`: a missing file has none, unparseable
+    lines are skipped; the last ``start`` and ``exit`` records; later records of an iteration win)."""
+    rows = common.read_metrics(path)
+    by_iter = {r["iteration"]: r for r in common.events(rows, "train") if isinstance(r.get("iteration"), int)}
+    return {"start": common.last(rows, "start"), "train": [by_iter[i] for i in sorted(by_iter)],
+            "exit": common.last(rows, "exit")}
 
 
 def megatron_attempt(args: argparse.Namespace, mbs: int, proc: Dict[str, Any], metrics: Dict[str, Any],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,31 @@ def _run_issue(run_dir: str, argument: str, message: str, hint: str) -> SpecErro
     return SpecError([SpecIssue(argument, message, value=run_dir, hint=hint, rule="arguments", file=run_dir)])
 
 
+def iter_metrics(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | None]:
+    """Each non-blank line of the metrics file ``path`` (a run's ``metrics.jsonl``, or a copy of it
+    under another name), in file order: its record (a JSON object), or ``None`` for a line that is
+    not one (not JSON, as the last line of a job killed mid-write; not UTF-8; nested deeper than
+    :data:`dlmspec.files.MAX_NESTING`; an integer longer than Python converts; a list or a number).
+
+    Read with :func:`dlmspec.files.iter_lines`: a regular file only, no line longer than
+    :data:`dlmspec.files.MAX_LINE_BYTES`. The one reader of metrics files: :func:`read_run` (for
+    ``dlmspec show`` / ``plot`` / ``fit``) and ``bench/common.py``'s ``read_metrics`` use it.
+
+    Raises:
+        FileRefused: ``path`` is missing, unreadable or not a regular file (raised before the
+            first record), or a line is longer than the cap (raised when the reading reaches it).
+    """
+    for _line_no, line in iter_lines(path, what=f"run folder's {METRICS_FILE}"):
+        if not line.strip():
+            continue
+        try:
+            record = loads_json(line, where=path, what="metrics record")
+        except FileRefused:
+            yield None
+            continue
+        yield record if isinstance(record, dict) else None
+
+
 def read_run(run_dir: str, *, argument: str = "RUN_DIR") -> RunLog:
     """Read ``<run_dir>/metrics.jsonl`` (:func:`dlmspec.files.iter_lines`: a regular file, each
     line at most :data:`dlmspec.files.MAX_LINE_BYTES`; each record nested at most
@@ -99,18 +125,11 @@ def read_run(run_dir: str, *, argument: str = "RUN_DIR") -> RunLog:
         raise _run_issue(run_dir, argument, f"is a folder without {METRICS_FILE} (no run has logged there yet)", hint)
     log = RunLog(run_dir)
     try:
-        for _line_no, line in iter_lines(path, what=f"run folder's {METRICS_FILE}"):
-            if not line.strip():
-                continue
-            try:
-                record = loads_json(line, where=path, what="metrics record")
-            except FileRefused:
+        for record in iter_metrics(path):
+            if record is None:
                 log.skipped += 1
-                continue
-            if isinstance(record, dict):
-                log.records.append(record)
             else:
-                log.skipped += 1
+                log.records.append(record)
     except FileRefused as exc:
         raise _run_issue(run_dir, argument, f"{exc.path}: {exc.why}", exc.hint) from None
     return log

@@ -51,14 +51,14 @@ echo iter_0000020 > "$run/ckpt/latest"
 : > "$run/metrics.jsonl"
 run_limited run2 "$out/resume_run2.log"
 cp "$run/metrics.jsonl" "$out/resume_metrics_run2.jsonl" 2>/dev/null
-python3 - "$out" <<'PY'
-import json, sys
+bench=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)  # bench/: common.py read_metrics, the one metrics.jsonl reader
+BENCH="$bench" python3 - "$out" <<'PY'
+import json, os, sys
+sys.path.insert(0, os.environ["BENCH"])
+from common import read_metrics
 out = sys.argv[1]
 def read(name):
-    try:
-        return [json.loads(l) for l in open(f"{out}/{name}")]
-    except OSError:
-        return []
+    return read_metrics(f"{out}/{name}")
 one, two = read("resume_metrics_run1.jsonl"), read("resume_metrics_run2.jsonl")
 loss1 = {r["iteration"]: r["loss"] for r in one if r.get("event") == "train"}
 loss2 = {r["iteration"]: r["loss"] for r in two if r.get("event") == "train"}

@@ -46,8 +46,11 @@ for dir in "$@"; do
   echo "=== $name: exit $rc after $(( $(date +%s) - t0 ))s (limit ${run_limit}s)" | tee -a "$log"
   summaries+=("$name:$rc:$run_dir")
 done
-python3 - "$out" "${summaries[@]}" <<'PY'
-import json, statistics, sys
+bench=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)  # bench/: common.py read_metrics, the one metrics.jsonl reader
+BENCH="$bench" python3 - "$out" "${summaries[@]}" <<'PY'
+import json, os, statistics, sys
+sys.path.insert(0, os.environ["BENCH"])
+import common
 out, items = sys.argv[1], sys.argv[2:]
 runs = []
 for item in items:
@@ -56,11 +59,9 @@ for item in items:
         runs.append({"name": name, "error": "not run: session deadline"})
         continue
     run = {"name": name, "exit_code": int(rc)}
-    try:
-        records = [json.loads(l) for l in open(f"{run_dir}/metrics.jsonl")]
-    except OSError as exc:
-        records = []
-        run["error"] = f"no metrics: {exc}"
+    records = common.read_metrics(f"{run_dir}/metrics.jsonl")
+    if not records.found or records.refused:
+        run["error"] = f"no metrics: {records.path}: {records.refused or 'no such file'}"
     train = [r for r in records if r.get("event") == "train" and r.get("step_time_s")]
     steady = [r for r in train if r["iteration"] > 10] or train[1:]
     host = [r for r in records if r.get("event") == "host_launch" and r.get("host_launch_us")]

@@ -78,8 +78,11 @@ step badbin timeout -s KILL 180 bash "$C/badbin/launch.sh"
 
 step nocuda env CUDA_VISIBLE_DEVICES= timeout -s KILL 180 python3 "$C/base/train.py"
 
-python3 - "$out" "$dest" <<'EOF'
+bench=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)  # bench/: common.py read_metrics, the one metrics.jsonl reader
+BENCH="$bench" python3 - "$out" "$dest" <<'EOF'
 import json, math, os, sys
+sys.path.insert(0, os.environ["BENCH"])
+import common
 out = sys.argv[1]
 def read(name, default=""):
     try:
@@ -125,7 +128,7 @@ check("fsize", 1, {"the worker exited 2": child_exit("fsize") == 2,
                    "no iter_0000060 left": "iter_0000060" not in read("fsize.ckpt").splitlines()},
       lines("fsize", "saving checkpoint", "GiB free", "Fix:", "Traceback"))
 # the lr the resumed run logged against megatron-core's cosine formula with the new values
-records = [json.loads(l) for l in read("metrics.jsonl").splitlines() if l.strip()]
+records = common.read_metrics(os.path.join(out, "metrics.jsonl"))
 train = {r["iteration"]: r["lr"] for r in records if r.get("event") == "train"}
 def cosine(step, max_lr=5e-4, min_lr=1e-4, warmup=5, decay=60):
     ratio = (step - warmup) / (decay - warmup)

@@ -59,12 +59,17 @@ if [ "$DRY" = 0 ]; then
 fi
 seconds=$(( $(date +%s) - t0 ))
 
-OUT="$OUT" DRY="$DRY" COMPILE_RC="$compile_rc" LAUNCH_RC="$launch_rc" PLOT_RC="$plot_rc" SECONDS_ALL="$seconds" \
+bench=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)  # bench/: common.py read_metrics, the one metrics.jsonl reader
+BENCH="$bench" OUT="$OUT" DRY="$DRY" COMPILE_RC="$compile_rc" LAUNCH_RC="$launch_rc" PLOT_RC="$plot_rc" SECONDS_ALL="$seconds" \
 COMPILE_CMD="${compile_cmd[*]}" LAUNCH_CMD="${launch_cmd[*]}" PLOT_CMD="${plot_cmd[*]}" "$PY" - <<'PY'
 """viz_demo.json: what ran, and the W&B offline run compared with metrics.jsonl."""
 import glob
 import json
 import os
+import sys
+
+sys.path.insert(0, os.environ["BENCH"])
+import common
 
 out = os.environ["OUT"]
 result = {
@@ -86,14 +91,7 @@ if os.path.exists(console):
     lines = open(console, errors="replace").read().splitlines()
     result["console_train_lines"] = [l for l in lines if l.startswith("iter ") and "ETA" in l][-3:]
     result["console_dlmspec_lines"] = [l for l in lines if l.startswith("[dlmspec]")][:12]
-metrics = os.path.join(out, "run", "metrics.jsonl")
-records = []
-if os.path.exists(metrics):
-    for line in open(metrics):
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass
+records = common.read_metrics(os.path.join(out, "run", "metrics.jsonl"))
 train = [r for r in records if r.get("event") == "train"]
 start = next((r for r in records if r.get("event") == "start"), {})
 result["provenance"] = start.get("provenance")
