@@ -43,4 +43,7 @@ def test_the_rl_prompts_and_held_out_files_are_ones_task_make_writes():
     written = set(task_files(TASKS["addition-padded"], {"digits": 3}, 0, {"train": 10, "validation": 10, "test": 500}))
     assert {"train.jsonl", "test.jsonl", "test-plain.jsonl"} <= written
     header = (SPECS / "task-addition-dlm-rl.toml").read_text()
-    assert "dlmspec eval runs/task-addition-dlm-rl --task .data/task-addition/test-plain.jsonl" in header
+    # scored greedy, as measured: the RL run's own [generate] samples its rollouts at temperature 1
+    assert ("dlmspec eval runs/task-addition-dlm-rl --task .data/task-addition/test-plain.jsonl "
+            "--spec specs/task-addition-dlm.toml") in header
+    assert _spec("task-addition-dlm-rl").generate.temperature > 0 and _spec("task-addition-dlm").generate.temperature == 0
