@@ -196,15 +196,20 @@ def _prepare(datasets: list[Any], gpt2: tuple[str, str], gpt2_dir: str, workers:
     from rich.console import Console
 
     from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
-    from dlmspec.tasks.datasets import prepare_task_datasets
+    from dlmspec.tasks.datasets import SFT_SEQ_LENGTH, prepare_task_datasets
 
     err = Console(stderr=True)
     try:
         return prepare_task_datasets(datasets, *gpt2, workers=workers, force=force, console=err)
     except DataPrepareError as exc:
+        again = "run again with --force (the task files are written; --force replaces them and the datasets)"
+        if "over_long" in str(exc):  # the bad-row kind of an SFT row over --seq-length (dlmspec.data.sft.BAD_KINDS)
+            raise _issue("--prepare-data", gpt2_dir, f"dlmspec data prepare refused: {exc}",
+                         f"the SFT sets keep rows of at most {SFT_SEQ_LENGTH} tokens (task-addition-dlm-sft.toml's "
+                         "train.seq_length), which 3-digit addition fits with GPT-2's BPE (one token a digit): pass "
+                         "GPT-2's own vocab.json and merges.txt, or fewer --digits; then " + again) from None
         raise _issue("--prepare-data", gpt2_dir, f"dlmspec data prepare refused: {exc}",
-                     "fix what it names and run again with --force (the task files are written; --force replaces "
-                     "them and the datasets)") from None
+                     "fix what it names, then " + again) from None
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, PrepareInterrupted) else int(signal.SIGINT)
         err.print(f"interrupted ({signal.Signals(signum).name}): the dataset being written left no file; run again "

@@ -1,7 +1,9 @@
-"""`dlmspec task make --prepare-data GPT2_DIR` with GPT-2's real BPE files (the offline data kit): the four
-datasets it writes are byte for byte the ones `dlmspec data prepare` writes from the same task files
-with the commands of docs/tasks.md; a second run keeps them without --force and replaces them with
-it; a tokenizer file data prepare cannot read exits 2 naming --prepare-data."""
+"""`dlmspec task make --prepare-data GPT2_DIR`: the four datasets it writes are byte for byte the ones
+`dlmspec data prepare` writes from the same task files with the commands of docs/tasks.md (with GPT-2's
+own BPE files from the offline data kit, and with BPE files in GPT-2's format trained here, so that the
+check runs without the kit); a second run keeps them without --force and replaces them with it; a
+tokenizer data prepare cannot read, or one whose SFT rows are all over the SFT spec's 24 tokens, exits 2
+naming --prepare-data with a fix."""
 
 from __future__ import annotations
 
@@ -14,13 +16,10 @@ from typer.testing import CliRunner
 from dlmspec.cli.commands import app
 from dlmspec.data.cli import app as data_app
 from shared_kit import SHARED_DATA
-
-pytestmark = pytest.mark.shared_data  # reads GPT-2's vocab.json and merges.txt (tests/kits/shared_kit.py)
+from task_bpe_kit import write_task_bpe, write_wordy_bpe
 
 GPT2 = SHARED_DATA / "tokenizers" / "gpt2"
 SMALL = ["--train", "300", "--valid", "40", "--test", "500", "--digits", "3"]
-GPT2_FLAGS = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(GPT2 / "vocab.json"),
-              "--merge-file", str(GPT2 / "merges.txt")]
 #: (the task's prefix suffix, its input file, the `dlmspec data prepare` flags of docs/tasks.md)
 COMMANDS = [("train", "pretrain-train.jsonl", ["--append-eod"]),
             ("valid", "pretrain-validation.jsonl", ["--append-eod"]),
@@ -28,7 +27,18 @@ COMMANDS = [("train", "pretrain-train.jsonl", ["--append-eod"]),
             ("sft-valid", "sft-validation.jsonl", ["--sft", "--chat-template", "plain", "--seq-length", "24"])]
 
 
-def make(out: Path, *args: str, gpt2: Path = GPT2):
+def _gpt2_flags(folder: Path) -> list[str]:
+    return ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(folder / "vocab.json"),
+            "--merge-file", str(folder / "merges.txt")]
+
+
+@pytest.fixture(params=["trained-here", pytest.param("gpt2", marks=pytest.mark.shared_data)])
+def bpe(request, tmp_path) -> Path:
+    """The folder of vocab.json and merges.txt: trained here (always), or GPT-2's own (the data kit)."""
+    return write_task_bpe(tmp_path / "bpe") if request.param == "trained-here" else GPT2
+
+
+def make(out: Path, *args: str, gpt2: Path):
     return CliRunner().invoke(app, ["task", "make", "addition-padded", "--out", str(out), *SMALL,
                                     "--prepare-data", str(gpt2), *args])
 
@@ -40,9 +50,9 @@ def _files(prefix: Path, sft: bool) -> list[Path]:
     return [prefix.parent / n for n in names]
 
 
-def test_datasets_equal_the_ones_data_prepare_writes_from_the_same_files(tmp_path):
+def test_datasets_equal_the_ones_data_prepare_writes_from_the_same_files(tmp_path, bpe):
     out = tmp_path / "data" / "task-addition"
-    res = make(out, "--json")
+    res = make(out, "--json", gpt2=bpe)
     assert res.exit_code == 0, res.output
     rows = {r["name"]: r for r in json.loads(res.stdout)["result"]["datasets"]}
     assert set(rows) == {"train", "valid", "sft-train", "sft-valid"}
@@ -54,7 +64,7 @@ def test_datasets_equal_the_ones_data_prepare_writes_from_the_same_files(tmp_pat
         mine = tmp_path / "data" / f"task-addition-{suffix}"
         theirs = reference / f"task-addition-{suffix}"
         got = CliRunner().invoke(data_app, ["prepare", "--no-progress", "--input", str(out / input_name),
-                                            "--output-prefix", str(theirs), *GPT2_FLAGS, *flags])
+                                            "--output-prefix", str(theirs), *_gpt2_flags(bpe), *flags])
         assert got.exit_code == 0, got.output
         assert rows[suffix]["prefix"] == f"{mine}_text_document"
         for a, b in zip(_files(mine, "--sft" in flags), _files(theirs, "--sft" in flags), strict=True):
@@ -62,14 +72,15 @@ def test_datasets_equal_the_ones_data_prepare_writes_from_the_same_files(tmp_pat
 
 
 def test_a_second_run_keeps_the_datasets_without_force_and_replaces_them_with_it(tmp_path):
+    bpe = write_task_bpe(tmp_path / "bpe")
     out = tmp_path / "task-addition"
-    assert make(out).exit_code == 0
+    assert make(out, gpt2=bpe).exit_code == 0
     train = tmp_path / "task-addition-train_text_document.bin"
     before = train.read_bytes()
-    res = make(out, "--json")
+    res = make(out, "--json", gpt2=bpe)
     assert res.exit_code == 2 and train.read_bytes() == before
     assert {i["key"] for i in json.loads(res.stdout)["issues"]} == {"--out", "--prepare-data"}
-    res = make(out, "--force", "--seed", "1")
+    res = make(out, "--force", "--seed", "1", gpt2=bpe)
     assert res.exit_code == 0, res.output
     assert train.read_bytes() != before and len(train.read_bytes()) == len(before)
 
@@ -78,9 +89,19 @@ def test_a_vocab_file_data_prepare_cannot_read_exits_2_naming_the_flag(tmp_path)
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "vocab.json").write_text("{not json")
-    (gpt2 / "merges.txt").write_bytes((GPT2 / "merges.txt").read_bytes())
+    (gpt2 / "merges.txt").write_bytes((write_task_bpe(tmp_path / "bpe") / "merges.txt").read_bytes())
     res = make(tmp_path / "task-addition", "--json", gpt2=gpt2)
     assert res.exit_code == 2, res.output
     issue = json.loads(res.stdout)["issues"][0]
     assert issue["key"] == "--prepare-data" and issue["value"] == str(gpt2) and "--force" in issue["hint"]
     assert not (tmp_path / "task-addition-train_text_document.bin").exists()
+
+
+def test_a_tokenizer_whose_sft_rows_are_all_too_long_exits_2_with_the_length_and_a_fix(tmp_path):
+    gpt2 = write_wordy_bpe(tmp_path / "wordy")
+    res = make(tmp_path / "task-addition", "--json", gpt2=gpt2)
+    assert res.exit_code == 2, res.output
+    issue = json.loads(res.stdout)["issues"][0]
+    assert issue["key"] == "--prepare-data" and "over_long" in issue["message"]
+    assert "24 tokens" in issue["hint"] and "GPT-2's own vocab.json" in issue["hint"]
+    assert not (tmp_path / "task-addition-sft-train_text_document.bin").exists()
