@@ -97,7 +97,7 @@ def test_a_vocab_file_data_prepare_cannot_read_exits_2_naming_the_flag(tmp_path)
     assert not (tmp_path / "task-addition-train_text_document.bin").exists()
 
 
-def test_a_tokenizer_whose_sft_rows_are_all_too_long_exits_2_with_the_length_and_a_fix(tmp_path):
+def test_a_tokenizer_whose_sft_rows_are_all_too_long_exits_2_naming_the_length_and_gpt2_files(tmp_path):
     gpt2 = write_wordy_bpe(tmp_path / "wordy")
     res = make(tmp_path / "task-addition", "--json", gpt2=gpt2)
     assert res.exit_code == 2, res.output
