@@ -68,6 +68,8 @@ def test_grpo_dry_run_compiles_the_ar_chain_and_writes_the_summary(tmp_path) -> 
     # the AR run is scored on the validation prompts at each of its 6 checkpoints: the candidates RL may start from
     assert "checkpoint.save_interval=250" in overrides and "train.eval_interval=250" in overrides
     assert 'eval.generation.prompts=".data/task-addition/validation.jsonl"' in overrides
+    lock = (tmp_path / "out" / "dry-work" / "job-rl" / "spec.lock.toml").read_text()
+    assert 'chat_template = "none"' in lock  # the AR task model was pre-trained on the prompt text
 
 
 @needs_gpt2
@@ -79,6 +81,8 @@ def test_coupled_grpo_dry_run_compiles_the_sft_chain_for_llada_export(tmp_path) 
     assert summary["step_time"]["planned"]["estimator"] == "coupled"
     assert summary["step_time"]["planned"]["estimator_passes"] == 2 and summary["step_time"]["planned"]["gpu"] == "h200"
     assert {"plan-sft.json", "sft-data-train.log"} <= names
-    assert "model.qk_layernorm=false" in overrides and 'stage.rl.chat_template="plain"' in overrides
+    assert "model.qk_layernorm=false" in overrides and "chat_template" not in overrides  # the RL specs' own
     assert 'checkpoint.init_from="mcore:runs/task-addition-dlm-sft/checkpoints"' in overrides
+    lock = (tmp_path / "out" / "dry-work" / "job-rl" / "spec.lock.toml").read_text()
+    assert 'chat_template = "plain"' in lock
     assert 'eval.generation.prompts=".data/task-addition/validation-plain.jsonl"' in overrides

@@ -38,7 +38,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
-__all__ = ["TASKS", "Task", "TaskOptionError", "SPLITS", "make_splits", "task_files", "space_digits"]
+__all__ = ["TASKS", "Task", "TaskOptionError", "SPLITS", "make_splits", "task_files", "space_digits", "plain_prompt"]
 
 #: The splits, in the order they are drawn (the held-out test first).
 SPLITS = ("test", "validation", "train")
@@ -166,6 +166,19 @@ def make_splits(task: Task, options: Dict[str, int], seed: int, counts: Dict[str
     return out
 
 
+#: The chat template of the rendered prompt files (``test-plain.jsonl``): the SFT stage's.
+PLAIN = "plain"
+
+
+def plain_prompt(prompt: str) -> str:
+    """``prompt`` as one user turn of the ``plain`` chat template with the assistant's turn opened
+    (``" 1 + 2 ="`` -> ``"User:\\n 1 + 2 =\\n\\nAssistant:\\n"``): what the SFT stage trains on before
+    an answer, and what the RL stage renders from ``stage.rl.chat_template = "plain"``."""
+    from dlmspec.data.chat import render, text_of
+
+    return text_of(render(PLAIN, [{"role": "user", "content": prompt}], add_generation_prompt=True))
+
+
 def _jsonl(rows: Iterator[Dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows).encode()
 
@@ -181,6 +194,12 @@ def task_files(task: Task, options: Dict[str, int], seed: int, counts: Dict[str,
       answer);
     - ``sft-train.jsonl``, ``sft-validation.jsonl``: ``{"prompt", "response"}`` for
       ``dlmspec data prepare --sft`` (docs/sft-data.md);
+    - ``validation-plain.jsonl``, ``test-plain.jsonl``: the rows of ``validation.jsonl`` and
+      ``test.jsonl`` with each prompt rendered as one user turn of the ``plain`` chat template with
+      the assistant's turn opened (``"User:\\n 4 0 7 + 1 9 5 =\\n\\nAssistant:\\n"``,
+      :func:`dlmspec.data.chat.render`): the prompts of a model tuned with that template (the SFT
+      stage of ``specs/task-addition-dlm-sft.toml``, and the RL stage from it), for
+      ``[eval.generation] prompts`` and ``dlmspec eval --task``, which take prompts as written;
     - ``task.json``: the task, options, seed, counts and each file's SHA-256.
     """
     splits = make_splits(task, options, seed, counts)
@@ -190,6 +209,8 @@ def task_files(task: Task, options: Dict[str, int], seed: int, counts: Dict[str,
     for split in ("train", "validation"):
         files[f"pretrain-{split}.jsonl"] = _jsonl({"text": r["prompt"] + r["answer"]} for r in splits[split])
         files[f"sft-{split}.jsonl"] = _jsonl({"prompt": r["prompt"], "response": r["answer"]} for r in splits[split])
+    for split in ("validation", "test"):
+        files[f"{split}-{PLAIN}.jsonl"] = _jsonl({**r, "prompt": plain_prompt(r["prompt"])} for r in splits[split])
     record = {"kind": "dlmspec-task", "version": 1, "task": task.name, "options": options, "seed": seed,
               "counts": {s: counts[s] for s in SPLITS}, "checker": "exact_match",
               "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())}}

@@ -5,8 +5,8 @@
 # the held-out accuracy after it, and, for the masked-diffusion algorithms, rollout tokens/s beside d1's loop.
 #
 #   ALGO=diffu-grpo    specs/task-addition-dlm.toml (TRAIN_ITERS) -> specs/task-addition-dlm-sft.toml (SFT_ITERS)
-#   ALGO=coupled-grpo    -> specs/task-addition-dlm-rl.toml / -rl-coupled.toml from the SFT model (chat template
-#                           "plain", as it was tuned), then bench/sampling/d1_rollout.py on the RL checkpoint
+#   ALGO=coupled-grpo    -> specs/task-addition-dlm-rl.toml / -rl-coupled.toml from the SFT model (the specs'
+#                           chat template "plain", as it was tuned), then bench/sampling/d1_rollout.py on the RL checkpoint
 #   ALGO=grpo          specs/task-addition-ar.toml (TRAIN_ITERS) -> specs/task-addition-ar-rl.toml
 #
 #   bash bench/devbox/gpu.sh rl-diffu-grpo          # GPU machine; carry .bench-wheels .bench-data .bench-peers
@@ -44,7 +44,8 @@
 # END_S (570). Overrides of the bundled specs, all recorded in summary.json: one GPU and the GPU present; the
 # masked-diffusion chain without q/k norm (model.qk_layernorm = false: LLaDA's modelling code, which d1's loop
 # runs on the export, has none); the iteration counts and their warm-up, save and evaluation intervals; the RL
-# run from the SFT model with the "plain" template, logged every 2 steps (a log interval is then one rollout
+# run from the checkpoint picked (the RL specs start from the last one: the SFT run's for masked diffusion, with
+# its "plain" template, the AR task model's for grpo), logged every 2 steps (a log interval is then one rollout
 # batch and its second update), at a constant learning rate after its warm-up (d1: constant_with_warmup).
 # The code run is this checkout's (laid out as the installed package in /tmp/task-rl-src), not the carried
 # dlmspec wheel; the wheels give the dependencies.
@@ -199,18 +200,9 @@ for s in train validation; do
     --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt --append-eod --workers 8 || exit 2
 done
 if [ "$model" = dlm ]; then
-  # the SFT stage's data (LLaDA's layout, the plain template) and the held-out prompts rendered with it; the
-  # SFT rows are tokenised in one process, in the background while the GPU trains
-  "$PY" - <<'EOF2'
-import json
-from dlmspec.data.chat import render, text_of
-for split in ("test", "validation"):
-    with open(f".data/task-addition/{split}.jsonl") as f, open(f".data/task-addition/{split}-plain.jsonl", "w") as g:
-        for line in f:
-            row = json.loads(line)
-            row["prompt"] = text_of(render("plain", [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True))
-            g.write(json.dumps(row, sort_keys=True) + "\n")
-EOF2
+  # the SFT stage's data (LLaDA's layout, the plain template; `dlmspec task make` wrote the held-out prompts
+  # rendered with it, test-plain.jsonl and validation-plain.jsonl), tokenised in one process in the background
+  # while the GPU trains (`task make --prepare-data` would write all four datasets before the first step)
   ( for s in train validation; do
       step "sft-data-$s" "$(limit 200)" "$PY" -m dlmspec.cli data prepare --sft --chat-template plain \
         --input ".data/task-addition/sft-$s.jsonl" --output-prefix ".data/task-addition-sft-${s/validation/valid}" \
@@ -238,7 +230,6 @@ sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.s
 rl_sets() {  # the RL job's --set for $1 iterations from the checkpoint $2
   local sets=("${common[@]}" --set train.train_iters="$1" --set checkpoint.save_interval="$1" --set logging.log_interval=2
               --set train.eval_interval="$1" --set 'train.lr_decay_style="constant"' --set "checkpoint.init_from=\"mcore:$2\"")
-  [ "$model" = dlm ] && sets+=(--set 'stage.rl.chat_template="plain"')
   [ -n "$RL_LR" ] && sets+=(--set "train.lr=$RL_LR")
   printf '%s\n' "${sets[@]}"
 }

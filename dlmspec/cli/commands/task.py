@@ -1,9 +1,13 @@
 """``dlmspec task make``: write a generated verifiable task (:mod:`dlmspec.tasks.make`): prompts and
 answers of train / validation / held-out test, and the training data in the formats ``dlmspec data
-prepare`` reads (pre-training text and SFT prompt/response pairs). docs/tasks.md.
+prepare`` reads (pre-training text and SFT prompt/response pairs). With ``--prepare-data GPT2_DIR``
+it then writes the four Megatron indexed datasets the bundled task specs read, with ``dlmspec data
+prepare``'s own functions (:mod:`dlmspec.tasks.datasets`). docs/tasks.md.
 
 Nothing is overwritten without ``--force``, and ``--force`` replaces only files a ``task.json``
-in the folder lists (files this command wrote); a symbolic link is never written through.
+in the folder lists (files this command wrote) and the datasets at the prefixes named for ``--out``;
+a symbolic link is never written through. Every check (the task's options, its files, GPT2_DIR, the
+datasets' paths) runs before the first file is written.
 """
 
 from __future__ import annotations
@@ -86,11 +90,17 @@ def make_command(
     digits: Optional[int] = typer.Option(None, "--digits", help="addition: digits of each operand (5)."),
     length: Optional[int] = typer.Option(None, "--length", help="sorting: numbers in the list (10)."),
     max_value: Optional[int] = typer.Option(None, "--max-value", help="sorting: largest number, at most 9 (9)."),
-    force: bool = typer.Option(False, "--force", help="Replace files a previous `dlmspec task make` wrote there."),
+    prepare_data: Optional[str] = typer.Option(
+        None, "--prepare-data", metavar="GPT2_DIR",
+        help="Also write the Megatron datasets the task specs read (DIR-train, DIR-valid, DIR-sft-train, DIR-sft-valid "
+             "for --out DIR), tokenized with GPT-2's BPE from GPT2_DIR/vocab.json and merges.txt."),
+    workers: int = typer.Option(1, "--workers", help="--prepare-data: tokenizer processes for the pre-training text."),
+    force: bool = typer.Option(False, "--force", help="Replace files a previous `dlmspec task make` wrote there (and its datasets)."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Write a generated task: train/validation/test prompts with answers (JSONL), pre-training text
-    and SFT pairs for `dlmspec data prepare`, and task.json (options, seed, SHA-256 of each file)."""
+    """Write a generated task: train/validation/test prompts with answers (JSONL), the held-out prompts
+    in the plain chat template, pre-training text and SFT pairs for `dlmspec data prepare`, and task.json
+    (options, seed, SHA-256 of each file); with --prepare-data, the tokenized datasets too."""
     use_json(ctx, json_output)
     from dlmspec.files import write_atomic
     from dlmspec.tasks.make import TASKS, TaskOptionError, resolve_options, task_files
@@ -109,7 +119,17 @@ def make_command(
     except TaskOptionError as exc:
         raise _issue(exc.option, exc.value, exc.why, exc.fix) from None
     folder = Path(out)
-    check_targets(folder, sorted(files), force)
+    issues: list[SpecIssue] = []  # every file in the way named at once: the task's and the datasets'
+    try:
+        check_targets(folder, sorted(files), force)
+    except SpecError as exc:
+        issues += exc.issues
+    try:
+        datasets, gpt2 = _dataset_plan(folder, prepare_data, workers, force)
+    except SpecError as exc:
+        issues += exc.issues
+    if issues:
+        raise SpecError(issues)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for file_name, data in sorted(files.items()):
@@ -119,6 +139,11 @@ def make_command(
     result = {"task": name, "options": options, "seed": seed, "out": str(folder),
               "counts": {"train": train, "validation": valid, "test": test},
               "files": {n: len(d) for n, d in sorted(files.items())}}
+    if datasets:
+        if not json_output:
+            print(f"task files written to {folder}; tokenizing its {len(datasets)} datasets with GPT-2's BPE "
+                  f"from {prepare_data}", flush=True)
+        result["datasets"] = _prepare(datasets, gpt2, prepare_data, workers, force)
     if json_output:
         print_envelope("task make", ok=True, result=result)
         return
@@ -126,3 +151,67 @@ def make_command(
           f"{test} test rows")
     for file_name, size in result["files"].items():
         print(f"  {file_name} ({size:,} bytes)")
+    for row in result.get("datasets", []):
+        skipped = sum(row.get("skipped", {}).values())
+        print(f"  {row['prefix']} ({row['documents']:,} documents, {row['tokens']:,} tokens"
+              + (f"; {skipped:,} rows skipped: {row['skipped']}" if skipped else "") + ")")
+
+
+def _dataset_plan(folder: Path, gpt2_dir: Optional[str], workers: int, force: bool) -> tuple[list[Any], tuple[str, str]]:
+    """The datasets ``--prepare-data`` writes and GPT-2's (vocab, merges) files, after every check
+    (nothing written yet); ``([], ("", ""))`` without ``--prepare-data``.
+
+    Raises:
+        SpecError: GPT2_DIR missing or without vocab.json / merges.txt; ``--workers`` below 1; a
+            dataset path that exists (without ``--force``: every one named) or is a folder.
+    """
+    if gpt2_dir is None:
+        return [], ("", "")
+    from dlmspec.tasks.datasets import TaskDataError, existing_outputs, gpt2_files, task_datasets
+
+    if workers < 1:
+        raise _issue("--workers", workers, "at least one tokenizer process is needed", "--workers 1")
+    try:
+        vocab, merges = gpt2_files(gpt2_dir)
+    except TaskDataError as exc:
+        raise _issue(exc.flag, exc.value, exc.why, exc.fix) from None
+    datasets = task_datasets(folder)
+    problems = existing_outputs(datasets, force)
+    if problems:
+        raise SpecError([SpecIssue(key="--prepare-data", value=path, message=why, hint=fix, rule="output-file",
+                                   file=COMMAND_LINE, source="dlmspec.cli.commands.task") for path, why, fix in problems])
+    return datasets, (vocab, merges)
+
+
+def _prepare(datasets: list[Any], gpt2: tuple[str, str], gpt2_dir: str, workers: int, force: bool) -> list[dict[str, Any]]:
+    """Write the datasets (:func:`dlmspec.tasks.datasets.prepare_task_datasets`, progress on stderr).
+
+    Raises:
+        SpecError: what ``dlmspec data prepare`` refuses (a tokenizer file it cannot read, an input
+            that is an output, a write error), as ``--prepare-data``.
+        typer.Exit: interrupted (``128 + signum``; the dataset being written leaves no file).
+    """
+    import signal
+
+    from rich.console import Console
+
+    from dlmspec.data.errors import DataPrepareError, PrepareInterrupted
+    from dlmspec.tasks.datasets import SFT_SEQ_LENGTH, prepare_task_datasets
+
+    err = Console(stderr=True)
+    try:
+        return prepare_task_datasets(datasets, *gpt2, workers=workers, force=force, console=err)
+    except DataPrepareError as exc:
+        again = "run again with --force (the task files are written; --force replaces them and the datasets)"
+        if "over_long" in str(exc):  # the bad-row kind of an SFT row over --seq-length (dlmspec.data.sft.BAD_KINDS)
+            raise _issue("--prepare-data", gpt2_dir, f"dlmspec data prepare refused: {exc}",
+                         f"the SFT sets keep rows of at most {SFT_SEQ_LENGTH} tokens (task-addition-dlm-sft.toml's "
+                         "train.seq_length), which 3-digit addition fits with GPT-2's BPE (one token a digit): pass "
+                         "GPT-2's own vocab.json and merges.txt, or fewer --digits; then " + again) from None
+        raise _issue("--prepare-data", gpt2_dir, f"dlmspec data prepare refused: {exc}",
+                     "fix what it names, then " + again) from None
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, PrepareInterrupted) else int(signal.SIGINT)
+        err.print(f"interrupted ({signal.Signals(signum).name}): the dataset being written left no file; run again "
+                  "with --force", style="bold red", markup=False, highlight=False)
+        raise typer.Exit(code=128 + signum) from None

@@ -32,7 +32,8 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_other_rows(tmp_pa
         assert res.exit_code == 0, res.output
     names = sorted(os.listdir(a))
     assert names == ["pretrain-train.jsonl", "pretrain-validation.jsonl", "sft-train.jsonl", "sft-validation.jsonl",
-                     "task.json", "test.jsonl", "train.jsonl", "validation.jsonl"]
+                     "task.json", "test-plain.jsonl", "test.jsonl", "train.jsonl", "validation-plain.jsonl",
+                     "validation.jsonl"]
     assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
     assert (a / "test.jsonl").read_bytes() != (c / "test.jsonl").read_bytes()
     record = json.loads((a / "task.json").read_text())
