@@ -1,0 +1,339 @@
+"""Host-side work per denoising step of dlmspec's masked-diffusion sampler, measured on CPU.
+
+The sampler (``backends/generate/sampler.py``: ``generate``) runs a tiny megatron-core ``GPTModel``
+(local layer spec, fp32, on CPU) so that the model's arithmetic is negligible and what remains is
+host work: Python, op dispatch, allocations. For each sampling path it reports, per denoising step:
+
+- ``forward_ms``: wall time inside the ``GPTModel``'s ``forward`` (a forward pre-hook and a forward
+  hook on the unwrapped model; on CPU with a tiny model this is megatron-core's own host work);
+- ``sampler_ms``: wall time of the whole ``generate`` call minus ``forward_ms``, divided by the
+  steps: the sampler's work outside the model (block logits function, sampling, commit, canvas
+  updates, the per-call set-up and ``_finish`` amortised over the steps);
+- ``syncs``: device->host synchronisations outside the model, counted under a
+  ``TorchDispatchMode`` (``aten._local_scalar_dense``: ``.item()``, ``bool(t)``, ``int(t)``;
+  ``aten.nonzero`` / ``masked_select`` / boolean-mask ``index`` / ``index_put_``:
+  data-dependent output shapes) and by wrapping ``Tensor.tolist`` / ``Tensor.cpu`` / ``Tensor.numpy``
+  (on CPU these dispatch no op; on CUDA each copies to the host);
+- ``ops``: aten ops dispatched outside the model (each a kernel launch or more on a GPU);
+- ``model_ops`` / ``model_syncs``: the same inside the model's forward, for scale.
+
+Timing runs without the dispatch mode (``--repeats`` timed calls after one warm-up, median); the
+counts come from one more call under it. On a GPU each op outside the model is at least one kernel
+launch (~5-10 us of host time) and each sync waits for the queue to drain, so ``ops`` and ``syncs``
+are what the GPU step pays beyond the CPU ``sampler_ms``; the real tokens/s is measured by
+``bash bench/devbox/gpu.sh rl-diffu-grpo`` and ``bash bench/devbox/gpu.sh fast-sampling``.
+
+Paths (``--paths``; every one at ``--batch`` prompts of lengths between ``P/2`` and ``P``, left-padded):
+
+- ``low_confidence``, ``low_confidence_prefix``, ``low_confidence_dual``: greedy, a fixed number of
+  steps per block, block cache none / prefix / dual;
+- ``threshold``, ``threshold_dual``: Fast-dLLM's threshold parallel decoding (0.9), greedy;
+- ``rl``: the RL rollout's sampling (``specs/task-addition-dlm-rl.toml``: 8 tokens, 8 steps, one
+  block, temperature 1 Gumbel-max, EOS set);
+- ``rl_dual``: the same with two blocks and the dual cache.
+
+Usage::
+
+    python bench/sampling/host_overhead.py --out host.json           # the default sizes (~1 min on CPU)
+    python bench/sampling/host_overhead.py --dry --out host.json     # smallest sizes, one repeat (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: path name -> the ``GenerateConfig`` settings it runs (token ids are added by :func:`run_path`).
+PATHS: Dict[str, Dict[str, Any]] = {
+    "low_confidence": dict(gen_length=16, steps=16, block_length=8, remasking="low_confidence"),
+    "low_confidence_prefix": dict(gen_length=16, steps=16, block_length=8, remasking="low_confidence", cache="prefix"),
+    "low_confidence_dual": dict(gen_length=16, steps=16, block_length=8, remasking="low_confidence", cache="dual"),
+    "threshold": dict(gen_length=16, steps=16, block_length=8, remasking="threshold", threshold=0.9),
+    "threshold_dual": dict(gen_length=16, steps=16, block_length=8, remasking="threshold", threshold=0.9, cache="dual"),
+    "rl": dict(gen_length=8, steps=8, block_length=8, remasking="low_confidence", temperature=1.0, eos=True),
+    "rl_dual": dict(gen_length=8, steps=8, block_length=4, remasking="low_confidence", temperature=1.0, eos=True,
+                    cache="dual"),
+}
+
+#: aten ops whose result needs the device's data on the host (a synchronisation on CUDA).
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "repeat_interleave", "unique", "_unique2",
+            "unique_consecutive", "unique_dim")
+
+
+class Counter:
+    """Counts aten ops and host synchronisations, split by whether the model's forward is running.
+
+    Attributes:
+        inside: depth of ``GPTModel.forward`` calls now running (set by the model's hooks).
+        ops, syncs: ``{"sampler": n, "model": n}``.
+        sync_kinds: ``{"sampler": {op: n}, "model": {op: n}}``.
+    """
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.active = False
+        self.ops = {"sampler": 0, "model": 0}
+        self.syncs = {"sampler": 0, "model": 0}
+        self.sync_kinds: Dict[str, Dict[str, int]] = {"sampler": {}, "model": {}}
+        self.op_names: Dict[str, int] = {}
+
+    def where(self) -> str:
+        return "model" if self.inside else "sampler"
+
+    def sync(self, name: str) -> None:
+        if not self.active:
+            return
+        w = self.where()
+        self.syncs[w] += 1
+        self.sync_kinds[w][name] = self.sync_kinds[w].get(name, 0) + 1
+
+
+def _is_sync(func: Any, args: tuple) -> Optional[str]:
+    import torch
+
+    name = func.overloadpacket.__name__
+    if name in SYNC_OPS:
+        return name
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else ()
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (indices or ())):
+            return f"{name}[bool mask]"
+    return None
+
+
+@contextlib.contextmanager
+def counting(counter: Counter):
+    """Count every aten op and sync while the block runs (a ``TorchDispatchMode`` and wrappers of
+    ``Tensor.tolist`` / ``cpu`` / ``numpy``)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if counter.active:
+                w = counter.where()
+                counter.ops[w] += 1
+                if w == "sampler":
+                    name = str(func.overloadpacket.__name__)
+                    counter.op_names[name] = counter.op_names.get(name, 0) + 1
+                why = _is_sync(func, args)
+                if why is not None:
+                    counter.sync(why)
+            return func(*args, **(kwargs or {}))
+
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "cpu", "numpy")}
+
+    def wrap(name: str, fn: Any) -> Any:
+        def wrapper(self, *args, **kwargs):
+            counter.sync(f"Tensor.{name}")
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(torch.Tensor, name, wrap(name, fn))
+    counter.active = True
+    try:
+        with Mode():
+            yield counter
+    finally:
+        counter.active = False
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+
+
+@contextlib.contextmanager
+def cpu_world():
+    """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU
+    (``torch.cuda.current_device`` answers ``"cpu"``, as tests/kits/cpu_world_kit.py does)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    saved = torch.cuda.current_device, torch.cuda.synchronize
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *a, **k: None
+    with tempfile.TemporaryDirectory() as tmp:
+        created = not dist.is_initialized()
+        if created:
+            dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        parallel_state.initialize_model_parallel(1, 1)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            if created:
+                dist.destroy_process_group()
+            torch.cuda.current_device, torch.cuda.synchronize = saved
+
+
+def tiny_model(layers: int, hidden: int, vocab: int, seed: int = 0) -> Any:
+    """A ``GPTModel`` of ``layers`` x ``hidden`` (GQA 4 heads / 2 groups, RMSNorm, RoPE,
+    bidirectional attention, local layer spec), eval mode; needs :func:`cpu_world`."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=2 * hidden, num_attention_heads=4, num_query_groups=2,
+        kv_channels=hidden // 4, normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0,
+        attention_dropout=0.0, use_cpu_initialization=True, bias_activation_fusion=False,
+        bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+    spec = build_layer_spec(attention="bidirectional", qk_layernorm=True, use_transformer_engine=False)
+    (model,) = build_model(config, layer_spec=spec, vocab_size=vocab, max_sequence_length=256,
+                           position_embedding_type="rope")
+    return model.eval()
+
+
+def prompts_for(batch: int, prompt_length: int, vocab: int, seed: int) -> List[List[int]]:
+    """``batch`` prompts of lengths in ``[prompt_length // 2, prompt_length]`` (the longest has
+    ``prompt_length``), ids in ``[0, vocab - 2)`` (the top two ids are the mask and EOS)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, prompt_length // 2), prompt_length + 1, (batch,), generator=g).tolist()
+    lengths[0] = prompt_length
+    return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]
+
+
+def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeats: int) -> Dict[str, Any]:
+    """One path's timing and counts (see the module docstring)."""
+    import torch
+
+    from dlmspec.backends.generate.config import GenerateConfig
+    from dlmspec.backends.generate.models import gpt_logits_fn
+    from dlmspec.backends.generate.sampler import generate
+
+    settings = dict(PATHS[name])
+    eos = settings.pop("eos", False)
+    config = GenerateConfig(mask_token_id=vocab - 1, eos_token_id=vocab - 2 if eos else None, seed=0, **settings)
+    logits_fn = gpt_logits_fn(model)
+    counter = Counter()
+    clock = {"t0": 0.0, "total": 0.0}
+
+    def pre(module, args, kwargs):
+        counter.inside += 1
+        if counter.inside == 1:
+            clock["t0"] = time.perf_counter()
+
+    def post(module, args, kwargs, output):
+        counter.inside -= 1
+        if counter.inside == 0:
+            clock["total"] += time.perf_counter() - clock["t0"]
+
+    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
+               model.register_forward_hook(post, with_kwargs=True)]
+    try:
+        out = generate(logits_fn, prompts, config)  # warm-up
+        walls, forwards = [], []
+        for _ in range(repeats):
+            clock["total"] = 0.0
+            t0 = time.perf_counter()
+            out = generate(logits_fn, prompts, config)
+            walls.append(time.perf_counter() - t0)
+            forwards.append(clock["total"])
+        with counting(counter):
+            counted = generate(logits_fn, prompts, config)
+    finally:
+        for h in handles:
+            h.remove()
+    steps = out.steps
+    wall = statistics.median(walls)
+    forward = statistics.median(forwards)
+    return {
+        "config": {k: v for k, v in config.to_dict().items() if v is not None},
+        "steps": steps,
+        "forward_passes": out.forward_passes,
+        "cache": out.cache,
+        "tokens_sha": _digest(counted.sequences),
+        "same_tokens_under_counting": bool(torch.equal(counted.sequences, out.sequences)),
+        "wall_ms_per_call": 1e3 * wall,
+        "forward_ms_per_step": 1e3 * forward / steps,
+        "sampler_ms_per_step": 1e3 * (wall - forward) / steps,
+        "syncs_per_step": counter.syncs["sampler"] / steps,
+        "ops_per_step": counter.ops["sampler"] / steps,
+        "model_syncs_per_step": counter.syncs["model"] / steps,
+        "model_ops_per_step": counter.ops["model"] / steps,
+        "sync_kinds": counter.sync_kinds,
+        "sampler_ops_by_name": dict(sorted(counter.op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
+    }
+
+
+def _digest(t: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, help="write the JSON result here (else stdout only)")
+    p.add_argument("--dry", action="store_true", help="smallest sizes, one repeat (a check that it runs)")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--batch", type=int, default=128, help="prompts per call (the RL rollout's 128)")
+    p.add_argument("--prompt-length", type=int, default=24, help="the longest prompt, in tokens")
+    p.add_argument("--layers", type=int, default=12, help="transformer layers (12: the 153M model's depth)")
+    p.add_argument("--hidden", type=int, default=32, help="hidden size (tiny: compute stays negligible)")
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per path (median)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: less noise on a shared machine)")
+    args = p.parse_args(argv)
+    paths = [s for s in args.paths.split(",") if s]
+    unknown = [s for s in paths if s not in PATHS]
+    if unknown:
+        print(f"host_overhead.py: --paths {','.join(unknown)}: unknown; use some of {','.join(PATHS)}", file=sys.stderr)
+        return 2
+    for flag in ("batch", "prompt_length", "layers", "hidden", "repeats", "threads"):
+        if getattr(args, flag) < 1:
+            print(f"host_overhead.py: --{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1", file=sys.stderr)
+            return 2
+    if args.hidden % 4 or args.vocab < 8:
+        print("host_overhead.py: --hidden must divide by 4 (4 heads) and --vocab be >= 8; e.g. --hidden 32 --vocab 64",
+              file=sys.stderr)
+        return 2
+    if args.dry:
+        args.batch, args.layers, args.repeats = min(args.batch, 4), min(args.layers, 2), 1
+    import torch
+
+    torch.set_num_threads(args.threads)
+    result: Dict[str, Any] = {
+        "what": "per-denoising-step host work of backends/generate/sampler.generate on CPU (tiny model)",
+        "torch": torch.__version__, "batch": args.batch, "prompt_length": args.prompt_length, "layers": args.layers,
+        "hidden": args.hidden, "vocab": args.vocab, "repeats": args.repeats, "threads": args.threads,
+        "dry": args.dry, "paths": {},
+    }
+    with cpu_world():
+        model = tiny_model(args.layers, args.hidden, args.vocab)
+        prompts = prompts_for(args.batch, args.prompt_length, args.vocab, seed=1)
+        for name in paths:
+            r = run_path(name, model, prompts, args.vocab, args.repeats)
+            result["paths"][name] = r
+            print(f"{name:24s} steps {r['steps']:3d}  forward {r['forward_ms_per_step']:7.3f} ms/step  "
+                  f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
+                  f"ops {r['ops_per_step']:6.1f}/step  (model ops {r['model_ops_per_step']:.0f})  "
+                  f"tokens {r['tokens_sha']}", flush=True)
+    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
+    if args.out is not None:
+        sys.path.insert(0, str(ROOT))
+        from dlmspec.files import write_atomic
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
