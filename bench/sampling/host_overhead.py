@@ -14,7 +14,8 @@ host work: Python, op dispatch, allocations. For each sampling path it reports, 
   ``aten.nonzero`` / ``masked_select`` / boolean-mask ``index`` / ``index_put_``:
   data-dependent output shapes) and by wrapping ``Tensor.tolist`` / ``Tensor.cpu`` / ``Tensor.numpy``
   (on CPU these dispatch no op; on CUDA each copies to the host);
-- ``ops``: aten ops dispatched outside the model (each a kernel launch or more on a GPU);
+- ``ops``: aten ops dispatched outside the model; ``launch_ops``: those that are not views (each a
+  kernel launch or more on a GPU; :data:`VIEW_OPS` only change a tensor's metadata);
 - ``model_ops`` / ``model_syncs``: the same inside the model's forward, for scale.
 
 Timing runs without the dispatch mode (``--repeats`` timed calls after one warm-up, median); the
@@ -65,6 +66,11 @@ PATHS: Dict[str, Dict[str, Any]] = {
                     cache="dual"),
 }
 
+#: aten ops that only make a view (no kernel on a GPU): ``ops`` counts them, ``launch_ops`` does not.
+VIEW_OPS = frozenset(("view", "_unsafe_view", "slice", "select", "expand", "unsqueeze", "squeeze", "t", "transpose",
+                      "permute", "alias", "as_strided", "unbind", "split", "split_with_sizes", "chunk", "detach",
+                      "_reshape_alias", "reshape", "narrow", "diagonal", "view_as", "expand_as", "unfold"))
+
 #: aten ops whose result needs the device's data on the host (a synchronisation on CUDA).
 SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "repeat_interleave", "unique", "_unique2",
             "unique_consecutive", "unique_dim")
@@ -83,6 +89,7 @@ class Counter:
         self.inside = 0
         self.active = False
         self.ops = {"sampler": 0, "model": 0}
+        self.launches = {"sampler": 0, "model": 0}
         self.syncs = {"sampler": 0, "model": 0}
         self.sync_kinds: Dict[str, Dict[str, int]] = {"sampler": {}, "model": {}}
         self.op_names: Dict[str, int] = {}
@@ -123,8 +130,10 @@ def counting(counter: Counter):
             if counter.active:
                 w = counter.where()
                 counter.ops[w] += 1
+                name = str(func.overloadpacket.__name__)
+                if name not in VIEW_OPS:
+                    counter.launches[w] += 1
                 if w == "sampler":
-                    name = str(func.overloadpacket.__name__)
                     counter.op_names[name] = counter.op_names.get(name, 0) + 1
                 why = _is_sync(func, args)
                 if why is not None:
@@ -265,6 +274,8 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
         "sampler_ms_per_step": 1e3 * (wall - forward) / steps,
         "syncs_per_step": counter.syncs["sampler"] / steps,
         "ops_per_step": counter.ops["sampler"] / steps,
+        "launch_ops_per_step": counter.launches["sampler"] / steps,
+        "model_launch_ops_per_step": counter.launches["model"] / steps,
         "model_syncs_per_step": counter.syncs["model"] / steps,
         "model_ops_per_step": counter.ops["model"] / steps,
         "sync_kinds": counter.sync_kinds,
@@ -323,7 +334,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             result["paths"][name] = r
             print(f"{name:24s} steps {r['steps']:3d}  forward {r['forward_ms_per_step']:7.3f} ms/step  "
                   f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
-                  f"ops {r['ops_per_step']:6.1f}/step  (model ops {r['model_ops_per_step']:.0f})  "
+                  f"ops {r['ops_per_step']:6.1f} ({r['launch_ops_per_step']:5.1f} not views)/step  "
+                  f"(model {r['model_launch_ops_per_step']:.0f})  "
                   f"tokens {r['tokens_sha']}", flush=True)
     text = json.dumps(result, indent=2, sort_keys=True) + "\n"
     if args.out is not None:
