@@ -257,7 +257,7 @@ def sample_tokens(logits: Tensor, *, temperature: float, top_k: Optional[int] = 
     if exclude is not None and exclude < x.shape[-1]:
         if x is logits:  # float64 already: copy before writing
             x = x.clone()
-        x[..., exclude] = float("-inf")
+        x[..., exclude].fill_(float("-inf"))
     filtered = _filtered(x, top_k, top_p, temperature)
     if temperature > 0:
         noise = torch.rand(filtered.shape, generator=generator, dtype=torch.float64, device=filtered.device)
