@@ -4,8 +4,9 @@ The sampler (``backends/generate/sampler.py``: ``generate``) runs a tiny megatro
 (local layer spec, fp32, on CPU) so that the model's arithmetic is negligible and what remains is
 host work: Python, op dispatch, allocations. For each sampling path it reports, per denoising step:
 
-- ``forward_ms``: wall time inside the ``GPTModel``'s ``forward`` (a forward pre-hook and a forward
-  hook on the unwrapped model; on CPU with a tiny model this is megatron-core's own host work);
+- ``forward_ms``: wall time inside the model's call by the sampler's ``GPTBlockLogits`` (its
+  ``_forward``: the ``GPTModel``, or torch.compile's wrapper of it, timed around the call); on CPU
+  with a tiny model this is megatron-core's own host work;
 - ``sampler_ms``: wall time of the whole ``generate`` call minus ``forward_ms``, divided by the
   steps: the sampler's work outside the model (block logits function, sampling, commit, canvas
   updates, the per-call set-up and ``_finish`` amortised over the steps);
@@ -33,10 +34,24 @@ Paths (``--paths``; every one at ``--batch`` prompts of lengths between ``P/2`` 
   block, temperature 1 Gumbel-max, EOS set);
 - ``rl_dual``: the same with two blocks and the dual cache.
 
+``--reference`` also runs the sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py, its
+code verbatim) on each path, in the same process on the same model: before and after side by side,
+and the tokens compared (exit 1 when they differ). ``--device cuda`` runs the same on a GPU (NCCL
+world of one; ``wall_ms_per_step`` and ``tokens_per_second`` are then the GPU's, with the device
+synchronised after each call; ``forward_ms_per_step`` is the host time inside the model's forward,
+which on a GPU is the time to enqueue it).
+
 Usage::
 
     python bench/sampling/host_overhead.py --out host.json           # the default sizes (~1 min on CPU)
     python bench/sampling/host_overhead.py --dry --out host.json     # smallest sizes, one repeat (seconds)
+    # the same with the model's block forwards as CUDA graphs (compile = true; the cache = none paths)
+    python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
+        --vocab 50304 --batch 128 --repeats 10 --compile --paths rl,low_confidence,threshold --out "$OUT/host-compile.json"
+    # one GPU call (~1-2 min): the 153M model's shape (12 x 768, 12 heads, GPT-2's padded vocabulary), bf16,
+    # the RL rollout's batch, before (9284fc4) and after
+    python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
+        --vocab 50304 --batch 128 --repeats 10 --reference --out "$OUT/host-overhead-gpu.json"
 """
 
 from __future__ import annotations
@@ -93,6 +108,7 @@ class Counter:
         self.syncs = {"sampler": 0, "model": 0}
         self.sync_kinds: Dict[str, Dict[str, int]] = {"sampler": {}, "model": {}}
         self.op_names: Dict[str, int] = {}
+        self.model_op_names: Dict[str, int] = {}
 
     def where(self) -> str:
         return "model" if self.inside else "sampler"
@@ -133,8 +149,8 @@ def counting(counter: Counter):
                 name = str(func.overloadpacket.__name__)
                 if name not in VIEW_OPS:
                     counter.launches[w] += 1
-                if w == "sampler":
-                    counter.op_names[name] = counter.op_names.get(name, 0) + 1
+                names = counter.op_names if w == "sampler" else counter.model_op_names
+                names[name] = names.get(name, 0) + 1
                 why = _is_sync(func, args)
                 if why is not None:
                     counter.sync(why)
@@ -161,20 +177,25 @@ def counting(counter: Counter):
 
 
 @contextlib.contextmanager
-def cpu_world():
-    """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU
-    (``torch.cuda.current_device`` answers ``"cpu"``, as tests/kits/cpu_world_kit.py does)."""
+def world(device: str):
+    """A one-process world with megatron-core's model-parallel state (TP = PP = 1): gloo on CPU
+    (``torch.cuda.current_device`` answers ``"cpu"``, as tests/kits/cpu_world_kit.py does), NCCL on
+    CUDA (device 0)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     saved = torch.cuda.current_device, torch.cuda.synchronize
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *a, **k: None
+    if device == "cpu":
+        torch.cuda.current_device = lambda: "cpu"
+        torch.cuda.synchronize = lambda *a, **k: None
+    else:
+        torch.cuda.set_device(0)
     with tempfile.TemporaryDirectory() as tmp:
         created = not dist.is_initialized()
         if created:
-            dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+            dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{tmp}/store",
+                                    rank=0, world_size=1)
         parallel_state.initialize_model_parallel(1, 1)
         try:
             yield
@@ -185,9 +206,12 @@ def cpu_world():
             torch.cuda.current_device, torch.cuda.synchronize = saved
 
 
-def tiny_model(layers: int, hidden: int, vocab: int, seed: int = 0) -> Any:
-    """A ``GPTModel`` of ``layers`` x ``hidden`` (GQA 4 heads / 2 groups, RMSNorm, RoPE,
-    bidirectional attention, local layer spec), eval mode; needs :func:`cpu_world`."""
+def tiny_model(layers: int, hidden: int, vocab: int, *, heads: int = 4, bf16: bool = False, seed: int = 0,
+               init_std: float = 0.2) -> Any:
+    """A ``GPTModel`` of ``layers`` x ``hidden``, ``heads`` heads (GQA: ``heads // 2`` groups when even),
+    FFN ``4 x hidden``, RMSNorm, q/k norm, RoPE, bidirectional attention, local layer spec (megatron-core
+    moves it to the GPU when there is one; ``bf16``: wrapped in ``Float16Module``), eval mode; needs
+    :func:`world`."""
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -195,11 +219,12 @@ def tiny_model(layers: int, hidden: int, vocab: int, seed: int = 0) -> Any:
 
     torch.manual_seed(seed)
     config = TransformerConfig(
-        num_layers=layers, hidden_size=hidden, ffn_hidden_size=2 * hidden, num_attention_heads=4, num_query_groups=2,
-        kv_channels=hidden // 4, normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0,
-        attention_dropout=0.0, use_cpu_initialization=True, bias_activation_fusion=False,
-        bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads,
+        num_query_groups=heads // 2 if heads % 2 == 0 else heads, kv_channels=hidden // heads,
+        normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
+        use_cpu_initialization=True, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32, init_method_std=init_std,
     )
     spec = build_layer_spec(attention="bidirectional", qk_layernorm=True, use_transformer_engine=False)
     (model,) = build_model(config, layer_spec=spec, vocab_size=vocab, max_sequence_length=256,
@@ -218,47 +243,77 @@ def prompts_for(batch: int, prompt_length: int, vocab: int, seed: int) -> List[L
     return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]
 
 
-def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeats: int) -> Dict[str, Any]:
-    """One path's timing and counts (see the module docstring)."""
+def reference_generate() -> Any:
+    """The sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py: its code verbatim), for
+    ``--reference``: before and after on one machine in one call."""
+    kits = str(ROOT / "tests" / "kits")
+    if kits not in sys.path:
+        sys.path.insert(0, kits)
+    import sampler_reference_kit
+
+    return sampler_reference_kit.generate
+
+
+def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeats: int,
+             sample: Optional[Any] = None, device: str = "cpu", compile: bool = False) -> Dict[str, Any]:
+    """One path's timing and counts (see the module docstring) with ``sample`` (default: the
+    sampler's ``generate``)."""
     import torch
 
     from dlmspec.backends.generate.config import GenerateConfig
     from dlmspec.backends.generate.models import gpt_logits_fn
     from dlmspec.backends.generate.sampler import generate
 
+    generate = sample or generate
+    cuda = device != "cpu"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     settings = dict(PATHS[name])
     eos = settings.pop("eos", False)
-    config = GenerateConfig(mask_token_id=vocab - 1, eos_token_id=vocab - 2 if eos else None, seed=0, **settings)
+    config = GenerateConfig(mask_token_id=vocab - 1, eos_token_id=vocab - 2 if eos else None, seed=0,
+                            compile=compile, **settings)
     logits_fn = gpt_logits_fn(model)
     counter = Counter()
-    clock = {"t0": 0.0, "total": 0.0}
+    clock = {"total": 0.0}
 
-    def pre(module, args, kwargs):
-        counter.inside += 1
-        if counter.inside == 1:
-            clock["t0"] = time.perf_counter()
-
-    def post(module, args, kwargs, output):
-        counter.inside -= 1
-        if counter.inside == 0:
-            clock["total"] += time.perf_counter() - clock["t0"]
-
-    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
-               model.register_forward_hook(post, with_kwargs=True)]
-    try:
-        out = generate(logits_fn, prompts, config)  # warm-up
-        walls, forwards = [], []
-        for _ in range(repeats):
-            clock["total"] = 0.0
+    def timed(forward: Any) -> Any:
+        """``forward`` (the model, or its compiled form) timed and marked as the model's."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counter.inside += 1
             t0 = time.perf_counter()
-            out = generate(logits_fn, prompts, config)
-            walls.append(time.perf_counter() - t0)
-            forwards.append(clock["total"])
-        with counting(counter):
-            counted = generate(logits_fn, prompts, config)
-    finally:
-        for h in handles:
-            h.remove()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                clock["total"] += time.perf_counter() - t0
+                counter.inside -= 1
+        return call
+
+    def block_logits(config: Any, columns: Optional[Any] = None) -> Any:
+        # the sampler's GPTBlockLogits runs the model through its ``_forward`` (the model itself, or
+        # torch.compile's wrapper of it): the timer goes around that call, outside any compiled graph
+        block_fn, fallback = original(config, columns)
+        if not hasattr(block_fn, "_forward"):
+            raise SystemExit(f"host_overhead.py: {type(block_fn).__name__}: not the block sampler's GPTBlockLogits")
+        block_fn._forward = timed(block_fn._forward)
+        return block_fn, fallback
+
+    original = logits_fn.block_logits
+    logits_fn.block_logits = block_logits
+    out = generate(logits_fn, prompts, config, device=device)  # warm-up (and compilation)
+    sync()
+    walls, forwards = [], []
+    for _ in range(repeats):
+        clock["total"] = 0.0
+        t0 = time.perf_counter()
+        out = generate(logits_fn, prompts, config, device=device)
+        sync()
+        walls.append(time.perf_counter() - t0)
+        forwards.append(clock["total"])
+    with counting(counter):
+        counted = generate(logits_fn, prompts, config, device=device)
     steps = out.steps
     wall = statistics.median(walls)
     forward = statistics.median(forwards)
@@ -267,9 +322,12 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
         "steps": steps,
         "forward_passes": out.forward_passes,
         "cache": out.cache,
+        "compile_fallback": out.compile_fallback,
         "tokens_sha": _digest(counted.sequences),
         "same_tokens_under_counting": bool(torch.equal(counted.sequences, out.sequences)),
         "wall_ms_per_call": 1e3 * wall,
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "tokens_per_second": len(prompts) * config.gen_length / wall,
         "forward_ms_per_step": 1e3 * forward / steps,
         "sampler_ms_per_step": 1e3 * (wall - forward) / steps,
         "syncs_per_step": counter.syncs["sampler"] / steps,
@@ -280,6 +338,7 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
         "model_ops_per_step": counter.ops["model"] / steps,
         "sync_kinds": counter.sync_kinds,
         "sampler_ops_by_name": dict(sorted(counter.op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "model_ops_by_name": dict(sorted(counter.model_op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
     }
 
 
@@ -298,7 +357,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--prompt-length", type=int, default=24, help="the longest prompt, in tokens")
     p.add_argument("--layers", type=int, default=12, help="transformer layers (12: the 153M model's depth)")
     p.add_argument("--hidden", type=int, default=32, help="hidden size (tiny: compute stays negligible)")
-    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=64, help="vocabulary (the 153M model: 50304, GPT-2's padded)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (the 153M model: 12)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--bf16", action="store_true", help="bf16 weights (Float16Module), as a trained checkpoint loads")
+    p.add_argument("--compile", action="store_true",
+                   help="[generate] compile = true: the model's block forwards as CUDA graphs (cache = none paths; "
+                        "a cache path records why it runs uncompiled)")
+    p.add_argument("--reference", action="store_true",
+                   help="also run the sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py) on each path")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per path (median)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: less noise on a shared machine)")
     args = p.parse_args(argv)
@@ -311,32 +378,47 @@ def main(argv: Optional[List[str]] = None) -> int:
         if getattr(args, flag) < 1:
             print(f"host_overhead.py: --{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1", file=sys.stderr)
             return 2
-    if args.hidden % 4 or args.vocab < 8:
-        print("host_overhead.py: --hidden must divide by 4 (4 heads) and --vocab be >= 8; e.g. --hidden 32 --vocab 64",
-              file=sys.stderr)
+    if args.heads < 1 or args.hidden % args.heads or args.vocab < 8:
+        print(f"host_overhead.py: --hidden {args.hidden} must divide by --heads {args.heads} (>= 1) and --vocab "
+              f"{args.vocab} be >= 8; e.g. --hidden 32 --heads 4 --vocab 64", file=sys.stderr)
         return 2
     if args.dry:
         args.batch, args.layers, args.repeats = min(args.batch, 4), min(args.layers, 2), 1
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("host_overhead.py: --device cuda: no CUDA device here; use --device cpu", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     result: Dict[str, Any] = {
         "what": "per-denoising-step host work of backends/generate/sampler.generate on CPU (tiny model)",
         "torch": torch.__version__, "batch": args.batch, "prompt_length": args.prompt_length, "layers": args.layers,
-        "hidden": args.hidden, "vocab": args.vocab, "repeats": args.repeats, "threads": args.threads,
-        "dry": args.dry, "paths": {},
+        "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "repeats": args.repeats,
+        "threads": args.threads, "device": args.device, "bf16": args.bf16, "compile": args.compile,
+        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "dry": args.dry, "paths": {}, "reference": {},
     }
-    with cpu_world():
-        model = tiny_model(args.layers, args.hidden, args.vocab)
+    with world(args.device):
+        model = tiny_model(args.layers, args.hidden, args.vocab, heads=args.heads, bf16=args.bf16)
         prompts = prompts_for(args.batch, args.prompt_length, args.vocab, seed=1)
+        runs = [("paths", None)] + ([("reference", reference_generate())] if args.reference else [])
         for name in paths:
-            r = run_path(name, model, prompts, args.vocab, args.repeats)
-            result["paths"][name] = r
-            print(f"{name:24s} steps {r['steps']:3d}  forward {r['forward_ms_per_step']:7.3f} ms/step  "
-                  f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
-                  f"ops {r['ops_per_step']:6.1f} ({r['launch_ops_per_step']:5.1f} not views)/step  "
-                  f"(model {r['model_launch_ops_per_step']:.0f})  "
-                  f"tokens {r['tokens_sha']}", flush=True)
+            for where, sample in runs:
+                r = run_path(name, model, prompts, args.vocab, args.repeats, sample=sample, device=args.device,
+                             compile=args.compile)
+                result[where][name] = r
+                label = name if sample is None else f"{name} (9284fc4)"
+                print(f"{label:30s} steps {r['steps']:3d}  wall {r['wall_ms_per_step']:7.3f} ms/step  "
+                      f"forward {r['forward_ms_per_step']:7.3f} ms/step  "
+                      f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
+                      f"ops {r['ops_per_step']:6.1f} ({r['launch_ops_per_step']:5.1f} not views)/step  "
+                      f"(model {r['model_launch_ops_per_step']:.0f})  "
+                      f"{r['tokens_per_second']:9.0f} tok/s  tokens {r['tokens_sha']}", flush=True)
+            if args.reference:
+                same = result["reference"][name]["tokens_sha"] == result["paths"][name]["tokens_sha"]
+                result["paths"][name]["same_tokens_as_reference"] = same
+                if not same:
+                    print(f"host_overhead.py: {name}: the tokens differ from the reference sampler's", file=sys.stderr)
     text = json.dumps(result, indent=2, sort_keys=True) + "\n"
     if args.out is not None:
         sys.path.insert(0, str(ROOT))
@@ -344,7 +426,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out, text)
-    return 0
+    differs = [n for n, r in result["paths"].items() if r.get("same_tokens_as_reference") is False]
+    return 1 if differs else 0
 
 
 if __name__ == "__main__":
