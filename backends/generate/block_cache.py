@@ -251,6 +251,11 @@ class GPTBlockLogits:
         logit_rows: the number of positions the output layer ran on at the last call (``b x block``).
         compile_fallback: why ``compile`` was asked for and is not run, or ``None``.
 
+    The position ids and key-padding mask derived from ``attention_mask``, and a cached step's key
+    pattern, are made at the first call with that mask tensor (by identity) and reused while it is
+    the same tensor: the sampler hands one tensor to every step of a block and never writes it; a
+    caller that changes a mask in place must hand a new tensor.
+
     Raises:
         ValueError: :func:`block_cache_unsupported` gives a reason.
     """
