@@ -19,8 +19,8 @@ host work: Python, op dispatch, allocations. For each sampling path it reports, 
   kernel launch or more on a GPU; :data:`VIEW_OPS` only change a tensor's metadata);
 - ``model_ops`` / ``model_syncs``: the same inside the model's forward, for scale.
 
-Timing runs without the dispatch mode (``--repeats`` timed calls after one warm-up, median); the
-counts come from one more call under it. On a GPU each op outside the model is at least one kernel
+Timing runs without the dispatch mode (``--repeats`` timed calls after one warm-up, median; with
+``--reference`` the two samplers' calls alternate); the counts come from one more call under it. On a GPU each op outside the model is at least one kernel
 launch (~5-10 us of host time) and each sync waits for the queue to drain, so ``ops`` and ``syncs``
 are what the GPU step pays beyond the CPU ``sampler_ms``; the real tokens/s is measured by
 ``bash bench/devbox/gpu.sh rl-diffu-grpo`` and ``bash bench/devbox/gpu.sh fast-sampling``.
@@ -254,17 +254,57 @@ def reference_generate() -> Any:
     return sampler_reference_kit.generate
 
 
+class _Run:
+    """One sampler on one path: its logits function (the model's call timed and marked), counter
+    and clock."""
+
+    def __init__(self, sample: Any, model: Any) -> None:
+        from dlmspec.backends.generate.models import gpt_logits_fn
+
+        self.sample = sample
+        self.counter = Counter()
+        self.forward_s = 0.0
+        self.walls: List[float] = []
+        self.forwards: List[float] = []
+        self.logits_fn = gpt_logits_fn(model)
+        original = self.logits_fn.block_logits
+
+        def block_logits(config: Any, columns: Optional[Any] = None) -> Any:
+            # the sampler's GPTBlockLogits runs the model through its ``_forward`` (the model itself,
+            # or torch.compile's wrapper of it): the timer goes around that call, outside any graph
+            block_fn, fallback = original(config, columns)
+            if not hasattr(block_fn, "_forward"):
+                raise SystemExit(f"host_overhead.py: {type(block_fn).__name__}: not the block sampler's GPTBlockLogits")
+            block_fn._forward = self._timed(block_fn._forward)
+            return block_fn, fallback
+
+        self.logits_fn.block_logits = block_logits
+
+    def _timed(self, forward: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.counter.inside += 1
+            t0 = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.forward_s += time.perf_counter() - t0
+                self.counter.inside -= 1
+        return call
+
+
 def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeats: int,
-             sample: Optional[Any] = None, device: str = "cpu", compile: bool = False) -> Dict[str, Any]:
-    """One path's timing and counts (see the module docstring) with ``sample`` (default: the
-    sampler's ``generate``)."""
+             samplers: Dict[str, Any], device: str = "cpu", compile: bool = False) -> Dict[str, Dict[str, Any]]:
+    """One path's timing and counts (see the module docstring) for each of ``samplers`` (label ->
+    a ``generate`` function). The timed calls of the samplers alternate (one call of each per
+    repeat), so a drift of the machine's speed falls on all of them alike.
+
+    Returns:
+        label -> the path's record.
+    """
     import torch
 
     from dlmspec.backends.generate.config import GenerateConfig
-    from dlmspec.backends.generate.models import gpt_logits_fn
-    from dlmspec.backends.generate.sampler import generate
 
-    generate = sample or generate
     cuda = device != "cpu"
 
     def sync() -> None:
@@ -275,71 +315,51 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
     eos = settings.pop("eos", False)
     config = GenerateConfig(mask_token_id=vocab - 1, eos_token_id=vocab - 2 if eos else None, seed=0,
                             compile=compile, **settings)
-    logits_fn = gpt_logits_fn(model)
-    counter = Counter()
-    clock = {"total": 0.0}
-
-    def timed(forward: Any) -> Any:
-        """``forward`` (the model, or its compiled form) timed and marked as the model's."""
-        def call(*args: Any, **kwargs: Any) -> Any:
-            counter.inside += 1
-            t0 = time.perf_counter()
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                clock["total"] += time.perf_counter() - t0
-                counter.inside -= 1
-        return call
-
-    def block_logits(config: Any, columns: Optional[Any] = None) -> Any:
-        # the sampler's GPTBlockLogits runs the model through its ``_forward`` (the model itself, or
-        # torch.compile's wrapper of it): the timer goes around that call, outside any compiled graph
-        block_fn, fallback = original(config, columns)
-        if not hasattr(block_fn, "_forward"):
-            raise SystemExit(f"host_overhead.py: {type(block_fn).__name__}: not the block sampler's GPTBlockLogits")
-        block_fn._forward = timed(block_fn._forward)
-        return block_fn, fallback
-
-    original = logits_fn.block_logits
-    logits_fn.block_logits = block_logits
-    out = generate(logits_fn, prompts, config, device=device)  # warm-up (and compilation)
-    sync()
-    walls, forwards = [], []
-    for _ in range(repeats):
-        clock["total"] = 0.0
-        t0 = time.perf_counter()
-        out = generate(logits_fn, prompts, config, device=device)
+    runs = {label: _Run(sample, model) for label, sample in samplers.items()}
+    outs: Dict[str, Any] = {}
+    for label, run in runs.items():  # warm-up (and compilation)
+        outs[label] = run.sample(run.logits_fn, prompts, config, device=device)
         sync()
-        walls.append(time.perf_counter() - t0)
-        forwards.append(clock["total"])
-    with counting(counter):
-        counted = generate(logits_fn, prompts, config, device=device)
-    steps = out.steps
-    wall = statistics.median(walls)
-    forward = statistics.median(forwards)
-    return {
-        "config": {k: v for k, v in config.to_dict().items() if v is not None},
-        "steps": steps,
-        "forward_passes": out.forward_passes,
-        "cache": out.cache,
-        "compile_fallback": out.compile_fallback,
-        "tokens_sha": _digest(counted.sequences),
-        "same_tokens_under_counting": bool(torch.equal(counted.sequences, out.sequences)),
-        "wall_ms_per_call": 1e3 * wall,
-        "wall_ms_per_step": 1e3 * wall / steps,
-        "tokens_per_second": len(prompts) * config.gen_length / wall,
-        "forward_ms_per_step": 1e3 * forward / steps,
-        "sampler_ms_per_step": 1e3 * (wall - forward) / steps,
-        "syncs_per_step": counter.syncs["sampler"] / steps,
-        "ops_per_step": counter.ops["sampler"] / steps,
-        "launch_ops_per_step": counter.launches["sampler"] / steps,
-        "model_launch_ops_per_step": counter.launches["model"] / steps,
-        "model_syncs_per_step": counter.syncs["model"] / steps,
-        "model_ops_per_step": counter.ops["model"] / steps,
-        "sync_kinds": counter.sync_kinds,
-        "sampler_ops_by_name": dict(sorted(counter.op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "model_ops_by_name": dict(sorted(counter.model_op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
-    }
+    for _ in range(repeats):
+        for label, run in runs.items():
+            run.forward_s = 0.0
+            t0 = time.perf_counter()
+            outs[label] = run.sample(run.logits_fn, prompts, config, device=device)
+            sync()
+            run.walls.append(time.perf_counter() - t0)
+            run.forwards.append(run.forward_s)
+    records = {}
+    for label, run in runs.items():
+        counter, out = run.counter, outs[label]
+        with counting(counter):
+            counted = run.sample(run.logits_fn, prompts, config, device=device)
+        steps = out.steps
+        wall = statistics.median(run.walls)
+        forward = statistics.median(run.forwards)
+        records[label] = {
+            "config": {k: v for k, v in config.to_dict().items() if v is not None},
+            "steps": steps,
+            "forward_passes": out.forward_passes,
+            "cache": out.cache,
+            "compile_fallback": out.compile_fallback,
+            "tokens_sha": _digest(counted.sequences),
+            "same_tokens_under_counting": bool(torch.equal(counted.sequences, out.sequences)),
+            "wall_ms_per_call": 1e3 * wall,
+            "wall_ms_per_step": 1e3 * wall / steps,
+            "tokens_per_second": len(prompts) * config.gen_length / wall,
+            "forward_ms_per_step": 1e3 * forward / steps,
+            "sampler_ms_per_step": 1e3 * (wall - forward) / steps,
+            "syncs_per_step": counter.syncs["sampler"] / steps,
+            "ops_per_step": counter.ops["sampler"] / steps,
+            "launch_ops_per_step": counter.launches["sampler"] / steps,
+            "model_launch_ops_per_step": counter.launches["model"] / steps,
+            "model_syncs_per_step": counter.syncs["model"] / steps,
+            "model_ops_per_step": counter.ops["model"] / steps,
+            "sync_kinds": counter.sync_kinds,
+            "sampler_ops_by_name": dict(sorted(counter.op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "model_ops_by_name": dict(sorted(counter.model_op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
+        }
+    return records
 
 
 def _digest(t: Any) -> str:
@@ -401,13 +421,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     with world(args.device):
         model = tiny_model(args.layers, args.hidden, args.vocab, heads=args.heads, bf16=args.bf16)
         prompts = prompts_for(args.batch, args.prompt_length, args.vocab, seed=1)
-        runs = [("paths", None)] + ([("reference", reference_generate())] if args.reference else [])
+        from dlmspec.backends.generate.sampler import generate
+
+        samplers = {"paths": generate}
+        if args.reference:
+            samplers["reference"] = reference_generate()
         for name in paths:
-            for where, sample in runs:
-                r = run_path(name, model, prompts, args.vocab, args.repeats, sample=sample, device=args.device,
-                             compile=args.compile)
+            records = run_path(name, model, prompts, args.vocab, args.repeats, samplers, device=args.device,
+                               compile=args.compile)
+            for where, r in records.items():
                 result[where][name] = r
-                label = name if sample is None else f"{name} (9284fc4)"
+                label = name if where == "paths" else f"{name} (9284fc4)"
                 print(f"{label:30s} steps {r['steps']:3d}  wall {r['wall_ms_per_step']:7.3f} ms/step  "
                       f"forward {r['forward_ms_per_step']:7.3f} ms/step  "
                       f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
