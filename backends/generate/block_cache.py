@@ -251,6 +251,11 @@ class GPTBlockLogits:
         logit_rows: the number of positions the output layer ran on at the last call (``b x block``).
         compile_fallback: why ``compile`` was asked for and is not run, or ``None``.
 
+    The position ids and key-padding mask derived from ``attention_mask``, and a cached step's key
+    pattern, are made at the first call with that mask tensor (by identity) and reused while it is
+    the same tensor: the sampler hands one tensor to every step of a block and never writes it; a
+    caller that changes a mask in place must hand a new tensor.
+
     Raises:
         ValueError: :func:`block_cache_unsupported` gives a reason.
     """
@@ -293,6 +298,12 @@ class GPTBlockLogits:
         self.cached_steps = 0
         self.logit_rows = 0
         self._state: Dict[str, Any] = {}
+        # what is the same at every step of a block, made at its first use (see _positions, _masks,
+        # _invalid_ids); each is keyed by what it is made from (the attention mask by identity: the
+        # sampler hands the same tensor to every step of a block and never writes it)
+        self._positions_of: Optional[tuple] = None
+        self._masks_of: Optional[tuple] = None
+        self._invalid_of: Optional[tuple] = None
 
     # ------------------------------------------------------------------ hooks
 
@@ -329,10 +340,38 @@ class GPTBlockLogits:
                 parts_k.append(cached_k[q_hi:])
                 parts_v.append(cached_v[q_hi:])
             full_k, full_v = torch.cat(parts_k, dim=0), torch.cat(parts_v, dim=0)
-            mask = allowed_keys(core.mode, core.block_size, state["q_columns"], state["k_columns"], state["padding"])
-            return SDPACoreAttention._attend(core, query, full_k, full_v, mask, False)
+            return SDPACoreAttention._attend(core, query, full_k, full_v, self._mask(core), False)
 
         return forward
+
+    def _mask(self, core: Any) -> Optional[Tensor]:
+        """:func:`allowed_keys` of this cached step for ``core``'s pattern, made once for every
+        layer of that pattern and kept while the step's columns and key padding stay the same (the
+        steps of a block)."""
+        masks = self._state["masks"]
+        key = (core.mode, core.block_size)
+        if key not in masks:
+            state = self._state
+            masks[key] = allowed_keys(core.mode, core.block_size, state["q_columns"], state["k_columns"],
+                                      state["padding"])
+        return masks[key]
+
+    def _positions(self, attention_mask: Optional[Tensor], b: int, length: int, device: Any
+                   ) -> tuple[Tensor, Optional[Tensor]]:
+        """``(position_ids [b, length], hidden_mask [b, 1, 1, length] or None)`` of the canvas: the
+        positions restart at 0 at each row's first real token; ``True`` = hidden key. Made once per
+        attention-mask tensor (by identity) and shape."""
+        cached = self._positions_of
+        if cached is not None and cached[0] is attention_mask and cached[1] == (b, length, device):
+            return cached[2], cached[3]
+        if attention_mask is None:
+            position_ids = torch.arange(length, device=device).unsqueeze(0).expand(b, length)
+            hidden_mask = None
+        else:
+            position_ids = (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp(min=0)
+            hidden_mask = (~attention_mask.bool()).view(b, 1, 1, length)
+        self._positions_of = (attention_mask, (b, length, device), position_ids, hidden_mask)
+        return position_ids, hidden_mask
 
     @contextlib.contextmanager
     def _installed(self, rope: bool):
@@ -379,27 +418,32 @@ class GPTBlockLogits:
 
             group = parallel_state.get_tensor_model_parallel_group()
             vocab_start = parallel_state.get_tensor_model_parallel_rank() * out.shape[-1]
-        ids = torch.arange(vocab_start, vocab_start + out.shape[-1], device=out.device)
+        out = out.masked_fill(self._invalid_ids(vocab_start, out.shape[-1], exclude, out.device), float("-inf"))
+        return vocab_parallel_greedy(out, group=group, vocab_start=vocab_start)
+
+    def _invalid_ids(self, vocab_start: int, width: int, exclude: Optional[int], device: Any) -> Tensor:
+        """``BoolTensor[width]``: the ids ``vocab_start ..`` of this rank's shard that :meth:`greedy`
+        never picks (beyond ``columns.width``, in ``columns.blocked``, ``exclude``); made once per
+        shard, id and device (no host tensor is made and copied at every step)."""
+        key = (vocab_start, width, exclude, device)
+        if self._invalid_of is not None and self._invalid_of[0] == key:
+            return self._invalid_of[1]
+        ids = torch.arange(vocab_start, vocab_start + width, device=device)
         invalid = torch.zeros_like(ids, dtype=torch.bool)
         if self.columns is not None:
             invalid |= ids >= int(self.columns.width)
             blocked = list(getattr(self.columns, "blocked", ()))
             if blocked:
-                invalid |= torch.isin(ids, torch.tensor(blocked, device=out.device))
+                invalid |= torch.isin(ids, torch.tensor(blocked, device=device))
         if exclude is not None:
             invalid |= ids == exclude
-        out = out.masked_fill(invalid, float("-inf"))
-        return vocab_parallel_greedy(out, group=group, vocab_start=vocab_start)
+        self._invalid_of = (key, invalid)
+        return invalid
 
     def _block(self, tokens: Tensor, attention_mask: Optional[Tensor], start: int, end: int, refresh: bool) -> Tensor:
         """The output layer's ``[B, end - start, V_r]`` for the block (this rank's vocabulary shard)."""
         b, length = tokens.shape
-        if attention_mask is None:
-            position_ids = torch.arange(length, device=tokens.device).unsqueeze(0).expand(b, length)
-            hidden_mask = None
-        else:
-            position_ids = (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp(min=0)
-            hidden_mask = (~attention_mask.bool()).view(b, 1, 1, length)
+        position_ids, hidden_mask = self._positions(attention_mask, b, length, tokens.device)
         if self.cache == "none" or refresh:
             self._state = {"phase": "refresh", "logits": (start, end)}
             with self._installed(rope=False):
@@ -412,12 +456,14 @@ class GPTBlockLogits:
                 raise ValueError(f"a cached step needs a refresh of the same rows and length first (got {b} x {length})")
             q_lo, q_hi = start, (length if self.cache == "prefix" else end)
             device = tokens.device
-            self._state.update(
-                phase="step", q_lo=q_lo, q_hi=q_hi, logits=(0, end - start),
-                q_columns=torch.arange(q_lo, q_hi, device=device),
-                k_columns=torch.arange(length, device=device),
-                padding=attention_mask,
-            )
+            of = self._masks_of
+            if of is None or of[0] is not attention_mask or of[1] != (q_lo, q_hi, length, device):
+                # the columns run and the key patterns: the same at every cached step of a block
+                of = (attention_mask, (q_lo, q_hi, length, device), torch.arange(q_lo, q_hi, device=device),
+                      torch.arange(length, device=device), {})
+                self._masks_of = of
+            self._state.update(phase="step", q_lo=q_lo, q_hi=q_hi, logits=(0, end - start), q_columns=of[2],
+                               k_columns=of[3], padding=attention_mask, masks=of[4])
             with self._installed(rope=True):
                 out = self._forward(tokens[:, q_lo:q_hi], position_ids[:, q_lo:q_hi], None)
             self.cached_steps += 1

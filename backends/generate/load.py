@@ -434,11 +434,15 @@ def _columns(base: Callable[..., torch.Tensor], vocab: int, chat: Dict[int, str]
     width = max(vocab, max(chat) + 1) if chat else vocab
     blocked = [i for i in range(vocab, width) if i not in chat]
 
+    blocked_ids: Dict[Any, torch.Tensor] = {}  # device -> LongTensor of ``blocked``, made once (not per step)
+
     def select(out: torch.Tensor) -> torch.Tensor:
         out = out[..., :width]
         if blocked:
-            out = out.clone()
-            out[..., blocked] = float("-inf")
+            ids = blocked_ids.get(out.device)
+            if ids is None:
+                ids = blocked_ids[out.device] = torch.tensor(blocked, dtype=torch.int64, device=out.device)
+            out = out.clone().index_fill_(-1, ids, float("-inf"))
         return out
 
     def logits_fn(tokens: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:

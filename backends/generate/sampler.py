@@ -202,7 +202,12 @@ def filter_logits(logits: Tensor, top_k: Optional[int] = None, top_p: Optional[f
     Returns:
         A new tensor of ``logits``' shape and dtype.
     """
-    out = logits.clone()
+    return _filtered(logits.clone(), top_k, top_p, temperature)
+
+
+def _filtered(out: Tensor, top_k: Optional[int], top_p: Optional[float], temperature: float) -> Tensor:
+    """:func:`filter_logits` without its copy: ``out`` itself when nothing is filtered, else a new
+    tensor (``out`` is never written)."""
     vocab = out.shape[-1]
     if top_k is not None and top_k < vocab:
         kth = torch.topk(out, top_k, dim=-1).values[..., -1:]
@@ -220,8 +225,8 @@ def filter_logits(logits: Tensor, top_k: Optional[int] = None, top_p: Optional[f
 
 
 def sample_tokens(logits: Tensor, *, temperature: float, top_k: Optional[int] = None,
-                  top_p: Optional[float] = None, generator: Optional[torch.Generator] = None
-                  ) -> Tuple[Tensor, Tensor]:
+                  top_p: Optional[float] = None, generator: Optional[torch.Generator] = None,
+                  exclude: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """Draw one token per position, and the confidence of each draw.
 
     ``temperature = 0`` takes the argmax. Above 0, Gumbel-max in float64: ``argmax(l / T + g)``
@@ -233,19 +238,32 @@ def sample_tokens(logits: Tensor, *, temperature: float, top_k: Optional[int] = 
     The confidence is the probability of the drawn token under ``softmax`` of the filtered logits
     *without* the temperature, LLaDA's ``x0_p`` (generate.py; Fast-dLLM's ``get_transfer_index``).
 
+    One float64 copy of ``logits`` is made (``exclude`` is written into it); the noise is
+    transformed in place; ``l / T`` is skipped at ``T = 1`` (an exact identity in IEEE arithmetic),
+    so the draws are those of the plain formula above, bit for bit.
+
     Args:
-        logits: ``FloatTensor[..., V]``.
+        logits: ``FloatTensor[..., V]`` (never written).
         temperature: >= 0.
         top_k, top_p: see :func:`filter_logits`.
         generator: the source of the Gumbel noise (on ``logits.device``).
+        exclude: a token id that is never drawn (its logit set to ``-inf`` first; the sampler's mask
+            token), or ``None``; an id ``>= V`` is ignored.
 
     Returns:
         ``(tokens LongTensor[...], confidence Float64Tensor[...])``.
     """
-    filtered = filter_logits(logits.to(torch.float64), top_k, top_p, temperature)
+    x = logits.to(torch.float64)
+    if exclude is not None and exclude < x.shape[-1]:
+        if x is logits:  # float64 already: copy before writing
+            x = x.clone()
+        x[..., exclude].fill_(float("-inf"))
+    filtered = _filtered(x, top_k, top_p, temperature)
     if temperature > 0:
-        u = torch.rand(filtered.shape, generator=generator, dtype=torch.float64, device=filtered.device)
-        tokens = torch.argmax(filtered / temperature - torch.log(-torch.log(u)), dim=-1)
+        noise = torch.rand(filtered.shape, generator=generator, dtype=torch.float64, device=filtered.device)
+        noise = noise.log_().neg_().log_()  # -g = log(-log u)
+        scaled = filtered if temperature == 1 else filtered / temperature
+        tokens = torch.argmax(torch.sub(scaled, noise, out=noise), dim=-1)
     else:
         tokens = torch.argmax(filtered, dim=-1)
     probs = torch.softmax(filtered, dim=-1)
@@ -270,7 +288,8 @@ def classifier_free_guidance(cond: Tensor, uncond: Tensor, scale: float) -> Tens
 
 
 def commit_positions(confidence: Tensor, masked: Tensor, *, count: Optional[Tensor] = None,
-                     threshold: Optional[float] = None, factor: Optional[float] = None) -> Tensor:
+                     threshold: Optional[float] = None, factor: Optional[float] = None,
+                     ranks: Optional[Tensor] = None) -> Tensor:
     """Which masked positions a step commits.
 
     With ``count`` (``low_confidence`` and ``random``), the ``count[b]`` masked positions of row
@@ -288,22 +307,25 @@ def commit_positions(confidence: Tensor, masked: Tensor, *, count: Optional[Tens
     Args:
         confidence: ``FloatTensor[B, N]``.
         masked: ``BoolTensor[B, N]``, the positions that may be committed.
-        count: ``LongTensor[B]``, at most the number of masked positions of the row.
+        count: ``LongTensor[B]`` or ``[B, 1]``, at most the number of masked positions of the row.
         threshold: in ``(0, 1]``.
         factor: ``f > 0``.
+        ranks: ``torch.arange(N)`` (int64, on the device), for a caller that calls once a step with
+            one ``N`` (built here when ``None``).
 
     Returns:
         ``BoolTensor[B, N]``, a subset of ``masked``.
     """
-    scores = confidence.to(torch.float64).masked_fill(~masked, float("-inf"))
+    scores = torch.where(masked, confidence.to(torch.float64), float("-inf"))
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    if ranks is None:
+        ranks = torch.arange(order.shape[-1], device=order.device)
+    rank = torch.empty_like(order).scatter_(-1, order, ranks.expand_as(order))
     if threshold is not None:
         chosen = (scores >= threshold) | (rank == 0)
     elif factor is not None:
-        ranks = torch.arange(order.shape[-1], device=order.device, dtype=torch.float64)
         sorted_scores = torch.gather(scores, -1, order)
-        passes = sorted_scores >= 1.0 - factor / (ranks + 2.0)
+        passes = sorted_scores >= 1.0 - factor / (ranks.to(torch.float64) + 2.0)
         passes[..., 0] = True
         lead = torch.cumprod(passes.to(torch.int64), dim=-1).sum(dim=-1, keepdim=True)
         total = masked.sum(dim=-1, keepdim=True)
@@ -348,14 +370,11 @@ def left_pad(prompts: Prompts, pad_id: int, device: Optional[Union[str, torch.de
     if min(lengths) == 0:
         raise ValueError(f"prompts: prompt {lengths.index(0)} is empty; give each prompt at least one token (e.g. BOS)")
     width = max(lengths)
-    tokens = torch.full((len(rows), width), pad_id, dtype=torch.int64)
-    for b, row in enumerate(rows):
-        tokens[b, width - len(row):] = torch.tensor(row, dtype=torch.int64)
-    tokens = tokens.to(device or "cpu")
+    # one host tensor for the batch (not one per row), then one copy to the device
+    tokens = torch.tensor([[pad_id] * (width - len(row)) + row for row in rows], dtype=torch.int64).to(device or "cpu")
     if min(lengths) == width:
         return tokens, None, lengths
-    columns = torch.arange(width, device=tokens.device).unsqueeze(0)
-    mask = columns >= torch.tensor([width - n for n in lengths], device=tokens.device).unsqueeze(1)
+    mask = torch.tensor([[False] * (width - n) + [True] * n for n in lengths], dtype=torch.bool).to(tokens.device)
     return tokens, mask, lengths
 
 
@@ -367,16 +386,25 @@ def _generator(config: GenerateConfig, generator: Optional[torch.Generator], dev
     return g
 
 
-def _finish(sequences: Tensor, start: int, eos: Optional[int]) -> Tuple[List[List[int]], List[str]]:
+def _finish(sequences: Tensor, start: int, eos: Optional[int], row_passes: Optional[Tensor] = None
+            ) -> Tuple[List[List[int]], List[str], List[int]]:
+    """Per row, the generated ids up to the first EOS and the finish reason, and ``row_passes``
+    (``LongTensor[B]``) as a list: one device->host copy for all three."""
+    rows = sequences[:, start:]
+    if row_passes is not None:
+        rows = torch.cat([rows, row_passes.to(rows.dtype).unsqueeze(1)], dim=1)
+    passes: List[int] = []
     generated, reasons = [], []
-    for row in sequences[:, start:].tolist():
+    for row in rows.tolist():
+        if row_passes is not None:
+            passes.append(row.pop())
         if eos is not None and eos in row:
             generated.append(row[: row.index(eos)])
             reasons.append("eos")
         else:
             generated.append(row)
             reasons.append("length")
-    return generated, reasons
+    return generated, reasons, passes
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,7 +430,12 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     runs its output layer on the block only, with the block KV cache ``config.cache`` refreshed at
     the block's first step and every ``config.cache_refresh`` steps). The rows decoded in a block
     stay in the batch until the block ends (static shapes; the only host sync inside a block is
-    the end test of ``threshold`` / ``factor``).
+    the end test of ``threshold`` / ``factor``). Host synchronisations of a call: the prompts'
+    mask-token test, one per block after the first when ``eos_token_id`` is set (which rows still
+    run), one per step under ``threshold`` / ``factor``, and one at the end (the output as lists);
+    what is the same at every step of a block (the block's view of the canvas, the commit counts,
+    the ranks) is made once per block (``bench/sampling/host_overhead.py`` counts the ops and
+    syncs per step).
     With ``cfg_scale > 0`` each step runs the batch twice in one call, the second copy with the
     prompt masked, and combines them (:func:`classifier_free_guidance`). With ``eos_token_id`` set, a
     row whose block came out all EOS is finished: its later blocks are filled with EOS without a
@@ -432,25 +465,31 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     mask_id = config.mask_token_id
     eos = config.eos_token_id
     prompt_tokens, prompt_attn, _ = left_pad(prompts, config.pad_id, device)
-    real = prompt_attn if prompt_attn is not None else torch.ones_like(prompt_tokens, dtype=torch.bool)
-    if bool((prompt_tokens == mask_id)[real].any()):
+    has_mask_token = prompt_tokens == mask_id
+    if prompt_attn is not None:
+        has_mask_token &= prompt_attn
+    if bool(has_mask_token.any()):
         raise ValueError(f"prompts contain the mask token {mask_id}; a prompt is given text (infilling is not built)")
     batch, plen = prompt_tokens.shape
     dev = prompt_tokens.device
     gen = _generator(config, generator, dev)
     length = plen + config.gen_length
+    width = config.block_length
 
     x = torch.full((batch, length), mask_id, dtype=torch.int64, device=dev)
     x[:, :plen] = prompt_tokens
     attn = None
     if prompt_attn is not None:
         attn = torch.cat([prompt_attn, torch.ones(batch, config.gen_length, dtype=torch.bool, device=dev)], dim=1)
-    given = torch.zeros(batch, length, dtype=torch.bool, device=dev)  # prompt positions (masked for CFG)
-    given[:, :plen] = True if prompt_attn is None else prompt_attn
+    given = None  # prompt positions (masked for CFG)
+    if config.cfg_scale > 0:
+        given = torch.zeros(batch, length, dtype=torch.bool, device=dev)
+        given[:, :plen] = True if prompt_attn is None else prompt_attn
 
     block_fn, cache_fallback = block_logits_for(logits_fn, config)
     done = torch.zeros(batch, dtype=torch.bool, device=dev)
     row_passes = torch.zeros(batch, dtype=torch.int64, device=dev)
+    ranks = torch.arange(width, device=dev)  # commit_positions' [block_length] ranks, made once
     forward_passes = step = 0
     parallel = config.remasking in PARALLEL_REMASKING
     # tensor parallelism at temperature 0: argmax and confidence from each rank's vocabulary shard
@@ -458,30 +497,37 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     vocab_parallel = (bool(getattr(block_fn, "vocab_parallel", False)) and config.temperature == 0
                       and config.top_k is None and config.top_p in (None, 1.0) and config.cfg_scale == 0)
     for block in range(config.num_blocks):
-        start = plen + block * config.block_length
-        end = start + config.block_length
-        # the rows decoded in this block: fixed for the whole block (static shapes, one sync per block)
+        start = plen + block * width
+        end = start + width
+        # the rows decoded in this block: fixed for the whole block (static shapes); one sync per
+        # block after the first, and only with an EOS (before block 0 no row is done)
         index: Optional[Tensor] = None
-        if eos is not None and bool(done.any()):
-            x[done, start:end] = eos
-            index = (~done).nonzero().squeeze(1)
-            if index.numel() == 0:
+        if eos is not None and block > 0:
+            running = (~done).nonzero().squeeze(1)
+            if running.numel() == 0:
+                x[:, start:end] = eos
                 continue
+            if running.numel() < batch:
+                x[:, start:end].masked_fill_(done.unsqueeze(1), eos)
+                index = running
         xs = x if index is None else x[index]
         attn_s = attn if attn is None or index is None else attn[index]
-        given_s = given if index is None else given[index]
-        schedule = num_transfer_tokens((xs[:, start:end] == mask_id).sum(dim=1), config.steps_per_block,
-                                       noise_schedule)
+        given_s = None if given is None else given if index is None else given[index]
+        view = xs[:, start:end]  # [B', block_length], a view: commits are written through it
+        masked = view == mask_id
+        schedule = num_transfer_tokens(masked.sum(dim=1), config.steps_per_block, noise_schedule)
+        counts = schedule.t().unsqueeze(-1).unbind(0)  # per block step, LongTensor[B', 1]
         block_step = 0
         while True:
-            masked = xs[:, start:end] == mask_id
+            if block_step > 0:
+                masked = view == mask_id
             if parallel:
                 if block_step > 0 and not bool(masked.any()):  # the block's end: one sync a step
                     break
             elif block_step >= config.steps_per_block:
                 break
             refresh = block_step == 0 or (config.cache_refresh is not None and block_step % config.cache_refresh == 0)
-            if config.cfg_scale > 0:
+            if given_s is not None:
                 uncond = xs.masked_fill(given_s, mask_id)
                 both = block_fn(torch.cat([xs, uncond]), None if attn_s is None else torch.cat([attn_s, attn_s]),
                                 start, end, refresh=refresh)
@@ -493,31 +539,28 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
             else:
                 logits = block_fn(xs, attn_s, start, end, refresh=refresh)
             forward_passes += 1
-            has_mask = masked.any(dim=1).to(torch.int64)
             if index is None:
-                row_passes += has_mask
+                row_passes += masked.any(dim=1)
             else:
-                row_passes.index_add_(0, index, has_mask)
+                row_passes.index_add_(0, index, masked.any(dim=1).to(torch.int64))
 
             if logits is not None:
-                if mask_id < logits.shape[-1]:  # the mask token is never an output (else a commit would stay masked)
-                    logits = logits.clone()
-                    logits[..., mask_id] = float("-inf")
+                # the mask token is never an output (else a commit would stay masked)
                 x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
-                                               top_p=config.top_p, generator=gen)
+                                               top_p=config.top_p, generator=gen, exclude=mask_id)
             if config.remasking == "random":
                 confidence = torch.rand(masked.shape, generator=gen, dtype=torch.float64, device=dev)
             if config.remasking == "threshold":
-                chosen = commit_positions(confidence, masked, threshold=config.threshold)
+                chosen = commit_positions(confidence, masked, threshold=config.threshold, ranks=ranks)
             elif config.remasking == "factor":
-                chosen = commit_positions(confidence, masked, factor=config.factor)
+                chosen = commit_positions(confidence, masked, factor=config.factor, ranks=ranks)
             else:
-                chosen = commit_positions(confidence, masked, count=schedule[:, block_step])
-            xs[:, start:end] = torch.where(chosen, x0, xs[:, start:end])
-            if index is not None:
-                x[index, start:end] = xs[:, start:end]
+                chosen = commit_positions(confidence, masked, count=counts[block_step], ranks=ranks)
+            view.copy_(torch.where(chosen, x0, view))
 
             if on_step is not None:
+                if index is not None:
+                    x[index, start:end] = view
                 committed = torch.zeros(batch, length, dtype=torch.bool, device=dev)
                 if index is None:
                     committed[:, start:end] = chosen
@@ -526,13 +569,15 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
                 on_step(StepEvent(step=step, block=block, tokens=x, committed=committed, prompt_length=plen))
             step += 1
             block_step += 1
-        if eos is not None:
+        if index is not None and on_step is None:
+            x[index, start:end] = view
+        if eos is not None and block + 1 < config.num_blocks:
             done |= (x[:, start:end] == eos).all(dim=1)
 
-    generated, reasons = _finish(x, plen, eos)
+    generated, reasons, passes = _finish(x, plen, eos, row_passes)
     return GenerateOutput(sequences=x, prompt_length=plen, generated=generated, finish_reasons=reasons,
                           forward_passes=forward_passes, steps=step, config=config.to_dict(),
-                          forward_passes_per_row=row_passes.tolist(), cache=block_fn.cache,
+                          forward_passes_per_row=passes, cache=block_fn.cache,
                           cache_fallback=cache_fallback,
                           compile_fallback=getattr(block_fn, "compile_fallback", None) if config.compile else None)
 
@@ -627,7 +672,7 @@ def generate_ar(logits_fn: Optional[LogitsFn], prompts: Prompts, config: Generat
         if eos is not None:
             done |= token == eos
         steps += 1
-    generated, reasons = _finish(x, plen, eos)
+    generated, reasons, passes = _finish(x, plen, eos, row_passes)
     return GenerateOutput(sequences=x, prompt_length=plen, generated=generated, finish_reasons=reasons,
                           forward_passes=steps, steps=steps, config=config.to_dict(),
-                          forward_passes_per_row=row_passes.tolist())
+                          forward_passes_per_row=passes)

@@ -1,0 +1,458 @@
+"""Host-side work per denoising step of dlmspec's masked-diffusion sampler, measured on CPU.
+
+The sampler (``backends/generate/sampler.py``: ``generate``) runs a tiny megatron-core ``GPTModel``
+(local layer spec, fp32, on CPU) so that the model's arithmetic is negligible and what remains is
+host work: Python, op dispatch, allocations. For each sampling path it reports, per denoising step:
+
+- ``forward_ms``: wall time inside the model's call by the sampler's ``GPTBlockLogits`` (its
+  ``_forward``: the ``GPTModel``, or torch.compile's wrapper of it, timed around the call); on CPU
+  with a tiny model this is megatron-core's own host work;
+- ``sampler_ms``: wall time of the whole ``generate`` call minus ``forward_ms``, divided by the
+  steps: the sampler's work outside the model (block logits function, sampling, commit, canvas
+  updates, the per-call set-up and ``_finish`` amortised over the steps);
+- ``syncs``: device->host synchronisations outside the model, counted under a
+  ``TorchDispatchMode`` (``aten._local_scalar_dense``: ``.item()``, ``bool(t)``, ``int(t)``;
+  ``aten.nonzero`` / ``masked_select`` / boolean-mask ``index`` / ``index_put_``:
+  data-dependent output shapes) and by wrapping ``Tensor.tolist`` / ``Tensor.cpu`` / ``Tensor.numpy``
+  (on CPU these dispatch no op; on CUDA each copies to the host);
+- ``ops``: aten ops dispatched outside the model; ``launch_ops``: those that are not views (each a
+  kernel launch or more on a GPU; :data:`VIEW_OPS` only change a tensor's metadata);
+- ``model_ops`` / ``model_syncs``: the same inside the model's forward, for scale.
+
+Timing runs without the dispatch mode (``--repeats`` timed calls after one warm-up, median; with
+``--reference`` the two samplers' calls alternate); the counts come from one more call under it. On a GPU each op outside the model is at least one kernel
+launch (~5-10 us of host time) and each sync waits for the queue to drain, so ``ops`` and ``syncs``
+are what the GPU step pays beyond the CPU ``sampler_ms``; the real tokens/s is measured by
+``bash bench/devbox/gpu.sh rl-diffu-grpo`` and ``bash bench/devbox/gpu.sh fast-sampling``.
+
+Paths (``--paths``; every one at ``--batch`` prompts of lengths between ``P/2`` and ``P``, left-padded):
+
+- ``low_confidence``, ``low_confidence_prefix``, ``low_confidence_dual``: greedy, a fixed number of
+  steps per block, block cache none / prefix / dual;
+- ``threshold``, ``threshold_dual``: Fast-dLLM's threshold parallel decoding (0.9), greedy;
+- ``rl``: the RL rollout's sampling (``specs/task-addition-dlm-rl.toml``: 8 tokens, 8 steps, one
+  block, temperature 1 Gumbel-max, EOS set);
+- ``rl_dual``: the same with two blocks and the dual cache.
+
+``--reference`` also runs the sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py, its
+code verbatim) on each path, in the same process on the same model: before and after side by side,
+and the tokens compared (exit 1 when they differ). ``--device cuda`` runs the same on a GPU (NCCL
+world of one; ``wall_ms_per_step`` and ``tokens_per_second`` are then the GPU's, with the device
+synchronised after each call; ``forward_ms_per_step`` is the host time inside the model's forward,
+which on a GPU is the time to enqueue it).
+
+Usage::
+
+    python bench/sampling/host_overhead.py --out host.json           # the default sizes (~1 min on CPU)
+    python bench/sampling/host_overhead.py --dry --out host.json     # smallest sizes, one repeat (seconds)
+    # the same with the model's block forwards as CUDA graphs (compile = true; the cache = none paths)
+    python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
+        --vocab 50304 --batch 128 --repeats 10 --compile --paths rl,low_confidence,threshold --out "$OUT/host-compile.json"
+    # one GPU call (~1-2 min): the 153M model's shape (12 x 768, 12 heads, GPT-2's padded vocabulary), bf16,
+    # the RL rollout's batch, before (9284fc4) and after
+    python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
+        --vocab 50304 --batch 128 --repeats 10 --reference --out "$OUT/host-overhead-gpu.json"
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: path name -> the ``GenerateConfig`` settings it runs (token ids are added by :func:`run_path`).
+PATHS: Dict[str, Dict[str, Any]] = {
+    "low_confidence": dict(gen_length=16, steps=16, block_length=8, remasking="low_confidence"),
+    "low_confidence_prefix": dict(gen_length=16, steps=16, block_length=8, remasking="low_confidence", cache="prefix"),
+    "low_confidence_dual": dict(gen_length=16, steps=16, block_length=8, remasking="low_confidence", cache="dual"),
+    "threshold": dict(gen_length=16, steps=16, block_length=8, remasking="threshold", threshold=0.9),
+    "threshold_dual": dict(gen_length=16, steps=16, block_length=8, remasking="threshold", threshold=0.9, cache="dual"),
+    "rl": dict(gen_length=8, steps=8, block_length=8, remasking="low_confidence", temperature=1.0, eos=True),
+    "rl_dual": dict(gen_length=8, steps=8, block_length=4, remasking="low_confidence", temperature=1.0, eos=True,
+                    cache="dual"),
+}
+
+#: aten ops that only make a view (no kernel on a GPU): ``ops`` counts them, ``launch_ops`` does not.
+VIEW_OPS = frozenset(("view", "_unsafe_view", "slice", "select", "expand", "unsqueeze", "squeeze", "t", "transpose",
+                      "permute", "alias", "as_strided", "unbind", "split", "split_with_sizes", "chunk", "detach",
+                      "_reshape_alias", "reshape", "narrow", "diagonal", "view_as", "expand_as", "unfold"))
+
+#: aten ops whose result needs the device's data on the host (a synchronisation on CUDA).
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "repeat_interleave", "unique", "_unique2",
+            "unique_consecutive", "unique_dim")
+
+
+class Counter:
+    """Counts aten ops and host synchronisations, split by whether the model's forward is running.
+
+    Attributes:
+        inside: depth of ``GPTModel.forward`` calls now running (set by the model's hooks).
+        ops, syncs: ``{"sampler": n, "model": n}``.
+        sync_kinds: ``{"sampler": {op: n}, "model": {op: n}}``.
+    """
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.active = False
+        self.ops = {"sampler": 0, "model": 0}
+        self.launches = {"sampler": 0, "model": 0}
+        self.syncs = {"sampler": 0, "model": 0}
+        self.sync_kinds: Dict[str, Dict[str, int]] = {"sampler": {}, "model": {}}
+        self.op_names: Dict[str, int] = {}
+        self.model_op_names: Dict[str, int] = {}
+
+    def where(self) -> str:
+        return "model" if self.inside else "sampler"
+
+    def sync(self, name: str) -> None:
+        if not self.active:
+            return
+        w = self.where()
+        self.syncs[w] += 1
+        self.sync_kinds[w][name] = self.sync_kinds[w].get(name, 0) + 1
+
+
+def _is_sync(func: Any, args: tuple) -> Optional[str]:
+    import torch
+
+    name = func.overloadpacket.__name__
+    if name in SYNC_OPS:
+        return name
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else ()
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (indices or ())):
+            return f"{name}[bool mask]"
+    return None
+
+
+@contextlib.contextmanager
+def counting(counter: Counter):
+    """Count every aten op and sync while the block runs (a ``TorchDispatchMode`` and wrappers of
+    ``Tensor.tolist`` / ``cpu`` / ``numpy``)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if counter.active:
+                w = counter.where()
+                counter.ops[w] += 1
+                name = str(func.overloadpacket.__name__)
+                if name not in VIEW_OPS:
+                    counter.launches[w] += 1
+                names = counter.op_names if w == "sampler" else counter.model_op_names
+                names[name] = names.get(name, 0) + 1
+                why = _is_sync(func, args)
+                if why is not None:
+                    counter.sync(why)
+            return func(*args, **(kwargs or {}))
+
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "cpu", "numpy")}
+
+    def wrap(name: str, fn: Any) -> Any:
+        def wrapper(self, *args, **kwargs):
+            counter.sync(f"Tensor.{name}")
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(torch.Tensor, name, wrap(name, fn))
+    counter.active = True
+    try:
+        with Mode():
+            yield counter
+    finally:
+        counter.active = False
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+
+
+@contextlib.contextmanager
+def world(device: str):
+    """A one-process world with megatron-core's model-parallel state (TP = PP = 1): gloo on CPU
+    (``torch.cuda.current_device`` answers ``"cpu"``, as tests/kits/cpu_world_kit.py does), NCCL on
+    CUDA (device 0)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    saved = torch.cuda.current_device, torch.cuda.synchronize
+    if device == "cpu":
+        torch.cuda.current_device = lambda: "cpu"
+        torch.cuda.synchronize = lambda *a, **k: None
+    else:
+        torch.cuda.set_device(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        created = not dist.is_initialized()
+        if created:
+            dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{tmp}/store",
+                                    rank=0, world_size=1)
+        parallel_state.initialize_model_parallel(1, 1)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            if created:
+                dist.destroy_process_group()
+            torch.cuda.current_device, torch.cuda.synchronize = saved
+
+
+def tiny_model(layers: int, hidden: int, vocab: int, *, heads: int = 4, bf16: bool = False, seed: int = 0,
+               init_std: float = 0.2) -> Any:
+    """A ``GPTModel`` of ``layers`` x ``hidden``, ``heads`` heads (GQA: ``heads // 2`` groups when even),
+    FFN ``4 x hidden``, RMSNorm, q/k norm, RoPE, bidirectional attention, local layer spec (megatron-core
+    moves it to the GPU when there is one; ``bf16``: wrapped in ``Float16Module``), eval mode; needs
+    :func:`world`."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
+
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads,
+        num_query_groups=heads // 2 if heads % 2 == 0 else heads, kv_channels=hidden // heads,
+        normalization="RMSNorm", add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
+        use_cpu_initialization=True, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32, init_method_std=init_std,
+    )
+    spec = build_layer_spec(attention="bidirectional", qk_layernorm=True, use_transformer_engine=False)
+    (model,) = build_model(config, layer_spec=spec, vocab_size=vocab, max_sequence_length=256,
+                           position_embedding_type="rope")
+    return model.eval()
+
+
+def prompts_for(batch: int, prompt_length: int, vocab: int, seed: int) -> List[List[int]]:
+    """``batch`` prompts of lengths in ``[prompt_length // 2, prompt_length]`` (the longest has
+    ``prompt_length``), ids in ``[0, vocab - 2)`` (the top two ids are the mask and EOS)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, prompt_length // 2), prompt_length + 1, (batch,), generator=g).tolist()
+    lengths[0] = prompt_length
+    return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]
+
+
+def reference_generate() -> Any:
+    """The sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py: its code verbatim), for
+    ``--reference``: before and after on one machine in one call."""
+    kits = str(ROOT / "tests" / "kits")
+    if kits not in sys.path:
+        sys.path.insert(0, kits)
+    import sampler_reference_kit
+
+    return sampler_reference_kit.generate
+
+
+class _Run:
+    """One sampler on one path: its logits function (the model's call timed and marked), counter
+    and clock."""
+
+    def __init__(self, sample: Any, model: Any) -> None:
+        from dlmspec.backends.generate.models import gpt_logits_fn
+
+        self.sample = sample
+        self.counter = Counter()
+        self.forward_s = 0.0
+        self.walls: List[float] = []
+        self.forwards: List[float] = []
+        self.logits_fn = gpt_logits_fn(model)
+        original = self.logits_fn.block_logits
+
+        def block_logits(config: Any, columns: Optional[Any] = None) -> Any:
+            # the sampler's GPTBlockLogits runs the model through its ``_forward`` (the model itself,
+            # or torch.compile's wrapper of it): the timer goes around that call, outside any graph
+            block_fn, fallback = original(config, columns)
+            if not hasattr(block_fn, "_forward"):
+                raise SystemExit(f"host_overhead.py: {type(block_fn).__name__}: not the block sampler's GPTBlockLogits")
+            block_fn._forward = self._timed(block_fn._forward)
+            return block_fn, fallback
+
+        self.logits_fn.block_logits = block_logits
+
+    def _timed(self, forward: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.counter.inside += 1
+            t0 = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.forward_s += time.perf_counter() - t0
+                self.counter.inside -= 1
+        return call
+
+
+def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeats: int,
+             samplers: Dict[str, Any], device: str = "cpu", compile: bool = False) -> Dict[str, Dict[str, Any]]:
+    """One path's timing and counts (see the module docstring) for each of ``samplers`` (label ->
+    a ``generate`` function). The timed calls of the samplers alternate (one call of each per
+    repeat), so a drift of the machine's speed falls on all of them alike.
+
+    Returns:
+        label -> the path's record.
+    """
+    import torch
+
+    from dlmspec.backends.generate.config import GenerateConfig
+
+    cuda = device != "cpu"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    settings = dict(PATHS[name])
+    eos = settings.pop("eos", False)
+    config = GenerateConfig(mask_token_id=vocab - 1, eos_token_id=vocab - 2 if eos else None, seed=0,
+                            compile=compile, **settings)
+    runs = {label: _Run(sample, model) for label, sample in samplers.items()}
+    outs: Dict[str, Any] = {}
+    for label, run in runs.items():  # warm-up (and compilation)
+        outs[label] = run.sample(run.logits_fn, prompts, config, device=device)
+        sync()
+    for _ in range(repeats):
+        for label, run in runs.items():
+            run.forward_s = 0.0
+            t0 = time.perf_counter()
+            outs[label] = run.sample(run.logits_fn, prompts, config, device=device)
+            sync()
+            run.walls.append(time.perf_counter() - t0)
+            run.forwards.append(run.forward_s)
+    records = {}
+    for label, run in runs.items():
+        counter, out = run.counter, outs[label]
+        with counting(counter):
+            counted = run.sample(run.logits_fn, prompts, config, device=device)
+        steps = out.steps
+        wall = statistics.median(run.walls)
+        forward = statistics.median(run.forwards)
+        records[label] = {
+            "config": {k: v for k, v in config.to_dict().items() if v is not None},
+            "steps": steps,
+            "forward_passes": out.forward_passes,
+            "cache": out.cache,
+            "compile_fallback": out.compile_fallback,
+            "tokens_sha": _digest(counted.sequences),
+            "same_tokens_under_counting": bool(torch.equal(counted.sequences, out.sequences)),
+            "wall_ms_per_call": 1e3 * wall,
+            "wall_ms_per_step": 1e3 * wall / steps,
+            "tokens_per_second": len(prompts) * config.gen_length / wall,
+            "forward_ms_per_step": 1e3 * forward / steps,
+            "sampler_ms_per_step": 1e3 * (wall - forward) / steps,
+            "syncs_per_step": counter.syncs["sampler"] / steps,
+            "ops_per_step": counter.ops["sampler"] / steps,
+            "launch_ops_per_step": counter.launches["sampler"] / steps,
+            "model_launch_ops_per_step": counter.launches["model"] / steps,
+            "model_syncs_per_step": counter.syncs["model"] / steps,
+            "model_ops_per_step": counter.ops["model"] / steps,
+            "sync_kinds": counter.sync_kinds,
+            "sampler_ops_by_name": dict(sorted(counter.op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "model_ops_by_name": dict(sorted(counter.model_op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
+        }
+    return records
+
+
+def _digest(t: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, help="write the JSON result here (else stdout only)")
+    p.add_argument("--dry", action="store_true", help="smallest sizes, one repeat (a check that it runs)")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
+    p.add_argument("--batch", type=int, default=128, help="prompts per call (the RL rollout's 128)")
+    p.add_argument("--prompt-length", type=int, default=24, help="the longest prompt, in tokens")
+    p.add_argument("--layers", type=int, default=12, help="transformer layers (12: the 153M model's depth)")
+    p.add_argument("--hidden", type=int, default=32, help="hidden size (tiny: compute stays negligible)")
+    p.add_argument("--vocab", type=int, default=64, help="vocabulary (the 153M model: 50304, GPT-2's padded)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (the 153M model: 12)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--bf16", action="store_true", help="bf16 weights (Float16Module), as a trained checkpoint loads")
+    p.add_argument("--compile", action="store_true",
+                   help="[generate] compile = true: the model's block forwards as CUDA graphs (cache = none paths; "
+                        "a cache path records why it runs uncompiled)")
+    p.add_argument("--reference", action="store_true",
+                   help="also run the sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py) on each path")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per path (median)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: less noise on a shared machine)")
+    args = p.parse_args(argv)
+    paths = [s for s in args.paths.split(",") if s]
+    unknown = [s for s in paths if s not in PATHS]
+    if unknown:
+        print(f"host_overhead.py: --paths {','.join(unknown)}: unknown; use some of {','.join(PATHS)}", file=sys.stderr)
+        return 2
+    for flag in ("batch", "prompt_length", "layers", "hidden", "repeats", "threads"):
+        if getattr(args, flag) < 1:
+            print(f"host_overhead.py: --{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1", file=sys.stderr)
+            return 2
+    if args.heads < 1 or args.hidden % args.heads or args.vocab < 8:
+        print(f"host_overhead.py: --hidden {args.hidden} must divide by --heads {args.heads} (>= 1) and --vocab "
+              f"{args.vocab} be >= 8; e.g. --hidden 32 --heads 4 --vocab 64", file=sys.stderr)
+        return 2
+    if args.dry:
+        args.batch, args.layers, args.repeats = min(args.batch, 4), min(args.layers, 2), 1
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("host_overhead.py: --device cuda: no CUDA device here; use --device cpu", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    result: Dict[str, Any] = {
+        "what": "per-denoising-step host work of backends/generate/sampler.generate on CPU (tiny model)",
+        "torch": torch.__version__, "batch": args.batch, "prompt_length": args.prompt_length, "layers": args.layers,
+        "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "repeats": args.repeats,
+        "threads": args.threads, "device": args.device, "bf16": args.bf16, "compile": args.compile,
+        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "dry": args.dry, "paths": {}, "reference": {},
+    }
+    with world(args.device):
+        model = tiny_model(args.layers, args.hidden, args.vocab, heads=args.heads, bf16=args.bf16)
+        prompts = prompts_for(args.batch, args.prompt_length, args.vocab, seed=1)
+        from dlmspec.backends.generate.sampler import generate
+
+        samplers = {"paths": generate}
+        if args.reference:
+            samplers["reference"] = reference_generate()
+        for name in paths:
+            records = run_path(name, model, prompts, args.vocab, args.repeats, samplers, device=args.device,
+                               compile=args.compile)
+            for where, r in records.items():
+                result[where][name] = r
+                label = name if where == "paths" else f"{name} (9284fc4)"
+                print(f"{label:30s} steps {r['steps']:3d}  wall {r['wall_ms_per_step']:7.3f} ms/step  "
+                      f"forward {r['forward_ms_per_step']:7.3f} ms/step  "
+                      f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
+                      f"ops {r['ops_per_step']:6.1f} ({r['launch_ops_per_step']:5.1f} not views)/step  "
+                      f"(model {r['model_launch_ops_per_step']:.0f})  "
+                      f"{r['tokens_per_second']:9.0f} tok/s  tokens {r['tokens_sha']}", flush=True)
+            if args.reference:
+                same = result["reference"][name]["tokens_sha"] == result["paths"][name]["tokens_sha"]
+                result["paths"][name]["same_tokens_as_reference"] = same
+                if not same:
+                    print(f"host_overhead.py: {name}: the tokens differ from the reference sampler's", file=sys.stderr)
+    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
+    if args.out is not None:
+        sys.path.insert(0, str(ROOT))
+        from dlmspec.files import write_atomic
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.out, text)
+    differs = [n for n, r in result["paths"].items() if r.get("same_tokens_as_reference") is False]
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
