@@ -116,6 +116,17 @@ def bench_run(tmp_path_factory):
 
 
 @needs_gpt2
+def _rendered_length(prompt: str, tmp: Path) -> int:
+    """Tokens of ``prompt`` in the compiled RL job's chat template, by GPT-2's BPE (the checkpoint's)."""
+    from dlmspec.backends.rl.rollout import render_prompt
+    from dlmspec.tokenizers import GPT2BPETokenizer
+
+    template = d1_rollout.load_job(tmp / "job")[0].chat_template
+    gpt2 = kit.shared_gpt2()
+    return len(GPT2BPETokenizer(str(gpt2 / "vocab.json"), str(gpt2 / "merges.txt")).tokenize(
+        render_prompt(prompt, template)))
+
+
 def test_dlmspec_side_times_the_jobs_first_rollout_batch(bench_run) -> None:
     tmp, work = bench_run
     part = json.loads((work / "dlmspec.json").read_text())
@@ -126,7 +137,9 @@ def test_dlmspec_side_times_the_jobs_first_rollout_batch(bench_run) -> None:
     record = json.loads((work / d1_rollout.ROLLOUT_FILE).read_text())
     # G copies of each prompt, group-major, with its answer
     assert record["prompt_ids"][0] == record["prompt_ids"][2] != record["prompt_ids"][3]
-    assert record["answers"][0] == record["answers"][2] and record["settings"]["prompt_lengths"] == [6]
+    # the RL spec's chat template ("plain", as the SFT model was tuned) around the 6-token prompt
+    assert record["answers"][0] == record["answers"][2]
+    assert record["settings"]["prompt_lengths"] == [_rendered_length(_rows(1)[0]["prompt"], tmp)]
     assert json.loads((work / "llada" / "config.json").read_text())["model_type"] == "llada"
 
 
