@@ -374,7 +374,8 @@ def left_pad(prompts: Prompts, pad_id: int, device: Optional[Union[str, torch.de
     tokens = torch.tensor([[pad_id] * (width - len(row)) + row for row in rows], dtype=torch.int64).to(device or "cpu")
     if min(lengths) == width:
         return tokens, None, lengths
-    mask = torch.tensor([[False] * (width - n) + [True] * n for n in lengths], dtype=torch.bool).to(tokens.device)
+    starts = torch.tensor([width - n for n in lengths], dtype=torch.int64).unsqueeze(1)  # [B, 1] on the host
+    mask = (torch.arange(width).unsqueeze(0) >= starts).to(tokens.device)
     return tokens, mask, lengths
 
 

@@ -68,8 +68,11 @@ class TaskDataset:
 
     @property
     def prefix(self) -> str:
-        """The prefix a spec's ``[data]`` names: ``{output_prefix}_text_document``."""
-        return f"{self.output_prefix}_text_document"
+        """The prefix a spec's ``[data]`` names: ``{output_prefix}_text_document``
+        (:func:`dlmspec.data.outputs.dataset_prefix`, the name data prepare writes)."""
+        from dlmspec.data.outputs import dataset_prefix
+
+        return dataset_prefix(self.output_prefix, "text")
 
     def files(self) -> List[str]:
         """Every path it writes: ``PREFIX.bin``, ``PREFIX.idx``, the record ``PREFIX.dlmspec.json``
@@ -78,7 +81,9 @@ class TaskDataset:
 
         out = [self.prefix + ".bin", self.prefix + ".idx", record_path(self.prefix)]
         if self.sft:
-            out += [self.prefix + "_response.bin", self.prefix + "_response.idx"]
+            from dlmspec.data.sft import RESPONSE_SUFFIX
+
+            out += [self.prefix + RESPONSE_SUFFIX + ".bin", self.prefix + RESPONSE_SUFFIX + ".idx"]
         return out
 
 
