@@ -52,7 +52,8 @@ def cuda_graph_unsupported(model: Any, *, tensor_model_parallel_size: int = 1) -
       graph-safe NCCL settings; not built or measured here, so refused rather than risked;
     - a megatron-core ``DistributedDataParallel`` wrapper with ``overlap_param_gather``: its forward
       pre-hooks gather the updated parameter shards after each optimizer step, and a replay runs
-      no hook (the RL policy would roll out with stale weights);
+      no hook (the RL policy would roll out with stale weights); likewise Megatron-FSDP / FSDP2
+      (sharded parameters gathered around each forward);
     - a model on the CPU (CUDA graphs are a CUDA feature; the switch is then a no-op).
 
     Args:
@@ -68,7 +69,14 @@ def cuda_graph_unsupported(model: Any, *, tensor_model_parallel_size: int = 1) -
         if ddp is not None and getattr(ddp, "overlap_param_gather", False):
             return ("DistributedDataParallel with overlap_param_gather: its forward pre-hooks gather updated "
                     "parameters, which a graph replay would skip; the forward runs eager")
+        sharded = ddp is not None and (getattr(ddp, "use_megatron_fsdp", False) or getattr(ddp, "use_custom_fsdp", False))
+        if sharded or "FullySharded" in type(wrapper).__name__:
+            return (f"{type(wrapper).__name__}: sharded parameters are gathered by hooks around each forward, which a "
+                    "graph replay would skip; the forward runs eager")
         wrapper = getattr(wrapper, "module", None)
+    params = getattr(model, "parameters", None)
+    if callable(params) and any(type(p).__name__ == "DTensor" or hasattr(p, "_local_tensor") for p in params()):
+        return "parameters are DTensors (FSDP2): their gathers run outside any graph; the forward runs eager"
     params = getattr(model, "parameters", None)
     first = next(iter(params()), None) if callable(params) else None
     if first is None or first.device.type != "cuda":

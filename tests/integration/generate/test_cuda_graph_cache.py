@@ -112,7 +112,7 @@ def test_a_model_on_the_cpu_is_refused_with_its_reason():
     assert "not on a CUDA device" in why and "eager" in why
 
 
-def test_tensor_parallelism_and_overlapped_parameter_gathers_are_refused_with_their_reasons():
+def test_tensor_parallelism_and_parameter_gathers_by_hooks_are_refused_with_their_reasons():
     from types import SimpleNamespace
 
     from dlmspec.backends.generate.cuda_graphs import cuda_graph_unsupported
@@ -126,6 +126,13 @@ def test_tensor_parallelism_and_overlapped_parameter_gathers_are_refused_with_th
             self.ddp_config = SimpleNamespace(overlap_param_gather=True)
 
     assert "overlap_param_gather" in cuda_graph_unsupported(Wrapper())
+
+    class FullyShardedDataParallel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Linear(2, 2)
+
+    assert "sharded parameters" in cuda_graph_unsupported(FullyShardedDataParallel())
 
 
 def test_the_graph_cache_is_kept_on_the_model_across_samplers_and_released_on_request():
