@@ -31,7 +31,7 @@ def _config(**kw):
     return GenerateConfig(**base)
 
 
-def _graphed(model, backend):
+def _graphed(model, backend, max_graphs=None):
     """``gpt_logits_fn(model)`` whose block path runs its forwards through ``backend``'s graphs."""
     from dlmspec.backends.generate.block_cache import GPTBlockLogits
     from dlmspec.backends.generate.models import gpt_logits_fn
@@ -39,7 +39,8 @@ def _graphed(model, backend):
     fn = gpt_logits_fn(model)
 
     def block_logits(config, columns=None):
-        return GPTBlockLogits(model, cache=config.cache, cuda_graph=config.cuda_graph, graph_backend=backend), None
+        return GPTBlockLogits(model, cache=config.cache, cuda_graph=config.cuda_graph, graph_backend=backend,
+                              max_graphs=max_graphs), None
 
     fn.block_logits = block_logits
     return fn
@@ -156,3 +157,23 @@ def test_a_cached_step_whose_refresh_graph_was_evicted_runs_eager_with_the_eager
                                                                    graph_backend=ReplayBackend(), max_graphs=1), None)
     out = generate(fn, PROMPTS, _config(cache="dual"))
     assert torch.equal(out.sequences, eager.sequences)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_later_sampler_capturing_after_a_kept_refresh_graph_reads_the_keys_that_graph_wrote(fresh, cache):
+    # two graphs kept: the second call's sampler replays the kept refresh graph (no Python of its capture
+    # runs for it) and captures each block's step graph again (evicted), reading the cached keys and
+    # values, which only the refresh graph's entry can give it
+    from dlmspec.backends.generate.models import gpt_logits_fn
+    from dlmspec.backends.generate.sampler import generate
+
+    model = fresh["bidirectional"]
+    kw = dict(cache=cache)
+    eager = generate(gpt_logits_fn(model), PROMPTS, _config(cuda_graph=False, **kw))
+    backend = ReplayBackend()
+    first = generate(_graphed(model, backend, max_graphs=2), PROMPTS, _config(**kw))
+    graphs = model.__dict__["_dlmspec_cuda_graphs"]
+    refresh_captures = sum(1 for k in graphs.keys() if k[0] == "full")
+    second = generate(_graphed(model, backend, max_graphs=2), PROMPTS, _config(**kw))
+    assert refresh_captures == 1 and graphs.evictions > 0 and graphs.fallback is None
+    assert torch.equal(first.sequences, eager.sequences) and torch.equal(second.sequences, eager.sequences)
