@@ -96,6 +96,11 @@ class GenerateConfig:
             no-cache tokens exactly).
         compile: run the model's block forwards through ``torch.compile(mode="reduce-overhead")``
             (CUDA graphs; shapes are static within a block); ``False`` by default.
+        cuda_graph: run the model's forward as a replayed ``torch.cuda.CUDAGraph`` per shape
+            (``backends/generate/cuda_graphs.py``; every cache): the same kernels as eager, without
+            the eager forward's host time per step. On by default; a no-op, with the reason in the
+            output's ``cuda_graph_fallback``, on the CPU, at TP > 1, with ``compile = true`` and
+            for a model that is not a megatron-core ``GPTModel``.
         temperature: 0 is greedy (argmax); above 0 samples ``softmax(logits / temperature)`` by
             Gumbel-max with float64 noise (LLaDA ``add_gumbel_noise``).
         top_k: keep the ``top_k`` largest logits before sampling; ``None``: all.
@@ -126,6 +131,7 @@ class GenerateConfig:
     cache: str = "none"
     cache_refresh: Optional[int] = None
     compile: bool = False
+    cuda_graph: bool = True
     temperature: float = 0.0
     top_k: Optional[int] = None
     top_p: Optional[float] = None
@@ -216,6 +222,8 @@ def _validate(c: GenerateConfig) -> None:
                                   "cache_refresh = None (recompute at each block's first step, Fast-dLLM's)")
     if not isinstance(c.compile, bool):
         raise GenerateConfigError("compile", c.compile, "must be true or false", "compile = false")
+    if not isinstance(c.cuda_graph, bool):
+        raise GenerateConfigError("cuda_graph", c.cuda_graph, "must be true or false", "cuda_graph = true")
     if not _is_number(c.temperature) or c.temperature < 0.0:
         raise GenerateConfigError("temperature", c.temperature, "must be >= 0", "temperature = 0.0 (greedy) or 1.0")
     if c.top_k is not None and (not _is_int(c.top_k) or c.top_k < 1):

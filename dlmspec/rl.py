@@ -43,6 +43,6 @@ def rollout_values(rl: Any, gen: Any) -> dict[str, Any]:
         (``[(function, weight)]``) and ``generate`` (``GenerateConfig`` keywords).
     """
     keys = ("gen_length", "steps", "block_length", "remasking", "threshold", "temperature", "top_k", "top_p",
-            "cfg_scale", "seed")
+            "cfg_scale", "seed", "cuda_graph")
     return {"section": rl, "estimator": estimator_of(rl), "rewards": rewards_of(rl),
             "generate": {k: getattr(gen, k) for k in keys}}

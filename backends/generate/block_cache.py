@@ -110,6 +110,8 @@ class FullCanvas:
 
     cache = "none"
     compile_fallback = "compile = true needs a megatron-core GPTModel of the runtime (gpt_logits_fn)"
+    cuda_graph_fallback = ("cuda_graph = true needs a megatron-core GPTModel of the runtime (gpt_logits_fn) on one "
+                           "pipeline stage without sequence parallelism; this logits function runs eager")
 
     def __init__(self, logits_fn: Callable[..., Tensor]) -> None:
         self.logits_fn = logits_fn
@@ -243,6 +245,19 @@ class GPTBlockLogits:
             ``cache = "none"``. With a block cache it is not run (``compile_fallback`` says why): the
             cache keeps keys and values made inside the model's forward, which a CUDA-graph replay
             would overwrite.
+        cuda_graph: run every model forward as a replayed ``torch.cuda.CUDAGraph``
+            (:mod:`~dlmspec.backends.generate.cuda_graphs`), one per shape, kept on the model:
+            ``cache = "none"`` and the refreshes of a block cache by ``(rows, canvas length, block
+            length)`` (the block's columns reach the output layer through a static index, so one
+            graph serves every block); a block cache's cached steps by that and the block's start
+            (their key columns, RoPE offset and concatenation of cached keys are baked in), tied to
+            the refresh graph whose keys and values they read. Refused with the reason in
+            ``cuda_graph_fallback`` (the forward runs eager) on the CPU, at TP > 1, under
+            ``compile`` (torch.compile's own graphs) and where
+            :func:`~dlmspec.backends.generate.cuda_graphs.cuda_graph_unsupported` says why.
+        graph_backend: the capture backend (default: ``CUDAGraphBackend``; tests pass a stand-in,
+            which also lifts the CUDA-device requirement).
+        max_graphs: graphs kept on the model (least recently used evicted).
 
     Attributes:
         refreshes, cached_steps: calls that ran the whole canvas and calls that used the cache.
@@ -250,6 +265,9 @@ class GPTBlockLogits:
             of the last refresh (empty for ``cache = "none"``).
         logit_rows: the number of positions the output layer ran on at the last call (``b x block``).
         compile_fallback: why ``compile`` was asked for and is not run, or ``None``.
+        cuda_graph_fallback: why ``cuda_graph`` was asked for and the forward runs eager (also after
+            a capture failed at a call), or ``None``.
+        graphs: the model's :class:`~dlmspec.backends.generate.cuda_graphs.GraphCache`, or ``None``.
 
     The position ids and key-padding mask derived from ``attention_mask``, and a cached step's key
     pattern, are made at the first call with that mask tensor (by identity) and reused while it is
@@ -261,7 +279,8 @@ class GPTBlockLogits:
     """
 
     def __init__(self, model: Any, *, cache: str = "none", columns: Optional[Callable[[Tensor], Tensor]] = None,
-                 tensor_model_parallel_size: int = 1, compile: bool = False) -> None:
+                 tensor_model_parallel_size: int = 1, compile: bool = False, cuda_graph: bool = False,
+                 graph_backend: Any = None, max_graphs: Optional[int] = None) -> None:
         why = block_cache_unsupported(model, cache)
         if why is not None:
             raise ValueError(f"no {cache!r} block cache for this model: {why}")
@@ -292,6 +311,23 @@ class GPTBlockLogits:
             # guards on, so it would recompile at every call); outside a call it passes the input through
             self._persistent = self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)
             self._forward = torch.compile(model, mode="reduce-overhead", dynamic=False)
+        self.graphs: Any = None
+        self._cuda_graph_refused: Optional[str] = None
+        if cuda_graph:
+            from dlmspec.backends.generate import cuda_graphs
+
+            if self.compile:
+                self._cuda_graph_refused = ("cuda_graph = true is not run with compile = true: torch.compile's "
+                                            "reduce-overhead mode makes its own CUDA graphs")
+            elif graph_backend is None:
+                self._cuda_graph_refused = cuda_graphs.cuda_graph_unsupported(
+                    model, tensor_model_parallel_size=tensor_model_parallel_size)
+            if self._cuda_graph_refused is None:
+                self.graphs = cuda_graphs.model_graph_cache(
+                    model, graph_backend, max_graphs=max_graphs or cuda_graphs.DEFAULT_MAX_GRAPHS)
+        self._columns_of: Optional[tuple] = None
+        self._refresh_entry: Any = None
+        self._aliased = False
         self.keys: List[Tensor] = []
         self.values: List[Tensor] = []
         self.refreshes = 0
@@ -310,9 +346,13 @@ class GPTBlockLogits:
     def _slice_hidden(self, module: Any, args: tuple, kwargs: dict):
         if self._state.get("logits") is None:  # not inside a call of this object
             return None
-        lo, hi = self._state["logits"]
         hidden = args[0] if args else kwargs["input_"]
-        hidden = hidden[lo:hi]
+        where = self._state["logits"]
+        if isinstance(where, Tensor):  # a CUDA graph's static column index: one graph for every block
+            hidden = hidden.index_select(0, where)
+        else:
+            lo, hi = where
+            hidden = hidden[lo:hi]
         self.logit_rows = hidden.shape[0] * hidden.shape[1]
         if args:
             return (hidden,) + tuple(args[1:]), kwargs
@@ -388,6 +428,13 @@ class GPTBlockLogits:
             for handle in handles:
                 handle.remove()
 
+    @property
+    def cuda_graph_fallback(self) -> Optional[str]:
+        """Why ``cuda_graph`` is asked for and not run (see the class docstring), or ``None``."""
+        if self._cuda_graph_refused is not None:
+            return self._cuda_graph_refused
+        return None if self.graphs is None else self.graphs.fallback
+
     # ------------------------------------------------------------------ call
 
     @torch.no_grad()
@@ -397,6 +444,8 @@ class GPTBlockLogits:
         out = self._block(tokens, attention_mask, start, end, refresh)
         if self._gather is not None:
             out = self._gather(out.contiguous())
+        if self._aliased and out.dtype == torch.float32:
+            out = out.clone()  # a graph's static output: the next replay overwrites it
         out = out.float()
         return self.columns(out) if self.columns is not None else out
 
@@ -444,6 +493,12 @@ class GPTBlockLogits:
         """The output layer's ``[B, end - start, V_r]`` for the block (this rank's vocabulary shard)."""
         b, length = tokens.shape
         position_ids, hidden_mask = self._positions(attention_mask, b, length, tokens.device)
+        self._aliased = False
+        if self.graphs is not None and self.graphs.fallback is None:
+            out = self._graph_block(tokens, attention_mask, position_ids, hidden_mask, start, end, refresh)
+            if out is not None:
+                self._aliased = True
+                return out
         if self.cache == "none" or refresh:
             self._state = {"phase": "refresh", "logits": (start, end)}
             with self._installed(rope=False):
@@ -467,6 +522,76 @@ class GPTBlockLogits:
             with self._installed(rope=True):
                 out = self._forward(tokens[:, q_lo:q_hi], position_ids[:, q_lo:q_hi], None)
             self.cached_steps += 1
+        return out
+
+
+    def _block_columns(self, start: int, end: int, device: Any) -> Tensor:
+        """``LongTensor[end - start]``: the block's canvas columns (the graphs' static index input),
+        made once per block."""
+        of = self._columns_of
+        if of is None or of[0] != (start, end, device):
+            of = self._columns_of = ((start, end, device), torch.arange(start, end, device=device))
+        return of[1]
+
+    def _graph_block(self, tokens: Tensor, attention_mask: Optional[Tensor], position_ids: Tensor,
+                     hidden_mask: Optional[Tensor], start: int, end: int, refresh: bool) -> Optional[Tensor]:
+        """:meth:`_block` through the model's CUDA graphs: the static output ``[B, end - start, V_r]``
+        (overwritten by the next replay of that graph), or ``None`` to run eager (a cached step whose
+        refresh did not run as a graph)."""
+        graphs = self.graphs
+        b, length = tokens.shape
+        width = end - start
+        training = bool(getattr(self._inner, "training", False))
+        if self.cache == "none" or refresh:
+            key = ("full", self.cache, b, length, width, hidden_mask is not None, training)
+
+            def full(tok: Tensor, pos: Tensor, hidden: Optional[Tensor], columns: Tensor) -> Tensor:
+                self._state = {"phase": "refresh", "logits": columns}
+                with self._installed(rope=False):
+                    return self._forward(tok, pos, hidden)
+
+            def captured(entry: Any) -> None:
+                entry.extras["kv"] = (list(self.keys), list(self.values))  # the capture's key/value tensors
+
+            def replayed(entry: Any) -> None:
+                self.keys, self.values = list(entry.extras["kv"][0]), list(entry.extras["kv"][1])
+                self._refresh_entry = entry
+
+            out = graphs.run(key, full, [tokens, position_ids, hidden_mask,
+                                         self._block_columns(start, end, tokens.device)],
+                             on_capture=captured if self.cache != "none" else None,
+                             on_replay=replayed if self.cache != "none" else None)
+            if graphs.fallback is not None:  # the capture failed: this call ran eager (its keys are eager)
+                self._refresh_entry = None
+                if self.cache != "none":
+                    self.refreshes += 1
+                    self._state = {"shape": (b, length)}
+                self.logit_rows = b * width
+                return out
+            if self.cache != "none":
+                self.refreshes += 1
+                self._state = {"shape": (b, length)}
+            self.logit_rows = b * width
+            return out
+        ref = self._refresh_entry
+        if self._state.get("shape") != (b, length) or ref is None or graphs.get(ref.key) is not ref:
+            return None  # the refresh ran eager (or its graph was evicted): this step runs eager too
+        q_lo, q_hi = start, (length if self.cache == "prefix" else end)
+        key = ("step", self.cache, b, length, q_lo, q_hi, width, attention_mask is not None, training, ref.serial)
+
+        def step(tok: Tensor, pos: Tensor, padding: Optional[Tensor]) -> Tensor:
+            dev = tok.device
+            self._state = {"phase": "step", "q_lo": q_lo, "q_hi": q_hi, "logits": (0, width),
+                           "q_columns": torch.arange(q_lo, q_hi, device=dev),
+                           "k_columns": torch.arange(length, device=dev), "padding": padding, "masks": {},
+                           "shape": (b, length)}
+            with self._installed(rope=True):
+                return self._forward(tok[:, q_lo:q_hi], pos[:, q_lo:q_hi], None)
+
+        out = graphs.run(key, step, [tokens, position_ids, attention_mask])  # eager if the capture failed
+        self._state = {"shape": (b, length)}
+        self.cached_steps += 1
+        self.logit_rows = b * width
         return out
 
 

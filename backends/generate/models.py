@@ -86,8 +86,8 @@ def gpt_block_logits(model: Any, config: Any, *, columns: Optional[Any] = None, 
     """The block sampler's logits function of a megatron-core ``GPTModel`` for ``config``, and the
     reason it runs no cache when ``config.cache`` asks for one (``None`` when it runs it).
 
-    :class:`~dlmspec.backends.generate.block_cache.GPTBlockLogits` with ``config.cache`` and
-    ``config.compile``; where :func:`~dlmspec.backends.generate.block_cache.block_cache_unsupported`
+    :class:`~dlmspec.backends.generate.block_cache.GPTBlockLogits` with ``config.cache``,
+    ``config.compile`` and ``config.cuda_graph``; where :func:`~dlmspec.backends.generate.block_cache.block_cache_unsupported`
     refuses the cache (Transformer Engine core attention, ...), the same without cache (the current
     block's logits only); where it refuses even that, the whole canvas through ``full`` (the
     model's :func:`gpt_logits_fn`, columns selected).
@@ -104,7 +104,8 @@ def gpt_block_logits(model: Any, config: Any, *, columns: Optional[Any] = None, 
     if why is not None:
         return FullCanvas(full), fallback
     return GPTBlockLogits(model, cache=cache, columns=columns, tensor_model_parallel_size=tensor_model_parallel_size,
-                          compile=bool(getattr(config, "compile", False))), fallback
+                          compile=bool(getattr(config, "compile", False)),
+                          cuda_graph=bool(getattr(config, "cuda_graph", False))), fallback
 
 
 # --------------------------------------------------------------------------- AR decoding with a KV cache

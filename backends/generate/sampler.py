@@ -115,6 +115,9 @@ class GenerateOutput:
         cache_fallback: why ``cache`` is not ``config["cache"]`` (e.g. Transformer Engine layers,
             a Hugging Face model), or ``None``.
         compile_fallback: why ``config["compile"]`` is set and the model runs uncompiled, or ``None``.
+        cuda_graph_fallback: why ``config["cuda_graph"]`` is set and the model's forward runs eager
+            (on the CPU, at TP > 1, a logits function that is not a megatron-core ``GPTModel``'s, a
+            failed capture: :mod:`~dlmspec.backends.generate.cuda_graphs`), or ``None``.
     """
 
     sequences: Tensor
@@ -128,6 +131,7 @@ class GenerateOutput:
     cache: str = "none"
     cache_fallback: Optional[str] = None
     compile_fallback: Optional[str] = None
+    cuda_graph_fallback: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The output as JSON-ready values (what ``--json`` would print)."""
@@ -140,6 +144,7 @@ class GenerateOutput:
             "cache": self.cache,
             "cache_fallback": self.cache_fallback,
             "compile_fallback": self.compile_fallback,
+            "cuda_graph_fallback": self.cuda_graph_fallback,
             "config": self.config,
         }
 
@@ -580,7 +585,9 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
                           forward_passes=forward_passes, steps=step, config=config.to_dict(),
                           forward_passes_per_row=passes, cache=block_fn.cache,
                           cache_fallback=cache_fallback,
-                          compile_fallback=getattr(block_fn, "compile_fallback", None) if config.compile else None)
+                          compile_fallback=getattr(block_fn, "compile_fallback", None) if config.compile else None,
+                          cuda_graph_fallback=(getattr(block_fn, "cuda_graph_fallback", None)
+                                               if config.cuda_graph else None))
 
 
 def block_logits_for(logits_fn: Any, config: GenerateConfig) -> Tuple[BlockLogitsFn, Optional[str]]:

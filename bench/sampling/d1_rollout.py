@@ -252,6 +252,15 @@ def dlmspec_side(args: argparse.Namespace) -> int:
     expanded = [ids for ids in prompt_ids for _ in range(G)]
     greedy = generate(model.logits_fn, expanded, dataclasses.replace(gen, temperature=0.0), device=dev,
                       noise_schedule=model.noise_schedule)
+    # the same rollout with the model's forward eager ([generate] cuda_graph = false), and the greedy
+    # rollout's tokens of both (the graphs replay the eager kernels: the same tokens)
+    eager_gen = dataclasses.replace(gen, cuda_graph=False)
+    eager_timed = time_rollouts(lambda: generate(model.logits_fn, expanded, eager_gen, generator=engine.generator,
+                                                 device=dev, noise_schedule=model.noise_schedule),
+                                args.repeats, dev)
+    eager_timed.pop("output")
+    greedy_eager = generate(model.logits_fn, expanded, dataclasses.replace(eager_gen, temperature=0.0), device=dev,
+                            noise_schedule=model.noise_schedule)
     plen = int(out.prompt_length)
     lengths = sorted({len(p) for p in prompt_ids})
     # the canvas d1 would see: the prompts left-padded with the pad id (d1 passes no attention mask)
@@ -275,13 +284,21 @@ def dlmspec_side(args: argparse.Namespace) -> int:
         "algorithm": config.algorithm, "settings": settings,
         "loops": {"dlmspec/rl-rollout": {
             **timed, "rows": rows, "tokens": tokens, "tokens_per_second": tokens / timed["seconds"],
-            "forward_passes": int(out.forward_passes), "cache": out.cache,
-            "what": "RolloutEngine.sample: dlmspec.backends.generate.sampler.generate, the RL stage's rollout call"}},
+            "forward_passes": int(out.forward_passes), "cache": out.cache, "cuda_graph": gen.cuda_graph,
+            "cuda_graph_fallback": out.cuda_graph_fallback,
+            "what": "RolloutEngine.sample: dlmspec.backends.generate.sampler.generate, the RL stage's rollout call"},
+            "dlmspec/rl-rollout-eager": {
+            **eager_timed, "rows": rows, "tokens": tokens, "tokens_per_second": tokens / eager_timed["seconds"],
+            "cuda_graph": False, "greedy_tokens_equal_cuda_graph": bool(torch.equal(greedy.sequences,
+                                                                                      greedy_eager.sequences)),
+            "what": "the same sampler call with [generate] cuda_graph = false (the model's forward eager)"}},
         "ids": {"sampled": [r[plen:] for r in out.sequences.tolist()],
                 "greedy": [r[int(greedy.prompt_length):] for r in greedy.sequences.tolist()]},
     }
     print(fast_kit.stamp(t0, f"dlmspec rollout: {tokens / timed['seconds']:.0f} tok/s ({rows} rows x {gen.gen_length}, "
-                         f"{out.forward_passes} passes, median of {args.repeats})"), flush=True)
+                         f"{out.forward_passes} passes, median of {args.repeats}; cuda_graph {gen.cuda_graph}, "
+                         f"fallback {out.cuda_graph_fallback}); eager {tokens / eager_timed['seconds']:.0f} tok/s; "
+                         f"greedy tokens equal: {torch.equal(greedy.sequences, greedy_eager.sequences)}"), flush=True)
     if args.llada_out:
         try:
             fast_measure.export_llada(model, Path(args.llada_out))
@@ -425,6 +442,9 @@ def report(args: argparse.Namespace) -> int:
                                "completion": decode(fast_kit.cut_at_eos(examples[i], record["settings"]["eos_id"]))}
                               for i in range(min(3, len(examples)))]
     for p in parts:
+        eager = p.get("loops", {}).get("dlmspec/rl-rollout-eager")
+        if eager is not None:
+            values["cuda_graph_greedy_tokens_equal_eager"] = eager.get("greedy_tokens_equal_cuda_graph")
         for key in ("probe", "transformers", "gpu", "device", "dtype", "llada_export_error", "iteration", "checkpoint"):
             if key in p:
                 values.setdefault("sides", {}).setdefault(p["side"], {})[key] = p[key]

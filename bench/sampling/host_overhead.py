@@ -48,6 +48,11 @@ Usage::
     # the same with the model's block forwards as CUDA graphs (compile = true; the cache = none paths)
     python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
         --vocab 50304 --batch 128 --repeats 10 --compile --paths rl,low_confidence,threshold --out "$OUT/host-compile.json"
+    # eager and CUDA graphs ([generate] cuda_graph) side by side, tokens compared (exit 1 if they differ),
+    # and d1's rollout loop around the same model on the rl path
+    python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
+        --vocab 50304 --batch 1 --repeats 10 --cuda-graph --d1-loop --out "$OUT/host-graphs-b1.json"
+    python bench/sampling/host_overhead.py --dry --cuda-graph --stand-in-graphs --d1-loop   # the same, checked on CPU
     # one GPU call (~1-2 min): the 153M model's shape (12 x 768, 12 heads, GPT-2's padded vocabulary), bf16,
     # the RL rollout's batch, before (9284fc4) and after
     python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
@@ -254,6 +259,11 @@ def reference_generate() -> Any:
     return sampler_reference_kit.generate
 
 
+#: ``--stand-in-graphs``: the CPU stand-in of a CUDA graph (tests/kits/cuda_graph_kit.py ``ReplayBackend``)
+#: that the graph path then runs on, to check on the CPU that the bench's graph path works (no speed meaning).
+STAND_IN: Dict[str, Any] = {"backend": None}
+
+
 class _Run:
     """One sampler on one path: its logits function (the model's call timed and marked), counter
     and clock."""
@@ -266,6 +276,7 @@ class _Run:
         self.forward_s = 0.0
         self.walls: List[float] = []
         self.forwards: List[float] = []
+        self.block_fns: List[Any] = []
         self.logits_fn = gpt_logits_fn(model)
         original = self.logits_fn.block_logits
 
@@ -276,6 +287,17 @@ class _Run:
             if not hasattr(block_fn, "_forward"):
                 raise SystemExit(f"host_overhead.py: {type(block_fn).__name__}: not the block sampler's GPTBlockLogits")
             block_fn._forward = self._timed(block_fn._forward)
+            if STAND_IN["backend"] is not None and getattr(config, "cuda_graph", False) and block_fn.graphs is None:
+                from dlmspec.backends.generate.cuda_graphs import model_graph_cache
+
+                block_fn.graphs = model_graph_cache(block_fn.model, STAND_IN["backend"])
+                block_fn._cuda_graph_refused = None
+            if getattr(block_fn, "graphs", None) is not None:
+                # cuda_graph: a step's model work is the graph path (input copies, replay); an eager
+                # forward inside it (warm-up, capture) is counted once, by the outer timer
+                block_fn._forward = getattr(block_fn._forward, "__wrapped__", block_fn._forward)
+                block_fn._graph_block = self._timed(block_fn._graph_block)
+            self.block_fns.append(block_fn)
             return block_fn, fallback
 
         self.logits_fn.block_logits = block_logits
@@ -289,14 +311,16 @@ class _Run:
             finally:
                 self.forward_s += time.perf_counter() - t0
                 self.counter.inside -= 1
+        call.__wrapped__ = forward  # type: ignore[attr-defined]
         return call
 
 
 def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeats: int,
              samplers: Dict[str, Any], device: str = "cpu", compile: bool = False) -> Dict[str, Dict[str, Any]]:
     """One path's timing and counts (see the module docstring) for each of ``samplers`` (label ->
-    a ``generate`` function). The timed calls of the samplers alternate (one call of each per
-    repeat), so a drift of the machine's speed falls on all of them alike.
+    a ``generate`` function, or ``(generate, {GenerateConfig overrides})``). The timed calls of the
+    samplers alternate (one call of each per repeat), so a drift of the machine's speed falls on all
+    of them alike.
 
     Returns:
         label -> the path's record.
@@ -313,24 +337,36 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
 
     settings = dict(PATHS[name])
     eos = settings.pop("eos", False)
-    config = GenerateConfig(mask_token_id=vocab - 1, eos_token_id=vocab - 2 if eos else None, seed=0,
-                            compile=compile, **settings)
-    runs = {label: _Run(sample, model) for label, sample in samplers.items()}
+    import dataclasses
+
+    base = GenerateConfig(mask_token_id=vocab - 1, eos_token_id=vocab - 2 if eos else None, seed=0,
+                          compile=compile, cuda_graph=False, **settings)
+    configs: Dict[str, Any] = {}
+    runs: Dict[str, _Run] = {}
+    for label, entry in samplers.items():
+        sample, overrides = entry if isinstance(entry, tuple) else (entry, {})
+        configs[label] = dataclasses.replace(base, **overrides)
+        runs[label] = _Run(sample, model)
+    config = base
     outs: Dict[str, Any] = {}
-    for label, run in runs.items():  # warm-up (and compilation)
-        outs[label] = run.sample(run.logits_fn, prompts, config, device=device)
+    captured: Dict[str, float] = {}
+    for label, run in runs.items():  # warm-up (and compilation, graph captures)
+        t0 = time.perf_counter()
+        outs[label] = run.sample(run.logits_fn, prompts, configs[label], device=device)
         sync()
+        captured[label] = time.perf_counter() - t0
     for _ in range(repeats):
         for label, run in runs.items():
             run.forward_s = 0.0
             t0 = time.perf_counter()
-            outs[label] = run.sample(run.logits_fn, prompts, config, device=device)
+            outs[label] = run.sample(run.logits_fn, prompts, configs[label], device=device)
             sync()
             run.walls.append(time.perf_counter() - t0)
             run.forwards.append(run.forward_s)
     records = {}
     for label, run in runs.items():
         counter, out = run.counter, outs[label]
+        config = configs[label]
         with counting(counter):
             counted = run.sample(run.logits_fn, prompts, config, device=device)
         steps = out.steps
@@ -342,6 +378,10 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
             "forward_passes": out.forward_passes,
             "cache": out.cache,
             "compile_fallback": out.compile_fallback,
+            "cuda_graph": config.cuda_graph,
+            "cuda_graph_fallback": getattr(out, "cuda_graph_fallback", None),
+            "cuda_graphs": _graph_stats(run),
+            "first_call_ms": 1e3 * captured[label],
             "tokens_sha": _digest(counted.sequences),
             "same_tokens_under_counting": bool(torch.equal(counted.sequences, out.sequences)),
             "wall_ms_per_call": 1e3 * wall,
@@ -360,6 +400,56 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
             "model_ops_by_name": dict(sorted(counter.model_op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
         }
     return records
+
+
+def _graph_stats(run: "_Run") -> Optional[Dict[str, Any]]:
+    """The model's CUDA-graph cache counts after the run (``None`` when no graph ran)."""
+    caches = {id(b.graphs): b.graphs for b in run.block_fns if getattr(b, "graphs", None) is not None}
+    if not caches:
+        return None
+    (cache,) = list(caches.values())[-1:]
+    return {"kept": len(cache), "captures": cache.captures, "replays": cache.replays, "evictions": cache.evictions,
+            "fallback": cache.fallback}
+
+
+def d1_loop_record(model: Any, prompts: List[List[int]], vocab: int, repeats: int, device: str) -> Dict[str, Any]:
+    """d1's rollout loop (``bench/sampling/d1_rollout.py`` ``d1_generate``: a whole-canvas forward per
+    step, Gumbel noise in the model's dtype, a ``topk`` per row) around the same megatron-core model's
+    eager forward (``gpt_logits_fn``, no attention mask: d1 passes none), on the ``rl`` path's settings:
+    the loop's cost beside dlmspec's sampler on one model. Not d1's Hugging Face model: that
+    comparison is ``d1_rollout.py``'s."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench" / "sampling"))
+    from d1_rollout import d1_generate
+
+    from dlmspec.backends.generate.models import gpt_logits_fn
+
+    settings = dict(PATHS["rl"])
+    fn = gpt_logits_fn(model)
+    width = max(len(p) for p in prompts)
+    canvas = torch.tensor([[vocab - 2] * (width - len(p)) + list(p) for p in prompts], device=device)
+    dtype = torch.bfloat16 if next(model.parameters()).dtype == torch.bfloat16 else torch.float32
+
+    def run() -> Any:
+        return d1_generate(fn, canvas, steps=settings["steps"], gen_length=settings["gen_length"],
+                           block_length=settings["block_length"], temperature=settings["temperature"], cfg_scale=0.0,
+                           remasking="low_confidence", mask_id=vocab - 1, dtype=dtype)
+
+    run()
+    walls = []
+    for _ in range(repeats):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+    wall = statistics.median(walls)
+    return {"what": d1_loop_record.__doc__.split("\n\n")[0].strip(), "wall_ms_per_call": 1e3 * wall,
+            "wall_ms_per_step": 1e3 * wall / settings["steps"],
+            "tokens_per_second": len(prompts) * settings["gen_length"] / wall}
 
 
 def _digest(t: Any) -> str:
@@ -384,6 +474,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--compile", action="store_true",
                    help="[generate] compile = true: the model's block forwards as CUDA graphs (cache = none paths; "
                         "a cache path records why it runs uncompiled)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also run every path with [generate] cuda_graph = true (the model's forward replayed as CUDA "
+                        "graphs), beside the eager sampler in the same process; exit 1 when the tokens differ")
+    p.add_argument("--stand-in-graphs", action="store_true",
+                   help="with --cuda-graph on the CPU: run the graph path on the CPU stand-in of a CUDA graph "
+                        "(tests/kits/cuda_graph_kit.py), a check that it runs (its timings mean nothing)")
+    p.add_argument("--d1-loop", action="store_true",
+                   help="also time d1's rollout loop (d1_rollout.d1_generate) around the same model's eager forward "
+                        "on the rl path's settings")
     p.add_argument("--reference", action="store_true",
                    help="also run the sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py) on each path")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per path (median)")
@@ -409,12 +508,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("host_overhead.py: --device cuda: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
+    if args.stand_in_graphs:
+        if args.device != "cpu" or not args.cuda_graph:
+            print("host_overhead.py: --stand-in-graphs is a CPU check of --cuda-graph; use it with --device cpu "
+                  "--cuda-graph", file=sys.stderr)
+            return 2
+        kits = str(ROOT / "tests" / "kits")
+        if kits not in sys.path:
+            sys.path.insert(0, kits)
+        from cuda_graph_kit import ReplayBackend
+
+        STAND_IN["backend"] = ReplayBackend()
     torch.set_num_threads(args.threads)
     result: Dict[str, Any] = {
         "what": "per-denoising-step host work of backends/generate/sampler.generate on CPU (tiny model)",
         "torch": torch.__version__, "batch": args.batch, "prompt_length": args.prompt_length, "layers": args.layers,
         "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab, "repeats": args.repeats,
         "threads": args.threads, "device": args.device, "bf16": args.bf16, "compile": args.compile,
+        "cuda_graph": args.cuda_graph,
         "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "dry": args.dry, "paths": {}, "reference": {},
     }
@@ -423,26 +534,54 @@ def main(argv: Optional[List[str]] = None) -> int:
         prompts = prompts_for(args.batch, args.prompt_length, args.vocab, seed=1)
         from dlmspec.backends.generate.sampler import generate
 
-        samplers = {"paths": generate}
+        samplers: Dict[str, Any] = {"paths": generate}
+        if args.cuda_graph:
+            samplers["graphs"] = (generate, {"cuda_graph": True})
         if args.reference:
             samplers["reference"] = reference_generate()
         for name in paths:
             records = run_path(name, model, prompts, args.vocab, args.repeats, samplers, device=args.device,
                                compile=args.compile)
             for where, r in records.items():
-                result[where][name] = r
-                label = name if where == "paths" else f"{name} (9284fc4)"
+                result.setdefault(where, {})[name] = r
+                label = {"paths": name, "graphs": f"{name} (cuda graphs)"}.get(where, f"{name} (9284fc4)")
                 print(f"{label:30s} steps {r['steps']:3d}  wall {r['wall_ms_per_step']:7.3f} ms/step  "
                       f"forward {r['forward_ms_per_step']:7.3f} ms/step  "
                       f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
                       f"ops {r['ops_per_step']:6.1f} ({r['launch_ops_per_step']:5.1f} not views)/step  "
                       f"(model {r['model_launch_ops_per_step']:.0f})  "
                       f"{r['tokens_per_second']:9.0f} tok/s  tokens {r['tokens_sha']}", flush=True)
+            if args.cuda_graph:
+                eager, graphs = result["paths"][name], result["graphs"][name]
+                graphs["same_tokens_as_eager"] = graphs["tokens_sha"] == eager["tokens_sha"]
+                graphs["speedup_over_eager"] = eager["wall_ms_per_step"] / graphs["wall_ms_per_step"]
+                result.setdefault("side_by_side", {})[name] = {
+                    "eager_wall_ms_per_step": eager["wall_ms_per_step"],
+                    "graphs_wall_ms_per_step": graphs["wall_ms_per_step"],
+                    "eager_tokens_per_second": eager["tokens_per_second"],
+                    "graphs_tokens_per_second": graphs["tokens_per_second"],
+                    "speedup": graphs["speedup_over_eager"], "same_tokens": graphs["same_tokens_as_eager"],
+                    "graphs_first_call_ms": graphs["first_call_ms"], "eager_first_call_ms": eager["first_call_ms"],
+                    "cuda_graph_fallback": graphs["cuda_graph_fallback"], "cuda_graphs": graphs["cuda_graphs"]}
+                print(f"{name:30s} eager {eager['wall_ms_per_step']:7.3f} ms/step  graphs "
+                      f"{graphs['wall_ms_per_step']:7.3f} ms/step  x{graphs['speedup_over_eager']:.2f}  same tokens: "
+                      f"{graphs['same_tokens_as_eager']}  fallback: {graphs['cuda_graph_fallback']}", flush=True)
+                if not graphs["same_tokens_as_eager"]:
+                    print(f"host_overhead.py: {name}: the CUDA-graph tokens differ from the eager sampler's", file=sys.stderr)
             if args.reference:
                 same = result["reference"][name]["tokens_sha"] == result["paths"][name]["tokens_sha"]
                 result["paths"][name]["same_tokens_as_reference"] = same
                 if not same:
                     print(f"host_overhead.py: {name}: the tokens differ from the reference sampler's", file=sys.stderr)
+        if args.d1_loop:
+            result["d1_loop"] = d1_loop_record(model, prompts, args.vocab, args.repeats, args.device)
+            rl = result.get("graphs", result["paths"]).get("rl")
+            if rl is not None:
+                result["d1_loop"]["dlmspec_rl_tokens_per_second"] = rl["tokens_per_second"]
+                result["d1_loop"]["dlmspec_over_d1_loop"] = rl["tokens_per_second"] / result["d1_loop"]["tokens_per_second"]
+            print(f"d1 loop (rl settings, same model): {result['d1_loop']['tokens_per_second']:9.0f} tok/s"
+                  + (f"; dlmspec rl x{result['d1_loop']['dlmspec_over_d1_loop']:.2f}" if rl is not None else ""),
+                  flush=True)
     text = json.dumps(result, indent=2, sort_keys=True) + "\n"
     if args.out is not None:
         sys.path.insert(0, str(ROOT))
@@ -451,6 +590,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out, text)
     differs = [n for n, r in result["paths"].items() if r.get("same_tokens_as_reference") is False]
+    differs += [n for n, r in result.get("graphs", {}).items() if r.get("same_tokens_as_eager") is False]
     return 1 if differs else 0
 
 

@@ -15,7 +15,7 @@ from dlmspec.spec.lines import COMMAND_LINE
 
 #: The ``[generate]`` table's keys (``GenerateSpec``), in ``GenerateConfig``'s order.
 TABLE_FIELDS = ("gen_length", "steps", "block_length", "remasking", "threshold", "factor", "cache", "cache_refresh",
-                "compile", "temperature", "top_k", "top_p", "cfg_scale", "seed")
+                "compile", "cuda_graph", "temperature", "top_k", "top_p", "cfg_scale", "seed")
 
 
 #: ``GenerateConfig`` fields that come from the model (its record and tokenizer) unless a flag sets them.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0x3fbd0301
+SPEC_CRC32 = 0xc8046d96
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -283,6 +283,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
             'cache': (('literal', ('none', 'prefix', 'dual')), 'value', 'none'),
             'cache_refresh': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
             'compile': (('bool',), 'value', False),
+            'cuda_graph': (('bool',), 'value', True),
             'temperature': (('float', {'ge': 0.0}), 'value', 0.0),
             'top_k': (('union', (('int', {'gt': 0}), ('none',))), 'value', None),
             'top_p': (('union', (('float', {'gt': 0.0, 'le': 1.0}), ('none',))), 'value', None),

@@ -37,6 +37,9 @@ class GenerateSpec(Section):
         "first step only, Fast-dLLM's; 1: every step, exact).")
     compile: bool = Field(False, description="Run block forwards through torch.compile(mode='reduce-overhead') "
                           "(CUDA graphs).")
+    cuda_graph: bool = Field(True, description="Replay the model's forward as one CUDA graph per shape "
+                             "(backends/generate/cuda_graphs.py): the same tokens as eager without its per-step host "
+                             "time. A no-op with the reason recorded on CPU, at TP > 1, with compile = true.")
     temperature: Float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
     top_k: PosInt | None = Field(None, description="Keep the top_k largest logits (None: all).")
     top_p: Float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (None: all).")
