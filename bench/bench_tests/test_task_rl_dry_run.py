@@ -69,7 +69,9 @@ def test_grpo_dry_run_compiles_the_ar_chain_and_writes_the_summary(tmp_path) -> 
     assert "qk_layernorm" not in overrides and 'cluster.gpu="h100"' in overrides and "logging.log_interval=2" in overrides
     # the AR run (600 iterations) is scored on the validation prompts every 50 iterations, a checkpoint at each:
     # the candidates RL may start from (on an H100 it went 0.7 % at 250 to 82 % at 500)
-    assert "train.train_iters=600" in overrides
+    # ... on the learning-rate schedule of the measured 1500-iteration run (warm-up 100, decay over 1500), cut at 600
+    assert "train.train_iters=600" in overrides and "train.lr_decay_iters=1500" in overrides
+    assert "train.lr_warmup_iters=100" in overrides
     assert "checkpoint.save_interval=50" in overrides and "train.eval_interval=50" in overrides
     assert summary["start_accuracy_min"] == 0.2 and summary["task_every"] == 50
     assert 'eval.generation.prompts=".data/task-addition/validation.jsonl"' in overrides

@@ -40,7 +40,8 @@
 # TRAIN_ROWS (200000: the task's training rows, its pre-training text and the RL prompts),
 # EVAL_PROMPTS (2000: a Wilson interval of +-2.2 points at 50 %), TRAIN_ITERS (DLM 400, AR 600; ~0.1 s a step on an H100: bench/results/sampling),
 # TASK_EVERY (the task model's save and scoring interval: DLM TRAIN_ITERS / 2, not a candidate; AR 50: on an H100
-# the AR model went 0.7 % at iteration 250 to 82 % at 500, so only a fine interval leaves a candidate between), SFT_ITERS
+# the AR model went 0.7 % at iteration 250 to 82 % at 500, so only a fine interval leaves a candidate between),
+# TASK_SCHEDULE_ITERS (AR: 1500, the length of its learning-rate schedule, cut at TRAIN_ITERS), SFT_ITERS
 # (1200: on an H100 the SFT model's accuracy rose from under 1 % to 83 % between iterations 600 and 900),
 # SFT_EVERY (100: its checkpoints, each scored, are the candidates RL may start from; coarser ones may
 # skip every start between ~0 % and 75 %), RL_ITERS (200 at most; 2 steps a rollout batch), RL_MIN_ITERS (100), RL_LR (the spec's 5e-5), GPU (h100/h200: nvidia-smi's),
@@ -89,6 +90,8 @@ for v in TEST TRAIN_ROWS EVAL_PROMPTS TRAIN_ITERS SFT_ITERS SFT_EVERY RL_ITERS R
   case "${!v}" in ''|*[!0-9]*) echo "task_rl.sh: $v=${!v} is not a whole number" >&2; exit 2 ;; esac
 done
 TASK_EVERY=${TASK_EVERY:-$(( TRAIN_ITERS / 2 ))}
+TASK_SCHEDULE_ITERS=${TASK_SCHEDULE_ITERS:-1500}
+case "$TASK_SCHEDULE_ITERS" in ''|*[!0-9]*|0) echo "task_rl.sh: TASK_SCHEDULE_ITERS=$TASK_SCHEDULE_ITERS is not a positive whole number" >&2; exit 2 ;; esac
 case "$TASK_EVERY" in ''|*[!0-9]*) echo "task_rl.sh: TASK_EVERY=$TASK_EVERY is not a whole number" >&2; exit 2 ;; esac
 [ "$TRAIN_ITERS" -ge 20 ] && [ "$SFT_ITERS" -ge 20 ] && [ "$SFT_EVERY" -ge 1 ] && [ "$TASK_EVERY" -ge 1 ] && [ "$RL_ITERS" -ge 4 ] \
   || { echo "task_rl.sh: TRAIN_ITERS and SFT_ITERS must be at least 20, SFT_EVERY and TASK_EVERY at least 1, RL_ITERS at least 4" >&2; exit 2; }
@@ -226,13 +229,18 @@ fi
 # 2. the jobs, compiled for the GPU present
 common=(--set cluster.gpus_per_node=1 --set "cluster.gpu=\"$GPU\"")
 [ "$model" = dlm ] && common+=(--set model.qk_layernorm=false)
-warm=$(( TRAIN_ITERS / 10 < 100 ? TRAIN_ITERS / 10 : 100 ))
+# the learning-rate schedule of the task model: over TRAIN_ITERS, but the AR model's is the 1500-iteration one of
+# its measured run (warm-up 100, cosine decay over 1500) cut at TRAIN_ITERS (600): the scores above were taken on it
+schedule=$TRAIN_ITERS
+[ "$model" = ar ] && schedule=$TASK_SCHEDULE_ITERS
+warm=$(( schedule / 10 < 100 ? schedule / 10 : 100 ))
 # The training runs are scored in training on the validation prompts (greedy), and save a checkpoint at each
 # score: the starting run's checkpoints are the candidates RL may start from (rl_chain.py pick-start: the latest
 # with validation accuracy in [START_ACC_MIN, START_ACC_MAX]). The DLM's pre-training (not a candidate) saves
 # half-way; the AR model every TASK_EVERY (50) iterations.
 every=$TASK_EVERY
 task_sets=("${common[@]}" --set train.train_iters="$TRAIN_ITERS" --set train.lr_warmup_iters="$warm"
+           --set train.lr_decay_iters="$schedule"
            --set checkpoint.save_interval="$every" --set train.eval_interval="$every"
            --set 'eval.generation.prompts=".data/task-addition/validation.jsonl"')
 sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.save_interval="$SFT_EVERY"
