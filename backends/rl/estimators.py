@@ -51,6 +51,11 @@ iteration with a fresh generator state). The estimate is then of the completion 
 partly masked prompt, d1's regulariser. Completion positions where ``completion_mask`` is
 ``False`` (after the end of the completion) are masked in every view and never scored.
 
+What the RL loss uses (:meth:`MaskedEstimator.score`): per position, the coefficient-weighted
+mean of the conditional log-probabilities of the views that mask it and the sum of those
+coefficients; the ratio and the KL are taken of the first, the second weighs the token's loss
+(``backends/rl/loss.py``), so no coefficient reaches an exponential.
+
 Randomness: every draw comes from ``generator``, in this order: the prompt uniforms ``[N, P]``
 (only when ``prompt_mask_prob > 0``), then per view (per pair for ``"coupled"``) the size
 uniforms ``[N]`` and the position uniforms ``[N, T]``, float64. The old policy, the reference and
@@ -80,13 +85,18 @@ __all__ = ["ModelFn", "LogProbEstimator", "MaskedEstimator", "OneStepEstimator",
 @runtime_checkable
 class LogProbEstimator(Protocol):
     """What the RL stage calls: ``name``, ``forward_passes`` (``model_fn`` calls per call, each on
-    ``N`` rows) and ``__call__`` returning ``Tensor[N, T]`` (module docstring)."""
+    ``N`` rows), ``__call__`` returning ``Tensor[N, T]`` (module docstring) and ``score``
+    returning ``(log_probs, weights)``, both ``[N, T]``, whose product is ``__call__``'s estimate
+    (the policy loss exponentiates ``log_probs`` and weighs tokens by ``weights``)."""
 
     name: str
     forward_passes: int
 
     def __call__(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
                  mask_id: int, generator: torch.Generator, prompt_mask_prob: float = 0.0) -> Tensor: ...
+
+    def score(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
+              mask_id: int, generator: torch.Generator, prompt_mask_prob: float = 0.0) -> Tuple[Tensor, Tensor]: ...
 
 
 def elbo_weight(size: int, length: int) -> float:
@@ -156,6 +166,28 @@ class MaskedEstimator(abc.ABC):
 
     def __call__(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
                  mask_id: int, generator: torch.Generator, prompt_mask_prob: float = 0.0) -> Tensor:
+        return self._views(model_fn, prompt, completion, completion_mask, mask_id=mask_id, generator=generator,
+                           prompt_mask_prob=prompt_mask_prob)[0]
+
+    def score(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
+              mask_id: int, generator: torch.Generator, prompt_mask_prob: float = 0.0) -> Tuple[Tensor, Tensor]:
+        """``(log_probs [N, T], weights [N, T])``: per position ``k``, ``weights = sum_v c_v [k in M_v]``
+        and ``log_probs`` the ``c_v``-weighted mean of ``log p(o_k | view v)`` over the views that
+        mask ``k`` (0 and 0 where no view does), so that ``weights * log_probs`` is the estimate of
+        :meth:`__call__` (same draws from ``generator``).
+
+        The policy loss takes importance ratios and the KL on ``log_probs`` and weighs each token's
+        loss by ``weights`` (:func:`dlmspec.backends.rl.loss.policy_loss`, ``token_weight``): the
+        coefficients stay outside the exponential. Exponentiating the weighted estimate instead gives
+        ``exp(c (log p - log p_old))``, a ratio and a k3 KL raised to the power ``c`` (``"coupled"``:
+        up to ``(T+1)/2``), whose KL spikes (1e5 and more) swamp the reward's gradient."""
+        total, weight, conditional = self._views(model_fn, prompt, completion, completion_mask, mask_id=mask_id,
+                                                 generator=generator, prompt_mask_prob=prompt_mask_prob)
+        return conditional, weight
+
+    def _views(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
+               mask_id: int, generator: torch.Generator, prompt_mask_prob: float) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(estimate, weights, log_probs)``, each ``[N, T]`` (:meth:`score`)."""
         _check_call(prompt, completion, completion_mask, prompt_mask_prob)
         rows, plen = prompt.shape
         noisy_prompt = prompt
@@ -164,14 +196,19 @@ class MaskedEstimator(abc.ABC):
             noisy_prompt = torch.where(u < prompt_mask_prob, torch.full_like(prompt, mask_id), prompt)
         valid = completion_mask
         out = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
+        weight = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
         for view in self.draw(valid, generator):
             hidden = view.masked | ~valid
             tokens = torch.cat([noisy_prompt, torch.where(hidden, torch.full_like(completion, mask_id), completion)], dim=1)
             logits = model_fn(tokens)
             lp = token_log_probs(logits[:, plen:, :], completion)
-            out = out.to(lp.dtype) + torch.where(view.masked, lp * view.coef.to(lp.dtype).unsqueeze(1),
-                                                 torch.zeros((), dtype=lp.dtype, device=lp.device))
-        return out
+            zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+            coef = torch.where(view.masked, view.coef.to(lp.dtype).unsqueeze(1), zero)
+            out = out.to(lp.dtype) + torch.where(view.masked, lp * coef, zero)
+            weight = weight.to(lp.dtype) + coef
+        has = weight > 0
+        conditional = torch.where(has, out / torch.where(has, weight, torch.ones_like(weight)), torch.zeros_like(out))
+        return out, weight.detach(), conditional
 
 
 class OneStepEstimator(MaskedEstimator):
@@ -338,6 +375,15 @@ class AutoregressiveEstimator:
         logits = model_fn(torch.cat([prompt, completion], dim=1))
         lp = token_log_probs(logits[:, plen - 1:-1, :], completion)
         return torch.where(completion_mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+
+    def score(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
+              mask_id: int = -1, generator: Optional[torch.Generator] = None,
+              prompt_mask_prob: float = 0.0) -> Tuple[Tensor, Tensor]:
+        """``(log_probs [N, T], weights [N, T])``: :meth:`__call__`'s exact log-probabilities and
+        weight 1 on every completion position (0 elsewhere)."""
+        lp = self(model_fn, prompt, completion, completion_mask, mask_id=mask_id, generator=generator,
+                  prompt_mask_prob=prompt_mask_prob)
+        return lp, completion_mask.to(lp.dtype)
 
 
 _REGISTRY: Dict[str, Callable[..., LogProbEstimator]] = {}

@@ -10,7 +10,18 @@ Per completion token ``t`` of row ``i`` (``A_i`` its advantage, ``log pi`` from 
   DiffuCoder's trainer has ``epsilon_low`` / ``epsilon_high``);
 - KL to the frozen reference, the k3 estimator ``exp(ref - logp) - (ref - logp) - 1 >= 0``
   (GRPO eq. 4; Schulman 2020, "Approximating KL Divergence"; d1 and DiffuCoder use it);
-- token loss ``-J + kl_beta * KL``.
+- token loss ``w * (-J + kl_beta * KL)``, ``w`` the estimator's weight of the token (``token_weight``;
+  1 for ``"one-step"`` and ``"ar"``).
+
+With a weighted estimator (``"coupled"``, ``"mc-elbo"``: an ELBO term ``c * log p(o_t | view)``
+per token), ``logp`` is the token's conditional log-probability ``log p(o_t | view)`` and the
+coefficient ``c`` is ``token_weight``, outside the exponential: the ratio is then a ratio of
+probabilities (1 +- eps is a trust region whatever ``c``) and the KL a k3 of conditionals; at
+``rho = 1`` the gradient is ``c * A * grad log p``, the ELBO's. Exponentiating ``c * log p`` instead
+(DiffuCoder's reference code, with ``c`` at most 2.5 there) makes the ratio ``rho ** c`` and the k3
+term ``exp(c (ref - logp))``: with dlmspec's coupled weights (up to ``(T+1)/2``) a token whose
+log-probability moved a few nats gave KL values of 1e5 - 1e7 on the addition task and the run
+lost accuracy (docs/rl.md).
 
 Normalisation (how token losses become one number; ``|o_i|`` = row ``i``'s masked tokens):
 
@@ -88,7 +99,8 @@ def _check_shapes(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLossConfig,
-                ref_logp: Optional[Tensor] = None, group_size: Optional[int] = None) -> Tuple[Tensor, Dict[str, float]]:
+                ref_logp: Optional[Tensor] = None, group_size: Optional[int] = None,
+                token_weight: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, float]]:
     """The clipped, KL-penalised GRPO loss (module docstring) and its statistics.
 
     Args:
@@ -101,6 +113,10 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         ref_logp: ``Tensor[N, T]``, the frozen reference's log-probabilities; needed when
             ``cfg.kl_beta > 0`` (also used for the ``kl`` statistic when given).
         group_size: ``G``; needed for ``normalisation = "group"``.
+        token_weight: ``Tensor[N, T]``, finite and ``>= 0``, each token's weight in the loss (the
+            estimator's coefficient: :meth:`~dlmspec.backends.rl.estimators.MaskedEstimator.score`);
+            ``None``: 1. The normalisations count tokens, not weights (the coupled and
+            ``mc-elbo`` weights have expectation 1 per token).
 
     Returns:
         ``(loss, stats)``: the scalar loss (float32 or ``logp``'s dtype if wider) and floats:
@@ -116,6 +132,13 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     """
     cfg.check()
     _check_shapes(logp, old_logp, advantages, mask, ref_logp)
+    if token_weight is not None:
+        if token_weight.shape != logp.shape:
+            raise ValueError(f"token_weight: shape {tuple(token_weight.shape)} != logp's {tuple(logp.shape)}")
+        bad = mask & ~(torch.isfinite(token_weight) & (token_weight >= 0))
+        if bool(bad.any()):
+            raise ValueError("token_weight: weights must be finite and >= 0 on the tokens that count "
+                             "(the estimator's coefficients)")
     if cfg.kl_beta > 0 and ref_logp is None:
         raise ValueError(f"kl_beta = {cfg.kl_beta}: the KL penalty needs ref_logp (the reference model's "
                          "log-probabilities); pass it, or set kl_beta = 0")
@@ -140,7 +163,10 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         kl = k3_kl(torch.where(keep, logp.to(dtype), logp.to(dtype).detach()), ref)
         if cfg.kl_beta > 0:
             token_loss = token_loss + cfg.kl_beta * kl
-    token_loss = token_loss * weight
+    if token_weight is not None:
+        token_loss = token_loss * torch.where(keep, token_weight.to(dtype), torch.zeros((), dtype=dtype, device=logp.device))
+    else:
+        token_loss = token_loss * weight
 
     tokens = weight.sum()
     if cfg.normalisation == "token":

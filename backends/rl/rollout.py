@@ -543,16 +543,26 @@ class RolloutEngine:
         return fn
 
     def logp(self, logits: Callable[..., Tensor], rollout: Rollout, rows: slice, inner: int, microbatch: int) -> Tensor:
-        """``[m, T]`` log-probabilities of the completions of ``rows`` by the estimator, with the
+        """``[m, T]`` per-token log-probabilities of the completions of ``rows`` (:meth:`scored`'s first)."""
+        return self.scored(logits, rollout, rows, inner, microbatch)[0]
+
+    def scored(self, logits: Callable[..., Tensor], rollout: Rollout, rows: slice, inner: int,
+               microbatch: int) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(log_probs [m, T], weights [m, T] or None)`` of the completions of ``rows`` by the
+        estimator's ``score`` (its ``__call__`` and ``None`` for one without ``score``), with the
         draws of (rollout, inner iteration, rank, microbatch) (:func:`estimator_generator`)."""
         tokens = rollout.tokens[rows]
         P = rollout.prompt_length
         attention = None if rollout.attention is None else rollout.attention[rows]
         generator = estimator_generator(self.seed, rollout.index, inner, self.rank, microbatch, tokens.device)
-        return self.core.estimator(self.model_fn(logits, attention), tokens[:, :P], tokens[:, P:],
-                                   rollout.completion_mask[rows], mask_id=self.mask_id if self.mask_id is not None
-                                   else -1, generator=generator,
-                                   prompt_mask_prob=self.config.prompt_mask_prob if self.config.diffusion else 0.0)
+        estimator = self.core.estimator
+        score = getattr(estimator, "score", None)
+        args = (self.model_fn(logits, attention), tokens[:, :P], tokens[:, P:], rollout.completion_mask[rows])
+        kwargs = dict(mask_id=self.mask_id if self.mask_id is not None else -1, generator=generator,
+                      prompt_mask_prob=self.config.prompt_mask_prob if self.config.diffusion else 0.0)
+        if score is None:
+            return estimator(*args, **kwargs), None
+        return score(*args, **kwargs)
 
     @torch.no_grad()
     def score_all(self, logits: Callable[..., Tensor], rollout: Rollout) -> List[Tensor]:
@@ -571,7 +581,7 @@ class RolloutEngine:
         """The policy loss of ``rows`` at inner iteration ``inner`` (with gradients through
         ``logits``): ``policy_loss`` over completion tokens of the kept rows."""
         c = self.config
-        logp = self.logp(logits, rollout, rows, inner, microbatch)
+        logp, weight = self.scored(logits, rollout, rows, inner, microbatch)
         old = rollout.old_logp[inner][rows] if rollout.old_logp is not None else logp.detach()
         ref = rollout.ref_logp[inner][rows] if rollout.ref_logp is not None else None
         mask = rollout.completion_mask[rows] & rollout.keep[rows].unsqueeze(1)
@@ -580,8 +590,9 @@ class RolloutEngine:
             return zero, {"kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 1.0}
         cfg = self.core.loss_config(eps_low=c.grpo_clamp_eps_lower, eps_high=c.grpo_clamp_eps_upper,
                                     kl_beta=c.grpo_kl_beta, normalisation=c.loss_normalization)
+        extra = {} if weight is None else {"token_weight": weight}
         return self.core.policy_loss(logp, old, rollout.advantages[rows], mask, cfg, ref_logp=ref,
-                                     group_size=c.grpo_group_size)
+                                     group_size=c.grpo_group_size, **extra)
 
     # -- checkpoint state --------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -59,23 +59,28 @@ def test_the_default_run_pretrains_then_tunes_from_that_checkpoint_and_scores_th
     for split in ("train", "validation"):
         sft = lines[f"data-sft-{split}"]
         assert "--sft --chat-template plain" in sft and f"sft-{split}.jsonl" in sft
-        assert "--seq-length 56" in sft  # the rendered prompt (~16 tokens) and the 32 generated: the sampler's canvas
+        assert "--seq-length 24" in sft  # the SFT spec's rows (the RL chain's): the prompt, the answer and EODs
     assert f"render --template plain --task-dir {work}/task --out {work}/task-chat" in lines["render"]
-    assert "train.train_iters=500" in lines["compile"] and "model.qk_layernorm=false" in lines["compile"]
+    assert "train.train_iters=400" in lines["compile"] and "model.qk_layernorm=false" in lines["compile"]
     sft_compile = lines["compile-sft"]
     assert "specs/task-addition-dlm-sft.toml" in sft_compile
     assert f"checkpoint.init_from=\"mcore:{work}/run/checkpoints\"" in sft_compile
     assert "model.qk_layernorm=false" in sft_compile  # the same model as the pre-training (and LLaDA-exportable)
-    assert "train.seq_length=56" in sft_compile and "train.train_iters=1500" in sft_compile
+    assert "train.seq_length=24" in sft_compile and "train.train_iters=1200" in sft_compile
+    # a checkpoint saved and scored every 100 iterations: the best scored one is measured
+    assert "checkpoint.save_interval=100" in sft_compile and "train.eval_interval=100" in sft_compile
     assert f'eval.generation.prompts="{work}/task-chat/validation.jsonl"' in sft_compile
     assert f"--ckpt {work}/run-sft/checkpoints" in lines["measure-dlmspec"]
     assert f"--task-dir {work}/task-chat" in lines["measure-dlmspec"]  # prompts in the SFT model's template
     assert lines["result"].endswith("-fast-task-addition-dlm-sft-gen32-b1-8-32.json")
 
 
-def test_the_sft_data_follows_the_generated_length_and_a_missing_sft_spec_is_named(tmp_path, capsys):
+def test_the_sft_rows_keep_the_spec_length_unless_given_and_a_missing_sft_spec_is_named(tmp_path, capsys):
     flags = _present(tmp_path)
     assert fast_sampling.main(["--dry", "--gen-length", "64", "--steps", "64", *flags], probe=lambda p: None) == 0
+    lines = _lines(capsys.readouterr().out)
+    assert "--seq-length 24" in lines["data-sft-train"] and "train.seq_length=24" in lines["compile-sft"]
+    assert fast_sampling.main(["--dry", "--sft-seq-length", "88", *flags], probe=lambda p: None) == 0
     lines = _lines(capsys.readouterr().out)
     assert "--seq-length 88" in lines["data-sft-train"] and "train.seq_length=88" in lines["compile-sft"]
     rc = fast_sampling.main(["--dry", "--sft-spec", str(tmp_path / "absent-sft.toml"), *flags], probe=lambda p: None)

@@ -142,14 +142,6 @@ def test_rl_starts_from_the_latest_checkpoint_with_room_above_it(tmp_path) -> No
     assert [c["iteration"] for c in choice["candidates"]] == [250, 500, 750, 1000]
 
 
-def test_every_checkpoint_above_the_cap_gives_the_earliest_and_none_scored_the_latest(tmp_path) -> None:
-    run = scored_run(tmp_path / "a", {200: 0.8, 400: 0.95}, {200, 400})
-    assert rl_chain.pick_start(run, 0.75)["iteration"] == 200
-    bare = scored_run(tmp_path / "b", {}, {100})
-    choice = rl_chain.pick_start(bare, 0.75)
-    assert choice["iteration"] is None and choice["checkpoint"] == str(bare / "checkpoints")
-
-
 def test_pick_start_command_prints_the_checkpoint_and_refuses_a_cap_outside_zero_one(tmp_path) -> None:
     run = scored_run(tmp_path / "r", {10: 0.3}, {10})
     out = tmp_path / "start.json"

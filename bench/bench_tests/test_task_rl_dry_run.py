@@ -30,7 +30,9 @@ def run(tmp_path: Path, suite: str, **env: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("env, named", [({"ALGO": "ppo"}, "ALGO=ppo"), ({"TRAIN_ITERS": "ten"}, "TRAIN_ITERS=ten"),
                                         ({"RL_ITERS": "2"}, "RL_ITERS at least 4"),
-                                        ({"START_ACC_MAX": "0.7x"}, "START_ACC_MAX=0.7x")])
+                                        ({"START_ACC_MAX": "0.7x"}, "START_ACC_MAX=0.7x"),
+                                        ({"START_ACC_MIN": "0.8"}, "START_ACC_MIN=0.8 is above START_ACC_MAX"),
+                                        ({"TASK_EVERY": "0"}, "TASK_EVERY at least 1")])
 def test_a_bad_setting_exits_2_naming_it(tmp_path, env, named) -> None:
     proc = run(tmp_path, "task-rl", **env)
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr + proc.stdout[-1000:]
@@ -65,8 +67,13 @@ def test_grpo_dry_run_compiles_the_ar_chain_and_writes_the_summary(tmp_path) -> 
     assert summary["heldout"]["criterion_met"] is None and summary["sft_iters"] is None
     assert {"plan-task.json", "plan-rl.json", "steps.tsv", "validate-rl.log"} <= names and "plan-sft.json" not in names
     assert "qk_layernorm" not in overrides and 'cluster.gpu="h100"' in overrides and "logging.log_interval=2" in overrides
-    # the AR run is scored on the validation prompts at each of its 6 checkpoints: the candidates RL may start from
-    assert "checkpoint.save_interval=250" in overrides and "train.eval_interval=250" in overrides
+    # the AR run (600 iterations) is scored on the validation prompts every 50 iterations, a checkpoint at each:
+    # the candidates RL may start from (on an H100 it went 0.7 % at 250 to 82 % at 500)
+    # ... on the learning-rate schedule of the measured 1500-iteration run (warm-up 100, decay over 1500), cut at 600
+    assert "train.train_iters=600" in overrides and "train.lr_decay_iters=1500" in overrides
+    assert "train.lr_warmup_iters=100" in overrides
+    assert "checkpoint.save_interval=50" in overrides and "train.eval_interval=50" in overrides
+    assert summary["start_accuracy_min"] == 0.2 and summary["task_every"] == 50
     assert 'eval.generation.prompts=".data/task-addition/validation.jsonl"' in overrides
     lock = (tmp_path / "out" / "dry-work" / "job-rl" / "spec.lock.toml").read_text()
     assert 'chat_template = "none"' in lock  # the AR task model was pre-trained on the prompt text

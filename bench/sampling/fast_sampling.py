@@ -9,9 +9,16 @@ The model measured (``--stage sft``, the default) is the one that learns the tas
 pre-trained on the task text scores about 1 % held-out, the same model after SFT in LLaDA's layout
 (prompt never masked, answer and the EODs after it masked) 62 %, in the CPU study of
 ``bench/sampling/task_learnability.py`` (``bench/results/sampling/task-learnability-cpu/``). So the run
-pre-trains ``--spec`` briefly, tunes it with ``--sft-spec`` from that checkpoint (the chain of
-``bench/devbox/gpu/task_rl.sh``) and scores the tuned model on the held-out prompts rendered with its
-chat template. ``--stage pretrain`` measures the pre-trained model on the raw prompts instead.
+pre-trains ``--spec`` briefly, tunes it with ``--sft-spec`` from that checkpoint and scores the tuned
+model on the held-out prompts rendered with its chat template. The model part is the RL chain's
+(``bench/devbox/gpu/task_rl.sh``), whose settings reach 96-98 % on one H100 within its budget:
+pre-training 400 iterations, SFT up to 1,200 on rows of the SFT spec's ``train.seq_length`` (24: the
+rendered prompt and 8 tokens, the answer and the EODs after it), a checkpoint saved and scored on the
+validation prompts every ``--sft-every`` (100) iterations, and the measured model the SFT checkpoint
+with the highest validation score (``bench/sampling/rl_chain.py`` ``best_checkpoint``). Measured with
+``--gen-length`` 32 the answer lies in the first block and the completion is cut at its first EOS.
+(SFT rows as long as the canvas, 56 tokens, learned too slowly: 0 % after 1,006 iterations, the answer
+a few of 32 masked targets.) ``--stage pretrain`` measures the pre-trained model on the raw prompts instead.
 
 Steps (each a process started in the work directory, outside the checkout, with the installed dlmspec;
 each prints progress with UTC timestamps; each worker rewrites its partial result under ``--out``
@@ -21,8 +28,8 @@ after every configuration, so a run stopped by its time limit still returns what
    the SFT pairs; ``--test`` held-out prompts, at least 500).
 2. ``data-sft-train`` / ``data-sft-validation`` (``--stage sft``; in the background: :data:`BACKGROUND`
    says which step waits for each): ``dlmspec data prepare --sft`` of the SFT pairs with the SFT spec's chat template,
-   ``--sft-seq-length`` tokens a row (the rendered prompt, about 16, and ``--gen-length``: the SFT rows
-   are the sampler's canvas, the EODs after the answer included).
+   ``--sft-seq-length`` tokens a row (default the SFT spec's ``train.seq_length``, 24: the rendered
+   prompt, about 16, the answer and the EODs after it).
 3. ``data-train`` / ``data-validation``: ``dlmspec data prepare`` of the task's pre-training text with
    GPT-2's BPE (``--tokenizer-dir``), end-of-document appended (it ends each answer).
 4. ``render`` (``--stage sft``): the held-out and validation prompts rendered with the chat template
@@ -33,7 +40,8 @@ after every configuration, so a run stopped by its time limit still returns what
    (the runtime saves a checkpoint on it).
 6. ``compile-sft`` + ``train-sft`` (``--stage sft``): ``--sft-spec`` (default
    ``specs/task-addition-dlm-sft.toml``) from the pre-trained checkpoint (``checkpoint.init_from``),
-   ``--sft-iters`` iterations, the same q/k-norm setting, stopped after ``--sft-timeout-s``.
+   ``--sft-iters`` iterations (1,200), the same q/k-norm setting, stopped after ``--sft-timeout-s``;
+   a checkpoint saved and scored every ``--sft-every`` iterations; the best scored one is measured.
 7. ``peer-install``: the transformers Fast-dLLM pins (4.49.0) and its tokenizers/huggingface-hub,
    from ``--peer-wheels``, into ``--peer-site`` (only the peers' process puts it on its path).
 8. ``measure-dlmspec``: ``fast_measure.py dlmspec`` on the scored model (dlmspec's sampler: no cache with low-confidence
@@ -63,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import fast_kit  # noqa: E402
+import rl_chain  # noqa: E402
 
 ROOT = common.ROOT
 MEASURE = ROOT / "bench" / "sampling" / "fast_measure.py"
@@ -77,9 +86,9 @@ Step = Tuple[str, List[str], Dict[str, str]]
 #: Steps started in the background, and the step that waits for each (the SFT rows are tokenised in
 #: one process, during the pre-training; the validation text beside the training text).
 BACKGROUND = {"data-sft-train": "compile-sft", "data-sft-validation": "compile-sft", "data-validation": "compile"}
-#: Pre-training iterations before the SFT stage when ``--train-iters`` is not given (~75 s on one H100
-#: at the spec's 16,384 tokens a step: 1,000 took 127 s with start-up, bench/results/sampling/).
-PRETRAIN_ITERS_BEFORE_SFT = 500
+#: Pre-training iterations before the SFT stage when ``--train-iters`` is not given (the RL chain's:
+#: ~85 s on one H100 with start-up, bench/results/rl/).
+PRETRAIN_ITERS_BEFORE_SFT = 400
 #: Seconds a training stopped by its time limit gets between SIGTERM (the runtime saves a checkpoint)
 #: and SIGKILL.
 STOP_GRACE_S = 45.0
@@ -95,15 +104,19 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    "checkpoint, scored on prompts in its chat template) or pretrain (the pre-trained model, raw prompts)")
     p.add_argument("--sft-spec", default=str(ROOT / "specs" / "task-addition-dlm-sft.toml"),
                    help="the SFT stage's spec (--stage sft; it starts from the pre-trained checkpoint)")
-    p.add_argument("--sft-iters", type=int, default=1500, help="iterations of the SFT stage (default 1500)")
+    p.add_argument("--sft-iters", type=int, default=1200, help="iterations of the SFT stage (default 1200)")
+    p.add_argument("--sft-every", type=int, default=100,
+                   help="the SFT stage's save and scoring interval (default 100): its best scored checkpoint is measured")
     p.add_argument("--sft-seq-length", type=int, default=None,
-                   help="tokens of an SFT row (default 24 + --gen-length: the rendered prompt, ~16, and the canvas)")
+                   help="tokens of an SFT row (default the SFT spec's train.seq_length, else 24: the rendered prompt, "
+                   "~16, the answer and the EODs after it)")
     p.add_argument("--chat-template", default=None,
                    help="the SFT chat template (default the SFT spec's [stage.sft] chat_template, else plain)")
     p.add_argument("--train-timeout-s", type=float, default=None,
                    help="stop the pre-training (SIGTERM: it saves a checkpoint) after this many seconds "
                    "(default 110 with --stage sft, else only the budget)")
-    p.add_argument("--sft-timeout-s", type=float, default=120.0, help="the same for the SFT stage (default 120)")
+    p.add_argument("--sft-timeout-s", type=float, default=175.0,
+                   help="the same for the SFT stage (default 175: 1,200 iterations and 12 scorings took 152 s on an H100)")
     p.add_argument("--task", default="addition-padded",
                    help="dlmspec task make's task (default addition-padded: fixed width, the learnable variant)")
     p.add_argument("--task-args", default="--digits 3",
@@ -131,9 +144,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    "graphs): none/low_confidence, prefix/threshold, dual/threshold, after all the others")
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget-s", type=float, default=540, help="wall-clock budget of the whole run (default 540)")
-    p.add_argument("--measure-reserve-s", type=float, default=210,
+    p.add_argument("--measure-reserve-s", type=float, default=150,
                    help="seconds kept for the measurement and report: the steps before them (training) are stopped "
-                   "when they would eat into it (default 210)")
+                   "when they would eat into it (default 150; both measurements took ~90 s on an H100)")
     p.add_argument("--fast-dllm", default=str(ROOT / ".bench-peers" / "fast-dllm"), help="Fast-dLLM's files")
     p.add_argument("--peer-wheels", default=str(ROOT / ".bench-peers" / "wheels"), help="transformers 4.49.0 & co.")
     p.add_argument("--peer-site", default=None, help="where the peer wheels are installed (default WORK/peer-site)")
@@ -154,15 +167,17 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                 "split evenly over the blocks (e.g. --gen-length 32 --steps 32 --block-length 8)")
     if args.ckpt and not args.task_dir:
         p.error("--ckpt needs --task-dir (the task folder the checkpoint was trained on)")
-    if min(args.sft_iters, args.sft_seq_length if args.sft_seq_length is not None else 1) < 1:
-        p.error("--sft-iters and --sft-seq-length must be >= 1, e.g. --sft-iters 1500 --sft-seq-length 56")
+    if min(args.sft_iters, args.sft_every, args.sft_seq_length if args.sft_seq_length is not None else 1) < 1:
+        p.error("--sft-iters, --sft-every and --sft-seq-length must be >= 1, e.g. --sft-iters 1200 --sft-every 100 "
+                "--sft-seq-length 24")
     if args.stage == "sft" and args.ckpt is None:
         if args.train_iters is None:
             args.train_iters = PRETRAIN_ITERS_BEFORE_SFT
         if args.train_timeout_s is None:
             args.train_timeout_s = 110.0
         if args.sft_seq_length is None:
-            args.sft_seq_length = 24 + args.gen_length
+            length = spec_table(args.sft_spec, "train", "seq_length")
+            args.sft_seq_length = length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else 24
         if args.chat_template is None:
             stage = spec_table(args.sft_spec, "stage", "sft")
             template = stage.get("chat_template") if isinstance(stage, dict) else None
@@ -250,8 +265,7 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                         f'checkpoint.save="{sft_dir}/checkpoints"', f'logging.run_dir="{sft_dir}"',
                         f'logging.tensorboard_dir="{sft_dir}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
                         f"train.seq_length={args.sft_seq_length}", f"train.train_iters={n}",
-                        f"train.lr_warmup_iters={max(1, n // 20)}", f"checkpoint.save_interval={max(1, n // 2)}",
-                        f"train.eval_interval={n}"]
+                        f"checkpoint.save_interval={args.sft_every}", f"train.eval_interval={args.sft_every}"]
             if spec_table(args.sft_spec, "eval", "generation") is not None:  # validation prompts in the template
                 sft_sets += [f'eval.generation.prompts="{measured_task_dir}/validation.jsonl"',
                              "eval.generation.max_prompts=200"]
@@ -298,6 +312,20 @@ def spec_table(spec: str, table: str, key: str) -> Any:
 def trained_checkpoint(work: Path, run: str = "run") -> bool:
     """Whether the run ``work/run`` left a checkpoint (``iter_*/dlmspec.json``) to measure or start from."""
     return any((work / run / "checkpoints").glob("iter_*/dlmspec.json"))
+
+
+def with_measured_checkpoint(cmd: List[str], work: Path, record: Dict[str, Any]) -> List[str]:
+    """``cmd`` (``fast_measure.py dlmspec ... --ckpt DIR``) with ``--ckpt`` the SFT run's checkpoint of
+    the highest validation accuracy (:func:`rl_chain.best_checkpoint`, as the RL chain scores its SFT
+    checkpoints); the choice and every candidate go to ``record["measured-model"]``."""
+    choice = rl_chain.best_checkpoint(work / "run-sft")
+    record["measured-model"] = choice
+    out = list(cmd)
+    if "--ckpt" in out:
+        out[out.index("--ckpt") + 1] = choice["checkpoint"]
+    print(f"measured model: {choice['checkpoint']} ({choice['rule']}; validation accuracy {choice['accuracy']})",
+          flush=True)
+    return out
 
 
 #: ``(cmd, cwd, env, log, limit, grace) -> (exit code, stopped by the limit)``: SIGTERM at the limit
@@ -358,7 +386,9 @@ def settings(args: argparse.Namespace) -> Dict[str, Any]:
     sft = args.stage == "sft" and args.ckpt is None
     return {"spec": str(args.spec), "stage": args.stage if args.ckpt is None else "checkpoint",
             "sft_spec": str(args.sft_spec) if sft else None, "sft_iters": args.sft_iters if sft else None,
-            "sft_seq_length": args.sft_seq_length if sft else None, "chat_template": args.chat_template if sft else None,
+            "sft_seq_length": args.sft_seq_length if sft else None, "sft_every": args.sft_every if sft else None,
+            "measured_checkpoint": "the SFT checkpoint with the highest validation accuracy (rl_chain.py best_checkpoint)"
+            if sft else None, "chat_template": args.chat_template if sft else None,
             "scored_model": ("SFT (LLaDA's layout) from the pre-trained checkpoint; held-out prompts in its chat template"
                              if sft else "pre-trained on the task text; raw held-out prompts" if args.ckpt is None
                              else "the given checkpoint"),
@@ -473,6 +503,8 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
                 break
         if name == "measure-dlmspec":
             left = left * 0.55 if "measure-peers" in [s[0] for s in steps] else left
+            if args.stage == "sft" and args.ckpt is None:
+                cmd = with_measured_checkpoint(cmd, work, record)
         if name.startswith("measure-"):
             cmd = cmd + ["--deadline", f"{now + left - 25:.0f}"]
         grace = 5.0

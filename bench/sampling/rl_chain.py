@@ -21,13 +21,15 @@ model (run beside the RL run's start) ended. Target: within 15 %.
 
 The model RL starts from (``pick-start``): of the starting run's checkpoints that have an in-training
 held-out score on the *validation* prompts (``[eval.generation]``, greedy; the test prompts are kept
-for the scoring before and after RL), the latest whose accuracy is at most ``--max-accuracy``: RL
-needs completions that are sometimes right (a group whose rewards all agree has no advantage) and
-room above the start. When every scored checkpoint is above it, the earliest; without any score,
-the run's latest checkpoint.
+for the scoring before and after RL), the latest whose accuracy lies in ``[--min-accuracy,
+--max-accuracy]`` (0.2 and 0.75): RL needs completions that are sometimes right (a group whose
+rewards all agree has no advantage: from a start near 0 % almost every group is all wrong, and RL
+learns nothing) and room above the start. When no scored checkpoint lies there the command writes
+the candidates, says on stderr what to change (score the run more often) and exits 3; the chain
+then stops rather than train RL from a start that cannot show a gain.
 
     python bench/sampling/rl_chain.py summary --logs LOGS --algo diffu-grpo --out OUT/summary.json
-    python bench/sampling/rl_chain.py pick-start --run runs/task-addition-ar --max-accuracy 0.75 --out LOGS/start.json
+    python bench/sampling/rl_chain.py pick-start --run runs/task-addition-ar --min-accuracy 0.2 --max-accuracy 0.75 --out LOGS/start.json
 """
 
 from __future__ import annotations
@@ -243,25 +245,54 @@ def field_value(text: str) -> Any:
     return value if value is None or isinstance(value, (bool, int, float)) else text
 
 
-def pick_start(run_dir: Path, max_accuracy: float) -> Dict[str, Any]:
-    """The checkpoint RL starts from (module docstring): ``{"checkpoint", "iteration", "accuracy",
-    "rule", "candidates"}``; ``checkpoint`` is an ``iter_*`` folder or the run's checkpoints folder."""
-    run_dir = Path(run_dir)
-    root = run_dir / "checkpoints"
+#: ``pick-start``'s exit status when no scored checkpoint lies in the range.
+NO_START = 3
+
+
+def scored_checkpoints(run_dir: Path) -> List[Dict[str, Any]]:
+    """``[{"iteration", "accuracy"}, ...]`` by iteration: the run's checkpoints (``iter_*/dlmspec.json``)
+    that have an in-training ``generation_accuracy`` record (a resume's later record wins)."""
+    root = Path(run_dir) / "checkpoints"
     scored: Dict[int, float] = {}
-    for r in common.read_metrics(run_dir):
+    for r in common.read_metrics(Path(run_dir)):
         it, acc = r.get("iteration"), r.get("generation_accuracy")
         if isinstance(it, int) and _finite(acc) and (root / f"iter_{it:07d}" / "dlmspec.json").is_file():
-            scored[it] = float(acc)  # a resume's later record wins
-    candidates = [{"iteration": it, "accuracy": scored[it]} for it in sorted(scored)]
+            scored[it] = float(acc)
+    return [{"iteration": it, "accuracy": scored[it]} for it in sorted(scored)]
+
+
+def best_checkpoint(run_dir: Path) -> Dict[str, Any]:
+    """The run's checkpoint with the highest in-training validation accuracy (the latest of equals):
+    ``{"checkpoint", "iteration", "accuracy", "rule", "candidates"}``; ``checkpoint`` is the run's
+    checkpoints folder (its latest) when none is scored. The model the fast-sampling suite measures."""
+    root = Path(run_dir) / "checkpoints"
+    candidates = scored_checkpoints(run_dir)
     if not candidates:
         return {"checkpoint": str(root), "iteration": None, "accuracy": None, "candidates": [],
                 "rule": "no checkpoint with an in-training score: the run's latest"}
-    within = [c for c in candidates if c["accuracy"] <= max_accuracy]
-    chosen, rule = (within[-1], f"the latest with validation accuracy <= {max_accuracy}") if within else \
-        (candidates[0], f"every scored checkpoint is above {max_accuracy}: the earliest")
-    return {"checkpoint": str(root / f"iter_{chosen['iteration']:07d}"), **chosen, "rule": rule,
-            "max_accuracy": max_accuracy, "candidates": candidates}
+    chosen = max(reversed(candidates), key=lambda c: c["accuracy"])
+    return {"checkpoint": str(root / f"iter_{chosen['iteration']:07d}"), **chosen,
+            "rule": "the highest validation accuracy (the latest of equals)", "candidates": candidates}
+
+
+def pick_start(run_dir: Path, max_accuracy: float, min_accuracy: float = 0.2) -> Dict[str, Any]:
+    """The checkpoint RL starts from (module docstring): ``{"checkpoint", "iteration", "accuracy",
+    "rule", "min_accuracy", "max_accuracy", "candidates"}``; ``checkpoint`` is an ``iter_*`` folder, or
+    ``None`` when no scored checkpoint (``candidates``: every one with an in-training score) has an
+    accuracy in ``[min_accuracy, max_accuracy]`` (``rule`` then says why)."""
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    candidates = scored_checkpoints(run_dir)
+    base = {"min_accuracy": min_accuracy, "max_accuracy": max_accuracy, "candidates": candidates}
+    within = [c for c in candidates if min_accuracy <= c["accuracy"] <= max_accuracy]
+    if not within:
+        seen = ", ".join(f"{c['iteration']}: {c['accuracy']:.3f}" for c in candidates) or "none"
+        return {"checkpoint": None, "iteration": None, "accuracy": None, **base,
+                "rule": f"no checkpoint of {run_dir} scored in training lies in [{min_accuracy}, {max_accuracy}] "
+                        f"(iteration: validation accuracy, {seen})"}
+    chosen = within[-1]
+    return {"checkpoint": str(root / f"iter_{chosen['iteration']:07d}"), **chosen,
+            "rule": f"the latest with validation accuracy in [{min_accuracy}, {max_accuracy}]", **base}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -269,13 +300,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv and argv[0] == "pick-start":
         q = argparse.ArgumentParser(prog="rl_chain.py pick-start", description=pick_start.__doc__.splitlines()[0])
         q.add_argument("--run", required=True, help="the starting run's folder (metrics.jsonl, checkpoints/)")
+        q.add_argument("--min-accuracy", type=float, default=0.2)
         q.add_argument("--max-accuracy", type=float, default=0.75)
         q.add_argument("--out", required=True, help="the choice as JSON")
         a = q.parse_args(argv[1:])
-        if not 0.0 <= a.max_accuracy <= 1.0:
-            q.error(f"--max-accuracy {a.max_accuracy}: a share in [0, 1], e.g. 0.75")
-        choice = pick_start(Path(a.run), a.max_accuracy)
+        for flag, value, example in (("--min-accuracy", a.min_accuracy, "0.2"), ("--max-accuracy", a.max_accuracy, "0.75")):
+            if not 0.0 <= value <= 1.0:
+                q.error(f"{flag} {value}: a share in [0, 1], e.g. {example}")
+        if a.min_accuracy > a.max_accuracy:
+            q.error(f"--min-accuracy {a.min_accuracy} is above --max-accuracy {a.max_accuracy}; e.g. 0.2 and 0.75")
+        choice = pick_start(Path(a.run), a.max_accuracy, a.min_accuracy)
         Path(a.out).write_text(json.dumps(choice, indent=1) + "\n")
+        if choice["checkpoint"] is None:
+            print(f"rl_chain.py pick-start: {choice['rule']}: RL from such a start cannot show a gain. Score the run "
+                  f"more often (a smaller save and eval interval) or train it less, or widen the range "
+                  f"(--min-accuracy / --max-accuracy)", file=sys.stderr)
+            return NO_START
         print(choice["checkpoint"])
         return 0
     if argv and argv[0] == "summary":

@@ -32,9 +32,14 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
 * **Scoring** (``rl_scoring``): the estimator's forward passes per log-probability (one-step and
   ar: 1; coupled: 2, DiffuCoder's complementary pair; mc-elbo: K). The policy's own training pass
   is one forward and backward of the base step; the other ``n - 1`` passes also run backward (a
-  forward and backward each). With mu > 1 the rollout policy's log-probabilities (n forwards per
-  inner iteration, all made at rollout time) and with ``grpo_kl_beta > 0`` the reference's (n
-  forwards) add forwards without backward.
+  forward and backward each), priced as the base pass: compute and kernel launches (a small
+  model's step is launch-bound; on one H100 the addition demo's coupled-GRPO update took 0.126 s
+  more than diffu-GRPO's, its second view priced at 0.118 s, where compute alone gave 0.015 s and
+  the plan was 36 % under the measured step). With mu > 1 the rollout policy's log-probabilities
+  (n forwards per inner iteration, all made at rollout time) and with ``grpo_kl_beta > 0`` the
+  reference's (n forwards) add forwards without backward, priced at their compute (in the same
+  runs the rollout phase, sampler, these forwards and rewards, took no longer than the sampler's
+  calls alone, within the runs' spread).
 * **Memory** (``rl_reference``): with ``grpo_kl_beta > 0`` a frozen copy of this rank's weights in
   the run's dtype (:meth:`dlmspec.backends.megatron.stage.ModelFactory.frozen_copy`), held the
   whole step. The sampler's ``[rows, seq, vocab]`` float32 logits exist during the rollout only,
@@ -169,11 +174,17 @@ def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float])
 
 
 def scoring_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float]) -> float:
-    """The estimator's extra passes, the rollout policy's and the reference's forwards, per step."""
+    """The estimator's extra passes, the rollout policy's and the reference's forwards, per step
+    (module docstring, "Scoring"): each training pass beyond the base step's is a forward and
+    backward of every microbatch, its compute (3 forwards) and its kernel launches (the step's
+    ``kernel_launch``, as the base pass: the estimator's views run one after another in the
+    forward step and backward through each); a no-grad forward of the rollout policy or the
+    reference is priced at its compute."""
     options = rl_options(shape)
     n = estimator_passes(options)
     forward = _forward(breakdown)
-    extra = (n - 1) * 3.0 * forward  # forward and backward of every pass beyond the base step's
+    launches = breakdown.get("kernel_launch", 0.0)
+    extra = (n - 1) * (3.0 * forward + launches)  # forward and backward of every pass beyond the base step's
     if int(options["grpo_iterations"]) > 1:
         extra += n * forward
     if float(options["grpo_kl_beta"]) > 0:

@@ -13,8 +13,9 @@
 #   bash bench/devbox/gpu.sh rl-diffu-grpo --dry    # CPU: the task, the data, every compile and plan, the summary
 #
 # The model RL starts from: of the starting run's checkpoints, each scored in training on the validation prompts,
-# the latest with accuracy <= START_ACC_MAX (0.75: RL needs room above the start and groups whose completions
-# are sometimes right; bench/sampling/rl_chain.py pick-start).
+# the latest with accuracy in [START_ACC_MIN, START_ACC_MAX] (0.2 and 0.75: RL needs room above the start and
+# groups whose completions are sometimes right; bench/sampling/rl_chain.py pick-start). When none lies there
+# the call stops (exit 3, summary and logs written) rather than train RL from ~0 %: score more often.
 # Held-out accuracy: `dlmspec eval CHECKPOINT --task test file --spec TASK_SPEC` of that model and of the
 # RL run, EVAL_PROMPTS prompts each, greedy (the task spec's [generate]: the RL run's own [generate] samples
 # at temperature 1 for its rollouts); the criterion is after above before with Wilson 95 % intervals apart.
@@ -37,7 +38,10 @@
 #
 # Settings (environment): ALGO (diffu-grpo), TASK (addition-padded), DIGITS (3), TEST (2000 held-out rows),
 # TRAIN_ROWS (200000: the task's training rows, its pre-training text and the RL prompts),
-# EVAL_PROMPTS (2000: a Wilson interval of +-2.2 points at 50 %), TRAIN_ITERS (DLM 400, AR 1500; ~0.1 s a step on an H100: bench/results/sampling), SFT_ITERS
+# EVAL_PROMPTS (2000: a Wilson interval of +-2.2 points at 50 %), TRAIN_ITERS (DLM 400, AR 600; ~0.1 s a step on an H100: bench/results/sampling),
+# TASK_EVERY (the task model's save and scoring interval: DLM TRAIN_ITERS / 2, not a candidate; AR 50: on an H100
+# the AR model went 0.7 % at iteration 250 to 82 % at 500, so only a fine interval leaves a candidate between),
+# TASK_SCHEDULE_ITERS (AR: 1500, the length of its learning-rate schedule, cut at TRAIN_ITERS), SFT_ITERS
 # (1200: on an H100 the SFT model's accuracy rose from under 1 % to 83 % between iterations 600 and 900),
 # SFT_EVERY (100: its checkpoints, each scored, are the candidates RL may start from; coarser ones may
 # skip every start between ~0 % and 75 %), RL_ITERS (200 at most; 2 steps a rollout batch), RL_MIN_ITERS (100), RL_LR (the spec's 5e-5), GPU (h100/h200: nvidia-smi's),
@@ -67,22 +71,32 @@ DIGITS=${DIGITS:-3}
 TEST=${TEST:-2000}
 TRAIN_ROWS=${TRAIN_ROWS:-200000}
 EVAL_PROMPTS=${EVAL_PROMPTS:-2000}
-if [ "$model" = dlm ]; then TRAIN_ITERS=${TRAIN_ITERS:-400}; else TRAIN_ITERS=${TRAIN_ITERS:-1500}; fi
+if [ "$model" = dlm ]; then TRAIN_ITERS=${TRAIN_ITERS:-400}; else TRAIN_ITERS=${TRAIN_ITERS:-600}; fi
 SFT_ITERS=${SFT_ITERS:-1200}
 SFT_EVERY=${SFT_EVERY:-100}  # the SFT run's save and scoring interval: the candidates RL may start from
+[ "$model" = ar ] && TASK_EVERY=${TASK_EVERY:-50}  # the DLM's default (TRAIN_ITERS / 2) once TRAIN_ITERS is checked
 RL_ITERS=${RL_ITERS:-200}
 RL_MIN_ITERS=${RL_MIN_ITERS:-100}
 RL_LR=${RL_LR:-}
 START_ACC_MAX=${START_ACC_MAX:-0.75}
+START_ACC_MIN=${START_ACC_MIN:-0.2}
 [[ "$START_ACC_MAX" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] \
   || { echo "task_rl.sh: START_ACC_MAX=$START_ACC_MAX is not a share in [0, 1], e.g. 0.75" >&2; exit 2; }
+[[ "$START_ACC_MIN" =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] \
+  || { echo "task_rl.sh: START_ACC_MIN=$START_ACC_MIN is not a share in [0, 1], e.g. 0.2" >&2; exit 2; }
 END_S=${END_S:-570}
 START=${GPU_SH_START:-$(date +%s)}
 for v in TEST TRAIN_ROWS EVAL_PROMPTS TRAIN_ITERS SFT_ITERS SFT_EVERY RL_ITERS RL_MIN_ITERS END_S START DIGITS; do
   case "${!v}" in ''|*[!0-9]*) echo "task_rl.sh: $v=${!v} is not a whole number" >&2; exit 2 ;; esac
 done
-[ "$TRAIN_ITERS" -ge 20 ] && [ "$SFT_ITERS" -ge 20 ] && [ "$SFT_EVERY" -ge 1 ] && [ "$RL_ITERS" -ge 4 ] \
-  || { echo "task_rl.sh: TRAIN_ITERS and SFT_ITERS must be at least 20, RL_ITERS at least 4" >&2; exit 2; }
+TASK_EVERY=${TASK_EVERY:-$(( TRAIN_ITERS / 2 ))}
+TASK_SCHEDULE_ITERS=${TASK_SCHEDULE_ITERS:-1500}
+case "$TASK_SCHEDULE_ITERS" in ''|*[!0-9]*|0) echo "task_rl.sh: TASK_SCHEDULE_ITERS=$TASK_SCHEDULE_ITERS is not a positive whole number" >&2; exit 2 ;; esac
+case "$TASK_EVERY" in ''|*[!0-9]*) echo "task_rl.sh: TASK_EVERY=$TASK_EVERY is not a whole number" >&2; exit 2 ;; esac
+[ "$TRAIN_ITERS" -ge 20 ] && [ "$SFT_ITERS" -ge 20 ] && [ "$SFT_EVERY" -ge 1 ] && [ "$TASK_EVERY" -ge 1 ] && [ "$RL_ITERS" -ge 4 ] \
+  || { echo "task_rl.sh: TRAIN_ITERS and SFT_ITERS must be at least 20, SFT_EVERY and TASK_EVERY at least 1, RL_ITERS at least 4" >&2; exit 2; }
+awk -v lo="$START_ACC_MIN" -v hi="$START_ACC_MAX" 'BEGIN { exit !(lo + 0 <= hi + 0) }' \
+  || { echo "task_rl.sh: START_ACC_MIN=$START_ACC_MIN is above START_ACC_MAX=$START_ACC_MAX; e.g. 0.2 and 0.75" >&2; exit 2; }
 deadline=$(( START + END_S - 35 ))  # every step ends by then; the last 35 s: summary, plot, tarball
 t0=$(date +%s)
 mkdir -p "$OUT"
@@ -170,7 +184,7 @@ finish() {
            train_rows="$TRAIN_ROWS" held_out_rows="$TEST" eval_prompts="$EVAL_PROMPTS" train_iters="$TRAIN_ITERS"
            sft_iters="$([ "$model" = dlm ] && echo "$SFT_ITERS" || echo null)" sft_every="$([ "$model" = dlm ] && echo "$SFT_EVERY" || echo null)" rl_iters_asked="$RL_ITERS"
            rl_iters_run="${rl_iters:-null}" rl_lr="${RL_LR:-spec}" rl_spec="$rl_spec" task_spec="$task_spec"
-           starting_model="$start_ckpt" start_accuracy_max="$START_ACC_MAX" seconds_since_start="$(( $(date +%s) - START ))")
+           starting_model="$start_ckpt" start_accuracy_min="$START_ACC_MIN" start_accuracy_max="$START_ACC_MAX" task_every="$TASK_EVERY" seconds_since_start="$(( $(date +%s) - START ))")
   timeout 12 "$PY" "$repo/bench/sampling/rl_chain.py" summary --logs "$logs" --algo "$ALGO" --out "$OUT/summary.json" \
     "${f[@]/#/--field=}" > "$logs/summary.log" 2>&1
   log "summary exit $?"
@@ -215,13 +229,18 @@ fi
 # 2. the jobs, compiled for the GPU present
 common=(--set cluster.gpus_per_node=1 --set "cluster.gpu=\"$GPU\"")
 [ "$model" = dlm ] && common+=(--set model.qk_layernorm=false)
-warm=$(( TRAIN_ITERS / 10 < 100 ? TRAIN_ITERS / 10 : 100 ))
+# the learning-rate schedule of the task model: over TRAIN_ITERS, but the AR model's is the 1500-iteration one of
+# its measured run (warm-up 100, cosine decay over 1500) cut at TRAIN_ITERS (600): the scores above were taken on it
+schedule=$TRAIN_ITERS
+[ "$model" = ar ] && schedule=$TASK_SCHEDULE_ITERS
+warm=$(( schedule / 10 < 100 ? schedule / 10 : 100 ))
 # The training runs are scored in training on the validation prompts (greedy), and save a checkpoint at each
 # score: the starting run's checkpoints are the candidates RL may start from (rl_chain.py pick-start: the latest
-# with validation accuracy <= START_ACC_MAX). The DLM's pre-training (not a candidate) saves half-way.
-every=$(( TRAIN_ITERS / 2 ))
-[ "$model" = ar ] && every=$(( TRAIN_ITERS / 6 ))
+# with validation accuracy in [START_ACC_MIN, START_ACC_MAX]). The DLM's pre-training (not a candidate) saves
+# half-way; the AR model every TASK_EVERY (50) iterations.
+every=$TASK_EVERY
 task_sets=("${common[@]}" --set train.train_iters="$TRAIN_ITERS" --set train.lr_warmup_iters="$warm"
+           --set train.lr_decay_iters="$schedule"
            --set checkpoint.save_interval="$every" --set train.eval_interval="$every"
            --set 'eval.generation.prompts=".data/task-addition/validation.jsonl"')
 sft_sets=("${common[@]}" --set train.train_iters="$SFT_ITERS" --set checkpoint.save_interval="$SFT_EVERY"
@@ -281,8 +300,15 @@ fi
 
 # 4. RL from the checkpoint picked, its iterations fitted to the time left (start-up ~40 s; after it: the scoring
 # and the rollout benchmark)
-picked=$(timeout 30 "$PY" "$repo/bench/sampling/rl_chain.py" pick-start --run "$start_run" --max-accuracy "$START_ACC_MAX" \
-  --out "$logs/start.json" 2> "$logs/pick-start.log") && [ -n "$picked" ] && start_ckpt=$picked
+picked=$(timeout 30 "$PY" "$repo/bench/sampling/rl_chain.py" pick-start --run "$start_run" --min-accuracy "$START_ACC_MIN" \
+  --max-accuracy "$START_ACC_MAX" --out "$logs/start.json" 2> "$logs/pick-start.log")
+rc_pick=$?
+if [ $rc_pick != 0 ] || [ -z "$picked" ]; then
+  log "no start for RL (pick-start exit $rc_pick): $(tail -c 600 "$logs/pick-start.log")"
+  start_ckpt=none
+  exit 3
+fi
+start_ckpt=$picked
 log "RL starts from $start_ckpt ($(tr -d '\n' < "$logs/start.json" 2>/dev/null | head -c 300))"
 fit=$("$PY" -c 'import sys; left, p, cap = (float(a) for a in sys.argv[1:]); n = int((left - 40) / (1.5 * p)) // 2 * 2; print(max(4, min(int(cap), n)))' \
   "$(( $(left) - after ))" "$planned" "$RL_ITERS")
