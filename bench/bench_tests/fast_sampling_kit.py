@@ -13,7 +13,9 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+
+from bench.sampling.one_rank_world import one_rank_world
 
 VOCAB, PADDED, EOD, MASK = 50257, 50304, 50256, 50257
 
@@ -29,29 +31,11 @@ def shared_gpt2() -> Optional[Path]:
     return None
 
 
-@contextlib.contextmanager
-def megatron_cpu_world(tmp: Path) -> Iterator[None]:
-    """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU;
+def megatron_cpu_world(tmp: Path) -> "contextlib.AbstractContextManager[None]":
+    """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU, its
+    file store in ``tmp``: the benchmark scripts' own (:func:`bench.sampling.one_rank_world.one_rank_world`),
     ``torch.cuda.current_device`` / ``synchronize`` patched for the CPU while it lasts."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    created = False
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{tmp / 'pg-store'}", rank=0, world_size=1)
-        created = True
-    saved = torch.cuda.current_device, torch.cuda.synchronize
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-    parallel_state.initialize_model_parallel(1, 1)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.cuda.current_device, torch.cuda.synchronize = saved
-        if created:
-            dist.destroy_process_group()
+    return one_rank_world("cpu", tmp)
 
 
 def write_llada_compatible_checkpoint(run_dir: Path, gpt2: Path, *, seed: int = 0) -> Path:

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import os
+import re
 import signal
 import threading
 import time
@@ -641,22 +643,28 @@ def _find_content(text: str, content: str) -> tuple[int, str]:
 def split_specials(text: str, specials: Sequence[str]) -> list[tuple[str, bool]]:
     """``text`` cut into ``(piece, is_special)`` at every occurrence of a string of ``specials``
     (longest match first at each position)."""
-    ordered = sorted(set(s for s in specials if s), key=len, reverse=True)
+    pattern = _specials_pattern(tuple(specials))
+    if pattern is None:
+        return [(text, False)] if text else []
     pieces: list[tuple[str, bool]] = []
-    start = i = 0
-    while i < len(text):
-        hit = next((s for s in ordered if text.startswith(s, i)), None) if ordered else None
-        if hit is None:
-            i += 1
-            continue
-        if i > start:
-            pieces.append((text[start:i], False))
-        pieces.append((hit, True))
-        i += len(hit)
-        start = i
+    start = 0
+    for hit in pattern.finditer(text):
+        if hit.start() > start:
+            pieces.append((text[start:hit.start()], False))
+        pieces.append((hit.group(), True))
+        start = hit.end()
     if start < len(text):
         pieces.append((text[start:], False))
     return pieces
+
+
+@functools.lru_cache(maxsize=64)
+def _specials_pattern(specials: tuple[str, ...]) -> Optional["re.Pattern[str]"]:
+    """A regular expression matching any of ``specials`` (the longest first, so that at each
+    position the longest one that starts there matches, as regular-expression alternatives are
+    tried in order); None for no (non-empty) special."""
+    ordered = sorted(set(s for s in specials if s), key=len, reverse=True)
+    return re.compile("|".join(re.escape(s) for s in ordered)) if ordered else None
 
 
 def tokenize_segments(

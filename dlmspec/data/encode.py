@@ -14,7 +14,7 @@ import signal
 import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 from dlmspec.data.errors import DataPrepareError
 from dlmspec.data.outputs import TERMINATION_SIGNALS
@@ -109,97 +109,140 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
     tokenizer = _STATE["tokenizer"]
     eod, vocab_size = tokenizer.eod, int(tokenizer.vocab_size)
     dtype = np.dtype(config.dtype)
-    # per key: token arrays, sequence lengths, number of sequences per document
-    parts: dict[str, tuple[list, list[int], list[int]]] = {
-        key: ([], [], []) for key in config.json_keys
+    # per key: the chunk's token ids (one flat list), sequence lengths, sequences per document,
+    # and (end offset in the flat list, line number) of each document with tokens, for the
+    # vocabulary check (:func:`_check_ids`), done once a chunk instead of once a document
+    parts: dict[str, tuple[list[int], list[int], list[int], list[tuple[int, int]]]] = {
+        key: ([], [], [], []) for key in config.json_keys
     }
 
-    for lineno, raw in chunk.lines:
-        where = config.where(lineno, chunk.source)
-        try:
-            record = raw if isinstance(raw, dict) else json.loads(raw)
-        except RecursionError:
-            raise DataPrepareError(
-                f"{where}: invalid JSON (nested deeper than the JSON parser reads, about "
-                f"{sys.getrecursionlimit():,} levels); flatten the line or drop it"
-            ) from None
-        except MemoryError:
-            raise DataPrepareError(
-                f"{where}: out of memory parsing the line ({len(raw):,} bytes); lower "
-                "--max-line-bytes or --workers"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise DataPrepareError(
-                f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
-            ) from None
-        except ValueError as exc:  # bytes that are not UTF-8
-            raise DataPrepareError(f"{where}: invalid JSON ({exc})") from None
-        if not isinstance(record, dict):
-            raise DataPrepareError(
-                f"{where}: expected a JSON object per line, got a JSON {_json_type(record)}"
-            )
-        for key in config.json_keys:
-            if key not in record:
-                present = ", ".join(repr(k) for k in record) or "none"
-                raise DataPrepareError(
-                    f"{where}: missing key {key!r} (the {config.unit} has keys: {present}); "
-                    "pick the field with --json-keys"
-                )
-            value = record[key]
-            if isinstance(value, str):
-                sentences = [value]
-            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-                sentences = value
-            else:
-                raise DataPrepareError(
-                    f"{where}: key {key!r} must be a string or a list of strings, "
-                    f"got {'a JSON ' if config.unit == 'line' else ''}{_json_type(value)}"
-                )
-            doc_ids: list[int] = []
-            lengths: list[int] = []
-            for sentence in sentences:
-                try:
-                    ids = tokenizer.tokenize(sentence)
-                except MemoryError:
-                    raise DataPrepareError(
-                        f"{where}: out of memory tokenizing key {key!r} (the line has "
-                        f"{len(raw):,} bytes); lower --max-line-bytes or --workers"
-                    ) from None
-                except Exception as exc:
-                    raise DataPrepareError(
-                        f"{where}: {config.tokenizer.tokenizer_type} cannot tokenize key "
-                        f"{key!r}: {_short(exc)}"
-                    ) from None
-                if len(ids) > 0:
-                    doc_ids.extend(ids)
-                    lengths.append(len(ids))
-            if doc_ids and config.append_eod:
-                doc_ids.append(eod)
-                lengths[-1] += 1
-            arrays, seq_lengths, per_doc = parts[key]
-            if doc_ids:
-                array = np.asarray(doc_ids, dtype=np.int64)
-                low, high = int(array.min()), int(array.max())
-                if low < 0 or high >= vocab_size:
-                    bad = low if low < 0 else high
-                    raise DataPrepareError(
-                        f"{where}: key {key!r}: token id {bad} is outside the vocabulary "
-                        f"[0, {vocab_size}) of {config.tokenizer.tokenizer_type}"
-                    )
-                arrays.append(array.astype(dtype))
-            seq_lengths.extend(lengths)
-            per_doc.append(len(lengths))
+    try:
+        for lineno, raw in chunk.lines:
+            _encode_line(config, tokenizer, eod, chunk, lineno, raw, parts)
+    except DataPrepareError:
+        _check_ids(config, chunk, vocab_size, parts)  # an earlier line's bad id is reported first
+        raise
+    arrays = _check_ids(config, chunk, vocab_size, parts)
 
     keys = {
         key: EncodedKey(
-            tokens=np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype),
+            tokens=arrays[key].astype(dtype),
             sequence_lengths=seq_lengths,
             sequences_per_document=per_doc,
         )
-        for key, (arrays, seq_lengths, per_doc) in parts.items()
+        for key, (_, seq_lengths, per_doc, _) in parts.items()
     }
     return EncodedChunk(nbytes=chunk.nbytes, documents=len(chunk.lines), keys=keys,
                         lines=tuple(n for n, _ in chunk.lines), file_index=chunk.file_index)
+
+
+def _encode_line(config: EncodeConfig, tokenizer: Any, eod: Any, chunk: Chunk, lineno: int, raw: Any,
+                 parts: dict[str, tuple[list[int], list[int], list[int], list[tuple[int, int]]]]) -> None:
+    """Parse and tokenize one line (or row) into ``parts`` (:func:`encode_chunk`'s lists, per key);
+    raises DataPrepareError on bad input."""
+    try:
+        record = raw if isinstance(raw, dict) else json.loads(raw)
+    except RecursionError:
+        raise DataPrepareError(
+            f"{config.where(lineno, chunk.source)}: invalid JSON (nested deeper than the JSON parser reads, about "
+            f"{sys.getrecursionlimit():,} levels); flatten the line or drop it"
+        ) from None
+    except MemoryError:
+        raise DataPrepareError(
+            f"{config.where(lineno, chunk.source)}: out of memory parsing the line ({len(raw):,} bytes); lower "
+            "--max-line-bytes or --workers"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise DataPrepareError(
+            f"{config.where(lineno, chunk.source)}: invalid JSON ({exc.msg} at column {exc.colno})"
+        ) from None
+    except ValueError as exc:  # bytes that are not UTF-8
+        raise DataPrepareError(f"{config.where(lineno, chunk.source)}: invalid JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise DataPrepareError(
+            f"{config.where(lineno, chunk.source)}: expected a JSON object per line, got a JSON {_json_type(record)}"
+        )
+    for key in config.json_keys:
+        if key not in record:
+            present = ", ".join(repr(k) for k in record) or "none"
+            raise DataPrepareError(
+                f"{config.where(lineno, chunk.source)}: missing key {key!r} (the {config.unit} has keys: {present}); "
+                "pick the field with --json-keys"
+            )
+        value = record[key]
+        if isinstance(value, str):
+            sentences = [value]
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            sentences = value
+        else:
+            raise DataPrepareError(
+                f"{config.where(lineno, chunk.source)}: key {key!r} must be a string or a list of strings, "
+                f"got {'a JSON ' if config.unit == 'line' else ''}{_json_type(value)}"
+            )
+        flat, seq_lengths, per_doc, ends = parts[key]
+        count = 0
+        for sentence in sentences:
+            try:
+                ids = tokenizer.tokenize(sentence)
+            except MemoryError:
+                raise DataPrepareError(
+                    f"{config.where(lineno, chunk.source)}: out of memory tokenizing key {key!r} (the line has "
+                    f"{len(raw):,} bytes); lower --max-line-bytes or --workers"
+                ) from None
+            except Exception as exc:
+                raise DataPrepareError(
+                    f"{config.where(lineno, chunk.source)}: {config.tokenizer.tokenizer_type} cannot tokenize key "
+                    f"{key!r}: {_short(exc)}"
+                ) from None
+            if len(ids) > 0:
+                flat.extend(ids)
+                seq_lengths.append(len(ids))
+                count += 1
+        if count and config.append_eod:
+            flat.append(eod)
+            seq_lengths[-1] += 1
+        if count:
+            ends.append((len(flat), lineno))
+        per_doc.append(count)
+
+
+def _check_ids(config: EncodeConfig, chunk: Chunk, vocab_size: int,
+               parts: dict[str, tuple[list[int], list[int], list[int], list[tuple[int, int]]]]) -> dict[str, Any]:
+    """The chunk's token ids as one int64 array per key, after checking that each is in the
+    vocabulary ``[0, vocab_size)``.
+
+    Raises:
+        DataPrepareError: an id outside it, naming the first document (in input order, then key
+            order) that holds one, and that document's lowest id when it is negative, else its
+            highest, as a check of each document on its own would.
+    """
+    import numpy as np
+
+    arrays: dict[str, Any] = {}
+    first: Optional[tuple[int, int, str, int]] = None  # (line number, key index, key, bad id)
+    for index, (key, (flat, _, _, ends)) in enumerate(parts.items()):
+        # the documents added so far (a line that failed half-way has left its ids out)
+        size = ends[-1][0] if ends else 0
+        array = np.asarray(flat[:size] if size < len(flat) else flat, dtype=np.int64)
+        arrays[key] = array
+        if array.size == 0 or (int(array.min()) >= 0 and int(array.max()) < vocab_size):
+            continue
+        at = int(np.argmax((array < 0) | (array >= vocab_size)))
+        stops = np.asarray([end for end, _ in ends])
+        doc = int(np.searchsorted(stops, at, side="right"))
+        start = 0 if doc == 0 else int(stops[doc - 1])
+        ids = array[start:int(stops[doc])]
+        low, high = int(ids.min()), int(ids.max())
+        found = (ends[doc][1], index, key, low if low < 0 else high)
+        if first is None or found[:2] < first[:2]:
+            first = found
+    if first is not None:
+        lineno, _, key, bad = first
+        raise DataPrepareError(
+            f"{config.where(lineno, chunk.source)}: key {key!r}: token id {bad} is outside the vocabulary "
+            f"[0, {vocab_size}) of {config.tokenizer.tokenizer_type}"
+        )
+    return arrays
 
 
 def mp_context() -> Any:

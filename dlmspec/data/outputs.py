@@ -84,6 +84,17 @@ def protected_inputs(
     return files
 
 
+def occupant(path: str) -> str | None:
+    """What is at an output name: ``"folder"`` (a folder, not a link to one: nothing can be
+    renamed over it, so it is refused with ``--force`` too), ``"file"`` (a file, a link, anything
+    else: replaced only with ``--force``) or None (nothing). The one rule of both
+    :func:`check_outputs` and ``dlmspec task make --prepare-data``'s check of every output
+    before it writes (:func:`dlmspec.tasks.datasets.existing_outputs`)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        return "folder"
+    return "file" if os.path.lexists(path) else None
+
+
 def check_outputs(
     outputs: dict[str, DatasetOutput],
     output_prefix: str,
@@ -123,12 +134,13 @@ def check_outputs(
                     )
             if path not in (out.bin_path, out.idx_path):
                 continue  # the record is replaced whole with the dataset (write_atomic)
-            if os.path.isdir(path) and not os.path.islink(path):
+            found = occupant(path)
+            if found == "folder":
                 raise DataPrepareError(
                     f"--output-prefix {output_prefix}: {path} is a folder, where the dataset "
                     "file goes. Pick another --output-prefix, or move the folder"
                 )
-            if os.path.lexists(path):
+            if found == "file":
                 existing.append(path)
     if existing and not force:
         raise DataPrepareError(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from itertools import accumulate
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -233,6 +234,32 @@ def exclusive_builder(builder_class: Any) -> Any:
             if not _same_inode(bin_path, made):
                 self.data_file.close()
                 raise DataPrepareError(f"{bin_path}: replaced while data prepare opened it; rerun")
+
+        def add_documents(self, tokens: Any, sequence_lengths: Sequence[int],
+                          sequences_per_document: Sequence[int]) -> None:
+            """Append many documents with one ``add_document`` call, and the same bytes and index
+            entries as one call a document: ``tokens`` (1-D, the documents' tokens concatenated)
+            and ``sequence_lengths`` (every sequence, in order) go in as one document, whose
+            boundary is then replaced by one after ``sequences_per_document[i]`` sequences for
+            each document ``i`` (0: an empty document, a boundary only).
+
+            Raises:
+                ValueError: the lengths do not add up to ``len(tokens)`` and to the number of
+                    sequences; a multimodal builder (its sequences have modes).
+            """
+            if sum(sequence_lengths) != len(tokens) or sum(sequences_per_document) != len(sequence_lengths):
+                raise ValueError(f"add_documents: {len(tokens)} tokens, {len(sequence_lengths)} sequences of "
+                                 f"{sum(sequence_lengths)} tokens in documents of {sum(sequences_per_document)}")
+            if self.multimodal:
+                raise ValueError("add_documents: a multimodal builder adds documents with add_document (modes)")
+            if not sequences_per_document:
+                return
+            before = self.document_indices[-1]
+            self.add_document(tokens, list(sequence_lengths))
+            self.document_indices.pop()  # the one boundary add_document put after them all
+            ends = accumulate(sequences_per_document, initial=before)
+            next(ends)  # ``before`` itself, the last boundary already there
+            self.document_indices.extend(ends)
 
         def finalize(self, idx_path: str) -> None:
             made = _create_new(idx_path)
@@ -776,17 +803,10 @@ def _write_records(outputs: Any, spec: TokenizerArgs, tokenizer: Any, vocab: int
 
 
 def _write_documents(builder: Any, part: EncodedKey, out: DatasetOutput) -> None:
-    """Append a chunk's documents of one key, one ``add_document`` per document."""
-    offset = 0
-    seq = 0
-    for count in part.sequences_per_document:
-        lengths = part.sequence_lengths[seq : seq + count]
-        size = sum(lengths)
-        builder.add_document(part.tokens[offset : offset + size], lengths)
-        offset += size
-        seq += count
-        out.documents += 1
-        out.sequences += count
-        out.tokens += size
-        if count == 0:
-            out.empty_documents += 1
+    """Append a chunk's documents of one key (``builder.add_documents``: the bytes of one
+    ``add_document`` per document, written at once) and count them in ``out``."""
+    builder.add_documents(part.tokens, part.sequence_lengths, part.sequences_per_document)
+    out.documents += len(part.sequences_per_document)
+    out.sequences += len(part.sequence_lengths)
+    out.tokens += len(part.tokens)
+    out.empty_documents += part.sequences_per_document.count(0)

@@ -341,6 +341,10 @@ def prepare_sft(
                         f"--max-line-bytes {int(max_line_bytes):,}; drop the line or raise the limit: "
                         f"--max-line-bytes {length}"
                     )
+                # the chunk's rows, written at once (the bytes of one add_document a row)
+                chunk_ids: list[int] = []
+                chunk_flags: list[int] = []
+                chunk_lengths: list[int] = []
                 for lineno, raw in chunk.lines:
                     read += 1
                     try:
@@ -389,14 +393,14 @@ def prepare_sft(
                         n_truncated += 1
                         if len(truncated) < KEEP_LINES:
                             truncated.append(lineno)
-                    array = np.asarray(ids, dtype=np.int64)
-                    if int(array.min()) < 0 or int(array.max()) > top:
+                    if min(ids) < 0 or max(ids) > top:
                         raise DataPrepareError(
-                            f"{input_name}:{lineno}: {kind} gave token id {int(array.max())}, outside "
+                            f"{input_name}:{lineno}: {kind} gave token id {max(ids)}, outside "
                             f"[0, {top}]; the tokenizer files disagree with its vocabulary size"
                         )
-                    builders["text"].add_document(array.astype(dtype), [len(ids)])
-                    builders["response"].add_document(np.asarray(flags, dtype=np.uint8), [len(ids)])
+                    chunk_ids.extend(ids)
+                    chunk_flags.extend(flags)
+                    chunk_lengths.append(len(ids))
                     for out in outputs.values():
                         out.documents += 1
                         out.sequences += 1
@@ -404,6 +408,12 @@ def prepare_sft(
                     written += 1
                     tokens += len(ids)
                     response_tokens += sum(flags)
+                if chunk_lengths:
+                    one_each = [1] * len(chunk_lengths)
+                    builders["text"].add_documents(np.asarray(chunk_ids, dtype=np.int64).astype(dtype),
+                                                   chunk_lengths, one_each)
+                    builders["response"].add_documents(np.asarray(chunk_flags, dtype=np.uint8), chunk_lengths,
+                                                       one_each)
                 if task is not None:
                     progress.update(task, advance=chunk.nbytes, documents=written, tokens=tokens)
         skipped = sum(counts.values())

@@ -38,6 +38,11 @@ def _check_text(value: str, where: str) -> None:
                      f"{found.start()} (not Unicode text; write the character itself, or a pair of surrogates)")
 
 
+def _present(record: dict) -> str:
+    """The row's first eight keys, for a message (``"none"`` for an empty object)."""
+    return ", ".join(repr(k) for k in list(record)[:8]) or "none"
+
+
 def row_messages(record: Any, fmt: str, keys: dict[str, str]) -> list[dict[str, str]]:
     """The conversation of one parsed row, as ``[{"role", "content"}, ...]``.
 
@@ -51,12 +56,11 @@ def row_messages(record: Any, fmt: str, keys: dict[str, str]) -> list[dict[str, 
     """
     if not isinstance(record, dict):
         raise BadRow("not_json", f"expected a JSON object, got a JSON {_json_type(record)}")
-    present = ", ".join(repr(k) for k in list(record)[:8]) or "none"
     if fmt == "prompt_response":
         prompt_key, response_key = keys["prompt"], keys["response"]
         for key in (prompt_key, response_key):
             if key not in record:
-                raise BadRow("missing_key", f"no key {key!r} (the row has keys: {present})")
+                raise BadRow("missing_key", f"no key {key!r} (the row has keys: {_present(record)})")
             if not isinstance(record[key], str):
                 raise BadRow("wrong_type", f"key {key!r} must be a string, got a JSON {_json_type(record[key])}")
         for key in (prompt_key, response_key):
@@ -68,7 +72,7 @@ def row_messages(record: Any, fmt: str, keys: dict[str, str]) -> list[dict[str, 
     key = keys["messages"]
     if key not in record:
         other = " (a file has one format: the first row's)" if keys["prompt"] in record else ""
-        raise BadRow("missing_key", f"no key {key!r} (the row has keys: {present}){other}")
+        raise BadRow("missing_key", f"no key {key!r} (the row has keys: {_present(record)}){other}")
     messages = record[key]
     if not isinstance(messages, list):
         raise BadRow("wrong_type", f"key {key!r} must be a list of messages, got a JSON {_json_type(messages)}")

@@ -137,15 +137,20 @@ def gpt2_files(folder: str | os.PathLike) -> Tuple[str, str]:
 
 
 def existing_outputs(datasets: List[TaskDataset], force: bool = False) -> List[Tuple[str, str, str]]:
-    """``(path, why, fix)`` of every output path that would stop the run: a folder (with ``force``
-    too), and without ``force`` any file or link there."""
+    """``(path, why, fix)`` of every output path that would stop the run, by data prepare's own rule
+    (:func:`dlmspec.data.outputs.occupant`): a folder (with ``force`` too), and without ``force``
+    any file or link there; all of them at once, where data prepare stops at the first, and the
+    dataset record and response files too, so that nothing is written when one would stop it."""
+    from dlmspec.data.outputs import occupant
+
     found = []
     for dataset in datasets:
         for path in dataset.files():
-            if os.path.isdir(path) and not os.path.islink(path):
+            there = occupant(path)
+            if there == "folder":
                 found.append((path, "exists and is a folder; a dataset file cannot replace it",
                               "move it away, or choose another --out folder"))
-            elif os.path.lexists(path) and not force:
+            elif there == "file" and not force:
                 found.append((path, "the dataset file exists and would be overwritten",
                               "pass --force (it replaces the datasets of an earlier run), or choose another --out folder"))
     return found
