@@ -208,6 +208,12 @@ class GenerationEvaluator:
         finally:
             for m, flag in zip(model, was_training):
                 m.train(flag)
+            # the sampler's CUDA graphs ([generate] cuda_graph) are kept on the model object for its life;
+            # here that is the training model, so they go with the evaluation: their memory pool
+            # (static logits and activations) returns to training, which `plan` counts without it
+            from dlmspec.backends.generate.cuda_graphs import release_model_graphs
+
+            release_model_graphs(model[0])
         counts = torch.tensor([result["correct"], result["count"], result["forward_passes"]], dtype=torch.float64,
                               device=device)
         if dp_size > 1:

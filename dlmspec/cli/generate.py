@@ -231,7 +231,7 @@ def _run_generate(model: Any, prompts: list[dict[str, Any]], config: Any, batch_
             streamer.close()
         passes += out.forward_passes
         steps += out.steps
-        cache = {"cache": out.cache, "cache_fallback": out.cache_fallback}
+        cache = {"cache": out.cache, "cache_fallback": out.cache_fallback, "cuda_graph_fallback": out.cuda_graph_fallback}
         for i, (ids, reason) in enumerate(zip(out.generated, out.finish_reasons)):
             outputs.append({"prompt": prompts[first + i].get("prompt"), "prompt_ids": batch[i],
                             "prompt_text": model.decode(batch[i]), "text": model.decode(ids), "ids": ids,
@@ -301,6 +301,7 @@ def generate_command(
     factor: Optional[float] = typer.Option(None, "--factor", help="--remasking factor: Fast-dLLM's f (1.0)."),
     cache: Optional[str] = typer.Option(None, "--cache", help="Block KV cache: none (default), prefix or dual (Fast-dLLM)."),
     cache_refresh: Optional[int] = typer.Option(None, "--cache-refresh", help="Steps between cache refreshes in a block (default: at each block's start)."),
+    cuda_graph: Optional[bool] = typer.Option(None, "--cuda-graph/--no-cuda-graph", help="Replay the model's forward as CUDA graphs, one per shape (default on a GPU; recorded as a no-op on CPU)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 is greedy (default)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep the top-k logits (all)."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass (all)."),
@@ -329,7 +330,7 @@ def generate_command(
     texts = read_prompts(prompt, prompts_file)
     spec_table, locate = _spec_table(spec)
     flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking,
-                 threshold=threshold, factor=factor, cache=cache, cache_refresh=cache_refresh, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
+                 threshold=threshold, factor=factor, cache=cache, cache_refresh=cache_refresh, cuda_graph=cuda_graph, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
                  seed=seed, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     try:
