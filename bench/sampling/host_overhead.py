@@ -67,7 +67,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -181,34 +180,8 @@ def counting(counter: Counter):
             setattr(torch.Tensor, name, fn)
 
 
-@contextlib.contextmanager
-def world(device: str):
-    """A one-process world with megatron-core's model-parallel state (TP = PP = 1): gloo on CPU
-    (``torch.cuda.current_device`` answers ``"cpu"``, as tests/kits/cpu_world_kit.py does), NCCL on
-    CUDA (device 0)."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    saved = torch.cuda.current_device, torch.cuda.synchronize
-    if device == "cpu":
-        torch.cuda.current_device = lambda: "cpu"
-        torch.cuda.synchronize = lambda *a, **k: None
-    else:
-        torch.cuda.set_device(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        created = not dist.is_initialized()
-        if created:
-            dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{tmp}/store",
-                                    rank=0, world_size=1)
-        parallel_state.initialize_model_parallel(1, 1)
-        try:
-            yield
-        finally:
-            parallel_state.destroy_model_parallel()
-            if created:
-                dist.destroy_process_group()
-            torch.cuda.current_device, torch.cuda.synchronize = saved
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/sampling/, when imported as a module
+from one_rank_world import one_rank_world as world  # noqa: E402  (bench/sampling/one_rank_world.py)
 
 
 def tiny_model(layers: int, hidden: int, vocab: int, *, heads: int = 4, bf16: bool = False, seed: int = 0,
