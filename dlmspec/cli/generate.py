@@ -307,7 +307,7 @@ def generate_command(
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus mass (all)."),
     cfg_scale: Optional[float] = typer.Option(None, "--cfg-scale", help="Classifier-free guidance w, MDM (0)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sampler (0); batch b draws from seed + b x batch size."),
-    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="Default: the run's objective.mask_token_id."),
+    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="Default: the run's mask token ([objective] mask_token_id)."),
     eos_token_id: Optional[int] = typer.Option(None, "--eos-token-id", help="Default: the run's data.eod_id; -1: no EOS."),
     pad_token_id: Optional[int] = typer.Option(None, "--pad-token-id", help="Left padding's id (default: EOS)."),
     kind: Optional[str] = typer.Option(None, "--kind", help="mdm or ar: converted checkpoints only (default: by family)."),
