@@ -110,7 +110,8 @@ def test_the_rl_chain_start_pick_keeps_its_scored_checkpoints(tmp_path) -> None:
     for it in (4, 8):
         (run / "checkpoints" / f"iter_{it:07d}").mkdir(parents=True)
         (run / "checkpoints" / f"iter_{it:07d}" / "dlmspec.json").write_text("{}")
-    picked = rl_chain.pick_start(run, 0.15)
+    picked = rl_chain.pick_start(run, 0.15, 0.05)
     assert picked == {"checkpoint": str(run / "checkpoints" / "iter_0000004"), "iteration": 4, "accuracy": 0.1,
-                      "rule": "the latest with validation accuracy <= 0.15", "max_accuracy": 0.15,
+                      "rule": "the latest with validation accuracy in [0.05, 0.15]", "min_accuracy": 0.05,
+                      "max_accuracy": 0.15,
                       "candidates": [{"iteration": 4, "accuracy": 0.1}, {"iteration": 8, "accuracy": 0.2}]}
