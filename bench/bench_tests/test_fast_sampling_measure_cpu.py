@@ -48,6 +48,8 @@ def test_dlmspec_side_times_each_batch_and_keeps_every_held_out_completion(dlmsp
         t = base["timing"][batch]
         assert t["tokens"] == int(batch) * 8 and t["tokens_per_second"] > 0
         assert t["forward_passes"] == 8  # low-confidence: one pass per step, steps = 8
+        # CUDA graphs are asked for (the default) and, on a CPU, recorded as not run, with the reason
+        assert t["cuda_graph"] is True and "CUDA" in t["cuda_graph_fallback"], t
     assert base["eval"]["prompts"] == 6
     assert len(ids["dlmspec/none/low_confidence"]) == 6
     assert all(len(row) == 8 for row in ids["dlmspec/none/low_confidence"])

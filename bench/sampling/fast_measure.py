@@ -223,6 +223,9 @@ def dlmspec_runner(model: Any, config: fast_kit.Config, args: argparse.Namespace
         out = generate(model.logits_fn, prompts, cfg, device=model.device, noise_schedule=model.noise_schedule)
         per_row = list(getattr(out, "forward_passes_per_row", []) or [])
         run.info = {"cache_run": getattr(out, "cache", "none"), "cache_fallback": getattr(out, "cache_fallback", None),
+                    # [generate] cuda_graph (on by default where this dlmspec has it): whether the forward replayed
+                    "cuda_graph": getattr(cfg, "cuda_graph", None),
+                    "cuda_graph_fallback": getattr(out, "cuda_graph_fallback", None),
                     "forward_passes_per_row_mean": sum(per_row) / len(per_row) if per_row else None,
                     "config": {k: v for k, v in out.config.items() if k in wanted or k in ("remasking", "threshold")}}
         return out.sequences[:, out.prompt_length:], out.forward_passes
