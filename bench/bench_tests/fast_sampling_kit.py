@@ -98,3 +98,27 @@ def write_task(folder: Path, n: int) -> Path:
         rows.append({"id": f"addition-test-{i:06d}", "prompt": f"{digits(a)} +{digits(b)} =", "answer": digits(a + b)})
     (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
+
+
+def suite_inputs(tmp: Path, spec: Optional[Path] = None) -> list:
+    """``bench/sampling/fast_sampling.py`` flags pointing at a complete set of the suite's inputs made
+    in ``tmp`` (Fast-dLLM's files, the peers' wheels, a GPT-2 tokenizer folder: empty stand-ins),
+    with ``--spec spec`` when given (else the bundled specs)."""
+    from bench.sampling import fast_sampling
+
+    fd = tmp / "fast-dllm"
+    for name in fast_sampling.FAST_DLLM_FILES:
+        (fd / name).parent.mkdir(parents=True, exist_ok=True)
+        (fd / name).write_text("x\n")
+    wheels = tmp / "wheels"
+    wheels.mkdir()
+    for name in ("transformers-4.49.0-py3-none-any.whl", "tokenizers-0.21.4-cp39-abi3-manylinux2014_x86_64.whl",
+                 "huggingface_hub-0.36.2-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")
+    tok = tmp / "gpt2"
+    tok.mkdir()
+    (tok / "vocab.json").write_text("{}")
+    (tok / "merges.txt").write_text("")
+    return ["--fast-dllm", str(fd), "--peer-wheels", str(wheels), "--tokenizer-dir", str(tok),
+            *(["--spec", str(spec)] if spec is not None else []),
+            "--out", str(tmp / "results"), "--work-dir", str(tmp / "work")]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.bench_tests import fast_sampling_kit as kit
 from bench.sampling import fast_sampling
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,24 +17,10 @@ TODAY = dt.datetime.now(dt.timezone.utc).date().isoformat()
 
 
 def _present(tmp: Path) -> list[str]:
-    """Flags pointing at a complete set of the run's inputs made in ``tmp``."""
-    fd = tmp / "fast-dllm"
-    for name in fast_sampling.FAST_DLLM_FILES:
-        (fd / name).parent.mkdir(parents=True, exist_ok=True)
-        (fd / name).write_text("x\n")
-    wheels = tmp / "wheels"
-    wheels.mkdir()
-    for name in ("transformers-4.49.0-py3-none-any.whl", "tokenizers-0.21.4-cp39-abi3-manylinux2014_x86_64.whl",
-                 "huggingface_hub-0.36.2-py3-none-any.whl"):
-        (wheels / name).write_bytes(b"")
-    tok = tmp / "gpt2"
-    tok.mkdir()
-    (tok / "vocab.json").write_text("{}")
-    (tok / "merges.txt").write_text("")
+    """Flags pointing at a complete set of the run's inputs made in ``tmp``, with the demo spec."""
     spec = tmp / "task-addition-dlm.toml"
     shutil.copyfile(ROOT / "specs" / "demo-dlm.toml", spec)
-    return ["--fast-dllm", str(fd), "--peer-wheels", str(wheels), "--tokenizer-dir", str(tok), "--spec", str(spec),
-            "--out", str(tmp / "results"), "--work-dir", str(tmp / "work")]
+    return kit.suite_inputs(tmp, spec)
 
 
 def test_dry_prints_every_step_in_order_and_exits_0_when_everything_is_present(tmp_path, capsys):

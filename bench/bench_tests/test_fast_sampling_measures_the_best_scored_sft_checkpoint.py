@@ -7,27 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
+from bench.bench_tests import fast_sampling_kit as kit
 from bench.sampling import fast_sampling
-
-
-def _inputs(tmp: Path) -> list[str]:
-    fd = tmp / "fast-dllm"
-    for name in fast_sampling.FAST_DLLM_FILES:
-        (fd / name).parent.mkdir(parents=True, exist_ok=True)
-        (fd / name).write_text("x\n")
-    wheels = tmp / "wheels"
-    wheels.mkdir()
-    for name in ("transformers-4.49.0-py3-none-any.whl", "tokenizers-0.21.4-cp39-abi3-manylinux2014_x86_64.whl",
-                 "huggingface_hub-0.36.2-py3-none-any.whl"):
-        (wheels / name).write_bytes(b"")
-    tok = tmp / "gpt2"
-    tok.mkdir()
-    (tok / "vocab.json").write_text("{}")
-    (tok / "merges.txt").write_text("")
-    return ["--fast-dllm", str(fd), "--peer-wheels", str(wheels), "--tokenizer-dir", str(tok),
-            "--out", str(tmp / "results"), "--work-dir", str(tmp / "work")]
 
 
 def _stub(code: str) -> list:
@@ -49,7 +31,7 @@ def test_the_measured_model_is_the_sft_checkpoint_with_the_best_validation_score
              ("measure-dlmspec", _stub(f"import json, sys; open({str(seen)!r}, 'w').write(json.dumps(sys.argv))")
               + ["--ckpt", str(sft / "checkpoints")], {})]
     monkeypatch.setattr(fast_sampling, "plan", lambda args, w, out: steps)
-    rc = fast_sampling.main([*_inputs(tmp_path), "--budget-s", "300", "--measure-reserve-s", "20"], probe=lambda p: None)
+    rc = fast_sampling.main([*kit.suite_inputs(tmp_path), "--budget-s", "300", "--measure-reserve-s", "20"], probe=lambda p: None)
     assert rc in (0, 1)  # nothing measured for real: partial
     argv = json.loads(seen.read_text())
     assert argv[argv.index("--ckpt") + 1] == str(sft / "checkpoints" / "iter_0000500")  # 0.97, the latest of equals
@@ -60,7 +42,7 @@ def test_the_measured_model_is_the_sft_checkpoint_with_the_best_validation_score
 
 
 def test_default_limits_fit_one_nine_minute_call_with_the_rl_chain_model(tmp_path):
-    args = fast_sampling.parse_args(["--dry", *_inputs(tmp_path)])
+    args = fast_sampling.parse_args(["--dry", *kit.suite_inputs(tmp_path)])
     assert args.train_iters == 400 and args.sft_iters == 1200 and args.sft_every == 100 and args.sft_seq_length == 24
     # H100 timings (bench/results/rl, bench/results/sampling): task + data + compiles ~40 s, pre-training 400
     # iterations ~90 s, SFT 1,200 iterations scored 12 times 152 s, both measurements ~90 s, report ~10 s

@@ -17,28 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.bench_tests import fast_sampling_kit as kit
 from bench.sampling import fast_measure, fast_sampling
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _present(tmp: Path) -> list[str]:
-    """Flags pointing at a complete set of the run's inputs made in ``tmp`` (the bundled specs)."""
-    fd = tmp / "fast-dllm"
-    for name in fast_sampling.FAST_DLLM_FILES:
-        (fd / name).parent.mkdir(parents=True, exist_ok=True)
-        (fd / name).write_text("x\n")
-    wheels = tmp / "wheels"
-    wheels.mkdir()
-    for name in ("transformers-4.49.0-py3-none-any.whl", "tokenizers-0.21.4-cp39-abi3-manylinux2014_x86_64.whl",
-                 "huggingface_hub-0.36.2-py3-none-any.whl"):
-        (wheels / name).write_bytes(b"")
-    tok = tmp / "gpt2"
-    tok.mkdir()
-    (tok / "vocab.json").write_text("{}")
-    (tok / "merges.txt").write_text("")
-    return ["--fast-dllm", str(fd), "--peer-wheels", str(wheels), "--tokenizer-dir", str(tok),
-            "--out", str(tmp / "results"), "--work-dir", str(tmp / "work")]
 
 
 def _lines(out: str) -> dict[str, str]:
@@ -46,7 +28,7 @@ def _lines(out: str) -> dict[str, str]:
 
 
 def test_the_default_run_pretrains_then_tunes_from_that_checkpoint_and_scores_the_tuned_model(tmp_path, capsys):
-    rc = fast_sampling.main(["--dry", *_present(tmp_path)], probe=lambda python: None)
+    rc = fast_sampling.main(["--dry", *kit.suite_inputs(tmp_path)], probe=lambda python: None)
     out, err = capsys.readouterr()
     assert rc == 0, err
     names = [line.split(":", 1)[0] for line in out.splitlines()]
@@ -76,7 +58,7 @@ def test_the_default_run_pretrains_then_tunes_from_that_checkpoint_and_scores_th
 
 
 def test_the_sft_rows_keep_the_spec_length_unless_given_and_a_missing_sft_spec_is_named(tmp_path, capsys):
-    flags = _present(tmp_path)
+    flags = kit.suite_inputs(tmp_path)
     assert fast_sampling.main(["--dry", "--gen-length", "64", "--steps", "64", *flags], probe=lambda p: None) == 0
     lines = _lines(capsys.readouterr().out)
     assert "--seq-length 24" in lines["data-sft-train"] and "train.seq_length=24" in lines["compile-sft"]
@@ -170,7 +152,7 @@ def test_the_chain_waits_for_the_background_sft_data_and_goes_on_from_a_stopped_
     monkeypatch.setattr(fast_sampling, "plan", lambda args, w, out: [(n, c + [str(tmp_path / "sigterm")], e)
                                                                      if n == "train" else (n, c, e) for n, c, e in steps])
     monkeypatch.setattr(fast_sampling, "STOP_GRACE_S", 10.0)
-    flags = _present(tmp_path)
+    flags = kit.suite_inputs(tmp_path)
     rc = fast_sampling.main([*flags, "--train-timeout-s", "3", "--budget-s", "300", "--measure-reserve-s", "20"],
                             probe=lambda p: None)
     out = capsys.readouterr().out
