@@ -524,7 +524,6 @@ class GPTBlockLogits:
             self.cached_steps += 1
         return out
 
-
     def _block_columns(self, start: int, end: int, device: Any) -> Tensor:
         """``LongTensor[end - start]``: the block's canvas columns (the graphs' static index input),
         made once per block."""
@@ -563,11 +562,6 @@ class GPTBlockLogits:
                              on_replay=replayed if self.cache != "none" else None)
             if graphs.fallback is not None:  # the capture failed: this call ran eager (its keys are eager)
                 self._refresh_entry = None
-                if self.cache != "none":
-                    self.refreshes += 1
-                    self._state = {"shape": (b, length)}
-                self.logit_rows = b * width
-                return out
             if self.cache != "none":
                 self.refreshes += 1
                 self._state = {"shape": (b, length)}

@@ -77,7 +77,6 @@ def cuda_graph_unsupported(model: Any, *, tensor_model_parallel_size: int = 1) -
     params = getattr(model, "parameters", None)
     if callable(params) and any(type(p).__name__ == "DTensor" or hasattr(p, "_local_tensor") for p in params()):
         return "parameters are DTensors (FSDP2): their gathers run outside any graph; the forward runs eager"
-    params = getattr(model, "parameters", None)
     first = next(iter(params()), None) if callable(params) else None
     if first is None or first.device.type != "cuda":
         where = "no parameters" if first is None else f"parameters on {first.device.type}"
@@ -160,7 +159,7 @@ def _external_reads(fn: Callable[[], Any]) -> tuple[Any, List[Tensor]]:
     def ptr(t: Tensor) -> int:
         try:
             return t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
+        except (RuntimeError, NotImplementedError):  # a tensor without a storage (meta, sparse): none to keep alive
             return 0
 
     class Reads(TorchDispatchMode):

@@ -181,7 +181,7 @@ class MaskedEstimator(abc.ABC):
         coefficients stay outside the exponential. Exponentiating the weighted estimate instead gives
         ``exp(c (log p - log p_old))``, a ratio and a k3 KL raised to the power ``c`` (``"coupled"``:
         up to ``(T+1)/2``), whose KL spikes (1e5 and more) swamp the reward's gradient."""
-        total, weight, conditional = self._views(model_fn, prompt, completion, completion_mask, mask_id=mask_id,
+        _, weight, conditional = self._views(model_fn, prompt, completion, completion_mask, mask_id=mask_id,
                                                  generator=generator, prompt_mask_prob=prompt_mask_prob)
         return conditional, weight
 

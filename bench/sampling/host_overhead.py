@@ -393,8 +393,7 @@ def d1_loop_record(model: Any, prompts: List[List[int]], vocab: int, repeats: in
     comparison is ``d1_rollout.py``'s."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench" / "sampling"))
-    from d1_rollout import d1_generate
+    from d1_rollout import d1_generate  # bench/sampling/ is on the path (module top)
 
     from dlmspec.backends.generate.models import gpt_logits_fn
 

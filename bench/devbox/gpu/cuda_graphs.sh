@@ -66,17 +66,11 @@ trap finish EXIT
 
 src=/tmp/cuda-graphs-src
 [ "$dry" = 1 ] && src=$OUT/dry-src
-rm -rf "$src" && mkdir -p "$src"
-cp -r dlmspec "$src/dlmspec" && cp -r backends "$src/dlmspec/backends" && cp -r templates "$src/dlmspec/templates" \
-  && cp -r specs "$src/dlmspec/specs"
+. bench/devbox/gpu/package_src.sh  # this checkout as the installed package, first on the path
+package_src "$src" "$dry"
 if [ "$dry" = 1 ]; then
-  PY=${PY:-$repo/.venv/bin/python}
-  [ -x "$PY" ] || PY=python3
-  export PYTHONPATH=$src
   host=(--dry --device cpu --stand-in-graphs)
 else
-  PY=${PY:-python3}
-  export PYTHONPATH=$src:${PYTHONPATH:-}
   host=(--device cuda --bf16 --layers 12 --hidden 768 --heads 12 --vocab 50304 --repeats "$REPEATS")
 fi
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 DLMSPEC_PYTHON=$PY

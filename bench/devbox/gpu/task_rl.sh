@@ -134,17 +134,8 @@ limit() { local want=$1 l; l=$(( $(left) - 15 )); echo $(( want < l ? want : l )
 # this checkout as the installed package (package-dir of pyproject.toml), first on the path
 src=${SRC:-/tmp/task-rl-src}
 [ "$dry" = 1 ] && src=$OUT/dry-src
-rm -rf "$src" && mkdir -p "$src"
-cp -r dlmspec "$src/dlmspec" && cp -r backends "$src/dlmspec/backends" && cp -r templates "$src/dlmspec/templates" \
-  && cp -r specs "$src/dlmspec/specs"
-if [ "$dry" = 1 ]; then
-  PY=${PY:-$repo/.venv/bin/python}
-  [ -x "$PY" ] || PY=python3
-  export PYTHONPATH=$src
-else
-  PY=${PY:-python3}
-  export PYTHONPATH=$src:${PYTHONPATH:-}
-fi
+. bench/devbox/gpu/package_src.sh
+package_src "$src" "$dry"
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 DLMSPEC_PYTHON=$PY
 dl() { "$PY" -m dlmspec.cli "$@"; }
 
