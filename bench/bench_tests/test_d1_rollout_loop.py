@@ -176,6 +176,9 @@ def test_d1_side_on_the_export_gives_dlmspecs_greedy_tokens_and_the_report_score
     report = json.loads((tmp_path / "report.json").read_text())
     # the same model (fp32 on CPU) and rule: d1's greedy loop gives dlmspec's greedy tokens
     assert report["greedy_agreement"]["tokens"] == 1.0 and report["greedy_agreement"]["n"] == 6
-    assert set(report["tokens_per_second"]) == {"dlmspec/rl-rollout", "d1/whole-batch", "d1/generation-batch"}
+    assert set(report["tokens_per_second"]) == {"dlmspec/rl-rollout", "dlmspec/rl-rollout-eager", "d1/whole-batch",
+                                                "d1/generation-batch"}
+    # the rollout timed again with [generate] cuda_graph = false (on the CPU both are eager): the same greedy tokens
+    assert report["cuda_graph_greedy_tokens_equal_eager"] is True
     assert report["ratio_over_fastest_d1"] > 0 and isinstance(report["target_met"], bool)
     assert {s: r["n"] for s, r in report["rollout_exact_match"].items()} == {"dlmspec": 6, "d1": 6}
