@@ -28,7 +28,16 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
   quarter with full recomputation, which repeats the forward), and every call, cached or not, a
   third of one microbatch's kernel launches (a sampler call is one call over all the rank's rows:
   a small model's calls are launch-bound, and a cached call launches as many kernels). Rollout time
-  = ``(equivalents x forward compute + calls x launches) / mu``.
+  = ``(equivalents x forward compute + calls x launches) / mu``. With ``[generate] cuda_graph``
+  (the default) the sampler replays the forward as a CUDA graph (backends/generate/cuda_graphs.py)
+  where it can (:func:`graph_fallback`: a diffusion rollout at TP 1, without FSDP, overlapped
+  parameter gathers or ``compile``): a replay has no host launch work, and each of the forward's
+  kernels (a third of one microbatch's, as above) costs the GPU only its floor,
+  ``Calibration.gpu_seconds_per_kernel``. The sampler's own work per call (its ~20 launches, about
+  1.5 ms of host time a step on an H100 host, and its passes over the block's logits) is not
+  priced: on one H100 the addition spec's rollout batch (128 rows, 8 calls) took 52.9 ms with
+  graphs, where this term gives 38 ms at the spec's 32-position canvas (the run's was 24), and 124 ms eager
+  (``bench/results/rl/2026-12-07-h100-rollout-cuda-graphs-vs-d1.json``).
 * **Scoring** (``rl_scoring``): the estimator's forward passes per log-probability (one-step and
   ar: 1; coupled: 2, DiffuCoder's complementary pair; mc-elbo: K). The policy's own training pass
   is one forward and backward of the base step; the other ``n - 1`` passes also run backward (a
@@ -61,7 +70,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dlmspec.plan.memory import StageMemoryTerm, StageTermInputs, register_stage_memory_term
+from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
+from dlmspec.plan.launches import kernels_per_microbatch
+from dlmspec.plan.memory import (StageMemoryTerm, StageTermInputs, register_stage_memory_term,
+                                 stage_layer_counts)
 from dlmspec.plan.shape import Layout, ModelShape, input_length
 from dlmspec.plan.time import StageTimeTerm, register_stage_time_term
 
@@ -71,7 +83,8 @@ RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "el
                                "grpo_prompts_per_step": 8, "ref_model_sync_steps": 64}
 #: ``[generate]`` defaults the planner reads (as :class:`dlmspec.spec.models.GenerateSpec`).
 GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "block_length": 128, "cfg_scale": 0.0,
-                                     "remasking": "low_confidence", "cache": "none", "cache_refresh": None}
+                                     "remasking": "low_confidence", "cache": "none", "cache_refresh": None,
+                                     "cuda_graph": True, "compile": False}
 #: The algorithm's estimator (backends/rl/stage.py ALGORITHM_ESTIMATOR).
 ALGORITHM_ESTIMATOR = {"diffu-grpo": "one-step", "coupled-grpo": "coupled", "grpo": "ar"}
 #: Estimators whose rollouts decode left to right (exact token log-probabilities of an
@@ -164,12 +177,38 @@ def _forward(breakdown: dict[str, float], lay: Layout | None = None) -> float:
     return compute + launches
 
 
-def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float]) -> float:
+def graph_fallback(options: dict[str, Any], lay: Layout) -> str | None:
+    """Why the rollout sampler's forward runs eager under ``[generate] cuda_graph``, or ``None``
+    when it replays as a CUDA graph (the runtime's rule: backends/generate/cuda_graphs.py
+    ``cuda_graph_unsupported``, and the AR sampler, which calls the model eager)."""
+    gen = options["generate"]
+    if not gen.get("cuda_graph", True):
+        return "[generate] cuda_graph = false"
+    if not diffusion_rollout(options):
+        return "the AR sampler calls the model eager"
+    if gen.get("compile"):
+        return "[generate] compile = true (torch.compile's own graphs)"
+    if lay.tp > 1:
+        return f"tensor_model_parallel_size = {lay.tp}"
+    if lay.fsdp != "none":
+        return f"fsdp = {lay.fsdp!r}"
+    if lay.overlap_param_gather:
+        return "overlap_param_gather"
+    return None
+
+
+def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float], *,
+                    calib: Calibration | None = None) -> float:
     """Rollout time per optimizer step: ``(equivalents x forward compute + calls x launches) /
-    grpo_iterations`` (module docstring)."""
+    grpo_iterations``, ``launches`` a CUDA graph's per-kernel GPU floor where the forward is
+    replayed as one (module docstring)."""
     options = rl_options(shape)
     schedule = sampler_schedule(options, input_length(shape, lay))
     compute, launches = _forward_parts(breakdown, lay)
+    if graph_fallback(options, lay) is None:
+        floor = (calib or DEFAULT_CALIBRATION).gpu_seconds_per_kernel
+        counts = stage_layer_counts(shape, lay, 0)
+        launches = kernels_per_microbatch(shape, lay, counts, 0) / 3.0 * floor
     return (schedule["equivalents"] * compute + schedule["calls"] * launches) / int(options["grpo_iterations"])
 
 
@@ -222,7 +261,8 @@ def reference_checkpoint(options: dict[str, Any], *, parameters: int, dtype: str
     return float(parameters) * (4 if dtype == "fp32" else 2), first
 
 
-register_stage_time_term("rl", StageTimeTerm("rl_rollout", "rollouts (sampler forward passes)", rollout_seconds))
+register_stage_time_term("rl", StageTimeTerm("rl_rollout", "rollouts (sampler forward passes)", rollout_seconds,
+                                             calibrated=True))
 register_stage_time_term("rl", StageTimeTerm("rl_scoring", "estimator, rollout-policy and reference passes",
                                              scoring_seconds))
 register_stage_memory_term("rl", StageMemoryTerm("rl_reference", "frozen reference model (grpo_kl_beta > 0)",
@@ -243,6 +283,8 @@ class RLPlan:
         cache: the rollout sampler's ``[generate] cache``.
         cached_query_columns: columns a cached call runs (mean; 0 without a cache).
         attended_keys: keys each query attends per call.
+        cuda_graph_fallback: why the rollout's forward is priced eager (:func:`graph_fallback`),
+            ``None`` when it is priced as a CUDA-graph replay.
         estimator_passes: forward passes per log-probability.
         rollout_seconds: one rollout batch (``rl_rollout x mu``).
         step_seconds: one optimizer step (rollout share included).
@@ -276,6 +318,7 @@ class RLPlan:
     attended_keys: float = 0.0
     reference_checkpoint_bytes: float = 0.0
     reference_checkpoint_from: int | None = None
+    cuda_graph_fallback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``rl`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys as the attributes)."""
@@ -314,6 +357,7 @@ def rl_plan(plan: Any, *, init_from: bool = False) -> RLPlan | None:
         sampler_calls=float(schedule["calls"]), cache=str(schedule["cache"]),
         cached_query_columns=float(schedule["query_columns"]), attended_keys=float(schedule["attended_keys"]),
         reference_checkpoint_bytes=ckpt_bytes, reference_checkpoint_from=ckpt_from,
+        cuda_graph_fallback=graph_fallback(options, lay),
     )
 
 
@@ -325,7 +369,9 @@ def rl_lines(rl: RLPlan) -> list[str]:
         f"{rl.rollout_batches:,} rollout batches, {rl.prompts_seen:,} prompts, {rl.completions:,} completions",
         f"rollout: {rl.sampler_calls:,.0f} sampler calls ({rl.cache} cache"
         + (f": cached calls run {rl.cached_query_columns:,.0f} of {rl.attended_keys:,.0f} columns" if rl.cached_query_columns else "")
-        + f") = {rl.sampler_passes:,.1f} sampler passes of the whole sequence, {rl.rollout_seconds:.2f} s per rollout batch "
+        + f") = {rl.sampler_passes:,.1f} sampler passes of the whole sequence"
+        + (", the forward a CUDA graph" if rl.cuda_graph_fallback is None else f", the forward eager ({rl.cuda_graph_fallback})")
+        + f", {rl.rollout_seconds:.2f} s per rollout batch "
         f"({100 * rl.rollout_share:.0f}% of the {rl.step_seconds:.2f} s step); sampler logits "
         f"{rl.rollout_logits_bytes / gib:.1f} GiB per GPU while sampling (not in the training peak)",
         (f"reference model: {rl.reference_bytes / gib:.1f} GiB per GPU; "

@@ -72,12 +72,16 @@ class StageTimeTerm:
         label: what it is.
         seconds: ``(shape, layout, breakdown) -> seconds`` per step, ``breakdown`` being the
             step's :data:`TIME_TERMS` seconds (e.g. a forward pass: a third of ``gemm``,
-            ``attention`` and ``elementwise``, whose backward is twice the forward).
+            ``attention`` and ``elementwise``, whose backward is twice the forward); with
+            ``calibrated`` it is also passed the plan's :class:`Calibration` as ``calib=``.
+        calibrated: pass ``calib`` (a term that needs a calibration constant, e.g. the GPU's
+            per-kernel floor).
     """
 
     name: str
     label: str
-    seconds: Callable[[ModelShape, Layout, dict[str, float]], float]
+    seconds: Callable[..., float]
+    calibrated: bool = False
 
 
 #: ``[stage] kind`` -> its time terms (:func:`register_stage_time_term`); pre-training and SFT
@@ -530,7 +534,8 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     b["host_sync"] += step_syncs * calib.host_sync_seconds * hs
     b["step_overhead"] = calib.step_overhead_seconds
     for term in STAGE_TIME_TERMS.get(shape.stage_kind, ()):  # the training stage's own work (after TIME_TERMS)
-        b[term.name] = float(term.seconds(shape, lay, dict(b)))
+        extra = {"calib": calib} if term.calibrated else {}
+        b[term.name] = float(term.seconds(shape, lay, dict(b), **extra))
     step = sum(b.values())
 
     # Linear features of the fitted constants (bench/plan/calibrate.py): seconds at 100% of

@@ -16,7 +16,8 @@ from dlmspec.spec.load import load
 DEMO = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
 RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
       "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=0.9",
-      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300"]
+      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300",
+      "generate.cuda_graph=false"]  # the eager forward's pricing (CUDA-graph rollouts: test_plan_rl_rollout_cuda_graphs.py)
 
 
 def plan(*extra: str):

@@ -17,7 +17,8 @@ SPECS = Path(__file__).resolve().parents[3] / "specs"
 #: bench/results/rl/2026-12-06-h100-{diffu,coupled}-grpo.json).
 H100_RUN = ['cluster.gpus_per_node=1', 'cluster.gpu="h100"', 'model.qk_layernorm=false', 'train.train_iters=186',
             'checkpoint.save_interval=186', 'logging.log_interval=2', 'train.eval_interval=186',
-            'train.lr_decay_style="constant"']
+            'train.lr_decay_style="constant"',
+            'generate.cuda_graph=false']  # those runs' rollouts predate CUDA graphs: the forward ran eager
 
 
 def _plan(name: str, *extra: str):

@@ -17,7 +17,8 @@ DEMO = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
 # seq 512 (demo-dlm), a completion of 128 in 4 blocks of 32, 64 steps: 16 per block
 RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
       "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=0.9",
-      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300"]
+      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300",
+      "generate.cuda_graph=false"]  # the eager forward's pricing (CUDA-graph rollouts: test_plan_rl_rollout_cuda_graphs.py)
 
 
 def plan(*extra: str):
