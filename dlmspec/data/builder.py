@@ -15,8 +15,13 @@ from dlmspec.files import create_exclusive
 __all__ = ["exclusive_builder", "indexed_dataset_classes"]
 
 
+#: What :func:`indexed_dataset_classes` returned, for its later calls in this process.
+_CLASSES: list[tuple[Any, Any]] = []
+
+
 def indexed_dataset_classes() -> tuple[Any, Any]:
-    """megatron-core's ``DType`` and ``IndexedDatasetBuilder``, importing only what their module needs.
+    """megatron-core's ``DType`` and ``IndexedDatasetBuilder``, importing only what their module needs
+    (once a process: later calls return the same classes).
 
     ``megatron/core/__init__.py`` imports most of the library (tensor_parallel, transformer,
     inference, wandb): ~4.5 s of CPU, where ``megatron.core.datasets.indexed_dataset`` needs ~0.6 s
@@ -27,6 +32,13 @@ def indexed_dataset_classes() -> tuple[Any, Any]:
     returned keep their own modules). Where that import fails (another megatron-core layout), the
     full import is used; where megatron-core or torch is missing, that import raises the ImportError.
     """
+    if _CLASSES:
+        return _CLASSES[0]
+    _CLASSES.append(_import_indexed_dataset_classes())
+    return _CLASSES[0]
+
+
+def _import_indexed_dataset_classes() -> tuple[Any, Any]:
     import importlib.util
     import sys
     import types
