@@ -11,64 +11,39 @@ from typing import Any, Sequence
 
 from dlmspec.data.errors import DataPrepareError
 from dlmspec.files import create_exclusive
+from dlmspec.data.megatron_light import without_megatron_core_init
 
 __all__ = ["exclusive_builder", "indexed_dataset_classes"]
 
 
-#: What :func:`indexed_dataset_classes` returned, for its later calls in this process.
-_CLASSES: list[tuple[Any, Any]] = []
+#: The classes :func:`indexed_dataset_classes` imported without megatron-core's ``__init__``, for its
+#: later calls in this process.
+_LIGHT: list[tuple[Any, Any]] = []
 
 
 def indexed_dataset_classes() -> tuple[Any, Any]:
-    """megatron-core's ``DType`` and ``IndexedDatasetBuilder``, importing only what their module needs
-    (once a process: later calls return the same classes).
-
-    ``megatron/core/__init__.py`` imports most of the library (tensor_parallel, transformer,
-    inference, wandb): ~4.5 s of CPU, where ``megatron.core.datasets.indexed_dataset`` needs ~0.6 s
-    beyond torch. So, when ``megatron.core`` is not imported yet, a bare package of the same folder
-    stands in for it while that module and what it imports load (``parallel_state`` first, as the
-    library's ``__init__`` orders them); then the stand-in and those modules leave ``sys.modules``,
-    so that a later ``import megatron.core`` runs the library's ``__init__`` in full (the classes
-    returned keep their own modules). Where that import fails (another megatron-core layout), the
-    full import is used; where megatron-core or torch is missing, that import raises the ImportError.
-    """
-    if _CLASSES:
-        return _CLASSES[0]
-    _CLASSES.append(_import_indexed_dataset_classes())
-    return _CLASSES[0]
-
-
-def _import_indexed_dataset_classes() -> tuple[Any, Any]:
-    import importlib.util
+    """megatron-core's ``DType`` and ``IndexedDatasetBuilder``: those of the process's
+    ``megatron.core.datasets.indexed_dataset`` when it is imported; else imported without the
+    library's ``__init__`` (:func:`dlmspec.data.megatron_light.without_megatron_core_init`: the
+    writer's module and what it imports, ~2.5 s of CPU less), once a process. Where that import
+    fails (another megatron-core layout), the full import is used; where megatron-core or torch is
+    missing, that import raises the ImportError."""
     import sys
-    import types
 
-    if "megatron.core" not in sys.modules:
-        before = set(sys.modules)
-        stand_in = types.ModuleType("megatron.core")
-        classes = None
-        try:
-            found = importlib.util.find_spec("megatron.core")
-            if found is not None and found.submodule_search_locations:
-                stand_in.__path__ = list(found.submodule_search_locations)
-                sys.modules["megatron.core"] = stand_in
-                import megatron.core.parallel_state  # noqa: F401  (before utils: the library's import cycle)
-                from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+    module = sys.modules.get("megatron.core.datasets.indexed_dataset")
+    if module is not None:  # the library's own (the light import leaves none behind)
+        return module.DType, module.IndexedDatasetBuilder
+    if not _LIGHT:
+        with without_megatron_core_init() as light:
+            if light:
+                try:
+                    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
-                classes = (DType, IndexedDatasetBuilder)
-        except Exception:  # noqa: BLE001 - the full import below decides (and raises what is missing)
-            classes = None
-        finally:
-            for name in set(sys.modules) - before:
-                if name == "megatron.core" or name.startswith("megatron.core."):
-                    del sys.modules[name]
-            if sys.modules.get("megatron.core") is stand_in:
-                del sys.modules["megatron.core"]
-            parent = sys.modules.get("megatron")
-            if parent is not None and getattr(parent, "core", None) is stand_in:
-                delattr(parent, "core")
-        if classes is not None:
-            return classes
+                    _LIGHT.append((DType, IndexedDatasetBuilder))
+                except Exception:  # noqa: BLE001 - the full import below decides
+                    pass
+    if _LIGHT:
+        return _LIGHT[0]
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     return DType, IndexedDatasetBuilder
