@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-import shared_kit
-from cpu_world_kit import gloo_world  # noqa: F401 (a fixture every test can ask for)
+# One OpenMP thread a process, for the test processes and every process they start, unless set:
+# under ``-n auto`` each core runs a worker, and torch's default of a thread per core
+# oversubscribes them (threads spinning for each other). The compiled launch.sh defaults to the same.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+import shared_kit  # noqa: E402
+from cpu_world_kit import gloo_world  # noqa: E402, F401 (a fixture every test can ask for)
 
 
 #: Tests that hold a machine-wide resource (a SLURM cluster, two-rank gloo worlds, torchrun's

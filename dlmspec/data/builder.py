@@ -11,8 +11,42 @@ from typing import Any, Sequence
 
 from dlmspec.data.errors import DataPrepareError
 from dlmspec.files import create_exclusive
+from dlmspec.data.megatron_light import without_megatron_core_init
 
-__all__ = ["exclusive_builder"]
+__all__ = ["exclusive_builder", "indexed_dataset_classes"]
+
+
+#: The classes :func:`indexed_dataset_classes` imported without megatron-core's ``__init__``, for its
+#: later calls in this process.
+_LIGHT: list[tuple[Any, Any]] = []
+
+
+def indexed_dataset_classes() -> tuple[Any, Any]:
+    """megatron-core's ``DType`` and ``IndexedDatasetBuilder``: those of the process's
+    ``megatron.core.datasets.indexed_dataset`` when it is imported; else imported without the
+    library's ``__init__`` (:func:`dlmspec.data.megatron_light.without_megatron_core_init`: the
+    writer's module and what it imports, ~2.5 s of CPU less), once a process. Where that import
+    fails (another megatron-core layout), the full import is used; where megatron-core or torch is
+    missing, that import raises the ImportError."""
+    import sys
+
+    module = sys.modules.get("megatron.core.datasets.indexed_dataset")
+    if module is not None:  # the library's own (the light import leaves none behind)
+        return module.DType, module.IndexedDatasetBuilder
+    if not _LIGHT:
+        with without_megatron_core_init() as light:
+            if light:
+                try:
+                    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+
+                    _LIGHT.append((DType, IndexedDatasetBuilder))
+                except Exception:  # noqa: BLE001 - the full import below decides
+                    pass
+    if _LIGHT:
+        return _LIGHT[0]
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+
+    return DType, IndexedDatasetBuilder
 
 
 def _create_new(path: str) -> os.stat_result:

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 from rich.console import Console
 
-from dlmspec.data.builder import exclusive_builder
+from dlmspec.data.builder import exclusive_builder, indexed_dataset_classes
 from dlmspec.data.encode import ChunkEncoder, EncodeConfig, EncodedKey
 from dlmspec.credentials import redact_text
 from dlmspec.data.errors import DataPrepareError
@@ -181,7 +181,7 @@ def load_runtime() -> tuple[Any, Any, Any]:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron-core's import-time warnings (Apex, TE)
-            from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+            DType, IndexedDatasetBuilder = indexed_dataset_classes()  # megatron-core's writer, lightly imported
     except ImportError as exc:
         module = (exc.name or "").split(".")[0] or "?"
         provider = RUNTIME_MODULES.get(module, module)

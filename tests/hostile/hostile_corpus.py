@@ -898,39 +898,67 @@ def all_cases(base: Path, seed: int = 0, *, checkpoints: bool = True) -> list[Ca
     return cases
 
 
-def subset(cases: list[Case], seed: int = 0, *, extra_controls: bool = False) -> list[Case]:
-    """At least one case per surface and per hostile class, drawn with ``seed``: one hostile case
-    per surface, then for each class not yet covered one case of a surface that has it, preferring
-    cheap surfaces (no checkpoints) and spreading over surfaces. ``extra_controls``: also the
-    benign control of each surface (so a command line the CLI rejects cannot pass by exiting 2),
-    of the surfaces that need the torch checkpoints only the first (they cost ~6 s of CPU each)."""
+#: The committed run of the whole corpus (``bench/hostile/run_corpus.py``): each case's wall time
+#: there ranks what a case costs (:func:`cost`).
+MEASURED = HERE.parents[1] / "bench" / "results" / "hostile_corpus.json"
+
+
+def measured_walls(path: Path = MEASURED) -> dict[str, float]:
+    """Each case's wall time in the committed corpus run, by id (empty when unreadable)."""
+    try:
+        return {r["id"]: float(r["wall_s"]) for r in json.loads(path.read_text(encoding="utf-8"))["cases"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def cost(case: Case, walls: dict[str, float]) -> int:
+    """What a case costs to run, in tiers from its wall time in the committed run (``walls``): 0
+    under 3 s, 1 under 10 s, 2 from 10 s (a 100,000-member sweep, a million-line metrics file);
+    a case not measured there: 1, 2 when it copies the torch checkpoints."""
+    wall = walls.get(case.id)
+    if wall is None:
+        return 2 if case.needs_checkpoints else 1
+    return 0 if wall < 3 else 1 if wall < 10 else 2
+
+
+def subset(cases: list[Case], seed: int = 0, *, extra_controls: bool = False,
+           walls: dict[str, float] | None = None) -> list[Case]:
+    """At least one case per surface and per hostile class, drawn with ``seed``, cheaply
+    (:func:`cost`, ``walls`` by default the committed run's): one hostile case per surface, of the
+    cheapest among those as cheap as any case of their class elsewhere (so a costly surface covers
+    a class only it has, as ``pickle`` on ``checkpoint``), then for each class not yet covered one
+    of its cheapest cases. ``extra_controls``: also the benign control of each surface (so a
+    command line the CLI rejects cannot pass by exiting 2), of the surfaces that need the torch
+    checkpoints only the first."""
+    walls = measured_walls() if walls is None else walls
     rng = random.Random(f"subset:{seed}")
     chosen: dict[str, Case] = {}
     by_surface: dict[str, list[Case]] = {}
     for case in cases:
         by_surface.setdefault(case.surface, []).append(case)
+    #: the least cost of a case of each class
+    cheapest: dict[str, int] = {}
+    for case in cases:
+        cheapest[case.hostile] = min(cheapest.get(case.hostile, 9), cost(case, walls))
     # one hostile case per surface
     for surface in SURFACES:
         pool = [c for c in by_surface.get(surface, []) if c.hostile != "control"]
         if pool:
-            pick = rng.choice(pool)
+            pool = [c for c in pool if cost(c, walls) <= cheapest[c.hostile]] or pool
+            least = min(cost(c, walls) for c in pool)
+            pick = rng.choice([c for c in pool if cost(c, walls) == least])
             chosen[pick.id] = pick
         if extra_controls:
             controls = [c for c in by_surface.get(surface, []) if c.hostile == "control"]
             heavy_done = any(c.hostile == "control" and c.needs_checkpoints for c in chosen.values())
             if controls and not (controls[0].needs_checkpoints and heavy_done):
                 chosen[controls[0].id] = controls[0]
-    # one case per hostile class, spread over surfaces, cheap ones first
+    # one case per hostile class not yet covered, of its cheapest
     for hostile in CLASSES:
         if any(c.hostile == hostile for c in chosen.values()):
             continue
         pool = [c for c in cases if c.hostile == hostile]
-        if not pool:
-            continue
-        cheap = [c for c in pool if not c.needs_checkpoints] or pool
-        used = {c.surface for c in chosen.values()}
-        fresh = [c for c in cheap if sum(d.surface == c.surface for d in chosen.values()) <= 1] or cheap
-        pick = rng.choice(fresh)
-        chosen[pick.id] = pick
-        del used
+        if pool:
+            pick = rng.choice([c for c in pool if cost(c, walls) == cheapest[hostile]])
+            chosen[pick.id] = pick
     return [c for c in cases if c.id in chosen]

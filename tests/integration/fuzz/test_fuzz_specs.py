@@ -15,7 +15,7 @@ imported dlmspec once) under a 2 GiB address-space limit, through ``dlmspec vali
 * have ``validate`` and ``compile`` exit alike and report the same issues (rule, key, severity).
 
 The cases are drawn from a fixed seed, so CI runs the same ones; ``DLMSPEC_FUZZ_SEED`` draws
-others, ``DLMSPEC_FUZZ_CASES`` changes how many (default 500: about 80 s on two cores) and
+others, ``DLMSPEC_FUZZ_CASES`` changes how many (default 500: about 30 s on two cores) and
 ``DLMSPEC_FUZZ_TYPED`` the share of typed mutations (default 0.6). A failure prints the case's
 seed, id and mutations, and keeps its spec file under the pytest temporary directory.
 """

@@ -1,8 +1,10 @@
 """Hostile files never crash, hang, blow up, run code, write through links or leak secrets.
 
 A seeded subset of the hostile-file corpus (tests/hostile/hostile_corpus.py: every file dlmspec reads
-besides the spec loader) with at least one case per surface and per hostile class, plus a benign
-control per surface (which must exit 0, so a command line the CLI rejects cannot pass by exiting
+besides the spec loader) with at least one case per surface and per hostile class, each drawn among
+the cheapest that cover it (by the wall times of the corpus's committed run,
+bench/results/hostile_corpus.json: no 100,000-member sweep where a 100-million-character prompt
+covers ``huge``), plus a benign control per surface (which must exit 0, so a command line the CLI rejects cannot pass by exiting
 2). Each case runs its commands as subprocesses of the venv's console script under a 2 GiB
 address-space limit and a 20 s timeout, in a folder of its own, and must: print no traceback,
 exit 0 or 2, finish in time, stay under 2 GiB, change no file outside its declared outputs (the

@@ -2,6 +2,7 @@
 router runs without Transformer Engine."""
 
 import os
+import select
 import subprocess
 import tempfile
 from pathlib import Path
@@ -123,8 +124,9 @@ def test_feed_close_lets_the_rank_exit(close):
     # at interpreter exit until the runner killed them. multiprocessing's exit hook SIGTERMs the
     # daemonic DataLoader workers (which ignore it) and joins them. MicrobatchFeed.close(),
     # called by train() on every way out, stops them first. Without it the process hangs, which
-    # shows the test exercises the real failure.
-    args = [sys.executable, "-c", _FEED_EXIT, "close" if close else "leave"]
+    # shows the test exercises the real failure: it has printed its result (unbuffered, -u), so
+    # only its exit is left, and 10 s later it has not exited.
+    args = [sys.executable, "-u", "-c", _FEED_EXIT, "close" if close else "leave"]
     if close:
         result = subprocess.run(args, capture_output=True, text=True, timeout=120, start_new_session=True)
         assert result.returncode == 0, result.stderr[-2000:]
@@ -132,8 +134,10 @@ def test_feed_close_lets_the_rank_exit(close):
         return
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline().strip() == b"1", "the rank did not reach its exit"
         with pytest.raises(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
+            proc.wait(timeout=10)
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()

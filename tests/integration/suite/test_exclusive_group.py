@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 GROUPED = "tests/integration/slurm/test_submit_chain.py"      # in EXCLUSIVE_MODULES, fake sbatch: fast
-FREE = "tests/unit/suite/test_suite_rules.py"                 # not grouped: work for the other worker
+FREE = "tests/unit/data/test_repetition_accounting.py"        # not grouped, 16 quick tests: work for the other worker
 
 
 def test_exclusive_tests_run_on_one_worker_under_loadgroup() -> None:
