@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from itertools import accumulate
 from typing import Any, Sequence
@@ -34,14 +35,12 @@ def indexed_dataset_classes() -> tuple[Any, Any]:
     if module is not None:  # the library's own (the light import leaves none behind)
         return module.DType, module.IndexedDatasetBuilder
     if not _LIGHT:
-        with without_megatron_core_init() as light:
+        # a light import that fails leaves _LIGHT empty: the full import below decides (and raises)
+        with without_megatron_core_init() as light, contextlib.suppress(Exception):
             if light:
-                try:
-                    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+                from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
-                    _LIGHT.append((DType, IndexedDatasetBuilder))
-                except Exception:  # noqa: BLE001 - the full import below decides
-                    pass
+                _LIGHT.append((DType, IndexedDatasetBuilder))
     if _LIGHT:
         return _LIGHT[0]
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
