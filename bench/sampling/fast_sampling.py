@@ -114,7 +114,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    help="the SFT chat template (default the SFT spec's [stage.sft] chat_template, else plain)")
     p.add_argument("--train-timeout-s", type=float, default=None,
                    help="stop the pre-training (SIGTERM: it saves a checkpoint) after this many seconds "
-                   "(default 110 with --stage sft, else only the budget)")
+                   "(default 150 with --stage sft, else only the budget: 400 iterations took 110 s with a 55 s start-up on an H100, bench/results/sampling/2026-12-07-h100-fast-*-undertrained.md)")
     p.add_argument("--sft-timeout-s", type=float, default=175.0,
                    help="the same for the SFT stage (default 175: 1,200 iterations and 12 scorings took 152 s on an H100)")
     p.add_argument("--task", default="addition-padded",
@@ -144,9 +144,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    "graphs): none/low_confidence, prefix/threshold, dual/threshold, after all the others")
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget-s", type=float, default=540, help="wall-clock budget of the whole run (default 540)")
-    p.add_argument("--measure-reserve-s", type=float, default=150,
+    p.add_argument("--measure-reserve-s", type=float, default=130,
                    help="seconds kept for the measurement and report: the steps before them (training) are stopped "
-                   "when they would eat into it (default 150; both measurements took ~90 s on an H100)")
+                   "when they would eat into it (default 130; both measurements took 90-115 s on an H100)")
     p.add_argument("--fast-dllm", default=str(ROOT / ".bench-peers" / "fast-dllm"), help="Fast-dLLM's files")
     p.add_argument("--peer-wheels", default=str(ROOT / ".bench-peers" / "wheels"), help="transformers 4.49.0 & co.")
     p.add_argument("--peer-site", default=None, help="where the peer wheels are installed (default WORK/peer-site)")
@@ -174,7 +174,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         if args.train_iters is None:
             args.train_iters = PRETRAIN_ITERS_BEFORE_SFT
         if args.train_timeout_s is None:
-            args.train_timeout_s = 110.0
+            args.train_timeout_s = 150.0
         if args.sft_seq_length is None:
             length = spec_table(args.sft_spec, "train", "seq_length")
             args.sft_seq_length = length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else 24
