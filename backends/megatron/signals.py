@@ -58,3 +58,53 @@ class ExitSignalWatcher:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+def shield_compile_workers(names: Sequence[str], *, cuda_only: bool = True) -> bool:
+    """Start torch inductor's compile-worker pool now, with the stop signals ``names`` ignored while
+    it starts, so that its processes keep that disposition and outlive a stop signal.
+
+    torchrun stops a worker with ``killpg`` (its whole process group) and SLURM signals every
+    process of a job step, so inductor's compile workers (a sidecar process and its pool, started
+    at the first ``torch.compile``, children of the training process) get the SIGTERM that the
+    training process only records (:class:`ExitSignalWatcher`). Without them a compile that comes
+    after the signal (a shape not seen yet: the generation evaluation's, a last short batch's) waits
+    on their results for ever, so the job hangs until SIGKILL and its save-and-exit is lost
+    (tests/integration/runtime/test_runtime_signals_moe.py shows both on CPU). An ignored disposition
+    survives ``exec``, so workers started under it live until the training process exits (inductor's
+    workers watch their parent and stop with it).
+
+    Args:
+        names: signal names, as :class:`ExitSignalWatcher`'s.
+        cuda_only: start the pool only where CUDA is available (the runtime compiles only there:
+            fused RoPE, compiled norms, FlexAttention); ``False`` for the CPU test.
+
+    Returns:
+        Whether the pool was started here: ``False`` without CUDA (with ``cuda_only``), where inductor
+        compiles in-process (one compile thread), or where its pool exists already (started before
+        this call; its workers then die with the signal as before).
+
+    Raises:
+        ValueError: for an unknown signal name.
+    """
+    signals = []
+    for name in names:
+        sig = getattr(signal, name, None)
+        if not isinstance(sig, signal.Signals):
+            raise ValueError(f"unknown signal {name!r}")
+        signals.append(sig)
+    if not signals or (cuda_only and not torch.cuda.is_available()):
+        return False
+    from torch._inductor import async_compile, config
+
+    pool = async_compile.AsyncCompile.process_pool  # functools.lru_cache(1): made once, on first use
+    threads = getattr(async_compile, "get_compile_threads", lambda: config.compile_threads)()
+    if not threads or threads <= 1 or not hasattr(pool, "cache_info") or pool.cache_info().currsize:
+        return False
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        pool()  # the sidecar starts now; its workers are its children
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return True

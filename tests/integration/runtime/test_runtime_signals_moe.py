@@ -141,3 +141,51 @@ def test_feed_close_lets_the_rank_exit(close):
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+_COMPILE_POOL_AFTER_GROUP_SIGTERM = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import torch._inductor.config as inductor_config
+    inductor_config.compile_threads = 2        # a pool, as on a GPU machine's many cores
+    from torch._inductor.async_compile import AsyncCompile
+    from dlmspec.backends.megatron.signals import ExitSignalWatcher, shield_compile_workers
+    shielded = sys.argv[1] == "shield"
+    watcher = ExitSignalWatcher(["SIGTERM"])   # as training.py installs it
+    if shielded:
+        assert shield_compile_workers(["SIGTERM"], cuda_only=False)
+    pool = AsyncCompile.process_pool()
+    assert pool.submit(abs, -1).result(timeout=60) == 1   # the workers run
+    os.killpg(os.getpgid(0), signal.SIGTERM)            # as torchrun and SLURM stop a rank
+    deadline = time.time() + 30
+    while watcher.received is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert watcher.received == "SIGTERM"
+    try:
+        print("answer", pool.submit(abs, -2).result(timeout=8))   # a compile after the signal
+    except Exception as exc:
+        print("no answer", type(exc).__name__)
+    """
+)
+
+
+@pytest.mark.parametrize("shield", ["shield", "none"])
+def test_compile_workers_outlive_a_group_sigterm_only_when_shielded(shield):
+    # Inductor's compile workers are children of the rank: a SIGTERM sent to the process group kills
+    # them unless they were started with it ignored (shield_compile_workers, which training.py calls
+    # after installing the watcher), and a compile after the signal then never gets its answer.
+    result = subprocess.run([sys.executable, "-c", _COMPILE_POOL_AFTER_GROUP_SIGTERM, shield], capture_output=True,
+                            text=True, timeout=180, start_new_session=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = "answer 2" if shield == "shield" else "no answer"
+    assert expected in result.stdout, (result.stdout, result.stderr[-2000:])
+
+
+def test_compile_worker_shield_needs_cuda_by_default_and_known_signals():
+    from dlmspec.backends.megatron.signals import shield_compile_workers
+
+    if not torch.cuda.is_available():
+        assert shield_compile_workers(["SIGTERM"]) is False  # the runtime compiles only on CUDA
+    assert shield_compile_workers([]) is False
+    with pytest.raises(ValueError, match="SIGNOPE"):
+        shield_compile_workers(["SIGNOPE"])
