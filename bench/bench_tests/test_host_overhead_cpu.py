@@ -47,3 +47,18 @@ def test_an_unknown_path_exits_2_naming_the_known_ones(tmp_path) -> None:
                          timeout=120, cwd=tmp_path)
     assert res.returncode == 2
     assert "--paths nope" in res.stderr and "low_confidence" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_profile_records_where_a_steps_host_time_goes(tmp_path) -> None:
+    out = tmp_path / "host.json"
+    res = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--profile", "--paths", "low_confidence_prefix",
+                          "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    prof = json.loads(out.read_text())["paths"]["low_confidence_prefix"]["profile"]
+    # on CPU there is no device time; the host table names the model's matmuls among its costliest ops
+    assert prof["device_ms_per_step"] is None and prof["device_busy_share"] is None and prof["top_device"] == []
+    assert prof["profiled_wall_ms_per_step"] > 0 and 1 <= len(prof["top_host"]) <= 10
+    ms = [t["ms"] for t in prof["top_host"]]
+    assert ms == sorted(ms, reverse=True) and all(t["calls"] >= 1 for t in prof["top_host"])
+    assert any(t["name"] in ("aten::mm", "aten::addmm", "aten::linear") for t in prof["top_host"])
+    assert "profiled:" in res.stdout

@@ -53,6 +53,9 @@ Usage::
     python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
         --vocab 50304 --batch 1 --repeats 10 --cuda-graph --d1-loop --out "$OUT/host-graphs-b1.json"
     python bench/sampling/host_overhead.py --dry --cuda-graph --stand-in-graphs --d1-loop   # the same, checked on CPU
+    # where a step's time goes at batch 32 (the GPU's busy time per step, the costliest kernels and host ops)
+    python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
+        --vocab 50304 --batch 32 --repeats 5 --cuda-graph --profile --out "$OUT/host-graphs-b32-profile.json"
     # one GPU call (~1-2 min): the 153M model's shape (12 x 768, 12 heads, GPT-2's padded vocabulary), bf16,
     # the RL rollout's batch, before (9284fc4) and after
     python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
@@ -289,11 +292,13 @@ class _Run:
 
 
 def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeats: int,
-             samplers: Dict[str, Any], device: str = "cpu", compile: bool = False) -> Dict[str, Dict[str, Any]]:
+             samplers: Dict[str, Any], device: str = "cpu", compile: bool = False,
+             profile: bool = False) -> Dict[str, Dict[str, Any]]:
     """One path's timing and counts (see the module docstring) for each of ``samplers`` (label ->
     a ``generate`` function, or ``(generate, {GenerateConfig overrides})``). The timed calls of the
     samplers alternate (one call of each per repeat), so a drift of the machine's speed falls on all
-    of them alike.
+    of them alike. With ``profile``, each record also holds :func:`profile_call`'s breakdown of one
+    more call.
 
     Returns:
         label -> the path's record.
@@ -343,6 +348,7 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
         with counting(counter):
             counted = run.sample(run.logits_fn, prompts, config, device=device)
         steps = out.steps
+        profiled = profile_call(run, prompts, config, device, steps) if profile else None
         wall = statistics.median(run.walls)
         forward = statistics.median(run.forwards)
         records[label] = {
@@ -355,6 +361,7 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
             "cuda_graph_fallback": getattr(out, "cuda_graph_fallback", None),
             "cuda_graphs": _graph_stats(run),
             "first_call_ms": 1e3 * captured[label],
+            **({"profile": profiled} if profiled is not None else {}),
             "tokens_sha": _digest(counted.sequences),
             "same_tokens_under_counting": bool(torch.equal(counted.sequences, out.sequences)),
             "wall_ms_per_call": 1e3 * wall,
@@ -373,6 +380,42 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
             "model_ops_by_name": dict(sorted(counter.model_op_names.items(), key=lambda kv: (-kv[1], kv[0]))),
         }
     return records
+
+
+def profile_call(run: "_Run", prompts: List[List[int]], config: Any, device: str, steps: int,
+                 top: int = 10) -> Dict[str, Any]:
+    """One more ``generate`` call under ``torch.profiler``: where a step's time goes.
+
+    Returns ``device_ms_per_step`` (the kernels' summed self time per step: the GPU's busy time,
+    overlaps aside; ``None`` on CPU), ``profiled_wall_ms_per_step`` (the call's wall time under the
+    profiler, which adds host time), ``device_busy_share`` (the first over the second: near 1 the
+    step waits on the GPU, near 0 on the host; ``None`` on CPU) and the ``top`` ops by self device time and by self
+    host time (``name``, ``ms`` over the call, ``calls``).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device != "cpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        run.sample(run.logits_fn, prompts, config, device=device)
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = list(prof.key_averages())
+
+    def device_us(e: Any) -> float:  # torch >= 2.4 names it self_device_time_total
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
+
+    def table(key: Any) -> List[Dict[str, Any]]:
+        ranked = sorted((e for e in events if key(e) > 0), key=key, reverse=True)[:top]
+        return [{"name": e.key, "ms": round(key(e) / 1e3, 4), "calls": int(e.count)} for e in ranked]
+
+    device_ms = sum(device_us(e) for e in events) / 1e3 if cuda else None
+    return {"device_ms_per_step": device_ms / steps if cuda else None, "profiled_wall_ms_per_step": 1e3 * wall / steps,
+            "device_busy_share": device_ms / (1e3 * wall) if cuda and wall > 0 else None,
+            "top_device": table(device_us) if cuda else [], "top_host": table(lambda e: float(e.self_cpu_time_total))}
 
 
 def _graph_stats(run: "_Run") -> Optional[Dict[str, Any]]:
@@ -458,6 +501,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--reference", action="store_true",
                    help="also run the sampler of commit 9284fc4 (tests/kits/sampler_reference_kit.py) on each path")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per path (median)")
+    p.add_argument("--profile", action="store_true", help="one more call per path and sampler under torch.profiler: "
+                   "the GPU's busy time per step and the ops that take most device and host time (the record's 'profile')")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: less noise on a shared machine)")
     args = p.parse_args(argv)
     paths = [s for s in args.paths.split(",") if s]
@@ -513,7 +558,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             samplers["reference"] = reference_generate()
         for name in paths:
             records = run_path(name, model, prompts, args.vocab, args.repeats, samplers, device=args.device,
-                               compile=args.compile)
+                               compile=args.compile, profile=args.profile)
             for where, r in records.items():
                 result.setdefault(where, {})[name] = r
                 label = {"paths": name, "graphs": f"{name} (cuda graphs)"}.get(where, f"{name} (9284fc4)")
@@ -523,6 +568,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"ops {r['ops_per_step']:6.1f} ({r['launch_ops_per_step']:5.1f} not views)/step  "
                       f"(model {r['model_launch_ops_per_step']:.0f})  "
                       f"{r['tokens_per_second']:9.0f} tok/s  tokens {r['tokens_sha']}", flush=True)
+                if "profile" in r:
+                    prof = r["profile"]
+                    busy = ("" if prof["device_ms_per_step"] is None
+                            else f"device {prof['device_ms_per_step']:7.3f} ms/step of ")
+                    where = "top_device" if prof["top_device"] else "top_host"
+                    print(f"{'':30s} profiled: {busy}{prof['profiled_wall_ms_per_step']:7.3f} ms/step; most "
+                          f"{where[4:]} time: " + ", ".join(f"{t['name']} {t['ms']:.2f} ms" for t in prof[where][:3]),
+                          flush=True)
             if args.cuda_graph:
                 eager, graphs = result["paths"][name], result["graphs"][name]
                 graphs["same_tokens_as_eager"] = graphs["tokens_sha"] == eager["tokens_sha"]

@@ -24,7 +24,10 @@
 #
 # The code run is this checkout's (laid out as the installed package, first on the path), not the carried
 # dlmspec wheel. Settings (environment): END_S (200: every step ends by then), TRAIN_ITERS (10),
-# ROLLOUT_MIN_S (100), REPEATS (6: timed calls per path).
+# ROLLOUT_MIN_S (100), REPEATS (6: timed calls per path), BATCHES ("1 128": step 1's batch sizes), PROFILE
+# (0; 1: step 1 also profiles one call per path and sampler, host_overhead.py --profile: the GPU's busy time
+# per step and the costliest kernels and host ops). Where a step's time goes at batch 32, alone (~1 min):
+#   BATCHES=32 PROFILE=1 ROLLOUT_MIN_S=100000 END_S=120 OUT=$OUT bash bench/devbox/gpu/cuda_graphs.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 repo=$PWD
@@ -35,9 +38,16 @@ END_S=${END_S:-200}
 TRAIN_ITERS=${TRAIN_ITERS:-10}
 ROLLOUT_MIN_S=${ROLLOUT_MIN_S:-100}
 REPEATS=${REPEATS:-6}
-for v in END_S TRAIN_ITERS ROLLOUT_MIN_S REPEATS; do
+BATCHES=${BATCHES:-1 128}
+PROFILE=${PROFILE:-0}
+for v in END_S TRAIN_ITERS ROLLOUT_MIN_S REPEATS PROFILE; do
   case "${!v}" in ''|*[!0-9]*) echo "cuda_graphs.sh: $v=${!v} is not a whole number" >&2; exit 2 ;; esac
 done
+for b in $BATCHES; do
+  case "$b" in ''|*[!0-9]*|0) echo "cuda_graphs.sh: BATCHES=\"$BATCHES\": whole numbers >= 1, e.g. BATCHES=\"1 128\"" >&2; exit 2 ;; esac
+done
+profile=()
+[ "$PROFILE" = 1 ] && profile=(--profile)
 START=$(date +%s)
 deadline=$(( START + END_S - 10 ))
 mkdir -p "$OUT"
@@ -75,12 +85,12 @@ else
 fi
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 DLMSPEC_PYTHON=$PY
 
-# 1. eager and CUDA graphs side by side, batch 1 and 128
+# 1. eager and CUDA graphs side by side, batch 1 and 128 (BATCHES)
 paths=rl,low_confidence,threshold,low_confidence_prefix,low_confidence_dual
-for b in 1 128; do
+for b in $BATCHES; do
   step "host-b$b" "$(limit 80)" "$PY" "$repo/bench/sampling/host_overhead.py" "${host[@]}" --batch "$b" --cuda-graph \
-    --d1-loop --paths "$paths" --out "$OUT/host-graphs-b$b.json"
-  grep -h "eager\|d1 loop\|differ" "$logs/host-b$b.log"
+    --d1-loop "${profile[@]}" --paths "$paths" --out "$OUT/host-graphs-b$b.json"
+  grep -h "eager\|d1 loop\|differ\|profiled" "$logs/host-b$b.log"
 done
 
 # 2. the RL rollout beside d1's loop on a checkpoint made in about a minute
