@@ -8,6 +8,7 @@ file to move and where to.
 from __future__ import annotations
 
 import _posixsubprocess
+import importlib.util
 import os
 import subprocess
 
@@ -16,6 +17,15 @@ import pytest
 
 class ProcessStarted(AssertionError):
     """A unit test started a process."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _matplotlib_font_cache():
+    """matplotlib builds its font cache on first import and runs ``fc-list`` to do it: built once per
+    session, before any test's guard, so the tests that draw (``dlmspec plot``, ``fit --plot``) pass
+    on a machine where matplotlib never ran."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.font_manager  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
