@@ -53,7 +53,7 @@ def _world_model_parallel(ctx: Context) -> Iterator[Finding]:
     if options:
         fix = with_layout(ctx, Fix({key: nearest(options, size)}))
         others = [o for o in options if o != fix.set[key]]
-        hint = (fix.text() + (f" (also {join(others)} fit)" if others else "")
+        hint = (fix.text() + _also(others, fix, r.world_size)
                 + f", or nodes * gpus_per_node a multiple of {product}")
     else:  # no size of the offending key fits: the fewest nodes whose GPUs TP*PP*CP divides
         nodes = product // math.gcd(product, c.gpus_per_node)
@@ -91,7 +91,7 @@ def _world_expert_parallel(ctx: Context) -> Iterator[Finding]:
     if options:
         fix = Fix({"parallel.expert_model_parallel_size": nearest(options, r.ep)})
         others = [o for o in options if o != fix.set["parallel.expert_model_parallel_size"]]
-        hint = fix.text() + (f" (also {join(others)} fit)" if others else "")
+        hint = fix.text() + _also(others, fix, r.world_size)
     else:
         fix = Fix({"parallel.expert_tensor_parallel_size": 1, "parallel.expert_model_parallel_size": 1})
         hint = fix.text()
@@ -287,3 +287,14 @@ def _fsdp_no_shard(ctx: Context) -> Iterator[Finding]:
                       "set parallel.data_parallel_sharding_strategy = 'optim_grads_params' (ZeRO-3), "
                       "or 'optim_grads' / 'optim'",
                       fix=Fix({"parallel.data_parallel_sharding_strategy": "optim_grads_params"}))
+
+
+def _also(others: list, fix: Fix, world_size: int) -> str:
+    """The other sizes that divide the GPU count, after a fix's text: " (also 1 or 4 fit)" when the
+    fix sets that size alone; when it also changes other keys (the global batch of
+    :func:`with_layout`), the others may need their own such change, so only what they divide is said."""
+    if not others:
+        return ""
+    if len(fix.set) > 1:
+        return f" (also {join(others)} divide the {world_size} GPUs)"
+    return f" (also {join(others)} fit)"

@@ -294,7 +294,8 @@ def read_point(run_dir: str, *, loss: str = "auto") -> RunPoint | Skipped:
     base = launch_dir(run_dir, logging_config.get("run_dir"))
     train = [r for r in log.events("train") if _number(r.get("tokens_seen")) and r["tokens_seen"] > 0]
     if not train:
-        return Skipped(run_dir, name, "no train record with tokens_seen (the run logged no training step)")
+        return Skipped(run_dir, name, "no train record with tokens_seen > 0 (the runtime logs the tokens "
+                       "trained so far in each train record; a run that logged no step has none)")
     tokens = int(train[-1]["tokens_seen"])
     flops_per_token = start.get("model_flops_per_token")
     if not _number(flops_per_token) or flops_per_token <= 0:

@@ -208,9 +208,15 @@ def _schema_issue(err: dict[str, Any], origins: dict[str, Origin], path: Path) -
         hint = f"write it without quotes: {key} = {text}"
         if not any(p.isdigit() for p in loc):
             fix = Fix({key: parsed})
+    elif kind == "list_type" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        message = "a list is expected, not a single value"
+        hint = f"write it as a list: {key} = [{json.dumps(value)}]"
+        if not any(p.isdigit() for p in loc):
+            fix = Fix({key: [value]})
     elif kind.startswith(("int_", "float_", "bool_", "string_")) or kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         hint = message[0].lower() + message[1:]
-        example = _example_value(tagged, kind, err.get("ctx") or {})
+        ctx = err.get("ctx") or {}
+        example = _example_value(tagged, kind, ctx, sign_typo=_sign_typo(value, kind, ctx))
         if example is not None:
             hint += f", e.g. {loc[-1]} = {example}"
             if example != '"..."' and not any(p.isdigit() for p in loc):
@@ -286,9 +292,21 @@ def preset_hint(name: str) -> str:
     return f"use one of {', '.join(names)}"
 
 
-def _example_value(loc: list[str], kind: str, ctx: dict[str, Any]) -> str | None:
+def _sign_typo(value: Any, kind: str, ctx: dict[str, Any]) -> str | None:
+    """The written number without its minus sign, in TOML, when that passes a lower bound the
+    written one fails (``hidden_size = -768``: ``768``, not the bound's ``1``); else ``None``."""
+    bound = ctx.get("gt", ctx.get("ge"))
+    if (kind not in ("greater_than", "greater_than_equal") or isinstance(value, bool)
+            or not isinstance(value, (int, float)) or not isinstance(bound, (int, float)) or value >= 0):
+        return None
+    flipped = -value
+    return json.dumps(flipped) if (flipped > bound if kind == "greater_than" else flipped >= bound) else None
+
+
+def _example_value(loc: list[str], kind: str, ctx: dict[str, Any], sign_typo: str | None = None) -> str | None:
     """A value that passes the field at ``loc``, in TOML: its default when that is a plain
-    value within the violated bound, else the bound itself (or the next integer past it)."""
+    value within the violated bound, else ``sign_typo`` (:func:`_sign_typo`) when given, else the
+    bound itself (or the next integer past it)."""
     import json
 
     model = _model_at(loc[:-1])
@@ -302,6 +320,8 @@ def _example_value(loc: list[str], kind: str, ctx: dict[str, Any]) -> str | None
                   "less_than": default < bound, "less_than_equal": default <= bound}.get(kind, True)
         if ok:
             return json.dumps(default)
+    if sign_typo is not None:
+        return sign_typo
     if isinstance(bound, (int, float)) and not isinstance(bound, bool):
         if kind == "greater_than":
             return json.dumps(bound + 1 if isinstance(bound, int) else bound * 2 or 1.0)

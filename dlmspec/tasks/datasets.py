@@ -118,8 +118,8 @@ def gpt2_files(folder: str | os.PathLike) -> Tuple[str, str]:
             regular file.
     """
     path = Path(folder)
-    fetch = ("put GPT-2's vocab.json and merges.txt in one folder (e.g. .data/gpt2, as README's "
-             "Pre-training section fetches them) and pass it")
+    fetch = ("put GPT-2's vocab.json and merges.txt in one folder (e.g. .data/gpt2, where "
+             "docs/getting-started.md downloads them) and pass it")
     if not path.exists():
         raise TaskDataError(str(folder), "no such folder", fetch)
     if not path.is_dir():

@@ -227,7 +227,8 @@ def fit_command(
         named = "; ".join(f"{s.name}: {s.why}" for s in skipped)
         whys = "; ".join(f"{kind}: {exc.why}" if len(answer.failed) > 1 else exc.why
                          for kind, exc in answer.failed.items()) or "no usable run"
-        fix = next(iter(answer.failed.values())).fix if answer.failed else "give run folders with a validation loss"
+        fix = (next(iter(answer.failed.values())).fix if answer.failed
+               else "give run folders of dlmspec runs: a start record, train records with tokens_seen and a validation loss")
         raise _issue("RUN...", f"{len(points)} usable of {len(points) + len(skipped)} runs", whys,
                      fix + (f" (skipped: {named})" if named else "")) from None
     for kind, exc in answer.failed.items():

@@ -60,3 +60,24 @@ def test_type_errors_give_a_working_value(extra: str, key: str, example: str) ->
         load_text(BASE.format(extra=extra, gpu="h100"), "a.toml")
     (issue,) = [i for i in caught.value.issues if i.key == key]
     assert example in issue.hint, issue.hint
+
+
+def test_a_negative_size_without_a_default_is_offered_without_its_sign() -> None:
+    # A fresh user's report: hidden_size = -768 got "e.g. hidden_size = 1", which 16 heads cannot divide.
+    with pytest.raises(SpecError) as caught:
+        load_text(BASE.format(extra="", gpu="h100").replace('preset = "qwen3-0.6b"', 'preset = "qwen3-0.6b"\nhidden_size = -1024'),
+                  "a.toml")
+    (issue,) = [i for i in caught.value.issues if i.key == "model.hidden_size"]
+    assert "e.g. hidden_size = 1024" in issue.hint and issue.fix is not None and issue.fix.set == {"model.hidden_size": 1024}
+
+
+def test_a_single_value_where_a_list_is_expected_is_offered_as_a_list() -> None:
+    # A fresh user's report: data.train = "PREFIX" said "Input should be a valid list" with no fix.
+    with pytest.raises(SpecError) as caught:
+        load_text(BASE.format(extra='[data]\ntrain = "corpus_text_document"', gpu="h100"), "a.toml")
+    (issue,) = [i for i in caught.value.issues if i.key == "data.train"]
+    assert issue.message == "a list is expected, not a single value"
+    assert issue.hint == 'write it as a list: data.train = ["corpus_text_document"]'
+    assert issue.fix is not None and issue.fix.set == {"data.train": ["corpus_text_document"]}
+    fixed = load_text(BASE.format(extra='[data]\ntrain = ["corpus_text_document"]', gpu="h100"), "a.toml")
+    assert fixed.spec.data.train
