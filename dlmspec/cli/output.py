@@ -213,7 +213,9 @@ def report_issues(issues: list[SpecIssue], *, as_json: bool = False, command: st
     console = stderr()
     console.print(issues_table(issues))
     errors = sum(1 for i in issues if i.severity == "error")
-    console.print(_text(f"{_plural(errors, 'error')}, {_plural(len(issues) - errors, 'warning')}", style="bold"))
+    later = (" (the cross-field rules, layout and memory checks run once the schema errors are fixed)"
+             if any(i.rule == "schema" and i.severity == "error" for i in issues) else "")
+    console.print(_text(f"{_plural(errors, 'error')}, {_plural(len(issues) - errors, 'warning')}{later}", style="bold"))
 
 
 def report_warnings(warnings: list[SpecIssue]) -> None:
