@@ -207,15 +207,15 @@ def search_renderable(result: SearchResult, top: int, *, set_lines: bool = True)
     table = Table(title=f"top {min(top, len(result.top))} layouts by tokens/s", title_justify="left")
     from dlmspec.plan.search import optimizer_state_name
 
-    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "dist.opt", "opt. state", "peak GiB",
-                "memory", "tokens/s", "MFU"):
+    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "microbatches", "recompute", "dist.opt", "opt. state",
+                "peak GiB", "memory", "tokens/s", "MFU"):
         table.add_column(col, justify="right")
     lines = Text(no_wrap=True, overflow="ignore")  # one copy-pasteable line per layout
     for i, c in enumerate(result.top, 1):
         lay = c.layout
         table.add_row(*[Text(x) for x in (
             str(i), str(lay.tp), str(lay.pp), str(lay.vpp) if lay.vpp > 1 else "-", str(lay.cp), str(lay.ep),
-            str(lay.dp), str(lay.micro_batch),
+            str(lay.dp), str(lay.micro_batch), str(lay.num_microbatches) + (" *" if lay.num_microbatches < lay.pp else ""),
             lay.recompute + (f" ({'+'.join(lay.recompute_modules)})" if lay.recompute == "selective" else ""),
             "on" if lay.distributed_optimizer else "off", optimizer_state_name(lay) or "spec",
             _gib(c.peak_bytes), f"{100 * c.memory_fraction:.1f}%{' !' if c.tight else ''}",
@@ -226,6 +226,9 @@ def search_renderable(result: SearchResult, top: int, *, set_lines: bool = True)
         parts.append(Text(f"! above {HEADROOM_WARNING:.0%} of the GPU's memory: fits as planned, but allocator "
                           "fragmentation or an unplanned workspace can push it over; ranked after the layouts "
                           "with headroom", style="yellow"))
+    if any(c.layout.num_microbatches < c.layout.pp for c in result.top):
+        parts.append(Text("* fewer microbatches per step than pipeline stages: most of the step is the pipeline "
+                          "bubble (counted in tokens/s); a larger train.global_batch_size fills it", style="yellow"))
     parts.append(Text(f"Ties (within {100 * _tie_tolerance():g}% of tokens/s) go to the simpler layout: fewer "
                       "parallel dimensions, then less CP, interleaving, PP, EP, TP and recomputation.",
                       style="dim"))
