@@ -7,7 +7,8 @@
 #   bash bench/devbox/gpu.sh throughput   # Qwen3-1.7B-architecture DLM, seq 4096: dlmspec local bf16 vs HF plain, HF+Liger (~5 min)
 #   bash bench/devbox/gpu.sh sampling     # the demo trained 100 steps, then dlmspec generate vs the LLaDA-style HF loop, batch 1 and 8 (~3 min)
 #   bash bench/devbox/gpu.sh fast-sampling  # task model pre-trained then SFT-tuned (~4 min), then dlmspec's block caches and parallel decoding
-#                                           # vs the peers' HF loop and Fast-dLLM's own code, batch 1/8/32, held-out accuracy
+#                                           # vs the peers' HF loop and Fast-dLLM's own code, batch 1/8/32, held-out accuracy;
+#                                           # with a minute left, host_overhead.py --profile at batch 32 (host-graphs-b32-profile.json)
 #                                           # (carry .bench-wheels .bench-peers .bench-data: bench/devbox/fetch_fast_dllm.sh)
 #   bash bench/devbox/gpu.sh scaling      # the bundled scaling studies: 28 small runs side by side, each evaluated (~5-8 min)
 #                                           # (carry .bench-wheels .data: python bench/scaling/run.py --prepare-data)
@@ -56,7 +57,19 @@ case "$suite" in
     # launcher stops starting work when its budget runs out and writes what it measured.
     budget=$(( 560 - ($(date +%s) - t_start) ))
     timeout -s TERM -k 10 $(( budget + 15 )) "$PY" bench/sampling/fast_sampling.py --out "$OUT" \
-      --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@" ;;
+      --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@"
+    rc=$?
+    # what is left of the call: where a step's time goes at batch 32 (the demo shape, random weights, CUDA graphs;
+    # host_overhead.py --profile), ~40 s, its own file
+    left=$(( 585 - ($(date +%s) - t_start) ))
+    if [ "$dry" = 0 ] && [ "$left" -ge 60 ]; then
+      timeout -s TERM -k 5 $(( left - 10 )) "$PY" bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 \
+        --hidden 768 --heads 12 --vocab 50304 --batch 32 --repeats 3 --cuda-graph --profile \
+        --paths low_confidence,threshold,low_confidence_prefix,low_confidence_dual \
+        --out "$OUT/host-graphs-b32-profile.json" > "$OUT/host-graphs-b32-profile.log" 2>&1 \
+        || echo "gpu.sh: the batch-32 profile did not finish (see host-graphs-b32-profile.log)"
+    fi
+    (exit $rc) ;;
   scaling)
     # The bundled scaling studies (28 small runs, 8 side by side on the GPU, then dlmspec eval of each): carry
     # .bench-wheels and .data (python bench/scaling/run.py --prepare-data on the CPU machine). The launcher stops
