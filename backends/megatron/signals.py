@@ -7,7 +7,9 @@ each step, so they all save the same step (:data:`~dlmspec.backends.megatron.con
 
 from __future__ import annotations
 
+import faulthandler
 import signal
+import sys
 from typing import Optional, Sequence
 
 import torch
@@ -15,6 +17,10 @@ import torch.distributed as dist
 
 #: Signals that stop a run (and that torchrun / SLURM send to the whole process group).
 EXIT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+#: Seconds after a stop signal at which a rank that is still running prints every thread's stack
+#: (before torchrun's and SLURM's default 30 s grace ends in SIGKILL), so a save-and-exit that hangs
+#: says where.
+STACKS_AFTER_STOP_S = 20.0
 
 
 class ExitSignalWatcher:
@@ -25,16 +31,24 @@ class ExitSignalWatcher:
     rank saves the same step and exits together, whichever ranks got the
     signal.
 
+    The first signal also arms :func:`faulthandler.dump_traceback_later`: a rank still running
+    ``stacks_after_s`` seconds later (a save or collective that hangs) prints every thread's Python
+    stack to stderr, from faulthandler's own thread, which needs no GIL; a rank that exits first
+    prints nothing, and :meth:`restore` disarms it.
+
     Args:
         names: Signal names (``"SIGTERM"``, ``"SIGUSR1"``, ...).
+        stacks_after_s: seconds, or ``None`` for no stacks (default :data:`STACKS_AFTER_STOP_S`).
 
     Raises:
         ValueError: For an unknown signal name.
     """
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], stacks_after_s: Optional[float] = STACKS_AFTER_STOP_S) -> None:
         self.received: Optional[str] = None
         self._previous = {}
+        self._stacks_after_s = stacks_after_s
+        self._armed = False
         for name in names:
             sig = getattr(signal, name, None)
             if not isinstance(sig, signal.Signals):
@@ -43,6 +57,12 @@ class ExitSignalWatcher:
 
     def _handle(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
+        out = _stderr_file() if self._stacks_after_s is not None and not self._armed else None
+        if out is not None:
+            self._armed = True
+            print(f"[dlmspec] {self.received} received; a rank still running {self._stacks_after_s:g} s from now "
+                  "prints its threads' stacks", file=out, flush=True)
+            faulthandler.dump_traceback_later(self._stacks_after_s, exit=False, file=out)
 
     def any_rank_received(self, device: torch.device) -> Optional[str]:
         """The signal name if any rank received one (``"remote"`` if not this one)."""
@@ -54,10 +74,28 @@ class ExitSignalWatcher:
         return self.received or "remote"
 
     def restore(self) -> None:
-        """Reinstall the previous handlers."""
+        """Reinstall the previous handlers, and disarm the stacks a stop signal armed."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self._armed:
+            faulthandler.cancel_dump_traceback_later()
+            self._armed = False
+
+
+def _stderr_file():
+    """``sys.stderr``, else ``sys.__stderr__``, whichever is a real file (faulthandler writes to a
+    file descriptor); ``None`` when neither is (no stacks then)."""
+    for out in (sys.stderr, sys.__stderr__):
+        fileno = getattr(out, "fileno", None)
+        if fileno is None:
+            continue
+        try:
+            fileno()
+        except (OSError, ValueError):  # a capture object without a descriptor
+            continue
+        return out
+    return None
 
 
 def shield_compile_workers(names: Sequence[str], *, cuda_only: bool = True) -> bool:

@@ -189,3 +189,35 @@ def test_compile_worker_shield_needs_cuda_by_default_and_known_signals():
     assert shield_compile_workers([]) is False
     with pytest.raises(ValueError, match="SIGNOPE"):
         shield_compile_workers(["SIGNOPE"])
+
+
+_HUNG_AFTER_STOP = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from dlmspec.backends.megatron.signals import ExitSignalWatcher
+    watcher = ExitSignalWatcher(["SIGTERM"], stacks_after_s=float(sys.argv[1]))
+    os.kill(os.getpid(), signal.SIGTERM)
+    def save_that_hangs():
+        time.sleep(float(sys.argv[2]))
+    save_that_hangs()                     # the save-and-exit, stuck
+    if sys.argv[3] == "restore":
+        watcher.restore()
+        time.sleep(float(sys.argv[1]) + 1.0)   # disarmed: no stacks
+    print("received", watcher.received)
+    """
+)
+
+
+def test_a_rank_still_running_after_a_stop_signal_prints_its_stacks():
+    # A stop signal arms faulthandler: a rank that has not exited after stacks_after_s prints every
+    # thread's stack (the hang seen on an H100 left no trace of where the rank was).
+    hung = subprocess.run([sys.executable, "-c", _HUNG_AFTER_STOP, "1", "3", "keep"], capture_output=True, text=True,
+                          timeout=120)
+    assert hung.returncode == 0, hung.stderr[-2000:]
+    assert "received SIGTERM" in hung.stdout
+    assert "SIGTERM received; a rank still running 1 s from now prints its threads' stacks" in hung.stderr
+    assert "Timeout (0:00:01)!" in hung.stderr and "save_that_hangs" in hung.stderr
+    # one that exits in time, or restores the handlers first, prints none
+    quick = subprocess.run([sys.executable, "-c", _HUNG_AFTER_STOP, "2", "0", "restore"], capture_output=True,
+                           text=True, timeout=120)
+    assert quick.returncode == 0 and "Timeout" not in quick.stderr, quick.stderr[-2000:]
