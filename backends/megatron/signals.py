@@ -83,6 +83,17 @@ class ExitSignalWatcher:
             self._armed = False
 
 
+def stop_watcher(names: Sequence[str]) -> Optional[ExitSignalWatcher]:
+    """The training loop's :class:`ExitSignalWatcher` of ``names`` (``None`` when there are none),
+    with torch.compile's workers started so that those signals spare them
+    (:func:`shield_compile_workers`)."""
+    if not names:
+        return None
+    watcher = ExitSignalWatcher(names)
+    shield_compile_workers(names)
+    return watcher
+
+
 def _stderr_file():
     """``sys.stderr``, else ``sys.__stderr__``, whichever is a real file (faulthandler writes to a
     file descriptor); ``None`` when neither is (no stacks then)."""

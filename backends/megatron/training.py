@@ -49,7 +49,7 @@ from .optim import build_scheduler, install_schedule_hooks, set_param_sync_hooks
 from .profiling import StepProfiler, format_summary
 from .provenance import collect as collect_provenance
 from .rope import install_fused_rope
-from .signals import ExitSignalWatcher, shield_compile_workers
+from .signals import ExitSignalWatcher, stop_watcher
 from .spec_record import spec_metadata
 from .stage import LM_LOSS, ModelFactory, PretrainStage, Stage, StageContext, StageResources, StageSeam
 
@@ -219,9 +219,7 @@ def train(
     if ckpt.save_dir:
         prestart_checkpoint_helpers()
     # Installed first so a signal that arrives during setup is honoured after the first step.
-    watcher = ExitSignalWatcher(ckpt.exit_signals) if ckpt.exit_signals else None
-    if ckpt.exit_signals:
-        shield_compile_workers(ckpt.exit_signals)  # a stop signal sent to the group spares torch.compile's workers
+    watcher = stop_watcher(ckpt.exit_signals)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = current_device()
     check_parallel_config(transformer_config, ddp_config, optimizer_config, parallel_sizes, world_size=world,

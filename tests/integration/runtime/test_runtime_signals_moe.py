@@ -182,10 +182,20 @@ def test_compile_workers_outlive_a_group_sigterm_only_when_shielded(shield):
 
 
 def test_compile_worker_shield_needs_cuda_by_default_and_known_signals():
-    from dlmspec.backends.megatron.signals import shield_compile_workers
+    import signal
+
+    from dlmspec.backends.megatron.signals import shield_compile_workers, stop_watcher
 
     if not torch.cuda.is_available():
         assert shield_compile_workers(["SIGTERM"]) is False  # the runtime compiles only on CUDA
+    assert stop_watcher([]) is None  # no stop signals configured: no watcher (training.py)
+    before = signal.getsignal(signal.SIGUSR1)
+    watcher = stop_watcher(["SIGUSR1"])
+    try:
+        assert watcher is not None and signal.getsignal(signal.SIGUSR1) == watcher._handle
+    finally:
+        watcher.restore()
+    assert signal.getsignal(signal.SIGUSR1) == before
     assert shield_compile_workers([]) is False
     with pytest.raises(ValueError, match="SIGNOPE"):
         shield_compile_workers(["SIGNOPE"])
