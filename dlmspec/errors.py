@@ -224,12 +224,14 @@ class SpecError(Exception):
     ``partial``: for schema errors only, the spec loaded without the offending keys (a
     :class:`dlmspec.spec.load.LoadedSpec`, or None when that does not load either), and ``dropped``
     those keys, so the cross-field rules can be reported in the same run
-    (:func:`dlmspec.check.with_rule_issues`).
+    (:func:`dlmspec.check.with_rule_issues`); ``rules_skipped``: set there when they could not run
+    (no partial spec, or one that does not resolve), so the report can say they come later.
     """
 
     issues: list[SpecIssue] = field(default_factory=list)
     partial: Any = field(default=None, compare=False, repr=False)
     dropped: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    rules_skipped: bool = field(default=False, compare=False, repr=False)
 
     @property
     def errors(self) -> list[SpecIssue]:

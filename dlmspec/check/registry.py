@@ -266,14 +266,16 @@ def with_rule_issues(error: SpecError, command: str) -> SpecError:
 
     The rules run on ``error.partial`` (the spec without the rejected keys, which take their
     defaults); their findings about a rejected key, or a key under it, are left out, since
-    they would describe the default, not what the user wrote. Returns ``error`` itself when
-    there is no partial spec or it cannot be resolved.
+    they would describe the default, not what the user wrote. Returns ``error`` itself, its
+    ``rules_skipped`` set, when there is no partial spec or it cannot be resolved.
     """
     if error.partial is None:
+        error.rules_skipped = True
         return error
     try:
         extra = issues_for(command, error.partial)
     except Exception:  # noqa: BLE001 - a partial spec that cannot be resolved adds nothing
+        error.rules_skipped = True
         return error
     rejected = tuple(error.dropped)
     keep = [i for i in extra

@@ -126,7 +126,7 @@ def _run_fast(command: str, options: dict[str, Any]) -> int:
                          json_output=options["json_output"], command=command)
             return 0
         except SpecError as exc:
-            report_issues(exc.issues, as_json=options["json_output"], command=command)
+            report_issues(exc.issues, as_json=options["json_output"], command=command, rules_skipped=exc.rules_skipped)
             return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -86,7 +86,8 @@ class _Group(Group):
         try:
             return super().invoke(ctx)
         except SpecError as exc:
-            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)), command=ctx.meta.get(_COMMAND_META, ""))
+            report_issues(exc.issues, as_json=bool(ctx.meta.get(_JSON_META)), command=ctx.meta.get(_COMMAND_META, ""),
+                          rules_skipped=exc.rules_skipped)
             raise typer.Exit(EXIT_USAGE) from None
 
 

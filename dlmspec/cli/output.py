@@ -203,18 +203,18 @@ def issues_table(issues: Iterable[SpecIssue]) -> Table:
 
 
 def report_issues(issues: list[SpecIssue], *, as_json: bool = False, command: str = "",
-                  result: dict[str, Any] | None = None) -> None:
+                  result: dict[str, Any] | None = None, rules_skipped: bool = False) -> None:
     """Print ``issues`` for a failed command: the :func:`envelope` of ``command`` (``ok``
     false, ``result``: ``None`` unless given) on stdout, or a table and an ``N errors, M
-    warnings`` line on stderr."""
+    warnings`` line on stderr; ``rules_skipped`` (:class:`~dlmspec.errors.SpecError`'s) adds to
+    that line that the cross-field checks run once the schema errors are fixed."""
     if as_json:
         print_envelope(command, ok=False, issues=issues, result=result)
         return
     console = stderr()
     console.print(issues_table(issues))
     errors = sum(1 for i in issues if i.severity == "error")
-    later = (" (the cross-field rules, layout and memory checks run once the schema errors are fixed)"
-             if any(i.rule == "schema" and i.severity == "error" for i in issues) else "")
+    later = " (the cross-field rules, layout and memory checks run once the schema errors are fixed)" if rules_skipped else ""
     console.print(_text(f"{_plural(errors, 'error')}, {_plural(len(issues) - errors, 'warning')}{later}", style="bold"))
 
 
