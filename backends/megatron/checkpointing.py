@@ -21,7 +21,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -63,7 +62,7 @@ from .optim import (
     unshare_optimizer_steps,
 )
 from .rng import check_resume_seed
-from .signals import EXIT_SIGNALS
+from .signals import EXIT_SIGNALS, signals_ignored
 from .spec_record import LOCK_FILENAME, load_scheduler_state
 
 TRACKER_FILENAME = CHECKPOINT_TRACKER
@@ -82,15 +81,13 @@ def prestart_checkpoint_helpers() -> None:
     forwards a stop signal to the rank's whole process group, so a manager started before or
     during that signal died of it and the save made on the signal failed with ``EOFError``
     (seen on the H200: the stop arrived during the save at step 100 and no checkpoint was
-    left). Started here with the exit signals set to ``SIG_IGN`` (a disposition that survives
-    spawn's fork and exec, unlike handlers and the signal mask), the manager ignores them for
+    left). Started here with the exit signals set to ``SIG_IGN`` (:func:`~dlmspec.backends.megatron.signals.signals_ignored`:
+    a disposition that survives spawn's fork and exec), the manager ignores them for
     its life; the rank's own handlers are restored at once. The writers that ``save`` forks
-    inherit the rank's Python handler, which only records the signal, so they survive too.
+    inherit the rank's Python handler, which records the signal and does not exit, so they survive too.
     A stop signal arriving in the few milliseconds of the swap is lost (torchrun then kills the
     rank after its grace period); it is called once, before training starts.
     """
-    import threading
-
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     # megatron-core 0.16: _get_write_results_queue; 0.19: get_write_results_queue (renamed)
@@ -98,16 +95,8 @@ def prestart_checkpoint_helpers() -> None:
              or getattr(filesystem_async, "_get_write_results_queue", None))
     if start is None:  # a megatron-core without the shared queue: save() starts what it needs
         return
-    if threading.current_thread() is not threading.main_thread():
+    with signals_ignored(EXIT_SIGNALS):
         start()
-        return
-    numbers = [getattr(signal, name) for name in EXIT_SIGNALS]
-    previous = {n: signal.signal(n, signal.SIG_IGN) for n in numbers}
-    try:
-        start()
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def checkpoint_name(iteration: int) -> str:

@@ -7,10 +7,12 @@ each step, so they all save the same step (:data:`~dlmspec.backends.megatron.con
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import signal
 import sys
-from typing import Optional, Sequence
+import threading
+from typing import Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -49,10 +51,7 @@ class ExitSignalWatcher:
         self._previous = {}
         self._stacks_after_s = stacks_after_s
         self._armed = False
-        for name in names:
-            sig = getattr(signal, name, None)
-            if not isinstance(sig, signal.Signals):
-                raise ValueError(f"unknown signal {name!r}")
+        for sig in signal_numbers(names):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
@@ -81,6 +80,44 @@ class ExitSignalWatcher:
         if self._armed:
             faulthandler.cancel_dump_traceback_later()
             self._armed = False
+
+
+def signal_numbers(names: Sequence[str]) -> List[signal.Signals]:
+    """The signals named (``"SIGTERM"``, ...).
+
+    Raises:
+        ValueError: For an unknown signal name.
+    """
+    numbers = []
+    for name in names:
+        sig = getattr(signal, name, None)
+        if not isinstance(sig, signal.Signals):
+            raise ValueError(f"unknown signal {name!r}")
+        numbers.append(sig)
+    return numbers
+
+
+@contextlib.contextmanager
+def signals_ignored(names: Sequence[str] = EXIT_SIGNALS) -> Iterator[None]:
+    """While the body starts helper processes, the stop signals ``names`` set to ``SIG_IGN``, the
+    previous handlers back afterwards: ``SIG_IGN`` survives fork and exec (handlers and the signal
+    mask do not), so the helpers ignore a stop signal sent to the whole process group for their
+    life. A signal arriving in the few milliseconds of the swap is lost. Off the main thread, where
+    handlers cannot be set, nothing changes.
+
+    Raises:
+        ValueError: For an unknown signal name.
+    """
+    numbers = signal_numbers(names)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {n: signal.signal(n, signal.SIG_IGN) for n in numbers}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def stop_watcher(names: Sequence[str]) -> Optional[ExitSignalWatcher]:
@@ -136,13 +173,7 @@ def shield_compile_workers(names: Sequence[str], *, cuda_only: bool = True) -> b
     Raises:
         ValueError: for an unknown signal name.
     """
-    signals = []
-    for name in names:
-        sig = getattr(signal, name, None)
-        if not isinstance(sig, signal.Signals):
-            raise ValueError(f"unknown signal {name!r}")
-        signals.append(sig)
-    if not signals or (cuda_only and not torch.cuda.is_available()):
+    if not signal_numbers(names) or (cuda_only and not torch.cuda.is_available()):
         return False
     from torch._inductor import async_compile, config
 
@@ -150,10 +181,6 @@ def shield_compile_workers(names: Sequence[str], *, cuda_only: bool = True) -> b
     threads = getattr(async_compile, "get_compile_threads", lambda: config.compile_threads)()
     if not threads or threads <= 1 or not hasattr(pool, "cache_info") or pool.cache_info().currsize:
         return False
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
-    try:
+    with signals_ignored(names):
         pool()  # the sidecar starts now; its workers are its children
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return True

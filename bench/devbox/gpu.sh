@@ -59,8 +59,8 @@ case "$suite" in
     timeout -s TERM -k 10 $(( budget + 15 )) "$PY" bench/sampling/fast_sampling.py --out "$OUT" \
       --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@"
     rc=$?
-    # what is left of the call: where a step's time goes at batch 32 (the demo shape, random weights, CUDA graphs;
-    # host_overhead.py --profile), ~40 s, its own file
+    # what is left of the call (at least 60 s): where a step's time goes at batch 32 (the demo shape, random
+    # weights, CUDA graphs; host_overhead.py --profile), into its own file
     left=$(( 585 - ($(date +%s) - t_start) ))
     if [ "$dry" = 0 ] && [ "$left" -ge 60 ]; then
       timeout -s TERM -k 5 $(( left - 10 )) "$PY" bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 \

@@ -26,7 +26,7 @@
 # dlmspec wheel. Settings (environment): END_S (200: every step ends by then), TRAIN_ITERS (10),
 # ROLLOUT_MIN_S (100), REPEATS (6: timed calls per path), BATCHES ("1 128": step 1's batch sizes), PROFILE
 # (0; 1: step 1 also profiles one call per path and sampler, host_overhead.py --profile: the GPU's busy time
-# per step and the costliest kernels and host ops). Where a step's time goes at batch 32, alone (~1 min):
+# per step and the costliest kernels and host ops). Where a step's time goes at batch 32, alone (not yet timed):
 #   BATCHES=32 PROFILE=1 ROLLOUT_MIN_S=100000 END_S=120 OUT=$OUT bash bench/devbox/gpu/cuda_graphs.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
