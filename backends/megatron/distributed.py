@@ -7,11 +7,14 @@ Megatron-LM's seeding and the teardown at the end of a run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
+import tempfile
 from datetime import timedelta
-from typing import Dict, Optional
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -54,6 +57,50 @@ def initialize_distributed(timeout_minutes: int = 30) -> bool:
         backend = "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
     return True
+
+
+@contextlib.contextmanager
+def one_rank_world(device: str = "cpu", store_dir: Optional[Union[str, Path]] = None) -> Iterator[None]:
+    """A one-process world with megatron-core's model-parallel state (TP = PP = 1) around the body:
+    gloo on CPU, NCCL on CUDA device 0. For benchmark scripts and CPU tests that build a
+    megatron-core model outside :func:`~dlmspec.backends.megatron.training.train`.
+
+    On CPU megatron-core asks ``torch.cuda.current_device()`` for RoPE and DDP buffers and calls
+    ``torch.cuda.synchronize()`` in its checkpoint strategy: while the world lasts the first answers
+    ``"cpu"`` and the second does nothing (both restored afterwards). The rendezvous is a file store
+    in ``store_dir`` (a temporary folder when None), so no port is bound and worlds in parallel
+    processes do not collide. A process group that exists already is used and kept; one made here
+    is destroyed on exit.
+
+    Raises:
+        ValueError: ``device`` is neither ``"cpu"`` nor a CUDA device name (``"cuda"``, ``"cuda:0"``).
+    """
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"one_rank_world: device {device!r}; pass 'cpu' or 'cuda'")
+    saved = torch.cuda.current_device, torch.cuda.synchronize
+    if device == "cpu":
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    else:
+        torch.cuda.set_device(0)
+    try:
+        with contextlib.ExitStack() as stack:
+            folder = Path(store_dir) if store_dir is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            created = not dist.is_initialized()
+            if created:
+                dist.init_process_group("gloo" if device == "cpu" else "nccl",
+                                        init_method=f"file://{folder / 'pg-store'}", rank=0, world_size=1)
+            try:
+                parallel_state.initialize_model_parallel(1, 1)
+                try:
+                    yield
+                finally:
+                    parallel_state.destroy_model_parallel()
+            finally:
+                if created:
+                    dist.destroy_process_group()
+    finally:
+        torch.cuda.current_device, torch.cuda.synchronize = saved
 
 
 def cuda_problem(local_rank: Optional[int] = None, processes_per_node: Optional[int] = None) -> Optional[str]:

@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from bench.sampling.one_rank_world import one_rank_world
-
 VOCAB, PADDED, EOD, MASK = 50257, 50304, 50256, 50257
 
 
@@ -33,8 +31,10 @@ def shared_gpt2() -> Optional[Path]:
 
 def megatron_cpu_world(tmp: Path) -> "contextlib.AbstractContextManager[None]":
     """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU, its
-    file store in ``tmp``: the benchmark scripts' own (:func:`bench.sampling.one_rank_world.one_rank_world`),
+    file store in ``tmp`` (:func:`dlmspec.backends.megatron.distributed.one_rank_world`),
     ``torch.cuda.current_device`` / ``synchronize`` patched for the CPU while it lasts."""
+    from dlmspec.backends.megatron.distributed import one_rank_world
+
     return one_rank_world("cpu", tmp)
 
 

@@ -183,8 +183,12 @@ def counting(counter: Counter):
             setattr(torch.Tensor, name, fn)
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/sampling/, when imported as a module
-from one_rank_world import one_rank_world as world  # noqa: E402  (bench/sampling/one_rank_world.py)
+def world(device: str = "cpu", store_dir=None):
+    """The one-rank megatron-core world (:func:`dlmspec.backends.megatron.distributed.one_rank_world`),
+    imported when a world starts."""
+    from dlmspec.backends.megatron.distributed import one_rank_world
+
+    return one_rank_world(device, store_dir)
 
 
 def tiny_model(layers: int, hidden: int, vocab: int, *, heads: int = 4, bf16: bool = False, seed: int = 0,

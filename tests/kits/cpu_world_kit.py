@@ -1,7 +1,7 @@
 """CPU process groups for runtime tests: a one-process gloo world, with or without megatron-core's
-model-parallel state. torch and megatron-core are imported inside the functions, so importing this
-kit costs nothing. (The benchmark scripts, which may not import tests/kits, have the same world in
-bench/sampling/one_rank_world.py.)"""
+model-parallel state (the runtime's :func:`dlmspec.backends.megatron.distributed.one_rank_world`,
+which the benchmark scripts use too). torch and megatron-core are imported inside the functions, so
+importing this kit costs nothing."""
 
 from __future__ import annotations
 
@@ -41,20 +41,13 @@ def gloo_world(tmp_path_factory):
 
 @contextlib.contextmanager
 def megatron_cpu_world(tmp_path_factory, mp: pytest.MonkeyPatch):
-    """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU.
+    """A one-process gloo world with megatron-core's model-parallel state (TP = PP = 1) on CPU:
+    :func:`dlmspec.backends.megatron.distributed.one_rank_world` with its file store in a new
+    temporary folder (``torch.cuda.current_device`` answers ``"cpu"`` and ``torch.cuda.synchronize``
+    does nothing while it lasts). The process group is created only if none exists, and destroyed
+    afterwards if it was. ``mp`` is kept for the callers' signature; the world restores what it patches."""
+    from dlmspec.backends.megatron.distributed import one_rank_world
 
-    megatron-core asks ``torch.cuda.current_device()`` for RoPE and DDP buffers and calls
-    ``torch.cuda.synchronize()`` in its checkpoint strategy: both are patched on ``mp`` for the
-    CPU. The process group is created only if none exists, and destroyed afterwards if it was.
-    """
-    import torch
-    from megatron.core import parallel_state
-
-    with _gloo_group(tmp_path_factory, "pg"):
-        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
-        mp.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
-        parallel_state.initialize_model_parallel(1, 1)
-        try:
-            yield
-        finally:
-            parallel_state.destroy_model_parallel()
+    del mp
+    with one_rank_world("cpu", tmp_path_factory.mktemp("pg")):
+        yield

@@ -1,4 +1,5 @@
-"""bench/sampling/one_rank_world.py, the one-rank world of the benchmark scripts and their CPU kit:
+"""The runtime's one-rank world (dlmspec.backends.megatron.distributed.one_rank_world), which the
+benchmark scripts and the test kits build megatron-core models in:
 on CPU it starts a gloo group of one rank with megatron-core's model-parallel state, answers "cpu"
 for torch.cuda.current_device inside, and leaves torch.cuda and the process group as it found them;
 a device it cannot start is refused by name."""
@@ -7,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_tests import fast_sampling_kit as kit
-from bench.sampling.one_rank_world import one_rank_world
+from dlmspec.backends.megatron.distributed import one_rank_world
 
 
 def test_a_cpu_world_has_one_rank_and_is_undone_on_exit(tmp_path):
@@ -27,18 +27,6 @@ def test_a_cpu_world_has_one_rank_and_is_undone_on_exit(tmp_path):
     assert not parallel_state.model_parallel_is_initialized()
     assert dist.is_initialized() == before
     assert (torch.cuda.current_device, torch.cuda.synchronize) == (current, synchronize)
-
-
-def test_the_bench_kit_world_is_the_same_helper(tmp_path):
-    import torch
-    import torch.distributed as dist
-
-    current = torch.cuda.current_device
-    world = kit.megatron_cpu_world(tmp_path)
-    assert world.__class__ is one_rank_world("cpu", tmp_path).__class__
-    with world:
-        assert dist.get_world_size() == 1 and torch.cuda.current_device() == "cpu"
-    assert torch.cuda.current_device is current
 
 
 def test_an_unknown_device_is_refused_naming_it():
