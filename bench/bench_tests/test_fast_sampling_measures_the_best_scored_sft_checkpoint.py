@@ -1,7 +1,7 @@
-"""The fast-sampling suite's model part is the RL chain's: pre-training 400 iterations, SFT up to
-1,200 scored every 100, and the model measured is the SFT checkpoint with the highest validation
-accuracy (not the run's latest, not one stopped at 0 %); its default time limits fit one 9-minute
-GPU call with the measurement's ~90 s."""
+"""The fast-sampling suite's model part: pre-training 400 iterations, SFT 900 scored every 100, then
+SFT on rows of the measured canvas; the model measured is the last stage's checkpoint with the highest
+validation accuracy (not the run's latest, not one stopped at 0 %), the first stage's when the canvas
+stage left none scored; its default time limits fit one 9-minute GPU call with the measurements' ~90 s."""
 
 from __future__ import annotations
 
@@ -41,11 +41,33 @@ def test_the_measured_model_is_the_sft_checkpoint_with_the_best_validation_score
     assert "measured model:" in capsys.readouterr().out
 
 
-def test_default_limits_fit_one_nine_minute_call_with_the_rl_chain_model(tmp_path):
+def test_default_limits_fit_one_nine_minute_call(tmp_path):
     args = fast_sampling.parse_args(["--dry", *kit.suite_inputs(tmp_path)])
-    assert args.train_iters == 400 and args.sft_iters == 1200 and args.sft_every == 100 and args.sft_seq_length == 24
-    # H100 timings (bench/results/rl, bench/results/sampling): task + data + compiles ~40 s, pre-training 400
-    # iterations ~90 s, SFT 1,200 iterations scored 12 times 152 s, both measurements ~90 s, report ~10 s
-    assert args.train_timeout_s >= 90 and args.sft_timeout_s >= 152 + 15 and args.measure_reserve_s >= 90 + 40
-    worst = 40 + args.train_timeout_s + args.sft_timeout_s + args.measure_reserve_s + 30  # report's reserve
-    assert worst <= args.budget_s <= 540, worst
+    assert args.train_iters == 400 and args.sft_iters == 900 and args.sft_every == 100 and args.sft_seq_length == 24
+    assert args.sft_canvas_iters == 300 and args.sft_canvas_seq_length == 48
+    # H100 timings (bench/results/sampling/2026-12-07-h100-fast-*-sft-canvas8.log): task + data + compiles
+    # ~40 s, pre-training 400 iterations 101 s, SFT 1,200 iterations scored 12 times 165 s (a ~50 s start-up,
+    # then ~0.1 s an iteration), both measurements 92 s, report ~10 s
+    assert args.train_timeout_s >= 101 + 15 and args.sft_timeout_s >= 50 + 900 * 0.1 and args.measure_reserve_s >= 92 + 20
+    assert args.sft_canvas_timeout_s >= 50 + 3 * 10  # start-up and the first scored checkpoint at least
+    worst = 40 + args.train_timeout_s + args.sft_timeout_s + args.sft_canvas_timeout_s + args.measure_reserve_s + 30
+    assert worst <= args.budget_s <= 560 - 15, worst  # gpu.sh: 560 s less the install (~15 s)
+
+
+def test_the_canvas_stage_checkpoint_is_measured_when_it_was_scored(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    for run, scores in (("run-sft", {800: 0.9, 900: 0.95}), ("run-sft-canvas", {100: 0.6, 200: 0.8, 300: 0.7})):
+        for it, acc in scores.items():
+            d = work / run / "checkpoints" / f"iter_{it:07d}"
+            d.mkdir(parents=True)
+            (d / "dlmspec.json").write_text("{}")
+        rows = [{"event": "valid", "iteration": it, "generation_accuracy": acc} for it, acc in scores.items()]
+        (work / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record: dict = {}
+    cmd = fast_sampling.with_measured_checkpoint(["m", "--ckpt", "x"], work, record)
+    assert cmd[-1] == str(work / "run-sft-canvas" / "checkpoints" / "iter_0000200")  # not the first stage's 0.95
+    assert record["measured-model"]["run"] == "run-sft-canvas"
+    (work / "run-sft-canvas" / "metrics.jsonl").write_text("")  # a canvas stage stopped before its first score
+    cmd = fast_sampling.with_measured_checkpoint(["m", "--ckpt", "x"], work, record)
+    assert cmd[-1] == str(work / "run-sft" / "checkpoints" / "iter_0000900")
+    assert record["measured-model"]["run"] == "run-sft"

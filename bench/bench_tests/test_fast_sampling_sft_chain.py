@@ -32,9 +32,10 @@ def test_the_default_run_pretrains_then_tunes_from_that_checkpoint_and_scores_th
     out, err = capsys.readouterr()
     assert rc == 0, err
     names = [line.split(":", 1)[0] for line in out.splitlines()]
-    assert names == ["task", "data-sft-train", "data-sft-validation", "data-train", "data-validation", "render",
-                     "compile", "train", "compile-sft", "train-sft", "peer-install", "measure-dlmspec",
-                     "measure-peers", "report", "result"]
+    assert names == ["task", "data-sft-train", "data-sft-validation", "data-sft-canvas-train",
+                     "data-sft-canvas-validation", "data-train", "data-validation", "render", "compile", "train",
+                     "compile-sft", "train-sft", "compile-sft-canvas", "train-sft-canvas", "peer-install",
+                     "measure-dlmspec", "measure-peers", "report", "result"]
     lines, work = _lines(out), tmp_path / "work"
     # the fixed-width task the CPU study found learnable, with its SFT pairs
     assert "task make addition-padded" in lines["task"] and "--digits 3" in lines["task"]
@@ -42,17 +43,27 @@ def test_the_default_run_pretrains_then_tunes_from_that_checkpoint_and_scores_th
         sft = lines[f"data-sft-{split}"]
         assert "--sft --chat-template plain" in sft and f"sft-{split}.jsonl" in sft
         assert "--seq-length 24" in sft  # the SFT spec's rows (the RL chain's): the prompt, the answer and EODs
+        canvas = lines[f"data-sft-canvas-{split}"]  # the same pairs in rows of the measured canvas: 24 - 8 + 32
+        assert "--sft --chat-template plain" in canvas and f"sft-{split}.jsonl" in canvas and "--seq-length 48" in canvas
     assert f"render --template plain --task-dir {work}/task --out {work}/task-chat" in lines["render"]
     assert "train.train_iters=400" in lines["compile"] and "model.qk_layernorm=false" in lines["compile"]
     sft_compile = lines["compile-sft"]
     assert "specs/task-addition-dlm-sft.toml" in sft_compile
     assert f"checkpoint.init_from=\"mcore:{work}/run/checkpoints\"" in sft_compile
     assert "model.qk_layernorm=false" in sft_compile  # the same model as the pre-training (and LLaDA-exportable)
-    assert "train.seq_length=24" in sft_compile and "train.train_iters=1200" in sft_compile
+    assert "train.seq_length=24" in sft_compile and "train.train_iters=900" in sft_compile
     # a checkpoint saved and scored every 100 iterations: the best scored one is measured
     assert "checkpoint.save_interval=100" in sft_compile and "train.eval_interval=100" in sft_compile
     assert f'eval.generation.prompts="{work}/task-chat/validation.jsonl"' in sft_compile
-    assert f"--ckpt {work}/run-sft/checkpoints" in lines["measure-dlmspec"]
+    # the second stage: from the first one's last checkpoint, on 48-token rows, scored on the measured canvas
+    canvas_compile = lines["compile-sft-canvas"]
+    assert f"checkpoint.init_from=\"mcore:{work}/run-sft/checkpoints\"" in canvas_compile
+    assert f"task-sft-canvas-train_text_document" in canvas_compile and "train.seq_length=48" in canvas_compile
+    assert "train.train_iters=300" in canvas_compile and "model.qk_layernorm=false" in canvas_compile
+    assert all(f"generate.{k}" in canvas_compile for k in ("gen_length=32", "steps=32", "block_length=8"))
+    assert "checkpoint.save_interval=100" in canvas_compile and "train.eval_interval=100" in canvas_compile
+    assert f'eval.generation.prompts="{work}/task-chat/validation.jsonl"' in canvas_compile
+    assert f"--ckpt {work}/run-sft-canvas/checkpoints" in lines["measure-dlmspec"]
     assert f"--task-dir {work}/task-chat" in lines["measure-dlmspec"]  # prompts in the SFT model's template
     assert lines["result"].endswith("-fast-task-addition-dlm-sft-gen32-b1-8-32.json")
 
@@ -62,9 +73,17 @@ def test_the_sft_rows_keep_the_spec_length_unless_given_and_a_missing_sft_spec_i
     assert fast_sampling.main(["--dry", "--gen-length", "64", "--steps", "64", *flags], probe=lambda p: None) == 0
     lines = _lines(capsys.readouterr().out)
     assert "--seq-length 24" in lines["data-sft-train"] and "train.seq_length=24" in lines["compile-sft"]
+    assert "--seq-length 80" in lines["data-sft-canvas-train"] and "generate.gen_length=64" in lines["compile-sft-canvas"]
     assert fast_sampling.main(["--dry", "--sft-seq-length", "88", *flags], probe=lambda p: None) == 0
     lines = _lines(capsys.readouterr().out)
     assert "--seq-length 88" in lines["data-sft-train"] and "train.seq_length=88" in lines["compile-sft"]
+    assert "train.seq_length=112" in lines["compile-sft-canvas"]  # the rows' prompt part (88 - 8) and 32
+    # a canvas as long as the rows, or --sft-canvas-iters 0: one stage
+    for extra in (["--gen-length", "8", "--steps", "8"], ["--sft-canvas-iters", "0"]):
+        assert fast_sampling.main(["--dry", *extra, *flags], probe=lambda p: None) == 0
+        lines = _lines(capsys.readouterr().out)
+        assert "compile-sft-canvas" not in lines and "data-sft-canvas-train" not in lines
+        assert f"--ckpt {tmp_path}/work/run-sft/checkpoints" in lines["measure-dlmspec"]
     rc = fast_sampling.main(["--dry", "--sft-spec", str(tmp_path / "absent-sft.toml"), *flags], probe=lambda p: None)
     err = capsys.readouterr().err
     assert rc == 2 and "absent-sft.toml" in err and "--stage pretrain" in err

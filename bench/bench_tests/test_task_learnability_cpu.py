@@ -35,3 +35,33 @@ def test_a_short_learnability_run_records_losses_and_scored_evaluations(tmp_path
     low, high = final["wilson95"]
     assert 0.0 <= low <= final["accuracy"] <= high <= 1.0
     assert len(final["examples"]) == 3 and "after_eod" in final
+
+
+def test_the_sft_canvas_schedule_is_read_as_sizes_from_steps() -> None:
+    from bench.sampling.task_learnability import canvas_at, parse_canvas
+
+    assert parse_canvas("8") == [(1, 8)]
+    schedule = parse_canvas("32@801, 8")
+    assert schedule == [(1, 8), (801, 32)]
+    assert [canvas_at(schedule, s) for s in (1, 800, 801, 1000)] == [8, 8, 32, 32]
+    for bad in ("8@5", "0", "8,16@0"):
+        with pytest.raises(ValueError):
+            parse_canvas(bad)
+
+
+@pytest.mark.skipif(not (GPT2 / "vocab.json").is_file(), reason="GPT-2's BPE files are not here (GPT2_DIR)")
+def test_an_sft_run_changes_its_canvas_and_scores_every_generation_length(tmp_path) -> None:
+    out = tmp_path / "result.json"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "bench/sampling/task_learnability.py"), "--mode", "mdm-sft", "--steps", "10",
+         "--eval-every", "5", "--train", "300", "--test", "40", "--batch", "4", "--dim", "32", "--layers", "1",
+         "--heads", "2", "--canvas", "8,16@6", "--eval-gen-lengths", "8,16", "--work", str(tmp_path / "work"),
+         "--vocab-file", str(GPT2 / "vocab.json"), "--merge-file", str(GPT2 / "merges.txt"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["canvas"] == [[1, 8], [6, 16]] and result["eval_gen_lengths"] == [8, 16]
+    for record in result["evaluations"]:
+        assert record["gen_length"] == 8 and list(record["at_gen_length"]) == ["16"]
+        extra = record["at_gen_length"]["16"]
+        assert 0 <= extra["correct"] <= 40 and extra["accuracy"] == extra["correct"] / 40

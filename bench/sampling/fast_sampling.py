@@ -10,15 +10,21 @@ pre-trained on the task text scores about 1 % held-out, the same model after SFT
 (prompt never masked, answer and the EODs after it masked) 62 %, in the CPU study of
 ``bench/sampling/task_learnability.py`` (``bench/results/sampling/task-learnability-cpu/``). So the run
 pre-trains ``--spec`` briefly, tunes it with ``--sft-spec`` from that checkpoint and scores the tuned
-model on the held-out prompts rendered with its chat template. The model part is the RL chain's
-(``bench/devbox/gpu/task_rl.sh``), whose settings reach 96-98 % on one H100 within its budget:
-pre-training 400 iterations, SFT up to 1,200 on rows of the SFT spec's ``train.seq_length`` (24: the
-rendered prompt and 8 tokens, the answer and the EODs after it), a checkpoint saved and scored on the
-validation prompts every ``--sft-every`` (100) iterations, and the measured model the SFT checkpoint
-with the highest validation score (``bench/sampling/rl_chain.py`` ``best_checkpoint``). Measured with
-``--gen-length`` 32 the answer lies in the first block and the completion is cut at its first EOS.
-(SFT rows as long as the canvas, 56 tokens, learned too slowly: 0 % after 1,006 iterations, the answer
-a few of 32 masked targets.) ``--stage pretrain`` measures the pre-trained model on the raw prompts instead.
+model on the held-out prompts rendered with its chat template. The model part starts as the RL chain's
+(``bench/devbox/gpu/task_rl.sh``, 96-98 % on one H100 within its budget): pre-training 400 iterations,
+SFT ``--sft-iters`` (900) on rows of the SFT spec's ``train.seq_length`` (24: the rendered prompt and 8
+tokens, the answer and the EODs after it). The suite then measures on a longer canvas (``--gen-length``
+32 in blocks of 8, so the caches have blocks to reuse), and a model tuned on 8 positions does not answer
+there: the 24 masked positions it never saw change its answer (on one H100: 94.5 % on its own 8 positions,
+0.4 % on 32, ``bench/results/sampling/2026-12-07-h100-fast-*-sft-canvas8.md``; on CPU, 11.8 % against
+3.0 %, ``bench/results/sampling/task-learnability-cpu/2026-12-07-*``). So a second SFT stage,
+``--sft-canvas-iters`` (300), goes on from the first one's last checkpoint on rows of the measured canvas
+(the prompt and ``--gen-length`` positions: 48 tokens), scored at ``--gen-length`` (in the CPU study 200
+such steps took the score on 32 positions from 3.0 % to 23.4 %, where rows of 32 positions from the start
+reached 3.6 % in 1,000). Each stage saves and scores its checkpoints every ``--sft-every`` (100; the
+canvas stage at least three times), and the model measured is the canvas stage's checkpoint with the
+highest validation score (``bench/sampling/rl_chain.py`` ``best_checkpoint``; the first stage's when the
+canvas stage left none). ``--stage pretrain`` measures the pre-trained model on the raw prompts instead.
 
 Steps (each a process started in the work directory, outside the checkout, with the installed dlmspec;
 each prints progress with UTC timestamps; each worker rewrites its partial result under ``--out``
@@ -30,6 +36,8 @@ after every configuration, so a run stopped by its time limit still returns what
    says which step waits for each): ``dlmspec data prepare --sft`` of the SFT pairs with the SFT spec's chat template,
    ``--sft-seq-length`` tokens a row (default the SFT spec's ``train.seq_length``, 24: the rendered
    prompt, about 16, the answer and the EODs after it).
+   ``data-sft-canvas-train`` / ``-validation``: the same pairs in rows of the measured canvas
+   (``--sft-seq-length`` - the SFT spec's ``[generate] gen_length`` + ``--gen-length``: 48).
 3. ``data-train`` / ``data-validation``: ``dlmspec data prepare`` of the task's pre-training text with
    GPT-2's BPE (``--tokenizer-dir``), end-of-document appended (it ends each answer).
 4. ``render`` (``--stage sft``): the held-out and validation prompts rendered with the chat template
@@ -40,8 +48,13 @@ after every configuration, so a run stopped by its time limit still returns what
    (the runtime saves a checkpoint on it).
 6. ``compile-sft`` + ``train-sft`` (``--stage sft``): ``--sft-spec`` (default
    ``specs/task-addition-dlm-sft.toml``) from the pre-trained checkpoint (``checkpoint.init_from``),
-   ``--sft-iters`` iterations (1,200), the same q/k-norm setting, stopped after ``--sft-timeout-s``;
-   a checkpoint saved and scored every ``--sft-every`` iterations; the best scored one is measured.
+   ``--sft-iters`` iterations (900), the same q/k-norm setting, stopped after ``--sft-timeout-s``;
+   a checkpoint saved and scored every ``--sft-every`` iterations.
+   ``compile-sft-canvas`` + ``train-sft-canvas`` (``--sft-canvas-iters`` > 0 and a canvas longer than
+   the rows): the same spec from that run's last checkpoint on the canvas-long rows
+   (``data-sft-canvas-*``, tokenised in the background), ``[generate]`` set to the measurement's
+   ``gen_length`` / ``steps`` / ``block_length`` so that its scores are on the measured canvas, stopped
+   after ``--sft-canvas-timeout-s``; its best scored checkpoint is measured.
 7. ``peer-install``: the transformers Fast-dLLM pins (4.49.0) and its tokenizers/huggingface-hub,
    from ``--peer-wheels``, into ``--peer-site`` (only the peers' process puts it on its path).
 8. ``measure-dlmspec``: ``fast_measure.py dlmspec`` on the scored model (dlmspec's sampler: no cache with low-confidence
@@ -85,7 +98,13 @@ FETCH = "bash bench/devbox/fetch_fast_dllm.sh"
 Step = Tuple[str, List[str], Dict[str, str]]
 #: Steps started in the background, and the step that waits for each (the SFT rows are tokenised in
 #: one process, during the pre-training; the validation text beside the training text).
-BACKGROUND = {"data-sft-train": "compile-sft", "data-sft-validation": "compile-sft", "data-validation": "compile"}
+BACKGROUND = {"data-sft-train": "compile-sft", "data-sft-validation": "compile-sft", "data-validation": "compile",
+              "data-sft-canvas-train": "compile-sft-canvas", "data-sft-canvas-validation": "compile-sft-canvas"}
+#: Positions the SFT spec's rows generate when its ``[generate] gen_length`` is not written in it (the
+#: task specs' 8: the answer and the EODs after it).
+SFT_GEN_LENGTH_DEFAULT = 8
+#: The training steps and the run folder each leaves its checkpoints in.
+RUNS = {"train": "run", "train-sft": "run-sft", "train-sft-canvas": "run-sft-canvas"}
 #: Pre-training iterations before the SFT stage when ``--train-iters`` is not given (the RL chain's:
 #: ~85 s on one H100 with start-up, bench/results/rl/).
 PRETRAIN_ITERS_BEFORE_SFT = 400
@@ -104,19 +123,28 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    "checkpoint, scored on prompts in its chat template) or pretrain (the pre-trained model, raw prompts)")
     p.add_argument("--sft-spec", default=str(ROOT / "specs" / "task-addition-dlm-sft.toml"),
                    help="the SFT stage's spec (--stage sft; it starts from the pre-trained checkpoint)")
-    p.add_argument("--sft-iters", type=int, default=1200, help="iterations of the SFT stage (default 1200)")
+    p.add_argument("--sft-iters", type=int, default=900,
+                   help="iterations of the SFT stage (default 900: 74 %% on the validation prompts on an H100, 94.5 %% at "
+                   "1,200, bench/results/sampling/2026-12-07-h100-fast-*-sft-canvas8-logs.tgz)")
     p.add_argument("--sft-every", type=int, default=100,
                    help="the SFT stage's save and scoring interval (default 100): its best scored checkpoint is measured")
     p.add_argument("--sft-seq-length", type=int, default=None,
                    help="tokens of an SFT row (default the SFT spec's train.seq_length, else 24: the rendered prompt, "
                    "~16, the answer and the EODs after it)")
+    p.add_argument("--sft-canvas-iters", type=int, default=300,
+                   help="iterations of a second SFT stage on rows as long as the measured canvas (the rendered prompt "
+                   "and --gen-length positions), from the first stage's last checkpoint (default 300; 0: none). A "
+                   "model tuned on 8 positions does not answer on 32: the masked positions it never saw change its "
+                   "answer (bench/results/sampling/task-learnability-cpu/, *-canvas-*.json)")
+    p.add_argument("--sft-canvas-timeout-s", type=float, default=85.0,
+                   help="the second SFT stage's time limit (default 85: a start-up of ~50 s and ~0.1 s an iteration on an H100)")
     p.add_argument("--chat-template", default=None,
                    help="the SFT chat template (default the SFT spec's [stage.sft] chat_template, else plain)")
     p.add_argument("--train-timeout-s", type=float, default=None,
                    help="stop the pre-training (SIGTERM: it saves a checkpoint) after this many seconds "
-                   "(default 150 with --stage sft, else only the budget: 400 iterations took 110 s with a 55 s start-up on an H100, bench/results/sampling/2026-12-07-h100-fast-*-undertrained.md)")
-    p.add_argument("--sft-timeout-s", type=float, default=175.0,
-                   help="the same for the SFT stage (default 175: 1,200 iterations and 12 scorings took 152 s on an H100)")
+                   "(default 120 with --stage sft, else only the budget: 400 iterations took 101-110 s with a 55 s start-up on an H100, bench/results/sampling/2026-12-07-h100-fast-*.md)")
+    p.add_argument("--sft-timeout-s", type=float, default=150.0,
+                   help="the same for the SFT stage (default 150: 1,200 iterations and 12 scorings took 165 s on an H100)")
     p.add_argument("--task", default="addition-padded",
                    help="dlmspec task make's task (default addition-padded: fixed width, the learnable variant)")
     p.add_argument("--task-args", default="--digits 3",
@@ -143,10 +171,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--with-compile", action="store_true", help="also dlmspec with [generate] compile = true (CUDA "
                    "graphs): none/low_confidence, prefix/threshold, dual/threshold, after all the others")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--budget-s", type=float, default=540, help="wall-clock budget of the whole run (default 540)")
-    p.add_argument("--measure-reserve-s", type=float, default=130,
-                   help="seconds kept for the measurement and report: the steps before them (training) are stopped "
-                   "when they would eat into it (default 130; both measurements took 90-115 s on an H100)")
+    p.add_argument("--budget-s", type=float, default=545, help="wall-clock budget of the whole run (default 545)")
+    p.add_argument("--measure-reserve-s", type=float, default=115,
+                   help="seconds kept for the measurements: the steps before them (training) are stopped when they "
+                   "would eat into it (default 115; both measurements took 90-115 s on an H100; the report has 30 s more)")
     p.add_argument("--fast-dllm", default=str(ROOT / ".bench-peers" / "fast-dllm"), help="Fast-dLLM's files")
     p.add_argument("--peer-wheels", default=str(ROOT / ".bench-peers" / "wheels"), help="transformers 4.49.0 & co.")
     p.add_argument("--peer-site", default=None, help="where the peer wheels are installed (default WORK/peer-site)")
@@ -167,6 +195,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                 "split evenly over the blocks (e.g. --gen-length 32 --steps 32 --block-length 8)")
     if args.ckpt and not args.task_dir:
         p.error("--ckpt needs --task-dir (the task folder the checkpoint was trained on)")
+    if args.sft_canvas_iters < 0:
+        p.error(f"--sft-canvas-iters {args.sft_canvas_iters}: 0 (no second SFT stage) or more, e.g. 300")
     if min(args.sft_iters, args.sft_every, args.sft_seq_length if args.sft_seq_length is not None else 1) < 1:
         p.error("--sft-iters, --sft-every and --sft-seq-length must be >= 1, e.g. --sft-iters 1200 --sft-every 100 "
                 "--sft-seq-length 24")
@@ -174,10 +204,17 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         if args.train_iters is None:
             args.train_iters = PRETRAIN_ITERS_BEFORE_SFT
         if args.train_timeout_s is None:
-            args.train_timeout_s = 150.0
+            args.train_timeout_s = 120.0
         if args.sft_seq_length is None:
             length = spec_table(args.sft_spec, "train", "seq_length")
             args.sft_seq_length = length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else 24
+        sft_gen = spec_table(args.sft_spec, "generate", "gen_length")
+        args.sft_gen_length = sft_gen if isinstance(sft_gen, int) and not isinstance(sft_gen, bool) and sft_gen > 0 \
+            else SFT_GEN_LENGTH_DEFAULT
+        # the measured canvas: the rows' prompt part (seq_length - the positions they generate) + gen_length
+        args.sft_canvas_seq_length = args.sft_seq_length - args.sft_gen_length + args.gen_length
+        if args.sft_canvas_seq_length == args.sft_seq_length:
+            args.sft_canvas_iters = 0  # the first stage's rows are the measured canvas already
         if args.chat_template is None:
             stage = spec_table(args.sft_spec, "stage", "sft")
             template = stage.get("chat_template") if isinstance(stage, dict) else None
@@ -220,11 +257,15 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
             steps.append(("task", cli + ["task", "make", args.task, "--out", str(task_dir), "--seed", "0",
                                          "--test", str(args.test), "--force"] + args.task_args.split(), {}))
         if sft:  # LLaDA's SFT layout: the prompt in the chat template, the answer and the EODs after it
-            for split in ("train", "validation"):
-                steps.append((f"data-sft-{split}", cli + [
-                    "data", "prepare", "--sft", "--chat-template", args.chat_template,
-                    "--input", str(task_dir / f"sft-{split}.jsonl"), "--output-prefix", str(work / "data" / f"task-sft-{split}"),
-                    *tokenizer_flags, "--seq-length", str(args.sft_seq_length), "--force"], {}))
+            lengths = [("sft", args.sft_seq_length)] + ([("sft-canvas", args.sft_canvas_seq_length)]
+                                                        if args.sft_canvas_iters else [])
+            for kind, length in lengths:
+                for split in ("train", "validation"):
+                    steps.append((f"data-{kind}-{split}", cli + [
+                        "data", "prepare", "--sft", "--chat-template", args.chat_template,
+                        "--input", str(task_dir / f"sft-{split}.jsonl"),
+                        "--output-prefix", str(work / "data" / f"task-{kind}-{split}"),
+                        *tokenizer_flags, "--seq-length", str(length), "--force"], {}))
         for split in ("train", "validation"):
             steps.append((f"data-{split}", cli + [
                 "data", "prepare", "--input", str(task_dir / f"pretrain-{split}.jsonl"),
@@ -276,6 +317,25 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                                                 "--force"] + [a for s in sft_sets for a in ("--set", s)], {}))
             steps.append(("train-sft", ["bash", str(compiled_sft / "launch.sh")], {"DLMSPEC_PYTHON": py}))
             ckpt = str(sft_dir / "checkpoints")
+            if args.sft_canvas_iters:  # the second stage: rows as long as the measured canvas, scored on it
+                canvas_dir, n2 = work / RUNS["train-sft-canvas"], args.sft_canvas_iters
+                every = max(1, min(args.sft_every, n2 // 3))
+                canvas_sets = [f'data.train=[{{prefix="{work}/data/task-sft-canvas-train_text_document", weight=1.0}}]',
+                               f'data.valid=[{{prefix="{work}/data/task-sft-canvas-validation_text_document", weight=1.0}}]',
+                               sets[2], "model.qk_layernorm=false", f'checkpoint.init_from="mcore:{sft_dir}/checkpoints"',
+                               f'checkpoint.save="{canvas_dir}/checkpoints"', f'logging.run_dir="{canvas_dir}"',
+                               f'logging.tensorboard_dir="{canvas_dir}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
+                               f"train.seq_length={args.sft_canvas_seq_length}", f"train.train_iters={n2}",
+                               f"train.lr_warmup_iters={max(1, n2 // 10)}", f"checkpoint.save_interval={every}",
+                               f"train.eval_interval={every}", f"generate.gen_length={args.gen_length}",
+                               f"generate.steps={args.steps}", f"generate.block_length={args.block_length}",
+                               *[x for x in sft_sets if x.startswith(("eval.generation.", "cluster.gpu="))]]
+                compiled_canvas = work / "compiled-sft-canvas"
+                steps.append(("compile-sft-canvas", cli + ["compile", str(Path(args.sft_spec).resolve()), "-o",
+                                                           str(compiled_canvas), "--force"]
+                              + [a for s in canvas_sets for a in ("--set", s)], {}))
+                steps.append(("train-sft-canvas", ["bash", str(compiled_canvas / "launch.sh")], {"DLMSPEC_PYTHON": py}))
+                ckpt = str(canvas_dir / "checkpoints")
     site = Path(args.peer_site) if args.peer_site else work / "peer-site"
     steps.append(("peer-install", [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                                    "--no-cache-dir", "--upgrade", "--target", str(site), "--find-links",
@@ -315,10 +375,17 @@ def trained_checkpoint(work: Path, run: str = "run") -> bool:
 
 
 def with_measured_checkpoint(cmd: List[str], work: Path, record: Dict[str, Any]) -> List[str]:
-    """``cmd`` (``fast_measure.py dlmspec ... --ckpt DIR``) with ``--ckpt`` the SFT run's checkpoint of
-    the highest validation accuracy (:func:`rl_chain.best_checkpoint`, as the RL chain scores its SFT
-    checkpoints); the choice and every candidate go to ``record["measured-model"]``."""
-    choice = rl_chain.best_checkpoint(work / "run-sft")
+    """``cmd`` (``fast_measure.py dlmspec ... --ckpt DIR``) with ``--ckpt`` the last SFT stage's checkpoint
+    of the highest validation accuracy (:func:`rl_chain.best_checkpoint`, as the RL chain scores its SFT
+    checkpoints): the canvas stage's when it left a scored checkpoint, else the first stage's; the choice
+    and every candidate go to ``record["measured-model"]``."""
+    choice = None
+    for run in (RUNS["train-sft-canvas"], RUNS["train-sft"]):
+        if (work / run).is_dir():
+            choice = {"run": run, **rl_chain.best_checkpoint(work / run)}
+            if choice["iteration"] is not None:
+                break
+    choice = choice or {"run": RUNS["train-sft"], **rl_chain.best_checkpoint(work / RUNS["train-sft"])}
     record["measured-model"] = choice
     out = list(cmd)
     if "--ckpt" in out:
@@ -387,9 +454,14 @@ def settings(args: argparse.Namespace) -> Dict[str, Any]:
     return {"spec": str(args.spec), "stage": args.stage if args.ckpt is None else "checkpoint",
             "sft_spec": str(args.sft_spec) if sft else None, "sft_iters": args.sft_iters if sft else None,
             "sft_seq_length": args.sft_seq_length if sft else None, "sft_every": args.sft_every if sft else None,
+            "sft_canvas_iters": args.sft_canvas_iters if sft else None,
+            "sft_canvas_seq_length": args.sft_canvas_seq_length if sft and args.sft_canvas_iters else None,
+            "sft_canvas_timeout_s": args.sft_canvas_timeout_s if sft and args.sft_canvas_iters else None,
             "measured_checkpoint": "the SFT checkpoint with the highest validation accuracy (rl_chain.py best_checkpoint)"
             if sft else None, "chat_template": args.chat_template if sft else None,
-            "scored_model": ("SFT (LLaDA's layout) from the pre-trained checkpoint; held-out prompts in its chat template"
+            "scored_model": ("SFT (LLaDA's layout) from the pre-trained checkpoint, then on rows of the measured canvas; "
+                             "held-out prompts in its chat template" if sft and args.sft_canvas_iters else
+                             "SFT (LLaDA's layout) from the pre-trained checkpoint; held-out prompts in its chat template"
                              if sft else "pre-trained on the task text; raw held-out prompts" if args.ckpt is None
                              else "the given checkpoint"),
             "train_timeout_s": args.train_timeout_s, "sft_timeout_s": args.sft_timeout_s if sft else None,
@@ -508,7 +580,8 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
         if name.startswith("measure-"):
             cmd = cmd + ["--deadline", f"{now + left - 25:.0f}"]
         grace = 5.0
-        own_limit = {"train": args.train_timeout_s, "train-sft": args.sft_timeout_s if args.stage == "sft" else None}
+        own_limit = {"train": args.train_timeout_s, "train-sft": args.sft_timeout_s if args.stage == "sft" else None,
+                     "train-sft-canvas": args.sft_canvas_timeout_s}
         if own_limit.get(name) is not None and own_limit[name] < left - STOP_GRACE_S:
             left, grace = own_limit[name], STOP_GRACE_S  # stopped by SIGTERM: the runtime saves a checkpoint
         elif name in own_limit:
@@ -527,7 +600,7 @@ def main(argv: Optional[List[str]] = None, probe: Callable[[str], Optional[str]]
         if code != 0:
             record[name]["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
             print("\n".join(record[name]["log_tail"]), file=sys.stderr, flush=True)
-            run = {"train": "run", "train-sft": "run-sft"}.get(name)
+            run = RUNS.get(name)
             if run and trained_checkpoint(work, run):
                 status = "partial"  # stopped by its limit after a checkpoint: go on from / measure that one
                 record[name]["note"] = "stopped before its last iteration; its latest checkpoint is used"

@@ -30,10 +30,12 @@ Modes (``--mode``):
   no loss, as in LLaDA's SFT (Nie et al. 2025, sec. 2.3);
 - ``mdm-sft``: masked diffusion on one example a row as LLaDA's SFT lays it out (Nie et al. 2025,
   sec. 2.3; ``dlmspec data prepare --sft`` with ``packed_sequence = false``): the prompt, the
-  answer, then EOD up to the prompt plus the sampler's ``gen_length`` (8), the prompt never masked,
-  the answer and every EOD after it masked and scored. The rows are the canvas the sampler fills
-  (the prompt, then 8 positions), so training and sampling see the same layout; no ``GPTDataset``
-  (``sft-train.jsonl`` is tokenised here);
+  answer, then EOD up to the prompt plus ``--canvas`` positions (8), the prompt never masked,
+  the answer and every EOD after it masked and scored. With the default the rows are the canvas the
+  sampler fills (the prompt, then 8 positions), so training and sampling see the same layout;
+  ``--canvas 8,32@801`` switches to 32 positions at step 801, and ``--eval-gen-lengths 8,32`` scores
+  each evaluation on both canvases (what a model tuned on one canvas does on another); no
+  ``GPTDataset`` (``sft-train.jsonl`` is tokenised here);
 - ``ar``: next-token prediction on the packed task text (``specs/task-addition-ar.toml``).
 
 Output: one JSON object (``--json``) with the loss curve, held-out accuracy and its Wilson 95 %
@@ -237,7 +239,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             row = json.loads(line)
             prompt, answer = tok.tokenize(row["prompt"]), tok.tokenize(row["response"]) + [eod]
             sft_rows.append((prompt, answer))
-        width = max(len(p) for p, _ in sft_rows) + 8
+        prompt_width = max(len(p) for p, _ in sft_rows)
     vocab = CompactVocab(sorted(ids))
     model = SmallLM(vocab.size, args.dim, args.layers, args.heads, causal=ar)
     objective = AutoregressiveObjective() if ar else MaskedDiffusionObjective(vocab.mask_id, eps=1e-3)
@@ -246,9 +248,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, args.steps - warm))))))
     rows = read_task_rows(paths["test"], max_rows=args.test)
-    config = GenerateConfig(kind="ar" if ar else "mdm", mask_token_id=None if ar else vocab.mask_id,
-                            eos_token_id=vocab.index[eod], pad_token_id=vocab.index[eod], gen_length=8, steps=8,
-                            block_length=8, remasking="low_confidence", temperature=0.0)
+    configs = {n: GenerateConfig(kind="ar" if ar else "mdm", mask_token_id=None if ar else vocab.mask_id,
+                                 eos_token_id=vocab.index[eod], pad_token_id=vocab.index[eod], gen_length=n, steps=n,
+                                 block_length=8, remasking="low_confidence", temperature=0.0)
+               for n in args.eval_gen_lengths}
+    config = configs[args.eval_gen_lengths[0]]
 
     def encode(text: str) -> List[int]:
         return vocab.to_compact(torch.tensor(tok.tokenize(text))).tolist()
@@ -267,9 +271,16 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             # the prompt after an EOD, as every document but a window's first follows one in the packed stream
             eod_out = score_prompts(model, rows, encode=encode_after_eod, decode=decode, config=config,
                                     batch_size=250, device="cpu")
+            longer = {}
+            for n, cfg in list(configs.items())[1:]:
+                o = score_prompts(model, rows, encode=encode, decode=decode, config=cfg, batch_size=250, device="cpu")
+                longer[str(n)] = {"correct": o["correct"], "accuracy": o["correct"] / o["count"],
+                                  "wilson95": wilson(o["correct"], o["count"]),
+                                  "examples": [c["completion"] for c in o["completions"][:3]]}
         model.train()
         return {"correct": out["correct"], "count": out["count"], "accuracy": out["correct"] / out["count"],
-                "wilson95": wilson(out["correct"], out["count"]),
+                "wilson95": wilson(out["correct"], out["count"]), "gen_length": config.gen_length,
+                "at_gen_length": longer,
                 "examples": [c["completion"] for c in out["completions"][:3]],
                 "after_eod": {"correct": eod_out["correct"], "accuracy": eod_out["correct"] / eod_out["count"],
                               "wilson95": wilson(eod_out["correct"], eod_out["count"]),
@@ -280,13 +291,15 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     curve, evals, start = [], [], time.perf_counter()
     for step in range(1, args.steps + 1):
         if sft_rows is not None:  # one example a row: prompt, answer, EOD to the canvas width; right-padded
+            canvas = canvas_at(args.canvas, step)
+            width = prompt_width + canvas
             picks = torch.randint(len(sft_rows), (args.batch,), generator=order).tolist()
             tokens = torch.full((args.batch, width), eod, dtype=torch.int64)
             loss_mask = torch.zeros(args.batch, width)
             for r, i in enumerate(picks):
                 prompt, answer = sft_rows[i]
                 tokens[r, :len(prompt) + len(answer)] = torch.tensor(prompt + answer)
-                loss_mask[r, len(prompt):len(prompt) + 8] = 1.0  # the answer and the EODs of the canvas
+                loss_mask[r, len(prompt):len(prompt) + canvas] = 1.0  # the answer and the EODs of the canvas
             samples = None
         else:
             picks = torch.randint(len(train_ds), (args.batch,), generator=order).tolist()
@@ -314,14 +327,43 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             record = {"step": step, "seconds": round(time.perf_counter() - start, 1), **evaluate()}
             evals.append(record)
             print(json.dumps({**{k: record[k] for k in ("step", "seconds", "correct", "count", "accuracy")},
-                              "after_eod": record["after_eod"]["accuracy"]}), flush=True)
+                              "after_eod": record["after_eod"]["accuracy"],
+                              **{f"gen{n}": v["accuracy"] for n, v in record["at_gen_length"].items()}}), flush=True)
     params = sum(p.numel() for p in model.parameters())
     return {"mode": args.mode, "task": args.task, "digits": args.digits, "train_rows": args.train, "test_rows": len(rows),
             "steps": args.steps, "batch": args.batch, "seq_length": args.seq_length, "lr": args.lr,
+            "canvas": [list(x) for x in args.canvas] if args.mode == "mdm-sft" else None,
+            "eval_gen_lengths": args.eval_gen_lengths,
             "model": {"dim": args.dim, "layers": args.layers, "heads": args.heads, "parameters": params,
                       "vocabulary": vocab.size},
             "chance": "exact match of a sum of two uniform operands: about 1 / 10**digits by guessing",
             "loss_curve": curve, "evaluations": evals, "final": evals[-1] if evals else None}
+
+
+def parse_canvas(text: str) -> List[tuple]:
+    """``"8"`` or ``"8,32@800"``: the ``mdm-sft`` rows' generated positions (the answer and the EODs
+    after it), each from the step after ``@`` (the first from step 1). Returns ``[(from_step, canvas)]``
+    sorted by step.
+
+    Raises:
+        ValueError: a canvas below 1, a step below 1, or no entry from step 1.
+    """
+    out = []
+    for part in text.split(","):
+        size, _, start = part.strip().partition("@")
+        entry = (int(start) if start else 1, int(size))
+        if entry[0] < 1 or entry[1] < 1:
+            raise ValueError(f"--canvas {text!r}: sizes and steps must be >= 1")
+        out.append(entry)
+    out.sort()
+    if out[0][0] != 1:
+        raise ValueError(f"--canvas {text!r}: the first size must start at step 1 (no '@')")
+    return out
+
+
+def canvas_at(schedule: Sequence[tuple], step: int) -> int:
+    """The canvas of ``step`` under :func:`parse_canvas`'s schedule."""
+    return [size for start, size in schedule if start <= step][-1]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -340,6 +382,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--canvas", type=parse_canvas, default=parse_canvas("8"),
+                   help="mdm-sft: generated positions a row (answer, then EOD), optionally changing at a step: "
+                        "8 (default), or 8,32@800 (8 until step 799, then 32)")
+    p.add_argument("--eval-gen-lengths", type=lambda t: [int(x) for x in t.split(",")], default=[8],
+                   help="the sampler's gen_length at each evaluation, the first the headline (default 8; "
+                        "e.g. 8,32: blocks of 8, one step a token)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work", default=None, help="folder for the task and token files (default: a new temp folder)")
     p.add_argument("--vocab-file", default=os.environ.get("GPT2_VOCAB", ".data/gpt2/vocab.json"))
