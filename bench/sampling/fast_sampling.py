@@ -298,43 +298,38 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
         steps.append(("train", ["bash", str(compiled / "launch.sh")], {"DLMSPEC_PYTHON": py}))
         ckpt = str(run_dir / "checkpoints")  # the latest checkpoint of the run
         if sft:
-            sft_dir = work / "run-sft"
-            n = args.sft_iters
-            sft_sets = [f'data.train=[{{prefix="{work}/data/task-sft-train_text_document", weight=1.0}}]',
-                        f'data.valid=[{{prefix="{work}/data/task-sft-validation_text_document", weight=1.0}}]',
-                        sets[2], "model.qk_layernorm=false", f'checkpoint.init_from="mcore:{run_dir}/checkpoints"',
-                        f'checkpoint.save="{sft_dir}/checkpoints"', f'logging.run_dir="{sft_dir}"',
-                        f'logging.tensorboard_dir="{sft_dir}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
-                        f"train.seq_length={args.sft_seq_length}", f"train.train_iters={n}",
-                        f"checkpoint.save_interval={args.sft_every}", f"train.eval_interval={args.sft_every}"]
-            if spec_table(args.sft_spec, "eval", "generation") is not None:  # validation prompts in the template
-                sft_sets += [f'eval.generation.prompts="{measured_task_dir}/validation.jsonl"',
-                             "eval.generation.max_prompts=200"]
-            if args.gpu:
-                sft_sets.append(f'cluster.gpu="{args.gpu}"')
-            compiled_sft = work / "compiled-sft"
-            steps.append(("compile-sft", cli + ["compile", str(Path(args.sft_spec).resolve()), "-o", str(compiled_sft),
-                                                "--force"] + [a for s in sft_sets for a in ("--set", s)], {}))
-            steps.append(("train-sft", ["bash", str(compiled_sft / "launch.sh")], {"DLMSPEC_PYTHON": py}))
+            def sft_stage(stage: str, init: Path, seq_length: int, iters: int, every: int, more: List[str]) -> Path:
+                """The compile and train steps of SFT stage ``stage`` (its rows ``data/task-STAGE-*``,
+                started from ``init``'s latest checkpoint, run folder ``RUNS["train-STAGE"]``); returns
+                the run folder."""
+                run = work / RUNS[f"train-{stage}"]
+                stage_sets = [f'data.train=[{{prefix="{work}/data/task-{stage}-train_text_document", weight=1.0}}]',
+                              f'data.valid=[{{prefix="{work}/data/task-{stage}-validation_text_document", weight=1.0}}]',
+                              sets[2], "model.qk_layernorm=false", f'checkpoint.init_from="mcore:{init}/checkpoints"',
+                              f'checkpoint.save="{run}/checkpoints"', f'logging.run_dir="{run}"',
+                              f'logging.tensorboard_dir="{run}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
+                              f"train.seq_length={seq_length}", f"train.train_iters={iters}",
+                              f"checkpoint.save_interval={every}", f"train.eval_interval={every}", *more]
+                if spec_table(args.sft_spec, "eval", "generation") is not None:  # validation prompts in the template
+                    stage_sets += [f'eval.generation.prompts="{measured_task_dir}/validation.jsonl"',
+                                   "eval.generation.max_prompts=200"]
+                if args.gpu:
+                    stage_sets.append(f'cluster.gpu="{args.gpu}"')
+                compiled_stage = work / f"compiled-{stage}"
+                steps.append((f"compile-{stage}", cli + ["compile", str(Path(args.sft_spec).resolve()), "-o",
+                                                         str(compiled_stage), "--force"]
+                              + [a for s in stage_sets for a in ("--set", s)], {}))
+                steps.append((f"train-{stage}", ["bash", str(compiled_stage / "launch.sh")], {"DLMSPEC_PYTHON": py}))
+                return run
+
+            sft_dir = sft_stage("sft", run_dir, args.sft_seq_length, args.sft_iters, args.sft_every, [])
             ckpt = str(sft_dir / "checkpoints")
             if args.sft_canvas_iters:  # the second stage: rows as long as the measured canvas, scored on it
-                canvas_dir, n2 = work / RUNS["train-sft-canvas"], args.sft_canvas_iters
-                every = max(1, min(args.sft_every, n2 // 3))
-                canvas_sets = [f'data.train=[{{prefix="{work}/data/task-sft-canvas-train_text_document", weight=1.0}}]',
-                               f'data.valid=[{{prefix="{work}/data/task-sft-canvas-validation_text_document", weight=1.0}}]',
-                               sets[2], "model.qk_layernorm=false", f'checkpoint.init_from="mcore:{sft_dir}/checkpoints"',
-                               f'checkpoint.save="{canvas_dir}/checkpoints"', f'logging.run_dir="{canvas_dir}"',
-                               f'logging.tensorboard_dir="{canvas_dir}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
-                               f"train.seq_length={args.sft_canvas_seq_length}", f"train.train_iters={n2}",
-                               f"train.lr_warmup_iters={max(1, n2 // 10)}", f"checkpoint.save_interval={every}",
-                               f"train.eval_interval={every}", f"generate.gen_length={args.gen_length}",
-                               f"generate.steps={args.steps}", f"generate.block_length={args.block_length}",
-                               *[x for x in sft_sets if x.startswith(("eval.generation.", "cluster.gpu="))]]
-                compiled_canvas = work / "compiled-sft-canvas"
-                steps.append(("compile-sft-canvas", cli + ["compile", str(Path(args.sft_spec).resolve()), "-o",
-                                                           str(compiled_canvas), "--force"]
-                              + [a for s in canvas_sets for a in ("--set", s)], {}))
-                steps.append(("train-sft-canvas", ["bash", str(compiled_canvas / "launch.sh")], {"DLMSPEC_PYTHON": py}))
+                n = args.sft_canvas_iters
+                canvas_dir = sft_stage("sft-canvas", sft_dir, args.sft_canvas_seq_length, n,
+                                       max(1, min(args.sft_every, n // 3)),
+                                       [f"train.lr_warmup_iters={max(1, n // 10)}", f"generate.gen_length={args.gen_length}",
+                                        f"generate.steps={args.steps}", f"generate.block_length={args.block_length}"])
                 ckpt = str(canvas_dir / "checkpoints")
     site = Path(args.peer_site) if args.peer_site else work / "peer-site"
     steps.append(("peer-install", [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
