@@ -268,6 +268,9 @@ class GPTBlockLogits:
         cuda_graph_fallback: why ``cuda_graph`` was asked for and the forward runs eager (also after
             a capture failed at a call), or ``None``.
         graphs: the model's :class:`~dlmspec.backends.generate.cuda_graphs.GraphCache`, or ``None``.
+        commit_graphs: with ``graphs``, the model's cache of the sampler's commit-step graphs
+            (``cuda_graphs.COMMIT_ATTRIBUTE``: :func:`~dlmspec.backends.generate.sampler.generate`
+            replays a greedy step's argmax, confidence, remasking rule and write as one graph), or ``None``.
 
     The position ids and key-padding mask derived from ``attention_mask``, and a cached step's key
     pattern, are made at the first call with that mask tensor (by identity) and reused while it is
@@ -312,6 +315,7 @@ class GPTBlockLogits:
             self._persistent = self._inner.output_layer.register_forward_pre_hook(self._slice_hidden, with_kwargs=True)
             self._forward = torch.compile(model, mode="reduce-overhead", dynamic=False)
         self.graphs: Any = None
+        self.commit_graphs: Any = None
         self._cuda_graph_refused: Optional[str] = None
         if cuda_graph:
             from dlmspec.backends.generate import cuda_graphs
@@ -325,6 +329,10 @@ class GPTBlockLogits:
             if self._cuda_graph_refused is None:
                 self.graphs = cuda_graphs.model_graph_cache(
                     model, graph_backend, max_graphs=max_graphs or cuda_graphs.DEFAULT_MAX_GRAPHS)
+                # the sampler's commit step (greedy): its own graphs, on the forward graphs' backend and pool
+                self.commit_graphs = cuda_graphs.model_graph_cache(
+                    model, self.graphs.backend, max_graphs=max_graphs or cuda_graphs.DEFAULT_MAX_GRAPHS,
+                    attribute=cuda_graphs.COMMIT_ATTRIBUTE, what="the sampler's commit step")
         self._columns_of: Optional[tuple] = None
         self._refresh_entry: Any = None
         self._aliased = False

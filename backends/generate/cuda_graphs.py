@@ -190,6 +190,7 @@ class GraphCache:
     Args:
         backend: :class:`CUDAGraphBackend` (default) or a test's stand-in.
         max_graphs: graphs kept (>= 1); the least recently used is dropped beyond it.
+        what: what the graphs run, for :attr:`fallback`'s sentence (``"the forward"``).
 
     Attributes:
         captures, replays, evictions: counts over the cache's life.
@@ -197,7 +198,7 @@ class GraphCache:
             :meth:`run` calls the callable eagerly.
     """
 
-    def __init__(self, backend: Any = None, *, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+    def __init__(self, backend: Any = None, *, max_graphs: int = DEFAULT_MAX_GRAPHS, what: str = "the forward") -> None:
         if int(max_graphs) < 1:
             raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
         self.backend = backend if backend is not None else CUDAGraphBackend()
@@ -207,6 +208,7 @@ class GraphCache:
         self.replays = 0
         self.evictions = 0
         self.fallback: Optional[str] = None
+        self.what = what
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -257,7 +259,7 @@ class GraphCache:
                 self.backend.warmup(lambda: fn(*static))
                 (graph, output), held = _external_reads(lambda: self.backend.capture(lambda: fn(*static)))
             except Exception as exc:  # noqa: BLE001 - any capture failure: eager from now on, recorded
-                self.fallback = f"a CUDA-graph capture failed ({type(exc).__name__}: {exc}); the forward runs eager"
+                self.fallback = f"a CUDA-graph capture failed ({type(exc).__name__}: {exc}); {self.what} runs eager"
                 self._graphs.clear()
                 return fn(*inputs)
             entry = GraphEntry(key=key, graph=graph, inputs=static, output=output,
@@ -286,21 +288,28 @@ class GraphCache:
 #: The attribute of a model (the object the sampler calls) that holds its :class:`GraphCache`, so the
 #: graphs outlive one ``generate`` call (the RL stage makes a new logits function per rollout).
 MODEL_ATTRIBUTE = "_dlmspec_cuda_graphs"
+#: The attribute holding the graphs of the sampler's commit step (the tokens a denoising step writes,
+#: from the step's logits: ``dlmspec.backends.generate.sampler``), kept apart from the forward's so
+#: that neither evicts the other; they share the forward graphs' backend and memory pool.
+COMMIT_ATTRIBUTE = "_dlmspec_cuda_commit_graphs"
 
 
-def model_graph_cache(model: Any, backend: Any = None, *, max_graphs: int = DEFAULT_MAX_GRAPHS) -> GraphCache:
-    """The :class:`GraphCache` kept on ``model`` (made at the first call; a new one when ``backend``
-    is given and differs from the kept one's). Every sampler of the same model object shares it:
-    graphs are captured once per shape for the model's life (or until evicted);
+def model_graph_cache(model: Any, backend: Any = None, *, max_graphs: int = DEFAULT_MAX_GRAPHS,
+                      attribute: str = MODEL_ATTRIBUTE, what: str = "the forward") -> GraphCache:
+    """The :class:`GraphCache` kept on ``model`` under ``attribute`` (made at the first call; a new one
+    when ``backend`` is given and differs from the kept one's). Every sampler of the same model object
+    shares it: graphs are captured once per shape for the model's life (or until evicted);
     :func:`release_model_graphs` drops them (and their memory)."""
-    cache = model.__dict__.get(MODEL_ATTRIBUTE)
+    cache = model.__dict__.get(attribute)
     if cache is None or (backend is not None and cache.backend is not backend):
-        cache = GraphCache(backend, max_graphs=max_graphs)
-        model.__dict__[MODEL_ATTRIBUTE] = cache
+        cache = GraphCache(backend, max_graphs=max_graphs, what=what)
+        model.__dict__[attribute] = cache
     return cache
 
 
 def release_model_graphs(model: Any) -> bool:
-    """Drop the graphs kept on ``model`` (their static buffers return to the pool; the pool's memory
-    to the allocator once no graph holds it). Returns whether there were any."""
-    return model.__dict__.pop(MODEL_ATTRIBUTE, None) is not None
+    """Drop the graphs kept on ``model``, the forward's and the commit step's (their static buffers
+    return to the pool; the pool's memory to the allocator once no graph holds it). Returns whether
+    there were any."""
+    dropped = [model.__dict__.pop(name, None) is not None for name in (MODEL_ATTRIBUTE, COMMIT_ATTRIBUTE)]
+    return any(dropped)

@@ -502,6 +502,12 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
     # (block_cache.vocab_parallel_greedy), never the gathered logits
     vocab_parallel = (bool(getattr(block_fn, "vocab_parallel", False)) and config.temperature == 0
                       and config.top_k is None and config.top_p in (None, 1.0) and config.cfg_scale == 0)
+    # a greedy step's commit (argmax, confidence, the remasking rule, the write into the block) replayed as
+    # one CUDA graph beside the forward's: ~20 launches of host work a step become one
+    commit = commit_graphs(block_fn, config, eligible=on_step is None and given is None and not vocab_parallel)
+    if commit is not None:
+        commit_fn, commit_key = commit_step(config, ranks), ("commit", config.remasking, config.threshold,
+                                                             config.factor, mask_id)
     for block in range(config.num_blocks):
         start = plen + block * width
         end = start + width
@@ -550,19 +556,20 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
             else:
                 row_passes.index_add_(0, index, masked.any(dim=1).to(torch.int64))
 
-            if logits is not None:
-                # the mask token is never an output (else a commit would stay masked)
-                x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
-                                               top_p=config.top_p, generator=gen, exclude=mask_id)
-            if config.remasking == "random":
-                confidence = torch.rand(masked.shape, generator=gen, dtype=torch.float64, device=dev)
-            if config.remasking == "threshold":
-                chosen = commit_positions(confidence, masked, threshold=config.threshold, ranks=ranks)
-            elif config.remasking == "factor":
-                chosen = commit_positions(confidence, masked, factor=config.factor, ranks=ranks)
+            if (commit is not None and logits is not None and commit.fallback is None
+                    and logits.numel() * 8 <= COMMIT_GRAPH_MAX_BYTES):
+                count = None if parallel else counts[block_step]
+                view.copy_(commit.run((*commit_key, tuple(logits.shape), logits.dtype, logits.device), commit_fn,
+                                      [logits, view, count]))
             else:
-                chosen = commit_positions(confidence, masked, count=counts[block_step], ranks=ranks)
-            view.copy_(torch.where(chosen, x0, view))
+                if logits is not None:
+                    # the mask token is never an output (else a commit would stay masked)
+                    x0, confidence = sample_tokens(logits, temperature=config.temperature, top_k=config.top_k,
+                                                   top_p=config.top_p, generator=gen, exclude=mask_id)
+                if config.remasking == "random":
+                    confidence = torch.rand(masked.shape, generator=gen, dtype=torch.float64, device=dev)
+                chosen = _commit(config, confidence, masked, None if parallel else counts[block_step], ranks)
+                view.copy_(torch.where(chosen, x0, view))
 
             if on_step is not None:
                 if index is not None:
@@ -587,7 +594,59 @@ def generate(logits_fn: LogitsFn, prompts: Prompts, config: GenerateConfig, *,
                           cache_fallback=cache_fallback,
                           compile_fallback=getattr(block_fn, "compile_fallback", None) if config.compile else None,
                           cuda_graph_fallback=(getattr(block_fn, "cuda_graph_fallback", None)
+                                               or (commit.fallback if commit is not None else None)
                                                if config.cuda_graph else None))
+
+
+def _commit(config: GenerateConfig, confidence: Tensor, masked: Tensor, count: Optional[Tensor], ranks: Tensor) -> Tensor:
+    """:func:`commit_positions` under ``config.remasking`` (``count`` is used by the count rules only)."""
+    if config.remasking == "threshold":
+        return commit_positions(confidence, masked, threshold=config.threshold, ranks=ranks)
+    if config.remasking == "factor":
+        return commit_positions(confidence, masked, factor=config.factor, ranks=ranks)
+    return commit_positions(confidence, masked, count=count, ranks=ranks)
+
+
+#: The largest float64 copy of a step's logits (``B x block x V x 8`` bytes) whose commit step runs as a
+#: graph: a graph keeps its intermediates (that copy and its softmax) in the graph pool for as long as it
+#: is kept, where an eager step frees them. 256 MiB holds batch 32 x block 32 x 32,768 columns, or batch
+#: 32 x block 8 of GPT-2's 50,304; larger steps are device-bound anyway, and run eager.
+COMMIT_GRAPH_MAX_BYTES = 256 * 2**20
+
+#: The remasking rules whose greedy commit step :func:`commit_graphs` replays as a CUDA graph
+#: (``random`` draws its confidences from the generator, which a replay would not advance).
+GRAPHED_COMMITS = ("low_confidence", "threshold", "factor")
+
+
+def commit_graphs(block_fn: Any, config: GenerateConfig, *, eligible: bool) -> Any:
+    """The model's graph cache for :func:`commit_step` (``GPTBlockLogits.commit_graphs``), or ``None``
+    (the step runs eager): only with ``[generate] cuda_graph`` on a block function whose forward runs
+    as graphs, at temperature 0 without top-k / top-p (no random draw), under :data:`GRAPHED_COMMITS`,
+    and when ``eligible`` (the caller's own conditions: no ``on_step`` callback, which reads the
+    step's commit mask; no guidance; not the vocabulary-parallel greedy path). A step whose logits
+    exceed :data:`COMMIT_GRAPH_MAX_BYTES` as float64 commits eager even then."""
+    cache = getattr(block_fn, "commit_graphs", None)
+    if (cache is None or not eligible or not config.cuda_graph or config.temperature != 0
+            or config.top_k is not None or config.top_p not in (None, 1.0) or config.remasking not in GRAPHED_COMMITS):
+        return None
+    return cache
+
+
+def commit_step(config: GenerateConfig, ranks: Tensor) -> Callable[[Tensor, Tensor, Optional[Tensor]], Tensor]:
+    """``(logits [B, W, V], block [B, W], count [B, 1] or None) -> block'``: the greedy step of
+    :func:`generate` after the forward, as one function of tensors with no host synchronisation
+    (so it can be captured): the masked positions of ``block``, the argmax and its confidence
+    (:func:`sample_tokens` at temperature 0, the mask token excluded), the positions the remasking
+    rule commits (:func:`commit_positions`; ``count`` for ``low_confidence``) and the block with them
+    written. ``ranks`` is ``arange(W)`` (read by the graph by address; every call passes equal values)."""
+    mask_id = config.mask_token_id
+
+    def step(logits: Tensor, block: Tensor, count: Optional[Tensor]) -> Tensor:
+        masked = block == mask_id
+        x0, confidence = sample_tokens(logits, temperature=0.0, exclude=mask_id)
+        return torch.where(_commit(config, confidence, masked, count, ranks), x0, block)
+
+    return step
 
 
 def block_logits_for(logits_fn: Any, config: GenerateConfig) -> Tuple[BlockLogitsFn, Optional[str]]:

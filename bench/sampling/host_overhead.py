@@ -49,7 +49,8 @@ Usage::
     python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
         --vocab 50304 --batch 128 --repeats 10 --compile --paths rl,low_confidence,threshold --out "$OUT/host-compile.json"
     # eager and CUDA graphs ([generate] cuda_graph) side by side, tokens compared (exit 1 if they differ),
-    # and d1's rollout loop around the same model on the rl path
+    # the graphs also with the sampler's commit step eager (what its own graph saves), and d1's rollout
+    # loop around the same model on the rl path
     python bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 --hidden 768 --heads 12 \
         --vocab 50304 --batch 1 --repeats 10 --cuda-graph --d1-loop --out "$OUT/host-graphs-b1.json"
     python bench/sampling/host_overhead.py --dry --cuda-graph --stand-in-graphs --d1-loop   # the same, checked on CPU
@@ -248,7 +249,7 @@ class _Run:
     """One sampler on one path: its logits function (the model's call timed and marked), counter
     and clock."""
 
-    def __init__(self, sample: Any, model: Any) -> None:
+    def __init__(self, sample: Any, model: Any, commit_graph: bool = True) -> None:
         from dlmspec.backends.generate.models import gpt_logits_fn
 
         self.sample = sample
@@ -268,10 +269,14 @@ class _Run:
                 raise SystemExit(f"host_overhead.py: {type(block_fn).__name__}: not the block sampler's GPTBlockLogits")
             block_fn._forward = self._timed(block_fn._forward)
             if STAND_IN["backend"] is not None and getattr(config, "cuda_graph", False) and block_fn.graphs is None:
-                from dlmspec.backends.generate.cuda_graphs import model_graph_cache
+                from dlmspec.backends.generate.cuda_graphs import COMMIT_ATTRIBUTE, model_graph_cache
 
                 block_fn.graphs = model_graph_cache(block_fn.model, STAND_IN["backend"])
+                block_fn.commit_graphs = model_graph_cache(block_fn.model, STAND_IN["backend"], attribute=COMMIT_ATTRIBUTE,
+                                                           what="the sampler's commit step")
                 block_fn._cuda_graph_refused = None
+            if not commit_graph:  # the forward's graphs only: the commit step eager (the comparison's control)
+                block_fn.commit_graphs = None
             if getattr(block_fn, "graphs", None) is not None:
                 # cuda_graph: a step's model work is the graph path (input copies, replay); an eager
                 # forward inside it (warm-up, capture) is counted once, by the outer timer
@@ -299,7 +304,8 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
              samplers: Dict[str, Any], device: str = "cpu", compile: bool = False,
              profile: bool = False) -> Dict[str, Dict[str, Any]]:
     """One path's timing and counts (see the module docstring) for each of ``samplers`` (label ->
-    a ``generate`` function, or ``(generate, {GenerateConfig overrides})``). The timed calls of the
+    a ``generate`` function, ``(generate, {GenerateConfig overrides})`` or ``(generate, overrides,
+    {"commit_graph": False})``: the forward's CUDA graphs without the commit step's). The timed calls of the
     samplers alternate (one call of each per repeat), so a drift of the machine's speed falls on all
     of them alike. With ``profile``, each record also holds :func:`profile_call`'s breakdown of one
     more call.
@@ -326,9 +332,9 @@ def run_path(name: str, model: Any, prompts: List[List[int]], vocab: int, repeat
     configs: Dict[str, Any] = {}
     runs: Dict[str, _Run] = {}
     for label, entry in samplers.items():
-        sample, overrides = entry if isinstance(entry, tuple) else (entry, {})
+        sample, overrides, options = (tuple(entry) + ({},))[:3] if isinstance(entry, tuple) else (entry, {}, {})
         configs[label] = dataclasses.replace(base, **overrides)
-        runs[label] = _Run(sample, model)
+        runs[label] = _Run(sample, model, **options)
     config = base
     outs: Dict[str, Any] = {}
     captured: Dict[str, float] = {}
@@ -428,8 +434,12 @@ def _graph_stats(run: "_Run") -> Optional[Dict[str, Any]]:
     if not caches:
         return None
     (cache,) = list(caches.values())[-1:]
+    commits = [b.commit_graphs for b in run.block_fns if getattr(b, "commit_graphs", None) is not None][-1:]
     return {"kept": len(cache), "captures": cache.captures, "replays": cache.replays, "evictions": cache.evictions,
-            "fallback": cache.fallback}
+            "fallback": cache.fallback,
+            # the sampler's commit-step graphs (greedy paths; the model's cache, shared by every run of the model)
+            "commit": {"kept": len(commits[0]), "captures": commits[0].captures, "replays": commits[0].replays,
+                       "fallback": commits[0].fallback} if commits else None}
 
 
 def d1_loop_record(model: Any, prompts: List[List[int]], vocab: int, repeats: int, device: str) -> Dict[str, Any]:
@@ -558,6 +568,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         samplers: Dict[str, Any] = {"paths": generate}
         if args.cuda_graph:
             samplers["graphs"] = (generate, {"cuda_graph": True})
+            samplers["graphs_eager_commit"] = (generate, {"cuda_graph": True}, {"commit_graph": False})
         if args.reference:
             samplers["reference"] = reference_generate()
         for name in paths:
@@ -565,7 +576,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                compile=args.compile, profile=args.profile)
             for where, r in records.items():
                 result.setdefault(where, {})[name] = r
-                label = {"paths": name, "graphs": f"{name} (cuda graphs)"}.get(where, f"{name} (9284fc4)")
+                label = {"paths": name, "graphs": f"{name} (cuda graphs)",
+                         "graphs_eager_commit": f"{name} (graphs, eager commit)"}.get(where, f"{name} (9284fc4)")
                 print(f"{label:30s} steps {r['steps']:3d}  wall {r['wall_ms_per_step']:7.3f} ms/step  "
                       f"forward {r['forward_ms_per_step']:7.3f} ms/step  "
                       f"sampler {r['sampler_ms_per_step']:7.3f} ms/step  syncs {r['syncs_per_step']:5.2f}/step  "
@@ -595,7 +607,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"{name:30s} eager {eager['wall_ms_per_step']:7.3f} ms/step  graphs "
                       f"{graphs['wall_ms_per_step']:7.3f} ms/step  x{graphs['speedup_over_eager']:.2f}  same tokens: "
                       f"{graphs['same_tokens_as_eager']}  fallback: {graphs['cuda_graph_fallback']}", flush=True)
-                if not graphs["same_tokens_as_eager"]:
+                forward_only = result["graphs_eager_commit"][name]
+                commit_gain = forward_only["wall_ms_per_step"] / graphs["wall_ms_per_step"]
+                same_commit = forward_only["tokens_sha"] == graphs["tokens_sha"]
+                result["side_by_side"][name].update({
+                    "graphs_eager_commit_wall_ms_per_step": forward_only["wall_ms_per_step"],
+                    "commit_graph_speedup": commit_gain, "commit_graph_same_tokens": same_commit})
+                print(f"{name:30s} graphs with the commit step eager {forward_only['wall_ms_per_step']:7.3f} ms/step: "
+                      f"the commit graph x{commit_gain:.2f}, same tokens: {same_commit}", flush=True)
+                if not graphs["same_tokens_as_eager"] or not same_commit:
                     print(f"host_overhead.py: {name}: the CUDA-graph tokens differ from the eager sampler's", file=sys.stderr)
             if args.reference:
                 same = result["reference"][name]["tokens_sha"] == result["paths"][name]["tokens_sha"]
@@ -620,6 +640,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         write_atomic(args.out, text)
     differs = [n for n, r in result["paths"].items() if r.get("same_tokens_as_reference") is False]
     differs += [n for n, r in result.get("graphs", {}).items() if r.get("same_tokens_as_eager") is False]
+    differs += [n for n, r in result.get("side_by_side", {}).items() if r.get("commit_graph_same_tokens") is False]
     return 1 if differs else 0
 
 

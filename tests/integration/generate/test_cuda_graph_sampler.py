@@ -1,9 +1,10 @@
 """The sampler with the model's forward replayed as CUDA graphs (``[generate] cuda_graph``), on tiny
 megatron-core GPTModels on the CPU through a stand-in capture backend with a real graph's memory semantics
 (tests/kits/cuda_graph_kit.py): the replays give exactly the eager tokens with every cache, left padding
-and EOS (rows leaving the batch); one graph serves every block of a canvas; graphs outlive one generate
-call; fp32 logits handed out are never overwritten by the next replay; on the CPU the switch is a no-op
-with its reason recorded."""
+and EOS (rows leaving the batch); a greedy step's commit is replayed as a graph of its own (one per
+step, none when sampling at a temperature or with an on_step callback); one graph serves every block of
+a canvas; graphs outlive one generate call; fp32 logits handed out are never overwritten by the next
+replay; on the CPU the switch is a no-op with its reason recorded."""
 
 from __future__ import annotations
 
@@ -71,9 +72,13 @@ def test_graph_replays_give_exactly_the_eager_tokens(fresh, cache, remasking, te
     out = generate(_graphed(model, backend), PROMPTS, _config(**kw))
     assert torch.equal(out.sequences, eager.sequences)
     assert out.forward_passes == eager.forward_passes and out.cuda_graph_fallback is None
-    graphs = model.__dict__["_dlmspec_cuda_graphs"]
+    graphs, commits = model.__dict__["_dlmspec_cuda_graphs"], model.__dict__["_dlmspec_cuda_commit_graphs"]
     assert graphs.fallback is None and graphs.replays == out.forward_passes
-    assert backend.captures == graphs.captures < out.forward_passes
+    assert graphs.captures < out.forward_passes and commits.fallback is None
+    # greedy: every step's commit is a replay (one capture: one block shape); sampled: eager
+    assert commits.replays == (out.forward_passes if temperature == 0 else 0)
+    assert commits.captures == (1 if temperature == 0 else 0)
+    assert backend.captures == graphs.captures + commits.captures
 
 
 def test_rows_leaving_the_batch_at_eos_get_the_eager_tokens_and_a_graph_per_batch_size(fresh):
@@ -93,10 +98,12 @@ def test_one_graph_serves_every_block_of_a_canvas_and_outlives_the_generate_call
     model = fresh["bidirectional"]
     backend = ReplayBackend()
     first = generate(_graphed(model, backend), PROMPTS, _config())
-    assert backend.captures == 1 and first.forward_passes == 8  # 4 blocks, 2 steps each: one shape
+    # 4 blocks, 2 steps each: one shape, so one forward graph and one commit graph
+    assert backend.captures == 2 and first.forward_passes == 8
     second = generate(_graphed(model, backend), PROMPTS, _config())
-    assert backend.captures == 1 and torch.equal(second.sequences, first.sequences)
+    assert backend.captures == 2 and torch.equal(second.sequences, first.sequences)
     assert model.__dict__["_dlmspec_cuda_graphs"].replays == 16
+    assert model.__dict__["_dlmspec_cuda_commit_graphs"].replays == 16
 
 
 def test_fp32_logits_handed_out_are_not_overwritten_by_the_next_replay(fresh):
