@@ -52,8 +52,8 @@ def test_the_default_run_pretrains_then_tunes_from_that_checkpoint_and_scores_th
     assert f"checkpoint.init_from=\"mcore:{work}/run/checkpoints\"" in sft_compile
     assert "model.qk_layernorm=false" in sft_compile  # the same model as the pre-training (and LLaDA-exportable)
     assert "train.seq_length=24" in sft_compile and "train.train_iters=900" in sft_compile
-    # a checkpoint saved and scored every 100 iterations: the best scored one is measured
-    assert "checkpoint.save_interval=100" in sft_compile and "train.eval_interval=100" in sft_compile
+    # scored every 100 iterations, saved three times: the canvas stage goes on from its last checkpoint
+    assert "checkpoint.save_interval=300" in sft_compile and "train.eval_interval=100" in sft_compile
     assert f'eval.generation.prompts="{work}/task-chat/validation.jsonl"' in sft_compile
     # the second stage: from the first one's last checkpoint, on 48-token rows, scored on the measured canvas
     canvas_compile = lines["compile-sft-canvas"]

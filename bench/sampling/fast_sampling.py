@@ -136,13 +136,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    "and --gen-length positions), from the first stage's last checkpoint (default 300; 0: none). A "
                    "model tuned on 8 positions does not answer on 32: the masked positions it never saw change its "
                    "answer (bench/results/sampling/task-learnability-cpu/, *-canvas-*.json)")
-    p.add_argument("--sft-canvas-timeout-s", type=float, default=85.0,
-                   help="the second SFT stage's time limit (default 85: a start-up of ~50 s and ~0.1 s an iteration on an H100)")
+    p.add_argument("--sft-canvas-timeout-s", type=float, default=95.0,
+                   help="the second SFT stage's time limit (default 95: on an H100 an SFT run started in ~41 s, then "
+                   "~0.075 s an iteration, ~1 s a scoring and ~2.5 s a save, and exited in ~6 s)")
     p.add_argument("--chat-template", default=None,
                    help="the SFT chat template (default the SFT spec's [stage.sft] chat_template, else plain)")
     p.add_argument("--train-timeout-s", type=float, default=None,
                    help="stop the pre-training (SIGTERM: it saves a checkpoint) after this many seconds "
-                   "(default 120 with --stage sft, else only the budget: 400 iterations took 101-110 s with a 55 s start-up on an H100, bench/results/sampling/2026-12-07-h100-fast-*.md)")
+                   "(default 115 with --stage sft, else only the budget: 400 iterations took 101-110 s with a 55 s start-up on an H100, bench/results/sampling/2026-12-07-h100-fast-*.md)")
     p.add_argument("--sft-timeout-s", type=float, default=150.0,
                    help="the same for the SFT stage (default 150: 1,200 iterations and 12 scorings took 165 s on an H100)")
     p.add_argument("--task", default="addition-padded",
@@ -204,7 +205,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         if args.train_iters is None:
             args.train_iters = PRETRAIN_ITERS_BEFORE_SFT
         if args.train_timeout_s is None:
-            args.train_timeout_s = 120.0
+            args.train_timeout_s = 115.0
         if args.sft_seq_length is None:
             length = spec_table(args.sft_spec, "train", "seq_length")
             args.sft_seq_length = length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else 24
@@ -298,10 +299,11 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
         steps.append(("train", ["bash", str(compiled / "launch.sh")], {"DLMSPEC_PYTHON": py}))
         ckpt = str(run_dir / "checkpoints")  # the latest checkpoint of the run
         if sft:
-            def sft_stage(stage: str, init: Path, seq_length: int, iters: int, every: int, more: List[str]) -> Path:
+            def sft_stage(stage: str, init: Path, seq_length: int, iters: int, every: int, save_every: int,
+                          more: List[str]) -> Path:
                 """The compile and train steps of SFT stage ``stage`` (its rows ``data/task-STAGE-*``,
-                started from ``init``'s latest checkpoint, run folder ``RUNS["train-STAGE"]``); returns
-                the run folder."""
+                started from ``init``'s latest checkpoint, run folder ``RUNS["train-STAGE"]``, scored
+                every ``every`` and saved every ``save_every`` iterations); returns the run folder."""
                 run = work / RUNS[f"train-{stage}"]
                 stage_sets = [f'data.train=[{{prefix="{work}/data/task-{stage}-train_text_document", weight=1.0}}]',
                               f'data.valid=[{{prefix="{work}/data/task-{stage}-validation_text_document", weight=1.0}}]',
@@ -309,7 +311,7 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                               f'checkpoint.save="{run}/checkpoints"', f'logging.run_dir="{run}"',
                               f'logging.tensorboard_dir="{run}/tensorboard"', f"cluster.gpus_per_node={args.gpus}",
                               f"train.seq_length={seq_length}", f"train.train_iters={iters}",
-                              f"checkpoint.save_interval={every}", f"train.eval_interval={every}", *more]
+                              f"checkpoint.save_interval={save_every}", f"train.eval_interval={every}", *more]
                 if spec_table(args.sft_spec, "eval", "generation") is not None:  # validation prompts in the template
                     stage_sets += [f'eval.generation.prompts="{measured_task_dir}/validation.jsonl"',
                                    "eval.generation.max_prompts=200"]
@@ -322,12 +324,16 @@ def plan(args: argparse.Namespace, work: Path, out: Path) -> List[Step]:
                 steps.append((f"train-{stage}", ["bash", str(compiled_stage / "launch.sh")], {"DLMSPEC_PYTHON": py}))
                 return run
 
-            sft_dir = sft_stage("sft", run_dir, args.sft_seq_length, args.sft_iters, args.sft_every, [])
+            # followed by the canvas stage, the first stage hands on its last checkpoint: saved three times
+            # (a save costs ~2.5 s on an H100), not at every score
+            canvas = bool(args.sft_canvas_iters)
+            sft_dir = sft_stage("sft", run_dir, args.sft_seq_length, args.sft_iters, args.sft_every,
+                                max(1, args.sft_iters // 3) if canvas else args.sft_every, [])
             ckpt = str(sft_dir / "checkpoints")
             if args.sft_canvas_iters:  # the second stage: rows as long as the measured canvas, scored on it
                 n = args.sft_canvas_iters
-                canvas_dir = sft_stage("sft-canvas", sft_dir, args.sft_canvas_seq_length, n,
-                                       max(1, min(args.sft_every, n // 3)),
+                every = max(1, min(args.sft_every, n // 3))
+                canvas_dir = sft_stage("sft-canvas", sft_dir, args.sft_canvas_seq_length, n, every, every,
                                        [f"train.lr_warmup_iters={max(1, n // 10)}", f"generate.gen_length={args.gen_length}",
                                         f"generate.steps={args.steps}", f"generate.block_length={args.block_length}"])
                 ckpt = str(canvas_dir / "checkpoints")
