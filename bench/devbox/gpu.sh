@@ -18,6 +18,8 @@
 #                                             # .bench-data .bench-peers: bench/devbox/fetch_fast_dllm.sh)
 #   bash bench/devbox/gpu.sh rl-coupled-grpo  # the same with coupled-GRPO
 #   bash bench/devbox/gpu.sh rl-grpo          # the same for the AR model with GRPO (no SFT, no d1 loop)
+#                                             # (each rl-*: with a minute left, host_overhead.py --cuda-graph at
+#                                             # batch 1, the commit step's graph on and off: host-graphs-commit-b1.json)
 #   ALGO=... bash bench/devbox/gpu.sh task-rl # the same as rl-ALGO (bench/devbox/gpu/task_rl.sh)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
 #
@@ -40,6 +42,21 @@ if [ "$dry" = 0 ]; then
   export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
 fi
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # never the checkout's dlmspec/ from the working directory
+
+# host_tail NAME BATCH ARGS...: with at least 60 s of the call left (585 s from this script's start), the
+# sampler's per-step time on the demo shape (random weights, CUDA graphs, the four paths of the fast-sampling
+# suite) at BATCH, into $OUT/NAME.json and NAME.log; nothing on --dry
+host_tail() {
+  local name=$1 batch=$2 left
+  shift 2
+  left=$(( 585 - ($(date +%s) - t_start) ))
+  [ "$dry" = 0 ] && [ "$left" -ge 60 ] || return 0
+  timeout -s TERM -k 5 $(( left - 10 )) "$PY" bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 \
+    --hidden 768 --heads 12 --vocab 50304 --batch "$batch" --cuda-graph \
+    --paths low_confidence,threshold,low_confidence_prefix,low_confidence_dual \
+    --out "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1 || echo "gpu.sh: $name did not finish (see $name.log)"
+}
+
 case "$suite" in
   throughput)
     # 3 jobs of one micro batch each (~90 s apiece: start-up, 3 warm-up + 5 timed steps); the harness stops
@@ -59,16 +76,8 @@ case "$suite" in
     timeout -s TERM -k 10 $(( budget + 15 )) "$PY" bench/sampling/fast_sampling.py --out "$OUT" \
       --work-dir /tmp/bench-work/fast-sampling --gpus 1 --budget-s "$budget" "$@"
     rc=$?
-    # what is left of the call (at least 60 s): where a step's time goes at batch 32 (the demo shape, random
-    # weights, CUDA graphs; host_overhead.py --profile), into its own file
-    left=$(( 585 - ($(date +%s) - t_start) ))
-    if [ "$dry" = 0 ] && [ "$left" -ge 60 ]; then
-      timeout -s TERM -k 5 $(( left - 10 )) "$PY" bench/sampling/host_overhead.py --device cuda --bf16 --layers 12 \
-        --hidden 768 --heads 12 --vocab 50304 --batch 32 --repeats 3 --cuda-graph --profile \
-        --paths low_confidence,threshold,low_confidence_prefix,low_confidence_dual \
-        --out "$OUT/host-graphs-b32-profile.json" > "$OUT/host-graphs-b32-profile.log" 2>&1 \
-        || echo "gpu.sh: the batch-32 profile did not finish (see host-graphs-b32-profile.log)"
-    fi
+    # what is left of the call: where a step's time goes at batch 32 (host_overhead.py --profile)
+    host_tail host-graphs-b32-profile 32 --repeats 3 --profile
     (exit $rc) ;;
   scaling)
     # The bundled scaling studies (28 small runs, 8 side by side on the GPU, then dlmspec eval of each): carry
@@ -82,7 +91,12 @@ case "$suite" in
     # (bench/devbox/gpu/task_rl.sh; everything written within 570 s of this script's start, the install included)
     algo=${ALGO:-diffu-grpo}
     [ "$suite" != task-rl ] && algo=${suite#rl-}
-    ALGO=$algo GPU_SH_START=$t_start bash bench/devbox/gpu/task_rl.sh "$@" ;;
+    ALGO=$algo GPU_SH_START=$t_start bash bench/devbox/gpu/task_rl.sh "$@"
+    rc=$?
+    # what is left of the call: the forward's CUDA graphs with and without the commit step's own graph
+    # (host_overhead.py --cuda-graph: commit_graph_speedup), at batch 1, where the host's work a step shows
+    host_tail host-graphs-commit-b1 1 --repeats 5
+    (exit $rc) ;;
   *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, rl-diffu-grpo, rl-coupled-grpo, rl-grpo, task-rl)" >&2; exit 2 ;;
 esac
 rc=$?
