@@ -26,9 +26,9 @@ The step's microbatches are the rollout batch's rows (``train.micro_batch_size``
 forward step scores them with the estimator (``backends/rl/estimators.py``: one forward pass for
 ``one-step``, two for ``coupled``, K for ``mc-elbo``, one for ``ar``) and the loss function is
 the clipped ratio objective (``backends/rl/loss.py`` :func:`policy_loss`: asymmetric bounds
-``[1 - eps_lower, 1 + eps_upper]``, k3 KL to the reference). Megatron's schedule adds the
-microbatches' losses weighted by their rows (``num_tokens`` = rows, so the step's loss is the
-mean over rows of each microbatch's normalised loss).
+``[1 - eps_lower, 1 + eps_upper]``, k3 KL to the reference), normalised within the microbatch.
+Each microbatch reports ``num_tokens`` = 1 (:func:`_rl_loss_func`), so megatron's schedule
+(``calculate_per_token_loss``) makes the step's loss the mean of its microbatches' losses.
 
 Logged per step (``train`` records: metrics.jsonl, TensorBoard, W&B): reward mean/std in total and
 per function, accuracy (the share of exact-match rewards equal to 1), KL, clip fraction, ratio,
@@ -219,6 +219,7 @@ class RLStage(StageBase):
         if ctx.data_parallel_rank == 0 and os.environ.get("RANK", "0") in ("", "0"):
             print(f"rl: {len(self.engine.rows)} prompts ({self.engine.skipped} malformed rows skipped), "
                   f"{self.config.algorithm} with the {self.config.estimator_name} estimator", flush=True)
+            print(row_length_line(self.engine, run.data.seq_length), flush=True)
 
     def build_data(self, *, consumed_samples: int, num_chunks: int) -> Any:
         """A training feed over the rollout batch in use; no validation feed (held-out accuracy is
@@ -574,3 +575,18 @@ def register() -> None:
 
 
 register()
+
+
+def row_length_line(engine: Any, seq_length: int) -> str:
+    """The job's start line on its rollout rows: the longest rendered prompt plus ``gen_length``
+    against ``train.seq_length`` (the row length ``dlmspec plan`` priced, the model's
+    ``max_sequence_length``), with what to set when a row is longer."""
+    prompt = max(len(ids) for ids in engine.prompt_ids)
+    gen_length = int(engine.config.generate.get("gen_length", 0))
+    longest = prompt + gen_length
+    line = (f"rl: longest rollout row {longest} positions (prompt {prompt} + gen_length {gen_length}), "
+            f"train.seq_length {seq_length}")
+    if longest > seq_length:
+        line += (f"; rows are longer than the plan priced (and than max_sequence_length): "
+                 f"set train.seq_length = {longest}")
+    return line

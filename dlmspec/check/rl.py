@@ -103,11 +103,28 @@ def _rl_batch(ctx: Context) -> Iterator[Finding]:
     want = rl.grpo_prompts_per_step * rl.grpo_group_size
     gbs = ctx.spec.train.global_batch_size
     if gbs != want:
+        fix = Fix({"train.global_batch_size": want, **_micro_batch_for(ctx, want)})
         yield Finding("train.global_batch_size",
                       f"{gbs} sequences, and a rollout batch is grpo_prompts_per_step {rl.grpo_prompts_per_step} x "
                       f"grpo_group_size {rl.grpo_group_size} = {want} completions",
-                      f"set train.global_batch_size = {want} (or change grpo_prompts_per_step)", value=gbs,
-                      fix=Fix({"train.global_batch_size": want}))
+                      f"{fix.text()} (or change grpo_prompts_per_step / grpo_group_size)", value=gbs, fix=fix)
+
+
+def _micro_batch_for(ctx: Context, global_batch: int) -> dict[str, int]:
+    """``{"train.micro_batch_size": m}`` when the spec's micro batch does not divide each data-parallel
+    rank's share of ``global_batch`` (``batch-divisible`` would refuse the new global batch): ``m`` the
+    largest divisor of that share at most the spec's micro batch (a multiple of the group size with
+    ``loss_normalization = "group"``, ``rl-group-microbatch``); ``{}`` when none is needed or the share
+    does not split over the ranks (``rl-prompts-per-rank`` says so)."""
+    from dlmspec.check.hints import divisors
+
+    rl, dp, mbs = rl_table(ctx.spec), ctx.r.dp, ctx.spec.train.micro_batch_size
+    if dp < 1 or global_batch % dp or (global_batch // dp) % mbs == 0:
+        return {}
+    share, group = global_batch // dp, rl.grpo_group_size
+    fits = [d for d in divisors(share) if rl.loss_normalization != "group" or d % group == 0]
+    small = [d for d in fits if d <= mbs]
+    return {"train.micro_batch_size": max(small) if small else min(fits)} if fits else {}
 
 
 @rule(
@@ -205,6 +222,28 @@ def _rl_sampling(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
+    "rl-row-length",
+    "error",
+    "backends/rl/rollout.py (a rollout row is the rendered prompt followed by generate.gen_length positions) and "
+    "dlmspec/plan/rl.py (the plan prices rows of train.seq_length positions, also the model's max_sequence_length)",
+    "for an RL stage, train.seq_length is longer than generate.gen_length: the prompt needs room in the row",
+)
+def _rl_row_length(ctx: Context) -> Iterator[Finding]:
+    if not _is_rl(ctx):
+        return
+    gen_length = int(rollout_values(ctx.spec)["generate"]["gen_length"])
+    seq = ctx.spec.train.seq_length
+    if gen_length >= seq:
+        want = gen_length + seq
+        yield Finding("train.seq_length",
+                      f"{seq} positions, and each rollout row is the prompt followed by generate.gen_length = "
+                      f"{gen_length} positions: no room is left for the prompt (the plan prices rows of "
+                      "train.seq_length positions)",
+                      f"set train.seq_length = {want} (the longest prompt's tokens plus gen_length; the job prints "
+                      "its longest row at start)", value=seq, fix=Fix({"train.seq_length": want}))
+
+
+@rule(
     "rl-reference-sync",
     "warning",
     "d1 / DiffuCoder (TRL's sync_ref_model: the reference is refreshed every ref_model_sync_steps)",
@@ -297,6 +336,43 @@ def defines_function(source: str, name: str) -> bool:
     return False
 
 
+def call_problem(source: str, name: str) -> str | None:
+    """Why ``name`` in the Python ``source`` cannot be called as a reward,
+    ``name(prompt, completion, **row)`` (backends/rl/reward_worker.py ``score_one``: two positional
+    arguments, then the prompt row's other fields as keywords), or ``None`` where the source shows
+    no reason (a ``def`` or ``lambda`` that takes that call; a class, an import or another name,
+    which only the job can tell). Reads the last module-level binding of ``name``; parses only.
+
+    Raises:
+        SyntaxError: ``source`` is not Python.
+    """
+    bound = None
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            bound = node
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            bound = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            bound = node.value
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            bound = None
+    if isinstance(bound, (ast.Constant, ast.JoinedStr, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.ListComp,
+                          ast.DictComp, ast.SetComp, ast.BinOp, ast.Compare)):
+        return "is not a function (it is bound to a value)"
+    if not isinstance(bound, (ast.FunctionDef, ast.Lambda)):
+        return None
+    args = bound.args
+    positional = args.posonlyargs + args.args
+    required = len(positional) - len(args.defaults)
+    if len(positional) < 2 and args.vararg is None:
+        return f"takes {len(positional)} positional argument{'s' * (len(positional) != 1)}"
+    if required > 2:
+        return f"requires {required} positional arguments"
+    if args.kwarg is None:
+        return "takes no **keywords"
+    return None
+
+
 def _async_def(source: str, name: str) -> bool:
     return any(isinstance(n, ast.AsyncFunctionDef) and n.name == name for n in ast.parse(source).body)
 
@@ -345,6 +421,10 @@ def _rl_rewards(ctx: Context) -> Iterator[Finding]:
                 yield Finding(key, f"{where} defines no {name!r}",
                               f"use one of its functions ({', '.join(found) or 'none'}), or define "
                               f"def {name}(prompt, completion, **row) -> float there", value=spec)
+            elif (why := call_problem(source, name)) is not None:
+                yield Finding(key, f"{where}: {name} {why}, and the job calls {name}(prompt, completion, **row) "
+                              "(row: the prompt row's other fields, prompt_id among them)",
+                              f"define it as def {name}(prompt, completion, **row) -> float", value=spec)
         except FileRefused as exc:
             yield Finding(key, exc.why, exc.hint, value=spec)
         except SyntaxError as exc:

@@ -288,7 +288,9 @@ class RLPlan:
         estimator_passes: forward passes per log-probability.
         rollout_seconds: one rollout batch (``rl_rollout x mu``).
         step_seconds: one optimizer step (rollout share included).
-        rollout_share: the rollout's share of the step time.
+        rollout_share: the rollout's share of the step time (``rl_rollout``: a rollout batch spread
+            over the ``mu`` steps it serves).
+        steps_per_rollout: ``mu`` (``grpo_iterations``), the optimizer steps a rollout batch serves.
         to_train_seconds: ``step_seconds x train_iters``.
         rollout_logits_bytes: the sampler's float32 logits of the rank's rows during a rollout
             (not in the step's peak; see the module docstring).
@@ -319,6 +321,7 @@ class RLPlan:
     reference_checkpoint_bytes: float = 0.0
     reference_checkpoint_from: int | None = None
     cuda_graph_fallback: str | None = None
+    steps_per_rollout: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """The ``rl`` object of :meth:`dlmspec.plan.Plan.to_dict` (keys as the attributes)."""
@@ -351,7 +354,7 @@ def rl_plan(plan: Any, *, init_from: bool = False) -> RLPlan | None:
         rollout_batches=batches, prompts_seen=batches * prompts,
         completions=batches * prompts * int(options["grpo_group_size"]),
         sampler_passes=rollout_passes(options, seq), estimator_passes=estimator_passes(options),
-        rollout_seconds=rollout_step * mu, step_seconds=t.step_seconds,
+        rollout_seconds=rollout_step * mu, step_seconds=t.step_seconds, steps_per_rollout=mu,
         rollout_share=rollout_step / t.step_seconds if t.step_seconds else 0.0,
         to_train_seconds=t.to_train_seconds, rollout_logits_bytes=logits, reference_bytes=ref,
         sampler_calls=float(schedule["calls"]), cache=str(schedule["cache"]),
@@ -371,8 +374,8 @@ def rl_lines(rl: RLPlan) -> list[str]:
         + (f": cached calls run {rl.cached_query_columns:,.0f} of {rl.attended_keys:,.0f} columns" if rl.cached_query_columns else "")
         + f") = {rl.sampler_passes:,.1f} sampler passes of the whole sequence"
         + (", the forward a CUDA graph" if rl.cuda_graph_fallback is None else f", the forward eager ({rl.cuda_graph_fallback})")
-        + f", {rl.rollout_seconds:.2f} s per rollout batch "
-        f"({100 * rl.rollout_share:.0f}% of the {rl.step_seconds:.2f} s step); sampler logits "
+        + f", {rl.rollout_seconds:.2f} s per rollout batch, which serves {rl.steps_per_rollout} optimizer "
+        f"step{'s' * (rl.steps_per_rollout != 1)} ({100 * rl.rollout_share:.0f}% of each {rl.step_seconds:.2f} s step); sampler logits "
         f"{rl.rollout_logits_bytes / gib:.1f} GiB per GPU while sampling (not in the training peak)",
         (f"reference model: {rl.reference_bytes / gib:.1f} GiB per GPU; "
          + (("every checkpoint" if not rl.reference_checkpoint_from else

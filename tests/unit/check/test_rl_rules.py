@@ -65,6 +65,8 @@ CASES = [
     ("rl-reference-sync", {"stage.rl.grpo_kl_beta": 0.0, "stage.rl.ref_model_sync_steps": 16},
      "stage.rl.ref_model_sync_steps"),
     ("rl-clip-iterations", {"stage.rl.grpo_clamp_eps_upper": 0.28}, "stage.rl.grpo_clamp_eps_upper"),
+    ("rl-row-length", {"train.seq_length": 64, "generate.gen_length": 64, "generate.steps": 64,
+                       "generate.block_length": 64}, "train.seq_length"),
     ("rl-reward-function", {"stage.rl.rewards": [{"function": "builtin:accuracy"}]}, "stage.rl.rewards.0.function"),
     ("rl-reward-function", {"stage.rl.rewards": [{"function": "no_colon"}]}, "stage.rl.rewards.0.function"),
 ]
@@ -146,3 +148,61 @@ def test_rl_is_no_longer_refused_by_the_runtime_rules(tmp_path, monkeypatch) -> 
     (tmp_path / "p.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
     assert [i for i in find(("runtime",), spec()) if i.severity == "error"] == []
     assert "runtime-rl" not in RULES
+
+
+@pytest.mark.parametrize("normalization, micro_batch", [("sequence", 3), ("group", 6)])
+def test_the_batch_fix_also_sets_a_micro_batch_that_splits_the_new_global_batch(normalization, micro_batch, tmp_path,
+                                                                               monkeypatch) -> None:
+    """A group size of 6 makes the rollout batch 48 = 6 per rank over DP 8, which a micro batch of 4 does not
+    divide: the fix sets both, and the fixed spec has no batch error left (rl-batch, batch-divisible,
+    rl-group-microbatch)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    changes = {"stage.rl.grpo_group_size": 6, "train.micro_batch_size": 4, "train.global_batch_size": 64,
+               "stage.rl.loss_normalization": normalization}
+    (issue,) = [i for i in find(SCOPES, spec(changes)) if i.rule == "rl-batch"]
+    assert issue.fix.set == {"train.global_batch_size": 48, "train.micro_batch_size": micro_batch}
+    assert "train.micro_batch_size = %d" % micro_batch in issue.hint
+    fixed = spec({**changes, **issue.fix.set})
+    batch_rules = {"rl-batch", "batch-divisible", "rl-group-microbatch"}
+    assert not [i for i in find(SCOPES, fixed) if i.rule in batch_rules], find(SCOPES, fixed)
+
+
+REWARDS = """\
+def ok(prompt, completion, **row):
+    return 1.0
+ok_lambda = lambda prompt, completion, **row: 1.0
+def ok_star(*args, **kwargs):
+    return 1.0
+def one_argument(text):
+    return 1.0
+def three_required(prompt, completion, answer, **row):
+    return 1.0
+def no_keywords(prompt, completion, answer=None):
+    return 1.0
+a_value = 3
+class Scorer:
+    pass
+from math import isclose as imported
+"""
+
+
+@pytest.mark.parametrize("name, why", [
+    ("ok", None), ("ok_lambda", None), ("ok_star", None), ("Scorer", None), ("imported", None),
+    ("one_argument", "takes 1 positional argument"), ("three_required", "requires 3 positional arguments"),
+    ("no_keywords", "takes no **keywords"), ("a_value", "is not a function"),
+])
+def test_a_reward_is_refused_when_its_definition_cannot_take_the_jobs_call(name, why, tmp_path, monkeypatch) -> None:
+    """The job calls name(prompt, completion, **row) (backends/rl/reward_worker.py score_one), row holding
+    prompt_id and the row's other fields: a def or lambda that cannot take it, or a name bound to a value,
+    is refused at validate; what only the job can tell (a class, an import) passes."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    found = rl_issues(spec({"stage.rl.rewards": [{"function": f"rewards.py:{name}"}]}))
+    if why is None:
+        assert found == []
+        return
+    (issue,) = found
+    assert issue.rule == "rl-reward-function" and why in issue.message, issue.message
+    assert f"def {name}(prompt, completion, **row)" in issue.hint
