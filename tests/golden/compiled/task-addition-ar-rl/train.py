@@ -129,7 +129,8 @@ def build_configs():
         # [kernels] gradient_accumulation_fusion = 'auto': weight gradients accumulated into main_grad in the GEMM
         gradient_accumulation_fusion=gradient_accumulation_fusion() == "all",
         persist_layer_norm=False,
-        # the loss is normalised by the tokens of the whole global batch (LLaDA, eq. 3)
+        # the RL stage's loss is normalised within each microbatch, which reports num_tokens = 1: the step's loss
+        # is the mean of its microbatches' losses (backends/rl/stage.py _rl_loss_func)
         calculate_per_token_loss=True,
     )
 
