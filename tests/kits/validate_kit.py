@@ -334,6 +334,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("rl-objective", {"stage.kind": "rl", "stage.rl": {"algorithm": "grpo"}}, "stage.rl.algorithm"),
     ("rl-table-missing", {"stage.kind": "rl", "generate.temperature": 0.9}, "stage.rl.prompts"),
     ("rl-batch", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 4}}, "train.global_batch_size"),
+    ("rl-row-length", {**RL, "train.seq_length": 64, "generate.gen_length": 64, "generate.steps": 64,
+                       "generate.block_length": 64}, "train.seq_length"),
     ("rl-prompts-per-rank", {**RL, "stage.rl": {**RL_TABLE, "grpo_group_size": 16, "grpo_prompts_per_step": 4}},
      "stage.rl.grpo_prompts_per_step"),
     ("rl-group-microbatch", {**RL, "stage.rl": {**RL_TABLE, "loss_normalization": "group"}},

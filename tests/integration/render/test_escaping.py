@@ -213,7 +213,7 @@ def build(hostile: dict[str, str], runtime: str = "pyxis") -> dict[str, Any]:
     data: dict[str, Any] = {
         "model": {**_model(), "vocab_size": 50305},
         "stage": {"kind": "rl", "rl": {"grpo_group_size": 8, "grpo_prompts_per_step": 8}},
-        "generate": {"temperature": 0.9},
+        "generate": {"temperature": 0.9, "gen_length": 32, "steps": 32, "block_length": 32},  # rows fit seq_length
         "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 64, "train_iters": 10,
                   "eval_interval": 5},
         "data": {"tokenizer": {"type": "GPT2BPETokenizer"}},

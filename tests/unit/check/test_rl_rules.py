@@ -151,7 +151,7 @@ def test_rl_is_no_longer_refused_by_the_runtime_rules(tmp_path, monkeypatch) -> 
 
 
 @pytest.mark.parametrize("normalization, micro_batch", [("sequence", 3), ("group", 6)])
-def test_the_batch_fix_also_sets_a_micro_batch_that_splits_the_new_global_batch(normalization, micro_batch, tmp_path,
+def test_the_batch_remedy_also_sets_a_micro_batch_that_splits_the_new_global_batch(normalization, micro_batch, tmp_path,
                                                                                monkeypatch) -> None:
     """A group size of 6 makes the rollout batch 48 = 6 per rank over DP 8, which a micro batch of 4 does not
     divide: the fix sets both, and the fixed spec has no batch error left (rl-batch, batch-divisible,
