@@ -215,6 +215,8 @@ def report_issues(issues: list[SpecIssue], *, as_json: bool = False, command: st
     console.print(issues_table(issues))
     errors = sum(1 for i in issues if i.severity == "error")
     later = " (the cross-field rules, layout and memory checks run once the schema errors are fixed)" if rules_skipped else ""
+    if not errors and issues:  # a command fails on warnings alone only under --strict
+        later += ": --strict fails on warnings (without it this spec passes)"
     console.print(_text(f"{_plural(errors, 'error')}, {_plural(len(issues) - errors, 'warning')}{later}", style="bold"))
 
 

@@ -114,6 +114,7 @@ def test_validate_warnings_and_strict() -> None:
     strict = run("validate", DEMO, "--set", "train.eval_interval=100000", "--strict")
     assert strict.exit_code == EXIT_USAGE
     assert "0 errors, 1 warning" in strict.stderr
+    assert "--strict fails on warnings" in strict.stderr  # says why a spec without errors failed
 
 
 def test_validate_fails_a_spec_that_does_not_fit_the_gpu() -> None:
