@@ -173,7 +173,8 @@ def decoding_plan(model: Any, config: Any, kv_cache: bool) -> tuple[bool, Option
     """
     if objectives.get(config.kind).diffusion:
         why = getattr(model, "kv_cache_fallback", None) or "a diffusion LM"
-        return False, f"masked diffusion ({why}; Fast-dLLM's block caches are not built)", "masked diffusion"
+        return False, (f"masked diffusion ({why}; the AR KV cache is for AR models: [generate] cache = "
+                       "\"prefix\" / \"dual\" are the block caches)"), "masked diffusion"
     why = None if kv_cache else "--no-kv-cache"
     if why is None:
         why = getattr(model, "kv_cache_fallback", "the model gives no KV cache step")
@@ -364,6 +365,10 @@ def generate_command(
     shown = ", ".join(f"{k} = {v}" for k, v in config.to_dict().items() if v is not None)
     console.print(Text(f"settings: {shown}; {run['forward_passes']} forward passes, "
                        f"{run['generated_tokens']} tokens in {run['seconds']:.2f} s", style="dim"))
+    for name, why in (("cache", run.get("cache_fallback")), ("cuda_graph", run.get("cuda_graph_fallback")),
+                      ("kv_cache", fallback if kv_cache and not objectives.get(config.kind).diffusion else None)):
+        if why:  # a setting asked for that did not run as asked: say what ran instead, as the JSON does
+            console.print(Text(terminal_safe(f"{name}: {why}"), style="dim"))
 
 
 def _progress(total: int, label: str) -> Any:
@@ -582,7 +587,8 @@ def _print_eval(result: dict[str, Any]) -> None:
 
     console = stdout()
     m = result["model"]
-    console.print(Text(terminal_safe(f"{m['path']} ({m['kind']}, iteration {m['iteration']})"), style="bold"))
+    at = "" if m.get("iteration") is None else f", iteration {m['iteration']}"
+    console.print(Text(terminal_safe(f"{m['path']} ({m['kind']}{at})"), style="bold"))
     if "data" in result:
         d = result["data"]
         console.print(Text(terminal_safe(f"data: {d['prefix']}, {d['num_sequences']} windows of {d['seq_length']} tokens")))

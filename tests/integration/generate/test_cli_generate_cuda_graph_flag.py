@@ -37,3 +37,15 @@ def test_without_the_flag_cuda_graph_is_the_default_on(tiny_runs, capsys):
     code, env = _run(capsys, str(tiny_runs["mdm"][0]), "--prompt", "Hi", "--steps", "2")
     assert code == 0, env
     assert env["result"]["settings"]["cuda_graph"] is True and env["result"]["origins"]["cuda_graph"] == "default"
+
+
+def test_the_printed_summary_says_why_no_graph_ran_on_a_cpu(tiny_runs, capsys):
+    """Without --json the settings line is followed by the fallback the JSON records."""
+    capsys.readouterr()
+    code = main(["generate", str(tiny_runs["mdm"][0]), "--prompt", "Hi", "--steps", "2", "--device", "cpu",
+                 "--no-stream"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("cuda_graph: "))
+    assert "CUDA" in line
+    assert "kv_cache:" not in out  # a diffusion model: no AR KV cache was asked of it
