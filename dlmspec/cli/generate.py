@@ -27,7 +27,7 @@ import typer
 
 from dlmspec import objectives
 from dlmspec.cli.generate_inputs import dataset_windows, find_dataset, read_choices, read_prompts
-from dlmspec.cli.generate_options import _issue, check_token_ids, resolve_settings
+from dlmspec.cli.generate_options import _issue, check_token_ids, flag_value_issues, resolve_settings
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import command_name, print_envelope, printable, stderr, stdout, use_json
 from dlmspec.errors import SpecError
@@ -64,6 +64,15 @@ def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mas
         if "device" in str(exc).lower():
             raise _issue("--device", device, str(exc)[:300], "--device cpu or --device cuda") from None
         raise
+
+
+def _collect(problems: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or ``None`` with its :class:`SpecError`'s issues added to ``problems``."""
+    try:
+        return fn(*args)
+    except SpecError as exc:
+        problems.extend(exc.issues)
+        return None
 
 
 def _model_info(model: Any) -> dict[str, Any]:
@@ -326,13 +335,21 @@ def generate_command(
     layers allow it (the local layer spec), else with full recompute (recorded: kv_cache, kv_cache_fallback).
     """
     use_json(ctx, json_output)
-    if batch_size < 1:
-        raise _issue("--batch-size", batch_size, "must be >= 1", "--batch-size 8")
-    texts = read_prompts(prompt, prompts_file)
-    spec_table, locate = _spec_table(spec)
     flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking,
                  threshold=threshold, factor=factor, cache=cache, cache_refresh=cache_refresh, cuda_graph=cuda_graph, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
                  seed=seed, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    # every input problem found before the model loads is reported at once (a missing run beside them)
+    problems = list(flag_value_issues(flags))
+    if batch_size < 1:
+        problems.extend(_issue("--batch-size", batch_size, "must be >= 1", "--batch-size 8").issues)
+    texts = _collect(problems, read_prompts, prompt, prompts_file)
+    spec_table, locate = _collect(problems, _spec_table, spec) or (None, None)
+    if problems:
+        if not os.path.exists(model_path):
+            problems.extend(_issue("RUN_OR_CHECKPOINT", model_path, "does not exist",
+                                   "a run folder (runs/NAME), its checkpoints folder or a Hugging Face folder",
+                                   rule="generate-load").issues)
+        raise SpecError(problems)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     try:
         config, settings = resolve_settings(

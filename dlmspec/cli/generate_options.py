@@ -131,6 +131,53 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
     return config, s
 
 
+def flag_value_issues(flags: dict[str, Any]) -> list[SpecIssue]:
+    """Issues of the given flags whose values no model takes: each ``[generate]`` field given as a
+    flag, checked alone against ``GenerateSpec``'s type and range (the ``--remasking`` names, a
+    temperature >= 0, the ``--cache`` names, ...), so that ``generate`` reports them in the same pass
+    as a missing run or a bad prompts file. What depends on the model or on other fields (token
+    ids, block division) is :func:`resolve_settings`'s, once the model loads.
+
+    Returns:
+        One :class:`SpecIssue` per refused flag, on the command line, its fix the field's default.
+    """
+    from pydantic import ValidationError
+
+    from dlmspec.spec.generate_models import GenerateSpec
+
+    issues = []
+    for field, value in flags.items():
+        if value is None or field not in TABLE_FIELDS:
+            continue
+        try:
+            GenerateSpec.model_validate({field: value})
+        except ValidationError as exc:
+            own = [e for e in exc.errors() if tuple(e.get("loc", ())) == (field,)]
+            if not own:
+                continue
+            why, fix = _config_words(field, value)
+            if why is None:
+                default = GenerateSpec.model_fields[field].default
+                why, fix = own[0]["msg"], f"use {flag(field)} {default}" if default is not None else f"leave out {flag(field)}"
+            issues.append(SpecIssue(key=flag(field), value=value, message=why, hint=fix,
+                                    rule="generate-settings", file=COMMAND_LINE, source="dlmspec.cli.generate"))
+    return issues
+
+
+def _config_words(field: str, value: Any) -> tuple[Optional[str], Optional[str]]:
+    """``GenerateConfig``'s own why and fix for ``field = value`` (in the flag's spelling, as
+    :func:`resolve_settings` words them), or ``(None, None)`` when it refuses another field."""
+    from dlmspec.generate_settings import GenerateConfig, GenerateConfigError
+
+    try:
+        GenerateConfig(kind="mdm", mask_token_id=0, **{field: value})
+    except GenerateConfigError as exc:
+        if exc.field == field:
+            why = str(exc).split(": ", 1)[-1].split("; use ")[0]
+            return why, "use " + exc.fix.replace(f"{field} = ", f"{flag(field)} ")
+    return None, None
+
+
 def embedding_rows(model: Any) -> int:
     """How many token ids the model embeds: the record's ``model.padded_vocab_size`` (the mask
     token of a runtime model sits in the padding), else the logits' width ``model.vocab_size``."""
