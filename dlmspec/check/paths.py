@@ -40,6 +40,24 @@ def _near_miss(prefix: str) -> str | None:
     return None
 
 
+def _similar(path: str) -> str:
+    """``"; did you mean 'NAME'?"`` when a file or folder beside ``path`` has a close name (a typo:
+    ``reward.py`` for ``rewards.py``; :func:`difflib.get_close_matches`), else ``""``. Reads only the
+    listing of ``path``'s folder, when it exists and holds at most 2,000 entries."""
+    import difflib
+
+    folder, name = os.path.split(path)
+    try:
+        with os.scandir(folder or ".") as entries:
+            names = [e.name for _, e in zip(range(2001), entries)]
+    except OSError:
+        return ""
+    if len(names) > 2000:
+        return ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return f"; did you mean {os.path.join(folder, close[0])!r}?" if close else ""
+
+
 #: The bundled demos' datasets -> the command (from the repository root) that writes them.
 DEMO_DATA = {
     ".data/demo-sft-train_text_document": "python bench/sft_conversations.py --run",
@@ -65,7 +83,8 @@ _ELSEWHERE = ("fine if it exists where the job runs (relative paths are read fro
     "path-not-found",
     "warning",
     "the launched job opens these: megatron-core IndexedDataset (PREFIX.bin, PREFIX.idx), Megatron-LM "
-    "build_tokenizer (tokenizer files), checkpoint loading (checkpoint.load, checkpoint.init_from)",
+    "build_tokenizer (tokenizer files), checkpoint loading (checkpoint.load, checkpoint.init_from), the RL "
+    "stage (stage.rl.prompts, reward files), the generation eval (eval.generation.prompts)",
     "data prefixes, tokenizer files and checkpoints to load exist on this machine",
     scope="paths",
 )
@@ -88,7 +107,7 @@ def _paths(ctx: Context) -> Iterator[Finding]:
     for key in ("vocab_file", "merge_file"):
         value = getattr(tok, key)
         if value is not None and not _exists(value):
-            yield Finding(f"data.tokenizer.{key}", "not on this machine", _ELSEWHERE)
+            yield Finding(f"data.tokenizer.{key}", "not on this machine" + _similar(value), _ELSEWHERE)
     hub = tok.type == "HuggingFaceTokenizer" and tok.model is not None and _HUB_ID.fullmatch(tok.model)
     if tok.model is not None and tok.type != "NullTokenizer" and not hub and not _exists(tok.model):
         yield Finding("data.tokenizer.model", "not on this machine", _ELSEWHERE)
@@ -104,7 +123,8 @@ def _paths(ctx: Context) -> Iterator[Finding]:
 
         for key, path in rl_files(ctx.spec):
             if not _exists(path):
-                yield Finding(key, f"{path}: not on this machine", _ELSEWHERE, value=path)
+                yield Finding(key, f"{path}: not on this machine{_similar(path)}", _ELSEWHERE, value=path)
     generation = ctx.spec.eval.generation if ctx.spec.eval is not None else None
     if generation is not None and not _exists(generation.prompts):  # its rows: rule eval-generation-prompts
-        yield Finding("eval.generation.prompts", "not on this machine", f"{_ELSEWHERE}; `dlmspec task make` writes one")
+        yield Finding("eval.generation.prompts", "not on this machine" + _similar(generation.prompts),
+                      f"{_ELSEWHERE}; `dlmspec task make` writes one")

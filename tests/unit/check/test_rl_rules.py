@@ -206,3 +206,14 @@ def test_a_reward_is_refused_when_its_definition_cannot_take_the_jobs_call(name,
     (issue,) = found
     assert issue.rule == "rl-reward-function" and why in issue.message, issue.message
     assert f"def {name}(prompt, completion, **row)" in issue.hint
+
+
+def test_a_missing_reward_file_beside_a_close_name_is_answered_with_that_name(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "rewards.py").write_text("def concise(prompt, completion, **row):\n    return 1.0\n")
+    found = [i for i in find(SCOPES, spec({"stage.rl.rewards": [{"function": "my/reward.py:concise"}]}))
+             if i.rule == "path-not-found" and i.key == "stage.rl.rewards.0.function"]
+    (issue,) = found
+    assert "did you mean 'my/rewards.py'?" in issue.message, issue.message
