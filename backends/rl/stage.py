@@ -567,16 +567,6 @@ def _rl_loss_func(stats: Dict[str, float], kept: int, extra: Dict[str, Tensor], 
     return loss, one, report
 
 
-def register() -> None:
-    """Make :class:`RLStage` the runtime stage of ``[stage] kind = "rl"``."""
-    from dlmspec.backends.megatron.stages import register_stage
-
-    register_stage("rl", RLStage)
-
-
-register()
-
-
 def row_length_line(engine: Any, seq_length: int) -> str:
     """The job's start line on its rollout rows: the longest rendered prompt plus ``gen_length``
     against ``train.seq_length`` (the row length ``dlmspec plan`` priced, the model's
@@ -590,3 +580,14 @@ def row_length_line(engine: Any, seq_length: int) -> str:
         line += (f"; rows are longer than the plan priced (and than max_sequence_length): "
                  f"set train.seq_length = {longest}")
     return line
+
+
+def register() -> None:
+    """Make :class:`RLStage` the runtime stage of ``[stage] kind = "rl"``."""
+    from dlmspec.backends.megatron.stages import register_stage
+
+    register_stage("rl", RLStage)
+
+
+register()
+

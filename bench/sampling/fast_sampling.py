@@ -145,7 +145,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                    help="stop the pre-training (SIGTERM: it saves a checkpoint) after this many seconds "
                    "(default 115 with --stage sft, else only the budget: 400 iterations took 101-110 s with a 55 s start-up on an H100, bench/results/sampling/2026-12-07-h100-fast-*.md)")
     p.add_argument("--sft-timeout-s", type=float, default=150.0,
-                   help="the same for the SFT stage (default 150: 1,200 iterations and 12 scorings took 165 s on an H100)")
+                   help="the same for the SFT stage (default 150: on an H100 1,200 iterations and 12 scorings took 165 s; "
+                   "900 iterations, 9 scorings and 3 saves come to ~130 s at the timings of --sft-canvas-timeout-s)")
     p.add_argument("--task", default="addition-padded",
                    help="dlmspec task make's task (default addition-padded: fixed width, the learnable variant)")
     p.add_argument("--task-args", default="--digits 3",
@@ -199,7 +200,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     if args.sft_canvas_iters < 0:
         p.error(f"--sft-canvas-iters {args.sft_canvas_iters}: 0 (no second SFT stage) or more, e.g. 300")
     if min(args.sft_iters, args.sft_every, args.sft_seq_length if args.sft_seq_length is not None else 1) < 1:
-        p.error("--sft-iters, --sft-every and --sft-seq-length must be >= 1, e.g. --sft-iters 1200 --sft-every 100 "
+        p.error("--sft-iters, --sft-every and --sft-seq-length must be >= 1, e.g. --sft-iters 900 --sft-every 100 "
                 "--sft-seq-length 24")
     if args.stage == "sft" and args.ckpt is None:
         if args.train_iters is None:
@@ -380,13 +381,11 @@ def with_measured_checkpoint(cmd: List[str], work: Path, record: Dict[str, Any])
     of the highest validation accuracy (:func:`rl_chain.best_checkpoint`, as the RL chain scores its SFT
     checkpoints): the canvas stage's when it left a scored checkpoint, else the first stage's; the choice
     and every candidate go to ``record["measured-model"]``."""
-    choice = None
-    for run in (RUNS["train-sft-canvas"], RUNS["train-sft"]):
-        if (work / run).is_dir():
-            choice = {"run": run, **rl_chain.best_checkpoint(work / run)}
-            if choice["iteration"] is not None:
-                break
-    choice = choice or {"run": RUNS["train-sft"], **rl_chain.best_checkpoint(work / RUNS["train-sft"])}
+    runs = [r for r in (RUNS["train-sft-canvas"], RUNS["train-sft"]) if (work / r).is_dir()] or [RUNS["train-sft"]]
+    for run in runs:  # the first with a scored checkpoint, else the last tried
+        choice = {"run": run, **rl_chain.best_checkpoint(work / run)}
+        if choice["iteration"] is not None:
+            break
     record["measured-model"] = choice
     out = list(cmd)
     if "--ckpt" in out:
@@ -458,8 +457,8 @@ def settings(args: argparse.Namespace) -> Dict[str, Any]:
             "sft_canvas_iters": args.sft_canvas_iters if sft else None,
             "sft_canvas_seq_length": args.sft_canvas_seq_length if sft and args.sft_canvas_iters else None,
             "sft_canvas_timeout_s": args.sft_canvas_timeout_s if sft and args.sft_canvas_iters else None,
-            "measured_checkpoint": "the SFT checkpoint with the highest validation accuracy (rl_chain.py best_checkpoint)"
-            if sft else None, "chat_template": args.chat_template if sft else None,
+            "measured_checkpoint": "the last SFT stage's checkpoint with the highest validation accuracy (the canvas "
+            "stage's, else the first stage's; rl_chain.py best_checkpoint)" if sft else None, "chat_template": args.chat_template if sft else None,
             "scored_model": ("SFT (LLaDA's layout) from the pre-trained checkpoint, then on rows of the measured canvas; "
                              "held-out prompts in its chat template" if sft and args.sft_canvas_iters else
                              "SFT (LLaDA's layout) from the pre-trained checkpoint; held-out prompts in its chat template"

@@ -121,13 +121,10 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
     except GenerateConfigError as exc:
         key, file, line = s.where.get(exc.field, (flag(exc.field), None, None))
         origin = s.origins.get(exc.field, "default")
-        why = str(exc).split(": ", 1)[-1].split("; use ")[0]
-        fix = exc.fix
+        why, fix = _config_error_words(exc, key)
         if origin in ("default", "model"):
             why += f" (the {'default' if origin == 'default' else 'model'}'s value)"
-        if key.startswith("--"):  # a flag's fix in the flag's spelling: "--block-length 2"
-            fix = fix.replace(f"{exc.field} = ", f"{key} ")
-        raise _issue(key, exc.value, why, f"use {fix}", rule="generate-settings", file=file, line=line) from None
+        raise _issue(key, exc.value, why, fix, rule="generate-settings", file=file, line=line) from None
     return config, s
 
 
@@ -165,17 +162,24 @@ def flag_value_issues(flags: dict[str, Any]) -> list[SpecIssue]:
 
 
 def _config_words(field: str, value: Any) -> tuple[Optional[str], Optional[str]]:
-    """``GenerateConfig``'s own why and fix for ``field = value`` (in the flag's spelling, as
-    :func:`resolve_settings` words them), or ``(None, None)`` when it refuses another field."""
+    """``GenerateConfig``'s own why and fix for ``field = value`` given as a flag
+    (:func:`_config_error_words`), or ``(None, None)`` when it refuses another field."""
     from dlmspec.generate_settings import GenerateConfig, GenerateConfigError
 
     try:
         GenerateConfig(kind="mdm", mask_token_id=0, **{field: value})
     except GenerateConfigError as exc:
         if exc.field == field:
-            why = str(exc).split(": ", 1)[-1].split("; use ")[0]
-            return why, "use " + exc.fix.replace(f"{field} = ", f"{flag(field)} ")
+            return _config_error_words(exc, flag(field))
     return None, None
+
+
+def _config_error_words(exc: Any, key: str) -> tuple[str, str]:
+    """A ``GenerateConfigError``'s why and ``"use FIX"``, the fix in the flag's spelling when ``key``
+    is a flag (``"use --block-length 2"``), else as the spec key writes it."""
+    why = str(exc).split(": ", 1)[-1].split("; use ")[0]
+    fix = exc.fix.replace(f"{exc.field} = ", f"{key} ") if key.startswith("--") else exc.fix
+    return why, f"use {fix}"
 
 
 def embedding_rows(model: Any) -> int:
