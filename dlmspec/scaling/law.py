@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -110,9 +111,12 @@ class Law:
     beta: float
 
     def loss(self, n: Any, d: Any) -> Any:
-        """The law's loss at ``n`` parameters and ``d`` tokens (scalars or arrays, broadcast)."""
+        """The law's loss at ``n`` parameters and ``d`` tokens (scalars or arrays, broadcast). A power
+        that overflows (a bootstrap law's exponent of ~17 at millions of parameters) is ``inf`` and its
+        term 0, without numpy's warning (a user reads the fit, not a RuntimeWarning)."""
         n, d = np.asarray(n, dtype=float), np.asarray(d, dtype=float)
-        return self.E + self.A / n**self.alpha + self.B / d**self.beta
+        with np.errstate(over="ignore"):
+            return self.E + self.A / n**self.alpha + self.B / d**self.beta
 
     def as_dict(self) -> dict[str, float]:
         return {name: float(getattr(self, name)) for name in PARAMETERS}
@@ -260,8 +264,23 @@ def _minimise(starts: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_loss
     return results[0], distinct
 
 
+#: The largest natural log a float holds the exponential of (``log`` of the largest float, ~709.8).
+LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
 def _law(theta: np.ndarray) -> Law:
+    """The :class:`Law` of a minimiser's ``(log A, log B, log E, alpha, beta)``.
+
+    Raises:
+        FitError: a ``log A``, ``log B`` or ``log E`` whose exponential is beyond the float range: the
+            points leave that term unconstrained (a term that tends to infinity is no law).
+    """
     a, b, e, alpha, beta = (float(v) for v in theta)
+    for name, value in (("A", a), ("B", b), ("E", e)):
+        if value > LOG_FLOAT_MAX:
+            raise FitError(f"the fit sends {name} beyond the float range (log {name} = {value:.0f}): the points "
+                           "leave that term unconstrained",
+                           "add runs that constrain it: more model sizes N per budget (A), more token counts D (B)")
     return Law(E=math.exp(e), A=math.exp(a), B=math.exp(b), alpha=alpha, beta=beta)
 
 
@@ -384,12 +403,12 @@ def _fit(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, weights: np.nd
         boot_starts = np.array(distinct)
         for _ in range(bootstrap):
             idx = rng.integers(0, len(log_n), len(log_n))
-            try:
+            try:  # a resample that does not converge, or converges to a term beyond the float range
                 m, _ = _minimise(boot_starts, log_n[idx], log_d[idx], log_l[idx], weights[idx], delta)
+                fitted = _law(m.theta)
             except FitError:
                 failed += 1
                 continue
-            fitted = _law(m.theta)
             samples.append([fitted.E, fitted.A, fitted.B, fitted.alpha, fitted.beta])
         result.bootstrap, result.bootstrap_failed = bootstrap, failed
         if samples:
