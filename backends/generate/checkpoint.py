@@ -60,6 +60,24 @@ def _safetensors_errors() -> tuple[type[BaseException], ...]:
         return ()
 
 
+#: Words of the errors CUDA, torch and NCCL raise when the GPU's memory runs out (torch's
+#: ``OutOfMemoryError``; ``CUDA error: out of memory``; NCCL's ``Failed to CUDA calloc``).
+OUT_OF_MEMORY_WORDS = ("out of memory", "Failed to CUDA calloc", "cudaErrorMemoryAllocation")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the exception it wraps, :func:`describe_read_error`'s) says the GPU's
+    memory ran out: torch's ``OutOfMemoryError`` or one of :data:`OUT_OF_MEMORY_WORDS`. Reads the
+    type's name and the text only (no torch import)."""
+    text = describe_read_error(exc, width=10_000)
+    return type(exc).__name__ == "OutOfMemoryError" or any(w in text for w in OUT_OF_MEMORY_WORDS)
+
+
+#: What to do when the GPU's memory runs out (:func:`is_out_of_memory`).
+OUT_OF_MEMORY_FIX = ("free the GPU's memory (nvidia-smi lists the processes that hold it), use a smaller batch, "
+                     "or run on the CPU: --device cpu")
+
+
 def describe_read_error(exc: BaseException, width: int = 300) -> str:
     """One line naming a checkpoint read error: its type and first words (a
     ``CheckpointException`` lists each rank's error: the first is shown)."""

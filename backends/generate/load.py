@@ -45,12 +45,14 @@ from dlmspec.objectives.schedules import LINEAR, MaskingSchedule
 from dlmspec.backends.generate.checkpoint import (  # noqa: F401 - LoadError, find_checkpoint: part of this module's API
     MAX_RECORD_BYTES,
     METADATA_FILENAME,
+    OUT_OF_MEMORY_FIX,
     LoadError,
     _read_json,
     _safetensors_errors,
     checkpoint_read_errors,
     describe_read_error,
     find_checkpoint,
+    is_out_of_memory,
 )
 
 #: Hugging Face families trained as masked-diffusion LMs (their ``kind`` is ``"mdm"``).
@@ -529,6 +531,9 @@ def _load_runtime(folder: str, device: torch.device, dtype: Optional[str], tp: i
     except CheckpointRefused as exc:  # a checkpoint file that would run code: the file and the global
         raise LoadError(exc.path, exc.why, exc.hint) from None
     except checkpoint_read_errors() as exc:
+        if is_out_of_memory(exc):  # not a damaged checkpoint: the GPU is full (other processes, a large model)
+            raise LoadError(folder, f"the GPU ran out of memory while the weights were read "
+                            f"({describe_read_error(exc)})", OUT_OF_MEMORY_FIX) from None
         raise LoadError(folder, f"the weights cannot be read into the model its record describes "
                         f"({describe_read_error(exc)})",
                         "load a complete, undamaged checkpoint (one `latest` names; copy it again if it was "

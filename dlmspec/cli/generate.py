@@ -61,6 +61,11 @@ def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mas
             key = "--device"
         raise _issue(key, exc.path, exc.why, exc.fix, rule="generate-load") from None
     except (RuntimeError, ValueError) as exc:
+        from dlmspec.backends.generate.checkpoint import OUT_OF_MEMORY_FIX, describe_read_error, is_out_of_memory
+
+        if is_out_of_memory(exc):
+            raise _issue("--device", device, f"the GPU ran out of memory while the model loaded "
+                         f"({describe_read_error(exc)})", OUT_OF_MEMORY_FIX) from None
         if "device" in str(exc).lower():
             raise _issue("--device", device, str(exc)[:300], "--device cpu or --device cuda") from None
         raise
@@ -545,6 +550,14 @@ def eval_command(
             result["choices"] = _score_choices(model, items, normalize=normalize, seed=seed, estimator=estimator,
                                                num_samples=num_samples, samples_per_forward=samples_per_forward,
                                                eps=eps, path=choices)
+    except RuntimeError as exc:  # torch's OutOfMemoryError is one
+        from dlmspec.backends.generate.checkpoint import describe_read_error, is_out_of_memory
+
+        if not is_out_of_memory(exc):
+            raise
+        raise _issue("--batch-size", batch_size, f"the GPU ran out of memory while scoring "
+                     f"({describe_read_error(exc)})", f"--batch-size {max(1, batch_size // 2)}; or free the GPU's "
+                     "memory (nvidia-smi lists the processes that hold it), or run on the CPU: --device cpu") from None
     finally:
         model.close()
     if json_output:

@@ -258,3 +258,52 @@ def test_data_whose_index_contradicts_itself_is_refused_naming_the_entry(tiny_ru
     assert code == 2, env
     (issue,) = env["issues"]
     assert issue["key"] == "--data" and "-20" in issue["message"] and issue["hint"], issue
+
+
+def test_a_gpu_out_of_memory_while_scoring_exits_2_naming_the_batch_size(tiny_runs, data, capsys, monkeypatch):
+    """The GPU filling up (other processes, a batch too large) is exit code 2 on ``--batch-size`` with a
+    smaller one, never a traceback or a damaged-checkpoint hint."""
+    import dlmspec.backends.generate.likelihood as likelihood
+
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 786.00 MiB. GPU 0 has a total capacity "
+                                     "of 79.18 GiB of which 718.94 MiB is free.")
+
+    monkeypatch.setattr(likelihood, "ar_nll", full)
+    code, env = run_json(capsys, str(tiny_runs["ar"][0]), "--data", str(data), "--seq-length", str(SEQ),
+                         "--num-sequences", str(N), "--batch-size", "8")
+    assert code == 2 and env["ok"] is False
+    (issue,) = env["issues"]
+    assert issue["key"] == "--batch-size" and issue["value"] == 8
+    assert "ran out of memory" in issue["message"] and "786.00 MiB" in issue["message"]
+    assert "--batch-size 4" in issue["hint"] and "--device cpu" in issue["hint"]
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (RuntimeError("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'"), True),
+    (RuntimeError("NCCL error ... ncclUnhandledCudaError: Call to CUDA function failed. Last error: Failed to CUDA "
+                  "calloc async 24 bytes"), True),
+    (RuntimeError("Error(s) in loading state_dict: size mismatch for embedding"), False),
+    (OSError("No such file or directory: 'common.pt'"), False),
+])
+def test_out_of_memory_is_told_from_a_damaged_checkpoint(exc, expected):
+    from dlmspec.backends.generate.checkpoint import is_out_of_memory
+
+    assert is_out_of_memory(exc) is expected
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory.")) is True
+
+
+def test_a_gpu_out_of_memory_while_loading_says_so_not_that_the_checkpoint_is_damaged(tiny_runs, data, capsys,
+                                                                                     monkeypatch):
+    import dlmspec.backends.megatron.init_from as init_from
+
+    def full(*args, **kwargs):
+        raise RuntimeError("NCCL error in: NCCLUtils.cpp:93, unhandled cuda error, ncclUnhandledCudaError: Call to "
+                           "CUDA function failed. Last error: Failed to CUDA calloc async 24 bytes")
+
+    monkeypatch.setattr(init_from, "load_model_weights", full)
+    code, env = run_json(capsys, str(tiny_runs["ar"][0]), "--data", str(data))
+    assert code == 2
+    issue = next(i for i in env["issues"] if i["rule"] == "generate-load")
+    assert "ran out of memory" in issue["message"] and "damaged" not in issue["hint"]
+    assert "--device cpu" in issue["hint"]
