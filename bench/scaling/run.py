@@ -166,7 +166,11 @@ def steps(args, work: Path, rows: list[dict[str, Any]]):
         ev = [py, "-m", "dlmspec.cli", "eval", str(home / "runs" / row["name"]), "--data",
               str(home / (row["valid_prefix"] or "")), "--num-sequences", str(args.eval_sequences), "--json"]
         if row["objective"] != "ar":
-            ev += ["--num-samples", str(args.eval_samples)]
+            # 2 windows x 16 samples a forward: [32, 512, 50304] float32 logits (3.3 GB), where eval's default
+            # of 8 windows makes 13 GB. On one H100 (2026-12-07) two processes held ~38 GiB each while 8 runs
+            # shared the GPU, and 6 evaluations ran out of memory. The windows per batch change only which
+            # draws go together.
+            ev += ["--num-samples", str(args.eval_samples), "--batch-size", "2"]
         per_member[row["name"]] = (train, (f"eval-{row['name']}", ev, {"CUDA_VISIBLE_DEVICES": str(i % args.gpus)}))
     return compiles, per_member
 
