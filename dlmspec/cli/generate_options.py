@@ -178,8 +178,17 @@ def _config_error_words(exc: Any, key: str) -> tuple[str, str]:
     """A ``GenerateConfigError``'s why and ``"use FIX"``, the fix in the flag's spelling when ``key``
     is a flag (``"use --block-length 2"``), else as the spec key writes it."""
     why = str(exc).split(": ", 1)[-1].split("; use ")[0]
-    fix = exc.fix.replace(f"{exc.field} = ", f"{key} ") if key.startswith("--") else exc.fix
-    return why, f"use {fix}"
+    if not key.startswith("--"):
+        return why, f"use {exc.fix}"
+    unset = f"{exc.field} = None"
+    if exc.fix.startswith(unset):  # None is no flag value: "top_k = None (all tokens) or 50"
+        rest = exc.fix[len(unset):].strip()
+        note, _, other = rest.partition(" or ")
+        if note and not note.startswith("("):
+            note, other = "", rest.removeprefix("or ").strip()
+        fix = f"leave out {key}" + (f" {note}" if note else "") + (f", or use {key} {other}" if other else "")
+        return why.replace(" or None", "; or leave the flag out"), fix
+    return why, f"use {exc.fix.replace(f'{exc.field} = ', f'{key} ')}"
 
 
 def embedding_rows(model: Any) -> int:

@@ -345,3 +345,17 @@ def test_flag_and_argument_findings_are_placed_on_the_command_line_not_in_a_spec
     code = main(["generate", str(tmp_path), "--prompts", str(bad), "--json"])
     (issue,) = json.loads(capsys.readouterr().out)["issues"]
     assert issue["file"] == str(bad) and issue["line"] == 2
+
+
+@pytest.mark.parametrize("args, key, hint", [
+    (["--top-k", "0"], "--top-k", "leave out --top-k (all tokens), or use --top-k 50"),
+    (["--top-p", "2"], "--top-p", "leave out --top-p (all tokens), or use --top-p 0.95"),
+    (["--cache-refresh", "0"], "--cache-refresh", "leave out --cache-refresh (recompute at each block's first step"),
+])
+def test_a_flag_whose_remedy_is_none_says_to_leave_it_out(tiny_runs, capsys, args, key, hint):
+    """None is no value a flag takes (`--top-k None` is a usage error): the remedy leaves the flag out."""
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--prompt", "a", *args)
+    assert code == 2
+    (issue,) = env["issues"]
+    assert issue["key"] == key and issue["hint"].startswith(hint), issue
+    assert "None" not in issue["hint"] and "None" not in issue["message"], issue
