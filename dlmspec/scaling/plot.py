@@ -111,6 +111,10 @@ def draw(study: Any, output: str) -> None:
     right.scatter(c, n, s=10, color="tab:blue", alpha=0.6, label="runs")
     right.set_xscale("log")
     right.set_yscale("log")
+    # the budgets span less than a decade: matplotlib then labels the minor ticks too, and the labels overlap
+    from matplotlib.ticker import NullFormatter
+
+    right.xaxis.set_minor_formatter(NullFormatter())
     right.set_xlabel("C (training FLOPs)")
     right.set_ylabel("N")
     right.set_title("compute-optimal model size")
