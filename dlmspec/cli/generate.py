@@ -471,7 +471,7 @@ def eval_command(
     gen_length: Optional[int] = typer.Option(None, "--gen-length", help="--task: tokens generated per prompt."),
     steps: Optional[int] = typer.Option(None, "--steps", help="--task: denoising steps."),
     block_length: Optional[int] = typer.Option(None, "--block-length", help="--task: semi-autoregressive block."),
-    remasking: Optional[str] = typer.Option(None, "--remasking", help="--task: low_confidence, random or threshold."),
+    remasking: Optional[str] = typer.Option(None, "--remasking", help="--task: low_confidence, random, threshold or factor."),
     seq_length: Optional[int] = typer.Option(None, "--seq-length", help="Tokens per scored window (default: the run's train.seq_length)."),
     num_sequences: int = typer.Option(64, "--num-sequences", help="Windows scored (the dataset's first)."),
     estimator: str = typer.Option(DEFAULT_ESTIMATOR, "--estimator", help="MDM ELBO: count (LLaDA Eq. 6, default: lower variance), time (Eq. 3, 1/t weights) or both."),
@@ -510,13 +510,22 @@ def eval_command(
     if max_prompts is not None:
         checks.append(("--max-prompts", max_prompts, max_prompts >= 1, "--max-prompts 500"))
     words = {"--estimator": "count, time, both", "--normalize": "sum, mean"}  # flags that take one of a few words
-    bad = [_issue(key, value, f"not one of {words[key]}" if key in words else "out of range", fix).issues[0]
-           for key, value, ok, fix in checks if not ok]
-    if bad:  # every bad flag at once, before a checkpoint is read
-        raise SpecError(bad)
-    items = read_choices(choices) if choices is not None else None
-    rows = read_rows(task, max_prompts) if task is not None else None
-    prefix = find_dataset(data) if data is not None else None
+    problems = [_issue(key, value, f"not one of {words[key]}" if key in words else "out of range", fix).issues[0]
+                for key, value, ok, fix in checks if not ok]
+    # every input problem found before a checkpoint is read, at once (generate's pass): the flags, the
+    # --task generation flags, the files, --spec's [generate] table, and a run that does not exist beside them
+    problems.extend(flag_value_issues(dict(gen_length=gen_length, steps=steps, block_length=block_length,
+                                           remasking=remasking)))
+    items = _collect(problems, read_choices, choices) if choices is not None else None
+    rows = _collect(problems, read_rows, task, max_prompts) if task is not None else None
+    prefix = _collect(problems, find_dataset, data) if data is not None else None
+    spec_table, locate = (_collect(problems, _spec_table, spec) or (None, None)) if task is not None else (None, None)
+    if problems:
+        if not os.path.exists(model_path):
+            problems.extend(_issue("RUN_OR_CHECKPOINT", model_path, "does not exist",
+                                   "a run folder (runs/NAME), its checkpoints folder or a Hugging Face folder",
+                                   rule="generate-load").issues)
+        raise SpecError(problems)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     settings = {"estimator": estimator, "default_estimator": DEFAULT_ESTIMATOR, "num_samples": num_samples,
                 "samples_per_forward": samples_per_forward, "eps": eps, "seed": seed, "batch_size": batch_size,
@@ -537,7 +546,6 @@ def eval_command(
                                         samples_per_forward=samples_per_forward, eps=eps, seed=seed,
                                         batch_size=batch_size))
         if rows is not None:
-            spec_table, locate = _spec_table(spec)
             flags = dict(gen_length=gen_length, steps=steps, block_length=block_length, remasking=remasking)
             config, gen_settings = resolve_settings(
                 kind=model.kind, mask_token_id=model.mask_token_id, eos_token_id=model.eos_token_id, pad_token_id=None,

@@ -229,13 +229,14 @@ def test_data_naming_a_sharded_output_says_to_pass_one_shard(capsys, tmp_path):
 
 def test_every_bad_flag_is_reported_at_once_and_a_choice_says_its_choices(capsys, tmp_path):
     """Several bad eval flags are reported together (before any checkpoint is read), and a flag
-    that takes one of a few words says so instead of "out of range" (the session-9 new-user trial)."""
+    that takes one of a few words says so instead of "out of range" (a new user's finding); a --data
+    prefix that does not exist is in the same table."""
     code = main(["eval", str(tmp_path), "--data", "x", "--estimator", "foo", "--num-samples", "1",
                  "--normalize", "median", "--json"])
     issues = json.loads(capsys.readouterr().out)["issues"]
     assert code == 2
     by_key = {i["key"]: i for i in issues}
-    assert set(by_key) == {"--estimator", "--num-samples", "--normalize"}, issues
+    assert set(by_key) == {"--estimator", "--num-samples", "--normalize", "--data"}, issues
     assert "not one of count, time, both" in by_key["--estimator"]["message"]
     assert "not one of sum, mean" in by_key["--normalize"]["message"]
     assert by_key["--num-samples"]["message"] == "out of range"
@@ -307,3 +308,18 @@ def test_a_gpu_out_of_memory_while_loading_says_so_not_that_the_checkpoint_is_da
     issue = next(i for i in env["issues"] if i["rule"] == "generate-load")
     assert "ran out of memory" in issue["message"] and "damaged" not in issue["hint"]
     assert "--device cpu" in issue["hint"]
+
+
+def test_every_input_problem_before_loading_is_reported_at_once(capsys, tmp_path):
+    """As `generate` does: the --task generation flags, --spec's [generate] table and a run that does not
+    exist, in one table before a checkpoint is read."""
+    task = tmp_path / "task.jsonl"
+    task.write_text(json.dumps({"prompt": " 1 + 2 =", "answer": " 3"}) + "\n")
+    spec = tmp_path / "gen.toml"
+    spec.write_text('name = "x"\n[model]\npreset = "qwen3-0.6b"\n[train]\nseq_length = 64\n'
+                    '[generate]\ncache = "duel"\n')
+    code, env = run_json(capsys, str(tmp_path / "nowhere"), "--task", str(task), "--remasking", "bogus",
+                         "--gen-length", "0", "--spec", str(spec))
+    assert code == 2
+    keys = {i["key"] for i in env["issues"]}
+    assert {"--remasking", "--gen-length", "generate.cache", "RUN_OR_CHECKPOINT"} <= keys, env["issues"]

@@ -261,7 +261,7 @@ def test_loglikelihood_equals_dlmspec_evals_for_the_same_seed(tiny_runs, tmp_pat
 def test_the_lm_eval_command_line_reports_a_path_that_is_no_checkpoint_without_a_traceback(
         tmp_path: Path, monkeypatch, offline_lm_eval, capsys) -> None:
     """``dlmspec-lm-eval --model_args path=EMPTY`` exits 2 naming the flag, the path and why
-    (found by the session-9 new-user trial: it ended in a LoadError traceback)."""
+    (found by a new-user trial: it ended in a LoadError traceback)."""
     task = _write_tasks(tmp_path / "data")[0]
     import yaml
 

@@ -1,6 +1,6 @@
 """`[generate] gen_length = 64` alone (or `dlmspec generate --gen-length 64` alone) takes steps and
 block_length from it, as LLaDA's defaults are all one length (one block, one token a step), instead of
-failing on the default 128 (found by the session-9 new-user trial)."""
+failing on the default 128 (found by a new-user trial)."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def test_fit_recovers_the_constants_that_generated_the_measurements(tmp_path):
         assert plan.peak_allocated_bytes == pytest.approx(run.measured_bytes, rel=1e-3)
         # 2.5%: the prior's pull towards the start constants (DEFAULT_CALIBRATION, refitted on
         # GPU data) is what keeps the fit from exact; at weight 0.01 it left 2.6% on one run
-        # after the session-5 refit moved the start constants, so the pull is 0.001 here.
+        # after a refit moved the start constants, so the pull is 0.001 here.
         assert plan.time.step_seconds == pytest.approx(run.measured_seconds, rel=0.025)
 
 

@@ -38,7 +38,7 @@ def test_ep2_adds_the_dispatchers_launches_per_moe_layer():
 
 
 def test_ep2_measured_launch_difference_is_what_the_constant_encodes():
-    """KERNELS_EP_DISPATCH comes from the session-5 profiles: the launches per step of the
+    """KERNELS_EP_DISPATCH comes from the expert-parallel profiles: the launches per step of the
     one-GPU and the EP2 run differ by what the other counts drop minus what the dispatcher adds."""
     prof = json.loads((ROOT / "bench" / "results" / "profile_host_h200x2.json").read_text())["summaries"]
     one = prof["demo-moe-e8-top2"]["rank0"]["host"]["launches_per_step"]
@@ -54,7 +54,7 @@ def test_ep2_measured_launch_difference_is_what_the_constant_encodes():
 
 def test_planned_launches_per_step_against_every_profiled_rank():
     """bench/plan/launch_counts.py: planned / measured - 1 between -9.3% and +16.0% on the
-    session-5 profiles (docs/planner.md quotes the range)."""
+    expert-parallel profiles (docs/planner.md quotes the range)."""
     rows = load_script("bench/plan/launch_counts.py", "plan_launch_counts").compare()
     assert len(rows) == 11
     errors = [r["error"] for r in rows]
