@@ -157,7 +157,7 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
         try:
             spec = Spec.model_validate(data)
         except ValidationError as exc:
-            errors = exc.errors()
+            errors = _with_errors_behind_the_generate_preset(data, exc.errors(), Spec)
             error = SpecError([_schema_issue(e, origins, path) for e in errors])
             partial, dropped = _without_bad_keys(data, errors, Spec)
             if partial is not None:
@@ -165,6 +165,27 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, fast:
                 error.dropped = dropped
             raise error from None
     return LoadedSpec(spec=spec, path=path, origins=origins, raw=data, files=files)
+
+
+def _with_errors_behind_the_generate_preset(data: Any, errors: list[Any], model: Any) -> list[Any]:
+    """``errors`` and, when one of them is an unknown ``[generate]`` preset, the other ``[generate]``
+    errors: the table's validator stops at the preset, so the table is validated again without it
+    (the keys it would have filled have defaults), and its errors other than those already found are
+    added. Every problem of the table is then reported in one pass."""
+    from pydantic import ValidationError
+
+    if not any(e.get("type") == "unknown_generate_preset" for e in errors):
+        return errors
+    table = data.get("generate") if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        return errors
+    try:
+        model.model_validate({**data, "generate": {k: v for k, v in table.items() if k != "preset"}})
+    except ValidationError as exc:
+        seen = {(tuple(e.get("loc", ())), e.get("type")) for e in errors}
+        errors = errors + [e for e in exc.errors() if tuple(e.get("loc", ()))[:1] == ("generate",)
+                           and (tuple(e.get("loc", ())), e.get("type")) not in seen]
+    return errors
 
 
 def load_text(text: str, name: str = "<string>.toml") -> LoadedSpec:
