@@ -27,7 +27,13 @@ import typer
 
 from dlmspec import objectives
 from dlmspec.cli.generate_inputs import dataset_windows, find_dataset, read_choices, read_prompts
-from dlmspec.cli.generate_options import _issue, check_token_ids, flag_value_issues, resolve_settings
+from dlmspec.cli.generate_options import (
+    _issue,
+    check_token_ids,
+    flag_value_issues,
+    load_flag_issues,
+    resolve_settings,
+)
 from dlmspec.cli.help import MARKUP_MODE, Command, Group
 from dlmspec.cli.output import command_name, print_envelope, printable, stderr, stdout, use_json
 from dlmspec.errors import SpecError
@@ -49,10 +55,9 @@ def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mas
     quiet_megatron_without_gpu()  # before megatron-core's imports: without a GPU its warnings bury our message
     from dlmspec.backends.generate.load import LoadError, load_model
 
-    if kind is not None and objectives.find(kind) is None:
-        raise _issue("--kind", kind, "not a model kind", objectives.kinds_text("--kind "))
-    if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
-        raise _issue("--dtype", dtype, "not a dtype", "--dtype bf16, fp16 or fp32")
+    bad = load_flag_issues(device, dtype, kind)  # the commands check them before; a caller that did not
+    if bad:
+        raise SpecError(bad)
     try:
         return load_model(path, device=device, dtype=dtype, kind=kind, mask_token_id=mask_token_id)
     except LoadError as exc:
@@ -344,7 +349,7 @@ def generate_command(
                  threshold=threshold, factor=factor, cache=cache, cache_refresh=cache_refresh, cuda_graph=cuda_graph, temperature=temperature, top_k=top_k, top_p=top_p, cfg_scale=cfg_scale,
                  seed=seed, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     # every input problem found before the model loads is reported at once (a missing run beside them)
-    problems = list(flag_value_issues(flags))
+    problems = list(flag_value_issues(flags)) + load_flag_issues(device, dtype, kind)
     if batch_size < 1:
         problems.extend(_issue("--batch-size", batch_size, "must be >= 1", "--batch-size 8").issues)
     texts = _collect(problems, read_prompts, prompt, prompts_file)
@@ -516,6 +521,7 @@ def eval_command(
     # --task generation flags, the files, --spec's [generate] table, and a run that does not exist beside them
     problems.extend(flag_value_issues(dict(gen_length=gen_length, steps=steps, block_length=block_length,
                                            remasking=remasking)))
+    problems.extend(load_flag_issues(device, dtype, kind))
     items = _collect(problems, read_choices, choices) if choices is not None else None
     rows = _collect(problems, read_rows, task, max_prompts) if task is not None else None
     prefix = _collect(problems, find_dataset, data) if data is not None else None

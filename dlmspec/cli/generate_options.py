@@ -128,6 +128,28 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
     return config, s
 
 
+#: The kinds ``--kind`` names for a converted checkpoint: the sampler's (``load_model`` refuses
+#: block-causal models, docs/generate.md).
+LOAD_KINDS = ("mdm", "ar")
+
+
+def load_flag_issues(device: str, dtype: Optional[str], kind: Optional[str]) -> list[SpecIssue]:
+    """Issues of the flags that say how to load the model (``--device``, ``--dtype``, ``--kind``),
+    found before it loads so they join the other flags' in one table. ``--device``: ``auto``,
+    ``cpu``, ``cuda`` or ``cuda:N``; whether that device exists is known only once torch runs."""
+    import re
+
+    issues = []
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device or ""):
+        issues.append(("--device", device, "not a device", "--device auto, cpu, cuda or cuda:N"))
+    if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
+        issues.append(("--dtype", dtype, "not a dtype", "--dtype bf16, fp16 or fp32"))
+    if kind is not None and kind not in LOAD_KINDS:
+        issues.append(("--kind", kind, "not a kind the sampler takes (block-causal models are refused)",
+                       " or ".join(f"--kind {k}" for k in LOAD_KINDS)))
+    return [_issue(key, value, why, fix).issues[0] for key, value, why, fix in issues]
+
+
 def flag_value_issues(flags: dict[str, Any]) -> list[SpecIssue]:
     """Issues of the given flags whose values no model takes: each ``[generate]`` field given as a
     flag, checked alone against ``GenerateSpec``'s type and range (the ``--remasking`` names, a

@@ -153,7 +153,7 @@ def _bad(tmp_path: Path, run_dir: Path) -> list[tuple[list[str], str, str]]:
         ([r, "--prompt", "a", "--gen-length", "200", "--block-length", "200", "--steps", "200"], "--gen-length",
          "max_position_embeddings = 128"),
         ([r, "--prompt", "a", "--batch-size", "0"], "--batch-size", ">= 1"),
-        ([r, "--prompt", "a", "--kind", "gpt"], "--kind", "not a model kind"),
+        ([r, "--prompt", "a", "--kind", "gpt"], "--kind", "not a kind the sampler takes"),
         ([r, "--prompt", "a", "--dtype", "fp8"], "--dtype", "not a dtype"),
         ([str(tmp_path), "--prompt", "a"], "RUN_OR_CHECKPOINT", "is not a checkpoint"),
         ([str(tmp_path / "nowhere"), "--prompt", "a"], "RUN_OR_CHECKPOINT", "does not exist"),
@@ -360,3 +360,15 @@ def test_a_flag_whose_remedy_is_none_says_to_leave_it_out(tiny_runs, capsys, arg
     (issue,) = env["issues"]
     assert issue["key"] == key and issue["hint"].startswith(hint), issue
     assert "None" not in issue["hint"] and "None" not in issue["message"], issue
+
+
+def test_the_load_flags_are_checked_with_the_others_before_loading(capsys, tmp_path):
+    """--device, --dtype and --kind join the pre-load table, beside a run that does not exist."""
+    code = main(["generate", str(tmp_path / "nowhere"), "--prompt", "a", "--device", "gpu0", "--dtype", "fp8",
+                 "--kind", "bd3lm", "--json"])
+    issues = json.loads(capsys.readouterr().out)["issues"]
+    assert code == 2
+    by_key = {i["key"]: i for i in issues}
+    assert set(by_key) == {"--device", "--dtype", "--kind", "RUN_OR_CHECKPOINT"}, issues
+    assert by_key["--kind"]["hint"] == "--kind mdm or --kind ar"
+    assert "cuda:N" in by_key["--device"]["hint"]
