@@ -129,9 +129,11 @@ def _print_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str]], titl
 
 def _names_a_run_folder(path: str) -> bool:
     """Whether ``dlmspec show PATH`` should answer ``PATH`` as a run folder although there is none:
-    nothing is there, it names a folder path (``runs/demo``) and not a spec file (``.toml``, ``.py``)."""
+    nothing is there, it names a folder path (``runs/demo``) and not a spec file (``.toml``, ``.py``),
+    nor a sweep member (``specs/sweep.py::member``: the file before ``::``)."""
+    file = path.split("::", 1)[0]
     return (not os.path.lexists(path) and os.sep in path.rstrip(os.sep)
-            and not path.lower().endswith((".toml", ".py")))
+            and not file.lower().endswith((".toml", ".py")))
 
 
 @app.command(cls=Command)
