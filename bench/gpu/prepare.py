@@ -58,9 +58,12 @@ def demo_inputs(root: Path = ROOT, shared: Path = SHARED, spec: Path = DEMO,
     the kit is missing, DataPrepareError when preparing fails.
     """
     data = tomllib.loads(spec.read_text(encoding="utf-8"))["data"]
+    if not (shared / "tokenizers" / "gpt2").is_dir() and (shared / "data" / "tokenizers" / "gpt2").is_dir():
+        shared = shared / "data"  # the folder above the kit (--shared /work/shared)
     kit_tokenizer = shared / "tokenizers" / "gpt2"
     if not kit_tokenizer.is_dir():
-        raise SystemExit(f"the offline data kit is not at {shared} (needs tokenizers/gpt2 and corpus/)")
+        raise SystemExit(f"error: the offline data kit is not at {shared} (it needs tokenizers/gpt2 and corpus/); "
+                         "pass its folder with --shared DIR, e.g. --shared /work/shared/data")
     done: list[str] = []
     paths = {}
     for key, name in DEMO_TOKENIZER.items():

@@ -61,6 +61,9 @@ def _grid(name: str) -> dict[str, Any]:
 def _check_plot(path: str, force: bool) -> None:
     from dlmspec.scaling.plot import drawn_by_fit
 
+    if not path.lower().endswith(".png"):  # the figures are PNG: a .txt or .pdf name would hold PNG bytes
+        stem = os.path.splitext(path)[0] or "fit"
+        raise _issue("--plot", path, "is not a .png file name (the figures are PNG)", f"--plot {stem}.png", file=path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise _issue("--plot", path, "is in a folder that does not exist",

@@ -139,6 +139,13 @@ def test_a_plot_over_a_file_fit_did_not_draw_needs_force(study: Path, tmp_path: 
     assert mine.read_bytes() == b"not a figure of dlmspec"
 
 
+def test_a_plot_name_that_is_not_png_exits_2_before_fitting(study: Path, tmp_path: Path) -> None:
+    target = tmp_path / "fit.txt"
+    issue = _issue(run_cli("fit", "--sweep", str(study), "--plot", str(target), "--json"))
+    assert issue["key"] == "--plot" and issue["hint"] == f"--plot {tmp_path / 'fit'}.png"
+    assert not target.exists()
+
+
 def test_a_bad_grid_or_bootstrap_exits_2(study: Path) -> None:
     assert _issue(run_cli("fit", "--sweep", str(study), "--grid", "fine", "--json"))["key"] == "--grid"
     assert _issue(run_cli("fit", "--sweep", str(study), "--bootstrap", "-1", "--json"))["key"] == "--bootstrap"
