@@ -81,9 +81,13 @@ def draw(study: Any, output: str) -> None:
         if row["N_interval"]:
             lo, hi = row["N_interval"]
             left.plot([lo, hi], [law.loss(n_star, row["D"])] * 2, color=colour, lw=3, alpha=0.5)
-    for p in study.repeated:
-        left.plot([p.params], [p.loss], marker="x", color="crimson", markersize=7)
+    for i, p in enumerate(study.repeated):
+        left.plot([p.params], [p.loss], marker="x", color="crimson", markersize=7, ls="none",
+                  label="repeats its data (not fitted)" if i == 0 else None)
     left.set_xscale("log")
+    # the sizes trained set the axis: an N* interval reaching far outside them (a law the points do not
+    # pin down) is drawn to the edge instead of squeezing every run into a corner
+    left.set_xlim(n.min() / 3, n.max() * 3)
     left.set_xlabel("N (non-embedding parameters)")
     left.set_ylabel("final loss (nats/token)")
     left.set_title("isoFLOP profiles: parabola (solid), law (dashed), law optimum (star)")
@@ -111,14 +115,17 @@ def draw(study: Any, output: str) -> None:
     right.scatter(c, n, s=10, color="tab:blue", alpha=0.6, label="runs")
     right.set_xscale("log")
     right.set_yscale("log")
-    # the budgets span less than a decade: matplotlib then labels the minor ticks too, and the labels overlap
+    # the budgets span less than a decade: label each budget (matplotlib's minor labels overlap there)
     from matplotlib.ticker import NullFormatter
 
+    ticks = sorted({float(f"{x:.2g}") for x in budgets})
+    right.set_xticks(ticks)
+    right.set_xticklabels([f"{x:.2g}" for x in ticks], fontsize=8)
     right.xaxis.set_minor_formatter(NullFormatter())
     right.set_xlabel("C (training FLOPs)")
     right.set_ylabel("N")
     right.set_title("compute-optimal model size")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="best")
     right.grid(True, alpha=0.3)
     try:
         with atomic_writer(output) as handle:
