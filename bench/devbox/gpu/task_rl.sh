@@ -45,7 +45,9 @@
 # (1200: on an H100 the SFT model's accuracy rose from under 1 % to 83 % between iterations 600 and 900),
 # SFT_EVERY (100: its checkpoints, each scored, are the candidates RL may start from; coarser ones may
 # skip every start between ~0 % and 75 %), RL_ITERS (200 at most; 2 steps a rollout batch), RL_MIN_ITERS (100), RL_LR (the spec's 5e-5; AR
-# GRPO at 1e-4 and 2e-4 lowered held-out accuracy, see below), GPU (h100/h200: nvidia-smi's),
+# GRPO at 1e-4 and 2e-4 lowered held-out accuracy, see below), RL_SET (more KEY=VALUE overrides of the
+# RL job, space-separated, recorded like the rest: e.g. RL_SET="stage.rl.grpo_group_size=16
+# stage.rl.grpo_prompts_per_step=8 stage.rl.filter_groups=true"), GPU (h100/h200: nvidia-smi's),
 # END_S (570). Overrides of the bundled specs, all recorded in summary.json: one GPU and the GPU present; the
 # masked-diffusion chain without q/k norm (model.qk_layernorm = false: LLaDA's modelling code, which d1's loop
 # runs on the export, has none); the iteration counts and their warm-up, save and evaluation intervals; the RL
@@ -245,6 +247,8 @@ rl_sets() {  # the RL job's --set for $1 iterations from the checkpoint $2
   local sets=("${common[@]}" --set train.train_iters="$1" --set checkpoint.save_interval="$1" --set logging.log_interval=2
               --set train.eval_interval="$1" --set 'train.lr_decay_style="constant"' --set "checkpoint.init_from=\"mcore:$2\"")
   [ -n "$RL_LR" ] && sets+=(--set "train.lr=$RL_LR")
+  local kv
+  for kv in ${RL_SET:-}; do sets+=(--set "$kv"); done  # RL_SET: more KEY=VALUE for the RL job, space-separated
   printf '%s\n' "${sets[@]}"
 }
 mapfile -t rl_args < <(rl_sets "$RL_ITERS" "$start_ckpt")
