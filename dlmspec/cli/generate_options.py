@@ -124,6 +124,10 @@ def resolve_settings(*, kind: str, mask_token_id: Optional[int], eos_token_id: O
         why, fix = _config_error_words(exc, key)
         if origin in ("default", "model"):
             why += f" (the {'default' if origin == 'default' else 'model'}'s value)"
+        elif origin == "checkpoint" and any(v is not None for v in (flags or {}).values()):
+            # the run's own [generate] against the flags given: the user fixes it with a flag, not its lock
+            why += " (the checkpoint's value, beside the flags given)"
+            fix = f"{_config_error_words(exc, flag(exc.field))[1]}: a flag overrides the checkpoint's [generate]"
         raise _issue(key, exc.value, why, fix, rule="generate-settings", file=file, line=line) from None
     return config, s
 

@@ -372,3 +372,14 @@ def test_the_load_flags_are_checked_with_the_others_before_loading(capsys, tmp_p
     assert set(by_key) == {"--device", "--dtype", "--kind", "RUN_OR_CHECKPOINT"}, issues
     assert by_key["--kind"]["hint"] == "--kind mdm or --kind ar"
     assert "cuda:N" in by_key["--device"]["hint"]
+
+
+def test_a_flag_against_the_checkpoints_generate_table_gets_a_flag_remedy(tiny_runs, capsys):
+    """--gen-length 24 against the run's own steps = 8 / block_length = 8 (its lock): the issue is placed
+    on the lock's key, and the remedy is a flag (a user does not edit a checkpoint's lock)."""
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--prompt", "a", "--gen-length", "20")
+    assert code == 2
+    (issue,) = env["issues"]
+    assert issue["key"].startswith("generate.") and issue["file"].endswith("spec.lock.toml"), issue
+    assert "beside the flags given" in issue["message"]
+    assert issue["hint"].startswith("use --") and "a flag overrides the checkpoint's [generate]" in issue["hint"]
