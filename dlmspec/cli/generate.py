@@ -76,6 +76,18 @@ def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mas
         raise
 
 
+def _refuse_before_loading(problems: list[Any], model_path: str) -> None:
+    """Raise the input problems found before the model loads, as one :class:`SpecError`, with a
+    ``model_path`` that does not exist among them (nothing when there are none)."""
+    if not problems:
+        return
+    if not os.path.exists(model_path):
+        problems.extend(_issue("RUN_OR_CHECKPOINT", model_path, "does not exist",
+                               "a run folder (runs/NAME), its checkpoints folder or a Hugging Face folder",
+                               rule="generate-load").issues)
+    raise SpecError(problems)
+
+
 def _collect(problems: list[Any], fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, or ``None`` with its :class:`SpecError`'s issues added to ``problems``."""
     try:
@@ -354,12 +366,7 @@ def generate_command(
         problems.extend(_issue("--batch-size", batch_size, "must be >= 1", "--batch-size 8").issues)
     texts = _collect(problems, read_prompts, prompt, prompts_file)
     spec_table, locate = _collect(problems, _spec_table, spec) or (None, None)
-    if problems:
-        if not os.path.exists(model_path):
-            problems.extend(_issue("RUN_OR_CHECKPOINT", model_path, "does not exist",
-                                   "a run folder (runs/NAME), its checkpoints folder or a Hugging Face folder",
-                                   rule="generate-load").issues)
-        raise SpecError(problems)
+    _refuse_before_loading(problems, model_path)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     try:
         config, settings = resolve_settings(
@@ -526,12 +533,7 @@ def eval_command(
     rows = _collect(problems, read_rows, task, max_prompts) if task is not None else None
     prefix = _collect(problems, find_dataset, data) if data is not None else None
     spec_table, locate = (_collect(problems, _spec_table, spec) or (None, None)) if task is not None else (None, None)
-    if problems:
-        if not os.path.exists(model_path):
-            problems.extend(_issue("RUN_OR_CHECKPOINT", model_path, "does not exist",
-                                   "a run folder (runs/NAME), its checkpoints folder or a Hugging Face folder",
-                                   rule="generate-load").issues)
-        raise SpecError(problems)
+    _refuse_before_loading(problems, model_path)
     model = _load(model_path, device, dtype, kind, mask_token_id)
     settings = {"estimator": estimator, "default_estimator": DEFAULT_ESTIMATOR, "num_samples": num_samples,
                 "samples_per_forward": samples_per_forward, "eps": eps, "seed": seed, "batch_size": batch_size,
