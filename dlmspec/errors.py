@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from dlmspec.credentials import redact, redact_text
@@ -52,6 +54,16 @@ def toml_text(value: Any) -> str:
         return "{ " + inner + " }" if inner else "{}"
     return json.dumps(str(value))
 
+
+
+def display_path(path: str | None) -> str | None:
+    """``path`` relative to the working directory when it lies under it (shorter messages)."""
+    if not path or path.startswith(("<", "--")):
+        return path
+    try:
+        return os.path.relpath(path) if Path(path).is_absolute() and Path(path).resolve().is_relative_to(Path.cwd()) else path
+    except (OSError, ValueError):
+        return path
 
 @dataclass(frozen=True)
 class Fix:

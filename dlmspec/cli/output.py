@@ -11,13 +11,11 @@ command: :func:`envelope` builds it, :func:`print_envelope` prints it (docs/arch
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypeVar
 
-from dlmspec.errors import SpecIssue, json_safe, safe_repr
+from dlmspec.errors import SpecIssue, display_path, json_safe, safe_repr  # noqa: F401 - display_path: used here and by the commands
 
 if TYPE_CHECKING:
     import typer
@@ -119,16 +117,6 @@ def print_envelope(command: str, *, ok: bool, issues: Iterable[SpecIssue] = (),
 
     document = json_safe(envelope(command, ok=ok, issues=issues, result=result))
     print(json.dumps(document, indent=2, allow_nan=False))
-
-
-def display_path(path: str | None) -> str | None:
-    """``path`` relative to the working directory when it lies under it (shorter messages)."""
-    if not path or path.startswith(("<", "--")):
-        return path
-    try:
-        return os.path.relpath(path) if Path(path).is_absolute() and Path(path).resolve().is_relative_to(Path.cwd()) else path
-    except (OSError, ValueError):
-        return path
 
 
 def _issue_dict(issue: SpecIssue) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dlmspec.errors import SpecError, SpecIssue, printable_int, safe_repr
+from dlmspec.errors import SpecError, SpecIssue, display_path, printable_int, safe_repr
 from dlmspec.spec.dotted import LONG_NUMBER, MAX_DEPTH, nesting_message, too_deep
 from dlmspec.spec.lines import Origin, _leading_keys, locate_key
 from dlmspec.spec.read import _SPEC_DEPTH_HINT, _check_file
@@ -417,14 +417,6 @@ def _non_string_keys(data: Any, path: Path, prefix: str = "") -> list[SpecIssue]
     return issues
 
 
-def _as_typed(path: Path) -> str:
-    """``path`` as a user types it from here: relative to the working directory when it is below it."""
-    import os
-
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else str(path)
-
-
 def _load_python(path: Path, member: str | None = None) -> tuple[dict[str, Any], dict[str, Origin]]:
     """The data and origins of the Python spec ``path`` (``member``: of that member of its
     sweep). Raises SpecError: see :func:`_python_members`; a sweep without ``member``, or an
@@ -436,7 +428,7 @@ def _load_python(path: Path, member: str | None = None) -> tuple[dict[str, Any],
         names = _some_names(members)
         raise SpecError([SpecIssue("spec", f"the file defines a sweep of {len(members)} specs ({names}); "
                                    "this command takes one", value=str(path), rule="sweep",
-                                   hint=f"pick one as {_as_typed(path)}{MEMBER_SEP}{members[0].name} (validate, plan, "
+                                   hint=f"pick one as {display_path(str(path))}{MEMBER_SEP}{members[0].name} (validate, plan, "
                                    "compile and submit take the whole sweep)", file=str(path))])
     import copy
 
