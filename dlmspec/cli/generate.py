@@ -55,9 +55,6 @@ def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mas
     quiet_megatron_without_gpu()  # before megatron-core's imports: without a GPU its warnings bury our message
     from dlmspec.backends.generate.load import LoadError, load_model
 
-    bad = load_flag_issues(device, dtype, kind)  # the commands check them before; a caller that did not
-    if bad:
-        raise SpecError(bad)
     try:
         return load_model(path, device=device, dtype=dtype, kind=kind, mask_token_id=mask_token_id)
     except LoadError as exc:
@@ -74,6 +71,18 @@ def _load(path: str, device: str, dtype: Optional[str], kind: Optional[str], mas
         if "device" in str(exc).lower():
             raise _issue("--device", device, str(exc)[:300], "--device cpu or --device cuda") from None
         raise
+
+
+def _out_of_memory(exc: RuntimeError, batch_size: int, doing: str) -> Optional[SpecError]:
+    """The :class:`SpecError` ``generate`` / ``eval`` raise when their GPU work ran out of memory: on
+    ``--batch-size``, with half of it, freeing the GPU or the CPU as remedies; ``None`` for another
+    error (the caller re-raises it)."""
+    from dlmspec.backends.generate.checkpoint import OUT_OF_MEMORY_FIX, describe_read_error, is_out_of_memory
+
+    if not is_out_of_memory(exc):
+        return None
+    return _issue("--batch-size", batch_size, f"the GPU ran out of memory while {doing} ({describe_read_error(exc)})",
+                  f"--batch-size {max(1, batch_size // 2)}; or {OUT_OF_MEMORY_FIX}")
 
 
 def _refuse_before_loading(problems: list[Any], model_path: str) -> None:
@@ -379,6 +388,11 @@ def generate_command(
         live = on_terminal if stream is None else (stream and not json_output)
         cached, fallback, decoding = decoding_plan(model, config, kv_cache)
         run = _run_generate(model, texts, config, batch_size, live, progress=sys.stderr.isatty(), kv_cache=cached)
+    except RuntimeError as exc:  # torch's OutOfMemoryError is one
+        refused = _out_of_memory(exc, batch_size, "sampling")
+        if refused is None:
+            raise
+        raise refused from None
     finally:
         model.close()
     recorded = {**config.to_dict(), "preset": settings.preset, "batch_size": batch_size, "dtype": dtype or "default",
@@ -567,13 +581,10 @@ def eval_command(
                                                num_samples=num_samples, samples_per_forward=samples_per_forward,
                                                eps=eps, path=choices)
     except RuntimeError as exc:  # torch's OutOfMemoryError is one
-        from dlmspec.backends.generate.checkpoint import describe_read_error, is_out_of_memory
-
-        if not is_out_of_memory(exc):
+        refused = _out_of_memory(exc, batch_size, "scoring")
+        if refused is None:
             raise
-        raise _issue("--batch-size", batch_size, f"the GPU ran out of memory while scoring "
-                     f"({describe_read_error(exc)})", f"--batch-size {max(1, batch_size // 2)}; or free the GPU's "
-                     "memory (nvidia-smi lists the processes that hold it), or run on the CPU: --device cpu") from None
+        raise refused from None
     finally:
         model.close()
     if json_output:

@@ -383,3 +383,17 @@ def test_a_flag_against_the_checkpoints_generate_table_gets_a_flag_remedy(tiny_r
     assert issue["key"].startswith("generate.") and issue["file"].endswith("spec.lock.toml"), issue
     assert "beside the flags given" in issue["message"]
     assert issue["hint"].startswith("use --") and "a flag overrides the checkpoint's [generate]" in issue["hint"]
+
+
+def test_a_gpu_out_of_memory_while_sampling_exits_2_naming_the_batch_size(tiny_runs, capsys, monkeypatch):
+    import dlmspec.cli.generate as command
+
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    monkeypatch.setattr(command, "_run_generate", full)
+    code, env = run_json(capsys, str(tiny_runs["mdm"][0]), "--prompt", "a", "--batch-size", "6")
+    assert code == 2
+    (issue,) = env["issues"]
+    assert issue["key"] == "--batch-size" and "while sampling" in issue["message"]
+    assert issue["hint"].startswith("--batch-size 3; or free the GPU's memory")
