@@ -14,19 +14,14 @@ from cpu_world_kit import megatron_cpu_world
 
 def _logits_fn(attention: str):
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
     from dlmspec.backends.megatron.layers import build_layer_spec
     from dlmspec.backends.rl.stage import _training_logits
+    from rl_loop_kit import _config  # the RL tests' tiny TransformerConfig
 
     torch.manual_seed(0)
-    cfg = TransformerConfig(
-        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-        kv_channels=16, normalization="RMSNorm", gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-        add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-        apply_rope_fusion=False, gradient_accumulation_fusion=False)
-    model = GPTModel(config=cfg, transformer_layer_spec=build_layer_spec(attention=attention, use_transformer_engine=False),
+    model = GPTModel(config=_config(), transformer_layer_spec=build_layer_spec(attention=attention,
+                                                                               use_transformer_engine=False),
                      vocab_size=128, max_sequence_length=32, position_embedding_type="rope")
     return _training_logits(model, 1)
 
