@@ -85,12 +85,15 @@ __all__ = ["ModelFn", "LogProbEstimator", "MaskedEstimator", "OneStepEstimator",
 @runtime_checkable
 class LogProbEstimator(Protocol):
     """What the RL stage calls: ``name``, ``forward_passes`` (``model_fn`` calls per call, each on
-    ``N`` rows), ``__call__`` returning ``Tensor[N, T]`` (module docstring) and ``score``
+    ``N`` rows), ``deterministic`` (``True`` when the result does not depend on ``generator``: the
+    stage then scores the rollout policy and the reference once per rollout batch, not once per
+    inner iteration), ``__call__`` returning ``Tensor[N, T]`` (module docstring) and ``score``
     returning ``(log_probs, weights)``, both ``[N, T]``, whose product is ``__call__``'s estimate
     (the policy loss exponentiates ``log_probs`` and weighs tokens by ``weights``)."""
 
     name: str
     forward_passes: int
+    deterministic: bool
 
     def __call__(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
                  mask_id: int, generator: torch.Generator, prompt_mask_prob: float = 0.0) -> Tensor: ...
@@ -152,6 +155,7 @@ class MaskedEstimator(abc.ABC):
 
     name = "masked"
     forward_passes = 1
+    deterministic = False  # fresh masks per inner iteration
 
     @abc.abstractmethod
     def draw(self, valid: Tensor, generator: torch.Generator) -> List[View]:
@@ -362,6 +366,7 @@ class AutoregressiveEstimator:
 
     name = "ar"
     forward_passes = 1
+    deterministic = True  # exact log-probabilities: no draw
 
     def __call__(self, model_fn: ModelFn, prompt: Tensor, completion: Tensor, completion_mask: Tensor, *,
                  mask_id: int = -1, generator: Optional[torch.Generator] = None, prompt_mask_prob: float = 0.0) -> Tensor:

@@ -154,8 +154,10 @@ class Rollout:
         completion_mask: ``[N, T]`` bool: completion tokens up to and including the first EOS.
         advantages: ``[N]`` float.
         keep: ``[N]`` bool: rows in the loss (not failed, not filtered, not a masked truncation).
-        old_logp: per inner iteration ``[N, T]`` (``None``: ``grpo_iterations = 1``, the ratio is
-            taken against the detached policy log-probabilities).
+        old_logp: per inner iteration ``[N, T]`` or ``None`` (``None`` in place of the list:
+            ``grpo_iterations = 1``). A ``None`` entry (the first inner iteration's) takes the ratio
+            against the training forward's own log-probabilities, detached: the policy has not
+            changed since the rollout, so they are the rollout policy's.
         ref_logp: per inner iteration ``[N, T]`` of the reference (``None``: no KL).
         stats: :class:`RolloutStats`.
         samples: the rows as text (prompt, completion, rewards), for the samples file.
@@ -168,8 +170,8 @@ class Rollout:
     completion_mask: Tensor
     advantages: Tensor
     keep: Tensor
-    old_logp: Optional[List[Tensor]] = None
-    ref_logp: Optional[List[Tensor]] = None
+    old_logp: Optional[List[Optional[Tensor]]] = None
+    ref_logp: Optional[List[Optional[Tensor]]] = None
     stats: Optional["RolloutStats"] = None
     samples: List[Dict[str, Any]] = field(default_factory=list)
 
@@ -182,13 +184,17 @@ class Rollout:
         return {"index": self.index, "tokens": self.tokens.cpu(), "attention": None if self.attention is None else
                 self.attention.cpu(), "prompt_length": self.prompt_length, "completion_mask": self.completion_mask.cpu(),
                 "advantages": self.advantages.cpu(), "keep": self.keep.cpu(),
-                "old_logp": None if self.old_logp is None else [t.cpu() for t in self.old_logp],
-                "ref_logp": None if self.ref_logp is None else [t.cpu() for t in self.ref_logp]}
+                "old_logp": move_logps(self.old_logp, "cpu"), "ref_logp": move_logps(self.ref_logp, "cpu")}
 
     @classmethod
     def from_state(cls, state: Dict[str, Any]) -> "Rollout":
         return cls(**{k: state[k] for k in ("index", "tokens", "attention", "prompt_length", "completion_mask",
                                             "advantages", "keep", "old_logp", "ref_logp")})
+
+
+def move_logps(logps: Optional[List[Optional[Tensor]]], device: Any) -> Optional[List[Optional[Tensor]]]:
+    """``logps`` (a :class:`Rollout`'s ``old_logp`` / ``ref_logp``) on ``device``, ``None`` entries kept."""
+    return None if logps is None else [None if t is None else t.to(device) for t in logps]
 
 
 @dataclass
@@ -493,7 +499,7 @@ class RolloutEngine:
         rollout = Rollout(self.rollouts, tokens, attention, P, mask, advantages.to(self.device), keep.to(self.device),
                           stats=stats)
         if c.grpo_iterations > 1 and policy_fn is not None:
-            rollout.old_logp = self.score_all(policy_fn, rollout)
+            rollout.old_logp = self.score_all(policy_fn, rollout, start=1)
         if c.grpo_kl_beta > 0 and reference_fn is not None:
             rollout.ref_logp = self.score_all(reference_fn, rollout)
         rollout.samples = [{"rollout": self.rollouts, "prompt_id": r["prompt_id"], "prompt": r["prompt"],
@@ -565,15 +571,21 @@ class RolloutEngine:
         return score(*args, **kwargs)
 
     @torch.no_grad()
-    def score_all(self, logits: Callable[..., Tensor], rollout: Rollout) -> List[Tensor]:
-        """Per inner iteration, ``[N, T]`` log-probabilities of every row, microbatch by
-        microbatch (the training step's chunks and draws)."""
-        out = []
-        for inner in range(self.config.grpo_iterations):
-            parts = []
-            for k, start in enumerate(range(0, rollout.rows, self.micro_batch_size)):
-                parts.append(self.logp(logits, rollout, slice(start, start + self.micro_batch_size), inner, k).float())
-            out.append(torch.cat(parts))
+    def score_all(self, logits: Callable[..., Tensor], rollout: Rollout, *, start: int = 0) -> List[Optional[Tensor]]:
+        """Per inner iteration ``i``, ``[N, T]`` log-probabilities of every row, microbatch by
+        microbatch (the training step's chunks and draws); ``None`` for ``i < start``. An estimator
+        whose values do not depend on its draws (``deterministic``: ``ar``) is run once, and every
+        iteration from ``start`` on shares that tensor."""
+        out: List[Optional[Tensor]] = [None] * start
+        shared: Optional[Tensor] = None
+        for inner in range(start, self.config.grpo_iterations):
+            if shared is None:
+                parts = [self.logp(logits, rollout, slice(s, s + self.micro_batch_size), inner, k).float()
+                         for k, s in enumerate(range(0, rollout.rows, self.micro_batch_size))]
+                scored = torch.cat(parts)
+                if getattr(self.core.estimator, "deterministic", False):
+                    shared = scored
+            out.append(shared if shared is not None else scored)
         return out
 
     def loss(self, logits: Callable[..., Tensor], rollout: Rollout, rows: slice, inner: int,
@@ -582,7 +594,8 @@ class RolloutEngine:
         ``logits``): ``policy_loss`` over completion tokens of the kept rows."""
         c = self.config
         logp, weight = self.scored(logits, rollout, rows, inner, microbatch)
-        old = rollout.old_logp[inner][rows] if rollout.old_logp is not None else logp.detach()
+        olds = rollout.old_logp
+        old = olds[inner][rows] if olds is not None and olds[inner] is not None else logp.detach()
         ref = rollout.ref_logp[inner][rows] if rollout.ref_logp is not None else None
         mask = rollout.completion_mask[rows] & rollout.keep[rows].unsqueeze(1)
         if not bool(mask.any()):

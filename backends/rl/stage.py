@@ -19,8 +19,11 @@ One *rollout batch* is ``grpo_prompts_per_step`` prompts x ``grpo_group_size`` c
    ``advantage_scale = "none"``: Dr. GRPO, Liu et al. 2025), optionally dropping groups whose
    rewards do not vary (DAPO, Yu et al. 2025, sec. 3.2);
 5. with ``grpo_iterations > 1`` the rollout policy's log-probabilities ("old", one per inner
-   iteration, each with that iteration's estimator masks: d1 draws a fresh prompt mask per inner
-   iteration) and with ``grpo_kl_beta > 0`` the frozen reference's, in microbatches.
+   iteration after the first, each with that iteration's estimator masks: d1 draws a fresh prompt
+   mask per inner iteration; the first iteration's are the training forward's own, detached, as the
+   policy has not changed yet) and with ``grpo_kl_beta > 0`` the frozen reference's (one per inner
+   iteration), in microbatches; the ``ar`` estimator draws nothing, so each is scored once per
+   rollout batch and shared by its iterations.
 
 The step's microbatches are the rollout batch's rows (``train.micro_batch_size`` each); the
 forward step scores them with the estimator (``backends/rl/estimators.py``: one forward pass for
@@ -74,7 +77,7 @@ from dlmspec.names import CHECKPOINT_RECORD
 from dlmspec.backends.megatron.stage import LM_LOSS, StageBase, StageData, sum_reports
 
 from .rollout import (LOSS_REPORT, ROLLOUT_REPORT, RLConfig, RLCore, Rollout, RolloutEngine, RolloutStats,
-                      default_core, rollout_metrics, write_samples)
+                      default_core, move_logps, rollout_metrics, write_samples)
 
 __all__ = ["REFERENCE_PREFIX", "RLConfig", "RLStage", "reference_prefix", "register"]
 
@@ -392,8 +395,7 @@ class RLStage(StageBase):
                 r, tokens=r.tokens.to(device), attention=None if r.attention is None else r.attention.to(device),
                 completion_mask=r.completion_mask.to(device), advantages=r.advantages.to(device),
                 keep=r.keep.to(device),
-                old_logp=None if r.old_logp is None else [t.to(device) for t in r.old_logp],
-                ref_logp=None if r.ref_logp is None else [t.to(device) for t in r.ref_logp])
+                old_logp=move_logps(r.old_logp, device), ref_logp=move_logps(r.ref_logp, device))
 
     def load_sharded_state_dict(self, common: Optional[Dict[str, Any]],
                                 load: Callable[[Dict[str, Any]], Dict[str, Any]], *, checkpoint: str,

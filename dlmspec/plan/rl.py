@@ -45,10 +45,14 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
   model's step is launch-bound; on one H100 the addition demo's coupled-GRPO update took 0.126 s
   more than diffu-GRPO's, its second view priced at 0.118 s, where compute alone gave 0.015 s and
   the plan was 36 % under the measured step). With mu > 1 the rollout policy's log-probabilities
-  (n forwards per inner iteration, all made at rollout time) and with ``grpo_kl_beta > 0`` the
-  reference's (n forwards) add forwards without backward, priced at their compute (in the same
-  runs the rollout phase, sampler, these forwards and rewards, took no longer than the sampler's
-  calls alone, within the runs' spread).
+  (n forwards for each inner iteration after the first, made at rollout time: the first iteration
+  compares with the training forward's own, detached) and with ``grpo_kl_beta > 0`` the
+  reference's (n forwards per inner iteration) add forwards without backward; the ``ar``
+  estimator's are made once per rollout batch (it draws no masks). Each is priced at its compute
+  and its kernel launches, a third of the step's: on one H100 the AR addition run at 512 rows
+  (8 microbatches, 2 no-grad passes per microbatch per step) measured 1.03 s a step where these
+  passes priced at their compute alone planned 0.70 s
+  (``bench/results/rl/2026-12-07-h100-grpo-ar-64-prompts.json``).
 * **Memory** (``rl_reference``): with ``grpo_kl_beta > 0`` a frozen copy of this rank's weights in
   the run's dtype (:meth:`dlmspec.backends.megatron.stage.ModelFactory.frozen_copy`), held the
   whole step. The sampler's ``[rows, seq, vocab]`` float32 logits exist during the rollout only,
@@ -212,22 +216,35 @@ def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float],
     return (schedule["equivalents"] * compute + schedule["calls"] * launches) / int(options["grpo_iterations"])
 
 
+def scoring_passes(options: dict[str, Any]) -> tuple[float, float]:
+    """``(old, reference)``: no-grad passes of the estimator (each of its ``n`` forwards over the
+    rank's rows) per rollout batch, as the stage makes them (backends/rl/rollout.py ``score_all``):
+    the rollout policy's for inner iterations 2..mu (the first takes the training forward's own,
+    detached) and, with ``grpo_kl_beta > 0``, the reference's for every inner iteration; the ``ar``
+    estimator draws nothing, so each is made once and shared (1 and 1)."""
+    mu = int(options["grpo_iterations"])
+    deterministic = not diffusion_rollout(options)
+    old = 0.0 if mu <= 1 else (1.0 if deterministic else float(mu - 1))
+    reference = 0.0 if float(options["grpo_kl_beta"]) <= 0 else (1.0 if deterministic else float(mu))
+    return old, reference
+
+
 def scoring_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float]) -> float:
     """The estimator's extra passes, the rollout policy's and the reference's forwards, per step
     (module docstring, "Scoring"): each training pass beyond the base step's is a forward and
     backward of every microbatch, its compute (3 forwards) and its kernel launches (the step's
     ``kernel_launch``, as the base pass: the estimator's views run one after another in the
     forward step and backward through each); a no-grad forward of the rollout policy or the
-    reference is priced at its compute."""
+    reference (:func:`scoring_passes`, per rollout batch, so over mu per step) is priced at its
+    compute and its kernel launches, a third of the step's (a forward of every microbatch, no
+    backward)."""
     options = rl_options(shape)
     n = estimator_passes(options)
     forward = _forward(breakdown)
     launches = breakdown.get("kernel_launch", 0.0)
     extra = (n - 1) * (3.0 * forward + launches)  # forward and backward of every pass beyond the base step's
-    if int(options["grpo_iterations"]) > 1:
-        extra += n * forward
-    if float(options["grpo_kl_beta"]) > 0:
-        extra += n * forward
+    old, reference = scoring_passes(options)
+    extra += n * (old + reference) * (forward + launches / 3.0) / int(options["grpo_iterations"])
     return extra
 
 

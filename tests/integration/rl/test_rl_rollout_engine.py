@@ -5,6 +5,7 @@ samples file, and a resume that draws the rollouts of an uninterrupted run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -97,10 +98,12 @@ def test_training_steps_move_the_policy_and_the_ratio_starts_at_one() -> None:
     model = TinyLM()
     before = [p.detach().clone() for p in model.parameters()]
     r = eng.rollout(logits_fn(model), policy_fn=logits_fn(model))
-    assert r.old_logp is not None and len(r.old_logp) == 2
-    # the same weights and estimator draws as the rollout's scoring: the ratio is exactly 1
-    _, stats = eng.loss(model, r, slice(0, 4), 0, 0)
-    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["clip_fraction"] == 0.0
+    # the first inner iteration compares with the training forward's own values; the second was scored
+    assert r.old_logp is not None and len(r.old_logp) == 2 and r.old_logp[0] is None
+    assert r.old_logp[1].shape == r.completion_mask.shape
+    for inner in (0, 1):  # before any update, with the second iteration's draws: the ratio is exactly 1
+        _, stats = eng.loss(model, r, slice(0, 4), inner, 0)
+        assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["clip_fraction"] == 0.0
     made, losses = train_steps(eng, model, 2)
     assert len(made) == 2 and len(losses) == 4 and all(math.isfinite(x) for x in losses)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -116,6 +119,44 @@ def test_the_ar_algorithm_samples_left_to_right_and_scores_exact_log_probabiliti
     P = r.prompt_length
     want = full[:, P - 1:-1].gather(-1, r.tokens[:2, P:].unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(logp, want, atol=1e-5)
+
+
+class _Counted:
+    """``logits_fn(model)`` counting the rows it is called on."""
+
+    def __init__(self, model) -> None:
+        self.fn, self.rows = logits_fn(model), 0
+
+    def __call__(self, tokens, attention=None):
+        self.rows += tokens.shape[0]
+        return self.fn(tokens, attention)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "diffu-grpo"])
+def test_the_ar_estimator_scores_the_old_policy_and_the_reference_once_per_rollout_batch(algorithm) -> None:
+    from dlmspec.backends.rl import estimators
+
+    mu = 3
+    causal = algorithm == "grpo"
+    real = dataclasses.replace(core(causal=causal), estimator=estimators.get("ar" if causal else "one-step"))
+    eng = engine(config(algorithm=algorithm, grpo_iterations=mu, grpo_kl_beta=0.04,
+                        generate=dict(gen_length=6, steps=6, block_length=6, temperature=1.0)), rl_core=real)
+    policy, reference = TinyLM(causal=causal, seed=0), TinyLM(causal=causal, seed=1)
+    old, ref = _Counted(policy), _Counted(reference)
+    r = eng.rollout(logits_fn(policy), policy_fn=old, reference_fn=ref)
+    rows = r.rows
+    assert r.old_logp[0] is None and len(r.old_logp) == len(r.ref_logp) == mu
+    if causal:  # no draws: one pass each, shared by the iterations
+        assert (old.rows, ref.rows) == (rows, rows)
+        assert all(t is r.old_logp[1] for t in r.old_logp[1:]) and all(t is r.ref_logp[0] for t in r.ref_logp)
+    else:  # fresh masks per iteration: the old policy for iterations 2..mu, the reference for each
+        assert (old.rows, ref.rows) == ((mu - 1) * rows, mu * rows)
+        assert not torch.equal(r.ref_logp[0], r.ref_logp[1])
+    mb = eng.micro_batch_size
+    for inner in range(mu):  # every iteration's scores are what that iteration's draws give, microbatch by microbatch
+        want = torch.cat([eng.logp(logits_fn(reference), r, slice(s, s + mb), inner, k).float()
+                          for k, s in enumerate(range(0, rows, mb))])
+        assert torch.allclose(r.ref_logp[inner], want, atol=1e-6)
 
 
 def test_the_reference_log_probabilities_are_made_with_the_rollout() -> None:

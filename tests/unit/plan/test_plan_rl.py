@@ -55,9 +55,26 @@ def test_the_estimator_reference_and_old_policy_passes_are_counted() -> None:
     launches = coupled.time.breakdown["kernel_launch"]
     assert coupled.time.breakdown["rl_scoring"] == pytest.approx(3 * f + launches)  # the pair's second pass, fwd + bwd
     with_ref = plan("stage.rl.grpo_kl_beta=0.04", "stage.rl.grpo_iterations=2")
-    assert with_ref.time.breakdown["rl_scoring"] == pytest.approx(2 * f)  # old policy + reference, one forward each
+    no_grad = f + with_ref.time.breakdown["kernel_launch"] / 3  # a forward of every microbatch, its launches too
+    # per rollout batch of mu = 2 steps: the old policy for the second iteration, the reference for both
+    assert with_ref.time.breakdown["rl_scoring"] == pytest.approx((1 + 2) * no_grad / 2)
     mc = plan("stage.rl.grpo_kl_beta=0.0", 'stage.rl.estimator="mc-elbo"', "stage.rl.elbo_samples=4")
     assert mc.rl.estimator_passes == 4 and mc.time.breakdown["rl_scoring"] == pytest.approx(3 * (3 * f + launches))
+
+
+def test_the_ar_estimator_scores_the_old_policy_and_the_reference_once_per_rollout_batch() -> None:
+    def ar_plan(*extra: str):
+        return make_plan(resolve(load(Path(DEMO.parent / "demo-ar.toml"), [*RL, 'stage.rl.algorithm="grpo"',
+                                                                           *extra]).spec))
+
+    base = ar_plan("stage.rl.grpo_kl_beta=0.0", "stage.rl.grpo_iterations=1")
+    assert base.time.breakdown["rl_scoring"] == 0.0
+    for mu in (2, 4):
+        p = ar_plan("stage.rl.grpo_kl_beta=0.04", f"stage.rl.grpo_iterations={mu}")
+        b = p.time.breakdown
+        no_grad = _forward(p) - b["kernel_launch"] / (3 * (p.layout.global_batch // p.layout.micro_batch)) \
+            + b["kernel_launch"] / 3
+        assert b["rl_scoring"] == pytest.approx(2 * no_grad / mu)  # one old-policy pass and one reference pass
 
 
 def test_the_reference_model_is_a_copy_of_the_weights_in_memory_only_with_a_kl_penalty() -> None:
