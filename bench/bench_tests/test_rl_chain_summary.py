@@ -152,3 +152,24 @@ def test_pick_start_command_prints_the_checkpoint_and_refuses_a_cap_outside_zero
     bad = subprocess.run([sys.executable, str(SCRIPT), "pick-start", "--run", str(run), "--out", str(out),
                           "--max-accuracy", "75"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--max-accuracy 75.0" in bad.stderr
+
+
+def test_the_plan_at_the_hosts_launch_time_is_compared_beside_the_typical_hosts(tmp_path) -> None:
+    logs = write_call(tmp_path / "logs", planned=0.45, step_s=0.3)  # the typical host's plan: 1.5x measured
+    rows = rl_metrics(1000.0, 0.3, 10) + [{"event": "host_launch", "host_launch_us": us} for us in (7.0, 7.2, 9.9)]
+    (logs / "metrics-rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rl_chain.host_launch_us(rows) == 7.2  # the median of the run's measurements
+    (logs / "plan-rl-host.json").write_text(json.dumps({"ok": True, "command": "plan", "result": {
+        "gpu": {"id": "h100"}, "time": {"step_seconds": 0.31, "breakdown_seconds": {}}, "rl": {}}}))
+    s = rl_chain.summarize(logs, "grpo")
+    assert s["host_launch_us"] == 7.2
+    assert s["step_time"]["within_tolerance"] is False
+    host = s["step_time"]["at_host_launch"]
+    assert host["planned"]["step_s"] == 0.31 and host["within_tolerance"] is True
+    assert host["planned_over_measured"] == pytest.approx(0.31 / 0.3)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "host-launch", "--metrics", str(logs / "metrics-rl.jsonl")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "7.20"
+    none = subprocess.run([sys.executable, str(SCRIPT), "host-launch", "--metrics", str(tmp_path / "missing.jsonl")],
+                          capture_output=True, text=True, timeout=60)
+    assert none.returncode == 1 and none.stdout == ""

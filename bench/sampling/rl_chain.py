@@ -10,6 +10,9 @@ Reads only what the call wrote (each file may be missing: the summary then says 
 - ``metrics-*.jsonl``: the runs' ``metrics.jsonl`` (``train`` records: ``step_time_s`` per log
   interval, ``rl/...``; ``generation_accuracy`` records of the task model's training);
 - ``plan-rl.json``: the compiled RL job's ``plan.json`` (``time.step_seconds``, ``rl.*``);
+- ``plan-rl-host.json``: ``dlmspec plan --json`` of the same job at the host's measured kernel-launch
+  time (``--set cluster.host_launch_us=``, the median of the RL run's ``host_launch`` events: a small
+  model's step is launch-bound and follows the host; ``host-launch`` prints that median);
 - ``rollout-bench.json``: ``d1_rollout.py report``;
 - ``steps.tsv``: ``name, exit code, start, end`` (epoch seconds) of every step the script ran.
 
@@ -17,7 +20,8 @@ Planned against measured step time: the plan's ``time.step_seconds`` (the mean s
 spread over its ``grpo_iterations`` steps, as the runtime's ``step_time_s`` averages a log interval)
 and the median ``step_time_s`` of the RL run's ``train`` records, leaving out the first interval
 (start-up, first kernels) and any interval that began before the held-out scoring of the starting
-model (run beside the RL run's start) ended. Target: within 15 %.
+model (run beside the RL run's start) ended. Target: within 15 %. ``step_time.at_host_launch`` is the
+same comparison for ``plan-rl-host.json``.
 
 The model RL starts from (``pick-start``): of the starting run's checkpoints that have an in-training
 held-out score on the *validation* prompts (``[eval.generation]``, greedy; the test prompts are kept
@@ -154,6 +158,14 @@ def step_times(plan: Any, rows: List[Dict[str, Any]], not_before: Optional[float
     return out
 
 
+def host_launch_us(rows: List[Dict[str, Any]]) -> Optional[float]:
+    """The median ``host_launch_us`` of the run's ``host_launch`` events (microseconds per eager kernel
+    launch on the run's host, backends/megatron/metrics.py), ``None`` without one."""
+    values = [float(r["host_launch_us"]) for r in rows
+              if r.get("event") == "host_launch" and _finite(r.get("host_launch_us"))]
+    return statistics.median(values) if values else None
+
+
 def steps_table(path: Path) -> Dict[str, Dict[str, Any]]:
     """``steps.tsv`` as ``{name: {"exit", "start", "end", "seconds"}}`` (the last line of a name)."""
     out: Dict[str, Dict[str, Any]] = {}
@@ -217,6 +229,7 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
         "kl_last": curve[-1]["kl"] if curve else None,
         "rl_curve": curve,
         "step_time": step_times(load_json(logs / "plan-rl.json"), rl_rows, not_before),
+        "host_launch_us": host_launch_us(rl_rows),
         "rollout_bench": None if not isinstance(bench, dict) else {
             k: bench.get(k) for k in ("tokens_per_second", "ratios", "fastest_d1", "ratio_over_fastest_d1", "target",
                                       "target_met", "rollout_exact_match", "greedy_agreement", "rows", "settings",
@@ -230,6 +243,9 @@ def summarize(logs: Path, algo: str, extra: Optional[Dict[str, Any]] = None) -> 
         "start": load_json(logs / "start.json"),
         "steps": steps,
     }
+    host_plan = load_json(logs / "plan-rl-host.json")
+    if isinstance(host_plan, dict) and isinstance(host_plan.get("result"), dict):  # dlmspec plan --json's envelope
+        summary["step_time"]["at_host_launch"] = step_times(host_plan["result"], rl_rows, not_before)
     if extra:
         summary.update(extra)
     return summary
@@ -318,6 +334,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             return NO_START
         print(choice["checkpoint"])
         return 0
+    if argv and argv[0] == "host-launch":
+        q = argparse.ArgumentParser(prog="rl_chain.py host-launch", description=host_launch_us.__doc__.splitlines()[0])
+        q.add_argument("--metrics", required=True, help="the RL run's metrics.jsonl")
+        a = q.parse_args(argv[1:])
+        value = host_launch_us(common.read_metrics(Path(a.metrics))) if Path(a.metrics).is_file() else None
+        if value is None:
+            return 1
+        print(f"{value:.2f}")
+        return 0
     if argv and argv[0] == "summary":
         argv = argv[1:]
     p = argparse.ArgumentParser(prog="rl_chain.py summary", description=__doc__.splitlines()[0])
@@ -341,6 +366,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     brief["step_time"] = {k: summary["step_time"].get(k) for k in ("planned_over_measured", "within_tolerance")}
     brief["step_time"]["planned_s"] = summary["step_time"]["planned"].get("step_s")
     brief["step_time"]["measured_s"] = summary["step_time"]["measured"].get("median_s")
+    host = summary["step_time"].get("at_host_launch")
+    if host:
+        brief["step_time"]["at_host_launch"] = {"host_launch_us": summary["host_launch_us"],
+                                                "planned_s": host["planned"].get("step_s"),
+                                                "planned_over_measured": host.get("planned_over_measured"),
+                                                "within_tolerance": host.get("within_tolerance")}
     if summary["rollout_bench"]:
         brief["rollout_bench"] = {k: summary["rollout_bench"].get(k) for k in ("tokens_per_second", "ratio_over_fastest_d1",
                                                                                "target_met")}

@@ -176,6 +176,14 @@ finish() {
   done
   cp "runs/$rl_name/rollouts.jsonl" "$logs/rollouts-rl.jsonl" 2>/dev/null
   for kind in task sft rl; do cp "job-$kind/plan.json" "$logs/plan-$kind.json" 2>/dev/null; done
+  # the RL job planned again at this host's measured kernel-launch time (a small model's step follows the host)
+  local host_us
+  host_us=$(timeout 10 "$PY" "$repo/bench/sampling/rl_chain.py" host-launch --metrics "runs/$rl_name/metrics.jsonl" 2>/dev/null)
+  if [ -n "$host_us" ] && [ -f job-rl/plan.json ]; then
+    timeout 20 "$PY" -m dlmspec.cli plan "$rl_spec" ${rl_args[@]+"${rl_args[@]}"} --set "cluster.host_launch_us=$host_us" \
+      --json > "$logs/plan-rl-host.json" 2> "$logs/plan-rl-host.log"
+    log "plan at the host's ${host_us} us a launch exit $?"
+  fi
   printf '%s\n' "${overrides[@]}" > "$logs/overrides.txt"
   local f=(gpu="$GPU" dry="$([ "$dry" = 1 ] && echo true || echo false)" task="$TASK" digits="$DIGITS"
            train_rows="$TRAIN_ROWS" held_out_rows="$TEST" eval_prompts="$EVAL_PROMPTS" train_iters="$TRAIN_ITERS"
