@@ -1,6 +1,7 @@
 """The planner prices every forward-and-backward pass of an RL update, compute and kernel launches:
 coupled-GRPO's second view of each pair (and mc-elbo's K - 1 extra samples) cost what the base
-step's pass costs, so a small, launch-bound model's coupled step is planned near its measurement."""
+step's pass costs, and each no-grad pass of the rollout policy and the reference its compute and a
+third of the step's launches; the AR demo's step on one H100 is planned near its measurement."""
 
 from __future__ import annotations
 
@@ -30,16 +31,21 @@ def test_coupled_step_adds_a_whole_forward_and_backward_with_its_kernel_launches
     coupled = _plan("task-addition-dlm-rl-coupled.toml")
     b = coupled.time.breakdown
     forward_compute = (b["gemm"] + b["attention"] + b["elementwise"]) / 3
-    # second view: forward + backward (3 forwards) with the step's launches; old policy and reference
-    # (grpo_iterations = 2, grpo_kl_beta > 0): one more no-grad forward each
-    extra = 3 * forward_compute + b["kernel_launch"] + 2 * forward_compute
+    # second view: forward + backward (3 forwards) with the step's launches; per rollout batch of
+    # grpo_iterations = 2 steps, the old policy (second iteration) and the reference (both, grpo_kl_beta > 0)
+    # score every view once more: 3 no-grad forwards of the second view, each with a third of the launches
+    extra = 3 * forward_compute + b["kernel_launch"] + 3 * (forward_compute + b["kernel_launch"] / 3) / 2
     assert coupled.time.step_seconds - one.time.step_seconds == pytest.approx(extra)
     assert b["kernel_launch"] > 5 * forward_compute  # launch-bound: compute alone would miss most of it
 
 
-@pytest.mark.parametrize("spec, measured", [("task-addition-dlm-rl-coupled.toml", 0.4006),
-                                            ("task-addition-dlm-rl.toml", 0.2831)])
-def test_planned_rl_step_is_within_15_percent_of_the_h100_measurement(spec: str, measured: float) -> None:
-    """Median step_time_s of the two H100 runs (bench/results/rl/2026-12-06-h100-*-grpo.json)."""
-    planned = _plan(spec).time.step_seconds
-    assert abs(planned - measured) / measured <= 0.15, (spec, planned, measured)
+def test_planned_ar_rl_step_is_within_15_percent_of_the_h100_measurement() -> None:
+    """The AR demo's RL run on one H100 (bench/results/rl/2026-12-07-h100-grpo-ar-64-prompts-rerun.json:
+    median step_time_s 0.615 s), planned at that host's measured kernel-launch time (7.42 us, the
+    median of the run's host_launch events), as the RL chain compares them. The masked-diffusion runs
+    of bench/results/rl/ ran an earlier stage (one more old-policy pass per rollout batch) and are not
+    a measurement of this plan (docs/rl.md gives their plans)."""
+    run = ['cluster.gpus_per_node=1', 'cluster.gpu="h100"', 'train.train_iters=222', 'logging.log_interval=2',
+           'train.lr_decay_style="constant"', 'cluster.host_launch_us=7.42']
+    planned = make_plan(resolve(load(SPECS / "task-addition-ar-rl.toml", run).spec)).time.step_seconds
+    assert abs(planned - 0.615) / 0.615 <= 0.15, planned
