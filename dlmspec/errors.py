@@ -55,7 +55,6 @@ def toml_text(value: Any) -> str:
     return json.dumps(str(value))
 
 
-
 def display_path(path: str | None) -> str | None:
     """``path`` relative to the working directory when it lies under it (shorter messages)."""
     if not path or path.startswith(("<", "--")):
@@ -64,6 +63,7 @@ def display_path(path: str | None) -> str | None:
         return os.path.relpath(path) if Path(path).is_absolute() and Path(path).resolve().is_relative_to(Path.cwd()) else path
     except (OSError, ValueError):
         return path
+
 
 @dataclass(frozen=True)
 class Fix:

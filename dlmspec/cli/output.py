@@ -15,7 +15,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, TypeVar
 
-from dlmspec.errors import SpecIssue, display_path, json_safe, safe_repr  # noqa: F401 - display_path: used here and by the commands
+from dlmspec.errors import SpecIssue, display_path, json_safe, safe_repr
 
 if TYPE_CHECKING:
     import typer

@@ -27,9 +27,9 @@ from dataclasses import replace
 from typing import Any
 
 from dlmspec.check import SCOPES, find, issues_for, sort_key
-from dlmspec.cli.output import (_text, display_path, print_envelope, progress, report_issues, report_warnings, stderr,
+from dlmspec.cli.output import (_text, print_envelope, progress, report_issues, report_warnings, stderr,
                                 stdout)
-from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue
+from dlmspec.errors import EXIT_USAGE, SpecError, SpecIssue, display_path
 from dlmspec.spec.load import load
 from dlmspec.plan import PlanError, make_plan
 from dlmspec.resolve import resolve

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dlmspec.check import issues_for, load_for
-from dlmspec.cli.output import display_path, human_count, print_envelope, printable, progress, report_warnings
-from dlmspec.errors import SpecError, SpecIssue
+from dlmspec.cli.output import human_count, print_envelope, printable, progress, report_warnings
+from dlmspec.errors import SpecError, SpecIssue, display_path
 from dlmspec.wording import count
 
 if TYPE_CHECKING:
