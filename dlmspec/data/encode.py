@@ -70,11 +70,23 @@ class EncodedChunk:
 _STATE: dict[str, Any] = {}
 
 
+#: Signals blocked while the pool forks its workers (see :meth:`ChunkEncoder.__enter__`).
+_FORK_BLOCKED = (signal.SIGINT, *TERMINATION_SIGNALS)
+
+
 def _init_worker(config: EncodeConfig) -> None:
-    """Pool initializer: the parent handles Ctrl-C; each worker builds its own tokenizer."""
+    """Pool initializer: the parent handles Ctrl-C; each worker builds its own tokenizer.
+
+    A worker starts with the stop signals blocked (the pool forks under that mask): until
+    here it holds the parent's handlers, which would raise ``PrepareInterrupted`` in a copy
+    of the parent's stack (one that removes the parent's temporary files). A signal that came
+    in between stays pending and takes its default action once unblocked below.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for signum in TERMINATION_SIGNALS:  # the parent's handler is inherited through fork
         signal.signal(signum, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_BLOCKED)
     _STATE["config"] = config
     _STATE["tokenizer"] = config.tokenizer.build()
 
@@ -269,6 +281,10 @@ class ChunkEncoder:
 
     def __enter__(self) -> "ChunkEncoder":
         if self.workers > 1:
+            # The workers, and the pool's threads (which fork replacements), start with the
+            # stop signals blocked; _init_worker unblocks them in each worker.
+            masked = hasattr(signal, "pthread_sigmask")
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_BLOCKED) if masked else None
             try:
                 self.pool = mp_context().Pool(
                     self.workers, initializer=_init_worker, initargs=(self.config,)
@@ -278,6 +294,9 @@ class ChunkEncoder:
                     f"--workers {self.workers}: cannot start the worker processes "
                     f"({exc.strerror or exc}); use fewer --workers"
                 ) from None
+            finally:
+                if masked:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         else:
             _STATE["config"] = self.config
             _STATE["tokenizer"] = self.tokenizer
