@@ -521,6 +521,11 @@ def eval_command(
 
     task, max_prompts = task_source(task, spec, max_prompts)
     if data is None and choices is None and task is None:
+        if spec is not None:  # --spec alone: its [eval.generation] would have been the task
+            raise _issue("--spec", spec, "nothing to score: the spec has no [eval.generation] table (its prompts "
+                         "file is the task when --task is not given)",
+                         "add [eval.generation] with prompts = \"FILE.jsonl\" to the spec, or pass --task "
+                         "FILE.jsonl, --data PREFIX or --choices FILE.jsonl")
         raise _issue("--data", None, "nothing to score", "--data PREFIX (an indexed dataset), --choices FILE.jsonl "
                      "and/or --task FILE.jsonl")
     checks = [("--num-sequences", num_sequences, num_sequences >= 1, "--num-sequences 64"),

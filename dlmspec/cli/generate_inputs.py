@@ -15,12 +15,42 @@ from dlmspec.cli.generate_options import _issue
 #: Largest prompts / choices file read, bytes.
 MAX_FILE_BYTES = 64 << 20
 
+#: Most bad lines of one file reported at once (the reading stops at the next one).
+MAX_LINE_ISSUES = 20
 
-def _read_lines(path: str, flag_name: str) -> Iterator[tuple[int, Any]]:
+
+class _LineIssues:
+    """The issues of a file's bad lines, gathered so one run names them all (up to
+    :data:`MAX_LINE_ISSUES`); :meth:`add` raises once that many are held, :meth:`raise_any` at the end."""
+
+    def __init__(self) -> None:
+        self.issues: list[Any] = []
+
+    def add(self, error: Any) -> None:
+        """Hold the issue of ``error`` (a one-issue :class:`SpecError` from :func:`_issue`)."""
+        self.issues.extend(error.issues)
+        if len(self.issues) >= MAX_LINE_ISSUES:
+            self.raise_any(more=True)
+
+    def raise_any(self, *, more: bool = False) -> None:
+        """Raise the held issues as one :class:`SpecError`, if any; ``more``: lines past the last
+        were not read (the last issue says so)."""
+        if not self.issues:
+            return
+        from dlmspec.errors import SpecError
+
+        if more:
+            last = self.issues[-1]
+            last.message += f" ({MAX_LINE_ISSUES} bad lines reported; the file was not read further)"
+        raise SpecError(list(self.issues))
+
+
+def _read_lines(path: str, flag_name: str, bad: Optional[_LineIssues] = None) -> Iterator[tuple[int, Any]]:
     """``(line number, parsed JSON)`` of each non-blank line of a JSONL file, read with
     :func:`dlmspec.files.iter_lines` (a regular file only, no line longer than
     ``dlmspec.files.MAX_LINE_BYTES``, at most :data:`MAX_FILE_BYTES` in all, UTF-8, each line nested
-    at most ``dlmspec.files.MAX_NESTING`` levels).
+    at most ``dlmspec.files.MAX_NESTING`` levels). ``bad``: a line that is not JSON is held there
+    and skipped, instead of raised.
 
     Raises:
         SpecError: the file is missing, not a regular file (a FIFO, a device, a folder), too large,
@@ -38,11 +68,16 @@ def _read_lines(path: str, flag_name: str) -> Iterator[tuple[int, Any]]:
             if not raw.strip():
                 continue
             try:
-                yield number, loads_json(raw, where=path, what=f"line {number}")
+                row = loads_json(raw, where=path, what=f"line {number}")
             except FileRefused as exc:
-                raise _issue(flag_name, f"{path}:{number}", f"line {number} is not JSON ({exc.why})",
-                             'one JSON object per line, e.g. {"prompt": "Once upon a time"}', file=path,
-                             line=number) from None
+                error = _issue(flag_name, f"{path}:{number}", f"line {number} is not JSON ({exc.why})",
+                               'one JSON object per line, e.g. {"prompt": "Once upon a time"}', file=path,
+                               line=number)
+                if bad is None:
+                    raise error from None
+                bad.add(error)
+                continue
+            yield number, row
     except FileRefused as exc:
         raise _issue(flag_name, path, exc.why, exc.hint) from None
 
@@ -83,22 +118,26 @@ def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[st
                              "give the prompt as UTF-8 text")
         return [{"prompt": text} for text in prompt]
     out: list[dict[str, Any]] = []
-    for number, row in _read_lines(prompts_file, "--prompts"):  # type: ignore[arg-type]
+    bad = _LineIssues()
+    for number, row in _read_lines(prompts_file, "--prompts", bad):  # type: ignore[arg-type]
         text = row.get("prompt") if isinstance(row, dict) else None
         ids = row.get("prompt_ids") if isinstance(row, dict) else None
         if isinstance(text, str) and text:
             why = unicode_problem(text)
             if why:
-                raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number}: \"prompt\" {why}",
-                             "write the prompt as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
-                             file=prompts_file, line=number)
+                bad.add(_issue("--prompts", f"{prompts_file}:{number}", f"line {number}: \"prompt\" {why}",
+                               "write the prompt as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
+                               file=prompts_file, line=number))
+                continue
             out.append({"prompt": text})
         elif isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             out.append({"prompt_ids": ids})
         else:
-            raise _issue("--prompts", f"{prompts_file}:{number}", f"line {number} has neither a non-empty \"prompt\" "
-                         "string nor a non-empty \"prompt_ids\" list of token ids",
-                         '{"prompt": "Once upon a time"} or {"prompt_ids": [464, 2068]}', file=prompts_file, line=number)
+            bad.add(_issue("--prompts", f"{prompts_file}:{number}", f"line {number} has neither a non-empty \"prompt\" "
+                           "string nor a non-empty \"prompt_ids\" list of token ids",
+                           '{"prompt": "Once upon a time"} or {"prompt_ids": [464, 2068]}', file=prompts_file,
+                           line=number))
+    bad.raise_any()
     if not out:
         raise _issue("--prompts", prompts_file, "holds no prompt", '{"prompt": "Once upon a time"} per line')
     return out
@@ -108,6 +147,32 @@ def read_prompts(prompt: list[str], prompts_file: Optional[str]) -> list[dict[st
 MAX_CHOICES = 1000
 
 
+def _choice_issue(path: str, number: int, row: Any) -> Any:
+    """The issue (a one-issue :class:`SpecError`) of line ``number`` of a ``--choices`` file, else ``None``."""
+    ok = (isinstance(row, dict) and isinstance(row.get("context"), str) and isinstance(row.get("choices"), list)
+          and len(row["choices"]) >= 2 and all(isinstance(c, str) and c for c in row["choices"]))
+    if not ok:
+        return _issue("--choices", f"{path}:{number}",
+                      f"line {number} is not {{\"context\": str, \"choices\": [at least 2 non-empty str], \"label\": int}}",
+                      '{"context": "The sky is", "choices": [" blue", " green"], "label": 0}', file=path, line=number)
+    if len(row["choices"]) > MAX_CHOICES:
+        return _issue("--choices", f"{path}:{number}", f"line {number} has {len(row['choices']):,} choices: an item "
+                      f"has at most {MAX_CHOICES:,} (each choice is one scored forward pass)",
+                      "split the item, or keep the choices a question really has", file=path, line=number)
+    for name, text in [("context", row["context"])] + [(f"choice {i}", c) for i, c in enumerate(row["choices"])]:
+        why = unicode_problem(text)
+        if why:
+            return _issue("--choices", f"{path}:{number}", f"line {number}: the {name} {why}",
+                          "write it as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
+                          file=path, line=number)
+    label = row.get("label")
+    if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(row["choices"]):
+        return _issue("--choices", f"{path}:{number}", f"line {number}: \"label\" = {label!r} is not an index of its "
+                      f"{len(row['choices'])} choices", f"a label in 0..{len(row['choices']) - 1}", file=path,
+                      line=number)
+    return None
+
+
 def read_choices(path: str) -> list[dict[str, Any]]:
     """Multiple-choice items of a JSONL file: ``{"context": str, "choices": [str, ...], "label": int}``.
 
@@ -115,29 +180,14 @@ def read_choices(path: str) -> list[dict[str, Any]]:
         SpecError: a bad file or line (named, with the line).
     """
     items = []
-    for number, row in _read_lines(path, "--choices"):
-        ok = (isinstance(row, dict) and isinstance(row.get("context"), str) and isinstance(row.get("choices"), list)
-              and len(row["choices"]) >= 2 and all(isinstance(c, str) and c for c in row["choices"]))
-        if not ok:
-            raise _issue("--choices", f"{path}:{number}",
-                         f"line {number} is not {{\"context\": str, \"choices\": [at least 2 non-empty str], \"label\": int}}",
-                         '{"context": "The sky is", "choices": [" blue", " green"], "label": 0}', file=path, line=number)
-        if len(row["choices"]) > MAX_CHOICES:
-            raise _issue("--choices", f"{path}:{number}", f"line {number} has {len(row['choices']):,} choices: an item "
-                         f"has at most {MAX_CHOICES:,} (each choice is one scored forward pass)",
-                         "split the item, or keep the choices a question really has", file=path, line=number)
-        for name, text in [("context", row["context"])] + [(f"choice {i}", c) for i, c in enumerate(row["choices"])]:
-            why = unicode_problem(text)
-            if why:
-                raise _issue("--choices", f"{path}:{number}", f"line {number}: the {name} {why}",
-                             "write it as UTF-8 text (a \\ud83d escape needs its pair, e.g. \\ud83d\\ude00)",
-                             file=path, line=number)
-        label = row.get("label")
-        if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(row["choices"]):
-            raise _issue("--choices", f"{path}:{number}", f"line {number}: \"label\" = {label!r} is not an index of its "
-                         f"{len(row['choices'])} choices", f"a label in 0..{len(row['choices']) - 1}", file=path,
-                         line=number)
+    bad = _LineIssues()
+    for number, row in _read_lines(path, "--choices", bad):
+        error = _choice_issue(path, number, row)
+        if error is not None:
+            bad.add(error)
+            continue
         items.append(row)
+    bad.raise_any()
     if not items:
         raise _issue("--choices", path, "holds no item", '{"context": ..., "choices": [...], "label": 0} per line')
     return items

@@ -89,3 +89,16 @@ def test_a_bad_task_file_exits_2_naming_file_and_line_before_loading(tiny_runs, 
     assert code == 2 and env["issues"][0]["key"] == "--task"
     code, env = run_json(capsys, "/nonexistent/run", "--task", str(path), "--max-prompts", "0")
     assert code == 2 and env["issues"][0]["key"] == "--max-prompts"
+
+
+def test_a_spec_without_eval_generation_names_the_spec_and_the_table_to_add(tmp_path, capsys):
+    from pathlib import Path
+
+    spec = tmp_path / "spec.toml"
+    root = Path(__file__).resolve().parents[3]
+    spec.write_text(f'extends = "{root / "specs" / "demo-dlm.toml"}"\n[generate]\ngen_length = 8\n')
+    code, env = run_json(capsys, "/nonexistent/run", "--spec", str(spec))  # refused before any checkpoint is read
+    assert code == 2
+    (issue,) = env["issues"]
+    assert issue["key"] == "--spec" and issue["value"] == str(spec)
+    assert "no [eval.generation] table" in issue["message"] and "[eval.generation]" in issue["hint"]
