@@ -2,22 +2,24 @@
 measurements to the calibration data the planner's constants are generated from.
 
     python bench/calibration/run.py --path transformer_engine           # run bench/plan/te_matrix.json (one GPU)
+    python bench/calibration/run.py --path local+sdpa --part 1/2         # the one-GPU half of bench/plan/matrix.json
     python bench/calibration/run.py --path transformer_engine --only te-bf16-mb4,te-fp8-mb8 --budget-s 900
     python bench/calibration/run.py --dry                                # print the commands and the result path
     python bench/calibration/run.py --ingest bench/results/calibration/<date>-h100-te-matrix.json
     python bench/calibration/fit.py --write && python -m dlmspec.generated   # refit, regenerate calibration.py
 
-Measuring: ``bench/gpu/te_calibration.py`` compiles each entry of the matrix with dlmspec, checks its
-train.py, runs the entries one at a time through their compiled launch scripts within ``--budget-s``
-and records per run the peak allocated / reserved memory and the median step time (the record format
-of ``bench/calibration/build.py``). The result (``bench/schema.py``) goes to
+Measuring: ``bench/gpu/te_calibration.py`` (``--path transformer_engine``: ``bench/plan/te_matrix.json``)
+or ``bench/gpu/local_calibration.py`` (``--path local+sdpa``: the one-GPU entries of
+``bench/plan/matrix.json``, on the local layers, mock data) compiles each entry of the matrix with
+dlmspec, checks its train.py, runs the entries one at a time through their compiled launch scripts
+within ``--budget-s`` and records per run the peak allocated / reserved memory and the median step
+time (the record format of ``bench/calibration/build.py``). The result (``bench/schema.py``) goes to
 ``bench/results/calibration/<date>-<gpu>-<name>.json``; its ``values`` are that file (``date``, ``runs``).
 
 Ingesting (``--ingest RESULT``): writes the result's runs as a new data file
 ``bench/calibration/<path>/<gpu>/<date>-<name>.json`` and lists it in ``manifest.json`` (the refit and
-the regeneration are the two commands above). The local path's matrix (``bench/plan/matrix.json``,
-one and two GPUs) has no launcher here yet: its committed runs were measured with the development
-machine's drivers.
+the regeneration are the two commands above). The local path's two-GPU entries have no launcher here:
+their committed runs were measured with the development machine's drivers of the day.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
 
 ROOT = common.ROOT
-DRIVER = ROOT / "bench" / "gpu" / "te_calibration.py"
+DRIVERS = {"transformer_engine": ROOT / "bench" / "gpu" / "te_calibration.py",
+           "local+sdpa": ROOT / "bench" / "gpu" / "local_calibration.py"}
+#: What each driver writes into its OUT folder.
+RESULTS = {"transformer_engine": "calibration_te_h200.json", "local+sdpa": "calibration_local.json"}
+NAMES = {"transformer_engine": "te-matrix", "local+sdpa": "local-matrix"}
 DIRS = {"transformer_engine": "te", "local+sdpa": "local"}
 
 
@@ -40,6 +46,7 @@ def parse_args(argv):
     common.add_common(p, precision=None)
     p.add_argument("--path", choices=sorted(DIRS), default="transformer_engine", help="layer path to measure")
     p.add_argument("--only", default=None, help="comma-separated matrix entries (default all)")
+    p.add_argument("--part", default=None, metavar="K/N", help="--path local+sdpa: the K-th of N slices of the entries")
     p.add_argument("--budget-s", type=float, default=1800, help="all runs within this many seconds")
     p.add_argument("--repeats", type=int, default=1, help="repeats of the cheapest runs when time is left")
     p.add_argument("--ingest", default=None, metavar="RESULT", help="add a calibration result's runs to bench/calibration/")
@@ -92,18 +99,18 @@ def main(argv=None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     if args.ingest:
         return ingest(Path(args.ingest), Path(args.data))
-    if args.path != "transformer_engine":
-        print("error: --path local+sdpa: the launcher measures the Transformer Engine matrix (bench/plan/te_matrix.json); "
-              "the local path's committed runs came from the development machine's drivers. Use --path "
-              "transformer_engine.", file=sys.stderr)
+    if args.part and args.path != "local+sdpa":
+        print(f"error: --part {args.part}: only --path local+sdpa runs its matrix in parts (the Transformer Engine "
+              "matrix fits one call); use --only NAME,... to pick entries", file=sys.stderr)
         return 2
-    name = (args.name or "te-matrix").lower()
+    name = (args.name or NAMES[args.path] + (f"-part{args.part.replace('/', 'of')}" if args.part else "")).lower()
     slurm = common.maybe_slurm(args, raw, "calibration")
     if slurm is not None:
         return slurm
     work = common.work_dir(args, "calibration")
-    cmd = [args.python, str(DRIVER), str(work / "out"), "--dest", str(work / "compiled"), "--budget-s", f"{args.budget_s:g}",
-           "--repeats", str(args.repeats)] + (["--only", args.only] if args.only else [])
+    cmd = [args.python, str(DRIVERS[args.path]), str(work / "out"), "--dest", str(work / "compiled"), "--budget-s",
+           f"{args.budget_s:g}", "--repeats", str(args.repeats)] + (["--only", args.only] if args.only else []) \
+        + (["--part", args.part] if args.part else [])
     steps = [("measure", cmd, {})]
     if args.dry:
         return common.print_dry(steps, work, common.planned_path(args, "calibration", name))
@@ -112,7 +119,7 @@ def main(argv=None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     status, record = common.run_steps(steps, work, work / "calibration.log", args.budget_s + 600)
-    out = work / "out" / "calibration_te_h200.json"
+    out = work / "out" / RESULTS[args.path]
     values = {"layer_path": args.path, "steps": record}
     if out.exists():
         values.update(json.loads(out.read_text()))

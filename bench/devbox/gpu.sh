@@ -21,12 +21,14 @@
 #                                             # (each rl-*: with a minute left, host_overhead.py --cuda-graph at
 #                                             # batch 1, the commit step's graph on and off: host-graphs-commit-b1.json)
 #   ALGO=... bash bench/devbox/gpu.sh task-rl # the same as rl-ALGO (bench/devbox/gpu/task_rl.sh)
+#   bash bench/devbox/gpu.sh calibration --part 1/2   # the planner's local-path calibration, first half of the
+#                                                     # one-GPU matrix (~9 min; --part 2/2 the rest; mock data)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
 #
 # Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling|scaling|rl-diffu-grpo|rl-coupled-grpo|rl-grpo|task-rl [--dry]}
+suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling|scaling|calibration|rl-diffu-grpo|rl-coupled-grpo|rl-grpo|task-rl [--dry]}
 t_start=$(date +%s)
 shift
 OUT=${OUT:-/tmp/bench-out}
@@ -97,7 +99,18 @@ case "$suite" in
     # (host_overhead.py --cuda-graph: commit_graph_speedup), at batch 1, where the host's work a step shows
     host_tail host-graphs-commit-b1 1 --repeats 5
     (exit $rc) ;;
-  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, rl-diffu-grpo, rl-coupled-grpo, rl-grpo, task-rl)" >&2; exit 2 ;;
+  calibration)
+    # The planner's local-path calibration: the one-GPU entries of bench/plan/matrix.json on the local layers
+    # (mock data: carry .bench-wheels only), one run at a time, within what is left of 560 s after the install.
+    # ~19 runs of 45-70 s: two calls, `calibration --part 1/2` and `calibration --part 2/2`; each launch's
+    # console comes back in calibration-logs.tgz.
+    budget=$(( 560 - ($(date +%s) - t_start) ))
+    timeout -s TERM -k 10 $(( budget + 20 )) "$PY" bench/calibration/run.py --path local+sdpa --out "$OUT" \
+      --work-dir /tmp/bench-work/calibration --python "$PY" --budget-s "$budget" --repeats 0 "$@"
+    rc=$?
+    [ "$dry" = 0 ] && tar czf "$OUT/calibration-logs.tgz" -C /tmp/bench-work/calibration out 2>/dev/null
+    (exit $rc) ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, calibration, rl-diffu-grpo, rl-coupled-grpo, rl-grpo, task-rl)" >&2; exit 2 ;;
 esac
 rc=$?
 echo "gpu.sh: $suite exit $rc; results in $OUT"

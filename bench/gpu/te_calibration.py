@@ -71,16 +71,16 @@ def profile_entry(entry: Dict[str, Any]) -> Dict[str, Any]:
                                                f"logging.profile_step_end={end}"]}
 
 
-def run_overrides(name: str) -> List[str]:
+def run_overrides(name: str, runs: Optional[str] = None) -> List[str]:
     """The ``--set`` values beyond the entry's that only place the run (run, tensorboard and
-    checkpoint directories of its own: no run resumes from another)."""
-    run = f"{RUNS}/{name}"
+    checkpoint directories of its own under ``runs``: no run resumes from another)."""
+    run = f"{runs or RUNS}/{name}"
     return [f'logging.run_dir="{run}"', f'logging.tensorboard_dir="{run}/tensorboard"', f'checkpoint.save="{run}/ckpt"']
 
 
-def compile_entry(entry: Dict[str, Any], dest: Path) -> tuple[int, str]:
+def compile_entry(entry: Dict[str, Any], dest: Path, runs: Optional[str] = None) -> tuple[int, str]:
     """``dlmspec compile`` of one entry into ``dest/NAME`` (in this process); (exit code, output)."""
-    return compile_in_process(entry["base"], dest / entry["name"], entry["overrides"] + run_overrides(entry["name"]))
+    return compile_in_process(entry["base"], dest / entry["name"], entry["overrides"] + run_overrides(entry["name"], runs))
 
 
 def wanted_flags(entry: Dict[str, Any]) -> Dict[str, Any]:
@@ -188,9 +188,13 @@ def launch(dirpath: Path, log: Path, limit: float) -> Dict[str, Any]:
 
 
 def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: float, t_start: float,
-            min_start_s: float, repeats: int) -> List[Dict[str, Any]]:
+            min_start_s: float, repeats: int, impl: str = "transformer_engine", runs: Optional[str] = None,
+            tag: str = "te_calibration") -> List[Dict[str, Any]]:
     """Run the compiled entries one at a time within the budget, then repeat the cheapest ones;
-    returns a record per launch (or per entry left out)."""
+    returns a record per launch (or per entry left out). ``impl``: the layer path the records name;
+    ``runs``: the run directories' parent, as compiled (default :data:`RUNS`); ``tag``: the progress
+    lines' prefix."""
+    runs = runs or RUNS
     records: List[Dict[str, Any]] = []
     walls: Dict[str, float] = {}
 
@@ -200,26 +204,26 @@ def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: f
         if left < min_start_s:
             return None
         limit = min(left, STARTUP_S + 3 * entry["steps"] * planned(entry)["step_seconds"])
-        subprocess.run(["rm", "-rf", str(ROOT / RUNS / name)], check=False)
-        tag = f".r{repeat}" if repeat else ""
-        rec = {"name": name, "base": entry["base"], "overrides": entry["overrides"], "impl": "transformer_engine",
+        subprocess.run(["rm", "-rf", str(ROOT / runs / name)], check=False)
+        rtag = f".r{repeat}" if repeat else ""
+        rec = {"name": name, "base": entry["base"], "overrides": entry["overrides"], "impl": impl,
                "held_out": entry["held_out"], "repeat": repeat, "gpus": 1}
-        rec.update(launch(dest / name, out / f"{name}{tag}.log", limit))
-        backend = fused_linear_backend(out / f"{name}{tag}.log")
+        rec.update(launch(dest / name, out / f"{name}{rtag}.log", limit))
+        backend = fused_linear_backend(out / f"{name}{rtag}.log")
         if backend:  # what calibrate.py plans the record with (the spec's "auto" depends on the machine)
             rec["fused_linear_backend"] = backend
-        rec.update(summarize(ROOT / RUNS / name / "metrics.jsonl", entry["warmup_steps"]))
+        rec.update(summarize(ROOT / runs / name / "metrics.jsonl", entry["warmup_steps"]))
         if "step_seconds" not in rec:
             rec["error"] = (f"killed at its limit ({rec['limit_s']} s) before a step after warm-up was logged"
                             if rec["killed_at_limit"] else
-                            f"exit code {rec['exit_code']} before a step after warm-up was logged (see {name}{tag}.log)")
-        subprocess.run(["rm", "-rf", str(ROOT / RUNS / name / "ckpt")], check=False)
-        summary = ROOT / RUNS / name / "profile" / "summary_rank0.json"
+                            f"exit code {rec['exit_code']} before a step after warm-up was logged (see {name}{rtag}.log)")
+        subprocess.run(["rm", "-rf", str(ROOT / runs / name / "ckpt")], check=False)
+        summary = ROOT / runs / name / "profile" / "summary_rank0.json"
         if summary.is_file():  # --profile: the kernel-time summary comes back (the trace stays: tens of MB)
-            (out / f"{name}{tag}.profile_summary.json").write_bytes(summary.read_bytes())
-            rec["profile_summary"] = f"{name}{tag}.profile_summary.json"
+            (out / f"{name}{rtag}.profile_summary.json").write_bytes(summary.read_bytes())
+            rec["profile_summary"] = f"{name}{rtag}.profile_summary.json"
         walls[name] = rec["wall_s"]
-        print(f"te_calibration: {name}{tag}: exit {rec['exit_code']} in {rec['wall_s']} s (limit {rec['limit_s']} s); "
+        print(f"{tag}: {name}{rtag}: exit {rec['exit_code']} in {rec['wall_s']} s (limit {rec['limit_s']} s); "
               f"step {rec.get('step_seconds', float('nan')):.4f} s, allocated "
               f"{rec.get('peak_allocated_bytes', 0) / 2**30:.1f} GiB, reserved {rec.get('peak_reserved_bytes', 0) / 2**30:.1f} GiB"
               + (f"; {rec['error']}" if "error" in rec else ""), flush=True)
@@ -227,7 +231,7 @@ def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: f
 
     for entry in entries:
         rec = one(entry, 0)
-        records.append(rec or {"name": entry["name"], "held_out": entry["held_out"], "impl": "transformer_engine",
+        records.append(rec or {"name": entry["name"], "held_out": entry["held_out"], "impl": impl,
                                "error": "not run: budget spent"})
     measured = [e for e in entries if e["name"] in walls and any(r["name"] == e["name"] and "step_seconds" in r
                                                                      for r in records)]
