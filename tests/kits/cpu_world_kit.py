@@ -1,7 +1,7 @@
 """CPU process groups for runtime tests: a one-process gloo world, with or without megatron-core's
 model-parallel state (the runtime's :func:`dlmspec.backends.megatron.distributed.one_rank_world`,
-which the benchmark scripts use too). torch and megatron-core are imported inside the functions, so
-importing this kit costs nothing."""
+which the benchmark scripts use too), and worlds of several processes (:func:`spawn_world`). torch
+and megatron-core are imported inside the functions, so importing this kit costs nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,30 @@ import contextlib
 from typing import Iterator
 
 import pytest
+
+
+#: What the fork server of :func:`spawn_world` imports once, before it forks any rank.
+PRELOAD = ["torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "megatron.core.optimizer",
+           "megatron.core.dist_checkpointing", "megatron.core.distributed", "dlmspec.backends.megatron.training"]
+
+
+def spawn_world(fn, args: tuple = (), nprocs: int = 2) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs, join=True)``, each rank forked from a fork
+    server (multiprocessing's ``forkserver``) that imported :data:`PRELOAD` once per test process.
+
+    A spawned rank is a fresh interpreter that imports torch and megatron-core again (~8 s of CPU
+    a rank on the test machine); a rank forked from the server starts with them imported, and from
+    a process that runs nothing else (no threads, no process group), unlike forking the test process.
+    Each rank still gets this process's ``sys.path`` and working directory (multiprocessing sends
+    them); environment variables are the server's, set when it started: a rank sets what it needs
+    (``RANK``, ``OMP_NUM_THREADS``) itself. Raises what ``spawn`` raises (``ProcessRaisedException``
+    with the rank's traceback, ``ProcessExitedException``)."""
+    import multiprocessing
+
+    import torch.multiprocessing as tmp
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)  # read when the server starts
+    tmp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
 @contextlib.contextmanager

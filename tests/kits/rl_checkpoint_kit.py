@@ -22,6 +22,7 @@ import torch
 from dlmspec.backends.megatron.config import ObjectiveConfig
 from dlmspec.backends.rl.stage import RLConfig, RLStage
 
+from cpu_world_kit import spawn_world
 from rl_kit import ROWS, CharTokenizer, core
 from rl_loop_kit import MASK, SEQ, VOCAB, _config, _forward_backward, _Optimizer, _run
 
@@ -174,11 +175,11 @@ def _rank_main(rank: int, store: str, world: int, job: Dict[str, Any]) -> None:
 
 def run_world(cwd: Path, world: int, *, tag: str, root: Path, sync: int, stop: Optional[int] = None, tp: int = 1,
               per_rank: bool = False, init_from: Optional[str] = None) -> list:
-    """Run one RL run in a spawned gloo world of ``world`` CPU processes (``torch.multiprocessing``,
+    """Run one RL run in a spawned gloo world of ``world`` CPU processes (``cpu_world_kit.spawn_world``,
     a file store in ``cwd``); returns each rank's outcome (:func:`_rank_main`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     store = cwd / f"{tag}.store"
     job = dict(root=str(root), cwd=str(cwd), tag=tag, sync=sync, stop=stop, tp=tp, per_rank=per_rank,
                init_from=init_from)
-    torch.multiprocessing.spawn(_rank_main, args=(str(store), world, job), nprocs=world, join=True)
+    spawn_world(_rank_main, args=(str(store), world, job), nprocs=world)
     return [torch.load(cwd / f"{tag}.rank{r}.pt", weights_only=True) for r in range(world)]

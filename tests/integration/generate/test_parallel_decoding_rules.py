@@ -129,12 +129,11 @@ def _two_ranks(rank: int, store: str, out: str) -> None:
 
 @pytest.mark.xdist_group("gloo")
 def test_the_vocabulary_parallel_argmax_and_confidence_equal_the_gathered_ones_over_two_gloo_ranks(tmp_path):
-    import torch.multiprocessing as mp
-
+    from cpu_world_kit import spawn_world
     from dlmspec.backends.generate.sampler import sample_tokens
 
     out = str(tmp_path / "result")
-    mp.spawn(_two_ranks, args=(str(tmp_path / "store"), out), nprocs=2, join=True)
+    spawn_world(_two_ranks, args=(str(tmp_path / "store"), out), nprocs=2)
     results = [torch.load(f"{out}.{rank}") for rank in range(2)]
     ref_tokens, ref_confidence = sample_tokens(results[0]["logits"], temperature=0.0)
     for r in results:

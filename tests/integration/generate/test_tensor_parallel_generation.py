@@ -5,7 +5,7 @@ One tiny runtime checkpoint (tests/kits/tiny_ckpt.py, weights perturbed so that 
 by position and threshold decoding commits several tokens a step) is written once; it is loaded
 through the loader ``dlmspec generate`` uses (:func:`dlmspec.backends.generate.load.load_model`:
 ``dist_checkpointing`` reads the TP = 1 file into each rank's shard) once in one process at TP = 1
-and once in two processes at TP = 2 (``torch.multiprocessing.spawn``, gloo, a file store in
+and once in two processes at TP = 2 (``cpu_world_kit.spawn_world``, gloo, a file store in
 ``tmp_path``). Each world runs the same cases and saves what it got; the tests compare:
 
 * the masked-diffusion sampler's tokens for no cache, the prefix and the dual cache, low-confidence,
@@ -170,9 +170,7 @@ def _worker(rank: int, world: int, store: str, mdm: str, ar: str, out: str) -> N
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
     """``{1: [rank 0's results], 2: [rank 0's, rank 1's]}`` of :func:`_worker`."""
-    import torch.multiprocessing as mp
-
-    from cpu_world_kit import megatron_cpu_world
+    from cpu_world_kit import megatron_cpu_world, spawn_world
     from tiny_ckpt import write_runtime_checkpoint
 
     root = tmp_path_factory.mktemp("tp")
@@ -183,8 +181,8 @@ def worlds(tmp_path_factory):
     out = str(root / "result")
     results = {}
     for world in (1, 2):
-        mp.spawn(_worker, args=(world, str(root / f"store{world}"), str(root / "mdm"), str(root / "ar"), out),
-                 nprocs=world, join=True)
+        spawn_world(_worker, args=(world, str(root / f"store{world}"), str(root / "mdm"), str(root / "ar"), out),
+                    nprocs=world)
         results[world] = [torch.load(f"{out}.tp{world}.rank{rank}", weights_only=False) for rank in range(world)]
     return results
 

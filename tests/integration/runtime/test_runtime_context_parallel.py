@@ -2,7 +2,7 @@
 
 :class:`~dlmspec.backends.megatron.attention.SDPACoreAttention` all-gathers keys and values over the
 CP group (megatron-core ``cp_comm_type = "all_gather"``). Each test spawns a world of two
-processes (``torch.multiprocessing.spawn``, a file store in ``tmp_path``) and checks, on every
+processes (``cpu_world_kit.spawn_world``, a file store in ``tmp_path``) and checks, on every
 rank, that CP = 2 gives what CP = 1 gives on the whole sequence:
 
 * the attention output and dQ/dK/dV of the core attention, rows of this rank's positions
@@ -54,7 +54,9 @@ def _init(rank: int, store: str) -> None:
 
 def _spawn(fn, tmp_path, *args) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.multiprocessing.spawn(fn, args=(str(tmp_path / "store"), *args), nprocs=WORLD, join=True)
+    from cpu_world_kit import spawn_world
+
+    spawn_world(fn, args=(str(tmp_path / "store"), *args), nprocs=WORLD)
 
 
 # --------------------------------------------------------------------------- core attention

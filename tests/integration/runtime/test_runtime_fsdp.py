@@ -381,8 +381,8 @@ def test_fsdp_save_with_params_wholly_in_other_ranks_shards(tmp_path: Path) -> N
     fsdp_dtensor optimizer state held different DTensors and the per-DTensor all_gather_object
     of preprocess_state_dict_for_uneven_dtensor did not pair up. With the state made symmetric
     the save completes and a load restores weights, moments and step counters on both ranks."""
-    import torch.multiprocessing as tmp
+    from cpu_world_kit import spawn_world
 
     (tmp_path / "ckpt").mkdir()
-    tmp.spawn(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path / "ckpt"), True), nprocs=2)
+    spawn_world(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path / "ckpt"), True), nprocs=2)
     assert (tmp_path / "ckpt" / ".metadata").is_file()
