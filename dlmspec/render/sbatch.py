@@ -40,6 +40,7 @@ Nothing here imports torch or megatron.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from dlmspec import __version__
@@ -200,12 +201,19 @@ def render_sbatch(resolved: Resolved, loaded: Any = None, *, python: str | None 
     Raises:
         SpecError: any problem the ``slurm`` rules find (:mod:`dlmspec.check.slurm`, all of them).
     """
-    import jinja2
-
     issues = issues_for("sbatch", loaded if loaded is not None else resolved.spec, resolved)
     if issues:
         raise SpecError(issues)
-    env = jinja2.Environment(
+    context = {**sbatch_context(resolved), "python": None if python is None else shell_word(python)}
+    return _environment().get_template("launch.sbatch.j2").render(context)
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> Any:
+    """launch.sbatch.j2's jinja2 environment, made once a process (it keeps the compiled template)."""
+    import jinja2
+
+    return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -216,5 +224,3 @@ def render_sbatch(resolved: Resolved, loaded: Any = None, *, python: str | None 
         comment_start_string="{##",
         comment_end_string="##}",
     )
-    context = {**sbatch_context(resolved), "python": None if python is None else shell_word(python)}
-    return env.get_template("launch.sbatch.j2").render(context)

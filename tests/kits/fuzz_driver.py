@@ -50,14 +50,10 @@ def warm_up() -> None:
             'train_iters = 10\n[data]\nmock = true\n')
     load_text(text, name="warm.toml")  # builds the pydantic validators
     cli.skip_pydantic_plugin_discovery()
-    # The templates, compiled once (jinja2 takes ~0.25 s per compile to compile them again,
-    # since dlmspec.render.compile builds a fresh Environment for each render).
-    make_env = getattr(dlmspec.render.compile, "_environment", None)
-    if make_env is not None:
-        env = make_env()
-        for name in ("train.py.j2", "launch.sh.j2"):
-            env.get_template(name)
-        dlmspec.render.compile._environment = lambda: env
+    # The templates, compiled here once (dlmspec.render.compile keeps its environment), not in every child.
+    env = dlmspec.render.compile._environment()
+    for name in ("train.py.j2", "launch.sh.j2"):
+        env.get_template(name)
     # Each command once on that spec, its output thrown away: what they import on first use (numpy,
     # rich's renderables, the plan report, ~0.1 s of CPU) is imported here, not again in every child.
     with tempfile.TemporaryDirectory() as folder, open(os.devnull, "w") as sink:

@@ -168,7 +168,7 @@ def split_keys(split: str, layers: int, pp: int, vpp: int | None) -> dict[str, A
     }[split]
 
 
-_ENV = dlm_compile._environment()  # compile.render builds a new environment per call (slow here)
+_ENV = dlm_compile._environment()  # the one compile.render uses
 
 
 def megatron_raises(spec: Spec) -> bool:
