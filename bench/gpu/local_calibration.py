@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench" / "plan"))
 
 from compiled_runs import flags_wrong, versions  # noqa: E402
 from prepare import shorten  # noqa: E402  (bench/gpu/prepare.py)
-from te_calibration import build_configs, compile_entry, planned, run_all  # noqa: E402
+from te_calibration import compile_all, only_entries, run_all, write_result  # noqa: E402
 
 MATRIX = ROOT / "bench" / "plan" / "matrix.json"
 DEST = ".device/localcal"
@@ -122,12 +122,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.max_iters <= WARMUP_STEPS:
         p.error(f"--max-iters {args.max_iters}: more than the {WARMUP_STEPS} warm-up steps are needed, e.g. {MAX_ITERS}")
     entries = matrix_entries(args.max_iters)
-    if args.only:
-        names = [n for n in args.only.split(",") if n]
-        unknown = [n for n in names if n not in {e["name"] for e in entries}]
-        if unknown:
-            p.error(f"--only: unknown entr(y/ies) {unknown}; known: {', '.join(e['name'] for e in entries)}")
-        entries = [e for e in entries if e["name"] in names]
+    entries = only_entries(p, entries, args.only)
     if args.part:
         try:
             entries = part_of(entries, args.part)
@@ -136,22 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     t_start = time.time()
     os.chdir(ROOT)
     dest = (ROOT / args.dest).resolve()
-    ok, compiled = True, []
-    for entry in entries:
-        code, text = compile_entry(entry, dest, RUNS)
-        if code != 0:
-            ok = False
-            print(f"{entry['name']}: refused (exit {code}):\n{text[-3000:]}", flush=True)
-            continue
-        wrong = check_flags(entry, (dest / entry["name"] / "train.py").read_text())
-        build = build_configs(dest / entry["name"] / "train.py") if args.dry and not args.no_build else None
-        ok = ok and not wrong and not build
-        plan = planned(entry)
-        print(f"{entry['name']}: compiled ({entry['steps']} steps); planned step {plan['step_seconds']:.4f} s, "
-              f"allocated {plan['peak_allocated_bytes'] / 2**30:.1f} GiB" + (f"; flags wrong: {wrong}" if wrong else "")
-              + (f"; build_configs: {build}" if build else ""), flush=True)
-        if not wrong and not build:
-            compiled.append(entry)
+    ok, compiled = compile_all(entries, dest, check_flags, build=args.dry and not args.no_build, runs=RUNS)
     if args.dry:
         print(f"local_calibration --dry: {len(entries)} entr(y/ies) {'all right' if ok else 'NOT all right'} "
               f"({time.time() - t_start:.1f}s)")
@@ -179,10 +159,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "wall_s": round(time.time() - t_start, 1),
         "runs": records,
     }
-    (out / RESULT).write_text(json.dumps(result, indent=1) + "\n")
-    measured = sum("step_seconds" in r for r in records)
-    print(f"local_calibration: {measured}/{len(records)} launches measured in {result['wall_s']} s; {out / RESULT}")
-    return 0 if ok and measured else 1
+    return write_result(out / RESULT, result, ok, "local_calibration")
 
 
 if __name__ == "__main__":

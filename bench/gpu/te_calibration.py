@@ -187,6 +187,32 @@ def launch(dirpath: Path, log: Path, limit: float) -> Dict[str, Any]:
             "killed_at_limit": killed, "command": shlex.join(cmd)}
 
 
+def compile_all(entries: List[Dict[str, Any]], dest: Path, check: Any, *, build: bool,
+                runs: Optional[str] = None) -> tuple[bool, List[Dict[str, Any]]]:
+    """Compile each entry into ``dest/NAME`` (run directories under ``runs``), check its train.py
+    with ``check(entry, text)`` (the wrong keywords) and, with ``build``, run its ``build_configs()``
+    (on the GPU machine launch.sh's ``train.py --check`` does it; the driver keeps CUDA and megatron
+    out); prints a line per entry with its plan. Returns (every entry right, the entries to run)."""
+    ok, compiled = True, []
+    for entry in entries:
+        code, text = compile_entry(entry, dest, runs)
+        if code != 0:
+            ok = False
+            print(f"{entry['name']}: refused (exit {code}):\n{text[-3000:]}", flush=True)
+            continue
+        wrong = check(entry, (dest / entry["name"] / "train.py").read_text())
+        built = build_configs(dest / entry["name"] / "train.py") if build else None
+        ok = ok and not wrong and not built
+        plan = planned(entry)
+        print(f"{entry['name']}: compiled{' (held out)' if entry['held_out'] else ''} ({entry['steps']} steps); "
+              f"planned step {plan['step_seconds']:.3f} s, allocated {plan['peak_allocated_bytes'] / 2**30:.1f} GiB, "
+              f"reserved {plan['peak_reserved_bytes'] / 2**30:.1f} GiB" + (f"; flags wrong: {wrong}" if wrong else "")
+              + (f"; build_configs: {built}" if built else ""), flush=True)
+        if not wrong and not built:
+            compiled.append(entry)
+    return ok, compiled
+
+
 def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: float, t_start: float,
             min_start_s: float, repeats: int, impl: str = "transformer_engine", runs: Optional[str] = None,
             tag: str = "te_calibration") -> List[Dict[str, Any]]:
@@ -245,6 +271,27 @@ def run_all(entries: List[Dict[str, Any]], dest: Path, out: Path, *, budget_s: f
     return records
 
 
+def only_entries(parser: argparse.ArgumentParser, entries: List[Dict[str, Any]], only: Optional[str]) -> List[Dict[str, Any]]:
+    """The entries ``--only`` names (comma-separated; all when ``None``), in the matrix's order; an
+    unknown name is a usage error (exit 2) that lists the known ones."""
+    if not only:
+        return entries
+    names = [n for n in only.split(",") if n]
+    unknown = [n for n in names if n not in {e["name"] for e in entries}]
+    if unknown:
+        parser.error(f"--only: unknown entr(y/ies) {unknown}; known: {', '.join(e['name'] for e in entries)}")
+    return [e for e in entries if e["name"] in names]
+
+
+def write_result(path: Path, result: Dict[str, Any], ok: bool, tag: str) -> int:
+    """Write a driver's result (its ``runs`` the launch records) to ``path`` and say how many were
+    measured; the exit code: 0 when ``ok`` (every entry compiled) and a run was measured, else 1."""
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    measured = sum("step_seconds" in r for r in result["runs"])
+    print(f"{tag}: {measured}/{len(result['runs'])} launches measured in {result['wall_s']} s; {path}")
+    return 0 if ok and measured else 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="?", help="results folder ($OUT); not with --dry")
@@ -262,37 +309,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")
     entries = json.loads(MATRIX.read_text())
-    if args.only:
-        names = [n for n in args.only.split(",") if n]
-        unknown = [n for n in names if n not in {e["name"] for e in entries}]
-        if unknown:
-            p.error(f"--only: unknown entr(y/ies) {unknown}; known: {', '.join(e['name'] for e in entries)}")
-        entries = [e for e in entries if e["name"] in names]
+    entries = only_entries(p, entries, args.only)
     if args.profile:
         entries = [profile_entry(e) for e in entries]
     result_name = "profile_te_h200.json" if args.profile else RESULT
     t_start = time.time()
     os.chdir(ROOT)
     dest = (ROOT / args.dest).resolve()
-    ok = True
-    compiled = []
-    for entry in entries:
-        code, text = compile_entry(entry, dest)
-        if code != 0:
-            ok = False
-            print(f"{entry['name']}: refused (exit {code}):\n{text[-3000:]}", flush=True)
-            continue
-        wrong = check_flags(entry, (dest / entry["name"] / "train.py").read_text())
-        # on the GPU machine launch.sh's `train.py --check` does it; the driver keeps CUDA and megatron out
-        build = build_configs(dest / entry["name"] / "train.py") if args.dry and not args.no_build else None
-        ok = ok and not wrong and not build
-        plan = planned(entry)
-        print(f"{entry['name']}: compiled{' (held out)' if entry['held_out'] else ''}; planned step "
-              f"{plan['step_seconds']:.3f} s, allocated {plan['peak_allocated_bytes'] / 2**30:.1f} GiB, reserved "
-              f"{plan['peak_reserved_bytes'] / 2**30:.1f} GiB" + (f"; flags wrong: {wrong}" if wrong else "")
-              + (f"; build_configs: {build}" if build else ""), flush=True)
-        if not wrong and not build:
-            compiled.append(entry)
+    ok, compiled = compile_all(entries, dest, check_flags, build=args.dry and not args.no_build)
     if args.dry:
         print(f"te_calibration --dry: {len(entries)} entr(y/ies) {'all right' if ok else 'NOT all right'} "
               f"({time.time() - t_start:.1f}s)")
@@ -326,10 +350,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  "profile_summary.json is the runtime's kernel-time summary "
                                  "(backends/megatron/profiling.py); the step times are not calibration points")
         result["commands"] = {"device": "bash bench/devbox/gpu/te_calibration.sh $OUT --profile --only NAME"}
-    (out / result_name).write_text(json.dumps(result, indent=1) + "\n")
-    measured = sum("step_seconds" in r for r in records)
-    print(f"te_calibration: {measured}/{len(records)} launches measured in {result['wall_s']} s; {out / result_name}")
-    return 0 if ok and measured else 1
+    return write_result(out / result_name, result, ok, "te_calibration")
 
 
 if __name__ == "__main__":
