@@ -576,16 +576,14 @@ class RolloutEngine:
         microbatch (the training step's chunks and draws); ``None`` for ``i < start``. An estimator
         whose values do not depend on its draws (``deterministic``: ``ar``) is run once, and every
         iteration from ``start`` on shares that tensor."""
+        once = getattr(self.core.estimator, "deterministic", False)  # an estimator plugin may not say: draws
         out: List[Optional[Tensor]] = [None] * start
-        shared: Optional[Tensor] = None
         for inner in range(start, self.config.grpo_iterations):
-            if shared is None:
-                parts = [self.logp(logits, rollout, slice(s, s + self.micro_batch_size), inner, k).float()
-                         for k, s in enumerate(range(0, rollout.rows, self.micro_batch_size))]
-                scored = torch.cat(parts)
-                if getattr(self.core.estimator, "deterministic", False):
-                    shared = scored
-            out.append(shared if shared is not None else scored)
+            if once and len(out) > start:
+                out.append(out[-1])
+                continue
+            out.append(torch.cat([self.logp(logits, rollout, slice(s, s + self.micro_batch_size), inner, k).float()
+                                  for k, s in enumerate(range(0, rollout.rows, self.micro_batch_size))]))
         return out
 
     def loss(self, logits: Callable[..., Tensor], rollout: Rollout, rows: slice, inner: int,

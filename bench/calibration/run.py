@@ -28,23 +28,33 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
 
 ROOT = common.ROOT
-DRIVERS = {"transformer_engine": ROOT / "bench" / "gpu" / "te_calibration.py",
-           "local+sdpa": ROOT / "bench" / "gpu" / "local_calibration.py"}
-#: What each driver writes into its OUT folder.
-RESULTS = {"transformer_engine": "calibration_te_h200.json", "local+sdpa": "calibration_local.json"}
-NAMES = {"transformer_engine": "te-matrix", "local+sdpa": "local-matrix"}
-DIRS = {"transformer_engine": "te", "local+sdpa": "local"}
+
+
+class LayerPath(NamedTuple):
+    """What measures one layer path's matrix and where its runs go."""
+
+    driver: Path      #: the driver script (bench/gpu/)
+    result: str       #: the file the driver writes into its OUT folder
+    name: str         #: the result's default name
+    folder: str       #: the data folder under bench/calibration/
+
+
+PATHS = {"transformer_engine": LayerPath(ROOT / "bench" / "gpu" / "te_calibration.py", "calibration_te_h200.json",
+                                         "te-matrix", "te"),
+         "local+sdpa": LayerPath(ROOT / "bench" / "gpu" / "local_calibration.py", "calibration_local.json",
+                                 "local-matrix", "local")}
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common(p, precision=None)
-    p.add_argument("--path", choices=sorted(DIRS), default="transformer_engine", help="layer path to measure")
+    p.add_argument("--path", choices=sorted(PATHS), default="transformer_engine", help="layer path to measure")
     p.add_argument("--only", default=None, help="comma-separated matrix entries (default all)")
     p.add_argument("--part", default=None, metavar="K/N", help="--path local+sdpa: the K-th of N slices of the entries")
     p.add_argument("--budget-s", type=float, default=1800, help="all runs within this many seconds")
@@ -72,7 +82,7 @@ def ingest(result_path: Path, data: Path) -> int:
         return 2
     layer_path = result["values"].get("layer_path", "transformer_engine")
     gpu = result["hardware"]["gpu"]
-    folder = f"{DIRS[layer_path]}/{gpu}"
+    folder = f"{PATHS[layer_path].folder}/{gpu}"
     (data / folder).mkdir(parents=True, exist_ok=True)
     dest = data / folder / f"{result['date']}-{result['name']}.json"
     if dest.exists():
@@ -103,12 +113,12 @@ def main(argv=None) -> int:
         print(f"error: --part {args.part}: only --path local+sdpa runs its matrix in parts (the Transformer Engine "
               "matrix fits one call); use --only NAME,... to pick entries", file=sys.stderr)
         return 2
-    name = (args.name or NAMES[args.path] + (f"-part{args.part.replace('/', 'of')}" if args.part else "")).lower()
+    name = (args.name or PATHS[args.path].name + (f"-part{args.part.replace('/', 'of')}" if args.part else "")).lower()
     slurm = common.maybe_slurm(args, raw, "calibration")
     if slurm is not None:
         return slurm
     work = common.work_dir(args, "calibration")
-    cmd = [args.python, str(DRIVERS[args.path]), str(work / "out"), "--dest", str(work / "compiled"), "--budget-s",
+    cmd = [args.python, str(PATHS[args.path].driver), str(work / "out"), "--dest", str(work / "compiled"), "--budget-s",
            f"{args.budget_s:g}", "--repeats", str(args.repeats)] + (["--only", args.only] if args.only else []) \
         + (["--part", args.part] if args.part else [])
     steps = [("measure", cmd, {})]
@@ -119,7 +129,7 @@ def main(argv=None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     status, record = common.run_steps(steps, work, work / "calibration.log", args.budget_s + 600)
-    out = work / "out" / RESULTS[args.path]
+    out = work / "out" / PATHS[args.path].result
     values = {"layer_path": args.path, "steps": record}
     if out.exists():
         values.update(json.loads(out.read_text()))

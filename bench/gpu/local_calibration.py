@@ -24,7 +24,6 @@ Exit code 0 when every entry compiled (and, without ``--dry``, at least one run 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -39,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench" / "plan"))
 
 from compiled_runs import flags_wrong, versions  # noqa: E402
 from prepare import shorten  # noqa: E402  (bench/gpu/prepare.py)
-from te_calibration import compile_all, only_entries, run_all, write_result  # noqa: E402
+from te_calibration import compile_all, driver_parser, only_entries, run_all, write_result  # noqa: E402
 
 MATRIX = ROOT / "bench" / "plan" / "matrix.json"
 DEST = ".device/localcal"
@@ -105,17 +104,9 @@ def check_flags(entry: Dict[str, Any], text: str) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", nargs="?", help="results folder ($OUT); not with --dry")
-    p.add_argument("--dry", action="store_true", help="compile and check only (CPU)")
-    p.add_argument("--dest", default=DEST, help=f"compiled configurations (default {DEST})")
-    p.add_argument("--only", default=None, help="comma-separated entry names")
+    p = driver_parser(__doc__.split("\n\n")[0], dest=DEST, budget_s=480, min_start_s=40, repeats=0)
     p.add_argument("--part", default=None, metavar="K/N", help="the K-th of N slices of the entries (after --only)")
     p.add_argument("--max-iters", type=int, default=MAX_ITERS, help=f"steps per run at most (default {MAX_ITERS})")
-    p.add_argument("--no-build", action="store_true", help="--dry without build_configs() (no megatron-core import)")
-    p.add_argument("--budget-s", type=float, default=480, help="all the runs within this many seconds (default 480)")
-    p.add_argument("--min-start-s", type=float, default=40, help="no run starts with less time left (default 40)")
-    p.add_argument("--repeats", type=int, default=0, help="repeats of the cheapest runs when time is left (default 0)")
     args = p.parse_args(argv)
     if not args.dry and not args.out:
         p.error("give OUT (the results folder), or --dry")

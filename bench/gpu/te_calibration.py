@@ -292,16 +292,27 @@ def write_result(path: Path, result: Dict[str, Any], ok: bool, tag: str) -> int:
     return 0 if ok and measured else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def driver_parser(description: str, *, dest: str, budget_s: float, min_start_s: float,
+                  repeats: int) -> argparse.ArgumentParser:
+    """The arguments every calibration driver takes (OUT or ``--dry``, ``--dest``, ``--only``,
+    ``--no-build``, ``--budget-s``, ``--min-start-s``, ``--repeats``) with the driver's defaults."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("out", nargs="?", help="results folder ($OUT); not with --dry")
     p.add_argument("--dry", action="store_true", help="compile and check only (CPU)")
-    p.add_argument("--dest", default=DEST, help=f"compiled configurations (default {DEST})")
+    p.add_argument("--dest", default=dest, help=f"compiled configurations (default {dest})")
     p.add_argument("--only", default=None, help="comma-separated entry names")
     p.add_argument("--no-build", action="store_true", help="--dry without build_configs() (no megatron-core import)")
-    p.add_argument("--budget-s", type=float, default=420, help="all the runs within this many seconds (default 420)")
-    p.add_argument("--min-start-s", type=float, default=45, help="no run starts with less time left (default 45)")
-    p.add_argument("--repeats", type=int, default=1, help="repeats of the cheapest runs when time is left (default 1)")
+    p.add_argument("--budget-s", type=float, default=budget_s,
+                   help=f"all the runs within this many seconds (default {budget_s:g})")
+    p.add_argument("--min-start-s", type=float, default=min_start_s,
+                   help=f"no run starts with less time left (default {min_start_s:g})")
+    p.add_argument("--repeats", type=int, default=repeats,
+                   help=f"repeats of the cheapest runs when time is left (default {repeats})")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = driver_parser(__doc__.split("\n\n")[0], dest=DEST, budget_s=420, min_start_s=45, repeats=1)
     p.add_argument("--profile", action="store_true",
                    help=f"run the entries with torch.profiler on steps {PROFILE_STEPS[0]}..{PROFILE_STEPS[1] - 1} "
                    "(NAME-profile; OUT gets profile_te_h200.json and each run's kernel-time summary), not a calibration")

@@ -15,7 +15,7 @@ from dlmspec.cli.generate_options import _issue
 #: Largest prompts / choices file read, bytes.
 MAX_FILE_BYTES = 64 << 20
 
-#: Most bad lines of one file reported at once (the reading stops at the next one).
+#: Most bad lines of one file reported at once (the file is not read past the last of them).
 MAX_LINE_ISSUES = 20
 
 

@@ -89,11 +89,14 @@ RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "el
 GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "block_length": 128, "cfg_scale": 0.0,
                                      "remasking": "low_confidence", "cache": "none", "cache_refresh": None,
                                      "cuda_graph": True, "compile": False}
-#: The algorithm's estimator (backends/rl/stage.py ALGORITHM_ESTIMATOR).
+#: The algorithm's estimator (backends/rl/rollout.py ALGORITHM_ESTIMATOR).
 ALGORITHM_ESTIMATOR = {"diffu-grpo": "one-step", "coupled-grpo": "coupled", "grpo": "ar"}
 #: Estimators whose rollouts decode left to right (exact token log-probabilities of an
 #: autoregressive model); every other estimator's rollouts run the masked-diffusion sampler.
 LEFT_TO_RIGHT_ESTIMATORS = frozenset({ALGORITHM_ESTIMATOR["grpo"]})
+#: Estimators whose log-probabilities draw nothing (backends/rl/estimators.py ``deterministic``):
+#: the stage scores the rollout policy and the reference once per rollout batch for them.
+DETERMINISTIC_ESTIMATORS = frozenset({"ar"})
 
 
 def rl_options(shape: ModelShape) -> dict[str, Any]:
@@ -106,16 +109,19 @@ def rl_options(shape: ModelShape) -> dict[str, Any]:
     return out
 
 
+def estimator_name(options: dict[str, Any]) -> str:
+    """The estimator the stage runs: ``[stage.rl] estimator``, else the algorithm's."""
+    return str(options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]])
+
+
 def estimator_passes(options: dict[str, Any]) -> int:
     """Forward passes of one log-probability (the estimator's ``forward_passes``)."""
-    name = options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]
-    return {"one-step": 1, "ar": 1, "coupled": 2}.get(name, int(options["elbo_samples"]))
+    return {"one-step": 1, "ar": 1, "coupled": 2}.get(estimator_name(options), int(options["elbo_samples"]))
 
 
 def diffusion_rollout(options: dict[str, Any]) -> bool:
     """Whether rollouts run the masked-diffusion sampler."""
-    name = options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]
-    return name not in LEFT_TO_RIGHT_ESTIMATORS
+    return estimator_name(options) not in LEFT_TO_RIGHT_ESTIMATORS
 
 
 def sampler_schedule(options: dict[str, Any], seq: int) -> dict[str, Any]:
@@ -223,7 +229,7 @@ def scoring_passes(options: dict[str, Any]) -> tuple[float, float]:
     detached) and, with ``grpo_kl_beta > 0``, the reference's for every inner iteration; the ``ar``
     estimator draws nothing, so each is made once and shared (1 and 1)."""
     mu = int(options["grpo_iterations"])
-    deterministic = not diffusion_rollout(options)
+    deterministic = estimator_name(options) in DETERMINISTIC_ESTIMATORS
     old = 0.0 if mu <= 1 else (1.0 if deterministic else float(mu - 1))
     reference = 0.0 if float(options["grpo_kl_beta"]) <= 0 else (1.0 if deterministic else float(mu))
     return old, reference
@@ -367,7 +373,7 @@ def rl_plan(plan: Any, *, init_from: bool = False) -> RLPlan | None:
                                                  init_from=init_from, train_iters=int(lay.train_iters or 0))
     return RLPlan(
         algorithm=str(options["algorithm"]),
-        estimator=str(options.get("estimator") or ALGORITHM_ESTIMATOR[options["algorithm"]]),
+        estimator=estimator_name(options),
         rollout_batches=batches, prompts_seen=batches * prompts,
         completions=batches * prompts * int(options["grpo_group_size"]),
         sampler_passes=rollout_passes(options, seq), estimator_passes=estimator_passes(options),

@@ -55,7 +55,7 @@ from dlmspec.spec.load import LoadedSpec
 from dlmspec.resolve import Resolved, locked_spec, run_dir, runtime_values, schedule
 from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block
 from dlmspec.render.sbatch import render_sbatch
-from dlmspec.templates import TEMPLATE_DIR
+from dlmspec.templates import environment as template_environment
 from dlmspec.spec.models import Spec
 from dlmspec.stages import template_context as stage_template_context
 
@@ -153,18 +153,11 @@ def render_lock(resolved: Resolved) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _environment() -> jinja2.Environment:
-    """The templates' jinja2 environment, made once a process: it keeps the templates it compiled
-    (~0.3 s for train.py.j2 and launch.sh.j2), so a second compile in the same process (a sweep's
-    members, ``validate`` then ``compile``) renders at once. Rendering reads no state of it but
-    the templates (reloaded when their files change), so the output is the same."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
+    """train.py.j2's and launch.sh.j2's environment, made once a process: it keeps the templates it
+    compiled, so a second compile in the same process (a sweep's members) does not compile them
+    again. Rendering reads no state of it but the templates (reloaded when their files change), so
+    the output is the same."""
+    env = template_environment()
     # The only ways a value enters a template (dlmspec.escape): a Python literal, docstring text,
     # comment text, a shell word. A literal shown in a comment is `| py | comment`.
     env.filters["py"] = py_literal

@@ -49,7 +49,7 @@ from dlmspec.errors import REQUEUE_EXIT_CODE, SpecError
 from dlmspec.escape import comment, sbatch_value, shell_word
 from dlmspec.render.launch_env import PREFLIGHT_ARGS, environment_block, torchrun_probe
 from dlmspec.resolve import Resolved, job_name, slurm_settings
-from dlmspec.templates import TEMPLATE_DIR
+from dlmspec.templates import environment
 
 #: Rendezvous ports are ``PORT_BASE + job_id % PORT_SPAN``: 10000-29999, below Linux's default
 #: ephemeral range (32768-60999), so an outgoing connection never holds the port.
@@ -210,17 +210,6 @@ def render_sbatch(resolved: Resolved, loaded: Any = None, *, python: str | None 
 
 @functools.lru_cache(maxsize=None)
 def _environment() -> Any:
-    """launch.sbatch.j2's jinja2 environment, made once a process (it keeps the compiled template)."""
-    import jinja2
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-        # bash's ${#array[@]} would open a jinja comment; the template has no comments.
-        comment_start_string="{##",
-        comment_end_string="##}",
-    )
+    """launch.sbatch.j2's environment, made once a process (it keeps the compiled template); bash's
+    ``${#array[@]}`` would open a jinja comment, so comments are ``{## ... ##}`` (the template has none)."""
+    return environment(comment_start_string="{##", comment_end_string="##}")

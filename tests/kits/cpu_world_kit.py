@@ -20,9 +20,9 @@ def spawn_world(fn, args: tuple = (), nprocs: int = 2) -> None:
     """``torch.multiprocessing.spawn(fn, args, nprocs, join=True)``, each rank forked from a fork
     server (multiprocessing's ``forkserver``) that imported :data:`PRELOAD` once per test process.
 
-    A spawned rank is a fresh interpreter that imports torch and megatron-core again (~8 s of CPU
-    a rank on the test machine); a rank forked from the server starts with them imported, and from
-    a process that runs nothing else (no threads, no process group), unlike forking the test process.
+    A spawned rank is a fresh interpreter that imports torch and megatron-core again; a rank forked
+    from the server starts with them imported, and from a process that runs nothing else (no
+    threads, no process group), unlike forking the test process.
     Each rank still gets this process's ``sys.path`` and working directory (multiprocessing sends
     them); environment variables are the server's, set when it started: a rank sets what it needs
     (``RANK``, ``OMP_NUM_THREADS``) itself. Raises what ``spawn`` raises (``ProcessRaisedException``

@@ -42,7 +42,7 @@ def warm_up() -> None:
     """Import and build what every command uses, once, before forking."""
     import dlmspec.cli as cli
     import dlmspec.cli.commands  # noqa: F401 - typer app
-    import dlmspec.render.compile
+    import dlmspec.render.compile  # noqa: F401
     import dlmspec.plan  # noqa: F401
     from dlmspec.spec.load import load_text
 
@@ -50,12 +50,9 @@ def warm_up() -> None:
             'train_iters = 10\n[data]\nmock = true\n')
     load_text(text, name="warm.toml")  # builds the pydantic validators
     cli.skip_pydantic_plugin_discovery()
-    # The templates, compiled here once (dlmspec.render.compile keeps its environment), not in every child.
-    env = dlmspec.render.compile._environment()
-    for name in ("train.py.j2", "launch.sh.j2"):
-        env.get_template(name)
     # Each command once on that spec, its output thrown away: what they import on first use (numpy,
-    # rich's renderables, the plan report, ~0.1 s of CPU) is imported here, not again in every child.
+    # rich's renderables, the plan report, ~0.1 s of CPU) is imported here, not again in every child,
+    # and the templates compiled by compile are kept (dlmspec.render.compile keeps its environment).
     with tempfile.TemporaryDirectory() as folder, open(os.devnull, "w") as sink:
         spec = Path(folder) / "warm.toml"
         spec.write_text(text, encoding="utf-8")
