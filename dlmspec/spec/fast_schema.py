@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: zlib.crc32 of the spec models (dlmspec.spec.fast.SPEC_SOURCES) when this table was generated.
-SPEC_CRC32 = 0xc8046d96
+SPEC_CRC32 = 0x0a47f8b8
 
 #: Per model: 'validators' (mode='before' names), 'properties', 'fields' (name -> (type, default kind, default)).
 SCHEMA: dict[str, dict[str, Any]] = {

@@ -6,7 +6,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from dlmspec.spec.section import Float, NonNegInt, PosInt, Section
+from dlmspec.spec.section import Bool, Float, NonNegInt, PosInt, Section
 
 
 class GenerateSpec(Section):
@@ -35,9 +35,9 @@ class GenerateSpec(Section):
     cache_refresh: PosInt | None = Field(
         None, description="Denoising steps between cache recomputations inside a block (None: at each block's "
         "first step only, Fast-dLLM's; 1: every step, exact).")
-    compile: bool = Field(False, description="Run block forwards through torch.compile(mode='reduce-overhead') "
+    compile: Bool = Field(False, description="Run block forwards through torch.compile(mode='reduce-overhead') "
                           "(CUDA graphs).")
-    cuda_graph: bool = Field(True, description="Replay the model's forward as one CUDA graph per shape "
+    cuda_graph: Bool = Field(True, description="Replay the model's forward as one CUDA graph per shape "
                              "(backends/generate/cuda_graphs.py): the same tokens as eager without its per-step host "
                              "time. A no-op with the reason recorded on CPU, at TP > 1, with compile = true.")
     temperature: Float = Field(0.0, ge=0.0, description="0 is greedy; above 0 samples softmax(logits / T).")
