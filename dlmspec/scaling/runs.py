@@ -288,6 +288,9 @@ def read_point(run_dir: str, *, loss: str = "auto") -> RunPoint | Skipped:
     name = log.name
     start = log.last("start")
     if start is None:
+        if log.skipped:  # a start record may be among the lines that did not parse
+            return Skipped(run_dir, name, f"metrics.jsonl has no readable start record ({log.skipped} line(s) did not "
+                           "parse: a truncated or damaged file; the run's train.log says whether it started)")
         return Skipped(run_dir, name, "metrics.jsonl has no start record (the run never started training)")
     run_config = start.get("run_config") if isinstance(start.get("run_config"), dict) else {}
     logging_config = run_config.get("logging") if isinstance(run_config.get("logging"), dict) else {}

@@ -74,3 +74,19 @@ def test_a_sweep_names_the_runs_that_never_started(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     (skipped,) = json.loads(result.stdout)["result"]["skipped"]
     assert skipped["name"] == "never-started" and "never started" in skipped["why"]
+
+
+def test_a_damaged_metrics_file_is_not_called_a_run_that_never_started(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    scaling_kit.isoflop_study(runs)
+    damaged = scaling_kit.write_run(runs / "damaged", shape=(4, 256), tokens=10**8, loss=3.0)
+    metrics = damaged / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if '"start"' in line)
+    lines[start] = lines[start][: len(lines[start]) // 2]  # the start record cut short
+    metrics.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["fit", "--sweep", str(runs), "--bootstrap", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    (skipped,) = json.loads(result.stdout)["result"]["skipped"]
+    assert skipped["name"] == "damaged", skipped
+    assert "never started" not in skipped["why"] and "did not parse" in skipped["why"], skipped["why"]
