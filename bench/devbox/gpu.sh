@@ -21,6 +21,9 @@
 #                                             # (each rl-*: with a minute left, host_overhead.py --cuda-graph at
 #                                             # batch 1, the commit step's graph on and off: host-graphs-commit-b1.json)
 #   ALGO=... bash bench/devbox/gpu.sh task-rl # the same as rl-ALGO (bench/devbox/gpu/task_rl.sh)
+#   bash bench/devbox/gpu.sh rl-step-time     # the three RL algorithms' step time on one host, planned against
+#                                             # measured (short runs from a briefly trained task model, no accuracy;
+#                                             # ~6 min; carry .bench-wheels .bench-data)
 #   bash bench/devbox/gpu.sh calibration --part 1/2   # the planner's local-path calibration, first half of the
 #                                                     # one-GPU matrix (~9 min; --part 2/2 the rest; mock data)
 #   bash bench/devbox/gpu.sh SUITE --dry  # the same launcher line with --dry (CPU)
@@ -28,7 +31,7 @@
 # Everything specific to that machine is here: the carried wheels, /tmp paths, the time limits.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling|scaling|calibration|rl-diffu-grpo|rl-coupled-grpo|rl-grpo|task-rl [--dry]}
+suite=${1:?usage: gpu.sh throughput|sampling|fast-sampling|scaling|calibration|rl-step-time|rl-diffu-grpo|rl-coupled-grpo|rl-grpo|task-rl [--dry]}
 t_start=$(date +%s)
 shift
 OUT=${OUT:-/tmp/bench-out}
@@ -99,6 +102,10 @@ case "$suite" in
     # (host_overhead.py --cuda-graph: commit_graph_speedup), at batch 1, where the host's work a step shows
     host_tail host-graphs-commit-b1 1 --repeats 5
     (exit $rc) ;;
+  rl-step-time)
+    # the RL step time of all three algorithms on this host, planned against measured (no accuracy:
+    # bench/devbox/gpu/rl_step_time.sh; everything written within 570 s of this script's start)
+    GPU_SH_START=$t_start bash bench/devbox/gpu/rl_step_time.sh "$@" ;;
   calibration)
     # The planner's local-path calibration: the one-GPU entries of bench/plan/matrix.json on the local layers
     # (mock data: carry .bench-wheels only), one run at a time, within what is left of 560 s after the install.
@@ -110,7 +117,7 @@ case "$suite" in
     rc=$?
     [ "$dry" = 0 ] && tar czf "$OUT/calibration-logs.tgz" -C /tmp/bench-work/calibration out 2>/dev/null
     (exit $rc) ;;
-  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, calibration, rl-diffu-grpo, rl-coupled-grpo, rl-grpo, task-rl)" >&2; exit 2 ;;
+  *) echo "gpu.sh: unknown suite $suite (throughput, sampling, fast-sampling, scaling, calibration, rl-step-time, rl-diffu-grpo, rl-coupled-grpo, rl-grpo, task-rl)" >&2; exit 2 ;;
 esac
 rc=$?
 echo "gpu.sh: $suite exit $rc; results in $OUT"
