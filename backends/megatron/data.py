@@ -23,6 +23,8 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import Split
 
+from dlmspec.backends.megatron.signals import ignore_exit_signals
+
 
 @dataclass
 class DataConfig:
@@ -604,22 +606,6 @@ class PretrainingBatchSampler:
                 batch = []
         if batch and not self.drop_last and len(batch) > start:
             yield batch[start:end]
-
-
-def ignore_exit_signals(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: workers ignore SIGTERM, SIGUSR1 and SIGINT.
-
-    torchrun (torch.distributed.elastic) forwards a stop signal to each rank's whole process
-    group, DataLoader workers included. A worker killed that way makes the rank's SIGCHLD handler
-    raise ``RuntimeError: DataLoader worker ... is killed by signal: Terminated`` in the middle of
-    the checkpoint the rank is saving on that very signal (seen on the H200: the save at the
-    stop was lost). Workers do not need the signal: they exit when the rank closes the loader or
-    dies (PyTorch's worker loop watches its parent).
-    """
-    import signal
-
-    for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def build_dataloader(

@@ -79,7 +79,7 @@ class MicrobatchFeed:
 
         The views and the feed refer to each other, so the loader's iterator is only freed by
         the garbage collector, possibly never before the interpreter exits. Its workers ignore
-        stop signals (:func:`~dlmspec.backends.megatron.data.ignore_exit_signals`), and Python's
+        stop signals (:func:`~dlmspec.backends.megatron.signals.ignore_exit_signals`), and Python's
         ``multiprocessing`` exit hook SIGTERMs daemonic children and then joins them, so a
         worker still alive at exit hangs the rank for ever after training has finished (seen on
         the H200: runs printed their result and were killed by the runner's time limit).

@@ -120,6 +120,21 @@ def signals_ignored(names: Sequence[str] = EXIT_SIGNALS) -> Iterator[None]:
             signal.signal(number, handler)
 
 
+def ignore_exit_signals(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn`` (:func:`dlmspec.backends.megatron.data.build_dataloader`): workers
+    ignore SIGTERM, SIGUSR1 and SIGINT.
+
+    torchrun (torch.distributed.elastic) forwards a stop signal to each rank's whole process
+    group, DataLoader workers included. A worker killed that way makes the rank's SIGCHLD handler
+    raise ``RuntimeError: DataLoader worker ... is killed by signal: Terminated`` in the middle of
+    the checkpoint the rank is saving on that very signal (seen on the H200: the save at the
+    stop was lost). Workers do not need the signal: they exit when the rank closes the loader or
+    dies (PyTorch's worker loop watches its parent).
+    """
+    for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def stop_watcher(names: Sequence[str]) -> Optional[ExitSignalWatcher]:
     """The training loop's :class:`ExitSignalWatcher` of ``names`` (``None`` when there are none),
     with torch.compile's workers started so that those signals spare them

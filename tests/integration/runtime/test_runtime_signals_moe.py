@@ -21,7 +21,7 @@ def test_worker_ignoring_sigterm_outlives_it():
     code = textwrap.dedent(
         """
         import os, signal, torch
-        from dlmspec.backends.megatron.data import ignore_exit_signals
+        from dlmspec.backends.megatron.signals import ignore_exit_signals   # what build_dataloader gives its workers
         signal.signal(signal.SIGTERM, lambda *a: None)   # the rank itself handles it (training.py)
         class Slow(torch.utils.data.Dataset):
             def __len__(self): return 6
@@ -33,6 +33,9 @@ def test_worker_ignoring_sigterm_outlives_it():
         print(sum(int(b) for b in loader))
         """
     )
+    from dlmspec.backends.megatron import data, signals
+
+    assert data.ignore_exit_signals is signals.ignore_exit_signals  # the loader's workers get this one
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             start_new_session=True)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -61,12 +64,14 @@ def test_checkpoint_helper_survives_a_group_sigterm():
     # megatron-core's checkpoint writer spawns a multiprocessing manager (its results queue);
     # started by prestart_checkpoint_helpers it ignores the SIGTERM torchrun sends to the process
     # group, the queue keeps working, and the rank's own handler still sees the signal.
+    # The imports stay under the main guard: spawn's manager re-imports this file, and need not
+    # import megatron-core again to serve the queue.
     code = textwrap.dedent(
         """
         import os, signal, time
-        from megatron.core.dist_checkpointing.strategies import filesystem_async
-        from dlmspec.backends.megatron.checkpointing import prestart_checkpoint_helpers
         if __name__ == "__main__":
+            from megatron.core.dist_checkpointing.strategies import filesystem_async
+            from dlmspec.backends.megatron.checkpointing import prestart_checkpoint_helpers
             got = []
             signal.signal(signal.SIGTERM, lambda *a: got.append("TERM"))
             prestart_checkpoint_helpers()
@@ -104,7 +109,7 @@ def test_missing_data_files_are_named_before_training(tmp_path):
 _FEED_EXIT = textwrap.dedent(
     """
     import sys, torch
-    from dlmspec.backends.megatron.data import ignore_exit_signals
+    from dlmspec.backends.megatron.signals import ignore_exit_signals
     from dlmspec.backends.megatron.microbatches import MicrobatchFeed
     loader = torch.utils.data.DataLoader(torch.arange(64), batch_size=2, num_workers=2,
                                          worker_init_fn=ignore_exit_signals)
@@ -221,13 +226,18 @@ _HUNG_AFTER_STOP = textwrap.dedent(
 def test_a_rank_still_running_after_a_stop_signal_prints_its_stacks():
     # A stop signal arms faulthandler: a rank that has not exited after stacks_after_s prints every
     # thread's stack (the hang seen on an H100 left no trace of where the rank was).
-    hung = subprocess.run([sys.executable, "-c", _HUNG_AFTER_STOP, "1", "3", "keep"], capture_output=True, text=True,
-                          timeout=120)
-    assert hung.returncode == 0, hung.stderr[-2000:]
-    assert "received SIGTERM" in hung.stdout
-    assert "SIGTERM received; a rank still running 1 s from now prints its threads' stacks" in hung.stderr
-    assert "Timeout (0:00:01)!" in hung.stderr and "save_that_hangs" in hung.stderr
+    # both ranks run side by side: each waits out its own seconds
+    runs = [subprocess.Popen([sys.executable, "-c", _HUNG_AFTER_STOP, *argv], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for argv in (("1", "3", "keep"), ("2", "0", "restore"))]
+    try:
+        (hung_out, hung_err), (_, quick_err) = (run.communicate(timeout=120) for run in runs)
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert runs[0].returncode == 0, hung_err[-2000:]
+    assert "received SIGTERM" in hung_out
+    assert "SIGTERM received; a rank still running 1 s from now prints its threads' stacks" in hung_err
+    assert "Timeout (0:00:01)!" in hung_err and "save_that_hangs" in hung_err
     # one that exits in time, or restores the handlers first, prints none
-    quick = subprocess.run([sys.executable, "-c", _HUNG_AFTER_STOP, "2", "0", "restore"], capture_output=True,
-                           text=True, timeout=120)
-    assert quick.returncode == 0 and "Timeout" not in quick.stderr, quick.stderr[-2000:]
+    assert runs[1].returncode == 0 and "Timeout" not in quick_err, quick_err[-2000:]
