@@ -23,7 +23,7 @@ EXCLUSIVE_MODULES = {
     "tests/integration/launch/test_check.py",                       # torchrun, 2 ranks, free ports
     "tests/integration/runtime/test_runtime_context_parallel.py",   # 2-rank gloo worlds
     "tests/integration/runtime/test_runtime_fsdp.py",               # 2-rank gloo world
-    "tests/integration/runtime/test_runtime_init_from.py",          # torchrun --nproc_per_node=2
+    "tests/integration/runtime/test_runtime_init_from.py",          # a 2-rank gloo world
     "tests/integration/runtime/test_rl_reference_resume_other_layout.py",  # 2-rank gloo worlds
     "tests/integration/runtime/test_rl_reference_per_rank_checkpoints.py",  # 2-rank gloo worlds
     "tests/integration/slurm/test_submit_chain.py",                 # the one-node SLURM cluster

@@ -17,14 +17,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from cpu_world_kit import megatron_cpu_world
+from cpu_world_kit import megatron_cpu_world, spawn_world
 import torch
 import torch.distributed as dist
 
@@ -49,7 +46,6 @@ from dlmspec.backends.megatron.layers import build_layer_spec, build_model
 from dlmspec.backends.megatron.checkpointing import save_checkpoint, start_point
 from dlmspec.backends.megatron.config import CheckpointConfig
 
-ROOT = Path(__file__).resolve().parents[3]
 ATOL = 1e-4
 
 
@@ -244,30 +240,22 @@ def test_mcore_init_from_a_dlmspec_run_checkpoint(tiny, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a if torch.is_tensor(a[k]))
 
 
-_TWO_RANKS = textwrap.dedent(
-    """
-    import json, os, shutil, sys
-    import torch, torch.distributed as dist
+def _two_ranks(rank: int, store: str, src: str, converted: str, work: str) -> None:
+    """One rank of the two-process world: forked from cpu_world_kit's fork server (torch and
+    megatron-core imported there once), a gloo group on a file store; its result in its own file."""
+    import torch.cuda
+
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a, **k: None
-    from megatron.core import parallel_state
-    from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron.core.utils import unwrap_model
-    from dlmspec.backends.convert import dims_from_hf_config
-    from dlmspec.backends.convert.hf_io import read_hf_config
-    from dlmspec.backends.convert.mcore_model import transformer_config_kwargs
-    from dlmspec.backends.megatron import init_from as m
-    from dlmspec.backends.megatron.layers import build_layer_spec, build_model
-
-    src, converted, work = sys.argv[1:4]
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     parallel_state.initialize_model_parallel(1, 1)
     calls = []
+
     def fake(s, dst, dims):  # a copy of the test's conversion stands in for the child process
         calls.append(dst)
         shutil.copytree(converted, dst)
-    m.run_converter = fake
+
+    init_mod.run_converter = fake
     dims = dims_from_hf_config(read_hf_config(src))
     config = TransformerConfig(**transformer_config_kwargs(dims), calculate_per_token_loss=True)
     kw = dict(vocab_size=dims.padded_vocab_size, max_sequence_length=128, position_embedding_type="rope",
@@ -276,39 +264,27 @@ _TWO_RANKS = textwrap.dedent(
                         normalization="RMSNorm", use_transformer_engine=False), **kw)
     out = {"rank": rank}
     try:
-        m.initialize_from("hf:" + work + "/missing", model=model, cache_dir=work + "/cache", transformer_config=config,
-                          model_kwargs=kw)
-    except m.InitFromError as exc:
+        initialize_from("hf:" + work + "/missing", model=model, cache_dir=work + "/cache", transformer_config=config,
+                        model_kwargs=kw)
+    except InitFromError as exc:
         out["error"] = str(exc)
-    got = m.initialize_from("hf:" + src, model=model, cache_dir=work + "/cache", transformer_config=config,
-                            model_kwargs=kw)
+    got = initialize_from("hf:" + src, model=model, cache_dir=work + "/cache", transformer_config=config,
+                          model_kwargs=kw)
     out.update(cache=got.cache, calls=len(calls),
                emb=float(unwrap_model(model[0]).embedding.word_embeddings.weight[:100].double().sum()))
-    # one file per rank: two ranks printing to one pipe can interleave their lines (CI saw it)
     with open(os.path.join(work, f"result{rank}.json"), "w") as f:
         json.dump(out, f)
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
-    """
-)
 
 
 def test_two_ranks_rank0_converts_and_both_load(tiny, tmp_path):
     src, reference = tiny
     converted = tmp_path / "converted"
     hf_to_mcore(src, converted, dims=dims_from_hf_config(read_hf_config(src)))
-    script = tmp_path / "two_ranks.py"
-    script.write_text(_TWO_RANKS)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-         str(src), str(converted), str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    spawn_world(_two_ranks, args=(str(tmp_path / "store"), str(src), str(converted), str(tmp_path)), nprocs=2)
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("result*.json"))]
-    assert len(results) == 2, proc.stderr[-3000:]
+    assert len(results) == 2
     by_rank = {r["rank"]: r for r in results}
     for r in results:  # both ranks stopped on rank 0's error instead of waiting
         assert "not a Hugging Face folder" in r["error"]
