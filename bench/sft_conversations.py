@@ -148,6 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     kit = kit_dir()
+    # the tokenizer first: without one (and no kit to copy it from) nothing is built, rather than the
+    # conversations (seconds of parsing without the kit) before the error
+    gpt2 = args.data / "gpt2"
+    if not (gpt2 / "vocab.json").is_file() or not (gpt2 / "merges.txt").is_file():
+        source = (args.corpus_dir.parent if args.corpus_dir else kit or Path("/nonexistent")) / "tokenizers" / "gpt2"
+        if not all((source / name).is_file() for name in ("vocab.json", "merges.txt")):
+            print(f"error: the GPT-2 tokenizer is not in {gpt2}/ and there is no data kit to copy it from; "
+                  f"get it with: {GPT2_DOWNLOAD} (the pre-training demo's, docs/getting-started.md), "
+                  "then run this again", file=sys.stderr)
+            return 2
+        gpt2.mkdir(parents=True, exist_ok=True)
+        for name in ("vocab.json", "merges.txt"):
+            shutil.copyfile(source / name, gpt2 / name)
+        print(f"copied the GPT-2 tokenizer to {gpt2}/", file=sys.stderr)
+
     if args.corpus_dir is not None:
         corpus = args.corpus_dir
     elif kit is not None:
@@ -163,18 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {len(train):,} training conversations to {args.out / 'train.jsonl'} and {len(heldout):,} "
           f"held-out ones to {args.out / 'heldout.jsonl'}", file=sys.stderr)
 
-    gpt2 = args.data / "gpt2"
-    if not (gpt2 / "vocab.json").is_file() or not (gpt2 / "merges.txt").is_file():
-        source = (args.corpus_dir.parent if args.corpus_dir else kit or Path("/nonexistent")) / "tokenizers" / "gpt2"
-        if not all((source / name).is_file() for name in ("vocab.json", "merges.txt")):
-            print(f"error: the GPT-2 tokenizer is not in {gpt2}/ and there is no data kit to copy it from; "
-                  f"get it with: {GPT2_DOWNLOAD} (the pre-training demo's, docs/getting-started.md), "
-                  "then run this again", file=sys.stderr)
-            return 2
-        gpt2.mkdir(parents=True, exist_ok=True)
-        for name in ("vocab.json", "merges.txt"):
-            shutil.copyfile(source / name, gpt2 / name)
-        print(f"copied the GPT-2 tokenizer to {gpt2}/", file=sys.stderr)
     commands = []
     for split in ("train", "heldout"):
         commands.append([

@@ -1,6 +1,6 @@
 """The SFT demo's conversation set (bench/sft_conversations.py, the data of specs/demo-dlm-sft.toml)
 builds without the offline data kit: from this Python's standard library docstrings; without a
-GPT-2 tokenizer it exits 2 naming the command that gets one."""
+GPT-2 tokenizer it exits 2 naming the command that gets one, before building anything."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def test_missing_tokenizer_without_the_kit_names_the_download(monkeypatch, tmp_p
     code = sft.main(["--out", str(tmp_path / "sft"), "--data", str(tmp_path / "data"), "--max-train", "10"])
     err = capsys.readouterr().err
     assert code == 2 and "hf download openai-community/gpt2 vocab.json merges.txt --local-dir .data/gpt2" in err
+    # the tokenizer is checked first: no conversations (nor the standard library corpus) built before the error
+    assert not (tmp_path / "sft").exists() and "standard library" not in err
 
 
 def test_validate_names_the_sft_demo_data_command(tmp_path):
