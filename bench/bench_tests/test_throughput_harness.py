@@ -238,7 +238,8 @@ def test_hf_gradient_accumulation_counts_every_microbatch(hf, tmp_path):
 
 def test_run_microbatches_per_step_reaches_both_sides():
     proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-variants", "reference", "--megatron-micro-batch-sizes", "4",
-                           "--hf-micro-batch-sizes", "4", "--microbatches-per-step", "4", "--nproc", "2"],
+                           "--hf-micro-batch-sizes", "4", "--microbatches-per-step", "4", "--nproc", "2",
+                           "--skip-import-check"],  # the same imports are tried in test_run_dry_run_prints_both_sides_commands
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     lines = {line.split(":")[0]: line for line in proc.stdout.splitlines() if not line.startswith("#")}
@@ -262,8 +263,12 @@ def test_run_dry_run_prints_both_sides_commands():
     for part in ("bench/throughput/hf_baseline.py", "--micro-batch-sizes 4", "--warmup 3", "--steps 5", "--device cuda"):
         assert part in lines[1], part
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in proc.stdout
+    # the imports both sides' rows need, tried with this Python (the other dry runs here skip that: the same modules)
+    for module, side in (("torch", "both sides"), ("transformers", "hf"), ("megatron.core", "megatron")):
+        assert f"# import {module} ({side}): ok" in proc.stdout, proc.stdout
     torchrun = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-variants", "reference", "--sides", "megatron", "--nproc", "2",
-                               "--megatron-micro-batch-sizes", "4"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                               "--megatron-micro-batch-sizes", "4", "--skip-import-check"], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
     assert "torch.distributed.run --standalone --nproc-per-node=2" in torchrun.stdout
     assert "hf_baseline" not in torchrun.stdout
 
