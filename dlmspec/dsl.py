@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dlmspec.spec import models
 
@@ -369,6 +369,13 @@ def _positive_numbers(key: str, values: Any, example: str) -> list[float]:
     return [float(i) for i in items]
 
 
+class _Counts(NamedTuple):
+    """Non-embedding and total parameters of a candidate shape (:func:`model_shape`)."""
+
+    non_embedding: int
+    total: int
+
+
 def model_shape(base: models.Spec, n: float, rule: ShapeRule | None = None) -> ModelShape:
     """The shape ``rule`` (default :class:`ShapeRule`) gives ``base``'s model for ``n``
     non-embedding parameters: ``base``'s vocabulary, norms, activation, biases, positions and
@@ -397,8 +404,23 @@ def model_shape(base: models.Spec, n: float, rule: ShapeRule | None = None) -> M
     target = int(round(n))
     step = rule.ffn_multiple
 
-    def count(dims: dict[str, int]) -> Any:
+    def exact(dims: dict[str, int]) -> Any:
         return count_parameters(m.model_copy(update={**dims, "moe_layer_freq": 1}))
+
+    # A dense model's counts are affine in its depth (embeddings and the final norm, plus one
+    # layer's parameters per layer: dlmspec.params.count_parameters), so each (width, MLP width)
+    # is counted at 1 and 2 layers once and any depth follows exactly, without counting a model
+    # per candidate depth (a 1e9 target tries some 10^5 candidates).
+    lines: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+
+    def count(dims: dict[str, int]) -> _Counts:
+        key = (dims["hidden_size"], dims["ffn_hidden_size"])
+        if key not in lines:
+            one, two = (exact({**dims, "num_layers": layers}) for layers in (1, 2))
+            lines[key] = (one.non_embedding, two.non_embedding - one.non_embedding, one.total, two.total - one.total)
+        base, per_layer, total, per_layer_total = lines[key]
+        extra = dims["num_layers"] - 1
+        return _Counts(base + extra * per_layer, total + extra * per_layer_total)
 
     found: list[tuple[float, float, ModelShape]] = []
     nearest: ModelShape | None = None
@@ -449,7 +471,12 @@ def model_shape(base: models.Spec, n: float, rule: ShapeRule | None = None) -> M
         raise _python_error(
             "sizes", f"no shape of the rule has {target:,} non-embedding parameters within "
             f"{100 * rule.tolerance:g}%", n, hint)
-    return min(found, key=lambda f: (f[0], f[1]))[2]
+    best = min(found, key=lambda f: (f[0], f[1]))[2]
+    counted = exact({"hidden_size": best.hidden_size, "num_attention_heads": best.num_attention_heads,
+                     "num_query_groups": best.num_query_groups, "kv_channels": best.kv_channels,
+                     "num_layers": best.num_layers, "ffn_hidden_size": best.ffn_hidden_size})
+    assert (counted.non_embedding, counted.total) == (best.non_embedding, best.total)  # the affine count is exact
+    return best
 
 
 def _describe(spec: models.Spec, shape: ModelShape, extra: str) -> str:

@@ -106,3 +106,17 @@ def test_a_rule_no_shape_can_follow_is_refused_naming_its_field():
         with pytest.raises(SpecError) as info:
             ShapeRule(**{field: value})
         assert info.value.issues[0].key == f"ShapeRule.{field}", field
+
+
+@pytest.mark.parametrize("name", ["demo-dlm", "demo-ar", "llada-8b-pretrain"])
+def test_a_dense_models_counts_are_affine_in_its_depth(name):
+    """model_shape counts each (width, MLP width) at 1 and 2 layers and takes every other depth as
+    affine: that holds for the bundled dense specs' norms, biases, embeddings and positions."""
+    m = Spec.load(name).model
+    for layers in (1, 2, 3, 17, 126):
+        for ffn in (m.ffn_hidden_size, m.ffn_hidden_size + 256):
+            one, two, deep = (count_parameters(m.model_copy(update={"num_layers": n, "ffn_hidden_size": ffn,
+                                                                    "moe_layer_freq": 1}))
+                              for n in (1, 2, layers))
+            assert deep.non_embedding == one.non_embedding + (layers - 1) * (two.non_embedding - one.non_embedding)
+            assert deep.total == one.total + (layers - 1) * (two.total - one.total)
