@@ -113,23 +113,31 @@ def rl_curve(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             for r in rows if r.get("event") == "train" and "rl/reward_mean" in r]
 
 
+def train_intervals(rows: List[Dict[str, Any]]) -> List[Tuple[Dict[str, Any], Optional[int]]]:
+    """``(record, steps)`` of each ``train`` record with a ``step_time_s``, in order, ``steps`` the
+    iterations since the record before (``None`` for the first and where unknown). The first record's
+    interval holds the start-up and first kernels: measurements leave it out."""
+    train = [r for r in rows if r.get("event") == "train" and isinstance(r.get("step_time_s"), (int, float))]
+    out, previous = [], None
+    for r in train:
+        iteration = r.get("iteration")
+        out.append((r, (iteration - previous) if isinstance(iteration, int) and isinstance(previous, int) else None))
+        previous = iteration if isinstance(iteration, int) else previous
+    return out
+
+
 def measured_step_seconds(rows: List[Dict[str, Any]], *, not_before: Optional[float] = None) -> Dict[str, Any]:
     """The median ``step_time_s`` of the ``train`` records, leaving out the first (start-up) and any
     whose interval (``time - steps x step_time_s``, to ``time``) began before ``not_before``."""
-    train = [r for r in rows if r.get("event") == "train" and isinstance(r.get("step_time_s"), (int, float))]
-    kept, previous = [], None
-    for i, r in enumerate(train):
-        iteration = r.get("iteration")
-        steps = (iteration - previous) if isinstance(iteration, int) and isinstance(previous, int) else None
-        previous = iteration if isinstance(iteration, int) else previous
-        if i == 0:
-            continue
+    intervals = train_intervals(rows)
+    kept = []
+    for r, steps in intervals[1:]:
         began = r.get("time") - steps * r["step_time_s"] if steps and isinstance(r.get("time"), (int, float)) else None
         if not_before is not None and (began is None or began < not_before):
             continue
         kept.append(float(r["step_time_s"]))
     return {"median_s": statistics.median(kept) if kept else None, "intervals": len(kept),
-            "left_out": len(train) - len(kept), "values": kept}
+            "left_out": len(intervals) - len(kept), "values": kept}
 
 
 def planned_step(plan: Any) -> Dict[str, Any]:

@@ -12,7 +12,7 @@ never fails):
   rollout batch and its two updates; ``rl/rollout_seconds`` of the interval's rollout batch).
 
 Measured step: the median ``step_time_s`` leaving out the first interval (start-up, first kernels;
-bench/sampling/rl_chain.py ``measured_step_seconds``). Parts, per interval: the rollout is
+bench/sampling/rl_chain.py ``train_intervals``). Parts, per interval: the rollout is
 ``rl/rollout_seconds`` (one batch), the update per step is ``(steps x step_time_s - rollout) / steps``;
 planned, the rollout batch is ``rl.rollout_seconds`` and the update per step ``time.step_seconds -
 breakdown_seconds.rl_rollout``. Target (the RL stage's): planned within 15 % of measured, at the host's
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from rl_chain import (STEP_TIME_TOLERANCE, field_value, host_launch_us, load_json, planned_step,  # noqa: E402
-                      step_times)
+                      step_times, train_intervals)
 
 
 def _plan_result(doc: Any) -> Optional[Dict[str, Any]]:
@@ -46,14 +46,10 @@ def _plan_result(doc: Any) -> Optional[Dict[str, Any]]:
 
 def measured_parts(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Median rollout batch and update per step over the ``train`` records after the first (module docstring)."""
-    train = [r for r in rows if r.get("event") == "train" and isinstance(r.get("step_time_s"), (int, float))]
-    rollouts, updates, previous = [], [], None
-    for i, r in enumerate(train):
-        iteration = r.get("iteration")
-        steps = iteration - previous if isinstance(iteration, int) and isinstance(previous, int) else None
-        previous = iteration if isinstance(iteration, int) else previous
+    rollouts, updates = [], []
+    for r, steps in train_intervals(rows)[1:]:
         roll = r.get("rl/rollout_seconds")
-        if i == 0 or not steps or not isinstance(roll, (int, float)):
+        if not steps or not isinstance(roll, (int, float)):
             continue
         rollouts.append(float(roll))
         updates.append((steps * float(r["step_time_s"]) - float(roll)) / steps)

@@ -40,10 +40,10 @@ for v in TRAIN_ROWS TASK_ITERS RL_ITERS END_S START; do
 done
 [ "$RL_ITERS" -ge 8 ] && [ "$TASK_ITERS" -ge 2 ] \
   || { echo "rl_step_time.sh: RL_ITERS must be at least 8 (the first log interval is left out) and TASK_ITERS at least 2" >&2; exit 2; }
+. bench/devbox/gpu/task_steps.sh
 for algo in $ALGOS; do
-  case "$algo" in diffu-grpo|coupled-grpo|grpo) ;;
-    *) echo "rl_step_time.sh: ALGOS holds $algo, not an RL algorithm; e.g. ALGOS=\"diffu-grpo coupled-grpo grpo\"" >&2; exit 2 ;;
-  esac
+  rl_job "$algo" \
+    || { echo "rl_step_time.sh: ALGOS holds $algo, not an RL algorithm; e.g. ALGOS=\"diffu-grpo coupled-grpo grpo\"" >&2; exit 2; }
 done
 deadline=$(( START + END_S - 30 ))  # every step ends by then; the last 30 s: summary and tarball
 mkdir -p "$OUT"
@@ -76,11 +76,7 @@ rm -rf "$work" && mkdir -p "$work/.data"
 cp -r specs "$work/specs"
 gpt2=.bench-data/gpt2
 [ -f "$gpt2/vocab.json" ] || gpt2=${GPT2_DIR:-/work/main/.bench-data/gpt2}
-if [ -z "${GPU:-}" ]; then
-  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H200*) GPU=h200 ;; *H100*PCIe*) GPU=h100-pcie ;; *) GPU=h100 ;;  # no GPU (--dry): planned for an H100
-  esac
-fi
+GPU=${GPU:-$(gpu_id)}
 common=(--set cluster.gpus_per_node=1 --set "cluster.gpu=\"$GPU\"")
 
 finish() {
@@ -101,17 +97,11 @@ cd "$work" || exit 2
 log "on $GPU: task model $TASK_ITERS steps, RL $RL_ITERS steps of: $ALGOS"
 
 # 1. the task and its pre-training text
-step task "$(limit 60)" "$PY" -m dlmspec.cli task make addition-padded --out .data/task-addition --digits 3 --test 500 \
-  --train "$TRAIN_ROWS" || exit 2
-for s in train validation; do
-  step "data-$s" "$(limit 60)" "$PY" -m dlmspec.cli data prepare --input ".data/task-addition/pretrain-$s.jsonl" \
-    --output-prefix ".data/task-addition-${s/validation/valid}" --tokenizer-type GPT2BPETokenizer \
-    --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt --append-eod --workers 4 || exit 2
-done
+task_text addition-padded 3 500 "$TRAIN_ROWS" 4 || exit 2
 
 # 2. the task models, side by side (no held-out scoring: eval_interval past the run)
 models=()
-for algo in $ALGOS; do [ "$algo" = grpo ] && models+=(ar) || models+=(dlm); done
+for algo in $ALGOS; do rl_job "$algo"; models+=("$model"); done
 mapfile -t models < <(printf '%s\n' "${models[@]}" | sort -u)
 pids=()
 for m in "${models[@]}"; do
@@ -129,11 +119,8 @@ for p in ${pids[@]+"${pids[@]}"}; do wait "$p" || log "a task model's training e
 
 # 3. RL, one algorithm after another
 for algo in $ALGOS; do
-  case "$algo" in
-    diffu-grpo) spec=specs/task-addition-dlm-rl.toml; run=task-addition-dlm-rl; m=dlm ;;
-    coupled-grpo) spec=specs/task-addition-dlm-rl-coupled.toml; run=task-addition-dlm-rl-coupled; m=dlm ;;
-    grpo) spec=specs/task-addition-ar-rl.toml; run=task-addition-ar-rl; m="ar" ;;
-  esac
+  rl_job "$algo"
+  spec=$rl_spec run=$rl_name m=$model
   sets=("${common[@]}" --set train.train_iters="$RL_ITERS" --set checkpoint.save_interval="$RL_ITERS" --set logging.log_interval=2
         --set train.eval_interval="$RL_ITERS" --set 'train.lr_decay_style="constant"'
         --set "checkpoint.init_from=\"mcore:runs/task-addition-$m/checkpoints\"")

@@ -63,12 +63,9 @@ dry=0
 for a in "$@"; do [ "$a" = --dry ] && dry=1; done
 OUT=${OUT:-/tmp/bench-out}
 ALGO=${ALGO:-diffu-grpo}
-case "$ALGO" in
-  diffu-grpo) rl_spec=specs/task-addition-dlm-rl.toml; rl_name=task-addition-dlm-rl; model=dlm ;;
-  coupled-grpo) rl_spec=specs/task-addition-dlm-rl-coupled.toml; rl_name=task-addition-dlm-rl-coupled; model=dlm ;;
-  grpo) rl_spec=specs/task-addition-ar-rl.toml; rl_name=task-addition-ar-rl; model=ar ;;
-  *) echo "task_rl.sh: ALGO=$ALGO is not an RL algorithm; use ALGO=diffu-grpo, coupled-grpo or grpo" >&2; exit 2 ;;
-esac
+. bench/devbox/gpu/task_steps.sh
+rl_job "$ALGO" \
+  || { echo "task_rl.sh: ALGO=$ALGO is not an RL algorithm; use ALGO=diffu-grpo, coupled-grpo or grpo" >&2; exit 2; }
 TASK=${TASK:-addition-padded}
 DIGITS=${DIGITS:-3}
 TEST=${TEST:-2000}
@@ -152,11 +149,7 @@ cp -r specs "$work/specs"
 gpt2=.bench-data/gpt2
 [ -f "$gpt2/vocab.json" ] || gpt2=${GPT2_DIR:-/work/main/.bench-data/gpt2}
 peers=$repo/.bench-peers
-if [ -z "${GPU:-}" ]; then
-  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
-    *H200*) GPU=h200 ;; *H100*PCIe*) GPU=h100-pcie ;; *) GPU=h100 ;;  # no GPU (--dry): planned for an H100
-  esac
-fi
+GPU=${GPU:-$(gpu_id)}
 
 task_spec=specs/task-addition-$model.toml
 test_file=.data/task-addition/test.jsonl
@@ -211,13 +204,7 @@ cd "$work"  # the specs' relative paths (.data/..., runs/...) are from here
 log "$ALGO on $GPU: task $TASK --digits $DIGITS; task model $TRAIN_ITERS iterations$([ "$model" = dlm ] && echo ", SFT $SFT_ITERS"), RL at most $RL_ITERS"
 
 # 1. the task and its data
-step task "$(limit 60)" "$PY" -m dlmspec.cli task make "$TASK" --out .data/task-addition --digits "$DIGITS" --test "$TEST" \
-  --train "$TRAIN_ROWS" || exit 2
-for s in train validation; do
-  step "data-$s" "$(limit 60)" "$PY" -m dlmspec.cli data prepare --input ".data/task-addition/pretrain-$s.jsonl" \
-    --output-prefix ".data/task-addition-${s/validation/valid}" --tokenizer-type GPT2BPETokenizer \
-    --vocab-file .data/gpt2/vocab.json --merge-file .data/gpt2/merges.txt --append-eod --workers 8 || exit 2
-done
+task_text "$TASK" "$DIGITS" "$TEST" "$TRAIN_ROWS" 8 || exit 2
 if [ "$model" = dlm ]; then
   # the SFT stage's data (LLaDA's layout, the plain template; `dlmspec task make` wrote the held-out prompts
   # rendered with it, test-plain.jsonl and validation-plain.jsonl), tokenised in one process in the background
