@@ -22,22 +22,34 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
     The attended length is ``L`` keys in every call. Such a call costs ``q / L`` of a full pass in
     both its linear layers (``q`` columns) and its attention (``q x L`` of ``L x L`` scores).
 
-  :func:`sampler_schedule` gives the calls, the full-pass equivalents and these lengths. A full
-  forward pass over the rank's rows costs a third of the step's ``gemm + attention +
-  elementwise`` (the backward costs twice the forward: Narayanan et al. 2021, eq. 3's 3x; a
-  quarter with full recomputation, which repeats the forward), and every call, cached or not, a
-  third of one microbatch's kernel launches (a sampler call is one call over all the rank's rows:
-  a small model's calls are launch-bound, and a cached call launches as many kernels). Rollout time
-  = ``(equivalents x forward compute + calls x launches) / mu``. With ``[generate] cuda_graph``
-  (the default) the sampler replays the forward as a CUDA graph (backends/generate/cuda_graphs.py)
-  where it can (:func:`graph_fallback`: a diffusion rollout at TP 1, without FSDP, overlapped
-  parameter gathers or ``compile``): a replay has no host launch work, and each of the forward's
-  kernels (a third of one microbatch's, as above) costs the GPU only its floor,
-  ``Calibration.gpu_seconds_per_kernel``. The sampler's own work per call (its ~20 launches, about
-  1.5 ms of host time a step on an H100 host, and its passes over the block's logits) is not
-  priced: on one H100 the addition spec's rollout batch (128 rows, 8 calls) took 52.9 ms with
-  graphs, where this term gives 38 ms at the spec's 32-position canvas (the run's was 24), and 124 ms eager
-  (``bench/results/rl/2026-12-07-h100-rollout-cuda-graphs-vs-d1.json``).
+  :func:`sampler_schedule` gives the calls, the full-pass equivalents and these lengths. Each call
+  is an inference forward over all the rank's rows at once (:func:`sampler_compute`): the decoder's
+  GEMMs, attention and element-wise work over the canvas (``equivalents`` full passes) and the
+  output layer over the columns a call returns logits for (the block's under the diffusion sampler,
+  whose block function slices the hidden states before the output layer; every position so far
+  under the AR one), not a third of a training step, whose output layer and cross entropy cover every
+  position. Every call also moves its logits through memory (:func:`logits_traffic`): the model's
+  ``[s, b, V]`` logits transposed to ``[b, s, V]`` (megatron-core ``GPTModel``), made float32 and,
+  for the diffusion sampler's commit (backends/generate/sampler.py ``sample_tokens``), float64 for
+  the argmax, the Gumbel noise at ``temperature > 0`` and the softmax of the confidence, at the
+  calibrated HBM bandwidth (``hbm_gbps x memory_efficiency``). Eager, every call, cached or not,
+  adds a third of one microbatch's kernel launches (a cached call launches as many kernels). With
+  ``[generate] cuda_graph`` (the default) the sampler replays the forward as a CUDA graph
+  (backends/generate/cuda_graphs.py) where it can (:func:`graph_fallback`: a diffusion rollout at
+  TP 1, without FSDP, overlapped parameter gathers or ``compile``): a replay has no host launch
+  work, and each of the forward's kernels (a third of one microbatch's) costs the GPU only its
+  floor, ``Calibration.gpu_seconds_per_kernel``. Rollout time = ``(compute + logits + calls x
+  launches) / mu``. For a small model the logits are a large part of a call: the addition spec's
+  rollout batch (128 rows, 8 calls of 8 block columns, temperature 1, graphs) plans at 6.1 ms a call
+  on an H100, 2.3 ms of decoder, 0.1 ms of output layer, 2.2 ms of logits (142 bytes over each of
+  a row's 8 x 50,304 logits) and 1.5 ms of kernel floors: 48.7 ms a batch, where one H100 measured
+  52.9 ms, and 44.1 ms at the call's own 24-position canvas (17 % under;
+  ``bench/results/rl/2026-12-07-h100-rollout-planned-vs-measured.json``, planned on CPU
+  from that result and the sampler's batch-1, 8 and 32 runs: the default low-confidence sampler
+  within 7 %, eager within 8 %). Not priced: the host's own work per step, which a
+  ``threshold`` / ``factor`` step exposes (one host synchronisation a step: those runs planned
+  8-27 % under), top-k / top-p filtering (a sort over the vocabulary), and a batch's prompt
+  lengths (the plan takes ``train.seq_length`` as the canvas).
 * **Scoring** (``rl_scoring``): the estimator's forward passes per log-probability (one-step and
   ar: 1; coupled: 2, DiffuCoder's complementary pair; mc-elbo: K). The policy's own training pass
   is one forward and backward of the base step; the other ``n - 1`` passes also run backward (a
@@ -71,15 +83,19 @@ settings (the ``"generate"`` entry the shape adds for an RL stage).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from dlmspec.gpus import GPU
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
+from dlmspec.plan.compute import shape_forward_parts
+from dlmspec.plan.elementwise import elementwise_bytes
 from dlmspec.plan.launches import kernels_per_microbatch
-from dlmspec.plan.memory import (StageMemoryTerm, StageTermInputs, register_stage_memory_term,
+from dlmspec.plan.memory import (StageMemoryTerm, StageTermInputs, linear_params, register_stage_memory_term,
                                  stage_layer_counts)
-from dlmspec.plan.shape import Layout, ModelShape, input_length
-from dlmspec.plan.time import StageTimeTerm, register_stage_time_term
+from dlmspec.plan.shape import Layout, ModelShape, attention_backend, input_length
+from dlmspec.plan.time import (ATTENTION_BACKEND_SPEED, StageTimeTerm, _attention_peak, _peaks,
+                              register_stage_time_term)
 
 #: ``[stage.rl]`` defaults the planner reads (as :class:`dlmspec.spec.models.RLSpec`).
 RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "elbo_samples": 4,
@@ -88,7 +104,8 @@ RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "el
 #: ``[generate]`` defaults the planner reads (as :class:`dlmspec.spec.models.GenerateSpec`).
 GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "block_length": 128, "cfg_scale": 0.0,
                                      "remasking": "low_confidence", "cache": "none", "cache_refresh": None,
-                                     "cuda_graph": True, "compile": False}
+                                     "cuda_graph": True, "compile": False, "temperature": 0.0,
+                                     "top_k": None, "top_p": None}
 #: The algorithm's estimator (backends/rl/rollout.py ALGORITHM_ESTIMATOR).
 ALGORITHM_ESTIMATOR = {"diffu-grpo": "one-step", "coupled-grpo": "coupled", "grpo": "ar"}
 #: Estimators whose rollouts decode left to right (exact token log-probabilities of an
@@ -207,19 +224,125 @@ def graph_fallback(options: dict[str, Any], lay: Layout) -> str | None:
     return None
 
 
+#: Bytes per logit element of the diffusion sampler's commit after the float32 logits
+#: (backends/generate/sampler.py ``sample_tokens``), by what it runs: the float64 copy (read 4,
+#: write 8), the argmax (read 8) and the softmax of the confidence (PyTorch's row kernel for rows
+#: wider than shared memory: three reads and a write of 8); at ``temperature > 0`` the Gumbel noise
+#: (``rand`` write 8, ``log_``, ``neg_``, ``log_`` 16 each, the subtraction read 16 write 8); at a
+#: temperature other than 1 ``l / T`` (16).
+COMMIT_BYTES = {"greedy": 12 + 8 + 32, "gumbel": 8 + 16 + 16 + 16 + 24, "temperature": 16}
+#: Bytes per output element of unsupervised classifier-free guidance in float32
+#: (``uncond + (scale + 1) * (cond - uncond)``: three element-wise kernels).
+GUIDANCE_BYTES = 12 + 8 + 12
+
+
+def logits_traffic(options: dict[str, Any], seq: int, *, act_bytes: int) -> dict[str, float]:
+    """Bytes each sampler call moves through its logits per row and vocabulary entry (module
+    docstring, "Rollouts"): ``{"columns", "bytes"}``, the call's logits columns per row and the
+    bytes over each of their ``V`` entries; a call moves ``rows x columns x V x bytes``.
+
+    - the model's output: megatron-core ``GPTModel`` returns ``logits.transpose(0, 1).contiguous()``
+      in the compute dtype (``act_bytes`` read and written) and the sampler's ``.float()`` makes
+      float32 of it (``act_bytes`` read, 4 written; a float32 run copies the graph's static output
+      instead, 4 and 4);
+    - diffusion (``columns``: ``block_length``, the block sampler's logits): :data:`COMMIT_BYTES`
+      by temperature; with ``cfg_scale > 0`` each call's output part counts twice (the call runs
+      both halves) and :data:`GUIDANCE_BYTES` is added;
+    - AR (``columns``: the mean length ``seq - gen_length / 2``: every call returns the logits of
+      every position, and samples from the last one's, whose commit is left out).
+    """
+    gen = options["generate"]
+    output = 2.0 * act_bytes + (act_bytes + 4.0 if act_bytes != 4 else 8.0)
+    if not diffusion_rollout(options):
+        return {"columns": max(seq - int(gen["gen_length"]) / 2.0, 1.0), "bytes": output}
+    temperature = float(gen.get("temperature") or 0.0)
+    commit = float(COMMIT_BYTES["greedy"])
+    if temperature > 0:
+        commit += COMMIT_BYTES["gumbel"] + (COMMIT_BYTES["temperature"] if temperature != 1.0 else 0.0)
+    guided = float(gen["cfg_scale"]) > 0
+    block = max(1, min(int(gen["block_length"]), int(gen["gen_length"])))
+    return {"columns": float(block),
+            "bytes": (2.0 * output + GUIDANCE_BYTES if guided else output) + commit}
+
+
+def logits_seconds(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu: GPU,
+                   calib: Calibration) -> float:
+    """Seconds one rollout batch spends on its logits (:func:`logits_traffic`) over the rank's rows:
+    ``calls x rows x columns x V x bytes / (hbm_gbps x memory_efficiency)``, ``calls`` without
+    guidance's doubling (the guided rows are in the bytes)."""
+    seq = input_length(shape, lay)
+    schedule = sampler_schedule(options, seq)
+    traffic = logits_traffic(options, seq, act_bytes=lay.act_bytes)
+    guided = diffusion_rollout(options) and float(options["generate"]["cfg_scale"]) > 0
+    calls = schedule["calls"] / (2.0 if guided else 1.0)
+    moved = calls * _rows(lay) * traffic["columns"] * shape.vocab * traffic["bytes"]
+    return moved / (gpu.hbm_gbps * 1e9 * calib.memory_efficiency)
+
+
+def _rows(lay: Layout) -> float:
+    """The rank's rows of a step, which one sampler call runs together."""
+    return lay.global_batch / max(lay.dp, 1)
+
+
+def sampler_compute(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu: GPU,
+                    calib: Calibration) -> dict[str, float]:
+    """GPU compute seconds of one rollout batch's forward calls (no kernel floor, no logits
+    traffic), as inference runs them rather than a third of a training step (whose output layer
+    and cross entropy cover every position):
+
+    - ``decoder``: the layers' GEMMs (``attention_linear``, ``mlp``, ``moe`` of
+      :func:`dlmspec.flops.forward_flops_per_token`) and attention (``attention_core`` at the
+      canvas' keys) over ``rows x seq`` positions per full-pass equivalent
+      (:func:`sampler_schedule`), at the calibrated GEMM and attention efficiencies, and the
+      decoder's element-wise bytes (:func:`dlmspec.plan.elementwise.elementwise_bytes` without
+      the embedding, the loss and the weight-gradient accumulation), a third of them (the forward's
+      share, as the training step's);
+    - ``head``: the output layer's GEMM (``2 h V`` a position) over the positions a call returns
+      logits for: ``calls x rows x columns`` (:func:`logits_traffic`: the block's columns, or
+      every position so far under the AR sampler).
+    """
+    seq = input_length(shape, lay)
+    schedule = sampler_schedule(options, seq)
+    rows, t = _rows(lay), lay.tp
+    parts = shape_forward_parts(shape, seq)
+    gemm_peak, attn_peak = _peaks(gpu, lay)
+    speed = calib.gpu_compute_scale.get(gpu.id, 1.0)
+    positions = rows * seq
+    decoder_flops = (parts["attention_linear"] + parts["mlp"] + parts["moe"]) * positions / t
+    attention_flops = parts["attention_core"] * positions / t
+    one = replace(lay, micro_batch=max(1, round(rows)), cp=1)
+    counts = stage_layer_counts(shape, one, 0)
+    ew = elementwise_bytes(shape, one, -1, counts)  # stage -1: neither the embedding's nor the loss's rank
+    if one.impl != "transformer_engine":
+        ew -= (2 * one.act_bytes + 8) * linear_params(shape, one, counts)  # main_grad accumulation: training only
+    full = (decoder_flops / (gemm_peak * calib.gemm_efficiency)
+            + attention_flops / (_attention_peak(gpu, lay, attn_peak) * calib.attention_efficiency
+                                 * ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)])) / speed
+    full += ew / 3.0 / (gpu.hbm_gbps * 1e9 * calib.memory_efficiency)
+    head_positions = schedule["calls"] * rows * logits_traffic(options, seq, act_bytes=lay.act_bytes)["columns"]
+    head = parts["logits"] * head_positions / t / (attn_peak * calib.gemm_efficiency) / speed  # bf16, as training's
+    return {"decoder": schedule["equivalents"] * full, "head": head}
+
+
 def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float], *,
-                    calib: Calibration | None = None) -> float:
-    """Rollout time per optimizer step: ``(equivalents x forward compute + calls x launches) /
-    grpo_iterations``, ``launches`` a CUDA graph's per-kernel GPU floor where the forward is
-    replayed as one (module docstring)."""
+                    calib: Calibration | None = None, gpu: GPU | None = None) -> float:
+    """Rollout time per optimizer step: ``(compute + calls x launches + logits) /
+    grpo_iterations`` (module docstring): ``compute`` :func:`sampler_compute` (without ``gpu``:
+    ``equivalents`` thirds of the step's compute, and no logits), ``launches`` a CUDA graph's
+    per-kernel GPU floor where the forward is replayed as one (else a third of one microbatch's
+    launches), ``logits`` :func:`logits_seconds`."""
     options = rl_options(shape)
+    calib = calib or DEFAULT_CALIBRATION
     schedule = sampler_schedule(options, input_length(shape, lay))
     compute, launches = _forward_parts(breakdown, lay)
     if graph_fallback(options, lay) is None:
-        floor = (calib or DEFAULT_CALIBRATION).gpu_seconds_per_kernel
         counts = stage_layer_counts(shape, lay, 0)
-        launches = kernels_per_microbatch(shape, lay, counts, 0) / 3.0 * floor
-    return (schedule["equivalents"] * compute + schedule["calls"] * launches) / int(options["grpo_iterations"])
+        launches = kernels_per_microbatch(shape, lay, counts, 0) / 3.0 * calib.gpu_seconds_per_kernel
+    if gpu is None:
+        work = schedule["equivalents"] * compute
+    else:
+        work = sum(sampler_compute(shape, lay, options, gpu, calib).values()) + logits_seconds(shape, lay, options, gpu, calib)
+    return (work + schedule["calls"] * launches) / int(options["grpo_iterations"])
 
 
 def scoring_passes(options: dict[str, Any]) -> tuple[float, float]:

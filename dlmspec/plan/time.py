@@ -73,9 +73,10 @@ class StageTimeTerm:
         seconds: ``(shape, layout, breakdown) -> seconds`` per step, ``breakdown`` being the
             step's :data:`TIME_TERMS` seconds (e.g. a forward pass: a third of ``gemm``,
             ``attention`` and ``elementwise``, whose backward is twice the forward); with
-            ``calibrated`` it is also passed the plan's :class:`Calibration` as ``calib=``.
-        calibrated: pass ``calib`` (a term that needs a calibration constant, e.g. the GPU's
-            per-kernel floor).
+            ``calibrated`` it is also passed the plan's :class:`Calibration` as ``calib=`` and
+            its :class:`~dlmspec.gpus.GPU` as ``gpu=``.
+        calibrated: pass ``calib`` and ``gpu`` (a term that needs a calibration constant or the
+            GPU's datasheet, e.g. the per-kernel floor or the HBM bandwidth).
     """
 
     name: str
@@ -534,7 +535,7 @@ def time_plan(shape: ModelShape, lay: Layout, gpu: GPU, calib: Calibration = DEF
     b["host_sync"] += step_syncs * calib.host_sync_seconds * hs
     b["step_overhead"] = calib.step_overhead_seconds
     for term in STAGE_TIME_TERMS.get(shape.stage_kind, ()):  # the training stage's own work (after TIME_TERMS)
-        extra = {"calib": calib} if term.calibrated else {}
+        extra = {"calib": calib, "gpu": gpu} if term.calibrated else {}
         b[term.name] = float(term.seconds(shape, lay, dict(b), **extra))
     step = sum(b.values())
 

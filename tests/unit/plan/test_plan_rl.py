@@ -1,5 +1,5 @@
-"""The planner's RL terms (dlmspec/plan/rl.py): rollout time = sampler passes x one forward pass /
-grpo_iterations, the estimator's extra passes, the reference model's forward and memory, and the
+"""The planner's RL terms (dlmspec/plan/rl.py): rollout time = the sampler's forward calls (an
+inference forward each, its launches, its logits' traffic) / grpo_iterations, the estimator's extra passes, the reference model's forward and memory, and the
 rollout counts of a run."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlmspec.plan import make_plan
+from dlmspec.plan.rl import logits_seconds, rl_options, sampler_compute
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 
@@ -24,6 +25,12 @@ def plan(*extra: str):
     return make_plan(resolve(load(DEMO, [*RL, *extra]).spec))
 
 
+def _launches(p) -> float:
+    """One eager sampler call's launches: a third of one microbatch's."""
+    lay = p.layout
+    return p.time.breakdown["kernel_launch"] / (3 * (lay.global_batch // (lay.micro_batch * lay.dp)))
+
+
 def _forward(p) -> float:
     b, lay = p.time.breakdown, p.layout
     microbatches = lay.global_batch // (lay.micro_batch * lay.dp)
@@ -31,9 +38,12 @@ def _forward(p) -> float:
 
 
 @pytest.mark.parametrize("mu", [1, 4])
-def test_rollout_time_is_sampler_passes_times_a_forward_over_the_inner_iterations(mu: int) -> None:
+def test_rollout_time_is_the_sampler_calls_over_the_inner_iterations(mu: int) -> None:
     p = plan(f"stage.rl.grpo_iterations={mu}")
-    assert p.time.breakdown["rl_rollout"] == pytest.approx(64 * _forward(p) / mu)
+    options = rl_options(p.shape)
+    work = sum(sampler_compute(p.shape, p.layout, options, p.gpu, p.calibration).values())
+    work += logits_seconds(p.shape, p.layout, options, p.gpu, p.calibration)
+    assert p.time.breakdown["rl_rollout"] == pytest.approx((work + 64 * _launches(p)) / mu)
     assert p.rl.rollout_batches == math.ceil(300 / mu) and p.rl.prompts_seen == p.rl.rollout_batches * 8
     assert p.rl.completions == p.rl.prompts_seen * 4 and p.rl.sampler_passes == 64
     assert p.time.step_seconds == pytest.approx(sum(p.time.breakdown.values()))

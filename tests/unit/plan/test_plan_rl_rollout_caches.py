@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlmspec.plan import make_plan
+from dlmspec.plan.rl import logits_seconds, rl_options, sampler_compute
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 
@@ -47,8 +48,17 @@ def test_cached_rollouts_cost_the_columns_they_run(cache, refresh, equivalents, 
     assert p.rl.sampler_passes == pytest.approx(equivalents)
     assert p.rl.sampler_calls == 64 and p.rl.cache == cache and p.rl.attended_keys == 512
     assert p.rl.cached_query_columns == pytest.approx(columns)
-    compute, launches = _parts(p)
-    assert p.time.breakdown["rl_rollout"] == pytest.approx(equivalents * compute + 64 * launches)
+    _, launches = _parts(p)
+    options = rl_options(p.shape)
+    work = sampler_compute(p.shape, p.layout, options, p.gpu, p.calibration)
+    # the decoder's work scales with the columns a call runs; the output layer and the logits' traffic
+    # are the block's columns in every call, cached or not
+    none = plan()
+    none_work = sampler_compute(none.shape, none.layout, rl_options(none.shape), none.gpu, none.calibration)
+    assert work["decoder"] == pytest.approx(none_work["decoder"] * equivalents / 64)
+    assert work["head"] == pytest.approx(none_work["head"])
+    logits = logits_seconds(p.shape, p.layout, options, p.gpu, p.calibration)
+    assert p.time.breakdown["rl_rollout"] == pytest.approx(work["decoder"] + work["head"] + logits + 64 * launches)
 
 
 def test_a_cache_makes_the_planned_rollout_cheaper_than_none_and_dual_cheaper_than_prefix() -> None:

@@ -13,6 +13,7 @@ from dlmspec.plan import make_plan
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION
 from dlmspec.plan.launches import kernels_per_microbatch
 from dlmspec.plan.memory import stage_layer_counts
+from dlmspec.plan.rl import logits_seconds, rl_options, sampler_compute
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 
@@ -26,9 +27,11 @@ def plan(*extra: str, spec: str = "demo-dlm.toml"):
     return make_plan(resolve(load(SPECS / spec, [*RL, *extra]).spec))
 
 
-def _compute(p) -> float:
-    b = p.time.breakdown
-    return (b["gemm"] + b["attention"] + b["elementwise"]) / 3
+def _work(p) -> float:
+    """A rollout batch's GPU work besides launches: the inference forward and the logits' traffic."""
+    options = rl_options(p.shape)
+    return sum(sampler_compute(p.shape, p.layout, options, p.gpu, p.calibration).values()) + logits_seconds(
+        p.shape, p.layout, options, p.gpu, p.calibration)
 
 
 def _eager_launches(p) -> float:
@@ -41,10 +44,10 @@ def test_a_graph_rollout_prices_each_forward_kernel_at_the_gpu_floor() -> None:
     assert p.rl.cuda_graph_fallback is None
     floor = DEFAULT_CALIBRATION.gpu_seconds_per_kernel
     kernels = kernels_per_microbatch(p.shape, p.layout, stage_layer_counts(p.shape, p.layout, 0), 0) / 3
-    assert p.time.breakdown["rl_rollout"] == pytest.approx(64 * _compute(p) + 64 * kernels * floor)
+    assert p.time.breakdown["rl_rollout"] == pytest.approx(_work(p) + 64 * kernels * floor)
     eager = plan("generate.cuda_graph=false")
     assert eager.rl.cuda_graph_fallback == "[generate] cuda_graph = false"
-    assert eager.time.breakdown["rl_rollout"] == pytest.approx(64 * _compute(eager) + 64 * _eager_launches(eager))
+    assert eager.time.breakdown["rl_rollout"] == pytest.approx(_work(eager) + 64 * _eager_launches(eager))
     # the demo's calls are launch-bound: the graph's rollout is the cheaper one, and the step with it
     assert p.time.breakdown["rl_rollout"] < eager.time.breakdown["rl_rollout"]
     assert p.time.step_seconds == pytest.approx(sum(p.time.breakdown.values()))
@@ -61,7 +64,7 @@ def test_a_graph_rollout_prices_each_forward_kernel_at_the_gpu_floor() -> None:
 def test_where_the_runtime_runs_the_forward_eager_the_eager_launches_are_priced(extra, why) -> None:
     p = plan(*extra)
     assert p.rl.cuda_graph_fallback == why
-    assert p.time.breakdown["rl_rollout"] == pytest.approx(64 * _compute(p) + 64 * _eager_launches(p))
+    assert p.time.breakdown["rl_rollout"] == pytest.approx(_work(p) + 64 * _eager_launches(p))
 
 
 def test_the_ar_sampler_is_priced_eager() -> None:
