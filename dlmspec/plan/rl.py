@@ -94,7 +94,7 @@ from dlmspec.plan.launches import kernels_per_microbatch
 from dlmspec.plan.memory import (StageMemoryTerm, StageTermInputs, linear_params, register_stage_memory_term,
                                  stage_layer_counts)
 from dlmspec.plan.shape import Layout, ModelShape, attention_backend, input_length
-from dlmspec.plan.time import (ATTENTION_BACKEND_SPEED, StageTimeTerm, _attention_peak, _peaks,
+from dlmspec.plan.time import (ATTENTION_BACKEND_SPEED, StageTimeTerm, attention_peak_flops, peak_flops,
                               register_stage_time_term)
 
 #: ``[stage.rl]`` defaults the planner reads (as :class:`dlmspec.spec.models.RLSpec`).
@@ -305,7 +305,7 @@ def sampler_compute(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu
     schedule = sampler_schedule(options, seq)
     rows, t = _rows(lay), lay.tp
     parts = shape_forward_parts(shape, seq)
-    gemm_peak, attn_peak = _peaks(gpu, lay)
+    gemm_peak, attn_peak = peak_flops(gpu, lay)
     speed = calib.gpu_compute_scale.get(gpu.id, 1.0)
     positions = rows * seq
     decoder_flops = (parts["attention_linear"] + parts["mlp"] + parts["moe"]) * positions / t
@@ -316,7 +316,7 @@ def sampler_compute(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu
     if one.impl != "transformer_engine":
         ew -= (2 * one.act_bytes + 8) * linear_params(shape, one, counts)  # main_grad accumulation: training only
     full = (decoder_flops / (gemm_peak * calib.gemm_efficiency)
-            + attention_flops / (_attention_peak(gpu, lay, attn_peak) * calib.attention_efficiency
+            + attention_flops / (attention_peak_flops(gpu, lay, attn_peak) * calib.attention_efficiency
                                  * ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)])) / speed
     full += ew / 3.0 / (gpu.hbm_gbps * 1e9 * calib.memory_efficiency)
     head_positions = schedule["calls"] * rows * logits_traffic(options, seq, act_bytes=lay.act_bytes)["columns"]

@@ -188,7 +188,7 @@ class StageWork:
     ep_unpaired_share: float = 0.0
 
 
-def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
+def peak_flops(gpu: GPU, lay: Layout) -> tuple[float, float]:
     """(GEMM peak, attention peak) in FLOP/s: bf16/fp16 tensor-core peak; fp8 GEMMs at the fp8
     peak (attention, and the output layer's GEMMs, stay bf16: :class:`StageWork`); fp32 at the
     plain fp32 peak (PyTorch leaves TF32 off for matmuls by default)."""
@@ -198,7 +198,7 @@ def _peaks(gpu: GPU, lay: Layout) -> tuple[float, float]:
     return gemm * 1e12, gpu.bf16_tflops * 1e12
 
 
-def _attention_peak(gpu: GPU, lay: Layout, attn_peak: float) -> float:
+def attention_peak_flops(gpu: GPU, lay: Layout, attn_peak: float) -> float:
     """Attention's peak in FLOP/s: the fp8 peak with ``precision.fp8_dot_product_attention``
     (Transformer Engine's fp8 fused attention runs both batched GEMMs in fp8), else ``attn_peak``.
     The attention efficiency stays the bf16 one: no fp8-attention run is calibrated
@@ -222,7 +222,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
     h, a, g, d = shape.hidden, shape.heads, shape.groups, shape.head_dim
     t, r = lay.tp, lay.sequence_divisor
     T = lay.micro_batch * input_length(shape, lay) / lay.cp
-    gemm_peak, attn_peak = _peaks(gpu, lay)
+    gemm_peak, attn_peak = peak_flops(gpu, lay)
     frac = recompute_fraction(shape, lay)
     gate = 3 if shape.gated else 2
     # Forward FLOPs per token of one layer, per rank.
@@ -261,7 +261,7 @@ def stage_work(shape: ModelShape, lay: Layout, gpu: GPU, stage: int, calib: Cali
         stage=stage,
         gemm_seconds=gemm_seconds / speed,
         gemm_fp8_seconds=gemm_fp8_seconds / speed,
-        attention_seconds=(attention / _attention_peak(gpu, lay, attn_peak)
+        attention_seconds=(attention / attention_peak_flops(gpu, lay, attn_peak)
                            / ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)] / speed),
         elementwise_seconds=ew / (gpu.hbm_gbps * 1e9),
         kernels=kernels_per_microbatch(shape, lay, counts, stage),
