@@ -5,24 +5,18 @@ rollout counts of a run."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from dlmspec.plan import make_plan
-from dlmspec.plan.rl import logits_seconds, rl_options, sampler_compute
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
-
-DEMO = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
-RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
-      "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=0.9",
-      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300",
-      "generate.cuda_graph=false"]  # the eager forward's pricing (CUDA-graph rollouts: test_plan_rl_rollout_cuda_graphs.py)
+from rl_plan_kit import EAGER, SPECS, rl_plan, rollout_work
 
 
 def plan(*extra: str):
-    return make_plan(resolve(load(DEMO, [*RL, *extra]).spec))
+    """The demo's RL plan with the eager rollout forward (CUDA-graph rollouts: test_plan_rl_rollout_cuda_graphs.py)."""
+    return rl_plan(EAGER, *extra)
 
 
 def _launches(p) -> float:
@@ -40,9 +34,7 @@ def _forward(p) -> float:
 @pytest.mark.parametrize("mu", [1, 4])
 def test_rollout_time_is_the_sampler_calls_over_the_inner_iterations(mu: int) -> None:
     p = plan(f"stage.rl.grpo_iterations={mu}")
-    options = rl_options(p.shape)
-    work = sum(sampler_compute(p.shape, p.layout, options, p.gpu, p.calibration).values())
-    work += logits_seconds(p.shape, p.layout, options, p.gpu, p.calibration)
+    work = sum(rollout_work(p).values())
     assert p.time.breakdown["rl_rollout"] == pytest.approx((work + 64 * _launches(p)) / mu)
     assert p.rl.rollout_batches == math.ceil(300 / mu) and p.rl.prompts_seen == p.rl.rollout_batches * 8
     assert p.rl.completions == p.rl.prompts_seen * 4 and p.rl.sampler_passes == 64
@@ -51,7 +43,7 @@ def test_rollout_time_is_the_sampler_calls_over_the_inner_iterations(mu: int) ->
 
 def test_guidance_doubles_the_sampler_passes_and_the_ar_sampler_passes_once_per_token() -> None:
     assert plan("generate.cfg_scale=1.0").rl.sampler_passes == 128
-    ar = make_plan(resolve(load(Path(DEMO.parent / "demo-ar.toml"), [*RL, 'stage.rl.algorithm="grpo"']).spec))
+    ar = rl_plan(EAGER, 'stage.rl.algorithm="grpo"', spec="demo-ar.toml")
     seq = ar.layout.seq
     assert ar.rl.sampler_passes == pytest.approx(128 * (seq - 64) / seq) and ar.rl.estimator == "ar"
 
@@ -74,8 +66,7 @@ def test_the_estimator_reference_and_old_policy_passes_are_counted() -> None:
 
 def test_the_ar_estimator_scores_the_old_policy_and_the_reference_once_per_rollout_batch() -> None:
     def ar_plan(*extra: str):
-        return make_plan(resolve(load(Path(DEMO.parent / "demo-ar.toml"), [*RL, 'stage.rl.algorithm="grpo"',
-                                                                           *extra]).spec))
+        return rl_plan(EAGER, 'stage.rl.algorithm="grpo"', *extra, spec="demo-ar.toml")
 
     base = ar_plan("stage.rl.grpo_kl_beta=0.0", "stage.rl.grpo_iterations=1")
     assert base.time.breakdown["rl_scoring"] == 0.0
@@ -102,4 +93,4 @@ def test_the_plan_json_and_text_carry_the_rl_section() -> None:
     assert p.to_dict()["rl"]["rollout_batches"] == 300
     text = "\n".join(rl_lines(p.rl))
     assert "300 rollout batches" in text and "sampler passes" in text and "reference model" in text
-    assert "rl" not in make_plan(resolve(load(DEMO).spec)).to_dict()
+    assert "rl" not in make_plan(resolve(load(SPECS / "demo-dlm.toml").spec)).to_dict()

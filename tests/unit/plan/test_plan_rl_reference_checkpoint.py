@@ -5,24 +5,15 @@ with it, never without a refresh in the run or without a reference."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from dlmspec.plan import make_plan
 from dlmspec.plan.rl import reference_checkpoint, rl_lines
-from dlmspec.resolve import resolve
-from dlmspec.spec.load import load
+from rl_plan_kit import rl_plan
 
-DEMO = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
-RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
-      "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.gen_length=128",
-      "generate.steps=64", "generate.block_length=32", "train.train_iters=300"]
 INIT = 'checkpoint.init_from="mcore:runs/sft/checkpoints"'
 
 
-def plan(*extra: str):
-    return make_plan(resolve(load(DEMO, [*RL, *extra]).spec))
+plan = rl_plan  # the demo's RL plan (tests/kits/rl_plan_kit.py)
 
 
 def test_checkpoints_after_the_first_refresh_hold_the_whole_reference_in_the_run_dtype() -> None:

@@ -5,25 +5,14 @@ sets the refreshes per block, and the kernel launches count once per call."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from dlmspec.plan import make_plan
-from dlmspec.plan.rl import logits_seconds, rl_options, sampler_compute
-from dlmspec.resolve import resolve
-from dlmspec.spec.load import load
-
-DEMO = Path(__file__).resolve().parents[3] / "specs" / "demo-dlm.toml"
-# seq 512 (demo-dlm), a completion of 128 in 4 blocks of 32, 64 steps: 16 per block
-RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
-      "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=0.9",
-      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300",
-      "generate.cuda_graph=false"]  # the eager forward's pricing (CUDA-graph rollouts: test_plan_rl_rollout_cuda_graphs.py)
+from rl_plan_kit import EAGER, rl_plan, rollout_work
 
 
 def plan(*extra: str):
-    return make_plan(resolve(load(DEMO, [*RL, *extra]).spec))
+    """The demo's RL plan with the eager rollout forward (CUDA-graph rollouts: test_plan_rl_rollout_cuda_graphs.py)."""
+    return rl_plan(EAGER, *extra)
 
 
 def _parts(p) -> tuple[float, float]:
@@ -49,16 +38,14 @@ def test_cached_rollouts_cost_the_columns_they_run(cache, refresh, equivalents, 
     assert p.rl.sampler_calls == 64 and p.rl.cache == cache and p.rl.attended_keys == 512
     assert p.rl.cached_query_columns == pytest.approx(columns)
     _, launches = _parts(p)
-    options = rl_options(p.shape)
-    work = sampler_compute(p.shape, p.layout, options, p.gpu, p.calibration)
+    work = rollout_work(p)
     # the decoder's work scales with the columns a call runs; the output layer and the logits' traffic
     # are the block's columns in every call, cached or not
     none = plan()
-    none_work = sampler_compute(none.shape, none.layout, rl_options(none.shape), none.gpu, none.calibration)
+    none_work = rollout_work(none)
     assert work["decoder"] == pytest.approx(none_work["decoder"] * equivalents / 64)
     assert work["head"] == pytest.approx(none_work["head"])
-    logits = logits_seconds(p.shape, p.layout, options, p.gpu, p.calibration)
-    assert p.time.breakdown["rl_rollout"] == pytest.approx(work["decoder"] + work["head"] + logits + 64 * launches)
+    assert p.time.breakdown["rl_rollout"] == pytest.approx(work["decoder"] + work["head"] + work["logits"] + 64 * launches)
 
 
 def test_a_cache_makes_the_planned_rollout_cheaper_than_none_and_dual_cheaper_than_prefix() -> None:

@@ -5,33 +5,19 @@ work, each forward kernel the GPU's per-kernel floor; where the runtime runs the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from dlmspec.plan import make_plan
 from dlmspec.plan.calibration import DEFAULT_CALIBRATION
 from dlmspec.plan.launches import kernels_per_microbatch
 from dlmspec.plan.memory import stage_layer_counts
-from dlmspec.plan.rl import logits_seconds, rl_options, sampler_compute
-from dlmspec.resolve import resolve
-from dlmspec.spec.load import load
+from rl_plan_kit import rl_plan, rollout_work
 
-SPECS = Path(__file__).resolve().parents[3] / "specs"
-RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
-      "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=0.9",
-      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300"]
-
-
-def plan(*extra: str, spec: str = "demo-dlm.toml"):
-    return make_plan(resolve(load(SPECS / spec, [*RL, *extra]).spec))
+plan = rl_plan  # the demo's RL plan (tests/kits/rl_plan_kit.py)
 
 
 def _work(p) -> float:
     """A rollout batch's GPU work besides launches: the inference forward and the logits' traffic."""
-    options = rl_options(p.shape)
-    return sum(sampler_compute(p.shape, p.layout, options, p.gpu, p.calibration).values()) + logits_seconds(
-        p.shape, p.layout, options, p.gpu, p.calibration)
+    return sum(rollout_work(p).values())
 
 
 def _eager_launches(p) -> float:

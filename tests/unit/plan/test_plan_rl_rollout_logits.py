@@ -4,24 +4,15 @@ the logits over the block's columns (the AR sampler's: every position so far), t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from dlmspec.plan import make_plan
-from dlmspec.plan.rl import (COMMIT_BYTES, GUIDANCE_BYTES, logits_seconds, logits_traffic, rl_options,
-                             sampler_compute)
-from dlmspec.resolve import resolve
-from dlmspec.spec.load import load
-
-SPECS = Path(__file__).resolve().parents[3] / "specs"
-RL = ['stage.kind="rl"', 'stage.rl.prompts="p.jsonl"', "stage.rl.grpo_group_size=4",
-      "stage.rl.grpo_prompts_per_step=8", "train.global_batch_size=32", "generate.temperature=1.0",
-      "generate.gen_length=128", "generate.steps=64", "generate.block_length=32", "train.train_iters=300"]
+from dlmspec.plan.rl import COMMIT_BYTES, GUIDANCE_BYTES, logits_seconds, logits_traffic, rl_options, sampler_compute
+from rl_plan_kit import rl_plan
 
 
-def plan(*extra: str, spec: str = "demo-dlm.toml"):
-    return make_plan(resolve(load(SPECS / spec, [*RL, *extra]).spec))
+def plan(*extra: str):
+    """The demo's RL plan, its rollouts at temperature 1."""
+    return rl_plan("generate.temperature=1.0", *extra)
 
 
 def _options(**generate) -> dict:
