@@ -20,7 +20,7 @@ from dlmspec.plan.provenance import outside_text, paths_text, provenance
 from dlmspec.plan.shape import pipeline_split
 from dlmspec.plan.sft import sft_lines
 from dlmspec.plan.rl import rl_lines
-from dlmspec.wording import count
+from dlmspec.wording import count, duration
 
 
 if TYPE_CHECKING:  # `dlmspec plan` without --search does not import the search
@@ -49,18 +49,6 @@ MEMORY_LABELS = {
 
 def _gib(n: float) -> str:
     return f"{n / GiB:,.2f}"
-
-
-def _seconds(s: float) -> str:
-    if s >= 86400:
-        return f"{s / 86400:,.1f} d"
-    if s >= 3600:
-        return f"{s / 3600:,.1f} h"
-    if s >= 60:
-        return f"{s / 60:,.1f} min"
-    if s >= 1:
-        return f"{s:,.2f} s"
-    return f"{s * 1000:,.1f} ms"
 
 
 def _count(n: float) -> str:
@@ -154,8 +142,8 @@ def plan_renderable(plan: Plan) -> Group:
     for key in t.breakdown:  # TIME_TERMS, then the stage's own
         value = t.breakdown[key]
         if value:
-            tt.add_row(Text(key), Text(_seconds(value)), Text(f"{100 * value / t.step_seconds:.1f}%"))
-    tt.add_row(Text("step", style="bold"), Text(_seconds(t.step_seconds), style="bold"), Text(""))
+            tt.add_row(Text(key), Text(duration(value)), Text(f"{100 * value / t.step_seconds:.1f}%"))
+    tt.add_row(Text("step", style="bold"), Text(duration(t.step_seconds), style="bold"), Text(""))
     parts.append(tt)
 
     summary = Text()
@@ -169,12 +157,12 @@ def plan_renderable(plan: Plan) -> Group:
                        f"{lay.seq + plan.shape.extra_seq_length:,} positions: {t.input_positions_per_second:,.0f}/s, "
                        f"MFU {100 * t.mfu:.1f}% (their FLOPs at the mask's attention density)")
     if lay.train_iters:
-        summary.append(f"\n{lay.train_iters:,} steps: {_seconds(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
+        summary.append(f"\n{lay.train_iters:,} steps: {duration(t.to_train_seconds)}, {t.gpu_hours:,.1f} GPU-hours")
     parts.append(summary)
     for phase in plan.phases:
         parts.append(Text(f"{phase.during} ({phase.name}): +{_gib(phase.extra_bytes)} GiB per GPU, peak "
                           f"{_gib(phase.peak_bytes)} GiB{'' if phase.fits else ' (does not fit)'}"
-                          + (f", {_seconds(phase.step_seconds)} a step" if phase.step_seconds else "")
+                          + (f", {duration(phase.step_seconds)} a step" if phase.step_seconds else "")
                           + f"; {phase.note}"))
     if plan.sft is not None:
         parts.append(Text("\n".join(sft_lines(plan.sft, lay.train_iters, t.to_train_seconds))))
@@ -292,7 +280,7 @@ def study_renderable(rows: list, title: str) -> Group:
             r.name, _count(r.non_embedding_params), _count(r.total_params), _flops(r.training_flops),
             _count(r.tokens), "-" if r.epochs is None else f"{r.epochs:,.2f}", _hours(r.gpu_hours),
             f"{100 * r.mfu:.1f}%", _gib(r.peak_bytes), "yes" if r.fits else "NO",
-            "-" if r.to_train_seconds is None else _seconds(r.to_train_seconds))))
+            "-" if r.to_train_seconds is None else duration(r.to_train_seconds))))
     total = sum(r.gpu_hours for r in rows)
     foot = Text()
     foot.append(f"study total: {_hours(total)} GPU-hours over {count(len(rows), 'run')}", style="bold")

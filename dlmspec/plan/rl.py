@@ -96,6 +96,7 @@ from dlmspec.plan.memory import (StageMemoryTerm, StageTermInputs, linear_params
 from dlmspec.plan.shape import Layout, ModelShape, attention_backend, input_length
 from dlmspec.plan.time import (ATTENTION_BACKEND_SPEED, StageTimeTerm, attention_peak_flops, peak_flops,
                               register_stage_time_term)
+from dlmspec.wording import duration
 
 #: ``[stage.rl]`` defaults the planner reads (as :class:`dlmspec.spec.models.RLSpec`).
 RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "elbo_samples": 4,
@@ -520,8 +521,8 @@ def rl_lines(rl: RLPlan) -> list[str]:
         + (f": cached calls run {rl.cached_query_columns:,.0f} of {rl.attended_keys:,.0f} columns" if rl.cached_query_columns else "")
         + f") = {rl.sampler_passes:,.1f} sampler passes of the whole sequence"
         + (", the forward a CUDA graph" if rl.cuda_graph_fallback is None else f", the forward eager ({rl.cuda_graph_fallback})")
-        + f", {rl.rollout_seconds:.2f} s per rollout batch, which serves {rl.steps_per_rollout} optimizer "
-        f"step{'s' * (rl.steps_per_rollout != 1)} ({100 * rl.rollout_share:.0f}% of each {rl.step_seconds:.2f} s step); sampler logits "
+        + f", {duration(rl.rollout_seconds)} per rollout batch, which serves {rl.steps_per_rollout} optimizer "
+        f"step{'s' * (rl.steps_per_rollout != 1)} ({100 * rl.rollout_share:.0f}% of each {duration(rl.step_seconds)} step); sampler logits "
         f"{rl.rollout_logits_bytes / gib:.1f} GiB per GPU while sampling (not in the training peak)",
         (f"reference model: {rl.reference_bytes / gib:.1f} GiB per GPU; "
          + (("every checkpoint" if not rl.reference_checkpoint_from else
