@@ -15,7 +15,8 @@ Reads two kinds of committed GPU results:
   it) at its ``train.seq_length`` (what a user's plan sees) and at the call's canvas (prompt + completion),
   with graphs and eager (the eager forward's launches at ``--host-launch-us``, the run's host).
 
-Writes ``{"cases": [{case, planned_s, measured_s, planned_over_measured}], "largest_error", ...}``.
+Writes ``{"cases": [{case, planned_s, measured_s, planned_over_measured}], "median_error", "largest_error",
+"within_15_percent", ...}``.
 No constant is fitted: the plan uses the calibration and GPU table as they are.
 
     python bench/sampling/rollout_plan_check.py --sampling S.json --rollout R.json \\
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -39,14 +41,13 @@ from dlmspec.spec.load import load  # noqa: E402
 
 
 def planned_rollout(spec: Path, sets: Sequence[str]) -> float:
-    """One rollout batch of ``spec`` under ``sets`` (``--set`` strings): ``rl_rollout x grpo_iterations``
-    (the planner itself; validate's RL rules, e.g. against greedy rollouts, are not applied)."""
-    plan = make_plan(resolve(load(spec, list(sets)).spec))
-    return plan.time.breakdown["rl_rollout"] * (plan.rl.steps_per_rollout if plan.rl else 1)
+    """One rollout batch of the RL spec ``spec`` under ``sets`` (``--set`` strings), as the plan reports it
+    (``rl.rollout_seconds``; validate's RL rules, e.g. against greedy rollouts, are not applied)."""
+    return make_plan(resolve(load(spec, list(sets)).spec)).rl.rollout_seconds
 
 
 def _rows_sets(rows: int, seq: int, gpu: str) -> List[str]:
-    return [f"stage.rl.grpo_prompts_per_step=1", f"stage.rl.grpo_group_size={rows}", f"train.global_batch_size={rows}",
+    return ["stage.rl.grpo_prompts_per_step=1", f"stage.rl.grpo_group_size={rows}", f"train.global_batch_size={rows}",
             f"train.micro_batch_size={rows}", f"train.seq_length={seq}", "cluster.gpus_per_node=1",
             f'cluster.gpu="{gpu}"', "stage.rl.grpo_iterations=1"]
 
@@ -106,17 +107,24 @@ def rollout_cases(doc: Dict[str, Any], spec: Path, model_sets: Sequence[str], ho
     return out
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout where it lies in it (a result names no machine's folders)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sampling", type=Path, help="a fast-sampling suite result (JSON)")
     p.add_argument("--rollout", type=Path, help="an RL rollout-vs-d1 result (JSON)")
     p.add_argument("--rl-spec", type=Path, default=ROOT / "specs" / "task-addition-dlm-rl-coupled.toml")
-    p.add_argument("--set", dest="sets", action="append", default=["model.qk_layernorm=false"],
-                   help="model overrides the measured runs used (default: model.qk_layernorm=false)")
+    p.add_argument("--set", dest="sets", action="append",
+                   help="a model override the measured runs used, repeatable (default: model.qk_layernorm=false)")
     p.add_argument("--host-launch-us", type=float, help="the rollout run's host launch time (µs)")
     p.add_argument("--gpu", default="h100")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    a.sets = a.sets or ["model.qk_layernorm=false"]
     given = list(sys.argv[1:] if argv is None else argv)
     cases: List[Dict[str, Any]] = []
     if a.sampling:
@@ -127,9 +135,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = {"suite": "rollout-plan-check", "gpu": a.gpu, "cases": cases,
               "command": " ".join(["python", "bench/sampling/rollout_plan_check.py", *given]),
               "note": "made on CPU from committed GPU results by this checkout's planner; no GPU was used",
+              "median_error": statistics.median(errors) if errors else None,
               "largest_error": max(errors) if errors else None,
+              "within_15_percent": sum(e <= 0.15 for e in errors),
               "sources": {"sampling": str(a.sampling) if a.sampling else None,
-                          "rollout": str(a.rollout) if a.rollout else None, "rl_spec": str(a.rl_spec)},
+                          "rollout": str(a.rollout) if a.rollout else None, "rl_spec": _shown(a.rl_spec)},
               "model_sets": a.sets, "host_launch_us": a.host_launch_us}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -30,24 +30,22 @@ from typing import Any, Dict, Iterable, List, Optional
 MODULE = "_dlmspec_process_trace"
 PTH = "zz_dlmspec_process_trace.pth"
 HOOK = '''"""Appends this process's CPU time at exit to $DLMSPEC_PROCESS_TRACE (bench/suite/process_trace.py)."""
-import atexit, json, os, resource, sys, time
+import atexit, contextlib, json, os, resource, sys, time
 
 _PATH = os.environ.get("DLMSPEC_PROCESS_TRACE")
 _T0 = time.time()
 
 
 def _record():
-    try:
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        rec = {"pid": os.getpid(), "argv": [str(a)[:160] for a in sys.argv[:5]],
-               "cpu": ru.ru_utime + ru.ru_stime, "wall": time.time() - _T0,
-               "torch": "torch" in sys.modules, "megatron": "megatron.core" in sys.modules,
-               "transformers": "transformers" in sys.modules, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
-               "xdist_worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    rec = {"pid": os.getpid(), "argv": [str(a)[:160] for a in sys.argv[:5]],
+           "cpu": ru.ru_utime + ru.ru_stime, "wall": time.time() - _T0,
+           "torch": "torch" in sys.modules, "megatron": "megatron.core" in sys.modules,
+           "transformers": "transformers" in sys.modules, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+           "xdist_worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
+    with contextlib.suppress(OSError):  # an unwritable trace file never fails the traced process
         with open(_PATH, "a") as f:
             f.write(json.dumps(rec) + "\\n")
-    except Exception:
-        pass
 
 
 if _PATH:

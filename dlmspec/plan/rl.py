@@ -23,7 +23,7 @@ Per optimizer step (``train.global_batch_size`` = prompts x ``G`` completion row
     both its linear layers (``q`` columns) and its attention (``q x L`` of ``L x L`` scores).
 
   :func:`sampler_schedule` gives the calls, the full-pass equivalents and these lengths. Each call
-  is an inference forward over all the rank's rows at once (:func:`sampler_compute`): the decoder's
+  is an inference forward over all the rank's rows at once (:func:`sampler_work`): the decoder's
   GEMMs, attention and element-wise work over the canvas (``equivalents`` full passes) and the
   output layer over the columns a call returns logits for (the block's under the diffusion sampler,
   whose block function slices the hidden states before the output layer; every position so far
@@ -87,7 +87,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dlmspec.gpus import GPU
-from dlmspec.plan.calibration import DEFAULT_CALIBRATION, Calibration
+from dlmspec.plan.calibration import Calibration
 from dlmspec.plan.compute import shape_forward_parts
 from dlmspec.plan.elementwise import elementwise_bytes
 from dlmspec.plan.launches import kernels_per_microbatch
@@ -105,8 +105,7 @@ RL_DEFAULTS: dict[str, Any] = {"algorithm": "diffu-grpo", "estimator": None, "el
 #: ``[generate]`` defaults the planner reads (as :class:`dlmspec.spec.models.GenerateSpec`).
 GENERATE_DEFAULTS: dict[str, Any] = {"gen_length": 128, "steps": 128, "block_length": 128, "cfg_scale": 0.0,
                                      "remasking": "low_confidence", "cache": "none", "cache_refresh": None,
-                                     "cuda_graph": True, "compile": False, "temperature": 0.0,
-                                     "top_k": None, "top_p": None}
+                                     "cuda_graph": True, "compile": False, "temperature": 0.0}
 #: The algorithm's estimator (backends/rl/rollout.py ALGORITHM_ESTIMATOR).
 ALGORITHM_ESTIMATOR = {"diffu-grpo": "one-step", "coupled-grpo": "coupled", "grpo": "ar"}
 #: Estimators whose rollouts decode left to right (exact token log-probabilities of an
@@ -255,7 +254,7 @@ def logits_traffic(options: dict[str, Any], seq: int, *, act_bytes: int) -> dict
     gen = options["generate"]
     output = 2.0 * act_bytes + (act_bytes + 4.0 if act_bytes != 4 else 8.0)
     if not diffusion_rollout(options):
-        return {"columns": max(seq - int(gen["gen_length"]) / 2.0, 1.0), "bytes": output}
+        return {"columns": sampler_schedule(options, seq)["attended_keys"], "bytes": output}
     temperature = float(gen.get("temperature") or 0.0)
     commit = float(COMMIT_BYTES["greedy"])
     if temperature > 0:
@@ -266,30 +265,16 @@ def logits_traffic(options: dict[str, Any], seq: int, *, act_bytes: int) -> dict
             "bytes": (2.0 * output + GUIDANCE_BYTES if guided else output) + commit}
 
 
-def logits_seconds(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu: GPU,
-                   calib: Calibration) -> float:
-    """Seconds one rollout batch spends on its logits (:func:`logits_traffic`) over the rank's rows:
-    ``calls x rows x columns x V x bytes / (hbm_gbps x memory_efficiency)``, ``calls`` without
-    guidance's doubling (the guided rows are in the bytes)."""
-    seq = input_length(shape, lay)
-    schedule = sampler_schedule(options, seq)
-    traffic = logits_traffic(options, seq, act_bytes=lay.act_bytes)
-    guided = diffusion_rollout(options) and float(options["generate"]["cfg_scale"]) > 0
-    calls = schedule["calls"] / (2.0 if guided else 1.0)
-    moved = calls * _rows(lay) * traffic["columns"] * shape.vocab * traffic["bytes"]
-    return moved / (gpu.hbm_gbps * 1e9 * calib.memory_efficiency)
-
-
 def _rows(lay: Layout) -> float:
     """The rank's rows of a step, which one sampler call runs together."""
     return lay.global_batch / max(lay.dp, 1)
 
 
-def sampler_compute(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu: GPU,
-                    calib: Calibration) -> dict[str, float]:
-    """GPU compute seconds of one rollout batch's forward calls (no kernel floor, no logits
-    traffic), as inference runs them rather than a third of a training step (whose output layer
-    and cross entropy cover every position):
+def sampler_work(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu: GPU,
+                 calib: Calibration) -> dict[str, float]:
+    """GPU seconds of one rollout batch's forward calls besides their kernel floors or launches, as
+    inference runs them rather than a third of a training step (whose output layer and cross entropy
+    cover every position):
 
     - ``decoder``: the layers' GEMMs (``attention_linear``, ``mlp``, ``moe`` of
       :func:`dlmspec.flops.forward_flops_per_token`) and attention (``attention_core`` at the
@@ -300,10 +285,14 @@ def sampler_compute(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu
       share, as the training step's);
     - ``head``: the output layer's GEMM (``2 h V`` a position) over the positions a call returns
       logits for: ``calls x rows x columns`` (:func:`logits_traffic`: the block's columns, or
-      every position so far under the AR sampler).
+      every position so far under the AR sampler);
+    - ``logits``: the passes over those logits (:func:`logits_traffic`), ``calls x rows x columns x V
+      x bytes / (hbm_gbps x memory_efficiency)``, ``calls`` without guidance's doubling (the guided
+      rows are in the bytes).
     """
     seq = input_length(shape, lay)
     schedule = sampler_schedule(options, seq)
+    traffic = logits_traffic(options, seq, act_bytes=lay.act_bytes)
     rows, t = _rows(lay), lay.tp
     parts = shape_forward_parts(shape, seq)
     gemm_peak, attn_peak = peak_flops(gpu, lay)
@@ -316,33 +305,30 @@ def sampler_compute(shape: ModelShape, lay: Layout, options: dict[str, Any], gpu
     ew = elementwise_bytes(shape, one, -1, counts)  # stage -1: neither the embedding's nor the loss's rank
     if one.impl != "transformer_engine":
         ew -= (2 * one.act_bytes + 8) * linear_params(shape, one, counts)  # main_grad accumulation: training only
+    hbm = gpu.hbm_gbps * 1e9 * calib.memory_efficiency
     full = (decoder_flops / (gemm_peak * calib.gemm_efficiency)
             + attention_flops / (attention_peak_flops(gpu, lay, attn_peak) * calib.attention_efficiency
                                  * ATTENTION_BACKEND_SPEED[attention_backend(lay, gpu.compute_capability)])) / speed
-    full += ew / 3.0 / (gpu.hbm_gbps * 1e9 * calib.memory_efficiency)
-    head_positions = schedule["calls"] * rows * logits_traffic(options, seq, act_bytes=lay.act_bytes)["columns"]
+    full += ew / 3.0 / hbm
+    head_positions = schedule["calls"] * rows * traffic["columns"]
     head = parts["logits"] * head_positions / t / (attn_peak * calib.gemm_efficiency) / speed  # bf16, as training's
-    return {"decoder": schedule["equivalents"] * full, "head": head}
+    guided = diffusion_rollout(options) and float(options["generate"]["cfg_scale"]) > 0
+    logits = head_positions / (2.0 if guided else 1.0) * shape.vocab * traffic["bytes"] / hbm
+    return {"decoder": schedule["equivalents"] * full, "head": head, "logits": logits}
 
 
 def rollout_seconds(shape: ModelShape, lay: Layout, breakdown: dict[str, float], *,
-                    calib: Calibration | None = None, gpu: GPU | None = None) -> float:
-    """Rollout time per optimizer step: ``(compute + calls x launches + logits) /
-    grpo_iterations`` (module docstring): ``compute`` :func:`sampler_compute` (without ``gpu``:
-    ``equivalents`` thirds of the step's compute, and no logits), ``launches`` a CUDA graph's
-    per-kernel GPU floor where the forward is replayed as one (else a third of one microbatch's
-    launches), ``logits`` :func:`logits_seconds`."""
+                    calib: Calibration, gpu: GPU) -> float:
+    """Rollout time per optimizer step: ``(work + calls x launches) / grpo_iterations`` (module
+    docstring): ``work`` :func:`sampler_work`, ``launches`` a CUDA graph's per-kernel GPU floor where
+    the forward is replayed as one, else a third of one microbatch's launches."""
     options = rl_options(shape)
-    calib = calib or DEFAULT_CALIBRATION
     schedule = sampler_schedule(options, input_length(shape, lay))
-    compute, launches = _forward_parts(breakdown, lay)
+    _, launches = _forward_parts(breakdown, lay)
     if graph_fallback(options, lay) is None:
         counts = stage_layer_counts(shape, lay, 0)
         launches = kernels_per_microbatch(shape, lay, counts, 0) / 3.0 * calib.gpu_seconds_per_kernel
-    if gpu is None:
-        work = schedule["equivalents"] * compute
-    else:
-        work = sum(sampler_compute(shape, lay, options, gpu, calib).values()) + logits_seconds(shape, lay, options, gpu, calib)
+    work = sum(sampler_work(shape, lay, options, gpu, calib).values())
     return (work + schedule["calls"] * launches) / int(options["grpo_iterations"])
 
 

@@ -5,10 +5,8 @@ and the rollout's GPU work as dlmspec/plan/rl.py prices it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 from dlmspec.plan import Plan, make_plan
-from dlmspec.plan.rl import logits_seconds, rl_options, sampler_compute
+from dlmspec.plan.rl import rl_options, sampler_work
 from dlmspec.resolve import resolve
 from dlmspec.spec.load import load
 
@@ -26,9 +24,7 @@ def rl_plan(*extra: str, spec: str = "demo-dlm.toml") -> Plan:
     return make_plan(resolve(load(SPECS / spec, [*RL_SETS, *extra]).spec))
 
 
-def rollout_work(p: Plan) -> dict[str, Any]:
-    """A rollout batch's GPU work besides launches (dlmspec/plan/rl.py): ``{"decoder", "head"}`` of
-    ``sampler_compute`` and ``"logits"``, ``logits_seconds``."""
-    options = rl_options(p.shape)
-    work = sampler_compute(p.shape, p.layout, options, p.gpu, p.calibration)
-    return {**work, "logits": logits_seconds(p.shape, p.layout, options, p.gpu, p.calibration)}
+def rollout_work(p: Plan) -> dict[str, float]:
+    """A rollout batch's GPU work besides launches (dlmspec/plan/rl.py ``sampler_work``):
+    ``{"decoder", "head", "logits"}``."""
+    return sampler_work(p.shape, p.layout, rl_options(p.shape), p.gpu, p.calibration)

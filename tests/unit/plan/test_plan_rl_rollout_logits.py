@@ -1,4 +1,4 @@
-"""The rollout's inference forward and its logits' traffic (dlmspec/plan/rl.py ``sampler_compute``,
+"""The rollout's inference forward and its logits' traffic (dlmspec/plan/rl.py ``sampler_work``,
 ``logits_traffic``): bytes per logit counted pass by pass from the sampler's code, the output layer and
 the logits over the block's columns (the AR sampler's: every position so far), the decoder over the canvas."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlmspec.plan.rl import COMMIT_BYTES, GUIDANCE_BYTES, logits_seconds, logits_traffic, rl_options, sampler_compute
-from rl_plan_kit import rl_plan
+from dlmspec.plan.rl import COMMIT_BYTES, GUIDANCE_BYTES, logits_traffic
+from rl_plan_kit import rl_plan, rollout_work
 
 
 def plan(*extra: str):
@@ -43,19 +43,18 @@ def test_the_ar_sampler_moves_every_positions_logits_once() -> None:
 
 def test_the_logits_traffic_is_calls_rows_columns_vocabulary_and_bytes_at_the_calibrated_bandwidth() -> None:
     p = plan()
-    options = rl_options(p.shape)
     moved = 64 * 32 * 32 * p.shape.vocab * (10 + 52 + 80)
     bandwidth = p.gpu.hbm_gbps * 1e9 * p.calibration.memory_efficiency
-    assert logits_seconds(p.shape, p.layout, options, p.gpu, p.calibration) == pytest.approx(moved / bandwidth)
+    assert rollout_work(p)["logits"] == pytest.approx(moved / bandwidth)
 
 
 def test_the_output_layer_and_the_logits_cover_the_block_and_the_decoder_the_canvas() -> None:
     narrow, wide = plan(), plan("generate.block_length=64")
-    a = sampler_compute(narrow.shape, narrow.layout, rl_options(narrow.shape), narrow.gpu, narrow.calibration)
-    b = sampler_compute(wide.shape, wide.layout, rl_options(wide.shape), wide.gpu, wide.calibration)
+    a = rollout_work(narrow)
+    b = rollout_work(wide)
     assert b["decoder"] == pytest.approx(a["decoder"]) and b["head"] == pytest.approx(2 * a["head"])
-    la = logits_seconds(narrow.shape, narrow.layout, rl_options(narrow.shape), narrow.gpu, narrow.calibration)
-    lb = logits_seconds(wide.shape, wide.layout, rl_options(wide.shape), wide.gpu, wide.calibration)
+    la = rollout_work(narrow)["logits"]
+    lb = rollout_work(wide)["logits"]
     assert lb == pytest.approx(2 * la)
     # the output layer: 2 h V FLOPs over 64 calls x 32 rows x 32 columns at the bf16 GEMM rate
     shape, cal = narrow.shape, narrow.calibration
@@ -68,6 +67,6 @@ def test_the_decoder_is_an_inference_forward_not_a_third_of_the_training_step() 
     # runs neither, so its decoder forward per full pass costs less than a third of the step's compute
     p = plan()
     b = p.time.breakdown
-    work = sampler_compute(p.shape, p.layout, rl_options(p.shape), p.gpu, p.calibration)
+    work = rollout_work(p)
     third = (b["gemm"] + b["attention"] + b["elementwise"]) / 3
     assert 0 < work["decoder"] / 64 < third
