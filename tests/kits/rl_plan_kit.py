@@ -5,6 +5,7 @@ and the rollout's GPU work as dlmspec/plan/rl.py prices it."""
 from __future__ import annotations
 
 from pathlib import Path
+
 from dlmspec.plan import Plan, make_plan
 from dlmspec.plan.rl import rl_options, sampler_work
 from dlmspec.resolve import resolve
