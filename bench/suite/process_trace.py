@@ -68,12 +68,18 @@ def install(site: Path) -> List[Path]:
 
 
 def uninstall(site: Path) -> List[Path]:
-    """Remove the hook's files from ``site``; returns those that were there."""
+    """Remove the hook's files from ``site``; returns those that were there (the compiled module that
+    Python caches in ``__pycache__`` is removed too, not returned; the folder goes when it is left empty)."""
     gone = []
     for path in (site / PTH, site / f"{MODULE}.py"):
         if path.exists():
             path.unlink()
             gone.append(path)
+    cache = site / "__pycache__"
+    for compiled in cache.glob(f"{MODULE}.*.pyc"):
+        compiled.unlink()
+    if cache.is_dir() and not any(cache.iterdir()):
+        cache.rmdir()
     return gone
 
 
