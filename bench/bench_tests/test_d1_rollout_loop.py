@@ -23,6 +23,8 @@ WHEELS = ROOT / ".bench-peers" / "wheels"
 sys.path.insert(0, str(ROOT / "bench" / "sampling"))
 import d1_rollout  # noqa: E402
 
+pytestmark = pytest.mark.harness  # a harness end to end on CPU: the bench tier (CONTRIBUTING.md)
+
 
 def test_d1_schedule_is_the_linear_schedule_of_dlmspecs_sampler() -> None:
     from dlmspec.backends.generate.sampler import num_transfer_tokens

@@ -22,7 +22,8 @@ WHEELS = ROOT / ".bench-peers" / "wheels"
 GEN = ["--device", "cpu", "--gen-length", "8", "--steps", "8", "--block-length", "4", "--batches", "1,2",
        "--repeats", "1", "--eval-prompts", "6", "--eval-batch", "4"]
 
-pytestmark = pytest.mark.skipif(kit.shared_gpt2() is None, reason="the offline data kit's GPT-2 tokenizer is not found")
+pytestmark = [pytest.mark.harness,  # a harness end to end on CPU: the bench tier (CONTRIBUTING.md)
+              pytest.mark.skipif(kit.shared_gpt2() is None, reason="the offline data kit's GPT-2 tokenizer is not found")]
 
 
 @pytest.fixture(scope="module")

@@ -147,6 +147,7 @@ def test_calibration_ingest_refuses_a_result_of_another_suite(tmp_path):
     assert proc.returncode == 2 and "calibration result" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.harness
 def test_throughput_dry_compiles_with_a_non_editable_install(tmp_path):
     """dlmspec installed from its wheel into a folder, run by a Python without the editable install:
     the harness's compile of the megatron variant imports the installed package (the checkout's

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,6 +23,7 @@ def _module(monkeypatch, tmp_path):
     return module
 
 
+@pytest.mark.harness
 def test_conversations_come_from_the_standard_library_without_the_kit(monkeypatch, tmp_path, capsys):
     sft = _module(monkeypatch, tmp_path)
     gpt2 = tmp_path / "data" / "gpt2"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.harness  # a harness end to end on CPU: the bench tier (CONTRIBUTING.md)
+
 ROOT = Path(__file__).resolve().parents[2]
 GPT2 = Path(os.environ.get("GPT2_DIR", "/work/main/.bench-data/gpt2"))
 

@@ -15,6 +15,8 @@ import pytest
 
 from bench.bench_tests import fast_sampling_kit as kit
 
+pytestmark = pytest.mark.harness  # a harness end to end on CPU: the bench tier (CONTRIBUTING.md)
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SH = ROOT / "bench" / "devbox" / "gpu.sh"
 

@@ -107,6 +107,7 @@ def hf():
     return _load("hf_baseline")
 
 
+@pytest.mark.harness
 def test_hf_baseline_runs_on_cpu_and_writes_the_json(hf, tmp_path):
     out, metrics = tmp_path / "hf.json", tmp_path / "hf.jsonl"
     rc = hf.main(["--preset", "tiny", "--seq-length", "32", "--micro-batch-sizes", "2,1", "--warmup", "1",
@@ -247,6 +248,7 @@ def test_run_microbatches_per_step_reaches_both_sides():
     assert "--grad-accum 4" in lines["hf mb4"]
 
 
+@pytest.mark.harness
 def test_run_dry_run_prints_both_sides_commands():
     proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-variants", "reference", "--megatron-micro-batch-sizes", "4,8",
                            "--hf-micro-batch-sizes", "4", "--megatron-arg=--no-fusion"],

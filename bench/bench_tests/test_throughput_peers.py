@@ -151,6 +151,7 @@ def test_hf_impl_names_agree_between_run_and_hf_baseline(hf):
     assert {v for v in run.HF_IMPLS.values()} == {"bf16", "fp8"} and run.HF_IMPLS["liger-compile-fp8"] == "fp8"
 
 
+@pytest.mark.harness
 def test_liger_impl_runs_end_to_end_on_cpu_with_the_stand_in(hf, tmp_path):
     """hf_baseline.main --impl liger-compile (stand-in, eager backend): bidirectional check, the
     masked-row loss, the JSON's impl record; same losses as the plain loop of the same seed."""
@@ -279,6 +280,7 @@ def test_job_order_alternates_sides_in_the_given_order_with_per_impl_micro_batch
     assert sets["train.global_batch_size"] == 12 and sets["train.train_iters"] == 8
 
 
+@pytest.mark.harness
 def test_run_dry_run_compiles_the_te_variants_and_checks_their_train_py(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "run.py"), "--dry-run", "--megatron-variants", "te-fp8,te-bf16",
                            "--megatron-micro-batch-sizes", "12", "--hf-impls", "liger", "--hf-micro-batch-sizes", "12",

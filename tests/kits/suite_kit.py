@@ -261,3 +261,11 @@ def spec_writers(path: Path) -> list[str]:
         if (toml or named) and any(_FILE_WRITES.search(name) for name in calls):
             found.append(f"{func.name} (line {func.lineno})")
     return sorted(found, key=lambda hit: int(hit.rsplit(" ", 1)[1].rstrip(")")))
+
+
+def harness_marks(path: Path) -> list[int]:
+    """Lines where ``path`` marks a test ``harness`` (``pytest.mark.harness`` or ``mark.harness``: the
+    bench tier, which README's test command leaves out)."""
+    return sorted({node.lineno for node in ast.walk(_tree(path))
+                   if isinstance(node, ast.Attribute) and node.attr == "harness"
+                   and (_dotted(node.value) or "").endswith("mark")})

@@ -149,7 +149,7 @@ def test_ci_runs_readme_install_and_test_commands() -> None:
 
 def test_setup_command_two_is_pytest_from_the_venv() -> None:
     _, tests = _setup_commands()
-    assert tests == ".venv/bin/python -m pytest -n auto --dist loadgroup"
+    assert tests == '.venv/bin/python -m pytest -n auto --dist loadgroup -m "not harness"'
 
 
 # --- every command, in README's order ----------------------------------------------------------

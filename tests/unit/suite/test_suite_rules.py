@@ -67,6 +67,21 @@ def test_test_files_sit_in_a_tier_or_beside_the_benchmarks() -> None:
     assert misplaced == [], "\n".join(misplaced)
 
 
+def test_only_benchmark_tests_leave_ci_for_the_bench_tier() -> None:
+    """``harness`` (left out of README's test command, so out of CI) marks benchmark tests only: every
+    test of the product runs in CI."""
+    found = [f"{_rel(p)}:{line} marks a test harness: only bench/bench_tests/ may (a product test runs in CI); "
+             f"make it faster instead"
+             for p in FILES if p.parent != ROOT / "bench" / "bench_tests" for line in suite_kit.harness_marks(p)]
+    assert found == [], "\n".join(found)
+
+
+def test_harness_marks_are_found(tmp_path: Path) -> None:
+    probe = _probe(tmp_path, "import pytest\npytestmark = pytest.mark.harness\n"
+                             "@pytest.mark.harness\ndef test_x():\n    pass\ndef test_y(harness):\n    pass\n")
+    assert suite_kit.harness_marks(probe) == [2, 3]
+
+
 def test_test_file_names_are_unique() -> None:
     """Test folders are not packages: two modules of one name would shadow each other."""
     seen: dict[str, Path] = {}
