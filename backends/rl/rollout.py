@@ -202,7 +202,9 @@ class RolloutStats:
     """What one rank's rollout batch measured (summed over ranks by the step's report).
 
     ``reward_sums`` / ``reward_squares``: per reward function (finite values only) and
-    ``reward_counts`` their counts; ``total_*``: the weighted total.
+    ``reward_counts`` their counts; ``total_*``: the weighted total. ``seconds``: the sampler's
+    (synchronised with the GPU); ``reward_seconds``: the completions' detokenisation and their
+    scoring by the reward functions, host work the plan does not price.
     """
 
     completions: int = 0
@@ -223,25 +225,27 @@ class RolloutStats:
     truncated: int = 0
     seconds: float = 0.0
     generated_tokens: int = 0
+    reward_seconds: float = 0.0
 
     def vector(self) -> List[float]:
         """The stats as one list of numbers (:data:`ROLLOUT_REPORT`), fixed length for a run."""
         head = [self.completions, self.total_sum, self.total_square, self.total_count, self.correct, self.judged,
                 self.failures, self.groups, self.flat_groups, self.filtered_groups, self.completion_tokens,
-                self.eos_terminated, self.truncated, self.seconds, self.generated_tokens, 1.0]
+                self.eos_terminated, self.truncated, self.seconds, self.generated_tokens, self.reward_seconds, 1.0]
         return [float(x) for x in head + self.reward_sums + self.reward_squares + self.reward_counts]
 
 
 _HEAD = ("completions", "total_sum", "total_square", "total_count", "correct", "judged", "failures", "groups",
          "flat_groups", "filtered_groups", "completion_tokens", "eos_terminated", "truncated", "seconds",
-         "generated_tokens", "ranks")
+         "generated_tokens", "reward_seconds", "ranks")
 
 
 def rollout_metrics(vector: Sequence[float], functions: Sequence[str]) -> Dict[str, Optional[float]]:
     """The ``train`` record entries of summed :meth:`RolloutStats.vector` s (``rl/...`` keys).
 
     Reward std is the population std of all completions' finite rewards; tokens/s is generated
-    tokens over the mean rollout seconds of the ranks (they roll out at the same time).
+    tokens over the mean rollout seconds of the ranks (they roll out at the same time); reward
+    seconds are the ranks' mean too.
     """
     v = [float(x) for x in vector]
     h = dict(zip(_HEAD, v[:len(_HEAD)]))
@@ -272,6 +276,7 @@ def rollout_metrics(vector: Sequence[float], functions: Sequence[str]) -> Dict[s
     seconds = h["seconds"] / ranks
     out["rl/rollout_seconds"] = seconds
     out["rl/rollout_tokens_per_s"] = h["generated_tokens"] / seconds if seconds > 0 else None
+    out["rl/reward_seconds"] = h["reward_seconds"] / ranks
     return out
 
 
@@ -465,6 +470,7 @@ class RolloutEngine:
         mask, ended = completion_mask(tokens[:, P:], self.eos_id)
         truncated = torch.tensor([r == "length" for r in out.finish_reasons], dtype=torch.bool, device=self.device)
 
+        scoring = time.perf_counter()
         rows = []
         for j, i in enumerate(picked):
             for k in range(G):
@@ -474,11 +480,13 @@ class RolloutEngine:
                              "completion": self.tokenizer.detokenize(list(out.generated[n]))})
         scores = self.scorer.score(rows)
         values = scores.values.to(torch.float32).cpu()
+        reward_seconds = time.perf_counter() - scoring
         total = scores.total.to(torch.float32).cpu().clone()
         failed = ~torch.isfinite(total)
         if c.truncated_completions == "zero_reward":
             total[truncated.cpu() & ~failed] = 0.0
         stats = self._stats(values, total, failed, scores, mask, ended, truncated, seconds, picked)
+        stats.reward_seconds = reward_seconds
 
         # a failed reward gets its group's mean (no advantage) and no gradient
         grouped = total.view(-1, G)

@@ -24,7 +24,7 @@ def metrics(step_s: float, rollout_s: float, intervals: int = 6, host_us: float 
     for k in range(1, intervals + 1):
         slow = 3.0 if k == 1 else 1.0
         rows.append({"event": "train", "iteration": 2 * k, "time": 10.0 * k, "step_time_s": step_s * slow,
-                     "rl/rollout_seconds": rollout_s * slow})
+                     "rl/rollout_seconds": rollout_s * slow, "rl/reward_seconds": 0.01 * k})
     return rows
 
 
@@ -53,6 +53,7 @@ def test_each_algorithm_is_compared_at_the_host_launch_time_and_parts_are_apart(
     assert d["at_host_launch"]["planned_over_measured"] == pytest.approx(0.95)
     # update per step: (2 x 0.2 - 0.05) / 2; planned: 0.19 - 0.02
     assert d["parts"]["measured"]["update_s_per_step"] == pytest.approx(0.175)
+    assert d["parts"]["measured"]["reward_batch_s"] == pytest.approx(0.04)  # median of 0.02 ... 0.06
     assert d["parts"]["planned_at_host_launch"]["update_s_per_step"] == pytest.approx(0.17)
     assert d["parts"]["rollout_batch_s_planned_at_host_over_measured"] == pytest.approx(0.04 / 0.05)
     assert s["all_within_tolerance_at_host_launch"] is True

@@ -9,14 +9,16 @@ never fails):
 - ``ALGO/plan-host.json``: ``dlmspec plan --json`` of the same job at the host's measured launch time
   (``--set cluster.host_launch_us=``, the median of the run's ``host_launch`` events);
 - ``ALGO/metrics.jsonl``: the run's ``train`` records (``step_time_s`` per log interval of 2 steps, a
-  rollout batch and its two updates; ``rl/rollout_seconds`` of the interval's rollout batch).
+  rollout batch and its two updates; ``rl/rollout_seconds`` of the interval's rollout batch, and
+  ``rl/reward_seconds``, its detokenisation and reward scoring, where the run logs it).
 
 Measured step: the median ``step_time_s`` leaving out the first interval (start-up, first kernels;
 bench/sampling/rl_chain.py ``train_intervals``). Parts, per interval: the rollout is
 ``rl/rollout_seconds`` (one batch), the update per step is ``(steps x step_time_s - rollout) / steps``;
 planned, the rollout batch is ``rl.rollout_seconds`` and the update per step ``time.step_seconds -
-breakdown_seconds.rl_rollout``. Target (the RL stage's): planned within 15 % of measured, at the host's
-launch time, for every algorithm.
+breakdown_seconds.rl_rollout``. The measured update holds the reward scoring, which the plan does not
+price: ``reward_batch_s`` (the median ``rl/reward_seconds``) says how much of it that is. Target (the RL
+stage's): planned within 15 % of measured, at the host's launch time, for every algorithm.
 
     python bench/sampling/rl_step_time.py --logs LOGS --algos "diffu-grpo coupled-grpo grpo" --gpu h100 --out OUT.json
 """
@@ -45,15 +47,19 @@ def _plan_result(doc: Any) -> Optional[Dict[str, Any]]:
 
 
 def measured_parts(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Median rollout batch and update per step over the ``train`` records after the first (module docstring)."""
-    rollouts, updates = [], []
+    """Median rollout batch, its reward scoring (``None`` where the run does not log it) and update per
+    step over the ``train`` records after the first (module docstring)."""
+    rollouts, rewards, updates = [], [], []
     for r, steps in train_intervals(rows)[1:]:
         roll = r.get("rl/rollout_seconds")
         if not steps or not isinstance(roll, (int, float)):
             continue
         rollouts.append(float(roll))
         updates.append((steps * float(r["step_time_s"]) - float(roll)) / steps)
+        if isinstance(r.get("rl/reward_seconds"), (int, float)):
+            rewards.append(float(r["rl/reward_seconds"]))
     return {"rollout_batch_s": statistics.median(rollouts) if rollouts else None,
+            "reward_batch_s": statistics.median(rewards) if rewards else None,
             "update_s_per_step": statistics.median(updates) if updates else None, "intervals": len(updates)}
 
 

@@ -211,6 +211,32 @@ def test_rollout_metrics_are_means_and_stds_of_the_summed_reports() -> None:
     assert m["rl/rollout_tokens_per_s"] == pytest.approx(r.stats.generated_tokens / r.stats.seconds)
 
 
+def test_reward_seconds_are_the_scoring_of_the_batch_apart_from_the_samplers() -> None:
+    """``rl/reward_seconds`` holds the reward functions' time (host work the plan does not price);
+    ``rl/rollout_seconds`` stays the sampler's: a scorer that takes 0.3 s adds it to the first only."""
+    import time
+
+    class Slow:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def score(self, rows):
+            time.sleep(0.3)
+            return self.inner.score(rows)
+
+        def close(self):
+            self.inner.close()
+
+    eng = engine()
+    eng._scorer = Slow(eng.scorer)
+    r = eng.rollout(logits_fn(TinyLM()))
+    m = rollout_metrics(r.stats.vector(), eng.functions)
+    assert m["rl/reward_seconds"] == r.stats.reward_seconds >= 0.3
+    assert m["rl/rollout_seconds"] == r.stats.seconds
+    two_ranks = [a + b for a, b in zip(r.stats.vector(), r.stats.vector())]
+    assert rollout_metrics(two_ranks, eng.functions)["rl/reward_seconds"] == pytest.approx(r.stats.reward_seconds)
+
+
 def test_samples_are_appended_as_json_lines_and_never_through_a_link(tmp_path) -> None:
     eng = engine()
     r = eng.rollout(logits_fn(TinyLM()))

@@ -63,7 +63,7 @@ def test_train_runs_rl_steps_and_logs_rollout_metrics(tmp_path, cpu_train, monke
     assert train and all(math.isfinite(e["loss"]) for e in train)
     for key in ("rl/reward_mean", "rl/kl", "rl/clip_fraction", "rl/completion_length", "rl/eos_share",
                 "rl/rollout_seconds", "rl/rollout_tokens_per_s", "rl/accuracy", "rl/reward/exact_match_mean",
-                "rl/reward/starts_with_digit_mean", "rl/flat_group_share", "rl/update_seconds"):
+                "rl/reward/starts_with_digit_mean", "rl/flat_group_share", "rl/update_seconds", "rl/reward_seconds"):
         assert key in train[-1], key
     assert stage.reference is not None and all(not p.requires_grad for p in stage.reference[0].parameters())
     samples = [json.loads(x) for x in (Path(run.logging.run_dir) / "rollouts.jsonl").read_text().splitlines()]
