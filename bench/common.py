@@ -28,7 +28,7 @@ RESULTS = ROOT / "bench" / "results"
 if str(ROOT / "bench") not in sys.path:
     sys.path.insert(0, str(ROOT / "bench"))
 
-from schema import Result, result_path, write_result  # noqa: E402
+from schema import Result, result_path, utc_today, write_result  # noqa: E402
 
 from dlmspec.cli.runs import METRICS_FILE, iter_metrics  # noqa: E402
 from dlmspec.files import FileRefused  # noqa: E402
@@ -100,10 +100,7 @@ def results_root(args: argparse.Namespace) -> Path:
 
 def planned_path(args: argparse.Namespace, suite: str, name: str) -> Path:
     """Where the launcher's result will go (the date is today's, UTC)."""
-    import datetime as dt
-
-    date = dt.datetime.now(dt.timezone.utc).date().isoformat()
-    return result_path(results_root(args), suite, date, args.gpu or ("cpu" if args.dry else _detect_gpu()), name)
+    return result_path(results_root(args), suite, utc_today(), args.gpu or ("cpu" if args.dry else _detect_gpu()), name)
 
 
 def _detect_gpu() -> str:

@@ -78,6 +78,11 @@ class ResultInvalid(ValueError):
         super().__init__(f"result key {key!r} = {value!r}: {why}")
 
 
+def utc_today() -> str:
+    """Today's date in UTC, ``YYYY-MM-DD``: the ``date`` of a result and of its file name."""
+    return _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+
+
 @dataclass
 class Result:
     """One benchmark result (see the module docstring for the meaning of each field)."""
@@ -89,7 +94,7 @@ class Result:
     hardware: dict[str, Any]
     values: dict[str, Any]
     status: str = "ok"
-    date: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).date().isoformat())
+    date: str = field(default_factory=utc_today)
     notes: str = ""
     schema: str = SCHEMA_VERSION
 

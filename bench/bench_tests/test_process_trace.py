@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench" / "suite"))
-import process_trace  # noqa: E402
+from bench_scripts import load_script
+
+process_trace = load_script(Path("bench/suite/process_trace.py"), "bench_suite_process_trace")
 
 
 def test_the_hook_records_a_process_only_when_asked_and_uninstalls(tmp_path: Path) -> None:

@@ -803,11 +803,9 @@ def result_name(args: argparse.Namespace) -> str:
 
 def result_path(args: argparse.Namespace) -> Path:
     """Where the result will be written (today's date, UTC)."""
-    import datetime as dt
-
-    date = dt.datetime.now(dt.timezone.utc).date().isoformat()
     gpu = args.gpu or ("cpu" if args.dry_run else common.hardware(0)["gpu"])
-    return common.result_path(Path(args.out) if args.out else common.RESULTS, "throughput", date, gpu, result_name(args))
+    return common.result_path(Path(args.out) if args.out else common.RESULTS, "throughput", common.utc_today(), gpu,
+                              result_name(args))
 
 
 def write_result(args: argparse.Namespace, results: Dict[str, Any], status: str, combined_log: Path) -> Path:

@@ -1,17 +1,14 @@
-"""The UTC dates a call may stamp on what it writes: a launcher names its result after today's UTC date,
-and a test that runs across midnight must accept the date before the call and the date after it."""
+"""The UTC dates a call may stamp on what it writes: a launcher names its result after today's UTC date
+(bench/schema.py ``utc_today``), and a test that runs across midnight must accept the date before the
+call and the date after it."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Callable, TypeVar
 
+from bench.schema import utc_today
+
 T = TypeVar("T")
-
-
-def utc_today() -> str:
-    """Today's UTC date, ``YYYY-MM-DD`` (what bench/schema.py names results after)."""
-    return dt.datetime.now(dt.timezone.utc).date().isoformat()
 
 
 def call_with_dates(fn: Callable[[], T]) -> tuple[T, set[str]]:
